@@ -1,0 +1,46 @@
+# Two entry points for a newcomer: `make demo` and `make test` (see README.md).
+# Both create .venv, install torch first (the CPU build when none is installed, so that a bare
+# `torch` requirement never pulls a multi-GB CUDA build), then the project.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+TORCH_VERSION ?= 2.13.0
+DEMO_DIR ?= demo-run
+
+.PHONY: demo test test-fast setup setup-dev lint clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+
+$(VENV)/.torch: | $(PY)
+	@$(PY) -c "import torch" 2>/dev/null || $(PIP) install --quiet torch==$(TORCH_VERSION)
+	@touch $@
+
+$(VENV)/.installed: pyproject.toml $(VENV)/.torch
+	$(PIP) install --quiet -e .
+	@touch $@
+
+$(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
+	$(PIP) install --quiet -e ".[dev,deepspeed]"
+	@touch $@
+
+setup: $(VENV)/.installed
+setup-dev: $(VENV)/.installed-dev
+
+demo: setup
+	$(PY) -m fsdpviz summary sample_traces/fsdp2-cpu-2rank
+
+test: setup-dev
+	$(PY) -m pytest -q
+
+test-fast: setup-dev
+	$(PY) -m pytest -q -m "not slow and not browser"
+
+lint: setup-dev
+	$(PY) -m ruff check fsdpviz tests
+
+clean:
+	rm -rf $(VENV) .pytest_cache $(DEMO_DIR)

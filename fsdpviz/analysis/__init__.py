@@ -1,0 +1,4 @@
+"""Pure functions on the tables of ``fsdpviz.trace.schema``: steps, overlap, units, memory, compare.
+
+Never imports torch, holoviews or bokeh.
+"""

@@ -1,0 +1,86 @@
+"""The ``fsdpviz`` command line: a typer app whose commands are thin glue.
+
+Each command lives in ``fsdpviz/commands/<name>.py`` and only connects options to the layers
+below (``record``, ``trace -> analysis -> report``); heavy imports (pandas, holoviews, torch)
+happen inside the command functions so ``fsdpviz --help`` stays fast.
+
+Errors: a :class:`fsdpviz.errors.FsdpvizError` or a usage error becomes one line on stderr
+(``error: ...``) and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+import typer
+
+from fsdpviz import __version__
+from fsdpviz.errors import EXIT_BAD_INPUT, FsdpvizError
+
+# typer vendors click; its exception base is only reachable through the private module.
+from typer._click.exceptions import ClickException as _ClickException
+from typer._click.exceptions import NoArgsIsHelpError as _NoArgsIsHelpError
+
+app = typer.Typer(
+    name="fsdpviz",
+    help="See, per FSDP unit, whether parameter all-gathers hide behind compute.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        typer.echo(f"fsdpviz {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version_callback, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """fsdpviz: record FSDP / ZeRO-3 training runs and see their communication overlap per unit."""
+
+
+def _register_commands() -> None:
+    # One line per command; each command module imports heavy packages lazily inside its function.
+    # (Commands are added here as their modules land: summary, record, report, compare, export.)
+    return None
+
+
+def error_line(message: str) -> None:
+    """Print one ``error:`` line on stderr (the whole user-facing error contract)."""
+    text = " ".join(str(message).split())  # one line, whatever the message contained
+    print(f"error: {text}", file=sys.stderr)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of the ``fsdpviz`` console script."""
+    _register_commands()
+    command = typer.main.get_command(app)
+    try:
+        rv = command.main(args=list(argv) if argv is not None else None, prog_name="fsdpviz",
+                          standalone_mode=False)
+    except FsdpvizError as exc:
+        error_line(str(exc))
+        sys.exit(exc.exit_code)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        error_line("aborted")
+        sys.exit(130)
+    except _NoArgsIsHelpError as exc:
+        exc.show()
+        sys.exit(EXIT_BAD_INPUT)
+    except _ClickException as exc:
+        error_line(exc.format_message())
+        sys.exit(EXIT_BAD_INPUT)
+    except KeyboardInterrupt:
+        error_line("interrupted")
+        sys.exit(130)
+    sys.exit(rv if isinstance(rv, int) else 0)

@@ -1,0 +1,1 @@
+"""``fsdpviz record``: the launcher (parent side) and the rank-side agent."""

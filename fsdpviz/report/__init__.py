@@ -1,0 +1,1 @@
+"""Tables -> holoviews objects (``plots``) -> one standalone offline HTML page (``html``)."""

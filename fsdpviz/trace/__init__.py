@@ -1,0 +1,1 @@
+"""Kineto trace JSON -> tidy tables (see ``schema``). Never imports torch or plotting."""

@@ -1,0 +1,213 @@
+"""Column names and dtypes of every table fsdpviz passes between layers.
+
+One module owns the schema so that the loader, the analysis, the report, the cache and the
+exporters agree on it. Tables are pandas DataFrames; times are integer nanoseconds on one
+run-wide clock (Kineto's ``ts`` plus the trace's ``baseTimeNanoseconds`` when present, i.e. wall
+clock nanoseconds for recent PyTorch). Durations are ``int64`` ns. String columns that repeat
+(lanes, kinds, names) use ``category`` to keep millions of rows small.
+
+``make_empty(SCHEMA)`` gives a correctly typed empty table; ``conform(df, SCHEMA)`` checks and
+casts a table a producer built, so a mistake shows up where it is made, not three layers later.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import pandas as pd
+
+# --- event kinds -------------------------------------------------------------------------------
+# Kineto categories map onto these; anything else is skipped and counted by the loader.
+KIND_CPU_OP: Final = "cpu_op"  # cat cpu_op (aten ops, gloo:* ops, autograd functions)
+KIND_ANNOTATION: Final = "annotation"  # cat user_annotation (record_function ranges, FSDP:: labels)
+KIND_GPU_ANNOTATION: Final = "gpu_annotation"  # cat gpu_user_annotation (GPU-side copies of ranges)
+KIND_KERNEL: Final = "kernel"
+KIND_MEMCPY: Final = "memcpy"
+KIND_MEMSET: Final = "memset"
+KIND_RUNTIME: Final = "runtime"  # cuda_runtime / cuda_driver / hip runtime launches
+EVENT_KINDS: Final = (
+    KIND_CPU_OP,
+    KIND_ANNOTATION,
+    KIND_GPU_ANNOTATION,
+    KIND_KERNEL,
+    KIND_MEMCPY,
+    KIND_MEMSET,
+    KIND_RUNTIME,
+)
+
+# --- collectives -------------------------------------------------------------------------------
+# Normalised collective names for the ``comm`` column ("" = not communication).
+COMM_ALL_GATHER: Final = "all_gather"
+COMM_REDUCE_SCATTER: Final = "reduce_scatter"
+COMM_ALL_REDUCE: Final = "all_reduce"
+COMM_BROADCAST: Final = "broadcast"
+COMM_SEND_RECV: Final = "send_recv"
+COMM_ALL_TO_ALL: Final = "all_to_all"
+COMM_REDUCE: Final = "reduce"
+COMM_BARRIER: Final = "barrier"
+COMM_OTHER: Final = "other"  # a communication kernel whose collective cannot be told (RCCL Generic)
+COMM_KINDS: Final = (
+    COMM_ALL_GATHER,
+    COMM_REDUCE_SCATTER,
+    COMM_ALL_REDUCE,
+    COMM_BROADCAST,
+    COMM_SEND_RECV,
+    COMM_ALL_TO_ALL,
+    COMM_REDUCE,
+    COMM_BARRIER,
+    COMM_OTHER,
+)
+
+# --- lane kinds --------------------------------------------------------------------------------
+LANE_CPU_MAIN: Final = "cpu_main"  # the thread that runs the training loop (ProfilerStep#N lives here)
+LANE_CPU_AUTOGRAD: Final = "cpu_autograd"  # autograd engine threads (backward on GPU builds)
+LANE_CPU_GLOO: Final = "cpu_gloo"  # gloo worker threads (pt_gloo_runloop): collectives on CPU
+LANE_CPU_OTHER: Final = "cpu_other"
+LANE_GPU_STREAM: Final = "gpu_stream"
+LANE_KINDS: Final = (LANE_CPU_MAIN, LANE_CPU_AUTOGRAD, LANE_CPU_GLOO, LANE_CPU_OTHER, LANE_GPU_STREAM)
+
+# --- unit span kinds and phases (issue: per-unit analysis) -------------------------------------
+PHASE_FORWARD: Final = "forward"
+PHASE_BACKWARD: Final = "backward"
+PHASE_OPTIMIZER: Final = "optimizer"
+PHASES: Final = (PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER)
+
+SPAN_ALL_GATHER: Final = "all_gather"
+SPAN_COPY_IN: Final = "copy_in"
+SPAN_COPY_OUT: Final = "copy_out"
+SPAN_COMPUTE: Final = "compute"
+SPAN_REDUCE_SCATTER: Final = "reduce_scatter"
+SPAN_ALL_REDUCE: Final = "all_reduce"
+SPAN_RESHARD: Final = "reshard"
+SPAN_KINDS: Final = (
+    SPAN_ALL_GATHER,
+    SPAN_COPY_IN,
+    SPAN_COPY_OUT,
+    SPAN_COMPUTE,
+    SPAN_REDUCE_SCATTER,
+    SPAN_ALL_REDUCE,
+    SPAN_RESHARD,
+)
+
+FRAMEWORKS: Final = ("fsdp2", "fsdp1", "zero3", "unknown")
+
+NO_STEP: Final = -1  # ``step`` of an event outside every ProfilerStep#N
+NO_ID: Final = -1  # missing correlation / external id
+UNKNOWN_BYTES: Final = -1
+
+Schema = dict[str, str]
+
+# One row per trace event the analysis can use (X events of the kinds above).
+EVENTS: Final[Schema] = {
+    "rank": "int32",
+    "lane": "category",  # human-readable lane name, unique within a rank (see LANES)
+    "kind": "category",  # one of EVENT_KINDS
+    "name": "category",
+    "start_ns": "int64",
+    "dur_ns": "int64",
+    "correlation": "int64",  # CUDA correlation id (kernel <-> runtime launch), NO_ID if none
+    "external_id": "int64",  # Kineto "External id" (kernel -> launching cpu_op), NO_ID if none
+    "step": "int32",  # ProfilerStep number the event starts in, NO_STEP outside
+    "comm": "category",  # one of COMM_KINDS, "" when not communication
+    "comm_bytes": "int64",  # bytes moved per rank (output side of a gather), UNKNOWN_BYTES if unknown
+    "pg": "category",  # process group name from record_param_comms args, "" if unknown
+}
+
+# One row per lane (CPU thread or GPU stream) of a rank.
+LANES: Final[Schema] = {
+    "rank": "int32",
+    "lane": "string",
+    "lane_kind": "string",  # one of LANE_KINDS
+    "pid": "int64",
+    "tid": "int64",  # thread id for CPU lanes; stream id for GPU lanes
+    "device": "int32",  # GPU index for streams, -1 for CPU threads
+    "thread_name": "string",  # from thread_name metadata, "" if none
+    "order": "int32",  # display order within the rank (main first, then autograd, gloo, streams)
+    "n_events": "int64",
+}
+
+# One row per ProfilerStep#N range per rank (the CPU-side annotation).
+STEPS: Final[Schema] = {
+    "rank": "int32",
+    "step": "int32",
+    "start_ns": "int64",
+    "end_ns": "int64",
+}
+
+# Allocator samples from ``[memory]`` instant events.
+MEMORY: Final[Schema] = {
+    "rank": "int32",
+    "device": "string",  # "cpu" or "cuda:N"
+    "t_ns": "int64",
+    "allocated_bytes": "int64",
+    "reserved_bytes": "int64",
+    "delta_bytes": "int64",  # the allocation (+) or free (-) that produced this sample
+}
+
+# One row per source trace file (one per rank).
+RANKS: Final[Schema] = {
+    "rank": "int32",
+    "path": "string",
+    "world_size": "int32",  # from distributedInfo, -1 if unknown
+    "backend": "string",  # nccl / gloo / "" if unknown
+    "rank_source": "string",  # "distributedInfo" | "filename" | "default"
+    "base_time_ns": "int64",
+    "start_ns": "int64",
+    "end_ns": "int64",
+    "n_events": "int64",  # rows in EVENTS from this file
+    "n_skipped": "int64",  # events skipped (unknown phase/category, bad durations)
+    "device_name": "string",  # deviceProperties[0].name, "" on CPU
+    "nccl_version": "string",
+}
+
+# Per-unit timeline (built by fsdpviz.analysis from FSDP labels).
+SPANS: Final[Schema] = {
+    "rank": "int32",
+    "step": "int32",
+    "unit": "string",
+    "phase": "string",  # one of PHASES
+    "kind": "string",  # one of SPAN_KINDS
+    "lane": "string",
+    "start_ns": "int64",
+    "end_ns": "int64",
+    "bytes": "int64",  # UNKNOWN_BYTES when not a transfer or unknown
+}
+
+# FSDP units (from run.json when recorded by fsdpviz, else from the labels).
+UNITS: Final[Schema] = {
+    "unit": "string",  # module FQN as the user wrote it; "(root)" for the root
+    "order": "int32",  # forward order
+    "param_numel": "int64",  # -1 if unknown
+    "param_bytes": "int64",  # unsharded bytes, -1 if unknown
+    "framework": "string",
+    "parent": "string",  # grouping block (ZeRO-3 submodule -> its block), "" if none
+}
+
+# Per-step timers written by the recorder (timers/rank{R}.jsonl).
+TIMERS: Final[Schema] = {
+    "rank": "int32",
+    "step": "int32",
+    "unit": "string",  # "" for whole-step records
+    "phase": "string",
+    "kind": "string",
+    "ms": "float64",
+}
+
+
+def make_empty(schema: Schema) -> pd.DataFrame:
+    """Return an empty DataFrame with the columns and dtypes of ``schema``."""
+    return pd.DataFrame({col: pd.Series(dtype=dtype) for col, dtype in schema.items()})
+
+
+def conform(df: pd.DataFrame, schema: Schema, *, table: str = "table") -> pd.DataFrame:
+    """Return ``df`` with exactly the schema's columns, in order, cast to its dtypes.
+
+    Raises ``ValueError`` naming the table and the missing columns: that is a bug in the producer,
+    not a user error. Extra columns are dropped.
+    """
+    missing = [col for col in schema if col not in df.columns]
+    if missing:
+        raise ValueError(f"{table}: missing columns {missing}")
+    out = df.loc[:, list(schema)]
+    casts = {col: dtype for col, dtype in schema.items() if str(out[col].dtype) != dtype}
+    return out.astype(casts) if casts else out
