@@ -1,0 +1,315 @@
+"""A small GPT-like model trained with FSDP2, FSDP1 or DeepSpeed ZeRO-3: the example fsdpviz records.
+
+Plain PyTorch with no profiling code, so it shows what ``fsdpviz record`` does to an unchanged
+script. The model is an embedding, ``--layers`` transformer blocks in ``model.blocks`` and a final
+norm + head; the data are fixed random tokens, so every run with the same flags computes the same
+losses bit for bit (on the same machine and world size).
+
+    torchrun --nproc_per_node 2 examples/train.py --framework fsdp2 --wrap block
+    fsdpviz record --out runs/block -- torchrun --nproc_per_node 2 examples/train.py --wrap block
+
+Wrap policies (which modules are FSDP units):
+  block      every ``blocks.N`` is a unit; the root unit holds the embeddings, norm and head
+  pair       two consecutive blocks form one unit: ``model.blocks`` becomes a ``ModuleDict`` of
+             ``BlockPair`` containers named ``"0+1"``, ``"2+3"``, ... (unit ``blocks.0+1``)
+  root       one unit for the whole model
+  submodule  ZeRO-3 only: DeepSpeed's own default, every submodule with parameters is fetched
+             on its own (``block``/``pair``/``root`` mark those modules as ZeRO-3 leaf modules)
+
+``--prefetch N``: FSDP2 sets explicit forward/backward prefetch N units ahead (0 = FSDP2's implicit
+default). FSDP1 prefetches at most one unit ahead: N >= 1 turns on ``forward_prefetch``, N >= 2 also
+lifts the all-gather rate limiter (``limit_all_gathers=False``); backward prefetch is always
+``BACKWARD_PRE`` (FSDP1's default). ZeRO-3: ``stage3_prefetch_bucket_size`` = N units' parameters
+(0 = DeepSpeed's default).
+
+Runs on CPU with gloo (ZeRO-3 needs ``DS_ACCELERATOR=cpu``) and on GPUs with NCCL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+VOCAB_SIZE = 256
+SEQ_LEN = 32
+BATCH_SIZE = 4
+HEADS = 4
+LEARNING_RATE = 3e-3
+
+StepCallback = Callable[[int, float], None]
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: causal self-attention and an MLP."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.attn_norm = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.mlp_norm = nn.LayerNorm(dim)
+        self.fc_in = nn.Linear(dim, 4 * dim)
+        self.fc_out = nn.Linear(4 * dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, dim = x.shape
+        q, k, v = self.qkv(self.attn_norm(x)).split(dim, dim=-1)
+        q, k, v = (t.view(batch, seq, HEADS, dim // HEADS).transpose(1, 2) for t in (q, k, v))
+        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(attn.transpose(1, 2).reshape(batch, seq, dim))
+        return x + self.fc_out(F.gelu(self.fc_in(self.mlp_norm(x))))
+
+
+class BlockPair(nn.Sequential):
+    """Two consecutive blocks that form one FSDP unit under ``--wrap pair``."""
+
+
+class GPT(nn.Module):
+    def __init__(self, layers: int, dim: int) -> None:
+        super().__init__()
+        self.tok_emb = nn.Embedding(VOCAB_SIZE, dim)
+        self.pos_emb = nn.Embedding(SEQ_LEN, dim)
+        self.blocks: nn.Module = nn.ModuleList(Block(dim) for _ in range(layers))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, VOCAB_SIZE, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        x = self.tok_emb(tokens) + self.pos_emb(positions)
+        for block in self.blocks.children():
+            x = block(x)
+        return self.head(self.norm(x))
+
+    def group_blocks_in_pairs(self) -> None:
+        """Regroup ``blocks`` into ``BlockPair`` containers named ``"0+1"``, ``"2+3"``, ...
+
+        The parameters are the same objects, so the model computes exactly what it did before.
+        """
+        blocks = list(self.blocks.children())
+        pairs = nn.ModuleDict()
+        for first in range(0, len(blocks), 2):
+            group = blocks[first : first + 2]
+            name = "+".join(str(first + i) for i in range(len(group)))
+            pairs[name] = BlockPair(*group)
+        self.blocks = pairs
+
+
+@dataclass(frozen=True)
+class Distributed:
+    rank: int
+    world_size: int
+    device: torch.device
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--framework", choices=["fsdp2", "fsdp1", "zero3"], default="fsdp2")
+    parser.add_argument("--wrap", choices=["block", "pair", "root", "submodule"], default="block",
+                        help="which modules are units (submodule: ZeRO-3's own default)")
+    parser.add_argument("--prefetch", type=int, default=0, metavar="N",
+                        help="prefetch N units ahead (0 = the framework's default)")
+    parser.add_argument("--reshard-after-forward", action=argparse.BooleanOptionalAction, default=True,
+                        help="free gathered parameters after each unit's forward (default: yes)")
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    parser.add_argument("--log-losses", metavar="FILE",
+                        help="write each step's loss per rank (FILE may contain {rank}; else .rank{R} is appended)")
+    args = parser.parse_args(argv)
+    if args.wrap == "submodule" and args.framework != "zero3":
+        parser.error("--wrap submodule is ZeRO-3's default fetching and needs --framework zero3")
+    if args.prefetch < 0 or args.steps < 1 or args.layers < 1 or args.dim % HEADS:
+        parser.error(f"--prefetch >= 0, --steps >= 1, --layers >= 1 and --dim divisible by {HEADS}")
+    return args
+
+
+def init_distributed(device_choice: str) -> Distributed:
+    use_cuda = device_choice == "cuda" or (device_choice == "auto" and torch.cuda.is_available())
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if use_cuda:
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    if "RANK" not in os.environ:  # plain `python train.py`: a world of one
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29511")
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    dist.init_process_group("nccl" if use_cuda else "gloo")
+    return Distributed(dist.get_rank(), dist.get_world_size(), device)
+
+
+def build_model(args: argparse.Namespace) -> GPT:
+    torch.manual_seed(args.seed)  # the same initial weights on every rank and for every wrap policy
+    model = GPT(args.layers, args.dim)
+    if args.wrap == "pair":
+        model.group_blocks_in_pairs()
+    return model
+
+
+def unit_modules(model: GPT, wrap: str) -> list[nn.Module]:
+    """The non-root units in forward order."""
+    if wrap == "root":
+        return []
+    return list(model.blocks.children())
+
+
+def shard_fsdp2(model: GPT, args: argparse.Namespace, ddp: Distributed) -> nn.Module:
+    from torch.distributed.fsdp import fully_shard
+
+    model.to(ddp.device)
+    units = unit_modules(model, args.wrap)
+    for module in units:
+        fully_shard(module, reshard_after_forward=args.reshard_after_forward)
+    # The root keeps its parameters gathered after forward (the head is used first in backward).
+    fully_shard(model, reshard_after_forward=False)
+    if args.prefetch > 0 and units:
+        forward_order = [model, *units]
+        backward_order = [model, *reversed(units)]
+        for i, module in enumerate(forward_order):
+            module.set_modules_to_forward_prefetch(forward_order[i + 1 : i + 1 + args.prefetch])
+        for i, module in enumerate(backward_order):
+            module.set_modules_to_backward_prefetch(backward_order[i + 1 : i + 1 + args.prefetch])
+    return model
+
+
+def shard_fsdp1(model: GPT, args: argparse.Namespace, ddp: Distributed) -> nn.Module:
+    from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    wrap_classes = {"block": {Block}, "pair": {BlockPair}, "root": set()}[args.wrap]
+    return FSDP(
+        model,
+        auto_wrap_policy=ModuleWrapPolicy(wrap_classes) if wrap_classes else None,
+        sharding_strategy=(ShardingStrategy.FULL_SHARD if args.reshard_after_forward
+                           else ShardingStrategy.SHARD_GRAD_OP),
+        backward_prefetch=BackwardPrefetch.BACKWARD_PRE,
+        forward_prefetch=args.prefetch >= 1,
+        limit_all_gathers=args.prefetch < 2,
+        device_id=ddp.device,  # FSDP1 needs it explicitly to run on CPU
+    )
+
+
+def deepspeed_config(model: GPT, args: argparse.Namespace) -> dict:
+    """A ZeRO-3 config for this model: every parameter partitioned, prefetch from ``--prefetch``."""
+    total_numel = sum(p.numel() for p in model.parameters())
+    zero: dict = {
+        "stage": 3,
+        # DeepSpeed keeps parameters under 1e5 elements unpartitioned by default: all of this model's.
+        "stage3_param_persistence_threshold": 0,
+        "overlap_comm": True,
+    }
+    if args.prefetch > 0:
+        unit_numel = max((sum(p.numel() for p in m.parameters()) for m in unit_modules(model, args.wrap)),
+                         default=total_numel)
+        zero["stage3_prefetch_bucket_size"] = args.prefetch * unit_numel
+    if not args.reshard_after_forward:
+        # Keep a gathered parameter until backward if it is reused within the whole model's size.
+        zero["stage3_max_reuse_distance"] = 2 * total_numel
+        zero["stage3_max_live_parameters"] = 2 * total_numel
+    return {
+        "train_micro_batch_size_per_gpu": BATCH_SIZE,
+        "gradient_accumulation_steps": 1,
+        "zero_optimization": zero,
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+
+
+def shard_zero3(model: GPT, args: argparse.Namespace, ddp: Distributed) -> tuple[nn.Module, object]:
+    import deepspeed
+    from deepspeed.utils import set_z3_leaf_modules
+
+    leaf_classes = {"block": [Block], "pair": [BlockPair], "root": [GPT], "submodule": []}[args.wrap]
+    if leaf_classes:
+        set_z3_leaf_modules(model, leaf_classes)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE)
+    engine, ds_optimizer, _, _ = deepspeed.initialize(
+        model=model, optimizer=optimizer, config=deepspeed_config(model, args)
+    )
+    return engine, ds_optimizer
+
+
+def make_batches(args: argparse.Namespace, ddp: Distributed) -> list[torch.Tensor]:
+    """Fixed token batches, different per rank, the same in every run.
+
+    Each sequence starts at a random token and follows ``next = (5 * token + 3) % VOCAB_SIZE``, a rule
+    the model can learn, so the loss visibly falls.
+    """
+    generator = torch.Generator().manual_seed(args.seed * 1000 + ddp.rank)
+    batches = []
+    for _ in range(args.steps):
+        tokens = torch.empty(BATCH_SIZE, SEQ_LEN + 1, dtype=torch.long)
+        tokens[:, 0] = torch.randint(VOCAB_SIZE, (BATCH_SIZE,), generator=generator)
+        for t in range(1, SEQ_LEN + 1):
+            tokens[:, t] = (5 * tokens[:, t - 1] + 3) % VOCAB_SIZE
+        batches.append(tokens)
+    return batches
+
+
+def loss_path(template: str, rank: int) -> str:
+    return template.format(rank=rank) if "{rank}" in template else f"{template}.rank{rank}"
+
+
+def train(args: argparse.Namespace, after_step: StepCallback | None = None) -> list[float]:
+    """Train for ``args.steps`` steps and return this rank's losses.
+
+    ``after_step(step, loss)`` runs after each optimizer step (tests use it to inject faults).
+    """
+    ddp = init_distributed(args.device)
+    model = build_model(args)
+    batches = make_batches(args, ddp)
+    engine = None
+    if args.framework == "zero3":
+        engine, optimizer = shard_zero3(model, args, ddp)
+        sharded = engine
+    else:
+        sharded = shard_fsdp2(model, args, ddp) if args.framework == "fsdp2" else shard_fsdp1(model, args, ddp)
+        optimizer = torch.optim.AdamW(sharded.parameters(), lr=LEARNING_RATE)
+
+    losses: list[float] = []
+    for step, batch in enumerate(batches):
+        batch = batch.to(ddp.device)
+        logits = sharded(batch[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, VOCAB_SIZE), batch[:, 1:].reshape(-1))
+        if engine is not None:
+            engine.backward(loss)
+            engine.step()
+        else:
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        if ddp.rank == 0:
+            print(f"step {step} loss {losses[-1]:.6f}", flush=True)
+        if after_step is not None:
+            after_step(step, losses[-1])
+
+    if args.log_losses:
+        with open(loss_path(args.log_losses, ddp.rank), "w") as out:
+            out.writelines(f"{step} {loss.hex()}\n" for step, loss in enumerate(losses))
+    if not math.isfinite(losses[-1]):
+        raise RuntimeError(f"loss diverged: {losses[-1]}")
+    dist.destroy_process_group()
+    return losses
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    train(parse_args(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
