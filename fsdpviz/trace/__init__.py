@@ -1,1 +1,9 @@
-"""Kineto trace JSON -> tidy tables (see ``schema``). Never imports torch or plotting."""
+"""Kineto trace JSON -> tidy tables (see ``schema``). Never imports torch or plotting.
+
+Entry point: :func:`load_traces` returns a :class:`TraceSet` of typed DataFrames.
+"""
+
+from fsdpviz.trace.loader import load_traces
+from fsdpviz.trace.tables import RankTables, TraceSet
+
+__all__ = ["RankTables", "TraceSet", "load_traces"]

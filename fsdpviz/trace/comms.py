@@ -1,0 +1,147 @@
+"""Which events are communication, which collective they are, and how many bytes they move.
+
+Names repeat (a trace has thousands of events but a few hundred distinct names), so the name-based
+rules run once per distinct name and the result is mapped onto the events; only the few events that
+carry per-event facts (``Collective name``, message sizes, input shapes) are looked at one by one.
+
+Rules (see docs/concepts.md):
+- GPU kernels named ``nccl...Kernel...`` are communication (NCCL ``ncclKernel_AllGather_...``,
+  NCCL >= 2.19 ``ncclDevKernel_ReduceScatter_...``, RCCL ``ncclDevKernel_Generic``). The collective
+  comes from the ``Collective name`` arg copied from ``record_param_comms`` when present, else from
+  the kernel name; ``Generic`` without that arg is ``other``.
+- CPU events that run or issue a collective: ``gloo:all_gather`` and friends (they run on gloo
+  worker threads), ``c10d::_allgather_base_``, ``c10d::_reduce_scatter_base_``, ``c10d::allreduce_``,
+  ``_c10d_functional::*`` ops, ``nccl:*`` annotations and ``record_param_comms``.
+- Bytes: the larger of ``In msg nelems`` / ``Out msg nelems`` times the dtype size (i.e. the
+  unsharded size: the output of a gather, the input of a reduce-scatter); else the largest tensor in
+  ``Input Dims``/``Input type``; a ``gloo:all_gather`` only sees its shard, so its bytes are the shard
+  times the group size.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Final
+
+from fsdpviz.trace import schema
+
+NCCL_KERNEL_RE: Final = re.compile(r"^nccl\w*Kernel")
+_KERNEL_COLLECTIVE_RE: Final = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z]+)")
+_CPU_COMM_PREFIXES: Final = ("gloo:", "nccl:", "c10d::", "_c10d_functional::", "c10d_functional::")
+_NOT_COMM_CPU: Final = ("wait", "work", "barrier_wait", "monitored", "new_group", "init")
+RECORD_PARAM_COMMS: Final = "record_param_comms"
+
+# Ordered: the first token found in the squashed (lower-case, letters only) name wins.
+_COLLECTIVE_TOKENS: Final = (
+    ("reducescatter", schema.COMM_REDUCE_SCATTER),
+    ("allgather", schema.COMM_ALL_GATHER),
+    ("allreduce", schema.COMM_ALL_REDUCE),
+    ("alltoall", schema.COMM_ALL_TO_ALL),
+    ("broadcast", schema.COMM_BROADCAST),
+    ("sendrecv", schema.COMM_SEND_RECV),
+    ("barrier", schema.COMM_BARRIER),
+    ("reduce", schema.COMM_REDUCE),
+    ("send", schema.COMM_SEND_RECV),
+    ("recv", schema.COMM_SEND_RECV),
+    ("gather", schema.COMM_OTHER),
+    ("scatter", schema.COMM_OTHER),
+)
+
+# PyTorch ScalarType names (record_param_comms ``dtype``) and C++ type names (``Input type``).
+_DTYPE_BYTES: Final = {
+    "float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2, "c10::half": 2,
+    "bfloat16": 2, "c10::bfloat16": 2, "long": 8, "long int": 8, "int64": 8, "int": 4, "int32": 4,
+    "short": 2, "short int": 2, "int16": 2, "char": 1, "signed char": 1, "int8": 1, "byte": 1,
+    "unsigned char": 1, "uint8": 1, "bool": 1, "complexfloat": 8, "c10::complex<float>": 8,
+    "complexdouble": 16, "c10::complex<double>": 16, "unsigned int": 4, "uint32": 4,
+    "unsigned long": 8, "uint64": 8, "unsigned short": 2, "uint16": 2,
+}
+
+
+def collective_from_text(text: str) -> str:
+    """Normalise a collective's spelling (``_allgather_base``, ``AllGather``, ``reduce_scatter_tensor``).
+
+    Returns one of ``schema.COMM_KINDS``; ``other`` when nothing is recognised.
+    """
+    squashed = re.sub(r"[^a-z]", "", text.lower())
+    for token, comm in _COLLECTIVE_TOKENS:
+        if token in squashed:
+            return comm
+    return schema.COMM_OTHER
+
+
+def classify_kernel_name(name: str) -> str:
+    """Collective of a GPU kernel from its name, ``""`` when it is not a communication kernel."""
+    if not NCCL_KERNEL_RE.match(name):
+        return ""
+    match = _KERNEL_COLLECTIVE_RE.match(name)
+    if match is None or match.group(1) == "Generic":
+        return schema.COMM_OTHER
+    return collective_from_text(match.group(1))
+
+
+def classify_cpu_name(name: str) -> str:
+    """Collective a CPU op or annotation runs or issues, ``""`` when it is not communication."""
+    if name == RECORD_PARAM_COMMS:
+        return schema.COMM_OTHER  # refined per event from its ``Collective name`` arg
+    if not name.startswith(_CPU_COMM_PREFIXES):
+        return ""
+    op = name.split(":")[-1].lower()
+    if any(word in op for word in _NOT_COMM_CPU):
+        return ""
+    comm = collective_from_text(op)
+    # Other c10d ops (e.g. c10d::allreduce_coalesced_ is fine, c10d::foo is not a collective).
+    if comm == schema.COMM_OTHER and not name.startswith(("gloo:", "nccl:")):
+        return ""
+    return comm
+
+
+def is_gloo_op(name: str) -> bool:
+    """A collective as run by a gloo worker thread."""
+    return name.startswith("gloo:")
+
+
+def dtype_bytes(dtype: str | None) -> int | None:
+    """Size in bytes of one element of a PyTorch/C++ dtype name, None when unknown."""
+    if not dtype:
+        return None
+    key = dtype.strip().lower()
+    if key.startswith("c10::float8") or "float8" in key:
+        return 1
+    return _DTYPE_BYTES.get(key)
+
+
+def bytes_from_nelems(in_nelems: int | None, out_nelems: int | None, dtype: str | None) -> int:
+    """Unsharded message bytes from ``record_param_comms`` args, ``UNKNOWN_BYTES`` if incomplete."""
+    size = dtype_bytes(dtype)
+    nelems = max(in_nelems or 0, out_nelems or 0)
+    if size is None or nelems <= 0:
+        return schema.UNKNOWN_BYTES
+    return nelems * size
+
+
+def _numel(dims: object) -> int | None:
+    if isinstance(dims, list) and all(isinstance(d, int) for d in dims):
+        return math.prod(dims) if dims else None  # [] is a scalar argument, not a tensor
+    if isinstance(dims, list) and dims and all(isinstance(d, list) for d in dims):
+        parts = [_numel(d) for d in dims]  # a TensorList: the tensors move together
+        return sum(p for p in parts if p) or None
+    return None
+
+
+def bytes_from_inputs(dims: object, types: object, *, multiplier: int = 1) -> int:
+    """Largest tensor argument in ``Input Dims``/``Input type`` in bytes, times ``multiplier``."""
+    if not isinstance(dims, list):
+        return schema.UNKNOWN_BYTES
+    type_list = types if isinstance(types, list) else []
+    best = schema.UNKNOWN_BYTES
+    for i, arg_dims in enumerate(dims):
+        numel = _numel(arg_dims)
+        type_name = type_list[i] if i < len(type_list) else None
+        size = dtype_bytes(type_name) if isinstance(type_name, str) else None
+        if numel and size:
+            best = max(best, numel * size)
+    if best == schema.UNKNOWN_BYTES:
+        return best
+    return best * max(multiplier, 1)

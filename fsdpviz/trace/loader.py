@@ -1,0 +1,90 @@
+"""``load_traces``: trace files, folders or a run folder -> one ``TraceSet`` on one clock.
+
+Each rank's file is parsed independently (in parallel processes when there are several and
+more than one core), or read back from the Parquet cache beside it when unchanged; the per-rank
+tables are then concatenated in rank order. Two files claiming the same rank are an error that
+names both, because merging them would silently double every number.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+from pandas.api.types import union_categoricals
+
+from fsdpviz.errors import DuplicateRankError
+from fsdpviz.trace import schema
+from fsdpviz.trace.sources import read_timers, resolve_sources, units_from_run
+from fsdpviz.trace.tables import RankTables, TraceSet
+from fsdpviz.trace.workers import parse_all
+
+
+def load_traces(
+    paths: Sequence[str | Path],
+    *,
+    cache: bool = True,
+    progress: bool | None = None,
+    jobs: int | None = None,
+) -> TraceSet:
+    """Load Kineto traces into typed tables.
+
+    Args:
+        paths: trace files (``.json``/``.json.gz``), folders of them, or one run folder
+            (``run.json`` + ``traces/`` + ``timers/``).
+        cache: reuse/write the Parquet cache beside the traces (``.fsdpviz-cache/``); the
+            environment variable ``FSDPVIZ_NO_CACHE=1`` turns it off whatever this says.
+        progress: show a progress bar on stderr; None = only when stderr is a terminal and
+            loading takes more than a moment.
+        jobs: parallel parser processes; None = one per file up to the number of CPUs.
+
+    Raises:
+        TraceError, DuplicateRankError, RunFolderError, UsageError (all FsdpvizError).
+    """
+    sources = resolve_sources(paths)
+    use_cache = cache and os.environ.get("FSDPVIZ_NO_CACHE", "") not in ("1", "true", "yes")
+    per_file = parse_all(sources.files, cache=use_cache, progress=progress, jobs=jobs)
+    per_rank = _check_unique_ranks(per_file, sources.files)
+    tables = {name: concat_tables([getattr(t, name) for t in per_rank], RankTables.SCHEMAS[name])
+              for name in RankTables.TABLES}
+    return TraceSet(
+        events=tables["events"],
+        lanes=tables["lanes"],
+        steps=tables["steps"],
+        memory=tables["memory"],
+        ranks=tables["rank"],
+        timers=read_timers(sources.timer_files),
+        units=units_from_run(sources.run),
+        run=sources.run,
+        run_dir=str(sources.run_dir) if sources.run_dir is not None else None,
+        sources=[str(t.rank["path"].iloc[0]) for t in per_rank],
+    )
+
+
+def _check_unique_ranks(per_file: list[RankTables], files: list[Path]) -> list[RankTables]:
+    seen: dict[int, Path] = {}
+    for tables, path in zip(per_file, files):
+        rank = int(tables.rank["rank"].iloc[0])
+        if rank in seen:
+            raise DuplicateRankError(rank, seen[rank], path)
+        seen[rank] = path
+    return sorted(per_file, key=lambda t: int(t.rank["rank"].iloc[0]))
+
+
+def concat_tables(frames: list[pd.DataFrame], table_schema: schema.Schema) -> pd.DataFrame:
+    """Concatenate same-schema tables, merging categoricals without a round trip through objects."""
+    frames = [f for f in frames if len(f)]
+    if not frames:
+        return schema.make_empty(table_schema)
+    if len(frames) == 1:
+        return frames[0].reset_index(drop=True)
+    columns: dict[str, object] = {}
+    for col, dtype in table_schema.items():
+        if dtype == "category":
+            columns[col] = union_categoricals([f[col] for f in frames], ignore_order=True)
+        else:
+            columns[col] = pd.concat([f[col] for f in frames], ignore_index=True)
+    return schema.conform(pd.DataFrame(columns), table_schema)
+

@@ -1,0 +1,147 @@
+"""What the user pointed at -> the trace files to read, and the run folder around them if any.
+
+Accepted inputs (any mix, one run at a time):
+- trace files: ``*.json``, ``*.json.gz``, ``*.pt.trace.json.gz`` (tensorboard_trace_handler);
+- a folder of trace files (not searched recursively: sibling folders are often other runs);
+- a run folder written by ``fsdpviz record``: ``run.json`` + ``traces/`` (+ ``timers/``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import pandas as pd
+
+from fsdpviz.errors import RunFolderError, TraceError, UsageError
+from fsdpviz.trace import schema
+
+RUN_FILE: Final = "run.json"
+TRACES_DIR: Final = "traces"
+TIMERS_DIR: Final = "timers"
+TRACE_SUFFIXES: Final = (".json", ".json.gz")
+
+
+@dataclass(kw_only=True, slots=True)
+class Sources:
+    """Resolved input: trace files in a stable order, and the run folder when there is one."""
+
+    files: list[Path]
+    run_dir: Path | None = None
+    run: dict[str, Any] | None = None
+    timer_files: list[Path] = field(default_factory=list)
+
+
+def is_trace_name(path: Path) -> bool:
+    """A file name that looks like a Kineto trace (and not like fsdpviz's own run.json)."""
+    name = path.name.lower()
+    return name.endswith(TRACE_SUFFIXES) and name != RUN_FILE and not name.startswith(".")
+
+
+def _traces_in(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.is_file() and is_trace_name(p))
+
+
+def resolve_sources(paths: Sequence[str | Path]) -> Sources:
+    """Expand files / folders / a run folder into the list of trace files to load."""
+    if not paths:
+        raise UsageError("no input: give trace files, a folder of traces, or a run folder")
+    files: list[Path] = []
+    run_dir: Path | None = None
+    for raw in paths:
+        path = Path(raw)
+        if not path.exists():
+            raise TraceError(path, "no such file or folder")
+        if path.is_file():
+            files.append(path)
+            continue
+        if (path / RUN_FILE).is_file():
+            if run_dir is not None:
+                raise UsageError(f"{run_dir} and {path} are two run folders: load one run at a time")
+            run_dir = path
+            traces_dir = path / TRACES_DIR
+            found = _traces_in(traces_dir) if traces_dir.is_dir() else []
+            if not found:
+                raise RunFolderError(f"{path}: run folder has no traces ({TRACES_DIR}/ is empty or missing)")
+            files.extend(found)
+            continue
+        found = _traces_in(path)
+        if not found:
+            raise TraceError(path, "folder holds no trace files (*.json, *.json.gz)")
+        files.extend(found)
+    unique = list(dict.fromkeys(p.resolve() for p in files))
+    run = read_run_json(run_dir) if run_dir is not None else None
+    timers = sorted((run_dir / TIMERS_DIR).glob("*.jsonl")) if run_dir is not None else []
+    by_resolved = {p.resolve(): p for p in files}
+    return Sources(files=[by_resolved[p] for p in unique], run_dir=run_dir, run=run, timer_files=timers)
+
+
+def read_run_json(run_dir: Path) -> dict[str, Any]:
+    """Parse ``run.json``; a broken one is an error naming the file."""
+    path = run_dir / RUN_FILE
+    try:
+        run = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RunFolderError(f"{path}: cannot read run.json ({exc})") from None
+    if not isinstance(run, dict):
+        raise RunFolderError(f"{path}: run.json is not a JSON object")
+    return run
+
+
+def units_from_run(run: dict[str, Any] | None) -> pd.DataFrame:
+    """The UNITS table from run.json's ``units`` list (empty when absent)."""
+    entries = run.get("units") if run else None
+    if not isinstance(entries, list) or not entries:
+        return schema.make_empty(schema.UNITS)
+    framework = str(run.get("framework", "unknown")) if run else "unknown"
+    rows = [
+        {
+            "unit": str(u.get("unit", "")),
+            "order": int(u.get("order", i)),
+            "param_numel": int(u.get("param_numel", -1) if u.get("param_numel") is not None else -1),
+            "param_bytes": int(u.get("param_bytes", -1) if u.get("param_bytes") is not None else -1),
+            "framework": framework,
+            "parent": str(u.get("parent") or ""),
+        }
+        for i, u in enumerate(entries)
+        if isinstance(u, dict)
+    ]
+    if not rows:
+        return schema.make_empty(schema.UNITS)
+    return schema.conform(pd.DataFrame(rows), schema.UNITS, table="units")
+
+
+def read_timers(files: Sequence[Path]) -> pd.DataFrame:
+    """The TIMERS table from ``timers/rank{R}.jsonl`` files; a bad line is an error naming file and line."""
+    rows: list[dict[str, Any]] = []
+    for path in files:
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise RunFolderError(f"{path}: cannot read timers ({exc})") from None
+        for line_no, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                rows.append(
+                    {
+                        "rank": int(rec["rank"]),
+                        "step": int(rec["step"]),
+                        "unit": str(rec.get("unit", "")),
+                        "phase": str(rec.get("phase", "")),
+                        "kind": str(rec.get("kind", "")),
+                        "ms": float(rec["ms"]),
+                    }
+                )
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                # The recorder may be killed mid-line: a torn last line is expected, not an error.
+                if line_no == len(lines):
+                    break
+                raise RunFolderError(f"{path}:{line_no}: bad timer record ({exc})") from None
+    if not rows:
+        return schema.make_empty(schema.TIMERS)
+    return schema.conform(pd.DataFrame(rows), schema.TIMERS, table="timers")

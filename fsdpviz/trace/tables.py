@@ -1,0 +1,94 @@
+"""The containers the loader returns: one rank's tables, and the whole run's ``TraceSet``.
+
+Both hold pandas DataFrames typed by :mod:`fsdpviz.trace.schema`; they carry no behaviour beyond
+selecting rows, so the analysis stays a set of pure functions on tables.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from fsdpviz.trace import schema
+
+
+@dataclass(kw_only=True, slots=True)
+class RankTables:
+    """Tables parsed from one trace file (one rank). ``rank`` is a one-row RANKS table."""
+
+    events: pd.DataFrame
+    lanes: pd.DataFrame
+    steps: pd.DataFrame
+    memory: pd.DataFrame
+    rank: pd.DataFrame
+
+    TABLES = ("events", "lanes", "steps", "memory", "rank")
+    SCHEMAS = {
+        "events": schema.EVENTS,
+        "lanes": schema.LANES,
+        "steps": schema.STEPS,
+        "memory": schema.MEMORY,
+        "rank": schema.RANKS,
+    }
+
+
+@dataclass(kw_only=True, slots=True)
+class TraceSet:
+    """Every rank of one run on one clock.
+
+    Attributes:
+        events: one row per usable trace event (schema.EVENTS), all ranks.
+        lanes: CPU threads and GPU streams per rank (schema.LANES).
+        steps: ``ProfilerStep#N`` ranges per rank (schema.STEPS).
+        memory: allocator samples from ``[memory]`` events (schema.MEMORY).
+        ranks: one row per source trace file (schema.RANKS).
+        timers: per-step timers of a run folder (schema.TIMERS), empty without one.
+        units: FSDP units from run.json (schema.UNITS), empty without one.
+        run: the parsed run.json of a run folder, else None.
+        run_dir: the run folder, when the input was one.
+        sources: the trace files read, in rank order.
+    """
+
+    events: pd.DataFrame
+    lanes: pd.DataFrame
+    steps: pd.DataFrame
+    memory: pd.DataFrame
+    ranks: pd.DataFrame
+    timers: pd.DataFrame = field(default_factory=lambda: schema.make_empty(schema.TIMERS))
+    units: pd.DataFrame = field(default_factory=lambda: schema.make_empty(schema.UNITS))
+    run: dict[str, Any] | None = None
+    run_dir: str | None = None
+    sources: list[str] = field(default_factory=list)
+
+    @property
+    def rank_ids(self) -> list[int]:
+        """The ranks present, sorted."""
+        return sorted(int(r) for r in self.ranks["rank"])
+
+    @property
+    def world_size(self) -> int:
+        """World size from the traces' ``distributedInfo`` (or run.json), else the number of ranks."""
+        if self.run and isinstance(self.run.get("world_size"), int):
+            return int(self.run["world_size"])
+        sizes = [int(s) for s in self.ranks["world_size"] if int(s) > 0]
+        return max(sizes) if sizes else len(self.ranks)
+
+    def source_of(self, rank: int) -> str:
+        """Path of the trace file that holds ``rank`` ("" if unknown)."""
+        rows = self.ranks.loc[self.ranks["rank"] == rank, "path"]
+        return str(rows.iloc[0]) if len(rows) else ""
+
+    def describe_sources(self) -> str:
+        """A short name for the input, for error messages: the run folder or the file(s)."""
+        if self.run_dir:
+            return self.run_dir
+        if len(self.sources) == 1:
+            return self.sources[0]
+        return ", ".join(self.sources[:3]) + (" ..." if len(self.sources) > 3 else "")
+
+
+def make_empty_rank_tables() -> dict[str, pd.DataFrame]:
+    """Empty, correctly typed tables for every RankTables field."""
+    return {name: schema.make_empty(s) for name, s in RankTables.SCHEMAS.items()}

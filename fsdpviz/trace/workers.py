@@ -1,0 +1,152 @@
+"""Parse many trace files: cache first, then the rest in parallel processes, with progress.
+
+One rank's file is independent of the others, so files are parsed in separate processes (msgspec
+decoding and the table building are CPU-bound and hold the GIL). Workers are forked (cheap: the
+parser is already imported) before any progress thread starts; a parent that already runs other
+threads gets a ``forkserver`` instead, since forking a threaded process can deadlock. Workers
+write the cache entry themselves so that it is written in parallel too.
+
+Progress appears on stderr only when loading takes longer than ``PROGRESS_DELAY_S`` and stderr is
+a terminal (or when asked explicitly), and disappears when done.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from fsdpviz.errors import FsdpvizError
+from fsdpviz.trace.cache import load_cached, store_cached
+from fsdpviz.trace.kineto import parse_trace_file
+from fsdpviz.trace.tables import RankTables
+
+PROGRESS_DELAY_S: Final = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class _Failure:
+    """A user-input error from a worker, carried back as plain data (exceptions with custom
+    ``__init__`` signatures do not survive pickling)."""
+
+    message: str
+
+
+def _parse_and_store(path_text: str, use_cache: bool) -> RankTables | _Failure:
+    path = Path(path_text)
+    try:
+        tables = parse_trace_file(path)
+    except FsdpvizError as exc:
+        return _Failure(str(exc))
+    if use_cache:
+        store_cached(path, tables)
+    return tables
+
+
+def _unwrap(result: RankTables | _Failure) -> RankTables:
+    if isinstance(result, _Failure):
+        raise FsdpvizError(result.message)
+    return result
+
+
+def parse_all(
+    files: Sequence[Path], *, cache: bool, progress: bool | None, jobs: int | None
+) -> list[RankTables]:
+    """Tables for every file, in the order given. Raises the first file's error."""
+    results: list[RankTables | None] = [load_cached(f) if cache else None for f in files]
+    todo = [i for i, r in enumerate(results) if r is None]
+    if not todo:
+        return [r for r in results if r is not None]
+    n_jobs = _job_count(jobs, len(todo))
+    if n_jobs <= 1:
+        with _progress_display(progress, total=len(todo)) as advance:
+            for i in todo:
+                advance(files[i].name, 0)
+                tables = parse_trace_file(files[i])
+                if cache:
+                    store_cached(files[i], tables)
+                results[i] = tables
+                advance(files[i].name, 1)
+        return [r for r in results if r is not None]
+    # Submit before the progress thread starts: with "fork" all workers are forked on the first
+    # submit, so no other thread exists at that moment.
+    with ProcessPoolExecutor(max_workers=n_jobs, mp_context=_mp_context()) as pool:
+        futures = {pool.submit(_parse_and_store, str(files[i]), cache): i for i in todo}
+        with _progress_display(progress, total=len(todo)) as advance:
+            advance(f"{len(todo)} files", 0)
+            for fut in as_completed(futures):
+                i = futures[fut]
+                results[i] = _unwrap(fut.result())
+                advance(files[i].name, 1)
+    return [r for r in results if r is not None]
+
+
+def _job_count(jobs: int | None, n_files: int) -> int:
+    if jobs is not None:
+        return max(1, min(jobs, n_files))
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(cpus, n_files))
+
+
+def _mp_context() -> mp.context.BaseContext:
+    """``fork`` when this process has a single thread (fast: nothing to re-import), else a
+    ``forkserver`` (``spawn`` off Linux): forking a threaded process can deadlock."""
+    methods = mp.get_all_start_methods()
+    if "fork" in methods and threading.active_count() == 1:
+        return mp.get_context("fork")
+    if "forkserver" in methods:
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(["fsdpviz.trace.kineto"])
+        return ctx
+    return mp.get_context("spawn")
+
+
+@contextmanager
+def _progress_display(progress: bool | None, *, total: int) -> Iterator:
+    """Yield ``advance(label, n)``; a transient rich bar starts after a delay when wanted."""
+    wanted = progress if progress is not None else sys.stderr.isatty()
+    if not wanted:
+        yield lambda label, n: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
+    from rich.progress import TimeElapsedColumn
+
+    bar = Progress(
+        SpinnerColumn(),
+        TextColumn("loading traces"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.description}"),
+        console=Console(stderr=True),
+        transient=True,
+    )
+    task = bar.add_task("", total=total)
+    lock = threading.Lock()
+    state = {"started": False, "done": False}
+
+    def start() -> None:
+        with lock:
+            if not state["done"]:
+                bar.start()
+                state["started"] = True
+
+    timer = threading.Timer(0.0 if progress else PROGRESS_DELAY_S, start)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield lambda label, n: bar.update(task, advance=n, description=label)
+    finally:
+        timer.cancel()
+        with lock:
+            state["done"] = True
+            if state["started"]:
+                bar.stop()
