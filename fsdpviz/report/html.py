@@ -1,0 +1,169 @@
+"""One standalone, offline HTML page from a :class:`Page` of sections (jinja2 + bokeh, inline JS).
+
+Why the page is assembled here and not with ``hv.save`` or ``bokeh.io.save``: holoviews pulls in
+panel, whose extension registers an ``es-module-shims`` script *URL* that bokeh adds to every page
+(a network request, and 3 MB of panel JS when saved through ``hv.save``). Here the bokeh models
+of all sections go into one bokeh document (so linked ranges work across sections), bokeh's own
+JS and CSS are inlined from the bundle of the models actually used, and external script URLs are
+dropped. A Content-Security-Policy meta tag then forbids the page any network request at all.
+
+Safety: every string that comes from a trace (unit FQNs, kernel and lane names) reaches the page
+either through this template, which autoescapes, or through bokeh models that draw text on a
+canvas or escape it (titles, axis ticks, legends, ``@field`` tooltips, DataTable cells with the
+default ``StringFormatter``). Nothing here uses bokeh ``Div``/``HTMLTemplateFormatter`` or jinja2's
+``|safe`` on such strings; only bokeh's own script and div markup are marked safe.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from fsdpviz import __version__
+
+TEMPLATE_NAME = "report.html.j2"
+
+
+@dataclass(kw_only=True, slots=True)
+class Fact:
+    """One labelled number of a headline card row (``value`` is already formatted)."""
+
+    label: str
+    value: str
+    hint: str = ""  # shown as a tooltip (title attribute) and under the value
+
+
+_COLOR_RE = re.compile(r"^#[0-9a-fA-F]{6}$")
+
+
+@dataclass(kw_only=True, slots=True)
+class LegendItem:
+    """A colour chip with a label, drawn in HTML (a legend of 80 units does not fit in a plot)."""
+
+    label: str
+    color: str  # "#rrggbb" only: it goes into a style attribute
+    pattern: str = "solid"  # solid | hatched | strip
+
+    def __post_init__(self) -> None:
+        if not _COLOR_RE.match(self.color):
+            raise ValueError(f"legend colour must be #rrggbb, got {self.color!r}")
+        if self.pattern not in ("solid", "hatched", "strip"):
+            raise ValueError(f"unknown legend pattern {self.pattern!r}")
+
+
+@dataclass(kw_only=True, slots=True)
+class Section:
+    """One section of the page: a title, a "how to read this" note and its content."""
+
+    key: str  # anchor id, [a-z0-9-]
+    title: str
+    howto: str = ""
+    notes: list[str] = field(default_factory=list)  # plain-text remarks (e.g. what was capped)
+    facts: list[Fact] = field(default_factory=list)
+    bullets: list[str] = field(default_factory=list)  # plain-text list items (findings)
+    legend: list[LegendItem] = field(default_factory=list)
+    views: dict[str, Any] = field(default_factory=dict)  # tab label -> holoviews object / bokeh model
+
+
+@dataclass(kw_only=True, slots=True)
+class Page:
+    """Everything the template needs; built by :mod:`fsdpviz.report.build`."""
+
+    title: str
+    subtitle: str = ""
+    meta: list[Fact] = field(default_factory=list)
+    sections: list[Section] = field(default_factory=list)
+    generated: str = field(default_factory=lambda: _dt.datetime.now().astimezone().isoformat(timespec="seconds"))
+    version: str = __version__
+
+
+def _to_bokeh(view: Any) -> Any:
+    """A holoviews object -> its bokeh model (canvas backend); a bokeh model passes through."""
+    from bokeh.model import Model
+    from bokeh.models import Plot, Toolbar
+
+    if isinstance(view, Model):
+        model = view
+    else:
+        import holoviews as hv
+
+        model = hv.render(view, backend="bokeh")
+    # holoviews defaults to WebGL, which is several times slower on a viewer without a GPU.
+    for plot in model.select({"type": Plot}):
+        plot.output_backend = "canvas"
+    for toolbar in model.select({"type": Toolbar}):
+        toolbar.logo = None
+    return model
+
+
+def _section_model(section: Section) -> Any | None:
+    """The bokeh root of a section: its only view, or tabs when it has several."""
+    if not section.views:
+        return None
+    models = {label: _to_bokeh(view) for label, view in section.views.items()}
+    if len(models) == 1:
+        return next(iter(models.values()))
+    from bokeh.models import TabPanel, Tabs
+
+    return Tabs(tabs=[TabPanel(child=model, title=label) for label, model in models.items()],
+                sizing_mode="stretch_width")
+
+
+def _inline_resources(models: list[Any]) -> tuple[str, list[str]]:
+    """Inline ``<script>`` tags and CSS texts for ``models``; script URLs are dropped (see module doc)."""
+    from bokeh.embed.bundle import bundle_for_objs_and_resources
+    from bokeh.resources import Resources
+
+    bundle = bundle_for_objs_and_resources(models, Resources(mode="inline", log_level="warn"))
+    return bundle.scripts(tag=True), list(bundle.css_raw)
+
+
+def _environment() -> jinja2.Environment:
+    # autoescape=True for every template, whatever its extension: names from traces pass through here.
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("fsdpviz.report", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+
+
+def render_page(page: Page) -> str:
+    """Render ``page`` to the text of one standalone HTML file."""
+    from bokeh.embed import components
+
+    roots: dict[str, Any] = {}
+    for section in page.sections:
+        model = _section_model(section)
+        if model is not None:
+            roots[section.key] = model
+    if roots:
+        # One call, one bokeh document: ranges shared between sections stay linked.
+        script, divs = components(roots)
+        js, css = _inline_resources(list(roots.values()))
+    else:
+        script, divs, js, css = "", {}, "", []
+    template = _environment().get_template(TEMPLATE_NAME)
+    return template.render(
+        page=page,
+        plot_divs={key: jinja2.utils.markupsafe.Markup(div) for key, div in divs.items()},
+        bokeh_script=jinja2.utils.markupsafe.Markup(script),
+        bokeh_js=jinja2.utils.markupsafe.Markup(js),
+        bokeh_css=[jinja2.utils.markupsafe.Markup(text) for text in css],
+    )
+
+
+def write_page(page: Page, path: str | Path) -> int:
+    """Render ``page`` into ``path`` (written atomically); return the file size in bytes."""
+    out = Path(path)
+    text = render_page(page)
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(out)
+    return out.stat().st_size

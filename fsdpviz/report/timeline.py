@@ -1,0 +1,190 @@
+"""Plot data for the time-line views: which step to draw, lane rows, and capped span segments.
+
+The Gantt of a step is the most detailed view of the report and the one that stops scaling first:
+a GPU step can hold tens of thousands of kernels per rank, and a browser draws ~1e5 rectangles
+before zooming turns sluggish (STYLE.md: 1e5 spans draw in 2.9 s and zoom at ~0.5 s a frame).
+So the page shows one representative step (the median one, and the slowest one), and when a
+step holds more segments than the budget, neighbouring segments of the same lane, colour and
+kind are merged, tolerating growing gaps, until the step fits. Merged segments keep their count
+(``n_merged``) so the hover says what was aggregated.
+
+Everything here is pandas on the analysis tables: times stay integer ns until the final
+conversion to ms relative to the step's origin (the earliest start of that step on any rank),
+so that ranks share one time axis and their skew stays visible.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from fsdpviz.report.style import NS_PER_MS
+
+# Spans drawn on one page, all Gantt tabs together (see module docstring).
+MAX_PAGE_SEGMENTS = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class StepChoice:
+    """A step chosen for the time-line views, with the window drawn for it."""
+
+    label: str  # "median step 12"
+    step: int
+    origin_ns: int  # earliest start of the step over all ranks: x = 0 ms
+    end_ns: int  # latest end of the step over all ranks
+    duration_ms: float  # end - origin, the step's wall time across ranks
+
+
+def step_wall_times(steps: pd.DataFrame) -> pd.DataFrame:
+    """Per step: earliest start and latest end over ranks, and the wall time in ms.
+
+    ``steps`` is a STEPS table. Returns columns ``step``, ``origin_ns``, ``end_ns``,
+    ``duration_ms``, sorted by step.
+    """
+    if steps.empty:
+        return pd.DataFrame({"step": pd.Series(dtype="int64"), "origin_ns": pd.Series(dtype="int64"),
+                             "end_ns": pd.Series(dtype="int64"), "duration_ms": pd.Series(dtype="float64")})
+    wall = steps.groupby("step", sort=True).agg(origin_ns=("start_ns", "min"), end_ns=("end_ns", "max"))
+    wall["duration_ms"] = (wall["end_ns"] - wall["origin_ns"]) / NS_PER_MS
+    return wall.reset_index()
+
+
+def choose_steps(steps: pd.DataFrame, analysed: Sequence[int] | None = None) -> list[StepChoice]:
+    """The median step (by wall time) and, when different, the slowest one.
+
+    The median is the lower median, so it is a step that happened, never an average of two.
+    ``analysed`` restricts the choice to the analysis window when given.
+    """
+    wall = step_wall_times(steps)
+    if analysed is not None and len(analysed):
+        wall = wall[wall["step"].isin(list(analysed))]
+    if wall.empty:
+        return []
+    ordered = wall.sort_values(["duration_ms", "step"], kind="stable").reset_index(drop=True)
+    median = ordered.iloc[(len(ordered) - 1) // 2]
+    slowest = ordered.iloc[-1]
+    choices = [_choice("median step", median)]
+    if int(slowest["step"]) != int(median["step"]):
+        choices.append(_choice("slowest step", slowest))
+    return choices
+
+
+def _choice(kind: str, row: pd.Series) -> StepChoice:
+    step = int(row["step"])
+    return StepChoice(label=f"{kind} {step}", step=step, origin_ns=int(row["origin_ns"]),
+                      end_ns=int(row["end_ns"]), duration_ms=float(row["duration_ms"]))
+
+
+def merge_intervals(df: pd.DataFrame, keys: Sequence[str], *, gap_ns: int = 0) -> pd.DataFrame:
+    """Union of ``[start_ns, end_ns)`` intervals per group of ``keys``.
+
+    Intervals of a group that overlap, touch, or lie closer than ``gap_ns`` become one. Returns
+    ``keys`` + ``start_ns``, ``end_ns``, ``n_merged`` (how many input rows each output row covers)
+    and ``busy_ns`` (the summed input durations: less than end - start when gaps were bridged).
+    """
+    cols = [*keys, "start_ns", "end_ns", "n_merged", "busy_ns"]
+    if df.empty:
+        out = df.loc[:, list(keys)].iloc[:0].copy()
+        for col in ("start_ns", "end_ns", "n_merged", "busy_ns"):
+            out[col] = pd.Series(dtype="int64")
+        return out[cols]
+    work = df.loc[:, [*keys, "start_ns", "end_ns"]].sort_values([*keys, "start_ns"], kind="stable")
+    work = work.reset_index(drop=True)
+    group_id = work.groupby(list(keys), sort=False, observed=True).ngroup().to_numpy()
+    start = work["start_ns"].to_numpy(np.int64)
+    end = work["end_ns"].to_numpy(np.int64)
+    # Running max of the ends within each group: an interval opens a new run when it starts after
+    # everything before it in its group has ended (plus the tolerated gap).
+    run_end = pd.Series(end).groupby(group_id).cummax().to_numpy()
+    prev_end = np.empty_like(run_end)
+    prev_end[0] = np.iinfo(np.int64).min
+    prev_end[1:] = run_end[:-1]
+    new_group = np.ones(len(work), dtype=bool)
+    new_group[1:] = group_id[1:] != group_id[:-1]
+    new_run = new_group | (start > prev_end + gap_ns)
+    work["_run"] = np.cumsum(new_run)
+    work["_dur"] = end - start
+    agg = work.groupby("_run", sort=True).agg(
+        **{key: (key, "first") for key in keys},
+        start_ns=("start_ns", "min"),
+        end_ns=("end_ns", "max"),
+        n_merged=("start_ns", "size"),
+        busy_ns=("_dur", "sum"),
+    )
+    return agg.reset_index(drop=True)[cols]
+
+
+def cap_segments(df: pd.DataFrame, keys: Sequence[str], max_segments: int) -> tuple[pd.DataFrame, bool]:
+    """Merge same-``keys`` neighbours with growing gaps until at most ``max_segments`` rows remain.
+
+    Returns the (possibly merged) table and whether anything was merged. ``df`` must carry
+    ``start_ns``/``end_ns``; rows get ``n_merged`` and ``busy_ns``. The gap doubles from 1 µs, so
+    the result keeps as much detail as the budget allows.
+    """
+    merged = merge_intervals(df, keys, gap_ns=0)
+    if len(merged) <= max_segments:
+        return merged, bool(len(merged) < len(df))
+    gap_ns = 1_000
+    span_ns = int(df["end_ns"].max() - df["start_ns"].min()) if len(df) else 0
+    while len(merged) > max_segments and gap_ns <= max(span_ns, 1):
+        merged = merge_intervals(df, keys, gap_ns=gap_ns)
+        gap_ns *= 2
+    return merged, True
+
+
+def clip_to_window(df: pd.DataFrame, start_ns: int, end_ns: int) -> pd.DataFrame:
+    """Rows of ``df`` overlapping ``[start_ns, end_ns)``, cut to it."""
+    inside = df[(df["end_ns"] > start_ns) & (df["start_ns"] < end_ns)].copy()
+    inside["start_ns"] = inside["start_ns"].clip(lower=start_ns)
+    inside["end_ns"] = inside["end_ns"].clip(upper=end_ns)
+    return inside
+
+
+def intersect_intervals(a: pd.DataFrame, b: pd.DataFrame, key: str = "rank") -> pd.DataFrame:
+    """Pieces of each row of ``a`` covered by the intervals of ``b`` with the same ``key``.
+
+    ``b`` must be disjoint within a key (a union, e.g. the exposed-communication intervals of a
+    rank). Returns ``a``'s columns with ``start_ns``/``end_ns`` replaced by the covered pieces
+    and ``source_row`` (the index of the ``a`` row each piece came from).
+    """
+    pieces: list[pd.DataFrame] = []
+    a = a.assign(source_row=a.index)
+    for value, rows in a.groupby(key, sort=False, observed=True):
+        cover = b[b[key] == value].sort_values("start_ns")
+        if cover.empty or rows.empty:
+            continue
+        c_start = cover["start_ns"].to_numpy(np.int64)
+        c_end = cover["end_ns"].to_numpy(np.int64)
+        r_start = rows["start_ns"].to_numpy(np.int64)
+        r_end = rows["end_ns"].to_numpy(np.int64)
+        # Candidate cover intervals of each row: those starting before the row ends, from the
+        # first one that ends after the row starts.
+        first = np.searchsorted(c_end, r_start, side="right")
+        last = np.searchsorted(c_start, r_end, side="left")
+        counts = np.maximum(last - first, 0)
+        if counts.sum() == 0:
+            continue
+        row_idx = np.repeat(np.arange(len(rows)), counts)
+        cover_idx = np.concatenate([np.arange(f, l) for f, l in zip(first, last) if l > f])
+        starts = np.maximum(r_start[row_idx], c_start[cover_idx])
+        ends = np.minimum(r_end[row_idx], c_end[cover_idx])
+        keep = ends > starts
+        part = rows.iloc[row_idx[keep]].copy()
+        part["start_ns"] = starts[keep]
+        part["end_ns"] = ends[keep]
+        pieces.append(part)
+    if not pieces:
+        return a.iloc[:0].copy()
+    return pd.concat(pieces, ignore_index=True)
+
+
+def to_ms(df: pd.DataFrame, origin_ns: int) -> pd.DataFrame:
+    """Add ``x0_ms``/``x1_ms`` (relative to ``origin_ns``) and ``dur_ms`` to a table of intervals."""
+    out = df.copy()
+    out["x0_ms"] = (out["start_ns"] - origin_ns) / NS_PER_MS
+    out["x1_ms"] = (out["end_ns"] - origin_ns) / NS_PER_MS
+    out["dur_ms"] = (out["end_ns"] - out["start_ns"]) / NS_PER_MS
+    return out

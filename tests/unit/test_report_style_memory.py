@@ -1,0 +1,76 @@
+"""Colours stable per unit, byte formats, and the peak-preserving memory curve."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from fsdpviz.report import memory, style
+from fsdpviz.report.style import NS_PER_MS
+from fsdpviz.report.timeline import StepChoice
+
+
+def test_unit_colour_depends_on_unit_not_on_which_units_are_present() -> None:
+    orders = {f"blocks.{i}": i for i in range(40)}
+    everything = style.unit_colors(orders, orders)
+    subset = style.unit_colors(["blocks.7", "blocks.30"], orders)
+    assert subset == {"blocks.7": everything["blocks.7"], "blocks.30": everything["blocks.30"]}
+    # neighbours in forward order never share a colour
+    assert all(everything[f"blocks.{i}"] != everything[f"blocks.{i + 1}"] for i in range(39))
+    assert style.EXPOSED_COLOR not in style.UNIT_PALETTE
+
+
+def test_unit_colour_without_order_is_a_stable_hash() -> None:
+    a = style.unit_color("encoder.layers.3", None)
+    assert a == style.unit_color("encoder.layers.3", -1) == style.unit_color("encoder.layers.3", None)
+    names = [f"m{i}" for i in range(200)]
+    assert len({style.unit_color(n, None) for n in names}) == len(style.UNIT_PALETTE)
+
+
+def test_format_bytes_and_ms() -> None:
+    assert style.format_bytes(512) == "512 B"
+    assert style.format_bytes(1536) == "1.5 KiB"
+    assert style.format_bytes(3 * style.GIB) == "3 GiB"
+    assert style.format_bytes(-1) == ""
+    assert style.format_ms(12.345) == "12.3 ms"
+    assert style.format_ms(0.25) == "250 µs"
+    assert style.format_ms(float("nan")) == "n/a"
+    assert style.bytes_scale(5 * style.MIB) == (float(style.MIB), "MiB")
+
+
+def _mem(rank: int, device: str, t_ns: np.ndarray, alloc: np.ndarray) -> pd.DataFrame:
+    return pd.DataFrame({"rank": rank, "device": device, "t_ns": t_ns, "allocated_bytes": alloc,
+                         "reserved_bytes": alloc + 100, "delta_bytes": 0})
+
+
+def test_thinning_keeps_every_bin_extreme() -> None:
+    rng = np.random.default_rng(3)
+    n = 50_000
+    t = np.arange(n, dtype=np.int64) * 1_000
+    alloc = rng.integers(0, 1_000_000, n)
+    alloc[31_337] = 5_000_000  # a one-sample spike
+    df = _mem(0, "cuda:0", t, alloc)
+    thin = memory.thin_samples(df, 1_000)
+    assert len(thin) <= 1_002
+    assert thin["allocated_bytes"].max() == 5_000_000
+    assert thin["allocated_bytes"].min() == alloc.min()
+    assert thin["t_ns"].is_monotonic_increasing
+
+
+def test_memory_curve_of_a_step_prefers_gpu_and_starts_at_the_entry_level() -> None:
+    t = np.array([0, 10, 20, 30, 40]) * NS_PER_MS
+    gpu = _mem(0, "cuda:0", t, np.array([100, 200, 300, 400, 500]))
+    cpu = _mem(0, "cpu", t, np.array([1, 2, 3, 4, 5]))
+    choice = StepChoice(label="median step 1", step=1, origin_ns=15 * NS_PER_MS, end_ns=35 * NS_PER_MS,
+                        duration_ms=20.0)
+    curve = memory.memory_curves(pd.concat([cpu, gpu]), choice, [0])
+    assert set(curve["device"]) == {"cuda:0"}
+    # entry level (sample at 10 ms) moved to 0 ms, samples at 20 and 30 ms, level held to the end
+    assert curve["t_ms"].tolist() == [0.0, 5.0, 15.0, 20.0]
+    assert curve["allocated_bytes"].tolist() == [200, 300, 400, 400]
+
+
+def test_memory_ranks_are_capped_to_rank0_and_highest_peaks() -> None:
+    parts = [_mem(r, "cpu", np.array([0, 1]), np.array([r * 10, r * 10])) for r in range(20)]
+    chosen = memory.choose_memory_ranks(pd.concat(parts), max_ranks=4)
+    assert chosen == [0, 17, 18, 19]
