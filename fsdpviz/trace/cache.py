@@ -2,13 +2,14 @@
 
 Parsing a large GPU trace takes seconds; reading its tables back from Parquet takes a few tens of
 milliseconds, so reports and summaries of the same run are instant the second time. An entry is
-keyed by the source's resolved path, size and modification time plus the fsdpviz version, so an
-edited trace or a new fsdpviz never reads stale tables. A folder that cannot be written (a
+keyed by the source's resolved path, size and modification time plus the fsdpviz version and a
+digest of the parser's source, so an edited trace or another fsdpviz never reads stale tables. A folder that cannot be written (a
 read-only dataset, a shared mount) simply means no cache: nothing is reported, nothing fails.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from pathlib import Path
@@ -21,8 +22,16 @@ from fsdpviz.trace import schema
 from fsdpviz.trace.tables import RankTables
 
 CACHE_DIR: Final = ".fsdpviz-cache"
-# Bump when the tables a parse produces change for the same fsdpviz version (development builds).
-CACHE_FORMAT: Final = 1
+
+
+@functools.cache
+def _parser_signature() -> str:
+    """Digest of the parser's own source files, so that an edited parser (a development checkout
+    between releases) never reads tables an older parser wrote."""
+    digest = hashlib.sha1(__version__.encode())
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
 
 
 def cache_key(source: Path) -> str | None:
@@ -31,8 +40,7 @@ def cache_key(source: Path) -> str | None:
         st = source.stat()
     except OSError:
         return None
-    schema_sig = repr(sorted((name, tuple(s.items())) for name, s in RankTables.SCHEMAS.items()))
-    text = f"{source.resolve()}|{st.st_size}|{st.st_mtime_ns}|{__version__}|{CACHE_FORMAT}|{schema_sig}"
+    text = f"{source.resolve()}|{st.st_size}|{st.st_mtime_ns}|{_parser_signature()}"
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 

@@ -264,7 +264,11 @@ def _step_of_times(t_ns: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
 
 
 def _assign_steps(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
-    """Step per event; GPU events take their launch's step (they run later than they are issued)."""
+    """Step per event; GPU events take their launch's step (they run later than they are issued).
+
+    When the trace has launch records, a GPU event without one was launched before tracing began
+    and gets NO_STEP; without any launch records GPU events fall back to the step by time.
+    """
     step = _step_of_times(events["start_ns"].to_numpy(), steps)
     is_gpu = events["is_gpu"].to_numpy()
     corr = events["correlation"].to_numpy()
@@ -278,7 +282,8 @@ def _assign_steps(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         mapped = gpu_corr.map(launch_step).to_numpy()
         known = ~np.isnan(mapped)
         gpu_idx = np.flatnonzero(is_gpu)
-        step[gpu_idx[known]] = mapped[known].astype(np.int64)
+        # Work launched before the trace began belongs to no traced step (as in HTA).
+        step[gpu_idx] = np.where(known, np.nan_to_num(mapped, nan=schema.NO_STEP), schema.NO_STEP)
         # ROCm kernels carry no External id: take the launching runtime call's.
         ext = events["external_id"].to_numpy().copy()
         missing = ext[gpu_idx] < 0

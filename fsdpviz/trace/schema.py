@@ -193,6 +193,28 @@ TIMERS: Final[Schema] = {
     "ms": "float64",
 }
 
+# Whole-step communication/computation overlap, one row per rank (fsdpviz.analysis.overlap).
+OVERLAP_GPU: Final = "gpu"  # comm = NCCL kernels, compute = other kernels (HTA's definition)
+OVERLAP_CPU: Final = "cpu"  # comm = gloo collectives, compute = main/autograd ops outside waits
+OVERLAP: Final[Schema] = {
+    "rank": "int32",
+    "device": "string",  # OVERLAP_GPU or OVERLAP_CPU
+    "n_steps": "int32",  # ProfilerSteps analysed (0 = whole trace: no steps in it)
+    "first_step": "int32",  # NO_STEP when n_steps == 0
+    "last_step": "int32",
+    "window_start_ns": "int64",  # GPU: first analysed GPU event; CPU: first analysed step start
+    "window_end_ns": "int64",
+    "window_ns": "int64",
+    "comm_ns": "int64",  # |union of comm intervals|
+    "compute_ns": "int64",  # |union of compute intervals|
+    "overlap_ns": "int64",  # |comm ∩ compute|
+    "exposed_comm_ns": "int64",  # comm_ns - overlap_ns
+    "busy_ns": "int64",  # |union of every analysed interval| (GPU: kernels, copies, memsets)
+    "idle_ns": "int64",  # window_ns - busy_ns
+    "non_compute_ns": "int64",  # busy_ns - compute_ns (HTA's "non-compute time")
+    "overlap_pct": "float64",  # 100 * overlap_ns / comm_ns; NaN without communication
+}
+
 
 def make_empty(schema: Schema) -> pd.DataFrame:
     """Return an empty DataFrame with the columns and dtypes of ``schema``."""
