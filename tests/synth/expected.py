@@ -1,0 +1,175 @@
+"""The answers a correct analysis must give for a simulated run, derived from the model's truth.
+
+Everything here is computed from :class:`~synth.timeline.Truth` (the intervals the simulation
+created and knows the meaning of) with its own small interval code, never with fsdpviz's.
+
+Times are absolute nanoseconds as the loader reports them. ``raw`` tables are on each rank's own
+clock (what its trace says); ``aligned`` ones are on the reference rank's clock (rank 0), which is
+what the analysis reports once it has corrected clocks that disagree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .scenario import Scenario
+from .timeline import AUTOGRAD, MAIN, Truth
+
+LANE_NAMES = {MAIN: "main", AUTOGRAD: "autograd"}
+
+
+def lane_name(lane: tuple[str, Any]) -> str:
+    """The loader's name for a simulated lane (``main``, ``autograd``, ``stream 24``)."""
+    return f"stream {lane[1]}" if lane[0] == "gpu" else LANE_NAMES[lane]
+
+
+def _at(value: Any, i: int) -> int:
+    return int(value[i]) if isinstance(value, np.ndarray) else int(value)
+
+
+def merge(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Union of half-open intervals, sorted and disjoint."""
+    out: list[list[int]] = []
+    for start, end in sorted(i for i in intervals if i[1] > i[0]):
+        if out and start <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], end)
+        else:
+            out.append([start, end])
+    return [(a, b) for a, b in out]
+
+
+def uncovered(start: int, end: int, union: list[tuple[int, int]]) -> int:
+    """Length of ``[start, end)`` outside ``union``."""
+    covered = sum(max(0, min(end, b) - max(start, a)) for a, b in union)
+    return end - start - covered
+
+
+@dataclass(kw_only=True, slots=True)
+class Expected:
+    """Expected analysis results (see module docstring for the clocks)."""
+
+    spans: pd.DataFrame
+    """rank, step, unit, phase, kind, lane, start_ns, end_ns, issue_ns, bytes (aligned clock)."""
+    unit_steps: pd.DataFrame
+    """Per (rank, step, unit, phase): ag_issue_ns, ag_start_ns, ag_end_ns, ag_exposed_ns,
+    compute_start_ns, compute_ns, prefetch_lead_ns, issue_depth, rs_exposed_ns, ar_exposed_ns,
+    peak_allocated_bytes (NaN / -1 where not applicable)."""
+    step_peaks: pd.DataFrame
+    """Per (rank, step): peak_allocated_bytes, peak_t_ns (aligned), unit, phase."""
+    clock_offsets: dict[int, int]
+    """rank -> how far its clock runs ahead of the reference rank's (ns)."""
+    skew: pd.DataFrame
+    """Per (step, unit, phase, kind) collective: start_skew_ns (true), late_rank."""
+    steps: pd.DataFrame
+    """Per (rank, step): start_ns, end_ns on the rank's own clock."""
+    baseline_bytes: int
+    """Sharded parameters + gradients + optimizer state, allocated before recording."""
+
+
+def build_expected(sc: Scenario, truth: Truth, ranks: list[int], timeline_of: dict[int, int]) -> Expected:
+    """Expected answers for ``ranks``; ``timeline_of`` maps a rank to its simulated timeline."""
+    offsets = {r: sc.clock_offset_ns.get(r, 0) for r in ranks}
+    ref = offsets[min(ranks)]
+    to_aligned = sc.base_time_ns + ref
+    spans_rows, unit_rows, peak_rows, step_rows = [], [], [], []
+    for r in ranks:
+        i = timeline_of[r]
+        compute = merge([(_at(a, i), _at(b, i)) for a, b in truth.compute_kernels])
+        for step, (a, b) in truth.steps.items():
+            step_rows.append({"rank": r, "step": step, "start_ns": _at(a, i) + sc.base_time_ns + offsets[r],
+                              "end_ns": _at(b, i) + sc.base_time_ns + offsets[r]})
+        spans = [(s, _at(s.start, i), _at(s.end, i), _at(s.issue, i)) for s in truth.spans]
+        for s, a, b, iss in spans:
+            spans_rows.append({"rank": r, "step": s.step, "unit": s.unit, "phase": s.phase, "kind": s.kind,
+                               "lane": lane_name(s.lane), "start_ns": a + to_aligned, "end_ns": b + to_aligned,
+                               "issue_ns": iss + to_aligned, "bytes": s.bytes})
+        unit_rows += _unit_steps(r, spans, compute, truth, i, to_aligned)
+        peak_rows += _step_peaks(r, truth, i, to_aligned)
+    skew_rows = _skew(truth, ranks, timeline_of) if len(ranks) > 1 else []
+    return Expected(
+        spans=pd.DataFrame(spans_rows),
+        unit_steps=pd.DataFrame(unit_rows),
+        step_peaks=pd.DataFrame(peak_rows),
+        clock_offsets={r: offsets[r] - ref for r in ranks},
+        skew=pd.DataFrame(skew_rows, columns=["step", "unit", "phase", "kind", "start_skew_ns", "late_rank"]),
+        steps=pd.DataFrame(step_rows),
+        baseline_bytes=truth.baseline_bytes,
+    )
+
+
+def _unit_steps(rank: int, spans: list, compute: list[tuple[int, int]], truth: Truth, i: int,
+                to_aligned: int) -> list[dict]:
+    by_key: dict[tuple[int, str, str], dict[str, list]] = {}
+    for s, a, b, iss in spans:
+        if s.unit == "":
+            continue
+        by_key.setdefault((s.step, s.unit, s.phase), {}).setdefault(s.kind, []).append((a, b, iss, s.bytes))
+    # every compute piece of every unit, for the issue depth of gathers
+    pieces = [(s.step, s.unit, s.phase, a, b) for s, a, b, _ in spans if s.kind == "compute" and s.unit]
+    rows = []
+    for (step, unit, phase), kinds in by_key.items():
+        row: dict[str, Any] = {"rank": rank, "step": step, "unit": unit, "phase": phase}
+        comp = sorted(kinds.get("compute", []))
+        row["compute_start_ns"] = comp[0][0] + to_aligned if comp else -1
+        row["compute_ns"] = sum(b - a for a, b, _, _ in comp)
+        ag = kinds.get("all_gather", [])
+        assert len(ag) <= 1, "one gather per unit and phase"
+        if ag:
+            a, b, iss, nbytes = ag[0]
+            row.update(ag_issue_ns=iss + to_aligned, ag_start_ns=a + to_aligned, ag_end_ns=b + to_aligned,
+                       ag_ns=b - a, ag_bytes=nbytes, ag_exposed_ns=uncovered(a, b, compute))
+            row["prefetch_lead_ns"] = comp[0][0] - b if comp else np.nan
+            first = comp[0][0] if comp else b
+            row["issue_depth"] = sum(1 for st, u, ph, pa, pb in pieces
+                                     if st == step and ph == phase and u != unit and pa < first and pb > a)
+        else:
+            row.update(ag_issue_ns=-1, ag_start_ns=-1, ag_end_ns=-1, ag_ns=0, ag_bytes=-1, ag_exposed_ns=0,
+                       prefetch_lead_ns=np.nan, issue_depth=-1)
+        for kind, col in (("reduce_scatter", "rs"), ("all_reduce", "ar")):
+            items = kinds.get(kind, [])
+            row[f"{col}_ns"] = sum(b - a for a, b, _, _ in items)
+            row[f"{col}_exposed_ns"] = sum(uncovered(a, b, compute) for a, b, _, _ in items)
+        row["peak_allocated_bytes"] = _window_peak(truth, step, unit, phase, i)
+        rows.append(row)
+    return rows
+
+
+def _window_peak(truth: Truth, step: int, unit: str, phase: str, i: int) -> int:
+    """Highest allocated level in the unit's window: the level it entered with, or any sample in it."""
+    window = truth.windows.get((step, unit, phase))
+    if window is None:
+        return -1
+    lo, hi = _at(window[0], i), _at(window[1], i)
+    before = [level for t, level, *_ in truth.memory if _at(t, i) <= lo]
+    inside = [level for t, level, *_ in truth.memory if lo <= _at(t, i) <= hi]
+    levels = before[-1:] + inside
+    return max(levels) if levels else -1
+
+
+def _step_peaks(rank: int, truth: Truth, i: int, to_aligned: int) -> list[dict]:
+    rows = []
+    for step in truth.steps:
+        samples = [(level, _at(t, i), ctx) for t, level, _, ctx, st in truth.memory if st == step]
+        if not samples:
+            continue
+        best = max(level for level, _, _ in samples)
+        level, t, ctx = next(s for s in samples if s[0] == best)  # the first time the peak is reached
+        rows.append({"rank": rank, "step": step, "peak_allocated_bytes": level, "peak_t_ns": t + to_aligned,
+                     "unit": ctx[0] if ctx else "", "phase": ctx[1] if ctx else ""})
+    return rows
+
+
+def _skew(truth: Truth, ranks: list[int], timeline_of: dict[int, int]) -> list[dict]:
+    rows = []
+    for s in truth.spans:
+        if s.kind not in ("all_gather", "reduce_scatter", "all_reduce"):
+            continue
+        starts = {r: _at(s.start, timeline_of[r]) for r in ranks}
+        late = max(starts, key=lambda r: (starts[r], -r))
+        rows.append({"step": s.step, "unit": s.unit, "phase": s.phase, "kind": s.kind,
+                     "start_skew_ns": starts[late] - min(starts.values()), "late_rank": late})
+    return rows
