@@ -81,7 +81,7 @@ def gantt(rows: pd.DataFrame, segments: pd.DataFrame, exposed: pd.DataFrame, *, 
     spans = hv.Rectangles(seg, kdims=[TIME_DIM, LANE_DIM, "x1_ms", "y1"], vdims=vdims, label="spans")
     cmap = {key: colors.get(key, "#888888") for key in seg[color_by].astype(str).unique()}
     spans = spans.opts(
-        color=color_by, cmap=cmap, line_color="white", line_width=0.5, fill_alpha=0.95,
+        color=color_by, cmap=cmap, line_alpha=0, fill_alpha=0.95,
         hover_tooltips=[(name, f"@{{{col}}}") for col, name in hover], tools=["hover"],
         hooks=[_hatch_hook], show_legend=False,
     )
@@ -121,9 +121,10 @@ def memory_curve(curves: pd.DataFrame, peaks: pd.DataFrame | None, *, divisor: f
         color = ALLOCATED_COLOR if not multi else _RANK_COLORS[i % len(_RANK_COLORS)]
         elements.append(hv.Curve(alloc, TIME_DIM, y_dim, label=f"allocated{suffix}").opts(
             interpolation="steps-post", color=color, line_width=1.8, tools=["hover"]))
-        elements.append(hv.Curve(resv, TIME_DIM, y_dim, label=f"reserved{suffix}").opts(
-            interpolation="steps-post", color=RESERVED_COLOR if not multi else color,
-            line_dash="dashed", line_width=1.2, alpha=0.8))
+        if (mine["reserved_bytes"] > 0).any():  # the CPU allocator reports no reserve: no flat zero line
+            elements.append(hv.Curve(resv, TIME_DIM, y_dim, label=f"reserved{suffix}").opts(
+                interpolation="steps-post", color=RESERVED_COLOR if not multi else color,
+                line_dash="dashed", line_width=1.2, alpha=0.8))
     if peaks is not None and not peaks.empty:
         pts = peaks.assign(time_ms=peaks["t_ms"], memory=peaks["peak_bytes"] / divisor)
         points = hv.Points(pts, kdims=[TIME_DIM, y_dim], vdims=["unit", "rank", "peak_text", "color"],
@@ -152,3 +153,20 @@ def timeline_layout(gantt_view: hv.Overlay, memory_view: hv.Overlay | None) -> h
     """Gantt above, memory below: one column whose time axes zoom and pan together."""
     items = [gantt_view] if memory_view is None else [gantt_view, memory_view]
     return hv.Layout(items).cols(1).opts(hv.opts.Layout(shared_axes=True, merge_tools=True))
+
+
+STEP_MS_DIM = hv.Dimension("step_ms", label="step time", unit="ms")
+
+
+def step_time_spread(times: pd.DataFrame) -> hv.Layout:
+    """Box plots of step time: per step over ranks (left) and per rank over steps (right).
+
+    With one rank or one step a box degenerates to a line, which still reads correctly."""
+    data = times.assign(step_ms=times["ms"])
+    by_step = hv.BoxWhisker(data, kdims=[hv.Dimension("step", label="step")], vdims=[STEP_MS_DIM]).opts(
+        title="per step, spread over ranks", responsive=True, height=300, box_fill_color="#9ecae1",
+        tools=["hover"], hooks=[_tidy_toolbar_hook], show_grid=True)
+    by_rank = hv.BoxWhisker(data, kdims=[hv.Dimension("rank", label="rank")], vdims=[STEP_MS_DIM]).opts(
+        title="per rank, spread over steps", responsive=True, height=300, box_fill_color="#c6dbef",
+        tools=["hover"], hooks=[_tidy_toolbar_hook], show_grid=True)
+    return hv.Layout([by_step, by_rank]).cols(2).opts(hv.opts.Layout(shared_axes=True, merge_tools=True))

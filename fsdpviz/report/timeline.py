@@ -64,34 +64,39 @@ def choose_steps(steps: pd.DataFrame, analysed: Sequence[int] | None = None) -> 
     if wall.empty:
         return []
     ordered = wall.sort_values(["duration_ms", "step"], kind="stable").reset_index(drop=True)
-    median = ordered.iloc[(len(ordered) - 1) // 2]
-    slowest = ordered.iloc[-1]
-    choices = [_choice("median step", median)]
-    if int(slowest["step"]) != int(median["step"]):
-        choices.append(_choice("slowest step", slowest))
+    median = (len(ordered) - 1) // 2
+    slowest = len(ordered) - 1
+    choices = [_choice("median step", ordered, median)]
+    if int(ordered["step"].iloc[slowest]) != int(ordered["step"].iloc[median]):
+        choices.append(_choice("slowest step", ordered, slowest))
     return choices
 
 
-def _choice(kind: str, row: pd.Series) -> StepChoice:
-    step = int(row["step"])
-    return StepChoice(label=f"{kind} {step}", step=step, origin_ns=int(row["origin_ns"]),
-                      end_ns=int(row["end_ns"]), duration_ms=float(row["duration_ms"]))
+def _choice(kind: str, wall: pd.DataFrame, pos: int) -> StepChoice:
+    # Column by column: a row Series would upcast the int64 ns to float64 and lose precision.
+    step = int(wall["step"].iloc[pos])
+    return StepChoice(label=f"{kind} {step}", step=step, origin_ns=int(wall["origin_ns"].iloc[pos]),
+                      end_ns=int(wall["end_ns"].iloc[pos]), duration_ms=float(wall["duration_ms"].iloc[pos]))
 
 
-def merge_intervals(df: pd.DataFrame, keys: Sequence[str], *, gap_ns: int = 0) -> pd.DataFrame:
+def merge_intervals(df: pd.DataFrame, keys: Sequence[str], *, gap_ns: int = 0,
+                    label: str | None = None) -> pd.DataFrame:
     """Union of ``[start_ns, end_ns)`` intervals per group of ``keys``.
 
     Intervals of a group that overlap, touch, or lie closer than ``gap_ns`` become one. Returns
     ``keys`` + ``start_ns``, ``end_ns``, ``n_merged`` (how many input rows each output row covers)
     and ``busy_ns`` (the summed input durations: less than end - start when gaps were bridged).
+    With ``label`` (a column name), each output row also gets that column's value of its longest
+    input row.
     """
-    cols = [*keys, "start_ns", "end_ns", "n_merged", "busy_ns"]
+    cols = [*keys, "start_ns", "end_ns", "n_merged", "busy_ns", *([label] if label else [])]
     if df.empty:
-        out = df.loc[:, list(keys)].iloc[:0].copy()
+        out = df.loc[:, [*keys, *([label] if label else [])]].iloc[:0].copy()
         for col in ("start_ns", "end_ns", "n_merged", "busy_ns"):
             out[col] = pd.Series(dtype="int64")
         return out[cols]
-    work = df.loc[:, [*keys, "start_ns", "end_ns"]].sort_values([*keys, "start_ns"], kind="stable")
+    extra = [label] if label and label not in keys else []
+    work = df.loc[:, [*keys, "start_ns", "end_ns", *extra]].sort_values([*keys, "start_ns"], kind="stable")
     work = work.reset_index(drop=True)
     group_id = work.groupby(list(keys), sort=False, observed=True).ngroup().to_numpy()
     start = work["start_ns"].to_numpy(np.int64)
@@ -107,30 +112,34 @@ def merge_intervals(df: pd.DataFrame, keys: Sequence[str], *, gap_ns: int = 0) -
     new_run = new_group | (start > prev_end + gap_ns)
     work["_run"] = np.cumsum(new_run)
     work["_dur"] = end - start
-    agg = work.groupby("_run", sort=True).agg(
+    runs = work.groupby("_run", sort=True)
+    agg = runs.agg(
         **{key: (key, "first") for key in keys},
         start_ns=("start_ns", "min"),
         end_ns=("end_ns", "max"),
         n_merged=("start_ns", "size"),
         busy_ns=("_dur", "sum"),
     )
+    if extra:
+        agg[label] = work.loc[runs["_dur"].idxmax().to_numpy(), label].to_numpy()
     return agg.reset_index(drop=True)[cols]
 
 
-def cap_segments(df: pd.DataFrame, keys: Sequence[str], max_segments: int) -> tuple[pd.DataFrame, bool]:
+def cap_segments(df: pd.DataFrame, keys: Sequence[str], max_segments: int,
+                 label: str | None = None) -> tuple[pd.DataFrame, bool]:
     """Merge same-``keys`` neighbours with growing gaps until at most ``max_segments`` rows remain.
 
-    Returns the (possibly merged) table and whether anything was merged. ``df`` must carry
-    ``start_ns``/``end_ns``; rows get ``n_merged`` and ``busy_ns``. The gap doubles from 1 µs, so
-    the result keeps as much detail as the budget allows.
+    Returns the merged table and whether separate (non-overlapping) intervals had to be joined to
+    fit the budget. ``df`` must carry ``start_ns``/``end_ns``; rows get ``n_merged`` and
+    ``busy_ns``. The gap doubles from 1 µs, so the result keeps as much detail as the budget allows.
     """
-    merged = merge_intervals(df, keys, gap_ns=0)
+    merged = merge_intervals(df, keys, gap_ns=0, label=label)
     if len(merged) <= max_segments:
-        return merged, bool(len(merged) < len(df))
+        return merged, False
     gap_ns = 1_000
     span_ns = int(df["end_ns"].max() - df["start_ns"].min()) if len(df) else 0
     while len(merged) > max_segments and gap_ns <= max(span_ns, 1):
-        merged = merge_intervals(df, keys, gap_ns=gap_ns)
+        merged = merge_intervals(df, keys, gap_ns=gap_ns, label=label)
         gap_ns *= 2
     return merged, True
 

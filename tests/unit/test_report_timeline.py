@@ -34,6 +34,7 @@ def test_choose_steps_picks_lower_median_and_slowest_by_wall_time() -> None:
 
 def test_choose_steps_origin_is_earliest_rank_and_respects_window() -> None:
     steps = _steps({1: [10, 10], 2: [40, 40], 3: [20, 20]}, skew_ns=2 * NS_PER_MS)
+    steps[["start_ns", "end_ns"]] += 1_795_339_020_862_150_503  # wall-clock ns: float64 would round
     choices = timeline.choose_steps(steps, analysed=[1, 3])
     assert [c.step for c in choices] == [1, 3]  # step 2 (slowest overall) is outside the window
     first = steps[steps["step"] == 1]
@@ -77,7 +78,7 @@ def test_cap_segments_respects_budget_and_keeps_total_count() -> None:
         assert grp["start_ns"].min() == orig["start_ns"].min()
         assert grp["end_ns"].max() == orig["end_ns"].max()
     untouched, merged = timeline.cap_segments(df.iloc[:10], ["row", "unit"], max_segments=300)
-    assert len(untouched) <= 10
+    assert not merged and untouched["n_merged"].sum() == 10
 
 
 def test_intersect_intervals_cuts_rows_by_cover_of_same_rank() -> None:

@@ -1,0 +1,172 @@
+"""Report data -> a :class:`~fsdpviz.report.html.Page`: section texts, facts and plots.
+
+The words of the page live here: each section's title and "how to read this" note, the headline
+facts, and the notes that say what a view leaves out (capped detail, missing FSDP labels). The
+plots come from :mod:`fsdpviz.report.plots`; numbers come formatted from the data, never computed.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from fsdpviz.report import activity, plots
+from fsdpviz.report.html import Fact, LegendItem, Page, Section
+from fsdpviz.report.style import (
+    EXPOSED_COLOR,
+    bytes_scale,
+    format_bytes,
+    format_ms,
+    format_pct,
+)
+
+if TYPE_CHECKING:
+    from fsdpviz.report.data import ReportData
+    from fsdpviz.report.stepview import StepView
+
+HOWTO_HEADLINE = (
+    "Averages over the analysed steps and ranks. Overlap is the share of communication time that ran "
+    "while the same rank was computing; exposed communication is the rest, time in which the rank "
+    "waited for data. Lower exposed time is better."
+)
+HOWTO_TIMELINE_UNITS = (
+    "One step, one row per rank and lane (CPU thread or GPU stream), time from the step's start on the "
+    "earliest rank. Each bar is one piece of an FSDP unit's work, coloured by unit (same colour on "
+    "every plot); backward bars are hatched. A red strip under a collective marks the part of it that "
+    "no computation covered (exposed). Hover a bar for unit, kind, phase, times, bytes and prefetch "
+    "lead. Scroll to zoom, drag to pan: all ranks and the memory curve below follow."
+)
+HOWTO_TIMELINE_LANES = (
+    "One step, one row per rank and lane (CPU thread or GPU stream), time from the step's start on the "
+    "earliest rank. Bars show when a lane was busy, by category; a red strip marks communication that "
+    "no computation on the same rank covered (exposed). Hover a bar for the longest event in it. "
+    "Scroll to zoom, drag to pan: all ranks and the memory curve below follow."
+)
+HOWTO_MEMORY = (
+    "The memory curve under each Gantt shows allocated (solid) and reserved (dashed) memory of the "
+    "drawn ranks on the same time axis."
+)
+HOWTO_STEPS = (
+    "Step time of every recorded step on every rank. Left: per step, the spread over ranks (a tall "
+    "box means some rank was late: everyone else waits for it at the next collective). Right: per "
+    "rank, the spread over steps (a rank that is always high is a straggler)."
+)
+NOTE_NO_UNITS = (
+    "Per-unit views need FSDP labels in the trace: FSDP2 writes them itself; for FSDP1 and "
+    "ZeRO-3, record with `fsdpviz record`. This trace has none, so the page shows whole-step "
+    "communication overlap, lanes and memory only."
+)
+
+
+def headline_section(data: ReportData) -> Section:
+    """Framework, world size, steps, step time, overlap, exposed communication, peak memory."""
+    s = data.summary
+    ov = s.get("overlap", {})
+    mem = s.get("memory", {})
+    n_steps = max(len(s.get("steps", [])), 1)
+    exposed_per_step = ov.get("exposed_comm_ms", float("nan")) / n_steps
+    comm_per_step = ov.get("comm_ms", float("nan")) / n_steps
+    step_ms = s.get("step_time_ms", float("nan"))
+    ranks = s.get("ranks", [])
+    facts = [
+        Fact(label="framework", value=str(s.get("framework", "unknown"))),
+        Fact(label="world size", value=str(s.get("world_size", "?")),
+             hint=f"{len(ranks)} rank(s) in the traces" if ranks else ""),
+        Fact(label="steps analysed", value=_steps_text(s.get("steps", []))),
+        Fact(label="step time", value=format_ms(step_ms), hint="mean over analysed steps and ranks"),
+        Fact(label="overlap", value=format_pct(ov.get("overlap_pct")),
+             hint="communication hidden behind computation"),
+        Fact(label="exposed comm / step", value=format_ms(exposed_per_step),
+             hint=(f"{100 * exposed_per_step / step_ms:.1f} % of the step; " if step_ms == step_ms and step_ms
+                   else "") + f"of {format_ms(comm_per_step)} communication"),
+        Fact(label="peak allocated", value=format_bytes(mem.get("peak_allocated_bytes")) or "n/a"),
+        Fact(label="peak reserved", value=format_bytes(mem.get("peak_reserved_bytes") or None) or "n/a",
+             hint="" if mem.get("peak_reserved_bytes") else "the CPU allocator reports no reserved memory"),
+    ]
+    notes = list(data.notes)
+    if not data.has_units:
+        notes.append(NOTE_NO_UNITS)
+    return Section(key="headline", title="Headline", howto=HOWTO_HEADLINE, facts=facts, notes=notes,
+                   bullets=list(data.findings))
+
+
+def _steps_text(steps: list[int]) -> str:
+    if not steps:
+        return "none"
+    if len(steps) > 2 and steps == list(range(steps[0], steps[-1] + 1)):
+        return f"{steps[0]}–{steps[-1]}"
+    return ", ".join(str(x) for x in steps)
+
+
+def timeline_section(data: ReportData) -> Section:
+    """Gantt + memory of the representative step(s), one tab per view."""
+    views = {}
+    notes: list[str] = []
+    has_units_view = any(v.kind == "units" for v in data.views)
+    for view in data.views:
+        tab = f"{view.choice.label} · {'units' if view.kind == 'units' else 'all events'}"
+        views[tab] = _timeline_plot(view, data)
+        notes.extend(view.notes)
+    legend = []
+    if has_units_view:
+        legend = [LegendItem(label=unit, color=color) for unit, color in data.unit_colors.items()]
+        legend.append(LegendItem(label="backward (hatched)", color="#777777", pattern="hatched"))
+    legend += [LegendItem(label=cat, color=activity.CATEGORY_COLORS[cat]) for cat in activity.CATEGORIES
+               if any(v.kind == "lanes" for v in data.views)]
+    legend.append(LegendItem(label="exposed communication", color=EXPOSED_COLOR, pattern="strip"))
+    howto = (HOWTO_TIMELINE_UNITS if has_units_view else HOWTO_TIMELINE_LANES) + " " + HOWTO_MEMORY
+    if not data.views:
+        notes.append("The traces hold no ProfilerStep ranges, so there is no step to draw.")
+    return Section(key="timeline", title="Timeline of one step", howto=howto, notes=notes, legend=legend,
+                   views=views)
+
+
+def _timeline_plot(view: StepView, data: ReportData):  # noqa: ANN202 - a holoviews Layout
+    if view.kind == "units":
+        hover = [("unit", "unit"), ("kind", "kind"), ("phase", "phase"), ("start_ms", "start (ms)"),
+                 ("dur_ms", "duration (ms)"), ("bytes_text", "bytes"), ("lead_text", "prefetch lead"),
+                 ("lane", "lane")]
+        colors = data.unit_colors
+    else:
+        hover = [("category", "category"), ("lane", "lane"), ("name", "longest event"),
+                 ("start_ms", "start (ms)"), ("dur_ms", "duration (ms)"), ("events", "events")]
+        colors = activity.CATEGORY_COLORS
+    gantt = plots.gantt(view.rows, view.segments, view.exposed, title=view.title, colors=colors,
+                        color_by=view.color_by, hover=hover)
+    memory_view = None
+    if not view.memory.empty:
+        peak = float(view.memory[["allocated_bytes", "reserved_bytes"]].max().max())
+        divisor, unit = bytes_scale(peak)
+        ranks = sorted(int(r) for r in view.memory["rank"].unique())
+        shown = "rank " + ", ".join(str(r) for r in ranks) if len(ranks) < 9 else f"{len(ranks)} ranks"
+        memory_view = plots.memory_curve(view.memory, view.peaks, divisor=divisor, unit=unit,
+                                         title=f"memory during {view.choice.label} ({shown})")
+    return plots.timeline_layout(gantt, memory_view)
+
+
+def steps_section(data: ReportData) -> Section:
+    """Step time per step (spread over ranks) and per rank (spread over steps)."""
+    times = data.step_times
+    notes = []
+    if times.empty:
+        notes.append("No step times: the traces hold no ProfilerStep ranges and there are no timers.")
+        return Section(key="steps", title="Across steps and ranks", howto=HOWTO_STEPS, notes=notes)
+    source = str(times["source"].iloc[0])
+    n_steps = times["step"].nunique()
+    notes.append(f"{n_steps} step(s) from the {'recorder timers (every step of the run)' if source == 'timers' else 'profiled steps only (no timers in these inputs)'}.")
+    facts = []
+    if not data.step_spread.empty:
+        worst = data.step_spread.sort_values("spread_ms", ascending=False).iloc[0]
+        facts.append(Fact(label="largest rank spread", value=format_ms(float(worst["spread_ms"])),
+                          hint=f"step {int(worst['step'])}, slowest rank {int(worst['slowest_rank'])}"))
+        facts.append(Fact(label="median step time", value=format_ms(float(times["ms"].median()))))
+    view = plots.step_time_spread(times)
+    return Section(key="steps", title="Across steps and ranks", howto=HOWTO_STEPS, notes=notes,
+                   facts=facts, views={"step time": view})
+
+
+def build_page(data: ReportData) -> Page:
+    """All sections, in reading order."""
+    sections = [headline_section(data), timeline_section(data)]
+    sections.append(steps_section(data))
+    return Page(title=data.title, subtitle=data.subtitle,
+                meta=[Fact(label=k, value=v) for k, v in data.meta], sections=sections)
