@@ -164,13 +164,14 @@ RANKS: Final[Schema] = {
 SPANS: Final[Schema] = {
     "rank": "int32",
     "step": "int32",
-    "unit": "string",
+    "unit": "string",  # "" for work of no unit (the optimizer step)
     "phase": "string",  # one of PHASES
     "kind": "string",  # one of SPAN_KINDS
     "lane": "string",
-    "start_ns": "int64",
+    "start_ns": "int64",  # when it ran on ``lane`` (a collective: its kernel / gloo op)
     "end_ns": "int64",
     "bytes": "int64",  # UNKNOWN_BYTES when not a transfer or unknown
+    "issue_ns": "int64",  # a collective: when the CPU issued it; otherwise equal to start_ns
 }
 
 # FSDP units (from run.json when recorded by fsdpviz, else from the labels).
@@ -213,6 +214,129 @@ OVERLAP: Final[Schema] = {
     "idle_ns": "int64",  # window_ns - busy_ns
     "non_compute_ns": "int64",  # busy_ns - compute_ns (HTA's "non-compute time")
     "overlap_pct": "float64",  # 100 * overlap_ns / comm_ns; NaN without communication
+}
+
+
+# --- per-unit analysis results (fsdpviz.analysis.run.RunAnalysis) -------------------------------
+NO_DEPTH: Final = -1  # issue_depth of a unit pass without an all-gather
+
+# One row per rank, step, unit and pass (forward / backward): what the unit did and waited for.
+UNIT_STEPS: Final[Schema] = {
+    "rank": "int32",
+    "step": "int32",
+    "unit": "string",
+    "phase": "string",
+    "window_start_ns": "int64",  # pre-forward / pre-backward label start (-1 if no window)
+    "window_end_ns": "int64",  # post-forward / last post-backward label end
+    "compute_start_ns": "int64",  # first compute of the unit in this pass (-1 if none)
+    "compute_end_ns": "int64",
+    "compute_ns": "int64",  # sum of the unit's compute spans (nested units excluded)
+    "ag_issue_ns": "int64",  # all-gather issued on the CPU (-1 if the pass gathered nothing)
+    "ag_start_ns": "int64",  # all-gather ran on its lane
+    "ag_end_ns": "int64",
+    "ag_ns": "int64",  # |union of the pass's all-gathers|
+    "ag_exposed_ns": "int64",  # part of it with no compute on the rank
+    "ag_bytes": "int64",
+    "prefetch_lead_ns": "float64",  # compute_start - ag_end (NaN without gather or compute)
+    "issue_depth": "int32",  # compute pieces of earlier units still running when the gather began
+    "rs_ns": "int64",
+    "rs_exposed_ns": "int64",
+    "ar_ns": "int64",  # HSDP all-reduce of the gradients
+    "ar_exposed_ns": "int64",
+    "copy_in_ns": "int64",
+    "copy_out_ns": "int64",
+    "reshard_ns": "int64",
+    "peak_allocated_bytes": "int64",  # highest allocated level in the window (-1 unknown)
+}
+
+# One row per unit: medians over ranks and steps (what ``summary --json`` reports per unit).
+UNIT_STATS: Final[Schema] = {
+    "unit": "string",
+    "order": "int32",  # forward order
+    "param_numel": "int64",  # -1 if unknown
+    "param_bytes": "int64",  # unsharded parameter bytes (run.json, else gathered bytes), -1 unknown
+    "n_samples": "int32",  # (rank, step) pairs the medians are over
+    "all_gather_ns": "float64",  # per step, forward + backward gathers
+    "forward_ns": "float64",
+    "backward_ns": "float64",
+    "reduce_scatter_ns": "float64",
+    "all_reduce_ns": "float64",
+    "exposed_comm_ns": "float64",  # exposed all-gathers + reduce-scatter + all-reduce per step
+    "forward_ag_exposed_ns": "float64",
+    "backward_ag_exposed_ns": "float64",
+    "rs_exposed_ns": "float64",
+    "forward_prefetch_lead_ns": "float64",
+    "backward_prefetch_lead_ns": "float64",
+    "forward_issue_depth": "float64",
+    "backward_issue_depth": "float64",
+    "peak_allocated_bytes": "int64",  # max over ranks, steps and passes
+    "forward_peak_allocated_bytes": "int64",
+    "backward_peak_allocated_bytes": "int64",
+    "unsharded_bytes": "int64",  # its unsharded parameters + gradients (param_bytes * 2), -1 unknown
+}
+
+# Where each rank's step went on its training threads.
+STEP_TIMES: Final[Schema] = {
+    "rank": "int32",
+    "step": "int32",
+    "start_ns": "int64",
+    "end_ns": "int64",
+    "step_ns": "int64",
+    "unit_compute_ns": "int64",  # CPU time in the units' own compute pieces
+    "framework_ns": "int64",  # CPU time in FSDP / fsdpviz / FSDP1 labels
+    "optimizer_ns": "int64",  # CPU time in ``Optimizer.step#...``
+    "other_ns": "int64",  # the rest (data loading, loss, Python between units)
+    "comm_ns": "int64",  # |union of the step's collectives|
+    "exposed_comm_ns": "int64",  # part of it with no compute on the rank
+}
+
+# Allocator peak of each rank's step and where it fell.
+MEMORY_PEAKS: Final[Schema] = {
+    "rank": "int32",
+    "step": "int32",
+    "device": "string",
+    "peak_allocated_bytes": "int64",
+    "peak_reserved_bytes": "int64",
+    "peak_t_ns": "int64",  # first sample at the peak
+    "unit": "string",  # innermost unit window holding it ("" outside every unit)
+    "phase": "string",
+}
+
+# Per-rank clock offsets estimated from collective end times.
+CLOCK: Final[Schema] = {
+    "rank": "int32",
+    "offset_ns": "int64",  # rank clock - reference rank clock (median over matched collectives)
+    "applied": "bool",  # whether the analysis shifted this rank's times by -offset_ns
+    "n_matched": "int64",  # collectives matched with the reference rank
+    "n_violations": "int64",  # matched collectives that end on one rank before they start on the other
+}
+
+# One row per collective seen on several ranks: how far apart the ranks started it.
+SKEW: Final[Schema] = {
+    "step": "int32",
+    "pg": "string",
+    "comm": "string",
+    "seq": "int32",  # k-th collective of (step, pg, comm) on each rank
+    "unit": "string",  # the unit it belongs to on the reference rank ("" none)
+    "phase": "string",
+    "kind": "string",  # span kind, "" when not a unit's collective
+    "n_ranks": "int32",
+    "first_start_ns": "int64",  # aligned clock
+    "start_skew_ns": "int64",  # latest start - earliest start
+    "late_rank": "int32",
+    "early_rank": "int32",
+}
+
+# Findings in words, ranked by time lost per step.
+FINDINGS: Final[Schema] = {
+    "rank": "int32",  # -1: all ranks (medians)
+    "unit": "string",
+    "phase": "string",
+    "kind": "string",  # exposed_all_gather / exposed_reduce_scatter / exposed_all_reduce / straggler
+    "lost_ns": "float64",  # time lost per step
+    "message": "string",
+    "evidence": "string",  # the numbers behind it
+    "knob": "string",  # what to try, "" when the trace shows no clear cause
 }
 
 
