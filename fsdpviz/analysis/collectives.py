@@ -1,0 +1,168 @@
+"""Every collective a rank ran, where it ran, and the CPU instant that issued it.
+
+GPU: a collective is an NCCL kernel on a CUDA stream. Its issue point is the runtime call that
+launched it (``cudaLaunchKernel`` / ``cuLaunchKernelEx``, same ``correlation``) on the CPU thread
+that ran the FSDP code; when that call is missing, the CPU op with the kernel's ``External id``.
+
+CPU/gloo: a collective runs as ``gloo:all_gather`` / ``gloo:all_reduce`` on a gloo worker thread
+and is issued by a ``c10d::*`` op on the training thread. Nothing links the two, but a process
+group runs its collectives in the order they were issued, so the k-th issuing op of a kind is the
+k-th gloo collective of that kind. gloo has no reduce-scatter: ``c10d::_reduce_scatter_base_`` runs
+as ``gloo:all_reduce``, so reduce-scatters and all-reduces share one queue. A gloo op that starts
+before the next unmatched issuing op was issued before recording began and stays unmatched.
+
+The issuing op also tells a reduce-scatter from an all-reduce on CPU, and gives the bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import numpy as np
+import pandas as pd
+
+from fsdpviz.trace import schema
+
+COLLECTIVES: Final[schema.Schema] = {
+    "rank": "int32",
+    "step": "int32",  # step of the issue point
+    "lane": "string",  # where it ran (NCCL stream / gloo thread)
+    "start_ns": "int64",
+    "end_ns": "int64",
+    "comm": "string",
+    "bytes": "int64",
+    "pg": "string",
+    "issue_lane": "string",  # "" when the issue point is unknown
+    "issue_ns": "int64",
+    "issue_name": "string",
+}
+_ISSUE_PREFIXES: Final = ("c10d::", "_c10d_functional::", "c10d_functional::")
+
+
+def lane_kinds(events: pd.DataFrame, lanes: pd.DataFrame) -> np.ndarray:
+    """``lane_kind`` of each event row of one rank (via that rank's LANES rows)."""
+    if events.empty:
+        return np.zeros(0, dtype=object)
+    rank = int(events["rank"].iat[0])
+    mine = lanes[lanes["rank"] == rank]
+    kind_of = dict(zip(mine["lane"].astype(str), mine["lane_kind"].astype(str)))
+    lane = events["lane"]
+    if isinstance(lane.dtype, pd.CategoricalDtype):  # map once per distinct lane
+        cats = np.array([kind_of.get(str(c), "") for c in lane.cat.categories], dtype=object)
+        codes = lane.cat.codes.to_numpy()
+        return np.where(codes >= 0, cats[np.clip(codes, 0, None)] if len(cats) else "", "")
+    return lane.astype(str).map(kind_of).fillna("").to_numpy(dtype=object)
+
+
+def is_gpu_rank(events: pd.DataFrame) -> bool:
+    """A rank with kernels is analysed on its GPU timeline."""
+    return bool((events["kind"] == schema.KIND_KERNEL).any())
+
+
+def _frame(rows: dict[str, object]) -> pd.DataFrame:
+    return schema.conform(pd.DataFrame(rows), COLLECTIVES, table="collectives")
+
+
+def gpu_collectives(events: pd.DataFrame) -> pd.DataFrame:
+    """NCCL kernels of one rank with their launching CPU call."""
+    kernels = events[((events["kind"] == schema.KIND_KERNEL) & (events["comm"] != "")).to_numpy()]
+    if kernels.empty:
+        return schema.make_empty(COLLECTIVES)
+    launches = events[((events["kind"] == schema.KIND_RUNTIME) & (events["correlation"] >= 0)).to_numpy()]
+    launches = launches.drop_duplicates("correlation")
+    by_corr = pd.DataFrame({"correlation": launches["correlation"].to_numpy(),
+                            "issue_lane": launches["lane"].astype(str).to_numpy(),
+                            "issue_ns": launches["start_ns"].to_numpy(),
+                            "issue_name": launches["name"].astype(str).to_numpy()})
+    k = pd.DataFrame({"correlation": kernels["correlation"].to_numpy(),
+                      "external_id": kernels["external_id"].to_numpy()}).merge(by_corr, on="correlation", how="left")
+    missing = k["issue_ns"].isna().to_numpy()
+    if missing.any():  # fall back to the CPU op holding the kernel's External id
+        cpu = events[(events["kind"].isin([schema.KIND_CPU_OP, schema.KIND_ANNOTATION])
+                      & (events["external_id"] >= 0)).to_numpy()].drop_duplicates("external_id", keep="last")
+        by_ext = pd.DataFrame({"external_id": cpu["external_id"].to_numpy(), "lane": cpu["lane"].astype(str).to_numpy(),
+                               "t": cpu["start_ns"].to_numpy(), "n": cpu["name"].astype(str).to_numpy()})
+        fb = k.loc[missing, ["external_id"]].merge(by_ext, on="external_id", how="left")
+        k.loc[missing, "issue_lane"] = fb["lane"].to_numpy()
+        k.loc[missing, "issue_ns"] = fb["t"].to_numpy()
+        k.loc[missing, "issue_name"] = fb["n"].to_numpy()
+    start = kernels["start_ns"].to_numpy(np.int64)
+    known = k["issue_ns"].notna().to_numpy()
+    return _frame({
+        "rank": kernels["rank"].to_numpy(),
+        "step": kernels["step"].to_numpy(),
+        "lane": kernels["lane"].astype(str).to_numpy(),
+        "start_ns": start,
+        "end_ns": start + kernels["dur_ns"].to_numpy(np.int64),
+        "comm": kernels["comm"].astype(str).to_numpy(),
+        "bytes": kernels["comm_bytes"].to_numpy(),
+        "pg": kernels["pg"].astype(str).to_numpy(),
+        "issue_lane": np.where(known, k["issue_lane"].fillna("").to_numpy(), ""),
+        "issue_ns": np.where(known, k["issue_ns"].fillna(0).to_numpy(), start).astype(np.int64),
+        "issue_name": k["issue_name"].fillna("").to_numpy(),
+    })
+
+
+def _gloo_family(comm: str, gloo_has_rs: bool) -> str:
+    if comm == schema.COMM_REDUCE_SCATTER and not gloo_has_rs:
+        return schema.COMM_ALL_REDUCE
+    return comm
+
+
+def match_in_order(issue_t: np.ndarray, run_t: np.ndarray) -> np.ndarray:
+    """For each run (sorted), the index of its issuing op (sorted) or -1: the k-th issue is the
+    k-th run, skipping runs that start before the next unmatched issue (issued before recording)."""
+    out = np.full(len(run_t), -1, dtype=np.int64)
+    i = 0
+    for j, t in enumerate(run_t.tolist()):
+        if i < len(issue_t) and issue_t[i] <= t:
+            out[j] = i
+            i += 1
+    return out
+
+
+def cpu_collectives(events: pd.DataFrame, kinds: np.ndarray) -> pd.DataFrame:
+    """gloo collectives of one rank matched to their ``c10d::*`` issuing ops."""
+    has_comm = (events["comm"] != "").to_numpy()
+    runs = events[has_comm & (kinds == schema.LANE_CPU_GLOO)]
+    if runs.empty:
+        return schema.make_empty(COLLECTIVES)
+    names = events["name"].astype(str)
+    on_train = np.isin(kinds, [schema.LANE_CPU_MAIN, schema.LANE_CPU_AUTOGRAD, schema.LANE_CPU_OTHER])
+    issues = events[has_comm & on_train & (events["kind"] == schema.KIND_CPU_OP).to_numpy()
+                    & names.str.startswith(_ISSUE_PREFIXES).to_numpy()]
+    gloo_has_rs = bool((runs["comm"] == schema.COMM_REDUCE_SCATTER).any())
+    run_family = np.array([_gloo_family(c, gloo_has_rs) for c in runs["comm"].astype(str)], dtype=object)
+    issue_family = np.array([_gloo_family(c, gloo_has_rs) for c in issues["comm"].astype(str)], dtype=object)
+    parts = []
+    for family in np.unique(run_family):
+        r = runs[run_family == family].sort_values("start_ns", kind="stable")
+        i = issues[issue_family == family].sort_values("start_ns", kind="stable")
+        match = match_in_order(i["start_ns"].to_numpy(np.int64), r["start_ns"].to_numpy(np.int64))
+        ok = match >= 0
+        r, m = r[ok], i.iloc[match[ok]]
+        start = r["start_ns"].to_numpy(np.int64)
+        issue_bytes = m["comm_bytes"].to_numpy()
+        parts.append(_frame({
+            "rank": r["rank"].to_numpy(),
+            "step": m["step"].to_numpy(),
+            "lane": r["lane"].astype(str).to_numpy(),
+            "start_ns": start,
+            "end_ns": start + r["dur_ns"].to_numpy(np.int64),
+            "comm": m["comm"].astype(str).to_numpy(),  # the issuing op tells RS from all-reduce
+            "bytes": np.where(issue_bytes > 0, issue_bytes, r["comm_bytes"].to_numpy()),
+            "pg": m["pg"].astype(str).to_numpy(),
+            "issue_lane": m["lane"].astype(str).to_numpy(),
+            "issue_ns": m["start_ns"].to_numpy(np.int64),
+            "issue_name": m["name"].astype(str).to_numpy(),
+        }))
+    return pd.concat(parts, ignore_index=True) if parts else schema.make_empty(COLLECTIVES)
+
+
+def find_collectives(events: pd.DataFrame, lanes: pd.DataFrame) -> pd.DataFrame:
+    """COLLECTIVES of one rank's events (GPU kernels, or gloo ops on a CPU-only rank)."""
+    if is_gpu_rank(events):
+        out = gpu_collectives(events)
+    else:
+        out = cpu_collectives(events, lane_kinds(events, lanes))
+    return out.sort_values("start_ns", kind="stable").reset_index(drop=True)

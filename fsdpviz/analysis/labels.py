@@ -1,0 +1,177 @@
+"""Read FSDP unit labels out of trace annotations: which unit, which action, which pass.
+
+Two label families name units:
+
+- FSDP2 writes its own ``record_function`` ranges (present in any FSDP2 trace, recorded by fsdpviz
+  or not): ``FSDP::pre_forward (blocks.3)``, ``FSDP::all_gather (blocks.3)``,
+  ``FSDP::forward_prefetch for blocks.4``, ``FSDP::post_backward_reduce (blocks.3) [pg=2]``... The
+  root unit's labels carry no name (``FSDP::pre_forward``); ``FSDP::post_backward_rs_wait ()`` is
+  the root's wait.
+- For FSDP1 and ZeRO-3, which name no units, ``fsdpviz record`` adds ranges in its own namespace:
+  ``fsdpviz::forward (fqn)``, ``fsdpviz::backward (fqn)``, ``fsdpviz::all_gather (fqn)``,
+  ``fsdpviz::reduce_scatter (fqn)`` (``(root)`` for the root module).
+
+FSDP1's own ``FullyShardedDataParallel._pre_forward``-style ranges carry no unit but are framework
+work (unshard, waits, resharding), so the analysis keeps them out of a unit's compute.
+
+Names repeat thousands of times, so each distinct name is parsed once and the result mapped onto
+the rows through the categorical codes.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Final
+
+import numpy as np
+import pandas as pd
+
+from fsdpviz.trace import schema
+
+ROOT: Final = "(root)"  # the root unit's name (its FSDP2 labels are bare)
+
+FAMILY_FSDP2: Final = "fsdp2"
+FAMILY_FSDPVIZ: Final = "fsdpviz"
+FAMILY_FSDP1: Final = "fsdp1"
+
+_FSDP2_RE: Final = re.compile(r"^FSDP::(?P<action>\w+)(?: \((?P<fqn>[^)]*)\))?(?: \[pg=\d+\])?$")
+_FSDP2_PREFETCH_RE: Final = re.compile(r"^FSDP::(?P<action>forward_prefetch|backward_prefetch) for ?(?P<fqn>.*)$")
+_FSDPVIZ_RE: Final = re.compile(r"^fsdpviz::(?P<action>\w+)(?: \((?P<fqn>.*)\))?$")
+_FSDP1_PREFIX: Final = "FullyShardedDataParallel."
+_FSDP1_MODULE_FORWARD: Final = "FullyShardedDataParallel.forward"
+
+# Actions that open / close a unit's window, per family and pass.
+PRE_FORWARD: Final = "pre_forward"
+POST_FORWARD: Final = "post_forward"
+PRE_BACKWARD: Final = "pre_backward"
+POST_BACKWARD_ACTIONS: Final = frozenset(
+    {"post_backward_accumulate", "post_backward_reshard", "post_backward_rs_wait", "post_backward_reduce"}
+)
+ROOT_POST_BACKWARD: Final = "root_post_backward_callback"
+GATHER_ACTION: Final = "all_gather"
+COPY_OUT_ACTION: Final = "all_gather_copy_out"
+FSDP2_REDUCE_ACTION: Final = "post_backward_reduce"
+FSDPVIZ_REDUCE_ACTION: Final = "reduce_scatter"
+RESHARD_ACTIONS: Final = {POST_FORWARD: schema.PHASE_FORWARD, "post_backward_reshard": schema.PHASE_BACKWARD}
+
+# The pass a label belongs to, when it says so itself.
+_FORWARD_ACTIONS: Final = frozenset({"root_pre_forward", PRE_FORWARD, POST_FORWARD, "forward_prefetch", "forward"})
+_BACKWARD_ACTIONS: Final = frozenset(
+    {PRE_BACKWARD, "backward_prefetch", ROOT_POST_BACKWARD, "backward"} | POST_BACKWARD_ACTIONS
+)
+
+LABELS: Final[schema.Schema] = {
+    "rank": "int32",
+    "lane": "string",
+    "step": "int32",
+    "start_ns": "int64",
+    "end_ns": "int64",
+    "family": "string",  # fsdp2 / fsdpviz / fsdp1
+    "action": "string",  # pre_forward, all_gather, forward_prefetch, forward, ... ("" for fsdp1)
+    "unit": "string",  # the unit the label names (prefetch: its target); "" when none
+    "phase": "string",  # forward / backward when the label implies it, else ""
+}
+
+
+@dataclass(frozen=True, slots=True)
+class LabelInfo:
+    """What one label name says."""
+
+    family: str
+    action: str
+    unit: str
+    phase: str
+
+
+def _unit_name(fqn: str | None) -> str:
+    fqn = (fqn or "").strip()
+    return ROOT if fqn in ("", ROOT) else fqn
+
+
+def _phase_of(action: str) -> str:
+    if action in _FORWARD_ACTIONS:
+        return schema.PHASE_FORWARD
+    if action in _BACKWARD_ACTIONS:
+        return schema.PHASE_BACKWARD
+    return ""
+
+
+def parse_label_name(name: str) -> LabelInfo | None:
+    """Parse one annotation name; None when it is not an FSDP / fsdpviz label."""
+    if name.startswith("FSDP::"):
+        match = _FSDP2_PREFETCH_RE.match(name) or _FSDP2_RE.match(name)
+        if match is None:
+            return None
+        action = match.group("action")
+        # Labels that do not name a unit (root_pre_forward, inputs_to_device, ...) keep unit "".
+        names_unit = action not in ("root_pre_forward", ROOT_POST_BACKWARD, "inputs_to_device",
+                                    "cast_forward_inputs", "cast_forward_outputs")
+        unit = _unit_name(match.group("fqn")) if names_unit else ""
+        return LabelInfo(FAMILY_FSDP2, action, unit, _phase_of(action))
+    if name.startswith("fsdpviz::"):
+        match = _FSDPVIZ_RE.match(name)
+        if match is None:
+            return None
+        action = match.group("action")
+        return LabelInfo(FAMILY_FSDPVIZ, action, _unit_name(match.group("fqn")), _phase_of(action))
+    if name.startswith(_FSDP1_PREFIX) and name != _FSDP1_MODULE_FORWARD:
+        return LabelInfo(FAMILY_FSDP1, "", "", "")
+    return None
+
+
+def parse_labels(events: pd.DataFrame) -> pd.DataFrame:
+    """The LABELS table: every FSDP2 / fsdpviz / FSDP1 annotation of ``events`` (any ranks)."""
+    ann = events[(events["kind"] == schema.KIND_ANNOTATION).to_numpy()]
+    if ann.empty:
+        return schema.make_empty(LABELS)
+    names = ann["name"]
+    if not isinstance(names.dtype, pd.CategoricalDtype):
+        names = names.astype("category")
+    cats = names.cat.categories
+    infos = [parse_label_name(str(c)) for c in cats]
+    hit = np.array([i is not None for i in infos], dtype=bool)
+    codes = names.cat.codes.to_numpy()
+    keep = (codes >= 0) & hit[np.clip(codes, 0, None)] if len(cats) else np.zeros(len(ann), bool)
+    ann = ann[keep]
+    codes = codes[keep]
+    if ann.empty:
+        return schema.make_empty(LABELS)
+
+    def column(attr: str) -> np.ndarray:
+        values = np.array([getattr(i, attr) if i is not None else "" for i in infos], dtype=object)
+        return values[codes]
+
+    start = ann["start_ns"].to_numpy(np.int64)
+    frame = pd.DataFrame({
+        "rank": ann["rank"].to_numpy(),
+        "lane": ann["lane"].astype(str).to_numpy(),
+        "step": ann["step"].to_numpy(),
+        "start_ns": start,
+        "end_ns": start + ann["dur_ns"].to_numpy(np.int64),
+        "family": column("family"),
+        "action": column("action"),
+        "unit": column("unit"),
+        "phase": column("phase"),
+    })
+    frame = frame.sort_values(["rank", "lane", "start_ns", "end_ns"], ascending=[True, True, True, False],
+                              kind="stable")
+    return schema.conform(frame.reset_index(drop=True), LABELS, table="labels")
+
+
+def has_unit_labels(labels: pd.DataFrame) -> bool:
+    """Whether the labels name units at all (else only the whole-step analysis applies)."""
+    return bool(((labels["family"] != FAMILY_FSDP1) & (labels["unit"] != "")).any())
+
+
+def label_framework(labels: pd.DataFrame) -> str:
+    """``fsdp2`` when FSDP2's own labels are present, ``fsdp1`` for FSDP1 ranges, else ``unknown``.
+
+    (ZeRO-3 leaves no labels of its own: only run.json can say a run used it.)
+    """
+    families = set(labels["family"].astype(str))
+    if FAMILY_FSDP2 in families:
+        return "fsdp2"
+    if FAMILY_FSDP1 in families:
+        return "fsdp1"
+    return "unknown"

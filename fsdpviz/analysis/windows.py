@@ -1,0 +1,203 @@
+"""Unit windows: when each unit ran its forward and backward, and which CPU time was its own compute.
+
+A unit's **window** in a pass runs from the label that opens it to the label that closes it:
+
+- FSDP2 forward: ``FSDP::pre_forward (u)`` start -> ``FSDP::post_forward (u)`` end;
+  backward: ``FSDP::pre_backward (u)`` start -> end of its last ``FSDP::post_backward_* (u)``.
+- fsdpviz ranges (FSDP1, ZeRO-3): ``fsdpviz::forward (u)`` / ``fsdpviz::backward (u)`` as they are.
+
+Its **compute region** is the part between FSDP's own pre and post work: from the end of the
+pre label to the start of the first post label (for fsdpviz ranges, the whole range). When FSDP2
+defers a unit's post-backward to ``FSDP::root_post_backward_callback`` the region stops where that
+callback starts.
+
+The unit's **compute pieces** are its region minus the windows of units nested in it (the root's
+own compute is what lies outside its children) and minus the framework's labels inside it
+(prefetches, waits, FSDP1 hooks): the CPU time the unit spent in its own model code. On GPU the
+kernels launched from those pieces are the unit's compute.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import numpy as np
+import pandas as pd
+
+from fsdpviz.analysis import labels as lab
+from fsdpviz.trace import schema
+
+WINDOWS: Final[schema.Schema] = {
+    "rank": "int32",
+    "lane": "string",
+    "step": "int32",
+    "unit": "string",
+    "phase": "string",
+    "start_ns": "int64",  # window: opening label start
+    "end_ns": "int64",  # window: closing label end
+    "region_start_ns": "int64",  # compute region
+    "region_end_ns": "int64",
+    "excl_end_ns": "int64",  # where the window stops hiding its parent's time (deferred post-backward)
+}
+PIECES: Final[schema.Schema] = {
+    "rank": "int32",
+    "lane": "string",
+    "step": "int32",
+    "unit": "string",
+    "phase": "string",
+    "start_ns": "int64",
+    "end_ns": "int64",
+}
+
+
+def _first_after(left: pd.DataFrame, right: pd.DataFrame, left_on: str, right_on: str,
+                 by: list[str], direction: str) -> pd.DataFrame:
+    """``merge_asof`` that tolerates empty frames. Right-hand integers become nullable ``Int64``:
+    a float64 NaN would round nanosecond times on the wall clock (1.7e18) to 256 ns."""
+    ints = {c: "Int64" for c in right.columns
+            if c not in by and c != right_on and pd.api.types.is_integer_dtype(right[c])}
+    right = right.astype(ints)
+    if left.empty:
+        return left.assign(**{c: pd.Series(dtype=right[c].dtype) for c in right.columns if c not in by})
+    lsorted = left.sort_values(left_on, kind="stable")
+    rsorted = right.assign(**{f"_{right_on}": right[right_on].astype("Int64")}).sort_values(right_on, kind="stable")
+    merged = pd.merge_asof(lsorted, rsorted, left_on=left_on, right_on=right_on, by=by, direction=direction,
+                           allow_exact_matches=True)
+    # the right key as matched (merge_asof returns the left key under the right's name)
+    if right_on != left_on:
+        merged[right_on] = merged.pop(f"_{right_on}")
+    else:
+        merged = merged.drop(columns=[f"_{right_on}"])
+    return merged
+
+
+def _fsdp2_windows(labels: pd.DataFrame) -> pd.DataFrame:
+    f2 = labels[(labels["family"] == lab.FAMILY_FSDP2).to_numpy()]
+    key = ["rank", "lane", "unit"]
+    frames = []
+    # forward: pre_forward -> first post_forward of the same unit on the same lane after it
+    pre = f2.loc[f2["action"] == lab.PRE_FORWARD, key + ["step", "start_ns", "end_ns"]]
+    post = f2.loc[f2["action"] == lab.POST_FORWARD, key + ["start_ns", "end_ns"]].rename(
+        columns={"start_ns": "post_start_ns", "end_ns": "post_end_ns"})
+    fwd = _first_after(pre, post, "end_ns", "post_start_ns", key, "forward").dropna(subset=["post_start_ns"])
+    if len(fwd):
+        fwd = fwd.assign(phase=schema.PHASE_FORWARD, region_start_ns=fwd["end_ns"],
+                         region_end_ns=fwd["post_start_ns"], end_ns=fwd["post_end_ns"])
+        fwd["excl_end_ns"] = fwd["end_ns"]
+        frames.append(fwd)
+    # backward: post-backward labels belong to the latest pre_backward of the unit before them
+    pre_b = f2.loc[f2["action"] == lab.PRE_BACKWARD, ["rank", "unit", "lane", "step", "start_ns", "end_ns"]]
+    pre_b = pre_b.assign(pre_id=np.arange(len(pre_b)))
+    posts = f2.loc[f2["action"].isin(list(lab.POST_BACKWARD_ACTIONS)).to_numpy(), ["rank", "unit", "start_ns", "end_ns"]]
+    callbacks = f2.loc[f2["action"] == lab.ROOT_POST_BACKWARD, ["rank", "start_ns", "end_ns"]]
+    if len(pre_b):
+        owner = _first_after(posts.rename(columns={"start_ns": "p_start", "end_ns": "p_end"}),
+                             pre_b[["rank", "unit", "start_ns", "pre_id"]], "p_start", "start_ns",
+                             ["rank", "unit"], "backward").dropna(subset=["pre_id"])
+        # a post label inside the root's callback: the region ends where the callback starts
+        cb = _first_after(owner[["rank", "p_start"]].reset_index(), callbacks.rename(
+            columns={"start_ns": "cb_start", "end_ns": "cb_end"}), "p_start", "cb_start", ["rank"], "backward")
+        cb = cb.set_index("index").reindex(owner.index)
+        in_cb = (cb["cb_end"] > owner["p_start"]).fillna(False).to_numpy(dtype=bool)
+        cb_start = cb["cb_start"].fillna(0).to_numpy(dtype=np.int64)
+        owner = owner.assign(region_cut=np.where(in_cb, cb_start, owner["p_start"].to_numpy(np.int64)),
+                             excl_cut=np.where(in_cb, cb_start, owner["p_end"].to_numpy(np.int64)))
+        agg = owner.groupby("pre_id").agg(region_end_ns=("region_cut", "min"), end_ns=("p_end", "max"),
+                                          excl_end_ns=("excl_cut", "max"))
+        bwd = pre_b.join(agg.astype("Int64").add_suffix("_post"), on="pre_id")
+        bwd = bwd.dropna(subset=["region_end_ns_post"])
+        bwd = bwd.assign(phase=schema.PHASE_BACKWARD, region_start_ns=bwd["end_ns"],
+                         region_end_ns=bwd["region_end_ns_post"], end_ns=bwd["end_ns_post"],
+                         excl_end_ns=bwd["excl_end_ns_post"])
+        frames.append(bwd)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(WINDOWS))
+
+
+def _fsdpviz_windows(labels: pd.DataFrame) -> pd.DataFrame:
+    fv = labels[((labels["family"] == lab.FAMILY_FSDPVIZ)
+                 & labels["action"].isin([schema.PHASE_FORWARD, schema.PHASE_BACKWARD])).to_numpy()]
+    return fv.assign(phase=fv["action"], region_start_ns=fv["start_ns"], region_end_ns=fv["end_ns"],
+                     excl_end_ns=fv["end_ns"])
+
+
+def unit_windows(labels: pd.DataFrame) -> pd.DataFrame:
+    """WINDOWS: one row per unit, pass and occurrence, from FSDP2 labels and fsdpviz ranges."""
+    parts = [p for p in (_fsdp2_windows(labels), _fsdpviz_windows(labels)) if len(p)]
+    if not parts:
+        return schema.make_empty(WINDOWS)
+    out = pd.concat([p[list(WINDOWS)] for p in parts], ignore_index=True)
+    out = out[out["region_end_ns"] >= out["region_start_ns"]]
+    out = out.sort_values(["rank", "lane", "start_ns"], kind="stable").reset_index(drop=True)
+    return schema.conform(out, WINDOWS, table="windows")
+
+
+def _union_sorted(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    if len(starts) == 0:
+        return starts, ends
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], ends[order]
+    reach = np.maximum.accumulate(e)
+    new = np.ones(len(s), dtype=bool)
+    new[1:] = s[1:] > reach[:-1]
+    first = np.flatnonzero(new)
+    last = np.append(first[1:], len(s)) - 1
+    return s[first], reach[last]
+
+
+def _complement(lo: int, hi: int, starts: np.ndarray, ends: np.ndarray) -> list[tuple[int, int]]:
+    """``[lo, hi)`` minus sorted disjoint intervals."""
+    pieces, cursor = [], lo
+    for s, e in zip(starts.tolist(), ends.tolist()):
+        if e <= cursor:
+            continue
+        if s >= hi:
+            break
+        if s > cursor:
+            pieces.append((cursor, min(s, hi)))
+        cursor = max(cursor, e)
+    if cursor < hi:
+        pieces.append((cursor, hi))
+    return pieces
+
+
+def _overhead_labels(labels: pd.DataFrame) -> pd.DataFrame:
+    """Framework ranges that are never a unit's own compute."""
+    family = labels["family"]
+    is_fsdpviz_comm = (family == lab.FAMILY_FSDPVIZ) & labels["action"].isin(
+        [lab.GATHER_ACTION, lab.FSDPVIZ_REDUCE_ACTION])
+    mask = (family == lab.FAMILY_FSDP2) | (family == lab.FAMILY_FSDP1) | is_fsdpviz_comm
+    return labels[mask.to_numpy()]
+
+
+def compute_pieces(windows: pd.DataFrame, labels: pd.DataFrame) -> pd.DataFrame:
+    """PIECES: each window's compute region minus nested windows and framework labels."""
+    if windows.empty:
+        return schema.make_empty(PIECES)
+    overhead = _overhead_labels(labels)
+    over_groups = overhead.groupby(["rank", "lane"], sort=False).indices
+    ov_s = overhead["start_ns"].to_numpy(np.int64)
+    ov_e = overhead["end_ns"].to_numpy(np.int64)
+    rows: list[tuple] = []
+    for (rank, lane), w_idx in windows.groupby(["rank", "lane"], sort=False).indices.items():
+        w = windows.iloc[w_idx]
+        o = over_groups.get((rank, lane), np.zeros(0, dtype=np.int64))
+        u_s, u_e = _union_sorted(ov_s[o], ov_e[o])
+        w_start = w["start_ns"].to_numpy(np.int64)
+        w_excl = w["excl_end_ns"].to_numpy(np.int64)
+        order = np.argsort(w_start, kind="stable")
+        sorted_start = w_start[order]
+        units = w["unit"].to_numpy()
+        phases = w["phase"].to_numpy()
+        for j, (lo, hi) in enumerate(zip(w["region_start_ns"].tolist(), w["region_end_ns"].tolist())):
+            # nested windows of other units that start inside this region
+            a, b = np.searchsorted(sorted_start, [lo, hi], side="left")
+            kids = order[a:b]
+            kids = kids[(units[kids] != units[j]) & (phases[kids] == phases[j]) & (w_excl[kids] <= hi)]
+            k0, k1 = np.searchsorted(u_e, lo, side="right"), np.searchsorted(u_s, hi, side="left")
+            cut_s = np.concatenate([u_s[k0:k1], w_start[kids]])
+            cut_e = np.concatenate([u_e[k0:k1], w_excl[kids]])
+            cs, ce = _union_sorted(cut_s, cut_e)
+            for s, e in _complement(lo, hi, cs, ce):
+                rows.append((rank, lane, int(w["step"].iat[j]), units[j], phases[j], s, e))
+    frame = pd.DataFrame(rows, columns=list(PIECES))
+    return schema.conform(frame, PIECES, table="pieces")

@@ -1,0 +1,95 @@
+"""Per-unit spans on synthetic GPU FSDP2 traces: every span matches the model to the nanosecond.
+
+The generator (``tests/synth``) simulates FSDP2's streams and labels and records, while it creates
+them, which interval is which unit's gather, copy, compute, reduce-scatter or reshard. The
+analysis only sees the Kineto files.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from synth import Scenario, generate_run, make_root, make_units
+
+from fsdpviz.analysis.labels import ROOT, parse_label_name, parse_labels
+from fsdpviz.analysis.spans import rank_units
+from fsdpviz.trace import load_traces
+
+SCENARIOS = {
+    "implicit-root": Scenario(units=make_units(4), root=make_root(), world_size=2),
+    "explicit-2-ahead": Scenario(units=make_units(4), forward_prefetch=2, backward_prefetch=1),
+    "no-overlap": Scenario(units=make_units(3), root=make_root(), backward_prefetch=0, sync_per_unit=True),
+    "hsdp-skew-straggler": Scenario(units=make_units(3), world_size=4, hsdp_replicas=2,
+                                    clock_offset_ns={1: 5_000_000_000, 2: -3_000_000},
+                                    step_delay_ns={1: 2_000_000}),
+}
+KEY = ["step", "unit", "phase", "kind", "lane", "start_ns"]
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_spans_match_the_model(name: str, tmp_path) -> None:
+    run = generate_run(SCENARIOS[name], tmp_path)
+    traces = load_traces(run.paths, cache=False)
+    for rank in traces.rank_ids:
+        events = traces.events[traces.events["rank"] == rank]
+        got = rank_units(events, traces.lanes, parse_labels(events)).spans
+        want = run.expected.spans[run.expected.spans["rank"] == rank].copy()
+        offset = run.expected.clock_offsets[rank]  # spans are on the rank's own clock here
+        for col in ("start_ns", "end_ns", "issue_ns"):
+            want[col] += offset
+        merged = got.merge(want, on=KEY, how="outer", indicator=True, suffixes=("", "_want"))
+        assert (merged["_merge"] == "both").all(), merged[merged["_merge"] != "both"][KEY + ["_merge"]]
+        for col in ("end_ns", "issue_ns", "bytes"):
+            assert (merged[col] == merged[f"{col}_want"]).all(), (rank, col)
+        kinds = set(got["kind"])
+        assert {"all_gather", "copy_in", "copy_out", "compute", "reduce_scatter", "reshard"} <= kinds
+        assert ("all_reduce" in kinds) == (SCENARIOS[name].hsdp_replicas > 1)
+
+
+def test_root_compute_excludes_its_children(tmp_path) -> None:
+    run = generate_run(SCENARIOS["implicit-root"], tmp_path, ranks=[0])
+    traces = load_traces(run.paths, cache=False)
+    spans = rank_units(traces.events, traces.lanes, parse_labels(traces.events)).spans
+    fwd = spans[(spans["kind"] == "compute") & (spans["phase"] == "forward") & (spans["step"] == 3)]
+    root = fwd[fwd["unit"] == ROOT].sort_values("start_ns")
+    children = fwd[fwd["unit"] != ROOT]
+    # two pieces: before the first child and after the last one, never overlapping a child
+    assert len(root) == 2
+    assert root["end_ns"].iat[0] <= children["start_ns"].min()
+    assert root["start_ns"].iat[1] >= children["end_ns"].max()
+    assert int((root["end_ns"] - root["start_ns"]).sum()) == SCENARIOS["implicit-root"].root.fwd_ns
+
+
+@pytest.mark.parametrize(("name", "family", "action", "unit", "phase"), [
+    ("FSDP::pre_forward (blocks.3)", "fsdp2", "pre_forward", "blocks.3", "forward"),
+    ("FSDP::pre_forward", "fsdp2", "pre_forward", ROOT, "forward"),
+    ("FSDP::all_gather (layers.0.attn) [pg=4]", "fsdp2", "all_gather", "layers.0.attn", ""),
+    ("FSDP::forward_prefetch for blocks.4", "fsdp2", "forward_prefetch", "blocks.4", "forward"),
+    ("FSDP::backward_prefetch for ", "fsdp2", "backward_prefetch", ROOT, "backward"),
+    ("FSDP::post_backward_rs_wait ()", "fsdp2", "post_backward_rs_wait", ROOT, "backward"),
+    ("FSDP::root_pre_forward", "fsdp2", "root_pre_forward", "", "forward"),
+    ("fsdpviz::forward (blocks.0+1)", "fsdpviz", "forward", "blocks.0+1", "forward"),
+    ("fsdpviz::backward ((root))", "fsdpviz", "backward", ROOT, "backward"),
+    ("FullyShardedDataParallel._pre_forward", "fsdp1", "", "", ""),
+])
+def test_label_names_parse(name: str, family: str, action: str, unit: str, phase: str) -> None:
+    info = parse_label_name(name)
+    assert info is not None
+    assert (info.family, info.action, info.unit, info.phase) == (family, action, unit, phase)
+
+
+def test_other_annotations_are_not_labels() -> None:
+    for name in ("ProfilerStep#3", "FullyShardedDataParallel.forward", "Optimizer.step#AdamW.step",
+                 "nccl:all_reduce", "fsdpviz"):
+        assert parse_label_name(name) is None
+
+
+def test_labels_table_is_typed_and_sorted(tmp_path) -> None:
+    run = generate_run(SCENARIOS["explicit-2-ahead"], tmp_path, ranks=[0])
+    traces = load_traces(run.paths, cache=False)
+    labels = parse_labels(traces.events)
+    assert str(labels["start_ns"].dtype) == "int64"
+    prefetch = labels[labels["action"] == "forward_prefetch"]
+    # explicit 2-ahead: blocks.0 prefetches blocks.1 and blocks.2; later units find some already issued
+    assert set(prefetch["unit"]) == {"blocks.1", "blocks.2", "blocks.3"}
+    assert pd.Index(labels.groupby("lane")["start_ns"].apply(lambda s: s.is_monotonic_increasing)).all()
