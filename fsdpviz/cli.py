@@ -50,7 +50,9 @@ def _root(
 def _register_commands() -> None:
     # One line per command; each command module imports heavy packages lazily inside its function.
     # (Commands are added here as their modules land: summary, record, report, compare, export.)
-    return None
+    from fsdpviz.commands.summary import summary
+
+    app.command("summary")(summary)
 
 
 def error_line(message: str) -> None:

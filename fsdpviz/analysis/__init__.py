@@ -2,3 +2,7 @@
 
 Never imports torch, holoviews or bokeh.
 """
+
+from fsdpviz.analysis.summary import summarize
+
+__all__ = ["summarize"]

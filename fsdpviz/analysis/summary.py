@@ -1,0 +1,200 @@
+"""``summarize(traces)``: the headline numbers of a run as the ``fsdpviz summary --json`` dict.
+
+The dict is a contract (docs/DESIGN: framework, world size, ranks, steps, step time, overlap,
+memory peaks, units); scripts compare runs with it, so keys are only ever added. Values are plain
+JSON types: ints, floats rounded for reading (ms to the µs, percentages to 0.01), ``None`` where a
+number does not exist (no communication, no memory samples).
+
+Conventions (docs/concepts.md): ``steps`` are the analysed ProfilerSteps (by default every captured
+step but the last); ``step_time_ms`` is their mean CPU-side duration over ranks; the overlap's
+``comm_ms`` / ``compute_ms`` / ``exposed_comm_ms`` are per step, averaged over ranks, and its
+``overlap_pct`` is Σ|comm ∩ compute| / Σ|comm| over ranks; memory peaks are the largest samples in
+the analysed steps (GPU devices when the trace has any, else the CPU).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from collections.abc import Sequence
+from typing import Any, Final
+
+import numpy as np
+import pandas as pd
+
+from fsdpviz.analysis.overlap import compute_overlap, select_window
+from fsdpviz.trace import schema
+from fsdpviz.trace.tables import TraceSet
+
+FSDP2_PREFIX: Final = "FSDP::"
+FSDP1_PREFIX: Final = "FullyShardedDataParallel."
+FSDPVIZ_PREFIX: Final = "fsdpviz::"
+NS_PER_MS: Final = 1e6
+
+
+def detect_framework(traces: TraceSet) -> str:
+    """fsdp2 / fsdp1 / zero3 / unknown, from the labels in the traces (and run.json for ranges
+    fsdpviz itself added, which do not say which framework they came from)."""
+    names = [str(n) for n in traces.events["name"].cat.categories]
+    if any(n.startswith(FSDP2_PREFIX) for n in names):
+        return "fsdp2"
+    if any(n.startswith(FSDP1_PREFIX) for n in names):
+        return "fsdp1"
+    recorded = str((traces.run or {}).get("framework", "unknown"))
+    if recorded in schema.FRAMEWORKS and any(n.startswith(FSDPVIZ_PREFIX) for n in names):
+        return recorded
+    return "unknown"
+
+
+def unit_entries(traces: TraceSet, steps: Sequence[int] | None) -> list[dict[str, Any]] | None:
+    """The summary's ``units`` list: one dict per FSDP unit, in forward order.
+
+    Keys per entry (contract): ``name``, ``param_numel``, ``all_gather_ms``, ``forward_ms``,
+    ``backward_ms``, ``reduce_scatter_ms``, ``exposed_comm_ms``, ``prefetch_lead_ms``,
+    ``peak_allocated_bytes``. This is the one place per-unit results enter the summary: it calls
+    ``fsdpviz.analysis.units.summarize_units(traces, steps=...)`` when that module exists, and
+    returns None when it does not (this build computes no per-unit results).
+    """
+    if importlib.util.find_spec("fsdpviz.analysis.units") is None:
+        return None
+    from fsdpviz.analysis.units import summarize_units  # noqa: PLC0415
+
+    return list(summarize_units(traces, steps=steps))
+
+
+def summarize(
+    traces: TraceSet, *, steps: Sequence[int] | None = None, include_last_step: bool = False
+) -> dict[str, Any]:
+    """The ``fsdpviz summary --json`` dict of a loaded run (see the module docstring)."""
+    overlap = compute_overlap(traces, steps=steps, include_last_step=include_last_step)
+    windows = _windows(traces, steps, include_last_step)
+    framework = detect_framework(traces)
+    analysed = sorted({s for w in windows.values() if w is not None for s in w.steps})
+    notes = _notes(traces, overlap, windows, framework)
+    units = unit_entries(traces, analysed or None) if framework != "unknown" else []
+    if units is None:
+        notes.append("this fsdpviz build computes no per-unit results, so units is empty")
+    elif framework != "unknown" and not units:
+        notes.append("no FSDP unit was found in the analysed steps, so units is empty")
+    return {
+        "framework": framework,
+        "world_size": traces.world_size,
+        "ranks": traces.rank_ids,
+        "steps": analysed,
+        "step_time_ms": _step_time_ms(traces, windows),
+        "overlap": _overlap_dict(overlap),
+        "memory": _memory_dict(traces, windows),
+        "units": units or [],
+        "device": _device(overlap),
+        "sources": list(traces.sources),
+        "notes": notes,
+    }
+
+
+def _windows(traces: TraceSet, steps: Sequence[int] | None, include_last_step: bool) -> dict:
+    return {
+        rank: select_window(
+            traces.steps[traces.steps["rank"] == rank], steps=steps, include_last_step=include_last_step
+        )
+        for rank in traces.rank_ids
+    }
+
+
+def _device(overlap: pd.DataFrame) -> str:
+    devices = sorted(set(overlap["device"].astype(str)))
+    return devices[0] if len(devices) == 1 else "mixed"
+
+
+def _ms(ns: float) -> float | None:
+    return None if ns is None or not math.isfinite(ns) else round(float(ns) / NS_PER_MS, 3)
+
+
+def _pct(value: float) -> float | None:
+    return None if value is None or not math.isfinite(value) else round(float(value), 2)
+
+
+def _step_time_ms(traces: TraceSet, windows: dict) -> float | None:
+    durations: list[int] = []
+    for rank, window in windows.items():
+        if window is None or not window.steps:
+            continue
+        rs = traces.steps[(traces.steps["rank"] == rank) & traces.steps["step"].isin(list(window.steps))]
+        durations.extend((rs["end_ns"] - rs["start_ns"]).tolist())
+    return _ms(float(np.mean(durations))) if durations else None
+
+
+def _overlap_dict(overlap: pd.DataFrame) -> dict[str, Any]:
+    per_step = overlap["n_steps"].clip(lower=1).to_numpy(dtype=float)  # whole trace = one "step"
+    comm_ns, both_ns = overlap["comm_ns"].sum(), overlap["overlap_ns"].sum()
+    per_rank = {
+        str(int(r["rank"])): {
+            "overlap_pct": _pct(r["overlap_pct"]),
+            "comm_ms": _ms(r["comm_ns"] / max(r["n_steps"], 1)),
+            "compute_ms": _ms(r["compute_ns"] / max(r["n_steps"], 1)),
+            "exposed_comm_ms": _ms(r["exposed_comm_ns"] / max(r["n_steps"], 1)),
+            "idle_ms": _ms(r["idle_ns"] / max(r["n_steps"], 1)),
+            "device": str(r["device"]),
+        }
+        for r in overlap.to_dict(orient="records")
+    }
+    return {
+        "comm_ms": _ms(float(np.mean(overlap["comm_ns"] / per_step))),
+        "compute_ms": _ms(float(np.mean(overlap["compute_ns"] / per_step))),
+        "exposed_comm_ms": _ms(float(np.mean(overlap["exposed_comm_ns"] / per_step))),
+        "overlap_pct": _pct(100.0 * both_ns / comm_ns) if comm_ns else None,
+        "idle_ms": _ms(float(np.mean(overlap["idle_ns"] / per_step))),
+        "per_rank": per_rank,
+    }
+
+
+def _memory_dict(traces: TraceSet, windows: dict) -> dict[str, Any]:
+    mem = traces.memory
+    parts = []
+    for rank, window in windows.items():
+        rows = mem[mem["rank"] == rank]
+        if window is not None and window.steps:
+            rows = rows[(rows["t_ns"] >= window.start_ns) & (rows["t_ns"] < window.end_ns)]
+        parts.append(rows)
+    mem = pd.concat(parts) if parts else mem
+    on_gpu = mem["device"].astype(str) != "cpu"
+    if on_gpu.any():
+        mem = mem[on_gpu]
+    if mem.empty:
+        return {"peak_allocated_bytes": None, "peak_reserved_bytes": None, "device": None, "per_rank": {}}
+    reserved = mem["reserved_bytes"][mem["reserved_bytes"] >= 0]
+    per_rank = {
+        str(int(rank)): {"peak_allocated_bytes": int(g["allocated_bytes"].max())}
+        for rank, g in mem.groupby("rank")
+    }
+    return {
+        "peak_allocated_bytes": int(mem["allocated_bytes"].max()),
+        "peak_reserved_bytes": int(reserved.max()) if len(reserved) else None,
+        "device": "gpu" if on_gpu.any() else "cpu",
+        "per_rank": per_rank,
+    }
+
+
+def _notes(traces: TraceSet, overlap: pd.DataFrame, windows: dict, framework: str) -> list[str]:
+    notes: list[str] = []
+    for rank, window in windows.items():
+        if window is None:
+            notes.append(f"rank {rank}: no ProfilerStep#N in the trace, the whole trace was analysed")
+    dropped = [
+        int(traces.steps.loc[traces.steps["rank"] == r, "step"].max())
+        for r, w in windows.items()
+        if w is not None and w.steps and (traces.steps["rank"] == r).sum() > len(w.steps)
+    ]
+    if dropped and len(set(dropped)) == 1:
+        notes.append(f"step {dropped[0]} (the last captured) is not analysed: the profiler stops inside it")
+    if traces.world_size > len(traces.rank_ids):
+        notes.append(
+            f"{len(traces.rank_ids)} of {traces.world_size} ranks loaded: numbers cover those ranks only"
+        )
+    if framework == "unknown":
+        notes.append(
+            "no FSDP labels (FSDP::, FullyShardedDataParallel., fsdpviz::) in the traces, so units is "
+            "empty; whole-step numbers are still valid"
+        )
+    if (overlap["comm_ns"] == 0).all():
+        notes.append("no communication found in the analysed steps, so overlap_pct is null")
+    return notes

@@ -1,0 +1,123 @@
+"""``fsdpviz summary PATH... [--json]``: headline numbers of a run, as a table or as JSON."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from fsdpviz.errors import UsageError
+
+
+def summary(
+    paths: list[Path] = typer.Argument(
+        ..., help="A run folder (from `fsdpviz record`), a folder of traces, or trace files "
+                  "(.json / .json.gz, also recorded without fsdpviz).", show_default=False),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON (a stable contract)."),
+    steps: str | None = typer.Option(
+        None, "--steps", help="ProfilerSteps to analyse, e.g. 3,4 or 3-5. Default: every captured "
+                              "step but the last (often cut short).", show_default=False),
+    include_last_step: bool = typer.Option(
+        False, "--include-last-step", help="Also analyse the last captured step."),
+    cache: bool = typer.Option(True, "--cache/--no-cache", help="Reuse parsed traces cached beside them."),
+) -> None:
+    """Print framework, ranks, steps, step time, communication overlap and memory peaks."""
+    from fsdpviz.analysis.summary import summarize
+    from fsdpviz.trace import load_traces
+
+    traces = load_traces(paths, cache=cache)
+    result = summarize(traces, steps=parse_steps(steps), include_last_step=include_last_step)
+    if as_json:
+        sys.stdout.write(json.dumps(result, indent=2) + "\n")
+        return
+    print_summary(result)
+
+
+def parse_steps(text: str | None) -> list[int] | None:
+    """``"3,4"`` / ``"3-5"`` / ``"3-5,8"`` -> sorted step numbers; None when not given."""
+    if text is None or not text.strip():
+        return None
+    steps: set[int] = set()
+    for part in (p.strip() for p in text.split(",")):
+        try:
+            first, _, last = part.partition("-")
+            lo, hi = int(first), int(last or first)
+            if hi < lo:
+                raise ValueError(part)
+        except ValueError:
+            raise UsageError(f"--steps: cannot read {part!r}; use numbers and ranges like 3,4 or 3-5") from None
+        steps.update(range(lo, hi + 1))
+    return sorted(steps)
+
+
+def _fmt(value: Any, unit: str = "", digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}{unit}"
+    return f"{value:,}{unit}"
+
+
+def _bytes(value: int | None) -> str:
+    if value is None:
+        return "-"
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(value) >= size:
+            return f"{value / size:.2f} {unit}"
+    return f"{value} B"
+
+
+def print_summary(result: dict[str, Any]) -> None:
+    """Render the summary dict as rich tables on stdout."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    steps = result["steps"]
+    step_text = f"{steps[0]}-{steps[-1]}" if len(steps) > 2 else ", ".join(map(str, steps)) or "whole trace"
+    head = Table.grid(padding=(0, 2))
+    head.add_column(style="bold")
+    head.add_column()
+    head.add_row("input", ", ".join(result["sources"]))
+    head.add_row("framework", result["framework"])
+    head.add_row("ranks", f"{len(result['ranks'])} loaded of world size {result['world_size']}")
+    head.add_row("steps analysed", step_text)
+    head.add_row("step time", _fmt(result["step_time_ms"], " ms"))
+    ov = result["overlap"]
+    head.add_row("overlap", f"{_fmt(ov['overlap_pct'], ' %')} of communication hidden behind compute "
+                            f"({result['device'].upper()} definition)")
+    head.add_row("exposed comm", f"{_fmt(ov['exposed_comm_ms'], ' ms')} per step")
+    mem = result["memory"]
+    head.add_row("peak memory", f"{_bytes(mem['peak_allocated_bytes'])} allocated, "
+                                f"{_bytes(mem['peak_reserved_bytes'])} reserved")
+    console.print(head)
+
+    table = Table(title="per rank, per analysed step", title_justify="left")
+    for col in ("rank", "comm ms", "compute ms", "overlap %", "exposed comm ms", "idle ms", "peak allocated"):
+        table.add_column(col, justify="right")
+    peaks = mem.get("per_rank", {})
+    for rank, row in ov["per_rank"].items():
+        table.add_row(rank, _fmt(row["comm_ms"]), _fmt(row["compute_ms"]), _fmt(row["overlap_pct"]),
+                      _fmt(row["exposed_comm_ms"]), _fmt(row["idle_ms"]),
+                      _bytes(peaks.get(rank, {}).get("peak_allocated_bytes")))
+    if len(ov["per_rank"]) > 1:
+        table.add_row("all", _fmt(ov["comm_ms"]), _fmt(ov["compute_ms"]), _fmt(ov["overlap_pct"]),
+                      _fmt(ov["exposed_comm_ms"]), _fmt(ov["idle_ms"]), _bytes(mem["peak_allocated_bytes"]),
+                      style="bold")
+    console.print(table)
+
+    if result["units"]:
+        units = Table(title="per FSDP unit", title_justify="left")
+        for col in ("unit", "params", "all-gather ms", "forward ms", "backward ms", "reduce-scatter ms",
+                    "exposed comm ms"):
+            units.add_column(col, justify="right" if col != "unit" else "left")
+        for u in result["units"]:
+            units.add_row(str(u.get("name")), _fmt(u.get("param_numel")), _fmt(u.get("all_gather_ms")),
+                          _fmt(u.get("forward_ms")), _fmt(u.get("backward_ms")),
+                          _fmt(u.get("reduce_scatter_ms")), _fmt(u.get("exposed_comm_ms")))
+        console.print(units)
+    for note in result["notes"]:
+        console.print(f"[dim]note: {note}[/dim]")

@@ -1,0 +1,116 @@
+"""``summarize`` and ``fsdpviz summary --json``: the contract keys, values known by construction."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from fsdpviz.analysis import summarize
+from fsdpviz.cli import main
+from fsdpviz.trace import load_traces
+from tracebuild import TraceBuilder
+
+NCCL_AG = "ncclKernel_AllGather_RING_LL_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)"
+GEMM = "volta_sgemm_128x64_nn"
+CONTRACT_KEYS = {"framework", "world_size", "ranks", "steps", "step_time_ms", "overlap", "memory", "units"}
+
+
+def _rank_trace(tmp: Path, rank: int, *, label: str | None = None, comm_start_us: float = 100) -> Path:
+    b = TraceBuilder(rank=rank, world_size=2)
+    b.step(3, 0, 1000).step(4, 1000, 1200).step(5, 2200, 500)  # step 5 = last, dropped
+    if label:
+        b.annotation(label, 5, 50)
+    b.kernel(NCCL_AG, comm_start_us, 100, stream=20, launch_us=10)
+    b.kernel(GEMM, 150, 100, stream=7, launch_us=11)  # overlaps comm 150..200 for rank 0
+    b.kernel(NCCL_AG, 1100, 100, stream=20, launch_us=1010)
+    b.memory(20, allocated=1 << 20, reserved=2 << 20, delta=1 << 20)
+    b.memory(1500, allocated=(3 << 20) + rank, reserved=4 << 20, delta=2 << 20)
+    b.memory(2300, allocated=9 << 30, reserved=9 << 30, delta=1)  # in the dropped step
+    return b.write(tmp / f"rank{rank}.trace.json")
+
+
+def test_summary_numbers_by_construction(tmp_path: Path) -> None:
+    _rank_trace(tmp_path, 0, label="FSDP::pre_forward (blocks.0)")
+    _rank_trace(tmp_path, 1, label="FSDP::pre_forward (blocks.0)", comm_start_us=300)
+    result = summarize(load_traces([tmp_path], cache=False))
+    assert CONTRACT_KEYS <= set(result)
+    assert result["framework"] == "fsdp2"
+    assert (result["world_size"], result["ranks"], result["steps"]) == (2, [0, 1], [3, 4])
+    assert result["step_time_ms"] == 1.1  # mean of 1.0 and 1.2 ms
+    ov = result["overlap"]
+    # rank 0: comm 200 µs over 2 steps, 50 µs hidden; rank 1: comm 200 µs, none hidden.
+    assert ov["per_rank"]["0"]["overlap_pct"] == 25.0 and ov["per_rank"]["1"]["overlap_pct"] == 0.0
+    assert ov["overlap_pct"] == 12.5
+    assert ov["comm_ms"] == 0.1 and ov["compute_ms"] == 0.05  # per step, mean over ranks
+    assert ov["exposed_comm_ms"] == pytest.approx((0.075 + 0.1) / 2, abs=0.001)
+    assert result["memory"]["peak_allocated_bytes"] == (3 << 20) + 1
+    assert result["memory"]["peak_reserved_bytes"] == 4 << 20
+    assert result["units"] == []
+    assert any("step 5" in n for n in result["notes"])
+
+
+@pytest.mark.parametrize(
+    ("label", "run_framework", "expected"),
+    [
+        ("FSDP::all_gather (layers.0)", None, "fsdp2"),
+        ("FullyShardedDataParallel.forward", None, "fsdp1"),
+        ("fsdpviz::forward (blocks.0)", "zero3", "zero3"),
+        ("fsdpviz::forward (blocks.0)", "fsdp1", "fsdp1"),
+        ("DistributedDataParallel.forward", None, "unknown"),
+    ],
+)
+def test_framework_from_labels(tmp_path: Path, label: str, run_framework: str | None, expected: str) -> None:
+    if run_framework:
+        (tmp_path / "traces").mkdir()
+        _rank_trace(tmp_path / "traces", 0, label=label)
+        (tmp_path / "run.json").write_text(json.dumps({"framework": run_framework, "world_size": 1}))
+    else:
+        _rank_trace(tmp_path, 0, label=label)
+    result = summarize(load_traces([tmp_path], cache=False))
+    assert result["framework"] == expected
+    if expected == "unknown":
+        assert result["units"] == []
+        assert any("no FSDP labels" in n and "units is empty" in n for n in result["notes"])
+
+
+def test_summary_json_command_prints_exactly_the_dict(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _rank_trace(tmp_path, 0)
+    with pytest.raises(SystemExit) as exc:
+        main(["summary", "--json", "--no-cache", str(path)])
+    out, err = capsys.readouterr()
+    assert exc.value.code == 0 and err == ""
+    assert json.loads(out) == json.loads(json.dumps(summarize(load_traces([path], cache=False))))
+
+
+def test_summary_table_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _rank_trace(tmp_path, 0)
+    with pytest.raises(SystemExit) as exc:
+        main(["summary", "--no-cache", str(path)])
+    out, _ = capsys.readouterr()
+    assert exc.value.code == 0
+    assert "overlap" in out and "25.00 %" in out and "step time" in out and "1.10 ms" in out
+
+
+def test_no_comm_gives_null_overlap(tmp_path: Path) -> None:
+    b = TraceBuilder()
+    b.step(1, 0, 100).step(2, 100, 100).kernel(GEMM, 10, 10, launch_us=1)
+    result = summarize(load_traces([b.write(tmp_path / "r.json")], cache=False))
+    assert result["overlap"]["overlap_pct"] is None
+    assert result["memory"]["peak_allocated_bytes"] is None
+    json.dumps(result, allow_nan=False)  # strict JSON: no NaN anywhere
+
+
+def test_sample_cpu_traces(repo_root: Path) -> None:
+    sample = repo_root / "sample_traces" / "fsdp2-cpu-2rank"
+    if not sample.is_dir():
+        pytest.skip(f"{sample} not present")
+    result = summarize(load_traces([sample], cache=False))
+    assert result["framework"] == "fsdp2" and result["ranks"] == [0, 1] and result["world_size"] == 2
+    assert result["device"] == "cpu" and result["steps"]
+    assert 0 <= result["overlap"]["overlap_pct"] <= 100
+    assert result["overlap"]["comm_ms"] > 0 and result["overlap"]["compute_ms"] > 0
+    assert result["memory"]["peak_allocated_bytes"] > 0
+    assert not math.isnan(result["step_time_ms"])
