@@ -191,7 +191,8 @@ TIMERS: Final[Schema] = {
     "unit": "string",  # "" for whole-step records
     "phase": "string",
     "kind": "string",
-    "ms": "float64",
+    "ms": "float64",  # NaN for memory records (they carry ``bytes``)
+    "bytes": "int64",  # peak bytes of memory records (kind peak_rss / peak_allocated / ...), else -1
 }
 
 # Whole-step communication/computation overlap, one row per rank (fsdpviz.analysis.overlap).

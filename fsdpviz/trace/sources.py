@@ -134,7 +134,8 @@ def read_timers(files: Sequence[Path]) -> pd.DataFrame:
                         "unit": str(rec.get("unit", "")),
                         "phase": str(rec.get("phase", "")),
                         "kind": str(rec.get("kind", "")),
-                        "ms": float(rec["ms"]),
+                        "ms": float("nan") if rec["ms"] is None else float(rec["ms"]),
+                        "bytes": int(rec.get("bytes", schema.UNKNOWN_BYTES)),
                     }
                 )
             except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
