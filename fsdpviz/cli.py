@@ -53,6 +53,9 @@ def _register_commands() -> None:
     from fsdpviz.commands.summary import summary
 
     app.command("summary")(summary)
+    from fsdpviz.commands.record import CONTEXT_SETTINGS as _RECORD_CONTEXT, record
+
+    app.command("record", context_settings=_RECORD_CONTEXT)(record)
 
 
 def error_line(message: str) -> None:

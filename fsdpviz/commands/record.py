@@ -1,0 +1,123 @@
+"""``fsdpviz record [OPTIONS] -- COMMAND...``: record an unchanged training command on every rank."""
+
+from __future__ import annotations
+
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from fsdpviz.errors import FsdpvizError, UsageError
+
+CONTEXT_SETTINGS = {"allow_interspersed_args": False}  # options after COMMAND belong to COMMAND
+
+
+def _say(message: str) -> None:
+    print(f"fsdpviz: {message}", file=sys.stderr, flush=True)
+
+
+def default_run_dir(now: datetime | None = None) -> Path:
+    return Path("runs") / (now or datetime.now()).strftime("run-%Y%m%d-%H%M%S")
+
+
+def record(
+    command: list[str] = typer.Argument(
+        None, metavar="-- COMMAND...", show_default=False,
+        help="The training command, unchanged: torchrun ..., python -m torch.distributed.run ..., "
+             "deepspeed ..., accelerate launch ..., python train.py ..."),
+    out: Path | None = typer.Option(
+        None, "-o", "--out", help="Run folder to write. Default: runs/run-<date>-<time>.", show_default=False),
+    steps: int = typer.Option(3, "--steps", min=1, help="Optimizer steps to profile in full."),
+    warmup: int = typer.Option(2, "--warmup", min=0, help="Optimizer steps to skip before profiling."),
+    mode: str = typer.Option(
+        "both", "--mode", help="profile: torch.profiler traces; timers: per-step timers of every step; both."),
+    memory: bool = typer.Option(True, "--memory/--no-memory",
+                                help="Record allocator events and per-step peak memory."),
+    report: bool = typer.Option(True, "--report/--no-report", help="Write report.html after the run."),
+    force: bool = typer.Option(False, "--force", help="Replace the recording in an existing run folder."),
+    shared: bool = typer.Option(
+        False, "--shared", help="Multi-node: the run folder is shared with the other nodes' fsdpviz record; "
+                                "accept it as is and merge every rank found into run.json."),
+    label: str | None = typer.Option(None, "--label", help="Name of the run in reports and comparisons "
+                                                           "(default: the folder name).", show_default=False),
+) -> int:
+    """Run COMMAND with recording on; its output passes through and its exit code is returned."""
+    from fsdpviz.record.launcher import record as run_record
+    from fsdpviz.record.options import RecordOptions
+
+    if not command:
+        raise UsageError("no command to record: fsdpviz record [OPTIONS] -- COMMAND...")
+    run_dir = (out or default_run_dir()).resolve()
+    try:
+        options = RecordOptions(run_dir=run_dir, steps=steps, warmup=warmup, mode=mode, memory=memory)  # type: ignore[arg-type]
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    profiled = f"steps {warmup}-{warmup + steps - 1}" if steps > 1 else f"step {warmup}"
+    _say(f"recording into {out or run_dir} (profile {profiled}, mode {mode}): {' '.join(command)}")
+    result = run_record(command, options, force=force, shared=shared, label=label)
+    print_recording(result.run, run_dir)
+    if result.run["ranks"] and options.profile:
+        show_summary(run_dir)
+        if report:
+            write_run_report(run_dir)
+    return result.exit_code
+
+
+def print_recording(run: dict[str, Any], run_dir: Path) -> None:
+    """What was recorded, in a few lines on stderr (also when nothing was)."""
+    ranks = run["ranks"]
+    status = run["status"] + (f" ({run['reason']})" if run["reason"] else "")
+    _say(f"run {status}, exit code {run['exit_code']}")
+    if not ranks:
+        _say("nothing recorded: no process ran the forward of an FSDP / ZeRO-3 model "
+             "(see docs/recording.md, 'Which processes record')")
+    else:
+        units = run["units"]
+        unit_text = f"{len(units)} units ({', '.join(u['unit'] for u in units[:6])}{', ...' if len(units) > 6 else ''})"
+        steps = run["profile"]["steps"]
+        _say(f"{len(ranks)} rank(s) of world size {run['world_size']}, framework {run['framework']}, {unit_text}")
+        traces = sum(1 for r in ranks if r["trace"])
+        timers = sum(1 for r in ranks if r["timers"])
+        step_text = f"steps {steps[0]}-{steps[-1]}" if steps else "no complete profiled step"
+        _say(f"traces: {traces} ({run['profile']['schedule']}, {step_text}); timers: {timers} "
+             f"({max((r['timer_steps'] for r in ranks), default=0)} steps)")
+    for note in run["notes"]:
+        _say(f"note: {note}")
+    _say(f"run folder: {run_dir}")
+
+
+def show_summary(run_dir: Path) -> None:
+    """The terminal summary of the recorded traces (``fsdpviz summary RUN``)."""
+    from fsdpviz.analysis.summary import summarize
+    from fsdpviz.commands.summary import print_summary
+    from fsdpviz.trace import load_traces
+
+    try:
+        print_summary(summarize(load_traces([run_dir])))
+    except FsdpvizError as exc:
+        _say(f"no summary: {exc}")
+    except Exception as exc:  # the recording is complete: report the failure, keep the exit code
+        _say(f"no summary (internal error, please report): {exc!r}")
+
+
+def write_run_report(run_dir: Path) -> Path | None:
+    """Write ``run_dir/report.html`` with the report layer; None (and a note) if that fails."""
+    try:
+        from fsdpviz.report.build import build_report
+    except ImportError:
+        _say("report: not available in this installation of fsdpviz")
+        return None
+    from fsdpviz.trace import load_traces
+
+    try:
+        result = build_report(load_traces([run_dir]), run_dir / "report.html")
+    except FsdpvizError as exc:
+        _say(f"no report: {exc}")
+        return None
+    except Exception as exc:  # as in show_summary: never lose the command's exit code
+        _say(f"no report (internal error, please report): {exc!r}")
+        return None
+    _say(f"report: {result.path}")
+    return result.path

@@ -1,0 +1,584 @@
+"""The rank-side agent: finds the sharded model, drives torch.profiler by optimizer steps, keeps timers.
+
+Armed in each candidate process right after ``import torch`` (see ``activation.py``). Until the
+first forward of a sharded root it costs one global forward pre-hook, which returns at once for
+module types it has already seen. At that forward it:
+
+1. names the framework (FSDP2 ``FSDPModule``, FSDP1 ``FullyShardedDataParallel``, a DeepSpeed
+   engine with ZeRO stage 3) and removes the detection hook;
+2. builds the unit table (``units.py``) and instruments the framework (``instrument.py``);
+3. starts torch.profiler with a schedule that global optimizer step hooks advance (``schedule.py``);
+4. registers flushing at exit, on uncaught exceptions and on SIGTERM.
+
+Step N runs from the end of optimizer step N-1 (or the first forward) to the end of optimizer step
+N; several optimizer steps with no forward between them (several optimizers, DeepSpeed's
+sub-groups) end one step. Outputs: ``traces/rank{R}.trace.json.gz``, ``timers/rank{R}.jsonl`` and
+``ranks/rank{R}.json`` (facts the launcher merges into run.json), each written under a temporary
+name and renamed when complete.
+"""
+
+from __future__ import annotations
+
+import atexit
+import gzip
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import sys
+import threading
+import time
+import warnings
+from collections import deque
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerAction, ProfilerActivity
+
+from fsdpviz import __version__
+from fsdpviz.record import schedule
+from fsdpviz.record.options import (
+    ENV_OWNER_PID, PARTIAL_SUFFIX, RANK_FILE, TIMERS_FILE, RecordOptions, options_from_env, rank_path, trace_path,
+)
+from fsdpviz.record.timers import (
+    KIND_TOTAL, PHASE_STEP, WHOLE_STEP, Interval, StepTimes, TimersWriter, step_is_ready, summarize_step,
+)
+from fsdpviz.record.units import Unit, assign_order
+
+_ACTIONS = {
+    schedule.NONE: ProfilerAction.NONE,
+    schedule.WARMUP: ProfilerAction.WARMUP,
+    schedule.RECORD: ProfilerAction.RECORD,
+    schedule.RECORD_AND_SAVE: ProfilerAction.RECORD_AND_SAVE,
+}
+_RECORDING_ACTIONS = (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
+_AGENT: Agent | None = None
+
+
+def arm(role: str) -> None:
+    """Create this process's agent (once) and install its detection hooks."""
+    global _AGENT
+    options = options_from_env()
+    if _AGENT is None and options is not None:
+        _AGENT = Agent(options, role)
+        _AGENT.arm()
+
+
+def current() -> Agent | None:
+    """The agent of this process, if any (tests and the instrumentation use it)."""
+    return _AGENT
+
+
+def _now_iso() -> str:
+    return datetime.now(timezone.utc).astimezone().isoformat(timespec="milliseconds")
+
+
+def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + PARTIAL_SUFFIX)
+    tmp.write_text(json.dumps(data, indent=1, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _read_peak_rss_bytes() -> int | None:
+    try:
+        match = re.search(r"VmHWM:\s+(\d+) kB", Path("/proc/self/status").read_text())
+        return int(match.group(1)) * 1024 if match else None
+    except OSError:
+        return None
+
+
+def _reset_peak_rss() -> None:
+    try:  # Linux: "5" resets the peak RSS (VmHWM) to the current RSS
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
+def versions() -> dict[str, str | None]:
+    """Versions of everything that shapes a recording, as seen by this rank."""
+    found: dict[str, str | None] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "fsdpviz": __version__,
+        "cuda": torch.version.cuda,
+        "nccl": None,
+        "deepspeed": None,
+    }
+    if torch.cuda.is_available():
+        try:
+            found["nccl"] = ".".join(str(v) for v in torch.cuda.nccl.version())
+        except Exception:  # NCCL not built in: leave None
+            pass
+    if "deepspeed" in sys.modules:
+        found["deepspeed"] = getattr(sys.modules["deepspeed"], "__version__", None)
+    return found
+
+
+class Agent:
+    """Recording state of one process. All hooks return at once unless this process records."""
+
+    def __init__(self, options: RecordOptions, role: str) -> None:
+        self.options = options
+        self.role = role
+        self.pid = os.getpid()
+        self.rank = int(os.environ.get("RANK", "0") or 0)
+        self.recording = False
+        self.finished = False
+        self.framework = "unknown"
+        self.root: Any = None
+        self.units: list[Unit] = []
+        self.instrumentation: Any = None
+        self.step = 0
+        self.phase = "idle"  # idle -> forward -> backward -> optimizer -> (step end) idle
+        self.labels_on = False
+        self._plain_types: set[type] = set()
+        self._detect_handle: Any = None
+        self._hooks: list[Any] = []
+        self._first_seen: list[str] = []
+        self._open: dict[tuple[str, str], tuple[Interval | None, Any]] = {}
+        self._comm_depth = 0
+        self._backward_callback_queued = False
+        self._times = StepTimes(0)
+        self._pending: deque[StepTimes] = deque()
+        self._step_start: Interval | None = None
+        self._whole: dict[str, Interval] = {}
+        self._use_cuda_events = False
+        self._writer: TimersWriter | None = None
+        self._prof: Any = None
+        self._schedule_kind = schedule.SCHEDULE_OPTIMIZER_STEPS
+        self._window: dict[str, float] = {}
+        self._recorded_steps: set[int] = set()
+        self._trace_file: str | None = None
+        self._forwards = 0
+        self._optimizer_stepped = False
+        self._detect_time = 0.0
+        self._start_time = ""
+        self._failure: str | None = None
+        self._status: str | None = None
+        self._previous_excepthook: Any = None
+        self._previous_sigterm: Any = None
+        self._timer_steps = 0
+        self._order_assigned = False
+
+    # --- arming and detection ------------------------------------------------------------------
+    def arm(self) -> None:
+        from torch.nn.modules import module as nn_module
+        from torch.optim import optimizer as optim_module
+
+        self._detect_handle = nn_module.register_module_forward_pre_hook(self._on_any_forward)
+        self._hooks.append(optim_module.register_optimizer_step_pre_hook(self._on_optimizer_pre))
+        self._hooks.append(optim_module.register_optimizer_step_post_hook(self._on_optimizer_post))
+        os.register_at_fork(after_in_child=self._disable_in_forked_child)
+
+    def _disable_in_forked_child(self) -> None:
+        # A forked dataloader worker inherits this object: it must neither record nor flush.
+        self.finished = True
+        self.recording = False
+        self.pid = -1
+
+    def _on_any_forward(self, module: torch.nn.Module, args: Any) -> None:
+        if self.recording or self.finished or type(module) in self._plain_types:
+            return
+        from fsdpviz.record.instrument import detect_framework
+
+        framework = detect_framework(module)
+        if framework is None:
+            self._plain_types.add(type(module))
+            return
+        self._start(framework, module)
+
+    def _start(self, framework: str, root: Any) -> None:
+        from fsdpviz.record.instrument import build_units, instrument
+
+        self.recording = True
+        if self._detect_handle is not None:
+            self._detect_handle.remove()  # safe: the caller iterates over a copy of the hooks
+            self._detect_handle = None
+        os.environ[ENV_OWNER_PID] = str(self.pid)  # processes started from now on don't record
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            self.rank = torch.distributed.get_rank()
+        self.framework = framework
+        self.root = root
+        self._detect_time = time.monotonic()
+        self._start_time = _now_iso()
+        self._use_cuda_events = torch.cuda.is_available() and torch.cuda.is_initialized()
+        try:
+            self.units = build_units(framework, root) if root is not None else []
+        except Exception as exc:  # an unexpected framework version: record without a unit table
+            self._warn(f"could not read the {framework} units: {exc!r}")
+            self.units = []
+        if self.options.timers:
+            self._writer = TimersWriter(rank_path(self.options.run_dir, TIMERS_FILE, self.rank))
+        if self.options.memory:
+            self._reset_memory_peak()
+        if root is not None:
+            self._hooks.append(root.register_forward_pre_hook(self._on_root_forward_pre, prepend=True))
+            self._hooks.append(root.register_forward_hook(self._on_root_forward_post))
+            try:
+                self.instrumentation = instrument(framework, self, root, self.units)
+            except Exception as exc:
+                self._warn(f"could not instrument {framework}; traces keep only its own labels: {exc!r}")
+        if self.options.profile:
+            self._start_profiler()
+        self._install_exit_handlers()
+        self._write_rank_file(status="running")
+        self._step_start = self._mark(WHOLE_STEP, PHASE_STEP, KIND_TOTAL)
+        if root is not None:  # this forward's pre-hooks were collected before ours existed
+            self._on_root_forward_pre(root, ())
+            if self.instrumentation is not None:
+                self.instrumentation.entered_root_forward(root)
+
+    # --- profiler ------------------------------------------------------------------------------
+    def _start_profiler(self) -> None:
+        activities = [ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(ProfilerActivity.CUDA)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. "no warmup" when --warmup 0
+            self._prof = torch.profiler.profile(
+                activities=activities,
+                schedule=self._profiler_action,
+                on_trace_ready=self._write_trace,
+                record_shapes=True,  # gloo collectives' sizes come from their input shapes
+                profile_memory=self.options.memory,
+                with_stack=False,
+            )
+            self._prof.step_num = self.step
+            self._recorded_steps.clear()  # the constructor asked about step 0
+            self._prof.current_action = self._profiler_action(self.step)
+            self._prof.start()
+        self.labels_on = self._prof.current_action in _RECORDING_ACTIONS
+
+    def _profiler_action(self, step_num: int) -> ProfilerAction:
+        if self._schedule_kind == schedule.SCHEDULE_TIME_WINDOW:
+            action = schedule.RECORD if self._window.get("end", 0.0) == 0.0 else schedule.NONE
+        else:
+            action = schedule.profiler_action(step_num, self.options.warmup, self.options.steps)
+        if action in (schedule.RECORD, schedule.RECORD_AND_SAVE):
+            self._recorded_steps.add(step_num)
+        return _ACTIONS[action]
+
+    def _write_trace(self, prof: Any) -> None:
+        final = trace_path(self.options.run_dir, self.rank)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        raw = final.with_name(final.name.removesuffix(".gz") + PARTIAL_SUFFIX)
+        packed = final.with_name(final.name + PARTIAL_SUFFIX)
+        prof.export_chrome_trace(str(raw))
+        with open(raw, "rb") as src, gzip.open(packed, "wb", compresslevel=6) as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        os.replace(packed, final)
+        raw.unlink()
+        self._trace_file = str(final.relative_to(self.options.run_dir))
+
+    def _advance_profiler(self) -> None:
+        if self._prof is None:
+            return
+        self._prof.step()
+        if self._trace_file is not None:  # the schedule is over: stop paying for the profiler
+            self._prof.stop()
+            self._prof = None
+            self.labels_on = False
+        else:
+            self.labels_on = self._prof.current_action in _RECORDING_ACTIONS
+
+    def _check_time_window(self) -> None:
+        now = time.monotonic()
+        if self._schedule_kind == schedule.SCHEDULE_OPTIMIZER_STEPS:
+            if self._prof is not None and schedule.should_fall_back(
+                optimizer_stepped=self._optimizer_stepped, elapsed_s=now - self._detect_time,
+                forwards=self._forwards, fallback_after_s=self.options.fallback_after_s,
+            ):
+                self._schedule_kind = schedule.SCHEDULE_TIME_WINDOW
+                self._recorded_steps.clear()
+                self._window = {"start": now, "end": 0.0}
+                self._advance_profiler()
+        elif not self._window.get("end") and now - self._window["start"] >= self.options.window_s:
+            self._window["end"] = now
+            self._advance_profiler()
+
+    # --- step structure ------------------------------------------------------------------------
+    def _on_root_forward_pre(self, module: Any, args: Any) -> None:
+        if not self.recording or self.finished:
+            return
+        self._forwards += 1
+        if self._schedule_kind == schedule.SCHEDULE_TIME_WINDOW or not self._optimizer_stepped:
+            self._check_time_window()
+        if self._schedule_kind == schedule.SCHEDULE_TIME_WINDOW and self.phase != "idle":
+            self._end_step(advance_profiler=False)  # without optimizer steps, a step is a forward
+        self.phase = "forward"
+        self._whole["forward"] = self._mark(WHOLE_STEP, "forward", KIND_TOTAL)
+
+    def _on_root_forward_post(self, module: Any, args: Any, output: Any) -> None:
+        interval = self._whole.pop("forward", None)
+        if interval is not None and not self.finished:
+            self._close(interval)
+
+    def enter_backward(self) -> None:
+        """Called by the instrumentation from backward hooks: the step is now in backward."""
+        if self.phase != "backward" and not self.finished:
+            self.phase = "backward"
+            self._whole["backward"] = self._mark(WHOLE_STEP, "backward", KIND_TOTAL)
+
+    def queue_backward_end(self) -> None:
+        """Called from a backward hook: close this backward's intervals when autograd finishes.
+
+        Callbacks run in the order queued; the instrumentation calls this after the framework
+        queued its own end-of-backward work, so that work counts as backward.
+        """
+        if not self._backward_callback_queued and not self.finished:
+            self._backward_callback_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)
+
+    def _on_backward_end(self) -> None:
+        self._backward_callback_queued = False
+        if self.finished:
+            return
+        for key in [k for k in self._open if k[1] == "backward"]:
+            self.close_unit(*key)
+        interval = self._whole.pop("backward", None)
+        if interval is not None:
+            self._close(interval)
+
+    def _on_optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not self.recording or self.finished:
+            return
+        if self.phase in ("forward", "backward") or (self.root is None and self.phase == "idle"):
+            self.phase = "optimizer"
+            self._whole["optimizer"] = self._mark(WHOLE_STEP, "optimizer", KIND_TOTAL)
+
+    def _on_optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.finished:
+            return
+        if not self.recording:
+            if self.role == "rank" and os.getpid() == self.pid:
+                self.step = 1  # step 0 ran before anything sharded was seen: record as "unknown"
+                self._times = StepTimes(1)
+                self._start("unknown", None)
+                self._optimizer_stepped = True
+            return
+        if self.phase != "optimizer":
+            return
+        self._optimizer_stepped = True
+        interval = self._whole.pop("optimizer", None)
+        if interval is not None:
+            self._close(interval)
+        self._end_step(advance_profiler=self._schedule_kind == schedule.SCHEDULE_OPTIMIZER_STEPS)
+
+    def _end_step(self, *, advance_profiler: bool) -> None:
+        if self._step_start is not None:
+            self._close(self._step_start)
+        if not self._order_assigned:
+            assign_order(self.units, self._first_seen)
+            self._order_assigned = True
+        self._finish_step_timers(self._times)
+        self.step += 1
+        self._times = StepTimes(self.step)
+        self.phase = "idle"
+        if advance_profiler:
+            self._advance_profiler()  # may write the trace: between steps, not inside one
+        self._step_start = self._mark(WHOLE_STEP, PHASE_STEP, KIND_TOTAL)
+
+    # --- the instrumentation's interface -------------------------------------------------------
+    def open_unit(self, unit: str, phase: str, label: str | None) -> None:
+        """Start ``unit``'s interval of ``phase`` (and its trace range); a no-op if already open."""
+        if self.finished or (unit, phase) in self._open:
+            return
+        if phase == "forward" and not self._order_assigned:
+            self._first_seen.append(unit)
+        rng = self.enter_range(label) if label else None
+        self._open[(unit, phase)] = (self._mark(unit, phase, KIND_TOTAL), rng)
+
+    def close_unit(self, unit: str, phase: str) -> None:
+        entry = self._open.pop((unit, phase), None)
+        if entry is None:
+            return
+        interval, rng = entry
+        if interval is not None:
+            self._close(interval)
+        if rng is not None:
+            self.exit_range(rng)
+
+    def begin_comm(self, unit: str, kind: str, label: str | None) -> tuple[Interval | None, Any]:
+        """Start timing a gather or reduction (outermost only) and its trace range."""
+        self._comm_depth += 1
+        interval = self._mark(unit, self.phase_for_comm(), kind) if self._comm_depth == 1 else None
+        return interval, self.enter_range(label) if label else None
+
+    def end_comm(self, token: tuple[Interval | None, Any]) -> None:
+        self._comm_depth -= 1
+        interval, rng = token
+        if rng is not None:
+            self.exit_range(rng)
+        if interval is not None:
+            self._close(interval)
+
+    def phase_for_comm(self) -> str:
+        return "backward" if self.phase == "backward" else "forward"
+
+    def enter_range(self, label: str) -> Any:
+        if not self.labels_on:
+            return None
+        rng = torch.autograd.profiler.record_function(label)
+        rng.__enter__()
+        return rng
+
+    def exit_range(self, rng: Any) -> None:
+        rng.__exit__(None, None, None)
+
+    # --- timers --------------------------------------------------------------------------------
+    def _mark(self, unit: str, phase: str, kind: str) -> Interval | None:
+        if self._writer is None:
+            return None
+        interval = Interval(unit, phase, kind, time.perf_counter_ns())
+        if self._use_cuda_events:
+            interval.start_event = torch.cuda.Event(enable_timing=True)
+            interval.start_event.record()
+        self._times.intervals.append(interval)
+        return interval
+
+    def _close(self, interval: Interval | None) -> None:
+        if interval is None or interval.end_ns >= 0:
+            return
+        interval.end_ns = time.perf_counter_ns()
+        if interval.start_event is not None:
+            interval.end_event = torch.cuda.Event(enable_timing=True)
+            interval.end_event.record()
+
+    def _finish_step_timers(self, times: StepTimes) -> None:
+        if self._writer is None:
+            return
+        if self.options.memory:
+            times.memory = self._read_memory_peak()
+        self._pending.append(times)
+        self._flush_ready_timers(block=False)
+
+    def _flush_ready_timers(self, *, block: bool) -> None:
+        if block and self._use_cuda_events:
+            torch.cuda.synchronize()
+        while self._pending and (block or step_is_ready(self._pending[0])):
+            times = self._pending.popleft()
+            if times.intervals or times.memory:
+                assert self._writer is not None
+                self._writer.write(summarize_step(self.rank, times))
+                self._timer_steps += 1
+
+    def _reset_memory_peak(self) -> None:
+        if self._use_cuda_events:
+            torch.cuda.reset_peak_memory_stats()
+        else:
+            _reset_peak_rss()
+
+    def _read_memory_peak(self) -> dict[str, int]:
+        if self._use_cuda_events:
+            peaks = {"peak_allocated": torch.cuda.max_memory_allocated(),
+                     "peak_reserved": torch.cuda.max_memory_reserved()}
+            torch.cuda.reset_peak_memory_stats()
+            return peaks
+        peak = _read_peak_rss_bytes()
+        _reset_peak_rss()
+        return {"peak_rss": peak} if peak is not None else {}
+
+    # --- exit ----------------------------------------------------------------------------------
+    def _install_exit_handlers(self) -> None:
+        atexit.register(self._at_exit)
+        self._previous_excepthook = sys.excepthook
+        sys.excepthook = self._excepthook
+        if threading.current_thread() is threading.main_thread():
+            self._previous_sigterm = signal.getsignal(signal.SIGTERM)
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _excepthook(self, exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
+        self._failure = f"{exc_type.__name__}: {exc}"
+        self._status = "interrupted" if issubclass(exc_type, KeyboardInterrupt) else "failed"
+        self._previous_excepthook(exc_type, exc, tb)
+
+    def _at_exit(self) -> None:
+        self.finish(self._status or "ok", self._failure)
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        self.finish("interrupted", f"received {signal.Signals(signum).name}")
+        previous = self._previous_sigterm
+        if callable(previous):
+            previous(signum, frame)
+        elif previous != signal.SIG_IGN:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)  # die of the signal, as without fsdpviz
+
+    def finish(self, status: str, reason: str | None = None) -> None:
+        """Write everything captured so far. Idempotent; safe from atexit and signal handlers."""
+        if self.finished or os.getpid() != self.pid or not self.recording:
+            return
+        self.finished = True
+        in_main = threading.current_thread() is threading.main_thread()
+        if in_main:  # a second SIGTERM (torchrun's) must not cut the writing short
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            partial = self.phase != "idle" or bool(self._open)
+            if not self._order_assigned:
+                assign_order(self.units, self._first_seen)
+            for key in list(self._open):
+                self.close_unit(*key)
+            for interval in list(self._whole.values()):
+                self._close(interval)
+            if partial and self._step_start is not None:
+                self._close(self._step_start)
+                self._times.partial = True
+                self._finish_step_timers(self._times)
+            if self._prof is not None:
+                self._prof.stop()  # exports the trace if it was recording
+                self._prof = None
+            self._flush_ready_timers(block=True)
+            if self._writer is not None:
+                self._writer.close()
+            if self.instrumentation is not None:
+                self.instrumentation.remove()
+            for hook in self._hooks:
+                hook.remove()
+            self._write_rank_file(status=status, reason=reason, partial_step=self.step if partial else None)
+        except Exception as exc:
+            self._warn(f"could not write everything: {exc!r}")
+        finally:
+            if in_main and self._previous_sigterm is not None:
+                signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    # --- facts for run.json --------------------------------------------------------------------
+    def _write_rank_file(self, *, status: str, reason: str | None = None, partial_step: int | None = None) -> None:
+        dist = torch.distributed
+        initialized = dist.is_available() and dist.is_initialized()
+        recorded = sorted(self._recorded_steps)
+        if self._trace_file is None:
+            recorded = []
+        data = {
+            "rank": self.rank,
+            "local_rank": int(os.environ.get("LOCAL_RANK", "0") or 0),
+            "world_size": dist.get_world_size() if initialized else int(os.environ.get("WORLD_SIZE", "1") or 1),
+            "backend": dist.get_backend() if initialized else "",
+            "host": socket.gethostname(),
+            "pid": self.pid,
+            "role": self.role,
+            "framework": self.framework,
+            "root": f"{type(self.root).__module__}.{type(self.root).__qualname__}" if self.root is not None else "",
+            "device": "cuda" if self._use_cuda_events else "cpu",
+            "units": [u.to_json() for u in sorted(self.units, key=lambda u: u.order)],
+            "versions": versions(),
+            "profile": {"schedule": self._schedule_kind, "steps": recorded, "trace": self._trace_file,
+                        **({"window_s": self.options.window_s} if self._window else {})},
+            "timers": {"file": TIMERS_FILE.format(rank=self.rank) if self._timer_steps else None,
+                       "steps": self._timer_steps},
+            "steps_seen": self.step,
+            "status": status,
+            "reason": reason,
+            "partial_step": partial_step,
+            "start_time": self._start_time,
+            "end_time": _now_iso() if status != "running" else None,
+        }
+        _write_json_atomic(rank_path(self.options.run_dir, RANK_FILE, self.rank), data)
+
+    def _warn(self, message: str) -> None:
+        print(f"fsdpviz: rank {self.rank}: {message}", file=sys.stderr, flush=True)

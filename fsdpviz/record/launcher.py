@@ -1,0 +1,140 @@
+"""The parent side of ``fsdpviz record``: prepare the run folder, run the command, write run.json.
+
+The command runs unchanged in its own process group, with ``FSDPVIZ_*`` variables and the
+bootstrap folder first on ``PYTHONPATH`` (see ``activation.py`` for which of its processes
+record). Ctrl-C / SIGTERM / SIGHUP sent to ``fsdpviz record`` are forwarded to that process group
+-- torchrun then stops its ranks, whose agents flush what they captured -- and the command's exit
+code becomes ours. Errors the user can fix (an existing or unwritable folder, a command that does
+not exist) are raised before the command starts, so nothing runs for nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from fsdpviz.errors import RunFolderError, UsageError
+from fsdpviz.record import runinfo
+from fsdpviz.record.options import (
+    ENV_OWNER_PID, OWNED_ENTRIES, RANKS_DIR, RUN_JSON, TIMERS_DIR, TRACES_DIR, RecordOptions,
+)
+
+BOOTSTRAP_DIR = Path(__file__).resolve().parent / "bootstrap"
+CACHE_DIR = ".fsdpviz-cache"  # the trace loader's cache beside the traces; stale once they change
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordResult:
+    run_dir: Path
+    exit_code: int
+    run: dict[str, Any]
+
+
+def _now_iso() -> str:
+    return datetime.now(timezone.utc).astimezone().isoformat(timespec="milliseconds")
+
+
+def check_command(command: list[str]) -> None:
+    """Fail early, with one clear line, when the command cannot be started."""
+    if not command:
+        raise UsageError("no command to record: fsdpviz record [OPTIONS] -- COMMAND...")
+    program = command[0]
+    if os.sep in program:
+        if not os.access(program, os.X_OK):
+            raise UsageError(f"{program}: not an executable file")
+    elif shutil.which(program) is None:
+        raise UsageError(f"{program}: command not found")
+
+
+def prepare_run_dir(run_dir: Path, *, force: bool, shared: bool) -> None:
+    """Create the run folder; refuse to overwrite a recording unless ``force``; check it is writable.
+
+    ``force`` removes only what a recording writes (run.json, traces/, timers/, ranks/,
+    report.html), never other files. ``shared`` (multi-node) accepts an existing folder as is.
+    """
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunFolderError(f"{run_dir}: exists and is not a folder")
+    existing = [p.name for p in run_dir.iterdir()] if run_dir.is_dir() else []
+    if existing and not shared:
+        if not force:
+            raise RunFolderError(f"{run_dir}: run folder exists and is not empty (use --force to replace it)")
+        for name in (*OWNED_ENTRIES, CACHE_DIR):
+            path = run_dir / name
+            if path.is_dir():
+                shutil.rmtree(path)
+            elif path.exists():
+                path.unlink()
+    try:
+        for sub in (TRACES_DIR, TIMERS_DIR, RANKS_DIR):
+            (run_dir / sub).mkdir(parents=True, exist_ok=True)
+        probe = run_dir / RANKS_DIR / f".write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise RunFolderError(f"{run_dir}: cannot write the run folder ({exc.strerror or exc})") from exc
+
+
+def child_env(options: RecordOptions, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The command's environment: ours plus the options, with the bootstrap first on PYTHONPATH."""
+    env = dict(os.environ if base is None else base)
+    env.update(options.to_env())
+    env.pop(ENV_OWNER_PID, None)  # a recording started from inside another one starts afresh
+    old = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = str(BOOTSTRAP_DIR) + (os.pathsep + old if old else "")
+    return env
+
+
+def run_command(command: list[str], env: dict[str, str]) -> tuple[int, int | None]:
+    """Run ``command`` in its own process group, forwarding signals; return (exit code, signal sent)."""
+    group_kwargs: dict[str, Any] = (
+        {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
+    )
+    try:
+        proc = subprocess.Popen(command, env=env, **group_kwargs)
+    except OSError as exc:
+        raise UsageError(f"{command[0]}: cannot start ({exc.strerror or exc})") from exc
+    forwarded: list[int] = []
+
+    def forward(signum: int, frame: Any) -> None:
+        forwarded.append(signum)
+        try:
+            os.killpg(proc.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
+    try:
+        returncode = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return runinfo.exit_code_of(returncode), (forwarded[0] if forwarded else None)
+
+
+def record(command: list[str], options: RecordOptions, *, force: bool = False, shared: bool = False,
+           label: str | None = None) -> RecordResult:
+    """Run ``command`` with recording on and write run.json; returns the command's exit code."""
+    check_command(command)
+    run_dir = options.run_dir
+    prepare_run_dir(run_dir, force=force, shared=shared)
+    start_time = _now_iso()
+    exit_code, forwarded = run_command(command, child_env(options))
+    end_time = _now_iso()
+    notes = runinfo.tidy_partial_files(run_dir)
+    rank_infos, unreadable = runinfo.read_rank_infos(run_dir)
+    status, reason = runinfo.decide_status(exit_code, forwarded, rank_infos)
+    run = runinfo.build_run_json(
+        command=command, cwd=os.getcwd(), label=label or run_dir.name, start_time=start_time,
+        end_time=end_time, exit_code=exit_code, status=status, reason=reason, options=options,
+        rank_infos=rank_infos, notes=notes + unreadable,
+    )
+    runinfo.write_run_json(run_dir / RUN_JSON, run)
+    return RecordResult(run_dir=run_dir, exit_code=exit_code, run=run)

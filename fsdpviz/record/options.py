@@ -1,0 +1,135 @@
+"""The recording options and how they travel from the launcher to every rank.
+
+``fsdpviz record`` runs the user's command unchanged, so the only channel to the training
+processes is their environment: the launcher encodes :class:`RecordOptions` as ``FSDPVIZ_*``
+variables and the rank-side agent decodes them. Both sides import this module, which therefore
+imports neither torch nor anything heavy.
+
+Also home of the run folder's file-name templates, so that the launcher, the agent and the docs
+agree on them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Final, Literal
+
+Mode = Literal["profile", "timers", "both"]
+MODES: Final = ("profile", "timers", "both")
+
+# --- run folder layout ---------------------------------------------------------------------------
+RUN_JSON: Final = "run.json"
+TRACES_DIR: Final = "traces"
+TIMERS_DIR: Final = "timers"
+RANKS_DIR: Final = "ranks"  # per-rank facts the agents write and the launcher merges into run.json
+REPORT_HTML: Final = "report.html"
+TRACE_FILE: Final = "rank{rank}.trace.json.gz"
+TIMERS_FILE: Final = "timers/rank{rank}.jsonl"
+RANK_FILE: Final = "ranks/rank{rank}.json"
+PARTIAL_SUFFIX: Final = ".partial"  # files being written; renamed when complete
+OWNED_ENTRIES: Final = (RUN_JSON, TRACES_DIR, TIMERS_DIR, RANKS_DIR, REPORT_HTML)
+FORMAT_VERSION: Final = 1
+
+# --- environment ---------------------------------------------------------------------------------
+ENV_RUN_DIR: Final = "FSDPVIZ_RUN_DIR"  # set = record in this process tree
+ENV_STEPS: Final = "FSDPVIZ_STEPS"
+ENV_WARMUP: Final = "FSDPVIZ_WARMUP"
+ENV_MODE: Final = "FSDPVIZ_MODE"
+ENV_MEMORY: Final = "FSDPVIZ_MEMORY"
+# Set by a process that records, so that its own children (helpers, dataloader workers) don't.
+ENV_OWNER_PID: Final = "FSDPVIZ_OWNER_PID"
+# Time-window fallback for scripts that never step a torch optimizer (seconds).
+ENV_FALLBACK_AFTER_S: Final = "FSDPVIZ_FALLBACK_AFTER_S"
+ENV_WINDOW_S: Final = "FSDPVIZ_WINDOW_S"
+ENV_NAMES: Final = (ENV_RUN_DIR, ENV_STEPS, ENV_WARMUP, ENV_MODE, ENV_MEMORY, ENV_OWNER_PID,
+                    ENV_FALLBACK_AFTER_S, ENV_WINDOW_S)
+
+DEFAULT_STEPS: Final = 3
+DEFAULT_WARMUP: Final = 2
+DEFAULT_FALLBACK_AFTER_S: Final = 10.0
+DEFAULT_WINDOW_S: Final = 5.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RecordOptions:
+    """What to record. Checked on construction so that both sides see only valid options."""
+
+    run_dir: Path
+    """The run folder (absolute)."""
+    steps: int = DEFAULT_STEPS
+    """Optimizer steps to profile with torch.profiler."""
+    warmup: int = DEFAULT_WARMUP
+    """Optimizer steps to skip before profiling (the first steps are slower: allocation, caches)."""
+    mode: Mode = "both"
+    """``profile``: torch.profiler traces only; ``timers``: per-step timers only; ``both``."""
+    memory: bool = True
+    """Record allocator events in the traces (``profile_memory``) and peak memory per step."""
+    fallback_after_s: float = DEFAULT_FALLBACK_AFTER_S
+    """Start a time-window recording if no optimizer has stepped this long after the first forward."""
+    window_s: float = DEFAULT_WINDOW_S
+    """Length of that time window."""
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ValueError(f"--steps must be at least 1, got {self.steps}")
+        if self.warmup < 0:
+            raise ValueError(f"--warmup must be 0 or more, got {self.warmup}")
+        if self.mode not in MODES:
+            raise ValueError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.fallback_after_s <= 0 or self.window_s <= 0:
+            raise ValueError("time-window settings must be positive")
+
+    @property
+    def profile(self) -> bool:
+        return self.mode in ("profile", "both")
+
+    @property
+    def timers(self) -> bool:
+        return self.mode in ("timers", "both")
+
+    def to_env(self) -> dict[str, str]:
+        """The ``FSDPVIZ_*`` variables that carry these options to the ranks."""
+        return {
+            ENV_RUN_DIR: str(self.run_dir),
+            ENV_STEPS: str(self.steps),
+            ENV_WARMUP: str(self.warmup),
+            ENV_MODE: self.mode,
+            ENV_MEMORY: "1" if self.memory else "0",
+            ENV_FALLBACK_AFTER_S: repr(self.fallback_after_s),
+            ENV_WINDOW_S: repr(self.window_s),
+        }
+
+    def to_json(self) -> dict[str, object]:
+        """The options as recorded in run.json."""
+        data = asdict(self)
+        data["run_dir"] = str(self.run_dir)
+        return data
+
+
+def options_from_env(env: Mapping[str, str] | None = None) -> RecordOptions | None:
+    """Decode the options a launcher left in ``env``; ``None`` when not running under ``fsdpviz record``."""
+    env = os.environ if env is None else env
+    run_dir = env.get(ENV_RUN_DIR)
+    if not run_dir:
+        return None
+    return RecordOptions(
+        run_dir=Path(run_dir),
+        steps=int(env.get(ENV_STEPS, DEFAULT_STEPS)),
+        warmup=int(env.get(ENV_WARMUP, DEFAULT_WARMUP)),
+        mode=env.get(ENV_MODE, "both"),  # type: ignore[arg-type]  # checked in __post_init__
+        memory=env.get(ENV_MEMORY, "1") != "0",
+        fallback_after_s=float(env.get(ENV_FALLBACK_AFTER_S, DEFAULT_FALLBACK_AFTER_S)),
+        window_s=float(env.get(ENV_WINDOW_S, DEFAULT_WINDOW_S)),
+    )
+
+
+def rank_path(run_dir: Path, template: str, rank: int) -> Path:
+    """``run_dir / template`` with the rank filled in (``TIMERS_FILE``, ``RANK_FILE``)."""
+    return run_dir / template.format(rank=rank)
+
+
+def trace_path(run_dir: Path, rank: int) -> Path:
+    return run_dir / TRACES_DIR / TRACE_FILE.format(rank=rank)

@@ -1,0 +1,171 @@
+"""run.json: what the launcher knows about the command, merged with what every rank wrote.
+
+Each recording rank leaves ``ranks/rank{R}.json`` (framework, units, versions, which steps it
+profiled, how it ended). After the command exits the launcher keeps what a killed rank could not
+finish (complete lines of a ``.partial`` timers file), drops unusable half-written traces, and
+assembles run.json from these facts. Pure functions on dicts and paths: no torch.
+
+Field reference: docs/run-folder.md.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import signal
+import socket
+from collections import Counter
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from fsdpviz import __version__
+from fsdpviz.record.options import FORMAT_VERSION, PARTIAL_SUFFIX, RANKS_DIR, TIMERS_DIR, TRACES_DIR, RecordOptions
+from fsdpviz.record.timers import salvage_partial
+
+STATUS_OK = "ok"
+STATUS_FAILED = "failed"
+STATUS_INTERRUPTED = "interrupted"
+
+
+def read_rank_infos(run_dir: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """The ranks' facts, sorted by rank, and notes about files that could not be read."""
+    infos, notes = [], []
+    for path in sorted((run_dir / RANKS_DIR).glob("rank*.json")):
+        try:
+            infos.append(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError) as exc:
+            notes.append(f"{path.relative_to(run_dir)}: unreadable ({exc})")
+    return sorted(infos, key=lambda info: info.get("rank", 0)), notes
+
+
+def tidy_partial_files(run_dir: Path) -> list[str]:
+    """Keep complete timer lines of killed ranks; remove trace files that were never finished."""
+    notes = []
+    for partial in sorted((run_dir / TIMERS_DIR).glob(f"*{PARTIAL_SUFFIX}")):
+        final = salvage_partial(partial)
+        notes.append(f"{final.relative_to(run_dir)}: kept the complete lines of an unfinished file")
+    for partial in sorted((run_dir / TRACES_DIR).glob(f"*{PARTIAL_SUFFIX}")):
+        partial.unlink()
+        notes.append(f"{partial.relative_to(run_dir)}: removed (the rank stopped while writing it)")
+    return notes
+
+
+def exit_code_of(returncode: int) -> int:
+    """A shell-style exit code: 128 + N for a child killed by signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def decide_status(exit_code: int, forwarded_signal: int | None, rank_infos: list[dict[str, Any]]) -> tuple[str, str]:
+    """``(status, reason)`` of the run from its exit code, a signal the user sent, and the ranks."""
+    failures = [f"rank {i.get('rank')}: {i['reason']}" for i in rank_infos
+                if i.get("status") == STATUS_FAILED and i.get("reason")]
+    if forwarded_signal is not None:
+        return STATUS_INTERRUPTED, f"{signal.Signals(forwarded_signal).name} sent to fsdpviz record"
+    if exit_code == 0:
+        return STATUS_OK, ""
+    if exit_code > 128 and exit_code - 128 in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        return STATUS_INTERRUPTED, f"command killed by {signal.Signals(exit_code - 128).name}"
+    if any(i.get("status") == STATUS_INTERRUPTED for i in rank_infos) and not failures:
+        return STATUS_INTERRUPTED, f"command exited with code {exit_code} after its ranks were interrupted"
+    reason = f"command exited with code {exit_code}"
+    return STATUS_FAILED, f"{reason}; {failures[0]}" if failures else reason
+
+
+def launcher_versions() -> dict[str, str | None]:
+    """Versions as installed where the launcher runs (ranks report what they actually imported)."""
+    found: dict[str, str | None] = {"python": platform.python_version(), "fsdpviz": __version__}
+    for package in ("torch", "deepspeed"):
+        try:
+            found[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            found[package] = None
+    return found
+
+
+def _rank_summary(info: dict[str, Any]) -> dict[str, Any]:
+    profile = info.get("profile") or {}
+    timers = info.get("timers") or {}
+    return {
+        "rank": info.get("rank"),
+        "local_rank": info.get("local_rank"),
+        "host": info.get("host"),
+        "pid": info.get("pid"),
+        "device": info.get("device"),
+        "backend": info.get("backend"),
+        "framework": info.get("framework"),
+        "status": info.get("status"),
+        "reason": info.get("reason"),
+        "trace": profile.get("trace"),
+        "profiled_steps": profile.get("steps", []),
+        "timers": timers.get("file"),
+        "timer_steps": timers.get("steps", 0),
+        "steps_seen": info.get("steps_seen"),
+        "partial_step": info.get("partial_step"),
+        "start_time": info.get("start_time"),
+        "end_time": info.get("end_time"),
+    }
+
+
+def build_run_json(
+    *,
+    command: list[str],
+    cwd: str,
+    label: str,
+    start_time: str,
+    end_time: str,
+    exit_code: int,
+    status: str,
+    reason: str,
+    options: RecordOptions,
+    rank_infos: list[dict[str, Any]],
+    notes: list[str],
+) -> dict[str, Any]:
+    """Assemble run.json (see docs/run-folder.md for every field)."""
+    first = rank_infos[0] if rank_infos else {}
+    frameworks = Counter(i.get("framework", "unknown") for i in rank_infos)
+    framework = frameworks.most_common(1)[0][0] if frameworks else "unknown"
+    if len(frameworks) > 1:
+        notes = [*notes, f"ranks disagree on the framework: {dict(frameworks)}"]
+    world_sizes = {i.get("world_size") for i in rank_infos if i.get("world_size")}
+    world_size = max(world_sizes) if world_sizes else None
+    if world_size is not None and len(rank_infos) < world_size:
+        missing = sorted(set(range(world_size)) - {i.get("rank") for i in rank_infos})
+        notes = [*notes, f"no recording from rank(s) {missing} (another node, or they never ran a sharded forward)"]
+    versions = launcher_versions()
+    versions.update({k: v for k, v in (first.get("versions") or {}).items() if v is not None})
+    profile = first.get("profile") or {}
+    return {
+        "fsdpviz_version": __version__,
+        "format": FORMAT_VERSION,
+        "label": label,
+        "command": command,
+        "cwd": cwd,
+        "start_time": start_time,
+        "end_time": end_time,
+        "exit_code": exit_code,
+        "status": status,
+        "reason": reason,
+        "world_size": world_size,
+        "hosts": sorted({i["host"] for i in rank_infos if i.get("host")}) or [socket.gethostname()],
+        "framework": framework,
+        "units": first.get("units", []),
+        "versions": versions,
+        "options": options.to_json(),
+        "profile": {
+            "schedule": profile.get("schedule", "optimizer_steps"),
+            "steps": profile.get("steps", []),
+            "warmup": options.warmup,
+            "requested_steps": options.steps,
+            **({"window_s": profile["window_s"]} if "window_s" in profile else {}),
+        },
+        "ranks": [_rank_summary(info) for info in rank_infos],
+        "notes": notes,
+    }
+
+
+def write_run_json(path: Path, run: dict[str, Any]) -> None:
+    """Write run.json under a temporary name, then rename it (readers never see half a file)."""
+    tmp = path.with_name(path.name + PARTIAL_SUFFIX)
+    tmp.write_text(json.dumps(run, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(path)

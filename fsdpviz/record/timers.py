@@ -1,0 +1,171 @@
+"""Per-step timers: cheap intervals on every step, summarised into ``timers/rank{R}.jsonl``.
+
+torch.profiler records a few steps in full detail; the timers cover *every* step at a cost of a
+few clock reads per unit and phase, so a run's step-to-step variation and its first steps are
+visible too. The agent marks intervals (a unit's forward, its gathers, ...); this module turns a
+step's intervals into records and writes them.
+
+Clocks: on CPU ``time.perf_counter_ns`` on the training thread. On GPU every mark also records a
+CUDA event on the current stream; a step's records are written once its last event has completed
+(checked at later step ends, never by synchronising the device), so timing never stalls training.
+CPU timestamps always decide which interval lies inside which.
+
+Record format (one JSON object per line), see docs/recording.md "Timers":
+``{"rank", "step", "unit", "phase", "kind", "ms", "n"}`` with ``kind`` one of ``total``,
+``compute``, ``all_gather``, ``reduce_scatter``; memory records have ``kind`` ``peak_rss`` /
+``peak_allocated`` / ``peak_reserved``, ``ms`` null and ``bytes``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from fsdpviz.record.options import PARTIAL_SUFFIX
+
+KIND_TOTAL: Final = "total"
+KIND_COMPUTE: Final = "compute"
+KIND_ALL_GATHER: Final = "all_gather"
+KIND_REDUCE_SCATTER: Final = "reduce_scatter"
+COMM_KINDS: Final = (KIND_ALL_GATHER, KIND_REDUCE_SCATTER)
+PHASE_STEP: Final = "step"
+WHOLE_STEP: Final = ""  # the ``unit`` of records about the whole step
+
+
+@dataclass(slots=True)
+class Interval:
+    """One timed interval of a step. ``start_ns``/``end_ns`` are CPU monotonic clock readings."""
+
+    unit: str
+    phase: str
+    kind: str
+    start_ns: int
+    end_ns: int = -1
+    start_event: Any = None  # CUDA events on GPU, None on CPU
+    end_event: Any = None
+
+    def dur_ns(self) -> int:
+        """The duration: GPU time between the events when present, else CPU time."""
+        if self.start_event is not None and self.end_event is not None:
+            return int(self.start_event.elapsed_time(self.end_event) * 1e6)
+        return self.end_ns - self.start_ns
+
+    def contains(self, other: Interval) -> bool:
+        return self.start_ns <= other.start_ns and other.end_ns <= self.end_ns and self is not other
+
+
+@dataclass(slots=True)
+class StepTimes:
+    """Everything timed during one step, and what is still pending."""
+
+    step: int
+    intervals: list[Interval] = field(default_factory=list)
+    memory: dict[str, int] = field(default_factory=dict)  # kind -> bytes
+    partial: bool = False  # the run ended inside this step
+
+
+def _direct_children(intervals: list[Interval]) -> dict[int, list[Interval]]:
+    """For every interval (by id), the intervals directly inside it (by CPU time)."""
+    ordered = sorted(intervals, key=lambda i: (i.start_ns, -i.end_ns))
+    children: dict[int, list[Interval]] = defaultdict(list)
+    stack: list[Interval] = []
+    for interval in ordered:
+        while stack and not stack[-1].contains(interval):
+            stack.pop()
+        if stack:
+            children[id(stack[-1])].append(interval)
+        stack.append(interval)
+    return children
+
+
+def summarize_step(rank: int, times: StepTimes) -> list[dict[str, Any]]:
+    """Turn one step's intervals into timer records.
+
+    Per (unit, phase): ``total`` (sum of the unit's intervals of that phase), ``all_gather`` and
+    ``reduce_scatter`` (time the training thread spent in them), and ``compute`` = total minus the
+    intervals directly inside it (nested units, gathers, reductions), i.e. the unit's own work.
+    Whole-step records have ``unit`` "".
+    """
+    complete = [i for i in times.intervals if i.end_ns >= 0]
+    durations = {id(i): i.dur_ns() for i in complete}
+    # Whole-step spans (the step, the root's forward) are not part of the unit nesting.
+    children = _direct_children([i for i in complete if not (i.unit == WHOLE_STEP and i.kind == KIND_TOTAL)])
+    sums: dict[tuple[str, str, str], list[int]] = defaultdict(lambda: [0, 0])
+
+    def add(key: tuple[str, str, str], ns: int) -> None:
+        sums[key][0] += ns
+        sums[key][1] += 1
+
+    for interval in complete:
+        key = (interval.unit, interval.phase, interval.kind)
+        add(key, durations[id(interval)])
+        if interval.kind == KIND_TOTAL and interval.unit != WHOLE_STEP:
+            inner = sum(durations[id(c)] for c in children.get(id(interval), ()))
+            add((interval.unit, interval.phase, KIND_COMPUTE), max(durations[id(interval)] - inner, 0))
+
+    records: list[dict[str, Any]] = []
+    for (unit, phase, kind), (ns, count) in sums.items():
+        record = {"rank": rank, "step": times.step, "unit": unit, "phase": phase, "kind": kind,
+                  "ms": round(ns / 1e6, 6), "n": count}
+        if times.partial:
+            record["partial"] = True
+        records.append(record)
+    for kind, nbytes in times.memory.items():
+        records.append({"rank": rank, "step": times.step, "unit": WHOLE_STEP, "phase": PHASE_STEP,
+                        "kind": kind, "ms": None, "bytes": nbytes})
+    return records
+
+
+def step_is_ready(times: StepTimes) -> bool:
+    """True when every CUDA event of the step has completed (always true on CPU)."""
+    for interval in times.intervals:
+        for event in (interval.start_event, interval.end_event):
+            if event is not None and not event.query():
+                return False
+    return True
+
+
+class TimersWriter:
+    """Appends records to ``rank{R}.jsonl.partial``; :meth:`close` renames it to the final name.
+
+    The file is flushed after every step, so if the process dies hard the launcher can still keep
+    every complete line (see :func:`salvage_partial`).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._partial = path.with_name(path.name + PARTIAL_SUFFIX)
+        self._file = None
+
+    def write(self, records: Iterable[dict[str, Any]]) -> None:
+        if self._file is None:
+            self._partial.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self._partial, "w", encoding="utf-8")  # noqa: SIM115 - lives across steps
+        self._file.write("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records))
+        self._file.flush()
+
+    def close(self) -> Path | None:
+        """Finish the file; returns its final path (None if nothing was ever written)."""
+        if self._file is None:
+            return None
+        self._file.close()
+        self._file = None
+        os.replace(self._partial, self.path)
+        return self.path
+
+
+def salvage_partial(partial: Path) -> Path:
+    """Keep the complete lines of a timers file its writer could not finish; return the final path."""
+    final = partial.with_name(partial.name[: -len(PARTIAL_SUFFIX)])
+    data = partial.read_bytes()
+    data = data[: data.rfind(b"\n") + 1]  # drop a half-written last line
+    tmp = partial.with_name(partial.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, final)
+    partial.unlink()
+    return final

@@ -1,0 +1,181 @@
+"""The unit table: which modules FSDP2, FSDP1 or ZeRO-3 gather together, named as the user wrote them.
+
+A unit is what one parameter gather covers: an FSDP2 parameter group (one per ``fully_shard``
+call), an FSDP1 ``FullyShardedDataParallel`` instance, or what DeepSpeed ZeRO-3 fetches for one
+module (the module's own parameters, or all of a ZeRO-3 "leaf" module's). Units are named by the
+module FQN relative to the sharded root with wrapper components removed
+(``_fsdp_wrapped_module.blocks.3`` -> ``blocks.3``); the root's own unit is ``(root)``.
+
+The builders only read attributes of the framework's objects; they never change them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+ROOT_UNIT: Final = "(root)"
+# Module names that wrappers insert between a module and its children.
+WRAPPER_COMPONENTS: Final = frozenset({"_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod"})
+CONTAINER_TYPES: Final = ("ModuleList", "ModuleDict", "Sequential")
+
+
+def clean_fqn(fqn: str) -> str:
+    """The FQN the user wrote: wrapper components removed, ``(root)`` for the root itself."""
+    parts = [part for part in fqn.split(".") if part and part not in WRAPPER_COMPONENTS]
+    return ".".join(parts) or ROOT_UNIT
+
+
+def find_parent_block(fqn: str, container_element_fqns: Iterable[str]) -> str:
+    """The nearest proper ancestor of ``fqn`` that is an element of a module container, or "".
+
+    ``blocks.3.attn.qkv`` -> ``blocks.3`` when ``blocks`` is a ``ModuleList``: it groups the small
+    units ZeRO-3 fetches into the blocks a user thinks in.
+    """
+    elements = set(container_element_fqns)
+    parts = fqn.split(".")
+    for end in range(len(parts) - 1, 0, -1):
+        candidate = ".".join(parts[:end])
+        if candidate in elements:
+            return candidate
+    return ""
+
+
+@dataclass(slots=True)
+class Unit:
+    """One row of run.json's ``units`` (see docs/run-folder.md)."""
+
+    unit: str
+    param_numel: int
+    param_bytes: int
+    dtype: str
+    parent: str = ""
+    reshard_after_forward: bool | None = None
+    forward_prefetch: Any = None
+    backward_prefetch: Any = None
+    order: int = -1  # forward order, known after the first step
+    modules: tuple[Any, ...] = field(default=(), repr=False)  # the nn.Modules (not serialised)
+    key: Any = field(default=None, repr=False)  # the framework object behind the unit
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "unit": self.unit,
+            "order": self.order,
+            "param_numel": self.param_numel,
+            "param_bytes": self.param_bytes,
+            "dtype": self.dtype,
+            "parent": self.parent,
+            "reshard_after_forward": self.reshard_after_forward,
+            "forward_prefetch": self.forward_prefetch,
+            "backward_prefetch": self.backward_prefetch,
+        }
+
+
+def assign_order(units: list[Unit], first_seen: list[str]) -> None:
+    """Order units by when their forward first ran; units never seen keep module order after them."""
+    rank = {name: i for i, name in enumerate(dict.fromkeys(first_seen))}
+    ordered = sorted(units, key=lambda u: (rank.get(u.unit, len(rank)), units.index(u)))
+    for i, unit in enumerate(ordered):
+        unit.order = i
+
+
+def _dtype_name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _container_elements(root: Any) -> list[str]:
+    names = []
+    for name, module in root.named_modules():
+        if any(c.__name__ in CONTAINER_TYPES and c.__module__.startswith("torch.nn")
+               for c in type(module).__mro__):
+            names.extend(clean_fqn(f"{name}.{child}" if name else child) for child, _ in module.named_children())
+    return names
+
+
+def build_fsdp2_units(root: Any) -> list[Unit]:
+    """One unit per FSDP2 parameter group under ``root`` (the outermost ``fully_shard`` module)."""
+    names = {module: name for name, module in root.named_modules()}
+    state_names: dict[int, str] = {}
+    units: list[Unit] = []
+    states = []
+    for module in root.modules():
+        if hasattr(module, "_get_fsdp_state"):
+            state = module._get_fsdp_state()
+            if id(state) not in state_names:
+                states.append(state)
+                state_names[id(state)] = ""
+    for state in states:
+        for group in state._fsdp_param_groups:
+            name = ", ".join(clean_fqn(names.get(m, "")) for m in group.modules)
+            state_names[id(state)] = name
+            mp_dtype = group.mp_policy.param_dtype
+            numel = sum(fp._orig_size.numel() for fp in group.fsdp_params)
+            dtype = mp_dtype or (group.fsdp_params[0].sharded_param.dtype if group.fsdp_params else None)
+            param_bytes = sum(
+                fp._orig_size.numel() * (mp_dtype or fp.sharded_param.dtype).itemsize for fp in group.fsdp_params
+            )
+            units.append(Unit(unit=name, param_numel=numel, param_bytes=param_bytes, dtype=_dtype_name(dtype),
+                              reshard_after_forward=group.post_forward_mesh_info is not None,
+                              modules=tuple(group.modules), key=group))
+    for state, unit in ((s, u) for s in states for u in units if u.key in s._fsdp_param_groups):
+        forward = [state_names[id(t)] for t in state._states_to_forward_prefetch]
+        backward = [state_names[id(t)] for t in state._states_to_backward_prefetch]
+        unit.forward_prefetch = forward or "default"
+        unit.backward_prefetch = backward or "default"
+    return units
+
+
+def build_fsdp1_units(root: Any) -> list[Unit]:
+    """One unit per ``FullyShardedDataParallel`` instance (with parameters) under ``root``."""
+    from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+
+    resharding = {ShardingStrategy.FULL_SHARD, ShardingStrategy.HYBRID_SHARD}
+    units = []
+    for name, module in root.named_modules():
+        if not isinstance(module, FullyShardedDataParallel) or module._handle is None:
+            continue
+        handle = module._handle
+        flat_param = handle.flat_param
+        numel = sum(flat_param._numels)
+        dtype = getattr(handle, "_fwd_bwd_param_dtype", None) or flat_param.dtype
+        backward = module.backward_prefetch
+        units.append(Unit(
+            unit=clean_fqn(name), param_numel=numel, param_bytes=numel * dtype.itemsize, dtype=_dtype_name(dtype),
+            reshard_after_forward=module.sharding_strategy in resharding,
+            forward_prefetch=bool(module.forward_prefetch),
+            backward_prefetch=backward.name if backward is not None else None,
+            modules=(module,), key=handle,
+        ))
+    return units
+
+
+def build_zero3_units(engine: Any) -> list[Unit]:
+    """One unit per module DeepSpeed ZeRO-3 fetches on its own, with its parent block.
+
+    DeepSpeed fetches a module's direct parameters when the module runs, or all parameters of a
+    module marked as a ZeRO-3 leaf (``set_z3_leaf_modules``), whose submodules it does not hook.
+    """
+    model = engine.module
+    prefetch = engine.zero_prefetch_bucket_size()
+    elements = _container_elements(model)
+    units = []
+    leaf_prefixes: list[str] = []
+    for name, module in model.named_modules():
+        if any(name.startswith(prefix + ".") for prefix in leaf_prefixes):
+            continue
+        is_leaf = bool(getattr(module, "_z3_leaf", False))
+        if is_leaf:
+            leaf_prefixes.append(name)
+        params = list(module.parameters(recurse=is_leaf))
+        if not params:
+            continue
+        numel = sum(int(getattr(p, "ds_numel", p.numel())) for p in params)
+        nbytes = sum(int(getattr(p, "ds_numel", p.numel())) * p.dtype.itemsize for p in params)
+        fqn = clean_fqn(name)
+        units.append(Unit(
+            unit=fqn, param_numel=numel, param_bytes=nbytes, dtype=_dtype_name(params[0].dtype),
+            parent=find_parent_block(fqn, elements) if fqn != ROOT_UNIT else "",
+            forward_prefetch=prefetch, backward_prefetch=prefetch, modules=(module,), key=module,
+        ))
+    return units
