@@ -186,6 +186,9 @@ def _notes(traces: TraceSet, overlap: pd.DataFrame, windows: dict, framework: st
     ]
     if dropped and len(set(dropped)) == 1:
         notes.append(f"step {dropped[0]} (the last captured) is not analysed: the profiler stops inside it")
+    if traces.skipped:
+        notes.append(f"skipped {len(traces.skipped)} JSON file(s) that are not Kineto traces: "
+                     + ", ".join(traces.skipped[:5]))
     if traces.world_size > len(traces.rank_ids):
         notes.append(
             f"{len(traces.rank_ids)} of {traces.world_size} ranks loaded: numbers cover those ranks only"

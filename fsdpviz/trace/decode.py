@@ -28,6 +28,10 @@ from fsdpviz.errors import TraceError
 GZIP_MAGIC = b"\x1f\x8b"
 
 
+class NotKinetoError(TraceError):
+    """Valid JSON that is not a Kineto trace (a config, a run.json...): a folder scan skips these."""
+
+
 class EventArgs(msgspec.Struct):
     """The ``args`` keys fsdpviz reads; every other key is skipped by the decoder."""
 
@@ -158,20 +162,20 @@ def _raise_if_not_kineto(data: bytes, path: Path, exc: msgspec.ValidationError) 
     except msgspec.DecodeError:
         kind = b""
     if kind == b"[":
-        raise TraceError(path, "not a Kineto trace (a JSON list, expected an object with traceEvents)")
+        raise NotKinetoError(path, "not a Kineto trace (a JSON list, expected an object with traceEvents)")
     if kind != b"{":
-        raise TraceError(path, "not a Kineto trace (expected a JSON object with traceEvents)")
+        raise NotKinetoError(path, "not a Kineto trace (expected a JSON object with traceEvents)")
     if "traceEvents" in str(exc) and "missing required field" in str(exc):
-        raise TraceError(path, "not a Kineto trace (no traceEvents)")
+        raise NotKinetoError(path, "not a Kineto trace (no traceEvents)")
     if str(exc).endswith("`$.traceEvents`"):
-        raise TraceError(path, "not a Kineto trace (traceEvents is not a list)")
+        raise NotKinetoError(path, "not a Kineto trace (traceEvents is not a list)")
 
 
 def _decode_loose(data: bytes, path: Path) -> tuple[KinetoTrace, int]:
     try:
         loose = _LOOSE_DECODER.decode(data)
     except msgspec.ValidationError as exc:
-        raise TraceError(path, f"not a Kineto trace ({exc})") from None
+        raise NotKinetoError(path, f"not a Kineto trace ({exc})") from None
     events: list[TraceEvent] = []
     n_bad = 0
     for raw_event in loose.traceEvents:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 from pandas.api.types import union_categoricals
 
-from fsdpviz.errors import DuplicateRankError
+from fsdpviz.errors import DuplicateRankError, TraceError
 from fsdpviz.trace import schema
 from fsdpviz.trace.sources import read_timers, resolve_sources, units_from_run
 from fsdpviz.trace.tables import RankTables, TraceSet
@@ -45,8 +45,15 @@ def load_traces(
     """
     sources = resolve_sources(paths)
     use_cache = cache and os.environ.get("FSDPVIZ_NO_CACHE", "") not in ("1", "true", "yes")
-    per_file = parse_all(sources.files, cache=use_cache, progress=progress, jobs=jobs)
-    per_rank = _check_unique_ranks(per_file, sources.files)
+    parsed = parse_all(
+        sources.files, cache=use_cache, progress=progress, jobs=jobs, skippable=sources.scanned
+    )
+    kept = [(t, f) for t, f in zip(parsed, sources.files) if t is not None]
+    skipped = [str(f) for t, f in zip(parsed, sources.files) if t is None]
+    if not kept:
+        folder = sources.files[0].parent
+        raise TraceError(folder, f"folder holds no Kineto traces ({len(skipped)} JSON file(s) of another kind)")
+    per_rank = _check_unique_ranks([t for t, _ in kept], [f for _, f in kept])
     tables = {name: concat_tables([getattr(t, name) for t in per_rank], RankTables.SCHEMAS[name])
               for name in RankTables.TABLES}
     return TraceSet(
@@ -60,6 +67,7 @@ def load_traces(
         run=sources.run,
         run_dir=str(sources.run_dir) if sources.run_dir is not None else None,
         sources=[str(t.rank["path"].iloc[0]) for t in per_rank],
+        skipped=skipped,
     )
 
 

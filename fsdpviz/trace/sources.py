@@ -2,7 +2,8 @@
 
 Accepted inputs (any mix, one run at a time):
 - trace files: ``*.json``, ``*.json.gz``, ``*.pt.trace.json.gz`` (tensorboard_trace_handler);
-- a folder of trace files (not searched recursively: sibling folders are often other runs);
+- a folder of trace files (not searched recursively: sibling folders are often other runs); JSON
+  files in it that are not Kineto traces (configs, notes) are skipped, named in ``TraceSet.skipped``;
 - a run folder written by ``fsdpviz record``: ``run.json`` + ``traces/`` (+ ``timers/``).
 """
 
@@ -30,6 +31,7 @@ class Sources:
     """Resolved input: trace files in a stable order, and the run folder when there is one."""
 
     files: list[Path]
+    scanned: frozenset[Path] = frozenset()  # files found in folders rather than named by the user
     run_dir: Path | None = None
     run: dict[str, Any] | None = None
     timer_files: list[Path] = field(default_factory=list)
@@ -50,6 +52,7 @@ def resolve_sources(paths: Sequence[str | Path]) -> Sources:
     if not paths:
         raise UsageError("no input: give trace files, a folder of traces, or a run folder")
     files: list[Path] = []
+    scanned: set[Path] = set()
     run_dir: Path | None = None
     for raw in paths:
         path = Path(raw)
@@ -67,16 +70,26 @@ def resolve_sources(paths: Sequence[str | Path]) -> Sources:
             if not found:
                 raise RunFolderError(f"{path}: run folder has no traces ({TRACES_DIR}/ is empty or missing)")
             files.extend(found)
+            scanned.update(found)
             continue
         found = _traces_in(path)
         if not found:
             raise TraceError(path, "folder holds no trace files (*.json, *.json.gz)")
         files.extend(found)
+        scanned.update(found)
     unique = list(dict.fromkeys(p.resolve() for p in files))
     run = read_run_json(run_dir) if run_dir is not None else None
     timers = sorted((run_dir / TIMERS_DIR).glob("*.jsonl")) if run_dir is not None else []
     by_resolved = {p.resolve(): p for p in files}
-    return Sources(files=[by_resolved[p] for p in unique], run_dir=run_dir, run=run, timer_files=timers)
+    ordered = [by_resolved[p] for p in unique]
+    named = {Path(raw) for raw in paths}
+    return Sources(
+        files=ordered,
+        scanned=frozenset(p for p in ordered if p in scanned and p not in named),
+        run_dir=run_dir,
+        run=run,
+        timer_files=timers,
+    )
 
 
 def read_run_json(run_dir: Path) -> dict[str, Any]:

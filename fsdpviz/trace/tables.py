@@ -49,6 +49,7 @@ class TraceSet:
         run: the parsed run.json of a run folder, else None.
         run_dir: the run folder, when the input was one.
         sources: the trace files read, in rank order.
+        skipped: JSON files found in the given folders that are not Kineto traces.
     """
 
     events: pd.DataFrame
@@ -61,6 +62,7 @@ class TraceSet:
     run: dict[str, Any] | None = None
     run_dir: str | None = None
     sources: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
 
     @property
     def rank_ids(self) -> list[int]:

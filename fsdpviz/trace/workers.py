@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from fsdpviz.errors import FsdpvizError
+from fsdpviz.errors import FsdpvizError, TraceError
 from fsdpviz.trace.cache import load_cached, store_cached
+from fsdpviz.trace.decode import NotKinetoError
 from fsdpviz.trace.kineto import parse_trace_file
 from fsdpviz.trace.tables import RankTables
 
@@ -37,12 +38,24 @@ class _Failure:
     ``__init__`` signatures do not survive pickling)."""
 
     message: str
+    path: str = ""
+    problem: str = ""
+    not_kineto: bool = False
+
+    def exception(self) -> FsdpvizError:
+        if self.not_kineto:
+            return NotKinetoError(self.path, self.problem)
+        if self.path:
+            return TraceError(self.path, self.problem)
+        return FsdpvizError(self.message)
 
 
 def _parse_and_store(path_text: str, use_cache: bool) -> RankTables | _Failure:
     path = Path(path_text)
     try:
         tables = parse_trace_file(path)
+    except TraceError as exc:
+        return _Failure(str(exc), exc.path, exc.problem, isinstance(exc, NotKinetoError))
     except FsdpvizError as exc:
         return _Failure(str(exc))
     if use_cache:
@@ -50,31 +63,32 @@ def _parse_and_store(path_text: str, use_cache: bool) -> RankTables | _Failure:
     return tables
 
 
-def _unwrap(result: RankTables | _Failure) -> RankTables:
+def _unwrap(result: RankTables | _Failure, skippable: bool) -> RankTables | None:
     if isinstance(result, _Failure):
-        raise FsdpvizError(result.message)
+        if result.not_kineto and skippable:
+            return None
+        raise result.exception()
     return result
 
 
 def parse_all(
-    files: Sequence[Path], *, cache: bool, progress: bool | None, jobs: int | None
-) -> list[RankTables]:
-    """Tables for every file, in the order given. Raises the first file's error."""
+    files: Sequence[Path], *, cache: bool, progress: bool | None, jobs: int | None,
+    skippable: frozenset[Path] = frozenset(),
+) -> list[RankTables | None]:
+    """Tables for every file, in the order given; None for a file in ``skippable`` (found by
+    scanning a folder) that is JSON but not a Kineto trace. Raises the first other file's error."""
     results: list[RankTables | None] = [load_cached(f) if cache else None for f in files]
     todo = [i for i, r in enumerate(results) if r is None]
     if not todo:
-        return [r for r in results if r is not None]
+        return results
     n_jobs = _job_count(jobs, len(todo))
     if n_jobs <= 1:
         with _progress_display(progress, total=len(todo)) as advance:
             for i in todo:
                 advance(files[i].name, 0)
-                tables = parse_trace_file(files[i])
-                if cache:
-                    store_cached(files[i], tables)
-                results[i] = tables
+                results[i] = _unwrap(_parse_and_store(str(files[i]), cache), files[i] in skippable)
                 advance(files[i].name, 1)
-        return [r for r in results if r is not None]
+        return results
     # Submit before the progress thread starts: with "fork" all workers are forked on the first
     # submit, so no other thread exists at that moment.
     with ProcessPoolExecutor(max_workers=n_jobs, mp_context=_mp_context()) as pool:
@@ -83,9 +97,9 @@ def parse_all(
             advance(f"{len(todo)} files", 0)
             for fut in as_completed(futures):
                 i = futures[fut]
-                results[i] = _unwrap(fut.result())
+                results[i] = _unwrap(fut.result(), files[i] in skippable)
                 advance(files[i].name, 1)
-    return [r for r in results if r is not None]
+    return results
 
 
 def _job_count(jobs: int | None, n_files: int) -> int:

@@ -225,3 +225,22 @@ def test_plain_and_gzip_and_pt_trace_names(tmp_path: Path) -> None:
     (tmp_path / "a" / "notes.txt").write_text("not a trace")
     traces = load_traces([tmp_path / "a"], cache=False)
     assert traces.rank_ids == [0, 1]
+
+
+def test_folder_scan_skips_json_that_is_not_a_trace(tmp_path: Path) -> None:
+    from fsdpviz.errors import TraceError
+
+    _simple().write(tmp_path / "rank0.json")
+    (tmp_path / "config.json").write_text('{"lr": 0.1}')
+    traces = load_traces([tmp_path], cache=False)
+    assert traces.rank_ids == [0] and traces.skipped == [str(tmp_path / "config.json")]
+    # Named explicitly, the same file is an error; a corrupt trace in a folder is one too.
+    with pytest.raises(TraceError, match=r"config\.json: not a Kineto trace"):
+        load_traces([tmp_path / "config.json"], cache=False)
+    (tmp_path / "rank1.json").write_text('{"traceEvents": [')
+    with pytest.raises(TraceError, match=r"rank1\.json: truncated JSON"):
+        load_traces([tmp_path], cache=False)
+    (tmp_path / "rank1.json").unlink()
+    (tmp_path / "rank0.json").unlink()
+    with pytest.raises(TraceError, match="folder holds no Kineto traces"):
+        load_traces([tmp_path], cache=False)

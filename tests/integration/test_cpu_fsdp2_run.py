@@ -1,0 +1,82 @@
+"""A real 2-rank FSDP2 run on CPU/gloo under torchrun, profiled with plain torch.profiler."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fsdpviz.analysis import summarize
+from fsdpviz.analysis.overlap import compute_overlap
+from fsdpviz.trace import load_traces
+
+SCRIPT = Path(__file__).with_name("fsdp2_cpu_profile.py")
+UNIT_PARAMS = 256 * 256 + 256  # one Linear(256, 256): what each unit's all-gather returns
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("fsdp2-cpu")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(SCRIPT), str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+@pytest.mark.slow
+def test_gloo_comm_steps_and_overlap(run_dir: Path) -> None:
+    traces = load_traces([run_dir], cache=False)
+    assert traces.rank_ids == [0, 1] and traces.world_size == 2
+    assert set(traces.ranks["backend"]) == {"gloo"}
+    for rank in (0, 1):
+        lanes = traces.lanes[traces.lanes["rank"] == rank]
+        assert (lanes["lane_kind"] == "cpu_main").sum() == 1
+        gloo_lanes = set(lanes.loc[lanes["lane_kind"] == "cpu_gloo", "lane"])
+        assert gloo_lanes, lanes
+        ev = traces.events[traces.events["rank"] == rank]
+        gloo_ops = ev[ev["name"].astype(str).str.startswith("gloo:")]
+        assert set(gloo_ops["lane"].astype(str)) <= gloo_lanes
+        assert {"all_gather", "all_reduce"} <= set(gloo_ops["comm"].astype(str))
+        # Each unit's gather returns one unsharded Linear(256, 256) in float32.
+        gathers = gloo_ops[gloo_ops["comm"] == "all_gather"]
+        assert set(gathers["comm_bytes"]) == {UNIT_PARAMS * 4}
+        issued = ev[ev["name"] == "c10d::_allgather_base_"]
+        assert set(issued["comm_bytes"]) == {UNIT_PARAMS * 4} and len(issued) == len(gathers)
+        assert traces.steps.loc[traces.steps["rank"] == rank, "step"].tolist() == [2, 3, 4]
+
+    overlap = compute_overlap(traces)
+    assert list(overlap["device"]) == ["cpu", "cpu"]
+    assert ((overlap["overlap_pct"] >= 0) & (overlap["overlap_pct"] <= 100)).all()
+    assert (overlap["comm_ns"] > 0).all() and (overlap["compute_ns"] > 0).all()
+    assert (overlap["busy_ns"] <= overlap["window_ns"]).all()
+    summary = summarize(traces)
+    assert summary["framework"] == "fsdp2" and summary["steps"] == [2, 3]
+    assert 0 <= summary["overlap"]["overlap_pct"] <= 100
+
+
+@pytest.mark.slow
+def test_step_times_match_the_wall_clock(run_dir: Path) -> None:
+    traces = load_traces([run_dir], cache=False)
+    for rank in (0, 1):
+        clock = json.loads((run_dir / f"rank{rank}.clock.json").read_text())["step_boundaries_ns"]
+        # ProfilerStep#N runs from the N-th prof.step() to the next one.
+        wall_ns = np.diff(clock)[1:4]
+        steps = traces.steps[traces.steps["rank"] == rank].sort_values("step")
+        ours_ns = (steps["end_ns"] - steps["start_ns"]).to_numpy()
+        assert np.allclose(ours_ns, wall_ns, rtol=0.05, atol=2_000_000), (ours_ns, wall_ns)
+        # One run-wide clock: trace times are wall-clock ns, so they line up with time.time_ns().
+        assert abs(int(steps["start_ns"].iloc[0]) - clock[1]) < 20_000_000
