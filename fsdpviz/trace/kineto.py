@@ -140,8 +140,12 @@ def _rank_of(trace: KinetoTrace, path: Path) -> tuple[int, str]:
 _NOT_AN_ID: Final = np.iinfo(np.int64).min  # a string pid/tid; real tids may be negative
 
 
-def _int_id(value: int | str | None) -> int:
-    return value if isinstance(value, int) else _NOT_AN_ID
+def _int_ids(values: list[int | str]) -> np.ndarray:
+    """pid/tid column; string ids (never on the events fsdpviz tables, but allowed) -> _NOT_AN_ID."""
+    try:
+        return np.array(values, dtype=np.int64)
+    except (TypeError, ValueError, OverflowError):
+        return np.array([v if isinstance(v, int) else _NOT_AN_ID for v in values], dtype=np.int64)
 
 
 def _event_columns(
@@ -153,8 +157,8 @@ def _event_columns(
     dur = np.array([e.dur if e.dur is not None else nan for e in events], dtype=np.float64)
     args = [e.args for e in events]
     is_gpu = np.array([k in GPU_KINDS for k in kinds], dtype=bool)
-    pid = np.array([_int_id(e.pid) for e in events], dtype=np.int64)
-    tid = np.array([_int_id(e.tid) for e in events], dtype=np.int64)
+    pid = _int_ids([e.pid for e in events])
+    tid = _int_ids([e.tid for e in events])
     device = np.array([a.device if a is not None and a.device is not None else -1 for a in args], np.int64)
     stream = np.array([a.stream if a is not None and a.stream is not None else -1 for a in args], np.int64)
     # GPU lanes are (device, stream); events without those args (gpu_user_annotation) use pid/tid.

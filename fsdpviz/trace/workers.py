@@ -7,7 +7,8 @@ threads gets a ``forkserver`` instead, since forking a threaded process can dead
 write the cache entry themselves so that it is written in parallel too.
 
 Progress appears on stderr only when loading takes longer than ``PROGRESS_DELAY_S`` and stderr is
-a terminal (or when asked explicitly), and disappears when done.
+a terminal, and disappears when done; asked for explicitly on a non-terminal, it is one plain line
+per parsed file.
 """
 
 from __future__ import annotations
@@ -125,9 +126,20 @@ def _mp_context() -> mp.context.BaseContext:
 @contextmanager
 def _progress_display(progress: bool | None, *, total: int) -> Iterator:
     """Yield ``advance(label, n)``; a transient rich bar starts after a delay when wanted."""
-    wanted = progress if progress is not None else sys.stderr.isatty()
+    tty = sys.stderr.isatty()
+    wanted = progress if progress is not None else tty
     if not wanted:
         yield lambda label, n: None
+        return
+    if not tty:  # asked for, but a log file or pipe: plain lines, no cursor tricks
+        done = [0]
+
+        def line(label: str, n: int) -> None:
+            if n:
+                done[0] += n
+                print(f"fsdpviz: parsed {label} ({done[0]}/{total})", file=sys.stderr, flush=True)
+
+        yield line
         return
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from fsdpviz.analysis.overlap import compute_overlap
-from fsdpviz.trace import TraceSet, load_traces
+from fsdpviz.trace import TraceSet
+from gpu_real import load_real
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "hta_overlap.txt"
 
@@ -44,13 +45,10 @@ def _golden() -> list[HtaRow]:
 
 
 ROWS = _golden()
-_LOADED: dict[str, TraceSet] = {}
 
 
 def _load(gpu_real_dir: Path, rel: str) -> TraceSet:
-    if rel not in _LOADED:
-        _LOADED[rel] = load_traces([gpu_real_dir / rel], cache=False)
-    return _LOADED[rel]
+    return load_real(gpu_real_dir / rel)
 
 
 def test_golden_file_lists_every_trace_of_the_readme() -> None:

@@ -16,7 +16,8 @@ from typing import Any
 import orjson
 import pytest
 
-from fsdpviz.trace import TraceSet, load_traces
+from fsdpviz.trace import TraceSet
+from gpu_real import load_real
 
 KINDS = {
     "cpu_op": "cpu_op", "user_annotation": "annotation", "gpu_user_annotation": "gpu_annotation",
@@ -41,7 +42,7 @@ def loaded(gpu_real_dir: Path) -> dict[str, tuple[TraceSet, dict[str, Any]]]:
     out = {}
     for path in _all_traces(gpu_real_dir):
         raw = orjson.loads(gzip.decompress(path.read_bytes()))
-        out[str(path.relative_to(gpu_real_dir))] = (load_traces([path], cache=False), raw)
+        out[str(path.relative_to(gpu_real_dir))] = (load_real(path), raw)
     assert len(out) == 8, sorted(out)
     return out
 

@@ -244,3 +244,13 @@ def test_folder_scan_skips_json_that_is_not_a_trace(tmp_path: Path) -> None:
     (tmp_path / "rank0.json").unlink()
     with pytest.raises(TraceError, match="folder holds no Kineto traces"):
         load_traces([tmp_path], cache=False)
+
+
+def test_progress_lines_only_when_asked_off_a_terminal(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for r in range(2):
+        _simple(rank=r).write(tmp_path / f"rank{r}.json")
+    load_traces([tmp_path], cache=False, jobs=1)
+    assert capsys.readouterr().err == ""  # stderr is not a terminal here: quiet by default
+    load_traces([tmp_path], cache=False, jobs=1, progress=True)
+    assert capsys.readouterr().err.splitlines() == [
+        "fsdpviz: parsed rank0.json (1/2)", "fsdpviz: parsed rank1.json (2/2)"]
