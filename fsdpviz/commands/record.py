@@ -55,8 +55,8 @@ def record(
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     profiled = f"steps {warmup}-{warmup + steps - 1}" if steps > 1 else f"step {warmup}"
-    _say(f"recording into {out or run_dir} (profile {profiled}, mode {mode}): {' '.join(command)}")
-    result = run_record(command, options, force=force, shared=shared, label=label)
+    result = run_record(command, options, force=force, shared=shared, label=label, on_start=lambda: _say(
+        f"recording into {out or run_dir} (profile {profiled}, mode {mode}): {' '.join(command)}"))
     print_recording(result.run, run_dir)
     if result.run["ranks"] and options.profile:
         show_summary(run_dir)

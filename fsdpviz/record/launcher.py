@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -120,11 +121,16 @@ def run_command(command: list[str], env: dict[str, str]) -> tuple[int, int | Non
 
 
 def record(command: list[str], options: RecordOptions, *, force: bool = False, shared: bool = False,
-           label: str | None = None) -> RecordResult:
-    """Run ``command`` with recording on and write run.json; returns the command's exit code."""
+           label: str | None = None, on_start: Callable[[], None] | None = None) -> RecordResult:
+    """Run ``command`` with recording on and write run.json; returns the command's exit code.
+
+    ``on_start`` is called once the run folder is ready, just before the command starts.
+    """
     check_command(command)
     run_dir = options.run_dir
     prepare_run_dir(run_dir, force=force, shared=shared)
+    if on_start is not None:
+        on_start()
     start_time = _now_iso()
     exit_code, forwarded = run_command(command, child_env(options))
     end_time = _now_iso()
