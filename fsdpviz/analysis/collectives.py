@@ -59,30 +59,38 @@ def is_gpu_rank(events: pd.DataFrame) -> bool:
     return bool((events["kind"] == schema.KIND_KERNEL).any())
 
 
+def gpu_ranks(events: pd.DataFrame) -> set[int]:
+    """Ranks with kernels."""
+    return {int(r) for r in events.loc[(events["kind"] == schema.KIND_KERNEL).to_numpy(), "rank"].unique()}
+
+
 def _frame(rows: dict[str, object]) -> pd.DataFrame:
     return schema.conform(pd.DataFrame(rows), COLLECTIVES, table="collectives")
 
 
 def gpu_collectives(events: pd.DataFrame) -> pd.DataFrame:
-    """NCCL kernels of one rank with their launching CPU call."""
+    """NCCL kernels (of any number of ranks) with their launching CPU call."""
     kernels = events[((events["kind"] == schema.KIND_KERNEL) & (events["comm"] != "")).to_numpy()]
     if kernels.empty:
         return schema.make_empty(COLLECTIVES)
     launches = events[((events["kind"] == schema.KIND_RUNTIME) & (events["correlation"] >= 0)).to_numpy()]
-    launches = launches.drop_duplicates("correlation")
-    by_corr = pd.DataFrame({"correlation": launches["correlation"].to_numpy(),
+    launches = launches.drop_duplicates(["rank", "correlation"])
+    by_corr = pd.DataFrame({"rank": launches["rank"].to_numpy(), "correlation": launches["correlation"].to_numpy(),
                             "issue_lane": launches["lane"].astype(str).to_numpy(),
-                            "issue_ns": launches["start_ns"].to_numpy(),
+                            "issue_ns": pd.array(launches["start_ns"].to_numpy(), dtype="Int64"),
                             "issue_name": launches["name"].astype(str).to_numpy()})
-    k = pd.DataFrame({"correlation": kernels["correlation"].to_numpy(),
-                      "external_id": kernels["external_id"].to_numpy()}).merge(by_corr, on="correlation", how="left")
+    k = pd.DataFrame({"rank": kernels["rank"].to_numpy(), "correlation": kernels["correlation"].to_numpy(),
+                      "external_id": kernels["external_id"].to_numpy()}).merge(
+        by_corr, on=["rank", "correlation"], how="left")
     missing = k["issue_ns"].isna().to_numpy()
     if missing.any():  # fall back to the CPU op holding the kernel's External id
         cpu = events[(events["kind"].isin([schema.KIND_CPU_OP, schema.KIND_ANNOTATION])
-                      & (events["external_id"] >= 0)).to_numpy()].drop_duplicates("external_id", keep="last")
-        by_ext = pd.DataFrame({"external_id": cpu["external_id"].to_numpy(), "lane": cpu["lane"].astype(str).to_numpy(),
-                               "t": cpu["start_ns"].to_numpy(), "n": cpu["name"].astype(str).to_numpy()})
-        fb = k.loc[missing, ["external_id"]].merge(by_ext, on="external_id", how="left")
+                      & (events["external_id"] >= 0)).to_numpy()].drop_duplicates(["rank", "external_id"], keep="last")
+        by_ext = pd.DataFrame({"rank": cpu["rank"].to_numpy(), "external_id": cpu["external_id"].to_numpy(),
+                               "lane": cpu["lane"].astype(str).to_numpy(),
+                               "t": pd.array(cpu["start_ns"].to_numpy(), dtype="Int64"),
+                               "n": cpu["name"].astype(str).to_numpy()})
+        fb = k.loc[missing, ["rank", "external_id"]].merge(by_ext, on=["rank", "external_id"], how="left")
         k.loc[missing, "issue_lane"] = fb["lane"].to_numpy()
         k.loc[missing, "issue_ns"] = fb["t"].to_numpy()
         k.loc[missing, "issue_name"] = fb["n"].to_numpy()
@@ -98,7 +106,7 @@ def gpu_collectives(events: pd.DataFrame) -> pd.DataFrame:
         "bytes": kernels["comm_bytes"].to_numpy(),
         "pg": kernels["pg"].astype(str).to_numpy(),
         "issue_lane": np.where(known, k["issue_lane"].fillna("").to_numpy(), ""),
-        "issue_ns": np.where(known, k["issue_ns"].fillna(0).to_numpy(), start).astype(np.int64),
+        "issue_ns": np.where(known, k["issue_ns"].fillna(0).to_numpy(dtype=np.int64), start),
         "issue_name": k["issue_name"].fillna("").to_numpy(),
     })
 
@@ -160,9 +168,15 @@ def cpu_collectives(events: pd.DataFrame, kinds: np.ndarray) -> pd.DataFrame:
 
 
 def find_collectives(events: pd.DataFrame, lanes: pd.DataFrame) -> pd.DataFrame:
-    """COLLECTIVES of one rank's events (GPU kernels, or gloo ops on a CPU-only rank)."""
-    if is_gpu_rank(events):
-        out = gpu_collectives(events)
-    else:
-        out = cpu_collectives(events, lane_kinds(events, lanes))
-    return out.sort_values("start_ns", kind="stable").reset_index(drop=True)
+    """COLLECTIVES of all ranks: NCCL kernels on GPU ranks, gloo ops on CPU-only ranks."""
+    kernel_ranks = set(events.loc[(events["kind"] == schema.KIND_KERNEL).to_numpy(), "rank"].unique().tolist())
+    on_gpu = events["rank"].isin(list(kernel_ranks)).to_numpy()
+    parts = [gpu_collectives(events[on_gpu])] if on_gpu.any() else []
+    cpu = events[~on_gpu]
+    for _, rank_events in cpu.groupby("rank", sort=True):
+        parts.append(cpu_collectives(rank_events, lane_kinds(rank_events, lanes)))
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        return schema.make_empty(COLLECTIVES)
+    out = pd.concat(parts, ignore_index=True)
+    return out.sort_values(["rank", "start_ns"], kind="stable").reset_index(drop=True)

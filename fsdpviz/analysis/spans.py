@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from fsdpviz.analysis import labels as lab
-from fsdpviz.analysis.collectives import COLLECTIVES, find_collectives, is_gpu_rank
+from fsdpviz.analysis.collectives import COLLECTIVES, find_collectives, gpu_ranks
 from fsdpviz.analysis.nesting import innermost_enclosing
 from fsdpviz.analysis.overlap import GPU_WORK_KINDS, HTA_NOT_COMPUTE_RE
 from fsdpviz.analysis.windows import compute_pieces, unit_windows
@@ -42,8 +42,8 @@ UNIT_COLLECTIVES: Final[schema.Schema] = {
 
 
 @dataclass(kw_only=True, slots=True)
-class RankUnits:
-    """Per-unit tables of one rank."""
+class UnitTables:
+    """Per-unit tables of a set of ranks, each rank on its own clock."""
 
     spans: pd.DataFrame  # schema.SPANS
     windows: pd.DataFrame  # windows.WINDOWS
@@ -51,19 +51,22 @@ class RankUnits:
     collectives: pd.DataFrame  # UNIT_COLLECTIVES: every collective, unit "" when of no unit
 
 
-def _points(rank: int, lanes: np.ndarray, t: np.ndarray) -> pd.DataFrame:
+def _points(rank: np.ndarray | int, lanes: np.ndarray, t: np.ndarray) -> pd.DataFrame:
     return pd.DataFrame({"rank": rank, "lane": lanes, "t_ns": t})
 
 
-def _phase_at(labels: pd.DataFrame, rank: int, lanes: np.ndarray, t: np.ndarray, steps: np.ndarray) -> np.ndarray:
+def _phase_at(labels: pd.DataFrame, ranks: np.ndarray, lanes: np.ndarray, t: np.ndarray,
+              steps: np.ndarray) -> np.ndarray:
     """Pass of each point: the innermost enclosing label that implies one, else by the time of
     the step's first backward label."""
     phased = labels[(labels["phase"] != "").to_numpy()].reset_index(drop=True)
-    hit = innermost_enclosing(phased, _points(rank, lanes, t))
-    phase = np.where(hit >= 0, phased["phase"].to_numpy(dtype=object)[np.clip(hit, 0, None)], "")
+    hit = innermost_enclosing(phased, _points(ranks, lanes, t))
+    names = phased["phase"].to_numpy(dtype=object) if len(phased) else np.array([""], dtype=object)
+    phase = np.where(hit >= 0, names[np.clip(hit, 0, None)], "")
     if (phase == "").any():
-        bwd = phased[phased["phase"] == schema.PHASE_BACKWARD].groupby("step")["start_ns"].min()
-        first_bwd = pd.Series(steps).map(bwd).to_numpy(dtype=float)
+        bwd = phased[phased["phase"] == schema.PHASE_BACKWARD].groupby(["rank", "step"])["start_ns"].min()
+        keys = pd.MultiIndex.from_arrays([np.broadcast_to(ranks, t.shape), steps])
+        first_bwd = bwd.reindex(keys).to_numpy(dtype=np.float64) if len(bwd) else np.full(len(t), np.nan)
         late = ~np.isnan(first_bwd) & (t >= np.nan_to_num(first_bwd, nan=np.inf))
         phase = np.where(phase == "", np.where(late, schema.PHASE_BACKWARD, schema.PHASE_FORWARD), phase)
     return phase
@@ -73,7 +76,7 @@ def attribute_collectives(coll: pd.DataFrame, labels: pd.DataFrame) -> pd.DataFr
     """UNIT_COLLECTIVES: each collective with the unit, pass and span kind its labels give."""
     if coll.empty:
         return schema.make_empty(UNIT_COLLECTIVES)
-    rank = int(coll["rank"].iat[0])
+    ranks = coll["rank"].to_numpy()
     fam, act = labels["family"], labels["action"]
     is_gather = fam.isin([lab.FAMILY_FSDP2, lab.FAMILY_FSDPVIZ]) & (act == lab.GATHER_ACTION)
     is_reduce = ((fam == lab.FAMILY_FSDP2) & (act == lab.FSDP2_REDUCE_ACTION)) | (
@@ -81,130 +84,141 @@ def attribute_collectives(coll: pd.DataFrame, labels: pd.DataFrame) -> pd.DataFr
     comm_labels = labels[(is_gather | is_reduce).to_numpy()].reset_index(drop=True)
     lanes = coll["issue_lane"].astype(str).to_numpy()
     t = coll["issue_ns"].to_numpy(np.int64)
-    hit = innermost_enclosing(comm_labels, _points(rank, lanes, t))
+    hit = innermost_enclosing(comm_labels, _points(ranks, lanes, t))
     found = hit >= 0
     safe = np.clip(hit, 0, None)
-    unit = np.where(found, comm_labels["unit"].to_numpy(dtype=object)[safe] if len(comm_labels) else "", "")
-    gather = np.where(found, (comm_labels["action"].to_numpy(dtype=object)[safe] == lab.GATHER_ACTION)
-                      if len(comm_labels) else False, False)
+    if len(comm_labels):
+        unit = np.where(found, comm_labels["unit"].to_numpy(dtype=object)[safe], "")
+        gather = found & (comm_labels["action"].to_numpy(dtype=object)[safe] == lab.GATHER_ACTION)
+    else:
+        unit, gather = np.full(len(coll), "", dtype=object), np.zeros(len(coll), dtype=bool)
     comm = coll["comm"].astype(str).to_numpy()
     kind = np.select(
-        [found & gather & (comm == schema.COMM_ALL_GATHER),
+        [gather & (comm == schema.COMM_ALL_GATHER),
          found & ~gather & (comm == schema.COMM_REDUCE_SCATTER),
          found & ~gather & (comm == schema.COMM_ALL_REDUCE)],
         [schema.SPAN_ALL_GATHER, schema.SPAN_REDUCE_SCATTER, schema.SPAN_ALL_REDUCE], default="")
     unit = np.where(kind != "", unit, "")
-    phase = _phase_at(labels, rank, lanes, t, coll["step"].to_numpy())
+    phase = _phase_at(labels, ranks, lanes, t, coll["step"].to_numpy())
     phase = np.where(kind == schema.SPAN_REDUCE_SCATTER, schema.PHASE_BACKWARD, phase)
     out = coll.assign(unit=unit, phase=np.where(kind != "", phase, ""), kind=kind)
     return schema.conform(out, UNIT_COLLECTIVES, table="unit collectives")
 
 
 def gpu_work(events: pd.DataFrame) -> pd.DataFrame:
-    """GPU events of one rank with the lane and time of the CPU call that launched them."""
+    """GPU events with the rank, lane and time of the CPU call that launched them."""
     gpu = events[events["kind"].isin(list(GPU_WORK_KINDS)).to_numpy()]
     launches = events[((events["kind"] == schema.KIND_RUNTIME) & (events["correlation"] >= 0)).to_numpy()]
-    launches = launches.drop_duplicates("correlation")
-    by_corr = pd.DataFrame({"correlation": launches["correlation"].to_numpy(),
+    launches = launches.drop_duplicates(["rank", "correlation"])
+    by_corr = pd.DataFrame({"rank": launches["rank"].to_numpy(), "correlation": launches["correlation"].to_numpy(),
                             "launch_lane": launches["lane"].astype(str).to_numpy(),
-                            "launch_ns": launches["start_ns"].to_numpy()})
-    names = gpu["name"].astype(str)
+                            "launch_ns": pd.array(launches["start_ns"].to_numpy(), dtype="Int64")})
+    names = gpu["name"]
+    cats = names.cat.categories if isinstance(names.dtype, pd.CategoricalDtype) else pd.Index(names.unique())
+    not_compute = {c: HTA_NOT_COMPUTE_RE.match(str(c)) is not None for c in cats}  # once per distinct name
     start = gpu["start_ns"].to_numpy(np.int64)
     work = pd.DataFrame({
+        "rank": gpu["rank"].to_numpy(),
         "lane": gpu["lane"].astype(str).to_numpy(),
         "start_ns": start,
         "end_ns": start + gpu["dur_ns"].to_numpy(np.int64),
         "correlation": gpu["correlation"].to_numpy(),
         "is_comm": (gpu["comm"] != "").to_numpy(),
-        "is_compute": ~names.map(lambda n: HTA_NOT_COMPUTE_RE.match(n) is not None).to_numpy(dtype=bool),
-    }).merge(by_corr, on="correlation", how="left")
-    return work.dropna(subset=["launch_ns"]).astype({"launch_ns": np.int64})
+        "is_compute": ~names.map(not_compute).astype(bool).to_numpy(),
+    }).merge(by_corr, on=["rank", "correlation"], how="left")
+    work = work[work["launch_ns"].notna().to_numpy()]
+    return work.astype({"launch_ns": np.int64})
 
 
-def _spans_from(cpu: pd.DataFrame, rank: int, kind: str, gpu: pd.DataFrame | None,
+def _spans_from(cpu: pd.DataFrame, kind: str, gpu: pd.DataFrame | None, gpu_ranks: set[int],
                 gpu_mask: str | None = None) -> pd.DataFrame:
     """Spans for CPU intervals ``cpu`` (rank, lane, step, unit, phase, start_ns, end_ns): the
-    intervals themselves, or on a GPU rank the GPU work launched inside each, per stream."""
+    intervals themselves on CPU ranks; on GPU ranks the GPU work launched inside each, per stream."""
     if cpu.empty:
         return pd.DataFrame()
     cpu = cpu.reset_index(drop=True)
-    if gpu is None:
-        return cpu.assign(kind=kind, bytes=schema.UNKNOWN_BYTES, issue_ns=cpu["start_ns"])
-    work = gpu[gpu[gpu_mask].to_numpy()] if gpu_mask else gpu[~gpu["is_comm"].to_numpy()]
-    hit = innermost_enclosing(cpu, _points(rank, work["launch_lane"].to_numpy(), work["launch_ns"].to_numpy()))
-    work = work.assign(owner=hit)[hit >= 0]
-    if work.empty:
-        return pd.DataFrame()
-    agg = work.groupby(["owner", "lane"], sort=False).agg(start_ns=("start_ns", "min"), end_ns=("end_ns", "max"))
-    agg = agg.reset_index()
-    meta = cpu.loc[agg["owner"].to_numpy(), ["rank", "step", "unit", "phase"]].reset_index(drop=True)
-    out = pd.concat([meta, agg[["lane", "start_ns", "end_ns"]]], axis=1)
-    return out.assign(kind=kind, bytes=schema.UNKNOWN_BYTES, issue_ns=out["start_ns"])
+    on_gpu = cpu["rank"].isin(list(gpu_ranks)).to_numpy() if gpu is not None else np.zeros(len(cpu), bool)
+    out = [cpu[~on_gpu].assign(kind=kind, bytes=schema.UNKNOWN_BYTES, issue_ns=cpu.loc[~on_gpu, "start_ns"])]
+    if on_gpu.any():
+        host = cpu[on_gpu].reset_index(drop=True)
+        work = gpu[gpu[gpu_mask].to_numpy()] if gpu_mask else gpu[~gpu["is_comm"].to_numpy()]
+        hit = innermost_enclosing(host, _points(work["rank"].to_numpy(), work["launch_lane"].to_numpy(),
+                                                work["launch_ns"].to_numpy()))
+        work = work.assign(owner=hit)[hit >= 0]
+        if len(work):
+            agg = work.groupby(["owner", "lane"], sort=False).agg(start_ns=("start_ns", "min"),
+                                                                   end_ns=("end_ns", "max")).reset_index()
+            meta = host.loc[agg["owner"].to_numpy(), ["rank", "step", "unit", "phase"]].reset_index(drop=True)
+            mapped = pd.concat([meta, agg[["lane", "start_ns", "end_ns"]]], axis=1)
+            out.append(mapped.assign(kind=kind, bytes=schema.UNKNOWN_BYTES, issue_ns=mapped["start_ns"]))
+    return pd.concat([o for o in out if len(o)], ignore_index=True) if any(len(o) for o in out) else pd.DataFrame()
 
 
-def rank_units(events: pd.DataFrame, lanes: pd.DataFrame, labels: pd.DataFrame) -> RankUnits:
-    """Spans, windows, compute pieces and attributed collectives of one rank."""
-    rank = int(events["rank"].iat[0]) if len(events) else 0
+def unit_tables(events: pd.DataFrame, lanes: pd.DataFrame, labels: pd.DataFrame) -> UnitTables:
+    """Spans, windows, compute pieces and attributed collectives of every rank in ``events``."""
     windows = unit_windows(labels)
     pieces = compute_pieces(windows, labels)
     coll = attribute_collectives(find_collectives(events, lanes), labels)
-    gpu = gpu_work(events) if is_gpu_rank(events) else None
+    on_gpu = gpu_ranks(events)
+    gpu = gpu_work(events[events["rank"].isin(list(on_gpu)).to_numpy()]) if on_gpu else None
     parts = []
 
     unit_coll = coll[(coll["kind"] != "").to_numpy()]
     if len(unit_coll):
-        parts.append(unit_coll.assign(lane=unit_coll["lane"])[
-            ["rank", "step", "unit", "phase", "kind", "lane", "start_ns", "end_ns", "bytes", "issue_ns"]])
+        parts.append(unit_coll[["rank", "step", "unit", "phase", "kind", "lane", "start_ns", "end_ns", "bytes",
+                                "issue_ns"]])
 
     # copy-in: FSDP2's copy-in op, inside the unit's gather label
     ops = events[((events["kind"] == schema.KIND_CPU_OP) & (events["name"] == COPY_IN_OP)).to_numpy()]
     if len(ops):
         gathers = labels[(labels["action"] == lab.GATHER_ACTION).to_numpy()].reset_index(drop=True)
+        ranks_ = ops["rank"].to_numpy()
         lanes_ = ops["lane"].astype(str).to_numpy()
         t = ops["start_ns"].to_numpy(np.int64)
-        hit = innermost_enclosing(gathers, _points(rank, lanes_, t))
+        hit = innermost_enclosing(gathers, _points(ranks_, lanes_, t))
         ok = hit >= 0
-        copy_in = pd.DataFrame({
-            "rank": rank, "lane": lanes_[ok], "step": ops["step"].to_numpy()[ok],
-            "unit": gathers["unit"].to_numpy(dtype=object)[hit[ok]],
-            "phase": _phase_at(labels, rank, lanes_, t, ops["step"].to_numpy())[ok],
-            "start_ns": t[ok], "end_ns": t[ok] + ops["dur_ns"].to_numpy(np.int64)[ok]})
-        parts.append(_spans_from(copy_in, rank, schema.SPAN_COPY_IN, gpu))
+        if ok.any():
+            copy_in = pd.DataFrame({
+                "rank": ranks_[ok], "lane": lanes_[ok], "step": ops["step"].to_numpy()[ok],
+                "unit": gathers["unit"].to_numpy(dtype=object)[hit[ok]],
+                "phase": _phase_at(labels, ranks_, lanes_, t, ops["step"].to_numpy())[ok],
+                "start_ns": t[ok], "end_ns": t[ok] + ops["dur_ns"].to_numpy(np.int64)[ok]})
+            parts.append(_spans_from(copy_in, schema.SPAN_COPY_IN, gpu, on_gpu))
 
     def label_rows(mask: np.ndarray, phase: np.ndarray | str) -> pd.DataFrame:
         rows = labels[mask]
-        return pd.DataFrame({"rank": rank, "lane": rows["lane"].to_numpy(), "step": rows["step"].to_numpy(),
-                             "unit": rows["unit"].to_numpy(), "phase": phase,
+        return pd.DataFrame({"rank": rows["rank"].to_numpy(), "lane": rows["lane"].to_numpy(),
+                             "step": rows["step"].to_numpy(), "unit": rows["unit"].to_numpy(), "phase": phase,
                              "start_ns": rows["start_ns"].to_numpy(), "end_ns": rows["end_ns"].to_numpy()})
 
     fsdp2 = (labels["family"] == lab.FAMILY_FSDP2).to_numpy()
     copy_out_mask = fsdp2 & (labels["action"] == lab.COPY_OUT_ACTION).to_numpy()
     if copy_out_mask.any():
         rows = labels[copy_out_mask]
-        phase = _phase_at(labels, rank, rows["lane"].to_numpy(), rows["start_ns"].to_numpy(np.int64),
-                          rows["step"].to_numpy())
-        parts.append(_spans_from(label_rows(copy_out_mask, phase), rank, schema.SPAN_COPY_OUT, gpu))
+        phase = _phase_at(labels, rows["rank"].to_numpy(), rows["lane"].to_numpy(),
+                          rows["start_ns"].to_numpy(np.int64), rows["step"].to_numpy())
+        parts.append(_spans_from(label_rows(copy_out_mask, phase), schema.SPAN_COPY_OUT, gpu, on_gpu))
     for action, phase_name in lab.RESHARD_ACTIONS.items():
         mask = fsdp2 & (labels["action"] == action).to_numpy()
         if mask.any():  # resharding frees memory on the CPU side: always the label itself
-            parts.append(_spans_from(label_rows(mask, phase_name), rank, schema.SPAN_RESHARD, None))
+            parts.append(_spans_from(label_rows(mask, phase_name), schema.SPAN_RESHARD, None, set()))
 
     if len(pieces):
-        parts.append(_spans_from(pieces, rank, schema.SPAN_COMPUTE, gpu, "is_compute"))
+        parts.append(_spans_from(pieces, schema.SPAN_COMPUTE, gpu, on_gpu, "is_compute"))
     opt = events[((events["kind"] == schema.KIND_ANNOTATION)
                   & events["name"].astype(str).str.startswith(OPTIMIZER_PREFIX)).to_numpy()]
     if len(opt):
         start = opt["start_ns"].to_numpy(np.int64)
-        steps_ = pd.DataFrame({"rank": rank, "lane": opt["lane"].astype(str).to_numpy(),
+        steps_ = pd.DataFrame({"rank": opt["rank"].to_numpy(), "lane": opt["lane"].astype(str).to_numpy(),
                                "step": opt["step"].to_numpy(), "unit": "", "phase": schema.PHASE_OPTIMIZER,
                                "start_ns": start, "end_ns": start + opt["dur_ns"].to_numpy(np.int64)})
-        parts.append(_spans_from(steps_, rank, schema.SPAN_COMPUTE, gpu, "is_compute"))
+        parts.append(_spans_from(steps_, schema.SPAN_COMPUTE, gpu, on_gpu, "is_compute"))
 
     parts = [p for p in parts if len(p)]
     if parts:
         spans = pd.concat(parts, ignore_index=True)
-        spans = spans.sort_values(["step", "start_ns", "lane"], kind="stable").reset_index(drop=True)
+        spans = spans.sort_values(["rank", "step", "start_ns", "lane"], kind="stable").reset_index(drop=True)
         spans = schema.conform(spans, schema.SPANS, table="spans")
     else:
         spans = schema.make_empty(schema.SPANS)
-    return RankUnits(spans=spans, windows=windows, pieces=pieces, collectives=coll)
+    return UnitTables(spans=spans, windows=windows, pieces=pieces, collectives=coll)

@@ -289,6 +289,7 @@ STEP_TIMES: Final[Schema] = {
     "other_ns": "int64",  # the rest (data loading, loss, Python between units)
     "comm_ns": "int64",  # |union of the step's collectives|
     "exposed_comm_ns": "int64",  # part of it with no compute on the rank
+    "late_ns": "int64",  # sum over the step's collectives of (this rank's start - earliest rank's start)
 }
 
 # Allocator peak of each rank's step and where it fell.

@@ -12,7 +12,7 @@ import pytest
 from synth import Scenario, generate_run, make_root, make_units
 
 from fsdpviz.analysis.labels import ROOT, parse_label_name, parse_labels
-from fsdpviz.analysis.spans import rank_units
+from fsdpviz.analysis.spans import unit_tables
 from fsdpviz.trace import load_traces
 
 SCENARIOS = {
@@ -32,7 +32,7 @@ def test_spans_match_the_model(name: str, tmp_path) -> None:
     traces = load_traces(run.paths, cache=False)
     for rank in traces.rank_ids:
         events = traces.events[traces.events["rank"] == rank]
-        got = rank_units(events, traces.lanes, parse_labels(events)).spans
+        got = unit_tables(events, traces.lanes, parse_labels(events)).spans
         want = run.expected.spans[run.expected.spans["rank"] == rank].copy()
         offset = run.expected.clock_offsets[rank]  # spans are on the rank's own clock here
         for col in ("start_ns", "end_ns", "issue_ns"):
@@ -49,7 +49,7 @@ def test_spans_match_the_model(name: str, tmp_path) -> None:
 def test_root_compute_excludes_its_children(tmp_path) -> None:
     run = generate_run(SCENARIOS["implicit-root"], tmp_path, ranks=[0])
     traces = load_traces(run.paths, cache=False)
-    spans = rank_units(traces.events, traces.lanes, parse_labels(traces.events)).spans
+    spans = unit_tables(traces.events, traces.lanes, parse_labels(traces.events)).spans
     fwd = spans[(spans["kind"] == "compute") & (spans["phase"] == "forward") & (spans["step"] == 3)]
     root = fwd[fwd["unit"] == ROOT].sort_values("start_ns")
     children = fwd[fwd["unit"] != ROOT]

@@ -1,0 +1,138 @@
+"""Across ranks: whose clock to trust, who started collectives late, and by how much.
+
+**Matching.** Ranks issue the collectives of one process group in the same order (NCCL and gloo
+require it), so the k-th collective of a kind on a group in step S is the same collective on every
+rank: the match key is ``(step, pg, comm, seq)``.
+
+**Clocks.** A collective ends at about the same instant on all its ranks (it cannot end before
+the last rank joins, and then all finish together). So the offset of rank r's clock from the
+reference rank's is the median over matched collectives of ``end_r - end_ref``. Ranks on one host
+share a clock and the estimate is noise; it is applied only when the clocks demonstrably disagree:
+when more than a tenth of the matched collectives end on one rank before they start on the other
+(impossible on one clock), or when the offset exceeds 1 ms with little spread.
+
+**Skew.** After alignment, a collective's start skew is its latest start minus its earliest start;
+a rank's lateness in a step is the sum over the step's collectives of how much later it started
+them than the earliest rank: the time others spent waiting for it.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import numpy as np
+import pandas as pd
+
+from fsdpviz.trace import schema
+
+CAUSALITY_TOLERANCE_NS: Final = 10_000
+VIOLATION_FRACTION: Final = 0.1
+LARGE_OFFSET_NS: Final = 1_000_000
+
+
+def with_seq(collectives: pd.DataFrame) -> pd.DataFrame:
+    """Collectives of all ranks with ``seq``: their order within (rank, step, pg, comm)."""
+    c = collectives.sort_values(["rank", "step", "pg", "comm", "start_ns"], kind="stable")
+    return c.assign(seq=c.groupby(["rank", "step", "pg", "comm"], sort=False).cumcount().to_numpy())
+
+
+KEY: Final = ["step", "pg", "comm", "seq"]
+
+
+def _compare(mine: pd.DataFrame, other: pd.DataFrame) -> tuple[int, bool, int, int]:
+    """(offset, clocks disagree, matched, violations) of ``mine`` against ``other``'s times."""
+    m = mine.merge(other, on=KEY, suffixes=("", "_ref"))
+    if m.empty:
+        return 0, False, 0, 0
+    delta = (m["end_ns"] - m["end_ns_ref"]).to_numpy(np.int64)
+    offset = int(np.median(delta))
+    spread = float(np.median(np.abs(delta - offset)))
+    tol = CAUSALITY_TOLERANCE_NS
+    violations = int(((m["end_ns"] < m["start_ns_ref"] - tol) | (m["end_ns_ref"] < m["start_ns"] - tol)).sum())
+    disagree = violations > VIOLATION_FRACTION * len(m) or (abs(offset) > LARGE_OFFSET_NS and spread < abs(offset) / 10)
+    return offset, bool(disagree), len(m), violations
+
+
+def estimate_clocks(coll: pd.DataFrame, ranks: list[int]) -> pd.DataFrame:
+    """CLOCK: each rank's offset from the lowest rank, and whether it should be applied.
+
+    A rank is compared with the reference rank when they share collectives, else with any rank
+    already placed on the reference clock (HSDP: a rank of another shard group is reached through
+    the replica group it shares with a placed rank).
+    """
+    ref = min(ranks)
+    cols = KEY + ["start_ns", "end_ns"]
+    by_rank = {r: coll.loc[coll["rank"] == r, cols] for r in ranks}
+    placed: dict[int, pd.DataFrame] = {ref: by_rank[ref]}  # times on the reference clock
+    rows = {ref: {"rank": ref, "offset_ns": 0, "applied": False, "n_matched": len(by_rank[ref]), "n_violations": 0}}
+    pending = [r for r in ranks if r != ref]
+    while pending:
+        progress = False
+        for rank in list(pending):
+            for anchor in sorted(placed, key=lambda a: (a != ref, a)):
+                offset, disagree, n, violations = _compare(by_rank[rank], placed[anchor])
+                if n == 0:
+                    continue
+                shift = offset if disagree else 0
+                mine = by_rank[rank]
+                placed[rank] = mine.assign(start_ns=mine["start_ns"] - shift, end_ns=mine["end_ns"] - shift)
+                rows[rank] = {"rank": rank, "offset_ns": offset, "applied": disagree, "n_matched": n,
+                              "n_violations": violations}
+                pending.remove(rank)
+                progress = True
+                break
+        if not progress:  # ranks sharing no collective with any placed rank keep their clock
+            for rank in pending:
+                rows[rank] = {"rank": rank, "offset_ns": 0, "applied": False, "n_matched": 0, "n_violations": 0}
+            break
+    frame = pd.DataFrame([rows[r] for r in ranks])
+    return schema.conform(frame, schema.CLOCK, table="clock")
+
+
+def applied_offsets(clock: pd.DataFrame) -> dict[int, int]:
+    """rank -> ns to subtract from its times (0 for ranks whose clock is kept)."""
+    return {int(r.rank): (int(r.offset_ns) if r.applied else 0) for r in clock.itertuples()}
+
+
+def collective_skew(coll: pd.DataFrame, ref_rank: int) -> pd.DataFrame:
+    """SKEW: per collective seen on two or more ranks (times already aligned)."""
+    if coll.empty:
+        return schema.make_empty(schema.SKEW)
+    g = coll.groupby(KEY, sort=False)
+    first = g["start_ns"].transform("min")
+    last = g["start_ns"].transform("max")
+    n = g["rank"].transform("size")
+    c = coll.assign(first=first, last=last, n=n)
+    c = c[c["n"] > 1]
+    if c.empty:
+        return schema.make_empty(schema.SKEW)
+    # late / early rank: ties go to the lowest rank
+    c = c.sort_values(KEY + ["start_ns", "rank"], kind="stable")
+    early = c.groupby(KEY, sort=False)["rank"].first()
+    late = c.sort_values(KEY + ["start_ns", "rank"], ascending=[True] * 4 + [False, True],
+                         kind="stable").groupby(KEY, sort=False)["rank"].first()
+    # the unit it belongs to: as the reference rank saw it, else the lowest rank that attributed it
+    named = c[c["kind"] != ""].sort_values(KEY + ["rank"], kind="stable")
+    named = named.assign(is_ref=named["rank"] == ref_rank).sort_values(KEY + ["is_ref"], ascending=[True] * 4 + [False],
+                                                                        kind="stable")
+    ref = named.drop_duplicates(KEY).set_index(KEY)[["unit", "phase", "kind"]]
+    out = c.groupby(KEY, sort=False).agg(n_ranks=("n", "first"), first_start_ns=("first", "first"),
+                                         last=("last", "first"))
+    out["start_skew_ns"] = out["last"] - out["first_start_ns"]
+    out["late_rank"] = late
+    out["early_rank"] = early
+    out = out.join(ref).reset_index()
+    out[["unit", "phase", "kind"]] = out[["unit", "phase", "kind"]].fillna("")
+    return schema.conform(out.sort_values("first_start_ns", kind="stable"), schema.SKEW, table="skew")
+
+
+def rank_lateness(coll: pd.DataFrame) -> pd.DataFrame:
+    """Per (rank, step): sum over the step's matched collectives of start - earliest start."""
+    if coll.empty:
+        return pd.DataFrame({"rank": pd.Series(dtype="int32"), "step": pd.Series(dtype="int32"),
+                             "late_ns": pd.Series(dtype="int64")})
+    g = coll.groupby(KEY, sort=False)
+    c = coll.assign(first=g["start_ns"].transform("min"), n=g["rank"].transform("size"))
+    c = c[c["n"] > 1]
+    late = (c["start_ns"] - c["first"]).rename("late_ns")
+    return c.assign(late_ns=late).groupby(["rank", "step"], as_index=False)["late_ns"].sum()

@@ -1,0 +1,183 @@
+"""Findings in words: where a step loses time to communication, why, and what to try.
+
+Each finding is one unit pass (or one rank) and the time it loses per step: the median over ranks
+and steps of its exposed all-gather, exposed reduce-scatter / all-reduce, or (for a straggler) of
+how much later than the earliest rank it started its collectives. Findings below a noise floor
+(0.5 % of the step, at least 20 µs) are dropped; the rest are ranked by time lost.
+
+The cause is read from the trace, and a knob is only suggested when the trace shows that cause:
+
+- gather issued after the previous unit's compute had ended (issue depth 0), and not the first unit
+  of the pass: nothing prefetched it -> turn on / deepen prefetch (FSDP2
+  ``set_modules_to_forward_prefetch`` / ``set_modules_to_backward_prefetch``, FSDP1
+  ``forward_prefetch`` / ``backward_prefetch``, ZeRO-3 ``stage3_prefetch_bucket_size``);
+- first unit of the forward pass: nothing computes before it -> no knob;
+- first unit of the backward pass (it was resharded after forward and is gathered again) ->
+  ``reshard_after_forward=False`` for it (FSDP2 / FSDP1), at the price of its unsharded size;
+- gather prefetched (depth >= 1) but longer than the compute it overlapped: bandwidth-bound -> deeper
+  prefetch when the pass computes longer than it gathers, else no knob;
+- a reduce-scatter after which no unit computes any more has nothing to hide behind -> no knob.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import numpy as np
+import pandas as pd
+
+from fsdpviz.trace import schema
+
+NOISE_FRACTION: Final = 0.005
+NOISE_FLOOR_NS: Final = 20_000
+MAX_FINDINGS: Final = 20
+
+_PREFETCH_KNOB: Final = {
+    ("fsdp2", schema.PHASE_FORWARD): "explicit forward prefetch: module.set_modules_to_forward_prefetch([next units])",
+    ("fsdp2", schema.PHASE_BACKWARD): "explicit backward prefetch: module.set_modules_to_backward_prefetch([previous units])",
+    ("fsdp1", schema.PHASE_FORWARD): "FullyShardedDataParallel(..., forward_prefetch=True)",
+    ("fsdp1", schema.PHASE_BACKWARD): "FullyShardedDataParallel(..., backward_prefetch=BackwardPrefetch.BACKWARD_PRE)",
+    ("zero3", schema.PHASE_FORWARD): "a larger stage3_prefetch_bucket_size in the DeepSpeed config",
+    ("zero3", schema.PHASE_BACKWARD): "a larger stage3_prefetch_bucket_size in the DeepSpeed config",
+}
+
+
+def _ms(ns: float) -> str:
+    return f"{ns / 1e6:.2f} ms"
+
+
+def _row(unit: str, phase: str, kind: str, lost: float, message: str, evidence: str, knob: str,
+         rank: int = -1) -> dict:
+    return {"rank": rank, "unit": unit, "phase": phase, "kind": kind, "lost_ns": float(lost),
+            "message": message, "evidence": evidence, "knob": knob}
+
+
+def _medians(unit_steps: pd.DataFrame) -> pd.DataFrame:
+    us = unit_steps.assign(depth=unit_steps["issue_depth"].where(unit_steps["issue_depth"] >= 0))
+    return us.groupby(["unit", "phase"]).agg(
+        ag_ns=("ag_ns", "median"), ag_exposed_ns=("ag_exposed_ns", "median"),
+        rs_ns=("rs_ns", "median"), rs_exposed_ns=("rs_exposed_ns", "median"),
+        ar_ns=("ar_ns", "median"), ar_exposed_ns=("ar_exposed_ns", "median"),
+        compute_ns=("compute_ns", "median"), lead=("prefetch_lead_ns", "median"), depth=("depth", "median"),
+        n=("step", "size"))
+
+
+def _pass_order(unit_steps: pd.DataFrame) -> dict[str, list[str]]:
+    """Units of each pass in the order their compute starts (median over ranks and steps)."""
+    out = {}
+    for phase, rows in unit_steps[unit_steps["compute_start_ns"] >= 0].groupby("phase"):
+        rel = rows["compute_start_ns"] - rows.groupby(["rank", "step"])["compute_start_ns"].transform("min")
+        out[str(phase)] = rel.groupby(rows["unit"]).median().sort_values(kind="stable").index.tolist()
+    return out
+
+
+def _previous_ended_before_issue(unit_steps: pd.DataFrame, unit: str, phase: str, prev: str) -> bool:
+    """Whether, in most (rank, step) pairs, ``unit``'s gather was issued after ``prev``'s compute ended."""
+    key = ["rank", "step"]
+    mine = unit_steps[(unit_steps["unit"] == unit) & (unit_steps["phase"] == phase)].set_index(key)
+    theirs = unit_steps[(unit_steps["unit"] == prev) & (unit_steps["phase"] == phase)].set_index(key)
+    both = mine[["ag_issue_ns"]].join(theirs[["compute_end_ns"]], how="inner")
+    both = both[(both["ag_issue_ns"] >= 0) & (both["compute_end_ns"] >= 0)]
+    return bool(len(both)) and bool((both["ag_issue_ns"] >= both["compute_end_ns"]).mean() > 0.5)
+
+
+def gather_findings(unit_steps: pd.DataFrame, framework: str, floor_ns: float) -> list[dict]:
+    """One finding per unit pass whose all-gather is exposed beyond the noise floor."""
+    rows = []
+    med = _medians(unit_steps)
+    order = _pass_order(unit_steps)
+    totals = unit_steps.groupby(["rank", "step", "phase"]).agg(c=("compute_ns", "sum"), g=("ag_ns", "sum"))
+    totals = totals.groupby("phase").median()
+    for (unit, phase), m in med.iterrows():
+        if phase not in (schema.PHASE_FORWARD, schema.PHASE_BACKWARD) or m["ag_exposed_ns"] < floor_ns:
+            continue
+        seq = order.get(phase, [])
+        pos = seq.index(unit) if unit in seq else -1
+        prev = seq[pos - 1] if pos > 0 else None
+        evidence = (f"all-gather {_ms(m['ag_ns'])}, exposed {_ms(m['ag_exposed_ns'])}, prefetch lead "
+                    f"{_ms(m['lead']) if np.isfinite(m['lead']) else 'n/a'}, issue depth "
+                    f"{m['depth']:.0f}, own compute {_ms(m['compute_ns'])}; median of {int(m['n'])} rank-steps")
+        head = f"{unit}: all-gather exposed {_ms(m['ag_exposed_ns'])}/step in {phase}"
+        knob = ""
+        if pos == 0 or prev is None:
+            if phase == schema.PHASE_FORWARD:
+                cause = "first unit of the forward pass: nothing computes before it"
+            else:
+                cause = "first unit of the backward pass: resharded after forward, so gathered again"
+                if framework in ("fsdp2", "fsdp1"):
+                    knob = (f"reshard_after_forward=False for {unit} (keeps its parameters gathered into "
+                            "backward; costs its unsharded size in memory)")
+        elif m["depth"] < 0.5:
+            late = _previous_ended_before_issue(unit_steps, unit, phase, prev)
+            cause = (f"issued only after {prev} had finished computing (nothing prefetched it)" if late
+                     else f"started only after {prev} had finished computing")
+            knob = _PREFETCH_KNOB.get((framework, phase), "")
+        else:
+            cause = f"prefetched, but it outlasts the compute of {prev} before it"
+            tot = totals.loc[phase] if phase in totals.index else None
+            if tot is not None and tot["c"] > tot["g"]:
+                knob = "prefetch one more unit ahead (the pass computes longer than it gathers; costs memory)"
+        rows.append(_row(unit, phase, "exposed_all_gather", m["ag_exposed_ns"], f"{head}; {cause}", evidence, knob))
+    return rows
+
+
+def _nothing_left(spans: pd.DataFrame, kind: str) -> pd.Series:
+    """Per (unit, phase): whether, in most rank-steps, no unit compute started after its ``kind``
+    collective began (nothing left to hide it behind)."""
+    comm = spans[spans["kind"] == kind]
+    comp = spans[(spans["kind"] == schema.SPAN_COMPUTE) & (spans["unit"] != "")]
+    last_start = comp.groupby(["rank", "step"])["start_ns"].max().rename("last_compute_ns")
+    c = comm.join(last_start, on=["rank", "step"])
+    alone = (c["last_compute_ns"].isna() | (c["start_ns"] >= c["last_compute_ns"])).astype(float)
+    return alone.groupby([c["unit"], c["phase"]]).mean() > 0.5
+
+
+def reduce_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, floor_ns: float) -> list[dict]:
+    """Exposed reduce-scatters (and HSDP all-reduces) of the backward pass."""
+    rows = []
+    med = _medians(unit_steps)
+    for col, kind, span_kind, what in (("rs", "exposed_reduce_scatter", schema.SPAN_REDUCE_SCATTER, "reduce-scatter"),
+                                       ("ar", "exposed_all_reduce", schema.SPAN_ALL_REDUCE, "all-reduce")):
+        alone = _nothing_left(spans, span_kind)
+        for (unit, phase), m in med.iterrows():
+            exposed = m[f"{col}_exposed_ns"]
+            if exposed < floor_ns:
+                continue
+            last = bool(alone.get((unit, phase), False))
+            cause = ("no unit computes after it starts: nothing left to hide it behind" if last
+                     else "it outlasts the compute that runs after it")
+            rows.append(_row(unit, phase, kind, exposed,
+                             f"{what} of {unit} exposed {_ms(exposed)}/step in backward; {cause}",
+                             f"{what} {_ms(m[f'{col}_ns'])}, exposed {_ms(exposed)}; "
+                             f"median of {int(m['n'])} rank-steps", ""))
+    return rows
+
+
+def straggler_findings(lateness: pd.DataFrame, floor_ns: float) -> list[dict]:
+    """The rank that starts its collectives latest, when others wait for it beyond the floor."""
+    if lateness.empty or lateness["rank"].nunique() < 2:
+        return []
+    per_rank = lateness.groupby("rank")["late_ns"].median().sort_values(ascending=False)
+    rank, late = int(per_rank.index[0]), float(per_rank.iloc[0])
+    if late < floor_ns:
+        return []
+    others = per_rank.drop(index=rank)
+    return [_row("", "", "straggler", late,
+                 f"rank {rank} starts collectives {_ms(late)}/step later than the earliest rank (straggler)",
+                 f"sum over a step's collectives of (rank {rank}'s start - earliest start): median {_ms(late)}; "
+                 f"next rank {int(others.index[0])}: {_ms(float(others.iloc[0]))}", "", rank=rank)]
+
+
+def build_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, lateness: pd.DataFrame, step_ns: float,
+                   framework: str) -> pd.DataFrame:
+    """FINDINGS, ranked by time lost per step."""
+    floor = max(NOISE_FRACTION * step_ns, NOISE_FLOOR_NS) if np.isfinite(step_ns) else NOISE_FLOOR_NS
+    rows = []
+    if len(unit_steps):
+        rows += gather_findings(unit_steps, framework, floor)
+        rows += reduce_findings(unit_steps, spans, floor)
+    rows += straggler_findings(lateness, floor)
+    if not rows:
+        return schema.make_empty(schema.FINDINGS)
+    out = pd.DataFrame(rows).sort_values("lost_ns", ascending=False, kind="stable").head(MAX_FINDINGS)
+    return schema.conform(out.reset_index(drop=True), schema.FINDINGS, table="findings")

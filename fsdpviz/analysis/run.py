@@ -1,0 +1,236 @@
+"""``analyze_run``: every per-unit result of a loaded run, as a :class:`RunAnalysis` of tables.
+
+Per rank (on the rank's own clock): labels -> unit windows and compute pieces -> spans ->
+per-unit overlap (UNIT_STEPS) -> memory peaks -> step times. Then across ranks: collectives are
+matched, rank clocks compared and, where they disagree, every time of a rank is moved onto the
+reference rank's clock; collective skew and stragglers are measured on that common clock. Last,
+units are summarised and findings written.
+
+The analysed steps are those of the whole-step overlap (``overlap.select_window``): by default
+every captured ProfilerStep but the last, which the profiler cuts short.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from fsdpviz.analysis import crossrank, memory
+from fsdpviz.analysis.collectives import is_gpu_rank
+from fsdpviz.analysis.findings import build_findings
+from fsdpviz.analysis.labels import has_unit_labels, label_framework, parse_labels
+from fsdpviz.analysis.overlap import (
+    Intervals,
+    coverage_ns,
+    cpu_sets,
+    empty_intervals,
+    gpu_sets,
+    overlap_ns,
+    select_window,
+    total_ns,
+    union_intervals,
+)
+from fsdpviz.analysis.spans import OPTIMIZER_PREFIX, unit_tables
+from fsdpviz.analysis.unit_overlap import unit_steps
+from fsdpviz.analysis.units import derive_units, unit_stats
+from fsdpviz.analysis.windows import _overhead_labels
+from fsdpviz.trace import schema
+from fsdpviz.trace.tables import TraceSet
+
+_UNIT_TIME_COLS = ("window_start_ns", "window_end_ns", "compute_start_ns", "compute_end_ns", "ag_issue_ns",
+                   "ag_start_ns", "ag_end_ns")
+
+
+@dataclass(kw_only=True, slots=True)
+class RunAnalysis:
+    """Per-unit analysis of a run. Times are int ns on the reference rank's clock (see ``clock``)."""
+
+    framework: str  # fsdp2 / fsdp1 / zero3 / unknown
+    world_size: int
+    ranks: list[int]
+    steps: list[int]  # analysed ProfilerSteps (union over ranks); [-1] when the traces have none
+    has_units: bool  # False: no unit labels, only the whole-step analysis applies
+    units: pd.DataFrame  # schema.UNITS
+    spans: pd.DataFrame  # schema.SPANS, analysed steps
+    unit_steps: pd.DataFrame  # schema.UNIT_STEPS
+    unit_stats: pd.DataFrame  # schema.UNIT_STATS
+    step_times: pd.DataFrame  # schema.STEP_TIMES
+    memory: pd.DataFrame  # schema.MEMORY: analysed device per rank, thinned with peaks kept
+    memory_peaks: pd.DataFrame  # schema.MEMORY_PEAKS
+    memory_model: dict[str, Any]  # see memory.memory_model; plus measured_peak_bytes
+    clock: pd.DataFrame  # schema.CLOCK
+    skew: pd.DataFrame  # schema.SKEW
+    findings: pd.DataFrame  # schema.FINDINGS, most time lost first
+    notes: list[str] = field(default_factory=list)
+
+
+def _compute_set(events: pd.DataFrame, lanes: pd.DataFrame) -> Intervals:
+    """What counts as computing on a rank: the whole-step overlap's compute union."""
+    if is_gpu_rank(events):
+        return gpu_sets(events, None)[1]
+    return cpu_sets(events, lanes, None)[1]
+
+
+def _in_steps(frame: pd.DataFrame, wanted: dict[int, set[int] | None]) -> pd.DataFrame:
+    """Rows of each rank's analysed steps (all rows of a rank without ProfilerSteps)."""
+    if frame.empty:
+        return frame
+    keep = np.ones(len(frame), dtype=bool)
+    ranks = frame["rank"].to_numpy()
+    steps = frame["step"].to_numpy()
+    for rank, chosen in wanted.items():
+        if chosen is not None:
+            m = ranks == rank
+            keep[m] = np.isin(steps[m], list(chosen))
+    return frame[keep]
+
+
+def _covered(iv: Intervals, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """|iv ∩ [lo, hi)| for many windows at once."""
+    return coverage_ns(iv, hi) - coverage_ns(iv, lo)
+
+
+def _step_times(rank: int, steps: pd.DataFrame, pieces: pd.DataFrame, labels: pd.DataFrame,
+                events: pd.DataFrame, collectives: pd.DataFrame, compute: Intervals) -> pd.DataFrame:
+    """STEP_TIMES of one rank: where the training threads' time went, step by step."""
+    overhead = _overhead_labels(labels)
+    over = union_intervals(overhead["start_ns"].to_numpy(), overhead["end_ns"].to_numpy())
+    opt = events[((events["kind"] == schema.KIND_ANNOTATION)
+                  & events["name"].astype(str).str.startswith(OPTIMIZER_PREFIX)).to_numpy()]
+    opt_iv = union_intervals(opt["start_ns"].to_numpy(), (opt["start_ns"] + opt["dur_ns"]).to_numpy())
+    lo = steps["start_ns"].to_numpy(np.int64)
+    hi = steps["end_ns"].to_numpy(np.int64)
+    piece_ns = (pieces["end_ns"] - pieces["start_ns"]).groupby(pieces["step"]).sum()
+    comm_ns, exposed = [], []
+    for step in steps["step"]:
+        c = collectives[collectives["step"] == step]
+        comm = union_intervals(c["start_ns"].to_numpy(), c["end_ns"].to_numpy())
+        comm_ns.append(total_ns(comm))
+        exposed.append(total_ns(comm) - overlap_ns(comm, compute))
+    out = pd.DataFrame({
+        "rank": rank, "step": steps["step"].to_numpy(), "start_ns": lo, "end_ns": hi, "step_ns": hi - lo,
+        "unit_compute_ns": steps["step"].map(piece_ns).fillna(0).to_numpy(dtype=np.int64),
+        "framework_ns": _covered(over, lo, hi), "optimizer_ns": _covered(opt_iv, lo, hi),
+        "comm_ns": np.array(comm_ns, dtype=np.int64), "exposed_comm_ns": np.array(exposed, dtype=np.int64),
+        "late_ns": 0,
+    })
+    out["other_ns"] = (out["step_ns"] - out["unit_compute_ns"] - out["framework_ns"] - out["optimizer_ns"]).clip(lower=0)
+    return schema.conform(out, schema.STEP_TIMES, table="step_times")
+
+
+def _shift(frame: pd.DataFrame, offsets: dict[int, int], cols: Sequence[str]) -> pd.DataFrame:
+    """Move each rank's times onto the reference clock (``-1`` markers stay as they are)."""
+    if frame.empty or not any(offsets.values()):
+        return frame
+    delta = frame["rank"].map(offsets).fillna(0).astype(np.int64).to_numpy()
+    out = frame.copy()
+    for col in cols:
+        values = out[col].to_numpy()
+        out[col] = np.where(values >= 0, values - delta, values) if col in _UNIT_TIME_COLS else values - delta
+    return out
+
+
+def _concat(frames: list[pd.DataFrame], table: schema.Schema) -> pd.DataFrame:
+    frames = [f for f in frames if len(f)]
+    return schema.conform(pd.concat(frames, ignore_index=True), table) if frames else schema.make_empty(table)
+
+
+def analyze_run(traces: TraceSet, *, steps: Sequence[int] | None = None) -> RunAnalysis:
+    """Per-unit analysis of a loaded run (see the module docstring)."""
+    ranks = traces.rank_ids
+    labels = parse_labels(traces.events)
+    framework = label_framework(labels)
+    recorded = str((traces.run or {}).get("framework", "unknown"))
+    if framework == "unknown" or (framework == "fsdp1" and recorded == "zero3"):
+        framework = recorded if recorded in schema.FRAMEWORKS else "unknown"
+    ut = unit_tables(traces.events, traces.lanes, labels)
+    wanted: dict[int, set[int] | None] = {}
+    windows: dict[int, object] = {}
+    for rank in ranks:
+        window = select_window(traces.steps[traces.steps["rank"] == rank], steps=steps)
+        windows[rank] = window
+        wanted[rank] = set(window.steps) if window is not None else None
+    analysed = set().union(*[w if w is not None else {schema.NO_STEP} for w in wanted.values()]) if ranks else set()
+
+    event_rows = traces.events.groupby("rank", sort=True).indices
+    compute = {r: _compute_set(traces.events.iloc[event_rows[r]], traces.lanes) for r in ranks if r in event_rows}
+    us = unit_steps(ut.spans, ut.windows, compute)
+    devices = memory.main_devices(traces.memory)
+    peaks, curves, times = [], [], []
+    pieces = _in_steps(ut.pieces, wanted)
+    coll_in = _in_steps(ut.collectives, wanted)
+    for rank in ranks:
+        rank_steps = traces.steps[traces.steps["rank"] == rank]
+        chosen = rank_steps if wanted[rank] is None else rank_steps[rank_steps["step"].isin(list(wanted[rank]))]
+        if rank in devices:
+            samples = memory.device_samples(traces.memory, rank, devices[rank])
+            mine = (us["rank"] == rank).to_numpy() & (us["window_start_ns"] >= 0).to_numpy()
+            us.loc[mine, "peak_allocated_bytes"] = memory.window_peaks(
+                samples, us.loc[mine, "window_start_ns"].to_numpy(), us.loc[mine, "window_end_ns"].to_numpy())
+            peaks.append(memory.step_peaks(samples, chosen, ut.windows[ut.windows["rank"] == rank], devices[rank]))
+            window = windows[rank]
+            if window is not None and window.steps:
+                samples = samples[(samples["t_ns"] >= window.start_ns) & (samples["t_ns"] <= window.end_ns)]
+            curves.append(memory.thin_curve(samples))
+        rank_events = traces.events.iloc[event_rows.get(rank, [])]
+        times.append(_step_times(rank, chosen, pieces[pieces["rank"] == rank], labels[labels["rank"] == rank],
+                                 rank_events, coll_in[coll_in["rank"] == rank], compute.get(rank, empty_intervals())))
+
+    spans = _in_steps(ut.spans, wanted)
+    us = _in_steps(us, wanted)
+    coll = crossrank.with_seq(ut.collectives) if len(ut.collectives) else ut.collectives
+    clock = crossrank.estimate_clocks(coll, ranks) if len(coll) else schema.make_empty(schema.CLOCK)
+    offsets = crossrank.applied_offsets(clock)
+    spans = _shift(spans, offsets, ("start_ns", "end_ns", "issue_ns"))
+    us = _shift(us, offsets, _UNIT_TIME_COLS)
+    mem_curve = _shift(_concat(curves, schema.MEMORY), offsets, ("t_ns",))
+    peaks_t = _shift(_concat(peaks, schema.MEMORY_PEAKS), offsets, ("peak_t_ns",))
+    step_times = _shift(_concat(times, schema.STEP_TIMES), offsets, ("start_ns", "end_ns"))
+    skew, lateness = schema.make_empty(schema.SKEW), crossrank.rank_lateness(pd.DataFrame())
+    if len(coll):
+        coll = _in_steps(_shift(coll, offsets, ("start_ns", "end_ns", "issue_ns")), wanted)
+        skew = crossrank.collective_skew(coll, min(ranks))
+        lateness = crossrank.rank_lateness(coll)
+        late = step_times[["rank", "step"]].merge(lateness, on=["rank", "step"], how="left")["late_ns"]
+        step_times["late_ns"] = late.fillna(0).astype(np.int64).to_numpy()
+    has_units = has_unit_labels(labels)
+    units = derive_units(traces.units, ut.windows, us, framework) if has_units else traces.units
+    stats = unit_stats(us, units)
+    model = _model(stats, traces, peaks_t)
+    step_ns = float(step_times["step_ns"].median()) if len(step_times) else float("nan")
+    findings = build_findings(us, spans, lateness, step_ns, framework)
+    return RunAnalysis(
+        framework=framework, world_size=traces.world_size, ranks=ranks, steps=sorted(analysed),
+        has_units=has_units, units=units, spans=spans, unit_steps=us, unit_stats=stats,
+        step_times=step_times, memory=mem_curve, memory_peaks=peaks_t, memory_model=model, clock=clock,
+        skew=skew, findings=findings, notes=_notes(has_units, clock, framework),
+    )
+
+
+def _model(stats: pd.DataFrame, traces: TraceSet, peaks: pd.DataFrame) -> dict[str, Any]:
+    if stats.empty:
+        return {}
+    gpu = bool((traces.events["kind"] == schema.KIND_KERNEL).any())
+    elem, measured = memory.element_bytes(traces.units, 2 if gpu else 4)
+    model = memory.memory_model(stats.set_index("unit")["param_bytes"], traces.world_size, elem,
+                                measured_elem=measured)
+    if model and len(peaks):
+        model["measured_peak_bytes"] = int(peaks["peak_allocated_bytes"].max())
+    return model
+
+
+def _notes(has_units: bool, clock: pd.DataFrame, framework: str) -> list[str]:
+    notes = []
+    if not has_units:
+        notes.append("no FSDP unit labels in the traces (FSDP2's FSDP::... or fsdpviz's fsdpviz::... ranges): "
+                     "only whole-step numbers are available")
+    moved = clock[clock["applied"]]
+    for row in moved.itertuples():
+        notes.append(f"rank {row.rank}'s clock differs from rank {int(clock['rank'].min())}'s by "
+                     f"{row.offset_ns / 1e6:.3f} ms (from {row.n_matched} collective end times): its times "
+                     "were moved onto the reference clock")
+    return notes

@@ -1,0 +1,140 @@
+"""Per unit and pass: how long it gathered, computed and reduced, and how much of it was exposed.
+
+One UNIT_STEPS row per rank, step, unit and pass (forward / backward), from the SPANS table:
+
+- ``ag_*``: the pass's all-gather(s) of the unit's parameters, issued at ``ag_issue_ns`` on the CPU,
+  running ``ag_start_ns`` -> ``ag_end_ns`` on their lane; ``ag_exposed_ns`` is the part of that
+  time during which the rank computed nothing (compute as in the whole-step overlap: non-NCCL,
+  non-copy kernels on GPU; training-thread ops outside collective calls and waits on CPU).
+- ``prefetch_lead_ns`` = start of the unit's compute - end of its gather: positive when the
+  parameters were ready before they were needed, ~0 or negative when compute waited.
+- ``issue_depth``: how many compute pieces of earlier units were still running when the gather
+  began: 0 = gathered only once the previous unit had finished (nothing to hide behind), 1 = one
+  unit ahead, 2 = two units ahead...
+- ``rs_*`` / ``ar_*``: the unit's gradient reduce-scatter (and HSDP all-reduce), exposed the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import numpy as np
+import pandas as pd
+
+from fsdpviz.analysis.overlap import Intervals, coverage_ns, empty_intervals
+from fsdpviz.trace import schema
+
+_UNIT_PHASES: Final = (schema.PHASE_FORWARD, schema.PHASE_BACKWARD)
+
+
+def exposed_ns(start: np.ndarray, end: np.ndarray, compute: Intervals) -> np.ndarray:
+    """For each ``[start, end)``: the part not covered by the normalised ``compute`` union."""
+    start = np.asarray(start, dtype=np.int64)
+    end = np.asarray(end, dtype=np.int64)
+    covered = coverage_ns(compute, end) - coverage_ns(compute, start)
+    return (end - start) - covered
+
+
+def exposed_by_rank(rows: pd.DataFrame, compute: dict[int, Intervals]) -> np.ndarray:
+    """``exposed_ns`` of each row (``rank``, ``start_ns``, ``end_ns``) against its rank's compute."""
+    out = np.zeros(len(rows), dtype=np.int64)
+    if rows.empty:
+        return out
+    ranks = rows["rank"].to_numpy()
+    start = rows["start_ns"].to_numpy(np.int64)
+    end = rows["end_ns"].to_numpy(np.int64)
+    for rank in np.unique(ranks):
+        m = ranks == rank
+        out[m] = exposed_ns(start[m], end[m], compute.get(int(rank), empty_intervals()))
+    return out
+
+
+def _sum_by(frame: pd.DataFrame, key: list[str], value: np.ndarray, name: str) -> pd.Series:
+    if frame.empty:
+        return pd.Series(dtype="Int64", name=name, index=pd.MultiIndex.from_frame(frame[key]))
+    summed = pd.Series(value, index=pd.MultiIndex.from_frame(frame[key])).groupby(level=key).sum()
+    return summed.astype("Int64").rename(name)
+
+
+def _agg(frame: pd.DataFrame, key: list[str], **named: tuple[str, str]) -> pd.DataFrame:
+    """groupby-agg with nullable integers, so joins that leave gaps never round ns times to float."""
+    return frame.groupby(key).agg(**named).astype("Int64")
+
+
+def issue_depths(ag: pd.DataFrame, pieces: pd.DataFrame) -> np.ndarray:
+    """Per gather row (``rank``, ``step``, ``phase``, ``unit``, ``ag_start_ns``, ``compute_start_ns``):
+    the number of other units' compute pieces of the same rank, step and pass that began before the
+    unit's own compute and were still running when the gather started."""
+    depth = np.full(len(ag), schema.NO_DEPTH, dtype=np.int64)
+    key = ["rank", "step", "phase"]
+    groups = pieces.groupby(key, sort=False).indices
+    for group, rows in ag.groupby(key, sort=False).indices.items():
+        idx = groups.get(group)
+        if idx is None:
+            depth[rows] = 0
+            continue
+        p = pieces.iloc[idx]
+        p_unit = p["unit"].to_numpy(dtype=object)
+        p_start = p["start_ns"].to_numpy(np.int64)
+        p_end = p["end_ns"].to_numpy(np.int64)
+        a = ag.iloc[rows]
+        first = np.where(a["compute_start_ns"].to_numpy(np.int64) >= 0, a["compute_start_ns"].to_numpy(np.int64),
+                         a["ag_end_ns"].to_numpy(np.int64))
+        hits = ((p_unit[None, :] != a["unit"].to_numpy(dtype=object)[:, None])
+                & (p_start[None, :] < first[:, None])
+                & (p_end[None, :] > a["ag_start_ns"].to_numpy(np.int64)[:, None]))
+        depth[rows] = hits.sum(axis=1)
+    return depth
+
+
+def unit_steps(spans: pd.DataFrame, windows: pd.DataFrame, compute: dict[int, Intervals]) -> pd.DataFrame:
+    """UNIT_STEPS from spans and unit windows; ``compute``: each rank's compute union."""
+    s = spans[(spans["unit"] != "").to_numpy() & spans["phase"].isin(list(_UNIT_PHASES)).to_numpy()]
+    key = ["rank", "step", "unit", "phase"]
+    if s.empty:
+        return schema.make_empty(schema.UNIT_STEPS)
+    start = s["start_ns"].to_numpy(np.int64)
+    end = s["end_ns"].to_numpy(np.int64)
+    dur = end - start
+    kind = s["kind"].to_numpy(dtype=object)
+    base = s[key].drop_duplicates().set_index(key)
+
+    def part(k: str) -> pd.DataFrame:
+        return s[kind == k]
+
+    comp = part(schema.SPAN_COMPUTE)
+    out = base.join(_agg(comp, key, compute_start_ns=("start_ns", "min"), compute_end_ns=("end_ns", "max")))
+    out = out.join(_sum_by(comp, key, dur[kind == schema.SPAN_COMPUTE], "compute_ns"))
+    ag = part(schema.SPAN_ALL_GATHER)
+    ag_exp = exposed_by_rank(ag, compute)
+    out = out.join(_agg(ag, key, ag_issue_ns=("issue_ns", "min"), ag_start_ns=("start_ns", "min"),
+                        ag_end_ns=("end_ns", "max"), ag_bytes=("bytes", "sum")))
+    out = out.join(_sum_by(ag, key, dur[kind == schema.SPAN_ALL_GATHER], "ag_ns"))
+    out = out.join(_sum_by(ag, key, ag_exp, "ag_exposed_ns"))
+    for k, col in ((schema.SPAN_REDUCE_SCATTER, "rs"), (schema.SPAN_ALL_REDUCE, "ar")):
+        rows = part(k)
+        out = out.join(_sum_by(rows, key, dur[kind == k], f"{col}_ns"))
+        out = out.join(_sum_by(rows, key, exposed_by_rank(rows, compute), f"{col}_exposed_ns"))
+    for k, col in ((schema.SPAN_COPY_IN, "copy_in_ns"), (schema.SPAN_COPY_OUT, "copy_out_ns"),
+                   (schema.SPAN_RESHARD, "reshard_ns")):
+        out = out.join(_sum_by(part(k), key, dur[kind == k], col))
+    w = _agg(windows, key, window_start_ns=("start_ns", "min"), window_end_ns=("end_ns", "max"))
+    out = out.join(w)
+    out = out.reset_index()
+    zero_cols = ["compute_ns", "ag_ns", "ag_exposed_ns", "rs_ns", "rs_exposed_ns", "ar_ns", "ar_exposed_ns",
+                 "copy_in_ns", "copy_out_ns", "reshard_ns"]
+    out[zero_cols] = out[zero_cols].fillna(0)
+    neg_cols = ["compute_start_ns", "compute_end_ns", "ag_issue_ns", "ag_start_ns", "ag_end_ns", "ag_bytes",
+                "window_start_ns", "window_end_ns"]
+    out[neg_cols] = out[neg_cols].fillna(-1)
+    out = out.astype({c: np.int64 for c in zero_cols + neg_cols})
+    has_ag = (out["ag_end_ns"] >= 0).to_numpy()
+    has_comp = (out["compute_start_ns"] >= 0).to_numpy()
+    lead = (out["compute_start_ns"] - out["ag_end_ns"]).to_numpy(dtype=np.int64).astype(np.float64)
+    out["prefetch_lead_ns"] = np.where(has_ag & has_comp, lead, np.nan)
+    depth = np.full(len(out), schema.NO_DEPTH, dtype=np.int64)
+    if has_ag.any():
+        depth[has_ag] = issue_depths(out[has_ag].reset_index(drop=True), comp)
+    out["issue_depth"] = depth
+    out["peak_allocated_bytes"] = -1
+    return schema.conform(out, schema.UNIT_STEPS, table="unit_steps")

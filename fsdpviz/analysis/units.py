@@ -1,0 +1,183 @@
+"""The units of a run and their per-unit numbers (medians over ranks and steps).
+
+Units come from run.json when ``fsdpviz record`` wrote one (names, order, sizes as the framework
+reported them). For traces recorded without fsdpviz they are read off the labels: the order is the
+forward order of their windows, the size the bytes their forward all-gather produced (the
+unsharded, padded parameters), the parent the innermost unit whose forward window encloses theirs.
+
+:func:`unit_stats` reduces UNIT_STEPS to one row per unit; :func:`summary_records` gives the
+``units`` list of ``fsdpviz summary --json``; :func:`summarize_units` is the entry point the summary
+module calls.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from fsdpviz.trace import schema
+
+if TYPE_CHECKING:
+    from fsdpviz.analysis.run import RunAnalysis
+    from fsdpviz.trace.tables import TraceSet
+
+NS_PER_MS = 1e6
+
+
+def derive_units(run_units: pd.DataFrame, windows: pd.DataFrame, unit_steps: pd.DataFrame,
+                 framework: str) -> pd.DataFrame:
+    """UNITS: run.json's units, completed with what the traces show; else units from the traces."""
+    seen = windows[windows["phase"] == schema.PHASE_FORWARD]
+    if seen.empty:
+        seen = windows
+    order = seen.sort_values(["rank", "start_ns"], kind="stable").drop_duplicates("unit")["unit"].tolist()
+    gathered = unit_steps[unit_steps["ag_bytes"] > 0].groupby("unit")["ag_bytes"].median()
+    if len(run_units):
+        out = run_units.copy()
+        missing = out["param_bytes"] < 0
+        out.loc[missing, "param_bytes"] = out.loc[missing, "unit"].map(gathered).fillna(-1).astype(np.int64)
+        known = set(out["unit"])
+        extra = [u for u in order if u not in known]
+        if extra:  # units the traces show but run.json does not list
+            out = pd.concat([out, _units_frame(extra, gathered, framework, windows, len(out))], ignore_index=True)
+        return schema.conform(out, schema.UNITS, table="units")
+    return _units_frame(order, gathered, framework, windows, 0)
+
+
+def _units_frame(names: list[str], gathered: pd.Series, framework: str, windows: pd.DataFrame,
+                 first_order: int) -> pd.DataFrame:
+    parents = _parents(windows)
+    frame = pd.DataFrame({
+        "unit": names,
+        "order": np.arange(first_order, first_order + len(names)),
+        "param_numel": -1,
+        "param_bytes": [int(gathered.get(u, -1)) for u in names],
+        "framework": framework,
+        "parent": [parents.get(u, "") for u in names],
+    })
+    return schema.conform(frame, schema.UNITS, table="units")
+
+
+def _parents(windows: pd.DataFrame) -> dict[str, str]:
+    """unit -> innermost other unit whose forward window encloses its first forward window."""
+    fwd = windows[windows["phase"] == schema.PHASE_FORWARD]
+    if fwd.empty:
+        return {}
+    first_rank = fwd["rank"].min()
+    fwd = fwd[fwd["rank"] == first_rank]
+    first_step = fwd["step"].min()
+    fwd = fwd[fwd["step"] == first_step].drop_duplicates("unit")
+    out = {}
+    for row in fwd.itertuples():
+        around = fwd[(fwd["start_ns"] <= row.start_ns) & (fwd["end_ns"] >= row.end_ns) & (fwd["unit"] != row.unit)]
+        if len(around):
+            out[row.unit] = str(around.sort_values("start_ns")["unit"].iat[-1])
+    return out
+
+
+def _by_phase(us: pd.DataFrame, phase: str, cols: dict[str, str]) -> pd.DataFrame:
+    part = us[us["phase"] == phase].set_index(["rank", "step", "unit"])[list(cols)]
+    return part.rename(columns=cols)
+
+
+def unit_stats(unit_steps: pd.DataFrame, units: pd.DataFrame) -> pd.DataFrame:
+    """UNIT_STATS: per unit, medians over (rank, step) of its per-step numbers."""
+    if unit_steps.empty:
+        return schema.make_empty(schema.UNIT_STATS)
+    us = unit_steps
+    key = ["rank", "step", "unit"]
+    per = us.groupby(key).agg(all_gather_ns=("ag_ns", "sum"), reduce_scatter_ns=("rs_ns", "sum"),
+                              all_reduce_ns=("ar_ns", "sum"), ag_exposed=("ag_exposed_ns", "sum"),
+                              rs_exposed_ns=("rs_exposed_ns", "sum"), ar_exposed=("ar_exposed_ns", "sum"))
+    per["exposed_comm_ns"] = per["ag_exposed"] + per["rs_exposed_ns"] + per["ar_exposed"]
+    per = per.join(_by_phase(us, schema.PHASE_FORWARD, {
+        "compute_ns": "forward_ns", "ag_exposed_ns": "forward_ag_exposed_ns",
+        "prefetch_lead_ns": "forward_prefetch_lead_ns", "issue_depth": "forward_issue_depth"}))
+    per = per.join(_by_phase(us, schema.PHASE_BACKWARD, {
+        "compute_ns": "backward_ns", "ag_exposed_ns": "backward_ag_exposed_ns",
+        "prefetch_lead_ns": "backward_prefetch_lead_ns", "issue_depth": "backward_issue_depth"}))
+    for col in ("forward_issue_depth", "backward_issue_depth"):
+        per[col] = per[col].where(per[col] >= 0)  # NO_DEPTH: no gather in that pass
+    for col in ("forward_ns", "backward_ns", "forward_ag_exposed_ns", "backward_ag_exposed_ns"):
+        per[col] = per[col].fillna(0)
+    med_cols = ["all_gather_ns", "forward_ns", "backward_ns", "reduce_scatter_ns", "all_reduce_ns",
+                "exposed_comm_ns", "forward_ag_exposed_ns", "backward_ag_exposed_ns", "rs_exposed_ns",
+                "forward_prefetch_lead_ns", "backward_prefetch_lead_ns", "forward_issue_depth",
+                "backward_issue_depth"]
+    stats = per.groupby("unit")[med_cols].median()
+    stats["n_samples"] = per.groupby("unit").size()
+    peaks = us.pivot_table(index="unit", columns="phase", values="peak_allocated_bytes", aggfunc="max")
+    stats["forward_peak_allocated_bytes"] = peaks.get(schema.PHASE_FORWARD, pd.Series(dtype=float))
+    stats["backward_peak_allocated_bytes"] = peaks.get(schema.PHASE_BACKWARD, pd.Series(dtype=float))
+    stats["peak_allocated_bytes"] = us.groupby("unit")["peak_allocated_bytes"].max()
+    info = units.set_index("unit")[["order", "param_numel", "param_bytes"]] if len(units) else None
+    if info is not None:
+        stats = stats.join(info)
+    else:
+        stats = stats.assign(order=np.nan, param_numel=-1, param_bytes=-1)
+    first_seen = us.sort_values(["rank", "step", "window_start_ns"]).drop_duplicates("unit")["unit"].tolist()
+    fallback = {u: len(units) + i for i, u in enumerate(first_seen)}
+    stats["order"] = [o if pd.notna(o) else fallback[u] for u, o in zip(stats.index, stats["order"])]
+    stats[["param_numel", "param_bytes"]] = stats[["param_numel", "param_bytes"]].fillna(-1)
+    for col in ("forward_peak_allocated_bytes", "backward_peak_allocated_bytes", "peak_allocated_bytes"):
+        stats[col] = stats[col].fillna(-1)
+    stats["unsharded_bytes"] = np.where(stats["param_bytes"] > 0, 2 * stats["param_bytes"], -1)
+    stats = stats.reset_index().sort_values("order", kind="stable")
+    return schema.conform(stats, schema.UNIT_STATS, table="unit_stats")
+
+
+def _ms(ns: float) -> float | None:
+    return None if ns is None or not math.isfinite(float(ns)) else round(float(ns) / NS_PER_MS, 3)
+
+
+def _num(value: float) -> float | None:
+    return None if value is None or not math.isfinite(float(value)) else round(float(value), 2)
+
+
+def _int_or_none(value: float) -> int | None:
+    return None if value is None or not math.isfinite(float(value)) or value < 0 else int(value)
+
+
+def summary_records(stats: pd.DataFrame) -> list[dict[str, Any]]:
+    """The ``units`` list of ``summary --json``: contract keys first, then more detail."""
+    records = []
+    for r in stats.to_dict(orient="records"):
+        lead = r["forward_prefetch_lead_ns"]
+        records.append({
+            "name": r["unit"],
+            "param_numel": _int_or_none(r["param_numel"]),
+            "all_gather_ms": _ms(r["all_gather_ns"]),
+            "forward_ms": _ms(r["forward_ns"]),
+            "backward_ms": _ms(r["backward_ns"]),
+            "reduce_scatter_ms": _ms(r["reduce_scatter_ns"]),
+            "exposed_comm_ms": _ms(r["exposed_comm_ns"]),
+            "prefetch_lead_ms": _ms(lead if math.isfinite(lead) else r["backward_prefetch_lead_ns"]),
+            "peak_allocated_bytes": _int_or_none(r["peak_allocated_bytes"]),
+            "order": int(r["order"]),
+            "param_bytes": _int_or_none(r["param_bytes"]),
+            "all_reduce_ms": _ms(r["all_reduce_ns"]),
+            "forward_exposed_all_gather_ms": _ms(r["forward_ag_exposed_ns"]),
+            "backward_exposed_all_gather_ms": _ms(r["backward_ag_exposed_ns"]),
+            "exposed_reduce_scatter_ms": _ms(r["rs_exposed_ns"]),
+            "forward_prefetch_lead_ms": _ms(r["forward_prefetch_lead_ns"]),
+            "backward_prefetch_lead_ms": _ms(r["backward_prefetch_lead_ns"]),
+            "forward_issue_depth": _num(r["forward_issue_depth"]),
+            "backward_issue_depth": _num(r["backward_issue_depth"]),
+            "forward_peak_allocated_bytes": _int_or_none(r["forward_peak_allocated_bytes"]),
+            "backward_peak_allocated_bytes": _int_or_none(r["backward_peak_allocated_bytes"]),
+            "unsharded_bytes": _int_or_none(r["unsharded_bytes"]),
+            "samples": int(r["n_samples"]),
+        })
+    return records
+
+
+def summarize_units(traces: TraceSet, *, steps: Sequence[int] | None = None) -> list[dict[str, Any]]:
+    """Per-unit entries of ``fsdpviz summary --json`` for the analysed ``steps``."""
+    from fsdpviz.analysis.run import analyze_run  # run imports this module
+
+    analysis: RunAnalysis = analyze_run(traces, steps=steps)
+    return summary_records(analysis.unit_stats)

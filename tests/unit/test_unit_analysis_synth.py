@@ -1,0 +1,177 @@
+"""``analyze_run`` on synthetic GPU FSDP2 runs: the per-unit numbers the model says, exactly.
+
+Each scenario is simulated by ``tests/synth`` (FSDP2's stream semantics, NCCL collectives that end
+together on all ranks, clocks that may disagree); its expected answers come from the simulation's
+own record of what it created, never from fsdpviz.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from synth import ROOT, Scenario, generate_run, make_root, make_units
+
+from fsdpviz.analysis.run import RunAnalysis, analyze_run
+from fsdpviz.trace import load_traces, schema
+
+SCENARIOS = {
+    "implicit-root-2": Scenario(units=make_units(4), root=make_root(), world_size=2, steps=(3, 4, 5)),
+    "explicit-1-ahead": Scenario(units=make_units(4), root=make_root(), forward_prefetch=1, backward_prefetch=1),
+    "no-overlap": Scenario(units=make_units(3), backward_prefetch=0, sync_per_unit=True),
+    "implicit-8-ranks": Scenario(units=make_units(3), root=make_root(), world_size=8),
+    "skewed-clocks-straggler": Scenario(units=make_units(3), root=make_root(), world_size=2,
+                                        clock_offset_ns={1: 2_500_000_000}, step_delay_ns={1: 3_000_000}),
+    "hsdp-skewed": Scenario(units=make_units(3), world_size=4, hsdp_replicas=2,
+                            clock_offset_ns={1: 5_000_000_000, 2: -3_000_000, 3: 7_000_000}),
+}
+UNIT_COLS = ["ag_issue_ns", "ag_start_ns", "ag_end_ns", "ag_ns", "ag_bytes", "ag_exposed_ns", "compute_start_ns",
+             "compute_ns", "issue_depth", "rs_ns", "rs_exposed_ns", "ar_ns", "ar_exposed_ns", "peak_allocated_bytes"]
+KEY = ["rank", "step", "unit", "phase"]
+
+_cache: dict[str, tuple] = {}
+
+
+def analysed(name: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[RunAnalysis, object]:
+    """Generate, load and analyse a scenario once per test session."""
+    if name not in _cache:
+        sc = SCENARIOS[name]
+        run = generate_run(sc, tmp_path_factory.mktemp(name))
+        analysis = analyze_run(load_traces(run.paths, cache=False), steps=list(sc.steps))
+        _cache[name] = (analysis, run)
+    return _cache[name]
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_unit_steps_match_the_model(name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    analysis, run = analysed(name, tmp_path_factory)
+    got = analysis.unit_steps.set_index(KEY).sort_index()
+    want = run.expected.unit_steps.set_index(KEY).sort_index()
+    assert got.index.equals(want.index)
+    for col in UNIT_COLS:
+        assert (got[col].to_numpy() == want[col].to_numpy()).all(), col
+    lead_got, lead_want = got["prefetch_lead_ns"].to_numpy(), want["prefetch_lead_ns"].to_numpy()
+    assert np.array_equal(np.isnan(lead_got), np.isnan(lead_want))
+    assert (lead_got[~np.isnan(lead_got)] == lead_want[~np.isnan(lead_want)]).all()
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_spans_on_the_reference_clock(name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    analysis, run = analysed(name, tmp_path_factory)
+    key = ["rank", "step", "unit", "phase", "kind", "lane", "start_ns"]
+    got = analysis.spans.merge(run.expected.spans, on=key, how="outer", indicator=True, suffixes=("", "_want"))
+    assert (got["_merge"] == "both").all()
+    assert (got["end_ns"] == got["end_ns_want"]).all() and (got["issue_ns"] == got["issue_ns_want"]).all()
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_clock_offsets_and_memory_peaks(name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    analysis, run = analysed(name, tmp_path_factory)
+    clock = analysis.clock.set_index("rank")
+    for rank, offset in run.expected.clock_offsets.items():
+        assert clock.loc[rank, "offset_ns"] == offset
+        assert bool(clock.loc[rank, "applied"]) == (offset != 0)
+    key = ["rank", "step"]
+    got = analysis.memory_peaks.set_index(key).sort_index()
+    want = run.expected.step_peaks.set_index(key).sort_index()
+    assert got.index.equals(want.index)
+    for col in ("peak_allocated_bytes", "peak_t_ns", "unit", "phase"):
+        assert (got[col].to_numpy() == want[col].to_numpy()).all(), col
+
+
+def test_collective_start_skew(tmp_path_factory: pytest.TempPathFactory) -> None:
+    analysis, run = analysed("skewed-clocks-straggler", tmp_path_factory)
+    want = run.expected.skew
+    got = analysis.skew[analysis.skew["kind"] != ""]
+    merged = got.merge(want, on=["step", "unit", "phase", "kind"], suffixes=("", "_want"))
+    assert len(merged) == len(want) > 0
+    assert (merged["start_skew_ns"] == merged["start_skew_ns_want"]).all()
+    assert (merged["late_rank"] == merged["late_rank_want"]).all()
+    # the delayed rank starts the step's first gather 3 ms late, on the corrected clock
+    first = merged.sort_values("first_start_ns").groupby("step").head(1)
+    assert (first["start_skew_ns"] == 3_000_000).all() and (first["late_rank"] == 1).all()
+    straggler = analysis.findings[analysis.findings["kind"] == "straggler"]
+    assert list(straggler["rank"]) == [1]
+    assert straggler["lost_ns"].iat[0] >= 3_000_000
+
+
+def test_explicit_prefetch_gathers_one_unit_ahead(tmp_path_factory: pytest.TempPathFactory) -> None:
+    analysis, _ = analysed("explicit-1-ahead", tmp_path_factory)
+    us = analysis.unit_steps
+    fwd = us[(us["phase"] == "forward") & us["unit"].str.startswith("blocks.")].sort_values(["rank", "step", "unit"])
+    later = fwd[fwd["unit"] != "blocks.0"]
+    assert (later["issue_depth"] == 1).all()
+    # each block's gather is issued before the previous block starts computing
+    for (_, _), rows in fwd.groupby(["rank", "step"]):
+        rows = rows.sort_values("compute_start_ns")
+        assert (rows["ag_issue_ns"].to_numpy()[1:] < rows["compute_start_ns"].to_numpy()[:-1]).all()
+    assert (later["ag_exposed_ns"] == 0).all() and (later["prefetch_lead_ns"] > 0).all()
+
+
+def test_no_overlap_is_fully_exposed_and_says_why(tmp_path_factory: pytest.TempPathFactory) -> None:
+    analysis, _ = analysed("no-overlap", tmp_path_factory)
+    us = analysis.unit_steps
+    gathers = us[us["ag_ns"] > 0]
+    assert (gathers["ag_exposed_ns"] == gathers["ag_ns"]).all()
+    assert (gathers["issue_depth"] == 0).all()
+    f = analysis.findings
+    late = f[(f["kind"] == "exposed_all_gather") & (f["unit"] == "blocks.1") & (f["phase"] == "forward")]
+    assert len(late) == 1
+    assert "after blocks.0 had finished computing" in late["message"].iat[0]
+    assert "set_modules_to_forward_prefetch" in late["knob"].iat[0]
+    first = f[(f["kind"] == "exposed_all_gather") & (f["unit"] == "blocks.0") & (f["phase"] == "forward")]
+    assert "first unit of the forward pass" in first["message"].iat[0] and first["knob"].iat[0] == ""
+    assert list(f["lost_ns"]) == sorted(f["lost_ns"], reverse=True)
+
+
+def test_nested_root_stats_and_units(tmp_path_factory: pytest.TempPathFactory) -> None:
+    analysis, run = analysed("implicit-root-2", tmp_path_factory)
+    sc = run.scenario
+    assert analysis.framework == "fsdp2" and analysis.has_units
+    assert list(analysis.units["unit"]) == [ROOT] + [u.name for u in sc.units]
+    assert list(analysis.units["parent"]) == [""] + [ROOT] * len(sc.units)
+    stats = analysis.unit_stats.set_index("unit")
+    assert stats.loc[ROOT, "forward_ns"] == sc.root.fwd_ns and stats.loc[ROOT, "backward_ns"] == sc.root.bwd_ns
+    for u in sc.units:
+        assert stats.loc[u.name, "forward_ns"] == u.fwd_ns and stats.loc[u.name, "backward_ns"] == u.bwd_ns
+        assert stats.loc[u.name, "param_bytes"] == sc.padded_numel(u) * sc.dtype_bytes
+    # the root is not resharded after forward: no gather in backward
+    assert np.isnan(stats.loc[ROOT, "backward_prefetch_lead_ns"])
+    model = analysis.memory_model
+    assert model["sharded_state_bytes"] == run.expected.baseline_bytes
+    assert model["measured_peak_bytes"] == run.expected.step_peaks["peak_allocated_bytes"].max()
+
+
+def test_ranks_agree_on_eight_ranks(tmp_path_factory: pytest.TempPathFactory) -> None:
+    analysis, _ = analysed("implicit-8-ranks", tmp_path_factory)
+    assert analysis.ranks == list(range(8))
+    per_rank = analysis.unit_steps.groupby("rank")["ag_exposed_ns"].sum()
+    assert per_rank.nunique() == 1
+    assert (analysis.skew["start_skew_ns"] == 0).all() and (analysis.skew["n_ranks"] == 8).all()
+    assert analysis.findings[analysis.findings["kind"] == "straggler"].empty
+
+
+def test_tables_follow_the_schema(tmp_path_factory: pytest.TempPathFactory) -> None:
+    analysis, _ = analysed("hsdp-skewed", tmp_path_factory)
+    for table, sch in ((analysis.spans, schema.SPANS), (analysis.unit_steps, schema.UNIT_STEPS),
+                       (analysis.unit_stats, schema.UNIT_STATS), (analysis.step_times, schema.STEP_TIMES),
+                       (analysis.memory, schema.MEMORY), (analysis.memory_peaks, schema.MEMORY_PEAKS),
+                       (analysis.clock, schema.CLOCK), (analysis.skew, schema.SKEW),
+                       (analysis.findings, schema.FINDINGS), (analysis.units, schema.UNITS)):
+        assert list(table.columns) == list(sch)
+        assert [str(t) for t in table.dtypes] == list(sch.values())
+    assert set(analysis.spans["kind"]) >= {"all_gather", "reduce_scatter", "all_reduce", "compute"}
+    assert any("clock differs" in n for n in analysis.notes)
+
+
+def test_without_unit_labels_only_whole_step_numbers(tmp_path) -> None:
+    run = generate_run(SCENARIOS["no-overlap"], tmp_path)
+    traces = load_traces(run.paths, cache=False)
+    keep = ~traces.events["name"].astype(str).str.startswith("FSDP::").to_numpy()
+    stripped = pd.DataFrame(traces.events[keep]).reset_index(drop=True)
+    traces.events = schema.conform(stripped, schema.EVENTS)
+    analysis = analyze_run(traces)
+    assert not analysis.has_units and analysis.unit_steps.empty and analysis.unit_stats.empty
+    assert analysis.framework == "unknown"
+    assert any("no FSDP unit labels" in n for n in analysis.notes)
+    assert len(analysis.step_times) and (analysis.step_times["comm_ns"] > 0).all()
