@@ -108,7 +108,10 @@ EVENTS: Final[Schema] = {
     "correlation": "int64",  # CUDA correlation id (kernel <-> runtime launch), NO_ID if none
     "external_id": "int64",  # Kineto "External id" (kernel -> launching cpu_op), NO_ID if none
     "step": "int32",  # ProfilerStep number the event starts in, NO_STEP outside
-    "comm": "category",  # one of COMM_KINDS, "" when not communication
+    # One of COMM_KINDS, "" when not communication. Set on events that run a collective (NCCL
+    # kernels, gloo:* ops on gloo threads) and on CPU ops that issue one (c10d::*, nccl:*,
+    # record_param_comms): select by kind / lane to tell them apart.
+    "comm": "category",
     "comm_bytes": "int64",  # bytes moved per rank (output side of a gather), UNKNOWN_BYTES if unknown
     "pg": "category",  # process group name from record_param_comms args, "" if unknown
 }
