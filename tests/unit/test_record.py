@@ -1,0 +1,206 @@
+"""The pure parts of ``fsdpviz record``: names, schedule, timers, process roles, run.json, CLI parsing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fsdpviz import cli
+from fsdpviz.record import launcher, runinfo, schedule
+from fsdpviz.record.activation import ROLE_CANDIDATE, ROLE_NONE, ROLE_RANK, classify_process
+from fsdpviz.record.options import RecordOptions, options_from_env
+from fsdpviz.record.timers import Interval, StepTimes, TimersWriter, salvage_partial, summarize_step
+from fsdpviz.record.units import Unit, assign_order, clean_fqn, find_parent_block
+
+
+@pytest.mark.parametrize(("fqn", "expected"), [
+    ("", "(root)"),
+    ("_fsdp_wrapped_module", "(root)"),
+    ("_fsdp_wrapped_module.blocks.3", "blocks.3"),
+    ("_fsdp_wrapped_module.blocks.3._fsdp_wrapped_module._checkpoint_wrapped_module", "blocks.3"),
+    ("_orig_mod.layers.0+1", "layers.0+1"),
+    ("blocks.10.attn", "blocks.10.attn"),
+])
+def test_clean_fqn_removes_wrapper_components(fqn: str, expected: str) -> None:
+    assert clean_fqn(fqn) == expected
+
+
+def test_find_parent_block_is_the_nearest_container_element() -> None:
+    elements = ["blocks.0", "blocks.1", "blocks.0+1.0", "blocks.0+1"]
+    assert find_parent_block("blocks.1.attn.qkv", elements) == "blocks.1"
+    assert find_parent_block("blocks.0+1.0.qkv", elements) == "blocks.0+1.0"
+    assert find_parent_block("blocks.1", elements) == ""  # a block is not its own parent
+    assert find_parent_block("tok_emb", elements) == ""
+
+
+def test_assign_order_follows_first_forward_then_module_order() -> None:
+    units = [Unit(unit=n, param_numel=1, param_bytes=4, dtype="float32") for n in ("(root)", "a", "b", "c")]
+    assign_order(units, ["(root)", "b", "a", "b"])
+    assert {u.unit: u.order for u in units} == {"(root)": 0, "b": 1, "a": 2, "c": 3}
+
+
+def test_profiler_schedule_skips_warmup_and_records_steps() -> None:
+    actions = [schedule.profiler_action(step, warmup=2, steps=3) for step in range(7)]
+    assert actions == ["none", "warmup", "record", "record", "record_and_save", "none", "none"]
+    assert schedule.profiled_steps(2, 3) == [2, 3, 4]
+    assert [schedule.profiler_action(s, warmup=0, steps=1) for s in range(2)] == ["record_and_save", "none"]
+
+
+def test_time_window_fallback_needs_time_and_forwards_and_no_optimizer() -> None:
+    kwargs = {"fallback_after_s": 10.0}
+    assert schedule.should_fall_back(optimizer_stepped=False, elapsed_s=11, forwards=3, **kwargs)
+    assert not schedule.should_fall_back(optimizer_stepped=True, elapsed_s=11, forwards=3, **kwargs)
+    assert not schedule.should_fall_back(optimizer_stepped=False, elapsed_s=9, forwards=3, **kwargs)
+    assert not schedule.should_fall_back(optimizer_stepped=False, elapsed_s=60, forwards=1, **kwargs)
+
+
+def test_options_round_trip_through_the_environment(tmp_path: Path) -> None:
+    options = RecordOptions(run_dir=tmp_path, steps=5, warmup=0, mode="timers", memory=False, window_s=2.5)
+    assert options_from_env(options.to_env()) == options
+    assert options_from_env({}) is None
+    assert (options.profile, options.timers) == (False, True)
+    with pytest.raises(ValueError, match="--steps"):
+        RecordOptions(run_dir=tmp_path, steps=0)
+    with pytest.raises(ValueError, match="--mode"):
+        RecordOptions(run_dir=tmp_path, mode="all")  # type: ignore[arg-type]
+
+
+def test_classify_process_roles() -> None:
+    run = {"FSDPVIZ_RUN_DIR": "/r"}
+    assert classify_process({}, 10) == ROLE_NONE
+    assert classify_process({**run, "RANK": "1", "WORLD_SIZE": "2"}, 10) == ROLE_RANK
+    assert classify_process(run, 10) == ROLE_CANDIDATE  # torchrun's agent, plain python
+    # a helper started by a recording rank (pid 10) inherits the owner pid: it never records
+    assert classify_process({**run, "RANK": "1", "WORLD_SIZE": "2", "FSDPVIZ_OWNER_PID": "10"}, 11) == ROLE_NONE
+    assert classify_process({**run, "RANK": "1", "WORLD_SIZE": "2", "FSDPVIZ_OWNER_PID": "10"}, 10) == ROLE_RANK
+
+
+def _interval(unit: str, phase: str, kind: str, start: int, end: int) -> Interval:
+    return Interval(unit, phase, kind, start * 1_000_000, end * 1_000_000)
+
+
+def test_summarize_step_computes_exclusive_compute_from_nesting() -> None:
+    # GIVEN root [0,100] ms holding its gather [0,30] and a child unit [40,70] with its gather [40,50]
+    times = StepTimes(7, intervals=[
+        _interval("", "step", "total", 0, 200),
+        _interval("", "forward", "total", 0, 100),
+        _interval("(root)", "forward", "total", 0, 100),
+        _interval("(root)", "forward", "all_gather", 0, 30),
+        _interval("blocks.0", "forward", "total", 40, 70),
+        _interval("blocks.0", "forward", "all_gather", 40, 50),
+        _interval("blocks.0", "forward", "all_gather", 55, 56),
+    ], memory={"peak_rss": 123})
+    # WHEN summarised
+    records = {(r["unit"], r["phase"], r["kind"]): r for r in summarize_step(3, times)}
+    # THEN totals and gathers are sums, compute excludes what lies directly inside
+    assert records[("(root)", "forward", "compute")]["ms"] == 100 - 30 - 30
+    assert records[("blocks.0", "forward", "compute")]["ms"] == 30 - 10 - 1
+    assert records[("blocks.0", "forward", "all_gather")] == {
+        "rank": 3, "step": 7, "unit": "blocks.0", "phase": "forward", "kind": "all_gather", "ms": 11.0, "n": 2}
+    assert records[("", "step", "total")]["ms"] == 200
+    assert records[("", "step", "peak_rss")] == {
+        "rank": 3, "step": 7, "unit": "", "phase": "step", "kind": "peak_rss", "ms": None, "bytes": 123}
+    assert ("", "step", "compute") not in records
+
+
+def test_summarize_step_marks_partial_steps_and_skips_open_intervals() -> None:
+    times = StepTimes(2, intervals=[_interval("a", "forward", "total", 0, 5), Interval("b", "forward", "total", 1)],
+                      partial=True)
+    records = summarize_step(0, times)
+    assert {r["unit"] for r in records} == {"a"} and all(r["partial"] for r in records)
+
+
+def test_timers_writer_renames_when_closed_and_salvage_keeps_complete_lines(tmp_path: Path) -> None:
+    writer = TimersWriter(tmp_path / "rank0.jsonl")
+    writer.write([{"step": 0}, {"step": 1}])
+    assert not (tmp_path / "rank0.jsonl").exists() and (tmp_path / "rank0.jsonl.partial").exists()
+    assert writer.close() == tmp_path / "rank0.jsonl"
+    assert [json.loads(x)["step"] for x in (tmp_path / "rank0.jsonl").read_text().splitlines()] == [0, 1]
+
+    torn = tmp_path / "rank1.jsonl.partial"
+    torn.write_text('{"step": 0}\n{"step": 1}\n{"st')
+    final = salvage_partial(torn)
+    assert final.name == "rank1.jsonl" and final.read_text() == '{"step": 0}\n{"step": 1}\n' and not torn.exists()
+
+
+def test_decide_status_from_exit_code_signal_and_ranks() -> None:
+    failed_rank = [{"rank": 1, "status": "failed", "reason": "ValueError: x"}]
+    assert runinfo.decide_status(0, None, []) == ("ok", "")
+    assert runinfo.decide_status(1, None, failed_rank) == ("failed", "command exited with code 1; rank 1: ValueError: x")
+    assert runinfo.decide_status(1, 15, failed_rank)[0] == "interrupted"
+    assert runinfo.decide_status(143, None, [])[0] == "interrupted"
+    assert runinfo.exit_code_of(-15) == 143 and runinfo.exit_code_of(3) == 3
+
+
+def _rank_info(rank: int, **extra: Any) -> dict[str, Any]:
+    return {"rank": rank, "world_size": 4, "host": f"node{rank // 2}", "framework": "fsdp1", "pid": 100 + rank,
+            "units": [{"unit": "(root)", "order": 0}], "versions": {"torch": "2.13.0", "cuda": None},
+            "profile": {"schedule": "optimizer_steps", "steps": [2, 3, 4], "trace": f"traces/rank{rank}.trace.json.gz"},
+            "timers": {"file": f"timers/rank{rank}.jsonl", "steps": 8}, "status": "ok", **extra}
+
+
+def test_build_run_json_merges_ranks_and_notes_missing_ones(tmp_path: Path) -> None:
+    run = runinfo.build_run_json(
+        command=["torchrun", "train.py"], cwd="/w", label="block", start_time="t0", end_time="t1", exit_code=0,
+        status="ok", reason="", options=RecordOptions(run_dir=tmp_path), notes=[],
+        rank_infos=[_rank_info(0), _rank_info(1), _rank_info(2)],
+    )
+    assert run["format"] == 1 and run["framework"] == "fsdp1" and run["world_size"] == 4
+    assert run["hosts"] == ["node0", "node1"] and run["units"] == [{"unit": "(root)", "order": 0}]
+    assert run["profile"] == {"schedule": "optimizer_steps", "steps": [2, 3, 4], "warmup": 2, "requested_steps": 3}
+    assert run["versions"]["torch"] == "2.13.0" and run["versions"]["python"]
+    assert [r["rank"] for r in run["ranks"]] == [0, 1, 2] and run["ranks"][2]["timer_steps"] == 8
+    assert any("rank(s) [3]" in note for note in run["notes"])
+    assert run["options"]["steps"] == 3 and run["options"]["run_dir"] == str(tmp_path)
+
+
+def test_child_env_puts_bootstrap_first_and_drops_owner(tmp_path: Path) -> None:
+    env = launcher.child_env(RecordOptions(run_dir=tmp_path),
+                             {"PYTHONPATH": "/mine", "FSDPVIZ_OWNER_PID": "5", "PATH": "/bin"})
+    assert env["PYTHONPATH"].split(":") == [str(launcher.BOOTSTRAP_DIR), "/mine"]
+    assert (launcher.BOOTSTRAP_DIR / "sitecustomize.py").is_file()
+    assert "FSDPVIZ_OWNER_PID" not in env and env["FSDPVIZ_RUN_DIR"] == str(tmp_path) and env["PATH"] == "/bin"
+
+
+@pytest.fixture()
+def fake_launcher(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[str], RecordOptions]]:
+    calls: list[tuple[list[str], RecordOptions]] = []
+
+    def fake_record(command: list[str], options: RecordOptions, **kwargs: Any) -> launcher.RecordResult:
+        calls.append((command, options))
+        run = {"ranks": [], "status": "failed", "reason": "x", "exit_code": 7, "notes": []}
+        return launcher.RecordResult(run_dir=options.run_dir, exit_code=7, run=run)
+
+    monkeypatch.setattr(launcher, "record", fake_record)
+    return calls
+
+
+@pytest.mark.parametrize("argv", [
+    ["record", "--out", "R", "--steps", "5", "--", "torchrun", "--steps", "9", "train.py"],
+    ["record", "--out", "R", "--steps", "5", "torchrun", "--steps", "9", "train.py"],
+])
+def test_cli_record_options_before_command_belong_to_fsdpviz(
+        argv: list[str], fake_launcher: list, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    assert exit_info.value.code == 7  # the command's exit code
+    (command, options), = fake_launcher
+    assert command == ["torchrun", "--steps", "9", "train.py"] and options.steps == 5
+    assert options.run_dir.name == "R" and options.run_dir.is_absolute()
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["record", "--out", "R"], "no command to record"),
+    (["record", "--mode", "all", "--", "python", "x.py"], "--mode"),
+    (["record", "--steps", "0", "--", "python"], "--steps"),
+])
+def test_cli_record_usage_errors_are_one_line(argv: list[str], message: str, fake_launcher: list,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and not fake_launcher
+    assert err.startswith("error: ") and message in err and len(err.strip().splitlines()) == 1
