@@ -118,6 +118,7 @@ def tables_from_trace(trace: KinetoTrace, path: Path, *, n_skipped: int = 0) -> 
         }
     )
     events["rank"] = rank
+    events = events.sort_values("start_ns", kind="stable", ignore_index=True)
     return RankTables(
         events=schema.conform(events, schema.EVENTS, table="events"),
         lanes=schema.conform(lanes, schema.LANES, table="lanes"),

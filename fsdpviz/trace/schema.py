@@ -97,7 +97,8 @@ UNKNOWN_BYTES: Final = -1
 
 Schema = dict[str, str]
 
-# One row per trace event the analysis can use (X events of the kinds above).
+# One row per trace event the analysis can use (X events of the kinds above), sorted by start_ns
+# within each rank (ranks in ascending order).
 EVENTS: Final[Schema] = {
     "rank": "int32",
     "lane": "category",  # human-readable lane name, unique within a rank (see LANES)

@@ -43,6 +43,8 @@ def test_rank_sources_in_order_of_trust(tmp_path: Path) -> None:
     assert got == {5: "distributedInfo", 3: "filename", 0: "default"}
     assert traces.rank_ids == [0, 3, 5]
     assert list(traces.events["rank"].unique()) == [0, 3, 5]  # concatenated in rank order
+    for _, events in traces.events.groupby("rank"):
+        assert events["start_ns"].is_monotonic_increasing
 
 
 def test_clock_is_exact_integer_nanoseconds() -> None:
