@@ -87,6 +87,7 @@ def summarize(
         "units": units or [],
         "device": _device(overlap),
         "sources": list(traces.sources),
+        "run_dir": traces.run_dir,
         "notes": notes,
     }
 

@@ -81,7 +81,10 @@ def print_summary(result: dict[str, Any]) -> None:
     head = Table.grid(padding=(0, 2))
     head.add_column(style="bold")
     head.add_column()
-    head.add_row("input", ", ".join(result["sources"]))
+    if result.get("run_dir"):
+        head.add_row("run folder", result["run_dir"])
+    else:
+        head.add_row("input", ", ".join(result["sources"]))
     head.add_row("framework", result["framework"])
     head.add_row("ranks", f"{len(result['ranks'])} loaded of world size {result['world_size']}")
     head.add_row("steps analysed", step_text)
@@ -95,8 +98,8 @@ def print_summary(result: dict[str, Any]) -> None:
                                 f"{_bytes(mem['peak_reserved_bytes'])} reserved")
     console.print(head)
 
-    table = Table(title="per rank, per analysed step", title_justify="left")
-    for col in ("rank", "comm ms", "compute ms", "overlap %", "exposed comm ms", "idle ms", "peak allocated"):
+    table = Table(title="per rank (ms per analysed step)", title_justify="left")
+    for col in ("rank", "comm", "compute", "overlap %", "exposed", "idle", "peak alloc"):
         table.add_column(col, justify="right")
     peaks = mem.get("per_rank", {})
     for rank, row in ov["per_rank"].items():
@@ -110,9 +113,8 @@ def print_summary(result: dict[str, Any]) -> None:
     console.print(table)
 
     if result["units"]:
-        units = Table(title="per FSDP unit", title_justify="left")
-        for col in ("unit", "params", "all-gather ms", "forward ms", "backward ms", "reduce-scatter ms",
-                    "exposed comm ms"):
+        units = Table(title="per FSDP unit (ms per step)", title_justify="left")
+        for col in ("unit", "params", "gather", "forward", "backward", "reduce", "exposed"):
             units.add_column(col, justify="right" if col != "unit" else "left")
         for u in result["units"]:
             units.add_row(str(u.get("name")), _fmt(u.get("param_numel")), _fmt(u.get("all_gather_ms")),
