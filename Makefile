@@ -30,8 +30,10 @@ $(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
 setup: $(VENV)/.installed
 setup-dev: $(VENV)/.installed-dev
 
+# Record the bundled example (FSDP2, 2 ranks on CPU with gloo) into $(DEMO_DIR)/ and summarise it.
 demo: setup
-	$(PY) -m fsdpviz summary sample_traces/fsdp2-cpu-2rank
+	OMP_NUM_THREADS=1 $(PY) -m fsdpviz record --out $(DEMO_DIR) --force -- \
+		$(PY) -m torch.distributed.run --standalone --nproc_per_node 2 examples/train.py --framework fsdp2
 
 test: setup-dev
 	$(PY) -m pytest -q
