@@ -57,7 +57,7 @@ def unit_entries(traces: TraceSet, steps: Sequence[int] | None) -> list[dict[str
     """
     if importlib.util.find_spec("fsdpviz.analysis.units") is None:
         return None
-    from fsdpviz.analysis.units import summarize_units  # noqa: PLC0415
+    from fsdpviz.analysis.units import summarize_units
 
     return list(summarize_units(traces, steps=steps))
 

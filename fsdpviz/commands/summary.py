@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
@@ -13,16 +13,17 @@ from fsdpviz.errors import UsageError
 
 
 def summary(
-    paths: list[Path] = typer.Argument(
-        ..., help="A run folder (from `fsdpviz record`), a folder of traces, or trace files "
-                  "(.json / .json.gz, also recorded without fsdpviz).", show_default=False),
-    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON (a stable contract)."),
-    steps: str | None = typer.Option(
-        None, "--steps", help="ProfilerSteps to analyse, e.g. 3,4 or 3-5. Default: every captured "
-                              "step but the last (often cut short).", show_default=False),
-    include_last_step: bool = typer.Option(
-        False, "--include-last-step", help="Also analyse the last captured step."),
-    cache: bool = typer.Option(True, "--cache/--no-cache", help="Reuse parsed traces cached beside them."),
+    paths: Annotated[list[Path], typer.Argument(
+        help="A run folder (from `fsdpviz record`), a folder of traces, or trace files "
+             "(.json / .json.gz, also recorded without fsdpviz).", show_default=False)],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON (a stable contract).")] = False,
+    steps: Annotated[str | None, typer.Option(
+        "--steps", help="ProfilerSteps to analyse, e.g. 3,4 or 3-5. Default: every captured "
+                        "step but the last (often cut short).", show_default=False)] = None,
+    include_last_step: Annotated[bool, typer.Option(
+        "--include-last-step", help="Also analyse the last captured step.")] = False,
+    cache: Annotated[bool, typer.Option(
+        "--cache/--no-cache", help="Reuse parsed traces cached beside them.")] = True,
 ) -> None:
     """Print framework, ranks, steps, step time, communication overlap and memory peaks."""
     from fsdpviz.analysis.summary import summarize

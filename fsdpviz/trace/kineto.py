@@ -228,9 +228,9 @@ def _thread_names(events_all: list[TraceEvent]) -> dict[tuple[int, int], list[st
     """``thread_name`` metadata per (pid, tid), in file order (a thread may be named twice)."""
     names: dict[tuple[int, int], list[str]] = {}
     for e in events_all:
-        if e.ph == "M" and e.name == "thread_name" and e.args is not None and e.args.name:
-            if isinstance(e.pid, int) and isinstance(e.tid, int):
-                names.setdefault((e.pid, e.tid), []).append(e.args.name)
+        if (e.ph == "M" and e.name == "thread_name" and e.args is not None and e.args.name
+                and isinstance(e.pid, int) and isinstance(e.tid, int)):
+            names.setdefault((e.pid, e.tid), []).append(e.args.name)
     return names
 
 

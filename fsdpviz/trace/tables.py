@@ -7,7 +7,7 @@ selecting rows, so the analysis stays a set of pure functions on tables.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import pandas as pd
 
@@ -24,8 +24,8 @@ class RankTables:
     memory: pd.DataFrame
     rank: pd.DataFrame
 
-    TABLES = ("events", "lanes", "steps", "memory", "rank")
-    SCHEMAS = {
+    TABLES: ClassVar[tuple[str, ...]] = ("events", "lanes", "steps", "memory", "rank")
+    SCHEMAS: ClassVar[dict[str, schema.Schema]] = {
         "events": schema.EVENTS,
         "lanes": schema.LANES,
         "steps": schema.STEPS,

@@ -142,8 +142,14 @@ def _progress_display(progress: bool | None, *, total: int) -> Iterator:
         yield line
         return
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
-    from rich.progress import TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     bar = Progress(
         SpinnerColumn(),

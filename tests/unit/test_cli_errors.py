@@ -10,9 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from tracebuild import TraceBuilder
 
 from fsdpviz.cli import main
-from tracebuild import TraceBuilder
 
 GEMM = "volta_sgemm_128x64_nn"
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from gpu_real import load_real
 
 from fsdpviz.analysis.overlap import compute_overlap
 from fsdpviz.trace import TraceSet
-from gpu_real import load_real
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "hta_overlap.txt"
 

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tracebuild import MAIN_TID, TraceBuilder
 
 from fsdpviz.analysis import overlap as ov
 from fsdpviz.trace import load_traces
-from tracebuild import MAIN_TID, TraceBuilder
 
 US = 1000
 NCCL_AG = "ncclKernel_AllGather_RING_LL_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)"

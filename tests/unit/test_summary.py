@@ -7,11 +7,11 @@ import math
 from pathlib import Path
 
 import pytest
+from tracebuild import TraceBuilder
 
 from fsdpviz.analysis import summarize
 from fsdpviz.cli import main
 from fsdpviz.trace import load_traces
-from tracebuild import TraceBuilder
 
 NCCL_AG = "ncclKernel_AllGather_RING_LL_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)"
 GEMM = "volta_sgemm_128x64_nn"

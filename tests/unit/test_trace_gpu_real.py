@@ -15,9 +15,9 @@ from typing import Any
 
 import orjson
 import pytest
+from gpu_real import load_real
 
 from fsdpviz.trace import TraceSet
-from gpu_real import load_real
 
 KINDS = {
     "cpu_op": "cpu_op", "user_annotation": "annotation", "gpu_user_annotation": "gpu_annotation",

@@ -8,11 +8,11 @@ import os
 from pathlib import Path
 
 import pytest
+from tracebuild import MAIN_TID, TraceBuilder
 
 from fsdpviz.trace import load_traces, schema
 from fsdpviz.trace.cache import CACHE_DIR
 from fsdpviz.trace.kineto import rank_from_filename, us_to_ns
-from tracebuild import MAIN_TID, TraceBuilder
 
 GEMM = "volta_sgemm_128x64_nn"
 
