@@ -37,7 +37,7 @@ from fsdpviz.analysis.overlap import (
 from fsdpviz.analysis.spans import OPTIMIZER_PREFIX, unit_tables
 from fsdpviz.analysis.unit_overlap import unit_steps
 from fsdpviz.analysis.units import derive_units, unit_stats
-from fsdpviz.analysis.windows import _overhead_labels
+from fsdpviz.analysis.windows import _overhead_labels, unit_ancestors
 from fsdpviz.trace import schema
 from fsdpviz.trace.tables import TraceSet
 
@@ -158,7 +158,7 @@ def analyze_run(traces: TraceSet, *, steps: Sequence[int] | None = None) -> RunA
 
     event_rows = traces.events.groupby("rank", sort=True).indices
     compute = {r: _compute_set(traces.events.iloc[event_rows[r]], traces.lanes) for r in ranks if r in event_rows}
-    us = unit_steps(ut.spans, ut.windows, compute)
+    us = unit_steps(ut.spans, ut.windows, compute, unit_ancestors(ut.windows))
     devices = memory.main_devices(traces.memory)
     peaks, curves, times = [], [], []
     pieces = _in_steps(ut.pieces, wanted)
@@ -207,7 +207,7 @@ def analyze_run(traces: TraceSet, *, steps: Sequence[int] | None = None) -> RunA
         framework=framework, world_size=traces.world_size, ranks=ranks, steps=sorted(analysed),
         has_units=has_units, units=units, spans=spans, unit_steps=us, unit_stats=stats,
         step_times=step_times, memory=mem_curve, memory_peaks=peaks_t, memory_model=model, clock=clock,
-        skew=skew, findings=findings, notes=_notes(has_units, clock, framework),
+        skew=skew, findings=findings, notes=_notes(has_units, clock, labels),
     )
 
 
@@ -223,11 +223,17 @@ def _model(stats: pd.DataFrame, traces: TraceSet, peaks: pd.DataFrame) -> dict[s
     return model
 
 
-def _notes(has_units: bool, clock: pd.DataFrame, framework: str) -> list[str]:
+def _notes(has_units: bool, clock: pd.DataFrame, labels: pd.DataFrame) -> list[str]:
     notes = []
     if not has_units:
         notes.append("no FSDP unit labels in the traces (FSDP2's FSDP::... or fsdpviz's fsdpviz::... ranges): "
                      "only whole-step numbers are available")
+    shared = labels[labels["unit"].str.contains(",", regex=False).to_numpy()]
+    if len(shared):
+        widest = max(len(u.split(",")) for u in shared["unit"])
+        notes.append(f"{len(shared)} collectives carried several units at once (up to {widest}, ZeRO-3 buckets): "
+                     "each counts for the listed unit whose forward/backward window it ran in, else for the "
+                     "first unit of a gather or the last unit of a reduction")
     moved = clock[clock["applied"]]
     for row in moved.itertuples():
         notes.append(f"rank {row.rank}'s clock differs from rank {int(clock['rank'].min())}'s by "

@@ -10,13 +10,15 @@ all-reduce, reshard), in which pass and step, on which lane and when:
   ``forward_prefetch``, ``pre_backward``, ``backward_prefetch``, ``fsdpviz::backward``...);
 - copy-in is FSDP2's ``fsdp::all_gather_copy_in`` op, copy-out its ``FSDP::all_gather_copy_out (u)``
   label, reshard its ``FSDP::post_forward (u)`` / ``FSDP::post_backward_reshard (u)`` labels;
-- compute is the unit's compute pieces (see ``windows``);
+- compute is the work in the unit's compute pieces (see ``windows``);
 - the optimizer step (``Optimizer.step#...``) is a compute span of no unit.
 
-On a CPU rank a span is the CPU interval itself. On a GPU rank the work is the GPU work launched
-from that CPU interval (matched by correlation id): one span per CPU interval and stream, from the
-first kernel's start to the last one's end; kernels that are not compute by HTA's definition
-(NCCL, memcpy, memset) are never compute.
+On a CPU rank a span is the CPU interval itself, except compute: from the first op's start to the
+last op's end inside the piece (a piece with no op at all, Python glue between units, is no
+span). On a GPU rank the work is the GPU work launched from that CPU interval (matched by
+correlation id): one span per CPU interval and stream, from the first kernel's start to the last
+one's end; kernels that are not compute by HTA's definition (NCCL, memcpy, memset) are never
+compute.
 """
 
 from __future__ import annotations
@@ -72,6 +74,26 @@ def _phase_at(labels: pd.DataFrame, ranks: np.ndarray, lanes: np.ndarray, t: np.
     return phase
 
 
+def _one_of_listed(labels: pd.DataFrame, ranks: np.ndarray, lanes: np.ndarray, t: np.ndarray,
+                   listed: np.ndarray, gather: np.ndarray) -> np.ndarray:
+    """For collectives whose label names several units (ZeRO-3 buckets, ``a, b, c``): the listed
+    unit whose forward/backward window holds the issue point, else the first unit of a gather (the
+    one needed first) or the last unit of a reduction (the one whose gradients completed it)."""
+    wins = labels[((labels["family"] == lab.FAMILY_FSDPVIZ)
+                   & labels["action"].isin([schema.PHASE_FORWARD, schema.PHASE_BACKWARD])).to_numpy()]
+    wins = wins.reset_index(drop=True)
+    hit = innermost_enclosing(wins, _points(ranks, lanes, t))
+    around = wins["unit"].to_numpy(dtype=object)[np.clip(hit, 0, None)] if len(wins) else np.full(len(t), "")
+    out = []
+    for i, names in enumerate(listed.tolist()):
+        units = [u.strip() for u in names.split(",")]
+        if hit[i] >= 0 and around[i] in units:
+            out.append(around[i])
+        else:
+            out.append(units[0] if gather[i] else units[-1])
+    return np.array(out, dtype=object)
+
+
 def attribute_collectives(coll: pd.DataFrame, labels: pd.DataFrame) -> pd.DataFrame:
     """UNIT_COLLECTIVES: each collective with the unit, pass and span kind its labels give."""
     if coll.empty:
@@ -99,6 +121,10 @@ def attribute_collectives(coll: pd.DataFrame, labels: pd.DataFrame) -> pd.DataFr
          found & ~gather & (comm == schema.COMM_ALL_REDUCE)],
         [schema.SPAN_ALL_GATHER, schema.SPAN_REDUCE_SCATTER, schema.SPAN_ALL_REDUCE], default="")
     unit = np.where(kind != "", unit, "")
+    shared = np.array(["," in u for u in unit.tolist()], dtype=bool)
+    if shared.any():
+        unit[shared] = _one_of_listed(labels, ranks[shared], lanes[shared], t[shared], unit[shared],
+                                      kind[shared] == schema.SPAN_ALL_GATHER)
     phase = _phase_at(labels, ranks, lanes, t, coll["step"].to_numpy())
     phase = np.where(kind == schema.SPAN_REDUCE_SCATTER, schema.PHASE_BACKWARD, phase)
     out = coll.assign(unit=unit, phase=np.where(kind != "", phase, ""), kind=kind)
@@ -154,6 +180,29 @@ def _spans_from(cpu: pd.DataFrame, kind: str, gpu: pd.DataFrame | None, gpu_rank
     return pd.concat([o for o in out if len(o)], ignore_index=True) if any(len(o) for o in out) else pd.DataFrame()
 
 
+def _cpu_compute_spans(pieces: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
+    """Compute spans of CPU ranks: per piece, from its first op's start to its last op's end (cut
+    at the piece's end). Pieces without any op (Python glue between units) are no compute span."""
+    if pieces.empty:
+        return pd.DataFrame()
+    pieces = pieces.reset_index(drop=True)
+    ops = events[((events["kind"] == schema.KIND_CPU_OP)
+                  & events["rank"].isin(pieces["rank"].unique().tolist())).to_numpy()]
+    start = ops["start_ns"].to_numpy(np.int64)
+    owner = innermost_enclosing(pieces, _points(ops["rank"].to_numpy(), ops["lane"].astype(str).to_numpy(), start))
+    inside = owner >= 0
+    if not inside.any():
+        return pd.DataFrame()
+    frame = pd.DataFrame({"owner": owner[inside], "start_ns": start[inside],
+                          "end_ns": start[inside] + ops["dur_ns"].to_numpy(np.int64)[inside]})
+    agg = frame.groupby("owner").agg(start_ns=("start_ns", "min"), end_ns=("end_ns", "max")).reset_index()
+    meta = pieces.loc[agg["owner"].to_numpy(), ["rank", "lane", "step", "unit", "phase", "end_ns"]].reset_index(drop=True)
+    out = meta.rename(columns={"end_ns": "piece_end_ns"}).assign(
+        start_ns=agg["start_ns"].to_numpy(), end_ns=np.minimum(agg["end_ns"].to_numpy(), meta["end_ns"].to_numpy()))
+    out = out.drop(columns=["piece_end_ns"])
+    return out.assign(kind=schema.SPAN_COMPUTE, bytes=schema.UNKNOWN_BYTES, issue_ns=out["start_ns"])
+
+
 def unit_tables(events: pd.DataFrame, lanes: pd.DataFrame, labels: pd.DataFrame) -> UnitTables:
     """Spans, windows, compute pieces and attributed collectives of every rank in ``events``."""
     windows = unit_windows(labels)
@@ -204,7 +253,9 @@ def unit_tables(events: pd.DataFrame, lanes: pd.DataFrame, labels: pd.DataFrame)
             parts.append(_spans_from(label_rows(mask, phase_name), schema.SPAN_RESHARD, None, set()))
 
     if len(pieces):
-        parts.append(_spans_from(pieces, schema.SPAN_COMPUTE, gpu, on_gpu, "is_compute"))
+        on_cpu = ~pieces["rank"].isin(list(on_gpu)).to_numpy()
+        parts.append(_spans_from(pieces[~on_cpu], schema.SPAN_COMPUTE, gpu, on_gpu, "is_compute"))
+        parts.append(_cpu_compute_spans(pieces[on_cpu], events))
     opt = events[((events["kind"] == schema.KIND_ANNOTATION)
                   & events["name"].astype(str).str.startswith(OPTIMIZER_PREFIX)).to_numpy()]
     if len(opt):

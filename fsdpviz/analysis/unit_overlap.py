@@ -8,9 +8,10 @@ One UNIT_STEPS row per rank, step, unit and pass (forward / backward), from the 
   non-copy kernels on GPU; training-thread ops outside collective calls and waits on CPU).
 - ``prefetch_lead_ns`` = start of the unit's compute - end of its gather: positive when the
   parameters were ready before they were needed, ~0 or negative when compute waited.
-- ``issue_depth``: how many compute pieces of earlier units were still running when the gather
-  began: 0 = gathered only once the previous unit had finished (nothing to hide behind), 1 = one
-  unit ahead, 2 = two units ahead...
+- ``issue_depth``: how many other units that started computing before this one were still
+  computing when the gather began: 0 = gathered only once the previous unit had finished (nothing
+  to hide behind), 1 = one unit ahead, 2 = two units ahead... An enclosing unit (the root around
+  its blocks) counts as one, and only when no other unit was computing.
 - ``rs_*`` / ``ar_*``: the unit's gradient reduce-scatter (and HSDP all-reduce), exposed the same way.
 """
 
@@ -61,10 +62,10 @@ def _agg(frame: pd.DataFrame, key: list[str], **named: tuple[str, str]) -> pd.Da
     return frame.groupby(key).agg(**named).astype("Int64")
 
 
-def issue_depths(ag: pd.DataFrame, pieces: pd.DataFrame) -> np.ndarray:
+def issue_depths(ag: pd.DataFrame, pieces: pd.DataFrame, ancestors: dict[str, set[str]] | None = None) -> np.ndarray:
     """Per gather row (``rank``, ``step``, ``phase``, ``unit``, ``ag_start_ns``, ``compute_start_ns``):
-    the number of other units' compute pieces of the same rank, step and pass that began before the
-    unit's own compute and were still running when the gather started."""
+    the number of other units with a compute span of the same rank, step and pass that began before
+    the unit's own compute and was still running when the gather started."""
     depth = np.full(len(ag), schema.NO_DEPTH, dtype=np.int64)
     key = ["rank", "step", "phase"]
     groups = pieces.groupby(key, sort=False).indices
@@ -83,11 +84,23 @@ def issue_depths(ag: pd.DataFrame, pieces: pd.DataFrame) -> np.ndarray:
         hits = ((p_unit[None, :] != a["unit"].to_numpy(dtype=object)[:, None])
                 & (p_start[None, :] < first[:, None])
                 & (p_end[None, :] > a["ag_start_ns"].to_numpy(np.int64)[:, None]))
-        depth[rows] = hits.sum(axis=1)
+        # distinct units: a unit computing in two pieces (the root around its children) counts once
+        codes, uniques = pd.factorize(p_unit)
+        per_unit = np.zeros((len(rows), len(uniques)), dtype=bool)
+        for j in range(len(uniques)):
+            per_unit[:, j] = hits[:, codes == j].any(axis=1)
+        # An enclosing unit's own compute (the root's embedding, or its glue between blocks) is
+        # not a unit ahead: it counts as one only when nothing else hid the gather.
+        gathered = a["unit"].to_numpy(dtype=object)
+        is_anc = np.array([[str(u) in (ancestors or {}).get(str(g), set()) for u in uniques] for g in gathered],
+                          dtype=bool).reshape(len(rows), len(uniques))
+        others = (per_unit & ~is_anc).sum(axis=1)
+        depth[rows] = np.where(others > 0, others, (per_unit & is_anc).any(axis=1).astype(np.int64))
     return depth
 
 
-def unit_steps(spans: pd.DataFrame, windows: pd.DataFrame, compute: dict[int, Intervals]) -> pd.DataFrame:
+def unit_steps(spans: pd.DataFrame, windows: pd.DataFrame, compute: dict[int, Intervals],
+               ancestors: dict[str, set[str]] | None = None) -> pd.DataFrame:
     """UNIT_STEPS from spans and unit windows; ``compute``: each rank's compute union."""
     s = spans[(spans["unit"] != "").to_numpy() & spans["phase"].isin(list(_UNIT_PHASES)).to_numpy()]
     key = ["rank", "step", "unit", "phase"]
@@ -134,7 +147,7 @@ def unit_steps(spans: pd.DataFrame, windows: pd.DataFrame, compute: dict[int, In
     out["prefetch_lead_ns"] = np.where(has_ag & has_comp, lead, np.nan)
     depth = np.full(len(out), schema.NO_DEPTH, dtype=np.int64)
     if has_ag.any():
-        depth[has_ag] = issue_depths(out[has_ag].reset_index(drop=True), comp)
+        depth[has_ag] = issue_depths(out[has_ag].reset_index(drop=True), comp, ancestors)
     out["issue_depth"] = depth
     out["peak_allocated_bytes"] = -1
     return schema.conform(out, schema.UNIT_STEPS, table="unit_steps")

@@ -11,10 +11,12 @@ pre label to the start of the first post label (for fsdpviz ranges, the whole ra
 defers a unit's post-backward to ``FSDP::root_post_backward_callback`` the region stops where that
 callback starts.
 
-The unit's **compute pieces** are its region minus the windows of units nested in it (the root's
-own compute is what lies outside its children) and minus the framework's labels inside it
-(prefetches, waits, FSDP1 hooks): the CPU time the unit spent in its own model code. On GPU the
-kernels launched from those pieces are the unit's compute.
+The unit's **compute pieces** are its region minus the windows of other units that open inside it
+(nested units: the root's own compute is what lies outside its children; and a sibling that starts
+before this unit's window closes, as when autograd runs FSDP1's next unit while the previous one
+still accumulates gradients: from there on the time is the newer unit's) and minus the
+framework's labels inside it (prefetches, waits, FSDP1 hooks): the CPU time the unit spent in its
+own model code. On GPU the kernels launched from those pieces are the unit's compute.
 """
 
 from __future__ import annotations
@@ -192,7 +194,7 @@ def compute_pieces(windows: pd.DataFrame, labels: pd.DataFrame) -> pd.DataFrame:
             # nested windows of other units that start inside this region
             a, b = np.searchsorted(sorted_start, [lo, hi], side="left")
             kids = order[a:b]
-            kids = kids[(units[kids] != units[j]) & (phases[kids] == phases[j]) & (w_excl[kids] <= hi)]
+            kids = kids[(units[kids] != units[j]) & (phases[kids] == phases[j])]
             k0, k1 = np.searchsorted(u_e, lo, side="right"), np.searchsorted(u_s, hi, side="left")
             cut_s = np.concatenate([u_s[k0:k1], w_start[kids]])
             cut_e = np.concatenate([u_e[k0:k1], w_excl[kids]])
@@ -201,3 +203,22 @@ def compute_pieces(windows: pd.DataFrame, labels: pd.DataFrame) -> pd.DataFrame:
                 rows.append((rank, lane, int(w["step"].iat[j]), units[j], phases[j], s, e))
     frame = pd.DataFrame(rows, columns=list(PIECES))
     return schema.conform(frame, PIECES, table="pieces")
+
+
+def unit_ancestors(windows: pd.DataFrame) -> dict[str, set[str]]:
+    """unit -> the units whose windows enclose its own (its ancestors), read from the forward
+    windows of the first rank and step that has any (nesting does not change between steps)."""
+    fwd = windows[windows["phase"] == schema.PHASE_FORWARD]
+    if fwd.empty:
+        fwd = windows
+    if fwd.empty:
+        return {}
+    first = fwd.sort_values(["rank", "step"], kind="stable").iloc[0]
+    w = fwd[(fwd["rank"] == first["rank"]) & (fwd["step"] == first["step"])].drop_duplicates("unit")
+    starts, ends = w["start_ns"].to_numpy(np.int64), w["end_ns"].to_numpy(np.int64)
+    units = w["unit"].to_numpy(dtype=object)
+    out: dict[str, set[str]] = {}
+    for i, unit in enumerate(units):
+        around = (starts <= starts[i]) & (ends >= ends[i]) & (units != unit)
+        out[str(unit)] = {str(u) for u in units[around]}
+    return out

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .scenario import Scenario
+from .scenario import ROOT, Scenario
 from .timeline import AUTOGRAD, MAIN, Truth
 
 LANE_NAMES = {MAIN: "main", AUTOGRAD: "autograd"}
@@ -124,8 +124,11 @@ def _unit_steps(rank: int, spans: list, compute: list[tuple[int, int]], truth: T
                        ag_ns=b - a, ag_bytes=nbytes, ag_exposed_ns=uncovered(a, b, compute))
             row["prefetch_lead_ns"] = comp[0][0] - b if comp else np.nan
             first = comp[0][0] if comp else b
-            row["issue_depth"] = sum(1 for st, u, ph, pa, pb in pieces
-                                     if st == step and ph == phase and u != unit and pa < first and pb > a)
+            running = {u for st, u, ph, pa, pb in pieces
+                       if st == step and ph == phase and u != unit and pa < first and pb > a}
+            # the root encloses every other unit: its own compute counts only when nothing else ran
+            others = running - {ROOT}
+            row["issue_depth"] = len(others) if others or unit == ROOT else int(ROOT in running)
         else:
             row.update(ag_issue_ns=-1, ag_start_ns=-1, ag_end_ns=-1, ag_ns=0, ag_bytes=-1, ag_exposed_ns=0,
                        prefetch_lead_ns=np.nan, issue_depth=-1)
