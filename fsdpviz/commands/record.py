@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sys
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,17 @@ CONTEXT_SETTINGS = {"allow_interspersed_args": False}  # options after COMMAND b
 
 def _say(message: str) -> None:
     print(f"fsdpviz: {message}", file=sys.stderr, flush=True)
+
+
+def time_window_settings(env: Mapping[str, str]) -> dict[str, float]:
+    """The time-window fallback's tuning, from ``FSDPVIZ_FALLBACK_AFTER_S`` / ``FSDPVIZ_WINDOW_S`` if set."""
+    from fsdpviz.record.options import ENV_FALLBACK_AFTER_S, ENV_WINDOW_S
+
+    names = {"fallback_after_s": ENV_FALLBACK_AFTER_S, "window_s": ENV_WINDOW_S}
+    try:
+        return {key: float(env[name]) for key, name in names.items() if env.get(name)}
+    except ValueError as exc:
+        raise UsageError(f"bad time-window setting in the environment: {exc}") from exc
 
 
 def default_run_dir(now: datetime | None = None) -> Path:
@@ -51,7 +64,8 @@ def record(
         raise UsageError("no command to record: fsdpviz record [OPTIONS] -- COMMAND...")
     run_dir = (out or default_run_dir()).resolve()
     try:
-        options = RecordOptions(run_dir=run_dir, steps=steps, warmup=warmup, mode=mode, memory=memory)  # type: ignore[arg-type]
+        options = RecordOptions(run_dir=run_dir, steps=steps, warmup=warmup, mode=mode, memory=memory,  # type: ignore[arg-type]
+                                **time_window_settings(os.environ))
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     profiled = f"steps {warmup}-{warmup + steps - 1}" if steps > 1 else f"step {warmup}"

@@ -257,7 +257,8 @@ class Agent:
 
     def _profiler_action(self, step_num: int) -> ProfilerAction:
         if self._schedule_kind == schedule.SCHEDULE_TIME_WINDOW:
-            action = schedule.RECORD if self._window.get("end", 0.0) == 0.0 else schedule.NONE
+            # One profiler step spans the whole window; torch saves a trace only after RECORD_AND_SAVE.
+            action = schedule.RECORD_AND_SAVE if self._window.get("end", 0.0) == 0.0 else schedule.NONE
         else:
             action = schedule.profiler_action(step_num, self.options.warmup, self.options.steps)
         if action in (schedule.RECORD, schedule.RECORD_AND_SAVE):

@@ -134,8 +134,9 @@ def record(command: list[str], options: RecordOptions, *, force: bool = False, s
     start_time = _now_iso()
     exit_code, forwarded = run_command(command, child_env(options))
     end_time = _now_iso()
-    notes = runinfo.tidy_partial_files(run_dir)
     rank_infos, unreadable = runinfo.read_rank_infos(run_dir)
+    notes = runinfo.tidy_partial_files(run_dir, rank_infos)
+    runinfo.mark_vanished_ranks(rank_infos)
     status, reason = runinfo.decide_status(exit_code, forwarded, rank_infos)
     run = runinfo.build_run_json(
         command=command, cwd=os.getcwd(), label=label or run_dir.name, start_time=start_time,

@@ -11,7 +11,9 @@ Field reference: docs/run-folder.md.
 from __future__ import annotations
 
 import json
+import os
 import platform
+import re
 import signal
 import socket
 from collections import Counter
@@ -39,16 +41,52 @@ def read_rank_infos(run_dir: Path) -> tuple[list[dict[str, Any]], list[str]]:
     return sorted(infos, key=lambda info: info.get("rank", 0)), notes
 
 
-def tidy_partial_files(run_dir: Path) -> list[str]:
-    """Keep complete timer lines of killed ranks; remove trace files that were never finished."""
+def _rank_of(path: Path) -> int | None:
+    match = re.match(r"rank(\d+)\.", path.name)
+    return int(match.group(1)) if match else None
+
+
+def _is_running(info: dict[str, Any] | None, host: str) -> bool:
+    """Whether the process behind a rank file may still be writing (it is alive, or on another host)."""
+    if info is None:
+        return False
+    if info.get("host") != host:
+        return True  # another node of a shared (multi-node) folder: not ours to tidy
+    try:
+        os.kill(int(info.get("pid", -1)), 0)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def tidy_partial_files(run_dir: Path, rank_infos: list[dict[str, Any]]) -> list[str]:
+    """Keep complete timer lines of killed ranks; remove trace files that were never finished.
+
+    Files of ranks still running -- on another node sharing the folder, or orphans -- are left alone.
+    """
+    by_rank = {info.get("rank"): info for info in rank_infos}
+    host = socket.gethostname()
     notes = []
     for partial in sorted((run_dir / TIMERS_DIR).glob(f"*{PARTIAL_SUFFIX}")):
+        if _is_running(by_rank.get(_rank_of(partial)), host):
+            continue
         final = salvage_partial(partial)
         notes.append(f"{final.relative_to(run_dir)}: kept the complete lines of an unfinished file")
     for partial in sorted((run_dir / TRACES_DIR).glob(f"*{PARTIAL_SUFFIX}")):
+        if _is_running(by_rank.get(_rank_of(partial)), host):
+            continue
         partial.unlink()
         notes.append(f"{partial.relative_to(run_dir)}: removed (the rank stopped while writing it)")
     return notes
+
+
+def mark_vanished_ranks(rank_infos: list[dict[str, Any]]) -> None:
+    """A rank that never finished its recording (SIGKILL, out of memory) is marked ``killed``."""
+    host = socket.gethostname()
+    for info in rank_infos:
+        if info.get("status") == "running" and not _is_running(info, host):
+            info["status"] = "killed"
+            info["reason"] = "the rank ended without finishing its recording (killed by SIGKILL or out of memory?)"
 
 
 def exit_code_of(returncode: int) -> int:

@@ -287,3 +287,24 @@ def test_record_passes_exit_code_of_a_command_without_ranks(tmp_path: Path) -> N
     assert run["reason"] == "command exited with code 3"
     assert not (run_dir / "traces" / "rank7.trace.json.gz").exists()  # --force replaced the old recording
     assert "nothing recorded" in proc.stderr
+
+
+@pytest.mark.slow
+def test_record_plain_python_without_optimizer_falls_back_to_a_time_window(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    env = _env(FSDPVIZ_FALLBACK_AFTER_S="1", FSDPVIZ_WINDOW_S="1")
+    env.pop("RANK", None)
+    command = [sys.executable, str(SCRIPTS / "no_optimizer_train.py"), "4", str(_free_port())]
+    proc = _record(run_dir, command, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["framework"] == "fsdp2" and run["world_size"] == 1
+    assert [u["unit"] for u in run["units"]] == ["0", "2"]  # the root holds no parameters of its own
+    assert run["profile"]["schedule"] == "time_window" and run["profile"]["window_s"] == 1.0
+    (window_step,) = run["profile"]["steps"]
+    trace = _trace(run_dir, 0)
+    window = [e for e in trace["traceEvents"] if e.get("name") == f"ProfilerStep#{window_step}"]
+    assert len(window) == 1 and 0.9e6 <= window[0]["dur"] <= 3e6  # microseconds: about one second
+    assert "FSDP::pre_forward (0)" in _annotations(trace)
+    steps = {r["step"] for r in _timers(run_dir, 0) if r["phase"] == "step" and r["kind"] == "total"}
+    assert len(steps) > 10  # without optimizer steps, each forward starts a timer step

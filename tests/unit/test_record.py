@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -204,3 +207,24 @@ def test_cli_record_usage_errors_are_one_line(argv: list[str], message: str, fak
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and not fake_launcher
     assert err.startswith("error: ") and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_tidy_partial_files_only_touches_ranks_that_are_gone(tmp_path: Path) -> None:
+    # GIVEN rank 0 died on this host mid-write, rank 1 still runs on another node of a shared folder
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    infos = [{"rank": 0, "host": socket.gethostname(), "pid": int(dead.stdout), "status": "running"},
+             {"rank": 1, "host": "other-node", "pid": 1, "status": "running"}]
+    (tmp_path / "timers").mkdir()
+    (tmp_path / "traces").mkdir()
+    for rank in (0, 1):
+        (tmp_path / "timers" / f"rank{rank}.jsonl.partial").write_text('{"step": 0}\n{"ste')
+        (tmp_path / "traces" / f"rank{rank}.trace.json.gz.partial").write_bytes(b"half")
+    # WHEN the launcher tidies up
+    notes = runinfo.tidy_partial_files(tmp_path, infos)
+    runinfo.mark_vanished_ranks(infos)
+    # THEN rank 0's complete lines are kept and its half trace dropped; rank 1's files are untouched
+    assert (tmp_path / "timers" / "rank0.jsonl").read_text() == '{"step": 0}\n'
+    assert not (tmp_path / "traces" / "rank0.trace.json.gz.partial").exists() and len(notes) == 2
+    assert (tmp_path / "timers" / "rank1.jsonl.partial").exists()
+    assert (tmp_path / "traces" / "rank1.trace.json.gz.partial").exists()
+    assert [i["status"] for i in infos] == ["killed", "running"]
