@@ -56,6 +56,9 @@ def _register_commands() -> None:
     from fsdpviz.commands.record import CONTEXT_SETTINGS as _RECORD_CONTEXT, record
 
     app.command("record", context_settings=_RECORD_CONTEXT)(record)
+    from fsdpviz.commands.export import export
+
+    app.command("export")(export)
 
 
 def error_line(message: str) -> None:

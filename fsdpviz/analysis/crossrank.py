@@ -18,6 +18,7 @@ them than the earliest rank: the time others spent waiting for it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Final
 
 import numpy as np
@@ -92,6 +93,20 @@ def estimate_clocks(coll: pd.DataFrame, ranks: list[int]) -> pd.DataFrame:
 def applied_offsets(clock: pd.DataFrame) -> dict[int, int]:
     """rank -> ns to subtract from its times (0 for ranks whose clock is kept)."""
     return {int(r.rank): (int(r.offset_ns) if r.applied else 0) for r in clock.itertuples()}
+
+
+def shift_times(frame: pd.DataFrame, offsets: dict[int, int], cols: Sequence[str],
+                markers: Sequence[str] = ()) -> pd.DataFrame:
+    """Move each rank's times onto the reference clock: subtract its offset from ``cols``.
+    Columns in ``markers`` use ``-1`` for "none" and keep it."""
+    if frame.empty or not any(offsets.values()):
+        return frame
+    delta = frame["rank"].map(offsets).fillna(0).astype(np.int64).to_numpy()
+    out = frame.copy()
+    for col in cols:
+        values = out[col].to_numpy()
+        out[col] = np.where(values >= 0, values - delta, values) if col in markers else values - delta
+    return out
 
 
 def collective_skew(coll: pd.DataFrame, ref_rank: int) -> pd.DataFrame:

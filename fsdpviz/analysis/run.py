@@ -123,15 +123,7 @@ def _step_times(rank: int, steps: pd.DataFrame, pieces: pd.DataFrame, labels: pd
 
 
 def _shift(frame: pd.DataFrame, offsets: dict[int, int], cols: Sequence[str]) -> pd.DataFrame:
-    """Move each rank's times onto the reference clock (``-1`` markers stay as they are)."""
-    if frame.empty or not any(offsets.values()):
-        return frame
-    delta = frame["rank"].map(offsets).fillna(0).astype(np.int64).to_numpy()
-    out = frame.copy()
-    for col in cols:
-        values = out[col].to_numpy()
-        out[col] = np.where(values >= 0, values - delta, values) if col in _UNIT_TIME_COLS else values - delta
-    return out
+    return crossrank.shift_times(frame, offsets, cols, markers=_UNIT_TIME_COLS)
 
 
 def _concat(frames: list[pd.DataFrame], table: schema.Schema) -> pd.DataFrame:

@@ -1,0 +1,95 @@
+"""``fsdpviz export PATH... --format parquet|csv -o DIR``: the analysis tables as files.
+
+For users who want the numbers in their own notebooks or dashboards: the per-unit timeline
+(``spans``), per-unit results (``units`` = medians per unit, ``unit_steps`` = one row per rank,
+step, unit and pass), allocator samples (``memory``), per-rank step times (``steps``), ``findings``,
+and the cross-rank tables (``memory_peaks``, ``clock``, ``skew``). Columns are those of
+``fsdpviz.trace.schema`` (docs/concepts.md defines them); times are integer nanoseconds on the
+reference rank's clock. ``export.json`` lists the files with the run's framework, ranks, steps,
+memory model and notes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from fsdpviz.errors import UsageError
+
+FORMATS = ("parquet", "csv")
+
+
+def export(
+    paths: Annotated[list[Path], typer.Argument(
+        help="A run folder (from `fsdpviz record`), a folder of traces, or trace files "
+             "(.json / .json.gz, also recorded without fsdpviz).", show_default=False)],
+    out: Annotated[Path, typer.Option("-o", "--out", help="Folder to write the tables into (created if needed).",
+                                      show_default=False)],
+    fmt: Annotated[str, typer.Option("--format", help="parquet or csv.")] = "parquet",
+    steps: Annotated[str | None, typer.Option(
+        "--steps", help="ProfilerSteps to analyse, e.g. 3,4 or 3-5. Default: every captured "
+                        "step but the last (often cut short).", show_default=False)] = None,
+    cache: Annotated[bool, typer.Option(
+        "--cache/--no-cache", help="Reuse parsed traces cached beside them.")] = True,
+) -> None:
+    """Write spans, units, memory, steps and findings tables (Parquet or CSV) into a folder."""
+    from fsdpviz.analysis.run import analyze_run
+    from fsdpviz.commands.summary import parse_steps
+    from fsdpviz.trace import load_traces
+
+    if fmt not in FORMATS:
+        raise UsageError(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}")
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"-o {out}: exists and is not a folder")
+    traces = load_traces(paths, cache=cache)
+    analysis = analyze_run(traces, steps=parse_steps(steps))
+    tables = export_tables(traces, analysis)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        written = write_tables(tables, out, fmt)
+    except OSError as exc:
+        raise UsageError(f"-o {out}: cannot write ({exc.strerror or exc})") from None
+    manifest = {
+        "framework": analysis.framework, "world_size": analysis.world_size, "ranks": analysis.ranks,
+        "steps": analysis.steps, "format": fmt, "files": written, "memory_model": analysis.memory_model,
+        "notes": analysis.notes, "sources": list(traces.sources),
+    }
+    (out / "export.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    for name, info in written.items():
+        typer.echo(f"{out / info['file']}  {info['rows']:,} rows  ({name})")
+
+
+def export_tables(traces: Any, analysis: Any) -> dict[str, Any]:
+    """The tables to write, by file stem. Memory is every allocator sample of the analysed
+    window (not the thinned curve), on the reference clock."""
+    from fsdpviz.analysis.crossrank import applied_offsets, shift_times
+
+    memory = traces.memory
+    if len(analysis.step_times):
+        lo, hi = analysis.step_times["start_ns"].min(), analysis.step_times["end_ns"].max()
+        memory = shift_times(memory, applied_offsets(analysis.clock), ("t_ns",))
+        memory = memory[(memory["t_ns"] >= lo) & (memory["t_ns"] <= hi)]
+    units = analysis.unit_stats.merge(analysis.units[["unit", "framework", "parent"]], on="unit", how="left") \
+        if len(analysis.units) else analysis.unit_stats
+    return {
+        "spans": analysis.spans, "units": units, "unit_steps": analysis.unit_steps, "memory": memory,
+        "memory_peaks": analysis.memory_peaks, "steps": analysis.step_times, "findings": analysis.findings,
+        "clock": analysis.clock, "skew": analysis.skew,
+    }
+
+
+def write_tables(tables: dict[str, Any], out: Path, fmt: str) -> dict[str, dict[str, Any]]:
+    """Write each table as ``out/<name>.<fmt>``; returns name -> {file, rows}."""
+    written: dict[str, dict[str, Any]] = {}
+    for name, frame in tables.items():
+        path = out / f"{name}.{fmt}"
+        frame = frame.reset_index(drop=True)
+        if fmt == "parquet":
+            frame.to_parquet(path, index=False)
+        else:
+            frame.to_csv(path, index=False)
+        written[name] = {"file": path.name, "rows": len(frame)}
+    return written

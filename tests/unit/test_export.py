@@ -1,0 +1,59 @@
+"""``fsdpviz export``: the analysis tables as Parquet / CSV files, on a synthetic FSDP2 GPU run."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from synth import Scenario, generate_run, make_root, make_units
+
+from fsdpviz.cli import main
+from fsdpviz.trace import schema
+
+TABLES = ("spans", "units", "unit_steps", "memory", "memory_peaks", "steps", "findings", "clock", "skew")
+
+
+def _run_cli(*argv: str) -> int:
+    with pytest.raises(SystemExit) as done:
+        main(list(argv))
+    return int(done.value.code or 0)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory):
+    sc = Scenario(units=make_units(3), root=make_root(), world_size=2, steps=(3, 4, 5),
+                  clock_offset_ns={1: 1_000_000_000})
+    return generate_run(sc, tmp_path_factory.mktemp("run"), run_folder=True)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+def test_export_writes_every_table(run, tmp_path, fmt: str, capsys) -> None:
+    out = tmp_path / "tables"
+    assert _run_cli("export", str(run.folder), "--format", fmt, "-o", str(out), "--no-cache") == 0
+    read = pd.read_parquet if fmt == "parquet" else pd.read_csv
+    frames = {name: read(out / f"{name}.{fmt}") for name in TABLES}
+    manifest = json.loads((out / "export.json").read_text())
+    assert manifest["framework"] == "fsdp2" and manifest["steps"] == [3, 4]  # the last step is not analysed
+    assert {k: v["rows"] for k, v in manifest["files"].items()} == {k: len(f) for k, f in frames.items()}
+    assert list(frames["spans"].columns) == list(schema.SPANS)
+    assert list(frames["steps"].columns) == list(schema.STEP_TIMES)
+    # spans carry the model's times, on rank 0's clock (rank 1's clock ran 1 s ahead)
+    want = run.expected.spans
+    want = want[want["step"].isin([3, 4])]
+    key = ["rank", "step", "unit", "phase", "kind", "lane", "start_ns"]
+    spans = frames["spans"].assign(unit=frames["spans"]["unit"].fillna(""))  # CSV reads "" back as NaN
+    merged = spans.merge(want, on=key, how="outer", indicator=True, suffixes=("", "_want"))
+    assert (merged["_merge"] == "both").all() and (merged["end_ns"] == merged["end_ns_want"]).all()
+    units = frames["units"].set_index("unit")
+    assert units.loc["blocks.1", "param_numel"] == run.scenario.units[1].numel  # from run.json
+    assert frames["memory"]["rank"].nunique() == 2 and len(frames["memory"]) > len(frames["memory_peaks"])
+    assert "spans" in capsys.readouterr().out
+
+
+def test_export_refuses_a_file_as_output(run, tmp_path, capsys) -> None:
+    target = tmp_path / "file"
+    target.write_text("x")
+    assert _run_cli("export", str(run.folder), "-o", str(target)) == 2
+    assert "exists and is not a folder" in capsys.readouterr().err
+    assert _run_cli("export", str(run.folder), "--format", "xml", "-o", str(tmp_path / "x")) == 2
