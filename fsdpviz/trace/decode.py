@@ -12,12 +12,15 @@ slices and decoded only for the few communication events that need them.
 Every way a file can fail to be a trace (missing, empty, corrupt gzip, truncated or invalid JSON,
 JSON that is not a Kineto trace) becomes a :class:`fsdpviz.errors.TraceError` naming the file.
 A trace whose known fields have unexpected types is not an error: it is decoded again without
-types and converted event by event, skipping (and counting) the events that do not fit.
+types and converted event by event, skipping (and counting) the events that do not fit. So is a
+trace with the non-standard ``NaN`` / ``Infinity`` literals some JSON writers emit.
 """
 
 from __future__ import annotations
 
 import gzip
+import json
+import re
 import zlib
 from pathlib import Path
 
@@ -26,6 +29,7 @@ import msgspec
 from fsdpviz.errors import TraceError
 
 GZIP_MAGIC = b"\x1f\x8b"
+_NON_STANDARD_NUMBER_RE = re.compile(rb"[:\[,]\s*-?(?:NaN|Infinity)\b")
 
 
 class NotKinetoError(TraceError):
@@ -141,7 +145,40 @@ def decode_trace(data: bytes, path: Path) -> tuple[KinetoTrace, int]:
         _raise_if_not_kineto(data, path, exc)
         return _decode_loose(data, path)
     except msgspec.DecodeError as exc:
+        if _NON_STANDARD_NUMBER_RE.search(data) and "truncated" not in str(exc):
+            return _decode_with_nan(data, path)
         raise TraceError(path, _describe_decode_error(data, exc)) from None
+
+
+def _decode_with_nan(data: bytes, path: Path) -> tuple[KinetoTrace, int]:
+    """Python's json accepts the NaN / Infinity some writers emit (strict JSON does not). Slow,
+    rare: events are converted one by one, and those whose known fields do not fit are dropped."""
+    try:
+        top = json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise TraceError(path, f"invalid JSON ({exc})") from None
+    if not isinstance(top, dict) or not isinstance(top.get("traceEvents"), list):
+        raise NotKinetoError(path, "not a Kineto trace (expected a JSON object with traceEvents)")
+    events: list[TraceEvent] = []
+    n_bad = 0
+    for raw_event in top["traceEvents"]:
+        try:
+            events.append(msgspec.convert(raw_event, TraceEvent))
+        except msgspec.ValidationError:
+            n_bad += 1
+    info = _convert_obj_or_none(top.get("distributedInfo"), DistributedInfo)
+    devices = _convert_obj_or_none(top.get("deviceProperties"), list[DeviceProperties])
+    base = _convert_obj_or_none(top.get("baseTimeNanoseconds"), int)
+    return KinetoTrace(events, info, base, devices), n_bad
+
+
+def _convert_obj_or_none(obj: object, kind: object) -> object:
+    if obj is None:
+        return None
+    try:
+        return msgspec.convert(obj, kind)
+    except msgspec.ValidationError:
+        return None
 
 
 def _describe_decode_error(data: bytes, exc: msgspec.DecodeError) -> str:

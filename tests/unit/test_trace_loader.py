@@ -256,3 +256,18 @@ def test_progress_lines_only_when_asked_off_a_terminal(tmp_path: Path, capsys: p
     load_traces([tmp_path], cache=False, jobs=1, progress=True)
     assert capsys.readouterr().err.splitlines() == [
         "fsdpviz: parsed rank0.json (1/2)", "fsdpviz: parsed rank1.json (2/2)"]
+
+
+def test_nan_and_infinity_literals_are_read(tmp_path: Path) -> None:
+    b = _simple()
+    b.events.append({"ph": "X", "cat": "cpu_op", "name": "nan_dur", "pid": 1000, "tid": 1000, "ts": 5,
+                     "dur": float("nan")})
+    b.events.append({"ph": "X", "cat": "kernel", "name": "occupancy", "pid": 0, "tid": 7, "ts": 300, "dur": 5,
+                     "args": {"stream": 7, "device": 0, "correlation": 99, "est. achieved occupancy %": float("inf")}})
+    path = tmp_path / "rank0.json"
+    path.write_text(json.dumps(b.document()))  # Python writes NaN / Infinity literals
+    assert "NaN" in path.read_text() and "Infinity" in path.read_text()
+    traces = load_traces([path], cache=False)
+    assert int(traces.ranks["n_skipped"].iloc[0]) == 1  # the NaN duration
+    assert set(traces.events["name"].astype(str)) >= {"occupancy", GEMM}
+    assert len(traces.steps) == 2
