@@ -14,7 +14,6 @@ the analysed steps (GPU devices when the trace has any, else the CPU).
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from collections.abc import Sequence
 from typing import Any, Final
@@ -46,18 +45,14 @@ def detect_framework(traces: TraceSet) -> str:
     return "unknown"
 
 
-def unit_entries(traces: TraceSet, steps: Sequence[int] | None) -> list[dict[str, Any]] | None:
+def unit_entries(traces: TraceSet, steps: Sequence[int] | None) -> list[dict[str, Any]]:
     """The summary's ``units`` list: one dict per FSDP unit, in forward order.
 
     Keys per entry (contract): ``name``, ``param_numel``, ``all_gather_ms``, ``forward_ms``,
     ``backward_ms``, ``reduce_scatter_ms``, ``exposed_comm_ms``, ``prefetch_lead_ms``,
-    ``peak_allocated_bytes``. This is the one place per-unit results enter the summary: it calls
-    ``fsdpviz.analysis.units.summarize_units(traces, steps=...)`` when that module exists, and
-    returns None when it does not (this build computes no per-unit results).
+    ``peak_allocated_bytes``. This is the one place per-unit results enter the summary.
     """
-    if importlib.util.find_spec("fsdpviz.analysis.units") is None:
-        return None
-    from fsdpviz.analysis.units import summarize_units
+    from fsdpviz.analysis.units import summarize_units  # lazy: units -> run -> this package
 
     return list(summarize_units(traces, steps=steps))
 
@@ -72,9 +67,7 @@ def summarize(
     analysed = sorted({s for w in windows.values() if w is not None for s in w.steps})
     notes = _notes(traces, overlap, windows, framework)
     units = unit_entries(traces, analysed or None) if framework != "unknown" else []
-    if units is None:
-        notes.append("this fsdpviz build computes no per-unit results, so units is empty")
-    elif framework != "unknown" and not units:
+    if framework != "unknown" and not units:
         notes.append("no FSDP unit was found in the analysed steps, so units is empty")
     return {
         "framework": framework,
@@ -84,7 +77,7 @@ def summarize(
         "step_time_ms": _step_time_ms(traces, windows),
         "overlap": _overlap_dict(overlap),
         "memory": _memory_dict(traces, windows),
-        "units": units or [],
+        "units": units,
         "device": _device(overlap),
         "sources": list(traces.sources),
         "run_dir": traces.run_dir,
