@@ -56,6 +56,9 @@ def _register_commands() -> None:
     from fsdpviz.commands.record import CONTEXT_SETTINGS as _RECORD_CONTEXT, record
 
     app.command("record", context_settings=_RECORD_CONTEXT)(record)
+    from fsdpviz.commands.report import report
+
+    app.command("report")(report)
     from fsdpviz.commands.export import export
 
     app.command("export")(export)

@@ -7,15 +7,22 @@ assert on this data (rows per lane, colours per unit, exposed pieces, memory pea
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pandas as pd
 
+from fsdpviz.errors import UsageError
 from fsdpviz.report import memory, steptimes
-from fsdpviz.report.stepview import StepView, lanes_view
+from fsdpviz.report.stepview import StepView, exposed_intervals, lanes_view, unit_peak_markers
+from fsdpviz.report.style import OTHER_COLOR, unit_colors
 from fsdpviz.report.timeline import MAX_PAGE_SEGMENTS, choose_steps
+from fsdpviz.report.unittable import UnitTables, unit_tables
+from fsdpviz.report.unitview import NO_UNIT, place_unit_peaks, unit_order, units_view
 from fsdpviz.trace.tables import TraceSet
+
+MAX_GANTT_RANKS = 16  # more rows than this make a Gantt unreadable (and the page heavy)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -35,6 +42,10 @@ class ReportData:
     unit_colors: dict[str, str] = field(default_factory=dict)
     findings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    unit_tables: UnitTables | None = None  # per-unit section (unittable.unit_tables)
+    memory_model: dict[str, Any] = field(default_factory=dict)  # RunAnalysis.memory_model
+    skew: pd.DataFrame | None = None  # schema.SKEW
+    rank_step_times: pd.DataFrame | None = None  # schema.STEP_TIMES (where each rank's step went)
     segment_count: int = 0  # Gantt rectangles on the page, all tabs
 
 
@@ -72,23 +83,131 @@ def describe_inputs(traces: TraceSet) -> tuple[str, str, list[tuple[str, str]]]:
     return title, subtitle, meta
 
 
+def aligned_traces(traces: TraceSet, offsets: dict[int, int]) -> TraceSet:
+    """``traces`` with each rank's event, step and memory times moved onto the reference clock.
+
+    The analysis reports unit spans on the reference rank's clock when rank clocks disagree
+    (``RunAnalysis.clock``); the lanes and memory views must use the same clock to line up.
+    """
+    if not any(offsets.values()):
+        return traces
+
+    def shift(frame: pd.DataFrame, cols: Sequence[str]) -> pd.DataFrame:
+        delta = frame["rank"].map(offsets).fillna(0).astype("int64").to_numpy()
+        return frame.assign(**{c: frame[c].to_numpy() - delta for c in cols})
+
+    return replace(traces, events=shift(traces.events, ["start_ns"]),
+                   steps=shift(traces.steps, ["start_ns", "end_ns"]),
+                   memory=shift(traces.memory, ["t_ns"]))
+
+
+def clock_offsets(analysis: Any | None) -> dict[int, int]:
+    """Offsets the analysis applied (rank -> ns its clock runs ahead of the reference rank's)."""
+    clock = getattr(analysis, "clock", None)
+    if clock is None or clock.empty:
+        return {}
+    applied = clock[clock["applied"]]
+    return {int(r): int(o) for r, o in zip(applied["rank"], applied["offset_ns"])}
+
+
+def findings_text(findings: pd.DataFrame | None) -> list[str]:
+    """One sentence per finding (most time lost first): message, the evidence, what to try."""
+    if findings is None or findings.empty:
+        return []
+    out = []
+    for row in findings.sort_values("lost_ns", ascending=False, kind="stable").itertuples():
+        text = str(row.message).rstrip(".") + "."
+        if str(row.evidence):
+            text += f" Evidence: {row.evidence}."
+        if str(row.knob):
+            text += f" Try: {row.knob}."
+        out.append(text)
+    return out
+
+
 def prepare_report(traces: TraceSet, *, summary: dict[str, Any], overlap: pd.DataFrame,
-                   max_segments: int = MAX_PAGE_SEGMENTS) -> ReportData:
-    """The page's data from the loaded traces and the whole-step analysis results."""
+                   analysis: Any | None = None, max_segments: int = MAX_PAGE_SEGMENTS,
+                   gantt_ranks: Sequence[int] | None = None, max_gantt_ranks: int = MAX_GANTT_RANKS,
+                   ) -> ReportData:
+    """The page's data from the loaded traces and the analysis results.
+
+    ``analysis`` is the per-unit ``RunAnalysis``; without unit spans the page has the whole-step
+    views only. ``gantt_ranks`` picks the ranks the time-line draws (default: all up to
+    ``max_gantt_ranks``, else a readable selection, see ``steptimes.choose_gantt_ranks``).
+    """
     title, subtitle, meta = describe_inputs(traces)
-    choices = choose_steps(traces.steps, summary.get("steps") or None)
-    memory_ranks = memory.choose_memory_ranks(traces.memory)
-    per_view = max(1_000, max_segments // max(len(choices), 1))
-    views = [lanes_view(traces, overlap, choice, max_segments=per_view, memory_ranks=memory_ranks)
-             for choice in choices]
+    offsets = clock_offsets(analysis)
+    aligned = aligned_traces(traces, offsets)
+    choices = choose_steps(aligned.steps, summary.get("steps") or None)
     times = steptimes.step_times(traces)
-    notes = []
+    notes: list[str] = []
+    if gantt_ranks is None:
+        gantt_ranks, why = steptimes.choose_gantt_ranks(traces.rank_ids, times, max_gantt_ranks)
+        if why:
+            notes.append(why)
+    else:
+        unknown = sorted(set(gantt_ranks) - set(traces.rank_ids))
+        if unknown:
+            raise UsageError(f"--ranks: no trace for rank(s) {', '.join(map(str, unknown))} "
+                             f"(ranks loaded: {', '.join(map(str, traces.rank_ids))})")
+        gantt_ranks = sorted(set(gantt_ranks))
+    memory_ranks = memory.choose_memory_ranks(traces.memory[traces.memory["rank"].isin(gantt_ranks)])
+    spans = getattr(analysis, "spans", None)
+    has_units = bool(getattr(analysis, "has_units", False)) and spans is not None and not spans.empty
+    units_table = getattr(analysis, "units", traces.units)
+    order = [u for u in unit_order(units_table, spans if has_units else pd.DataFrame()) if u != NO_UNIT]
+    colors = unit_colors(order, {u: i for i, u in enumerate(order)})
+    if has_units and (spans["unit"] == NO_UNIT).any():
+        colors[NO_UNIT] = OTHER_COLOR  # work outside every unit (the optimizer step)
+    unit_steps = getattr(analysis, "unit_steps", None)
+    # Tabs: per-unit Gantt of each chosen step + all events of the median step when the run has
+    # units (the per-unit view is the one to read; one all-events tab shows what else ran), else all
+    # events of each chosen step.
+    n_views = len(choices) + (1 if has_units and choices else 0)
+    per_view = max(1_000, max_segments // max(n_views, 1))
+    views: list[StepView] = []
+    for i, choice in enumerate(choices):
+        exposed = exposed_intervals(aligned, overlap, choice.step, gantt_ranks)
+        lanes = lanes_view(aligned, overlap, choice, max_segments=per_view, memory_ranks=memory_ranks,
+                           ranks=gantt_ranks, exposed=exposed)
+        if has_units:
+            view = units_view(spans, traces.lanes, choice, colors=colors, exposed=exposed,
+                              memory_curve=lanes.memory, unit_steps=unit_steps, max_segments=per_view,
+                              ranks=gantt_ranks)
+            peaks = place_unit_peaks(unit_steps, spans, _main_device_samples(aligned.memory), choice,
+                                     memory_ranks)
+            view.peaks = unit_peak_markers(peaks[peaks["unit"] != NO_UNIT], choice, colors)
+            views.append(view)
+        if not has_units or i == 0:
+            views.append(lanes)
     if len(memory_ranks) < traces.memory["rank"].nunique():
         notes.append(f"Memory curves show {len(memory_ranks)} of {traces.memory['rank'].nunique()} ranks: "
                      "rank 0 and the ranks with the highest peaks.")
+    notes.extend(_sentence(n) for n in getattr(analysis, "notes", []) if "no FSDP unit labels" not in n)
+    stats = getattr(analysis, "unit_stats", None)
     return ReportData(
         title=title, subtitle=subtitle, meta=meta, summary=summary, overlap=overlap, views=views,
+        has_units=has_units, unit_colors=colors if has_units else {},
         step_times=times, step_spread=steptimes.per_step_spread(times),
         rank_steps=steptimes.per_rank_summary(times), notes=notes,
+        findings=findings_text(getattr(analysis, "findings", None)),
+        unit_tables=unit_tables(stats, colors) if has_units and stats is not None and not stats.empty else None,
+        memory_model=dict(getattr(analysis, "memory_model", {}) or {}),
+        skew=getattr(analysis, "skew", None),
+        rank_step_times=getattr(analysis, "step_times", None),
         segment_count=sum(len(v.segments) + len(v.exposed) for v in views),
     )
+
+
+def _sentence(text: str) -> str:
+    text = str(text).strip()
+    return (text[:1].upper() + text[1:] + ("" if text.endswith(".") else ".")) if text else text
+
+
+def _main_device_samples(samples: pd.DataFrame) -> pd.DataFrame:
+    """Allocator samples of each rank's drawn device only (see ``memory.main_device``)."""
+    if samples.empty:
+        return samples
+    devices = memory.main_device(samples)
+    return samples[samples["device"].astype(str).to_numpy()
+                   == samples["rank"].map(devices).astype(str).to_numpy()]

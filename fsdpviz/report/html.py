@@ -66,8 +66,9 @@ class Section:
     notes: list[str] = field(default_factory=list)  # plain-text remarks (e.g. what was capped)
     facts: list[Fact] = field(default_factory=list)
     bullets: list[str] = field(default_factory=list)  # plain-text list items (findings)
-    legend: list[LegendItem] = field(default_factory=list)
-    views: dict[str, Any] = field(default_factory=dict)  # tab label -> holoviews object / bokeh model
+    legend: list[tuple[str, list[LegendItem]]] = field(default_factory=list)  # (group title, items)
+    # tab label -> holoviews object / bokeh model, or a list of them stacked in one column
+    views: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -101,11 +102,19 @@ def _to_bokeh(view: Any) -> Any:
     return model
 
 
+def _column(views: list[Any]) -> Any:
+    """Several views stacked in one bokeh column (a table above its charts)."""
+    from bokeh.layouts import column
+
+    return column([_to_bokeh(view) for view in views], sizing_mode="stretch_width")
+
+
 def _section_model(section: Section) -> Any | None:
     """The bokeh root of a section: its only view, or tabs when it has several."""
     if not section.views:
         return None
-    models = {label: _to_bokeh(view) for label, view in section.views.items()}
+    models = {label: _column(view) if isinstance(view, list) else _to_bokeh(view)
+              for label, view in section.views.items()}
     if len(models) == 1:
         return next(iter(models.values()))
     from bokeh.models import TabPanel, Tabs

@@ -20,7 +20,7 @@ from fsdpviz.report.style import NS_PER_MS
 from fsdpviz.report.timeline import StepChoice
 
 MAX_POINTS_PER_RANK = 2_000
-MAX_MEMORY_RANKS = 8
+MAX_MEMORY_RANKS = 4  # each curve is a holoviews element (~0.1 s to render); more is a thicket anyway
 
 
 def main_device(memory: pd.DataFrame) -> pd.Series:

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 
 from fsdpviz.report import activity, plots
 from fsdpviz.report.html import Fact, LegendItem, Page, Section
+from fsdpviz.report.unitsection import units_section
+from fsdpviz.report.unitview import unit_label
 from fsdpviz.report.style import (
     EXPOSED_COLOR,
     bytes_scale,
@@ -62,10 +64,10 @@ def headline_section(data: ReportData) -> Section:
     s = data.summary
     ov = s.get("overlap", {})
     mem = s.get("memory", {})
-    n_steps = max(len(s.get("steps", [])), 1)
-    exposed_per_step = ov.get("exposed_comm_ms", float("nan")) / n_steps
-    comm_per_step = ov.get("comm_ms", float("nan")) / n_steps
-    step_ms = s.get("step_time_ms", float("nan"))
+    # The summary's communication numbers are already per step (averaged over ranks).
+    exposed_per_step = _num(ov.get("exposed_comm_ms"))
+    comm_per_step = _num(ov.get("comm_ms"))
+    step_ms = _num(s.get("step_time_ms"))
     ranks = s.get("ranks", [])
     facts = [
         Fact(label="framework", value=str(s.get("framework", "unknown"))),
@@ -82,11 +84,22 @@ def headline_section(data: ReportData) -> Section:
         Fact(label="peak reserved", value=format_bytes(mem.get("peak_reserved_bytes") or None) or "n/a",
              hint="" if mem.get("peak_reserved_bytes") else "the CPU allocator reports no reserved memory"),
     ]
-    notes = list(data.notes)
+    # The summary's own "units is empty" note is said better by NOTE_NO_UNITS below.
+    notes = list(data.notes) + [_sentence(n) for n in s.get("notes", []) if "units is empty" not in n]
     if not data.has_units:
         notes.append(NOTE_NO_UNITS)
     return Section(key="headline", title="Headline", howto=HOWTO_HEADLINE, facts=facts, notes=notes,
                    bullets=list(data.findings))
+
+
+def _num(value: object) -> float:
+    """A summary number (None where it does not exist) as a float, NaN for None."""
+    return float(value) if isinstance(value, (int, float)) else float("nan")
+
+
+def _sentence(text: str) -> str:
+    text = str(text).strip()
+    return (text[:1].upper() + text[1:] + ("" if text.endswith(".") else ".")) if text else text
 
 
 def _steps_text(steps: list[int]) -> str:
@@ -106,13 +119,15 @@ def timeline_section(data: ReportData) -> Section:
         tab = f"{view.choice.label} · {'units' if view.kind == 'units' else 'all events'}"
         views[tab] = _timeline_plot(view, data)
         notes.extend(view.notes)
-    legend = []
+    legend: list[tuple[str, list[LegendItem]]] = []
     if has_units_view:
-        legend = [LegendItem(label=unit, color=color) for unit, color in data.unit_colors.items()]
-        legend.append(LegendItem(label="backward (hatched)", color="#777777", pattern="hatched"))
-    legend += [LegendItem(label=cat, color=activity.CATEGORY_COLORS[cat]) for cat in activity.CATEGORIES
-               if any(v.kind == "lanes" for v in data.views)]
-    legend.append(LegendItem(label="exposed communication", color=EXPOSED_COLOR, pattern="strip"))
+        items = [LegendItem(label=unit_label(unit), color=color) for unit, color in data.unit_colors.items()]
+        items.append(LegendItem(label="backward (hatched)", color="#777777", pattern="hatched"))
+        legend.append(("units tabs", items))
+    if any(v.kind == "lanes" for v in data.views):
+        legend.append(("all-events tabs", [LegendItem(label=cat, color=activity.CATEGORY_COLORS[cat])
+                                           for cat in activity.CATEGORIES]))
+    legend.append(("both", [LegendItem(label="exposed communication", color=EXPOSED_COLOR, pattern="strip")]))
     howto = (HOWTO_TIMELINE_UNITS if has_units_view else HOWTO_TIMELINE_LANES) + " " + HOWTO_MEMORY
     if not data.views:
         notes.append("The traces hold no ProfilerStep ranges, so there is no step to draw.")
@@ -122,7 +137,7 @@ def timeline_section(data: ReportData) -> Section:
 
 def _timeline_plot(view: StepView, data: ReportData):  # noqa: ANN202 - a holoviews Layout
     if view.kind == "units":
-        hover = [("unit", "unit"), ("kind", "kind"), ("phase", "phase"), ("start_ms", "start (ms)"),
+        hover = [("unit_name", "unit"), ("kind", "kind"), ("phase", "phase"), ("start_ms", "start (ms)"),
                  ("dur_ms", "duration (ms)"), ("bytes_text", "bytes"), ("lead_text", "prefetch lead"),
                  ("lane", "lane")]
         colors = data.unit_colors
@@ -167,6 +182,9 @@ def steps_section(data: ReportData) -> Section:
 def build_page(data: ReportData) -> Page:
     """All sections, in reading order."""
     sections = [headline_section(data), timeline_section(data)]
+    units = units_section(data)
+    if units is not None:
+        sections.append(units)
     sections.append(steps_section(data))
     return Page(title=data.title, subtitle=data.subtitle,
                 meta=[Fact(label=k, value=v) for k, v in data.meta], sections=sections)

@@ -31,6 +31,8 @@ hv.Store.set_current_backend("bokeh")
 TIME_DIM = hv.Dimension("time_ms", label="time since step start", unit="ms")
 LANE_DIM = hv.Dimension("lane_y", label="rank · lane")
 ROW_HEIGHT_PX = 22
+MIN_ROW_HEIGHT_PX = 11
+MAX_GANTT_BODY_PX = 1100
 MIN_GANTT_HEIGHT_PX = 160
 # The left border fits lane labels such as "rank 12 · stream 7 (all-gather)", and is the same on
 # every plot of a time-line column so that their time axes line up.
@@ -58,7 +60,9 @@ def _tidy_toolbar_hook(plot: Any, element: Any) -> None:
 
 
 def _gantt_height(n_rows: int) -> int:
-    return max(MIN_GANTT_HEIGHT_PX, 70 + ROW_HEIGHT_PX * n_rows)
+    # Rows shrink (down to MIN_ROW_HEIGHT_PX) so that a many-rank Gantt still fits a screen or two.
+    row_px = max(MIN_ROW_HEIGHT_PX, min(ROW_HEIGHT_PX, MAX_GANTT_BODY_PX // max(n_rows, 1)))
+    return max(MIN_GANTT_HEIGHT_PX, 70 + row_px * n_rows)
 
 
 def lane_ticks(rows: pd.DataFrame) -> list[tuple[float, str]]:
@@ -106,13 +110,16 @@ def gantt(rows: pd.DataFrame, segments: pd.DataFrame, exposed: pd.DataFrame, *, 
 
 
 def memory_curve(curves: pd.DataFrame, peaks: pd.DataFrame | None, *, divisor: float, unit: str,
-                 title: str, labels_per_rank: int = 8) -> hv.Overlay:
+                 title: str, labels_per_rank: int = 5) -> hv.Overlay:
     """Allocated (solid) and reserved (dashed) bytes over the step for each drawn rank, and each
     unit's peak marked with a point (and a text label for the highest ``labels_per_rank``)."""
     y_dim = hv.Dimension("memory", label="memory", unit=unit)
     elements: list[Any] = []
     ranks = sorted(int(r) for r in curves["rank"].unique()) if not curves.empty else []
     multi = len(ranks) > 1
+    # Reserved memory only for the rank with the highest reserve: one dashed line reads, eight do not.
+    reserve_rank = (int(curves.loc[curves["reserved_bytes"].idxmax(), "rank"])
+                    if not curves.empty and (curves["reserved_bytes"] > 0).any() else None)
     for i, rank in enumerate(ranks):
         mine = curves[curves["rank"] == rank]
         alloc = pd.DataFrame({"time_ms": mine["t_ms"], "memory": mine["allocated_bytes"] / divisor})
@@ -121,7 +128,7 @@ def memory_curve(curves: pd.DataFrame, peaks: pd.DataFrame | None, *, divisor: f
         color = ALLOCATED_COLOR if not multi else _RANK_COLORS[i % len(_RANK_COLORS)]
         elements.append(hv.Curve(alloc, TIME_DIM, y_dim, label=f"allocated{suffix}").opts(
             interpolation="steps-post", color=color, line_width=1.8, tools=["hover"]))
-        if (mine["reserved_bytes"] > 0).any():  # the CPU allocator reports no reserve: no flat zero line
+        if rank == reserve_rank:  # None on CPU: its allocator reports no reserve, no flat zero line
             elements.append(hv.Curve(resv, TIME_DIM, y_dim, label=f"reserved{suffix}").opts(
                 interpolation="steps-post", color=RESERVED_COLOR if not multi else color,
                 line_dash="dashed", line_width=1.2, alpha=0.8))
@@ -132,14 +139,16 @@ def memory_curve(curves: pd.DataFrame, peaks: pd.DataFrame | None, *, divisor: f
         elements.append(points.opts(color="color", size=9, marker="triangle", line_color="black",
                                     tools=["hover"], hover_tooltips=[("unit", "@unit"), ("rank", "@rank"),
                                                                      ("peak", "@{peak_text}")]))
-        top = (pts.sort_values("memory", ascending=False).groupby("rank", sort=False).head(labels_per_rank))
+        # Text labels only for the highest peaks of the rank with the highest peak: more overlap.
+        top_rank = pts.sort_values("memory", ascending=False)["rank"].iloc[0]
+        top = pts[pts["rank"] == top_rank].sort_values("memory", ascending=False).head(labels_per_rank)
         elements.append(hv.Labels(top, kdims=[TIME_DIM, y_dim], vdims=["unit"]).opts(
             text_font_size="8pt", text_align="left", xoffset=0, yoffset=0, text_color="#333333",
             text_baseline="bottom"))
     if not elements:
         elements.append(hv.Curve([], TIME_DIM, y_dim))
     return hv.Overlay(elements).opts(
-        hv.opts.Overlay(title=title, responsive=True, height=260, legend_position="top_left",
+        hv.opts.Overlay(title=title, responsive=True, height=260, legend_position="top_right",
                         legend_cols=2 if multi else 1, legend_opts={"background_fill_alpha": 0.7},
                         hooks=[_tidy_toolbar_hook], active_tools=["xwheel_zoom"],
                         tools=["xpan", "xwheel_zoom", "box_zoom", "reset"], show_grid=True)
@@ -170,3 +179,45 @@ def step_time_spread(times: pd.DataFrame) -> hv.Layout:
         title="per rank, spread over steps", responsive=True, height=300, box_fill_color="#c6dbef",
         tools=["hover"], hooks=[_tidy_toolbar_hook], show_grid=True)
     return hv.Layout([by_step, by_rank]).cols(2).opts(hv.opts.Layout(shared_axes=True, merge_tools=True))
+
+
+UNIT_DIM = hv.Dimension("unit_name", label="unit (forward order)")
+
+
+def _bar_width_px(n_units: int) -> int | None:
+    """Plots get wider than the page when bars would become thinner than a few pixels."""
+    return None if n_units <= 40 else 40 + 28 * n_units
+
+
+def unit_bars(data: pd.DataFrame, units: Sequence[str], *, value: str, value_dim: hv.Dimension,
+              title: str, colors: Mapping[str, str]) -> hv.Bars:
+    """Grouped bars: one group per unit (forward order), one bar per metric."""
+    metrics = [m for m in colors if m in set(data["metric"])] if not data.empty else []
+    frame = data.rename(columns={value: value_dim.name})
+    bars = hv.Bars(frame, kdims=[UNIT_DIM, hv.Dimension("metric", label="metric")], vdims=[value_dim])
+    width = _bar_width_px(len(units))
+    opts: dict[str, Any] = dict(
+        title=title, height=320, color="metric", cmap={m: colors[m] for m in metrics}, multi_level=False,
+        xrotation=90 if len(units) > 8 else 0, tools=["hover"], show_legend=True, legend_position="top_right",
+        hooks=[_tidy_toolbar_hook], show_grid=True, line_alpha=0,
+    )
+    if width is None:
+        opts["responsive"] = True
+    else:
+        opts["width"] = width
+    return bars.redim.values(unit_name=list(units), metric=metrics).opts(**opts)
+
+
+def unit_table(source: Mapping[str, list], columns: Sequence[tuple[str, str, str | None]]) -> Any:
+    """A sortable bokeh DataTable (text cells use the default formatter, which escapes)."""
+    from bokeh.models import ColumnDataSource, DataTable, NumberFormatter, StringFormatter, TableColumn
+
+    table_columns = []
+    for field_name, title, fmt in columns:
+        formatter = NumberFormatter(format=fmt, text_align="right") if fmt else StringFormatter()
+        table_columns.append(TableColumn(field=field_name, title=title, formatter=formatter,
+                                         width=70 if fmt else 180))
+    n_rows = len(next(iter(source.values()))) if source else 0
+    return DataTable(source=ColumnDataSource(dict(source)), columns=table_columns, sortable=True,
+                     reorderable=False, index_position=None, sizing_mode="stretch_width",
+                     height=min(40 + 25 * n_rows, 520))

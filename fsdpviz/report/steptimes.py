@@ -16,15 +16,17 @@ from fsdpviz.trace.tables import TraceSet
 
 SOURCE_TIMERS = "timers"
 SOURCE_PROFILER = "profiler"
-# The timer record of a whole step: no unit, and kind "step" (see docs/recording.md).
-STEP_TIMER_KIND = "step"
+# The timer record of a whole step: no unit, phase "step", kind "total" (docs/recording.md, "Timers").
+STEP_TIMER_PHASE = "step"
+STEP_TIMER_KIND = "total"
 
 
 def step_times(traces: TraceSet) -> pd.DataFrame:
     """One row per (rank, step): ``rank``, ``step``, ``ms``, ``source`` (timers or profiler)."""
     timers = traces.timers
     if not timers.empty:
-        whole = timers[(timers["unit"] == "") & (timers["kind"] == STEP_TIMER_KIND)]
+        whole = timers[(timers["unit"] == "") & (timers["phase"] == STEP_TIMER_PHASE)
+                       & (timers["kind"] == STEP_TIMER_KIND) & timers["ms"].notna()]
         if not whole.empty:
             out = whole.groupby(["rank", "step"], as_index=False)["ms"].sum()
             out["source"] = SOURCE_TIMERS
@@ -64,3 +66,33 @@ def per_rank_summary(times: pd.DataFrame) -> pd.DataFrame:
     slowest = per_step_spread(times)["slowest_rank"].value_counts()
     out["times_slowest"] = slowest.reindex(out.index, fill_value=0).astype("int64")
     return out.reset_index()
+
+
+def choose_gantt_ranks(ranks: list[int], times: pd.DataFrame, max_ranks: int) -> tuple[list[int], str]:
+    """The ranks the Gantt draws, and why (empty reason when all are drawn).
+
+    Every rank up to ``max_ranks``; beyond that rank 0, the slowest and the fastest ranks by
+    median step time (stragglers and the ranks waiting for them), then ranks spread evenly over
+    the rest, so that a 64-rank Gantt stays readable and within the page's span budget.
+    """
+    ranks = sorted(int(r) for r in ranks)
+    if len(ranks) <= max_ranks:
+        return ranks, ""
+    chosen: list[int] = [ranks[0]]
+    if not times.empty:
+        median = times.groupby("rank")["ms"].median().sort_values(kind="stable")
+        by_speed = [int(r) for r in median.index if int(r) in set(ranks)]
+        n_each = max(1, (max_ranks - 1) // 4)
+        for r in list(reversed(by_speed))[:n_each] + by_speed[:n_each]:
+            if r not in chosen:
+                chosen.append(r)
+    rest = [r for r in ranks if r not in chosen]
+    n_more = max_ranks - len(chosen)
+    if n_more > 0 and rest:
+        idx = [round(i * (len(rest) - 1) / max(n_more - 1, 1)) for i in range(n_more)]
+        chosen.extend(rest[i] for i in dict.fromkeys(idx))
+    chosen = sorted(set(chosen))[:max_ranks]
+    reason = (f"The Gantt draws {len(chosen)} of {len(ranks)} ranks: rank {ranks[0]}, the slowest and "
+              "fastest ranks by median step time, and ranks spread over the rest "
+              f"({', '.join(str(r) for r in chosen)}). `fsdpviz report --ranks` picks others.")
+    return chosen, reason

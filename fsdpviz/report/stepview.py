@@ -47,12 +47,13 @@ class StepView:
         return f"{self.choice.label} ({self.choice.duration_ms:.1f} ms): {what}"
 
 
-def exposed_intervals(traces: TraceSet, overlap: pd.DataFrame, step: int) -> pd.DataFrame:
+def exposed_intervals(traces: TraceSet, overlap: pd.DataFrame, step: int,
+                      ranks: Sequence[int] | None = None) -> pd.DataFrame:
     """Exposed communication of each rank during ``step``: comm minus compute, as the analysis
     defines them for the rank's device (GPU kernels or CPU threads). Columns rank, start_ns, end_ns."""
     parts: list[pd.DataFrame] = []
     device_of = dict(zip(overlap["rank"].astype(int), overlap["device"].astype(str)))
-    for rank in traces.rank_ids:
+    for rank in (traces.rank_ids if ranks is None else ranks):
         rank_steps = traces.steps[traces.steps["rank"] == rank]
         window = ov.select_window(rank_steps, steps=[step])
         if window is None or not window.steps:
@@ -89,11 +90,15 @@ def exposed_on_segments(segments: pd.DataFrame, exposed: pd.DataFrame, choice: S
 
 
 def lanes_view(traces: TraceSet, overlap: pd.DataFrame, choice: StepChoice, *, max_segments: int,
-               memory_ranks: Sequence[int]) -> StepView:
-    """The whole-step view: every lane of every rank, busy time by category, exposed comm in red."""
-    ranks = traces.rank_ids
+               memory_ranks: Sequence[int], ranks: Sequence[int] | None = None,
+               exposed: pd.DataFrame | None = None) -> StepView:
+    """The whole-step view: every lane of ``ranks`` (default all), busy time by category, exposed
+    communication (``exposed_intervals``, computed here when not given) in red."""
+    ranks = traces.rank_ids if ranks is None else list(ranks)
     all_rows = activity.lane_rows(traces.lanes, ranks)
-    segments, merged = activity.activity_segments(traces.events, all_rows, choice, max_segments)
+    events = traces.events if len(ranks) == len(traces.rank_ids) else \
+        traces.events[traces.events["rank"].isin(ranks).to_numpy()]
+    segments, merged = activity.activity_segments(events, all_rows, choice, max_segments)
     rows = activity.lane_rows(traces.lanes, ranks, used=segments)
     segments = segments.drop(columns="row").merge(rows[["rank", "lane", "row"]], on=["rank", "lane"])
     segments["start_ms"] = segments["x0_ms"]
@@ -102,7 +107,9 @@ def lanes_view(traces: TraceSet, overlap: pd.DataFrame, choice: StepChoice, *, m
     comm = segments[(segments["category"] == activity.CAT_COMM)
                     & segments["row"].map(comm_kind).isin(COMM_LANE_KINDS)]
     comm = comm.assign(what=comm["name"].astype(str))
-    exposed = exposed_on_segments(comm, exposed_intervals(traces, overlap, choice.step), choice, ["what"])
+    if exposed is None:
+        exposed = exposed_intervals(traces, overlap, choice.step, ranks)
+    exposed = exposed_on_segments(comm, exposed, choice, ["what"])
     notes = []
     if merged:
         notes.append(f"{choice.label}: more than {max_segments:,} busy intervals; neighbouring "

@@ -1,0 +1,66 @@
+"""``fsdpviz report PATH... [-o FILE]``: load traces, analyse, write one offline HTML page."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import typer
+
+from fsdpviz.commands.summary import parse_steps
+from fsdpviz.errors import UsageError
+
+
+def parse_ranks(text: str | None) -> list[int] | None:
+    """``"0,3"`` / ``"0-7"`` -> rank numbers for the Gantt; None (automatic) when not given."""
+    try:
+        return parse_steps(text)
+    except UsageError:
+        raise UsageError(f"--ranks: cannot read {text!r}; use numbers and ranges like 0,3 or 0-7") from None
+
+
+def _progress(quiet: bool) -> Callable[[str], None] | None:
+    if quiet:
+        return None
+    return lambda message: print(f"fsdpviz: {message}", file=sys.stderr, flush=True)
+
+
+def report(
+    paths: list[Path] = typer.Argument(
+        ..., help="A run folder (from `fsdpviz record`), a folder of traces, or trace files "
+                  "(.json / .json.gz, also recorded without fsdpviz).", show_default=False),
+    output: Path | None = typer.Option(
+        None, "-o", "--output", help="HTML file to write. Default: report.html in the run folder, "
+                                     "else ./fsdpviz-report.html.", show_default=False),
+    steps: str | None = typer.Option(
+        None, "--steps", help="ProfilerSteps to analyse, e.g. 3,4 or 3-5. Default: every captured "
+                              "step but the last (often cut short).", show_default=False),
+    ranks: str | None = typer.Option(
+        None, "--ranks", help="Ranks the timeline Gantt draws, e.g. 0-7 or 0,5,9. Default: all ranks, "
+                              "or 16 chosen ones (rank 0, slowest, fastest, spread) beyond 16.",
+        show_default=False),
+    cache: bool = typer.Option(True, "--cache/--no-cache", help="Reuse parsed traces cached beside them."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress lines on stderr."),
+) -> None:
+    """Write the offline HTML report: per-unit Gantt, memory, overlap, step times and findings."""
+    from fsdpviz.report.build import build_report
+    from fsdpviz.trace import load_traces
+
+    step_list = parse_steps(steps)
+    rank_list = parse_ranks(ranks)
+    if output is not None and not output.parent.is_dir():  # fail before minutes of loading
+        raise UsageError(f"{output}: cannot write the report: folder {output.parent} does not exist")
+    say = _progress(quiet)
+    started = time.perf_counter()
+    if say:
+        say(f"loading {', '.join(str(p) for p in paths)}")
+    traces = load_traces(paths, cache=cache, progress=False if quiet else None)
+    if say:
+        say(f"loaded {len(traces.rank_ids)} rank(s), {len(traces.events):,} events "
+            f"in {time.perf_counter() - started:.1f} s")
+    result = build_report(traces, output, steps=step_list, ranks=rank_list, progress=say)
+    if say:
+        say(f"wrote {result.path} ({result.size_bytes / 1e6:.1f} MB) in {time.perf_counter() - started:.1f} s")
+    typer.echo(str(result.path))

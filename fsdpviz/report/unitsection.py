@@ -1,0 +1,72 @@
+"""The per-unit section of the page: a sortable table and bar charts of the analysis' unit stats."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import holoviews as hv
+
+from fsdpviz.report import plots
+from fsdpviz.report.html import Fact, Section
+from fsdpviz.report.style import bytes_scale, format_bytes, format_ms
+from fsdpviz.report.unittable import METRIC_COLORS, TABLE_COLUMNS, table_source
+
+if TYPE_CHECKING:
+    from fsdpviz.report.data import ReportData
+
+HOWTO_UNITS = (
+    "One row per FSDP unit in forward order; times are medians per step over ranks and analysed steps, "
+    "peaks are maxima. Click a column header to sort. Exposed communication is the part of a unit's "
+    "collectives during which the rank computed nothing. Prefetch lead is how long before the unit's "
+    "compute started its all-gather had finished: negative means compute waited for it. Unsharded "
+    "bytes (parameters + gradients) are what a unit adds to memory while gathered; compare with the "
+    "measured peak."
+)
+NOTE_NO_UNIT_STATS = "No per-unit numbers: the analysis found no FSDP unit in the analysed steps."
+
+
+def units_section(data: ReportData) -> Section | None:
+    """The section, or None when the traces carry no FSDP units."""
+    tables = data.unit_tables
+    if not data.has_units:
+        return None
+    if tables is None or tables.table.empty:
+        return Section(key="units", title="Per unit", howto=HOWTO_UNITS, notes=[NOTE_NO_UNIT_STATS])
+    table = tables.table
+    facts = []
+    worst = table.sort_values("exposed_comm_ms", ascending=False).iloc[0]
+    if worst["exposed_comm_ms"] == worst["exposed_comm_ms"]:
+        facts.append(Fact(label="most exposed comm", value=format_ms(float(worst["exposed_comm_ms"])),
+                          hint=f"per step, unit {worst['unit_name']}"))
+    peak = table.sort_values("peak_mib", ascending=False).iloc[0]
+    if peak["peak_mib"] == peak["peak_mib"]:
+        facts.append(Fact(label="highest peak", value=format_bytes(float(peak["peak_mib"]) * 2**20),
+                          hint=f"during unit {peak['unit_name']}"))
+    facts.append(Fact(label="units", value=str(len(table))))
+    columns = list(TABLE_COLUMNS)
+    mem_max = float(tables.memory["bytes"].max()) if not tables.memory.empty else 0.0
+    divisor, mem_unit = bytes_scale(mem_max)
+    memory = tables.memory.assign(bytes=tables.memory["bytes"] / divisor)
+    views = [
+        plots.unit_table(table_source(table[[c for c, _, _ in columns]]), columns),
+        plots.unit_bars(tables.times, tables.units, value="ms",
+                        value_dim=hv.Dimension("unit_ms", label="time per step", unit="ms"),
+                        title="time per unit (median per step)", colors=_colors(tables.times)),
+        plots.unit_bars(tables.exposed, tables.units, value="ms",
+                        value_dim=hv.Dimension("exposed_ms", label="exposed", unit="ms"),
+                        title="exposed communication per unit (no compute running on the rank)",
+                        colors=_colors(tables.exposed)),
+        plots.unit_bars(tables.leads, tables.units, value="ms",
+                        value_dim=hv.Dimension("lead_ms", label="prefetch lead", unit="ms"),
+                        title="prefetch lead: all-gather end to compute start (negative: compute waited)",
+                        colors={"forward": METRIC_COLORS["forward"], "backward": METRIC_COLORS["backward"]}),
+        plots.unit_bars(memory, tables.units, value="bytes",
+                        value_dim=hv.Dimension("memory_units", label="memory", unit=mem_unit),
+                        title="unsharded parameters + gradients vs measured peak allocated",
+                        colors=_colors(tables.memory)),
+    ]
+    return Section(key="units", title="Per unit", howto=HOWTO_UNITS, facts=facts, views={"units": views})
+
+
+def _colors(data) -> dict[str, str]:  # noqa: ANN001 - a long table with a ``metric`` column
+    return {m: METRIC_COLORS.get(m, "#888888") for m in dict.fromkeys(data["metric"])}

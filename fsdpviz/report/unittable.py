@@ -1,0 +1,128 @@
+"""Plot data for the per-unit section: the analysis' per-unit medians as a table and as bars.
+
+Input is the analysis' ``unit_stats`` (schema.UNIT_STATS: one row per unit, medians over ranks
+and steps, peaks as maxima). Output: a display table in ms and bytes, and long tables for grouped
+bar charts (one row per unit and metric). Units stay in forward order on every chart, so a reader
+can scan from the first block to the last; colours come from the page's unit palette.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from fsdpviz.report.style import NS_PER_MS
+from fsdpviz.report.unitview import unit_label
+
+# (column in UNIT_STATS, label on the page)
+TIME_METRICS = (
+    ("all_gather_ns", "all-gather"),
+    ("forward_ns", "forward"),
+    ("backward_ns", "backward"),
+    ("reduce_scatter_ns", "reduce-scatter"),
+)
+EXPOSED_METRICS = (
+    ("forward_ag_exposed_ns", "forward all-gather"),
+    ("backward_ag_exposed_ns", "backward all-gather"),
+    ("rs_exposed_ns", "reduce-scatter"),
+)
+LEAD_METRICS = (
+    ("forward_prefetch_lead_ns", "forward"),
+    ("backward_prefetch_lead_ns", "backward"),
+)
+MEMORY_METRICS = (
+    ("unsharded_bytes", "unsharded params + grads"),
+    ("forward_peak_allocated_bytes", "peak allocated (forward)"),
+    ("backward_peak_allocated_bytes", "peak allocated (backward)"),
+)
+METRIC_COLORS = {
+    "all-gather": "#f58518", "forward": "#4c78a8", "backward": "#72b7b2", "reduce-scatter": "#e45756",
+    "forward all-gather": "#f58518", "backward all-gather": "#ffbf79", "unsharded params + grads": "#9d9d9d",
+    "peak allocated (forward)": "#4c78a8", "peak allocated (backward)": "#72b7b2",
+}
+# bokeh's NumberFormatter patterns for the table
+TABLE_COLUMNS = (
+    ("order", "#", "0"),
+    ("unit_name", "unit", None),
+    ("param_numel", "parameters", "0,0"),
+    ("unsharded_mib", "unsharded params+grads (MiB)", "0,0.0"),
+    ("all_gather_ms", "all-gather (ms)", "0.000"),
+    ("forward_ms", "forward (ms)", "0.000"),
+    ("backward_ms", "backward (ms)", "0.000"),
+    ("reduce_scatter_ms", "reduce-scatter (ms)", "0.000"),
+    ("exposed_comm_ms", "exposed comm (ms)", "0.000"),
+    ("forward_lead_ms", "fwd prefetch lead (ms)", "0.000"),
+    ("backward_lead_ms", "bwd prefetch lead (ms)", "0.000"),
+    ("peak_mib", "peak allocated (MiB)", "0,0.0"),
+)
+
+
+@dataclass(kw_only=True, slots=True)
+class UnitTables:
+    """The per-unit section's data."""
+
+    table: pd.DataFrame  # one row per unit, TABLE_COLUMNS + ``color``
+    times: pd.DataFrame  # long: unit_name, metric, ms
+    exposed: pd.DataFrame  # long: unit_name, metric, ms
+    leads: pd.DataFrame  # long: unit_name, metric, ms
+    memory: pd.DataFrame  # long: unit_name, metric, bytes
+    units: list[str]  # display names in forward order
+
+
+def _ms(series: pd.Series) -> pd.Series:
+    return series.astype("float64") / NS_PER_MS
+
+
+def _long(stats: pd.DataFrame, metrics: tuple[tuple[str, str], ...], value: str, scale: float) -> pd.DataFrame:
+    parts = []
+    for col, label in metrics:
+        if col not in stats.columns:
+            continue
+        values = stats[col].astype("float64")
+        values = values.where(values >= 0) if value == "bytes" else values  # -1 = unknown bytes
+        parts.append(pd.DataFrame({"unit_name": stats["unit_name"], "metric": label, value: values / scale}))
+    if not parts:
+        return pd.DataFrame({"unit_name": pd.Series(dtype=str), "metric": pd.Series(dtype=str),
+                             value: pd.Series(dtype="float64")})
+    return pd.concat(parts, ignore_index=True).dropna(subset=[value])
+
+
+def unit_tables(stats: pd.DataFrame, colors: Mapping[str, str]) -> UnitTables:
+    """Display table and bar data from UNIT_STATS (rows in forward order)."""
+    stats = stats.sort_values("order", kind="stable").reset_index(drop=True)
+    stats = stats.assign(unit_name=stats["unit"].astype(str).map(unit_label))
+    table = pd.DataFrame({
+        "order": stats["order"].astype("int64"),
+        "unit_name": stats["unit_name"],
+        "param_numel": stats["param_numel"].where(stats["param_numel"] >= 0),
+        "unsharded_mib": stats["unsharded_bytes"].where(stats["unsharded_bytes"] >= 0) / 2**20,
+        "all_gather_ms": _ms(stats["all_gather_ns"]),
+        "forward_ms": _ms(stats["forward_ns"]),
+        "backward_ms": _ms(stats["backward_ns"]),
+        "reduce_scatter_ms": _ms(stats["reduce_scatter_ns"]),
+        "exposed_comm_ms": _ms(stats["exposed_comm_ns"]),
+        "forward_lead_ms": _ms(stats["forward_prefetch_lead_ns"]),
+        "backward_lead_ms": _ms(stats["backward_prefetch_lead_ns"]),
+        "peak_mib": stats["peak_allocated_bytes"].where(stats["peak_allocated_bytes"] >= 0) / 2**20,
+        "color": [colors.get(str(u), "#888888") for u in stats["unit"]],
+    })
+    return UnitTables(
+        table=table,
+        times=_long(stats, TIME_METRICS, "ms", NS_PER_MS),
+        exposed=_long(stats, EXPOSED_METRICS, "ms", NS_PER_MS),
+        leads=_long(stats, LEAD_METRICS, "ms", NS_PER_MS),
+        memory=_long(stats, MEMORY_METRICS, "bytes", 1.0),
+        units=stats["unit_name"].tolist(),
+    )
+
+
+def table_source(table: pd.DataFrame) -> dict[str, list]:
+    """Column data for a bokeh DataTable: NaN -> None so that unknown cells stay empty."""
+    out: dict[str, list] = {}
+    for col in table.columns:
+        values = table[col].to_numpy(dtype=object)
+        out[col] = [None if isinstance(v, float) and np.isnan(v) else v for v in values]
+    return out

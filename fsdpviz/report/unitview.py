@@ -1,0 +1,172 @@
+"""Plot data for the per-unit Gantt: the analysis' unit spans of one step, laid out per lane.
+
+Input is the analysis' ``spans`` table (schema.SPANS: one row per piece of a unit's work:
+copy-in, all-gather, copy-out, compute, reshard, reduce-scatter, all-reduce) and its per
+(rank, step, unit, phase) metrics (``prefetch_lead_ns``). This module only selects the step,
+assigns rows, colours and hover texts, marks the exposed part of each collective (the
+communication time the overlap analysis found uncovered by computation on that rank) and places
+each unit's memory peak on the curve. It computes no metric of its own.
+
+Lane labels name what runs there ("rank 0 · stream 24 · all_gather") because stream numbers alone
+mean nothing to a reader.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from fsdpviz.report import activity
+from fsdpviz.report.style import NS_PER_MS, PHASE_HATCH, format_bytes, format_ms
+from fsdpviz.report.stepview import StepView, exposed_on_segments
+from fsdpviz.report.timeline import StepChoice, cap_segments, to_ms
+from fsdpviz.trace import schema
+
+COMM_SPAN_KINDS = (schema.SPAN_ALL_GATHER, schema.SPAN_REDUCE_SCATTER, schema.SPAN_ALL_REDUCE)
+NO_UNIT = ""  # spans outside every unit (the optimizer step)
+NO_UNIT_LABEL = "(no unit)"
+
+
+def unit_label(unit: str) -> str:
+    """How a unit is named on the page (the optimizer's spans belong to no unit)."""
+    return NO_UNIT_LABEL if unit == NO_UNIT else unit
+
+
+def unit_order(units: pd.DataFrame, spans: pd.DataFrame) -> list[str]:
+    """Units in forward order: the unit table's ``order`` first, then units seen only in spans,
+    by their first forward start."""
+    known = units.sort_values("order")["unit"].astype(str).tolist() if not units.empty else []
+    seen = set(known)
+    if spans.empty:
+        return known
+    first = spans.groupby("unit", sort=False)["start_ns"].min().sort_values(kind="stable")
+    return known + [str(u) for u in first.index if str(u) not in seen]
+
+
+def _lane_roles(spans: pd.DataFrame) -> dict[tuple[int, str], str]:
+    """The span kind that dominates each (rank, lane), to name the lane."""
+    counts = spans.groupby(["rank", "lane", "kind"], observed=True).size().rename("n").reset_index()
+    counts = counts.sort_values(["rank", "lane", "n"], ascending=[True, True, False], kind="stable")
+    top = counts.drop_duplicates(["rank", "lane"])
+    return {(int(r), str(lane)): str(k) for r, lane, k in zip(top["rank"], top["lane"], top["kind"])}
+
+
+def unit_rows(lanes: pd.DataFrame, spans: pd.DataFrame, ranks: Sequence[int]) -> pd.DataFrame:
+    """Gantt rows for the lanes that carry unit spans, in the loader's lane order per rank."""
+    used = spans[["rank", "lane"]].drop_duplicates()
+    rows = activity.lane_rows(lanes, ranks, used=used)
+    missing = used[~used.set_index(["rank", "lane"]).index.isin(rows.set_index(["rank", "lane"]).index)]
+    if not missing.empty:  # lanes the loader does not list (should not happen; keep them visible)
+        extra = missing.assign(lane_kind="", row=0, label="")
+        rows = pd.concat([rows, extra], ignore_index=True).sort_values(["rank", "row"], kind="stable")
+        rows["row"] = np.arange(len(rows))
+    roles = _lane_roles(spans)
+    rows["label"] = [f"rank {int(r)} · {lane} · {roles.get((int(r), str(lane)), '')}".rstrip(" ·")
+                     for r, lane in zip(rows["rank"], rows["lane"])]
+    return rows.reset_index(drop=True)
+
+
+def lead_lookup(unit_steps: pd.DataFrame | None) -> pd.DataFrame | None:
+    """``rank, step, unit, phase, lead_ns`` from the analysis' per-unit-step metrics, if any."""
+    if unit_steps is None or unit_steps.empty or "prefetch_lead_ns" not in unit_steps.columns:
+        return None
+    out = unit_steps[["rank", "step", "unit", "phase", "prefetch_lead_ns"]].rename(
+        columns={"prefetch_lead_ns": "lead_ns"})
+    return out
+
+
+def unit_segments(spans: pd.DataFrame, rows: pd.DataFrame, choice: StepChoice, colors: Mapping[str, str],
+                  leads: pd.DataFrame | None, max_segments: int) -> tuple[pd.DataFrame, bool]:
+    """Spans of ``choice``'s step as Gantt segments with colour, hatch and hover texts."""
+    mine = spans[spans["step"] == choice.step].copy()
+    mine["lane"] = mine["lane"].astype(str)
+    mine = mine.merge(rows[["rank", "lane", "row"]], on=["rank", "lane"], how="inner")
+    if leads is not None:
+        mine = mine.merge(leads, on=["rank", "step", "unit", "phase"], how="left")
+        is_gather = mine["kind"] == schema.SPAN_ALL_GATHER
+        mine.loc[~is_gather, "lead_ns"] = np.nan
+    else:
+        mine["lead_ns"] = np.nan
+    merged = False
+    if len(mine) > max_segments:
+        # Aggregate per unit, phase and kind on each lane: the unit's work stays visible as blocks.
+        keys = ["row", "rank", "lane", "unit", "phase", "kind"]
+        capped, merged = cap_segments(mine, keys, max_segments)
+        extra = mine.groupby(keys, observed=True).agg(bytes=("bytes", "max"), lead_ns=("lead_ns", "max"),
+                                                      step=("step", "first")).reset_index()
+        mine = capped.merge(extra, on=keys, how="left")
+    else:
+        mine["n_merged"] = 1
+    seg = to_ms(mine, choice.origin_ns)
+    seg["start_ms"] = seg["x0_ms"]
+    seg["color"] = seg["unit"].map(lambda u: colors.get(str(u), "#888888"))
+    seg["unit_name"] = seg["unit"].astype(str).map(unit_label)
+    seg["hatch"] = seg["phase"].map(lambda p: PHASE_HATCH.get(str(p), " "))
+    seg["bytes_text"] = [format_bytes(b) for b in seg["bytes"]]
+    seg["lead_text"] = [format_ms(v / NS_PER_MS) if v == v else "" for v in seg["lead_ns"]]
+    return seg.reset_index(drop=True), merged
+
+
+def units_view(spans: pd.DataFrame, lanes: pd.DataFrame, choice: StepChoice, *, colors: Mapping[str, str],
+               exposed: pd.DataFrame, memory_curve: pd.DataFrame, unit_steps: pd.DataFrame | None,
+               max_segments: int, ranks: Sequence[int] | None = None) -> StepView:
+    """The per-unit Gantt tab of ``choice``'s step (see module docstring)."""
+    step_spans = spans[spans["step"] == choice.step]
+    ranks = sorted(int(r) for r in step_spans["rank"].unique()) if ranks is None else list(ranks)
+    step_spans = step_spans[step_spans["rank"].isin(ranks)]
+    rows = unit_rows(lanes, step_spans, ranks)
+    segments, merged = unit_segments(step_spans, rows, choice, colors, lead_lookup(unit_steps), max_segments)
+    comm = segments[segments["kind"].isin(COMM_SPAN_KINDS)]
+    comm = comm.assign(start_ns=comm["start_ns"].astype(np.int64), end_ns=comm["end_ns"].astype(np.int64))
+    exposed_pieces = exposed_on_segments(comm, exposed, choice, ["unit", "kind", "phase"])
+    notes = []
+    if merged:
+        notes.append(f"{choice.label}: more than {max_segments:,} unit spans; each unit's spans of one "
+                     "kind and phase on a lane were joined (hover shows how many).")
+    return StepView(kind="units", choice=choice, rows=rows, segments=segments, color_by="unit",
+                    exposed=exposed_pieces, memory=memory_curve, merged=merged, notes=notes)
+
+
+def place_unit_peaks(unit_steps: pd.DataFrame | None, spans: pd.DataFrame, memory: pd.DataFrame,
+                     choice: StepChoice, ranks: Sequence[int]) -> pd.DataFrame:
+    """Where each unit's peak (per rank and phase, as the analysis reports it) lies on the curve.
+
+    The analysis gives the peak bytes of a unit's window (``window_start_ns``..``window_end_ns``,
+    else the extent of the unit's spans of that phase); the marker goes at the first allocator
+    sample inside that window that reaches it, or at ``peak_t_ns`` when the analysis provides the
+    time itself. Returns ``rank``, ``unit``,
+    ``phase``, ``t_ns``, ``peak_bytes``.
+    """
+    cols = ["rank", "unit", "phase", "t_ns", "peak_bytes"]
+    if unit_steps is None or unit_steps.empty or "peak_allocated_bytes" not in unit_steps.columns:
+        return pd.DataFrame({c: pd.Series(dtype="float64") for c in cols})
+    mine = unit_steps[(unit_steps["step"] == choice.step) & unit_steps["rank"].isin(list(ranks))
+                      & (unit_steps["peak_allocated_bytes"] > 0)]
+    if mine.empty:
+        return pd.DataFrame({c: pd.Series(dtype="float64") for c in cols})
+    if "peak_t_ns" in mine.columns:
+        out = mine.rename(columns={"peak_allocated_bytes": "peak_bytes", "peak_t_ns": "t_ns"})
+        return out[cols].reset_index(drop=True)
+    if {"window_start_ns", "window_end_ns"} <= set(mine.columns):
+        mine = mine[mine["window_start_ns"] >= 0].rename(
+            columns={"window_start_ns": "w_start", "window_end_ns": "w_end"})
+    else:  # the unit's own spans bound its window
+        windows = spans[spans["step"] == choice.step].groupby(["rank", "unit", "phase"], observed=True).agg(
+            w_start=("start_ns", "min"), w_end=("end_ns", "max")).reset_index()
+        mine = mine.merge(windows, on=["rank", "unit", "phase"], how="inner")
+    rows = []
+    for rank, group in mine.groupby("rank", sort=True):
+        samples = memory[memory["rank"] == rank].sort_values("t_ns")
+        if samples.empty:
+            continue
+        t = samples["t_ns"].to_numpy(np.int64)
+        alloc = samples["allocated_bytes"].to_numpy(np.int64)
+        for unit, phase, peak, lo, hi in zip(group["unit"], group["phase"], group["peak_allocated_bytes"],
+                                             group["w_start"], group["w_end"]):
+            a, b = np.searchsorted(t, lo, side="left"), np.searchsorted(t, hi, side="right")
+            hit = np.flatnonzero(alloc[a:b] >= peak)
+            if len(hit):
+                rows.append((int(rank), str(unit), str(phase), int(t[a + hit[0]]), int(peak)))
+    return pd.DataFrame(rows, columns=cols)

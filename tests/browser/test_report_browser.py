@@ -1,0 +1,138 @@
+"""The report opens offline in headless Chromium, draws every section, and keeps names as text.
+
+Each test builds a real report (a real 2-rank CPU recording, a real GPU trace, a recording whose
+names carry markup), opens it from a file:// URL over the DevTools protocol, and checks what the
+browser did: no uncaught exception or console error, no dialog (an ``alert`` from injected
+markup), no request outside the file itself, bokeh documents idle with their canvases drawn, and
+screenshots of every plot that are not blank.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from fsdpviz.report.build import build_report
+from fsdpviz.trace import load_traces
+
+from .conftest import image_stats
+
+pytestmark = pytest.mark.browser
+
+SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "fsdp2-cpu-2rank"
+XSS = "<img src=x onerror=alert(1)>"
+
+
+def _check_opened(page, expected_sections: set[str]) -> None:
+    log, state = page.log, page.state
+    assert log.exceptions == []
+    assert log.console_errors == []
+    assert log.dialogs == []
+    assert [u for u in log.requests if not u.startswith("file://")] == []
+    assert state["scripts_with_src"] == 0
+    assert state["bokeh_documents"] == 1 and state["bokeh_idle"]
+    assert expected_sections <= set(state["sections"])
+    assert state["bokeh_roots"] >= 2
+    assert state["canvases"] >= 2
+    stddev, colours = image_stats(page.screenshot)
+    assert stddev > 10 and colours > 20, "page screenshot looks blank"
+    assert page.plot_shots, "no plot area found on the page"
+    for shot in page.plot_shots:
+        stddev, colours = image_stats(shot)
+        assert stddev > 5 and colours > 8, f"{shot.name} looks blank"
+
+
+def test_cpu_recording_report_draws_offline(open_report, tmp_path: Path) -> None:
+    traces = load_traces([SAMPLE], cache=False)
+    result = build_report(traces, tmp_path / "cpu.html")
+    page = open_report(result.path)
+    _check_opened(page, {"headline", "timeline", "steps"})
+    text = page.state["text"]
+    assert "rank 1 · gloo 0" in text or "rank 1" in text
+    assert "overlap" in text
+
+
+def test_gpu_trace_report_draws_offline(open_report, tmp_path: Path, gpu_real_dir: Path) -> None:
+    traces = load_traces([gpu_real_dir / "nccl_parser_config" / "nccl_data.json.gz"], cache=False)
+    result = build_report(traces, tmp_path / "gpu.html")
+    page = open_report(result.path)
+    _check_opened(page, {"headline", "timeline", "steps"})
+    assert "Per-unit views need FSDP labels" in page.state["text"]
+
+
+ZERO3 = SAMPLE.parent / "zero3-cpu-2rank"
+VICTIM = "tok_emb"  # a unit of the ZeRO-3 sample, named in fsdpviz's own labels
+
+
+def _poison(src: Path, dst: Path) -> None:
+    """Copy a real trace: unit VICTIM, the thread names and one operator renamed to an HTML payload."""
+    with gzip.open(src, "rt", encoding="utf-8") as fh:
+        trace = json.load(fh)
+    for event in trace["traceEvents"]:
+        if event.get("ph") == "M" and event.get("name") == "thread_name":
+            event["args"]["name"] = f"{XSS} {event['args'].get('name', '')}"
+        name = event.get("name", "")
+        if VICTIM in name:
+            event["name"] = name.replace(VICTIM, XSS)
+        elif name == "aten::mm":
+            event["name"] = XSS
+    with gzip.open(dst, "wt", encoding="utf-8") as fh:
+        json.dump(trace, fh)
+
+
+def _poisoned_run(tmp_path: Path) -> Path:
+    run = tmp_path / "run"
+    shutil.copytree(ZERO3, run, ignore=shutil.ignore_patterns(".fsdpviz-cache", "report.html"))
+    for trace in sorted((run / "traces").glob("rank*.trace.json.gz")):
+        _poison(trace, trace)
+    meta = json.loads((run / "run.json").read_text())
+    meta["label"] = XSS
+    for unit in meta["units"]:
+        unit["unit"] = XSS if unit["unit"] == VICTIM else unit["unit"]
+    (run / "run.json").write_text(json.dumps(meta))
+    return run
+
+
+def test_names_with_markup_stay_text(open_report, tmp_path: Path) -> None:
+    if not ZERO3.is_dir():
+        pytest.skip(f"sample recording {ZERO3} missing")
+    run = _poisoned_run(tmp_path)
+    traces = load_traces([run], cache=False)
+    result = build_report(traces, tmp_path / "xss.html")
+    page = open_report(result.path)
+    _check_opened(page, {"headline", "timeline", "units"})
+    assert page.log.dialogs == []
+    assert all(src is None or not src.startswith("x") for src in page.state["imgs"])
+    # the payload is shown as text: in the title, the unit legend, the findings and the unit table
+    assert XSS in page.state["title"]
+    assert page.state["text"].count(XSS) >= 3
+    html = result.path.read_text(encoding="utf-8")
+    assert XSS not in html  # every occurrence is escaped, in markup and in bokeh's JSON
+
+
+def test_report_html_has_no_external_urls(tmp_path: Path) -> None:
+    import re
+
+    traces = load_traces([SAMPLE], cache=False)
+    html = build_report(traces, tmp_path / "r.html").path.read_text(encoding="utf-8")
+    tags = re.findall(r"<(?:script|link|img|iframe|source)\b[^>]*>", html, flags=re.IGNORECASE)
+    assert tags, "expected inline script tags"
+    for tag in tags:
+        assert not re.search(r"""(?:src|href)\s*=\s*["']?(?:https?:)?//""", tag, flags=re.IGNORECASE), tag
+    assert "Content-Security-Policy" in html and "default-src 'none'" in html
+
+
+def test_poisoned_copy_is_still_a_run(tmp_path: Path) -> None:
+    # guards the XSS test: poisoning must keep the run loadable and the payload a unit of it
+    if not ZERO3.is_dir():
+        pytest.skip(f"sample recording {ZERO3} missing")
+    from fsdpviz.analysis.run import analyze_run
+
+    traces = load_traces([_poisoned_run(tmp_path)], cache=False)
+    assert any(XSS in lane for lane in traces.lanes["thread_name"].astype(str))
+    analysis = analyze_run(traces)
+    assert XSS in set(analysis.spans["unit"]) and XSS in set(analysis.unit_stats["unit"])
