@@ -32,8 +32,10 @@ LARGE_OFFSET_NS: Final = 1_000_000
 
 
 def with_seq(collectives: pd.DataFrame) -> pd.DataFrame:
-    """Collectives of all ranks with ``seq``: their order within (rank, step, pg, comm)."""
-    c = collectives.sort_values(["rank", "step", "pg", "comm", "start_ns"], kind="stable")
+    """Collectives of all ranks with ``seq``: their order within (rank, step, pg, comm). A
+    collective listed once per unit it carried (ZeRO-3 buckets) is kept once."""
+    c = collectives.drop_duplicates(["rank", "lane", "start_ns", "end_ns", "comm", "pg"])
+    c = c.sort_values(["rank", "step", "pg", "comm", "start_ns"], kind="stable")
     return c.assign(seq=c.groupby(["rank", "step", "pg", "comm"], sort=False).cumcount().to_numpy())
 
 

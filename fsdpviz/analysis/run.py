@@ -224,8 +224,8 @@ def _notes(has_units: bool, clock: pd.DataFrame, labels: pd.DataFrame) -> list[s
     if len(shared):
         widest = max(len(u.split(",")) for u in shared["unit"])
         notes.append(f"{len(shared)} collectives carried several units at once (up to {widest}, ZeRO-3 buckets): "
-                     "each counts for the listed unit whose forward/backward window it ran in, else for the "
-                     "first unit of a gather or the last unit of a reduction")
+                     "each of those units shows the collective, and its exposed time counts for the unit "
+                     "that waited on it (the first to compute after a gather, the last before a reduction)")
     moved = clock[clock["applied"]]
     for row in moved.itertuples():
         notes.append(f"rank {row.rank}'s clock differs from rank {int(clock['rank'].min())}'s by "

@@ -6,6 +6,8 @@ all-reduce, reshard), in which pass and step, on which lane and when:
 - collectives (see ``collectives``) belong to the unit whose gather label
   (``FSDP::all_gather (u)``, ``fsdpviz::all_gather (u)``) or reduce label
   (``FSDP::post_backward_reduce (u)``, ``fsdpviz::reduce_scatter (u)``) encloses their issue point;
+  a label naming several units (ZeRO-3 gathers and reduces buckets) gives each of them the span,
+  with ``n_units`` saying how many shared it;
   the pass is the one of the innermost label around it that implies a pass (``pre_forward``,
   ``forward_prefetch``, ``pre_backward``, ``backward_prefetch``, ``fsdpviz::backward``...);
 - copy-in is FSDP2's ``fsdp::all_gather_copy_in`` op, copy-out its ``FSDP::all_gather_copy_out (u)``
@@ -39,7 +41,7 @@ from fsdpviz.trace import schema
 COPY_IN_OP: Final = "fsdp::all_gather_copy_in"
 OPTIMIZER_PREFIX: Final = "Optimizer.step#"
 UNIT_COLLECTIVES: Final[schema.Schema] = {
-    **COLLECTIVES, "unit": "string", "phase": "string", "kind": "string",
+    **COLLECTIVES, "unit": "string", "phase": "string", "kind": "string", "n_units": "int32",
 }
 
 
@@ -74,26 +76,6 @@ def _phase_at(labels: pd.DataFrame, ranks: np.ndarray, lanes: np.ndarray, t: np.
     return phase
 
 
-def _one_of_listed(labels: pd.DataFrame, ranks: np.ndarray, lanes: np.ndarray, t: np.ndarray,
-                   listed: np.ndarray, gather: np.ndarray) -> np.ndarray:
-    """For collectives whose label names several units (ZeRO-3 buckets, ``a, b, c``): the listed
-    unit whose forward/backward window holds the issue point, else the first unit of a gather (the
-    one needed first) or the last unit of a reduction (the one whose gradients completed it)."""
-    wins = labels[((labels["family"] == lab.FAMILY_FSDPVIZ)
-                   & labels["action"].isin([schema.PHASE_FORWARD, schema.PHASE_BACKWARD])).to_numpy()]
-    wins = wins.reset_index(drop=True)
-    hit = innermost_enclosing(wins, _points(ranks, lanes, t))
-    around = wins["unit"].to_numpy(dtype=object)[np.clip(hit, 0, None)] if len(wins) else np.full(len(t), "")
-    out = []
-    for i, names in enumerate(listed.tolist()):
-        units = [u.strip() for u in names.split(",")]
-        if hit[i] >= 0 and around[i] in units:
-            out.append(around[i])
-        else:
-            out.append(units[0] if gather[i] else units[-1])
-    return np.array(out, dtype=object)
-
-
 def attribute_collectives(coll: pd.DataFrame, labels: pd.DataFrame) -> pd.DataFrame:
     """UNIT_COLLECTIVES: each collective with the unit, pass and span kind its labels give."""
     if coll.empty:
@@ -121,13 +103,12 @@ def attribute_collectives(coll: pd.DataFrame, labels: pd.DataFrame) -> pd.DataFr
          found & ~gather & (comm == schema.COMM_ALL_REDUCE)],
         [schema.SPAN_ALL_GATHER, schema.SPAN_REDUCE_SCATTER, schema.SPAN_ALL_REDUCE], default="")
     unit = np.where(kind != "", unit, "")
-    shared = np.array(["," in u for u in unit.tolist()], dtype=bool)
-    if shared.any():
-        unit[shared] = _one_of_listed(labels, ranks[shared], lanes[shared], t[shared], unit[shared],
-                                      kind[shared] == schema.SPAN_ALL_GATHER)
     phase = _phase_at(labels, ranks, lanes, t, coll["step"].to_numpy())
     phase = np.where(kind == schema.SPAN_REDUCE_SCATTER, schema.PHASE_BACKWARD, phase)
     out = coll.assign(unit=unit, phase=np.where(kind != "", phase, ""), kind=kind)
+    # A label naming several units (ZeRO-3 buckets, "a, b, c"): one row per unit.
+    listed = [[p.strip() for p in u.split(",")] for u in out["unit"].tolist()]
+    out = out.assign(unit=listed, n_units=[len(u) for u in listed]).explode("unit", ignore_index=True)
     return schema.conform(out, UNIT_COLLECTIVES, table="unit collectives")
 
 
@@ -215,7 +196,7 @@ def unit_tables(events: pd.DataFrame, lanes: pd.DataFrame, labels: pd.DataFrame)
     unit_coll = coll[(coll["kind"] != "").to_numpy()]
     if len(unit_coll):
         parts.append(unit_coll[["rank", "step", "unit", "phase", "kind", "lane", "start_ns", "end_ns", "bytes",
-                                "issue_ns"]])
+                                "issue_ns", "n_units"]])
 
     # copy-in: FSDP2's copy-in op, inside the unit's gather label
     ops = events[((events["kind"] == schema.KIND_CPU_OP) & (events["name"] == COPY_IN_OP)).to_numpy()]
@@ -268,6 +249,7 @@ def unit_tables(events: pd.DataFrame, lanes: pd.DataFrame, labels: pd.DataFrame)
     parts = [p for p in parts if len(p)]
     if parts:
         spans = pd.concat(parts, ignore_index=True)
+        spans["n_units"] = spans["n_units"].fillna(1) if "n_units" in spans else 1
         spans = spans.sort_values(["rank", "step", "start_ns", "lane"], kind="stable").reset_index(drop=True)
         spans = schema.conform(spans, schema.SPANS, table="spans")
     else:

@@ -13,6 +13,9 @@ One UNIT_STEPS row per rank, step, unit and pass (forward / backward), from the 
   to hide behind), 1 = one unit ahead, 2 = two units ahead... An enclosing unit (the root around
   its blocks) counts as one, and only when no other unit was computing.
 - ``rs_*`` / ``ar_*``: the unit's gradient reduce-scatter (and HSDP all-reduce), exposed the same way.
+
+A collective that carries several units (ZeRO-3 buckets) appears for each of them, but only the
+unit that waited for it (see :func:`waited_on`) counts its exposed time.
 """
 
 from __future__ import annotations
@@ -48,6 +51,30 @@ def exposed_by_rank(rows: pd.DataFrame, compute: dict[int, Intervals]) -> np.nda
         m = ranks == rank
         out[m] = exposed_ns(start[m], end[m], compute.get(int(rank), empty_intervals()))
     return out
+
+
+def waited_on(rows: pd.DataFrame, comp: pd.DataFrame, gather: bool) -> np.ndarray:
+    """Which collective rows count their exposure for their unit. A collective carrying several
+    units (``n_units`` > 1, one row each) is waited on by one of them: for a gather the unit that
+    starts computing first, for a reduction the unit that finished computing last. Every other
+    unit still shows the span (its data moved then) but not its exposed time, so sums over units
+    and findings count each collective once."""
+    owned = rows["n_units"].to_numpy() <= 1
+    if owned.all():
+        return owned
+    key = ["rank", "step", "unit", "phase"]
+    times = comp.groupby(key).agg(first=("start_ns", "min"), last=("end_ns", "max"))
+    shared_at = np.flatnonzero(~owned)
+    shared = rows.iloc[shared_at].reset_index(drop=True).join(times, on=key)
+    # the smaller the better: earliest compute start (gather), latest compute end (reduction)
+    value = shared["first"].astype(float).fillna(np.inf) if gather else -shared["last"].astype(float).fillna(-np.inf)
+    group = ["rank", "step", "phase", "lane", "start_ns"]
+    best = value.groupby([shared[c] for c in group]).transform("min")
+    candidates = shared[(value == best).to_numpy()]
+    winners = candidates.index[~candidates.duplicated(group).to_numpy()]  # ties: the first listed
+    owned = owned.copy()
+    owned[shared_at] = np.isin(np.arange(len(shared)), winners)
+    return owned
 
 
 def _sum_by(frame: pd.DataFrame, key: list[str], value: np.ndarray, name: str) -> pd.Series:
@@ -119,7 +146,7 @@ def unit_steps(spans: pd.DataFrame, windows: pd.DataFrame, compute: dict[int, In
     out = base.join(_agg(comp, key, compute_start_ns=("start_ns", "min"), compute_end_ns=("end_ns", "max")))
     out = out.join(_sum_by(comp, key, dur[kind == schema.SPAN_COMPUTE], "compute_ns"))
     ag = part(schema.SPAN_ALL_GATHER)
-    ag_exp = exposed_by_rank(ag, compute)
+    ag_exp = exposed_by_rank(ag, compute) * waited_on(ag, comp, gather=True)
     out = out.join(_agg(ag, key, ag_issue_ns=("issue_ns", "min"), ag_start_ns=("start_ns", "min"),
                         ag_end_ns=("end_ns", "max"), ag_bytes=("bytes", "sum")))
     out = out.join(_sum_by(ag, key, dur[kind == schema.SPAN_ALL_GATHER], "ag_ns"))
@@ -127,7 +154,8 @@ def unit_steps(spans: pd.DataFrame, windows: pd.DataFrame, compute: dict[int, In
     for k, col in ((schema.SPAN_REDUCE_SCATTER, "rs"), (schema.SPAN_ALL_REDUCE, "ar")):
         rows = part(k)
         out = out.join(_sum_by(rows, key, dur[kind == k], f"{col}_ns"))
-        out = out.join(_sum_by(rows, key, exposed_by_rank(rows, compute), f"{col}_exposed_ns"))
+        exposed = exposed_by_rank(rows, compute) * waited_on(rows, comp, gather=False)
+        out = out.join(_sum_by(rows, key, exposed, f"{col}_exposed_ns"))
     for k, col in ((schema.SPAN_COPY_IN, "copy_in_ns"), (schema.SPAN_COPY_OUT, "copy_out_ns"),
                    (schema.SPAN_RESHARD, "reshard_ns")):
         out = out.join(_sum_by(part(k), key, dur[kind == k], col))

@@ -176,6 +176,7 @@ SPANS: Final[Schema] = {
     "end_ns": "int64",
     "bytes": "int64",  # UNKNOWN_BYTES when not a transfer or unknown
     "issue_ns": "int64",  # a collective: when the CPU issued it; otherwise equal to start_ns
+    "n_units": "int32",  # units one collective carried (ZeRO-3 buckets: > 1, one row per unit); else 1
 }
 
 # FSDP units (from run.json when recorded by fsdpviz, else from the labels).
