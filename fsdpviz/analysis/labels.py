@@ -12,7 +12,10 @@ Two label families name units:
   ``fsdpviz::reduce_scatter (fqn)`` (``(root)`` for the root module).
 
 FSDP1's own ``FullyShardedDataParallel._pre_forward``-style ranges carry no unit but are framework
-work (unshard, waits, resharding), so the analysis keeps them out of a unit's compute.
+work (unshard, waits, resharding), so the analysis keeps them out of a unit's compute; so are the
+autograd functions through which DeepSpeed and module backward hooks run
+(``PreBackwardFunctionForModule``, ``PostBackwardFunctionModule``, ``BackwardHookFunction`` and
+their ``...Backward`` nodes), which appear as CPU ops.
 
 Names repeat thousands of times, so each distinct name is parsed once and the result mapped onto
 the rows through the categorical codes.
@@ -34,11 +37,14 @@ ROOT: Final = "(root)"  # the root unit's name (its FSDP2 labels are bare)
 FAMILY_FSDP2: Final = "fsdp2"
 FAMILY_FSDPVIZ: Final = "fsdpviz"
 FAMILY_FSDP1: Final = "fsdp1"
+FAMILY_HOOKS: Final = "hooks"  # framework hook autograd functions (CPU ops)
 
 _FSDP2_RE: Final = re.compile(r"^FSDP::(?P<action>\w+)(?: \((?P<fqn>[^)]*)\))?(?: \[pg=\d+\])?$")
 _FSDP2_PREFETCH_RE: Final = re.compile(r"^FSDP::(?P<action>forward_prefetch|backward_prefetch) for ?(?P<fqn>.*)$")
 _FSDPVIZ_RE: Final = re.compile(r"^fsdpviz::(?P<action>\w+)(?: \((?P<fqn>.*)\))?$")
 _FSDP1_PREFIX: Final = "FullyShardedDataParallel."
+_HOOK_FUNCTIONS: Final = ("PreBackwardFunctionForModule", "PostBackwardFunctionModule", "BackwardHookFunction")
+_AUTOGRAD_NODE: Final = "autograd::engine::evaluate_function: "
 _FSDP1_MODULE_FORWARD: Final = "FullyShardedDataParallel.forward"
 
 # Actions that open / close a unit's window, per family and pass.
@@ -120,19 +126,32 @@ def parse_label_name(name: str) -> LabelInfo | None:
     return None
 
 
+def parse_hook_op_name(name: str) -> LabelInfo | None:
+    """A CPU op that is a framework hook's autograd function, else None."""
+    base = name.removeprefix(_AUTOGRAD_NODE)
+    if base.startswith(_HOOK_FUNCTIONS):
+        return LabelInfo(FAMILY_HOOKS, "", "", "")
+    return None
+
+
 def parse_labels(events: pd.DataFrame) -> pd.DataFrame:
     """The LABELS table: every FSDP2 / fsdpviz / FSDP1 annotation of ``events`` (any ranks)."""
-    ann = events[(events["kind"] == schema.KIND_ANNOTATION).to_numpy()]
+    kinds = events["kind"]
+    ann = events[((kinds == schema.KIND_ANNOTATION) | (kinds == schema.KIND_CPU_OP)).to_numpy()]
     if ann.empty:
         return schema.make_empty(LABELS)
     names = ann["name"]
     if not isinstance(names.dtype, pd.CategoricalDtype):
         names = names.astype("category")
     cats = names.cat.categories
-    infos = [parse_label_name(str(c)) for c in cats]
+    # annotations are labels; of the CPU ops only the framework hook functions
+    infos = [parse_label_name(str(c)) or parse_hook_op_name(str(c)) for c in cats]
     hit = np.array([i is not None for i in infos], dtype=bool)
     codes = names.cat.codes.to_numpy()
     keep = (codes >= 0) & hit[np.clip(codes, 0, None)] if len(cats) else np.zeros(len(ann), bool)
+    is_op = (ann["kind"] == schema.KIND_CPU_OP).to_numpy()
+    families = np.array([i.family if i is not None else "" for i in infos], dtype=object)
+    keep &= ~is_op | (families[np.clip(codes, 0, None)] == FAMILY_HOOKS)
     ann = ann[keep]
     codes = codes[keep]
     if ann.empty:
@@ -161,7 +180,7 @@ def parse_labels(events: pd.DataFrame) -> pd.DataFrame:
 
 def has_unit_labels(labels: pd.DataFrame) -> bool:
     """Whether the labels name units at all (else only the whole-step analysis applies)."""
-    return bool(((labels["family"] != FAMILY_FSDP1) & (labels["unit"] != "")).any())
+    return bool((labels["family"].isin([FAMILY_FSDP2, FAMILY_FSDPVIZ]) & (labels["unit"] != "")).any())
 
 
 def label_framework(labels: pd.DataFrame) -> str:

@@ -31,6 +31,7 @@ from fsdpviz.analysis.overlap import (
     gpu_sets,
     overlap_ns,
     select_window,
+    subtract_intervals,
     total_ns,
     union_intervals,
 )
@@ -99,11 +100,19 @@ def _step_times(rank: int, steps: pd.DataFrame, pieces: pd.DataFrame, labels: pd
     """STEP_TIMES of one rank: where the training threads' time went, step by step."""
     overhead = _overhead_labels(labels)
     over = union_intervals(overhead["start_ns"].to_numpy(), overhead["end_ns"].to_numpy())
-    opt = events[((events["kind"] == schema.KIND_ANNOTATION)
-                  & events["name"].astype(str).str.startswith(OPTIMIZER_PREFIX)).to_numpy()]
-    opt_iv = union_intervals(opt["start_ns"].to_numpy(), (opt["start_ns"] + opt["dur_ns"]).to_numpy())
     lo = steps["start_ns"].to_numpy(np.int64)
     hi = steps["end_ns"].to_numpy(np.int64)
+    # After backward: from the end of the step's last backward label to the step's end (the
+    # optimizer step, however the framework wraps it); without backward labels, Optimizer.step#.
+    bwd_end = labels[labels["phase"] == schema.PHASE_BACKWARD].groupby("step")["end_ns"].max()
+    after = steps["step"].map(bwd_end).to_numpy(dtype=np.float64)
+    opt = events[((events["kind"] == schema.KIND_ANNOTATION)
+                  & events["name"].astype(str).str.startswith(OPTIMIZER_PREFIX)).to_numpy()]
+    starts = np.concatenate([opt["start_ns"].to_numpy(np.int64),
+                             np.where(np.isnan(after), hi, np.nan_to_num(after)).astype(np.int64)])
+    ends = np.concatenate([(opt["start_ns"] + opt["dur_ns"]).to_numpy(np.int64), hi])
+    # categories never overlap: framework labels (e.g. ZeRO-3's final reduce) win over "after backward"
+    opt_iv = subtract_intervals(union_intervals(starts, ends), over)
     piece_ns = (pieces["end_ns"] - pieces["start_ns"]).groupby(pieces["step"]).sum()
     comm_ns, exposed = [], []
     for step in steps["step"]:

@@ -167,7 +167,7 @@ def _overhead_labels(labels: pd.DataFrame) -> pd.DataFrame:
     family = labels["family"]
     is_fsdpviz_comm = (family == lab.FAMILY_FSDPVIZ) & labels["action"].isin(
         [lab.GATHER_ACTION, lab.FSDPVIZ_REDUCE_ACTION])
-    mask = (family == lab.FAMILY_FSDP2) | (family == lab.FAMILY_FSDP1) | is_fsdpviz_comm
+    mask = family.isin([lab.FAMILY_FSDP2, lab.FAMILY_FSDP1, lab.FAMILY_HOOKS]) | is_fsdpviz_comm
     return labels[mask.to_numpy()]
 
 

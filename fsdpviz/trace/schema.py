@@ -290,8 +290,8 @@ STEP_TIMES: Final[Schema] = {
     "step_ns": "int64",
     "unit_compute_ns": "int64",  # CPU time in the units' own compute pieces
     "framework_ns": "int64",  # CPU time in FSDP / fsdpviz / FSDP1 labels
-    "optimizer_ns": "int64",  # CPU time in ``Optimizer.step#...``
-    "other_ns": "int64",  # the rest (data loading, loss, Python between units)
+    "optimizer_ns": "int64",  # after the last backward label: the optimizer step (and Optimizer.step#)
+    "other_ns": "int64",  # the rest (data loading, loss, framework work outside labels)
     "comm_ns": "int64",  # |union of the step's collectives|
     "exposed_comm_ns": "int64",  # part of it with no compute on the rank
     "late_ns": "int64",  # sum over the step's collectives of (this rank's start - earliest rank's start)
