@@ -275,8 +275,11 @@ def compute_overlap(
     Raises NoDataError naming the rank's file when a rank has nothing in its analysis window.
     """
     rows = []
+    # One split of the (possibly huge) events table instead of one full scan per rank.
+    by_rank = {int(r): g for r, g in traces.events.groupby("rank", sort=True)}
+    empty = traces.events.iloc[:0]
     for rank in traces.rank_ids:
-        events = traces.events[(traces.events["rank"] == rank).to_numpy()]
+        events = by_rank.get(rank, empty)
         window = select_window(
             traces.steps[traces.steps["rank"] == rank], steps=steps, include_last_step=include_last_step
         )
