@@ -165,6 +165,8 @@ class Agent:
         self._previous_sigterm: Any = None
         self._timer_steps = 0
         self._order_assigned = False
+        self._world_size = int(os.environ.get("WORLD_SIZE", "1") or 1)
+        self._backend = ""
 
     # --- arming and detection ------------------------------------------------------------------
     def arm(self) -> None:
@@ -201,8 +203,11 @@ class Agent:
             self._detect_handle.remove()  # safe: the caller iterates over a copy of the hooks
             self._detect_handle = None
         os.environ[ENV_OWNER_PID] = str(self.pid)  # processes started from now on don't record
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            self.rank = torch.distributed.get_rank()
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized():  # read now: scripts destroy the group at the end
+            self.rank = dist.get_rank()
+            self._world_size = dist.get_world_size()
+            self._backend = str(dist.get_backend())
         self.framework = framework
         self.root = root
         self._detect_time = time.monotonic()
@@ -550,16 +555,14 @@ class Agent:
 
     # --- facts for run.json --------------------------------------------------------------------
     def _write_rank_file(self, *, status: str, reason: str | None = None, partial_step: int | None = None) -> None:
-        dist = torch.distributed
-        initialized = dist.is_available() and dist.is_initialized()
         recorded = sorted(self._recorded_steps)
         if self._trace_file is None:
             recorded = []
         data = {
             "rank": self.rank,
             "local_rank": int(os.environ.get("LOCAL_RANK", "0") or 0),
-            "world_size": dist.get_world_size() if initialized else int(os.environ.get("WORLD_SIZE", "1") or 1),
-            "backend": dist.get_backend() if initialized else "",
+            "world_size": self._world_size,
+            "backend": self._backend,
             "host": socket.gethostname(),
             "pid": self.pid,
             "role": self.role,

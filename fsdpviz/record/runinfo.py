@@ -170,8 +170,9 @@ def build_run_json(
     if world_size is not None and len(rank_infos) < world_size:
         missing = sorted(set(range(world_size)) - {i.get("rank") for i in rank_infos})
         notes = [*notes, f"no recording from rank(s) {missing} (another node, or they never ran a sharded forward)"]
-    versions = launcher_versions()
-    versions.update({k: v for k, v in (first.get("versions") or {}).items() if v is not None})
+    versions: dict[str, str | None] = {"cuda": None, "nccl": None, **launcher_versions()}
+    # what the ranks imported wins over what the launcher finds installed
+    versions.update({k: v for k, v in (first.get("versions") or {}).items() if v is not None or k not in versions})
     profile = first.get("profile") or {}
     return {
         "fsdpviz_version": __version__,

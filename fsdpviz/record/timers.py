@@ -130,6 +130,15 @@ def step_is_ready(times: StepTimes) -> bool:
     return True
 
 
+try:  # msgspec encodes a step's records ~5x faster than json: it runs inside the training loop
+    from msgspec.json import Encoder as _Encoder
+
+    _encode = _Encoder().encode
+except ImportError:  # pragma: no cover - msgspec is a dependency, but never break a run over it
+    def _encode(record: dict[str, Any]) -> bytes:
+        return json.dumps(record, separators=(",", ":")).encode()
+
+
 class TimersWriter:
     """Appends records to ``rank{R}.jsonl.partial``; :meth:`close` renames it to the final name.
 
@@ -145,8 +154,8 @@ class TimersWriter:
     def write(self, records: Iterable[dict[str, Any]]) -> None:
         if self._file is None:
             self._partial.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(self._partial, "w", encoding="utf-8")  # noqa: SIM115 - lives across steps
-        self._file.write("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records))
+            self._file = open(self._partial, "wb")  # noqa: SIM115 - lives across steps
+        self._file.write(b"".join(_encode(r) + b"\n" for r in records))
         self._file.flush()
 
     def close(self) -> Path | None:

@@ -1,0 +1,130 @@
+"""What ``fsdpviz record`` costs a training step: the example trainer with and without recording.
+
+    python benchmarks/bench_record_overhead.py [--repeats 3] [--steps 60] [--framework fsdp2]
+
+Runs ``examples/train.py`` under ``torchrun --nproc_per_node 2`` (CPU, gloo) plain, under
+``fsdpviz record --mode timers`` (timers on every step, no profiler) and under the default
+``--mode both``, interleaved ``--repeats`` times. Each rank measures its own step times with a
+wall clock around the optimizer step boundaries (the same for all configurations, independent of
+fsdpviz). Reported: the median step time over steps past the profiled window, per configuration,
+and the overhead against the plain runs. Results: docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import runpy
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "train.py"
+SKIP_STEPS = 8  # first steps (allocation) and the profiled window (steps 2-4) + trace writing
+
+
+def worker(out: Path, train_args: list[str]) -> None:
+    """Inside torchrun: train and write this rank's step times (ms) to ``out/rank{R}.json``."""
+    example = runpy.run_path(str(EXAMPLE))
+    args = example["parse_args"](train_args)
+    stamps: list[float] = [time.perf_counter()]
+    example["train"](args, after_step=lambda step, loss: stamps.append(time.perf_counter()))
+    times = [(b - a) * 1e3 for a, b in zip(stamps[1:], stamps[2:])]  # step k: end of k-1 -> end of k
+    (out / f"rank{os.environ['RANK']}.json").write_text(json.dumps(times))
+
+
+def micro(units: int, steps: int = 2000) -> float:
+    """The agent's own cost per step (µs) for ``units`` units, measured in one process without training.
+
+    Per unit and step the FSDP2 instrumentation makes: a forward interval with two gather calls
+    (unshard, wait_for_unshard), a backward interval with three gather calls and one reduction;
+    then the step's records are summarised and written, and the peak RSS read and reset.
+    """
+    from fsdpviz.record.agent import Agent
+    from fsdpviz.record.options import RecordOptions
+    from fsdpviz.record.timers import StepTimes, TimersWriter
+
+    with tempfile.TemporaryDirectory() as tmp:
+        agent = Agent(RecordOptions(run_dir=Path(tmp)), "rank")
+        agent.recording = True
+        agent._writer = TimersWriter(Path(tmp) / "rank0.jsonl")
+        names = [f"blocks.{i}" for i in range(units)]
+        started = time.perf_counter()
+        for step in range(steps):
+            agent._times = StepTimes(step)
+            for phase, gathers, reduces in (("forward", 2, 0), ("backward", 3, 1)):
+                agent.phase = phase
+                for name in names:
+                    agent.open_unit(name, phase, None)
+                    for kind, count in (("all_gather", gathers), ("reduce_scatter", reduces)):
+                        for _ in range(count):
+                            agent.end_comm(agent.begin_comm(name, kind, None))
+                    agent.close_unit(name, phase)
+            agent._finish_step_timers(agent._times)
+        elapsed = time.perf_counter() - started
+        agent._writer.close()
+    return elapsed / steps * 1e6
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_config(mode: str | None, train_args: list[str], workdir: Path) -> list[float]:
+    out = Path(tempfile.mkdtemp(dir=workdir))
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+               "--master_port", str(_free_port()), __file__, "--worker", str(out), "--", *train_args]
+    if mode is not None:
+        command = [sys.executable, "-m", "fsdpviz", "record", "--out", str(out / "run"), "--mode", mode,
+                   "--no-report", "--", *command]
+    env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
+    subprocess.run(command, check=True, env=env, capture_output=True, timeout=1800)
+    steps = [json.loads((out / f"rank{r}.json").read_text())[SKIP_STEPS:] for r in (0, 1)]
+    return [max(a, b) for a, b in zip(*steps)]  # a step ends when its slowest rank ends it
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--framework", default="fsdp2", choices=["fsdp2", "fsdp1", "zero3"])
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--micro", action="store_true", help="only measure the agent's own cost per step")
+    args, rest = parser.parse_known_args()
+    if args.micro:
+        for units in (5, 33, 129):
+            print(f"agent cost per step with {units:3d} units: {micro(units):8.1f} µs")
+        return
+    if args.worker is not None:
+        worker(args.worker, [a for a in rest if a != "--"])
+        return
+    train_args = ["--framework", args.framework, "--steps", str(args.steps), "--layers", str(args.layers),
+                  "--dim", str(args.dim)]
+    configs = {"plain": None, "timers": "timers", "both": "both"}
+    samples: dict[str, list[float]] = {name: [] for name in configs}
+    with tempfile.TemporaryDirectory() as tmp:
+        for repeat in range(args.repeats):
+            for name, mode in configs.items():
+                samples[name].extend(run_config(mode, train_args, Path(tmp)))
+                print(f"repeat {repeat + 1}/{args.repeats} {name}: median "
+                      f"{statistics.median(samples[name]):.2f} ms", file=sys.stderr, flush=True)
+    plain = statistics.median(samples["plain"])
+    print(f"{args.framework}, {args.layers} layers, dim {args.dim}, steps {SKIP_STEPS}-{args.steps - 1}, "
+          f"{args.repeats} runs each, median step time (slowest rank):")
+    for name, values in samples.items():
+        median = statistics.median(values)
+        print(f"  {name:7s} {median:8.2f} ms  ({(median / plain - 1) * 100:+.1f} % vs plain, n={len(values)})")
+
+
+if __name__ == "__main__":
+    main()
