@@ -1,0 +1,113 @@
+"""Per-unit analysis of the committed real CPU recordings (sample_traces/: FSDP2, FSDP1, ZeRO-3).
+
+Independent facts: the frameworks' own labels counted straight from the JSON (one all-gather and
+one reduce-scatter per label), run.json's unit sizes (from the model's parameters), and the step
+time of the ProfilerStep ranges.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from fsdpviz.analysis.run import RunAnalysis, analyze_run
+from fsdpviz.trace import load_traces
+
+RUNS = {"fsdp2-cpu-2rank": "fsdp2", "fsdp1-cpu-2rank": "fsdp1", "zero3-cpu-2rank": "zero3",
+        "fsdp2-cpu-2rank-plain": "fsdp2"}
+GATHER_LABEL = {"fsdp2": "FSDP::all_gather", "fsdp1": "fsdpviz::all_gather ("}
+REDUCE_LABEL = {"fsdp2": "FSDP::post_backward_reduce", "fsdp1": "fsdpviz::reduce_scatter ("}
+_cache: dict[str, RunAnalysis] = {}
+
+
+def sample(repo_root: Path, name: str) -> RunAnalysis:
+    folder = repo_root / "sample_traces" / name
+    if not folder.is_dir():
+        pytest.skip(f"sample recording {folder} is missing")
+    if name not in _cache:
+        _cache[name] = analyze_run(load_traces([folder], cache=False))
+    return _cache[name]
+
+
+def block_units(analysis: RunAnalysis) -> list[str]:
+    """FSDP: the blocks.N units; ZeRO-3 (a unit per submodule): the units inside blocks.N."""
+    units = analysis.units
+    if len(units) and (units["parent"].str.startswith("blocks.")).any():
+        return list(units.loc[units["parent"].str.startswith("blocks."), "unit"])
+    return [u for u in analysis.unit_stats["unit"] if u.startswith("blocks.")]
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_every_block_unit_gathers_computes_and_reduces(repo_root: Path, name: str) -> None:
+    analysis = sample(repo_root, name)
+    assert analysis.framework == RUNS[name] and analysis.has_units
+    stats = analysis.unit_stats.set_index("unit")
+    blocks = block_units(analysis)
+    assert len(blocks) >= 2
+    for col in ("all_gather_ns", "forward_ns", "backward_ns", "reduce_scatter_ns"):
+        assert (stats.loc[blocks, col] > 0).all(), col
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_unit_peaks_exceed_unsharded_parameters(repo_root: Path, name: str) -> None:
+    stats = sample(repo_root, name).unit_stats
+    assert (stats["param_bytes"] > 0).all()
+    assert (stats["peak_allocated_bytes"] > stats["param_bytes"]).all()
+
+
+@pytest.mark.parametrize("name", ["fsdp2-cpu-2rank", "fsdp1-cpu-2rank", "fsdp2-cpu-2rank-plain"])
+def test_unit_compute_and_framework_time_reconcile_with_step_time(repo_root: Path, name: str) -> None:
+    times = sample(repo_root, name).step_times
+    attributed = (times["unit_compute_ns"] + times["framework_ns"] + times["optimizer_ns"]) / times["step_ns"]
+    assert (attributed <= 1.0).all()  # the categories never overlap
+    assert attributed.median() >= 0.95
+
+
+def test_zero3_time_outside_units_is_model_code_between_submodules(repo_root: Path) -> None:
+    """With a unit per submodule, a block's own code (attention scores, residuals) lies outside
+    every unit: it is "other", never counted twice."""
+    times = sample(repo_root, "zero3-cpu-2rank").step_times
+    attributed = (times["unit_compute_ns"] + times["framework_ns"] + times["optimizer_ns"]) / times["step_ns"]
+    assert (attributed <= 1.0).all() and (times["other_ns"] > 0).all()
+
+
+def _labels_per_step(repo_root: Path, name: str, rank: int, prefix: str) -> dict[int, int]:
+    path = repo_root / "sample_traces" / name / ("traces" if "plain" not in name else "")
+    path = next(p for p in path.iterdir() if p.name == f"rank{rank}.trace.json.gz")
+    events = [e for e in json.loads(gzip.decompress(path.read_bytes()))["traceEvents"] if e.get("ph") == "X"]
+    steps = [(e["ts"], e["ts"] + e["dur"], int(e["name"].split("#")[1])) for e in events
+             if e["name"].startswith("ProfilerStep#")]
+    counts: dict[int, int] = {}
+    for e in events:
+        if e["name"].startswith(prefix) and (prefix.endswith("(") or e["name"][len(prefix):][:1] in ("", " ")):
+            for lo, hi, step in steps:
+                if lo <= e["ts"] < hi:
+                    counts[step] = counts.get(step, 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("name", ["fsdp2-cpu-2rank", "fsdp1-cpu-2rank", "fsdp2-cpu-2rank-plain"])
+def test_every_gather_and_reduce_label_has_its_collective(repo_root: Path, name: str) -> None:
+    analysis = sample(repo_root, name)
+    framework = RUNS[name]
+    spans = analysis.spans
+    for rank in analysis.ranks:
+        gathers = _labels_per_step(repo_root, name, rank, GATHER_LABEL[framework])
+        reduces = _labels_per_step(repo_root, name, rank, REDUCE_LABEL[framework])
+        for step in analysis.steps:
+            mine = spans[(spans["rank"] == rank) & (spans["step"] == step)]
+            assert (mine["kind"] == "all_gather").sum() == gathers[step]
+            assert (mine["kind"] == "reduce_scatter").sum() == reduces[step]
+
+
+def test_units_read_from_labels_match_run_json(repo_root: Path) -> None:
+    """A plain profiler recording has no run.json: units, order and sizes come from the labels and
+    the gathered bytes, and agree with what fsdpviz record wrote for the same model."""
+    plain = sample(repo_root, "fsdp2-cpu-2rank-plain").units
+    recorded = sample(repo_root, "fsdp2-cpu-2rank").units
+    assert list(plain["unit"]) == list(recorded["unit"])
+    assert list(plain["param_bytes"]) == list(recorded["param_bytes"])
+    assert list(plain["parent"]) == ["", "(root)", "(root)"]
