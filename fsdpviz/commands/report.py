@@ -28,10 +28,10 @@ def _progress(quiet: bool) -> Callable[[str], None] | None:
 
 
 def report(
-    paths: list[Path] = typer.Argument(
+    paths: list[Path] = typer.Argument(  # noqa: B008 - typer reads its options from the defaults
         ..., help="A run folder (from `fsdpviz record`), a folder of traces, or trace files "
                   "(.json / .json.gz, also recorded without fsdpviz).", show_default=False),
-    output: Path | None = typer.Option(
+    output: Path | None = typer.Option(  # noqa: B008
         None, "-o", "--output", help="HTML file to write. Default: report.html in the run folder, "
                                      "else ./fsdpviz-report.html.", show_default=False),
     steps: str | None = typer.Option(

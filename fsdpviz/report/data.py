@@ -46,6 +46,7 @@ class ReportData:
     memory_model: dict[str, Any] = field(default_factory=dict)  # RunAnalysis.memory_model
     skew: pd.DataFrame | None = None  # schema.SKEW
     rank_step_times: pd.DataFrame | None = None  # schema.STEP_TIMES (where each rank's step went)
+    timers: pd.DataFrame = field(default_factory=pd.DataFrame)  # schema.TIMERS (every step)
     segment_count: int = 0  # Gantt rectangles on the page, all tabs
 
 
@@ -194,7 +195,7 @@ def prepare_report(traces: TraceSet, *, summary: dict[str, Any], overlap: pd.Dat
         unit_tables=unit_tables(stats, colors) if has_units and stats is not None and not stats.empty else None,
         memory_model=dict(getattr(analysis, "memory_model", {}) or {}),
         skew=getattr(analysis, "skew", None),
-        rank_step_times=getattr(analysis, "step_times", None),
+        rank_step_times=getattr(analysis, "step_times", None), timers=traces.timers,
         segment_count=sum(len(v.segments) + len(v.exposed) for v in views),
     )
 

@@ -148,10 +148,22 @@ def render_page(page: Page) -> str:
     from bokeh.embed import components
 
     roots: dict[str, Any] = {}
+    section_roots: dict[str, list[str]] = {}
     for section in page.sections:
-        model = _section_model(section)
-        if model is not None:
-            roots[section.key] = model
+        keys: list[str] = []
+        views = list(section.views.values())
+        if len(views) == 1 and isinstance(views[0], list):
+            # A stack of views without tabs: one bokeh root each (a bokeh column of plots with
+            # tools draws stray pixels at its left edge in bokeh 3.9).
+            for i, view in enumerate(views[0]):
+                roots[f"{section.key}-{i}"] = _to_bokeh(view)
+                keys.append(f"{section.key}-{i}")
+        else:
+            model = _section_model(section)
+            if model is not None:
+                roots[section.key] = model
+                keys.append(section.key)
+        section_roots[section.key] = keys
     if roots:
         # One call, one bokeh document: ranges shared between sections stay linked.
         script, divs = components(roots)
@@ -161,7 +173,8 @@ def render_page(page: Page) -> str:
     template = _environment().get_template(TEMPLATE_NAME)
     return template.render(
         page=page,
-        plot_divs={key: jinja2.utils.markupsafe.Markup(div) for key, div in divs.items()},
+        plot_divs={section: [jinja2.utils.markupsafe.Markup(divs[key]) for key in keys]
+                   for section, keys in section_roots.items()},
         bokeh_script=jinja2.utils.markupsafe.Markup(script),
         bokeh_js=jinja2.utils.markupsafe.Markup(js),
         bokeh_css=[jinja2.utils.markupsafe.Markup(text) for text in css],

@@ -7,12 +7,12 @@ plots come from :mod:`fsdpviz.report.plots`; numbers come formatted from the dat
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from fsdpviz.report import activity, plots
 from fsdpviz.report.html import Fact, LegendItem, Page, Section
-from fsdpviz.report.unitsection import units_section
-from fsdpviz.report.unitview import unit_label
+from fsdpviz.report.stepsection import steps_section
 from fsdpviz.report.style import (
     EXPOSED_COLOR,
     bytes_scale,
@@ -20,6 +20,8 @@ from fsdpviz.report.style import (
     format_ms,
     format_pct,
 )
+from fsdpviz.report.unitsection import units_section
+from fsdpviz.report.unitview import unit_label
 
 if TYPE_CHECKING:
     from fsdpviz.report.data import ReportData
@@ -47,11 +49,6 @@ HOWTO_MEMORY = (
     "The memory curve under each Gantt shows allocated (solid) and reserved (dashed) memory of the "
     "drawn ranks on the same time axis."
 )
-HOWTO_STEPS = (
-    "Step time of every recorded step on every rank. Left: per step, the spread over ranks (a tall "
-    "box means some rank was late: everyone else waits for it at the next collective). Right: per "
-    "rank, the spread over steps (a rank that is always high is a straggler)."
-)
 NOTE_NO_UNITS = (
     "Per-unit views need FSDP labels in the trace: FSDP2 writes them itself; for FSDP1 and "
     "ZeRO-3, record with `fsdpviz record`. This trace has none, so the page shows whole-step "
@@ -78,7 +75,7 @@ def headline_section(data: ReportData) -> Section:
         Fact(label="overlap", value=format_pct(ov.get("overlap_pct")),
              hint="communication hidden behind computation"),
         Fact(label="exposed comm / step", value=format_ms(exposed_per_step),
-             hint=(f"{100 * exposed_per_step / step_ms:.1f} % of the step; " if step_ms == step_ms and step_ms
+             hint=(f"{100 * exposed_per_step / step_ms:.1f} % of the step; " if math.isfinite(step_ms) and step_ms
                    else "") + f"of {format_ms(comm_per_step)} communication"),
         Fact(label="peak allocated", value=format_bytes(mem.get("peak_allocated_bytes")) or "n/a"),
         Fact(label="peak reserved", value=format_bytes(mem.get("peak_reserved_bytes") or None) or "n/a",
@@ -135,7 +132,7 @@ def timeline_section(data: ReportData) -> Section:
                    views=views)
 
 
-def _timeline_plot(view: StepView, data: ReportData):  # noqa: ANN202 - a holoviews Layout
+def _timeline_plot(view: StepView, data: ReportData):
     if view.kind == "units":
         hover = [("unit_name", "unit"), ("kind", "kind"), ("phase", "phase"), ("start_ms", "start (ms)"),
                  ("dur_ms", "duration (ms)"), ("bytes_text", "bytes"), ("lead_text", "prefetch lead"),
@@ -156,27 +153,6 @@ def _timeline_plot(view: StepView, data: ReportData):  # noqa: ANN202 - a holovi
         memory_view = plots.memory_curve(view.memory, view.peaks, divisor=divisor, unit=unit,
                                          title=f"memory during {view.choice.label} ({shown})")
     return plots.timeline_layout(gantt, memory_view)
-
-
-def steps_section(data: ReportData) -> Section:
-    """Step time per step (spread over ranks) and per rank (spread over steps)."""
-    times = data.step_times
-    notes = []
-    if times.empty:
-        notes.append("No step times: the traces hold no ProfilerStep ranges and there are no timers.")
-        return Section(key="steps", title="Across steps and ranks", howto=HOWTO_STEPS, notes=notes)
-    source = str(times["source"].iloc[0])
-    n_steps = times["step"].nunique()
-    notes.append(f"{n_steps} step(s) from the {'recorder timers (every step of the run)' if source == 'timers' else 'profiled steps only (no timers in these inputs)'}.")
-    facts = []
-    if not data.step_spread.empty:
-        worst = data.step_spread.sort_values("spread_ms", ascending=False).iloc[0]
-        facts.append(Fact(label="largest rank spread", value=format_ms(float(worst["spread_ms"])),
-                          hint=f"step {int(worst['step'])}, slowest rank {int(worst['slowest_rank'])}"))
-        facts.append(Fact(label="median step time", value=format_ms(float(times["ms"].median()))))
-    view = plots.step_time_spread(times)
-    return Section(key="steps", title="Across steps and ranks", howto=HOWTO_STEPS, notes=notes,
-                   facts=facts, views={"step time": view})
 
 
 def build_page(data: ReportData) -> Page:

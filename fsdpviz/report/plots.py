@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import holoviews as hv
-import holoviews.plotting.bokeh  # noqa: F401  (registers the bokeh backend)
+import holoviews.plotting.bokeh
 import pandas as pd
 
 from fsdpviz.report.style import (
@@ -54,9 +54,13 @@ def _hatch_hook(plot: Any, element: Any) -> None:
 
 
 def _tidy_toolbar_hook(plot: Any, element: Any) -> None:
-    fig = plot.state
-    fig.toolbar.autohide = True
-    fig.min_border_left = MIN_BORDER_LEFT_PX
+    plot.state.toolbar.autohide = True
+
+
+def _timeline_hook(plot: Any, element: Any) -> None:
+    """Same left border on every plot of a time-line column, so that their time axes line up."""
+    _tidy_toolbar_hook(plot, element)
+    plot.state.min_border_left = MIN_BORDER_LEFT_PX
 
 
 def _gantt_height(n_rows: int) -> int:
@@ -102,7 +106,7 @@ def gantt(rows: pd.DataFrame, segments: pd.DataFrame, exposed: pd.DataFrame, *, 
         hv.opts.Overlay(
             title=title, responsive=True, height=_gantt_height(n_rows), xlabel=TIME_DIM.pprint_label,
             ylabel="", yticks=lane_ticks(rows), invert_yaxis=True, ylim=(0, max(n_rows, 1)),
-            show_legend=False, hooks=[_tidy_toolbar_hook], active_tools=["xwheel_zoom"],
+            show_legend=False, hooks=[_timeline_hook], active_tools=["xwheel_zoom"],
             tools=["xpan", "xwheel_zoom", "box_zoom", "reset"],
         )
     )
@@ -150,7 +154,7 @@ def memory_curve(curves: pd.DataFrame, peaks: pd.DataFrame | None, *, divisor: f
     return hv.Overlay(elements).opts(
         hv.opts.Overlay(title=title, responsive=True, height=260, legend_position="top_right",
                         legend_cols=2 if multi else 1, legend_opts={"background_fill_alpha": 0.7},
-                        hooks=[_tidy_toolbar_hook], active_tools=["xwheel_zoom"],
+                        hooks=[_timeline_hook], active_tools=["xwheel_zoom"],
                         tools=["xpan", "xwheel_zoom", "box_zoom", "reset"], show_grid=True)
     )
 
@@ -184,6 +188,16 @@ def step_time_spread(times: pd.DataFrame) -> hv.Layout:
 UNIT_DIM = hv.Dimension("unit_name", label="unit (forward order)")
 
 
+def _metric_major(frame: pd.DataFrame, group: str, groups: Sequence[str], x: str,
+                  xs: Sequence[str]) -> pd.DataFrame:
+    """Rows ordered by bar group, then x: holoviews maps a grouped bar chart's colours by row
+    position, and gets them wrong for data in any other order (holoviews 1.23)."""
+    g_order = {g: i for i, g in enumerate(groups)}
+    x_order = {v: i for i, v in enumerate(xs)}
+    keyed = frame.assign(_g=frame[group].map(g_order), _x=frame[x].map(x_order))
+    return keyed.sort_values(["_g", "_x"], kind="stable").drop(columns=["_g", "_x"])
+
+
 def _bar_width_px(n_units: int) -> int | None:
     """Plots get wider than the page when bars would become thinner than a few pixels."""
     return None if n_units <= 40 else 40 + 28 * n_units
@@ -193,14 +207,15 @@ def unit_bars(data: pd.DataFrame, units: Sequence[str], *, value: str, value_dim
               title: str, colors: Mapping[str, str]) -> hv.Bars:
     """Grouped bars: one group per unit (forward order), one bar per metric."""
     metrics = [m for m in colors if m in set(data["metric"])] if not data.empty else []
-    frame = data.rename(columns={value: value_dim.name})
+    frame = _metric_major(data.rename(columns={value: value_dim.name}), "metric", metrics, "unit_name", units)
     bars = hv.Bars(frame, kdims=[UNIT_DIM, hv.Dimension("metric", label="metric")], vdims=[value_dim])
     width = _bar_width_px(len(units))
-    opts: dict[str, Any] = dict(
-        title=title, height=320, color="metric", cmap={m: colors[m] for m in metrics}, multi_level=False,
-        xrotation=90 if len(units) > 8 else 0, tools=["hover"], show_legend=True, legend_position="top_right",
-        hooks=[_tidy_toolbar_hook], show_grid=True, line_alpha=0,
-    )
+    opts: dict[str, Any] = {
+        "title": title, "height": 320, "color": "metric", "cmap": {m: colors[m] for m in metrics},
+        "multi_level": False, "xrotation": 90 if len(units) > 8 else 0, "tools": ["hover"],
+        "show_legend": True, "legend_position": "top_right", "hooks": [_tidy_toolbar_hook],
+        "show_grid": True, "line_alpha": 0,
+    }
     if width is None:
         opts["responsive"] = True
     else:
@@ -221,3 +236,66 @@ def unit_table(source: Mapping[str, list], columns: Sequence[tuple[str, str, str
     return DataTable(source=ColumnDataSource(dict(source)), columns=table_columns, sortable=True,
                      reorderable=False, index_position=None, sizing_mode="stretch_width",
                      height=min(40 + 25 * n_rows, 520))
+
+
+RANK_DIM = hv.Dimension("rank_name", label="rank")
+
+
+def _categorical_opts(n: int, title: str, height: int = 300) -> dict[str, Any]:
+    opts: dict[str, Any] = {"title": title, "height": height, "xrotation": 90 if n > 16 else 0,
+                            "tools": ["hover"], "hooks": [_tidy_toolbar_hook], "show_grid": True}
+    width = _bar_width_px(n)
+    if width is None:
+        opts["responsive"] = True
+    else:
+        opts["width"] = width
+    return opts
+
+
+def rank_bars(data: pd.DataFrame, *, part: str, colors: Mapping[str, str], title: str,
+              stacked: bool) -> hv.Bars:
+    """Bars per rank (``rank``, ``part`` column, ``ms``), stacked or grouped by ``part``."""
+    ranks = [str(r) for r in sorted(data["rank"].unique())]
+    parts = [p for p in colors if p in set(data[part])]
+    frame = _metric_major(data.assign(rank_name=data["rank"].astype(str), ms_value=data["ms"]),
+                          part, parts, "rank_name", ranks)
+    bars = hv.Bars(frame, kdims=[RANK_DIM, hv.Dimension(part, label=part)],
+                   vdims=[hv.Dimension("ms_value", label="time per step", unit="ms")])
+    return bars.redim.values(rank_name=ranks, **{part: parts}).opts(
+        stacked=stacked, multi_level=False, color=part, cmap={p: colors[p] for p in parts}, line_alpha=0,
+        legend_position="top_right", **_categorical_opts(len(ranks), title))
+
+
+SKEW_COLORS = {"all_gather": "#f58518", "reduce_scatter": "#e45756", "all_reduce": "#72b7b2",
+               "broadcast": "#4c78a8", "send_recv": "#9467bd", "all_to_all": "#8c564b",
+               "reduce": "#bcbd22", "barrier": "#7f7f7f", "other": "#c7c7c7"}
+
+
+def skew_scatter(points: pd.DataFrame, *, title: str) -> hv.Points:
+    """Collectives: start time in the step (x) against how far apart ranks started them (y)."""
+    comms = [c for c in SKEW_COLORS if c in set(points["comm"])] + \
+        sorted(set(points["comm"]) - set(SKEW_COLORS))
+    frame = points.assign(skew_step_ms=points["t_ms"], skew_value=points["skew_ms"])
+    pts = hv.Points(frame, kdims=[hv.Dimension("skew_step_ms", label="collective start since step start",
+                                               unit="ms"),
+                                  hv.Dimension("skew_value", label="start skew across ranks", unit="ms")],
+                    vdims=["comm", "unit_name", "phase", "step", "late_rank", "early_rank"])
+    return pts.opts(
+        color="comm", cmap={c: SKEW_COLORS.get(c, "#888888") for c in comms}, size=7, alpha=0.8,
+        responsive=True, height=300, title=title, legend_position="top_right", show_grid=True,
+        tools=["hover", "box_zoom", "wheel_zoom", "reset"], hooks=[_tidy_toolbar_hook],
+        hover_tooltips=[("collective", "@comm"), ("unit", "@{unit_name}"), ("phase", "@phase"),
+                        ("step", "@step"), ("skew (ms)", "@{skew_value}{0.000}"), ("last rank", "@{late_rank}"),
+                        ("first rank", "@{early_rank}")])
+
+
+def unit_timer_boxes(times: pd.DataFrame, units: Sequence[str], *, title: str) -> hv.BoxWhisker:
+    """Spread of each unit's forward and backward time over every timed step and rank."""
+    frame = times.assign(timer_ms=times["ms"])
+    box = hv.BoxWhisker(frame, kdims=[UNIT_DIM, hv.Dimension("phase", label="phase")],
+                        vdims=[hv.Dimension("timer_ms", label="time per pass", unit="ms")])
+    phases = [p for p in ("forward", "backward") if p in set(times["phase"])]
+    return box.redim.values(unit_name=list(units), phase=phases).opts(
+        box_fill_color=hv.dim("phase").categorize({"forward": "#9ecae1", "backward": "#a1d99b"}),
+        outlier_alpha=0.4,
+        **_categorical_opts(len(units) * max(len(phases), 1) // 2, title, height=320))

@@ -96,3 +96,88 @@ def choose_gantt_ranks(ranks: list[int], times: pd.DataFrame, max_ranks: int) ->
               "fastest ranks by median step time, and ranks spread over the rest "
               f"({', '.join(str(r) for r in chosen)}). `fsdpviz report --ranks` picks others.")
     return chosen, reason
+
+
+# STEP_TIMES columns that add up to a rank's step on its training threads, and their labels.
+STEP_PARTS = (
+    ("unit_compute_ns", "units' compute"),
+    ("framework_ns", "FSDP / ZeRO work"),
+    ("optimizer_ns", "optimizer"),
+    ("other_ns", "other (data, loss, Python)"),
+)
+STEP_PART_COLORS = {
+    "units' compute": "#4c78a8", "FSDP / ZeRO work": "#f58518", "optimizer": "#9d9d9d",
+    "other (data, loss, Python)": "#c7c7c7",
+}
+
+
+def step_breakdown(rank_times: pd.DataFrame | None) -> pd.DataFrame:
+    """Where each rank's step went (medians over the analysed steps), long: rank, part, ms.
+
+    ``rank_times`` is the analysis' STEP_TIMES table."""
+    if rank_times is None or rank_times.empty:
+        return pd.DataFrame({"rank": pd.Series(dtype="int64"), "part": pd.Series(dtype=str),
+                             "ms": pd.Series(dtype="float64")})
+    med = rank_times.groupby("rank", sort=True)[[c for c, _ in STEP_PARTS]].median() / NS_PER_MS
+    parts = [pd.DataFrame({"rank": med.index.astype("int64"), "part": label, "ms": med[col].to_numpy()})
+             for col, label in STEP_PARTS]
+    return pd.concat(parts, ignore_index=True)
+
+
+def rank_waits(rank_times: pd.DataFrame | None) -> pd.DataFrame:
+    """Per rank (medians over analysed steps): exposed communication and lateness, long: rank, what, ms.
+
+    Lateness is how much later than the earliest rank a rank started its collectives, summed over
+    a step's collectives: a straggler has a high lateness and little exposed communication, the
+    ranks waiting for it the reverse."""
+    if rank_times is None or rank_times.empty:
+        return pd.DataFrame({"rank": pd.Series(dtype="int64"), "what": pd.Series(dtype=str),
+                             "ms": pd.Series(dtype="float64")})
+    cols = [("exposed_comm_ns", "exposed communication"), ("late_ns", "late to collectives")]
+    cols = [(c, label) for c, label in cols if c in rank_times.columns]
+    med = rank_times.groupby("rank", sort=True)[[c for c, _ in cols]].median() / NS_PER_MS
+    return pd.concat([pd.DataFrame({"rank": med.index.astype("int64"), "what": label, "ms": med[c].to_numpy()})
+                      for c, label in cols], ignore_index=True)
+
+
+def skew_points(skew: pd.DataFrame | None, rank_times: pd.DataFrame | None) -> pd.DataFrame:
+    """One point per collective seen on several ranks: when it started in its step (ms from the
+    step's earliest start on any rank) and how far apart the ranks started it (``skew_ms``)."""
+    cols = ["step", "t_ms", "skew_ms", "comm", "unit_name", "phase", "kind", "late_rank", "early_rank"]
+    if skew is None or skew.empty:
+        return pd.DataFrame({c: pd.Series(dtype="float64") for c in cols})
+    from fsdpviz.report.unitview import unit_label
+
+    if rank_times is not None and not rank_times.empty:
+        origin = rank_times.groupby("step")["start_ns"].min()
+    else:
+        origin = skew.groupby("step")["first_start_ns"].min()
+    out = skew.assign(
+        t_ms=(skew["first_start_ns"] - skew["step"].map(origin).fillna(skew["first_start_ns"].min())) / NS_PER_MS,
+        skew_ms=skew["start_skew_ns"] / NS_PER_MS,
+        unit_name=skew["unit"].astype(str).map(lambda u: unit_label(u) if u else "(none)"),
+    )
+    out["comm"] = out["comm"].astype(str)
+    return out[cols].reset_index(drop=True)
+
+
+def unit_timer_times(timers: pd.DataFrame, order: list[str]) -> pd.DataFrame:
+    """Per-unit forward / backward times of every timed step and rank: unit_name, phase, ms.
+
+    These come from the recorder's timers (``kind`` ``total``: the unit's whole pass, waits
+    included), so they cover all steps, not only the profiled ones. Units in forward order."""
+    cols = ["unit", "unit_name", "phase", "ms"]
+    if timers.empty:
+        return pd.DataFrame({c: pd.Series(dtype=str) for c in cols})
+    from fsdpviz.report.unitview import unit_label
+
+    rows = timers[(timers["unit"] != "") & timers["phase"].isin(["forward", "backward"])
+                  & (timers["kind"] == STEP_TIMER_KIND) & timers["ms"].notna()]
+    if rows.empty:
+        return pd.DataFrame({c: pd.Series(dtype=str) for c in cols})
+    rank_of = {u: i for i, u in enumerate(order)}
+    rows = rows.assign(unit=rows["unit"].astype(str), _o=rows["unit"].astype(str).map(rank_of).fillna(len(order)),
+                       _p=rows["phase"].map({"forward": 0, "backward": 1}))
+    rows = rows.sort_values(["_o", "unit", "_p"], kind="stable")
+    rows["unit_name"] = rows["unit"].map(unit_label)
+    return rows[cols].reset_index(drop=True)

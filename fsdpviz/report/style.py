@@ -59,7 +59,7 @@ def bytes_scale(max_bytes: float) -> tuple[float, str]:
     return float(KIB), "KiB"
 
 
-def format_bytes(n_bytes: float | int | None) -> str:
+def format_bytes(n_bytes: float | None) -> str:
     """``1536`` -> ``"1.5 KiB"``; unknown (negative / NaN / None) -> ``""``."""
     if n_bytes is None or (isinstance(n_bytes, float) and math.isnan(n_bytes)) or n_bytes < 0:
         return ""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import holoviews as hv
+import pandas as pd
 
 from fsdpviz.report import plots
 from fsdpviz.report.html import Fact, Section
@@ -35,11 +36,11 @@ def units_section(data: ReportData) -> Section | None:
     table = tables.table
     facts = []
     worst = table.sort_values("exposed_comm_ms", ascending=False).iloc[0]
-    if worst["exposed_comm_ms"] == worst["exposed_comm_ms"]:
+    if pd.notna(worst["exposed_comm_ms"]):
         facts.append(Fact(label="most exposed comm", value=format_ms(float(worst["exposed_comm_ms"])),
                           hint=f"per step, unit {worst['unit_name']}"))
     peak = table.sort_values("peak_mib", ascending=False).iloc[0]
-    if peak["peak_mib"] == peak["peak_mib"]:
+    if pd.notna(peak["peak_mib"]):
         facts.append(Fact(label="highest peak", value=format_bytes(float(peak["peak_mib"]) * 2**20),
                           hint=f"during unit {peak['unit_name']}"))
     facts.append(Fact(label="units", value=str(len(table))))
@@ -68,5 +69,5 @@ def units_section(data: ReportData) -> Section | None:
     return Section(key="units", title="Per unit", howto=HOWTO_UNITS, facts=facts, views={"units": views})
 
 
-def _colors(data) -> dict[str, str]:  # noqa: ANN001 - a long table with a ``metric`` column
+def _colors(data: pd.DataFrame) -> dict[str, str]:
     return {m: METRIC_COLORS.get(m, "#888888") for m in dict.fromkeys(data["metric"])}

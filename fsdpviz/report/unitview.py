@@ -19,8 +19,8 @@ import numpy as np
 import pandas as pd
 
 from fsdpviz.report import activity
-from fsdpviz.report.style import NS_PER_MS, PHASE_HATCH, format_bytes, format_ms
 from fsdpviz.report.stepview import StepView, exposed_on_segments
+from fsdpviz.report.style import NS_PER_MS, PHASE_HATCH, format_bytes, format_ms
 from fsdpviz.report.timeline import StepChoice, cap_segments, to_ms
 from fsdpviz.trace import schema
 
@@ -105,7 +105,7 @@ def unit_segments(spans: pd.DataFrame, rows: pd.DataFrame, choice: StepChoice, c
     seg["unit_name"] = seg["unit"].astype(str).map(unit_label)
     seg["hatch"] = seg["phase"].map(lambda p: PHASE_HATCH.get(str(p), " "))
     seg["bytes_text"] = [format_bytes(b) for b in seg["bytes"]]
-    seg["lead_text"] = [format_ms(v / NS_PER_MS) if v == v else "" for v in seg["lead_ns"]]
+    seg["lead_text"] = [format_ms(v / NS_PER_MS) if pd.notna(v) else "" for v in seg["lead_ns"]]
     return seg.reset_index(drop=True), merged
 
 

@@ -79,7 +79,7 @@ class Browser:
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             # close_fds would close 3 and 4 after preexec_fn ran; the pipe ends are
             # non-inheritable, so only the dup2'ed copies reach Chromium.
-            preexec_fn=_setup_fds, close_fds=False,
+            preexec_fn=_setup_fds, close_fds=False,  # noqa: PLW1509 - the test process starts no threads first
         )
         os.close(to_chrome_r)
         os.close(from_chrome_w)
@@ -230,7 +230,7 @@ class Browser:
             os.close(self._from_chrome)
             shutil.rmtree(self._profile, ignore_errors=True)
 
-    def __enter__(self) -> Browser:
+    def __enter__(self) -> Browser:  # noqa: PYI034
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -1,0 +1,67 @@
+"""The "across steps and ranks" section: step times of every step, where each rank's step went,
+per-unit timer spreads, and how far apart ranks start their collectives (stragglers)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from fsdpviz.report import plots, steptimes
+from fsdpviz.report.html import Fact, Section
+from fsdpviz.report.style import format_ms
+
+if TYPE_CHECKING:
+    from fsdpviz.report.data import ReportData
+
+HOWTO_STEPS = (
+    "Step time of every recorded step on every rank: per step, the spread over ranks (a tall box means "
+    "some rank was late, and everyone else waits for it at the next collective); per rank, the spread "
+    "over steps (a rank that is always high is a straggler). Below, from the analysed steps: where each "
+    "rank's step went on its training threads, each rank's exposed communication and lateness, and for "
+    "each collective how far apart the ranks started it. With timers, the spread of each unit's forward "
+    "and backward time over every step."
+)
+
+
+def steps_section(data: ReportData) -> Section:
+    """Step times, breakdown per rank, collective skew and per-unit timer spreads."""
+    times = data.step_times
+    notes: list[str] = []
+    facts: list[Fact] = []
+    views: list[Any] = []
+    if times.empty:
+        notes.append("No step times: the traces hold no ProfilerStep ranges and there are no timers.")
+    else:
+        source = str(times["source"].iloc[0])
+        n_steps = times["step"].nunique()
+        notes.append(f"Step times of {n_steps} step(s) from "
+                     + ("the recorder's timers (every step of the run)." if source == steptimes.SOURCE_TIMERS
+                        else "the profiled steps only (no timers in these inputs)."))
+        if not data.step_spread.empty:
+            worst = data.step_spread.sort_values("spread_ms", ascending=False).iloc[0]
+            facts.append(Fact(label="largest rank spread", value=format_ms(float(worst["spread_ms"])),
+                              hint=f"step {int(worst['step'])}, slowest rank {int(worst['slowest_rank'])}"))
+        facts.append(Fact(label="median step time", value=format_ms(float(times["ms"].median()))))
+        views.append(plots.step_time_spread(times))
+    breakdown = steptimes.step_breakdown(data.rank_step_times)
+    if not breakdown.empty:
+        views.append(plots.rank_bars(breakdown, part="part", colors=steptimes.STEP_PART_COLORS, stacked=True,
+                                     title="where each rank's step went (training threads, median per step)"))
+    waits = steptimes.rank_waits(data.rank_step_times)
+    if not waits.empty:
+        views.append(plots.rank_bars(waits, part="what", stacked=False,
+                                     colors={"exposed communication": "#d62728", "late to collectives": "#9467bd"},
+                                     title="exposed communication and lateness per rank (median per step)"))
+    points = steptimes.skew_points(data.skew, data.rank_step_times)
+    if not points.empty:
+        worst = points.sort_values("skew_ms", ascending=False).iloc[0]
+        facts.append(Fact(label="largest collective skew", value=format_ms(float(worst["skew_ms"])),
+                          hint=f"{worst['comm']} of {worst['unit_name']}, step {int(worst['step'])}, "
+                               f"last rank {int(worst['late_rank'])}"))
+        views.append(plots.skew_scatter(points, title="collective start skew across ranks"))
+    unit_times = steptimes.unit_timer_times(data.timers, list(data.unit_colors))
+    if not unit_times.empty:
+        units = list(dict.fromkeys(unit_times["unit_name"]))
+        views.append(plots.unit_timer_boxes(unit_times, units,
+                                            title="each unit's forward / backward time over every timed step"))
+    return Section(key="steps", title="Across steps and ranks", howto=HOWTO_STEPS, notes=notes, facts=facts,
+                   views={"steps": views} if views else {})
