@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import re
 import zlib
 from pathlib import Path
@@ -39,10 +40,11 @@ class NotKinetoError(TraceError):
 class EventArgs(msgspec.Struct):
     """The ``args`` keys fsdpviz reads; every other key is skipped by the decoder."""
 
-    external_id: int | None = msgspec.field(default=None, name="External id")
-    correlation: int | None = None
-    stream: int | None = None
-    device: int | None = None
+    # -1 (schema.NO_ID) when absent: plain ints keep the column building free of None checks.
+    external_id: int = msgspec.field(default=-1, name="External id")
+    correlation: int = -1
+    stream: int = -1
+    device: int = -1
     name: str | None = None  # thread_name / process_name metadata
     labels: str | None = None  # process_labels metadata ("CPU", "GPU 0")
     collective: str | None = msgspec.field(default=None, name="Collective name")
@@ -69,8 +71,8 @@ class TraceEvent(msgspec.Struct):
     name: str = ""
     pid: int | str = 0
     tid: int | str = 0
-    ts: float | None = None
-    dur: float | None = None
+    ts: float = math.nan  # NaN when absent: such events are skipped and counted
+    dur: float = math.nan
     args: EventArgs | None = None
 
 
@@ -104,6 +106,7 @@ class _LooseTrace(msgspec.Struct):
     deviceProperties: msgspec.Raw = msgspec.Raw(b"")
 
 
+NO_ARGS = EventArgs()  # shared stand-in for events without ``args``
 _TYPED_DECODER = msgspec.json.Decoder(KinetoTrace)
 _LOOSE_DECODER = msgspec.json.Decoder(_LooseTrace)
 _EVENT_DECODER = msgspec.json.Decoder(TraceEvent)

@@ -22,7 +22,14 @@ import pandas as pd
 
 from fsdpviz.errors import TraceError
 from fsdpviz.trace import comms, schema
-from fsdpviz.trace.decode import KinetoTrace, TraceEvent, decode_raw_json, decode_trace, read_trace_bytes
+from fsdpviz.trace.decode import (
+    NO_ARGS,
+    KinetoTrace,
+    TraceEvent,
+    decode_raw_json,
+    decode_trace,
+    read_trace_bytes,
+)
 from fsdpviz.trace.lanes import build_lanes, name_prefix_mask
 from fsdpviz.trace.tables import RankTables
 
@@ -82,15 +89,14 @@ def tables_from_trace(trace: KinetoTrace, path: Path, *, n_skipped: int = 0) -> 
 
     complete = [e for e in events_all if e.ph == "X"]
     n_skipped += sum(1 for e in events_all if e.ph != "X" and e.ph not in IGNORED_PHASES)
-    kinds = [CATEGORY_KINDS.get(e.cat.lower()) for e in complete]
-    n_skipped += sum(
-        1 for e, k in zip(complete, kinds) if k is None and e.cat.lower() not in IGNORED_CATEGORIES
-    )
-    usable = [i for i, k in enumerate(kinds) if k is not None]
+    code_of_cat = {cat: _kind_code(cat) for cat in {e.cat for e in complete}}
+    kind_codes = np.fromiter((code_of_cat[e.cat] for e in complete), np.int8, len(complete))
+    n_skipped += int((kind_codes == _UNKNOWN_CATEGORY).sum())
+    usable = np.flatnonzero(kind_codes >= 0)
     info = trace.distributedInfo
     world_size = info.world_size if info and info.world_size else 0
     events, n_bad = _event_columns(
-        [complete[i] for i in usable], [kinds[i] for i in usable], base_ns, world_size
+        [complete[i] for i in usable], kind_codes[usable], base_ns, world_size
     )
     n_skipped += n_bad
 
@@ -139,6 +145,9 @@ def _rank_of(trace: KinetoTrace, path: Path) -> tuple[int, str]:
 
 
 _NOT_AN_ID: Final = np.iinfo(np.int64).min  # a string pid/tid; real tids may be negative
+_IGNORED_CATEGORY: Final = -1
+_UNKNOWN_CATEGORY: Final = -2
+_GPU_KIND_MASK: Final = np.array([k in GPU_KINDS for k in schema.EVENT_KINDS], dtype=bool)
 
 
 def _int_ids(values: list[int | str]) -> np.ndarray:
@@ -149,43 +158,63 @@ def _int_ids(values: list[int | str]) -> np.ndarray:
         return np.array([v if isinstance(v, int) else _NOT_AN_ID for v in values], dtype=np.int64)
 
 
+def _kind_code(category: str) -> int:
+    """Index into schema.EVENT_KINDS; _IGNORED_CATEGORY or _UNKNOWN_CATEGORY otherwise."""
+    kind = CATEGORY_KINDS.get(category.lower())
+    if kind is not None:
+        return schema.EVENT_KINDS.index(kind)
+    return _IGNORED_CATEGORY if category.lower() in IGNORED_CATEGORIES else _UNKNOWN_CATEGORY
+
+
+def _factorize_names(events: list[TraceEvent]) -> tuple[np.ndarray, list[str]]:
+    """Category codes of the event names (first-seen order) with one dict lookup per event."""
+    index: dict[str, int] = {}
+    codes = np.fromiter((index.setdefault(e.name, len(index)) for e in events), np.int32, len(events))
+    return codes, list(index)
+
+
 def _event_columns(
-    events: list[TraceEvent], kinds: list[str], base_ns: int, world_size: int
+    events: list[TraceEvent], kind_codes: np.ndarray, base_ns: int, world_size: int
 ) -> tuple[pd.DataFrame, int]:
     """Columns of the usable complete events; drops (and counts) bad times or non-integer ids."""
-    nan = float("nan")
-    ts = np.array([e.ts if e.ts is not None else nan for e in events], dtype=np.float64)
-    dur = np.array([e.dur if e.dur is not None else nan for e in events], dtype=np.float64)
-    args = [e.args for e in events]
-    is_gpu = np.array([k in GPU_KINDS for k in kinds], dtype=bool)
+    n = len(events)
+    ts = np.fromiter((e.ts for e in events), np.float64, n)
+    dur = np.fromiter((e.dur for e in events), np.float64, n)
+    args = [e.args or NO_ARGS for e in events]
+    is_gpu = _GPU_KIND_MASK[kind_codes] if n else np.zeros(0, bool)
     pid = _int_ids([e.pid for e in events])
     tid = _int_ids([e.tid for e in events])
-    device = np.array([a.device if a is not None and a.device is not None else -1 for a in args], np.int64)
-    stream = np.array([a.stream if a is not None and a.stream is not None else -1 for a in args], np.int64)
+    device = np.fromiter((a.device for a in args), np.int64, n)
+    stream = np.fromiter((a.stream for a in args), np.int64, n)
     # GPU lanes are (device, stream); events without those args (gpu_user_annotation) use pid/tid.
     key_a = np.where(is_gpu & (device >= 0), device, pid)
     key_b = np.where(is_gpu & (stream >= 0), stream, tid)
     good = np.isfinite(ts) & np.isfinite(dur) & (dur >= 0) & (key_a != _NOT_AN_ID) & (key_b != _NOT_AN_ID)
+    name_codes, names = _factorize_names(events)
+    columns = {
+        "kind": kind_codes,
+        "name": name_codes,
+        "ts": ts,
+        "dur": dur,
+        "correlation": np.fromiter((a.correlation for a in args), np.int64, n),
+        "external_id": np.fromiter((a.external_id for a in args), np.int64, n),
+        "is_gpu": is_gpu,
+        "key_a": key_a,
+        "key_b": key_b,
+    }
+    n_bad = int(n - good.sum())
+    if n_bad:
+        columns = {k: v[good] for k, v in columns.items()}
+        args = [a for a, ok in zip(args, good) if ok]
     frame = pd.DataFrame(
         {
-            "kind": pd.Categorical(kinds, categories=schema.EVENT_KINDS),
-            "name": [e.name for e in events],
-            "start_ns": np.zeros(len(events), np.int64),
-            "dur_ns": np.zeros(len(events), np.int64),
-            "correlation": [a.correlation if a is not None and a.correlation is not None else -1 for a in args],
-            "external_id": [a.external_id if a is not None and a.external_id is not None else -1 for a in args],
-            "is_gpu": is_gpu,
-            "key_a": key_a,
-            "key_b": key_b,
+            "kind": pd.Categorical.from_codes(columns.pop("kind"), categories=schema.EVENT_KINDS),
+            "name": pd.Categorical.from_codes(columns.pop("name"), categories=names),
+            "start_ns": us_to_ns(columns.pop("ts")) + base_ns,
+            "dur_ns": np.rint(columns.pop("dur") * 1000.0).astype(np.int64),
+            **columns,
         }
     )
-    frame.loc[good, "start_ns"] = us_to_ns(ts[good]) + base_ns
-    frame.loc[good, "dur_ns"] = np.rint(dur[good] * 1000.0).astype(np.int64)
-    n_bad = int((~good).sum())
-    if n_bad:
-        frame = frame.loc[good].reset_index(drop=True)
-        args = [a for a, ok in zip(args, good) if ok]
-    frame["name"] = frame["name"].astype("category")
     _classify_comms(frame, args, world_size)
     return frame, n_bad
 
