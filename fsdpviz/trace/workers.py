@@ -114,7 +114,8 @@ def _mp_context() -> mp.context.BaseContext:
     """``fork`` when this process has a single thread (fast: nothing to re-import), else a
     ``forkserver`` (``spawn`` off Linux): forking a threaded process can deadlock."""
     methods = mp.get_all_start_methods()
-    if "fork" in methods and threading.active_count() == 1:
+    # macOS lists fork too, but system frameworks are not fork-safe there.
+    if "fork" in methods and sys.platform.startswith("linux") and threading.active_count() == 1:
         return mp.get_context("fork")
     if "forkserver" in methods:
         ctx = mp.get_context("forkserver")
