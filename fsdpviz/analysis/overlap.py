@@ -291,9 +291,12 @@ def compute_overlap(
             lanes = traces.lanes[traces.lanes["rank"] == rank]
             comm, compute, busy = cpu_sets(events, lanes, window)
         if total_ns(busy) == 0:
-            where = f"steps {list(window.steps)}" if window is not None and window.steps else "the trace"
-            if window is not None and not window.steps:
-                where = f"steps {list(steps or [])}"
+            if window is None:
+                where = "the whole trace, which has no ProfilerStep"
+            elif window.steps:
+                where = f"steps {list(window.steps)}"
+            else:
+                where = f"steps {list(steps or [])}, not in this trace"
             raise NoDataError(
                 f"{traces.source_of(rank)}: no {device.upper()} events in the analysis window ({where})"
             )

@@ -114,7 +114,7 @@ def test_no_events_in_the_analysis_window(tmp_path: Path, capsys: pytest.Capture
     path = _good_trace().write(tmp_path / "rank0.trace.json")
     code, _, err = _run(["summary", "--steps", "7", str(path)], capsys)
     assert code == 2
-    assert err.splitlines() == [f"error: {path}: no GPU events in the analysis window (steps [7])"]
+    assert err.splitlines() == [f"error: {path}: no GPU events in the analysis window (steps [7], not in this trace)"]
 
 
 def test_bad_steps_option_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
