@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -30,6 +31,7 @@ from fsdpviz.record.options import (
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "bootstrap"
 CACHE_DIR = ".fsdpviz-cache"  # the trace loader's cache beside the traces; stale once they change
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+SHARED_WAIT_S = 60.0  # --shared: how long a node's launcher waits for the other nodes' ranks
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +122,28 @@ def run_command(command: list[str], env: dict[str, str]) -> tuple[int, int | Non
     return runinfo.exit_code_of(returncode), (forwarded[0] if forwarded else None)
 
 
+def wait_for_other_nodes(run_dir: Path, timeout_s: float = SHARED_WAIT_S, poll_s: float = 0.5) -> bool:
+    """Multi-node: wait until every rank of the world has written its final rank file.
+
+    Each node's launcher writes run.json when its own command ends; waiting for the other nodes'
+    ranks (bounded by ``timeout_s``) lets every launcher write the complete file. True if complete.
+    """
+    deadline = time.monotonic() + timeout_s
+    announced = False
+    while True:
+        infos, _ = runinfo.read_rank_infos(run_dir)
+        runinfo.mark_vanished_ranks(infos)  # a killed rank of this host will not finish
+        world = max((i.get("world_size") or 0 for i in infos), default=0)
+        done = len(infos) >= world and all(i.get("status") != "running" for i in infos)
+        if done or time.monotonic() >= deadline:
+            return done
+        if not announced:
+            print(f"fsdpviz: waiting up to {timeout_s:.0f} s for the other nodes' ranks to finish",
+                  file=sys.stderr, flush=True)
+            announced = True
+        time.sleep(poll_s)
+
+
 def record(command: list[str], options: RecordOptions, *, force: bool = False, shared: bool = False,
            label: str | None = None, on_start: Callable[[], None] | None = None) -> RecordResult:
     """Run ``command`` with recording on and write run.json; returns the command's exit code.
@@ -134,6 +158,8 @@ def record(command: list[str], options: RecordOptions, *, force: bool = False, s
     start_time = _now_iso()
     exit_code, forwarded = run_command(command, child_env(options))
     end_time = _now_iso()
+    if shared:
+        wait_for_other_nodes(run_dir)
     rank_infos, unreadable = runinfo.read_rank_infos(run_dir)
     notes = runinfo.tidy_partial_files(run_dir, rank_infos)
     runinfo.mark_vanished_ranks(rank_infos)

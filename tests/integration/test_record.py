@@ -308,3 +308,23 @@ def test_record_plain_python_without_optimizer_falls_back_to_a_time_window(tmp_p
     assert "FSDP::pre_forward (0)" in _annotations(trace)
     steps = {r["step"] for r in _timers(run_dir, 0) if r["phase"] == "step" and r["kind"] == "total"}
     assert len(steps) > 10  # without optimizer steps, each forward starts a timer step
+
+
+@pytest.mark.slow
+def test_record_shared_folder_merges_two_nodes(tmp_path: Path) -> None:
+    # Two "nodes" on this machine: one fsdpviz record per node, one rank each, one shared folder.
+    run_dir, port = tmp_path / "run", str(_free_port())
+    procs = []
+    for node in (0, 1):
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(node),
+                    "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port", port,
+                    str(EXAMPLE), "--framework", "fsdp2", *TINY, "--steps", str(STEPS)]
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "fsdpviz", "record", "--shared", "--no-report", "--out", str(run_dir), "--",
+             *torchrun], env=_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outputs = [p.communicate(timeout=240) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs[0][1][-2000:] + outputs[1][1][-2000:]
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["status"] == "ok" and run["world_size"] == 2 and not run["notes"]
+    assert [(r["rank"], r["status"]) for r in run["ranks"]] == [(0, "ok"), (1, "ok")]
+    assert sorted(p.name for p in (run_dir / "traces").glob("*.gz")) == ["rank0.trace.json.gz", "rank1.trace.json.gz"]
