@@ -93,7 +93,7 @@ def build_report(
         _say(progress, "analysing FSDP units")
         analysis = analyze_run(traces, steps=steps)
     if summary is None:
-        summary = summarize(traces, steps=steps)
+        summary = summarize(traces, steps=steps, analysis=analysis)
     _say(progress, "preparing the page")
     data = prepare_report(traces, summary=summary, overlap=overlap, analysis=analysis, gantt_ranks=ranks)
     _say(progress, f"rendering {data.segment_count:,} spans")
