@@ -66,7 +66,9 @@ def describe_inputs(traces: TraceSet) -> tuple[str, str, list[tuple[str, str]]]:
             meta.append(("hosts", ", ".join(str(h) for h in run["hosts"])))
         versions = run.get("versions") or {}
         if isinstance(versions, dict) and versions:
-            meta.append(("versions", ", ".join(f"{k} {v}" for k, v in sorted(versions.items()))))
+            shown = [f"{k} {v}" for k, v in sorted(versions.items()) if v not in (None, "", "None")]
+            if shown:
+                meta.append(("versions", ", ".join(shown)))
     else:
         title = "fsdpviz report"
         subtitle = ""

@@ -1,0 +1,106 @@
+"""Report build speed and page size: the bundled example and a synthetic 64-rank x 80-unit run.
+
+The report must stay usable for big jobs: a 64-rank, 80-unit FSDP2 run has to build in at most
+15 s into a page of at most 20 MB (issue: the HTML report). This benchmark measures, per input:
+
+- ``load``: ``load_traces`` (not part of the target: the loader has its own benchmark);
+- ``analysis``: ``compute_overlap`` + ``analyze_run`` + ``summarize``, as ``build_report`` runs them;
+- ``page``: plot data + holoviews/bokeh rendering + writing the file (``build_report`` given the
+  analysis results): what the report layer itself costs;
+- ``build``: ``build_report`` from loaded traces, analysis included (the target);
+- the page's size and the Gantt rectangles on it.
+
+The synthetic run comes from ``tests/synth`` (``generate_large_run``: every rank shares one
+FSDP2 timeline, as in a job without stragglers) with ``--events`` events per rank; the number of
+unit spans per step (what the Gantt draws) does not depend on it, only the loading and analysis
+time do. Each build runs ``--repeat`` times in this process; the minimum is reported.
+
+    python benchmarks/bench_report.py [--ranks 64] [--units 80] [--events 20000] [--repeat 2]
+
+Results and the machine they were measured on are recorded in docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))  # the synthetic trace generator is a test helper
+
+EXAMPLE = ROOT / "sample_traces" / "fsdp2-cpu-2rank"
+
+
+def _timed(fn, repeat: int):  # noqa: ANN001, ANN202 - a thunk and its result
+    best, result = float("inf"), None
+    for _ in range(repeat):
+        started = time.perf_counter()
+        result = fn()
+        best = min(best, time.perf_counter() - started)
+    return best, result
+
+
+def measure(paths: list[Path], out_dir: Path, repeat: int) -> dict:
+    """Load, analyse and build the report of ``paths``; times in seconds, size in MB."""
+    from fsdpviz.analysis import summarize
+    from fsdpviz.analysis.overlap import compute_overlap
+    from fsdpviz.analysis.run import analyze_run
+    from fsdpviz.report.build import build_report
+    from fsdpviz.trace import load_traces
+
+    load_s, traces = _timed(lambda: load_traces(paths, cache=False, progress=False), 1)
+
+    def analyse():  # noqa: ANN202
+        compute_overlap(traces)
+        return analyze_run(traces), summarize(traces)
+
+    analysis_s, (analysis, summary) = _timed(analyse, repeat)
+    page_s, result = _timed(lambda: build_report(traces, out_dir / "page.html", analysis=analysis,
+                                                 summary=summary), repeat)
+    build_s, result = _timed(lambda: build_report(traces, out_dir / "report.html"), repeat)
+    return {
+        "ranks": len(traces.rank_ids), "units": int(len(analysis.unit_stats)),
+        "events": int(len(traces.events)), "spans_per_step": int(
+            (analysis.spans["step"] == analysis.spans["step"].min()).sum()) if len(analysis.spans) else 0,
+        "load_s": round(load_s, 2), "analysis_s": round(analysis_s, 2), "page_s": round(page_s, 2),
+        "build_s": round(build_s, 2), "html_mb": round(result.size_bytes / 1e6, 2),
+        "gantt_rectangles": result.segments,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ranks", type=int, default=64)
+    parser.add_argument("--units", type=int, default=80)
+    parser.add_argument("--events", type=int, default=20_000, help="trace events per rank")
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--skip-example", action="store_true")
+    args = parser.parse_args()
+
+    import os
+
+    from synth import generate_large_run
+
+    print(f"# {platform.node()} {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp_dir = Path(tmp)
+        if not args.skip_example and EXAMPLE.is_dir():
+            (tmp_dir / "example").mkdir()
+            result = measure([EXAMPLE], tmp_dir / "example", args.repeat)
+            print(json.dumps({"input": "example (sample_traces/fsdp2-cpu-2rank)", **result}))
+        started = time.perf_counter()
+        run = generate_large_run(tmp_dir / "synth", world_size=args.ranks, n_units=args.units,
+                                 events_per_rank=args.events, steps=(1, 2, 3))
+        print(f"# generated {args.ranks} traces of {run.n_events:,} events in {time.perf_counter() - started:.1f} s")
+        (tmp_dir / "out").mkdir()
+        result = measure(run.paths, tmp_dir / "out", args.repeat)
+        print(json.dumps({"input": f"synthetic {args.ranks} ranks x {args.units} units", **result}))
+
+
+if __name__ == "__main__":
+    main()
