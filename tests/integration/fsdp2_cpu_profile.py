@@ -1,7 +1,8 @@
 """A tiny FSDP2 training job on CPU/gloo profiled with plain torch.profiler (no fsdpviz).
 
 Run under ``torchrun --nproc_per_node 2``; writes ``rank{R}.trace.json.gz`` and
-``rank{R}.clock.json`` (the wall clock, ``time.time_ns()``, at every ``prof.step()``) to OUT_DIR.
+``rank{R}.clock.json`` (the wall clock, ``time.time_ns()``, just before and just after every
+``prof.step()``) to OUT_DIR.
 Model: 4 ``Linear(256, 256)`` units under a root, so each unit gathers 65,792 float32 parameters.
 """
 
@@ -32,7 +33,7 @@ def main(out_dir: str) -> None:
     fully_shard(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(32, DIM)
-    boundaries_ns: list[int] = []
+    boundaries_ns: list[tuple[int, int]] = []
     with profile(
         activities=[ProfilerActivity.CPU],
         schedule=schedule(wait=1, warmup=1, active=3),
@@ -43,8 +44,9 @@ def main(out_dir: str) -> None:
             model(x).sum().backward()
             opt.step()
             opt.zero_grad()
-            boundaries_ns.append(time.time_ns())
+            before = time.time_ns()
             prof.step()
+            boundaries_ns.append((before, time.time_ns()))
     prof.export_chrome_trace(os.path.join(out_dir, f"rank{rank}.trace.json.gz"))
     with open(os.path.join(out_dir, f"rank{rank}.clock.json"), "w") as fh:
         json.dump({"step_boundaries_ns": boundaries_ns}, fh)

@@ -9,7 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from fsdpviz.analysis import summarize
@@ -69,14 +68,19 @@ def test_gloo_comm_steps_and_overlap(run_dir: Path) -> None:
 
 
 @pytest.mark.slow
-def test_step_times_match_the_wall_clock(run_dir: Path) -> None:
+def test_steps_lie_on_the_wall_clock(run_dir: Path) -> None:
+    """ProfilerStep#N starts inside the N-th ``prof.step()`` call and ends inside the next one, so on
+    one wall clock each boundary must fall between the script's own before/after readings."""
     traces = load_traces([run_dir], cache=False)
+    slack_ns = 1_000_000  # Kineto's ts has µs resolution and baseTimeNanoseconds its own rounding
     for rank in (0, 1):
-        clock = json.loads((run_dir / f"rank{rank}.clock.json").read_text())["step_boundaries_ns"]
-        # ProfilerStep#N runs from the N-th prof.step() to the next one.
-        wall_ns = np.diff(clock)[1:4]
+        calls = json.loads((run_dir / f"rank{rank}.clock.json").read_text())["step_boundaries_ns"]
         steps = traces.steps[traces.steps["rank"] == rank].sort_values("step")
-        ours_ns = (steps["end_ns"] - steps["start_ns"]).to_numpy()
-        assert np.allclose(ours_ns, wall_ns, rtol=0.05, atol=2_000_000), (ours_ns, wall_ns)
-        # One run-wide clock: trace times are wall-clock ns, so they line up with time.time_ns().
-        assert abs(int(steps["start_ns"].iloc[0]) - clock[1]) < 20_000_000
+        for step, start_ns, end_ns in steps[["step", "start_ns", "end_ns"]].itertuples(index=False):
+            before, after = calls[step - 1]  # ProfilerStep#N begins in the N-th call (1-based)
+            assert before - slack_ns <= start_ns <= after + slack_ns, (rank, step)
+            if step < len(calls):
+                before, after = calls[step]
+                assert before - slack_ns <= end_ns <= after + slack_ns, (rank, step)
+        durations = (steps["end_ns"] - steps["start_ns"]).to_numpy()
+        assert (durations > 0).all()
