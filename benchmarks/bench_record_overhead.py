@@ -13,6 +13,7 @@ and the overhead against the plain runs. Results: docs/performance.md.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import runpy
@@ -35,7 +36,7 @@ def worker(out: Path, train_args: list[str]) -> None:
     args = example["parse_args"](train_args)
     stamps: list[float] = [time.perf_counter()]
     example["train"](args, after_step=lambda step, loss: stamps.append(time.perf_counter()))
-    times = [(b - a) * 1e3 for a, b in zip(stamps[1:], stamps[2:])]  # step k: end of k-1 -> end of k
+    times = [(b - a) * 1e3 for a, b in itertools.pairwise(stamps[1:])]  # step k: end of k-1 -> end of k
     (out / f"rank{os.environ['RANK']}.json").write_text(json.dumps(times))
 
 

@@ -36,8 +36,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 
 VOCAB_SIZE = 256
 SEQ_LEN = 32

@@ -36,11 +36,11 @@ def default_run_dir(now: datetime | None = None) -> Path:
 
 
 def record(
-    command: list[str] = typer.Argument(
+    command: list[str] = typer.Argument(  # noqa: B008 - typer declares parameters this way
         None, metavar="-- COMMAND...", show_default=False,
         help="The training command, unchanged: torchrun ..., python -m torch.distributed.run ..., "
              "deepspeed ..., accelerate launch ..., python train.py ..."),
-    out: Path | None = typer.Option(
+    out: Path | None = typer.Option(  # noqa: B008
         None, "-o", "--out", help="Run folder to write. Default: runs/run-<date>-<time>.", show_default=False),
     steps: int = typer.Option(3, "--steps", min=1, help="Optimizer steps to profile in full."),
     warmup: int = typer.Option(2, "--warmup", min=0, help="Optimizer steps to skip before profiling."),
@@ -49,6 +49,7 @@ def record(
     memory: bool = typer.Option(True, "--memory/--no-memory",
                                 help="Record allocator events and per-step peak memory."),
     report: bool = typer.Option(True, "--report/--no-report", help="Write report.html after the run."),
+    summary: bool = typer.Option(True, "--summary/--no-summary", help="Print the run's summary after it."),
     force: bool = typer.Option(False, "--force", help="Replace the recording in an existing run folder."),
     shared: bool = typer.Option(
         False, "--shared", help="Multi-node: the run folder is shared with the other nodes' fsdpviz record; "
@@ -73,7 +74,8 @@ def record(
         f"recording into {out or run_dir} (profile {profiled}, mode {mode}): {' '.join(command)}"))
     print_recording(result.run, run_dir)
     if result.run["ranks"] and options.profile:
-        show_summary(run_dir)
+        if summary:
+            show_summary(run_dir)
         if report:
             write_run_report(run_dir)
     return result.exit_code
@@ -112,7 +114,7 @@ def show_summary(run_dir: Path) -> None:
         print_summary(summarize(load_traces([run_dir])))
     except FsdpvizError as exc:
         _say(f"no summary: {exc}")
-    except Exception as exc:  # the recording is complete: report the failure, keep the exit code
+    except Exception as exc:  # noqa: BLE001 - the recording is complete: report, keep the exit code
         _say(f"no summary (internal error, please report): {exc!r}")
 
 
@@ -130,7 +132,7 @@ def write_run_report(run_dir: Path) -> Path | None:
     except FsdpvizError as exc:
         _say(f"no report: {exc}")
         return None
-    except Exception as exc:  # as in show_summary: never lose the command's exit code
+    except Exception as exc:  # noqa: BLE001 - as in show_summary: never lose the command's exit code
         _say(f"no report (internal error, please report): {exc!r}")
         return None
     _say(f"report: {result.path}")

@@ -90,7 +90,7 @@ def _arm(role: str) -> None:
         from fsdpviz.record import agent
 
         agent.arm(role)
-    except Exception as exc:  # never break the user's training because the recorder failed
+    except Exception as exc:  # noqa: BLE001 - never break the user's training over the recorder
         print(f"fsdpviz: recording disabled in pid {os.getpid()}: {exc!r}", file=sys.stderr)
 
 

@@ -43,10 +43,24 @@ from torch.profiler import ProfilerAction, ProfilerActivity
 from fsdpviz import __version__
 from fsdpviz.record import schedule
 from fsdpviz.record.options import (
-    ENV_OWNER_PID, PARTIAL_SUFFIX, RANK_FILE, TIMERS_FILE, RecordOptions, options_from_env, rank_path, trace_path,
+    ENV_OWNER_PID,
+    PARTIAL_SUFFIX,
+    RANK_FILE,
+    TIMERS_FILE,
+    RecordOptions,
+    options_from_env,
+    rank_path,
+    trace_path,
 )
 from fsdpviz.record.timers import (
-    KIND_TOTAL, PHASE_STEP, WHOLE_STEP, Interval, StepTimes, TimersWriter, step_is_ready, summarize_step,
+    KIND_TOTAL,
+    PHASE_STEP,
+    WHOLE_STEP,
+    Interval,
+    StepTimes,
+    TimersWriter,
+    step_is_ready,
+    summarize_step,
 )
 from fsdpviz.record.units import Unit, assign_order
 
@@ -113,8 +127,8 @@ def versions() -> dict[str, str | None]:
     if torch.cuda.is_available():
         try:
             found["nccl"] = ".".join(str(v) for v in torch.cuda.nccl.version())
-        except Exception:  # NCCL not built in: leave None
-            pass
+        except (AttributeError, RuntimeError):  # NCCL not built in: leave None
+            found["nccl"] = None
     if "deepspeed" in sys.modules:
         found["deepspeed"] = getattr(sys.modules["deepspeed"], "__version__", None)
     return found
@@ -215,7 +229,7 @@ class Agent:
         self._use_cuda_events = torch.cuda.is_available() and torch.cuda.is_initialized()
         try:
             self.units = build_units(framework, root) if root is not None else []
-        except Exception as exc:  # an unexpected framework version: record without a unit table
+        except Exception as exc:  # noqa: BLE001 - an unexpected framework version: record without units
             self._warn(f"could not read the {framework} units: {exc!r}")
             self.units = []
         if self.options.timers:
@@ -227,7 +241,7 @@ class Agent:
             self._hooks.append(root.register_forward_hook(self._on_root_forward_post))
             try:
                 self.instrumentation = instrument(framework, self, root, self.units)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - same: the run must go on
                 self._warn(f"could not instrument {framework}; traces keep only its own labels: {exc!r}")
         if self.options.profile:
             self._start_profiler()
@@ -547,7 +561,7 @@ class Agent:
             for hook in self._hooks:
                 hook.remove()
             self._write_rank_file(status=status, reason=reason, partial_step=self.step if partial else None)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - at exit or in a signal handler: report, never raise
             self._warn(f"could not write everything: {exc!r}")
         finally:
             if in_main and self._previous_sigterm is not None:

@@ -24,7 +24,11 @@ from typing import Any, Final
 
 from fsdpviz.record.timers import KIND_ALL_GATHER, KIND_REDUCE_SCATTER
 from fsdpviz.record.units import (
-    ROOT_UNIT, Unit, build_fsdp1_units, build_fsdp2_units, build_zero3_units,
+    ROOT_UNIT,
+    Unit,
+    build_fsdp1_units,
+    build_fsdp2_units,
+    build_zero3_units,
 )
 
 LABEL_PREFIX: Final = "fsdpviz::"

@@ -25,7 +25,13 @@ from typing import Any
 from fsdpviz.errors import RunFolderError, UsageError
 from fsdpviz.record import runinfo
 from fsdpviz.record.options import (
-    ENV_OWNER_PID, OWNED_ENTRIES, RANKS_DIR, RUN_JSON, TIMERS_DIR, TRACES_DIR, RecordOptions,
+    ENV_OWNER_PID,
+    OWNED_ENTRIES,
+    RANKS_DIR,
+    RUN_JSON,
+    TIMERS_DIR,
+    TRACES_DIR,
+    RecordOptions,
 )
 
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "bootstrap"

@@ -22,7 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from fsdpviz import __version__
-from fsdpviz.record.options import FORMAT_VERSION, PARTIAL_SUFFIX, RANKS_DIR, TIMERS_DIR, TRACES_DIR, RecordOptions
+from fsdpviz.record.options import (
+    FORMAT_VERSION,
+    PARTIAL_SUFFIX,
+    RANKS_DIR,
+    TIMERS_DIR,
+    TRACES_DIR,
+    RecordOptions,
+)
 from fsdpviz.record.timers import salvage_partial
 
 STATUS_OK = "ok"

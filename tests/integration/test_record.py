@@ -47,13 +47,13 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _fsdpviz(*args: str, env: dict[str, str] | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fsdpviz", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "fsdpviz", *args], check=False, capture_output=True, text=True,
                           env=env or _env(), timeout=timeout, cwd=REPO)
 
 
 def _record(run_dir: Path, command: list[str], *extra: str, env: dict[str, str] | None = None
             ) -> subprocess.CompletedProcess:
-    return _fsdpviz("record", "--out", str(run_dir), "--no-report", *extra, "--", *command, env=env)
+    return _fsdpviz("record", "--out", str(run_dir), "--no-report", "--no-summary", *extra, "--", *command, env=env)
 
 
 def _losses(pattern: Path) -> dict[int, list[str]]:
@@ -110,7 +110,7 @@ def _check_run(run_dir: Path, proc: subprocess.CompletedProcess, framework: str,
 
 def _check_same_losses(tmp_path: Path, run_dir: Path, train_args: list[str], env: dict[str, str]) -> None:
     plain = tmp_path / "plain-{rank}.txt"
-    done = subprocess.run(_torchrun(EXAMPLE, *train_args, "--log-losses", str(plain)), env=env,
+    done = subprocess.run(_torchrun(EXAMPLE, *train_args, "--log-losses", str(plain)), check=False, env=env,
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     recorded, unrecorded = _losses(run_dir.parent / "rec-{rank}.txt"), _losses(plain)
@@ -122,7 +122,9 @@ def _check_same_losses(tmp_path: Path, run_dir: Path, train_args: list[str], env
 def test_record_fsdp2_run_folder_units_timers_and_identical_losses(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     train_args = ["--framework", "fsdp2", "--wrap", "block", *TINY, "--steps", str(STEPS)]
-    proc = _record(run_dir, _torchrun(EXAMPLE, *train_args, "--log-losses", str(tmp_path / "rec-{rank}.txt")))
+    proc = _record(run_dir, _torchrun(EXAMPLE, *train_args, "--log-losses", str(tmp_path / "rec-{rank}.txt")),
+                   "--summary")
+    assert "framework" in proc.stdout and "fsdp2" in proc.stdout  # the terminal summary of the run
     labels = ["FSDP::pre_forward (blocks.0)", "FSDP::all_gather (blocks.1)", "FSDP::post_backward_reduce (blocks.0)"]
     run = _check_run(run_dir, proc, "fsdp2", ["(root)", "blocks.0", "blocks.1"], labels)
 
@@ -194,7 +196,7 @@ def test_record_script_failure_keeps_data_and_passes_exit_code(tmp_path: Path) -
     run_dir = tmp_path / "run"
     command = _torchrun(SCRIPTS / "failing_train.py", "4", "--framework", "fsdp2", *TINY, "--steps", "10")
     proc = _record(run_dir, command, "--steps", "4")  # profiles steps 2-5: the failure is inside the window
-    plain = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=240)
+    plain = subprocess.run(command, check=False, env=_env(), capture_output=True, text=True, timeout=240)
     assert proc.returncode == plain.returncode != 0
     run = json.loads((run_dir / "run.json").read_text())
     assert run["status"] == "failed" and run["exit_code"] == proc.returncode
@@ -217,7 +219,8 @@ def test_record_script_failure_keeps_data_and_passes_exit_code(tmp_path: Path) -
 def test_record_sigterm_interrupts_and_keeps_data(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     command = _torchrun(EXAMPLE, "--framework", "fsdp2", *TINY, "--steps", "2000")
-    proc = subprocess.Popen([sys.executable, "-m", "fsdpviz", "record", "--out", str(run_dir), "--no-report", "--",
+    proc = subprocess.Popen([sys.executable, "-m", "fsdpviz", "record", "--out", str(run_dir), "--no-report",
+                             "--no-summary", "--",
                              *command], env=_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 180
     assert proc.stdout is not None
@@ -320,7 +323,8 @@ def test_record_shared_folder_merges_two_nodes(tmp_path: Path) -> None:
                     "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port", port,
                     str(EXAMPLE), "--framework", "fsdp2", *TINY, "--steps", str(STEPS)]
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", "fsdpviz", "record", "--shared", "--no-report", "--out", str(run_dir), "--",
+            [sys.executable, "-m", "fsdpviz", "record", "--shared", "--no-report", "--no-summary", "--out",
+             str(run_dir), "--",
              *torchrun], env=_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     outputs = [p.communicate(timeout=240) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs[0][1][-2000:] + outputs[1][1][-2000:]

@@ -13,7 +13,7 @@ import sys
 def _fsdpviz_activate():
     try:
         from fsdpviz.record.activation import activate
-    except Exception as exc:  # a Python without fsdpviz (another venv): run unrecorded
+    except Exception as exc:  # noqa: BLE001 - a Python without fsdpviz (another venv): run unrecorded
         print(f"fsdpviz: not recording pid {os.getpid()} ({sys.executable}): {exc!r}", file=sys.stderr)
         return
     activate()

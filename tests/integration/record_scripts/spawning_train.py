@@ -31,8 +31,7 @@ def report_forked(path: Path) -> None:
         from fsdpviz.record import agent
 
         a = agent.current()
-        json.dump({"pid": os.getpid(), "agent_active": bool(a and a.recording and not a.finished)},
-                  open(path, "w"))
+        path.write_text(json.dumps({"pid": os.getpid(), "agent_active": bool(a and a.recording and not a.finished)}))
         os._exit(0)
     os.waitpid(pid, 0)
 

@@ -211,7 +211,8 @@ def test_cli_record_usage_errors_are_one_line(argv: list[str], message: str, fak
 
 def test_tidy_partial_files_only_touches_ranks_that_are_gone(tmp_path: Path) -> None:
     # GIVEN rank 0 died on this host mid-write, rank 1 still runs on another node of a shared folder
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], check=True,
+                          capture_output=True, text=True)
     infos = [{"rank": 0, "host": socket.gethostname(), "pid": int(dead.stdout), "status": "running"},
              {"rank": 1, "host": "other-node", "pid": 1, "status": "running"}]
     (tmp_path / "timers").mkdir()
