@@ -69,9 +69,13 @@ def record(
                                 **time_window_settings(os.environ))
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
-    profiled = f"steps {warmup}-{warmup + steps - 1}" if steps > 1 else f"step {warmup}"
+    what = []
+    if options.profile:
+        what.append(f"profile steps {warmup}-{warmup + steps - 1}" if steps > 1 else f"profile step {warmup}")
+    if options.timers:
+        what.append("timers on every step")
     result = run_record(command, options, force=force, shared=shared, label=label, on_start=lambda: _say(
-        f"recording into {out or run_dir} (profile {profiled}, mode {mode}): {' '.join(command)}"))
+        f"recording into {out or run_dir} ({', '.join(what)}): {' '.join(command)}"))
     print_recording(result.run, run_dir)
     if result.run["ranks"] and options.profile:
         if summary:
@@ -96,7 +100,8 @@ def print_recording(run: dict[str, Any], run_dir: Path) -> None:
         _say(f"{len(ranks)} rank(s) of world size {run['world_size']}, framework {run['framework']}, {unit_text}")
         traces = sum(1 for r in ranks if r["trace"])
         timers = sum(1 for r in ranks if r["timers"])
-        step_text = f"steps {steps[0]}-{steps[-1]}" if steps else "no complete profiled step"
+        step_text = (f"steps {steps[0]}-{steps[-1]}" if len(steps) > 1 else f"step {steps[0]}" if steps
+                     else "no profiled step")
         _say(f"traces: {traces} ({run['profile']['schedule']}, {step_text}); timers: {timers} "
              f"({max((r['timer_steps'] for r in ranks), default=0)} steps)")
     for note in run["notes"]:

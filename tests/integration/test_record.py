@@ -8,6 +8,7 @@ same job run without fsdpviz, the exit code of the command.
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
 import os
 import re
@@ -173,6 +174,7 @@ def test_record_fsdp1_adds_unit_labels(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed not installed (the deepspeed extra)")
 def test_record_zero3_units_are_fetched_submodules_with_parent_blocks(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     env = _env(DS_ACCELERATOR="cpu")
