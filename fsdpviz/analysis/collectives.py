@@ -21,6 +21,7 @@ from typing import Final
 import numpy as np
 import pandas as pd
 
+from fsdpviz.analysis.columns import as_str, startswith
 from fsdpviz.trace import schema
 
 COLLECTIVES: Final[schema.Schema] = {
@@ -76,9 +77,9 @@ def gpu_collectives(events: pd.DataFrame) -> pd.DataFrame:
     launches = events[((events["kind"] == schema.KIND_RUNTIME) & (events["correlation"] >= 0)).to_numpy()]
     launches = launches.drop_duplicates(["rank", "correlation"])
     by_corr = pd.DataFrame({"rank": launches["rank"].to_numpy(), "correlation": launches["correlation"].to_numpy(),
-                            "issue_lane": launches["lane"].astype(str).to_numpy(),
+                            "issue_lane": as_str(launches["lane"]),
                             "issue_ns": pd.array(launches["start_ns"].to_numpy(), dtype="Int64"),
-                            "issue_name": launches["name"].astype(str).to_numpy()})
+                            "issue_name": as_str(launches["name"])})
     k = pd.DataFrame({"rank": kernels["rank"].to_numpy(), "correlation": kernels["correlation"].to_numpy(),
                       "external_id": kernels["external_id"].to_numpy()}).merge(
         by_corr, on=["rank", "correlation"], how="left")
@@ -87,9 +88,9 @@ def gpu_collectives(events: pd.DataFrame) -> pd.DataFrame:
         cpu = events[(events["kind"].isin([schema.KIND_CPU_OP, schema.KIND_ANNOTATION])
                       & (events["external_id"] >= 0)).to_numpy()].drop_duplicates(["rank", "external_id"], keep="last")
         by_ext = pd.DataFrame({"rank": cpu["rank"].to_numpy(), "external_id": cpu["external_id"].to_numpy(),
-                               "lane": cpu["lane"].astype(str).to_numpy(),
+                               "lane": as_str(cpu["lane"]),
                                "t": pd.array(cpu["start_ns"].to_numpy(), dtype="Int64"),
-                               "n": cpu["name"].astype(str).to_numpy()})
+                               "n": as_str(cpu["name"])})
         fb = k.loc[missing, ["rank", "external_id"]].merge(by_ext, on=["rank", "external_id"], how="left")
         k.loc[missing, "issue_lane"] = fb["lane"].to_numpy()
         k.loc[missing, "issue_ns"] = fb["t"].to_numpy()
@@ -99,12 +100,12 @@ def gpu_collectives(events: pd.DataFrame) -> pd.DataFrame:
     return _frame({
         "rank": kernels["rank"].to_numpy(),
         "step": kernels["step"].to_numpy(),
-        "lane": kernels["lane"].astype(str).to_numpy(),
+        "lane": as_str(kernels["lane"]),
         "start_ns": start,
         "end_ns": start + kernels["dur_ns"].to_numpy(np.int64),
-        "comm": kernels["comm"].astype(str).to_numpy(),
+        "comm": as_str(kernels["comm"]),
         "bytes": kernels["comm_bytes"].to_numpy(),
-        "pg": kernels["pg"].astype(str).to_numpy(),
+        "pg": as_str(kernels["pg"]),
         "issue_lane": np.where(known, k["issue_lane"].fillna("").to_numpy(), ""),
         "issue_ns": np.where(known, k["issue_ns"].fillna(0).to_numpy(dtype=np.int64), start),
         "issue_name": k["issue_name"].fillna("").to_numpy(),
@@ -135,13 +136,12 @@ def cpu_collectives(events: pd.DataFrame, kinds: np.ndarray) -> pd.DataFrame:
     runs = events[has_comm & (kinds == schema.LANE_CPU_GLOO)]
     if runs.empty:
         return schema.make_empty(COLLECTIVES)
-    names = events["name"].astype(str)
     on_train = np.isin(kinds, [schema.LANE_CPU_MAIN, schema.LANE_CPU_AUTOGRAD, schema.LANE_CPU_OTHER])
     issues = events[has_comm & on_train & (events["kind"] == schema.KIND_CPU_OP).to_numpy()
-                    & names.str.startswith(_ISSUE_PREFIXES).to_numpy()]
+                    & startswith(events["name"], _ISSUE_PREFIXES)]
     gloo_has_rs = bool((runs["comm"] == schema.COMM_REDUCE_SCATTER).any())
-    run_family = np.array([_gloo_family(c, gloo_has_rs) for c in runs["comm"].astype(str)], dtype=object)
-    issue_family = np.array([_gloo_family(c, gloo_has_rs) for c in issues["comm"].astype(str)], dtype=object)
+    run_family = np.array([_gloo_family(c, gloo_has_rs) for c in as_str(runs["comm"])], dtype=object)
+    issue_family = np.array([_gloo_family(c, gloo_has_rs) for c in as_str(issues["comm"])], dtype=object)
     parts = []
     for family in np.unique(run_family):
         r = runs[run_family == family].sort_values("start_ns", kind="stable")
@@ -154,15 +154,15 @@ def cpu_collectives(events: pd.DataFrame, kinds: np.ndarray) -> pd.DataFrame:
         parts.append(_frame({
             "rank": r["rank"].to_numpy(),
             "step": m["step"].to_numpy(),
-            "lane": r["lane"].astype(str).to_numpy(),
+            "lane": as_str(r["lane"]),
             "start_ns": start,
             "end_ns": start + r["dur_ns"].to_numpy(np.int64),
-            "comm": m["comm"].astype(str).to_numpy(),  # the issuing op tells RS from all-reduce
+            "comm": as_str(m["comm"]),  # the issuing op tells RS from all-reduce
             "bytes": np.where(issue_bytes > 0, issue_bytes, r["comm_bytes"].to_numpy()),
-            "pg": m["pg"].astype(str).to_numpy(),
-            "issue_lane": m["lane"].astype(str).to_numpy(),
+            "pg": as_str(m["pg"]),
+            "issue_lane": as_str(m["lane"]),
             "issue_ns": m["start_ns"].to_numpy(np.int64),
-            "issue_name": m["name"].astype(str).to_numpy(),
+            "issue_name": as_str(m["name"]),
         }))
     return pd.concat(parts, ignore_index=True) if parts else schema.make_empty(COLLECTIVES)
 

@@ -30,6 +30,7 @@ from typing import Final
 import numpy as np
 import pandas as pd
 
+from fsdpviz.analysis.columns import as_str
 from fsdpviz.trace import schema
 
 ROOT: Final = "(root)"  # the root unit's name (its FSDP2 labels are bare)
@@ -164,7 +165,7 @@ def parse_labels(events: pd.DataFrame) -> pd.DataFrame:
     start = ann["start_ns"].to_numpy(np.int64)
     frame = pd.DataFrame({
         "rank": ann["rank"].to_numpy(),
-        "lane": ann["lane"].astype(str).to_numpy(),
+        "lane": as_str(ann["lane"]),
         "step": ann["step"].to_numpy(),
         "start_ns": start,
         "end_ns": start + ann["dur_ns"].to_numpy(np.int64),

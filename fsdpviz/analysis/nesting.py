@@ -14,6 +14,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from fsdpviz.analysis.columns import as_str
+
 
 def parent_links(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """Parent index of each range (``-1`` for a top-level one); ranges sorted by (start, -end)."""
@@ -50,9 +52,9 @@ def innermost_enclosing(ranges: pd.DataFrame, points: pd.DataFrame) -> np.ndarra
     if ranges.empty or points.empty:
         return out
     r_rank = ranges["rank"].to_numpy()
-    r_lane = ranges["lane"].astype(str).to_numpy()
+    r_lane = as_str(ranges["lane"])
     p_rank = points["rank"].to_numpy()
-    p_lane = points["lane"].astype(str).to_numpy()
+    p_lane = as_str(points["lane"])
     p_t = points["t_ns"].to_numpy(np.int64)
     r_start = ranges["start_ns"].to_numpy(np.int64)
     r_end = ranges["end_ns"].to_numpy(np.int64)

@@ -21,6 +21,7 @@ import pandas as pd
 
 from fsdpviz.analysis import crossrank, memory
 from fsdpviz.analysis.collectives import is_gpu_rank
+from fsdpviz.analysis.columns import startswith
 from fsdpviz.analysis.findings import build_findings
 from fsdpviz.analysis.labels import has_unit_labels, label_framework, parse_labels
 from fsdpviz.analysis.overlap import (
@@ -107,7 +108,7 @@ def _step_times(rank: int, steps: pd.DataFrame, pieces: pd.DataFrame, labels: pd
     bwd_end = labels[labels["phase"] == schema.PHASE_BACKWARD].groupby("step")["end_ns"].max()
     after = steps["step"].map(bwd_end).to_numpy(dtype=np.float64)
     opt = events[((events["kind"] == schema.KIND_ANNOTATION)
-                  & events["name"].astype(str).str.startswith(OPTIMIZER_PREFIX)).to_numpy()]
+                  & startswith(events["name"], OPTIMIZER_PREFIX))]
     starts = np.concatenate([opt["start_ns"].to_numpy(np.int64),
                              np.where(np.isnan(after), hi, np.nan_to_num(after)).astype(np.int64)])
     ends = np.concatenate([(opt["start_ns"] + opt["dur_ns"]).to_numpy(np.int64), hi])

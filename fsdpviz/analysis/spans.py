@@ -33,6 +33,7 @@ import pandas as pd
 
 from fsdpviz.analysis import labels as lab
 from fsdpviz.analysis.collectives import COLLECTIVES, find_collectives, gpu_ranks
+from fsdpviz.analysis.columns import as_str, startswith
 from fsdpviz.analysis.nesting import innermost_enclosing
 from fsdpviz.analysis.overlap import GPU_WORK_KINDS, HTA_NOT_COMPUTE_RE
 from fsdpviz.analysis.windows import compute_pieces, unit_windows
@@ -56,7 +57,10 @@ class UnitTables:
 
 
 def _points(rank: np.ndarray | int, lanes: np.ndarray, t: np.ndarray) -> pd.DataFrame:
-    return pd.DataFrame({"rank": rank, "lane": lanes, "t_ns": t})
+    # object dtype: no per-row conversion to Arrow strings for hundreds of thousands of launches
+    lane = lanes if isinstance(lanes, pd.Categorical) else pd.Series(lanes, dtype=object).to_numpy()
+    return pd.DataFrame({"rank": rank, "lane": pd.Series(lane, dtype=lane.dtype if isinstance(
+        lane, pd.Categorical) else object), "t_ns": t})
 
 
 def _phase_at(labels: pd.DataFrame, ranks: np.ndarray, lanes: np.ndarray, t: np.ndarray,
@@ -86,7 +90,7 @@ def attribute_collectives(coll: pd.DataFrame, labels: pd.DataFrame) -> pd.DataFr
     is_reduce = ((fam == lab.FAMILY_FSDP2) & (act == lab.FSDP2_REDUCE_ACTION)) | (
         (fam == lab.FAMILY_FSDPVIZ) & (act == lab.FSDPVIZ_REDUCE_ACTION))
     comm_labels = labels[(is_gather | is_reduce).to_numpy()].reset_index(drop=True)
-    lanes = coll["issue_lane"].astype(str).to_numpy()
+    lanes = as_str(coll["issue_lane"])
     t = coll["issue_ns"].to_numpy(np.int64)
     hit = innermost_enclosing(comm_labels, _points(ranks, lanes, t))
     found = hit >= 0
@@ -96,7 +100,7 @@ def attribute_collectives(coll: pd.DataFrame, labels: pd.DataFrame) -> pd.DataFr
         gather = found & (comm_labels["action"].to_numpy(dtype=object)[safe] == lab.GATHER_ACTION)
     else:
         unit, gather = np.full(len(coll), "", dtype=object), np.zeros(len(coll), dtype=bool)
-    comm = coll["comm"].astype(str).to_numpy()
+    comm = as_str(coll["comm"])
     kind = np.select(
         [gather & (comm == schema.COMM_ALL_GATHER),
          found & ~gather & (comm == schema.COMM_REDUCE_SCATTER),
@@ -118,7 +122,7 @@ def gpu_work(events: pd.DataFrame) -> pd.DataFrame:
     launches = events[((events["kind"] == schema.KIND_RUNTIME) & (events["correlation"] >= 0)).to_numpy()]
     launches = launches.drop_duplicates(["rank", "correlation"])
     by_corr = pd.DataFrame({"rank": launches["rank"].to_numpy(), "correlation": launches["correlation"].to_numpy(),
-                            "launch_lane": launches["lane"].astype(str).to_numpy(),
+                            "launch_lane": pd.Series(as_str(launches["lane"]), dtype=object),
                             "launch_ns": pd.array(launches["start_ns"].to_numpy(), dtype="Int64")})
     names = gpu["name"]
     cats = names.cat.categories if isinstance(names.dtype, pd.CategoricalDtype) else pd.Index(names.unique())
@@ -126,7 +130,7 @@ def gpu_work(events: pd.DataFrame) -> pd.DataFrame:
     start = gpu["start_ns"].to_numpy(np.int64)
     work = pd.DataFrame({
         "rank": gpu["rank"].to_numpy(),
-        "lane": gpu["lane"].astype(str).to_numpy(),
+        "lane": pd.Series(as_str(gpu["lane"]), dtype=object),
         "start_ns": start,
         "end_ns": start + gpu["dur_ns"].to_numpy(np.int64),
         "correlation": gpu["correlation"].to_numpy(),
@@ -170,7 +174,7 @@ def _cpu_compute_spans(pieces: pd.DataFrame, events: pd.DataFrame) -> pd.DataFra
     ops = events[((events["kind"] == schema.KIND_CPU_OP)
                   & events["rank"].isin(pieces["rank"].unique().tolist())).to_numpy()]
     start = ops["start_ns"].to_numpy(np.int64)
-    owner = innermost_enclosing(pieces, _points(ops["rank"].to_numpy(), ops["lane"].astype(str).to_numpy(), start))
+    owner = innermost_enclosing(pieces, _points(ops["rank"].to_numpy(), as_str(ops["lane"]), start))
     inside = owner >= 0
     if not inside.any():
         return pd.DataFrame()
@@ -203,7 +207,7 @@ def unit_tables(events: pd.DataFrame, lanes: pd.DataFrame, labels: pd.DataFrame)
     if len(ops):
         gathers = labels[(labels["action"] == lab.GATHER_ACTION).to_numpy()].reset_index(drop=True)
         ranks_ = ops["rank"].to_numpy()
-        lanes_ = ops["lane"].astype(str).to_numpy()
+        lanes_ = as_str(ops["lane"])
         t = ops["start_ns"].to_numpy(np.int64)
         hit = innermost_enclosing(gathers, _points(ranks_, lanes_, t))
         ok = hit >= 0
@@ -238,10 +242,10 @@ def unit_tables(events: pd.DataFrame, lanes: pd.DataFrame, labels: pd.DataFrame)
         parts.append(_spans_from(pieces[~on_cpu], schema.SPAN_COMPUTE, gpu, on_gpu, "is_compute"))
         parts.append(_cpu_compute_spans(pieces[on_cpu], events))
     opt = events[((events["kind"] == schema.KIND_ANNOTATION)
-                  & events["name"].astype(str).str.startswith(OPTIMIZER_PREFIX)).to_numpy()]
+                  & startswith(events["name"], OPTIMIZER_PREFIX)).to_numpy()]
     if len(opt):
         start = opt["start_ns"].to_numpy(np.int64)
-        steps_ = pd.DataFrame({"rank": opt["rank"].to_numpy(), "lane": opt["lane"].astype(str).to_numpy(),
+        steps_ = pd.DataFrame({"rank": opt["rank"].to_numpy(), "lane": as_str(opt["lane"]),
                                "step": opt["step"].to_numpy(), "unit": "", "phase": schema.PHASE_OPTIMIZER,
                                "start_ns": start, "end_ns": start + opt["dur_ns"].to_numpy(np.int64)})
         parts.append(_spans_from(steps_, schema.SPAN_COMPUTE, gpu, on_gpu, "is_compute"))

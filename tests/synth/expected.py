@@ -10,6 +10,7 @@ what the analysis reports once it has corrected clocks that disagree.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,10 +43,27 @@ def merge(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return [(a, b) for a, b in out]
 
 
-def uncovered(start: int, end: int, union: list[tuple[int, int]]) -> int:
-    """Length of ``[start, end)`` outside ``union``."""
-    covered = sum(max(0, min(end, b) - max(start, a)) for a, b in union)
-    return end - start - covered
+class Union:
+    """A merged set of intervals with prefix sums, to measure coverage in O(log n)."""
+
+    def __init__(self, intervals: list[tuple[int, int]]) -> None:
+        merged = merge(intervals)
+        self.starts = [a for a, _ in merged]
+        self.ends = [b for _, b in merged]
+        self.before = [0]
+        for a, b in merged:
+            self.before.append(self.before[-1] + b - a)
+
+    def covered_until(self, t: int) -> int:
+        """Length of the union before ``t``."""
+        i = bisect.bisect_right(self.starts, t) - 1
+        if i < 0:
+            return 0
+        return self.before[i] + min(t, self.ends[i]) - self.starts[i]
+
+    def uncovered(self, start: int, end: int) -> int:
+        """Length of ``[start, end)`` outside the union."""
+        return end - start - (self.covered_until(end) - self.covered_until(start))
 
 
 @dataclass(kw_only=True, slots=True)
@@ -78,7 +96,8 @@ def build_expected(sc: Scenario, truth: Truth, ranks: list[int], timeline_of: di
     spans_rows, unit_rows, peak_rows, step_rows = [], [], [], []
     for r in ranks:
         i = timeline_of[r]
-        compute = merge([(_at(a, i), _at(b, i)) for a, b in truth.compute_kernels])
+        compute = Union([(_at(a, i), _at(b, i)) for a, b in truth.compute_kernels])
+        memory = ([_at(t, i) for t, *_ in truth.memory], [level for _, level, *_ in truth.memory])
         for step, (a, b) in truth.steps.items():
             step_rows.append({"rank": r, "step": step, "start_ns": _at(a, i) + sc.base_time_ns + offsets[r],
                               "end_ns": _at(b, i) + sc.base_time_ns + offsets[r]})
@@ -87,7 +106,7 @@ def build_expected(sc: Scenario, truth: Truth, ranks: list[int], timeline_of: di
             spans_rows.append({"rank": r, "step": s.step, "unit": s.unit, "phase": s.phase, "kind": s.kind,
                                "lane": lane_name(s.lane), "start_ns": a + to_aligned, "end_ns": b + to_aligned,
                                "issue_ns": iss + to_aligned, "bytes": s.bytes})
-        unit_rows += _unit_steps(r, spans, compute, truth, i, to_aligned)
+        unit_rows += _unit_steps(r, spans, compute, memory, truth, i, to_aligned)
         peak_rows += _step_peaks(r, truth, i, to_aligned)
     skew_rows = _skew(truth, ranks, timeline_of) if len(ranks) > 1 else []
     return Expected(
@@ -101,8 +120,8 @@ def build_expected(sc: Scenario, truth: Truth, ranks: list[int], timeline_of: di
     )
 
 
-def _unit_steps(rank: int, spans: list, compute: list[tuple[int, int]], truth: Truth, i: int,
-                to_aligned: int) -> list[dict]:
+def _unit_steps(rank: int, spans: list, compute: Union, memory: tuple[list[int], list[int]], truth: Truth,
+                i: int, to_aligned: int) -> list[dict]:
     by_key: dict[tuple[int, str, str], dict[str, list]] = {}
     for s, a, b, iss in spans:
         if s.unit == "":
@@ -121,7 +140,7 @@ def _unit_steps(rank: int, spans: list, compute: list[tuple[int, int]], truth: T
         if ag:
             a, b, iss, nbytes = ag[0]
             row.update(ag_issue_ns=iss + to_aligned, ag_start_ns=a + to_aligned, ag_end_ns=b + to_aligned,
-                       ag_ns=b - a, ag_bytes=nbytes, ag_exposed_ns=uncovered(a, b, compute))
+                       ag_ns=b - a, ag_bytes=nbytes, ag_exposed_ns=compute.uncovered(a, b))
             row["prefetch_lead_ns"] = comp[0][0] - b if comp else np.nan
             first = comp[0][0] if comp else b
             running = {u for st, u, ph, pa, pb in pieces
@@ -135,22 +154,25 @@ def _unit_steps(rank: int, spans: list, compute: list[tuple[int, int]], truth: T
         for kind, col in (("reduce_scatter", "rs"), ("all_reduce", "ar")):
             items = kinds.get(kind, [])
             row[f"{col}_ns"] = sum(b - a for a, b, _, _ in items)
-            row[f"{col}_exposed_ns"] = sum(uncovered(a, b, compute) for a, b, _, _ in items)
-        row["peak_allocated_bytes"] = _window_peak(truth, step, unit, phase, i)
+            row[f"{col}_exposed_ns"] = sum(compute.uncovered(a, b) for a, b, _, _ in items)
+        row["peak_allocated_bytes"] = _window_peak(truth, memory, step, unit, phase, i)
         rows.append(row)
     return rows
 
 
-def _window_peak(truth: Truth, step: int, unit: str, phase: str, i: int) -> int:
-    """Highest allocated level in the unit's window: the level it entered with, or any sample in it."""
+def _window_peak(truth: Truth, memory: tuple[list[int], list[int]], step: int, unit: str, phase: str,
+                 i: int) -> int:
+    """Highest allocated level in the unit's window: the level it entered with, or any sample in it.
+    (Samples are in time order: the simulation allocates in program order.)"""
     window = truth.windows.get((step, unit, phase))
     if window is None:
         return -1
     lo, hi = _at(window[0], i), _at(window[1], i)
-    before = [level for t, level, *_ in truth.memory if _at(t, i) <= lo]
-    inside = [level for t, level, *_ in truth.memory if lo <= _at(t, i) <= hi]
-    levels = before[-1:] + inside
-    return max(levels) if levels else -1
+    times, levels = memory
+    first = bisect.bisect_right(times, lo) - 1  # the level entered with
+    first = first if first >= 0 else bisect.bisect_left(times, lo)
+    last = bisect.bisect_right(times, hi)
+    return max(levels[first:last]) if last > first else -1
 
 
 def _step_peaks(rank: int, truth: Truth, i: int, to_aligned: int) -> list[dict]:

@@ -141,11 +141,20 @@ def _metadata(pid: int, autograd_tid: int, device: int, ts: float) -> list[dict]
     return meta
 
 
-def write_rank(path: Path, head: dict[str, Any], body: list[dict] | bytes, *, level: int = 6) -> None:
-    """Write one ``.json.gz`` file: ``head`` plus the events (dicts, or their serialised JSON list)."""
-    if isinstance(body, list):
-        body = orjson.dumps(body)
+def write_rank(path: Path, head: dict[str, Any], body: list[dict] | bytes, *, level: int = 6,
+               body_gz: bytes | None = None) -> None:
+    """Write one ``.json.gz`` file: ``head`` plus the events (dicts, or their serialised JSON list).
+
+    ``body_gz``: the body already compressed (a gzip member of its own). The file is then three
+    concatenated gzip members — header, body, closing brace — which every gzip reader joins (RFC
+    1952), so ranks sharing one event body compress it once.
+    """
     head_bytes = orjson.dumps({**head, "traceName": str(path)})
     # '{...header..., "traceEvents": [events]}': splice the pre-serialised list into the object.
-    data = head_bytes[:-1] + b',"traceEvents":' + body + b"}"
-    path.write_bytes(gzip.compress(data, compresslevel=level))
+    opening = head_bytes[:-1] + b',"traceEvents":'
+    if body_gz is not None:
+        path.write_bytes(gzip.compress(opening, compresslevel=level) + body_gz + gzip.compress(b"}"))
+        return
+    if isinstance(body, list):
+        body = orjson.dumps(body)
+    path.write_bytes(gzip.compress(opening + body + b"}", compresslevel=level))

@@ -24,6 +24,9 @@ SCENARIOS = {
                                         clock_offset_ns={1: 2_500_000_000}, step_delay_ns={1: 3_000_000}),
     "hsdp-skewed": Scenario(units=make_units(3), world_size=4, hsdp_replicas=2,
                             clock_offset_ns={1: 5_000_000_000, 2: -3_000_000, 3: 7_000_000}),
+    # one simulated timeline, its event body compressed once and shared by every rank's file
+    "shared-body-6-ranks": Scenario(units=make_units(5), root=make_root(), world_size=6, shared_timeline=True,
+                                    forward_prefetch=2, clock_offset_ns={4: 900_000_000}),
 }
 UNIT_COLS = ["ag_issue_ns", "ag_start_ns", "ag_end_ns", "ag_ns", "ag_bytes", "ag_exposed_ns", "compute_start_ns",
              "compute_ns", "issue_depth", "rs_ns", "rs_exposed_ns", "ar_ns", "ar_exposed_ns", "peak_allocated_bytes"]
