@@ -176,7 +176,24 @@ def parse_labels(events: pd.DataFrame) -> pd.DataFrame:
     })
     frame = frame.sort_values(["rank", "lane", "start_ns", "end_ns"], ascending=[True, True, True, False],
                               kind="stable")
-    return schema.conform(frame.reset_index(drop=True), LABELS, table="labels")
+    return schema.conform(mark_recompute(frame.reset_index(drop=True)), LABELS, table="labels")
+
+
+def mark_recompute(labels: pd.DataFrame) -> pd.DataFrame:
+    """Forward labels after the step's first backward label are activation-checkpoint
+    recomputation (FSDP2 runs ``pre_forward`` again inside backward): they belong to backward."""
+    forward = (labels["phase"] == schema.PHASE_FORWARD).to_numpy()
+    backward = (labels["phase"] == schema.PHASE_BACKWARD).to_numpy()
+    if not (forward.any() and backward.any()):
+        return labels
+    first = labels[backward].groupby(["rank", "step"])["start_ns"].min()
+    keys = pd.MultiIndex.from_frame(labels[["rank", "step"]])
+    starts = first.reindex(keys).to_numpy(dtype=np.float64)
+    late = forward & ~np.isnan(starts) & (labels["start_ns"].to_numpy() >= np.nan_to_num(starts, nan=np.inf))
+    if late.any():
+        labels = labels.copy()
+        labels.loc[late, "phase"] = schema.PHASE_BACKWARD
+    return labels
 
 
 def has_unit_labels(labels: pd.DataFrame) -> bool:

@@ -78,7 +78,9 @@ def _fsdp2_windows(labels: pd.DataFrame) -> pd.DataFrame:
     key = ["rank", "lane", "unit"]
     frames = []
     # forward: pre_forward -> first post_forward of the same unit on the same lane after it
-    pre = f2.loc[f2["action"] == lab.PRE_FORWARD, key + ["step", "start_ns", "end_ns"]]
+    # (a pre_forward marked backward is activation-checkpoint recomputation: not a forward window)
+    pre = f2.loc[(f2["action"] == lab.PRE_FORWARD) & (f2["phase"] == schema.PHASE_FORWARD),
+                 key + ["step", "start_ns", "end_ns"]]
     post = f2.loc[f2["action"] == lab.POST_FORWARD, key + ["start_ns", "end_ns"]].rename(
         columns={"start_ns": "post_start_ns", "end_ns": "post_end_ns"})
     fwd = _first_after(pre, post, "end_ns", "post_start_ns", key, "forward").dropna(subset=["post_start_ns"])
@@ -116,8 +118,10 @@ def _fsdp2_windows(labels: pd.DataFrame) -> pd.DataFrame:
 
 
 def _fsdpviz_windows(labels: pd.DataFrame) -> pd.DataFrame:
+    # a forward range marked backward is recomputation inside backward: not a window of its own
     fv = labels[((labels["family"] == lab.FAMILY_FSDPVIZ)
-                 & labels["action"].isin([schema.PHASE_FORWARD, schema.PHASE_BACKWARD])).to_numpy()]
+                 & labels["action"].isin([schema.PHASE_FORWARD, schema.PHASE_BACKWARD])
+                 & (labels["phase"] == labels["action"])).to_numpy()]
     return fv.assign(phase=fv["action"], region_start_ns=fv["start_ns"], region_end_ns=fv["end_ns"],
                      excl_end_ns=fv["end_ns"])
 

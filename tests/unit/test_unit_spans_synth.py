@@ -13,7 +13,8 @@ from synth import Scenario, generate_run, make_root, make_units
 
 from fsdpviz.analysis.labels import ROOT, parse_label_name, parse_labels
 from fsdpviz.analysis.spans import unit_tables
-from fsdpviz.trace import load_traces
+from fsdpviz.analysis.windows import unit_windows
+from fsdpviz.trace import load_traces, schema
 
 SCENARIOS = {
     "implicit-root": Scenario(units=make_units(4), root=make_root(), world_size=2),
@@ -93,3 +94,22 @@ def test_labels_table_is_typed_and_sorted(tmp_path) -> None:
     # explicit 2-ahead: blocks.0 prefetches blocks.1 and blocks.2; later units find some already issued
     assert set(prefetch["unit"]) == {"blocks.1", "blocks.2", "blocks.3"}
     assert pd.Index(labels.groupby("lane")["start_ns"].apply(lambda s: s.is_monotonic_increasing)).all()
+
+
+def test_activation_checkpoint_recompute_belongs_to_backward() -> None:
+    """FSDP2 under activation checkpointing runs pre_forward / post_forward again inside backward."""
+    rows = [("FSDP::pre_forward (b)", 0, 10), ("FSDP::post_forward (b)", 100, 110),
+            ("FSDP::pre_backward (b)", 200, 210), ("FSDP::pre_forward (b)", 220, 230),
+            ("FSDP::post_forward (b)", 300, 310), ("FSDP::post_backward_reduce (b)", 400, 450)]
+    events = pd.DataFrame({
+        "rank": 0, "lane": "main", "kind": "annotation", "name": [r[0] for r in rows],
+        "start_ns": [r[1] for r in rows], "dur_ns": [r[2] - r[1] for r in rows], "correlation": -1,
+        "external_id": -1, "step": 1, "comm": "", "comm_bytes": -1, "pg": ""})
+    labels = parse_labels(schema.conform(events, schema.EVENTS))
+    assert list(labels.sort_values("start_ns")["phase"]) == ["forward", "forward", "backward", "backward",
+                                                             "backward", "backward"]
+    windows = unit_windows(labels).set_index("phase")
+    assert len(windows) == 2
+    assert tuple(windows.loc["forward", ["start_ns", "end_ns", "region_start_ns", "region_end_ns"]]) == (0, 110, 10, 100)
+    assert tuple(windows.loc["backward", ["start_ns", "end_ns", "region_start_ns", "region_end_ns"]]) == (
+        200, 450, 210, 400)
