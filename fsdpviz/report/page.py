@@ -122,12 +122,15 @@ def timeline_section(data: ReportData) -> Section:
         items.append(LegendItem(label="backward (hatched)", color="#777777", pattern="hatched"))
         legend.append(("units tabs", items))
     if any(v.kind == "lanes" for v in data.views):
-        legend.append(("all-events tabs", [LegendItem(label=cat, color=activity.CATEGORY_COLORS[cat])
-                                           for cat in activity.CATEGORIES]))
-    legend.append(("both", [LegendItem(label="exposed communication", color=EXPOSED_COLOR, pattern="strip")]))
+        legend.append(("all-events tabs" if has_units_view else "bars",
+                       [LegendItem(label=cat, color=activity.CATEGORY_COLORS[cat]) for cat in activity.CATEGORIES]))
+    legend.append(("red strips", [LegendItem(label="exposed communication", color=EXPOSED_COLOR, pattern="strip")]))
     howto = (HOWTO_TIMELINE_UNITS if has_units_view else HOWTO_TIMELINE_LANES) + " " + HOWTO_MEMORY
     if not data.views:
         notes.append("The traces hold no ProfilerStep ranges, so there is no step to draw.")
+    elif all(v.memory.empty for v in data.views):
+        notes.append("No memory curve: the traces hold no allocator samples ([memory] events). Record with "
+                     "profile_memory=True (fsdpviz record does by default) to see memory over the step.")
     return Section(key="timeline", title="Timeline of one step", howto=howto, notes=notes, legend=legend,
                    views=views)
 
