@@ -2,7 +2,8 @@
 
 **Matching.** Ranks issue the collectives of one process group in the same order (NCCL and gloo
 require it), so the k-th collective of a kind on a group in step S is the same collective on every
-rank: the match key is ``(step, pg, comm, seq)``.
+rank: the match key is ``(step, pg, comm, seq)``. Point-to-point sends and receives are not
+collectives in this sense and are not matched.
 
 **Clocks.** A collective ends at about the same instant on all its ranks (it cannot end before
 the last rank joins, and then all finish together). So the offset of rank r's clock from the
@@ -31,10 +32,17 @@ VIOLATION_FRACTION: Final = 0.1
 LARGE_OFFSET_NS: Final = 1_000_000
 
 
+# Point-to-point sends/receives pair different ranks and need not end together; an unclassified
+# communication kernel (RCCL Generic) may be either: neither is matched across ranks.
+UNMATCHED_COMMS: Final = (schema.COMM_SEND_RECV, schema.COMM_OTHER)
+
+
 def with_seq(collectives: pd.DataFrame) -> pd.DataFrame:
     """Collectives of all ranks with ``seq``: their order within (rank, step, pg, comm). A
-    collective listed once per unit it carried (ZeRO-3 buckets) is kept once."""
-    c = collectives.drop_duplicates(["rank", "lane", "start_ns", "end_ns", "comm", "pg"])
+    collective listed once per unit it carried (ZeRO-3 buckets) is kept once; point-to-point
+    and unclassified communication is left out."""
+    c = collectives[~collectives["comm"].isin(list(UNMATCHED_COMMS)).to_numpy()]
+    c = c.drop_duplicates(["rank", "lane", "start_ns", "end_ns", "comm", "pg"])
     c = c.sort_values(["rank", "step", "pg", "comm", "start_ns"], kind="stable")
     return c.assign(seq=c.groupby(["rank", "step", "pg", "comm"], sort=False).cumcount().to_numpy())
 

@@ -184,8 +184,8 @@ def analyze_run(traces: TraceSet, *, steps: Sequence[int] | None = None) -> RunA
 
     spans = _in_steps(ut.spans, wanted)
     us = _in_steps(us, wanted)
-    coll = crossrank.with_seq(ut.collectives) if len(ut.collectives) else ut.collectives
-    clock = crossrank.estimate_clocks(coll, ranks) if len(coll) else schema.make_empty(schema.CLOCK)
+    coll = crossrank.with_seq(ut.collectives)
+    clock = crossrank.estimate_clocks(coll, ranks) if ranks else schema.make_empty(schema.CLOCK)
     offsets = crossrank.applied_offsets(clock)
     spans = _shift(spans, offsets, ("start_ns", "end_ns", "issue_ns"))
     us = _shift(us, offsets, _UNIT_TIME_COLS)

@@ -1,0 +1,25 @@
+"""Per-unit analysis on real GPU traces without FSDP labels (DDP / recommendation jobs): it must
+say there are no units, keep the whole-step tables, and not invent clock shifts or stragglers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fsdpviz.analysis.run import analyze_run
+from fsdpviz.trace import load_traces, schema
+
+
+@pytest.mark.parametrize("name", ["trace_filter", "nccl_parser_config", "tracelens_b200_eager"])
+def test_traces_without_unit_labels(gpu_real_dir: Path, name: str) -> None:
+    traces = load_traces([gpu_real_dir / name])
+    analysis = analyze_run(traces)
+    assert not analysis.has_units and analysis.framework == "unknown"
+    assert analysis.unit_steps.empty and analysis.unit_stats.empty
+    assert any("no FSDP unit labels" in note for note in analysis.notes)
+    assert list(analysis.clock["rank"]) == traces.rank_ids
+    assert not analysis.clock["applied"].any()  # one job's ranks; SendRecv pairs are never matched
+    assert analysis.findings[analysis.findings["kind"] == "straggler"].empty
+    assert list(analysis.step_times.columns) == list(schema.STEP_TIMES)
+    assert set(analysis.step_times["step"]) <= set(analysis.steps)
