@@ -41,7 +41,7 @@ def worker(out: Path, train_args: list[str]) -> None:
 
 
 def micro(units: int, steps: int = 2000) -> float:
-    """The agent's own cost per step (µs) for ``units`` units, measured in one process without training.
+    """The agent's own CPU time per step (µs) for ``units`` units, measured in one process without training.
 
     Per unit and step the FSDP2 instrumentation makes: a forward interval with two gather calls
     (unshard, wait_for_unshard), a backward interval with three gather calls and one reduction;
@@ -49,16 +49,15 @@ def micro(units: int, steps: int = 2000) -> float:
     """
     from fsdpviz.record.agent import Agent
     from fsdpviz.record.options import RecordOptions
-    from fsdpviz.record.timers import StepTimes, TimersWriter
+    from fsdpviz.record.timers import TimersWriter
 
     with tempfile.TemporaryDirectory() as tmp:
         agent = Agent(RecordOptions(run_dir=Path(tmp)), "rank")
         agent.recording = True
-        agent._writer = TimersWriter(Path(tmp) / "rank0.jsonl")
+        agent.clock.start(TimersWriter(Path(tmp) / "rank0.jsonl"), rank=0, step=0, memory=True, use_cuda=False)
         names = [f"blocks.{i}" for i in range(units)]
-        started = time.perf_counter()
+        started = time.process_time()  # CPU time: what the agent takes from training, unlike load-bound wall time
         for step in range(steps):
-            agent._times = StepTimes(step)
             for phase, gathers, reduces in (("forward", 2, 0), ("backward", 3, 1)):
                 agent.phase = phase
                 for name in names:
@@ -67,9 +66,9 @@ def micro(units: int, steps: int = 2000) -> float:
                         for _ in range(count):
                             agent.end_comm(agent.begin_comm(name, kind, None))
                     agent.close_unit(name, phase)
-            agent._finish_step_timers(agent._times)
-        elapsed = time.perf_counter() - started
-        agent._writer.close()
+            agent.clock.end_step(step + 1)
+        elapsed = time.process_time() - started
+        agent.clock.close_writer()
     return elapsed / steps * 1e6
 
 

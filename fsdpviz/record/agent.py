@@ -24,7 +24,6 @@ import gzip
 import json
 import os
 import platform
-import re
 import shutil
 import signal
 import socket
@@ -32,7 +31,6 @@ import sys
 import threading
 import time
 import warnings
-from collections import deque
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -42,6 +40,7 @@ from torch.profiler import ProfilerAction, ProfilerActivity
 
 from fsdpviz import __version__
 from fsdpviz.record import schedule
+from fsdpviz.record.clock import StepClock
 from fsdpviz.record.options import (
     ENV_OWNER_PID,
     PARTIAL_SUFFIX,
@@ -52,16 +51,7 @@ from fsdpviz.record.options import (
     rank_path,
     trace_path,
 )
-from fsdpviz.record.timers import (
-    KIND_TOTAL,
-    PHASE_STEP,
-    WHOLE_STEP,
-    Interval,
-    StepTimes,
-    TimersWriter,
-    step_is_ready,
-    summarize_step,
-)
+from fsdpviz.record.timers import KIND_TOTAL, PHASE_STEP, WHOLE_STEP, Interval, TimersWriter
 from fsdpviz.record.units import Unit, assign_order
 
 _ACTIONS = {
@@ -97,21 +87,6 @@ def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_name(path.name + PARTIAL_SUFFIX)
     tmp.write_text(json.dumps(data, indent=1, default=str) + "\n", encoding="utf-8")
     os.replace(tmp, path)
-
-
-def _read_peak_rss_bytes() -> int | None:
-    try:
-        match = re.search(r"VmHWM:\s+(\d+) kB", Path("/proc/self/status").read_text())
-        return int(match.group(1)) * 1024 if match else None
-    except OSError:
-        return None
-
-
-def _reset_peak_rss() -> None:
-    try:  # Linux: "5" resets the peak RSS (VmHWM) to the current RSS
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        pass
 
 
 def versions() -> dict[str, str | None]:
@@ -158,12 +133,10 @@ class Agent:
         self._open: dict[tuple[str, str], tuple[Interval | None, Any]] = {}
         self._comm_depth = 0
         self._backward_callback_queued = False
-        self._times = StepTimes(0)
-        self._pending: deque[StepTimes] = deque()
+        self.clock = StepClock()
         self._step_start: Interval | None = None
         self._whole: dict[str, Interval] = {}
         self._use_cuda_events = False
-        self._writer: TimersWriter | None = None
         self._prof: Any = None
         self._schedule_kind = schedule.SCHEDULE_OPTIMIZER_STEPS
         self._window: dict[str, float] = {}
@@ -177,7 +150,6 @@ class Agent:
         self._status: str | None = None
         self._previous_excepthook: Any = None
         self._previous_sigterm: Any = None
-        self._timer_steps = 0
         self._order_assigned = False
         self._world_size = int(os.environ.get("WORLD_SIZE", "1") or 1)
         self._backend = ""
@@ -232,10 +204,9 @@ class Agent:
         except Exception as exc:  # noqa: BLE001 - an unexpected framework version: record without units
             self._warn(f"could not read the {framework} units: {exc!r}")
             self.units = []
-        if self.options.timers:
-            self._writer = TimersWriter(rank_path(self.options.run_dir, TIMERS_FILE, self.rank))
-        if self.options.memory:
-            self._reset_memory_peak()
+        writer = TimersWriter(rank_path(self.options.run_dir, TIMERS_FILE, self.rank)) if self.options.timers else None
+        self.clock.start(writer, rank=self.rank, step=self.step, memory=self.options.memory,
+                         use_cuda=self._use_cuda_events)
         if root is not None:
             self._hooks.append(root.register_forward_pre_hook(self._on_root_forward_pre, prepend=True))
             self._hooks.append(root.register_forward_hook(self._on_root_forward_post))
@@ -247,7 +218,7 @@ class Agent:
             self._start_profiler()
         self._install_exit_handlers()
         self._write_rank_file(status="running")
-        self._step_start = self._mark(WHOLE_STEP, PHASE_STEP, KIND_TOTAL)
+        self._step_start = self.clock.mark(WHOLE_STEP, PHASE_STEP, KIND_TOTAL)
         if root is not None:  # this forward's pre-hooks were collected before ours existed
             self._on_root_forward_pre(root, ())
             if self.instrumentation is not None:
@@ -332,18 +303,18 @@ class Agent:
         if self._schedule_kind == schedule.SCHEDULE_TIME_WINDOW and self.phase != "idle":
             self._end_step(advance_profiler=False)  # without optimizer steps, a step is a forward
         self.phase = "forward"
-        self._whole["forward"] = self._mark(WHOLE_STEP, "forward", KIND_TOTAL)
+        self._whole["forward"] = self.clock.mark(WHOLE_STEP, "forward", KIND_TOTAL)
 
     def _on_root_forward_post(self, module: Any, args: Any, output: Any) -> None:
         interval = self._whole.pop("forward", None)
         if interval is not None and not self.finished:
-            self._close(interval)
+            self.clock.close(interval)
 
     def enter_backward(self) -> None:
         """Called by the instrumentation from backward hooks: the step is now in backward."""
         if self.phase != "backward" and not self.finished:
             self.phase = "backward"
-            self._whole["backward"] = self._mark(WHOLE_STEP, "backward", KIND_TOTAL)
+            self._whole["backward"] = self.clock.mark(WHOLE_STEP, "backward", KIND_TOTAL)
 
     def queue_backward_end(self) -> None:
         """Called from a backward hook: close this backward's intervals when autograd finishes.
@@ -363,14 +334,14 @@ class Agent:
             self.close_unit(*key)
         interval = self._whole.pop("backward", None)
         if interval is not None:
-            self._close(interval)
+            self.clock.close(interval)
 
     def _on_optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if not self.recording or self.finished:
             return
         if self.phase in ("forward", "backward") or (self.root is None and self.phase == "idle"):
             self.phase = "optimizer"
-            self._whole["optimizer"] = self._mark(WHOLE_STEP, "optimizer", KIND_TOTAL)
+            self._whole["optimizer"] = self.clock.mark(WHOLE_STEP, "optimizer", KIND_TOTAL)
 
     def _on_optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.finished:
@@ -378,7 +349,6 @@ class Agent:
         if not self.recording:
             if self.role == "rank" and os.getpid() == self.pid:
                 self.step = 1  # step 0 ran before anything sharded was seen: record as "unknown"
-                self._times = StepTimes(1)
                 self._start("unknown", None)
                 self._optimizer_stepped = True
             return
@@ -387,22 +357,21 @@ class Agent:
         self._optimizer_stepped = True
         interval = self._whole.pop("optimizer", None)
         if interval is not None:
-            self._close(interval)
+            self.clock.close(interval)
         self._end_step(advance_profiler=self._schedule_kind == schedule.SCHEDULE_OPTIMIZER_STEPS)
 
     def _end_step(self, *, advance_profiler: bool) -> None:
         if self._step_start is not None:
-            self._close(self._step_start)
+            self.clock.close(self._step_start)
         if not self._order_assigned:
             assign_order(self.units, self._first_seen)
             self._order_assigned = True
-        self._finish_step_timers(self._times)
         self.step += 1
-        self._times = StepTimes(self.step)
+        self.clock.end_step(self.step)
         self.phase = "idle"
         if advance_profiler:
             self._advance_profiler()  # may write the trace: between steps, not inside one
-        self._step_start = self._mark(WHOLE_STEP, PHASE_STEP, KIND_TOTAL)
+        self._step_start = self.clock.mark(WHOLE_STEP, PHASE_STEP, KIND_TOTAL)
 
     # --- the instrumentation's interface -------------------------------------------------------
     def open_unit(self, unit: str, phase: str, label: str | None) -> None:
@@ -412,7 +381,7 @@ class Agent:
         if phase == "forward" and not self._order_assigned:
             self._first_seen.append(unit)
         rng = self.enter_range(label) if label else None
-        self._open[(unit, phase)] = (self._mark(unit, phase, KIND_TOTAL), rng)
+        self._open[(unit, phase)] = (self.clock.mark(unit, phase, KIND_TOTAL), rng)
 
     def close_unit(self, unit: str, phase: str) -> None:
         entry = self._open.pop((unit, phase), None)
@@ -420,14 +389,14 @@ class Agent:
             return
         interval, rng = entry
         if interval is not None:
-            self._close(interval)
+            self.clock.close(interval)
         if rng is not None:
             self.exit_range(rng)
 
     def begin_comm(self, unit: str, kind: str, label: str | None) -> tuple[Interval | None, Any]:
         """Start timing a gather or reduction (outermost only) and its trace range."""
         self._comm_depth += 1
-        interval = self._mark(unit, self.phase_for_comm(), kind) if self._comm_depth == 1 else None
+        interval = self.clock.mark(unit, self.phase_for_comm(), kind) if self._comm_depth == 1 else None
         return interval, self.enter_range(label) if label else None
 
     def end_comm(self, token: tuple[Interval | None, Any]) -> None:
@@ -436,7 +405,7 @@ class Agent:
         if rng is not None:
             self.exit_range(rng)
         if interval is not None:
-            self._close(interval)
+            self.clock.close(interval)
 
     def phase_for_comm(self) -> str:
         return "backward" if self.phase == "backward" else "forward"
@@ -450,59 +419,6 @@ class Agent:
 
     def exit_range(self, rng: Any) -> None:
         rng.__exit__(None, None, None)
-
-    # --- timers --------------------------------------------------------------------------------
-    def _mark(self, unit: str, phase: str, kind: str) -> Interval | None:
-        if self._writer is None:
-            return None
-        interval = Interval(unit, phase, kind, time.perf_counter_ns())
-        if self._use_cuda_events:
-            interval.start_event = torch.cuda.Event(enable_timing=True)
-            interval.start_event.record()
-        self._times.intervals.append(interval)
-        return interval
-
-    def _close(self, interval: Interval | None) -> None:
-        if interval is None or interval.end_ns >= 0:
-            return
-        interval.end_ns = time.perf_counter_ns()
-        if interval.start_event is not None:
-            interval.end_event = torch.cuda.Event(enable_timing=True)
-            interval.end_event.record()
-
-    def _finish_step_timers(self, times: StepTimes) -> None:
-        if self._writer is None:
-            return
-        if self.options.memory:
-            times.memory = self._read_memory_peak()
-        self._pending.append(times)
-        self._flush_ready_timers(block=False)
-
-    def _flush_ready_timers(self, *, block: bool) -> None:
-        if block and self._use_cuda_events:
-            torch.cuda.synchronize()
-        while self._pending and (block or step_is_ready(self._pending[0])):
-            times = self._pending.popleft()
-            if times.intervals or times.memory:
-                assert self._writer is not None
-                self._writer.write(summarize_step(self.rank, times))
-                self._timer_steps += 1
-
-    def _reset_memory_peak(self) -> None:
-        if self._use_cuda_events:
-            torch.cuda.reset_peak_memory_stats()
-        else:
-            _reset_peak_rss()
-
-    def _read_memory_peak(self) -> dict[str, int]:
-        if self._use_cuda_events:
-            peaks = {"peak_allocated": torch.cuda.max_memory_allocated(),
-                     "peak_reserved": torch.cuda.max_memory_reserved()}
-            torch.cuda.reset_peak_memory_stats()
-            return peaks
-        peak = _read_peak_rss_bytes()
-        _reset_peak_rss()
-        return {"peak_rss": peak} if peak is not None else {}
 
     # --- exit ----------------------------------------------------------------------------------
     def _install_exit_handlers(self) -> None:
@@ -545,17 +461,15 @@ class Agent:
             for key in list(self._open):
                 self.close_unit(*key)
             for interval in list(self._whole.values()):
-                self._close(interval)
+                self.clock.close(interval)
             if partial and self._step_start is not None:
-                self._close(self._step_start)
-                self._times.partial = True
-                self._finish_step_timers(self._times)
+                self.clock.close(self._step_start)
+                self.clock.end_step(self.step + 1, partial=True)
             if self._prof is not None:
                 self._prof.stop()  # exports the trace if it was recording
                 self._prof = None
-            self._flush_ready_timers(block=True)
-            if self._writer is not None:
-                self._writer.close()
+            self.clock.flush(block=True)
+            self.clock.close_writer()
             if self.instrumentation is not None:
                 self.instrumentation.remove()
             for hook in self._hooks:
@@ -587,8 +501,8 @@ class Agent:
             "versions": versions(),
             "profile": {"schedule": self._schedule_kind, "steps": recorded, "trace": self._trace_file,
                         **({"window_s": self.options.window_s} if self._window else {})},
-            "timers": {"file": TIMERS_FILE.format(rank=self.rank) if self._timer_steps else None,
-                       "steps": self._timer_steps},
+            "timers": {"file": TIMERS_FILE.format(rank=self.rank) if self.clock.steps_written else None,
+                       "steps": self.clock.steps_written},
             "steps_seen": self.step,
             "status": status,
             "reason": reason,
