@@ -27,9 +27,9 @@ from pathlib import Path
 import orjson
 
 from .expected import Expected, build_expected
+from .fsdp2 import Fsdp2Engine
 from .kineto import TRACE_FILE, event_dicts, header, write_rank
 from .scenario import ROOT, Scenario, UnitSpec, make_root, make_units
-from .timeline import Engine
 
 __all__ = [
     "ROOT",
@@ -59,9 +59,9 @@ class SynthRun:
     """Trace events per rank (complete + instant + flow + metadata)."""
 
 
-def simulate(sc: Scenario) -> Engine:
+def simulate(sc: Scenario) -> Fsdp2Engine:
     """Run the scenario's schedule; the engine holds the events and the truth."""
-    engine = Engine(sc, 1 if sc.shared_timeline else sc.world_size)
+    engine = Fsdp2Engine(sc, 1 if sc.shared_timeline else sc.world_size)
     engine.run()
     return engine
 
