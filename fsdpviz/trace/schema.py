@@ -236,15 +236,15 @@ UNIT_STEPS: Final[Schema] = {
     "window_end_ns": "int64",  # post-forward / last post-backward label end
     "compute_start_ns": "int64",  # first compute of the unit in this pass (-1 if none)
     "compute_end_ns": "int64",
-    "compute_ns": "int64",  # sum of the unit's compute spans (nested units excluded)
+    "compute_ns": "int64",  # sum of the unit's compute spans in the pass (nested units excluded)
     "ag_issue_ns": "int64",  # all-gather issued on the CPU (-1 if the pass gathered nothing)
     "ag_start_ns": "int64",  # all-gather ran on its lane
     "ag_end_ns": "int64",
-    "ag_ns": "int64",  # |union of the pass's all-gathers|
-    "ag_exposed_ns": "int64",  # part of it with no compute on the rank
+    "ag_ns": "int64",  # summed duration of the pass's all-gathers (one, or one per parameter group)
+    "ag_exposed_ns": "int64",  # part of it with no compute on the rank (once per shared ZeRO-3 bucket)
     "ag_bytes": "int64",
     "prefetch_lead_ns": "float64",  # compute_start - ag_end (NaN without gather or compute)
-    "issue_depth": "int32",  # compute pieces of earlier units still running when the gather began
+    "issue_depth": "int32",  # other units still computing when the gather began (NO_DEPTH: no gather)
     "rs_ns": "int64",
     "rs_exposed_ns": "int64",
     "ar_ns": "int64",  # HSDP all-reduce of the gradients
