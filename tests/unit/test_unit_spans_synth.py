@@ -113,3 +113,23 @@ def test_activation_checkpoint_recompute_belongs_to_backward() -> None:
     assert tuple(windows.loc["forward", ["start_ns", "end_ns", "region_start_ns", "region_end_ns"]]) == (0, 110, 10, 100)
     assert tuple(windows.loc["backward", ["start_ns", "end_ns", "region_start_ns", "region_end_ns"]]) == (
         200, 450, 210, 400)
+
+
+def test_collectives_without_launch_calls_tie_by_external_id(tmp_path) -> None:
+    """Some traces lack the runtime call of a kernel: its External id (the CPU op that launched it,
+    here ``record_param_comms`` inside ``FSDP::all_gather (u)``) still names the unit."""
+    run = generate_run(SCENARIOS["implicit-root"], tmp_path, ranks=[0])
+    traces = load_traces(run.paths, cache=False)
+    ev = traces.events
+    nccl = ev[(ev["kind"] == "kernel") & (ev["comm"] != "")]
+    launches = (ev["kind"] == "runtime") & ev["correlation"].isin(nccl["correlation"])
+    assert launches.sum() == len(nccl) > 0
+    stripped = schema.conform(ev[~launches.to_numpy()].reset_index(drop=True), schema.EVENTS)
+    spans = unit_tables(stripped, traces.lanes, parse_labels(stripped)).spans
+    got = spans[spans["kind"].isin(["all_gather", "reduce_scatter"])]
+    want = run.expected.spans
+    want = want[want["kind"].isin(["all_gather", "reduce_scatter"])]
+    merged = got.merge(want, on=KEY, how="outer", indicator=True, suffixes=("", "_want"))
+    assert (merged["_merge"] == "both").all()
+    # the issue point is now the launching op's start, just before the launch call
+    assert ((merged["issue_ns"] <= merged["issue_ns_want"]) & (merged["issue_ns"] > merged["issue_ns_want"] - 50_000)).all()
