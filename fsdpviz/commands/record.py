@@ -111,11 +111,11 @@ def print_recording(run: dict[str, Any], run_dir: Path) -> None:
 
 def show_summary(run_dir: Path) -> None:
     """The terminal summary of the recorded traces (``fsdpviz summary RUN``)."""
-    from fsdpviz.analysis.summary import summarize
-    from fsdpviz.commands.summary import print_summary
-    from fsdpviz.trace import load_traces
-
     try:
+        from fsdpviz.analysis.summary import summarize
+        from fsdpviz.commands.summary import print_summary
+        from fsdpviz.trace import load_traces
+
         print_summary(summarize(load_traces([run_dir])))
     except FsdpvizError as exc:
         _say(f"no summary: {exc}")
@@ -127,12 +127,8 @@ def write_run_report(run_dir: Path) -> Path | None:
     """Write ``run_dir/report.html`` with the report layer; None (and a note) if that fails."""
     try:
         from fsdpviz.report.build import build_report
-    except ImportError:
-        _say("report: not available in this installation of fsdpviz")
-        return None
-    from fsdpviz.trace import load_traces
+        from fsdpviz.trace import load_traces
 
-    try:
         result = build_report(load_traces([run_dir]), run_dir / "report.html")
     except FsdpvizError as exc:
         _say(f"no report: {exc}")

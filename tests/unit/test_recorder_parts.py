@@ -229,3 +229,24 @@ def test_tidy_partial_files_only_touches_ranks_that_are_gone(tmp_path: Path) -> 
     assert (tmp_path / "timers" / "rank1.jsonl.partial").exists()
     assert (tmp_path / "traces" / "rank1.trace.json.gz.partial").exists()
     assert [i["status"] for i in infos] == ["killed", "running"]
+
+
+def test_cli_record_keeps_the_exit_code_when_summary_and_report_break(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # GIVEN a recording with ranks, and analysis/report layers that cannot even be imported
+    def fake_record(command: list[str], options: RecordOptions, **kwargs: Any) -> launcher.RecordResult:
+        rank = {"trace": "traces/rank0.trace.json.gz", "timers": None, "timer_steps": 0}
+        run = {"ranks": [rank], "status": "ok", "reason": "", "exit_code": 0, "notes": [], "units": [],
+               "world_size": 1, "framework": "fsdp2", "profile": {"schedule": "optimizer_steps", "steps": [2]}}
+        return launcher.RecordResult(run_dir=options.run_dir, exit_code=0, run=run)
+
+    monkeypatch.setattr(launcher, "record", fake_record)
+    monkeypatch.setitem(sys.modules, "fsdpviz.analysis.summary", None)  # import raises ImportError
+    monkeypatch.setitem(sys.modules, "fsdpviz.report.build", None)
+    # WHEN recording
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["record", "--out", "R", "--", "python", "x.py"])
+    # THEN the command's exit code survives, with one line for each failure
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 0 and "Traceback" not in err
+    assert "no summary (internal error" in err and "no report (internal error" in err
