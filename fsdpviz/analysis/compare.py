@@ -1,0 +1,327 @@
+"""Compare runs: the same headline numbers side by side, deltas, best values, settings and caveats.
+
+Users change one thing (wrap policy, prefetch, ``reshard_after_forward``), record again and want to
+know which run is faster, which peaks lower, and why. :func:`compare_runs` takes each run's
+``summarize`` dict (the ``summary --json`` contract) and, when available, its ``analyze_run`` result
+and run.json, and returns a :class:`Comparison`: the headline table with deltas against the first
+run and the best value of each row marked, the settings that differ, the units matched across runs
+(:mod:`fsdpviz.analysis.compare_units`), findings in words (:mod:`fsdpviz.analysis.compare_findings`)
+and notes on what makes runs hard to compare (world size, framework, model, device).
+
+Deltas are ``run_i - run_0`` of the numbers each run's summary reports, rounded as the summary rounds
+them, so ``compare --json`` agrees with the individual ``summary --json`` outputs. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+
+from fsdpviz.analysis.compare_units import RunUnit, UnitMatch, group_values, match_units
+from fsdpviz.errors import UsageError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from fsdpviz.analysis.run import RunAnalysis
+
+LOWER: Final = "lower"
+HIGHER: Final = "higher"
+# Launcher flags that differ between runs without meaning anything (free ports, rendezvous ids).
+NOISE_FLAGS: Final = frozenset({"--master_port", "--master-port", "--master_addr", "--master-addr",
+                                "--rdzv_endpoint", "--rdzv-endpoint", "--rdzv_id", "--rdzv-id"})
+
+
+@dataclass(frozen=True, slots=True)
+class HeadlineField:
+    """One numeric row of the headline table."""
+
+    key: str  # dotted path into the summary dict; the key of ``deltas`` in ``compare --json``
+    label: str
+    unit: str  # "ms", "%", "bytes" or "" (a count)
+    better: str | None  # LOWER / HIGHER, or None when neither is better
+    digits: int | None = 3  # rounding of deltas (None: integers)
+
+
+HEADLINE_FIELDS: Final = (
+    HeadlineField("step_time_ms", "step time", "ms", LOWER),
+    HeadlineField("overlap.overlap_pct", "overlap", "%", HIGHER, 2),
+    HeadlineField("overlap.exposed_comm_ms", "exposed comm / step", "ms", LOWER),
+    HeadlineField("overlap.comm_ms", "communication / step", "ms", LOWER),
+    HeadlineField("overlap.compute_ms", "compute / step", "ms", None),
+    HeadlineField("overlap.idle_ms", "idle / step", "ms", LOWER),
+    HeadlineField("memory.peak_allocated_bytes", "peak allocated", "bytes", LOWER, None),
+    HeadlineField("memory.peak_reserved_bytes", "peak reserved", "bytes", LOWER, None),
+    HeadlineField("n_units", "FSDP units", "", None, None),
+    HeadlineField("largest_unit_bytes", "largest unit (unsharded params)", "bytes", None, None),
+    HeadlineField("world_size", "world size", "", None, None),
+)
+
+
+@dataclass(kw_only=True, slots=True)
+class RunInput:
+    """One run to compare: its label, where it came from, and its analysis results."""
+
+    label: str
+    source: str  # the path the user gave
+    summary: dict[str, Any]  # ``summarize(traces, analysis=...)``
+    analysis: RunAnalysis | None = None
+    run: dict[str, Any] | None = None  # run.json, when the run was recorded by fsdpviz
+
+
+@dataclass(kw_only=True, slots=True)
+class Comparison:
+    """Everything the compare page and ``compare --json`` show (see the module docstring)."""
+
+    labels: list[str]
+    runs: list[RunInput]
+    values: dict[str, list[float | int | None]]  # headline field key -> value per run
+    deltas: dict[str, list[float | int | None]]  # key -> run_i - run_0 (None where a value is missing)
+    best: dict[str, list[int]]  # key -> indices of the runs with the best value (empty: no best)
+    settings: list[tuple[str, list[str]]]  # (row label, text per run), rows that describe the runs
+    match: UnitMatch
+    findings: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def field_value(summary: dict[str, Any], key: str) -> float | int | None:
+    """A headline number of one summary (``n_units`` and ``largest_unit_bytes`` are derived)."""
+    if key == "n_units":
+        return len(summary.get("units") or [])
+    if key == "largest_unit_bytes":
+        sizes = [u.get("param_bytes") for u in summary.get("units") or [] if u.get("param_bytes")]
+        return max(sizes) if sizes else None
+    value: Any = summary
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _delta(a: float | None, b: float | None, digits: int | None) -> float | int | None:
+    if a is None or b is None:
+        return None
+    return int(a - b) if digits is None else round(float(a) - float(b), digits)
+
+
+def best_indices(values: Sequence[float | int | None], better: str | None) -> list[int]:
+    """Runs holding the best value of a row; none when no direction is better or all are equal."""
+    known = [(i, v) for i, v in enumerate(values) if v is not None]
+    if better is None or len(known) < 2 or len({v for _, v in known}) == 1:
+        return []
+    target = min(v for _, v in known) if better == LOWER else max(v for _, v in known)
+    return [i for i, v in known if v == target]
+
+
+def unique_labels(labels: Sequence[str]) -> list[str]:
+    """Labels made unique by a ``#2``, ``#3`` suffix on repeats (tables and JSON key by label)."""
+    seen: dict[str, int] = {}
+    out = []
+    for label in labels:
+        seen[label] = seen.get(label, 0) + 1
+        out.append(label if seen[label] == 1 else f"{label} #{seen[label]}")
+    return out
+
+
+def run_units(run: RunInput) -> list[RunUnit]:
+    """The run's units for matching: the analysis' unit table, else run.json's, else the summary's."""
+    table: pd.DataFrame | None = getattr(run.analysis, "units", None)
+    if table is not None and len(table):
+        return [RunUnit(name=str(r.unit), order=int(r.order),
+                        param_bytes=int(r.param_bytes) if r.param_bytes >= 0 else None, parent=str(r.parent))
+                for r in table.sort_values("order").itertuples()]
+    listed = (run.run or {}).get("units") or []
+    if listed:
+        return [RunUnit(name=str(u["unit"]), order=int(u.get("order", i)), param_bytes=u.get("param_bytes"),
+                        parent=str(u.get("parent") or "")) for i, u in enumerate(listed)]
+    return [RunUnit(name=str(u["name"]), order=int(u.get("order", i)), param_bytes=u.get("param_bytes"))
+            for i, u in enumerate(run.summary.get("units") or [])]
+
+
+def compare_runs(runs: Sequence[RunInput]) -> Comparison:
+    """Compare two or more runs (the first is the baseline of the deltas)."""
+    if len(runs) < 2:
+        raise UsageError("compare needs at least two runs")
+    labels = [r.label for r in runs]
+    if len(set(labels)) != len(labels):
+        raise UsageError(f"run labels must differ: {', '.join(labels)}")
+    values = {f.key: [field_value(r.summary, f.key) for r in runs] for f in HEADLINE_FIELDS}
+    deltas = {f.key: [_delta(v, values[f.key][0], f.digits) for v in values[f.key]] for f in HEADLINE_FIELDS}
+    best = {f.key: best_indices(values[f.key], f.better) for f in HEADLINE_FIELDS}
+    match = match_units({r.label: run_units(r) for r in runs})
+    comparison = Comparison(labels=labels, runs=list(runs), values=values, deltas=deltas, best=best,
+                            settings=settings_rows(runs), match=match, notes=comparability_notes(runs, match))
+    from fsdpviz.analysis.compare_findings import build_findings  # findings read the comparison
+
+    comparison.findings = build_findings(comparison)
+    return comparison
+
+
+# --- settings ----------------------------------------------------------------------------------
+
+def _unit_setting(run: RunInput, key: str) -> str:
+    units = [u for u in (run.run or {}).get("units") or [] if isinstance(u, dict)]
+    if not units:
+        return "n/a"
+    values = [u.get(key) for u in units]
+    if key == "reshard_after_forward":
+        known = [v for v in values if v is not None]
+        if not known:
+            return "n/a"
+        on = [u["unit"] for u in units if u.get(key)]
+        off = [u["unit"] for u in units if u.get(key) is False]
+        if not off:
+            return "yes (every unit)"
+        if not on:
+            return "no (every unit)"
+        return f"{len(on)} of {len(known)} units (not {', '.join(off[:3])}{' …' if len(off) > 3 else ''})"
+    lists = [v for v in values if isinstance(v, list)]
+    if lists:
+        depth = max(len(v) for v in lists)
+        return f"explicit, {depth} unit(s) ahead" if depth else "none"
+    distinct = sorted({str(v) for v in values if v is not None})
+    return ", ".join(distinct) if distinct else "n/a"
+
+
+def _dtype(run: RunInput) -> str:
+    dtypes = sorted({str(u.get("dtype")).removeprefix("torch.") for u in (run.run or {}).get("units") or []
+                     if u.get("dtype")})
+    return ", ".join(dtypes) or "n/a"
+
+
+def command_args(command: Sequence[str]) -> list[str]:
+    """A command as option/value words, launcher noise (ports, rendezvous ids) left out."""
+    words: list[str] = []
+    skip = False
+    for i, word in enumerate(command):
+        if skip:
+            skip = False
+            continue
+        flag = word.split("=", 1)[0]
+        if flag in NOISE_FLAGS:
+            skip = "=" not in word and i + 1 < len(command)
+            continue
+        if word.startswith("-") and i + 1 < len(command) and not command[i + 1].startswith("-") \
+                and "=" not in word:
+            words.append(f"{word} {command[i + 1]}")
+            skip = True
+        else:
+            words.append(word)
+    return words
+
+
+def _differing_args(runs: Sequence[RunInput]) -> list[str]:
+    commands = [command_args([str(c) for c in (r.run or {}).get("command") or []]) for r in runs]
+    if not any(commands):
+        return ["n/a"] * len(runs)
+    common = set.intersection(*(set(c) for c in commands))
+    return [" ".join(w for w in c if w not in common) or "(same)" for c in commands]
+
+
+def settings_rows(runs: Sequence[RunInput]) -> list[tuple[str, list[str]]]:
+    """Text rows of the headline table: what each run was and how it was set up."""
+    def steps(r: RunInput) -> str:
+        s = r.summary.get("steps") or []
+        return ", ".join(map(str, s)) if len(s) <= 4 else f"{s[0]}–{s[-1]} ({len(s)})"
+
+    rows = [
+        ("framework", [str(r.summary.get("framework", "unknown")) for r in runs]),
+        ("device", [str(r.summary.get("device", "?")) for r in runs]),
+        ("steps analysed", [steps(r) for r in runs]),
+        ("parameter dtype", [_dtype(r) for r in runs]),
+        ("reshard after forward", [_unit_setting(r, "reshard_after_forward") for r in runs]),
+        ("forward prefetch", [_unit_setting(r, "forward_prefetch") for r in runs]),
+        ("backward prefetch", [_unit_setting(r, "backward_prefetch") for r in runs]),
+        ("command (what differs)", _differing_args(runs)),
+        ("source", [r.source for r in runs]),
+    ]
+    return rows
+
+
+# --- comparability -----------------------------------------------------------------------------
+
+def _total_params(run: RunInput) -> int | None:
+    model = getattr(run.analysis, "memory_model", None) or {}
+    if model.get("param_count"):
+        return int(model["param_count"])
+    numels = [u.get("param_numel") for u in run.summary.get("units") or []]
+    return sum(numels) if numels and all(isinstance(n, int) and n > 0 for n in numels) else None
+
+
+def _differ(label: str, values: Sequence[Any], labels: Sequence[str]) -> str:
+    return f"{label}: " + ", ".join(f"{lb} {v}" for lb, v in zip(labels, values))
+
+
+def comparability_notes(runs: Sequence[RunInput], match: UnitMatch) -> list[str]:
+    """Why some numbers should not be compared directly (every run is still shown)."""
+    labels = [r.label for r in runs]
+    notes = []
+    sizes = [r.summary.get("world_size") for r in runs]
+    if len(set(sizes)) > 1:
+        notes.append(_differ("World sizes differ", sizes, labels) + ". Step time and per-rank memory depend "
+                     "on the world size (each rank holds 1/N of the sharded state): compare with care.")
+    frameworks = [r.summary.get("framework") for r in runs]
+    if len(set(frameworks)) > 1:
+        notes.append(_differ("Frameworks differ", frameworks, labels) + ". Their units, labels and memory "
+                     "accounting differ: per-unit numbers are matched by module name only.")
+    devices = [r.summary.get("device") for r in runs]
+    if len(set(devices)) > 1:
+        notes.append(_differ("Devices differ", devices, labels) + ". GPU overlap counts kernels, CPU overlap "
+                     "counts threads (docs/concepts.md): these numbers are not comparable.")
+    totals = [_total_params(r) for r in runs]
+    if all(t is not None for t in totals) and len(set(totals)) > 1:
+        notes.append(_differ("Parameter counts differ", [f"{t:,}" for t in totals], labels)
+                     + ". The runs train different models.")
+    elif any(g.bytes_differ for g in match.groups):
+        odd = [g.name for g in match.groups if g.bytes_differ]
+        notes.append(f"Units matched by name hold different parameter bytes ({', '.join(odd[:4])}): their "
+                     "per-unit numbers are not like for like.")
+    for r in runs:
+        if not r.summary.get("units"):
+            notes.append(f"{r.label}: no FSDP units in the traces; only whole-step numbers are compared.")
+        status = (r.run or {}).get("status")
+        if status and status != "ok":
+            notes.append(f"{r.label}: the recorded run ended with status {status!r}; its numbers may be partial.")
+        if len(r.summary.get("steps") or []) < 2:
+            notes.append(f"{r.label}: only {len(r.summary.get('steps') or [])} step analysed; differences "
+                         "smaller than the step-to-step spread cannot be seen.")
+    if all(d == "cpu" for d in devices):
+        notes.append("All runs are CPU runs (gloo): collectives block the training thread for most of their "
+                     "time, so overlap stays small whatever the settings. Compare step times, collective "
+                     "counts and memory; overlap differences show on GPUs.")
+    return notes
+
+
+# --- JSON --------------------------------------------------------------------------------------
+
+def comparison_json(comparison: Comparison) -> dict[str, Any]:
+    """``fsdpviz compare --json``: each run's summary dict (plus its label), the deltas and more."""
+    runs = []
+    for r in comparison.runs:
+        summary = copy.deepcopy(r.summary)
+        summary["label"] = r.label
+        runs.append(summary)
+    return {
+        "labels": comparison.labels,
+        "baseline": comparison.labels[0],
+        "runs": runs,
+        "deltas": comparison.deltas,
+        "best": {k: [comparison.labels[i] for i in v] for k, v in comparison.best.items()},
+        "unit_groups": [group_json(comparison, g) for g in comparison.match.groups],
+        "whole_model_runs": comparison.match.whole_model,
+        "findings": comparison.findings,
+        "notes": comparison.notes,
+    }
+
+
+def group_json(comparison: Comparison, group: Any) -> dict[str, Any]:
+    """One unit group with its summed per-unit numbers per run."""
+    out = group.to_json()
+    out["values"] = {r.label: group_values(group, r.label, unit_index(r)) for r in comparison.runs}
+    return out
+
+
+def unit_index(run: RunInput) -> dict[str, dict[str, Any]]:
+    """The summary's ``units`` entries by unit name."""
+    return {str(u.get("name")): u for u in run.summary.get("units") or []}

@@ -1,0 +1,342 @@
+"""Findings of a comparison: what differs between runs, in words, with the numbers behind it.
+
+Each finding names the better run of one question (which step is shortest, which exposes the least
+communication, which peaks lowest, where the difference sits among the units) and says why only
+as far as the traces show it:
+
+- a difference counts when it exceeds the noise: 5 % of the larger value (2 % for memory) and the
+  step-to-step spread of either run (the range of per-step means over ranks); below that the
+  finding says the runs are within noise instead of naming a winner;
+- a step-time difference is split into the parts of the step the per-unit analysis measures on
+  the training threads (unit compute, FSDP framework work, optimizer, other) plus exposed comm;
+- a communication difference is explained by the kinds of collectives exposed and how many
+  collectives a step runs;
+- a memory difference is attributed to unit sizes only when the ZeRO/FSDP memory model
+  (``RunAnalysis.memory_model``: sharded state + the two largest units' parameters + the largest
+  unit's gradients) accounts for at least half of it; otherwise the finding says the unit sizes
+  do not explain it.
+
+No advice is given here beyond what the numbers show; each run's own findings (with knobs) are on
+its report page.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+import numpy as np
+
+from fsdpviz.analysis.compare_units import group_values
+from fsdpviz.trace import schema
+
+if TYPE_CHECKING:
+    from fsdpviz.analysis.compare import Comparison, RunInput
+
+TIME_NOISE: Final = 0.05
+MEMORY_NOISE: Final = 0.02
+MIN_TIME_MS: Final = 0.02
+NS_PER_MS: Final = 1e6
+MODEL_SHARE: Final = 0.5  # the memory model must explain at least this share of a peak difference
+
+
+def _ms(value: float) -> str:
+    return f"{value:.2f} ms"
+
+
+def _bytes(value: float) -> str:
+    size = abs(value)
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= scale:
+            return f"{value / scale:.2f} {unit}"
+    return f"{int(value)} B"
+
+
+def _count(n: float, noun: str) -> str:
+    return f"{n:g} {noun}" + ("" if n == 1 else "s")
+
+
+def _finding(kind: str, message: str, evidence: str, better: str | None, values: dict[str, dict[str, Any]]
+             ) -> dict[str, Any]:
+    return {"kind": kind, "message": message, "evidence": evidence, "better": better, "values": values}
+
+
+def per_step_ms(run: RunInput, column: str) -> np.ndarray:
+    """Per analysed step, the mean over ranks of a STEP_TIMES column, in ms."""
+    times = getattr(run.analysis, "step_times", None)
+    if times is None or times.empty:
+        return np.array([])
+    return (times.groupby("step")[column].mean() / NS_PER_MS).to_numpy(dtype=float)
+
+
+def spread_ms(run: RunInput, column: str) -> float:
+    """Range of the per-step means of a STEP_TIMES column (0 with one step)."""
+    values = per_step_ms(run, column)
+    return float(values.max() - values.min()) if len(values) > 1 else 0.0
+
+
+def is_clear(a: float, b: float, noise: float, rel: float = TIME_NOISE, floor: float = MIN_TIME_MS) -> bool:
+    """Whether ``a`` and ``b`` differ by more than the noise (see the module docstring)."""
+    return abs(a - b) > max(rel * max(abs(a), abs(b)), noise, floor)
+
+
+def _known(c: Comparison, key: str) -> list[tuple[int, float]]:
+    return [(i, float(v)) for i, v in enumerate(c.values[key]) if v is not None]
+
+
+def _listing(c: Comparison, key: str, fmt: Any) -> str:
+    return ", ".join(f"{c.labels[i]} {fmt(v)}" for i, v in _known(c, key))
+
+
+def step_time_finding(c: Comparison) -> list[dict[str, Any]]:
+    known = _known(c, "step_time_ms")
+    if len(known) < 2:
+        return []
+    best_i, best = min(known, key=lambda t: t[1])
+    worst_i, worst = max(known, key=lambda t: t[1])
+    noise = max(spread_ms(c.runs[best_i], "step_ns"), spread_ms(c.runs[worst_i], "step_ns"))
+    values = {"step_time_ms": {c.labels[i]: v for i, v in known}}
+    evidence = f"mean step time: {_listing(c, 'step_time_ms', _ms)}; step-to-step spread up to {_ms(noise)}"
+    if not is_clear(best, worst, noise):
+        return [_finding("step_time", f"Step times are within noise of each other ({_ms(best)} to {_ms(worst)}).",
+                         evidence, None, values)]
+    # Against the baseline when that difference is clear too, else against the slowest run.
+    base = c.values["step_time_ms"][0]
+    other_i = worst_i
+    if best_i != 0 and base is not None:
+        base_noise = max(spread_ms(c.runs[best_i], "step_ns"), spread_ms(c.runs[0], "step_ns"))
+        other_i = 0 if is_clear(best, float(base), base_noise) else worst_i
+    other = float(c.values["step_time_ms"][other_i])
+    message = (f"{c.labels[best_i]} has the shortest step: {_ms(best)}, {100 * (other - best) / other:.0f} % "
+               f"less than {c.labels[other_i]} ({_ms(other)}).")
+    parts = step_parts(c.runs[best_i], c.runs[other_i])
+    if parts:
+        message += f" Where the {_ms(other - best)} went: " + parts + "."
+    return [_finding("step_time", message, evidence, c.labels[best_i], values)]
+
+
+# Parts of a step on the training threads (they add up to the step), then exposed communication,
+# which on CPU mostly lies inside the framework part (the thread waits inside FSDP's labels).
+_PARTS: Final = (("framework_ns", "FSDP framework work"), ("unit_compute_ns", "unit compute"),
+                 ("optimizer_ns", "optimizer"), ("other_ns", "other"))
+
+
+def step_parts(a: RunInput, b: RunInput) -> str:
+    """How the step's parts changed from run ``b`` to run ``a`` (means over ranks and steps), or ""."""
+    ta, tb = getattr(a.analysis, "step_times", None), getattr(b.analysis, "step_times", None)
+    if ta is None or tb is None or ta.empty or tb.empty:
+        return ""
+
+    def delta(col: str) -> float:
+        return (float(ta[col].mean()) - float(tb[col].mean())) / NS_PER_MS
+
+    diffs = [(name, delta(col)) for col, name in _PARTS]
+    diffs = sorted((d for d in diffs if abs(d[1]) >= MIN_TIME_MS), key=lambda d: -abs(d[1]))
+    if not diffs:
+        return ""
+    text = ", ".join(f"{name} {value:+.2f} ms" for name, value in diffs)
+    return text + f" (exposed communication, mostly waited out inside FSDP's work: {delta('exposed_comm_ns'):+.2f} ms)"
+
+
+def collective_counts(run: RunInput) -> dict[str, float]:
+    """Median collectives per rank and step, by kind (ZeRO-3 bucket rows counted once)."""
+    spans = getattr(run.analysis, "spans", None)
+    if spans is None or spans.empty:
+        return {}
+    out = {}
+    for kind in (schema.SPAN_ALL_GATHER, schema.SPAN_REDUCE_SCATTER):
+        rows = spans[spans["kind"] == kind].drop_duplicates(["rank", "step", "lane", "start_ns"])
+        if len(rows):
+            out[kind] = float(rows.groupby(["rank", "step"]).size().median())
+    return out
+
+
+def exposed_parts(run: RunInput) -> dict[str, float]:
+    """Exposed all-gather (forward, backward) and reduce-scatter per step: sums of the unit medians."""
+    units = run.summary.get("units") or []
+    out = {}
+    for key, col in (("forward_all_gather_ms", "forward_exposed_all_gather_ms"),
+                     ("backward_all_gather_ms", "backward_exposed_all_gather_ms"),
+                     ("reduce_scatter_ms", "exposed_reduce_scatter_ms")):
+        values = [u.get(col) for u in units]
+        if values and all(v is not None for v in values):
+            out[key] = round(sum(values), 3)
+    if "forward_all_gather_ms" in out and "backward_all_gather_ms" in out:
+        out["all_gather_ms"] = round(out["forward_all_gather_ms"] + out["backward_all_gather_ms"], 3)
+    return out
+
+
+def exposed_finding(c: Comparison) -> list[dict[str, Any]]:
+    known = _known(c, "overlap.exposed_comm_ms")
+    if len(known) < 2:
+        return []
+    best_i, best = min(known, key=lambda t: t[1])
+    worst_i, worst = max(known, key=lambda t: t[1])
+    noise = max(spread_ms(c.runs[best_i], "exposed_comm_ns"), spread_ms(c.runs[worst_i], "exposed_comm_ns"))
+    parts = {r.label: exposed_parts(r) for r in c.runs}
+    counts = {r.label: collective_counts(r) for r in c.runs}
+    values: dict[str, dict[str, Any]] = {"exposed_comm_ms": {c.labels[i]: v for i, v in known}}
+    for key in ("all_gather_ms", "forward_all_gather_ms", "backward_all_gather_ms", "reduce_scatter_ms"):
+        values[f"exposed_{key}"] = {lb: p[key] for lb, p in parts.items() if key in p}
+    values["all_gathers_per_step"] = {lb: n[schema.SPAN_ALL_GATHER] for lb, n in counts.items()
+                                      if schema.SPAN_ALL_GATHER in n}
+    evidence = f"exposed communication per step: {_listing(c, 'overlap.exposed_comm_ms', _ms)}"
+    per_kind = [f"{lb}: all-gather {_ms(p['all_gather_ms'])} (forward {_ms(p['forward_all_gather_ms'])}, "
+                f"backward {_ms(p['backward_all_gather_ms'])}), reduce-scatter {_ms(p.get('reduce_scatter_ms', 0))}"
+                for lb, p in parts.items() if "all_gather_ms" in p]
+    if per_kind:
+        evidence += "; exposed per unit, summed: " + "; ".join(per_kind)
+    if not is_clear(best, worst, noise):
+        return [_finding("exposed_comm", f"Exposed communication is within noise across runs "
+                         f"({_ms(best)} to {_ms(worst)} per step).", evidence, None, values)]
+    b, w = c.labels[best_i], c.labels[worst_i]
+    message = f"{b} exposes the least communication: {_ms(best)} per step, against {_ms(worst)} in {w}"
+    pb, pw = parts.get(b, {}), parts.get(w, {})
+    if "all_gather_ms" in pb and "all_gather_ms" in pw:
+        message += (f"; exposed all-gathers {_ms(pb['all_gather_ms'])} vs {_ms(pw['all_gather_ms'])}, "
+                    f"exposed reduce-scatters {_ms(pb.get('reduce_scatter_ms', 0))} vs "
+                    f"{_ms(pw.get('reduce_scatter_ms', 0))}")
+    nb, nw = counts[b].get(schema.SPAN_ALL_GATHER), counts[w].get(schema.SPAN_ALL_GATHER)
+    if nb is not None and nw is not None and nb != nw:
+        message += f"; {b} runs {_count(nb, 'all-gather')} per step where {w} runs {_count(nw, 'all-gather')}"
+    return [_finding("exposed_comm", message + ".", evidence, b, values)]
+
+
+def memory_finding(c: Comparison) -> list[dict[str, Any]]:
+    key = "memory.peak_allocated_bytes"
+    known = _known(c, key)
+    if len(known) < 2:
+        return []
+    low_i, low = min(known, key=lambda t: t[1])
+    high_i, high = max(known, key=lambda t: t[1])
+    values: dict[str, dict[str, Any]] = {"peak_allocated_bytes": {c.labels[i]: int(v) for i, v in known}}
+    models = {r.label: (getattr(r.analysis, "memory_model", None) or {}) for r in c.runs}
+    values["model_peak_bytes"] = {lb: m["model_peak_bytes"] for lb, m in models.items() if m.get("model_peak_bytes")}
+    largest = c.values["largest_unit_bytes"]
+    values["largest_unit_bytes"] = {c.labels[i]: v for i, v in enumerate(largest) if v is not None}
+    evidence = f"peak allocated: {_listing(c, key, _bytes)}"
+    if values["largest_unit_bytes"]:
+        evidence += "; largest unit (unsharded parameters): " + ", ".join(
+            f"{lb} {_bytes(v)}" for lb, v in values["largest_unit_bytes"].items())
+    if not is_clear(low, high, 0.0, rel=MEMORY_NOISE, floor=0.0):
+        return [_finding("memory", f"Peak allocated memory is within {MEMORY_NOISE:.0%} across runs "
+                         f"({_bytes(low)} to {_bytes(high)}).", evidence, None, values)]
+    lo, hi = c.labels[low_i], c.labels[high_i]
+    message = f"{lo} has the lowest peak allocated memory: {_bytes(low)}, {_bytes(high - low)} less than {hi}."
+    m_lo, m_hi = models[lo].get("model_peak_bytes"), models[hi].get("model_peak_bytes")
+    l_lo, l_hi = largest[low_i], largest[high_i]
+    if m_lo and m_hi and l_lo and l_hi:
+        model_delta = m_hi - m_lo
+        if model_delta > 0 and model_delta >= MODEL_SHARE * (high - low):
+            why = (f" The unit sizes explain it: {hi}'s largest unit holds {_bytes(l_hi)} of parameters "
+                   f"unsharded at once ({lo}: {_bytes(l_lo)})")
+            if c.labels[high_i] in c.match.whole_model:
+                why = f" The unit sizes explain it: {hi} is one unit, so every parameter ({_bytes(l_hi)}) is unsharded at once"
+            message += why + (f", and the memory model predicts {_bytes(model_delta)} more "
+                              f"({_bytes(m_hi)} vs {_bytes(m_lo)}).")
+        else:
+            message += (f" Unit sizes do not explain it: the memory model predicts {_bytes(model_delta)} "
+                        f"({_bytes(m_hi)} vs {_bytes(m_lo)})")
+            message += _prefetch_memory(c, high_i, low_i, high - low) or \
+                "; the rest is activations, buffers or the allocator."
+        evidence += "; memory model peak: " + ", ".join(f"{lb} {_bytes(v)}" for lb, v in values["model_peak_bytes"].items())
+    return [_finding("memory", message, evidence, lo, values)]
+
+
+def _prefetch_memory(c: Comparison, high_i: int, low_i: int, delta: float) -> str:
+    """Why a run that gathers further ahead peaks higher, when the numbers say so: its extra peak is
+    a whole number of its largest unit's unsharded parameters (within 10 %)."""
+    unit_bytes = c.values["largest_unit_bytes"][high_i]
+    hi, lo = c.runs[high_i], c.runs[low_i]
+    deeper = [p for p in ("forward", "backward")
+              if (_mean_depth(hi, p) or 0.0) - (_mean_depth(lo, p) or 0.0) >= 0.5]
+    if not unit_bytes or not deeper:
+        return ""
+    n = round(delta / unit_bytes)
+    if n < 1 or abs(delta - n * unit_bytes) > 0.1 * unit_bytes:
+        return ""
+    return (f"; the extra {_bytes(delta)} is {n} unit(s)' unsharded parameters ({_bytes(n * unit_bytes)}), and "
+            f"{hi.label} gathers further ahead in {' and '.join(deeper)} (prefetched units stay gathered "
+            "while earlier units compute).")
+
+
+def tradeoff_finding(c: Comparison, found: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The fastest run is not the one with the lowest peak: say what the speed costs."""
+    better = {f["kind"]: f["better"] for f in found}
+    fast, lean = better.get("step_time"), better.get("memory")
+    if not fast or not lean or fast == lean:
+        return []
+    i, j = c.labels.index(fast), c.labels.index(lean)
+    dt = float(c.values["step_time_ms"][j]) - float(c.values["step_time_ms"][i])
+    dm = int(c.values["memory.peak_allocated_bytes"][i]) - int(c.values["memory.peak_allocated_bytes"][j])
+    return [_finding("tradeoff", f"Trade-off: {fast} is {_ms(dt)} per step faster than {lean} but peaks "
+                     f"{_bytes(dm)} higher.", f"step time {fast} {_ms(float(c.values['step_time_ms'][i]))}, "
+                     f"{lean} {_ms(float(c.values['step_time_ms'][j]))}", None,
+                     {"step_time_ms": {fast: dt}, "peak_allocated_bytes": {fast: dm}})]
+
+
+def _mean_depth(run: RunInput, phase: str) -> float | None:
+    depths = [u.get(f"{phase}_issue_depth") for u in run.summary.get("units") or []]
+    depths = [d for d in depths if d is not None]
+    return float(np.mean(depths)) if depths else None
+
+
+def prefetch_finding(c: Comparison) -> list[dict[str, Any]]:
+    """Runs whose gathers start while earlier units still compute (issue depth) more than others'."""
+    out = []
+    for phase in ("forward", "backward"):
+        depths = {r.label: _mean_depth(r, phase) for r in c.runs}
+        known = {lb: d for lb, d in depths.items() if d is not None}
+        if len(known) < 2 or max(known.values()) - min(known.values()) < 0.5:
+            continue
+        deep = max(known, key=known.get)
+        shallow = min(known, key=known.get)
+        exposed = {r.label: exposed_parts(r).get(f"{phase}_all_gather_ms") for r in c.runs}
+        e_deep, e_shallow = exposed.get(deep), exposed.get(shallow)
+        message = (f"{deep} issues its {phase} all-gathers earlier: on average {known[deep]:.1f} units are still "
+                   f"computing when a gather starts, against {known[shallow]:.1f} in {shallow}")
+        if e_deep is not None and e_shallow is not None:
+            verdict = "less" if e_deep < e_shallow else "not less"
+            message += (f"; its exposed {phase} all-gather time is {verdict}: {_ms(e_deep)} vs {_ms(e_shallow)} "
+                        "per step")
+        out.append(_finding("prefetch", message + ".", "mean over units of the median issue depth "
+                            "(units computing when the gather began)", deep,
+                            {f"{phase}_issue_depth": known,
+                             f"exposed_{phase}_all_gather_ms": {k: v for k, v in exposed.items() if v is not None}}))
+    return out
+
+
+def group_finding(c: Comparison) -> list[dict[str, Any]]:
+    """The unit group whose exposed communication differs most between runs."""
+    steps = [v for v in c.values["step_time_ms"] if v is not None]
+    floor = max(0.005 * min(steps), MIN_TIME_MS) if steps else MIN_TIME_MS
+    index = {r.label: {str(u.get("name")): u for u in r.summary.get("units") or []} for r in c.runs}
+    best: tuple[float, Any, dict[str, float]] | None = None
+    for group in c.match.groups:
+        vals = {lb: group_values(group, lb, index[lb])["exposed_comm_ms"] for lb in c.labels}
+        vals = {lb: v for lb, v in vals.items() if v is not None}
+        if len(vals) < 2:
+            continue
+        gap = max(vals.values()) - min(vals.values())
+        if gap > floor and (best is None or gap > best[0]):
+            best = (gap, group, vals)
+    if best is None or len(c.match.groups) < 2:
+        return []
+    gap, group, vals = best
+    low, high = min(vals, key=vals.get), max(vals, key=vals.get)
+    def members(label: str) -> str:
+        names = " + ".join(group.members[label])
+        return "" if names == group.name else f" ({names})"
+
+    message = (f"The units that differ most are {group.name}: exposed communication {_ms(vals[low])} per step in "
+               f"{low}{members(low)} against {_ms(vals[high])} in {high}{members(high)}.")
+    return [_finding("unit_group", message, "per-unit medians summed over the group's units", low,
+                     {"exposed_comm_ms": vals, "group": {"name": group.name}})]
+
+
+def build_findings(c: Comparison) -> list[dict[str, Any]]:
+    """Every comparison finding, in reading order: time, communication, memory, trade-off, detail."""
+    found = step_time_finding(c) + exposed_finding(c) + memory_finding(c)
+    found += tradeoff_finding(c, found)
+    found += prefetch_finding(c) + group_finding(c)
+    return found

@@ -1,0 +1,268 @@
+"""Which units of different runs hold the same parameters: unit groups for a per-unit comparison.
+
+Two runs of one model with different wrap policies name their units differently: per-block wrapping
+has ``blocks.0`` and ``blocks.1``, pairs of blocks have ``blocks.0+1``, ZeRO-3 fetches submodules
+(``blocks.0.qkv`` with parent block ``blocks.0``). Comparing them unit by unit needs groups of units
+that hold the same parameters in every run, so that each group's numbers can be summed per run and
+set side by side. This module finds those groups from unit names alone (the runs' parameter
+names are not recorded), with these rules:
+
+- a unit's *keys* are the modules it covers: its name; each module of an FSDP2 group of several
+  modules (``"a, b"``); each part of a last name component joined by ``+`` (``blocks.0+1`` ->
+  ``blocks.0``, ``blocks.1``: how the example's ``--wrap pair`` names its ``BlockPair`` containers);
+  its ``parent`` when that is a grouping block and not itself a unit of the run (ZeRO-3 submodules);
+- units sharing a key are one group; a key inside another run's unit (``blocks.0.qkv`` when
+  another run has a unit ``blocks.0`` and none ``blocks.0.qkv``) joins that unit's group;
+- a run without a unit for a group holds those parameters in an enclosing unit: the unit named
+  by the longest dotted prefix of the group's keys, else its root unit ``(root)``. The group then
+  joins that unit's group (``tok_emb`` of ZeRO-3 joins FSDP2's ``(root)``), except in a run made
+  of one unit only (root wrapping), which would fold every group into one: such a run is shown as
+  holding the whole model and compared on the totals.
+
+Groups whose parameter bytes differ between runs are flagged: the runs then differ in their
+model, or the names misled the matching.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+ROOT_UNIT: Final = "(root)"
+# Per-unit numbers of the summary's ``units`` entries that a group sums over its units.
+SUM_METRICS: Final = ("param_bytes", "all_gather_ms", "forward_ms", "backward_ms", "reduce_scatter_ms",
+                      "exposed_comm_ms", "forward_exposed_all_gather_ms", "backward_exposed_all_gather_ms",
+                      "exposed_reduce_scatter_ms")
+MAX_METRICS: Final = ("peak_allocated_bytes",)  # a group's peak is the highest of its units' peaks
+
+
+@dataclass(frozen=True, slots=True)
+class RunUnit:
+    """One unit of one run, as the matching needs it."""
+
+    name: str
+    order: int
+    param_bytes: int | None  # unsharded parameter bytes, None if unknown
+    parent: str = ""
+
+
+@dataclass(kw_only=True, slots=True)
+class UnitGroup:
+    """Units of every run that hold the same parameters (see the module docstring)."""
+
+    name: str  # how the page names the group
+    order: int  # forward order of its first unit
+    members: dict[str, list[str]]  # run label -> its units in this group (forward order), [] if none
+    held_by: dict[str, str] = field(default_factory=dict)  # run label -> unit holding it when not a member
+    param_bytes: dict[str, int | None] = field(default_factory=dict)  # run label -> sum over members
+    bytes_differ: bool = False  # members' parameter bytes differ between runs
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "order": self.order, "members": self.members, "held_by": self.held_by,
+                "param_bytes": self.param_bytes, "param_bytes_differ": self.bytes_differ}
+
+
+@dataclass(kw_only=True, slots=True)
+class UnitMatch:
+    """The groups of a comparison, and the runs compared on totals only."""
+
+    groups: list[UnitGroup]
+    whole_model: dict[str, str]  # run label -> its only unit, for runs made of one unit
+    keys: dict[str, dict[str, list[str]]]  # run label -> unit -> the modules it covers
+
+
+def unit_keys(name: str) -> list[str]:
+    """The modules a unit covers, read from its name (see the module docstring)."""
+    keys: list[str] = []
+    for module in (part.strip() for part in name.split(",")):
+        if not module:
+            continue
+        head, _, last = module.rpartition(".")
+        parts = last.split("+")
+        if len(parts) > 1 and all(parts):
+            keys.extend(f"{head}.{p}" if head else p for p in parts)
+        else:
+            keys.append(module)
+    return keys or [name]
+
+
+def _is_inside(key: str, ancestor: str) -> bool:
+    return key.startswith(ancestor + ".")
+
+
+class _Groups:
+    """Union-find over module keys."""
+
+    def __init__(self) -> None:
+        self.parent: dict[str, str] = {}
+
+    def find(self, key: str) -> str:
+        self.parent.setdefault(key, key)
+        while self.parent[key] != key:
+            self.parent[key] = self.parent[self.parent[key]]
+            key = self.parent[key]
+        return key
+
+    def union(self, a: str, b: str) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[max(ra, rb)] = min(ra, rb)
+
+
+def _run_keys(units: Sequence[RunUnit]) -> dict[str, list[str]]:
+    names = {u.name for u in units}
+    out = {}
+    for u in units:
+        keys = unit_keys(u.name)
+        if u.parent and u.parent not in names and u.parent != ROOT_UNIT:
+            keys = [u.parent]  # a grouping block (ZeRO-3 submodule -> its block), not an enclosing unit
+        out[u.name] = keys
+    return out
+
+
+def _holder(keys: Mapping[str, list[str]], wanted: Sequence[str]) -> str | None:
+    """The unit of one run that holds ``wanted`` modules: longest dotted prefix, else the root."""
+    best, best_len = None, -1
+    for unit, unit_keys_ in keys.items():
+        for k in unit_keys_:
+            if any(_is_inside(w, k) for w in wanted) and len(k) > best_len:
+                best, best_len = unit, len(k)
+    if best is None and ROOT_UNIT in keys and not any(w == ROOT_UNIT for w in wanted):
+        best = ROOT_UNIT
+    return best
+
+
+def match_units(runs: Mapping[str, Sequence[RunUnit]]) -> UnitMatch:
+    """Group the units of several runs (label -> units) into comparable groups."""
+    keys = {label: _run_keys(units) for label, units in runs.items()}
+    most = max((len(u) for u in runs.values()), default=0)
+    whole = {label: units[0].name for label, units in runs.items() if len(units) == 1 and most > 1}
+    uf = _Groups()
+    for label, per_unit in keys.items():
+        for unit_keys_ in per_unit.values():
+            for k in unit_keys_:
+                uf.union(unit_keys_[0], k)
+    # A module that is a unit in one run but inside another run's unit joins that unit's group.
+    all_keys = {k for label in keys if label not in whole for ks in keys[label].values() for k in ks}
+    for label, per_unit in keys.items():
+        if label in whole:
+            continue
+        own = {k for ks in per_unit.values() for k in ks}
+        for k in all_keys - own:
+            holder = _holder(per_unit, [k])
+            if holder is not None and holder != ROOT_UNIT:
+                uf.union(k, per_unit[holder][0])
+    # Groups a run has no unit for: the run's enclosing unit (often its root) holds them.
+    changed = True
+    while changed:
+        changed = False
+        members = _members(keys, uf, whole)
+        for root_key, by_run in members.items():
+            wanted = sorted(k for k in all_keys if uf.find(k) == root_key)
+            for label, per_unit in keys.items():
+                if label in whole or by_run.get(label):
+                    continue
+                holder = _holder(per_unit, wanted)
+                if holder is not None and uf.find(per_unit[holder][0]) != root_key:
+                    uf.union(per_unit[holder][0], root_key)
+                    changed = True
+                    break
+            if changed:
+                break
+    return UnitMatch(groups=_build_groups(runs, keys, uf, whole), whole_model=whole, keys=keys)
+
+
+def _members(keys: Mapping[str, Mapping[str, list[str]]], uf: _Groups,
+             whole: Mapping[str, str]) -> dict[str, dict[str, list[str]]]:
+    out: dict[str, dict[str, list[str]]] = {}
+    for label, per_unit in keys.items():
+        if label in whole:
+            continue
+        for unit, unit_keys_ in per_unit.items():
+            out.setdefault(uf.find(unit_keys_[0]), {}).setdefault(label, []).append(unit)
+    return out
+
+
+def _build_groups(runs: Mapping[str, Sequence[RunUnit]], keys: Mapping[str, Mapping[str, list[str]]],
+                  uf: _Groups, whole: Mapping[str, str]) -> list[UnitGroup]:
+    info = {label: {u.name: u for u in units} for label, units in runs.items()}
+    groups: list[UnitGroup] = []
+    orders: dict[int, tuple[int, ...]] = {}
+    for by_run in _members(keys, uf, whole).values():
+        members = {label: sorted(by_run.get(label, []), key=lambda n, lb=label: info[lb][n].order)
+                   for label in runs}
+        wanted = sorted(k for label in by_run for n in by_run[label] for k in keys[label][n])
+        held_by = {}
+        for label in runs:
+            if members[label]:
+                continue
+            if label in whole:
+                held_by[label] = whole[label]
+            else:
+                holder = _holder(keys[label], wanted)
+                if holder is not None:
+                    held_by[label] = holder
+        sizes: dict[str, int | None] = {}
+        for label, names in members.items():
+            if names:
+                known = [info[label][n].param_bytes for n in names]
+                sizes[label] = sum(known) if all(b is not None for b in known) else None
+        present = {v for v in sizes.values() if v is not None}
+        # Forward order of the first run that has the group, then of the next runs.
+        order = tuple(min((info[lb][n].order for n in members[lb]), default=1 << 30) for lb in runs)
+        groups.append(UnitGroup(name=_group_name(members), order=0, members=members, held_by=held_by,
+                                param_bytes=sizes, bytes_differ=len(present) > 1))
+        orders[id(groups[-1])] = order
+    groups.sort(key=lambda g: (orders[id(g)], g.name))
+    for i, g in enumerate(groups):
+        g.order = i
+    return groups
+
+
+def _group_name(members: Mapping[str, list[str]]) -> str:
+    """The name of a run's unit that covers the whole group (the coarsest such unit), else a list."""
+    present = [names for names in members.values() if names]
+    single = [names[0] for names in present if len(names) == 1]
+    if single:
+        return max(single, key=lambda n: len(unit_keys(n)))  # max keeps the first of equals
+    finest = max(present, key=len)
+    return " + ".join(finest) if len(finest) <= 3 else f"{finest[0]} … {finest[-1]} ({len(finest)} units)"
+
+
+def group_values(group: UnitGroup, label: str, units: Mapping[str, Mapping[str, Any]]) -> dict[str, float | None]:
+    """Sums (and peaks) of the summary's per-unit numbers over a group's units in one run.
+
+    ``units``: unit name -> the summary's ``units`` entry of that run. A number is None when the
+    run has no unit in the group or any of its units lacks it.
+    """
+    names = group.members.get(label, [])
+    out: dict[str, float | None] = {}
+    for metric in (*SUM_METRICS, *MAX_METRICS):
+        values = [units.get(n, {}).get(metric) for n in names]
+        if not names or any(v is None for v in values):
+            out[metric] = None
+        elif metric in MAX_METRICS:
+            out[metric] = max(values)
+        else:
+            out[metric] = round(sum(values), 3) if metric != "param_bytes" else int(sum(values))
+    return out
+
+
+def color_slots(match: UnitMatch, labels: Sequence[str]) -> dict[str, dict[str, int]]:
+    """A colour slot per unit of each run, shared by the units that cover the same module.
+
+    The modules of all runs are numbered in group order (then run order, then forward order), and
+    each unit takes the number of its first module: ``blocks.2`` of one run and ``blocks.2+3`` of
+    another get the same slot, neighbours ``blocks.2`` and ``blocks.3`` different ones.
+    """
+    slots: dict[str, int] = {}
+    for group in match.groups:
+        for label in labels:
+            for unit in group.members.get(label, []):
+                for key in match.keys[label][unit]:
+                    slots.setdefault(key, len(slots))
+    out: dict[str, dict[str, int]] = {}
+    for label in labels:
+        out[label] = {unit: slots.get(keys[0], len(slots)) for unit, keys in match.keys.get(label, {}).items()}
+    return out
