@@ -62,6 +62,9 @@ def _register_commands() -> None:
     from fsdpviz.commands.export import export
 
     app.command("export")(export)
+    from fsdpviz.commands.compare import compare
+
+    app.command("compare")(compare)
 
 
 def error_line(message: str) -> None:

@@ -57,6 +57,27 @@ class LegendItem:
 
 
 @dataclass(kw_only=True, slots=True)
+class TableCell:
+    """One cell of an HTML table (plain text: the template escapes it)."""
+
+    text: str
+    sub: str = ""  # a smaller second line, e.g. the delta against the first run
+    hint: str = ""  # tooltip (title attribute)
+    best: bool = False  # marked as the best value of its row
+    header: bool = False  # a row header
+
+
+@dataclass(kw_only=True, slots=True)
+class HtmlTable:
+    """A table drawn in HTML (not bokeh): for tables whose cells need marks, such as best values."""
+
+    columns: list[str]
+    rows: list[list[TableCell]]
+    caption: str = ""
+    group_starts: set[int] = field(default_factory=set)  # row indices drawn with a separator above
+
+
+@dataclass(kw_only=True, slots=True)
 class Section:
     """One section of the page: a title, a "how to read this" note and its content."""
 
@@ -67,6 +88,7 @@ class Section:
     facts: list[Fact] = field(default_factory=list)
     bullets: list[str] = field(default_factory=list)  # plain-text list items (findings)
     legend: list[tuple[str, list[LegendItem]]] = field(default_factory=list)  # (group title, items)
+    tables: list[HtmlTable] = field(default_factory=list)  # drawn before the plots
     # tab label -> holoviews object / bokeh model, or a list of them stacked in one column
     views: dict[str, Any] = field(default_factory=dict)
 

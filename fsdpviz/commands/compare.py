@@ -1,0 +1,57 @@
+"""``fsdpviz compare RUN RUN... [-o FILE] [--label NAME ...] [--json]``: runs side by side."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from fsdpviz.errors import UsageError
+
+
+def compare(
+    runs: Annotated[list[Path], typer.Argument(
+        help="Two or more runs: run folders (from `fsdpviz record`), folders of traces, or trace files. "
+             "The first is the baseline of the deltas.", show_default=False)],
+    output: Annotated[Path | None, typer.Option(
+        "-o", "--output", help="HTML page to write. Default: ./fsdpviz-compare.html (with --json: no page "
+                               "unless -o is given).", show_default=False)] = None,
+    labels: Annotated[list[str] | None, typer.Option(
+        "--label", help="Name of a run, once per run in the same order. Default: run.json's label, else "
+                        "the folder name.", show_default=False)] = None,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help='Print {"runs": [summary of each run], "deltas": {...}, ...} on stdout.')] = False,
+    cache: Annotated[bool, typer.Option("--cache/--no-cache", help="Reuse parsed traces cached beside them.")] = True,
+    quiet: Annotated[bool, typer.Option("-q", "--quiet", help="No progress lines on stderr.")] = False,
+) -> None:
+    """Compare runs: step time, overlap, exposed communication, memory and units, with findings."""
+    from fsdpviz.analysis.compare import compare_runs, comparison_json
+    from fsdpviz.report.compare_build import COMPARE_NAME, build_compare, load_runs
+
+    if len(runs) < 2:
+        raise UsageError(f"compare needs at least two runs, got {len(runs)}")
+    if labels and len(labels) != len(runs):
+        raise UsageError(f"got {len(labels)} --label value(s) for {len(runs)} runs: give one label per run, "
+                         "in the order of the runs, or none")
+    target = output if output is not None or as_json else Path.cwd() / COMPARE_NAME
+    if target is not None and not target.parent.is_dir():  # fail before loading anything
+        raise UsageError(f"{target}: cannot write the page: folder {target.parent} does not exist")
+    started = time.perf_counter()
+
+    def say(message: str) -> None:
+        if not quiet:
+            print(f"fsdpviz: {message}", file=sys.stderr, flush=True)
+
+    loaded = load_runs(runs, labels, cache=cache, progress=say)
+    comparison = compare_runs([r for r, _ in loaded])
+    if as_json:
+        sys.stdout.write(json.dumps(comparison_json(comparison), indent=2) + "\n")
+    if target is not None:
+        result = build_compare(loaded, target, comparison=comparison, progress=say)
+        say(f"wrote {result.path} ({result.size_bytes / 1e6:.1f} MB) in {time.perf_counter() - started:.1f} s")
+        if not as_json:
+            typer.echo(str(result.path))

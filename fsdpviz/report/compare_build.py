@@ -1,0 +1,110 @@
+"""``load_runs`` + ``build_compare``: run folders -> analysed runs -> one offline compare page.
+
+Used by ``fsdpviz compare``. Each run is loaded and analysed on its own (``load_traces``,
+``analyze_run``, ``summarize`` with that analysis), exactly as ``fsdpviz summary`` and
+``fsdpviz report`` would, so the compare page shows the same numbers as each run's own report.
+An error in one run names that run.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from fsdpviz.analysis.compare import Comparison, RunInput, compare_runs, unique_labels
+from fsdpviz.errors import FsdpvizError, RunFolderError, UsageError
+from fsdpviz.trace.tables import TraceSet
+
+COMPARE_NAME = "fsdpviz-compare.html"  # default output, in the working directory
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class CompareResult:
+    """What was written."""
+
+    path: Path
+    size_bytes: int
+    seconds: float
+    segments: int
+
+
+def default_label(path: Path, traces: TraceSet) -> str:
+    """run.json's ``label``, else the run folder's (or the trace file's folder's) name."""
+    label = str((traces.run or {}).get("label") or "").strip()
+    if label:
+        return label
+    folder = Path(traces.run_dir) if traces.run_dir else path if path.is_dir() else path.parent
+    return folder.resolve().name or str(path)
+
+
+def _say(progress: Progress | None, message: str) -> None:
+    if progress is not None:
+        progress(message)
+
+
+def load_runs(paths: Sequence[str | Path], labels: Sequence[str] | None = None, *, cache: bool = True,
+              progress: Progress | None = None) -> list[tuple[RunInput, TraceSet]]:
+    """Load and analyse each run (a run folder, a folder of traces or one trace file per run).
+
+    Raises:
+        UsageError: fewer than two runs, or labels that do not match the runs one to one.
+        FsdpvizError: a run that cannot be loaded or analysed (the message names it).
+    """
+    from fsdpviz.analysis import summarize
+    from fsdpviz.analysis.run import analyze_run
+    from fsdpviz.trace import load_traces
+
+    if len(paths) < 2:
+        raise UsageError(f"compare needs at least two runs, got {len(paths)}")
+    if labels and len(labels) != len(paths):
+        raise UsageError(f"got {len(labels)} --label value(s) for {len(paths)} runs: give one label per run, "
+                         "in the order of the runs, or none")
+    if labels and len(set(labels)) != len(labels):
+        raise UsageError(f"--label values must differ: {', '.join(labels)}")
+    loaded: list[tuple[Path, TraceSet, object, dict]] = []
+    for i, raw in enumerate(paths):
+        path = Path(raw)
+        _say(progress, f"run {i + 1}/{len(paths)}: loading {path}")
+        try:
+            traces = load_traces([path], cache=cache, progress=False)
+            analysis = analyze_run(traces)
+            summary = summarize(traces, analysis=analysis)
+        except FsdpvizError as exc:
+            if str(path) in str(exc):
+                raise
+            raise RunFolderError(f"{path}: {exc}") from exc
+        loaded.append((path, traces, analysis, summary))
+    names = list(labels) if labels else unique_labels([default_label(p, t) for p, t, _, _ in loaded])
+    return [(RunInput(label=name, source=str(path.resolve()), summary=summary, analysis=analysis, run=traces.run), traces)
+            for name, (path, traces, analysis, summary) in zip(names, loaded)]
+
+
+def build_compare(runs: Sequence[tuple[RunInput, TraceSet]], output: str | Path, *,
+                  comparison: Comparison | None = None, progress: Progress | None = None) -> CompareResult:
+    """Compare the loaded runs and write the compare page to ``output`` (its folder must exist)."""
+    from fsdpviz.report.compare_data import prepare_compare
+    from fsdpviz.report.compare_page import build_compare_page
+    from fsdpviz.report.html import write_page
+
+    out = Path(output)
+    if not out.parent.is_dir():
+        raise RunFolderError(f"{out}: cannot write the page: folder {out.parent} does not exist")
+    started = time.perf_counter()
+    if comparison is None:
+        comparison = compare_runs([r for r, _ in runs])
+    _say(progress, "preparing the compare page")
+    data = prepare_compare(runs, comparison)
+    _say(progress, f"rendering {len(runs)} runs ({data.segment_count:,} spans)")
+    title = "fsdpviz compare: " + " vs ".join(comparison.labels)
+    subtitle = " · ".join(f"{r.label}: {r.source}" for r, _ in runs)
+    page = build_compare_page(data, title=title, subtitle=subtitle)
+    try:
+        size = write_page(page, out)
+    except OSError as exc:
+        raise RunFolderError(f"{out}: cannot write the page: {exc.strerror or exc}") from exc
+    return CompareResult(path=out, size_bytes=size, seconds=time.perf_counter() - started,
+                         segments=data.segment_count)

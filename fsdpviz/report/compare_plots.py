@@ -1,0 +1,131 @@
+"""Plots of the compare page: unit structure strips, per-run Gantts on one time axis, memory overlay.
+
+The Gantt itself is the report's (:func:`fsdpviz.report.plots.gantt`); this module adds what only a
+comparison needs. Each plot is rendered to its bokeh model here so that every time axis of the
+page can share one bokeh range (:func:`share_time_axis`): zooming one run's Gantt zooms all of them
+and the memory overlay, and equal lengths on screen are equal durations in every run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import holoviews as hv
+import pandas as pd
+
+from fsdpviz.report import activity, plots
+from fsdpviz.report.compare_data import RunView
+from fsdpviz.report.plots import TIME_DIM
+from fsdpviz.report.style import bytes_scale, format_bytes
+
+STRIP_ROW_PX = 46
+UNIT_HOVER = [("unit_name", "unit"), ("kind", "kind"), ("phase", "phase"), ("start_ms", "start (ms)"),
+              ("dur_ms", "duration (ms)"), ("bytes_text", "bytes"), ("lead_text", "prefetch lead"), ("lane", "lane")]
+LANE_HOVER = [("category", "category"), ("lane", "lane"), ("name", "longest event"), ("start_ms", "start (ms)"),
+              ("dur_ms", "duration (ms)"), ("events", "events")]
+
+
+def _toolbar_hook(plot: Any, element: Any) -> None:
+    plot.state.toolbar.autohide = True
+
+
+def _time_axis_hook(plot: Any, element: Any) -> None:
+    """The Gantts' left border, so that the memory overlay's time axis lines up with theirs."""
+    _toolbar_hook(plot, element)
+    plot.state.min_border_left = plots.MIN_BORDER_LEFT_PX
+
+
+def structure_strips(runs: Sequence[RunView]) -> hv.Overlay:
+    """One horizontal bar per run, its units laid end to end by unsharded parameter bytes."""
+    total = max((float(r.units["x1_bytes"].max()) for r in runs if not r.units.empty), default=0.0)
+    divisor, unit = bytes_scale(total)
+    frames = []
+    for i, run in enumerate(runs):
+        if run.units.empty:
+            continue
+        frames.append(run.units.assign(
+            strip_bytes=run.units["x0_bytes"] / divisor, run_y=i + 0.15, x1=run.units["x1_bytes"] / divisor,
+            y1=i + 0.85, run=run.label, bytes_text=[format_bytes(b) for b in run.units["param_bytes"]],
+            numel_text=[f"{int(n):,}" for n in run.units["param_numel"]]))
+    x_dim = hv.Dimension("strip_bytes", label="unsharded parameters, units in forward order", unit=unit)
+    y_dim = hv.Dimension("run_y", label="run")
+    ticks = [(i + 0.5, r.label) for i, r in enumerate(runs)]
+    if not frames:
+        return hv.Overlay([hv.Rectangles([], kdims=[x_dim, y_dim, "x1", "y1"])])
+    data = pd.concat(frames, ignore_index=True)
+    rects = hv.Rectangles(data, kdims=[x_dim, y_dim, "x1", "y1"],
+                          vdims=["unit", "run", "bytes_text", "numel_text", "color"]).opts(
+        color="color", line_color="white", line_width=1.5, tools=["hover"],
+        hover_tooltips=[("run", "@run"), ("unit", "@unit"), ("unsharded", "@{bytes_text}"),
+                        ("parameters", "@{numel_text}")])
+    # Names inside the bars that are wide enough to hold them.
+    wide = data[(data["x1"] - data["strip_bytes"]) >= 0.06 * (data["x1"].max() or 1)]
+    labels = hv.Labels(wide.assign(mid=(wide["strip_bytes"] + wide["x1"]) / 2, ymid=(wide["run_y"] + wide["y1"]) / 2),
+                       kdims=[hv.Dimension("mid"), hv.Dimension("ymid")], vdims=["unit"]).opts(
+        text_font_size="9pt", text_color="white", text_font_style="bold")
+    return (rects * labels).opts(hv.opts.Overlay(
+        title="unit structure: each run's units by unsharded parameter bytes", responsive=True,
+        height=70 + STRIP_ROW_PX * len(runs), yticks=ticks, invert_yaxis=True, ylim=(0, len(runs)),
+        show_legend=False, hooks=[_toolbar_hook], tools=["reset"], xlabel=x_dim.pprint_label, ylabel=""))
+
+
+def run_gantt(run: RunView) -> Any:
+    """The run's representative step as the report draws it, in the comparison's unit colours."""
+    view = run.view
+    if view is None:
+        return None
+    units = view.kind == "units"
+    colors = run.unit_colors if units else activity.CATEGORY_COLORS
+    return plots.gantt(view.rows, view.segments, view.exposed, title=f"{run.label}: {view.title}",
+                       colors=colors, color_by=view.color_by, hover=UNIT_HOVER if units else LANE_HOVER)
+
+
+def memory_overlay(runs: Sequence[RunView]) -> hv.Overlay | None:
+    """Allocated memory during each run's representative step, one curve per run."""
+    shown = [r for r in runs if not r.memory.empty]
+    if not shown:
+        return None
+    peak = max(float(r.memory["allocated_bytes"].max()) for r in shown)
+    divisor, unit = bytes_scale(peak)
+    y_dim = hv.Dimension("memory", label="allocated", unit=unit)
+    curves = []
+    for run in shown:
+        frame = pd.DataFrame({"time_ms": run.memory["t_ms"], "memory": run.memory["allocated_bytes"] / divisor})
+        curves.append(hv.Curve(frame, TIME_DIM, y_dim, label=f"{run.label} (rank {run.memory_rank})").opts(
+            interpolation="steps-post", color=run.color, line_width=1.8, tools=["hover"]))
+    return hv.Overlay(curves).opts(hv.opts.Overlay(
+        title="allocated memory during each run's representative step (the rank with the highest peak)",
+        responsive=True, height=280, legend_position="top_right", show_grid=True, hooks=[_time_axis_hook],
+        tools=["xpan", "xwheel_zoom", "box_zoom", "reset"], active_tools=["xwheel_zoom"]))
+
+
+def run_bars(groups: pd.DataFrame, metric: str, *, title: str, unit: str, colors: Mapping[str, str]) -> hv.Bars | None:
+    """Grouped bars of one per-unit metric: one group per unit group, one bar per run."""
+    rows = groups[(groups["metric"] == metric) & groups["value"].notna()]
+    if rows.empty:
+        return None
+    names = list(dict.fromkeys(groups.sort_values("order", kind="stable")["group"]))
+    divisor, shown_unit = bytes_scale(float(rows["value"].max())) if unit == "bytes" else (1.0, unit)
+    data = pd.DataFrame({"unit_name": rows["group"], "metric": rows["label"],
+                         "value": rows["value"].astype(float) / divisor})
+    return plots.unit_bars(data, names, value="value",
+                           value_dim=hv.Dimension(f"cmp_{metric}", label=title, unit=shown_unit),
+                           title=f"{title} per unit group, by run", colors=dict(colors))
+
+
+def to_bokeh(view: Any) -> Any:
+    """Render a holoviews object to its bokeh model (a bokeh model passes through)."""
+    from bokeh.model import Model
+
+    return view if isinstance(view, Model) else hv.render(view, backend="bokeh")
+
+
+def share_time_axis(models: Sequence[Any], end_ms: float) -> None:
+    """Give every plot of ``models`` one x range from 0 to ``end_ms`` (linked zoom and pan)."""
+    from bokeh.models import Plot, Range1d
+
+    shared = Range1d(start=0.0, end=max(end_ms, 1e-3) * 1.01)
+    for model in models:
+        for plot in model.select({"type": Plot}):
+            plot.x_range = shared

@@ -1,0 +1,106 @@
+"""Compare of synthetic GPU FSDP2 runs whose better policy is known by construction.
+
+Two runs of the same model (4 blocks + root, 2 ranks, NCCL-like streams) simulated by ``tests/synth``:
+``prefetch`` sets explicit forward and backward prefetch one unit ahead; ``none`` prefetches nothing
+and synchronises after every unit, so no gather can overlap compute. The simulation's own record
+of what it created (``expected.unit_steps``) gives the exposed all-gather time of each run, and
+explicit prefetch keeps exactly one more unit gathered. The findings must name ``prefetch`` as the
+better run with those numbers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from synth import Scenario, generate_run, make_root, make_units
+
+from fsdpviz.analysis.compare import compare_runs, comparison_json
+from fsdpviz.report.compare_build import build_compare, load_runs
+
+UNIT_NUMEL = 4_000_000
+DTYPE_BYTES = 2  # the scenario's bf16 parameters
+SCENARIOS = {
+    "prefetch": Scenario(units=make_units(4, numel=UNIT_NUMEL), root=make_root(), forward_prefetch=1,
+                         backward_prefetch=1, steps=(3, 4, 5)),
+    "none": Scenario(units=make_units(4, numel=UNIT_NUMEL), root=make_root(), forward_prefetch=0,
+                     backward_prefetch=0, sync_per_unit=True, steps=(3, 4, 5)),
+}
+
+
+@pytest.fixture(scope="module")
+def synth_runs(tmp_path_factory: pytest.TempPathFactory):
+    base = tmp_path_factory.mktemp("synth-compare")
+    made = {name: generate_run(sc, base / name, run_folder=True) for name, sc in SCENARIOS.items()}
+    loaded = load_runs([made[n].folder for n in SCENARIOS], list(SCENARIOS), cache=False)
+    return made, loaded, compare_runs([r for r, _ in loaded])
+
+
+def _expected_exposed_gather_ms(run, phase: str | None = None) -> float:
+    """Per-step exposed all-gather as the summary adds it: per unit and phase the median over
+    ranks and analysed steps (the last step is not analysed), in ms rounded to the µs, summed."""
+    us = run.expected.unit_steps
+    us = us[us["step"] < max(run.scenario.steps)]
+    if phase is not None:
+        us = us[us["phase"] == phase]
+    medians = us.groupby(["unit", "phase"])["ag_exposed_ns"].median()
+    return sum(round(v / 1e6, 3) for v in medians)
+
+
+def _finding(comparison, kind: str) -> dict:
+    found = [f for f in comparison.findings if f["kind"] == kind]
+    assert len(found) == 1, [f["kind"] for f in comparison.findings]
+    return found[0]
+
+
+def test_exposed_communication_names_prefetch_with_the_constructed_numbers(synth_runs) -> None:
+    made, _, comparison = synth_runs
+    finding = _finding(comparison, "exposed_comm")
+    assert finding["better"] == "prefetch"
+    assert finding["message"].startswith("prefetch exposes the least communication")
+    exposed = finding["values"]["exposed_all_gather_ms"]
+    for name in SCENARIOS:
+        assert exposed[name] == pytest.approx(_expected_exposed_gather_ms(made[name]), abs=2e-3), name
+    for phase in ("forward", "backward"):
+        got = finding["values"][f"exposed_{phase}_all_gather_ms"]
+        for name in SCENARIOS:
+            assert got[name] == pytest.approx(_expected_exposed_gather_ms(made[name], phase), abs=2e-3)
+    # No prefetch exposes far more by construction: every gather waits for the synchronised GPU.
+    assert exposed["none"] > 3 * exposed["prefetch"]
+    assert f"{exposed['prefetch']:.2f} ms vs {exposed['none']:.2f} ms" in finding["message"]
+    # Both runs gather every unit in forward and all but the root (not resharded) again in backward.
+    assert finding["values"]["all_gathers_per_step"] == {"prefetch": 9.0, "none": 9.0}
+
+
+def test_step_time_and_prefetch_depth_name_prefetch(synth_runs) -> None:
+    _, _, comparison = synth_runs
+    assert _finding(comparison, "step_time")["better"] == "prefetch"
+    depth = [f for f in comparison.findings if f["kind"] == "prefetch"]
+    assert {f["better"] for f in depth} == {"prefetch"}
+    backward = next(f for f in depth if "backward_issue_depth" in f["values"])
+    assert backward["values"]["backward_issue_depth"]["prefetch"] == pytest.approx(1.0)
+
+
+def test_memory_cost_of_prefetch_is_one_unit(synth_runs) -> None:
+    _, _, comparison = synth_runs
+    memory = _finding(comparison, "memory")
+    peaks = memory["values"]["peak_allocated_bytes"]
+    # Prefetching one unit ahead keeps one more unit's unsharded parameters alive.
+    assert peaks["prefetch"] - peaks["none"] == UNIT_NUMEL * DTYPE_BYTES
+    assert memory["better"] == "none"
+    assert "1 unit(s)' unsharded parameters" in memory["message"]
+    tradeoff = _finding(comparison, "tradeoff")
+    assert tradeoff["message"].startswith("Trade-off: prefetch is")
+
+
+def test_json_and_page_of_the_synthetic_pair(synth_runs, tmp_path: Path) -> None:
+    _, loaded, comparison = synth_runs
+    out = comparison_json(comparison)
+    assert out["labels"] == ["prefetch", "none"]
+    assert out["best"]["overlap.exposed_comm_ms"] == ["prefetch"]
+    assert [g["name"] for g in out["unit_groups"]] == ["(root)", "blocks.0", "blocks.1", "blocks.2", "blocks.3"]
+    assert not any(n.startswith(("Devices differ", "All runs are CPU")) for n in out["notes"])  # both GPU
+    result = build_compare(loaded, tmp_path / "synth.html", comparison=comparison)
+    text = result.path.read_text()
+    assert "prefetch exposes the least communication" in text
+    assert result.segments > 0
