@@ -30,6 +30,7 @@ class CompareResult:
     size_bytes: int
     seconds: float
     segments: int
+    time_axis_ms: float  # the timelines' common axis: the longest representative step
 
 
 def default_label(path: Path, traces: TraceSet) -> str:
@@ -107,4 +108,4 @@ def build_compare(runs: Sequence[tuple[RunInput, TraceSet]], output: str | Path,
     except OSError as exc:
         raise RunFolderError(f"{out}: cannot write the page: {exc.strerror or exc}") from exc
     return CompareResult(path=out, size_bytes=size, seconds=time.perf_counter() - started,
-                         segments=data.segment_count)
+                         segments=data.segment_count, time_axis_ms=data.duration_ms)
