@@ -16,10 +16,12 @@ import pandas as pd
 
 from fsdpviz.report import activity, plots
 from fsdpviz.report.compare_data import RunView
-from fsdpviz.report.plots import TIME_DIM
 from fsdpviz.report.style import bytes_scale, format_bytes
 
 STRIP_ROW_PX = 46
+# The report's Gantt keeps this left border for its lane labels; the memory overlay uses the same so
+# that its time axis lines up with the Gantts above it.
+MIN_BORDER_LEFT_PX = 190
 UNIT_HOVER = [("unit_name", "unit"), ("kind", "kind"), ("phase", "phase"), ("start_ms", "start (ms)"),
               ("dur_ms", "duration (ms)"), ("bytes_text", "bytes"), ("lead_text", "prefetch lead"), ("lane", "lane")]
 LANE_HOVER = [("category", "category"), ("lane", "lane"), ("name", "longest event"), ("start_ms", "start (ms)"),
@@ -28,12 +30,6 @@ LANE_HOVER = [("category", "category"), ("lane", "lane"), ("name", "longest even
 
 def _toolbar_hook(plot: Any, element: Any) -> None:
     plot.state.toolbar.autohide = True
-
-
-def _time_axis_hook(plot: Any, element: Any) -> None:
-    """The Gantts' left border, so that the memory overlay's time axis lines up with theirs."""
-    _toolbar_hook(plot, element)
-    plot.state.min_border_left = plots.MIN_BORDER_LEFT_PX
 
 
 def structure_strips(runs: Sequence[RunView]) -> hv.Overlay:
@@ -81,23 +77,36 @@ def run_gantt(run: RunView) -> Any:
                        colors=colors, color_by=view.color_by, hover=UNIT_HOVER if units else LANE_HOVER)
 
 
-def memory_overlay(runs: Sequence[RunView]) -> hv.Overlay | None:
-    """Allocated memory during each run's representative step, one curve per run."""
+def memory_overlay(runs: Sequence[RunView]) -> Any | None:
+    """Allocated memory during each run's representative step, one curve per run (a bokeh figure,
+    like the report's own time-line figures)."""
+    from bokeh.models import ColumnDataSource, HoverTool
+    from bokeh.plotting import figure
+
     shown = [r for r in runs if not r.memory.empty]
     if not shown:
         return None
     peak = max(float(r.memory["allocated_bytes"].max()) for r in shown)
     divisor, unit = bytes_scale(peak)
-    y_dim = hv.Dimension("memory", label="allocated", unit=unit)
-    curves = []
+    fig = figure(title="allocated memory during each run's representative step (the rank with the highest peak)",
+                 height=280, sizing_mode="stretch_width", tools="xpan,xwheel_zoom,box_zoom,reset,save",
+                 active_scroll="xwheel_zoom", active_drag="xpan", output_backend="canvas",
+                 min_border_left=MIN_BORDER_LEFT_PX, x_axis_label="time since step start (ms)",
+                 y_axis_label=f"allocated ({unit})")
+    fig.toolbar.logo = None
+    fig.toolbar.autohide = True
+    renderers = []
     for run in shown:
-        frame = pd.DataFrame({"time_ms": run.memory["t_ms"], "memory": run.memory["allocated_bytes"] / divisor})
-        curves.append(hv.Curve(frame, TIME_DIM, y_dim, label=f"{run.label} (rank {run.memory_rank})").opts(
-            interpolation="steps-post", color=run.color, line_width=1.8, tools=["hover"]))
-    return hv.Overlay(curves).opts(hv.opts.Overlay(
-        title="allocated memory during each run's representative step (the rank with the highest peak)",
-        responsive=True, height=280, legend_position="top_right", show_grid=True, hooks=[_time_axis_hook],
-        tools=["xpan", "xwheel_zoom", "box_zoom", "reset"], active_tools=["xwheel_zoom"]))
+        source = ColumnDataSource({"t_ms": run.memory["t_ms"].to_numpy(float),
+                                   "memory": run.memory["allocated_bytes"].to_numpy(float) / divisor,
+                                   "run": [run.label] * len(run.memory)})
+        renderers.append(fig.step("t_ms", "memory", source=source, mode="after", line_width=1.8, color=run.color,
+                                  legend_label=f"{run.label} (rank {run.memory_rank})"))
+    fig.add_tools(HoverTool(renderers=renderers, tooltips=[("run", "@run"), ("time (ms)", "@{t_ms}{0.000}"),
+                                                           (f"allocated ({unit})", "@{memory}{0.000}")]))
+    fig.legend.location = "top_right"
+    fig.legend.background_fill_alpha = 0.7
+    return fig
 
 
 def run_bars(groups: pd.DataFrame, metric: str, *, title: str, unit: str, colors: Mapping[str, str]) -> hv.Bars | None:
