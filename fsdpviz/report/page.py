@@ -8,7 +8,7 @@ plots come from :mod:`fsdpviz.report.plots`; numbers come formatted from the dat
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fsdpviz.report import activity, plots
 from fsdpviz.report.html import Fact, LegendItem, Page, Section
@@ -135,15 +135,15 @@ def timeline_section(data: ReportData) -> Section:
                    views=views)
 
 
-def _timeline_plot(view: StepView, data: ReportData):
+def _timeline_plot(view: StepView, data: ReportData) -> Any:
     if view.kind == "units":
+        # The lane is the row's label: no hover field for it (each field is a column on the page).
         hover = [("unit_name", "unit"), ("kind", "kind"), ("phase", "phase"), ("start_ms", "start (ms)"),
-                 ("dur_ms", "duration (ms)"), ("bytes_text", "bytes"), ("lead_text", "prefetch lead"),
-                 ("lane", "lane")]
-        colors = data.unit_colors
+                 ("dur_ms", "duration (ms)"), ("bytes_text", "bytes"), ("lead_text", "prefetch lead")]
+        colors = {unit_label(u): c for u, c in data.unit_colors.items()}
     else:
-        hover = [("category", "category"), ("lane", "lane"), ("name", "longest event"),
-                 ("start_ms", "start (ms)"), ("dur_ms", "duration (ms)"), ("events", "events")]
+        hover = [("category", "category"), ("name", "longest event"), ("start_ms", "start (ms)"),
+                 ("dur_ms", "duration (ms)"), ("events", "events")]
         colors = activity.CATEGORY_COLORS
     gantt = plots.gantt(view.rows, view.segments, view.exposed, title=view.title, colors=colors,
                         color_by=view.color_by, hover=hover)

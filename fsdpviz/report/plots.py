@@ -1,10 +1,10 @@
 """Plot data (pandas) -> holoviews objects. No I/O, no analysis: only marks, axes, colours, hovers.
 
-Each function takes the tables built by :mod:`fsdpviz.report.timeline`, ``memory`` or
-``unitview`` and returns a holoviews element or layout; :mod:`fsdpviz.report.html` renders them.
-Time axes share one dimension name (``TIME_DIM``) so that holoviews links zoom and pan between the
-Gantt and the memory curve of the same step; plots with another time base (per-step charts) use
-other names so they stay independent.
+Each function takes the tables built by :mod:`fsdpviz.report.unittable`, ``steptimes`` and friends
+and returns a holoviews element or layout; :mod:`fsdpviz.report.html` renders them. The time-line
+figures (Gantt + memory), which carry almost all of the page's data, are bokeh figures built by
+:mod:`fsdpviz.report.gantt` (re-exported here); plots with another time base use other dimension
+names so holoviews keeps their axes independent.
 
 Text from traces (unit and lane names) reaches the browser only as canvas text (ticks, legends)
 or as ``@field`` tooltips, which bokeh escapes.
@@ -19,153 +19,19 @@ import holoviews as hv
 import holoviews.plotting.bokeh
 import pandas as pd
 
-from fsdpviz.report.style import (
-    ALLOCATED_COLOR,
-    EXPOSED_COLOR,
-    RESERVED_COLOR,
-)
+from fsdpviz.report.gantt import gantt, memory_curve, timeline_layout
+
+__all__ = ["gantt", "memory_curve", "rank_bars", "skew_scatter", "step_time_spread", "timeline_layout",
+           "unit_bars", "unit_table", "unit_timer_boxes"]
 
 # hv.extension() would also set up notebook comms; selecting the backend is all a file needs.
 hv.Store.set_current_backend("bokeh")
 
 TIME_DIM = hv.Dimension("time_ms", label="time since step start", unit="ms")
-LANE_DIM = hv.Dimension("lane_y", label="rank · lane")
-ROW_HEIGHT_PX = 22
-MIN_ROW_HEIGHT_PX = 11
-MAX_GANTT_BODY_PX = 1100
-MIN_GANTT_HEIGHT_PX = 160
-# The left border fits lane labels such as "rank 12 · stream 7 (all-gather)", and is the same on
-# every plot of a time-line column so that their time axes line up.
-MIN_BORDER_LEFT_PX = 190
-
-# Height of a span inside its lane row (rows are 1 apart), and of the exposed strip under it.
-_SPAN_PAD = 0.12
-_EXPOSED_TOP = 0.62
-
-
-def _hatch_hook(plot: Any, element: Any) -> None:
-    """Hatch backward spans (column ``hatch``): phase must read without relying on colour."""
-    glyph = plot.handles.get("glyph")
-    if glyph is not None and "hatch" in plot.handles["source"].data:
-        glyph.hatch_pattern = {"field": "hatch"}
-        glyph.hatch_color = "white"
-        glyph.hatch_alpha = 0.7
-        glyph.hatch_scale = 8
 
 
 def _tidy_toolbar_hook(plot: Any, element: Any) -> None:
     plot.state.toolbar.autohide = True
-
-
-def _timeline_hook(plot: Any, element: Any) -> None:
-    """Same left border on every plot of a time-line column, so that their time axes line up."""
-    _tidy_toolbar_hook(plot, element)
-    plot.state.min_border_left = MIN_BORDER_LEFT_PX
-
-
-def _gantt_height(n_rows: int) -> int:
-    # Rows shrink (down to MIN_ROW_HEIGHT_PX) so that a many-rank Gantt still fits a screen or two.
-    row_px = max(MIN_ROW_HEIGHT_PX, min(ROW_HEIGHT_PX, MAX_GANTT_BODY_PX // max(n_rows, 1)))
-    return max(MIN_GANTT_HEIGHT_PX, 70 + row_px * n_rows)
-
-
-def lane_ticks(rows: pd.DataFrame) -> list[tuple[float, str]]:
-    """Y ticks at the middle of each lane row."""
-    return [(float(r) + 0.5, str(label)) for r, label in zip(rows["row"], rows["label"])]
-
-
-def gantt(rows: pd.DataFrame, segments: pd.DataFrame, exposed: pd.DataFrame, *, title: str,
-          colors: Mapping[str, str], color_by: str, hover: Sequence[tuple[str, str]]) -> hv.Overlay:
-    """Rectangles per lane row, coloured by ``color_by`` (a unit, or comm/compute), with the
-    exposed pieces of collectives as a red strip in the lower part of their row.
-
-    ``segments`` needs ``row``, ``x0_ms``, ``x1_ms``, ``color_by`` and the hover columns; an
-    optional ``hatch`` column marks the phase. ``exposed`` needs ``row``, ``x0_ms``, ``x1_ms``,
-    ``dur_ms`` and ``what``.
-    """
-    seg = segments.assign(time_ms=segments["x0_ms"], lane_y=segments["row"] + _SPAN_PAD,
-                          y1=segments["row"] + 1 - _SPAN_PAD)
-    vdims = [c for c in dict.fromkeys([color_by, *(c for c, _ in hover), "hatch"]) if c in seg.columns]
-    spans = hv.Rectangles(seg, kdims=[TIME_DIM, LANE_DIM, "x1_ms", "y1"], vdims=vdims, label="spans")
-    cmap = {key: colors.get(key, "#888888") for key in seg[color_by].astype(str).unique()}
-    spans = spans.opts(
-        color=color_by, cmap=cmap, line_alpha=0, fill_alpha=0.95,
-        hover_tooltips=[(name, f"@{{{col}}}") for col, name in hover], tools=["hover"],
-        hooks=[_hatch_hook], show_legend=False,
-    )
-    ex = exposed.assign(time_ms=exposed["x0_ms"], lane_y=exposed["row"] + _EXPOSED_TOP,
-                        y1=exposed["row"] + 1 - _SPAN_PAD / 2)
-    strips = hv.Rectangles(ex, kdims=[TIME_DIM, LANE_DIM, "x1_ms", "y1"], vdims=["dur_ms", "what"],
-                           label="exposed communication")
-    strips = strips.opts(
-        color=EXPOSED_COLOR, line_color=EXPOSED_COLOR, fill_alpha=1.0, tools=["hover"],
-        hover_tooltips=[("exposed", "@what"), ("exposed ms", "@{dur_ms}{0.000}")],
-    )
-    n_rows = len(rows)
-    overlay = (spans * strips).opts(
-        hv.opts.Overlay(
-            title=title, responsive=True, height=_gantt_height(n_rows), xlabel=TIME_DIM.pprint_label,
-            ylabel="", yticks=lane_ticks(rows), invert_yaxis=True, ylim=(0, max(n_rows, 1)),
-            show_legend=False, hooks=[_timeline_hook], active_tools=["xwheel_zoom"],
-            tools=["xpan", "xwheel_zoom", "box_zoom", "reset"],
-        )
-    )
-    return overlay
-
-
-def memory_curve(curves: pd.DataFrame, peaks: pd.DataFrame | None, *, divisor: float, unit: str,
-                 title: str, labels_per_rank: int = 5) -> hv.Overlay:
-    """Allocated (solid) and reserved (dashed) bytes over the step for each drawn rank, and each
-    unit's peak marked with a point (and a text label for the highest ``labels_per_rank``)."""
-    y_dim = hv.Dimension("memory", label="memory", unit=unit)
-    elements: list[Any] = []
-    ranks = sorted(int(r) for r in curves["rank"].unique()) if not curves.empty else []
-    multi = len(ranks) > 1
-    # Reserved memory only for the rank with the highest reserve: one dashed line reads, eight do not.
-    reserve_rank = (int(curves.loc[curves["reserved_bytes"].idxmax(), "rank"])
-                    if not curves.empty and (curves["reserved_bytes"] > 0).any() else None)
-    for i, rank in enumerate(ranks):
-        mine = curves[curves["rank"] == rank]
-        alloc = pd.DataFrame({"time_ms": mine["t_ms"], "memory": mine["allocated_bytes"] / divisor})
-        resv = pd.DataFrame({"time_ms": mine["t_ms"], "memory": mine["reserved_bytes"] / divisor})
-        suffix = f" (rank {rank})" if multi else ""
-        color = ALLOCATED_COLOR if not multi else _RANK_COLORS[i % len(_RANK_COLORS)]
-        elements.append(hv.Curve(alloc, TIME_DIM, y_dim, label=f"allocated{suffix}").opts(
-            interpolation="steps-post", color=color, line_width=1.8, tools=["hover"]))
-        if rank == reserve_rank:  # None on CPU: its allocator reports no reserve, no flat zero line
-            elements.append(hv.Curve(resv, TIME_DIM, y_dim, label=f"reserved{suffix}").opts(
-                interpolation="steps-post", color=RESERVED_COLOR if not multi else color,
-                line_dash="dashed", line_width=1.2, alpha=0.8))
-    if peaks is not None and not peaks.empty:
-        pts = peaks.assign(time_ms=peaks["t_ms"], memory=peaks["peak_bytes"] / divisor)
-        points = hv.Points(pts, kdims=[TIME_DIM, y_dim], vdims=["unit", "rank", "peak_text", "color"],
-                           label="unit peak")
-        elements.append(points.opts(color="color", size=9, marker="triangle", line_color="black",
-                                    tools=["hover"], hover_tooltips=[("unit", "@unit"), ("rank", "@rank"),
-                                                                     ("peak", "@{peak_text}")]))
-        # Text labels only for the highest peaks of the rank with the highest peak: more overlap.
-        top_rank = pts.sort_values("memory", ascending=False)["rank"].iloc[0]
-        top = pts[pts["rank"] == top_rank].sort_values("memory", ascending=False).head(labels_per_rank)
-        elements.append(hv.Labels(top, kdims=[TIME_DIM, y_dim], vdims=["unit"]).opts(
-            text_font_size="8pt", text_align="left", xoffset=0, yoffset=0, text_color="#333333",
-            text_baseline="bottom"))
-    if not elements:
-        elements.append(hv.Curve([], TIME_DIM, y_dim))
-    return hv.Overlay(elements).opts(
-        hv.opts.Overlay(title=title, responsive=True, height=260, legend_position="top_right",
-                        legend_cols=2 if multi else 1, legend_opts={"background_fill_alpha": 0.7},
-                        hooks=[_timeline_hook], active_tools=["xwheel_zoom"],
-                        tools=["xpan", "xwheel_zoom", "box_zoom", "reset"], show_grid=True)
-    )
-
-
-_RANK_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
-
-
-def timeline_layout(gantt_view: hv.Overlay, memory_view: hv.Overlay | None) -> hv.Layout:
-    """Gantt above, memory below: one column whose time axes zoom and pan together."""
-    items = [gantt_view] if memory_view is None else [gantt_view, memory_view]
-    return hv.Layout(items).cols(1).opts(hv.opts.Layout(shared_axes=True, merge_tools=True))
 
 
 STEP_MS_DIM = hv.Dimension("step_ms", label="step time", unit="ms")

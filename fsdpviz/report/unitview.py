@@ -125,7 +125,7 @@ def units_view(spans: pd.DataFrame, lanes: pd.DataFrame, choice: StepChoice, *, 
     if merged:
         notes.append(f"{choice.label}: more than {max_segments:,} unit spans; each unit's spans of one "
                      "kind and phase on a lane were joined (hover shows how many).")
-    return StepView(kind="units", choice=choice, rows=rows, segments=segments, color_by="unit",
+    return StepView(kind="units", choice=choice, rows=rows, segments=segments, color_by="unit_name",
                     exposed=exposed_pieces, memory=memory_curve, merged=merged, notes=notes)
 
 

@@ -1,0 +1,176 @@
+"""The time-line figures (Gantt of one step + memory curve under it), drawn with bokeh directly.
+
+Every other plot of the page is a holoviews element; these two are built as bokeh figures because
+they carry almost all of the page's data (up to 1e5 rectangles) and holoviews' per-element
+machinery doubled both the build time and the page size for them (measured on a 64-rank run:
+holoviews sent every rectangle's coordinates twice and each hover field as its own string column,
+plus a colour column; here the source holds the four corners, the hover fields and nothing else).
+Colours and hatches are mapped in the browser (``factor_cmap`` / ``factor_hatch``) from the unit or
+category and the phase, so no per-rectangle colour strings travel either.
+
+Names from traces (units, lanes, kernels) appear only as canvas text (tick labels, peak labels)
+and in ``@field`` tooltips, which bokeh escapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from bokeh.layouts import gridplot
+from bokeh.models import ColumnDataSource, FixedTicker, HoverTool, LabelSet, Range1d
+from bokeh.plotting import figure
+from bokeh.transform import factor_cmap, factor_hatch
+
+from fsdpviz.report.style import ALLOCATED_COLOR, EXPOSED_COLOR, PHASE_HATCH, RESERVED_COLOR
+
+TIME_LABEL = "time since step start (ms)"
+ROW_HEIGHT_PX = 22
+MIN_ROW_HEIGHT_PX = 11
+MAX_GANTT_BODY_PX = 1100
+MIN_GANTT_HEIGHT_PX = 160
+# The left border fits lane labels such as "rank 12 · stream 28 · reduce_scatter" and is the same
+# on both figures of a time line, so that their time axes line up.
+MIN_BORDER_LEFT_PX = 190
+TOOLS = "xpan,xwheel_zoom,box_zoom,reset,save"
+RANK_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
+
+# Height of a span inside its lane row (rows are 1 apart), and of the exposed strip under it.
+_SPAN_PAD = 0.12
+_EXPOSED_TOP = 0.62
+
+
+def gantt_height(n_rows: int) -> int:
+    """Rows shrink (down to MIN_ROW_HEIGHT_PX) so that a many-rank Gantt fits a screen or two."""
+    row_px = max(MIN_ROW_HEIGHT_PX, min(ROW_HEIGHT_PX, MAX_GANTT_BODY_PX // max(n_rows, 1)))
+    return max(MIN_GANTT_HEIGHT_PX, 70 + row_px * n_rows)
+
+
+def _time_range(segments: pd.DataFrame, exposed: pd.DataFrame) -> Range1d:
+    ends = [float(f["x1_ms"].max()) for f in (segments, exposed) if not f.empty]
+    end = max(ends) if ends else 1.0
+    pad = max(end * 0.01, 1e-3)
+    return Range1d(start=-pad, end=end + pad)
+
+
+def _figure(title: str, height: int, x_range: Range1d, **kwargs: Any) -> Any:
+    fig = figure(title=title, height=height, sizing_mode="stretch_width", x_range=x_range, tools=TOOLS,
+                 active_scroll="xwheel_zoom", active_drag="xpan", output_backend="canvas",
+                 min_border_left=MIN_BORDER_LEFT_PX, x_axis_label=TIME_LABEL, **kwargs)
+    fig.toolbar.logo = None
+    return fig
+
+
+def gantt(rows: pd.DataFrame, segments: pd.DataFrame, exposed: pd.DataFrame, *, title: str,
+          colors: Mapping[str, str], color_by: str, hover: Sequence[tuple[str, str]]) -> Any:
+    """Rectangles per lane row, coloured by ``color_by`` (a unit, or comm/compute), backward
+    phases hatched, the exposed pieces of collectives as a red strip in the lower part of their row.
+
+    ``segments`` needs ``row``, ``x0_ms``, ``x1_ms``, ``color_by`` and the ``hover`` columns
+    (``(column, name)`` pairs; missing ones are skipped), optionally ``phase``. ``exposed`` needs
+    ``row``, ``x0_ms``, ``x1_ms``, ``dur_ms`` and ``what``.
+    """
+    n_rows = max(len(rows), 1)
+    fig = _figure(title, gantt_height(n_rows), _time_range(segments, exposed), y_range=Range1d(n_rows, 0))
+    ticks = [float(r) + 0.5 for r in rows["row"]]
+    fig.yaxis.ticker = FixedTicker(ticks=ticks)
+    fig.yaxis.major_label_overrides = {t: str(label) for t, label in zip(ticks, rows["label"])}
+    fig.yaxis.major_label_text_font_size = "8pt" if n_rows > 40 else "9pt"
+    fig.ygrid.grid_line_color = None
+    fields = [c for c in dict.fromkeys([color_by, *(c for c, _ in hover), "phase"]) if c in segments.columns]
+    data: dict[str, Any] = {
+        "left": segments["x0_ms"].to_numpy(np.float64), "right": segments["x1_ms"].to_numpy(np.float64),
+        "bottom": (segments["row"] + _SPAN_PAD).to_numpy(np.float64),
+        "top": (segments["row"] + 1 - _SPAN_PAD).to_numpy(np.float64),
+    }
+    for col in fields:
+        values = segments[col]
+        data[col] = values.to_numpy() if pd.api.types.is_numeric_dtype(values) else values.astype(str).tolist()
+    factors = list(dict.fromkeys(str(v) for v in segments[color_by])) if not segments.empty else ["-"]
+    glyph: dict[str, Any] = {
+        "fill_color": factor_cmap(color_by, [colors.get(f, "#888888") for f in factors], factors),
+        "fill_alpha": 0.95, "line_alpha": 0,
+    }
+    if "phase" in data:
+        glyph.update(hatch_pattern=factor_hatch("phase", list(PHASE_HATCH.values()), list(PHASE_HATCH)),
+                     hatch_color="white", hatch_alpha=0.7, hatch_scale=8)
+    spans = fig.quad(left="left", right="right", bottom="bottom", top="top", source=ColumnDataSource(data),
+                     **glyph)
+    fig.add_tools(HoverTool(renderers=[spans], tooltips=[(name, _field(col, data)) for col, name in hover
+                                                         if col in data]))
+    strips = fig.quad(left="left", right="right", bottom="bottom", top="top", fill_color=EXPOSED_COLOR,
+                      line_alpha=0, source=ColumnDataSource({
+                          "left": exposed["x0_ms"].to_numpy(np.float64),
+                          "right": exposed["x1_ms"].to_numpy(np.float64),
+                          "bottom": (exposed["row"] + _EXPOSED_TOP).to_numpy(np.float64),
+                          "top": (exposed["row"] + 1 - _SPAN_PAD / 2).to_numpy(np.float64),
+                          "dur_ms": exposed["dur_ms"].to_numpy(np.float64),
+                          "what": exposed["what"].astype(str).tolist()}))
+    fig.add_tools(HoverTool(renderers=[strips], tooltips=[("exposed", "@what"), ("exposed (ms)", "@{dur_ms}{0.000}")]))
+    return fig
+
+
+def _field(col: str, data: Mapping[str, Any]) -> str:
+    """A tooltip field: numbers with three decimals, text as is (bokeh escapes it)."""
+    values = data[col]
+    return f"@{{{col}}}{{0.000}}" if isinstance(values, np.ndarray) and values.dtype.kind == "f" else f"@{{{col}}}"
+
+
+def memory_curve(curves: pd.DataFrame, peaks: pd.DataFrame | None, *, divisor: float, unit: str, title: str,
+                 x_range: Range1d | None = None, labels_per_rank: int = 5) -> Any:
+    """Allocated (solid) and reserved (dashed) memory of each drawn rank over the step, and each
+    unit's peak marked with a triangle (text labels for the highest ``labels_per_rank`` of the rank
+    with the highest peak; hover tells the others)."""
+    if x_range is None:
+        end = float(curves["t_ms"].max()) if not curves.empty else 1.0
+        x_range = Range1d(start=-end * 0.01, end=end * 1.01)
+    fig = _figure(title, 260, x_range, y_axis_label=f"memory ({unit})")
+    ranks = sorted(int(r) for r in curves["rank"].unique()) if not curves.empty else []
+    multi = len(ranks) > 1
+    # Reserved memory only for the rank with the highest reserve: one dashed line reads, eight do not.
+    reserve_rank = (int(curves.loc[curves["reserved_bytes"].idxmax(), "rank"])
+                    if not curves.empty and (curves["reserved_bytes"] > 0).any() else None)
+    for i, rank in enumerate(ranks):
+        mine = curves[curves["rank"] == rank]
+        suffix = f" (rank {rank})" if multi else ""
+        color = RANK_COLORS[i % len(RANK_COLORS)] if multi else ALLOCATED_COLOR
+        fig.step(mine["t_ms"].to_numpy(), (mine["allocated_bytes"] / divisor).to_numpy(), mode="after",
+                 line_width=1.8, color=color, legend_label=f"allocated{suffix}")
+        if rank == reserve_rank:  # None on CPU: its allocator reports no reserve, no flat zero line
+            fig.step(mine["t_ms"].to_numpy(), (mine["reserved_bytes"] / divisor).to_numpy(), mode="after",
+                     line_width=1.2, line_dash="dashed", alpha=0.8, color=RESERVED_COLOR if not multi else color,
+                     legend_label=f"reserved{suffix}")
+    if peaks is not None and not peaks.empty:
+        pts = ColumnDataSource({
+            "t_ms": peaks["t_ms"].to_numpy(np.float64), "y": (peaks["peak_bytes"] / divisor).to_numpy(np.float64),
+            "unit": peaks["unit_name"].astype(str).tolist() if "unit_name" in peaks else peaks["unit"].astype(str).tolist(),
+            "rank": peaks["rank"].to_numpy(), "peak_text": peaks["peak_text"].astype(str).tolist(),
+            "color": peaks["color"].astype(str).tolist()})
+        marks = fig.scatter("t_ms", "y", source=pts, marker="triangle", size=9, fill_color="color",
+                            line_color="black", legend_label="unit peak")
+        fig.add_tools(HoverTool(renderers=[marks], tooltips=[("unit", "@unit"), ("rank", "@rank"),
+                                                             ("peak", "@{peak_text}")]))
+        top_rank = peaks.sort_values("peak_bytes", ascending=False)["rank"].iloc[0]
+        top = peaks[peaks["rank"] == top_rank].sort_values("peak_bytes", ascending=False).head(labels_per_rank)
+        fig.add_layout(LabelSet(x="t_ms", y="y", text="unit", text_font_size="8pt", text_color="#333333",
+                                x_offset=4, y_offset=2, source=ColumnDataSource({
+                                    "t_ms": top["t_ms"].to_numpy(np.float64),
+                                    "y": (top["peak_bytes"] / divisor).to_numpy(np.float64),
+                                    "unit": (top["unit_name"] if "unit_name" in top else top["unit"]).astype(str).tolist()})))
+    if fig.legend:
+        fig.legend.location = "top_right"
+        fig.legend.click_policy = "hide"
+        fig.legend.background_fill_alpha = 0.7
+        fig.legend.ncols = 2 if multi else 1
+    return fig
+
+
+def timeline_layout(gantt_fig: Any, memory_fig: Any | None) -> Any:
+    """Gantt above, memory below, one toolbar: their time axes zoom and pan together."""
+    if memory_fig is None:
+        return gantt_fig
+    memory_fig.x_range = gantt_fig.x_range
+    return gridplot([[gantt_fig], [memory_fig]], merge_tools=True, toolbar_location="above",
+                    sizing_mode="stretch_width")
