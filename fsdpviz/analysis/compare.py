@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
+from fsdpviz.analysis.compare_memory import drift_bytes, step_levels, step_rise_bytes
 from fsdpviz.analysis.compare_units import RunUnit, UnitMatch, group_values, match_units
 from fsdpviz.errors import UsageError
 
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from fsdpviz.analysis.run import RunAnalysis
+    from fsdpviz.trace.tables import TraceSet
 
 LOWER: Final = "lower"
 HIGHER: Final = "higher"
@@ -43,6 +45,7 @@ class HeadlineField:
     unit: str  # "ms", "%", "bytes" or "" (a count)
     better: str | None  # LOWER / HIGHER, or None when neither is better
     digits: int | None = 3  # rounding of deltas (None: integers)
+    in_summary: bool = True  # False: measured by the comparison itself (not a summary number)
 
 
 HEADLINE_FIELDS: Final = (
@@ -54,6 +57,8 @@ HEADLINE_FIELDS: Final = (
     HeadlineField("overlap.idle_ms", "idle / step", "ms", LOWER),
     HeadlineField("memory.peak_allocated_bytes", "peak allocated", "bytes", LOWER, None),
     HeadlineField("memory.peak_reserved_bytes", "peak reserved", "bytes", LOWER, None),
+    HeadlineField("step_rise_bytes", "memory a step adds (peak − level at step start)", "bytes", LOWER, None,
+                  in_summary=False),
     HeadlineField("n_units", "FSDP units", "", None, None),
     HeadlineField("largest_unit_bytes", "largest unit (unsharded params)", "bytes", None, None),
     HeadlineField("world_size", "world size", "", None, None),
@@ -69,6 +74,7 @@ class RunInput:
     summary: dict[str, Any]  # ``summarize(traces, analysis=...)``
     analysis: RunAnalysis | None = None
     run: dict[str, Any] | None = None  # run.json, when the run was recorded by fsdpviz
+    traces: TraceSet | None = None  # the loaded tables (memory levels per step come from them)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -82,6 +88,7 @@ class Comparison:
     best: dict[str, list[int]]  # key -> indices of the runs with the best value (empty: no best)
     settings: list[tuple[str, list[str]]]  # (row label, text per run), rows that describe the runs
     match: UnitMatch
+    drift: list[int | None] = field(default_factory=list)  # per run: growth of the level at step start
     findings: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -146,12 +153,18 @@ def compare_runs(runs: Sequence[RunInput]) -> Comparison:
     labels = [r.label for r in runs]
     if len(set(labels)) != len(labels):
         raise UsageError(f"run labels must differ: {', '.join(labels)}")
-    values = {f.key: [field_value(r.summary, f.key) for r in runs] for f in HEADLINE_FIELDS}
+    levels = [step_levels(r.traces, list(r.summary.get("steps") or [])) if r.traces is not None else None
+              for r in runs]
+    measured = {"step_rise_bytes": [step_rise_bytes(lv) if lv is not None else None for lv in levels]}
+    values = {f.key: measured[f.key] if not f.in_summary else [field_value(r.summary, f.key) for r in runs]
+              for f in HEADLINE_FIELDS}
     deltas = {f.key: [_delta(v, values[f.key][0], f.digits) for v in values[f.key]] for f in HEADLINE_FIELDS}
     best = {f.key: best_indices(values[f.key], f.better) for f in HEADLINE_FIELDS}
     match = match_units({r.label: run_units(r) for r in runs})
+    drift = [drift_bytes(lv) if lv is not None else None for lv in levels]
+    notes = comparability_notes(runs, match) + drift_notes(labels, drift, values["step_rise_bytes"])
     comparison = Comparison(labels=labels, runs=list(runs), values=values, deltas=deltas, best=best,
-                            settings=settings_rows(runs), match=match, notes=comparability_notes(runs, match))
+                            settings=settings_rows(runs), match=match, drift=drift, notes=notes)
     from fsdpviz.analysis.compare_findings import build_findings  # findings read the comparison
 
     comparison.findings = build_findings(comparison)
@@ -293,6 +306,19 @@ def comparability_notes(runs: Sequence[RunInput], match: UnitMatch) -> list[str]
     return notes
 
 
+def drift_notes(labels: Sequence[str], drift: Sequence[int | None], rise: Sequence[int | None]) -> list[str]:
+    """Runs whose allocated level at step start climbs from step to step (see compare_memory)."""
+    drifting = [(lb, d) for lb, d in zip(labels, drift) if d is not None]
+    if not drifting:
+        return []
+    mib = ", ".join(f"{lb} +{d / (1 << 20):.1f} MiB" for lb, d in drifting)
+    rises = ", ".join(f"{lb} {r / (1 << 20):.1f} MiB" for lb, r in zip(labels, rise) if r is not None)
+    note = (f"Allocated memory at step start climbs across the analysed steps ({mib}): the profiler misses "
+            "frees of memory allocated before it started (common on CPU), so peaks depend on how many steps "
+            f"were profiled. Compare the memory a step adds instead ({rises}); the findings do.")
+    return [note]
+
+
 # --- JSON --------------------------------------------------------------------------------------
 
 def comparison_json(comparison: Comparison) -> dict[str, Any]:
@@ -310,6 +336,8 @@ def comparison_json(comparison: Comparison) -> dict[str, Any]:
         "best": {k: [comparison.labels[i] for i in v] for k, v in comparison.best.items()},
         "unit_groups": [group_json(comparison, g) for g in comparison.match.groups],
         "whole_model_runs": comparison.match.whole_model,
+        "step_rise_bytes": comparison.values["step_rise_bytes"],
+        "memory_drift_bytes": comparison.drift,
         "findings": comparison.findings,
         "notes": comparison.notes,
     }

@@ -4,14 +4,17 @@ Each finding names the better run of one question (which step is shortest, which
 communication, which peaks lowest, where the difference sits among the units) and says why only
 as far as the traces show it:
 
-- a difference counts when it exceeds the noise: 5 % of the larger value (2 % for memory) and the
-  step-to-step spread of either run (the range of per-step means over ranks); below that the
-  finding says the runs are within noise instead of naming a winner;
+- a difference counts when it exceeds the noise: 5 % of the larger value (2 % for memory) and twice
+  the standard error of the difference of the two means (from each run's per-step means over ranks,
+  a two-sample test at roughly 95 %); below that the finding says the runs are within noise instead
+  of naming a winner;
 - a step-time difference is split into the parts of the step the per-unit analysis measures on
   the training threads (unit compute, FSDP framework work, optimizer, other) plus exposed comm;
 - a communication difference is explained by the kinds of collectives exposed and how many
   collectives a step runs;
-- a memory difference is attributed to unit sizes only when the ZeRO/FSDP memory model
+- memory is compared on the peak, or on the memory a step adds (peak - level at step start) when a
+  run's level drifts from step to step (:mod:`fsdpviz.analysis.compare_memory`); a difference is
+  attributed to unit sizes only when the ZeRO/FSDP memory model
   (``RunAnalysis.memory_model``: sharded state + the two largest units' parameters + the largest
   unit's gradients) accounts for at least half of it; otherwise the finding says the unit sizes
   do not explain it.
@@ -69,10 +72,15 @@ def per_step_ms(run: RunInput, column: str) -> np.ndarray:
     return (times.groupby("step")[column].mean() / NS_PER_MS).to_numpy(dtype=float)
 
 
-def spread_ms(run: RunInput, column: str) -> float:
-    """Range of the per-step means of a STEP_TIMES column (0 with one step)."""
+def stderr_ms(run: RunInput, column: str) -> float:
+    """Standard error of the mean of a STEP_TIMES column over analysed steps (0 with one step)."""
     values = per_step_ms(run, column)
-    return float(values.max() - values.min()) if len(values) > 1 else 0.0
+    return float(values.std(ddof=1) / np.sqrt(len(values))) if len(values) > 1 else 0.0
+
+
+def noise_ms(a: RunInput, b: RunInput, column: str) -> float:
+    """Twice the standard error of the difference of two runs' means (see the module docstring)."""
+    return 2.0 * float(np.hypot(stderr_ms(a, column), stderr_ms(b, column)))
 
 
 def is_clear(a: float, b: float, noise: float, rel: float = TIME_NOISE, floor: float = MIN_TIME_MS) -> bool:
@@ -94,9 +102,10 @@ def step_time_finding(c: Comparison) -> list[dict[str, Any]]:
         return []
     best_i, best = min(known, key=lambda t: t[1])
     worst_i, worst = max(known, key=lambda t: t[1])
-    noise = max(spread_ms(c.runs[best_i], "step_ns"), spread_ms(c.runs[worst_i], "step_ns"))
+    noise = noise_ms(c.runs[best_i], c.runs[worst_i], "step_ns")
     values = {"step_time_ms": {c.labels[i]: v for i, v in known}}
-    evidence = f"mean step time: {_listing(c, 'step_time_ms', _ms)}; step-to-step spread up to {_ms(noise)}"
+    evidence = (f"mean step time: {_listing(c, 'step_time_ms', _ms)}; noise between the fastest and slowest "
+                f"(2 standard errors): {_ms(noise)}")
     if not is_clear(best, worst, noise):
         return [_finding("step_time", f"Step times are within noise of each other ({_ms(best)} to {_ms(worst)}).",
                          evidence, None, values)]
@@ -104,7 +113,7 @@ def step_time_finding(c: Comparison) -> list[dict[str, Any]]:
     base = c.values["step_time_ms"][0]
     other_i = worst_i
     if best_i != 0 and base is not None:
-        base_noise = max(spread_ms(c.runs[best_i], "step_ns"), spread_ms(c.runs[0], "step_ns"))
+        base_noise = noise_ms(c.runs[best_i], c.runs[0], "step_ns")
         other_i = 0 if is_clear(best, float(base), base_noise) else worst_i
     other = float(c.values["step_time_ms"][other_i])
     message = (f"{c.labels[best_i]} has the shortest step: {_ms(best)}, {100 * (other - best) / other:.0f} % "
@@ -172,7 +181,7 @@ def exposed_finding(c: Comparison) -> list[dict[str, Any]]:
         return []
     best_i, best = min(known, key=lambda t: t[1])
     worst_i, worst = max(known, key=lambda t: t[1])
-    noise = max(spread_ms(c.runs[best_i], "exposed_comm_ns"), spread_ms(c.runs[worst_i], "exposed_comm_ns"))
+    noise = noise_ms(c.runs[best_i], c.runs[worst_i], "exposed_comm_ns")
     parts = {r.label: exposed_parts(r) for r in c.runs}
     counts = {r.label: collective_counts(r) for r in c.runs}
     values: dict[str, dict[str, Any]] = {"exposed_comm_ms": {c.labels[i]: v for i, v in known}}
@@ -203,35 +212,41 @@ def exposed_finding(c: Comparison) -> list[dict[str, Any]]:
 
 
 def memory_finding(c: Comparison) -> list[dict[str, Any]]:
-    key = "memory.peak_allocated_bytes"
+    drifting = any(d is not None for d in c.drift)
+    key = "step_rise_bytes" if drifting else "memory.peak_allocated_bytes"
+    what = "memory a step adds" if drifting else "peak allocated memory"
     known = _known(c, key)
     if len(known) < 2:
         return []
     low_i, low = min(known, key=lambda t: t[1])
     high_i, high = max(known, key=lambda t: t[1])
-    values: dict[str, dict[str, Any]] = {"peak_allocated_bytes": {c.labels[i]: int(v) for i, v in known}}
+    values: dict[str, dict[str, Any]] = {key.split(".")[-1]: {c.labels[i]: int(v) for i, v in known}}
     models = {r.label: (getattr(r.analysis, "memory_model", None) or {}) for r in c.runs}
     values["model_peak_bytes"] = {lb: m["model_peak_bytes"] for lb, m in models.items() if m.get("model_peak_bytes")}
     largest = c.values["largest_unit_bytes"]
     values["largest_unit_bytes"] = {c.labels[i]: v for i, v in enumerate(largest) if v is not None}
-    evidence = f"peak allocated: {_listing(c, key, _bytes)}"
+    evidence = f"{what}: {_listing(c, key, _bytes)}"
+    if drifting:
+        evidence += (" (peak - level at step start, median over ranks and steps; peaks are not compared because "
+                     "the level at step start drifts)")
     if values["largest_unit_bytes"]:
         evidence += "; largest unit (unsharded parameters): " + ", ".join(
             f"{lb} {_bytes(v)}" for lb, v in values["largest_unit_bytes"].items())
     if not is_clear(low, high, 0.0, rel=MEMORY_NOISE, floor=0.0):
-        return [_finding("memory", f"Peak allocated memory is within {MEMORY_NOISE:.0%} across runs "
+        return [_finding("memory", f"{what[0].upper()}{what[1:]} is within {MEMORY_NOISE:.0%} across runs "
                          f"({_bytes(low)} to {_bytes(high)}).", evidence, None, values)]
     lo, hi = c.labels[low_i], c.labels[high_i]
-    message = f"{lo} has the lowest peak allocated memory: {_bytes(low)}, {_bytes(high - low)} less than {hi}."
+    message = f"{lo} has the lowest {what}: {_bytes(low)}, {_bytes(high - low)} less than {hi}."
     m_lo, m_hi = models[lo].get("model_peak_bytes"), models[hi].get("model_peak_bytes")
     l_lo, l_hi = largest[low_i], largest[high_i]
     if m_lo and m_hi and l_lo and l_hi:
         model_delta = m_hi - m_lo
         if model_delta > 0 and model_delta >= MODEL_SHARE * (high - low):
-            why = (f" The unit sizes explain it: {hi}'s largest unit holds {_bytes(l_hi)} of parameters "
+            why = (f" In line with the unit sizes: {hi}'s largest unit holds {_bytes(l_hi)} of parameters "
                    f"unsharded at once ({lo}: {_bytes(l_lo)})")
             if c.labels[high_i] in c.match.whole_model:
-                why = f" The unit sizes explain it: {hi} is one unit, so every parameter ({_bytes(l_hi)}) is unsharded at once"
+                why = (f" In line with the unit sizes: {hi} is one unit, so every parameter ({_bytes(l_hi)}) is "
+                       "unsharded at once")
             message += why + (f", and the memory model predicts {_bytes(model_delta)} more "
                               f"({_bytes(m_hi)} vs {_bytes(m_lo)}).")
         else:
@@ -266,13 +281,16 @@ def tradeoff_finding(c: Comparison, found: Sequence[dict[str, Any]]) -> list[dic
     fast, lean = better.get("step_time"), better.get("memory")
     if not fast or not lean or fast == lean:
         return []
+    memory = next(f for f in found if f["kind"] == "memory")
+    key = "step_rise_bytes" if "step_rise_bytes" in memory["values"] else "memory.peak_allocated_bytes"
+    what = "adds" if key == "step_rise_bytes" else "peaks"
     i, j = c.labels.index(fast), c.labels.index(lean)
     dt = float(c.values["step_time_ms"][j]) - float(c.values["step_time_ms"][i])
-    dm = int(c.values["memory.peak_allocated_bytes"][i]) - int(c.values["memory.peak_allocated_bytes"][j])
-    return [_finding("tradeoff", f"Trade-off: {fast} is {_ms(dt)} per step faster than {lean} but peaks "
-                     f"{_bytes(dm)} higher.", f"step time {fast} {_ms(float(c.values['step_time_ms'][i]))}, "
+    dm = int(c.values[key][i]) - int(c.values[key][j])
+    return [_finding("tradeoff", f"Trade-off: {fast} is {_ms(dt)} per step faster than {lean} but {what} "
+                     f"{_bytes(dm)} more memory.", f"step time {fast} {_ms(float(c.values['step_time_ms'][i]))}, "
                      f"{lean} {_ms(float(c.values['step_time_ms'][j]))}", None,
-                     {"step_time_ms": {fast: dt}, "peak_allocated_bytes": {fast: dm}})]
+                     {"step_time_ms": {fast: dt}, key.split(".")[-1]: {fast: dm}})]
 
 
 def _mean_depth(run: RunInput, phase: str) -> float | None:
