@@ -4,6 +4,6 @@ Entry point: :func:`load_traces` returns a :class:`TraceSet` of typed DataFrames
 """
 
 from fsdpviz.trace.loader import load_traces
-from fsdpviz.trace.tables import RankTables, TraceSet
+from fsdpviz.trace.tables import TraceSet
 
-__all__ = ["RankTables", "TraceSet", "load_traces"]
+__all__ = ["TraceSet", "load_traces"]

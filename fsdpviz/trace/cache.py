@@ -3,25 +3,30 @@
 Parsing a large GPU trace takes seconds; reading its tables back from Parquet takes a few tens of
 milliseconds, so reports and summaries of the same run are instant the second time. An entry is
 keyed by the source's resolved path, size and modification time plus the fsdpviz version and a
-digest of the parser's source, so an edited trace or another fsdpviz never reads stale tables. A folder that cannot be written (a
-read-only dataset, a shared mount) simply means no cache: nothing is reported, nothing fails.
+digest of the parser's source, so an edited trace or another fsdpviz never reads stale tables. A
+folder that cannot be written (a read-only dataset, a shared mount) simply means no cache: nothing
+is reported, nothing fails.
+
+An entry holds one rank's :class:`RankColumns` as written by a parser process (which has no
+pandas): one Parquet file per table (events, lanes, steps, memory, rank) of plain columns, the
+categorical ones as integer codes, their category lists as JSON in the events file's metadata.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
 from pathlib import Path
 from typing import Final
 
-import pandas as pd
-
 from fsdpviz import __version__
-from fsdpviz.trace import schema
-from fsdpviz.trace.tables import RankTables
+from fsdpviz.trace.kineto import RankColumns
 
 CACHE_DIR: Final = ".fsdpviz-cache"
+_PARTS: Final = ("events", "lanes", "steps", "memory", "rank")
+_META_KEY: Final = b"fsdpviz"
 
 
 @functools.cache
@@ -46,10 +51,10 @@ def cache_key(source: Path) -> str | None:
 
 def _entry_paths(source: Path, key: str) -> dict[str, Path]:
     folder = source.parent / CACHE_DIR
-    return {name: folder / f"{source.name}.{key}.{name}.parquet" for name in RankTables.TABLES}
+    return {name: folder / f"{source.name}.{key}.{name}.parquet" for name in _PARTS}
 
 
-def load_cached(source: Path) -> RankTables | None:
+def load_cached(source: Path) -> RankColumns | None:
     """The cached tables of ``source`` if a current entry exists, else None (never raises)."""
     key = cache_key(source)
     if key is None:
@@ -58,30 +63,49 @@ def load_cached(source: Path) -> RankTables | None:
     if not all(p.is_file() for p in paths.values()):
         return None
     try:
-        tables = {
-            name: schema.conform(pd.read_parquet(p), RankTables.SCHEMAS[name], table=name)
-            for name, p in paths.items()
-        }
+        import pyarrow.parquet as pq
+
+        tables = {name: pq.read_table(path) for name, path in paths.items()}
+        events = tables["events"]
+        rank = {k: v[0] for k, v in tables["rank"].to_pydict().items()}
+        rank["path"] = str(source)  # the same file may be named by another path this time
+        return RankColumns(
+            events={name: events.column(name).to_numpy() for name in events.column_names},
+            categories=json.loads(events.schema.metadata[_META_KEY]),
+            lanes=tables["lanes"].to_pydict(),
+            steps={name: col.to_numpy() for name, col in zip(tables["steps"].column_names, tables["steps"].columns)},
+            memory={name: col.to_numpy() for name, col in zip(tables["memory"].column_names, tables["memory"].columns)},
+            rank=rank,
+        )
     except Exception:  # noqa: BLE001 - a damaged cache entry is only a cache miss
         return None
-    # The same file may be named by another relative path this time.
-    tables["rank"] = tables["rank"].assign(path=pd.array([str(source)], dtype="string"))
-    return RankTables(**tables)
 
 
-def store_cached(source: Path, tables: RankTables) -> bool:
+def store_cached(source: Path, tables: RankColumns) -> bool:
     """Write the cache entry of ``source``; returns False (silently) when the folder is not writable."""
     key = cache_key(source)
     if key is None:
         return False
     paths = _entry_paths(source, key)
-    folder = next(iter(paths.values())).parent
+    folder = paths["events"].parent
     try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        events = pa.table(tables.events).replace_schema_metadata({_META_KEY: json.dumps(tables.categories)})
+        parts = {
+            "events": events,
+            "lanes": pa.table(tables.lanes),
+            "steps": pa.table(tables.steps),
+            "memory": pa.table(tables.memory),
+            "rank": pa.table({k: [v] for k, v in tables.rank.items()}),
+        }
         folder.mkdir(exist_ok=True)
-        for name, path in paths.items():
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            getattr(tables, name).to_parquet(tmp, index=False)
-            os.replace(tmp, path)  # atomic: a concurrent reader sees the old entry or the new one
+        # Events (the largest) last: an entry is complete once all its files are there.
+        for name in ("rank", "lanes", "steps", "memory", "events"):
+            tmp = paths[name].with_name(f".{paths[name].name}.{os.getpid()}.tmp")
+            pq.write_table(parts[name], tmp)
+            os.replace(tmp, paths[name])  # atomic: a concurrent reader sees the old entry or the new one
         _remove_stale(source, key, folder)
     except Exception:  # noqa: BLE001 - read-only folders, full disks, odd filesystems: no cache
         return False

@@ -7,7 +7,10 @@ Structs that declare only the needed fields skips the rest inside the C decoder:
 into dicts, and the result needs no per-event dictionary lookups afterwards.
 
 Large or rarely needed values (``Input Dims``, ``Input type``) are kept as ``msgspec.Raw`` byte
-slices and decoded only for the few communication events that need them.
+slices and decoded only for the few communication events that need them. The structs are untracked
+by Python's cycle collector (``gc=False``: they hold no cycles); otherwise the collector walks the
+growing heap again and again while hundreds of thousands of them are created, which more than
+doubled the decoding time. Gzip is inflated with ISA-L (``isal``, ~2x zlib's speed) when installed.
 
 Every way a file can fail to be a trace (missing, empty, corrupt gzip, truncated or invalid JSON,
 JSON that is not a Kineto trace) becomes a :class:`fsdpviz.errors.TraceError` naming the file.
@@ -29,6 +32,13 @@ import msgspec
 
 from fsdpviz.errors import TraceError
 
+try:  # ISA-L's inflate: same format, about twice as fast as zlib's
+    from isal import igzip as _fast_gzip
+    from isal import isal_zlib as _fast_zlib
+except ImportError:  # pragma: no cover - isal is a dependency, but the stdlib suffices
+    _fast_gzip = gzip
+    _fast_zlib = zlib
+
 GZIP_MAGIC = b"\x1f\x8b"
 _NON_STANDARD_NUMBER_RE = re.compile(rb"[:\[,]\s*-?(?:NaN|Infinity)\b")
 
@@ -37,7 +47,7 @@ class NotKinetoError(TraceError):
     """Valid JSON that is not a Kineto trace (a config, a run.json...): a folder scan skips these."""
 
 
-class EventArgs(msgspec.Struct):
+class EventArgs(msgspec.Struct, gc=False):
     """The ``args`` keys fsdpviz reads; every other key is skipped by the decoder."""
 
     # -1 (schema.NO_ID) when absent: plain ints keep the column building free of None checks.
@@ -63,7 +73,7 @@ class EventArgs(msgspec.Struct):
     device_id: int | None = msgspec.field(default=None, name="Device Id")
 
 
-class TraceEvent(msgspec.Struct):
+class TraceEvent(msgspec.Struct, gc=False):
     """One Chrome-trace event; ``ts``/``dur`` in microseconds as Kineto writes them."""
 
     ph: str = ""
@@ -76,19 +86,19 @@ class TraceEvent(msgspec.Struct):
     args: EventArgs | None = None
 
 
-class DistributedInfo(msgspec.Struct):
+class DistributedInfo(msgspec.Struct, gc=False):
     rank: int | None = None
     world_size: int | None = None
     backend: str | None = None
     nccl_version: str | None = None
 
 
-class DeviceProperties(msgspec.Struct):
+class DeviceProperties(msgspec.Struct, gc=False):
     id: int | None = None
     name: str | None = None
 
 
-class KinetoTrace(msgspec.Struct):
+class KinetoTrace(msgspec.Struct, gc=False):
     """The top level of a Kineto trace file (unknown keys are skipped)."""
 
     traceEvents: list[TraceEvent]
@@ -112,6 +122,11 @@ _LOOSE_DECODER = msgspec.json.Decoder(_LooseTrace)
 _EVENT_DECODER = msgspec.json.Decoder(TraceEvent)
 
 
+def decompressor() -> object:
+    """A streaming gzip inflater (``decompress``, ``eof``, ``unused_data``), ISA-L's when available."""
+    return _fast_zlib.decompressobj(16 + 15)
+
+
 def read_trace_bytes(path: Path) -> bytes:
     """Return the JSON bytes of ``path``, gunzipped when the content is gzip (whatever its suffix)."""
     try:
@@ -126,6 +141,12 @@ def read_trace_bytes(path: Path) -> bytes:
         raise TraceError(path, "empty file")
     if raw[:2] != GZIP_MAGIC:
         return raw
+    try:
+        data = _fast_gzip.decompress(raw)
+    except Exception:  # noqa: BLE001 - isal's own error types: let the stdlib name the problem
+        data = None
+    if data:
+        return data
     try:
         data = gzip.decompress(raw)
     except EOFError:

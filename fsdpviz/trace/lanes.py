@@ -21,7 +21,6 @@ import re
 from typing import Final
 
 import numpy as np
-import pandas as pd
 
 from fsdpviz.trace import schema
 
@@ -41,89 +40,109 @@ def short_thread_name(kineto_name: str) -> str:
     return match.group(1) if match else kineto_name.strip()
 
 
-def name_prefix_mask(names: pd.Series, prefix: str) -> np.ndarray:
-    """Rows whose categorical ``name`` starts with ``prefix``, tested once per distinct name."""
-    cats = names.cat.categories
-    hit = np.fromiter((str(c).startswith(prefix) for c in cats), dtype=bool, count=len(cats))
-    codes = names.cat.codes.to_numpy()
-    return np.where(codes >= 0, hit[codes], False) if len(cats) else np.zeros(len(names), bool)
+def prefix_hits(names: list[str], prefix: str) -> np.ndarray:
+    """Per name code: whether the name starts with ``prefix`` (index it with the events' codes)."""
+    return np.fromiter((n.startswith(prefix) for n in names), dtype=bool, count=len(names))
+
+
+def factorize_rows(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Group rows by equal keys: (group code per row, first row of each group), groups numbered
+    in order of first appearance."""
+    n = len(keys[0])
+    if n == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    combined = np.zeros(n, dtype=np.int64)
+    for key in keys:
+        uniq, inverse = np.unique(key, return_inverse=True)
+        # Bounded by the product of the keys' distinct counts: far below 2**63 for lanes.
+        combined = combined * len(uniq) + inverse
+    _, first, inverse = np.unique(combined, return_index=True, return_inverse=True)
+    by_appearance = np.argsort(first, kind="stable")
+    renumber = np.empty_like(by_appearance)
+    renumber[by_appearance] = np.arange(len(by_appearance))
+    return renumber[inverse.reshape(-1)], first[by_appearance]
 
 
 def build_lanes(
-    events: pd.DataFrame, thread_names: dict[tuple[int, int], list[str]], rank: int
-) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Add a ``lane`` column to ``events`` and return (events, LANES table) for one rank."""
-    # Hash-based grouping: far cheaper than a MultiIndex on 10^5-10^6 rows.
-    keys = events[["is_gpu", "key_a", "key_b"]]
-    codes = keys.groupby(["is_gpu", "key_a", "key_b"], sort=False).ngroup().to_numpy()
-    lanes = keys.drop_duplicates().reset_index(drop=True)
-    n_lanes = len(lanes)
-    lanes["n_events"] = np.bincount(codes, minlength=n_lanes)
+    is_gpu: np.ndarray, key_a: np.ndarray, key_b: np.ndarray, name_code: np.ndarray, names: list[str],
+    thread_names: dict[tuple[int, int], list[str]],
+) -> tuple[np.ndarray, dict[str, list]]:
+    """Lane of every event (codes into the returned table's ``lane``) and the LANES columns of one
+    rank (all but ``rank``), in display order."""
+    codes, first = factorize_rows(is_gpu, key_a, key_b)
+    n_lanes = len(first)
+    gpu = is_gpu[first].tolist()
+    a = key_a[first].tolist()
+    b = key_b[first].tolist()
 
-    is_step = name_prefix_mask(events["name"], "ProfilerStep#") & ~events["is_gpu"].to_numpy()
-    is_gloo = name_prefix_mask(events["name"], "gloo:")
-    is_autograd = name_prefix_mask(events["name"], "autograd::engine::evaluate_function")
-    lanes["n_steps"] = np.bincount(codes[is_step], minlength=n_lanes)
-    lanes["n_gloo"] = np.bincount(codes[is_gloo], minlength=n_lanes)
-    lanes["n_autograd"] = np.bincount(codes[is_autograd], minlength=n_lanes)
+    def per_lane(prefix: str, among: np.ndarray | None = None) -> list[int]:
+        hit = prefix_hits(names, prefix)[name_code] if names else np.zeros(len(codes), bool)
+        if among is not None:
+            hit &= among
+        return np.bincount(codes[hit], minlength=n_lanes).tolist()
 
-    lanes["thread_name"] = [
-        "" if gpu else " / ".join(dict.fromkeys(short_thread_name(n) for n in thread_names.get((a, b), [])))
-        for gpu, a, b in zip(lanes["is_gpu"], lanes["key_a"], lanes["key_b"])
+    n_events = np.bincount(codes, minlength=n_lanes).tolist()
+    n_steps = per_lane("ProfilerStep#", ~is_gpu)
+    n_gloo = per_lane("gloo:")
+    n_autograd = per_lane("autograd::engine::evaluate_function")
+    thread_name = [
+        "" if g else " / ".join(dict.fromkeys(short_thread_name(n) for n in thread_names.get((ka, kb), [])))
+        for g, ka, kb in zip(gpu, a, b)
     ]
-    lanes["lane_kind"] = _lane_kinds(lanes)
-    lanes["order"] = lanes["lane_kind"].map(_ROLE_ORDER)
-    lanes = lanes.sort_values(["order", "key_a", "key_b"], kind="stable").reset_index()
-    lanes["order"] = np.arange(len(lanes))
-    lanes["lane"] = _lane_names(lanes)
-    lanes["rank"] = rank
-    lanes["pid"] = np.where(lanes["is_gpu"], -1, lanes["key_a"])
-    lanes["tid"] = lanes["key_b"]
-    lanes["device"] = np.where(lanes["is_gpu"], lanes["key_a"], -1)
-
-    name_of_code = np.empty(len(lanes), dtype=object)
-    name_of_code[lanes["index"].to_numpy()] = lanes["lane"].to_numpy()
-    events = events.assign(lane=pd.Categorical(name_of_code[codes], categories=lanes["lane"]))
-    return events.drop(columns=["is_gpu", "key_a", "key_b"]), lanes.drop(columns=["index"])
-
-
-def _lane_kinds(lanes: pd.DataFrame) -> list[str]:
-    main_idx = _main_lane(lanes)
-    kinds: list[str] = []
-    for i, row in lanes.iterrows():  # one row per thread/stream: a handful, not per event
-        name = row["thread_name"].lower()
-        if row["is_gpu"]:
-            kinds.append(schema.LANE_GPU_STREAM)
-        elif i == main_idx:
-            kinds.append(schema.LANE_CPU_MAIN)
-        elif "gloo" in name or (row["n_gloo"] > 0 and "autograd" not in name):
-            kinds.append(schema.LANE_CPU_GLOO)
-        elif "autograd" in name or row["n_autograd"] > 0:
-            kinds.append(schema.LANE_CPU_AUTOGRAD)
-        else:
-            kinds.append(schema.LANE_CPU_OTHER)
-    return kinds
+    main = _main_lane(gpu, a, b, n_steps, n_events)
+    kinds = [_lane_kind(i == main, g, name, gl, ag)
+             for i, (g, name, gl, ag) in enumerate(zip(gpu, thread_name, n_gloo, n_autograd))]
+    display = sorted(range(n_lanes), key=lambda i: (_ROLE_ORDER[kinds[i]], a[i], b[i]))
+    position = np.empty(n_lanes, dtype=np.int32)
+    position[display] = np.arange(n_lanes, dtype=np.int32)
+    kinds = [kinds[i] for i in display]
+    gpu = [gpu[i] for i in display]
+    a = [a[i] for i in display]
+    b = [b[i] for i in display]
+    lanes = {
+        "lane": _lane_names(kinds, gpu, a, b),
+        "lane_kind": kinds,
+        "pid": [-1 if g else ka for g, ka in zip(gpu, a)],
+        "tid": b,
+        "device": [ka if g else -1 for g, ka in zip(gpu, a)],
+        "thread_name": [thread_name[i] for i in display],
+        "order": list(range(n_lanes)),
+        "n_events": [n_events[i] for i in display],
+    }
+    return position[codes] if n_lanes else np.zeros(0, np.int32), lanes
 
 
-def _main_lane(lanes: pd.DataFrame) -> int | None:
-    cpu = lanes.index[~lanes["is_gpu"]]
-    if len(cpu) == 0:
+def _lane_kind(is_main: bool, gpu: bool, thread_name: str, n_gloo: int, n_autograd: int) -> str:
+    name = thread_name.lower()
+    if gpu:
+        return schema.LANE_GPU_STREAM
+    if is_main:
+        return schema.LANE_CPU_MAIN
+    if "gloo" in name or (n_gloo > 0 and "autograd" not in name):
+        return schema.LANE_CPU_GLOO
+    if "autograd" in name or n_autograd > 0:
+        return schema.LANE_CPU_AUTOGRAD
+    return schema.LANE_CPU_OTHER
+
+
+def _main_lane(gpu: list[bool], a: list[int], b: list[int], n_steps: list[int], n_events: list[int]) -> int | None:
+    cpu = [i for i, g in enumerate(gpu) if not g]
+    if not cpu:
         return None
-    cpu_lanes = lanes.loc[cpu]
-    if cpu_lanes["n_steps"].max() > 0:
-        return int(cpu_lanes["n_steps"].idxmax())
-    pid_is_tid = cpu_lanes.index[cpu_lanes["key_a"] == cpu_lanes["key_b"]]
-    if len(pid_is_tid):
-        return int(pid_is_tid[0])
-    return int(cpu_lanes["n_events"].idxmax())
+    if max(n_steps[i] for i in cpu) > 0:
+        return max(cpu, key=lambda i: (n_steps[i], -i))  # the first of the busiest, as idxmax
+    pid_is_tid = [i for i in cpu if a[i] == b[i]]
+    if pid_is_tid:
+        return pid_is_tid[0]
+    return max(cpu, key=lambda i: (n_events[i], -i))
 
 
-def _lane_names(lanes: pd.DataFrame) -> list[str]:
-    n_devices = lanes.loc[lanes["is_gpu"], "key_a"].nunique()
-    count = lanes["lane_kind"].value_counts()
+def _lane_names(kinds: list[str], gpu: list[bool], a: list[int], b: list[int]) -> list[str]:
+    n_devices = len({ka for g, ka in zip(gpu, a) if g})
+    count = {kind: kinds.count(kind) for kind in set(kinds)}
     seen: dict[str, int] = {}
     names: list[str] = []
-    for kind, a, b in zip(lanes["lane_kind"], lanes["key_a"], lanes["key_b"]):
+    for kind, ka, kb in zip(kinds, a, b):
         k = seen.get(kind, 0)
         seen[kind] = k + 1
         if kind == schema.LANE_CPU_MAIN:
@@ -133,7 +152,7 @@ def _lane_names(lanes: pd.DataFrame) -> list[str]:
         elif kind == schema.LANE_CPU_GLOO:
             names.append(f"gloo {k}")
         elif kind == schema.LANE_CPU_OTHER:
-            names.append(f"thread {b}")
+            names.append(f"thread {kb}")
         else:
-            names.append(f"stream {b}" if n_devices <= 1 else f"cuda:{a} stream {b}")
+            names.append(f"stream {kb}" if n_devices <= 1 else f"cuda:{ka} stream {kb}")
     return names

@@ -2,23 +2,22 @@
 
 Each rank's file is parsed independently (in parallel processes when there are several and
 more than one core), or read back from the Parquet cache beside it when unchanged; the per-rank
-tables are then concatenated in rank order. Two files claiming the same rank are an error that
-names both, because merging them would silently double every number.
+tables are then concatenated in rank order (``frames``). Two files claiming the same rank are an
+error that names both, because merging them would silently double every number.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import pandas as pd
-from pandas.api.types import union_categoricals
-
 from fsdpviz.errors import DuplicateRankError, TraceError
-from fsdpviz.trace import schema
+from fsdpviz.trace import frames
+from fsdpviz.trace.kineto import RankColumns
 from fsdpviz.trace.sources import read_timers, resolve_sources, units_from_run
-from fsdpviz.trace.tables import RankTables, TraceSet
+from fsdpviz.trace.tables import TraceSet
 from fsdpviz.trace.workers import parse_all
 
 
@@ -45,8 +44,11 @@ def load_traces(
     """
     sources = resolve_sources(paths)
     use_cache = cache and os.environ.get("FSDPVIZ_NO_CACHE", "") not in ("1", "true", "yes")
+    # Importing pandas takes a good part of a second: do it while the workers parse.
+    meanwhile = _import_pandas if "pandas" not in sys.modules else None
     parsed = parse_all(
-        sources.files, cache=use_cache, progress=progress, jobs=jobs, skippable=sources.scanned
+        sources.files, cache=use_cache, progress=progress, jobs=jobs, skippable=sources.scanned,
+        meanwhile=meanwhile,
     )
     kept = [(t, f) for t, f in zip(parsed, sources.files) if t is not None]
     skipped = [str(f) for t, f in zip(parsed, sources.files) if t is None]
@@ -54,45 +56,31 @@ def load_traces(
         folder = sources.files[0].parent
         raise TraceError(folder, f"folder holds no Kineto traces ({len(skipped)} JSON file(s) of another kind)")
     per_rank = _check_unique_ranks([t for t, _ in kept], [f for _, f in kept])
-    tables = {name: concat_tables([getattr(t, name) for t in per_rank], RankTables.SCHEMAS[name])
-              for name in RankTables.TABLES}
+    del parsed, kept
     return TraceSet(
-        events=tables["events"],
-        lanes=tables["lanes"],
-        steps=tables["steps"],
-        memory=tables["memory"],
-        ranks=tables["rank"],
+        events=frames.events_frame(per_rank),
+        lanes=frames.lanes_frame(per_rank),
+        steps=frames.steps_frame(per_rank),
+        memory=frames.memory_frame(per_rank),
+        ranks=frames.ranks_frame(per_rank),
         timers=read_timers(sources.timer_files),
         units=units_from_run(sources.run),
         run=sources.run,
         run_dir=str(sources.run_dir) if sources.run_dir is not None else None,
-        sources=[str(t.rank["path"].iloc[0]) for t in per_rank],
+        sources=[str(t.rank["path"]) for t in per_rank],
         skipped=skipped,
     )
 
 
-def _check_unique_ranks(per_file: list[RankTables], files: list[Path]) -> list[RankTables]:
+def _import_pandas() -> None:
+    import pandas  # noqa: F401
+
+
+def _check_unique_ranks(per_file: list[RankColumns], files: list[Path]) -> list[RankColumns]:
     seen: dict[int, Path] = {}
     for tables, path in zip(per_file, files):
-        rank = int(tables.rank["rank"].iloc[0])
+        rank = tables.rank_id
         if rank in seen:
             raise DuplicateRankError(rank, seen[rank], path)
         seen[rank] = path
-    return sorted(per_file, key=lambda t: int(t.rank["rank"].iloc[0]))
-
-
-def concat_tables(frames: list[pd.DataFrame], table_schema: schema.Schema) -> pd.DataFrame:
-    """Concatenate same-schema tables, merging categoricals without a round trip through objects."""
-    frames = [f for f in frames if len(f)]
-    if not frames:
-        return schema.make_empty(table_schema)
-    if len(frames) == 1:
-        return frames[0].reset_index(drop=True)
-    columns: dict[str, object] = {}
-    for col, dtype in table_schema.items():
-        if dtype == "category":
-            columns[col] = union_categoricals([f[col] for f in frames], ignore_order=True)
-        else:
-            columns[col] = pd.concat([f[col] for f in frames], ignore_index=True)
-    return schema.conform(pd.DataFrame(columns), table_schema)
-
+    return sorted(per_file, key=lambda t: t.rank_id)

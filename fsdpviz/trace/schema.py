@@ -12,9 +12,10 @@ casts a table a producer built, so a mistake shows up where it is made, not thre
 
 from __future__ import annotations
 
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
-import pandas as pd
+if TYPE_CHECKING:  # imported where used: parser processes build tables without pandas
+    import pandas as pd
 
 # --- event kinds -------------------------------------------------------------------------------
 # Kineto categories map onto these; anything else is skipped and counted by the loader.
@@ -349,6 +350,8 @@ FINDINGS: Final[Schema] = {
 
 def make_empty(schema: Schema) -> pd.DataFrame:
     """Return an empty DataFrame with the columns and dtypes of ``schema``."""
+    import pandas as pd
+
     return pd.DataFrame({col: pd.Series(dtype=dtype) for col, dtype in schema.items()})
 
 

@@ -13,12 +13,13 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any, Final
 
 from fsdpviz.errors import RunFolderError, TraceError, UsageError
 from fsdpviz.trace import schema
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 RUN_FILE: Final = "run.json"
 TRACES_DIR: Final = "traces"
@@ -106,6 +107,8 @@ def read_run_json(run_dir: Path) -> dict[str, Any]:
 
 def units_from_run(run: dict[str, Any] | None) -> pd.DataFrame:
     """The UNITS table from run.json's ``units`` list (empty when absent)."""
+    import pandas as pd
+
     entries = run.get("units") if run else None
     if not isinstance(entries, list) or not entries:
         return schema.make_empty(schema.UNITS)
@@ -129,6 +132,8 @@ def units_from_run(run: dict[str, Any] | None) -> pd.DataFrame:
 
 def read_timers(files: Sequence[Path]) -> pd.DataFrame:
     """The TIMERS table from ``timers/rank{R}.jsonl`` files; a bad line is an error naming file and line."""
+    import pandas as pd
+
     rows: list[dict[str, Any]] = []
     for path in files:
         try:

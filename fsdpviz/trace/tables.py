@@ -1,37 +1,19 @@
-"""The containers the loader returns: one rank's tables, and the whole run's ``TraceSet``.
+"""The container the loader returns: the whole run's ``TraceSet``.
 
-Both hold pandas DataFrames typed by :mod:`fsdpviz.trace.schema`; they carry no behaviour beyond
-selecting rows, so the analysis stays a set of pure functions on tables.
+It holds pandas DataFrames typed by :mod:`fsdpviz.trace.schema` and carries no behaviour beyond
+selecting rows, so the analysis stays a set of pure functions on tables. (One rank's tables travel
+between processes as numpy columns: ``kineto.RankColumns``.)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from fsdpviz.trace import schema
 
-
-@dataclass(kw_only=True, slots=True)
-class RankTables:
-    """Tables parsed from one trace file (one rank). ``rank`` is a one-row RANKS table."""
-
-    events: pd.DataFrame
-    lanes: pd.DataFrame
-    steps: pd.DataFrame
-    memory: pd.DataFrame
-    rank: pd.DataFrame
-
-    TABLES: ClassVar[tuple[str, ...]] = ("events", "lanes", "steps", "memory", "rank")
-    SCHEMAS: ClassVar[dict[str, schema.Schema]] = {
-        "events": schema.EVENTS,
-        "lanes": schema.LANES,
-        "steps": schema.STEPS,
-        "memory": schema.MEMORY,
-        "rank": schema.RANKS,
-    }
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclass(kw_only=True, slots=True)
@@ -90,7 +72,3 @@ class TraceSet:
             return self.sources[0]
         return ", ".join(self.sources[:3]) + (" ..." if len(self.sources) > 3 else "")
 
-
-def make_empty_rank_tables() -> dict[str, pd.DataFrame]:
-    """Empty, correctly typed tables for every RankTables field."""
-    return {name: schema.make_empty(s) for name, s in RankTables.SCHEMAS.items()}

@@ -4,7 +4,10 @@ One rank's file is independent of the others, so files are parsed in separate pr
 decoding and the table building are CPU-bound and hold the GIL). Workers are forked (cheap: the
 parser is already imported) before any progress thread starts; a parent that already runs other
 threads gets a ``forkserver`` instead, since forking a threaded process can deadlock. Workers
-write the cache entry themselves so that it is written in parallel too.
+write the cache entry themselves so that it is written in parallel too, and send back flat numpy
+columns (``RankColumns``), not DataFrames: they never import pandas, and while they parse, the
+parent can import it (``meanwhile``), so that a command's start-up overlaps the parsing. A single
+file is parsed in a worker for that reason only; otherwise it is parsed in the calling process.
 
 Progress appears on stderr only when loading takes longer than ``PROGRESS_DELAY_S`` and stderr is
 a terminal, and disappears when done; asked for explicitly on a non-terminal, it is one plain line
@@ -17,7 +20,7 @@ import multiprocessing as mp
 import os
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,8 +30,7 @@ from typing import Final
 from fsdpviz.errors import FsdpvizError, TraceError
 from fsdpviz.trace.cache import load_cached, store_cached
 from fsdpviz.trace.decode import NotKinetoError
-from fsdpviz.trace.kineto import parse_trace_file
-from fsdpviz.trace.tables import RankTables
+from fsdpviz.trace.kineto import RankColumns, parse_trace_file
 
 PROGRESS_DELAY_S: Final = 0.5
 
@@ -51,7 +53,7 @@ class _Failure:
         return FsdpvizError(self.message)
 
 
-def _parse_and_store(path_text: str, use_cache: bool) -> RankTables | _Failure:
+def _parse_and_store(path_text: str, use_cache: bool) -> RankColumns | _Failure:
     path = Path(path_text)
     try:
         tables = parse_trace_file(path)
@@ -64,7 +66,7 @@ def _parse_and_store(path_text: str, use_cache: bool) -> RankTables | _Failure:
     return tables
 
 
-def _unwrap(result: RankTables | _Failure, skippable: bool) -> RankTables | None:
+def _unwrap(result: RankColumns | _Failure, skippable: bool) -> RankColumns | None:
     if isinstance(result, _Failure):
         if result.not_kineto and skippable:
             return None
@@ -74,16 +76,22 @@ def _unwrap(result: RankTables | _Failure, skippable: bool) -> RankTables | None
 
 def parse_all(
     files: Sequence[Path], *, cache: bool, progress: bool | None, jobs: int | None,
-    skippable: frozenset[Path] = frozenset(),
-) -> list[RankTables | None]:
+    skippable: frozenset[Path] = frozenset(), meanwhile: Callable[[], None] | None = None,
+) -> list[RankColumns | None]:
     """Tables for every file, in the order given; None for a file in ``skippable`` (found by
-    scanning a folder) that is JSON but not a Kineto trace. Raises the first other file's error."""
-    results: list[RankTables | None] = [load_cached(f) if cache else None for f in files]
+    scanning a folder) that is JSON but not a Kineto trace. Raises the first other file's error.
+
+    ``meanwhile`` is called once while the workers parse (or before parsing in this process):
+    the caller's own slow start-up work, e.g. importing pandas, overlaps the parsing that way.
+    """
+    results: list[RankColumns | None] = [load_cached(f) if cache else None for f in files]
     todo = [i for i, r in enumerate(results) if r is None]
     if not todo:
         return results
-    n_jobs = _job_count(jobs, len(todo))
-    if n_jobs <= 1:
+    n_jobs = _job_count(jobs, len(todo), parent_idle=meanwhile is not None)
+    if n_jobs == 0:
+        if meanwhile is not None:
+            meanwhile()
         with _progress_display(progress, total=len(todo)) as advance:
             for i in todo:
                 advance(files[i].name, 0)
@@ -94,6 +102,8 @@ def parse_all(
     # submit, so no other thread exists at that moment.
     with ProcessPoolExecutor(max_workers=n_jobs, mp_context=_mp_context()) as pool:
         futures = {pool.submit(_parse_and_store, str(files[i]), cache): i for i in todo}
+        if meanwhile is not None:
+            meanwhile()
         with _progress_display(progress, total=len(todo)) as advance:
             advance(f"{len(todo)} files", 0)
             for fut in as_completed(futures):
@@ -103,11 +113,18 @@ def parse_all(
     return results
 
 
-def _job_count(jobs: int | None, n_files: int) -> int:
-    if jobs is not None:
-        return max(1, min(jobs, n_files))
+def _job_count(jobs: int | None, n_files: int, *, parent_idle: bool = False) -> int:
+    """Worker processes to start; 0 = parse in this process.
+
+    One file is parsed here unless the parent has other work to overlap with it (``parent_idle``)
+    and another CPU to do it on: sending the tables back costs little next to parsing, but more
+    than nothing.
+    """
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(cpus, n_files))
+    n_jobs = max(1, min(jobs if jobs is not None else cpus, n_files))
+    if n_jobs == 1 and not (jobs is None and parent_idle and cpus > 1):
+        return 0
+    return n_jobs
 
 
 def _mp_context() -> mp.context.BaseContext:

@@ -1,0 +1,87 @@
+"""The work the benchmarks time, each run as its own fresh process (``python jobs.py JOB ...``).
+
+- ``floor FILE...``: read + gunzip + ``orjson.loads`` every file into Python objects, one after the
+  other: the cost of merely reading the JSON (no tables, no analysis).
+- ``fsdpviz [--cache] [--jobs N] PATH...``: ``load_traces`` + ``compute_overlap`` (the whole-step
+  communication/computation overlap per rank), as a script using fsdpviz would.
+- ``hta DIR``: HTA's ``TraceAnalysis(trace_dir=DIR)`` + ``get_comm_comp_overlap`` (run with the
+  Python of a venv that has ``holistictraceanalysis`` installed).
+
+Each prints one JSON line: events read and the overlap % per rank (to check that fsdpviz and HTA
+agree), plus the time spent after imports.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+
+def floor(paths: list[str]) -> dict:
+    import gzip
+
+    import orjson
+
+    n_events = 0
+    for path in paths:
+        with open(path, "rb") as fh:
+            data = fh.read()
+        trace = orjson.loads(gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data)
+        n_events += len(trace["traceEvents"])
+        del trace, data
+    return {"events": n_events}
+
+
+def fsdpviz(paths: list[str], cache: bool, jobs: int | None) -> dict:
+    from fsdpviz.analysis.overlap import compute_overlap
+    from fsdpviz.trace import load_traces
+
+    started = time.perf_counter()
+    traces = load_traces(paths, cache=cache, progress=False, jobs=jobs)
+    overlap = compute_overlap(traces)
+    return {
+        "work_s": time.perf_counter() - started,
+        "events": len(traces.events),
+        "overlap": {int(r): round(float(p), 2) for r, p in zip(overlap["rank"], overlap["overlap_pct"])},
+    }
+
+
+def hta(trace_dir: str) -> dict:
+    import logging
+    import warnings
+
+    warnings.simplefilter("ignore")
+    logging.disable(logging.WARNING)
+    from hta.trace_analysis import TraceAnalysis
+
+    started = time.perf_counter()
+    analyzer = TraceAnalysis(trace_dir=trace_dir)
+    overlap = analyzer.get_comm_comp_overlap(visualize=False)
+    return {
+        "work_s": time.perf_counter() - started,
+        "overlap": {int(r): round(float(p), 2) for r, p in zip(overlap["rank"], overlap["comp_comm_overlap_pctg"])},
+    }
+
+
+def main(argv: list[str]) -> None:
+    job, args = argv[0], argv[1:]
+    if job == "floor":
+        result = floor(args)
+    elif job == "fsdpviz":
+        cache = "--cache" in args
+        jobs = None
+        if "--jobs" in args:
+            i = args.index("--jobs")
+            jobs = int(args[i + 1])
+            del args[i:i + 2]
+        result = fsdpviz([a for a in args if a != "--cache"], cache, jobs)
+    elif job == "hta":
+        result = hta(args[0])
+    else:
+        raise SystemExit(f"unknown job {job!r}")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,293 @@
+"""Decoded Kineto events -> numpy columns, batch by batch, with no Python loop per event.
+
+Events arrive as lists of msgspec structs (a batch of a streamed file, or a whole file on the
+slow path). Each field becomes a column in one C-level pass (``map`` of an ``attrgetter`` into
+``np.fromiter``); names are factorised through a dict that grows across batches, so a name is a
+small integer code from the first batch on. Per-event Python work is left to the few events that
+need it: metadata (thread names), ``[memory]`` samples and communication events (their
+``Collective name``, message sizes and process group).
+
+What counts as usable, skipped or ignored (see ``kineto``): complete events (``ph: "X"``) of a
+known category are tabled; those with missing or negative times, or with a string pid/tid, are
+dropped and counted as skipped, as are complete events of unknown categories and events of
+phases fsdpviz does not read (anything but X, i/I, M, C and flow events).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+from dataclasses import dataclass, field
+from itertools import compress
+from operator import attrgetter
+from typing import Final
+
+import numpy as np
+
+from fsdpviz.trace import comms, schema
+from fsdpviz.trace.decode import NO_ARGS, EventArgs, TraceEvent
+
+# Kineto categories (current and pre-2.0 spellings, lower-cased) -> event kind.
+CATEGORY_KINDS: Final = {
+    "cpu_op": schema.KIND_CPU_OP,
+    "operator": schema.KIND_CPU_OP,
+    "user_annotation": schema.KIND_ANNOTATION,
+    "gpu_user_annotation": schema.KIND_GPU_ANNOTATION,
+    "kernel": schema.KIND_KERNEL,
+    "gpu_memcpy": schema.KIND_MEMCPY,
+    "memcpy": schema.KIND_MEMCPY,
+    "gpu_memset": schema.KIND_MEMSET,
+    "memset": schema.KIND_MEMSET,
+    "cuda_runtime": schema.KIND_RUNTIME,
+    "cuda_driver": schema.KIND_RUNTIME,
+    "runtime": schema.KIND_RUNTIME,
+    "hip_runtime": schema.KIND_RUNTIME,
+}
+GPU_KINDS: Final = frozenset(
+    {schema.KIND_KERNEL, schema.KIND_MEMCPY, schema.KIND_MEMSET, schema.KIND_GPU_ANNOTATION}
+)
+# Complete events of these categories are understood and deliberately not tabled (not "skipped").
+IGNORED_CATEGORIES: Final = frozenset({"python_function", "trace", "overhead", "cuda_profiler_range"})
+# Phases that carry nothing fsdpviz tables besides X (events) and i/I (memory samples).
+IGNORED_PHASES: Final = frozenset({"M", "s", "f", "t", "C", "i", "I"})
+MEMORY_EVENT: Final = "[memory]"
+
+COMM_CATEGORIES: Final = ("",) + schema.COMM_KINDS  # code 0 = not communication
+NOT_AN_ID: Final = np.iinfo(np.int64).min  # a string pid/tid; real tids may be negative
+IGNORED_CATEGORY: Final = -1
+UNKNOWN_CATEGORY: Final = -2
+GPU_KIND_MASK: Final = np.array([k in GPU_KINDS for k in schema.EVENT_KINDS], dtype=bool)
+KERNEL_CODE: Final = schema.EVENT_KINDS.index(schema.KIND_KERNEL)
+
+_PH = attrgetter("ph")
+_CAT = attrgetter("cat")
+_NAME = attrgetter("name")
+_TS = attrgetter("ts")
+_DUR = attrgetter("dur")
+_PID = attrgetter("pid")
+_TID = attrgetter("tid")
+_ARGS = attrgetter("args")
+_DEVICE = attrgetter("device")
+_STREAM = attrgetter("stream")
+_CORRELATION = attrgetter("correlation")
+_EXTERNAL_ID = attrgetter("external_id")
+_TOTAL_ALLOCATED = attrgetter("total_allocated")
+_TOTAL_RESERVED = attrgetter("total_reserved")
+_ALLOC_BYTES = attrgetter("alloc_bytes")
+_DEVICE_TYPE = attrgetter("device_type")
+_DEVICE_ID = attrgetter("device_id")
+_INSTANT_PHASES = frozenset({"i", "I"})
+
+
+def kind_code(category: str) -> int:
+    """Index into schema.EVENT_KINDS; IGNORED_CATEGORY or UNKNOWN_CATEGORY otherwise."""
+    kind = CATEGORY_KINDS.get(category.lower())
+    if kind is not None:
+        return schema.EVENT_KINDS.index(kind)
+    return IGNORED_CATEGORY if category.lower() in IGNORED_CATEGORIES else UNKNOWN_CATEGORY
+
+
+@functools.lru_cache(maxsize=4096)
+def _collective(text: str) -> str:
+    return comms.collective_from_text(text)
+
+
+def _int_ids(values: list[int | str]) -> np.ndarray:
+    """pid/tid column; string ids (never on the events fsdpviz tables, but allowed) -> NOT_AN_ID."""
+    try:
+        return np.array(values, dtype=np.int64)
+    except (TypeError, ValueError, OverflowError):
+        return np.array([v if isinstance(v, int) else NOT_AN_ID for v in values], dtype=np.int64)
+
+
+@dataclass(slots=True)
+class CommArgs:
+    """What one communication event's args say, kept until the trace's world size is known."""
+
+    row: int
+    name: str
+    comm: str
+    pg: str
+    in_nelems: int | None
+    out_nelems: int | None
+    dtype: str | None
+    group_size: int | None
+    input_dims: bytes
+    input_type: bytes
+
+
+@dataclass(slots=True)
+class MemorySamples:
+    """``[memory]`` instant events, batch by batch: times in µs, the allocator's numbers, devices."""
+
+    ts_us: list[np.ndarray] = field(default_factory=list)
+    allocated: list[np.ndarray] = field(default_factory=list)
+    reserved: list[np.ndarray] = field(default_factory=list)
+    delta: list[np.ndarray] = field(default_factory=list)
+    device: list[np.ndarray] = field(default_factory=list)  # codes into ``devices``
+    devices: dict[tuple[int | None, int], int] = field(default_factory=dict)  # (type, id) -> code
+
+
+def _ints(values: list[int | None], missing: int) -> np.ndarray:
+    """Integer column from values that may be None (-> ``missing``)."""
+    if None in values:
+        values = [missing if v is None else v for v in values]
+    return np.array(values, dtype=np.int64)
+
+
+class EventColumns:
+    """Accumulates the columns of one trace's usable complete events over batches."""
+
+    def __init__(self) -> None:
+        self.names: dict[str, int] = {}  # name -> code, in first-seen order
+        self._kernel_comm: list[int] = []  # per name code: COMM_CATEGORIES index if a kernel
+        self._cpu_comm: list[int] = []  # per name code: ... if a CPU op
+        self._kind_of_cat: dict[str, int] = {}
+        self._parts: dict[str, list[np.ndarray]] = {
+            k: [] for k in ("kind", "name", "ts", "dur", "correlation", "external_id", "key_a", "key_b", "comm")
+        }
+        self.comm_args: list[CommArgs] = []
+        self.thread_names: dict[tuple[int, int], list[str]] = {}
+        self.memory = MemorySamples()
+        self.n_rows = 0
+        self.n_skipped = 0
+        self.n_memory_bad = 0
+
+    # --- per batch -----------------------------------------------------------------------------
+    def add(self, events: list[TraceEvent]) -> None:
+        """Take the usable events of one batch (file order is kept across batches)."""
+        phases = list(map(_PH, events))
+        counts = Counter(phases)
+        self.n_skipped += sum(n for ph, n in counts.items() if ph != "X" and ph not in IGNORED_PHASES)
+        if counts.get("X", 0) != len(events):
+            self._add_others(events, phases)
+            complete = list(compress(events, map("X".__eq__, phases)))
+        else:
+            complete = events
+        if complete:
+            self._add_complete(complete)
+
+    def _add_complete(self, events: list[TraceEvent]) -> None:
+        cats = list(map(_CAT, events))
+        for cat in set(cats).difference(self._kind_of_cat):
+            self._kind_of_cat[cat] = kind_code(cat)
+        kind = np.fromiter(map(self._kind_of_cat.__getitem__, cats), np.int8, len(cats))
+        self.n_skipped += int((kind == UNKNOWN_CATEGORY).sum())
+        usable = kind >= 0
+        if not usable.all():
+            events = list(compress(events, usable.tolist()))
+            kind = kind[usable]
+        n = len(events)
+        if n == 0:
+            return
+        names = list(map(_NAME, events))
+        self._learn_names(names)
+        name = np.fromiter(map(self.names.__getitem__, names), np.int32, n)
+        args = list(map(_ARGS, events))
+        if None in args:
+            args = [a if a is not None else NO_ARGS for a in args]
+        ts = np.fromiter(map(_TS, events), np.float64, n)
+        dur = np.fromiter(map(_DUR, events), np.float64, n)
+        pid = _int_ids(list(map(_PID, events)))
+        tid = _int_ids(list(map(_TID, events)))
+        device = np.fromiter(map(_DEVICE, args), np.int64, n)
+        stream = np.fromiter(map(_STREAM, args), np.int64, n)
+        is_gpu = GPU_KIND_MASK[kind]
+        # GPU lanes are (device, stream); events without those args (gpu_user_annotation) use pid/tid.
+        key_a = np.where(is_gpu & (device >= 0), device, pid)
+        key_b = np.where(is_gpu & (stream >= 0), stream, tid)
+        columns = {
+            "kind": kind,
+            "name": name,
+            "ts": ts,
+            "dur": dur,
+            "correlation": np.fromiter(map(_CORRELATION, args), np.int64, n),
+            "external_id": np.fromiter(map(_EXTERNAL_ID, args), np.int64, n),
+            "key_a": key_a,
+            "key_b": key_b,
+        }
+        good = np.isfinite(ts) & np.isfinite(dur) & (dur >= 0) & (key_a != NOT_AN_ID) & (key_b != NOT_AN_ID)
+        if not good.all():
+            self.n_skipped += int(n - good.sum())
+            columns = {k: v[good] for k, v in columns.items()}
+            args = list(compress(args, good.tolist()))
+            names = list(compress(names, good.tolist()))
+        columns["comm"] = self._comm_codes(columns["kind"], columns["name"], args, names)
+        for key, values in columns.items():
+            self._parts[key].append(values)
+        self.n_rows += len(args)
+
+    def _learn_names(self, names: list[str]) -> None:
+        index = self.names
+        for name in dict.fromkeys(names):
+            if name not in index:
+                index[name] = len(index)
+                self._kernel_comm.append(COMM_CATEGORIES.index(comms.classify_kernel_name(name)))
+                self._cpu_comm.append(COMM_CATEGORIES.index(comms.classify_cpu_name(name)))
+
+    def _comm_codes(self, kind: np.ndarray, name: np.ndarray, args: list[EventArgs],
+                    names: list[str]) -> np.ndarray:
+        """Collective per event from its name; the few communication events' args are kept aside."""
+        by_kernel = np.array(self._kernel_comm, dtype=np.int8)[name]
+        by_cpu = np.array(self._cpu_comm, dtype=np.int8)[name]
+        code = np.where(kind == KERNEL_CODE, by_kernel, np.where(GPU_KIND_MASK[kind], 0, by_cpu)).astype(np.int8)
+        rows = np.flatnonzero(code)
+        for i, c in zip(rows.tolist(), code[rows].tolist()):
+            a = args[i]
+            comm = COMM_CATEGORIES[c]
+            if a.collective:  # record_param_comms / NCCL kernels name their collective
+                comm = _collective(a.collective)
+                code[i] = COMM_CATEGORIES.index(comm)
+            self.comm_args.append(CommArgs(
+                self.n_rows + i, names[i], comm, a.pg_name or "", a.in_nelems, a.out_nelems, a.dtype,
+                a.group_size, bytes(a.input_dims), bytes(a.input_type),
+            ))
+        return code
+
+    def _add_others(self, events: list[TraceEvent], phases: list[str]) -> None:
+        """Thread names (metadata) and allocator samples from the non-complete events."""
+        for e in compress(events, map("M".__eq__, phases)):
+            a = e.args
+            if (e.name == "thread_name" and a is not None and a.name
+                    and isinstance(e.pid, int) and isinstance(e.tid, int)):
+                self.thread_names.setdefault((e.pid, e.tid), []).append(a.name)
+        instants = list(compress(events, map(_INSTANT_PHASES.__contains__, phases)))
+        samples = list(compress(instants, map(MEMORY_EVENT.__eq__, map(_NAME, instants))))
+        if samples:
+            self._add_memory(samples)
+
+    def _add_memory(self, samples: list[TraceEvent]) -> None:
+        args = list(map(_ARGS, samples))
+        if None in args:  # not a sample at all (neither counted nor tabled)
+            samples = [e for e in samples if e.args is not None]
+            args = list(map(_ARGS, samples))
+        ts = np.fromiter(map(_TS, samples), np.float64, len(samples))
+        allocated = list(map(_TOTAL_ALLOCATED, args))
+        good = ~np.isnan(ts)
+        if None in allocated:
+            good &= np.fromiter((v is not None for v in allocated), bool, len(allocated))
+        if not good.all():
+            self.n_memory_bad += int(len(samples) - good.sum())
+            keep = good.tolist()
+            ts, args, allocated = ts[good], list(compress(args, keep)), list(compress(allocated, keep))
+        mem = self.memory
+        mem.ts_us.append(ts)
+        mem.allocated.append(np.array(allocated, dtype=np.int64))
+        mem.reserved.append(_ints(list(map(_TOTAL_RESERVED, args)), -1))
+        mem.delta.append(_ints(list(map(_ALLOC_BYTES, args)), 0))
+        ids = list(map(_DEVICE_ID, args))
+        pairs = list(zip(map(_DEVICE_TYPE, args), ids if None not in ids else [0 if i is None else i for i in ids]))
+        for pair in dict.fromkeys(pairs):
+            mem.devices.setdefault(pair, len(mem.devices))
+        mem.device.append(np.fromiter(map(mem.devices.__getitem__, pairs), np.int32, len(pairs)))
+
+    # --- at the end ----------------------------------------------------------------------------
+    def column(self, key: str) -> np.ndarray:
+        """One column over every batch so far (the batches' parts are released)."""
+        parts = self._parts[key]
+        if not parts:
+            dtype = {"kind": np.int8, "comm": np.int8, "name": np.int32, "ts": np.float64, "dur": np.float64}
+            return np.zeros(0, dtype=dtype.get(key, np.int64))
+        out = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        parts.clear()
+        return out
