@@ -89,6 +89,7 @@ class Comparison:
     settings: list[tuple[str, list[str]]]  # (row label, text per run), rows that describe the runs
     match: UnitMatch
     drift: list[int | None] = field(default_factory=list)  # per run: growth of the level at step start
+    best_withheld: dict[str, str] = field(default_factory=dict)  # key -> why its row has no best mark
     findings: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -162,9 +163,16 @@ def compare_runs(runs: Sequence[RunInput]) -> Comparison:
     best = {f.key: best_indices(values[f.key], f.better) for f in HEADLINE_FIELDS}
     match = match_units({r.label: run_units(r) for r in runs})
     drift = [drift_bytes(lv) if lv is not None else None for lv in levels]
+    withheld = {}
+    if any(d is not None for d in drift):
+        # A climbing level makes peaks depend on how many steps were profiled: no "best" peak.
+        for key in ("memory.peak_allocated_bytes", "memory.peak_reserved_bytes"):
+            best[key] = []
+            withheld[key] = "the allocated level at step start drifts across steps (see notes)"
     notes = comparability_notes(runs, match) + drift_notes(labels, drift, values["step_rise_bytes"])
     comparison = Comparison(labels=labels, runs=list(runs), values=values, deltas=deltas, best=best,
-                            settings=settings_rows(runs), match=match, drift=drift, notes=notes)
+                            settings=settings_rows(runs), match=match, drift=drift, notes=notes,
+                            best_withheld=withheld)
     from fsdpviz.analysis.compare_findings import build_findings  # findings read the comparison
 
     comparison.findings = build_findings(comparison)
@@ -300,9 +308,9 @@ def comparability_notes(runs: Sequence[RunInput], match: UnitMatch) -> list[str]
             notes.append(f"{r.label}: only {len(r.summary.get('steps') or [])} step analysed; differences "
                          "smaller than the step-to-step spread cannot be seen.")
     if all(d == "cpu" for d in devices):
-        notes.append("All runs are CPU runs (gloo): collectives block the training thread for most of their "
-                     "time, so overlap stays small whatever the settings. Compare step times, collective "
-                     "counts and memory; overlap differences show on GPUs.")
+        notes.append("All runs are CPU runs (gloo): the training thread waits inside FSDP's gathers for much of "
+                     "each collective, so overlap is lower and steps longer than the same settings give on GPUs, "
+                     "where collectives run on their own CUDA streams. The ranking of the runs may differ there.")
     return notes
 
 
@@ -334,6 +342,7 @@ def comparison_json(comparison: Comparison) -> dict[str, Any]:
         "runs": runs,
         "deltas": comparison.deltas,
         "best": {k: [comparison.labels[i] for i in v] for k, v in comparison.best.items()},
+        "best_withheld": comparison.best_withheld,
         "unit_groups": [group_json(comparison, g) for g in comparison.match.groups],
         "whole_model_runs": comparison.match.whole_model,
         "step_rise_bytes": comparison.values["step_rise_bytes"],

@@ -82,7 +82,9 @@ def headline_table(data: CompareData) -> HtmlTable:
         values, deltas, best = c.values[field.key], c.deltas[field.key], set(c.best[field.key])
         if all(v is None for v in values) or (field.unit == "bytes" and all(not v for v in values)):
             continue  # e.g. reserved memory, which the CPU allocator does not report
-        row = [TableCell(text=field.label, header=True, hint=f"summary key: {field.key}")]
+        why = c.best_withheld.get(field.key, "")
+        row = [TableCell(text=field.label, header=True, sub="no best mark: " + why if why else "",
+                         hint=f"key: {field.key}")]
         for i, value in enumerate(values):
             sub = _delta_text(field, deltas[i], values[0]) if i > 0 else "baseline" if value is not None else ""
             row.append(TableCell(text=_value_text(field, value), sub=sub, best=i in best,
