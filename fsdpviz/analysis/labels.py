@@ -9,7 +9,10 @@ Two label families name units:
   the root's wait.
 - For FSDP1 and ZeRO-3, which name no units, ``fsdpviz record`` adds ranges in its own namespace:
   ``fsdpviz::forward (fqn)``, ``fsdpviz::backward (fqn)``, ``fsdpviz::all_gather (fqn)``,
-  ``fsdpviz::reduce_scatter (fqn)`` (``(root)`` for the root module).
+  ``fsdpviz::reduce_scatter (fqn)`` (``(root)`` for the root module); for ZeRO-3 also
+  ``fsdpviz::fetch (fqn)`` / ``fsdpviz::release (fqn)`` (DeepSpeed's parameter fetch and release for
+  a module: framework work inside the unit's window) and the unit-less ``fsdpviz::engine_forward``,
+  ``fsdpviz::engine_backward``, ``fsdpviz::engine_step`` around DeepSpeed's engine calls.
 
 FSDP1's own ``FullyShardedDataParallel._pre_forward``-style ranges carry no unit but are framework
 work (unshard, waits, resharding), so the analysis keeps them out of a unit's compute; so are the
@@ -60,12 +63,18 @@ GATHER_ACTION: Final = "all_gather"
 COPY_OUT_ACTION: Final = "all_gather_copy_out"
 FSDP2_REDUCE_ACTION: Final = "post_backward_reduce"
 FSDPVIZ_REDUCE_ACTION: Final = "reduce_scatter"
+FETCH_ACTIONS: Final = frozenset({"fetch", "release"})  # ZeRO-3: DeepSpeed's per-module fetch / release
+ENGINE_FORWARD: Final = "engine_forward"  # ZeRO-3: DeepSpeed's engine calls (name no unit)
+ENGINE_BACKWARD: Final = "engine_backward"
+ENGINE_STEP: Final = "engine_step"
+ENGINE_ACTIONS: Final = frozenset({ENGINE_FORWARD, ENGINE_BACKWARD, ENGINE_STEP})
 RESHARD_ACTIONS: Final = {POST_FORWARD: schema.PHASE_FORWARD, "post_backward_reshard": schema.PHASE_BACKWARD}
 
 # The pass a label belongs to, when it says so itself.
-_FORWARD_ACTIONS: Final = frozenset({"root_pre_forward", PRE_FORWARD, POST_FORWARD, "forward_prefetch", "forward"})
+_FORWARD_ACTIONS: Final = frozenset(
+    {"root_pre_forward", PRE_FORWARD, POST_FORWARD, "forward_prefetch", "forward", ENGINE_FORWARD})
 _BACKWARD_ACTIONS: Final = frozenset(
-    {PRE_BACKWARD, "backward_prefetch", ROOT_POST_BACKWARD, "backward"} | POST_BACKWARD_ACTIONS
+    {PRE_BACKWARD, "backward_prefetch", ROOT_POST_BACKWARD, "backward", ENGINE_BACKWARD} | POST_BACKWARD_ACTIONS
 )
 
 LABELS: Final[schema.Schema] = {
@@ -121,7 +130,8 @@ def parse_label_name(name: str) -> LabelInfo | None:
         if match is None:
             return None
         action = match.group("action")
-        return LabelInfo(FAMILY_FSDPVIZ, action, _unit_name(match.group("fqn")), _phase_of(action))
+        unit = "" if action in ENGINE_ACTIONS else _unit_name(match.group("fqn"))
+        return LabelInfo(FAMILY_FSDPVIZ, action, unit, _phase_of(action))
     if name.startswith(_FSDP1_PREFIX) and name != _FSDP1_MODULE_FORWARD:
         return LabelInfo(FAMILY_FSDP1, "", "", "")
     return None
@@ -202,13 +212,16 @@ def has_unit_labels(labels: pd.DataFrame) -> bool:
 
 
 def label_framework(labels: pd.DataFrame) -> str:
-    """``fsdp2`` when FSDP2's own labels are present, ``fsdp1`` for FSDP1 ranges, else ``unknown``.
+    """``fsdp2`` when FSDP2's own labels are present, ``fsdp1`` for FSDP1 ranges, ``zero3`` for the
+    ranges fsdpviz puts around DeepSpeed's engine calls, else ``unknown``.
 
-    (ZeRO-3 leaves no labels of its own: only run.json can say a run used it.)
+    (ZeRO-3 leaves no labels of its own: without fsdpviz's ranges only run.json can say a run used it.)
     """
     families = set(labels["family"].astype(str))
     if FAMILY_FSDP2 in families:
         return "fsdp2"
     if FAMILY_FSDP1 in families:
         return "fsdp1"
+    if labels["action"].isin(list(ENGINE_ACTIONS)).any():
+        return "zero3"
     return "unknown"

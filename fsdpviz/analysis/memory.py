@@ -11,7 +11,9 @@ Samples are the ``[memory]`` events (one per allocation or free, with the alloca
   (parameters, gradients and optimizer state of ``Psi`` parameters over ``N`` shards, with ``p = g``
   bytes per element and ``K`` optimizer bytes per element), and at the peak also hold unsharded
   units: the two largest units' parameters (the one computing and the one prefetched) and the
-  largest unit's gradients. The rest of the measured peak is activations and buffers.
+  largest unit's gradients. The rest of the measured peak is activations and buffers. ``N`` is the
+  shard group a unit's parameters are spread over: the world size, except under HSDP (FSDP2 /
+  FSDP1 hybrid sharding), where each shard group holds a full replica (:func:`shard_sizes`).
 - **Curve**: thinned to a few thousand points per rank for drawing; each time bin keeps its lowest
   and highest sample, so no peak is lost.
 """
@@ -120,21 +122,57 @@ def element_bytes(units: pd.DataFrame, default: int) -> tuple[int, bool]:
     return max(1, round(ratio)), True
 
 
+def shard_sizes(run_units: list[dict[str, Any]] | None, gathers: pd.DataFrame, n_ranks: int,
+                world_size: int) -> tuple[dict[str, int], str]:
+    """Per unit, the number of ranks its parameters are sharded over, and where that came from.
+
+    ``run.json``: the ``shard_size`` ``fsdpviz record`` read off the framework (FSDP2's mesh, FSDP1's
+    and DeepSpeed's process group). Else the trace: a unit's all-gathers run on its shard group,
+    whose process group name (``pg``, from ``record_param_comms`` on GPU) the group's ranks share, so
+    the ranks seen using that name are the group -- when every rank of the world was loaded.
+    ``gathers``: attributed all-gathers (``unit``, ``rank``, ``pg``) plus any other collectives
+    (``pg``, ``rank``) for counting. Units with neither keep the world size (source "world_size").
+    """
+    recorded = {str(u["unit"]): int(u["shard_size"]) for u in (run_units or [])
+                if isinstance(u, dict) and isinstance(u.get("shard_size"), int) and u["shard_size"] > 0}
+    if recorded:
+        return recorded, "run.json"
+    named = gathers[(gathers["pg"].astype(str) != "").to_numpy()] if len(gathers) else gathers
+    if named.empty or n_ranks < world_size:
+        return {}, "world_size"
+    ranks_per_pg = named.groupby("pg")["rank"].nunique()
+    mine = named[(named["unit"].astype(str) != "").to_numpy()]
+    sizes = mine.assign(n=mine["pg"].map(ranks_per_pg)).groupby("unit")["n"].median()
+    return {str(u): int(n) for u, n in sizes.items() if n > 0}, "trace"
+
+
 def memory_model(unit_bytes: pd.Series, world_size: int, elem_bytes: int, *, measured_elem: bool,
-                 optimizer_bytes_per_param: int | None = None) -> dict[str, Any]:
+                 optimizer_bytes_per_param: int | None = None, unit_shards: dict[str, int] | None = None,
+                 shards_source: str = "world_size") -> dict[str, Any]:
     """The ZeRO/FSDP memory model next to which the measured peak is shown.
 
-    ``unit_bytes``: unsharded parameter bytes per unit. ``optimizer_bytes_per_param`` (K) defaults
-    to Adam: fp32 master weights plus two moments (12) for 16-bit parameters, two moments in the
-    parameter dtype (2p) otherwise.
+    ``unit_bytes``: unsharded parameter bytes per unit. ``unit_shards``: ranks each unit is sharded
+    over (default: ``world_size``). ``optimizer_bytes_per_param`` (K) defaults to Adam: fp32 master
+    weights plus two moments (12) for 16-bit parameters, two moments in the parameter dtype (2p)
+    otherwise.
     """
-    sizes = sorted((int(b) for b in unit_bytes if b > 0), reverse=True)
+    units = [(str(u), int(b)) for u, b in unit_bytes.items() if b > 0]
+    sizes = sorted((b for _, b in units), reverse=True)
     if not sizes or world_size <= 0:
         return {}
     p = elem_bytes
     k = optimizer_bytes_per_param if optimizer_bytes_per_param is not None else (12 if p <= 2 else 2 * p)
     psi = round(sum(sizes) / p)
-    sharded = round((2 * p + k) * psi / world_size)
+    shards = {u: max(1, (unit_shards or {}).get(u, world_size)) for u, _ in units}
+    distinct = sorted(set(shards.values()))
+    if len(distinct) == 1:
+        n = distinct[0]
+        sharded = round((2 * p + k) * psi / n)
+        state = f"({p}+{p}+{k})*{psi}/{n}"
+    else:  # units sharded over groups of different sizes: each unit's share on its own
+        n = max(distinct, key=lambda d: sum(b for u, b in units if shards[u] == d))
+        sharded = round(sum((2 * p + k) * (b / p) / shards[u] for u, b in units))
+        state = f"sum over units of ({p}+{p}+{k})*params/shard size"
     params_unsharded = sum(sizes[:2])
     grads_unsharded = sizes[0]
     return {
@@ -142,10 +180,11 @@ def memory_model(unit_bytes: pd.Series, world_size: int, elem_bytes: int, *, mea
         "bytes_per_param": p,
         "bytes_per_param_measured": measured_elem,
         "optimizer_bytes_per_param": k,
-        "shards": world_size,
+        "shards": n,
+        "shards_source": shards_source if unit_shards else "world_size",
         "sharded_state_bytes": sharded,
         "unsharded_params_bytes": params_unsharded,
         "unsharded_grads_bytes": grads_unsharded,
         "model_peak_bytes": sharded + params_unsharded + grads_unsharded,
-        "formula": f"({p}+{p}+{k})*{psi}/{world_size} + 2 largest units' params + largest unit's grads",
+        "formula": f"{state} + 2 largest units' params + largest unit's grads",
     }

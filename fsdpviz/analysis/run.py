@@ -23,7 +23,17 @@ from fsdpviz.analysis import crossrank, memory
 from fsdpviz.analysis.collectives import is_gpu_rank
 from fsdpviz.analysis.columns import startswith
 from fsdpviz.analysis.findings import build_findings
-from fsdpviz.analysis.labels import has_unit_labels, label_framework, parse_labels
+from fsdpviz.analysis.labels import (
+    ENGINE_BACKWARD,
+    ENGINE_FORWARD,
+    ENGINE_STEP,
+    FAMILY_FSDPVIZ,
+    FSDPVIZ_REDUCE_ACTION,
+    GATHER_ACTION,
+    has_unit_labels,
+    label_framework,
+    parse_labels,
+)
 from fsdpviz.analysis.overlap import (
     Intervals,
     coverage_ns,
@@ -96,11 +106,25 @@ def _covered(iv: Intervals, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     return coverage_ns(iv, hi) - coverage_ns(iv, lo)
 
 
+def _engine_intervals(labels: pd.DataFrame, actions: Sequence[str], windows: pd.DataFrame) -> Intervals:
+    """ZeRO-3: the time inside DeepSpeed's engine calls (``fsdpviz::engine_*`` ranges) outside every
+    unit window -- the engine's own work around the model (on any lane: on GPU, backward runs on
+    the autograd thread while the main thread waits inside ``engine.backward``)."""
+    rows = labels[((labels["family"] == FAMILY_FSDPVIZ) & labels["action"].isin(list(actions))).to_numpy()]
+    if rows.empty:
+        return empty_intervals()
+    inside = union_intervals(windows["start_ns"].to_numpy(), windows["end_ns"].to_numpy())
+    return subtract_intervals(union_intervals(rows["start_ns"].to_numpy(), rows["end_ns"].to_numpy()), inside)
+
+
 def _step_times(rank: int, steps: pd.DataFrame, pieces: pd.DataFrame, labels: pd.DataFrame,
-                events: pd.DataFrame, collectives: pd.DataFrame, compute: Intervals) -> pd.DataFrame:
+                events: pd.DataFrame, collectives: pd.DataFrame, compute: Intervals,
+                windows: pd.DataFrame) -> pd.DataFrame:
     """STEP_TIMES of one rank: where the training threads' time went, step by step."""
     overhead = _overhead_labels(labels)
-    over = union_intervals(overhead["start_ns"].to_numpy(), overhead["end_ns"].to_numpy())
+    engine = _engine_intervals(labels, (ENGINE_FORWARD, ENGINE_BACKWARD), windows)
+    over = union_intervals(np.concatenate([overhead["start_ns"].to_numpy(np.int64), engine[0]]),
+                           np.concatenate([overhead["end_ns"].to_numpy(np.int64), engine[1]]))
     lo = steps["start_ns"].to_numpy(np.int64)
     hi = steps["end_ns"].to_numpy(np.int64)
     # After backward: from the end of the step's last backward label to the step's end (the
@@ -109,9 +133,10 @@ def _step_times(rank: int, steps: pd.DataFrame, pieces: pd.DataFrame, labels: pd
     after = steps["step"].map(bwd_end).to_numpy(dtype=np.float64)
     opt = events[((events["kind"] == schema.KIND_ANNOTATION)
                   & startswith(events["name"], OPTIMIZER_PREFIX))]
-    starts = np.concatenate([opt["start_ns"].to_numpy(np.int64),
+    engine_step = _engine_intervals(labels, (ENGINE_STEP,), windows)
+    starts = np.concatenate([opt["start_ns"].to_numpy(np.int64), engine_step[0],
                              np.where(np.isnan(after), hi, np.nan_to_num(after)).astype(np.int64)])
-    ends = np.concatenate([(opt["start_ns"] + opt["dur_ns"]).to_numpy(np.int64), hi])
+    ends = np.concatenate([(opt["start_ns"] + opt["dur_ns"]).to_numpy(np.int64), engine_step[1], hi])
     # categories never overlap: framework labels (e.g. ZeRO-3's final reduce) win over "after backward"
     opt_iv = subtract_intervals(union_intervals(starts, ends), over)
     piece_ns = (pieces["end_ns"] - pieces["start_ns"]).groupby(pieces["step"]).sum()
@@ -180,7 +205,8 @@ def analyze_run(traces: TraceSet, *, steps: Sequence[int] | None = None) -> RunA
             curves.append(memory.thin_curve(samples))
         rank_events = traces.events.iloc[event_rows.get(rank, [])]
         times.append(_step_times(rank, chosen, pieces[pieces["rank"] == rank], labels[labels["rank"] == rank],
-                                 rank_events, coll_in[coll_in["rank"] == rank], compute.get(rank, empty_intervals())))
+                                 rank_events, coll_in[coll_in["rank"] == rank], compute.get(rank, empty_intervals()),
+                                 ut.windows[ut.windows["rank"] == rank]))
 
     spans = _in_steps(ut.spans, wanted)
     us = _in_steps(us, wanted)
@@ -202,7 +228,7 @@ def analyze_run(traces: TraceSet, *, steps: Sequence[int] | None = None) -> RunA
     has_units = has_unit_labels(labels)
     units = derive_units(traces.units, ut.windows, us, framework) if has_units else traces.units
     stats = unit_stats(us, units)
-    model = _model(stats, traces, peaks_t)
+    model = _model(stats, traces, peaks_t, ut.collectives)
     step_ns = float(step_times["step_ns"].median()) if len(step_times) else float("nan")
     findings = build_findings(us, spans, lateness, step_ns, framework)
     return RunAnalysis(
@@ -213,13 +239,17 @@ def analyze_run(traces: TraceSet, *, steps: Sequence[int] | None = None) -> RunA
     )
 
 
-def _model(stats: pd.DataFrame, traces: TraceSet, peaks: pd.DataFrame) -> dict[str, Any]:
+def _model(stats: pd.DataFrame, traces: TraceSet, peaks: pd.DataFrame, collectives: pd.DataFrame) -> dict[str, Any]:
     if stats.empty:
         return {}
     gpu = bool((traces.events["kind"] == schema.KIND_KERNEL).any())
     elem, measured = memory.element_bytes(traces.units, 2 if gpu else 4)
+    # a unit's all-gathers run on its shard group (its HSDP all-reduces on the replica group)
+    gathers = collectives.assign(unit=collectives["unit"].where(collectives["kind"] == schema.SPAN_ALL_GATHER, ""))
+    shards, source = memory.shard_sizes((traces.run or {}).get("units"), gathers, len(traces.rank_ids),
+                                        traces.world_size)
     model = memory.memory_model(stats.set_index("unit")["param_bytes"], traces.world_size, elem,
-                                measured_elem=measured)
+                                measured_elem=measured, unit_shards=shards, shards_source=source)
     if model and len(peaks):
         model["measured_peak_bytes"] = int(peaks["peak_allocated_bytes"].max())
     return model
@@ -230,7 +260,8 @@ def _notes(has_units: bool, clock: pd.DataFrame, labels: pd.DataFrame) -> list[s
     if not has_units:
         notes.append("no FSDP unit labels in the traces (FSDP2's FSDP::... or fsdpviz's fsdpviz::... ranges): "
                      "only whole-step numbers are available")
-    shared = labels[labels["unit"].str.contains(",", regex=False).to_numpy()]
+    shared = labels[((labels["family"] == FAMILY_FSDPVIZ) & labels["action"].isin([GATHER_ACTION, FSDPVIZ_REDUCE_ACTION])
+                     & labels["unit"].str.contains(",", regex=False)).to_numpy()]
     if len(shared):
         widest = max(len(u.split(",")) for u in shared["unit"])
         notes.append(f"{len(shared)} collectives carried several units at once (up to {widest}, ZeRO-3 buckets): "

@@ -98,8 +98,10 @@ def attribute_collectives(coll: pd.DataFrame, labels: pd.DataFrame) -> pd.DataFr
     if len(comm_labels):
         unit = np.where(found, comm_labels["unit"].to_numpy(dtype=object)[safe], "")
         gather = found & (comm_labels["action"].to_numpy(dtype=object)[safe] == lab.GATHER_ACTION)
+        listing = found & (comm_labels["family"].to_numpy(dtype=object)[safe] == lab.FAMILY_FSDPVIZ)
     else:
         unit, gather = np.full(len(coll), "", dtype=object), np.zeros(len(coll), dtype=bool)
+        listing = gather
     comm = as_str(coll["comm"])
     kind = np.select(
         [gather & (comm == schema.COMM_ALL_GATHER),
@@ -110,8 +112,9 @@ def attribute_collectives(coll: pd.DataFrame, labels: pd.DataFrame) -> pd.DataFr
     phase = _phase_at(labels, ranks, lanes, t, coll["step"].to_numpy())
     phase = np.where(kind == schema.SPAN_REDUCE_SCATTER, schema.PHASE_BACKWARD, phase)
     out = coll.assign(unit=unit, phase=np.where(kind != "", phase, ""), kind=kind)
-    # A label naming several units (ZeRO-3 buckets, "a, b, c"): one row per unit.
-    listed = [[p.strip() for p in u.split(",")] for u in out["unit"].tolist()]
+    # An fsdpviz label naming several units (ZeRO-3 buckets, "a, b, c"): one row per unit. (An FSDP2
+    # unit of several modules, fully_shard([a, b]), is one unit that FSDP2 itself names "a, b".)
+    listed = [[p.strip() for p in u.split(",")] if many else [u] for u, many in zip(out["unit"].tolist(), listing)]
     out = out.assign(unit=listed, n_units=[len(u) for u in listed]).explode("unit", ignore_index=True)
     return schema.conform(out, UNIT_COLLECTIVES, table="unit collectives")
 

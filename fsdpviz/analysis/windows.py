@@ -15,8 +15,8 @@ The unit's **compute pieces** are its region minus the windows of other units th
 (nested units: the root's own compute is what lies outside its children; and a sibling that starts
 before this unit's window closes, as when autograd runs FSDP1's next unit while the previous one
 still accumulates gradients: from there on the time is the newer unit's) and minus the
-framework's labels inside it (prefetches, waits, FSDP1 hooks): the CPU time the unit spent in its
-own model code. On GPU the kernels launched from those pieces are the unit's compute.
+framework's labels inside it (prefetches, waits, FSDP1 hooks, ZeRO-3 fetches and releases): the
+CPU time the unit spent in its own model code. On GPU the kernels launched from those pieces are the unit's compute.
 """
 
 from __future__ import annotations
@@ -170,7 +170,7 @@ def _overhead_labels(labels: pd.DataFrame) -> pd.DataFrame:
     """Framework ranges that are never a unit's own compute."""
     family = labels["family"]
     is_fsdpviz_comm = (family == lab.FAMILY_FSDPVIZ) & labels["action"].isin(
-        [lab.GATHER_ACTION, lab.FSDPVIZ_REDUCE_ACTION])
+        [lab.GATHER_ACTION, lab.FSDPVIZ_REDUCE_ACTION, *lab.FETCH_ACTIONS])
     mask = family.isin([lab.FAMILY_FSDP2, lab.FAMILY_FSDP1, lab.FAMILY_HOOKS]) | is_fsdpviz_comm
     return labels[mask.to_numpy()]
 
