@@ -40,6 +40,7 @@ TIME_NOISE: Final = 0.05
 MEMORY_NOISE: Final = 0.02
 MIN_TIME_MS: Final = 0.02
 NS_PER_MS: Final = 1e6
+MIN_STEPS: Final = 3  # analysed steps per run below which a named winner gets a caveat
 MODEL_SHARE: Final = 0.5  # the memory model must explain at least this share of a peak difference
 
 
@@ -83,6 +84,16 @@ def noise_ms(a: RunInput, b: RunInput, column: str) -> float:
     return 2.0 * float(np.hypot(stderr_ms(a, column), stderr_ms(b, column)))
 
 
+def few_steps(a: RunInput, b: RunInput) -> str:
+    """A caveat when either run has fewer than MIN_STEPS analysed steps: two or so per-step values
+    give a weak noise estimate, so a named winner may not survive a longer recording."""
+    n = min(len(per_step_ms(a, "step_ns")), len(per_step_ms(b, "step_ns")))
+    if n >= MIN_STEPS:
+        return ""
+    return (f" Only {n} analysed step(s) in {a.label if len(per_step_ms(a, 'step_ns')) == n else b.label}: the "
+            "noise estimate is weak, so confirm with more steps (fsdpviz record --steps 6).")
+
+
 def is_clear(a: float, b: float, noise: float, rel: float = TIME_NOISE, floor: float = MIN_TIME_MS) -> bool:
     """Whether ``a`` and ``b`` differ by more than the noise (see the module docstring)."""
     return abs(a - b) > max(rel * max(abs(a), abs(b)), noise, floor)
@@ -121,6 +132,7 @@ def step_time_finding(c: Comparison) -> list[dict[str, Any]]:
     parts = step_parts(c.runs[best_i], c.runs[other_i])
     if parts:
         message += f" Where the {_ms(other - best)} went: " + parts + "."
+    message += few_steps(c.runs[best_i], c.runs[other_i])
     return [_finding("step_time", message, evidence, c.labels[best_i], values)]
 
 
@@ -208,7 +220,7 @@ def exposed_finding(c: Comparison) -> list[dict[str, Any]]:
     nb, nw = counts[b].get(schema.SPAN_ALL_GATHER), counts[w].get(schema.SPAN_ALL_GATHER)
     if nb is not None and nw is not None and nb != nw:
         message += f"; {b} runs {_count(nb, 'all-gather')} per step where {w} runs {_count(nw, 'all-gather')}"
-    return [_finding("exposed_comm", message + ".", evidence, b, values)]
+    return [_finding("exposed_comm", message + "." + few_steps(c.runs[best_i], c.runs[worst_i]), evidence, b, values)]
 
 
 def memory_finding(c: Comparison) -> list[dict[str, Any]]:
@@ -283,12 +295,12 @@ def tradeoff_finding(c: Comparison, found: Sequence[dict[str, Any]]) -> list[dic
         return []
     memory = next(f for f in found if f["kind"] == "memory")
     key = "step_rise_bytes" if "step_rise_bytes" in memory["values"] else "memory.peak_allocated_bytes"
-    what = "adds" if key == "step_rise_bytes" else "peaks"
     i, j = c.labels.index(fast), c.labels.index(lean)
     dt = float(c.values["step_time_ms"][j]) - float(c.values["step_time_ms"][i])
     dm = int(c.values[key][i]) - int(c.values[key][j])
-    return [_finding("tradeoff", f"Trade-off: {fast} is {_ms(dt)} per step faster than {lean} but {what} "
-                     f"{_bytes(dm)} more memory.", f"step time {fast} {_ms(float(c.values['step_time_ms'][i]))}, "
+    cost = f"adds {_bytes(dm)} more memory per step" if key == "step_rise_bytes" else f"peaks {_bytes(dm)} higher"
+    return [_finding("tradeoff", f"Trade-off: {fast} is {_ms(dt)} per step faster than {lean} but {cost}.",
+                     f"step time {fast} {_ms(float(c.values['step_time_ms'][i]))}, "
                      f"{lean} {_ms(float(c.values['step_time_ms'][j]))}", None,
                      {"step_time_ms": {fast: dt}, key.split(".")[-1]: {fast: dm}})]
 

@@ -80,7 +80,7 @@ def load_runs(paths: Sequence[str | Path], labels: Sequence[str] | None = None, 
             raise RunFolderError(f"{path}: {exc}") from exc
         loaded.append((path, traces, analysis, summary))
     names = list(labels) if labels else unique_labels([default_label(p, t) for p, t, _, _ in loaded])
-    return [(RunInput(label=name, source=str(path.resolve()), summary=summary, analysis=analysis, run=traces.run,
+    return [(RunInput(label=name, source=str(path), summary=summary, analysis=analysis, run=traces.run,
                       traces=traces), traces)
             for name, (path, traces, analysis, summary) in zip(names, loaded)]
 

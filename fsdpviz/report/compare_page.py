@@ -119,7 +119,7 @@ def structure_section(data: CompareData) -> Section:
         listing = " · ".join(f"{u} {format_bytes(float(b)) or '?'}" for u, b in zip(units["unit"], units["param_bytes"]))
         rows.append([TableCell(text=run.label, header=True), TableCell(text=str(len(units))),
                      TableCell(text=describe_bytes(int(units["param_bytes"].sum())) if len(units) else "n/a"),
-                     TableCell(text=listing or "no units")])
+                     TableCell(text=listing or "no units", left=True)])
     table = HtmlTable(columns=["run", "units", "parameters (unsharded)", "units in forward order"], rows=rows)
     return Section(key="structure", title="Unit structure", howto=HOWTO_STRUCTURE, tables=[table],
                    views={"structure": compare_plots.structure_strips(data.runs)})
@@ -136,6 +136,7 @@ def units_table(data: CompareData) -> HtmlTable:
     groups = {g.name: g for g in c.match.groups}
     rows: list[list[TableCell]] = []
     starts: set[int] = set()
+    drifting = any(d is not None for d in c.drift)  # peaks then depend on the step: not ranked
     for name in dict.fromkeys(data.groups.sort_values("order", kind="stable")["group"]):
         group = groups[name]
         starts.add(len(rows))
@@ -153,7 +154,8 @@ def units_table(data: CompareData) -> HtmlTable:
             if all(v is None for v in values):
                 continue
             known = [v for v in values if v is not None]
-            best = min(known) if metric != "param_bytes" and len(set(known)) > 1 else None
+            ranked = metric != "param_bytes" and not (metric == "peak_allocated_bytes" and drifting)
+            best = min(known) if ranked and len(set(known)) > 1 else None
             rows.append([TableCell(text=f"  {title}"),
                          *(TableCell(text=_cell(unit, v), best=best is not None and v == best,
                                      hint="group units' medians, summed" if unit == "ms" else "")

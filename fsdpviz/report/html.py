@@ -65,6 +65,7 @@ class TableCell:
     hint: str = ""  # tooltip (title attribute)
     best: bool = False  # marked as the best value of its row
     header: bool = False  # a row header
+    left: bool = False  # text aligned left (lists, names); numbers stay right-aligned
 
 
 @dataclass(kw_only=True, slots=True)
