@@ -79,7 +79,6 @@ def build_report(
         NoDataError: nothing to analyse in the window.
     """
     from fsdpviz.analysis import summarize
-    from fsdpviz.analysis.overlap import compute_overlap
     from fsdpviz.analysis.run import analyze_run
     from fsdpviz.report.data import prepare_report
 
@@ -87,15 +86,14 @@ def build_report(
     if not out.parent.is_dir():
         raise RunFolderError(f"{out}: cannot write the report: folder {out.parent} does not exist")
     started = time.perf_counter()
-    _say(progress, "analysing communication overlap")
-    overlap = compute_overlap(traces, steps=steps)
     if analysis is None:
         _say(progress, "analysing FSDP units")
         analysis = analyze_run(traces, steps=steps)
     if summary is None:
+        _say(progress, "analysing communication overlap")
         summary = summarize(traces, steps=steps, analysis=analysis)
     _say(progress, "preparing the page")
-    data = prepare_report(traces, summary=summary, overlap=overlap, analysis=analysis, gantt_ranks=ranks)
+    data = prepare_report(traces, summary=summary, analysis=analysis, gantt_ranks=ranks)
     _say(progress, f"rendering {data.segment_count:,} spans")
     from fsdpviz.report.html import write_page
     from fsdpviz.report.page import build_page

@@ -17,7 +17,7 @@ from fsdpviz.errors import UsageError
 from fsdpviz.report import memory, steptimes
 from fsdpviz.report.stepview import StepView, exposed_intervals, lanes_view, unit_peak_markers
 from fsdpviz.report.style import OTHER_COLOR, unit_colors
-from fsdpviz.report.timeline import MAX_PAGE_SEGMENTS, choose_steps
+from fsdpviz.report.timeline import MAX_PAGE_SEGMENTS, choose_steps, whole_trace_choice
 from fsdpviz.report.unittable import UnitTables, unit_tables
 from fsdpviz.report.unitview import NO_UNIT, place_unit_peaks, unit_order, units_view
 from fsdpviz.trace.tables import TraceSet
@@ -33,7 +33,7 @@ class ReportData:
     subtitle: str
     meta: list[tuple[str, str]]  # (label, value) shown under the title
     summary: dict[str, Any]  # the ``fsdpviz summary --json`` dict of the same inputs
-    overlap: pd.DataFrame  # schema.OVERLAP, one row per rank
+    overlap: pd.DataFrame  # per rank: ``device`` (schema.OVERLAP, or overlap_devices(summary))
     views: list[StepView]  # time-line tabs
     step_times: pd.DataFrame  # steptimes.step_times()
     step_spread: pd.DataFrame  # steptimes.per_step_spread()
@@ -128,20 +128,33 @@ def findings_text(findings: pd.DataFrame | None) -> list[str]:
     return out
 
 
-def prepare_report(traces: TraceSet, *, summary: dict[str, Any], overlap: pd.DataFrame,
+def overlap_devices(summary: dict[str, Any]) -> pd.DataFrame:
+    """``rank``, ``device`` (gpu / cpu: which overlap definition applies) from the summary."""
+    per_rank = (summary.get("overlap") or {}).get("per_rank") or {}
+    return pd.DataFrame({"rank": [int(r) for r in per_rank],
+                         "device": [str(v.get("device", "")) for v in per_rank.values()]})
+
+
+def prepare_report(traces: TraceSet, *, summary: dict[str, Any], overlap: pd.DataFrame | None = None,
                    analysis: Any | None = None, max_segments: int = MAX_PAGE_SEGMENTS,
                    gantt_ranks: Sequence[int] | None = None, max_gantt_ranks: int = MAX_GANTT_RANKS,
                    ) -> ReportData:
     """The page's data from the loaded traces and the analysis results.
 
     ``analysis`` is the per-unit ``RunAnalysis``; without unit spans the page has the whole-step
-    views only. ``gantt_ranks`` picks the ranks the time-line draws (default: all up to
+    views only. ``overlap`` (schema.OVERLAP) is only read for each rank's device; without it the
+    summary's ``overlap.per_rank`` gives them. ``gantt_ranks`` picks the ranks the time-line draws (default: all up to
     ``max_gantt_ranks``, else a readable selection, see ``steptimes.choose_gantt_ranks``).
     """
     title, subtitle, meta = describe_inputs(traces)
+    if overlap is None:  # only each rank's device is needed here; the summary has it
+        overlap = overlap_devices(summary)
     offsets = clock_offsets(analysis)
     aligned = aligned_traces(traces, offsets)
     choices = choose_steps(aligned.steps, summary.get("steps") or None)
+    if not choices and aligned.steps.empty:
+        whole = whole_trace_choice(aligned.events)
+        choices = [whole] if whole is not None else []
     times = steptimes.step_times(traces)
     notes: list[str] = []
     if gantt_ranks is None:

@@ -79,7 +79,8 @@ def headline_section(data: ReportData) -> Section:
                    else "") + f"of {format_ms(comm_per_step)} communication"),
         Fact(label="peak allocated", value=format_bytes(mem.get("peak_allocated_bytes")) or "n/a"),
         Fact(label="peak reserved", value=format_bytes(mem.get("peak_reserved_bytes") or None) or "n/a",
-             hint="" if mem.get("peak_reserved_bytes") else "the CPU allocator reports no reserved memory"),
+             hint="the CPU allocator reports no reserved memory"
+             if mem.get("peak_allocated_bytes") and not mem.get("peak_reserved_bytes") else ""),
     ]
     # The summary's own "units is empty" note is said better by NOTE_NO_UNITS below.
     notes = list(data.notes) + [_sentence(n) for n in s.get("notes", []) if "units is empty" not in n]

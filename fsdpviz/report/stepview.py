@@ -55,10 +55,14 @@ def exposed_intervals(traces: TraceSet, overlap: pd.DataFrame, step: int,
     device_of = dict(zip(overlap["rank"].astype(int), overlap["device"].astype(str)))
     rows_of = traces.events.groupby("rank", sort=False, observed=True).indices  # one pass, not one per rank
     for rank in (traces.rank_ids if ranks is None else ranks):
-        rank_steps = traces.steps[traces.steps["rank"] == rank]
-        window = ov.select_window(rank_steps, steps=[step])
-        if window is None or not window.steps or rank not in rows_of:
+        if rank not in rows_of:
             continue
+        if step == schema.NO_STEP:  # a trace without ProfilerSteps: its whole length
+            window = None
+        else:
+            window = ov.select_window(traces.steps[traces.steps["rank"] == rank], steps=[step])
+            if window is None or not window.steps:
+                continue
         events = traces.events.iloc[rows_of[rank]]
         if device_of.get(rank) == schema.OVERLAP_GPU:
             comm, compute, _ = ov.gpu_sets(events, window)

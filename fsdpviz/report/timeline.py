@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from fsdpviz.report.style import NS_PER_MS
+from fsdpviz.trace.schema import NO_STEP
 
 # Spans drawn on one page, all Gantt tabs together (see module docstring).
 MAX_PAGE_SEGMENTS = 100_000
@@ -77,6 +78,16 @@ def _choice(kind: str, wall: pd.DataFrame, pos: int) -> StepChoice:
     step = int(wall["step"].iloc[pos])
     return StepChoice(label=f"{kind} {step}", step=step, origin_ns=int(wall["origin_ns"].iloc[pos]),
                       end_ns=int(wall["end_ns"].iloc[pos]), duration_ms=float(wall["duration_ms"].iloc[pos]))
+
+
+def whole_trace_choice(events: pd.DataFrame) -> StepChoice | None:
+    """The whole recording as one "step", for traces without ProfilerStep ranges."""
+    if events.empty:
+        return None
+    origin = int(events["start_ns"].min())
+    end = int((events["start_ns"] + events["dur_ns"]).max())
+    return StepChoice(label="whole trace", step=NO_STEP, origin_ns=origin, end_ns=end,
+                      duration_ms=(end - origin) / NS_PER_MS)
 
 
 def merge_intervals(df: pd.DataFrame, keys: Sequence[str], *, gap_ns: int = 0,

@@ -27,7 +27,7 @@ SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "fsdp2-cpu-2ran
 XSS = "<img src=x onerror=alert(1)>"
 
 
-def _check_opened(page, expected_sections: set[str]) -> None:
+def _check_opened(page, expected_sections: set[str], min_roots: int = 2) -> None:
     log, state = page.log, page.state
     assert log.exceptions == []
     assert log.console_errors == []
@@ -36,8 +36,8 @@ def _check_opened(page, expected_sections: set[str]) -> None:
     assert state["scripts_with_src"] == 0
     assert state["bokeh_documents"] == 1 and state["bokeh_idle"]
     assert expected_sections <= set(state["sections"])
-    assert state["bokeh_roots"] >= 2
-    assert state["canvases"] >= 2
+    assert state["bokeh_roots"] >= min_roots
+    assert state["canvases"] >= min_roots
     stddev, colours = image_stats(page.screenshot)
     assert stddev > 10 and colours > 20, "page screenshot looks blank"
     assert page.plot_shots, "no plot area found on the page"
@@ -56,11 +56,17 @@ def test_cpu_recording_report_draws_offline(open_report, tmp_path: Path) -> None
     assert "overlap" in text
 
 
-def test_gpu_trace_report_draws_offline(open_report, tmp_path: Path, gpu_real_dir: Path) -> None:
-    traces = load_traces([gpu_real_dir / "nccl_parser_config" / "nccl_data.json.gz"], cache=False)
+@pytest.mark.parametrize("trace", [
+    "nccl_parser_config/nccl_data.json.gz",  # DDP on A100, one rank of two
+    "trace_filter",  # two ranks of a 128-rank job
+    "tracelens_b200_eager/eager_trace.json.gz",  # no ProfilerStep at all: the whole trace is drawn
+])
+def test_gpu_trace_report_draws_offline(open_report, tmp_path: Path, gpu_real_dir: Path, trace: str) -> None:
+    traces = load_traces([gpu_real_dir / trace], cache=False)
     result = build_report(traces, tmp_path / "gpu.html")
     page = open_report(result.path)
-    _check_opened(page, {"headline", "timeline", "steps"})
+    # without ProfilerSteps there are no step times to plot: the time line is the one plot
+    _check_opened(page, {"headline", "timeline", "steps"}, min_roots=1 if traces.steps.empty else 2)
     assert "Per-unit views need FSDP labels" in page.state["text"]
 
 

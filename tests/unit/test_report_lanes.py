@@ -100,3 +100,20 @@ def test_lanes_view_on_real_gpu_trace(gpu_real_dir: Path) -> None:
     # HTA: all-reduces of this DDP job are mostly exposed; the view must show exposed time on a stream
     assert not view.exposed.empty
     assert set(rows.loc[view.exposed["row"].astype(int), "lane_kind"]) == {schema.LANE_GPU_STREAM}
+
+
+def test_trace_without_profiler_steps_is_drawn_whole(gpu_real_dir: Path) -> None:
+    from fsdpviz.analysis import summarize
+    from fsdpviz.report.data import prepare_report
+
+    traces = load_traces([gpu_real_dir / "tracelens_b200_eager" / "eager_trace.json.gz"], cache=False)
+    assert traces.steps.empty
+    data = prepare_report(traces, summary=summarize(traces))
+    [view] = data.views
+    assert view.choice.label == "whole trace" and view.choice.step == schema.NO_STEP
+    events = traces.events
+    assert view.choice.origin_ns == events["start_ns"].min()
+    assert view.choice.end_ns == (events["start_ns"] + events["dur_ns"]).max()
+    assert set(view.rows["lane_kind"]) >= {schema.LANE_CPU_MAIN, schema.LANE_GPU_STREAM}
+    # HTA finds no overlap in this trace: its few NCCL kernels are exposed, and drawn so
+    assert not view.exposed.empty
