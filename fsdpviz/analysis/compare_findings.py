@@ -132,6 +132,15 @@ def step_time_finding(c: Comparison) -> list[dict[str, Any]]:
     parts = step_parts(c.runs[best_i], c.runs[other_i])
     if parts:
         message += f" Where the {_ms(other - best)} went: " + parts + "."
+    rest = []
+    for i, v in known:
+        if i in (best_i, other_i):
+            continue
+        noise_i = noise_ms(c.runs[best_i], c.runs[i], "step_ns")
+        verdict = "a clear difference" if is_clear(best, v, noise_i) else "within noise"
+        rest.append(f"{c.labels[i]} takes {_ms(v)} ({_ms(v - best)} more, {verdict}: noise {_ms(noise_i)})")
+    if rest:
+        message += " Also, " + "; ".join(rest) + "."  # labels keep their case
     message += few_steps(c.runs[best_i], c.runs[other_i])
     return [_finding("step_time", message, evidence, c.labels[best_i], values)]
 
