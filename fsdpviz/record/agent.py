@@ -133,6 +133,8 @@ class Agent:
         self._open: dict[tuple[str, str], tuple[Interval | None, Any]] = {}
         self._comm_depth = 0
         self._backward_callback_queued = False
+        self._step_holds = 0  # inside the framework's own optimizer call (DeepSpeed engine.step)
+        self._step_end_pending = False
         self.clock = StepClock()
         self._step_start: Interval | None = None
         self._whole: dict[str, Interval] = {}
@@ -355,6 +357,25 @@ class Agent:
         if self.phase != "optimizer":
             return
         self._optimizer_stepped = True
+        if self._step_holds:
+            self._step_end_pending = True  # the framework's optimizer call ends the step (release_step_end)
+            return
+        self._end_optimizer_step()
+
+    def hold_step_end(self) -> None:
+        """The framework's own optimizer call began (DeepSpeed ``engine.step``, which keeps working
+        after the torch optimizer's step): an optimizer step inside it ends the step at its end."""
+        self._step_holds += 1
+
+    def release_step_end(self, *, end_step: bool = True) -> None:
+        """That call returned (``end_step``) or raised: end the step now if an optimizer stepped."""
+        self._step_holds = max(0, self._step_holds - 1)
+        if not self._step_holds and self._step_end_pending:
+            self._step_end_pending = False
+            if end_step and not self.finished and self.phase == "optimizer":
+                self._end_optimizer_step()
+
+    def _end_optimizer_step(self) -> None:
         interval = self._whole.pop("optimizer", None)
         if interval is not None:
             self.clock.close(interval)

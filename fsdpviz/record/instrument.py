@@ -12,6 +12,10 @@ Trace labels (``record_function`` ranges, only while the profiler records):
 - FSDP1 and ZeRO-3 carry no unit names, so fsdpviz adds ``fsdpviz::forward (fqn)``,
   ``fsdpviz::backward (fqn)``, ``fsdpviz::all_gather (fqn)`` and ``fsdpviz::reduce_scatter (fqn)``
   (ZeRO-3 gathers and reduces several units at once: then ``(fqn1, fqn2, ...)``).
+- ZeRO-3 also: ``fsdpviz::fetch (fqn)`` / ``fsdpviz::release (fqn)`` around DeepSpeed's parameter
+  fetch and release for a module, and ``fsdpviz::engine_forward`` / ``engine_backward`` /
+  ``engine_step`` around the engine's own calls, so that DeepSpeed's work outside the units reads
+  as framework (or optimizer) work rather than as nobody's.
 See docs/recording.md, "Labels fsdpviz adds".
 """
 
@@ -32,6 +36,9 @@ from fsdpviz.record.units import (
 )
 
 LABEL_PREFIX: Final = "fsdpviz::"
+FETCH: Final = "fetch"
+RELEASE: Final = "release"
+ENGINE_CALLS: Final = ("forward", "backward", "step")  # DeepSpeed engine calls labelled engine_<call>
 
 
 def unit_label(kind: str, units: Iterable[str]) -> str:
@@ -90,11 +97,12 @@ class _Instrumentation:
             self._undo.append(lambda: owner.__dict__.pop(name, None))
 
     def _comm(self, original: Callable[..., Any], unit_of: Callable[..., str | None], kind: str,
-              labelled: bool, timer_unit: str | None = None) -> Callable[..., Any]:
+              labelled: bool, timer_unit: str | None = None, label_kind: str | None = None) -> Callable[..., Any]:
         """Wrap a gather or reduction: timed for ``unit_of(args)`` (or ``timer_unit``), labelled if asked.
 
         ``unit_of`` may return several units as ``"a, b"`` (ZeRO-3 buckets): they go into the label,
-        while the timer then needs ``timer_unit`` ("" = the whole step).
+        while the timer then needs ``timer_unit`` ("" = the whole step). The label says ``label_kind``
+        (default: the timer's ``kind``).
         """
         agent = self.agent
 
@@ -102,12 +110,27 @@ class _Instrumentation:
             unit = unit_of(*args, **kwargs)
             if unit is None:
                 return original(*args, **kwargs)
-            label = unit_label(kind, unit.split(", ")) if labelled and unit else None
+            label = unit_label(label_kind or kind, unit.split(", ")) if labelled and unit else None
             token = agent.begin_comm(unit if timer_unit is None else timer_unit, kind, label)
             try:
                 return original(*args, **kwargs)
             finally:
                 agent.end_comm(token)
+
+        return wrapper
+
+    def _ranged(self, original: Callable[..., Any], label_of: Callable[..., str | None]) -> Callable[..., Any]:
+        """Wrap a call in the trace range ``label_of(args)`` (none when it returns None)."""
+        agent = self.agent
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            label = label_of(*args, **kwargs)
+            rng = agent.enter_range(label) if label else None
+            try:
+                return original(*args, **kwargs)
+            finally:
+                if rng is not None:
+                    agent.exit_range(rng)
 
         return wrapper
 
@@ -292,9 +315,15 @@ class Zero3Instrumentation(_Instrumentation):
         self._wrap(offload, "post_sub_module_forward_function", phase_wrapper("forward", False))
         self._wrap(offload, "pre_sub_module_backward_function", phase_wrapper("backward", True))
         self._wrap(offload, "post_sub_module_backward_function", phase_wrapper("backward", False))
-        # Timer: the whole fetch (gather, wait, prefetch issue) counts for the unit being fetched.
+        # The whole fetch (gather, wait, prefetch issue) counts for the unit being fetched, as its
+        # all_gather timer and as framework work in traces; so does the release after its pass.
         self._wrap(coordinator, "fetch_sub_module", lambda orig: self._comm(
-            orig, lambda sub_module, *a, **k: names.get(id(sub_module)), KIND_ALL_GATHER, False))
+            orig, lambda sub_module, *a, **k: names.get(id(sub_module)), KIND_ALL_GATHER, True, label_kind=FETCH))
+        self._wrap(coordinator, "release_sub_module", lambda orig: self._ranged(
+            orig, lambda sub_module, *a, **k: unit_label(RELEASE, [names[id(sub_module)]])
+            if id(sub_module) in names else None))
+        for method in ENGINE_CALLS:
+            self._wrap(engine, method, lambda orig, method=method: self._engine_call(orig, method))
         # Label: each gather DeepSpeed issues, named by the units whose parameters it carries.
         gather = "_PartitionedParameterCoordinator__all_gather_params"
         if hasattr(coordinator, gather):
@@ -308,3 +337,28 @@ class Zero3Instrumentation(_Instrumentation):
                 return units_of(bucket.params) if bucket is not None and bucket.params else ""
             self._wrap(optimizer, reduce, lambda orig: self._comm(
                 orig, bucket_units, KIND_REDUCE_SCATTER, True, timer_unit=""))
+
+    def _engine_call(self, original: Callable[..., Any], method: str) -> Callable[..., Any]:
+        """``fsdpviz::engine_<method>`` around a DeepSpeed engine call. ``engine.step`` runs code
+        after the torch optimizer's step (copying updated partitions, zeroing gradients): the
+        training step ends when ``engine.step`` returns, not when the optimizer step hook fires."""
+        agent = self.agent
+        label = f"{LABEL_PREFIX}engine_{method}"
+        holds = method == "step"
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if holds:
+                agent.hold_step_end()
+            rng = agent.enter_range(label)
+            done = False
+            try:
+                result = original(*args, **kwargs)
+                done = True
+                return result
+            finally:
+                if rng is not None:
+                    agent.exit_range(rng)  # before the step ends: the range stays inside its step
+                if holds:
+                    agent.release_step_end(end_step=done)
+
+        return wrapper

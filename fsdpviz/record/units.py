@@ -6,6 +6,12 @@ module (the module's own parameters, or all of a ZeRO-3 "leaf" module's). Units 
 module FQN relative to the sharded root with wrapper components removed
 (``_fsdp_wrapped_module.blocks.3`` -> ``blocks.3``); the root's own unit is ``(root)``.
 
+ZeRO-3 fetches per submodule, so the code a block runs between its submodules (attention scores,
+residual adds) and the model's own code around its blocks belong to no fetched unit. The ZeRO-3
+table therefore also lists the root module and each parent block as units holding no parameters of
+their own (``param_numel`` 0): the recorder labels their forward and backward too, and their own
+code becomes their compute.
+
 The builders only read attributes of the framework's objects; they never change them.
 """
 
@@ -55,6 +61,7 @@ class Unit:
     forward_prefetch: Any = None
     backward_prefetch: Any = None
     order: int = -1  # forward order, known after the first step
+    shard_size: int | None = None  # ranks its parameters are sharded over (HSDP: the shard group)
     modules: tuple[Any, ...] = field(default=(), repr=False)  # the nn.Modules (not serialised)
     key: Any = field(default=None, repr=False)  # the framework object behind the unit
 
@@ -69,6 +76,7 @@ class Unit:
             "reshard_after_forward": self.reshard_after_forward,
             "forward_prefetch": self.forward_prefetch,
             "backward_prefetch": self.backward_prefetch,
+            "shard_size": self.shard_size,
         }
 
 
@@ -82,6 +90,16 @@ def assign_order(units: list[Unit], first_seen: list[str]) -> None:
 
 def _dtype_name(dtype: Any) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+def _group_size(group: Any) -> int | None:
+    """Ranks in a process group (the group a unit is sharded over), None if it cannot be read."""
+    import torch.distributed as dist
+
+    try:
+        return int(dist.get_world_size(group)) if dist.is_initialized() else None
+    except (RuntimeError, ValueError, TypeError, AttributeError):
+        return None
 
 
 def _container_elements(root: Any) -> list[str]:
@@ -117,6 +135,7 @@ def build_fsdp2_units(root: Any) -> list[Unit]:
             )
             units.append(Unit(unit=name, param_numel=numel, param_bytes=param_bytes, dtype=_dtype_name(dtype),
                               reshard_after_forward=group.post_forward_mesh_info is not None,
+                              shard_size=int(getattr(group.mesh_info, "shard_mesh_size", 1)),
                               modules=tuple(group.modules), key=group))
     for state, unit in ((s, u) for s in states for u in units if u.key in s._fsdp_param_groups):
         forward = [state_names[id(t)] for t in state._states_to_forward_prefetch]
@@ -145,13 +164,14 @@ def build_fsdp1_units(root: Any) -> list[Unit]:
             reshard_after_forward=module.sharding_strategy in resharding,
             forward_prefetch=bool(module.forward_prefetch),
             backward_prefetch=backward.name if backward is not None else None,
-            modules=(module,), key=handle,
+            shard_size=_group_size(handle.process_group), modules=(module,), key=handle,
         ))
     return units
 
 
 def build_zero3_units(engine: Any) -> list[Unit]:
-    """One unit per module DeepSpeed ZeRO-3 fetches on its own, with its parent block.
+    """One unit per module DeepSpeed ZeRO-3 fetches on its own, with its parent block; then the
+    root module and the parent blocks that are not already units, with no parameters of their own.
 
     DeepSpeed fetches a module's direct parameters when the module runs, or all parameters of a
     module marked as a ZeRO-3 leaf (``set_z3_leaf_modules``), whose submodules it does not hook.
@@ -159,6 +179,7 @@ def build_zero3_units(engine: Any) -> list[Unit]:
     model = engine.module
     prefetch = engine.zero_prefetch_bucket_size()
     elements = _container_elements(model)
+    modules = {clean_fqn(name): module for name, module in model.named_modules()}
     units = []
     leaf_prefixes: list[str] = []
     for name, module in model.named_modules():
@@ -176,6 +197,14 @@ def build_zero3_units(engine: Any) -> list[Unit]:
         units.append(Unit(
             unit=fqn, param_numel=numel, param_bytes=nbytes, dtype=_dtype_name(params[0].dtype),
             parent=find_parent_block(fqn, elements) if fqn != ROOT_UNIT else "",
-            forward_prefetch=prefetch, backward_prefetch=prefetch, modules=(module,), key=module,
+            forward_prefetch=prefetch, backward_prefetch=prefetch,
+            shard_size=_group_size(getattr(params[0], "ds_process_group", None)), modules=(module,), key=module,
         ))
+    named = {unit.unit for unit in units}
+    groups = [ROOT_UNIT] + sorted({unit.parent for unit in units if unit.parent}, key=list(modules).index)
+    for fqn in groups:
+        if fqn not in named and fqn in modules:
+            units.append(Unit(unit=fqn, param_numel=0, param_bytes=0, dtype="",
+                              parent=find_parent_block(fqn, elements) if fqn != ROOT_UNIT else "",
+                              modules=(modules[fqn],), key=modules[fqn]))
     return units

@@ -181,15 +181,33 @@ def test_record_zero3_units_are_fetched_submodules_with_parent_blocks(tmp_path: 
     train_args = ["--framework", "zero3", "--wrap", "submodule", *TINY, "--steps", str(STEPS)]
     proc = _record(run_dir, _torchrun(EXAMPLE, *train_args, "--log-losses", str(tmp_path / "rec-{rank}.txt")), env=env)
     model = _model_units(train_args)
-    expected = [name or "(root)" for name, m in model.named_modules() if list(m.parameters(recurse=False))]
-    labels = ["fsdpviz::forward (blocks.1.qkv)", "fsdpviz::backward (blocks.0.fc_out)"]
+    fetched = [name or "(root)" for name, m in model.named_modules() if list(m.parameters(recurse=False))]
+    # the root module and the parent blocks hold no parameters of their own: units of their own code
+    groups = {"(root)", "blocks.0", "blocks.1"}
+    expected = [name or "(root)" for name, m in model.named_modules()
+                if list(m.parameters(recurse=False)) or (name or "(root)") in groups]
+    labels = ["fsdpviz::forward (blocks.1.qkv)", "fsdpviz::backward (blocks.0.fc_out)", "fsdpviz::forward ((root))",
+              "fsdpviz::backward (blocks.1)", "fsdpviz::fetch (blocks.0.qkv)", "fsdpviz::release (blocks.0.qkv)",
+              "fsdpviz::engine_forward", "fsdpviz::engine_backward", "fsdpviz::engine_step"]
     run = _check_run(run_dir, proc, "zero3", expected, labels)
-    parents = {u["unit"]: u["parent"] for u in run["units"]}
-    assert parents["blocks.1.qkv"] == "blocks.1" and parents["tok_emb"] == "" and parents["head"] == ""
-    names = _annotations(_trace(run_dir, 1))
+    by_name = {u["unit"]: u for u in run["units"]}
+    assert by_name["blocks.1.qkv"]["parent"] == "blocks.1" and by_name["tok_emb"]["parent"] == ""
+    assert by_name["head"]["parent"] == "" and by_name["blocks.1"]["parent"] == ""
+    assert all(by_name[g]["param_numel"] == 0 == by_name[g]["param_bytes"] for g in groups)
+    assert all(by_name[u]["param_numel"] == sum(p.numel() for p in model.get_submodule(
+        "" if u == "(root)" else u).parameters(recurse=False)) and by_name[u]["shard_size"] == 2 for u in fetched)
+    trace = _trace(run_dir, 1)
+    names = _annotations(trace)
     gathered = {u for n in names if n.startswith("fsdpviz::all_gather (") for u in n[21:-1].split(", ")}
     reduced = {u for n in names if n.startswith("fsdpviz::reduce_scatter (") for u in n[25:-1].split(", ")}
-    assert gathered == set(expected) and reduced == set(expected)  # every unit gathered and reduced
+    assert gathered == set(fetched) and reduced == set(fetched)  # every unit gathered and reduced
+    # A step ends when engine.step returns (DeepSpeed works on after the torch optimizer's step):
+    # every engine.step range lies inside one ProfilerStep.
+    ranges = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "user_annotation"]
+    steps = [(e["ts"], e["ts"] + e["dur"]) for e in ranges if e["name"].startswith("ProfilerStep#")]
+    engine_steps = [e for e in ranges if e["name"] == "fsdpviz::engine_step"]
+    assert len(engine_steps) >= 2
+    assert all(any(lo <= e["ts"] and e["ts"] + e["dur"] <= hi for lo, hi in steps) for e in engine_steps)
     _check_same_losses(tmp_path, run_dir, train_args, env)
 
 
