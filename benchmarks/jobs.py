@@ -5,7 +5,8 @@
 - ``fsdpviz [--cache] [--jobs N] PATH...``: ``load_traces`` + ``compute_overlap`` (the whole-step
   communication/computation overlap per rank), as a script using fsdpviz would.
 - ``hta DIR``: HTA's ``TraceAnalysis(trace_dir=DIR)`` + ``get_comm_comp_overlap`` (run with the
-  Python of a venv that has ``holistictraceanalysis`` installed).
+  Python of a venv that has ``holistictraceanalysis`` installed), with the rank -> file map
+  given explicitly (see ``_rank_files``).
 
 Each prints one JSON line: events read and the overlap % per rank (to check that fsdpviz and HTA
 agree), plus the time spent after imports.
@@ -34,17 +35,38 @@ def floor(paths: list[str]) -> dict:
 
 
 def fsdpviz(paths: list[str], cache: bool, jobs: int | None) -> dict:
-    from fsdpviz.analysis.overlap import compute_overlap
     from fsdpviz.trace import load_traces
 
     started = time.perf_counter()
+    # As fsdpviz's commands do: the loader imports pandas while its parser processes work, so the
+    # analysis (which needs pandas anyway) is imported after the load.
     traces = load_traces(paths, cache=cache, progress=False, jobs=jobs)
+    from fsdpviz.analysis.overlap import compute_overlap
+
     overlap = compute_overlap(traces)
     return {
         "work_s": time.perf_counter() - started,
         "events": len(traces.events),
         "overlap": {int(r): round(float(p), 2) for r, p in zip(overlap["rank"], overlap["overlap_pct"])},
     }
+
+
+def _rank_files(trace_dir: str) -> dict[int, str]:
+    """rank -> file from each trace's ``distributedInfo``. HTA finds ranks with ``"rank":\\s+(\\d+)``,
+    which misses compact JSON (``"rank":3``, as orjson writes it): give it the map explicitly."""
+    import gzip
+    import os
+    import re
+
+    found: dict[int, str] = {}
+    for name in sorted(os.listdir(trace_dir)):
+        if not name.endswith((".json", ".gz")):
+            continue
+        path = os.path.join(trace_dir, name)
+        with (gzip.open(path, "rb") if name.endswith(".gz") else open(path, "rb")) as fh:
+            match = re.search(rb'"distributedInfo"\s*:\s*\{[^}]*"rank"\s*:\s*(\d+)', fh.read(1 << 20))
+        found[int(match.group(1)) if match else len(found)] = path
+    return found
 
 
 def hta(trace_dir: str) -> dict:
@@ -56,7 +78,7 @@ def hta(trace_dir: str) -> dict:
     from hta.trace_analysis import TraceAnalysis
 
     started = time.perf_counter()
-    analyzer = TraceAnalysis(trace_dir=trace_dir)
+    analyzer = TraceAnalysis(trace_files=_rank_files(trace_dir), trace_dir=trace_dir)
     overlap = analyzer.get_comm_comp_overlap(visualize=False)
     return {
         "work_s": time.perf_counter() - started,

@@ -26,10 +26,11 @@ def summary(
         "--cache/--no-cache", help="Reuse parsed traces cached beside them.")] = True,
 ) -> None:
     """Print framework, ranks, steps, step time, communication overlap and memory peaks."""
-    from fsdpviz.analysis.summary import summarize
     from fsdpviz.trace import load_traces
 
-    traces = load_traces(paths, cache=cache)
+    traces = load_traces(paths, cache=cache)  # imports pandas while its workers parse
+    from fsdpviz.analysis.summary import summarize
+
     result = summarize(traces, steps=parse_steps(steps), include_last_step=include_last_step)
     if as_json:
         sys.stdout.write(json.dumps(result, indent=2) + "\n")

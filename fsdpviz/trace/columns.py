@@ -20,7 +20,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from itertools import compress
 from operator import attrgetter
-from typing import Final
+from typing import Final, NamedTuple
 
 import numpy as np
 
@@ -77,6 +77,14 @@ _ALLOC_BYTES = attrgetter("alloc_bytes")
 _DEVICE_TYPE = attrgetter("device_type")
 _DEVICE_ID = attrgetter("device_id")
 _INSTANT_PHASES = frozenset({"i", "I"})
+_COLLECTIVE_NAME = attrgetter("collective")
+_PG_NAME = attrgetter("pg_name")
+_IN_NELEMS = attrgetter("in_nelems")
+_OUT_NELEMS = attrgetter("out_nelems")
+_DTYPE = attrgetter("dtype")
+_GROUP_SIZE = attrgetter("group_size")
+_INPUT_DIMS = attrgetter("input_dims")
+_INPUT_TYPE = attrgetter("input_type")
 
 
 def kind_code(category: str) -> int:
@@ -92,22 +100,21 @@ def _collective(text: str) -> str:
     return comms.collective_from_text(text)
 
 
-def _int_ids(values: list[int | str]) -> np.ndarray:
+def _int_ids(events: list[TraceEvent], getter: attrgetter) -> np.ndarray:
     """pid/tid column; string ids (never on the events fsdpviz tables, but allowed) -> NOT_AN_ID."""
     try:
-        return np.array(values, dtype=np.int64)
+        return np.fromiter(map(getter, events), np.int64, len(events))
     except (TypeError, ValueError, OverflowError):
-        return np.array([v if isinstance(v, int) else NOT_AN_ID for v in values], dtype=np.int64)
+        return np.array([v if isinstance(v, int) else NOT_AN_ID for v in map(getter, events)], dtype=np.int64)
 
 
-@dataclass(slots=True)
-class CommArgs:
-    """What one communication event's args say, kept until the trace's world size is known."""
+class CommArgs(NamedTuple):
+    """What a communication event's name and args say; the same for most of a trace's collectives
+    (a job repeats them every step), so sizes are worked out once per distinct value."""
 
-    row: int
     name: str
     comm: str
-    pg: str
+    pg: str | None
     in_nelems: int | None
     out_nelems: int | None
     dtype: str | None
@@ -128,11 +135,12 @@ class MemorySamples:
     devices: dict[tuple[int | None, int], int] = field(default_factory=dict)  # (type, id) -> code
 
 
-def _ints(values: list[int | None], missing: int) -> np.ndarray:
-    """Integer column from values that may be None (-> ``missing``)."""
-    if None in values:
-        values = [missing if v is None else v for v in values]
-    return np.array(values, dtype=np.int64)
+def _ints(records: list[EventArgs], getter: attrgetter, missing: int) -> np.ndarray:
+    """Integer column from an arg that may be absent (None -> ``missing``)."""
+    try:
+        return np.fromiter(map(getter, records), np.int64, len(records))
+    except TypeError:
+        return np.array([missing if v is None else v for v in map(getter, records)], dtype=np.int64)
 
 
 class EventColumns:
@@ -146,7 +154,8 @@ class EventColumns:
         self._parts: dict[str, list[np.ndarray]] = {
             k: [] for k in ("kind", "name", "ts", "dur", "correlation", "external_id", "key_a", "key_b", "comm")
         }
-        self.comm_args: list[CommArgs] = []
+        self.comm_rows: list[int] = []  # rows of the communication events (numpy ints)
+        self.comm_args: list[CommArgs] = []  # and their args, row by row
         self.thread_names: dict[tuple[int, int], list[str]] = {}
         self.memory = MemorySamples()
         self.n_rows = 0
@@ -157,13 +166,12 @@ class EventColumns:
     def add(self, events: list[TraceEvent]) -> None:
         """Take the usable events of one batch (file order is kept across batches)."""
         phases = list(map(_PH, events))
-        counts = Counter(phases)
-        self.n_skipped += sum(n for ph, n in counts.items() if ph != "X" and ph not in IGNORED_PHASES)
-        if counts.get("X", 0) != len(events):
+        complete = events
+        if phases.count("X") != len(events):
+            counts = Counter(compress(phases, map("X".__ne__, phases)))
+            self.n_skipped += sum(n for ph, n in counts.items() if ph not in IGNORED_PHASES)
             self._add_others(events, phases)
             complete = list(compress(events, map("X".__eq__, phases)))
-        else:
-            complete = events
         if complete:
             self._add_complete(complete)
 
@@ -188,8 +196,8 @@ class EventColumns:
             args = [a if a is not None else NO_ARGS for a in args]
         ts = np.fromiter(map(_TS, events), np.float64, n)
         dur = np.fromiter(map(_DUR, events), np.float64, n)
-        pid = _int_ids(list(map(_PID, events)))
-        tid = _int_ids(list(map(_TID, events)))
+        pid = _int_ids(events, _PID)
+        tid = _int_ids(events, _TID)
         device = np.fromiter(map(_DEVICE, args), np.int64, n)
         stream = np.fromiter(map(_STREAM, args), np.int64, n)
         is_gpu = GPU_KIND_MASK[kind]
@@ -232,16 +240,21 @@ class EventColumns:
         by_cpu = np.array(self._cpu_comm, dtype=np.int8)[name]
         code = np.where(kind == KERNEL_CODE, by_kernel, np.where(GPU_KIND_MASK[kind], 0, by_cpu)).astype(np.int8)
         rows = np.flatnonzero(code)
-        for i, c in zip(rows.tolist(), code[rows].tolist()):
-            a = args[i]
-            comm = COMM_CATEGORIES[c]
-            if a.collective:  # record_param_comms / NCCL kernels name their collective
-                comm = _collective(a.collective)
-                code[i] = COMM_CATEGORIES.index(comm)
-            self.comm_args.append(CommArgs(
-                self.n_rows + i, names[i], comm, a.pg_name or "", a.in_nelems, a.out_nelems, a.dtype,
-                a.group_size, bytes(a.input_dims), bytes(a.input_type),
-            ))
+        if len(rows) == 0:
+            return code
+        picked = rows.tolist()
+        sub = [args[i] for i in picked]
+        comm = [COMM_CATEGORIES[c] for c in code[rows].tolist()]
+        for j, text in enumerate(map(_COLLECTIVE_NAME, sub)):
+            if text:  # record_param_comms / NCCL kernels name their collective
+                comm[j] = _collective(text)
+                code[picked[j]] = COMM_CATEGORIES.index(comm[j])
+        self.comm_rows.extend(self.n_rows + rows)
+        self.comm_args.extend(map(CommArgs._make, zip(
+            map(names.__getitem__, picked), comm, map(_PG_NAME, sub), map(_IN_NELEMS, sub),
+            map(_OUT_NELEMS, sub), map(_DTYPE, sub), map(_GROUP_SIZE, sub),
+            map(bytes, map(_INPUT_DIMS, sub)), map(bytes, map(_INPUT_TYPE, sub)),
+        )))
         return code
 
     def _add_others(self, events: list[TraceEvent], phases: list[str]) -> None:
@@ -262,21 +275,27 @@ class EventColumns:
             samples = [e for e in samples if e.args is not None]
             args = list(map(_ARGS, samples))
         ts = np.fromiter(map(_TS, samples), np.float64, len(samples))
-        allocated = list(map(_TOTAL_ALLOCATED, args))
+        allocated = _ints(args, _TOTAL_ALLOCATED, -1)
         good = ~np.isnan(ts)
-        if None in allocated:
-            good &= np.fromiter((v is not None for v in allocated), bool, len(allocated))
+        if (allocated == -1).any():  # maybe absent: look again
+            good &= np.fromiter((a.total_allocated is not None for a in args), bool, len(args))
         if not good.all():
             self.n_memory_bad += int(len(samples) - good.sum())
-            keep = good.tolist()
-            ts, args, allocated = ts[good], list(compress(args, keep)), list(compress(allocated, keep))
+            ts, allocated, args = ts[good], allocated[good], list(compress(args, good.tolist()))
         mem = self.memory
         mem.ts_us.append(ts)
-        mem.allocated.append(np.array(allocated, dtype=np.int64))
-        mem.reserved.append(_ints(list(map(_TOTAL_RESERVED, args)), -1))
-        mem.delta.append(_ints(list(map(_ALLOC_BYTES, args)), 0))
+        mem.allocated.append(allocated)
+        mem.reserved.append(_ints(args, _TOTAL_RESERVED, -1))
+        mem.delta.append(_ints(args, _ALLOC_BYTES, 0))
+        types = list(map(_DEVICE_TYPE, args))
         ids = list(map(_DEVICE_ID, args))
-        pairs = list(zip(map(_DEVICE_TYPE, args), ids if None not in ids else [0 if i is None else i for i in ids]))
+        one_type, one_id = set(types), set(ids)
+        if len(one_type) == 1 and len(one_id) == 1:  # the usual case: one device per rank
+            (device_type,), (device_id,) = one_type, one_id
+            code = mem.devices.setdefault((device_type, device_id or 0), len(mem.devices))
+            mem.device.append(np.full(len(args), code, dtype=np.int32))
+            return
+        pairs = list(zip(types, [0 if i is None else i for i in ids]))
         for pair in dict.fromkeys(pairs):
             mem.devices.setdefault(pair, len(mem.devices))
         mem.device.append(np.fromiter(map(mem.devices.__getitem__, pairs), np.int32, len(pairs)))
