@@ -4,7 +4,7 @@ The report must stay usable for big jobs: a 64-rank, 80-unit FSDP2 run has to bu
 15 s into a page of at most 20 MB (issue: the HTML report). This benchmark measures, per input:
 
 - ``load``: ``load_traces`` (not part of the target: the loader has its own benchmark);
-- ``analysis``: ``compute_overlap`` + ``analyze_run`` + ``summarize``, as ``build_report`` runs them;
+- ``analysis``: ``analyze_run`` + ``summarize`` (whole-step overlap), as ``build_report`` runs them;
 - ``page``: plot data + holoviews/bokeh rendering + writing the file (``build_report`` given the
   analysis results): what the report layer itself costs;
 - ``build``: ``build_report`` from loaded traces, analysis included (the target);
@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # the synthetic trace generator is a te
 EXAMPLE = ROOT / "sample_traces" / "fsdp2-cpu-2rank"
 
 
-def _timed(fn, repeat: int):  # noqa: ANN001, ANN202 - a thunk and its result
+def _timed(fn, repeat: int):
     """Best wall time and best CPU time of this process (less sensitive to other jobs) over runs."""
     best, best_cpu, result = float("inf"), float("inf"), None
     for _ in range(repeat):
@@ -54,24 +54,23 @@ def _timed(fn, repeat: int):  # noqa: ANN001, ANN202 - a thunk and its result
 def measure(paths: list[Path], out_dir: Path, repeat: int) -> dict:
     """Load, analyse and build the report of ``paths``; times in seconds, size in MB."""
     from fsdpviz.analysis import summarize
-    from fsdpviz.analysis.overlap import compute_overlap
     from fsdpviz.analysis.run import analyze_run
     from fsdpviz.report.build import build_report
     from fsdpviz.trace import load_traces
 
     load_s, traces = _timed(lambda: load_traces(paths, cache=False, progress=False), 1)
 
-    def analyse():  # noqa: ANN202
-        compute_overlap(traces)
-        return analyze_run(traces), summarize(traces)
+    def analyse():
+        analysis = analyze_run(traces)
+        return analysis, summarize(traces, analysis=analysis)
 
     analysis_s, (analysis, summary) = _timed(analyse, repeat)
     page_s, result = _timed(lambda: build_report(traces, out_dir / "page.html", analysis=analysis,
                                                  summary=summary), repeat)
     build_s, result = _timed(lambda: build_report(traces, out_dir / "report.html"), repeat)
     return {
-        "ranks": len(traces.rank_ids), "units": int(len(analysis.unit_stats)),
-        "events": int(len(traces.events)), "spans_per_step": int(
+        "ranks": len(traces.rank_ids), "units": len(analysis.unit_stats),
+        "events": len(traces.events), "spans_per_step": int(
             (analysis.spans["step"] == analysis.spans["step"].min()).sum()) if len(analysis.spans) else 0,
         "load_s": round(load_s[0], 2), "analysis_s": round(analysis_s[0], 2),
         "analysis_cpu_s": round(analysis_s[1], 2), "page_s": round(page_s[0], 2),
