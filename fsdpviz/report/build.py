@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fsdpviz.errors import RunFolderError
+from fsdpviz.errors import RunFolderError, UsageError
 from fsdpviz.trace.tables import TraceSet
 
 if TYPE_CHECKING:
@@ -76,6 +76,7 @@ def build_report(
 
     Raises:
         RunFolderError: the output cannot be written.
+        UsageError: ``ranks`` names ranks that are not in ``traces``.
         NoDataError: nothing to analyse in the window.
     """
     from fsdpviz.analysis import summarize
@@ -85,6 +86,10 @@ def build_report(
     out = Path(output) if output is not None else default_output(traces)
     if not out.parent.is_dir():
         raise RunFolderError(f"{out}: cannot write the report: folder {out.parent} does not exist")
+    unknown = sorted(set(ranks or ()) - set(traces.rank_ids))
+    if unknown:  # before the analysis, which takes a while on big runs
+        raise UsageError(f"--ranks: no trace for rank(s) {', '.join(map(str, unknown))} "
+                         f"(ranks loaded: {', '.join(map(str, traces.rank_ids))})")
     started = time.perf_counter()
     if analysis is None:
         _say(progress, "analysing FSDP units")
