@@ -9,7 +9,7 @@ PIP    := $(PY) -m pip
 TORCH_VERSION ?= 2.13.0
 DEMO_DIR ?= demo-run
 
-.PHONY: demo test test-fast setup setup-dev lint clean
+.PHONY: demo test test-fast setup setup-dev lint clean bench bench-load bench-scale bench-record bench-report
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,21 @@ test: setup-dev
 
 test-fast: setup-dev
 	$(PY) -m pytest -q -m "not slow and not browser"
+
+# Benchmarks (minutes each; results and the machine they ran on go in docs/performance.md).
+bench-load: setup-dev
+	$(PY) benchmarks/bench_load.py
+
+bench-scale: setup-dev
+	$(PY) benchmarks/bench_scale.py
+
+bench-record: setup-dev
+	$(PY) benchmarks/bench_record_overhead.py
+
+bench-report: setup-dev
+	$(PY) benchmarks/bench_report.py
+
+bench: bench-load bench-scale bench-record bench-report
 
 lint: setup-dev
 	$(PY) -m ruff check fsdpviz tests

@@ -1,8 +1,8 @@
 """Parse + whole-step analysis, whole process: fsdpviz against the JSON decode floor and HTA 0.5.0.
 
 For each input (a folder of one run's trace files), every variant runs as a fresh process
-(``jobs.py``), interleaved, ``--repeat`` times; the table gives the median wall time with its
-range, and the peak memory (see ``harness.py``):
+(``jobs.py``), interleaved, ``--repeat`` times; the table gives the median wall time and CPU time
+(process + workers) with their ranges, and the peak memory (see ``harness.py``):
 
 - ``floor``: read + gunzip + ``orjson.loads`` of every file, one after the other (only decoding
   the JSON into Python objects; target: fsdpviz cold <= 1.0x of it, and less memory);
@@ -19,7 +19,7 @@ written by ``tests/synth``). The overlap % of fsdpviz and HTA is printed side by
 that both measured the same thing.
 
     python benchmarks/bench_load.py [FOLDER ...] [--repeat 3] [--synthetic 8x1000000 | --no-synthetic]
-                                    [--hta-venv DIR | --no-hta] [--jobs N]
+                                    [--hta-venv DIR | --no-hta] [--jobs N] [--baseline OLD_CHECKOUT]
 
 Results: docs/performance.md.
 """
@@ -97,7 +97,8 @@ def _check(m: Measurement, what: str) -> dict:
     return json.loads(m.stdout.strip().splitlines()[-1])
 
 
-def measure(folder: Path, repeat: int, hta_python: Path | None, jobs: int | None) -> dict:
+def measure(folder: Path, repeat: int, hta_python: Path | None, jobs: int | None,
+            baseline: Path | None = None) -> dict:
     """Interleaved fresh-process runs of every variant on one run folder."""
     files = sorted(str(p) for p in folder.iterdir() if p.name.endswith((".json", ".json.gz")))
     me = [sys.executable, str(JOBS)]
@@ -110,6 +111,8 @@ def measure(folder: Path, repeat: int, hta_python: Path | None, jobs: int | None
     }
     if hta_python is not None:
         variants["hta"] = ([str(hta_python), str(JOBS), "hta", str(folder)], None)
+    if baseline is not None:  # another fsdpviz checkout, for before/after numbers under the same load
+        variants["before"] = (variants["cold"][0], dict(cold_env, PYTHONPATH=str(baseline)))
     _check(run_measured(variants["warm"][0]), "cache warm-up")  # writes .fsdpviz-cache/
     runs: dict[str, list[Measurement]] = {name: [] for name in variants}
     info: dict[str, dict] = {}
@@ -126,26 +129,38 @@ def measure(folder: Path, repeat: int, hta_python: Path | None, jobs: int | None
 def _row(name: str, r: dict) -> str:
     runs, info = r["runs"], r["info"]
     wall = {k: [m.wall_s for m in v] for k, v in runs.items()}
-    cold, floor_s = median(wall["cold"]), median(wall["floor"])
-    hta = median(wall["hta"]) if "hta" in wall else None
+    cpu = {k: [m.cpu_s for m in v] for k, v in runs.items()}
+    has_hta = "hta" in wall
     mem = {k: (median([m.max_rss_mb for m in v]), median([m.tree_rss_mb for m in v])) for k, v in runs.items()}
     ours = info["cold"]["overlap"]
     theirs = info.get("hta", {}).get("overlap", {})
     agree = " ".join(f"r{k}: {v:.2f}" + (f" / {theirs[k]:.2f}" if k in theirs else "") for k, v in ours.items())
+
+    def both(key: str) -> str:
+        return f"{spread(wall[key])} / {spread(cpu[key])}" if key in wall else "skipped"
+
+    def ratio(a: str, b: str) -> str:
+        if a not in wall or b not in wall:
+            return "-"
+        return f"{median(wall[a]) / median(wall[b]):.2f}x / {median(cpu[a]) / median(cpu[b]):.2f}x"
+
+    cold = both("cold")
+    if "before" in wall:
+        cold += f" (before: {both('before')}; RSS {mem['before'][0]:.0f} MB)"
     cells = [
         name, str(len(r["files"])), f"{info['cold']['events']:,}",
-        spread(wall["floor"]), spread(wall["cold"]), spread(wall["warm"]),
-        spread(wall["hta"]) if hta is not None else "skipped",
-        f"{cold / floor_s:.2f}x", f"{hta / cold:.1f}x" if hta is not None else "-",
+        both("floor"), cold, both("warm"), both("hta"),
+        ratio("cold", "floor"), ratio("hta", "cold"),
         f"{mem['floor'][0]:.0f}", f"{mem['cold'][0]:.0f} / {mem['cold'][1]:.0f}",
-        f"{mem['hta'][0]:.0f} / {mem['hta'][1]:.0f}" if hta is not None else "-",
+        f"{mem['hta'][0]:.0f} / {mem['hta'][1]:.0f}" if has_hta else "-",
         agree, r["loads"][0] + " .. " + r["loads"][-1],
     ]
     return "| " + " | ".join(cells) + " |"
 
 
-HEADER = ("| input | files | events tabled | floor s | fsdpviz cold s | fsdpviz warm s | HTA s | cold / floor "
-          "| HTA / cold | floor RSS MB | cold RSS MB (largest / tree) | HTA RSS MB (largest / tree) "
+HEADER = ("| input | files | events tabled | floor s (wall / CPU) | fsdpviz cold s (wall / CPU) "
+          "| fsdpviz warm s (wall / CPU) | HTA s (wall / CPU) | cold / floor (wall / CPU) | HTA / cold (wall / CPU) "
+          "| floor RSS MB | cold RSS MB (largest / tree) | HTA RSS MB (largest / tree) "
           "| overlap % fsdpviz / HTA | load avg before .. after |\n"
           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
@@ -160,6 +175,8 @@ def main() -> None:
     parser.add_argument("--hta-venv", type=Path, default=Path(os.environ.get("FSDPVIZ_HTA_VENV", DEFAULT_HTA_VENV)))
     parser.add_argument("--no-hta", action="store_true")
     parser.add_argument("--jobs", type=int, help="fsdpviz parser processes (default: one per CPU)")
+    parser.add_argument("--baseline", type=Path, help="an older fsdpviz checkout: also time its cold load "
+                        "(e.g. from `git worktree add /tmp/old COMMIT`)")
     args = parser.parse_args()
 
     hta_python = None if args.no_hta else ensure_hta(args.hta_venv)
@@ -179,7 +196,7 @@ def main() -> None:
         if not args.no_synthetic:
             inputs.append((f"synthetic {args.synthetic}", synthetic_input(args.synthetic, Path(tmp) / "synthetic")))
         for name, folder in inputs:
-            print(_row(name, measure(folder, args.repeat, hta_python, args.jobs)), flush=True)
+            print(_row(name, measure(folder, args.repeat, hta_python, args.jobs, args.baseline)), flush=True)
     print(f"# load average at the end: {load_average()}")
 
 

@@ -6,8 +6,10 @@ Runs ``examples/train.py`` under ``torchrun --nproc_per_node 2`` (CPU, gloo) pla
 ``fsdpviz record --mode timers`` (timers on every step, no profiler) and under the default
 ``--mode both``, interleaved ``--repeats`` times. Each rank measures its own step times with a
 wall clock around the optimizer step boundaries (the same for all configurations, independent of
-fsdpviz). Reported: the median step time over steps past the profiled window, per configuration,
-and the overhead against the plain runs. Results: docs/performance.md.
+fsdpviz), and the process's CPU time per step. Reported per configuration: the median step time
+over the steps past the profiled window (wall and CPU), and over every step (profiled steps and
+the trace writing included), with the difference against the plain runs. Results:
+docs/performance.md.
 """
 
 from __future__ import annotations
@@ -31,12 +33,15 @@ SKIP_STEPS = 8  # first steps (allocation) and the profiled window (steps 2-4) +
 
 
 def worker(out: Path, train_args: list[str]) -> None:
-    """Inside torchrun: train and write this rank's step times (ms) to ``out/rank{R}.json``."""
+    """Inside torchrun: train and write this rank's step times to ``out/rank{R}.json``: wall ms and
+    the process's CPU ms per step (CPU time is what recording takes from training; unlike the wall
+    clock, other jobs on a shared machine barely change it)."""
     example = runpy.run_path(str(EXAMPLE))
     args = example["parse_args"](train_args)
-    stamps: list[float] = [time.perf_counter()]
-    example["train"](args, after_step=lambda step, loss: stamps.append(time.perf_counter()))
-    times = [(b - a) * 1e3 for a, b in itertools.pairwise(stamps[1:])]  # step k: end of k-1 -> end of k
+    stamps: list[tuple[float, float]] = [(time.perf_counter(), time.process_time())]
+    example["train"](args, after_step=lambda step, loss: stamps.append((time.perf_counter(), time.process_time())))
+    pairs = list(itertools.pairwise(stamps[1:]))  # step k: end of k-1 -> end of k
+    times = {"wall": [(b[0] - a[0]) * 1e3 for a, b in pairs], "cpu": [(b[1] - a[1]) * 1e3 for a, b in pairs]}
     (out / f"rank{os.environ['RANK']}.json").write_text(json.dumps(times))
 
 
@@ -78,7 +83,9 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run_config(mode: str | None, train_args: list[str], workdir: Path) -> list[float]:
+def run_config(mode: str | None, train_args: list[str], workdir: Path) -> dict[str, list[float]]:
+    """Step times of one run: ``wall`` / ``cpu`` past the profiled window, ``wall_all`` from step 1 on
+    (the profiled steps and the trace writing included). A step ends when its slowest rank ends it."""
     out = Path(tempfile.mkdtemp(dir=workdir))
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
                "--master_port", str(_free_port()), __file__, "--worker", str(out), "--", *train_args]
@@ -87,8 +94,9 @@ def run_config(mode: str | None, train_args: list[str], workdir: Path) -> list[f
                    "--no-report", "--", *command]
     env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
     subprocess.run(command, check=True, env=env, capture_output=True, timeout=1800)
-    steps = [json.loads((out / f"rank{r}.json").read_text())[SKIP_STEPS:] for r in (0, 1)]
-    return [max(a, b) for a, b in zip(*steps)]  # a step ends when its slowest rank ends it
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    slowest = {key: [max(a, b) for a, b in zip(ranks[0][key], ranks[1][key])] for key in ("wall", "cpu")}
+    return {"wall": slowest["wall"][SKIP_STEPS:], "cpu": slowest["cpu"][SKIP_STEPS:], "wall_all": slowest["wall"][1:]}
 
 
 def main() -> None:
@@ -111,19 +119,26 @@ def main() -> None:
     train_args = ["--framework", args.framework, "--steps", str(args.steps), "--layers", str(args.layers),
                   "--dim", str(args.dim)]
     configs = {"plain": None, "timers": "timers", "both": "both"}
-    samples: dict[str, list[float]] = {name: [] for name in configs}
+    samples: dict[str, dict[str, list[float]]] = {name: {"wall": [], "cpu": [], "wall_all": []} for name in configs}
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
             for name, mode in configs.items():
-                samples[name].extend(run_config(mode, train_args, Path(tmp)))
+                for key, values in run_config(mode, train_args, Path(tmp)).items():
+                    samples[name][key].extend(values)
                 print(f"repeat {repeat + 1}/{args.repeats} {name}: median "
-                      f"{statistics.median(samples[name]):.2f} ms", file=sys.stderr, flush=True)
-    plain = statistics.median(samples["plain"])
-    print(f"{args.framework}, {args.layers} layers, dim {args.dim}, steps {SKIP_STEPS}-{args.steps - 1}, "
-          f"{args.repeats} runs each, median step time (slowest rank):")
-    for name, values in samples.items():
-        median = statistics.median(values)
-        print(f"  {name:7s} {median:8.2f} ms  ({(median / plain - 1) * 100:+.1f} % vs plain, n={len(values)})")
+                      f"{statistics.median(samples[name]['wall']):.2f} ms", file=sys.stderr, flush=True)
+    print(f"{args.framework}, {args.layers} layers, dim {args.dim}, {args.steps} steps, {args.repeats} runs per "
+          f"configuration (interleaved), median step time of the slowest rank; load average {os.getloadavg()[0]:.1f}")
+    print("| configuration | wall ms, steps past the profiled window | CPU ms, same steps "
+          "| wall ms, every step (profiled ones included) |")
+    print("|---|---|---|---|")
+    plain = {key: statistics.median(values) for key, values in samples["plain"].items()}
+    for name, keyed in samples.items():
+        cells = []
+        for key in ("wall", "cpu", "wall_all"):
+            med = statistics.median(keyed[key])
+            cells.append(f"{med:.1f}" + ("" if name == "plain" else f" ({(med / plain[key] - 1) * 100:+.1f} %)"))
+        print(f"| {name} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

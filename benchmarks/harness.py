@@ -2,7 +2,9 @@
 the machine the numbers come from.
 
 A user's command pays for interpreter start-up, imports and every worker process, so the
-benchmarks time whole processes: wall clock from spawn to exit, and two memory figures:
+benchmarks time whole processes: wall clock from spawn to exit; CPU time (user + system, the
+process and every worker it waited for), which other jobs on a shared machine inflate far less
+than the wall clock; and two memory figures:
 
 - ``max_rss_mb``: the peak resident set of the largest single process (the process itself or any
   worker it waited for), from ``wait4``'s resource usage (what ``/usr/bin/time`` reports);
@@ -37,6 +39,7 @@ class Measurement:
     """One fresh process: wall time (s), peak memory (MB), exit code and output."""
 
     wall_s: float
+    cpu_s: float  # user + system time of the process and the workers it waited for
     max_rss_mb: float
     tree_rss_mb: float
     returncode: int
@@ -96,6 +99,7 @@ def run_measured(argv: Sequence[str], *, env: dict[str, str] | None = None,
         err.seek(0)
         return Measurement(
             wall_s=wall_s,
+            cpu_s=usage.ru_utime + usage.ru_stime,
             max_rss_mb=usage.ru_maxrss / 1024,  # kB on Linux
             tree_rss_mb=max(peak[0] / 2**20, usage.ru_maxrss / 1024),
             returncode=proc.returncode,

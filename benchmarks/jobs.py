@@ -47,6 +47,7 @@ def fsdpviz(paths: list[str], cache: bool, jobs: int | None) -> dict:
     return {
         "work_s": time.perf_counter() - started,
         "events": len(traces.events),
+        "table_mb": float(traces.events.memory_usage(index=False).sum()) / 1e6,
         "overlap": {int(r): round(float(p), 2) for r, p in zip(overlap["rank"], overlap["overlap_pct"])},
     }
 
