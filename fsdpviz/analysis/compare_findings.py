@@ -272,7 +272,7 @@ def memory_finding(c: Comparison) -> list[dict[str, Any]]:
                               f"({_bytes(m_hi)} vs {_bytes(m_lo)}).")
         else:
             message += (f" Unit sizes do not explain it: the memory model predicts {_bytes(model_delta)} "
-                        f"({_bytes(m_hi)} vs {_bytes(m_lo)})")
+                        f"({hi} {_bytes(m_hi)}, {lo} {_bytes(m_lo)})")
             message += _prefetch_memory(c, high_i, low_i, high - low) or \
                 "; the rest is activations, buffers or the allocator."
         evidence += "; memory model peak: " + ", ".join(f"{lb} {_bytes(v)}" for lb, v in values["model_peak_bytes"].items())
@@ -364,7 +364,8 @@ def group_finding(c: Comparison) -> list[dict[str, Any]]:
     gap, group, vals = best
     low, high = min(vals, key=vals.get), max(vals, key=vals.get)
     def members(label: str) -> str:
-        names = " + ".join(group.members[label])
+        units = group.members[label]
+        names = " + ".join(units) if len(units) <= 3 else f"{units[0]} + … + {units[-1]}, {len(units)} units"
         return "" if names == group.name else f" ({names})"
 
     message = (f"The units that differ most are {group.name}: exposed communication {_ms(vals[low])} per step in "
