@@ -185,7 +185,9 @@ def analyze_run(traces: TraceSet, *, steps: Sequence[int] | None = None) -> RunA
 
     event_rows = traces.events.groupby("rank", sort=True).indices
     compute = {r: _compute_set(traces.events.iloc[event_rows[r]], traces.lanes) for r in ranks if r in event_rows}
-    us = unit_steps(ut.spans, ut.windows, compute, unit_ancestors(ut.windows))
+    sizes = traces.units[traces.units["param_bytes"] > 0] if len(traces.units) else traces.units
+    us = unit_steps(ut.spans, ut.windows, compute, unit_ancestors(ut.windows),
+                    dict(zip(sizes["unit"].astype(str), sizes["param_bytes"].astype(int))))
     devices = memory.main_devices(traces.memory)
     peaks, curves, times = [], [], []
     pieces = _in_steps(ut.pieces, wanted)

@@ -15,11 +15,13 @@ One UNIT_STEPS row per rank, step, unit and pass (forward / backward), from the 
 - ``rs_*`` / ``ar_*``: the unit's gradient reduce-scatter (and HSDP all-reduce), exposed the same way.
 
 A collective that carries several units (ZeRO-3 buckets) appears for each of them, but only the
-unit that waited for it (see :func:`waited_on`) counts its exposed time.
+unit that waited for it (see :func:`waited_on`) counts its exposed time, and each counts only its
+share of the duration (:func:`collective_shares`): summed over units, every collective counts once.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Final
 
 import numpy as np
@@ -77,6 +79,26 @@ def waited_on(rows: pd.DataFrame, comp: pd.DataFrame, gather: bool) -> np.ndarra
     return owned
 
 
+def collective_shares(rows: pd.DataFrame, unit_bytes: Mapping[str, int] | None = None) -> np.ndarray:
+    """Each collective row's share of its collective's duration: 1 for a collective of one unit;
+    for one carrying several units (``n_units`` > 1, one row each) the unit's parameter bytes over
+    those of all its units, or an equal share when a size is unknown."""
+    n_units = rows["n_units"].to_numpy()
+    share = np.ones(len(rows), dtype=np.float64)
+    shared_at = np.flatnonzero(n_units > 1)
+    if len(shared_at) == 0:
+        return share
+    sub = rows.iloc[shared_at]
+    size = sub["unit"].map(lambda u: (unit_bytes or {}).get(str(u), 0)).astype(np.float64)
+    size = size.where(size > 0)
+    key = [sub[c] for c in ("rank", "lane", "start_ns", "end_ns", "kind")]
+    known = size.notna().groupby(key).transform("all").to_numpy(dtype=bool)
+    total = size.groupby(key).transform("sum").to_numpy(dtype=np.float64)
+    by_size = np.divide(size.to_numpy(), total, out=np.zeros(len(sub)), where=known & (total > 0))
+    share[shared_at] = np.where(known, by_size, 1.0 / n_units[shared_at])
+    return share
+
+
 def _sum_by(frame: pd.DataFrame, key: list[str], value: np.ndarray, name: str) -> pd.Series:
     if frame.empty:
         return pd.Series(dtype="Int64", name=name, index=pd.MultiIndex.from_frame(frame[key]))
@@ -127,16 +149,19 @@ def issue_depths(ag: pd.DataFrame, pieces: pd.DataFrame, ancestors: dict[str, se
 
 
 def unit_steps(spans: pd.DataFrame, windows: pd.DataFrame, compute: dict[int, Intervals],
-               ancestors: dict[str, set[str]] | None = None) -> pd.DataFrame:
-    """UNIT_STEPS from spans and unit windows; ``compute``: each rank's compute union."""
+               ancestors: dict[str, set[str]] | None = None,
+               unit_bytes: Mapping[str, int] | None = None) -> pd.DataFrame:
+    """UNIT_STEPS from spans and unit windows; ``compute``: each rank's compute union;
+    ``unit_bytes``: the units' parameter bytes, for their shares of shared collectives."""
     s = spans[(spans["unit"] != "").to_numpy() & spans["phase"].isin(list(_UNIT_PHASES)).to_numpy()]
     key = ["rank", "step", "unit", "phase"]
     if s.empty:
         return schema.make_empty(schema.UNIT_STEPS)
     start = s["start_ns"].to_numpy(np.int64)
     end = s["end_ns"].to_numpy(np.int64)
-    dur = end - start
     kind = s["kind"].to_numpy(dtype=object)
+    # a collective carrying several units counts its duration once over them (shares by size)
+    dur = np.rint((end - start) * collective_shares(s, unit_bytes)).astype(np.int64)
     base = s[key].drop_duplicates().set_index(key)
 
     def part(k: str) -> pd.DataFrame:

@@ -241,7 +241,9 @@ UNIT_STEPS: Final[Schema] = {
     "ag_issue_ns": "int64",  # all-gather issued on the CPU (-1 if the pass gathered nothing)
     "ag_start_ns": "int64",  # all-gather ran on its lane
     "ag_end_ns": "int64",
-    "ag_ns": "int64",  # summed duration of the pass's all-gathers (one, or one per parameter group)
+    # summed duration of the pass's all-gathers (one, or one per parameter group); of a gather
+    # carrying several units (ZeRO-3 buckets) the unit's share by parameter bytes (rs/ar likewise)
+    "ag_ns": "int64",
     "ag_exposed_ns": "int64",  # part of it with no compute on the rank (once per shared ZeRO-3 bucket)
     "ag_bytes": "int64",
     "prefetch_lead_ns": "float64",  # compute_start - ag_end (NaN without gather or compute)

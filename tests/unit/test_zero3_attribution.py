@@ -4,9 +4,9 @@ A ZeRO-3 unit is what DeepSpeed fetches for one submodule; ``fsdpviz record`` al
 module and each parent block (units without parameters of their own), DeepSpeed's per-module fetch
 and release, and the engine's ``forward`` / ``backward`` / ``step`` calls. The trace below lays
 these out on one CPU rank with every interval chosen by hand, so each category of the step's time
-and each unit's compute has an exact expected value. Also: bucket labels listing several units,
-FSDP2 units made of several modules (whose own name holds a comma), and the memory model's shard
-group under HSDP.
+and each unit's compute has an exact expected value. Also: bucket labels listing several units
+(and each unit's share of the bucket's time), FSDP2 units made of several modules (whose own name
+holds a comma), and the memory model's shard group under HSDP.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from fsdpviz.analysis import memory
 from fsdpviz.analysis.labels import parse_label_name, parse_labels
 from fsdpviz.analysis.run import analyze_run
 from fsdpviz.analysis.spans import unit_tables
+from fsdpviz.analysis.unit_overlap import collective_shares
 from fsdpviz.trace import load_traces
 
 GLOO_TID = 2000
@@ -126,6 +127,16 @@ def test_bucket_labels_split_into_units_but_fsdp2_multi_module_units_keep_their_
     coll = coll[coll["kind"] == "all_gather"].sort_values("start_ns")
     assert list(coll["unit"]) == ["blocks.0, blocks.1", "blocks.2.qkv", "blocks.2.proj"]
     assert list(coll["n_units"]) == [1, 2, 2]
+    # each gloo gather ran 40 µs; the bucket's two units (sizes unknown here) get half each
+    gathered = analyze_run(traces).unit_steps.groupby("unit")["ag_ns"].sum()
+    assert gathered.to_dict() == {"blocks.0, blocks.1": 40 * US, "blocks.2.qkv": 20 * US, "blocks.2.proj": 20 * US}
+
+
+def test_a_bucket_counts_its_duration_once_over_its_units_by_size() -> None:
+    rows = pd.DataFrame({"rank": 0, "lane": "gloo 0", "kind": "all_gather", "start_ns": [0, 0, 100],
+                         "end_ns": [40, 40, 140], "unit": ["a", "b", "c"], "n_units": [2, 2, 1]})
+    assert list(collective_shares(rows, {"a": 300, "b": 100, "c": 5})) == [0.75, 0.25, 1.0]
+    assert list(collective_shares(rows, {"a": 300})) == [0.5, 0.5, 1.0]  # a size unknown: equal shares
 
 
 def test_hsdp_memory_model_shards_over_the_shard_group(tmp_path: Path) -> None:
