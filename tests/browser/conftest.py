@@ -61,6 +61,7 @@ class OpenedPage:
     state: dict[str, Any]
     screenshot: Path
     plot_shots: list[Path] = field(default_factory=list)
+    browser: Browser | None = None  # still open until the test ends (for hovering, clicking)
 
 
 @pytest.fixture(scope="session")
@@ -90,7 +91,7 @@ def open_report(chromium: str, tmp_path: Path) -> Iterator[Any]:
             if box["width"] > 0 and box["height"] > 0:
                 plot_shots.append(browser.screenshot(tmp_path / f"{html.stem}-plot{i}.png", clip=box))
         browser.pump(0.2)
-        return OpenedPage(log=browser.log, state=state, screenshot=shot, plot_shots=plot_shots)
+        return OpenedPage(log=browser.log, state=state, screenshot=shot, plot_shots=plot_shots, browser=browser)
 
     yield _open
     for browser in browsers:
@@ -107,3 +108,56 @@ def image_stats(path: Path) -> tuple[float, int]:
         stddev = ImageStat.Stat(grey).stddev[0]
         colours = rgb.getcolors(maxcolors=1 << 20)
         return stddev, len(colours) if colours is not None else 1 << 20
+
+
+# Where on screen (CSS px) a Gantt bar whose ``field`` equals ``value`` is drawn: walks bokeh's view
+# tree for a glyph renderer whose data has that value, scrolls its plot into view and maps the bar's
+# centre through the plot's scales.
+BAR_POSITION_JS = r"""
+((field, value) => {
+  const views = [];
+  const walk = (v) => { views.push(v); for (const c of (v.child_views ?? [])) walk(c); };
+  for (const v of Object.values(Bokeh.index)) walk(v);
+  for (const v of views) {
+    if (!v.renderer_views) continue;
+    for (const [model, rv] of v.renderer_views) {
+      const data = model.data_source?.data;
+      if (!data || !data[field] || !data.left) continue;
+      const i = Array.from(data[field]).findIndex(u => u === value);
+      if (i < 0) continue;
+      v.el.scrollIntoView();
+      const rect = v.canvas_view.el.getBoundingClientRect();
+      return {x: rect.left + v.frame.x_scale.compute((data.left[i] + data.right[i]) / 2),
+              y: rect.top + v.frame.y_scale.compute((data.bottom[i] + data.top[i]) / 2)};
+    }
+  }
+  return null;
+})
+"""
+
+TOOLTIP_TEXT_JS = r"""
+(() => {
+  const out = [];
+  const walk = (root) => {
+    for (const el of root.querySelectorAll('*')) {
+      if ([...el.classList].some(c => c.includes('tooltip'))) out.push(el.textContent);
+      if (el.shadowRoot) walk(el.shadowRoot);
+    }
+  };
+  walk(document);
+  return out.join('\n');
+})()
+"""
+
+
+def hover_bar(page: OpenedPage, field_name: str, value: str) -> str:
+    """Move the mouse onto the first Gantt bar with ``field_name == value``; return the tooltip text."""
+    import json
+
+    assert page.browser is not None
+    point = page.browser.evaluate(f"{BAR_POSITION_JS}({json.dumps(field_name)}, {json.dumps(value)})")
+    assert point is not None, f"no bar with {field_name} == {value!r} on the page"
+    page.browser.pump(0.3)
+    page.browser.call("Input.dispatchMouseEvent", session=True, type="mouseMoved", x=point["x"], y=point["y"])
+    page.browser.pump(1.0)
+    return str(page.browser.evaluate(TOOLTIP_TEXT_JS))

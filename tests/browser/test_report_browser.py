@@ -19,7 +19,7 @@ import pytest
 from fsdpviz.report.build import build_report
 from fsdpviz.trace import load_traces
 
-from .conftest import image_stats
+from .conftest import PAGE_STATE_JS, hover_bar, image_stats
 
 pytestmark = pytest.mark.browser
 
@@ -118,6 +118,12 @@ def test_names_with_markup_stay_text(open_report, tmp_path: Path) -> None:
     assert page.state["text"].count(XSS) >= 3
     html = result.path.read_text(encoding="utf-8")
     assert XSS not in html  # every occurrence is escaped, in markup and in bokeh's JSON
+    # and in a tooltip: hover a bar of the unit, the tooltip shows the name, nothing runs
+    tooltip = hover_bar(page, "unit_name", XSS)
+    assert f"unit: {XSS}" in tooltip
+    assert page.log.dialogs == [] and page.log.console_errors == []
+    state = page.browser.evaluate(PAGE_STATE_JS)
+    assert all(src is None or not src.startswith("x") for src in state["imgs"])
 
 
 def test_report_html_has_no_external_urls(tmp_path: Path) -> None:
