@@ -135,6 +135,7 @@ def test_record_fsdp2_run_folder_units_timers_and_identical_losses(tmp_path: Pat
         numel = sum(p.numel() for p in model.get_submodule(name).parameters())
         assert by_name[name]["param_numel"] == numel and by_name[name]["param_bytes"] == 4 * numel
         assert by_name[name]["reshard_after_forward"] is True
+        assert by_name[name]["shard_size"] == 2  # the whole world: not HSDP
     root_numel = sum(p.numel() for p in model.parameters()) - sum(p.numel() for p in model.blocks.parameters())
     assert by_name["(root)"]["param_numel"] == root_numel
 
@@ -163,6 +164,7 @@ def test_record_fsdp1_adds_unit_labels(tmp_path: Path) -> None:
     block = next(u for u in run["units"] if u["unit"] == "blocks.1")
     assert block["param_numel"] == sum(p.numel() for p in model.blocks[1].parameters())
     assert block["forward_prefetch"] is True and block["backward_prefetch"] == "BACKWARD_PRE"
+    assert block["shard_size"] == 2
 
     # Every gloo all-gather issued on the main thread lies inside an fsdpviz::all_gather range.
     events = [e for e in _trace(run_dir, 0)["traceEvents"] if e.get("ph") == "X"]
@@ -209,6 +211,25 @@ def test_record_zero3_units_are_fetched_submodules_with_parent_blocks(tmp_path: 
     assert len(engine_steps) >= 2
     assert all(any(lo <= e["ts"] and e["ts"] + e["dur"] <= hi for lo, hi in steps) for e in engine_steps)
     _check_same_losses(tmp_path, run_dir, train_args, env)
+
+
+@pytest.mark.slow
+def test_record_hsdp_units_are_sharded_over_the_shard_group(tmp_path: Path) -> None:
+    """FSDP2 on a (replicate 2, shard 1) mesh: run.json says each unit is sharded over one rank, and
+    the memory model holds the whole state on every rank (not half of it, as over the world)."""
+    from fsdpviz.analysis.run import analyze_run
+    from fsdpviz.trace import load_traces
+
+    run_dir = tmp_path / "run"
+    proc = _record(run_dir, _torchrun(SCRIPTS / "hsdp_train.py"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["framework"] == "fsdp2" and [u["unit"] for u in run["units"]] == ["0", "2"]
+    assert all(u["shard_size"] == 1 for u in run["units"])
+    model = analyze_run(load_traces([run_dir], cache=False)).memory_model
+    numel = (32 * 64 + 64) + (64 * 32 + 32)
+    assert (model["shards"], model["shards_source"], model["param_count"]) == (1, "run.json", numel)
+    assert model["sharded_state_bytes"] == (4 + 4 + 8) * numel  # fp32 parameters, gradients, Adam m and v
 
 
 @pytest.mark.slow
