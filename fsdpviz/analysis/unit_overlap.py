@@ -117,32 +117,38 @@ def issue_depths(ag: pd.DataFrame, pieces: pd.DataFrame, ancestors: dict[str, se
     the unit's own compute and was still running when the gather started."""
     depth = np.full(len(ag), schema.NO_DEPTH, dtype=np.int64)
     key = ["rank", "step", "phase"]
+    # Units as codes once for the whole table, and "is u an ancestor of g" as one boolean matrix:
+    # the per-group work below is then array indexing, not Python loops over unit pairs.
+    unit_codes, units = pd.factorize(pd.concat([pieces["unit"].astype(object), ag["unit"].astype(object)],
+                                               ignore_index=True))
+    piece_unit, ag_unit = unit_codes[:len(pieces)], unit_codes[len(pieces):]
+    names = [str(u) for u in units]
+    is_ancestor = np.array([[u in (ancestors or {}).get(g, set()) for u in names] for g in names],
+                           dtype=bool).reshape(len(names), len(names))
+    piece_start = pieces["start_ns"].to_numpy(np.int64)
+    piece_end = pieces["end_ns"].to_numpy(np.int64)
+    compute_start = ag["compute_start_ns"].to_numpy(np.int64)
+    first_all = np.where(compute_start >= 0, compute_start, ag["ag_end_ns"].to_numpy(np.int64))
+    ag_start = ag["ag_start_ns"].to_numpy(np.int64)
     groups = pieces.groupby(key, sort=False).indices
     for group, rows in ag.groupby(key, sort=False).indices.items():
         idx = groups.get(group)
         if idx is None:
             depth[rows] = 0
             continue
-        p = pieces.iloc[idx]
-        p_unit = p["unit"].to_numpy(dtype=object)
-        p_start = p["start_ns"].to_numpy(np.int64)
-        p_end = p["end_ns"].to_numpy(np.int64)
-        a = ag.iloc[rows]
-        first = np.where(a["compute_start_ns"].to_numpy(np.int64) >= 0, a["compute_start_ns"].to_numpy(np.int64),
-                         a["ag_end_ns"].to_numpy(np.int64))
-        hits = ((p_unit[None, :] != a["unit"].to_numpy(dtype=object)[:, None])
-                & (p_start[None, :] < first[:, None])
-                & (p_end[None, :] > a["ag_start_ns"].to_numpy(np.int64)[:, None]))
+        p_unit = piece_unit[idx]
+        gathered = ag_unit[rows]
+        hits = ((p_unit[None, :] != gathered[:, None])
+                & (piece_start[idx][None, :] < first_all[rows][:, None])
+                & (piece_end[idx][None, :] > ag_start[rows][:, None]))
         # distinct units: a unit computing in two pieces (the root around its children) counts once
-        codes, uniques = pd.factorize(p_unit)
-        per_unit = np.zeros((len(rows), len(uniques)), dtype=bool)
-        for j in range(len(uniques)):
-            per_unit[:, j] = hits[:, codes == j].any(axis=1)
+        present, local = np.unique(p_unit, return_inverse=True)
+        one_hot = np.zeros((len(idx), len(present)), dtype=np.float32)
+        one_hot[np.arange(len(idx)), local.reshape(-1)] = 1.0
+        per_unit = (hits.astype(np.float32) @ one_hot) > 0
         # An enclosing unit's own compute (the root's embedding, or its glue between blocks) is
         # not a unit ahead: it counts as one only when nothing else hid the gather.
-        gathered = a["unit"].to_numpy(dtype=object)
-        is_anc = np.array([[str(u) in (ancestors or {}).get(str(g), set()) for u in uniques] for g in gathered],
-                          dtype=bool).reshape(len(rows), len(uniques))
+        is_anc = is_ancestor[np.ix_(gathered, present)]
         others = (per_unit & ~is_anc).sum(axis=1)
         depth[rows] = np.where(others > 0, others, (per_unit & is_anc).any(axis=1).astype(np.int64))
     return depth

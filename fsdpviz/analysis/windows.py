@@ -184,27 +184,41 @@ def compute_pieces(windows: pd.DataFrame, labels: pd.DataFrame) -> pd.DataFrame:
     ov_s = overhead["start_ns"].to_numpy(np.int64)
     ov_e = overhead["end_ns"].to_numpy(np.int64)
     rows: list[tuple] = []
+    # Whole columns as numpy once (units and phases as integer codes): the loop below runs once per
+    # window, tens of thousands of times on a big run, and must not touch pandas.
+    all_start = windows["start_ns"].to_numpy(np.int64)
+    all_excl = windows["excl_end_ns"].to_numpy(np.int64)
+    all_lo = windows["region_start_ns"].to_numpy(np.int64)
+    all_hi = windows["region_end_ns"].to_numpy(np.int64)
+    all_step = windows["step"].to_numpy()
+    all_units = windows["unit"].to_numpy(dtype=object)
+    all_phases = windows["phase"].to_numpy(dtype=object)
+    unit_code = pd.factorize(all_units)[0]
+    phase_code = pd.factorize(all_phases)[0]
     for (rank, lane), w_idx in windows.groupby(["rank", "lane"], sort=False).indices.items():
-        w = windows.iloc[w_idx]
         o = over_groups.get((rank, lane), np.zeros(0, dtype=np.int64))
         u_s, u_e = _union_sorted(ov_s[o], ov_e[o])
-        w_start = w["start_ns"].to_numpy(np.int64)
-        w_excl = w["excl_end_ns"].to_numpy(np.int64)
+        w_start, w_excl = all_start[w_idx], all_excl[w_idx]
         order = np.argsort(w_start, kind="stable")
         sorted_start = w_start[order]
-        units = w["unit"].to_numpy()
-        phases = w["phase"].to_numpy()
-        for j, (lo, hi) in enumerate(zip(w["region_start_ns"].tolist(), w["region_end_ns"].tolist())):
+        units, phases = unit_code[w_idx], phase_code[w_idx]
+        for j, (lo, hi) in enumerate(zip(all_lo[w_idx].tolist(), all_hi[w_idx].tolist())):
             # nested windows of other units that start inside this region
-            a, b = np.searchsorted(sorted_start, [lo, hi], side="left")
+            a, b = np.searchsorted(sorted_start, (lo, hi), side="left")
             kids = order[a:b]
             kids = kids[(units[kids] != units[j]) & (phases[kids] == phases[j])]
             k0, k1 = np.searchsorted(u_e, lo, side="right"), np.searchsorted(u_s, hi, side="left")
+            if len(kids) == 0 and k1 <= k0:  # nothing to cut out: the whole region
+                if lo < hi:
+                    row = w_idx[j]
+                    rows.append((rank, lane, int(all_step[row]), all_units[row], all_phases[row], lo, hi))
+                continue
             cut_s = np.concatenate([u_s[k0:k1], w_start[kids]])
             cut_e = np.concatenate([u_e[k0:k1], w_excl[kids]])
             cs, ce = _union_sorted(cut_s, cut_e)
+            row = w_idx[j]
             for s, e in _complement(lo, hi, cs, ce):
-                rows.append((rank, lane, int(w["step"].iat[j]), units[j], phases[j], s, e))
+                rows.append((rank, lane, int(all_step[row]), all_units[row], all_phases[row], s, e))
     frame = pd.DataFrame(rows, columns=list(PIECES))
     return schema.conform(frame, PIECES, table="pieces")
 
