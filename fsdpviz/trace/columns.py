@@ -8,7 +8,7 @@ need it: metadata (thread names), ``[memory]`` samples and communication events 
 ``Collective name``, message sizes and process group).
 
 What counts as usable, skipped or ignored (see ``kineto``): complete events (``ph: "X"``) of a
-known category are tabled; those with missing or negative times, or with a string pid/tid, are
+known category are tabled; those with missing, negative or absurd times, or with a string pid/tid, are
 dropped and counted as skipped, as are complete events of unknown categories and events of
 phases fsdpviz does not read (anything but X, i/I, M, C and flow events).
 """
@@ -54,6 +54,9 @@ MEMORY_EVENT: Final = "[memory]"
 
 COMM_CATEGORIES: Final = ("",) + schema.COMM_KINDS  # code 0 = not communication
 NOT_AN_ID: Final = np.iinfo(np.int64).min  # a string pid/tid; real tids may be negative
+# |ts| and dur beyond 3e15 µs (95 years; epoch µs of the year 2065) are no real event, and as
+# int64 ns plus a base time they would overflow: such events are skipped like those without times.
+MAX_TIME_US: Final = 3e15
 IGNORED_CATEGORY: Final = -1
 UNKNOWN_CATEGORY: Final = -2
 GPU_KIND_MASK: Final = np.array([k in GPU_KINDS for k in schema.EVENT_KINDS], dtype=bool)
@@ -214,7 +217,8 @@ class EventColumns:
             "key_a": key_a,
             "key_b": key_b,
         }
-        good = np.isfinite(ts) & np.isfinite(dur) & (dur >= 0) & (key_a != NOT_AN_ID) & (key_b != NOT_AN_ID)
+        good = ((np.abs(ts) < MAX_TIME_US) & (dur >= 0) & (dur < MAX_TIME_US)  # also False for NaN
+                & (key_a != NOT_AN_ID) & (key_b != NOT_AN_ID))
         if not good.all():
             self.n_skipped += int(n - good.sum())
             columns = {k: v[good] for k, v in columns.items()}
@@ -276,7 +280,7 @@ class EventColumns:
             args = list(map(_ARGS, samples))
         ts = np.fromiter(map(_TS, samples), np.float64, len(samples))
         allocated = _ints(args, _TOTAL_ALLOCATED, -1)
-        good = ~np.isnan(ts)
+        good = np.abs(ts) < MAX_TIME_US  # False for NaN too
         if (allocated == -1).any():  # maybe absent: look again
             good &= np.fromiter((a.total_allocated is not None for a in args), bool, len(args))
         if not good.all():

@@ -118,7 +118,12 @@ def bytes_from_nelems(in_nelems: int | None, out_nelems: int | None, dtype: str 
     nelems = max(in_nelems or 0, out_nelems or 0)
     if size is None or nelems <= 0:
         return schema.UNKNOWN_BYTES
-    return nelems * size
+    return _fits_int64(nelems * size)
+
+
+def _fits_int64(nbytes: int) -> int:
+    """Sizes from damaged args can exceed any real message (and the int64 column): unknown then."""
+    return nbytes if nbytes < 2**63 else schema.UNKNOWN_BYTES
 
 
 def _numel(dims: object) -> int | None:
@@ -144,4 +149,4 @@ def bytes_from_inputs(dims: object, types: object, *, multiplier: int = 1) -> in
             best = max(best, numel * size)
     if best == schema.UNKNOWN_BYTES:
         return best
-    return best * max(multiplier, 1)
+    return _fits_int64(best * max(multiplier, 1))

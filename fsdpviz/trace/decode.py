@@ -27,6 +27,7 @@ import math
 import re
 import zlib
 from pathlib import Path
+from typing import Annotated
 
 import msgspec
 
@@ -43,6 +44,11 @@ GZIP_MAGIC = b"\x1f\x8b"
 _NON_STANDARD_NUMBER_RE = re.compile(rb"[:\[,]\s*-?(?:NaN|Infinity)\b")
 
 
+# Integers beyond int64 (JSON allows any size) fail validation like any other oddly typed field:
+# the event is skipped and counted instead of overflowing a numpy column later.
+Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
+
+
 class NotKinetoError(TraceError):
     """Valid JSON that is not a Kineto trace (a config, a run.json...): a folder scan skips these."""
 
@@ -51,26 +57,26 @@ class EventArgs(msgspec.Struct, gc=False):
     """The ``args`` keys fsdpviz reads; every other key is skipped by the decoder."""
 
     # -1 (schema.NO_ID) when absent: plain ints keep the column building free of None checks.
-    external_id: int = msgspec.field(default=-1, name="External id")
-    correlation: int = -1
-    stream: int = -1
-    device: int = -1
+    external_id: Int64 = msgspec.field(default=-1, name="External id")
+    correlation: Int64 = -1
+    stream: Int64 = -1
+    device: Int64 = -1
     name: str | None = None  # thread_name / process_name metadata
     labels: str | None = None  # process_labels metadata ("CPU", "GPU 0")
     collective: str | None = msgspec.field(default=None, name="Collective name")
-    in_nelems: int | None = msgspec.field(default=None, name="In msg nelems")
-    out_nelems: int | None = msgspec.field(default=None, name="Out msg nelems")
+    in_nelems: Int64 | None = msgspec.field(default=None, name="In msg nelems")
+    out_nelems: Int64 | None = msgspec.field(default=None, name="Out msg nelems")
     dtype: str | None = None
-    group_size: int | None = msgspec.field(default=None, name="Group size")
+    group_size: Int64 | None = msgspec.field(default=None, name="Group size")
     pg_name: str | None = msgspec.field(default=None, name="Process Group Name")
     # Raw cannot sit in a union with None: an empty Raw means "absent".
     input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Dims")
     input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input type")
-    total_allocated: int | None = msgspec.field(default=None, name="Total Allocated")
-    total_reserved: int | None = msgspec.field(default=None, name="Total Reserved")
-    alloc_bytes: int | None = msgspec.field(default=None, name="Bytes")
-    device_type: int | None = msgspec.field(default=None, name="Device Type")
-    device_id: int | None = msgspec.field(default=None, name="Device Id")
+    total_allocated: Int64 | None = msgspec.field(default=None, name="Total Allocated")
+    total_reserved: Int64 | None = msgspec.field(default=None, name="Total Reserved")
+    alloc_bytes: Int64 | None = msgspec.field(default=None, name="Bytes")
+    device_type: Int64 | None = msgspec.field(default=None, name="Device Type")
+    device_id: Int64 | None = msgspec.field(default=None, name="Device Id")
 
 
 class TraceEvent(msgspec.Struct, gc=False):
@@ -79,22 +85,22 @@ class TraceEvent(msgspec.Struct, gc=False):
     ph: str = ""
     cat: str = ""
     name: str = ""
-    pid: int | str = 0
-    tid: int | str = 0
+    pid: Int64 | str = 0
+    tid: Int64 | str = 0
     ts: float = math.nan  # NaN when absent: such events are skipped and counted
     dur: float = math.nan
     args: EventArgs | None = None
 
 
 class DistributedInfo(msgspec.Struct, gc=False):
-    rank: int | None = None
-    world_size: int | None = None
+    rank: Int64 | None = None
+    world_size: Int64 | None = None
     backend: str | None = None
     nccl_version: str | None = None
 
 
 class DeviceProperties(msgspec.Struct, gc=False):
-    id: int | None = None
+    id: Int64 | None = None
     name: str | None = None
 
 
@@ -103,7 +109,7 @@ class KinetoTrace(msgspec.Struct, gc=False):
 
     traceEvents: list[TraceEvent]
     distributedInfo: DistributedInfo | None = None
-    baseTimeNanoseconds: int | None = None
+    baseTimeNanoseconds: Int64 | None = None
     deviceProperties: list[DeviceProperties] | None = None
 
 
@@ -167,7 +173,10 @@ def decode_trace(data: bytes, path: Path) -> tuple[KinetoTrace, int]:
         return _TYPED_DECODER.decode(data), 0
     except msgspec.ValidationError as exc:
         _raise_if_not_kineto(data, path, exc)
-        return _decode_loose(data, path)
+        try:
+            return _decode_loose(data, path)
+        except msgspec.DecodeError:  # an oddly typed field before a NaN / Infinity literal
+            return _decode_with_nan(data, path)
     except msgspec.DecodeError as exc:
         if _NON_STANDARD_NUMBER_RE.search(data) and "truncated" not in str(exc):
             return _decode_with_nan(data, path)
@@ -192,7 +201,7 @@ def _decode_with_nan(data: bytes, path: Path) -> tuple[KinetoTrace, int]:
             n_bad += 1
     info = _convert_obj_or_none(top.get("distributedInfo"), DistributedInfo)
     devices = _convert_obj_or_none(top.get("deviceProperties"), list[DeviceProperties])
-    base = _convert_obj_or_none(top.get("baseTimeNanoseconds"), int)
+    base = _convert_obj_or_none(top.get("baseTimeNanoseconds"), Int64)
     return KinetoTrace(events, info, base, devices), n_bad
 
 
@@ -220,8 +229,8 @@ def _raise_if_not_kineto(data: bytes, path: Path, exc: msgspec.ValidationError) 
     try:
         top = msgspec.json.decode(data, type=msgspec.Raw)
         kind = bytes(top).lstrip()[:1]
-    except msgspec.DecodeError:
-        kind = b""
+    except msgspec.DecodeError:  # e.g. NaN literals further on: the typed decoder got past the start
+        kind = data.lstrip()[:1]
     if kind == b"[":
         raise NotKinetoError(path, "not a Kineto trace (a JSON list, expected an object with traceEvents)")
     if kind != b"{":
@@ -246,7 +255,7 @@ def _decode_loose(data: bytes, path: Path) -> tuple[KinetoTrace, int]:
             n_bad += 1
     info = _convert_or_none(loose.distributedInfo, DistributedInfo)
     devices = _convert_or_none(loose.deviceProperties, list[DeviceProperties])
-    base = _convert_or_none(loose.baseTimeNanoseconds, int)
+    base = _convert_or_none(loose.baseTimeNanoseconds, Int64)
     return KinetoTrace(events, info, base, devices), n_bad
 
 

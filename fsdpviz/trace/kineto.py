@@ -31,6 +31,10 @@ from fsdpviz.trace.lanes import build_lanes, prefix_hits
 from fsdpviz.trace.stream import StreamFallback, iter_event_batches
 
 STEP_RE: Final = re.compile(r"^ProfilerStep#(\d+)$")
+INT32_MAX: Final = 2**31 - 1  # ranks, world sizes and step numbers beyond it come from damaged traces
+# baseTimeNanoseconds is wall-clock ns; 3e18 is the year 2065. With |ts|, dur < 3e15 µs (see
+# columns.MAX_TIME_US) every start and end then fits in int64 ns.
+MAX_BASE_TIME_NS: Final = 3 * 10**18
 RANK_IN_NAME_RE: Final = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 _RUNTIME_CODE: Final = schema.EVENT_KINDS.index(schema.KIND_RUNTIME)
 _CPU_STEP_KINDS: Final = np.array(
@@ -114,8 +118,10 @@ def rank_columns(columns: EventColumns, top: KinetoTrace, path: Path, *, n_skipp
     """Build one rank's tables from its decoded events (pure; ``path`` only names the source)."""
     rank, rank_source = _rank_of(top, path)
     base_ns = int(top.baseTimeNanoseconds or 0)
+    if abs(base_ns) > MAX_BASE_TIME_NS:  # a damaged header: times stay relative rather than overflow
+        base_ns = 0
     info = top.distributedInfo
-    world_size = info.world_size if info and info.world_size else 0
+    world_size = info.world_size if info and info.world_size and 0 < info.world_size <= INT32_MAX else 0
     names = list(columns.names)
 
     kind = columns.column("kind")
@@ -146,7 +152,7 @@ def rank_columns(columns: EventColumns, top: KinetoTrace, path: Path, *, n_skipp
     rank_row = {
         "rank": rank,
         "path": str(path),
-        "world_size": info.world_size if info and info.world_size else -1,
+        "world_size": world_size or -1,
         "backend": (info.backend or "") if info else "",
         "rank_source": rank_source,
         "base_time_ns": base_ns,
@@ -169,10 +175,10 @@ def rank_columns(columns: EventColumns, top: KinetoTrace, path: Path, *, n_skipp
 
 def _rank_of(trace: KinetoTrace, path: Path) -> tuple[int, str]:
     info = trace.distributedInfo
-    if info is not None and info.rank is not None and info.rank >= 0:
+    if info is not None and info.rank is not None and 0 <= info.rank <= INT32_MAX:
         return int(info.rank), "distributedInfo"
     from_name = rank_from_filename(path)
-    if from_name is not None:
+    if from_name is not None and from_name <= INT32_MAX:
         return from_name, "filename"
     return 0, "default"
 
@@ -211,7 +217,7 @@ def _steps(kind: np.ndarray, name: np.ndarray, names: list[str], start_ns: np.nd
     step_of_name = np.full(len(names), -1, dtype=np.int64)
     for code in np.flatnonzero(prefix_hits(names, "ProfilerStep#")).tolist():
         match = STEP_RE.match(names[code])
-        if match:
+        if match and int(match.group(1)) <= INT32_MAX:  # the step column is int32
             step_of_name[code] = int(match.group(1))
     rows = np.flatnonzero(_CPU_STEP_KINDS[kind] & (step_of_name[name] >= 0)) if len(names) else np.zeros(0, int)
     numbers = step_of_name[name[rows]]
