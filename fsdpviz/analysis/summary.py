@@ -21,6 +21,7 @@ from typing import Any, Final
 import numpy as np
 import pandas as pd
 
+from fsdpviz.analysis.gaps import gap_notes
 from fsdpviz.analysis.overlap import compute_overlap, select_window
 from fsdpviz.trace import schema
 from fsdpviz.trace.tables import TraceSet
@@ -92,6 +93,8 @@ def summarize(
         "sources": list(traces.sources),
         "run_dir": traces.run_dir,
         "notes": notes,
+        "missing_ranks": traces.missing_ranks,
+        "skipped_events": sum(traces.skipped_events.values()),
     }
 
 
@@ -193,10 +196,7 @@ def _notes(traces: TraceSet, overlap: pd.DataFrame, windows: dict, framework: st
     if traces.skipped:
         notes.append(f"skipped {len(traces.skipped)} JSON file(s) that are not Kineto traces: "
                      + ", ".join(traces.skipped[:5]))
-    if traces.world_size > len(traces.rank_ids):
-        notes.append(
-            f"{len(traces.rank_ids)} of {traces.world_size} ranks loaded: numbers cover those ranks only"
-        )
+    notes.extend(gap_notes(traces))  # ranks without a trace, events the loader skipped
     if framework == "unknown":
         notes.append(
             "no FSDP labels (FSDP::, FullyShardedDataParallel., fsdpviz::) in the traces, so units is "

@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from fsdpviz.commands.gaps import warn_gaps
 from fsdpviz.errors import UsageError
 
 
@@ -47,6 +48,8 @@ def compare(
             print(f"fsdpviz: {message}", file=sys.stderr, flush=True)
 
     loaded = load_runs(runs, labels, cache=cache, progress=say)
+    for _, traces in loaded:
+        warn_gaps(traces)
     comparison = compare_runs([r for r, _ in loaded])
     if as_json:
         sys.stdout.write(json.dumps(comparison_json(comparison), indent=2) + "\n")

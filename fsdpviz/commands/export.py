@@ -12,11 +12,13 @@ memory model and notes.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from fsdpviz.commands.gaps import warn_gaps
 from fsdpviz.errors import UsageError
 
 FORMATS = ("parquet", "csv")
@@ -36,6 +38,7 @@ def export(
         "--cache/--no-cache", help="Reuse parsed traces cached beside them.")] = True,
 ) -> None:
     """Write spans, units, memory, steps and findings tables (Parquet or CSV) into a folder."""
+    from fsdpviz.analysis.overlap import compute_overlap
     from fsdpviz.analysis.run import analyze_run
     from fsdpviz.commands.summary import parse_steps
     from fsdpviz.trace import load_traces
@@ -45,19 +48,21 @@ def export(
     if out.exists() and not out.is_dir():
         raise UsageError(f"-o {out}: exists and is not a folder")
     traces = load_traces(paths, cache=cache)
-    analysis = analyze_run(traces, steps=parse_steps(steps))
+    step_list = parse_steps(steps)
+    compute_overlap(traces, steps=step_list)  # NoDataError naming the file of an empty window, as summary does
+    analysis = analyze_run(traces, steps=step_list)
+    warn_gaps(traces)  # after the analysis: bad input stays one error line
     tables = export_tables(traces, analysis)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        written = write_tables(tables, out, fmt)
-    except OSError as exc:
-        raise UsageError(f"-o {out}: cannot write ({exc.strerror or exc})") from None
     manifest = {
         "framework": analysis.framework, "world_size": analysis.world_size, "ranks": analysis.ranks,
-        "steps": analysis.steps, "format": fmt, "files": written, "memory_model": analysis.memory_model,
+        "steps": analysis.steps, "format": fmt, "memory_model": analysis.memory_model,
         "notes": analysis.notes, "sources": list(traces.sources),
     }
-    (out / "export.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        written = write_tables(tables, out, fmt, manifest)
+    except OSError as exc:
+        raise UsageError(f"-o {out}: cannot write ({exc.strerror or exc})") from None
     for name, info in written.items():
         typer.echo(f"{out / info['file']}  {info['rows']:,} rows  ({name})")
 
@@ -81,15 +86,35 @@ def export_tables(traces: Any, analysis: Any) -> dict[str, Any]:
     }
 
 
-def write_tables(tables: dict[str, Any], out: Path, fmt: str) -> dict[str, dict[str, Any]]:
-    """Write each table as ``out/<name>.<fmt>``; returns name -> {file, rows}."""
+def write_tables(tables: dict[str, Any], out: Path, fmt: str,
+                 manifest: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+    """Write each table as ``out/<name>.<fmt>`` (and ``export.json`` from ``manifest`` plus the file
+    list); returns name -> {file, rows}.
+
+    All files are written under temporary names first and renamed only once every one of them is
+    complete: a full disk or a failing table leaves an earlier export in ``out`` as it was.
+    """
     written: dict[str, dict[str, Any]] = {}
-    for name, frame in tables.items():
-        path = out / f"{name}.{fmt}"
-        frame = frame.reset_index(drop=True)
-        if fmt == "parquet":
-            frame.to_parquet(path, index=False)
-        else:
-            frame.to_csv(path, index=False)
-        written[name] = {"file": path.name, "rows": len(frame)}
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for name, frame in tables.items():
+            path = out / f"{name}.{fmt}"
+            tmp = out / f".{path.name}.tmp"
+            staged.append((tmp, path))
+            frame = frame.reset_index(drop=True)
+            if fmt == "parquet":
+                frame.to_parquet(tmp, index=False)
+            else:
+                frame.to_csv(tmp, index=False)
+            written[name] = {"file": path.name, "rows": len(frame)}
+        if manifest is not None:
+            tmp = out / ".export.json.tmp"
+            staged.append((tmp, out / "export.json"))
+            tmp.write_text(json.dumps({**manifest, "files": written}, indent=2) + "\n")
+    except BaseException:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
+        raise
+    for tmp, path in staged:
+        os.replace(tmp, path)
     return written

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import typer
 
+from fsdpviz.commands.gaps import warn_gaps
 from fsdpviz.commands.summary import parse_steps
 from fsdpviz.errors import UsageError
 
@@ -61,6 +62,7 @@ def report(
         say(f"loaded {len(traces.rank_ids)} rank(s), {len(traces.events):,} events "
             f"in {time.perf_counter() - started:.1f} s")
     result = build_report(traces, output, steps=step_list, ranks=rank_list, progress=say)
+    warn_gaps(traces)  # after the analysis: bad input stays one error line
     if say:
         say(f"wrote {result.path} ({result.size_bytes / 1e6:.1f} MB) in {time.perf_counter() - started:.1f} s")
     typer.echo(str(result.path))

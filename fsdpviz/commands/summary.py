@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
+from fsdpviz.commands.gaps import warn_gaps
 from fsdpviz.errors import UsageError
 
 
@@ -32,6 +33,7 @@ def summary(
     from fsdpviz.analysis.summary import summarize
 
     result = summarize(traces, steps=parse_steps(steps), include_last_step=include_last_step)
+    warn_gaps(traces)  # after the analysis: bad input stays one error line
     if as_json:
         sys.stdout.write(json.dumps(result, indent=2) + "\n")
         return

@@ -15,6 +15,8 @@ from fsdpviz.trace import schema
 if TYPE_CHECKING:
     import pandas as pd
 
+MAX_PLAUSIBLE_WORLD_SIZE = 1 << 20
+
 
 @dataclass(kw_only=True, slots=True)
 class TraceSet:
@@ -58,6 +60,20 @@ class TraceSet:
             return int(self.run["world_size"])
         sizes = [int(s) for s in self.ranks["world_size"] if int(s) > 0]
         return max(sizes) if sizes else len(self.ranks)
+
+    @property
+    def missing_ranks(self) -> list[int]:
+        """Ranks below ``world_size`` that no trace holds, sorted ([] for an implausible world size,
+        which only a damaged header gives)."""
+        if self.world_size > MAX_PLAUSIBLE_WORLD_SIZE:
+            return []
+        present = set(self.rank_ids)
+        return [r for r in range(self.world_size) if r not in present]
+
+    @property
+    def skipped_events(self) -> dict[int, int]:
+        """Events the loader skipped (unknown phase or category, bad times), per rank that had any."""
+        return {int(r): int(n) for r, n in zip(self.ranks["rank"], self.ranks["n_skipped"]) if n > 0}
 
     def source_of(self, rank: int) -> str:
         """Path of the trace file that holds ``rank`` ("" if unknown)."""

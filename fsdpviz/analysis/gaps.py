@@ -1,0 +1,75 @@
+"""What a loaded run lacks: ranks of the world without a trace, events the loader had to skip.
+
+Neither stops the analysis -- the numbers cover what is there -- but both change what the numbers
+mean: an overlap measured on ranks 0-5 of 8 says nothing about the two missing ranks, and a trace
+with thousands of unreadable events may be missing the work that mattered. So the summary lists
+them in its ``notes`` (and ``missing_ranks`` / ``skipped_events``), and every command that reads
+traces also prints them as ``warning:`` lines on stderr (``gap_warnings``).
+
+Missing ranks are a warning when the user pointed at a whole run (a run folder, or traces of
+several ranks); one trace file of a larger job is how many people profile (rank 0 only), so
+there it is only a note.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from fsdpviz.trace.tables import TraceSet
+
+MAX_LISTED_FILES = 3  # skipped events: files named in the one warning line
+
+
+def format_ranks(ranks: Iterable[int]) -> str:
+    """``[0, 1, 2, 5, 7, 8]`` -> ``"0-2, 5, 7-8"``."""
+    parts: list[str] = []
+    run: list[int] = []
+    for rank in sorted(set(ranks)):
+        if run and rank == run[-1] + 1:
+            run.append(rank)
+            continue
+        if run:
+            parts.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
+        run = [rank]
+    if run:
+        parts.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
+    return ", ".join(parts)
+
+
+def missing_ranks_note(traces: TraceSet) -> str | None:
+    """One sentence naming the ranks of the world without a trace, None when none are missing."""
+    missing = traces.missing_ranks
+    if not missing:
+        return None
+    return (f"{traces.describe_sources()}: no trace for rank(s) {format_ranks(missing)} of world size "
+            f"{traces.world_size}; the numbers cover rank(s) {format_ranks(traces.rank_ids)} only")
+
+
+def skipped_events_note(traces: TraceSet) -> str | None:
+    """One sentence counting the events the loader skipped, per file, None when it skipped none."""
+    skipped = traces.skipped_events
+    if not skipped:
+        return None
+    files = [f"{traces.source_of(rank)} ({n:,})" for rank, n in sorted(skipped.items())]
+    listed = ", ".join(files[:MAX_LISTED_FILES]) + (f" and {len(files) - MAX_LISTED_FILES} more file(s)"
+                                                    if len(files) > MAX_LISTED_FILES else "")
+    return (f"skipped {sum(skipped.values()):,} event(s) fsdpviz cannot use (unknown phase or category, "
+            f"missing, negative or out-of-range times, fields of the wrong type) in {listed}")
+
+
+def gap_notes(traces: TraceSet) -> list[str]:
+    """The summary's notes about missing ranks and skipped events."""
+    return [n for n in (missing_ranks_note(traces), skipped_events_note(traces)) if n]
+
+
+def gap_warnings(traces: TraceSet) -> list[str]:
+    """What a command prints as ``warning:`` lines (see the module docstring)."""
+    warnings = []
+    whole_run = traces.run_dir is not None or len(traces.rank_ids) > 1
+    note = missing_ranks_note(traces)
+    if note and whole_run:
+        warnings.append(note)
+    note = skipped_events_note(traces)
+    if note:
+        warnings.append(note)
+    return warnings
