@@ -11,7 +11,7 @@ from typing import Any
 
 import typer
 
-from fsdpviz.errors import FsdpvizError, UsageError
+from fsdpviz.errors import EXIT_BAD_INPUT, FsdpvizError, UsageError
 
 CONTEXT_SETTINGS = {"allow_interspersed_args": False}  # options after COMMAND belong to COMMAND
 
@@ -77,6 +77,9 @@ def record(
     result = run_record(command, options, force=force, shared=shared, label=label, on_start=lambda: _say(
         f"recording into {out or run_dir} ({', '.join(what)}): {' '.join(command)}"))
     print_recording(result.run, run_dir)
+    if result.error:  # the command ran, but its recording is incomplete: say so, keep a failing exit code
+        print(f"error: {result.error}", file=sys.stderr, flush=True)
+        return result.exit_code or EXIT_BAD_INPUT
     if result.run["ranks"] and options.profile:
         if summary:
             show_summary(run_dir)

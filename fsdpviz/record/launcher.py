@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -37,6 +37,10 @@ from fsdpviz.record.options import (
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "bootstrap"
 CACHE_DIR = ".fsdpviz-cache"  # the trace loader's cache beside the traces; stale once they change
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# Ranks export their traces uncompressed before gzipping them (tens to hundreds of MB each on a
+# GPU): below this much free space a recording is likely to fail at its very end.
+ENV_MIN_FREE_MB = "FSDPVIZ_MIN_FREE_MB"
+DEFAULT_MIN_FREE_MB = 100
 SHARED_WAIT_S = 60.0  # --shared: how long a node's launcher waits for the other nodes' ranks
 
 
@@ -45,6 +49,7 @@ class RecordResult:
     run_dir: Path
     exit_code: int
     run: dict[str, Any]
+    error: str | None = None  # run.json could not be written (e.g. the disk filled up during the run)
 
 
 def _now_iso() -> str:
@@ -64,7 +69,8 @@ def check_command(command: list[str]) -> None:
 
 
 def prepare_run_dir(run_dir: Path, *, force: bool, shared: bool) -> None:
-    """Create the run folder; refuse to overwrite a recording unless ``force``; check it is writable.
+    """Create the run folder; refuse to overwrite a recording unless ``force``; check it is writable
+    and has room (:func:`check_free_space`) before anything is created or replaced.
 
     ``force`` removes only what a recording writes (run.json, traces/, timers/, ranks/,
     report.html), never other files. ``shared`` (multi-node) accepts an existing folder as is.
@@ -72,9 +78,11 @@ def prepare_run_dir(run_dir: Path, *, force: bool, shared: bool) -> None:
     if run_dir.exists() and not run_dir.is_dir():
         raise RunFolderError(f"{run_dir}: exists and is not a folder")
     existing = [p.name for p in run_dir.iterdir()] if run_dir.is_dir() else []
+    if existing and not shared and not force:
+        raise RunFolderError(f"{run_dir}: run folder exists and is not empty (use --force to replace it)")
+    _probe_writable(run_dir)
+    check_free_space(run_dir)
     if existing and not shared:
-        if not force:
-            raise RunFolderError(f"{run_dir}: run folder exists and is not empty (use --force to replace it)")
         for name in (*OWNED_ENTRIES, CACHE_DIR):
             path = run_dir / name
             if path.is_dir():
@@ -89,6 +97,42 @@ def prepare_run_dir(run_dir: Path, *, force: bool, shared: bool) -> None:
         probe.unlink()
     except OSError as exc:
         raise RunFolderError(f"{run_dir}: cannot write the run folder ({exc.strerror or exc})") from exc
+
+
+def _nearest_folder(run_dir: Path) -> Path | None:
+    return next((p for p in (run_dir, *run_dir.parents) if p.is_dir()), None)
+
+
+def _probe_writable(run_dir: Path) -> None:
+    """Write and remove a file where the run folder is (or will be) created: a read-only mount or
+    a system folder is reported before anything else is touched."""
+    folder = _nearest_folder(run_dir)
+    if folder is None:
+        return
+    probe = folder / f".fsdpviz-write-test-{os.getpid()}"
+    try:
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise RunFolderError(f"{run_dir}: cannot write the run folder ({exc.strerror or exc})") from exc
+
+
+def check_free_space(run_dir: Path, env: Mapping[str, str] | None = None) -> None:
+    """Refuse to start when the run folder's disk has less than ``FSDPVIZ_MIN_FREE_MB`` free
+    (default 100; 0 turns the check off): a full disk is better reported before the training."""
+    env = os.environ if env is None else env
+    try:
+        min_free_mb = float(env.get(ENV_MIN_FREE_MB) or DEFAULT_MIN_FREE_MB)
+    except ValueError:
+        raise UsageError(f"{ENV_MIN_FREE_MB}={env.get(ENV_MIN_FREE_MB)!r}: not a number of MB") from None
+    folder = _nearest_folder(run_dir)
+    if min_free_mb <= 0 or folder is None:
+        return
+    free_bytes = shutil.disk_usage(folder).free
+    if free_bytes < min_free_mb * 2**20:
+        raise RunFolderError(
+            f"{run_dir}: only {free_bytes / 2**20:.1f} MB free on its disk, a recording needs at least "
+            f"{min_free_mb:g} MB (free some space, choose another --out, or set {ENV_MIN_FREE_MB})")
 
 
 def child_env(options: RecordOptions, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -175,5 +219,10 @@ def record(command: list[str], options: RecordOptions, *, force: bool = False, s
         end_time=end_time, exit_code=exit_code, status=status, reason=reason, options=options,
         rank_infos=rank_infos, notes=notes + unreadable,
     )
-    runinfo.write_run_json(run_dir / RUN_JSON, run)
+    try:
+        runinfo.write_run_json(run_dir / RUN_JSON, run)
+    except OSError as exc:
+        return RecordResult(run_dir=run_dir, exit_code=exit_code, run=run, error=(
+            f"{run_dir / RUN_JSON}: cannot write run.json ({exc.strerror or exc}); the traces and timers "
+            "written so far are kept"))
     return RecordResult(run_dir=run_dir, exit_code=exit_code, run=run)

@@ -213,5 +213,9 @@ def build_run_json(
 def write_run_json(path: Path, run: dict[str, Any]) -> None:
     """Write run.json under a temporary name, then rename it (readers never see half a file)."""
     tmp = path.with_name(path.name + PARTIAL_SUFFIX)
-    tmp.write_text(json.dumps(run, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    try:
+        tmp.write_text(json.dumps(run, indent=2) + "\n", encoding="utf-8")
+        tmp.replace(path)
+    except OSError:  # a full disk: leave no half-written file behind
+        tmp.unlink(missing_ok=True)
+        raise

@@ -172,9 +172,8 @@ def salvage_partial(partial: Path) -> Path:
     """Keep the complete lines of a timers file its writer could not finish; return the final path."""
     final = partial.with_name(partial.name[: -len(PARTIAL_SUFFIX)])
     data = partial.read_bytes()
-    data = data[: data.rfind(b"\n") + 1]  # drop a half-written last line
-    tmp = partial.with_name(partial.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, final)
-    partial.unlink()
+    complete = data.rfind(b"\n") + 1
+    if complete < len(data):  # drop a half-written last line, in place: needs no free space
+        os.truncate(partial, complete)
+    os.replace(partial, final)
     return final

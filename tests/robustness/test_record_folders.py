@@ -1,0 +1,158 @@
+"""``fsdpviz record``'s run folder: refused before the command starts when it cannot hold a
+recording (not writable, disk full), never overwritten without ``--force``, replaced cleanly with it.
+
+How the faults are made (we run as root, so permissions do not stop a write):
+- unwritable: a path under ``/proc`` (no folder can be created there), and a read-only tmpfs;
+- disk full: ``FSDPVIZ_MIN_FREE_MB`` set above the free space of the real disk (the check's own
+  input), a 64 KiB tmpfs, and a tmpfs that the command itself fills up while it runs.
+The tmpfs cases need the right to mount (root / CAP_SYS_ADMIN) and are skipped without it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from recordrun import record_env, run_record
+
+from fsdpviz.errors import RunFolderError, UsageError
+from fsdpviz.record.launcher import ENV_MIN_FREE_MB, check_free_space
+
+
+def _marker_command(marker: Path) -> list[str]:
+    """A command that leaves a file behind when it runs."""
+    return [sys.executable, "-c", f"open({str(marker)!r}, 'w').write('ran')"]
+
+
+def _one_error(done: subprocess.CompletedProcess, pattern: str) -> None:
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in done.stderr, done.stderr
+    assert pattern in lines[0], lines[0]
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path) -> Iterator[Callable[..., Path]]:
+    """``mount(name, size_kib, read_only=False)``: a small tmpfs under tmp_path, unmounted afterwards."""
+    mounted: list[Path] = []
+
+    def mount(name: str, size_kib: int, read_only: bool = False) -> Path:
+        point = tmp_path / name
+        point.mkdir()
+        options = f"size={size_kib}k" + (",ro" if read_only else "")
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)],
+                              capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN): {done.stderr.strip()}")
+        mounted.append(point)
+        return point
+
+    yield mount
+    for point in mounted:
+        subprocess.run(["umount", "-l", str(point)], check=False)
+
+
+def test_unwritable_folder_is_refused_before_the_command_starts(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    done = run_record(Path(f"/proc/fsdpviz-run-{os.getpid()}"), _marker_command(marker))
+    _one_error(done, f"/proc/fsdpviz-run-{os.getpid()}: cannot write the run folder")
+    assert not marker.exists()
+
+
+def test_read_only_folder_is_refused_before_the_command_starts(tmp_path: Path, tmpfs: Callable[..., Path]) -> None:
+    read_only = tmpfs("ro", 1024, read_only=True)
+    marker = tmp_path / "ran"
+    done = run_record(read_only / "run", _marker_command(marker))
+    _one_error(done, f"{read_only / 'run'}: cannot write the run folder (Read-only file system)")
+    assert not marker.exists()
+
+
+def test_full_disk_is_refused_before_the_command_starts(tmp_path: Path, tmpfs: Callable[..., Path]) -> None:
+    small = tmpfs("small", 64)
+    marker = tmp_path / "ran"
+    done = run_record(small / "run", _marker_command(marker))
+    _one_error(done, f"{small / 'run'}: only 0.1 MB free on its disk, a recording needs at least 100 MB")
+    assert not marker.exists() and not (small / "run").exists()  # nothing created either
+
+
+def test_free_space_minimum_above_the_disk_is_refused(tmp_path: Path) -> None:
+    """The same check on the real disk, by asking for more than it has (no privileges needed)."""
+    free_mb = shutil.disk_usage(tmp_path).free / 2**20
+    marker = tmp_path / "ran"
+    done = run_record(tmp_path / "run", _marker_command(marker),
+                      env=record_env(**{ENV_MIN_FREE_MB: str(int(free_mb * 4) + 1)}))
+    _one_error(done, f"{tmp_path / 'run'}: only ")
+    assert "MB free on its disk" in done.stderr and not marker.exists()
+
+
+def test_free_space_check_reads_its_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=50 * 2**20))
+    with pytest.raises(RunFolderError, match=r"only 50\.0 MB free on its disk, a recording needs at least 100 MB"):
+        check_free_space(tmp_path / "run", env={})
+    check_free_space(tmp_path / "run", env={ENV_MIN_FREE_MB: "40"})  # enough for a smaller minimum
+    check_free_space(tmp_path / "run", env={ENV_MIN_FREE_MB: "0"})  # 0 turns the check off
+    with pytest.raises(UsageError, match=ENV_MIN_FREE_MB):
+        check_free_space(tmp_path / "run", env={ENV_MIN_FREE_MB: "lots"})
+
+
+def test_disk_filling_up_during_the_run(tmp_path: Path, tmpfs: Callable[..., Path]) -> None:
+    """The check passed (turned off here), then the disk filled: run.json cannot be written. One
+    error line says so, no half-written file is left, the exit code says the recording failed."""
+    disk = tmpfs("disk", 512)
+    run_dir = disk / "run"
+    filler = ("import sys\nf = open(sys.argv[1], 'wb')\ntry:\n    while True:\n        f.write(b'x' * 4096)\n"
+              "        f.flush()\nexcept OSError:\n    pass\n")
+    done = run_record(run_dir, [sys.executable, "-c", filler, str(run_dir / "filler")],
+                      env=record_env(**{ENV_MIN_FREE_MB: "0"}))
+    assert done.returncode == 2, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == [(f"error: {run_dir / 'run.json'}: cannot write run.json (No space left on device); "
+                       "the traces and timers written so far are kept")]
+    assert "Traceback" not in done.stderr
+    assert not [p for p in run_dir.rglob("*") if p.name.endswith((".partial", ".tmp"))]
+
+
+def _previous_run(run_dir: Path) -> dict[str, bytes]:
+    """A folder holding an earlier recording and a file of the user's; returns every file's bytes."""
+    for sub in ("traces", "timers", "ranks", "traces/.fsdpviz-cache"):
+        (run_dir / sub).mkdir(parents=True, exist_ok=True)
+    files = {
+        "run.json": json.dumps({"label": "earlier", "status": "ok"}).encode(),
+        "traces/rank0.trace.json.gz": b"earlier trace",
+        "traces/.fsdpviz-cache/rank0.trace.json.gz.x.events.parquet": b"cache",
+        "timers/rank0.jsonl": b'{"rank": 0}\n',
+        "ranks/rank0.json": b"{}",
+        "report.html": b"<html>earlier</html>",
+        "notes.txt": b"my notes about this experiment",
+    }
+    for name, data in files.items():
+        (run_dir / name).write_bytes(data)
+    return files
+
+
+def test_existing_run_is_never_overwritten_without_force(tmp_path: Path) -> None:
+    run_dir, marker = tmp_path / "run", tmp_path / "ran"
+    before = _previous_run(run_dir)
+    done = run_record(run_dir, _marker_command(marker))
+    _one_error(done, f"{run_dir}: run folder exists and is not empty (use --force to replace it)")
+    assert not marker.exists()
+    assert {name: (run_dir / name).read_bytes() for name in before} == before
+
+
+def test_force_replaces_the_recording_and_keeps_the_users_files(tmp_path: Path) -> None:
+    run_dir, marker = tmp_path / "run", tmp_path / "ran"
+    _previous_run(run_dir)
+    done = run_record(run_dir, _marker_command(marker), "--force")
+    assert done.returncode == 0 and marker.exists(), done.stderr
+    assert (run_dir / "notes.txt").read_bytes() == b"my notes about this experiment"
+    assert not (run_dir / "report.html").exists() and not (run_dir / "traces" / ".fsdpviz-cache").exists()
+    assert list((run_dir / "traces").iterdir()) == [] and list((run_dir / "timers").iterdir()) == []
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["label"] == "run" and run["status"] == "ok" and run["command"][-1].startswith("open(")
