@@ -7,8 +7,9 @@ module types it has already seen. At that forward it:
 1. names the framework (FSDP2 ``FSDPModule``, FSDP1 ``FullyShardedDataParallel``, a DeepSpeed
    engine with ZeRO stage 3) and removes the detection hook;
 2. builds the unit table (``units.py``) and instruments the framework (``instrument.py``);
-3. starts torch.profiler with a schedule that global optimizer step hooks advance (``schedule.py``);
-4. registers flushing at exit, on uncaught exceptions and on SIGTERM.
+3. starts torch.profiler with a schedule that global optimizer step hooks advance
+   (``profiling.py``, ``schedule.py``);
+4. registers flushing at exit, on uncaught exceptions and on SIGTERM (``rankfacts.py``).
 
 Step N runs from the end of optimizer step N-1 (or the first forward) to the end of optimizer step
 N; several optimizer steps with no forward between them (several optimizers, DeepSpeed's
@@ -19,48 +20,28 @@ name and renamed when complete.
 
 from __future__ import annotations
 
-import atexit
-import gzip
-import json
 import os
-import platform
-import shutil
-import signal
 import socket
 import sys
-import threading
 import time
-import warnings
-from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 import torch
-from torch.profiler import ProfilerAction, ProfilerActivity
 
-from fsdpviz import __version__
-from fsdpviz.record import schedule
 from fsdpviz.record.clock import StepClock
 from fsdpviz.record.options import (
     ENV_OWNER_PID,
-    PARTIAL_SUFFIX,
     RANK_FILE,
     TIMERS_FILE,
     RecordOptions,
     options_from_env,
     rank_path,
-    trace_path,
 )
+from fsdpviz.record.profiling import ProfilerDriver
+from fsdpviz.record.rankfacts import ExitHooks, now_iso, versions, write_json_atomic
 from fsdpviz.record.timers import KIND_TOTAL, PHASE_STEP, WHOLE_STEP, Interval, TimersWriter
 from fsdpviz.record.units import Unit, assign_order
 
-_ACTIONS = {
-    schedule.NONE: ProfilerAction.NONE,
-    schedule.WARMUP: ProfilerAction.WARMUP,
-    schedule.RECORD: ProfilerAction.RECORD,
-    schedule.RECORD_AND_SAVE: ProfilerAction.RECORD_AND_SAVE,
-}
-_RECORDING_ACTIONS = (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
 _AGENT: Agent | None = None
 
 
@@ -76,37 +57,6 @@ def arm(role: str) -> None:
 def current() -> Agent | None:
     """The agent of this process, if any (tests and the instrumentation use it)."""
     return _AGENT
-
-
-def _now_iso() -> str:
-    return datetime.now(timezone.utc).astimezone().isoformat(timespec="milliseconds")
-
-
-def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + PARTIAL_SUFFIX)
-    tmp.write_text(json.dumps(data, indent=1, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def versions() -> dict[str, str | None]:
-    """Versions of everything that shapes a recording, as seen by this rank."""
-    found: dict[str, str | None] = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "fsdpviz": __version__,
-        "cuda": torch.version.cuda,
-        "nccl": None,
-        "deepspeed": None,
-    }
-    if torch.cuda.is_available():
-        try:
-            found["nccl"] = ".".join(str(v) for v in torch.cuda.nccl.version())
-        except (AttributeError, RuntimeError):  # NCCL not built in: leave None
-            found["nccl"] = None
-    if "deepspeed" in sys.modules:
-        found["deepspeed"] = getattr(sys.modules["deepspeed"], "__version__", None)
-    return found
 
 
 class Agent:
@@ -125,7 +75,6 @@ class Agent:
         self.instrumentation: Any = None
         self.step = 0
         self.phase = "idle"  # idle -> forward -> backward -> optimizer -> (step end) idle
-        self.labels_on = False
         self._plain_types: set[type] = set()
         self._detect_handle: Any = None
         self._hooks: list[Any] = []
@@ -139,19 +88,12 @@ class Agent:
         self._step_start: Interval | None = None
         self._whole: dict[str, Interval] = {}
         self._use_cuda_events = False
-        self._prof: Any = None
-        self._schedule_kind = schedule.SCHEDULE_OPTIMIZER_STEPS
-        self._window: dict[str, float] = {}
-        self._recorded_steps: set[int] = set()
-        self._trace_file: str | None = None
+        self.profiler = ProfilerDriver(options)
+        self._exit_hooks = ExitHooks(self.finish)
         self._forwards = 0
         self._optimizer_stepped = False
         self._detect_time = 0.0
         self._start_time = ""
-        self._failure: str | None = None
-        self._status: str | None = None
-        self._previous_excepthook: Any = None
-        self._previous_sigterm: Any = None
         self._order_assigned = False
         self._world_size = int(os.environ.get("WORLD_SIZE", "1") or 1)
         self._backend = ""
@@ -199,7 +141,7 @@ class Agent:
         self.framework = framework
         self.root = root
         self._detect_time = time.monotonic()
-        self._start_time = _now_iso()
+        self._start_time = now_iso()
         self._use_cuda_events = torch.cuda.is_available() and torch.cuda.is_initialized()
         try:
             self.units = build_units(framework, root) if root is not None else []
@@ -217,8 +159,8 @@ class Agent:
             except Exception as exc:  # noqa: BLE001 - same: the run must go on
                 self._warn(f"could not instrument {framework}; traces keep only its own labels: {exc!r}")
         if self.options.profile:
-            self._start_profiler()
-        self._install_exit_handlers()
+            self.profiler.start(self.rank, self.step)
+        self._exit_hooks.install()
         self._write_rank_file(status="running")
         self._step_start = self.clock.mark(WHOLE_STEP, PHASE_STEP, KIND_TOTAL)
         if root is not None:  # this forward's pre-hooks were collected before ours existed
@@ -226,83 +168,20 @@ class Agent:
             if self.instrumentation is not None:
                 self.instrumentation.entered_root_forward(root)
 
-    # --- profiler ------------------------------------------------------------------------------
-    def _start_profiler(self) -> None:
-        activities = [ProfilerActivity.CPU]
-        if torch.cuda.is_available():
-            activities.append(ProfilerActivity.CUDA)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # e.g. "no warmup" when --warmup 0
-            self._prof = torch.profiler.profile(
-                activities=activities,
-                schedule=self._profiler_action,
-                on_trace_ready=self._write_trace,
-                record_shapes=True,  # gloo collectives' sizes come from their input shapes
-                profile_memory=self.options.memory,
-                with_stack=False,
-            )
-            self._prof.step_num = self.step
-            self._recorded_steps.clear()  # the constructor asked about step 0
-            self._prof.current_action = self._profiler_action(self.step)
-            self._prof.start()
-        self.labels_on = self._prof.current_action in _RECORDING_ACTIONS
-
-    def _profiler_action(self, step_num: int) -> ProfilerAction:
-        if self._schedule_kind == schedule.SCHEDULE_TIME_WINDOW:
-            # One profiler step spans the whole window; torch saves a trace only after RECORD_AND_SAVE.
-            action = schedule.RECORD_AND_SAVE if self._window.get("end", 0.0) == 0.0 else schedule.NONE
-        else:
-            action = schedule.profiler_action(step_num, self.options.warmup, self.options.steps)
-        if action in (schedule.RECORD, schedule.RECORD_AND_SAVE):
-            self._recorded_steps.add(step_num)
-        return _ACTIONS[action]
-
-    def _write_trace(self, prof: Any) -> None:
-        final = trace_path(self.options.run_dir, self.rank)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        raw = final.with_name(final.name.removesuffix(".gz") + PARTIAL_SUFFIX)
-        packed = final.with_name(final.name + PARTIAL_SUFFIX)
-        prof.export_chrome_trace(str(raw))
-        with open(raw, "rb") as src, gzip.open(packed, "wb", compresslevel=6) as dst:
-            shutil.copyfileobj(src, dst, 1 << 20)
-        os.replace(packed, final)
-        raw.unlink()
-        self._trace_file = str(final.relative_to(self.options.run_dir))
-
-    def _advance_profiler(self) -> None:
-        if self._prof is None:
-            return
-        self._prof.step()
-        if self._trace_file is not None:  # the schedule is over: stop paying for the profiler
-            self._prof.stop()
-            self._prof = None
-            self.labels_on = False
-        else:
-            self.labels_on = self._prof.current_action in _RECORDING_ACTIONS
-
-    def _check_time_window(self) -> None:
-        now = time.monotonic()
-        if self._schedule_kind == schedule.SCHEDULE_OPTIMIZER_STEPS:
-            if self._prof is not None and schedule.should_fall_back(
-                optimizer_stepped=self._optimizer_stepped, elapsed_s=now - self._detect_time,
-                forwards=self._forwards, fallback_after_s=self.options.fallback_after_s,
-            ):
-                self._schedule_kind = schedule.SCHEDULE_TIME_WINDOW
-                self._recorded_steps.clear()
-                self._window = {"start": now, "end": 0.0}
-                self._advance_profiler()
-        elif not self._window.get("end") and now - self._window["start"] >= self.options.window_s:
-            self._window["end"] = now
-            self._advance_profiler()
+    @property
+    def labels_on(self) -> bool:
+        """Whether the profiler records now (fsdpviz's trace ranges are only entered then)."""
+        return self.profiler.labels_on
 
     # --- step structure ------------------------------------------------------------------------
     def _on_root_forward_pre(self, module: Any, args: Any) -> None:
         if not self.recording or self.finished:
             return
         self._forwards += 1
-        if self._schedule_kind == schedule.SCHEDULE_TIME_WINDOW or not self._optimizer_stepped:
-            self._check_time_window()
-        if self._schedule_kind == schedule.SCHEDULE_TIME_WINDOW and self.phase != "idle":
+        if self.profiler.time_window or not self._optimizer_stepped:
+            self.profiler.check_time_window(optimizer_stepped=self._optimizer_stepped, forwards=self._forwards,
+                                            elapsed_s=time.monotonic() - self._detect_time)
+        if self.profiler.time_window and self.phase != "idle":
             self._end_step(advance_profiler=False)  # without optimizer steps, a step is a forward
         self.phase = "forward"
         self._whole["forward"] = self.clock.mark(WHOLE_STEP, "forward", KIND_TOTAL)
@@ -379,7 +258,7 @@ class Agent:
         interval = self._whole.pop("optimizer", None)
         if interval is not None:
             self.clock.close(interval)
-        self._end_step(advance_profiler=self._schedule_kind == schedule.SCHEDULE_OPTIMIZER_STEPS)
+        self._end_step(advance_profiler=not self.profiler.time_window)
 
     def _end_step(self, *, advance_profiler: bool) -> None:
         if self._step_start is not None:
@@ -391,7 +270,7 @@ class Agent:
         self.clock.end_step(self.step)
         self.phase = "idle"
         if advance_profiler:
-            self._advance_profiler()  # may write the trace: between steps, not inside one
+            self.profiler.advance()  # may write the trace: between steps, not inside one
         self._step_start = self.clock.mark(WHOLE_STEP, PHASE_STEP, KIND_TOTAL)
 
     # --- the instrumentation's interface -------------------------------------------------------
@@ -442,39 +321,12 @@ class Agent:
         rng.__exit__(None, None, None)
 
     # --- exit ----------------------------------------------------------------------------------
-    def _install_exit_handlers(self) -> None:
-        atexit.register(self._at_exit)
-        self._previous_excepthook = sys.excepthook
-        sys.excepthook = self._excepthook
-        if threading.current_thread() is threading.main_thread():
-            self._previous_sigterm = signal.getsignal(signal.SIGTERM)
-            signal.signal(signal.SIGTERM, self._on_sigterm)
-
-    def _excepthook(self, exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
-        self._failure = f"{exc_type.__name__}: {exc}"
-        self._status = "interrupted" if issubclass(exc_type, KeyboardInterrupt) else "failed"
-        self._previous_excepthook(exc_type, exc, tb)
-
-    def _at_exit(self) -> None:
-        self.finish(self._status or "ok", self._failure)
-
-    def _on_sigterm(self, signum: int, frame: Any) -> None:
-        self.finish("interrupted", f"received {signal.Signals(signum).name}")
-        previous = self._previous_sigterm
-        if callable(previous):
-            previous(signum, frame)
-        elif previous != signal.SIG_IGN:
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)  # die of the signal, as without fsdpviz
-
     def finish(self, status: str, reason: str | None = None) -> None:
         """Write everything captured so far. Idempotent; safe from atexit and signal handlers."""
         if self.finished or os.getpid() != self.pid or not self.recording:
             return
         self.finished = True
-        in_main = threading.current_thread() is threading.main_thread()
-        if in_main:  # a second SIGTERM (torchrun's) must not cut the writing short
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        ignoring = self._exit_hooks.ignore_sigterm()
         try:
             partial = self.phase != "idle" or bool(self._open)
             if not self._order_assigned:
@@ -486,9 +338,7 @@ class Agent:
             if partial and self._step_start is not None:
                 self.clock.close(self._step_start)
                 self.clock.end_step(self.step + 1, partial=True)
-            if self._prof is not None:
-                self._prof.stop()  # exports the trace if it was recording
-                self._prof = None
+            self.profiler.stop()  # exports the trace if it was recording
             self.clock.flush(block=True)
             self.clock.close_writer()
             if self.instrumentation is not None:
@@ -499,14 +349,11 @@ class Agent:
         except Exception as exc:  # noqa: BLE001 - at exit or in a signal handler: report, never raise
             self._warn(f"could not write everything: {exc!r}")
         finally:
-            if in_main and self._previous_sigterm is not None:
-                signal.signal(signal.SIGTERM, self._on_sigterm)
+            if ignoring:
+                self._exit_hooks.restore_sigterm()
 
     # --- facts for run.json --------------------------------------------------------------------
     def _write_rank_file(self, *, status: str, reason: str | None = None, partial_step: int | None = None) -> None:
-        recorded = sorted(self._recorded_steps)
-        if self._trace_file is None:
-            recorded = []
         data = {
             "rank": self.rank,
             "local_rank": int(os.environ.get("LOCAL_RANK", "0") or 0),
@@ -520,8 +367,7 @@ class Agent:
             "device": "cuda" if self._use_cuda_events else "cpu",
             "units": [u.to_json() for u in sorted(self.units, key=lambda u: u.order)],
             "versions": versions(),
-            "profile": {"schedule": self._schedule_kind, "steps": recorded, "trace": self._trace_file,
-                        **({"window_s": self.options.window_s} if self._window else {})},
+            "profile": self.profiler.facts(),
             "timers": {"file": TIMERS_FILE.format(rank=self.rank) if self.clock.steps_written else None,
                        "steps": self.clock.steps_written},
             "steps_seen": self.step,
@@ -529,9 +375,9 @@ class Agent:
             "reason": reason,
             "partial_step": partial_step,
             "start_time": self._start_time,
-            "end_time": _now_iso() if status != "running" else None,
+            "end_time": now_iso() if status != "running" else None,
         }
-        _write_json_atomic(rank_path(self.options.run_dir, RANK_FILE, self.rank), data)
+        write_json_atomic(rank_path(self.options.run_dir, RANK_FILE, self.rank), data)
 
     def _warn(self, message: str) -> None:
         print(f"fsdpviz: rank {self.rank}: {message}", file=sys.stderr, flush=True)

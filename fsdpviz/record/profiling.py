@@ -1,0 +1,137 @@
+"""torch.profiler on a rank, driven by training steps instead of by the user's loop.
+
+The user's script never calls ``prof.step()``: the agent calls :meth:`ProfilerDriver.advance` at
+the end of each training step (an optimizer step, see ``agent.py``), and the schedule in
+``schedule.py`` says which steps are skipped, warmed up and recorded. A script that never steps a
+torch optimizer falls back to one time window (:meth:`ProfilerDriver.check_time_window`).
+
+The trace is written once, when the schedule ends (torch calls ``on_trace_ready``): exported to a
+temporary file, gzipped under a temporary name and renamed, so a reader never sees half a trace.
+Once written the profiler stops, so the rest of the run pays nothing for it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+import time
+import warnings
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerAction, ProfilerActivity
+
+from fsdpviz.record import schedule
+from fsdpviz.record.options import PARTIAL_SUFFIX, RecordOptions, trace_path
+
+_ACTIONS = {
+    schedule.NONE: ProfilerAction.NONE,
+    schedule.WARMUP: ProfilerAction.WARMUP,
+    schedule.RECORD: ProfilerAction.RECORD,
+    schedule.RECORD_AND_SAVE: ProfilerAction.RECORD_AND_SAVE,
+}
+_RECORDING_ACTIONS = (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
+
+
+class ProfilerDriver:
+    """The profiler of one rank and its schedule. Inactive until :meth:`start`."""
+
+    def __init__(self, options: RecordOptions) -> None:
+        self.options = options
+        self.rank = 0
+        self.prof: Any = None
+        self.schedule_kind = schedule.SCHEDULE_OPTIMIZER_STEPS
+        self.window: dict[str, float] = {}  # time-window fallback: monotonic "start" and "end"
+        self.recorded_steps: set[int] = set()
+        self.trace_file: str | None = None  # relative to the run folder, once written
+        self.labels_on = False  # the profiler records now: fsdpviz's ranges are worth entering
+
+    @property
+    def time_window(self) -> bool:
+        return self.schedule_kind == schedule.SCHEDULE_TIME_WINDOW
+
+    def start(self, rank: int, step: int) -> None:
+        """Start profiling at training step ``step`` (CPU, and CUDA when present)."""
+        self.rank = rank
+        activities = [ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(ProfilerActivity.CUDA)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. "no warmup" when --warmup 0
+            self.prof = torch.profiler.profile(
+                activities=activities,
+                schedule=self.action,
+                on_trace_ready=self._write_trace,
+                record_shapes=True,  # gloo collectives' sizes come from their input shapes
+                profile_memory=self.options.memory,
+                with_stack=False,
+            )
+            self.prof.step_num = step
+            self.recorded_steps.clear()  # the constructor asked about step 0
+            self.prof.current_action = self.action(step)
+            self.prof.start()
+        self.labels_on = self.prof.current_action in _RECORDING_ACTIONS
+
+    def action(self, step_num: int) -> ProfilerAction:
+        """The schedule torch.profiler asks at every step."""
+        if self.time_window:
+            # One profiler step spans the whole window; torch saves a trace only after RECORD_AND_SAVE.
+            action = schedule.RECORD_AND_SAVE if self.window.get("end", 0.0) == 0.0 else schedule.NONE
+        else:
+            action = schedule.profiler_action(step_num, self.options.warmup, self.options.steps)
+        if action in (schedule.RECORD, schedule.RECORD_AND_SAVE):
+            self.recorded_steps.add(step_num)
+        return _ACTIONS[action]
+
+    def _write_trace(self, prof: Any) -> None:
+        final = trace_path(self.options.run_dir, self.rank)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        raw = final.with_name(final.name.removesuffix(".gz") + PARTIAL_SUFFIX)
+        packed = final.with_name(final.name + PARTIAL_SUFFIX)
+        prof.export_chrome_trace(str(raw))
+        with open(raw, "rb") as src, gzip.open(packed, "wb", compresslevel=6) as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        os.replace(packed, final)
+        raw.unlink()
+        self.trace_file = str(final.relative_to(self.options.run_dir))
+
+    def advance(self) -> None:
+        """One training step ended (may write the trace: call it between steps, not inside one)."""
+        if self.prof is None:
+            return
+        self.prof.step()
+        if self.trace_file is not None:  # the schedule is over: stop paying for the profiler
+            self.stop()
+        else:
+            self.labels_on = self.prof.current_action in _RECORDING_ACTIONS
+
+    def stop(self) -> None:
+        """Stop now (exports the trace if it was recording)."""
+        if self.prof is not None:
+            self.prof.stop()
+            self.prof = None
+        self.labels_on = False
+
+    def check_time_window(self, *, optimizer_stepped: bool, elapsed_s: float, forwards: int) -> None:
+        """At a forward of a script that has not stepped an optimizer (yet): switch to the
+        time-window schedule when it looks like it never will, and close that window when due."""
+        now = time.monotonic()
+        if not self.time_window:
+            if self.prof is not None and schedule.should_fall_back(
+                optimizer_stepped=optimizer_stepped, elapsed_s=elapsed_s,
+                forwards=forwards, fallback_after_s=self.options.fallback_after_s,
+            ):
+                self.schedule_kind = schedule.SCHEDULE_TIME_WINDOW
+                self.recorded_steps.clear()
+                self.window = {"start": now, "end": 0.0}
+                self.advance()
+        elif not self.window.get("end") and now - self.window["start"] >= self.options.window_s:
+            self.window["end"] = now
+            self.advance()
+
+    def facts(self) -> dict[str, Any]:
+        """run.json's ``profile`` entry of this rank: the schedule and the steps the trace holds."""
+        recorded = sorted(self.recorded_steps) if self.trace_file is not None else []
+        return {"schedule": self.schedule_kind, "steps": recorded, "trace": self.trace_file,
+                **({"window_s": self.options.window_s} if self.window else {})}
