@@ -23,7 +23,8 @@ def argv_for(command: str, path: Path, out: Path, good: Path) -> list[str]:
         "summary --json": ["summary", "--json", str(path)],
         "report": ["report", "-q", "-o", str(out / "report.html"), str(path)],
         "export": ["export", "-o", str(out / "tables"), str(path)],
-        "compare": ["compare", "-q", "-o", str(out / "compare.html"), str(good), str(path)],
+        # the bad run first and second: an error for either, whatever was loaded before it
+        "compare": ["compare", "-q", "-o", str(out / "compare.html"), str(path), str(good)],
         "compare --json": ["compare", "--json", "-q", str(good), str(path)],
     }[command]
 
