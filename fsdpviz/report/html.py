@@ -209,6 +209,10 @@ def write_page(page: Page, path: str | Path) -> int:
     out = Path(path)
     text = render_page(page)
     tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(out)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(out)
+    except OSError:  # a full disk, or ``out`` is a folder: the previous page stays, nothing half-written
+        tmp.unlink(missing_ok=True)
+        raise
     return out.stat().st_size
