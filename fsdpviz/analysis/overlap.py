@@ -275,11 +275,12 @@ def compute_overlap(
     Raises NoDataError naming the rank's file when a rank has nothing in its analysis window.
     """
     rows = []
-    # One split of the (possibly huge) events table instead of one full scan per rank.
-    by_rank = {int(r): g for r, g in traces.events.groupby("rank", sort=True)}
-    empty = traces.events.iloc[:0]
+    # One grouping of the (possibly huge) events table instead of one full scan per rank; each
+    # rank's rows are taken when its turn comes, so only one rank's copy exists at a time.
+    by_rank = traces.events.groupby("rank", sort=True).indices
     for rank in traces.rank_ids:
-        events = by_rank.get(rank, empty)
+        mine = by_rank.get(rank)
+        events = traces.events.iloc[mine] if mine is not None else traces.events.iloc[:0]
         window = select_window(
             traces.steps[traces.steps["rank"] == rank], steps=steps, include_last_step=include_last_step
         )

@@ -5,7 +5,8 @@ here they become the ``TraceSet`` tables. Categorical columns arrive as codes in
 category list: the lists are merged (in rank order, first seen first) and each rank's codes are
 remapped through a small array before the concatenation, so no column ever goes through Python
 objects. Columns are concatenated one at a time and each rank's part is dropped as soon as it is
-copied, so the peak is the result plus one column, not twice the result.
+copied, and the frame is built on the concatenated arrays without another copy, so the peak is the
+result plus one column, not twice the result.
 """
 
 from __future__ import annotations
@@ -65,7 +66,9 @@ def events_frame(per_rank: Sequence[RankColumns]) -> pd.DataFrame:
             columns[col] = pd.Categorical.from_codes(codes, categories=categories)
         else:
             columns[col] = _concat([r.events.pop(col) for r in per_rank])
-    return schema.conform(pd.DataFrame(columns), schema.EVENTS, table="events")
+    # copy=False: keep the concatenated arrays as the frame's columns (pandas would otherwise copy
+    # them into one 2-D block per dtype: the events table twice in memory for a moment).
+    return schema.conform(pd.DataFrame(columns, copy=False), schema.EVENTS, table="events")
 
 
 def lanes_frame(per_rank: Sequence[RankColumns]) -> pd.DataFrame:
@@ -101,7 +104,7 @@ def memory_frame(per_rank: Sequence[RankColumns]) -> pd.DataFrame:
     }
     for col in ("t_ns", "allocated_bytes", "reserved_bytes", "delta_bytes"):
         columns[col] = _concat([r.memory.pop(col) for r in per_rank])
-    return schema.conform(pd.DataFrame(columns), schema.MEMORY, table="memory")
+    return schema.conform(pd.DataFrame(columns, copy=False), schema.MEMORY, table="memory")
 
 
 def ranks_frame(per_rank: Sequence[RankColumns]) -> pd.DataFrame:
