@@ -369,7 +369,8 @@ class Agent:
             "versions": versions(),
             "profile": self.profiler.facts(),
             "timers": {"file": TIMERS_FILE.format(rank=self.rank) if self.clock.steps_written else None,
-                       "steps": self.clock.steps_written},
+                       "steps": self.clock.steps_written,
+                       **({"error": self.clock.error} if self.clock.error else {})},
             "steps_seen": self.step,
             "status": status,
             "reason": reason,
@@ -377,7 +378,10 @@ class Agent:
             "start_time": self._start_time,
             "end_time": now_iso() if status != "running" else None,
         }
-        write_json_atomic(rank_path(self.options.run_dir, RANK_FILE, self.rank), data)
+        try:
+            write_json_atomic(rank_path(self.options.run_dir, RANK_FILE, self.rank), data)
+        except OSError as exc:  # a full disk must not stop the training (the launcher notes the rank)
+            self._warn(f"could not write {RANK_FILE.format(rank=self.rank)}: {exc}")
 
     def _warn(self, message: str) -> None:
         print(f"fsdpviz: rank {self.rank}: {message}", file=sys.stderr, flush=True)

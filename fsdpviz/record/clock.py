@@ -11,6 +11,7 @@ inside the training loop.
 from __future__ import annotations
 
 import re
+import sys
 import time
 from collections import deque
 from pathlib import Path
@@ -46,6 +47,7 @@ class StepClock:
         self.use_cuda = False
         self.times = StepTimes(0)
         self.steps_written = 0
+        self.error: str | None = None  # why the timers stopped being written (a full disk...)
         self._pending: deque[StepTimes] = deque()
 
     def start(self, writer: TimersWriter | None, *, rank: int, step: int, memory: bool, use_cuda: bool) -> None:
@@ -93,12 +95,25 @@ class StepClock:
         while self._pending and (block or step_is_ready(self._pending[0])):
             times = self._pending.popleft()
             if times.intervals or times.memory:
-                self.writer.write(summarize_step(self.rank, times))
+                try:
+                    self.writer.write(summarize_step(self.rank, times))
+                except OSError as exc:  # a full disk must not stop the training: stop the timers
+                    self._stop_writing(f"could not write the timers: {exc}")
+                    return
                 self.steps_written += 1
 
     def close_writer(self) -> None:
         if self.writer is not None:
-            self.writer.close()
+            try:
+                self.writer.close()
+            except OSError as exc:
+                self._stop_writing(f"could not write the timers: {exc}")
+
+    def _stop_writing(self, error: str) -> None:
+        """Timers off from here on; the complete lines already written stay for the launcher."""
+        self.error, self.writer = error, None
+        self._pending.clear()
+        print(f"fsdpviz: rank {self.rank}: {error}", file=sys.stderr, flush=True)
 
     def _read_memory_peak(self) -> dict[str, int]:
         if self.use_cuda:

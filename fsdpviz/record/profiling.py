@@ -15,6 +15,7 @@ from __future__ import annotations
 import gzip
 import os
 import shutil
+import sys
 import time
 import warnings
 from typing import Any
@@ -45,6 +46,7 @@ class ProfilerDriver:
         self.window: dict[str, float] = {}  # time-window fallback: monotonic "start" and "end"
         self.recorded_steps: set[int] = set()
         self.trace_file: str | None = None  # relative to the run folder, once written
+        self.trace_error: str | None = None  # why the trace could not be written (a full disk...)
         self.labels_on = False  # the profiler records now: fsdpviz's ranges are worth entering
 
     @property
@@ -86,14 +88,21 @@ class ProfilerDriver:
 
     def _write_trace(self, prof: Any) -> None:
         final = trace_path(self.options.run_dir, self.rank)
-        final.parent.mkdir(parents=True, exist_ok=True)
         raw = final.with_name(final.name.removesuffix(".gz") + PARTIAL_SUFFIX)
         packed = final.with_name(final.name + PARTIAL_SUFFIX)
-        prof.export_chrome_trace(str(raw))
-        with open(raw, "rb") as src, gzip.open(packed, "wb", compresslevel=6) as dst:
-            shutil.copyfileobj(src, dst, 1 << 20)
-        os.replace(packed, final)
-        raw.unlink()
+        try:
+            final.parent.mkdir(parents=True, exist_ok=True)
+            prof.export_chrome_trace(str(raw))
+            with open(raw, "rb") as src, gzip.open(packed, "wb", compresslevel=6) as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+            os.replace(packed, final)
+            raw.unlink()
+        except Exception as exc:  # noqa: BLE001 - a full disk must not stop the training: report it
+            for leftover in (raw, packed, raw.with_name(raw.name + ".tmp")):  # .tmp: Kineto's own
+                leftover.unlink(missing_ok=True)
+            self.trace_error = f"could not write the trace: {exc}"
+            print(f"fsdpviz: rank {self.rank}: {self.trace_error}", file=sys.stderr, flush=True)
+            return
         self.trace_file = str(final.relative_to(self.options.run_dir))
 
     def advance(self) -> None:
@@ -101,7 +110,7 @@ class ProfilerDriver:
         if self.prof is None:
             return
         self.prof.step()
-        if self.trace_file is not None:  # the schedule is over: stop paying for the profiler
+        if self.trace_file is not None or self.trace_error is not None:  # the schedule is over: stop paying
             self.stop()
         else:
             self.labels_on = self.prof.current_action in _RECORDING_ACTIONS
@@ -134,4 +143,5 @@ class ProfilerDriver:
         """run.json's ``profile`` entry of this rank: the schedule and the steps the trace holds."""
         recorded = sorted(self.recorded_steps) if self.trace_file is not None else []
         return {"schedule": self.schedule_kind, "steps": recorded, "trace": self.trace_file,
-                **({"window_s": self.options.window_s} if self.window else {})}
+                **({"window_s": self.options.window_s} if self.window else {}),
+                **({"error": self.trace_error} if self.trace_error else {})}

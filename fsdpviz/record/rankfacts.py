@@ -39,8 +39,12 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     """Write ``data`` to ``path`` through a temporary name."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + PARTIAL_SUFFIX)
-    tmp.write_text(json.dumps(data, indent=1, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(data, indent=1, default=str) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def versions() -> dict[str, str | None]:

@@ -79,11 +79,15 @@ def tidy_partial_files(run_dir: Path, rank_infos: list[dict[str, Any]]) -> list[
             continue
         final = salvage_partial(partial)
         notes.append(f"{final.relative_to(run_dir)}: kept the complete lines of an unfinished file")
-    for partial in sorted((run_dir / TRACES_DIR).glob(f"*{PARTIAL_SUFFIX}")):
+    # *.partial.tmp: the profiler's own temporary file, when the rank stopped while it exported
+    for partial in sorted((run_dir / TRACES_DIR).glob(f"*{PARTIAL_SUFFIX}*")):
         if _is_running(by_rank.get(_rank_of(partial)), host):
             continue
         partial.unlink()
         notes.append(f"{partial.relative_to(run_dir)}: removed (the rank stopped while writing it)")
+    for partial in sorted((run_dir / RANKS_DIR).glob(f"*{PARTIAL_SUFFIX}")):  # a rank file never renamed
+        if not _is_running(by_rank.get(_rank_of(partial)), host):
+            partial.unlink()
     return notes
 
 
@@ -93,7 +97,8 @@ def mark_vanished_ranks(rank_infos: list[dict[str, Any]]) -> None:
     for info in rank_infos:
         if info.get("status") == "running" and not _is_running(info, host):
             info["status"] = "killed"
-            info["reason"] = "the rank ended without finishing its recording (killed by SIGKILL or out of memory?)"
+            info["reason"] = ("the rank ended without finishing its recording (killed by SIGKILL or out of "
+                              "memory? or its disk was full: see the rank's fsdpviz lines in the output)")
 
 
 def exit_code_of(returncode: int) -> int:
@@ -177,6 +182,11 @@ def build_run_json(
     if world_size is not None and len(rank_infos) < world_size:
         missing = sorted(set(range(world_size)) - {i.get("rank") for i in rank_infos})
         notes = [*notes, f"no recording from rank(s) {missing} (another node, or they never ran a sharded forward)"]
+    for info in rank_infos:  # e.g. a disk that filled up during the run: the training went on
+        for part in ("profile", "timers"):
+            error = (info.get(part) or {}).get("error")
+            if error:
+                notes = [*notes, f"rank {info.get('rank')}: {error}"]
     versions: dict[str, str | None] = {"cuda": None, "nccl": None, **launcher_versions()}
     # what the ranks imported wins over what the launcher finds installed
     versions.update({k: v for k, v in (first.get("versions") or {}).items() if v is not None or k not in versions})

@@ -78,3 +78,15 @@ def test_the_installed_command_prints_the_same_line(command: str, tmp_path: Path
     assert done.returncode == 2
     one_error_line(done.stderr, case.expected)
     assert done.stdout == "" and list(out.iterdir()) == []
+
+
+def test_ctrl_c_exits_130_without_a_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import fsdpviz.trace
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fsdpviz.trace, "load_traces", interrupted)
+    code, out, err = run_cli(["summary", str(good_trace().write(tmp_path / "rank0.json"))], capsys)
+    assert code == 130 and out == "" and "Traceback" not in err

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from recordrun import record_env, run_record
+from recordrun import EXAMPLE, TINY, check_complete, record_env, run_record, torchrun
 
 from fsdpviz.errors import RunFolderError, UsageError
 from fsdpviz.record.launcher import ENV_MIN_FREE_MB, check_free_space
@@ -117,6 +117,22 @@ def test_disk_filling_up_during_the_run(tmp_path: Path, tmpfs: Callable[..., Pat
                        "the traces and timers written so far are kept")]
     assert "Traceback" not in done.stderr
     assert not [p for p in run_dir.rglob("*") if p.name.endswith((".partial", ".tmp"))]
+
+
+@pytest.mark.slow
+def test_disk_filling_up_under_the_training(tmp_path: Path, tmpfs: Callable[..., Path]) -> None:
+    """A real recording on a disk too small for its traces: the training runs to its end exactly as
+    without fsdpviz (recording never stops it), each rank says what it could not write, nothing
+    half-written is left, run.json is written once the launcher has tidied up."""
+    disk = tmpfs("disk", 1536)  # room for timers and run.json, not for a trace (several MB of JSON)
+    run_dir = disk / "run"
+    done = run_record(run_dir, torchrun(EXAMPLE, "--framework", "fsdp2", *TINY, "--steps", "6"),
+                      env=record_env(**{ENV_MIN_FREE_MB: "0"}))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    assert "could not write the trace" in done.stderr
+    run = check_complete(run_dir)
+    assert run["exit_code"] == 0 and not list((run_dir / "traces").iterdir())
 
 
 def _previous_run(run_dir: Path) -> dict[str, bytes]:
