@@ -71,17 +71,19 @@ def _pass_order(unit_steps: pd.DataFrame) -> dict[str, list[str]]:
     return out
 
 
-def _previous_ended_before_issue(unit_steps: pd.DataFrame, unit: str, phase: str, prev: str) -> bool:
-    """Whether, in most (rank, step) pairs, ``unit``'s gather was issued after ``prev``'s compute ended."""
-    key = ["rank", "step"]
-    mine = unit_steps[(unit_steps["unit"] == unit) & (unit_steps["phase"] == phase)].set_index(key)
-    theirs = unit_steps[(unit_steps["unit"] == prev) & (unit_steps["phase"] == phase)].set_index(key)
-    both = mine[["ag_issue_ns"]].join(theirs[["compute_end_ns"]], how="inner")
-    both = both[(both["ag_issue_ns"] >= 0) & (both["compute_end_ns"] >= 0)]
-    return bool(len(both)) and bool((both["ag_issue_ns"] >= both["compute_end_ns"]).mean() > 0.5)
+def _previous_ended_before_issue(spans: pd.DataFrame, unit: str, phase: str, prev: str) -> bool:
+    """Whether, in most passes (rank, step, micro-batch), ``unit``'s gather was issued after
+    ``prev``'s compute of the same pass had ended."""
+    key = ["rank", "step", "micro"]
+    in_phase = spans[(spans["phase"] == phase).to_numpy()]
+    mine = in_phase[((in_phase["unit"] == unit) & (in_phase["kind"] == schema.SPAN_ALL_GATHER)).to_numpy()]
+    theirs = in_phase[((in_phase["unit"] == prev) & (in_phase["kind"] == schema.SPAN_COMPUTE)).to_numpy()]
+    both = pd.concat([mine.groupby(key)["issue_ns"].min(), theirs.groupby(key)["end_ns"].max()],
+                     axis=1, join="inner")
+    return bool(len(both)) and bool((both["issue_ns"] >= both["end_ns"]).mean() > 0.5)
 
 
-def gather_findings(unit_steps: pd.DataFrame, framework: str, floor_ns: float) -> list[dict]:
+def gather_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, framework: str, floor_ns: float) -> list[dict]:
     """One finding per unit pass whose all-gather is exposed beyond the noise floor."""
     rows = []
     med = _medians(unit_steps)
@@ -108,7 +110,7 @@ def gather_findings(unit_steps: pd.DataFrame, framework: str, floor_ns: float) -
                     knob = (f"reshard_after_forward=False for {unit} (keeps its parameters gathered into "
                             "backward; costs its unsharded size in memory)")
         elif m["depth"] < 0.5:
-            late = _previous_ended_before_issue(unit_steps, unit, phase, prev)
+            late = _previous_ended_before_issue(spans, unit, phase, prev)
             cause = (f"issued only after {prev} had finished computing (nothing prefetched it)" if late
                      else f"started only after {prev} had finished computing")
             knob = _PREFETCH_KNOB.get((framework, phase), "")
@@ -122,12 +124,12 @@ def gather_findings(unit_steps: pd.DataFrame, framework: str, floor_ns: float) -
 
 
 def _nothing_left(spans: pd.DataFrame, kind: str) -> pd.Series:
-    """Per (unit, phase): whether, in most rank-steps, no unit compute started after its ``kind``
-    collective began (nothing left to hide it behind)."""
+    """Per (unit, phase): whether, in most passes (rank, step, micro-batch), no unit compute of
+    the pass started after its ``kind`` collective began (nothing left to hide it behind)."""
     comm = spans[spans["kind"] == kind]
     comp = spans[(spans["kind"] == schema.SPAN_COMPUTE) & (spans["unit"] != "")]
-    last_start = comp.groupby(["rank", "step"])["start_ns"].max().rename("last_compute_ns")
-    c = comm.join(last_start, on=["rank", "step"])
+    last_start = comp.groupby(["rank", "step", "micro"])["start_ns"].max().rename("last_compute_ns")
+    c = comm.join(last_start, on=["rank", "step", "micro"])
     alone = (c["last_compute_ns"].isna() | (c["start_ns"] >= c["last_compute_ns"])).astype(float)
     return alone.groupby([c["unit"], c["phase"]]).mean() > 0.5
 
@@ -174,7 +176,7 @@ def build_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, lateness: pd.D
     floor = max(NOISE_FRACTION * step_ns, NOISE_FLOOR_NS) if np.isfinite(step_ns) else NOISE_FLOOR_NS
     rows = []
     if len(unit_steps):
-        rows += gather_findings(unit_steps, framework, floor)
+        rows += gather_findings(unit_steps, spans, framework, floor)
         rows += reduce_findings(unit_steps, spans, floor)
     rows += straggler_findings(lateness, floor)
     if not rows:

@@ -20,6 +20,14 @@ autograd functions through which DeepSpeed and module backward hooks run
 (``PreBackwardFunctionForModule``, ``PostBackwardFunctionModule``, ``BackwardHookFunction`` and
 their ``...Backward`` nodes), which appear as CPU ops.
 
+**Passes.** A step may run several forward and backward passes of the whole model (gradient
+accumulation: one per micro-batch, then one optimizer step). A new pass starts where the model's
+forward starts again after a backward: FSDP2's ``FSDP::root_pre_forward``, fsdpviz's
+``fsdpviz::engine_forward`` or ``fsdpviz::forward ((root))`` -- only after some backward label of
+the step, and never inside a backward range (those would be recomputation). Each label gets the
+index of its pass in the step (``micro``). Forward labels after the first backward label *of their
+pass* are activation-checkpoint recomputation, which runs inside backward: they count as backward.
+
 Names repeat thousands of times, so each distinct name is parsed once and the result mapped onto
 the rows through the categorical codes.
 """
@@ -87,7 +95,9 @@ LABELS: Final[schema.Schema] = {
     "action": "string",  # pre_forward, all_gather, forward_prefetch, forward, ... ("" for fsdp1)
     "unit": "string",  # the unit the label names (prefetch: its target); "" when none
     "phase": "string",  # forward / backward when the label implies it, else ""
+    "micro": "int32",  # the pass of the step it belongs to (micro-batch under gradient accumulation)
 }
+PASS_STARTS: Final[schema.Schema] = {"rank": "int32", "step": "int32", "start_ns": "int64"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,19 +199,99 @@ def parse_labels(events: pd.DataFrame) -> pd.DataFrame:
     return schema.conform(mark_recompute(frame.reset_index(drop=True)), LABELS, table="labels")
 
 
-def mark_recompute(labels: pd.DataFrame) -> pd.DataFrame:
-    """Forward labels after the step's first backward label are activation-checkpoint
-    recomputation (FSDP2 runs ``pre_forward`` again inside backward): they belong to backward."""
-    forward = (labels["phase"] == schema.PHASE_FORWARD).to_numpy()
+def pass_starts(labels: pd.DataFrame) -> pd.DataFrame:
+    """PASS_STARTS: where each forward pass of the model after a step's first one begins.
+
+    Candidates are the labels that open the model's forward (FSDP2's ``root_pre_forward``,
+    fsdpviz's ``engine_forward`` and the root's ``fsdpviz::forward``); fsdpviz's candidates inside
+    one of its backward ranges are recomputation, not a pass. A candidate opens a new pass when a
+    backward label of the step started since the previous candidate (the root's forward inside
+    ``engine_forward`` is the same pass) or, for the first candidate, since the step began. The
+    step's first pass needs no start: whatever comes before the first start is pass 0.
+    """
+    family, action = labels["family"], labels["action"]
+    fsdpviz_open = (family == FAMILY_FSDPVIZ) & ((action == ENGINE_FORWARD) | (
+        (action == schema.PHASE_FORWARD) & (labels["unit"] == ROOT)))
+    fsdpviz_open = fsdpviz_open.to_numpy()
+    is_cand = ((family == FAMILY_FSDP2) & (action == "root_pre_forward")).to_numpy() | fsdpviz_open
+    if not is_cand.any():
+        return schema.make_empty(PASS_STARTS)
+    ranks = labels["rank"].to_numpy()
+    steps = labels["step"].to_numpy()
+    start = labels["start_ns"].to_numpy(np.int64)
+    end = labels["end_ns"].to_numpy(np.int64)
     backward = (labels["phase"] == schema.PHASE_BACKWARD).to_numpy()
-    if not (forward.any() and backward.any()):
-        return labels
-    first = labels[backward].groupby(["rank", "step"])["start_ns"].min()
-    keys = pd.MultiIndex.from_frame(labels[["rank", "step"]])
+    fsdpviz_bwd = backward & (family == FAMILY_FSDPVIZ).to_numpy() & (
+        (action == schema.PHASE_BACKWARD) | (action == ENGINE_BACKWARD)).to_numpy()
+    rows: list[tuple[int, int, int]] = []
+    groups = pd.DataFrame({"rank": ranks, "step": steps}).groupby(["rank", "step"], sort=False).indices
+    for (rank, step), mine in groups.items():
+        idx = mine[is_cand[mine]]
+        if len(idx) == 0:
+            continue
+        idx = idx[np.argsort(start[idx], kind="stable")]
+        b_start = np.sort(start[mine[backward[mine]]])
+        bw = mine[fsdpviz_bwd[mine]]
+        ranges_s, ranges_e = start[bw], end[bw]
+        previous = np.iinfo(np.int64).min  # the step's first opening starts a pass if backward came before
+        for i in idx.tolist():
+            t = int(start[i])
+            if fsdpviz_open[i] and ((ranges_s <= t) & (t < ranges_e)).any():
+                continue  # the root's forward recomputed inside a backward
+            if np.searchsorted(b_start, t, side="left") > np.searchsorted(b_start, previous, side="right"):
+                rows.append((int(rank), int(step), t))
+            previous = t
+    frame = pd.DataFrame(rows, columns=list(PASS_STARTS))
+    return schema.conform(frame, PASS_STARTS, table="pass starts")
+
+
+def pass_index(starts: pd.DataFrame, ranks: np.ndarray | int, steps: np.ndarray,
+               t: np.ndarray) -> np.ndarray:
+    """The pass (``micro``) each point ``(rank, step, t)`` falls in: 0 before the step's second
+    pass starts, 1 after it, ... (``starts``: :func:`pass_starts`)."""
+    t = np.asarray(t, dtype=np.int64)
+    out = np.zeros(len(t), dtype=np.int32)
+    if starts.empty or len(t) == 0:
+        return out
+    ranks = np.broadcast_to(np.asarray(ranks), t.shape)
+    steps = np.asarray(steps)
+    point_groups = pd.DataFrame({"rank": ranks, "step": steps}).groupby(["rank", "step"], sort=False).indices
+    by_group = {key: np.sort(rows["start_ns"].to_numpy(np.int64))
+                for key, rows in starts.groupby(["rank", "step"], sort=False)}
+    for key, idx in point_groups.items():
+        s = by_group.get((int(key[0]), int(key[1])))
+        if s is not None:
+            out[idx] = np.searchsorted(s, t[idx], side="right")
+    return out
+
+
+def after_first_backward(labels: pd.DataFrame, ranks: np.ndarray | int, steps: np.ndarray,
+                         micros: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Whether each point lies at or after the first backward label of its pass (rank, step, micro)."""
+    t = np.asarray(t, dtype=np.int64)
+    backward = labels[(labels["phase"] == schema.PHASE_BACKWARD).to_numpy()]
+    if backward.empty or len(t) == 0:
+        return np.zeros(len(t), dtype=bool)
+    first = backward.groupby(["rank", "step", "micro"])["start_ns"].min()
+    keys = pd.MultiIndex.from_arrays([np.broadcast_to(np.asarray(ranks), t.shape), np.asarray(steps),
+                                      np.asarray(micros)])
     starts = first.reindex(keys).to_numpy(dtype=np.float64)
-    late = forward & ~np.isnan(starts) & (labels["start_ns"].to_numpy() >= np.nan_to_num(starts, nan=np.inf))
+    return ~np.isnan(starts) & (t >= np.nan_to_num(starts, nan=np.inf))
+
+
+def mark_recompute(labels: pd.DataFrame) -> pd.DataFrame:
+    """Give each label its pass (``micro``, see the module docstring); forward labels after the
+    first backward label of their pass are activation-checkpoint recomputation (FSDP2 runs
+    ``pre_forward`` again inside backward, fsdpviz's module hooks see the recomputed forward):
+    they belong to backward."""
+    labels = labels.assign(micro=pass_index(pass_starts(labels), labels["rank"].to_numpy(),
+                                            labels["step"].to_numpy(), labels["start_ns"].to_numpy()))
+    forward = (labels["phase"] == schema.PHASE_FORWARD).to_numpy()
+    if not forward.any():
+        return labels
+    late = forward & after_first_backward(labels, labels["rank"].to_numpy(), labels["step"].to_numpy(),
+                                          labels["micro"].to_numpy(), labels["start_ns"].to_numpy())
     if late.any():
-        labels = labels.copy()
         labels.loc[late, "phase"] = schema.PHASE_BACKWARD
     return labels
 

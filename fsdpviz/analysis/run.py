@@ -208,9 +208,16 @@ def analyze_run(traces: TraceSet, *, steps: Sequence[int] | None = None) -> RunA
         chosen = rank_steps if wanted[rank] is None else rank_steps[rank_steps["step"].isin(list(wanted[rank]))]
         if rank in devices:
             samples = memory.device_samples(traces.memory, rank, devices[rank])
-            mine = (us["rank"] == rank).to_numpy() & (us["window_start_ns"] >= 0).to_numpy()
-            us.loc[mine, "peak_allocated_bytes"] = memory.window_peaks(
-                samples, us.loc[mine, "window_start_ns"].to_numpy(), us.loc[mine, "window_end_ns"].to_numpy())
+            mine = (us["rank"] == rank).to_numpy()
+            if mine.any() and len(rank_windows):
+                # per window, then the highest per step, unit and phase: under gradient accumulation
+                # a phase has one window per micro-batch, and the time between them is not the unit's
+                key = ["step", "unit", "phase"]
+                peak = pd.Series(memory.window_peaks(samples, rank_windows["start_ns"].to_numpy(),
+                                                     rank_windows["end_ns"].to_numpy()),
+                                 index=pd.MultiIndex.from_frame(rank_windows[key])).groupby(level=key).max()
+                found = peak.reindex(pd.MultiIndex.from_frame(us.loc[mine, key])).fillna(-1)
+                us.loc[mine, "peak_allocated_bytes"] = found.to_numpy(dtype=np.int64)
             peaks.append(memory.step_peaks(samples, chosen, rank_windows, devices[rank]))
             window = windows[rank]
             if window is not None and window.steps:

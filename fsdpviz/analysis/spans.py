@@ -10,6 +10,8 @@ all-reduce, reshard), in which pass and step, on which lane and when:
   with ``n_units`` saying how many shared it;
   the pass is the one of the innermost label around it that implies a pass (``pre_forward``,
   ``forward_prefetch``, ``pre_backward``, ``backward_prefetch``, ``fsdpviz::backward``...);
+- every span carries the index of the step's forward/backward pass it belongs to (``micro``: 0, or
+  the micro-batch under gradient accumulation, see ``labels``), from the CPU time it was issued at;
 - copy-in is FSDP2's ``fsdp::all_gather_copy_in`` op, copy-out its ``FSDP::all_gather_copy_out (u)``
   label, reshard its ``FSDP::post_forward (u)`` / ``FSDP::post_backward_reshard (u)`` labels;
 - compute is the work in the unit's compute pieces (see ``windows``);
@@ -42,7 +44,7 @@ from fsdpviz.trace import schema
 COPY_IN_OP: Final = "fsdp::all_gather_copy_in"
 OPTIMIZER_PREFIX: Final = "Optimizer.step#"
 UNIT_COLLECTIVES: Final[schema.Schema] = {
-    **COLLECTIVES, "unit": "string", "phase": "string", "kind": "string", "n_units": "int32",
+    **COLLECTIVES, "unit": "string", "phase": "string", "kind": "string", "n_units": "int32", "micro": "int32",
 }
 
 
@@ -64,26 +66,26 @@ def _points(rank: np.ndarray | int, lanes: np.ndarray, t: np.ndarray) -> pd.Data
 
 
 def _phase_at(labels: pd.DataFrame, ranks: np.ndarray, lanes: np.ndarray, t: np.ndarray,
-              steps: np.ndarray) -> np.ndarray:
-    """Pass of each point: the innermost enclosing label that implies one, else by the time of
-    the step's first backward label."""
+              steps: np.ndarray, micros: np.ndarray) -> np.ndarray:
+    """Phase of each point: the innermost enclosing label that implies one, else forward before
+    the first backward label of its pass (``micros``), backward after it."""
     phased = labels[(labels["phase"] != "").to_numpy()].reset_index(drop=True)
     hit = innermost_enclosing(phased, _points(ranks, lanes, t))
     names = phased["phase"].to_numpy(dtype=object) if len(phased) else np.array([""], dtype=object)
     phase = np.where(hit >= 0, names[np.clip(hit, 0, None)], "")
     if (phase == "").any():
-        bwd = phased[phased["phase"] == schema.PHASE_BACKWARD].groupby(["rank", "step"])["start_ns"].min()
-        keys = pd.MultiIndex.from_arrays([np.broadcast_to(ranks, t.shape), steps])
-        first_bwd = bwd.reindex(keys).to_numpy(dtype=np.float64) if len(bwd) else np.full(len(t), np.nan)
-        late = ~np.isnan(first_bwd) & (t >= np.nan_to_num(first_bwd, nan=np.inf))
+        late = lab.after_first_backward(phased, ranks, steps, micros, t)
         phase = np.where(phase == "", np.where(late, schema.PHASE_BACKWARD, schema.PHASE_FORWARD), phase)
     return phase
 
 
-def attribute_collectives(coll: pd.DataFrame, labels: pd.DataFrame) -> pd.DataFrame:
-    """UNIT_COLLECTIVES: each collective with the unit, pass and span kind its labels give."""
+def attribute_collectives(coll: pd.DataFrame, labels: pd.DataFrame,
+                          passes: pd.DataFrame | None = None) -> pd.DataFrame:
+    """UNIT_COLLECTIVES: each collective with the unit, pass and span kind its labels give
+    (``passes``: ``labels.pass_starts(labels)`` when the caller has it)."""
     if coll.empty:
         return schema.make_empty(UNIT_COLLECTIVES)
+    passes = lab.pass_starts(labels) if passes is None else passes
     ranks = coll["rank"].to_numpy()
     fam, act = labels["family"], labels["action"]
     is_gather = fam.isin([lab.FAMILY_FSDP2, lab.FAMILY_FSDPVIZ]) & (act == lab.GATHER_ACTION)
@@ -109,9 +111,10 @@ def attribute_collectives(coll: pd.DataFrame, labels: pd.DataFrame) -> pd.DataFr
          found & ~gather & (comm == schema.COMM_ALL_REDUCE)],
         [schema.SPAN_ALL_GATHER, schema.SPAN_REDUCE_SCATTER, schema.SPAN_ALL_REDUCE], default="")
     unit = np.where(kind != "", unit, "")
-    phase = _phase_at(labels, ranks, lanes, t, coll["step"].to_numpy())
+    micro = lab.pass_index(passes, ranks, coll["step"].to_numpy(), t)
+    phase = _phase_at(labels, ranks, lanes, t, coll["step"].to_numpy(), micro)
     phase = np.where(kind == schema.SPAN_REDUCE_SCATTER, schema.PHASE_BACKWARD, phase)
-    out = coll.assign(unit=unit, phase=np.where(kind != "", phase, ""), kind=kind)
+    out = coll.assign(unit=unit, phase=np.where(kind != "", phase, ""), kind=kind, micro=micro)
     # An fsdpviz label naming several units (ZeRO-3 buckets, "a, b, c"): one row per unit. (An FSDP2
     # unit of several modules, fully_shard([a, b]), is one unit that FSDP2 itself names "a, b".)
     listed = [[p.strip() for p in u.split(",")] if many else [u] for u, many in zip(out["unit"].tolist(), listing)]
@@ -162,7 +165,7 @@ def _spans_from(cpu: pd.DataFrame, kind: str, gpu: pd.DataFrame | None, gpu_rank
         if len(work):
             agg = work.groupby(["owner", "lane"], sort=False).agg(start_ns=("start_ns", "min"),
                                                                    end_ns=("end_ns", "max")).reset_index()
-            meta = host.loc[agg["owner"].to_numpy(), ["rank", "step", "unit", "phase"]].reset_index(drop=True)
+            meta = host.loc[agg["owner"].to_numpy(), ["rank", "step", "unit", "phase", "micro"]].reset_index(drop=True)
             mapped = pd.concat([meta, agg[["lane", "start_ns", "end_ns"]]], axis=1)
             out.append(mapped.assign(kind=kind, bytes=schema.UNKNOWN_BYTES, issue_ns=mapped["start_ns"]))
     return pd.concat([o for o in out if len(o)], ignore_index=True) if any(len(o) for o in out) else pd.DataFrame()
@@ -184,7 +187,8 @@ def _cpu_compute_spans(pieces: pd.DataFrame, events: pd.DataFrame) -> pd.DataFra
     frame = pd.DataFrame({"owner": owner[inside], "start_ns": start[inside],
                           "end_ns": start[inside] + ops["dur_ns"].to_numpy(np.int64)[inside]})
     agg = frame.groupby("owner").agg(start_ns=("start_ns", "min"), end_ns=("end_ns", "max")).reset_index()
-    meta = pieces.loc[agg["owner"].to_numpy(), ["rank", "lane", "step", "unit", "phase", "end_ns"]].reset_index(drop=True)
+    meta = pieces.loc[agg["owner"].to_numpy(), ["rank", "lane", "step", "unit", "phase", "micro",
+                                                "end_ns"]].reset_index(drop=True)
     out = meta.rename(columns={"end_ns": "piece_end_ns"}).assign(
         start_ns=agg["start_ns"].to_numpy(), end_ns=np.minimum(agg["end_ns"].to_numpy(), meta["end_ns"].to_numpy()))
     out = out.drop(columns=["piece_end_ns"])
@@ -195,7 +199,8 @@ def unit_tables(events: pd.DataFrame, lanes: pd.DataFrame, labels: pd.DataFrame)
     """Spans, windows, compute pieces and attributed collectives of every rank in ``events``."""
     windows = unit_windows(labels)
     pieces = compute_pieces(windows, labels)
-    coll = attribute_collectives(find_collectives(events, lanes), labels)
+    passes = lab.pass_starts(labels)
+    coll = attribute_collectives(find_collectives(events, lanes), labels, passes)
     on_gpu = gpu_ranks(events)
     gpu = gpu_work(events[events["rank"].isin(list(on_gpu)).to_numpy()]) if on_gpu else None
     parts = []
@@ -203,7 +208,7 @@ def unit_tables(events: pd.DataFrame, lanes: pd.DataFrame, labels: pd.DataFrame)
     unit_coll = coll[(coll["kind"] != "").to_numpy()]
     if len(unit_coll):
         parts.append(unit_coll[["rank", "step", "unit", "phase", "kind", "lane", "start_ns", "end_ns", "bytes",
-                                "issue_ns", "n_units"]])
+                                "issue_ns", "n_units", "micro"]])
 
     # copy-in: FSDP2's copy-in op, inside the unit's gather label
     ops = events[((events["kind"] == schema.KIND_CPU_OP) & (events["name"] == COPY_IN_OP)).to_numpy()]
@@ -215,10 +220,12 @@ def unit_tables(events: pd.DataFrame, lanes: pd.DataFrame, labels: pd.DataFrame)
         hit = innermost_enclosing(gathers, _points(ranks_, lanes_, t))
         ok = hit >= 0
         if ok.any():
+            op_steps = ops["step"].to_numpy()
+            micro = lab.pass_index(passes, ranks_, op_steps, t)
             copy_in = pd.DataFrame({
-                "rank": ranks_[ok], "lane": lanes_[ok], "step": ops["step"].to_numpy()[ok],
+                "rank": ranks_[ok], "lane": lanes_[ok], "step": op_steps[ok],
                 "unit": gathers["unit"].to_numpy(dtype=object)[hit[ok]],
-                "phase": _phase_at(labels, ranks_, lanes_, t, ops["step"].to_numpy())[ok],
+                "phase": _phase_at(labels, ranks_, lanes_, t, op_steps, micro)[ok], "micro": micro[ok],
                 "start_ns": t[ok], "end_ns": t[ok] + ops["dur_ns"].to_numpy(np.int64)[ok]})
             parts.append(_spans_from(copy_in, schema.SPAN_COPY_IN, gpu, on_gpu))
 
@@ -226,14 +233,15 @@ def unit_tables(events: pd.DataFrame, lanes: pd.DataFrame, labels: pd.DataFrame)
         rows = labels[mask]
         return pd.DataFrame({"rank": rows["rank"].to_numpy(), "lane": rows["lane"].to_numpy(),
                              "step": rows["step"].to_numpy(), "unit": rows["unit"].to_numpy(), "phase": phase,
-                             "start_ns": rows["start_ns"].to_numpy(), "end_ns": rows["end_ns"].to_numpy()})
+                             "micro": rows["micro"].to_numpy(), "start_ns": rows["start_ns"].to_numpy(),
+                             "end_ns": rows["end_ns"].to_numpy()})
 
     fsdp2 = (labels["family"] == lab.FAMILY_FSDP2).to_numpy()
     copy_out_mask = fsdp2 & (labels["action"] == lab.COPY_OUT_ACTION).to_numpy()
     if copy_out_mask.any():
         rows = labels[copy_out_mask]
         phase = _phase_at(labels, rows["rank"].to_numpy(), rows["lane"].to_numpy(),
-                          rows["start_ns"].to_numpy(np.int64), rows["step"].to_numpy())
+                          rows["start_ns"].to_numpy(np.int64), rows["step"].to_numpy(), rows["micro"].to_numpy())
         parts.append(_spans_from(label_rows(copy_out_mask, phase), schema.SPAN_COPY_OUT, gpu, on_gpu))
     for action, phase_name in lab.RESHARD_ACTIONS.items():
         mask = fsdp2 & (labels["action"] == action).to_numpy()
@@ -250,6 +258,7 @@ def unit_tables(events: pd.DataFrame, lanes: pd.DataFrame, labels: pd.DataFrame)
         start = opt["start_ns"].to_numpy(np.int64)
         steps_ = pd.DataFrame({"rank": opt["rank"].to_numpy(), "lane": as_str(opt["lane"]),
                                "step": opt["step"].to_numpy(), "unit": "", "phase": schema.PHASE_OPTIMIZER,
+                               "micro": lab.pass_index(passes, opt["rank"].to_numpy(), opt["step"].to_numpy(), start),
                                "start_ns": start, "end_ns": start + opt["dur_ns"].to_numpy(np.int64)})
         parts.append(_spans_from(steps_, schema.SPAN_COMPUTE, gpu, on_gpu, "is_compute"))
 

@@ -1,6 +1,10 @@
 """Per unit and pass: how long it gathered, computed and reduced, and how much of it was exposed.
 
-One UNIT_STEPS row per rank, step, unit and pass (forward / backward), from the SPANS table:
+One UNIT_STEPS row per rank, step, unit and phase (forward / backward), from the SPANS table.
+Each number is first measured per pass of the step (``micro``: one pass, or one per micro-batch
+under gradient accumulation) and then folded into the step (:func:`fold_passes`): durations and
+exposed times add up, start and end times span all passes, the lead and the issue depth are those
+of the pass that waited most (the smallest).
 
 - ``ag_*``: the pass's all-gather(s) of the unit's parameters, issued at ``ag_issue_ns`` on the CPU,
   running ``ag_start_ns`` -> ``ag_end_ns`` on their lane; ``ag_exposed_ns`` is the part of that
@@ -64,13 +68,13 @@ def waited_on(rows: pd.DataFrame, comp: pd.DataFrame, gather: bool) -> np.ndarra
     owned = rows["n_units"].to_numpy() <= 1
     if owned.all():
         return owned
-    key = ["rank", "step", "unit", "phase"]
+    key = ["rank", "step", "micro", "unit", "phase"]
     times = comp.groupby(key).agg(first=("start_ns", "min"), last=("end_ns", "max"))
     shared_at = np.flatnonzero(~owned)
     shared = rows.iloc[shared_at].reset_index(drop=True).join(times, on=key)
     # the smaller the better: earliest compute start (gather), latest compute end (reduction)
     value = shared["first"].astype(float).fillna(np.inf) if gather else -shared["last"].astype(float).fillna(-np.inf)
-    group = ["rank", "step", "phase", "lane", "start_ns"]
+    group = ["rank", "step", "micro", "phase", "lane", "start_ns"]
     best = value.groupby([shared[c] for c in group]).transform("min")
     candidates = shared[(value == best).to_numpy()]
     winners = candidates.index[~candidates.duplicated(group).to_numpy()]  # ties: the first listed
@@ -112,11 +116,11 @@ def _agg(frame: pd.DataFrame, key: list[str], **named: tuple[str, str]) -> pd.Da
 
 
 def issue_depths(ag: pd.DataFrame, pieces: pd.DataFrame, ancestors: dict[str, set[str]] | None = None) -> np.ndarray:
-    """Per gather row (``rank``, ``step``, ``phase``, ``unit``, ``ag_start_ns``, ``compute_start_ns``):
-    the number of other units with a compute span of the same rank, step and pass that began before
-    the unit's own compute and was still running when the gather started."""
+    """Per gather row (``rank``, ``step``, ``micro``, ``phase``, ``unit``, ``ag_start_ns``,
+    ``compute_start_ns``): the number of other units with a compute span of the same rank, step and
+    pass that began before the unit's own compute and was still running when the gather started."""
     depth = np.full(len(ag), schema.NO_DEPTH, dtype=np.int64)
-    key = ["rank", "step", "phase"]
+    key = ["rank", "step", "micro", "phase"]
     # Units as codes once for the whole table, and "is u an ancestor of g" as one boolean matrix:
     # the per-group work below is then array indexing, not Python loops over unit pairs.
     unit_codes, units = pd.factorize(pd.concat([pieces["unit"].astype(object), ag["unit"].astype(object)],
@@ -160,7 +164,7 @@ def unit_steps(spans: pd.DataFrame, windows: pd.DataFrame, compute: dict[int, In
     """UNIT_STEPS from spans and unit windows; ``compute``: each rank's compute union;
     ``unit_bytes``: the units' parameter bytes, for their shares of shared collectives."""
     s = spans[(spans["unit"] != "").to_numpy() & spans["phase"].isin(list(_UNIT_PHASES)).to_numpy()]
-    key = ["rank", "step", "unit", "phase"]
+    key = ["rank", "step", "micro", "unit", "phase"]
     if s.empty:
         return schema.make_empty(schema.UNIT_STEPS)
     start = s["start_ns"].to_numpy(np.int64)
@@ -209,4 +213,36 @@ def unit_steps(spans: pd.DataFrame, windows: pd.DataFrame, compute: dict[int, In
         depth[has_ag] = issue_depths(out[has_ag].reset_index(drop=True), comp, ancestors)
     out["issue_depth"] = depth
     out["peak_allocated_bytes"] = -1
-    return schema.conform(out, schema.UNIT_STEPS, table="unit_steps")
+    return schema.conform(fold_passes(out), schema.UNIT_STEPS, table="unit_steps")
+
+
+_FIRST_COLS = ("window_start_ns", "compute_start_ns", "ag_issue_ns", "ag_start_ns")
+_LAST_COLS = ("window_end_ns", "compute_end_ns", "ag_end_ns")
+_SUM_COLS = ("compute_ns", "ag_ns", "ag_exposed_ns", "rs_ns", "rs_exposed_ns", "ar_ns", "ar_exposed_ns",
+             "copy_in_ns", "copy_out_ns", "reshard_ns")
+
+
+def fold_passes(per_pass: pd.DataFrame) -> pd.DataFrame:
+    """Rows per (rank, step, micro, unit, phase) -> one row per (rank, step, unit, phase) with
+    ``n_passes``: sums of durations, the earliest start and latest end (``-1`` = none), the
+    smallest lead and issue depth, the sum of the gathered bytes."""
+    key = ["rank", "step", "unit", "phase"]
+    with_window = (per_pass["window_start_ns"] >= 0).to_numpy()
+    if not per_pass.duplicated(key).any():  # one pass per step (no gradient accumulation): nothing to add up
+        return per_pass.assign(n_passes=with_window.astype(np.int32)).drop(columns="micro")
+    frame = per_pass.assign(_window=with_window)
+    for col in (*_FIRST_COLS, *_LAST_COLS, "ag_bytes", "issue_depth"):
+        # -1 / NO_DEPTH: nothing to count. Nullable integers: float64 would round ns wall-clock times.
+        frame[col] = frame[col].astype("Int64").where(frame[col] >= 0)
+    grouped = frame.groupby(key, sort=False)
+    out = grouped[list(_SUM_COLS)].sum()
+    out = out.join(grouped[list(_FIRST_COLS)].min()).join(grouped[list(_LAST_COLS)].max())
+    out["ag_bytes"] = grouped["ag_bytes"].sum(min_count=1)
+    out["prefetch_lead_ns"] = grouped["prefetch_lead_ns"].min()
+    out["issue_depth"] = grouped["issue_depth"].min()
+    out["n_passes"] = grouped["_window"].sum()
+    out["peak_allocated_bytes"] = grouped["peak_allocated_bytes"].max()
+    out = out.reset_index()
+    for col in (*_FIRST_COLS, *_LAST_COLS, "ag_bytes", "issue_depth"):
+        out[col] = out[col].fillna(-1).astype(np.int64)
+    return out

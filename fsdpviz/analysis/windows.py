@@ -35,6 +35,7 @@ WINDOWS: Final[schema.Schema] = {
     "step": "int32",
     "unit": "string",
     "phase": "string",
+    "micro": "int32",  # the pass of the step (labels.LABELS)
     "start_ns": "int64",  # window: opening label start
     "end_ns": "int64",  # window: closing label end
     "region_start_ns": "int64",  # compute region
@@ -47,6 +48,7 @@ PIECES: Final[schema.Schema] = {
     "step": "int32",
     "unit": "string",
     "phase": "string",
+    "micro": "int32",
     "start_ns": "int64",
     "end_ns": "int64",
 }
@@ -80,7 +82,7 @@ def _fsdp2_windows(labels: pd.DataFrame) -> pd.DataFrame:
     # forward: pre_forward -> first post_forward of the same unit on the same lane after it
     # (a pre_forward marked backward is activation-checkpoint recomputation: not a forward window)
     pre = f2.loc[(f2["action"] == lab.PRE_FORWARD) & (f2["phase"] == schema.PHASE_FORWARD),
-                 key + ["step", "start_ns", "end_ns"]]
+                 key + ["step", "micro", "start_ns", "end_ns"]]
     post = f2.loc[f2["action"] == lab.POST_FORWARD, key + ["start_ns", "end_ns"]].rename(
         columns={"start_ns": "post_start_ns", "end_ns": "post_end_ns"})
     fwd = _first_after(pre, post, "end_ns", "post_start_ns", key, "forward").dropna(subset=["post_start_ns"])
@@ -90,7 +92,7 @@ def _fsdp2_windows(labels: pd.DataFrame) -> pd.DataFrame:
         fwd["excl_end_ns"] = fwd["end_ns"]
         frames.append(fwd)
     # backward: post-backward labels belong to the latest pre_backward of the unit before them
-    pre_b = f2.loc[f2["action"] == lab.PRE_BACKWARD, ["rank", "unit", "lane", "step", "start_ns", "end_ns"]]
+    pre_b = f2.loc[f2["action"] == lab.PRE_BACKWARD, ["rank", "unit", "lane", "step", "micro", "start_ns", "end_ns"]]
     pre_b = pre_b.assign(pre_id=np.arange(len(pre_b)))
     posts = f2.loc[f2["action"].isin(list(lab.POST_BACKWARD_ACTIONS)).to_numpy(), ["rank", "unit", "start_ns", "end_ns"]]
     callbacks = f2.loc[f2["action"] == lab.ROOT_POST_BACKWARD, ["rank", "start_ns", "end_ns"]]
@@ -191,6 +193,7 @@ def compute_pieces(windows: pd.DataFrame, labels: pd.DataFrame) -> pd.DataFrame:
     all_lo = windows["region_start_ns"].to_numpy(np.int64)
     all_hi = windows["region_end_ns"].to_numpy(np.int64)
     all_step = windows["step"].to_numpy()
+    all_micro = windows["micro"].to_numpy()
     all_units = windows["unit"].to_numpy(dtype=object)
     all_phases = windows["phase"].to_numpy(dtype=object)
     unit_code = pd.factorize(all_units)[0]
@@ -211,14 +214,16 @@ def compute_pieces(windows: pd.DataFrame, labels: pd.DataFrame) -> pd.DataFrame:
             if len(kids) == 0 and k1 <= k0:  # nothing to cut out: the whole region
                 if lo < hi:
                     row = w_idx[j]
-                    rows.append((rank, lane, int(all_step[row]), all_units[row], all_phases[row], lo, hi))
+                    rows.append((rank, lane, int(all_step[row]), all_units[row], all_phases[row],
+                                 int(all_micro[row]), lo, hi))
                 continue
             cut_s = np.concatenate([u_s[k0:k1], w_start[kids]])
             cut_e = np.concatenate([u_e[k0:k1], w_excl[kids]])
             cs, ce = _union_sorted(cut_s, cut_e)
             row = w_idx[j]
             for s, e in _complement(lo, hi, cs, ce):
-                rows.append((rank, lane, int(all_step[row]), all_units[row], all_phases[row], s, e))
+                rows.append((rank, lane, int(all_step[row]), all_units[row], all_phases[row], int(all_micro[row]),
+                             s, e))
     frame = pd.DataFrame(rows, columns=list(PIECES))
     return schema.conform(frame, PIECES, table="pieces")
 

@@ -178,6 +178,7 @@ SPANS: Final[Schema] = {
     "bytes": "int64",  # UNKNOWN_BYTES when not a transfer or unknown
     "issue_ns": "int64",  # a collective: when the CPU issued it; otherwise equal to start_ns
     "n_units": "int32",  # units one collective carried (ZeRO-3 buckets: > 1, one row per unit); else 1
+    "micro": "int32",  # forward/backward pass of the step: 0, 1, ... per micro-batch (gradient accumulation)
 }
 
 # FSDP units (from run.json when recorded by fsdpviz, else from the labels).
@@ -256,6 +257,10 @@ UNIT_STEPS: Final[Schema] = {
     "copy_out_ns": "int64",
     "reshard_ns": "int64",
     "peak_allocated_bytes": "int64",  # highest allocated level in the window (-1 unknown)
+    # Passes of the step in which the unit ran this phase: 1, or the micro-batches under gradient
+    # accumulation. Durations and exposed times above are sums over them; start/end times span
+    # all of them; prefetch_lead_ns and issue_depth are the smallest (the pass that waited most).
+    "n_passes": "int32",
 }
 
 # One row per unit: medians over ranks and steps (what ``summary --json`` reports per unit).

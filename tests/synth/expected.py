@@ -71,11 +71,13 @@ class Expected:
     """Expected analysis results (see module docstring for the clocks)."""
 
     spans: pd.DataFrame
-    """rank, step, unit, phase, kind, lane, start_ns, end_ns, issue_ns, bytes (aligned clock)."""
+    """rank, step, micro, unit, phase, kind, lane, start_ns, end_ns, issue_ns, bytes (aligned clock)."""
     unit_steps: pd.DataFrame
     """Per (rank, step, unit, phase): ag_issue_ns, ag_start_ns, ag_end_ns, ag_exposed_ns,
     compute_start_ns, compute_ns, prefetch_lead_ns, issue_depth, rs_exposed_ns, ar_exposed_ns,
-    peak_allocated_bytes (NaN / -1 where not applicable)."""
+    peak_allocated_bytes, n_passes (NaN / -1 where not applicable). With several micro-batches
+    per step: durations summed over them, the first start, the last end, the smallest lead and
+    depth, the highest window peak."""
     step_peaks: pd.DataFrame
     """Per (rank, step): peak_allocated_bytes, peak_t_ns (aligned), unit, phase."""
     clock_offsets: dict[int, int]
@@ -103,7 +105,7 @@ def build_expected(sc: Scenario, truth: Truth, ranks: list[int], timeline_of: di
                               "end_ns": _at(b, i) + sc.base_time_ns + offsets[r]})
         spans = [(s, _at(s.start, i), _at(s.end, i), _at(s.issue, i)) for s in truth.spans]
         for s, a, b, iss in spans:
-            spans_rows.append({"rank": r, "step": s.step, "unit": s.unit, "phase": s.phase, "kind": s.kind,
+            spans_rows.append({"rank": r, "step": s.step, "micro": s.micro, "unit": s.unit, "phase": s.phase, "kind": s.kind,
                                "lane": lane_name(s.lane), "start_ns": a + to_aligned, "end_ns": b + to_aligned,
                                "issue_ns": iss + to_aligned, "bytes": s.bytes})
         unit_rows += _unit_steps(r, spans, compute, memory, truth, i, to_aligned)
@@ -122,15 +124,17 @@ def build_expected(sc: Scenario, truth: Truth, ranks: list[int], timeline_of: di
 
 def _unit_steps(rank: int, spans: list, compute: Union, memory: tuple[list[int], list[int]], truth: Truth,
                 i: int, to_aligned: int) -> list[dict]:
-    by_key: dict[tuple[int, str, str], dict[str, list]] = {}
+    """Per (step, micro-batch, unit, phase) from the model's spans, then folded into the step."""
+    by_key: dict[tuple[int, int, str, str], dict[str, list]] = {}
     for s, a, b, iss in spans:
         if s.unit == "":
             continue
-        by_key.setdefault((s.step, s.unit, s.phase), {}).setdefault(s.kind, []).append((a, b, iss, s.bytes))
+        by_key.setdefault((s.step, s.micro, s.unit, s.phase), {}).setdefault(s.kind, []).append(
+            (a, b, iss, s.bytes))
     # every compute piece of every unit, for the issue depth of gathers
-    pieces = [(s.step, s.unit, s.phase, a, b) for s, a, b, _ in spans if s.kind == "compute" and s.unit]
+    pieces = [(s.step, s.micro, s.unit, s.phase, a, b) for s, a, b, _ in spans if s.kind == "compute" and s.unit]
     rows = []
-    for (step, unit, phase), kinds in by_key.items():
+    for (step, micro, unit, phase), kinds in by_key.items():
         row: dict[str, Any] = {"rank": rank, "step": step, "unit": unit, "phase": phase}
         comp = sorted(kinds.get("compute", []))
         row["compute_start_ns"] = comp[0][0] + to_aligned if comp else -1
@@ -143,8 +147,8 @@ def _unit_steps(rank: int, spans: list, compute: Union, memory: tuple[list[int],
                        ag_ns=b - a, ag_bytes=nbytes, ag_exposed_ns=compute.uncovered(a, b))
             row["prefetch_lead_ns"] = comp[0][0] - b if comp else np.nan
             first = comp[0][0] if comp else b
-            running = {u for st, u, ph, pa, pb in pieces
-                       if st == step and ph == phase and u != unit and pa < first and pb > a}
+            running = {u for st, mi, u, ph, pa, pb in pieces
+                       if st == step and mi == micro and ph == phase and u != unit and pa < first and pb > a}
             # the root encloses every other unit: its own compute counts only when nothing else ran
             others = running - {ROOT}
             row["issue_depth"] = len(others) if others or unit == ROOT else int(ROOT in running)
@@ -155,16 +159,43 @@ def _unit_steps(rank: int, spans: list, compute: Union, memory: tuple[list[int],
             items = kinds.get(kind, [])
             row[f"{col}_ns"] = sum(b - a for a, b, _, _ in items)
             row[f"{col}_exposed_ns"] = sum(compute.uncovered(a, b) for a, b, _, _ in items)
-        row["peak_allocated_bytes"] = _window_peak(truth, memory, step, unit, phase, i)
+        row["peak_allocated_bytes"] = _window_peak(truth, memory, step, micro, unit, phase, i)
+        row["n_passes"] = int((step, micro, unit, phase) in truth.windows)
         rows.append(row)
-    return rows
+    return _fold_micro_batches(rows)
 
 
-def _window_peak(truth: Truth, memory: tuple[list[int], list[int]], step: int, unit: str, phase: str,
-                 i: int) -> int:
+def _fold_micro_batches(rows: list[dict]) -> list[dict]:
+    """One row per (rank, step, unit, phase): what a step of several micro-batches adds up to."""
+    folded: dict[tuple, dict] = {}
+    for row in rows:
+        key = (row["rank"], row["step"], row["unit"], row["phase"])
+        if key not in folded:
+            folded[key] = dict(row)
+            continue
+        out = folded[key]
+        for col in ("compute_ns", "ag_ns", "ag_exposed_ns", "rs_ns", "rs_exposed_ns", "ar_ns", "ar_exposed_ns",
+                    "n_passes"):
+            out[col] += row[col]
+        for col in ("ag_issue_ns", "ag_start_ns", "compute_start_ns"):
+            known = [v for v in (out[col], row[col]) if v >= 0]
+            out[col] = min(known) if known else -1
+        out["ag_end_ns"] = max(out["ag_end_ns"], row["ag_end_ns"])
+        out["ag_bytes"] = out["ag_bytes"] + row["ag_bytes"] if min(out["ag_bytes"], row["ag_bytes"]) >= 0 \
+            else max(out["ag_bytes"], row["ag_bytes"])
+        leads = [v for v in (out["prefetch_lead_ns"], row["prefetch_lead_ns"]) if not np.isnan(v)]
+        out["prefetch_lead_ns"] = min(leads) if leads else np.nan
+        depths = [v for v in (out["issue_depth"], row["issue_depth"]) if v >= 0]
+        out["issue_depth"] = min(depths) if depths else -1
+        out["peak_allocated_bytes"] = max(out["peak_allocated_bytes"], row["peak_allocated_bytes"])
+    return list(folded.values())
+
+
+def _window_peak(truth: Truth, memory: tuple[list[int], list[int]], step: int, micro: int, unit: str,
+                 phase: str, i: int) -> int:
     """Highest allocated level in the unit's window: the level it entered with, or any sample in it.
     (Samples are in time order: the simulation allocates in program order.)"""
-    window = truth.windows.get((step, unit, phase))
+    window = truth.windows.get((step, micro, unit, phase))
     if window is None:
         return -1
     lo, hi = _at(window[0], i), _at(window[1], i)

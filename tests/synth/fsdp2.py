@@ -1,11 +1,11 @@
 """FSDP2's schedule on the simulated GPUs: what each rank does in a training step, and in which order.
 
-Root pre-forward; per unit pre-forward (all-gather unless prefetched, copy-out), explicit forward
+Per micro-batch (one, or several under gradient accumulation): root pre-forward; per unit pre-forward (all-gather unless prefetched, copy-out), explicit forward
 prefetches, compute, post-forward (reshard); the backward on the autograd thread with pre-backward
 (gather, copy-out, FSDP2's implicit one-unit prefetch nested inside it, or explicit prefetches
 after it), compute, post-backward (accumulate, reshard, ``rs_wait`` on the previous unit's
 reduce-scatter, reduce-scatter and HSDP all-reduce); the root's post-backward inside
-``FSDP::root_post_backward_callback``; the optimizer. The streams follow FSDP2's waits: the copy-in
+``FSDP::root_post_backward_callback``. Then the optimizer. The streams follow FSDP2's waits: the copy-in
 stream waits on the previous copy-out, the all-gather stream on the copy-in, the compute stream on
 the gather before copy-out, the reduce-scatter stream on the compute stream, and ``rs_wait`` makes
 the compute stream wait on the previous unit's reduce-scatter.
@@ -326,9 +326,11 @@ class Fsdp2Engine(Engine):
         self._step_gpu = [None, None]
         self._step_ext = self._ext + 1
         with self.range(f"ProfilerStep#{step}") as r:
-            self.op("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", delay)
-            self.forward()
-            self.backward()
+            for micro in range(sc.micro_batches):
+                self.micro = micro
+                self.op("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", delay)
+                self.forward()
+                self.backward()
             self.optimizer()
             with self.range("aten::item", cat="cpu_op"), self.range("aten::_local_scalar_dense", cat="cpu_op"):
                 self.launch("Memcpy DtoH (Device -> Pageable)", STREAM_COMPUTE, 2_000, cat="gpu_memcpy",

@@ -55,6 +55,10 @@ class Scenario:
     gradients across replicas after each reduce-scatter."""
     steps: tuple[int, ...] = (3, 4)
     """ProfilerStep numbers recorded."""
+    micro_batches: int = 1
+    """Forward + backward passes per step (gradient accumulation): each micro-batch loads its data
+    and runs the whole forward and backward (FSDP2 gathers and reduce-scatters every time), then
+    one optimizer step ends the step."""
     forward_prefetch: Prefetch = "implicit"
     """``"implicit"``: FSDP2's default (gather issued in the unit's own pre-forward, overlapping the
     previous unit's compute on the GPU only because the CPU runs ahead); ``N``: explicit
@@ -102,6 +106,8 @@ class Scenario:
     def __post_init__(self) -> None:
         if self.world_size < 1 or self.world_size % self.hsdp_replicas:
             raise ValueError("world_size must be a positive multiple of hsdp_replicas")
+        if self.micro_batches < 1:
+            raise ValueError("micro_batches must be at least 1")
         names = [u.name for u in self.units]
         if len(set(names)) != len(names) or ROOT in names:
             raise ValueError("unit names must be unique and not the root's")

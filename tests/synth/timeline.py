@@ -52,6 +52,7 @@ class Event:
 @dataclass(slots=True)
 class TruthSpan:
     step: int
+    micro: int  # the micro-batch (forward/backward pass) of the step
     unit: str
     phase: str
     kind: str
@@ -68,7 +69,7 @@ class Truth:
 
     spans: list[TruthSpan] = field(default_factory=list)
     compute_kernels: list[tuple[Any, Any]] = field(default_factory=list)  # every non-NCCL kernel
-    windows: dict[tuple[int, str, str], list[Any]] = field(default_factory=dict)  # (step, unit, phase)
+    windows: dict[tuple[int, int, str, str], list[Any]] = field(default_factory=dict)  # (step, micro, unit, phase)
     memory: list[tuple[Any, int, int, tuple[str, str] | None, int]] = field(default_factory=list)
     steps: dict[int, tuple[Any, Any]] = field(default_factory=dict)
     unit_order: list[str] = field(default_factory=list)
@@ -97,6 +98,7 @@ class Engine:
         self._shard_group = ranks // sc.shard_size
         self._replica_group = ranks % sc.shard_size
         self.step = -1
+        self.micro = 0
         self._step_gpu: list[Any] = [None, None]
         self._step_ext = 0
         self.window: list[tuple[str, str]] = []  # memory attribution: the (unit, phase) windows open
@@ -238,15 +240,15 @@ class Engine:
 
     def span(self, unit: str, phase: str, kind: str, lane: tuple[str, Any], start: Any, end: Any,
              issue: Any = None, nbytes: int = -1) -> None:
-        self.truth.spans.append(TruthSpan(self.step, unit, phase, kind, lane, start, end,
+        self.truth.spans.append(TruthSpan(self.step, self.micro, unit, phase, kind, lane, start, end,
                                           start if issue is None else issue, nbytes))
 
     def open_window(self, unit: str, phase: str) -> None:
         """The unit's forward / backward window starts (at its pre-forward / pre-backward label)."""
         self.window.append((unit, phase))
-        self.truth.windows[(self.step, unit, phase)] = [self.now, None]
+        self.truth.windows[(self.step, self.micro, unit, phase)] = [self.now, None]
 
     def close_window(self, unit: str, phase: str) -> None:
         """... and ends with its post-forward / post-backward-reduce label."""
         assert self.window.pop() == (unit, phase)
-        self.truth.windows[(self.step, unit, phase)][1] = self.now
+        self.truth.windows[(self.step, self.micro, unit, phase)][1] = self.now

@@ -27,9 +27,14 @@ SCENARIOS = {
     # one simulated timeline, its event body compressed once and shared by every rank's file
     "shared-body-6-ranks": Scenario(units=make_units(5), root=make_root(), world_size=6, shared_timeline=True,
                                     forward_prefetch=2, clock_offset_ns={4: 900_000_000}),
+    # gradient accumulation: two forward + backward passes per optimizer step
+    "grad-accum-2": Scenario(units=make_units(3), root=make_root(), world_size=2, micro_batches=2),
+    "grad-accum-3-explicit": Scenario(units=make_units(3), forward_prefetch=1, backward_prefetch=1,
+                                      micro_batches=3, steps=(2, 3, 4)),
 }
 UNIT_COLS = ["ag_issue_ns", "ag_start_ns", "ag_end_ns", "ag_ns", "ag_bytes", "ag_exposed_ns", "compute_start_ns",
-             "compute_ns", "issue_depth", "rs_ns", "rs_exposed_ns", "ar_ns", "ar_exposed_ns", "peak_allocated_bytes"]
+             "compute_ns", "issue_depth", "rs_ns", "rs_exposed_ns", "ar_ns", "ar_exposed_ns", "peak_allocated_bytes",
+             "n_passes"]
 KEY = ["rank", "step", "unit", "phase"]
 
 _cache: dict[str, tuple] = {}
@@ -61,7 +66,7 @@ def test_unit_steps_match_the_model(name: str, tmp_path_factory: pytest.TempPath
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_spans_on_the_reference_clock(name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     analysis, run = analysed(name, tmp_path_factory)
-    key = ["rank", "step", "unit", "phase", "kind", "lane", "start_ns"]
+    key = ["rank", "step", "micro", "unit", "phase", "kind", "lane", "start_ns"]
     got = analysis.spans.merge(run.expected.spans, on=key, how="outer", indicator=True, suffixes=("", "_want"))
     assert (got["_merge"] == "both").all()
     assert (got["end_ns"] == got["end_ns_want"]).all() and (got["issue_ns"] == got["issue_ns_want"]).all()
@@ -178,3 +183,31 @@ def test_without_unit_labels_only_whole_step_numbers(tmp_path) -> None:
     assert analysis.framework == "unknown"
     assert any("no FSDP unit labels" in n for n in analysis.notes)
     assert len(analysis.step_times) and (analysis.step_times["comm_ns"] > 0).all()
+
+
+@pytest.mark.parametrize("name", ["grad-accum-2", "grad-accum-3-explicit"])
+def test_gradient_accumulation_sums_micro_batches(name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Each micro-batch's forward is a forward pass (not recomputation inside backward): every unit
+    runs both phases once per micro-batch, and a step's per-unit numbers are their sums."""
+    analysis, run = analysed(name, tmp_path_factory)
+    sc = run.scenario
+    us = analysis.unit_steps
+    assert (us["n_passes"] == sc.micro_batches).all()
+    assert set(us["phase"]) == {"forward", "backward"}
+    assert len(us) == len(sc.steps) * sc.world_size * len(sc.all_units()) * 2
+    stats = analysis.unit_stats.set_index("unit")
+    for u in sc.all_units():
+        assert stats.loc[u.name, "forward_ns"] == sc.micro_batches * u.fwd_ns
+        assert stats.loc[u.name, "backward_ns"] == sc.micro_batches * u.bwd_ns
+    # FSDP2 gathers each block again in every forward and backward and reduce-scatters it each time
+    spans = analysis.spans
+    blocks = spans[spans["unit"].str.startswith("blocks.")]
+    counts = blocks.groupby(["rank", "step", "unit", "phase", "kind"]).size()
+    for phase, kind in (("forward", "all_gather"), ("backward", "all_gather"), ("backward", "reduce_scatter"),
+                        ("forward", "compute"), ("backward", "compute")):
+        assert (counts.xs((phase, kind), level=("phase", "kind")) == sc.micro_batches).all(), (phase, kind)
+    assert set(spans["micro"]) == set(range(sc.micro_batches))
+    # one all-gather per micro-batch of the step: the same bytes each time
+    fwd = us[(us["phase"] == "forward") & us["unit"].str.startswith("blocks.")]
+    one = sc.padded_numel(sc.units[0]) * sc.dtype_bytes
+    assert (fwd["ag_bytes"] == sc.micro_batches * one).all()

@@ -23,8 +23,9 @@ SCENARIOS = {
     "hsdp-skew-straggler": Scenario(units=make_units(3), world_size=4, hsdp_replicas=2,
                                     clock_offset_ns={1: 5_000_000_000, 2: -3_000_000},
                                     step_delay_ns={1: 2_000_000}),
+    "grad-accum-2": Scenario(units=make_units(3), root=make_root(), micro_batches=2),
 }
-KEY = ["step", "unit", "phase", "kind", "lane", "start_ns"]
+KEY = ["step", "micro", "unit", "phase", "kind", "lane", "start_ns"]
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
@@ -113,6 +114,62 @@ def test_activation_checkpoint_recompute_belongs_to_backward() -> None:
     assert tuple(windows.loc["forward", ["start_ns", "end_ns", "region_start_ns", "region_end_ns"]]) == (0, 110, 10, 100)
     assert tuple(windows.loc["backward", ["start_ns", "end_ns", "region_start_ns", "region_end_ns"]]) == (
         200, 450, 210, 400)
+
+
+def _label_events(rows: list[tuple[str, int, int]], lanes: list[str] | None = None) -> pd.DataFrame:
+    events = pd.DataFrame({
+        "rank": 0, "lane": lanes or "main", "kind": "annotation", "name": [r[0] for r in rows],
+        "start_ns": [r[1] for r in rows], "dur_ns": [r[2] - r[1] for r in rows], "correlation": -1,
+        "external_id": -1, "step": 1, "comm": "", "comm_bytes": -1, "pg": ""})
+    return schema.conform(events, schema.EVENTS)
+
+
+def test_gradient_accumulation_second_forward_is_a_forward_pass() -> None:
+    """Two micro-batches in one step (FSDP2): the second root_pre_forward opens pass 1; its forward
+    labels are a forward window, while a recomputation inside pass 1's backward stays backward."""
+    rows = [("FSDP::root_pre_forward", 0, 5), ("FSDP::pre_forward (b)", 10, 20), ("FSDP::post_forward (b)", 100, 110),
+            ("FSDP::pre_backward (b)", 200, 210), ("FSDP::post_backward_reduce (b)", 300, 350),
+            ("FSDP::root_post_backward_callback", 360, 380),
+            ("FSDP::root_pre_forward", 400, 405), ("FSDP::pre_forward (b)", 410, 420),
+            ("FSDP::post_forward (b)", 500, 510), ("FSDP::pre_backward (b)", 600, 610),
+            ("FSDP::pre_forward (b)", 620, 630), ("FSDP::post_forward (b)", 700, 710),
+            ("FSDP::post_backward_reduce (b)", 800, 850)]
+    labels = parse_labels(_label_events(rows)).sort_values("start_ns")
+    assert list(labels["micro"]) == [0] * 6 + [1] * 7
+    assert list(labels["phase"]) == ["forward"] * 3 + ["backward"] * 3 + ["forward"] * 3 + ["backward"] * 4
+    windows = unit_windows(parse_labels(_label_events(rows))).sort_values("start_ns")
+    got = list(zip(windows["phase"], windows["micro"], windows["region_start_ns"], windows["region_end_ns"]))
+    assert got == [("forward", 0, 20, 100), ("backward", 0, 210, 300), ("forward", 1, 420, 500),
+                   ("backward", 1, 610, 800)]
+
+
+@pytest.mark.parametrize("opening", ["fsdpviz::forward ((root))", "fsdpviz::engine_forward"])
+def test_gradient_accumulation_with_fsdpviz_ranges(opening: str) -> None:
+    """FSDP1 / ZeRO-3 (fsdpviz's ranges): a forward of the root after a backward starts a new pass; a
+    unit's forward range recomputed inside its backward range (activation checkpointing) does not."""
+    rows = [(opening, 0, 180), ("fsdpviz::forward (b)", 10, 100),
+            ("fsdpviz::backward (b)", 200, 300), ("fsdpviz::forward (b)", 210, 250),
+            (opening, 400, 580), ("fsdpviz::forward (b)", 410, 500),
+            ("fsdpviz::backward (b)", 600, 700), ("fsdpviz::forward (b)", 610, 650)]
+    if opening == "fsdpviz::engine_forward":  # ZeRO-3: the root's own range sits inside the engine's
+        rows += [("fsdpviz::forward ((root))", 2, 170), ("fsdpviz::forward ((root))", 402, 570)]
+    labels = parse_labels(_label_events(rows))
+    unit_b = labels[labels["unit"] == "b"].sort_values("start_ns")
+    assert list(unit_b["micro"]) == [0, 0, 0, 1, 1, 1]
+    assert list(unit_b["phase"]) == ["forward", "backward", "backward", "forward", "backward", "backward"]
+    windows = unit_windows(labels)
+    w = windows[windows["unit"] == "b"].sort_values("start_ns")
+    assert list(zip(w["phase"], w["micro"], w["start_ns"])) == [
+        ("forward", 0, 10), ("backward", 0, 200), ("forward", 1, 410), ("backward", 1, 600)]
+
+
+def test_root_forward_recomputed_inside_backward_is_no_new_pass() -> None:
+    """A checkpointed root (fsdpviz::forward ((root)) inside the root's backward range) is recomputation."""
+    rows = [("fsdpviz::forward ((root))", 0, 100), ("fsdpviz::backward ((root))", 200, 400),
+            ("fsdpviz::forward ((root))", 210, 300)]
+    labels = parse_labels(_label_events(rows)).sort_values("start_ns")
+    assert list(labels["micro"]) == [0, 0, 0]
+    assert list(labels["phase"]) == ["forward", "backward", "backward"]
 
 
 def test_collectives_without_launch_calls_tie_by_external_id(tmp_path) -> None:
