@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from tracefuzz import fsdp_timelines, fsdp_traces, hostile_events, odd_headers
@@ -242,3 +243,20 @@ def test_parallel_loading_reports_the_same_errors(data: st.DataObject) -> None:
             except FsdpvizError as exc:
                 outcomes.append(("error", type(exc).__name__, str(exc)))
         assert outcomes[0] == outcomes[1]
+
+
+@pytest.mark.parametrize("sample", ["fsdp2-cpu-2rank", "fsdp1-cpu-2rank", "zero3-cpu-2rank", "fsdp2-cpu-2rank-plain"])
+def test_real_recordings_obey_the_same_invariants(sample: str, repo_root: Path) -> None:
+    """The invariants above, on the bundled real recordings. There a span starts inside its step but
+    the optimizer's may end a little after it: fsdpviz record ends a ProfilerStep from the optimizer's
+    step hook, inside the ``Optimizer.step#`` range."""
+    traces = load_traces([repo_root / "sample_traces" / sample], cache=False)
+    _check_tables(traces)
+    _analyse(traces, level="stack", gpu=False)
+    a = analyze_run(traces)
+    joined = a.spans.merge(a.step_times[["rank", "step", "start_ns", "end_ns"]], on=["rank", "step"],
+                           suffixes=("", "_step"))
+    assert len(joined) == len(a.spans) > 0
+    assert ((joined["start_ns"] >= joined["start_ns_step"]) & (joined["start_ns"] <= joined["end_ns_step"])).all()
+    late = joined[joined["end_ns"] > joined["end_ns_step"]]
+    assert set(late["phase"]) <= {schema.PHASE_OPTIMIZER}
