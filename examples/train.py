@@ -22,6 +22,15 @@ lifts the all-gather rate limiter (``limit_all_gathers=False``); backward prefet
 ``BACKWARD_PRE`` (FSDP1's default). ZeRO-3: ``stage3_prefetch_bucket_size`` = N units' parameters
 (0 = DeepSpeed's default).
 
+``--grad-accum N``: gradient accumulation, N micro-batches (forward + backward each) per optimizer
+step; a step's gradients are the mean over its micro-batches. FSDP2 / FSDP1 reduce-scatter the
+gradients after every micro-batch's backward (their default) and accumulate the sharded gradients;
+ZeRO-3 gets DeepSpeed's ``gradient_accumulation_steps`` = N (``engine.backward`` scales the loss,
+``engine.step`` steps the optimizer on every N-th call). The logged loss of a step is the mean over
+its micro-batches. ``--checkpoint``: activation checkpointing of every child of ``model.blocks`` (a
+block, or a pair under ``--wrap pair``) with ``torch.utils.checkpoint`` (non-reentrant): its forward
+runs again inside the backward.
+
 Runs on CPU with gloo (ZeRO-3 needs ``DS_ACCELERATOR=cpu``) and on GPUs with NCCL.
 """
 
@@ -37,6 +46,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 VOCAB_SIZE = 256
@@ -74,8 +84,9 @@ class BlockPair(nn.Sequential):
 
 
 class GPT(nn.Module):
-    def __init__(self, layers: int, dim: int) -> None:
+    def __init__(self, layers: int, dim: int, checkpoint: bool = False) -> None:
         super().__init__()
+        self.checkpoint = checkpoint
         self.tok_emb = nn.Embedding(VOCAB_SIZE, dim)
         self.pos_emb = nn.Embedding(SEQ_LEN, dim)
         self.blocks: nn.Module = nn.ModuleList(Block(dim) for _ in range(layers))
@@ -86,7 +97,10 @@ class GPT(nn.Module):
         positions = torch.arange(tokens.shape[1], device=tokens.device)
         x = self.tok_emb(tokens) + self.pos_emb(positions)
         for block in self.blocks.children():
-            x = block(x)
+            if self.checkpoint and torch.is_grad_enabled():
+                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
         return self.head(self.norm(x))
 
     def group_blocks_in_pairs(self) -> None:
@@ -119,7 +133,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="prefetch N units ahead (0 = the framework's default)")
     parser.add_argument("--reshard-after-forward", action=argparse.BooleanOptionalAction, default=True,
                         help="free gathered parameters after each unit's forward (default: yes)")
-    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=8, help="optimizer steps")
+    parser.add_argument("--grad-accum", type=int, default=1, metavar="N",
+                        help="micro-batches (forward + backward) per optimizer step (default: 1)")
+    parser.add_argument("--checkpoint", action="store_true",
+                        help="activation checkpointing per block (recomputed in backward)")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
@@ -131,6 +149,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--wrap submodule is ZeRO-3's default fetching and needs --framework zero3")
     if args.prefetch < 0 or args.steps < 1 or args.layers < 1 or args.dim % HEADS:
         parser.error(f"--prefetch >= 0, --steps >= 1, --layers >= 1 and --dim divisible by {HEADS}")
+    if args.grad_accum < 1:
+        parser.error("--grad-accum must be at least 1")
     return args
 
 
@@ -152,7 +172,7 @@ def init_distributed(device_choice: str) -> Distributed:
 
 def build_model(args: argparse.Namespace) -> GPT:
     torch.manual_seed(args.seed)  # the same initial weights on every rank and for every wrap policy
-    model = GPT(args.layers, args.dim)
+    model = GPT(args.layers, args.dim, checkpoint=args.checkpoint)
     if args.wrap == "pair":
         model.group_blocks_in_pairs()
     return model
@@ -221,7 +241,7 @@ def deepspeed_config(model: GPT, args: argparse.Namespace) -> dict:
         zero["stage3_max_live_parameters"] = 2 * total_numel
     return {
         "train_micro_batch_size_per_gpu": BATCH_SIZE,
-        "gradient_accumulation_steps": 1,
+        "gradient_accumulation_steps": args.grad_accum,
         "zero_optimization": zero,
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
@@ -243,14 +263,14 @@ def shard_zero3(model: GPT, args: argparse.Namespace, ddp: Distributed) -> tuple
 
 
 def make_batches(args: argparse.Namespace, ddp: Distributed) -> list[torch.Tensor]:
-    """Fixed token batches, different per rank, the same in every run.
+    """Fixed token batches (one per micro-batch), different per rank, the same in every run.
 
     Each sequence starts at a random token and follows ``next = (5 * token + 3) % VOCAB_SIZE``, a rule
     the model can learn, so the loss visibly falls.
     """
     generator = torch.Generator().manual_seed(args.seed * 1000 + ddp.rank)
     batches = []
-    for _ in range(args.steps):
+    for _ in range(args.steps * args.grad_accum):
         tokens = torch.empty(BATCH_SIZE, SEQ_LEN + 1, dtype=torch.long)
         tokens[:, 0] = torch.randint(VOCAB_SIZE, (BATCH_SIZE,), generator=generator)
         for t in range(1, SEQ_LEN + 1):
@@ -280,18 +300,23 @@ def train(args: argparse.Namespace, after_step: StepCallback | None = None) -> l
         optimizer = torch.optim.AdamW(sharded.parameters(), lr=LEARNING_RATE)
 
     losses: list[float] = []
-    for step, batch in enumerate(batches):
-        batch = batch.to(ddp.device)
-        logits = sharded(batch[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, VOCAB_SIZE), batch[:, 1:].reshape(-1))
-        if engine is not None:
-            engine.backward(loss)
-            engine.step()
-        else:
-            loss.backward()
+    n_micro = args.grad_accum
+    for step in range(args.steps):
+        micro_losses = []
+        for batch in batches[step * n_micro : (step + 1) * n_micro]:
+            batch = batch.to(ddp.device)
+            logits = sharded(batch[:, :-1])
+            loss = F.cross_entropy(logits.reshape(-1, VOCAB_SIZE), batch[:, 1:].reshape(-1))
+            if engine is not None:
+                engine.backward(loss)  # scales by 1 / gradient_accumulation_steps itself
+                engine.step()  # steps the optimizer at the accumulation boundary only
+            else:
+                (loss / n_micro if n_micro > 1 else loss).backward()
+            micro_losses.append(loss.item())
+        if engine is None:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.item())
+        losses.append(micro_losses[0] if n_micro == 1 else sum(micro_losses) / n_micro)
         if ddp.rank == 0:
             print(f"step {step} loss {losses[-1]:.6f}", flush=True)
         if after_step is not None:

@@ -43,6 +43,7 @@ from fsdpviz.record.timers import KIND_TOTAL, PHASE_STEP, WHOLE_STEP, Interval, 
 from fsdpviz.record.units import Unit, assign_order
 
 _AGENT: Agent | None = None
+_RECOMPUTE = "recompute"  # key of a unit's forward recomputed inside backward (activation checkpointing)
 
 
 def arm(role: str) -> None:
@@ -211,7 +212,7 @@ class Agent:
         self._backward_callback_queued = False
         if self.finished:
             return
-        for key in [k for k in self._open if k[1] == "backward"]:
+        for key in [k for k in self._open if k[1] == _RECOMPUTE] + [k for k in self._open if k[1] == "backward"]:
             self.close_unit(*key)
         interval = self._whole.pop("backward", None)
         if interval is not None:
@@ -275,8 +276,20 @@ class Agent:
 
     # --- the instrumentation's interface -------------------------------------------------------
     def open_unit(self, unit: str, phase: str, label: str | None) -> None:
-        """Start ``unit``'s interval of ``phase`` (and its trace range); a no-op if already open."""
-        if self.finished or (unit, phase) in self._open:
+        """Start ``unit``'s interval of ``phase`` (and its trace range); a no-op if already open.
+
+        A forward during backward is activation-checkpoint recomputation: its trace range marks it,
+        but its time already counts in the unit's backward interval, so it gets no timer of its own.
+        Non-reentrant checkpointing may stop recomputing before the forward returns (the post-hook
+        never runs): the range then closes with the unit's backward, never with a later forward.
+        """
+        if self.finished:
+            return
+        if phase == "forward" and self.phase == "backward":
+            if (unit, _RECOMPUTE) not in self._open:
+                self._open[(unit, _RECOMPUTE)] = (None, self.enter_range(label) if label else None)
+            return
+        if (unit, phase) in self._open:
             return
         if phase == "forward" and not self._order_assigned:
             self._first_seen.append(unit)
@@ -284,6 +297,10 @@ class Agent:
         self._open[(unit, phase)] = (self.clock.mark(unit, phase, KIND_TOTAL), rng)
 
     def close_unit(self, unit: str, phase: str) -> None:
+        if phase != _RECOMPUTE and (unit, _RECOMPUTE) in self._open and phase in ("forward", "backward"):
+            self.close_unit(unit, _RECOMPUTE)  # the recomputed forward ended, or its unit's backward did
+            if phase == "forward":
+                return
         entry = self._open.pop((unit, phase), None)
         if entry is None:
             return

@@ -1,0 +1,155 @@
+"""Gradient accumulation and activation checkpointing in real 2-rank CPU/gloo recordings.
+
+``fsdpviz record`` runs the example trainer with ``--grad-accum 2`` (two micro-batches, each a whole
+forward and backward, per optimizer step): FSDP2 as is, FSDP1 and ZeRO-3 also with ``--checkpoint``
+(every block's forward is recomputed inside its backward, and fsdpviz's module hooks label that
+recomputation ``fsdpviz::forward (blocks.N)`` inside ``fsdpviz::backward (blocks.N)``).
+
+Independent facts the analysis must agree with: FSDP2's own ``FSDP::pre_forward (u)`` /
+``FSDP::pre_backward (u)`` labels (one per unit and micro-batch), the recorder's timers (their
+``n``: how many intervals a unit's phase had in the step, counted by hooks on the framework), and
+FSDP2's rules for its collectives: a block is gathered in every forward and again in every
+backward (``reshard_after_forward=True``) and reduce-scattered after every backward; the root
+(``reshard_after_forward=False``) is gathered in forward only and reduce-scattered every backward.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fsdpviz.analysis.run import RunAnalysis, analyze_run
+from fsdpviz.trace import load_traces
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "train.py"
+MODEL = ["--layers", "2", "--dim", "32", "--steps", "5", "--seed", "0", "--grad-accum", "2"]
+BLOCKS = ["blocks.0", "blocks.1"]
+MICRO_BATCHES = 2
+RUNS = {"fsdp2": [], "fsdp1": ["--checkpoint"]}
+if importlib.util.find_spec("deepspeed") is not None:
+    RUNS["zero3"] = ["--checkpoint"]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _record(out: Path, framework: str, extra: list[str]) -> Path:
+    env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
+    env.pop("FSDPVIZ_RUN_DIR", None)
+    command = [sys.executable, "-m", "fsdpviz", "record", "--out", str(out), "--no-report", "--no-summary",
+               "--warmup", "1", "--steps", "3", "--",
+               sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
+               "127.0.0.1", "--master_port", str(_free_port()), str(EXAMPLE), "--framework", framework,
+               "--wrap", "block", *MODEL, *extra]
+    done = subprocess.run(command, check=False, capture_output=True, text=True, env=env, timeout=600, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, RunAnalysis]]:
+    base = tmp_path_factory.mktemp("grad_accum")
+    out = {}
+    for framework, extra in RUNS.items():
+        folder = _record(base / framework, framework, extra)
+        out[framework] = (folder, analyze_run(load_traces([folder], cache=False)))
+    return out
+
+
+def _timer_counts(folder: Path) -> pd.Series:
+    """(rank, step, unit, phase) -> intervals the recorder's hooks timed (the ``n`` of ``total``)."""
+    rows = []
+    for path in sorted((folder / "timers").glob("rank*.jsonl")):
+        rows += [json.loads(line) for line in path.read_text().splitlines()]
+    frame = pd.DataFrame(rows)
+    frame = frame[(frame["unit"] != "") & (frame["kind"] == "total")]
+    return frame.set_index(["rank", "step", "unit", "phase"])["n"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", list(RUNS))
+def test_every_unit_runs_one_forward_and_backward_per_micro_batch(runs, framework: str) -> None:
+    folder, analysis = runs[framework]
+    assert analysis.steps == [1, 2]  # one ProfilerStep per optimizer step, not per micro-batch
+    us = analysis.unit_steps
+    blocks = us[us["unit"].isin(BLOCKS)]
+    assert len(blocks) == 2 * len(analysis.steps) * len(BLOCKS) * 2  # ranks x steps x blocks x phases
+    assert (blocks["n_passes"] == MICRO_BATCHES).all(), blocks[["rank", "step", "unit", "phase", "n_passes"]]
+    # the recorder's own hooks timed the same number of forward and backward intervals (a recomputed
+    # forward inside backward is no forward interval)
+    timers = _timer_counts(folder)
+    for row in blocks.itertuples():
+        assert timers.loc[(row.rank, row.step, row.unit, row.phase)] == MICRO_BATCHES
+    # a step's per-unit time is the sum over its micro-batches
+    spans = analysis.spans
+    compute = spans[(spans["kind"] == "compute") & spans["unit"].isin(BLOCKS)]
+    per_micro = (compute["end_ns"] - compute["start_ns"]).groupby(
+        [compute["rank"], compute["step"], compute["unit"], compute["phase"], compute["micro"]]).sum()
+    assert set(per_micro.index.get_level_values("micro")) == {0, 1}
+    summed = per_micro.groupby(level=["rank", "step", "unit", "phase"]).sum()
+    got = blocks.set_index(["rank", "step", "unit", "phase"])["compute_ns"]
+    assert (summed.reindex(got.index).to_numpy() == got.to_numpy()).all()
+    assert (per_micro > 0).all()
+
+
+@pytest.mark.slow
+def test_fsdp2_collectives_follow_its_rules_per_micro_batch(runs) -> None:
+    folder, analysis = runs["fsdp2"]
+    spans = analysis.spans
+    comm = spans[spans["kind"].isin(["all_gather", "reduce_scatter"])]
+    counts = comm.groupby(["rank", "step", "unit", "phase", "kind"]).size()
+    for rank in (0, 1):
+        for step in analysis.steps:
+            for unit in BLOCKS:
+                assert counts.loc[(rank, step, unit, "forward", "all_gather")] == MICRO_BATCHES
+                assert counts.loc[(rank, step, unit, "backward", "all_gather")] == MICRO_BATCHES
+                assert counts.loc[(rank, step, unit, "backward", "reduce_scatter")] == MICRO_BATCHES
+            assert counts.loc[(rank, step, "(root)", "forward", "all_gather")] == MICRO_BATCHES
+            assert (rank, step, "(root)", "backward", "all_gather") not in counts.index
+            assert counts.loc[(rank, step, "(root)", "backward", "reduce_scatter")] == MICRO_BATCHES
+    # FSDP2's own labels: one pre_forward and one pre_backward per unit and micro-batch
+    traces = load_traces([folder], cache=False)
+    ev = traces.events[traces.events["step"].isin(analysis.steps)]
+    names = ev["name"].astype(str).value_counts()
+    n_rank_steps = 2 * len(analysis.steps)
+    for unit in BLOCKS:
+        assert names[f"FSDP::pre_forward ({unit})"] == MICRO_BATCHES * n_rank_steps
+        assert names[f"FSDP::pre_backward ({unit})"] == MICRO_BATCHES * n_rank_steps
+    assert names["FSDP::root_pre_forward"] == MICRO_BATCHES * n_rank_steps
+    assert sorted(set(analysis.spans["micro"])) == [0, 1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", [f for f in RUNS if "--checkpoint" in RUNS[f]])
+def test_recomputed_forward_is_read_as_backward(runs, framework: str) -> None:
+    """With activation checkpointing each block's forward range appears again inside its backward
+    range; those ranges are recomputation (backward), not another micro-batch's forward."""
+    folder, analysis = runs[framework]
+    traces = load_traces([folder], cache=False)
+    ev = traces.events[traces.events["step"].isin(analysis.steps) & (traces.events["kind"] == "annotation")]
+    for unit in BLOCKS:
+        fwd = ev[ev["name"].astype(str) == f"fsdpviz::forward ({unit})"]
+        bwd = ev[ev["name"].astype(str) == f"fsdpviz::backward ({unit})"]
+        b_start, b_end = bwd["start_ns"].to_numpy(), (bwd["start_ns"] + bwd["dur_ns"]).to_numpy()
+        starts = fwd["start_ns"].to_numpy()
+        inside = np.array([((b_start <= t) & (t < b_end) & (bwd["rank"].to_numpy() == r)).any()
+                           for t, r in zip(starts, fwd["rank"].to_numpy())])
+        n_rank_steps = 2 * len(analysis.steps)
+        assert inside.sum() == MICRO_BATCHES * n_rank_steps  # one recomputation per micro-batch
+        assert (~inside).sum() == MICRO_BATCHES * n_rank_steps  # one real forward per micro-batch
+    us = analysis.unit_steps
+    fwd_blocks = us[(us["phase"] == "forward") & us["unit"].isin(BLOCKS)]
+    assert (fwd_blocks["n_passes"] == MICRO_BATCHES).all()
