@@ -130,3 +130,29 @@ def test_units_read_from_labels_match_run_json(repo_root: Path) -> None:
     assert list(plain["unit"]) == list(recorded["unit"])
     assert list(plain["param_bytes"]) == list(recorded["param_bytes"])
     assert list(plain["parent"]) == ["", "(root)", "(root)"]
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_first_forward_gather_finding_says_what_happened(repo_root: Path, name: str) -> None:
+    """The step's first forward all-gather (FSDP2: the root's bare ``FSDP::all_gather``; ZeRO-3: one
+    bucket of many modules, listed first in the first ``fsdpviz::all_gather (...)`` range) has
+    nothing to hide behind: its finding says so, with the numbers, whatever the framework."""
+    analysis = sample(repo_root, name)
+    traces = load_traces([repo_root / "sample_traces" / name], cache=False)
+    ev = traces.events
+    names = ev["name"].astype(str)
+    gathers = ev[((ev["rank"] == 0) & ev["step"].isin(analysis.steps)
+                  & (names.str.startswith("FSDP::all_gather") | names.str.startswith("fsdpviz::all_gather ("))
+                  & ~names.str.contains("copy_out")).to_numpy()]
+    first_label = str(gathers.sort_values("start_ns")["name"].iat[0])
+    inner = first_label.partition(" (")[2][:-1]  # "fsdpviz::all_gather ((root))" -> "(root)"
+    first_unit = inner.split(", ")[0] if inner else "(root)"
+    f = analysis.findings
+    mine = f[(f["kind"] == "exposed_all_gather") & (f["unit"] == first_unit) & (f["phase"] == "forward")]
+    assert len(mine) == 1, f[["unit", "phase", "message"]]
+    row = mine.iloc[0]
+    assert "the first all-gather of the forward pass, with no compute before it to hide behind" in row["message"]
+    assert "units' compute in the pass before it" in row["evidence"] and row["knob"] == ""
+    if ", " in inner:  # a bucket of several units: its whole duration and this unit's share
+        assert f"carrying up to {len(inner.split(', '))} units (its share" in row["evidence"]
+    assert not f["message"].str.contains("prefetched, but it outlasts the compute of (root)", regex=False).any()

@@ -128,7 +128,8 @@ def test_no_overlap_is_fully_exposed_and_says_why(tmp_path_factory: pytest.TempP
     assert "after blocks.0 had finished computing" in late["message"].iat[0]
     assert "set_modules_to_forward_prefetch" in late["knob"].iat[0]
     first = f[(f["kind"] == "exposed_all_gather") & (f["unit"] == "blocks.0") & (f["phase"] == "forward")]
-    assert "first unit of the forward pass" in first["message"].iat[0] and first["knob"].iat[0] == ""
+    assert "the first all-gather of the forward pass, with no compute before it" in first["message"].iat[0]
+    assert first["knob"].iat[0] == "" and "units' compute in the pass before it 0.00 ms" in first["evidence"].iat[0]
     assert list(f["lost_ns"]) == sorted(f["lost_ns"], reverse=True)
 
 
