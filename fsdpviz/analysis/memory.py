@@ -14,8 +14,9 @@ Samples are the ``[memory]`` events (one per allocation or free, with the alloca
   largest unit's gradients. The rest of the measured peak is activations and buffers. ``N`` is the
   shard group a unit's parameters are spread over: the world size, except under HSDP (FSDP2 /
   FSDP1 hybrid sharding), where each shard group holds a full replica (:func:`shard_sizes`).
-- **Curve**: thinned to a few thousand points per rank for drawing; each time bin keeps its lowest
-  and highest sample, so no peak is lost.
+- **Curve**: the analysed steps' samples (and the level the first one opens at), thinned to a few
+  thousand points per rank for drawing; each time bin keeps its lowest and highest sample, so no
+  peak is lost. The report draws this table.
 """
 
 from __future__ import annotations
@@ -110,6 +111,29 @@ def thin_curve(samples: pd.DataFrame, max_points: int = MAX_CURVE_POINTS) -> pd.
     ends = np.r_[starts[1:], len(order)] - 1
     keep = np.unique(np.concatenate([pos[order[starts]], pos[order[ends]], [0, len(t) - 1]]))
     return samples.iloc[keep]
+
+
+def curve(samples: pd.DataFrame, start_ns: int | None = None, end_ns: int | None = None,
+          max_points: int = MAX_CURVE_POINTS) -> pd.DataFrame:
+    """One rank's drawn curve (``samples`` sorted by time): every sample from ``start_ns`` to
+    ``end_ns`` (all when None) after the level the window opens at (the last sample before
+    ``start_ns``), thinned to about ``max_points`` with every peak kept (:func:`thin_curve`)."""
+    if start_ns is not None and end_ns is not None and len(samples):
+        t = samples["t_ns"].to_numpy(np.int64)
+        first = max(int(np.searchsorted(t, start_ns, side="left")) - 1, 0)
+        samples = samples.iloc[first:int(np.searchsorted(t, end_ns, side="right"))]
+    return thin_curve(samples, max_points)
+
+
+def curves(memory: pd.DataFrame, max_points: int = MAX_CURVE_POINTS) -> pd.DataFrame:
+    """MEMORY: each rank's whole curve on its analysed device (:func:`main_devices`), thinned.
+    (``RunAnalysis.memory`` is the same for the analysed steps.)"""
+    parts = [curve(device_samples(memory, rank, device), max_points=max_points)
+             for rank, device in sorted(main_devices(memory).items())]
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        return schema.make_empty(schema.MEMORY)
+    return schema.conform(pd.concat(parts, ignore_index=True), schema.MEMORY, table="memory")
 
 
 def element_bytes(units: pd.DataFrame, default: int) -> tuple[int, bool]:

@@ -221,8 +221,9 @@ def analyze_run(traces: TraceSet, *, steps: Sequence[int] | None = None) -> RunA
             peaks.append(memory.step_peaks(samples, chosen, rank_windows, devices[rank]))
             window = windows[rank]
             if window is not None and window.steps:
-                samples = samples[(samples["t_ns"] >= window.start_ns) & (samples["t_ns"] <= window.end_ns)]
-            curves.append(memory.thin_curve(samples))
+                curves.append(memory.curve(samples, window.start_ns, window.end_ns))
+            else:
+                curves.append(memory.curve(samples))
         rank_events = traces.events.iloc[event_rows.get(rank, [])]
         times.append(_step_times(rank, chosen, by_rank["pieces"](rank), by_rank["labels"](rank), rank_events,
                                  by_rank["collectives"](rank), compute.get(rank, empty_intervals()), rank_windows))

@@ -13,6 +13,7 @@ from typing import Any
 
 import pandas as pd
 
+from fsdpviz.analysis import memory as analysis_memory
 from fsdpviz.errors import UsageError
 from fsdpviz.report import memory, steptimes
 from fsdpviz.report.stepview import StepView, exposed_intervals, lanes_view, unit_peak_markers
@@ -167,7 +168,10 @@ def prepare_report(traces: TraceSet, *, summary: dict[str, Any], overlap: pd.Dat
             raise UsageError(f"--ranks: no trace for rank(s) {', '.join(map(str, unknown))} "
                              f"(ranks loaded: {', '.join(map(str, traces.rank_ids))})")
         gantt_ranks = sorted(set(gantt_ranks))
-    memory_ranks = memory.choose_memory_ranks(traces.memory[traces.memory["rank"].isin(gantt_ranks)])
+    # the analysis' curve (thinned, exact peaks, reference clock); without an analysis, the same from the samples
+    curve = getattr(analysis, "memory", None)
+    curve = analysis_memory.curves(aligned.memory) if curve is None else curve
+    memory_ranks = memory.choose_memory_ranks(curve[curve["rank"].isin(gantt_ranks)])
     spans = getattr(analysis, "spans", None)
     has_units = bool(getattr(analysis, "has_units", False)) and spans is not None and not spans.empty
     units_table = getattr(analysis, "units", traces.units)
@@ -185,7 +189,7 @@ def prepare_report(traces: TraceSet, *, summary: dict[str, Any], overlap: pd.Dat
     for i, choice in enumerate(choices):
         exposed = exposed_intervals(aligned, overlap, choice.step, gantt_ranks)
         lanes = lanes_view(aligned, overlap, choice, max_segments=per_view, memory_ranks=memory_ranks,
-                           ranks=gantt_ranks, exposed=exposed)
+                           ranks=gantt_ranks, exposed=exposed, memory_curve=curve)
         if has_units:
             view = units_view(spans, traces.lanes, choice, colors=colors, exposed=exposed,
                               memory_curve=lanes.memory, unit_steps=unit_steps, max_segments=per_view,
@@ -196,8 +200,8 @@ def prepare_report(traces: TraceSet, *, summary: dict[str, Any], overlap: pd.Dat
             views.append(view)
         if not has_units or i == 0:
             views.append(lanes)
-    if len(memory_ranks) < traces.memory["rank"].nunique():
-        notes.append(f"Memory curves show {len(memory_ranks)} of {traces.memory['rank'].nunique()} ranks: "
+    if len(memory_ranks) < curve["rank"].nunique():
+        notes.append(f"Memory curves show {len(memory_ranks)} of {curve['rank'].nunique()} ranks: "
                      "rank 0 and the ranks with the highest peaks.")
     notes.extend(_sentence(n) for n in getattr(analysis, "notes", []) if "no FSDP unit labels" not in n)
     stats = getattr(analysis, "unit_stats", None)
@@ -221,9 +225,9 @@ def _sentence(text: str) -> str:
 
 
 def _main_device_samples(samples: pd.DataFrame) -> pd.DataFrame:
-    """Allocator samples of each rank's drawn device only (see ``memory.main_device``)."""
+    """Allocator samples of each rank's drawn device only (``fsdpviz.analysis.memory.main_devices``)."""
     if samples.empty:
         return samples
-    devices = memory.main_device(samples)
+    devices = analysis_memory.main_devices(samples)
     return samples[samples["device"].astype(str).to_numpy()
                    == samples["rank"].map(devices).astype(str).to_numpy()]

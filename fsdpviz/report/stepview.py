@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from fsdpviz.analysis import memory as mem
 from fsdpviz.analysis import overlap as ov
 from fsdpviz.report import activity, memory
 from fsdpviz.report.style import format_bytes
@@ -99,9 +100,11 @@ def exposed_on_segments(segments: pd.DataFrame, exposed: pd.DataFrame, choice: S
 
 def lanes_view(traces: TraceSet, overlap: pd.DataFrame, choice: StepChoice, *, max_segments: int,
                memory_ranks: Sequence[int], ranks: Sequence[int] | None = None,
-               exposed: pd.DataFrame | None = None) -> StepView:
+               exposed: pd.DataFrame | None = None, memory_curve: pd.DataFrame | None = None) -> StepView:
     """The whole-step view: every lane of ``ranks`` (default all), busy time by category, exposed
-    communication (``exposed_intervals``, computed here when not given) in red."""
+    communication (``exposed_intervals``, computed here when not given) in red, and the memory
+    curve (``memory_curve``: the analysis' thinned curve, schema.MEMORY; by default made from
+    ``traces.memory`` with ``fsdpviz.analysis.memory.curves``)."""
     ranks = traces.rank_ids if ranks is None else list(ranks)
     all_rows = activity.lane_rows(traces.lanes, ranks)
     events = traces.events if len(ranks) == len(traces.rank_ids) else \
@@ -124,7 +127,8 @@ def lanes_view(traces: TraceSet, overlap: pd.DataFrame, choice: StepChoice, *, m
                      "intervals of a lane were joined across short gaps (hover shows how many events).")
     return StepView(kind="lanes", choice=choice, rows=rows, segments=segments.reset_index(drop=True),
                     color_by="category", exposed=exposed,
-                    memory=memory.memory_curves(traces.memory, choice, list(memory_ranks)),
+                    memory=memory.memory_curves(mem.curves(traces.memory) if memory_curve is None else memory_curve,
+                                                choice, list(memory_ranks)),
                     merged=merged, notes=notes)
 
 

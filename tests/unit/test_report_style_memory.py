@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from fsdpviz.analysis import memory as analysis_memory
 from fsdpviz.report import memory, style
 from fsdpviz.report.style import NS_PER_MS
 from fsdpviz.report.timeline import StepChoice
@@ -43,18 +44,24 @@ def _mem(rank: int, device: str, t_ns: np.ndarray, alloc: np.ndarray) -> pd.Data
                          "reserved_bytes": alloc + 100, "delta_bytes": 0})
 
 
-def test_thinning_keeps_every_bin_extreme() -> None:
+def test_drawn_curve_is_the_analysis_curve_with_every_extreme() -> None:
+    """The report draws the analysis' thinned curve: a one-sample spike and the lowest level of
+    50,000 samples survive, and the step's cut adds nothing but its entry level and end."""
     rng = np.random.default_rng(3)
     n = 50_000
     t = np.arange(n, dtype=np.int64) * 1_000
     alloc = rng.integers(0, 1_000_000, n)
     alloc[31_337] = 5_000_000  # a one-sample spike
-    df = _mem(0, "cuda:0", t, alloc)
-    thin = memory.thin_samples(df, 1_000)
-    assert len(thin) <= 1_002
-    assert thin["allocated_bytes"].max() == 5_000_000
-    assert thin["allocated_bytes"].min() == alloc.min()
-    assert thin["t_ns"].is_monotonic_increasing
+    curve = analysis_memory.curves(_mem(0, "cuda:0", t, alloc), max_points=1_000)
+    assert len(curve) <= 1_002
+    assert curve["allocated_bytes"].max() == 5_000_000 and curve["allocated_bytes"].min() == alloc.min()
+    assert curve["t_ns"].is_monotonic_increasing
+    choice = StepChoice(label="median step 1", step=1, origin_ns=int(t[10_000]), end_ns=int(t[40_000]),
+                        duration_ms=30.0)
+    drawn = memory.memory_curves(curve, choice, [0])
+    inside = curve[(curve["t_ns"] >= choice.origin_ns) & (curve["t_ns"] <= choice.end_ns)]
+    assert len(drawn) == len(inside) + 2  # the entry level and the level held to the step's end
+    assert drawn["allocated_bytes"].max() == 5_000_000
 
 
 def test_memory_curve_of_a_step_prefers_gpu_and_starts_at_the_entry_level() -> None:
@@ -63,7 +70,7 @@ def test_memory_curve_of_a_step_prefers_gpu_and_starts_at_the_entry_level() -> N
     cpu = _mem(0, "cpu", t, np.array([1, 2, 3, 4, 5]))
     choice = StepChoice(label="median step 1", step=1, origin_ns=15 * NS_PER_MS, end_ns=35 * NS_PER_MS,
                         duration_ms=20.0)
-    curve = memory.memory_curves(pd.concat([cpu, gpu]), choice, [0])
+    curve = memory.memory_curves(analysis_memory.curves(pd.concat([cpu, gpu])), choice, [0])
     assert set(curve["device"]) == {"cuda:0"}
     # entry level (sample at 10 ms) moved to 0 ms, samples at 20 and 30 ms, level held to the end
     assert curve["t_ms"].tolist() == [0.0, 5.0, 15.0, 20.0]

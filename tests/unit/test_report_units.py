@@ -148,6 +148,22 @@ def test_unit_peaks_sit_on_the_memory_curve(run) -> None:
         assert not mem.empty
 
 
+def test_memory_curve_is_the_analysis_curve_with_exact_peaks(run) -> None:
+    """The drawn curve of a step is the analysis' (thinned, reference clock) curve cut to the step,
+    and it reaches each rank's exact step peak (``memory_peaks``, from every sample)."""
+    _, _, analysis, data = run
+    for view in data.views:
+        step = view.choice.step
+        peaks = analysis.memory_peaks[analysis.memory_peaks["step"] == step].set_index("rank")
+        for rank, curve in view.memory.groupby("rank"):
+            assert curve["allocated_bytes"].max() == peaks.loc[rank, "peak_allocated_bytes"]
+            source = analysis.memory[(analysis.memory["rank"] == rank)
+                                     & (analysis.memory["t_ns"] >= view.choice.origin_ns)
+                                     & (analysis.memory["t_ns"] <= view.choice.end_ns)]
+            assert set(source["t_ns"]) <= set(curve["t_ns"])
+            assert len(curve) <= len(source) + 2  # plus the entry level and the level held to the end
+
+
 def test_unit_table_and_bars_from_unit_stats(run) -> None:
     _, _, analysis, data = run
     tables = data.unit_tables
