@@ -155,13 +155,30 @@ def skew_scatter(points: pd.DataFrame, *, title: str) -> hv.Points:
                         ("first rank", "@{early_rank}")])
 
 
+def _x_factors_hook(factors: list[tuple[str, str]]) -> Any:
+    """A hook putting a categorical x axis in the given order: holoviews' box plots sort nested
+    categories (``blocks.10`` before ``blocks.2``, ``backward`` before ``forward``)."""
+    def hook(plot: Any, element: Any) -> None:
+        plot.state.x_range.factors = factors
+    return hook
+
+
+def timer_box_factors(times: pd.DataFrame, units: Sequence[str]) -> list[tuple[str, str]]:
+    """The (unit, phase) boxes in the order drawn: units as given (forward order), forward before
+    backward; only those with data."""
+    present = set(zip(times["unit_name"].astype(str), times["phase"].astype(str)))
+    return [(str(u), p) for u in units for p in ("forward", "backward") if (str(u), p) in present]
+
+
 def unit_timer_boxes(times: pd.DataFrame, units: Sequence[str], *, title: str) -> hv.BoxWhisker:
-    """Spread of each unit's forward and backward time over every timed step and rank."""
+    """Spread of each unit's forward and backward time over every timed step and rank (units in
+    forward order, forward before backward)."""
     frame = times.assign(timer_ms=times["ms"])
     box = hv.BoxWhisker(frame, kdims=[UNIT_DIM, hv.Dimension("phase", label="phase")],
-                        vdims=[hv.Dimension("timer_ms", label="time per pass", unit="ms")])
+                        vdims=[hv.Dimension("timer_ms", label="time per step", unit="ms")])
     phases = [p for p in ("forward", "backward") if p in set(times["phase"])]
+    opts = _categorical_opts(len(units) * max(len(phases), 1) // 2, title, height=320)
+    opts["hooks"] = [*opts["hooks"], _x_factors_hook(timer_box_factors(times, units))]
     return box.redim.values(unit_name=list(units), phase=phases).opts(
         box_fill_color=hv.dim("phase").categorize({"forward": "#9ecae1", "backward": "#a1d99b"}),
-        outlier_alpha=0.4,
-        **_categorical_opts(len(units) * max(len(phases), 1) // 2, title, height=320))
+        outlier_alpha=0.4, **opts)

@@ -165,7 +165,8 @@ def unit_timer_times(timers: pd.DataFrame, order: list[str]) -> pd.DataFrame:
     """Per-unit forward / backward times of every timed step and rank: unit_name, phase, ms.
 
     These come from the recorder's timers (``kind`` ``total``: the unit's whole pass, waits
-    included), so they cover all steps, not only the profiled ones. Units in forward order."""
+    included; summed over the step's micro-batches under gradient accumulation), so they cover all
+    steps, not only the profiled ones. Units in forward order, forward before backward."""
     cols = ["unit", "unit_name", "phase", "ms"]
     if timers.empty:
         return pd.DataFrame({c: pd.Series(dtype=str) for c in cols})
