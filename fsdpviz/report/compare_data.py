@@ -110,20 +110,23 @@ def group_rows(comparison: Comparison) -> pd.DataFrame:
 def prepare_compare(runs: Sequence[tuple[RunInput, TraceSet]], comparison: Comparison,
                     max_segments: int = MAX_PAGE_SEGMENTS) -> CompareData:
     """The compare page's data from each run's inputs and loaded traces."""
-    from fsdpviz.analysis.overlap import compute_overlap
-    from fsdpviz.report.data import prepare_report
+    from fsdpviz.report.data import VIEW_MEDIAN, prepare_report
 
     labels = comparison.labels
     slots = color_slots(comparison.match, labels)
     palette = run_colors(labels)
-    budget = max(1_000, max_segments // max(len(runs), 1) // 3)  # prepare_report draws up to 3 tabs
+    # each run's one Gantt: a third of its share of the page's span budget (a light page: the
+    # compare page is for reading the differences, each run's report has the detail)
+    budget = max(1_000, max_segments // max(len(runs), 1) // 3)
     views: list[RunView] = []
     notes: list[str] = []
     for run, traces in runs:
         colors = {u: unit_color(u, slot) for u, slot in slots.get(run.label, {}).items()}
         colors[NO_UNIT] = OTHER_COLOR
-        data = prepare_report(traces, summary=run.summary, overlap=compute_overlap(traces), analysis=run.analysis,
-                              max_segments=budget)
+        # only the median step's tab: the compare page draws nothing else of the report (each rank's
+        # device comes from the summary, so no overlap pass either)
+        data = prepare_report(traces, summary=run.summary, analysis=run.analysis, max_segments=budget,
+                              views=(VIEW_MEDIAN,))
         view = data.views[0] if data.views else None
         if view is None:
             notes.append(f"{run.label}: the traces hold no ProfilerStep ranges, so there is no step to draw.")

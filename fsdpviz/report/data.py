@@ -24,6 +24,10 @@ from fsdpviz.report.unitview import NO_UNIT, place_unit_peaks, unit_order, units
 from fsdpviz.trace.tables import TraceSet
 
 MAX_GANTT_RANKS = 16  # more rows than this make a Gantt unreadable (and the page heavy)
+# Time-line tabs: the median and the slowest step, and the all-events ("lanes") tab of the first one
+# when the run has units (without units every step tab is an all-events tab).
+VIEW_MEDIAN, VIEW_SLOWEST, VIEW_LANES = "median", "slowest", "lanes"
+ALL_VIEWS = (VIEW_MEDIAN, VIEW_SLOWEST, VIEW_LANES)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -139,23 +143,30 @@ def overlap_devices(summary: dict[str, Any]) -> pd.DataFrame:
 def prepare_report(traces: TraceSet, *, summary: dict[str, Any], overlap: pd.DataFrame | None = None,
                    analysis: Any | None = None, max_segments: int = MAX_PAGE_SEGMENTS,
                    gantt_ranks: Sequence[int] | None = None, max_gantt_ranks: int = MAX_GANTT_RANKS,
-                   ) -> ReportData:
+                   views: Sequence[str] = ALL_VIEWS) -> ReportData:
     """The page's data from the loaded traces and the analysis results.
 
     ``analysis`` is the per-unit ``RunAnalysis``; without unit spans the page has the whole-step
     views only. ``overlap`` (schema.OVERLAP) is only read for each rank's device; without it the
     summary's ``overlap.per_rank`` gives them. ``gantt_ranks`` picks the ranks the time-line draws (default: all up to
     ``max_gantt_ranks``, else a readable selection, see ``steptimes.choose_gantt_ranks``).
+    ``views`` picks the time-line tabs to build (``ALL_VIEWS``): ``("median",)`` builds only the
+    median step's tab, the per-unit one when the run has units (what ``fsdpviz compare`` draws).
     """
     title, subtitle, meta = describe_inputs(traces)
     if overlap is None:  # only each rank's device is needed here; the summary has it
         overlap = overlap_devices(summary)
     offsets = clock_offsets(analysis)
     aligned = aligned_traces(traces, offsets)
+    unknown_views = sorted(set(views) - set(ALL_VIEWS))
+    if unknown_views:
+        raise ValueError(f"unknown report views {unknown_views}: choose from {ALL_VIEWS}")
     choices = choose_steps(aligned.steps, summary.get("steps") or None)
     if not choices and aligned.steps.empty:
         whole = whole_trace_choice(aligned.events)
         choices = [whole] if whole is not None else []
+    # choose_steps gives the median step first, then the slowest (when it differs)
+    choices = [c for c, kind in zip(choices, (VIEW_MEDIAN, VIEW_SLOWEST)) if kind in views]
     times = steptimes.step_times(traces)
     notes: list[str] = []
     if gantt_ranks is None:
@@ -183,30 +194,31 @@ def prepare_report(traces: TraceSet, *, summary: dict[str, Any], overlap: pd.Dat
     # Tabs: per-unit Gantt of each chosen step + all events of the median step when the run has
     # units (the per-unit view is the one to read; one all-events tab shows what else ran), else all
     # events of each chosen step.
-    n_views = len(choices) + (1 if has_units and choices else 0)
-    per_view = max(1_000, max_segments // max(n_views, 1))
-    views: list[StepView] = []
+    with_lanes = has_units and VIEW_LANES in views and bool(choices)
+    per_view = max(1_000, max_segments // max(len(choices) + int(with_lanes), 1))
+    tabs: list[StepView] = []
     for i, choice in enumerate(choices):
         exposed = exposed_intervals(aligned, overlap, choice.step, gantt_ranks)
-        lanes = lanes_view(aligned, overlap, choice, max_segments=per_view, memory_ranks=memory_ranks,
-                           ranks=gantt_ranks, exposed=exposed, memory_curve=curve)
+        if not has_units or (i == 0 and with_lanes):
+            lanes = lanes_view(aligned, overlap, choice, max_segments=per_view, memory_ranks=memory_ranks,
+                               ranks=gantt_ranks, exposed=exposed, memory_curve=curve)
         if has_units:
             view = units_view(spans, traces.lanes, choice, colors=colors, exposed=exposed,
-                              memory_curve=lanes.memory, unit_steps=unit_steps, max_segments=per_view,
-                              ranks=gantt_ranks)
+                              memory_curve=memory.memory_curves(curve, choice, memory_ranks),
+                              unit_steps=unit_steps, max_segments=per_view, ranks=gantt_ranks)
             peaks = place_unit_peaks(unit_steps, spans, _main_device_samples(aligned.memory), choice,
                                      memory_ranks)
             view.peaks = unit_peak_markers(peaks[peaks["unit"] != NO_UNIT], choice, colors)
-            views.append(view)
-        if not has_units or i == 0:
-            views.append(lanes)
+            tabs.append(view)
+        if not has_units or (i == 0 and with_lanes):
+            tabs.append(lanes)
     if len(memory_ranks) < curve["rank"].nunique():
         notes.append(f"Memory curves show {len(memory_ranks)} of {curve['rank'].nunique()} ranks: "
                      "rank 0 and the ranks with the highest peaks.")
     notes.extend(_sentence(n) for n in getattr(analysis, "notes", []) if "no FSDP unit labels" not in n)
     stats = getattr(analysis, "unit_stats", None)
     return ReportData(
-        title=title, subtitle=subtitle, meta=meta, summary=summary, overlap=overlap, views=views,
+        title=title, subtitle=subtitle, meta=meta, summary=summary, overlap=overlap, views=tabs,
         has_units=has_units, unit_colors=colors if has_units else {},
         step_times=times, step_spread=steptimes.per_step_spread(times),
         rank_steps=steptimes.per_rank_summary(times), notes=notes,
@@ -215,7 +227,7 @@ def prepare_report(traces: TraceSet, *, summary: dict[str, Any], overlap: pd.Dat
         memory_model=dict(getattr(analysis, "memory_model", {}) or {}),
         skew=getattr(analysis, "skew", None),
         rank_step_times=getattr(analysis, "step_times", None), timers=traces.timers,
-        segment_count=sum(len(v.segments) + len(v.exposed) for v in views),
+        segment_count=sum(len(v.segments) + len(v.exposed) for v in tabs),
     )
 
 

@@ -47,6 +47,21 @@ def test_views_and_tabs(run) -> None:
     assert {s for _, s in kinds} <= set(analysis.steps)
 
 
+def test_median_view_only_is_the_full_reports_first_tab(run) -> None:
+    """``views=("median",)`` (what compare draws) builds one tab: the same per-unit median tab."""
+    _, traces, analysis, data = run
+    only = prepare_report(traces, summary=data.summary, analysis=analysis, views=("median",))
+    [view] = only.views
+    full = data.views[0]
+    assert view.kind == full.kind == "units" and view.choice == full.choice
+    pd.testing.assert_frame_equal(view.segments, full.segments)
+    pd.testing.assert_frame_equal(view.memory, full.memory)
+    pd.testing.assert_frame_equal(view.peaks, full.peaks)
+    assert only.segment_count == len(view.segments) + len(view.exposed) < data.segment_count
+    with pytest.raises(ValueError, match="unknown report views"):
+        prepare_report(traces, summary=data.summary, analysis=analysis, views=("fastest",))
+
+
 def test_one_segment_per_span_on_its_own_lane(run) -> None:
     _, _, analysis, data = run
     for view in _unit_views(data):
