@@ -169,11 +169,6 @@ class Agent:
             if self.instrumentation is not None:
                 self.instrumentation.entered_root_forward(root)
 
-    @property
-    def labels_on(self) -> bool:
-        """Whether the profiler records now (fsdpviz's trace ranges are only entered then)."""
-        return self.profiler.labels_on
-
     # --- step structure ------------------------------------------------------------------------
     def _on_root_forward_pre(self, module: Any, args: Any) -> None:
         if not self.recording or self.finished:
@@ -328,11 +323,7 @@ class Agent:
         return "backward" if self.phase == "backward" else "forward"
 
     def enter_range(self, label: str) -> Any:
-        if not self.labels_on:
-            return None
-        rng = torch.autograd.profiler.record_function(label)
-        rng.__enter__()
-        return rng
+        return self.profiler.enter_range(label)
 
     def exit_range(self, rng: Any) -> None:
         rng.__exit__(None, None, None)

@@ -139,6 +139,15 @@ class ProfilerDriver:
             self.window["end"] = now
             self.advance()
 
+    def enter_range(self, label: str) -> Any:
+        """Enter the trace range ``label`` (``record_function``) while the profiler records; None
+        otherwise, so that fsdpviz's ranges cost nothing outside the profiled steps."""
+        if not self.labels_on:
+            return None
+        rng = torch.autograd.profiler.record_function(label)
+        rng.__enter__()
+        return rng
+
     def facts(self) -> dict[str, Any]:
         """run.json's ``profile`` entry of this rank: the schedule and the steps the trace holds."""
         recorded = sorted(self.recorded_steps) if self.trace_file is not None else []
