@@ -15,12 +15,12 @@ from collections.abc import Sequence
 
 import typer
 
-from fsdpviz import __version__
-from fsdpviz.errors import EXIT_BAD_INPUT, FsdpvizError
-
 # typer vendors click; its exception base is only reachable through the private module.
 from typer._click.exceptions import ClickException as _ClickException
 from typer._click.exceptions import NoArgsIsHelpError as _NoArgsIsHelpError
+
+from fsdpviz import __version__
+from fsdpviz.errors import EXIT_BAD_INPUT, FsdpvizError
 
 app = typer.Typer(
     name="fsdpviz",
@@ -53,7 +53,8 @@ def _register_commands() -> None:
     from fsdpviz.commands.summary import summary
 
     app.command("summary")(summary)
-    from fsdpviz.commands.record import CONTEXT_SETTINGS as _RECORD_CONTEXT, record
+    from fsdpviz.commands.record import CONTEXT_SETTINGS as _RECORD_CONTEXT
+    from fsdpviz.commands.record import record
 
     app.command("record", context_settings=_RECORD_CONTEXT)(record)
     from fsdpviz.commands.report import report
