@@ -77,6 +77,10 @@ def summarize(
     framework = detect_framework(traces)
     analysed = sorted({s for w in windows.values() if w is not None for s in w.steps})
     notes = _notes(traces, overlap, windows, framework)
+    if analysis is None and framework != "unknown":
+        from fsdpviz.analysis.run import analyze_run  # lazy: run -> units -> this package
+
+        analysis = analyze_run(traces, steps=analysed or None)
     units = unit_entries(traces, analysed or None, analysis) if framework != "unknown" else []
     if framework != "unknown" and not units:
         notes.append("no FSDP unit was found in the analysed steps, so units is empty")
@@ -95,7 +99,25 @@ def summarize(
         "notes": notes,
         "missing_ranks": traces.missing_ranks,
         "skipped_events": sum(traces.skipped_events.values()),
+        "findings": finding_entries(analysis.findings) if analysis is not None else [],
     }
+
+
+def finding_entries(findings: pd.DataFrame) -> list[dict[str, Any]]:
+    """The summary's ``findings`` list, most time lost per step first.
+
+    Keys per entry: ``rank`` (-1: medians over all ranks), ``unit``, ``phase``, ``kind``,
+    ``lost_ms_per_step``, ``message``, ``evidence`` (the numbers behind it), ``knob`` (what to
+    try; empty when the trace shows no clear cause).
+    """
+    return [
+        {
+            "rank": int(row.rank), "unit": str(row.unit), "phase": str(row.phase), "kind": str(row.kind),
+            "lost_ms_per_step": _ms(float(row.lost_ns)), "message": str(row.message),
+            "evidence": str(row.evidence), "knob": str(row.knob),
+        }
+        for row in findings.itertuples(index=False)
+    ]
 
 
 def _windows(traces: TraceSet, steps: Sequence[int] | None, include_last_step: bool) -> dict:
@@ -175,7 +197,9 @@ def _memory_dict(traces: TraceSet, windows: dict) -> dict[str, Any]:
     }
     return {
         "peak_allocated_bytes": int(mem["allocated_bytes"].max()),
-        "peak_reserved_bytes": int(reserved.max()) if len(reserved) else None,
+        # The CPU allocator caches nothing: its events carry reserved = 0, which means "not tracked".
+        "peak_reserved_bytes": int(reserved.max()) if len(reserved) and (on_gpu.any() or reserved.max() > 0)
+        else None,
         "device": "gpu" if on_gpu.any() else "cpu",
         "per_rank": per_rank,
     }

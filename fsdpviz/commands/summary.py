@@ -12,6 +12,8 @@ import typer
 from fsdpviz.commands.gaps import warn_gaps
 from fsdpviz.errors import UsageError
 
+MAX_FINDINGS_SHOWN = 5  # the terminal shows the top few; --json and the report carry all
+
 
 def summary(
     paths: Annotated[list[Path], typer.Argument(
@@ -98,8 +100,9 @@ def print_summary(result: dict[str, Any]) -> None:
                             f"({result['device'].upper()} definition)")
     head.add_row("exposed comm", f"{_fmt(ov['exposed_comm_ms'], ' ms')} per step")
     mem = result["memory"]
-    head.add_row("peak memory", f"{_bytes(mem['peak_allocated_bytes'])} allocated, "
-                                f"{_bytes(mem['peak_reserved_bytes'])} reserved")
+    reserved = (f"{_bytes(mem['peak_reserved_bytes'])} reserved" if mem["peak_reserved_bytes"] is not None
+                else "reserved not tracked on CPU" if mem.get("device") == "cpu" else "reserved unknown")
+    head.add_row("peak memory", f"{_bytes(mem['peak_allocated_bytes'])} allocated, {reserved}")
     console.print(head)
 
     table = Table(title="per rank (ms per analysed step)", title_justify="left")
@@ -125,5 +128,16 @@ def print_summary(result: dict[str, Any]) -> None:
                           _fmt(u.get("forward_ms")), _fmt(u.get("backward_ms")),
                           _fmt(u.get("reduce_scatter_ms")), _fmt(u.get("exposed_comm_ms")))
         console.print(units)
+    findings = result.get("findings") or []
+    if findings:
+        # A list rather than a table: findings are sentences, and a table squeezes them into slivers.
+        console.print("[italic]findings (most time lost per step first)[/italic]")
+        for f in findings[:MAX_FINDINGS_SHOWN]:
+            console.print(f"  {_fmt(f['lost_ms_per_step']):>8} ms  {f['message']}", highlight=False)
+            if f["knob"]:
+                console.print(f"  {'':>8}     [dim]try: {f['knob']}[/dim]", highlight=False)
+        if len(findings) > MAX_FINDINGS_SHOWN:
+            console.print(f"[dim]{len(findings) - MAX_FINDINGS_SHOWN} more finding(s) in --json and the "
+                          "report[/dim]")
     for note in result["notes"]:
         console.print(f"[dim]note: {note}[/dim]")

@@ -45,3 +45,29 @@ def test_summary_units_carry_the_models_numbers(tmp_path, capsys) -> None:
         assert got["peak_allocated_bytes"] == per_step.xs(spec.name, level="unit")["peak"].max()
     # explicit prefetch one ahead: every block after the first was gathered one unit ahead
     assert [units[f"blocks.{i}"]["forward_issue_depth"] for i in (1, 2)] == [1.0, 1.0]
+
+
+def test_summary_lists_findings_with_the_models_exposed_time(tmp_path, capsys) -> None:
+    """No overlap by construction: each block's forward gather waits for the previous block's compute."""
+    sc = Scenario(units=make_units(3), world_size=2, steps=(3, 4, 5), backward_prefetch=0, sync_per_unit=True)
+    run = generate_run(sc, tmp_path / "run", run_folder=True)
+    with pytest.raises(SystemExit) as done:
+        main(["summary", str(run.folder), "--json", "--no-cache"])
+    assert done.value.code == 0
+    findings = json.loads(capsys.readouterr().out)["findings"]
+    assert findings, "a run with every gather exposed has findings"
+    lost = [f["lost_ms_per_step"] for f in findings]
+    assert lost == sorted(lost, reverse=True)
+    late = [f for f in findings if (f["kind"], f["unit"], f["phase"]) == ("exposed_all_gather", "blocks.1", "forward")]
+    assert len(late) == 1
+    want = run.expected.unit_steps
+    want = want[(want["unit"] == "blocks.1") & (want["phase"] == "forward") & want["step"].isin((3, 4))]
+    assert late[0]["lost_ms_per_step"] == pytest.approx(want["ag_exposed_ns"].median() / 1e6, abs=0.002)
+    assert "set_modules_to_forward_prefetch" in late[0]["knob"]
+
+    with pytest.raises(SystemExit) as done:
+        main(["summary", str(run.folder)])
+    assert done.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # undo the terminal's line wrapping
+    assert "findings (most time lost per step first)" in text
+    assert " ".join(findings[0]["message"].split()) in text
