@@ -48,7 +48,13 @@ def gantt_height(n_rows: int) -> int:
     return max(MIN_GANTT_HEIGHT_PX, 70 + row_px * n_rows)
 
 
-def _time_range(segments: pd.DataFrame, exposed: pd.DataFrame) -> Range1d:
+def _time_range(segments: pd.DataFrame, exposed: pd.DataFrame,
+                window_ms: tuple[float, float] | None = None) -> Range1d:
+    if window_ms is not None:
+        start_ms, end_ms = window_ms
+        if not end_ms > start_ms:
+            raise ValueError(f"time window must end after it starts, got {window_ms}")
+        return Range1d(start=float(start_ms), end=float(end_ms))
     ends = [float(f["x1_ms"].max()) for f in (segments, exposed) if not f.empty]
     end = max(ends) if ends else 1.0
     pad = max(end * 0.01, 1e-3)
@@ -64,16 +70,20 @@ def _figure(title: str, height: int, x_range: Range1d, **kwargs: Any) -> Any:
 
 
 def gantt(rows: pd.DataFrame, segments: pd.DataFrame, exposed: pd.DataFrame, *, title: str,
-          colors: Mapping[str, str], color_by: str, hover: Sequence[tuple[str, str]]) -> Any:
+          colors: Mapping[str, str], color_by: str, hover: Sequence[tuple[str, str]],
+          window_ms: tuple[float, float] | None = None) -> Any:
     """Rectangles per lane row, coloured by ``color_by`` (a unit, or comm/compute), backward
     phases hatched, the exposed pieces of collectives as a red strip in the lower part of their row.
 
     ``segments`` needs ``row``, ``x0_ms``, ``x1_ms``, ``color_by`` and the ``hover`` columns
     (``(column, name)`` pairs; missing ones are skipped), optionally ``phase``. ``exposed`` needs
-    ``row``, ``x0_ms``, ``x1_ms``, ``dur_ms`` and ``what``.
+    ``row``, ``x0_ms``, ``x1_ms``, ``dur_ms`` and ``what``. ``window_ms`` (start, end in the
+    segments' ms) is the time range shown when the page opens, e.g. one unit's gather and the
+    compute after it; default: the whole step. Every segment is still drawn: zoom out to see them.
     """
     n_rows = max(len(rows), 1)
-    fig = _figure(title, gantt_height(n_rows), _time_range(segments, exposed), y_range=Range1d(n_rows, 0))
+    fig = _figure(title, gantt_height(n_rows), _time_range(segments, exposed, window_ms),
+                  y_range=Range1d(n_rows, 0))
     ticks = [float(r) + 0.5 for r in rows["row"]]
     fig.yaxis.ticker = FixedTicker(ticks=ticks)
     fig.yaxis.major_label_overrides = {t: str(label) for t, label in zip(ticks, rows["label"])}

@@ -115,7 +115,7 @@ def timeline_section(data: ReportData) -> Section:
     has_units_view = any(v.kind == "units" for v in data.views)
     for view in data.views:
         tab = f"{view.choice.label} · {'units' if view.kind == 'units' else 'all events'}"
-        views[tab] = _timeline_plot(view, data)
+        views[tab] = timeline_plot(view, data)
         notes.extend(view.notes)
     legend: list[tuple[str, list[LegendItem]]] = []
     if has_units_view:
@@ -136,7 +136,14 @@ def timeline_section(data: ReportData) -> Section:
                    views=views)
 
 
-def _timeline_plot(view: StepView, data: ReportData) -> Any:
+def timeline_plot(view: StepView, data: ReportData, *, window_ms: tuple[float, float] | None = None,
+                  with_memory: bool = True) -> Any:
+    """The Gantt of one time-line tab with the memory curve under it (bokeh).
+
+    ``window_ms`` (start, end in ms since the step's origin) zooms the opened view onto part of
+    the step; the memory curve follows. ``with_memory=False`` leaves the curve out. Both serve
+    figures of one detail (docs/concepts.md); the report page shows whole steps with memory.
+    """
     if view.kind == "units":
         # The lane is the row's label: no hover field for it (each field is a column on the page).
         hover = [("unit_name", "unit"), ("kind", "kind"), ("phase", "phase"), ("start_ms", "start (ms)"),
@@ -147,9 +154,9 @@ def _timeline_plot(view: StepView, data: ReportData) -> Any:
                  ("dur_ms", "duration (ms)"), ("events", "events")]
         colors = activity.CATEGORY_COLORS
     gantt = plots.gantt(view.rows, view.segments, view.exposed, title=view.title, colors=colors,
-                        color_by=view.color_by, hover=hover)
+                        color_by=view.color_by, hover=hover, window_ms=window_ms)
     memory_view = None
-    if not view.memory.empty:
+    if with_memory and not view.memory.empty:
         peak = float(view.memory[["allocated_bytes", "reserved_bytes"]].max().max())
         divisor, unit = bytes_scale(peak)
         ranks = sorted(int(r) for r in view.memory["rank"].unique())
