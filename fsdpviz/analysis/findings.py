@@ -207,22 +207,38 @@ def reduce_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, floor_ns: flo
     return rows
 
 
-def straggler_findings(lateness: pd.DataFrame, floor_ns: float) -> list[dict]:
-    """The rank that starts its collectives latest, when others wait for it beyond the floor."""
-    if lateness.empty or lateness["rank"].nunique() < 2:
+def straggler_findings(step_times: pd.DataFrame, floor_ns: float) -> list[dict]:
+    """The rank that starts its collectives latest, when the others demonstrably wait for it.
+
+    Summed lateness over a step's collectives overstates the cost when a rank is late at every
+    collective by the same amount (the others do not wait the full skew at each one when a gather
+    was prefetched), so the time lost is what the waiting shows: how much more exposed
+    communication the other ranks have than the straggler, capped by its summed lateness.
+    """
+    if step_times.empty or step_times["rank"].nunique() < 2 or "late_ns" not in step_times:
         return []
-    per_rank = lateness.groupby("rank")["late_ns"].median().sort_values(ascending=False)
+    per_rank = step_times.groupby("rank")["late_ns"].median().sort_values(ascending=False, kind="stable")
     rank, late = int(per_rank.index[0]), float(per_rank.iloc[0])
     if late < floor_ns:
         return []
-    others = per_rank.drop(index=rank)
-    return [_row("", "", "straggler", late,
-                 f"rank {rank} starts collectives {_ms(late)}/step later than the earliest rank (straggler)",
+    exposed = step_times.pivot_table(index="step", columns="rank", values="exposed_comm_ns", aggfunc="sum")
+    others = exposed.drop(columns=rank).mean(axis=1)
+    waited = (others - exposed[rank]).clip(lower=0)
+    summed = step_times[step_times["rank"] == rank].set_index("step")["late_ns"].reindex(waited.index)
+    lost = float(np.minimum(waited, summed).median())
+    if not lost >= floor_ns:
+        return []
+    nxt = per_rank.drop(index=rank)
+    return [_row("", "", "straggler", lost,
+                 f"rank {rank} starts collectives later than the other ranks (straggler); they wait for it "
+                 f"{_ms(lost)}/step in exposed communication",
                  f"sum over a step's collectives of (rank {rank}'s start - earliest start): median {_ms(late)}; "
-                 f"next rank {int(others.index[0])}: {_ms(float(others.iloc[0]))}", "", rank=rank)]
+                 f"next rank {int(nxt.index[0])}: {_ms(float(nxt.iloc[0]))}; the other ranks' exposed "
+                 f"communication exceeds rank {rank}'s by {_ms(float(waited.median()))}/step (median over steps)",
+                 "", rank=rank)]
 
 
-def build_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, lateness: pd.DataFrame, step_ns: float,
+def build_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, step_times: pd.DataFrame, step_ns: float,
                    framework: str) -> pd.DataFrame:
     """FINDINGS, ranked by time lost per step."""
     floor = max(NOISE_FRACTION * step_ns, NOISE_FLOOR_NS) if np.isfinite(step_ns) else NOISE_FLOOR_NS
@@ -230,7 +246,7 @@ def build_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, lateness: pd.D
     if len(unit_steps):
         rows += gather_findings(unit_steps, spans, framework, floor)
         rows += reduce_findings(unit_steps, spans, floor)
-    rows += straggler_findings(lateness, floor)
+    rows += straggler_findings(step_times, floor)
     if not rows:
         return schema.make_empty(schema.FINDINGS)
     out = pd.DataFrame(rows).sort_values("lost_ns", ascending=False, kind="stable").head(MAX_FINDINGS)

@@ -250,7 +250,7 @@ def analyze_run(traces: TraceSet, *, steps: Sequence[int] | None = None) -> RunA
     stats = unit_stats(us, units)
     model = _model(stats, traces, peaks_t, ut.collectives)
     step_ns = float(step_times["step_ns"].median()) if len(step_times) else float("nan")
-    findings = build_findings(us, spans, lateness, step_ns, framework)
+    findings = build_findings(us, spans, step_times, step_ns, framework)
     return RunAnalysis(
         framework=framework, world_size=traces.world_size, ranks=ranks, steps=sorted(analysed),
         has_units=has_units, units=units, spans=spans, unit_steps=us, unit_stats=stats,
