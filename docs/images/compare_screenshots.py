@@ -18,7 +18,7 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "browser"))
 
-from cdp import Browser, find_chromium  # noqa: E402  (a test helper, not part of the package)
+from cdp import Browser, find_chromium  # a test helper, not part of the package
 
 OUT = Path(__file__).resolve().parent
 WIDTH_PX = 1000

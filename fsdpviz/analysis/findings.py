@@ -1,8 +1,8 @@
 """Findings in words: where a step loses time to communication, why, and what to try.
 
 Each finding is one unit pass (or one rank) and the time it loses per step: the median over ranks
-and steps of its exposed all-gather, exposed reduce-scatter / all-reduce, or (for a straggler) of
-how much later than the earliest rank it started its collectives. Findings below a noise floor
+and steps of its exposed all-gather, exposed reduce-scatter / all-reduce, or (for a straggler) the
+extra exposed communication of the ranks waiting for it. Findings below a noise floor
 (0.5 % of the step, at least 20 µs) are dropped; the rest are ranked by time lost.
 
 The cause is read from the trace, and a knob is only suggested when the trace shows that cause:
