@@ -28,7 +28,7 @@ def summary(
     cache: Annotated[bool, typer.Option(
         "--cache/--no-cache", help="Reuse parsed traces cached beside them.")] = True,
 ) -> None:
-    """Print framework, ranks, steps, step time, communication overlap and memory peaks."""
+    """Print step time, communication overlap, memory peaks, per-unit times and the top findings."""
     from fsdpviz.trace import load_traces
 
     traces = load_traces(paths, cache=cache)  # imports pandas while its workers parse
