@@ -48,6 +48,8 @@ def _root(
 
 
 def _register_commands() -> None:
+    if app.registered_commands:  # main() may run many times in one process (tests, embedding)
+        return
     # One line per command; each command module imports heavy packages lazily inside its function.
     # (Commands are added here as their modules land: summary, record, report, compare, export.)
     from fsdpviz.commands.summary import summary

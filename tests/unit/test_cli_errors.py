@@ -129,3 +129,14 @@ def test_unreadable_cache_folder_is_not_an_error(tmp_path: Path, capsys: pytest.
     code, out, err = _run(["summary", "--json", str(path)], capsys)
     assert code == 0 and err == ""
     assert json.loads(out)["ranks"] == [0]
+
+
+def test_commands_are_registered_once_however_often_main_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every in-process run (tests, embedding) parses the command table: it must not grow per call."""
+    from fsdpviz.cli import app
+
+    for _ in range(3):
+        code, out, _ = _run(["--version"], capsys)
+        assert code == 0 and out.startswith("fsdpviz ")
+    names = [command.name for command in app.registered_commands]
+    assert sorted(names) == ["compare", "export", "record", "report", "summary"]
