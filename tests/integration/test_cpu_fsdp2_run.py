@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from recording import record_env, torchrun
 
 from fsdpviz.analysis import summarize
 from fsdpviz.analysis.overlap import compute_overlap
@@ -19,19 +17,11 @@ SCRIPT = Path(__file__).with_name("fsdp2_cpu_profile.py")
 UNIT_PARAMS = 256 * 256 + 256  # one Linear(256, 256): what each unit's all-gather returns
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("fsdp2-cpu")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(SCRIPT), str(out)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, check=False)
+    proc = subprocess.run(torchrun(SCRIPT, str(out)), capture_output=True, text=True, timeout=600, env=record_env(),
+                          check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
 

@@ -17,22 +17,17 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from recording import NO_OUTPUT, Config, Recordings
 
 from fsdpviz.analysis.run import RunAnalysis, analyze_run
 from fsdpviz.trace import load_traces
 
-REPO = Path(__file__).resolve().parents[2]
-EXAMPLE = REPO / "examples" / "train.py"
-MODEL = ["--layers", "2", "--dim", "32", "--steps", "5", "--seed", "0", "--grad-accum", "2"]
+MODEL = ("--layers", "2", "--dim", "32", "--steps", "5", "--seed", "0", "--grad-accum", "2")
 BLOCKS = ["blocks.0", "blocks.1"]
 MICRO_BATCHES = 2
 RUNS = {"fsdp2": [], "fsdp1": ["--checkpoint"]}
@@ -40,32 +35,18 @@ if importlib.util.find_spec("deepspeed") is not None:
     RUNS["zero3"] = ["--checkpoint"]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _record(out: Path, framework: str, extra: list[str]) -> Path:
-    env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
-    env.pop("FSDPVIZ_RUN_DIR", None)
-    command = [sys.executable, "-m", "fsdpviz", "record", "--out", str(out), "--no-report", "--no-summary",
-               "--warmup", "1", "--steps", "3", "--",
-               sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
-               "127.0.0.1", "--master_port", str(_free_port()), str(EXAMPLE), "--framework", framework,
-               "--wrap", "block", *MODEL, *extra]
-    done = subprocess.run(command, check=False, capture_output=True, text=True, env=env, timeout=600, cwd=REPO)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return out
+def _config(framework: str) -> Config:
+    return Config(("--framework", framework, "--wrap", "block", *MODEL, *RUNS[framework]),
+                  (*NO_OUTPUT, "--warmup", "1", "--steps", "3"), (("DS_ACCELERATOR", "cpu"),))
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, RunAnalysis]]:
-    base = tmp_path_factory.mktemp("grad_accum")
+def runs(recordings: Recordings) -> dict[str, tuple[Path, RunAnalysis]]:
     out = {}
-    for framework, extra in RUNS.items():
-        folder = _record(base / framework, framework, extra)
-        out[framework] = (folder, analyze_run(load_traces([folder], cache=False)))
+    for framework in RUNS:
+        rec = recordings.get(_config(framework))
+        assert rec.proc.returncode == 0, rec.proc.stderr[-2000:]
+        out[framework] = (rec.run_dir, analyze_run(load_traces([rec.run_dir], cache=False)))
     return out
 
 

@@ -1,61 +1,45 @@
 """Per-unit analysis of real 2-rank CPU/gloo recordings that use explicit prefetch.
 
-``fsdpviz record`` runs the example trainer with FSDP2 ``--prefetch 1``
+The recordings are example runs of ``recording.py`` (``test_record.py`` checks the FSDP1 one's run
+folder too): the example trainer with three blocks, FSDP2 ``--prefetch 1``
 (``set_modules_to_forward_prefetch`` / ``set_modules_to_backward_prefetch`` one unit ahead), FSDP1
 ``--prefetch 1`` (``forward_prefetch=True``) and DeepSpeed ZeRO-3 ``--prefetch 1`` (a prefetch bucket
-of one block; blocks as ZeRO-3 leaf modules). Independent facts: the prefetch setting the trainer was
-given (and run.json reports), FSDP2's own ``FSDP::forward_prefetch for X`` labels, the ProfilerStep
-ranges (step time), and ``fsdpviz export`` reproducing the same numbers from the run folder.
+of one block; blocks as ZeRO-3 leaf modules), optimizer steps 2-5 profiled and 2-4 analysed (the
+last is cut short). Independent facts: the prefetch setting the trainer was given (and run.json
+reports), FSDP2's own ``FSDP::forward_prefetch for X`` labels, the ProfilerStep ranges (step time),
+and ``fsdpviz export`` reproducing the same numbers from the run folder.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import os
-import socket
-import subprocess
-import sys
+import json
+import runpy
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from recording import EXAMPLE, EXAMPLE_RUNS, LAYERS, PROFILED, Recordings
 
 from fsdpviz.analysis.run import RunAnalysis, analyze_run
+from fsdpviz.cli import main
 from fsdpviz.trace import load_traces
 
-REPO = Path(__file__).resolve().parents[2]
-EXAMPLE = REPO / "examples" / "train.py"
-MODEL = ["--layers", "3", "--dim", "32", "--steps", "7", "--seed", "0", "--prefetch", "1"]
-PROFILED_STEPS = "4"  # steps 2-5 profiled, 2-4 analysed (the last is cut short)
-FRAMEWORKS = ["fsdp2", "fsdp1"] + (["zero3"] if importlib.util.find_spec("deepspeed") is not None else [])
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _record(out: Path, framework: str) -> Path:
-    env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
-    env.pop("FSDPVIZ_RUN_DIR", None)
-    command = [sys.executable, "-m", "fsdpviz", "record", "--out", str(out), "--no-report", "--no-summary",
-               "--steps", PROFILED_STEPS, "--",
-               sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
-               "127.0.0.1", "--master_port", str(_free_port()), str(EXAMPLE), "--framework", framework,
-               "--wrap", "block", *MODEL]
-    done = subprocess.run(command, check=False, capture_output=True, text=True, env=env, timeout=600, cwd=REPO)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return out
+RECORDINGS = {"fsdp2": EXAMPLE_RUNS["fsdp2-prefetch"], "fsdp1": EXAMPLE_RUNS["fsdp1"]}
+if importlib.util.find_spec("deepspeed") is not None:
+    RECORDINGS["zero3"] = EXAMPLE_RUNS["zero3-block"]
+FRAMEWORKS = list(RECORDINGS)
+BLOCKS = [f"blocks.{i}" for i in range(LAYERS)]
+ANALYSED_STEPS = PROFILED[:-1]
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, RunAnalysis]]:
-    base = tmp_path_factory.mktemp("prefetch")
+def runs(recordings: Recordings) -> dict[str, tuple[Path, RunAnalysis]]:
     out = {}
-    for framework in FRAMEWORKS:
-        folder = _record(base / framework, framework)
-        out[framework] = (folder, analyze_run(load_traces([folder], cache=False)))
+    for framework, config in RECORDINGS.items():
+        rec = recordings.get(config)
+        assert rec.proc.returncode == 0, rec.proc.stderr[-2000:]
+        out[framework] = (rec.run_dir, analyze_run(load_traces([rec.run_dir], cache=False)))
     return out
 
 
@@ -66,7 +50,8 @@ def test_explicit_prefetch_gathers_one_unit_ahead(runs, framework: str) -> None:
     us = analysis.unit_steps
     blocks = us[(us["phase"] == "forward") & us["unit"].str.startswith("blocks.")]
     later = blocks[blocks["unit"] != "blocks.0"]
-    assert len(later) == 2 * len(analysis.steps) * 2  # blocks.1-2, two ranks, every step
+    assert analysis.steps == ANALYSED_STEPS
+    assert len(later) == (LAYERS - 1) * len(analysis.steps) * 2  # blocks after the first, two ranks, every step
     assert (later["issue_depth"] == 1).all()
     # issued before the previous block started computing, by the previous block
     for (_, _), rows in blocks.groupby(["rank", "step"]):
@@ -74,16 +59,38 @@ def test_explicit_prefetch_gathers_one_unit_ahead(runs, framework: str) -> None:
         assert (rows["ag_issue_ns"].to_numpy()[1:] < rows["compute_start_ns"].to_numpy()[:-1]).all()
         assert (rows["ag_issue_ns"].to_numpy()[1:] > rows["window_start_ns"].to_numpy()[:-1]).all()
     stats = analysis.unit_stats.set_index("unit")
-    assert (stats.loc[["blocks.1", "blocks.2"], "forward_issue_depth"] == 1).all()
+    assert (stats.loc[BLOCKS[1:], "forward_issue_depth"] == 1).all()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_run_json_reports_the_prefetch_the_trainer_was_given(runs, framework: str) -> None:
+    folder, _ = runs[framework]
+    units = {u["unit"]: u for u in json.loads((folder / "run.json").read_text())["units"]}
+    if framework == "fsdp2":  # every unit prefetches the next one in forward order and the previous one in backward
+        for order, key in ((["(root)", *BLOCKS], "forward_prefetch"),
+                           (["(root)", *reversed(BLOCKS)], "backward_prefetch")):
+            for unit, following in zip(order, [*order[1:], None]):
+                assert units[unit][key] == ([following] if following else "default"), (unit, key)
+    elif framework == "fsdp1":
+        assert all(units[u]["forward_prefetch"] is True and units[u]["backward_prefetch"] == "BACKWARD_PRE"
+                   for u in ["(root)", *BLOCKS])
+    else:  # the bucket the example's own DeepSpeed config asks for: one block's parameters
+        example = runpy.run_path(str(EXAMPLE))
+        args = example["parse_args"](list(RECORDINGS["zero3"].train_args))
+        bucket = example["deepspeed_config"](example["build_model"](args), args)["zero_optimization"][
+            "stage3_prefetch_bucket_size"]
+        assert bucket == units["blocks.0"]["param_numel"] > 0
+        fetched = [u for u in units.values() if u["param_numel"] > 0]
+        assert fetched and all(u["forward_prefetch"] == bucket == u["backward_prefetch"] for u in fetched)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_every_block_unit_gathers_computes_and_reduces(runs, framework: str) -> None:
     stats = runs[framework][1].unit_stats.set_index("unit")
-    blocks = ["blocks.0", "blocks.1", "blocks.2"]
     for col in ("all_gather_ns", "forward_ns", "backward_ns", "reduce_scatter_ns"):
-        assert (stats.loc[blocks, col] > 0).all(), col
+        assert (stats.loc[BLOCKS, col] > 0).all(), col
 
 
 @pytest.mark.slow
@@ -93,7 +100,7 @@ def test_unit_compute_framework_and_optimizer_reconcile_with_step_time(runs, fra
     optimizer step cover all but 5 % of it: the rest is the script's own code (the loss, data)."""
     _, analysis = runs[framework]
     times = analysis.step_times
-    assert len(times) == 2 * 3  # two ranks, steps 2-4
+    assert len(times) == 2 * len(ANALYSED_STEPS)  # two ranks, steps 2-4
     attributed = (times["unit_compute_ns"] + times["framework_ns"] + times["optimizer_ns"]) / times["step_ns"]
     assert (attributed <= 1.0).all()
     assert attributed.median() >= 0.95, times.to_string()
@@ -107,19 +114,20 @@ def test_fsdp2_prefetch_labels_name_the_unit_gathered_next(runs) -> None:
     folder, analysis = runs["fsdp2"]
     traces = load_traces([folder], cache=False)
     names = set(traces.events["name"].astype(str))
-    assert {"FSDP::forward_prefetch for blocks.1", "FSDP::forward_prefetch for blocks.2"} <= names
+    assert {f"FSDP::forward_prefetch for {unit}" for unit in BLOCKS[1:]} <= names
     spans = analysis.spans
     gathers = spans[(spans["kind"] == "all_gather") & (spans["phase"] == "forward")]
-    assert set(gathers["unit"]) == {"(root)", "blocks.0", "blocks.1", "blocks.2"}
+    assert set(gathers["unit"]) == {"(root)", *BLOCKS}
 
 
 @pytest.mark.slow
-def test_export_of_a_recorded_run_matches_the_analysis(runs, tmp_path: Path) -> None:
+def test_export_of_a_recorded_run_matches_the_analysis(runs, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
     folder, analysis = runs["fsdp1"]
     out = tmp_path / "tables"
-    done = subprocess.run([sys.executable, "-m", "fsdpviz", "export", str(folder), "-o", str(out), "--no-cache"],
-                          check=False, capture_output=True, text=True, timeout=300, cwd=REPO)
-    assert done.returncode == 0, done.stderr
+    with pytest.raises(SystemExit) as done:  # `fsdpviz export`, in this process
+        main(["export", str(folder), "-o", str(out), "--no-cache"])
+    assert done.value.code == 0, capsys.readouterr().err
     units = pd.read_parquet(out / "units.parquet").set_index("unit")
     want = analysis.unit_stats.set_index("unit")
     assert list(units.index) == list(want.index)

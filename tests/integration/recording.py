@@ -1,0 +1,148 @@
+"""Real 2-rank CPU/gloo jobs of the example trainer for the integration tests, and ``fsdpviz record`` on them.
+
+Jobs are started with ``python -m torch.distributed.run --standalone``: the rendezvous binds a port
+the kernel picks, so jobs started back to back never race for a port chosen in advance. Tests that
+need a fixed port (several "nodes" that must meet) take it from :func:`unused_port`.
+
+A recording costs seconds of two busy cores, so the same configuration is recorded once per test
+session: :class:`Recordings` (the session fixture ``recordings`` of ``conftest.py``) records a
+:class:`Config` the first time a test asks for it and hands the same run folder to every later
+test. Tests only read that folder (copy it to change it). The example trainer's configurations
+that modules check from different sides are in :data:`EXAMPLE_RUNS`.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "train.py"
+SCRIPTS = Path(__file__).resolve().parent / "record_scripts"
+NO_OUTPUT = ("--no-report", "--no-summary")
+
+
+def torchrun(script: Path, *args: str) -> list[str]:
+    """Two CPU ranks of ``script`` on one machine (a rendezvous port of their own)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script), *args]
+
+
+def unused_port() -> int:
+    """A free TCP port below the kernel's ephemeral range, for jobs that must agree on a port.
+
+    A port from ``bind(('', 0))`` lies in the ephemeral range, where the kernel may hand it to any
+    outgoing connection (gloo opens many) before the job binds it again; a port below that range
+    is only ever taken by an explicit bind.
+    """
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    candidates = list(range(max(1025, low - 8000), low))
+    random.shuffle(candidates)
+    for port in candidates:
+        with socket.socket() as sock:
+            try:
+                sock.bind(("", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free TCP port below the ephemeral range")
+
+
+def record_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", **extra)
+    env.pop("FSDPVIZ_RUN_DIR", None)
+    return env
+
+
+def fsdpviz(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``python -m fsdpviz ARGS`` from the repository root."""
+    return subprocess.run([sys.executable, "-m", "fsdpviz", *args], check=False, capture_output=True, text=True,
+                          env=env or record_env(), timeout=timeout, cwd=REPO)
+
+
+def record(run_dir: Path, command: list[str], *options: str, env: dict[str, str] | None = None
+           ) -> subprocess.CompletedProcess:
+    """``fsdpviz record --out RUN_DIR OPTIONS -- COMMAND`` (no report or summary unless OPTIONS ask)."""
+    return fsdpviz("record", "--out", str(run_dir), *NO_OUTPUT, *options, "--", *command, env=env)
+
+
+@dataclass(frozen=True)
+class Config:
+    """One recording of the example trainer: its flags and ``fsdpviz record``'s options."""
+
+    train_args: tuple[str, ...]
+    record_options: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+
+    def environment(self) -> dict[str, str]:
+        return record_env(**dict(self.env))
+
+
+@dataclass(frozen=True)
+class Recording:
+    """A recorded job: its run folder, what ``fsdpviz record`` printed, the losses each rank logged."""
+
+    config: Config
+    run_dir: Path
+    proc: subprocess.CompletedProcess
+    losses: Path  # a ``--log-losses`` template with ``{rank}``
+
+    def unrecorded_losses(self, out: Path) -> Path:
+        """Run the same job without fsdpviz; its ``--log-losses`` template under ``out``."""
+        template = out / "plain-{rank}.txt"
+        done = subprocess.run(torchrun(EXAMPLE, *self.config.train_args, "--log-losses", str(template)),
+                              check=False, env=self.config.environment(), capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return template
+
+
+class Recordings:
+    """Each :class:`Config` recorded once, into its own folder under ``base``."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.done: dict[Config, Recording] = {}
+
+    def get(self, config: Config) -> Recording:
+        if config not in self.done:
+            folder = self.base / f"{len(self.done)}-{'-'.join(a.lstrip('-') for a in config.train_args[:4])}"
+            losses = folder / "losses-{rank}.txt"
+            folder.mkdir()
+            run_dir = folder / "run"
+            proc = fsdpviz("record", "--out", str(run_dir), *config.record_options, "--",
+                           *torchrun(EXAMPLE, *config.train_args, "--log-losses", str(losses)),
+                           env=config.environment(), timeout=600)
+            self.done[config] = Recording(config, run_dir, proc, losses)
+        return self.done[config]
+
+
+# The example trainer's recordings of test_record.py (each run folder against the model, the
+# frameworks' labels and an unrecorded run's losses) and test_unit_analysis_cpu.py (the per-unit
+# analysis of explicit prefetch), which share the FSDP1 and the ZeRO-3 leaf-module recordings. Three
+# blocks, so that every block but the first is gathered by a prefetch; optimizer steps 2-5 profiled
+# (warmup 2, the default), 2-4 analysed (the last is cut short).
+LAYERS = 3
+STEPS = 7
+PROFILED = [2, 3, 4, 5]
+MODEL = ("--layers", str(LAYERS), "--dim", "32", "--seed", "0", "--steps", str(STEPS))
+PROFILE = ("--steps", str(len(PROFILED)))
+ZERO3_ENV = (("DS_ACCELERATOR", "cpu"),)
+EXAMPLE_RUNS = {
+    # FSDP2's implicit prefetch; also the terminal summary and report.html, as `fsdpviz record` does by default
+    "fsdp2": Config(("--framework", "fsdp2", "--wrap", "block", *MODEL), (*PROFILE, "--summary")),
+    # explicit prefetch one unit ahead (set_modules_to_forward_prefetch / set_modules_to_backward_prefetch)
+    "fsdp2-prefetch": Config(("--framework", "fsdp2", "--wrap", "block", "--prefetch", "1", *MODEL),
+                             (*NO_OUTPUT, *PROFILE)),
+    # forward_prefetch=True (and BACKWARD_PRE)
+    "fsdp1": Config(("--framework", "fsdp1", "--wrap", "block", "--prefetch", "1", *MODEL), (*NO_OUTPUT, *PROFILE)),
+    # DeepSpeed's own default: every submodule with parameters fetched on its own
+    "zero3-submodule": Config(("--framework", "zero3", "--wrap", "submodule", *MODEL), (*NO_OUTPUT, *PROFILE),
+                              ZERO3_ENV),
+    # blocks as ZeRO-3 leaf modules, a prefetch bucket of one block
+    "zero3-block": Config(("--framework", "zero3", "--wrap", "block", "--prefetch", "1", *MODEL),
+                          (*NO_OUTPUT, *PROFILE), ZERO3_ENV),
+}
