@@ -1,8 +1,10 @@
 """``fsdpviz record`` on real 2-rank CPU/gloo runs of the example trainer (FSDP2, FSDP1, ZeRO-3).
 
-Each test records a real ``torchrun`` job and checks the run folder against independent facts:
-the model's own module names and parameter counts, the frameworks' own labels, the losses of the
-same job run without fsdpviz, the exit code of the command.
+Each test checks a real ``torchrun`` job's run folder against independent facts: the model's own
+module names and parameter counts, the frameworks' own labels, the losses of the same job run
+without fsdpviz, the exit code of the command. The three frameworks' recordings are example runs of
+``recording.py`` (``test_unit_analysis_cpu.py`` analyses the FSDP1 one too); the expectations here
+follow from their arguments.
 """
 
 from __future__ import annotations
@@ -10,11 +12,9 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import json
-import os
 import re
 import runpy
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,39 +22,24 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from recording import (
+    EXAMPLE,
+    EXAMPLE_RUNS,
+    LAYERS,
+    PROFILED,
+    REPO,
+    SCRIPTS,
+    STEPS,
+    Recording,
+    Recordings,
+    record,
+    record_env,
+    torchrun,
+    unused_port,
+)
 
-REPO = Path(__file__).resolve().parents[2]
-EXAMPLE = REPO / "examples" / "train.py"
-SCRIPTS = Path(__file__).resolve().parent / "record_scripts"
 TINY = ["--layers", "2", "--dim", "32"]
-STEPS = 6  # warmup 2 + 3 profiled steps + 1
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _torchrun(script: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
-            "127.0.0.1", "--master_port", str(_free_port()), str(script), *args]
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ, OMP_NUM_THREADS="1", **extra)
-    env.pop("FSDPVIZ_RUN_DIR", None)
-    return env
-
-
-def _fsdpviz(*args: str, env: dict[str, str] | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fsdpviz", *args], check=False, capture_output=True, text=True,
-                          env=env or _env(), timeout=timeout, cwd=REPO)
-
-
-def _record(run_dir: Path, command: list[str], *extra: str, env: dict[str, str] | None = None
-            ) -> subprocess.CompletedProcess:
-    return _fsdpviz("record", "--out", str(run_dir), "--no-report", "--no-summary", *extra, "--", *command, env=env)
+BLOCKS = [f"blocks.{i}" for i in range(LAYERS)]
 
 
 def _losses(pattern: Path) -> dict[int, list[str]]:
@@ -75,21 +60,22 @@ def _timers(run_dir: Path, rank: int) -> list[dict[str, Any]]:
     return [json.loads(line) for line in lines]
 
 
-def _model_units(wrap_args: list[str]) -> dict[str, Any]:
+def _model_units(train_args: tuple[str, ...] | list[str]) -> Any:
     """The example model as built for these flags (parameter counts are independent of sharding)."""
     example = runpy.run_path(str(EXAMPLE))
-    return example["build_model"](example["parse_args"](wrap_args))
+    return example["build_model"](example["parse_args"](list(train_args)))
 
 
-def _check_run(run_dir: Path, proc: subprocess.CompletedProcess, framework: str, expected_units: list[str],
-               labels: list[str]) -> dict[str, Any]:
+def _check_run(rec: Recording, framework: str, expected_units: list[str], labels: list[str]) -> dict[str, Any]:
     """Everything every recorded framework must satisfy; returns run.json."""
+    run_dir, proc = rec.run_dir, rec.proc
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = json.loads((run_dir / "run.json").read_text())
     assert run["status"] == "ok" and run["exit_code"] == 0 and run["reason"] == ""
     assert run["framework"] == framework
     assert run["world_size"] == 2 and [r["rank"] for r in run["ranks"]] == [0, 1]
-    assert run["profile"] == {"schedule": "optimizer_steps", "steps": [2, 3, 4], "warmup": 2, "requested_steps": 3}
+    assert run["profile"] == {"schedule": "optimizer_steps", "steps": PROFILED, "warmup": PROFILED[0],
+                              "requested_steps": len(PROFILED)}
     assert set(run["versions"]) >= {"python", "torch", "fsdpviz"} and run["versions"]["torch"].startswith("2.")
     assert [u["unit"] for u in sorted(run["units"], key=lambda u: u["order"])] == expected_units
     for rank in (0, 1):
@@ -98,7 +84,7 @@ def _check_run(run_dir: Path, proc: subprocess.CompletedProcess, framework: str,
         trace = _trace(run_dir, rank)
         assert trace["distributedInfo"]["rank"] == rank and trace["distributedInfo"]["world_size"] == 2
         names = _annotations(trace)
-        assert {f"ProfilerStep#{s}" for s in (2, 3, 4)} <= names and "ProfilerStep#1" not in names
+        assert {f"ProfilerStep#{s}" for s in PROFILED} <= names and f"ProfilerStep#{PROFILED[0] - 1}" not in names
         missing = [label for label in labels if label not in names]
         assert not missing, f"rank {rank}: labels missing from the trace: {missing}"
         records = _timers(run_dir, rank)
@@ -109,96 +95,92 @@ def _check_run(run_dir: Path, proc: subprocess.CompletedProcess, framework: str,
     return run
 
 
-def _check_same_losses(tmp_path: Path, run_dir: Path, train_args: list[str], env: dict[str, str]) -> None:
-    plain = tmp_path / "plain-{rank}.txt"
-    done = subprocess.run(_torchrun(EXAMPLE, *train_args, "--log-losses", str(plain)), check=False, env=env,
-                          capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr[-3000:]
-    recorded, unrecorded = _losses(run_dir.parent / "rec-{rank}.txt"), _losses(plain)
+def _check_same_losses(tmp_path: Path, rec: Recording) -> None:
+    recorded, unrecorded = _losses(rec.losses), _losses(rec.unrecorded_losses(tmp_path))
     assert len(recorded[0]) == STEPS
     assert recorded == unrecorded  # float.hex of every loss: bit for bit
 
 
 @pytest.mark.slow
-def test_record_fsdp2_run_folder_units_timers_and_identical_losses(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    train_args = ["--framework", "fsdp2", "--wrap", "block", *TINY, "--steps", str(STEPS)]
-    proc = _record(run_dir, _torchrun(EXAMPLE, *train_args, "--log-losses", str(tmp_path / "rec-{rank}.txt")),
-                   "--summary")
+def test_record_fsdp2_run_folder_units_timers_and_identical_losses(recordings: Recordings, tmp_path: Path) -> None:
+    rec = recordings.get(EXAMPLE_RUNS["fsdp2"])
+    run_dir, proc = rec.run_dir, rec.proc
     assert "framework" in proc.stdout and "fsdp2" in proc.stdout  # the terminal summary of the run
     labels = ["FSDP::pre_forward (blocks.0)", "FSDP::all_gather (blocks.1)", "FSDP::post_backward_reduce (blocks.0)"]
-    run = _check_run(run_dir, proc, "fsdp2", ["(root)", "blocks.0", "blocks.1"], labels)
+    run = _check_run(rec, "fsdp2", ["(root)", *BLOCKS], labels)
 
-    model = _model_units(train_args)
+    model = _model_units(rec.config.train_args)
     by_name = {u["unit"]: u for u in run["units"]}
-    for name in ("blocks.0", "blocks.1"):
+    for name in BLOCKS:
         numel = sum(p.numel() for p in model.get_submodule(name).parameters())
         assert by_name[name]["param_numel"] == numel and by_name[name]["param_bytes"] == 4 * numel
         assert by_name[name]["reshard_after_forward"] is True
         assert by_name[name]["shard_size"] == 2  # the whole world: not HSDP
     root_numel = sum(p.numel() for p in model.parameters()) - sum(p.numel() for p in model.blocks.parameters())
     assert by_name["(root)"]["param_numel"] == root_numel
+    assert all(u["forward_prefetch"] == "default" == u["backward_prefetch"] for u in run["units"])  # implicit
 
     for rank in (0, 1):
         records = _timers(run_dir, rank)
         for step in range(STEPS):
             kinds = {(r["unit"], r["phase"], r["kind"]) for r in records if r["step"] == step}
-            for unit in ("blocks.0", "blocks.1"):
+            for unit in BLOCKS:
                 assert {(unit, "forward", "total"), (unit, "forward", "compute"), (unit, "forward", "all_gather"),
                         (unit, "backward", "total"), (unit, "backward", "reduce_scatter")} <= kinds, (step, unit)
             unit_ms = [r for r in records if r["step"] == step and r["unit"] == "blocks.0" and r["phase"] == "forward"]
             ms = {r["kind"]: r["ms"] for r in unit_ms}
             assert ms["compute"] + ms["all_gather"] <= ms["total"] + 1e-3
-    _check_same_losses(tmp_path, run_dir, train_args, _env())
+
+    # report.html, as `fsdpviz record` writes by default, names every unit
+    assert f"fsdpviz: report: {run_dir / 'report.html'}" in proc.stderr
+    page = (run_dir / "report.html").read_text(encoding="utf-8")
+    assert all(unit in page for unit in BLOCKS)
+    _check_same_losses(tmp_path, rec)
 
 
 @pytest.mark.slow
-def test_record_fsdp1_adds_unit_labels(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    train_args = ["--framework", "fsdp1", "--wrap", "block", *TINY, "--steps", str(STEPS), "--prefetch", "1"]
-    proc = _record(run_dir, _torchrun(EXAMPLE, *train_args, "--log-losses", str(tmp_path / "rec-{rank}.txt")))
+def test_record_fsdp1_adds_unit_labels(recordings: Recordings, tmp_path: Path) -> None:
+    rec = recordings.get(EXAMPLE_RUNS["fsdp1"])
+    units = ["(root)", *BLOCKS]
     labels = [f"fsdpviz::{kind} ({unit})" for kind in ("forward", "backward", "all_gather", "reduce_scatter")
-              for unit in ("blocks.0", "blocks.1", "(root)")]
-    run = _check_run(run_dir, proc, "fsdp1", ["(root)", "blocks.0", "blocks.1"], labels)
-    model = _model_units(train_args)
+              for unit in units]
+    run = _check_run(rec, "fsdp1", units, labels)
+    model = _model_units(rec.config.train_args)
     block = next(u for u in run["units"] if u["unit"] == "blocks.1")
     assert block["param_numel"] == sum(p.numel() for p in model.blocks[1].parameters())
     assert block["forward_prefetch"] is True and block["backward_prefetch"] == "BACKWARD_PRE"
     assert block["shard_size"] == 2
 
     # Every gloo all-gather issued on the main thread lies inside an fsdpviz::all_gather range.
-    events = [e for e in _trace(run_dir, 0)["traceEvents"] if e.get("ph") == "X"]
+    events = [e for e in _trace(rec.run_dir, 0)["traceEvents"] if e.get("ph") == "X"]
     gathers = [e for e in events if e["name"] in ("c10d::allgather_", "c10d::_allgather_base_")]
     ranges = [e for e in events if e["name"].startswith("fsdpviz::all_gather (")]
     assert gathers and all(any(r["ts"] <= g["ts"] and g["ts"] + g["dur"] <= r["ts"] + r["dur"] for r in ranges)
                            for g in gathers)
-    _check_same_losses(tmp_path, run_dir, train_args, _env())
+    _check_same_losses(tmp_path, rec)
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed not installed (the deepspeed extra)")
-def test_record_zero3_units_are_fetched_submodules_with_parent_blocks(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    env = _env(DS_ACCELERATOR="cpu")
-    train_args = ["--framework", "zero3", "--wrap", "submodule", *TINY, "--steps", str(STEPS)]
-    proc = _record(run_dir, _torchrun(EXAMPLE, *train_args, "--log-losses", str(tmp_path / "rec-{rank}.txt")), env=env)
-    model = _model_units(train_args)
+def test_record_zero3_units_are_fetched_submodules_with_parent_blocks(recordings: Recordings, tmp_path: Path) -> None:
+    rec = recordings.get(EXAMPLE_RUNS["zero3-submodule"])
+    model = _model_units(rec.config.train_args)
     fetched = [name or "(root)" for name, m in model.named_modules() if list(m.parameters(recurse=False))]
     # the root module and the parent blocks hold no parameters of their own: units of their own code
-    groups = {"(root)", "blocks.0", "blocks.1"}
+    groups = {"(root)", *BLOCKS}
     expected = [name or "(root)" for name, m in model.named_modules()
                 if list(m.parameters(recurse=False)) or (name or "(root)") in groups]
     labels = ["fsdpviz::forward (blocks.1.qkv)", "fsdpviz::backward (blocks.0.fc_out)", "fsdpviz::forward ((root))",
               "fsdpviz::backward (blocks.1)", "fsdpviz::fetch (blocks.0.qkv)", "fsdpviz::release (blocks.0.qkv)",
               "fsdpviz::engine_forward", "fsdpviz::engine_backward", "fsdpviz::engine_step"]
-    run = _check_run(run_dir, proc, "zero3", expected, labels)
+    run = _check_run(rec, "zero3", expected, labels)
     by_name = {u["unit"]: u for u in run["units"]}
     assert by_name["blocks.1.qkv"]["parent"] == "blocks.1" and by_name["tok_emb"]["parent"] == ""
     assert by_name["head"]["parent"] == "" and by_name["blocks.1"]["parent"] == ""
     assert all(by_name[g]["param_numel"] == 0 == by_name[g]["param_bytes"] for g in groups)
     assert all(by_name[u]["param_numel"] == sum(p.numel() for p in model.get_submodule(
         "" if u == "(root)" else u).parameters(recurse=False)) and by_name[u]["shard_size"] == 2 for u in fetched)
-    trace = _trace(run_dir, 1)
+    trace = _trace(rec.run_dir, 1)
     names = _annotations(trace)
     gathered = {u for n in names if n.startswith("fsdpviz::all_gather (") for u in n[21:-1].split(", ")}
     reduced = {u for n in names if n.startswith("fsdpviz::reduce_scatter (") for u in n[25:-1].split(", ")}
@@ -210,7 +192,7 @@ def test_record_zero3_units_are_fetched_submodules_with_parent_blocks(tmp_path: 
     engine_steps = [e for e in ranges if e["name"] == "fsdpviz::engine_step"]
     assert len(engine_steps) >= 2
     assert all(any(lo <= e["ts"] and e["ts"] + e["dur"] <= hi for lo, hi in steps) for e in engine_steps)
-    _check_same_losses(tmp_path, run_dir, train_args, env)
+    _check_same_losses(tmp_path, rec)
 
 
 @pytest.mark.slow
@@ -221,7 +203,7 @@ def test_record_hsdp_units_are_sharded_over_the_shard_group(tmp_path: Path) -> N
     from fsdpviz.trace import load_traces
 
     run_dir = tmp_path / "run"
-    proc = _record(run_dir, _torchrun(SCRIPTS / "hsdp_train.py"))
+    proc = record(run_dir, torchrun(SCRIPTS / "hsdp_train.py"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = json.loads((run_dir / "run.json").read_text())
     assert run["framework"] == "fsdp2" and [u["unit"] for u in run["units"]] == ["0", "2"]
@@ -233,36 +215,15 @@ def test_record_hsdp_units_are_sharded_over_the_shard_group(tmp_path: Path) -> N
 
 
 @pytest.mark.slow
-def test_record_script_failure_keeps_data_and_passes_exit_code(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    command = _torchrun(SCRIPTS / "failing_train.py", "4", "--framework", "fsdp2", *TINY, "--steps", "10")
-    proc = _record(run_dir, command, "--steps", "4")  # profiles steps 2-5: the failure is inside the window
-    plain = subprocess.run(command, check=False, env=_env(), capture_output=True, text=True, timeout=240)
-    assert proc.returncode == plain.returncode != 0
-    run = json.loads((run_dir / "run.json").read_text())
-    assert run["status"] == "failed" and run["exit_code"] == proc.returncode
-    assert "RuntimeError: injected failure at step 4" in run["reason"]
-    rank0, rank1 = run["ranks"]
-    assert rank0["status"] == "failed" and rank0["partial_step"] is None  # it failed between steps
-    # Rank 1 was inside step 5 when its peer vanished: gloo raised, or torchrun stopped it.
-    assert rank1["status"] in ("failed", "interrupted") and rank1["partial_step"] == 5
-    for rank in (0, 1):
-        trace = _trace(run_dir, rank)  # written at exit: the schedule (steps 2-5) never ended
-        assert {"ProfilerStep#2", "ProfilerStep#3", "ProfilerStep#4"} <= _annotations(trace)
-        steps = {r["step"] for r in _timers(run_dir, rank) if r["phase"] == "step" and r["kind"] == "total"}
-        assert steps == set(range(5 + rank))
-    partial = [r for r in _timers(run_dir, 1) if r.get("partial")]
-    assert partial and {r["step"] for r in partial} == {5}
-    assert not list(run_dir.rglob("*.partial"))
-
-
-@pytest.mark.slow
 def test_record_sigterm_interrupts_and_keeps_data(tmp_path: Path) -> None:
+    """SIGTERM to `fsdpviz record` itself after the profiled steps (tests/robustness/test_record_faults.py
+    covers SIGTERM, SIGKILL and Ctrl-C inside them, and a script that raises)."""
     run_dir = tmp_path / "run"
-    command = _torchrun(EXAMPLE, "--framework", "fsdp2", *TINY, "--steps", "2000")
+    command = torchrun(EXAMPLE, "--framework", "fsdp2", *TINY, "--steps", "2000")
     proc = subprocess.Popen([sys.executable, "-m", "fsdpviz", "record", "--out", str(run_dir), "--no-report",
                              "--no-summary", "--",
-                             *command], env=_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             *command], env=record_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
     deadline = time.monotonic() + 180
     assert proc.stdout is not None
     for line in proc.stdout:  # rank 0 prints "step N loss ..."
@@ -285,10 +246,10 @@ def test_record_only_instruments_ranks(tmp_path: Path) -> None:
     run_dir, out = tmp_path / "run", tmp_path / "out"
     out.mkdir()
     top_helper = f"import json, os, sys, torch; json.dump(os.getpid(), open({str(out / 'top.json')!r}, 'w'))"
-    torchrun = " ".join(_torchrun(SCRIPTS / "spawning_train.py", str(out), "--framework", "fsdp2", *TINY,
-                                  "--steps", "4"))
-    shell = f"{sys.executable} -c {top_helper!r} && {torchrun}"
-    proc = _record(run_dir, ["sh", "-c", shell], "--warmup", "1", "--steps", "2")
+    launcher = " ".join(torchrun(SCRIPTS / "spawning_train.py", str(out), "--framework", "fsdp2", *TINY,
+                                 "--steps", "4"))
+    shell = f"{sys.executable} -c {top_helper!r} && {launcher}"
+    proc = record(run_dir, ["sh", "-c", shell], "--warmup", "1", "--steps", "2")
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = json.loads((run_dir / "run.json").read_text())
     rank_pids = {r["pid"] for r in run["ranks"]}
@@ -305,18 +266,18 @@ def test_record_refuses_existing_folder_and_bad_output(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "run.json").write_text("{}")
-    proc = _record(run_dir, [sys.executable, "-c", "print('ran')"])
+    proc = record(run_dir, [sys.executable, "-c", "print('ran')"])
     assert proc.returncode == 2 and "ran" not in proc.stdout
     assert proc.stderr.strip().splitlines()[-1].startswith("error: ") and "--force" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
 
     blocker = tmp_path / "file"
     blocker.write_text("")
-    proc = _record(blocker / "run", [sys.executable, "-c", "print('ran')"])
+    proc = record(blocker / "run", [sys.executable, "-c", "print('ran')"])
     assert proc.returncode == 2 and "ran" not in proc.stdout
     assert proc.stderr.startswith("error: ") and len(proc.stderr.strip().splitlines()) == 1
 
-    proc = _record(tmp_path / "other", ["no-such-command-fsdpviz"])
+    proc = record(tmp_path / "other", ["no-such-command-fsdpviz"])
     assert proc.returncode == 2 and "command not found" in proc.stderr and not (tmp_path / "other").exists()
 
 
@@ -324,7 +285,7 @@ def test_record_passes_exit_code_of_a_command_without_ranks(tmp_path: Path) -> N
     run_dir = tmp_path / "run"
     (run_dir / "traces").mkdir(parents=True)
     (run_dir / "traces" / "rank7.trace.json.gz").write_bytes(b"old")
-    proc = _record(run_dir, [sys.executable, "-c", "import sys; print('child ran'); sys.exit(3)"], "--force")
+    proc = record(run_dir, [sys.executable, "-c", "import sys; print('child ran'); sys.exit(3)"], "--force")
     assert proc.returncode == 3 and "child ran" in proc.stdout
     run = json.loads((run_dir / "run.json").read_text())
     assert run["status"] == "failed" and run["exit_code"] == 3 and run["ranks"] == []
@@ -336,10 +297,10 @@ def test_record_passes_exit_code_of_a_command_without_ranks(tmp_path: Path) -> N
 @pytest.mark.slow
 def test_record_plain_python_without_optimizer_falls_back_to_a_time_window(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    env = _env(FSDPVIZ_FALLBACK_AFTER_S="1", FSDPVIZ_WINDOW_S="1")
+    env = record_env(FSDPVIZ_FALLBACK_AFTER_S="1", FSDPVIZ_WINDOW_S="1")
     env.pop("RANK", None)
-    command = [sys.executable, str(SCRIPTS / "no_optimizer_train.py"), "4", str(_free_port())]
-    proc = _record(run_dir, command, env=env)
+    command = [sys.executable, str(SCRIPTS / "no_optimizer_train.py"), "4", str(unused_port())]
+    proc = record(run_dir, command, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = json.loads((run_dir / "run.json").read_text())
     assert run["framework"] == "fsdp2" and run["world_size"] == 1
@@ -357,16 +318,16 @@ def test_record_plain_python_without_optimizer_falls_back_to_a_time_window(tmp_p
 @pytest.mark.slow
 def test_record_shared_folder_merges_two_nodes(tmp_path: Path) -> None:
     # Two "nodes" on this machine: one fsdpviz record per node, one rank each, one shared folder.
-    run_dir, port = tmp_path / "run", str(_free_port())
+    run_dir, port = tmp_path / "run", str(unused_port())
     procs = []
     for node in (0, 1):
-        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(node),
+        node_command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(node),
                     "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port", port,
                     str(EXAMPLE), "--framework", "fsdp2", *TINY, "--steps", str(STEPS)]
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "fsdpviz", "record", "--shared", "--no-report", "--no-summary", "--out",
              str(run_dir), "--",
-             *torchrun], env=_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+             *node_command], env=record_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     outputs = [p.communicate(timeout=240) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs[0][1][-2000:] + outputs[1][1][-2000:]
     run = json.loads((run_dir / "run.json").read_text())

@@ -11,7 +11,6 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -25,16 +24,10 @@ INTEGRATION_SCRIPTS = REPO / "tests" / "integration" / "record_scripts"
 TINY = ["--layers", "2", "--dim", "32"]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def torchrun(script: Path, *args: str) -> list[str]:
-    """Two CPU ranks of ``script`` on a port of their own (other jobs may share the machine)."""
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
-            "127.0.0.1", "--master_port", str(free_port()), str(script), *args]
+    """Two CPU ranks of ``script``; ``--standalone``: a rendezvous port the kernel picks, never one
+    chosen in advance that another job may take first."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script), *args]
 
 
 def record_env(**extra: str) -> dict[str, str]:
@@ -104,6 +97,11 @@ def summarize_folder(run_dir: Path) -> tuple[dict[str, Any], list[str]]:
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
     return json.loads(done.stdout), [line for line in done.stderr.splitlines() if line.startswith("warning: ")]
+
+
+def timer_records(run_dir: Path, rank: int) -> list[dict[str, Any]]:
+    """A rank's timer lines (``timers/rank{R}.jsonl``)."""
+    return [json.loads(line) for line in (run_dir / "timers" / f"rank{rank}.jsonl").read_text().splitlines()]
 
 
 def trace_steps(run_dir: Path, rank: int) -> set[int]:

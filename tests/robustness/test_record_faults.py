@@ -1,11 +1,12 @@
 """``fsdpviz record`` when the training does not end well: a rank killed by SIGTERM or SIGKILL,
 Ctrl-C in the terminal, an exception inside the profiled steps.
 
-Each run is the example trainer on 2 CPU ranks, profiling steps 1-4 and pausing every rank after
-step 2 (``record_scripts/pausing_train.py``), so the signal arrives at a known point inside the
-profiled steps: the traces are still in the profiler's memory and must be written on the way out.
-After every ending the launcher returns the command's exit code, run.json says what happened,
-every file left is whole, and the folder loads.
+Each run is the example trainer on 2 CPU ranks. The signals arrive while every rank is paused after
+step 2 of the profiled steps 1-4 (``record_scripts/pausing_train.py``); the exception is raised by
+rank 0 after step 4 of the profiled steps 2-5 (``failing_train.py`` of the integration tests). So
+the traces are still in the profiler's memory and must be written on the way out. After every
+ending the launcher returns the command's exit code, run.json says what happened, every file left
+is whole, and the folder loads.
 (``tests/integration/test_record.py`` covers SIGTERM to the launcher after the profiled steps.)
 """
 
@@ -22,9 +23,11 @@ from recordrun import (
     SCRIPTS,
     TINY,
     check_complete,
+    record_env,
     run_record,
     start_record,
     summarize_folder,
+    timer_records,
     torchrun,
     trace_steps,
     wait_for_pids,
@@ -32,6 +35,7 @@ from recordrun import (
 
 PAUSE_AT = 2
 PROFILE = ("--warmup", "1", "--steps", "4")  # profiles steps 1-4: the pause after step 2 is inside
+FAIL_AT = 4
 
 
 def _paused_run(tmp_path: Path, *, new_session: bool = False) -> tuple[Path, subprocess.Popen, dict[int, int]]:
@@ -104,13 +108,29 @@ def test_ctrl_c_in_the_terminal(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_exception_inside_the_profiled_steps_leaves_a_loadable_folder(tmp_path: Path) -> None:
+def test_exception_inside_the_profiled_steps_keeps_the_data_and_the_exit_code(tmp_path: Path) -> None:
+    # GIVEN a script whose rank 0 raises after optimizer step 4, inside the profiled steps 2-5
     run_dir = tmp_path / "run"
-    command = torchrun(INTEGRATION_SCRIPTS / "failing_train.py", str(PAUSE_AT), "--framework", "fsdp2", *TINY,
+    command = torchrun(INTEGRATION_SCRIPTS / "failing_train.py", str(FAIL_AT), "--framework", "fsdp2", *TINY,
                        "--steps", "10")
-    done = run_record(run_dir, command, *PROFILE)
+    # WHEN it runs under fsdpviz record, and on its own
+    done = run_record(run_dir, command, "--steps", "4")
+    plain = subprocess.run(command, check=False, env=record_env(), capture_output=True, text=True, timeout=240)
+    # THEN the exit code is the command's own, run.json says why it failed, every file left is whole
+    assert done.returncode == plain.returncode != 0
     run = check_complete(run_dir)
-    assert done.returncode == run["exit_code"] != 0
-    assert run["status"] == "failed" and f"injected failure at step {PAUSE_AT}" in run["reason"]
+    assert run["status"] == "failed" and run["exit_code"] == done.returncode
+    assert f"RuntimeError: injected failure at step {FAIL_AT}" in run["reason"]
+    rank0, rank1 = run["ranks"]
+    assert rank0["status"] == "failed" and rank0["partial_step"] is None  # it failed between steps
+    # Rank 1 was inside the next step when its peer vanished: gloo raised, or torchrun stopped it.
+    assert rank1["status"] in ("failed", "interrupted") and rank1["partial_step"] == FAIL_AT + 1
+    for rank in (0, 1):  # traces written at exit: the schedule (steps 2-5) never ended
+        assert {2, 3, 4} <= trace_steps(run_dir, rank)
+        steps = {r["step"] for r in timer_records(run_dir, rank) if r["phase"] == "step" and r["kind"] == "total"}
+        assert steps == set(range(FAIL_AT + 1 + rank))
+    partial = [r for r in timer_records(run_dir, 1) if r.get("partial")]
+    assert partial and {r["step"] for r in partial} == {FAIL_AT + 1}
+    # AND the folder loads as it is
     summary, warnings = summarize_folder(run_dir)
     assert summary["ranks"] == [0, 1] and summary["units"] and warnings == []
