@@ -24,13 +24,11 @@ read -r -a MODEL <<< "${MODEL_ARGS:---layers 4 --dim 256 --steps 9}"
 read -r -a RECORD <<< "${RECORD_ARGS:---warmup 2 --steps 6}"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}  # 2 ranks on a small machine: one thread each
 
-free_port() { "$PY" -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"; }
-
 mkdir -p "$OUT"
 for wrap in block pair root; do
     echo "== recording --wrap $wrap into $OUT/$wrap" >&2
     "$PY" -m fsdpviz record --out "$OUT/$wrap" --label "$wrap" --force --no-summary "${RECORD[@]}" -- \
-        "$PY" -m torch.distributed.run --nproc_per_node 2 --master_addr 127.0.0.1 --master_port "$(free_port)" \
+        "$PY" -m torch.distributed.run --standalone --nproc_per_node 2 \
         examples/train.py --framework fsdp2 --wrap "$wrap" "${MODEL[@]}"
 done
 

@@ -19,10 +19,12 @@ from typing import Any
 
 import pytest
 
+from fsdpviz.cli import main
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "examples" / "compare_wrap_policies.sh"
 MODEL_ARGS = "--layers 4 --dim 32 --steps 5"
-RECORD_ARGS = "--warmup 1 --steps 3"
+RECORD_ARGS = "--warmup 1 --steps 3 --no-report"  # the compare page is under test (report.html: test_record.py)
 FLOAT32_BYTES = 4
 WRAPS = ("block", "pair", "root")
 
@@ -43,10 +45,14 @@ def script_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str
     return out, json.loads((out / "compare.json").read_text())
 
 
-def _summary(run_dir: Path) -> dict[str, Any]:
-    done = subprocess.run([sys.executable, "-m", "fsdpviz", "summary", str(run_dir), "--json", "--no-cache"],
-                          capture_output=True, text=True, check=True, timeout=300)
-    return json.loads(done.stdout)
+def _summary(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    """``fsdpviz summary RUN --json``, in this process."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as done:
+        main(["summary", str(run_dir), "--json", "--no-cache"])
+    out, err = capsys.readouterr()
+    assert done.value.code == 0, err
+    return json.loads(out)
 
 
 @pytest.mark.slow
@@ -92,9 +98,9 @@ def test_gathers_per_step_follow_fsdp2(script_run) -> None:
 
 
 @pytest.mark.slow
-def test_deltas_and_best_marks_match_the_individual_summaries(script_run) -> None:
+def test_deltas_and_best_marks_match_the_individual_summaries(script_run, capsys: pytest.CaptureFixture[str]) -> None:
     out, result = script_run
-    summaries = [_summary(out / wrap) for wrap in WRAPS]
+    summaries = [_summary(out / wrap, capsys) for wrap in WRAPS]
     for run, summary in zip(result["runs"], summaries):
         assert {k: v for k, v in run.items() if k != "label"} == summary
     for key, path in (("step_time_ms", ("step_time_ms",)), ("overlap.exposed_comm_ms", ("overlap", "exposed_comm_ms")),
