@@ -163,15 +163,16 @@ def _check_analysis(a: RunAnalysis, *, level: str, gpu: bool) -> None:
     assert not (lanes["busy"] > limit).any(), lanes[lanes["busy"] > limit]
 
 
-def _analyse(traces: TraceSet, *, level: str, gpu: bool) -> None:
+def _analyse(traces: TraceSet, *, level: str, gpu: bool) -> RunAnalysis:
     analysis = analyze_run(traces)  # per-unit analysis raises nothing: it reports what it found
     _check_analysis(analysis, level=level, gpu=gpu)
     try:
         result = summarize(traces, analysis=analysis)
     except FsdpvizError:  # e.g. no events in the analysis window: a clear message is the right answer
-        return
+        return analysis
     _check_summary(result)
     _check_overlap(traces)
+    return analysis
 
 
 @_fuzz(50)
@@ -252,8 +253,7 @@ def test_real_recordings_obey_the_same_invariants(sample: str, repo_root: Path) 
     step hook, inside the ``Optimizer.step#`` range."""
     traces = load_traces([repo_root / "sample_traces" / sample], cache=False)
     _check_tables(traces)
-    _analyse(traces, level="stack", gpu=False)
-    a = analyze_run(traces)
+    a = _analyse(traces, level="stack", gpu=False)
     joined = a.spans.merge(a.step_times[["rank", "step", "start_ns", "end_ns"]], on=["rank", "step"],
                            suffixes=("", "_step"))
     assert len(joined) == len(a.spans) > 0
