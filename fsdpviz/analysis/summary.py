@@ -46,23 +46,6 @@ def detect_framework(traces: TraceSet) -> str:
     return "unknown"
 
 
-def unit_entries(traces: TraceSet, steps: Sequence[int] | None, analysis: Any = None) -> list[dict[str, Any]]:
-    """The summary's ``units`` list: one dict per FSDP unit, in forward order.
-
-    Keys per entry (contract): ``name``, ``param_numel``, ``all_gather_ms``, ``forward_ms``,
-    ``backward_ms``, ``reduce_scatter_ms``, ``exposed_comm_ms``, ``prefetch_lead_ms``,
-    ``peak_allocated_bytes``. This is the one place per-unit results enter the summary.
-    ``analysis`` (a ``RunAnalysis`` of the same steps) saves running the analysis again.
-    """
-    if analysis is not None:
-        from fsdpviz.analysis.units import summary_records  # lazy: units -> run -> this package
-
-        return list(summary_records(analysis.unit_stats))
-    from fsdpviz.analysis.units import summarize_units  # lazy: units -> run -> this package
-
-    return list(summarize_units(traces, steps=steps))
-
-
 def summarize(
     traces: TraceSet, *, steps: Sequence[int] | None = None, include_last_step: bool = False,
     analysis: Any = None,
@@ -77,13 +60,17 @@ def summarize(
     framework = detect_framework(traces)
     analysed = sorted({s for w in windows.values() if w is not None for s in w.steps})
     notes = _notes(traces, overlap, windows, framework)
-    if analysis is None and framework != "unknown":
-        from fsdpviz.analysis.run import analyze_run  # lazy: run -> units -> this package
+    units: list[dict[str, Any]] = []
+    if framework != "unknown":
+        # lazy: run and units import this package
+        from fsdpviz.analysis.run import analyze_run
+        from fsdpviz.analysis.units import summary_records
 
-        analysis = analyze_run(traces, steps=analysed or None)
-    units = unit_entries(traces, analysed or None, analysis) if framework != "unknown" else []
-    if framework != "unknown" and not units:
-        notes.append("no FSDP unit was found in the analysed steps, so units is empty")
+        if analysis is None:
+            analysis = analyze_run(traces, steps=analysed or None)
+        units = summary_records(analysis.unit_stats)
+        if not units:
+            notes.append("no FSDP unit was found in the analysed steps, so units is empty")
     return {
         "framework": framework,
         "world_size": traces.world_size,

@@ -6,24 +6,18 @@ forward order of their windows, the size the bytes their forward all-gather prod
 unsharded, padded parameters), the parent the innermost unit whose forward window encloses theirs.
 
 :func:`unit_stats` reduces UNIT_STEPS to one row per unit; :func:`summary_records` gives the
-``units`` list of ``fsdpviz summary --json``; :func:`summarize_units` is the entry point the summary
-module calls.
+``units`` list of ``fsdpviz summary --json``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from fsdpviz.trace import schema
-
-if TYPE_CHECKING:
-    from fsdpviz.analysis.run import RunAnalysis
-    from fsdpviz.trace.tables import TraceSet
 
 NS_PER_MS = 1e6
 
@@ -143,7 +137,9 @@ def _int_or_none(value: float) -> int | None:
 
 
 def summary_records(stats: pd.DataFrame) -> list[dict[str, Any]]:
-    """The ``units`` list of ``summary --json``: contract keys first, then more detail."""
+    """The ``units`` list of ``summary --json``: contract keys first (``name``, ``param_numel``,
+    ``all_gather_ms``, ``forward_ms``, ``backward_ms``, ``reduce_scatter_ms``, ``exposed_comm_ms``,
+    ``prefetch_lead_ms``, ``peak_allocated_bytes``), then more detail."""
     records = []
     for r in stats.to_dict(orient="records"):
         lead = r["forward_prefetch_lead_ns"]
@@ -173,11 +169,3 @@ def summary_records(stats: pd.DataFrame) -> list[dict[str, Any]]:
             "samples": int(r["n_samples"]),
         })
     return records
-
-
-def summarize_units(traces: TraceSet, *, steps: Sequence[int] | None = None) -> list[dict[str, Any]]:
-    """Per-unit entries of ``fsdpviz summary --json`` for the analysed ``steps``."""
-    from fsdpviz.analysis.run import analyze_run  # run imports this module
-
-    analysis: RunAnalysis = analyze_run(traces, steps=steps)
-    return summary_records(analysis.unit_stats)
