@@ -215,7 +215,7 @@ def straggler_findings(step_times: pd.DataFrame, floor_ns: float) -> list[dict]:
     was prefetched), so the time lost is what the waiting shows: how much more exposed
     communication the other ranks have than the straggler, capped by its summed lateness.
     """
-    if step_times.empty or step_times["rank"].nunique() < 2 or "late_ns" not in step_times:
+    if step_times.empty or step_times["rank"].nunique() < 2:
         return []
     per_rank = step_times.groupby("rank")["late_ns"].median().sort_values(ascending=False, kind="stable")
     rank, late = int(per_rank.index[0]), float(per_rank.iloc[0])

@@ -238,7 +238,7 @@ def analyze_run(traces: TraceSet, *, steps: Sequence[int] | None = None) -> RunA
     mem_curve = _shift(_concat(curves, schema.MEMORY), offsets, ("t_ns",))
     peaks_t = _shift(_concat(peaks, schema.MEMORY_PEAKS), offsets, ("peak_t_ns",))
     step_times = _shift(_concat(times, schema.STEP_TIMES), offsets, ("start_ns", "end_ns"))
-    skew, lateness = schema.make_empty(schema.SKEW), crossrank.rank_lateness(pd.DataFrame())
+    skew = schema.make_empty(schema.SKEW)
     if len(coll):
         coll = _in_steps(_shift(coll, offsets, ("start_ns", "end_ns", "issue_ns")), wanted)
         skew = crossrank.collective_skew(coll, min(ranks))
