@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fsdpviz.errors import RunFolderError, UsageError
+from fsdpviz.errors import RunFolderError
 from fsdpviz.trace.tables import TraceSet
 
 if TYPE_CHECKING:
@@ -81,15 +81,13 @@ def build_report(
     """
     from fsdpviz.analysis import summarize
     from fsdpviz.analysis.run import analyze_run
-    from fsdpviz.report.data import prepare_report
+    from fsdpviz.report.data import check_gantt_ranks, prepare_report
 
     out = Path(output) if output is not None else default_output(traces)
     if not out.parent.is_dir():
         raise RunFolderError(f"{out}: cannot write the report: folder {out.parent} does not exist")
-    unknown = sorted(set(ranks or ()) - set(traces.rank_ids))
-    if unknown:  # before the analysis, which takes a while on big runs
-        raise UsageError(f"--ranks: no trace for rank(s) {', '.join(map(str, unknown))} "
-                         f"(ranks loaded: {', '.join(map(str, traces.rank_ids))})")
+    if ranks is not None:  # before the analysis, which takes a while on big runs
+        check_gantt_ranks(traces, ranks)
     started = time.perf_counter()
     if analysis is None:
         _say(progress, "analysing FSDP units")

@@ -140,6 +140,15 @@ def overlap_devices(summary: dict[str, Any]) -> pd.DataFrame:
                          "device": [str(v.get("device", "")) for v in per_rank.values()]})
 
 
+def check_gantt_ranks(traces: TraceSet, ranks: Sequence[int]) -> list[int]:
+    """``ranks`` (``--ranks``) sorted and without repeats; UsageError if one has no trace."""
+    unknown = sorted(set(ranks) - set(traces.rank_ids))
+    if unknown:
+        raise UsageError(f"--ranks: no trace for rank(s) {', '.join(map(str, unknown))} "
+                         f"(ranks loaded: {', '.join(map(str, traces.rank_ids))})")
+    return sorted(set(ranks))
+
+
 def prepare_report(traces: TraceSet, *, summary: dict[str, Any], overlap: pd.DataFrame | None = None,
                    analysis: Any | None = None, max_segments: int = MAX_PAGE_SEGMENTS,
                    gantt_ranks: Sequence[int] | None = None, max_gantt_ranks: int = MAX_GANTT_RANKS,
@@ -174,11 +183,7 @@ def prepare_report(traces: TraceSet, *, summary: dict[str, Any], overlap: pd.Dat
         if why:
             notes.append(why)
     else:
-        unknown = sorted(set(gantt_ranks) - set(traces.rank_ids))
-        if unknown:
-            raise UsageError(f"--ranks: no trace for rank(s) {', '.join(map(str, unknown))} "
-                             f"(ranks loaded: {', '.join(map(str, traces.rank_ids))})")
-        gantt_ranks = sorted(set(gantt_ranks))
+        gantt_ranks = check_gantt_ranks(traces, gantt_ranks)
     # the analysis' curve (thinned, exact peaks, reference clock); without an analysis, the same from the samples
     curve = getattr(analysis, "memory", None)
     curve = analysis_memory.curves(aligned.memory) if curve is None else curve
