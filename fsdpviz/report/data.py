@@ -199,14 +199,11 @@ def prepare_report(traces: TraceSet, *, summary: dict[str, Any], overlap: pd.Dat
     # Tabs: per-unit Gantt of each chosen step + all events of the median step when the run has
     # units (the per-unit view is the one to read; one all-events tab shows what else ran), else all
     # events of each chosen step.
-    with_lanes = has_units and VIEW_LANES in views and bool(choices)
+    with_lanes = has_units and VIEW_LANES in views
     per_view = max(1_000, max_segments // max(len(choices) + int(with_lanes), 1))
     tabs: list[StepView] = []
     for i, choice in enumerate(choices):
         exposed = exposed_intervals(aligned, overlap, choice.step, gantt_ranks)
-        if not has_units or (i == 0 and with_lanes):
-            lanes = lanes_view(aligned, overlap, choice, max_segments=per_view, memory_ranks=memory_ranks,
-                               ranks=gantt_ranks, exposed=exposed, memory_curve=curve)
         if has_units:
             view = units_view(spans, traces.lanes, choice, colors=colors, exposed=exposed,
                               memory_curve=memory.memory_curves(curve, choice, memory_ranks),
@@ -216,7 +213,8 @@ def prepare_report(traces: TraceSet, *, summary: dict[str, Any], overlap: pd.Dat
             view.peaks = unit_peak_markers(peaks[peaks["unit"] != NO_UNIT], choice, colors)
             tabs.append(view)
         if not has_units or (i == 0 and with_lanes):
-            tabs.append(lanes)
+            tabs.append(lanes_view(aligned, overlap, choice, max_segments=per_view, memory_ranks=memory_ranks,
+                                   ranks=gantt_ranks, exposed=exposed, memory_curve=curve))
     if len(memory_ranks) < curve["rank"].nunique():
         notes.append(f"Memory curves show {len(memory_ranks)} of {curve['rank'].nunique()} ranks: "
                      "rank 0 and the ranks with the highest peaks.")
