@@ -13,18 +13,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from PIL import Image
-
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "browser"))
 
 from cdp import Browser, find_chromium  # a test helper, not part of the package
+from shots import READY, SECTION_BOX, save_png
 
 OUT = Path(__file__).resolve().parent
 WIDTH_PX = 1000
-READY = "window.Bokeh && Bokeh.documents.length > 0 && Bokeh.documents.every(d => d.is_idle)"
-SECTION_BOX = """(() => {{ const r = document.getElementById({key!r}).getBoundingClientRect();
-  return {{x: r.left + window.scrollX, y: r.top + window.scrollY, width: r.width, height: r.height}}; }})()"""
 # section id -> (image name, tallest part kept in page pixels, None = all of it)
 SECTIONS = {
     "headline": ("compare-headline.png", None),
@@ -33,17 +29,6 @@ SECTIONS = {
     "units": ("compare-units.png", 900),
     "timelines": ("compare-timelines.png", None),
 }
-
-
-def _save(src: Path, name: str, max_height_px: int | None) -> None:
-    with Image.open(src) as img:
-        img = img.convert("RGB")
-        if max_height_px is not None and img.height > max_height_px:
-            img = img.crop((0, 0, img.width, max_height_px))
-        scale = WIDTH_PX / img.width
-        img = img.resize((WIDTH_PX, round(img.height * scale)), Image.LANCZOS)
-        img.quantize(colors=256, method=Image.Quantize.MEDIANCUT).save(OUT / name, optimize=True)
-    print(f"{OUT / name}: {(OUT / name).stat().st_size / 1024:.0f} KB")
 
 
 def main() -> None:
@@ -61,7 +46,7 @@ def main() -> None:
         for key, (name, max_height) in SECTIONS.items():
             box = browser.evaluate(SECTION_BOX.format(key=key))
             shot = browser.screenshot(Path(tmp) / f"{key}.png", clip=box)
-            _save(shot, name, max_height)
+            save_png(shot, OUT / name, WIDTH_PX, max_height)
 
 
 if __name__ == "__main__":

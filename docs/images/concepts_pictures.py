@@ -25,13 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "browser"))
 
 from cdp import Browser, find_chromium  # test helpers, not part of the package
+from shots import READY, save_png
 from synth import Scenario, generate_run, make_units
 
 from fsdpviz.analysis import summarize
@@ -49,7 +49,6 @@ BROWSER_WIDTH_PX = 960  # the page's margins leave the figure about 900 px
 RANK = 0
 PAD_MS = 0.04  # space left and right of a zoomed window
 LEGEND_TITLES = {"units tabs": "units", "all-events tabs": "busy time", "red strips": "red strips"}
-READY = "window.Bokeh && Bokeh.documents.length > 0 && Bokeh.documents.every(d => d.is_idle)"
 # From the first legend line to the bottom of the figure: the unit colours belong to the picture.
 FIGURE_BOX = """(() => { const s = document.getElementById('figure');
   const top = (s.querySelector('.legend') || s.querySelector('.plot')).getBoundingClientRect().top;
@@ -124,14 +123,6 @@ def figure_page(run: Analysed, kind: str, fig: Any, path: Path) -> Path:
     section = replace(section, key="figure", title="", howto="", notes=[], legend=legend, views={"figure": fig})
     write_page(Page(title="fsdpviz concepts", sections=[section]), path)
     return path
-
-
-def save_png(src: Path, name: str) -> None:
-    with Image.open(src) as img:
-        img = img.convert("RGB")
-        img = img.resize((WIDTH_PX, round(img.height * WIDTH_PX / img.width)), Image.LANCZOS)
-        img.quantize(colors=256, method=Image.Quantize.MEDIANCUT).save(OUT / name, optimize=True)
-    print(f"  -> {OUT / name} ({(OUT / name).stat().st_size / 1024:.0f} KB)")
 
 
 def whole_step(runs: dict[str, Analysed]) -> tuple[Analysed, str, Any]:
@@ -251,7 +242,7 @@ def main() -> None:
                 browser.wait_for(READY)
                 browser.pump(0.5)
                 print(name)
-                save_png(browser.screenshot(tmp / name, clip=browser.evaluate(FIGURE_BOX)), name)
+                save_png(browser.screenshot(tmp / name, clip=browser.evaluate(FIGURE_BOX)), OUT / name, WIDTH_PX)
 
 
 if __name__ == "__main__":

@@ -14,32 +14,17 @@ import sys
 import tempfile
 from pathlib import Path
 
-from PIL import Image
-
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "browser"))
 
 from cdp import Browser, find_chromium  # a test helper, not part of the package
+from shots import READY, SECTION_BOX, save_png
 
 OUT = Path(__file__).resolve().parent
 WIDTH_PX = 1000
 DEFAULT_GPU = ROOT.parent / "shared" / "traces" / "gpu-real" / "nccl_parser_config" / "nccl_data.json.gz"
-READY = "window.Bokeh && Bokeh.documents.length > 0 && Bokeh.documents.every(d => d.is_idle)"
-SECTION_BOX = """(() => {{ const r = document.getElementById({key!r}).getBoundingClientRect();
-  return {{x: r.left + window.scrollX, y: r.top + window.scrollY, width: r.width, height: r.height}}; }})()"""
 SELECT_TAB = """(() => {{ const t = [...Bokeh.documents[0].all_models].find(m => m.type === 'Tabs');
   if (t) {{ t.active = {index}; }} return t ? t.active : -1; }})()"""
-
-
-def _save(src: Path, name: str, max_height_px: int | None = None) -> None:
-    with Image.open(src) as img:
-        img = img.convert("RGB")
-        if max_height_px is not None and img.height > max_height_px:
-            img = img.crop((0, 0, img.width, max_height_px))
-        scale = WIDTH_PX / img.width
-        img = img.resize((WIDTH_PX, round(img.height * scale)), Image.LANCZOS)
-        img.quantize(colors=256, method=Image.Quantize.MEDIANCUT).save(OUT / name, optimize=True)
-    print(f"{OUT / name}: {(OUT / name).stat().st_size / 1024:.0f} KB")
 
 
 def _section(browser: Browser, key: str, tmp: Path) -> Path:
@@ -64,19 +49,19 @@ def main() -> None:
             browser.open(example.as_uri())
             browser.wait_for(READY)
             browser.pump(1.0)
-            _save(_section(browser, "headline", tmp), "report-headline.png")
-            _save(_section(browser, "timeline", tmp), "report-timeline-units.png")
+            save_png(_section(browser, "headline", tmp), OUT / "report-headline.png", WIDTH_PX)
+            save_png(_section(browser, "timeline", tmp), OUT / "report-timeline-units.png", WIDTH_PX)
             browser.evaluate(SELECT_TAB.format(index=1))
             browser.pump(1.5)
-            _save(_section(browser, "timeline", tmp), "report-timeline-events.png")
-            _save(_section(browser, "units", tmp), "report-units.png", max_height_px=1500)
-            _save(_section(browser, "steps", tmp), "report-steps.png")
+            save_png(_section(browser, "timeline", tmp), OUT / "report-timeline-events.png", WIDTH_PX)
+            save_png(_section(browser, "units", tmp), OUT / "report-units.png", WIDTH_PX, max_height_px=1500)
+            save_png(_section(browser, "steps", tmp), OUT / "report-steps.png", WIDTH_PX)
         with Browser(chromium, width=1400, height=900) as browser:
             browser.open(ddp.as_uri())
             browser.wait_for(READY)
             browser.pump(1.0)
-            _save(_section(browser, "headline", tmp), "report-gpu-headline.png")
-            _save(_section(browser, "timeline", tmp), "report-gpu-timeline.png")
+            save_png(_section(browser, "headline", tmp), OUT / "report-gpu-headline.png", WIDTH_PX)
+            save_png(_section(browser, "timeline", tmp), OUT / "report-gpu-timeline.png", WIDTH_PX)
 
 
 if __name__ == "__main__":
