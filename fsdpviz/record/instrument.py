@@ -319,9 +319,9 @@ class Zero3Instrumentation(_Instrumentation):
         # all_gather timer and as framework work in traces; so does the release after its pass.
         self._wrap(coordinator, "fetch_sub_module", lambda orig: self._comm(
             orig, lambda sub_module, *a, **k: names.get(id(sub_module)), KIND_ALL_GATHER, True, label_kind=FETCH))
+        release_labels = {id(unit.key): unit_label(RELEASE, [unit.unit]) for unit in units}
         self._wrap(coordinator, "release_sub_module", lambda orig: self._ranged(
-            orig, lambda sub_module, *a, **k: unit_label(RELEASE, [names[id(sub_module)]])
-            if id(sub_module) in names else None))
+            orig, lambda sub_module, *a, **k: release_labels.get(id(sub_module))))
         for method in ENGINE_CALLS:
             self._wrap(engine, method, lambda orig, method=method: self._engine_call(orig, method))
         # Label: each gather DeepSpeed issues, named by the units whose parameters it carries.
