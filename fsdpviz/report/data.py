@@ -202,14 +202,14 @@ def prepare_report(traces: TraceSet, *, summary: dict[str, Any], overlap: pd.Dat
     with_lanes = has_units and VIEW_LANES in views
     per_view = max(1_000, max_segments // max(len(choices) + int(with_lanes), 1))
     tabs: list[StepView] = []
+    peak_samples = _main_device_samples(aligned.memory) if has_units and choices else None
     for i, choice in enumerate(choices):
         exposed = exposed_intervals(aligned, overlap, choice.step, gantt_ranks)
         if has_units:
             view = units_view(spans, traces.lanes, choice, colors=colors, exposed=exposed,
                               memory_curve=memory.memory_curves(curve, choice, memory_ranks),
                               unit_steps=unit_steps, max_segments=per_view, ranks=gantt_ranks)
-            peaks = place_unit_peaks(unit_steps, spans, _main_device_samples(aligned.memory), choice,
-                                     memory_ranks)
+            peaks = place_unit_peaks(unit_steps, spans, peak_samples, choice, memory_ranks)
             view.peaks = unit_peak_markers(peaks[peaks["unit"] != NO_UNIT], choice, colors)
             tabs.append(view)
         if not has_units or (i == 0 and with_lanes):
