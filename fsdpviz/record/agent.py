@@ -292,7 +292,7 @@ class Agent:
         self._open[(unit, phase)] = (self.clock.mark(unit, phase, KIND_TOTAL), rng)
 
     def close_unit(self, unit: str, phase: str) -> None:
-        if phase != _RECOMPUTE and (unit, _RECOMPUTE) in self._open and phase in ("forward", "backward"):
+        if phase in ("forward", "backward") and (unit, _RECOMPUTE) in self._open:
             self.close_unit(unit, _RECOMPUTE)  # the recomputed forward ended, or its unit's backward did
             if phase == "forward":
                 return
