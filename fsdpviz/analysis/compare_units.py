@@ -8,7 +8,7 @@ set side by side. This module finds those groups from unit names alone (the runs
 names are not recorded), with these rules:
 
 - a unit's *keys* are the modules it covers: its name; each module of an FSDP2 group of several
-  modules (``"a, b"``); each part of a last name component joined by ``+`` (``blocks.0+1`` ->
+  modules (``"[a, b]"``, also ``"a, b"`` as older recordings name it); each part of a last name component joined by ``+`` (``blocks.0+1`` ->
   ``blocks.0``, ``blocks.1``: how the example's ``--wrap pair`` names its ``BlockPair`` containers);
   its ``parent`` when that is a grouping block and not itself a unit of the run (ZeRO-3 submodules);
 - units sharing a key are one group; a key inside another run's unit (``blocks.0.qkv`` when
@@ -29,7 +29,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-ROOT_UNIT: Final = "(root)"
+from fsdpviz.naming import ROOT_UNIT, unit_modules
+
 # Per-unit numbers of the summary's ``units`` entries that a group sums over its units.
 SUM_METRICS: Final = ("param_bytes", "all_gather_ms", "forward_ms", "backward_ms", "reduce_scatter_ms",
                       "exposed_comm_ms", "forward_exposed_all_gather_ms", "backward_exposed_all_gather_ms",
@@ -75,7 +76,7 @@ class UnitMatch:
 def unit_keys(name: str) -> list[str]:
     """The modules a unit covers, read from its name (see the module docstring)."""
     keys: list[str] = []
-    for module in (part.strip() for part in name.split(",")):
+    for module in (part.strip() for named in unit_modules(name) for part in named.split(",")):
         if not module:
             continue
         head, _, last = module.rpartition(".")

@@ -1,4 +1,5 @@
-"""What a loaded run lacks: ranks of the world without a trace, events the loader had to skip.
+"""What a loaded run lacks: ranks of the world without a trace, events the loader had to skip,
+communication between its ranks.
 
 Neither stops the analysis -- the numbers cover what is there -- but both change what the numbers
 mean: an overlap measured on ranks 0-5 of 8 says nothing about the two missing ranks, and a trace
@@ -6,15 +7,16 @@ with thousands of unreadable events may be missing the work that mattered. So th
 them in its ``notes`` (and ``missing_ranks`` / ``skipped_events``), and every command that reads
 traces also prints them as ``warning:`` lines on stderr (``gap_warnings``).
 
-Missing ranks are a warning when the user pointed at a whole run (a run folder, or traces of
-several ranks); one trace file of a larger job is how many people profile (rank 0 only), so
-there it is only a note.
+Missing ranks, and ranks that never communicated, are a warning when the user pointed at a whole
+run (a run folder, or traces of several ranks); one trace file of a larger job is how many people
+profile (rank 0 only), so there it is only a note.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+from fsdpviz.analysis.framework import unconnected_ranks_note
 from fsdpviz.trace.tables import TraceSet
 
 MAX_LISTED_FILES = 3  # skipped events: files named in the one warning line
@@ -58,8 +60,8 @@ def skipped_events_note(traces: TraceSet) -> str | None:
 
 
 def gap_notes(traces: TraceSet) -> list[str]:
-    """The summary's notes about missing ranks and skipped events."""
-    return [n for n in (missing_ranks_note(traces), skipped_events_note(traces)) if n]
+    """The summary's notes about missing ranks, skipped events and ranks that never communicated."""
+    return [n for n in (missing_ranks_note(traces), skipped_events_note(traces), unconnected_ranks_note(traces)) if n]
 
 
 def gap_warnings(traces: TraceSet) -> list[str]:
@@ -71,5 +73,8 @@ def gap_warnings(traces: TraceSet) -> list[str]:
         warnings.append(note)
     note = skipped_events_note(traces)
     if note:
+        warnings.append(note)
+    note = unconnected_ranks_note(traces)
+    if note and whole_run:
         warnings.append(note)
     return warnings

@@ -42,9 +42,10 @@ import numpy as np
 import pandas as pd
 
 from fsdpviz.analysis.columns import as_str
+from fsdpviz.naming import ROOT_UNIT, clean_fqn, unit_from_label
 from fsdpviz.trace import schema
 
-ROOT: Final = "(root)"  # the root unit's name (its FSDP2 labels are bare)
+ROOT: Final = ROOT_UNIT  # the root unit's name (its FSDP2 labels are bare)
 
 FAMILY_FSDP2: Final = "fsdp2"
 FAMILY_FSDPVIZ: Final = "fsdpviz"
@@ -112,7 +113,7 @@ class LabelInfo:
 
 def _unit_name(fqn: str | None) -> str:
     fqn = (fqn or "").strip()
-    return ROOT if fqn in ("", ROOT) else fqn
+    return ROOT if fqn in ("", ROOT) else clean_fqn(fqn)
 
 
 def _phase_of(action: str) -> str:
@@ -133,7 +134,8 @@ def parse_label_name(name: str) -> LabelInfo | None:
         # Labels that do not name a unit (root_pre_forward, inputs_to_device, ...) keep unit "".
         names_unit = action not in ("root_pre_forward", ROOT_POST_BACKWARD, "inputs_to_device",
                                     "cast_forward_inputs", "cast_forward_outputs")
-        unit = _unit_name(match.group("fqn")) if names_unit else ""
+        fqn = (match.group("fqn") or "").strip()
+        unit = (unit_from_label(fqn) if fqn else ROOT) if names_unit else ""
         return LabelInfo(FAMILY_FSDP2, action, unit, _phase_of(action))
     if name.startswith("fsdpviz::"):
         match = _FSDPVIZ_RE.match(name)
@@ -299,19 +301,3 @@ def mark_recompute(labels: pd.DataFrame) -> pd.DataFrame:
 def has_unit_labels(labels: pd.DataFrame) -> bool:
     """Whether the labels name units at all (else only the whole-step analysis applies)."""
     return bool((labels["family"].isin([FAMILY_FSDP2, FAMILY_FSDPVIZ]) & (labels["unit"] != "")).any())
-
-
-def label_framework(labels: pd.DataFrame) -> str:
-    """``fsdp2`` when FSDP2's own labels are present, ``fsdp1`` for FSDP1 ranges, ``zero3`` for the
-    ranges fsdpviz puts around DeepSpeed's engine calls, else ``unknown``.
-
-    (ZeRO-3 leaves no labels of its own: without fsdpviz's ranges only run.json can say a run used it.)
-    """
-    families = set(labels["family"].astype(str))
-    if FAMILY_FSDP2 in families:
-        return "fsdp2"
-    if FAMILY_FSDP1 in families:
-        return "fsdp1"
-    if labels["action"].isin(list(ENGINE_ACTIONS)).any():
-        return "zero3"
-    return "unknown"

@@ -67,8 +67,11 @@ def window_peaks(samples: pd.DataFrame, starts: np.ndarray, ends: np.ndarray) ->
     return out
 
 
-def step_peaks(samples: pd.DataFrame, steps: pd.DataFrame, windows: pd.DataFrame, device: str) -> pd.DataFrame:
-    """MEMORY_PEAKS of one rank: per step its peak sample and the unit window holding it."""
+def step_peaks(samples: pd.DataFrame, steps: pd.DataFrame, windows: pd.DataFrame, device: str,
+               ancestors: dict[str, set[str]] | None = None) -> pd.DataFrame:
+    """MEMORY_PEAKS of one rank: per step its peak sample and the unit window holding it (the
+    innermost: a unit's window wins over its ancestors' wherever their labels open, else the
+    latest-opened one; ``ancestors`` as ``windows.unit_ancestors``)."""
     rows = []
     t = samples["t_ns"].to_numpy(np.int64)
     v = samples["allocated_bytes"].to_numpy(np.int64)
@@ -83,7 +86,7 @@ def step_peaks(samples: pd.DataFrame, steps: pd.DataFrame, windows: pd.DataFrame
         inside = np.flatnonzero((w_start <= t[i]) & (t[i] <= w_end))
         unit = phase = ""
         if len(inside):
-            j = inside[np.argmax(w_start[inside])]  # innermost: the latest-opened window around it
+            j = _innermost(inside, w_start, windows["unit"], ancestors or {})
             unit, phase = str(windows["unit"].iat[j]), str(windows["phase"].iat[j])
         rows.append({"rank": st.rank, "step": st.step, "device": device, "peak_allocated_bytes": int(v[i]),
                      "peak_reserved_bytes": int(reserved[a:b].max()), "peak_t_ns": int(t[i]),
@@ -91,6 +94,15 @@ def step_peaks(samples: pd.DataFrame, steps: pd.DataFrame, windows: pd.DataFrame
     if not rows:
         return schema.make_empty(schema.MEMORY_PEAKS)
     return schema.conform(pd.DataFrame(rows), schema.MEMORY_PEAKS, table="memory peaks")
+
+
+def _innermost(inside: np.ndarray, w_start: np.ndarray, units: pd.Series, ancestors: dict[str, set[str]]) -> int:
+    """Of the windows around an instant, the one no other of them descends from (a unit rather than
+    its ancestor), the latest opened among those."""
+    names = [str(units.iat[i]) for i in inside]
+    enclosing = set().union(*(ancestors.get(n, set()) for n in names))
+    deepest = [i for i, n in zip(inside.tolist(), names) if n not in enclosing] or inside.tolist()
+    return max(deepest, key=lambda i: w_start[i])
 
 
 def thin_curve(samples: pd.DataFrame, max_points: int = MAX_CURVE_POINTS) -> pd.DataFrame:

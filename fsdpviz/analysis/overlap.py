@@ -6,8 +6,8 @@ The question: of the time a rank spent communicating, how much ran while it also
 GPU ranks (any kernel in the trace) use HTA 0.5.0's definitions so the numbers can be checked
 against it: GPU events only; comm = kernels named ``nccl...Kernel`` (old and new NCCL, RCCL);
 compute = every other kernel except names matching Memcpy / Memset / Sync; both merged into
-interval unions. Window: the GPU work launched during the analysed ProfilerSteps (by default every
-captured step but the last, which Kineto often cuts short); idle = the span from the first to the
+interval unions. Window: the GPU work launched during the analysed ProfilerSteps (``steps.choose_steps``:
+by default every step the trace holds complete); idle = the span from the first to the
 last analysed GPU event minus the union of all of them.
 
 CPU ranks (gloo) have no kernels: comm = ``gloo:*`` collectives on gloo worker threads; compute =
@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Final
 
 import numpy as np
 import pandas as pd
 
+from fsdpviz.analysis.steps import StepChoice, StepWindow, choose_steps
 from fsdpviz.errors import NoDataError
 from fsdpviz.trace import schema
 from fsdpviz.trace.tables import TraceSet
@@ -146,40 +146,6 @@ CPU_COMPUTE_LANES: Final = (schema.LANE_CPU_MAIN, schema.LANE_CPU_AUTOGRAD)
 CPU_WAIT_RE: Final = re.compile(r"wait", re.IGNORECASE)
 
 
-@dataclass(frozen=True, slots=True)
-class StepWindow:
-    """The ProfilerSteps analysed on one rank and their time span (steps empty = whole trace)."""
-
-    steps: tuple[int, ...]
-    start_ns: int
-    end_ns: int
-
-
-def select_window(
-    rank_steps: pd.DataFrame, *, steps: Sequence[int] | None = None, include_last_step: bool = False
-) -> StepWindow | None:
-    """Pick the analysed steps of one rank; None when the trace has no ProfilerStep at all.
-
-    Default: every step but the last (HTA drops the last profiled step: the profiler stops inside
-    it, so its GPU work is often cut short). A trace with a single step keeps it. ``steps`` picks
-    explicit step numbers (those absent on this rank are ignored).
-    """
-    if rank_steps.empty:
-        return None
-    ordered = rank_steps.sort_values("start_ns")
-    if steps is not None:
-        ordered = ordered[ordered["step"].isin(list(steps))]
-    elif len(ordered) > 1 and not include_last_step:
-        ordered = ordered.iloc[:-1]
-    if ordered.empty:
-        return StepWindow((), 0, 0)
-    return StepWindow(
-        tuple(int(s) for s in ordered["step"]),
-        int(ordered["start_ns"].min()),
-        int(ordered["end_ns"].max()),
-    )
-
-
 def _intervals_of(frame: pd.DataFrame) -> Intervals:
     starts = frame["start_ns"].to_numpy(dtype=np.int64)
     return union_intervals(starts, starts + frame["dur_ns"].to_numpy(dtype=np.int64))
@@ -268,12 +234,16 @@ def overlap_row(
 
 
 def compute_overlap(
-    traces: TraceSet, *, steps: Sequence[int] | None = None, include_last_step: bool = False
+    traces: TraceSet, *, steps: Sequence[int] | None = None, include_last_step: bool = False,
+    choice: StepChoice | None = None,
 ) -> pd.DataFrame:
-    """Whole-step overlap per rank (schema.OVERLAP), GPU or CPU definition per rank.
+    """Whole-step overlap per rank (schema.OVERLAP), GPU or CPU definition per rank, over the steps
+    ``choice`` analyses (default: ``steps.choose_steps`` with ``steps`` and ``include_last_step``).
 
     Raises NoDataError naming the rank's file when a rank has nothing in its analysis window.
     """
+    if choice is None:
+        choice = choose_steps(traces, steps=steps, include_last_step=include_last_step)
     rows = []
     # One grouping of the (possibly huge) events table instead of one full scan per rank; each
     # rank's rows are taken when its turn comes, so only one rank's copy exists at a time.
@@ -281,9 +251,7 @@ def compute_overlap(
     for rank in traces.rank_ids:
         mine = by_rank.get(rank)
         events = traces.events.iloc[mine] if mine is not None else traces.events.iloc[:0]
-        window = select_window(
-            traces.steps[traces.steps["rank"] == rank], steps=steps, include_last_step=include_last_step
-        )
+        window = choice.window(rank)
         if (events["kind"] == schema.KIND_KERNEL).any():
             device = schema.OVERLAP_GPU
             comm, compute, busy = gpu_sets(events, window)
@@ -297,7 +265,7 @@ def compute_overlap(
             elif window.steps:
                 where = f"steps {list(window.steps)}"
             else:
-                where = f"steps {list(steps or [])}, not in this trace"
+                where = f"steps {list(choice.requested or [])}, not in this trace"
             raise NoDataError(
                 f"{traces.source_of(rank)}: no {device.upper()} events in the analysis window ({where})"
             )

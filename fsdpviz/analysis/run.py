@@ -6,8 +6,8 @@ matched, rank clocks compared and, where they disagree, every time of a rank is 
 reference rank's clock; collective skew and stragglers are measured on that common clock. Last,
 units are summarised and findings written.
 
-The analysed steps are those of the whole-step overlap (``overlap.select_window``): by default
-every captured ProfilerStep but the last, which the profiler cuts short.
+The analysed steps are those of the whole-step overlap (:func:`fsdpviz.analysis.steps.choose_steps`):
+by default every ProfilerStep the trace holds complete.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from fsdpviz.analysis import crossrank, memory
 from fsdpviz.analysis.collectives import is_gpu_rank
 from fsdpviz.analysis.columns import startswith
 from fsdpviz.analysis.findings import build_findings
+from fsdpviz.analysis.framework import decide_framework
 from fsdpviz.analysis.labels import (
     ENGINE_BACKWARD,
     ENGINE_FORWARD,
@@ -31,7 +32,6 @@ from fsdpviz.analysis.labels import (
     FSDPVIZ_REDUCE_ACTION,
     GATHER_ACTION,
     has_unit_labels,
-    label_framework,
     parse_labels,
 )
 from fsdpviz.analysis.overlap import (
@@ -41,12 +41,12 @@ from fsdpviz.analysis.overlap import (
     empty_intervals,
     gpu_sets,
     overlap_ns,
-    select_window,
     subtract_intervals,
     total_ns,
     union_intervals,
 )
 from fsdpviz.analysis.spans import OPTIMIZER_PREFIX, unit_tables
+from fsdpviz.analysis.steps import StepChoice, choose_steps
 from fsdpviz.analysis.unit_overlap import unit_steps
 from fsdpviz.analysis.units import derive_units, unit_stats
 from fsdpviz.analysis.windows import _overhead_labels, unit_ancestors
@@ -172,27 +172,28 @@ def _concat(frames: list[pd.DataFrame], table: schema.Schema) -> pd.DataFrame:
     return schema.conform(pd.concat(frames, ignore_index=True), table) if frames else schema.make_empty(table)
 
 
-def analyze_run(traces: TraceSet, *, steps: Sequence[int] | None = None) -> RunAnalysis:
-    """Per-unit analysis of a loaded run (see the module docstring)."""
+def analyze_run(traces: TraceSet, *, steps: Sequence[int] | None = None,
+                choice: StepChoice | None = None) -> RunAnalysis:
+    """Per-unit analysis of a loaded run (see the module docstring) over the steps ``choice``
+    analyses (default: ``steps.choose_steps(traces, steps=steps)``)."""
+    if choice is None:
+        choice = choose_steps(traces, steps=steps)
     ranks = traces.rank_ids
     labels = parse_labels(traces.events)
-    framework = label_framework(labels)
-    recorded = str((traces.run or {}).get("framework", "unknown"))
-    if framework == "unknown" or (framework == "fsdp1" and recorded == "zero3"):
-        framework = recorded if recorded in schema.FRAMEWORKS else "unknown"
+    framework = decide_framework(traces)
     ut = unit_tables(traces.events, traces.lanes, labels)
     wanted: dict[int, set[int] | None] = {}
-    windows: dict[int, object] = {}
+    windows = choice.windows
     for rank in ranks:
-        window = select_window(traces.steps[traces.steps["rank"] == rank], steps=steps)
-        windows[rank] = window
+        window = windows.get(rank)
         wanted[rank] = set(window.steps) if window is not None else None
     analysed = set().union(*[w if w is not None else {schema.NO_STEP} for w in wanted.values()]) if ranks else set()
 
     event_rows = traces.events.groupby("rank", sort=True).indices
     compute = {r: _compute_set(traces.events.iloc[event_rows[r]], traces.lanes) for r in ranks if r in event_rows}
     sizes = traces.units[traces.units["param_bytes"] > 0] if len(traces.units) else traces.units
-    us = unit_steps(ut.spans, ut.windows, compute, unit_ancestors(ut.windows),
+    ancestors = unit_ancestors(ut.windows)
+    us = unit_steps(ut.spans, ut.windows, compute, ancestors,
                     dict(zip(sizes["unit"].astype(str), sizes["param_bytes"].astype(int))))
     devices = memory.main_devices(traces.memory)
     peaks, curves, times = [], [], []
@@ -218,7 +219,7 @@ def analyze_run(traces: TraceSet, *, steps: Sequence[int] | None = None) -> RunA
                                  index=pd.MultiIndex.from_frame(rank_windows[key])).groupby(level=key).max()
                 found = peak.reindex(pd.MultiIndex.from_frame(us.loc[mine, key])).fillna(-1)
                 us.loc[mine, "peak_allocated_bytes"] = found.to_numpy(dtype=np.int64)
-            peaks.append(memory.step_peaks(samples, chosen, rank_windows, devices[rank]))
+            peaks.append(memory.step_peaks(samples, chosen, rank_windows, devices[rank], ancestors))
             window = windows[rank]
             if window is not None and window.steps:
                 curves.append(memory.curve(samples, window.start_ns, window.end_ns))

@@ -38,7 +38,7 @@ from fsdpviz.analysis.collectives import COLLECTIVES, find_collectives, gpu_rank
 from fsdpviz.analysis.columns import as_str, startswith
 from fsdpviz.analysis.nesting import innermost_enclosing
 from fsdpviz.analysis.overlap import GPU_WORK_KINDS, HTA_NOT_COMPUTE_RE
-from fsdpviz.analysis.windows import compute_pieces, unit_windows
+from fsdpviz.analysis.windows import compute_pieces, unit_ancestors, unit_windows
 from fsdpviz.trace import schema
 
 COPY_IN_OP: Final = "fsdp::all_gather_copy_in"
@@ -198,7 +198,7 @@ def _cpu_compute_spans(pieces: pd.DataFrame, events: pd.DataFrame) -> pd.DataFra
 def unit_tables(events: pd.DataFrame, lanes: pd.DataFrame, labels: pd.DataFrame) -> UnitTables:
     """Spans, windows, compute pieces and attributed collectives of every rank in ``events``."""
     windows = unit_windows(labels)
-    pieces = compute_pieces(windows, labels)
+    pieces = compute_pieces(windows, labels, unit_ancestors(windows))
     passes = lab.pass_starts(labels)
     coll = attribute_collectives(find_collectives(events, lanes), labels, passes)
     on_gpu = gpu_ranks(events)

@@ -5,8 +5,8 @@ memory peaks, units); scripts compare runs with it, so keys are only ever added.
 JSON types: ints, floats rounded for reading (ms to the µs, percentages to 0.01), ``None`` where a
 number does not exist (no communication, no memory samples).
 
-Conventions (docs/concepts.md): ``steps`` are the analysed ProfilerSteps (by default every captured
-step but the last); ``step_time_ms`` is their mean CPU-side duration over ranks; the overlap's
+Conventions (docs/concepts.md): ``steps`` are the analysed ProfilerSteps (by default every step the
+trace holds complete, see :mod:`fsdpviz.analysis.steps`); ``step_time_ms`` is their mean CPU-side duration over ranks; the overlap's
 ``comm_ms`` / ``compute_ms`` / ``exposed_comm_ms`` are per step, averaged over ranks, and its
 ``overlap_pct`` is Σ|comm ∩ compute| / Σ|comm| over ranks; memory peaks are the largest samples in
 the analysed steps (GPU devices when the trace has any, else the CPU).
@@ -21,29 +21,13 @@ from typing import Any, Final
 import numpy as np
 import pandas as pd
 
+from fsdpviz.analysis.framework import decide_framework, framework_notes
 from fsdpviz.analysis.gaps import gap_notes
-from fsdpviz.analysis.overlap import compute_overlap, select_window
-from fsdpviz.trace import schema
+from fsdpviz.analysis.overlap import compute_overlap
+from fsdpviz.analysis.steps import StepChoice, choose_steps
 from fsdpviz.trace.tables import TraceSet
 
-FSDP2_PREFIX: Final = "FSDP::"
-FSDP1_PREFIX: Final = "FullyShardedDataParallel."
-FSDPVIZ_PREFIX: Final = "fsdpviz::"
 NS_PER_MS: Final = 1e6
-
-
-def detect_framework(traces: TraceSet) -> str:
-    """fsdp2 / fsdp1 / zero3 / unknown, from the labels in the traces (and run.json for ranges
-    fsdpviz itself added, which do not say which framework they came from)."""
-    names = [str(n) for n in traces.events["name"].cat.categories]
-    if any(n.startswith(FSDP2_PREFIX) for n in names):
-        return "fsdp2"
-    if any(n.startswith(FSDP1_PREFIX) for n in names):
-        return "fsdp1"
-    recorded = str((traces.run or {}).get("framework", "unknown"))
-    if recorded in schema.FRAMEWORKS and any(n.startswith(FSDPVIZ_PREFIX) for n in names):
-        return recorded
-    return "unknown"
 
 
 def summarize(
@@ -55,19 +39,20 @@ def summarize(
     ``analysis``: the ``analyze_run`` result of the same traces and steps when the caller has it
     (the report does), so the per-unit analysis does not run twice.
     """
-    overlap = compute_overlap(traces, steps=steps, include_last_step=include_last_step)
-    windows = _windows(traces, steps, include_last_step)
-    framework = detect_framework(traces)
-    analysed = sorted({s for w in windows.values() if w is not None for s in w.steps})
-    notes = _notes(traces, overlap, windows, framework)
+    choice = choose_steps(traces, steps=steps, include_last_step=include_last_step)
+    overlap = compute_overlap(traces, choice=choice)
+    windows = choice.windows
+    framework = decide_framework(traces)
+    analysed = choice.steps
+    notes = _notes(traces, overlap, choice, framework)
     units: list[dict[str, Any]] = []
-    if framework != "unknown":
+    if framework not in ("unknown", "ddp"):
         # lazy: run and units import this package
         from fsdpviz.analysis.run import analyze_run
         from fsdpviz.analysis.units import summary_records
 
         if analysis is None:
-            analysis = analyze_run(traces, steps=analysed or None)
+            analysis = analyze_run(traces, choice=choice)
         units = summary_records(analysis.unit_stats)
         if not units:
             notes.append("no FSDP unit was found in the analysed steps, so units is empty")
@@ -105,15 +90,6 @@ def finding_entries(findings: pd.DataFrame) -> list[dict[str, Any]]:
         }
         for row in findings.itertuples(index=False)
     ]
-
-
-def _windows(traces: TraceSet, steps: Sequence[int] | None, include_last_step: bool) -> dict:
-    return {
-        rank: select_window(
-            traces.steps[traces.steps["rank"] == rank], steps=steps, include_last_step=include_last_step
-        )
-        for rank in traces.rank_ids
-    }
 
 
 def _device(overlap: pd.DataFrame) -> str:
@@ -192,22 +168,13 @@ def _memory_dict(traces: TraceSet, windows: dict) -> dict[str, Any]:
     }
 
 
-def _notes(traces: TraceSet, overlap: pd.DataFrame, windows: dict, framework: str) -> list[str]:
-    notes: list[str] = []
-    for rank, window in windows.items():
-        if window is None:
-            notes.append(f"rank {rank}: no ProfilerStep#N in the trace, the whole trace was analysed")
-    dropped = [
-        int(traces.steps.loc[traces.steps["rank"] == r, "step"].max())
-        for r, w in windows.items()
-        if w is not None and w.steps and (traces.steps["rank"] == r).sum() > len(w.steps)
-    ]
-    if dropped and len(set(dropped)) == 1:
-        notes.append(f"step {dropped[0]} (the last captured) is not analysed: the profiler stops inside it")
+def _notes(traces: TraceSet, overlap: pd.DataFrame, choice: StepChoice, framework: str) -> list[str]:
+    notes: list[str] = list(choice.notes)
     if traces.skipped:
         notes.append(f"skipped {len(traces.skipped)} JSON file(s) that are not Kineto traces: "
                      + ", ".join(traces.skipped[:5]))
     notes.extend(gap_notes(traces))  # ranks without a trace, events the loader skipped
+    notes.extend(framework_notes(framework))
     if framework == "unknown":
         notes.append(
             "no FSDP labels (FSDP::, FullyShardedDataParallel., fsdpviz::) in the traces, so units is "

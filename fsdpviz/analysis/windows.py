@@ -11,12 +11,20 @@ pre label to the start of the first post label (for fsdpviz ranges, the whole ra
 defers a unit's post-backward to ``FSDP::root_post_backward_callback`` the region stops where that
 callback starts.
 
-The unit's **compute pieces** are its region minus the windows of other units that open inside it
-(nested units: the root's own compute is what lies outside its children; and a sibling that starts
-before this unit's window closes, as when autograd runs FSDP1's next unit while the previous one
-still accumulates gradients: from there on the time is the newer unit's) and minus the
-framework's labels inside it (prefetches, waits, FSDP1 hooks, ZeRO-3 fetches and releases): the
-CPU time the unit spent in its own model code. On GPU the kernels launched from those pieces are the unit's compute.
+The unit's **compute pieces** are its region minus the windows of other units that claim part of it,
+and minus the framework's labels inside it (prefetches, waits, FSDP1 hooks, ZeRO-3 fetches and
+releases): the CPU time the unit spent in its own model code. On GPU the kernels launched from those
+pieces are the unit's compute. A window claims the time it shares with another unit's region when
+
+- its unit is a descendant of the other (the root's own compute is what lies outside its children),
+  wherever the labels open: FSDP2 opens the root's bare ``FSDP::pre_backward`` inside the backward
+  of the unit that computes first in backward (``[norm, output]`` in the torchtitan shape), yet that
+  unit's gradients are its own work;
+- or it opens inside the other's region and is not its ancestor: a sibling that starts before this
+  unit's window closes, as when autograd runs FSDP1's next unit while the previous one still
+  accumulates gradients -- from there on the time is the newer unit's.
+
+Ancestry is the nesting of the forward windows (:func:`unit_ancestors`).
 """
 
 from __future__ import annotations
@@ -177,10 +185,13 @@ def _overhead_labels(labels: pd.DataFrame) -> pd.DataFrame:
     return labels[mask.to_numpy()]
 
 
-def compute_pieces(windows: pd.DataFrame, labels: pd.DataFrame) -> pd.DataFrame:
-    """PIECES: each window's compute region minus nested windows and framework labels."""
+def compute_pieces(windows: pd.DataFrame, labels: pd.DataFrame,
+                   ancestors: dict[str, set[str]] | None = None) -> pd.DataFrame:
+    """PIECES: each window's compute region minus the windows of units that claim part of it (see
+    the module docstring) and minus framework labels. ``ancestors``: :func:`unit_ancestors`."""
     if windows.empty:
         return schema.make_empty(PIECES)
+    ancestors = unit_ancestors(windows) if ancestors is None else ancestors
     overhead = _overhead_labels(labels)
     over_groups = overhead.groupby(["rank", "lane"], sort=False).indices
     ov_s = overhead["start_ns"].to_numpy(np.int64)
@@ -196,8 +207,12 @@ def compute_pieces(windows: pd.DataFrame, labels: pd.DataFrame) -> pd.DataFrame:
     all_micro = windows["micro"].to_numpy()
     all_units = windows["unit"].to_numpy(dtype=object)
     all_phases = windows["phase"].to_numpy(dtype=object)
-    unit_code = pd.factorize(all_units)[0]
+    unit_code, unit_names = pd.factorize(all_units)
     phase_code = pd.factorize(all_phases)[0]
+    # is_ancestor[a, d]: unit a encloses unit d in forward
+    names = [str(u) for u in unit_names]
+    is_ancestor = np.array([[a in ancestors.get(d, ()) for d in names] for a in names],
+                           dtype=bool).reshape(len(names), len(names))
     for (rank, lane), w_idx in windows.groupby(["rank", "lane"], sort=False).indices.items():
         o = over_groups.get((rank, lane), np.zeros(0, dtype=np.int64))
         u_s, u_e = _union_sorted(ov_s[o], ov_e[o])
@@ -206,10 +221,17 @@ def compute_pieces(windows: pd.DataFrame, labels: pd.DataFrame) -> pd.DataFrame:
         sorted_start = w_start[order]
         units, phases = unit_code[w_idx], phase_code[w_idx]
         for j, (lo, hi) in enumerate(zip(all_lo[w_idx].tolist(), all_hi[w_idx].tolist())):
-            # nested windows of other units that start inside this region
+            # windows of other units that open inside this region and are not its ancestors...
             a, b = np.searchsorted(sorted_start, (lo, hi), side="left")
             kids = order[a:b]
-            kids = kids[(units[kids] != units[j]) & (phases[kids] == phases[j])]
+            kids = kids[(units[kids] != units[j]) & (phases[kids] == phases[j])
+                        & ~is_ancestor[units[kids], units[j]]]
+            # ...and those of its descendants that reach into it from before it opened
+            early = order[:a]
+            early = early[is_ancestor[units[j], units[early]] & (phases[early] == phases[j])
+                          & (w_excl[early] > lo)]
+            if len(early):
+                kids = np.concatenate([kids, early])
             k0, k1 = np.searchsorted(u_e, lo, side="right"), np.searchsorted(u_s, hi, side="left")
             if len(kids) == 0 and k1 <= k0:  # nothing to cut out: the whole region
                 if lo < hi:

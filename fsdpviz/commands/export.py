@@ -32,8 +32,8 @@ def export(
                                       show_default=False)],
     fmt: Annotated[str, typer.Option("--format", help="parquet or csv.")] = "parquet",
     steps: Annotated[str | None, typer.Option(
-        "--steps", help="ProfilerSteps to analyse, e.g. 3,4 or 3-5. Default: every captured "
-                        "step but the last (often cut short).", show_default=False)] = None,
+        "--steps", help="ProfilerSteps to analyse, e.g. 3,4 or 3-5. Default: every step the "
+                        "trace holds complete (see docs/concepts.md, 'Steps').", show_default=False)] = None,
     cache: Annotated[bool, typer.Option(
         "--cache/--no-cache", help="Reuse parsed traces cached beside them.")] = True,
 ) -> None:

@@ -12,8 +12,10 @@ from typing import Any
 import typer
 
 from fsdpviz.errors import EXIT_BAD_INPUT, FsdpvizError, UsageError
+from fsdpviz.naming import list_units
 
 CONTEXT_SETTINGS = {"allow_interspersed_args": False}  # options after COMMAND belong to COMMAND
+MAX_UNITS_LISTED = 12  # the recording's line names this many units, then counts the rest
 
 
 def _say(message: str) -> None:
@@ -98,7 +100,8 @@ def print_recording(run: dict[str, Any], run_dir: Path) -> None:
              "(see docs/recording.md, 'Which processes record')")
     else:
         units = run["units"]
-        unit_text = f"{len(units)} units ({', '.join(u['unit'] for u in units[:6])}{', ...' if len(units) > 6 else ''})"
+        unit_text = (f"{len(units)} units: {list_units((u['unit'] for u in units), MAX_UNITS_LISTED)}"
+                     + (" (all in run.json)" if len(units) > MAX_UNITS_LISTED else "") if units else "no units")
         steps = run["profile"]["steps"]
         _say(f"{len(ranks)} rank(s) of world size {run['world_size']}, framework {run['framework']}, {unit_text}")
         traces = sum(1 for r in ranks if r["trace"])

@@ -36,8 +36,8 @@ def report(
         None, "-o", "--output", help="HTML file to write. Default: report.html in the run folder, "
                                      "else ./fsdpviz-report.html.", show_default=False),
     steps: str | None = typer.Option(
-        None, "--steps", help="ProfilerSteps to analyse, e.g. 3,4 or 3-5. Default: every captured "
-                              "step but the last (often cut short).", show_default=False),
+        None, "--steps", help="ProfilerSteps to analyse, e.g. 3,4 or 3-5. Default: every step the "
+                              "trace holds complete (see docs/concepts.md, 'Steps').", show_default=False),
     ranks: str | None = typer.Option(
         None, "--ranks", help="Ranks the timeline Gantt draws, e.g. 0-7 or 0,5,9. Default: all ranks, "
                               "or 16 chosen ones (rank 0, slowest, fastest, spread) beyond 16.",

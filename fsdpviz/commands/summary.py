@@ -21,10 +21,10 @@ def summary(
              "(.json / .json.gz, also recorded without fsdpviz).", show_default=False)],
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON (a stable contract).")] = False,
     steps: Annotated[str | None, typer.Option(
-        "--steps", help="ProfilerSteps to analyse, e.g. 3,4 or 3-5. Default: every captured "
-                        "step but the last (often cut short).", show_default=False)] = None,
+        "--steps", help="ProfilerSteps to analyse, e.g. 3,4 or 3-5. Default: every step the "
+                        "trace holds complete (see docs/concepts.md, 'Steps').", show_default=False)] = None,
     include_last_step: Annotated[bool, typer.Option(
-        "--include-last-step", help="Also analyse the last captured step.")] = False,
+        "--include-last-step", help="Also analyse the last captured step when the trace cannot show it complete.")] = False,
     cache: Annotated[bool, typer.Option(
         "--cache/--no-cache", help="Reuse parsed traces cached beside them.")] = True,
 ) -> None:
@@ -79,6 +79,7 @@ def _bytes(value: int | None) -> str:
 def print_summary(result: dict[str, Any]) -> None:
     """Render the summary dict as rich tables on stdout."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console()
@@ -88,9 +89,9 @@ def print_summary(result: dict[str, Any]) -> None:
     head.add_column(style="bold")
     head.add_column()
     if result.get("run_dir"):
-        head.add_row("run folder", result["run_dir"])
+        head.add_row("run folder", escape(result["run_dir"]))
     else:
-        head.add_row("input", ", ".join(result["sources"]))
+        head.add_row("input", escape(", ".join(result["sources"])))
     head.add_row("framework", result["framework"])
     head.add_row("ranks", f"{len(result['ranks'])} loaded of world size {result['world_size']}")
     head.add_row("steps analysed", step_text)
@@ -124,7 +125,7 @@ def print_summary(result: dict[str, Any]) -> None:
         for col in ("unit", "params", "gather", "forward", "backward", "reduce", "exposed"):
             units.add_column(col, justify="right" if col != "unit" else "left")
         for u in result["units"]:
-            units.add_row(str(u.get("name")), _fmt(u.get("param_numel")), _fmt(u.get("all_gather_ms")),
+            units.add_row(escape(str(u.get("name"))), _fmt(u.get("param_numel")), _fmt(u.get("all_gather_ms")),
                           _fmt(u.get("forward_ms")), _fmt(u.get("backward_ms")),
                           _fmt(u.get("reduce_scatter_ms")), _fmt(u.get("exposed_comm_ms")))
         console.print(units)
@@ -133,11 +134,11 @@ def print_summary(result: dict[str, Any]) -> None:
         # A list rather than a table: findings are sentences, and a table squeezes them into slivers.
         console.print("[italic]findings (most time lost per step first)[/italic]")
         for f in findings[:MAX_FINDINGS_SHOWN]:
-            console.print(f"  {_fmt(f['lost_ms_per_step']):>8} ms  {f['message']}", highlight=False)
+            console.print(f"  {_fmt(f['lost_ms_per_step']):>8} ms  {escape(f['message'])}", highlight=False)
             if f["knob"]:
-                console.print(f"  {'':>8}     [dim]try: {f['knob']}[/dim]", highlight=False)
+                console.print(f"  {'':>8}     [dim]try: {escape(f['knob'])}[/dim]", highlight=False)
         if len(findings) > MAX_FINDINGS_SHOWN:
             console.print(f"[dim]{len(findings) - MAX_FINDINGS_SHOWN} more finding(s) in --json and the "
                           "report[/dim]")
     for note in result["notes"]:
-        console.print(f"[dim]note: {note}[/dim]")
+        console.print(f"[dim]note: {escape(note)}[/dim]")

@@ -40,7 +40,7 @@ from fsdpviz.record.options import (
 from fsdpviz.record.profiling import ProfilerDriver
 from fsdpviz.record.rankfacts import ExitHooks, now_iso, versions, write_json_atomic
 from fsdpviz.record.timers import KIND_TOTAL, PHASE_STEP, WHOLE_STEP, Interval, TimersWriter
-from fsdpviz.record.units import Unit, assign_order
+from fsdpviz.record.units import Unit, assign_order, refresh_fsdp2_settings
 
 _AGENT: Agent | None = None
 _RECOMPUTE = "recompute"  # key of a unit's forward recomputed inside backward (activation checkpointing)
@@ -261,6 +261,8 @@ class Agent:
             self.clock.close(self._step_start)
         if not self._order_assigned:
             assign_order(self.units, self._first_seen)
+            if self.framework == "fsdp2":
+                refresh_fsdp2_settings(self.units)  # after FSDP2's lazy init, which ran in this step
             self._order_assigned = True
         self.step += 1
         self.clock.end_step(self.step)
@@ -339,6 +341,8 @@ class Agent:
             partial = self.phase != "idle" or bool(self._open)
             if not self._order_assigned:
                 assign_order(self.units, self._first_seen)
+                if self.framework == "fsdp2":
+                    refresh_fsdp2_settings(self.units)
             for key in list(self._open):
                 self.close_unit(*key)
             for interval in list(self._whole.values()):

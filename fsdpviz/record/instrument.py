@@ -60,7 +60,7 @@ def detect_framework(module: Any) -> str | None:
         return "zero3" if module.zero_optimization_stage() == 3 else "unknown"
     ddp = mods.get("torch.nn.parallel.distributed")
     if ddp is not None and isinstance(module, ddp.DistributedDataParallel):
-        return "unknown"  # not sharded: whole-step recording, no units
+        return "ddp"  # replicated, not sharded: whole-step recording, no units
     return None
 
 

@@ -69,32 +69,82 @@ class StepTimes:
     partial: bool = False  # the run ended inside this step
 
 
-def _direct_children(intervals: list[Interval]) -> dict[int, list[Interval]]:
-    """For every interval (by id), the intervals directly inside it (by CPU time)."""
+def _cpu_overlap_ns(a: Interval, b: Interval) -> int:
+    return max(0, min(a.end_ns, b.end_ns) - max(a.start_ns, b.start_ns))
+
+
+def _ancestors(intervals: list[Interval], parent: dict[int, Interval]) -> dict[str, set[str]]:
+    """unit -> the units whose forward intervals enclose its own (this step's nesting of units)."""
+    out: dict[str, set[str]] = defaultdict(set)
+    for interval in intervals:
+        if interval.kind != KIND_TOTAL or interval.phase != "forward":
+            continue
+        up = parent.get(id(interval))
+        while up is not None:
+            if up.kind == KIND_TOTAL and up.unit != interval.unit:
+                out[interval.unit].add(up.unit)
+            up = parent.get(id(up))
+    return out
+
+
+def _nesting(intervals: list[Interval]) -> tuple[dict[int, Interval], list[tuple[Interval, Interval]]]:
+    """The innermost (shortest) interval around each interval, and the pairs that cross (the
+    older first): ``(S, Y)`` with Y starting inside S and ending after it.
+
+    Unit ranges need not nest: FSDP2's root opens its backward inside the first unit's backward and
+    closes it after every unit's. One sweep in start order with a list of the open intervals: in a
+    training step a handful are open at once.
+    """
     ordered = sorted(intervals, key=lambda i: (i.start_ns, -i.end_ns))
-    children: dict[int, list[Interval]] = defaultdict(list)
-    stack: list[Interval] = []
+    parent: dict[int, Interval] = {}
+    crossing: list[tuple[Interval, Interval]] = []
+    open_: list[Interval] = []
     for interval in ordered:
-        while stack and not stack[-1].contains(interval):
-            stack.pop()
-        if stack:
-            children[id(stack[-1])].append(interval)
-        stack.append(interval)
-    return children
+        open_ = [o for o in open_ if o.end_ns > interval.start_ns]
+        around = [o for o in open_ if o.end_ns >= interval.end_ns]
+        if around:
+            parent[id(interval)] = min(around, key=lambda o: o.end_ns - o.start_ns)
+        crossing.extend((o, interval) for o in open_ if o.end_ns < interval.end_ns)
+        open_.append(interval)
+    return parent, crossing
 
 
 def summarize_step(rank: int, times: StepTimes) -> list[dict[str, Any]]:
     """Turn one step's intervals into timer records.
 
     Per (unit, phase): ``total`` (sum of the unit's intervals of that phase), ``all_gather`` and
-    ``reduce_scatter`` (time the training thread spent in them), and ``compute`` = total minus the
-    intervals directly inside it (nested units, gathers, reductions), i.e. the unit's own work.
+    ``reduce_scatter`` (time the training thread spent in them), and ``compute`` = total minus what
+    ran inside it that is not its own work: the intervals directly inside it (nested units, gathers,
+    reductions) and the part of a crossing unit interval that belongs to the other unit. Of two unit
+    intervals that cross, the time they share belongs to the descendant when one unit encloses the
+    other in forward (the root's backward opens inside its first unit's), else to the newer one.
     Whole-step records have ``unit`` "".
     """
     complete = [i for i in times.intervals if i.end_ns >= 0]
     durations = {id(i): i.dur_ns() for i in complete}
     # Whole-step spans (the step, the root's forward) are not part of the unit nesting.
-    children = _direct_children([i for i in complete if not (i.unit == WHOLE_STEP and i.kind == KIND_TOTAL)])
+    nested = [i for i in complete if not (i.unit == WHOLE_STEP and i.kind == KIND_TOTAL)]
+    parent, crossing = _nesting(nested)
+    ancestors = _ancestors(nested, parent)
+    inner: dict[int, float] = defaultdict(float)  # per unit interval: time of other work inside it
+    for interval in nested:
+        up = parent.get(id(interval))
+        if up is not None:
+            inner[id(up)] += durations[id(interval)]
+    for older, newer in crossing:
+        if older.kind == KIND_TOTAL and newer.kind == KIND_TOTAL:
+            if older.unit == newer.unit:
+                continue
+            # an enclosing unit gives the shared time to its descendant; else the newer unit has it
+            loser, winner = (newer, older) if newer.unit in ancestors.get(older.unit, ()) else (older, newer)
+        elif older.kind == KIND_TOTAL:
+            loser, winner = older, newer  # a gather or reduction reaching into a unit's interval
+        elif newer.kind == KIND_TOTAL:
+            loser, winner = newer, older
+        else:
+            continue
+        span = max(winner.end_ns - winner.start_ns, 1)  # the winner's duration, pro rata to the CPU overlap
+        inner[id(loser)] += durations[id(winner)] * _cpu_overlap_ns(loser, winner) / span
     sums: dict[tuple[str, str, str], list[int]] = defaultdict(lambda: [0, 0])
 
     def add(key: tuple[str, str, str], ns: int) -> None:
@@ -105,8 +155,8 @@ def summarize_step(rank: int, times: StepTimes) -> list[dict[str, Any]]:
         key = (interval.unit, interval.phase, interval.kind)
         add(key, durations[id(interval)])
         if interval.kind == KIND_TOTAL and interval.unit != WHOLE_STEP:
-            inner = sum(durations[id(c)] for c in children.get(id(interval), ()))
-            add((interval.unit, interval.phase, KIND_COMPUTE), max(durations[id(interval)] - inner, 0))
+            own = durations[id(interval)] - round(inner.get(id(interval), 0.0))
+            add((interval.unit, interval.phase, KIND_COMPUTE), max(own, 0))
 
     records: list[dict[str, Any]] = []
     for (unit, phase, kind), (ns, count) in sums.items():

@@ -3,8 +3,8 @@
 A unit is what one parameter gather covers: an FSDP2 parameter group (one per ``fully_shard``
 call), an FSDP1 ``FullyShardedDataParallel`` instance, or what DeepSpeed ZeRO-3 fetches for one
 module (the module's own parameters, or all of a ZeRO-3 "leaf" module's). Units are named by the
-module FQN relative to the sharded root with wrapper components removed
-(``_fsdp_wrapped_module.blocks.3`` -> ``blocks.3``); the root's own unit is ``(root)``.
+module FQN relative to the sharded root (``fsdpviz.naming``: wrapper components removed, ``(root)``
+for the root's own unit, ``[norm, output]`` for an FSDP2 unit of several modules).
 
 ZeRO-3 fetches per submodule, so the code a block runs between its submodules (attention scores,
 residual adds) and the model's own code around its blocks belong to no fetched unit. The ZeRO-3
@@ -21,16 +21,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-ROOT_UNIT: Final = "(root)"
-# Module names that wrappers insert between a module and its children.
-WRAPPER_COMPONENTS: Final = frozenset({"_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod"})
+from fsdpviz.naming import ROOT_UNIT, clean_fqn, group_name
+
 CONTAINER_TYPES: Final = ("ModuleList", "ModuleDict", "Sequential")
-
-
-def clean_fqn(fqn: str) -> str:
-    """The FQN the user wrote: wrapper components removed, ``(root)`` for the root itself."""
-    parts = [part for part in fqn.split(".") if part and part not in WRAPPER_COMPONENTS]
-    return ".".join(parts) or ROOT_UNIT
 
 
 def find_parent_block(fqn: str, container_element_fqns: Iterable[str]) -> str:
@@ -125,7 +118,7 @@ def build_fsdp2_units(root: Any) -> list[Unit]:
                 state_names[id(state)] = ""
     for state in states:
         for group in state._fsdp_param_groups:
-            name = ", ".join(clean_fqn(names.get(m, "")) for m in group.modules)
+            name = group_name([clean_fqn(names.get(m, "")) for m in group.modules])
             state_names[id(state)] = name
             mp_dtype = group.mp_policy.param_dtype
             numel = sum(fp._orig_size.numel() for fp in group.fsdp_params)
@@ -143,6 +136,16 @@ def build_fsdp2_units(root: Any) -> list[Unit]:
         unit.forward_prefetch = forward or "default"
         unit.backward_prefetch = backward or "default"
     return units
+
+
+def refresh_fsdp2_settings(units: list[Unit]) -> None:
+    """Re-read what FSDP2 decided at its lazy init (the root's first forward): it keeps the root's
+    parameters unsharded after forward whatever ``reshard_after_forward`` said (backward needs them
+    at once), so run.json records the behaviour that ran, not the argument."""
+    for unit in units:
+        group = unit.key
+        if group is not None and hasattr(group, "post_forward_mesh_info"):
+            unit.reshard_after_forward = group.post_forward_mesh_info is not None
 
 
 def build_fsdp1_units(root: Any) -> list[Unit]:

@@ -67,7 +67,8 @@ def headline_section(data: ReportData) -> Section:
     step_ms = _num(s.get("step_time_ms"))
     ranks = s.get("ranks", [])
     facts = [
-        Fact(label="framework", value=str(s.get("framework", "unknown"))),
+        Fact(label="framework", value=str(s.get("framework", "unknown")),
+             hint="DistributedDataParallel, not FSDP: no FSDP units" if s.get("framework") == "ddp" else ""),
         Fact(label="world size", value=str(s.get("world_size", "?")),
              hint=f"{len(ranks)} rank(s) in the traces" if ranks else ""),
         Fact(label="steps analysed", value=_steps_text(s.get("steps", []))),
@@ -84,7 +85,7 @@ def headline_section(data: ReportData) -> Section:
     ]
     # The summary's own "units is empty" note is said better by NOTE_NO_UNITS below.
     notes = list(data.notes) + [_sentence(n) for n in s.get("notes", []) if "units is empty" not in n]
-    if not data.has_units:
+    if not data.has_units and s.get("framework") != "ddp":  # DDP has no units to label: its note says so
         notes.append(NOTE_NO_UNITS)
     return Section(key="headline", title="Headline", howto=HOWTO_HEADLINE, facts=facts, notes=notes,
                    bullets=list(data.findings))

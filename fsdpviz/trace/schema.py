@@ -90,7 +90,7 @@ SPAN_KINDS: Final = (
     SPAN_RESHARD,
 )
 
-FRAMEWORKS: Final = ("fsdp2", "fsdp1", "zero3", "unknown")
+FRAMEWORKS: Final = ("fsdp2", "fsdp1", "zero3", "ddp", "unknown")
 
 NO_STEP: Final = -1  # ``step`` of an event outside every ProfilerStep#N
 NO_ID: Final = -1  # missing correlation / external id

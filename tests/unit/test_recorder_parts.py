@@ -250,3 +250,25 @@ def test_cli_record_keeps_the_exit_code_when_summary_and_report_break(
     err = capsys.readouterr().err
     assert exit_info.value.code == 0 and "Traceback" not in err
     assert "no summary (internal error" in err and "no report (internal error" in err
+
+
+def test_summarize_step_gives_a_crossing_root_backward_to_the_unit_it_opens_in() -> None:
+    # GIVEN the torchtitan shape: the root encloses [norm, output] in forward; in backward the root's
+    # interval [25, 120] opens inside the unit's [20, 40], which holds the unit's reduce-scatter [32, 40]
+    times = StepTimes(1, intervals=[
+        _interval("(root)", "forward", "total", 0, 10),
+        _interval("[norm, output]", "forward", "total", 2, 6),
+        _interval("[norm, output]", "backward", "total", 20, 40),
+        _interval("(root)", "backward", "total", 25, 120),
+        _interval("[norm, output]", "backward", "reduce_scatter", 32, 40),
+        _interval("blocks.0", "backward", "total", 50, 80),
+        _interval("(root)", "backward", "reduce_scatter", 110, 120),
+    ])
+    # WHEN summarised
+    records = {(r["unit"], r["phase"], r["kind"]): r["ms"] for r in summarize_step(0, times)}
+    # THEN the unit keeps its whole backward but its own reduce-scatter, and the root keeps only what
+    # no unit claims: 95 ms minus the 15 ms it shares with the unit, the block's 30 and its own 10
+    assert records[("[norm, output]", "backward", "compute")] == 20 - 8
+    assert records[("(root)", "backward", "compute")] == 95 - 15 - 30 - 10
+    assert records[("blocks.0", "backward", "compute")] == 30
+    assert records[("(root)", "forward", "compute")] == 10 - 4

@@ -59,7 +59,9 @@ def test_summary_numbers_by_construction(tmp_path: Path) -> None:
         ("FullyShardedDataParallel.forward", None, "fsdp1"),
         ("fsdpviz::forward (blocks.0)", "zero3", "zero3"),
         ("fsdpviz::forward (blocks.0)", "fsdp1", "fsdp1"),
-        ("DistributedDataParallel.forward", None, "unknown"),
+        ("DistributedDataParallel.forward", None, "ddp"),
+        ("aten::mm", None, "unknown"),
+        ("aten::mm", "ddp", "ddp"),
     ],
 )
 def test_framework_from_labels(tmp_path: Path, label: str, run_framework: str | None, expected: str) -> None:
@@ -74,6 +76,9 @@ def test_framework_from_labels(tmp_path: Path, label: str, run_framework: str | 
     if expected == "unknown":
         assert result["units"] == []
         assert any("no FSDP labels" in n and "units is empty" in n for n in result["notes"])
+    if expected == "ddp":  # said in words, not only as a key
+        assert result["units"] == []
+        assert any(n.startswith("the model was wrapped in DistributedDataParallel, not FSDP") for n in result["notes"])
 
 
 def test_summary_json_command_prints_exactly_the_dict(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

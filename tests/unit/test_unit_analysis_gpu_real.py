@@ -11,11 +11,13 @@ from fsdpviz.analysis.run import analyze_run
 from fsdpviz.trace import load_traces, schema
 
 
-@pytest.mark.parametrize("name", ["trace_filter", "nccl_parser_config", "tracelens_b200_eager"])
-def test_traces_without_unit_labels(gpu_real_dir: Path, name: str) -> None:
+# The DDP jobs (their traces hold DistributedDataParallel.forward ranges) are named as such.
+@pytest.mark.parametrize(("name", "framework"), [("trace_filter", "ddp"), ("nccl_parser_config", "ddp"),
+                                                 ("tracelens_b200_eager", "unknown")])
+def test_traces_without_unit_labels(gpu_real_dir: Path, name: str, framework: str) -> None:
     traces = load_traces([gpu_real_dir / name])
     analysis = analyze_run(traces)
-    assert not analysis.has_units and analysis.framework == "unknown"
+    assert not analysis.has_units and analysis.framework == framework
     assert analysis.unit_steps.empty and analysis.unit_stats.empty
     assert any("no FSDP unit labels" in note for note in analysis.notes)
     assert list(analysis.clock["rank"]) == traces.rank_ids

@@ -125,11 +125,11 @@ def test_bucket_labels_split_into_units_but_fsdp2_multi_module_units_keep_their_
     traces = load_traces([b.write(tmp_path / "rank0.trace.json")], cache=False)
     coll = unit_tables(traces.events, traces.lanes, parse_labels(traces.events)).collectives
     coll = coll[coll["kind"] == "all_gather"].sort_values("start_ns")
-    assert list(coll["unit"]) == ["blocks.0, blocks.1", "blocks.2.qkv", "blocks.2.proj"]
+    assert list(coll["unit"]) == ["[blocks.0, blocks.1]", "blocks.2.qkv", "blocks.2.proj"]
     assert list(coll["n_units"]) == [1, 2, 2]
     # each gloo gather ran 40 µs; the bucket's two units (sizes unknown here) get half each
     gathered = analyze_run(traces).unit_steps.groupby("unit")["ag_ns"].sum()
-    assert gathered.to_dict() == {"blocks.0, blocks.1": 40 * US, "blocks.2.qkv": 20 * US, "blocks.2.proj": 20 * US}
+    assert gathered.to_dict() == {"[blocks.0, blocks.1]": 40 * US, "blocks.2.qkv": 20 * US, "blocks.2.proj": 20 * US}
 
 
 def test_a_bucket_counts_its_duration_once_over_its_units_by_size() -> None:

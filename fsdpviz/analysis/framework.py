@@ -1,0 +1,77 @@
+"""Which framework sharded (or replicated) the model: decided once, from the traces and run.json.
+
+- ``fsdp2``: FSDP2's own labels (``FSDP::...``), in any trace.
+- ``fsdp1``: FSDP1's ranges (``FullyShardedDataParallel._pre_forward``, ...).
+- ``zero3``: the ranges ``fsdpviz record`` puts around DeepSpeed's engine calls, or run.json says
+  ``zero3`` next to fsdpviz's unit labels (DeepSpeed leaves no labels of its own).
+- ``ddp``: ``DistributedDataParallel.forward`` ranges (DDP wraps every forward in one), or run.json
+  says the recorder found a ``DistributedDataParallel`` model. DDP replicates the model and all-reduces
+  gradients in buckets: there are no FSDP units. Users who asked a launcher for FSDP (the HF Trainer's
+  ``fsdp=...``, ``accelerate launch --use_fsdp``) get DDP silently when accelerate runs without GPUs,
+  so fsdpviz says so.
+- ``unknown``: none of these.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import numpy as np
+import pandas as pd
+
+from fsdpviz.trace import schema
+from fsdpviz.trace.tables import TraceSet
+
+FSDP2_PREFIX: Final = "FSDP::"
+FSDP1_PREFIX: Final = "FullyShardedDataParallel."
+FSDPVIZ_PREFIX: Final = "fsdpviz::"
+FSDPVIZ_ENGINE_PREFIX: Final = "fsdpviz::engine_"
+DDP_FORWARD: Final = "DistributedDataParallel.forward"
+
+DDP_NOTE: Final = ("the model was wrapped in DistributedDataParallel, not FSDP: every rank holds the whole model "
+                   "and all-reduces its gradients in buckets, so there are no FSDP units (launchers asked for "
+                   "FSDP fall back to DDP without GPUs, e.g. the HF Trainer's fsdp=... or accelerate launch "
+                   "--use_fsdp on CPU); whole-step numbers are still valid")
+
+
+def _names(events: pd.DataFrame) -> list[str]:
+    """The distinct event names present (categories no row uses are left out)."""
+    names = events["name"]
+    if isinstance(names.dtype, pd.CategoricalDtype):
+        codes = names.cat.codes.to_numpy()
+        used = np.bincount(codes[codes >= 0], minlength=len(names.cat.categories)) > 0
+        return [str(n) for n, u in zip(names.cat.categories, used) if u]
+    return [str(n) for n in names.unique()]
+
+
+def decide_framework(traces: TraceSet) -> str:
+    """``fsdp2`` / ``fsdp1`` / ``zero3`` / ``ddp`` / ``unknown`` (see the module docstring)."""
+    names = _names(traces.events)
+    recorded = str((traces.run or {}).get("framework", "unknown"))
+    if any(n.startswith(FSDP2_PREFIX) for n in names):
+        return "fsdp2"
+    if any(n.startswith(FSDP1_PREFIX) for n in names):
+        return "zero3" if recorded == "zero3" else "fsdp1"
+    if any(n.startswith(FSDPVIZ_ENGINE_PREFIX) for n in names):
+        return "zero3"
+    if recorded in schema.FRAMEWORKS and recorded != "ddp" and any(n.startswith(FSDPVIZ_PREFIX) for n in names):
+        return recorded
+    if recorded == "ddp" or DDP_FORWARD in names:
+        return "ddp"
+    return "unknown"
+
+
+def framework_notes(framework: str) -> list[str]:
+    """What the framework means for the numbers: DDP has no FSDP units."""
+    return [DDP_NOTE] if framework == "ddp" else []
+
+
+def unconnected_ranks_note(traces: TraceSet) -> str | None:
+    """A warning when a job of several ranks shows no collective in any trace: its processes trained
+    alone (``accelerate launch`` without GPUs can start unconnected processes)."""
+    world = traces.world_size
+    if world < 2 or not len(traces.events) or (traces.events["comm"] != "").any():
+        return None
+    return (f"no rank communicated: the traces hold no collective although the world size is {world}, so the "
+            "processes trained independently of each other, not as one distributed job; check how the launcher "
+            "connected them (e.g. accelerate launch without GPUs and without --multi_cpu)")

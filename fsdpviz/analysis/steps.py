@@ -1,0 +1,168 @@
+"""Which ProfilerSteps are analysed: every step the trace holds complete.
+
+A profiler that stops inside a step leaves it cut short: its CPU range ends where recording ended,
+and on a GPU the kernels it launched last never reach the trace. HTA therefore drops the last
+profiled step of every trace. That is safe but wasteful: ``fsdpviz record`` steps the profiler at the
+end of each optimizer step and writes the trace only after the last recorded step has ended, so in
+its traces every profiled step is complete -- dropping one throws away a third of a default recording.
+
+The rule, per rank:
+
+- the user named steps (``--steps``): those;
+- ``include_last_step``: every captured step;
+- the trace was recorded by ``fsdpviz record`` with the optimizer-step schedule (run.json says so,
+  and lists the steps the rank's profiler recorded and the step a failing rank was inside): every
+  listed step but that partial one, and on a GPU rank the last step only when every kernel,
+  copy and memset launched in it is in the trace;
+- otherwise (traces recorded without fsdpviz, the time-window fallback) completeness cannot be
+  shown: every step but the last, as HTA does. A trace of one step keeps it.
+
+Steps left out are said in :attr:`StepChoice.notes`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import numpy as np
+import pandas as pd
+
+from fsdpviz.trace import schema
+from fsdpviz.trace.tables import TraceSet
+
+SCHEDULE_OPTIMIZER_STEPS: Final = "optimizer_steps"  # run.json profile.schedule of fsdpviz's own schedule
+# CUDA / HIP runtime and driver calls that put work on a GPU stream (each has its GPU event).
+_LAUNCH_WORDS: Final = ("LaunchKernel", "LaunchCooperativeKernel", "MemcpyAsync", "MemsetAsync")
+
+
+@dataclass(frozen=True, slots=True)
+class StepWindow:
+    """The ProfilerSteps analysed on one rank and their time span (steps empty = none chosen)."""
+
+    steps: tuple[int, ...]
+    start_ns: int
+    end_ns: int
+
+
+@dataclass(kw_only=True, slots=True)
+class StepChoice:
+    """The analysed steps of every rank (None: the rank's trace has no ProfilerStep at all)."""
+
+    windows: dict[int, StepWindow | None]
+    requested: tuple[int, ...] | None = None  # the steps the user named, if any
+    dropped: dict[int, tuple[int, ...]] = field(default_factory=dict)  # rank -> steps left out as cut
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def steps(self) -> list[int]:
+        """The analysed steps, over all ranks."""
+        return sorted({s for w in self.windows.values() if w is not None for s in w.steps})
+
+    def window(self, rank: int) -> StepWindow | None:
+        return self.windows.get(rank)
+
+
+def window_of(rank_steps: pd.DataFrame, chosen: Sequence[int] | None) -> StepWindow | None:
+    """The StepWindow of one rank's steps (all of them when ``chosen`` is None); None without steps."""
+    if rank_steps.empty:
+        return None
+    ordered = rank_steps.sort_values("start_ns", kind="stable")
+    if chosen is not None:
+        ordered = ordered[ordered["step"].isin(list(chosen))]
+    if ordered.empty:
+        return StepWindow((), 0, 0)
+    return StepWindow(tuple(int(s) for s in ordered["step"]), int(ordered["start_ns"].min()),
+                      int(ordered["end_ns"].max()))
+
+
+def _rank_record(run: dict[str, Any] | None, rank: int) -> dict[str, Any] | None:
+    for info in (run or {}).get("ranks") or []:
+        if isinstance(info, dict) and info.get("rank") == rank:
+            return info
+    return None
+
+
+def recorded_complete(run: dict[str, Any] | None, rank: int) -> set[int] | None:
+    """Steps run.json shows complete on ``rank`` (fsdpviz's own schedule), None when it cannot tell."""
+    profile = (run or {}).get("profile") or {}
+    if profile.get("schedule") != SCHEDULE_OPTIMIZER_STEPS:
+        return None
+    info = _rank_record(run, rank)
+    listed = info["profiled_steps"] if info is not None and "profiled_steps" in info else profile.get("steps")
+    if not isinstance(listed, list) or not listed:
+        return None
+    partial = info.get("partial_step") if info is not None else None
+    return {int(s) for s in listed if isinstance(s, int) and s != partial}
+
+
+def missing_gpu_work(events: pd.DataFrame, step: int) -> int:
+    """Launches in ``step`` (one rank's events) whose GPU kernel, copy or memset is not in the trace."""
+    if not (events["kind"] == schema.KIND_KERNEL).any():
+        return 0
+    runtime = events[((events["kind"] == schema.KIND_RUNTIME) & (events["step"] == step)
+                      & (events["correlation"] >= 0)).to_numpy()]
+    if runtime.empty:
+        return 0
+    names = runtime["name"].astype(str)
+    launches = runtime[names.str.contains("|".join(_LAUNCH_WORDS), regex=True).to_numpy()]
+    gpu = events[events["kind"].isin([schema.KIND_KERNEL, schema.KIND_MEMCPY, schema.KIND_MEMSET]).to_numpy()]
+    found = np.isin(launches["correlation"].to_numpy(), gpu["correlation"].to_numpy())
+    return int((~found).sum())
+
+
+def choose_steps(traces: TraceSet, *, steps: Sequence[int] | None = None,
+                 include_last_step: bool = False) -> StepChoice:
+    """The analysed steps of every rank of ``traces`` (see the module docstring)."""
+    windows: dict[int, StepWindow | None] = {}
+    dropped: dict[int, tuple[int, ...]] = {}
+    why: dict[int, str] = {}
+    by_rank = traces.events.groupby("rank", sort=False).indices if len(traces.events) else {}
+    for rank in traces.rank_ids:
+        rank_steps = traces.steps[traces.steps["rank"] == rank]
+        if rank_steps.empty:
+            windows[rank] = None
+            continue
+        ordered = [int(s) for s in rank_steps.sort_values("start_ns", kind="stable")["step"]]
+        if steps is not None:
+            windows[rank] = window_of(rank_steps, steps)
+            continue
+        if include_last_step or len(ordered) == 1:
+            windows[rank] = window_of(rank_steps, ordered)
+            continue
+        complete = recorded_complete(traces.run, rank)
+        if complete is None:
+            keep = ordered[:-1]
+            why[rank] = "the trace cannot show that the profiler recorded it to its end"
+        else:
+            keep = [s for s in ordered if s in complete]
+            last = ordered[-1]
+            if last in keep and rank in by_rank:
+                missing = missing_gpu_work(traces.events.iloc[by_rank[rank]], last)
+                if missing:
+                    keep.remove(last)
+                    why[rank] = f"{missing} GPU kernels or copies launched in it are not in the trace"
+            if ordered[-1] not in keep and rank not in why:
+                why[rank] = "the rank stopped inside it"
+        left_out = tuple(s for s in ordered if s not in keep)
+        if left_out:
+            dropped[rank] = left_out
+        windows[rank] = window_of(rank_steps, keep)
+    return StepChoice(windows=windows, requested=tuple(steps) if steps is not None else None, dropped=dropped,
+                      notes=_notes(windows, dropped, why))
+
+
+def _notes(windows: dict[int, StepWindow | None], dropped: dict[int, tuple[int, ...]],
+           why: dict[int, str]) -> list[str]:
+    notes = [f"rank {rank}: no ProfilerStep#N in the trace, the whole trace was analysed"
+             for rank, w in windows.items() if w is None]
+    by_text: dict[str, list[int]] = {}
+    for rank, left_out in dropped.items():
+        steps_text = ", ".join(map(str, left_out))
+        what = f"step {steps_text}" if len(left_out) == 1 else f"steps {steps_text}"
+        by_text.setdefault(f"{what} (cut short) is not analysed: {why.get(rank, 'incomplete')}", []).append(rank)
+    for text, ranks in by_text.items():
+        where = "" if len(ranks) == len(windows) else f" on rank(s) {', '.join(map(str, ranks))}"
+        notes.append(text.replace(" is not analysed", f" is not analysed{where}", 1))
+    return notes
