@@ -53,21 +53,21 @@ def _timed(fn, repeat: int):
 
 def measure(paths: list[Path], out_dir: Path, repeat: int) -> dict:
     """Load, analyse and build the report of ``paths``; times in seconds, size in MB."""
-    from fsdpviz.analysis import summarize
-    from fsdpviz.analysis.run import analyze_run
+    from fsdpviz.analysis.pipeline import analyse_traces
     from fsdpviz.report.build import build_report
     from fsdpviz.trace import load_traces
 
     load_s, traces = _timed(lambda: load_traces(paths, cache=False, progress=False), 1)
 
     def analyse():
-        analysis = analyze_run(traces)
-        return analysis, summarize(traces, analysis=analysis)
+        run = analyse_traces(traces)
+        run.summary  # noqa: B018 - computes the per-unit analysis and the summary
+        return run
 
-    analysis_s, (analysis, summary) = _timed(analyse, repeat)
-    page_s, result = _timed(lambda: build_report(traces, out_dir / "page.html", analysis=analysis,
-                                                 summary=summary), repeat)
-    build_s, result = _timed(lambda: build_report(traces, out_dir / "report.html"), repeat)
+    analysis_s, run = _timed(analyse, repeat)
+    analysis = run.analysis
+    page_s, result = _timed(lambda: build_report(run, out_dir / "page.html"), repeat)
+    build_s, result = _timed(lambda: build_report(analyse_traces(traces), out_dir / "report.html"), repeat)
     return {
         "ranks": len(traces.rank_ids), "units": len(analysis.unit_stats),
         "events": len(traces.events), "spans_per_step": int(

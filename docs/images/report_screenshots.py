@@ -33,6 +33,7 @@ def _section(browser: Browser, key: str, tmp: Path) -> Path:
 
 
 def main() -> None:
+    from fsdpviz.analysis.pipeline import analyse_traces
     from fsdpviz.report.build import build_report
     from fsdpviz.trace import load_traces
 
@@ -43,8 +44,8 @@ def main() -> None:
         sys.exit("needs Chromium (Debian: apt-get install chromium)")
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        example = build_report(load_traces([run]), tmp / "example.html").path
-        ddp = build_report(load_traces([gpu]), tmp / "gpu.html").path
+        example = build_report(analyse_traces(load_traces([run])), tmp / "example.html").path
+        ddp = build_report(analyse_traces(load_traces([gpu])), tmp / "gpu.html").path
         with Browser(chromium, width=1400, height=900) as browser:
             browser.open(example.as_uri())
             browser.wait_for(READY)

@@ -173,14 +173,15 @@ def _concat(frames: list[pd.DataFrame], table: schema.Schema) -> pd.DataFrame:
 
 
 def analyze_run(traces: TraceSet, *, steps: Sequence[int] | None = None,
-                choice: StepChoice | None = None) -> RunAnalysis:
+                choice: StepChoice | None = None, framework: str | None = None) -> RunAnalysis:
     """Per-unit analysis of a loaded run (see the module docstring) over the steps ``choice``
-    analyses (default: ``steps.choose_steps(traces, steps=steps)``)."""
+    analyses (default: ``steps.choose_steps(traces, steps=steps)``); ``framework`` as
+    ``framework.decide_framework`` decides it (the pipeline passes its decision)."""
     if choice is None:
         choice = choose_steps(traces, steps=steps)
     ranks = traces.rank_ids
     labels = parse_labels(traces.events)
-    framework = decide_framework(traces)
+    framework = decide_framework(traces) if framework is None else framework
     ut = unit_tables(traces.events, traces.lanes, labels)
     wanted: dict[int, set[int] | None] = {}
     windows = choice.windows

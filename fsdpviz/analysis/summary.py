@@ -16,16 +16,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 import pandas as pd
 
-from fsdpviz.analysis.framework import decide_framework, framework_notes
+from fsdpviz.analysis.framework import framework_notes
 from fsdpviz.analysis.gaps import gap_notes
-from fsdpviz.analysis.overlap import compute_overlap
-from fsdpviz.analysis.steps import StepChoice, choose_steps
+from fsdpviz.analysis.steps import StepChoice
 from fsdpviz.trace.tables import TraceSet
+
+if TYPE_CHECKING:
+    from fsdpviz.analysis.pipeline import RunResult
 
 NS_PER_MS: Final = 1e6
 
@@ -34,33 +36,41 @@ def summarize(
     traces: TraceSet, *, steps: Sequence[int] | None = None, include_last_step: bool = False,
     analysis: Any = None,
 ) -> dict[str, Any]:
-    """The ``fsdpviz summary --json`` dict of a loaded run (see the module docstring).
+    """The ``fsdpviz summary --json`` dict of a loaded run (see the module docstring): the pipeline's
+    summary (:mod:`fsdpviz.analysis.pipeline`).
 
-    ``analysis``: the ``analyze_run`` result of the same traces and steps when the caller has it
-    (the report does), so the per-unit analysis does not run twice.
+    ``analysis``: the ``analyze_run`` result of the same traces and steps when the caller has it,
+    so the per-unit analysis does not run twice.
     """
-    choice = choose_steps(traces, steps=steps, include_last_step=include_last_step)
-    overlap = compute_overlap(traces, choice=choice)
+    from fsdpviz.analysis.pipeline import RunResult, analyse_traces
+
+    result = analyse_traces(traces, steps=steps, include_last_step=include_last_step)
+    if analysis is not None:
+        result = RunResult(result.traces, result.choice, result.overlap, result.framework, analysis)
+    return result.summary
+
+
+def summary_of(result: RunResult) -> dict[str, Any]:
+    """The summary dict as a view of one pipeline result: its steps, overlap, framework and, for a
+    framework with units, the per-unit analysis' units and findings."""
+    traces, choice, overlap, framework = result.traces, result.choice, result.overlap, result.framework
     windows = choice.windows
-    framework = decide_framework(traces)
-    analysed = choice.steps
     notes = _notes(traces, overlap, choice, framework)
     units: list[dict[str, Any]] = []
-    if framework not in ("unknown", "ddp"):
-        # lazy: run and units import this package
-        from fsdpviz.analysis.run import analyze_run
-        from fsdpviz.analysis.units import summary_records
+    findings: list[dict[str, Any]] = []
+    if result.has_units:
+        from fsdpviz.analysis.units import summary_records  # lazy: units imports this package
 
-        if analysis is None:
-            analysis = analyze_run(traces, choice=choice)
+        analysis = result.analysis
         units = summary_records(analysis.unit_stats)
+        findings = finding_entries(analysis.findings)
         if not units:
             notes.append("no FSDP unit was found in the analysed steps, so units is empty")
     return {
         "framework": framework,
         "world_size": traces.world_size,
         "ranks": traces.rank_ids,
-        "steps": analysed,
+        "steps": choice.steps,
         "step_time_ms": _step_time_ms(traces, windows),
         "overlap": _overlap_dict(overlap),
         "memory": _memory_dict(traces, windows),
@@ -71,7 +81,7 @@ def summarize(
         "notes": notes,
         "missing_ranks": traces.missing_ranks,
         "skipped_events": sum(traces.skipped_events.values()),
-        "findings": finding_entries(analysis.findings) if analysis is not None else [],
+        "findings": findings,
     }
 
 

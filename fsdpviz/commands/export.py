@@ -38,19 +38,15 @@ def export(
         "--cache/--no-cache", help="Reuse parsed traces cached beside them.")] = True,
 ) -> None:
     """Write spans, units, memory, steps and findings tables (Parquet or CSV) into a folder."""
-    from fsdpviz.analysis.overlap import compute_overlap
-    from fsdpviz.analysis.run import analyze_run
+    from fsdpviz.analysis.pipeline import analyse
     from fsdpviz.commands.summary import parse_steps
-    from fsdpviz.trace import load_traces
 
     if fmt not in FORMATS:
         raise UsageError(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}")
     if out.exists() and not out.is_dir():
         raise UsageError(f"-o {out}: exists and is not a folder")
-    traces = load_traces(paths, cache=cache)
-    step_list = parse_steps(steps)
-    compute_overlap(traces, steps=step_list)  # NoDataError naming the file of an empty window, as summary does
-    analysis = analyze_run(traces, steps=step_list)
+    run = analyse(paths, steps=parse_steps(steps), cache=cache)
+    traces, analysis = run.traces, run.analysis
     warn_gaps(traces)  # after the analysis: bad input stays one error line
     tables = export_tables(traces, analysis)
     manifest = {

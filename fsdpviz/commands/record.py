@@ -82,11 +82,8 @@ def record(
     if result.error:  # the command ran, but its recording is incomplete: say so, keep a failing exit code
         print(f"error: {result.error}", file=sys.stderr, flush=True)
         return result.exit_code or EXIT_BAD_INPUT
-    if result.run["ranks"] and options.profile:
-        if summary:
-            show_summary(run_dir)
-        if report:
-            write_run_report(run_dir)
+    if result.run["ranks"] and options.profile and (summary or report):
+        summarise_and_report(run_dir, summary=summary, report=report)
     return result.exit_code
 
 
@@ -103,7 +100,10 @@ def print_recording(run: dict[str, Any], run_dir: Path) -> None:
         unit_text = (f"{len(units)} units: {list_units((u['unit'] for u in units), MAX_UNITS_LISTED)}"
                      + (" (all in run.json)" if len(units) > MAX_UNITS_LISTED else "") if units else "no units")
         steps = run["profile"]["steps"]
-        _say(f"{len(ranks)} rank(s) of world size {run['world_size']}, framework {run['framework']}, {unit_text}")
+        framework = run["framework"]
+        if framework == "ddp":
+            framework = "ddp (the model was wrapped in DistributedDataParallel, not FSDP)"
+        _say(f"{len(ranks)} rank(s) of world size {run['world_size']}, framework {framework}, {unit_text}")
         traces = sum(1 for r in ranks if r["trace"])
         timers = sum(1 for r in ranks if r["timers"])
         step_text = (f"steps {steps[0]}-{steps[-1]}" if len(steps) > 1 else f"step {steps[0]}" if steps
@@ -115,32 +115,43 @@ def print_recording(run: dict[str, Any], run_dir: Path) -> None:
     _say(f"run folder: {run_dir}")
 
 
-def show_summary(run_dir: Path) -> None:
-    """The terminal summary of the recorded traces (``fsdpviz summary RUN``)."""
+def summarise_and_report(run_dir: Path, *, summary: bool, report: bool) -> Path | None:
+    """After a recording: the terminal summary and ``run_dir/report.html``, from one load and one
+    analysis of the traces (:func:`fsdpviz.analysis.pipeline.analyse`). Each failure is one line,
+    never a lost exit code; returns the report's path when it was written."""
+    outputs = [name for name, wanted in (("summary", summary), ("report", report)) if wanted]
+    failure: str | None = None
+    result = None
     try:
-        from fsdpviz.analysis.summary import summarize
-        from fsdpviz.commands.summary import print_summary
-        from fsdpviz.trace import load_traces
+        from fsdpviz.analysis.pipeline import analyse
 
-        print_summary(summarize(load_traces([run_dir])))
+        result = analyse([run_dir])
     except FsdpvizError as exc:
-        _say(f"no summary: {exc}")
+        failure = str(exc)
     except Exception as exc:  # noqa: BLE001 - the recording is complete: report, keep the exit code
-        _say(f"no summary (internal error, please report): {exc!r}")
+        failure = f"(internal error, please report): {exc!r}"
+    written: Path | None = None
+    for name in outputs:
+        try:
+            if result is None:
+                raise _Failed(failure or "")
+            if name == "summary":
+                from fsdpviz.commands.summary import print_summary
+
+                print_summary(result.summary)
+            else:
+                from fsdpviz.report.build import REPORT_NAME, build_report
+
+                written = build_report(result, run_dir / REPORT_NAME).path
+                _say(f"report: {written}")
+        except _Failed as exc:
+            _say(f"no {name}{'' if str(exc).startswith('(') else ':'} {exc}")
+        except FsdpvizError as exc:
+            _say(f"no {name}: {exc}")
+        except Exception as exc:  # noqa: BLE001 - as above: never lose the command's exit code
+            _say(f"no {name} (internal error, please report): {exc!r}")
+    return written
 
 
-def write_run_report(run_dir: Path) -> Path | None:
-    """Write ``run_dir/report.html`` with the report layer; None (and a note) if that fails."""
-    try:
-        from fsdpviz.report.build import build_report
-        from fsdpviz.trace import load_traces
-
-        result = build_report(load_traces([run_dir]), run_dir / "report.html")
-    except FsdpvizError as exc:
-        _say(f"no report: {exc}")
-        return None
-    except Exception as exc:  # noqa: BLE001 - as in show_summary: never lose the command's exit code
-        _say(f"no report (internal error, please report): {exc!r}")
-        return None
-    _say(f"report: {result.path}")
-    return result.path
+class _Failed(Exception):
+    """The traces could not be loaded or analysed: the reason, said once per wanted output."""

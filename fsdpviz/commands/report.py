@@ -46,8 +46,8 @@ def report(
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress lines on stderr."),
 ) -> None:
     """Write the offline HTML report: per-unit Gantt, memory, overlap, step times and findings."""
+    from fsdpviz.analysis.pipeline import analyse
     from fsdpviz.report.build import build_report
-    from fsdpviz.trace import load_traces
 
     step_list = parse_steps(steps)
     rank_list = parse_ranks(ranks)
@@ -57,12 +57,9 @@ def report(
     started = time.perf_counter()
     if say:
         say(f"loading {', '.join(str(p) for p in paths)}")
-    traces = load_traces(paths, cache=cache, progress=False if quiet else None)
+    run = analyse(paths, steps=step_list, cache=cache, progress=False if quiet else None, say=say)
+    written = build_report(run, output, ranks=rank_list, progress=say)
+    warn_gaps(run.traces)  # after the analysis: bad input stays one error line
     if say:
-        say(f"loaded {len(traces.rank_ids)} rank(s), {len(traces.events):,} events "
-            f"in {time.perf_counter() - started:.1f} s")
-    result = build_report(traces, output, steps=step_list, ranks=rank_list, progress=say)
-    warn_gaps(traces)  # after the analysis: bad input stays one error line
-    if say:
-        say(f"wrote {result.path} ({result.size_bytes / 1e6:.1f} MB) in {time.perf_counter() - started:.1f} s")
-    typer.echo(str(result.path))
+        say(f"wrote {written.path} ({written.size_bytes / 1e6:.1f} MB) in {time.perf_counter() - started:.1f} s")
+    typer.echo(str(written.path))

@@ -29,17 +29,15 @@ def summary(
         "--cache/--no-cache", help="Reuse parsed traces cached beside them.")] = True,
 ) -> None:
     """Print step time, communication overlap, memory peaks, per-unit times and the top findings."""
-    from fsdpviz.trace import load_traces
+    from fsdpviz.analysis.pipeline import analyse
 
-    traces = load_traces(paths, cache=cache)  # imports pandas while its workers parse
-    from fsdpviz.analysis.summary import summarize
-
-    result = summarize(traces, steps=parse_steps(steps), include_last_step=include_last_step)
-    warn_gaps(traces)  # after the analysis: bad input stays one error line
+    result = analyse(paths, steps=parse_steps(steps), include_last_step=include_last_step, cache=cache)
+    summary_dict = result.summary
+    warn_gaps(result.traces)  # after the analysis: bad input stays one error line
     if as_json:
-        sys.stdout.write(json.dumps(result, indent=2) + "\n")
+        sys.stdout.write(json.dumps(summary_dict, indent=2) + "\n")
         return
-    print_summary(result)
+    print_summary(summary_dict)
 
 
 def parse_steps(text: str | None) -> list[int] | None:

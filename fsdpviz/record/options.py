@@ -29,8 +29,10 @@ REPORT_HTML: Final = "report.html"
 TRACE_FILE: Final = "rank{rank}.trace.json.gz"
 TIMERS_FILE: Final = "timers/rank{rank}.jsonl"
 RANK_FILE: Final = "ranks/rank{rank}.json"
+LOGS_DIR: Final = "logs"  # the profiler's own log lines, kept out of the user's terminal
+LOG_FILE: Final = "logs/rank{rank}.log"
 PARTIAL_SUFFIX: Final = ".partial"  # files being written; renamed when complete
-OWNED_ENTRIES: Final = (RUN_JSON, TRACES_DIR, TIMERS_DIR, RANKS_DIR, REPORT_HTML)
+OWNED_ENTRIES: Final = (RUN_JSON, TRACES_DIR, TIMERS_DIR, RANKS_DIR, LOGS_DIR, REPORT_HTML)
 FORMAT_VERSION: Final = 1
 
 # --- environment ---------------------------------------------------------------------------------

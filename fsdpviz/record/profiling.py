@@ -7,7 +7,8 @@ torch optimizer falls back to one time window (:meth:`ProfilerDriver.check_time_
 
 The trace is written once, when the schedule ends (torch calls ``on_trace_ready``): exported to a
 temporary file, gzipped under a temporary name and renamed, so a reader never sees half a trace.
-Once written the profiler stops, so the rest of the run pays nothing for it.
+Once written the profiler stops, so the rest of the run pays nothing for it. While it records, the
+profiler's own log lines go to ``logs/rank{R}.log`` instead of the user's terminal (``stderrlog``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ import torch
 from torch.profiler import ProfilerAction, ProfilerActivity
 
 from fsdpviz.record import schedule
-from fsdpviz.record.options import PARTIAL_SUFFIX, RecordOptions, trace_path
+from fsdpviz.record.options import LOG_FILE, PARTIAL_SUFFIX, RecordOptions, rank_path, trace_path
+from fsdpviz.record.stderrlog import ProfilerLogFilter
 
 _ACTIONS = {
     schedule.NONE: ProfilerAction.NONE,
@@ -48,6 +50,7 @@ class ProfilerDriver:
         self.trace_file: str | None = None  # relative to the run folder, once written
         self.trace_error: str | None = None  # why the trace could not be written (a full disk...)
         self.labels_on = False  # the profiler records now: fsdpviz's ranges are worth entering
+        self.log_filter: ProfilerLogFilter | None = None  # the profiler's own stderr lines -> logs/
 
     @property
     def time_window(self) -> bool:
@@ -56,6 +59,8 @@ class ProfilerDriver:
     def start(self, rank: int, step: int) -> None:
         """Start profiling at training step ``step`` (CPU, and CUDA when present)."""
         self.rank = rank
+        self.log_filter = ProfilerLogFilter(rank_path(self.options.run_dir, LOG_FILE, rank))
+        self.log_filter.start()
         activities = [ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(ProfilerActivity.CUDA)
@@ -121,6 +126,8 @@ class ProfilerDriver:
             self.prof.stop()
             self.prof = None
         self.labels_on = False
+        if self.log_filter is not None:
+            self.log_filter.stop()
 
     def check_time_window(self, *, optimizer_stepped: bool, elapsed_s: float, forwards: int) -> None:
         """At a forward of a script that has not stepped an optimizer (yet): switch to the
@@ -151,6 +158,8 @@ class ProfilerDriver:
     def facts(self) -> dict[str, Any]:
         """run.json's ``profile`` entry of this rank: the schedule and the steps the trace holds."""
         recorded = sorted(self.recorded_steps) if self.trace_file is not None else []
+        log = self.log_filter
         return {"schedule": self.schedule_kind, "steps": recorded, "trace": self.trace_file,
+                **({"log": LOG_FILE.format(rank=self.rank), "log_lines": log.captured} if log and log.captured else {}),
                 **({"window_s": self.options.window_s} if self.window else {}),
                 **({"error": self.trace_error} if self.trace_error else {})}

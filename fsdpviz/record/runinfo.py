@@ -147,6 +147,7 @@ def _rank_summary(info: dict[str, Any]) -> dict[str, Any]:
         "status": info.get("status"),
         "reason": info.get("reason"),
         "trace": profile.get("trace"),
+        "log": profile.get("log"),  # the profiler's own log lines, when it wrote any
         "profiled_steps": profile.get("steps", []),
         "timers": timers.get("file"),
         "timer_steps": timers.get("steps", 0),

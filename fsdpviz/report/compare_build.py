@@ -1,8 +1,7 @@
 """``load_runs`` + ``build_compare``: run folders -> analysed runs -> one offline compare page.
 
-Used by ``fsdpviz compare``. Each run is loaded and analysed on its own (``load_traces``,
-``analyze_run``, ``summarize`` with that analysis), exactly as ``fsdpviz summary`` and
-``fsdpviz report`` would, so the compare page shows the same numbers as each run's own report.
+Used by ``fsdpviz compare``. Each run is loaded and analysed on its own by the one pipeline
+(:func:`fsdpviz.analysis.pipeline.analyse`), exactly as ``fsdpviz summary`` and ``fsdpviz report`` do, so the compare page shows the same numbers as each run's own report.
 An error in one run names that run.
 """
 
@@ -55,9 +54,7 @@ def load_runs(paths: Sequence[str | Path], labels: Sequence[str] | None = None, 
         UsageError: fewer than two runs, or labels that do not match the runs one to one.
         FsdpvizError: a run that cannot be loaded or analysed (the message names it).
     """
-    from fsdpviz.analysis import summarize
-    from fsdpviz.analysis.run import analyze_run
-    from fsdpviz.trace import load_traces
+    from fsdpviz.analysis.pipeline import analyse
 
     if len(paths) < 2:
         raise UsageError(f"compare needs at least two runs, got {len(paths)}")
@@ -71,9 +68,8 @@ def load_runs(paths: Sequence[str | Path], labels: Sequence[str] | None = None, 
         path = Path(raw)
         _say(progress, f"run {i + 1}/{len(paths)}: loading {path}")
         try:
-            traces = load_traces([path], cache=cache, progress=False)
-            analysis = analyze_run(traces)
-            summary = summarize(traces, analysis=analysis)
+            result = analyse([path], cache=cache, progress=False)
+            traces, analysis, summary = result.traces, result.analysis, result.summary
         except FsdpvizError as exc:
             if str(path) in str(exc):
                 raise

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from fsdpviz.analysis.pipeline import analyse_traces
 from fsdpviz.report.build import build_report
 from fsdpviz.trace import load_traces
 
@@ -48,7 +49,7 @@ def _check_opened(page, expected_sections: set[str], min_roots: int = 2) -> None
 
 def test_cpu_recording_report_draws_offline(open_report, tmp_path: Path) -> None:
     traces = load_traces([SAMPLE], cache=False)
-    result = build_report(traces, tmp_path / "cpu.html")
+    result = build_report(analyse_traces(traces), tmp_path / "cpu.html")
     page = open_report(result.path)
     _check_opened(page, {"headline", "timeline", "steps"})
     text = page.state["text"]
@@ -56,18 +57,21 @@ def test_cpu_recording_report_draws_offline(open_report, tmp_path: Path) -> None
     assert "overlap" in text
 
 
-@pytest.mark.parametrize("trace", [
-    "nccl_parser_config/nccl_data.json.gz",  # DDP on A100, one rank of two
-    "trace_filter",  # two ranks of a 128-rank job
-    "tracelens_b200_eager/eager_trace.json.gz",  # no ProfilerStep at all: the whole trace is drawn
+@pytest.mark.parametrize(("trace", "why_no_units"), [
+    # DDP on A100, one rank of two: said to be DDP
+    ("nccl_parser_config/nccl_data.json.gz", "wrapped in DistributedDataParallel, not FSDP"),
+    ("trace_filter", "wrapped in DistributedDataParallel, not FSDP"),  # two ranks of a 128-rank DDP job
+    # no ProfilerStep at all: the whole trace is drawn
+    ("tracelens_b200_eager/eager_trace.json.gz", "Per-unit views need FSDP labels"),
 ])
-def test_gpu_trace_report_draws_offline(open_report, tmp_path: Path, gpu_real_dir: Path, trace: str) -> None:
+def test_gpu_trace_report_draws_offline(open_report, tmp_path: Path, gpu_real_dir: Path, trace: str,
+                                        why_no_units: str) -> None:
     traces = load_traces([gpu_real_dir / trace], cache=False)
-    result = build_report(traces, tmp_path / "gpu.html")
+    result = build_report(analyse_traces(traces), tmp_path / "gpu.html")
     page = open_report(result.path)
     # without ProfilerSteps there are no step times to plot: the time line is the one plot
     _check_opened(page, {"headline", "timeline", "steps"}, min_roots=1 if traces.steps.empty else 2)
-    assert "Per-unit views need FSDP labels" in page.state["text"]
+    assert why_no_units in page.state["text"]
 
 
 ZERO3 = SAMPLE.parent / "zero3-cpu-2rank"
@@ -108,7 +112,7 @@ def test_names_with_markup_stay_text(open_report, tmp_path: Path) -> None:
         pytest.skip(f"sample recording {ZERO3} missing")
     run = _poisoned_run(tmp_path)
     traces = load_traces([run], cache=False)
-    result = build_report(traces, tmp_path / "xss.html")
+    result = build_report(analyse_traces(traces), tmp_path / "xss.html")
     page = open_report(result.path)
     _check_opened(page, {"headline", "timeline", "units"})
     assert page.log.dialogs == []
@@ -130,7 +134,7 @@ def test_report_html_has_no_external_urls(tmp_path: Path) -> None:
     import re
 
     traces = load_traces([SAMPLE], cache=False)
-    html = build_report(traces, tmp_path / "r.html").path.read_text(encoding="utf-8")
+    html = build_report(analyse_traces(traces), tmp_path / "r.html").path.read_text(encoding="utf-8")
     tags = re.findall(r"<(?:script|link|img|iframe|source)\b[^>]*>", html, flags=re.IGNORECASE)
     assert tags, "expected inline script tags"
     for tag in tags:

@@ -241,7 +241,8 @@ def test_cli_record_keeps_the_exit_code_when_summary_and_report_break(
         return launcher.RecordResult(run_dir=options.run_dir, exit_code=0, run=run)
 
     monkeypatch.setattr(launcher, "record", fake_record)
-    monkeypatch.setitem(sys.modules, "fsdpviz.analysis.summary", None)  # import raises ImportError
+    monkeypatch.setitem(sys.modules, "fsdpviz.analysis.pipeline", None)  # import raises ImportError
+    monkeypatch.setitem(sys.modules, "fsdpviz.analysis.summary", None)
     monkeypatch.setitem(sys.modules, "fsdpviz.report.build", None)
     # WHEN recording
     with pytest.raises(SystemExit) as exit_info:
