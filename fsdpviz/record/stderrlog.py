@@ -26,7 +26,7 @@ import select
 import sys
 import threading
 from pathlib import Path
-from typing import Final
+from typing import BinaryIO, Final
 
 PROFILER_LINES: Final = re.compile(
     rb"^(?:USDT:|STAGE:)"  # Kineto's start / stop / stage lines
@@ -134,10 +134,11 @@ class ProfilerLogFilter:
                 except OSError:
                     pass
 
-    def _open_log(self):  # noqa: ANN202 - a binary file object, or None when it cannot be written
+    def _open_log(self) -> BinaryIO | None:
+        """The log file, opened for appending once there is a line for it (None: cannot be written)."""
         try:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            return open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the filter
+            return open(self.log_path, "ab")  # lives as long as the filter
         except OSError:
             return None
 
