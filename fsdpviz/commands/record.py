@@ -126,6 +126,9 @@ def summarise_and_report(run_dir: Path, *, summary: bool, report: bool) -> Path 
         from fsdpviz.analysis.pipeline import analyse
 
         result = analyse([run_dir])
+        from fsdpviz.commands.gaps import warn_gaps
+
+        warn_gaps(result.traces)  # e.g. ranks that never communicated
     except FsdpvizError as exc:
         failure = str(exc)
     except Exception as exc:  # noqa: BLE001 - the recording is complete: report, keep the exit code

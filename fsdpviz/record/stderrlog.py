@@ -35,6 +35,7 @@ PROFILER_LINES: Final = re.compile(
 )
 # A partial line that starts like this may still become a profiler line: hold it for its end.
 _MAYBE_PROFILER: Final = re.compile(rb"^(?:U(?:S(?:D(?:T:?)?)?)?|S(?:T(?:A(?:G(?:E:?)?)?)?)?|\[)$|^(?:USDT:|STAGE:|\[)")
+_PIECES: Final = re.compile(rb"(?<=[\r\n])")
 HOLD_S: Final = 0.05
 PIPE_BYTES: Final = 1 << 20
 _F_SETPIPE_SZ: Final = 1031  # fcntl command (Linux)
@@ -104,11 +105,12 @@ class ProfilerLogFilter:
                 chunk = os.read(read, 1 << 16)
                 if not chunk:
                     break
-                lines = (pending + chunk).split(b"\n")
+                # pieces end at a newline or at a carriage return (progress bars redraw with "\r")
+                lines = _PIECES.split(pending + chunk)
                 pending = lines.pop()
                 passed, moved = [], []
                 for line in lines:
-                    (moved if PROFILER_LINES.search(line) else passed).append(line + b"\n")
+                    (moved if PROFILER_LINES.search(line) else passed).append(line)
                 if pending and not _MAYBE_PROFILER.match(pending[:6]):
                     passed.append(pending)
                     pending = b""

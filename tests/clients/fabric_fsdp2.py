@@ -80,6 +80,9 @@ def main() -> None:
     if args.log_losses:
         with open(args.log_losses.format(rank=fabric.global_rank), "w") as out:
             out.writelines(f"{i} {v.hex()}\n" for i, v in enumerate(losses))
+    del model, optimizer
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -143,7 +143,7 @@ class Recordings:
 # frameworks' labels and an unrecorded run's losses) and test_unit_analysis_cpu.py (the per-unit
 # analysis of explicit prefetch), which share the FSDP1 and the ZeRO-3 leaf-module recordings. Three
 # blocks, so that every block but the first is gathered by a prefetch; optimizer steps 2-5 profiled
-# (warmup 2, the default), 2-4 analysed (the last is cut short).
+# (warmup 2, the default) and analysed.
 LAYERS = 3
 STEPS = 7
 PROFILED = [2, 3, 4, 5]

@@ -1,0 +1,151 @@
+"""Training programs written the way users of other stacks write them, recorded with ``fsdpviz record``.
+
+Each :class:`Client` is one program of ``tests/clients/`` with its launcher: a Hugging Face ``Trainer``
+(DDP, as accelerate runs it without GPUs, and FSDP2 with accelerate's state forced), an ``accelerate
+launch`` loop (DDP, and processes that never connect), Lightning Fabric with ``ModelParallelStrategy``, an
+``mp.spawn`` program, a torchtitan-shaped model and FSDP1 with ``checkpoint_wrapper`` outside and inside
+its units. Tiny models from configs, a few steps each.
+
+A client is recorded once per test session (:class:`ClientRuns`, the ``client_runs`` fixture), and run
+once without fsdpviz for the losses it must reproduce bit for bit.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from recording import REPO, fsdpviz, record_env, teardown_crash, torchrun, unused_port
+
+CLIENTS = REPO / "tests" / "clients"
+STEPS = 6  # optimizer steps; fsdpviz profiles 2-4 (its defaults)
+PROFILED = [2, 3, 4]
+ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch"]
+TRIES = 3  # PyTorch's gloo teardown abort (recording.TEARDOWN_CRASH) hits a run now and then
+
+
+@dataclass(frozen=True)
+class Client:
+    """One program and how it is launched; ``{losses}`` / ``{port}`` / ``{out}`` are filled per run."""
+
+    name: str
+    command: tuple[str, ...]
+    framework: str
+    units: tuple[str, ...] | None  # the units it wraps, by construction (None: read off FSDP2's own labels)
+    ranks: int = 2
+    compare_losses: bool = True
+    report: bool = False  # also write report.html (fsdpviz record's default), checked for a few clients
+
+    def argv(self, losses: str, out: Path) -> list[str]:
+        port = str(unused_port())
+        return [w.replace("{losses}", losses).replace("{port}", port).replace("{out}", str(out))
+                for w in self.command]
+
+
+def _torchrun(script: str, *args: str) -> tuple[str, ...]:
+    return tuple(torchrun(CLIENTS / script, *args, "--log-losses", "{losses}"))
+
+
+TORCHTITAN_UNITS = ("(root)", "layers.0", "layers.1", "layers.2", "[norm, output]")
+FSDP1_UNITS = ("(root)", "blocks.0", "blocks.1")
+CLIENT_LIST = (
+    Client("hf-trainer-ddp", _torchrun("hf_trainer.py", "--steps", str(STEPS), "--out", "{out}"), "ddp", ()),
+    Client("hf-trainer-fsdp", _torchrun("hf_trainer.py", "--steps", str(STEPS), "--out", "{out}", "--force-fsdp"),
+           "fsdp2", None, report=True),
+    Client("accelerate-ddp", (*ACCELERATE, "--num_processes", "2", "--main_process_port", "{port}", "--use_fsdp",
+                              "--fsdp_version", "2", "--fsdp_transformer_layer_cls_to_wrap", "Block",
+                              str(CLIENTS / "accelerate_loop.py"), "--steps", str(STEPS), "--log-losses", "{losses}"),
+           "ddp", ()),
+    Client("accelerate-unconnected", (*ACCELERATE, "--multi_gpu", "--num_processes", "2", "--main_process_port",
+                                      "{port}", str(CLIENTS / "accelerate_loop.py"), "--no-cpu", "--steps",
+                                      str(STEPS), "--log-losses", "{losses}"),
+           "unknown", (), compare_losses=False),
+    Client("fabric-fsdp2", (sys.executable, str(CLIENTS / "fabric_fsdp2.py"), "--devices", "2", "--steps", str(STEPS),
+                            "--log-losses", "{losses}"), "fsdp2", ("(root)", "blocks.0", "blocks.1")),
+    Client("mp-spawn", (sys.executable, str(CLIENTS / "mp_spawn.py"), "--port", "{port}", "--steps", str(STEPS),
+                        "--log-losses", "{losses}"), "fsdp2", ("(root)", "1", "2")),
+    Client("torchtitan", _torchrun("torchtitan_shape.py", "--steps", str(STEPS)), "fsdp2", TORCHTITAN_UNITS,
+           report=True),
+    Client("fsdp1-checkpoint-outside", _torchrun("fsdp1_checkpoint.py", "--checkpoint", "outside", "--steps", str(STEPS)),
+           "fsdp1", FSDP1_UNITS),
+    Client("fsdp1-checkpoint-inside", _torchrun("fsdp1_checkpoint.py", "--checkpoint", "inside", "--steps", str(STEPS)),
+           "fsdp1", FSDP1_UNITS),
+)
+CLIENTS_BY_NAME = {c.name: c for c in CLIENT_LIST}
+
+
+@dataclass(frozen=True)
+class ClientRun:
+    """A client recorded by ``fsdpviz record`` and run bare: exit codes, output, losses per rank."""
+
+    client: Client
+    run_dir: Path
+    proc: subprocess.CompletedProcess
+    bare: subprocess.CompletedProcess | None
+    losses: dict[int, list[str]] = field(default_factory=dict)  # recorded run
+    bare_losses: dict[int, list[str]] = field(default_factory=dict)
+
+
+def _losses(template: str, ranks: int) -> dict[int, list[str]]:
+    out = {}
+    for rank in range(ranks):
+        path = Path(template.format(rank=rank))
+        out[rank] = path.read_text().splitlines() if path.is_file() else []
+    return out
+
+
+def run_bounded(argv: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run ``argv`` in a process group of its own; on timeout the whole group is killed (a launcher's
+    workers included) and the result says so (exit code -9, what was printed so far)."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=record_env(),
+                            cwd=cwd, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        err += f"\n(killed after {timeout:.0f} s)"
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    for _ in range(TRIES):
+        done = run_bounded(argv, cwd)
+        if not teardown_crash(done):
+            return done
+    return done
+
+
+class ClientRuns:
+    """Each client recorded (and run bare) once, in its own folder under ``base``."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.done: dict[str, ClientRun] = {}
+
+    def get(self, name: str) -> ClientRun:
+        if name not in self.done:
+            client = CLIENTS_BY_NAME[name]
+            folder = self.base / name
+            folder.mkdir()
+            run_dir = folder / "run"
+            proc = None
+            for _ in range(TRIES):
+                shutil.rmtree(run_dir, ignore_errors=True)
+                outputs = () if client.report else ("--no-report",)
+                proc = fsdpviz("record", "--out", str(run_dir), "--steps", str(len(PROFILED)), *outputs, "--", *client.argv(
+                    str(folder / "losses-{rank}.txt"), folder / "trainer-out"), env=record_env(), timeout=900)
+                if not teardown_crash(proc):
+                    break
+            bare = None
+            if client.compare_losses:
+                bare = _run(client.argv(str(folder / "bare-{rank}.txt"), folder / "bare-out"), folder)
+            assert proc is not None
+            self.done[name] = ClientRun(client, run_dir, proc, bare, _losses(str(folder / "losses-{rank}.txt"), client.ranks),
+                                        _losses(str(folder / "bare-{rank}.txt"), client.ranks))
+        return self.done[name]

@@ -1,0 +1,159 @@
+"""Programs written for other stacks, recorded unchanged: HF Trainer, accelerate, Lightning Fabric,
+mp.spawn, a torchtitan-shaped model, FSDP1 with checkpoint_wrapper.
+
+Each is recorded once per session and run once bare (``clients.py``). Independent facts: the bare
+run's exit code and losses, the modules each program wraps (by construction, or FSDP2's own
+``FSDP::pre_forward (fqn)`` labels for the HF Trainer, whose units accelerate chooses), the
+recorder's per-step timers (a second measurement of every unit's compute), the ProfilerStep ranges.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pandas as pd
+import pytest
+from clients import CLIENT_LIST, PROFILED, ClientRun, ClientRuns
+
+from fsdpviz.analysis.pipeline import RunResult, analyse
+from fsdpviz.naming import unit_from_label
+from fsdpviz.trace import load_traces
+
+pytestmark = pytest.mark.slow
+
+NEEDS = {"hf-trainer-ddp": "transformers", "hf-trainer-fsdp": "transformers", "accelerate-ddp": "accelerate",
+         "accelerate-unconnected": "accelerate", "fabric-fsdp2": "lightning"}
+NAMES = [c.name for c in CLIENT_LIST]
+SHARDED = [c.name for c in CLIENT_LIST if c.framework in ("fsdp2", "fsdp1")]
+
+
+@pytest.fixture(scope="session")
+def client_runs(tmp_path_factory: pytest.TempPathFactory) -> ClientRuns:
+    return ClientRuns(tmp_path_factory.mktemp("clients"))
+
+
+def _get(client_runs: ClientRuns, name: str) -> ClientRun:
+    module = NEEDS.get(name)
+    if module and importlib.util.find_spec(module) is None:
+        pytest.skip(f"{module} is not installed (a test dependency: pip install -e '.[dev]')")
+    return client_runs.get(name)
+
+
+_results: dict[str, RunResult] = {}
+
+
+def _result(run: ClientRun) -> RunResult:
+    if run.client.name not in _results:
+        _results[run.client.name] = analyse([run.run_dir], cache=False)
+    return _results[run.client.name]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_recorded_like_the_bare_run(client_runs: ClientRuns, name: str) -> None:
+    """Exit code 0 as without fsdpviz, identical losses, every rank traced, the profiler's own lines
+    in the run folder's log rather than in the user's terminal."""
+    run = _get(client_runs, name)
+    assert run.proc.returncode == 0, run.proc.stderr[-3000:]
+    if run.bare is not None:
+        assert run.bare.returncode == 0, run.bare.stderr[-3000:]
+        assert run.losses == run.bare_losses and all(len(v) == 6 for v in run.losses.values())
+    meta = json.loads((run.run_dir / "run.json").read_text())
+    assert meta["status"] == "ok" and meta["world_size"] == 2
+    assert sorted(r["rank"] for r in meta["ranks"]) == [0, 1] and all(r["trace"] for r in meta["ranks"])
+    for stream in (run.proc.stdout, run.proc.stderr):
+        assert "USDT:" not in stream and "Memory block of unknown size" not in stream
+    assert "profiler_start" in (run.run_dir / "logs" / "rank0.log").read_text()
+    if run.client.report:
+        page = (run.run_dir / "report.html").read_text(encoding="utf-8")
+        assert all(u["unit"] in page for u in meta["units"])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_framework_and_units(client_runs: ClientRuns, name: str) -> None:
+    run = _get(client_runs, name)
+    result = _result(run)
+    meta = json.loads((run.run_dir / "run.json").read_text())
+    assert meta["framework"] == result.framework == result.summary["framework"] == run.client.framework
+    expected = run.client.units
+    if expected is None:  # what FSDP2 itself names in its labels
+        names = set(result.traces.events["name"].astype(str))
+        expected = tuple(dict.fromkeys(unit_from_label(n[len("FSDP::pre_forward ("):-1]) for n in sorted(names)
+                                       if n.startswith("FSDP::pre_forward (")))
+        assert len(expected) >= 3 and any(u.startswith("[") for u in expected), expected  # [model.norm, lm_head]
+    assert sorted(u["unit"] for u in meta["units"]) == sorted(expected)
+    assert sorted(u["name"] for u in result.summary["units"]) == sorted(expected)
+    assert result.summary["steps"] == PROFILED  # every profiled step is complete
+    units_line = next(line for line in run.proc.stderr.splitlines() if "rank(s) of world size" in line)
+    for unit in expected:  # one name per unit on the terminal, never cut
+        assert unit in units_line
+
+
+@pytest.mark.parametrize("name", ["hf-trainer-ddp", "accelerate-ddp"])
+def test_ddp_fallback_is_said(client_runs: ClientRuns, name: str) -> None:
+    """On CPU, accelerate wraps a model asked to be sharded with FSDP in DistributedDataParallel."""
+    run = _get(client_runs, name)
+    result = _result(run)
+    assert result.summary["units"] == [] and result.summary["overlap"]["comm_ms"] > 0
+    assert any("wrapped in DistributedDataParallel, not FSDP" in n for n in result.summary["notes"])
+    assert "framework ddp (the model was wrapped in DistributedDataParallel, not FSDP)" in run.proc.stderr
+
+
+def test_unconnected_processes_are_warned_about(client_runs: ClientRuns) -> None:
+    run = _get(client_runs, "accelerate-unconnected")
+    assert "warning: no rank communicated: the traces hold no collective although the world size is 2" in \
+        run.proc.stderr
+    assert (_result(run).traces.events["comm"] == "").all()
+
+
+@pytest.mark.parametrize("name", SHARDED)
+def test_every_unit_gathers_computes_and_reduces(client_runs: ClientRuns, name: str) -> None:
+    run = _get(client_runs, name)
+    stats = _result(run).analysis.unit_stats.set_index("unit")
+    for col in ("all_gather_ns", "forward_ns", "backward_ns", "reduce_scatter_ns"):
+        assert (stats[col] > 0).all(), (col, stats[col].to_dict())
+
+
+@pytest.mark.parametrize("name", SHARDED)
+def test_unit_compute_agrees_with_the_timers_and_reconciles_with_the_step(client_runs: ClientRuns,
+                                                                          name: str) -> None:
+    """Each unit pass's compute read off the trace is its own work: no more than the recorder's timer of
+    the same pass (which also counts the framework's work inside the unit), and a unit's backward is at
+    least half its forward (the gradients cost more than the forward, never nothing). The timers
+    themselves keep a unit's own reduce-scatter out of its compute. Summed over units the compute
+    never exceeds the step."""
+    result = _result(_get(client_runs, name))
+    us = result.analysis.unit_steps
+    key = ["rank", "step", "unit", "phase"]
+    trace_ms = (us.groupby(key)["compute_ns"].sum() / 1e6).rename("trace_ms")
+    timers = result.traces.timers
+    unit_timers = timers[timers["unit"] != ""].pivot_table(index=key, columns="kind", values="ms", aggfunc="sum")
+    both = pd.concat([trace_ms, unit_timers["compute"].rename("timer_ms")], axis=1, join="inner")
+    assert len(both) == len(trace_ms), "every unit pass of the trace has its timer"
+    assert (both["trace_ms"] <= both["timer_ms"] + 0.05).all(), both.to_string()
+    backward = unit_timers.xs("backward", level="phase").fillna(0)
+    assert (backward["compute"] + backward["reduce_scatter"] <= backward["total"] + 0.05).all(), backward.to_string()
+    stats = result.analysis.unit_stats.set_index("unit")
+    with_params = stats[stats["param_numel"] > 0]
+    assert (with_params["backward_ns"] >= 0.5 * with_params["forward_ns"]).all(), \
+        with_params[["forward_ns", "backward_ns"]].to_string()
+    times = result.analysis.step_times.set_index(["rank", "step"])
+    per_step = us.groupby(["rank", "step"])["compute_ns"].sum()
+    assert (per_step <= times["unit_compute_ns"].reindex(per_step.index)).all()
+    assert (times["unit_compute_ns"] + times["framework_ns"] + times["optimizer_ns"] <= times["step_ns"]).all()
+
+
+def test_torchtitan_root_keeps_its_last_units_parameters_and_names_a_unit_of_two_modules(
+        client_runs: ClientRuns) -> None:
+    """The root owns the embedding; [norm, output] keeps its backward (not the root's); run.json says
+    what FSDP2 did: the root and the last block keep their parameters unsharded after forward."""
+    run = _get(client_runs, "torchtitan")
+    meta = {u["unit"]: u for u in json.loads((run.run_dir / "run.json").read_text())["units"]}
+    assert {u: m["reshard_after_forward"] for u, m in meta.items()} == {
+        "(root)": False, "layers.0": True, "layers.1": True, "layers.2": False, "[norm, output]": False}
+    stats = _result(run).analysis.unit_stats.set_index("unit")
+    # the output projection's gradient is the biggest backward matmul after the blocks'
+    assert stats.loc["[norm, output]", "backward_ns"] > stats.loc["(root)", "backward_ns"]
+    assert (stats.loc[["layers.0", "layers.1", "layers.2"], "backward_ns"] > stats.loc["(root)", "backward_ns"]).all()
+    traces = load_traces([run.run_dir], cache=False)
+    assert "FSDP::pre_forward (norm, output)" in set(traces.events["name"].astype(str))
