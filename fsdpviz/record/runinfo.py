@@ -223,7 +223,8 @@ def build_run_json(
 
 def write_run_json(path: Path, run: dict[str, Any]) -> None:
     """Write run.json under a temporary name, then rename it (readers never see half a file)."""
-    tmp = path.with_name(path.name + PARTIAL_SUFFIX)
+    # a name of its own: with --shared, every node's launcher writes run.json into the same folder
+    tmp = path.with_name(f"{path.name}.{socket.gethostname()}.{os.getpid()}{PARTIAL_SUFFIX}")
     try:
         tmp.write_text(json.dumps(run, indent=2) + "\n", encoding="utf-8")
         tmp.replace(path)
