@@ -9,7 +9,7 @@ PIP    := $(PY) -m pip
 TORCH_VERSION ?= 2.13.0
 DEMO_DIR ?= demo-run
 
-.PHONY: demo test test-fast setup setup-dev lint clean bench bench-load bench-scale bench-record bench-report
+.PHONY: demo test test-fast setup setup-dev lint clean bench bench-load bench-scale bench-record bench-report bench-post-record
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -54,7 +54,10 @@ bench-record: setup-dev
 bench-report: setup-dev
 	$(PY) benchmarks/bench_report.py
 
-bench: bench-load bench-scale bench-record bench-report
+bench-post-record: setup-dev
+	$(PY) benchmarks/bench_post_record.py
+
+bench: bench-load bench-scale bench-record bench-report bench-post-record
 
 lint: setup-dev
 	$(PY) -m ruff check fsdpviz tests
