@@ -142,6 +142,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    parser.add_argument("--local_rank", "--local-rank", type=int, default=None,
+                        help=argparse.SUPPRESS)  # passed by the deepspeed launcher; LOCAL_RANK says the same
     parser.add_argument("--log-losses", metavar="FILE",
                         help="write each step's loss per rank (FILE may contain {rank}; else .rank{R} is appended)")
     args = parser.parse_args(argv)
