@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import describe_machine, run_measured, spread, versions  # noqa: E402
+from harness import describe_machine, run_measured, spread, versions
 
 STAGES = r"""
 import json, sys, time
@@ -58,8 +58,8 @@ AFTER_RECORD = ("import sys; from pathlib import Path; from fsdpviz.commands.rec
 def record(out: Path, command: list[str], env: dict[str, str]) -> Path:
     """Record ``command`` into ``out`` without summary or report (the part measured here)."""
     done = subprocess.run([sys.executable, "-m", "fsdpviz", "record", "--out", str(out), "--no-summary",
-                           "--no-report", "--", *command], env=env, capture_output=True, text=True, timeout=900,
-                          cwd=out.parent)
+                           "--no-report", "--", *command], check=False, env=env, capture_output=True, text=True,
+                          timeout=900, cwd=out.parent)
     if done.returncode != 0:
         sys.exit(f"recording failed:\n{done.stderr[-3000:]}")
     return out

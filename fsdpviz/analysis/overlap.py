@@ -1,4 +1,4 @@
-"""Whole-step communication/computation overlap per rank, and the interval algebra behind it.
+"""Whole-step communication/computation overlap per rank.
 
 The question: of the time a rank spent communicating, how much ran while it also computed?
 ``overlap_pct = |comm ∩ compute| / |comm|``; ``exposed_comm = |comm| - |comm ∩ compute|``.
@@ -15,9 +15,7 @@ CPU ops on the main and autograd threads minus the time inside collective-issuin
 ``record_param_comms``) and blocking waits (ops named ``*wait*``); the window is the analysed
 steps' time span. docs/concepts.md states both definitions with examples.
 
-Interval helpers work on numpy arrays in O(n log n) without Python loops, so a rank with a
-million kernels costs milliseconds. An ``Intervals`` value is a pair ``(starts, ends)`` of int64
-arrays; the helpers return them normalised: sorted, disjoint, non-empty, touching ones merged.
+The interval unions and their algebra are :mod:`fsdpviz.analysis.intervals`.
 """
 
 from __future__ import annotations
@@ -29,112 +27,18 @@ from typing import Final
 import numpy as np
 import pandas as pd
 
+from fsdpviz.analysis.intervals import (
+    Intervals,
+    clip_intervals,
+    overlap_ns,
+    subtract_intervals,
+    total_ns,
+    union_intervals,
+)
 from fsdpviz.analysis.steps import StepChoice, StepWindow, choose_steps
 from fsdpviz.errors import NoDataError
 from fsdpviz.trace import schema
 from fsdpviz.trace.tables import TraceSet
-
-Intervals = tuple[np.ndarray, np.ndarray]
-
-_EMPTY = np.zeros(0, dtype=np.int64)
-
-
-def empty_intervals() -> Intervals:
-    """No time at all."""
-    return _EMPTY.copy(), _EMPTY.copy()
-
-
-def union_intervals(starts: np.ndarray, ends: np.ndarray) -> Intervals:
-    """Merge possibly overlapping ``[start, end)`` intervals into a normalised union."""
-    starts = np.asarray(starts, dtype=np.int64)
-    ends = np.asarray(ends, dtype=np.int64)
-    keep = ends > starts
-    starts, ends = starts[keep], ends[keep]
-    if len(starts) == 0:
-        return empty_intervals()
-    order = np.argsort(starts, kind="stable")
-    starts, ends = starts[order], ends[order]
-    reach = np.maximum.accumulate(ends)
-    # A new group starts where an interval begins after everything before it has ended.
-    new_group = np.empty(len(starts), dtype=bool)
-    new_group[0] = True
-    new_group[1:] = starts[1:] > reach[:-1]
-    group_starts = np.flatnonzero(new_group)
-    group_ends = np.append(group_starts[1:], len(starts)) - 1
-    return starts[group_starts], reach[group_ends]
-
-
-def total_ns(intervals: Intervals) -> int:
-    """Total length of normalised intervals."""
-    starts, ends = intervals
-    return int((ends - starts).sum()) if len(starts) else 0
-
-
-def _segments(a: Intervals, b: Intervals) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Elementary segments between all boundaries, with whether each lies in ``a`` and in ``b``."""
-    bounds = np.unique(np.concatenate([a[0], a[1], b[0], b[1]]))
-    if len(bounds) < 2:
-        return _EMPTY, _EMPTY, np.zeros(0, bool), np.zeros(0, bool)
-    seg_start, seg_end = bounds[:-1], bounds[1:]
-    return seg_start, seg_end, _covers(a, seg_start), _covers(b, seg_start)
-
-
-def _covers(iv: Intervals, t: np.ndarray) -> np.ndarray:
-    """Whether each time ``t`` lies inside normalised ``iv`` (start inclusive, end exclusive)."""
-    starts, ends = iv
-    if len(starts) == 0:
-        return np.zeros(len(t), dtype=bool)
-    idx = np.searchsorted(starts, t, side="right") - 1
-    return (idx >= 0) & (t < ends[np.clip(idx, 0, None)])
-
-
-def _from_mask(seg_start: np.ndarray, seg_end: np.ndarray, mask: np.ndarray) -> Intervals:
-    return union_intervals(seg_start[mask], seg_end[mask])
-
-
-def intersect_intervals(a: Intervals, b: Intervals) -> Intervals:
-    """Time in both ``a`` and ``b``."""
-    seg_start, seg_end, in_a, in_b = _segments(a, b)
-    return _from_mask(seg_start, seg_end, in_a & in_b)
-
-
-def subtract_intervals(a: Intervals, b: Intervals) -> Intervals:
-    """Time in ``a`` but not in ``b``."""
-    seg_start, seg_end, in_a, in_b = _segments(a, b)
-    return _from_mask(seg_start, seg_end, in_a & ~in_b)
-
-
-def clip_intervals(iv: Intervals, lo_ns: int, hi_ns: int) -> Intervals:
-    """Normalised ``iv`` cut to ``[lo_ns, hi_ns)``."""
-    starts = np.clip(iv[0], lo_ns, hi_ns)
-    ends = np.clip(iv[1], lo_ns, hi_ns)
-    return union_intervals(starts, ends)
-
-
-def coverage_ns(iv: Intervals, t: np.ndarray) -> np.ndarray:
-    """Length of ``iv`` before each time in ``t`` (a cumulative measure, for per-span overlap).
-
-    ``coverage_ns(iv, end) - coverage_ns(iv, start)`` is how much of ``[start, end)`` lies in ``iv``,
-    for many spans at once.
-    """
-    starts, ends = iv
-    t = np.asarray(t, dtype=np.int64)
-    if len(starts) == 0:
-        return np.zeros(len(t), dtype=np.int64)
-    before = np.concatenate([[0], np.cumsum(ends - starts)])
-    idx = np.searchsorted(starts, t, side="right") - 1
-    safe = np.clip(idx, 0, None)
-    partial = np.clip(np.minimum(t, ends[safe]) - starts[safe], 0, None)
-    return np.where(idx >= 0, before[safe] + partial, 0)
-
-
-def overlap_ns(a: Intervals, b: Intervals) -> int:
-    """|a ∩ b| for normalised intervals."""
-    starts, ends = a
-    if len(starts) == 0 or len(b[0]) == 0:
-        return 0
-    return int((coverage_ns(b, ends) - coverage_ns(b, starts)).sum())
-
 
 # --- definitions -------------------------------------------------------------------------------
 # HTA 0.5.0 (hta/utils/utils.py): comm = ^nccl.*Kernel; "not compute" = that, or a name containing

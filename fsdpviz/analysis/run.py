@@ -24,6 +24,15 @@ from fsdpviz.analysis.collectives import is_gpu_rank
 from fsdpviz.analysis.columns import startswith
 from fsdpviz.analysis.findings import build_findings
 from fsdpviz.analysis.framework import decide_framework
+from fsdpviz.analysis.intervals import (
+    Intervals,
+    covered_ns,
+    empty_intervals,
+    overlap_ns,
+    subtract_intervals,
+    total_ns,
+    union_intervals,
+)
 from fsdpviz.analysis.labels import (
     ENGINE_BACKWARD,
     ENGINE_FORWARD,
@@ -34,17 +43,7 @@ from fsdpviz.analysis.labels import (
     has_unit_labels,
     parse_labels,
 )
-from fsdpviz.analysis.overlap import (
-    Intervals,
-    coverage_ns,
-    cpu_sets,
-    empty_intervals,
-    gpu_sets,
-    overlap_ns,
-    subtract_intervals,
-    total_ns,
-    union_intervals,
-)
+from fsdpviz.analysis.overlap import cpu_sets, gpu_sets
 from fsdpviz.analysis.spans import OPTIMIZER_PREFIX, unit_tables
 from fsdpviz.analysis.steps import StepChoice, choose_steps
 from fsdpviz.analysis.unit_overlap import unit_steps
@@ -101,11 +100,6 @@ def _in_steps(frame: pd.DataFrame, wanted: dict[int, set[int] | None]) -> pd.Dat
     return frame[keep]
 
 
-def _covered(iv: Intervals, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """|iv ∩ [lo, hi)| for many windows at once."""
-    return coverage_ns(iv, hi) - coverage_ns(iv, lo)
-
-
 def _engine_intervals(labels: pd.DataFrame, actions: Sequence[str], windows: pd.DataFrame) -> Intervals:
     """ZeRO-3: the time inside DeepSpeed's engine calls (``fsdpviz::engine_*`` ranges) outside every
     unit window -- the engine's own work around the model (on any lane: on GPU, backward runs on
@@ -149,7 +143,7 @@ def _step_times(rank: int, steps: pd.DataFrame, pieces: pd.DataFrame, labels: pd
     out = pd.DataFrame({
         "rank": rank, "step": steps["step"].to_numpy(), "start_ns": lo, "end_ns": hi, "step_ns": hi - lo,
         "unit_compute_ns": steps["step"].map(piece_ns).fillna(0).to_numpy(dtype=np.int64),
-        "framework_ns": _covered(over, lo, hi), "optimizer_ns": _covered(opt_iv, lo, hi),
+        "framework_ns": covered_ns(over, lo, hi), "optimizer_ns": covered_ns(opt_iv, lo, hi),
         "comm_ns": np.array(comm_ns, dtype=np.int64), "exposed_comm_ns": np.array(exposed, dtype=np.int64),
         "late_ns": 0,
     })

@@ -31,18 +31,10 @@ from typing import Final
 import numpy as np
 import pandas as pd
 
-from fsdpviz.analysis.overlap import Intervals, coverage_ns, empty_intervals
+from fsdpviz.analysis.intervals import Intervals, empty_intervals, exposed_ns
 from fsdpviz.trace import schema
 
 _UNIT_PHASES: Final = (schema.PHASE_FORWARD, schema.PHASE_BACKWARD)
-
-
-def exposed_ns(start: np.ndarray, end: np.ndarray, compute: Intervals) -> np.ndarray:
-    """For each ``[start, end)``: the part not covered by the normalised ``compute`` union."""
-    start = np.asarray(start, dtype=np.int64)
-    end = np.asarray(end, dtype=np.int64)
-    covered = coverage_ns(compute, end) - coverage_ns(compute, start)
-    return (end - start) - covered
 
 
 def exposed_by_rank(rows: pd.DataFrame, compute: dict[int, Intervals]) -> np.ndarray:

@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 
 from fsdpviz.analysis import labels as lab
+from fsdpviz.analysis.intervals import complement, union_intervals
 from fsdpviz.trace import schema
 
 WINDOWS: Final[schema.Schema] = {
@@ -147,35 +148,6 @@ def unit_windows(labels: pd.DataFrame) -> pd.DataFrame:
     return schema.conform(out, WINDOWS, table="windows")
 
 
-def _union_sorted(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    if len(starts) == 0:
-        return starts, ends
-    order = np.argsort(starts, kind="stable")
-    s, e = starts[order], ends[order]
-    reach = np.maximum.accumulate(e)
-    new = np.ones(len(s), dtype=bool)
-    new[1:] = s[1:] > reach[:-1]
-    first = np.flatnonzero(new)
-    last = np.append(first[1:], len(s)) - 1
-    return s[first], reach[last]
-
-
-def _complement(lo: int, hi: int, starts: np.ndarray, ends: np.ndarray) -> list[tuple[int, int]]:
-    """``[lo, hi)`` minus sorted disjoint intervals."""
-    pieces, cursor = [], lo
-    for s, e in zip(starts.tolist(), ends.tolist()):
-        if e <= cursor:
-            continue
-        if s >= hi:
-            break
-        if s > cursor:
-            pieces.append((cursor, min(s, hi)))
-        cursor = max(cursor, e)
-    if cursor < hi:
-        pieces.append((cursor, hi))
-    return pieces
-
-
 def _overhead_labels(labels: pd.DataFrame) -> pd.DataFrame:
     """Framework ranges that are never a unit's own compute."""
     family = labels["family"]
@@ -215,7 +187,7 @@ def compute_pieces(windows: pd.DataFrame, labels: pd.DataFrame,
                            dtype=bool).reshape(len(names), len(names))
     for (rank, lane), w_idx in windows.groupby(["rank", "lane"], sort=False).indices.items():
         o = over_groups.get((rank, lane), np.zeros(0, dtype=np.int64))
-        u_s, u_e = _union_sorted(ov_s[o], ov_e[o])
+        u_s, u_e = union_intervals(ov_s[o], ov_e[o])
         w_start, w_excl = all_start[w_idx], all_excl[w_idx]
         order = np.argsort(w_start, kind="stable")
         sorted_start = w_start[order]
@@ -241,9 +213,8 @@ def compute_pieces(windows: pd.DataFrame, labels: pd.DataFrame,
                 continue
             cut_s = np.concatenate([u_s[k0:k1], w_start[kids]])
             cut_e = np.concatenate([u_e[k0:k1], w_excl[kids]])
-            cs, ce = _union_sorted(cut_s, cut_e)
             row = w_idx[j]
-            for s, e in _complement(lo, hi, cs, ce):
+            for s, e in complement(lo, hi, union_intervals(cut_s, cut_e)):
                 rows.append((rank, lane, int(all_step[row]), all_units[row], all_phases[row], int(all_micro[row]),
                              s, e))
     frame = pd.DataFrame(rows, columns=list(PIECES))

@@ -21,8 +21,9 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from fsdpviz.analysis.intervals import clip_rows
 from fsdpviz.report.style import COMM_COLOR, COMPUTE_COLOR, OTHER_COLOR
-from fsdpviz.report.timeline import StepChoice, cap_segments, clip_to_window, to_ms
+from fsdpviz.report.timeline import StepChoice, cap_segments, to_ms
 from fsdpviz.trace import schema
 
 CAT_CPU = "CPU ops"
@@ -86,7 +87,7 @@ def activity_segments(events: pd.DataFrame, rows: pd.DataFrame, choice: StepChoi
     window = window[window["category"] != ""]
     keyed = window.assign(lane=window["lane"].astype(str), name=window["name"].astype(str))
     keyed = keyed.merge(rows[["rank", "lane", "row"]], on=["rank", "lane"], how="inner")
-    keyed = clip_to_window(keyed[["row", "rank", "lane", "category", "name", "start_ns", "end_ns"]],
+    keyed = clip_rows(keyed[["row", "rank", "lane", "category", "name", "start_ns", "end_ns"]],
                            choice.origin_ns, choice.end_ns)
     segments, capped = cap_segments(keyed, ["row", "category"], max_segments, label="name")
     segments = segments.merge(rows[["row", "rank", "lane"]], on="row", how="left")

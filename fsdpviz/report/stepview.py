@@ -17,10 +17,11 @@ import pandas as pd
 
 from fsdpviz.analysis import memory as mem
 from fsdpviz.analysis import overlap as ov
+from fsdpviz.analysis.intervals import cover_rows, subtract_intervals
 from fsdpviz.analysis.steps import window_of
 from fsdpviz.report import activity, memory
 from fsdpviz.report.style import format_bytes
-from fsdpviz.report.timeline import StepChoice, intersect_intervals, to_ms
+from fsdpviz.report.timeline import StepChoice, to_ms
 from fsdpviz.trace import schema
 from fsdpviz.trace.tables import TraceSet
 
@@ -71,7 +72,7 @@ def exposed_intervals(traces: TraceSet, overlap: pd.DataFrame, step: int,
         else:
             lanes = traces.lanes[traces.lanes["rank"] == rank]
             comm, compute, _ = ov.cpu_sets(events, lanes, window)
-        starts, ends = ov.subtract_intervals(comm, compute)
+        starts, ends = subtract_intervals(comm, compute)
         parts.append(pd.DataFrame({"rank": rank, "start_ns": starts, "end_ns": ends}))
     if not parts:
         return pd.DataFrame({"rank": pd.Series(dtype="int64"), "start_ns": pd.Series(dtype="int64"),
@@ -88,7 +89,7 @@ def exposed_on_segments(segments: pd.DataFrame, exposed: pd.DataFrame, choice: S
     cols = ["row", "rank", "x0_ms", "x1_ms", "dur_ms", "what"]
     if segments.empty or exposed.empty:
         return pd.DataFrame({c: pd.Series(dtype="float64") for c in cols})
-    pieces = intersect_intervals(segments.reset_index(drop=True), exposed, key="rank")
+    pieces = cover_rows(segments.reset_index(drop=True), exposed, key="rank")
     if pieces.empty:
         return pd.DataFrame({c: pd.Series(dtype="float64") for c in cols})
     pieces = to_ms(pieces, choice.origin_ns)

@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import pandas as pd
 
+from fsdpviz.analysis.intervals import merge_rows
 from fsdpviz.report.style import NS_PER_MS
 from fsdpviz.trace.schema import NO_STEP
 
@@ -90,52 +90,6 @@ def whole_trace_choice(events: pd.DataFrame) -> StepChoice | None:
                       duration_ms=(end - origin) / NS_PER_MS)
 
 
-def merge_intervals(df: pd.DataFrame, keys: Sequence[str], *, gap_ns: int = 0,
-                    label: str | None = None) -> pd.DataFrame:
-    """Union of ``[start_ns, end_ns)`` intervals per group of ``keys``.
-
-    Intervals of a group that overlap, touch, or lie closer than ``gap_ns`` become one. Returns
-    ``keys`` + ``start_ns``, ``end_ns``, ``n_merged`` (how many input rows each output row covers)
-    and ``busy_ns`` (the summed input durations: less than end - start when gaps were bridged).
-    With ``label`` (a column name), each output row also gets that column's value of its longest
-    input row.
-    """
-    cols = [*keys, "start_ns", "end_ns", "n_merged", "busy_ns", *([label] if label else [])]
-    if df.empty:
-        out = df.loc[:, [*keys, *([label] if label else [])]].iloc[:0].copy()
-        for col in ("start_ns", "end_ns", "n_merged", "busy_ns"):
-            out[col] = pd.Series(dtype="int64")
-        return out[cols]
-    extra = [label] if label and label not in keys else []
-    work = df.loc[:, [*keys, "start_ns", "end_ns", *extra]].sort_values([*keys, "start_ns"], kind="stable")
-    work = work.reset_index(drop=True)
-    group_id = work.groupby(list(keys), sort=False, observed=True).ngroup().to_numpy()
-    start = work["start_ns"].to_numpy(np.int64)
-    end = work["end_ns"].to_numpy(np.int64)
-    # Running max of the ends within each group: an interval opens a new run when it starts after
-    # everything before it in its group has ended (plus the tolerated gap).
-    run_end = pd.Series(end).groupby(group_id).cummax().to_numpy()
-    prev_end = np.empty_like(run_end)
-    prev_end[0] = np.iinfo(np.int64).min
-    prev_end[1:] = run_end[:-1]
-    new_group = np.ones(len(work), dtype=bool)
-    new_group[1:] = group_id[1:] != group_id[:-1]
-    new_run = new_group | (start > prev_end + gap_ns)
-    work["_run"] = np.cumsum(new_run)
-    work["_dur"] = end - start
-    runs = work.groupby("_run", sort=True)
-    agg = runs.agg(
-        **{key: (key, "first") for key in keys},
-        start_ns=("start_ns", "min"),
-        end_ns=("end_ns", "max"),
-        n_merged=("start_ns", "size"),
-        busy_ns=("_dur", "sum"),
-    )
-    if extra:
-        agg[label] = work.loc[runs["_dur"].idxmax().to_numpy(), label].to_numpy()
-    return agg.reset_index(drop=True)[cols]
-
-
 def cap_segments(df: pd.DataFrame, keys: Sequence[str], max_segments: int,
                  label: str | None = None) -> tuple[pd.DataFrame, bool]:
     """Merge same-``keys`` neighbours with growing gaps until at most ``max_segments`` rows remain.
@@ -144,61 +98,15 @@ def cap_segments(df: pd.DataFrame, keys: Sequence[str], max_segments: int,
     fit the budget. ``df`` must carry ``start_ns``/``end_ns``; rows get ``n_merged`` and
     ``busy_ns``. The gap doubles from 1 µs, so the result keeps as much detail as the budget allows.
     """
-    merged = merge_intervals(df, keys, gap_ns=0, label=label)
+    merged = merge_rows(df, keys, gap_ns=0, label=label)
     if len(merged) <= max_segments:
         return merged, False
     gap_ns = 1_000
     span_ns = int(df["end_ns"].max() - df["start_ns"].min()) if len(df) else 0
     while len(merged) > max_segments and gap_ns <= max(span_ns, 1):
-        merged = merge_intervals(df, keys, gap_ns=gap_ns, label=label)
+        merged = merge_rows(df, keys, gap_ns=gap_ns, label=label)
         gap_ns *= 2
     return merged, True
-
-
-def clip_to_window(df: pd.DataFrame, start_ns: int, end_ns: int) -> pd.DataFrame:
-    """Rows of ``df`` overlapping ``[start_ns, end_ns)``, cut to it."""
-    inside = df[(df["end_ns"] > start_ns) & (df["start_ns"] < end_ns)].copy()
-    inside["start_ns"] = inside["start_ns"].clip(lower=start_ns)
-    inside["end_ns"] = inside["end_ns"].clip(upper=end_ns)
-    return inside
-
-
-def intersect_intervals(a: pd.DataFrame, b: pd.DataFrame, key: str = "rank") -> pd.DataFrame:
-    """Pieces of each row of ``a`` covered by the intervals of ``b`` with the same ``key``.
-
-    ``b`` must be disjoint within a key (a union, e.g. the exposed-communication intervals of a
-    rank). Returns ``a``'s columns with ``start_ns``/``end_ns`` replaced by the covered pieces
-    and ``source_row`` (the index of the ``a`` row each piece came from).
-    """
-    pieces: list[pd.DataFrame] = []
-    a = a.assign(source_row=a.index)
-    for value, rows in a.groupby(key, sort=False, observed=True):
-        cover = b[b[key] == value].sort_values("start_ns")
-        if cover.empty or rows.empty:
-            continue
-        c_start = cover["start_ns"].to_numpy(np.int64)
-        c_end = cover["end_ns"].to_numpy(np.int64)
-        r_start = rows["start_ns"].to_numpy(np.int64)
-        r_end = rows["end_ns"].to_numpy(np.int64)
-        # Candidate cover intervals of each row: those starting before the row ends, from the
-        # first one that ends after the row starts.
-        first = np.searchsorted(c_end, r_start, side="right")
-        last = np.searchsorted(c_start, r_end, side="left")
-        counts = np.maximum(last - first, 0)
-        if counts.sum() == 0:
-            continue
-        row_idx = np.repeat(np.arange(len(rows)), counts)
-        cover_idx = np.concatenate([np.arange(f, l) for f, l in zip(first, last) if l > f])
-        starts = np.maximum(r_start[row_idx], c_start[cover_idx])
-        ends = np.minimum(r_end[row_idx], c_end[cover_idx])
-        keep = ends > starts
-        part = rows.iloc[row_idx[keep]].copy()
-        part["start_ns"] = starts[keep]
-        part["end_ns"] = ends[keep]
-        pieces.append(part)
-    if not pieces:
-        return a.iloc[:0].copy()
-    return pd.concat(pieces, ignore_index=True)
 
 
 def to_ms(df: pd.DataFrame, origin_ns: int) -> pd.DataFrame:

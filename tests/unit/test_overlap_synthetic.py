@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tracebuild import MAIN_TID, TraceBuilder
 
+from fsdpviz.analysis import intervals as iv
 from fsdpviz.analysis import overlap as ov
 from fsdpviz.trace import load_traces
 
@@ -167,8 +168,8 @@ def _mask(intervals: list[tuple[int, int]]) -> np.ndarray:
     return m
 
 
-def _as_iv(intervals: list[tuple[int, int]]) -> ov.Intervals:
-    return ov.union_intervals(np.array([s for s, _ in intervals], np.int64), np.array([e for _, e in intervals], np.int64))
+def _as_iv(intervals: list[tuple[int, int]]) -> iv.Intervals:
+    return iv.union_intervals(np.array([s for s, _ in intervals], np.int64), np.array([e for _, e in intervals], np.int64))
 
 
 @settings(max_examples=200, deadline=None)
@@ -176,16 +177,16 @@ def _as_iv(intervals: list[tuple[int, int]]) -> ov.Intervals:
 def test_interval_algebra_matches_brute_force(a: list, b: list, lo: int, hi: int) -> None:
     ma, mb = _mask(a), _mask(b)
     ia, ib = _as_iv(a), _as_iv(b)
-    assert ov.total_ns(ia) == ma.sum()
-    assert ov.total_ns(ov.intersect_intervals(ia, ib)) == (ma & mb).sum() == ov.overlap_ns(ia, ib)
-    assert ov.total_ns(ov.subtract_intervals(ia, ib)) == (ma & ~mb).sum()
+    assert iv.total_ns(ia) == ma.sum()
+    assert iv.total_ns(iv.intersect_intervals(ia, ib)) == (ma & mb).sum() == iv.overlap_ns(ia, ib)
+    assert iv.total_ns(iv.subtract_intervals(ia, ib)) == (ma & ~mb).sum()
     lo, hi = min(lo, hi), max(lo, hi)
-    assert ov.total_ns(ov.clip_intervals(ia, lo, hi)) == ma[lo:hi].sum()
+    assert iv.total_ns(iv.clip_intervals(ia, lo, hi)) == ma[lo:hi].sum()
     # Normalised: sorted, disjoint and not touching.
     starts, ends = ia
     assert np.all(ends > starts) and np.all(starts[1:] > ends[:-1])
     t = np.arange(0, 100, 7, dtype=np.int64)
-    assert list(ov.coverage_ns(ia, t)) == [ma[:x].sum() for x in t]
+    assert list(iv.coverage_ns(ia, t)) == [ma[:x].sum() for x in t]
 
 
 def test_overlap_pct_is_nan_without_comm(tmp_path: Path) -> None:

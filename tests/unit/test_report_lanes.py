@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fsdpviz.analysis import overlap as ov
+from fsdpviz.analysis import intervals as iv
 from fsdpviz.analysis.overlap import compute_overlap
 from fsdpviz.report import activity, stepview
 from fsdpviz.report.timeline import choose_steps
@@ -23,9 +23,9 @@ def cpu_traces():
 
 
 def _union_ms(df: pd.DataFrame) -> float:
-    starts, ends = ov.union_intervals((df["x0_ms"] * 1e6).round().astype(np.int64).to_numpy(),
+    starts, ends = iv.union_intervals((df["x0_ms"] * 1e6).round().astype(np.int64).to_numpy(),
                                       (df["x1_ms"] * 1e6).round().astype(np.int64).to_numpy())
-    return ov.total_ns((starts, ends)) / 1e6
+    return iv.total_ns((starts, ends)) / 1e6
 
 
 def test_lanes_view_rows_and_categories_on_cpu_recording(cpu_traces) -> None:

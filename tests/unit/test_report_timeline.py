@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from fsdpviz.analysis import intervals
 from fsdpviz.report import timeline
 from fsdpviz.report.style import NS_PER_MS
 
@@ -55,11 +56,11 @@ def test_merge_intervals_unions_per_group_and_counts() -> None:
         "start_ns": [0, 50, 200, 60, 0],
         "end_ns": [100, 120, 300, 70, 10],
     })
-    out = timeline.merge_intervals(df, ["row", "unit"]).sort_values(["row", "unit", "start_ns"])
+    out = intervals.merge_rows(df, ["row", "unit"]).sort_values(["row", "unit", "start_ns"])
     assert out[["row", "unit", "start_ns", "end_ns", "n_merged"]].values.tolist() == [
         [0, "a", 0, 120, 2], [0, "a", 200, 300, 1], [0, "b", 60, 70, 1], [1, "a", 0, 10, 1]]
     assert out["busy_ns"].tolist() == [170, 100, 10, 10]
-    bridged = timeline.merge_intervals(df, ["row", "unit"], gap_ns=80)
+    bridged = intervals.merge_rows(df, ["row", "unit"], gap_ns=80)
     assert len(bridged[(bridged["row"] == 0) & (bridged["unit"] == "a")]) == 1
 
 
@@ -85,7 +86,7 @@ def test_intersect_intervals_cuts_rows_by_cover_of_same_rank() -> None:
     spans = pd.DataFrame({"rank": [0, 0, 1], "unit": ["a", "b", "a"],
                           "start_ns": [0, 100, 0], "end_ns": [100, 300, 100]})
     exposed = pd.DataFrame({"rank": [0, 0, 0, 1], "start_ns": [20, 90, 250, 500], "end_ns": [40, 150, 260, 600]})
-    out = timeline.intersect_intervals(spans, exposed).sort_values(["unit", "start_ns"])
+    out = intervals.cover_rows(spans, exposed).sort_values(["unit", "start_ns"])
     assert out[["unit", "start_ns", "end_ns"]].values.tolist() == [
         ["a", 20, 40], ["a", 90, 100], ["b", 100, 150], ["b", 250, 260]]
     assert set(out["rank"]) == {0}  # rank 1's exposure lies outside its span
@@ -93,5 +94,5 @@ def test_intersect_intervals_cuts_rows_by_cover_of_same_rank() -> None:
 
 def test_clip_and_to_ms() -> None:
     df = pd.DataFrame({"start_ns": [0, 5 * NS_PER_MS, 50 * NS_PER_MS], "end_ns": [10 * NS_PER_MS, 20 * NS_PER_MS, 60 * NS_PER_MS]})
-    out = timeline.to_ms(timeline.clip_to_window(df, 8 * NS_PER_MS, 30 * NS_PER_MS), 8 * NS_PER_MS)
+    out = timeline.to_ms(intervals.clip_rows(df, 8 * NS_PER_MS, 30 * NS_PER_MS), 8 * NS_PER_MS)
     assert out[["x0_ms", "x1_ms", "dur_ms"]].values.tolist() == [[0.0, 2.0, 2.0], [0.0, 12.0, 12.0]]

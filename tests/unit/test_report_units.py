@@ -12,7 +12,8 @@ import pytest
 from synth import Scenario, generate_run, make_root, make_units
 
 from fsdpviz.analysis import summarize
-from fsdpviz.analysis.overlap import compute_overlap, total_ns, union_intervals
+from fsdpviz.analysis.intervals import total_ns, union_intervals
+from fsdpviz.analysis.overlap import compute_overlap
 from fsdpviz.analysis.run import analyze_run
 from fsdpviz.report import style
 from fsdpviz.report.data import prepare_report
