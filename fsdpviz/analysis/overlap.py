@@ -6,7 +6,7 @@ The question: of the time a rank spent communicating, how much ran while it also
 GPU ranks (any kernel in the trace) use HTA 0.5.0's definitions so the numbers can be checked
 against it: GPU events only; comm = kernels named ``nccl...Kernel`` (old and new NCCL, RCCL);
 compute = every other kernel except names matching Memcpy / Memset / Sync; both merged into
-interval unions. Window: the GPU work launched during the analysed ProfilerSteps (``steps.choose_steps``:
+interval unions. Window: the GPU work launched during the analysed ProfilerSteps (``steps.select_steps``:
 by default every step the trace holds complete); idle = the span from the first to the
 last analysed GPU event minus the union of all of them.
 
@@ -35,7 +35,7 @@ from fsdpviz.analysis.intervals import (
     total_ns,
     union_intervals,
 )
-from fsdpviz.analysis.steps import StepChoice, StepWindow, choose_steps
+from fsdpviz.analysis.steps import AnalysedSteps, StepSelection, select_steps
 from fsdpviz.errors import NoDataError
 from fsdpviz.trace import schema
 from fsdpviz.trace.tables import TraceSet
@@ -70,24 +70,24 @@ def _names_searching(names: pd.Series, pattern: re.Pattern[str]) -> np.ndarray:
     return hit[codes] & (codes >= 0) if len(cats) else np.zeros(len(names), dtype=bool)
 
 
-def gpu_sets(events: pd.DataFrame, window: StepWindow | None) -> tuple[Intervals, Intervals, Intervals]:
-    """(comm, compute, all GPU work) unions of one rank's GPU events in the window.
+def gpu_sets(events: pd.DataFrame, analysed: AnalysedSteps | None) -> tuple[Intervals, Intervals, Intervals]:
+    """(comm, compute, all GPU work) unions of one rank's GPU events in the analysed steps.
 
     GPU events belong to the step their launching runtime call started in (the ``step`` column),
     so work queued in a step counts for it even when the GPU runs it later.
     """
     gpu = events[events["kind"].isin(GPU_WORK_KINDS).to_numpy()]
-    if window is not None:
-        gpu = gpu[gpu["step"].isin(list(window.steps)).to_numpy()]
+    if analysed is not None:
+        gpu = gpu[gpu["step"].isin(list(analysed.steps)).to_numpy()]
     is_comm = _names_matching(gpu["name"], HTA_COMM_RE)
     is_compute = ~_names_matching(gpu["name"], HTA_NOT_COMPUTE_RE)
     return _intervals_of(gpu[is_comm]), _intervals_of(gpu[is_compute]), _intervals_of(gpu)
 
 
 def cpu_sets(
-    events: pd.DataFrame, lanes: pd.DataFrame, window: StepWindow | None
+    events: pd.DataFrame, lanes: pd.DataFrame, analysed: AnalysedSteps | None
 ) -> tuple[Intervals, Intervals, Intervals]:
-    """(comm, compute, comm ∪ compute) of one CPU rank, cut to the window."""
+    """(comm, compute, comm ∪ compute) of one CPU rank, cut to the analysed steps' span."""
     kind_of_lane = dict(zip(lanes["lane"].astype(str), lanes["lane_kind"].astype(str)))
     lane_kind = events["lane"].astype(str).map(kind_of_lane).to_numpy()
     has_comm = (events["comm"] != "").to_numpy()
@@ -96,27 +96,27 @@ def cpu_sets(
     ops = events[on_compute_lanes & (events["kind"] == schema.KIND_CPU_OP).to_numpy()]
     blocked = ops[(ops["comm"] != "").to_numpy() | _names_searching(ops["name"], CPU_WAIT_RE)]
     compute = subtract_intervals(_intervals_of(ops), _intervals_of(blocked))
-    if window is not None:
-        comm = clip_intervals(comm, window.start_ns, window.end_ns)
-        compute = clip_intervals(compute, window.start_ns, window.end_ns)
+    if analysed is not None:
+        comm = clip_intervals(comm, analysed.start_ns, analysed.end_ns)
+        compute = clip_intervals(compute, analysed.start_ns, analysed.end_ns)
     busy = union_intervals(np.concatenate([comm[0], compute[0]]), np.concatenate([comm[1], compute[1]]))
     return comm, compute, busy
 
 
 def overlap_row(
-    rank: int, device: str, window: StepWindow | None, comm: Intervals, compute: Intervals,
+    rank: int, device: str, analysed: AnalysedSteps | None, comm: Intervals, compute: Intervals,
     busy: Intervals,
 ) -> dict[str, object]:
-    """One OVERLAP row from the three unions (window span from the steps, or the busy span)."""
-    if device == schema.OVERLAP_CPU and window is not None and window.steps:
-        start, end = window.start_ns, window.end_ns
+    """One OVERLAP row from the three unions (the analysed steps' span, or the busy span)."""
+    if device == schema.OVERLAP_CPU and analysed is not None and analysed.steps:
+        start, end = analysed.start_ns, analysed.end_ns
     elif len(busy[0]):
         start, end = int(busy[0][0]), int(busy[1][-1])
     else:
         start = end = 0
     comm_ns, compute_ns, busy_ns = total_ns(comm), total_ns(compute), total_ns(busy)
     both_ns = overlap_ns(comm, compute)
-    steps = window.steps if window is not None else ()
+    steps = analysed.steps if analysed is not None else ()
     return {
         "rank": rank,
         "device": device,
@@ -139,15 +139,15 @@ def overlap_row(
 
 def compute_overlap(
     traces: TraceSet, *, steps: Sequence[int] | None = None, include_last_step: bool = False,
-    choice: StepChoice | None = None,
+    selection: StepSelection | None = None,
 ) -> pd.DataFrame:
     """Whole-step overlap per rank (schema.OVERLAP), GPU or CPU definition per rank, over the steps
-    ``choice`` analyses (default: ``steps.choose_steps`` with ``steps`` and ``include_last_step``).
+    ``selection`` analyses (default: ``steps.select_steps`` with ``steps`` and ``include_last_step``).
 
-    Raises NoDataError naming the rank's file when a rank has nothing in its analysis window.
+    Raises NoDataError naming the rank's file when a rank has nothing in its analysed steps.
     """
-    if choice is None:
-        choice = choose_steps(traces, steps=steps, include_last_step=include_last_step)
+    if selection is None:
+        selection = select_steps(traces, steps=steps, include_last_step=include_last_step)
     rows = []
     # One grouping of the (possibly huge) events table instead of one full scan per rank; each
     # rank's rows are taken when its turn comes, so only one rank's copy exists at a time.
@@ -155,25 +155,25 @@ def compute_overlap(
     for rank in traces.rank_ids:
         mine = by_rank.get(rank)
         events = traces.events.iloc[mine] if mine is not None else traces.events.iloc[:0]
-        window = choice.window(rank)
+        analysed = selection.of(rank)
         if (events["kind"] == schema.KIND_KERNEL).any():
             device = schema.OVERLAP_GPU
-            comm, compute, busy = gpu_sets(events, window)
+            comm, compute, busy = gpu_sets(events, analysed)
         else:
             device = schema.OVERLAP_CPU
             lanes = traces.lanes[traces.lanes["rank"] == rank]
-            comm, compute, busy = cpu_sets(events, lanes, window)
+            comm, compute, busy = cpu_sets(events, lanes, analysed)
         if total_ns(busy) == 0:
-            if window is None:
+            if analysed is None:
                 where = "the whole trace, which has no ProfilerStep"
-            elif window.steps:
-                where = f"steps {list(window.steps)}"
+            elif analysed.steps:
+                where = f"steps {list(analysed.steps)}"
             else:
-                where = f"steps {list(choice.requested or [])}, not in this trace"
+                where = f"steps {list(selection.requested or [])}, not in this trace"
             raise NoDataError(
                 f"{traces.source_of(rank)}: no {device.upper()} events in the analysis window ({where})"
             )
-        rows.append(overlap_row(rank, device, window, comm, compute, busy))
+        rows.append(overlap_row(rank, device, analysed, comm, compute, busy))
     if not rows:
         return schema.make_empty(schema.OVERLAP)
     return schema.conform(pd.DataFrame(rows), schema.OVERLAP, table="overlap")

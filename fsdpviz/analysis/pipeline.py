@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from fsdpviz.analysis.framework import decide_framework
 from fsdpviz.analysis.overlap import compute_overlap
-from fsdpviz.analysis.steps import StepChoice, choose_steps
+from fsdpviz.analysis.steps import StepSelection, select_steps
 from fsdpviz.trace.tables import TraceSet
 
 if TYPE_CHECKING:
@@ -36,15 +36,15 @@ class RunResult:
 
     Attributes:
         traces: the loaded tables.
-        choice: the analysed steps of every rank (:func:`fsdpviz.analysis.steps.choose_steps`).
+        selection: the analysed steps of every rank (:func:`fsdpviz.analysis.steps.select_steps`).
         overlap: whole-step overlap per rank (schema.OVERLAP).
         framework: ``fsdp2`` / ``fsdp1`` / ``zero3`` / ``ddp`` / ``unknown``, decided once.
     """
 
-    def __init__(self, traces: TraceSet, choice: StepChoice, overlap: pd.DataFrame, framework: str,
+    def __init__(self, traces: TraceSet, selection: StepSelection, overlap: pd.DataFrame, framework: str,
                  analysis: RunAnalysis | None = None) -> None:
         self.traces = traces
-        self.choice = choice
+        self.selection = selection
         self.overlap = overlap
         self.framework = framework
         if analysis is not None:
@@ -60,7 +60,7 @@ class RunResult:
         """The per-unit analysis (:func:`fsdpviz.analysis.run.analyze_run`), computed on first use."""
         from fsdpviz.analysis.run import analyze_run
 
-        return analyze_run(self.traces, choice=self.choice, framework=self.framework)
+        return analyze_run(self.traces, selection=self.selection, framework=self.framework)
 
     @cached_property
     def summary(self) -> dict[str, Any]:
@@ -79,9 +79,9 @@ class RunResult:
 def analyse_traces(traces: TraceSet, *, steps: Sequence[int] | None = None,
                    include_last_step: bool = False) -> RunResult:
     """The pipeline on already loaded traces. Raises NoDataError when a rank has nothing to analyse."""
-    choice = choose_steps(traces, steps=steps, include_last_step=include_last_step)
-    overlap = compute_overlap(traces, choice=choice)
-    return RunResult(traces, choice, overlap, decide_framework(traces))
+    selection = select_steps(traces, steps=steps, include_last_step=include_last_step)
+    overlap = compute_overlap(traces, selection=selection)
+    return RunResult(traces, selection, overlap, decide_framework(traces))
 
 
 def analyse(paths: Sequence[str | Path], *, steps: Sequence[int] | None = None, include_last_step: bool = False,

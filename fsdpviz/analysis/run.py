@@ -6,7 +6,7 @@ matched, rank clocks compared and, where they disagree, every time of a rank is 
 reference rank's clock; collective skew and stragglers are measured on that common clock. Last,
 units are summarised and findings written.
 
-The analysed steps are those of the whole-step overlap (:func:`fsdpviz.analysis.steps.choose_steps`):
+The analysed steps are those of the whole-step overlap (:func:`fsdpviz.analysis.steps.select_steps`):
 by default every ProfilerStep the trace holds complete.
 """
 
@@ -45,7 +45,7 @@ from fsdpviz.analysis.labels import (
 )
 from fsdpviz.analysis.overlap import cpu_sets, gpu_sets
 from fsdpviz.analysis.spans import OPTIMIZER_PREFIX, unit_tables
-from fsdpviz.analysis.steps import StepChoice, choose_steps
+from fsdpviz.analysis.steps import StepSelection, select_steps
 from fsdpviz.analysis.unit_overlap import unit_steps
 from fsdpviz.analysis.units import derive_units, unit_stats
 from fsdpviz.analysis.windows import _overhead_labels, unit_ancestors
@@ -167,21 +167,20 @@ def _concat(frames: list[pd.DataFrame], table: schema.Schema) -> pd.DataFrame:
 
 
 def analyze_run(traces: TraceSet, *, steps: Sequence[int] | None = None,
-                choice: StepChoice | None = None, framework: str | None = None) -> RunAnalysis:
-    """Per-unit analysis of a loaded run (see the module docstring) over the steps ``choice``
-    analyses (default: ``steps.choose_steps(traces, steps=steps)``); ``framework`` as
+                selection: StepSelection | None = None, framework: str | None = None) -> RunAnalysis:
+    """Per-unit analysis of a loaded run (see the module docstring) over the steps ``selection``
+    analyses (default: ``steps.select_steps(traces, steps=steps)``); ``framework`` as
     ``framework.decide_framework`` decides it (the pipeline passes its decision)."""
-    if choice is None:
-        choice = choose_steps(traces, steps=steps)
+    if selection is None:
+        selection = select_steps(traces, steps=steps)
     ranks = traces.rank_ids
     labels = parse_labels(traces.events)
     framework = decide_framework(traces) if framework is None else framework
     ut = unit_tables(traces.events, traces.lanes, labels)
     wanted: dict[int, set[int] | None] = {}
-    windows = choice.windows
     for rank in ranks:
-        window = windows.get(rank)
-        wanted[rank] = set(window.steps) if window is not None else None
+        analysed_steps = selection.of(rank)
+        wanted[rank] = set(analysed_steps.steps) if analysed_steps is not None else None
     analysed = set().union(*[w if w is not None else {schema.NO_STEP} for w in wanted.values()]) if ranks else set()
 
     event_rows = traces.events.groupby("rank", sort=True).indices
@@ -215,9 +214,9 @@ def analyze_run(traces: TraceSet, *, steps: Sequence[int] | None = None,
                 found = peak.reindex(pd.MultiIndex.from_frame(us.loc[mine, key])).fillna(-1)
                 us.loc[mine, "peak_allocated_bytes"] = found.to_numpy(dtype=np.int64)
             peaks.append(memory.step_peaks(samples, chosen, rank_windows, devices[rank], ancestors))
-            window = windows[rank]
-            if window is not None and window.steps:
-                curves.append(memory.curve(samples, window.start_ns, window.end_ns))
+            analysed_steps = selection.of(rank)
+            if analysed_steps is not None and analysed_steps.steps:
+                curves.append(memory.curve(samples, analysed_steps.start_ns, analysed_steps.end_ns))
             else:
                 curves.append(memory.curve(samples))
         rank_events = traces.events.iloc[event_rows.get(rank, [])]

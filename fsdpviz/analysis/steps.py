@@ -17,7 +17,7 @@ The rule, per rank:
 - otherwise (traces recorded without fsdpviz, the time-window fallback) completeness cannot be
   shown: every step but the last, as HTA does. A trace of one step keeps it.
 
-Steps left out are said in :attr:`StepChoice.notes`.
+Steps left out are said in :attr:`StepSelection.notes`.
 """
 
 from __future__ import annotations
@@ -38,8 +38,11 @@ _LAUNCH_WORDS: Final = ("LaunchKernel", "LaunchCooperativeKernel", "MemcpyAsync"
 
 
 @dataclass(frozen=True, slots=True)
-class StepWindow:
-    """The ProfilerSteps analysed on one rank and their time span (steps empty = none chosen)."""
+class AnalysedSteps:
+    """The ProfilerSteps analysed on one rank and their time span (steps empty = none chosen).
+
+    (Not to be confused with a unit's *window*, the span of its labels in one pass:
+    :mod:`fsdpviz.analysis.windows`.)"""
 
     steps: tuple[int, ...]
     start_ns: int
@@ -47,10 +50,10 @@ class StepWindow:
 
 
 @dataclass(kw_only=True, slots=True)
-class StepChoice:
+class StepSelection:
     """The analysed steps of every rank (None: the rank's trace has no ProfilerStep at all)."""
 
-    windows: dict[int, StepWindow | None]
+    per_rank: dict[int, AnalysedSteps | None]
     requested: tuple[int, ...] | None = None  # the steps the user named, if any
     dropped: dict[int, tuple[int, ...]] = field(default_factory=dict)  # rank -> steps left out as cut
     notes: list[str] = field(default_factory=list)
@@ -58,22 +61,23 @@ class StepChoice:
     @property
     def steps(self) -> list[int]:
         """The analysed steps, over all ranks."""
-        return sorted({s for w in self.windows.values() if w is not None for s in w.steps})
+        return sorted({s for a in self.per_rank.values() if a is not None for s in a.steps})
 
-    def window(self, rank: int) -> StepWindow | None:
-        return self.windows.get(rank)
+    def of(self, rank: int) -> AnalysedSteps | None:
+        """The analysed steps of ``rank`` (None: its trace has no ProfilerStep)."""
+        return self.per_rank.get(rank)
 
 
-def window_of(rank_steps: pd.DataFrame, chosen: Sequence[int] | None) -> StepWindow | None:
-    """The StepWindow of one rank's steps (all of them when ``chosen`` is None); None without steps."""
+def analysed_steps_of(rank_steps: pd.DataFrame, chosen: Sequence[int] | None) -> AnalysedSteps | None:
+    """The AnalysedSteps of one rank's steps (all of them when ``chosen`` is None); None without steps."""
     if rank_steps.empty:
         return None
     ordered = rank_steps.sort_values("start_ns", kind="stable")
     if chosen is not None:
         ordered = ordered[ordered["step"].isin(list(chosen))]
     if ordered.empty:
-        return StepWindow((), 0, 0)
-    return StepWindow(tuple(int(s) for s in ordered["step"]), int(ordered["start_ns"].min()),
+        return AnalysedSteps((), 0, 0)
+    return AnalysedSteps(tuple(int(s) for s in ordered["step"]), int(ordered["start_ns"].min()),
                       int(ordered["end_ns"].max()))
 
 
@@ -112,24 +116,24 @@ def missing_gpu_work(events: pd.DataFrame, step: int) -> int:
     return int((~found).sum())
 
 
-def choose_steps(traces: TraceSet, *, steps: Sequence[int] | None = None,
-                 include_last_step: bool = False) -> StepChoice:
+def select_steps(traces: TraceSet, *, steps: Sequence[int] | None = None,
+                 include_last_step: bool = False) -> StepSelection:
     """The analysed steps of every rank of ``traces`` (see the module docstring)."""
-    windows: dict[int, StepWindow | None] = {}
+    per_rank: dict[int, AnalysedSteps | None] = {}
     dropped: dict[int, tuple[int, ...]] = {}
     why: dict[int, str] = {}
     by_rank = traces.events.groupby("rank", sort=False).indices if len(traces.events) else {}
     for rank in traces.rank_ids:
         rank_steps = traces.steps[traces.steps["rank"] == rank]
         if rank_steps.empty:
-            windows[rank] = None
+            per_rank[rank] = None
             continue
         ordered = [int(s) for s in rank_steps.sort_values("start_ns", kind="stable")["step"]]
         if steps is not None:
-            windows[rank] = window_of(rank_steps, steps)
+            per_rank[rank] = analysed_steps_of(rank_steps, steps)
             continue
         if include_last_step or len(ordered) == 1:
-            windows[rank] = window_of(rank_steps, ordered)
+            per_rank[rank] = analysed_steps_of(rank_steps, ordered)
             continue
         complete = recorded_complete(traces.run, rank)
         if complete is None:
@@ -148,21 +152,21 @@ def choose_steps(traces: TraceSet, *, steps: Sequence[int] | None = None,
         left_out = tuple(s for s in ordered if s not in keep)
         if left_out:
             dropped[rank] = left_out
-        windows[rank] = window_of(rank_steps, keep)
-    return StepChoice(windows=windows, requested=tuple(steps) if steps is not None else None, dropped=dropped,
-                      notes=_notes(windows, dropped, why))
+        per_rank[rank] = analysed_steps_of(rank_steps, keep)
+    return StepSelection(per_rank=per_rank, requested=tuple(steps) if steps is not None else None,
+                         dropped=dropped, notes=_notes(per_rank, dropped, why))
 
 
-def _notes(windows: dict[int, StepWindow | None], dropped: dict[int, tuple[int, ...]],
+def _notes(per_rank: dict[int, AnalysedSteps | None], dropped: dict[int, tuple[int, ...]],
            why: dict[int, str]) -> list[str]:
     notes = [f"rank {rank}: no ProfilerStep#N in the trace, the whole trace was analysed"
-             for rank, w in windows.items() if w is None]
+             for rank, w in per_rank.items() if w is None]
     by_text: dict[str, list[int]] = {}
     for rank, left_out in dropped.items():
         steps_text = ", ".join(map(str, left_out))
         what = f"step {steps_text}" if len(left_out) == 1 else f"steps {steps_text}"
         by_text.setdefault(f"{what} (cut short) is not analysed: {why.get(rank, 'incomplete')}", []).append(rank)
     for text, ranks in by_text.items():
-        where = "" if len(ranks) == len(windows) else f" on rank(s) {', '.join(map(str, ranks))}"
+        where = "" if len(ranks) == len(per_rank) else f" on rank(s) {', '.join(map(str, ranks))}"
         notes.append(text.replace(" is not analysed", f" is not analysed{where}", 1))
     return notes

@@ -23,7 +23,7 @@ import pandas as pd
 
 from fsdpviz.analysis.framework import framework_notes
 from fsdpviz.analysis.gaps import gap_notes
-from fsdpviz.analysis.steps import StepChoice
+from fsdpviz.analysis.steps import AnalysedSteps, StepSelection
 from fsdpviz.trace.tables import TraceSet
 
 if TYPE_CHECKING:
@@ -46,16 +46,16 @@ def summarize(
 
     result = analyse_traces(traces, steps=steps, include_last_step=include_last_step)
     if analysis is not None:
-        result = RunResult(result.traces, result.choice, result.overlap, result.framework, analysis)
+        result = RunResult(result.traces, result.selection, result.overlap, result.framework, analysis)
     return result.summary
 
 
 def summary_of(result: RunResult) -> dict[str, Any]:
     """The summary dict as a view of one pipeline result: its steps, overlap, framework and, for a
     framework with units, the per-unit analysis' units and findings."""
-    traces, choice, overlap, framework = result.traces, result.choice, result.overlap, result.framework
-    windows = choice.windows
-    notes = _notes(traces, overlap, choice, framework)
+    traces, selection, overlap, framework = result.traces, result.selection, result.overlap, result.framework
+    analysed = selection.per_rank
+    notes = _notes(traces, overlap, selection, framework)
     units: list[dict[str, Any]] = []
     findings: list[dict[str, Any]] = []
     if result.has_units:
@@ -70,10 +70,10 @@ def summary_of(result: RunResult) -> dict[str, Any]:
         "framework": framework,
         "world_size": traces.world_size,
         "ranks": traces.rank_ids,
-        "steps": choice.steps,
-        "step_time_ms": _step_time_ms(traces, windows),
+        "steps": selection.steps,
+        "step_time_ms": _step_time_ms(traces, analysed),
         "overlap": _overlap_dict(overlap),
-        "memory": _memory_dict(traces, windows),
+        "memory": _memory_dict(traces, analysed),
         "units": units,
         "device": _device(overlap),
         "sources": list(traces.sources),
@@ -115,12 +115,12 @@ def _pct(value: float) -> float | None:
     return None if value is None or not math.isfinite(value) else round(float(value), 2)
 
 
-def _step_time_ms(traces: TraceSet, windows: dict) -> float | None:
+def _step_time_ms(traces: TraceSet, analysed: dict[int, AnalysedSteps | None]) -> float | None:
     durations: list[int] = []
-    for rank, window in windows.items():
-        if window is None or not window.steps:
+    for rank, steps_of_rank in analysed.items():
+        if steps_of_rank is None or not steps_of_rank.steps:
             continue
-        rs = traces.steps[(traces.steps["rank"] == rank) & traces.steps["step"].isin(list(window.steps))]
+        rs = traces.steps[(traces.steps["rank"] == rank) & traces.steps["step"].isin(list(steps_of_rank.steps))]
         durations.extend((rs["end_ns"] - rs["start_ns"]).tolist())
     return _ms(float(np.mean(durations))) if durations else None
 
@@ -149,13 +149,13 @@ def _overlap_dict(overlap: pd.DataFrame) -> dict[str, Any]:
     }
 
 
-def _memory_dict(traces: TraceSet, windows: dict) -> dict[str, Any]:
+def _memory_dict(traces: TraceSet, analysed: dict[int, AnalysedSteps | None]) -> dict[str, Any]:
     mem = traces.memory
     parts = []
-    for rank, window in windows.items():
+    for rank, steps_of_rank in analysed.items():
         rows = mem[mem["rank"] == rank]
-        if window is not None and window.steps:
-            rows = rows[(rows["t_ns"] >= window.start_ns) & (rows["t_ns"] < window.end_ns)]
+        if steps_of_rank is not None and steps_of_rank.steps:
+            rows = rows[(rows["t_ns"] >= steps_of_rank.start_ns) & (rows["t_ns"] < steps_of_rank.end_ns)]
         parts.append(rows)
     mem = pd.concat(parts) if parts else mem
     on_gpu = mem["device"].astype(str) != "cpu"
@@ -178,8 +178,8 @@ def _memory_dict(traces: TraceSet, windows: dict) -> dict[str, Any]:
     }
 
 
-def _notes(traces: TraceSet, overlap: pd.DataFrame, choice: StepChoice, framework: str) -> list[str]:
-    notes: list[str] = list(choice.notes)
+def _notes(traces: TraceSet, overlap: pd.DataFrame, selection: StepSelection, framework: str) -> list[str]:
+    notes: list[str] = list(selection.notes)
     if traces.skipped:
         notes.append(f"skipped {len(traces.skipped)} JSON file(s) that are not Kineto traces: "
                      + ", ".join(traces.skipped[:5]))

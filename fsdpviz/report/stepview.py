@@ -18,7 +18,7 @@ import pandas as pd
 from fsdpviz.analysis import memory as mem
 from fsdpviz.analysis import overlap as ov
 from fsdpviz.analysis.intervals import cover_rows, subtract_intervals
-from fsdpviz.analysis.steps import window_of
+from fsdpviz.analysis.steps import analysed_steps_of
 from fsdpviz.report import activity, memory
 from fsdpviz.report.style import format_bytes
 from fsdpviz.report.timeline import StepChoice, to_ms
@@ -63,7 +63,7 @@ def exposed_intervals(traces: TraceSet, overlap: pd.DataFrame, step: int,
         if step == schema.NO_STEP:  # a trace without ProfilerSteps: its whole length
             window = None
         else:
-            window = window_of(traces.steps[traces.steps["rank"] == rank], [step])
+            window = analysed_steps_of(traces.steps[traces.steps["rank"] == rank], [step])
             if window is None or not window.steps:
                 continue
         events = traces.events.iloc[rows_of[rank]]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from tracebuild import PID, TraceBuilder
 
-from fsdpviz.analysis.steps import choose_steps
+from fsdpviz.analysis.steps import select_steps
 from fsdpviz.analysis.summary import summarize
 from fsdpviz.trace import load_traces
 
@@ -47,25 +47,25 @@ def _run_folder(tmp: Path, *, cut_last: bool = False, partial_step: int | None =
 
 def test_fsdpviz_recording_analyses_every_profiled_step(tmp_path: Path) -> None:
     traces = load_traces([_run_folder(tmp_path)], cache=False)
-    choice = choose_steps(traces)
-    assert choice.steps == list(STEPS) and not choice.dropped and not choice.notes
+    selection = select_steps(traces)
+    assert selection.steps == list(STEPS) and not selection.dropped and not selection.notes
     assert summarize(traces)["steps"] == list(STEPS)
 
 
 def test_a_last_step_whose_kernels_are_missing_is_dropped_and_said(tmp_path: Path) -> None:
     traces = load_traces([_run_folder(tmp_path, cut_last=True)], cache=False)
-    choice = choose_steps(traces)
-    assert choice.window(0).steps == STEPS and choice.window(1).steps == STEPS[:-1]
-    assert choice.dropped == {1: (4,)}
-    assert choice.notes == [("step 4 (cut short) is not analysed on rank(s) 1: 1 GPU kernels or copies "
+    selection = select_steps(traces)
+    assert selection.of(0).steps == STEPS and selection.of(1).steps == STEPS[:-1]
+    assert selection.dropped == {1: (4,)}
+    assert selection.notes == [("step 4 (cut short) is not analysed on rank(s) 1: 1 GPU kernels or copies "
                              "launched in it are not in the trace")]
 
 
 def test_the_step_a_failing_rank_stopped_in_is_dropped(tmp_path: Path) -> None:
     traces = load_traces([_run_folder(tmp_path, partial_step=4)], cache=False)
-    choice = choose_steps(traces)
-    assert choice.dropped == {0: (4,)} and choice.window(1).steps == STEPS
-    assert "the rank stopped inside it" in choice.notes[0]
+    selection = select_steps(traces)
+    assert selection.dropped == {0: (4,)} and selection.of(1).steps == STEPS
+    assert "the rank stopped inside it" in selection.notes[0]
 
 
 @pytest.mark.parametrize("schedule", ["time_window", None])
@@ -76,9 +76,9 @@ def test_without_fsdpviz_schedule_the_last_step_is_dropped(tmp_path: Path, sched
         traces = load_traces([tmp_path], cache=False)
     else:
         traces = load_traces([_run_folder(tmp_path, schedule=schedule)], cache=False)
-    choice = choose_steps(traces)
-    assert choice.steps == list(STEPS[:-1]) and choice.dropped == {0: (4,), 1: (4,)}
-    assert choice.notes == [("step 4 (cut short) is not analysed: the trace cannot show that the profiler "
+    selection = select_steps(traces)
+    assert selection.steps == list(STEPS[:-1]) and selection.dropped == {0: (4,), 1: (4,)}
+    assert selection.notes == [("step 4 (cut short) is not analysed: the trace cannot show that the profiler "
                              "recorded it to its end")]
-    assert choose_steps(traces, include_last_step=True).steps == list(STEPS)
-    assert choose_steps(traces, steps=[4]).steps == [4]
+    assert select_steps(traces, include_last_step=True).steps == list(STEPS)
+    assert select_steps(traces, steps=[4]).steps == [4]
