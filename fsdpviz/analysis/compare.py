@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from fsdpviz.analysis.run import RunAnalysis
+    from fsdpviz.runfolder import RunInfo
     from fsdpviz.trace.tables import TraceSet
 
 LOWER: Final = "lower"
@@ -73,7 +74,7 @@ class RunInput:
     source: str  # the path the user gave
     summary: dict[str, Any]  # ``summarize(traces, analysis=...)``
     analysis: RunAnalysis | None = None
-    run: dict[str, Any] | None = None  # run.json, when the run was recorded by fsdpviz
+    run: RunInfo | None = None  # run.json, when the run was recorded by fsdpviz
     traces: TraceSet | None = None  # the loaded tables (memory levels per step come from them)
 
 
@@ -139,10 +140,11 @@ def run_units(run: RunInput) -> list[RunUnit]:
         return [RunUnit(name=str(r.unit), order=int(r.order),
                         param_bytes=int(r.param_bytes) if r.param_bytes >= 0 else None, parent=str(r.parent))
                 for r in table.sort_values("order").itertuples()]
-    listed = (run.run or {}).get("units") or []
+    listed = run.run.units if run.run is not None else []
     if listed:
-        return [RunUnit(name=str(u["unit"]), order=int(u.get("order", i)), param_bytes=u.get("param_bytes"),
-                        parent=str(u.get("parent") or "")) for i, u in enumerate(listed)]
+        return [RunUnit(name=u.unit, order=u.order if u.order >= 0 else i,
+                        param_bytes=u.param_bytes if u.param_bytes >= 0 else None, parent=u.parent)
+                for i, u in enumerate(listed)]
     return [RunUnit(name=str(u["name"]), order=int(u.get("order", i)), param_bytes=u.get("param_bytes"))
             for i, u in enumerate(run.summary.get("units") or [])]
 
@@ -182,16 +184,16 @@ def compare_runs(runs: Sequence[RunInput]) -> Comparison:
 # --- settings ----------------------------------------------------------------------------------
 
 def _unit_setting(run: RunInput, key: str) -> str:
-    units = [u for u in (run.run or {}).get("units") or [] if isinstance(u, dict)]
+    units = run.run.units if run.run is not None else []
     if not units:
         return "n/a"
-    values = [u.get(key) for u in units]
+    values = [getattr(u, key) for u in units]
     if key == "reshard_after_forward":
         known = [v for v in values if v is not None]
         if not known:
             return "n/a"
-        on = [u["unit"] for u in units if u.get(key)]
-        off = [u["unit"] for u in units if u.get(key) is False]
+        on = [u.unit for u, v in zip(units, values) if v]
+        off = [u.unit for u, v in zip(units, values) if v is False]
         if not off:
             return "yes (every unit)"
         if not on:
@@ -206,8 +208,7 @@ def _unit_setting(run: RunInput, key: str) -> str:
 
 
 def _dtype(run: RunInput) -> str:
-    dtypes = sorted({str(u.get("dtype")).removeprefix("torch.") for u in (run.run or {}).get("units") or []
-                     if u.get("dtype")})
+    dtypes = sorted({u.dtype.removeprefix("torch.") for u in (run.run.units if run.run else []) if u.dtype})
     return ", ".join(dtypes) or "n/a"
 
 
@@ -233,7 +234,7 @@ def command_args(command: Sequence[str]) -> list[str]:
 
 
 def _differing_args(runs: Sequence[RunInput]) -> list[str]:
-    commands = [command_args([str(c) for c in (r.run or {}).get("command") or []]) for r in runs]
+    commands = [command_args(r.run.command if r.run is not None else []) for r in runs]
     if not any(commands):
         return ["n/a"] * len(runs)
     common = set.intersection(*(set(c) for c in commands))
@@ -301,7 +302,7 @@ def comparability_notes(runs: Sequence[RunInput], match: UnitMatch) -> list[str]
     for r in runs:
         if not r.summary.get("units"):
             notes.append(f"{r.label}: no FSDP units in the traces; only whole-step numbers are compared.")
-        status = (r.run or {}).get("status")
+        status = r.run.status if r.run is not None else ""
         if status and status != "ok":
             notes.append(f"{r.label}: the recorded run ended with status {status!r}; its numbers may be partial.")
         if len(r.summary.get("steps") or []) < 2:

@@ -47,7 +47,7 @@ def _names(events: pd.DataFrame) -> list[str]:
 def decide_framework(traces: TraceSet) -> str:
     """``fsdp2`` / ``fsdp1`` / ``zero3`` / ``ddp`` / ``unknown`` (see the module docstring)."""
     names = _names(traces.events)
-    recorded = str((traces.run or {}).get("framework", "unknown"))
+    recorded = traces.run.framework if traces.run is not None else "unknown"
     if any(n.startswith(FSDP2_PREFIX) for n in names):
         return "fsdp2"
     if any(n.startswith(FSDP1_PREFIX) for n in names):

@@ -21,11 +21,13 @@ Samples are the ``[memory]`` events (one per allocation or free, with the alloca
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Final
 
 import numpy as np
 import pandas as pd
 
+from fsdpviz.runfolder import UnitInfo
 from fsdpviz.trace import schema
 
 MAX_CURVE_POINTS: Final = 4_000  # per rank
@@ -158,7 +160,7 @@ def element_bytes(units: pd.DataFrame, default: int) -> tuple[int, bool]:
     return max(1, round(ratio)), True
 
 
-def shard_sizes(run_units: list[dict[str, Any]] | None, gathers: pd.DataFrame, n_ranks: int,
+def shard_sizes(run_units: Sequence[UnitInfo] | None, gathers: pd.DataFrame, n_ranks: int,
                 world_size: int) -> tuple[dict[str, int], str]:
     """Per unit, the number of ranks its parameters are sharded over, and where that came from.
 
@@ -169,8 +171,7 @@ def shard_sizes(run_units: list[dict[str, Any]] | None, gathers: pd.DataFrame, n
     ``gathers``: attributed all-gathers (``unit``, ``rank``, ``pg``) plus any other collectives
     (``pg``, ``rank``) for counting. Units with neither keep the world size (source "world_size").
     """
-    recorded = {str(u["unit"]): int(u["shard_size"]) for u in (run_units or [])
-                if isinstance(u, dict) and isinstance(u.get("shard_size"), int) and u["shard_size"] > 0}
+    recorded = {u.unit: u.shard_size for u in (run_units or []) if u.shard_size is not None and u.shard_size > 0}
     if recorded:
         return recorded, "run.json"
     named = gathers[(gathers["pg"].astype(str) != "").to_numpy()] if len(gathers) else gathers

@@ -261,7 +261,7 @@ def _model(stats: pd.DataFrame, traces: TraceSet, peaks: pd.DataFrame, collectiv
     elem, measured = memory.element_bytes(traces.units, 2 if gpu else 4)
     # a unit's all-gathers run on its shard group (its HSDP all-reduces on the replica group)
     gathers = collectives.assign(unit=collectives["unit"].where(collectives["kind"] == schema.SPAN_ALL_GATHER, ""))
-    shards, source = memory.shard_sizes((traces.run or {}).get("units"), gathers, len(traces.rank_ids),
+    shards, source = memory.shard_sizes(traces.run.units if traces.run else None, gathers, len(traces.rank_ids),
                                         traces.world_size)
     model = memory.memory_model(stats.set_index("unit")["param_bytes"], traces.world_size, elem,
                                 measured_elem=measured, unit_shards=shards, shards_source=source)

@@ -24,15 +24,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Final
 
 import numpy as np
 import pandas as pd
 
+from fsdpviz.runfolder import SCHEDULE_OPTIMIZER_STEPS, RunInfo
 from fsdpviz.trace import schema
 from fsdpviz.trace.tables import TraceSet
 
-SCHEDULE_OPTIMIZER_STEPS: Final = "optimizer_steps"  # run.json profile.schedule of fsdpviz's own schedule
 # CUDA / HIP runtime and driver calls that put work on a GPU stream (each has its GPU event).
 _LAUNCH_WORDS: Final = ("LaunchKernel", "LaunchCooperativeKernel", "MemcpyAsync", "MemsetAsync")
 
@@ -81,24 +81,16 @@ def analysed_steps_of(rank_steps: pd.DataFrame, chosen: Sequence[int] | None) ->
                       int(ordered["end_ns"].max()))
 
 
-def _rank_record(run: dict[str, Any] | None, rank: int) -> dict[str, Any] | None:
-    for info in (run or {}).get("ranks") or []:
-        if isinstance(info, dict) and info.get("rank") == rank:
-            return info
-    return None
-
-
-def recorded_complete(run: dict[str, Any] | None, rank: int) -> set[int] | None:
+def recorded_complete(run: RunInfo | None, rank: int) -> set[int] | None:
     """Steps run.json shows complete on ``rank`` (fsdpviz's own schedule), None when it cannot tell."""
-    profile = (run or {}).get("profile") or {}
-    if profile.get("schedule") != SCHEDULE_OPTIMIZER_STEPS:
+    if run is None or run.profile.schedule != SCHEDULE_OPTIMIZER_STEPS:
         return None
-    info = _rank_record(run, rank)
-    listed = info["profiled_steps"] if info is not None and "profiled_steps" in info else profile.get("steps")
-    if not isinstance(listed, list) or not listed:
+    info = run.rank_info(rank)
+    listed = info.profiled_steps if info is not None and info.profiled_steps is not None else run.profile.steps
+    if not listed:
         return None
-    partial = info.get("partial_step") if info is not None else None
-    return {int(s) for s in listed if isinstance(s, int) and s != partial}
+    partial = info.partial_step if info is not None else None
+    return {s for s in listed if s != partial}
 
 
 def missing_gpu_work(events: pd.DataFrame, step: int) -> int:

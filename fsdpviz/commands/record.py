@@ -7,12 +7,12 @@ import sys
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import typer
 
 from fsdpviz.errors import EXIT_BAD_INPUT, FsdpvizError, UsageError
 from fsdpviz.naming import list_units
+from fsdpviz.runfolder import REPORT_HTML, RunInfo
 
 CONTEXT_SETTINGS = {"allow_interspersed_args": False}  # options after COMMAND belong to COMMAND
 MAX_UNITS_LISTED = 12  # the recording's line names this many units, then counts the rest
@@ -82,35 +82,35 @@ def record(
     if result.error:  # the command ran, but its recording is incomplete: say so, keep a failing exit code
         print(f"error: {result.error}", file=sys.stderr, flush=True)
         return result.exit_code or EXIT_BAD_INPUT
-    if result.run["ranks"] and options.profile and (summary or report):
+    if result.run.ranks and options.profile and (summary or report):
         summarise_and_report(run_dir, summary=summary, report=report)
     return result.exit_code
 
 
-def print_recording(run: dict[str, Any], run_dir: Path) -> None:
+def print_recording(run: RunInfo, run_dir: Path) -> None:
     """What was recorded, in a few lines on stderr (also when nothing was)."""
-    ranks = run["ranks"]
-    status = run["status"] + (f" ({run['reason']})" if run["reason"] else "")
-    _say(f"run {status}, exit code {run['exit_code']}")
+    ranks = run.ranks
+    status = run.status + (f" ({run.reason})" if run.reason else "")
+    _say(f"run {status}, exit code {run.exit_code}")
     if not ranks:
         _say("nothing recorded: no process ran the forward of an FSDP / ZeRO-3 model "
              "(see docs/recording.md, 'Which processes record')")
     else:
-        units = run["units"]
-        unit_text = (f"{len(units)} units: {list_units((u['unit'] for u in units), MAX_UNITS_LISTED)}"
+        units = run.units
+        unit_text = (f"{len(units)} units: {list_units((u.unit for u in units), MAX_UNITS_LISTED)}"
                      + (" (all in run.json)" if len(units) > MAX_UNITS_LISTED else "") if units else "no units")
-        steps = run["profile"]["steps"]
-        framework = run["framework"]
+        steps = run.profile.steps
+        framework = run.framework
         if framework == "ddp":
             framework = "ddp (the model was wrapped in DistributedDataParallel, not FSDP)"
-        _say(f"{len(ranks)} rank(s) of world size {run['world_size']}, framework {framework}, {unit_text}")
-        traces = sum(1 for r in ranks if r["trace"])
-        timers = sum(1 for r in ranks if r["timers"])
+        _say(f"{len(ranks)} rank(s) of world size {run.world_size}, framework {framework}, {unit_text}")
+        traces = sum(1 for r in ranks if r.trace)
+        timers = sum(1 for r in ranks if r.timers)
         step_text = (f"steps {steps[0]}-{steps[-1]}" if len(steps) > 1 else f"step {steps[0]}" if steps
                      else "no profiled step")
-        _say(f"traces: {traces} ({run['profile']['schedule']}, {step_text}); timers: {timers} "
-             f"({max((r['timer_steps'] for r in ranks), default=0)} steps)")
-    for note in run["notes"]:
+        _say(f"traces: {traces} ({run.profile.schedule}, {step_text}); timers: {timers} "
+             f"({max((r.timer_steps for r in ranks), default=0)} steps)")
+    for note in run.notes:
         _say(f"note: {note}")
     _say(f"run folder: {run_dir}")
 
@@ -143,9 +143,9 @@ def summarise_and_report(run_dir: Path, *, summary: bool, report: bool) -> Path 
 
                 print_summary(result.summary)
             else:
-                from fsdpviz.report.build import REPORT_NAME, build_report
+                from fsdpviz.report.build import build_report
 
-                written = build_report(result, run_dir / REPORT_NAME).path
+                written = build_report(result, run_dir / REPORT_HTML).path
                 _say(f"report: {written}")
         except _Failed as exc:
             _say(f"no {name}{'' if str(exc).startswith('(') else ':'} {exc}")

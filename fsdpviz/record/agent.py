@@ -29,18 +29,12 @@ from typing import Any
 import torch
 
 from fsdpviz.record.clock import StepClock
-from fsdpviz.record.options import (
-    ENV_OWNER_PID,
-    RANK_FILE,
-    TIMERS_FILE,
-    RecordOptions,
-    options_from_env,
-    rank_path,
-)
+from fsdpviz.record.options import ENV_OWNER_PID, RecordOptions, options_from_env
 from fsdpviz.record.profiling import ProfilerDriver
 from fsdpviz.record.rankfacts import ExitHooks, now_iso, versions, write_json_atomic
 from fsdpviz.record.timers import KIND_TOTAL, PHASE_STEP, WHOLE_STEP, Interval, TimersWriter
 from fsdpviz.record.units import Unit, assign_order, refresh_fsdp2_settings
+from fsdpviz.runfolder import RANK_FILE, TIMERS_FILE, rank_path
 
 _AGENT: Agent | None = None
 _RECOMPUTE = "recompute"  # key of a unit's forward recomputed inside backward (activation checkpointing)

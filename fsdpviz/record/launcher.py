@@ -24,18 +24,10 @@ from typing import Any
 
 from fsdpviz.errors import RunFolderError, UsageError
 from fsdpviz.record import runinfo
-from fsdpviz.record.options import (
-    ENV_OWNER_PID,
-    OWNED_ENTRIES,
-    RANKS_DIR,
-    RUN_JSON,
-    TIMERS_DIR,
-    TRACES_DIR,
-    RecordOptions,
-)
+from fsdpviz.record.options import ENV_OWNER_PID, RecordOptions
+from fsdpviz.runfolder import CACHE_DIR, OWNED_ENTRIES, RANKS_DIR, RUN_JSON, TIMERS_DIR, TRACES_DIR, RunInfo
 
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "bootstrap"
-CACHE_DIR = ".fsdpviz-cache"  # the trace loader's cache beside the traces; stale once they change
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # Ranks export their traces uncompressed before gzipping them (tens to hundreds of MB each on a
 # GPU): below this much free space a recording is likely to fail at its very end.
@@ -48,7 +40,7 @@ SHARED_WAIT_S = 60.0  # --shared: how long a node's launcher waits for the other
 class RecordResult:
     run_dir: Path
     exit_code: int
-    run: dict[str, Any]
+    run: RunInfo
     error: str | None = None  # run.json could not be written (e.g. the disk filled up during the run)
 
 

@@ -5,8 +5,7 @@ processes is their environment: the launcher encodes :class:`RecordOptions` as `
 variables and the rank-side agent decodes them. Both sides import this module, which therefore
 imports neither torch nor anything heavy.
 
-Also home of the run folder's file-name templates, so that the launcher, the agent and the docs
-agree on them.
+The run folder's file names are :mod:`fsdpviz.runfolder`'s.
 """
 
 from __future__ import annotations
@@ -20,21 +19,6 @@ from typing import Final, Literal
 Mode = Literal["profile", "timers", "both"]
 MODES: Final = ("profile", "timers", "both")
 
-# --- run folder layout ---------------------------------------------------------------------------
-RUN_JSON: Final = "run.json"
-TRACES_DIR: Final = "traces"
-TIMERS_DIR: Final = "timers"
-RANKS_DIR: Final = "ranks"  # per-rank facts the agents write and the launcher merges into run.json
-REPORT_HTML: Final = "report.html"
-TRACE_FILE: Final = "rank{rank}.trace.json.gz"
-TIMERS_FILE: Final = "timers/rank{rank}.jsonl"
-RANK_FILE: Final = "ranks/rank{rank}.json"
-LOGS_DIR: Final = "logs"  # the profiler's own log lines, kept out of the user's terminal
-LOG_FILE: Final = "logs/rank{rank}.log"
-PARTIAL_SUFFIX: Final = ".partial"  # files being written; renamed when complete
-OWNED_ENTRIES: Final = (RUN_JSON, TRACES_DIR, TIMERS_DIR, RANKS_DIR, LOGS_DIR, REPORT_HTML)
-FORMAT_VERSION: Final = 1
-
 # --- environment ---------------------------------------------------------------------------------
 ENV_RUN_DIR: Final = "FSDPVIZ_RUN_DIR"  # set = record in this process tree
 ENV_STEPS: Final = "FSDPVIZ_STEPS"
@@ -46,8 +30,6 @@ ENV_OWNER_PID: Final = "FSDPVIZ_OWNER_PID"
 # Time-window fallback for scripts that never step a torch optimizer (seconds).
 ENV_FALLBACK_AFTER_S: Final = "FSDPVIZ_FALLBACK_AFTER_S"
 ENV_WINDOW_S: Final = "FSDPVIZ_WINDOW_S"
-ENV_NAMES: Final = (ENV_RUN_DIR, ENV_STEPS, ENV_WARMUP, ENV_MODE, ENV_MEMORY, ENV_OWNER_PID,
-                    ENV_FALLBACK_AFTER_S, ENV_WINDOW_S)
 
 DEFAULT_STEPS: Final = 3
 DEFAULT_WARMUP: Final = 2
@@ -126,12 +108,3 @@ def options_from_env(env: Mapping[str, str] | None = None) -> RecordOptions | No
         fallback_after_s=float(env.get(ENV_FALLBACK_AFTER_S, DEFAULT_FALLBACK_AFTER_S)),
         window_s=float(env.get(ENV_WINDOW_S, DEFAULT_WINDOW_S)),
     )
-
-
-def rank_path(run_dir: Path, template: str, rank: int) -> Path:
-    """``run_dir / template`` with the rank filled in (``TIMERS_FILE``, ``RANK_FILE``)."""
-    return run_dir / template.format(rank=rank)
-
-
-def trace_path(run_dir: Path, rank: int) -> Path:
-    return run_dir / TRACES_DIR / TRACE_FILE.format(rank=rank)

@@ -25,8 +25,16 @@ import torch
 from torch.profiler import ProfilerAction, ProfilerActivity
 
 from fsdpviz.record import schedule
-from fsdpviz.record.options import LOG_FILE, PARTIAL_SUFFIX, RecordOptions, rank_path, trace_path
+from fsdpviz.record.options import RecordOptions
 from fsdpviz.record.stderrlog import ProfilerLogFilter
+from fsdpviz.runfolder import (
+    LOG_FILE,
+    PARTIAL_SUFFIX,
+    SCHEDULE_OPTIMIZER_STEPS,
+    SCHEDULE_TIME_WINDOW,
+    rank_path,
+    trace_path,
+)
 
 _ACTIONS = {
     schedule.NONE: ProfilerAction.NONE,
@@ -44,7 +52,7 @@ class ProfilerDriver:
         self.options = options
         self.rank = 0
         self.prof: Any = None
-        self.schedule_kind = schedule.SCHEDULE_OPTIMIZER_STEPS
+        self.schedule_kind = SCHEDULE_OPTIMIZER_STEPS
         self.window: dict[str, float] = {}  # time-window fallback: monotonic "start" and "end"
         self.recorded_steps: set[int] = set()
         self.trace_file: str | None = None  # relative to the run folder, once written
@@ -54,7 +62,7 @@ class ProfilerDriver:
 
     @property
     def time_window(self) -> bool:
-        return self.schedule_kind == schedule.SCHEDULE_TIME_WINDOW
+        return self.schedule_kind == SCHEDULE_TIME_WINDOW
 
     def start(self, rank: int, step: int) -> None:
         """Start profiling at training step ``step`` (CPU, and CUDA when present)."""
@@ -138,7 +146,7 @@ class ProfilerDriver:
                 optimizer_stepped=optimizer_stepped, elapsed_s=elapsed_s,
                 forwards=forwards, fallback_after_s=self.options.fallback_after_s,
             ):
-                self.schedule_kind = schedule.SCHEDULE_TIME_WINDOW
+                self.schedule_kind = SCHEDULE_TIME_WINDOW
                 self.recorded_steps.clear()
                 self.window = {"start": now, "end": 0.0}
                 self.advance()

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from fsdpviz import __version__
-from fsdpviz.record.options import PARTIAL_SUFFIX
+from fsdpviz.runfolder import PARTIAL_SUFFIX
 
 Finish = Callable[[str, "str | None"], None]  # finish(status, reason)
 

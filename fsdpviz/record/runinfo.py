@@ -22,15 +22,19 @@ from pathlib import Path
 from typing import Any
 
 from fsdpviz import __version__
-from fsdpviz.record.options import (
+from fsdpviz.record.options import RecordOptions
+from fsdpviz.record.timers import salvage_partial
+from fsdpviz.runfolder import (
     FORMAT_VERSION,
     PARTIAL_SUFFIX,
     RANKS_DIR,
+    SCHEDULE_OPTIMIZER_STEPS,
     TIMERS_DIR,
     TRACES_DIR,
-    RecordOptions,
+    RunInfo,
+    encode_run_json,
+    run_info_from,
 )
-from fsdpviz.record.timers import salvage_partial
 
 STATUS_OK = "ok"
 STATUS_FAILED = "failed"
@@ -171,7 +175,7 @@ def build_run_json(
     options: RecordOptions,
     rank_infos: list[dict[str, Any]],
     notes: list[str],
-) -> dict[str, Any]:
+) -> RunInfo:
     """Assemble run.json (see docs/run-folder.md for every field)."""
     first = rank_infos[0] if rank_infos else {}
     frameworks = Counter(i.get("framework", "unknown") for i in rank_infos)
@@ -192,7 +196,7 @@ def build_run_json(
     # what the ranks imported wins over what the launcher finds installed
     versions.update({k: v for k, v in (first.get("versions") or {}).items() if v is not None or k not in versions})
     profile = first.get("profile") or {}
-    return {
+    return run_info_from({
         "fsdpviz_version": __version__,
         "format": FORMAT_VERSION,
         "label": label,
@@ -210,7 +214,7 @@ def build_run_json(
         "versions": versions,
         "options": options.to_json(),
         "profile": {
-            "schedule": profile.get("schedule", "optimizer_steps"),
+            "schedule": profile.get("schedule", SCHEDULE_OPTIMIZER_STEPS),
             "steps": profile.get("steps", []),
             "warmup": options.warmup,
             "requested_steps": options.steps,
@@ -218,15 +222,15 @@ def build_run_json(
         },
         "ranks": [_rank_summary(info) for info in rank_infos],
         "notes": notes,
-    }
+    })
 
 
-def write_run_json(path: Path, run: dict[str, Any]) -> None:
+def write_run_json(path: Path, run: RunInfo) -> None:
     """Write run.json under a temporary name, then rename it (readers never see half a file)."""
     # a name of its own: with --shared, every node's launcher writes run.json into the same folder
     tmp = path.with_name(f"{path.name}.{socket.gethostname()}.{os.getpid()}{PARTIAL_SUFFIX}")
     try:
-        tmp.write_text(json.dumps(run, indent=2) + "\n", encoding="utf-8")
+        tmp.write_bytes(encode_run_json(run))
         tmp.replace(path)
     except OSError:  # a full disk: leave no half-written file behind
         tmp.unlink(missing_ok=True)

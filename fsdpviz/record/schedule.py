@@ -17,8 +17,6 @@ WARMUP: Final = "warmup"
 RECORD: Final = "record"
 RECORD_AND_SAVE: Final = "record_and_save"
 
-SCHEDULE_OPTIMIZER_STEPS: Final = "optimizer_steps"
-SCHEDULE_TIME_WINDOW: Final = "time_window"
 
 
 def profiler_action(step: int, warmup: int, steps: int) -> str:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from fsdpviz.record.options import PARTIAL_SUFFIX
+from fsdpviz.runfolder import PARTIAL_SUFFIX
 
 KIND_TOTAL: Final = "total"
 KIND_COMPUTE: Final = "compute"

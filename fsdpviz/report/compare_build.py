@@ -34,7 +34,7 @@ class CompareResult:
 
 def default_label(path: Path, traces: TraceSet) -> str:
     """run.json's ``label``, else the run folder's (or the trace file's folder's) name."""
-    label = str((traces.run or {}).get("label") or "").strip()
+    label = traces.run.label.strip() if traces.run is not None else ""
     if label:
         return label
     folder = Path(traces.run_dir) if traces.run_dir else path if path.is_dir() else path.parent

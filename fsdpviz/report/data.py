@@ -57,23 +57,19 @@ class ReportData:
 
 def describe_inputs(traces: TraceSet) -> tuple[str, str, list[tuple[str, str]]]:
     """Title, subtitle and meta lines from run.json (when recorded by fsdpviz) or the trace files."""
-    run = traces.run or {}
+    run = traces.run
     meta: list[tuple[str, str]] = []
-    if run:
-        label = str(run.get("label") or "")
-        title = f"fsdpviz report: {label}" if label else "fsdpviz report"
-        command = run.get("command") or []
-        subtitle = " ".join(str(c) for c in command) if isinstance(command, list) else str(command)
-        for key, name in (("status", "status"), ("start_time", "started"), ("end_time", "ended")):
-            if run.get(key):
-                meta.append((name, str(run[key])))
-        if run.get("hosts"):
-            meta.append(("hosts", ", ".join(str(h) for h in run["hosts"])))
-        versions = run.get("versions") or {}
-        if isinstance(versions, dict) and versions:
-            shown = [f"{k} {v}" for k, v in sorted(versions.items()) if v not in (None, "", "None")]
-            if shown:
-                meta.append(("versions", ", ".join(shown)))
+    if run is not None:
+        title = f"fsdpviz report: {run.label}" if run.label else "fsdpviz report"
+        subtitle = " ".join(run.command)
+        for value, name in ((run.status, "status"), (run.start_time, "started"), (run.end_time, "ended")):
+            if value:
+                meta.append((name, value))
+        if run.hosts:
+            meta.append(("hosts", ", ".join(run.hosts)))
+        shown = [f"{k} {v}" for k, v in sorted(run.versions.items()) if v not in (None, "", "None")]
+        if shown:
+            meta.append(("versions", ", ".join(shown)))
     else:
         title = "fsdpviz report"
         subtitle = ""

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Final
 
 from fsdpviz import __version__
+from fsdpviz.runfolder import CACHE_DIR
 from fsdpviz.trace.kineto import RankColumns
 
-CACHE_DIR: Final = ".fsdpviz-cache"
 _PARTS: Final = ("events", "lanes", "steps", "memory", "rank")
 _META_KEY: Final = b"fsdpviz"
 

@@ -13,18 +13,23 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 from fsdpviz.errors import RunFolderError, TraceError, UsageError
+from fsdpviz.runfolder import (
+    RUN_JSON,
+    TIMERS_DIR,
+    TRACES_DIR,
+    RunInfo,
+    RunJsonError,
+    decode_run_json,
+    is_trace_name,
+)
 from fsdpviz.trace import schema
 
 if TYPE_CHECKING:
     import pandas as pd
 
-RUN_FILE: Final = "run.json"
-TRACES_DIR: Final = "traces"
-TIMERS_DIR: Final = "timers"
-TRACE_SUFFIXES: Final = (".json", ".json.gz")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -34,14 +39,8 @@ class Sources:
     files: list[Path]
     scanned: frozenset[Path] = frozenset()  # files found in folders rather than named by the user
     run_dir: Path | None = None
-    run: dict[str, Any] | None = None
+    run: RunInfo | None = None
     timer_files: list[Path] = field(default_factory=list)
-
-
-def is_trace_name(path: Path) -> bool:
-    """A file name that looks like a Kineto trace (and not like fsdpviz's own run.json)."""
-    name = path.name.lower()
-    return name.endswith(TRACE_SUFFIXES) and name != RUN_FILE and not name.startswith(".")
 
 
 def _traces_in(folder: Path) -> list[Path]:
@@ -62,7 +61,7 @@ def resolve_sources(paths: Sequence[str | Path]) -> Sources:
         if path.is_file():
             files.append(path)
             continue
-        if (path / RUN_FILE).is_file():
+        if (path / RUN_JSON).is_file():
             if run_dir is not None:
                 raise UsageError(f"{run_dir} and {path} are two run folders: load one run at a time")
             run_dir = path
@@ -93,40 +92,36 @@ def resolve_sources(paths: Sequence[str | Path]) -> Sources:
     )
 
 
-def read_run_json(run_dir: Path) -> dict[str, Any]:
-    """Parse ``run.json``; a broken one is an error naming the file."""
-    path = run_dir / RUN_FILE
+def read_run_json(run_dir: Path) -> RunInfo:
+    """Parse ``run.json``; a broken one is an error naming the file (and the field)."""
+    path = run_dir / RUN_JSON
     try:
-        run = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise RunFolderError(f"{path}: cannot read run.json ({exc.strerror or exc})") from None
+    try:
+        return decode_run_json(data)
+    except RunJsonError as exc:
         raise RunFolderError(f"{path}: cannot read run.json ({exc})") from None
-    if not isinstance(run, dict):
-        raise RunFolderError(f"{path}: run.json is not a JSON object")
-    return run
 
 
-def units_from_run(run: dict[str, Any] | None) -> pd.DataFrame:
+def units_from_run(run: RunInfo | None) -> pd.DataFrame:
     """The UNITS table from run.json's ``units`` list (empty when absent)."""
     import pandas as pd
 
-    entries = run.get("units") if run else None
-    if not isinstance(entries, list) or not entries:
+    if run is None or not run.units:
         return schema.make_empty(schema.UNITS)
-    framework = str(run.get("framework", "unknown")) if run else "unknown"
     rows = [
         {
-            "unit": str(u.get("unit", "")),
-            "order": int(u.get("order", i)),
-            "param_numel": int(u.get("param_numel", -1) if u.get("param_numel") is not None else -1),
-            "param_bytes": int(u.get("param_bytes", -1) if u.get("param_bytes") is not None else -1),
-            "framework": framework,
-            "parent": str(u.get("parent") or ""),
+            "unit": u.unit,
+            "order": u.order if u.order >= 0 else i,
+            "param_numel": u.param_numel,
+            "param_bytes": u.param_bytes,
+            "framework": run.framework,
+            "parent": u.parent,
         }
-        for i, u in enumerate(entries)
-        if isinstance(u, dict)
+        for i, u in enumerate(run.units)
     ]
-    if not rows:
-        return schema.make_empty(schema.UNITS)
     return schema.conform(pd.DataFrame(rows), schema.UNITS, table="units")
 
 

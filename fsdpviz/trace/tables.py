@@ -8,8 +8,9 @@ between processes as numpy columns: ``kineto.RankColumns``.)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from fsdpviz.runfolder import RunInfo
 from fsdpviz.trace import schema
 
 if TYPE_CHECKING:
@@ -30,7 +31,7 @@ class TraceSet:
         ranks: one row per source trace file (schema.RANKS).
         timers: per-step timers of a run folder (schema.TIMERS), empty without one.
         units: FSDP units from run.json (schema.UNITS), empty without one.
-        run: the parsed run.json of a run folder, else None.
+        run: the run folder's run.json (typed, :class:`fsdpviz.runfolder.RunInfo`), else None.
         run_dir: the run folder, when the input was one.
         sources: the trace files read, in rank order.
         skipped: JSON files found in the given folders that are not Kineto traces.
@@ -43,7 +44,7 @@ class TraceSet:
     ranks: pd.DataFrame
     timers: pd.DataFrame = field(default_factory=lambda: schema.make_empty(schema.TIMERS))
     units: pd.DataFrame = field(default_factory=lambda: schema.make_empty(schema.UNITS))
-    run: dict[str, Any] | None = None
+    run: RunInfo | None = None
     run_dir: str | None = None
     sources: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
@@ -56,8 +57,8 @@ class TraceSet:
     @property
     def world_size(self) -> int:
         """World size from the traces' ``distributedInfo`` (or run.json), else the number of ranks."""
-        if self.run and isinstance(self.run.get("world_size"), int):
-            return int(self.run["world_size"])
+        if self.run is not None and self.run.world_size:
+            return int(self.run.world_size)
         sizes = [int(s) for s in self.ranks["world_size"] if int(s) > 0]
         return max(sizes) if sizes else len(self.ranks)
 

@@ -19,7 +19,6 @@ outside pytest add the ``tests`` folder to ``sys.path`` first.
 from __future__ import annotations
 
 import gzip
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,27 +103,38 @@ def generate_run(sc: Scenario, out_dir: str | Path, *, run_folder: bool = False,
     return SynthRun(scenario=sc, paths=paths, folder=out, expected=expected, n_events=n_events)
 
 
+def _prefetch(names: list[str], i: int, setting: object) -> list[str] | str:
+    """run.json's prefetch entry of unit ``i`` (FSDP2: the units prefetched explicitly, or "default")."""
+    if setting == "implicit":
+        return "default"
+    depth = int(setting)  # type: ignore[call-overload]
+    return names[i + 1:i + 1 + depth]
+
+
 def _write_run_json(sc: Scenario, out: Path) -> None:
-    """A run.json as ``fsdpviz record`` writes it, for an FSDP2 job with the scenario's units."""
-    units = []
-    for order, u in enumerate(sc.all_units()):
-        units.append({
-            "unit": u.name, "order": order, "param_numel": u.numel, "param_bytes": u.numel * sc.dtype_bytes,
-            "dtype": "torch.bfloat16", "parent": "" if u.name == ROOT or sc.root is None else ROOT,
-            "reshard_after_forward": u.reshard_after_forward,
-            "forward_prefetch": [] if sc.forward_prefetch == "implicit" else [sc.forward_prefetch],
-            "backward_prefetch": [] if sc.backward_prefetch == "implicit" else [sc.backward_prefetch],
-        })
+    """A run.json as ``fsdpviz record`` writes it (``fsdpviz.runfolder``), for an FSDP2 job with the
+    scenario's units."""
+    from fsdpviz.runfolder import ProfileInfo, RankInfo, RunInfo, UnitInfo, encode_run_json
+
+    forward = [u.name for u in sc.all_units()]
+    backward = [forward[0], *reversed(forward[1:])] if sc.root is not None else list(reversed(forward))
+    units = [
+        UnitInfo(unit=u.name, order=order, param_numel=u.numel, param_bytes=u.numel * sc.dtype_bytes,
+                 dtype="bfloat16", parent="" if u.name == ROOT or sc.root is None else ROOT,
+                 reshard_after_forward=u.reshard_after_forward,
+                 forward_prefetch=_prefetch(forward, order, sc.forward_prefetch),
+                 backward_prefetch=_prefetch(backward, backward.index(u.name), sc.backward_prefetch))
+        for order, u in enumerate(sc.all_units())
+    ]
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
-    run = {
-        "fsdpviz_version": "0.1.0", "format": 1, "label": "synthetic", "command": ["torchrun", "train.py"],
-        "cwd": str(out), "start_time": stamp, "end_time": stamp, "exit_code": 0, "status": "ok", "reason": "",
-        "world_size": sc.world_size, "hosts": ["synthetic"], "framework": "fsdp2", "units": units,
-        "versions": {"torch": "2.13.0"}, "options": {}, "profile": {"schedule": "optimizer_steps",
-                                                                  "steps": list(sc.steps)},
-        "ranks": [{"rank": r} for r in range(sc.world_size)],
-    }
-    (out / "run.json").write_text(json.dumps(run, indent=1))
+    run = RunInfo(
+        fsdpviz_version="0.1.0", label="synthetic", command=["torchrun", "train.py"], cwd=str(out),
+        start_time=stamp, end_time=stamp, exit_code=0, status="ok", world_size=sc.world_size, hosts=["synthetic"],
+        framework="fsdp2", units=units, versions={"torch": "2.13.0"},
+        profile=ProfileInfo(schedule="optimizer_steps", steps=list(sc.steps)),
+        ranks=[RankInfo(rank=r) for r in range(sc.world_size)],
+    )
+    (out / "run.json").write_bytes(encode_run_json(run))
 
 
 def generate_large_run(out_dir: str | Path, *, world_size: int = 64, n_units: int = 80,

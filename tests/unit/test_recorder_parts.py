@@ -17,6 +17,7 @@ from fsdpviz.record.activation import ROLE_CANDIDATE, ROLE_NONE, ROLE_RANK, clas
 from fsdpviz.record.options import RecordOptions, options_from_env
 from fsdpviz.record.timers import Interval, StepTimes, TimersWriter, salvage_partial, summarize_step
 from fsdpviz.record.units import Unit, assign_order, clean_fqn, find_parent_block
+from fsdpviz.runfolder import ProfileInfo, RankInfo, RunInfo, UnitInfo
 
 
 @pytest.mark.parametrize(("fqn", "expected"), [
@@ -151,13 +152,13 @@ def test_build_run_json_merges_ranks_and_notes_missing_ones(tmp_path: Path) -> N
         status="ok", reason="", options=RecordOptions(run_dir=tmp_path), notes=[],
         rank_infos=[_rank_info(0), _rank_info(1), _rank_info(2)],
     )
-    assert run["format"] == 1 and run["framework"] == "fsdp1" and run["world_size"] == 4
-    assert run["hosts"] == ["node0", "node1"] and run["units"] == [{"unit": "(root)", "order": 0}]
-    assert run["profile"] == {"schedule": "optimizer_steps", "steps": [2, 3, 4], "warmup": 2, "requested_steps": 3}
-    assert run["versions"]["torch"] == "2.13.0" and run["versions"]["python"]
-    assert [r["rank"] for r in run["ranks"]] == [0, 1, 2] and run["ranks"][2]["timer_steps"] == 8
-    assert any("rank(s) [3]" in note for note in run["notes"])
-    assert run["options"]["steps"] == 3 and run["options"]["run_dir"] == str(tmp_path)
+    assert run.format == 1 and run.framework == "fsdp1" and run.world_size == 4
+    assert run.hosts == ["node0", "node1"] and run.units == [UnitInfo(unit="(root)", order=0)]
+    assert run.profile == ProfileInfo(schedule="optimizer_steps", steps=[2, 3, 4], warmup=2, requested_steps=3)
+    assert run.versions["torch"] == "2.13.0" and run.versions["python"]
+    assert [r.rank for r in run.ranks] == [0, 1, 2] and run.ranks[2].timer_steps == 8
+    assert any("rank(s) [3]" in note for note in run.notes)
+    assert run.options["steps"] == 3 and run.options["run_dir"] == str(tmp_path)
 
 
 def test_child_env_puts_bootstrap_first_and_drops_owner(tmp_path: Path) -> None:
@@ -174,7 +175,7 @@ def fake_launcher(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[str], Reco
 
     def fake_record(command: list[str], options: RecordOptions, **kwargs: Any) -> launcher.RecordResult:
         calls.append((command, options))
-        run = {"ranks": [], "status": "failed", "reason": "x", "exit_code": 7, "notes": []}
+        run = RunInfo(ranks=[], status="failed", reason="x", exit_code=7, notes=[])
         return launcher.RecordResult(run_dir=options.run_dir, exit_code=7, run=run)
 
     monkeypatch.setattr(launcher, "record", fake_record)
@@ -235,9 +236,9 @@ def test_cli_record_keeps_the_exit_code_when_summary_and_report_break(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     # GIVEN a recording with ranks, and analysis/report layers that cannot even be imported
     def fake_record(command: list[str], options: RecordOptions, **kwargs: Any) -> launcher.RecordResult:
-        rank = {"trace": "traces/rank0.trace.json.gz", "timers": None, "timer_steps": 0}
-        run = {"ranks": [rank], "status": "ok", "reason": "", "exit_code": 0, "notes": [], "units": [],
-               "world_size": 1, "framework": "fsdp2", "profile": {"schedule": "optimizer_steps", "steps": [2]}}
+        rank = RankInfo(rank=0, trace="traces/rank0.trace.json.gz", timers=None, timer_steps=0)
+        run = RunInfo(ranks=[rank], status="ok", reason="", exit_code=0, notes=[], units=[], world_size=1,
+                      framework="fsdp2", profile=ProfileInfo(schedule="optimizer_steps", steps=[2]))
         return launcher.RecordResult(run_dir=options.run_dir, exit_code=0, run=run)
 
     monkeypatch.setattr(launcher, "record", fake_record)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from tracebuild import MAIN_TID, TraceBuilder
 
+from fsdpviz.runfolder import RunInfo, UnitInfo, to_builtins
 from fsdpviz.trace import load_traces, schema
 from fsdpviz.trace.cache import CACHE_DIR
 from fsdpviz.trace.kineto import rank_from_filename, us_to_ns
@@ -149,7 +150,9 @@ def test_run_folder_reads_run_json_timers_and_units(tmp_path: Path) -> None:
     (run / "run.json").write_text(json.dumps(run_json))
     (run / "report.html").write_text("<html></html>")
     traces = load_traces([run], cache=False)
-    assert traces.run == run_json and traces.run_dir == str(run)
+    assert to_builtins(traces.run) == {**to_builtins(RunInfo()), **run_json,
+                                       "units": [{**to_builtins(UnitInfo(unit="")), **run_json["units"][0]}]}
+    assert traces.run_dir == str(run)
     assert traces.rank_ids == [0, 1]
     assert traces.timers["ms"].tolist() == [12.5, 1.25]
     assert list(traces.timers.dtypes.astype(str)) == list(schema.TIMERS.values())

@@ -23,6 +23,7 @@ from fsdpviz.analysis.labels import parse_label_name, parse_labels
 from fsdpviz.analysis.run import analyze_run
 from fsdpviz.analysis.spans import unit_tables
 from fsdpviz.analysis.unit_overlap import collective_shares
+from fsdpviz.runfolder import UnitInfo
 from fsdpviz.trace import load_traces
 
 GLOO_TID = 2000
@@ -149,7 +150,7 @@ def test_hsdp_memory_model_shards_over_the_shard_group(tmp_path: Path) -> None:
 
 
 def test_shard_sizes_from_run_json_win_over_the_trace() -> None:
-    units = [{"unit": "a", "shard_size": 4}, {"unit": "b", "shard_size": 2}, {"unit": "(root)", "shard_size": None}]
+    units = [UnitInfo(unit="a", shard_size=4), UnitInfo(unit="b", shard_size=2), UnitInfo(unit="(root)", shard_size=None)]
     shards, source = memory.shard_sizes(units, pd.DataFrame(), n_ranks=1, world_size=8)
     assert (shards, source) == ({"a": 4, "b": 2}, "run.json")
     model = memory.memory_model(pd.Series({"a": 400, "b": 400, "(root)": 400}), 8, 4, measured_elem=True,

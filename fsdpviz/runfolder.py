@@ -1,0 +1,181 @@
+"""The run folder ``fsdpviz record`` writes: its file names and ``run.json``, typed, defined once.
+
+The recorder (``fsdpviz.record``, on the launcher side) writes these files and the trace loader
+(``fsdpviz.trace``) reads them; both import this module, which imports neither torch nor pandas.
+``run.json`` is a contract (docs/run-folder.md): fields are only ever added. Its readers get a
+:class:`RunInfo`, every field typed and defaulted, so a run.json of an older fsdpviz (or a partial one
+written by hand) reads with the defaults; an unknown field is ignored; a field of the wrong type
+is an error that names it.
+
+Layout::
+
+    RUN/run.json                    RunInfo
+    RUN/traces/rank{R}.trace.json.gz
+    RUN/timers/rank{R}.jsonl
+    RUN/ranks/rank{R}.json          what rank R reported (merged into run.json)
+    RUN/logs/rank{R}.log            the profiler's own log lines
+    RUN/report.html
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Final
+
+import msgspec
+
+RUN_JSON: Final = "run.json"
+TRACES_DIR: Final = "traces"
+TIMERS_DIR: Final = "timers"
+RANKS_DIR: Final = "ranks"  # per-rank facts the agents write and the launcher merges into run.json
+LOGS_DIR: Final = "logs"  # the profiler's own log lines, kept out of the user's terminal
+REPORT_HTML: Final = "report.html"
+TRACE_FILE: Final = "rank{rank}.trace.json.gz"  # inside TRACES_DIR
+TIMERS_FILE: Final = "timers/rank{rank}.jsonl"
+RANK_FILE: Final = "ranks/rank{rank}.json"
+LOG_FILE: Final = "logs/rank{rank}.log"
+PARTIAL_SUFFIX: Final = ".partial"  # files being written; renamed when complete
+CACHE_DIR: Final = ".fsdpviz-cache"  # the trace loader's parse cache, beside the traces
+OWNED_ENTRIES: Final = (RUN_JSON, TRACES_DIR, TIMERS_DIR, RANKS_DIR, LOGS_DIR, REPORT_HTML)
+FORMAT_VERSION: Final = 1
+TRACE_SUFFIXES: Final = (".json", ".json.gz")
+SCHEDULE_OPTIMIZER_STEPS: Final = "optimizer_steps"  # the profiler stepped by optimizer steps
+SCHEDULE_TIME_WINDOW: Final = "time_window"  # the fallback for scripts without a torch optimizer
+
+# A unit's prefetch setting: FSDP2 lists the units prefetched explicitly or says "default"; FSDP1
+# says whether forward prefetch is on and names its backward prefetch; ZeRO-3 gives a bucket size.
+Prefetch = list[str] | str | bool | int | None
+
+
+class UnitInfo(msgspec.Struct, kw_only=True):
+    """One FSDP unit as the framework reported it (run.json ``units[]``, docs/run-folder.md)."""
+
+    unit: str
+    """Module FQN as the user wrote it (``fsdpviz.naming``): ``blocks.3``, ``(root)``, ``[norm, output]``."""
+    order: int = -1
+    """Forward order (0 = the first unit whose forward ran); -1 when unknown."""
+    param_numel: int = -1
+    """Unsharded parameter elements; -1 when unknown."""
+    param_bytes: int = -1
+    """Unsharded parameter bytes in the gathered dtype; -1 when unknown."""
+    dtype: str = ""
+    parent: str = ""
+    """ZeRO-3: the enclosing block of a fetched submodule; "" otherwise."""
+    reshard_after_forward: bool | None = None
+    """What ran (read after the first step): FSDP2 never reshards the root after forward."""
+    forward_prefetch: Prefetch = None
+    backward_prefetch: Prefetch = None
+    shard_size: int | None = None
+    """Ranks the unit's parameters are sharded over (the shard group under HSDP)."""
+
+
+class ProfileInfo(msgspec.Struct, kw_only=True):
+    """How the profiler was driven and which steps its traces hold (run.json ``profile``)."""
+
+    schedule: str = SCHEDULE_OPTIMIZER_STEPS
+    steps: list[int] = msgspec.field(default_factory=list)
+    warmup: int | None = None
+    requested_steps: int | None = None
+    window_s: float | None = None
+
+
+class RankInfo(msgspec.Struct, kw_only=True):
+    """One recording rank (run.json ``ranks[]``)."""
+
+    rank: int
+    local_rank: int | None = None
+    host: str | None = None
+    pid: int | None = None
+    device: str | None = None
+    backend: str | None = None
+    framework: str | None = None
+    status: str | None = None
+    reason: str | None = None
+    trace: str | None = None
+    log: str | None = None
+    profiled_steps: list[int] | None = None
+    """Steps the rank's profiler recorded; None when unknown (then ``profile.steps`` holds)."""
+    timers: str | None = None
+    timer_steps: int = 0
+    steps_seen: int | None = None
+    partial_step: int | None = None
+    """The step the rank was inside when it ended, if it ended inside one."""
+    start_time: str | None = None
+    end_time: str | None = None
+
+
+class RunInfo(msgspec.Struct, kw_only=True):
+    """run.json: the recorded command and what every rank reported (docs/run-folder.md)."""
+
+    fsdpviz_version: str = ""
+    format: int = FORMAT_VERSION
+    label: str = ""
+    command: list[str] = msgspec.field(default_factory=list)
+    cwd: str = ""
+    start_time: str = ""
+    end_time: str = ""
+    exit_code: int | None = None
+    status: str = ""
+    reason: str = ""
+    world_size: int | None = None
+    hosts: list[str] = msgspec.field(default_factory=list)
+    framework: str = "unknown"
+    units: list[UnitInfo] = msgspec.field(default_factory=list)
+    versions: dict[str, str | None] = msgspec.field(default_factory=dict)
+    options: dict[str, Any] = msgspec.field(default_factory=dict)
+    profile: ProfileInfo = msgspec.field(default_factory=ProfileInfo)
+    ranks: list[RankInfo] = msgspec.field(default_factory=list)
+    notes: list[str] = msgspec.field(default_factory=list)
+
+    def rank_info(self, rank: int) -> RankInfo | None:
+        """The ``ranks[]`` entry of ``rank``, if it recorded."""
+        return next((r for r in self.ranks if r.rank == rank), None)
+
+
+_DECODER: Final = msgspec.json.Decoder(RunInfo)
+
+
+class RunJsonError(ValueError):
+    """run.json cannot be read as a RunInfo (the message names the field)."""
+
+
+def decode_run_json(data: bytes) -> RunInfo:
+    """run.json's bytes as a :class:`RunInfo`; :class:`RunJsonError` when they are not one."""
+    try:
+        return _DECODER.decode(data)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise RunJsonError(str(exc)) from None
+
+
+def encode_run_json(run: RunInfo) -> bytes:
+    """run.json's text (indented, one field per line, a final newline)."""
+    return msgspec.json.format(msgspec.json.encode(run), indent=2) + b"\n"
+
+
+def run_info_from(data: dict[str, Any]) -> RunInfo:
+    """A RunInfo from plain values (as the launcher assembles them); RunJsonError when one does not fit."""
+    try:
+        return msgspec.convert(data, RunInfo)
+    except msgspec.ValidationError as exc:
+        raise RunJsonError(str(exc)) from None
+
+
+def to_builtins(run: RunInfo | UnitInfo | RankInfo) -> dict[str, Any]:
+    """The JSON object of a run.json struct, as plain Python values."""
+    return msgspec.to_builtins(run)  # type: ignore[no-any-return]
+
+
+def rank_path(run_dir: Path, template: str, rank: int) -> Path:
+    """``run_dir / template`` with the rank filled in (``TIMERS_FILE``, ``RANK_FILE``, ``LOG_FILE``)."""
+    return run_dir / template.format(rank=rank)
+
+
+def trace_path(run_dir: Path, rank: int) -> Path:
+    """Where rank ``rank``'s trace goes in a run folder."""
+    return run_dir / TRACES_DIR / TRACE_FILE.format(rank=rank)
+
+
+def is_trace_name(path: Path) -> bool:
+    """A file name that looks like a Kineto trace (and not like fsdpviz's own run.json)."""
+    name = path.name.lower()
+    return name.endswith(TRACE_SUFFIXES) and name != RUN_JSON and not name.startswith(".")
