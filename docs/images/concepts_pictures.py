@@ -34,8 +34,8 @@ from cdp import Browser, find_chromium  # test helpers, not part of the package
 from shots import READY, save_png
 from synth import Scenario, generate_run, make_units
 
-from fsdpviz.analysis import summarize
-from fsdpviz.analysis.run import RunAnalysis, analyze_run
+from fsdpviz.analysis.pipeline import analyse_traces
+from fsdpviz.analysis.run import RunAnalysis
 from fsdpviz.report.data import ReportData, prepare_report
 from fsdpviz.report.html import Page, write_page
 from fsdpviz.report.page import timeline_plot, timeline_section
@@ -94,11 +94,9 @@ class Analysed:
 def analyse(scenario: Scenario, folder: Path) -> Analysed:
     run = generate_run(scenario, folder, run_folder=True)
     traces = load_traces([run.folder], cache=False)
-    analysis = analyze_run(traces)
-    summary = summarize(traces, analysis=analysis)
-    data = prepare_report(traces, summary=summary, analysis=analysis, gantt_ranks=[RANK],
-                          views=("median", "lanes"))
-    return Analysed(analysis=analysis, summary=summary, data=data)
+    result = analyse_traces(traces)
+    data = prepare_report(result, gantt_ranks=[RANK], views=("median", "lanes"))
+    return Analysed(analysis=result.analysis, summary=result.summary.to_json(), data=data)
 
 
 def mark(fig: Any, start_ms: float, end_ms: float, text: str, *, color: str = "#2ca02c",

@@ -2,7 +2,7 @@
 
 Users change one thing (wrap policy, prefetch, ``reshard_after_forward``), record again and want to
 know which run is faster, which peaks lower, and why. :func:`compare_runs` takes each run's
-``summarize`` dict (the ``summary --json`` contract) and, when available, its ``analyze_run`` result
+summary (:class:`fsdpviz.analysis.summary.Summary`) and, when available, its ``analyze_run`` result
 and run.json, and returns a :class:`Comparison`: the headline table with deltas against the first
 run and the best value of each row marked, the settings that differ, the units matched across runs
 (:mod:`fsdpviz.analysis.compare_units`), findings in words (:mod:`fsdpviz.analysis.compare_findings`)
@@ -14,19 +14,23 @@ them, so ``compare --json`` agrees with the individual ``summary --json`` output
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
+import msgspec
+
 from fsdpviz.analysis.compare_memory import drift_bytes, step_levels, step_rise_bytes
 from fsdpviz.analysis.compare_units import RunUnit, UnitMatch, group_values, match_units
+from fsdpviz.analysis.records import Finding
 from fsdpviz.errors import UsageError
 
 if TYPE_CHECKING:
     import pandas as pd
 
+    from fsdpviz.analysis.pipeline import RunResult
     from fsdpviz.analysis.run import RunAnalysis
+    from fsdpviz.analysis.summary import Summary
     from fsdpviz.runfolder import RunInfo
     from fsdpviz.trace.tables import TraceSet
 
@@ -41,7 +45,7 @@ NOISE_FLAGS: Final = frozenset({"--master_port", "--master-port", "--master_addr
 class HeadlineField:
     """One numeric row of the headline table."""
 
-    key: str  # dotted path into the summary dict; the key of ``deltas`` in ``compare --json``
+    key: str  # dotted path into the summary's JSON; the key of ``deltas`` in ``compare --json``
     label: str
     unit: str  # "ms", "%", "bytes" or "" (a count)
     better: str | None  # LOWER / HIGHER, or None when neither is better
@@ -68,14 +72,28 @@ HEADLINE_FIELDS: Final = (
 
 @dataclass(kw_only=True, slots=True)
 class RunInput:
-    """One run to compare: its label, where it came from, and its analysis results."""
+    """One run to compare: its label, where it came from, and the pipeline's result for it."""
 
     label: str
     source: str  # the path the user gave
-    summary: dict[str, Any]  # ``summarize(traces, analysis=...)``
-    analysis: RunAnalysis | None = None
-    run: RunInfo | None = None  # run.json, when the run was recorded by fsdpviz
-    traces: TraceSet | None = None  # the loaded tables (memory levels per step come from them)
+    result: RunResult
+
+    @property
+    def summary(self) -> Summary:
+        return self.result.summary
+
+    @property
+    def analysis(self) -> RunAnalysis:
+        return self.result.analysis
+
+    @property
+    def run(self) -> RunInfo | None:
+        """run.json, when the run was recorded by fsdpviz."""
+        return self.result.traces.run
+
+    @property
+    def traces(self) -> TraceSet:
+        return self.result.traces
 
 
 @dataclass(kw_only=True, slots=True)
@@ -91,12 +109,13 @@ class Comparison:
     match: UnitMatch
     drift: list[int | None] = field(default_factory=list)  # per run: growth of the level at step start
     best_withheld: dict[str, str] = field(default_factory=dict)  # key -> why its row has no best mark
-    findings: list[dict[str, Any]] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
 
 def field_value(summary: dict[str, Any], key: str) -> float | int | None:
-    """A headline number of one summary (``n_units`` and ``largest_unit_bytes`` are derived)."""
+    """A headline number of one summary's JSON (``Summary.to_json()``, what ``summary --json`` prints)
+    by its dotted key (``overlap.overlap_pct``); ``n_units`` and ``largest_unit_bytes`` are derived."""
     if key == "n_units":
         return len(summary.get("units") or [])
     if key == "largest_unit_bytes":
@@ -135,7 +154,7 @@ def unique_labels(labels: Sequence[str]) -> list[str]:
 
 def run_units(run: RunInput) -> list[RunUnit]:
     """The run's units for matching: the analysis' unit table, else run.json's, else the summary's."""
-    table: pd.DataFrame | None = getattr(run.analysis, "units", None)
+    table: pd.DataFrame | None = run.analysis.units
     if table is not None and len(table):
         return [RunUnit(name=str(r.unit), order=int(r.order),
                         param_bytes=int(r.param_bytes) if r.param_bytes >= 0 else None, parent=str(r.parent))
@@ -146,7 +165,7 @@ def run_units(run: RunInput) -> list[RunUnit]:
                         param_bytes=u.param_bytes if u.param_bytes >= 0 else None, parent=u.parent)
                 for i, u in enumerate(listed)]
     return [RunUnit(name=str(u["name"]), order=int(u.get("order", i)), param_bytes=u.get("param_bytes"))
-            for i, u in enumerate(run.summary.get("units") or [])]
+            for i, u in enumerate(run.summary.units)]
 
 
 def compare_runs(runs: Sequence[RunInput]) -> Comparison:
@@ -156,10 +175,11 @@ def compare_runs(runs: Sequence[RunInput]) -> Comparison:
     labels = [r.label for r in runs]
     if len(set(labels)) != len(labels):
         raise UsageError(f"run labels must differ: {', '.join(labels)}")
-    levels = [step_levels(r.traces, list(r.summary.get("steps") or [])) if r.traces is not None else None
+    levels = [step_levels(r.traces, list(r.summary.steps))
               for r in runs]
     measured = {"step_rise_bytes": [step_rise_bytes(lv) if lv is not None else None for lv in levels]}
-    values = {f.key: measured[f.key] if not f.in_summary else [field_value(r.summary, f.key) for r in runs]
+    as_json = [r.summary.to_json() for r in runs]  # the numbers exactly as each run's summary --json has them
+    values = {f.key: measured[f.key] if not f.in_summary else [field_value(j, f.key) for j in as_json]
               for f in HEADLINE_FIELDS}
     deltas = {f.key: [_delta(v, values[f.key][0], f.digits) for v in values[f.key]] for f in HEADLINE_FIELDS}
     best = {f.key: best_indices(values[f.key], f.better) for f in HEADLINE_FIELDS}
@@ -244,12 +264,12 @@ def _differing_args(runs: Sequence[RunInput]) -> list[str]:
 def settings_rows(runs: Sequence[RunInput]) -> list[tuple[str, list[str]]]:
     """Text rows of the headline table: what each run was and how it was set up."""
     def steps(r: RunInput) -> str:
-        s = r.summary.get("steps") or []
+        s = r.summary.steps
         return ", ".join(map(str, s)) if len(s) <= 4 else f"{s[0]}–{s[-1]} ({len(s)})"
 
     rows = [
-        ("framework", [str(r.summary.get("framework", "unknown")) for r in runs]),
-        ("device", [str(r.summary.get("device", "?")) for r in runs]),
+        ("framework", [r.summary.framework for r in runs]),
+        ("device", [r.summary.device for r in runs]),
         ("steps analysed", [steps(r) for r in runs]),
         ("parameter dtype", [_dtype(r) for r in runs]),
         ("reshard after forward", [_unit_setting(r, "reshard_after_forward") for r in runs]),
@@ -264,10 +284,10 @@ def settings_rows(runs: Sequence[RunInput]) -> list[tuple[str, list[str]]]:
 # --- comparability -----------------------------------------------------------------------------
 
 def _total_params(run: RunInput) -> int | None:
-    model = getattr(run.analysis, "memory_model", None) or {}
+    model = run.analysis.memory_model or {}
     if model.get("param_count"):
         return int(model["param_count"])
-    numels = [u.get("param_numel") for u in run.summary.get("units") or []]
+    numels = [u.param_numel for u in run.summary.units]
     return sum(numels) if numels and all(isinstance(n, int) and n > 0 for n in numels) else None
 
 
@@ -279,15 +299,15 @@ def comparability_notes(runs: Sequence[RunInput], match: UnitMatch) -> list[str]
     """Why some numbers should not be compared directly (every run is still shown)."""
     labels = [r.label for r in runs]
     notes = []
-    sizes = [r.summary.get("world_size") for r in runs]
+    sizes = [r.summary.world_size for r in runs]
     if len(set(sizes)) > 1:
         notes.append(_differ("World sizes differ", sizes, labels) + ". Step time and per-rank memory depend "
                      "on the world size (each rank holds 1/N of the sharded state): compare with care.")
-    frameworks = [r.summary.get("framework") for r in runs]
+    frameworks = [r.summary.framework for r in runs]
     if len(set(frameworks)) > 1:
         notes.append(_differ("Frameworks differ", frameworks, labels) + ". Their units, labels and memory "
                      "accounting differ: per-unit numbers are matched by module name only.")
-    devices = [r.summary.get("device") for r in runs]
+    devices = [r.summary.device for r in runs]
     if len(set(devices)) > 1:
         notes.append(_differ("Devices differ", devices, labels) + ". GPU overlap counts kernels, CPU overlap "
                      "counts threads (docs/concepts.md): these numbers are not comparable.")
@@ -300,13 +320,13 @@ def comparability_notes(runs: Sequence[RunInput], match: UnitMatch) -> list[str]
         notes.append(f"Units matched by name hold different parameter bytes ({', '.join(odd[:4])}): their "
                      "per-unit numbers are not like for like.")
     for r in runs:
-        if not r.summary.get("units"):
+        if not r.summary.units:
             notes.append(f"{r.label}: no FSDP units in the traces; only whole-step numbers are compared.")
         status = r.run.status if r.run is not None else ""
         if status and status != "ok":
             notes.append(f"{r.label}: the recorded run ended with status {status!r}; its numbers may be partial.")
-        if len(r.summary.get("steps") or []) < 2:
-            notes.append(f"{r.label}: only {len(r.summary.get('steps') or [])} step analysed; differences "
+        if len(r.summary.steps) < 2:
+            notes.append(f"{r.label}: only {len(r.summary.steps)} step analysed; differences "
                          "smaller than the step-to-step spread cannot be seen.")
     if all(d == "cpu" for d in devices):
         notes.append("All runs are CPU runs (gloo): the training thread waits inside FSDP's gathers for much of "
@@ -334,7 +354,7 @@ def comparison_json(comparison: Comparison) -> dict[str, Any]:
     """``fsdpviz compare --json``: each run's summary dict (plus its label), the deltas and more."""
     runs = []
     for r in comparison.runs:
-        summary = copy.deepcopy(r.summary)
+        summary = r.summary.to_json()
         summary["label"] = r.label
         runs.append(summary)
     return {
@@ -348,7 +368,7 @@ def comparison_json(comparison: Comparison) -> dict[str, Any]:
         "whole_model_runs": comparison.match.whole_model,
         "step_rise_bytes": comparison.values["step_rise_bytes"],
         "memory_drift_bytes": comparison.drift,
-        "findings": comparison.findings,
+        "findings": [f.to_json() for f in comparison.findings],
         "notes": comparison.notes,
     }
 
@@ -361,5 +381,5 @@ def group_json(comparison: Comparison, group: Any) -> dict[str, Any]:
 
 
 def unit_index(run: RunInput) -> dict[str, dict[str, Any]]:
-    """The summary's ``units`` entries by unit name."""
-    return {str(u.get("name")): u for u in run.summary.get("units") or []}
+    """The summary's ``units`` entries by unit name, as JSON values (what groups sum)."""
+    return {u.name: msgspec.to_builtins(u) for u in run.summary.units}

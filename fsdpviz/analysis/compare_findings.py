@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Final
 import numpy as np
 
 from fsdpviz.analysis.compare_units import group_values
+from fsdpviz.analysis.records import Finding
 from fsdpviz.trace import schema
 
 if TYPE_CHECKING:
@@ -61,14 +62,14 @@ def _count(n: float, noun: str) -> str:
 
 
 def _finding(kind: str, message: str, evidence: str, better: str | None, values: dict[str, dict[str, Any]]
-             ) -> dict[str, Any]:
-    return {"kind": kind, "message": message, "evidence": evidence, "better": better, "values": values}
+             ) -> Finding:
+    return Finding(kind=kind, message=message, evidence=evidence, better=better, values=values)
 
 
 def per_step_ms(run: RunInput, column: str) -> np.ndarray:
     """Per analysed step, the mean over ranks of a STEP_TIMES column, in ms."""
-    times = getattr(run.analysis, "step_times", None)
-    if times is None or times.empty:
+    times = run.analysis.step_times
+    if times.empty:
         return np.array([])
     return (times.groupby("step")[column].mean() / NS_PER_MS).to_numpy(dtype=float)
 
@@ -107,7 +108,7 @@ def _listing(c: Comparison, key: str, fmt: Any) -> str:
     return ", ".join(f"{c.labels[i]} {fmt(v)}" for i, v in _known(c, key))
 
 
-def step_time_finding(c: Comparison) -> list[dict[str, Any]]:
+def step_time_finding(c: Comparison) -> list[Finding]:
     known = _known(c, "step_time_ms")
     if len(known) < 2:
         return []
@@ -170,7 +171,7 @@ def step_parts(a: RunInput, b: RunInput) -> str:
 
 def collective_counts(run: RunInput) -> dict[str, float]:
     """Median collectives per rank and step, by kind (ZeRO-3 bucket rows counted once)."""
-    spans = getattr(run.analysis, "spans", None)
+    spans = run.analysis.spans
     if spans is None or spans.empty:
         return {}
     out = {}
@@ -183,12 +184,12 @@ def collective_counts(run: RunInput) -> dict[str, float]:
 
 def exposed_parts(run: RunInput) -> dict[str, float]:
     """Exposed all-gather (forward, backward) and reduce-scatter per step: sums of the unit medians."""
-    units = run.summary.get("units") or []
+    units = run.summary.units
     out = {}
     for key, col in (("forward_all_gather_ms", "forward_exposed_all_gather_ms"),
                      ("backward_all_gather_ms", "backward_exposed_all_gather_ms"),
                      ("reduce_scatter_ms", "exposed_reduce_scatter_ms")):
-        values = [u.get(col) for u in units]
+        values = [u.metric(col) for u in units]
         if values and all(v is not None for v in values):
             out[key] = round(sum(values), 3)
     if "forward_all_gather_ms" in out and "backward_all_gather_ms" in out:
@@ -196,7 +197,7 @@ def exposed_parts(run: RunInput) -> dict[str, float]:
     return out
 
 
-def exposed_finding(c: Comparison) -> list[dict[str, Any]]:
+def exposed_finding(c: Comparison) -> list[Finding]:
     known = _known(c, "overlap.exposed_comm_ms")
     if len(known) < 2:
         return []
@@ -232,7 +233,7 @@ def exposed_finding(c: Comparison) -> list[dict[str, Any]]:
     return [_finding("exposed_comm", message + "." + few_steps(c.runs[best_i], c.runs[worst_i]), evidence, b, values)]
 
 
-def memory_finding(c: Comparison) -> list[dict[str, Any]]:
+def memory_finding(c: Comparison) -> list[Finding]:
     drifting = any(d is not None for d in c.drift)
     key = "step_rise_bytes" if drifting else "memory.peak_allocated_bytes"
     what = "memory a step adds" if drifting else "peak allocated memory"
@@ -242,7 +243,7 @@ def memory_finding(c: Comparison) -> list[dict[str, Any]]:
     low_i, low = min(known, key=lambda t: t[1])
     high_i, high = max(known, key=lambda t: t[1])
     values: dict[str, dict[str, Any]] = {key.split(".")[-1]: {c.labels[i]: int(v) for i, v in known}}
-    models = {r.label: (getattr(r.analysis, "memory_model", None) or {}) for r in c.runs}
+    models = {r.label: (r.analysis.memory_model or {}) for r in c.runs}
     values["model_peak_bytes"] = {lb: m["model_peak_bytes"] for lb, m in models.items() if m.get("model_peak_bytes")}
     largest = c.values["largest_unit_bytes"]
     values["largest_unit_bytes"] = {c.labels[i]: v for i, v in enumerate(largest) if v is not None}
@@ -296,14 +297,14 @@ def _prefetch_memory(c: Comparison, high_i: int, low_i: int, delta: float) -> st
             "while earlier units compute).")
 
 
-def tradeoff_finding(c: Comparison, found: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def tradeoff_finding(c: Comparison, found: Sequence[Finding]) -> list[Finding]:
     """The fastest run is not the one with the lowest peak: say what the speed costs."""
-    better = {f["kind"]: f["better"] for f in found}
+    better = {f.kind: f.better for f in found}
     fast, lean = better.get("step_time"), better.get("memory")
     if not fast or not lean or fast == lean:
         return []
-    memory = next(f for f in found if f["kind"] == "memory")
-    key = "step_rise_bytes" if "step_rise_bytes" in memory["values"] else "memory.peak_allocated_bytes"
+    memory = next(f for f in found if f.kind == "memory")
+    key = "step_rise_bytes" if "step_rise_bytes" in memory.values else "memory.peak_allocated_bytes"
     i, j = c.labels.index(fast), c.labels.index(lean)
     dt = float(c.values["step_time_ms"][j]) - float(c.values["step_time_ms"][i])
     dm = int(c.values[key][i]) - int(c.values[key][j])
@@ -315,12 +316,12 @@ def tradeoff_finding(c: Comparison, found: Sequence[dict[str, Any]]) -> list[dic
 
 
 def _mean_depth(run: RunInput, phase: str) -> float | None:
-    depths = [u.get(f"{phase}_issue_depth") for u in run.summary.get("units") or []]
+    depths = [u.metric(f"{phase}_issue_depth") for u in run.summary.units]
     depths = [d for d in depths if d is not None]
     return float(np.mean(depths)) if depths else None
 
 
-def prefetch_finding(c: Comparison) -> list[dict[str, Any]]:
+def prefetch_finding(c: Comparison) -> list[Finding]:
     """Runs whose gathers start while earlier units still compute (issue depth) more than others'."""
     out = []
     for phase in ("forward", "backward"):
@@ -345,11 +346,13 @@ def prefetch_finding(c: Comparison) -> list[dict[str, Any]]:
     return out
 
 
-def group_finding(c: Comparison) -> list[dict[str, Any]]:
+def group_finding(c: Comparison) -> list[Finding]:
     """The unit group whose exposed communication differs most between runs."""
     steps = [v for v in c.values["step_time_ms"] if v is not None]
     floor = max(0.005 * min(steps), MIN_TIME_MS) if steps else MIN_TIME_MS
-    index = {r.label: {str(u.get("name")): u for u in r.summary.get("units") or []} for r in c.runs}
+    from fsdpviz.analysis.compare import unit_index  # compare imports this module
+
+    index = {r.label: unit_index(r) for r in c.runs}
     best: tuple[float, Any, dict[str, float]] | None = None
     for group in c.match.groups:
         vals = {lb: group_values(group, lb, index[lb])["exposed_comm_ms"] for lb in c.labels}
@@ -374,7 +377,7 @@ def group_finding(c: Comparison) -> list[dict[str, Any]]:
                      {"exposed_comm_ms": vals, "group": {"name": group.name}})]
 
 
-def build_findings(c: Comparison) -> list[dict[str, Any]]:
+def build_findings(c: Comparison) -> list[Finding]:
     """Every comparison finding, in reading order: time, communication, memory, trade-off, detail."""
     found = step_time_finding(c) + exposed_finding(c) + memory_finding(c)
     found += tradeoff_finding(c, found)

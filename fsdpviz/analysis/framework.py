@@ -19,6 +19,7 @@ from typing import Final
 import numpy as np
 import pandas as pd
 
+from fsdpviz.analysis.records import DDP, UNCONNECTED_RANKS, Note
 from fsdpviz.trace import schema
 from fsdpviz.trace.tables import TraceSet
 
@@ -61,17 +62,17 @@ def decide_framework(traces: TraceSet) -> str:
     return "unknown"
 
 
-def framework_notes(framework: str) -> list[str]:
+def framework_notes(framework: str) -> list[Note]:
     """What the framework means for the numbers: DDP has no FSDP units."""
-    return [DDP_NOTE] if framework == "ddp" else []
+    return [Note(DDP, DDP_NOTE)] if framework == "ddp" else []
 
 
-def unconnected_ranks_note(traces: TraceSet) -> str | None:
+def unconnected_ranks_note(traces: TraceSet) -> Note | None:
     """A warning when a job of several ranks shows no collective in any trace: its processes trained
     alone (``accelerate launch`` without GPUs can start unconnected processes)."""
     world = traces.world_size
     if world < 2 or not len(traces.events) or (traces.events["comm"] != "").any():
         return None
-    return (f"no rank communicated: the traces hold no collective although the world size is {world}, so the "
-            "processes trained independently of each other, not as one distributed job; check how the launcher "
-            "connected them (e.g. accelerate launch without GPUs and without --multi_cpu)")
+    return Note(UNCONNECTED_RANKS, f"no rank communicated: the traces hold no collective although the world size "
+                f"is {world}, so the processes trained independently of each other, not as one distributed job; "
+                "check how the launcher connected them (e.g. accelerate launch without GPUs and without --multi_cpu)")

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from fsdpviz.analysis.framework import unconnected_ranks_note
+from fsdpviz.analysis.records import MISSING_RANKS, SKIPPED_EVENTS, Note
 from fsdpviz.trace.tables import TraceSet
 
 MAX_LISTED_FILES = 3  # skipped events: files named in the one warning line
@@ -38,16 +39,16 @@ def format_ranks(ranks: Iterable[int]) -> str:
     return ", ".join(parts)
 
 
-def missing_ranks_note(traces: TraceSet) -> str | None:
+def missing_ranks_note(traces: TraceSet) -> Note | None:
     """One sentence naming the ranks of the world without a trace, None when none are missing."""
     missing = traces.missing_ranks
     if not missing:
         return None
-    return (f"{traces.describe_sources()}: no trace for rank(s) {format_ranks(missing)} of world size "
-            f"{traces.world_size}; the numbers cover rank(s) {format_ranks(traces.rank_ids)} only")
+    return Note(MISSING_RANKS, f"{traces.describe_sources()}: no trace for rank(s) {format_ranks(missing)} of world "
+                f"size {traces.world_size}; the numbers cover rank(s) {format_ranks(traces.rank_ids)} only")
 
 
-def skipped_events_note(traces: TraceSet) -> str | None:
+def skipped_events_note(traces: TraceSet) -> Note | None:
     """One sentence counting the events the loader skipped, per file, None when it skipped none."""
     skipped = traces.skipped_events
     if not skipped:
@@ -55,26 +56,18 @@ def skipped_events_note(traces: TraceSet) -> str | None:
     files = [f"{traces.source_of(rank)} ({n:,})" for rank, n in sorted(skipped.items())]
     listed = ", ".join(files[:MAX_LISTED_FILES]) + (f" and {len(files) - MAX_LISTED_FILES} more file(s)"
                                                     if len(files) > MAX_LISTED_FILES else "")
-    return (f"skipped {sum(skipped.values()):,} event(s) fsdpviz cannot use (unknown phase or category, "
-            f"missing, negative or out-of-range times, fields of the wrong type) in {listed}")
+    return Note(SKIPPED_EVENTS, f"skipped {sum(skipped.values()):,} event(s) fsdpviz cannot use (unknown phase or "
+                f"category, missing, negative or out-of-range times, fields of the wrong type) in {listed}")
 
 
-def gap_notes(traces: TraceSet) -> list[str]:
+def gap_notes(traces: TraceSet) -> list[Note]:
     """The summary's notes about missing ranks, skipped events and ranks that never communicated."""
     return [n for n in (missing_ranks_note(traces), skipped_events_note(traces), unconnected_ranks_note(traces)) if n]
 
 
 def gap_warnings(traces: TraceSet) -> list[str]:
     """What a command prints as ``warning:`` lines (see the module docstring)."""
-    warnings = []
     whole_run = traces.run_dir is not None or len(traces.rank_ids) > 1
-    note = missing_ranks_note(traces)
-    if note and whole_run:
-        warnings.append(note)
-    note = skipped_events_note(traces)
-    if note:
-        warnings.append(note)
-    note = unconnected_ranks_note(traces)
-    if note and whole_run:
-        warnings.append(note)
-    return warnings
+    notes = [missing_ranks_note(traces) if whole_run else None, skipped_events_note(traces),
+             unconnected_ranks_note(traces) if whole_run else None]
+    return [n.text for n in notes if n is not None]

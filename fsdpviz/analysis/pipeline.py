@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fsdpviz.analysis.framework import decide_framework
 from fsdpviz.analysis.overlap import compute_overlap
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from fsdpviz.analysis.run import RunAnalysis
+    from fsdpviz.analysis.summary import Summary
 
 FRAMEWORKS_WITH_UNITS = ("fsdp2", "fsdp1", "zero3")
 
@@ -63,8 +64,9 @@ class RunResult:
         return analyze_run(self.traces, selection=self.selection, framework=self.framework)
 
     @cached_property
-    def summary(self) -> dict[str, Any]:
-        """The ``fsdpviz summary --json`` dict (:func:`fsdpviz.analysis.summary.summary_of`)."""
+    def summary(self) -> Summary:
+        """The run's summary (:func:`fsdpviz.analysis.summary.summary_of`); ``.to_json()`` is
+        ``fsdpviz summary --json``."""
         from fsdpviz.analysis.summary import summary_of
 
         return summary_of(self)

@@ -44,6 +44,7 @@ from fsdpviz.analysis.labels import (
     parse_labels,
 )
 from fsdpviz.analysis.overlap import cpu_sets, gpu_sets
+from fsdpviz.analysis.records import CLOCK_MOVED, NO_UNIT_LABELS, SHARED_COLLECTIVES, Note
 from fsdpviz.analysis.spans import OPTIMIZER_PREFIX, unit_tables
 from fsdpviz.analysis.steps import StepSelection, select_steps
 from fsdpviz.analysis.unit_overlap import unit_steps
@@ -76,7 +77,7 @@ class RunAnalysis:
     clock: pd.DataFrame  # schema.CLOCK
     skew: pd.DataFrame  # schema.SKEW
     findings: pd.DataFrame  # schema.FINDINGS, most time lost first
-    notes: list[str] = field(default_factory=list)
+    notes: list[Note] = field(default_factory=list)
 
 
 def _compute_set(events: pd.DataFrame, lanes: pd.DataFrame) -> Intervals:
@@ -270,21 +271,22 @@ def _model(stats: pd.DataFrame, traces: TraceSet, peaks: pd.DataFrame, collectiv
     return model
 
 
-def _notes(has_units: bool, clock: pd.DataFrame, labels: pd.DataFrame) -> list[str]:
+def _notes(has_units: bool, clock: pd.DataFrame, labels: pd.DataFrame) -> list[Note]:
     notes = []
     if not has_units:
-        notes.append("no FSDP unit labels in the traces (FSDP2's FSDP::... or fsdpviz's fsdpviz::... ranges): "
-                     "only whole-step numbers are available")
+        notes.append(Note(NO_UNIT_LABELS, "no FSDP unit labels in the traces (FSDP2's FSDP::... or fsdpviz's "
+                          "fsdpviz::... ranges): only whole-step numbers are available"))
     shared = labels[((labels["family"] == FAMILY_FSDPVIZ) & labels["action"].isin([GATHER_ACTION, FSDPVIZ_REDUCE_ACTION])
                      & labels["unit"].str.contains(",", regex=False)).to_numpy()]
     if len(shared):
         widest = max(len(u.split(",")) for u in shared["unit"])
-        notes.append(f"{len(shared)} collectives carried several units at once (up to {widest}, ZeRO-3 buckets): "
-                     "each of those units shows the collective, and its exposed time counts for the unit "
-                     "that waited on it (the first to compute after a gather, the last before a reduction)")
+        notes.append(Note(SHARED_COLLECTIVES, f"{len(shared)} collectives carried several units at once (up to "
+                          f"{widest}, ZeRO-3 buckets): each of those units shows the collective, and its exposed "
+                          "time counts for the unit that waited on it (the first to compute after a gather, the "
+                          "last before a reduction)"))
     moved = clock[clock["applied"]]
     for row in moved.itertuples():
-        notes.append(f"rank {row.rank}'s clock differs from rank {int(clock['rank'].min())}'s by "
-                     f"{row.offset_ns / 1e6:.3f} ms (from {row.n_matched} collective end times): its times "
-                     "were moved onto the reference clock")
+        notes.append(Note(CLOCK_MOVED, f"rank {row.rank}'s clock differs from rank {int(clock['rank'].min())}'s by "
+                          f"{row.offset_ns / 1e6:.3f} ms (from {row.n_matched} collective end times): its times "
+                          "were moved onto the reference clock"))
     return notes

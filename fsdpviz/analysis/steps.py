@@ -29,6 +29,7 @@ from typing import Final
 import numpy as np
 import pandas as pd
 
+from fsdpviz.analysis.records import NO_PROFILER_STEP, STEPS_DROPPED, Note
 from fsdpviz.runfolder import SCHEDULE_OPTIMIZER_STEPS, RunInfo
 from fsdpviz.trace import schema
 from fsdpviz.trace.tables import TraceSet
@@ -56,7 +57,7 @@ class StepSelection:
     per_rank: dict[int, AnalysedSteps | None]
     requested: tuple[int, ...] | None = None  # the steps the user named, if any
     dropped: dict[int, tuple[int, ...]] = field(default_factory=dict)  # rank -> steps left out as cut
-    notes: list[str] = field(default_factory=list)
+    notes: list[Note] = field(default_factory=list)
 
     @property
     def steps(self) -> list[int]:
@@ -150,8 +151,8 @@ def select_steps(traces: TraceSet, *, steps: Sequence[int] | None = None,
 
 
 def _notes(per_rank: dict[int, AnalysedSteps | None], dropped: dict[int, tuple[int, ...]],
-           why: dict[int, str]) -> list[str]:
-    notes = [f"rank {rank}: no ProfilerStep#N in the trace, the whole trace was analysed"
+           why: dict[int, str]) -> list[Note]:
+    notes = [Note(NO_PROFILER_STEP, f"rank {rank}: no ProfilerStep#N in the trace, the whole trace was analysed")
              for rank, w in per_rank.items() if w is None]
     by_text: dict[str, list[int]] = {}
     for rank, left_out in dropped.items():
@@ -160,5 +161,5 @@ def _notes(per_rank: dict[int, AnalysedSteps | None], dropped: dict[int, tuple[i
         by_text.setdefault(f"{what} (cut short) is not analysed: {why.get(rank, 'incomplete')}", []).append(rank)
     for text, ranks in by_text.items():
         where = "" if len(ranks) == len(per_rank) else f" on rank(s) {', '.join(map(str, ranks))}"
-        notes.append(text.replace(" is not analysed", f" is not analysed{where}", 1))
+        notes.append(Note(STEPS_DROPPED, text.replace(" is not analysed", f" is not analysed{where}", 1)))
     return notes

@@ -1,15 +1,17 @@
-"""``summarize(traces)``: the headline numbers of a run as the ``fsdpviz summary --json`` dict.
+"""The summary of a run: :class:`Summary`, typed, and its JSON form, the ``fsdpviz summary --json`` dict.
 
-The dict is a contract (docs/DESIGN: framework, world size, ranks, steps, step time, overlap,
-memory peaks, units); scripts compare runs with it, so keys are only ever added. Values are plain
-JSON types: ints, floats rounded for reading (ms to the µs, percentages to 0.01), ``None`` where a
-number does not exist (no communication, no memory samples).
+The JSON is a contract (docs/DESIGN: framework, world size, ranks, steps, step time, overlap,
+memory peaks, units, findings); scripts compare runs with it, so keys are only ever added. Values
+are plain JSON types: ints, floats rounded for reading (ms to the µs, percentages to 0.01),
+``None`` where a number does not exist (no communication, no memory samples). In the process the
+summary travels as the :class:`Summary` struct (``Summary.to_json()`` gives the dict), built as a
+view of one pipeline result (:func:`summary_of`): it computes nothing the analysis has not.
 
 Conventions (docs/concepts.md): ``steps`` are the analysed ProfilerSteps (by default every step the
-trace holds complete, see :mod:`fsdpviz.analysis.steps`); ``step_time_ms`` is their mean CPU-side duration over ranks; the overlap's
-``comm_ms`` / ``compute_ms`` / ``exposed_comm_ms`` are per step, averaged over ranks, and its
-``overlap_pct`` is Σ|comm ∩ compute| / Σ|comm| over ranks; memory peaks are the largest samples in
-the analysed steps (GPU devices when the trace has any, else the CPU).
+trace holds complete, see :mod:`fsdpviz.analysis.steps`); ``step_time_ms`` is their mean CPU-side
+duration over ranks; the overlap's ``comm_ms`` / ``compute_ms`` / ``exposed_comm_ms`` are per step,
+averaged over ranks, and its ``overlap_pct`` is Σ|comm ∩ compute| / Σ|comm| over ranks; memory peaks
+are the largest samples in the analysed steps (GPU devices when the trace has any, else the CPU).
 """
 
 from __future__ import annotations
@@ -18,18 +20,94 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
+import msgspec
 import numpy as np
 import pandas as pd
 
 from fsdpviz.analysis.framework import framework_notes
 from fsdpviz.analysis.gaps import gap_notes
+from fsdpviz.analysis.records import (
+    NO_COMMUNICATION,
+    NO_FSDP_LABELS,
+    NO_UNITS_FOUND,
+    SKIPPED_FILES,
+    Finding,
+    Note,
+    texts,
+)
 from fsdpviz.analysis.steps import AnalysedSteps, StepSelection
+from fsdpviz.analysis.units import UnitSummary, summary_records
 from fsdpviz.trace.tables import TraceSet
 
 if TYPE_CHECKING:
     from fsdpviz.analysis.pipeline import RunResult
 
 NS_PER_MS: Final = 1e6
+
+
+class RankOverlap(msgspec.Struct, kw_only=True):
+    """One rank's whole-step overlap, per analysed step."""
+
+    overlap_pct: float | None
+    comm_ms: float | None
+    compute_ms: float | None
+    exposed_comm_ms: float | None
+    idle_ms: float | None
+    device: str
+
+
+class OverlapSummary(msgspec.Struct, kw_only=True):
+    """Whole-step overlap: per step, averaged over ranks; ``overlap_pct`` over all ranks' time."""
+
+    comm_ms: float | None
+    compute_ms: float | None
+    exposed_comm_ms: float | None
+    overlap_pct: float | None
+    idle_ms: float | None
+    per_rank: dict[str, RankOverlap]
+
+
+class RankMemory(msgspec.Struct, kw_only=True):
+    peak_allocated_bytes: int
+
+
+class MemorySummary(msgspec.Struct, kw_only=True):
+    """Allocator peaks in the analysed steps (GPU devices when there are any, else the CPU)."""
+
+    peak_allocated_bytes: int | None
+    peak_reserved_bytes: int | None
+    device: str | None
+    per_rank: dict[str, RankMemory]
+
+
+class Summary(msgspec.Struct, kw_only=True):
+    """The headline numbers of a run (see the module docstring); ``to_json()`` is the contract."""
+
+    framework: str
+    world_size: int
+    ranks: list[int]
+    steps: list[int]
+    step_time_ms: float | None
+    overlap: OverlapSummary
+    memory: MemorySummary
+    units: list[UnitSummary]
+    device: str
+    sources: list[str]
+    run_dir: str | None
+    notes: list[Note]
+    missing_ranks: list[int]
+    skipped_events: int
+    findings: list[Finding]
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``fsdpviz summary --json`` dict (notes as their words)."""
+        out: dict[str, Any] = msgspec.to_builtins(self, enc_hook=str)  # a Note is its words
+        out["notes"] = texts(self.notes)
+        return out
+
+    def has_note(self, code: str) -> bool:
+        """Whether one of the notes has ``code`` (:mod:`fsdpviz.analysis.records`)."""
+        return any(n.code == code for n in self.notes)
 
 
 def summarize(
@@ -47,57 +125,43 @@ def summarize(
     result = analyse_traces(traces, steps=steps, include_last_step=include_last_step)
     if analysis is not None:
         result = RunResult(result.traces, result.selection, result.overlap, result.framework, analysis)
-    return result.summary
+    return result.summary.to_json()
 
 
-def summary_of(result: RunResult) -> dict[str, Any]:
+def summary_of(result: RunResult) -> Summary:
     """The summary dict as a view of one pipeline result: its steps, overlap, framework and, for a
     framework with units, the per-unit analysis' units and findings."""
     traces, selection, overlap, framework = result.traces, result.selection, result.overlap, result.framework
     analysed = selection.per_rank
     notes = _notes(traces, overlap, selection, framework)
-    units: list[dict[str, Any]] = []
-    findings: list[dict[str, Any]] = []
+    units: list[UnitSummary] = []
+    findings: list[Finding] = []
     if result.has_units:
-        from fsdpviz.analysis.units import summary_records  # lazy: units imports this package
-
         analysis = result.analysis
         units = summary_records(analysis.unit_stats)
         findings = finding_entries(analysis.findings)
         if not units:
-            notes.append("no FSDP unit was found in the analysed steps, so units is empty")
-    return {
-        "framework": framework,
-        "world_size": traces.world_size,
-        "ranks": traces.rank_ids,
-        "steps": selection.steps,
-        "step_time_ms": _step_time_ms(traces, analysed),
-        "overlap": _overlap_dict(overlap),
-        "memory": _memory_dict(traces, analysed),
-        "units": units,
-        "device": _device(overlap),
-        "sources": list(traces.sources),
-        "run_dir": traces.run_dir,
-        "notes": notes,
-        "missing_ranks": traces.missing_ranks,
-        "skipped_events": sum(traces.skipped_events.values()),
-        "findings": findings,
-    }
+            notes.append(Note(NO_UNITS_FOUND, "no FSDP unit was found in the analysed steps, so units is empty"))
+    return Summary(
+        framework=framework, world_size=traces.world_size, ranks=traces.rank_ids, steps=selection.steps,
+        step_time_ms=_step_time_ms(traces, analysed), overlap=_overlap_summary(overlap),
+        memory=_memory_summary(traces, analysed), units=units, device=_device(overlap),
+        sources=list(traces.sources), run_dir=traces.run_dir, notes=notes, missing_ranks=traces.missing_ranks,
+        skipped_events=sum(traces.skipped_events.values()), findings=findings,
+    )
 
 
-def finding_entries(findings: pd.DataFrame) -> list[dict[str, Any]]:
-    """The summary's ``findings`` list, most time lost per step first.
+def finding_entries(findings: pd.DataFrame) -> list[Finding]:
+    """The summary's ``findings`` (schema.FINDINGS rows), most time lost per step first.
 
-    Keys per entry: ``rank`` (-1: medians over all ranks), ``unit``, ``phase``, ``kind``,
+    Per entry: ``rank`` (-1: medians over all ranks), ``unit``, ``phase``, ``kind``,
     ``lost_ms_per_step``, ``message``, ``evidence`` (the numbers behind it), ``knob`` (what to
     try; empty when the trace shows no clear cause).
     """
     return [
-        {
-            "rank": int(row.rank), "unit": str(row.unit), "phase": str(row.phase), "kind": str(row.kind),
-            "lost_ms_per_step": _ms(float(row.lost_ns)), "message": str(row.message),
-            "evidence": str(row.evidence), "knob": str(row.knob),
-        }
+        Finding(rank=int(row.rank), unit=str(row.unit), phase=str(row.phase), kind=str(row.kind),
+                lost_ms_per_step=_ms(float(row.lost_ns)), message=str(row.message), evidence=str(row.evidence),
+                knob=str(row.knob))
         for row in findings.itertuples(index=False)
     ]
 
@@ -125,31 +189,31 @@ def _step_time_ms(traces: TraceSet, analysed: dict[int, AnalysedSteps | None]) -
     return _ms(float(np.mean(durations))) if durations else None
 
 
-def _overlap_dict(overlap: pd.DataFrame) -> dict[str, Any]:
+def _overlap_summary(overlap: pd.DataFrame) -> OverlapSummary:
     per_step = overlap["n_steps"].clip(lower=1).to_numpy(dtype=float)  # whole trace = one "step"
     comm_ns, both_ns = overlap["comm_ns"].sum(), overlap["overlap_ns"].sum()
     per_rank = {
-        str(int(r["rank"])): {
-            "overlap_pct": _pct(r["overlap_pct"]),
-            "comm_ms": _ms(r["comm_ns"] / max(r["n_steps"], 1)),
-            "compute_ms": _ms(r["compute_ns"] / max(r["n_steps"], 1)),
-            "exposed_comm_ms": _ms(r["exposed_comm_ns"] / max(r["n_steps"], 1)),
-            "idle_ms": _ms(r["idle_ns"] / max(r["n_steps"], 1)),
-            "device": str(r["device"]),
-        }
+        str(int(r["rank"])): RankOverlap(
+            overlap_pct=_pct(r["overlap_pct"]),
+            comm_ms=_ms(r["comm_ns"] / max(r["n_steps"], 1)),
+            compute_ms=_ms(r["compute_ns"] / max(r["n_steps"], 1)),
+            exposed_comm_ms=_ms(r["exposed_comm_ns"] / max(r["n_steps"], 1)),
+            idle_ms=_ms(r["idle_ns"] / max(r["n_steps"], 1)),
+            device=str(r["device"]),
+        )
         for r in overlap.to_dict(orient="records")
     }
-    return {
-        "comm_ms": _ms(float(np.mean(overlap["comm_ns"] / per_step))),
-        "compute_ms": _ms(float(np.mean(overlap["compute_ns"] / per_step))),
-        "exposed_comm_ms": _ms(float(np.mean(overlap["exposed_comm_ns"] / per_step))),
-        "overlap_pct": _pct(100.0 * both_ns / comm_ns) if comm_ns else None,
-        "idle_ms": _ms(float(np.mean(overlap["idle_ns"] / per_step))),
-        "per_rank": per_rank,
-    }
+    return OverlapSummary(
+        comm_ms=_ms(float(np.mean(overlap["comm_ns"] / per_step))),
+        compute_ms=_ms(float(np.mean(overlap["compute_ns"] / per_step))),
+        exposed_comm_ms=_ms(float(np.mean(overlap["exposed_comm_ns"] / per_step))),
+        overlap_pct=_pct(100.0 * both_ns / comm_ns) if comm_ns else None,
+        idle_ms=_ms(float(np.mean(overlap["idle_ns"] / per_step))),
+        per_rank=per_rank,
+    )
 
 
-def _memory_dict(traces: TraceSet, analysed: dict[int, AnalysedSteps | None]) -> dict[str, Any]:
+def _memory_summary(traces: TraceSet, analysed: dict[int, AnalysedSteps | None]) -> MemorySummary:
     mem = traces.memory
     parts = []
     for rank, steps_of_rank in analysed.items():
@@ -162,34 +226,27 @@ def _memory_dict(traces: TraceSet, analysed: dict[int, AnalysedSteps | None]) ->
     if on_gpu.any():
         mem = mem[on_gpu]
     if mem.empty:
-        return {"peak_allocated_bytes": None, "peak_reserved_bytes": None, "device": None, "per_rank": {}}
+        return MemorySummary(peak_allocated_bytes=None, peak_reserved_bytes=None, device=None, per_rank={})
     reserved = mem["reserved_bytes"][mem["reserved_bytes"] >= 0]
-    per_rank = {
-        str(int(rank)): {"peak_allocated_bytes": int(g["allocated_bytes"].max())}
-        for rank, g in mem.groupby("rank")
-    }
-    return {
-        "peak_allocated_bytes": int(mem["allocated_bytes"].max()),
-        # The CPU allocator caches nothing: its events carry reserved = 0, which means "not tracked".
-        "peak_reserved_bytes": int(reserved.max()) if len(reserved) and (on_gpu.any() or reserved.max() > 0)
-        else None,
-        "device": "gpu" if on_gpu.any() else "cpu",
-        "per_rank": per_rank,
-    }
+    per_rank = {str(int(rank)): RankMemory(peak_allocated_bytes=int(g["allocated_bytes"].max()))
+                for rank, g in mem.groupby("rank")}
+    # The CPU allocator caches nothing: its events carry reserved = 0, which means "not tracked".
+    tracked = len(reserved) and (on_gpu.any() or reserved.max() > 0)
+    return MemorySummary(peak_allocated_bytes=int(mem["allocated_bytes"].max()),
+                         peak_reserved_bytes=int(reserved.max()) if tracked else None,
+                         device="gpu" if on_gpu.any() else "cpu", per_rank=per_rank)
 
 
-def _notes(traces: TraceSet, overlap: pd.DataFrame, selection: StepSelection, framework: str) -> list[str]:
-    notes: list[str] = list(selection.notes)
+def _notes(traces: TraceSet, overlap: pd.DataFrame, selection: StepSelection, framework: str) -> list[Note]:
+    notes: list[Note] = list(selection.notes)
     if traces.skipped:
-        notes.append(f"skipped {len(traces.skipped)} JSON file(s) that are not Kineto traces: "
-                     + ", ".join(traces.skipped[:5]))
+        notes.append(Note(SKIPPED_FILES, f"skipped {len(traces.skipped)} JSON file(s) that are not Kineto traces: "
+                          + ", ".join(traces.skipped[:5])))
     notes.extend(gap_notes(traces))  # ranks without a trace, events the loader skipped
     notes.extend(framework_notes(framework))
     if framework == "unknown":
-        notes.append(
-            "no FSDP labels (FSDP::, FullyShardedDataParallel., fsdpviz::) in the traces, so units is "
-            "empty; whole-step numbers are still valid"
-        )
+        notes.append(Note(NO_FSDP_LABELS, "no FSDP labels (FSDP::, FullyShardedDataParallel., fsdpviz::) in the "
+                          "traces, so units is empty; whole-step numbers are still valid"))
     if (overlap["comm_ns"] == 0).all():
-        notes.append("no communication found in the analysed steps, so overlap_pct is null")
+        notes.append(Note(NO_COMMUNICATION, "no communication found in the analysed steps, so overlap_pct is null"))
     return notes

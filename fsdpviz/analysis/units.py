@@ -6,14 +6,14 @@ forward order of their windows, the size the bytes their forward all-gather prod
 unsharded, padded parameters), the parent the innermost unit whose forward window encloses theirs.
 
 :func:`unit_stats` reduces UNIT_STEPS to one row per unit; :func:`summary_records` gives the
-``units`` list of ``fsdpviz summary --json``.
+summary's ``units`` (:class:`UnitSummary`).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
 
+import msgspec
 import numpy as np
 import pandas as pd
 
@@ -136,36 +136,70 @@ def _int_or_none(value: float) -> int | None:
     return None if value is None or not math.isfinite(float(value)) or value < 0 else int(value)
 
 
-def summary_records(stats: pd.DataFrame) -> list[dict[str, Any]]:
-    """The ``units`` list of ``summary --json``: contract keys first (``name``, ``param_numel``,
-    ``all_gather_ms``, ``forward_ms``, ``backward_ms``, ``reduce_scatter_ms``, ``exposed_comm_ms``,
-    ``prefetch_lead_ms``, ``peak_allocated_bytes``), then more detail."""
+class UnitSummary(msgspec.Struct, kw_only=True):
+    """One entry of the summary's ``units``: a unit's medians over ranks and steps, per step.
+
+    The contract keys come first (``name`` ... ``peak_allocated_bytes``), then more detail; ``None``
+    where a number does not exist (a unit that gathers nothing has no prefetch lead)."""
+
+    name: str
+    param_numel: int | None
+    all_gather_ms: float | None
+    forward_ms: float | None
+    backward_ms: float | None
+    reduce_scatter_ms: float | None
+    exposed_comm_ms: float | None
+    prefetch_lead_ms: float | None
+    peak_allocated_bytes: int | None
+    order: int
+    param_bytes: int | None
+    all_reduce_ms: float | None
+    forward_exposed_all_gather_ms: float | None
+    backward_exposed_all_gather_ms: float | None
+    exposed_reduce_scatter_ms: float | None
+    forward_prefetch_lead_ms: float | None
+    backward_prefetch_lead_ms: float | None
+    forward_issue_depth: float | None
+    backward_issue_depth: float | None
+    forward_peak_allocated_bytes: int | None
+    backward_peak_allocated_bytes: int | None
+    unsharded_bytes: int | None
+    samples: int
+
+    def metric(self, key: str) -> float | int | None:
+        """A number by its JSON key (compare sums them over unit groups)."""
+        value = getattr(self, key, None)
+        return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def summary_records(stats: pd.DataFrame) -> list[UnitSummary]:
+    """The summary's ``units`` from UNIT_STATS, in forward order."""
     records = []
     for r in stats.to_dict(orient="records"):
         lead = r["forward_prefetch_lead_ns"]
-        records.append({
-            "name": r["unit"],
-            "param_numel": _int_or_none(r["param_numel"]),
-            "all_gather_ms": _ms(r["all_gather_ns"]),
-            "forward_ms": _ms(r["forward_ns"]),
-            "backward_ms": _ms(r["backward_ns"]),
-            "reduce_scatter_ms": _ms(r["reduce_scatter_ns"]),
-            "exposed_comm_ms": _ms(r["exposed_comm_ns"]),
-            "prefetch_lead_ms": _ms(lead if math.isfinite(lead) else r["backward_prefetch_lead_ns"]),
-            "peak_allocated_bytes": _int_or_none(r["peak_allocated_bytes"]),
-            "order": int(r["order"]),
-            "param_bytes": _int_or_none(r["param_bytes"]),
-            "all_reduce_ms": _ms(r["all_reduce_ns"]),
-            "forward_exposed_all_gather_ms": _ms(r["forward_ag_exposed_ns"]),
-            "backward_exposed_all_gather_ms": _ms(r["backward_ag_exposed_ns"]),
-            "exposed_reduce_scatter_ms": _ms(r["rs_exposed_ns"]),
-            "forward_prefetch_lead_ms": _ms(r["forward_prefetch_lead_ns"]),
-            "backward_prefetch_lead_ms": _ms(r["backward_prefetch_lead_ns"]),
-            "forward_issue_depth": _num(r["forward_issue_depth"]),
-            "backward_issue_depth": _num(r["backward_issue_depth"]),
-            "forward_peak_allocated_bytes": _int_or_none(r["forward_peak_allocated_bytes"]),
-            "backward_peak_allocated_bytes": _int_or_none(r["backward_peak_allocated_bytes"]),
-            "unsharded_bytes": _int_or_none(r["unsharded_bytes"]),
-            "samples": int(r["n_samples"]),
-        })
+        records.append(UnitSummary(
+            name=r["unit"],
+            param_numel=_int_or_none(r["param_numel"]),
+            all_gather_ms=_ms(r["all_gather_ns"]),
+            forward_ms=_ms(r["forward_ns"]),
+            backward_ms=_ms(r["backward_ns"]),
+            reduce_scatter_ms=_ms(r["reduce_scatter_ns"]),
+            exposed_comm_ms=_ms(r["exposed_comm_ns"]),
+            prefetch_lead_ms=_ms(lead if math.isfinite(lead) else r["backward_prefetch_lead_ns"]),
+            peak_allocated_bytes=_int_or_none(r["peak_allocated_bytes"]),
+            order=int(r["order"]),
+            param_bytes=_int_or_none(r["param_bytes"]),
+            all_reduce_ms=_ms(r["all_reduce_ns"]),
+            forward_exposed_all_gather_ms=_ms(r["forward_ag_exposed_ns"]),
+            backward_exposed_all_gather_ms=_ms(r["backward_ag_exposed_ns"]),
+            exposed_reduce_scatter_ms=_ms(r["rs_exposed_ns"]),
+            forward_prefetch_lead_ms=_ms(r["forward_prefetch_lead_ns"]),
+            backward_prefetch_lead_ms=_ms(r["backward_prefetch_lead_ns"]),
+            forward_issue_depth=_num(r["forward_issue_depth"]),
+            backward_issue_depth=_num(r["backward_issue_depth"]),
+            forward_peak_allocated_bytes=_int_or_none(r["forward_peak_allocated_bytes"]),
+            backward_peak_allocated_bytes=_int_or_none(r["backward_peak_allocated_bytes"]),
+            unsharded_bytes=_int_or_none(r["unsharded_bytes"]),
+            samples=int(r["n_samples"]),
+        ))
     return records

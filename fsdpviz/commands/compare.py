@@ -48,9 +48,9 @@ def compare(
             print(f"fsdpviz: {message}", file=sys.stderr, flush=True)
 
     loaded = load_runs(runs, labels, cache=cache, progress=say)
-    for _, traces in loaded:
-        warn_gaps(traces)
-    comparison = compare_runs([r for r, _ in loaded])
+    for run in loaded:
+        warn_gaps(run.traces)
+    comparison = compare_runs(loaded)
     if as_json:
         sys.stdout.write(json.dumps(comparison_json(comparison), indent=2) + "\n")
     if target is not None:

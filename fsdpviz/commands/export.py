@@ -52,7 +52,7 @@ def export(
     manifest = {
         "framework": analysis.framework, "world_size": analysis.world_size, "ranks": analysis.ranks,
         "steps": analysis.steps, "format": fmt, "memory_model": analysis.memory_model,
-        "notes": analysis.notes, "sources": list(traces.sources),
+        "notes": [n.text for n in analysis.notes], "sources": list(traces.sources),
     }
     try:
         out.mkdir(parents=True, exist_ok=True)

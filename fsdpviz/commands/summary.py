@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from fsdpviz.commands.gaps import warn_gaps
 from fsdpviz.errors import UsageError
+
+if TYPE_CHECKING:
+    from fsdpviz.analysis.summary import Summary
 
 MAX_FINDINGS_SHOWN = 5  # the terminal shows the top few; --json and the report carry all
 
@@ -32,12 +35,12 @@ def summary(
     from fsdpviz.analysis.pipeline import analyse
 
     result = analyse(paths, steps=parse_steps(steps), include_last_step=include_last_step, cache=cache)
-    summary_dict = result.summary
+    summary_of_run = result.summary
     warn_gaps(result.traces)  # after the analysis: bad input stays one error line
     if as_json:
-        sys.stdout.write(json.dumps(summary_dict, indent=2) + "\n")
+        sys.stdout.write(json.dumps(summary_of_run.to_json(), indent=2) + "\n")
         return
-    print_summary(summary_dict)
+    print_summary(summary_of_run)
 
 
 def parse_steps(text: str | None) -> list[int] | None:
@@ -74,69 +77,67 @@ def _bytes(value: int | None) -> str:
     return f"{value} B"
 
 
-def print_summary(result: dict[str, Any]) -> None:
-    """Render the summary dict as rich tables on stdout."""
+def print_summary(summary: Summary) -> None:
+    """Render the summary as rich tables on stdout."""
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
     console = Console()
-    steps = result["steps"]
+    steps = summary.steps
     step_text = f"{steps[0]}-{steps[-1]}" if len(steps) > 2 else ", ".join(map(str, steps)) or "whole trace"
     head = Table.grid(padding=(0, 2))
     head.add_column(style="bold")
     head.add_column()
-    if result.get("run_dir"):
-        head.add_row("run folder", escape(result["run_dir"]))
+    if summary.run_dir:
+        head.add_row("run folder", escape(summary.run_dir))
     else:
-        head.add_row("input", escape(", ".join(result["sources"])))
-    head.add_row("framework", result["framework"])
-    head.add_row("ranks", f"{len(result['ranks'])} loaded of world size {result['world_size']}")
+        head.add_row("input", escape(", ".join(summary.sources)))
+    head.add_row("framework", summary.framework)
+    head.add_row("ranks", f"{len(summary.ranks)} loaded of world size {summary.world_size}")
     head.add_row("steps analysed", step_text)
-    head.add_row("step time", _fmt(result["step_time_ms"], " ms"))
-    ov = result["overlap"]
-    head.add_row("overlap", f"{_fmt(ov['overlap_pct'], ' %')} of communication hidden behind compute "
-                            f"({result['device'].upper()} definition)")
-    head.add_row("exposed comm", f"{_fmt(ov['exposed_comm_ms'], ' ms')} per step")
-    mem = result["memory"]
-    reserved = (f"{_bytes(mem['peak_reserved_bytes'])} reserved" if mem["peak_reserved_bytes"] is not None
-                else "reserved not tracked on CPU" if mem.get("device") == "cpu" else "reserved unknown")
-    head.add_row("peak memory", f"{_bytes(mem['peak_allocated_bytes'])} allocated, {reserved}")
+    head.add_row("step time", _fmt(summary.step_time_ms, " ms"))
+    ov = summary.overlap
+    head.add_row("overlap", f"{_fmt(ov.overlap_pct, ' %')} of communication hidden behind compute "
+                            f"({summary.device.upper()} definition)")
+    head.add_row("exposed comm", f"{_fmt(ov.exposed_comm_ms, ' ms')} per step")
+    mem = summary.memory
+    reserved = (f"{_bytes(mem.peak_reserved_bytes)} reserved" if mem.peak_reserved_bytes is not None
+                else "reserved not tracked on CPU" if mem.device == "cpu" else "reserved unknown")
+    head.add_row("peak memory", f"{_bytes(mem.peak_allocated_bytes)} allocated, {reserved}")
     console.print(head)
 
     table = Table(title="per rank (ms per analysed step)", title_justify="left")
     for col in ("rank", "comm", "compute", "overlap %", "exposed", "idle", "peak alloc"):
         table.add_column(col, justify="right")
-    peaks = mem.get("per_rank", {})
-    for rank, row in ov["per_rank"].items():
-        table.add_row(rank, _fmt(row["comm_ms"]), _fmt(row["compute_ms"]), _fmt(row["overlap_pct"]),
-                      _fmt(row["exposed_comm_ms"]), _fmt(row["idle_ms"]),
-                      _bytes(peaks.get(rank, {}).get("peak_allocated_bytes")))
-    if len(ov["per_rank"]) > 1:
-        table.add_row("all", _fmt(ov["comm_ms"]), _fmt(ov["compute_ms"]), _fmt(ov["overlap_pct"]),
-                      _fmt(ov["exposed_comm_ms"]), _fmt(ov["idle_ms"]), _bytes(mem["peak_allocated_bytes"]),
-                      style="bold")
+    for rank, row in ov.per_rank.items():
+        peak = mem.per_rank.get(rank)
+        table.add_row(rank, _fmt(row.comm_ms), _fmt(row.compute_ms), _fmt(row.overlap_pct),
+                      _fmt(row.exposed_comm_ms), _fmt(row.idle_ms),
+                      _bytes(peak.peak_allocated_bytes if peak is not None else None))
+    if len(ov.per_rank) > 1:
+        table.add_row("all", _fmt(ov.comm_ms), _fmt(ov.compute_ms), _fmt(ov.overlap_pct),
+                      _fmt(ov.exposed_comm_ms), _fmt(ov.idle_ms), _bytes(mem.peak_allocated_bytes), style="bold")
     console.print(table)
 
-    if result["units"]:
+    if summary.units:
         units = Table(title="per FSDP unit (ms per step)", title_justify="left")
         for col in ("unit", "params", "gather", "forward", "backward", "reduce", "exposed"):
             units.add_column(col, justify="right" if col != "unit" else "left")
-        for u in result["units"]:
-            units.add_row(escape(str(u.get("name"))), _fmt(u.get("param_numel")), _fmt(u.get("all_gather_ms")),
-                          _fmt(u.get("forward_ms")), _fmt(u.get("backward_ms")),
-                          _fmt(u.get("reduce_scatter_ms")), _fmt(u.get("exposed_comm_ms")))
+        for u in summary.units:
+            units.add_row(escape(u.name), _fmt(u.param_numel), _fmt(u.all_gather_ms), _fmt(u.forward_ms),
+                          _fmt(u.backward_ms), _fmt(u.reduce_scatter_ms), _fmt(u.exposed_comm_ms))
         console.print(units)
-    findings = result.get("findings") or []
+    findings = summary.findings
     if findings:
         # A list rather than a table: findings are sentences, and a table squeezes them into slivers.
         console.print("[italic]findings (most time lost per step first)[/italic]")
         for f in findings[:MAX_FINDINGS_SHOWN]:
-            console.print(f"  {_fmt(f['lost_ms_per_step']):>8} ms  {escape(f['message'])}", highlight=False)
-            if f["knob"]:
-                console.print(f"  {'':>8}     [dim]try: {escape(f['knob'])}[/dim]", highlight=False)
+            console.print(f"  {_fmt(f.lost_ms_per_step):>8} ms  {escape(f.message)}", highlight=False)
+            if f.knob:
+                console.print(f"  {'':>8}     [dim]try: {escape(f.knob)}[/dim]", highlight=False)
         if len(findings) > MAX_FINDINGS_SHOWN:
             console.print(f"[dim]{len(findings) - MAX_FINDINGS_SHOWN} more finding(s) in --json and the "
                           "report[/dim]")
-    for note in result["notes"]:
-        console.print(f"[dim]note: {escape(note)}[/dim]")
+    for note in summary.notes:
+        console.print(f"[dim]note: {escape(note.text)}[/dim]")

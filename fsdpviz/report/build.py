@@ -83,10 +83,9 @@ def build_report(
     started = time.perf_counter()
     if "analysis" not in result.__dict__:
         _say(progress, "analysing FSDP units")
-    analysis = result.analysis
+        result.analysis  # noqa: B018 - computed here, so that the progress line is said before it
     _say(progress, "preparing the page")
-    data = prepare_report(traces, summary=result.summary, overlap=result.overlap, analysis=analysis,
-                          gantt_ranks=ranks)
+    data = prepare_report(result, gantt_ranks=ranks)
     _say(progress, f"rendering {data.segment_count:,} spans")
     from fsdpviz.report.html import write_page
     from fsdpviz.report.page import build_page

@@ -11,10 +11,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fsdpviz.analysis.compare import Comparison, RunInput, compare_runs, unique_labels
 from fsdpviz.errors import FsdpvizError, RunFolderError, UsageError
 from fsdpviz.trace.tables import TraceSet
+
+if TYPE_CHECKING:
+    from fsdpviz.analysis.pipeline import RunResult
 
 COMPARE_NAME = "fsdpviz-compare.html"  # default output, in the working directory
 
@@ -47,7 +51,7 @@ def _say(progress: Progress | None, message: str) -> None:
 
 
 def load_runs(paths: Sequence[str | Path], labels: Sequence[str] | None = None, *, cache: bool = True,
-              progress: Progress | None = None) -> list[tuple[RunInput, TraceSet]]:
+              progress: Progress | None = None) -> list[RunInput]:
     """Load and analyse each run (a run folder, a folder of traces or one trace file per run).
 
     Raises:
@@ -63,25 +67,23 @@ def load_runs(paths: Sequence[str | Path], labels: Sequence[str] | None = None, 
                          "in the order of the runs, or none")
     if labels and len(set(labels)) != len(labels):
         raise UsageError(f"--label values must differ: {', '.join(labels)}")
-    loaded: list[tuple[Path, TraceSet, object, dict]] = []
+    loaded: list[tuple[Path, RunResult]] = []
     for i, raw in enumerate(paths):
         path = Path(raw)
         _say(progress, f"run {i + 1}/{len(paths)}: loading {path}")
         try:
             result = analyse([path], cache=cache, progress=False)
-            traces, analysis, summary = result.traces, result.analysis, result.summary
+            result.summary  # noqa: B018 - analysed here, so that an error names this run
         except FsdpvizError as exc:
             if str(path) in str(exc):
                 raise
             raise RunFolderError(f"{path}: {exc}") from exc
-        loaded.append((path, traces, analysis, summary))
-    names = list(labels) if labels else unique_labels([default_label(p, t) for p, t, _, _ in loaded])
-    return [(RunInput(label=name, source=str(path), summary=summary, analysis=analysis, run=traces.run,
-                      traces=traces), traces)
-            for name, (path, traces, analysis, summary) in zip(names, loaded)]
+        loaded.append((path, result))
+    names = list(labels) if labels else unique_labels([default_label(p, r.traces) for p, r in loaded])
+    return [RunInput(label=name, source=str(path), result=result) for name, (path, result) in zip(names, loaded)]
 
 
-def build_compare(runs: Sequence[tuple[RunInput, TraceSet]], output: str | Path, *,
+def build_compare(runs: Sequence[RunInput], output: str | Path, *,
                   comparison: Comparison | None = None, progress: Progress | None = None) -> CompareResult:
     """Compare the loaded runs and write the compare page to ``output`` (its folder must exist)."""
     from fsdpviz.report.compare_data import prepare_compare
@@ -93,12 +95,12 @@ def build_compare(runs: Sequence[tuple[RunInput, TraceSet]], output: str | Path,
         raise RunFolderError(f"{out}: cannot write the page: folder {out.parent} does not exist")
     started = time.perf_counter()
     if comparison is None:
-        comparison = compare_runs([r for r, _ in runs])
+        comparison = compare_runs(runs)
     _say(progress, "preparing the compare page")
     data = prepare_compare(runs, comparison)
     _say(progress, f"rendering {len(runs)} runs ({data.segment_count:,} spans)")
     title = "fsdpviz compare: " + " vs ".join(comparison.labels)
-    subtitle = " · ".join(f"{r.label}: {r.source}" for r, _ in runs)
+    subtitle = " · ".join(f"{r.label}: {r.source}" for r in runs)
     page = build_compare_page(data, title=title, subtitle=subtitle)
     try:
         size = write_page(page, out)

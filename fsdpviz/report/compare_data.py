@@ -21,7 +21,6 @@ from fsdpviz.report.stepview import StepView
 from fsdpviz.report.style import OTHER_COLOR, format_bytes, unit_color
 from fsdpviz.report.timeline import MAX_PAGE_SEGMENTS
 from fsdpviz.report.unitview import NO_UNIT
-from fsdpviz.trace.tables import TraceSet
 
 # One colour per run (no red: red means exposed communication on every page).
 RUN_PALETTE: Final = ("#4c78a8", "#f58518", "#54a24b", "#b279a2", "#72b7b2", "#9d755d", "#eeca3b", "#ff9da6")
@@ -71,12 +70,12 @@ def run_colors(labels: Sequence[str]) -> dict[str, str]:
 
 
 def _unit_strip(run: RunInput, colors: dict[str, str]) -> pd.DataFrame:
-    units = run.summary.get("units") or []
+    units = run.summary.units
     frame = pd.DataFrame({
-        "unit": [str(u.get("name")) for u in units],
-        "order": [int(u.get("order", i)) for i, u in enumerate(units)],
-        "param_bytes": [u.get("param_bytes") or 0 for u in units],
-        "param_numel": [u.get("param_numel") or 0 for u in units],
+        "unit": [u.name for u in units],
+        "order": [u.order for u in units],
+        "param_bytes": [u.param_bytes or 0 for u in units],
+        "param_numel": [u.param_numel or 0 for u in units],
     }).sort_values("order", kind="stable").reset_index(drop=True)
     frame["x1_bytes"] = frame["param_bytes"].cumsum()
     frame["x0_bytes"] = frame["x1_bytes"] - frame["param_bytes"]
@@ -107,9 +106,9 @@ def group_rows(comparison: Comparison) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["group", "order", "metric", "label", "value"])
 
 
-def prepare_compare(runs: Sequence[tuple[RunInput, TraceSet]], comparison: Comparison,
+def prepare_compare(runs: Sequence[RunInput], comparison: Comparison,
                     max_segments: int = MAX_PAGE_SEGMENTS) -> CompareData:
-    """The compare page's data from each run's inputs and loaded traces."""
+    """The compare page's data from each run's pipeline result."""
     from fsdpviz.report.data import VIEW_MEDIAN, prepare_report
 
     labels = comparison.labels
@@ -120,13 +119,11 @@ def prepare_compare(runs: Sequence[tuple[RunInput, TraceSet]], comparison: Compa
     budget = max(1_000, max_segments // max(len(runs), 1) // 3)
     views: list[RunView] = []
     notes: list[str] = []
-    for run, traces in runs:
+    for run in runs:
         colors = {u: unit_color(u, slot) for u, slot in slots.get(run.label, {}).items()}
         colors[NO_UNIT] = OTHER_COLOR
-        # only the median step's tab: the compare page draws nothing else of the report (each rank's
-        # device comes from the summary, so no overlap pass either)
-        data = prepare_report(traces, summary=run.summary, analysis=run.analysis, max_segments=budget,
-                              views=(VIEW_MEDIAN,))
+        # only the median step's tab: the compare page draws nothing else of the report
+        data = prepare_report(run.result, max_segments=budget, views=(VIEW_MEDIAN,))
         view = data.views[0] if data.views else None
         if view is None:
             notes.append(f"{run.label}: the traces hold no ProfilerStep ranges, so there is no step to draw.")

@@ -104,9 +104,9 @@ def headline_section(data: CompareData) -> Section:
 def findings_section(data: CompareData) -> Section:
     bullets = []
     for f in data.comparison.findings:
-        text = f["message"]
-        if f.get("evidence"):
-            text += f" Evidence: {f['evidence']}."
+        text = f.message
+        if f.evidence:
+            text += f" Evidence: {f.evidence}."
         bullets.append(text)
     notes = [] if bullets else ["No finding: the runs have too few numbers in common to compare."]
     return Section(key="findings", title="Findings", howto=HOWTO_FINDINGS, bullets=bullets, notes=notes)

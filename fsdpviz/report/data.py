@@ -1,7 +1,7 @@
 """Everything the page shows, as tables and numbers: built first, rendered second.
 
-:func:`prepare_report` turns the loader's :class:`~fsdpviz.trace.TraceSet` and the analysis
-results into a :class:`ReportData`; :mod:`fsdpviz.report.page` only formats and plots it. Tests
+:func:`prepare_report` turns one pipeline result (:class:`fsdpviz.analysis.pipeline.RunResult`:
+the loaded traces and the analysis) into a :class:`ReportData`; :mod:`fsdpviz.report.page` only formats and plots it. Tests
 assert on this data (rows per lane, colours per unit, exposed pieces, memory peaks), not on HTML.
 """
 
@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from fsdpviz.analysis import memory as analysis_memory
+from fsdpviz.analysis.records import NO_UNIT_LABELS
 from fsdpviz.errors import UsageError
 from fsdpviz.report import memory, steptimes
 from fsdpviz.report.stepview import StepView, exposed_intervals, lanes_view, unit_peak_markers
@@ -22,6 +23,11 @@ from fsdpviz.report.timeline import MAX_PAGE_SEGMENTS, choose_steps, whole_trace
 from fsdpviz.report.unittable import UnitTables, unit_tables
 from fsdpviz.report.unitview import NO_UNIT, place_unit_peaks, unit_order, units_view
 from fsdpviz.trace.tables import TraceSet
+
+if TYPE_CHECKING:
+    from fsdpviz.analysis.pipeline import RunResult
+    from fsdpviz.analysis.run import RunAnalysis
+    from fsdpviz.analysis.summary import Summary
 
 MAX_GANTT_RANKS = 16  # more rows than this make a Gantt unreadable (and the page heavy)
 # Time-line tabs: the median and the slowest step, and the all-events ("lanes") tab of the first one
@@ -37,8 +43,8 @@ class ReportData:
     title: str
     subtitle: str
     meta: list[tuple[str, str]]  # (label, value) shown under the title
-    summary: dict[str, Any]  # the ``fsdpviz summary --json`` dict of the same inputs
-    overlap: pd.DataFrame  # per rank: ``device`` (schema.OVERLAP, or overlap_devices(summary))
+    summary: Summary  # the run's summary (the pipeline's)
+    overlap: pd.DataFrame  # schema.OVERLAP
     views: list[StepView]  # time-line tabs
     step_times: pd.DataFrame  # steptimes.step_times()
     step_spread: pd.DataFrame  # steptimes.per_step_spread()
@@ -105,18 +111,18 @@ def aligned_traces(traces: TraceSet, offsets: dict[int, int]) -> TraceSet:
                    memory=shift(traces.memory, ["t_ns"]))
 
 
-def clock_offsets(analysis: Any | None) -> dict[int, int]:
+def clock_offsets(analysis: RunAnalysis) -> dict[int, int]:
     """Offsets the analysis applied (rank -> ns its clock runs ahead of the reference rank's)."""
-    clock = getattr(analysis, "clock", None)
-    if clock is None or clock.empty:
+    clock = analysis.clock
+    if clock.empty:
         return {}
     applied = clock[clock["applied"]]
     return {int(r): int(o) for r, o in zip(applied["rank"], applied["offset_ns"])}
 
 
-def findings_text(findings: pd.DataFrame | None) -> list[str]:
+def findings_text(findings: pd.DataFrame) -> list[str]:
     """One sentence per finding (most time lost first): message, the evidence, what to try."""
-    if findings is None or findings.empty:
+    if findings.empty:
         return []
     out = []
     for row in findings.sort_values("lost_ns", ascending=False, kind="stable").itertuples():
@@ -129,13 +135,6 @@ def findings_text(findings: pd.DataFrame | None) -> list[str]:
     return out
 
 
-def overlap_devices(summary: dict[str, Any]) -> pd.DataFrame:
-    """``rank``, ``device`` (gpu / cpu: which overlap definition applies) from the summary."""
-    per_rank = (summary.get("overlap") or {}).get("per_rank") or {}
-    return pd.DataFrame({"rank": [int(r) for r in per_rank],
-                         "device": [str(v.get("device", "")) for v in per_rank.values()]})
-
-
 def check_gantt_ranks(traces: TraceSet, ranks: Sequence[int]) -> list[int]:
     """``ranks`` (``--ranks``) sorted and without repeats; UsageError if one has no trace."""
     unknown = sorted(set(ranks) - set(traces.rank_ids))
@@ -145,28 +144,25 @@ def check_gantt_ranks(traces: TraceSet, ranks: Sequence[int]) -> list[int]:
     return sorted(set(ranks))
 
 
-def prepare_report(traces: TraceSet, *, summary: dict[str, Any], overlap: pd.DataFrame | None = None,
-                   analysis: Any | None = None, max_segments: int = MAX_PAGE_SEGMENTS,
+def prepare_report(run: RunResult, *, max_segments: int = MAX_PAGE_SEGMENTS,
                    gantt_ranks: Sequence[int] | None = None, max_gantt_ranks: int = MAX_GANTT_RANKS,
                    views: Sequence[str] = ALL_VIEWS) -> ReportData:
-    """The page's data from the loaded traces and the analysis results.
+    """The page's data from one pipeline result (its traces, summary, overlap and per-unit analysis).
 
-    ``analysis`` is the per-unit ``RunAnalysis``; without unit spans the page has the whole-step
-    views only. ``overlap`` (schema.OVERLAP) is only read for each rank's device; without it the
-    summary's ``overlap.per_rank`` gives them. ``gantt_ranks`` picks the ranks the time-line draws (default: all up to
-    ``max_gantt_ranks``, else a readable selection, see ``steptimes.choose_gantt_ranks``).
-    ``views`` picks the time-line tabs to build (``ALL_VIEWS``): ``("median",)`` builds only the
-    median step's tab, the per-unit one when the run has units (what ``fsdpviz compare`` draws).
+    Without unit spans the page has the whole-step views only. ``gantt_ranks`` picks the ranks the
+    time-line draws (default: all up to ``max_gantt_ranks``, else a readable selection, see
+    ``steptimes.choose_gantt_ranks``). ``views`` picks the time-line tabs to build (``ALL_VIEWS``):
+    ``("median",)`` builds only the median step's tab, the per-unit one when the run has units (what
+    ``fsdpviz compare`` draws).
     """
+    traces, summary, overlap, analysis = run.traces, run.summary, run.overlap, run.analysis
     title, subtitle, meta = describe_inputs(traces)
-    if overlap is None:  # only each rank's device is needed here; the summary has it
-        overlap = overlap_devices(summary)
     offsets = clock_offsets(analysis)
     aligned = aligned_traces(traces, offsets)
     unknown_views = sorted(set(views) - set(ALL_VIEWS))
     if unknown_views:
         raise ValueError(f"unknown report views {unknown_views}: choose from {ALL_VIEWS}")
-    choices = choose_steps(aligned.steps, summary.get("steps") or None)
+    choices = choose_steps(aligned.steps, summary.steps or None)
     if not choices and aligned.steps.empty:
         whole = whole_trace_choice(aligned.events)
         choices = [whole] if whole is not None else []
@@ -180,18 +176,15 @@ def prepare_report(traces: TraceSet, *, summary: dict[str, Any], overlap: pd.Dat
             notes.append(why)
     else:
         gantt_ranks = check_gantt_ranks(traces, gantt_ranks)
-    # the analysis' curve (thinned, exact peaks, reference clock); without an analysis, the same from the samples
-    curve = getattr(analysis, "memory", None)
-    curve = analysis_memory.curves(aligned.memory) if curve is None else curve
+    curve = analysis.memory  # thinned, exact peaks, on the reference clock
     memory_ranks = memory.choose_memory_ranks(curve[curve["rank"].isin(gantt_ranks)])
-    spans = getattr(analysis, "spans", None)
-    has_units = bool(getattr(analysis, "has_units", False)) and spans is not None and not spans.empty
-    units_table = getattr(analysis, "units", traces.units)
-    order = [u for u in unit_order(units_table, spans if has_units else pd.DataFrame()) if u != NO_UNIT]
+    spans = analysis.spans
+    has_units = analysis.has_units and not spans.empty
+    order = [u for u in unit_order(analysis.units, spans if has_units else pd.DataFrame()) if u != NO_UNIT]
     colors = unit_colors(order, {u: i for i, u in enumerate(order)})
     if has_units and (spans["unit"] == NO_UNIT).any():
         colors[NO_UNIT] = OTHER_COLOR  # work outside every unit (the optimizer step)
-    unit_steps = getattr(analysis, "unit_steps", None)
+    unit_steps = analysis.unit_steps
     # Tabs: per-unit Gantt of each chosen step + all events of the median step when the run has
     # units (the per-unit view is the one to read; one all-events tab shows what else ran), else all
     # events of each chosen step.
@@ -214,18 +207,17 @@ def prepare_report(traces: TraceSet, *, summary: dict[str, Any], overlap: pd.Dat
     if len(memory_ranks) < curve["rank"].nunique():
         notes.append(f"Memory curves show {len(memory_ranks)} of {curve['rank'].nunique()} ranks: "
                      "rank 0 and the ranks with the highest peaks.")
-    notes.extend(_sentence(n) for n in getattr(analysis, "notes", []) if "no FSDP unit labels" not in n)
-    stats = getattr(analysis, "unit_stats", None)
+    notes.extend(_sentence(n.text) for n in analysis.notes if n.code != NO_UNIT_LABELS)  # said by the headline
+    stats = analysis.unit_stats
     return ReportData(
         title=title, subtitle=subtitle, meta=meta, summary=summary, overlap=overlap, views=tabs,
         has_units=has_units, unit_colors=colors if has_units else {},
         step_times=times, step_spread=steptimes.per_step_spread(times),
         rank_steps=steptimes.per_rank_summary(times), notes=notes,
-        findings=findings_text(getattr(analysis, "findings", None)),
-        unit_tables=unit_tables(stats, colors) if has_units and stats is not None and not stats.empty else None,
-        memory_model=dict(getattr(analysis, "memory_model", {}) or {}),
-        skew=getattr(analysis, "skew", None),
-        rank_step_times=getattr(analysis, "step_times", None), timers=traces.timers,
+        findings=findings_text(analysis.findings),
+        unit_tables=unit_tables(stats, colors) if has_units and not stats.empty else None,
+        memory_model=dict(analysis.memory_model or {}),
+        skew=analysis.skew, rank_step_times=analysis.step_times, timers=traces.timers,
         segment_count=sum(len(v.segments) + len(v.exposed) for v in tabs),
     )
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from fsdpviz.analysis.records import NO_FSDP_LABELS, NO_UNITS_FOUND
 from fsdpviz.report import activity, plots
 from fsdpviz.report.html import Fact, LegendItem, Page, Section
 from fsdpviz.report.stepsection import steps_section
@@ -59,33 +60,30 @@ NOTE_NO_UNITS = (
 def headline_section(data: ReportData) -> Section:
     """Framework, world size, steps, step time, overlap, exposed communication, peak memory."""
     s = data.summary
-    ov = s.get("overlap", {})
-    mem = s.get("memory", {})
+    ov, mem = s.overlap, s.memory
     # The summary's communication numbers are already per step (averaged over ranks).
-    exposed_per_step = _num(ov.get("exposed_comm_ms"))
-    comm_per_step = _num(ov.get("comm_ms"))
-    step_ms = _num(s.get("step_time_ms"))
-    ranks = s.get("ranks", [])
+    exposed_per_step = _num(ov.exposed_comm_ms)
+    comm_per_step = _num(ov.comm_ms)
+    step_ms = _num(s.step_time_ms)
     facts = [
-        Fact(label="framework", value=str(s.get("framework", "unknown")),
-             hint="DistributedDataParallel, not FSDP: no FSDP units" if s.get("framework") == "ddp" else ""),
-        Fact(label="world size", value=str(s.get("world_size", "?")),
-             hint=f"{len(ranks)} rank(s) in the traces" if ranks else ""),
-        Fact(label="steps analysed", value=_steps_text(s.get("steps", []))),
+        Fact(label="framework", value=s.framework,
+             hint="DistributedDataParallel, not FSDP: no FSDP units" if s.framework == "ddp" else ""),
+        Fact(label="world size", value=str(s.world_size),
+             hint=f"{len(s.ranks)} rank(s) in the traces" if s.ranks else ""),
+        Fact(label="steps analysed", value=_steps_text(s.steps)),
         Fact(label="step time", value=format_ms(step_ms), hint="mean over analysed steps and ranks"),
-        Fact(label="overlap", value=format_pct(ov.get("overlap_pct")),
-             hint="communication hidden behind computation"),
+        Fact(label="overlap", value=format_pct(ov.overlap_pct), hint="communication hidden behind computation"),
         Fact(label="exposed comm / step", value=format_ms(exposed_per_step),
              hint=(f"{100 * exposed_per_step / step_ms:.1f} % of the step; " if math.isfinite(step_ms) and step_ms
                    else "") + f"of {format_ms(comm_per_step)} communication"),
-        Fact(label="peak allocated", value=format_bytes(mem.get("peak_allocated_bytes")) or "n/a"),
-        Fact(label="peak reserved", value=format_bytes(mem.get("peak_reserved_bytes") or None) or "n/a",
+        Fact(label="peak allocated", value=format_bytes(mem.peak_allocated_bytes) or "n/a"),
+        Fact(label="peak reserved", value=format_bytes(mem.peak_reserved_bytes or None) or "n/a",
              hint="the CPU allocator reports no reserved memory"
-             if mem.get("peak_allocated_bytes") and not mem.get("peak_reserved_bytes") else ""),
+             if mem.peak_allocated_bytes and not mem.peak_reserved_bytes else ""),
     ]
-    # The summary's own "units is empty" note is said better by NOTE_NO_UNITS below.
-    notes = list(data.notes) + [_sentence(n) for n in s.get("notes", []) if "units is empty" not in n]
-    if not data.has_units and s.get("framework") != "ddp":  # DDP has no units to label: its note says so
+    # The summary's own "units is empty" notes are said better by NOTE_NO_UNITS below.
+    notes = list(data.notes) + [_sentence(n.text) for n in s.notes if n.code not in (NO_FSDP_LABELS, NO_UNITS_FOUND)]
+    if not data.has_units and s.framework != "ddp":  # DDP has no units to label: its note says so
         notes.append(NOTE_NO_UNITS)
     return Section(key="headline", title="Headline", howto=HOWTO_HEADLINE, facts=facts, notes=notes,
                    bullets=list(data.findings))

@@ -23,6 +23,7 @@ from fsdpviz.analysis.compare import (
     compare_runs,
     field_value,
 )
+from fsdpviz.analysis.pipeline import analyse
 from fsdpviz.cli import main
 from fsdpviz.errors import UsageError
 
@@ -143,11 +144,11 @@ def test_command_args_drop_launcher_noise() -> None:
 
 
 def test_compare_runs_needs_two_distinct_labels() -> None:
-    summary = {"units": [], "steps": [1, 2]}
+    result = analyse([FSDP2], cache=False)
     with pytest.raises(UsageError, match="at least two"):
-        compare_runs([RunInput(label="a", source="a", summary=summary)])
+        compare_runs([RunInput(label="a", source="a", result=result)])
     with pytest.raises(UsageError, match="must differ"):
-        compare_runs([RunInput(label="a", source="a", summary=summary), RunInput(label="a", source="b", summary=summary)])
+        compare_runs([RunInput(label="a", source="a", result=result), RunInput(label="a", source="b", result=result)])
 
 
 def test_one_run_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

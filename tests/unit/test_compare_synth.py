@@ -33,7 +33,7 @@ def synth_runs(tmp_path_factory: pytest.TempPathFactory):
     base = tmp_path_factory.mktemp("synth-compare")
     made = {name: generate_run(sc, base / name, run_folder=True) for name, sc in SCENARIOS.items()}
     loaded = load_runs([made[n].folder for n in SCENARIOS], list(SCENARIOS), cache=False)
-    return made, loaded, compare_runs([r for r, _ in loaded])
+    return made, loaded, compare_runs(loaded)
 
 
 def _expected_exposed_gather_ms(run, phase: str | None = None) -> float:
@@ -48,8 +48,8 @@ def _expected_exposed_gather_ms(run, phase: str | None = None) -> float:
 
 
 def _finding(comparison, kind: str) -> dict:
-    found = [f for f in comparison.findings if f["kind"] == kind]
-    assert len(found) == 1, [f["kind"] for f in comparison.findings]
+    found = [f.to_json() for f in comparison.findings if f.kind == kind]
+    assert len(found) == 1, [f.kind for f in comparison.findings]
     return found[0]
 
 
@@ -75,7 +75,7 @@ def test_exposed_communication_names_prefetch_with_the_constructed_numbers(synth
 def test_step_time_and_prefetch_depth_name_prefetch(synth_runs) -> None:
     _, _, comparison = synth_runs
     assert _finding(comparison, "step_time")["better"] == "prefetch"
-    depth = [f for f in comparison.findings if f["kind"] == "prefetch"]
+    depth = [f.to_json() for f in comparison.findings if f.kind == "prefetch"]
     assert {f["better"] for f in depth} == {"prefetch"}
     backward = next(f for f in depth if "backward_issue_depth" in f["values"])
     assert backward["values"]["backward_issue_depth"]["prefetch"] == pytest.approx(1.0)

@@ -103,12 +103,12 @@ def test_lanes_view_on_real_gpu_trace(gpu_real_dir: Path) -> None:
 
 
 def test_trace_without_profiler_steps_is_drawn_whole(gpu_real_dir: Path) -> None:
-    from fsdpviz.analysis import summarize
+    from fsdpviz.analysis.pipeline import analyse_traces
     from fsdpviz.report.data import prepare_report
 
     traces = load_traces([gpu_real_dir / "tracelens_b200_eager" / "eager_trace.json.gz"], cache=False)
     assert traces.steps.empty
-    data = prepare_report(traces, summary=summarize(traces))
+    data = prepare_report(analyse_traces(traces))
     [view] = data.views
     assert view.choice.label == "whole trace" and view.choice.step == schema.NO_STEP
     events = traces.events

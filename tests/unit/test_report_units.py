@@ -11,10 +11,8 @@ import pandas as pd
 import pytest
 from synth import Scenario, generate_run, make_root, make_units
 
-from fsdpviz.analysis import summarize
 from fsdpviz.analysis.intervals import total_ns, union_intervals
-from fsdpviz.analysis.overlap import compute_overlap
-from fsdpviz.analysis.run import analyze_run
+from fsdpviz.analysis.pipeline import analyse_traces
 from fsdpviz.report import style
 from fsdpviz.report.data import prepare_report
 from fsdpviz.report.style import NS_PER_MS
@@ -30,9 +28,9 @@ def run(tmp_path_factory):
                   step_delay_ns={1: 300_000}, clock_offset_ns={1: OFFSET_NS})
     synth = generate_run(sc, tmp_path_factory.mktemp("synth"), run_folder=True)
     traces = load_traces([synth.folder], cache=False)
-    analysis = analyze_run(traces)
-    data = prepare_report(traces, summary=summarize(traces), overlap=compute_overlap(traces), analysis=analysis)
-    return synth, traces, analysis, data
+    result = analyse_traces(traces)
+    data = prepare_report(result)
+    return synth, traces, result.analysis, data
 
 
 def _unit_views(data):
@@ -50,8 +48,8 @@ def test_views_and_tabs(run) -> None:
 
 def test_median_view_only_is_the_full_reports_first_tab(run) -> None:
     """``views=("median",)`` (what compare draws) builds one tab: the same per-unit median tab."""
-    _, traces, analysis, data = run
-    only = prepare_report(traces, summary=data.summary, analysis=analysis, views=("median",))
+    _, traces, _, data = run
+    only = prepare_report(analyse_traces(traces), views=("median",))
     [view] = only.views
     full = data.views[0]
     assert view.kind == full.kind == "units" and view.choice == full.choice
@@ -60,7 +58,7 @@ def test_median_view_only_is_the_full_reports_first_tab(run) -> None:
     pd.testing.assert_frame_equal(view.peaks, full.peaks)
     assert only.segment_count == len(view.segments) + len(view.exposed) < data.segment_count
     with pytest.raises(ValueError, match="unknown report views"):
-        prepare_report(traces, summary=data.summary, analysis=analysis, views=("fastest",))
+        prepare_report(analyse_traces(traces), views=("fastest",))
 
 
 def test_one_segment_per_span_on_its_own_lane(run) -> None:

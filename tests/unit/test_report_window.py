@@ -13,8 +13,7 @@ from bokeh.models import GlyphRenderer, GridPlot
 from bokeh.plotting import figure
 from synth import Scenario, generate_run, make_units
 
-from fsdpviz.analysis import summarize
-from fsdpviz.analysis.run import analyze_run
+from fsdpviz.analysis.pipeline import analyse_traces
 from fsdpviz.report import plots
 from fsdpviz.report.data import prepare_report
 from fsdpviz.report.page import timeline_plot
@@ -26,9 +25,7 @@ def report_data(tmp_path_factory):
     sc = Scenario(units=make_units(3, numel=2_000_000), world_size=1, steps=(3, 4))
     synth = generate_run(sc, tmp_path_factory.mktemp("synth"), run_folder=True)
     traces = load_traces([synth.folder], cache=False)
-    analysis = analyze_run(traces)
-    return prepare_report(traces, summary=summarize(traces, analysis=analysis), analysis=analysis,
-                          views=("median",))
+    return prepare_report(analyse_traces(traces), views=("median",))
 
 
 def _gantt_of(layout) -> figure:

@@ -6,6 +6,7 @@ import json
 import math
 from pathlib import Path
 
+import msgspec
 import pytest
 from tracebuild import TraceBuilder
 
@@ -123,17 +124,22 @@ def test_sample_cpu_traces(repo_root: Path) -> None:
 
 def test_terminal_summary_prints_bracketed_names_and_knobs_as_text(capsys: pytest.CaptureFixture[str]) -> None:
     """Unit names like ``[norm, output]`` and knobs like ``[next units]`` are text, not rich markup."""
+    from fsdpviz.analysis.records import Finding, Note
+    from fsdpviz.analysis.summary import MemorySummary, OverlapSummary, Summary
+    from fsdpviz.analysis.units import UnitSummary
     from fsdpviz.commands.summary import print_summary
 
-    summary = {"run_dir": "runs/[x]", "sources": [], "framework": "fsdp2", "ranks": [0], "world_size": 1,
-               "steps": [3], "step_time_ms": 1.0, "device": "cpu",
-               "overlap": {"overlap_pct": 1.0, "exposed_comm_ms": 0.5, "comm_ms": 1.0, "compute_ms": 1.0,
-                           "idle_ms": 0.0, "per_rank": {}},
-               "memory": {"peak_allocated_bytes": None, "peak_reserved_bytes": None, "per_rank": {}},
-               "units": [{"name": "[norm, output]", "param_numel": 10}],
-               "findings": [{"lost_ms_per_step": 0.5, "message": "[norm, output]: exposed",
-                             "knob": "module.set_modules_to_forward_prefetch([next units])"}],
-               "notes": ["[rank 0] said so"]}
+    unit = UnitSummary(**dict.fromkeys(UnitSummary.__struct_fields__))
+    unit = msgspec.structs.replace(unit, name="[norm, output]", param_numel=10, order=0, samples=1)
+    summary = Summary(
+        framework="fsdp2", world_size=1, ranks=[0], steps=[3], step_time_ms=1.0, device="cpu",
+        overlap=OverlapSummary(comm_ms=1.0, compute_ms=1.0, exposed_comm_ms=0.5, overlap_pct=1.0, idle_ms=0.0,
+                               per_rank={}),
+        memory=MemorySummary(peak_allocated_bytes=None, peak_reserved_bytes=None, device=None, per_rank={}),
+        units=[unit], sources=[], run_dir="runs/[x]", missing_ranks=[], skipped_events=0,
+        findings=[Finding(kind="exposed_all_gather", lost_ms_per_step=0.5, message="[norm, output]: exposed",
+                          knob="module.set_modules_to_forward_prefetch([next units])")],
+        notes=[Note("test", "[rank 0] said so")])
     print_summary(summary)
     out = " ".join(capsys.readouterr().out.split())
     for text in ("runs/[x]", "[norm, output]", "set_modules_to_forward_prefetch([next units])", "[rank 0] said so"):
