@@ -148,8 +148,12 @@ def decode_run_json(data: bytes) -> RunInfo:
 
 
 def encode_run_json(run: RunInfo) -> bytes:
-    """run.json's text (indented, one field per line, a final newline)."""
-    return msgspec.json.format(msgspec.json.encode(run), indent=2) + b"\n"
+    """run.json's text (indented, one field per line, a final newline). ``profile.window_s`` is
+    written only for the time-window schedule it belongs to."""
+    data = msgspec.to_builtins(run)
+    if data["profile"].get("window_s") is None:
+        del data["profile"]["window_s"]
+    return msgspec.json.format(msgspec.json.encode(data), indent=2) + b"\n"
 
 
 def run_info_from(data: dict[str, Any]) -> RunInfo:

@@ -74,7 +74,7 @@ def test_framework_and_units(client_runs: ClientRuns, name: str) -> None:
     run = _get(client_runs, name)
     result = _result(run)
     meta = json.loads((run.run_dir / "run.json").read_text())
-    assert meta["framework"] == result.framework == result.summary["framework"] == run.client.framework
+    assert meta["framework"] == result.framework == result.summary.framework == run.client.framework
     expected = run.client.units
     if expected is None:  # what FSDP2 itself names in its labels
         names = set(result.traces.events["name"].astype(str))
@@ -82,8 +82,8 @@ def test_framework_and_units(client_runs: ClientRuns, name: str) -> None:
                                        if n.startswith("FSDP::pre_forward (")))
         assert len(expected) >= 3 and any(u.startswith("[") for u in expected), expected  # [model.norm, lm_head]
     assert sorted(u["unit"] for u in meta["units"]) == sorted(expected)
-    assert sorted(u["name"] for u in result.summary["units"]) == sorted(expected)
-    assert result.summary["steps"] == PROFILED  # every profiled step is complete
+    assert sorted(u.name for u in result.summary.units) == sorted(expected)
+    assert result.summary.steps == PROFILED  # every profiled step is complete
     units_line = next(line for line in run.proc.stderr.splitlines() if "rank(s) of world size" in line)
     for unit in expected:  # one name per unit on the terminal, never cut
         assert unit in units_line
@@ -94,8 +94,8 @@ def test_ddp_fallback_is_said(client_runs: ClientRuns, name: str) -> None:
     """On CPU, accelerate wraps a model asked to be sharded with FSDP in DistributedDataParallel."""
     run = _get(client_runs, name)
     result = _result(run)
-    assert result.summary["units"] == [] and result.summary["overlap"]["comm_ms"] > 0
-    assert any("wrapped in DistributedDataParallel, not FSDP" in n for n in result.summary["notes"])
+    assert result.summary.units == [] and (result.summary.overlap.comm_ms or 0) > 0
+    assert any("wrapped in DistributedDataParallel, not FSDP" in n for n in result.summary.notes)
     assert "framework ddp (the model was wrapped in DistributedDataParallel, not FSDP)" in run.proc.stderr
 
 
