@@ -38,9 +38,9 @@ from fsdpviz.analysis.pipeline import analyse_traces
 from fsdpviz.analysis.run import RunAnalysis
 from fsdpviz.report.data import ReportData, prepare_report
 from fsdpviz.report.html import Page, write_page
-from fsdpviz.report.page import timeline_plot, timeline_section
-from fsdpviz.report.stepview import StepView
 from fsdpviz.report.style import format_bytes, format_ms
+from fsdpviz.report.timeline.section import timeline_plot, timeline_section
+from fsdpviz.report.timeline.view import StepView
 from fsdpviz.trace import load_traces
 
 OUT = Path(__file__).resolve().parent
@@ -95,7 +95,7 @@ def analyse(scenario: Scenario, folder: Path) -> Analysed:
     run = generate_run(scenario, folder, run_folder=True)
     traces = load_traces([run.folder], cache=False)
     result = analyse_traces(traces)
-    data = prepare_report(result, gantt_ranks=[RANK], views=("median", "lanes"))
+    data = prepare_report(result, gantt_ranks=[RANK], views=("median", "events"))
     return Analysed(analysis=result.analysis, summary=result.summary.to_json(), data=data)
 
 
@@ -129,7 +129,7 @@ def whole_step(runs: dict[str, Analysed]) -> tuple[Analysed, str, Any]:
     print(f"whole-step overlap (prefetch run, rank {RANK}, step {run.view('lanes').choice.step}): "
           f"comm {ov['comm_ms']} ms, compute {ov['compute_ms']} ms, overlap {ov['overlap_pct']} %, "
           f"exposed comm {ov['exposed_comm_ms']} ms, idle {ov['idle_ms']} ms")
-    return run, "lanes", timeline_plot(run.view("lanes"), run.data, with_memory=False)
+    return run, "lanes", timeline_plot(run.view("events"), run.data, with_memory=False)
 
 
 def unit_spans(runs: dict[str, Analysed]) -> tuple[Analysed, str, Any]:

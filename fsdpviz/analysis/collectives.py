@@ -21,7 +21,7 @@ from typing import Final
 import numpy as np
 import pandas as pd
 
-from fsdpviz.analysis.columns import as_str, startswith
+from fsdpviz.analysis.categorical import as_str, startswith
 from fsdpviz.trace import schema
 
 COLLECTIVES: Final[schema.Schema] = {

@@ -41,7 +41,7 @@ from typing import Final
 import numpy as np
 import pandas as pd
 
-from fsdpviz.analysis.columns import as_str
+from fsdpviz.analysis.categorical import as_str
 from fsdpviz.naming import ROOT_UNIT, clean_fqn, unit_from_label
 from fsdpviz.trace import schema
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from fsdpviz.analysis.columns import as_str
+from fsdpviz.analysis.categorical import as_str
 
 
 def parent_links(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -70,12 +70,3 @@ def innermost_enclosing(ranges: pd.DataFrame, points: pd.DataFrame) -> np.ndarra
         found = innermost_in_lane(starts, ends, parent_links(starts, ends), p_t[p_idx])
         out[p_idx] = np.where(found >= 0, rows[np.clip(found, 0, None)], -1)
     return out
-
-
-def points_in_disjoint(starts: np.ndarray, ends: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """Index of the interval containing each ``t`` among sorted, disjoint intervals, else -1."""
-    if len(starts) == 0:
-        return np.full(len(t), -1, dtype=np.int64)
-    idx = np.searchsorted(starts, t, side="right") - 1
-    inside = (idx >= 0) & (t < ends[np.clip(idx, 0, None)])
-    return np.where(inside, idx, -1)

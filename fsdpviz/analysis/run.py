@@ -20,8 +20,8 @@ import numpy as np
 import pandas as pd
 
 from fsdpviz.analysis import crossrank, memory
+from fsdpviz.analysis.categorical import startswith
 from fsdpviz.analysis.collectives import is_gpu_rank
-from fsdpviz.analysis.columns import startswith
 from fsdpviz.analysis.findings import build_findings
 from fsdpviz.analysis.framework import decide_framework
 from fsdpviz.analysis.intervals import (

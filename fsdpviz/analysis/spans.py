@@ -34,8 +34,8 @@ import numpy as np
 import pandas as pd
 
 from fsdpviz.analysis import labels as lab
+from fsdpviz.analysis.categorical import as_str, startswith
 from fsdpviz.analysis.collectives import COLLECTIVES, find_collectives, gpu_ranks
-from fsdpviz.analysis.columns import as_str, startswith
 from fsdpviz.analysis.nesting import innermost_enclosing
 from fsdpviz.analysis.overlap import GPU_WORK_KINDS, HTA_NOT_COMPUTE_RE
 from fsdpviz.analysis.windows import compute_pieces, unit_ancestors, unit_windows

@@ -24,8 +24,8 @@ import msgspec
 import numpy as np
 import pandas as pd
 
+from fsdpviz.analysis.completeness import gap_notes
 from fsdpviz.analysis.framework import framework_notes
-from fsdpviz.analysis.gaps import gap_notes
 from fsdpviz.analysis.records import (
     NO_COMMUNICATION,
     NO_FSDP_LABELS,

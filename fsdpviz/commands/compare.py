@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from fsdpviz.commands.gaps import warn_gaps
+from fsdpviz.commands.common import check_output_folder, progress_printer, warn_gaps
 from fsdpviz.errors import UsageError
 
 
@@ -30,8 +30,8 @@ def compare(
     quiet: Annotated[bool, typer.Option("-q", "--quiet", help="No progress lines on stderr.")] = False,
 ) -> None:
     """Compare runs: step time, overlap, exposed communication, memory and units, with findings."""
-    from fsdpviz.analysis.compare import compare_runs, comparison_json
-    from fsdpviz.report.compare_build import COMPARE_NAME, build_compare, load_runs
+    from fsdpviz.analysis.compare.runs import compare_runs, comparison_json
+    from fsdpviz.report.compare.build import COMPARE_NAME, build_compare, load_runs
 
     if len(runs) < 2:
         raise UsageError(f"compare needs at least two runs, got {len(runs)}")
@@ -39,13 +39,9 @@ def compare(
         raise UsageError(f"got {len(labels)} --label value(s) for {len(runs)} runs: give one label per run, "
                          "in the order of the runs, or none")
     target = output if output is not None or as_json else Path.cwd() / COMPARE_NAME
-    if target is not None and not target.parent.is_dir():  # fail before loading anything
-        raise UsageError(f"{target}: cannot write the page: folder {target.parent} does not exist")
+    check_output_folder(target, "the page")  # fail before loading anything
     started = time.perf_counter()
-
-    def say(message: str) -> None:
-        if not quiet:
-            print(f"fsdpviz: {message}", file=sys.stderr, flush=True)
+    say = progress_printer(quiet) or (lambda message: None)
 
     loaded = load_runs(runs, labels, cache=cache, progress=say)
     for run in loaded:

@@ -18,7 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
-from fsdpviz.commands.gaps import warn_gaps
+from fsdpviz.commands.common import warn_gaps
 from fsdpviz.errors import UsageError
 
 FORMATS = ("parquet", "csv")

@@ -10,16 +10,13 @@ from pathlib import Path
 
 import typer
 
+from fsdpviz.commands.common import say
 from fsdpviz.errors import EXIT_BAD_INPUT, FsdpvizError, UsageError
 from fsdpviz.naming import list_units
 from fsdpviz.runfolder import REPORT_HTML, RunInfo
 
 CONTEXT_SETTINGS = {"allow_interspersed_args": False}  # options after COMMAND belong to COMMAND
 MAX_UNITS_LISTED = 12  # the recording's line names this many units, then counts the rest
-
-
-def _say(message: str) -> None:
-    print(f"fsdpviz: {message}", file=sys.stderr, flush=True)
 
 
 def time_window_settings(env: Mapping[str, str]) -> dict[str, float]:
@@ -76,7 +73,7 @@ def record(
         what.append(f"profile steps {warmup}-{warmup + steps - 1}" if steps > 1 else f"profile step {warmup}")
     if options.timers:
         what.append("timers on every step")
-    result = run_record(command, options, force=force, shared=shared, label=label, on_start=lambda: _say(
+    result = run_record(command, options, force=force, shared=shared, label=label, on_start=lambda: say(
         f"recording into {out or run_dir} ({', '.join(what)}): {' '.join(command)}"))
     print_recording(result.run, run_dir)
     if result.error:  # the command ran, but its recording is incomplete: say so, keep a failing exit code
@@ -91,9 +88,9 @@ def print_recording(run: RunInfo, run_dir: Path) -> None:
     """What was recorded, in a few lines on stderr (also when nothing was)."""
     ranks = run.ranks
     status = run.status + (f" ({run.reason})" if run.reason else "")
-    _say(f"run {status}, exit code {run.exit_code}")
+    say(f"run {status}, exit code {run.exit_code}")
     if not ranks:
-        _say("nothing recorded: no process ran the forward of an FSDP / ZeRO-3 model "
+        say("nothing recorded: no process ran the forward of an FSDP / ZeRO-3 model "
              "(see docs/recording.md, 'Which processes record')")
     else:
         units = run.units
@@ -103,16 +100,16 @@ def print_recording(run: RunInfo, run_dir: Path) -> None:
         framework = run.framework
         if framework == "ddp":
             framework = "ddp (the model was wrapped in DistributedDataParallel, not FSDP)"
-        _say(f"{len(ranks)} rank(s) of world size {run.world_size}, framework {framework}, {unit_text}")
+        say(f"{len(ranks)} rank(s) of world size {run.world_size}, framework {framework}, {unit_text}")
         traces = sum(1 for r in ranks if r.trace)
         timers = sum(1 for r in ranks if r.timers)
         step_text = (f"steps {steps[0]}-{steps[-1]}" if len(steps) > 1 else f"step {steps[0]}" if steps
                      else "no profiled step")
-        _say(f"traces: {traces} ({run.profile.schedule}, {step_text}); timers: {timers} "
+        say(f"traces: {traces} ({run.profile.schedule}, {step_text}); timers: {timers} "
              f"({max((r.timer_steps for r in ranks), default=0)} steps)")
     for note in run.notes:
-        _say(f"note: {note}")
-    _say(f"run folder: {run_dir}")
+        say(f"note: {note}")
+    say(f"run folder: {run_dir}")
 
 
 def summarise_and_report(run_dir: Path, *, summary: bool, report: bool) -> Path | None:
@@ -126,7 +123,7 @@ def summarise_and_report(run_dir: Path, *, summary: bool, report: bool) -> Path 
         from fsdpviz.analysis.pipeline import analyse
 
         result = analyse([run_dir])
-        from fsdpviz.commands.gaps import warn_gaps
+        from fsdpviz.commands.common import warn_gaps
 
         warn_gaps(result.traces)  # e.g. ranks that never communicated
     except FsdpvizError as exc:
@@ -146,13 +143,13 @@ def summarise_and_report(run_dir: Path, *, summary: bool, report: bool) -> Path 
                 from fsdpviz.report.build import build_report
 
                 written = build_report(result, run_dir / REPORT_HTML).path
-                _say(f"report: {written}")
+                say(f"report: {written}")
         except _Failed as exc:
-            _say(f"no {name}{'' if str(exc).startswith('(') else ':'} {exc}")
+            say(f"no {name}{'' if str(exc).startswith('(') else ':'} {exc}")
         except FsdpvizError as exc:
-            _say(f"no {name}: {exc}")
+            say(f"no {name}: {exc}")
         except Exception as exc:  # noqa: BLE001 - as above: never lose the command's exit code
-            _say(f"no {name} (internal error, please report): {exc!r}")
+            say(f"no {name} (internal error, please report): {exc!r}")
     return written
 
 

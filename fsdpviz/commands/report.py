@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import typer
 
-from fsdpviz.commands.gaps import warn_gaps
+from fsdpviz.commands.common import check_output_folder, progress_printer, warn_gaps
 from fsdpviz.commands.summary import parse_steps
 from fsdpviz.errors import UsageError
 
@@ -20,12 +18,6 @@ def parse_ranks(text: str | None) -> list[int] | None:
         return parse_steps(text)
     except UsageError:
         raise UsageError(f"--ranks: cannot read {text!r}; use numbers and ranges like 0,3 or 0-7") from None
-
-
-def _progress(quiet: bool) -> Callable[[str], None] | None:
-    if quiet:
-        return None
-    return lambda message: print(f"fsdpviz: {message}", file=sys.stderr, flush=True)
 
 
 def report(
@@ -51,9 +43,8 @@ def report(
 
     step_list = parse_steps(steps)
     rank_list = parse_ranks(ranks)
-    if output is not None and not output.parent.is_dir():  # fail before minutes of loading
-        raise UsageError(f"{output}: cannot write the report: folder {output.parent} does not exist")
-    say = _progress(quiet)
+    check_output_folder(output, "the report")  # fail before minutes of loading
+    say = progress_printer(quiet)
     started = time.perf_counter()
     if say:
         say(f"loading {', '.join(str(p) for p in paths)}")

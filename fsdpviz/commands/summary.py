@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from fsdpviz.commands.gaps import warn_gaps
+from fsdpviz.commands.common import warn_gaps
 from fsdpviz.errors import UsageError
 
 if TYPE_CHECKING:

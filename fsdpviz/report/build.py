@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fsdpviz.errors import RunFolderError
+from fsdpviz.runfolder import REPORT_HTML
 from fsdpviz.trace.tables import TraceSet
 
 if TYPE_CHECKING:
     from fsdpviz.analysis.pipeline import RunResult
 
-REPORT_NAME = "report.html"  # inside a run folder (the run-folder contract)
+REPORT_NAME = REPORT_HTML  # inside a run folder (the run-folder contract)
 LOOSE_REPORT_NAME = "fsdpviz-report.html"  # in the working directory, for traces outside a run folder
 
 Progress = Callable[[str], None]

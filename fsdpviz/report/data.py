@@ -16,12 +16,13 @@ import pandas as pd
 from fsdpviz.analysis import memory as analysis_memory
 from fsdpviz.analysis.records import NO_UNIT_LABELS
 from fsdpviz.errors import UsageError
-from fsdpviz.report import memory, steptimes
-from fsdpviz.report.stepview import StepView, exposed_intervals, lanes_view, unit_peak_markers
-from fsdpviz.report.style import OTHER_COLOR, unit_colors
-from fsdpviz.report.timeline import MAX_PAGE_SEGMENTS, choose_steps, whole_trace_choice
-from fsdpviz.report.unittable import UnitTables, unit_tables
-from fsdpviz.report.unitview import NO_UNIT, place_unit_peaks, unit_order, units_view
+from fsdpviz.report.steps import data as steps_data
+from fsdpviz.report.style import OTHER_COLOR, sentence, unit_colors
+from fsdpviz.report.timeline import memory
+from fsdpviz.report.timeline.steps import MAX_PAGE_SEGMENTS, choose_steps, whole_trace_choice
+from fsdpviz.report.timeline.units import NO_UNIT, place_unit_peaks, unit_order, units_view
+from fsdpviz.report.timeline.view import StepView, events_view, exposed_intervals, unit_peak_markers
+from fsdpviz.report.units.table import UnitTables, unit_tables
 from fsdpviz.trace.tables import TraceSet
 
 if TYPE_CHECKING:
@@ -30,10 +31,10 @@ if TYPE_CHECKING:
     from fsdpviz.analysis.summary import Summary
 
 MAX_GANTT_RANKS = 16  # more rows than this make a Gantt unreadable (and the page heavy)
-# Time-line tabs: the median and the slowest step, and the all-events ("lanes") tab of the first one
+# Time-line tabs: the median and the slowest step, and the all-events tab of the first one
 # when the run has units (without units every step tab is an all-events tab).
-VIEW_MEDIAN, VIEW_SLOWEST, VIEW_LANES = "median", "slowest", "lanes"
-ALL_VIEWS = (VIEW_MEDIAN, VIEW_SLOWEST, VIEW_LANES)
+VIEW_MEDIAN, VIEW_SLOWEST, VIEW_EVENTS = "median", "slowest", "events"
+ALL_VIEWS = (VIEW_MEDIAN, VIEW_SLOWEST, VIEW_EVENTS)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -46,9 +47,9 @@ class ReportData:
     summary: Summary  # the run's summary (the pipeline's)
     overlap: pd.DataFrame  # schema.OVERLAP
     views: list[StepView]  # time-line tabs
-    step_times: pd.DataFrame  # steptimes.step_times()
-    step_spread: pd.DataFrame  # steptimes.per_step_spread()
-    rank_steps: pd.DataFrame  # steptimes.per_rank_summary()
+    step_times: pd.DataFrame  # steps_data.step_times()
+    step_spread: pd.DataFrame  # steps_data.per_step_spread()
+    rank_steps: pd.DataFrame  # steps_data.per_rank_summary()
     has_units: bool = False
     unit_colors: dict[str, str] = field(default_factory=dict)
     findings: list[str] = field(default_factory=list)
@@ -151,7 +152,7 @@ def prepare_report(run: RunResult, *, max_segments: int = MAX_PAGE_SEGMENTS,
 
     Without unit spans the page has the whole-step views only. ``gantt_ranks`` picks the ranks the
     time-line draws (default: all up to ``max_gantt_ranks``, else a readable selection, see
-    ``steptimes.choose_gantt_ranks``). ``views`` picks the time-line tabs to build (``ALL_VIEWS``):
+    ``steps_data.choose_gantt_ranks``). ``views`` picks the time-line tabs to build (``ALL_VIEWS``):
     ``("median",)`` builds only the median step's tab, the per-unit one when the run has units (what
     ``fsdpviz compare`` draws).
     """
@@ -168,10 +169,10 @@ def prepare_report(run: RunResult, *, max_segments: int = MAX_PAGE_SEGMENTS,
         choices = [whole] if whole is not None else []
     # choose_steps gives the median step first, then the slowest (when it differs)
     choices = [c for c, kind in zip(choices, (VIEW_MEDIAN, VIEW_SLOWEST)) if kind in views]
-    times = steptimes.step_times(traces)
+    times = steps_data.step_times(traces)
     notes: list[str] = []
     if gantt_ranks is None:
-        gantt_ranks, why = steptimes.choose_gantt_ranks(traces.rank_ids, times, max_gantt_ranks)
+        gantt_ranks, why = steps_data.choose_gantt_ranks(traces.rank_ids, times, max_gantt_ranks)
         if why:
             notes.append(why)
     else:
@@ -188,8 +189,8 @@ def prepare_report(run: RunResult, *, max_segments: int = MAX_PAGE_SEGMENTS,
     # Tabs: per-unit Gantt of each chosen step + all events of the median step when the run has
     # units (the per-unit view is the one to read; one all-events tab shows what else ran), else all
     # events of each chosen step.
-    with_lanes = has_units and VIEW_LANES in views
-    per_view = max(1_000, max_segments // max(len(choices) + int(with_lanes), 1))
+    with_events = has_units and VIEW_EVENTS in views
+    per_view = max(1_000, max_segments // max(len(choices) + int(with_events), 1))
     tabs: list[StepView] = []
     peak_samples = _main_device_samples(aligned.memory) if has_units and choices else None
     for i, choice in enumerate(choices):
@@ -201,30 +202,25 @@ def prepare_report(run: RunResult, *, max_segments: int = MAX_PAGE_SEGMENTS,
             peaks = place_unit_peaks(unit_steps, spans, peak_samples, choice, memory_ranks)
             view.peaks = unit_peak_markers(peaks[peaks["unit"] != NO_UNIT], choice, colors)
             tabs.append(view)
-        if not has_units or (i == 0 and with_lanes):
-            tabs.append(lanes_view(aligned, overlap, choice, max_segments=per_view, memory_ranks=memory_ranks,
+        if not has_units or (i == 0 and with_events):
+            tabs.append(events_view(aligned, overlap, choice, max_segments=per_view, memory_ranks=memory_ranks,
                                    ranks=gantt_ranks, exposed=exposed, memory_curve=curve))
     if len(memory_ranks) < curve["rank"].nunique():
         notes.append(f"Memory curves show {len(memory_ranks)} of {curve['rank'].nunique()} ranks: "
                      "rank 0 and the ranks with the highest peaks.")
-    notes.extend(_sentence(n.text) for n in analysis.notes if n.code != NO_UNIT_LABELS)  # said by the headline
+    notes.extend(sentence(n.text) for n in analysis.notes if n.code != NO_UNIT_LABELS)  # said by the headline
     stats = analysis.unit_stats
     return ReportData(
         title=title, subtitle=subtitle, meta=meta, summary=summary, overlap=overlap, views=tabs,
         has_units=has_units, unit_colors=colors if has_units else {},
-        step_times=times, step_spread=steptimes.per_step_spread(times),
-        rank_steps=steptimes.per_rank_summary(times), notes=notes,
+        step_times=times, step_spread=steps_data.per_step_spread(times),
+        rank_steps=steps_data.per_rank_summary(times), notes=notes,
         findings=findings_text(analysis.findings),
         unit_tables=unit_tables(stats, colors) if has_units and not stats.empty else None,
         memory_model=dict(analysis.memory_model or {}),
         skew=analysis.skew, rank_step_times=analysis.step_times, timers=traces.timers,
         segment_count=sum(len(v.segments) + len(v.exposed) for v in tabs),
     )
-
-
-def _sentence(text: str) -> str:
-    text = str(text).strip()
-    return (text[:1].upper() + text[1:] + ("" if text.endswith(".") else ".")) if text else text
 
 
 def _main_device_samples(samples: pd.DataFrame) -> pd.DataFrame:

@@ -85,3 +85,9 @@ def format_pct(pct: float | None) -> str:
     if pct is None or (isinstance(pct, float) and math.isnan(pct)):
         return "n/a"
     return f"{pct:.1f} %"
+
+
+def sentence(text: str) -> str:
+    """``text`` as a sentence: a capital first letter and a final full stop."""
+    text = str(text).strip()
+    return (text[:1].upper() + text[1:] + ("" if text.endswith(".") else ".")) if text else text

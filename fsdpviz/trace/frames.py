@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fsdpviz.trace import schema
-from fsdpviz.trace.columns import COMM_CATEGORIES
+from fsdpviz.trace.event_columns import COMM_CATEGORIES
 from fsdpviz.trace.kineto import RankColumns
 
 if TYPE_CHECKING:

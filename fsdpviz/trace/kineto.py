@@ -25,8 +25,8 @@ import numpy as np
 
 from fsdpviz.errors import TraceError
 from fsdpviz.trace import comms, schema
-from fsdpviz.trace.columns import COMM_CATEGORIES, GPU_KIND_MASK, CommArgs, EventColumns, MemorySamples
 from fsdpviz.trace.decode import KinetoTrace, decode_raw_json, decode_trace, read_trace_bytes
+from fsdpviz.trace.event_columns import COMM_CATEGORIES, GPU_KIND_MASK, CommArgs, EventColumns, MemorySamples
 from fsdpviz.trace.lanes import build_lanes, prefix_hits
 from fsdpviz.trace.stream import StreamFallback, iter_event_batches
 

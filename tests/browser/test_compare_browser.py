@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fsdpviz.report.compare_build import build_compare, load_runs
+from fsdpviz.report.compare.build import build_compare, load_runs
 
 from .cdp import Browser
 from .conftest import PAGE_STATE_JS, image_stats

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from fsdpviz.analysis.compare import (
+from fsdpviz.analysis.compare.runs import (
     HEADLINE_FIELDS,
     RunInput,
     best_indices,

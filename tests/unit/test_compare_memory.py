@@ -6,7 +6,7 @@ from pathlib import Path
 
 from tracebuild import TraceBuilder
 
-from fsdpviz.analysis.compare_memory import drift_bytes, step_levels, step_rise_bytes
+from fsdpviz.analysis.compare.memory import drift_bytes, step_levels, step_rise_bytes
 from fsdpviz.trace import load_traces
 from fsdpviz.trace.tables import TraceSet
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from synth import Scenario, generate_run, make_root, make_units
 
-from fsdpviz.analysis.compare import compare_runs, comparison_json
-from fsdpviz.report.compare_build import build_compare, load_runs
+from fsdpviz.analysis.compare.runs import compare_runs, comparison_json
+from fsdpviz.report.compare.build import build_compare, load_runs
 
 UNIT_NUMEL = 4_000_000
 DTYPE_BYTES = 2  # the scenario's bf16 parameters

@@ -6,7 +6,7 @@ parameter bytes, parents), e.g. FSDP2 ``--wrap pair`` names its units ``blocks.0
 
 from __future__ import annotations
 
-from fsdpviz.analysis.compare_units import RunUnit, color_slots, group_values, match_units, unit_keys
+from fsdpviz.analysis.compare.units import RunUnit, color_slots, group_values, match_units, unit_keys
 
 BLOCK_BYTES = 50_816
 ROOT_BYTES = 69_888

@@ -10,8 +10,9 @@ import pytest
 
 from fsdpviz.analysis import intervals as iv
 from fsdpviz.analysis.overlap import compute_overlap
-from fsdpviz.report import activity, stepview
-from fsdpviz.report.timeline import choose_steps
+from fsdpviz.report.timeline import events
+from fsdpviz.report.timeline import view as timeline_view
+from fsdpviz.report.timeline.steps import choose_steps
 from fsdpviz.trace import load_traces, schema
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "fsdp2-cpu-2rank"
@@ -31,7 +32,7 @@ def _union_ms(df: pd.DataFrame) -> float:
 def test_lanes_view_rows_and_categories_on_cpu_recording(cpu_traces) -> None:
     overlap = compute_overlap(cpu_traces)
     choice = choose_steps(cpu_traces.steps)[0]
-    view = stepview.lanes_view(cpu_traces, overlap, choice, max_segments=50_000, memory_ranks=[0, 1])
+    view = timeline_view.events_view(cpu_traces, overlap, choice, max_segments=50_000, memory_ranks=[0, 1])
     # one row per (rank, lane) with something drawn, ranks in order, main thread first
     assert view.rows["label"].tolist()[:1] == ["rank 0 · main"]
     assert view.rows["rank"].is_monotonic_increasing
@@ -40,9 +41,9 @@ def test_lanes_view_rows_and_categories_on_cpu_recording(cpu_traces) -> None:
     # the main thread carries CPU ops and the c10d issue/wait ops
     by_kind = view.segments.merge(view.rows[["row", "lane_kind"]], on="row")
     gloo = by_kind[by_kind["lane_kind"] == schema.LANE_CPU_GLOO]
-    assert activity.CAT_COMM in set(gloo["category"])
-    assert gloo[gloo["category"] == activity.CAT_COMM]["name"].astype(str).str.startswith("gloo:").all()
-    assert {activity.CAT_CPU, activity.CAT_COMM} <= set(by_kind[by_kind["lane_kind"] == schema.LANE_CPU_MAIN]["category"])
+    assert events.CAT_COMM in set(gloo["category"])
+    assert gloo[gloo["category"] == events.CAT_COMM]["name"].astype(str).str.startswith("gloo:").all()
+    assert {events.CAT_CPU, events.CAT_COMM} <= set(by_kind[by_kind["lane_kind"] == schema.LANE_CPU_MAIN]["category"])
     # every segment lies inside the step window drawn
     assert view.segments["x0_ms"].min() >= 0
     assert view.segments["x1_ms"].max() <= choice.duration_ms + 1e-9
@@ -52,8 +53,8 @@ def test_lanes_view_rows_and_categories_on_cpu_recording(cpu_traces) -> None:
 def test_exposed_pieces_add_up_to_the_analysis_exposed_time(cpu_traces) -> None:
     overlap = compute_overlap(cpu_traces)
     choice = choose_steps(cpu_traces.steps)[0]
-    view = stepview.lanes_view(cpu_traces, overlap, choice, max_segments=50_000, memory_ranks=[0])
-    expected = stepview.exposed_intervals(cpu_traces, overlap, choice.step)
+    view = timeline_view.events_view(cpu_traces, overlap, choice, max_segments=50_000, memory_ranks=[0])
+    expected = timeline_view.exposed_intervals(cpu_traces, overlap, choice.step)
     assert not view.exposed.empty
     for rank in (0, 1):
         mine = expected[expected["rank"] == rank]
@@ -70,7 +71,7 @@ def test_exposed_of_a_step_matches_whole_run_overlap_for_single_step_window(cpu_
     # compute_overlap over exactly one step must report the same exposed ns as the view's intervals
     step = int(choose_steps(cpu_traces.steps)[0].step)
     overlap = compute_overlap(cpu_traces, steps=[step])
-    expected = stepview.exposed_intervals(cpu_traces, overlap, step)
+    expected = timeline_view.exposed_intervals(cpu_traces, overlap, step)
     for rank, row in overlap.set_index("rank").iterrows():
         mine = expected[expected["rank"] == rank]
         assert int((mine["end_ns"] - mine["start_ns"]).sum()) == int(row["exposed_comm_ns"])
@@ -79,8 +80,8 @@ def test_exposed_of_a_step_matches_whole_run_overlap_for_single_step_window(cpu_
 def test_lane_segments_respect_budget(cpu_traces) -> None:
     overlap = compute_overlap(cpu_traces)
     choice = choose_steps(cpu_traces.steps)[0]
-    full = stepview.lanes_view(cpu_traces, overlap, choice, max_segments=50_000, memory_ranks=[])
-    small = stepview.lanes_view(cpu_traces, overlap, choice, max_segments=60, memory_ranks=[])
+    full = timeline_view.events_view(cpu_traces, overlap, choice, max_segments=50_000, memory_ranks=[])
+    small = timeline_view.events_view(cpu_traces, overlap, choice, max_segments=60, memory_ranks=[])
     assert len(full.segments) > 60
     assert len(small.segments) <= 60 and small.merged and small.notes
     assert small.segments["n_merged"].sum() == full.segments["n_merged"].sum()
@@ -90,12 +91,12 @@ def test_lanes_view_on_real_gpu_trace(gpu_real_dir: Path) -> None:
     traces = load_traces([gpu_real_dir / "nccl_parser_config" / "nccl_data.json.gz"], cache=False)
     overlap = compute_overlap(traces)
     choice = choose_steps(traces.steps)[0]
-    view = stepview.lanes_view(traces, overlap, choice, max_segments=50_000, memory_ranks=[])
+    view = timeline_view.events_view(traces, overlap, choice, max_segments=50_000, memory_ranks=[])
     rows = view.rows.set_index("row")
     seg = view.segments.assign(lane_kind=rows.loc[view.segments["row"], "lane_kind"].to_numpy())
     gpu = seg[seg["lane_kind"] == schema.LANE_GPU_STREAM]
-    assert {activity.CAT_COMPUTE, activity.CAT_COMM} <= set(gpu["category"])
-    comm_names = gpu[gpu["category"] == activity.CAT_COMM]["name"].astype(str)
+    assert {events.CAT_COMPUTE, events.CAT_COMM} <= set(gpu["category"])
+    comm_names = gpu[gpu["category"] == events.CAT_COMM]["name"].astype(str)
     assert comm_names.str.startswith("ncclKernel").all()
     # HTA: all-reduces of this DDP job are mostly exposed; the view must show exposed time on a stream
     assert not view.exposed.empty

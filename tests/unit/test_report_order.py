@@ -10,7 +10,9 @@ from __future__ import annotations
 import holoviews as hv
 import pandas as pd
 
-from fsdpviz.report import plots, steptimes
+from fsdpviz.report.steps import data as steps_data
+from fsdpviz.report.steps import plots as step_plots
+from fsdpviz.report.units import plots as unit_plots
 
 UNITS = ["(root)"] + [f"blocks.{i}" for i in range(12)]
 
@@ -29,26 +31,26 @@ def _timers() -> pd.DataFrame:
 
 
 def test_timer_boxes_in_model_order_forward_first() -> None:
-    times = steptimes.unit_timer_times(_timers(), UNITS)
+    times = steps_data.unit_timer_times(_timers(), UNITS)
     assert list(dict.fromkeys(times["unit"])) == UNITS
     assert list(dict.fromkeys(zip(times["unit"], times["phase"]))) == [(u, p) for u in UNITS
                                                                        for p in ("forward", "backward")]
-    figure = hv.render(plots.unit_timer_boxes(times, UNITS, title="timers"), backend="bokeh")
+    figure = hv.render(step_plots.unit_timer_boxes(times, UNITS, title="timers"), backend="bokeh")
     assert [tuple(map(str, f)) for f in figure.x_range.factors] == [(u, p) for u in UNITS
                                                                     for p in ("forward", "backward")]
 
 
 def test_timer_boxes_without_backward_keep_only_the_forward_boxes() -> None:
     timers = _timers()
-    times = steptimes.unit_timer_times(timers[timers["phase"] == "forward"], UNITS)
-    figure = hv.render(plots.unit_timer_boxes(times, UNITS, title="timers"), backend="bokeh")
+    times = steps_data.unit_timer_times(timers[timers["phase"] == "forward"], UNITS)
+    figure = hv.render(step_plots.unit_timer_boxes(times, UNITS, title="timers"), backend="bokeh")
     assert [tuple(map(str, f)) for f in figure.x_range.factors] == [(u, "forward") for u in UNITS]
 
 
 def test_unit_bars_in_model_order_forward_first() -> None:
     data = pd.DataFrame([(u, m, 1.0) for u in reversed(UNITS) for m in ("backward", "forward")],
                         columns=["unit_name", "metric", "ms"])
-    bars = plots.unit_bars(data, UNITS, value="ms", value_dim=hv.Dimension("unit_ms", unit="ms"), title="t",
+    bars = unit_plots.unit_bars(data, UNITS, value="ms", value_dim=hv.Dimension("unit_ms", unit="ms"), title="t",
                            colors={"forward": "#9ecae1", "backward": "#a1d99b"})
     figure = hv.render(bars, backend="bokeh")
     assert [tuple(map(str, f)) for f in figure.x_range.factors] == [(u, p) for u in UNITS

@@ -6,9 +6,10 @@ import numpy as np
 import pandas as pd
 
 from fsdpviz.analysis import memory as analysis_memory
-from fsdpviz.report import memory, style
+from fsdpviz.report import style
 from fsdpviz.report.style import NS_PER_MS
-from fsdpviz.report.timeline import StepChoice
+from fsdpviz.report.timeline import memory
+from fsdpviz.report.timeline.steps import StepChoice
 
 
 def test_unit_colour_depends_on_unit_not_on_which_units_are_present() -> None:

@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 
 from fsdpviz.analysis import intervals
-from fsdpviz.report import timeline
 from fsdpviz.report.style import NS_PER_MS
+from fsdpviz.report.timeline import steps as timeline
 
 
 def _steps(durations_ms: dict[int, list[float]], skew_ns: int = 0) -> pd.DataFrame:

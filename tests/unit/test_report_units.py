@@ -16,7 +16,7 @@ from fsdpviz.analysis.pipeline import analyse_traces
 from fsdpviz.report import style
 from fsdpviz.report.data import prepare_report
 from fsdpviz.report.style import NS_PER_MS
-from fsdpviz.report.unittable import unit_tables
+from fsdpviz.report.units.table import unit_tables
 from fsdpviz.trace import load_traces, schema
 
 OFFSET_NS = 5_000_000
@@ -42,7 +42,7 @@ def test_views_and_tabs(run) -> None:
     assert data.has_units
     kinds = [(v.kind, v.choice.step) for v in data.views]
     # units tab per chosen step (median 3, slowest 4: 5 is the last captured, not analysed) + all events
-    assert [k for k, _ in kinds] == ["units", "lanes", "units"]
+    assert [k for k, _ in kinds] == ["units", "events", "units"]
     assert {s for _, s in kinds} <= set(analysis.steps)
 
 
@@ -137,7 +137,7 @@ def test_clock_offset_is_removed_from_every_view(run) -> None:
     # their first gathers are a fraction of a millisecond apart, not the 5 ms of clock offset
     first = view.segments[view.segments["kind"] == "all_gather"].groupby("rank")["x0_ms"].min()
     assert abs(first[1] - first[0]) < 1.0
-    lanes = next(v for v in data.views if v.kind == "lanes")
+    lanes = next(v for v in data.views if v.kind == "events")
     starts = lanes.segments.groupby("rank")["x0_ms"].min()
     assert abs(starts[1] - starts[0]) < 1.0
     assert lanes.memory.groupby("rank")["t_ms"].min().max() < 1.0
@@ -199,7 +199,7 @@ def test_findings_are_sentences_with_numbers(run) -> None:
 
 
 def test_gantt_rank_selection_beyond_the_limit() -> None:
-    from fsdpviz.report.steptimes import choose_gantt_ranks
+    from fsdpviz.report.steps.data import choose_gantt_ranks
 
     times = pd.DataFrame({"rank": np.repeat(np.arange(64), 3), "step": np.tile([1, 2, 3], 64),
                           "ms": np.repeat(np.linspace(100, 163, 64), 3)})

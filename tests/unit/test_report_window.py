@@ -14,9 +14,9 @@ from bokeh.plotting import figure
 from synth import Scenario, generate_run, make_units
 
 from fsdpviz.analysis.pipeline import analyse_traces
-from fsdpviz.report import plots
 from fsdpviz.report.data import prepare_report
-from fsdpviz.report.page import timeline_plot
+from fsdpviz.report.timeline import figure as timeline_figure
+from fsdpviz.report.timeline.section import timeline_plot
 from fsdpviz.trace import load_traces
 
 
@@ -75,5 +75,5 @@ def test_without_memory_is_the_gantt_alone(report_data) -> None:
 def test_empty_window_is_refused(report_data) -> None:
     view = report_data.views[0]
     with pytest.raises(ValueError, match="must end after it starts"):
-        plots.gantt(view.rows, view.segments, view.exposed, title="t", colors={}, color_by="unit_name",
+        timeline_figure.gantt(view.rows, view.segments, view.exposed, title="t", colors={}, color_by="unit_name",
                     hover=[], window_ms=(1.0, 1.0))

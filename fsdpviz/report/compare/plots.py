@@ -1,6 +1,6 @@
 """Plots of the compare page: unit structure strips, per-run Gantts on one time axis, memory overlay.
 
-The Gantt itself is the report's (:func:`fsdpviz.report.plots.gantt`); this module adds what only a
+The Gantt itself is the report's (:func:`fsdpviz.report.timeline.figure.gantt`); this module adds what only a
 comparison needs. Each plot is rendered to its bokeh model here so that every time axis of the
 page can share one bokeh range (:func:`share_time_axis`): zooming one run's Gantt zooms all of them
 and the memory overlay, and equal lengths on screen are equal durations in every run.
@@ -14,9 +14,11 @@ from typing import Any
 import holoviews as hv
 import pandas as pd
 
-from fsdpviz.report import activity, plots
-from fsdpviz.report.compare_data import RunView
+from fsdpviz.report.charts import tidy_toolbar
+from fsdpviz.report.compare.data import RunView
 from fsdpviz.report.style import bytes_scale, format_bytes
+from fsdpviz.report.timeline import events, figure
+from fsdpviz.report.units.plots import unit_bars
 
 STRIP_ROW_PX = 46
 # The report's Gantt keeps this left border for its lane labels; the memory overlay uses the same so
@@ -26,10 +28,6 @@ UNIT_HOVER = [("unit_name", "unit"), ("kind", "kind"), ("phase", "phase"), ("sta
               ("dur_ms", "duration (ms)"), ("bytes_text", "bytes"), ("lead_text", "prefetch lead"), ("lane", "lane")]
 LANE_HOVER = [("category", "category"), ("lane", "lane"), ("name", "longest event"), ("start_ms", "start (ms)"),
               ("dur_ms", "duration (ms)"), ("events", "events")]
-
-
-def _toolbar_hook(plot: Any, element: Any) -> None:
-    plot.state.toolbar.autohide = True
 
 
 def structure_strips(runs: Sequence[RunView]) -> hv.Overlay:
@@ -63,7 +61,7 @@ def structure_strips(runs: Sequence[RunView]) -> hv.Overlay:
     return (rects * labels).opts(hv.opts.Overlay(
         title="unit structure: each run's units by unsharded parameter bytes", responsive=True,
         height=70 + STRIP_ROW_PX * len(runs), yticks=ticks, invert_yaxis=True, ylim=(0, len(runs)),
-        show_legend=False, hooks=[_toolbar_hook], tools=["reset"], xlabel=x_dim.pprint_label, ylabel=""))
+        show_legend=False, hooks=[tidy_toolbar], tools=["reset"], xlabel=x_dim.pprint_label, ylabel=""))
 
 
 def run_gantt(run: RunView) -> Any:
@@ -72,8 +70,8 @@ def run_gantt(run: RunView) -> Any:
     if view is None:
         return None
     units = view.kind == "units"
-    colors = run.unit_colors if units else activity.CATEGORY_COLORS
-    return plots.gantt(view.rows, view.segments, view.exposed, title=f"{run.label}: {view.title}",
+    colors = run.unit_colors if units else events.CATEGORY_COLORS
+    return figure.gantt(view.rows, view.segments, view.exposed, title=f"{run.label}: {view.title}",
                        colors=colors, color_by=view.color_by, hover=UNIT_HOVER if units else LANE_HOVER)
 
 
@@ -118,9 +116,9 @@ def run_bars(groups: pd.DataFrame, metric: str, *, title: str, unit: str, colors
     divisor, shown_unit = bytes_scale(float(rows["value"].max())) if unit == "bytes" else (1.0, unit)
     data = pd.DataFrame({"unit_name": rows["group"], "metric": rows["label"],
                          "value": rows["value"].astype(float) / divisor})
-    return plots.unit_bars(data, names, value="value",
-                           value_dim=hv.Dimension(f"cmp_{metric}", label=title, unit=shown_unit),
-                           title=f"{title} per unit group, by run", colors=dict(colors))
+    return unit_bars(data, names, value="value",
+                     value_dim=hv.Dimension(f"cmp_{metric}", label=title, unit=shown_unit),
+                     title=f"{title} per unit group, by run", colors=dict(colors))
 
 
 def to_bokeh(view: Any) -> Any:

@@ -13,7 +13,7 @@ as far as the traces show it:
 - a communication difference is explained by the kinds of collectives exposed and how many
   collectives a step runs;
 - memory is compared on the peak, or on the memory a step adds (peak - level at step start) when a
-  run's level drifts from step to step (:mod:`fsdpviz.analysis.compare_memory`); a difference is
+  run's level drifts from step to step (:mod:`fsdpviz.analysis.compare.memory`); a difference is
   attributed to unit sizes only when the ZeRO/FSDP memory model
   (``RunAnalysis.memory_model``: sharded state + the two largest units' parameters + the largest
   unit's gradients) accounts for at least half of it; otherwise the finding says the unit sizes
@@ -30,12 +30,12 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
-from fsdpviz.analysis.compare_units import group_values
+from fsdpviz.analysis.compare.units import group_values
 from fsdpviz.analysis.records import Finding
 from fsdpviz.trace import schema
 
 if TYPE_CHECKING:
-    from fsdpviz.analysis.compare import Comparison, RunInput
+    from fsdpviz.analysis.compare.runs import Comparison, RunInput
 
 TIME_NOISE: Final = 0.05
 MEMORY_NOISE: Final = 0.02
@@ -108,13 +108,23 @@ def _listing(c: Comparison, key: str, fmt: Any) -> str:
     return ", ".join(f"{c.labels[i]} {fmt(v)}" for i, v in _known(c, key))
 
 
-def step_time_finding(c: Comparison) -> list[Finding]:
-    known = _known(c, "step_time_ms")
+def _extremes(c: Comparison, key: str, column: str) -> tuple[int, float, int, float, float] | None:
+    """The runs with the lowest and highest value of headline ``key`` (index, value each) and the
+    noise between them (``noise_ms`` of the STEP_TIMES ``column``); None with fewer than two values."""
+    known = _known(c, key)
     if len(known) < 2:
-        return []
+        return None
     best_i, best = min(known, key=lambda t: t[1])
     worst_i, worst = max(known, key=lambda t: t[1])
-    noise = noise_ms(c.runs[best_i], c.runs[worst_i], "step_ns")
+    return best_i, best, worst_i, worst, noise_ms(c.runs[best_i], c.runs[worst_i], column)
+
+
+def step_time_finding(c: Comparison) -> list[Finding]:
+    found = _extremes(c, "step_time_ms", "step_ns")
+    if found is None:
+        return []
+    best_i, best, worst_i, worst, noise = found
+    known = _known(c, "step_time_ms")
     values = {"step_time_ms": {c.labels[i]: v for i, v in known}}
     evidence = (f"mean step time: {_listing(c, 'step_time_ms', _ms)}; noise between the fastest and slowest "
                 f"(2 standard errors): {_ms(noise)}")
@@ -198,12 +208,11 @@ def exposed_parts(run: RunInput) -> dict[str, float]:
 
 
 def exposed_finding(c: Comparison) -> list[Finding]:
-    known = _known(c, "overlap.exposed_comm_ms")
-    if len(known) < 2:
+    found = _extremes(c, "overlap.exposed_comm_ms", "exposed_comm_ns")
+    if found is None:
         return []
-    best_i, best = min(known, key=lambda t: t[1])
-    worst_i, worst = max(known, key=lambda t: t[1])
-    noise = noise_ms(c.runs[best_i], c.runs[worst_i], "exposed_comm_ns")
+    best_i, best, worst_i, worst, noise = found
+    known = _known(c, "overlap.exposed_comm_ms")
     parts = {r.label: exposed_parts(r) for r in c.runs}
     counts = {r.label: collective_counts(r) for r in c.runs}
     values: dict[str, dict[str, Any]] = {"exposed_comm_ms": {c.labels[i]: v for i, v in known}}
@@ -350,7 +359,7 @@ def group_finding(c: Comparison) -> list[Finding]:
     """The unit group whose exposed communication differs most between runs."""
     steps = [v for v in c.values["step_time_ms"] if v is not None]
     floor = max(0.005 * min(steps), MIN_TIME_MS) if steps else MIN_TIME_MS
-    from fsdpviz.analysis.compare import unit_index  # compare imports this module
+    from fsdpviz.analysis.compare.runs import unit_index  # compare imports this module
 
     index = {r.label: unit_index(r) for r in c.runs}
     best: tuple[float, Any, dict[str, float]] | None = None

@@ -18,10 +18,10 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from fsdpviz.report import activity
-from fsdpviz.report.stepview import StepView, exposed_on_segments
 from fsdpviz.report.style import NS_PER_MS, PHASE_HATCH, format_bytes, format_ms
-from fsdpviz.report.timeline import StepChoice, cap_segments, to_ms
+from fsdpviz.report.timeline import events
+from fsdpviz.report.timeline.steps import StepChoice, cap_segments, to_ms
+from fsdpviz.report.timeline.view import StepView, exposed_on_segments
 from fsdpviz.trace import schema
 
 COMM_SPAN_KINDS = (schema.SPAN_ALL_GATHER, schema.SPAN_REDUCE_SCATTER, schema.SPAN_ALL_REDUCE)
@@ -56,7 +56,7 @@ def _lane_roles(spans: pd.DataFrame) -> dict[tuple[int, str], str]:
 def unit_rows(lanes: pd.DataFrame, spans: pd.DataFrame, ranks: Sequence[int]) -> pd.DataFrame:
     """Gantt rows for the lanes that carry unit spans, in the loader's lane order per rank."""
     used = spans[["rank", "lane"]].drop_duplicates()
-    rows = activity.lane_rows(lanes, ranks, used=used)
+    rows = events.lane_rows(lanes, ranks, used=used)
     missing = used[~used.set_index(["rank", "lane"]).index.isin(rows.set_index(["rank", "lane"]).index)]
     if not missing.empty:  # lanes the loader does not list (should not happen; keep them visible)
         extra = missing.assign(lane_kind="", row=0, label="")

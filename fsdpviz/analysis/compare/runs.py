@@ -5,7 +5,7 @@ know which run is faster, which peaks lower, and why. :func:`compare_runs` takes
 summary (:class:`fsdpviz.analysis.summary.Summary`) and, when available, its ``analyze_run`` result
 and run.json, and returns a :class:`Comparison`: the headline table with deltas against the first
 run and the best value of each row marked, the settings that differ, the units matched across runs
-(:mod:`fsdpviz.analysis.compare_units`), findings in words (:mod:`fsdpviz.analysis.compare_findings`)
+(:mod:`fsdpviz.analysis.compare.units`), findings in words (:mod:`fsdpviz.analysis.compare.findings`)
 and notes on what makes runs hard to compare (world size, framework, model, device).
 
 Deltas are ``run_i - run_0`` of the numbers each run's summary reports, rounded as the summary rounds
@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
-from fsdpviz.analysis.compare_memory import drift_bytes, step_levels, step_rise_bytes
-from fsdpviz.analysis.compare_units import RunUnit, UnitMatch, group_values, match_units
+from fsdpviz.analysis.compare.memory import drift_bytes, step_levels, step_rise_bytes
+from fsdpviz.analysis.compare.units import RunUnit, UnitMatch, group_values, match_units
 from fsdpviz.analysis.records import Finding
 from fsdpviz.errors import UsageError
 
@@ -195,7 +195,7 @@ def compare_runs(runs: Sequence[RunInput]) -> Comparison:
     comparison = Comparison(labels=labels, runs=list(runs), values=values, deltas=deltas, best=best,
                             settings=settings_rows(runs), match=match, drift=drift, notes=notes,
                             best_withheld=withheld)
-    from fsdpviz.analysis.compare_findings import build_findings  # findings read the comparison
+    from fsdpviz.analysis.compare.findings import build_findings  # findings read the comparison
 
     comparison.findings = build_findings(comparison)
     return comparison

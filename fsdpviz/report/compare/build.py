@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fsdpviz.analysis.compare import Comparison, RunInput, compare_runs, unique_labels
+from fsdpviz.analysis.compare.runs import Comparison, RunInput, compare_runs, unique_labels
 from fsdpviz.errors import FsdpvizError, RunFolderError, UsageError
 from fsdpviz.trace.tables import TraceSet
 
@@ -86,8 +86,8 @@ def load_runs(paths: Sequence[str | Path], labels: Sequence[str] | None = None, 
 def build_compare(runs: Sequence[RunInput], output: str | Path, *,
                   comparison: Comparison | None = None, progress: Progress | None = None) -> CompareResult:
     """Compare the loaded runs and write the compare page to ``output`` (its folder must exist)."""
-    from fsdpviz.report.compare_data import prepare_compare
-    from fsdpviz.report.compare_page import build_compare_page
+    from fsdpviz.report.compare.data import prepare_compare
+    from fsdpviz.report.compare.page import build_compare_page
     from fsdpviz.report.html import write_page
 
     out = Path(output)

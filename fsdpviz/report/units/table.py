@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from fsdpviz.report.style import NS_PER_MS
-from fsdpviz.report.unitview import unit_label
+from fsdpviz.report.timeline.units import unit_label
 
 # (column in UNIT_STATS, label on the page)
 TIME_METRICS = (

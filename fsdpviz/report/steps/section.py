@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from fsdpviz.report import plots, steptimes
 from fsdpviz.report.html import Fact, Section
+from fsdpviz.report.steps import data as steps_data
+from fsdpviz.report.steps import plots
 from fsdpviz.report.style import format_ms
 
 if TYPE_CHECKING:
@@ -34,7 +35,7 @@ def steps_section(data: ReportData) -> Section:
         source = str(times["source"].iloc[0])
         n_steps = times["step"].nunique()
         notes.append(f"Step times of {n_steps} step(s) from "
-                     + ("the recorder's timers (every step of the run)." if source == steptimes.SOURCE_TIMERS
+                     + ("the recorder's timers (every step of the run)." if source == steps_data.SOURCE_TIMERS
                         else "the profiled steps only (no timers in these inputs)."))
         if not data.step_spread.empty:
             worst = data.step_spread.sort_values("spread_ms", ascending=False).iloc[0]
@@ -42,23 +43,23 @@ def steps_section(data: ReportData) -> Section:
                               hint=f"step {int(worst['step'])}, slowest rank {int(worst['slowest_rank'])}"))
         facts.append(Fact(label="median step time", value=format_ms(float(times["ms"].median()))))
         views.append(plots.step_time_spread(times))
-    breakdown = steptimes.step_breakdown(data.rank_step_times)
+    breakdown = steps_data.step_breakdown(data.rank_step_times)
     if not breakdown.empty:
-        views.append(plots.rank_bars(breakdown, part="part", colors=steptimes.STEP_PART_COLORS, stacked=True,
+        views.append(plots.rank_bars(breakdown, part="part", colors=steps_data.STEP_PART_COLORS, stacked=True,
                                      title="where each rank's step went (training threads, median per step)"))
-    waits = steptimes.rank_waits(data.rank_step_times)
+    waits = steps_data.rank_waits(data.rank_step_times)
     if not waits.empty:
         views.append(plots.rank_bars(waits, part="what", stacked=False,
                                      colors={"exposed communication": "#d62728", "late to collectives": "#9467bd"},
                                      title="exposed communication and lateness per rank (median per step)"))
-    points = steptimes.skew_points(data.skew, data.rank_step_times)
+    points = steps_data.skew_points(data.skew, data.rank_step_times)
     if not points.empty:
         worst = points.sort_values("skew_ms", ascending=False).iloc[0]
         facts.append(Fact(label="largest collective skew", value=format_ms(float(worst["skew_ms"])),
                           hint=f"{worst['comm']} of {worst['unit_name']}, step {int(worst['step'])}, "
                                f"last rank {int(worst['late_rank'])}"))
         views.append(plots.skew_scatter(points, title="collective start skew across ranks"))
-    unit_times = steptimes.unit_timer_times(data.timers, list(data.unit_colors))
+    unit_times = steps_data.unit_timer_times(data.timers, list(data.unit_colors))
     if not unit_times.empty:
         units = list(dict.fromkeys(unit_times["unit_name"]))
         views.append(plots.unit_timer_boxes(unit_times, units,

@@ -1,4 +1,4 @@
-"""Everything the compare page shows, as tables: built first, rendered by :mod:`compare_page`.
+"""Everything the compare page shows, as tables: built first, rendered by :mod:`fsdpviz.report.compare.page`.
 
 Per run, the representative step comes from the report's own page data (``prepare_report``: the
 median step, its per-unit Gantt and its memory curve), recoloured so that a module keeps one colour
@@ -15,12 +15,12 @@ from typing import Any, Final
 
 import pandas as pd
 
-from fsdpviz.analysis.compare import Comparison, RunInput, unit_index
-from fsdpviz.analysis.compare_units import color_slots, group_values
-from fsdpviz.report.stepview import StepView
+from fsdpviz.analysis.compare.runs import Comparison, RunInput, unit_index
+from fsdpviz.analysis.compare.units import color_slots, group_values
 from fsdpviz.report.style import OTHER_COLOR, format_bytes, unit_color
-from fsdpviz.report.timeline import MAX_PAGE_SEGMENTS
-from fsdpviz.report.unitview import NO_UNIT
+from fsdpviz.report.timeline.steps import MAX_PAGE_SEGMENTS
+from fsdpviz.report.timeline.units import NO_UNIT
+from fsdpviz.report.timeline.view import StepView
 
 # One colour per run (no red: red means exposed communication on every page).
 RUN_PALETTE: Final = ("#4c78a8", "#f58518", "#54a24b", "#b279a2", "#72b7b2", "#9d755d", "#eeca3b", "#ff9da6")

@@ -146,7 +146,7 @@ def skew_points(skew: pd.DataFrame | None, rank_times: pd.DataFrame | None) -> p
     cols = ["step", "t_ms", "skew_ms", "comm", "unit_name", "phase", "kind", "late_rank", "early_rank"]
     if skew is None or skew.empty:
         return pd.DataFrame({c: pd.Series(dtype="float64") for c in cols})
-    from fsdpviz.report.unitview import unit_label
+    from fsdpviz.report.timeline.units import unit_label
 
     if rank_times is not None and not rank_times.empty:
         origin = rank_times.groupby("step")["start_ns"].min()
@@ -170,7 +170,7 @@ def unit_timer_times(timers: pd.DataFrame, order: list[str]) -> pd.DataFrame:
     cols = ["unit", "unit_name", "phase", "ms"]
     if timers.empty:
         return pd.DataFrame({c: pd.Series(dtype=str) for c in cols})
-    from fsdpviz.report.unitview import unit_label
+    from fsdpviz.report.timeline.units import unit_label
 
     rows = timers[(timers["unit"] != "") & timers["phase"].isin(["forward", "backward"])
                   & (timers["kind"] == STEP_TIMER_KIND) & timers["ms"].notna()]

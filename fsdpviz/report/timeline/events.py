@@ -1,4 +1,4 @@
-"""Plot data for the whole-step lanes view: what each CPU thread and GPU stream was busy with.
+"""Plot data for the "all events" view: what each CPU thread and GPU stream was busy with.
 
 This view needs only the loader's tables, so it works for every trace, with or without FSDP
 labels (e.g. DDP jobs on GPU). Each lane's events in the step are sorted into a few categories and
@@ -23,7 +23,7 @@ import pandas as pd
 
 from fsdpviz.analysis.intervals import clip_rows
 from fsdpviz.report.style import COMM_COLOR, COMPUTE_COLOR, OTHER_COLOR
-from fsdpviz.report.timeline import StepChoice, cap_segments, to_ms
+from fsdpviz.report.timeline.steps import StepChoice, cap_segments, to_ms
 from fsdpviz.trace import schema
 
 CAT_CPU = "CPU ops"
@@ -32,15 +32,6 @@ CAT_COPY = "memcpy / memset"
 CAT_COMM = "communication"
 CATEGORIES = (CAT_CPU, CAT_COMPUTE, CAT_COPY, CAT_COMM)
 CATEGORY_COLORS = {CAT_CPU: "#b9c9dc", CAT_COMPUTE: COMPUTE_COLOR, CAT_COPY: OTHER_COLOR, CAT_COMM: COMM_COLOR}
-
-_LANE_KIND_NAMES = {
-    schema.LANE_CPU_MAIN: "main thread",
-    schema.LANE_CPU_AUTOGRAD: "autograd thread",
-    schema.LANE_CPU_GLOO: "gloo thread",
-    schema.LANE_CPU_OTHER: "thread",
-    schema.LANE_GPU_STREAM: "GPU stream",
-}
-
 
 def lane_rows(lanes: pd.DataFrame, ranks: Sequence[int], used: pd.DataFrame | None = None) -> pd.DataFrame:
     """One Gantt row per (rank, lane), ranks in order and lanes in the loader's display order.
@@ -74,7 +65,7 @@ def classify_events(events: pd.DataFrame) -> pd.Series:
     return pd.Series(out, index=events.index, name="category")
 
 
-def activity_segments(events: pd.DataFrame, rows: pd.DataFrame, choice: StepChoice,
+def event_segments(events: pd.DataFrame, rows: pd.DataFrame, choice: StepChoice,
                       max_segments: int) -> tuple[pd.DataFrame, bool]:
     """Busy intervals per (lane row, category) during ``choice``'s step, at most ``max_segments``.
 
@@ -103,8 +94,3 @@ def _in_window(events: pd.DataFrame, choice: StepChoice) -> pd.DataFrame:
     end = events["start_ns"] + events["dur_ns"]
     inside = (end > choice.origin_ns) & (events["start_ns"] < choice.end_ns)
     return events[inside].assign(end_ns=end[inside])
-
-
-def lane_kind_name(lane_kind: str) -> str:
-    """Human name of a lane kind for notes and hovers."""
-    return _LANE_KIND_NAMES.get(lane_kind, lane_kind)

@@ -1,7 +1,7 @@
 """Plot data of one drawn step: Gantt rows and segments, exposed communication, memory curve.
 
 A :class:`StepView` is everything one tab of the time-line section needs, built from the loader's
-tables (the whole-step "lanes" view, which works for any trace) or from the per-unit spans of the
+tables (the whole-step "all events" view, which works for any trace) or from the per-unit spans of the
 analysis (the "units" view). Exposed communication comes from the analysis' own definitions
 (:mod:`fsdpviz.analysis.overlap`: communication time not covered by computation on the same rank);
 this module only cuts it to the step and lays it onto the lanes where communication runs.
@@ -19,9 +19,10 @@ from fsdpviz.analysis import memory as mem
 from fsdpviz.analysis import overlap as ov
 from fsdpviz.analysis.intervals import cover_rows, subtract_intervals
 from fsdpviz.analysis.steps import analysed_steps_of
-from fsdpviz.report import activity, memory
 from fsdpviz.report.style import format_bytes
-from fsdpviz.report.timeline import StepChoice, to_ms
+from fsdpviz.report.timeline import memory
+from fsdpviz.report.timeline.events import CAT_COMM, event_segments, lane_rows
+from fsdpviz.report.timeline.steps import StepChoice, to_ms
 from fsdpviz.trace import schema
 from fsdpviz.trace.tables import TraceSet
 
@@ -33,7 +34,7 @@ COMM_LANE_KINDS = (schema.LANE_CPU_GLOO, schema.LANE_GPU_STREAM)
 class StepView:
     """One tab of the time-line section."""
 
-    kind: str  # "lanes" (all events by category) or "units" (FSDP unit spans)
+    kind: str  # "events" (all events by category) or "units" (FSDP unit spans)
     choice: StepChoice
     rows: pd.DataFrame  # row, rank, lane, lane_kind, label
     segments: pd.DataFrame  # row, x0_ms, x1_ms, dur_ms, start_ms, color_by column, hover columns
@@ -100,7 +101,7 @@ def exposed_on_segments(segments: pd.DataFrame, exposed: pd.DataFrame, choice: S
     return pieces[cols].reset_index(drop=True)
 
 
-def lanes_view(traces: TraceSet, overlap: pd.DataFrame, choice: StepChoice, *, max_segments: int,
+def events_view(traces: TraceSet, overlap: pd.DataFrame, choice: StepChoice, *, max_segments: int,
                memory_ranks: Sequence[int], ranks: Sequence[int] | None = None,
                exposed: pd.DataFrame | None = None, memory_curve: pd.DataFrame | None = None) -> StepView:
     """The whole-step view: every lane of ``ranks`` (default all), busy time by category, exposed
@@ -108,16 +109,16 @@ def lanes_view(traces: TraceSet, overlap: pd.DataFrame, choice: StepChoice, *, m
     curve (``memory_curve``: the analysis' thinned curve, schema.MEMORY; by default made from
     ``traces.memory`` with ``fsdpviz.analysis.memory.curves``)."""
     ranks = traces.rank_ids if ranks is None else list(ranks)
-    all_rows = activity.lane_rows(traces.lanes, ranks)
-    events = traces.events if len(ranks) == len(traces.rank_ids) else \
+    all_rows = lane_rows(traces.lanes, ranks)
+    drawn = traces.events if len(ranks) == len(traces.rank_ids) else \
         traces.events[traces.events["rank"].isin(ranks).to_numpy()]
-    segments, merged = activity.activity_segments(events, all_rows, choice, max_segments)
-    rows = activity.lane_rows(traces.lanes, ranks, used=segments)
+    segments, merged = event_segments(drawn, all_rows, choice, max_segments)
+    rows = lane_rows(traces.lanes, ranks, used=segments)
     segments = segments.drop(columns="row").merge(rows[["rank", "lane", "row"]], on=["rank", "lane"])
     segments["start_ms"] = segments["x0_ms"]
     segments["events"] = segments["n_merged"].astype(np.int64)
     comm_kind = rows.set_index("row")["lane_kind"]
-    comm = segments[(segments["category"] == activity.CAT_COMM)
+    comm = segments[(segments["category"] == CAT_COMM)
                     & segments["row"].map(comm_kind).isin(COMM_LANE_KINDS)]
     comm = comm.assign(what=comm["name"].astype(str))
     if exposed is None:
@@ -127,7 +128,7 @@ def lanes_view(traces: TraceSet, overlap: pd.DataFrame, choice: StepChoice, *, m
     if merged:
         notes.append(f"{choice.label}: more than {max_segments:,} busy intervals; neighbouring "
                      "intervals of a lane were joined across short gaps (hover shows how many events).")
-    return StepView(kind="lanes", choice=choice, rows=rows, segments=segments.reset_index(drop=True),
+    return StepView(kind="events", choice=choice, rows=rows, segments=segments.reset_index(drop=True),
                     color_by="category", exposed=exposed,
                     memory=memory.memory_curves(mem.curves(traces.memory) if memory_curve is None else memory_curve,
                                                 choice, list(memory_ranks)),

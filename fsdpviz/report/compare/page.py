@@ -11,9 +11,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from fsdpviz.analysis.compare import HEADLINE_FIELDS, HeadlineField
-from fsdpviz.report import compare_plots
-from fsdpviz.report.compare_data import GROUP_METRICS, CompareData, describe_bytes, run_colors
+from fsdpviz.analysis.compare.runs import HEADLINE_FIELDS, HeadlineField
+from fsdpviz.report.compare import plots as compare_plots
+from fsdpviz.report.compare.data import GROUP_METRICS, CompareData, describe_bytes, run_colors
 from fsdpviz.report.html import HtmlTable, LegendItem, Page, Section, TableCell
 from fsdpviz.report.style import EXPOSED_COLOR, format_bytes, format_ms, format_pct
 

@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING
 import holoviews as hv
 import pandas as pd
 
-from fsdpviz.report import plots
 from fsdpviz.report.html import Fact, Section
 from fsdpviz.report.style import bytes_scale, format_bytes, format_ms
-from fsdpviz.report.unittable import METRIC_COLORS, TABLE_COLUMNS, table_source
+from fsdpviz.report.units import plots
+from fsdpviz.report.units.table import METRIC_COLORS, TABLE_COLUMNS, table_source
 
 if TYPE_CHECKING:
     from fsdpviz.report.data import ReportData

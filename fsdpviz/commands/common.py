@@ -1,0 +1,45 @@
+"""Plumbing every command shares: its ``fsdpviz:`` progress lines, ``warning:`` lines about what a
+loaded run lacks, and the check that an output file's folder exists before minutes of loading.
+
+The texts of the warnings come from :mod:`fsdpviz.analysis.completeness`, which also puts them in
+the summary's notes, so that every command says them the same way.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from fsdpviz.errors import UsageError
+
+if TYPE_CHECKING:
+    from fsdpviz.trace.tables import TraceSet
+
+Say = Callable[[str], None]
+
+
+def say(message: str) -> None:
+    """One ``fsdpviz: ...`` progress line on stderr."""
+    print(f"fsdpviz: {message}", file=sys.stderr, flush=True)
+
+
+def progress_printer(quiet: bool) -> Say | None:
+    """:func:`say`, or None when the user asked for quiet (``-q``)."""
+    return None if quiet else say
+
+
+def warn_gaps(traces: TraceSet) -> None:
+    """Print one ``warning: ...`` line on stderr per gap in ``traces`` (missing ranks, skipped
+    events, ranks that never communicated)."""
+    from fsdpviz.analysis.completeness import gap_warnings
+
+    for message in gap_warnings(traces):
+        print(f"warning: {' '.join(message.split())}", file=sys.stderr, flush=True)
+
+
+def check_output_folder(path: Path | None, what: str) -> None:
+    """UsageError when ``path``'s folder does not exist (``what``: "the report", "the page")."""
+    if path is not None and not path.parent.is_dir():
+        raise UsageError(f"{path}: cannot write {what}: folder {path.parent} does not exist")

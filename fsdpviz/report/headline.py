@@ -1,0 +1,75 @@
+"""The headline section: framework, world, steps, step time, overlap, exposed communication, peak
+memory, the findings, and the notes that say what the numbers leave out.
+
+Numbers come formatted from the run's summary, never computed here; notes are picked by their code
+(:mod:`fsdpviz.analysis.records`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from fsdpviz.analysis.records import NO_FSDP_LABELS, NO_UNITS_FOUND
+from fsdpviz.report.html import Fact, Section
+from fsdpviz.report.style import format_bytes, format_ms, format_pct, sentence
+
+if TYPE_CHECKING:
+    from fsdpviz.report.data import ReportData
+
+HOWTO_HEADLINE = (
+    "Averages over the analysed steps and ranks. Overlap is the share of communication time that ran "
+    "while the same rank was computing; exposed communication is the rest, time in which the rank "
+    "waited for data. Lower exposed time is better."
+)
+NOTE_NO_UNITS = (
+    "Per-unit views need FSDP labels in the trace: FSDP2 writes them itself; for FSDP1 and "
+    "ZeRO-3, record with `fsdpviz record`. This trace has none, so the page shows whole-step "
+    "communication overlap, lanes and memory only."
+)
+
+
+
+def headline_section(data: ReportData) -> Section:
+    """Framework, world size, steps, step time, overlap, exposed communication, peak memory."""
+    s = data.summary
+    ov, mem = s.overlap, s.memory
+    # The summary's communication numbers are already per step (averaged over ranks).
+    exposed_per_step = _num(ov.exposed_comm_ms)
+    comm_per_step = _num(ov.comm_ms)
+    step_ms = _num(s.step_time_ms)
+    facts = [
+        Fact(label="framework", value=s.framework,
+             hint="DistributedDataParallel, not FSDP: no FSDP units" if s.framework == "ddp" else ""),
+        Fact(label="world size", value=str(s.world_size),
+             hint=f"{len(s.ranks)} rank(s) in the traces" if s.ranks else ""),
+        Fact(label="steps analysed", value=_steps_text(s.steps)),
+        Fact(label="step time", value=format_ms(step_ms), hint="mean over analysed steps and ranks"),
+        Fact(label="overlap", value=format_pct(ov.overlap_pct), hint="communication hidden behind computation"),
+        Fact(label="exposed comm / step", value=format_ms(exposed_per_step),
+             hint=(f"{100 * exposed_per_step / step_ms:.1f} % of the step; " if math.isfinite(step_ms) and step_ms
+                   else "") + f"of {format_ms(comm_per_step)} communication"),
+        Fact(label="peak allocated", value=format_bytes(mem.peak_allocated_bytes) or "n/a"),
+        Fact(label="peak reserved", value=format_bytes(mem.peak_reserved_bytes or None) or "n/a",
+             hint="the CPU allocator reports no reserved memory"
+             if mem.peak_allocated_bytes and not mem.peak_reserved_bytes else ""),
+    ]
+    # The summary's own "units is empty" notes are said better by NOTE_NO_UNITS below.
+    notes = list(data.notes) + [sentence(n.text) for n in s.notes if n.code not in (NO_FSDP_LABELS, NO_UNITS_FOUND)]
+    if not data.has_units and s.framework != "ddp":  # DDP has no units to label: its note says so
+        notes.append(NOTE_NO_UNITS)
+    return Section(key="headline", title="Headline", howto=HOWTO_HEADLINE, facts=facts, notes=notes,
+                   bullets=list(data.findings))
+
+
+def _num(value: object) -> float:
+    """A summary number (None where it does not exist) as a float, NaN for None."""
+    return float(value) if isinstance(value, (int, float)) else float("nan")
+
+
+def _steps_text(steps: list[int]) -> str:
+    if not steps:
+        return "none"
+    if len(steps) > 2 and steps == list(range(steps[0], steps[-1] + 1)):
+        return f"{steps[0]}–{steps[-1]}"
+    return ", ".join(str(x) for x in steps)

@@ -1,0 +1,90 @@
+"""The "Timeline of one step" section: one tab per drawn step (the per-unit Gantt, or all events),
+each a Gantt with the memory curve of the drawn ranks under it on the same time axis."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from fsdpviz.report.html import LegendItem, Section
+from fsdpviz.report.style import EXPOSED_COLOR, bytes_scale
+from fsdpviz.report.timeline import events, figure
+from fsdpviz.report.timeline.units import unit_label
+
+if TYPE_CHECKING:
+    from fsdpviz.report.data import ReportData
+    from fsdpviz.report.timeline.view import StepView
+
+HOWTO_TIMELINE_UNITS = (
+    "One step, one row per rank and lane (CPU thread or GPU stream), time from the step's start on the "
+    "earliest rank. Each bar is one piece of an FSDP unit's work, coloured by unit (same colour on "
+    "every plot); backward bars are hatched. A red strip under a collective marks the part of it that "
+    "no computation covered (exposed). Hover a bar for unit, kind, phase, times, bytes and prefetch "
+    "lead. Scroll to zoom, drag to pan: all ranks and the memory curve below follow."
+)
+HOWTO_TIMELINE_LANES = (
+    "One step, one row per rank and lane (CPU thread or GPU stream), time from the step's start on the "
+    "earliest rank. Bars show when a lane was busy, by category; a red strip marks communication that "
+    "no computation on the same rank covered (exposed). Hover a bar for the longest event in it. "
+    "Scroll to zoom, drag to pan: all ranks and the memory curve below follow."
+)
+HOWTO_MEMORY = (
+    "The memory curve under each Gantt shows allocated (solid) and reserved (dashed) memory of the "
+    "drawn ranks on the same time axis."
+)
+
+def timeline_section(data: ReportData) -> Section:
+    """Gantt + memory of the representative step(s), one tab per view."""
+    views = {}
+    notes: list[str] = []
+    has_units_view = any(v.kind == "units" for v in data.views)
+    for view in data.views:
+        tab = f"{view.choice.label} · {'units' if view.kind == 'units' else 'all events'}"
+        views[tab] = timeline_plot(view, data)
+        notes.extend(view.notes)
+    legend: list[tuple[str, list[LegendItem]]] = []
+    if has_units_view:
+        items = [LegendItem(label=unit_label(unit), color=color) for unit, color in data.unit_colors.items()]
+        items.append(LegendItem(label="backward (hatched)", color="#777777", pattern="hatched"))
+        legend.append(("units tabs", items))
+    if any(v.kind == "events" for v in data.views):
+        legend.append(("all-events tabs" if has_units_view else "bars",
+                       [LegendItem(label=cat, color=events.CATEGORY_COLORS[cat]) for cat in events.CATEGORIES]))
+    legend.append(("red strips", [LegendItem(label="exposed communication", color=EXPOSED_COLOR, pattern="strip")]))
+    howto = (HOWTO_TIMELINE_UNITS if has_units_view else HOWTO_TIMELINE_LANES) + " " + HOWTO_MEMORY
+    if not data.views:
+        notes.append("The traces hold no ProfilerStep ranges, so there is no step to draw.")
+    elif all(v.memory.empty for v in data.views):
+        notes.append("No memory curve: the traces hold no allocator samples ([memory] events). Record with "
+                     "profile_memory=True (fsdpviz record does by default) to see memory over the step.")
+    return Section(key="timeline", title="Timeline of one step", howto=howto, notes=notes, legend=legend,
+                   views=views)
+
+
+def timeline_plot(view: StepView, data: ReportData, *, window_ms: tuple[float, float] | None = None,
+                  with_memory: bool = True) -> Any:
+    """The Gantt of one time-line tab with the memory curve under it (bokeh).
+
+    ``window_ms`` (start, end in ms since the step's origin) zooms the opened view onto part of
+    the step; the memory curve follows. ``with_memory=False`` leaves the curve out. Both serve
+    figures of one detail (docs/concepts.md); the report page shows whole steps with memory.
+    """
+    if view.kind == "units":
+        # The lane is the row's label: no hover field for it (each field is a column on the page).
+        hover = [("unit_name", "unit"), ("kind", "kind"), ("phase", "phase"), ("start_ms", "start (ms)"),
+                 ("dur_ms", "duration (ms)"), ("bytes_text", "bytes"), ("lead_text", "prefetch lead")]
+        colors = {unit_label(u): c for u, c in data.unit_colors.items()}
+    else:
+        hover = [("category", "category"), ("name", "longest event"), ("start_ms", "start (ms)"),
+                 ("dur_ms", "duration (ms)"), ("events", "events")]
+        colors = events.CATEGORY_COLORS
+    gantt = figure.gantt(view.rows, view.segments, view.exposed, title=view.title, colors=colors,
+                        color_by=view.color_by, hover=hover, window_ms=window_ms)
+    memory_view = None
+    if with_memory and not view.memory.empty:
+        peak = float(view.memory[["allocated_bytes", "reserved_bytes"]].max().max())
+        divisor, unit = bytes_scale(peak)
+        ranks = sorted(int(r) for r in view.memory["rank"].unique())
+        shown = "rank " + ", ".join(str(r) for r in ranks) if len(ranks) < 9 else f"{len(ranks)} ranks"
+        memory_view = figure.memory_curve(view.memory, view.peaks, divisor=divisor, unit=unit,
+                                         title=f"memory during {view.choice.label} ({shown})")
+    return figure.timeline_layout(gantt, memory_view)
