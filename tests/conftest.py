@@ -1,10 +1,16 @@
-"""Shared fixtures: where the real GPU traces live, and the repository root."""
+"""Shared fixtures: where the real GPU traces live, the repository root, results computed once per
+session, tmpfs mounts, and an environment free of the user's ``FSDPVIZ_*`` settings."""
 
 from __future__ import annotations
 
+import subprocess
+from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
+
+T = TypeVar("T")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # Real GPU traces (not part of this repository) live beside the checkout; see docs/testing.md.
@@ -23,3 +29,53 @@ def gpu_real_dir() -> Path:
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO_ROOT
+
+
+@pytest.fixture(autouse=True)
+def _no_user_fsdpviz_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The suite's answers must not depend on the shell it runs in (e.g. ``FSDPVIZ_NO_CACHE=1``)."""
+    for name in ("FSDPVIZ_NO_CACHE", "FSDPVIZ_RUN_DIR", "FSDPVIZ_OWNER_PID", "FSDPVIZ_SCHEDULER"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(scope="session")
+def session_memo() -> Callable[[Hashable, Callable[[], Any]], Any]:
+    """``memo(key, make)``: ``make()`` computed once per test session (loaded traces, analyses of
+    recordings); callers must not change what it returns."""
+    store: dict[Hashable, Any] = {}
+
+    def memo(key: Hashable, make: Callable[[], T]) -> T:
+        if key not in store:
+            store[key] = make()
+        return store[key]  # type: ignore[no-any-return]
+
+    return memo
+
+
+@pytest.fixture(scope="session")
+def load_real(session_memo: Callable[..., Any]) -> Callable[[Path], Any]:
+    """``load_real(path)``: a real GPU trace loaded without the Parquet cache, once per session."""
+    from fsdpviz.trace import load_traces
+
+    return lambda path: session_memo(("real-trace", path), lambda: load_traces([path], cache=False))
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path) -> Iterator[Callable[..., Path]]:
+    """``mount(name, size_kib, read_only=False)``; unmounted afterwards; skips without the right to mount."""
+    mounted: list[Path] = []
+
+    def mount(name: str, size_kib: int, read_only: bool = False) -> Path:
+        point = tmp_path / name
+        point.mkdir()
+        options = f"size={size_kib}k" + (",ro" if read_only else "")
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)],
+                              capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN): {done.stderr.strip()}")
+        mounted.append(point)
+        return point
+
+    yield mount
+    for point in mounted:
+        subprocess.run(["umount", "-l", str(point)], check=False)

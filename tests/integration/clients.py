@@ -20,13 +20,13 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from recording import REPO, fsdpviz, record_env, teardown_crash, torchrun, unused_port
+from helpers.jobs import REPO, fsdpviz, record_env, teardown_crash, torchrun, unused_port
 
 CLIENTS = REPO / "tests" / "clients"
 STEPS = 6  # optimizer steps; fsdpviz profiles 2-4 (its defaults)
 PROFILED = [2, 3, 4]
 ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch"]
-TRIES = 3  # PyTorch's gloo teardown abort (recording.TEARDOWN_CRASH) hits a run now and then
+TRIES = 3  # PyTorch's gloo teardown abort (helpers.jobs.TEARDOWN_CRASH) hits a run now and then
 
 
 @dataclass(frozen=True)

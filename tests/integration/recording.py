@@ -1,8 +1,5 @@
-"""Real 2-rank CPU/gloo jobs of the example trainer for the integration tests, and ``fsdpviz record`` on them.
-
-Jobs are started with ``python -m torch.distributed.run --standalone``: the rendezvous binds a port
-the kernel picks, so jobs started back to back never race for a port chosen in advance. Tests that
-need a fixed port (several "nodes" that must meet) take it from :func:`unused_port`.
+"""Real 2-rank CPU/gloo jobs of the example trainer for the integration tests, and ``fsdpviz record``
+on them (how jobs start: ``helpers/jobs.py``).
 
 A recording costs seconds of two busy cores, so the same configuration is recorded once per test
 session: :class:`Recordings` (the session fixture ``recordings`` of ``conftest.py``) records a
@@ -13,66 +10,21 @@ that modules check from different sides are in :data:`EXAMPLE_RUNS`.
 
 from __future__ import annotations
 
-import os
-import random
 import shutil
-import socket
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-EXAMPLE = REPO / "examples" / "train.py"
+from helpers.jobs import (
+    EXAMPLE,
+    NO_OUTPUT,
+    fsdpviz,
+    record_env,
+    teardown_crash,
+    torchrun,
+)
+
 SCRIPTS = Path(__file__).resolve().parent / "record_scripts"
-NO_OUTPUT = ("--no-report", "--no-summary")
-
-
-def torchrun(script: Path, *args: str) -> list[str]:
-    """Two CPU ranks of ``script`` on one machine (a rendezvous port of their own)."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script), *args]
-
-
-def unused_port() -> int:
-    """A free TCP port below the kernel's ephemeral range, for jobs that must agree on a port.
-
-    A port from ``bind(('', 0))`` lies in the ephemeral range, where the kernel may hand it to any
-    outgoing connection (gloo opens many) before the job binds it again; a port below that range
-    is only ever taken by an explicit bind.
-    """
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    candidates = list(range(max(1025, low - 8000), low))
-    random.shuffle(candidates)
-    for port in candidates:
-        with socket.socket() as sock:
-            try:
-                sock.bind(("", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free TCP port below the ephemeral range")
-
-
-# PyTorch's FSDP1 on gloo sometimes aborts a rank at interpreter exit, after training and
-# destroy_process_group, with no Python code left running (2 of 30 plain runs without fsdpviz).
-TEARDOWN_CRASH = "terminate called without an active exception"
-
-
-def teardown_crash(proc: subprocess.CompletedProcess) -> bool:
-    """The job failed only by PyTorch's abort at exit (see TEARDOWN_CRASH): worth one more try."""
-    return proc.returncode != 0 and TEARDOWN_CRASH in (proc.stderr or "")
-
-
-def record_env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ, OMP_NUM_THREADS="1", **extra)
-    env.pop("FSDPVIZ_RUN_DIR", None)
-    return env
-
-
-def fsdpviz(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    """``python -m fsdpviz ARGS`` from the repository root."""
-    return subprocess.run([sys.executable, "-m", "fsdpviz", *args], check=False, capture_output=True, text=True,
-                          env=env or record_env(), timeout=timeout, cwd=REPO)
 
 
 def record(run_dir: Path, command: list[str], *options: str, env: dict[str, str] | None = None

@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from recording import record_env, torchrun
+from helpers.jobs import record_env, torchrun
 
 from fsdpviz.analysis import summarize
 from fsdpviz.analysis.overlap import compute_overlap

@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from recording import NO_OUTPUT, Config, Recordings
+from helpers.jobs import NO_OUTPUT
+from recording import Config, Recordings
 
 from fsdpviz.analysis.run import RunAnalysis, analyze_run
 from fsdpviz.trace import load_traces

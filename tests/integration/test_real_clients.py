@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from collections.abc import Callable
 
 import pandas as pd
 import pytest
@@ -40,13 +41,10 @@ def _get(client_runs: ClientRuns, name: str) -> ClientRun:
     return client_runs.get(name)
 
 
-_results: dict[str, RunResult] = {}
-
-
-def _result(run: ClientRun) -> RunResult:
-    if run.client.name not in _results:
-        _results[run.client.name] = analyse([run.run_dir], cache=False)
-    return _results[run.client.name]
+@pytest.fixture(scope="session")
+def result_of(session_memo: Callable[..., RunResult]) -> Callable[[ClientRun], RunResult]:
+    """``result_of(run)``: a client's recording analysed once per session."""
+    return lambda run: session_memo(("client-result", run.client.name), lambda: analyse([run.run_dir], cache=False))
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -70,9 +68,9 @@ def test_recorded_like_the_bare_run(client_runs: ClientRuns, name: str) -> None:
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_framework_and_units(client_runs: ClientRuns, name: str) -> None:
+def test_framework_and_units(client_runs: ClientRuns, result_of: Callable[[ClientRun], RunResult], name: str) -> None:
     run = _get(client_runs, name)
-    result = _result(run)
+    result = result_of(run)
     meta = json.loads((run.run_dir / "run.json").read_text())
     assert meta["framework"] == result.framework == result.summary.framework == run.client.framework
     expected = run.client.units
@@ -90,39 +88,39 @@ def test_framework_and_units(client_runs: ClientRuns, name: str) -> None:
 
 
 @pytest.mark.parametrize("name", ["hf-trainer-ddp", "accelerate-ddp"])
-def test_ddp_fallback_is_said(client_runs: ClientRuns, name: str) -> None:
+def test_ddp_fallback_is_said(client_runs: ClientRuns, result_of: Callable[[ClientRun], RunResult], name: str) -> None:
     """On CPU, accelerate wraps a model asked to be sharded with FSDP in DistributedDataParallel."""
     run = _get(client_runs, name)
-    result = _result(run)
+    result = result_of(run)
     assert result.summary.units == [] and (result.summary.overlap.comm_ms or 0) > 0
     assert any("wrapped in DistributedDataParallel, not FSDP" in n for n in result.summary.notes)
     assert "framework ddp (the model was wrapped in DistributedDataParallel, not FSDP)" in run.proc.stderr
 
 
-def test_unconnected_processes_are_warned_about(client_runs: ClientRuns) -> None:
+def test_unconnected_processes_are_warned_about(client_runs: ClientRuns, result_of: Callable[[ClientRun], RunResult]) -> None:
     run = _get(client_runs, "accelerate-unconnected")
     assert "warning: no rank communicated: the traces hold no collective although the world size is 2" in \
         run.proc.stderr
-    assert (_result(run).traces.events["comm"] == "").all()
+    assert (result_of(run).traces.events["comm"] == "").all()
 
 
 @pytest.mark.parametrize("name", SHARDED)
-def test_every_unit_gathers_computes_and_reduces(client_runs: ClientRuns, name: str) -> None:
+def test_every_unit_gathers_computes_and_reduces(client_runs: ClientRuns, result_of: Callable[[ClientRun], RunResult], name: str) -> None:
     run = _get(client_runs, name)
-    stats = _result(run).analysis.unit_stats.set_index("unit")
+    stats = result_of(run).analysis.unit_stats.set_index("unit")
     for col in ("all_gather_ns", "forward_ns", "backward_ns", "reduce_scatter_ns"):
         assert (stats[col] > 0).all(), (col, stats[col].to_dict())
 
 
 @pytest.mark.parametrize("name", SHARDED)
-def test_unit_compute_agrees_with_the_timers_and_reconciles_with_the_step(client_runs: ClientRuns,
+def test_unit_compute_agrees_with_the_timers_and_reconciles_with_the_step(client_runs: ClientRuns, result_of: Callable[[ClientRun], RunResult],
                                                                           name: str) -> None:
     """Each unit pass's compute read off the trace is its own work: no more than the recorder's timer of
     the same pass (which also counts the framework's work inside the unit), and a unit's backward is at
     least half its forward (the gradients cost more than the forward, never nothing). The timers
     themselves keep a unit's own reduce-scatter out of its compute. Summed over units the compute
     never exceeds the step."""
-    result = _result(_get(client_runs, name))
+    result = result_of(_get(client_runs, name))
     us = result.analysis.unit_steps
     key = ["rank", "step", "unit", "phase"]
     trace_ms = (us.groupby(key)["compute_ns"].sum() / 1e6).rename("trace_ms")
@@ -144,14 +142,14 @@ def test_unit_compute_agrees_with_the_timers_and_reconciles_with_the_step(client
 
 
 def test_torchtitan_root_keeps_its_last_units_parameters_and_names_a_unit_of_two_modules(
-        client_runs: ClientRuns) -> None:
+        client_runs: ClientRuns, result_of: Callable[[ClientRun], RunResult]) -> None:
     """The root owns the embedding; [norm, output] keeps its backward (not the root's); run.json says
     what FSDP2 did: the root and the last block keep their parameters unsharded after forward."""
     run = _get(client_runs, "torchtitan")
     meta = {u["unit"]: u for u in json.loads((run.run_dir / "run.json").read_text())["units"]}
     assert {u: m["reshard_after_forward"] for u, m in meta.items()} == {
         "(root)": False, "layers.0": True, "layers.1": True, "layers.2": False, "[norm, output]": False}
-    stats = _result(run).analysis.unit_stats.set_index("unit")
+    stats = result_of(run).analysis.unit_stats.set_index("unit")
     # the output projection's gradient is the biggest backward matmul after the blocks'
     assert stats.loc["[norm, output]", "backward_ns"] > stats.loc["(root)", "backward_ns"]
     assert (stats.loc[["layers.0", "layers.1", "layers.2"], "backward_ns"] > stats.loc["(root)", "backward_ns"]).all()

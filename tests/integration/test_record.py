@@ -22,21 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from recording import (
-    EXAMPLE,
-    EXAMPLE_RUNS,
-    LAYERS,
-    PROFILED,
-    REPO,
-    SCRIPTS,
-    STEPS,
-    Recording,
-    Recordings,
-    record,
-    record_env,
-    torchrun,
-    unused_port,
-)
+from helpers.jobs import EXAMPLE, REPO, record_env, torchrun, unused_port
+from recording import EXAMPLE_RUNS, LAYERS, PROFILED, SCRIPTS, STEPS, Recording, Recordings, record
 
 TINY = ["--layers", "2", "--dim", "32"]
 BLOCKS = [f"blocks.{i}" for i in range(LAYERS)]

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from recording import EXAMPLE, EXAMPLE_RUNS, LAYERS, PROFILED, REPO, Recordings
+from helpers.jobs import EXAMPLE, REPO
+from recording import EXAMPLE_RUNS, LAYERS, PROFILED, Recordings
 
 from fsdpviz.analysis.run import RunAnalysis, analyze_run
 from fsdpviz.trace import load_traces

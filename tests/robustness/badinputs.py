@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tracebuild import TraceBuilder
+from helpers.kineto import TraceBuilder
 
 GEMM = "volta_sgemm_128x64_nn"
 NCCL_GATHER = "ncclDevKernel_AllGather_RING_LL"

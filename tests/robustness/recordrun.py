@@ -10,35 +10,17 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-EXAMPLE = REPO / "examples" / "train.py"
+from helpers.jobs import REPO, record_argv, record_env
+
 SCRIPTS = Path(__file__).resolve().parent / "record_scripts"
 INTEGRATION_SCRIPTS = REPO / "tests" / "integration" / "record_scripts"
 TINY = ["--layers", "2", "--dim", "32"]
-
-
-def torchrun(script: Path, *args: str) -> list[str]:
-    """Two CPU ranks of ``script``; ``--standalone``: a rendezvous port the kernel picks, never one
-    chosen in advance that another job may take first."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script), *args]
-
-
-def record_env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ, OMP_NUM_THREADS="1", **extra)
-    env.pop("FSDPVIZ_RUN_DIR", None)
-    return env
-
-
-def record_argv(run_dir: Path, command: list[str], *options: str) -> list[str]:
-    return [sys.executable, "-m", "fsdpviz", "record", "--out", str(run_dir), "--no-report", "--no-summary",
-            *options, "--", *command]
 
 
 def start_record(run_dir: Path, command: list[str], *options: str, new_session: bool = False,

@@ -9,7 +9,7 @@ user), a read-only tmpfs and a tiny tmpfs (root / CAP_SYS_ADMIN, skipped otherwi
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -47,27 +47,6 @@ def _leftovers(folder: Path) -> list[Path]:
 @pytest.fixture
 def trace(tmp_path: Path) -> Path:
     return good_trace().write(tmp_path / "rank0.trace.json")
-
-
-@pytest.fixture
-def tmpfs(tmp_path: Path) -> Iterator[Callable[..., Path]]:
-    """``mount(name, size_kib, read_only=False)``; unmounted afterwards; skips without the right to mount."""
-    mounted: list[Path] = []
-
-    def mount(name: str, size_kib: int, read_only: bool = False) -> Path:
-        point = tmp_path / name
-        point.mkdir()
-        options = f"size={size_kib}k" + (",ro" if read_only else "")
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)],
-                              capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN): {done.stderr.strip()}")
-        mounted.append(point)
-        return point
-
-    yield mount
-    for point in mounted:
-        subprocess.run(["umount", "-l", str(point)], check=False)
 
 
 @pytest.mark.parametrize("command", WRITERS)

@@ -18,17 +18,16 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from helpers.jobs import record_env, torchrun
 from recordrun import (
     INTEGRATION_SCRIPTS,
     SCRIPTS,
     TINY,
     check_complete,
-    record_env,
     run_record,
     start_record,
     summarize_folder,
     timer_records,
-    torchrun,
     trace_steps,
     wait_for_pids,
 )

@@ -15,11 +15,12 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from recordrun import EXAMPLE, TINY, check_complete, record_env, run_record, torchrun
+from helpers.jobs import EXAMPLE, record_env, torchrun
+from recordrun import TINY, check_complete, run_record
 
 from fsdpviz.errors import RunFolderError, UsageError
 from fsdpviz.record.launcher import ENV_MIN_FREE_MB, check_free_space
@@ -35,27 +36,6 @@ def _one_error(done: subprocess.CompletedProcess, pattern: str) -> None:
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in done.stderr, done.stderr
     assert pattern in lines[0], lines[0]
-
-
-@pytest.fixture
-def tmpfs(tmp_path: Path) -> Iterator[Callable[..., Path]]:
-    """``mount(name, size_kib, read_only=False)``: a small tmpfs under tmp_path, unmounted afterwards."""
-    mounted: list[Path] = []
-
-    def mount(name: str, size_kib: int, read_only: bool = False) -> Path:
-        point = tmp_path / name
-        point.mkdir()
-        options = f"size={size_kib}k" + (",ro" if read_only else "")
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)],
-                              capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN): {done.stderr.strip()}")
-        mounted.append(point)
-        return point
-
-    yield mount
-    for point in mounted:
-        subprocess.run(["umount", "-l", str(point)], check=False)
 
 
 def test_unwritable_folder_is_refused_before_the_command_starts(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from helpers.kineto import complete, gpu_op, launch, memory_sample, thread_name
 from hypothesis import strategies as st
 
 PID = 4242
@@ -115,7 +116,7 @@ def _label_name(draw: st.DrawFn, *, steps: bool = False) -> str:
 
 
 def _x(name: str, cat: str, tid: int, ts: float, dur: float, **args: Any) -> dict[str, Any]:
-    return {"ph": "X", "cat": cat, "name": name, "pid": PID, "tid": tid, "ts": ts, "dur": dur, "args": args}
+    return complete(name, cat, PID, tid, ts, dur, args)
 
 
 class _Builder:
@@ -132,16 +133,14 @@ class _Builder:
     def launch(self, draw: st.DrawFn, ts: float, dur: float) -> None:
         """A cudaLaunchKernel at ``ts`` and its kernel: after the launch, serial on its stream."""
         corr, self.corr = self.corr, self.corr + 1
-        self.add(_x("cudaLaunchKernel", "cuda_runtime", MAIN_TID, ts, min(dur, 1.0), correlation=corr,
-                    **{"External id": corr}))
+        self.add(launch(corr, PID, MAIN_TID, ts, min(dur, 1.0)))
         name = draw(st.sampled_from(KERNELS))
         stream = STREAMS[1] if name.startswith("nccl") else draw(st.sampled_from(STREAMS))
         start = max(ts + draw(st.floats(0, 50)), self.stream_free[stream])
         length = draw(st.floats(0.5, 300))
         self.stream_free[stream] = start + length
         cat = "gpu_memcpy" if name.startswith("Memcpy") else "kernel"
-        self.add({"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": stream, "ts": start, "dur": length,
-                  "args": {"device": 0, "stream": stream, "correlation": corr, "External id": corr}})
+        self.add(gpu_op(name, start, length, corr=corr, stream=stream, cat=cat))
 
 
 def _nested(draw: st.DrawFn, b: _Builder, lo: float, hi: float, depth: int, gpu: bool) -> None:
@@ -167,11 +166,9 @@ def fsdp_traces(draw: st.DrawFn, *, rank: int = 0, world_size: int = 2, gpu: boo
                 tangled: bool = False, hostile: bool = False) -> dict[str, Any]:
     """One rank's trace document (see the module docstring)."""
     b = _Builder()
-    b.add({"ph": "M", "name": "thread_name", "pid": PID, "tid": MAIN_TID, "ts": 0,
-           "args": {"name": f"thread {MAIN_TID} (python)"}})
+    b.add(thread_name(PID, MAIN_TID, f"thread {MAIN_TID} (python)"))
     for tid in GLOO_TIDS:
-        b.add({"ph": "M", "name": "thread_name", "pid": PID, "tid": tid, "ts": 0,
-               "args": {"name": f"thread {tid} (pt_gloo_runloop)"}})
+        b.add(thread_name(PID, tid, f"thread {tid} (pt_gloo_runloop)"))
     t = draw(st.floats(0, 100))
     for number in range(1, draw(st.integers(0, 4)) + 1):
         length = draw(st.floats(50, 3000))
@@ -195,11 +192,9 @@ def fsdp_traces(draw: st.DrawFn, *, rank: int = 0, world_size: int = 2, gpu: boo
             b.add(_x(draw(_label_name(steps=True)), draw(st.sampled_from(["user_annotation", "cpu_op"])),
                      draw(st.sampled_from([MAIN_TID, AUTOGRAD_TID, GLOO_TIDS[0]])), a, dur))
     for _ in range(draw(st.integers(0, 6))):  # allocator samples
-        b.add({"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": PID,
-               "tid": MAIN_TID, "ts": draw(st.floats(0, end)),
-               "args": {"Device Type": 1 if gpu else 0, "Device Id": 0, "Bytes": draw(st.integers(-4096, 4096)),
-                        "Total Allocated": draw(st.integers(0, 2**40)), "Total Reserved": draw(st.integers(0, 2**40)),
-                        "Addr": 1}})
+        b.add(memory_sample(PID, MAIN_TID, draw(st.floats(0, end)), delta=draw(st.integers(-4096, 4096)),
+                            allocated=draw(st.integers(0, 2**40)), reserved=draw(st.integers(0, 2**40)),
+                            device_type=1 if gpu else 0))
     if hostile:
         b.events.extend(draw(st.lists(hostile_events(), max_size=8)))
     events = draw(st.permutations(b.events)) if draw(st.booleans()) else b.events
@@ -249,16 +244,13 @@ class _Timeline(_Builder):
             if self.gpu:
                 self.kernel("volta_sgemm_128x64_nn", STREAMS[0], start)
 
-    def kernel(self, name: str, stream: int, launch: float) -> None:
+    def kernel(self, name: str, stream: int, at: float) -> None:
         corr, self.corr = self.corr, self.corr + 1
-        self.add(_x("cudaLaunchKernel", "cuda_runtime", MAIN_TID, launch, 0.5, correlation=corr,
-                    **{"External id": corr}))
-        start = max(launch + self.draw(st.floats(1, 40)), self.stream_free[stream])
+        self.add(launch(corr, PID, MAIN_TID, at, 0.5))
+        start = max(at + self.draw(st.floats(1, 40)), self.stream_free[stream])
         length = self.draw(st.floats(1, 300))
         self.stream_free[stream] = start + length
-        self.add({"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": stream, "ts": start,
-                  "dur": length, "args": {"device": 0, "stream": stream, "correlation": corr,
-                                          "External id": corr}})
+        self.add(gpu_op(name, start, length, corr=corr, stream=stream))
 
     def collective(self, comm: str) -> None:
         """The issuing op on the main thread, the collective on a gloo thread or the NCCL stream."""
@@ -297,8 +289,7 @@ def fsdp_timelines(draw: st.DrawFn, *, rank: int = 0, world_size: int = 2, gpu: 
     with_root = draw(st.booleans())
     order = [("(root)", True)] * with_root + [(u, False) for u in units]
     tl = _Timeline(draw, gpu, draw(st.floats(0, 100)))
-    tl.add({"ph": "M", "name": "thread_name", "pid": PID, "tid": MAIN_TID, "ts": 0,
-            "args": {"name": f"thread {MAIN_TID} (python)"}})
+    tl.add(thread_name(PID, MAIN_TID, f"thread {MAIN_TID} (python)"))
     for number in range(1, draw(st.integers(1, 4)) + 1):
         step = tl.open(f"ProfilerStep#{number}")
         for i, (unit, root) in enumerate(order):  # forward: each unit's window, gathered first
@@ -339,10 +330,8 @@ def fsdp_timelines(draw: st.DrawFn, *, rank: int = 0, world_size: int = 2, gpu: 
             tl.t = max(tl.t, *tl.gloo_free.values())
         tl.close(step)
     for _ in range(draw(st.integers(0, 6))):
-        tl.add({"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": PID, "tid": MAIN_TID,
-                "ts": draw(st.floats(0, tl.t)), "args": {"Device Type": 1 if gpu else 0, "Device Id": 0,
-                                                         "Bytes": 64, "Total Allocated": draw(st.integers(0, 2**40)),
-                                                         "Total Reserved": 2**41}})
+        tl.add(memory_sample(PID, MAIN_TID, draw(st.floats(0, tl.t)), delta=64,
+                             allocated=draw(st.integers(0, 2**40)), reserved=2**41, device_type=1 if gpu else 0))
     return {"schemaVersion": 1, "traceEvents": tl.events,
             "distributedInfo": {"backend": "nccl" if gpu else "gloo", "rank": rank, "world_size": world_size}}
 

@@ -12,12 +12,11 @@ writing, so ranks on a shared timeline serialise the event body once.
 
 from __future__ import annotations
 
-import gzip
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orjson
+from helpers.kineto import complete, flow, instant, process_name, thread_name, write_trace
 
 from .scenario import Scenario
 from .timeline import AUTOGRAD, MAIN, STREAMS, Event
@@ -93,7 +92,7 @@ def event_dicts(events: list[Event], sc: Scenario, rank: int, timeline: int, sha
     append = out.append
     t0 = sc.start_ns
     for ev in events:
-        ts = _pick(ev.ts, timeline)
+        ts = _us(_pick(ev.ts, timeline))
         if ev.lane[0] == "gpu":
             p, t = device, ev.lane[1]
         else:
@@ -107,54 +106,26 @@ def event_dicts(events: list[Event], sc: Scenario, rank: int, timeline: int, sha
             args = {**args, "Process Group Name": name, "Process Group Description": desc,
                     "Process Group Ranks": str(ranks)}
         if ev.ph == "X":
-            append({"ph": "X", "cat": ev.cat, "name": ev.name, "pid": p, "tid": t, "ts": _us(ts),
-                    "dur": _us(_pick(ev.dur, timeline)), "args": args})
+            append(complete(ev.name, ev.cat, p, t, ts, _us(_pick(ev.dur, timeline)), args))
         else:
-            append({"ph": "i", "cat": ev.cat, "s": "t", "name": ev.name, "pid": p, "tid": t, "ts": _us(ts),
-                    "args": args})
+            append(instant(ev.name, ev.cat, p, t, ts, args))
         if ev.flow is not None:
             corr, lane, t_launch = ev.flow
-            append({"ph": "s", "id": corr, "pid": pid, "tid": tids[lane], "ts": _us(_pick(t_launch, timeline)),
-                    "cat": "ac2g", "name": "ac2g"})
-            append({"ph": "f", "id": corr, "pid": p, "tid": t, "ts": _us(ts), "cat": "ac2g", "name": "ac2g",
-                    "bp": "e"})
-    meta_ts = _us(t0)
-    out.extend(_metadata(pid, autograd_tid, device, meta_ts))
+            out.extend(flow(corr, pid, tids[lane], _us(_pick(t_launch, timeline)), p, t, ts))
+    out.extend(_metadata(pid, autograd_tid, device, _us(t0)))
     return out
 
 
 def _metadata(pid: int, autograd_tid: int, device: int, ts: float) -> list[dict]:
-    meta = [
-        {"name": "process_name", "ph": "M", "ts": ts, "pid": pid, "tid": 0, "args": {"name": "python3.11"}},
-        {"name": "process_labels", "ph": "M", "ts": ts, "pid": pid, "tid": 0, "args": {"labels": "CPU"}},
-        {"name": "process_name", "ph": "M", "ts": ts, "pid": device, "tid": 0, "args": {"name": "python3.11"}},
-        {"name": "process_labels", "ph": "M", "ts": ts, "pid": device, "tid": 0,
-         "args": {"labels": f"GPU {device}"}},
-        {"name": "thread_name", "ph": "M", "ts": ts, "pid": pid, "tid": pid,
-         "args": {"name": f"thread {pid} (pt_main_thread)"}},
-        {"name": "thread_name", "ph": "M", "ts": ts, "pid": pid, "tid": autograd_tid,
-         "args": {"name": f"thread {autograd_tid} (pt_autograd_0)"}},
-    ]
-    for stream in STREAMS:
-        meta.append({"name": "thread_name", "ph": "M", "ts": ts, "pid": device, "tid": stream,
-                     "args": {"name": f"stream {stream} "}})
+    meta = [*process_name(pid, "python3.11", "CPU", ts), *process_name(device, "python3.11", f"GPU {device}", ts),
+            thread_name(pid, pid, f"thread {pid} (pt_main_thread)", ts),
+            thread_name(pid, autograd_tid, f"thread {autograd_tid} (pt_autograd_0)", ts)]
+    meta.extend(thread_name(device, stream, f"stream {stream} ", ts) for stream in STREAMS)
     return meta
 
 
 def write_rank(path: Path, head: dict[str, Any], body: list[dict] | bytes, *, level: int = 6,
                body_gz: bytes | None = None) -> None:
-    """Write one ``.json.gz`` file: ``head`` plus the events (dicts, or their serialised JSON list).
-
-    ``body_gz``: the body already compressed (a gzip member of its own). The file is then three
-    concatenated gzip members — header, body, closing brace — which every gzip reader joins (RFC
-    1952), so ranks sharing one event body compress it once.
-    """
-    head_bytes = orjson.dumps({**head, "traceName": str(path)})
-    # '{...header..., "traceEvents": [events]}': splice the pre-serialised list into the object.
-    opening = head_bytes[:-1] + b',"traceEvents":'
-    if body_gz is not None:
-        path.write_bytes(gzip.compress(opening, compresslevel=level) + body_gz + gzip.compress(b"}"))
-        return
-    if isinstance(body, list):
-        body = orjson.dumps(body)
-    path.write_bytes(gzip.compress(opening + body + b"}", compresslevel=level))
+    """Write one rank's ``.json.gz`` file: ``head`` plus the events (dicts, or their serialised JSON
+    list, or ``body_gz``: the events compressed once for all ranks sharing them)."""
+    write_trace(path, {**head, "traceName": str(path)}, body, compress=True, level=level, events_gz=body_gz)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from tracebuild import TraceBuilder
+from helpers.kineto import TraceBuilder
 
 from fsdpviz.cli import main
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tracebuild import TraceBuilder
+from helpers.kineto import TraceBuilder
 
 from fsdpviz.analysis.compare.memory import drift_bytes, step_levels, step_rise_bytes
 from fsdpviz.trace import load_traces

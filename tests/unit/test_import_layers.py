@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tracebuild import TraceBuilder
+from helpers.kineto import TraceBuilder
 
 FORBIDDEN = ("torch", "holoviews", "bokeh", "panel")
 

@@ -9,12 +9,12 @@ Two claims are checked:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
-from gpu_real import load_real
 
 from fsdpviz.analysis.overlap import compute_overlap
 from fsdpviz.trace import TraceSet
@@ -47,10 +47,6 @@ def _golden() -> list[HtaRow]:
 ROWS = _golden()
 
 
-def _load(gpu_real_dir: Path, rel: str) -> TraceSet:
-    return load_real(gpu_real_dir / rel)
-
-
 def test_golden_file_lists_every_trace_of_the_readme() -> None:
     listed = {r.path for r in ROWS}
     assert len(ROWS) == 8 and len(listed) == 8
@@ -58,17 +54,17 @@ def test_golden_file_lists_every_trace_of_the_readme() -> None:
 
 
 @pytest.mark.parametrize("row", [r for r in ROWS if r.window != "all"], ids=lambda r: r.path)
-def test_overlap_agrees_with_hta_within_half_a_point(gpu_real_dir: Path, row: HtaRow) -> None:
-    result = compute_overlap(_load(gpu_real_dir, row.path))
+def test_overlap_agrees_with_hta_within_half_a_point(gpu_real_dir: Path, load_real: Callable[[Path], TraceSet], row: HtaRow) -> None:
+    result = compute_overlap(load_real(gpu_real_dir / row.path))
     ours = result.loc[result["rank"] == row.rank].iloc[0]
     assert ours["device"] == "gpu"
     assert abs(ours["overlap_pct"] - row.overlap_pct) <= 0.5, (ours["overlap_pct"], row.overlap_pct)
 
 
-def test_b200_zero_overlap_is_real_not_a_missed_nccl_name(gpu_real_dir: Path) -> None:
+def test_b200_zero_overlap_is_real_not_a_missed_nccl_name(gpu_real_dir: Path, load_real: Callable[[Path], TraceSet]) -> None:
     # New-style ncclDevKernel_* names must be recognised; the 0 % comes from the all-gather running on
     # the compute stream itself (kernels on one stream never overlap), not from finding no comm.
-    traces = _load(gpu_real_dir, "tracelens_b200_eager/eager_trace.json.gz")
+    traces = load_real(gpu_real_dir / "tracelens_b200_eager/eager_trace.json.gz")
     ours = compute_overlap(traces).iloc[0]
     assert ours["comm_ns"] > 0 and ours["overlap_pct"] == 0.0
     comm = traces.events[(traces.events["comm"] != "") & (traces.events["kind"] == "kernel")]
@@ -92,8 +88,8 @@ def _as_hta_would_see_it(traces: TraceSet) -> TraceSet:
 
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: r.path)
-def test_hta_numbers_reproduced_with_its_rounding_and_window(gpu_real_dir: Path, row: HtaRow) -> None:
-    traces = _load(gpu_real_dir, row.path)
+def test_hta_numbers_reproduced_with_its_rounding_and_window(gpu_real_dir: Path, load_real: Callable[[Path], TraceSet], row: HtaRow) -> None:
+    traces = load_real(gpu_real_dir / row.path)
     if row.rounding == "us":
         traces = _as_hta_would_see_it(traces)
     result = compute_overlap(traces, include_last_step=row.window == "all")

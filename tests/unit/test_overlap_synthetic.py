@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers.kineto import MAIN_TID, TraceBuilder
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tracebuild import MAIN_TID, TraceBuilder
 
 from fsdpviz.analysis import intervals as iv
 from fsdpviz.analysis import overlap as ov

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tracebuild import TraceBuilder
+from helpers.kineto import TraceBuilder
 
 from fsdpviz.analysis.run import analyze_run
 from fsdpviz.trace import load_traces

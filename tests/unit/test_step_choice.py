@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from tracebuild import PID, TraceBuilder
+from helpers.kineto import MAIN_TID, PID, TraceBuilder, launch
 
 from fsdpviz.analysis.steps import select_steps
 from fsdpviz.analysis.summary import summarize
@@ -25,8 +25,7 @@ def _gpu_trace(rank: int, *, cut_last: bool = False) -> TraceBuilder:
         b.step(step, t0, 1000)
         b.kernel("gemm", t0 + 100, 200, launch_us=t0 + 10)
         if cut_last and step == STEPS[-1]:
-            b.events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": PID,
-                             "tid": 1000, "ts": t0 + 20, "dur": 1, "args": {"correlation": 999}})
+            b.events.append(launch(999, PID, MAIN_TID, t0 + 20))
         else:
             b.kernel("ncclDevKernel_AllGather_RING_LL", t0 + 300, 200, stream=24, launch_us=t0 + 20)
     return b

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from tracebuild import TraceBuilder
+from helpers.kineto import TraceBuilder
 
 from fsdpviz.analysis import summarize
 from fsdpviz.cli import main

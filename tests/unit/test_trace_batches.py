@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tracebuild import MAIN_TID, TraceBuilder
+from helpers.kineto import MAIN_TID, TraceBuilder
 
 from fsdpviz.errors import TraceError
 from fsdpviz.trace import kineto, stream

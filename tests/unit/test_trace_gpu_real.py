@@ -9,13 +9,13 @@ from __future__ import annotations
 import gzip
 import re
 from collections import Counter
+from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
-from gpu_real import load_real
 
 from fsdpviz.trace import TraceSet
 
@@ -38,7 +38,7 @@ def _all_traces(gpu_real_dir: Path) -> list[Path]:
 
 
 @pytest.fixture(scope="module")
-def loaded(gpu_real_dir: Path) -> dict[str, tuple[TraceSet, dict[str, Any]]]:
+def loaded(gpu_real_dir: Path, load_real: Callable[[Path], TraceSet]) -> dict[str, tuple[TraceSet, dict[str, Any]]]:
     out = {}
     for path in _all_traces(gpu_real_dir):
         raw = orjson.loads(gzip.decompress(path.read_bytes()))

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-from tracebuild import MAIN_TID, TraceBuilder
+from helpers.kineto import MAIN_TID, TraceBuilder
 
 from fsdpviz.runfolder import RunInfo, UnitInfo, to_builtins
 from fsdpviz.trace import load_traces, schema

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -23,16 +24,17 @@ RUNS = {"fsdp2-cpu-2rank": "fsdp2", "fsdp1-cpu-2rank": "fsdp1", "zero3-cpu-2rank
         "fsdp2-cpu-2rank-plain": "fsdp2"}
 GATHER_LABEL = {"fsdp2": "FSDP::all_gather", "fsdp1": "fsdpviz::all_gather ("}
 REDUCE_LABEL = {"fsdp2": "FSDP::post_backward_reduce", "fsdp1": "fsdpviz::reduce_scatter ("}
-_cache: dict[str, RunAnalysis] = {}
 
 
-def sample(repo_root: Path, name: str) -> RunAnalysis:
-    folder = repo_root / "sample_traces" / name
-    if not folder.is_dir():
-        pytest.skip(f"sample recording {folder} is missing")
-    if name not in _cache:
-        _cache[name] = analyze_run(load_traces([folder], cache=False))
-    return _cache[name]
+@pytest.fixture(scope="session")
+def sample(repo_root: Path, session_memo: Callable[..., RunAnalysis]) -> Callable[[str], RunAnalysis]:
+    """``sample(name)``: a bundled sample recording analysed once per session."""
+    def analysed(name: str) -> RunAnalysis:
+        folder = repo_root / "sample_traces" / name
+        if not folder.is_dir():
+            pytest.skip(f"sample recording {folder} is missing")
+        return session_memo(("sample", name), lambda: analyze_run(load_traces([folder], cache=False)))
+    return analysed
 
 
 def block_units(analysis: RunAnalysis) -> list[str]:
@@ -44,8 +46,8 @@ def block_units(analysis: RunAnalysis) -> list[str]:
 
 
 @pytest.mark.parametrize("name", list(RUNS))
-def test_every_block_unit_gathers_computes_and_reduces(repo_root: Path, name: str) -> None:
-    analysis = sample(repo_root, name)
+def test_every_block_unit_gathers_computes_and_reduces(sample: Callable[[str], RunAnalysis], name: str) -> None:
+    analysis = sample(name)
     assert analysis.framework == RUNS[name] and analysis.has_units
     stats = analysis.unit_stats.set_index("unit")
     blocks = block_units(analysis)
@@ -55,25 +57,25 @@ def test_every_block_unit_gathers_computes_and_reduces(repo_root: Path, name: st
 
 
 @pytest.mark.parametrize("name", list(RUNS))
-def test_unit_peaks_exceed_unsharded_parameters(repo_root: Path, name: str) -> None:
-    stats = sample(repo_root, name).unit_stats
+def test_unit_peaks_exceed_unsharded_parameters(sample: Callable[[str], RunAnalysis], name: str) -> None:
+    stats = sample(name).unit_stats
     fetched = stats[stats["param_numel"] != 0]  # ZeRO-3's root and blocks hold no parameters of their own
     assert (fetched["param_bytes"] > 0).all() and len(fetched) >= len(stats) - 3
     assert (fetched["peak_allocated_bytes"] > fetched["param_bytes"]).all()
 
 
 @pytest.mark.parametrize("name", list(RUNS))
-def test_unit_compute_and_framework_time_reconcile_with_step_time(repo_root: Path, name: str) -> None:
-    times = sample(repo_root, name).step_times
+def test_unit_compute_and_framework_time_reconcile_with_step_time(sample: Callable[[str], RunAnalysis], name: str) -> None:
+    times = sample(name).step_times
     attributed = (times["unit_compute_ns"] + times["framework_ns"] + times["optimizer_ns"]) / times["step_ns"]
     assert (attributed <= 1.0).all()  # the categories never overlap
     assert attributed.median() >= 0.95
 
 
-def test_zero3_blocks_and_root_compute_their_own_code_between_their_units(repo_root: Path) -> None:
+def test_zero3_blocks_and_root_compute_their_own_code_between_their_units(repo_root: Path, sample: Callable[[str], RunAnalysis]) -> None:
     """With a unit per submodule, a block's own code (attention scores, residual adds) lies between
     its units: it is the block's compute (a unit without parameters), and no time counts twice."""
-    analysis = sample(repo_root, "zero3-cpu-2rank")
+    analysis = sample("zero3-cpu-2rank")
     stats = analysis.unit_stats.set_index("unit")
     for group in ("(root)", "blocks.0", "blocks.1"):
         assert stats.loc[group, "param_numel"] == 0 and stats.loc[group, "all_gather_ns"] == 0
@@ -109,8 +111,8 @@ def _labels_per_step(repo_root: Path, name: str, rank: int, prefix: str) -> dict
 
 
 @pytest.mark.parametrize("name", ["fsdp2-cpu-2rank", "fsdp1-cpu-2rank", "fsdp2-cpu-2rank-plain"])
-def test_every_gather_and_reduce_label_has_its_collective(repo_root: Path, name: str) -> None:
-    analysis = sample(repo_root, name)
+def test_every_gather_and_reduce_label_has_its_collective(repo_root: Path, sample: Callable[[str], RunAnalysis], name: str) -> None:
+    analysis = sample(name)
     framework = RUNS[name]
     spans = analysis.spans
     for rank in analysis.ranks:
@@ -122,22 +124,22 @@ def test_every_gather_and_reduce_label_has_its_collective(repo_root: Path, name:
             assert (mine["kind"] == "reduce_scatter").sum() == reduces[step]
 
 
-def test_units_read_from_labels_match_run_json(repo_root: Path) -> None:
+def test_units_read_from_labels_match_run_json(sample: Callable[[str], RunAnalysis]) -> None:
     """A plain profiler recording has no run.json: units, order and sizes come from the labels and
     the gathered bytes, and agree with what fsdpviz record wrote for the same model."""
-    plain = sample(repo_root, "fsdp2-cpu-2rank-plain").units
-    recorded = sample(repo_root, "fsdp2-cpu-2rank").units
+    plain = sample("fsdp2-cpu-2rank-plain").units
+    recorded = sample("fsdp2-cpu-2rank").units
     assert list(plain["unit"]) == list(recorded["unit"])
     assert list(plain["param_bytes"]) == list(recorded["param_bytes"])
     assert list(plain["parent"]) == ["", "(root)", "(root)"]
 
 
 @pytest.mark.parametrize("name", list(RUNS))
-def test_first_forward_gather_finding_says_what_happened(repo_root: Path, name: str) -> None:
+def test_first_forward_gather_finding_says_what_happened(repo_root: Path, sample: Callable[[str], RunAnalysis], name: str) -> None:
     """The step's first forward all-gather (FSDP2: the root's bare ``FSDP::all_gather``; ZeRO-3: one
     bucket of many modules, listed first in the first ``fsdpviz::all_gather (...)`` range) has
     nothing to hide behind: its finding says so, with the numbers, whatever the framework."""
-    analysis = sample(repo_root, name)
+    analysis = sample(name)
     traces = load_traces([repo_root / "sample_traces" / name], cache=False)
     ev = traces.events
     names = ev["name"].astype(str)

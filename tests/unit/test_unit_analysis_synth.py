@@ -7,10 +7,12 @@ own record of what it created, never from fsdpviz.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pandas as pd
 import pytest
-from synth import ROOT, Scenario, generate_run, make_root, make_units
+from synth import ROOT, Scenario, SynthRun, generate_run, make_root, make_units
 
 from fsdpviz.analysis.run import RunAnalysis, analyze_run
 from fsdpviz.trace import load_traces, schema
@@ -37,22 +39,22 @@ UNIT_COLS = ["ag_issue_ns", "ag_start_ns", "ag_end_ns", "ag_ns", "ag_bytes", "ag
              "n_passes"]
 KEY = ["rank", "step", "unit", "phase"]
 
-_cache: dict[str, tuple] = {}
 
 
-def analysed(name: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[RunAnalysis, object]:
-    """Generate, load and analyse a scenario once per test session."""
-    if name not in _cache:
+@pytest.fixture(scope="session")
+def analysed(tmp_path_factory: pytest.TempPathFactory,
+             session_memo: Callable[..., tuple[RunAnalysis, SynthRun]]) -> Callable[[str], tuple[RunAnalysis, SynthRun]]:
+    """``analysed(name)``: a scenario generated, loaded and analysed once per test session."""
+    def make(name: str) -> tuple[RunAnalysis, SynthRun]:
         sc = SCENARIOS[name]
         run = generate_run(sc, tmp_path_factory.mktemp(name))
-        analysis = analyze_run(load_traces(run.paths, cache=False), steps=list(sc.steps))
-        _cache[name] = (analysis, run)
-    return _cache[name]
+        return analyze_run(load_traces(run.paths, cache=False), steps=list(sc.steps)), run
+    return lambda name: session_memo(("synth-scenario", name), lambda: make(name))
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
-def test_unit_steps_match_the_model(name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
-    analysis, run = analysed(name, tmp_path_factory)
+def test_unit_steps_match_the_model(name: str, analysed: Callable[[str], tuple[RunAnalysis, SynthRun]]) -> None:
+    analysis, run = analysed(name)
     got = analysis.unit_steps.set_index(KEY).sort_index()
     want = run.expected.unit_steps.set_index(KEY).sort_index()
     assert got.index.equals(want.index)
@@ -64,8 +66,8 @@ def test_unit_steps_match_the_model(name: str, tmp_path_factory: pytest.TempPath
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
-def test_spans_on_the_reference_clock(name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
-    analysis, run = analysed(name, tmp_path_factory)
+def test_spans_on_the_reference_clock(name: str, analysed: Callable[[str], tuple[RunAnalysis, SynthRun]]) -> None:
+    analysis, run = analysed(name)
     key = ["rank", "step", "micro", "unit", "phase", "kind", "lane", "start_ns"]
     got = analysis.spans.merge(run.expected.spans, on=key, how="outer", indicator=True, suffixes=("", "_want"))
     assert (got["_merge"] == "both").all()
@@ -73,8 +75,8 @@ def test_spans_on_the_reference_clock(name: str, tmp_path_factory: pytest.TempPa
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
-def test_clock_offsets_and_memory_peaks(name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
-    analysis, run = analysed(name, tmp_path_factory)
+def test_clock_offsets_and_memory_peaks(name: str, analysed: Callable[[str], tuple[RunAnalysis, SynthRun]]) -> None:
+    analysis, run = analysed(name)
     clock = analysis.clock.set_index("rank")
     for rank, offset in run.expected.clock_offsets.items():
         assert clock.loc[rank, "offset_ns"] == offset
@@ -87,8 +89,8 @@ def test_clock_offsets_and_memory_peaks(name: str, tmp_path_factory: pytest.Temp
         assert (got[col].to_numpy() == want[col].to_numpy()).all(), col
 
 
-def test_collective_start_skew(tmp_path_factory: pytest.TempPathFactory) -> None:
-    analysis, run = analysed("skewed-clocks-straggler", tmp_path_factory)
+def test_collective_start_skew(analysed: Callable[[str], tuple[RunAnalysis, SynthRun]]) -> None:
+    analysis, run = analysed("skewed-clocks-straggler")
     want = run.expected.skew
     got = analysis.skew[analysis.skew["kind"] != ""]
     merged = got.merge(want, on=["step", "unit", "phase", "kind"], suffixes=("", "_want"))
@@ -104,8 +106,8 @@ def test_collective_start_skew(tmp_path_factory: pytest.TempPathFactory) -> None
     assert straggler["lost_ns"].iat[0] == pytest.approx(3_000_000, abs=1_000)
 
 
-def test_explicit_prefetch_gathers_one_unit_ahead(tmp_path_factory: pytest.TempPathFactory) -> None:
-    analysis, _ = analysed("explicit-1-ahead", tmp_path_factory)
+def test_explicit_prefetch_gathers_one_unit_ahead(analysed: Callable[[str], tuple[RunAnalysis, SynthRun]]) -> None:
+    analysis, _ = analysed("explicit-1-ahead")
     us = analysis.unit_steps
     fwd = us[(us["phase"] == "forward") & us["unit"].str.startswith("blocks.")].sort_values(["rank", "step", "unit"])
     later = fwd[fwd["unit"] != "blocks.0"]
@@ -117,8 +119,8 @@ def test_explicit_prefetch_gathers_one_unit_ahead(tmp_path_factory: pytest.TempP
     assert (later["ag_exposed_ns"] == 0).all() and (later["prefetch_lead_ns"] > 0).all()
 
 
-def test_no_overlap_is_fully_exposed_and_says_why(tmp_path_factory: pytest.TempPathFactory) -> None:
-    analysis, _ = analysed("no-overlap", tmp_path_factory)
+def test_no_overlap_is_fully_exposed_and_says_why(analysed: Callable[[str], tuple[RunAnalysis, SynthRun]]) -> None:
+    analysis, _ = analysed("no-overlap")
     us = analysis.unit_steps
     gathers = us[us["ag_ns"] > 0]
     assert (gathers["ag_exposed_ns"] == gathers["ag_ns"]).all()
@@ -134,8 +136,8 @@ def test_no_overlap_is_fully_exposed_and_says_why(tmp_path_factory: pytest.TempP
     assert list(f["lost_ns"]) == sorted(f["lost_ns"], reverse=True)
 
 
-def test_nested_root_stats_and_units(tmp_path_factory: pytest.TempPathFactory) -> None:
-    analysis, run = analysed("implicit-root-2", tmp_path_factory)
+def test_nested_root_stats_and_units(analysed: Callable[[str], tuple[RunAnalysis, SynthRun]]) -> None:
+    analysis, run = analysed("implicit-root-2")
     sc = run.scenario
     assert analysis.framework == "fsdp2" and analysis.has_units
     assert list(analysis.units["unit"]) == [ROOT] + [u.name for u in sc.units]
@@ -152,8 +154,8 @@ def test_nested_root_stats_and_units(tmp_path_factory: pytest.TempPathFactory) -
     assert model["measured_peak_bytes"] == run.expected.step_peaks["peak_allocated_bytes"].max()
 
 
-def test_ranks_agree_on_eight_ranks(tmp_path_factory: pytest.TempPathFactory) -> None:
-    analysis, _ = analysed("implicit-8-ranks", tmp_path_factory)
+def test_ranks_agree_on_eight_ranks(analysed: Callable[[str], tuple[RunAnalysis, SynthRun]]) -> None:
+    analysis, _ = analysed("implicit-8-ranks")
     assert analysis.ranks == list(range(8))
     per_rank = analysis.unit_steps.groupby("rank")["ag_exposed_ns"].sum()
     assert per_rank.nunique() == 1
@@ -161,8 +163,8 @@ def test_ranks_agree_on_eight_ranks(tmp_path_factory: pytest.TempPathFactory) ->
     assert analysis.findings[analysis.findings["kind"] == "straggler"].empty
 
 
-def test_tables_follow_the_schema(tmp_path_factory: pytest.TempPathFactory) -> None:
-    analysis, _ = analysed("hsdp-skewed", tmp_path_factory)
+def test_tables_follow_the_schema(analysed: Callable[[str], tuple[RunAnalysis, SynthRun]]) -> None:
+    analysis, _ = analysed("hsdp-skewed")
     for table, sch in ((analysis.spans, schema.SPANS), (analysis.unit_steps, schema.UNIT_STEPS),
                        (analysis.unit_stats, schema.UNIT_STATS), (analysis.step_times, schema.STEP_TIMES),
                        (analysis.memory, schema.MEMORY), (analysis.memory_peaks, schema.MEMORY_PEAKS),
@@ -188,10 +190,10 @@ def test_without_unit_labels_only_whole_step_numbers(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("name", ["grad-accum-2", "grad-accum-3-explicit"])
-def test_gradient_accumulation_sums_micro_batches(name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_gradient_accumulation_sums_micro_batches(name: str, analysed: Callable[[str], tuple[RunAnalysis, SynthRun]]) -> None:
     """Each micro-batch's forward is a forward pass (not recomputation inside backward): every unit
     runs both phases once per micro-batch, and a step's per-unit numbers are their sums."""
-    analysis, run = analysed(name, tmp_path_factory)
+    analysis, run = analysed(name)
     sc = run.scenario
     us = analysis.unit_steps
     assert (us["n_passes"] == sc.micro_batches).all()

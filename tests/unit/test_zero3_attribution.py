@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from helpers.kineto import TraceBuilder
 from synth import Scenario, generate_run, make_units
-from tracebuild import TraceBuilder
 
 from fsdpviz.analysis import memory
 from fsdpviz.analysis.labels import parse_label_name, parse_labels
