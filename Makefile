@@ -35,7 +35,8 @@ demo: setup
 	OMP_NUM_THREADS=1 $(PY) -m fsdpviz record --out $(DEMO_DIR) --force -- \
 		$(PY) -m torch.distributed.run --standalone --nproc_per_node 2 examples/train.py --framework fsdp2
 
-test: setup-dev
+# The checks first (seconds), then the suite.
+test: lint
 	$(PY) -m pytest -q
 
 test-fast: setup-dev
@@ -59,8 +60,10 @@ bench-post-record: setup-dev
 
 bench: bench-load bench-scale bench-record bench-report bench-post-record
 
+# ruff on everything; mypy on the package (its settings are in pyproject.toml).
 lint: setup-dev
-	$(PY) -m ruff check fsdpviz tests
+	$(PY) -m ruff check fsdpviz tests benchmarks
+	$(PY) -m mypy
 
 clean:
 	rm -rf $(VENV) .pytest_cache $(DEMO_DIR)

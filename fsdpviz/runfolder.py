@@ -166,7 +166,8 @@ def run_info_from(data: dict[str, Any]) -> RunInfo:
 
 def to_builtins(run: RunInfo | UnitInfo | RankInfo) -> dict[str, Any]:
     """The JSON object of a run.json struct, as plain Python values."""
-    return msgspec.to_builtins(run)  # type: ignore[no-any-return]
+    out: dict[str, Any] = msgspec.to_builtins(run)
+    return out
 
 
 def rank_path(run_dir: Path, template: str, rank: int) -> Path:

@@ -44,7 +44,7 @@ def lane_kinds(events: pd.DataFrame, lanes: pd.DataFrame) -> np.ndarray:
     """``lane_kind`` of each event row of one rank (via that rank's LANES rows)."""
     if events.empty:
         return np.zeros(0, dtype=object)
-    rank = int(events["rank"].iat[0])
+    rank = int(events["rank"].to_numpy()[0])
     mine = lanes[lanes["rank"] == rank]
     kind_of = dict(zip(mine["lane"].astype(str), mine["lane_kind"].astype(str)))
     lane = events["lane"]

@@ -102,7 +102,8 @@ def estimate_clocks(coll: pd.DataFrame, ranks: list[int]) -> pd.DataFrame:
 
 def applied_offsets(clock: pd.DataFrame) -> dict[int, int]:
     """rank -> ns to subtract from its times (0 for ranks whose clock is kept)."""
-    return {int(r.rank): (int(r.offset_ns) if r.applied else 0) for r in clock.itertuples()}
+    return {int(rank): (int(offset) if applied else 0) for rank, offset, applied in
+            zip(clock["rank"].to_numpy(), clock["offset_ns"].to_numpy(), clock["applied"].to_numpy())}
 
 
 def shift_times(frame: pd.DataFrame, offsets: dict[int, int], cols: Sequence[str],

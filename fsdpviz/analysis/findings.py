@@ -23,7 +23,8 @@ The cause is read from the trace, and a knob is only suggested when the trace sh
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Iterator
+from typing import Final, cast
 
 import numpy as np
 import pandas as pd
@@ -119,10 +120,16 @@ def _shared(spans: pd.DataFrame, kind: str) -> pd.DataFrame:
 def _share_text(shared: pd.DataFrame, unit: str, phase: str, what: str, share_ns: float) -> str:
     """``"all-gather 2.90 ms carrying up to 19 units (its share 0.55 ms)"``, or ``"all-gather 0.55 ms"``."""
     if (unit, phase) in shared.index:
-        row = shared.loc[(unit, phase)]
-        return (f"{what} {_ms(row['full_ns'])} carrying up to {int(row['n_units'])} units "
-                f"(its share {_ms(share_ns)})")
+        full_ns, n_units = shared["full_ns"][(unit, phase)], shared["n_units"][(unit, phase)]
+        return f"{what} {_ms(float(full_ns))} carrying up to {int(n_units)} units (its share {_ms(share_ns)})"
     return f"{what} {_ms(share_ns)}"
+
+
+def _unit_passes(med: pd.DataFrame) -> Iterator[tuple[str, str, pd.Series]]:
+    """``(unit, phase, medians)`` for each row of a frame indexed by (unit, phase)."""
+    for key, m in med.iterrows():
+        unit, phase = cast(tuple[str, str], key)
+        yield unit, phase, m
 
 
 def gather_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, framework: str, floor_ns: float) -> list[dict]:
@@ -134,7 +141,7 @@ def gather_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, framework: st
     shared = _shared(spans, schema.SPAN_ALL_GATHER)
     totals = unit_steps.groupby(["rank", "step", "phase"]).agg(c=("compute_ns", "sum"), g=("ag_ns", "sum"))
     totals = totals.groupby("phase").median()
-    for (unit, phase), m in med.iterrows():
+    for unit, phase, m in _unit_passes(med):
         if phase not in (schema.PHASE_FORWARD, schema.PHASE_BACKWARD) or m["ag_exposed_ns"] < floor_ns:
             continue
         seq = order.get(phase, [])
@@ -193,7 +200,7 @@ def reduce_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, floor_ns: flo
                                        ("ar", "exposed_all_reduce", schema.SPAN_ALL_REDUCE, "all-reduce")):
         alone = _nothing_left(spans, span_kind)
         shared = _shared(spans, span_kind)
-        for (unit, phase), m in med.iterrows():
+        for unit, phase, m in _unit_passes(med):
             exposed = m[f"{col}_exposed_ns"]
             if exposed < floor_ns:
                 continue

@@ -212,9 +212,8 @@ def pass_starts(labels: pd.DataFrame) -> pd.DataFrame:
     step's first pass needs no start: whatever comes before the first start is pass 0.
     """
     family, action = labels["family"], labels["action"]
-    fsdpviz_open = (family == FAMILY_FSDPVIZ) & ((action == ENGINE_FORWARD) | (
-        (action == schema.PHASE_FORWARD) & (labels["unit"] == ROOT)))
-    fsdpviz_open = fsdpviz_open.to_numpy()
+    fsdpviz_open = ((family == FAMILY_FSDPVIZ) & ((action == ENGINE_FORWARD) | (
+        (action == schema.PHASE_FORWARD) & (labels["unit"] == ROOT)))).to_numpy()
     is_cand = ((family == FAMILY_FSDP2) & (action == "root_pre_forward")).to_numpy() | fsdpviz_open
     if not is_cand.any():
         return schema.make_empty(PASS_STARTS)

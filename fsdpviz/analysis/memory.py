@@ -80,8 +80,9 @@ def step_peaks(samples: pd.DataFrame, steps: pd.DataFrame, windows: pd.DataFrame
     reserved = samples["reserved_bytes"].to_numpy(np.int64)
     w_start = windows["start_ns"].to_numpy(np.int64)
     w_end = windows["end_ns"].to_numpy(np.int64)
-    for st in steps.itertuples():
-        a, b = np.searchsorted(t, [st.start_ns, st.end_ns], side="left")
+    for rank, step, start_ns, end_ns in zip(steps["rank"].to_numpy(), steps["step"].to_numpy(),
+                                            steps["start_ns"].to_numpy(np.int64), steps["end_ns"].to_numpy(np.int64)):
+        a, b = np.searchsorted(t, [start_ns, end_ns], side="left")
         if b <= a:
             continue
         i = a + int(np.argmax(v[a:b]))  # argmax: the first time the peak is reached
@@ -90,7 +91,7 @@ def step_peaks(samples: pd.DataFrame, steps: pd.DataFrame, windows: pd.DataFrame
         if len(inside):
             j = _innermost(inside, w_start, windows["unit"], ancestors or {})
             unit, phase = str(windows["unit"].iat[j]), str(windows["phase"].iat[j])
-        rows.append({"rank": st.rank, "step": st.step, "device": device, "peak_allocated_bytes": int(v[i]),
+        rows.append({"rank": rank, "step": step, "device": device, "peak_allocated_bytes": int(v[i]),
                      "peak_reserved_bytes": int(reserved[a:b].max()), "peak_t_ns": int(t[i]),
                      "unit": unit, "phase": phase})
     if not rows:

@@ -82,4 +82,5 @@ class Finding(msgspec.Struct, kw_only=True):
 
     def to_json(self) -> dict[str, Any]:
         """The finding as plain JSON values."""
-        return msgspec.to_builtins(self)  # type: ignore[no-any-return]
+        out: dict[str, Any] = msgspec.to_builtins(self)
+        return out

@@ -201,7 +201,8 @@ def analyze_run(traces: TraceSet, *, steps: Sequence[int] | None = None,
     for rank in ranks:
         rank_steps = by_rank["steps"](rank)
         rank_windows = by_rank["windows"](rank)
-        chosen = rank_steps if wanted[rank] is None else rank_steps[rank_steps["step"].isin(list(wanted[rank]))]
+        wanted_steps = wanted[rank]
+        chosen = rank_steps if wanted_steps is None else rank_steps[rank_steps["step"].isin(list(wanted_steps))]
         if rank in devices:
             samples = memory.device_samples(traces.memory, rank, devices[rank])
             mine = (us["rank"] == rank).to_numpy()

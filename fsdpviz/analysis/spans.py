@@ -156,7 +156,7 @@ def _spans_from(cpu: pd.DataFrame, kind: str, gpu: pd.DataFrame | None, gpu_rank
     cpu = cpu.reset_index(drop=True)
     on_gpu = cpu["rank"].isin(list(gpu_ranks)).to_numpy() if gpu is not None else np.zeros(len(cpu), bool)
     out = [cpu[~on_gpu].assign(kind=kind, bytes=schema.UNKNOWN_BYTES, issue_ns=cpu.loc[~on_gpu, "start_ns"])]
-    if on_gpu.any():
+    if gpu is not None and on_gpu.any():
         host = cpu[on_gpu].reset_index(drop=True)
         work = gpu[gpu[gpu_mask].to_numpy()] if gpu_mask else gpu[~gpu["is_comm"].to_numpy()]
         hit = innermost_enclosing(host, _points(work["rank"].to_numpy(), work["launch_lane"].to_numpy(),

@@ -159,10 +159,10 @@ def finding_entries(findings: pd.DataFrame) -> list[Finding]:
     try; empty when the trace shows no clear cause).
     """
     return [
-        Finding(rank=int(row.rank), unit=str(row.unit), phase=str(row.phase), kind=str(row.kind),
-                lost_ms_per_step=_ms(float(row.lost_ns)), message=str(row.message), evidence=str(row.evidence),
-                knob=str(row.knob))
-        for row in findings.itertuples(index=False)
+        Finding(rank=int(row["rank"]), unit=str(row["unit"]), phase=str(row["phase"]), kind=str(row["kind"]),
+                lost_ms_per_step=_ms(float(row["lost_ns"])), message=str(row["message"]),
+                evidence=str(row["evidence"]), knob=str(row["knob"]))
+        for row in findings.to_dict(orient="records")
     ]
 
 
@@ -228,8 +228,9 @@ def _memory_summary(traces: TraceSet, analysed: dict[int, AnalysedSteps | None])
     if mem.empty:
         return MemorySummary(peak_allocated_bytes=None, peak_reserved_bytes=None, device=None, per_rank={})
     reserved = mem["reserved_bytes"][mem["reserved_bytes"] >= 0]
-    per_rank = {str(int(rank)): RankMemory(peak_allocated_bytes=int(g["allocated_bytes"].max()))
-                for rank, g in mem.groupby("rank")}
+    peaks = mem.groupby("rank")["allocated_bytes"].max()
+    per_rank = {str(int(rank)): RankMemory(peak_allocated_bytes=int(peak))
+                for rank, peak in zip(peaks.index.to_numpy(), peaks.to_numpy())}
     # The CPU allocator caches nothing: its events carry reserved = 0, which means "not tracked".
     tracked = len(reserved) and (on_gpu.any() or reserved.max() > 0)
     return MemorySummary(peak_allocated_bytes=int(mem["allocated_bytes"].max()),

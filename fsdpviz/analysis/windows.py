@@ -29,7 +29,7 @@ Ancestry is the nesting of the forward windows (:func:`unit_ancestors`).
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, Literal, cast
 
 import numpy as np
 import pandas as pd
@@ -64,7 +64,7 @@ PIECES: Final[schema.Schema] = {
 
 
 def _first_after(left: pd.DataFrame, right: pd.DataFrame, left_on: str, right_on: str,
-                 by: list[str], direction: str) -> pd.DataFrame:
+                 by: list[str], direction: Literal["backward", "forward"]) -> pd.DataFrame:
     """``merge_asof`` that tolerates empty frames. Right-hand integers become nullable ``Int64``:
     a float64 NaN would round nanosecond times on the wall clock (1.7e18) to 256 ns."""
     ints = {c: "Int64" for c in right.columns
@@ -185,7 +185,8 @@ def compute_pieces(windows: pd.DataFrame, labels: pd.DataFrame,
     names = [str(u) for u in unit_names]
     is_ancestor = np.array([[a in ancestors.get(d, ()) for d in names] for a in names],
                            dtype=bool).reshape(len(names), len(names))
-    for (rank, lane), w_idx in windows.groupby(["rank", "lane"], sort=False).indices.items():
+    for key, w_idx in windows.groupby(["rank", "lane"], sort=False).indices.items():
+        rank, lane = cast(tuple[int, str], key)
         o = over_groups.get((rank, lane), np.zeros(0, dtype=np.int64))
         u_s, u_e = union_intervals(ov_s[o], ov_e[o])
         w_start, w_excl = all_start[w_idx], all_excl[w_idx]

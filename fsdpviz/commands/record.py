@@ -64,7 +64,7 @@ def record(
         raise UsageError("no command to record: fsdpviz record [OPTIONS] -- COMMAND...")
     run_dir = (out or default_run_dir()).resolve()
     try:
-        options = RecordOptions(run_dir=run_dir, steps=steps, warmup=warmup, mode=mode, memory=memory,  # type: ignore[arg-type]
+        options = RecordOptions(run_dir=run_dir, steps=steps, warmup=warmup, mode=mode, memory=memory,  # type: ignore[arg-type]  # --mode is checked in __post_init__
                                 **time_window_settings(os.environ))
     except ValueError as exc:
         raise UsageError(str(exc)) from exc

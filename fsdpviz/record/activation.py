@@ -26,7 +26,7 @@ import importlib.machinery
 import importlib.util
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Final
 
@@ -52,7 +52,7 @@ def classify_process(env: Mapping[str, str], pid: int) -> str:
 class _TorchImportWatcher(importlib.abc.MetaPathFinder):
     """Calls ``on_import`` once, right after the top-level ``torch`` module has executed."""
 
-    def __init__(self, on_import: callable) -> None:  # type: ignore[valid-type]
+    def __init__(self, on_import: Callable[[], None]) -> None:
         self._on_import = on_import
 
     def find_spec(

@@ -81,7 +81,7 @@ class Agent:
         self._step_end_pending = False
         self.clock = StepClock()
         self._step_start: Interval | None = None
-        self._whole: dict[str, Interval] = {}
+        self._whole: dict[str, Interval | None] = {}  # None: timers are off
         self._use_cuda_events = False
         self.profiler = ProfilerDriver(options)
         self._exit_hooks = ExitHooks(self.finish)

@@ -323,7 +323,7 @@ class Zero3Instrumentation(_Instrumentation):
         self._wrap(coordinator, "release_sub_module", lambda orig: self._ranged(
             orig, lambda sub_module, *a, **k: release_labels.get(id(sub_module))))
         for method in ENGINE_CALLS:
-            self._wrap(engine, method, lambda orig, method=method: self._engine_call(orig, method))
+            self._wrap(engine, method, functools.partial(self._engine_call, method=method))
         # Label: each gather DeepSpeed issues, named by the units whose parameters it carries.
         gather = "_PartitionedParameterCoordinator__all_gather_params"
         if hasattr(coordinator, gather):

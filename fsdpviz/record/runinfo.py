@@ -182,7 +182,7 @@ def build_run_json(
     framework = frameworks.most_common(1)[0][0] if frameworks else "unknown"
     if len(frameworks) > 1:
         notes = [*notes, f"ranks disagree on the framework: {dict(frameworks)}"]
-    world_sizes = {i.get("world_size") for i in rank_infos if i.get("world_size")}
+    world_sizes = {int(i["world_size"]) for i in rank_infos if i.get("world_size")}
     world_size = max(world_sizes) if world_sizes else None
     if world_size is not None and len(rank_infos) < world_size:
         missing = sorted(set(range(world_size)) - {i.get("rank") for i in rank_infos})

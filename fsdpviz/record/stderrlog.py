@@ -80,13 +80,13 @@ class ProfilerLogFilter:
 
     def stop(self) -> None:
         """Restore descriptor 2; what is already in the pipe is still forwarded."""
-        if not self.active:
+        saved = self._saved
+        if saved is None:
             return
         try:
             sys.stderr.flush()
         except (OSError, ValueError, AttributeError):
             pass
-        saved = self._saved
         self._saved = None
         os.dup2(saved, 2)  # closes this process's last write end of the pipe
         if self._thread is not None:
@@ -108,7 +108,8 @@ class ProfilerLogFilter:
                 # pieces end at a newline or at a carriage return (progress bars redraw with "\r")
                 lines = _PIECES.split(pending + chunk)
                 pending = lines.pop()
-                passed, moved = [], []
+                passed: list[bytes] = []
+                moved: list[bytes] = []
                 for line in lines:
                     (moved if PROFILER_LINES.search(line) else passed).append(line)
                 if pending and not _MAYBE_PROFILER.match(pending[:6]):

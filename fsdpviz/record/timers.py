@@ -24,7 +24,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, BinaryIO, Final
 
 from fsdpviz.runfolder import PARTIAL_SUFFIX
 
@@ -199,7 +199,7 @@ class TimersWriter:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._partial = path.with_name(path.name + PARTIAL_SUFFIX)
-        self._file = None
+        self._file: BinaryIO | None = None
 
     def write(self, records: Iterable[dict[str, Any]]) -> None:
         if self._file is None:

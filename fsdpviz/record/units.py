@@ -96,7 +96,7 @@ def _group_size(group: Any) -> int | None:
 
 
 def _container_elements(root: Any) -> list[str]:
-    names = []
+    names: list[str] = []
     for name, module in root.named_modules():
         if any(c.__name__ in CONTAINER_TYPES and c.__module__.startswith("torch.nn")
                for c in type(module).__mro__):

@@ -192,7 +192,7 @@ def prepare_report(run: RunResult, *, max_segments: int = MAX_PAGE_SEGMENTS,
     with_events = has_units and VIEW_EVENTS in views
     per_view = max(1_000, max_segments // max(len(choices) + int(with_events), 1))
     tabs: list[StepView] = []
-    peak_samples = _main_device_samples(aligned.memory) if has_units and choices else None
+    peak_samples = _main_device_samples(aligned.memory) if has_units else aligned.memory
     for i, choice in enumerate(choices):
         exposed = exposed_intervals(aligned, overlap, choice.step, gantt_ranks)
         if has_units:

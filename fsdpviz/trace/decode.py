@@ -25,14 +25,19 @@ import gzip
 import json
 import math
 import re
+import types
 import zlib
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Protocol, TypeVar
 
 import msgspec
 
 from fsdpviz.errors import TraceError
 
+T = TypeVar("T")
+
+_fast_gzip: types.ModuleType
+_fast_zlib: types.ModuleType
 try:  # ISA-L's inflate: same format, about twice as fast as zlib's
     from isal import igzip as _fast_gzip
     from isal import isal_zlib as _fast_zlib
@@ -128,9 +133,19 @@ _LOOSE_DECODER = msgspec.json.Decoder(_LooseTrace)
 _EVENT_DECODER = msgspec.json.Decoder(TraceEvent)
 
 
-def decompressor() -> object:
-    """A streaming gzip inflater (``decompress``, ``eof``, ``unused_data``), ISA-L's when available."""
-    return _fast_zlib.decompressobj(16 + 15)
+class Inflater(Protocol):
+    """What the batch reader uses of a streaming gzip inflater (zlib's or ISA-L's ``decompressobj``)."""
+
+    eof: bool
+    unused_data: bytes
+
+    def decompress(self, data: bytes, /) -> bytes: ...
+
+
+def decompressor() -> Inflater:
+    """A streaming gzip inflater, ISA-L's when available."""
+    inflater: Inflater = _fast_zlib.decompressobj(16 + 15)
+    return inflater
 
 
 def read_trace_bytes(path: Path) -> bytes:
@@ -205,7 +220,7 @@ def _decode_with_nan(data: bytes, path: Path) -> tuple[KinetoTrace, int]:
     return KinetoTrace(events, info, base, devices), n_bad
 
 
-def _convert_obj_or_none(obj: object, kind: object) -> object:
+def _convert_obj_or_none(obj: object, kind: type[T]) -> T | None:
     if obj is None:
         return None
     try:
@@ -259,7 +274,7 @@ def _decode_loose(data: bytes, path: Path) -> tuple[KinetoTrace, int]:
     return KinetoTrace(events, info, base, devices), n_bad
 
 
-def _convert_or_none(raw: msgspec.Raw, kind: object) -> object:
+def _convert_or_none(raw: msgspec.Raw, kind: type[T]) -> T | None:
     if not raw:
         return None
     try:
@@ -268,7 +283,7 @@ def _convert_or_none(raw: msgspec.Raw, kind: object) -> object:
         return None
 
 
-def decode_raw_json(raw: msgspec.Raw) -> object:
+def decode_raw_json(raw: msgspec.Raw | bytes) -> object:
     """Decode one ``msgspec.Raw`` value kept aside by the typed decoder (None when absent)."""
     if not raw:
         return None

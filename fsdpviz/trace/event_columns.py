@@ -207,7 +207,7 @@ class EventColumns:
         # GPU lanes are (device, stream); events without those args (gpu_user_annotation) use pid/tid.
         key_a = np.where(is_gpu & (device >= 0), device, pid)
         key_b = np.where(is_gpu & (stream >= 0), stream, tid)
-        columns = {
+        columns: dict[str, np.ndarray] = {
             "kind": kind,
             "name": name,
             "ts": ts,

@@ -60,10 +60,10 @@ def events_frame(per_rank: Sequence[RankColumns]) -> pd.DataFrame:
             continue
         if col in _FIXED_CATEGORIES:
             codes = _concat([r.events.pop(col) for r in per_rank])
-            columns[col] = pd.Categorical.from_codes(codes, categories=list(_FIXED_CATEGORIES[col]))
+            columns[col] = pd.Categorical.from_codes(codes, categories=pd.Index(list(_FIXED_CATEGORIES[col])))
         elif col in _RANK_CATEGORIES:
             codes, categories = _merged_codes(per_rank, "events", col, col)
-            columns[col] = pd.Categorical.from_codes(codes, categories=categories)
+            columns[col] = pd.Categorical.from_codes(codes, categories=pd.Index(categories))
         else:
             columns[col] = _concat([r.events.pop(col) for r in per_rank])
     # copy=False: keep the concatenated arrays as the frame's columns (pandas would otherwise copy
@@ -100,7 +100,7 @@ def memory_frame(per_rank: Sequence[RankColumns]) -> pd.DataFrame:
     codes, devices = _merged_codes(per_rank, "memory", "device", "device")
     columns: dict[str, object] = {
         "rank": np.repeat(np.array([r.rank_id for r in per_rank], dtype=np.int32), counts),
-        "device": pd.Categorical.from_codes(codes, categories=devices).astype("string"),
+        "device": pd.Categorical.from_codes(codes, categories=pd.Index(devices)).astype("string"),
     }
     for col in ("t_ns", "allocated_bytes", "reserved_bytes", "delta_bytes"):
         columns[col] = _concat([r.memory.pop(col) for r in per_rank])

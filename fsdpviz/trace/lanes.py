@@ -18,7 +18,7 @@ Names: ``main``, ``autograd`` (``autograd 1``... when several), ``gloo 0``, ``gl
 from __future__ import annotations
 
 import re
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 
@@ -66,7 +66,7 @@ def factorize_rows(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def build_lanes(
     is_gpu: np.ndarray, key_a: np.ndarray, key_b: np.ndarray, name_code: np.ndarray, names: list[str],
     thread_names: dict[tuple[int, int], list[str]],
-) -> tuple[np.ndarray, dict[str, list]]:
+) -> tuple[np.ndarray, dict[str, list[Any]]]:
     """Lane of every event (codes into the returned table's ``lane``) and the LANES columns of one
     rank (all but ``rank``), in display order."""
     codes, first = factorize_rows(is_gpu, key_a, key_b)
@@ -99,7 +99,7 @@ def build_lanes(
     gpu = [gpu[i] for i in display]
     a = [a[i] for i in display]
     b = [b[i] for i in display]
-    lanes = {
+    lanes: dict[str, list[Any]] = {
         "lane": _lane_names(kinds, gpu, a, b),
         "lane_kind": kinds,
         "pid": [-1 if g else ka for g, ka in zip(gpu, a)],

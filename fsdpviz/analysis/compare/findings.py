@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
-from fsdpviz.analysis.compare.units import group_values
+from fsdpviz.analysis.compare.units import all_known, group_values
 from fsdpviz.analysis.records import Finding
 from fsdpviz.trace import schema
 
@@ -132,12 +132,13 @@ def step_time_finding(c: Comparison) -> list[Finding]:
         return [_finding("step_time", f"Step times are within noise of each other ({_ms(best)} to {_ms(worst)}).",
                          evidence, None, values)]
     # Against the baseline when that difference is clear too, else against the slowest run.
-    base = c.values["step_time_ms"][0]
+    step_ms = dict(known)
+    base = step_ms.get(0)
     other_i = worst_i
     if best_i != 0 and base is not None:
         base_noise = noise_ms(c.runs[best_i], c.runs[0], "step_ns")
-        other_i = 0 if is_clear(best, float(base), base_noise) else worst_i
-    other = float(c.values["step_time_ms"][other_i])
+        other_i = 0 if is_clear(best, base, base_noise) else worst_i
+    other = step_ms[other_i]
     message = (f"{c.labels[best_i]} has the shortest step: {_ms(best)}, {100 * (other - best) / other:.0f} % "
                f"less than {c.labels[other_i]} ({_ms(other)}).")
     parts = step_parts(c.runs[best_i], c.runs[other_i])
@@ -195,12 +196,12 @@ def collective_counts(run: RunInput) -> dict[str, float]:
 def exposed_parts(run: RunInput) -> dict[str, float]:
     """Exposed all-gather (forward, backward) and reduce-scatter per step: sums of the unit medians."""
     units = run.summary.units
-    out = {}
+    out: dict[str, float] = {}
     for key, col in (("forward_all_gather_ms", "forward_exposed_all_gather_ms"),
                      ("backward_all_gather_ms", "backward_exposed_all_gather_ms"),
                      ("reduce_scatter_ms", "exposed_reduce_scatter_ms")):
-        values = [u.metric(col) for u in units]
-        if values and all(v is not None for v in values):
+        values = all_known([u.metric(col) for u in units])
+        if values:
             out[key] = round(sum(values), 3)
     if "forward_all_gather_ms" in out and "backward_all_gather_ms" in out:
         out["all_gather_ms"] = round(out["forward_all_gather_ms"] + out["backward_all_gather_ms"], 3)
@@ -315,18 +316,20 @@ def tradeoff_finding(c: Comparison, found: Sequence[Finding]) -> list[Finding]:
     memory = next(f for f in found if f.kind == "memory")
     key = "step_rise_bytes" if "step_rise_bytes" in memory.values else "memory.peak_allocated_bytes"
     i, j = c.labels.index(fast), c.labels.index(lean)
-    dt = float(c.values["step_time_ms"][j]) - float(c.values["step_time_ms"][i])
-    dm = int(c.values[key][i]) - int(c.values[key][j])
+    t_fast, t_lean = c.values["step_time_ms"][i], c.values["step_time_ms"][j]
+    m_fast, m_lean = c.values[key][i], c.values[key][j]
+    if t_fast is None or t_lean is None or m_fast is None or m_lean is None:
+        return []
+    dt = float(t_lean) - float(t_fast)
+    dm = int(m_fast) - int(m_lean)
     cost = f"adds {_bytes(dm)} more memory per step" if key == "step_rise_bytes" else f"peaks {_bytes(dm)} higher"
     return [_finding("tradeoff", f"Trade-off: {fast} is {_ms(dt)} per step faster than {lean} but {cost}.",
-                     f"step time {fast} {_ms(float(c.values['step_time_ms'][i]))}, "
-                     f"{lean} {_ms(float(c.values['step_time_ms'][j]))}", None,
+                     f"step time {fast} {_ms(float(t_fast))}, {lean} {_ms(float(t_lean))}", None,
                      {"step_time_ms": {fast: dt}, key.split(".")[-1]: {fast: dm}})]
 
 
 def _mean_depth(run: RunInput, phase: str) -> float | None:
-    depths = [u.metric(f"{phase}_issue_depth") for u in run.summary.units]
-    depths = [d for d in depths if d is not None]
+    depths = [d for d in (u.metric(f"{phase}_issue_depth") for u in run.summary.units) if d is not None]
     return float(np.mean(depths)) if depths else None
 
 
@@ -338,8 +341,8 @@ def prefetch_finding(c: Comparison) -> list[Finding]:
         known = {lb: d for lb, d in depths.items() if d is not None}
         if len(known) < 2 or max(known.values()) - min(known.values()) < 0.5:
             continue
-        deep = max(known, key=known.get)
-        shallow = min(known, key=known.get)
+        deep = max(known, key=lambda lb: known[lb])
+        shallow = min(known, key=lambda lb: known[lb])
         exposed = {r.label: exposed_parts(r).get(f"{phase}_all_gather_ms") for r in c.runs}
         e_deep, e_shallow = exposed.get(deep), exposed.get(shallow)
         message = (f"{deep} issues its {phase} all-gathers earlier: on average {known[deep]:.1f} units are still "
@@ -364,8 +367,8 @@ def group_finding(c: Comparison) -> list[Finding]:
     index = {r.label: unit_index(r) for r in c.runs}
     best: tuple[float, Any, dict[str, float]] | None = None
     for group in c.match.groups:
-        vals = {lb: group_values(group, lb, index[lb])["exposed_comm_ms"] for lb in c.labels}
-        vals = {lb: v for lb, v in vals.items() if v is not None}
+        per_run = {lb: group_values(group, lb, index[lb])["exposed_comm_ms"] for lb in c.labels}
+        vals = {lb: v for lb, v in per_run.items() if v is not None}
         if len(vals) < 2:
             continue
         gap = max(vals.values()) - min(vals.values())
@@ -374,7 +377,7 @@ def group_finding(c: Comparison) -> list[Finding]:
     if best is None or len(c.match.groups) < 2:
         return []
     gap, group, vals = best
-    low, high = min(vals, key=vals.get), max(vals, key=vals.get)
+    low, high = min(vals, key=lambda lb: vals[lb]), max(vals, key=lambda lb: vals[lb])
     def members(label: str) -> str:
         units = group.members[label]
         names = " + ".join(units) if len(units) <= 3 else f"{units[0]} + … + {units[-1]}, {len(units)} units"

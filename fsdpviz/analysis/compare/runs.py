@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Final
 import msgspec
 
 from fsdpviz.analysis.compare.memory import drift_bytes, step_levels, step_rise_bytes
-from fsdpviz.analysis.compare.units import RunUnit, UnitMatch, group_values, match_units
+from fsdpviz.analysis.compare.units import RunUnit, UnitMatch, all_known, group_values, match_units
 from fsdpviz.analysis.records import Finding
 from fsdpviz.errors import UsageError
 
@@ -164,7 +164,7 @@ def run_units(run: RunInput) -> list[RunUnit]:
         return [RunUnit(name=u.unit, order=u.order if u.order >= 0 else i,
                         param_bytes=u.param_bytes if u.param_bytes >= 0 else None, parent=u.parent)
                 for i, u in enumerate(listed)]
-    return [RunUnit(name=str(u["name"]), order=int(u.get("order", i)), param_bytes=u.get("param_bytes"))
+    return [RunUnit(name=u.name, order=u.order if u.order >= 0 else i, param_bytes=u.param_bytes)
             for i, u in enumerate(run.summary.units)]
 
 
@@ -177,7 +177,7 @@ def compare_runs(runs: Sequence[RunInput]) -> Comparison:
         raise UsageError(f"run labels must differ: {', '.join(labels)}")
     levels = [step_levels(r.traces, list(r.summary.steps))
               for r in runs]
-    measured = {"step_rise_bytes": [step_rise_bytes(lv) if lv is not None else None for lv in levels]}
+    measured: dict[str, list[float | int | None]] = {"step_rise_bytes": [step_rise_bytes(lv) if lv is not None else None for lv in levels]}
     as_json = [r.summary.to_json() for r in runs]  # the numbers exactly as each run's summary --json has them
     values = {f.key: measured[f.key] if not f.in_summary else [field_value(j, f.key) for j in as_json]
               for f in HEADLINE_FIELDS}
@@ -287,8 +287,8 @@ def _total_params(run: RunInput) -> int | None:
     model = run.analysis.memory_model or {}
     if model.get("param_count"):
         return int(model["param_count"])
-    numels = [u.param_numel for u in run.summary.units]
-    return sum(numels) if numels and all(isinstance(n, int) and n > 0 for n in numels) else None
+    numels = all_known([u.param_numel for u in run.summary.units])
+    return sum(numels) if numels and all(n > 0 for n in numels) else None
 
 
 def _differ(label: str, values: Sequence[Any], labels: Sequence[str]) -> str:
@@ -335,7 +335,7 @@ def comparability_notes(runs: Sequence[RunInput], match: UnitMatch) -> list[str]
     return notes
 
 
-def drift_notes(labels: Sequence[str], drift: Sequence[int | None], rise: Sequence[int | None]) -> list[str]:
+def drift_notes(labels: Sequence[str], drift: Sequence[int | None], rise: Sequence[float | int | None]) -> list[str]:
     """Runs whose allocated level at step start climbs from step to step (see compare_memory)."""
     drifting = [(lb, d) for lb, d in zip(labels, drift) if d is not None]
     if not drifting:

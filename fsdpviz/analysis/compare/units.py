@@ -27,9 +27,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from fsdpviz.naming import ROOT_UNIT, unit_modules
+
+T = TypeVar("T")
+
+
+def all_known(values: Sequence[T | None]) -> list[T] | None:
+    """``values`` when none is missing (None), else None: a sum over units exists only when every
+    unit has the number."""
+    known = [v for v in values if v is not None]
+    return known if len(known) == len(values) else None
 
 # Per-unit numbers of the summary's ``units`` entries that a group sums over its units.
 SUM_METRICS: Final = ("param_bytes", "all_gather_ms", "forward_ms", "backward_ms", "reduce_scatter_ms",
@@ -185,14 +194,17 @@ def _members(keys: Mapping[str, Mapping[str, list[str]]], uf: _Groups,
     return out
 
 
+def _forward_order(units: Mapping[str, RunUnit], names: Sequence[str]) -> list[str]:
+    return sorted(names, key=lambda n: units[n].order)
+
+
 def _build_groups(runs: Mapping[str, Sequence[RunUnit]], keys: Mapping[str, Mapping[str, list[str]]],
                   uf: _Groups, whole: Mapping[str, str]) -> list[UnitGroup]:
     info = {label: {u.name: u for u in units} for label, units in runs.items()}
     groups: list[UnitGroup] = []
     orders: dict[int, tuple[int, ...]] = {}
     for by_run in _members(keys, uf, whole).values():
-        members = {label: sorted(by_run.get(label, []), key=lambda n, lb=label: info[lb][n].order)
-                   for label in runs}
+        members = {label: _forward_order(info[label], by_run.get(label, [])) for label in runs}
         wanted = sorted(k for label in by_run for n in by_run[label] for k in keys[label][n])
         held_by = {}
         for label in runs:
@@ -207,8 +219,8 @@ def _build_groups(runs: Mapping[str, Sequence[RunUnit]], keys: Mapping[str, Mapp
         sizes: dict[str, int | None] = {}
         for label, names in members.items():
             if names:
-                known = [info[label][n].param_bytes for n in names]
-                sizes[label] = sum(known) if all(b is not None for b in known) else None
+                known = all_known([info[label][n].param_bytes for n in names])
+                sizes[label] = sum(known) if known is not None else None
         present = {v for v in sizes.values() if v is not None}
         # Forward order of the first run that has the group, then of the next runs.
         order = tuple(min((info[lb][n].order for n in members[lb]), default=1 << 30) for lb in runs)
@@ -240,8 +252,8 @@ def group_values(group: UnitGroup, label: str, units: Mapping[str, Mapping[str, 
     names = group.members.get(label, [])
     out: dict[str, float | None] = {}
     for metric in (*SUM_METRICS, *MAX_METRICS):
-        values = [units.get(n, {}).get(metric) for n in names]
-        if not names or any(v is None for v in values):
+        values = all_known([units.get(n, {}).get(metric) for n in names])
+        if not names or values is None:
             out[metric] = None
         elif metric in MAX_METRICS:
             out[metric] = max(values)

@@ -89,7 +89,7 @@ def _memory_of(view: StepView | None) -> tuple[int | None, pd.DataFrame]:
     if view is None or view.memory.empty:
         return None, empty
     peaks = view.memory.groupby("rank")["allocated_bytes"].max()
-    rank = int(peaks.idxmax())
+    rank = int(peaks.index.to_numpy()[peaks.to_numpy().argmax()])
     mine = view.memory[view.memory["rank"] == rank]
     return rank, mine[["t_ms", "allocated_bytes", "reserved_bytes"]].reset_index(drop=True)
 

@@ -140,7 +140,7 @@ def memory_curve(curves: pd.DataFrame, peaks: pd.DataFrame | None, *, divisor: f
     ranks = sorted(int(r) for r in curves["rank"].unique()) if not curves.empty else []
     multi = len(ranks) > 1
     # Reserved memory only for the rank with the highest reserve: one dashed line reads, eight do not.
-    reserve_rank = (int(curves.loc[curves["reserved_bytes"].idxmax(), "rank"])
+    reserve_rank = (int(curves["rank"].to_numpy()[curves["reserved_bytes"].to_numpy().argmax()])
                     if not curves.empty and (curves["reserved_bytes"] > 0).any() else None)
     for i, rank in enumerate(ranks):
         mine = curves[curves["rank"] == rank]
