@@ -49,7 +49,7 @@ from fsdpviz.analysis.spans import OPTIMIZER_PREFIX, unit_tables
 from fsdpviz.analysis.steps import StepSelection, select_steps
 from fsdpviz.analysis.unit_overlap import unit_steps
 from fsdpviz.analysis.units import derive_units, unit_stats
-from fsdpviz.analysis.windows import _overhead_labels, unit_ancestors
+from fsdpviz.analysis.windows import overhead_labels, unit_ancestors
 from fsdpviz.trace import schema
 from fsdpviz.trace.tables import TraceSet
 
@@ -116,7 +116,7 @@ def _step_times(rank: int, steps: pd.DataFrame, pieces: pd.DataFrame, labels: pd
                 events: pd.DataFrame, collectives: pd.DataFrame, compute: Intervals,
                 windows: pd.DataFrame) -> pd.DataFrame:
     """STEP_TIMES of one rank: where the training threads' time went, step by step."""
-    overhead = _overhead_labels(labels)
+    overhead = overhead_labels(labels)
     engine = _engine_intervals(labels, (ENGINE_FORWARD, ENGINE_BACKWARD), windows)
     over = union_intervals(np.concatenate([overhead["start_ns"].to_numpy(np.int64), engine[0]]),
                            np.concatenate([overhead["end_ns"].to_numpy(np.int64), engine[1]]))

@@ -1,7 +1,7 @@
 """The summary of a run: :class:`Summary`, typed, and its JSON form, the ``fsdpviz summary --json`` dict.
 
-The JSON is a contract (docs/DESIGN: framework, world size, ranks, steps, step time, overlap,
-memory peaks, units, findings); scripts compare runs with it, so keys are only ever added. Values
+The JSON is a contract (docs/concepts.md, "The summary": framework, world size, ranks, steps, step
+time, overlap, memory peaks, units, findings); scripts compare runs with it, so keys are only ever added. Values
 are plain JSON types: ints, floats rounded for reading (ms to the µs, percentages to 0.01),
 ``None`` where a number does not exist (no communication, no memory samples). In the process the
 summary travels as the :class:`Summary` struct (``Summary.to_json()`` gives the dict), built as a

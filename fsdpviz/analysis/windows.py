@@ -148,7 +148,7 @@ def unit_windows(labels: pd.DataFrame) -> pd.DataFrame:
     return schema.conform(out, WINDOWS, table="windows")
 
 
-def _overhead_labels(labels: pd.DataFrame) -> pd.DataFrame:
+def overhead_labels(labels: pd.DataFrame) -> pd.DataFrame:
     """Framework ranges that are never a unit's own compute."""
     family = labels["family"]
     is_fsdpviz_comm = (family == lab.FAMILY_FSDPVIZ) & labels["action"].isin(
@@ -164,7 +164,7 @@ def compute_pieces(windows: pd.DataFrame, labels: pd.DataFrame,
     if windows.empty:
         return schema.make_empty(PIECES)
     ancestors = unit_ancestors(windows) if ancestors is None else ancestors
-    overhead = _overhead_labels(labels)
+    overhead = overhead_labels(labels)
     over_groups = overhead.groupby(["rank", "lane"], sort=False).indices
     ov_s = overhead["start_ns"].to_numpy(np.int64)
     ov_e = overhead["end_ns"].to_numpy(np.int64)

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "chrome")
-# The flags of STYLE.md that worked headless here, minus --screenshot (CDP takes it).
+# Flags that work for headless Chromium in a container without GPU or sandbox, minus --screenshot
+# (CDP takes the screenshots).
 CHROMIUM_FLAGS = (
     "--headless",
     "--no-sandbox",

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,10 +39,50 @@ def record_env(**extra: str) -> dict[str, str]:
     return env
 
 
+# Every process a job starts inherits this variable with the job's own value: how a timed-out job's
+# processes are all found, even those in sessions of their own (torchrun starts each worker with
+# start_new_session) or orphaned when their launcher died first.
+JOB_MARKER = "FSDPVIZ_TEST_JOB"
+
+
+def _marked(marker: str) -> list[int]:
+    """The pids whose environment holds ``JOB_MARKER=marker``."""
+    needle = f"{JOB_MARKER}={marker}".encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if needle in (entry / "environ").read_bytes().split(b"\0"):
+                    pids.append(int(entry.name))
+            except OSError:  # gone meanwhile, or not ours to read
+                continue
+    return pids
+
+
+def run_job(argv: list[str], *, env: dict[str, str] | None = None, cwd: Path = REPO,
+            timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run ``argv`` to its end; after ``timeout`` seconds every process of the job is killed (the
+    launcher, its workers, anything they started) and the result says so: exit code -9, what was
+    printed so far, ``(killed after N s)`` on stderr. A hung job can never hold the suite."""
+    marker = uuid.uuid4().hex
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
+                            env={**(env or record_env()), JOB_MARKER: marker}, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for pid in _marked(marker):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        out, err = proc.communicate()
+        err += f"\n(killed after {timeout:.0f} s)"
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
 def fsdpviz(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    """``python -m fsdpviz ARGS`` from the repository root."""
-    return subprocess.run([sys.executable, "-m", "fsdpviz", *args], check=False, capture_output=True, text=True,
-                          env=env or record_env(), timeout=timeout, cwd=REPO)
+    """``python -m fsdpviz ARGS`` from the repository root (see :func:`run_job`)."""
+    return run_job([sys.executable, "-m", "fsdpviz", *args], env=env, timeout=timeout)
 
 
 def record_argv(run_dir: Path, command: list[str], *options: str) -> list[str]:

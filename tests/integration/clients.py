@@ -12,21 +12,20 @@ once without fsdpviz for the losses it must reproduce bit for bit.
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from helpers.jobs import REPO, fsdpviz, record_env, teardown_crash, torchrun, unused_port
+from helpers.jobs import REPO, fsdpviz, record_env, run_job, teardown_crash, torchrun, unused_port
 
 CLIENTS = REPO / "tests" / "clients"
 STEPS = 6  # optimizer steps; fsdpviz profiles 2-4 (its defaults)
 PROFILED = [2, 3, 4]
 ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch"]
-TRIES = 3  # PyTorch's gloo teardown abort (helpers.jobs.TEARDOWN_CRASH) hits a run now and then
+TRIES = 3  # PyTorch's gloo teardown abort (helpers.jobs.TEARDOWN_CRASH) or hang hits a run now and then
+RUN_TIMEOUT_S = 300  # a client trains in well under a minute; longer is a hang
 
 
 @dataclass(frozen=True)
@@ -99,24 +98,23 @@ def _losses(template: str, ranks: int) -> dict[int, list[str]]:
     return out
 
 
-def run_bounded(argv: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run ``argv`` in a process group of its own; on timeout the whole group is killed (a launcher's
-    workers included) and the result says so (exit code -9, what was printed so far)."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=record_env(),
-                            cwd=cwd, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        err += f"\n(killed after {timeout:.0f} s)"
-    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+def _clear_losses(template: str, ranks: int) -> None:
+    for rank in range(ranks):
+        Path(template.format(rank=rank)).unlink(missing_ok=True)
 
 
-def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
+def _hung_after_training(done: subprocess.CompletedProcess, template: str, ranks: int) -> bool:
+    """Killed at its time limit although every rank had written its losses: the job hung on its way
+    out. PyTorch's ~ProcessGroupGloo can wait forever for the GIL that the thread destroying it holds
+    (a DDP reducer dropped at interpreter exit; seen in bare runs without fsdpviz too): worth a retry."""
+    return done.returncode == -9 and all(len(v) > 0 for v in _losses(template, ranks).values())
+
+
+def _run(argv: list[str], cwd: Path, losses: str, ranks: int) -> subprocess.CompletedProcess:
     for _ in range(TRIES):
-        done = run_bounded(argv, cwd)
-        if not teardown_crash(done):
+        _clear_losses(losses, ranks)
+        done = run_job(argv, cwd=cwd, timeout=RUN_TIMEOUT_S)
+        if not teardown_crash(done) and not _hung_after_training(done, losses, ranks):
             return done
     return done
 
@@ -134,18 +132,20 @@ class ClientRuns:
             folder = self.base / name
             folder.mkdir()
             run_dir = folder / "run"
+            losses, bare_losses = str(folder / "losses-{rank}.txt"), str(folder / "bare-{rank}.txt")
             proc = None
             for _ in range(TRIES):
                 shutil.rmtree(run_dir, ignore_errors=True)
+                _clear_losses(losses, client.ranks)
                 outputs = () if client.report else ("--no-report",)
-                proc = fsdpviz("record", "--out", str(run_dir), "--steps", str(len(PROFILED)), *outputs, "--", *client.argv(
-                    str(folder / "losses-{rank}.txt"), folder / "trainer-out"), env=record_env(), timeout=900)
-                if not teardown_crash(proc):
+                proc = fsdpviz("record", "--out", str(run_dir), "--steps", str(len(PROFILED)), *outputs, "--",
+                               *client.argv(losses, folder / "trainer-out"), env=record_env(), timeout=RUN_TIMEOUT_S)
+                if not teardown_crash(proc) and not _hung_after_training(proc, losses, client.ranks):
                     break
             bare = None
             if client.compare_losses:
-                bare = _run(client.argv(str(folder / "bare-{rank}.txt"), folder / "bare-out"), folder)
+                bare = _run(client.argv(bare_losses, folder / "bare-out"), folder, bare_losses, client.ranks)
             assert proc is not None
-            self.done[name] = ClientRun(client, run_dir, proc, bare, _losses(str(folder / "losses-{rank}.txt"), client.ranks),
-                                        _losses(str(folder / "bare-{rank}.txt"), client.ranks))
+            self.done[name] = ClientRun(client, run_dir, proc, bare, _losses(losses, client.ranks),
+                                        _losses(bare_losses, client.ranks))
         return self.done[name]

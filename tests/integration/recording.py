@@ -20,6 +20,7 @@ from helpers.jobs import (
     NO_OUTPUT,
     fsdpviz,
     record_env,
+    run_job,
     teardown_crash,
     torchrun,
 )
@@ -58,9 +59,8 @@ class Recording:
         """Run the same job without fsdpviz; its ``--log-losses`` template under ``out``."""
         template = out / "plain-{rank}.txt"
         for _ in range(2):
-            done = subprocess.run(torchrun(EXAMPLE, *self.config.train_args, "--log-losses", str(template)),
-                                  check=False, env=self.config.environment(), capture_output=True, text=True,
-                                  timeout=300)
+            done = run_job(torchrun(EXAMPLE, *self.config.train_args, "--log-losses", str(template)),
+                           env=self.config.environment())
             if not teardown_crash(done):
                 break
         assert done.returncode == 0, done.stderr[-3000:]

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
-from helpers.jobs import record_env, torchrun
+from helpers.jobs import run_job, torchrun
 
 from fsdpviz.analysis import summarize
 from fsdpviz.analysis.overlap import compute_overlap
@@ -20,8 +19,7 @@ UNIT_PARAMS = 256 * 256 + 256  # one Linear(256, 256): what each unit's all-gath
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("fsdp2-cpu")
-    proc = subprocess.run(torchrun(SCRIPT, str(out)), capture_output=True, text=True, timeout=600, env=record_env(),
-                          check=False)
+    proc = run_job(torchrun(SCRIPT, str(out)), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
 

@@ -1,27 +1,131 @@
-"""``fsdpviz.trace`` and ``fsdpviz.analysis`` never pull in torch, holoviews or bokeh."""
+"""The layering of docs/architecture.md, checked on the source: which fsdpviz package may import which,
+and where torch, holoviews and bokeh may appear.
+
+Every ``import`` and ``from ... import`` of every module is read with :mod:`ast` (imports inside
+functions and under ``TYPE_CHECKING`` count too: a lazy import is still a dependency), so a new
+module that imports upward fails here before anyone has to notice it in review. A second test runs
+the parser and the analysis in a fresh interpreter and looks at ``sys.modules``.
+"""
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from helpers.kineto import TraceBuilder
 
-FORBIDDEN = ("torch", "holoviews", "bokeh", "panel")
+PACKAGE = Path(__file__).resolve().parents[2] / "fsdpviz"
+
+# What each part of fsdpviz may import from fsdpviz ("fsdpviz" is the top-level __init__: the version).
+BASE = {"fsdpviz", "errors"}
+ALLOWED: dict[str, set[str]] = {
+    "fsdpviz": set(),
+    "__main__": {"cli"},
+    "errors": set(),
+    "naming": set(),
+    "runfolder": {"errors"},
+    "trace": BASE | {"runfolder", "naming"},
+    "analysis": BASE | {"runfolder", "naming", "trace"},
+    "report": BASE | {"runfolder", "naming", "trace", "analysis"},
+    "record": BASE | {"runfolder", "naming"},
+    "commands": BASE | {"runfolder", "naming", "trace", "analysis", "report", "record"},
+    "cli": BASE | {"commands"},
+}
+# Third-party packages a part must never import (the parser and analysis run where no torch is
+# installed, and fast; plotting belongs to report/).
+FORBIDDEN: dict[str, set[str]] = {
+    "runfolder": {"torch", "pandas", "holoviews", "bokeh"},
+    "naming": {"torch", "pandas", "holoviews", "bokeh"},
+    "trace": {"torch", "holoviews", "bokeh", "panel", "jinja2"},
+    "analysis": {"torch", "holoviews", "bokeh", "panel", "jinja2"},
+    "report": {"torch"},
+    "commands": {"torch"},
+    "cli": {"torch", "pandas", "holoviews", "bokeh"},
+}
 
 
-def test_trace_and_analysis_import_no_heavy_packages(tmp_path: Path) -> None:
+def _part(module: str) -> str:
+    """``fsdpviz.analysis.compare.runs`` -> ``analysis``; ``fsdpviz`` -> ``fsdpviz``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "fsdpviz"
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    parts = list(rel.parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """(line, absolute module name) of every import in ``path``."""
+    module = _module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                found.append((node.lineno, ".".join([*base, node.module] if node.module else base)))
+            else:
+                found.append((node.lineno, node.module or ""))
+    return found
+
+
+def _sources() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def test_every_part_of_the_package_is_in_the_layer_table() -> None:
+    parts = {_part(_module_name(p)) for p in _sources()}
+    assert parts <= set(ALLOWED), f"add these to ALLOWED and docs/architecture.md: {sorted(parts - set(ALLOWED))}"
+
+
+@pytest.mark.parametrize("path", _sources(), ids=lambda p: str(p.relative_to(PACKAGE.parent)))
+def test_imports_go_down_the_layers(path: Path) -> None:
+    me = _part(_module_name(path))
+    wrong = []
+    for line, name in _imports(path):
+        top = name.split(".")[0]
+        if top == "fsdpviz":
+            other = _part(name)
+            if other != me and other not in ALLOWED[me]:
+                wrong.append(f"line {line}: {me} imports {name}")
+        elif top in FORBIDDEN.get(me, set()):
+            wrong.append(f"line {line}: {me} imports {top}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_checker_sees_relative_lazy_and_type_checking_imports(tmp_path: Path) -> None:
+    """The import reader itself: an upward import hidden in each of the ways a module can hide one."""
+    fake = PACKAGE / "analysis" / "_layer_probe.py"
+    source = ("from typing import TYPE_CHECKING\n"
+              "from ..report import build\n"
+              "if TYPE_CHECKING:\n    from fsdpviz.record import agent\n"
+              "def f():\n    import torch\n    import fsdpviz.commands.report\n")
+    fake.write_text(source, encoding="utf-8")
+    try:
+        names = [name for _, name in _imports(fake)]
+    finally:
+        fake.unlink()
+    assert names == ["typing", "fsdpviz.report", "fsdpviz.record", "torch", "fsdpviz.commands.report"]
+
+
+def test_trace_and_analysis_load_no_heavy_packages(tmp_path: Path) -> None:
+    """At run time too: loading and analysing a trace leaves torch and the plotting stack unimported."""
     trace = TraceBuilder().step(1, 0, 100).step(2, 100, 100).kernel("k", 1, 1, launch_us=0).write(tmp_path / "r.json")
+    heavy = ("torch", "holoviews", "bokeh", "panel")
     code = f"""
 import json, sys
-import fsdpviz.trace, fsdpviz.analysis
-from fsdpviz.analysis.overlap import compute_overlap
-from fsdpviz.analysis.summary import summarize
-traces = fsdpviz.trace.load_traces([{str(trace)!r}], cache=False)
-summarize(traces)
-print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {FORBIDDEN!r})))
+from fsdpviz.analysis.pipeline import analyse
+result = analyse([{str(trace)!r}], cache=False)
+result.summary.to_json()
+print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {heavy!r})))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []

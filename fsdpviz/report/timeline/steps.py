@@ -2,7 +2,8 @@
 
 The Gantt of a step is the most detailed view of the report and the one that stops scaling first:
 a GPU step can hold tens of thousands of kernels per rank, and a browser draws ~1e5 rectangles
-before zooming turns sluggish (STYLE.md: 1e5 spans draw in 2.9 s and zoom at ~0.5 s a frame).
+before zooming turns sluggish (headless Chromium, bokeh's canvas: 1e5 spans draw in about 3 s and
+zoom at ~0.5 s a frame; see docs/performance.md).
 So the page shows one representative step (the median one, and the slowest one), and when a
 step holds more segments than the budget, neighbouring segments of the same lane, colour and
 kind are merged, tolerating growing gaps, until the step fits. Merged segments keep their count
