@@ -102,6 +102,8 @@ class RankInfo(msgspec.Struct, kw_only=True):
     """The step the rank was inside when it ended, if it ended inside one."""
     start_time: str | None = None
     end_time: str | None = None
+    cpu_count: int | None = None
+    """CPU cores the rank's process could run on (its affinity), for predicting CPU runs."""
 
 
 class RunInfo(msgspec.Struct, kw_only=True):

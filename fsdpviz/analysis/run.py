@@ -68,6 +68,8 @@ class RunAnalysis:
     has_units: bool  # False: no unit labels, only the whole-step analysis applies
     units: pd.DataFrame  # schema.UNITS
     spans: pd.DataFrame  # schema.SPANS, analysed steps
+    windows: pd.DataFrame  # windows.WINDOWS: every unit pass's label window, analysed steps
+    labels: pd.DataFrame  # labels.LABELS: the framework's and fsdpviz's ranges, analysed steps
     unit_steps: pd.DataFrame  # schema.UNIT_STEPS
     unit_stats: pd.DataFrame  # schema.UNIT_STATS
     step_times: pd.DataFrame  # schema.STEP_TIMES
@@ -231,6 +233,9 @@ def analyze_run(traces: TraceSet, *, steps: Sequence[int] | None = None,
     clock = crossrank.estimate_clocks(coll, ranks) if ranks else schema.make_empty(schema.CLOCK)
     offsets = crossrank.applied_offsets(clock)
     spans = _shift(spans, offsets, ("start_ns", "end_ns", "issue_ns"))
+    pass_windows = _shift(_in_steps(ut.windows, wanted), offsets,
+                          ("start_ns", "end_ns", "region_start_ns", "region_end_ns", "excl_end_ns"))
+    step_labels = _shift(_in_steps(labels, wanted), offsets, ("start_ns", "end_ns"))
     us = _shift(us, offsets, _UNIT_TIME_COLS)
     mem_curve = _shift(_concat(curves, schema.MEMORY), offsets, ("t_ns",))
     peaks_t = _shift(_concat(peaks, schema.MEMORY_PEAKS), offsets, ("peak_t_ns",))
@@ -250,7 +255,7 @@ def analyze_run(traces: TraceSet, *, steps: Sequence[int] | None = None,
     findings = build_findings(us, spans, step_times, step_ns, framework)
     return RunAnalysis(
         framework=framework, world_size=traces.world_size, ranks=ranks, steps=sorted(analysed),
-        has_units=has_units, units=units, spans=spans, unit_steps=us, unit_stats=stats,
+        has_units=has_units, units=units, spans=spans, windows=pass_windows, labels=step_labels, unit_steps=us, unit_stats=stats,
         step_times=step_times, memory=mem_curve, memory_peaks=peaks_t, memory_model=model, clock=clock,
         skew=skew, findings=findings, notes=_notes(has_units, clock, labels),
     )

@@ -164,10 +164,11 @@ def _spans_from(cpu: pd.DataFrame, kind: str, gpu: pd.DataFrame | None, gpu_rank
         work = work.assign(owner=hit)[hit >= 0]
         if len(work):
             agg = work.groupby(["owner", "lane"], sort=False).agg(start_ns=("start_ns", "min"),
-                                                                   end_ns=("end_ns", "max")).reset_index()
+                                                                   end_ns=("end_ns", "max"),
+                                                                   issue_ns=("launch_ns", "min")).reset_index()
             meta = host.loc[agg["owner"].to_numpy(), ["rank", "step", "unit", "phase", "micro"]].reset_index(drop=True)
-            mapped = pd.concat([meta, agg[["lane", "start_ns", "end_ns"]]], axis=1)
-            out.append(mapped.assign(kind=kind, bytes=schema.UNKNOWN_BYTES, issue_ns=mapped["start_ns"]))
+            mapped = pd.concat([meta, agg[["lane", "start_ns", "end_ns", "issue_ns"]]], axis=1)
+            out.append(mapped.assign(kind=kind, bytes=schema.UNKNOWN_BYTES))
     return pd.concat([o for o in out if len(o)], ignore_index=True) if any(len(o) for o in out) else pd.DataFrame()
 
 

@@ -31,7 +31,7 @@ import torch
 from fsdpviz.record.clock import StepClock
 from fsdpviz.record.options import ENV_OWNER_PID, RecordOptions, options_from_env
 from fsdpviz.record.profiling import ProfilerDriver
-from fsdpviz.record.rankfacts import ExitHooks, now_iso, versions, write_json_atomic
+from fsdpviz.record.rankfacts import ExitHooks, now_iso, usable_cpus, versions, write_json_atomic
 from fsdpviz.record.timers import KIND_TOTAL, PHASE_STEP, WHOLE_STEP, Interval, TimersWriter
 from fsdpviz.record.units import Unit, assign_order, refresh_fsdp2_settings
 from fsdpviz.runfolder import RANK_FILE, TIMERS_FILE, rank_path
@@ -382,6 +382,7 @@ class Agent:
             "reason": reason,
             "partial_step": partial_step,
             "start_time": self._start_time,
+            "cpu_count": usable_cpus(),
             "end_time": now_iso() if status != "running" else None,
         }
         try:

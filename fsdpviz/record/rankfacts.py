@@ -117,3 +117,10 @@ class ExitHooks:
     def restore_sigterm(self) -> None:
         if self._previous_sigterm is not None:
             signal.signal(signal.SIGTERM, self._on_sigterm)
+
+
+def usable_cpus() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1

@@ -159,6 +159,7 @@ def _rank_summary(info: dict[str, Any]) -> dict[str, Any]:
         "partial_step": info.get("partial_step"),
         "start_time": info.get("start_time"),
         "end_time": info.get("end_time"),
+        "cpu_count": info.get("cpu_count"),
     }
 
 

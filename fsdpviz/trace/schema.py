@@ -176,7 +176,8 @@ SPANS: Final[Schema] = {
     "start_ns": "int64",  # when it ran on ``lane`` (a collective: its kernel / gloo op)
     "end_ns": "int64",
     "bytes": "int64",  # UNKNOWN_BYTES when not a transfer or unknown
-    "issue_ns": "int64",  # a collective: when the CPU issued it; otherwise equal to start_ns
+    # when the CPU issued it: a collective's issuing op; GPU work's first launch; CPU work: start_ns
+    "issue_ns": "int64",
     "n_units": "int32",  # units one collective carried (ZeRO-3 buckets: > 1, one row per unit); else 1
     "micro": "int32",  # forward/backward pass of the step: 0, 1, ... per micro-batch (gradient accumulation)
 }

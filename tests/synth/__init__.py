@@ -25,10 +25,12 @@ from pathlib import Path
 
 import orjson
 
+from fsdpviz.naming import unit_from_label
+
 from .expected import Expected, build_expected
 from .fsdp2 import Fsdp2Engine
 from .kineto import TRACE_FILE, event_dicts, header, write_rank
-from .scenario import ROOT, Scenario, UnitSpec, make_root, make_units
+from .scenario import ROOT, Scenario, UnitSpec, make_root, make_units, merge_into_root, merge_units
 
 __all__ = [
     "ROOT",
@@ -40,6 +42,8 @@ __all__ = [
     "generate_run",
     "make_root",
     "make_units",
+    "merge_into_root",
+    "merge_units",
     "simulate",
 ]
 
@@ -108,7 +112,7 @@ def _prefetch(names: list[str], i: int, setting: object) -> list[str] | str:
     if setting == "implicit":
         return "default"
     depth = int(setting)  # type: ignore[call-overload]
-    return names[i + 1:i + 1 + depth]
+    return [unit_from_label(n) for n in names[i + 1:i + 1 + depth]]
 
 
 def _write_run_json(sc: Scenario, out: Path) -> None:
@@ -119,7 +123,7 @@ def _write_run_json(sc: Scenario, out: Path) -> None:
     forward = [u.name for u in sc.all_units()]
     backward = [forward[0], *reversed(forward[1:])] if sc.root is not None else list(reversed(forward))
     units = [
-        UnitInfo(unit=u.name, order=order, param_numel=u.numel, param_bytes=u.numel * sc.dtype_bytes,
+        UnitInfo(unit=unit_from_label(u.name), order=order, param_numel=u.numel, param_bytes=u.numel * sc.dtype_bytes,
                  dtype="bfloat16", parent="" if u.name == ROOT or sc.root is None else ROOT,
                  reshard_after_forward=u.reshard_after_forward,
                  forward_prefetch=_prefetch(forward, order, sc.forward_prefetch),

@@ -79,8 +79,13 @@ class Fsdp2Engine(Engine):
                 "Group size": size, "dtype": "BFloat16", "In split size": "[]", "Out split size": "[]",
                 "Process Group Name": name, "Process Group Description": desc, "Process Group Ranks": ranks}
 
-    def comm_ns(self, nbytes: int) -> int:
-        return self.sc.comm_latency_ns + int(nbytes / self.sc.comm_bytes_per_ns)
+    def comm_ns(self, nbytes: int, group_size: int | None = None) -> int:
+        sc = self.sc
+        if not sc.ring_comm:
+            return sc.comm_latency_ns + int(nbytes / sc.comm_bytes_per_ns)
+        n = group_size or sc.shard_size
+        # described for 2 ranks: one latency step and half the bytes per link
+        return int(sc.comm_latency_ns * (n - 1) + nbytes * (n - 1) / n / (sc.comm_bytes_per_ns / 2))
 
     def needs_gather(self, unit: str) -> bool:
         return unit not in self.unsharded and unit not in self.pending
@@ -93,9 +98,11 @@ class Fsdp2Engine(Engine):
             with self.range("fsdp::all_gather_copy_in", cat="cpu_op"):
                 self.mem(nbytes)  # the all-gather output buffer
                 self.wait(STREAM_AG_COPY_IN, self.last_copy_out)
-                _, c0, c1 = self.launch(FOREACH_COPY, STREAM_AG_COPY_IN, int(nbytes / sc.shard_size / COPY_BYTES_PER_NS) + 2_000)
-            self.span(unit, phase, "copy_in", ("gpu", STREAM_AG_COPY_IN), c0, c1)
+                l0, c0, c1 = self.launch(FOREACH_COPY, STREAM_AG_COPY_IN, int(nbytes / sc.shard_size / COPY_BYTES_PER_NS) + 2_000)
+            self.span(unit, phase, "copy_in", ("gpu", STREAM_AG_COPY_IN), c0, c1, l0)
             self.wait(STREAM_ALL_GATHER, self.free[STREAM_AG_COPY_IN])
+            if sc.no_overlap:
+                self.wait(STREAM_ALL_GATHER, self.free[STREAM_COMPUTE])
             with self.range("c10d::_allgather_base_", cat="cpu_op"):
                 comm = self.comm_args("_allgather_base", numel // sc.shard_size, numel, "shard")
                 with self.range("record_param_comms", cat="cpu_op", args=comm):
@@ -109,17 +116,17 @@ class Fsdp2Engine(Engine):
             self.wait(STREAM_COMPUTE, self.pending.pop(unit))
             with self.range("fsdp::split_with_sizes_copy", cat="cpu_op"):
                 self.mem(nbytes)  # unsharded parameters
-                _, c0, c1 = self.launch(SPLIT_COPY, STREAM_COMPUTE, int(nbytes / COPY_BYTES_PER_NS) + 2_000)
+                l0, c0, c1 = self.launch(SPLIT_COPY, STREAM_COMPUTE, int(nbytes / COPY_BYTES_PER_NS) + 2_000)
             self.mem(-nbytes)  # the all-gather output buffer
             self.last_copy_out = self.record_event(STREAM_COMPUTE)
         self.unsharded.add(unit)
-        self.span(unit, phase, "copy_out", ("gpu", STREAM_COMPUTE), c0, c1)
+        self.span(unit, phase, "copy_out", ("gpu", STREAM_COMPUTE), c0, c1, l0)
 
     def compute(self, unit: str, phase: str, gpu_ns: int, n_kernels: int, act_bytes: int,
                 grad_bytes: int = 0) -> None:
         """One contiguous piece of the unit's own compute: ``n_kernels`` ops on the compute stream."""
         sc = self.sc
-        first = last = None
+        first = last = launched = None
         for k in range(n_kernels):
             dur = gpu_ns // n_kernels + (gpu_ns % n_kernels if k == n_kernels - 1 else 0)
             if phase == "forward":
@@ -130,16 +137,22 @@ class Fsdp2Engine(Engine):
                 outer = self.range("autograd::engine::evaluate_function: MmBackward0", cat="cpu_op",
                                    overhead_ns=sc.cpu_op_ns - sc.launch_ns)
             with outer:
-                if k == 0 and grad_bytes:
-                    self.mem(grad_bytes)
+                # autograd allocates each parameter's gradient when the op that computes it runs
+                if sc.gradients_per_kernel:
+                    grads = grad_bytes // n_kernels + (grad_bytes % n_kernels if k == n_kernels - 1 else 0)
+                else:
+                    grads = grad_bytes if k == 0 else 0
+                if grads:
+                    self.mem(grads)
                 share = act_bytes // n_kernels + (act_bytes % n_kernels if k == n_kernels - 1 else 0)
                 if share:
                     self.mem(share if phase == "forward" else -share)
                 with self.range(name, cat="cpu_op", overhead_ns=0):
-                    _, start, end = self.launch(kernel, STREAM_COMPUTE, dur)
+                    t_launch, start, end = self.launch(kernel, STREAM_COMPUTE, dur)
             first = start if first is None else first
+            launched = t_launch if launched is None else launched
             last = end
-        self.span(unit, phase, "compute", ("gpu", STREAM_COMPUTE), first, last)
+        self.span(unit, phase, "compute", ("gpu", STREAM_COMPUTE), first, last, launched)
 
     def reshard(self, unit: str) -> None:
         if unit in self.unsharded:
@@ -276,7 +289,8 @@ class Fsdp2Engine(Engine):
                     n = numel // sc.shard_size
                     comm = self.comm_args("allreduce", n, n, "replica")
                     with self.range("record_param_comms", cat="cpu_op", args=comm):
-                        issue, start, end = self.launch(NCCL_AR, STREAM_ALL_REDUCE, self.comm_ns(shard_bytes),
+                        issue, start, end = self.launch(NCCL_AR, STREAM_ALL_REDUCE,
+                                                        self.comm_ns(shard_bytes, sc.hsdp_replicas),
                                                         comm=comm, group="replica")
                 self.span(unit, "backward", "all_reduce", ("gpu", STREAM_ALL_REDUCE), start, end, issue,
                           shard_bytes)
@@ -306,14 +320,15 @@ class Fsdp2Engine(Engine):
     # ----- step ------------------------------------------------------------------------------
     def optimizer(self) -> None:
         n = 4
-        first = last = None
+        first = last = launched = None
         with self.range("Optimizer.step#AdamW.step"):
             for k in range(n):
                 with self.range("aten::_fused_adamw_", cat="cpu_op"):
-                    _, start, end = self.launch(ADAM, STREAM_COMPUTE, self.sc.optimizer_ns // n)
+                    t_launch, start, end = self.launch(ADAM, STREAM_COMPUTE, self.sc.optimizer_ns // n)
                 first = start if first is None else first
+                launched = t_launch if launched is None else launched
                 last = end
-        self.span("", "optimizer", "compute", ("gpu", STREAM_COMPUTE), first, last)
+        self.span("", "optimizer", "compute", ("gpu", STREAM_COMPUTE), first, last, launched)
         with self.range("Optimizer.zero_grad#AdamW.zero_grad"):
             pass
 

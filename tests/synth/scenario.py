@@ -69,6 +69,12 @@ class Scenario:
     sync_per_unit: bool = False
     """The training loop synchronises with the GPU after every unit's compute (e.g. ``.item()``),
     so no gather can run ahead: the no-overlap case."""
+    no_overlap: bool = False
+    """Every all-gather waits for the compute before it (the all-gather stream waits on the compute
+    stream): nothing gathers while a unit computes."""
+    gradients_per_kernel: bool = True
+    """Autograd allocates each gradient when the kernel computing it runs (spread over a unit's
+    backward); ``False`` allocates a unit's gradients at its first backward kernel."""
     dtype_bytes: int = 2
     """Unsharded parameter / gradient element size (bf16)."""
     optimizer_bytes_per_param: int = 12
@@ -76,6 +82,10 @@ class Scenario:
     comm_latency_ns: int = 20_000
     comm_bytes_per_ns: float = 25.0
     """Collective time = latency + bytes moved / this bandwidth."""
+    ring_comm: bool = False
+    """Collectives as rings over the group: ``(n - 1)`` latency steps and ``(n - 1) / n`` of the bytes
+    through each rank's link (``comm_latency_ns`` and ``comm_bytes_per_ns`` then describe 2 ranks),
+    so the same model on another world size gets the collective times a ring would."""
     kernels_per_unit: int = 4
     """Compute kernels per unit forward (backward launches twice as many)."""
     cpu_op_ns: int = 12_000
@@ -132,6 +142,26 @@ def make_units(n: int, *, numel: int = 4_000_000, fwd_ns: int = 400_000, bwd_ns:
                prefix: str = "blocks") -> list[UnitSpec]:
     """``n`` identical transformer-block-like units named ``{prefix}.{i}``."""
     return [UnitSpec(name=f"{prefix}.{i}", numel=numel, fwd_ns=fwd_ns, bwd_ns=bwd_ns) for i in range(n)]
+
+
+def merge_units(units: list[UnitSpec], k: int) -> list[UnitSpec]:
+    """The same model with every ``k`` consecutive units wrapped as one (``fully_shard([a, b])``):
+    sizes, compute and activations add up; FSDP2 names such a unit ``a, b``."""
+    out = []
+    for i in range(0, len(units), k):
+        chunk = units[i:i + k]
+        out.append(UnitSpec(name=", ".join(u.name for u in chunk), numel=sum(u.numel for u in chunk),
+                            fwd_ns=sum(u.fwd_ns for u in chunk), bwd_ns=sum(u.bwd_ns for u in chunk),
+                            act_bytes=sum(u.act_bytes for u in chunk),
+                            reshard_after_forward=all(u.reshard_after_forward for u in chunk)))
+    return out
+
+
+def merge_into_root(root: UnitSpec, units: list[UnitSpec]) -> UnitSpec:
+    """The same model wrapped as one unit: the root holds every parameter and all the compute."""
+    return UnitSpec(name=ROOT, numel=root.numel + sum(u.numel for u in units),
+                    fwd_ns=root.fwd_ns + sum(u.fwd_ns for u in units), bwd_ns=root.bwd_ns + sum(u.bwd_ns for u in units),
+                    act_bytes=root.act_bytes + sum(u.act_bytes for u in units), reshard_after_forward=False)
 
 
 def make_root(*, numel: int = 2_000_000, fwd_ns: int = 200_000, bwd_ns: int = 400_000) -> UnitSpec:

@@ -22,9 +22,10 @@ UNIT_NUMEL = 4_000_000
 DTYPE_BYTES = 2  # the scenario's bf16 parameters
 SCENARIOS = {
     "prefetch": Scenario(units=make_units(4, numel=UNIT_NUMEL), root=make_root(), forward_prefetch=1,
-                         backward_prefetch=1, steps=(3, 4, 5)),
+                         backward_prefetch=1, steps=(3, 4, 5), gradients_per_kernel=False),
     "none": Scenario(units=make_units(4, numel=UNIT_NUMEL), root=make_root(), forward_prefetch=0,
-                     backward_prefetch=0, sync_per_unit=True, steps=(3, 4, 5)),
+                     backward_prefetch=0, sync_per_unit=True, steps=(3, 4, 5),
+                     gradients_per_kernel=False),
 }
 
 

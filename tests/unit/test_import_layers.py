@@ -30,9 +30,10 @@ ALLOWED: dict[str, set[str]] = {
     "runfolder": {"errors"},
     "trace": BASE | {"runfolder", "naming"},
     "analysis": BASE | {"runfolder", "naming", "trace"},
-    "report": BASE | {"runfolder", "naming", "trace", "analysis"},
+    "whatif": BASE | {"runfolder", "naming", "trace", "analysis"},
+    "report": BASE | {"runfolder", "naming", "trace", "analysis", "whatif"},
     "record": BASE | {"runfolder", "naming"},
-    "commands": BASE | {"runfolder", "naming", "trace", "analysis", "report", "record"},
+    "commands": BASE | {"runfolder", "naming", "trace", "analysis", "whatif", "report", "record"},
     "cli": BASE | {"commands"},
 }
 # Third-party packages a part must never import (the parser and analysis run where no torch is
@@ -42,6 +43,7 @@ FORBIDDEN: dict[str, set[str]] = {
     "naming": {"torch", "pandas", "holoviews", "bokeh"},
     "trace": {"torch", "holoviews", "bokeh", "panel", "jinja2"},
     "analysis": {"torch", "holoviews", "bokeh", "panel", "jinja2"},
+    "whatif": {"torch", "holoviews", "bokeh", "panel", "jinja2"},
     "report": {"torch"},
     "commands": {"torch"},
     "cli": {"torch", "pandas", "holoviews", "bokeh"},

@@ -1,0 +1,111 @@
+"""What a collective costs: fitted on the recorded ones, scaled to other sizes and world sizes.
+
+Per kind (all-gather, reduce-scatter) a line ``time = latency + bytes / bandwidth`` is fitted
+through the lower quartile of the recorded times at each size: a recorded collective also holds
+the time it waited for the last rank to join. That wait comes once per collective, whatever its
+size (the ranks drift apart between two collectives), so it is kept as a typical time per
+collective (*wait*, the median of the recorded times above the line): fewer, larger collectives
+wait fewer times.
+
+Ring collectives move ``(N - 1) / N`` of the unsharded bytes through every rank's link and take
+``N - 1`` latency steps, so a world size ``N`` scales the two terms from the recorded ``Nr``.
+Past one host the bandwidth term runs at the inter-host bandwidth (when that is lower).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Final
+
+import numpy as np
+
+QUANTILE: Final = 0.25
+# Defaults for a link between hosts, per rank (stated in every prediction that uses them).
+DEFAULT_INTER_HOST_GBPS: Final = {"gpu": 25.0, "cpu": 1.25}  # GB/s: 200 Gb/s per GPU; 10 GbE per CPU host
+
+
+@dataclass(slots=True)
+class Line:
+    """``seconds = latency + bytes * per_byte`` at the recorded world size (ns, ns per byte)."""
+
+    latency_ns: float
+    per_byte_ns: float
+    wait_ns: float = 0.0
+    n: int = 0  # collectives it was fitted on
+
+    def at(self, nbytes: float) -> float:
+        return self.latency_ns + nbytes * self.per_byte_ns
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where the collectives run in a prediction: ranks in the group, ranks per host, and the
+    bandwidth between hosts (GB/s per rank; ``None``: the recorded bandwidth everywhere)."""
+
+    world_size: int
+    ranks_per_host: int
+    inter_host_gbps: float | None = None
+
+
+@dataclass(slots=True)
+class CommModel:
+    """Collective costs of one recording, and how they change with bytes and world size."""
+
+    world_size: int
+    ranks_per_host: int
+    lines: dict[str, Line] = field(default_factory=dict)
+
+    def time_ns(self, kind: str, nbytes: float, target: Target | None = None) -> float:
+        """A collective of ``kind`` moving ``nbytes`` (unsharded), its typical wait included;
+        at the recorded world size unless ``target`` says otherwise."""
+        line = self.lines.get(kind) or self.lines.get("all_gather")
+        if line is None:
+            return 0.0
+        n = target.world_size if target else self.world_size
+        nr = self.world_size
+        lat = line.latency_ns * _ring_steps(n) / _ring_steps(nr)
+        bw = nbytes * line.per_byte_ns * _ring_share(n) / _ring_share(nr)
+        if target is not None and n > target.ranks_per_host and target.inter_host_gbps:
+            across = nbytes * _ring_share(n) / target.inter_host_gbps  # GB/s = bytes per ns
+            bw = max(bw, across)
+        return lat + bw + line.wait_ns
+
+    def scale(self, kind: str, nbytes: float, target: Target) -> float:
+        """How much longer a recorded ``kind`` collective of ``nbytes`` takes under ``target``."""
+        here = self.time_ns(kind, nbytes)
+        there = self.time_ns(kind, nbytes, target)
+        return there / here if here > 0 else 1.0
+
+
+def _ring_steps(n: int) -> float:
+    return max(1, n - 1)
+
+
+def _ring_share(n: int) -> float:
+    return (n - 1) / n if n > 1 else 1.0
+
+
+def fit(samples: Iterable[tuple[str, int, float]], world_size: int, ranks_per_host: int) -> CommModel:
+    """Fit per kind from ``(kind, bytes, ns)`` of the recorded collectives."""
+    by_kind: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for kind, nbytes, ns in samples:
+        if nbytes > 0 and ns > 0:
+            by_kind[kind][nbytes].append(ns)
+    model = CommModel(world_size=world_size, ranks_per_host=ranks_per_host)
+    for kind, sizes in by_kind.items():
+        xs = np.array(sorted(sizes), dtype=np.float64)
+        ys = np.array([np.quantile(sizes[int(x)], QUANTILE) for x in xs])
+        if len(xs) >= 2 and xs[-1] > xs[0]:
+            slope, icept = np.polyfit(xs, ys, 1)
+            if slope <= 0:  # sizes too close to tell: all of it is bandwidth
+                slope, icept = float(ys.mean() / xs.mean()), 0.0
+            icept = max(0.0, float(icept))
+        else:
+            slope, icept = float(ys[0] / xs[0]), 0.0
+        line = Line(latency_ns=float(icept), per_byte_ns=float(slope), n=sum(len(v) for v in sizes.values()))
+        above = [ns - line.at(b) for b, values in sizes.items() for ns in values]
+        line.wait_ns = max(0.0, float(np.median(above))) if above else 0.0
+        model.lines[kind] = line
+    return model

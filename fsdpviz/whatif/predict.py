@@ -1,0 +1,259 @@
+"""``predict``: one recording and a setting -> the step time, communication and memory it would give.
+
+Every analysed step of every rank is simulated twice: as recorded (the *replay*) and under the
+setting. The replay measures how well the model explains the recording (``replay_error_pct``); the
+prediction is the recording moved by what the setting changes in the simulation (predicted =
+recorded + simulated(setting) - simulated(recorded), per rank and step), so whatever the model
+does not explain cancels out instead of being blamed on the setting.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from fsdpviz.analysis.pipeline import RunResult
+from fsdpviz.errors import UsageError
+from fsdpviz.naming import ROOT_UNIT
+from fsdpviz.whatif import comm as comm_model
+from fsdpviz.whatif import program as prog
+from fsdpviz.whatif.recording import Gather, Recording, StepProgram, read_recording
+from fsdpviz.whatif.settings import DEFAULT, GIVEN, RECORDED, Settings, Wrap
+from fsdpviz.whatif.simulate import SimResult, run
+
+SUPPORTED = {
+    "fsdp2": {"wrap", "prefetch", "reshard_after_forward", "world_size"},
+    "fsdp1": {"prefetch", "world_size"},
+    "zero3": {"prefetch", "world_size"},
+}
+
+
+@dataclass(slots=True)
+class UnitOutcome:
+    name: str
+    all_gather_ms: float
+    forward_ms: float
+    backward_ms: float
+    reduce_scatter_ms: float
+    exposed_comm_ms: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "all_gather_ms": self.all_gather_ms, "forward_ms": self.forward_ms,
+                "backward_ms": self.backward_ms, "reduce_scatter_ms": self.reduce_scatter_ms,
+                "exposed_comm_ms": self.exposed_comm_ms}
+
+
+@dataclass(slots=True)
+class Outcome:
+    """Step time, communication, compute and memory of a run (recorded or predicted)."""
+
+    step_time_ms: float
+    exposed_comm_ms: float
+    comm_ms: float
+    compute_ms: float
+    peak_allocated_bytes: int | None
+    units: list[UnitOutcome]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step_time_ms": self.step_time_ms, "exposed_comm_ms": self.exposed_comm_ms, "comm_ms": self.comm_ms,
+                "compute_ms": self.compute_ms, "peak_allocated_bytes": self.peak_allocated_bytes,
+                "units": [u.to_json() for u in self.units]}
+
+
+@dataclass(slots=True)
+class Model:
+    """A recording read for prediction (read once, predicted many times)."""
+
+    result: RunResult
+    recording: Recording
+    comm: comm_model.CommModel
+    gathers: dict[tuple[str, str], Gather]
+    replays: list[SimResult] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Prediction:
+    baseline: Outcome
+    predicted: Outcome
+    settings: Settings
+    replay_error_pct: float  # |mean simulated replay step - mean recorded step| / recorded
+    notes: list[str]
+    replay: list[SimResult]
+    simulated: list[SimResult]
+    steps: list[StepProgram]
+
+    def to_json(self) -> dict[str, Any]:
+        predicted = self.predicted.to_json()
+        predicted["settings"] = self.settings.to_json()
+        return {"baseline": self.baseline.to_json(), "predicted": predicted,
+                "replay_error_pct": round(self.replay_error_pct, 2), "notes": self.notes}
+
+
+def read_model(result: RunResult) -> Model:
+    """Read ``result`` for prediction; an error when it holds nothing the model can use."""
+    analysis = result.analysis
+    if not analysis.has_units or analysis.units.empty:
+        raise UsageError("the recording has no FSDP units (no FSDP2 / FSDP1 / ZeRO-3 labels): nothing to predict")
+    if analysis.framework not in SUPPORTED:
+        raise UsageError(f"framework {analysis.framework}: predictions cover FSDP2, FSDP1 and ZeRO-3")
+    rec = read_recording(result)
+    if not rec.steps:
+        raise UsageError("no analysed step holds a complete forward and backward: nothing to predict")
+    samples = [("all_gather", g.bytes, g.comm_ns) for s in rec.steps for g in s.gathers]
+    samples += [("reduce_scatter", r.bytes, r.comm_ns) for s in rec.steps for r in s.reduces]
+    # the host's share of a gather (copy-in, the call; the copy-out) grows with its bytes too
+    samples += [(prog.GATHER_HOST, g.bytes, g.host_ns) for s in rec.steps for g in s.gathers]
+    samples += [(prog.COPY_OUT_HOST, g.bytes, g.copy_out_host_ns) for s in rec.steps for g in s.gathers]
+    fitted = comm_model.fit(samples, rec.world_size, rec.ranks_per_host)
+    gathers: dict[tuple[str, str], Gather] = {}
+    for s in rec.steps:
+        for g in s.gathers:
+            gathers.setdefault((g.unit, g.phase), g)
+    model = Model(result=result, recording=rec, comm=fitted, gathers=gathers)
+    model.replays = [run(prog.build(rec, s, recorded_settings(), fitted, gathers), rec.device == "gpu")
+                     for s in rec.steps]
+    return model
+
+
+def recorded_settings() -> Settings:
+    return Settings(prefetch="recorded")
+
+
+def check(model: Model, settings: Settings) -> None:
+    """An error for a setting the model cannot predict for this recording."""
+    rec = model.recording
+    supported = SUPPORTED[rec.framework]
+    changed = {k for k, v in settings.sources.items() if v == GIVEN}
+    if "world_size" in changed and settings.world_size < 1:
+        raise UsageError(f"--world-size {settings.world_size}: needs at least 1 rank")
+    if "world_size" in changed and rec.world_size < 2:
+        raise UsageError("the recording ran on one rank: no collective to scale to another world size")
+    unsupported = sorted(k for k in changed - supported if k not in ("gpus_per_node", "inter_node_gbps"))
+    if unsupported:
+        raise UsageError(f"{rec.framework}: the model covers {', '.join(sorted(supported))}, "
+                         f"not {', '.join(unsupported)}")
+    if settings.wrap.kind != "recorded":
+        prog.group_units(rec, settings)  # raises for a regex that matches nothing or is finer than recorded
+
+
+def predict(model: Model, settings: Settings) -> Prediction:
+    """Predict ``settings`` (see the module docstring)."""
+    check(model, settings)
+    rec = model.recording
+    full = _filled(settings, rec)
+    simulated = [run(prog.build(rec, s, _for_program(full), model.comm, model.gathers), rec.device == "gpu")
+                 for s in rec.steps]
+    baseline = _baseline(model)
+    predicted = _predicted(model, simulated, baseline)
+    recorded_mean = statistics.fmean(s.step_ns for s in rec.steps)
+    replay_mean = statistics.fmean(r.step_ns for r in model.replays)
+    notes = list(dict.fromkeys(n for r in simulated for n in r.notes))
+    notes += _assumptions(full, rec)
+    return Prediction(baseline=baseline, predicted=predicted, settings=full,
+                      replay_error_pct=100.0 * abs(replay_mean - recorded_mean) / recorded_mean if recorded_mean else 0.0,
+                      notes=notes, replay=model.replays, simulated=simulated, steps=rec.steps)
+
+
+def _for_program(settings: Settings) -> Settings:
+    """The program builder reads an unchanged prefetch as "replay the recorded issue order"."""
+    if settings.sources.get("prefetch") != GIVEN:
+        from dataclasses import replace
+
+        return replace(settings, prefetch="recorded")
+    return settings
+
+
+def _filled(settings: Settings, rec: Recording) -> Settings:
+    """``settings`` with every value filled in: recorded ones from the recording, defaults stated."""
+    from dataclasses import replace
+
+    sources = dict(settings.sources)
+    values: dict[str, Any] = {}
+    if sources.get("wrap") != GIVEN:
+        values["wrap"] = Wrap()
+        sources["wrap"] = RECORDED
+    if sources.get("prefetch") != GIVEN:
+        values["prefetch"] = rec.prefetch
+        sources["prefetch"] = RECORDED
+    if sources.get("reshard_after_forward") != GIVEN:
+        sources["reshard_after_forward"] = RECORDED
+    if sources.get("world_size") != GIVEN:
+        values["world_size"] = rec.world_size
+        sources["world_size"] = RECORDED
+    if sources.get("gpus_per_node") != GIVEN:
+        values["gpus_per_node"] = rec.ranks_per_host
+        sources["gpus_per_node"] = RECORDED
+    if sources.get("inter_node_gbps") != GIVEN:
+        values["inter_node_gbps"] = comm_model.DEFAULT_INTER_HOST_GBPS[rec.device]
+        sources["inter_node_gbps"] = DEFAULT
+    return replace(settings, sources=sources, **values)
+
+
+def _assumptions(settings: Settings, rec: Recording) -> list[str]:
+    notes = []
+    world = settings.world_size
+    if world != rec.world_size:
+        notes.append(f"world size {rec.world_size} -> {world}: ring collectives move (N-1)/N of the unsharded bytes "
+                     "per rank; the allocated level at the start of a step (sharded parameters, gradients and "
+                     "optimizer state) is taken to scale with 1/N")
+        if world > settings.gpus_per_node:
+            notes.append(f"{world} ranks at {settings.gpus_per_node} per host: collectives cross hosts at "
+                         f"{settings.inter_node_gbps:g} GB/s per rank ({settings.sources.get('inter_node_gbps')}"
+                         "; --inter-node-gbps to change)")
+    return notes
+
+
+def _ms(ns: float) -> float:
+    return round(ns / 1e6, 3)
+
+
+def _baseline(model: Model) -> Outcome:
+    summary = model.result.summary
+    rec = model.recording
+    times = model.result.analysis.step_times
+    peaks = [s.peak_bytes for s in rec.steps if s.peak_bytes >= 0]
+    compute = statistics.fmean(sum(p.compute_ns for mb in s.micro for p in (*mb.forward, *mb.backward))
+                               for s in rec.steps)
+    units = [UnitOutcome(name=u.name, all_gather_ms=u.all_gather_ms or 0.0, forward_ms=u.forward_ms or 0.0,
+                         backward_ms=u.backward_ms or 0.0, reduce_scatter_ms=u.reduce_scatter_ms or 0.0,
+                         exposed_comm_ms=u.exposed_comm_ms or 0.0) for u in summary.units]
+    return Outcome(step_time_ms=_ms(statistics.fmean(s.step_ns for s in rec.steps)),
+                   exposed_comm_ms=_ms(float(times["exposed_comm_ns"].mean())),
+                   comm_ms=_ms(float(times["comm_ns"].mean())), compute_ms=_ms(compute),
+                   peak_allocated_bytes=max(peaks) if peaks else None, units=units)
+
+
+def _predicted(model: Model, simulated: list[SimResult], baseline: Outcome) -> Outcome:
+    rec = model.recording
+    replay = model.replays
+
+    def moved(get: Any) -> float:
+        return statistics.fmean(get(n) - get(r) for n, r in zip(simulated, replay))
+
+    step = baseline.step_time_ms + moved(lambda r: r.step_ns) / 1e6
+    peak = None
+    if baseline.peak_allocated_bytes is not None:
+        peak = max(s.peak_bytes + (n.peak_bytes - r.peak_bytes)
+                   for s, n, r in zip(rec.steps, simulated, replay) if s.peak_bytes >= 0)
+    per_unit: dict[str, list[dict[str, float]]] = {}
+    for n in simulated:
+        for unit, row in n.unit_totals().items():
+            per_unit.setdefault(unit, []).append(row)
+    order = {u: i for i, u in enumerate(_new_order(model, simulated))}
+    units = [UnitOutcome(name=u, **{f"{k}_ms": _ms(statistics.median(r[k] for r in rows))
+                                    for k in ("all_gather", "forward", "backward", "reduce_scatter", "exposed_comm")})
+             for u, rows in sorted(per_unit.items(), key=lambda kv: order.get(kv[0], 1 << 30))]
+    return Outcome(step_time_ms=round(step, 3),
+                   exposed_comm_ms=round(max(0.0, baseline.exposed_comm_ms + moved(lambda r: r.exposed_comm_ns) / 1e6), 3),
+                   comm_ms=round(max(0.0, baseline.comm_ms + moved(lambda r: r.comm_ns) / 1e6), 3),
+                   compute_ms=round(max(0.0, baseline.compute_ms + moved(lambda r: r.compute_ns) / 1e6), 3),
+                   peak_allocated_bytes=peak, units=units)
+
+
+def _new_order(model: Model, simulated: list[SimResult]) -> list[str]:
+    seen: list[str] = []
+    for s in simulated[0].spans if simulated else []:
+        if s.unit and s.phase == "forward" and s.unit not in seen:
+            seen.append(s.unit)
+    return sorted(seen, key=lambda u: (u != ROOT_UNIT, seen.index(u)))

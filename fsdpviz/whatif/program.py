@@ -1,0 +1,463 @@
+"""A recorded step rewritten for a setting: the host's instructions in the order FSDP would run them.
+
+Units are formed first (:func:`group_units`): each recorded unit belongs to one new unit, named
+after the modules it covers. A pass of a merged unit is its members' passes back to back: their
+compute and the model's own host work (the Python between blocks, the kernel launches) are kept,
+while what FSDP does once per unit -- the pre-forward / pre-backward hooks, the reshard -- is kept
+once. The new unit gathers all its members' parameters at once (one collective of their summed
+bytes, costed by :mod:`.comm`) and reduces their gradients at once.
+
+Then the order (:func:`build`): each pass issues its unit's all-gather if nothing issued it
+earlier; with prefetch it also issues the next units' (FSDP2's implicit default: none ahead in
+forward -- on GPU the host running ahead of the device overlaps them anyway -- and one ahead in
+backward; ``N``: N ahead in both; ``none``: nothing ahead, and on GPU a gather waits for the
+compute before it). A unit kept unsharded after forward is not gathered again in backward. When no
+setting changes, the recorded order is kept, gather by gather.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from fsdpviz.errors import UsageError
+from fsdpviz.naming import ROOT_UNIT, group_name, unit_modules
+from fsdpviz.whatif.comm import CommModel, Target
+from fsdpviz.whatif.recording import (
+    BACKWARD,
+    FORWARD,
+    Gather,
+    MemoryUse,
+    Pass,
+    Recording,
+    Segment,
+    StepProgram,
+)
+from fsdpviz.whatif.settings import Settings
+
+ALL_GATHER: Final = "all_gather"
+REDUCE_SCATTER: Final = "reduce_scatter"
+GATHER_HOST: Final = "gather_host"  # fitted like a collective: the host time of issuing a gather
+COPY_OUT_HOST: Final = "copy_out_host"
+
+
+@dataclass(slots=True)
+class GatherOp:
+    """Issue an all-gather (host busy ``host_ns``; copy-in, the collective)."""
+
+    gid: int
+
+
+@dataclass(slots=True)
+class CopyOutOp:
+    """Use a gathered unit: wait for its all-gather, copy out (host busy + GPU copy)."""
+
+    gid: int
+
+
+@dataclass(slots=True)
+class BusyOp:
+    ns: float
+    what: str = ""
+
+
+@dataclass(slots=True)
+class ComputeOp:
+    unit: str
+    phase: str
+    ns: float
+    memory: MemoryUse
+
+
+@dataclass(slots=True)
+class ReshardOp:
+    unit: str
+    memory: MemoryUse
+
+
+@dataclass(slots=True)
+class MemOp:
+    """Allocations of the host's own work around a compute (as recorded)."""
+
+    net: int
+
+
+@dataclass(slots=True)
+class ReduceOp:
+    rid: int
+
+
+@dataclass(slots=True)
+class SegmentOp:
+    """Work outside units: host busy, device work, synchronisations, collectives outside units."""
+
+    name: str
+    segment: Segment
+    finalize: bool = False  # the end of backward: the device waits for every reduction first
+
+
+Op = GatherOp | CopyOutOp | BusyOp | ComputeOp | ReshardOp | MemOp | ReduceOp | SegmentOp
+
+
+@dataclass(slots=True)
+class SimGather:
+    unit: str
+    phase: str
+    bytes: int
+    host_ns: float
+    copy_in_ns: float
+    comm_ns: float
+    copy_out_host_ns: float
+    copy_out_ns: float
+    memory: MemoryUse = field(default_factory=MemoryUse)
+    copy_out_memory: MemoryUse = field(default_factory=MemoryUse)
+    after_compute: bool = False  # prefetch "none": starts only when the compute before it is done
+
+
+@dataclass(slots=True)
+class SimReduce:
+    unit: str
+    bytes: int
+    comm_ns: float
+    ar_bytes: int
+    ar_ns: float
+    prep_ns: float = 0.0
+    memory: MemoryUse = field(default_factory=MemoryUse)
+
+
+@dataclass(slots=True)
+class Program:
+    """One step's instructions for the simulator."""
+
+    ops: list[Op]
+    gathers: list[SimGather]
+    reduces: list[SimReduce]
+    start_bytes: int
+    units: list[str]  # forward order
+    unit_bytes: dict[str, int]
+    notes: list[str] = field(default_factory=list)
+
+
+# --- units -----------------------------------------------------------------------------------
+
+def group_units(rec: Recording, settings: Settings) -> dict[str, str]:
+    """Recorded unit -> the unit that holds it under ``settings.wrap``."""
+    units = rec.units
+    children = [u for u in units if u != ROOT_UNIT]
+    wrap = settings.wrap
+    if wrap.kind == "recorded":
+        return {u: u for u in units}
+    if wrap.kind == "root":
+        return dict.fromkeys(units, ROOT_UNIT)
+    if wrap.kind == "merge":
+        out = {ROOT_UNIT: ROOT_UNIT} if ROOT_UNIT in units else {}
+        for i in range(0, len(children), wrap.k):
+            chunk = children[i:i + wrap.k]
+            name = group_name([m for u in chunk for m in rec.modules.get(u, unit_modules(u))])
+            out.update(dict.fromkeys(chunk, name))
+        return out
+    return _match(rec, wrap.pattern)
+
+
+def _match(rec: Recording, pattern: str) -> dict[str, str]:
+    regex = re.compile(pattern)
+    modules = {u: rec.modules.get(u, unit_modules(u)) for u in rec.units if u != ROOT_UNIT}
+    known = sorted({m for ms in modules.values() for m in ms} | {_parent(m) for ms in modules.values() for m in ms})
+    matched = [m for m in known if m and regex.search(m)]
+    finer = [m for ms in modules.values() for m in ms
+             if any(x.startswith(m + ".") for x in _all_names(rec)) and regex.search(m) is None
+             and any(regex.search(x) for x in _all_names(rec) if x.startswith(m + "."))]
+    if finer:
+        raise UsageError(f"--wrap match:{pattern} makes units inside recorded units ({', '.join(finer[:3])}): "
+                         "that needs per-module times, which this recording does not have")
+    if not matched and not any(regex.search(x) for x in _all_names(rec)):
+        raise UsageError(f"--wrap match:{pattern}: no module of the recording matches "
+                         f"(units: {', '.join(rec.units[:6])}{' ...' if len(rec.units) > 6 else ''})")
+    out = {ROOT_UNIT: ROOT_UNIT} if ROOT_UNIT in rec.units else {}
+    for unit, ms in modules.items():
+        holders = [m for m in matched if any(x == m or x.startswith(m + ".") for x in ms)]
+        out[unit] = min(holders, key=len) if holders else ROOT_UNIT
+    # units that end up in one matched module form one unit named after it
+    return out
+
+
+def _parent(fqn: str) -> str:
+    return fqn.rpartition(".")[0]
+
+
+def _all_names(rec: Recording) -> list[str]:
+    return [m for u in rec.units for m in rec.modules.get(u, unit_modules(u))]
+
+
+# --- the program ------------------------------------------------------------------------------
+
+@dataclass(slots=True)
+class _Costs:
+    """Per recorded unit and phase: its gather's costs (from this step, else any phase of it)."""
+
+    gathers: dict[tuple[str, str], Gather]
+
+    def of(self, unit: str, phase: str) -> Gather | None:
+        return self.gathers.get((unit, phase)) or self.gathers.get((unit, FORWARD)) or self.gathers.get(
+            (unit, BACKWARD))
+
+
+def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel,
+          all_gathers: dict[tuple[str, str], Gather]) -> Program:
+    """The instructions of ``step`` under ``settings`` (see the module docstring)."""
+    group = group_units(rec, settings)
+    unchanged_units = settings.wrap.kind == "recorded"
+    replay = unchanged_units and settings.prefetch == "recorded" and settings.reshard_after_forward is None
+    prefetch = rec.prefetch if settings.prefetch == "recorded" else settings.prefetch
+    new_units: list[str] = list(dict.fromkeys(group[u] for u in rec.units if u in group))
+    members: dict[str, list[str]] = {n: [u for u in rec.units if group.get(u) == n] for n in new_units}
+    unit_bytes = {n: sum(max(0, rec.unit_bytes.get(u, 0)) for u in ms) for n, ms in members.items()}
+    reshard = _reshard(rec, settings, new_units, members)
+    world = settings.world_size or rec.world_size
+    where = Target(world_size=world, ranks_per_host=settings.gpus_per_node or rec.ranks_per_host,
+                    inter_host_gbps=settings.inter_node_gbps or None)
+    world_changed = world != rec.world_size or bool(settings.gpus_per_node and settings.gpus_per_node
+                                                    != rec.ranks_per_host)
+    costs = _Costs({**all_gathers, **{(g.unit, g.phase): g for g in step.gathers}})
+    compute_scale = _compute_scale(rec, settings)
+
+    gathers: list[SimGather] = []
+    reduces: list[SimReduce] = []
+    ops: list[Op] = []
+
+    def gather_cost(unit: str, phase: str, recorded: Gather | None) -> SimGather:
+        ms = members[unit]
+        parts = [recorded] if recorded is not None and len(ms) == 1 else [costs.of(u, phase) for u in ms]
+        known = [g for g in parts if g is not None]
+        nbytes = unit_bytes[unit] or sum(g.bytes for g in known)
+        if recorded is not None and len(ms) == 1 and not world_changed:
+            comm_ns = recorded.comm_ns
+        elif len(ms) == 1 and known:
+            comm_ns = known[0].comm_ns * comm.scale(ALL_GATHER, known[0].bytes, where)
+        else:
+            comm_ns = comm.time_ns(ALL_GATHER, nbytes, where)
+        measured = len(known) == len(ms) and any(g.memory.net or g.memory.rise for g in known)
+        single = len(ms) == 1 and bool(known)
+        return SimGather(unit=unit, phase=phase, bytes=nbytes,
+                         host_ns=sum(g.host_ns for g in known) if single else comm.time_ns(GATHER_HOST, nbytes),
+                         copy_in_ns=sum(g.copy_in_ns for g in known), comm_ns=comm_ns,
+                         copy_out_host_ns=sum(g.copy_out_host_ns for g in known) if single
+                         else comm.time_ns(COPY_OUT_HOST, nbytes),
+                         copy_out_ns=sum(g.copy_out_ns for g in known),
+                         memory=_added([g.memory for g in known]) if measured else MemoryUse(nbytes, nbytes),
+                         copy_out_memory=_added([g.copy_out_memory for g in known]) if measured
+                         else MemoryUse(0, nbytes))
+
+    def reduce_cost(unit: str, micro: int) -> SimReduce:
+        ms = members[unit]
+        recorded = [r for r in step.reduces if r.unit in ms and r.micro == micro] or \
+            [r for r in step.reduces if r.unit in ms]
+        nbytes = unit_bytes[unit] or sum(r.bytes for r in recorded)
+        if len(ms) == 1 and len(recorded) == 1 and not world_changed:
+            r = recorded[0]
+            return SimReduce(unit, r.bytes, r.comm_ns, r.ar_bytes, r.ar_ns, r.prep_ns, r.memory)
+        if len(ms) == 1 and recorded:
+            r = recorded[0]
+            return SimReduce(unit, r.bytes, r.comm_ns * comm.scale(REDUCE_SCATTER, r.bytes, where),
+                             r.ar_bytes, r.ar_ns, r.prep_ns, r.memory)
+        ar_bytes = sum(r.ar_bytes for r in recorded)
+        return SimReduce(unit, nbytes, comm.time_ns(REDUCE_SCATTER, nbytes, where),
+                         ar_bytes, sum(r.ar_ns for r in recorded), sum(r.prep_ns for r in recorded),
+                         _added([r.memory for r in recorded]))
+
+    def reshard_memory(unit: str, phase: str, micro: int) -> MemoryUse:
+        """What the reshard frees: as recorded for the members that resharded there, else their bytes."""
+        ms = members[unit]
+        passes = {p.unit: p for p in _passes(step, micro, phase) if p.unit in ms and p.reshard_memory.net < 0}
+        if len(passes) == len(ms):
+            return _added([p.reshard_memory for p in passes.values()])
+        return MemoryUse(net=-unit_bytes[unit], rise=0)
+
+    for mb_index, mb in enumerate(step.micro):
+        micro = mb_index
+        ops.append(SegmentOp("pre", mb.pre))
+        unsharded: set[str] = set()
+        issued: dict[str, int] = {}  # unit -> gather id of its in-flight gather
+        for phase, passes in ((FORWARD, mb.forward), (BACKWARD, mb.backward)):
+            leaders = _leaders(passes, group)
+            order = list(dict.fromkeys(group.get(passes[i].unit, ROOT_UNIT) for i in sorted(leaders)))
+            recorded_issues = _recorded_issues(step, micro, phase) if replay else {}
+            run = _runs(passes, group)
+            deferred = 0  # allocations of merged members' own post hooks, made once at the unit's end
+            for i, p in enumerate(passes):
+                unit = group.get(p.unit, ROOT_UNIT)
+                lead = i in leaders
+                last = _is_last(i, passes, group)
+                # What FSDP does once per unit around a member -- free the all-gather output after the
+                # copy-out, free the previous reduction's buffer in the post-backward -- happens once
+                # for the merged unit: at its copy-out, at its end.
+                member = p.part == "" and len(run[i]) > 1
+                pre_net = sum(passes[j].pre_net for j in run[i] if passes[j].part == "") + (
+                    p.pre_net if p.part != "" else 0) if lead else (0 if member else p.pre_net)
+                ops.append(BusyOp(p.gap_ns, "gap"))
+                if lead:
+                    ops.append(BusyOp(p.pre_ns, "pre"))
+                else:
+                    ops.append(BusyOp(max(0.0, p.pre_ns - _framework_pre(p)), "pre"))
+                if lead and unit not in unsharded:
+                    if unit not in issued:
+                        issued[unit] = _issue(ops, gathers, gather_cost(unit, phase, _own_gather(step, micro, unit,
+                                                                                                 phase, members)),
+                                              settings, rec)
+                    ops.append(CopyOutOp(issued.pop(unit)))
+                    unsharded.add(unit)
+                ops.append(MemOp(pre_net))  # e.g. FSDP2 frees the all-gather output after the copy-out
+                if lead:
+                    for target in _prefetch_targets(recorded_issues if replay else None, p, order, unit, phase,
+                                                    prefetch):
+                        if target not in unsharded and target not in issued:
+                            recorded = _own_gather(step, micro, target, phase, members)
+                            issued[target] = _issue(ops, gathers, gather_cost(target, phase, recorded), settings, rec)
+                ops.append(ComputeOp(unit, phase, p.compute_ns * compute_scale, p.memory))
+                post = p.post_ns if last else max(0.0, p.post_ns - p.post_framework_ns)
+                before_reduce = post - (p.reduce_after_ns if last else 0.0)
+                ops.append(BusyOp(before_reduce, "post"))
+                if last and (phase == BACKWARD or reshard.get(unit, True)):
+                    ops.append(ReshardOp(unit, reshard_memory(unit, phase, micro)))
+                    unsharded.discard(unit)
+                if last and phase == BACKWARD:
+                    reduces.append(reduce_cost(unit, micro))
+                    ops.append(ReduceOp(len(reduces) - 1))
+                    ops.append(BusyOp(p.reduce_after_ns, "post"))
+                if member and not last:
+                    deferred += p.post_net
+                else:
+                    ops.append(MemOp(p.post_net + deferred))
+                    deferred = 0
+            if phase == FORWARD:
+                ops.append(SegmentOp("mid", mb.mid))
+        ops.append(SegmentOp("finalize", Segment(), finalize=True))
+    ops.append(SegmentOp("post", step.post))
+    notes = []
+    if compute_scale != 1.0:
+        notes.append(f"compute {compute_scale:.2f}x slower: more ranks than cores on a host")
+    return Program(ops=ops, gathers=gathers, reduces=reduces,
+                   start_bytes=_start_bytes(step.start_bytes, rec.world_size, world),
+                   units=new_units, unit_bytes=unit_bytes, notes=notes)
+
+
+def _added(uses: Sequence[MemoryUse]) -> MemoryUse:
+    """Several members' allocations at once: their nets and their rises add."""
+    return MemoryUse(net=sum(u.net for u in uses), rise=sum(u.rise for u in uses))
+
+
+def _passes(step: StepProgram, micro: int, phase: str) -> list[Pass]:
+    mb = step.micro[micro] if micro < len(step.micro) else None
+    if mb is None:
+        return []
+    return mb.forward if phase == FORWARD else mb.backward
+
+
+def _issue(ops: list[Op], gathers: list[SimGather], g: SimGather, settings: Settings, rec: Recording) -> int:
+    g.after_compute = settings.prefetch == "none"
+    del rec
+    gathers.append(g)
+    ops.append(GatherOp(len(gathers) - 1))
+    return len(gathers) - 1
+
+
+def _leaders(passes: Sequence[Pass], group: dict[str, str]) -> set[int]:
+    """Indices of the passes that open their unit's pass (its pre-forward / pre-backward runs first):
+    the first of a run of passes of one unit; the root's part b only continues its part a."""
+    out = set()
+    for i, p in enumerate(passes):
+        unit = group.get(p.unit, ROOT_UNIT)
+        if p.part != "b" and (i == 0 or group.get(passes[i - 1].unit, ROOT_UNIT) != unit):
+            out.add(i)
+    return out
+
+
+def _runs(passes: Sequence[Pass], group: dict[str, str]) -> list[list[int]]:
+    """For each pass, the indices of the passes of its unit's pass (a run of one unit, without the
+    root's part b, which continues part a)."""
+    out: list[list[int]] = [[] for _ in passes]
+    current: list[int] = []
+    for i, p in enumerate(passes):
+        if i == 0 or group.get(passes[i - 1].unit, ROOT_UNIT) != group.get(p.unit, ROOT_UNIT) or p.part == "b":
+            current = []
+        current.append(i)
+        out[i] = current
+    return out
+
+
+def _is_last(i: int, passes: Sequence[Pass], group: dict[str, str]) -> bool:
+    """Whether pass ``i`` closes its unit's pass (its post-forward / post-backward runs after it)."""
+    p = passes[i]
+    if p.part == "a":
+        return False
+    return i + 1 == len(passes) or group.get(passes[i + 1].unit, ROOT_UNIT) != group.get(p.unit, ROOT_UNIT)
+
+
+def _framework_pre(p: Pass) -> float:
+    """What FSDP does once per unit before its compute (hooks): all of a child's pre time."""
+    return p.pre_ns if p.part == "" else 0.0
+
+
+def _own_gather(step: StepProgram, micro: int, unit: str, phase: str, members: dict[str, list[str]]) -> Gather | None:
+    ms = members.get(unit, [unit])
+    if len(ms) != 1:
+        return None
+    for g in step.gathers:
+        if g.unit == ms[0] and g.phase == phase and g.micro == micro:
+            return g
+    return None
+
+
+def _recorded_issues(step: StepProgram, micro: int, phase: str) -> dict[tuple[str, str, str], list[str]]:
+    out: dict[tuple[str, str, str], list[str]] = {}
+    for g in step.gathers:
+        if (g.micro == micro and g.phase == phase and g.issued_in is not None and g.issued_in[1] == phase
+                and g.issued_in[0] != g.unit):
+            out.setdefault(g.issued_in, []).append(g.unit)
+    return out
+
+
+def _prefetch_targets(recorded: dict[tuple[str, str, str], list[str]] | None, p: Pass, order: list[str], unit: str,
+                      phase: str, prefetch: str) -> list[str]:
+    """The units whose all-gathers pass ``p`` issues besides its own: as recorded (a replay), else
+    by the rule of ``prefetch``."""
+    if recorded is not None:
+        return recorded.get(p.key, [])
+    if unit not in order:
+        return []
+    i = order.index(unit)
+    if prefetch.isdigit():
+        return order[i + 1:i + 1 + int(prefetch)]
+    if prefetch == "implicit" and phase == BACKWARD:
+        return order[i + 1:i + 2]  # FSDP2 prefetches the next unit in backward
+    return []
+
+
+def _reshard(rec: Recording, settings: Settings, units: list[str], members: dict[str, list[str]]) -> dict[str, bool]:
+    out = {}
+    for unit in units:
+        if unit == ROOT_UNIT:
+            out[unit] = rec.reshard_after_forward.get(ROOT_UNIT, False)
+        elif settings.reshard_after_forward is not None:
+            out[unit] = settings.reshard_after_forward
+        else:
+            out[unit] = all(rec.reshard_after_forward.get(u, True) for u in members[unit])
+    return out
+
+
+def _compute_scale(rec: Recording, settings: Settings) -> float:
+    """On CPU, ranks beyond a host's cores share them: compute slows by the extra share."""
+    if rec.device != "cpu" or not rec.cpu_count:
+        return 1.0
+    before = rec.ranks_per_host
+    after = settings.gpus_per_node or min(settings.world_size or rec.world_size, rec.ranks_per_host)
+    return max(1.0, after / rec.cpu_count) / max(1.0, before / rec.cpu_count)
+
+
+def _start_bytes(start: int, recorded_world: int, world: int) -> int:
+    """The allocated level at the step's start: the sharded state, spread over ``world`` ranks."""
+    if start < 0 or world == recorded_world:
+        return start
+    return int(start * recorded_world / world)

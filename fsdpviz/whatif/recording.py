@@ -1,0 +1,578 @@
+"""A recording read as programs: per rank and step, what the host did and what each unit pass cost.
+
+The host (the training thread; on GPU the autograd thread during backward) is read on a *busy
+clock*: wall time minus the time it waited -- on GPU inside CUDA synchronisations, on CPU inside
+collectives (gloo's collectives are synchronous for FSDP2 on CPU: the thread that issues one waits
+for it). Busy time is what the host would spend again under another setting; waiting is what the
+simulator recomputes.
+
+A step is read as, per micro-batch (one unless gradient accumulation):
+
+- ``pre``: host work before the first unit's forward (data loading), ``mid``: between the forward
+  and the backward (the loss), and at the end ``post``: after the backward (the optimizer step, and
+  on GPU the synchronisation that ends the step);
+- one :class:`Pass` per unit and phase in the order the host ran them. The root unit, whose window
+  holds its children's, is two passes per phase: ``a`` before its first child, ``b`` after its last.
+  A pass holds its host busy time before its compute (``pre_ns``), its compute, its host time after
+  (``post_ns``), the time between the previous pass and its window (``gap_ns``: the model's own
+  Python between blocks);
+- one :class:`Gather` per all-gather (its host time to issue, copy-in, the collective, copy-out),
+  remembered with the pass that issued it; one :class:`Reduce` per reduce-scatter (and HSDP
+  all-reduce).
+
+Memory is read the same way: the allocated level at the start of the step and, per pass, what its
+compute left allocated and how far above that it went (:class:`MemoryUse`); parameter and gradient
+buffers are not read from the curve but follow from the units' sizes (:mod:`.program`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Final
+
+import numpy as np
+import pandas as pd
+from pandas.core.groupby import DataFrameGroupBy
+
+from fsdpviz.analysis import crossrank
+from fsdpviz.analysis.intervals import subtract_intervals, union_intervals
+from fsdpviz.analysis.labels import (
+    COPY_OUT_ACTION,
+    FAMILY_FSDP2,
+    FSDP2_REDUCE_ACTION,
+    FSDPVIZ_REDUCE_ACTION,
+    GATHER_ACTION,
+)
+from fsdpviz.analysis.memory import device_samples, main_devices
+from fsdpviz.analysis.pipeline import RunResult
+from fsdpviz.analysis.spans import gpu_work
+from fsdpviz.naming import ROOT_UNIT
+from fsdpviz.trace import schema
+
+FORWARD: Final = schema.PHASE_FORWARD
+BACKWARD: Final = schema.PHASE_BACKWARD
+SYNC_CALLS: Final = ("Synchronize",)  # cudaDeviceSynchronize, cudaStreamSynchronize, cuEventSynchronize ...
+COMM_KINDS: Final = (schema.SPAN_ALL_GATHER, schema.SPAN_REDUCE_SCATTER, schema.SPAN_ALL_REDUCE)
+
+
+@dataclass(slots=True)
+class MemoryUse:
+    """What a pass's compute does to the allocated level: it ends ``net`` bytes above where it
+    started, having been at most ``rise`` above its start (both from the allocator samples)."""
+
+    net: int = 0
+    rise: int = 0
+
+
+@dataclass(slots=True)
+class Gather:
+    """One all-gather of a unit's parameters."""
+
+    unit: str
+    phase: str  # the pass that consumed it
+    micro: int
+    bytes: int
+    host_ns: float  # host busy time of issuing it (FSDP2's all_gather label: copy-in, the c10d call)
+    copy_in_ns: float  # GPU: the copy-in on its stream (CPU: part of host_ns)
+    comm_ns: float  # the collective (CPU: from its issue to its end, the time the host waited)
+    copy_out_host_ns: float  # host busy time of the copy-out label
+    copy_out_ns: float  # GPU: the copy-out on the compute stream (CPU: part of copy_out_host_ns)
+    issued_in: tuple[str, str, str] | None = None  # (unit, phase, part) of the pass that issued it
+    memory: MemoryUse = field(default_factory=MemoryUse)  # while issuing (its output buffer)
+    copy_out_memory: MemoryUse = field(default_factory=MemoryUse)  # the copy-out (parameters in place)
+
+
+@dataclass(slots=True)
+class Reduce:
+    """One unit's gradient reduction after its backward: the reduce-scatter and the HSDP all-reduce."""
+
+    unit: str
+    micro: int
+    bytes: int
+    comm_ns: float  # reduce-scatter (CPU: from issue to end)
+    ar_bytes: int = 0
+    ar_ns: float = 0.0
+    host_ns: float = 0.0  # host busy time of issuing it
+    prep_ns: float = 0.0  # GPU: kernels before it on the compute stream (FSDP2's chunk_cat of the gradients)
+    memory: MemoryUse = field(default_factory=MemoryUse)  # its label: buffers in, gradients out
+
+
+@dataclass(slots=True)
+class Pass:
+    """One unit's forward or backward in one micro-batch (the root's: part ``a`` or ``b``)."""
+
+    unit: str
+    phase: str
+    micro: int
+    part: str  # "" for a unit without nested units; the root: "a" before its children, "b" after
+    gap_ns: float  # host busy time between the previous pass and this window
+    pre_ns: float  # host busy time from the window's start to the compute (no gather or copy-out labels)
+    compute_ns: float  # GPU: kernel time on the compute stream; CPU: host time in the unit's ops
+    post_ns: float  # host busy time after the compute is issued (GPU) or done (CPU), to the window's end
+    reduce_after_ns: float = 0.0  # of post_ns: the part after the reduce-scatter was issued
+    reshard_ns: float = 0.0  # of post_ns: the reshard label (post_forward / post_backward_reshard)
+    post_framework_ns: float = 0.0  # of post_ns: FSDP's post-forward / post-backward hooks, without the reduction
+    memory: MemoryUse = field(default_factory=MemoryUse)  # the compute
+    pre_net: int = 0  # allocated before the compute, beyond the gathers and copy-outs done there
+    post_net: int = 0  # allocated after the compute, beyond the reshard and the reduction
+    reshard_memory: MemoryUse = field(default_factory=MemoryUse)
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return self.unit, self.phase, self.part
+
+
+@dataclass(slots=True)
+class Segment:
+    """Host work outside every unit: busy time, the device work it launched, its synchronisations."""
+
+    busy_ns: float = 0.0
+    device_ns: float = 0.0  # GPU: kernels launched here (loss, optimizer), on the compute stream
+    sync_at: list[float] = field(default_factory=list)  # busy offsets at which the host waits for the device
+    comm_ns: list[float] = field(default_factory=list)  # CPU: collectives outside units the host waited for
+    memory: MemoryUse = field(default_factory=MemoryUse)
+
+
+@dataclass(slots=True)
+class MicroBatch:
+    """One forward and backward of a step."""
+
+    pre: Segment
+    forward: list[Pass]
+    mid: Segment
+    backward: list[Pass]
+
+
+@dataclass(slots=True)
+class StepProgram:
+    """One rank's step, as recorded."""
+
+    rank: int
+    step: int
+    step_ns: int
+    micro: list[MicroBatch]
+    post: Segment
+    gathers: list[Gather]
+    reduces: list[Reduce]
+    start_bytes: int = -1  # allocated at the step's start (-1: no memory samples)
+    peak_bytes: int = -1
+    comm_exposed_ns: int = 0
+    comm_ns: int = 0
+
+
+@dataclass(slots=True)
+class Recording:
+    """Everything the what-if model reads from one recording."""
+
+    framework: str
+    device: str  # "gpu" or "cpu"
+    world_size: int
+    units: list[str]  # forward order, the root first when it has parameters
+    unit_bytes: dict[str, int]  # unsharded parameter bytes
+    modules: dict[str, list[str]]  # unit -> the modules it covers
+    reshard_after_forward: dict[str, bool]
+    prefetch: str  # what the recording did: "implicit" or "N" (explicit, N units ahead)
+    steps: list[StepProgram]
+    ranks_per_host: int
+    cpu_count: int  # cores of a host (0: unknown)
+    notes: list[str] = field(default_factory=list)
+
+
+class BusyClock:
+    """Host busy time: wall time minus the blocked intervals before it."""
+
+    def __init__(self, starts: np.ndarray, ends: np.ndarray) -> None:
+        self.s, self.e = union_intervals(starts, ends)
+        self.cum = np.concatenate([[0], np.cumsum(self.e - self.s)]).astype(np.int64)
+
+    def __call__(self, t: float) -> float:
+        i = int(np.searchsorted(self.s, t, side="right"))  # intervals starting at or before t
+        blocked = float(self.cum[i])
+        if i and t < self.e[i - 1]:
+            blocked -= float(self.e[i - 1] - t)
+        return t - blocked
+
+    def between(self, a: float, b: float) -> float:
+        return max(0.0, self(b) - self(a))
+
+
+def read_recording(result: RunResult) -> Recording:
+    """The programs of every analysed rank and step of ``result``."""
+    analysis = result.analysis
+    traces = result.traces
+    offsets = crossrank.applied_offsets(analysis.clock)
+    events = crossrank.shift_times(traces.events, offsets, ("start_ns",))
+    lanes = traces.lanes
+    host_lanes = set(zip(lanes.loc[lanes["lane_kind"].isin([schema.LANE_CPU_MAIN, schema.LANE_CPU_AUTOGRAD]), "rank"],
+                         lanes.loc[lanes["lane_kind"].isin([schema.LANE_CPU_MAIN, schema.LANE_CPU_AUTOGRAD]),
+                                   "lane"].astype(str)))
+    gpu = bool((events["kind"] == schema.KIND_KERNEL).any())
+    work = gpu_work(events) if gpu else None
+    memory = crossrank.shift_times(traces.memory, offsets, ("t_ns",))
+    devices = main_devices(memory)
+    units = _unit_order(result)
+    programs = []
+    steps = crossrank.shift_times(traces.steps, offsets, ("start_ns", "end_ns"))
+    by = {name: frame.groupby("rank", sort=True) for name, frame in (
+        ("spans", analysis.spans), ("windows", analysis.windows), ("labels", analysis.labels),
+        ("events", events), ("steps", steps), ("times", analysis.step_times))}
+    for rank in analysis.ranks:
+        parts = {name: _group(g, rank) for name, g in by.items()}
+        ev = parts["events"]
+        clock = _busy_clock(ev, parts["spans"], host_lanes, rank, gpu)
+        rank_work = work[work["rank"] == rank] if work is not None else None
+        samples = device_samples(memory, rank, devices[rank]) if rank in devices else memory.iloc[:0]
+        times = parts["times"].set_index("step") if len(parts["times"]) else None
+        for step in sorted(set(parts["windows"]["step"].tolist())):
+            if times is None or step not in times.index:
+                continue
+            row = times.loc[step]
+            program = _read_step(rank, step, int(row["start_ns"]), int(row["end_ns"]), parts, clock, rank_work,
+                                 samples, gpu)
+            program.comm_ns, program.comm_exposed_ns = int(row["comm_ns"]), int(row["exposed_comm_ns"])
+            programs.append(program)
+    return Recording(
+        framework=analysis.framework, device="gpu" if gpu else "cpu", world_size=analysis.world_size,
+        units=units, unit_bytes=_unit_bytes(result, units), modules=_unit_modules(result, units),
+        reshard_after_forward=_reshard(result, units), prefetch=_recorded_prefetch(result),
+        steps=programs, ranks_per_host=_ranks_per_host(result), cpu_count=_cpu_count(result),
+    )
+
+
+def _group(grouped: DataFrameGroupBy, rank: int) -> pd.DataFrame:
+    try:
+        return grouped.get_group(rank)
+    except KeyError:
+        return grouped.obj.iloc[:0]
+
+
+def _busy_clock(events: pd.DataFrame, spans: pd.DataFrame, host_lanes: set[tuple[int, str]], rank: int,
+                gpu: bool) -> BusyClock:
+    """Where the host waited. GPU: CUDA synchronisations on the host threads. CPU: while a collective
+    it issued ran (from the issue to its end), except where the host computed meanwhile."""
+    if gpu:
+        lane = events["lane"].astype(str)
+        on_host = np.array([(rank, name) in host_lanes for name in lane], dtype=bool)
+        names = events["name"].astype(str)
+        sync = on_host & (events["kind"] == schema.KIND_RUNTIME).to_numpy() & names.str.contains(
+            "|".join(SYNC_CALLS), regex=True).to_numpy()
+        starts = events["start_ns"].to_numpy(np.int64)[sync]
+        return BusyClock(starts, starts + events["dur_ns"].to_numpy(np.int64)[sync])
+    comm = spans[spans["kind"].isin(list(COMM_KINDS)).to_numpy()]
+    other = events[((events["comm"] != "") & (events["kind"] == schema.KIND_ANNOTATION)).to_numpy()]
+    starts = np.concatenate([comm["issue_ns"].to_numpy(np.int64), other["start_ns"].to_numpy(np.int64)])
+    ends = np.concatenate([comm["end_ns"].to_numpy(np.int64),
+                           (other["start_ns"] + other["dur_ns"]).to_numpy(np.int64)])
+    compute = spans[(spans["kind"] == schema.SPAN_COMPUTE).to_numpy()]
+    s, e = subtract_intervals(union_intervals(starts, ends),
+                              union_intervals(compute["start_ns"].to_numpy(np.int64),
+                                              compute["end_ns"].to_numpy(np.int64)))
+    return BusyClock(s, e)
+
+
+@dataclass(slots=True)
+class _Window:
+    unit: str
+    phase: str
+    micro: int
+    start: int
+    end: int
+
+
+def _windows(windows: pd.DataFrame, step: int, micro: int, phase: str) -> list[_Window]:
+    rows = windows[((windows["step"] == step) & (windows["micro"] == micro) & (windows["phase"] == phase)).to_numpy()]
+    out = [_Window(str(u), phase, micro, int(s), int(e)) for u, s, e in
+           zip(rows["unit"], rows["start_ns"], rows["end_ns"])]
+    return sorted(out, key=lambda w: (w.start, -w.end))
+
+
+def _pass_frames(wins: list[_Window]) -> Iterator[tuple[str, str, int, int, int]]:
+    """(unit, part, frame start, frame end, gap start) of each pass in host order: top-level windows
+    and their direct children; the root (a window holding others) as parts a and b around them."""
+    tops: list[tuple[_Window, list[_Window]]] = []
+    for w in wins:
+        if tops and w.start >= tops[-1][0].start and w.end <= tops[-1][0].end and w is not tops[-1][0]:
+            kids = tops[-1][1]
+            if not kids or w.start >= kids[-1].end:  # a direct child (deeper nesting folds into its parent)
+                kids.append(w)
+            continue
+        tops.append((w, []))
+    prev_end: int | None = None
+    for top, kids in tops:
+        if not kids:
+            yield top.unit, "", top.start, top.end, top.start if prev_end is None else prev_end
+            prev_end = top.end
+            continue
+        yield top.unit, "a", top.start, kids[0].start, top.start if prev_end is None else prev_end
+        for i, kid in enumerate(kids):
+            yield kid.unit, "", kid.start, kid.end, kid.start if i == 0 else kids[i - 1].end
+        yield top.unit, "b", kids[-1].end, top.end, kids[-1].end
+        prev_end = top.end
+
+
+def _read_step(rank: int, step: int, t0: int, t1: int, parts: dict[str, pd.DataFrame], clock: BusyClock,
+               work: pd.DataFrame | None, samples: pd.DataFrame, gpu: bool) -> StepProgram:
+    spans = parts["spans"][(parts["spans"]["step"] == step).to_numpy()]
+    labels = parts["labels"][(parts["labels"]["step"] == step).to_numpy()]
+    windows = parts["windows"][(parts["windows"]["step"] == step).to_numpy()]
+    gather_labels = labels[(labels["action"] == GATHER_ACTION).to_numpy()]
+    copy_out_labels = labels[((labels["family"] == FAMILY_FSDP2) & (labels["action"] == COPY_OUT_ACTION)).to_numpy()]
+    reduce_labels = labels[labels["action"].isin([FSDP2_REDUCE_ACTION, FSDPVIZ_REDUCE_ACTION]).to_numpy()]
+    g_start = gather_labels["start_ns"].to_numpy(np.int64)
+    g_end = gather_labels["end_ns"].to_numpy(np.int64)
+    c_start = copy_out_labels["start_ns"].to_numpy(np.int64)
+    c_end = copy_out_labels["end_ns"].to_numpy(np.int64)
+
+    def busy_in(starts: np.ndarray, ends: np.ndarray, a: float, b: float) -> float:
+        """Busy time of the labels that start in [a, b)."""
+        inside = (starts >= a) & (starts < b)
+        return float(sum(clock.between(s, e) for s, e in zip(starts[inside], ends[inside])))
+
+    t_samples = samples["t_ns"].to_numpy(np.int64)
+    allocated = samples["allocated_bytes"].to_numpy(np.int64)
+    before_first = int(allocated[0] - samples["delta_bytes"].to_numpy(np.int64)[0]) if len(allocated) else 0
+
+    def level_at(t: float) -> int:
+        """The allocated level just after ``t`` (before the first sample: the level that sample changed)."""
+        i = int(np.searchsorted(t_samples, t, side="right")) - 1
+        return int(allocated[i]) if i >= 0 else before_first
+
+    def memory_use(a: float, b: float) -> MemoryUse:
+        if not len(t_samples):
+            return MemoryUse()
+        start = level_at(a)
+        i, j = np.searchsorted(t_samples, [a, b], side="left")
+        top = int(allocated[i:j].max()) if j > i else start
+        return MemoryUse(net=level_at(b) - start, rise=max(0, top - start))
+
+    comp = spans[(spans["kind"] == schema.SPAN_COMPUTE).to_numpy()]
+    reshards = spans[(spans["kind"] == schema.SPAN_RESHARD).to_numpy()]
+    r_start = np.sort(reshards["start_ns"].to_numpy(np.int64))
+    frames: list[tuple[int, str, str, str, int, int]] = []  # (micro, unit, phase, part, start, end), host order
+    micros = sorted(set(windows["micro"].tolist())) or [0]
+    gathers: list[Gather] = []
+    reduces: list[Reduce] = []
+    batches: list[MicroBatch] = []
+    cursor = float(t0)
+    for micro in micros:
+        fwd_wins = _windows(windows, step, micro, FORWARD)
+        bwd_wins = _windows(windows, step, micro, BACKWARD)
+        passes: dict[str, list[Pass]] = {FORWARD: [], BACKWARD: []}
+        bounds: dict[str, tuple[float, float]] = {}
+        for phase, wins in ((FORWARD, fwd_wins), (BACKWARD, bwd_wins)):
+            if not wins:
+                continue
+            bounds[phase] = (min(w.start for w in wins), max(w.end for w in wins))
+            for unit, part, a, b, gap_from in _pass_frames(wins):
+                frames.append((micro, unit, phase, part, a, b))
+                mine = comp[((comp["unit"] == unit) & (comp["phase"] == phase) & (comp["micro"] == micro)).to_numpy()]
+                issue = mine["issue_ns"].to_numpy(np.int64)
+                mine = mine[(issue >= a) & (issue < b)]
+                labels_busy = busy_in(g_start, g_end, a, b) + busy_in(c_start, c_end, a, b)
+                total = clock.between(a, b) - labels_busy
+                if len(mine):
+                    first = float(mine["issue_ns"].min())
+                    pre = clock.between(a, first) - busy_in(g_start, g_end, a, first) - busy_in(c_start, c_end, a, first)
+                    if gpu:
+                        compute = float((mine["end_ns"] - mine["start_ns"]).sum())
+                    else:
+                        compute = float(sum(clock.between(s, e) for s, e in zip(mine["start_ns"], mine["end_ns"])))
+                    if gpu:  # allocations happen on the host, in the ops around the launches
+                        k = int(np.searchsorted(r_start, first, side="left"))
+                        cs = max([float(a), *[float(e) for st_, e in zip(np.concatenate([g_start, c_start]),
+                                                                         np.concatenate([g_end, c_end]))
+                                              if a <= st_ < first]])
+                        ce = float(r_start[k]) if k < len(r_start) and r_start[k] < b else float(b)
+                    else:
+                        cs, ce = float(mine["start_ns"].min()), float(mine["end_ns"].max())
+                else:
+                    pre, compute = total, 0.0
+                    cs = ce = float(b)
+                mem = memory_use(cs, ce)
+                post = max(0.0, total - pre - (0.0 if gpu else compute))
+                rs_rows = reshards[((reshards["unit"] == unit) & (reshards["phase"] == phase)
+                                    & (reshards["start_ns"] >= a) & (reshards["start_ns"] < b)).to_numpy()]
+                reshard_mem = _sum_use([memory_use(x, y) for x, y in zip(rs_rows["start_ns"], rs_rows["end_ns"])])
+                labelled_before = sum(memory_use(x, y).net for x, y in
+                                      zip(np.concatenate([g_start, c_start]), np.concatenate([g_end, c_end]))
+                                      if a <= x < cs)
+                red_lab = reduce_labels[((reduce_labels["unit"] == unit) & (reduce_labels["start_ns"] >= ce)
+                                         & (reduce_labels["start_ns"] < b)).to_numpy()]
+                reduce_mem = _sum_use([memory_use(x, y) for x, y in zip(red_lab["start_ns"], red_lab["end_ns"])])
+                reduce_busy = float(sum(clock.between(x, y) for x, y in zip(red_lab["start_ns"], red_lab["end_ns"])))
+                p = Pass(unit=unit, phase=phase, micro=micro, part=part, gap_ns=clock.between(gap_from, a),
+                         pre_ns=max(0.0, pre), compute_ns=compute, post_ns=post, memory=mem,
+                         reshard_ns=min(post, float(sum(clock.between(x, y) for x, y in
+                                                        zip(rs_rows["start_ns"], rs_rows["end_ns"])))),
+                         pre_net=level_at(cs) - level_at(a) - labelled_before,
+                         post_net=level_at(b) - level_at(ce) - reshard_mem.net - reduce_mem.net,
+                         reshard_memory=reshard_mem,
+                         post_framework_ns=min(post, max(0.0, clock.between(ce, b) - busy_in(g_start, g_end, ce, b)
+                                                         - busy_in(c_start, c_end, ce, b) - reduce_busy)))
+                red = spans[((spans["unit"] == unit) & (spans["micro"] == micro)
+                             & spans["kind"].isin([schema.SPAN_REDUCE_SCATTER, schema.SPAN_ALL_REDUCE])).to_numpy()]
+                red = red[((red["issue_ns"] >= a) & (red["issue_ns"] < b)).to_numpy()]
+                if phase == BACKWARD and len(red):
+                    rs = red[red["kind"] == schema.SPAN_REDUCE_SCATTER]
+                    ar = red[red["kind"] == schema.SPAN_ALL_REDUCE]
+                    if len(rs):
+                        issue_t = float(rs["issue_ns"].min())
+                        p.reduce_after_ns = min(p.post_ns, clock.between(issue_t, b))
+                        prep = 0.0
+                        if work is not None:
+                            lab = reduce_labels[((reduce_labels["unit"] == unit) & (reduce_labels["start_ns"] <= issue_t)
+                                                 & (reduce_labels["end_ns"] >= issue_t)).to_numpy()]
+                            if len(lab):
+                                k = work[((work["launch_ns"] >= int(lab["start_ns"].min())) & (work["launch_ns"] < issue_t)
+                                          & ~work["is_comm"]).to_numpy()]
+                                prep = float((k["end_ns"] - k["start_ns"]).sum())
+                        reduces.append(Reduce(
+                            unit=unit, micro=micro, bytes=int(rs["bytes"].clip(lower=0).sum()),
+                            comm_ns=_comm_ns(rs, gpu), ar_bytes=int(ar["bytes"].clip(lower=0).sum()),
+                            ar_ns=_comm_ns(ar, gpu) if len(ar) else 0.0, prep_ns=prep, memory=reduce_mem))
+                passes[phase].append(p)
+        pre_end = bounds[FORWARD][0] if FORWARD in bounds else cursor
+        pre_seg = _segment(cursor, pre_end, clock, work, spans, gpu, memory_use)
+        mid_from = bounds[FORWARD][1] if FORWARD in bounds else pre_end
+        mid_to = bounds[BACKWARD][0] if BACKWARD in bounds else mid_from
+        mid_seg = _segment(mid_from, mid_to, clock, work, spans, gpu, memory_use)
+        batches.append(MicroBatch(pre=pre_seg, forward=passes[FORWARD], mid=mid_seg, backward=passes[BACKWARD]))
+        cursor = bounds[BACKWARD][1] if BACKWARD in bounds else mid_to
+    tail = _segment(cursor, t1, clock, work, spans, gpu, memory_use)
+    gathers = _gathers(spans, gather_labels, copy_out_labels, frames, clock, gpu, memory_use)
+    program = StepProgram(rank=rank, step=step, step_ns=t1 - t0, micro=batches, post=tail, gathers=gathers,
+                          reduces=reduces)
+    if len(t_samples):
+        program.start_bytes = level_at(t0)
+        i, j = np.searchsorted(t_samples, [t0, t1], side="left")
+        program.peak_bytes = int(allocated[i:j].max()) if j > i else program.start_bytes
+    return program
+
+
+def _sum_use(uses: list[MemoryUse]) -> MemoryUse:
+    """Regions one after another: their nets add; the highest rise counts from where it started."""
+    net = rise = 0
+    for use in uses:
+        rise = max(rise, net + use.rise)
+        net += use.net
+    return MemoryUse(net=net, rise=rise)
+
+
+def _comm_ns(rows: pd.DataFrame, gpu: bool) -> float:
+    """A collective's time: on its stream (GPU), or from its issue to its end (CPU: what the host waits)."""
+    start = rows["start_ns"] if gpu else rows["issue_ns"]
+    return float((rows["end_ns"] - start).sum())
+
+
+def _segment(a: float, b: float, clock: BusyClock, work: pd.DataFrame | None, spans: pd.DataFrame, gpu: bool,
+             memory_use: Callable[[float, float], MemoryUse]) -> Segment:
+    seg = Segment(busy_ns=clock.between(a, b))
+    if b <= a:
+        return seg
+    if gpu and work is not None:
+        launched = work[((work["launch_ns"] >= a) & (work["launch_ns"] < b) & work["is_compute"]
+                         & ~work["is_comm"]).to_numpy()]
+        seg.device_ns = float((launched["end_ns"] - launched["start_ns"]).sum())
+        inside = (clock.s >= a) & (clock.s < b)
+        seg.sync_at = [clock.between(a, s) for s in clock.s[inside]]
+    elif not gpu:
+        blocked_s, blocked_e = clock.s, clock.e
+        inside = (blocked_s >= a) & (blocked_s < b)
+        seg.comm_ns = [float(e - s) for s, e in zip(blocked_s[inside], blocked_e[inside])]
+    seg.memory = memory_use(a, b)
+    return seg
+
+
+def _gathers(spans: pd.DataFrame, gather_labels: pd.DataFrame, copy_out_labels: pd.DataFrame,
+             frames: list[tuple[int, str, str, str, int, int]], clock: BusyClock, gpu: bool,
+             memory_use: Callable[[float, float], MemoryUse]) -> list[Gather]:
+    """Every all-gather of the step with its costs and the pass that issued it."""
+    ag = spans[(spans["kind"] == schema.SPAN_ALL_GATHER).to_numpy()]
+    if ag.empty:
+        return []
+    copy_in = spans[(spans["kind"] == schema.SPAN_COPY_IN).to_numpy()]
+    copy_out = spans[(spans["kind"] == schema.SPAN_COPY_OUT).to_numpy()]
+    out = []
+    for (unit, phase, micro), rows in ag.groupby(["unit", "phase", "micro"], sort=False):
+        unit, phase, micro = str(unit), str(phase), int(micro)
+        issue = float(rows["issue_ns"].min())
+        lab = gather_labels[((gather_labels["unit"] == unit) & (gather_labels["start_ns"] <= issue)
+                             & (gather_labels["end_ns"] >= issue)).to_numpy()]
+        host = float(sum(clock.between(s, e) for s, e in zip(lab["start_ns"], lab["end_ns"])))
+        ci = copy_in[((copy_in["unit"] == unit) & (copy_in["phase"] == phase) & (copy_in["micro"] == micro)).to_numpy()]
+        co = copy_out[((copy_out["unit"] == unit) & (copy_out["phase"] == phase)
+                       & (copy_out["micro"] == micro)).to_numpy()]
+        co_lab = copy_out_labels[((copy_out_labels["unit"] == unit) & (copy_out_labels["micro"] == micro)
+                                  & (copy_out_labels["start_ns"] >= issue)).to_numpy()].sort_values("start_ns")[:1]
+        out.append(Gather(
+            unit=unit, phase=phase, micro=micro, bytes=int(rows["bytes"].clip(lower=0).sum()), host_ns=host,
+            copy_in_ns=float((ci["end_ns"] - ci["start_ns"]).sum()) if gpu else 0.0,
+            comm_ns=_comm_ns(rows, gpu),
+            copy_out_host_ns=float(sum(clock.between(s, e) for s, e in zip(co_lab["start_ns"], co_lab["end_ns"]))),
+            copy_out_ns=float((co["end_ns"] - co["start_ns"]).sum()) if gpu else 0.0,
+            issued_in=_issuer(frames, micro, issue),
+            memory=_sum_use([memory_use(x, y) for x, y in zip(lab["start_ns"], lab["end_ns"])]),
+            copy_out_memory=_sum_use([memory_use(x, y) for x, y in zip(co_lab["start_ns"], co_lab["end_ns"])])))
+    return out
+
+
+def _issuer(frames: list[tuple[int, str, str, str, int, int]], micro: int,
+            issue: float) -> tuple[str, str, str] | None:
+    """The pass whose window the gather was issued in (FSDP2: a unit's own gather in its own
+    pre-forward / pre-backward, a prefetch in an earlier unit's); between windows, the next pass."""
+    mine = [f for f in frames if f[0] == micro]
+    for _, unit, phase, part, a, b in mine:
+        if a <= issue < b:
+            return unit, phase, part
+    later = [f for f in mine if f[4] > issue]
+    if later:
+        _, unit, phase, part, _, _ = min(later, key=lambda f: f[4])
+        return unit, phase, part
+    return None
+
+
+def _unit_order(result: RunResult) -> list[str]:
+    units = result.analysis.units
+    if units.empty:
+        return []
+    return [str(u) for u in units.sort_values("order")["unit"]]
+
+
+def _unit_bytes(result: RunResult, units: list[str]) -> dict[str, int]:
+    table = result.analysis.units.set_index("unit")
+    return {u: int(table.at[u, "param_bytes"]) if u in table.index else -1 for u in units}
+
+
+def _unit_modules(result: RunResult, units: list[str]) -> dict[str, list[str]]:
+    from fsdpviz.naming import unit_modules
+
+    return {u: unit_modules(u) for u in units}
+
+
+def _reshard(result: RunResult, units: list[str]) -> dict[str, bool]:
+    run = result.traces.run
+    recorded = {u.unit: u.reshard_after_forward for u in run.units} if run is not None else {}
+    return {u: bool(recorded.get(u, u != ROOT_UNIT)) if recorded.get(u) is not None else u != ROOT_UNIT
+            for u in units}
+
+
+def _recorded_prefetch(result: RunResult) -> str:
+    run = result.traces.run
+    if run is None:
+        return "implicit"
+    depths = {len(u.forward_prefetch) for u in run.units if isinstance(u.forward_prefetch, list)}
+    return str(max(depths)) if depths and max(depths) > 0 else "implicit"
+
+
+def _ranks_per_host(result: RunResult) -> int:
+    run = result.traces.run
+    if run is None or not run.hosts:
+        return max(1, result.analysis.world_size)
+    return max(1, result.analysis.world_size // max(1, len(run.hosts)))
+
+
+def _cpu_count(result: RunResult) -> int:
+    run = result.traces.run
+    counts = [r.cpu_count for r in run.ranks if r.cpu_count] if run is not None else []
+    return max(counts) if counts else 0

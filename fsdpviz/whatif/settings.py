@@ -1,0 +1,114 @@
+"""The settings a prediction changes, how they are written on the command line, and where each comes from.
+
+``--wrap``: ``root`` (one unit), ``merge:K`` (every K consecutive non-root units in forward order
+become one; the root stays), ``match:REGEX`` (the units are the modules whose FQN matches; the rest
+stays in the root). ``--prefetch``: ``implicit`` (FSDP2's default), ``none`` (an all-gather starts
+only when its unit's compute needs it), ``N`` (explicit forward and backward prefetch of the next N
+units). ``--reshard-after-forward``: for every non-root unit. ``--world-size``: the same model and
+per-rank batch on N ranks; ``--gpus-per-node`` (ranks per host) and ``--inter-node-gbps`` say when
+and how much slower collectives cross hosts.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from typing import Final, Literal
+
+from fsdpviz.errors import UsageError
+
+RECORDED: Final = "recorded"
+GIVEN: Final = "given"
+DEFAULT: Final = "default"
+Source = Literal["recorded", "given", "default"]
+
+
+@dataclass(frozen=True, slots=True)
+class Wrap:
+    """How units are formed: as recorded, one root unit, K-merges, or a module regex."""
+
+    kind: Literal["recorded", "root", "merge", "match"] = "recorded"
+    k: int = 1
+    pattern: str = ""
+
+    def __str__(self) -> str:
+        return {"recorded": "recorded", "root": "root", "merge": f"merge:{self.k}",
+                "match": f"match:{self.pattern}"}[self.kind]
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """One setting to predict. ``sources`` says, per field, recorded / given / default."""
+
+    wrap: Wrap = Wrap()
+    prefetch: str = "implicit"  # "implicit", "none" or a number of units
+    reshard_after_forward: bool | None = None  # None: each unit as recorded
+    world_size: int = 0
+    gpus_per_node: int = 0
+    inter_node_gbps: float = 0.0
+    sources: dict[str, Source] = field(default_factory=dict)
+
+    @property
+    def prefetch_depth(self) -> int | None:
+        """Explicit prefetch depth, or None for implicit / none."""
+        return int(self.prefetch) if self.prefetch.isdigit() else None
+
+    def to_json(self) -> dict[str, dict[str, object]]:
+        values: dict[str, object] = {
+            "wrap": str(self.wrap), "prefetch": self.prefetch,
+            "reshard_after_forward": "recorded" if self.reshard_after_forward is None else self.reshard_after_forward,
+            "world_size": self.world_size, "gpus_per_node": self.gpus_per_node,
+            "inter_node_gbps": self.inter_node_gbps,
+        }
+        return {k: {"value": v, "source": self.sources.get(k, RECORDED)} for k, v in values.items()}
+
+    def describe(self) -> str:
+        """The changed settings in one line (``prefetch 1, world size 16``), or ``as recorded``."""
+        given = [k for k, v in self.sources.items() if v == GIVEN]
+        if not given:
+            return "as recorded"
+        values = self.to_json()
+        return ", ".join(f"{k.replace('_', ' ')} {values[k]['value']}" for k in values if k in given)
+
+    def with_(self, **changes: object) -> Settings:
+        """A copy with ``changes`` given (their source becomes ``given``)."""
+        sources = dict(self.sources)
+        for key in changes:
+            sources[key] = GIVEN
+        return replace(self, sources=sources, **changes)  # type: ignore[arg-type]
+
+
+def parse_wrap(text: str) -> Wrap:
+    """``root``, ``merge:K`` or ``match:REGEX``."""
+    if text == "root":
+        return Wrap("root")
+    if text.startswith("merge:"):
+        value = text.split(":", 1)[1]
+        if not value.isdigit() or int(value) < 1:
+            raise UsageError(f"--wrap {text}: merge:K needs a whole number K of at least 1 (merge:2 pairs units)")
+        return Wrap("merge", k=int(value))
+    if text.startswith("match:"):
+        pattern = text.split(":", 1)[1]
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise UsageError(f"--wrap {text}: not a regular expression ({exc})") from None
+        if not pattern:
+            raise UsageError("--wrap match: needs a regular expression, e.g. match:'blocks\\.\\d+$'")
+        return Wrap("match", pattern=pattern)
+    raise UsageError(f"--wrap {text!r}: use root, merge:K or match:REGEX")
+
+
+def parse_prefetch(text: str) -> str:
+    if text in ("implicit", "none") or (text.isdigit() and int(text) >= 1):
+        return text
+    raise UsageError(f"--prefetch {text!r}: use implicit, none or a number of units (1, 2, ...)")
+
+
+def parse_bool(text: str, option: str) -> bool:
+    lowered = text.lower()
+    if lowered in ("true", "yes", "1"):
+        return True
+    if lowered in ("false", "no", "0"):
+        return False
+    raise UsageError(f"{option} {text!r}: use true or false")

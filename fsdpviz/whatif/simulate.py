@@ -1,0 +1,270 @@
+"""Run a step's instructions on a model of the host thread and FSDP's streams.
+
+The host executes the instructions in order, spending their busy time. What it launches runs on
+in-order lanes, each item starting when its lane is free and what it waits for is done:
+
+- GPU (NCCL): the compute stream runs compute and copy-outs; an all-gather's copy-in waits for the
+  copy-out issued before it (FSDP2 keeps at most one all-gather ahead of the unit in use), the
+  all-gather stream runs the collectives; a reduce-scatter starts after its unit's backward compute
+  and, before the next unit's reduction, the compute stream waits for the previous one (FSDP2's
+  ``post_backward_rs_wait``); the optimizer's kernels wait for every reduction. The host never
+  waits except where the recording synchronised (the end of the step).
+- CPU (gloo): compute is the host itself, and the host waits for every collective it issues (FSDP2's
+  all-gathers and reduce-scatters are synchronous without CUDA streams); collectives of one rank
+  run one after another on its gloo threads.
+
+Memory follows the host: an all-gather allocates its unit's unsharded bytes when issued, the copy-out
+holds them twice for a moment, a reshard frees them; each compute pass rises and ends as recorded;
+a reduce-scatter's buffer is freed at the next reduction. The step's time is the host's, from the
+start of the step to the end of its last instruction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Final
+
+from fsdpviz.whatif.program import (
+    BusyOp,
+    ComputeOp,
+    CopyOutOp,
+    GatherOp,
+    MemOp,
+    Program,
+    ReduceOp,
+    ReshardOp,
+    SegmentOp,
+)
+
+HOST: Final = "host"
+COMPUTE: Final = "compute"
+COPY_IN: Final = "copy_in"
+ALL_GATHER: Final = "all_gather"
+REDUCE_SCATTER: Final = "reduce_scatter"
+ALL_REDUCE: Final = "all_reduce"
+COMM: Final = "comm"  # CPU: the gloo threads
+
+
+@dataclass(slots=True)
+class SimSpan:
+    """One interval of the simulated step (ns from its start)."""
+
+    unit: str
+    phase: str
+    kind: str  # all_gather / copy_in / copy_out / compute / reduce_scatter / all_reduce / optimizer
+    lane: str
+    start: float
+    end: float
+
+
+@dataclass(slots=True)
+class SimResult:
+    """A simulated step."""
+
+    step_ns: float
+    spans: list[SimSpan]
+    memory: list[tuple[float, int]]  # (ns from the step's start, allocated bytes)
+    peak_bytes: int
+    comm_ns: float  # union of the collectives
+    exposed_comm_ns: float  # part of it while nothing computed
+    compute_ns: float
+    notes: list[str] = field(default_factory=list)
+
+    def unit_totals(self) -> dict[str, dict[str, float]]:
+        """Per unit: all-gather, forward, backward, reduce-scatter and exposed communication (ns)."""
+        out: dict[str, dict[str, float]] = {}
+        compute = _union([(s.start, s.end) for s in self.spans if s.kind in ("compute", "copy_out")])
+        for s in self.spans:
+            if not s.unit:
+                continue
+            row = out.setdefault(s.unit, {"all_gather": 0.0, "forward": 0.0, "backward": 0.0, "reduce_scatter": 0.0,
+                                          "exposed_comm": 0.0})
+            if s.kind == "compute":
+                row[s.phase] = row.get(s.phase, 0.0) + s.end - s.start
+            elif s.kind in ("all_gather", "reduce_scatter", "all_reduce"):
+                key = "reduce_scatter" if s.kind != "all_gather" else "all_gather"
+                row[key] += s.end - s.start
+                row["exposed_comm"] += (s.end - s.start) - _covered(compute, s.start, s.end)
+        return out
+
+
+def run(program: Program, gpu: bool) -> SimResult:
+    """Simulate ``program`` (see the module docstring)."""
+    sim = _Sim(program, gpu)
+    for op in program.ops:
+        sim.step(op)
+    return sim.result()
+
+
+class _Sim:
+    def __init__(self, program: Program, gpu: bool) -> None:
+        self.p = program
+        self.gpu = gpu
+        self.host = 0.0
+        self.free: dict[str, float] = {COMPUTE: 0.0, COPY_IN: 0.0, ALL_GATHER: 0.0, REDUCE_SCATTER: 0.0,
+                                       ALL_REDUCE: 0.0, COMM: 0.0}
+        self.gather_end: dict[int, float] = {}
+        self.last_copy_out = 0.0
+        self.pending_reduce: list[tuple[float, int]] = []  # (end, buffer bytes) not yet waited for
+        self.reduce_ends: list[float] = []
+        self.spans: list[SimSpan] = []
+        self.level = max(0, program.start_bytes)
+        self.memory: list[tuple[float, int]] = [(0.0, self.level)] if program.start_bytes >= 0 else []
+        self.peak = self.level
+        self.phase = ""
+
+    # --- memory ---------------------------------------------------------------------------
+    def _mem(self, delta: int, rise: int = 0) -> None:
+        if self.p.start_bytes < 0:
+            return
+        if rise > 0:
+            self.memory.append((self.host, self.level + rise))
+            self.peak = max(self.peak, self.level + rise)
+        self.level += delta
+        self.memory.append((self.host, self.level))
+        self.peak = max(self.peak, self.level)
+
+    # --- instructions ---------------------------------------------------------------------
+    def step(self, op: object) -> None:
+        if isinstance(op, BusyOp):
+            self.host += op.ns
+        elif isinstance(op, GatherOp):
+            self._gather(op.gid)
+        elif isinstance(op, CopyOutOp):
+            self._copy_out(op.gid)
+        elif isinstance(op, ComputeOp):
+            self._compute(op)
+        elif isinstance(op, ReshardOp):
+            self._mem(op.memory.net, rise=op.memory.rise)
+        elif isinstance(op, MemOp):
+            self._mem(op.net)
+        elif isinstance(op, ReduceOp):
+            self._reduce(op.rid)
+        elif isinstance(op, SegmentOp):
+            self._segment(op)
+
+    def _gather(self, gid: int) -> None:
+        g = self.p.gathers[gid]
+        self.host += g.host_ns
+        self._mem(g.memory.net, rise=g.memory.rise)
+        if self.gpu:
+            ci_start = max(self.host, self.free[COPY_IN], self.last_copy_out)
+            ci_end = ci_start + g.copy_in_ns
+            self.free[COPY_IN] = ci_end
+            start = max(ci_end, self.free[ALL_GATHER], self.free[COMPUTE] if g.after_compute else 0.0)
+            end = start + g.comm_ns
+            self.free[ALL_GATHER] = end
+            if g.copy_in_ns:
+                self.spans.append(SimSpan(g.unit, g.phase, "copy_in", COPY_IN, ci_start, ci_end))
+            self.spans.append(SimSpan(g.unit, g.phase, "all_gather", ALL_GATHER, start, end))
+        else:
+            start = max(self.host, self.free[COMM])
+            end = start + g.comm_ns
+            self.free[COMM] = end
+            self.spans.append(SimSpan(g.unit, g.phase, "all_gather", COMM, start, end))
+            self.host = end  # FSDP2 on CPU: the issuing thread waits for its all-gather
+        self.gather_end[gid] = end
+
+    def _copy_out(self, gid: int) -> None:
+        g = self.p.gathers[gid]
+        done = self.gather_end[gid]
+        self.host += g.copy_out_host_ns if self.gpu else 0.0
+        if self.gpu:
+            start = max(self.host, self.free[COMPUTE], done)
+            end = start + g.copy_out_ns
+            self.free[COMPUTE] = end
+            self.last_copy_out = end
+        else:
+            start = max(self.host, done)
+            end = start + g.copy_out_host_ns
+            self.host = end
+        self.spans.append(SimSpan(g.unit, g.phase, "copy_out", COMPUTE if self.gpu else HOST, start, end))
+        self._mem(g.copy_out_memory.net, rise=g.copy_out_memory.rise)
+
+    def _compute(self, op: ComputeOp) -> None:
+        if self.gpu:
+            start = max(self.host, self.free[COMPUTE])
+            end = start + op.ns
+            self.free[COMPUTE] = end
+        else:
+            start = self.host
+            end = start + op.ns
+            self.host = end
+        if op.ns > 0:
+            self.spans.append(SimSpan(op.unit, op.phase, "compute", COMPUTE if self.gpu else HOST, start, end))
+        self._mem(op.memory.net, rise=op.memory.rise)
+
+    def _reduce(self, rid: int) -> None:
+        r = self.p.reduces[rid]
+        self._mem(r.memory.net, rise=r.memory.rise)
+        if self.gpu:
+            prev = max((e for e, _ in self.pending_reduce), default=0.0)
+            self.free[COMPUTE] = max(self.free[COMPUTE], prev, self.host) + r.prep_ns
+            start = max(self.host, self.free[REDUCE_SCATTER], self.free[COMPUTE])
+            end = start + r.comm_ns
+            self.free[REDUCE_SCATTER] = end
+            self.spans.append(SimSpan(r.unit, "backward", "reduce_scatter", REDUCE_SCATTER, start, end))
+            if r.ar_ns:
+                a0 = max(end, self.free[ALL_REDUCE])
+                end = a0 + r.ar_ns
+                self.free[ALL_REDUCE] = end
+                self.spans.append(SimSpan(r.unit, "backward", "all_reduce", ALL_REDUCE, a0, end))
+        else:
+            start = max(self.host, self.free[COMM])
+            end = start + r.comm_ns + r.ar_ns
+            self.free[COMM] = end
+            self.spans.append(SimSpan(r.unit, "backward", "reduce_scatter", COMM, start, end))
+            self.host = end
+        self.pending_reduce = [(end, r.bytes)]
+        self.reduce_ends.append(end)
+
+    def _segment(self, op: SegmentOp) -> None:
+        seg = op.segment
+        if op.finalize:
+            self.pending_reduce = []
+            if self.gpu:
+                self.free[COMPUTE] = max([self.free[COMPUTE], *self.reduce_ends])
+            return
+        start = self.host
+        if self.gpu and seg.device_ns:  # launched as the segment starts, run in order on the compute stream
+            d0 = max(start, self.free[COMPUTE])
+            self.free[COMPUTE] = d0 + seg.device_ns
+            kind = "optimizer" if op.name == "post" else "compute"
+            self.spans.append(SimSpan("", op.name, kind, COMPUTE, d0, d0 + seg.device_ns))
+        done = 0.0
+        for at in sorted(seg.sync_at):
+            self.host += max(0.0, at - done)
+            done = max(done, at)
+            self.host = max(self.host, *self.free.values())  # the host waits for the device
+        self.host += max(0.0, seg.busy_ns - done)
+        for ns in seg.comm_ns:
+            self.host += ns
+        if not self.gpu and op.name == "post" and seg.busy_ns:
+            self.spans.append(SimSpan("", "optimizer", "optimizer", HOST, start, self.host))
+        self._mem(seg.memory.net, rise=seg.memory.rise)
+
+    def result(self) -> SimResult:
+        comm = _union([(s.start, s.end) for s in self.spans
+                       if s.kind in ("all_gather", "reduce_scatter", "all_reduce")])
+        compute = _union([(s.start, s.end) for s in self.spans if s.kind in ("compute", "copy_out", "optimizer")])
+        comm_ns = sum(e - s for s, e in comm)
+        exposed = comm_ns - sum(_covered(compute, s, e) for s, e in comm)
+        return SimResult(step_ns=self.host, spans=self.spans, memory=self.memory, peak_bytes=self.peak,
+                         comm_ns=comm_ns, exposed_comm_ns=exposed,
+                         compute_ns=sum(e - s for s, e in compute), notes=list(self.p.notes))
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for s, e in sorted(intervals):
+        if e <= s:
+            continue
+        if out and s <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], e))
+        else:
+            out.append((s, e))
+    return out
+
+
+def _covered(union: list[tuple[float, float]], a: float, b: float) -> float:
+    return sum(max(0.0, min(e, b) - max(s, a)) for s, e in union)
