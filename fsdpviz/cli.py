@@ -51,7 +51,7 @@ def _register_commands() -> None:
     if app.registered_commands:  # main() may run many times in one process (tests, embedding)
         return
     # One line per command; each command module imports heavy packages lazily inside its function.
-    # (Commands are added here as their modules land: summary, record, report, compare, export.)
+    # (Commands are added here as their modules land: summary, record, report, compare, export, whatif.)
     from fsdpviz.commands.summary import summary
 
     app.command("summary")(summary)
@@ -68,6 +68,9 @@ def _register_commands() -> None:
     from fsdpviz.commands.compare import compare
 
     app.command("compare")(compare)
+    from fsdpviz.commands.whatif import whatif
+
+    app.command("whatif")(whatif)
 
 
 def error_line(message: str) -> None:

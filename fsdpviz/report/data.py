@@ -15,7 +15,7 @@ import pandas as pd
 
 from fsdpviz.analysis import memory as analysis_memory
 from fsdpviz.analysis.records import NO_UNIT_LABELS
-from fsdpviz.errors import UsageError
+from fsdpviz.errors import FsdpvizError, UsageError
 from fsdpviz.report.steps import data as steps_data
 from fsdpviz.report.style import OTHER_COLOR, sentence, unit_colors
 from fsdpviz.report.timeline import memory
@@ -24,6 +24,7 @@ from fsdpviz.report.timeline.units import NO_UNIT, place_unit_peaks, unit_order,
 from fsdpviz.report.timeline.view import StepView, events_view, exposed_intervals, unit_peak_markers
 from fsdpviz.report.units.table import UnitTables, unit_tables
 from fsdpviz.trace.tables import TraceSet
+from fsdpviz.whatif.saved import SavedPrediction, load_predictions
 
 if TYPE_CHECKING:
     from fsdpviz.analysis.pipeline import RunResult
@@ -60,6 +61,7 @@ class ReportData:
     rank_step_times: pd.DataFrame | None = None  # schema.STEP_TIMES (where each rank's step went)
     timers: pd.DataFrame = field(default_factory=pd.DataFrame)  # schema.TIMERS (every step)
     segment_count: int = 0  # Gantt rectangles on the page, all tabs
+    predictions: list[SavedPrediction] = field(default_factory=list)  # `fsdpviz whatif --save`
 
 
 def describe_inputs(traces: TraceSet) -> tuple[str, str, list[tuple[str, str]]]:
@@ -121,8 +123,9 @@ def clock_offsets(analysis: RunAnalysis) -> dict[int, int]:
     return {int(r): int(o) for r, o in zip(applied["rank"], applied["offset_ns"])}
 
 
-def findings_text(findings: pd.DataFrame) -> list[str]:
-    """One sentence per finding (most time lost first): message, the evidence, what to try."""
+def findings_text(findings: pd.DataFrame, predicted: dict[str, str] | None = None) -> list[str]:
+    """One sentence per finding (most time lost first): message, the evidence, what to try, and
+    what trying it would gain where ``predicted`` (knob -> words) has it."""
     if findings.empty:
         return []
     out = []
@@ -132,8 +135,26 @@ def findings_text(findings: pd.DataFrame) -> list[str]:
             text += f" Evidence: {row.evidence}."
         if str(row.knob):
             text += f" Try: {row.knob}."
+            gain = (predicted or {}).get(str(row.knob))
+            if gain:
+                text += f" {gain[0].upper()}{gain[1:]}."
         out.append(text)
     return out
+
+
+def predicted_gains(run: RunResult, findings: pd.DataFrame) -> dict[str, str]:
+    """Knob -> its predicted gain (``fsdpviz.whatif.gains``) for the findings' knobs; empty when
+    the recording cannot be read for prediction (no units, another framework)."""
+    if findings.empty or not findings["knob"].astype(str).str.len().any():
+        return {}
+    from fsdpviz.whatif.gains import gains
+    from fsdpviz.whatif.predict import read_model
+
+    try:
+        model = read_model(run)
+    except FsdpvizError:
+        return {}
+    return gains(model, findings["knob"].astype(str))
 
 
 def check_gantt_ranks(traces: TraceSet, ranks: Sequence[int]) -> list[int]:
@@ -215,11 +236,12 @@ def prepare_report(run: RunResult, *, max_segments: int = MAX_PAGE_SEGMENTS,
         has_units=has_units, unit_colors=colors if has_units else {},
         step_times=times, step_spread=steps_data.per_step_spread(times),
         rank_steps=steps_data.per_rank_summary(times), notes=notes,
-        findings=findings_text(analysis.findings),
+        findings=findings_text(analysis.findings, predicted_gains(run, analysis.findings)),
         unit_tables=unit_tables(stats, colors) if has_units and not stats.empty else None,
         memory_model=dict(analysis.memory_model or {}),
         skew=analysis.skew, rank_step_times=analysis.step_times, timers=traces.timers,
         segment_count=sum(len(v.segments) + len(v.exposed) for v in tabs),
+        predictions=load_predictions(traces.run_dir),
     )
 
 

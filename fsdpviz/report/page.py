@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from fsdpviz.report.headline import headline_section
 from fsdpviz.report.html import Fact, Page
+from fsdpviz.report.predictions import predictions_section
 from fsdpviz.report.steps.section import steps_section
 from fsdpviz.report.timeline.section import timeline_section
 from fsdpviz.report.units.section import units_section
@@ -25,5 +26,8 @@ def build_page(data: ReportData) -> Page:
     if units is not None:
         sections.append(units)
     sections.append(steps_section(data))
+    predicted = predictions_section(data)
+    if predicted is not None:
+        sections.append(predicted)
     return Page(title=data.title, subtitle=data.subtitle,
                 meta=[Fact(label=k, value=v) for k, v in data.meta], sections=sections)

@@ -107,6 +107,7 @@ class DistributedInfo(msgspec.Struct, gc=False):
 class DeviceProperties(msgspec.Struct, gc=False):
     id: Int64 | None = None
     name: str | None = None
+    totalGlobalMem: Int64 | None = None
 
 
 class KinetoTrace(msgspec.Struct, gc=False):

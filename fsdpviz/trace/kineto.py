@@ -160,7 +160,7 @@ def rank_columns(columns: EventColumns, top: KinetoTrace, path: Path, *, n_skipp
         "end_ns": int((start_ns + dur_ns).max()) if n_events else 0,
         "n_events": n_events,
         "n_skipped": n_skipped + columns.n_skipped + columns.n_memory_bad,
-        "device_name": _device_name(top, lanes),
+        **dict(zip(("device_name", "device_memory_bytes"), _device(top, lanes))),
         "nccl_version": (info.nccl_version or "") if info else "",
     }
     return RankColumns(
@@ -304,17 +304,17 @@ def _device_label(device_type: int | None, device_id: int) -> str:
     return f"device{device_type}:{device_id}"
 
 
-def _device_name(trace: KinetoTrace, lanes: dict[str, list[Any]]) -> str:
+def _device(trace: KinetoTrace, lanes: dict[str, list[Any]]) -> tuple[str, int]:
+    """Name and memory (bytes, -1 if unknown) of the device the rank used most."""
     props = [p for p in (trace.deviceProperties or []) if p.name]
     if not props:
-        return ""
+        return "", -1
     gpu = [(n, d) for kind, n, d in zip(lanes["lane_kind"], lanes["n_events"], lanes["device"])
            if kind == schema.LANE_GPU_STREAM]
     used = max(gpu, key=lambda nd: nd[0])[1] if gpu else None  # the first of the busiest streams
-    for p in props:
-        if p.id == used:
-            return str(p.name)
-    return str(props[0].name)
+    chosen = next((p for p in props if p.id == used), props[0])
+    memory = int(chosen.totalGlobalMem) if chosen.totalGlobalMem and chosen.totalGlobalMem > 0 else -1
+    return str(chosen.name), memory
 
 
 __all__ = ["COMM_CATEGORIES", "RankColumns", "parse_trace_file", "rank_columns", "rank_from_filename", "us_to_ns"]

@@ -162,6 +162,7 @@ RANKS: Final[Schema] = {
     "n_events": "int64",  # rows in EVENTS from this file
     "n_skipped": "int64",  # events skipped (unknown phase/category, bad durations)
     "device_name": "string",  # deviceProperties[0].name, "" on CPU
+    "device_memory_bytes": "int64",  # that device's totalGlobalMem, -1 if unknown (CPU)
     "nccl_version": "string",
 }
 

@@ -23,7 +23,7 @@ from fsdpviz.whatif.settings import DEFAULT, GIVEN, RECORDED, Settings, Wrap
 from fsdpviz.whatif.simulate import SimResult, run
 
 SUPPORTED = {
-    "fsdp2": {"wrap", "prefetch", "reshard_after_forward", "world_size"},
+    "fsdp2": {"wrap", "prefetch", "reshard_after_forward", "keep_last_units", "world_size"},
     "fsdp1": {"prefetch", "world_size"},
     "zero3": {"prefetch", "world_size"},
 }
@@ -145,7 +145,7 @@ def predict(model: Model, settings: Settings) -> Prediction:
     simulated = [run(prog.build(rec, s, _for_program(full), model.comm, model.gathers), rec.device == "gpu")
                  for s in rec.steps]
     baseline = _baseline(model)
-    predicted = _predicted(model, simulated, baseline)
+    predicted = _predicted(model, simulated, baseline, full)
     recorded_mean = statistics.fmean(s.step_ns for s in rec.steps)
     replay_mean = statistics.fmean(r.step_ns for r in model.replays)
     notes = list(dict.fromkeys(n for r in simulated for n in r.notes))
@@ -215,16 +215,22 @@ def _baseline(model: Model) -> Outcome:
     peaks = [s.peak_bytes for s in rec.steps if s.peak_bytes >= 0]
     compute = statistics.fmean(sum(p.compute_ns for mb in s.micro for p in (*mb.forward, *mb.backward))
                                for s in rec.steps)
+    overlap = summary.overlap
     units = [UnitOutcome(name=u.name, all_gather_ms=u.all_gather_ms or 0.0, forward_ms=u.forward_ms or 0.0,
                          backward_ms=u.backward_ms or 0.0, reduce_scatter_ms=u.reduce_scatter_ms or 0.0,
                          exposed_comm_ms=u.exposed_comm_ms or 0.0) for u in summary.units]
-    return Outcome(step_time_ms=_ms(statistics.fmean(s.step_ns for s in rec.steps)),
-                   exposed_comm_ms=_ms(float(times["exposed_comm_ns"].mean())),
-                   comm_ms=_ms(float(times["comm_ns"].mean())), compute_ms=_ms(compute),
+    # as `summary --json` says them; the model's own numbers where the summary has none
+    step = summary.step_time_ms if summary.step_time_ms is not None else _ms(
+        statistics.fmean(s.step_ns for s in rec.steps))
+    return Outcome(step_time_ms=step,
+                   exposed_comm_ms=overlap.exposed_comm_ms if overlap.exposed_comm_ms is not None
+                   else _ms(float(times["exposed_comm_ns"].mean())),
+                   comm_ms=overlap.comm_ms if overlap.comm_ms is not None else _ms(float(times["comm_ns"].mean())),
+                   compute_ms=overlap.compute_ms if overlap.compute_ms is not None else _ms(compute),
                    peak_allocated_bytes=max(peaks) if peaks else None, units=units)
 
 
-def _predicted(model: Model, simulated: list[SimResult], baseline: Outcome) -> Outcome:
+def _predicted(model: Model, simulated: list[SimResult], baseline: Outcome, settings: Settings) -> Outcome:
     rec = model.recording
     replay = model.replays
 
@@ -236,19 +242,47 @@ def _predicted(model: Model, simulated: list[SimResult], baseline: Outcome) -> O
     if baseline.peak_allocated_bytes is not None:
         peak = max(s.peak_bytes + (n.peak_bytes - r.peak_bytes)
                    for s, n, r in zip(rec.steps, simulated, replay) if s.peak_bytes >= 0)
-    per_unit: dict[str, list[dict[str, float]]] = {}
-    for n in simulated:
-        for unit, row in n.unit_totals().items():
-            per_unit.setdefault(unit, []).append(row)
-    order = {u: i for i, u in enumerate(_new_order(model, simulated))}
-    units = [UnitOutcome(name=u, **{f"{k}_ms": _ms(statistics.median(r[k] for r in rows))
-                                    for k in ("all_gather", "forward", "backward", "reduce_scatter", "exposed_comm")})
-             for u, rows in sorted(per_unit.items(), key=lambda kv: order.get(kv[0], 1 << 30))]
+    units = _predicted_units(model, simulated, baseline, settings)
     return Outcome(step_time_ms=round(step, 3),
                    exposed_comm_ms=round(max(0.0, baseline.exposed_comm_ms + moved(lambda r: r.exposed_comm_ns) / 1e6), 3),
                    comm_ms=round(max(0.0, baseline.comm_ms + moved(lambda r: r.comm_ns) / 1e6), 3),
                    compute_ms=round(max(0.0, baseline.compute_ms + moved(lambda r: r.compute_ns) / 1e6), 3),
                    peak_allocated_bytes=peak, units=units)
+
+
+UNIT_FIELDS = ("all_gather", "forward", "backward", "reduce_scatter", "exposed_comm")
+
+
+def _predicted_units(model: Model, simulated: list[SimResult], baseline: Outcome,
+                     settings: Settings) -> list[UnitOutcome]:
+    """Per unit, like the step: the recorded numbers of its members moved by the simulated change
+    (medians over ranks and steps), so that recorded and predicted units use one definition."""
+    group = prog.group_units(model.recording, settings)
+    recorded = {u.name: u for u in baseline.units}
+
+    def medians(sims: list[SimResult]) -> dict[str, dict[str, float]]:
+        rows: dict[str, list[dict[str, float]]] = {}
+        for sim in sims:
+            for unit, row in sim.unit_totals().items():
+                rows.setdefault(unit, []).append(row)
+        return {u: {k: statistics.median(r[k] for r in rs) for k in UNIT_FIELDS} for u, rs in rows.items()}
+
+    new, replay = medians(simulated), medians(model.replays)
+    order = {u: i for i, u in enumerate(_new_order(model, simulated))}
+    out = []
+    for unit in sorted(new, key=lambda u: order.get(u, 1 << 30)):
+        members = [old for old, grouped in group.items() if grouped == unit]
+        values = {}
+        for k in UNIT_FIELDS:
+            known = [recorded[m] for m in members if m in recorded]
+            moved = new[unit][k] - sum(replay.get(m, {}).get(k, 0.0) for m in members)
+            if members and len(known) == len(members):
+                value = sum(getattr(r, f"{k}_ms") for r in known) + moved / 1e6
+            else:
+                value = new[unit][k] / 1e6
+            values[f"{k}_ms"] = round(max(0.0, value), 3)
+        out.append(UnitOutcome(name=unit, **values))
+    return out
 
 
 def _new_order(model: Model, simulated: list[SimResult]) -> list[str]:

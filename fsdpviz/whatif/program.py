@@ -173,8 +173,9 @@ def _match(rec: Recording, pattern: str) -> dict[str, str]:
         raise UsageError(f"--wrap match:{pattern} makes units inside recorded units ({', '.join(finer[:3])}): "
                          "that needs per-module times, which this recording does not have")
     if not matched and not any(regex.search(x) for x in _all_names(rec)):
-        raise UsageError(f"--wrap match:{pattern}: no module of the recording matches "
-                         f"(units: {', '.join(rec.units[:6])}{' ...' if len(rec.units) > 6 else ''})")
+        raise UsageError(f"--wrap match:{pattern}: matches none of the recorded units' modules "
+                         f"({', '.join(rec.units[:6])}{' ...' if len(rec.units) > 6 else ''}); wraps finer than "
+                         "the recorded units need per-module times, which recordings do not hold yet")
     out = {ROOT_UNIT: ROOT_UNIT} if ROOT_UNIT in rec.units else {}
     for unit, ms in modules.items():
         holders = [m for m in matched if any(x == m or x.startswith(m + ".") for x in ms)]
@@ -275,6 +276,7 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
             return _added([p.reshard_memory for p in passes.values()])
         return MemoryUse(net=-unit_bytes[unit], rise=0)
 
+    gathered_units, reduced_units = rec.gathered_units, rec.reduced_units
     for mb_index, mb in enumerate(step.micro):
         micro = mb_index
         ops.append(SegmentOp("pre", mb.pre))
@@ -301,14 +303,28 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
                     ops.append(BusyOp(p.pre_ns, "pre"))
                 else:
                     ops.append(BusyOp(max(0.0, p.pre_ns - _framework_pre(p)), "pre"))
+                gathered: int | None = None
+                if lead and not gathered_units.intersection(members.get(unit, [unit])):
+                    unsharded.add(unit)  # never sharded: nothing to gather
                 if lead and unit not in unsharded:
                     if unit not in issued:
                         issued[unit] = _issue(ops, gathers, gather_cost(unit, phase, _own_gather(step, micro, unit,
                                                                                                  phase, members)),
                                               settings, rec)
-                    ops.append(CopyOutOp(issued.pop(unit)))
+                    gathered = issued.pop(unit)
+                    ops.append(CopyOutOp(gathered))
                     unsharded.add(unit)
-                ops.append(MemOp(pre_net))  # e.g. FSDP2 frees the all-gather output after the copy-out
+                if lead:
+                    # pre_net holds the free of the all-gather output after the recorded copy-out: it
+                    # goes where the copy-out goes (gone with a gather no longer needed, added to a new one)
+                    run_units = {passes[j].unit for j in run[i]}
+                    recorded_gathers = [g for g in step.gathers
+                                        if g.micro == micro and g.phase == phase and g.unit in run_units]
+                    if gathered is None:
+                        pre_net += sum(_freed_after_copy_out(g) for g in recorded_gathers)
+                    elif not recorded_gathers:
+                        pre_net -= _freed_after_copy_out(gathers[gathered])
+                ops.append(MemOp(pre_net))
                 if lead:
                     for target in _prefetch_targets(recorded_issues if replay else None, p, order, unit, phase,
                                                     prefetch):
@@ -323,8 +339,9 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
                     ops.append(ReshardOp(unit, reshard_memory(unit, phase, micro)))
                     unsharded.discard(unit)
                 if last and phase == BACKWARD:
-                    reduces.append(reduce_cost(unit, micro))
-                    ops.append(ReduceOp(len(reduces) - 1))
+                    if reduced_units.intersection(members.get(unit, [unit])):
+                        reduces.append(reduce_cost(unit, micro))
+                        ops.append(ReduceOp(len(reduces) - 1))
                     ops.append(BusyOp(p.reduce_after_ns, "post"))
                 if member and not last:
                     deferred += p.post_net
@@ -341,6 +358,12 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
     return Program(ops=ops, gathers=gathers, reduces=reduces,
                    start_bytes=_start_bytes(step.start_bytes, rec.world_size, world),
                    units=new_units, unit_bytes=unit_bytes, notes=notes)
+
+
+def _freed_after_copy_out(g: Gather | SimGather) -> int:
+    """The all-gather output a gather leaves allocated after its copy-out (freed later, in the
+    pass's pre-hook): what its issue and copy-out hold beyond the unsharded parameters."""
+    return max(0, min(g.memory.net, g.memory.net + g.copy_out_memory.net - g.bytes))
 
 
 def _added(uses: Sequence[MemoryUse]) -> MemoryUse:
@@ -437,8 +460,11 @@ def _prefetch_targets(recorded: dict[tuple[str, str, str], list[str]] | None, p:
 
 def _reshard(rec: Recording, settings: Settings, units: list[str], members: dict[str, list[str]]) -> dict[str, bool]:
     out = {}
+    kept = set([u for u in units if u != ROOT_UNIT][-settings.keep_last_units:]) if settings.keep_last_units > 0 else set()
     for unit in units:
-        if unit == ROOT_UNIT:
+        if unit in kept:
+            out[unit] = False
+        elif unit == ROOT_UNIT:
             out[unit] = rec.reshard_after_forward.get(ROOT_UNIT, False)
         elif settings.reshard_after_forward is not None:
             out[unit] = settings.reshard_after_forward

@@ -159,6 +159,7 @@ class StepProgram:
     peak_bytes: int = -1
     comm_exposed_ns: int = 0
     comm_ns: int = 0
+    start_ns: int = 0  # where the step starts in the analysis' (aligned) time
 
 
 @dataclass(slots=True)
@@ -177,6 +178,18 @@ class Recording:
     ranks_per_host: int
     cpu_count: int  # cores of a host (0: unknown)
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def gathered_units(self) -> set[str]:
+        """Units the recording all-gathered at least once (the others' parameters were never
+        sharded, e.g. a root without parameters of its own)."""
+        return {g.unit for s in self.steps for g in s.gathers}
+
+    @property
+    def reduced_units(self) -> set[str]:
+        """Units whose gradients the recording reduced after their own backward (ZeRO-3 on CPU
+        reduces in buckets at the step's end instead: that time stays where it was recorded)."""
+        return {r.unit for s in self.steps for r in s.reduces}
 
 
 class BusyClock:
@@ -231,11 +244,13 @@ def read_recording(result: RunResult) -> Recording:
             program = _read_step(rank, step, int(row["start_ns"]), int(row["end_ns"]), parts, clock, rank_work,
                                  samples, gpu)
             program.comm_ns, program.comm_exposed_ns = int(row["comm_ns"]), int(row["exposed_comm_ns"])
+            program.start_ns = int(row["start_ns"])
             programs.append(program)
     return Recording(
         framework=analysis.framework, device="gpu" if gpu else "cpu", world_size=analysis.world_size,
         units=units, unit_bytes=_unit_bytes(result, units), modules=_unit_modules(result, units),
-        reshard_after_forward=_reshard(result, units), prefetch=_recorded_prefetch(result),
+        reshard_after_forward=_observed_reshard(_reshard(result, units), programs),
+        prefetch=_recorded_prefetch(result),
         steps=programs, ranks_per_host=_ranks_per_host(result), cpu_count=_cpu_count(result),
     )
 
@@ -493,9 +508,18 @@ def _gathers(spans: pd.DataFrame, gather_labels: pd.DataFrame, copy_out_labels: 
         return []
     copy_in = spans[(spans["kind"] == schema.SPAN_COPY_IN).to_numpy()]
     copy_out = spans[(spans["kind"] == schema.SPAN_COPY_OUT).to_numpy()]
+    # A collective that carried several units (ZeRO-3's prefetch buckets: one row per unit) is
+    # issued once: it costs its first unit, in issue order; the others come with it.
+    ag = ag.sort_values(["issue_ns", "start_ns"], kind="stable")
+    ag = ag.assign(_owner=~ag.duplicated(["lane", "start_ns", "end_ns"], keep="first"))
     out = []
     for (unit, phase, micro), rows in ag.groupby(["unit", "phase", "micro"], sort=False):
         unit, phase, micro = str(unit), str(phase), int(micro)
+        rows = rows[rows["_owner"].to_numpy()]
+        if rows.empty:  # gathered by a collective of an earlier unit: nothing to issue
+            out.append(Gather(unit=unit, phase=phase, micro=micro, bytes=0, host_ns=0.0, copy_in_ns=0.0,
+                              comm_ns=0.0, copy_out_host_ns=0.0, copy_out_ns=0.0, issued_in=None))
+            continue
         issue = float(rows["issue_ns"].min())
         lab = gather_labels[((gather_labels["unit"] == unit) & (gather_labels["start_ns"] <= issue)
                              & (gather_labels["end_ns"] >= issue)).to_numpy()]
@@ -555,6 +579,21 @@ def _reshard(result: RunResult, units: list[str]) -> dict[str, bool]:
     recorded = {u.unit: u.reshard_after_forward for u in run.units} if run is not None else {}
     return {u: bool(recorded.get(u, u != ROOT_UNIT)) if recorded.get(u) is not None else u != ROOT_UNIT
             for u in units}
+
+
+def _observed_reshard(declared: dict[str, bool], programs: list[StepProgram]) -> dict[str, bool]:
+    """What the trace shows wins over what was declared: a unit gathered in forward and never in
+    backward kept its parameters (ZeRO-3's persisted or still-available parameters, FSDP1's
+    ``SHARD_GRAD_OP``); one gathered in backward again resharded."""
+    phases: dict[str, set[str]] = {}
+    for program in programs:
+        for g in program.gathers:
+            phases.setdefault(g.unit, set()).add(g.phase)
+    out = dict(declared)
+    for unit, seen in phases.items():
+        if unit in out and FORWARD in seen:
+            out[unit] = BACKWARD in seen
+    return out
 
 
 def _recorded_prefetch(result: RunResult) -> str:

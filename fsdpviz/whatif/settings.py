@@ -43,6 +43,7 @@ class Settings:
     wrap: Wrap = Wrap()
     prefetch: str = "implicit"  # "implicit", "none" or a number of units
     reshard_after_forward: bool | None = None  # None: each unit as recorded
+    keep_last_units: int = 0  # the last K non-root units in forward order keep their parameters (no reshard)
     world_size: int = 0
     gpus_per_node: int = 0
     inter_node_gbps: float = 0.0
@@ -57,6 +58,7 @@ class Settings:
         values: dict[str, object] = {
             "wrap": str(self.wrap), "prefetch": self.prefetch,
             "reshard_after_forward": "recorded" if self.reshard_after_forward is None else self.reshard_after_forward,
+            "keep_last_units": self.keep_last_units,
             "world_size": self.world_size, "gpus_per_node": self.gpus_per_node,
             "inter_node_gbps": self.inter_node_gbps,
         }
@@ -64,11 +66,20 @@ class Settings:
 
     def describe(self) -> str:
         """The changed settings in one line (``prefetch 1, world size 16``), or ``as recorded``."""
-        given = [k for k, v in self.sources.items() if v == GIVEN]
+        given = {k for k, v in self.sources.items() if v == GIVEN}
         if not given:
             return "as recorded"
         values = self.to_json()
-        return ", ".join(f"{k.replace('_', ' ')} {values[k]['value']}" for k in values if k in given)
+        words = []
+        for key in values:
+            if key not in given:
+                continue
+            if key == "keep_last_units":
+                n = self.keep_last_units
+                words.append(f"no reshard after forward for the last {n} unit{'s' if n != 1 else ''}")
+            else:
+                words.append(f"{key.replace('_', ' ')} {values[key]['value']}")
+        return ", ".join(words)
 
     def with_(self, **changes: object) -> Settings:
         """A copy with ``changes`` given (their source becomes ``given``)."""

@@ -10,8 +10,10 @@ in-order lanes, each item starting when its lane is free and what it waits for i
   ``post_backward_rs_wait``); the optimizer's kernels wait for every reduction. The host never
   waits except where the recording synchronised (the end of the step).
 - CPU (gloo): compute is the host itself, and the host waits for every collective it issues (FSDP2's
-  all-gathers and reduce-scatters are synchronous without CUDA streams); collectives of one rank
-  run one after another on its gloo threads.
+  all-gathers and reduce-scatters are synchronous without CUDA streams; ZeRO-3's prefetched
+  all-gathers are asynchronous, but on 2 shared cores the host gains nothing while gloo works, and
+  modelling them as waited for reproduces recordings best); collectives of one rank run one after
+  another on its gloo threads.
 
 Memory follows the host: an all-gather allocates its unit's unsharded bytes when issued, the copy-out
 holds them twice for a moment, a reshard frees them; each compute pass rises and ends as recorded;
@@ -162,7 +164,7 @@ class _Sim:
             end = start + g.comm_ns
             self.free[COMM] = end
             self.spans.append(SimSpan(g.unit, g.phase, "all_gather", COMM, start, end))
-            self.host = end  # FSDP2 on CPU: the issuing thread waits for its all-gather
+            self.host = end  # on CPU the issuing thread waits for its all-gather
         self.gather_end[gid] = end
 
     def _copy_out(self, gid: int) -> None:

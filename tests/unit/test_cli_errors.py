@@ -139,4 +139,4 @@ def test_commands_are_registered_once_however_often_main_runs(capsys: pytest.Cap
         code, out, _ = _run(["--version"], capsys)
         assert code == 0 and out.startswith("fsdpviz ")
     names = [command.name for command in app.registered_commands]
-    assert sorted(names) == ["compare", "export", "record", "report", "summary"]
+    assert sorted(names) == ["compare", "export", "record", "report", "summary", "whatif"]

@@ -21,6 +21,7 @@ from fsdpviz.report.style import OTHER_COLOR, format_bytes, unit_color
 from fsdpviz.report.timeline.steps import MAX_PAGE_SEGMENTS
 from fsdpviz.report.timeline.units import NO_UNIT
 from fsdpviz.report.timeline.view import StepView
+from fsdpviz.whatif.saved import SavedPrediction, load_predictions
 
 # One colour per run (no red: red means exposed communication on every page).
 RUN_PALETTE: Final = ("#4c78a8", "#f58518", "#54a24b", "#b279a2", "#72b7b2", "#9d755d", "#eeca3b", "#ff9da6")
@@ -58,6 +59,7 @@ class CompareData:
     groups: pd.DataFrame  # group, order, metric, label, value (None: no unit of that run in the group)
     duration_ms: float  # the longest representative step: the common time axis
     notes: list[str] = field(default_factory=list)
+    predictions: list[tuple[str, SavedPrediction]] = field(default_factory=list)  # (run label, saved prediction)
 
     @property
     def segment_count(self) -> int:
@@ -135,8 +137,9 @@ def prepare_compare(runs: Sequence[RunInput], comparison: Comparison,
         views.append(RunView(label=run.label, color=palette[run.label], view=view, unit_colors=colors,
                              memory_rank=rank, memory=memory, units=_unit_strip(run, colors)))
     duration = max((v.view.choice.duration_ms for v in views if v.view is not None), default=0.0)
+    predictions = [(run.label, p) for run in runs for p in load_predictions(run.result.traces.run_dir)]
     return CompareData(comparison=comparison, runs=views, groups=group_rows(comparison), duration_ms=duration,
-                       notes=notes)
+                       notes=notes, predictions=predictions)
 
 
 def describe_bytes(value: Any) -> str:

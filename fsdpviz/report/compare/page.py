@@ -74,8 +74,31 @@ def _delta_text(field: HeadlineField, delta: Any, base: Any) -> str:
     return text
 
 
+# headline field -> the key of a saved prediction (fsdpviz whatif --save) that has it
+PREDICTED_KEYS = {"step_time_ms": "step_time_ms", "overlap.exposed_comm_ms": "exposed_comm_ms",
+                  "overlap.comm_ms": "comm_ms", "overlap.compute_ms": "compute_ms",
+                  "memory.peak_allocated_bytes": "peak_allocated_bytes"}
+
+
+def _predicted_cells(data: CompareData, field: HeadlineField) -> list[TableCell]:
+    """One cell per saved prediction: its value (against the run it was predicted from), or a dash."""
+    key = PREDICTED_KEYS.get(field.key)
+    cells = []
+    for label, p in data.predictions:
+        if key is None:
+            value: Any = (len(p.predicted.get("units") or []) or None) if field.key == "n_units" else None
+        else:
+            value = p.predicted.get(key)
+        base = p.baseline.get(key) if key else None
+        cells.append(TableCell(text=_value_text(field, value) if value is not None else "—",
+                               sub=_delta_text(field, value - base, base) if value is not None and base is not None
+                               else "", hint=f"predicted from {label}, not recorded"))
+    return cells
+
+
 def headline_table(data: CompareData) -> HtmlTable:
-    """Numbers with deltas and best marks, then the settings that describe each run."""
+    """Numbers with deltas and best marks, then the settings that describe each run; saved
+    predictions of the runs last, marked as predicted (never marked best: they were not recorded)."""
     c = data.comparison
     rows: list[list[TableCell]] = []
     for field in HEADLINE_FIELDS:
@@ -89,11 +112,14 @@ def headline_table(data: CompareData) -> HtmlTable:
             sub = _delta_text(field, deltas[i], values[0]) if i > 0 else "baseline" if value is not None else ""
             row.append(TableCell(text=_value_text(field, value), sub=sub, best=i in best,
                                  hint="best of this row" if i in best else ""))
+        row.extend(_predicted_cells(data, field))
         rows.append(row)
     starts = {len(rows)}
     for label, texts in c.settings:
-        rows.append([TableCell(text=label, header=True), *(TableCell(text=t) for t in texts)])
-    return HtmlTable(columns=["", *c.labels], rows=rows, group_starts=starts)
+        rows.append([TableCell(text=label, header=True), *(TableCell(text=t) for t in texts),
+                     *(TableCell(text="") for _ in data.predictions)])
+    predicted = [f"{label}: {p.name} (predicted)" for label, p in data.predictions]
+    return HtmlTable(columns=["", *c.labels, *predicted], rows=rows, group_starts=starts)
 
 
 def headline_section(data: CompareData) -> Section:

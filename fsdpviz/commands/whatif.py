@@ -1,0 +1,236 @@
+"""``fsdpviz whatif RUN [--wrap] [--prefetch] [--reshard-after-forward] [--world-size] [--json] [-o FILE]``:
+predict another FSDP setting from one recording; ``--explore`` ranks a grid of settings."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from fsdpviz.commands.common import check_output_folder, progress_printer, warn_gaps
+from fsdpviz.errors import UsageError
+
+if TYPE_CHECKING:
+    from fsdpviz.whatif.explore import Exploration
+    from fsdpviz.whatif.predict import Outcome, Prediction
+    from fsdpviz.whatif.settings import Settings
+
+_BYTES_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
+_BYTE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+               "t": 10**12, "tb": 10**12, "ki": 1 << 10, "kib": 1 << 10, "mi": 1 << 20, "mib": 1 << 20,
+               "gi": 1 << 30, "gib": 1 << 30, "ti": 1 << 40, "tib": 1 << 40}
+
+
+def whatif(
+    run: Annotated[Path, typer.Argument(
+        help="A run folder (from `fsdpviz record`), a folder of traces, or trace files of one run.",
+        show_default=False)],
+    wrap: Annotated[str | None, typer.Option(
+        "--wrap", help="root (one unit for the whole model), merge:K (every K consecutive non-root units in "
+                       "forward order become one) or match:REGEX (units are the modules whose name matches). "
+                       "Default: as recorded.", show_default=False)] = None,
+    prefetch: Annotated[str | None, typer.Option(
+        "--prefetch", help="implicit (FSDP2's default), none (no all-gather overlaps compute) or N (explicit "
+                           "forward and backward prefetch of the next N units). Default: as recorded.",
+        show_default=False)] = None,
+    reshard_after_forward: Annotated[str | None, typer.Option(
+        "--reshard-after-forward", help="true or false for every non-root unit (false: parameters stay "
+                                        "gathered from forward to backward). Default: as recorded.",
+        show_default=False)] = None,
+    world_size: Annotated[int | None, typer.Option(
+        "--world-size", help="Ranks: the same model and per-rank batch on N ranks. Default: as recorded.",
+        show_default=False)] = None,
+    gpus_per_node: Annotated[int | None, typer.Option(
+        "--gpus-per-node", help="Ranks per host, to tell when collectives cross hosts. Default: as recorded.",
+        show_default=False)] = None,
+    inter_node_gbps: Annotated[float | None, typer.Option(
+        "--inter-node-gbps", help="Bandwidth between hosts per rank in GB/s, for world sizes past one host. "
+                                  "Default: 25 on GPU (200 Gb/s per GPU), 1.25 on CPU (10 GbE).",
+        show_default=False)] = None,
+    explore_grid: Annotated[bool, typer.Option(
+        "--explore", help="Predict a small grid (prefetch 1/2/none, no reshard for the last units, merge:2, "
+                          "root, as recorded) and rank it by step time within the memory budget.")] = False,
+    memory_budget: Annotated[str | None, typer.Option(
+        "--memory-budget", help="With --explore: the allocated bytes a setting may peak at, e.g. 70GiB or "
+                                "5e9. Default: the device's memory from the trace, else the recorded peak.",
+        show_default=False)] = None,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help='Print {"baseline": {...}, "predicted": {...}} (with --explore: the ranked grid).')] = False,
+    output: Annotated[Path | None, typer.Option(
+        "-o", "--output", help="Also write an HTML page: the recorded and the predicted step on one time axis, "
+                               "unit by unit, with their memory curves.", show_default=False)] = None,
+    save: Annotated[bool, typer.Option(
+        "--save", help="Keep the prediction in the run folder (predictions/), where `fsdpviz report` and "
+                       "`fsdpviz compare` show it beside the recording, marked as predicted.")] = False,
+    cache: Annotated[bool, typer.Option("--cache/--no-cache", help="Reuse parsed traces cached beside them.")] = True,
+    quiet: Annotated[bool, typer.Option("-q", "--quiet", help="No progress lines on stderr.")] = False,
+) -> None:
+    """Predict step time, communication and memory under another wrap policy, prefetch, resharding or
+    world size, from one recording (see docs/whatif.md)."""
+    from fsdpviz.whatif.settings import Settings, parse_bool, parse_prefetch, parse_wrap
+
+    settings = Settings()
+    if wrap is not None:
+        settings = settings.with_(wrap=parse_wrap(wrap))
+    if prefetch is not None:
+        settings = settings.with_(prefetch=parse_prefetch(prefetch))
+    if reshard_after_forward is not None:
+        settings = settings.with_(reshard_after_forward=parse_bool(reshard_after_forward, "--reshard-after-forward"))
+    if world_size is not None:
+        if world_size < 1:
+            raise UsageError(f"--world-size {world_size}: needs at least 1 rank")
+        settings = settings.with_(world_size=world_size)
+    if gpus_per_node is not None:
+        if gpus_per_node < 1:
+            raise UsageError(f"--gpus-per-node {gpus_per_node}: needs at least 1")
+        settings = settings.with_(gpus_per_node=gpus_per_node)
+    if inter_node_gbps is not None:
+        if not inter_node_gbps > 0:
+            raise UsageError(f"--inter-node-gbps {inter_node_gbps}: needs a bandwidth above 0")
+        settings = settings.with_(inter_node_gbps=inter_node_gbps)
+    budget = parse_bytes(memory_budget, "--memory-budget") if memory_budget is not None else None
+    if budget is not None and not explore_grid:
+        raise UsageError("--memory-budget ranks the settings of --explore: add --explore")
+    if explore_grid and settings.describe() != "as recorded":
+        raise UsageError("--explore tries its own grid of settings: leave out --wrap, --prefetch, "
+                         "--reshard-after-forward and --world-size")
+    if explore_grid and (output is not None or save):
+        raise UsageError("--explore ranks settings; write the page or save one of them with a second call "
+                         "(fsdpviz whatif RUN --prefetch 1 -o page.html)")
+    check_output_folder(output, "the page")
+    say = progress_printer(quiet) or (lambda message: None)
+    started = time.perf_counter()
+
+    from fsdpviz.analysis.pipeline import analyse
+    from fsdpviz.whatif.predict import read_model
+
+    say(f"loading {run}")
+    result = analyse([run], cache=cache, progress=False)
+    model = read_model(result)
+    warn_gaps(result.traces)
+    rec = model.recording
+    say(f"read {len(rec.steps)} step(s) over {len({s.rank for s in rec.steps})} rank(s); simulating")
+    if explore_grid:
+        from fsdpviz.whatif.explore import explore
+
+        exploration = explore(model, budget)
+        if as_json:
+            sys.stdout.write(json.dumps(exploration.to_json(), indent=2) + "\n")
+        else:
+            print_exploration(exploration, str(run))
+        say(f"explored {len(exploration.ranked)} setting(s) in {time.perf_counter() - started:.1f} s")
+        return
+
+    from fsdpviz.whatif.predict import predict
+
+    prediction = predict(model, settings)
+    if as_json:
+        sys.stdout.write(json.dumps(prediction.to_json(), indent=2) + "\n")
+    else:
+        print_prediction(prediction, str(run), rec.framework, rec.world_size, rec.device)
+    if save:
+        from fsdpviz.whatif.saved import save_prediction
+
+        path = save_prediction(result, prediction)
+        say(f"saved the prediction as {path}")
+    if output is not None:
+        from fsdpviz.report.whatif.build import build_whatif
+
+        written = build_whatif(model, prediction, output, source=str(run))
+        say(f"wrote {written.path} ({written.size_bytes / 1e6:.1f} MB)")
+    say(f"predicted in {time.perf_counter() - started:.1f} s")
+
+
+def parse_bytes(text: str, option: str) -> int:
+    """``70GiB``, ``5e9``, ``512MB`` -> bytes (GiB/MiB: powers of 1024; GB/MB: of 1000)."""
+    match = _BYTES_RE.match(text)
+    if not match:
+        raise UsageError(f"{option} {text!r}: use a number of bytes, e.g. 70GiB, 512MB or 5e9")
+    value = float(match.group(1)) * _BYTE_UNITS[(match.group(2) or "").lower()]
+    if value <= 0:
+        raise UsageError(f"{option} {text!r}: needs more than 0 bytes")
+    return int(value)
+
+
+def _mib(value: int | None) -> str:
+    return "-" if value is None else f"{value / (1 << 20):,.1f} MiB"
+
+
+def _delta(before: float | None, after: float | None, unit: str) -> str:
+    if before is None or after is None:
+        return ""
+    diff = after - before
+    text = f"{diff / (1 << 20):+,.1f} MiB" if unit == "bytes" else f"{diff:+,.2f} ms"
+    return text + (f" ({100 * diff / before:+.1f} %)" if before else "")
+
+
+def _rows(baseline: Outcome, predicted: Outcome) -> list[tuple[str, str, str, str]]:
+    rows = []
+    for label, key in (("step time", "step_time_ms"), ("exposed communication", "exposed_comm_ms"),
+                       ("communication", "comm_ms"), ("compute", "compute_ms")):
+        b, p = getattr(baseline, key), getattr(predicted, key)
+        rows.append((label, f"{b:,.2f} ms", f"{p:,.2f} ms", _delta(b, p, "ms")))
+    b_peak, p_peak = baseline.peak_allocated_bytes, predicted.peak_allocated_bytes
+    rows.append(("peak allocated", _mib(b_peak), _mib(p_peak), _delta(b_peak, p_peak, "bytes")))
+    return rows
+
+
+def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> None:
+    widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
+    for row in (header, *rows):
+        typer.echo("  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
+
+
+def print_prediction(prediction: Prediction, run: str, framework: str, world_size: int, device: str) -> None:
+    """Baseline vs predicted with deltas, the units, where each setting came from, and the notes."""
+    settings = prediction.settings
+    typer.echo(f"{run}: {framework}, {world_size} rank(s) on {device}; predicting {settings.describe()}")
+    _table(("", "recorded", "predicted", "change"), _rows(prediction.baseline, prediction.predicted))
+    typer.echo("")
+    typer.echo("predicted per unit (ms per step; medians over ranks and steps)")
+    _table(("unit", "all-gather", "forward", "backward", "reduce-scatter", "exposed"),
+           [(u.name, f"{u.all_gather_ms:.2f}", f"{u.forward_ms:.2f}", f"{u.backward_ms:.2f}",
+             f"{u.reduce_scatter_ms:.2f}", f"{u.exposed_comm_ms:.2f}") for u in prediction.predicted.units])
+    typer.echo("")
+    typer.echo("settings: " + "; ".join(_setting_words(settings)))
+    typer.echo(f"replay: the model reproduces the recorded step time within {prediction.replay_error_pct:.1f} %")
+    for note in prediction.notes:
+        typer.echo(f"note: {note}")
+
+
+def _setting_words(settings: Settings) -> list[str]:
+    return [f"{key.replace('_', ' ')} {v['value']} ({v['source']})" for key, v in settings.to_json().items()]
+
+
+def print_exploration(exploration: Exploration, run: str) -> None:
+    """The grid ranked: predicted step time and peak per setting, the budget, what was left out."""
+    base = exploration.baseline
+    budget = exploration.budget_bytes
+    typer.echo(f"{run}: recorded step {base.step_time_ms:,.2f} ms, peak {_mib(base.peak_allocated_bytes)}; "
+               f"memory budget {_mib(budget)} ({exploration.budget_source})")
+    rows = []
+    for i, c in enumerate(exploration.ranked, 1):
+        if c.prediction is None:
+            continue
+        p = c.prediction.predicted
+        rows.append((str(i), c.name, f"{p.step_time_ms:,.2f} ms", _delta(base.step_time_ms, p.step_time_ms, "ms"),
+                     _mib(p.peak_allocated_bytes),
+                     _delta(base.peak_allocated_bytes, p.peak_allocated_bytes, "bytes"),
+                     "yes" if c.fits else "OVER"))
+    _table(("#", "setting", "step", "change", "peak", "change", "fits"), rows)
+    best = exploration.best()
+    if best is not None and best.prediction is not None:
+        p = best.prediction.predicted
+        typer.echo(f"best within the budget: {best.name} "
+                   f"({_delta(base.step_time_ms, p.step_time_ms, 'ms')} per step, "
+                   f"peak {_delta(base.peak_allocated_bytes, p.peak_allocated_bytes, 'bytes') or 'unknown'})")
+    for c in exploration.skipped:
+        typer.echo(f"not tried: {c.name}: {c.skipped}")
+    for note in exploration.notes:
+        typer.echo(f"note: {note}")

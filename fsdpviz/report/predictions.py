@@ -1,0 +1,56 @@
+"""The report's *Predicted settings* section: predictions saved with ``fsdpviz whatif --save``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from fsdpviz.report.html import HtmlTable, Section, TableCell
+from fsdpviz.report.style import format_bytes, format_ms
+
+if TYPE_CHECKING:
+    from fsdpviz.report.data import ReportData
+    from fsdpviz.whatif.saved import SavedPrediction
+
+HOWTO = (
+    "Settings predicted from this recording with `fsdpviz whatif --save` — not recorded. Each row is the "
+    "model's prediction for the whole run under that setting, next to the recording; the change is "
+    "against the recording. See docs/whatif.md for how the prediction works and how accurate it is."
+)
+FIELDS = (("step time", "step_time_ms", "ms"), ("exposed communication", "exposed_comm_ms", "ms"),
+          ("peak allocated", "peak_allocated_bytes", "bytes"))
+
+
+def _text(value: Any, unit: str) -> str:
+    if value is None:
+        return "n/a"
+    return format_bytes(float(value)) or "n/a" if unit == "bytes" else format_ms(float(value))
+
+
+def _change(before: Any, after: Any, unit: str) -> str:
+    if before is None or after is None:
+        return ""
+    diff = float(after) - float(before)
+    text = (("+" if diff >= 0 else "−") + (format_bytes(abs(diff)) or "0 B")) if unit == "bytes" else f"{diff:+.3g} ms"
+    return text + (f" ({100 * diff / float(before):+.1f} %)" if before else "")
+
+
+def predictions_table(saved: list[SavedPrediction]) -> HtmlTable:
+    """Recorded, then one column per saved prediction (marked predicted)."""
+    baseline = saved[0].baseline
+    columns = ["", "recorded", *(f"{p.name} (predicted)" for p in saved)]
+    rows = []
+    for label, key, unit in FIELDS:
+        row = [TableCell(text=label, header=True), TableCell(text=_text(baseline.get(key), unit))]
+        for p in saved:
+            value = p.predicted.get(key)
+            row.append(TableCell(text=_text(value, unit), sub=_change(p.baseline.get(key), value, unit),
+                                 hint="predicted by fsdpviz whatif"))
+        rows.append(row)
+    return HtmlTable(columns=columns, rows=rows)
+
+
+def predictions_section(data: ReportData) -> Section | None:
+    if not data.predictions:
+        return None
+    return Section(key="predictions", title="Predicted settings", howto=HOWTO,
+                   tables=[predictions_table(data.predictions)])

@@ -1,0 +1,1 @@
+"""The ``fsdpviz whatif -o`` page: the recorded and the predicted step on one time axis."""

@@ -1,0 +1,142 @@
+"""``build_whatif``: a prediction -> one offline page (numbers, settings, both steps on one axis, memory)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fsdpviz.errors import RunFolderError
+from fsdpviz.report.html import Fact, HtmlTable, LegendItem, Page, Section, TableCell, write_page
+from fsdpviz.report.style import format_bytes, unit_colors
+from fsdpviz.whatif.predict import Model, Outcome, Prediction
+
+HOWTO_NUMBERS = (
+    "Recorded: means per analysed step over ranks, as `fsdpviz summary` reports them. Predicted: the "
+    "recording moved by what the setting changes in a simulation of FSDP's streams (the simulation of "
+    "the recorded setting is subtracted, so what the model does not capture cancels out). The replay "
+    "line says how closely the simulation of the recorded setting reproduces the recording."
+)
+HOWTO_TIMELINE = (
+    "One step (the rank-step closest to the median step time), recorded above and predicted below, on "
+    "one time axis: zoom or pan one and the other follows. Lanes by kind of work; bars coloured by unit "
+    "(a merged unit of the prediction has its own colour), backward hatched; a red strip marks "
+    "communication no compute covered. Below, the allocated memory of both: the predicted curve is "
+    "the simulated one, moved by the same calibration as the predicted peak."
+)
+HOVER = [("unit_name", "unit"), ("kind", "kind"), ("phase", "phase"), ("start_ms", "start (ms)"),
+         ("dur_ms", "duration (ms)"), ("lane", "lane")]
+RECORDED_COLOR = "#4c78a8"
+PREDICTED_COLOR = "#f58518"
+
+
+@dataclass(frozen=True, slots=True)
+class WhatifPage:
+    path: Path
+    size_bytes: int
+    seconds: float
+
+
+def _delta(before: float | None, after: float | None, unit: str) -> str:
+    if before is None or after is None:
+        return ""
+    diff = after - before
+    text = ("+" if diff >= 0 else "−") + (format_bytes(abs(diff)) or "0 B") if unit == "bytes" else f"{diff:+.3g} ms"
+    return text + (f" ({100 * diff / before:+.1f} %)" if before else "")
+
+
+def numbers_table(baseline: Outcome, predicted: Outcome) -> HtmlTable:
+    rows: list[list[TableCell]] = []
+    for label, key in (("step time", "step_time_ms"), ("exposed communication", "exposed_comm_ms"),
+                       ("communication", "comm_ms"), ("compute", "compute_ms")):
+        b, p = getattr(baseline, key), getattr(predicted, key)
+        rows.append([TableCell(text=label, header=True), TableCell(text=f"{b:,.3f} ms"),
+                     TableCell(text=f"{p:,.3f} ms", sub=_delta(b, p, "ms"))])
+    b_peak, p_peak = baseline.peak_allocated_bytes, predicted.peak_allocated_bytes
+    rows.append([TableCell(text="peak allocated", header=True), TableCell(text=format_bytes(b_peak) or "n/a"),
+                 TableCell(text=format_bytes(p_peak) or "n/a", sub=_delta(b_peak, p_peak, "bytes"))])
+    return HtmlTable(columns=["", "recorded", "predicted"], rows=rows)
+
+
+def settings_table(prediction: Prediction) -> HtmlTable:
+    rows = [[TableCell(text=key.replace("_", " "), header=True), TableCell(text=str(v["value"])),
+             TableCell(text=str(v["source"]))] for key, v in prediction.settings.to_json().items()]
+    return HtmlTable(columns=["setting", "value", "source"], rows=rows)
+
+
+def units_table(prediction: Prediction) -> HtmlTable:
+    rows = [[TableCell(text=u.name, header=True), *(TableCell(text=f"{v:,.3f}") for v in (
+        u.all_gather_ms, u.forward_ms, u.backward_ms, u.reduce_scatter_ms, u.exposed_comm_ms))]
+        for u in prediction.predicted.units]
+    return HtmlTable(columns=["predicted unit", "all-gather ms", "forward ms", "backward ms", "reduce-scatter ms",
+                              "exposed ms"], rows=rows, caption="per unit, medians over ranks and steps")
+
+
+def _memory_figure(curves: list[tuple[str, Any, str]]) -> Any | None:
+    from bokeh.models import ColumnDataSource, HoverTool
+    from bokeh.plotting import figure
+
+    from fsdpviz.report.style import bytes_scale
+    from fsdpviz.report.timeline.figure import MIN_BORDER_LEFT_PX, TIME_LABEL
+
+    shown = [(label, frame, color) for label, frame, color in curves if not frame.empty]
+    if not shown:
+        return None
+    divisor, unit = bytes_scale(max(float(f["allocated_bytes"].max()) for _, f, _ in shown))
+    fig = figure(title="allocated memory during the step", height=260, sizing_mode="stretch_width",
+                 tools="xpan,xwheel_zoom,box_zoom,reset,save", active_scroll="xwheel_zoom", active_drag="xpan",
+                 output_backend="canvas", min_border_left=MIN_BORDER_LEFT_PX, x_axis_label=TIME_LABEL,
+                 y_axis_label=f"allocated ({unit})")
+    fig.toolbar.logo = None
+    renderers = []
+    for label, frame, color in shown:
+        source = ColumnDataSource({"t_ms": frame["t_ms"].to_numpy(float),
+                                   "memory": frame["allocated_bytes"].to_numpy(float) / divisor,
+                                   "run": [label] * len(frame)})
+        renderers.append(fig.step("t_ms", "memory", source=source, mode="after", line_width=1.8, color=color,
+                                  legend_label=label))
+    fig.add_tools(HoverTool(renderers=renderers, tooltips=[("", "@run"), ("time (ms)", "@{t_ms}{0.000}"),
+                                                           (f"allocated ({unit})", "@{memory}{0.000}")]))
+    fig.legend.location = "top_right"
+    return fig
+
+
+def build_whatif(model: Model, prediction: Prediction, output: str | Path, *, source: str) -> WhatifPage:
+    """Write the what-if page of ``prediction`` to ``output`` (its folder must exist)."""
+    from fsdpviz.report.compare.plots import share_time_axis
+    from fsdpviz.report.timeline.figure import gantt
+    from fsdpviz.report.whatif.data import prepare
+
+    started = time.perf_counter()
+    out = Path(output)
+    data = prepare(model, prediction)
+    colors = unit_colors(data.units, {u: i for i, u in enumerate(data.units)})
+    colors["(optimizer)"] = "#9d9d9d"
+    figures = [gantt(t.rows, t.segments, t.exposed, title=t.title, colors=colors, color_by="unit_name", hover=HOVER)
+               for t in (data.recorded, data.predicted)]
+    memory = _memory_figure([("recorded", data.recorded.memory, RECORDED_COLOR),
+                             ("predicted", data.predicted.memory, PREDICTED_COLOR)])
+    views = [*figures, *([memory] if memory is not None else [])]
+    share_time_axis(views, max(data.recorded.step_ms, data.predicted.step_ms))
+    rec = model.recording
+    name = prediction.settings.describe()
+    notes = [(f"Replay: the simulation of the recorded setting is within {prediction.replay_error_pct:.1f} % of "
+             "the recorded step time."), *prediction.notes]
+    sections = [
+        Section(key="numbers", title=f"Recorded vs predicted: {name}", howto=HOWTO_NUMBERS, notes=notes,
+                tables=[numbers_table(prediction.baseline, prediction.predicted), settings_table(prediction),
+                        units_table(prediction)]),
+        Section(key="timeline", title="One step, recorded and predicted", howto=HOWTO_TIMELINE,
+                legend=[("units", [LegendItem(label=u, color=colors[u]) for u in data.units])],
+                views={"timeline": views}),
+    ]
+    page = Page(title=f"fsdpviz whatif: {name}", subtitle=f"predicted from {source}",
+                meta=[Fact(label="framework", value=rec.framework), Fact(label="ranks", value=str(rec.world_size)),
+                      Fact(label="device", value=rec.device), Fact(label="kind", value="PREDICTED (not recorded)")],
+                sections=sections)
+    try:
+        size = write_page(page, out)
+    except OSError as exc:
+        raise RunFolderError(f"{out}: cannot write the page: {exc.strerror or exc}") from exc
+    return WhatifPage(path=out, size_bytes=size, seconds=time.perf_counter() - started)

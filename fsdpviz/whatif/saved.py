@@ -1,0 +1,78 @@
+"""Predictions kept in a run folder (``predictions/*.json``) for the report and ``fsdpviz compare``.
+
+A saved prediction is exactly what ``fsdpviz whatif --json`` prints, plus the setting's one-line
+name; the report and the compare page show it beside the recording, marked as predicted. A new
+recording into the same folder removes them (they described the old one).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fsdpviz.analysis.pipeline import RunResult
+from fsdpviz.errors import RunFolderError
+from fsdpviz.runfolder import PARTIAL_SUFFIX, PREDICTIONS_DIR
+from fsdpviz.whatif.predict import Prediction
+
+
+@dataclass(frozen=True, slots=True)
+class SavedPrediction:
+    """One saved prediction: its setting's name and the ``whatif --json`` document."""
+
+    name: str
+    path: Path
+    data: dict[str, Any]
+
+    @property
+    def predicted(self) -> dict[str, Any]:
+        return dict(self.data.get("predicted") or {})
+
+    @property
+    def baseline(self) -> dict[str, Any]:
+        return dict(self.data.get("baseline") or {})
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:80] or "prediction"
+
+
+def save_prediction(result: RunResult, prediction: Prediction) -> Path:
+    """Write ``prediction`` into the run folder of ``result``; an error when there is none."""
+    run_dir = result.traces.run_dir
+    if not run_dir:
+        raise RunFolderError("--save keeps predictions in a run folder (from `fsdpviz record`); "
+                             "this run is trace files only: use --json > FILE instead")
+    name = prediction.settings.describe()
+    folder = Path(run_dir) / PREDICTIONS_DIR
+    path = folder / f"{_slug(name)}.json"
+    data = {"name": name, **prediction.to_json()}
+    tmp = path.with_name(path.name + PARTIAL_SUFFIX)
+    try:
+        folder.mkdir(exist_ok=True)
+        tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise RunFolderError(f"{folder}: cannot save the prediction: {exc.strerror or exc}") from exc
+    return path
+
+
+def load_predictions(run_dir: str | Path | None) -> list[SavedPrediction]:
+    """The predictions saved in ``run_dir``, by name; unreadable files are skipped."""
+    if not run_dir:
+        return []
+    folder = Path(run_dir) / PREDICTIONS_DIR
+    out = []
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and isinstance(data.get("predicted"), dict):
+            out.append(SavedPrediction(name=str(data.get("name") or path.stem), path=path, data=data))
+    return out

@@ -1,0 +1,136 @@
+"""``fsdpviz whatif`` as scripts and users run it: JSON contract, table, page, --save, --explore, bad input.
+
+The run is a synthetic GPU FSDP2 run folder (4 blocks + root, 4 ranks); its recorded numbers are the
+ones ``fsdpviz summary --json`` reports for it, the independent reference for the baseline.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from helpers.kineto import TraceBuilder
+from synth import Scenario, generate_run, make_root, make_units
+
+from fsdpviz.cli import main
+from fsdpviz.report.style import format_ms
+
+SCENARIO = Scenario(units=make_units(4, numel=8_000_000), root=make_root(), world_size=4, ring_comm=True,
+                    steps=(3, 4), shared_timeline=True)
+
+
+@pytest.fixture(scope="module")
+def run_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return generate_run(SCENARIO, tmp_path_factory.mktemp("whatif-cli"), run_folder=True).folder
+
+
+def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    out, err = capsys.readouterr()
+    return int(exc.value.code or 0), out, err
+
+
+def test_json_baseline_is_the_summary(run_folder: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(["summary", "--json", "--no-cache", str(run_folder)], capsys)
+    assert code == 0
+    summary = json.loads(out)
+    code, out, _ = _run(["whatif", str(run_folder), "--prefetch", "none", "--json", "-q"], capsys)
+    assert code == 0
+    data = json.loads(out)
+    base, pred = data["baseline"], data["predicted"]
+    assert base["step_time_ms"] == summary["step_time_ms"]
+    assert base["exposed_comm_ms"] == summary["overlap"]["exposed_comm_ms"]
+    assert [u["name"] for u in base["units"]] == [u["name"] for u in summary["units"]]
+    assert base["peak_allocated_bytes"] == max(r["peak_allocated_bytes"]
+                                               for r in summary["memory"]["per_rank"].values())
+    # no prefetch: every all-gather waits for the compute before it, so the step gets longer
+    assert pred["step_time_ms"] > base["step_time_ms"]
+    assert pred["settings"]["prefetch"] == {"value": "none", "source": "given"}
+    assert pred["settings"]["wrap"] == {"value": "recorded", "source": "recorded"}
+
+
+def test_table_page_and_saved_prediction(run_folder: Path, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    page = tmp_path / "whatif.html"
+    code, out, err = _run(["whatif", str(run_folder), "--wrap", "merge:2", "-o", str(page), "--save"], capsys)
+    assert code == 0, err
+    assert re.search(r"step time\s+[\d.,]+ ms\s+[\d.,]+ ms\s+[+-][\d.,]+ ms \([+-][\d.]+ %\)", out)
+    assert "[blocks.0, blocks.1]" in out and "[blocks.2, blocks.3]" in out
+    assert "wrap merge:2 (given)" in out
+    html = page.read_text()
+    assert "One step, recorded and predicted" in html and "PREDICTED (not recorded)" in html
+    assert "<script src=" not in html  # offline: bokeh inlined
+    saved = sorted((run_folder / "predictions").glob("*.json"))
+    assert [p.name for p in saved] == ["wrap-merge-2.json"]
+    saved_json = json.loads(saved[0].read_text())
+    assert saved_json["name"] == "wrap merge:2"
+    # the report and compare show it beside the recording, marked as predicted, with its numbers
+    report = tmp_path / "report.html"
+    code, _, err = _run(["report", str(run_folder), "-o", str(report), "-q"], capsys)
+    assert code == 0, err
+    html = report.read_text()
+    assert "Predicted settings" in html and "wrap merge:2 (predicted)" in html
+    assert format_ms(saved_json["predicted"]["step_time_ms"]) in html
+    compared = tmp_path / "compare.html"
+    code, _, err = _run(["compare", str(run_folder), str(run_folder), "--label", "a", "--label", "b",
+                         "-o", str(compared), "-q"], capsys)
+    assert code == 0, err
+    html = compared.read_text()
+    assert "a: wrap merge:2 (predicted)" in html and "b: wrap merge:2 (predicted)" in html
+    (run_folder / "predictions" / "wrap-merge-2.json").unlink()
+
+
+def test_explore_ranks_within_the_budget(run_folder: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(["whatif", str(run_folder), "--explore", "--json", "-q"], capsys)
+    assert code == 0
+    data = json.loads(out)
+    assert data["memory_budget_bytes"] == 85_031_714_816  # the trace's H100
+    ranked = data["ranked"]
+    names = [c["setting"] for c in ranked]
+    assert {"as recorded", "prefetch 1", "prefetch 2", "prefetch none", "wrap merge:2", "wrap root"} <= set(names)
+    fitting = [c["step_time_ms"] for c in ranked if c["fits_budget"]]
+    assert fitting == sorted(fitting)
+    # a budget below the recorded peak: nothing fits but what uses less memory
+    base_peak = data["baseline"]["peak_allocated_bytes"]
+    code, out, _ = _run(["whatif", str(run_folder), "--explore", "--json", "-q", "--memory-budget",
+                         str(base_peak - 1)], capsys)
+    tight = json.loads(out)
+    assert tight["memory_budget_source"] == "given"
+    for c in tight["ranked"]:
+        assert c["fits_budget"] == (c["peak_allocated_bytes"] <= base_peak - 1)
+
+
+def _no_units_trace(tmp: Path) -> Path:
+    b = TraceBuilder(rank=0)
+    b.step(1, 0, 1000).step(2, 1000, 1000).step(3, 2000, 1000)
+    b.kernel("volta_sgemm_128x64_nn", 1100, 100, launch_us=1010)
+    return b.write(tmp / "plain.json")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--wrap", "merge:0"], "merge:K needs a whole number K of at least 1"),
+    (["--wrap", "pairs"], "use root, merge:K or match:REGEX"),
+    (["--wrap", "match:^decoder"], "matches none of the recorded units' modules"),
+    (["--prefetch", "-1"], "use implicit, none or a number"),
+    (["--world-size", "0"], "needs at least 1 rank"),
+    (["--reshard-after-forward", "maybe"], "use true or false"),
+    (["--explore", "--memory-budget", "lots"], "use a number of bytes"),
+    (["--memory-budget", "1GiB"], "add --explore"),
+    (["-o", "/no/such/folder/page.html"], "does not exist"),
+])
+def test_bad_options_are_one_error_line(argv: list[str], message: str, run_folder: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run(["whatif", str(run_folder), "-q", *argv], capsys)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], err
+    assert "Traceback" not in err and not out
+
+
+def test_a_run_without_units_is_one_error_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _run(["whatif", str(_no_units_trace(tmp_path)), "--prefetch", "1", "-q"], capsys)
+    assert code == 2
+    assert err.strip().startswith("error: ") and "no FSDP units" in err and len(err.strip().splitlines()) == 1
