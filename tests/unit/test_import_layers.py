@@ -23,7 +23,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "fsdpviz"
 # What each part of fsdpviz may import from fsdpviz ("fsdpviz" is the top-level __init__: the version).
 BASE = {"fsdpviz", "errors"}
 ALLOWED: dict[str, set[str]] = {
-    "fsdpviz": set(),
+    "fsdpviz": {"api"},  # the lazy notebook entry points (fsdpviz.open, fsdpviz.compare)
     "__main__": {"cli"},
     "errors": set(),
     "naming": set(),
@@ -34,6 +34,7 @@ ALLOWED: dict[str, set[str]] = {
     "report": BASE | {"runfolder", "naming", "trace", "analysis", "whatif"},
     "record": BASE | {"runfolder", "naming"},
     "commands": BASE | {"runfolder", "naming", "trace", "analysis", "whatif", "report", "record"},
+    "api": BASE | {"runfolder", "naming", "trace", "analysis", "whatif", "report"},
     "cli": BASE | {"commands"},
 }
 # Third-party packages a part must never import (the parser and analysis run where no torch is
@@ -46,6 +47,7 @@ FORBIDDEN: dict[str, set[str]] = {
     "whatif": {"torch", "holoviews", "bokeh", "panel", "jinja2"},
     "report": {"torch"},
     "commands": {"torch"},
+    "api": {"torch"},
     "cli": {"torch", "pandas", "holoviews", "bokeh"},
 }
 

@@ -1,0 +1,340 @@
+"""The Python API for notebooks and scripts: ``fsdpviz.open`` and ``fsdpviz.compare``.
+
+Everything goes through the one pipeline (:func:`fsdpviz.analysis.pipeline.analyse`), so a
+:class:`Run` shows exactly the numbers ``fsdpviz summary`` / ``report`` / ``export`` give for the same
+input. Tables are pandas DataFrames with the columns of :mod:`fsdpviz.trace.schema`; plots are
+holoviews objects that display inline in Jupyter (bokeh backend). Heavy packages (pandas,
+holoviews) are imported when first used.
+
+Example::
+
+    import fsdpviz
+    run = fsdpviz.open("runs/block")          # a run folder, a folder of traces, or trace files
+    run.summary.step_time_ms                   # as `fsdpviz summary --json` says it
+    run.units                                  # per-unit medians, one row per unit
+    run.gantt(ranks=[0])                       # the median step, unit by unit
+    run.whatif(prefetch=1).predicted           # what explicit prefetch would do
+
+Errors are the command line's: :class:`fsdpviz.errors.FsdpvizError` subclasses with the same
+one-line messages (``UsageError`` for bad arguments, ``RunFolderError`` / ``TraceFormatError`` for
+bad input).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fsdpviz.errors import UsageError
+
+if TYPE_CHECKING:
+    import holoviews as hv
+    import pandas as pd
+
+    from fsdpviz.analysis.compare.runs import Comparison
+    from fsdpviz.analysis.pipeline import RunResult
+    from fsdpviz.analysis.summary import Summary
+    from fsdpviz.whatif.predict import Model, Prediction
+
+PathLike = str | Path
+
+PHASE_KINDS = ("all_gather", "compute", "reduce_scatter", "all_reduce", "copy_in", "copy_out")
+_extension_loaded = False
+
+
+def _holoviews() -> Any:
+    """holoviews with its bokeh backend loaded once (a notebook gets bokeh's JS once, not per plot)."""
+    global _extension_loaded
+    import holoviews as hv
+
+    if not _extension_loaded:
+        hv.extension("bokeh", logo=False)
+        _extension_loaded = True
+    return hv
+
+
+def _paths(source: PathLike | Sequence[PathLike]) -> list[Path]:
+    if isinstance(source, str | Path):
+        return [Path(source)]
+    paths = [Path(p) for p in source]
+    if not paths:
+        raise UsageError("fsdpviz.open needs a run folder, a folder of traces or trace files")
+    return paths
+
+
+def open(source: PathLike | Sequence[PathLike], *, steps: Sequence[int] | None = None,
+         include_last_step: bool = False, cache: bool = True, label: str | None = None) -> Run:
+    """Load and analyse a run: a run folder from ``fsdpviz record``, a folder of traces, or trace files.
+
+    Args:
+        source: one path, or several trace files of one run.
+        steps: ProfilerSteps to analyse (default: every step the traces hold complete).
+        include_last_step: also analyse the last captured step when completeness cannot be shown.
+        cache: reuse (and write) the parsed-trace cache beside the traces.
+        label: the run's name in comparisons (default: run.json's label, else the folder's name).
+
+    Example::
+
+        run = fsdpviz.open("sample_traces/fsdp2_cpu")
+        run.summary.to_json()["step_time_ms"]
+    """
+    from fsdpviz.analysis.pipeline import analyse
+    from fsdpviz.report.compare.build import default_label
+
+    paths = _paths(source)
+    result = analyse(paths, steps=steps, include_last_step=include_last_step, cache=cache, progress=False)
+    return Run(result, label or default_label(paths[0], result.traces), str(paths[0]))
+
+
+def compare(runs: Sequence[Run | PathLike], *, labels: Sequence[str] | None = None) -> Compared:
+    """Compare two or more runs (``Run`` objects or paths) as ``fsdpviz compare`` does.
+
+    Example::
+
+        c = fsdpviz.compare(["runs/block", "runs/pair"])
+        c.headline            # one row per headline number, one column per run
+        c.page("compare.html")
+    """
+    from fsdpviz.analysis.compare.runs import RunInput, compare_runs
+
+    opened = [r if isinstance(r, Run) else open(r) for r in runs]
+    if len(opened) < 2:
+        raise UsageError(f"compare needs at least two runs, got {len(opened)}")
+    names = list(labels) if labels else [r.label for r in opened]
+    if len(names) != len(opened) or len(set(names)) != len(names):
+        raise UsageError("labels must be distinct, one per run")
+    inputs = [RunInput(label=n, source=r.source, result=r.result) for n, r in zip(names, opened)]
+    return Compared(inputs=inputs, comparison=compare_runs(inputs))
+
+
+class Run:
+    """One analysed run (see the module docstring). Attributes are computed on first use."""
+
+    def __init__(self, result: RunResult, label: str, source: str) -> None:
+        self.result = result
+        self.label = label
+        self.source = source
+        self._model: Model | None = None
+
+    def __repr__(self) -> str:
+        s = self.summary
+        return (f"<fsdpviz.Run {self.label!r}: {s.framework}, {s.world_size} rank(s), steps {s.steps}, "
+                f"step {s.step_time_ms} ms>")
+
+    # --- numbers ------------------------------------------------------------------------------
+    @property
+    def summary(self) -> Summary:
+        """The typed summary; ``.to_json()`` is ``fsdpviz summary --json``."""
+        return self.result.summary
+
+    @property
+    def units(self) -> pd.DataFrame:
+        """Per-unit medians over ranks and analysed steps (schema.UNIT_STATS), in forward order."""
+        return self.result.analysis.unit_stats.reset_index(drop=True)
+
+    @property
+    def spans(self) -> pd.DataFrame:
+        """Every unit's all-gathers, compute and reductions per rank and step (schema.SPANS)."""
+        return self.result.analysis.spans
+
+    @property
+    def steps(self) -> pd.DataFrame:
+        """Per rank and analysed step: where the step's time went (schema.STEP_TIMES)."""
+        return self.result.analysis.step_times
+
+    @property
+    def memory(self) -> pd.DataFrame:
+        """Allocator samples of each rank's main device, thinned with the peaks kept (schema.MEMORY)."""
+        return self.result.analysis.memory
+
+    @property
+    def collectives(self) -> pd.DataFrame:
+        """Every collective each rank ran: where, when it was issued, its bytes."""
+        from fsdpviz.analysis.collectives import find_collectives
+
+        return find_collectives(self.result.traces.events, self.result.traces.lanes)
+
+    @property
+    def findings(self) -> pd.DataFrame:
+        """Where steps lose time to communication, why, and what to try (schema.FINDINGS)."""
+        return self.result.analysis.findings
+
+    # --- plots ----------------------------------------------------------------------------------
+    def _step(self, step: int | str) -> int:
+        steps = self.result.analysis.steps
+        if step == "median":
+            times = self.steps.groupby("step")["step_ns"].median()
+            if times.empty:
+                raise UsageError("no analysed step to draw")
+            gaps = (times - times.median()).abs()
+            return int(gaps.index[int(gaps.to_numpy().argmin())])
+        if not isinstance(step, int) or step not in steps:
+            raise UsageError(f"step {step!r}: analysed steps are {steps}, or \"median\"")
+        return step
+
+    def gantt(self, step: int | str = "median", ranks: Sequence[int] | None = None) -> hv.Rectangles:
+        """One step, unit by unit: a row per rank and kind of work, bars coloured by unit (holoviews).
+
+        Args:
+            step: an analysed step, or ``"median"`` (the step with the median step time).
+            ranks: ranks to draw (default: all).
+        """
+        import pandas as pd
+
+        from fsdpviz.report.style import unit_colors
+
+        hv = _holoviews()
+        number = self._step(step)
+        sp = self.spans[self.spans["step"] == number]
+        wanted = sorted(set(ranks) if ranks is not None else set(sp["rank"].tolist()))
+        unknown = sorted(set(wanted) - set(self.result.analysis.ranks))
+        if unknown:
+            raise UsageError(f"ranks {unknown}: not in the run (ranks: {self.result.analysis.ranks})")
+        sp = sp[sp["rank"].isin(wanted) & sp["kind"].isin(PHASE_KINDS)]
+        starts = self.steps[(self.steps["step"] == number)].set_index("rank")["start_ns"]
+        kinds = [k for k in PHASE_KINDS if k in set(sp["kind"].astype(str))]
+        row_of = {(r, k): i for i, (r, k) in enumerate((r, k) for r in wanted for k in kinds)}
+        frame = pd.DataFrame({
+            "start_ms": (sp["start_ns"] - sp["rank"].map(starts)) / 1e6,
+            "row": [row_of[(int(r), str(k))] for r, k in zip(sp["rank"], sp["kind"])],
+            "end_ms": (sp["end_ns"] - sp["rank"].map(starts)) / 1e6,
+            "unit": sp["unit"].astype(str).where(sp["unit"].astype(str) != "", "(optimizer)"),
+            "phase": sp["phase"].astype(str), "kind": sp["kind"].astype(str)})
+        frame["top"] = frame["row"] + 0.8
+        colors = unit_colors(list(dict.fromkeys(frame["unit"])))
+        ticks = [(i + 0.4, f"rank {r} · {k.replace('_', '-')}") for (r, k), i in row_of.items()]
+        return hv.Rectangles(frame, kdims=["start_ms", "row", "end_ms", "top"], vdims=["unit", "phase", "kind"]).opts(
+            color=hv.dim("unit").categorize(colors, default="#888888"), line_alpha=0, tools=["hover"],
+            yticks=ticks, invert_yaxis=True, width=900, height=60 + 22 * max(1, len(row_of)),
+            xlabel="time since step start (ms)", ylabel="", title=f"{self.label}: step {number}")
+
+    def memory_curve(self, ranks: Sequence[int] | None = None) -> hv.Overlay:
+        """Allocated memory over the analysed steps, one curve per rank (MiB, holoviews)."""
+        hv = _holoviews()
+        mem = self.memory
+        wanted = sorted(set(ranks) if ranks is not None else set(mem["rank"].tolist()))
+        t0 = int(mem["t_ns"].min()) if len(mem) else 0
+        curves = [hv.Curve(((g["t_ns"] - t0) / 1e6, g["allocated_bytes"] / 2**20), "time (ms)", "allocated (MiB)",
+                           label=f"rank {r}").opts(interpolation="steps-post")
+                  for r, g in mem[mem["rank"].isin(wanted)].groupby("rank")]
+        return hv.Overlay(curves).opts(width=900, height=300, title=f"{self.label}: allocated memory",
+                                       legend_position="top_right")
+
+    def unit_times(self) -> hv.Bars:
+        """Per unit: all-gather, forward, backward and reduce-scatter time per step (ms, holoviews)."""
+        import pandas as pd
+
+        hv = _holoviews()
+        rows = [(u.name, what, value) for u in self.summary.units
+                for what, value in (("all-gather", u.all_gather_ms), ("forward", u.forward_ms),
+                                    ("backward", u.backward_ms), ("reduce-scatter", u.reduce_scatter_ms))
+                if value is not None]
+        frame = pd.DataFrame(rows, columns=["unit", "what", "ms"])
+        return hv.Bars(frame, kdims=["unit", "what"], vdims=["ms"]).opts(
+            width=900, height=320, tools=["hover"], xrotation=30, title=f"{self.label}: per-unit times (ms/step)")
+
+    # --- pages and predictions -------------------------------------------------------------------
+    def report(self, path: PathLike) -> Path:
+        """Write the report page (as ``fsdpviz report``) to ``path``; returns the path."""
+        from fsdpviz.report.build import build_report
+
+        return build_report(self.result, path).path
+
+    def whatif(self, *, wrap: str | None = None, prefetch: int | str | None = None,
+               reshard_after_forward: bool | None = None, world_size: int | None = None,
+               gpus_per_node: int | None = None, inter_node_gbps: float | None = None) -> WhatIf:
+        """Predict another setting from this recording, as ``fsdpviz whatif`` does.
+
+        Example::
+
+            p = run.whatif(prefetch=1)
+            p.predicted.step_time_ms - p.baseline.step_time_ms
+        """
+        from fsdpviz.whatif.predict import predict, read_model
+        from fsdpviz.whatif.settings import Settings, parse_prefetch, parse_wrap
+
+        settings = Settings()
+        if wrap is not None:
+            settings = settings.with_(wrap=parse_wrap(wrap))
+        if prefetch is not None:
+            settings = settings.with_(prefetch=parse_prefetch(str(prefetch)))
+        if reshard_after_forward is not None:
+            settings = settings.with_(reshard_after_forward=bool(reshard_after_forward))
+        for key, value in (("world_size", world_size), ("gpus_per_node", gpus_per_node),
+                           ("inter_node_gbps", inter_node_gbps)):
+            if value is not None:
+                settings = settings.with_(**{key: value})
+        if self._model is None:
+            self._model = read_model(self.result)
+        return WhatIf(run=self, model=self._model, prediction=predict(self._model, settings))
+
+
+@dataclass(slots=True)
+class WhatIf:
+    """A prediction: ``baseline`` and ``predicted`` numbers, ``units`` as a DataFrame, its page."""
+
+    run: Run
+    model: Model
+    prediction: Prediction
+
+    def __repr__(self) -> str:
+        b, p = self.baseline, self.predicted
+        return (f"<fsdpviz.WhatIf {self.prediction.settings.describe()}: step {b.step_time_ms} -> "
+                f"{p.step_time_ms} ms, peak {b.peak_allocated_bytes} -> {p.peak_allocated_bytes} bytes>")
+
+    @property
+    def baseline(self) -> Any:
+        return self.prediction.baseline
+
+    @property
+    def predicted(self) -> Any:
+        return self.prediction.predicted
+
+    @property
+    def units(self) -> pd.DataFrame:
+        """The predicted units, one row each (the ``units`` of ``whatif --json``)."""
+        import pandas as pd
+
+        return pd.DataFrame([u.to_json() for u in self.predicted.units])
+
+    def to_json(self) -> dict[str, Any]:
+        """Exactly ``fsdpviz whatif --json``."""
+        return self.prediction.to_json()
+
+    def page(self, path: PathLike) -> Path:
+        """Write the what-if page (``fsdpviz whatif -o``) to ``path``; returns the path."""
+        from fsdpviz.report.whatif.build import build_whatif
+
+        return build_whatif(self.model, self.prediction, path, source=self.run.source).path
+
+
+@dataclass(slots=True)
+class Compared:
+    """A comparison of runs, as ``fsdpviz compare`` makes it."""
+
+    inputs: list[Any]
+    comparison: Comparison
+
+    @property
+    def headline(self) -> pd.DataFrame:
+        """One row per headline number (step time, overlap, memory, units...), one column per run."""
+        import pandas as pd
+
+        from fsdpviz.analysis.compare.runs import HEADLINE_FIELDS
+
+        c = self.comparison
+        return pd.DataFrame({f.label: c.values[f.key] for f in HEADLINE_FIELDS}, index=c.labels).T
+
+    def to_json(self) -> dict[str, Any]:
+        """Exactly ``fsdpviz compare --json``."""
+        from fsdpviz.analysis.compare.runs import comparison_json
+
+        return comparison_json(self.comparison)
+
+    def page(self, path: PathLike) -> Path:
+        """Write the compare page to ``path``; returns the path."""
+        from fsdpviz.report.compare.build import build_compare
+
+        return build_compare(self.inputs, path, comparison=self.comparison).path

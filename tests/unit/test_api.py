@@ -1,0 +1,86 @@
+"""The notebook API (``fsdpviz.open`` / ``fsdpviz.compare``) against the command line on the same runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import fsdpviz
+from fsdpviz.cli import main
+from fsdpviz.errors import FsdpvizError, UsageError
+
+REPO = Path(__file__).resolve().parents[2]
+SAMPLE = REPO / "sample_traces" / "fsdp2-cpu-2rank"
+ZERO3 = REPO / "sample_traces" / "zero3-cpu-2rank"
+
+
+@pytest.fixture(scope="module")
+def run() -> fsdpviz.Run:
+    return fsdpviz.open(SAMPLE, cache=False)
+
+
+def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> dict:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    out, _ = capsys.readouterr()
+    assert exc.value.code in (0, None)
+    return json.loads(out)
+
+
+def test_summary_and_tables_are_the_pipelines(run: fsdpviz.Run, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run.summary.to_json() == _cli(["summary", "--json", "--no-cache", str(SAMPLE)], capsys)
+    assert list(run.units["unit"]) == ["(root)", "blocks.0", "blocks.1"]
+    assert set(run.spans["step"]) == set(run.summary.steps)
+    assert sorted(set(run.steps["rank"])) == [0, 1]
+    assert {"all_gather", "reduce_scatter"} <= set(run.collectives["comm"].astype(str))
+    assert run.label == "fsdp2-cpu-2rank" and "fsdp2" in repr(run)
+
+
+def test_plots_have_a_row_per_rank_and_kind(run: fsdpviz.Run) -> None:
+    gantt = run.gantt(ranks=[1])
+    data = gantt.dframe()
+    steps = run.steps.groupby("step")["step_ns"].median()
+    median_step = int((steps - steps.median()).abs().idxmin())
+    spans = run.spans[(run.spans["rank"] == 1) & (run.spans["step"] == median_step)
+                      & run.spans["kind"].isin(["all_gather", "compute", "reduce_scatter", "all_reduce",
+                                                "copy_in", "copy_out"])]
+    assert len(data) == len(spans)
+    assert set(data["unit"]) == set(spans["unit"].astype(str).replace("", "(optimizer)"))
+    assert f"step {median_step}" in gantt.opts.get().kwargs["title"]
+    assert len(run.memory_curve()) == 2  # one curve per rank
+    bars = run.unit_times().dframe()
+    assert set(bars["unit"]) == {"(root)", "blocks.0", "blocks.1"}
+
+
+def test_whatif_and_compare_are_the_commands(run: fsdpviz.Run, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    predicted = run.whatif(wrap="merge:2")
+    assert predicted.to_json() == _cli(["whatif", str(SAMPLE), "--wrap", "merge:2", "--json", "-q", "--no-cache"],
+                                       capsys)
+    assert list(predicted.units["name"]) == ["(root)", "[blocks.0, blocks.1]"]
+    assert predicted.page(tmp_path / "w.html").stat().st_size > 100_000
+    compared = fsdpviz.compare([run, ZERO3], labels=["fsdp2", "zero3"])
+    assert list(compared.headline.columns) == ["fsdp2", "zero3"]
+    assert compared.headline.loc["step time", "fsdp2"] == run.summary.step_time_ms
+    assert compared.to_json()["runs"][0]["label"] == "fsdp2"
+
+
+def test_errors_are_the_command_lines(run: fsdpviz.Run, tmp_path: Path) -> None:
+    with pytest.raises(FsdpvizError, match="no such file or folder"):
+        fsdpviz.open(tmp_path / "nothing")
+    with pytest.raises(UsageError, match="analysed steps are"):
+        run.gantt(step=99)
+    with pytest.raises(UsageError, match="at least two runs"):
+        fsdpviz.compare([run])
+    with pytest.raises(UsageError, match="merge:K"):
+        run.whatif(wrap="merge:0")
+
+
+def test_importing_fsdpviz_stays_light() -> None:
+    code = "import sys, fsdpviz; print(sorted(m for m in ('pandas', 'holoviews', 'torch') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
