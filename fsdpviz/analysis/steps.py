@@ -82,6 +82,15 @@ def analysed_steps_of(rank_steps: pd.DataFrame, chosen: Sequence[int] | None) ->
                       int(ordered["end_ns"].max()))
 
 
+def exported_complete(ranks: pd.DataFrame, rank: int) -> set[int] | None:
+    """Steps an fsdpviz export lists as complete for ``rank`` (it holds only analysed steps), or None."""
+    if "complete_steps" not in ranks.columns:
+        return None
+    row = ranks.loc[ranks["rank"] == rank, "complete_steps"]
+    text = str(row.iloc[0]) if len(row) and not pd.isna(row.iloc[0]) else ""
+    return {int(s) for s in text.split(",") if s.strip()} or None
+
+
 def recorded_complete(run: RunInfo | None, rank: int) -> set[int] | None:
     """Steps run.json shows complete on ``rank`` (fsdpviz's own schedule), None when it cannot tell."""
     if run is None or run.profile.schedule != SCHEDULE_OPTIMIZER_STEPS:
@@ -129,6 +138,8 @@ def select_steps(traces: TraceSet, *, steps: Sequence[int] | None = None,
             per_rank[rank] = analysed_steps_of(rank_steps, ordered)
             continue
         complete = recorded_complete(traces.run, rank)
+        if complete is None:
+            complete = exported_complete(traces.ranks, rank)
         if complete is None:
             keep = ordered[:-1]
             why[rank] = "the trace cannot show that the profiler recorded it to its end"

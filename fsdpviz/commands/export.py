@@ -21,28 +21,42 @@ import typer
 from fsdpviz.commands.common import warn_gaps
 from fsdpviz.errors import UsageError
 
-FORMATS = ("parquet", "csv")
+FORMATS = ("parquet", "csv", "perfetto")
 
 
 def export(
     paths: Annotated[list[Path], typer.Argument(
         help="A run folder (from `fsdpviz record`), a folder of traces, or trace files "
              "(.json / .json.gz, also recorded without fsdpviz).", show_default=False)],
-    out: Annotated[Path, typer.Option("-o", "--out", help="Folder to write the tables into (created if needed).",
+    out: Annotated[Path, typer.Option("-o", "--out", help="Folder to write the tables into (created if needed); "
+                                      "with --format perfetto the trace file to write (.json or .json.gz).",
                                       show_default=False)],
-    fmt: Annotated[str, typer.Option("--format", help="parquet or csv.")] = "parquet",
+    fmt: Annotated[str, typer.Option("--format", help="parquet or csv (tables), or perfetto: one trace file for "
+                                                      "Perfetto / chrome://tracing with a track per FSDP unit "
+                                                      "phase.")] = "parquet",
     steps: Annotated[str | None, typer.Option(
         "--steps", help="ProfilerSteps to analyse, e.g. 3,4 or 3-5. Default: every step the "
                         "trace holds complete (see docs/concepts.md, 'Steps').", show_default=False)] = None,
     cache: Annotated[bool, typer.Option(
         "--cache/--no-cache", help="Reuse parsed traces cached beside them.")] = True,
+    ranks: Annotated[str | None, typer.Option(
+        "--ranks", help="perfetto: ranks to keep, e.g. 0,1 or 0-3 (default: all).", show_default=False)] = None,
+    raw: Annotated[bool, typer.Option(
+        "--raw/--no-raw", help="perfetto: also keep the ranks' original events (--no-raw: unit tracks, "
+                               "memory and nothing else; much smaller).")] = True,
 ) -> None:
-    """Write spans, units, memory, steps and findings tables (Parquet or CSV) into a folder."""
+    """Write spans, units, memory, steps and findings tables (Parquet or CSV) into a folder, or the
+    run as one Perfetto trace with FSDP unit tracks (--format perfetto)."""
     from fsdpviz.analysis.pipeline import analyse
     from fsdpviz.commands.summary import parse_steps
 
     if fmt not in FORMATS:
         raise UsageError(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}")
+    if fmt == "perfetto":
+        _export_perfetto(paths, out, steps, ranks, raw, cache)
+        return
+    if ranks is not None or not raw:
+        raise UsageError("--ranks and --no-raw apply to --format perfetto")
     if out.exists() and not out.is_dir():
         raise UsageError(f"-o {out}: exists and is not a folder")
     run = analyse(paths, steps=parse_steps(steps), cache=cache)
@@ -114,3 +128,24 @@ def write_tables(tables: dict[str, Any], out: Path, fmt: str,
     for tmp, path in staged:
         os.replace(tmp, path)
     return written
+
+
+def _export_perfetto(paths: list[Path], out: Path, steps: str | None, ranks: str | None, raw: bool,
+                     cache: bool) -> None:
+    from fsdpviz.analysis.pipeline import analyse
+    from fsdpviz.commands.common import check_output_folder
+    from fsdpviz.commands.summary import parse_numbers, parse_steps
+    from fsdpviz.report.perfetto import export_perfetto
+
+    if out.is_dir():
+        raise UsageError(f"-o {out}: a folder; --format perfetto writes one file, e.g. -o run.json.gz")
+    if not out.name.endswith((".json", ".json.gz")):
+        raise UsageError(f"-o {out}: name the file .json or .json.gz (Perfetto and chrome://tracing read both)")
+    check_output_folder(out, "the export")
+    wanted = parse_numbers(ranks, "--ranks")
+    run = analyse(paths, cache=cache)
+    warn_gaps(run.traces)
+    result = export_perfetto(run, out, steps=parse_steps(steps), ranks=wanted, raw=raw)
+    typer.echo(f"{result.path}  {result.events:,} events, {result.ranks} rank(s), "
+               f"{result.size_bytes / 1e6:.1f} MB")
+

@@ -45,6 +45,11 @@ def summary(
 
 def parse_steps(text: str | None) -> list[int] | None:
     """``"3,4"`` / ``"3-5"`` / ``"3-5,8"`` -> sorted step numbers; None when not given."""
+    return parse_numbers(text, "--steps")
+
+
+def parse_numbers(text: str | None, option: str) -> list[int] | None:
+    """``"3,4"`` / ``"3-5"`` / ``"3-5,8"`` -> sorted numbers (steps, ranks); None when not given."""
     if text is None or not text.strip():
         return None
     steps: set[int] = set()
@@ -55,7 +60,7 @@ def parse_steps(text: str | None) -> list[int] | None:
             if hi < lo:
                 raise ValueError(part)
         except ValueError:
-            raise UsageError(f"--steps: cannot read {part!r}; use numbers and ranges like 3,4 or 3-5") from None
+            raise UsageError(f"{option}: cannot read {part!r}; use numbers and ranges like 3,4 or 3-5") from None
         steps.update(range(lo, hi + 1))
     return sorted(steps)
 

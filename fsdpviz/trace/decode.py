@@ -110,6 +110,16 @@ class DeviceProperties(msgspec.Struct, gc=False):
     totalGlobalMem: Int64 | None = None
 
 
+class ExportRank(msgspec.Struct, gc=False):
+    """One rank of an fsdpviz Perfetto export (``fsdpviz export --format perfetto``)."""
+
+    rank: int
+    world_size: int | None = None
+    backend: str | None = None
+    pids: dict[str, int] = {}  # export pid -> the rank's original pid
+    complete_steps: list[int] = []  # the steps the export holds, every one complete in its source
+
+
 class KinetoTrace(msgspec.Struct, gc=False):
     """The top level of a Kineto trace file (unknown keys are skipped)."""
 
@@ -117,6 +127,7 @@ class KinetoTrace(msgspec.Struct, gc=False):
     distributedInfo: DistributedInfo | None = None
     baseTimeNanoseconds: Int64 | None = None
     deviceProperties: list[DeviceProperties] | None = None
+    fsdpvizRanks: list[ExportRank] | None = None  # several ranks in one file: an fsdpviz export
 
 
 class _LooseTrace(msgspec.Struct):

@@ -47,7 +47,8 @@ GPU_KINDS: Final = frozenset(
     {schema.KIND_KERNEL, schema.KIND_MEMCPY, schema.KIND_MEMSET, schema.KIND_GPU_ANNOTATION}
 )
 # Complete events of these categories are understood and deliberately not tabled (not "skipped").
-IGNORED_CATEGORIES: Final = frozenset({"python_function", "trace", "overhead", "cuda_profiler_range"})
+# ("fsdpviz": the unit tracks of fsdpviz's own Perfetto export, derived from the events it holds.)
+IGNORED_CATEGORIES: Final = frozenset({"python_function", "trace", "overhead", "cuda_profiler_range", "fsdpviz"})
 # Phases that carry nothing fsdpviz tables besides X (events) and i/I (memory samples).
 IGNORED_PHASES: Final = frozenset({"M", "s", "f", "t", "C", "i", "I"})
 MEMORY_EVENT: Final = "[memory]"

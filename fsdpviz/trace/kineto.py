@@ -25,7 +25,15 @@ import numpy as np
 
 from fsdpviz.errors import TraceError
 from fsdpviz.trace import comms, schema
-from fsdpviz.trace.decode import KinetoTrace, decode_raw_json, decode_trace, read_trace_bytes
+from fsdpviz.trace.decode import (
+    DistributedInfo,
+    ExportRank,
+    KinetoTrace,
+    TraceEvent,
+    decode_raw_json,
+    decode_trace,
+    read_trace_bytes,
+)
 from fsdpviz.trace.event_columns import COMM_CATEGORIES, GPU_KIND_MASK, CommArgs, EventColumns, MemorySamples
 from fsdpviz.trace.lanes import build_lanes, prefix_hits
 from fsdpviz.trace.stream import StreamFallback, iter_event_batches
@@ -82,13 +90,54 @@ def parse_trace_file(path: Path) -> RankColumns:
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _parse(path)
+        return _parse(path)[0]
     finally:
         if was_enabled:
             gc.enable()
 
 
-def _parse(path: Path) -> RankColumns:
+def parse_trace_ranks(path: Path) -> list[RankColumns]:
+    """Like :func:`parse_trace_file`, for a file that may hold several ranks: an fsdpviz Perfetto
+    export (``fsdpvizRanks``) gives one table set per rank it lists, any other trace one."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        tables, top = _parse(path)
+        if not top.fsdpvizRanks:
+            return [tables]
+        del tables
+        return _split_export(path)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _split_export(path: Path) -> list[RankColumns]:
+    """The ranks of an fsdpviz export, each with its own pids back and its distributedInfo."""
+    trace, n_bad = decode_trace(read_trace_bytes(path), path)
+    owners: dict[int, tuple[ExportRank, int]] = {}
+    for info in trace.fsdpvizRanks or []:
+        for export_pid, original in info.pids.items():
+            owners[int(export_pid)] = (info, int(original))
+    per_rank: dict[int, list[TraceEvent]] = {info.rank: [] for info in trace.fsdpvizRanks or []}
+    for event in trace.traceEvents:
+        owner = owners.get(event.pid) if isinstance(event.pid, int) else None
+        if owner is not None:
+            event.pid = owner[1]
+            per_rank[owner[0].rank].append(event)
+    out = []
+    for info in trace.fsdpvizRanks or []:
+        columns = EventColumns()
+        columns.add(per_rank[info.rank])
+        top = KinetoTrace(traceEvents=[], baseTimeNanoseconds=trace.baseTimeNanoseconds,
+                          deviceProperties=trace.deviceProperties,
+                          distributedInfo=DistributedInfo(rank=info.rank, world_size=info.world_size,
+                                                          backend=info.backend))
+        out.append(rank_columns(columns, top, path, n_skipped=n_bad, complete_steps=info.complete_steps))
+    return out
+
+
+def _parse(path: Path) -> tuple[RankColumns, KinetoTrace]:
     columns = EventColumns()
     header: list[KinetoTrace] = []
     n_bad = 0
@@ -105,7 +154,7 @@ def _parse(path: Path) -> RankColumns:
         columns.add(trace.traceEvents)
         trace.traceEvents = []
         header = [trace]
-    return rank_columns(columns, header[0], path, n_skipped=n_bad)
+    return rank_columns(columns, header[0], path, n_skipped=n_bad), header[0]
 
 
 def us_to_ns(ts_us: np.ndarray) -> np.ndarray:
@@ -114,7 +163,8 @@ def us_to_ns(ts_us: np.ndarray) -> np.ndarray:
     return whole.astype(np.int64) * 1000 + np.rint((ts_us - whole) * 1000.0).astype(np.int64)
 
 
-def rank_columns(columns: EventColumns, top: KinetoTrace, path: Path, *, n_skipped: int = 0) -> RankColumns:
+def rank_columns(columns: EventColumns, top: KinetoTrace, path: Path, *, n_skipped: int = 0,
+                 complete_steps: list[int] | None = None) -> RankColumns:
     """Build one rank's tables from its decoded events (pure; ``path`` only names the source)."""
     rank, rank_source = _rank_of(top, path)
     base_ns = int(top.baseTimeNanoseconds or 0)
@@ -162,6 +212,7 @@ def rank_columns(columns: EventColumns, top: KinetoTrace, path: Path, *, n_skipp
         "n_skipped": n_skipped + columns.n_skipped + columns.n_memory_bad,
         **dict(zip(("device_name", "device_memory_bytes"), _device(top, lanes))),
         "nccl_version": (info.nccl_version or "") if info else "",
+        "complete_steps": ",".join(map(str, complete_steps or [])),
     }
     return RankColumns(
         events=events,
@@ -317,4 +368,5 @@ def _device(trace: KinetoTrace, lanes: dict[str, list[Any]]) -> tuple[str, int]:
     return str(chosen.name), memory
 
 
-__all__ = ["COMM_CATEGORIES", "RankColumns", "parse_trace_file", "rank_columns", "rank_from_filename", "us_to_ns"]
+__all__ = ["COMM_CATEGORIES", "RankColumns", "parse_trace_file", "parse_trace_ranks", "rank_columns",
+           "rank_from_filename", "us_to_ns"]

@@ -50,7 +50,7 @@ def load_traces(
         sources.files, cache=use_cache, progress=progress, jobs=jobs, skippable=sources.scanned,
         meanwhile=meanwhile,
     )
-    kept = [(t, f) for t, f in zip(parsed, sources.files) if t is not None]
+    kept = [(t, f) for ts, f in zip(parsed, sources.files) if ts is not None for t in ts]
     skipped = [str(f) for t, f in zip(parsed, sources.files) if t is None]
     if not kept:
         folder = sources.files[0].parent
@@ -67,7 +67,7 @@ def load_traces(
         units=units_from_run(sources.run),
         run=sources.run,
         run_dir=str(sources.run_dir) if sources.run_dir is not None else None,
-        sources=[str(t.rank["path"]) for t in per_rank],
+        sources=list(dict.fromkeys(str(t.rank["path"]) for t in per_rank)),  # an export holds several ranks
         skipped=skipped,
     )
 

@@ -163,6 +163,7 @@ RANKS: Final[Schema] = {
     "n_skipped": "int64",  # events skipped (unknown phase/category, bad durations)
     "device_name": "string",  # deviceProperties[0].name, "" on CPU
     "device_memory_bytes": "int64",  # that device's totalGlobalMem, -1 if unknown (CPU)
+    "complete_steps": "string",  # fsdpviz exports: the steps shown complete, "3,4,5"; "" when unknown
     "nccl_version": "string",
 }
 

@@ -30,7 +30,7 @@ from typing import Final
 from fsdpviz.errors import FsdpvizError, TraceError
 from fsdpviz.trace.cache import load_cached, store_cached
 from fsdpviz.trace.decode import NotKinetoError
-from fsdpviz.trace.kineto import RankColumns, parse_trace_file
+from fsdpviz.trace.kineto import RankColumns, parse_trace_ranks
 
 PROGRESS_DELAY_S: Final = 0.5
 
@@ -53,20 +53,20 @@ class _Failure:
         return FsdpvizError(self.message)
 
 
-def _parse_and_store(path_text: str, use_cache: bool) -> RankColumns | _Failure:
+def _parse_and_store(path_text: str, use_cache: bool) -> list[RankColumns] | _Failure:
     path = Path(path_text)
     try:
-        tables = parse_trace_file(path)
+        tables = parse_trace_ranks(path)
     except TraceError as exc:
         return _Failure(str(exc), exc.path, exc.problem, isinstance(exc, NotKinetoError))
     except FsdpvizError as exc:
         return _Failure(str(exc))
-    if use_cache:
-        store_cached(path, tables)
+    if use_cache and len(tables) == 1:  # a multi-rank export is re-read (the cache holds one rank per file)
+        store_cached(path, tables[0])
     return tables
 
 
-def _unwrap(result: RankColumns | _Failure, skippable: bool) -> RankColumns | None:
+def _unwrap(result: list[RankColumns] | _Failure, skippable: bool) -> list[RankColumns] | None:
     if isinstance(result, _Failure):
         if result.not_kineto and skippable:
             return None
@@ -77,14 +77,16 @@ def _unwrap(result: RankColumns | _Failure, skippable: bool) -> RankColumns | No
 def parse_all(
     files: Sequence[Path], *, cache: bool, progress: bool | None, jobs: int | None,
     skippable: frozenset[Path] = frozenset(), meanwhile: Callable[[], None] | None = None,
-) -> list[RankColumns | None]:
-    """Tables for every file, in the order given; None for a file in ``skippable`` (found by
-    scanning a folder) that is JSON but not a Kineto trace. Raises the first other file's error.
+) -> list[list[RankColumns] | None]:
+    """Tables for every file, in the order given (one per rank the file holds: one, or several for
+    an fsdpviz Perfetto export); None for a file in ``skippable`` (found by scanning a folder) that
+    is JSON but not a Kineto trace. Raises the first other file's error.
 
     ``meanwhile`` is called once while the workers parse (or before parsing in this process):
     the caller's own slow start-up work, e.g. importing pandas, overlaps the parsing that way.
     """
-    results: list[RankColumns | None] = [load_cached(f) if cache else None for f in files]
+    cached = [load_cached(f) if cache else None for f in files]
+    results: list[list[RankColumns] | None] = [[c] if c is not None else None for c in cached]
     todo = [i for i, r in enumerate(results) if r is None]
     if not todo:
         return results

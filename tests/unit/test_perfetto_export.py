@@ -1,0 +1,144 @@
+"""``fsdpviz export --format perfetto``: one Chrome-trace file that Perfetto accepts and fsdpviz reads back.
+
+References: the Chrome trace event format (complete events need ``ts``/``dur``; Perfetto nests the
+complete events of one track and drops partial overlaps), the run's own analysis (its spans, steps
+and summary), and a hand-built trace whose ``Optimizer.step`` crosses a ``ProfilerStep`` boundary on
+one thread, as real traces do.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from helpers.kineto import TraceBuilder
+from synth import Scenario, generate_run, make_root, make_units
+
+from fsdpviz.analysis.pipeline import analyse
+from fsdpviz.cli import main
+from fsdpviz.report.perfetto import EXPORT_CATEGORY, export_perfetto
+
+REPO = Path(__file__).resolve().parents[2]
+SAMPLE = REPO / "sample_traces" / "fsdp2-cpu-2rank"
+GPU = Scenario(units=make_units(3, numel=4_000_000), root=make_root(), world_size=2, steps=(3, 4, 5))
+
+
+def _events(path: Path) -> list[dict]:
+    raw = path.read_bytes()
+    return json.loads(gzip.decompress(raw) if path.name.endswith(".gz") else raw)["traceEvents"]
+
+
+def _assert_nested(events: list[dict]) -> None:
+    """On every (pid, tid) track, complete events nest or are disjoint (none crosses its parent)."""
+    tracks: dict[tuple[int, int], list[tuple[float, float]]] = defaultdict(list)
+    for e in events:
+        assert isinstance(e["pid"], int) and e["ph"] in ("X", "M", "i", "C", "s", "f"), e
+        if e["ph"] == "X":
+            assert e["dur"] >= 0 and isinstance(e["ts"], float | int)
+            tracks[(e["pid"], e["tid"])].append((e["ts"], e["ts"] + e["dur"]))
+    for spans in tracks.values():
+        stack: list[float] = []
+        for start, end in sorted(spans, key=lambda s: (s[0], -s[1])):
+            while stack and stack[-1] <= start:
+                stack.pop()
+            assert not stack or end <= stack[-1] + 1e-9, (start, end, stack[-1])
+            stack.append(end)
+
+
+@pytest.fixture(scope="module")
+def gpu_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return generate_run(GPU, tmp_path_factory.mktemp("perfetto-gpu"), run_folder=True).folder
+
+
+@pytest.mark.parametrize("source", ["cpu", "gpu"])
+def test_export_reads_back_as_the_same_run(source: str, gpu_run: Path, tmp_path: Path) -> None:
+    folder = SAMPLE if source == "cpu" else gpu_run
+    run = analyse([folder], cache=False)
+    out = export_perfetto(run, tmp_path / "run.json.gz").path
+    _assert_nested(_events(out))
+    back = analyse([out], cache=False)
+    a, b = run.summary.to_json(), back.summary.to_json()
+    for key in ("framework", "world_size", "ranks", "steps", "step_time_ms"):
+        assert a[key] == b[key], key
+    assert [u["name"] for u in a["units"]] == [u["name"] for u in b["units"]]
+    for ua, ub in zip(a["units"], b["units"]):
+        for key in ("all_gather_ms", "forward_ms", "backward_ms", "reduce_scatter_ms"):
+            assert ua[key] == pytest.approx(ub[key], abs=1e-3), (ua["name"], key)
+    assert a["overlap"]["exposed_comm_ms"] == pytest.approx(b["overlap"]["exposed_comm_ms"], abs=1e-3)
+
+
+def test_unit_tracks_hold_every_span_and_the_arrows(gpu_run: Path, tmp_path: Path) -> None:
+    run = analyse([gpu_run], cache=False)
+    out = export_perfetto(run, tmp_path / "units.json", raw=False).path
+    events = _events(out)
+    spans = run.analysis.spans
+    kinds = ["all_gather", "copy_in", "compute", "copy_out", "reduce_scatter", "all_reduce"]
+    kept = spans[spans["kind"].isin(kinds)]
+    unit_slices = [e for e in events if e["ph"] == "X" and e.get("cat") == EXPORT_CATEGORY
+                   and e["name"] != "exposed communication"]
+    assert len(unit_slices) == len(kept)
+    assert not [e for e in events if e["ph"] == "X" and e.get("cat") != EXPORT_CATEGORY]  # --no-raw
+    # one all-gather -> compute arrow per unit pass that has both
+    keys = kept.assign(kind=kept["kind"].astype(str)).groupby(["rank", "step", "micro", "unit", "phase"])["kind"].agg(set)
+    both = sum(1 for k in keys if {"all_gather", "compute"} <= set(k))
+    assert sum(1 for e in events if e["ph"] == "s" and e.get("cat") == EXPORT_CATEGORY) == both
+    names = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert {"rank 0 · FSDP units", "rank 1 · FSDP units"} <= names
+    assert any(e["ph"] == "C" for e in events)  # the memory counter
+
+
+def test_crossing_events_move_to_an_overflow_track(tmp_path: Path) -> None:
+    """Optimizer.step begins inside ProfilerStep#1 and ends inside #2 on the same thread."""
+    b = TraceBuilder(rank=0, world_size=1)
+    b.step(1, 0, 1000).step(2, 1000, 1000).step(3, 2000, 1000)
+    b.annotation("Optimizer.step#AdamW.step", 900, 200)
+    b.kernel("volta_sgemm_128x64_nn", 100, 100, launch_us=10)
+    path = b.write(tmp_path / "r.json")
+    run = analyse([path], cache=False, include_last_step=True)
+    events = _events(export_perfetto(run, tmp_path / "out.json").path)
+    _assert_nested(events)
+    moved = [e for e in events if e["ph"] == "X" and e["name"] == "Optimizer.step#AdamW.step"]
+    step = next(e for e in events if e["ph"] == "X" and e["name"] == "ProfilerStep#1")
+    assert len(moved) == 1 and moved[0]["tid"] != step["tid"] and moved[0]["pid"] == step["pid"]
+    track = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"
+             and e["tid"] == moved[0]["tid"]}
+    assert len(track) == 1 and track.pop().endswith("(overlapping)")
+
+
+def test_cli_options_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def run(*argv: str) -> tuple[int, str, str]:
+        with pytest.raises(SystemExit) as exc:
+            main(["export", str(SAMPLE), "--format", "perfetto", "--no-cache", *argv])
+        out, err = capsys.readouterr()
+        return int(exc.value.code or 0), out, err
+
+    code, out, _ = run("-o", str(tmp_path / "all.json.gz"))
+    assert code == 0 and "2 rank(s)" in out
+    code, out, _ = run("-o", str(tmp_path / "one.json"), "--ranks", "1", "--steps", "3", "--no-raw")
+    assert code == 0 and "1 rank(s)" in out
+    events = _events(tmp_path / "one.json")
+    assert {e["args"]["step"] for e in events if e["ph"] == "X" and e.get("cat") == EXPORT_CATEGORY
+            and "step" in e.get("args", {})} == {3}
+    for argv, message in ((["-o", str(tmp_path)], "writes one file"),
+                          (["-o", str(tmp_path / "x.txt")], "name the file .json or .json.gz"),
+                          (["-o", str(tmp_path / "x.json"), "--ranks", "5"], "no analysed rank 5"),
+                          (["-o", str(tmp_path / "x.json"), "--steps", "9"], "not analysed")):
+        code, _, err = run(*argv)
+        assert code == 2 and err.startswith("error: ") and message in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_unit_tracks_of_64_ranks_and_80_units_stay_small(tmp_path: Path) -> None:
+    sc = Scenario(units=make_units(80, numel=1_000_000), root=make_root(), world_size=64, steps=(3, 4, 5),
+                  shared_timeline=True)
+    run = analyse([generate_run(sc, tmp_path / "big", run_folder=True).folder], cache=False)
+    plain = export_perfetto(run, tmp_path / "units.json", raw=False)
+    packed = export_perfetto(run, tmp_path / "units.json.gz", raw=False)
+    assert plain.ranks == 64 and plain.size_bytes < 50e6 and packed.size_bytes < plain.size_bytes / 5
+    spans = run.analysis.spans
+    n_slices = int(spans["kind"].isin(["all_gather", "copy_in", "compute", "copy_out", "reduce_scatter",
+                                        "all_reduce"]).sum())
+    assert plain.events > n_slices  # the slices, plus arrows, exposed strips, the memory counter, names
