@@ -88,11 +88,12 @@ def analyse_traces(traces: TraceSet, *, steps: Sequence[int] | None = None,
 
 def analyse(paths: Sequence[str | Path], *, steps: Sequence[int] | None = None, include_last_step: bool = False,
             cache: bool = True, progress: bool | None = None,
-            say: Callable[[str], None] | None = None) -> RunResult:
+            say: Callable[[str], None] | None = None, scheduler: str | None = None) -> RunResult:
     """Load ``paths`` (a run folder, a folder of traces, trace files) and analyse them.
 
     ``progress``: the loader's progress display (None: only on a terminal, for slow loads);
-    ``say``: called with one short line when loading is done (the commands' ``fsdpviz: ...`` lines).
+    ``say``: called with one short line when loading is done (the commands' ``fsdpviz: ...`` lines);
+    ``scheduler``: parse on a Dask cluster (:func:`fsdpviz.trace.load_traces`).
     Raises the loader's and the analysis' :class:`fsdpviz.errors.FsdpvizError` subclasses.
     """
     import time
@@ -100,7 +101,7 @@ def analyse(paths: Sequence[str | Path], *, steps: Sequence[int] | None = None, 
     from fsdpviz.trace import load_traces
 
     started = time.perf_counter()
-    traces = load_traces(paths, cache=cache, progress=progress)
+    traces = load_traces(paths, cache=cache, progress=progress, scheduler=scheduler)
     if say is not None:
         say(f"loaded {len(traces.rank_ids)} rank(s), {len(traces.events):,} events "
             f"in {time.perf_counter() - started:.1f} s")

@@ -43,3 +43,7 @@ def check_output_folder(path: Path | None, what: str) -> None:
     """UsageError when ``path``'s folder does not exist (``what``: "the report", "the page")."""
     if path is not None and not path.parent.is_dir():
         raise UsageError(f"{path}: cannot write {what}: folder {path.parent} does not exist")
+
+
+SCHEDULER_HELP = ("Parse the traces on the workers of this Dask scheduler (tcp://host:8786); they must see the "
+                  "same paths (docs/scale.md). Default: $FSDPVIZ_SCHEDULER, else local processes.")

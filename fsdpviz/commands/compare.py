@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from fsdpviz.commands.common import check_output_folder, progress_printer, warn_gaps
+from fsdpviz.commands.common import SCHEDULER_HELP, check_output_folder, progress_printer, warn_gaps
 from fsdpviz.errors import UsageError
 
 
@@ -28,6 +28,7 @@ def compare(
         "--json", help='Print {"runs": [summary of each run], "deltas": {...}, ...} on stdout.')] = False,
     cache: Annotated[bool, typer.Option("--cache/--no-cache", help="Reuse parsed traces cached beside them.")] = True,
     quiet: Annotated[bool, typer.Option("-q", "--quiet", help="No progress lines on stderr.")] = False,
+    scheduler: Annotated[str | None, typer.Option("--scheduler", help=SCHEDULER_HELP, show_default=False)] = None,
 ) -> None:
     """Compare runs: step time, overlap, exposed communication, memory and units, with findings."""
     from fsdpviz.analysis.compare.runs import compare_runs, comparison_json
@@ -43,7 +44,7 @@ def compare(
     started = time.perf_counter()
     say = progress_printer(quiet) or (lambda message: None)
 
-    loaded = load_runs(runs, labels, cache=cache, progress=say)
+    loaded = load_runs(runs, labels, cache=cache, progress=say, scheduler=scheduler)
     for run in loaded:
         warn_gaps(run.traces)
     comparison = compare_runs(loaded)

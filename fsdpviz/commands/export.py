@@ -18,7 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
-from fsdpviz.commands.common import warn_gaps
+from fsdpviz.commands.common import SCHEDULER_HELP, warn_gaps
 from fsdpviz.errors import UsageError
 
 FORMATS = ("parquet", "csv", "perfetto")
@@ -44,6 +44,7 @@ def export(
     raw: Annotated[bool, typer.Option(
         "--raw/--no-raw", help="perfetto: also keep the ranks' original events (--no-raw: unit tracks, "
                                "memory and nothing else; much smaller).")] = True,
+    scheduler: Annotated[str | None, typer.Option("--scheduler", help=SCHEDULER_HELP, show_default=False)] = None,
 ) -> None:
     """Write spans, units, memory, steps and findings tables (Parquet or CSV) into a folder, or the
     run as one Perfetto trace with FSDP unit tracks (--format perfetto)."""
@@ -53,13 +54,13 @@ def export(
     if fmt not in FORMATS:
         raise UsageError(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}")
     if fmt == "perfetto":
-        _export_perfetto(paths, out, steps, ranks, raw, cache)
+        _export_perfetto(paths, out, steps, ranks, raw, cache, scheduler)
         return
     if ranks is not None or not raw:
         raise UsageError("--ranks and --no-raw apply to --format perfetto")
     if out.exists() and not out.is_dir():
         raise UsageError(f"-o {out}: exists and is not a folder")
-    run = analyse(paths, steps=parse_steps(steps), cache=cache)
+    run = analyse(paths, steps=parse_steps(steps), cache=cache, scheduler=scheduler)
     traces, analysis = run.traces, run.analysis
     warn_gaps(traces)  # after the analysis: bad input stays one error line
     tables = export_tables(traces, analysis)
@@ -131,7 +132,7 @@ def write_tables(tables: dict[str, Any], out: Path, fmt: str,
 
 
 def _export_perfetto(paths: list[Path], out: Path, steps: str | None, ranks: str | None, raw: bool,
-                     cache: bool) -> None:
+                     cache: bool, scheduler: str | None) -> None:
     from fsdpviz.analysis.pipeline import analyse
     from fsdpviz.commands.common import check_output_folder
     from fsdpviz.commands.summary import parse_numbers, parse_steps
@@ -143,7 +144,7 @@ def _export_perfetto(paths: list[Path], out: Path, steps: str | None, ranks: str
         raise UsageError(f"-o {out}: name the file .json or .json.gz (Perfetto and chrome://tracing read both)")
     check_output_folder(out, "the export")
     wanted = parse_numbers(ranks, "--ranks")
-    run = analyse(paths, cache=cache)
+    run = analyse(paths, cache=cache, scheduler=scheduler)
     warn_gaps(run.traces)
     result = export_perfetto(run, out, steps=parse_steps(steps), ranks=wanted, raw=raw)
     typer.echo(f"{result.path}  {result.events:,} events, {result.ranks} rank(s), "

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from fsdpviz.commands.common import check_output_folder, progress_printer, warn_gaps
+from fsdpviz.commands.common import SCHEDULER_HELP, check_output_folder, progress_printer, warn_gaps
 from fsdpviz.commands.summary import parse_steps
 from fsdpviz.errors import UsageError
 
@@ -36,6 +36,7 @@ def report(
         show_default=False),
     cache: bool = typer.Option(True, "--cache/--no-cache", help="Reuse parsed traces cached beside them."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress lines on stderr."),
+    scheduler: str | None = typer.Option(None, "--scheduler", help=SCHEDULER_HELP, show_default=False),
 ) -> None:
     """Write the offline HTML report: per-unit Gantt, memory, overlap, step times and findings."""
     from fsdpviz.analysis.pipeline import analyse
@@ -48,7 +49,8 @@ def report(
     started = time.perf_counter()
     if say:
         say(f"loading {', '.join(str(p) for p in paths)}")
-    run = analyse(paths, steps=step_list, cache=cache, progress=False if quiet else None, say=say)
+    run = analyse(paths, steps=step_list, cache=cache, progress=False if quiet else None, say=say,
+                  scheduler=scheduler)
     written = build_report(run, output, ranks=rank_list, progress=say)
     warn_gaps(run.traces)  # after the analysis: bad input stays one error line
     if say:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from fsdpviz.commands.common import warn_gaps
+from fsdpviz.commands.common import SCHEDULER_HELP, warn_gaps
 from fsdpviz.errors import UsageError
 
 if TYPE_CHECKING:
@@ -30,11 +30,13 @@ def summary(
         "--include-last-step", help="Also analyse the last captured step when the trace cannot show it complete.")] = False,
     cache: Annotated[bool, typer.Option(
         "--cache/--no-cache", help="Reuse parsed traces cached beside them.")] = True,
+    scheduler: Annotated[str | None, typer.Option("--scheduler", help=SCHEDULER_HELP, show_default=False)] = None,
 ) -> None:
     """Print step time, communication overlap, memory peaks, per-unit times and the top findings."""
     from fsdpviz.analysis.pipeline import analyse
 
-    result = analyse(paths, steps=parse_steps(steps), include_last_step=include_last_step, cache=cache)
+    result = analyse(paths, steps=parse_steps(steps), include_last_step=include_last_step, cache=cache,
+                     scheduler=scheduler)
     summary_of_run = result.summary
     warn_gaps(result.traces)  # after the analysis: bad input stays one error line
     if as_json:

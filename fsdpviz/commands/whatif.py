@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from fsdpviz.commands.common import check_output_folder, progress_printer, warn_gaps
+from fsdpviz.commands.common import SCHEDULER_HELP, check_output_folder, progress_printer, warn_gaps
 from fsdpviz.errors import UsageError
 
 if TYPE_CHECKING:
@@ -70,6 +70,7 @@ def whatif(
                        "`fsdpviz compare` show it beside the recording, marked as predicted.")] = False,
     cache: Annotated[bool, typer.Option("--cache/--no-cache", help="Reuse parsed traces cached beside them.")] = True,
     quiet: Annotated[bool, typer.Option("-q", "--quiet", help="No progress lines on stderr.")] = False,
+    scheduler: Annotated[str | None, typer.Option("--scheduler", help=SCHEDULER_HELP, show_default=False)] = None,
 ) -> None:
     """Predict step time, communication and memory under another wrap policy, prefetch, resharding or
     world size, from one recording (see docs/whatif.md)."""
@@ -111,7 +112,7 @@ def whatif(
     from fsdpviz.whatif.predict import read_model
 
     say(f"loading {run}")
-    result = analyse([run], cache=cache, progress=False)
+    result = analyse([run], cache=cache, progress=False, scheduler=scheduler)
     model = read_model(result)
     warn_gaps(result.traces)
     rec = model.recording

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from fsdpviz.errors import DuplicateRankError, TraceError
 from fsdpviz.trace import frames
+from fsdpviz.trace.dask_engine import ENV_SCHEDULER
 from fsdpviz.trace.kineto import RankColumns
 from fsdpviz.trace.sources import read_timers, resolve_sources, units_from_run
 from fsdpviz.trace.tables import TraceSet
@@ -27,6 +28,7 @@ def load_traces(
     cache: bool = True,
     progress: bool | None = None,
     jobs: int | None = None,
+    scheduler: str | None = None,
 ) -> TraceSet:
     """Load Kineto traces into typed tables.
 
@@ -38,6 +40,8 @@ def load_traces(
         progress: show a progress bar on stderr; None = only when stderr is a terminal and
             loading takes more than a moment.
         jobs: parallel parser processes; None = one per file up to the number of CPUs.
+        scheduler: a Dask scheduler address (``tcp://host:8786``): parse on that cluster's workers
+            instead (they must see the same paths); None = ``FSDPVIZ_SCHEDULER`` if set, else local.
 
     Raises:
         TraceError, DuplicateRankError, RunFolderError, UsageError (all FsdpvizError).
@@ -46,9 +50,10 @@ def load_traces(
     use_cache = cache and os.environ.get("FSDPVIZ_NO_CACHE", "") not in ("1", "true", "yes")
     # Importing pandas takes a good part of a second: do it while the workers parse.
     meanwhile = _import_pandas if "pandas" not in sys.modules else None
+    address = scheduler or os.environ.get(ENV_SCHEDULER, "").strip() or None
     parsed = parse_all(
         sources.files, cache=use_cache, progress=progress, jobs=jobs, skippable=sources.scanned,
-        meanwhile=meanwhile,
+        meanwhile=meanwhile, scheduler=address,
     )
     kept = [(t, f) for ts, f in zip(parsed, sources.files) if ts is not None for t in ts]
     skipped = [str(f) for t, f in zip(parsed, sources.files) if t is None]

@@ -77,6 +77,7 @@ def _unwrap(result: list[RankColumns] | _Failure, skippable: bool) -> list[RankC
 def parse_all(
     files: Sequence[Path], *, cache: bool, progress: bool | None, jobs: int | None,
     skippable: frozenset[Path] = frozenset(), meanwhile: Callable[[], None] | None = None,
+    scheduler: str | None = None,
 ) -> list[list[RankColumns] | None]:
     """Tables for every file, in the order given (one per rank the file holds: one, or several for
     an fsdpviz Perfetto export); None for a file in ``skippable`` (found by scanning a folder) that
@@ -89,6 +90,16 @@ def parse_all(
     results: list[list[RankColumns] | None] = [[c] if c is not None else None for c in cached]
     todo = [i for i, r in enumerate(results) if r is None]
     if not todo:
+        return results
+    if scheduler:
+        from fsdpviz.trace.dask_engine import parse_on_cluster
+
+        if meanwhile is not None:
+            meanwhile()
+        parsed = parse_on_cluster([files[i] for i in todo], scheduler, cache=cache, progress=progress,
+                                  skippable=skippable)
+        for i, tables in zip(todo, parsed):
+            results[i] = tables
         return results
     n_jobs = _job_count(jobs, len(todo), parent_idle=meanwhile is not None)
     if n_jobs == 0:

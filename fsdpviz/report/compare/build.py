@@ -51,6 +51,7 @@ def _say(progress: Progress | None, message: str) -> None:
 
 
 def load_runs(paths: Sequence[str | Path], labels: Sequence[str] | None = None, *, cache: bool = True,
+              scheduler: str | None = None,
               progress: Progress | None = None) -> list[RunInput]:
     """Load and analyse each run (a run folder, a folder of traces or one trace file per run).
 
@@ -72,7 +73,7 @@ def load_runs(paths: Sequence[str | Path], labels: Sequence[str] | None = None, 
         path = Path(raw)
         _say(progress, f"run {i + 1}/{len(paths)}: loading {path}")
         try:
-            result = analyse([path], cache=cache, progress=False)
+            result = analyse([path], cache=cache, progress=False, scheduler=scheduler)
             result.summary  # noqa: B018 - analysed here, so that an error names this run
         except FsdpvizError as exc:
             if str(path) in str(exc):

@@ -1,0 +1,124 @@
+"""``--scheduler``: the ranks parsed on a real Dask cluster (a scheduler and two worker processes on
+127.0.0.1), against the same commands run locally.
+
+References: the local run's own ``summary --json`` (the cluster must give the same bytes), a worker
+killed while it parses (Dask gives its task to the other worker: the same answer, no hang), and a
+port nothing listens on (one ``error:`` line within seconds).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from helpers.jobs import fsdpviz, unused_port
+from synth import Scenario, generate_run, make_root, make_units
+
+pytest.importorskip("distributed")
+
+DASK = [sys.executable, "-m", "distributed.cli.dask_scheduler"]
+WORKER = [sys.executable, "-m", "distributed.cli.dask_worker"]
+
+
+class Cluster:
+    def __init__(self, address: str, scheduler: subprocess.Popen, workers: list[subprocess.Popen]) -> None:
+        self.address, self.scheduler, self.workers = address, scheduler, workers
+
+
+def _start(argv: list[str], log: Path) -> subprocess.Popen:
+    return subprocess.Popen(argv, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    from distributed import Client
+
+    logs = tmp_path_factory.mktemp("dask-logs")
+    port = unused_port()
+    address = f"tcp://127.0.0.1:{port}"
+    scheduler = _start([*DASK, "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"], logs / "scheduler.log")
+    workers = [_start([*WORKER, address, "--nthreads", "1", "--no-dashboard", "--name", f"w{i}",
+                       "--death-timeout", "60"], logs / f"worker{i}.log") for i in range(2)]
+    try:
+        with Client(address, timeout=30, set_as_default=False) as client:
+            client.wait_for_workers(2, timeout=60)
+        yield Cluster(address, scheduler, workers)
+    finally:
+        for proc in [*workers, scheduler]:
+            _stop(proc)
+
+
+@pytest.fixture(scope="module")
+def run_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    sc = Scenario(units=make_units(6, numel=2_000_000), root=make_root(), world_size=16, steps=(3, 4, 5),
+                  kernels_per_unit=24, shared_timeline=True)
+    return generate_run(sc, tmp_path_factory.mktemp("dask-run"), run_folder=True).folder
+
+
+def _json(*argv: str, env: dict[str, str] | None = None) -> dict:
+    proc = fsdpviz(*argv, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.slow
+def test_the_cluster_gives_the_local_answer(cluster: Cluster, run_folder: Path, tmp_path: Path) -> None:
+    local = _json("summary", "--json", "--no-cache", str(run_folder))
+    assert _json("summary", "--json", "--no-cache", "--scheduler", cluster.address, str(run_folder)) == local
+    # the environment variable does the same, for every command
+    env = dict(os.environ, FSDPVIZ_SCHEDULER=cluster.address)
+    assert _json("summary", "--json", "--no-cache", str(run_folder), env=env) == local
+    page = tmp_path / "report.html"
+    proc = fsdpviz("report", "--no-cache", "--scheduler", cluster.address, "-o", str(page), str(run_folder))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert page.stat().st_size > 100_000
+
+
+@pytest.mark.slow
+def test_a_killed_worker_costs_a_retry_not_the_job(cluster: Cluster, run_folder: Path) -> None:
+    from distributed import Client
+
+    local = _json("summary", "--json", "--no-cache", str(run_folder))
+    job = subprocess.Popen([sys.executable, "-m", "fsdpviz", "summary", "--json", "--no-cache", "--scheduler",
+                            cluster.address, str(run_folder)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    victim = cluster.workers[0]
+    killed = False
+    with Client(cluster.address, timeout=30, set_as_default=False) as client:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and job.poll() is None and not killed:
+            busy = {addr: tasks for addr, tasks in client.processing().items() if tasks}
+            names = {addr: info.get("name") for addr, info in client.scheduler_info()["workers"].items()}
+            if any(names.get(addr) == "w0" for addr in busy):
+                _stop(victim)  # in the middle of parsing a rank
+                killed = True
+            time.sleep(0.02)
+    out, err = job.communicate(timeout=300)
+    assert killed, "the job ended before a worker could be killed"
+    assert job.returncode == 0, err[-2000:]
+    assert json.loads(out) == local
+
+
+@pytest.mark.slow
+def test_an_unreachable_scheduler_is_one_error_line(run_folder: Path) -> None:
+    started = time.monotonic()
+    proc = fsdpviz("summary", "--scheduler", f"tcp://127.0.0.1:{unused_port()}", str(run_folder), timeout=60)
+    assert proc.returncode == 2
+    assert time.monotonic() - started < 20
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --scheduler tcp://127.0.0.1:")
+    assert "cannot reach the Dask scheduler" in lines[0]
