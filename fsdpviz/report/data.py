@@ -142,6 +142,9 @@ def findings_text(findings: pd.DataFrame, predicted: dict[str, str] | None = Non
     return out
 
 
+GAIN_RANKS = 4  # ranks the findings' predicted gains are simulated on
+
+
 def predicted_gains(run: RunResult, findings: pd.DataFrame) -> dict[str, str]:
     """Knob -> its predicted gain (``fsdpviz.whatif.gains``) for the findings' knobs; empty when
     the recording cannot be read for prediction (no units, another framework)."""
@@ -150,8 +153,8 @@ def predicted_gains(run: RunResult, findings: pd.DataFrame) -> dict[str, str]:
     from fsdpviz.whatif.gains import gains
     from fsdpviz.whatif.predict import read_model
 
-    try:
-        model = read_model(run)
+    try:  # a few ranks are enough for a sentence, and keep a 1000-rank report from simulating every rank
+        model = read_model(run, ranks=sorted(run.analysis.ranks)[:GAIN_RANKS])
     except FsdpvizError:
         return {}
     return gains(model, findings["knob"].astype(str))

@@ -10,6 +10,7 @@ does not explain cancels out instead of being blamed on the setting.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,14 +91,17 @@ class Prediction:
                 "replay_error_pct": round(self.replay_error_pct, 2), "notes": self.notes}
 
 
-def read_model(result: RunResult) -> Model:
-    """Read ``result`` for prediction; an error when it holds nothing the model can use."""
+def read_model(result: RunResult, ranks: Sequence[int] | None = None) -> Model:
+    """Read ``result`` for prediction; an error when it holds nothing the model can use.
+
+    ``ranks``: read only these ranks' steps (a quicker, rougher model for a big run: the baseline
+    stays the whole run's, the predicted change is the mean over these ranks)."""
     analysis = result.analysis
     if not analysis.has_units or analysis.units.empty:
         raise UsageError("the recording has no FSDP units (no FSDP2 / FSDP1 / ZeRO-3 labels): nothing to predict")
     if analysis.framework not in SUPPORTED:
         raise UsageError(f"framework {analysis.framework}: predictions cover FSDP2, FSDP1 and ZeRO-3")
-    rec = read_recording(result)
+    rec = read_recording(result, ranks)
     if not rec.steps:
         raise UsageError("no analysed step holds a complete forward and backward: nothing to predict")
     samples = [("all_gather", g.bytes, g.comm_ns) for s in rec.steps for g in s.gathers]

@@ -27,7 +27,7 @@ buffers are not read from the curve but follow from the units' sizes (:mod:`.pro
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -210,8 +210,8 @@ class BusyClock:
         return max(0.0, self(b) - self(a))
 
 
-def read_recording(result: RunResult) -> Recording:
-    """The programs of every analysed rank and step of ``result``."""
+def read_recording(result: RunResult, ranks: Sequence[int] | None = None) -> Recording:
+    """The programs of every analysed rank and step of ``result`` (of ``ranks`` only, when given)."""
     analysis = result.analysis
     traces = result.traces
     offsets = crossrank.applied_offsets(analysis.clock)
@@ -230,7 +230,7 @@ def read_recording(result: RunResult) -> Recording:
     by = {name: frame.groupby("rank", sort=True) for name, frame in (
         ("spans", analysis.spans), ("windows", analysis.windows), ("labels", analysis.labels),
         ("events", events), ("steps", steps), ("times", analysis.step_times))}
-    for rank in analysis.ranks:
+    for rank in analysis.ranks if ranks is None else [r for r in analysis.ranks if r in set(ranks)]:
         parts = {name: _group(g, rank) for name, g in by.items()}
         ev = parts["events"]
         clock = _busy_clock(ev, parts["spans"], host_lanes, rank, gpu)
