@@ -13,6 +13,8 @@ from fsdpviz.report.style import format_ms
 if TYPE_CHECKING:
     from fsdpviz.report.data import ReportData
 
+HEATMAP_RANKS = 32  # beyond this many ranks, rank x step heat maps replace per-rank boxes and bars
+
 HOWTO_STEPS = (
     "Step time of every recorded step on every rank: per step, the spread over ranks (a tall box means "
     "some rank was late, and everyone else waits for it at the next collective); per rank, the spread "
@@ -42,12 +44,26 @@ def steps_section(data: ReportData) -> Section:
             facts.append(Fact(label="largest rank spread", value=format_ms(float(worst["spread_ms"])),
                               hint=f"step {int(worst['step'])}, slowest rank {int(worst['slowest_rank'])}"))
         facts.append(Fact(label="median step time", value=format_ms(float(times["ms"].median()))))
-        views.append(plots.step_time_spread(times))
-    breakdown = steps_data.step_breakdown(data.rank_step_times)
+        many = times["rank"].nunique() > HEATMAP_RANKS
+        if many:
+            notes.append(f"{times['rank'].nunique()} ranks: step time and exposed communication are drawn as "
+                         "rank x step heat maps (a cell per rank and step) instead of one box or bar per rank.")
+            views.append(plots.rank_step_heatmap(times, value="ms", label="step time",
+                                                 title="step time per rank and step", cmap="viridis"))
+        else:
+            views.append(plots.step_time_spread(times))
+    rank_times = data.rank_step_times
+    if rank_times is not None and not rank_times.empty and rank_times["rank"].nunique() > HEATMAP_RANKS:
+        heat = rank_times.assign(exposed_ms=rank_times["exposed_comm_ns"] / 1e6)
+        views.append(plots.rank_step_heatmap(heat, value="exposed_ms", label="exposed communication",
+                                             title="exposed communication per rank and analysed step",
+                                             cmap="Reds"))
+        rank_times = None  # the per-rank bars below would be a thousand bars
+    breakdown = steps_data.step_breakdown(rank_times)
     if not breakdown.empty:
         views.append(plots.rank_bars(breakdown, part="part", colors=steps_data.STEP_PART_COLORS, stacked=True,
                                      title="where each rank's step went (training threads, median per step)"))
-    waits = steps_data.rank_waits(data.rank_step_times)
+    waits = steps_data.rank_waits(rank_times)
     if not waits.empty:
         views.append(plots.rank_bars(waits, part="what", stacked=False,
                                      colors={"exposed communication": "#d62728", "late to collectives": "#9467bd"},
