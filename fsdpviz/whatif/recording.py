@@ -36,7 +36,7 @@ import pandas as pd
 from pandas.core.groupby import DataFrameGroupBy
 
 from fsdpviz.analysis import crossrank
-from fsdpviz.analysis.intervals import subtract_intervals, union_intervals
+from fsdpviz.analysis.intervals import intersect_intervals, subtract_intervals, total_ns, union_intervals
 from fsdpviz.analysis.labels import (
     COPY_OUT_ACTION,
     FAMILY_FSDP2,
@@ -311,6 +311,10 @@ def _pass_frames(wins: list[_Window]) -> Iterator[tuple[str, str, int, int, int]
             kids = tops[-1][1]
             if not kids or w.start >= kids[-1].end:  # a direct child (deeper nesting folds into its parent)
                 kids.append(w)
+            elif w.end > kids[-1].end:
+                # overlapping siblings (FSDP1's backward prefetch opens the next unit's window inside
+                # this one's): one after the other on the host, the later from where the earlier ends
+                kids.append(_Window(w.unit, w.phase, w.micro, kids[-1].end, w.end))
             continue
         tops.append((w, []))
     prev_end: int | None = None
@@ -329,6 +333,8 @@ def _pass_frames(wins: list[_Window]) -> Iterator[tuple[str, str, int, int, int]
 def _read_step(rank: int, step: int, t0: int, t1: int, parts: dict[str, pd.DataFrame], clock: BusyClock,
                work: pd.DataFrame | None, samples: pd.DataFrame, gpu: bool) -> StepProgram:
     spans = parts["spans"][(parts["spans"]["step"] == step).to_numpy()]
+    if not gpu:
+        spans = _with_wait_start(spans)
     labels = parts["labels"][(parts["labels"]["step"] == step).to_numpy()]
     windows = parts["windows"][(parts["windows"]["step"] == step).to_numpy()]
     gather_labels = labels[(labels["action"] == GATHER_ACTION).to_numpy()]
@@ -382,8 +388,9 @@ def _read_step(rank: int, step: int, t0: int, t1: int, parts: dict[str, pd.DataF
             for unit, part, a, b, gap_from in _pass_frames(wins):
                 frames.append((micro, unit, phase, part, a, b))
                 mine = comp[((comp["unit"] == unit) & (comp["phase"] == phase) & (comp["micro"] == micro)).to_numpy()]
-                issue = mine["issue_ns"].to_numpy(np.int64)
-                mine = mine[(issue >= a) & (issue < b)]
+                if part:  # the root's compute before (a) and after (b) its children; a unit's is all its own
+                    issue = mine["issue_ns"].to_numpy(np.int64)
+                    mine = mine[(issue >= a) & (issue < b)]
                 labels_busy = busy_in(g_start, g_end, a, b) + busy_in(c_start, c_end, a, b)
                 total = clock.between(a, b) - labels_busy
                 if len(mine):
@@ -474,10 +481,38 @@ def _sum_use(uses: list[MemoryUse]) -> MemoryUse:
     return MemoryUse(net=net, rise=rise)
 
 
-def _comm_ns(rows: pd.DataFrame, gpu: bool) -> float:
-    """A collective's time: on its stream (GPU), or from its issue to its end (CPU: what the host waits)."""
-    start = rows["start_ns"] if gpu else rows["issue_ns"]
-    return float((rows["end_ns"] - start).sum())
+def _comm_ns(rows: pd.DataFrame, gpu: bool, compute: pd.DataFrame | None = None) -> float:
+    """A collective's time: on its stream (GPU), or what the host waited for it (CPU: from its issue
+    to its end, less the compute the host did meanwhile -- ZeRO-3 issues its prefetches
+    asynchronously -- which the busy clock already counts as the host's own time)."""
+    if gpu:
+        return float((rows["end_ns"] - rows["start_ns"]).sum())
+    start = rows["wait_from_ns"] if "wait_from_ns" in rows.columns else rows["issue_ns"]
+    total = float((rows["end_ns"] - start).clip(lower=0).sum())
+    if compute is None or compute.empty or rows.empty:
+        return total
+    busy = union_intervals(compute["start_ns"].to_numpy(np.int64), compute["end_ns"].to_numpy(np.int64))
+    waits = union_intervals(start.to_numpy(np.int64), rows["end_ns"].to_numpy(np.int64))
+    return float(total - total_ns(intersect_intervals(waits, busy)))
+
+
+def _with_wait_start(spans: pd.DataFrame) -> pd.DataFrame:
+    """CPU: when each collective's own wait begins -- its issue, or the end of the collective before
+    it on the same gloo thread when that ran later (ZeRO-3 issues several prefetches at once: each
+    one's issue-to-end would hold the ones queued before it)."""
+    comm = spans["kind"].isin(list(COMM_KINDS)).to_numpy()
+    wait_from = spans["issue_ns"].to_numpy(np.int64).copy()
+    if comm.any():
+        sub = spans[comm].sort_values("start_ns", kind="stable")
+        for _, rows in sub.groupby("lane", sort=False):
+            prev = np.concatenate([[np.iinfo(np.int64).min], np.maximum.accumulate(
+                rows["end_ns"].to_numpy(np.int64))[:-1]])
+            # rows of one collective that carried several units share its times: same wait start
+            same = np.concatenate([[False], (rows["start_ns"].to_numpy()[1:] == rows["start_ns"].to_numpy()[:-1])])
+            prev = np.where(same, np.concatenate([[np.iinfo(np.int64).min], prev[:-1]]), prev)
+            positions = spans.index.get_indexer(rows.index)
+            wait_from[positions] = np.maximum(rows["issue_ns"].to_numpy(np.int64), prev)
+    return spans.assign(wait_from_ns=wait_from)
 
 
 def _segment(a: float, b: float, clock: BusyClock, work: pd.DataFrame | None, spans: pd.DataFrame, gpu: bool,
@@ -532,7 +567,7 @@ def _gathers(spans: pd.DataFrame, gather_labels: pd.DataFrame, copy_out_labels: 
         out.append(Gather(
             unit=unit, phase=phase, micro=micro, bytes=int(rows["bytes"].clip(lower=0).sum()), host_ns=host,
             copy_in_ns=float((ci["end_ns"] - ci["start_ns"]).sum()) if gpu else 0.0,
-            comm_ns=_comm_ns(rows, gpu),
+            comm_ns=_comm_ns(rows, gpu, spans[(spans["kind"] == schema.SPAN_COMPUTE).to_numpy()]),
             copy_out_host_ns=float(sum(clock.between(s, e) for s, e in zip(co_lab["start_ns"], co_lab["end_ns"]))),
             copy_out_ns=float((co["end_ns"] - co["start_ns"]).sum()) if gpu else 0.0,
             issued_in=_issuer(frames, micro, issue),
