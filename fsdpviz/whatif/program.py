@@ -308,9 +308,8 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
                     unsharded.add(unit)  # never sharded: nothing to gather
                 if lead and unit not in unsharded:
                     if unit not in issued:
-                        issued[unit] = _issue(ops, gathers, gather_cost(unit, phase, _own_gather(step, micro, unit,
-                                                                                                 phase, members)),
-                                              settings, rec)
+                        own = _own_gather(step, micro, unit, phase, members)
+                        issued[unit] = _issue(ops, gathers, gather_cost(unit, phase, own), settings)
                     gathered = issued.pop(unit)
                     ops.append(CopyOutOp(gathered))
                     unsharded.add(unit)
@@ -330,7 +329,7 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
                                                     prefetch):
                         if target not in unsharded and target not in issued:
                             recorded = _own_gather(step, micro, target, phase, members)
-                            issued[target] = _issue(ops, gathers, gather_cost(target, phase, recorded), settings, rec)
+                            issued[target] = _issue(ops, gathers, gather_cost(target, phase, recorded), settings)
                 ops.append(ComputeOp(unit, phase, p.compute_ns * compute_scale, p.memory))
                 post = p.post_ns if last else max(0.0, p.post_ns - p.post_framework_ns)
                 before_reduce = post - (p.reduce_after_ns if last else 0.0)
@@ -378,9 +377,9 @@ def _passes(step: StepProgram, micro: int, phase: str) -> list[Pass]:
     return mb.forward if phase == FORWARD else mb.backward
 
 
-def _issue(ops: list[Op], gathers: list[SimGather], g: SimGather, settings: Settings, rec: Recording) -> int:
+def _issue(ops: list[Op], gathers: list[SimGather], g: SimGather, settings: Settings) -> int:
+    """Issue all-gather ``g`` here; with no prefetch it waits for the compute before it."""
     g.after_compute = settings.prefetch == "none"
-    del rec
     gathers.append(g)
     ops.append(GatherOp(len(gathers) - 1))
     return len(gathers) - 1
