@@ -14,7 +14,9 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,16 +62,32 @@ def _marked(marker: str) -> list[int]:
 
 
 def run_job(argv: list[str], *, env: dict[str, str] | None = None, cwd: Path = REPO,
-            timeout: float = 300) -> subprocess.CompletedProcess:
+            timeout: float = 300, finished: Callable[[], bool] | None = None,
+            grace: float = 60) -> subprocess.CompletedProcess:
     """Run ``argv`` to its end; after ``timeout`` seconds every process of the job is killed (the
     launcher, its workers, anything they started) and the result says so: exit code -9, what was
-    printed so far, ``(killed after N s)`` on stderr. A hung job can never hold the suite."""
+    printed so far, ``(killed after N s)`` on stderr. A hung job can never hold the suite.
+
+    ``finished``: polled every second; once it says the job's work is done (e.g. every rank wrote
+    its last loss), the job gets ``grace`` more seconds to exit, not the rest of ``timeout``."""
     marker = uuid.uuid4().hex
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
                             env={**(env or record_env()), JOB_MARKER: marker}, start_new_session=True)
+    started = time.monotonic()
+    deadline = started + timeout
     try:
-        out, err = proc.communicate(timeout=timeout)
+        while True:
+            try:  # a TimeoutExpired here loses no output: communicate() resumes where it stopped
+                out, err = proc.communicate(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
+                break
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= deadline:
+                    raise
+                if finished is not None and finished():
+                    deadline = min(deadline, time.monotonic() + grace)
+                    finished = None
     except subprocess.TimeoutExpired:
+        timeout = time.monotonic() - started
         for pid in _marked(marker):
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -80,9 +98,10 @@ def run_job(argv: list[str], *, env: dict[str, str] | None = None, cwd: Path = R
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
-def fsdpviz(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+def fsdpviz(*args: str, env: dict[str, str] | None = None, timeout: float = 300,
+            finished: Callable[[], bool] | None = None) -> subprocess.CompletedProcess:
     """``python -m fsdpviz ARGS`` from the repository root (see :func:`run_job`)."""
-    return run_job([sys.executable, "-m", "fsdpviz", *args], env=env, timeout=timeout)
+    return run_job([sys.executable, "-m", "fsdpviz", *args], env=env, timeout=timeout, finished=finished)
 
 
 def record_argv(run_dir: Path, command: list[str], *options: str) -> list[str]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -110,10 +111,16 @@ def _hung_after_training(done: subprocess.CompletedProcess, template: str, ranks
     return done.returncode == -9 and all(len(v) > 0 for v in _losses(template, ranks).values())
 
 
+def _trained(template: str, ranks: int) -> Callable[[], bool]:
+    """Whether every rank has written the loss of its last step: after that a run that does not
+    exit within a minute (fsdpviz's summary and report included) hung on its way out."""
+    return lambda: all(len(v) >= STEPS for v in _losses(template, ranks).values())
+
+
 def _run(argv: list[str], cwd: Path, losses: str, ranks: int) -> subprocess.CompletedProcess:
     for _ in range(TRIES):
         _clear_losses(losses, ranks)
-        done = run_job(argv, cwd=cwd, timeout=RUN_TIMEOUT_S)
+        done = run_job(argv, cwd=cwd, timeout=RUN_TIMEOUT_S, finished=_trained(losses, ranks))
         if not teardown_crash(done) and not _hung_after_training(done, losses, ranks):
             return done
     return done
@@ -139,7 +146,8 @@ class ClientRuns:
                 _clear_losses(losses, client.ranks)
                 outputs = () if client.report else ("--no-report",)
                 proc = fsdpviz("record", "--out", str(run_dir), "--steps", str(len(PROFILED)), *outputs, "--",
-                               *client.argv(losses, folder / "trainer-out"), env=record_env(), timeout=RUN_TIMEOUT_S)
+                               *client.argv(losses, folder / "trainer-out"), env=record_env(), timeout=RUN_TIMEOUT_S,
+                               finished=_trained(losses, client.ranks))
                 if not teardown_crash(proc) and not _hung_after_training(proc, losses, client.ranks):
                     break
             bare = None

@@ -32,3 +32,15 @@ def test_a_timed_out_job_leaves_no_process_behind() -> None:
         time.sleep(0.1)
     else:
         raise AssertionError(f"worker {worker} still runs")
+
+
+def test_a_job_whose_work_is_done_gets_only_its_grace(tmp_path) -> None:
+    """Once ``finished`` says so (here: the job wrote its last line), a job that does not exit is
+    killed after ``grace`` seconds, not at its full timeout."""
+    flag = tmp_path / "done.txt"
+    script = f"import time, pathlib; pathlib.Path({str(flag)!r}).write_text('x'); time.sleep(600)"
+    started = time.monotonic()
+    done = run_job([sys.executable, "-c", script], timeout=120, finished=flag.exists, grace=2)
+    took = time.monotonic() - started
+    assert done.returncode == -9 and "(killed after" in done.stderr
+    assert took < 30, took
