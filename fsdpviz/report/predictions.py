@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from fsdpviz.report.html import HtmlTable, Section, TableCell
-from fsdpviz.report.style import format_bytes, format_ms
+from fsdpviz.report.style import format_bytes, format_change, format_ms
 
 if TYPE_CHECKING:
     from fsdpviz.report.data import ReportData
@@ -26,14 +26,6 @@ def _text(value: Any, unit: str) -> str:
     return format_bytes(float(value)) or "n/a" if unit == "bytes" else format_ms(float(value))
 
 
-def _change(before: Any, after: Any, unit: str) -> str:
-    if before is None or after is None:
-        return ""
-    diff = float(after) - float(before)
-    text = (("+" if diff >= 0 else "−") + (format_bytes(abs(diff)) or "0 B")) if unit == "bytes" else f"{diff:+.3g} ms"
-    return text + (f" ({100 * diff / float(before):+.1f} %)" if before else "")
-
-
 def predictions_table(saved: list[SavedPrediction]) -> HtmlTable:
     """Recorded, then one column per saved prediction (marked predicted)."""
     baseline = saved[0].baseline
@@ -43,7 +35,7 @@ def predictions_table(saved: list[SavedPrediction]) -> HtmlTable:
         row = [TableCell(text=label, header=True), TableCell(text=_text(baseline.get(key), unit))]
         for p in saved:
             value = p.predicted.get(key)
-            row.append(TableCell(text=_text(value, unit), sub=_change(p.baseline.get(key), value, unit),
+            row.append(TableCell(text=_text(value, unit), sub=format_change(p.baseline.get(key), value, unit),
                                  hint="predicted by fsdpviz whatif"))
         rows.append(row)
     return HtmlTable(columns=columns, rows=rows)

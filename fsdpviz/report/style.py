@@ -91,3 +91,13 @@ def sentence(text: str) -> str:
     """``text`` as a sentence: a capital first letter and a final full stop."""
     text = str(text).strip()
     return (text[:1].upper() + text[1:] + ("" if text.endswith(".") else ".")) if text else text
+
+
+def format_change(before: float | None, after: float | None, unit: str) -> str:
+    """``after`` against ``before``: ``+1.2 ms (+3.4 %)`` or ``−3.0 MiB (−8.1 %)``; "" if either is unknown."""
+    if before is None or after is None:
+        return ""
+    diff = float(after) - float(before)
+    text = ("+" if diff >= 0 else "−") + (format_bytes(abs(diff)) or "0 B") if unit == "bytes" else f"{diff:+.3g} ms"
+    return text + (f" ({100 * diff / float(before):+.1f} %)" if before else "")
+

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fsdpviz.analysis.pipeline import RunResult
@@ -162,16 +162,12 @@ def predict(model: Model, settings: Settings) -> Prediction:
 def _for_program(settings: Settings) -> Settings:
     """The program builder reads an unchanged prefetch as "replay the recorded issue order"."""
     if settings.sources.get("prefetch") != GIVEN:
-        from dataclasses import replace
-
         return replace(settings, prefetch="recorded")
     return settings
 
 
 def _filled(settings: Settings, rec: Recording) -> Settings:
     """``settings`` with every value filled in: recorded ones from the recording, defaults stated."""
-    from dataclasses import replace
-
     sources = dict(settings.sources)
     values: dict[str, Any] = {}
     if sources.get("wrap") != GIVEN:

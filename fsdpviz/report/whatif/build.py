@@ -9,7 +9,7 @@ from typing import Any
 
 from fsdpviz.errors import RunFolderError
 from fsdpviz.report.html import Fact, HtmlTable, LegendItem, Page, Section, TableCell, write_page
-from fsdpviz.report.style import format_bytes, unit_colors
+from fsdpviz.report.style import format_bytes, format_change, unit_colors
 from fsdpviz.whatif.predict import Model, Outcome, Prediction
 
 HOWTO_NUMBERS = (
@@ -38,24 +38,16 @@ class WhatifPage:
     seconds: float
 
 
-def _delta(before: float | None, after: float | None, unit: str) -> str:
-    if before is None or after is None:
-        return ""
-    diff = after - before
-    text = ("+" if diff >= 0 else "−") + (format_bytes(abs(diff)) or "0 B") if unit == "bytes" else f"{diff:+.3g} ms"
-    return text + (f" ({100 * diff / before:+.1f} %)" if before else "")
-
-
 def numbers_table(baseline: Outcome, predicted: Outcome) -> HtmlTable:
     rows: list[list[TableCell]] = []
     for label, key in (("step time", "step_time_ms"), ("exposed communication", "exposed_comm_ms"),
                        ("communication", "comm_ms"), ("compute", "compute_ms")):
         b, p = getattr(baseline, key), getattr(predicted, key)
         rows.append([TableCell(text=label, header=True), TableCell(text=f"{b:,.3f} ms"),
-                     TableCell(text=f"{p:,.3f} ms", sub=_delta(b, p, "ms"))])
+                     TableCell(text=f"{p:,.3f} ms", sub=format_change(b, p, "ms"))])
     b_peak, p_peak = baseline.peak_allocated_bytes, predicted.peak_allocated_bytes
     rows.append([TableCell(text="peak allocated", header=True), TableCell(text=format_bytes(b_peak) or "n/a"),
-                 TableCell(text=format_bytes(p_peak) or "n/a", sub=_delta(b_peak, p_peak, "bytes"))])
+                 TableCell(text=format_bytes(p_peak) or "n/a", sub=format_change(b_peak, p_peak, "bytes"))])
     return HtmlTable(columns=["", "recorded", "predicted"], rows=rows)
 
 
