@@ -45,10 +45,28 @@ def _names(events: pd.DataFrame) -> list[str]:
     return [str(n) for n in names.unique()]
 
 
+def framework_evidence(events: pd.DataFrame) -> list[str]:
+    """The event names :func:`decide_from_names` reads: one name per label family present, so that
+    a rank's evidence is a handful of strings however many events it has."""
+    found: dict[str, str] = {}
+    for name in _names(events):
+        for prefix in (FSDP2_PREFIX, FSDP1_PREFIX, FSDPVIZ_ENGINE_PREFIX, FSDPVIZ_PREFIX):
+            if name.startswith(prefix):
+                found.setdefault(prefix, name)
+        if name == DDP_FORWARD:
+            found[DDP_FORWARD] = name
+    return list(found.values())
+
+
 def decide_framework(traces: TraceSet) -> str:
     """``fsdp2`` / ``fsdp1`` / ``zero3`` / ``ddp`` / ``unknown`` (see the module docstring)."""
-    names = _names(traces.events)
-    recorded = traces.run.framework if traces.run is not None else "unknown"
+    return decide_from_names(_names(traces.events), traces.run.framework if traces.run is not None else None)
+
+
+def decide_from_names(names: list[str], recorded: str | None) -> str:
+    """The decision of :func:`decide_framework` from the event names present in any rank
+    (:func:`framework_evidence` of each is enough) and run.json's framework (None without one)."""
+    recorded = recorded or "unknown"
     if any(n.startswith(FSDP2_PREFIX) for n in names):
         return "fsdp2"
     if any(n.startswith(FSDP1_PREFIX) for n in names):
@@ -71,7 +89,8 @@ def unconnected_ranks_note(traces: TraceSet) -> Note | None:
     """A warning when a job of several ranks shows no collective in any trace: its processes trained
     alone (``accelerate launch`` without GPUs can start unconnected processes)."""
     world = traces.world_size
-    if world < 2 or not len(traces.events) or (traces.events["comm"] != "").any():
+    counts = traces.ranks
+    if world < 2 or not int(counts["n_events"].sum()) or int(counts["n_comm_events"].sum()):
         return None
     return Note(UNCONNECTED_RANKS, f"no rank communicated: the traces hold no collective although the world size "
                 f"is {world}, so the processes trained independently of each other, not as one distributed job; "

@@ -12,7 +12,7 @@ by default every ProfilerStep the trace holds complete.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,7 +46,7 @@ from fsdpviz.analysis.labels import (
 from fsdpviz.analysis.overlap import cpu_sets, gpu_sets
 from fsdpviz.analysis.records import CLOCK_MOVED, NO_UNIT_LABELS, SHARED_COLLECTIVES, Note
 from fsdpviz.analysis.spans import OPTIMIZER_PREFIX, unit_tables
-from fsdpviz.analysis.steps import StepSelection, select_steps
+from fsdpviz.analysis.steps import AnalysedSteps, StepSelection, select_steps
 from fsdpviz.analysis.unit_overlap import unit_steps
 from fsdpviz.analysis.units import derive_units, unit_stats
 from fsdpviz.analysis.windows import overhead_labels, unit_ancestors
@@ -154,19 +154,71 @@ def _step_times(rank: int, steps: pd.DataFrame, pieces: pd.DataFrame, labels: pd
     return schema.conform(out, schema.STEP_TIMES, table="step_times")
 
 
-def _rank_parts(frame: pd.DataFrame) -> Callable[[int], pd.DataFrame]:
-    """``part(rank)``: the rows of ``frame`` of one rank, in their order (empty with the same columns)."""
-    rows = frame.groupby("rank", sort=False).indices if len(frame) else {}
-    return lambda rank: frame.iloc[rows[rank]] if rank in rows else frame.iloc[:0]
-
-
 def _shift(frame: pd.DataFrame, offsets: dict[int, int], cols: Sequence[str]) -> pd.DataFrame:
     return crossrank.shift_times(frame, offsets, cols, markers=_UNIT_TIME_COLS)
 
 
-def _concat(frames: list[pd.DataFrame], table: schema.Schema) -> pd.DataFrame:
-    frames = [f for f in frames if len(f)]
-    return schema.conform(pd.concat(frames, ignore_index=True), table) if frames else schema.make_empty(table)
+@dataclass(kw_only=True, slots=True)
+class RankPart:
+    """What the per-unit analysis of one rank hands to the cross-rank step (:func:`combine_parts`):
+    tables of O(units x steps) rows, on the rank's own clock, never the rank's events."""
+
+    rank: int
+    has_unit_labels: bool
+    shared_collectives: tuple[int, int]  # ZeRO-3 buckets: labels carrying several units, the most units in one
+    labels: pd.DataFrame  # labels.LABELS, analysed steps
+    windows: pd.DataFrame  # windows.WINDOWS, every step (units are ordered and nested from them)
+    spans: pd.DataFrame  # schema.SPANS, analysed steps
+    collectives: pd.DataFrame  # spans.UNIT_COLLECTIVES, every step (clock alignment, shard groups)
+    unit_steps: pd.DataFrame  # schema.UNIT_STEPS, analysed steps, peaks filled in
+    memory: pd.DataFrame  # schema.MEMORY: the analysed device, thinned with peaks kept
+    memory_peaks: pd.DataFrame  # schema.MEMORY_PEAKS
+    step_times: pd.DataFrame  # schema.STEP_TIMES, late_ns still 0
+
+
+def analyse_rank(traces: TraceSet, rank: int, analysed: AnalysedSteps | None, events: pd.DataFrame) -> RankPart:
+    """The per-rank half of :func:`analyze_run`: ``events`` are the rank's own, ``analysed`` its
+    analysed steps; of ``traces`` (which may hold other ranks too) only ``rank``'s lanes, steps and
+    memory and the run-wide units are read."""
+    lanes = traces.lanes[(traces.lanes["rank"] == rank).to_numpy()]
+    labels = parse_labels(events)
+    ut = unit_tables(events, lanes, labels)
+    wanted: dict[int, set[int] | None] = {rank: set(analysed.steps) if analysed is not None else None}
+    compute = {rank: _compute_set(events, lanes)} if len(events) else {}
+    sizes = traces.units[traces.units["param_bytes"] > 0] if len(traces.units) else traces.units
+    us = unit_steps(ut.spans, ut.windows, compute, unit_ancestors(ut.windows),
+                    dict(zip(sizes["unit"].astype(str), sizes["param_bytes"].astype(int))))
+    rank_steps = traces.steps[(traces.steps["rank"] == rank).to_numpy()]
+    chosen = rank_steps if analysed is None else rank_steps[rank_steps["step"].isin(list(analysed.steps))]
+    mem_samples = traces.memory[(traces.memory["rank"] == rank).to_numpy()]
+    device = memory.main_devices(mem_samples).get(rank)
+    curve, peaks = schema.make_empty(schema.MEMORY), schema.make_empty(schema.MEMORY_PEAKS)
+    if device is not None:
+        samples = memory.device_samples(mem_samples, rank, device)
+        if len(us) and len(ut.windows):
+            # per window, then the highest per step, unit and phase: under gradient accumulation
+            # a phase has one window per micro-batch, and the time between them is not the unit's
+            key = ["step", "unit", "phase"]
+            peak = pd.Series(memory.window_peaks(samples, ut.windows["start_ns"].to_numpy(),
+                                                 ut.windows["end_ns"].to_numpy()),
+                             index=pd.MultiIndex.from_frame(ut.windows[key])).groupby(level=key).max()
+            found = peak.reindex(pd.MultiIndex.from_frame(us[key])).fillna(-1)
+            us["peak_allocated_bytes"] = found.to_numpy(dtype=np.int64)
+        peaks = memory.step_peaks(samples, chosen, ut.windows, device, unit_ancestors(ut.windows))
+        if analysed is not None and analysed.steps:
+            curve = memory.curve(samples, analysed.start_ns, analysed.end_ns)
+        else:
+            curve = memory.curve(samples)
+    times = _step_times(rank, chosen, _in_steps(ut.pieces, wanted), labels, events,
+                        _in_steps(ut.collectives, wanted), compute.get(rank, empty_intervals()), ut.windows)
+    shared = labels[((labels["family"] == FAMILY_FSDPVIZ)
+                     & labels["action"].isin([GATHER_ACTION, FSDPVIZ_REDUCE_ACTION])
+                     & labels["unit"].str.contains(",", regex=False)).to_numpy()]
+    widest = max((len(u.split(",")) for u in shared["unit"]), default=0)
+    return RankPart(rank=rank, has_unit_labels=has_unit_labels(labels), shared_collectives=(len(shared), widest),
+                    labels=_in_steps(labels, wanted), windows=ut.windows, spans=_in_steps(ut.spans, wanted),
+                    collectives=ut.collectives, unit_steps=_in_steps(us, wanted), memory=curve,
+                    memory_peaks=peaks, step_times=times)
 
 
 def analyze_run(traces: TraceSet, *, steps: Sequence[int] | None = None,
@@ -176,70 +228,49 @@ def analyze_run(traces: TraceSet, *, steps: Sequence[int] | None = None,
     ``framework.decide_framework`` decides it (the pipeline passes its decision)."""
     if selection is None:
         selection = select_steps(traces, steps=steps)
-    ranks = traces.rank_ids
-    labels = parse_labels(traces.events)
     framework = decide_framework(traces) if framework is None else framework
-    ut = unit_tables(traces.events, traces.lanes, labels)
+    by_rank = traces.events.groupby("rank", sort=True).indices
+    parts = [analyse_rank(traces, rank, selection.of(rank), traces.events.iloc[by_rank.get(rank, [])])
+             for rank in traces.rank_ids]
+    return combine_parts(parts, traces, selection, framework)
+
+
+def _frame_of(parts: Sequence[RankPart], name: str, table: schema.Schema | None) -> pd.DataFrame:
+    frames = [getattr(p, name) for p in parts]
+    kept = [f for f in frames if len(f)]
+    if not kept:
+        return frames[0].iloc[:0] if table is None and frames else schema.make_empty(table) if table else \
+            pd.DataFrame()
+    out = pd.concat(kept, ignore_index=True) if len(kept) > 1 else kept[0].reset_index(drop=True)
+    return schema.conform(out, table, table=name) if table is not None else out
+
+
+def combine_parts(parts: Sequence[RankPart], traces: TraceSet, selection: StepSelection,
+                  framework: str) -> RunAnalysis:
+    """The cross-rank half of :func:`analyze_run`: clocks compared and aligned, collective skew and
+    stragglers, units, their statistics and findings, from each rank's :class:`RankPart` (in rank
+    order). ``traces`` is read for run-wide facts only (units and run.json, ranks, world size)."""
+    ranks = [p.rank for p in parts]
     wanted: dict[int, set[int] | None] = {}
     for rank in ranks:
         analysed_steps = selection.of(rank)
         wanted[rank] = set(analysed_steps.steps) if analysed_steps is not None else None
     analysed = set().union(*[w if w is not None else {schema.NO_STEP} for w in wanted.values()]) if ranks else set()
-
-    event_rows = traces.events.groupby("rank", sort=True).indices
-    compute = {r: _compute_set(traces.events.iloc[event_rows[r]], traces.lanes) for r in ranks if r in event_rows}
-    sizes = traces.units[traces.units["param_bytes"] > 0] if len(traces.units) else traces.units
-    ancestors = unit_ancestors(ut.windows)
-    us = unit_steps(ut.spans, ut.windows, compute, ancestors,
-                    dict(zip(sizes["unit"].astype(str), sizes["param_bytes"].astype(int))))
-    devices = memory.main_devices(traces.memory)
-    peaks, curves, times = [], [], []
-    pieces = _in_steps(ut.pieces, wanted)
-    coll_in = _in_steps(ut.collectives, wanted)
-    # Each table split by rank once (not one full scan per rank: 64 ranks x 6 tables add up).
-    by_rank = {name: _rank_parts(frame) for name, frame in (
-        ("steps", traces.steps), ("windows", ut.windows), ("pieces", pieces), ("labels", labels),
-        ("collectives", coll_in))}
-    for rank in ranks:
-        rank_steps = by_rank["steps"](rank)
-        rank_windows = by_rank["windows"](rank)
-        wanted_steps = wanted[rank]
-        chosen = rank_steps if wanted_steps is None else rank_steps[rank_steps["step"].isin(list(wanted_steps))]
-        if rank in devices:
-            samples = memory.device_samples(traces.memory, rank, devices[rank])
-            mine = (us["rank"] == rank).to_numpy()
-            if mine.any() and len(rank_windows):
-                # per window, then the highest per step, unit and phase: under gradient accumulation
-                # a phase has one window per micro-batch, and the time between them is not the unit's
-                key = ["step", "unit", "phase"]
-                peak = pd.Series(memory.window_peaks(samples, rank_windows["start_ns"].to_numpy(),
-                                                     rank_windows["end_ns"].to_numpy()),
-                                 index=pd.MultiIndex.from_frame(rank_windows[key])).groupby(level=key).max()
-                found = peak.reindex(pd.MultiIndex.from_frame(us.loc[mine, key])).fillna(-1)
-                us.loc[mine, "peak_allocated_bytes"] = found.to_numpy(dtype=np.int64)
-            peaks.append(memory.step_peaks(samples, chosen, rank_windows, devices[rank], ancestors))
-            analysed_steps = selection.of(rank)
-            if analysed_steps is not None and analysed_steps.steps:
-                curves.append(memory.curve(samples, analysed_steps.start_ns, analysed_steps.end_ns))
-            else:
-                curves.append(memory.curve(samples))
-        rank_events = traces.events.iloc[event_rows.get(rank, [])]
-        times.append(_step_times(rank, chosen, by_rank["pieces"](rank), by_rank["labels"](rank), rank_events,
-                                 by_rank["collectives"](rank), compute.get(rank, empty_intervals()), rank_windows))
-
-    spans = _in_steps(ut.spans, wanted)
-    us = _in_steps(us, wanted)
-    coll = crossrank.with_seq(ut.collectives)
+    labels = _frame_of(parts, "labels", None)
+    windows = _frame_of(parts, "windows", None)
+    all_coll = _frame_of(parts, "collectives", None)
+    us = _frame_of(parts, "unit_steps", schema.UNIT_STEPS)
+    coll = crossrank.with_seq(all_coll)
     clock = crossrank.estimate_clocks(coll, ranks) if ranks else schema.make_empty(schema.CLOCK)
     offsets = crossrank.applied_offsets(clock)
-    spans = _shift(spans, offsets, ("start_ns", "end_ns", "issue_ns"))
-    pass_windows = _shift(_in_steps(ut.windows, wanted), offsets,
+    spans = _shift(_frame_of(parts, "spans", schema.SPANS), offsets, ("start_ns", "end_ns", "issue_ns"))
+    pass_windows = _shift(_in_steps(windows, wanted), offsets,
                           ("start_ns", "end_ns", "region_start_ns", "region_end_ns", "excl_end_ns"))
-    step_labels = _shift(_in_steps(labels, wanted), offsets, ("start_ns", "end_ns"))
+    step_labels = _shift(labels, offsets, ("start_ns", "end_ns"))
     us = _shift(us, offsets, _UNIT_TIME_COLS)
-    mem_curve = _shift(_concat(curves, schema.MEMORY), offsets, ("t_ns",))
-    peaks_t = _shift(_concat(peaks, schema.MEMORY_PEAKS), offsets, ("peak_t_ns",))
-    step_times = _shift(_concat(times, schema.STEP_TIMES), offsets, ("start_ns", "end_ns"))
+    mem_curve = _shift(_frame_of(parts, "memory", schema.MEMORY), offsets, ("t_ns",))
+    peaks_t = _shift(_frame_of(parts, "memory_peaks", schema.MEMORY_PEAKS), offsets, ("peak_t_ns",))
+    step_times = _shift(_frame_of(parts, "step_times", schema.STEP_TIMES), offsets, ("start_ns", "end_ns"))
     skew = schema.make_empty(schema.SKEW)
     if len(coll):
         coll = _in_steps(_shift(coll, offsets, ("start_ns", "end_ns", "issue_ns")), wanted)
@@ -247,24 +278,26 @@ def analyze_run(traces: TraceSet, *, steps: Sequence[int] | None = None,
         lateness = crossrank.rank_lateness(coll)
         late = step_times[["rank", "step"]].merge(lateness, on=["rank", "step"], how="left")["late_ns"]
         step_times["late_ns"] = late.fillna(0).astype(np.int64).to_numpy()
-    has_units = has_unit_labels(labels)
-    units = derive_units(traces.units, ut.windows, us, framework) if has_units else traces.units
+    has_units = any(p.has_unit_labels for p in parts)
+    units = derive_units(traces.units, windows, us, framework) if has_units else traces.units
     stats = unit_stats(us, units)
-    model = _model(stats, traces, peaks_t, ut.collectives)
+    gpu = bool(traces.ranks["n_kernels"].sum() > 0)
+    model = _model(stats, traces, peaks_t, all_coll, gpu)
     step_ns = float(step_times["step_ns"].median()) if len(step_times) else float("nan")
     findings = build_findings(us, spans, step_times, step_ns, framework)
+    shared = (sum(p.shared_collectives[0] for p in parts), max((p.shared_collectives[1] for p in parts), default=0))
     return RunAnalysis(
         framework=framework, world_size=traces.world_size, ranks=ranks, steps=sorted(analysed),
-        has_units=has_units, units=units, spans=spans, windows=pass_windows, labels=step_labels, unit_steps=us, unit_stats=stats,
-        step_times=step_times, memory=mem_curve, memory_peaks=peaks_t, memory_model=model, clock=clock,
-        skew=skew, findings=findings, notes=_notes(has_units, clock, labels),
+        has_units=has_units, units=units, spans=spans, windows=pass_windows, labels=step_labels, unit_steps=us,
+        unit_stats=stats, step_times=step_times, memory=mem_curve, memory_peaks=peaks_t, memory_model=model,
+        clock=clock, skew=skew, findings=findings, notes=_notes(has_units, clock, shared),
     )
 
 
-def _model(stats: pd.DataFrame, traces: TraceSet, peaks: pd.DataFrame, collectives: pd.DataFrame) -> dict[str, Any]:
+def _model(stats: pd.DataFrame, traces: TraceSet, peaks: pd.DataFrame, collectives: pd.DataFrame,
+           gpu: bool) -> dict[str, Any]:
     if stats.empty:
         return {}
-    gpu = bool((traces.events["kind"] == schema.KIND_KERNEL).any())
     elem, measured = memory.element_bytes(traces.units, 2 if gpu else 4)
     # a unit's all-gathers run on its shard group (its HSDP all-reduces on the replica group)
     gathers = collectives.assign(unit=collectives["unit"].where(collectives["kind"] == schema.SPAN_ALL_GATHER, ""))
@@ -277,16 +310,14 @@ def _model(stats: pd.DataFrame, traces: TraceSet, peaks: pd.DataFrame, collectiv
     return model
 
 
-def _notes(has_units: bool, clock: pd.DataFrame, labels: pd.DataFrame) -> list[Note]:
+def _notes(has_units: bool, clock: pd.DataFrame, shared: tuple[int, int]) -> list[Note]:
     notes = []
     if not has_units:
         notes.append(Note(NO_UNIT_LABELS, "no FSDP unit labels in the traces (FSDP2's FSDP::... or fsdpviz's "
                           "fsdpviz::... ranges): only whole-step numbers are available"))
-    shared = labels[((labels["family"] == FAMILY_FSDPVIZ) & labels["action"].isin([GATHER_ACTION, FSDPVIZ_REDUCE_ACTION])
-                     & labels["unit"].str.contains(",", regex=False)).to_numpy()]
-    if len(shared):
-        widest = max(len(u.split(",")) for u in shared["unit"])
-        notes.append(Note(SHARED_COLLECTIVES, f"{len(shared)} collectives carried several units at once (up to "
+    n_shared, widest = shared
+    if n_shared:
+        notes.append(Note(SHARED_COLLECTIVES, f"{n_shared} collectives carried several units at once (up to "
                           f"{widest}, ZeRO-3 buckets): each of those units shows the collective, and its exposed "
                           "time counts for the unit that waited on it (the first to compute after a gather, the "
                           "last before a reduction)"))

@@ -118,47 +118,66 @@ def missing_gpu_work(events: pd.DataFrame, step: int) -> int:
     return int((~found).sum())
 
 
+@dataclass(frozen=True, slots=True)
+class RankChoice:
+    """One rank's part of a :class:`StepSelection`: its analysed steps, the steps left out as cut
+    short and why (computed where the rank's events are, then combined by :func:`combine_choices`)."""
+
+    rank: int
+    analysed: AnalysedSteps | None
+    dropped: tuple[int, ...] = ()
+    why: str = ""
+
+
+def choose_steps(traces: TraceSet, rank: int, events: pd.DataFrame | None, *,
+                 steps: Sequence[int] | None = None, include_last_step: bool = False) -> RankChoice:
+    """The analysed steps of ``rank`` (see the module docstring); ``events`` are the rank's own
+    (None: not at hand, and then a GPU rank's last step is not checked for missing kernels)."""
+    rank_steps = traces.steps[traces.steps["rank"] == rank]
+    if rank_steps.empty:
+        return RankChoice(rank, None)
+    ordered = [int(s) for s in rank_steps.sort_values("start_ns", kind="stable")["step"]]
+    if steps is not None:
+        return RankChoice(rank, analysed_steps_of(rank_steps, steps))
+    if include_last_step or len(ordered) == 1:
+        return RankChoice(rank, analysed_steps_of(rank_steps, ordered))
+    why = ""
+    complete = recorded_complete(traces.run, rank)
+    if complete is None:
+        complete = exported_complete(traces.ranks, rank)
+    if complete is None:
+        keep = ordered[:-1]
+        why = "the trace cannot show that the profiler recorded it to its end"
+    else:
+        keep = [s for s in ordered if s in complete]
+        last = ordered[-1]
+        if last in keep and events is not None and len(events):
+            missing = missing_gpu_work(events, last)
+            if missing:
+                keep.remove(last)
+                why = f"{missing} GPU kernels or copies launched in it are not in the trace"
+        if ordered[-1] not in keep and not why:
+            why = "the rank stopped inside it"
+    left_out = tuple(s for s in ordered if s not in keep)
+    return RankChoice(rank, analysed_steps_of(rank_steps, keep), left_out, why if left_out else "")
+
+
+def combine_choices(choices: Sequence[RankChoice], requested: Sequence[int] | None) -> StepSelection:
+    """The StepSelection of a run from its ranks' choices (in rank order)."""
+    per_rank = {c.rank: c.analysed for c in choices}
+    dropped = {c.rank: c.dropped for c in choices if c.dropped}
+    why = {c.rank: c.why for c in choices if c.why}
+    return StepSelection(per_rank=per_rank, requested=tuple(requested) if requested is not None else None,
+                         dropped=dropped, notes=_notes(per_rank, dropped, why))
+
+
 def select_steps(traces: TraceSet, *, steps: Sequence[int] | None = None,
                  include_last_step: bool = False) -> StepSelection:
     """The analysed steps of every rank of ``traces`` (see the module docstring)."""
-    per_rank: dict[int, AnalysedSteps | None] = {}
-    dropped: dict[int, tuple[int, ...]] = {}
-    why: dict[int, str] = {}
     by_rank = traces.events.groupby("rank", sort=False).indices if len(traces.events) else {}
-    for rank in traces.rank_ids:
-        rank_steps = traces.steps[traces.steps["rank"] == rank]
-        if rank_steps.empty:
-            per_rank[rank] = None
-            continue
-        ordered = [int(s) for s in rank_steps.sort_values("start_ns", kind="stable")["step"]]
-        if steps is not None:
-            per_rank[rank] = analysed_steps_of(rank_steps, steps)
-            continue
-        if include_last_step or len(ordered) == 1:
-            per_rank[rank] = analysed_steps_of(rank_steps, ordered)
-            continue
-        complete = recorded_complete(traces.run, rank)
-        if complete is None:
-            complete = exported_complete(traces.ranks, rank)
-        if complete is None:
-            keep = ordered[:-1]
-            why[rank] = "the trace cannot show that the profiler recorded it to its end"
-        else:
-            keep = [s for s in ordered if s in complete]
-            last = ordered[-1]
-            if last in keep and rank in by_rank:
-                missing = missing_gpu_work(traces.events.iloc[by_rank[rank]], last)
-                if missing:
-                    keep.remove(last)
-                    why[rank] = f"{missing} GPU kernels or copies launched in it are not in the trace"
-            if ordered[-1] not in keep and rank not in why:
-                why[rank] = "the rank stopped inside it"
-        left_out = tuple(s for s in ordered if s not in keep)
-        if left_out:
-            dropped[rank] = left_out
-        per_rank[rank] = analysed_steps_of(rank_steps, keep)
-    return StepSelection(per_rank=per_rank, requested=tuple(steps) if steps is not None else None,
-                         dropped=dropped, notes=_notes(per_rank, dropped, why))
+    choices = [choose_steps(traces, rank, traces.events.iloc[by_rank[rank]] if rank in by_rank else None,
+                            steps=steps, include_last_step=include_last_step) for rank in traces.rank_ids]
+    return combine_choices(choices, steps)
 
 
 def _notes(per_rank: dict[int, AnalysedSteps | None], dropped: dict[int, tuple[int, ...]],

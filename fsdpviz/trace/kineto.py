@@ -45,6 +45,7 @@ INT32_MAX: Final = 2**31 - 1  # ranks, world sizes and step numbers beyond it co
 MAX_BASE_TIME_NS: Final = 3 * 10**18
 RANK_IN_NAME_RE: Final = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 _RUNTIME_CODE: Final = schema.EVENT_KINDS.index(schema.KIND_RUNTIME)
+_KERNEL_CODE: Final = schema.EVENT_KINDS.index(schema.KIND_KERNEL)
 _CPU_STEP_KINDS: Final = np.array(
     [k in (schema.KIND_ANNOTATION, schema.KIND_CPU_OP) for k in schema.EVENT_KINDS], dtype=bool
 )
@@ -210,6 +211,10 @@ def rank_columns(columns: EventColumns, top: KinetoTrace, path: Path, *, n_skipp
         "end_ns": int((start_ns + dur_ns).max()) if n_events else 0,
         "n_events": n_events,
         "n_skipped": n_skipped + columns.n_skipped + columns.n_memory_bad,
+        # what the analysis asks of a rank it keeps no events of (framework.unconnected_ranks_note,
+        # the GPU or CPU definitions): counted here once, from the codes
+        "n_comm_events": int(np.count_nonzero(events["comm"])),
+        "n_kernels": int(np.count_nonzero(events["kind"] == _KERNEL_CODE)),
         **dict(zip(("device_name", "device_memory_bytes"), _device(top, lanes))),
         "nccl_version": (info.nccl_version or "") if info else "",
         "complete_steps": ",".join(map(str, complete_steps or [])),
