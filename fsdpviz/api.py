@@ -154,7 +154,8 @@ class Run:
         """Every collective each rank ran: where, when it was issued, its bytes."""
         from fsdpviz.analysis.collectives import find_collectives
 
-        return find_collectives(self.result.traces.events, self.result.traces.lanes)
+        traces = self.result.detail()
+        return find_collectives(traces.events, traces.lanes)
 
     @property
     def findings(self) -> pd.DataFrame:

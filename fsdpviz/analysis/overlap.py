@@ -155,25 +155,34 @@ def compute_overlap(
     for rank in traces.rank_ids:
         mine = by_rank.get(rank)
         events = traces.events.iloc[mine] if mine is not None else traces.events.iloc[:0]
-        analysed = selection.of(rank)
-        if (events["kind"] == schema.KIND_KERNEL).any():
-            device = schema.OVERLAP_GPU
-            comm, compute, busy = gpu_sets(events, analysed)
-        else:
-            device = schema.OVERLAP_CPU
-            lanes = traces.lanes[traces.lanes["rank"] == rank]
-            comm, compute, busy = cpu_sets(events, lanes, analysed)
-        if total_ns(busy) == 0:
-            if analysed is None:
-                where = "the whole trace, which has no ProfilerStep"
-            elif analysed.steps:
-                where = f"steps {list(analysed.steps)}"
-            else:
-                where = f"steps {list(selection.requested or [])}, not in this trace"
-            raise NoDataError(
-                f"{traces.source_of(rank)}: no {device.upper()} events in the analysis window ({where})"
-            )
-        rows.append(overlap_row(rank, device, analysed, comm, compute, busy))
+        rows.append(rank_overlap(traces, rank, events, selection.of(rank), selection.requested))
+    return overlap_frame(rows)
+
+
+def overlap_frame(rows: Sequence[dict[str, object]]) -> pd.DataFrame:
+    """schema.OVERLAP from :func:`rank_overlap` rows."""
     if not rows:
         return schema.make_empty(schema.OVERLAP)
-    return schema.conform(pd.DataFrame(rows), schema.OVERLAP, table="overlap")
+    return schema.conform(pd.DataFrame(list(rows)), schema.OVERLAP, table="overlap")
+
+
+def rank_overlap(traces: TraceSet, rank: int, events: pd.DataFrame, analysed: AnalysedSteps | None,
+                 requested: Sequence[int] | None) -> dict[str, object]:
+    """The OVERLAP row of one rank (``events``: its own) over its analysed steps; NoDataError naming
+    the rank's file when nothing of it is in them."""
+    if (events["kind"] == schema.KIND_KERNEL).any():
+        device = schema.OVERLAP_GPU
+        comm, compute, busy = gpu_sets(events, analysed)
+    else:
+        device = schema.OVERLAP_CPU
+        lanes = traces.lanes[traces.lanes["rank"] == rank]
+        comm, compute, busy = cpu_sets(events, lanes, analysed)
+    if total_ns(busy) == 0:
+        if analysed is None:
+            where = "the whole trace, which has no ProfilerStep"
+        elif analysed.steps:
+            where = f"steps {list(analysed.steps)}"
+        else:
+            where = f"steps {list(requested or [])}, not in this trace"
+        raise NoDataError(f"{traces.source_of(rank)}: no {device.upper()} events in the analysis window ({where})")
+    return overlap_row(rank, device, analysed, comm, compute, busy)

@@ -26,7 +26,8 @@ from fsdpviz.trace.tables import TraceSet
 if TYPE_CHECKING:
     import pandas as pd
 
-    from fsdpviz.analysis.run import RunAnalysis
+    from fsdpviz.analysis.rankmap import RankDigest
+    from fsdpviz.analysis.run import RankPart, RunAnalysis
     from fsdpviz.analysis.summary import Summary
 
 FRAMEWORKS_WITH_UNITS = ("fsdp2", "fsdp1", "zero3")
@@ -43,13 +44,32 @@ class RunResult:
     """
 
     def __init__(self, traces: TraceSet, selection: StepSelection, overlap: pd.DataFrame, framework: str,
-                 analysis: RunAnalysis | None = None) -> None:
+                 analysis: RunAnalysis | None = None, parts: list[RankPart] | None = None,
+                 cache: bool = True) -> None:
         self.traces = traces
         self.selection = selection
         self.overlap = overlap
         self.framework = framework
+        self._parts = parts
+        self._cache = cache
         if analysis is not None:
             self.__dict__["analysis"] = analysis
+
+    @property
+    def events_kept(self) -> bool:
+        """Whether ``traces`` holds every rank's events (a run loaded whole), or none (a run reduced
+        rank by rank where each was parsed: ``detail`` reads ranks again)."""
+        return self._parts is None
+
+    def detail(self, ranks: Sequence[int] | None = None) -> TraceSet:
+        """Every table, events included, of ``ranks`` (all when None): ``traces`` itself when the
+        events were kept, else those ranks read again from their traces or the cache beside them
+        (what a page draws of a run too large to hold whole)."""
+        if self.events_kept:
+            return self.traces
+        from fsdpviz.trace.loader import load_ranks
+
+        return load_ranks(self.traces, self.traces.rank_ids if ranks is None else ranks, cache=self._cache)
 
     @property
     def has_units(self) -> bool:
@@ -59,8 +79,10 @@ class RunResult:
     @cached_property
     def analysis(self) -> RunAnalysis:
         """The per-unit analysis (:func:`fsdpviz.analysis.run.analyze_run`), computed on first use."""
-        from fsdpviz.analysis.run import analyze_run
+        from fsdpviz.analysis.run import analyze_run, combine_parts
 
+        if self._parts is not None:
+            return combine_parts(self._parts, self.traces, self.selection, self.framework)
         return analyze_run(self.traces, selection=self.selection, framework=self.framework)
 
     @cached_property
@@ -91,6 +113,9 @@ def analyse(paths: Sequence[str | Path], *, steps: Sequence[int] | None = None, 
             say: Callable[[str], None] | None = None, scheduler: str | None = None) -> RunResult:
     """Load ``paths`` (a run folder, a folder of traces, trace files) and analyse them.
 
+    A run small enough to hold whole is loaded whole and analysed here; a larger one is analysed
+    rank by rank where each rank is parsed (:mod:`fsdpviz.analysis.rankmap`), and only the ranks'
+    digests come back (``trace.loader.keeps_events`` decides).
     ``progress``: the loader's progress display (None: only on a terminal, for slow loads);
     ``say``: called with one short line when loading is done (the commands' ``fsdpviz: ...`` lines);
     ``scheduler``: parse on a Dask cluster (:func:`fsdpviz.trace.load_traces`).
@@ -98,11 +123,35 @@ def analyse(paths: Sequence[str | Path], *, steps: Sequence[int] | None = None, 
     """
     import time
 
-    from fsdpviz.trace import load_traces
+    from fsdpviz.analysis.rankmap import rank_mapper
+    from fsdpviz.trace.loader import load_run
 
     started = time.perf_counter()
-    traces = load_traces(paths, cache=cache, progress=progress, scheduler=scheduler)
+    loaded = load_run(paths, cache=cache, progress=progress, scheduler=scheduler,
+                      per_rank=rank_mapper(steps, include_last_step))
+    traces = loaded.traces
     if say is not None:
-        say(f"loaded {len(traces.rank_ids)} rank(s), {len(traces.events):,} events "
+        say(f"loaded {len(traces.rank_ids)} rank(s), {int(traces.ranks['n_events'].sum()):,} events "
             f"in {time.perf_counter() - started:.1f} s")
-    return analyse_traces(traces, steps=steps, include_last_step=include_last_step)
+    if loaded.mapped is None:
+        return analyse_traces(traces, steps=steps, include_last_step=include_last_step)
+    return _from_digests(traces, loaded.mapped, steps=steps, cache=cache)
+
+
+def _from_digests(traces: TraceSet, digests: list[RankDigest], *, steps: Sequence[int] | None,
+                  cache: bool) -> RunResult:
+    """The pipeline's reduce: the run's selection, overlap and framework from its ranks' digests."""
+    from fsdpviz.analysis.framework import decide_from_names
+    from fsdpviz.analysis.overlap import overlap_frame
+    from fsdpviz.analysis.steps import combine_choices
+    from fsdpviz.errors import NoDataError
+
+    selection = combine_choices([d.choice for d in digests], steps)
+    failed = [d for d in digests if d.overlap is None]
+    if failed:
+        raise NoDataError(failed[0].error)
+    overlap = overlap_frame([d.overlap for d in digests if d.overlap is not None])
+    names = sorted({n for d in digests for n in d.evidence})
+    framework = decide_from_names(names, traces.run.framework if traces.run is not None else None)
+    parts = [d.part for d in digests if d.part is not None]
+    return RunResult(traces, selection, overlap, framework, parts=parts, cache=cache)

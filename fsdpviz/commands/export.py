@@ -63,7 +63,8 @@ def export(
     run = analyse(paths, steps=parse_steps(steps), cache=cache, scheduler=scheduler)
     traces, analysis = run.traces, run.analysis
     warn_gaps(traces)  # after the analysis: bad input stays one error line
-    tables = export_tables(traces, analysis)
+    # every allocator sample: a run held rank by rank keeps thinned memory only, so read it again
+    tables = export_tables(traces if run.events_kept else run.detail(), analysis)
     manifest = {
         "framework": analysis.framework, "world_size": analysis.world_size, "ranks": analysis.ranks,
         "steps": analysis.steps, "format": fmt, "memory_model": analysis.memory_model,

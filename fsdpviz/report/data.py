@@ -189,6 +189,8 @@ def prepare_report(run: RunResult, *, max_segments: int = MAX_PAGE_SEGMENTS,
         raise ValueError(f"unknown report views {unknown_views}: choose from {ALL_VIEWS}")
     choices = choose_steps(aligned.steps, summary.steps or None)
     if not choices and aligned.steps.empty:
+        if not run.events_kept:  # no ProfilerStep: the whole trace's span, from the events
+            aligned = aligned_traces(run.detail(), offsets)
         whole = whole_trace_choice(aligned.events)
         choices = [whole] if whole is not None else []
     # choose_steps gives the median step first, then the slowest (when it differs)
@@ -201,6 +203,8 @@ def prepare_report(run: RunResult, *, max_segments: int = MAX_PAGE_SEGMENTS,
             notes.append(why)
     else:
         gantt_ranks = check_gantt_ranks(traces, gantt_ranks)
+    if not run.events_kept:  # a run held rank by rank: read the drawn ranks' events again
+        aligned = aligned_traces(run.detail(gantt_ranks), offsets)
     curve = analysis.memory  # thinned, exact peaks, on the reference clock
     memory_ranks = memory.choose_memory_ranks(curve[curve["rank"].isin(gantt_ranks)])
     spans = analysis.spans

@@ -135,7 +135,7 @@ def export_perfetto(result: RunResult, output: str | Path, *, steps: Sequence[in
     out = Path(output)
     if not out.parent.is_dir():
         raise RunFolderError(f"{out}: cannot write the export: folder {out.parent} does not exist")
-    traces, analysis = result.traces, result.analysis
+    analysis = result.analysis
     wanted_ranks = sorted(set(ranks) if ranks is not None else set(analysis.ranks))
     unknown = sorted(set(wanted_ranks) - set(analysis.ranks))
     if unknown:
@@ -144,6 +144,7 @@ def export_perfetto(result: RunResult, output: str | Path, *, steps: Sequence[in
     missing = sorted(set(wanted_steps) - set(analysis.steps))
     if missing:
         raise UsageError(f"--steps: {', '.join(map(str, missing))} not analysed (analysed: {analysis.steps})")
+    traces = result.detail(wanted_ranks)
     offsets = applied_offsets(analysis.clock)
     times = analysis.step_times[analysis.step_times["step"].isin(wanted_steps)]
     base_ns = int(times["start_ns"].min()) if len(times) else 0

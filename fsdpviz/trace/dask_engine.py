@@ -14,9 +14,9 @@ from __future__ import annotations
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from fsdpviz.errors import FsdpvizError, UsageError
 from fsdpviz.trace.kineto import RankColumns
@@ -45,21 +45,25 @@ def connect(address: str) -> object:
 
 
 def parse_on_cluster(files: Sequence[Path], address: str, *, cache: bool, progress: bool | None,
-                     skippable: frozenset[Path]) -> list[list[RankColumns] | None]:
-    """Tables for every file, in order, parsed by the cluster's workers (see ``workers.parse_all``)."""
+                     skippable: frozenset[Path], per_rank: Callable[[RankColumns], Any] | None = None,
+                     ) -> list[list[Any] | None]:
+    """Tables for every file, in order, parsed by the cluster's workers (see ``workers.parse_all``;
+    with ``per_rank``, each rank is reduced on its worker and only the result travels)."""
     from distributed import as_completed
     from distributed.client import FutureCancelledError
     from distributed.scheduler import KilledWorker
 
-    from fsdpviz.trace.workers import _parse_and_store, _unwrap
+    from fsdpviz.trace.workers import _parse_and_map, _parse_and_store, _unwrap
 
     client = connect(address)
     run = uuid.uuid4().hex[:8]
-    results: list[list[RankColumns] | None] = [None] * len(files)
+    results: list[list[Any] | None] = [None] * len(files)
     started = last = time.monotonic()
     loud = progress if progress is not None else sys.stderr.isatty()
     try:
-        futures = client.map(_parse_and_store, [str(f) for f in files], [cache] * len(files),  # type: ignore[attr-defined]
+        extra = [[per_rank] * len(files)] if per_rank is not None else []
+        futures = client.map(_parse_and_store if per_rank is None else _parse_and_map,  # type: ignore[attr-defined]
+                             [str(f) for f in files], [cache] * len(files), *extra,
                              key=[f"fsdpviz-parse-{run}-{i}" for i in range(len(files))], retries=RETRIES)
         index = {f.key: i for i, f in enumerate(futures)}
         completed = as_completed(futures, with_results=True, loop=client.loop)  # type: ignore[attr-defined]

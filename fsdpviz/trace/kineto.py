@@ -215,6 +215,7 @@ def rank_columns(columns: EventColumns, top: KinetoTrace, path: Path, *, n_skipp
         # the GPU or CPU definitions): counted here once, from the codes
         "n_comm_events": int(np.count_nonzero(events["comm"])),
         "n_kernels": int(np.count_nonzero(events["kind"] == _KERNEL_CODE)),
+        "memory_device": _main_device(memory["device"], device_names),
         **dict(zip(("device_name", "device_memory_bytes"), _device(top, lanes))),
         "nccl_version": (info.nccl_version or "") if info else "",
         "complete_steps": ",".join(map(str, complete_steps or [])),
@@ -349,6 +350,17 @@ def _memory(samples: MemorySamples, base_ns: int) -> tuple[dict[str, np.ndarray]
         "delta_bytes": joined(samples.delta, np.int64),
     }
     return {k: v[order] for k, v in memory.items()}, [_device_label(t, i) for t, i in samples.devices]
+
+
+def _main_device(codes: np.ndarray, devices: list[str]) -> str:
+    """The device a rank's memory is analysed on: the GPU with most samples (ties: the first name
+    in order), else ``cpu``; "" without samples."""
+    if not len(codes):
+        return ""
+    counts = np.bincount(codes, minlength=len(devices))
+    ranked = sorted((name != "cpu", int(n), name) for name, n in zip(devices, counts) if n)
+    best = max(ranked, key=lambda r: (r[0], r[1]))  # max keeps the first of equals: the smallest name
+    return best[2]
 
 
 def _device_label(device_type: int | None, device_id: int) -> str:

@@ -10,16 +10,53 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Final
 
 from fsdpviz.errors import DuplicateRankError, TraceError
+from fsdpviz.runfolder import RunInfo
 from fsdpviz.trace import frames
 from fsdpviz.trace.dask_engine import ENV_SCHEDULER
 from fsdpviz.trace.kineto import RankColumns
-from fsdpviz.trace.sources import read_timers, resolve_sources, units_from_run
+from fsdpviz.trace.sources import Sources, read_timers, resolve_sources, units_from_run
 from fsdpviz.trace.tables import TraceSet
-from fsdpviz.trace.workers import parse_all
+from fsdpviz.trace.workers import PerRank, parse_all
+
+KEEP_EVENTS_ENV: Final = "FSDPVIZ_KEEP_EVENTS"
+KEEP_EVENTS_MAX_FILES: Final = 16
+KEEP_EVENTS_MAX_BYTES: Final = 256 << 20
+
+
+def keeps_events(files: Sequence[Path]) -> bool:
+    """Whether a run of these trace files is loaded whole into this process (its events kept) rather
+    than reduced rank by rank where each is parsed: up to ``KEEP_EVENTS_MAX_FILES`` files of at most
+    ``KEEP_EVENTS_MAX_BYTES`` together. ``FSDPVIZ_KEEP_EVENTS=1`` / ``0`` decides instead."""
+    forced = os.environ.get(KEEP_EVENTS_ENV, "").strip().lower()
+    if forced in ("1", "true", "yes"):
+        return True
+    if forced in ("0", "false", "no"):
+        return False
+    if len(files) > KEEP_EVENTS_MAX_FILES:
+        return False
+    total = 0
+    for f in files:
+        try:
+            total += f.stat().st_size
+        except OSError:
+            pass
+    return total <= KEEP_EVENTS_MAX_BYTES
+
+
+@dataclass(kw_only=True, slots=True)
+class LoadedRun:
+    """``load_run``'s answer. ``mapped`` is None when the events were kept (``traces`` is whole);
+    else ``traces`` holds every table but the events (and thinned memory, see ``trace.digest``) and
+    ``mapped`` what the per-rank function returned for each rank, in rank order."""
+
+    traces: TraceSet
+    mapped: list[Any] | None = None
 
 
 def load_traces(
@@ -46,22 +83,77 @@ def load_traces(
     Raises:
         TraceError, DuplicateRankError, RunFolderError, UsageError (all FsdpvizError).
     """
+    return load_run(paths, cache=cache, progress=progress, jobs=jobs, scheduler=scheduler).traces
+
+
+def load_run(
+    paths: Sequence[str | Path],
+    *,
+    cache: bool = True,
+    progress: bool | None = None,
+    jobs: int | None = None,
+    scheduler: str | None = None,
+    per_rank: Callable[[RunInfo | None], PerRank] | None = None,
+) -> LoadedRun:
+    """:func:`load_traces`, or, given ``per_rank`` and a run too large to keep whole
+    (:func:`keeps_events`), each rank reduced by ``per_rank(run.json)`` where it is parsed."""
     sources = resolve_sources(paths)
-    use_cache = cache and os.environ.get("FSDPVIZ_NO_CACHE", "") not in ("1", "true", "yes")
+    use_cache = _use_cache(cache)
     # Importing pandas takes a good part of a second: do it while the workers parse.
     meanwhile = _import_pandas if "pandas" not in sys.modules else None
     address = scheduler or os.environ.get(ENV_SCHEDULER, "").strip() or None
+    mapping = per_rank is not None and not keeps_events(sources.files)
     parsed = parse_all(
         sources.files, cache=use_cache, progress=progress, jobs=jobs, skippable=sources.scanned,
-        meanwhile=meanwhile, scheduler=address,
+        meanwhile=meanwhile, scheduler=address, per_rank=per_rank(sources.run) if mapping and per_rank else None,
     )
     kept = [(t, f) for ts, f in zip(parsed, sources.files) if ts is not None for t in ts]
     skipped = [str(f) for t, f in zip(parsed, sources.files) if t is None]
     if not kept:
         folder = sources.files[0].parent
         raise TraceError(folder, f"folder holds no Kineto traces ({len(skipped)} JSON file(s) of another kind)")
-    per_rank = _check_unique_ranks([t for t, _ in kept], [f for _, f in kept])
+    mapped: list[Any] | None = None
+    if mapping:
+        order = _check_unique_ranks([t[0] for t, _ in kept], [f for _, f in kept])
+        by_rank = {t[0].rank_id: t[1] for t, _ in kept}
+        mapped = [by_rank[t.rank_id] for t in order]
+        per_file: list[RankColumns] = order
+    else:
+        per_file = _check_unique_ranks([t for t, _ in kept], [f for _, f in kept])
     del parsed, kept
+    return LoadedRun(traces=_trace_set(per_file, sources, skipped), mapped=mapped)
+
+
+def load_ranks(traces: TraceSet, ranks: Sequence[int], *, cache: bool = True,
+               progress: bool | None = None) -> TraceSet:
+    """Every table of ``ranks`` of a run loaded without its events (``load_run``'s ``mapped`` case),
+    read again from their trace files (or the cache beside them) into a TraceSet of those ranks."""
+    wanted = set(ranks)
+    paths = traces.ranks.loc[traces.ranks["rank"].isin(list(wanted)), "path"].astype(str)
+    files = [Path(p) for p in dict.fromkeys(paths)]
+    parsed = parse_all(files, cache=_use_cache(cache), progress=progress, jobs=None)
+    per_rank = [t for ts in parsed if ts is not None for t in ts if t.rank_id in wanted]
+    per_rank = sorted(per_rank, key=lambda t: t.rank_id)
+    return TraceSet(
+        events=frames.events_frame(per_rank),
+        lanes=frames.lanes_frame(per_rank),
+        steps=frames.steps_frame(per_rank),
+        memory=frames.memory_frame(per_rank),
+        ranks=frames.ranks_frame(per_rank),
+        timers=traces.timers,
+        units=traces.units,
+        run=traces.run,
+        run_dir=traces.run_dir,
+        sources=list(dict.fromkeys(str(t.rank["path"]) for t in per_rank)),
+        skipped=list(traces.skipped),
+    )
+
+
+def _use_cache(cache: bool) -> bool:
+    return cache and os.environ.get("FSDPVIZ_NO_CACHE", "") not in ("1", "true", "yes")
+
+
+def _trace_set(per_rank: list[RankColumns], sources: Sources, skipped: list[str]) -> TraceSet:
     return TraceSet(
         events=frames.events_frame(per_rank),
         lanes=frames.lanes_frame(per_rank),

@@ -163,6 +163,7 @@ RANKS: Final[Schema] = {
     "n_skipped": "int64",  # events skipped (unknown phase/category, bad durations)
     "n_comm_events": "int64",  # events with a communication kind (comm != "")
     "n_kernels": "int64",  # GPU kernels (0 on CPU)
+    "memory_device": "string",  # the device its memory is analysed on (analysis.memory.main_devices), "" if none
     "device_name": "string",  # deviceProperties[0].name, "" on CPU
     "device_memory_bytes": "int64",  # that device's totalGlobalMem, -1 if unknown (CPU)
     "complete_steps": "string",  # fsdpviz exports: the steps shown complete, "3,4,5"; "" when unknown

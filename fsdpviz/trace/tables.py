@@ -76,6 +76,12 @@ class TraceSet:
         """Events the loader skipped (unknown phase or category, bad times), per rank that had any."""
         return {int(r): int(n) for r, n in zip(self.ranks["rank"], self.ranks["n_skipped"]) if n > 0}
 
+    @property
+    def memory_devices(self) -> dict[int, str]:
+        """Per rank with memory samples, the device its memory is analysed on (the GPU with most
+        samples, else ``cpu``), as the parser counted them on every sample."""
+        return {int(r): str(d) for r, d in zip(self.ranks["rank"], self.ranks["memory_device"]) if str(d)}
+
     def source_of(self, rank: int) -> str:
         """Path of the trace file that holds ``rank`` ("" if unknown)."""
         rows = self.ranks.loc[self.ranks["rank"] == rank, "path"]

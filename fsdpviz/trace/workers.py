@@ -25,11 +25,12 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from fsdpviz.errors import FsdpvizError, TraceError
 from fsdpviz.trace.cache import load_cached, store_cached
 from fsdpviz.trace.decode import NotKinetoError
+from fsdpviz.trace.digest import light_columns
 from fsdpviz.trace.kineto import RankColumns, parse_trace_ranks
 
 PROGRESS_DELAY_S: Final = 0.5
@@ -66,7 +67,7 @@ def _parse_and_store(path_text: str, use_cache: bool) -> list[RankColumns] | _Fa
     return tables
 
 
-def _unwrap(result: list[RankColumns] | _Failure, skippable: bool) -> list[RankColumns] | None:
+def _unwrap(result: list[Any] | _Failure, skippable: bool) -> list[Any] | None:
     if isinstance(result, _Failure):
         if result.not_kineto and skippable:
             return None
@@ -74,20 +75,55 @@ def _unwrap(result: list[RankColumns] | _Failure, skippable: bool) -> list[RankC
     return result
 
 
+PerRank = Callable[[RankColumns], Any]
+"""A function run on each rank's tables where they are parsed (``parse_all(per_rank=...)``)."""
+
+Mapped = tuple[RankColumns, Any]
+"""One rank as ``parse_all(per_rank=f)`` returns it: its tables without events and ``f(tables)``."""
+
+
+def _parse_and_map(path_text: str, use_cache: bool, per_rank: PerRank) -> list[Mapped] | _Failure:
+    """The cached or parsed tables of a file, each rank reduced by ``per_rank`` here, in the worker:
+    only what ``per_rank`` returns and the rank's tables without events go back."""
+    cached = load_cached(Path(path_text)) if use_cache else None
+    parsed = [cached] if cached is not None else _parse_and_store(path_text, use_cache)
+    if isinstance(parsed, _Failure):
+        return parsed
+    out = []
+    while parsed:
+        tables = parsed.pop(0)
+        light = light_columns(tables)
+        try:
+            out.append((light, per_rank(tables)))
+        except FsdpvizError as exc:
+            return _Failure(str(exc))
+        del tables
+    return out
+
+
 def parse_all(
     files: Sequence[Path], *, cache: bool, progress: bool | None, jobs: int | None,
     skippable: frozenset[Path] = frozenset(), meanwhile: Callable[[], None] | None = None,
-    scheduler: str | None = None,
-) -> list[list[RankColumns] | None]:
+    scheduler: str | None = None, per_rank: PerRank | None = None,
+) -> list[list[Any] | None]:
     """Tables for every file, in the order given (one per rank the file holds: one, or several for
     an fsdpviz Perfetto export); None for a file in ``skippable`` (found by scanning a folder) that
     is JSON but not a Kineto trace. Raises the first other file's error.
 
-    ``meanwhile`` is called once while the workers parse (or before parsing in this process):
-    the caller's own slow start-up work, e.g. importing pandas, overlaps the parsing that way.
+    ``per_rank``: instead of each rank's tables, return ``(tables without events, per_rank(tables))``
+    per rank (:data:`Mapped`), computed where the file is parsed (a worker process, a Dask worker):
+    the events never reach this process. ``meanwhile`` is called once while the workers parse (or
+    before parsing in this process): the caller's own slow start-up work, e.g. importing pandas,
+    overlaps the parsing that way.
     """
-    cached = [load_cached(f) if cache else None for f in files]
-    results: list[list[RankColumns] | None] = [[c] if c is not None else None for c in cached]
+    if per_rank is None:
+        cached = [load_cached(f) if cache else None for f in files]
+        results: list[list[Any] | None] = [[c] if c is not None else None for c in cached]
+        task: Callable[..., Any] = _parse_and_store
+        extra: tuple[Any, ...] = ()
+    else:  # a worker reads the cache itself: the parent never holds a rank's events
+        results = [None] * len(files)
+        task, extra = _parse_and_map, (per_rank,)
     todo = [i for i, r in enumerate(results) if r is None]
     if not todo:
         return results
@@ -97,7 +133,7 @@ def parse_all(
         if meanwhile is not None:
             meanwhile()
         parsed = parse_on_cluster([files[i] for i in todo], scheduler, cache=cache, progress=progress,
-                                  skippable=skippable)
+                                  skippable=skippable, per_rank=per_rank)
         for i, tables in zip(todo, parsed):
             results[i] = tables
         return results
@@ -108,13 +144,13 @@ def parse_all(
         with _progress_display(progress, total=len(todo)) as advance:
             for i in todo:
                 advance(files[i].name, 0)
-                results[i] = _unwrap(_parse_and_store(str(files[i]), cache), files[i] in skippable)
+                results[i] = _unwrap(task(str(files[i]), cache, *extra), files[i] in skippable)
                 advance(files[i].name, 1)
         return results
     # Submit before the progress thread starts: with "fork" all workers are forked on the first
     # submit, so no other thread exists at that moment.
     with ProcessPoolExecutor(max_workers=n_jobs, mp_context=_mp_context()) as pool:
-        futures = {pool.submit(_parse_and_store, str(files[i]), cache): i for i in todo}
+        futures = {pool.submit(task, str(files[i]), cache, *extra): i for i in todo}
         if meanwhile is not None:
             meanwhile()
         with _progress_display(progress, total=len(todo)) as advance:

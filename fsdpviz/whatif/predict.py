@@ -23,6 +23,7 @@ from fsdpviz.whatif.recording import Gather, Recording, StepProgram, read_record
 from fsdpviz.whatif.settings import DEFAULT, GIVEN, RECORDED, Settings, Wrap
 from fsdpviz.whatif.simulate import SimResult, run
 
+SAMPLED_RANKS = 16  # ranks read of a run held rank by rank (read_model)
 SUPPORTED = {
     "fsdp2": {"wrap", "prefetch", "reshard_after_forward", "keep_last_units", "world_size"},
     "fsdp1": {"prefetch", "world_size"},
@@ -71,6 +72,7 @@ class Model:
     comm: comm_model.CommModel
     gathers: dict[tuple[str, str], Gather]
     replays: list[SimResult] = field(default_factory=list)
+    sampled: list[int] | None = None  # the ranks read, when not every rank was
 
 
 @dataclass(slots=True)
@@ -95,8 +97,15 @@ def read_model(result: RunResult, ranks: Sequence[int] | None = None) -> Model:
     """Read ``result`` for prediction; an error when it holds nothing the model can use.
 
     ``ranks``: read only these ranks' steps (a quicker, rougher model for a big run: the baseline
-    stays the whole run's, the predicted change is the mean over these ranks)."""
+    stays the whole run's, the predicted change is the mean over these ranks). A run too large to
+    hold whole (``result.events_kept`` False) is read on ``SAMPLED_RANKS`` ranks spread over it
+    unless ``ranks`` says otherwise: reading every rank's events again would hold the whole run."""
     analysis = result.analysis
+    sampled = None
+    if ranks is None and not result.events_kept and len(analysis.ranks) > SAMPLED_RANKS:
+        every = sorted(analysis.ranks)
+        ranks = sampled = [every[i] for i in sorted({round(i * (len(every) - 1) / (SAMPLED_RANKS - 1))
+                                                      for i in range(SAMPLED_RANKS)})]
     if not analysis.has_units or analysis.units.empty:
         raise UsageError("the recording has no FSDP units (no FSDP2 / FSDP1 / ZeRO-3 labels): nothing to predict")
     if analysis.framework not in SUPPORTED:
@@ -114,7 +123,7 @@ def read_model(result: RunResult, ranks: Sequence[int] | None = None) -> Model:
     for s in rec.steps:
         for g in s.gathers:
             gathers.setdefault((g.unit, g.phase), g)
-    model = Model(result=result, recording=rec, comm=fitted, gathers=gathers)
+    model = Model(result=result, recording=rec, comm=fitted, gathers=gathers, sampled=sampled)
     model.replays = [run(prog.build(rec, s, recorded_settings(), fitted, gathers), rec.device == "gpu")
                      for s in rec.steps]
     return model
@@ -154,6 +163,9 @@ def predict(model: Model, settings: Settings) -> Prediction:
     replay_mean = statistics.fmean(r.step_ns for r in model.replays)
     notes = list(dict.fromkeys(n for r in simulated for n in r.notes))
     notes += _assumptions(full, rec)
+    if model.sampled is not None:
+        notes.append(f"read on {len(model.sampled)} of {len(model.result.analysis.ranks)} ranks spread over the run "
+                     f"({', '.join(map(str, model.sampled))}): the run is too large to hold every rank's events")
     return Prediction(baseline=baseline, predicted=predicted, settings=full,
                       replay_error_pct=100.0 * abs(replay_mean - recorded_mean) / recorded_mean if recorded_mean else 0.0,
                       notes=notes, replay=model.replays, simulated=simulated, steps=rec.steps)

@@ -213,7 +213,7 @@ class BusyClock:
 def read_recording(result: RunResult, ranks: Sequence[int] | None = None) -> Recording:
     """The programs of every analysed rank and step of ``result`` (of ``ranks`` only, when given)."""
     analysis = result.analysis
-    traces = result.traces
+    traces = result.detail(ranks)
     offsets = crossrank.applied_offsets(analysis.clock)
     events = crossrank.shift_times(traces.events, offsets, ("start_ns",))
     lanes = traces.lanes

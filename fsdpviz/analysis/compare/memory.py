@@ -24,7 +24,7 @@ from typing import Final
 import numpy as np
 import pandas as pd
 
-from fsdpviz.analysis.memory import device_samples, main_devices
+from fsdpviz.analysis.memory import device_samples
 from fsdpviz.trace.tables import TraceSet
 
 DRIFT_SHARE: Final = 0.10
@@ -35,7 +35,7 @@ def step_levels(traces: TraceSet, steps: list[int]) -> pd.DataFrame:
     """Per rank and analysed step: ``start_bytes`` (level at the step's start) and ``peak_bytes``."""
     cols = ["rank", "step", "start_bytes", "peak_bytes"]
     rows = []
-    for rank, device in main_devices(traces.memory).items():
+    for rank, device in sorted(traces.memory_devices.items()):
         samples = device_samples(traces.memory, rank, device)
         t = samples["t_ns"].to_numpy(np.int64)
         v = samples["allocated_bytes"].to_numpy(np.int64)

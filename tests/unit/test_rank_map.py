@@ -1,0 +1,119 @@
+"""A run analysed rank by rank where each rank is parsed (the map of a large run) gives the numbers
+the same run gives loaded whole: summary JSON bytes, every analysis table, the report's data --
+on the bundled CPU samples of the three frameworks and on synthetic GPU runs whose clocks disagree,
+with a straggler, gradient accumulation and HSDP. And the parent holds no events."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from synth import generate_run
+from synth.scenario import Scenario, make_root, make_units
+
+from fsdpviz.analysis.pipeline import RunResult, analyse
+from fsdpviz.trace.digest import thin_memory
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLES = ["fsdp2-cpu-2rank", "fsdp1-cpu-2rank", "zero3-cpu-2rank"]
+TABLES = ["units", "spans", "windows", "labels", "unit_steps", "unit_stats", "step_times", "memory",
+          "memory_peaks", "clock", "skew", "findings"]
+
+SCENARIOS = {
+    "offsets-straggler-accumulation": Scenario(
+        units=make_units(4), root=make_root(), world_size=4, steps=(3, 4, 5), micro_batches=2,
+        step_delay_ns={2: 400_000}, clock_offset_ns={1: 3_000_000, 3: -2_000_000}),
+    "hsdp": Scenario(units=make_units(3), root=make_root(), world_size=4, hsdp_replicas=2, steps=(1, 2, 3)),
+}
+
+
+def _both(path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[RunResult, RunResult]:
+    monkeypatch.setenv("FSDPVIZ_KEEP_EVENTS", "1")
+    whole = analyse([path], cache=False)
+    monkeypatch.setenv("FSDPVIZ_KEEP_EVENTS", "0")
+    mapped = analyse([path], cache=False)
+    return whole, mapped
+
+
+def _same(whole: RunResult, mapped: RunResult) -> None:
+    assert whole.events_kept and not mapped.events_kept
+    assert len(mapped.traces.events) == 0 and len(whole.traces.events) > 0
+    assert mapped.framework == whole.framework
+    assert mapped.selection.per_rank == whole.selection.per_rank
+    assert [n.text for n in mapped.selection.notes] == [n.text for n in whole.selection.notes]
+    pd.testing.assert_frame_equal(mapped.overlap.reset_index(drop=True), whole.overlap.reset_index(drop=True))
+    assert mapped.summary.to_json() == whole.summary.to_json()
+    a, b = whole.analysis, mapped.analysis
+    for name in TABLES:
+        left, right = getattr(a, name).reset_index(drop=True), getattr(b, name).reset_index(drop=True)
+        assert len(left) > 0 or name in ("skew", "findings", "clock", "memory_peaks"), name
+        pd.testing.assert_frame_equal(right, left, obj=name)
+    assert b.memory_model == a.memory_model
+    assert [n.text for n in b.notes] == [n.text for n in a.notes]
+    assert (b.ranks, b.steps, b.has_units, b.world_size) == (a.ranks, a.steps, a.has_units, a.world_size)
+
+
+@pytest.mark.parametrize("sample", SAMPLES)
+def test_cpu_samples_same_both_ways(sample: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    _same(*_both(ROOT / "sample_traces" / sample, monkeypatch))
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_synthetic_gpu_runs_same_both_ways(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = generate_run(SCENARIOS[name], tmp_path, run_folder=True)
+    whole, mapped = _both(run.folder, monkeypatch)
+    _same(whole, mapped)
+    if name == "offsets-straggler-accumulation":  # the clocks were compared from the digests
+        applied = mapped.analysis.clock.set_index("rank")
+        assert bool(applied.loc[1, "applied"]) and bool(applied.loc[3, "applied"])
+    # the drawn ranks' detail is read again, whole, from the traces
+    detail = mapped.detail([0, 2])
+    assert sorted(detail.rank_ids) == [0, 2]
+    kept = whole.traces.events[whole.traces.events["rank"].isin([0, 2])]
+    assert len(detail.events) == len(kept)
+    assert np.array_equal(np.sort(detail.events["start_ns"].to_numpy()), np.sort(kept["start_ns"].to_numpy()))
+
+
+def test_report_data_same_both_ways(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fsdpviz.report.data import prepare_report
+
+    run = generate_run(SCENARIOS["offsets-straggler-accumulation"], tmp_path, run_folder=True)
+    whole, mapped = _both(run.folder, monkeypatch)
+    a, b = prepare_report(whole), prepare_report(mapped)
+    assert b.title == a.title and b.meta == a.meta and b.notes == a.notes
+    assert len(b.views) == len(a.views) >= 2 and b.findings == a.findings
+    for x, y in zip(a.views, b.views):
+        assert (y.title, y.kind) == (x.title, x.kind)
+        for name in ("rows", "segments", "exposed", "memory"):
+            pd.testing.assert_frame_equal(getattr(y, name).reset_index(drop=True),
+                                          getattr(x, name).reset_index(drop=True), obj=name)
+        if x.peaks is not None:
+            pd.testing.assert_frame_equal(y.peaks.reset_index(drop=True), x.peaks.reset_index(drop=True))
+    pd.testing.assert_frame_equal(b.rank_steps, a.rank_steps)
+
+
+def test_thinned_memory_keeps_step_peaks_and_opening_levels() -> None:
+    """Known by construction: random samples on two devices; every step's highest allocated and
+    reserved level per device, and the level each step opens at, survive the thinning."""
+    rng = np.random.default_rng(7)
+    n = 20_000
+    t = np.sort(rng.integers(0, 10_000_000, n))
+    memory = {"device": rng.integers(0, 2, n).astype(np.int32), "t_ns": t,
+              "allocated_bytes": rng.integers(0, 1 << 30, n), "reserved_bytes": rng.integers(0, 1 << 31, n),
+              "delta_bytes": rng.integers(-1000, 1000, n)}
+    starts = np.array([1_000_000, 3_500_000, 7_000_000])
+    ends = np.array([3_500_000, 6_000_000, 9_900_000])
+    thin = thin_memory(memory, starts, ends)
+    assert len(thin["t_ns"]) < n // 10
+    for dev in (0, 1):
+        full_m, thin_m = memory["device"] == dev, thin["device"] == dev
+        for s, e in zip(starts, ends):
+            for col in ("allocated_bytes", "reserved_bytes"):
+                inside = full_m & (memory["t_ns"] >= s) & (memory["t_ns"] < e)
+                kept = thin_m & (thin["t_ns"] >= s) & (thin["t_ns"] < e)
+                assert memory[col][inside].max() == thin[col][kept].max()
+            before = full_m & (memory["t_ns"] < s)
+            kept_before = thin_m & (thin["t_ns"] < s)
+            assert memory["allocated_bytes"][before][-1] == thin["allocated_bytes"][kept_before][-1]
