@@ -4,6 +4,9 @@
   other: the cost of merely reading the JSON (no tables, no analysis).
 - ``fsdpviz [--cache] [--jobs N] PATH...``: ``load_traces`` + ``compute_overlap`` (the whole-step
   communication/computation overlap per rank), as a script using fsdpviz would.
+- ``summary ARG...``: ``fsdpviz summary ARG...`` (the command itself, in this process), then one
+  line on stderr, ``BENCH {json}``: this process's own peak RSS and CPU time (the parent: what it
+  holds of the run) and the largest peak RSS and the CPU time of its worker processes.
 - ``hta DIR``: HTA's ``TraceAnalysis(trace_dir=DIR)`` + ``get_comm_comp_overlap`` (run with the
   Python of a venv that has ``holistictraceanalysis`` installed), with the rank -> file map
   given explicitly (see ``_rank_files``).
@@ -87,8 +90,30 @@ def hta(trace_dir: str) -> dict:
     }
 
 
+def summary(args: list[str]) -> None:
+    import resource
+
+    from fsdpviz.cli import main as cli
+
+    code = 0
+    try:
+        cli(["summary", *args])
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    with open("/proc/self/status") as fh:  # VmHWM: this process's peak resident set, kB
+        hwm_kb = next(int(line.split()[1]) for line in fh if line.startswith("VmHWM:"))
+    print("BENCH " + json.dumps({
+        "parent_rss_mb": hwm_kb / 1024, "parent_cpu_s": me.ru_utime + me.ru_stime,
+        "worker_rss_mb": kids.ru_maxrss / 1024, "workers_cpu_s": kids.ru_utime + kids.ru_stime,
+    }), file=sys.stderr, flush=True)
+    sys.exit(code)
+
+
 def main(argv: list[str]) -> None:
     job, args = argv[0], argv[1:]
+    if job == "summary":
+        summary(args)
     if job == "floor":
         result = floor(args)
     elif job == "fsdpviz":

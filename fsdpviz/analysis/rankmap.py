@@ -66,7 +66,10 @@ def digest_columns(columns: RankColumns, *, run: RunInfo | None, steps: Sequence
     traces = TraceSet(events=frames.events_frame(one), lanes=frames.lanes_frame(one), steps=frames.steps_frame(one),
                       memory=frames.memory_frame(one), ranks=frames.ranks_frame(one), units=units_from_run(run),
                       run=run)
-    return digest(traces, columns.rank_id, traces.events, steps=steps, include_last_step=include_last_step)
+    out = digest(traces, columns.rank_id, traces.events, steps=steps, include_last_step=include_last_step)
+    if out.part is not None:
+        out.part.compact(keep_labels=False)
+    return out
 
 
 def rank_mapper(steps: Sequence[int] | None, include_last_step: bool,

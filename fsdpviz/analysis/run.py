@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import pandas as pd
@@ -44,6 +44,7 @@ from fsdpviz.analysis.labels import (
     parse_labels,
 )
 from fsdpviz.analysis.overlap import cpu_sets, gpu_sets
+from fsdpviz.analysis.packed import Packed, concat_packed, pack, release_freed_memory
 from fsdpviz.analysis.records import CLOCK_MOVED, NO_UNIT_LABELS, SHARED_COLLECTIVES, Note
 from fsdpviz.analysis.spans import OPTIMIZER_PREFIX, unit_tables
 from fsdpviz.analysis.steps import AnalysedSteps, StepSelection, select_steps
@@ -69,7 +70,8 @@ class RunAnalysis:
     units: pd.DataFrame  # schema.UNITS
     spans: pd.DataFrame  # schema.SPANS, analysed steps
     windows: pd.DataFrame  # windows.WINDOWS: every unit pass's label window, analysed steps
-    labels: pd.DataFrame  # labels.LABELS: the framework's and fsdpviz's ranges, analysed steps
+    labels: pd.DataFrame  # labels.LABELS: the framework's and fsdpviz's ranges, analysed steps (none when
+    # the run was analysed rank by rank, see labels_of)
     unit_steps: pd.DataFrame  # schema.UNIT_STEPS
     unit_stats: pd.DataFrame  # schema.UNIT_STATS
     step_times: pd.DataFrame  # schema.STEP_TIMES
@@ -175,6 +177,20 @@ class RankPart:
     memory_peaks: pd.DataFrame  # schema.MEMORY_PEAKS
     step_times: pd.DataFrame  # schema.STEP_TIMES, late_ns still 0
 
+    def compact(self, *, keep_labels: bool) -> RankPart:
+        """Every table packed (:mod:`fsdpviz.analysis.packed`: a fraction of the bytes to send and to
+        hold); without ``keep_labels`` the labels are left out (:func:`labels_of` computes them again
+        for the ranks that need them)."""
+        if not keep_labels:
+            self.labels = self.labels.iloc[:0]
+        for name in PART_TABLES:
+            setattr(self, name, pack(getattr(self, name)))
+        return self
+
+
+PART_TABLES: Final = ("labels", "windows", "spans", "collectives", "unit_steps", "memory", "memory_peaks",
+                      "step_times")
+
 
 def analyse_rank(traces: TraceSet, rank: int, analysed: AnalysedSteps | None, events: pd.DataFrame) -> RankPart:
     """The per-rank half of :func:`analyze_run`: ``events`` are the rank's own, ``analysed`` its
@@ -235,14 +251,37 @@ def analyze_run(traces: TraceSet, *, steps: Sequence[int] | None = None,
     return combine_parts(parts, traces, selection, framework)
 
 
-def _frame_of(parts: Sequence[RankPart], name: str, table: schema.Schema | None) -> pd.DataFrame:
-    frames = [getattr(p, name) for p in parts]
-    kept = [f for f in frames if len(f)]
-    if not kept:
-        return frames[0].iloc[:0] if table is None and frames else schema.make_empty(table) if table else \
-            pd.DataFrame()
-    out = pd.concat(kept, ignore_index=True) if len(kept) > 1 else kept[0].reset_index(drop=True)
+def _frame_of(parts: Sequence[RankPart], name: str, table: schema.Schema | None, *,
+              text_as_category: bool = False) -> pd.DataFrame:
+    """The ranks' ``name`` tables as one, in rank order (packed ones unpacked, text columns as
+    categories if ``text_as_category``; each part's table is let go once copied: a large run's
+    parts are not held twice)."""
+    frames: list[Any] = [getattr(p, name) for p in parts]
+    for p in parts:
+        setattr(p, name, None)
+    if frames and isinstance(frames[0], Packed):
+        out = concat_packed(frames, text_as_category=text_as_category)
+    else:
+        kept = [f for f in frames if len(f)]
+        if not kept:
+            return frames[0].iloc[:0] if table is None and frames else schema.make_empty(table) if table else \
+                pd.DataFrame()
+        out = pd.concat(kept, ignore_index=True) if len(kept) > 1 else kept[0].reset_index(drop=True)
+    del frames
+    release_freed_memory()
     return schema.conform(out, table, table=name) if table is not None else out
+
+
+def labels_of(traces: TraceSet, selection: StepSelection, clock: pd.DataFrame) -> pd.DataFrame:
+    """``RunAnalysis.labels`` of the ranks ``traces`` holds (with their events): their analysed steps'
+    labels on the reference clock. A run analysed rank by rank keeps no labels (each rank's are
+    as many as its spans): what needs them reads its ranks again and calls this."""
+    wanted: dict[int, set[int] | None] = {}
+    for rank in traces.rank_ids:
+        analysed_steps = selection.of(rank)
+        wanted[rank] = set(analysed_steps.steps) if analysed_steps is not None else None
+    labels = parse_labels(traces.events)
+    return _shift(_in_steps(labels, wanted), crossrank.applied_offsets(clock), ("start_ns", "end_ns"))
 
 
 def combine_parts(parts: Sequence[RankPart], traces: TraceSet, selection: StepSelection,
@@ -258,11 +297,18 @@ def combine_parts(parts: Sequence[RankPart], traces: TraceSet, selection: StepSe
     analysed = set().union(*[w if w is not None else {schema.NO_STEP} for w in wanted.values()]) if ranks else set()
     labels = _frame_of(parts, "labels", None)
     windows = _frame_of(parts, "windows", None)
-    all_coll = _frame_of(parts, "collectives", None)
+    # the collectives are read here only (as many rows as the spans): text kept as categories
+    all_coll = _frame_of(parts, "collectives", None, text_as_category=True)
     us = _frame_of(parts, "unit_steps", schema.UNIT_STEPS)
     coll = crossrank.with_seq(all_coll)
     clock = crossrank.estimate_clocks(coll, ranks) if ranks else schema.make_empty(schema.CLOCK)
     offsets = crossrank.applied_offsets(clock)
+    # what the memory model needs of them (a unit's all-gathers run on its shard group, its HSDP
+    # all-reduces on the replica group), before they are let go
+    gathers = pd.DataFrame({"rank": all_coll["rank"].to_numpy(), "pg": all_coll["pg"].astype(str).to_numpy(),
+                            "unit": np.where((all_coll["kind"] == schema.SPAN_ALL_GATHER).to_numpy(),
+                                             all_coll["unit"].astype(str).to_numpy(), "")})
+    del all_coll
     spans = _shift(_frame_of(parts, "spans", schema.SPANS), offsets, ("start_ns", "end_ns", "issue_ns"))
     pass_windows = _shift(_in_steps(windows, wanted), offsets,
                           ("start_ns", "end_ns", "region_start_ns", "region_end_ns", "excl_end_ns"))
@@ -278,11 +324,13 @@ def combine_parts(parts: Sequence[RankPart], traces: TraceSet, selection: StepSe
         lateness = crossrank.rank_lateness(coll)
         late = step_times[["rank", "step"]].merge(lateness, on=["rank", "step"], how="left")["late_ns"]
         step_times["late_ns"] = late.fillna(0).astype(np.int64).to_numpy()
+    del coll
+    release_freed_memory()
     has_units = any(p.has_unit_labels for p in parts)
     units = derive_units(traces.units, windows, us, framework) if has_units else traces.units
     stats = unit_stats(us, units)
     gpu = bool(traces.ranks["n_kernels"].sum() > 0)
-    model = _model(stats, traces, peaks_t, all_coll, gpu)
+    model = _model(stats, traces, peaks_t, gathers, gpu)
     step_ns = float(step_times["step_ns"].median()) if len(step_times) else float("nan")
     findings = build_findings(us, spans, step_times, step_ns, framework)
     shared = (sum(p.shared_collectives[0] for p in parts), max((p.shared_collectives[1] for p in parts), default=0))
@@ -294,13 +342,12 @@ def combine_parts(parts: Sequence[RankPart], traces: TraceSet, selection: StepSe
     )
 
 
-def _model(stats: pd.DataFrame, traces: TraceSet, peaks: pd.DataFrame, collectives: pd.DataFrame,
+def _model(stats: pd.DataFrame, traces: TraceSet, peaks: pd.DataFrame, gathers: pd.DataFrame,
            gpu: bool) -> dict[str, Any]:
+    """``gathers``: every collective's rank and pg, with the unit of all-gathers ("" for others)."""
     if stats.empty:
         return {}
     elem, measured = memory.element_bytes(traces.units, 2 if gpu else 4)
-    # a unit's all-gathers run on its shard group (its HSDP all-reduces on the replica group)
-    gathers = collectives.assign(unit=collectives["unit"].where(collectives["kind"] == schema.SPAN_ALL_GATHER, ""))
     shards, source = memory.shard_sizes(traces.run.units if traces.run else None, gathers, len(traces.rank_ids),
                                         traces.world_size)
     model = memory.memory_model(stats.set_index("unit")["param_bytes"], traces.world_size, elem,

@@ -46,6 +46,7 @@ from fsdpviz.analysis.labels import (
 )
 from fsdpviz.analysis.memory import device_samples, main_devices
 from fsdpviz.analysis.pipeline import RunResult
+from fsdpviz.analysis.run import labels_of
 from fsdpviz.analysis.spans import gpu_work
 from fsdpviz.naming import ROOT_UNIT
 from fsdpviz.trace import schema
@@ -227,8 +228,9 @@ def read_recording(result: RunResult, ranks: Sequence[int] | None = None) -> Rec
     units = _unit_order(result)
     programs = []
     steps = crossrank.shift_times(traces.steps, offsets, ("start_ns", "end_ns"))
+    labels = analysis.labels if result.events_kept else labels_of(traces, result.selection, analysis.clock)
     by = {name: frame.groupby("rank", sort=True) for name, frame in (
-        ("spans", analysis.spans), ("windows", analysis.windows), ("labels", analysis.labels),
+        ("spans", analysis.spans), ("windows", analysis.windows), ("labels", labels),
         ("events", events), ("steps", steps), ("times", analysis.step_times))}
     for rank in analysis.ranks if ranks is None else [r for r in analysis.ranks if r in set(ranks)]:
         parts = {name: _group(g, rank) for name, g in by.items()}

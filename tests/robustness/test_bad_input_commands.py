@@ -82,11 +82,11 @@ def test_the_installed_command_prints_the_same_line(command: str, tmp_path: Path
 
 def test_ctrl_c_exits_130_without_a_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    import fsdpviz.trace
+    import fsdpviz.trace.loader
 
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(fsdpviz.trace, "load_traces", interrupted)
+    monkeypatch.setattr(fsdpviz.trace.loader, "load_run", interrupted)
     code, out, err = run_cli(["summary", str(good_trace().write(tmp_path / "rank0.json"))], capsys)
     assert code == 130 and out == "" and "Traceback" not in err
