@@ -20,6 +20,7 @@ import multiprocessing as mp
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
@@ -198,13 +199,18 @@ def _progress_display(progress: bool | None, *, total: int) -> Iterator:
     if not wanted:
         yield lambda label, n: None
         return
+    started = time.monotonic()
+
+    def rate(done: int) -> str:
+        return f"{done / max(time.monotonic() - started, 1e-9):.1f} files/s"
+
     if not tty:  # asked for, but a log file or pipe: plain lines, no cursor tricks
         done = [0]
 
         def line(label: str, n: int) -> None:
             if n:
                 done[0] += n
-                print(f"fsdpviz: parsed {label} ({done[0]}/{total})", file=sys.stderr, flush=True)
+                print(f"fsdpviz: parsed {label} ({done[0]}/{total}, {rate(done[0])})", file=sys.stderr, flush=True)
 
         yield line
         return
@@ -224,11 +230,13 @@ def _progress_display(progress: bool | None, *, total: int) -> Iterator:
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
+        TextColumn("{task.fields[rate]}"),
         TextColumn("{task.description}"),
         console=Console(stderr=True),
         transient=True,
     )
-    task = bar.add_task("", total=total)
+    task = bar.add_task("", total=total, rate="")
+    finished = [0]
     lock = threading.Lock()
     state = {"started": False, "done": False}
 
@@ -242,7 +250,11 @@ def _progress_display(progress: bool | None, *, total: int) -> Iterator:
     timer.daemon = True
     timer.start()
     try:
-        yield lambda label, n: bar.update(task, advance=n, description=label)
+        def advance(label: str, n: int) -> None:
+            finished[0] += n
+            bar.update(task, advance=n, description=label, rate=rate(finished[0]) if finished[0] else "")
+
+        yield advance
     finally:
         timer.cancel()
         with lock:

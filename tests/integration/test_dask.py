@@ -1,7 +1,8 @@
 """``--scheduler``: the ranks parsed on a real Dask cluster (a scheduler and two worker processes on
 127.0.0.1), against the same commands run locally.
 
-References: the local run's own ``summary --json`` (the cluster must give the same bytes), a worker
+References: the local run's own ``summary --json`` (the cluster must give the same bytes, whether the
+workers send each rank's digest or its whole tables, and so must the run loaded whole), a worker
 killed while it parses (Dask gives its task to the other worker: the same answer, no hang), and a
 port nothing listens on (one ``error:`` line within seconds).
 """
@@ -64,7 +65,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 @pytest.fixture(scope="module")
 def run_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    sc = Scenario(units=make_units(6, numel=2_000_000), root=make_root(), world_size=16, steps=(3, 4, 5),
+    # 20 ranks: more trace files than a run loaded whole has (trace.loader.keeps_events), so each
+    # rank is analysed on the worker that parses it and only its digest travels
+    sc = Scenario(units=make_units(6, numel=2_000_000), root=make_root(), world_size=20, steps=(3, 4, 5),
                   kernels_per_unit=24, shared_timeline=True)
     return generate_run(sc, tmp_path_factory.mktemp("dask-run"), run_folder=True).folder
 
@@ -79,6 +82,11 @@ def _json(*argv: str, env: dict[str, str] | None = None) -> dict:
 def test_the_cluster_gives_the_local_answer(cluster: Cluster, run_folder: Path, tmp_path: Path) -> None:
     local = _json("summary", "--json", "--no-cache", str(run_folder))
     assert _json("summary", "--json", "--no-cache", "--scheduler", cluster.address, str(run_folder)) == local
+    # the same as the run loaded whole, here or parsed on the cluster and sent back whole
+    whole = dict(os.environ, FSDPVIZ_KEEP_EVENTS="1")
+    assert _json("summary", "--json", "--no-cache", str(run_folder), env=whole) == local
+    assert _json("summary", "--json", "--no-cache", "--scheduler", cluster.address, str(run_folder),
+                 env=whole) == local
     # the environment variable does the same, for every command
     env = dict(os.environ, FSDPVIZ_SCHEDULER=cluster.address)
     assert _json("summary", "--json", "--no-cache", str(run_folder), env=env) == local

@@ -122,3 +122,18 @@ def test_thinned_memory_keeps_step_peaks_and_opening_levels() -> None:
             before = full_m & (memory["t_ns"] < s)
             kept_before = thin_m & (thin["t_ns"] < s)
             assert memory["allocated_bytes"][before][-1] == thin["allocated_bytes"][kept_before][-1]
+
+
+def test_whatif_reads_the_same_recording_both_ways(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The what-if model reads the events of its ranks again from a run held rank by rank (and
+    their labels): its prediction is the one made from the run loaded whole."""
+    from fsdpviz.whatif.predict import predict, read_model
+    from fsdpviz.whatif.settings import Settings, parse_wrap
+
+    run = generate_run(SCENARIOS["offsets-straggler-accumulation"], tmp_path, run_folder=True)
+    whole, mapped = _both(run.folder, monkeypatch)
+    setting = Settings().with_(wrap=parse_wrap("merge:2"), prefetch="none")
+    a = predict(read_model(whole, ranks=[0, 3]), setting).to_json()
+    b = predict(read_model(mapped, ranks=[0, 3]), setting).to_json()
+    assert b == a
+    assert a["predicted"]["step_time_ms"] != a["baseline"]["step_time_ms"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -257,8 +258,10 @@ def test_progress_lines_only_when_asked_off_a_terminal(tmp_path: Path, capsys: p
     load_traces([tmp_path], cache=False, jobs=1)
     assert capsys.readouterr().err == ""  # stderr is not a terminal here: quiet by default
     load_traces([tmp_path], cache=False, jobs=1, progress=True)
-    assert capsys.readouterr().err.splitlines() == [
+    lines = capsys.readouterr().err.splitlines()
+    assert [re.sub(r", [0-9.]+ files/s\)$", ")", line) for line in lines] == [
         "fsdpviz: parsed rank0.json (1/2)", "fsdpviz: parsed rank1.json (2/2)"]
+    assert all(re.search(r", \d+\.\d files/s\)$", line) for line in lines)  # and the rate
 
 
 def test_nan_and_infinity_literals_are_read(tmp_path: Path) -> None:
