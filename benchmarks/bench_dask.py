@@ -4,7 +4,9 @@ on a Dask ``LocalCluster`` (2 worker processes, 1 thread each) on this machine.
 Generates a synthetic FSDP2 GPU run (``--ranks`` ranks, 8 units, 3 steps; tests/synth) once, then
 times ``fsdpviz summary --json --no-cache`` as fresh processes, interleaved, ``--repeat`` times:
 locally, and with ``--scheduler`` pointing at the cluster (started once, as a user would keep one
-running). Checks that both print the same JSON and reports the medians and the cluster's overhead.
+running). Both analyse each rank where it is parsed (more than 16 files); a third variant loads the
+run whole into one process (``FSDPVIZ_KEEP_EVENTS=1``). Checks that all print the same JSON and
+reports the medians and the cluster's overhead.
 
     python benchmarks/bench_dask.py [--ranks 64] [--repeat 3]
 
@@ -41,13 +43,18 @@ def main() -> None:
         events = f"{run.n_events:,} per rank"
         with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
             base = [sys.executable, "-m", "fsdpviz", "summary", "--json", "--no-cache", str(run.folder)]
-            variants = {"local processes": base, "Dask LocalCluster": [*base, "--scheduler", cluster.scheduler_address]}
+            import os
+
+            whole = dict(os.environ, FSDPVIZ_KEEP_EVENTS="1")
+            variants = {"local processes": (base, None),
+                        "Dask LocalCluster": ([*base, "--scheduler", cluster.scheduler_address], None),
+                        "local processes, loaded whole": (base, whole)}
             walls: dict[str, list[float]] = {k: [] for k in variants}
             cpus: dict[str, list[float]] = {k: [] for k in variants}
             outputs: dict[str, str] = {}
             for _ in range(args.repeat):
-                for name, argv in variants.items():
-                    m = run_measured(argv)
+                for name, (argv, env) in variants.items():
+                    m = run_measured(argv, env=env)
                     if m.returncode != 0:
                         raise SystemExit(f"{name} failed:\n{m.stderr[-2000:]}")
                     walls[name].append(m.wall_s)
