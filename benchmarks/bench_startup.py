@@ -1,0 +1,99 @@
+"""Time to first answer on small inputs, and the report of mid-sized runs, as a user meets them.
+
+Fresh processes, interleaved, ``--repeat`` times; median (min-max) of wall and CPU time:
+
+- ``fsdpviz --help``;
+- ``fsdpviz summary --json --no-cache`` on one rank of the bundled FSDP2 example (a ~1 MB trace)
+  and on its two ranks;
+- ``fsdpviz report --no-cache`` of synthetic FSDP2 GPU runs of 32 ranks x 40 units and 64 ranks x
+  80 units (``tests/synth``, every rank on one shared timeline, ``--events`` events per rank, three
+  profiled steps), generated once before they are timed.
+
+Then the imports ``fsdpviz summary --json`` of one rank pays for (``python -X importtime``,
+cumulative, the largest top-level packages).
+
+    python benchmarks/bench_startup.py [--repeat 5] [--events 20000] [--no-report]
+
+Results: docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from harness import describe_machine, load_average, median, run_measured, spread
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "sample_traces" / "fsdp2-cpu-2rank"
+FSDPVIZ = [sys.executable, "-m", "fsdpviz"]
+
+
+def _generate(out: Path, ranks: int, units: int, events: int) -> int:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from synth import generate_large_run
+
+    return generate_large_run(out, world_size=ranks, n_units=units, events_per_rank=events).n_events
+
+
+def _imports(argv: list[str]) -> list[tuple[str, float]]:
+    """Top-level packages by cumulative import time (ms) of ``argv`` run with ``-X importtime``."""
+    proc = subprocess.run([sys.executable, "-X", "importtime", *argv], check=False, capture_output=True, text=True)
+    out: dict[str, float] = {}
+    for line in proc.stderr.splitlines():
+        m = re.match(r"import time:\s+\d+ \|\s+(\d+) \|( *)(\S+)", line)
+        if m and len(m.group(2)) == 1:  # a top-level import (one space of indent)
+            name = m.group(3).split(".")[0]
+            out[name] = out.get(name, 0.0) + int(m.group(1)) / 1000
+    return sorted(out.items(), key=lambda kv: -kv[1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--events", type=int, default=20_000)
+    parser.add_argument("--no-report", action="store_true")
+    args = parser.parse_args()
+    one_rank = min((EXAMPLE / "traces").glob("rank0.*"))
+    with tempfile.TemporaryDirectory(prefix="fsdpviz-startup-") as tmp:
+        jobs: dict[str, list[str]] = {
+            "fsdpviz --help": [*FSDPVIZ, "--help"],
+            f"summary --json, 1 rank ({one_rank.stat().st_size / 1e6:.1f} MB gzip, "
+            f"{len(gzip.decompress(one_rank.read_bytes())) / 1e6:.1f} MB JSON)":
+                [*FSDPVIZ, "summary", "--json", "--no-cache", str(one_rank)],
+            "summary --json, the example's 2 ranks": [*FSDPVIZ, "summary", "--json", "--no-cache", str(EXAMPLE)],
+        }
+        if not args.no_report:
+            for ranks, units in ((32, 40), (64, 80)):
+                run = Path(tmp) / f"run-{ranks}x{units}"
+                n = _generate(run, ranks, units, args.events)
+                jobs[f"report, {ranks} ranks x {units} units ({n:,} events per rank)"] = [
+                    *FSDPVIZ, "report", "--no-cache", "-o", str(Path(tmp) / f"{ranks}.html"), str(run)]
+        results: dict[str, list] = {name: [] for name in jobs}
+        loads = load_average()
+        for _ in range(args.repeat):
+            for name, argv in jobs.items():
+                m = run_measured(argv)
+                if m.returncode != 0:
+                    raise SystemExit(f"{name} failed:\n{m.stderr[-2000:]}")
+                results[name].append(m)
+    print(f"# machine: {describe_machine()}")
+    print(f"# fresh processes, median (min-max) of {args.repeat}, load average {loads} .. {load_average()}")
+    print("| command | wall s | CPU s | largest process RSS MB |")
+    print("|---|---:|---:|---:|")
+    for name, runs in results.items():
+        print(f"| {name} | {spread([m.wall_s for m in runs])} | {spread([m.cpu_s for m in runs])} "
+              f"| {median([m.max_rss_mb for m in runs]):.0f} |")
+    print("\n# imports of `fsdpviz summary --json` of one rank (cumulative ms, top-level packages)")
+    imports = _imports(["-m", "fsdpviz", "summary", "--json", "--no-cache", str(one_rank)])
+    for name, ms in imports[:10]:
+        print(f"- {name}: {ms:.0f} ms")
+
+
+if __name__ == "__main__":
+    main()
