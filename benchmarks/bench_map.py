@@ -2,7 +2,8 @@
 
 A run of more than 16 trace files is analysed rank by rank where each rank is parsed (``fsdpviz.
 analysis.rankmap``): the parent holds the ranks' digests, never their events. This measures, per
-run size, as a fresh process with ``FSDPVIZ_NO_CACHE=1``:
+run size, as a fresh process with ``FSDPVIZ_NO_CACHE=1`` (``--command report``: the report instead,
+which reads the 16 ranks it draws again):
 
 - wall time and CPU time (the parent and its workers), and CPU time per million events;
 - the parent's own peak RSS (``VmHWM``) -- the target is at most 1 GB at 1024 ranks -- and the
@@ -15,7 +16,7 @@ Each run is generated to disk once, before it is measured (``bench_scale.generat
 simulated and serialised, then written once per rank with its own rank in the header, so the
 generator holds one rank in memory); every rank shares one timeline.
 
-    python benchmarks/bench_map.py [--ranks 64,256,1024] [--events 100000] [--repeat 1] [--whole]
+    python benchmarks/bench_map.py [--ranks 64,256,1024] [--events 100000] [--repeat 1] [--whole] [--command report]
 
 Results: docs/scale.md and docs/performance.md.
 """
@@ -48,11 +49,13 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=100_000, help="events per rank (approximate)")
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--whole", action="store_true", help="also the smallest run loaded whole")
+    parser.add_argument("--command", choices=("summary", "report"), default="summary",
+                        help="the command timed: summary --json, or report (the page of the 16 ranks it draws)")
     parser.add_argument("--keep", help="generate the runs in this folder and keep them (default: a temporary one)")
     args = parser.parse_args()
 
     print(f"# machine: {describe_machine()}")
-    print(f"# {versions('msgspec', 'numpy', 'pandas', 'pyarrow')}; `fsdpviz summary --json --no-cache`, fresh "
+    print(f"# {versions('msgspec', 'numpy', 'pandas', 'pyarrow')}; `fsdpviz {args.command}`, no cache, fresh "
           f"process, median (min-max) of {args.repeat}; events per rank ~{args.events:,}")
     print("| ranks | events | mode | wall s | CPU s | CPU s per 1M events | parent peak RSS MB "
           "| largest worker peak RSS MB | load avg |")
@@ -76,7 +79,9 @@ def main() -> None:
                 env = dict(os.environ, FSDPVIZ_NO_CACHE="1", FSDPVIZ_KEEP_EVENTS=keep)
                 runs, marks, loads = [], [], load_average()
                 for _ in range(args.repeat):
-                    m = run_measured([sys.executable, str(JOBS), "summary", "--json", str(folder)], env=env)
+                    what = ["summary", "--json"] if args.command == "summary" else \
+                        ["report", "-o", str(folder / "report.html")]
+                    m = run_measured([sys.executable, str(JOBS), "cli", *what, str(folder)], env=env)
                     if m.returncode != 0:
                         raise SystemExit(f"{ranks} ranks ({mode}) failed:\n{m.stderr[-3000:]}")
                     runs.append(m)

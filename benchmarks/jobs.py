@@ -4,8 +4,7 @@
   other: the cost of merely reading the JSON (no tables, no analysis).
 - ``fsdpviz [--cache] [--jobs N] PATH...``: ``load_traces`` + ``compute_overlap`` (the whole-step
   communication/computation overlap per rank), as a script using fsdpviz would.
-- ``summary ARG...``: ``fsdpviz summary ARG...`` (the command itself, in this process), then one
-  line on stderr, ``BENCH {json}``: this process's own peak RSS and CPU time (the parent: what it
+- ``cli ARG...``: ``fsdpviz ARG...`` (the command itself, in this process), then one line on stderr, ``BENCH {json}``: this process's own peak RSS and CPU time (the parent: what it
   holds of the run) and the largest peak RSS and the CPU time of its worker processes.
 - ``hta DIR``: HTA's ``TraceAnalysis(trace_dir=DIR)`` + ``get_comm_comp_overlap`` (run with the
   Python of a venv that has ``holistictraceanalysis`` installed), with the rank -> file map
@@ -90,14 +89,14 @@ def hta(trace_dir: str) -> dict:
     }
 
 
-def summary(args: list[str]) -> None:
+def cli(args: list[str]) -> None:
     import resource
 
-    from fsdpviz.cli import main as cli
+    from fsdpviz.cli import main as fsdpviz_main
 
     code = 0
     try:
-        cli(["summary", *args])
+        fsdpviz_main(args)
     except SystemExit as exc:
         code = int(exc.code or 0)
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -112,8 +111,8 @@ def summary(args: list[str]) -> None:
 
 def main(argv: list[str]) -> None:
     job, args = argv[0], argv[1:]
-    if job == "summary":
-        summary(args)
+    if job == "cli":
+        cli(args)
     if job == "floor":
         result = floor(args)
     elif job == "fsdpviz":
