@@ -3,7 +3,8 @@
 For each trace (the real GPU traces of ``../shared/traces/gpu-real`` by default, the largest file of
 each folder), each decoder runs in a fresh process (``run_measured``: peak RSS of that process) that
 reports its import time, the gunzip time (``isal`` when present, as fsdpviz reads) and the decode
-time, best of ``--repeat`` decodes:
+time, best of ``--repeat`` decodes; its peak RSS is sampled every 20 ms (``wait4``'s maximum would
+start from this process's own size at the fork):
 
 - ``json``: the standard library, to Python objects;
 - ``orjson``: ``orjson.loads``, to Python objects (the "floor" of bench_load);
@@ -168,20 +169,20 @@ def main() -> None:
     print(f"# machine: {describe_machine()}")
     print(f"# {versions('orjson', 'msgspec', 'simdjson', 'polars', 'pyarrow', 'isal')}; best of {args.repeat} "
           "decodes in a fresh process per decoder and trace")
-    print("| trace | JSON MB | decoder | import s | gunzip s | decode s (CPU) | events | process peak RSS MB |")
+    print("| trace | JSON MB | decoder | import s | gunzip s | decode s (CPU) | events | peak RSS MB (sampled) |")
     print("|---|---:|---|---:|---:|---:|---:|---:|", flush=True)
     for path in _inputs(args.inputs):
-        size = len(_gunzip(path.read_bytes())) / 1e6
+        size = len(_gunzip(path.read_bytes())) / 1e6  # (freed before the children start)
         name = f"{path.parent.name}/{path.name}"
         for decoder in DECODERS:
             m = run_measured([sys.executable, str(HERE), "--one", decoder, str(path), "--repeat", str(args.repeat)])
             if m.returncode != 0:
                 why = (m.stderr.strip().splitlines() or ["?"])[-1][:90]
-                print(f"| {name} | {size:.0f} | {decoder} | - | - | fails: {why} | - | {m.max_rss_mb:.0f} |", flush=True)
+                print(f"| {name} | {size:.0f} | {decoder} | - | - | fails: {why} | - | {m.tree_rss_mb:.0f} |", flush=True)
                 continue
             r = json.loads(m.stdout.strip().splitlines()[-1])
             print(f"| {name} | {size:.0f} | {decoder} | {r['import_s']:.3f} | {r['gunzip_s']:.3f} "
-                  f"| {r['decode_s']:.3f} ({r['decode_cpu_s']:.3f}) | {r['n']:,} | {m.max_rss_mb:.0f} |", flush=True)
+                  f"| {r['decode_s']:.3f} ({r['decode_cpu_s']:.3f}) | {r['n']:,} | {m.tree_rss_mb:.0f} |", flush=True)
 
 
 if __name__ == "__main__":
