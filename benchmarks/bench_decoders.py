@@ -30,6 +30,7 @@ Results: docs/performance.md.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 import time
@@ -175,6 +176,10 @@ def main() -> None:
         size = len(_gunzip(path.read_bytes())) / 1e6  # (freed before the children start)
         name = f"{path.parent.name}/{path.name}"
         for decoder in DECODERS:
+            module = {"simdjson": "simdjson", "polars": "polars"}.get(decoder)
+            if module is not None and importlib.util.find_spec(module) is None:
+                print(f"| {name} | {size:.0f} | {decoder} | - | - | not installed | - | - |", flush=True)
+                continue
             m = run_measured([sys.executable, str(HERE), "--one", decoder, str(path), "--repeat", str(args.repeat)])
             if m.returncode != 0:
                 why = (m.stderr.strip().splitlines() or ["?"])[-1][:90]
