@@ -7,13 +7,16 @@ import sys
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from fsdpviz.commands.common import say
 from fsdpviz.errors import EXIT_BAD_INPUT, FsdpvizError, UsageError
 from fsdpviz.naming import list_units
-from fsdpviz.runfolder import REPORT_HTML, RunInfo
+
+if TYPE_CHECKING:  # run.json's types load msgspec (and attrs): `fsdpviz --help` need not wait for them
+    from fsdpviz.runfolder import RunInfo
 
 CONTEXT_SETTINGS = {"allow_interspersed_args": False}  # options after COMMAND belong to COMMAND
 MAX_UNITS_LISTED = 12  # the recording's line names this many units, then counts the rest
@@ -141,6 +144,7 @@ def summarise_and_report(run_dir: Path, *, summary: bool, report: bool) -> Path 
                 print_summary(result.summary)
             else:
                 from fsdpviz.report.build import build_report
+                from fsdpviz.runfolder import REPORT_HTML
 
                 written = build_report(result, run_dir / REPORT_HTML).path
                 say(f"report: {written}")
