@@ -137,3 +137,35 @@ def test_whatif_reads_the_same_recording_both_ways(tmp_path: Path, monkeypatch: 
     b = predict(read_model(mapped, ranks=[0, 3]), setting).to_json()
     assert b == a
     assert a["predicted"]["step_time_ms"] != a["baseline"]["step_time_ms"]
+
+
+def test_which_runs_are_loaded_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fsdpviz.trace.loader import KEEP_EVENTS_MAX_BYTES, KEEP_EVENTS_MAX_FILES, keeps_events
+
+    monkeypatch.delenv("FSDPVIZ_KEEP_EVENTS", raising=False)
+    files = []
+    for i in range(KEEP_EVENTS_MAX_FILES + 1):
+        f = tmp_path / f"rank{i}.json"
+        f.write_bytes(b"x" * 10)
+        files.append(f)
+    assert keeps_events(files[:KEEP_EVENTS_MAX_FILES]) and not keeps_events(files)
+    big = tmp_path / "big.json"
+    with big.open("wb") as fh:  # sparse: the size counts, not the blocks
+        fh.truncate(KEEP_EVENTS_MAX_BYTES + 1)
+    assert not keeps_events([big]) and keeps_events(files[:1])
+    monkeypatch.setenv("FSDPVIZ_KEEP_EVENTS", "1")
+    assert keeps_events(files) and keeps_events([big])
+    monkeypatch.setenv("FSDPVIZ_KEEP_EVENTS", "0")
+    assert not keeps_events(files[:1])
+
+
+def test_exported_tables_same_both_ways(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`export` writes every allocator sample: a run held rank by rank reads its ranks again for them."""
+    from fsdpviz.commands.export import export_tables
+
+    whole, mapped = _both(ROOT / "sample_traces" / "fsdp2-cpu-2rank", monkeypatch)
+    a = export_tables(whole.traces, whole.analysis)
+    b = export_tables(mapped.detail(), mapped.analysis)
+    assert len(b["memory"]) > len(mapped.traces.memory)  # more than the thinned samples kept
+    for name in a:
+        pd.testing.assert_frame_equal(b[name].reset_index(drop=True), a[name].reset_index(drop=True), obj=name)
