@@ -3,7 +3,7 @@
 A run of many ranks is not brought into one process. Each rank's trace is parsed by a worker (a
 local process or a Dask worker), which runs everything the analysis does on one rank -- the steps it
 analyses, its whole-step overlap, the evidence of the framework, its per-unit tables, memory peaks
-and step times (:func:`fsdpviz.analysis.run.analyse_rank`) -- and sends back only that
+and step times (:func:`fsdpviz.analysis.run.analyse_ranks`) -- and sends back only that
 (:class:`RankDigest`: O(units x steps) rows, never the events). The pipeline then combines the
 digests (:func:`fsdpviz.analysis.steps.combine_choices`, :func:`fsdpviz.analysis.run.combine_parts`):
 clock alignment, stragglers, medians and findings need nothing else.
@@ -22,8 +22,8 @@ import pandas as pd
 
 from fsdpviz.analysis.framework import framework_evidence
 from fsdpviz.analysis.overlap import rank_overlap
-from fsdpviz.analysis.run import RankPart, analyse_rank
-from fsdpviz.analysis.steps import RankChoice, choose_steps
+from fsdpviz.analysis.run import RankPart, analyse_ranks
+from fsdpviz.analysis.steps import RankChoice, choose_steps, combine_choices
 from fsdpviz.errors import NoDataError
 from fsdpviz.runfolder import RunInfo
 from fsdpviz.trace import frames
@@ -56,7 +56,7 @@ def digest(traces: TraceSet, rank: int, events: pd.DataFrame, *, steps: Sequence
         return RankDigest(rank=rank, n_events=len(events), choice=choice, overlap=None, error=str(exc),
                           evidence=evidence, part=None)
     return RankDigest(rank=rank, n_events=len(events), choice=choice, overlap=row, evidence=evidence,
-                      part=analyse_rank(traces, rank, choice.analysed, events))
+                      part=analyse_ranks(traces, [rank], combine_choices([choice], steps), events))
 
 
 def digest_columns(columns: RankColumns, *, run: RunInfo | None, steps: Sequence[int] | None,

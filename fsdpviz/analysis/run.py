@@ -12,7 +12,7 @@ by default every ProfilerStep the trace holds complete.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -47,7 +47,7 @@ from fsdpviz.analysis.overlap import cpu_sets, gpu_sets
 from fsdpviz.analysis.packed import Packed, concat_packed, pack, release_freed_memory
 from fsdpviz.analysis.records import CLOCK_MOVED, NO_UNIT_LABELS, SHARED_COLLECTIVES, Note
 from fsdpviz.analysis.spans import OPTIMIZER_PREFIX, unit_tables
-from fsdpviz.analysis.steps import AnalysedSteps, StepSelection, select_steps
+from fsdpviz.analysis.steps import StepSelection, select_steps
 from fsdpviz.analysis.unit_overlap import unit_steps
 from fsdpviz.analysis.units import derive_units, unit_stats
 from fsdpviz.analysis.windows import overhead_labels, unit_ancestors
@@ -162,10 +162,10 @@ def _shift(frame: pd.DataFrame, offsets: dict[int, int], cols: Sequence[str]) ->
 
 @dataclass(kw_only=True, slots=True)
 class RankPart:
-    """What the per-unit analysis of one rank hands to the cross-rank step (:func:`combine_parts`):
-    tables of O(units x steps) rows, on the rank's own clock, never the rank's events."""
+    """What the per-unit analysis of some ranks hands to the cross-rank step (:func:`combine_parts`):
+    tables of O(units x steps) rows per rank, on each rank's own clock, never the ranks' events."""
 
-    rank: int
+    ranks: list[int]  # the ranks it covers (one, from a worker; every rank of a run loaded whole)
     has_unit_labels: bool
     shared_collectives: tuple[int, int]  # ZeRO-3 buckets: labels carrying several units, the most units in one
     labels: pd.DataFrame  # labels.LABELS, analysed steps
@@ -192,49 +192,80 @@ PART_TABLES: Final = ("labels", "windows", "spans", "collectives", "unit_steps",
                       "step_times")
 
 
-def analyse_rank(traces: TraceSet, rank: int, analysed: AnalysedSteps | None, events: pd.DataFrame) -> RankPart:
-    """The per-rank half of :func:`analyze_run`: ``events`` are the rank's own, ``analysed`` its
-    analysed steps; of ``traces`` (which may hold other ranks too) only ``rank``'s lanes, steps and
-    memory and the run-wide units are read."""
-    lanes = traces.lanes[(traces.lanes["rank"] == rank).to_numpy()]
+def _rank_parts(frame: pd.DataFrame) -> Callable[[int], pd.DataFrame]:
+    """``part(rank)``: the rows of ``frame`` of one rank, in their order (empty with the same columns)."""
+    rows = frame.groupby("rank", sort=False).indices if len(frame) else {}
+    return lambda rank: frame.iloc[rows[rank]] if rank in rows else frame.iloc[:0]
+
+
+def _concat(frames: list[pd.DataFrame], table: schema.Schema) -> pd.DataFrame:
+    frames = [f for f in frames if len(f)]
+    return schema.conform(pd.concat(frames, ignore_index=True), table) if frames else schema.make_empty(table)
+
+
+def analyse_ranks(traces: TraceSet, ranks: Sequence[int], selection: StepSelection,
+                  events: pd.DataFrame) -> RankPart:
+    """The per-rank half of :func:`analyze_run` for ``ranks`` (all of a run loaded whole, or the one
+    rank a worker parsed): ``events`` are those ranks' own, ``selection`` gives their analysed steps;
+    of ``traces`` (which may hold other ranks too) only these ranks' lanes, steps and memory and the
+    run-wide units are read. Per-rank work on tables of several ranks is done in one pass each."""
+    chosen_ranks = list(ranks)
+    lanes = traces.lanes[traces.lanes["rank"].isin(chosen_ranks).to_numpy()]
     labels = parse_labels(events)
     ut = unit_tables(events, lanes, labels)
-    wanted: dict[int, set[int] | None] = {rank: set(analysed.steps) if analysed is not None else None}
-    compute = {rank: _compute_set(events, lanes)} if len(events) else {}
+    wanted: dict[int, set[int] | None] = {}
+    for rank in chosen_ranks:
+        analysed_steps = selection.of(rank)
+        wanted[rank] = set(analysed_steps.steps) if analysed_steps is not None else None
+    event_rows = events.groupby("rank", sort=True).indices if len(events) else {}
+    compute = {r: _compute_set(events.iloc[event_rows[r]], lanes) for r in chosen_ranks if r in event_rows}
     sizes = traces.units[traces.units["param_bytes"] > 0] if len(traces.units) else traces.units
-    us = unit_steps(ut.spans, ut.windows, compute, unit_ancestors(ut.windows),
+    ancestors = unit_ancestors(ut.windows)
+    us = unit_steps(ut.spans, ut.windows, compute, ancestors,
                     dict(zip(sizes["unit"].astype(str), sizes["param_bytes"].astype(int))))
-    rank_steps = traces.steps[(traces.steps["rank"] == rank).to_numpy()]
-    chosen = rank_steps if analysed is None else rank_steps[rank_steps["step"].isin(list(analysed.steps))]
-    mem_samples = traces.memory[(traces.memory["rank"] == rank).to_numpy()]
-    device = memory.main_devices(mem_samples).get(rank)
-    curve, peaks = schema.make_empty(schema.MEMORY), schema.make_empty(schema.MEMORY_PEAKS)
-    if device is not None:
-        samples = memory.device_samples(mem_samples, rank, device)
-        if len(us) and len(ut.windows):
-            # per window, then the highest per step, unit and phase: under gradient accumulation
-            # a phase has one window per micro-batch, and the time between them is not the unit's
-            key = ["step", "unit", "phase"]
-            peak = pd.Series(memory.window_peaks(samples, ut.windows["start_ns"].to_numpy(),
-                                                 ut.windows["end_ns"].to_numpy()),
-                             index=pd.MultiIndex.from_frame(ut.windows[key])).groupby(level=key).max()
-            found = peak.reindex(pd.MultiIndex.from_frame(us[key])).fillna(-1)
-            us["peak_allocated_bytes"] = found.to_numpy(dtype=np.int64)
-        peaks = memory.step_peaks(samples, chosen, ut.windows, device, unit_ancestors(ut.windows))
-        if analysed is not None and analysed.steps:
-            curve = memory.curve(samples, analysed.start_ns, analysed.end_ns)
-        else:
-            curve = memory.curve(samples)
-    times = _step_times(rank, chosen, _in_steps(ut.pieces, wanted), labels, events,
-                        _in_steps(ut.collectives, wanted), compute.get(rank, empty_intervals()), ut.windows)
+    mem_samples = traces.memory[traces.memory["rank"].isin(chosen_ranks).to_numpy()] if len(traces.ranks) > 1 \
+        else traces.memory
+    devices = memory.main_devices(mem_samples)
+    peaks, curves, times = [], [], []
+    # Each table split by rank once (not one full scan per rank: 64 ranks x 6 tables add up).
+    by_rank = {name: _rank_parts(frame) for name, frame in (
+        ("steps", traces.steps), ("windows", ut.windows), ("pieces", _in_steps(ut.pieces, wanted)),
+        ("labels", labels), ("collectives", _in_steps(ut.collectives, wanted)))}
+    for rank in chosen_ranks:
+        rank_steps = by_rank["steps"](rank)
+        rank_windows = by_rank["windows"](rank)
+        wanted_steps = wanted[rank]
+        chosen = rank_steps if wanted_steps is None else rank_steps[rank_steps["step"].isin(list(wanted_steps))]
+        if rank in devices:
+            samples = memory.device_samples(mem_samples, rank, devices[rank])
+            mine = (us["rank"] == rank).to_numpy()
+            if mine.any() and len(rank_windows):
+                # per window, then the highest per step, unit and phase: under gradient accumulation
+                # a phase has one window per micro-batch, and the time between them is not the unit's
+                key = ["step", "unit", "phase"]
+                peak = pd.Series(memory.window_peaks(samples, rank_windows["start_ns"].to_numpy(),
+                                                     rank_windows["end_ns"].to_numpy()),
+                                 index=pd.MultiIndex.from_frame(rank_windows[key])).groupby(level=key).max()
+                found = peak.reindex(pd.MultiIndex.from_frame(us.loc[mine, key])).fillna(-1)
+                us.loc[mine, "peak_allocated_bytes"] = found.to_numpy(dtype=np.int64)
+            peaks.append(memory.step_peaks(samples, chosen, rank_windows, devices[rank], ancestors))
+            analysed_steps = selection.of(rank)
+            if analysed_steps is not None and analysed_steps.steps:
+                curves.append(memory.curve(samples, analysed_steps.start_ns, analysed_steps.end_ns))
+            else:
+                curves.append(memory.curve(samples))
+        rank_events = events.iloc[event_rows.get(rank, [])]
+        times.append(_step_times(rank, chosen, by_rank["pieces"](rank), by_rank["labels"](rank), rank_events,
+                                 by_rank["collectives"](rank), compute.get(rank, empty_intervals()), rank_windows))
     shared = labels[((labels["family"] == FAMILY_FSDPVIZ)
                      & labels["action"].isin([GATHER_ACTION, FSDPVIZ_REDUCE_ACTION])
                      & labels["unit"].str.contains(",", regex=False)).to_numpy()]
     widest = max((len(u.split(",")) for u in shared["unit"]), default=0)
-    return RankPart(rank=rank, has_unit_labels=has_unit_labels(labels), shared_collectives=(len(shared), widest),
-                    labels=_in_steps(labels, wanted), windows=ut.windows, spans=_in_steps(ut.spans, wanted),
-                    collectives=ut.collectives, unit_steps=_in_steps(us, wanted), memory=curve,
-                    memory_peaks=peaks, step_times=times)
+    return RankPart(ranks=chosen_ranks, has_unit_labels=has_unit_labels(labels),
+                    shared_collectives=(len(shared), widest), labels=_in_steps(labels, wanted), windows=ut.windows,
+                    spans=_in_steps(ut.spans, wanted), collectives=ut.collectives, unit_steps=_in_steps(us, wanted),
+                    memory=_concat(curves, schema.MEMORY), memory_peaks=_concat(peaks, schema.MEMORY_PEAKS),
+                    step_times=_concat(times, schema.STEP_TIMES))
 
 
 def analyze_run(traces: TraceSet, *, steps: Sequence[int] | None = None,
@@ -245,10 +276,9 @@ def analyze_run(traces: TraceSet, *, steps: Sequence[int] | None = None,
     if selection is None:
         selection = select_steps(traces, steps=steps)
     framework = decide_framework(traces) if framework is None else framework
-    by_rank = traces.events.groupby("rank", sort=True).indices
-    parts = [analyse_rank(traces, rank, selection.of(rank), traces.events.iloc[by_rank.get(rank, [])])
-             for rank in traces.rank_ids]
-    return combine_parts(parts, traces, selection, framework)
+    # one part for every rank: the per-rank half runs on the whole tables, one pass per step
+    return combine_parts([analyse_ranks(traces, traces.rank_ids, selection, traces.events)], traces, selection,
+                         framework)
 
 
 def _frame_of(parts: Sequence[RankPart], name: str, table: schema.Schema | None, *,
@@ -289,7 +319,7 @@ def combine_parts(parts: Sequence[RankPart], traces: TraceSet, selection: StepSe
     """The cross-rank half of :func:`analyze_run`: clocks compared and aligned, collective skew and
     stragglers, units, their statistics and findings, from each rank's :class:`RankPart` (in rank
     order). ``traces`` is read for run-wide facts only (units and run.json, ranks, world size)."""
-    ranks = [p.rank for p in parts]
+    ranks = [r for p in parts for r in p.ranks]
     wanted: dict[int, set[int] | None] = {}
     for rank in ranks:
         analysed_steps = selection.of(rank)
