@@ -4,8 +4,8 @@ on a Dask ``LocalCluster`` (2 worker processes, 1 thread each) on this machine.
 Generates a synthetic FSDP2 GPU run (``--ranks`` ranks, 8 units, 3 steps; tests/synth) once, then
 times ``fsdpviz summary --json --no-cache`` as fresh processes, interleaved, ``--repeat`` times:
 locally, and with ``--scheduler`` pointing at the cluster (started once, as a user would keep one
-running). Both analyse each rank where it is parsed (more than 16 files); a third variant loads the
-run whole into one process (``FSDPVIZ_KEEP_EVENTS=1``). Checks that all print the same JSON and
+running). Both analyse each rank where it is parsed (``FSDPVIZ_KEEP_EVENTS=0``); a third variant
+loads the run whole into one process (``FSDPVIZ_KEEP_EVENTS=1``). Checks that all print the same JSON and
 reports the medians and the cluster's overhead.
 
     python benchmarks/bench_dask.py [--ranks 64] [--repeat 3]
@@ -46,8 +46,9 @@ def main() -> None:
             import os
 
             whole = dict(os.environ, FSDPVIZ_KEEP_EVENTS="1")
-            variants = {"local processes": (base, None),
-                        "Dask LocalCluster": ([*base, "--scheduler", cluster.scheduler_address], None),
+            by_rank = dict(os.environ, FSDPVIZ_KEEP_EVENTS="0")
+            variants = {"local processes": (base, by_rank),
+                        "Dask LocalCluster": ([*base, "--scheduler", cluster.scheduler_address], by_rank),
                         "local processes, loaded whole": (base, whole)}
             walls: dict[str, list[float]] = {k: [] for k in variants}
             cpus: dict[str, list[float]] = {k: [] for k in variants}

@@ -1,6 +1,6 @@
 """Cost per rank: ``fsdpviz summary --json`` on synthetic FSDP2 GPU runs of 64, 256 and 1024 ranks.
 
-A run of more than 16 trace files is analysed rank by rank where each rank is parsed (``fsdpviz.
+A run of more than ~4M events is analysed rank by rank where each rank is parsed (``fsdpviz.
 analysis.rankmap``): the parent holds the ranks' digests, never their events. This measures, per
 run size, as a fresh process with ``FSDPVIZ_NO_CACHE=1`` (``--command report``: the report instead,
 which reads the 16 ranks it draws again):

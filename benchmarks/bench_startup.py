@@ -12,7 +12,7 @@ Fresh processes, interleaved, ``--repeat`` times; median (min-max) of wall and C
 Then the imports ``fsdpviz summary --json`` of one rank pays for (``python -X importtime``,
 cumulative, the largest top-level packages).
 
-    python benchmarks/bench_startup.py [--repeat 5] [--events 20000] [--no-report] [--whole]
+    python benchmarks/bench_startup.py [--repeat 5] [--events 20000] [--no-report] [--both]
 
 Results: docs/performance.md.
 """
@@ -60,12 +60,12 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--events", type=int, default=20_000)
     parser.add_argument("--no-report", action="store_true")
-    parser.add_argument("--whole", action="store_true",
-                        help="also the reports with the runs loaded whole into one process (FSDPVIZ_KEEP_EVENTS=1)")
+    parser.add_argument("--both", action="store_true",
+                        help="each report twice: loaded whole into one process and analysed rank by rank "
+                             "(FSDPVIZ_KEEP_EVENTS=1 / 0) instead of as fsdpviz decides")
     args = parser.parse_args()
     one_rank = min((EXAMPLE / "traces").glob("rank0.*"))
     with tempfile.TemporaryDirectory(prefix="fsdpviz-startup-") as tmp:
-        whole = dict(os.environ, FSDPVIZ_KEEP_EVENTS="1")
         envs: dict[str, dict[str, str] | None] = {}
         jobs: dict[str, list[str]] = {
             "fsdpviz --help": [*FSDPVIZ, "--help"],
@@ -79,10 +79,13 @@ def main() -> None:
                 run = Path(tmp) / f"run-{ranks}x{units}"
                 n = _generate(run, ranks, units, args.events)
                 name = f"report, {ranks} ranks x {units} units ({n:,} events per rank)"
-                jobs[name] = [*FSDPVIZ, "report", "--no-cache", "-o", str(Path(tmp) / f"{ranks}.html"), str(run)]
-                if args.whole:
-                    jobs[name + ", loaded whole"] = jobs[name]
-                    envs[name + ", loaded whole"] = whole
+                argv = [*FSDPVIZ, "report", "--no-cache", "-o", str(Path(tmp) / f"{ranks}.html"), str(run)]
+                if not args.both:
+                    jobs[name] = argv
+                    continue
+                for how, keep in (("loaded whole", "1"), ("rank by rank", "0")):
+                    jobs[f"{name}, {how}"] = argv
+                    envs[f"{name}, {how}"] = dict(os.environ, FSDPVIZ_KEEP_EVENTS=keep)
         results: dict[str, list] = {name: [] for name in jobs}
         loads = load_average()
         for _ in range(args.repeat):

@@ -65,15 +65,19 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 @pytest.fixture(scope="module")
 def run_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # 20 ranks: more trace files than a run loaded whole has (trace.loader.keeps_events), so each
-    # rank is analysed on the worker that parses it and only its digest travels
+    # 20 ranks, analysed rank by rank (FSDPVIZ_KEEP_EVENTS=0 in the tests below: the run is small
+    # enough to be loaded whole by default), so each rank is analysed on the worker that parses it
+    # and only its digest travels
     sc = Scenario(units=make_units(6, numel=2_000_000), root=make_root(), world_size=20, steps=(3, 4, 5),
                   kernels_per_unit=24, shared_timeline=True)
     return generate_run(sc, tmp_path_factory.mktemp("dask-run"), run_folder=True).folder
 
 
+RANK_BY_RANK = dict(os.environ, FSDPVIZ_KEEP_EVENTS="0")
+
+
 def _json(*argv: str, env: dict[str, str] | None = None) -> dict:
-    proc = fsdpviz(*argv, env=env, timeout=300)
+    proc = fsdpviz(*argv, env=env if env is not None else RANK_BY_RANK, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout)
 
@@ -88,10 +92,11 @@ def test_the_cluster_gives_the_local_answer(cluster: Cluster, run_folder: Path, 
     assert _json("summary", "--json", "--no-cache", "--scheduler", cluster.address, str(run_folder),
                  env=whole) == local
     # the environment variable does the same, for every command
-    env = dict(os.environ, FSDPVIZ_SCHEDULER=cluster.address)
+    env = dict(RANK_BY_RANK, FSDPVIZ_SCHEDULER=cluster.address)
     assert _json("summary", "--json", "--no-cache", str(run_folder), env=env) == local
     page = tmp_path / "report.html"
-    proc = fsdpviz("report", "--no-cache", "--scheduler", cluster.address, "-o", str(page), str(run_folder))
+    proc = fsdpviz("report", "--no-cache", "--scheduler", cluster.address, "-o", str(page), str(run_folder),
+                   env=RANK_BY_RANK)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert page.stat().st_size > 100_000
 
@@ -103,7 +108,7 @@ def test_a_killed_worker_costs_a_retry_not_the_job(cluster: Cluster, run_folder:
     local = _json("summary", "--json", "--no-cache", str(run_folder))
     job = subprocess.Popen([sys.executable, "-m", "fsdpviz", "summary", "--json", "--no-cache", "--scheduler",
                             cluster.address, str(run_folder)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True)
+                           text=True, env=RANK_BY_RANK)
     victim = cluster.workers[0]
     killed = False
     with Client(cluster.address, timeout=30, set_as_default=False) as client:

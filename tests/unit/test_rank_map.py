@@ -140,23 +140,29 @@ def test_whatif_reads_the_same_recording_both_ways(tmp_path: Path, monkeypatch: 
 
 
 def test_which_runs_are_loaded_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from fsdpviz.trace.loader import KEEP_EVENTS_MAX_BYTES, KEEP_EVENTS_MAX_FILES, keeps_events
+    from fsdpviz.trace.loader import KEEP_EVENTS_MAX, estimated_events, keeps_events
 
     monkeypatch.delenv("FSDPVIZ_KEEP_EVENTS", raising=False)
-    files = []
-    for i in range(KEEP_EVENTS_MAX_FILES + 1):
-        f = tmp_path / f"rank{i}.json"
-        f.write_bytes(b"x" * 10)
-        files.append(f)
-    assert keeps_events(files[:KEEP_EVENTS_MAX_FILES]) and not keeps_events(files)
-    big = tmp_path / "big.json"
-    with big.open("wb") as fh:  # sparse: the size counts, not the blocks
-        fh.truncate(KEEP_EVENTS_MAX_BYTES + 1)
-    assert not keeps_events([big]) and keeps_events(files[:1])
+
+    def sized(name: str, size: int) -> Path:
+        path = tmp_path / name
+        with path.open("wb") as fh:  # sparse: the size counts, not the blocks
+            fh.truncate(size)
+        return path
+
+    # the estimate on a real run: the bundled example's traces hold 17,580 tabled events (more in the files)
+    example = sorted((ROOT / "sample_traces" / "fsdp2-cpu-2rank" / "traces").glob("*.json.gz"))
+    assert 17_580 < estimated_events(example) < 100_000
+    half = KEEP_EVENTS_MAX // 2
+    small = [sized(f"rank{i}.trace.json.gz", half * 18 - 18) for i in range(2)]
+    large = small + [sized("rank2.trace.json.gz", 18 * 10)]
+    assert keeps_events(small) and not keeps_events(large)
+    assert not keeps_events([sized("a.json", half * 200), sized("b.json", half * 200 + 400)])
+    assert keeps_events([sized("one.trace.json.gz", 10 * KEEP_EVENTS_MAX * 18)])  # one file: one rank
     monkeypatch.setenv("FSDPVIZ_KEEP_EVENTS", "1")
-    assert keeps_events(files) and keeps_events([big])
+    assert keeps_events(large)
     monkeypatch.setenv("FSDPVIZ_KEEP_EVENTS", "0")
-    assert not keeps_events(files[:1])
+    assert not keeps_events(small)
 
 
 def test_exported_tables_same_both_ways(monkeypatch: pytest.MonkeyPatch) -> None:
