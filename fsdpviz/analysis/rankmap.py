@@ -37,7 +37,6 @@ class RankDigest:
     """What the pipeline needs of one rank it does not hold the events of."""
 
     rank: int
-    n_events: int
     choice: RankChoice
     overlap: dict[str, object] | None  # schema.OVERLAP row; None when the rank has nothing in its steps
     error: str = ""  # that NoDataError's message
@@ -53,9 +52,9 @@ def digest(traces: TraceSet, rank: int, events: pd.DataFrame, *, steps: Sequence
     try:
         row = rank_overlap(traces, rank, events, choice.analysed, steps)
     except NoDataError as exc:
-        return RankDigest(rank=rank, n_events=len(events), choice=choice, overlap=None, error=str(exc),
+        return RankDigest(rank=rank, choice=choice, overlap=None, error=str(exc),
                           evidence=evidence, part=None)
-    return RankDigest(rank=rank, n_events=len(events), choice=choice, overlap=row, evidence=evidence,
+    return RankDigest(rank=rank, choice=choice, overlap=row, evidence=evidence,
                       part=analyse_ranks(traces, [rank], combine_choices([choice], steps), events))
 
 

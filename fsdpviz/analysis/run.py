@@ -192,6 +192,15 @@ PART_TABLES: Final = ("labels", "windows", "spans", "collectives", "unit_steps",
                       "step_times")
 
 
+def _wanted(selection: StepSelection, ranks: Sequence[int]) -> dict[int, set[int] | None]:
+    """Per rank, its analysed steps (None: a rank without ProfilerSteps, all its rows count)."""
+    out: dict[int, set[int] | None] = {}
+    for rank in ranks:
+        analysed_steps = selection.of(rank)
+        out[rank] = set(analysed_steps.steps) if analysed_steps is not None else None
+    return out
+
+
 def _rank_parts(frame: pd.DataFrame) -> Callable[[int], pd.DataFrame]:
     """``part(rank)``: the rows of ``frame`` of one rank, in their order (empty with the same columns)."""
     rows = frame.groupby("rank", sort=False).indices if len(frame) else {}
@@ -213,10 +222,7 @@ def analyse_ranks(traces: TraceSet, ranks: Sequence[int], selection: StepSelecti
     lanes = traces.lanes[traces.lanes["rank"].isin(chosen_ranks).to_numpy()]
     labels = parse_labels(events)
     ut = unit_tables(events, lanes, labels)
-    wanted: dict[int, set[int] | None] = {}
-    for rank in chosen_ranks:
-        analysed_steps = selection.of(rank)
-        wanted[rank] = set(analysed_steps.steps) if analysed_steps is not None else None
+    wanted = _wanted(selection, chosen_ranks)
     event_rows = events.groupby("rank", sort=True).indices if len(events) else {}
     compute = {r: _compute_set(events.iloc[event_rows[r]], lanes) for r in chosen_ranks if r in event_rows}
     sizes = traces.units[traces.units["param_bytes"] > 0] if len(traces.units) else traces.units
@@ -306,10 +312,7 @@ def labels_of(traces: TraceSet, selection: StepSelection, clock: pd.DataFrame) -
     """``RunAnalysis.labels`` of the ranks ``traces`` holds (with their events): their analysed steps'
     labels on the reference clock. A run analysed rank by rank keeps no labels (each rank's are
     as many as its spans): what needs them reads its ranks again and calls this."""
-    wanted: dict[int, set[int] | None] = {}
-    for rank in traces.rank_ids:
-        analysed_steps = selection.of(rank)
-        wanted[rank] = set(analysed_steps.steps) if analysed_steps is not None else None
+    wanted = _wanted(selection, traces.rank_ids)
     labels = parse_labels(traces.events)
     return _shift(_in_steps(labels, wanted), crossrank.applied_offsets(clock), ("start_ns", "end_ns"))
 
@@ -320,10 +323,7 @@ def combine_parts(parts: Sequence[RankPart], traces: TraceSet, selection: StepSe
     stragglers, units, their statistics and findings, from each rank's :class:`RankPart` (in rank
     order). ``traces`` is read for run-wide facts only (units and run.json, ranks, world size)."""
     ranks = [r for p in parts for r in p.ranks]
-    wanted: dict[int, set[int] | None] = {}
-    for rank in ranks:
-        analysed_steps = selection.of(rank)
-        wanted[rank] = set(analysed_steps.steps) if analysed_steps is not None else None
+    wanted = _wanted(selection, ranks)
     analysed = set().union(*[w if w is not None else {schema.NO_STEP} for w in wanted.values()]) if ranks else set()
     labels = _frame_of(parts, "labels", None)
     windows = _frame_of(parts, "windows", None)

@@ -13,16 +13,19 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from fsdpviz.errors import DuplicateRankError, TraceError
 from fsdpviz.runfolder import RunInfo
 from fsdpviz.trace import frames
 from fsdpviz.trace.dask_engine import ENV_SCHEDULER
 from fsdpviz.trace.kineto import RankColumns
-from fsdpviz.trace.sources import Sources, read_timers, resolve_sources, units_from_run
+from fsdpviz.trace.sources import read_timers, resolve_sources, units_from_run
 from fsdpviz.trace.tables import TraceSet
 from fsdpviz.trace.workers import PerRank, parse_all
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 KEEP_EVENTS_ENV: Final = "FSDPVIZ_KEEP_EVENTS"
 KEEP_EVENTS_MAX: Final = 4_000_000  # trace events a run loaded whole may have (~0.5 GB of tables)
@@ -129,7 +132,10 @@ def load_run(
     else:
         per_file = _check_unique_ranks([t for t, _ in kept], [f for _, f in kept])
     del parsed, kept
-    return LoadedRun(traces=_trace_set(per_file, sources, skipped), mapped=mapped)
+    traces = _trace_set(per_file, timers=read_timers(sources.timer_files), units=units_from_run(sources.run),
+                        run=sources.run, run_dir=str(sources.run_dir) if sources.run_dir is not None else None,
+                        skipped=skipped)
+    return LoadedRun(traces=traces, mapped=mapped)
 
 
 def load_ranks(traces: TraceSet, ranks: Sequence[int], *, cache: bool = True,
@@ -141,37 +147,26 @@ def load_ranks(traces: TraceSet, ranks: Sequence[int], *, cache: bool = True,
     files = [Path(p) for p in dict.fromkeys(paths)]
     parsed = parse_all(files, cache=_use_cache(cache), progress=progress, jobs=None)
     per_rank = [t for ts in parsed if ts is not None for t in ts if t.rank_id in wanted]
-    per_rank = sorted(per_rank, key=lambda t: t.rank_id)
-    return TraceSet(
-        events=frames.events_frame(per_rank),
-        lanes=frames.lanes_frame(per_rank),
-        steps=frames.steps_frame(per_rank),
-        memory=frames.memory_frame(per_rank),
-        ranks=frames.ranks_frame(per_rank),
-        timers=traces.timers,
-        units=traces.units,
-        run=traces.run,
-        run_dir=traces.run_dir,
-        sources=list(dict.fromkeys(str(t.rank["path"]) for t in per_rank)),
-        skipped=list(traces.skipped),
-    )
+    return _trace_set(sorted(per_rank, key=lambda t: t.rank_id), timers=traces.timers, units=traces.units,
+                      run=traces.run, run_dir=traces.run_dir, skipped=list(traces.skipped))
 
 
 def _use_cache(cache: bool) -> bool:
     return cache and os.environ.get("FSDPVIZ_NO_CACHE", "") not in ("1", "true", "yes")
 
 
-def _trace_set(per_rank: list[RankColumns], sources: Sources, skipped: list[str]) -> TraceSet:
+def _trace_set(per_rank: list[RankColumns], *, timers: pd.DataFrame, units: pd.DataFrame, run: RunInfo | None,
+               run_dir: str | None, skipped: list[str]) -> TraceSet:
     return TraceSet(
         events=frames.events_frame(per_rank),
         lanes=frames.lanes_frame(per_rank),
         steps=frames.steps_frame(per_rank),
         memory=frames.memory_frame(per_rank),
         ranks=frames.ranks_frame(per_rank),
-        timers=read_timers(sources.timer_files),
-        units=units_from_run(sources.run),
-        run=sources.run,
-        run_dir=str(sources.run_dir) if sources.run_dir is not None else None,
+        timers=timers,
+        units=units,
+        run=run,
+        run_dir=run_dir,
         sources=list(dict.fromkeys(str(t.rank["path"]) for t in per_rank)),  # an export holds several ranks
         skipped=skipped,
     )
