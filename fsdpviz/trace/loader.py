@@ -29,8 +29,9 @@ if TYPE_CHECKING:
 
 KEEP_EVENTS_ENV: Final = "FSDPVIZ_KEEP_EVENTS"
 KEEP_EVENTS_MAX: Final = 4_000_000  # trace events a run loaded whole may have (~0.5 GB of tables)
-# Trace events per byte of file, measured on fsdpviz's synthetic FSDP2 runs and the real GPU traces:
-# ~18 bytes of gzip and ~200 bytes of JSON per event.
+# Bytes of file per trace event, at the low end of what traces hold (fsdpviz's synthetic FSDP2 runs:
+# ~18 of gzip; real GPU traces carry more arguments per event): the estimate errs toward more events,
+# so toward analysing a run rank by rank.
 _BYTES_PER_EVENT: Final = {True: 18, False: 200}
 
 
