@@ -18,9 +18,6 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fsdpviz.analysis.framework import decide_framework
-from fsdpviz.analysis.overlap import compute_overlap
-from fsdpviz.analysis.steps import StepSelection, select_steps
 from fsdpviz.trace.tables import TraceSet
 
 if TYPE_CHECKING:
@@ -28,7 +25,10 @@ if TYPE_CHECKING:
 
     from fsdpviz.analysis.rankmap import RankDigest
     from fsdpviz.analysis.run import RankPart, RunAnalysis
+    from fsdpviz.analysis.steps import StepSelection
     from fsdpviz.analysis.summary import Summary
+    from fsdpviz.runfolder import RunInfo
+    from fsdpviz.trace.kineto import RankColumns
 
 FRAMEWORKS_WITH_UNITS = ("fsdp2", "fsdp1", "zero3")
 
@@ -103,6 +103,10 @@ class RunResult:
 def analyse_traces(traces: TraceSet, *, steps: Sequence[int] | None = None,
                    include_last_step: bool = False) -> RunResult:
     """The pipeline on already loaded traces. Raises NoDataError when a rank has nothing to analyse."""
+    from fsdpviz.analysis.framework import decide_framework
+    from fsdpviz.analysis.overlap import compute_overlap
+    from fsdpviz.analysis.steps import select_steps
+
     selection = select_steps(traces, steps=steps, include_last_step=include_last_step)
     overlap = compute_overlap(traces, selection=selection)
     return RunResult(traces, selection, overlap, decide_framework(traces))
@@ -110,7 +114,8 @@ def analyse_traces(traces: TraceSet, *, steps: Sequence[int] | None = None,
 
 def analyse(paths: Sequence[str | Path], *, steps: Sequence[int] | None = None, include_last_step: bool = False,
             cache: bool = True, progress: bool | None = None,
-            say: Callable[[str], None] | None = None, scheduler: str | None = None) -> RunResult:
+            say: Callable[[str], None] | None = None, scheduler: str | None = None,
+            meanwhile: Callable[[], None] | None = None) -> RunResult:
     """Load ``paths`` (a run folder, a folder of traces, trace files) and analyse them.
 
     A run small enough to hold whole is loaded whole and analysed here; a larger one is analysed
@@ -118,17 +123,20 @@ def analyse(paths: Sequence[str | Path], *, steps: Sequence[int] | None = None, 
     digests come back (``trace.loader.keeps_events`` decides).
     ``progress``: the loader's progress display (None: only on a terminal, for slow loads);
     ``say``: called with one short line when loading is done (the commands' ``fsdpviz: ...`` lines);
-    ``scheduler``: parse on a Dask cluster (:func:`fsdpviz.trace.load_traces`).
+    ``scheduler``: parse on a Dask cluster (:func:`fsdpviz.trace.load_traces`);
+    ``meanwhile``: the caller's own slow start-up (importing the report's plotting libraries), run
+    while the traces are parsed, as pandas is imported then (the analysis is imported only after the
+    parsing has started, for that reason).
     Raises the loader's and the analysis' :class:`fsdpviz.errors.FsdpvizError` subclasses.
     """
     import time
+    from functools import partial
 
-    from fsdpviz.analysis.rankmap import rank_mapper
     from fsdpviz.trace.loader import load_run
 
     started = time.perf_counter()
-    loaded = load_run(paths, cache=cache, progress=progress, scheduler=scheduler,
-                      per_rank=rank_mapper(steps, include_last_step))
+    loaded = load_run(paths, cache=cache, progress=progress, scheduler=scheduler, meanwhile=meanwhile,
+                      per_rank=partial(_rank_mapper, steps, include_last_step))
     traces = loaded.traces
     if say is not None:
         say(f"loaded {len(traces.rank_ids)} rank(s), {int(traces.ranks['n_events'].sum()):,} events "
@@ -136,6 +144,14 @@ def analyse(paths: Sequence[str | Path], *, steps: Sequence[int] | None = None, 
     if loaded.mapped is None:
         return analyse_traces(traces, steps=steps, include_last_step=include_last_step)
     return _from_digests(traces, loaded.mapped, steps=steps, cache=cache)
+
+
+def _rank_mapper(steps: Sequence[int] | None, include_last_step: bool,
+                 run: RunInfo | None) -> Callable[[RankColumns], RankDigest]:
+    """``load_run``'s ``per_rank``, importing the analysis only for a run reduced rank by rank."""
+    from fsdpviz.analysis.rankmap import rank_mapper
+
+    return rank_mapper(steps, include_last_step)(run)
 
 
 def _from_digests(traces: TraceSet, digests: list[RankDigest], *, steps: Sequence[int] | None,

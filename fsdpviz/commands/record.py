@@ -124,8 +124,9 @@ def summarise_and_report(run_dir: Path, *, summary: bool, report: bool) -> Path 
     result = None
     try:
         from fsdpviz.analysis.pipeline import analyse
+        from fsdpviz.report.build import import_report_modules
 
-        result = analyse([run_dir])
+        result = analyse([run_dir], meanwhile=import_report_modules if report else None)
         from fsdpviz.commands.common import warn_gaps
 
         warn_gaps(result.traces)  # e.g. ranks that never communicated

@@ -40,7 +40,7 @@ def report(
 ) -> None:
     """Write the offline HTML report: per-unit Gantt, memory, overlap, step times and findings."""
     from fsdpviz.analysis.pipeline import analyse
-    from fsdpviz.report.build import build_report
+    from fsdpviz.report.build import build_report, import_report_modules
 
     step_list = parse_steps(steps)
     rank_list = parse_ranks(ranks)
@@ -50,7 +50,7 @@ def report(
     if say:
         say(f"loading {', '.join(str(p) for p in paths)}")
     run = analyse(paths, steps=step_list, cache=cache, progress=False if quiet else None, say=say,
-                  scheduler=scheduler)
+                  scheduler=scheduler, meanwhile=import_report_modules)
     written = build_report(run, output, ranks=rank_list, progress=say)
     warn_gaps(run.traces)  # after the analysis: bad input stays one error line
     if say:

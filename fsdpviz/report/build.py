@@ -54,6 +54,13 @@ def _say(progress: Progress | None, message: str) -> None:
         progress(message)
 
 
+def import_report_modules() -> None:
+    """Import what :func:`build_report` needs (holoviews and bokeh: ~0.4 s): commands pass it to
+    ``analyse(meanwhile=...)`` so that it runs while the traces are parsed."""
+    import fsdpviz.report.data
+    import fsdpviz.report.page  # noqa: F401
+
+
 def build_report(
     result: RunResult,
     output: str | Path | None = None,

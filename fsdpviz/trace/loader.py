@@ -106,18 +106,20 @@ def load_run(
     jobs: int | None = None,
     scheduler: str | None = None,
     per_rank: Callable[[RunInfo | None], PerRank] | None = None,
+    meanwhile: Callable[[], None] | None = None,
 ) -> LoadedRun:
     """:func:`load_traces`, or, given ``per_rank`` and a run too large to keep whole
-    (:func:`keeps_events`), each rank reduced by ``per_rank(run.json)`` where it is parsed."""
+    (:func:`keeps_events`), each rank reduced by ``per_rank(run.json)`` where it is parsed.
+    ``meanwhile``: the caller's slow start-up work, run while the traces are parsed (after pandas is
+    imported, which is done then too); not run when every trace comes from the cache."""
     sources = resolve_sources(paths)
     use_cache = _use_cache(cache)
-    # Importing pandas takes a good part of a second: do it while the workers parse.
-    meanwhile = _import_pandas if "pandas" not in sys.modules else None
     address = scheduler or os.environ.get(ENV_SCHEDULER, "").strip() or None
     mapping = per_rank is not None and not keeps_events(sources.files)
+    mapper = per_rank(sources.run) if mapping and per_rank is not None else None
     parsed = parse_all(
         sources.files, cache=use_cache, progress=progress, jobs=jobs, skippable=sources.scanned,
-        meanwhile=meanwhile, scheduler=address, per_rank=per_rank(sources.run) if mapping and per_rank else None,
+        meanwhile=_start_up(meanwhile), scheduler=address, per_rank=mapper,
     )
     kept = [(t, f) for ts, f in zip(parsed, sources.files) if ts is not None for t in ts]
     skipped = [str(f) for t, f in zip(parsed, sources.files) if t is None]
@@ -173,8 +175,19 @@ def _trace_set(per_rank: list[RankColumns], *, timers: pd.DataFrame, units: pd.D
     )
 
 
-def _import_pandas() -> None:
-    import pandas  # noqa: F401
+def _start_up(then: Callable[[], None] | None) -> Callable[[], None] | None:
+    """What the parent does while the workers parse: importing pandas takes a good part of a second
+    (when not yet imported), then the caller's own start-up."""
+    if "pandas" in sys.modules and then is None:
+        return None
+
+    def start_up() -> None:
+        import pandas  # noqa: F401
+
+        if then is not None:
+            then()
+
+    return start_up
 
 
 def _check_unique_ranks(per_file: list[RankColumns], files: list[Path]) -> list[RankColumns]:

@@ -133,3 +133,18 @@ print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {heavy!r}))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_a_command_starts_parsing_before_it_imports_pandas_or_plotting() -> None:
+    """What ``summary`` and ``report`` import before they call ``analyse`` holds no pandas, holoviews or
+    bokeh: those imports (~0.6 s together) run while the traces are parsed (``analyse(meanwhile=)``)."""
+    code = """
+import json, sys
+import fsdpviz.cli, fsdpviz.commands.summary, fsdpviz.commands.report
+from fsdpviz.analysis.pipeline import analyse
+from fsdpviz.report.build import build_report, import_report_modules
+from fsdpviz.trace.loader import load_run
+print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & {'pandas', 'holoviews', 'bokeh', 'pyarrow'})))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []

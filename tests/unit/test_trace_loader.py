@@ -6,6 +6,8 @@ import gzip
 import json
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -277,3 +279,26 @@ def test_nan_and_infinity_literals_are_read(tmp_path: Path) -> None:
     assert int(traces.ranks["n_skipped"].iloc[0]) == 1  # the NaN duration
     assert set(traces.events["name"].astype(str)) >= {"occupancy", GEMM}
     assert len(traces.steps) == 2
+
+
+def test_start_up_work_runs_once_while_a_worker_parses(tmp_path: Path) -> None:
+    """``load_run(meanwhile=)``: run in this process after pandas is imported, while the file is parsed in
+    a worker (given a second CPU); not run at all when the cache answers."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU: the file is parsed in this process")
+    _simple().write(tmp_path / "rank0.json")
+    code = f"""
+import json, multiprocessing, sys
+from fsdpviz.trace.loader import load_run
+seen = []
+def start_up():
+    seen.append({{"pandas": "pandas" in sys.modules, "workers": len(multiprocessing.active_children())}})
+cold = load_run([{str(tmp_path)!r}], cache=True, meanwhile=start_up)
+warm = load_run([{str(tmp_path)!r}], cache=True, meanwhile=start_up)
+print(json.dumps({{"seen": seen, "events": [int(cold.traces.ranks["n_events"][0]), int(warm.traces.ranks["n_events"][0])]}}))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "FSDPVIZ_NO_CACHE"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["seen"] == [{"pandas": True, "workers": 1}]
+    assert got["events"][0] == got["events"][1] > 0
