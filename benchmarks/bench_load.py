@@ -8,6 +8,8 @@ For each input (a folder of one run's trace files), every variant runs as a fres
   the JSON into Python objects; target: fsdpviz cold <= 1.0x of it, and less memory);
 - ``cold``: ``load_traces(cache=False)`` + ``compute_overlap`` (JSON -> typed tables -> overlap);
 - ``warm``: the same with the Parquet cache written by an earlier run;
+- ``summary``: the command itself, ``fsdpviz summary --json --no-cache FOLDER`` (everything a user
+  waits for: start-up, parse, the whole analysis, the JSON);
 - ``HTA``: HTA 0.5.0 ``TraceAnalysis(trace_dir=...)`` + ``get_comm_comp_overlap`` (target:
   fsdpviz cold >= 10x faster). HTA runs from its own venv (it needs pandas < 3): ``--hta-venv``
   (default ``benchmarks/.hta-venv``) is created with pip when missing; when that fails the HTA
@@ -94,6 +96,8 @@ def synthetic_input(spec: str, out: Path) -> Path:
 def _check(m: Measurement, what: str) -> dict:
     if m.returncode != 0:
         raise SystemExit(f"{what} failed (exit {m.returncode}):\n{m.stderr[-3000:]}")
+    if m.stdout.lstrip().startswith("{\n"):  # `fsdpviz summary --json`: one indented document
+        return json.loads(m.stdout)
     return json.loads(m.stdout.strip().splitlines()[-1])
 
 
@@ -108,11 +112,13 @@ def measure(folder: Path, repeat: int, hta_python: Path | None, jobs: int | None
         "floor": (me + ["floor", *files], None),
         "cold": (me + ["fsdpviz", *job_args, str(folder)], cold_env),
         "warm": (me + ["fsdpviz", "--cache", *job_args, str(folder)], None),
+        "summary": ([sys.executable, "-m", "fsdpviz", "summary", "--json", "--no-cache", str(folder)], None),
     }
     if hta_python is not None:
         variants["hta"] = ([str(hta_python), str(JOBS), "hta", str(folder)], None)
     if baseline is not None:  # another fsdpviz checkout, for before/after numbers under the same load
         variants["before"] = (variants["cold"][0], dict(cold_env, PYTHONPATH=str(baseline)))
+        variants["summary before"] = (variants["summary"][0], dict(os.environ, PYTHONPATH=str(baseline)))
     _check(run_measured(variants["warm"][0]), "cache warm-up")  # writes .fsdpviz-cache/
     runs: dict[str, list[Measurement]] = {name: [] for name in variants}
     info: dict[str, dict] = {}
@@ -144,14 +150,16 @@ def _row(name: str, r: dict) -> str:
             return "-"
         return f"{median(wall[a]) / median(wall[b]):.2f}x / {median(cpu[a]) / median(cpu[b]):.2f}x"
 
-    cold = both("cold")
+    cold, summary = both("cold"), both("summary")
     if "before" in wall:
         cold += f" (before: {both('before')}; RSS {mem['before'][0]:.0f} MB)"
+        summary += f" (before: {both('summary before')}; RSS {mem['summary before'][0]:.0f} MB)"
     cells = [
         name, str(len(r["files"])), f"{info['cold']['events']:,}",
-        both("floor"), cold, both("warm"), both("hta"),
-        ratio("cold", "floor"), ratio("hta", "cold"),
+        both("floor"), cold, both("warm"), summary, both("hta"),
+        ratio("cold", "floor"), ratio("hta", "cold"), ratio("summary", "floor"), ratio("hta", "summary"),
         f"{mem['floor'][0]:.0f}", f"{mem['cold'][0]:.0f} / {mem['cold'][1]:.0f}",
+        f"{mem['summary'][0]:.0f} / {mem['summary'][1]:.0f}",
         f"{mem['hta'][0]:.0f} / {mem['hta'][1]:.0f}" if has_hta else "-",
         agree, r["loads"][0] + " .. " + r["loads"][-1],
     ]
@@ -159,10 +167,12 @@ def _row(name: str, r: dict) -> str:
 
 
 HEADER = ("| input | files | events tabled | floor s (wall / CPU) | fsdpviz cold s (wall / CPU) "
-          "| fsdpviz warm s (wall / CPU) | HTA s (wall / CPU) | cold / floor (wall / CPU) | HTA / cold (wall / CPU) "
-          "| floor RSS MB | cold RSS MB (largest / tree) | HTA RSS MB (largest / tree) "
+          "| fsdpviz warm s (wall / CPU) | `summary --json` cold s (wall / CPU) | HTA s (wall / CPU) "
+          "| cold / floor (wall / CPU) | HTA / cold (wall / CPU) | summary / floor (wall / CPU) "
+          "| HTA / summary (wall / CPU) | floor RSS MB | cold RSS MB (largest / tree) "
+          "| summary RSS MB (largest / tree) | HTA RSS MB (largest / tree) "
           "| overlap % fsdpviz / HTA | load avg before .. after |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def main() -> None:
@@ -176,7 +186,8 @@ def main() -> None:
     parser.add_argument("--no-hta", action="store_true")
     parser.add_argument("--jobs", type=int, help="fsdpviz parser processes (default: one per CPU)")
     parser.add_argument("--baseline", type=Path, help="an older fsdpviz checkout: also time its cold load "
-                        "(e.g. from `git worktree add /tmp/old COMMIT`)")
+                        "and its summary (e.g. from `git worktree add /tmp/old COMMIT`; run from outside "
+                        "the checkouts, or `python -m fsdpviz` finds the one in the current folder)")
     args = parser.parse_args()
 
     hta_python = None if args.no_hta else ensure_hta(args.hta_venv)
