@@ -115,6 +115,16 @@ def print_recording(run: RunInfo, run_dir: Path) -> None:
     say(f"run folder: {run_dir}")
 
 
+def _import_report() -> None:
+    """While the traces are parsed: the report's libraries. A failure is the report's to say, after
+    the summary."""
+    try:
+        from fsdpviz.report.build import import_report_modules
+    except ImportError:
+        return
+    import_report_modules()
+
+
 def summarise_and_report(run_dir: Path, *, summary: bool, report: bool) -> Path | None:
     """After a recording: the terminal summary and ``run_dir/report.html``, from one load and one
     analysis of the traces (:func:`fsdpviz.analysis.pipeline.analyse`). Each failure is one line,
@@ -124,9 +134,8 @@ def summarise_and_report(run_dir: Path, *, summary: bool, report: bool) -> Path 
     result = None
     try:
         from fsdpviz.analysis.pipeline import analyse
-        from fsdpviz.report.build import import_report_modules
 
-        result = analyse([run_dir], meanwhile=import_report_modules if report else None)
+        result = analyse([run_dir], meanwhile=_import_report if report else None)
         from fsdpviz.commands.common import warn_gaps
 
         warn_gaps(result.traces)  # e.g. ranks that never communicated

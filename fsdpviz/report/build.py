@@ -56,9 +56,14 @@ def _say(progress: Progress | None, message: str) -> None:
 
 def import_report_modules() -> None:
     """Import what :func:`build_report` needs (holoviews and bokeh: ~0.4 s): commands pass it to
-    ``analyse(meanwhile=...)`` so that it runs while the traces are parsed."""
-    import fsdpviz.report.data
-    import fsdpviz.report.page  # noqa: F401
+    ``analyse(meanwhile=...)`` so that it runs while the traces are parsed. A missing or broken
+    plotting library is left for :func:`build_report` to meet: the analysis (and ``record``'s
+    summary) must not fail for it."""
+    try:
+        import fsdpviz.report.data
+        import fsdpviz.report.page  # noqa: F401
+    except ImportError:
+        pass
 
 
 def build_report(

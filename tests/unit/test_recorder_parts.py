@@ -274,3 +274,23 @@ def test_summarize_step_gives_a_crossing_root_backward_to_the_unit_it_opens_in()
     assert records[("(root)", "backward", "compute")] == 95 - 15 - 30 - 10
     assert records[("blocks.0", "backward", "compute")] == 30
     assert records[("(root)", "forward", "compute")] == 10 - 4
+
+
+def test_after_a_recording_a_broken_report_layer_costs_the_report_not_the_summary(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # GIVEN the bundled example's run folder, and a report layer that cannot be imported
+    import shutil
+
+    from fsdpviz.commands.record import summarise_and_report
+
+    run_dir = tmp_path / "run"
+    example = Path(__file__).resolve().parents[2] / "sample_traces" / "fsdp2-cpu-2rank"
+    shutil.copytree(example, run_dir, ignore=shutil.ignore_patterns(".fsdpviz-cache"))
+    monkeypatch.setitem(sys.modules, "fsdpviz.report.build", None)  # import raises ImportError
+    # WHEN summarising and reporting as `fsdpviz record` does after the command
+    written = summarise_and_report(run_dir, summary=True, report=True)
+    # THEN the summary is printed (its step time and overlap), and the report alone is one failure line
+    out, err = capsys.readouterr()
+    assert written is None and not (run_dir / "report.html").exists()
+    assert "step time" in (out + err).lower() and "overlap" in (out + err).lower()
+    assert "no report (internal error" in err and "no summary" not in err and "Traceback" not in err
