@@ -36,10 +36,12 @@ FSDPVIZ = [sys.executable, "-m", "fsdpviz"]
 
 
 def _generate(out: Path, ranks: int, units: int, events: int) -> int:
-    sys.path.insert(0, str(ROOT / "tests"))
-    from synth import generate_large_run
-
-    return generate_large_run(out, world_size=ranks, n_units=units, events_per_rank=events).n_events
+    """Write a synthetic run in a child process: this one stays small, since a child's peak RSS as the
+    kernel reports it starts from its parent's at fork."""
+    code = (f"import sys; sys.path.insert(0, {str(ROOT / 'tests')!r}); from synth import generate_large_run; "
+            f"print(generate_large_run({str(out)!r}, world_size={ranks}, n_units={units}, "
+            f"events_per_rank={events}).n_events)")
+    return int(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout)
 
 
 def _imports(argv: list[str]) -> list[tuple[str, float]]:
