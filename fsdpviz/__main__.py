@@ -1,6 +1,6 @@
 """``python -m fsdpviz`` is the ``fsdpviz`` command."""
 
-from fsdpviz.cli import main
+from fsdpviz.cli import run
 
 if __name__ == "__main__":
-    main()
+    run()
