@@ -43,7 +43,7 @@ run = analyse_traces(traces); times["steps + overlap"] = T() - t; t = T()
 run.analysis; times["per-unit analysis"] = T() - t; t = T()
 run.summary; times["summary"] = T() - t; t = T()
 from fsdpviz.report.data import prepare_report
-data = prepare_report(traces, summary=run.summary, overlap=run.overlap, analysis=run.analysis)
+data = prepare_report(run)
 times["page data"] = T() - t; t = T()
 from fsdpviz.report.html import write_page
 from fsdpviz.report.page import build_page
@@ -101,6 +101,8 @@ def main() -> None:
                 cpus.append(m.cpu_s)
             shutil.rmtree(run_dir / "traces" / ".fsdpviz-cache", ignore_errors=True)
             stages = run_measured([sys.executable, "-c", STAGES, str(run_dir), str(base / "stages.html")])
+            if stages.returncode != 0:
+                sys.exit(f"the stages of {run_dir.name} failed:\n{stages.stderr[-3000:]}")
             detail = json.loads(stages.stdout.strip().splitlines()[-1])
             print(f"\n{run_dir.name}: {detail['events']:,} events, page {detail['html_mb']:.1f} MB")
             print(f"  after the command (summary + report.html), fresh process: wall {spread(walls)} s, "
