@@ -36,7 +36,13 @@ import pandas as pd
 from pandas.core.groupby import DataFrameGroupBy
 
 from fsdpviz.analysis import crossrank
-from fsdpviz.analysis.intervals import intersect_intervals, subtract_intervals, total_ns, union_intervals
+from fsdpviz.analysis.intervals import (
+    Intervals,
+    intersect_intervals,
+    subtract_intervals,
+    total_ns,
+    union_intervals,
+)
 from fsdpviz.analysis.labels import (
     COPY_OUT_ACTION,
     FAMILY_FSDP2,
@@ -372,6 +378,19 @@ def _read_step(rank: int, step: int, t0: int, t1: int, parts: dict[str, pd.DataF
     comp = spans[(spans["kind"] == schema.SPAN_COMPUTE).to_numpy()]
     reshards = spans[(spans["kind"] == schema.SPAN_RESHARD).to_numpy()]
     r_start = np.sort(reshards["start_ns"].to_numpy(np.int64))
+    # The tables of the step as arrays, once: the loop below runs per pass and builds no DataFrame.
+    c_unit, c_phase, c_micro = _pass_columns(comp)
+    c_cols = _columns(comp, ("issue_ns", "start_ns", "end_ns"))
+    rs_unit, rs_phase = _texts(reshards["unit"]), _texts(reshards["phase"])
+    rs_cols = _columns(reshards, ("start_ns", "end_ns"))
+    rl_unit, rl = _texts(reduce_labels["unit"]), _columns(reduce_labels, ("start_ns", "end_ns"))
+    red_all = spans[spans["kind"].isin([schema.SPAN_REDUCE_SCATTER, schema.SPAN_ALL_REDUCE]).to_numpy()]
+    rd_unit, rd_kind, rd_micro = _pass_columns(red_all, "kind")
+    rd = _columns(red_all, ("issue_ns", "start_ns", "end_ns", "bytes"))
+    rd_from = rd["start_ns"] if gpu else _wait_from(red_all)
+    if work is not None:
+        w_launch, w_start, w_end = (work[c].to_numpy(np.int64) for c in ("launch_ns", "start_ns", "end_ns"))
+        w_not_comm = ~work["is_comm"].to_numpy(bool)
     frames: list[tuple[int, str, str, str, int, int]] = []  # (micro, unit, phase, part, start, end), host order
     micros = sorted(set(windows["micro"].tolist())) or [0]
     gathers: list[Gather] = []
@@ -389,19 +408,19 @@ def _read_step(rank: int, step: int, t0: int, t1: int, parts: dict[str, pd.DataF
             bounds[phase] = (min(w.start for w in wins), max(w.end for w in wins))
             for unit, part, a, b, gap_from in _pass_frames(wins):
                 frames.append((micro, unit, phase, part, a, b))
-                mine = comp[((comp["unit"] == unit) & (comp["phase"] == phase) & (comp["micro"] == micro)).to_numpy()]
+                mine = (c_unit == unit) & (c_phase == phase) & (c_micro == micro)
                 if part:  # the root's compute before (a) and after (b) its children; a unit's is all its own
-                    issue = mine["issue_ns"].to_numpy(np.int64)
-                    mine = mine[(issue >= a) & (issue < b)]
+                    mine &= (c_cols["issue_ns"] >= a) & (c_cols["issue_ns"] < b)
+                m_start, m_end = c_cols["start_ns"][mine], c_cols["end_ns"][mine]
                 labels_busy = busy_in(g_start, g_end, a, b) + busy_in(c_start, c_end, a, b)
                 total = clock.between(a, b) - labels_busy
-                if len(mine):
-                    first = float(mine["issue_ns"].min())
+                if len(m_start):
+                    first = float(c_cols["issue_ns"][mine].min())
                     pre = clock.between(a, first) - busy_in(g_start, g_end, a, first) - busy_in(c_start, c_end, a, first)
                     if gpu:
-                        compute = float((mine["end_ns"] - mine["start_ns"]).sum())
+                        compute = float((m_end - m_start).sum())
                     else:
-                        compute = float(sum(clock.between(s, e) for s, e in zip(mine["start_ns"], mine["end_ns"])))
+                        compute = float(sum(clock.between(s, e) for s, e in zip(m_start.tolist(), m_end.tolist())))
                     if gpu:  # allocations happen on the host, in the ops around the launches
                         k = int(np.searchsorted(r_start, first, side="left"))
                         cs = max([float(a), *[float(e) for st_, e in zip(np.concatenate([g_start, c_start]),
@@ -409,52 +428,50 @@ def _read_step(rank: int, step: int, t0: int, t1: int, parts: dict[str, pd.DataF
                                               if a <= st_ < first]])
                         ce = float(r_start[k]) if k < len(r_start) and r_start[k] < b else float(b)
                     else:
-                        cs, ce = float(mine["start_ns"].min()), float(mine["end_ns"].max())
+                        cs, ce = float(m_start.min()), float(m_end.max())
                 else:
                     pre, compute = total, 0.0
                     cs = ce = float(b)
                 mem = memory_use(cs, ce)
                 post = max(0.0, total - pre - (0.0 if gpu else compute))
-                rs_rows = reshards[((reshards["unit"] == unit) & (reshards["phase"] == phase)
-                                    & (reshards["start_ns"] >= a) & (reshards["start_ns"] < b)).to_numpy()]
-                reshard_mem = _sum_use([memory_use(x, y) for x, y in zip(rs_rows["start_ns"], rs_rows["end_ns"])])
+                at = ((rs_unit == unit) & (rs_phase == phase) & (rs_cols["start_ns"] >= a)
+                      & (rs_cols["start_ns"] < b))
+                rs_spans = list(zip(rs_cols["start_ns"][at].tolist(), rs_cols["end_ns"][at].tolist()))
+                reshard_mem = _sum_use([memory_use(x, y) for x, y in rs_spans])
                 labelled_before = sum(memory_use(x, y).net for x, y in
                                       zip(np.concatenate([g_start, c_start]), np.concatenate([g_end, c_end]))
                                       if a <= x < cs)
-                red_lab = reduce_labels[((reduce_labels["unit"] == unit) & (reduce_labels["start_ns"] >= ce)
-                                         & (reduce_labels["start_ns"] < b)).to_numpy()]
-                reduce_mem = _sum_use([memory_use(x, y) for x, y in zip(red_lab["start_ns"], red_lab["end_ns"])])
-                reduce_busy = float(sum(clock.between(x, y) for x, y in zip(red_lab["start_ns"], red_lab["end_ns"])))
+                at = (rl_unit == unit) & (rl["start_ns"] >= ce) & (rl["start_ns"] < b)
+                rl_spans = list(zip(rl["start_ns"][at].tolist(), rl["end_ns"][at].tolist()))
+                reduce_mem = _sum_use([memory_use(x, y) for x, y in rl_spans])
+                reduce_busy = float(sum(clock.between(x, y) for x, y in rl_spans))
                 p = Pass(unit=unit, phase=phase, micro=micro, part=part, gap_ns=clock.between(gap_from, a),
                          pre_ns=max(0.0, pre), compute_ns=compute, post_ns=post, memory=mem,
-                         reshard_ns=min(post, float(sum(clock.between(x, y) for x, y in
-                                                        zip(rs_rows["start_ns"], rs_rows["end_ns"])))),
+                         reshard_ns=min(post, float(sum(clock.between(x, y) for x, y in rs_spans))),
                          pre_net=level_at(cs) - level_at(a) - labelled_before,
                          post_net=level_at(b) - level_at(ce) - reshard_mem.net - reduce_mem.net,
                          reshard_memory=reshard_mem,
                          post_framework_ns=min(post, max(0.0, clock.between(ce, b) - busy_in(g_start, g_end, ce, b)
                                                          - busy_in(c_start, c_end, ce, b) - reduce_busy)))
-                red = spans[((spans["unit"] == unit) & (spans["micro"] == micro)
-                             & spans["kind"].isin([schema.SPAN_REDUCE_SCATTER, schema.SPAN_ALL_REDUCE])).to_numpy()]
-                red = red[((red["issue_ns"] >= a) & (red["issue_ns"] < b)).to_numpy()]
-                if phase == BACKWARD and len(red):
-                    rs = red[red["kind"] == schema.SPAN_REDUCE_SCATTER]
-                    ar = red[red["kind"] == schema.SPAN_ALL_REDUCE]
-                    if len(rs):
-                        issue_t = float(rs["issue_ns"].min())
+                red = (rd_unit == unit) & (rd_micro == micro) & (rd["issue_ns"] >= a) & (rd["issue_ns"] < b)
+                if phase == BACKWARD and red.any():
+                    rs = red & (rd_kind == schema.SPAN_REDUCE_SCATTER)
+                    ar = red & (rd_kind == schema.SPAN_ALL_REDUCE)
+                    if rs.any():
+                        issue_t = float(rd["issue_ns"][rs].min())
                         p.reduce_after_ns = min(p.post_ns, clock.between(issue_t, b))
                         prep = 0.0
                         if work is not None:
-                            lab = reduce_labels[((reduce_labels["unit"] == unit) & (reduce_labels["start_ns"] <= issue_t)
-                                                 & (reduce_labels["end_ns"] >= issue_t)).to_numpy()]
-                            if len(lab):
-                                k = work[((work["launch_ns"] >= int(lab["start_ns"].min())) & (work["launch_ns"] < issue_t)
-                                          & ~work["is_comm"]).to_numpy()]
-                                prep = float((k["end_ns"] - k["start_ns"]).sum())
+                            at = (rl_unit == unit) & (rl["start_ns"] <= issue_t) & (rl["end_ns"] >= issue_t)
+                            if at.any():
+                                k = (w_launch >= int(rl["start_ns"][at].min())) & (w_launch < issue_t) & w_not_comm
+                                prep = float((w_end[k] - w_start[k]).sum())
                         reduces.append(Reduce(
-                            unit=unit, micro=micro, bytes=int(rs["bytes"].clip(lower=0).sum()),
-                            comm_ns=_comm_ns(rs, gpu), ar_bytes=int(ar["bytes"].clip(lower=0).sum()),
-                            ar_ns=_comm_ns(ar, gpu) if len(ar) else 0.0, prep_ns=prep, memory=reduce_mem))
+                            unit=unit, micro=micro, bytes=int(np.clip(rd["bytes"][rs], 0, None).sum()),
+                            comm_ns=_comm_ns(rd_from[rs], rd["end_ns"][rs], gpu),
+                            ar_bytes=int(np.clip(rd["bytes"][ar], 0, None).sum()),
+                            ar_ns=_comm_ns(rd_from[ar], rd["end_ns"][ar], gpu) if ar.any() else 0.0,
+                            prep_ns=prep, memory=reduce_mem))
                 passes[phase].append(p)
         pre_end = bounds[FORWARD][0] if FORWARD in bounds else cursor
         pre_seg = _segment(cursor, pre_end, clock, work, spans, gpu, memory_use)
@@ -483,18 +500,17 @@ def _sum_use(uses: list[MemoryUse]) -> MemoryUse:
     return MemoryUse(net=net, rise=rise)
 
 
-def _comm_ns(rows: pd.DataFrame, gpu: bool, compute: pd.DataFrame | None = None) -> float:
-    """A collective's time: on its stream (GPU), or what the host waited for it (CPU: from its issue
-    to its end, less the compute the host did meanwhile -- ZeRO-3 issues its prefetches
-    asynchronously -- which the busy clock already counts as the host's own time)."""
+def _comm_ns(start: np.ndarray, end: np.ndarray, gpu: bool, busy: Intervals | None = None) -> float:
+    """A collective's time: on its stream (GPU: ``start`` is its start), or what the host waited for it
+    (CPU: ``start`` is where the wait began, see :func:`_wait_from`), less the host's compute meanwhile
+    (``busy``: ZeRO-3 issues its prefetches asynchronously, and the busy clock already counts that
+    compute as the host's own time)."""
     if gpu:
-        return float((rows["end_ns"] - rows["start_ns"]).sum())
-    start = rows["wait_from_ns"] if "wait_from_ns" in rows.columns else rows["issue_ns"]
-    total = float((rows["end_ns"] - start).clip(lower=0).sum())
-    if compute is None or compute.empty or rows.empty:
+        return float((end - start).sum())
+    total = float(np.clip(end - start, 0, None).sum())
+    if busy is None or not len(busy[0]) or not len(start):
         return total
-    busy = union_intervals(compute["start_ns"].to_numpy(np.int64), compute["end_ns"].to_numpy(np.int64))
-    waits = union_intervals(start.to_numpy(np.int64), rows["end_ns"].to_numpy(np.int64))
+    waits = union_intervals(start, end)
     return float(total - total_ns(intersect_intervals(waits, busy)))
 
 
@@ -543,39 +559,74 @@ def _gathers(spans: pd.DataFrame, gather_labels: pd.DataFrame, copy_out_labels: 
     ag = spans[(spans["kind"] == schema.SPAN_ALL_GATHER).to_numpy()]
     if ag.empty:
         return []
-    copy_in = spans[(spans["kind"] == schema.SPAN_COPY_IN).to_numpy()]
-    copy_out = spans[(spans["kind"] == schema.SPAN_COPY_OUT).to_numpy()]
     # A collective that carried several units (ZeRO-3's prefetch buckets: one row per unit) is
     # issued once: it costs its first unit, in issue order; the others come with it.
     ag = ag.sort_values(["issue_ns", "start_ns"], kind="stable")
-    ag = ag.assign(_owner=~ag.duplicated(["lane", "start_ns", "end_ns"], keep="first"))
+    owner = ~ag.duplicated(["lane", "start_ns", "end_ns"], keep="first").to_numpy()
+    # Columns once, as arrays: the loop below runs per gather and must not build DataFrames.
+    ag_cols = _columns(ag, ("issue_ns", "start_ns", "end_ns", "bytes"))
+    ag_wait = _wait_from(ag)
+    keys = list(zip(_texts(ag["unit"]), _texts(ag["phase"]), ag["micro"].tolist()))
+    rows_of: dict[tuple[str, str, int], list[int]] = {}
+    for i, key in enumerate(keys):  # groups in order of first appearance, rows in issue order
+        rows_of.setdefault(key, []).append(i)
+    lab_unit, lab = _texts(gather_labels["unit"]), _columns(gather_labels, ("start_ns", "end_ns"))
+    copy_in = spans[(spans["kind"] == schema.SPAN_COPY_IN).to_numpy()]
+    copy_out = spans[(spans["kind"] == schema.SPAN_COPY_OUT).to_numpy()]
+    ci_pass, ci = _pass_columns(copy_in), _columns(copy_in, ("start_ns", "end_ns"))
+    co_pass, co = _pass_columns(copy_out), _columns(copy_out, ("start_ns", "end_ns"))
+    col_unit, col_micro = _texts(copy_out_labels["unit"]), copy_out_labels["micro"].to_numpy()
+    col = _columns(copy_out_labels, ("start_ns", "end_ns"))
+    compute = spans[(spans["kind"] == schema.SPAN_COMPUTE).to_numpy()]
+    busy = None if gpu else union_intervals(compute["start_ns"].to_numpy(np.int64),
+                                            compute["end_ns"].to_numpy(np.int64))
     out = []
-    for (unit, phase, micro), rows in ag.groupby(["unit", "phase", "micro"], sort=False):
-        unit, phase, micro = str(unit), str(phase), int(micro)
-        rows = rows[rows["_owner"].to_numpy()]
-        if rows.empty:  # gathered by a collective of an earlier unit: nothing to issue
+    for (unit, phase, micro), members in rows_of.items():
+        rows = np.array([i for i in members if owner[i]], dtype=np.int64)
+        if not len(rows):  # gathered by a collective of an earlier unit: nothing to issue
             out.append(Gather(unit=unit, phase=phase, micro=micro, bytes=0, host_ns=0.0, copy_in_ns=0.0,
                               comm_ns=0.0, copy_out_host_ns=0.0, copy_out_ns=0.0, issued_in=None))
             continue
-        issue = float(rows["issue_ns"].min())
-        lab = gather_labels[((gather_labels["unit"] == unit) & (gather_labels["start_ns"] <= issue)
-                             & (gather_labels["end_ns"] >= issue)).to_numpy()]
-        host = float(sum(clock.between(s, e) for s, e in zip(lab["start_ns"], lab["end_ns"])))
-        ci = copy_in[((copy_in["unit"] == unit) & (copy_in["phase"] == phase) & (copy_in["micro"] == micro)).to_numpy()]
-        co = copy_out[((copy_out["unit"] == unit) & (copy_out["phase"] == phase)
-                       & (copy_out["micro"] == micro)).to_numpy()]
-        co_lab = copy_out_labels[((copy_out_labels["unit"] == unit) & (copy_out_labels["micro"] == micro)
-                                  & (copy_out_labels["start_ns"] >= issue)).to_numpy()].sort_values("start_ns")[:1]
+        issue = float(ag_cols["issue_ns"][rows].min())
+        at = (lab_unit == unit) & (lab["start_ns"] <= issue) & (lab["end_ns"] >= issue)
+        lab_spans = list(zip(lab["start_ns"][at].tolist(), lab["end_ns"][at].tolist()))
+        in_pass = (ci_pass[0] == unit) & (ci_pass[1] == phase) & (ci_pass[2] == micro)
+        out_pass = (co_pass[0] == unit) & (co_pass[1] == phase) & (co_pass[2] == micro)
+        later = np.flatnonzero((col_unit == unit) & (col_micro == micro) & (col["start_ns"] >= issue))
+        first = later[np.argsort(col["start_ns"][later])[:1]]
+        co_spans = list(zip(col["start_ns"][first].tolist(), col["end_ns"][first].tolist()))
         out.append(Gather(
-            unit=unit, phase=phase, micro=micro, bytes=int(rows["bytes"].clip(lower=0).sum()), host_ns=host,
-            copy_in_ns=float((ci["end_ns"] - ci["start_ns"]).sum()) if gpu else 0.0,
-            comm_ns=_comm_ns(rows, gpu, spans[(spans["kind"] == schema.SPAN_COMPUTE).to_numpy()]),
-            copy_out_host_ns=float(sum(clock.between(s, e) for s, e in zip(co_lab["start_ns"], co_lab["end_ns"]))),
-            copy_out_ns=float((co["end_ns"] - co["start_ns"]).sum()) if gpu else 0.0,
+            unit=unit, phase=phase, micro=micro, bytes=int(np.clip(ag_cols["bytes"][rows], 0, None).sum()),
+            host_ns=float(sum(clock.between(s, e) for s, e in lab_spans)),
+            copy_in_ns=float((ci["end_ns"][in_pass] - ci["start_ns"][in_pass]).sum()) if gpu else 0.0,
+            comm_ns=_comm_ns(ag_cols["start_ns"][rows] if gpu else ag_wait[rows], ag_cols["end_ns"][rows], gpu,
+                                busy),
+            copy_out_host_ns=float(sum(clock.between(s, e) for s, e in co_spans)),
+            copy_out_ns=float((co["end_ns"][out_pass] - co["start_ns"][out_pass]).sum()) if gpu else 0.0,
             issued_in=_issuer(frames, micro, issue),
-            memory=_sum_use([memory_use(x, y) for x, y in zip(lab["start_ns"], lab["end_ns"])]),
-            copy_out_memory=_sum_use([memory_use(x, y) for x, y in zip(co_lab["start_ns"], co_lab["end_ns"])])))
+            memory=_sum_use([memory_use(x, y) for x, y in lab_spans]),
+            copy_out_memory=_sum_use([memory_use(x, y) for x, y in co_spans])))
     return out
+
+
+def _columns(frame: pd.DataFrame, names: Sequence[str]) -> dict[str, np.ndarray]:
+    return {name: frame[name].to_numpy(np.int64) for name in names}
+
+
+def _texts(column: pd.Series) -> np.ndarray:
+    """A text column as an object array of ``str`` (comparable with ``==`` to a Python string)."""
+    return np.array([str(v) for v in column.tolist()], dtype=object)
+
+
+def _pass_columns(rows: pd.DataFrame, second: str = "phase") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The unit, phase (or another text column) and micro-batch of each row, as arrays."""
+    return _texts(rows["unit"]), _texts(rows[second]), rows["micro"].to_numpy(np.int64)
+
+
+def _wait_from(rows: pd.DataFrame) -> np.ndarray:
+    """CPU: where the host's wait for each collective began (:func:`_with_wait_start`; its issue
+    when not known)."""
+    return (rows["wait_from_ns"] if "wait_from_ns" in rows.columns else rows["issue_ns"]).to_numpy(np.int64)
 
 
 def _issuer(frames: list[tuple[int, str, str, str, int, int]], micro: int,
