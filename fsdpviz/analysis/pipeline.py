@@ -151,7 +151,7 @@ def _rank_mapper(steps: Sequence[int] | None, include_last_step: bool,
     """``load_run``'s ``per_rank``, importing the analysis only for a run reduced rank by rank."""
     from fsdpviz.analysis.rankmap import rank_mapper
 
-    return rank_mapper(steps, include_last_step)(run)
+    return rank_mapper(steps, include_last_step, run)
 
 
 def _from_digests(traces: TraceSet, digests: list[RankDigest], *, steps: Sequence[int] | None,

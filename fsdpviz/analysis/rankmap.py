@@ -72,8 +72,8 @@ def digest_columns(columns: RankColumns, *, run: RunInfo | None, steps: Sequence
 
 
 def rank_mapper(steps: Sequence[int] | None, include_last_step: bool,
-                ) -> Callable[[RunInfo | None], Callable[[RankColumns], RankDigest]]:
-    """``load_run``'s ``per_rank``: given the run's run.json, the function each worker runs on a rank
-    (a ``functools.partial`` of a module function, so that it pickles by reference)."""
+                run: RunInfo | None) -> Callable[[RankColumns], RankDigest]:
+    """The function each worker runs on a rank of the run of ``run`` (its run.json): a
+    ``functools.partial`` of a module function, so that it pickles by reference."""
     chosen = tuple(steps) if steps is not None else None
-    return lambda run: partial(digest_columns, run=run, steps=chosen, include_last_step=include_last_step)
+    return partial(digest_columns, run=run, steps=chosen, include_last_step=include_last_step)

@@ -36,6 +36,7 @@ import pandas as pd
 from pandas.core.groupby import DataFrameGroupBy
 
 from fsdpviz.analysis import crossrank
+from fsdpviz.analysis.categorical import as_str
 from fsdpviz.analysis.intervals import (
     Intervals,
     intersect_intervals,
@@ -381,9 +382,9 @@ def _read_step(rank: int, step: int, t0: int, t1: int, parts: dict[str, pd.DataF
     # The tables of the step as arrays, once: the loop below runs per pass and builds no DataFrame.
     c_unit, c_phase, c_micro = _pass_columns(comp)
     c_cols = _columns(comp, ("issue_ns", "start_ns", "end_ns"))
-    rs_unit, rs_phase = _texts(reshards["unit"]), _texts(reshards["phase"])
+    rs_unit, rs_phase = as_str(reshards["unit"]), as_str(reshards["phase"])
     rs_cols = _columns(reshards, ("start_ns", "end_ns"))
-    rl_unit, rl = _texts(reduce_labels["unit"]), _columns(reduce_labels, ("start_ns", "end_ns"))
+    rl_unit, rl = as_str(reduce_labels["unit"]), _columns(reduce_labels, ("start_ns", "end_ns"))
     red_all = spans[spans["kind"].isin([schema.SPAN_REDUCE_SCATTER, schema.SPAN_ALL_REDUCE]).to_numpy()]
     rd_unit, rd_kind, rd_micro = _pass_columns(red_all, "kind")
     rd = _columns(red_all, ("issue_ns", "start_ns", "end_ns", "bytes"))
@@ -481,7 +482,7 @@ def _read_step(rank: int, step: int, t0: int, t1: int, parts: dict[str, pd.DataF
         batches.append(MicroBatch(pre=pre_seg, forward=passes[FORWARD], mid=mid_seg, backward=passes[BACKWARD]))
         cursor = bounds[BACKWARD][1] if BACKWARD in bounds else mid_to
     tail = _segment(cursor, t1, clock, work, spans, gpu, memory_use)
-    gathers = _gathers(spans, gather_labels, copy_out_labels, frames, clock, gpu, memory_use)
+    gathers = _gathers(spans, comp, gather_labels, copy_out_labels, frames, clock, gpu, memory_use)
     program = StepProgram(rank=rank, step=step, step_ns=t1 - t0, micro=batches, post=tail, gathers=gathers,
                           reduces=reduces)
     if len(t_samples):
@@ -552,10 +553,11 @@ def _segment(a: float, b: float, clock: BusyClock, work: pd.DataFrame | None, sp
     return seg
 
 
-def _gathers(spans: pd.DataFrame, gather_labels: pd.DataFrame, copy_out_labels: pd.DataFrame,
+def _gathers(spans: pd.DataFrame, compute: pd.DataFrame, gather_labels: pd.DataFrame, copy_out_labels: pd.DataFrame,
              frames: list[tuple[int, str, str, str, int, int]], clock: BusyClock, gpu: bool,
              memory_use: Callable[[float, float], MemoryUse]) -> list[Gather]:
-    """Every all-gather of the step with its costs and the pass that issued it."""
+    """Every all-gather of the step with its costs and the pass that issued it (``compute``: the
+    step's compute spans)."""
     ag = spans[(spans["kind"] == schema.SPAN_ALL_GATHER).to_numpy()]
     if ag.empty:
         return []
@@ -566,18 +568,17 @@ def _gathers(spans: pd.DataFrame, gather_labels: pd.DataFrame, copy_out_labels: 
     # Columns once, as arrays: the loop below runs per gather and must not build DataFrames.
     ag_cols = _columns(ag, ("issue_ns", "start_ns", "end_ns", "bytes"))
     ag_wait = _wait_from(ag)
-    keys = list(zip(_texts(ag["unit"]), _texts(ag["phase"]), ag["micro"].tolist()))
+    keys = list(zip(as_str(ag["unit"]), as_str(ag["phase"]), ag["micro"].tolist()))
     rows_of: dict[tuple[str, str, int], list[int]] = {}
     for i, key in enumerate(keys):  # groups in order of first appearance, rows in issue order
         rows_of.setdefault(key, []).append(i)
-    lab_unit, lab = _texts(gather_labels["unit"]), _columns(gather_labels, ("start_ns", "end_ns"))
+    lab_unit, lab = as_str(gather_labels["unit"]), _columns(gather_labels, ("start_ns", "end_ns"))
     copy_in = spans[(spans["kind"] == schema.SPAN_COPY_IN).to_numpy()]
     copy_out = spans[(spans["kind"] == schema.SPAN_COPY_OUT).to_numpy()]
     ci_pass, ci = _pass_columns(copy_in), _columns(copy_in, ("start_ns", "end_ns"))
     co_pass, co = _pass_columns(copy_out), _columns(copy_out, ("start_ns", "end_ns"))
-    col_unit, col_micro = _texts(copy_out_labels["unit"]), copy_out_labels["micro"].to_numpy()
+    col_unit, col_micro = as_str(copy_out_labels["unit"]), copy_out_labels["micro"].to_numpy()
     col = _columns(copy_out_labels, ("start_ns", "end_ns"))
-    compute = spans[(spans["kind"] == schema.SPAN_COMPUTE).to_numpy()]
     busy = None if gpu else union_intervals(compute["start_ns"].to_numpy(np.int64),
                                             compute["end_ns"].to_numpy(np.int64))
     out = []
@@ -613,14 +614,9 @@ def _columns(frame: pd.DataFrame, names: Sequence[str]) -> dict[str, np.ndarray]
     return {name: frame[name].to_numpy(np.int64) for name in names}
 
 
-def _texts(column: pd.Series) -> np.ndarray:
-    """A text column as an object array of ``str`` (comparable with ``==`` to a Python string)."""
-    return np.array([str(v) for v in column.tolist()], dtype=object)
-
-
 def _pass_columns(rows: pd.DataFrame, second: str = "phase") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The unit, phase (or another text column) and micro-batch of each row, as arrays."""
-    return _texts(rows["unit"]), _texts(rows[second]), rows["micro"].to_numpy(np.int64)
+    return as_str(rows["unit"]), as_str(rows[second]), rows["micro"].to_numpy(np.int64)
 
 
 def _wait_from(rows: pd.DataFrame) -> np.ndarray:
