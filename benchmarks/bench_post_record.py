@@ -48,7 +48,9 @@ times["page data"] = T() - t; t = T()
 from fsdpviz.report.html import write_page
 from fsdpviz.report.page import build_page
 size = write_page(build_page(data), Path(sys.argv[2])); times["render + write (imports included)"] = T() - t
-print(json.dumps({"stages": times, "html_mb": size / 1e6, "events": len(traces.events)}))
+from fsdpviz.whatif.predict import read_model
+t = T(); read_model(run); what_if = T() - t  # again, alone: the part of the page data that predicts
+print(json.dumps({"stages": times, "what_if_s": what_if, "html_mb": size / 1e6, "events": len(traces.events)}))
 """
 
 AFTER_RECORD = ("import sys; from pathlib import Path; from fsdpviz.commands.record import summarise_and_report; "
@@ -109,6 +111,8 @@ def main() -> None:
                   f"CPU {spread(cpus)} s")
             for stage, seconds in detail["stages"].items():
                 print(f"    {stage:<36} {seconds:6.2f} s")
+            print(f"    (of the page data: the what-if model read from the recording, read_model, "
+                  f"{detail['what_if_s']:.2f} s)")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ Fresh processes, interleaved, ``--repeat`` times; median (min-max) of wall and C
   profiled steps), generated once before they are timed.
 
 Then the imports ``fsdpviz summary --json`` of one rank pays for (``python -X importtime``,
-cumulative, the largest top-level packages).
+cumulative, the largest top-level packages), and where a summary's time goes, stage by stage, in a
+fresh process (best of ``--repeat``): for one rank of the example and each ``--stages PATH``.
 
     python benchmarks/bench_startup.py [--repeat 5] [--events 20000] [--no-report] [--both]
 
@@ -21,11 +22,13 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from harness import describe_machine, load_average, median, run_measured, spread
@@ -57,11 +60,53 @@ def _imports(argv: list[str]) -> list[tuple[str, float]]:
     return sorted(out.items(), key=lambda kv: -kv[1])
 
 
+STAGES = r"""
+import json, sys, time
+T = time.perf_counter
+t0 = T()
+import fsdpviz.cli, typer._adapters  # what the command has imported when it starts (typer's parameters)
+from fsdpviz.analysis.pipeline import analyse
+import fsdpviz.trace.loader as loader
+stages = {"imports before the parse": T() - t0}
+def timed(module, name, label):
+    inner = getattr(module, name)
+    def wrapper(*a, **k):
+        t = T(); out = inner(*a, **k); stages[label] = stages.get(label, 0.0) + T() - t; return out
+    setattr(module, name, wrapper)
+timed(loader, "parse_all", "parse (pandas imported meanwhile)")
+t = T(); result = analyse([sys.argv[1]], cache=False, progress=False)
+stages["tables, steps, whole-step overlap"] = T() - t - stages["parse (pandas imported meanwhile)"]
+from fsdpviz.analysis import run as run_module  # after the parse, as the command imports it
+timed(run_module, "analyse_ranks", "per-unit analysis: per-rank half")
+timed(run_module, "combine_parts", "per-unit analysis: cross-rank half")
+t = T(); summary = result.summary
+stages["summary (with the per-unit analysis)"] = T() - t
+t = T(); text = json.dumps(summary.to_json(), indent=2); stages["JSON"] = T() - t
+print(json.dumps({"stages": stages, "end": time.time()}), flush=True)
+"""
+
+
+def _stages(path: Path, repeat: int) -> dict[str, float]:
+    """Seconds per stage of a summary of ``path`` (fresh processes, best of ``repeat``), and the
+    interpreter's teardown after the answer (what ``fsdpviz.cli.run`` skips)."""
+    best: dict[str, float] = {}
+    for _ in range(repeat):
+        proc = subprocess.run([sys.executable, "-c", STAGES, str(path)], check=True, capture_output=True, text=True)
+        ended = time.time()
+        found = json.loads(proc.stdout.strip().splitlines()[-1])
+        found["stages"]["interpreter teardown"] = ended - found["end"]
+        for name, seconds in found["stages"].items():
+            best[name] = min(best.get(name, float("inf")), seconds)
+    return best
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--events", type=int, default=20_000)
     parser.add_argument("--no-report", action="store_true")
+    parser.add_argument("--stages", type=Path, action="append", default=[],
+                        help="also time the stages of a summary of this trace or run (repeatable)")
     parser.add_argument("--both", action="store_true",
                         help="each report twice: loaded whole into one process and analysed rank by rank "
                              "(FSDPVIZ_KEEP_EVENTS=1 / 0) instead of as fsdpviz decides")
@@ -107,6 +152,11 @@ def main() -> None:
     imports = _imports(["-m", "fsdpviz", "summary", "--json", "--no-cache", str(one_rank)])
     for name, ms in imports[:10]:
         print(f"- {name}: {ms:.0f} ms")
+    for path in [one_rank, *args.stages]:
+        print(f"\n# stages of a summary of {path} (ms, best of {args.repeat}; the per-unit analysis is part of "
+              "the summary's line)")
+        for name, seconds in _stages(path, args.repeat).items():
+            print(f"- {name}: {1000 * seconds:.0f}")
 
 
 if __name__ == "__main__":
