@@ -23,9 +23,11 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "train.py"
 NO_OUTPUT = ("--no-report", "--no-summary")
 
-# PyTorch's FSDP1 on gloo sometimes aborts a rank at interpreter exit, after training and
-# destroy_process_group, with no Python code left running (2 of 30 plain runs without fsdpviz).
+# PyTorch on gloo now and then aborts a rank at interpreter exit, after training and
+# destroy_process_group, with no Python code left running: seen with FSDP1 (2 of 30 plain runs
+# without fsdpviz), FSDP2 on an HSDP mesh and the HF Trainer, recorded or not.
 TEARDOWN_CRASH = "terminate called without an active exception"
+TRIES = 3  # attempts of a job that fails only by that abort
 
 
 def torchrun(script: Path, *args: str) -> list[str]:
@@ -112,6 +114,21 @@ def record_argv(run_dir: Path, command: list[str], *options: str) -> list[str]:
 def teardown_crash(proc: subprocess.CompletedProcess) -> bool:
     """The job failed only by PyTorch's abort at exit (see TEARDOWN_CRASH): worth one more try."""
     return proc.returncode != 0 and TEARDOWN_CRASH in (proc.stderr or "")
+
+
+def retried(attempt: Callable[[], subprocess.CompletedProcess], *,
+            again: Callable[[subprocess.CompletedProcess], bool] = teardown_crash,
+            tidy: Callable[[], None] = lambda: None, tries: int = TRIES) -> subprocess.CompletedProcess:
+    """``attempt()`` until its result is not worth another try (``again``; by default PyTorch's abort
+    at exit), at most ``tries`` times; ``tidy()`` before each retry removes what the failed attempt
+    left (a run folder ``fsdpviz record`` would refuse to reuse). Returns the last result."""
+    done = attempt()
+    for _ in range(tries - 1):
+        if not again(done):
+            break
+        tidy()
+        done = attempt()
+    return done
 
 
 def unused_port() -> int:

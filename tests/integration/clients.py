@@ -19,13 +19,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from helpers.jobs import REPO, fsdpviz, record_env, run_job, teardown_crash, torchrun, unused_port
+from helpers.jobs import REPO, fsdpviz, record_env, retried, run_job, teardown_crash, torchrun, unused_port
 
 CLIENTS = REPO / "tests" / "clients"
 STEPS = 6  # optimizer steps; fsdpviz profiles 2-4 (its defaults)
 PROFILED = [2, 3, 4]
 ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch"]
-TRIES = 3  # PyTorch's gloo teardown abort (helpers.jobs.TEARDOWN_CRASH) or hang hits a run now and then
 RUN_TIMEOUT_S = 300  # a client trains in well under a minute; longer is a hang
 
 
@@ -117,13 +116,17 @@ def _trained(template: str, ranks: int) -> Callable[[], bool]:
     return lambda: all(len(v) >= STEPS for v in _losses(template, ranks).values())
 
 
+def _worth_retry(losses: str, ranks: int) -> Callable[[subprocess.CompletedProcess], bool]:
+    """PyTorch's abort at exit (helpers.jobs.TEARDOWN_CRASH) or its hang on the way out."""
+    return lambda done: teardown_crash(done) or _hung_after_training(done, losses, ranks)
+
+
 def _run(argv: list[str], cwd: Path, losses: str, ranks: int) -> subprocess.CompletedProcess:
-    for _ in range(TRIES):
+    def attempt() -> subprocess.CompletedProcess:
         _clear_losses(losses, ranks)
-        done = run_job(argv, cwd=cwd, timeout=RUN_TIMEOUT_S, finished=_trained(losses, ranks))
-        if not teardown_crash(done) and not _hung_after_training(done, losses, ranks):
-            return done
-    return done
+        return run_job(argv, cwd=cwd, timeout=RUN_TIMEOUT_S, finished=_trained(losses, ranks))
+
+    return retried(attempt, again=_worth_retry(losses, ranks))
 
 
 class ClientRuns:
@@ -140,20 +143,19 @@ class ClientRuns:
             folder.mkdir()
             run_dir = folder / "run"
             losses, bare_losses = str(folder / "losses-{rank}.txt"), str(folder / "bare-{rank}.txt")
-            proc = None
-            for _ in range(TRIES):
-                shutil.rmtree(run_dir, ignore_errors=True)
+            outputs = () if client.report else ("--no-report",)
+
+            def attempt() -> subprocess.CompletedProcess:
                 _clear_losses(losses, client.ranks)
-                outputs = () if client.report else ("--no-report",)
-                proc = fsdpviz("record", "--out", str(run_dir), "--steps", str(len(PROFILED)), *outputs, "--",
+                return fsdpviz("record", "--out", str(run_dir), "--steps", str(len(PROFILED)), *outputs, "--",
                                *client.argv(losses, folder / "trainer-out"), env=record_env(), timeout=RUN_TIMEOUT_S,
                                finished=_trained(losses, client.ranks))
-                if not teardown_crash(proc) and not _hung_after_training(proc, losses, client.ranks):
-                    break
+
+            proc = retried(attempt, again=_worth_retry(losses, client.ranks),
+                           tidy=lambda: shutil.rmtree(run_dir, ignore_errors=True))
             bare = None
             if client.compare_losses:
                 bare = _run(client.argv(bare_losses, folder / "bare-out"), folder, bare_losses, client.ranks)
-            assert proc is not None
             self.done[name] = ClientRun(client, run_dir, proc, bare, _losses(losses, client.ranks),
                                         _losses(bare_losses, client.ranks))
         return self.done[name]

@@ -20,8 +20,8 @@ from helpers.jobs import (
     NO_OUTPUT,
     fsdpviz,
     record_env,
+    retried,
     run_job,
-    teardown_crash,
     torchrun,
 )
 
@@ -30,8 +30,10 @@ SCRIPTS = Path(__file__).resolve().parent / "record_scripts"
 
 def record(run_dir: Path, command: list[str], *options: str, env: dict[str, str] | None = None
            ) -> subprocess.CompletedProcess:
-    """``fsdpviz record --out RUN_DIR OPTIONS -- COMMAND`` (no report or summary unless OPTIONS ask)."""
-    return fsdpviz("record", "--out", str(run_dir), *NO_OUTPUT, *options, "--", *command, env=env)
+    """``fsdpviz record --out RUN_DIR OPTIONS -- COMMAND`` (no report or summary unless OPTIONS ask),
+    once more into a clean folder if PyTorch aborted a rank at exit (helpers.jobs.TEARDOWN_CRASH)."""
+    return retried(lambda: fsdpviz("record", "--out", str(run_dir), *NO_OUTPUT, *options, "--", *command, env=env),
+                   tidy=lambda: shutil.rmtree(run_dir, ignore_errors=True))
 
 
 @dataclass(frozen=True)
@@ -58,11 +60,8 @@ class Recording:
     def unrecorded_losses(self, out: Path) -> Path:
         """Run the same job without fsdpviz; its ``--log-losses`` template under ``out``."""
         template = out / "plain-{rank}.txt"
-        for _ in range(2):
-            done = run_job(torchrun(EXAMPLE, *self.config.train_args, "--log-losses", str(template)),
-                           env=self.config.environment())
-            if not teardown_crash(done):
-                break
+        done = retried(lambda: run_job(torchrun(EXAMPLE, *self.config.train_args, "--log-losses", str(template)),
+                                       env=self.config.environment()))
         assert done.returncode == 0, done.stderr[-3000:]
         return template
 
@@ -80,13 +79,10 @@ class Recordings:
             losses = folder / "losses-{rank}.txt"
             folder.mkdir()
             run_dir = folder / "run"
-            for _ in range(2):
-                shutil.rmtree(run_dir, ignore_errors=True)
-                proc = fsdpviz("record", "--out", str(run_dir), *config.record_options, "--",
-                               *torchrun(EXAMPLE, *config.train_args, "--log-losses", str(losses)),
-                               env=config.environment(), timeout=600)
-                if not teardown_crash(proc):
-                    break
+            proc = retried(lambda: fsdpviz("record", "--out", str(run_dir), *config.record_options, "--",
+                                           *torchrun(EXAMPLE, *config.train_args, "--log-losses", str(losses)),
+                                           env=config.environment(), timeout=600),
+                           tidy=lambda: shutil.rmtree(run_dir, ignore_errors=True))
             self.done[config] = Recording(config, run_dir, proc, losses)
         return self.done[config]
 

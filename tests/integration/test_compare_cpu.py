@@ -12,12 +12,14 @@ from __future__ import annotations
 import json
 import os
 import runpy
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.jobs import retried
 
 from fsdpviz.cli import main
 
@@ -38,8 +40,13 @@ def script_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str
     out = tmp_path_factory.mktemp("wrap-policies")
     env = dict(os.environ, PYTHON=sys.executable, MODEL_ARGS=MODEL_ARGS, RECORD_ARGS=RECORD_ARGS, OMP_NUM_THREADS="1")
     env.pop("FSDPVIZ_RUN_DIR", None)
-    done = subprocess.run(["bash", str(SCRIPT), str(out)], capture_output=True, text=True, env=env, timeout=900,
-                          check=False)
+    def empty_out() -> None:
+        shutil.rmtree(out)
+        out.mkdir()
+
+    done = retried(lambda: subprocess.run(["bash", str(SCRIPT), str(out)], capture_output=True, text=True, env=env,
+                                          timeout=900, check=False),
+                   tidy=empty_out)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"compare page: {out}/compare.html" in done.stderr
     return out, json.loads((out / "compare.json").read_text())

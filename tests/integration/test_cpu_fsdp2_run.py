@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers.jobs import run_job, torchrun
+from helpers.jobs import retried, run_job, torchrun
 
 from fsdpviz.analysis import summarize
 from fsdpviz.analysis.overlap import compute_overlap
@@ -19,7 +19,7 @@ UNIT_PARAMS = 256 * 256 + 256  # one Linear(256, 256): what each unit's all-gath
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("fsdp2-cpu")
-    proc = run_job(torchrun(SCRIPT, str(out)), timeout=600)
+    proc = retried(lambda: run_job(torchrun(SCRIPT, str(out)), timeout=600))  # same files each try
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from helpers.jobs import EXAMPLE, record_env, torchrun
+from helpers.jobs import EXAMPLE, record_env, retried, torchrun
 from recordrun import TINY, check_complete, run_record
 
 from fsdpviz.errors import RunFolderError, UsageError
@@ -106,8 +106,9 @@ def test_disk_filling_up_under_the_training(tmp_path: Path, tmpfs: Callable[...,
     half-written is left, run.json is written once the launcher has tidied up."""
     disk = tmpfs("disk", 1536)  # room for timers and run.json, not for a trace (several MB of JSON)
     run_dir = disk / "run"
-    done = run_record(run_dir, torchrun(EXAMPLE, "--framework", "fsdp2", *TINY, "--steps", "6"),
-                      env=record_env(**{ENV_MIN_FREE_MB: "0"}))
+    done = retried(lambda: run_record(run_dir, torchrun(EXAMPLE, "--framework", "fsdp2", *TINY, "--steps", "6"),
+                                      env=record_env(**{ENV_MIN_FREE_MB: "0"})),
+                   tidy=lambda: shutil.rmtree(run_dir, ignore_errors=True))
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
     assert "could not write the trace" in done.stderr

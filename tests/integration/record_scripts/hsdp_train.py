@@ -9,6 +9,8 @@ over the shard group (1 rank), not the world (2).
 
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -34,6 +36,7 @@ def main() -> None:
         optimizer.step()
         optimizer.zero_grad()
     dist.destroy_process_group()
+    time.sleep(0.1)  # gloo's threads finish releasing the last all-reduce (see examples/train.py)
 
 
 if __name__ == "__main__":
