@@ -6,6 +6,10 @@ Each recording rank writes ``ranks/rank{R}.json``: the facts the launcher merges
 exception, or on SIGTERM, which torchrun sends to the surviving ranks when one fails.
 :class:`ExitHooks` installs those three hooks and remembers how the script ended; every file is
 written under a temporary name and renamed, so the launcher never reads half a file.
+
+At a normal exit the hooks also give gloo's work threads a moment without the GIL (see
+:func:`gloo_workers`): PyTorch aborts a rank whose interpreter finalizes while one of them still
+waits for the GIL to release the last collective, and that abort would fail the recording.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import platform
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
@@ -28,6 +33,9 @@ from fsdpviz import __version__
 from fsdpviz.runfolder import PARTIAL_SUFFIX
 
 Finish = Callable[[str, "str | None"], None]  # finish(status, reason)
+
+GLOO_WORKER = b"pt_gloo_runloop"  # the thread name ProcessGroupGloo gives its work loops
+GLOO_PAUSE_S = 0.1
 
 
 def now_iso() -> str:
@@ -96,6 +104,12 @@ class ExitHooks:
 
     def _at_exit(self) -> None:
         self._finish(self.status or "ok", self.failure)
+        # Registered first, this handler runs last: after it the interpreter finalizes, and a gloo
+        # work thread still waiting for the GIL to drop the last collective's Python state then
+        # aborts the rank ("terminate called without an active exception"; about half the bare
+        # runs of the example's FSDP1 on a 2-core machine). Sleeping releases the GIL to it.
+        if gloo_workers():
+            time.sleep(GLOO_PAUSE_S)
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         self._finish("interrupted", f"received {signal.Signals(signum).name}")
@@ -117,6 +131,22 @@ class ExitHooks:
     def restore_sigterm(self) -> None:
         if self._previous_sigterm is not None:
             signal.signal(signal.SIGTERM, self._on_sigterm)
+
+
+def gloo_workers() -> int:
+    """How many of this process's threads are gloo work loops (0 where /proc is not there)."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return 0
+    count = 0
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/comm", "rb") as comm:
+                count += comm.read().strip() == GLOO_WORKER
+        except OSError:  # the thread ended meanwhile
+            continue
+    return count
 
 
 def usable_cpus() -> int:

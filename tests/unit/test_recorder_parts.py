@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from fsdpviz import cli
-from fsdpviz.record import launcher, runinfo, schedule
+from fsdpviz.record import launcher, rankfacts, runinfo, schedule
 from fsdpviz.record.activation import ROLE_CANDIDATE, ROLE_NONE, ROLE_RANK, classify_process
 from fsdpviz.record.options import RecordOptions, options_from_env
 from fsdpviz.record.timers import Interval, StepTimes, TimersWriter, salvage_partial, summarize_step
@@ -294,3 +294,38 @@ def test_after_a_recording_a_broken_report_layer_costs_the_report_not_the_summar
     assert written is None and not (run_dir / "report.html").exists()
     assert "step time" in (out + err).lower() and "overlap" in (out + err).lower()
     assert "no report (internal error" in err and "no summary" not in err and "Traceback" not in err
+
+
+GLOO_THREADS = """
+import json, sys, tempfile, torch, torch.distributed as dist
+from fsdpviz.record.rankfacts import gloo_workers
+before = gloo_workers()
+dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
+dist.all_reduce(torch.ones(4))
+during = gloo_workers()
+world = dist.group.WORLD  # held, as a model's FSDP state holds its process group
+dist.destroy_process_group()
+print(json.dumps([before, during, gloo_workers()]))
+"""
+
+
+def test_gloo_work_threads_are_found_by_name() -> None:
+    """The threads a gloo process group starts, counted in a process of its own; while anything
+    holds the group they outlive destroy_process_group (which is why a rank's exit gives them a moment)."""
+    done = subprocess.run([sys.executable, "-c", GLOO_THREADS], capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    before, during, after = json.loads(done.stdout.splitlines()[-1])
+    assert before == 0 and during >= 1 and after == during
+
+
+@pytest.mark.parametrize(("workers", "pauses"), [(0, []), (2, [rankfacts.GLOO_PAUSE_S])])
+def test_a_rank_exits_after_a_pause_only_with_gloo_threads(monkeypatch: pytest.MonkeyPatch, workers: int,
+                                                           pauses: list[float]) -> None:
+    finished: list[tuple[str, str | None]] = []
+    slept: list[float] = []
+    monkeypatch.setattr(rankfacts, "gloo_workers", lambda: workers)
+    monkeypatch.setattr(rankfacts.time, "sleep", slept.append)
+    hooks = rankfacts.ExitHooks(lambda status, reason: finished.append((status, reason)))
+    hooks._at_exit()
+    assert finished == [("ok", None)] and slept == pauses
