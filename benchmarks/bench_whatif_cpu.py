@@ -42,12 +42,14 @@ OPTIONS = {"pair": ["--wrap", "merge:2"], "root": ["--wrap", "root"], "prefetch1
            "noreshard": ["--reshard-after-forward", "false"]}
 
 
-def record(out: Path, args: list[str]) -> None:
-    cmd = [sys.executable, "-m", "fsdpviz", "record", "--out", str(out), "--no-report", "--no-summary", "--",
+def record(out: Path, args: list[str], model: list[str] = MODEL, env: dict[str, str] | None = None,
+           options: tuple[str, ...] = ()) -> None:
+    """``fsdpviz record OPTIONS`` of the example trainer (``model`` then ``args``) on 2 CPU ranks into ``out``."""
+    cmd = [sys.executable, "-m", "fsdpviz", "record", "--out", str(out), "--no-report", "--no-summary", *options, "--",
            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(ROOT / "examples" / "train.py"), *MODEL, *args]
-    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"),
-                          timeout=900)
+           str(ROOT / "examples" / "train.py"), *model, *args]
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True,
+                          env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})), timeout=900)
     if proc.returncode != 0:
         raise SystemExit(f"recording {out.name} failed:\n{proc.stderr[-2000:]}")
 

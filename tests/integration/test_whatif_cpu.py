@@ -34,9 +34,8 @@ def test_replay_prefetch_and_world_size(framework: str, recordings: Recordings) 
     summary = _json("summary", "--json", run)
     replay = _json("whatif", run, "--json", "-q")
     assert replay["baseline"]["step_time_ms"] == summary["step_time_ms"]
-    # ZeRO-3's asynchronous prefetch buckets on this tiny model: up to ~7 % (docs/whatif.md)
-    target = 10.0 if framework == "zero3" else 5.0
-    assert replay["replay_error_pct"] < target
+    # measured over 15 recordings each: under 1 % on all three (benchmarks/bench_whatif_replay.py)
+    assert replay["replay_error_pct"] < 5.0
     assert replay["predicted"]["step_time_ms"] == pytest.approx(summary["step_time_ms"], rel=0.01)
     none = _json("whatif", run, "--prefetch", "none", "--json", "-q")
     assert none["predicted"]["settings"]["prefetch"]["source"] == "given"
