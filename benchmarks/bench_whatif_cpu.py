@@ -22,6 +22,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,6 +42,15 @@ RUNS = {
 # setting recorded -> the whatif options that predict it from the per-block recording
 OPTIONS = {"pair": ["--wrap", "merge:2"], "root": ["--wrap", "root"], "prefetch1": ["--prefetch", "1"],
            "noreshard": ["--reshard-after-forward", "false"]}
+
+
+@contextmanager
+def recordings_folder(out: Path | None) -> Iterator[Path]:
+    """``out`` (created if needed, kept), or a temporary folder removed afterwards."""
+    with tempfile.TemporaryDirectory() as tmp:
+        base = out or Path(tmp)
+        base.mkdir(parents=True, exist_ok=True)
+        yield base
 
 
 def record(out: Path, args: list[str], model: list[str] = MODEL, env: dict[str, str] | None = None,
@@ -92,9 +103,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="keep the recordings here (default: a temp folder)")
     args = parser.parse_args()
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp:
-        base = args.out or Path(tmp)
-        base.mkdir(parents=True, exist_ok=True)
+    with recordings_folder(args.out) as base:
         folders: dict[str, list[Path]] = {name: [] for name in RUNS}
         for i in range(args.repeat):
             for name, extra in RUNS.items():

@@ -18,13 +18,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_whatif_cpu import record
+from bench_whatif_cpu import record, recordings_folder
 from harness import describe_machine
 
 MODEL = ["--layers", "3", "--dim", "32", "--seed", "0", "--steps", "7", "--wrap", "block"]
@@ -52,9 +51,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="keep (and reuse) the recordings here")
     args = parser.parse_args()
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp:
-        base = args.out or Path(tmp)
-        base.mkdir(parents=True, exist_ok=True)
+    with recordings_folder(args.out) as base:
         print(describe_machine())
         print("\n| framework | recordings | signed replay error, each (%) | mean | range |")
         print("|---|---:|---|---:|---:|")
