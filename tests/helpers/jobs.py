@@ -24,8 +24,8 @@ EXAMPLE = REPO / "examples" / "train.py"
 NO_OUTPUT = ("--no-report", "--no-summary")
 
 # PyTorch on gloo now and then aborts a rank at interpreter exit, after training and
-# destroy_process_group, with no Python code left running: seen with FSDP1 (2 of 30 plain runs
-# without fsdpviz), FSDP2 on an HSDP mesh and the HF Trainer, recorded or not.
+# destroy_process_group, with no Python code left running: seen with FSDP1, FSDP2 on an HSDP mesh and
+# the HF Trainer, recorded or not (how often and why: docs/testing.md).
 TEARDOWN_CRASH = "terminate called without an active exception"
 TRIES = 3  # attempts of a job that fails only by that abort
 
