@@ -333,7 +333,7 @@ def train(args: argparse.Namespace, after_step: StepCallback | None = None) -> l
     dist.destroy_process_group()
     # gloo's worker threads may still be releasing the last collective, which takes the GIL; an
     # interpreter that finalizes meanwhile aborts the rank ("terminate called without an active
-    # exception": 7 of 15 bare FSDP1 runs on a 2-core CPU machine, 0 of 20 with this pause).
+    # exception"; how often: docs/testing.md).
     time.sleep(0.1)
     return losses
 

@@ -106,8 +106,8 @@ class ExitHooks:
         self._finish(self.status or "ok", self.failure)
         # Registered first, this handler runs last: after it the interpreter finalizes, and a gloo
         # work thread still waiting for the GIL to drop the last collective's Python state then
-        # aborts the rank ("terminate called without an active exception"; about half the bare
-        # runs of the example's FSDP1 on a 2-core machine). Sleeping releases the GIL to it.
+        # aborts the rank ("terminate called without an active exception"; how often:
+        # docs/testing.md). Sleeping releases the GIL to it.
         if gloo_workers():
             time.sleep(GLOO_PAUSE_S)
 
