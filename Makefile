@@ -8,8 +8,14 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 TORCH_VERSION ?= 2.13.0
 DEMO_DIR ?= demo-run
+# Older torch releases the suite also records on (tests/integration/test_older_torch.py), each in a
+# virtual environment of its own: the oldest fsdpviz supports on CPU (FSDP2 trains with gloo from
+# 2.7) and one between. They are the registry's CUDA builds (a few GB each, kept in pip's cache),
+# which train on the CPU as well.
+OLD_TORCH_VERSIONS ?= 2.7.1 2.11.0
+OLD_TORCH_VENVS := $(foreach v,$(OLD_TORCH_VERSIONS),.venv-torch$(v))
 
-.PHONY: demo test test-fast setup setup-dev lint clean bench bench-load bench-scale bench-record bench-report bench-post-record
+.PHONY: demo test test-fast setup setup-dev setup-old-torch lint clean bench bench-load bench-scale bench-record bench-report bench-post-record
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -30,14 +36,23 @@ $(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
 setup: $(VENV)/.installed
 setup-dev: $(VENV)/.installed-dev
 
+.venv-torch%/.installed: pyproject.toml
+	$(PYTHON) -m venv .venv-torch$*
+	.venv-torch$*/bin/python -m pip install --quiet --upgrade pip
+	.venv-torch$*/bin/python -m pip install --quiet torch==$*
+	.venv-torch$*/bin/python -m pip install --quiet -e .
+	@touch $@
+
+setup-old-torch: $(foreach v,$(OLD_TORCH_VENVS),$(v)/.installed)
+
 # Record the bundled example (FSDP2, 2 ranks on CPU with gloo) into $(DEMO_DIR)/ and summarise it.
 demo: setup
 	OMP_NUM_THREADS=1 $(PY) -m fsdpviz record --out $(DEMO_DIR) --force -- \
 		$(PY) -m torch.distributed.run --standalone --nproc_per_node 2 examples/train.py --framework fsdp2
 
-# The checks first (seconds), then the suite.
-test: lint
-	$(PY) -m pytest -q
+# The checks first (seconds), then the suite (with the older torch releases it must record on).
+test: lint setup-old-torch
+	FSDPVIZ_OLD_TORCH_VENVS="$(OLD_TORCH_VENVS)" FSDPVIZ_REQUIRE_OLD_TORCH=1 $(PY) -m pytest -q
 
 test-fast: setup-dev
 	$(PY) -m pytest -q -m "not slow and not browser"
@@ -66,4 +81,4 @@ lint: setup-dev
 	$(PY) -m mypy
 
 clean:
-	rm -rf $(VENV) .pytest_cache $(DEMO_DIR)
+	rm -rf $(VENV) $(OLD_TORCH_VENVS) .pytest_cache $(DEMO_DIR)

@@ -189,7 +189,10 @@ def unit_modules(model: GPT, wrap: str) -> list[nn.Module]:
 
 
 def shard_fsdp2(model: GPT, args: argparse.Namespace, ddp: Distributed) -> nn.Module:
-    from torch.distributed.fsdp import fully_shard
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:  # torch < 2.6
+        from torch.distributed._composable.fsdp import fully_shard
 
     model.to(ddp.device)
     units = unit_modules(model, args.wrap)

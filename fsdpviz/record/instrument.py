@@ -22,6 +22,7 @@ See docs/recording.md, "Labels fsdpviz adds".
 from __future__ import annotations
 
 import functools
+import importlib
 import sys
 from collections.abc import Callable, Iterable
 from typing import Any, Final
@@ -46,11 +47,27 @@ def unit_label(kind: str, units: Iterable[str]) -> str:
     return f"{LABEL_PREFIX}{kind} ({', '.join(units)})"
 
 
+# Where FSDP2 lives: ``torch.distributed.fsdp._fully_shard`` from torch 2.6, before it
+# ``torch.distributed._composable.fsdp`` (whose ``fully_shard`` module 2.6+ keeps as an alias).
+FSDP2_PACKAGES: Final = (
+    ("torch.distributed.fsdp._fully_shard", "_fully_shard"),
+    ("torch.distributed._composable.fsdp", "fully_shard"),
+)
+
+
+def _fsdp2_package(module: Any) -> str | None:
+    """The package of the FSDP2 that sharded ``module``, None when it is no FSDP2 module."""
+    for package, api in FSDP2_PACKAGES:
+        fsdp2 = sys.modules.get(f"{package}.{api}")
+        if fsdp2 is not None and isinstance(module, getattr(fsdp2, "FSDPModule", ())):
+            return package
+    return None
+
+
 def detect_framework(module: Any) -> str | None:
     """The framework of a sharded root, or None for any other module. Imports nothing new."""
     mods = sys.modules
-    fsdp2 = mods.get("torch.distributed.fsdp._fully_shard._fully_shard")
-    if fsdp2 is not None and isinstance(module, fsdp2.FSDPModule):
+    if _fsdp2_package(module) is not None:
         return "fsdp2"
     fsdp1 = mods.get("torch.distributed.fsdp.fully_sharded_data_parallel")
     if fsdp1 is not None and isinstance(module, fsdp1.FullyShardedDataParallel):
@@ -147,8 +164,8 @@ class Fsdp2Instrumentation(_Instrumentation):
 
     def __init__(self, agent: Any, root: Any, units: list[Unit]) -> None:
         super().__init__(agent)
-        from torch.distributed.fsdp._fully_shard import _fsdp_param_group
-
+        package = _fsdp2_package(root) or FSDP2_PACKAGES[0][0]
+        _fsdp_param_group = importlib.import_module(f"{package}._fsdp_param_group")
         self._reducing: str | None = None
         for unit in units:
             self._wrap_group(unit.key, unit.unit)

@@ -104,6 +104,19 @@ def _container_elements(root: Any) -> list[str]:
     return names
 
 
+def fsdp2_param_groups(state: Any) -> list[Any]:
+    """The parameter groups of one FSDP2 state, on every torch that has ``fully_shard``.
+
+    torch 2.13 keeps a list (``_fsdp_param_groups``: a module may have several groups); before it,
+    one optional group (``_fsdp_param_group``). Read by what the state has, not by version.
+    """
+    groups = getattr(state, "_fsdp_param_groups", None)
+    if groups is not None:
+        return list(groups)
+    group = getattr(state, "_fsdp_param_group", None)
+    return [group] if group is not None else []
+
+
 def build_fsdp2_units(root: Any) -> list[Unit]:
     """One unit per FSDP2 parameter group under ``root`` (the outermost ``fully_shard`` module)."""
     names = {module: name for name, module in root.named_modules()}
@@ -116,8 +129,9 @@ def build_fsdp2_units(root: Any) -> list[Unit]:
             if id(state) not in state_names:
                 states.append(state)
                 state_names[id(state)] = ""
+    groups_of = {id(state): fsdp2_param_groups(state) for state in states}
     for state in states:
-        for group in state._fsdp_param_groups:
+        for group in groups_of[id(state)]:
             name = group_name([clean_fqn(names.get(m, "")) for m in group.modules])
             state_names[id(state)] = name
             mp_dtype = group.mp_policy.param_dtype
@@ -130,7 +144,7 @@ def build_fsdp2_units(root: Any) -> list[Unit]:
                               reshard_after_forward=group.post_forward_mesh_info is not None,
                               shard_size=int(getattr(group.mesh_info, "shard_mesh_size", 1)),
                               modules=tuple(group.modules), key=group))
-    for state, unit in ((s, u) for s in states for u in units if u.key in s._fsdp_param_groups):
+    for state, unit in ((s, u) for s in states for u in units if any(u.key is g for g in groups_of[id(s)])):
         forward = [state_names[id(t)] for t in state._states_to_forward_prefetch]
         backward = [state_names[id(t)] for t in state._states_to_backward_prefetch]
         unit.forward_prefetch = forward or "default"
