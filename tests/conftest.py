@@ -15,6 +15,8 @@ T = TypeVar("T")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # Real GPU traces (not part of this repository) live beside the checkout; see docs/testing.md.
 GPU_REAL_DIR = REPO_ROOT.parent / "shared" / "traces" / "gpu-real"
+# Real FSDP recordings on an H100 (fsdpviz run folders) with the truth of uninstrumented runs.
+GPU_FSDP_DIR = REPO_ROOT.parent / "shared" / "traces" / "gpu-fsdp"
 SAMPLE_TRACES_DIR = REPO_ROOT / "sample_traces"
 
 
@@ -24,6 +26,22 @@ def gpu_real_dir() -> Path:
     if not GPU_REAL_DIR.is_dir():
         pytest.skip(f"real GPU traces not found at {GPU_REAL_DIR}")
     return GPU_REAL_DIR
+
+
+@pytest.fixture(scope="session")
+def gpu_fsdp_dir() -> Path:
+    """The folder of real FSDP recordings on an H100; tests that need it skip when it is missing."""
+    if not GPU_FSDP_DIR.is_dir():
+        pytest.skip(f"real FSDP GPU recordings not found at {GPU_FSDP_DIR}")
+    return GPU_FSDP_DIR
+
+
+@pytest.fixture(scope="session")
+def gpu_fsdp_run(gpu_fsdp_dir: Path, session_memo: Callable[..., Any]) -> Callable[[str], Any]:
+    """``gpu_fsdp_run(name)``: the pipeline's result for one of those recordings, once per session."""
+    from fsdpviz.analysis.pipeline import analyse
+
+    return lambda name: session_memo(("gpu-fsdp", name), lambda: analyse([gpu_fsdp_dir / name], cache=False))
 
 
 @pytest.fixture(scope="session")

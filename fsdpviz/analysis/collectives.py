@@ -131,7 +131,8 @@ def match_in_order(issue_t: np.ndarray, run_t: np.ndarray) -> np.ndarray:
 
 
 def cpu_collectives(events: pd.DataFrame, kinds: np.ndarray) -> pd.DataFrame:
-    """gloo collectives of one rank matched to their ``c10d::*`` issuing ops."""
+    """gloo collectives of one rank matched to their ``c10d::*`` issuing ops (none on a rank whose
+    collectives all ran elsewhere, e.g. as NCCL kernels)."""
     has_comm = (events["comm"] != "").to_numpy()
     runs = events[has_comm & (kinds == schema.LANE_CPU_GLOO)]
     if runs.empty:
@@ -168,12 +169,12 @@ def cpu_collectives(events: pd.DataFrame, kinds: np.ndarray) -> pd.DataFrame:
 
 
 def find_collectives(events: pd.DataFrame, lanes: pd.DataFrame) -> pd.DataFrame:
-    """COLLECTIVES of all ranks: NCCL kernels on GPU ranks, gloo ops on CPU-only ranks."""
+    """COLLECTIVES of all ranks: NCCL kernels on GPU ranks, and the collectives a host backend
+    (gloo) ran on its own threads, on CPU ranks and on GPU ranks that communicate through it."""
     kernel_ranks = set(events.loc[(events["kind"] == schema.KIND_KERNEL).to_numpy(), "rank"].unique().tolist())
     on_gpu = events["rank"].isin(list(kernel_ranks)).to_numpy()
     parts = [gpu_collectives(events[on_gpu])] if on_gpu.any() else []
-    cpu = events[~on_gpu]
-    for _, rank_events in cpu.groupby("rank", sort=True):
+    for _, rank_events in events.groupby("rank", sort=True):
         parts.append(cpu_collectives(rank_events, lane_kinds(rank_events, lanes)))
     parts = [p for p in parts if len(p)]
     if not parts:

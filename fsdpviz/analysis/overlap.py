@@ -4,7 +4,9 @@ The question: of the time a rank spent communicating, how much ran while it also
 ``overlap_pct = |comm ∩ compute| / |comm|``; ``exposed_comm = |comm| - |comm ∩ compute|``.
 
 GPU ranks (any kernel in the trace) use HTA 0.5.0's definitions so the numbers can be checked
-against it: GPU events only; comm = kernels named ``nccl...Kernel`` (old and new NCCL, RCCL);
+against it: GPU events only; comm = kernels named ``nccl...Kernel`` (old and new NCCL, RCCL) and,
+beyond HTA, the collectives of a host backend on CUDA tensors (``gloo:*`` / ``mpi:*`` ops on the
+backend's CPU threads, which HTA leaves out and so reports as idle);
 compute = every other kernel except names matching Memcpy / Memset / Sync; both merged into
 interval unions. Window: the GPU work launched during the analysed ProfilerSteps (``steps.select_steps``:
 by default every step the trace holds complete); idle = the span from the first to the
@@ -38,6 +40,7 @@ from fsdpviz.analysis.intervals import (
 from fsdpviz.analysis.steps import AnalysedSteps, StepSelection, select_steps
 from fsdpviz.errors import NoDataError
 from fsdpviz.trace import schema
+from fsdpviz.trace.comms import HOST_BACKEND_PREFIXES
 from fsdpviz.trace.tables import TraceSet
 
 # --- definitions -------------------------------------------------------------------------------
@@ -48,6 +51,8 @@ HTA_NOT_COMPUTE_RE: Final = re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(
 GPU_WORK_KINDS: Final = (schema.KIND_KERNEL, schema.KIND_MEMCPY, schema.KIND_MEMSET)
 CPU_COMPUTE_LANES: Final = (schema.LANE_CPU_MAIN, schema.LANE_CPU_AUTOGRAD)
 CPU_WAIT_RE: Final = re.compile(r"wait", re.IGNORECASE)
+HOST_BACKEND_RE: Final = re.compile("|".join(re.escape(p) for p in HOST_BACKEND_PREFIXES))
+HOST_COMM_KINDS: Final = (schema.KIND_CPU_OP, schema.KIND_ANNOTATION)
 
 
 def _intervals_of(frame: pd.DataFrame) -> Intervals:
@@ -70,18 +75,33 @@ def _names_searching(names: pd.Series, pattern: re.Pattern[str]) -> np.ndarray:
     return hit[codes] & (codes >= 0) if len(cats) else np.zeros(len(names), dtype=bool)
 
 
+def host_backend_collectives(events: pd.DataFrame) -> pd.DataFrame:
+    """The collectives a host backend (gloo, MPI) ran on its own CPU threads: on a GPU rank they
+    move CUDA tensors through host memory, and the op's duration is the collective's."""
+    host = events[events["kind"].isin(HOST_COMM_KINDS).to_numpy() & (events["comm"] != "").to_numpy()]
+    return host[_names_matching(host["name"], HOST_BACKEND_RE)]
+
+
 def gpu_sets(events: pd.DataFrame, analysed: AnalysedSteps | None) -> tuple[Intervals, Intervals, Intervals]:
-    """(comm, compute, all GPU work) unions of one rank's GPU events in the analysed steps.
+    """(comm, compute, all work) unions of one rank's GPU events in the analysed steps.
 
     GPU events belong to the step their launching runtime call started in (the ``step`` column),
-    so work queued in a step counts for it even when the GPU runs it later.
+    so work queued in a step counts for it even when the GPU runs it later. Collectives of a host
+    backend (gloo on CUDA tensors) are communication too, counted from their CPU op in the step
+    it started in; without any, the sets are HTA's.
     """
     gpu = events[events["kind"].isin(GPU_WORK_KINDS).to_numpy()]
+    host = host_backend_collectives(events)
     if analysed is not None:
         gpu = gpu[gpu["step"].isin(list(analysed.steps)).to_numpy()]
+        host = host[host["step"].isin(list(analysed.steps)).to_numpy()]
     is_comm = _names_matching(gpu["name"], HTA_COMM_RE)
     is_compute = ~_names_matching(gpu["name"], HTA_NOT_COMPUTE_RE)
-    return _intervals_of(gpu[is_comm]), _intervals_of(gpu[is_compute]), _intervals_of(gpu)
+    if host.empty:
+        return _intervals_of(gpu[is_comm]), _intervals_of(gpu[is_compute]), _intervals_of(gpu)
+    comm = _intervals_of(pd.concat([gpu[is_comm], host]))
+    all_work = _intervals_of(pd.concat([gpu, host]))
+    return comm, _intervals_of(gpu[is_compute]), all_work
 
 
 def cpu_sets(

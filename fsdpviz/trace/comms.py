@@ -28,7 +28,10 @@ from fsdpviz.trace import schema
 
 NCCL_KERNEL_RE: Final = re.compile(r"^nccl\w*Kernel")
 _KERNEL_COLLECTIVE_RE: Final = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z]+)")
-_CPU_COMM_PREFIXES: Final = ("gloo:", "nccl:", "c10d::", "_c10d_functional::", "c10d_functional::")
+# Host backends run a collective on a CPU thread of their own, also for CUDA tensors (copied
+# through host memory): the op there is the collective's whole duration.
+HOST_BACKEND_PREFIXES: Final = ("gloo:", "mpi:")
+_CPU_COMM_PREFIXES: Final = (*HOST_BACKEND_PREFIXES, "nccl:", "c10d::", "_c10d_functional::", "c10d_functional::")
 _NOT_COMM_CPU: Final = ("wait", "work", "barrier_wait", "monitored", "new_group", "init")
 RECORD_PARAM_COMMS: Final = "record_param_comms"
 
@@ -92,7 +95,7 @@ def classify_cpu_name(name: str) -> str:
         return ""
     comm = collective_from_text(op)
     # Other c10d ops (e.g. c10d::allreduce_coalesced_ is fine, c10d::foo is not a collective).
-    if comm == schema.COMM_OTHER and not name.startswith(("gloo:", "nccl:")):
+    if comm == schema.COMM_OTHER and not name.startswith((*HOST_BACKEND_PREFIXES, "nccl:")):
         return ""
     return comm
 
@@ -100,6 +103,11 @@ def classify_cpu_name(name: str) -> str:
 def is_gloo_op(name: str) -> bool:
     """A collective as run by a gloo worker thread."""
     return name.startswith("gloo:")
+
+
+def is_host_backend_op(name: str) -> bool:
+    """A collective as run by a host backend's own thread (gloo, MPI), on CPU or CUDA tensors."""
+    return name.startswith(HOST_BACKEND_PREFIXES)
 
 
 def dtype_bytes(dtype: str | None) -> int | None:
