@@ -29,6 +29,7 @@ from typing import Final, cast
 import numpy as np
 import pandas as pd
 
+from fsdpviz.analysis.profiler_cost import NOTABLE_SLOWDOWN, ProfilerCost
 from fsdpviz.trace import schema
 
 NOISE_FRACTION: Final = 0.005
@@ -245,11 +246,33 @@ def straggler_findings(step_times: pd.DataFrame, floor_ns: float) -> list[dict]:
                  "", rank=rank)]
 
 
+def profiler_findings(cost: ProfilerCost | None, idle_ns: float | None) -> list[dict]:
+    """The profiler's share of the traced step, when it slowed the profiled steps by more than
+    ``NOTABLE_SLOWDOWN``: the traced timeline then shows idle time (and longer waits) the run
+    does not have. ``idle_ns``: the traced idle time per step (median over ranks), when known."""
+    if cost is None or cost.slowdown < NOTABLE_SLOWDOWN:
+        return []
+    extra_ns = cost.extra_ms * 1e6
+    share = (f"{_ms(min(extra_ns, idle_ns))} of the {_ms(idle_ns)} idle per step is the profiler's"
+             if idle_ns is not None and idle_ns > 0 else f"{_ms(extra_ns)} per step is the profiler's")
+    steps = ", ".join(map(str, cost.unprofiled_steps))
+    return [_row("", "", "profiler", extra_ns,
+                 f"the profiler slowed the profiled steps {cost.slowdown:.2f}x ({cost.profiled_step_ms:.2f} ms "
+                 f"against {cost.unprofiled_step_ms:.2f} ms unprofiled): {share}, not the run's; the step time "
+                 "fsdpviz leads with is the unprofiled one",
+                 f"timers, median over ranks of each rank's median: profiled steps "
+                 f"{', '.join(map(str, cost.profiled_steps))} {cost.profiled_step_ms:.2f} ms, unprofiled steps "
+                 f"{steps} {cost.unprofiled_step_ms:.2f} ms",
+                 "")]
+
+
 def build_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, step_times: pd.DataFrame, step_ns: float,
-                   framework: str) -> pd.DataFrame:
-    """FINDINGS, ranked by time lost per step."""
+                   framework: str, *, profiler: ProfilerCost | None = None,
+                   idle_ns: float | None = None) -> pd.DataFrame:
+    """FINDINGS, ranked by time lost per step (``profiler``, ``idle_ns``: see
+    :func:`profiler_findings`)."""
     floor = max(NOISE_FRACTION * step_ns, NOISE_FLOOR_NS) if np.isfinite(step_ns) else NOISE_FLOOR_NS
-    rows = []
+    rows = profiler_findings(profiler, idle_ns)
     if len(unit_steps):
         rows += gather_findings(unit_steps, spans, framework, floor)
         rows += reduce_findings(unit_steps, spans, floor)

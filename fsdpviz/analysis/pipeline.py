@@ -81,9 +81,12 @@ class RunResult:
         """The per-unit analysis (:func:`fsdpviz.analysis.run.analyze_run`), computed on first use."""
         from fsdpviz.analysis.run import analyze_run, combine_parts
 
+        overlap = self.overlap
+        idle = overlap["idle_ns"] / overlap["n_steps"].clip(lower=1)
+        idle_ns = float(idle.median()) if len(idle) else None
         if self._parts is not None:
-            return combine_parts(self._parts, self.traces, self.selection, self.framework)
-        return analyze_run(self.traces, selection=self.selection, framework=self.framework)
+            return combine_parts(self._parts, self.traces, self.selection, self.framework, idle_ns=idle_ns)
+        return analyze_run(self.traces, selection=self.selection, framework=self.framework, idle_ns=idle_ns)
 
     @cached_property
     def summary(self) -> Summary:

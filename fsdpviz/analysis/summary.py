@@ -26,6 +26,7 @@ import pandas as pd
 
 from fsdpviz.analysis.completeness import gap_notes
 from fsdpviz.analysis.framework import framework_notes
+from fsdpviz.analysis.profiler_cost import ProfilerCost, profiler_cost
 from fsdpviz.analysis.records import (
     NO_COMMUNICATION,
     NO_FSDP_LABELS,
@@ -43,6 +44,8 @@ if TYPE_CHECKING:
     from fsdpviz.analysis.pipeline import RunResult
 
 NS_PER_MS: Final = 1e6
+STEP_TIME_TIMERS: Final = "timers"
+STEP_TIME_TRACE: Final = "trace"
 
 
 class RankOverlap(msgspec.Struct, kw_only=True):
@@ -88,6 +91,13 @@ class Summary(msgspec.Struct, kw_only=True):
     ranks: list[int]
     steps: list[int]
     step_time_ms: float | None
+    """The run's step time: the timers' unprofiled steps where they exist (``profiler``), else the
+    analysed steps as traced."""
+    step_time_source: str = "trace"
+    """``timers`` (unprofiled steps) or ``trace`` (the analysed steps)."""
+    traced_step_time_ms: float | None = None
+    """The analysed steps' mean duration as traced (slower than the run by ``profiler.slowdown``)."""
+    profiler: ProfilerCost | None = None
     overlap: OverlapSummary
     memory: MemorySummary
     units: list[UnitSummary]
@@ -136,6 +146,8 @@ def summary_of(result: RunResult) -> Summary:
     notes = _notes(traces, overlap, selection, framework)
     units: list[UnitSummary] = []
     findings: list[Finding] = []
+    cost = profiler_cost(traces.timers, traces.run)
+    traced_ms = _step_time_ms(traces, analysed)
     if result.has_units:
         analysis = result.analysis
         units = summary_records(analysis.unit_stats)
@@ -144,7 +156,9 @@ def summary_of(result: RunResult) -> Summary:
             notes.append(Note(NO_UNITS_FOUND, "no FSDP unit was found in the analysed steps, so units is empty"))
     return Summary(
         framework=framework, world_size=traces.world_size, ranks=traces.rank_ids, steps=selection.steps,
-        step_time_ms=_step_time_ms(traces, analysed), overlap=_overlap_summary(overlap),
+        step_time_ms=cost.unprofiled_step_ms if cost is not None else traced_ms,
+        step_time_source=STEP_TIME_TIMERS if cost is not None else STEP_TIME_TRACE, traced_step_time_ms=traced_ms,
+        profiler=cost, overlap=_overlap_summary(overlap),
         memory=_memory_summary(traces, analysed), units=units, device=_device(overlap),
         sources=list(traces.sources), run_dir=traces.run_dir, notes=notes, missing_ranks=traces.missing_ranks,
         skipped_events=sum(traces.skipped_events.values()), findings=findings,

@@ -84,6 +84,16 @@ def _bytes(value: int | None) -> str:
     return f"{value} B"
 
 
+def step_time_text(summary: Summary) -> str:
+    """The headline's step time: the unprofiled steps' (timers) and what the profiler cost, or the
+    traced steps' where the timers do not tell."""
+    cost = summary.profiler
+    if cost is None:
+        return f"{_fmt(summary.step_time_ms, ' ms')} (as traced)" if summary.step_time_ms is not None else "-"
+    return (f"{_fmt(cost.unprofiled_step_ms, ' ms')} (timers, unprofiled steps); the profiled steps ran "
+            f"{cost.slowdown:.2f}x as long ({_fmt(cost.profiled_step_ms, ' ms')})")
+
+
 def print_summary(summary: Summary) -> None:
     """Render the summary as rich tables on stdout."""
     from rich.console import Console
@@ -103,7 +113,7 @@ def print_summary(summary: Summary) -> None:
     head.add_row("framework", summary.framework)
     head.add_row("ranks", f"{len(summary.ranks)} loaded of world size {summary.world_size}")
     head.add_row("steps analysed", step_text)
-    head.add_row("step time", _fmt(summary.step_time_ms, " ms"))
+    head.add_row("step time", step_time_text(summary))
     ov = summary.overlap
     head.add_row("overlap", f"{_fmt(ov.overlap_pct, ' %')} of communication hidden behind compute "
                             f"({summary.device.upper()} definition)")

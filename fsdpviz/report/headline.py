@@ -15,6 +15,7 @@ from fsdpviz.report.html import Fact, Section
 from fsdpviz.report.style import format_bytes, format_ms, format_pct, sentence
 
 if TYPE_CHECKING:
+    from fsdpviz.analysis.summary import Summary
     from fsdpviz.report.data import ReportData
 
 HOWTO_HEADLINE = (
@@ -37,14 +38,15 @@ def headline_section(data: ReportData) -> Section:
     # The summary's communication numbers are already per step (averaged over ranks).
     exposed_per_step = _num(ov.exposed_comm_ms)
     comm_per_step = _num(ov.comm_ms)
-    step_ms = _num(s.step_time_ms)
+    # the trace's own step: what its communication and idle times are shares of
+    step_ms = _num(s.traced_step_time_ms if s.traced_step_time_ms is not None else s.step_time_ms)
     facts = [
         Fact(label="framework", value=s.framework,
              hint="DistributedDataParallel, not FSDP: no FSDP units" if s.framework == "ddp" else ""),
         Fact(label="world size", value=str(s.world_size),
              hint=f"{len(s.ranks)} rank(s) in the traces" if s.ranks else ""),
         Fact(label="steps analysed", value=_steps_text(s.steps)),
-        Fact(label="step time", value=format_ms(step_ms), hint="mean over analysed steps and ranks"),
+        _step_fact(s),
         Fact(label="overlap", value=format_pct(ov.overlap_pct), hint="communication hidden behind computation"),
         Fact(label="exposed comm / step", value=format_ms(exposed_per_step),
              hint=(f"{100 * exposed_per_step / step_ms:.1f} % of the step; " if math.isfinite(step_ms) and step_ms
@@ -60,6 +62,19 @@ def headline_section(data: ReportData) -> Section:
         notes.append(NOTE_NO_UNITS)
     return Section(key="headline", title="Headline", howto=HOWTO_HEADLINE, facts=facts, notes=notes,
                    bullets=list(data.findings))
+
+
+def _step_fact(s: Summary) -> Fact:
+    """The run's step time: the unprofiled steps' (timers) with what the profiler cost, else the
+    traced steps'."""
+    cost = s.profiler
+    if cost is None:
+        return Fact(label="step time", value=format_ms(_num(s.step_time_ms)),
+                    hint="mean over analysed steps and ranks, as traced")
+    steps = _steps_text(cost.unprofiled_steps)
+    return Fact(label="step time", value=format_ms(cost.unprofiled_step_ms),
+                hint=f"unprofiled steps {steps} (timers, median); the profiled steps ran {cost.slowdown:.2f}x as "
+                     f"long ({format_ms(cost.profiled_step_ms)}): the timeline below is that slower run")
 
 
 def _num(value: object) -> float:

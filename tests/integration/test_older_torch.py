@@ -89,3 +89,6 @@ def test_older_torch_records_units_and_their_timelines(venv: Path | None, framew
     for unit in summary["units"]:
         assert unit["param_numel"] == units[unit["name"]]["param_numel"]
         assert unit["all_gather_ms"] > 0 and unit["reduce_scatter_ms"] > 0, unit
+    # the timers cover the profiled steps and the others: the headline leads with the unprofiled step
+    assert summary["profiler"] is not None and summary["profiler"]["profiled_steps"] == [2, 3, 4]
+    assert summary["step_time_source"] == "timers"

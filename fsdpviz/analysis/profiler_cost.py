@@ -1,0 +1,102 @@
+"""What the profiler cost a recorded run: its profiled steps against the same run's other steps.
+
+torch.profiler slows the steps it records: every CPU op it traces costs time on the training
+thread, and on a launch-bound GPU step the kernels then wait for their launches (measured on an
+H100: profiled steps 1.2-1.7x slower than the same run's other steps; docs/performance.md). The
+trace therefore shows a slower run than the real one, and the difference appears as idle time.
+
+The recorder's timers (``timers/rank{R}.jsonl``) time every step, profiled or not, at a cost that
+measures as nothing: they are the clock, the trace is the map. This module compares, per rank,
+the median of the profiled steps with the median of the steps after the warm-up that the profiler
+did not record (the profiler's own warm-up step lies inside the warm-up), then takes the median
+over ranks. A run without timers that cover both kinds of step (a trace recorded without
+fsdpviz, ``--mode profile``, a run that stopped inside its profiled window) has no such numbers.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import TYPE_CHECKING, Final
+
+import msgspec
+import numpy as np
+
+from fsdpviz.runfolder import SCHEDULE_OPTIMIZER_STEPS, RunInfo
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# The timer record of a whole step (docs/recording.md, "Timers").
+STEP_TIMER_PHASE: Final = "step"
+STEP_TIMER_KIND: Final = "total"
+# Above this slowdown, a finding says how much of the trace's idle time is the profiler's.
+NOTABLE_SLOWDOWN: Final = 1.10
+
+
+class ProfilerCost(msgspec.Struct, kw_only=True):
+    """The profiled steps against the unprofiled ones (``summary --json`` ``profiler``)."""
+
+    profiled_step_ms: float
+    """Median over ranks of each rank's median profiled step (timers)."""
+    unprofiled_step_ms: float
+    """Median over ranks of each rank's median step after warm-up that was not profiled (timers)."""
+    slowdown: float
+    """``profiled_step_ms / unprofiled_step_ms``."""
+    profiled_steps: list[int]
+    unprofiled_steps: list[int]
+    """The steps each side covers (union over ranks)."""
+
+    @property
+    def extra_ms(self) -> float:
+        """How much longer a profiled step ran than an unprofiled one (never negative)."""
+        return max(0.0, self.profiled_step_ms - self.unprofiled_step_ms)
+
+
+def whole_step_times(timers: pd.DataFrame) -> pd.DataFrame:
+    """The timers' whole-step records (rank, step, ms), one row per (rank, step)."""
+    rows = timers[(timers["unit"] == "") & (timers["phase"] == STEP_TIMER_PHASE)
+                  & (timers["kind"] == STEP_TIMER_KIND) & timers["ms"].notna()]
+    return rows.groupby(["rank", "step"], as_index=False)["ms"].sum()
+
+
+def _profiled_of(run: RunInfo, rank: int) -> tuple[list[int], int | None]:
+    """(steps the rank's profiler recorded, the rank's partial step)."""
+    info = run.rank_info(rank)
+    steps = info.profiled_steps if info is not None and info.profiled_steps is not None else run.profile.steps
+    return list(steps or []), info.partial_step if info is not None else None
+
+
+def profiler_cost(timers: pd.DataFrame, run: RunInfo | None) -> ProfilerCost | None:
+    """The profiler's cost from a run folder's timers and run.json; None where they do not tell."""
+    if run is None or timers.empty or run.profile.schedule != SCHEDULE_OPTIMIZER_STEPS:
+        return None
+    steps = whole_step_times(timers)
+    profiled_ms: list[float] = []
+    unprofiled_ms: list[float] = []
+    profiled_all: set[int] = set()
+    unprofiled_all: set[int] = set()
+    for _, rows in steps.groupby("rank", sort=True):
+        profiled, partial = _profiled_of(run, int(rows["rank"].iloc[0]))
+        if not profiled:
+            continue
+        warmup = run.profile.warmup if run.profile.warmup is not None else min(profiled)
+        step = rows["step"].to_numpy()
+        ms = rows["ms"].to_numpy(dtype=np.float64)
+        usable = step != (partial if partial is not None else -1)
+        is_profiled = np.isin(step, profiled) & usable
+        is_other = ~np.isin(step, profiled) & (step >= warmup) & usable
+        if not is_profiled.any() or not is_other.any():
+            continue
+        profiled_ms.append(float(np.median(ms[is_profiled])))
+        unprofiled_ms.append(float(np.median(ms[is_other])))
+        profiled_all.update(int(s) for s in step[is_profiled])
+        unprofiled_all.update(int(s) for s in step[is_other])
+    if not profiled_ms:
+        return None
+    profiled_step = statistics.median(profiled_ms)
+    unprofiled_step = statistics.median(unprofiled_ms)
+    if unprofiled_step <= 0:
+        return None
+    return ProfilerCost(profiled_step_ms=round(profiled_step, 3), unprofiled_step_ms=round(unprofiled_step, 3),
+                        slowdown=round(profiled_step / unprofiled_step, 3),
+                        profiled_steps=sorted(profiled_all), unprofiled_steps=sorted(unprofiled_all))
