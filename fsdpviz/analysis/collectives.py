@@ -37,7 +37,7 @@ COLLECTIVES: Final[schema.Schema] = {
     "issue_ns": "int64",
     "issue_name": "string",
 }
-_ISSUE_PREFIXES: Final = ("c10d::", "_c10d_functional::", "c10d_functional::")
+ISSUE_PREFIXES: Final = ("c10d::", "_c10d_functional::", "c10d_functional::")
 
 
 def lane_kinds(events: pd.DataFrame, lanes: pd.DataFrame) -> np.ndarray:
@@ -139,7 +139,7 @@ def cpu_collectives(events: pd.DataFrame, kinds: np.ndarray) -> pd.DataFrame:
         return schema.make_empty(COLLECTIVES)
     on_train = np.isin(kinds, [schema.LANE_CPU_MAIN, schema.LANE_CPU_AUTOGRAD, schema.LANE_CPU_OTHER])
     issues = events[has_comm & on_train & (events["kind"] == schema.KIND_CPU_OP).to_numpy()
-                    & startswith(events["name"], _ISSUE_PREFIXES)]
+                    & startswith(events["name"], ISSUE_PREFIXES)]
     gloo_has_rs = bool((runs["comm"] == schema.COMM_REDUCE_SCATTER).any())
     run_family = np.array([_gloo_family(c, gloo_has_rs) for c in as_str(runs["comm"])], dtype=object)
     issue_family = np.array([_gloo_family(c, gloo_has_rs) for c in as_str(issues["comm"])], dtype=object)

@@ -47,7 +47,7 @@ from fsdpviz.analysis.overlap import cpu_sets, gpu_sets
 from fsdpviz.analysis.packed import Packed, concat_packed, pack, release_freed_memory
 from fsdpviz.analysis.profiler_cost import profiler_cost
 from fsdpviz.analysis.records import CLOCK_MOVED, NO_UNIT_LABELS, SHARED_COLLECTIVES, Note
-from fsdpviz.analysis.spans import OPTIMIZER_PREFIX, unit_tables
+from fsdpviz.analysis.spans import ISSUED_GATHERS, OPTIMIZER_PREFIX, unit_tables
 from fsdpviz.analysis.steps import StepSelection, select_steps
 from fsdpviz.analysis.unit_overlap import unit_steps
 from fsdpviz.analysis.units import derive_units, unit_stats
@@ -173,6 +173,7 @@ class RankPart:
     windows: pd.DataFrame  # windows.WINDOWS, every step (units are ordered and nested from them)
     spans: pd.DataFrame  # schema.SPANS, analysed steps
     collectives: pd.DataFrame  # spans.UNIT_COLLECTIVES, every step (clock alignment, shard groups)
+    gathers: pd.DataFrame  # spans.ISSUED_GATHERS, every step (units' sizes where run.json has none)
     unit_steps: pd.DataFrame  # schema.UNIT_STEPS, analysed steps, peaks filled in
     memory: pd.DataFrame  # schema.MEMORY: the analysed device, thinned with peaks kept
     memory_peaks: pd.DataFrame  # schema.MEMORY_PEAKS
@@ -189,8 +190,8 @@ class RankPart:
         return self
 
 
-PART_TABLES: Final = ("labels", "windows", "spans", "collectives", "unit_steps", "memory", "memory_peaks",
-                      "step_times")
+PART_TABLES: Final = ("labels", "windows", "spans", "collectives", "gathers", "unit_steps", "memory",
+                      "memory_peaks", "step_times")
 
 
 def _wanted(selection: StepSelection, ranks: Sequence[int]) -> dict[int, set[int] | None]:
@@ -270,7 +271,8 @@ def analyse_ranks(traces: TraceSet, ranks: Sequence[int], selection: StepSelecti
     widest = max((len(u.split(",")) for u in shared["unit"]), default=0)
     return RankPart(ranks=chosen_ranks, has_unit_labels=has_unit_labels(labels),
                     shared_collectives=(len(shared), widest), labels=_in_steps(labels, wanted), windows=ut.windows,
-                    spans=_in_steps(ut.spans, wanted), collectives=ut.collectives, unit_steps=_in_steps(us, wanted),
+                    spans=_in_steps(ut.spans, wanted), collectives=ut.collectives, gathers=ut.gathers,
+                    unit_steps=_in_steps(us, wanted),
                     memory=_concat(curves, schema.MEMORY), memory_peaks=_concat(peaks, schema.MEMORY_PEAKS),
                     step_times=_concat(times, schema.STEP_TIMES))
 
@@ -360,10 +362,11 @@ def combine_parts(parts: Sequence[RankPart], traces: TraceSet, selection: StepSe
     del coll
     release_freed_memory()
     has_units = any(p.has_unit_labels for p in parts)
-    units = derive_units(traces.units, windows, us, framework) if has_units else traces.units
+    units = derive_units(traces.units, windows, us, framework, _frame_of(parts, "gathers", ISSUED_GATHERS)) \
+        if has_units else traces.units
     stats = unit_stats(us, units)
     gpu = bool(traces.ranks["n_kernels"].sum() > 0)
-    model = _model(stats, traces, peaks_t, gathers, gpu)
+    model = _model(stats, traces, units, peaks_t, gathers, gpu)
     step_ns = float(step_times["step_ns"].median()) if len(step_times) else float("nan")
     findings = build_findings(us, spans, step_times, step_ns, framework,
                               profiler=profiler_cost(traces.timers, traces.run), idle_ns=idle_ns)
@@ -376,12 +379,13 @@ def combine_parts(parts: Sequence[RankPart], traces: TraceSet, selection: StepSe
     )
 
 
-def _model(stats: pd.DataFrame, traces: TraceSet, peaks: pd.DataFrame, gathers: pd.DataFrame,
-           gpu: bool) -> dict[str, Any]:
-    """``gathers``: every collective's rank and pg, with the unit of all-gathers ("" for others)."""
+def _model(stats: pd.DataFrame, traces: TraceSet, units: pd.DataFrame, peaks: pd.DataFrame,
+           gathers: pd.DataFrame, gpu: bool) -> dict[str, Any]:
+    """``units``: the run's units (run.json's, completed from the trace); ``gathers``: every
+    collective's rank and pg, with the unit of all-gathers ("" for others)."""
     if stats.empty:
         return {}
-    elem, measured = memory.element_bytes(traces.units, 2 if gpu else 4)
+    elem, measured = memory.element_bytes(units, 2 if gpu else 4)
     shards, source = memory.shard_sizes(traces.run.units if traces.run else None, gathers, len(traces.rank_ids),
                                         traces.world_size)
     model = memory.memory_model(stats.set_index("unit")["param_bytes"], traces.world_size, elem,

@@ -35,7 +35,7 @@ import pandas as pd
 
 from fsdpviz.analysis import labels as lab
 from fsdpviz.analysis.categorical import as_str, startswith
-from fsdpviz.analysis.collectives import COLLECTIVES, find_collectives, gpu_ranks
+from fsdpviz.analysis.collectives import COLLECTIVES, ISSUE_PREFIXES, find_collectives, gpu_ranks
 from fsdpviz.analysis.nesting import innermost_enclosing
 from fsdpviz.analysis.overlap import GPU_WORK_KINDS, HTA_NOT_COMPUTE_RE
 from fsdpviz.analysis.windows import compute_pieces, unit_ancestors, unit_windows
@@ -45,6 +45,14 @@ COPY_IN_OP: Final = "fsdp::all_gather_copy_in"
 OPTIMIZER_PREFIX: Final = "Optimizer.step#"
 UNIT_COLLECTIVES: Final[schema.Schema] = {
     **COLLECTIVES, "unit": "string", "phase": "string", "kind": "string", "n_units": "int32", "micro": "int32",
+}
+# Every all-gather a unit's own gather label issued, with what its arguments say of the data.
+ISSUED_GATHERS: Final[schema.Schema] = {
+    "rank": "int32",
+    "step": "int32",
+    "unit": "string",
+    "bytes": "int64",  # the gathered (unsharded, padded) parameters
+    "dtype": "string",  # their element type, "" if the trace does not say
 }
 
 
@@ -56,6 +64,7 @@ class UnitTables:
     windows: pd.DataFrame  # windows.WINDOWS
     pieces: pd.DataFrame  # windows.PIECES
     collectives: pd.DataFrame  # UNIT_COLLECTIVES: every collective, unit "" when of no unit
+    gathers: pd.DataFrame  # ISSUED_GATHERS
 
 
 def _points(rank: np.ndarray | int, lanes: np.ndarray, t: np.ndarray) -> pd.DataFrame:
@@ -120,6 +129,30 @@ def attribute_collectives(coll: pd.DataFrame, labels: pd.DataFrame,
     listed = [[p.strip() for p in u.split(",")] if many else [u] for u, many in zip(out["unit"].tolist(), listing)]
     out = out.assign(unit=listed, n_units=[len(u) for u in listed]).explode("unit", ignore_index=True)
     return schema.conform(out, UNIT_COLLECTIVES, table="unit collectives")
+
+
+def issued_gathers(events: pd.DataFrame, labels: pd.DataFrame) -> pd.DataFrame:
+    """ISSUED_GATHERS: the all-gathers issued (``c10d::*`` on a training thread, with sizes from their
+    arguments) inside a gather label of one unit (``FSDP::all_gather (u)``, ``fsdpviz::all_gather (u)``;
+    a ZeRO-3 bucket naming several units is no one unit's size). Read from the issuing side, they
+    are there also where the collective itself left nothing in the trace (torch's fake process
+    group, a backend the profiler does not see)."""
+    ops = events[((events["kind"] == schema.KIND_CPU_OP) & (events["comm"] == schema.COMM_ALL_GATHER)
+                  & (events["comm_bytes"] > 0)).to_numpy() & startswith(events["name"], ISSUE_PREFIXES)]
+    family = labels["family"]
+    one_unit = (family == lab.FAMILY_FSDP2) | ((family == lab.FAMILY_FSDPVIZ)
+                                               & ~labels["unit"].astype(str).str.contains(", ", regex=False))
+    gathers = labels[((labels["action"] == lab.GATHER_ACTION) & one_unit).to_numpy()].reset_index(drop=True)
+    if ops.empty or gathers.empty:
+        return schema.make_empty(ISSUED_GATHERS)
+    hit = innermost_enclosing(gathers, _points(ops["rank"].to_numpy(), as_str(ops["lane"]),
+                                                ops["start_ns"].to_numpy(np.int64)))
+    ok = hit >= 0
+    return schema.conform(pd.DataFrame({
+        "rank": ops["rank"].to_numpy()[ok], "step": ops["step"].to_numpy()[ok],
+        "unit": gathers["unit"].to_numpy(dtype=object)[hit[ok]],
+        "bytes": ops["comm_bytes"].to_numpy()[ok], "dtype": as_str(ops["comm_dtype"])[ok],
+    }), ISSUED_GATHERS, table="issued gathers")
 
 
 def gpu_work(events: pd.DataFrame) -> pd.DataFrame:
@@ -271,4 +304,5 @@ def unit_tables(events: pd.DataFrame, lanes: pd.DataFrame, labels: pd.DataFrame)
         spans = schema.conform(spans, schema.SPANS, table="spans")
     else:
         spans = schema.make_empty(schema.SPANS)
-    return UnitTables(spans=spans, windows=windows, pieces=pieces, collectives=coll)
+    return UnitTables(spans=spans, windows=windows, pieces=pieces, collectives=coll,
+                      gathers=issued_gathers(events, labels))

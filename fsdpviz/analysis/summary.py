@@ -101,6 +101,10 @@ class Summary(msgspec.Struct, kw_only=True):
     overlap: OverlapSummary
     memory: MemorySummary
     units: list[UnitSummary]
+    units_source: str | None = None
+    """Where the units' sizes come from: ``run.json``, ``trace`` (their all-gathers' arguments, for
+    a run.json without a unit table or traces recorded without fsdpviz), ``run.json+trace``; None
+    where no unit has a known size."""
     device: str
     sources: list[str]
     run_dir: str | None
@@ -150,11 +154,13 @@ def summary_of(result: RunResult) -> Summary:
     traced_ms = _step_time_ms(traces, analysed)
     if result.has_units:
         analysis = result.analysis
-        units = summary_records(analysis.unit_stats)
+        units = summary_records(analysis.unit_stats, analysis.units)
         findings = finding_entries(analysis.findings)
         if not units:
             notes.append(Note(NO_UNITS_FOUND, "no FSDP unit was found in the analysed steps, so units is empty"))
+    size_sources = sorted({u.size_source for u in units if u.size_source})
     return Summary(
+        units_source="+".join(size_sources) if size_sources else None,
         framework=framework, world_size=traces.world_size, ranks=traces.rank_ids, steps=selection.steps,
         step_time_ms=cost.unprofiled_step_ms if cost is not None else traced_ms,
         step_time_source=STEP_TIME_TIMERS if cost is not None else STEP_TIME_TRACE, traced_step_time_ms=traced_ms,

@@ -17,41 +17,75 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from fsdpviz.trace import schema
+from fsdpviz.trace import comms, schema
 
 NS_PER_MS = 1e6
 
 
 def derive_units(run_units: pd.DataFrame, windows: pd.DataFrame, unit_steps: pd.DataFrame,
-                 framework: str) -> pd.DataFrame:
-    """UNITS: run.json's units, completed with what the traces show; else units from the traces."""
+                 framework: str, gathers: pd.DataFrame | None = None) -> pd.DataFrame:
+    """UNITS: run.json's units, completed with what the traces show; else units from the traces.
+
+    A unit's size from the trace (``size_source`` ``trace``) is what its all-gathers issued
+    (``gathers``, spans.ISSUED_GATHERS: bytes and dtype of the gathered, padded parameters, median
+    over ranks and steps), else the bytes its gather collectives moved (no dtype, so no numel)."""
     seen = windows[windows["phase"] == schema.PHASE_FORWARD]
     if seen.empty:
         seen = windows
     order = seen.sort_values(["rank", "start_ns"], kind="stable").drop_duplicates("unit")["unit"].tolist()
-    gathered = unit_steps[unit_steps["ag_bytes"] > 0].groupby("unit")["ag_bytes"].median()
+    sizes = _trace_sizes(gathers, unit_steps)
     if len(run_units):
         out = run_units.copy()
-        missing = out["param_bytes"] < 0
-        out.loc[missing, "param_bytes"] = out.loc[missing, "unit"].map(gathered).fillna(-1).astype(np.int64)
+        missing = (out["param_bytes"] < 0).to_numpy()
+        if missing.any():
+            found = sizes.reindex(out.loc[missing, "unit"].astype(str).tolist())
+            for col in ("param_bytes", "param_numel"):
+                out.loc[missing, col] = found[col].fillna(-1).to_numpy(dtype=np.int64)
+            out.loc[missing, "dtype"] = found["dtype"].fillna("").to_numpy(dtype=object)
+            out.loc[missing, "size_source"] = np.where(found["param_bytes"].fillna(-1).to_numpy() > 0,
+                                                       schema.UNIT_SIZES_TRACE, "")
         known = set(out["unit"])
         extra = [u for u in order if u not in known]
         if extra:  # units the traces show but run.json does not list
-            out = pd.concat([out, _units_frame(extra, gathered, framework, windows, len(out))], ignore_index=True)
+            out = pd.concat([out, _units_frame(extra, sizes, framework, windows, len(out))], ignore_index=True)
         return schema.conform(out, schema.UNITS, table="units")
-    return _units_frame(order, gathered, framework, windows, 0)
+    return _units_frame(order, sizes, framework, windows, 0)
 
 
-def _units_frame(names: list[str], gathered: pd.Series, framework: str, windows: pd.DataFrame,
+def _trace_sizes(gathers: pd.DataFrame | None, unit_steps: pd.DataFrame) -> pd.DataFrame:
+    """Per unit (index): ``param_bytes``, ``param_numel`` (-1 without a dtype), ``dtype`` as the
+    trace gives them (see :func:`derive_units`)."""
+    cols = {"param_bytes": pd.Series(dtype="int64"), "param_numel": pd.Series(dtype="int64"),
+            "dtype": pd.Series(dtype=object)}
+    if gathers is not None and len(gathers):
+        g = gathers.assign(dtype=gathers["dtype"].astype(str))
+        nbytes = g.groupby("unit")["bytes"].median().round().astype("int64")
+        dtype = g[g["dtype"] != ""].groupby("unit")["dtype"].agg(lambda d: d.value_counts().index[0])
+        dtype = dtype.reindex(nbytes.index).fillna("")
+        size = dtype.map(lambda d: comms.dtype_bytes(d) or 0).astype("int64")
+        numel = np.where(size > 0, nbytes // size.clip(lower=1), -1)
+        return pd.DataFrame({"param_bytes": nbytes, "param_numel": numel, "dtype": dtype}, index=nbytes.index)
+    moved = unit_steps[unit_steps["ag_bytes"] > 0].groupby("unit")["ag_bytes"].median()
+    if moved.empty:
+        return pd.DataFrame(cols)
+    return pd.DataFrame({"param_bytes": moved.round().astype("int64"), "param_numel": -1, "dtype": ""},
+                        index=moved.index)
+
+
+def _units_frame(names: list[str], sizes: pd.DataFrame, framework: str, windows: pd.DataFrame,
                  first_order: int) -> pd.DataFrame:
     parents = _parents(windows)
+    found = sizes.reindex(names)
+    nbytes = found["param_bytes"].fillna(-1).to_numpy(dtype=np.int64)
     frame = pd.DataFrame({
         "unit": names,
         "order": np.arange(first_order, first_order + len(names)),
-        "param_numel": -1,
-        "param_bytes": [int(gathered.get(u, -1)) for u in names],
+        "param_numel": found["param_numel"].fillna(-1).to_numpy(dtype=np.int64),
+        "param_bytes": nbytes,
         "framework": framework,
         "parent": [parents.get(u, "") for u in names],
+        "dtype": found["dtype"].fillna("").to_numpy(dtype=object),
+        "size_source": np.where(nbytes > 0, schema.UNIT_SIZES_TRACE, ""),
     })
     return schema.conform(frame, schema.UNITS, table="units")
 
@@ -165,6 +199,11 @@ class UnitSummary(msgspec.Struct, kw_only=True):
     backward_peak_allocated_bytes: int | None
     unsharded_bytes: int | None
     samples: int
+    dtype: str = ""
+    """The gathered parameters' dtype ("" where unknown)."""
+    size_source: str = ""
+    """Where ``param_numel`` / ``param_bytes`` come from: ``run.json`` (the framework's objects, as
+    ``fsdpviz record`` read them), ``trace`` (the unit's all-gathers' arguments), "" (unknown)."""
 
     def metric(self, key: str) -> float | int | None:
         """A number by its JSON key (compare sums them over unit groups)."""
@@ -172,10 +211,16 @@ class UnitSummary(msgspec.Struct, kw_only=True):
         return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def summary_records(stats: pd.DataFrame) -> list[UnitSummary]:
-    """The summary's ``units`` from UNIT_STATS, in forward order."""
+def summary_records(stats: pd.DataFrame, units: pd.DataFrame | None = None) -> list[UnitSummary]:
+    """The summary's ``units`` from UNIT_STATS (with each unit's dtype and size source from UNITS),
+    in forward order."""
+    info: dict[str, tuple[str, str]] = {}
+    if units is not None and len(units):
+        info = dict(zip(units["unit"].astype(str), zip(units["dtype"].astype(str), units["size_source"].astype(str))))
     records = []
     for r in stats.to_dict(orient="records"):
+        dtype, source = info.get(r["unit"], ("", ""))
+        source = source if r["param_bytes"] > 0 else ""
         lead = r["forward_prefetch_lead_ns"]
         records.append(UnitSummary(
             name=r["unit"],
@@ -201,5 +246,7 @@ def summary_records(stats: pd.DataFrame) -> list[UnitSummary]:
             backward_peak_allocated_bytes=_int_or_none(r["backward_peak_allocated_bytes"]),
             unsharded_bytes=_int_or_none(r["unsharded_bytes"]),
             samples=int(r["n_samples"]),
+            dtype=dtype,
+            size_source=source,
         ))
     return records

@@ -138,7 +138,10 @@ def print_summary(summary: Summary) -> None:
     console.print(table)
 
     if summary.units:
-        units = Table(title="per FSDP unit (ms per step)", title_justify="left")
+        title = "per FSDP unit (ms per step)"
+        if summary.units_source and "trace" in summary.units_source:
+            title += "; params from the all-gathers in the trace (padded, gathered dtype)"
+        units = Table(title=title, title_justify="left")
         for col in ("unit", "params", "gather", "forward", "backward", "reduce", "exposed"):
             units.add_column(col, justify="right" if col != "unit" else "left")
         for u in summary.units:

@@ -120,6 +120,39 @@ def dtype_bytes(dtype: str | None) -> int | None:
     return _DTYPE_BYTES.get(key)
 
 
+# PyTorch ScalarType names (record_param_comms) and C++ type names (``Input type``) -> torch's names.
+_TORCH_DTYPE: Final = {
+    "float": "float32", "float32": "float32", "double": "float64", "float64": "float64", "half": "float16",
+    "float16": "float16", "c10::half": "float16", "bfloat16": "bfloat16", "c10::bfloat16": "bfloat16",
+    "long": "int64", "long int": "int64", "int64": "int64", "int": "int32", "int32": "int32", "short": "int16",
+    "short int": "int16", "int16": "int16", "char": "int8", "signed char": "int8", "int8": "int8", "byte": "uint8",
+    "unsigned char": "uint8", "uint8": "uint8", "bool": "bool", "complexfloat": "complex64",
+    "c10::complex<float>": "complex64", "complexdouble": "complex128", "c10::complex<double>": "complex128",
+}
+
+
+def torch_dtype_name(dtype: str | None) -> str:
+    """A PyTorch / C++ dtype name as torch spells it (``c10::BFloat16`` -> ``bfloat16``), "" if unknown."""
+    if not dtype:
+        return ""
+    key = dtype.strip().lower()
+    if "float8" in key:
+        return key.removeprefix("c10::")
+    return _TORCH_DTYPE.get(key, "")
+
+
+def largest_input_dtype(dims: object, types: object) -> str:
+    """torch's name of the largest tensor argument's dtype in ``Input Dims``/``Input type``, "" if unknown."""
+    if not isinstance(dims, list) or not isinstance(types, list):
+        return ""
+    best, name = 0, ""
+    for arg_dims, type_name in zip(dims, types):
+        numel = _numel(arg_dims)
+        if numel and isinstance(type_name, str) and numel > best and torch_dtype_name(type_name):
+            best, name = numel, torch_dtype_name(type_name)
+    return name
+
+
 def bytes_from_nelems(in_nelems: int | None, out_nelems: int | None, dtype: str | None) -> int:
     """Unsharded message bytes from ``record_param_comms`` args, ``UNKNOWN_BYTES`` if incomplete."""
     size = dtype_bytes(dtype)

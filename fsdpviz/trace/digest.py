@@ -58,8 +58,8 @@ def light_columns(columns: RankColumns) -> RankColumns:
                          steps.get("end_ns", np.zeros(0, np.int64)))
     return RankColumns(
         events=events,
-        # the event names and process groups index the events, which are left out
-        categories={k: ([] if k in ("name", "pg") else list(v)) for k, v in columns.categories.items()},
+        # the event names, process groups and dtypes index the events, which are left out
+        categories={k: ([] if k in ("name", "pg", "comm_dtype") else list(v)) for k, v in columns.categories.items()},
         lanes={k: list(v) for k, v in columns.lanes.items()},
         steps=steps,
         memory=memory,

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 # Categorical EVENTS columns with fixed categories, and those whose categories each rank brings.
 _FIXED_CATEGORIES = {"kind": schema.EVENT_KINDS, "comm": COMM_CATEGORIES}
-_RANK_CATEGORIES = ("lane", "name", "pg")
+_RANK_CATEGORIES = ("lane", "name", "pg", "comm_dtype")
 
 
 def _merged_codes(per_rank: Sequence[RankColumns], table: str, column: str, categories: str,

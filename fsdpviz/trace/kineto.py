@@ -183,7 +183,7 @@ def rank_columns(columns: EventColumns, top: KinetoTrace, path: Path, *, n_skipp
     external_id = columns.column("external_id")
     is_gpu = GPU_KIND_MASK[kind]
     comm = columns.column("comm")
-    comm_bytes, pg, pg_names = _comm_details(columns, len(kind), world_size)
+    comm_bytes, (pg, pg_names), (comm_dtype, dtype_names) = _comm_details(columns, len(kind), world_size)
 
     steps = _steps(kind, name, names, start_ns, dur_ns)
     step, external_id = _assign_steps(start_ns, kind, is_gpu, correlation, external_id, steps)
@@ -195,7 +195,7 @@ def rank_columns(columns: EventColumns, top: KinetoTrace, path: Path, *, n_skipp
     events = {
         "lane": lane, "kind": kind, "name": name, "start_ns": start_ns, "dur_ns": dur_ns,
         "correlation": correlation, "external_id": external_id, "step": step, "comm": comm,
-        "comm_bytes": comm_bytes, "pg": pg,
+        "comm_bytes": comm_bytes, "pg": pg, "comm_dtype": comm_dtype,
     }
     for key in events:  # one column at a time: at most one extra column in memory
         events[key] = events[key][order]
@@ -222,7 +222,8 @@ def rank_columns(columns: EventColumns, top: KinetoTrace, path: Path, *, n_skipp
     }
     return RankColumns(
         events=events,
-        categories={"lane": lanes.pop("lane"), "name": names, "pg": pg_names, "device": device_names},
+        categories={"lane": lanes.pop("lane"), "name": names, "pg": pg_names, "comm_dtype": dtype_names,
+                    "device": device_names},
         lanes=lanes,
         steps=steps,
         memory=memory,
@@ -240,20 +241,35 @@ def _rank_of(trace: KinetoTrace, path: Path) -> tuple[int, str]:
     return 0, "default"
 
 
-def _comm_details(columns: EventColumns, n: int, world_size: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """``comm_bytes`` and ``pg`` (codes, names) from the communication events' args."""
+def _comm_details(columns: EventColumns, n: int, world_size: int
+                  ) -> tuple[np.ndarray, tuple[np.ndarray, list[str]], tuple[np.ndarray, list[str]]]:
+    """``comm_bytes``, ``pg`` and ``comm_dtype`` (codes, names) from the communication events' args."""
     comm_bytes = np.full(n, schema.UNKNOWN_BYTES, dtype=np.int64)
     pg = np.zeros(n, dtype=np.int32)
+    dtype = np.zeros(n, dtype=np.int32)
     pg_names: dict[str, int] = {"": 0}
+    dtype_names: dict[str, int] = {"": 0}
     if not columns.comm_rows:
-        return comm_bytes, pg, list(pg_names)
-    per_args = {c: (_comm_bytes(c, world_size), pg_names.setdefault(c.pg or "", len(pg_names)))
+        return comm_bytes, (pg, list(pg_names)), (dtype, list(dtype_names))
+    per_args = {c: (_comm_bytes(c, world_size), pg_names.setdefault(c.pg or "", len(pg_names)),
+                    dtype_names.setdefault(_comm_dtype(c), len(dtype_names)))
                 for c in dict.fromkeys(columns.comm_args)}
     rows = np.array(columns.comm_rows, dtype=np.int64)
     found = list(map(per_args.__getitem__, columns.comm_args))
-    comm_bytes[rows] = np.fromiter((b for b, _ in found), np.int64, len(found))
-    pg[rows] = np.fromiter((p for _, p in found), np.int32, len(found))
-    return comm_bytes, pg, list(pg_names)
+    comm_bytes[rows] = np.fromiter((b for b, _, _ in found), np.int64, len(found))
+    pg[rows] = np.fromiter((p for _, p, _ in found), np.int32, len(found))
+    dtype[rows] = np.fromiter((d for _, _, d in found), np.int32, len(found))
+    return comm_bytes, (pg, list(pg_names)), (dtype, list(dtype_names))
+
+
+def _comm_dtype(c: CommArgs) -> str:
+    """The element type of a collective's data: record_param_comms' ``dtype``, else the type of the
+    largest tensor in ``Input type`` (torch's names: ``bfloat16``, ``float32``...), "" if unknown."""
+    if c.dtype:
+        return comms.torch_dtype_name(c.dtype)
+    if not c.input_dims:
+        return ""
+    return comms.largest_input_dtype(decode_raw_json(c.input_dims), decode_raw_json(c.input_type))
 
 
 def _comm_bytes(c: CommArgs, world_size: int) -> int:

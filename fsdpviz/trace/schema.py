@@ -116,6 +116,7 @@ EVENTS: Final[Schema] = {
     "comm": "category",
     "comm_bytes": "int64",  # bytes moved per rank (output side of a gather), UNKNOWN_BYTES if unknown
     "pg": "category",  # process group name from record_param_comms args, "" if unknown
+    "comm_dtype": "category",  # element type of a communication event's data ("bfloat16", ...), "" if unknown
 }
 
 # One row per lane (CPU thread or GPU stream) of a rank.
@@ -195,7 +196,11 @@ UNITS: Final[Schema] = {
     "param_bytes": "int64",  # unsharded bytes, -1 if unknown
     "framework": "string",
     "parent": "string",  # grouping block (ZeRO-3 submodule -> its block), "" if none
+    "dtype": "string",  # dtype of the gathered (unsharded) parameters, "" if unknown
+    "size_source": "string",  # where param_numel / param_bytes come from: UNIT_SIZES_* ("" when unknown)
 }
+UNIT_SIZES_RUN: Final = "run.json"  # the framework's own objects, as `fsdpviz record` read them
+UNIT_SIZES_TRACE: Final = "trace"  # the arguments of the unit's all-gathers in the trace
 
 # Per-step timers written by the recorder (timers/rank{R}.jsonl).
 TIMERS: Final[Schema] = {

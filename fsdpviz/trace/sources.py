@@ -119,6 +119,8 @@ def units_from_run(run: RunInfo | None) -> pd.DataFrame:
             "param_bytes": u.param_bytes,
             "framework": run.framework,
             "parent": u.parent,
+            "dtype": u.dtype,
+            "size_source": schema.UNIT_SIZES_RUN if u.param_bytes >= 0 else "",
         }
         for i, u in enumerate(run.units)
     ]

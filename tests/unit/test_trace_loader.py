@@ -160,7 +160,8 @@ def test_run_folder_reads_run_json_timers_and_units(tmp_path: Path) -> None:
     assert traces.timers["ms"].tolist() == [12.5, 1.25]
     assert list(traces.timers.dtypes.astype(str)) == list(schema.TIMERS.values())
     assert traces.units.iloc[0].to_dict() == {"unit": "blocks.0", "order": 0, "param_numel": 1024,
-                                              "param_bytes": 4096, "framework": "fsdp2", "parent": ""}
+                                              "param_bytes": 4096, "framework": "fsdp2", "parent": "",
+                                              "dtype": "float32", "size_source": "run.json"}
 
 
 def test_run_folder_without_traces_is_an_error(tmp_path: Path) -> None:

@@ -24,6 +24,10 @@ HOWTO_UNITS = (
     "measured peak."
 )
 NOTE_NO_UNIT_STATS = "No per-unit numbers: the analysis found no FSDP unit in the analysed steps."
+NOTE_SIZES_FROM_TRACE = (
+    "Parameter counts come from the trace: the size and dtype of each unit's all-gathered buffer "
+    "(unsharded, padded to the shard group, in the gathered dtype), as the run has no unit table."
+)
 
 
 def units_section(data: ReportData) -> Section | None:
@@ -66,7 +70,9 @@ def units_section(data: ReportData) -> Section | None:
                         title="unsharded parameters + gradients vs measured peak allocated",
                         colors=_colors(tables.memory)),
     ]
-    return Section(key="units", title="Per unit", howto=HOWTO_UNITS, facts=facts, views={"units": views})
+    notes = [NOTE_SIZES_FROM_TRACE] if data.summary.units_source and "trace" in data.summary.units_source else []
+    return Section(key="units", title="Per unit", howto=HOWTO_UNITS, facts=facts, notes=notes,
+                   views={"units": views})
 
 
 def _colors(data: pd.DataFrame) -> dict[str, str]:
