@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 # The timer record of a whole step (docs/recording.md, "Timers").
 STEP_TIMER_PHASE: Final = "step"
 STEP_TIMER_KIND: Final = "total"
+UNIT_PASSES: Final = ("forward", "backward")
+UNIT_TIMER_KIND: Final = "compute"  # a unit's own work in a pass (docs/recording.md, "Timers")
 # Above this slowdown, a finding says how much of the trace's idle time is the profiler's.
 NOTABLE_SLOWDOWN: Final = 1.10
 
@@ -66,9 +68,25 @@ def _profiled_of(run: RunInfo, rank: int) -> tuple[list[int], int | None]:
     return list(steps or []), info.partial_step if info is not None else None
 
 
+def _split(run: RunInfo, rank: int, step: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Masks over ``step``: the rank's profiled steps, and its other steps after the warm-up (a
+    step the rank ended inside counts as neither); None when its profiler recorded no step."""
+    profiled, partial = _profiled_of(run, rank)
+    if not profiled:
+        return None
+    warmup = run.profile.warmup if run.profile.warmup is not None else min(profiled)
+    usable = step != (partial if partial is not None else -1)
+    is_profiled = np.isin(step, profiled)
+    return is_profiled & usable, ~is_profiled & (step >= warmup) & usable
+
+
+def _timed_run(timers: pd.DataFrame, run: RunInfo | None) -> bool:
+    return run is not None and not timers.empty and run.profile.schedule == SCHEDULE_OPTIMIZER_STEPS
+
+
 def profiler_cost(timers: pd.DataFrame, run: RunInfo | None) -> ProfilerCost | None:
     """The profiler's cost from a run folder's timers and run.json; None where they do not tell."""
-    if run is None or timers.empty or run.profile.schedule != SCHEDULE_OPTIMIZER_STEPS:
+    if run is None or not _timed_run(timers, run):
         return None
     steps = whole_step_times(timers)
     profiled_ms: list[float] = []
@@ -76,17 +94,12 @@ def profiler_cost(timers: pd.DataFrame, run: RunInfo | None) -> ProfilerCost | N
     profiled_all: set[int] = set()
     unprofiled_all: set[int] = set()
     for _, rows in steps.groupby("rank", sort=True):
-        profiled, partial = _profiled_of(run, int(rows["rank"].iloc[0]))
-        if not profiled:
-            continue
-        warmup = run.profile.warmup if run.profile.warmup is not None else min(profiled)
         step = rows["step"].to_numpy()
-        ms = rows["ms"].to_numpy(dtype=np.float64)
-        usable = step != (partial if partial is not None else -1)
-        is_profiled = np.isin(step, profiled) & usable
-        is_other = ~np.isin(step, profiled) & (step >= warmup) & usable
-        if not is_profiled.any() or not is_other.any():
+        masks = _split(run, int(rows["rank"].iloc[0]), step)
+        if masks is None or not masks[0].any() or not masks[1].any():
             continue
+        is_profiled, is_other = masks
+        ms = rows["ms"].to_numpy(dtype=np.float64)
         profiled_ms.append(float(np.median(ms[is_profiled])))
         unprofiled_ms.append(float(np.median(ms[is_other])))
         profiled_all.update(int(s) for s in step[is_profiled])
@@ -100,3 +113,30 @@ def profiler_cost(timers: pd.DataFrame, run: RunInfo | None) -> ProfilerCost | N
     return ProfilerCost(profiled_step_ms=round(profiled_step, 3), unprofiled_step_ms=round(unprofiled_step, 3),
                         slowdown=round(profiled_step / unprofiled_step, 3),
                         profiled_steps=sorted(profiled_all), unprofiled_steps=sorted(unprofiled_all))
+
+
+def unit_pass_ms(timers: pd.DataFrame, run: RunInfo | None) -> dict[tuple[str, str], float]:
+    """Per (unit, ``forward`` / ``backward``): the unit's own work in that pass as the timers clock it
+    in the unprofiled steps (kind ``compute``: the pass less its nested units, gathers and
+    reductions; summed over a step's micro-batches), the median over ranks of each rank's median.
+    Only units timed in every such step of a rank count."""
+    if run is None or not _timed_run(timers, run):
+        return {}
+    rows = timers[(timers["unit"] != "") & timers["phase"].isin(UNIT_PASSES)
+                  & (timers["kind"] == UNIT_TIMER_KIND) & timers["ms"].notna()]
+    if rows.empty:
+        return {}
+    per_step = rows.groupby(["rank", "unit", "phase", "step"], as_index=False)["ms"].sum()
+    all_steps = whole_step_times(timers)
+    medians: dict[tuple[str, str], list[float]] = {}
+    for (rank, unit, phase), group in per_step.groupby(["rank", "unit", "phase"], sort=True):
+        rank_steps = all_steps.loc[all_steps["rank"] == rank, "step"].to_numpy()
+        masks = _split(run, int(group["rank"].iloc[0]), rank_steps)
+        if masks is None or not masks[1].any():
+            continue
+        wanted = rank_steps[masks[1]]
+        timed = group[group["step"].isin(wanted)]
+        if len(timed) < len(wanted):  # not timed in every unprofiled step
+            continue
+        medians.setdefault((str(unit), str(phase)), []).append(float(timed["ms"].median()))
+    return {key: round(statistics.median(values), 3) for key, values in medians.items()}

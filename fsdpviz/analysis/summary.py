@@ -26,7 +26,7 @@ import pandas as pd
 
 from fsdpviz.analysis.completeness import gap_notes
 from fsdpviz.analysis.framework import framework_notes
-from fsdpviz.analysis.profiler_cost import ProfilerCost, profiler_cost
+from fsdpviz.analysis.profiler_cost import ProfilerCost, profiler_cost, unit_pass_ms
 from fsdpviz.analysis.records import (
     NO_COMMUNICATION,
     NO_FSDP_LABELS,
@@ -154,7 +154,10 @@ def summary_of(result: RunResult) -> Summary:
     traced_ms = _step_time_ms(traces, analysed)
     if result.has_units:
         analysis = result.analysis
-        units = summary_records(analysis.unit_stats, analysis.units)
+        timed = unit_pass_ms(traces.timers, traces.run)
+        units = [msgspec.structs.replace(u, forward_timer_ms=timed.get((u.name, "forward")),
+                                         backward_timer_ms=timed.get((u.name, "backward")))
+                 for u in summary_records(analysis.unit_stats, analysis.units)]
         findings = finding_entries(analysis.findings)
         if not units:
             notes.append(Note(NO_UNITS_FOUND, "no FSDP unit was found in the analysed steps, so units is empty"))

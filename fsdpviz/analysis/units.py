@@ -201,6 +201,11 @@ class UnitSummary(msgspec.Struct, kw_only=True):
     samples: int
     dtype: str = ""
     """The gathered parameters' dtype ("" where unknown)."""
+    forward_timer_ms: float | None = None
+    backward_timer_ms: float | None = None
+    """The unit's own work in its forward / backward as fsdpviz's timers clock it in the steps the
+    profiler did not slow (``forward_ms`` / ``backward_ms`` are the trace's, in the profiled steps);
+    None without timers for the unit in every such step."""
     size_source: str = ""
     """Where ``param_numel`` / ``param_bytes`` come from: ``run.json`` (the framework's objects, as
     ``fsdpviz record`` read them), ``trace`` (the unit's all-gathers' arguments), "" (unknown)."""

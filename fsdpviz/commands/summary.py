@@ -138,15 +138,19 @@ def print_summary(summary: Summary) -> None:
     console.print(table)
 
     if summary.units:
-        title = "per FSDP unit (ms per step)"
+        # the timers are the clock where they timed every unit: the trace's passes ran profiled
+        timed = all(u.forward_timer_ms is not None for u in summary.units)
+        title = "per FSDP unit (ms per step"
+        title += "; forward / backward: the unit's own work, timers, unprofiled steps)" if timed else ")"
         if summary.units_source and "trace" in summary.units_source:
             title += "; params from the all-gathers in the trace (padded, gathered dtype)"
         units = Table(title=title, title_justify="left")
         for col in ("unit", "params", "gather", "forward", "backward", "reduce", "exposed"):
             units.add_column(col, justify="right" if col != "unit" else "left")
         for u in summary.units:
-            units.add_row(escape(u.name), _fmt(u.param_numel), _fmt(u.all_gather_ms), _fmt(u.forward_ms),
-                          _fmt(u.backward_ms), _fmt(u.reduce_scatter_ms), _fmt(u.exposed_comm_ms))
+            forward, backward = (u.forward_timer_ms, u.backward_timer_ms) if timed else (u.forward_ms, u.backward_ms)
+            units.add_row(escape(u.name), _fmt(u.param_numel), _fmt(u.all_gather_ms), _fmt(forward),
+                          _fmt(backward), _fmt(u.reduce_scatter_ms), _fmt(u.exposed_comm_ms))
         console.print(units)
     findings = summary.findings
     if findings:

@@ -244,7 +244,9 @@ def prepare_report(run: RunResult, *, max_segments: int = MAX_PAGE_SEGMENTS,
         step_times=times, step_spread=steps_data.per_step_spread(times),
         rank_steps=steps_data.per_rank_summary(times), notes=notes,
         findings=findings_text(analysis.findings, predicted_gains(run, analysis.findings)),
-        unit_tables=unit_tables(stats, colors) if has_units and not stats.empty else None,
+        unit_tables=unit_tables(stats, colors, {u.name: (u.forward_timer_ms, u.backward_timer_ms)
+                                                for u in summary.units})
+        if has_units and not stats.empty else None,
         memory_model=dict(analysis.memory_model or {}),
         skew=analysis.skew, rank_step_times=analysis.step_times, timers=traces.timers,
         segment_count=sum(len(v.segments) + len(v.exposed) for v in tabs),

@@ -112,3 +112,44 @@ def test_what_if_baseline_starts_from_the_unprofiled_step(gpu_fsdp_run: Callable
     assert prediction.baseline.step_time_ms == cost.unprofiled_step_ms
     assert not [f for f in result.summary.findings if f.kind == "profiler"]  # below the 10 % that is worth saying
     assert prediction.replay_error_pct < 10  # the gloo communication is in the model too
+
+
+def test_unit_passes_are_the_unprofiled_steps_own_work() -> None:
+    from fsdpviz.analysis.profiler_cost import unit_pass_ms
+
+    # GIVEN blocks.0's forward compute: slow in profiled steps 2-4, 2 ms after; backward timed in
+    # two micro-batches per step (summed); blocks.1 missed in step 6 (not timed in every step)
+    rows = []
+    for step in range(8):
+        rows.append({"rank": 0, "step": step, "unit": "", "phase": "step", "kind": "total", "ms": 50.0, "bytes": -1})
+        fwd = 3.0 if 2 <= step <= 4 else 2.0 + 0.1 * (step - 5)
+        rows.append({"rank": 0, "step": step, "unit": "blocks.0", "phase": "forward", "kind": "compute", "ms": fwd,
+                     "bytes": -1})
+        rows.append({"rank": 0, "step": step, "unit": "blocks.0", "phase": "forward", "kind": "total", "ms": 99.0,
+                     "bytes": -1})
+        for _ in range(2):
+            rows.append({"rank": 0, "step": step, "unit": "blocks.0", "phase": "backward", "kind": "compute",
+                         "ms": 1.5, "bytes": -1})
+        if step != 6:
+            rows.append({"rank": 0, "step": step, "unit": "blocks.1", "phase": "forward", "kind": "compute",
+                         "ms": 1.0, "bytes": -1})
+    timers = schema.conform(pd.DataFrame(rows), schema.TIMERS)
+    # WHEN
+    passes = unit_pass_ms(timers, _run(1, [2, 3, 4]))
+    # THEN steps 5-7: forward 2.0, 2.1, 2.2 -> 2.1; backward 1.5 + 1.5
+    assert passes == {("blocks.0", "forward"): 2.1, ("blocks.0", "backward"): 3.0}
+
+
+def test_real_fsdp1_units_read_from_the_timers(gpu_fsdp_dir: Any, gpu_fsdp_run: Callable[[str], Any]) -> None:
+    import json
+    import statistics
+
+    name = "h100-fsdp1-fake8-block"
+    lines = (gpu_fsdp_dir / name / "timers" / "rank0.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    summary = gpu_fsdp_run(name).summary
+    for unit in summary.units:
+        for phase, got in (("forward", unit.forward_timer_ms), ("backward", unit.backward_timer_ms)):
+            ms = [r["ms"] for r in records if r["unit"] == unit.name and r["phase"] == phase
+                  and r["kind"] == "compute" and r["step"] >= 5]
+            assert got == pytest.approx(statistics.median(ms), abs=1e-3), (unit.name, phase)

@@ -10,7 +10,7 @@ import pandas as pd
 from fsdpviz.report.html import Fact, Section
 from fsdpviz.report.style import bytes_scale, format_bytes, format_ms
 from fsdpviz.report.units import plots
-from fsdpviz.report.units.table import METRIC_COLORS, TABLE_COLUMNS, table_source
+from fsdpviz.report.units.table import METRIC_COLORS, TABLE_COLUMNS, TIMER_COLUMNS, table_source
 
 if TYPE_CHECKING:
     from fsdpviz.report.data import ReportData
@@ -21,7 +21,9 @@ HOWTO_UNITS = (
     "collectives during which the rank computed nothing. Prefetch lead is how long before the unit's "
     "compute started its all-gather had finished: negative means compute waited for it. Unsharded "
     "bytes (parameters + gradients) are what a unit adds to memory while gathered; compare with the "
-    "measured peak."
+    "measured peak. Forward and backward are the unit's own compute in the profiled steps as traced; "
+    "where fsdpviz's timers timed every unit, the timers' columns give the same in the steps the "
+    "profiler did not slow."
 )
 NOTE_NO_UNIT_STATS = "No per-unit numbers: the analysis found no FSDP unit in the analysed steps."
 NOTE_SIZES_FROM_TRACE = (
@@ -48,7 +50,7 @@ def units_section(data: ReportData) -> Section | None:
         facts.append(Fact(label="highest peak", value=format_bytes(float(peak["peak_mib"]) * 2**20),
                           hint=f"during unit {peak['unit_name']}"))
     facts.append(Fact(label="units", value=str(len(table))))
-    columns = list(TABLE_COLUMNS)
+    columns = [c for c in TABLE_COLUMNS if c[0] not in TIMER_COLUMNS or table[c[0]].notna().any()]
     mem_max = float(tables.memory["bytes"].max()) if not tables.memory.empty else 0.0
     divisor, mem_unit = bytes_scale(mem_max)
     memory = tables.memory.assign(bytes=tables.memory["bytes"] / divisor)

@@ -52,6 +52,8 @@ TABLE_COLUMNS = (
     ("all_gather_ms", "all-gather (ms)", "0.000"),
     ("forward_ms", "forward (ms)", "0.000"),
     ("backward_ms", "backward (ms)", "0.000"),
+    ("forward_timer_ms", "forward, timers (ms)", "0.000"),
+    ("backward_timer_ms", "backward, timers (ms)", "0.000"),
     ("reduce_scatter_ms", "reduce-scatter (ms)", "0.000"),
     ("exposed_comm_ms", "exposed comm (ms)", "0.000"),
     ("forward_lead_ms", "fwd prefetch lead (ms)", "0.000"),
@@ -90,8 +92,14 @@ def _long(stats: pd.DataFrame, metrics: tuple[tuple[str, str], ...], value: str,
     return pd.concat(parts, ignore_index=True).dropna(subset=[value])
 
 
-def unit_tables(stats: pd.DataFrame, colors: Mapping[str, str]) -> UnitTables:
-    """Display table and bar data from UNIT_STATS (rows in forward order)."""
+# Columns only runs with per-unit timers have (the section leaves them out otherwise).
+TIMER_COLUMNS = ("forward_timer_ms", "backward_timer_ms")
+
+
+def unit_tables(stats: pd.DataFrame, colors: Mapping[str, str],
+                timed: Mapping[str, tuple[float | None, float | None]] | None = None) -> UnitTables:
+    """Display table and bar data from UNIT_STATS (rows in forward order); ``timed``: per unit its
+    forward and backward as the timers clock them in unprofiled steps (the summary's ``*_timer_ms``)."""
     stats = stats.sort_values("order", kind="stable").reset_index(drop=True)
     stats = stats.assign(unit_name=stats["unit"].astype(str).map(unit_label))
     table = pd.DataFrame({
@@ -102,6 +110,8 @@ def unit_tables(stats: pd.DataFrame, colors: Mapping[str, str]) -> UnitTables:
         "all_gather_ms": _ms(stats["all_gather_ns"]),
         "forward_ms": _ms(stats["forward_ns"]),
         "backward_ms": _ms(stats["backward_ns"]),
+        **{col: pd.Series([(timed or {}).get(str(u), (None, None))[i] for u in stats["unit"]], dtype="float64")
+           for i, col in enumerate(TIMER_COLUMNS)},
         "reduce_scatter_ms": _ms(stats["reduce_scatter_ns"]),
         "exposed_comm_ms": _ms(stats["exposed_comm_ns"]),
         "forward_lead_ms": _ms(stats["forward_prefetch_lead_ns"]),
