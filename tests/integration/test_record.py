@@ -330,3 +330,23 @@ def test_record_shared_folder_merges_two_nodes(tmp_path: Path) -> None:
     assert run["status"] == "ok" and run["world_size"] == 2 and not run["notes"]
     assert [(r["rank"], r["status"]) for r in run["ranks"]] == [(0, "ok"), (1, "ok")]
     assert sorted(p.name for p in (run_dir / "traces").glob("*.gz")) == ["rank0.trace.json.gz", "rank1.trace.json.gz"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed not installed (the deepspeed extra)")
+def test_record_under_the_deepspeed_launcher(tmp_path: Path) -> None:
+    """``deepspeed --num_gpus 2`` (CPU accelerator: two CPU processes) starts the ranks itself and
+    passes ``--local_rank``: both ranks record, ZeRO-3 with its units and the profiler's cost."""
+    from fsdpviz.analysis.pipeline import analyse
+
+    run_dir = tmp_path / "run"
+    launcher = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", str(EXAMPLE),
+                "--framework", "zero3", "--wrap", "block", *TINY, "--steps", "7"]
+    proc = record(run_dir, launcher, env=record_env(DS_ACCELERATOR="cpu"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["status"] == "ok" and run["framework"] == "zero3" and run["world_size"] == 2
+    assert [r["rank"] for r in run["ranks"]] == [0, 1] and all(r["status"] == "ok" for r in run["ranks"])
+    summary = analyse([run_dir], cache=False).summary.to_json()
+    assert {f"blocks.{i}" for i in range(2)} <= {u["name"] for u in summary["units"]}
+    assert summary["profiler"]["profiled_steps"] == [2, 3, 4] and summary["profiler"]["unprofiled_steps"] == [5, 6]
