@@ -23,6 +23,7 @@ from fsdpviz.trace.tables import TraceSet
 if TYPE_CHECKING:
     import pandas as pd
 
+    from fsdpviz.analysis.profiler_cost import ProfilerCost
     from fsdpviz.analysis.rankmap import RankDigest
     from fsdpviz.analysis.run import RankPart, RunAnalysis
     from fsdpviz.analysis.steps import StepSelection
@@ -81,12 +82,20 @@ class RunResult:
         """The per-unit analysis (:func:`fsdpviz.analysis.run.analyze_run`), computed on first use."""
         from fsdpviz.analysis.run import analyze_run, combine_parts
 
-        overlap = self.overlap
-        idle = overlap["idle_ns"] / overlap["n_steps"].clip(lower=1)
-        idle_ns = float(idle.median()) if len(idle) else None
+        idle = self.overlap["idle_ns"] / self.overlap["n_steps"].clip(lower=1)
+        idle_ns = float(idle.median()) if len(idle) else None  # for the profiler's finding
         if self._parts is not None:
-            return combine_parts(self._parts, self.traces, self.selection, self.framework, idle_ns=idle_ns)
-        return analyze_run(self.traces, selection=self.selection, framework=self.framework, idle_ns=idle_ns)
+            return combine_parts(self._parts, self.traces, self.selection, self.framework,
+                                 profiler=self.profiler, idle_ns=idle_ns)
+        return analyze_run(self.traces, selection=self.selection, framework=self.framework,
+                           profiler=self.profiler, idle_ns=idle_ns)
+
+    @cached_property
+    def profiler(self) -> ProfilerCost | None:
+        """What the profiler cost the run, from its timers (:mod:`fsdpviz.analysis.profiler_cost`)."""
+        from fsdpviz.analysis.profiler_cost import profiler_cost
+
+        return profiler_cost(self.traces.timers, self.traces.run)
 
     @cached_property
     def summary(self) -> Summary:

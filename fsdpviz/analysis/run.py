@@ -45,7 +45,7 @@ from fsdpviz.analysis.labels import (
 )
 from fsdpviz.analysis.overlap import cpu_sets, gpu_sets
 from fsdpviz.analysis.packed import Packed, concat_packed, pack, release_freed_memory
-from fsdpviz.analysis.profiler_cost import profiler_cost
+from fsdpviz.analysis.profiler_cost import ProfilerCost
 from fsdpviz.analysis.records import CLOCK_MOVED, NO_UNIT_LABELS, SHARED_COLLECTIVES, Note
 from fsdpviz.analysis.spans import ISSUED_GATHERS, OPTIMIZER_PREFIX, unit_tables
 from fsdpviz.analysis.steps import StepSelection, select_steps
@@ -279,17 +279,18 @@ def analyse_ranks(traces: TraceSet, ranks: Sequence[int], selection: StepSelecti
 
 def analyze_run(traces: TraceSet, *, steps: Sequence[int] | None = None,
                 selection: StepSelection | None = None, framework: str | None = None,
-                idle_ns: float | None = None) -> RunAnalysis:
+                profiler: ProfilerCost | None = None, idle_ns: float | None = None) -> RunAnalysis:
     """Per-unit analysis of a loaded run (see the module docstring) over the steps ``selection``
     analyses (default: ``steps.select_steps(traces, steps=steps)``); ``framework`` as
-    ``framework.decide_framework`` decides it (the pipeline passes its decision); ``idle_ns``: the
-    whole-step overlap's idle time per step, for the profiler's finding."""
+    ``framework.decide_framework`` decides it (the pipeline passes its decision); ``profiler`` (what
+    it cost, from the timers) and ``idle_ns`` (the whole-step overlap's idle time per step) for the
+    profiler's finding."""
     if selection is None:
         selection = select_steps(traces, steps=steps)
     framework = decide_framework(traces) if framework is None else framework
     # one part for every rank: the per-rank half runs on the whole tables, one pass per step
     return combine_parts([analyse_ranks(traces, traces.rank_ids, selection, traces.events)], traces, selection,
-                         framework, idle_ns=idle_ns)
+                         framework, profiler=profiler, idle_ns=idle_ns)
 
 
 def _frame_of(parts: Sequence[RankPart], name: str, table: schema.Schema | None, *,
@@ -323,7 +324,8 @@ def labels_of(traces: TraceSet, selection: StepSelection, clock: pd.DataFrame) -
 
 
 def combine_parts(parts: Sequence[RankPart], traces: TraceSet, selection: StepSelection,
-                  framework: str, *, idle_ns: float | None = None) -> RunAnalysis:
+                  framework: str, *, profiler: ProfilerCost | None = None,
+                  idle_ns: float | None = None) -> RunAnalysis:
     """The cross-rank half of :func:`analyze_run`: clocks compared and aligned, collective skew and
     stragglers, units, their statistics and findings, from each rank's :class:`RankPart` (in rank
     order). ``traces`` is read for run-wide facts only (units and run.json, ranks, world size)."""
@@ -369,7 +371,7 @@ def combine_parts(parts: Sequence[RankPart], traces: TraceSet, selection: StepSe
     model = _model(stats, traces, units, peaks_t, gathers, gpu)
     step_ns = float(step_times["step_ns"].median()) if len(step_times) else float("nan")
     findings = build_findings(us, spans, step_times, step_ns, framework,
-                              profiler=profiler_cost(traces.timers, traces.run), idle_ns=idle_ns)
+                              profiler=profiler, idle_ns=idle_ns)
     shared = (sum(p.shared_collectives[0] for p in parts), max((p.shared_collectives[1] for p in parts), default=0))
     return RunAnalysis(
         framework=framework, world_size=traces.world_size, ranks=ranks, steps=sorted(analysed),

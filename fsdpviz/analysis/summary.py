@@ -26,7 +26,7 @@ import pandas as pd
 
 from fsdpviz.analysis.completeness import gap_notes
 from fsdpviz.analysis.framework import framework_notes
-from fsdpviz.analysis.profiler_cost import ProfilerCost, profiler_cost, unit_pass_ms
+from fsdpviz.analysis.profiler_cost import ProfilerCost, unit_pass_ms
 from fsdpviz.analysis.records import (
     NO_COMMUNICATION,
     NO_FSDP_LABELS,
@@ -150,7 +150,7 @@ def summary_of(result: RunResult) -> Summary:
     notes = _notes(traces, overlap, selection, framework)
     units: list[UnitSummary] = []
     findings: list[Finding] = []
-    cost = profiler_cost(traces.timers, traces.run)
+    cost = result.profiler
     traced_ms = _step_time_ms(traces, analysed)
     if result.has_units:
         analysis = result.analysis
@@ -163,12 +163,12 @@ def summary_of(result: RunResult) -> Summary:
             notes.append(Note(NO_UNITS_FOUND, "no FSDP unit was found in the analysed steps, so units is empty"))
     size_sources = sorted({u.size_source for u in units if u.size_source})
     return Summary(
-        units_source="+".join(size_sources) if size_sources else None,
         framework=framework, world_size=traces.world_size, ranks=traces.rank_ids, steps=selection.steps,
         step_time_ms=cost.unprofiled_step_ms if cost is not None else traced_ms,
         step_time_source=STEP_TIME_TIMERS if cost is not None else STEP_TIME_TRACE, traced_step_time_ms=traced_ms,
         profiler=cost, overlap=_overlap_summary(overlap),
-        memory=_memory_summary(traces, analysed), units=units, device=_device(overlap),
+        memory=_memory_summary(traces, analysed), units=units,
+        units_source="+".join(size_sources) if size_sources else None, device=_device(overlap),
         sources=list(traces.sources), run_dir=traces.run_dir, notes=notes, missing_ranks=traces.missing_ranks,
         skipped_events=sum(traces.skipped_events.values()), findings=findings,
     )
