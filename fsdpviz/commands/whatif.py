@@ -17,6 +17,7 @@ from fsdpviz.commands.common import SCHEDULER_HELP, check_output_folder, progres
 from fsdpviz.errors import UsageError
 
 if TYPE_CHECKING:
+    from fsdpviz.analysis.profiler_cost import ProfilerCost
     from fsdpviz.whatif.explore import Exploration
     from fsdpviz.whatif.predict import Outcome, Prediction
     from fsdpviz.whatif.settings import Settings
@@ -134,7 +135,7 @@ def whatif(
     if as_json:
         sys.stdout.write(json.dumps(prediction.to_json(), indent=2) + "\n")
     else:
-        print_prediction(prediction, str(run), rec.framework, rec.world_size, rec.device)
+        print_prediction(prediction, str(run), rec.framework, rec.world_size, rec.device, result.profiler)
     if save:
         from fsdpviz.whatif.saved import save_prediction
 
@@ -188,10 +189,15 @@ def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> None:
         typer.echo("  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
 
 
-def print_prediction(prediction: Prediction, run: str, framework: str, world_size: int, device: str) -> None:
-    """Baseline vs predicted with deltas, the units, where each setting came from, and the notes."""
+def print_prediction(prediction: Prediction, run: str, framework: str, world_size: int, device: str,
+                     profiler: ProfilerCost | None = None) -> None:
+    """Baseline vs predicted with deltas, the units, where each setting came from, and the notes;
+    ``profiler``: what the profiler cost the recording (the recorded step is then the unprofiled one)."""
     settings = prediction.settings
     typer.echo(f"{run}: {framework}, {world_size} rank(s) on {device}; predicting {settings.describe()}")
+    if profiler is not None:
+        typer.echo(f"recorded step time: the unprofiled steps (timers); the profiled steps ran "
+                   f"{profiler.slowdown:.2f}x as long ({profiler.profiled_step_ms:,.2f} ms)")
     _table(("", "recorded", "predicted", "change"), _rows(prediction.baseline, prediction.predicted))
     typer.echo("")
     typer.echo("predicted per unit (ms per step; medians over ranks and steps)")
