@@ -269,15 +269,17 @@ def profiler_findings(cost: ProfilerCost | None, idle_ns: float | None) -> list[
 def build_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, step_times: pd.DataFrame, step_ns: float,
                    framework: str, *, profiler: ProfilerCost | None = None,
                    idle_ns: float | None = None) -> pd.DataFrame:
-    """FINDINGS, ranked by time lost per step (``profiler``, ``idle_ns``: see
-    :func:`profiler_findings`)."""
+    """FINDINGS: where the run loses time, ranked by time lost per step; then the profiler's share
+    of the trace (``profiler``, ``idle_ns``: see :func:`profiler_findings`), which the run itself does
+    not lose, so it never pushes the run's own findings down."""
     floor = max(NOISE_FRACTION * step_ns, NOISE_FLOOR_NS) if np.isfinite(step_ns) else NOISE_FLOOR_NS
-    rows = profiler_findings(profiler, idle_ns)
+    rows: list[dict] = []
     if len(unit_steps):
         rows += gather_findings(unit_steps, spans, framework, floor)
         rows += reduce_findings(unit_steps, spans, floor)
     rows += straggler_findings(step_times, floor)
-    if not rows:
+    about_trace = profiler_findings(profiler, idle_ns)
+    if not rows and not about_trace:
         return schema.make_empty(schema.FINDINGS)
-    out = pd.DataFrame(rows).sort_values("lost_ns", ascending=False, kind="stable").head(MAX_FINDINGS)
-    return schema.conform(out.reset_index(drop=True), schema.FINDINGS, table="findings")
+    ranked = sorted(rows, key=lambda r: -r["lost_ns"])[:MAX_FINDINGS - len(about_trace)]
+    return schema.conform(pd.DataFrame(ranked + about_trace), schema.FINDINGS, table="findings")

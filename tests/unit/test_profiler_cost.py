@@ -96,6 +96,7 @@ def test_real_gpu_recordings_lead_with_the_unprofiled_step(name: str, gpu_fsdp_r
     assert summary.traced_step_time_ms is not None and summary.traced_step_time_ms > 1.2 * summary.step_time_ms
     # a finding says how much of the traced idle time is the profiler's
     (finding,) = [f for f in summary.findings if f.kind == "profiler"]
+    assert summary.findings[-1] is finding  # after the run's own findings: the run does not lose this time
     assert finding.lost_ms_per_step == pytest.approx(cost.profiled_step_ms - cost.unprofiled_step_ms, abs=1e-3)
     assert f"{cost.slowdown:.2f}x" in finding.message
     as_json = summary.to_json()
