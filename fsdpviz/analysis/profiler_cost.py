@@ -1,9 +1,9 @@
 """What the profiler cost a recorded run: its profiled steps against the same run's other steps.
 
 torch.profiler slows the steps it records: every CPU op it traces costs time on the training
-thread, and on a launch-bound GPU step the kernels then wait for their launches (measured on an
-H100: profiled steps 1.2-1.7x slower than the same run's other steps; docs/performance.md). The
-trace therefore shows a slower run than the real one, and the difference appears as idle time.
+thread, and on a launch-bound GPU step the kernels then wait for their launches (docs/performance.md,
+"The profiler's cost on a GPU", from benchmarks/bench_headline_truth.py). The trace therefore shows
+a slower run than the real one, and the difference appears as idle time.
 
 The recorder's timers (``timers/rank{R}.jsonl``) time every step, profiled or not, at a cost that
 measures as nothing: they are the clock, the trace is the map. This module compares, per rank,

@@ -51,14 +51,21 @@ _COLLECTIVE_TOKENS: Final = (
     ("scatter", schema.COMM_OTHER),
 )
 
-# PyTorch ScalarType names (record_param_comms ``dtype``) and C++ type names (``Input type``).
-_DTYPE_BYTES: Final = {
-    "float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2, "c10::half": 2,
-    "bfloat16": 2, "c10::bfloat16": 2, "long": 8, "long int": 8, "int64": 8, "int": 4, "int32": 4,
-    "short": 2, "short int": 2, "int16": 2, "char": 1, "signed char": 1, "int8": 1, "byte": 1,
-    "unsigned char": 1, "uint8": 1, "bool": 1, "complexfloat": 8, "c10::complex<float>": 8,
-    "complexdouble": 16, "c10::complex<double>": 16, "unsigned int": 4, "uint32": 4,
-    "unsigned long": 8, "uint64": 8, "unsigned short": 2, "uint16": 2,
+# PyTorch ScalarType names (record_param_comms ``dtype``) and C++ type names (``Input type``), as
+# torch spells the dtype; and each dtype's size.
+_TORCH_DTYPE: Final = {
+    "float": "float32", "float32": "float32", "double": "float64", "float64": "float64", "half": "float16",
+    "float16": "float16", "c10::half": "float16", "bfloat16": "bfloat16", "c10::bfloat16": "bfloat16",
+    "long": "int64", "long int": "int64", "int64": "int64", "int": "int32", "int32": "int32", "short": "int16",
+    "short int": "int16", "int16": "int16", "char": "int8", "signed char": "int8", "int8": "int8", "byte": "uint8",
+    "unsigned char": "uint8", "uint8": "uint8", "bool": "bool", "complexfloat": "complex64",
+    "c10::complex<float>": "complex64", "complexdouble": "complex128", "c10::complex<double>": "complex128",
+    "unsigned int": "uint32", "uint32": "uint32", "unsigned long": "uint64", "uint64": "uint64",
+    "unsigned short": "uint16", "uint16": "uint16",
+}
+_ITEM_BYTES: Final = {
+    "float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2, "int8": 1,
+    "uint8": 1, "bool": 1, "complex64": 8, "complex128": 16, "uint32": 4, "uint64": 8, "uint16": 2,
 }
 
 
@@ -112,23 +119,12 @@ def is_host_backend_op(name: str) -> bool:
 
 def dtype_bytes(dtype: str | None) -> int | None:
     """Size in bytes of one element of a PyTorch/C++ dtype name, None when unknown."""
-    if not dtype:
-        return None
-    key = dtype.strip().lower()
-    if key.startswith("c10::float8") or "float8" in key:
+    name = torch_dtype_name(dtype)
+    if name.startswith("float8"):
         return 1
-    return _DTYPE_BYTES.get(key)
+    return _ITEM_BYTES.get(name)
 
 
-# PyTorch ScalarType names (record_param_comms) and C++ type names (``Input type``) -> torch's names.
-_TORCH_DTYPE: Final = {
-    "float": "float32", "float32": "float32", "double": "float64", "float64": "float64", "half": "float16",
-    "float16": "float16", "c10::half": "float16", "bfloat16": "bfloat16", "c10::bfloat16": "bfloat16",
-    "long": "int64", "long int": "int64", "int64": "int64", "int": "int32", "int32": "int32", "short": "int16",
-    "short int": "int16", "int16": "int16", "char": "int8", "signed char": "int8", "int8": "int8", "byte": "uint8",
-    "unsigned char": "uint8", "uint8": "uint8", "bool": "bool", "complexfloat": "complex64",
-    "c10::complex<float>": "complex64", "complexdouble": "complex128", "c10::complex<double>": "complex128",
-}
 
 
 def torch_dtype_name(dtype: str | None) -> str:
