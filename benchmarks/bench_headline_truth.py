@@ -4,7 +4,8 @@ Reads real recordings made with ``fsdpviz record`` on a GPU (by default the H100
 the checkout, ``../shared/traces/gpu-fsdp``) and prints one markdown table: per recording the step
 as traced (the mean of the analysed, profiled steps: what the headline said before it read the
 timers), the step the headline says now (``summary --json`` ``step_time_ms``), the profiler's
-slowdown, and both against the step time of the same command run uninstrumented.
+slowdown, both against the step time of the same command run uninstrumented, and how well the
+what-if model replays the recording (``whatif --json`` ``replay_error_pct``).
 
 The uninstrumented truth was measured on the machine that made the recordings (median wall time of
 steps 3-9 printed by the training script itself, synchronised each step; it varies +-10 % between
@@ -51,18 +52,22 @@ def main() -> int:
         print(f"no recordings at {args.folder}", file=sys.stderr)
         return 2
     from fsdpviz.analysis.pipeline import analyse
+    from fsdpviz.whatif.predict import predict, read_model, recorded_settings
 
     print("| recording | traced step (before) | headline now | profiler slowdown | uninstrumented | "
-          "before vs truth | now vs truth |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+          "before vs truth | now vs truth | what-if replay error |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for run in sorted(p for p in args.folder.iterdir() if (p / "run.json").is_file()):
-        summary = analyse([run], cache=False).summary
+        result = analyse([run], cache=False)
+        summary = result.summary
+        replay = predict(read_model(result), recorded_settings()).replay_error_pct
         traced, now = summary.traced_step_time_ms, summary.step_time_ms
         cost = summary.profiler
         real = truth.get(run.name)
         print(f"| {run.name} | {traced:.1f} ms | {now:.1f} ms ({summary.step_time_source}) | "
               f"{f'{cost.slowdown:.2f}x' if cost else '-'} | {f'{real:.1f} ms' if real else '-'} | "
-              f"{_pct(traced, real) if real and traced else '-'} | {_pct(now, real) if real and now else '-'} |")
+              f"{_pct(traced, real) if real and traced else '-'} | {_pct(now, real) if real and now else '-'} | "
+              f"{replay:.2f} % |")
     return 0
 
 
