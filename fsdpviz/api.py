@@ -150,6 +150,20 @@ class Run:
         return self.result.analysis.memory
 
     @property
+    def memory_categories(self) -> pd.DataFrame:
+        """What the allocated level is made of, over the analysed steps: per rank and kept sample
+        (the samples of ``memory``) one column per category -- sharded parameters, optimizer state,
+        gradients, unsharded parameters and gradients, communication buffers, activations, other
+        (memory_categories.CATEGORY_LEVELS; they add up to ``allocated_bytes``)."""
+        return self.result.analysis.memory_categories
+
+    @property
+    def memory_peaks(self) -> pd.DataFrame:
+        """The categories at each rank's step peaks (``unit`` "") and at each unit pass's peak
+        (memory_categories.CATEGORY_PEAKS)."""
+        return self.result.analysis.category_peaks
+
+    @property
     def collectives(self) -> pd.DataFrame:
         """Every collective each rank ran: where, when it was issued, its bytes."""
         from fsdpviz.analysis.collectives import find_collectives
@@ -222,6 +236,28 @@ class Run:
                   for r, g in mem[mem["rank"].isin(wanted)].groupby("rank")]
         return hv.Overlay(curves).opts(width=900, height=300, title=f"{self.label}: allocated memory",
                                        legend_position="top_right")
+
+    def memory_by_category(self, rank: int | None = None) -> hv.Overlay:
+        """One rank's allocated memory over the analysed steps, stacked by category (MiB, holoviews);
+        default: the rank with the highest peak."""
+        from fsdpviz.analysis.memory_categories import CATEGORIES, TITLES
+
+        hv = _holoviews()
+        levels = self.memory_categories
+        if levels.empty:
+            raise UsageError("no memory by category: the run has no allocator samples or no FSDP units")
+        if rank is None:
+            totals = levels[list(CATEGORIES)].sum(axis=1)
+            rank = int(levels["rank"].to_numpy()[int(totals.to_numpy().argmax())])
+        mine = levels[(levels["rank"] == rank).to_numpy()]
+        if mine.empty:
+            raise UsageError(f"rank {rank}: no memory samples (ranks: {sorted(set(levels['rank'].tolist()))})")
+        t_ms = (mine["t_ns"] - int(mine["t_ns"].min())) / 1e6
+        areas = [hv.Area((t_ms, mine[c] / 2**20), "time (ms)", "allocated (MiB)", label=TITLES[c])
+                 for c in CATEGORIES]
+        return hv.Area.stack(hv.Overlay(areas)).opts(
+            hv.opts.Area(width=900, height=320, tools=["hover"]),
+            hv.opts.Overlay(title=f"{self.label}: memory by category, rank {rank}", legend_position="right"))
 
     def unit_times(self) -> hv.Bars:
         """Per unit: all-gather, forward, backward and reduce-scatter time per step (ms, holoviews)."""

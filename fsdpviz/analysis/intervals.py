@@ -60,10 +60,10 @@ def _segments(a: Intervals, b: Intervals) -> tuple[np.ndarray, np.ndarray, np.nd
     if len(bounds) < 2:
         return _EMPTY, _EMPTY, np.zeros(0, bool), np.zeros(0, bool)
     seg_start, seg_end = bounds[:-1], bounds[1:]
-    return seg_start, seg_end, _covers(a, seg_start), _covers(b, seg_start)
+    return seg_start, seg_end, covers(a, seg_start), covers(b, seg_start)
 
 
-def _covers(iv: Intervals, t: np.ndarray) -> np.ndarray:
+def covers(iv: Intervals, t: np.ndarray) -> np.ndarray:
     """Whether each time ``t`` lies inside normalised ``iv`` (start inclusive, end exclusive)."""
     starts, ends = iv
     if len(starts) == 0:

@@ -7,11 +7,12 @@ Samples are the ``[memory]`` events (one per allocation or free, with the alloca
   the moment it closes, counting the level it opened at (the last sample at or before the start).
 - **Step peak**: the highest sample inside the step, the first time it is reached, and the unit
   pass whose window holds that instant (the innermost one: a block inside the root wins).
-- **Model**: FSDP / ZeRO-3 keep ``(p + g + K) * Psi / N`` bytes of sharded state per rank
-  (parameters, gradients and optimizer state of ``Psi`` parameters over ``N`` shards, with ``p = g``
-  bytes per element and ``K`` optimizer bytes per element), and at the peak also hold unsharded
-  units: the two largest units' parameters (the one computing and the one prefetched) and the
-  largest unit's gradients. The rest of the measured peak is activations and buffers. ``N`` is the
+- **Model** (:class:`MemoryModel`): FSDP / ZeRO-3 keep ``(s + s + K) * Psi / N`` bytes of sharded
+  state per rank (parameters, gradients and optimizer state of ``Psi`` parameters over ``N`` shards,
+  ``s`` bytes per sharded element and ``K`` optimizer bytes per element), and at the peak also hold
+  unsharded units: the two largest units' parameters (the one computing and the one prefetched) and
+  the largest unit's gradients. What the peak really holds, by category, is measured
+  (:mod:`fsdpviz.analysis.memory_categories`). ``N`` is the
   shard group a unit's parameters are spread over: the world size, except under HSDP (FSDP2 /
   FSDP1 hybrid sharding), where each shard group holds a full replica (:func:`shard_sizes`).
 - **Curve**: the analysed steps' samples (and the level the first one opens at), thinned to a few
@@ -24,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final
 
+import msgspec
 import numpy as np
 import pandas as pd
 
@@ -54,6 +56,16 @@ def device_samples(memory: pd.DataFrame, rank: int, device: str) -> pd.DataFrame
 
 def window_peaks(samples: pd.DataFrame, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """Highest allocated level within each ``[start, end]``, including the level entered with."""
+    at = window_peak_positions(samples, starts, ends)
+    if samples.empty:
+        return at
+    v = samples["allocated_bytes"].to_numpy(np.int64)
+    return np.where(at >= 0, v[np.clip(at, 0, None)], -1)
+
+
+def window_peak_positions(samples: pd.DataFrame, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Position in ``samples`` of the highest allocated level within each ``[start, end]`` (the
+    level entered with counts: the last sample at or before the start); -1 where none."""
     out = np.full(len(starts), -1, dtype=np.int64)
     if samples.empty:
         return out
@@ -65,7 +77,7 @@ def window_peaks(samples: pd.DataFrame, starts: np.ndarray, ends: np.ndarray) ->
     hi = np.searchsorted(t, ends, side="right")
     for i, (a, b) in enumerate(zip(lo.tolist(), hi.tolist())):
         if b > a:
-            out[i] = int(v[a:b].max())
+            out[i] = a + int(np.argmax(v[a:b]))
     return out
 
 
@@ -184,45 +196,73 @@ def shard_sizes(run_units: Sequence[UnitInfo] | None, gathers: pd.DataFrame, n_r
     return {str(u): int(n) for u, n in sizes.items() if n > 0}, "trace"
 
 
-def memory_model(unit_bytes: pd.Series, world_size: int, elem_bytes: int, *, measured_elem: bool,
-                 optimizer_bytes_per_param: int | None = None, unit_shards: dict[str, int] | None = None,
-                 shards_source: str = "world_size") -> dict[str, Any]:
-    """The ZeRO/FSDP memory model next to which the measured peak is shown.
+class MemoryModel(msgspec.Struct, kw_only=True):
+    """The ZeRO / FSDP arithmetic of a run's memory, shown beside the measured categories.
 
-    ``unit_bytes``: unsharded parameter bytes per unit. ``unit_shards``: ranks each unit is sharded
-    over (default: ``world_size``). ``optimizer_bytes_per_param`` (K) defaults to Adam: fp32 master
-    weights plus two moments (12) for 16-bit parameters, two moments in the parameter dtype (2p)
-    otherwise.
+    A rank keeps ``(s + s + K) * Psi / N`` bytes of sharded state (parameters, gradients and
+    optimizer state of ``Psi`` parameters over ``N`` shards, ``s`` bytes per sharded element and
+    ``K`` optimizer bytes per element: ZeRO's ``(2 + 2 + K) Psi / N`` with fp16 shards, FSDP2's
+    ``(4 + 4 + 8) Psi / N`` with fp32 shards and Adam, whatever the gathered dtype), and at the peak
+    also unsharded units: the two largest units' parameters (the one computing and the one
+    prefetched) and the largest unit's gradients, in the gathered dtype (``p`` bytes per element).
     """
+
+    param_count: int
+    bytes_per_param: int  # p: of the gathered (unsharded) parameters
+    bytes_per_param_measured: bool
+    sharded_bytes_per_param: int  # s: of the sharded parameters and gradients
+    sharded_bytes_measured: bool  # from the sharded gradients' size (False: assumed equal to p)
+    optimizer_bytes_per_param: int  # K
+    optimizer_class: str  # from the optimizer's step label ("" when not seen: K assumed)
+    shards: int
+    shards_source: str
+    sharded_state_bytes: int
+    unsharded_params_bytes: int
+    unsharded_grads_bytes: int
+    model_peak_bytes: int
+    formula: str
+    measured_peak_bytes: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """As ``summary --json`` and the exports give it."""
+        return msgspec.to_builtins(self)
+
+
+def memory_model(unit_bytes: pd.Series, world_size: int, elem_bytes: int, *, measured_elem: bool,
+                 sharded_elem_bytes: int | None = None, optimizer_states: int | None = None,
+                 optimizer_class: str = "", unit_shards: dict[str, int] | None = None,
+                 shards_source: str = "world_size") -> MemoryModel | None:
+    """The :class:`MemoryModel` of units of ``unit_bytes`` unsharded parameter bytes (``elem_bytes``
+    per element). ``sharded_elem_bytes``: measured bytes per sharded element (default: the gathered
+    size). ``optimizer_states``: states per element of the optimizer's class (K = states * s);
+    unknown, Adam is assumed: two states, plus fp32 master weights for 16-bit shards (12)."""
     units = [(str(u), int(b)) for u, b in unit_bytes.items() if b > 0]
     sizes = sorted((b for _, b in units), reverse=True)
     if not sizes or world_size <= 0:
-        return {}
+        return None
     p = elem_bytes
-    k = optimizer_bytes_per_param if optimizer_bytes_per_param is not None else (12 if p <= 2 else 2 * p)
+    sp = sharded_elem_bytes or p
+    if optimizer_states is not None:
+        k = optimizer_states * sp
+    else:
+        k = 12 if sp <= 2 else 2 * sp
     psi = round(sum(sizes) / p)
     shards = {u: max(1, (unit_shards or {}).get(u, world_size)) for u, _ in units}
     distinct = sorted(set(shards.values()))
     if len(distinct) == 1:
         n = distinct[0]
-        sharded = round((2 * p + k) * psi / n)
-        state = f"({p}+{p}+{k})*{psi}/{n}"
+        sharded = round((2 * sp + k) * psi / n)
+        state = f"({sp}+{sp}+{k})*{psi}/{n}"
     else:  # units sharded over groups of different sizes: each unit's share on its own
         n = max(distinct, key=lambda d: sum(b for u, b in units if shards[u] == d))
-        sharded = round(sum((2 * p + k) * (b / p) / shards[u] for u, b in units))
-        state = f"sum over units of ({p}+{p}+{k})*params/shard size"
+        sharded = round(sum((2 * sp + k) * (b / p) / shards[u] for u, b in units))
+        state = f"sum over units of ({sp}+{sp}+{k})*params/shard size"
     params_unsharded = sum(sizes[:2])
     grads_unsharded = sizes[0]
-    return {
-        "param_count": psi,
-        "bytes_per_param": p,
-        "bytes_per_param_measured": measured_elem,
-        "optimizer_bytes_per_param": k,
-        "shards": n,
-        "shards_source": shards_source if unit_shards else "world_size",
-        "sharded_state_bytes": sharded,
-        "unsharded_params_bytes": params_unsharded,
-        "unsharded_grads_bytes": grads_unsharded,
-        "model_peak_bytes": sharded + params_unsharded + grads_unsharded,
-        "formula": f"{state} + 2 largest units' params + largest unit's grads",
-    }
+    return MemoryModel(
+        param_count=psi, bytes_per_param=p, bytes_per_param_measured=measured_elem, sharded_bytes_per_param=sp,
+        sharded_bytes_measured=sharded_elem_bytes is not None, optimizer_bytes_per_param=k,
+        optimizer_class=optimizer_class, shards=n, shards_source=shards_source if unit_shards else "world_size",
+        sharded_state_bytes=sharded, unsharded_params_bytes=params_unsharded, unsharded_grads_bytes=grads_unsharded,
+        model_peak_bytes=sharded + params_unsharded + grads_unsharded,
+        formula=f"{state} + 2 largest units' params + largest unit's grads")

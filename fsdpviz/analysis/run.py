@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from fsdpviz.analysis import crossrank, memory
+from fsdpviz.analysis import memory_categories as mcat
 from fsdpviz.analysis.categorical import startswith
 from fsdpviz.analysis.collectives import is_gpu_rank
 from fsdpviz.analysis.findings import build_findings
@@ -43,6 +44,7 @@ from fsdpviz.analysis.labels import (
     has_unit_labels,
     parse_labels,
 )
+from fsdpviz.analysis.memory import MemoryModel
 from fsdpviz.analysis.overlap import cpu_sets, gpu_sets
 from fsdpviz.analysis.packed import Packed, concat_packed, pack, release_freed_memory
 from fsdpviz.analysis.profiler_cost import ProfilerCost
@@ -78,7 +80,10 @@ class RunAnalysis:
     step_times: pd.DataFrame  # schema.STEP_TIMES
     memory: pd.DataFrame  # schema.MEMORY: analysed device per rank, thinned with peaks kept
     memory_peaks: pd.DataFrame  # schema.MEMORY_PEAKS
-    memory_model: dict[str, Any]  # see memory.memory_model; plus measured_peak_bytes
+    memory_model: MemoryModel | None  # the ZeRO arithmetic beside the measured categories
+    memory_categories: pd.DataFrame  # memory_categories.CATEGORY_LEVELS at the curve's samples
+    category_peaks: pd.DataFrame  # memory_categories.CATEGORY_PEAKS: each step's and unit pass's peak
+    sharded_state: dict[int, mcat.ShardedState]  # per rank, what the units' shards come to (known sizes only)
     clock: pd.DataFrame  # schema.CLOCK
     skew: pd.DataFrame  # schema.SKEW
     findings: pd.DataFrame  # schema.FINDINGS, most time lost first
@@ -177,6 +182,9 @@ class RankPart:
     unit_steps: pd.DataFrame  # schema.UNIT_STEPS, analysed steps, peaks filled in
     memory: pd.DataFrame  # schema.MEMORY: the analysed device, thinned with peaks kept
     memory_peaks: pd.DataFrame  # schema.MEMORY_PEAKS
+    memory_categories: pd.DataFrame  # memory_categories.CATEGORY_LEVELS at the curve's samples, unsplit
+    category_peaks: pd.DataFrame  # memory_categories.CATEGORY_PEAKS, unsplit
+    memory_facts: pd.DataFrame  # memory_categories.MEMORY_FACTS
     step_times: pd.DataFrame  # schema.STEP_TIMES, late_ns still 0
 
     def compact(self, *, keep_labels: bool) -> RankPart:
@@ -191,7 +199,7 @@ class RankPart:
 
 
 PART_TABLES: Final = ("labels", "windows", "spans", "collectives", "gathers", "unit_steps", "memory",
-                      "memory_peaks", "step_times")
+                      "memory_peaks", "memory_categories", "category_peaks", "memory_facts", "step_times")
 
 
 def _wanted(selection: StepSelection, ranks: Sequence[int]) -> dict[int, set[int] | None]:
@@ -235,6 +243,9 @@ def analyse_ranks(traces: TraceSet, ranks: Sequence[int], selection: StepSelecti
         else traces.memory
     devices = memory.main_devices(mem_samples)
     peaks, curves, times = [], [], []
+    cat_curves: list[pd.DataFrame] = []
+    cat_peaks: list[pd.DataFrame] = []
+    facts: list[dict[str, Any]] = []
     # Each table split by rank once (not one full scan per rank: 64 ranks x 6 tables add up).
     by_rank = {name: _rank_parts(frame) for name, frame in (
         ("steps", traces.steps), ("windows", ut.windows), ("pieces", _in_steps(ut.pieces, wanted)),
@@ -242,27 +253,48 @@ def analyse_ranks(traces: TraceSet, ranks: Sequence[int], selection: StepSelecti
     for rank in chosen_ranks:
         rank_steps = by_rank["steps"](rank)
         rank_windows = by_rank["windows"](rank)
+        rank_events = events.iloc[event_rows.get(rank, [])]
         wanted_steps = wanted[rank]
         chosen = rank_steps if wanted_steps is None else rank_steps[rank_steps["step"].isin(list(wanted_steps))]
         if rank in devices:
             samples = memory.device_samples(mem_samples, rank, devices[rank])
+            where = mcat.sites(by_rank["labels"](rank), rank_windows, rank_events)
+            cats = mcat.categorise(samples, where)
+            facts.append({"rank": rank, "persistent_bytes": cats.persistent, "reduced_bytes": cats.reduced_bytes,
+                          "reductions": cats.reductions, "optimizer_class": where.optimizer_class})
             mine = (us["rank"] == rank).to_numpy()
             if mine.any() and len(rank_windows):
                 # per window, then the highest per step, unit and phase: under gradient accumulation
                 # a phase has one window per micro-batch, and the time between them is not the unit's
                 key = ["step", "unit", "phase"]
-                peak = pd.Series(memory.window_peaks(samples, rank_windows["start_ns"].to_numpy(),
-                                                     rank_windows["end_ns"].to_numpy()),
-                                 index=pd.MultiIndex.from_frame(rank_windows[key])).groupby(level=key).max()
+                at = memory.window_peak_positions(samples, rank_windows["start_ns"].to_numpy(),
+                                                  rank_windows["end_ns"].to_numpy())
+                values = samples["allocated_bytes"].to_numpy(np.int64)
+                best = (rank_windows[key].assign(at=at, v=np.where(at >= 0, values[np.clip(at, 0, None)], -1))
+                        .sort_values("v", ascending=False, kind="stable").drop_duplicates(key))
+                peak = best.set_index(key)["v"]
                 found = peak.reindex(pd.MultiIndex.from_frame(us.loc[mine, key])).fillna(-1)
                 us.loc[mine, "peak_allocated_bytes"] = found.to_numpy(dtype=np.int64)
-            peaks.append(memory.step_peaks(samples, chosen, rank_windows, devices[rank], ancestors))
+                best = best[(best["at"] >= 0).to_numpy() & best["step"].isin(
+                    list(wanted_steps) if wanted_steps is not None else best["step"]).to_numpy()]
+                cat_peaks.append(_category_rows(rank, samples, cats, best["at"].to_numpy(np.int64),
+                                                best["step"].to_numpy(), best["unit"].astype(str).to_numpy(),
+                                                best["phase"].astype(str).to_numpy()))
+            step_peaks = memory.step_peaks(samples, chosen, rank_windows, devices[rank], ancestors)
+            peaks.append(step_peaks)
+            if len(step_peaks):
+                t = samples["t_ns"].to_numpy(np.int64)
+                at = np.searchsorted(t, step_peaks["peak_t_ns"].to_numpy(np.int64), side="left")
+                cat_peaks.append(_category_rows(rank, samples, cats, at, step_peaks["step"].to_numpy(),
+                                                np.full(len(at), "", dtype=object), np.full(len(at), "", dtype=object)))
             analysed_steps = selection.of(rank)
             if analysed_steps is not None and analysed_steps.steps:
-                curves.append(memory.curve(samples, analysed_steps.start_ns, analysed_steps.end_ns))
+                drawn = memory.curve(samples, analysed_steps.start_ns, analysed_steps.end_ns)
             else:
-                curves.append(memory.curve(samples))
-        rank_events = events.iloc[event_rows.get(rank, [])]
+                drawn = memory.curve(samples)
+            curves.append(drawn)
+            kept = drawn.index.to_numpy(np.int64)  # positions: device_samples numbers its rows from 0
+            cat_curves.append(mcat.levels_frame(rank, samples["t_ns"].to_numpy(np.int64)[kept], cats.levels[kept]))
         times.append(_step_times(rank, chosen, by_rank["pieces"](rank), by_rank["labels"](rank), rank_events,
                                  by_rank["collectives"](rank), compute.get(rank, empty_intervals()), rank_windows))
     shared = labels[((labels["family"] == FAMILY_FSDPVIZ)
@@ -274,7 +306,22 @@ def analyse_ranks(traces: TraceSet, ranks: Sequence[int], selection: StepSelecti
                     spans=_in_steps(ut.spans, wanted), collectives=ut.collectives, gathers=ut.gathers,
                     unit_steps=_in_steps(us, wanted),
                     memory=_concat(curves, schema.MEMORY), memory_peaks=_concat(peaks, schema.MEMORY_PEAKS),
+                    memory_categories=_concat(cat_curves, mcat.CATEGORY_LEVELS),
+                    category_peaks=_concat(cat_peaks, mcat.CATEGORY_PEAKS),
+                    memory_facts=schema.conform(pd.DataFrame(facts), mcat.MEMORY_FACTS) if facts
+                    else schema.make_empty(mcat.MEMORY_FACTS),
                     step_times=_concat(times, schema.STEP_TIMES))
+
+
+def _category_rows(rank: int, samples: pd.DataFrame, cats: mcat.Categorised, at: np.ndarray, steps: np.ndarray,
+                   units: np.ndarray, phases: np.ndarray) -> pd.DataFrame:
+    """CATEGORY_PEAKS rows: the categories at sample positions ``at`` (a step's or a unit pass's peak)."""
+    out = pd.DataFrame({"rank": rank, "step": steps, "unit": units, "phase": phases,
+                        "t_ns": samples["t_ns"].to_numpy(np.int64)[at],
+                        "allocated_bytes": samples["allocated_bytes"].to_numpy(np.int64)[at]})
+    for k, c in enumerate(mcat.CATEGORIES):
+        out[c] = cats.levels[at, k]
+    return schema.conform(out, mcat.CATEGORY_PEAKS, table="category peaks")
 
 
 def analyze_run(traces: TraceSet, *, steps: Sequence[int] | None = None,
@@ -352,6 +399,9 @@ def combine_parts(parts: Sequence[RankPart], traces: TraceSet, selection: StepSe
     step_labels = _shift(labels, offsets, ("start_ns", "end_ns"))
     us = _shift(us, offsets, _UNIT_TIME_COLS)
     mem_curve = _shift(_frame_of(parts, "memory", schema.MEMORY), offsets, ("t_ns",))
+    cat_curve = _shift(_frame_of(parts, "memory_categories", mcat.CATEGORY_LEVELS), offsets, ("t_ns",))
+    cat_peaks = _shift(_frame_of(parts, "category_peaks", mcat.CATEGORY_PEAKS), offsets, ("t_ns",))
+    facts = _frame_of(parts, "memory_facts", mcat.MEMORY_FACTS)
     peaks_t = _shift(_frame_of(parts, "memory_peaks", schema.MEMORY_PEAKS), offsets, ("peak_t_ns",))
     step_times = _shift(_frame_of(parts, "step_times", schema.STEP_TIMES), offsets, ("start_ns", "end_ns"))
     skew = schema.make_empty(schema.SKEW)
@@ -368,7 +418,20 @@ def combine_parts(parts: Sequence[RankPart], traces: TraceSet, selection: StepSe
         if has_units else traces.units
     stats = unit_stats(us, units)
     gpu = bool(traces.ranks["n_kernels"].sum() > 0)
-    model = _model(stats, traces, units, peaks_t, gathers, gpu)
+    shards, shards_source = memory.shard_sizes(traces.run.units if traces.run else None, gathers,
+                                               len(traces.rank_ids), traces.world_size) if has_units \
+        else ({}, "world_size")
+    fact_rows = facts.to_dict(orient="records")
+    states = {int(f["rank"]): mcat.sharded_state(units, shards, traces.world_size, int(f["reduced_bytes"]))
+              for f in fact_rows}
+    split = {int(f["rank"]): mcat.split_persistent(
+        int(f["persistent_bytes"]), states[int(f["rank"])], str(f["optimizer_class"]),
+        gradients_kept=int(f["reductions"]) > 0 and int(f["reduced_bytes"]) == 0) for f in fact_rows}
+    cat_curve, cat_peaks = mcat.apply_split(cat_curve, split), mcat.apply_split(cat_peaks, split)
+    optimizer = sorted({str(c) for c in facts["optimizer_class"] if str(c)})
+    model = _model(stats, units, peaks_t, gpu, shards, shards_source,
+                   [s for s in states.values() if s is not None], optimizer[0] if len(optimizer) == 1 else "",
+                   traces.world_size)
     step_ns = float(step_times["step_ns"].median()) if len(step_times) else float("nan")
     findings = build_findings(us, spans, step_times, step_ns, framework,
                               profiler=profiler, idle_ns=idle_ns)
@@ -377,23 +440,28 @@ def combine_parts(parts: Sequence[RankPart], traces: TraceSet, selection: StepSe
         framework=framework, world_size=traces.world_size, ranks=ranks, steps=sorted(analysed),
         has_units=has_units, units=units, spans=spans, windows=pass_windows, labels=step_labels, unit_steps=us,
         unit_stats=stats, step_times=step_times, memory=mem_curve, memory_peaks=peaks_t, memory_model=model,
+        memory_categories=cat_curve, category_peaks=cat_peaks,
+        sharded_state={r: st for r, st in states.items() if st is not None},
         clock=clock, skew=skew, findings=findings, notes=_notes(has_units, clock, shared),
     )
 
 
-def _model(stats: pd.DataFrame, traces: TraceSet, units: pd.DataFrame, peaks: pd.DataFrame,
-           gathers: pd.DataFrame, gpu: bool) -> dict[str, Any]:
-    """``units``: the run's units (run.json's, completed from the trace); ``gathers``: every
-    collective's rank and pg, with the unit of all-gathers ("" for others)."""
+def _model(stats: pd.DataFrame, units: pd.DataFrame, peaks: pd.DataFrame, gpu: bool, shards: dict[str, int],
+           shards_source: str, states: list[mcat.ShardedState], optimizer_class: str,
+           world_size: int) -> MemoryModel | None:
+    """The memory model of the run's units (run.json's, completed from the trace), their shard groups
+    and what the ranks' categories measured (bytes per sharded element, the optimizer's class)."""
     if stats.empty:
-        return {}
+        return None
     elem, measured = memory.element_bytes(units, 2 if gpu else 4)
-    shards, source = memory.shard_sizes(traces.run.units if traces.run else None, gathers, len(traces.rank_ids),
-                                        traces.world_size)
-    model = memory.memory_model(stats.set_index("unit")["param_bytes"], traces.world_size, elem,
-                                measured_elem=measured, unit_shards=shards, shards_source=source)
-    if model and len(peaks):
-        model["measured_peak_bytes"] = int(peaks["peak_allocated_bytes"].max())
+    sharded = [s.bytes_per_element for s in states if s.measured]
+    model = memory.memory_model(
+        stats.set_index("unit")["param_bytes"], world_size, elem, measured_elem=measured,
+        sharded_elem_bytes=max(set(sharded), key=sharded.count) if sharded else None,
+        optimizer_states=mcat.OPTIMIZER_STATES.get(optimizer_class), optimizer_class=optimizer_class,
+        unit_shards=shards, shards_source=shards_source)
+    if model is not None and len(peaks):
+        model.measured_peak_bytes = int(peaks["peak_allocated_bytes"].max())
     return model
 
 

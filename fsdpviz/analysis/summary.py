@@ -26,6 +26,7 @@ import pandas as pd
 
 from fsdpviz.analysis.completeness import gap_notes
 from fsdpviz.analysis.framework import framework_notes
+from fsdpviz.analysis.memory_categories import PeakCategories, peak_categories, unit_peak_categories
 from fsdpviz.analysis.profiler_cost import ProfilerCost, unit_pass_ms
 from fsdpviz.analysis.records import (
     NO_COMMUNICATION,
@@ -81,6 +82,12 @@ class MemorySummary(msgspec.Struct, kw_only=True):
     peak_reserved_bytes: int | None
     device: str | None
     per_rank: dict[str, RankMemory]
+    categories: dict[str, int] | None = None
+    """At the highest peak of the analysed steps (``categories_at``), the bytes of each category
+    (memory_categories.CATEGORIES; they add up to the peak); None without unit labels or samples."""
+    categories_at: PeakCategories | None = None
+    model: dict[str, Any] | None = None
+    """The ZeRO arithmetic beside the measured categories (memory.MemoryModel)."""
 
 
 class Summary(msgspec.Struct, kw_only=True):
@@ -159,6 +166,8 @@ def summary_of(result: RunResult) -> Summary:
                                          backward_timer_ms=timed.get((u.name, "backward")))
                  for u in summary_records(analysis.unit_stats, analysis.units)]
         findings = finding_entries(analysis.findings)
+        unit_peaks = unit_peak_categories(analysis.category_peaks)
+        units = [msgspec.structs.replace(u, peak_categories=unit_peaks.get(u.name)) for u in units]
         if not units:
             notes.append(Note(NO_UNITS_FOUND, "no FSDP unit was found in the analysed steps, so units is empty"))
     size_sources = sorted({u.size_source for u in units if u.size_source})
@@ -167,7 +176,7 @@ def summary_of(result: RunResult) -> Summary:
         step_time_ms=cost.unprofiled_step_ms if cost is not None else traced_ms,
         step_time_source=STEP_TIME_TIMERS if cost is not None else STEP_TIME_TRACE, traced_step_time_ms=traced_ms,
         profiler=cost, overlap=_overlap_summary(overlap),
-        memory=_memory_summary(traces, analysed), units=units,
+        memory=_with_categories(_memory_summary(traces, analysed), result), units=units,
         units_source="+".join(size_sources) if size_sources else None, device=_device(overlap),
         sources=list(traces.sources), run_dir=traces.run_dir, notes=notes, missing_ranks=traces.missing_ranks,
         skipped_events=sum(traces.skipped_events.values()), findings=findings,
@@ -259,6 +268,25 @@ def _memory_summary(traces: TraceSet, analysed: dict[int, AnalysedSteps | None])
     return MemorySummary(peak_allocated_bytes=int(mem["allocated_bytes"].max()),
                          peak_reserved_bytes=int(reserved.max()) if tracked else None,
                          device="gpu" if on_gpu.any() else "cpu", per_rank=per_rank)
+
+
+def _with_categories(mem: MemorySummary, result: RunResult) -> MemorySummary:
+    """``mem`` with the categories at the run's highest step peak and the memory model, where the
+    per-unit analysis has them."""
+    if not result.has_units:
+        return mem
+    analysis = result.analysis
+    model = analysis.memory_model.to_json() if analysis.memory_model is not None else None
+    steps = analysis.category_peaks[(analysis.category_peaks["unit"].astype(str) == "").to_numpy()]
+    if steps.empty:
+        return msgspec.structs.replace(mem, model=model)
+    top = peak_categories(steps.sort_values("allocated_bytes", ascending=False, kind="stable").iloc[0].to_dict())
+    # the unit pass whose window holds that instant, as the step's peak names it
+    peaks = analysis.memory_peaks
+    at = peaks[((peaks["rank"] == top.rank) & (peaks["step"] == top.step)).to_numpy()]
+    if len(at):
+        top = msgspec.structs.replace(top, unit=str(at["unit"].iat[0]), phase=str(at["phase"].iat[0]))
+    return msgspec.structs.replace(mem, categories=dict(top.categories), categories_at=top, model=model)
 
 
 def _notes(traces: TraceSet, overlap: pd.DataFrame, selection: StepSelection, framework: str) -> list[Note]:

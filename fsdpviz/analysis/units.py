@@ -17,6 +17,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 
+from fsdpviz.analysis.memory_categories import PeakCategories
 from fsdpviz.trace import comms, schema
 
 NS_PER_MS = 1e6
@@ -209,6 +210,9 @@ class UnitSummary(msgspec.Struct, kw_only=True):
     size_source: str = ""
     """Where ``param_numel`` / ``param_bytes`` come from: ``run.json`` (the framework's objects, as
     ``fsdpviz record`` read them), ``trace`` (the unit's all-gathers' arguments), "" (unknown)."""
+    peak_categories: PeakCategories | None = None
+    """At the unit's highest window peak (over ranks, steps and phases), what the allocated level
+    held by category (summary.PeakCategories); None without memory samples."""
 
     def metric(self, key: str) -> float | int | None:
         """A number by its JSON key (compare sums them over unit groups)."""

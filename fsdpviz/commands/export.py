@@ -67,7 +67,7 @@ def export(
     tables = export_tables(traces if run.events_kept else run.detail(), analysis)
     manifest = {
         "framework": analysis.framework, "world_size": analysis.world_size, "ranks": analysis.ranks,
-        "steps": analysis.steps, "format": fmt, "memory_model": analysis.memory_model,
+        "steps": analysis.steps, "format": fmt, "memory_model": analysis.memory_model.to_json() if analysis.memory_model else {},
         "notes": [n.text for n in analysis.notes], "sources": list(traces.sources),
     }
     try:

@@ -183,6 +183,18 @@ def _rows(baseline: Outcome, predicted: Outcome) -> list[tuple[str, str, str, st
     return rows
 
 
+def category_changes(baseline: Outcome, predicted: Outcome, *, min_bytes: int = 1 << 20) -> list[str]:
+    """What the predicted peak holds that the recorded one did not, category by category (those
+    that change by at least ``min_bytes``), e.g. ``unsharded parameters 100.1 -> 772.4 MiB``."""
+    from fsdpviz.analysis.memory_categories import CATEGORIES, TITLES
+
+    before, after = baseline.memory_categories, predicted.memory_categories
+    if not before or not after:
+        return []
+    return [f"{TITLES[c]} {before[c] / (1 << 20):,.1f} -> {after[c] / (1 << 20):,.1f} MiB"
+            for c in CATEGORIES if abs(after[c] - before[c]) >= min_bytes]
+
+
 def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> None:
     widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
     for row in (header, *rows):
@@ -195,10 +207,15 @@ def print_prediction(prediction: Prediction, run: str, framework: str, world_siz
     ``profiler``: what the profiler cost the recording (the recorded step is then the unprofiled one)."""
     settings = prediction.settings
     typer.echo(f"{run}: {framework}, {world_size} rank(s) on {device}; predicting {settings.describe()}")
+    for figure in prediction.assumed:
+        typer.echo(f"assumed: {figure}")
     if profiler is not None:
         typer.echo(f"recorded step time: the unprofiled steps (timers); the profiled steps ran "
                    f"{profiler.slowdown:.2f}x as long ({profiler.profiled_step_ms:,.2f} ms)")
     _table(("", "recorded", "predicted", "change"), _rows(prediction.baseline, prediction.predicted))
+    changes = category_changes(prediction.baseline, prediction.predicted)
+    if changes:
+        typer.echo("  peak by category: " + "; ".join(changes))
     typer.echo("")
     typer.echo("predicted per unit (ms per step; medians over ranks and steps)")
     _table(("unit", "all-gather", "forward", "backward", "reduce-scatter", "exposed"),

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from fsdpviz.analysis import memory as analysis_memory
+from fsdpviz.analysis.memory import MemoryModel
 from fsdpviz.analysis.records import NO_UNIT_LABELS
 from fsdpviz.errors import FsdpvizError, UsageError
 from fsdpviz.report.steps import data as steps_data
@@ -56,7 +57,7 @@ class ReportData:
     findings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     unit_tables: UnitTables | None = None  # per-unit section (unittable.unit_tables)
-    memory_model: dict[str, Any] = field(default_factory=dict)  # RunAnalysis.memory_model
+    memory_model: MemoryModel | None = None  # RunAnalysis.memory_model
     skew: pd.DataFrame | None = None  # schema.SKEW
     rank_step_times: pd.DataFrame | None = None  # schema.STEP_TIMES (where each rank's step went)
     timers: pd.DataFrame = field(default_factory=pd.DataFrame)  # schema.TIMERS (every step)
@@ -221,6 +222,7 @@ def prepare_report(run: RunResult, *, max_segments: int = MAX_PAGE_SEGMENTS,
     per_view = max(1_000, max_segments // max(len(choices) + int(with_events), 1))
     tabs: list[StepView] = []
     peak_samples = _main_device_samples(aligned.memory) if has_units else aligned.memory
+    category_rank = _category_rank(curve, memory_ranks)
     for i, choice in enumerate(choices):
         exposed = exposed_intervals(aligned, overlap, choice.step, gantt_ranks)
         if has_units:
@@ -233,6 +235,10 @@ def prepare_report(run: RunResult, *, max_segments: int = MAX_PAGE_SEGMENTS,
         if not has_units or (i == 0 and with_events):
             tabs.append(events_view(aligned, overlap, choice, max_segments=per_view, memory_ranks=memory_ranks,
                                    ranks=gantt_ranks, exposed=exposed, memory_curve=curve))
+    if category_rank >= 0:
+        for view in tabs:
+            view.categories = memory.category_curve(analysis.memory_categories, view.choice, category_rank)
+            view.category_rank = category_rank
     if len(memory_ranks) < curve["rank"].nunique():
         notes.append(f"Memory curves show {len(memory_ranks)} of {curve['rank'].nunique()} ranks: "
                      "rank 0 and the ranks with the highest peaks.")
@@ -247,7 +253,7 @@ def prepare_report(run: RunResult, *, max_segments: int = MAX_PAGE_SEGMENTS,
         unit_tables=unit_tables(stats, colors, {u.name: (u.forward_timer_ms, u.backward_timer_ms)
                                                 for u in summary.units})
         if has_units and not stats.empty else None,
-        memory_model=dict(analysis.memory_model or {}),
+        memory_model=analysis.memory_model,
         skew=analysis.skew, rank_step_times=analysis.step_times, timers=traces.timers,
         segment_count=sum(len(v.segments) + len(v.exposed) for v in tabs),
         predictions=load_predictions(traces.run_dir),
@@ -261,3 +267,11 @@ def _main_device_samples(samples: pd.DataFrame) -> pd.DataFrame:
     devices = analysis_memory.main_devices(samples)
     return samples[samples["device"].astype(str).to_numpy()
                    == samples["rank"].map(devices).astype(str).to_numpy()]
+
+
+def _category_rank(curve: pd.DataFrame, memory_ranks: Sequence[int]) -> int:
+    """Of the ranks whose memory is drawn, the one with the highest peak (-1: none)."""
+    drawn = curve[curve["rank"].isin(list(memory_ranks)).to_numpy()]
+    if drawn.empty:
+        return -1
+    return int(drawn["rank"].to_numpy()[int(drawn["allocated_bytes"].to_numpy().argmax())])

@@ -28,6 +28,12 @@ COMPUTE_COLOR: Final = "#4c78a8"
 OTHER_COLOR: Final = "#9d9d9d"
 ALLOCATED_COLOR: Final = "#1f77b4"
 RESERVED_COLOR: Final = "#7f7f7f"
+# memory categories (fsdpviz.analysis.memory_categories.CATEGORIES), stacked bottom to top
+MEMORY_CATEGORY_COLORS: Final = {
+    "sharded_params": "#3b5b92", "optimizer_state": "#7b9fd6", "gradients": "#9467bd",
+    "unsharded_params": "#2ca02c", "unsharded_grads": "#c5b0d5", "comm_buffers": "#f58518",
+    "activations": "#e6c229", "other": "#b0b0b0",
+}
 # Backward spans are hatched so that phase reads without relying on colour.
 PHASE_HATCH: Final = {"forward": " ", "backward": "/", "optimizer": "."}
 

@@ -82,6 +82,7 @@ class EventArgs(msgspec.Struct, gc=False):
     alloc_bytes: Int64 | None = msgspec.field(default=None, name="Bytes")
     device_type: Int64 | None = msgspec.field(default=None, name="Device Type")
     device_id: Int64 | None = msgspec.field(default=None, name="Device Id")
+    addr: Int64 | None = msgspec.field(default=None, name="Addr")
 
 
 class TraceEvent(msgspec.Struct, gc=False):

@@ -80,6 +80,7 @@ _TOTAL_RESERVED = attrgetter("total_reserved")
 _ALLOC_BYTES = attrgetter("alloc_bytes")
 _DEVICE_TYPE = attrgetter("device_type")
 _DEVICE_ID = attrgetter("device_id")
+_ADDR = attrgetter("addr")
 _INSTANT_PHASES = frozenset({"i", "I"})
 _COLLECTIVE_NAME = attrgetter("collective")
 _PG_NAME = attrgetter("pg_name")
@@ -135,6 +136,7 @@ class MemorySamples:
     allocated: list[np.ndarray] = field(default_factory=list)
     reserved: list[np.ndarray] = field(default_factory=list)
     delta: list[np.ndarray] = field(default_factory=list)
+    addr: list[np.ndarray] = field(default_factory=list)  # the block's address (-1: not recorded)
     device: list[np.ndarray] = field(default_factory=list)  # codes into ``devices``
     devices: dict[tuple[int | None, int], int] = field(default_factory=dict)  # (type, id) -> code
 
@@ -292,6 +294,7 @@ class EventColumns:
         mem.allocated.append(allocated)
         mem.reserved.append(_ints(args, _TOTAL_RESERVED, -1))
         mem.delta.append(_ints(args, _ALLOC_BYTES, 0))
+        mem.addr.append(_ints(args, _ADDR, -1))
         types = list(map(_DEVICE_TYPE, args))
         ids = list(map(_DEVICE_ID, args))
         one_type, one_id = set(types), set(ids)

@@ -102,7 +102,7 @@ def memory_frame(per_rank: Sequence[RankColumns]) -> pd.DataFrame:
         "rank": np.repeat(np.array([r.rank_id for r in per_rank], dtype=np.int32), counts),
         "device": pd.Categorical.from_codes(codes, categories=pd.Index(devices)).astype("string"),
     }
-    for col in ("t_ns", "allocated_bytes", "reserved_bytes", "delta_bytes"):
+    for col in ("t_ns", "allocated_bytes", "reserved_bytes", "delta_bytes", "addr"):
         columns[col] = _concat([r.memory.pop(col) for r in per_rank])
     return schema.conform(pd.DataFrame(columns, copy=False), schema.MEMORY, table="memory")
 

@@ -364,6 +364,7 @@ def _memory(samples: MemorySamples, base_ns: int) -> tuple[dict[str, np.ndarray]
         "allocated_bytes": joined(samples.allocated, np.int64),
         "reserved_bytes": joined(samples.reserved, np.int64),
         "delta_bytes": joined(samples.delta, np.int64),
+        "addr": joined(samples.addr, np.int64),
     }
     return {k: v[order] for k, v in memory.items()}, [_device_label(t, i) for t, i in samples.devices]
 

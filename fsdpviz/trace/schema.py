@@ -148,6 +148,7 @@ MEMORY: Final[Schema] = {
     "allocated_bytes": "int64",
     "reserved_bytes": "int64",
     "delta_bytes": "int64",  # the allocation (+) or free (-) that produced this sample
+    "addr": "int64",  # the block allocated or freed (-1: not recorded): pairs a free with its allocation
 }
 
 # One row per source trace file (one per rank).

@@ -19,6 +19,7 @@ from fsdpviz.errors import UsageError
 from fsdpviz.naming import ROOT_UNIT
 from fsdpviz.whatif import comm as comm_model
 from fsdpviz.whatif import program as prog
+from fsdpviz.whatif.memory import MemoryChange, MemorySetting, predict_step
 from fsdpviz.whatif.recording import Gather, Recording, StepProgram, read_recording
 from fsdpviz.whatif.settings import DEFAULT, GIVEN, RECORDED, Settings, Wrap
 from fsdpviz.whatif.simulate import SimResult, run
@@ -56,11 +57,12 @@ class Outcome:
     compute_ms: float
     peak_allocated_bytes: int | None
     units: list[UnitOutcome]
+    memory_categories: dict[str, int] | None = None  # what the peak holds (memory_categories.CATEGORIES)
 
     def to_json(self) -> dict[str, Any]:
         return {"step_time_ms": self.step_time_ms, "exposed_comm_ms": self.exposed_comm_ms, "comm_ms": self.comm_ms,
                 "compute_ms": self.compute_ms, "peak_allocated_bytes": self.peak_allocated_bytes,
-                "units": [u.to_json() for u in self.units]}
+                "memory_categories": self.memory_categories, "units": [u.to_json() for u in self.units]}
 
 
 @dataclass(slots=True)
@@ -85,12 +87,14 @@ class Prediction:
     replay: list[SimResult]
     simulated: list[SimResult]
     steps: list[StepProgram]
+    memory: list[MemoryChange | None] = field(default_factory=list)  # per step, the memory model's answer
+    assumed: list[str] = field(default_factory=list)  # figures neither the recording nor the user gave
 
     def to_json(self) -> dict[str, Any]:
         predicted = self.predicted.to_json()
         predicted["settings"] = self.settings.to_json()
         return {"baseline": self.baseline.to_json(), "predicted": predicted,
-                "replay_error_pct": round(self.replay_error_pct, 2), "notes": self.notes}
+                "replay_error_pct": round(self.replay_error_pct, 2), "assumed": self.assumed, "notes": self.notes}
 
 
 def read_model(result: RunResult, ranks: Sequence[int] | None = None) -> Model:
@@ -158,7 +162,14 @@ def predict(model: Model, settings: Settings) -> Prediction:
     simulated = [run(prog.build(rec, s, _for_program(full), model.comm, model.gathers), rec.device == "gpu")
                  for s in rec.steps]
     baseline = _baseline(model)
-    predicted = _predicted(model, simulated, baseline, full)
+    setting = memory_setting(rec, full)
+    memory = [predict_step(s.memory_by_category, setting) if s.memory_by_category is not None else None
+              for s in rec.steps]
+    known = [m for m in memory if m is not None]
+    if known:
+        recorded_top = max(zip(rec.steps, memory), key=lambda sm: sm[0].peak_bytes if sm[1] is not None else -1)[1]
+        baseline.memory_categories = recorded_top.recorded_categories if recorded_top is not None else None
+    predicted = _predicted(model, simulated, baseline, full, memory)
     recorded_mean = statistics.fmean(s.step_ns for s in rec.steps)
     replay_mean = statistics.fmean(r.step_ns for r in model.replays)
     notes = list(dict.fromkeys(n for r in simulated for n in r.notes))
@@ -168,7 +179,8 @@ def predict(model: Model, settings: Settings) -> Prediction:
                      f"({', '.join(map(str, model.sampled))}): the run is too large to hold every rank's events")
     return Prediction(baseline=baseline, predicted=predicted, settings=full,
                       replay_error_pct=100.0 * abs(replay_mean - recorded_mean) / recorded_mean if recorded_mean else 0.0,
-                      notes=notes, replay=model.replays, simulated=simulated, steps=rec.steps)
+                      notes=notes, replay=model.replays, simulated=simulated, steps=rec.steps, memory=memory,
+                      assumed=assumed(full, rec))
 
 
 def _for_program(settings: Settings) -> Settings:
@@ -197,8 +209,12 @@ def _filled(settings: Settings, rec: Recording) -> Settings:
         values["gpus_per_node"] = rec.ranks_per_host
         sources["gpus_per_node"] = RECORDED
     if sources.get("inter_node_gbps") != GIVEN:
-        values["inter_node_gbps"] = comm_model.DEFAULT_INTER_HOST_GBPS[rec.device]
-        sources["inter_node_gbps"] = DEFAULT
+        if rec.ranks_per_host < rec.world_size:  # the recorded collectives crossed hosts: their own bandwidth
+            values["inter_node_gbps"] = 0.0
+            sources["inter_node_gbps"] = RECORDED
+        else:
+            values["inter_node_gbps"] = comm_model.DEFAULT_INTER_HOST_GBPS[rec.device]
+            sources["inter_node_gbps"] = DEFAULT
     return replace(settings, sources=sources, **values)
 
 
@@ -207,13 +223,24 @@ def _assumptions(settings: Settings, rec: Recording) -> list[str]:
     world = settings.world_size
     if world != rec.world_size:
         notes.append(f"world size {rec.world_size} -> {world}: ring collectives move (N-1)/N of the unsharded bytes "
-                     "per rank; the allocated level at the start of a step (sharded parameters, gradients and "
-                     "optimizer state) is taken to scale with 1/N")
-        if world > settings.gpus_per_node:
-            notes.append(f"{world} ranks at {settings.gpus_per_node} per host: collectives cross hosts at "
-                         f"{settings.inter_node_gbps:g} GB/s per rank ({settings.sources.get('inter_node_gbps')}"
-                         "; --inter-node-gbps to change)")
+                     "per rank; the sharded parameters, gradients and optimizer state scale with 1/N, the rest of "
+                     "memory stays")
+        if world > settings.gpus_per_node and settings.sources.get("inter_node_gbps") == RECORDED:
+            notes.append(f"{world} ranks at {settings.gpus_per_node} per host: collectives cross hosts at the "
+                         "bandwidth the recording's own cross-host collectives had")
     return notes
+
+
+def assumed(settings: Settings, rec: Recording) -> list[str]:
+    """Figures the prediction rests on that neither the recording nor the user gave (said in the
+    output's headline): the bandwidth between hosts when the setting crosses hosts the recording
+    did not."""
+    out = []
+    if (settings.world_size > settings.gpus_per_node and settings.sources.get("inter_node_gbps") == DEFAULT):
+        out.append(f"{settings.world_size} ranks at {settings.gpus_per_node} per host cross hosts, which the "
+                   f"recording did not: {settings.inter_node_gbps:g} GB/s per rank between hosts is assumed "
+                   "(--inter-node-gbps to give your fabric's)")
+    return out
 
 
 def _ms(ns: float) -> float:
@@ -242,7 +269,23 @@ def _baseline(model: Model) -> Outcome:
                    peak_allocated_bytes=max(peaks) if peaks else None, units=units)
 
 
-def _predicted(model: Model, simulated: list[SimResult], baseline: Outcome, settings: Settings) -> Outcome:
+def memory_setting(rec: Recording, settings: Settings) -> MemorySetting:
+    """What the memory model (:mod:`.memory`) reads of a filled-in setting."""
+    group = prog.group_units(rec, settings)
+    new_units = list(dict.fromkeys(group[u] for u in rec.units if u in group))
+    members = {n: [u for u in rec.units if group.get(u) == n] for n in new_units}
+    reshard = prog.unit_reshard(rec, settings, new_units, members)
+    world = settings.world_size or rec.world_size
+    return MemorySetting(
+        group=group, order=list(rec.units), reshard={u: reshard.get(group.get(u, u), True) for u in rec.units},
+        recorded_reshard=dict(rec.reshard_after_forward),
+        prefetch=settings.prefetch if settings.sources.get("prefetch") == GIVEN else "recorded",
+        scale=rec.world_size / world if world else 1.0,
+        drop_gather_buffers=rec.framework == "fsdp2" and world == 1 and rec.world_size > 1)
+
+
+def _predicted(model: Model, simulated: list[SimResult], baseline: Outcome, settings: Settings,
+               memory: list[MemoryChange | None]) -> Outcome:
     rec = model.recording
     replay = model.replays
 
@@ -251,15 +294,21 @@ def _predicted(model: Model, simulated: list[SimResult], baseline: Outcome, sett
 
     step = baseline.step_time_ms + moved(lambda r: r.step_ns) / 1e6
     peak = None
+    categories = None
     if baseline.peak_allocated_bytes is not None:
-        peak = max(s.peak_bytes + (n.peak_bytes - r.peak_bytes)
-                   for s, n, r in zip(rec.steps, simulated, replay) if s.peak_bytes >= 0)
+        known = [m for m in memory if m is not None]
+        if known:
+            top = max(known, key=lambda m: m.peak_bytes)
+            peak, categories = top.peak_bytes, top.categories
+        else:
+            peak = max(s.peak_bytes + (n.peak_bytes - r.peak_bytes) for s, n, r in zip(rec.steps, simulated, replay)
+                       if s.peak_bytes >= 0)
     units = _predicted_units(model, simulated, baseline, settings)
     return Outcome(step_time_ms=round(step, 3),
                    exposed_comm_ms=round(max(0.0, baseline.exposed_comm_ms + moved(lambda r: r.exposed_comm_ns) / 1e6), 3),
                    comm_ms=round(max(0.0, baseline.comm_ms + moved(lambda r: r.comm_ns) / 1e6), 3),
                    compute_ms=round(max(0.0, baseline.compute_ms + moved(lambda r: r.compute_ns) / 1e6), 3),
-                   peak_allocated_bytes=peak, units=units)
+                   peak_allocated_bytes=peak, units=units, memory_categories=categories)
 
 
 UNIT_FIELDS = ("all_gather", "forward", "backward", "reduce_scatter", "exposed_comm")

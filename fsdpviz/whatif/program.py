@@ -215,7 +215,7 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
     new_units: list[str] = list(dict.fromkeys(group[u] for u in rec.units if u in group))
     members: dict[str, list[str]] = {n: [u for u in rec.units if group.get(u) == n] for n in new_units}
     unit_bytes = {n: sum(max(0, rec.unit_bytes.get(u, 0)) for u in ms) for n, ms in members.items()}
-    reshard = _reshard(rec, settings, new_units, members)
+    reshard = unit_reshard(rec, settings, new_units, members)
     world = settings.world_size or rec.world_size
     where = Target(world_size=world, ranks_per_host=settings.gpus_per_node or rec.ranks_per_host,
                     inter_host_gbps=settings.inter_node_gbps or None)
@@ -457,7 +457,11 @@ def _prefetch_targets(recorded: dict[tuple[str, str, str], list[str]] | None, p:
     return []
 
 
-def _reshard(rec: Recording, settings: Settings, units: list[str], members: dict[str, list[str]]) -> dict[str, bool]:
+def unit_reshard(rec: Recording, settings: Settings, units: list[str],
+                 members: dict[str, list[str]]) -> dict[str, bool]:
+    """Per unit of the setting (``members``: the recorded units it holds), whether it reshards after
+    forward: the last ``keep_last_units`` and the root keep their parameters; else as set, else as
+    recorded."""
     out = {}
     kept = set([u for u in units if u != ROOT_UNIT][-settings.keep_last_units:]) if settings.keep_last_units > 0 else set()
     for unit in units:

@@ -36,6 +36,7 @@ import pandas as pd
 from pandas.core.groupby import DataFrameGroupBy
 
 from fsdpviz.analysis import crossrank
+from fsdpviz.analysis import memory_categories as mcat
 from fsdpviz.analysis.categorical import as_str
 from fsdpviz.analysis.intervals import (
     Intervals,
@@ -47,6 +48,7 @@ from fsdpviz.analysis.intervals import (
 from fsdpviz.analysis.labels import (
     COPY_OUT_ACTION,
     FAMILY_FSDP2,
+    FAMILY_FSDPVIZ,
     FSDP2_REDUCE_ACTION,
     FSDPVIZ_REDUCE_ACTION,
     GATHER_ACTION,
@@ -57,6 +59,7 @@ from fsdpviz.analysis.run import labels_of
 from fsdpviz.analysis.spans import gpu_work
 from fsdpviz.naming import ROOT_UNIT
 from fsdpviz.trace import schema
+from fsdpviz.whatif.memory import StepMemory, step_memory
 
 FORWARD: Final = schema.PHASE_FORWARD
 BACKWARD: Final = schema.PHASE_BACKWARD
@@ -168,6 +171,7 @@ class StepProgram:
     comm_exposed_ns: int = 0
     comm_ns: int = 0
     start_ns: int = 0  # where the step starts in the analysis' (aligned) time
+    memory_by_category: StepMemory | None = None  # what the memory model reads (None: no samples)
 
 
 @dataclass(slots=True)
@@ -239,13 +243,22 @@ def read_recording(result: RunResult, ranks: Sequence[int] | None = None) -> Rec
     by = {name: frame.groupby("rank", sort=True) for name, frame in (
         ("spans", analysis.spans), ("windows", analysis.windows), ("labels", labels),
         ("events", events), ("steps", steps), ("times", analysis.step_times))}
+    gathered: dict[str, set[str]] = {}  # unit -> the phases its gather labels opened in
     for rank in analysis.ranks if ranks is None else [r for r in analysis.ranks if r in set(ranks)]:
         parts = {name: _group(g, rank) for name, g in by.items()}
+        _gather_label_phases(parts["labels"], parts["windows"], gathered)
         ev = parts["events"]
         clock = _busy_clock(ev, parts["spans"], host_lanes, rank, gpu)
         rank_work = work[work["rank"] == rank] if work is not None else None
         samples = device_samples(memory, rank, devices[rank]) if rank in devices else memory.iloc[:0]
         times = parts["times"].set_index("step") if len(parts["times"]) else None
+        cats = split = None
+        if len(samples):
+            where = mcat.sites(parts["labels"], parts["windows"], ev)
+            cats = mcat.categorise(samples, where)
+            split = mcat.split_persistent(cats.persistent, analysis.sharded_state.get(rank), where.optimizer_class,
+                                          gradients_kept=cats.reductions > 0 and cats.reduced_bytes == 0)
+        sample_t = samples["t_ns"].to_numpy(np.int64)
         for step in sorted(set(parts["windows"]["step"].tolist())):
             if times is None or step not in times.index:
                 continue
@@ -254,11 +267,15 @@ def read_recording(result: RunResult, ranks: Sequence[int] | None = None) -> Rec
                                  samples, gpu)
             program.comm_ns, program.comm_exposed_ns = int(row["comm_ns"]), int(row["exposed_comm_ns"])
             program.start_ns = int(row["start_ns"])
+            if cats is not None and split is not None:
+                step_windows = parts["windows"][(parts["windows"]["step"] == step).to_numpy()]
+                program.memory_by_category = step_memory(rank, step, int(row["start_ns"]), int(row["end_ns"]),
+                                                         sample_t, cats, split, step_windows)
             programs.append(program)
     return Recording(
         framework=analysis.framework, device="gpu" if gpu else "cpu", world_size=analysis.world_size,
         units=units, unit_bytes=_unit_bytes(result, units), modules=_unit_modules(result, units),
-        reshard_after_forward=_observed_reshard(_reshard(result, units), programs),
+        reshard_after_forward=_observed_reshard(_reshard(result, units), programs, gathered),
         prefetch=_recorded_prefetch(result),
         steps=programs, ranks_per_host=_ranks_per_host(result), cpu_count=_cpu_count(result),
     )
@@ -668,11 +685,29 @@ def _reshard(result: RunResult, units: list[str]) -> dict[str, bool]:
             for u in units}
 
 
-def _observed_reshard(declared: dict[str, bool], programs: list[StepProgram]) -> dict[str, bool]:
+def _gather_label_phases(labels: pd.DataFrame, windows: pd.DataFrame, out: dict[str, set[str]]) -> None:
+    """Add to ``out`` the phases in which each unit's own gather labels opened (in backward: at or
+    after the step's first backward window), so that a unit's resharding is seen also where no
+    collective ran (torch's fake process group)."""
+    rows = labels[(labels["action"].astype(str) == GATHER_ACTION).to_numpy()
+                  & labels["family"].isin([FAMILY_FSDP2, FAMILY_FSDPVIZ]).to_numpy()]
+    if rows.empty or windows.empty:
+        return
+    backward = windows[(windows["phase"] == BACKWARD).to_numpy()].groupby("step")["start_ns"].min()
+    first_backward = rows["step"].map(backward).to_numpy(dtype=np.float64)
+    late = np.nan_to_num(first_backward, nan=np.inf) <= rows["start_ns"].to_numpy(np.float64)
+    for unit, is_backward in zip(as_str(rows["unit"]), late.tolist()):
+        for u in unit.split(","):
+            out.setdefault(u, set()).add(BACKWARD if is_backward else FORWARD)
+
+
+def _observed_reshard(declared: dict[str, bool], programs: list[StepProgram],
+                      label_phases: dict[str, set[str]] | None = None) -> dict[str, bool]:
     """What the trace shows wins over what was declared: a unit gathered in forward and never in
     backward kept its parameters (ZeRO-3's persisted or still-available parameters, FSDP1's
-    ``SHARD_GRAD_OP``); one gathered in backward again resharded."""
-    phases: dict[str, set[str]] = {}
+    ``SHARD_GRAD_OP``); one gathered in backward again resharded. Gathers are the collectives, and
+    the units' gather labels (``label_phases``) where no collective ran."""
+    phases: dict[str, set[str]] = {u: set(p) for u, p in (label_phases or {}).items()}
     for program in programs:
         for g in program.gathers:
             phases.setdefault(g.unit, set()).add(g.phase)

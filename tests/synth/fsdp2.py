@@ -57,6 +57,9 @@ class Fsdp2Engine(Engine):
         self.unsharded: set[str] = set()
         self.last_copy_out: Any = None
         self.rs_states: list[tuple[Any, int]] = []  # (event time, reduce-scatter input bytes)
+        self.grad_pieces: dict[str, list[int]] = {}  # unit -> its unsharded gradients, as allocated
+        self.act_pieces: dict[str, list[int]] = {}  # unit -> its activations, as allocated
+        self.act_owed: dict[str, int] = {}  # unit -> activation bytes backward is done with, not yet freed
 
     def label(self, action: str, unit: str) -> str:
         return f"FSDP::{action}" if unit == ROOT else f"FSDP::{action} ({unit})"
@@ -144,15 +147,33 @@ class Fsdp2Engine(Engine):
                     grads = grad_bytes if k == 0 else 0
                 if grads:
                     self.mem(grads)
+                    self.grad_pieces.setdefault(unit, []).append(grads)
                 share = act_bytes // n_kernels + (act_bytes % n_kernels if k == n_kernels - 1 else 0)
-                if share:
-                    self.mem(share if phase == "forward" else -share)
+                if share and phase == "forward":
+                    self.mem(share)
+                    self.act_pieces.setdefault(unit, []).append(share)
+                elif share:
+                    self.free_activations(unit, share)
                 with self.range(name, cat="cpu_op", overhead_ns=0):
                     t_launch, start, end = self.launch(kernel, STREAM_COMPUTE, dur)
             first = start if first is None else first
             launched = t_launch if launched is None else launched
             last = end
         self.span(unit, phase, "compute", ("gpu", STREAM_COMPUTE), first, last, launched)
+
+    def free_activations(self, unit: str, nbytes: int) -> None:
+        """Backward is done with ``nbytes`` more of the unit's activations: free the blocks forward
+        made (last made first) once backward is past each whole one, as the allocator sees them."""
+        owed = self.act_owed.get(unit, 0) + nbytes
+        pieces = self.act_pieces.get(unit, [])
+        while pieces and pieces[-1] <= owed:
+            piece = pieces.pop()
+            owed -= piece
+            self.mem(-piece)
+        if not pieces and owed:
+            self.mem(-owed)
+            owed = 0
+        self.act_owed[unit] = owed
 
     def reshard(self, unit: str) -> None:
         if unit in self.unsharded:
@@ -274,7 +295,12 @@ class Fsdp2Engine(Engine):
             with self.range("fsdp::chunk_cat", cat="cpu_op"):
                 self.mem(nbytes)  # reduce-scatter input
                 self.launch(CHUNK_CAT, STREAM_COMPUTE, int(nbytes / COPY_BYTES_PER_NS) + 2_000)
-                self.mem(-nbytes)  # unsharded gradients
+                # the unsharded gradients, freed block by block as autograd made them
+                pieces = self.grad_pieces.pop(unit, [])
+                for piece in pieces:
+                    self.mem(-piece)
+                if nbytes != sum(pieces):
+                    self.mem(sum(pieces) - nbytes)
             self.wait(STREAM_REDUCE_SCATTER, self.free[STREAM_COMPUTE])
             with self.range("c10d::_reduce_scatter_base_", cat="cpu_op"):
                 comm = self.comm_args("_reduce_scatter_base", numel, numel // sc.shard_size, "shard")

@@ -77,7 +77,7 @@ class Scenario:
     backward); ``False`` allocates a unit's gradients at its first backward kernel."""
     dtype_bytes: int = 2
     """Unsharded parameter / gradient element size (bf16)."""
-    optimizer_bytes_per_param: int = 12
+    optimizer_bytes_per_param: int = 4  # torch's AdamW: two states in the shards' dtype
     """Sharded optimizer state per parameter element (fp32 master + Adam m, v)."""
     comm_latency_ns: int = 20_000
     comm_bytes_per_ns: float = 25.0

@@ -12,6 +12,7 @@ created, so the expected answers come from the model itself, never from the anal
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -94,6 +95,9 @@ class Engine:
         self._corr = 0
         self._stack: list[int] = []  # external ids of open CPU ranges (a kernel links to the innermost)
         self._addr = 0x7F00_0000_0000
+        # live blocks by size, oldest first: a free releases the oldest block of its size, as FSDP
+        # frees units' buffers in the order it made them (the address pairs it, as in real traces)
+        self._live: dict[int, collections.deque[int]] = {}
         ranks = np.arange(sc.world_size if self.vec else 1)
         self._shard_group = ranks // sc.shard_size
         self._replica_group = ranks % sc.shard_size
@@ -230,12 +234,22 @@ class Engine:
         """One ``[memory]`` event: an allocation (+) or free (-) on the GPU at the current CPU time."""
         self.alloc += delta
         self.reserved = max(self.reserved, -(-self.alloc // PAGE_BYTES) * PAGE_BYTES)
-        self._addr += 4096
+        if delta > 0:
+            self._addr += 4096
+            addr = self._addr
+            self._live.setdefault(delta, collections.deque()).append(addr)
+        else:
+            blocks = self._live.get(-delta)
+            if blocks:
+                addr = blocks.popleft()
+            else:
+                self._addr += 4096
+                addr = self._addr
         ctx = self.window[-1] if self.window else None
         self.truth.memory.append((self.now, self.alloc, self.reserved, ctx, self.step))
         self.events.append(Event("i", "cpu_instant_event", "[memory]", self.thread, self.now, None,
                                  {"Total Reserved": self.reserved, "Total Allocated": self.alloc,
-                                  "Bytes": delta, "Device Id": 0, "Device Type": 1, "Addr": self._addr}))
+                                  "Bytes": delta, "Device Id": 0, "Device Type": 1, "Addr": addr}))
         self.advance(500)
 
     def span(self, unit: str, phase: str, kind: str, lane: tuple[str, Any], start: Any, end: Any,

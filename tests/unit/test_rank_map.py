@@ -107,7 +107,7 @@ def test_thinned_memory_keeps_step_peaks_and_opening_levels() -> None:
     t = np.sort(rng.integers(0, 10_000_000, n))
     memory = {"device": rng.integers(0, 2, n).astype(np.int32), "t_ns": t,
               "allocated_bytes": rng.integers(0, 1 << 30, n), "reserved_bytes": rng.integers(0, 1 << 31, n),
-              "delta_bytes": rng.integers(-1000, 1000, n)}
+              "delta_bytes": rng.integers(-1000, 1000, n), "addr": rng.integers(0, 1 << 40, n)}
     starts = np.array([1_000_000, 3_500_000, 7_000_000])
     ends = np.array([3_500_000, 6_000_000, 9_900_000])
     thin = thin_memory(memory, starts, ends)

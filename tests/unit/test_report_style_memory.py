@@ -42,7 +42,7 @@ def test_format_bytes_and_ms() -> None:
 
 def _mem(rank: int, device: str, t_ns: np.ndarray, alloc: np.ndarray) -> pd.DataFrame:
     return pd.DataFrame({"rank": rank, "device": device, "t_ns": t_ns, "allocated_bytes": alloc,
-                         "reserved_bytes": alloc + 100, "delta_bytes": 0})
+                         "reserved_bytes": alloc + 100, "delta_bytes": 0, "addr": -1})
 
 
 def test_drawn_curve_is_the_analysis_curve_with_every_extreme() -> None:

@@ -150,8 +150,8 @@ def test_nested_root_stats_and_units(analysed: Callable[[str], tuple[RunAnalysis
     # the root is not resharded after forward: no gather in backward
     assert np.isnan(stats.loc[ROOT, "backward_prefetch_lead_ns"])
     model = analysis.memory_model
-    assert model["sharded_state_bytes"] == run.expected.baseline_bytes
-    assert model["measured_peak_bytes"] == run.expected.step_peaks["peak_allocated_bytes"].max()
+    assert model.sharded_state_bytes == run.expected.baseline_bytes
+    assert model.measured_peak_bytes == run.expected.step_peaks["peak_allocated_bytes"].max()
 
 
 def test_ranks_agree_on_eight_ranks(analysed: Callable[[str], tuple[RunAnalysis, SynthRun]]) -> None:

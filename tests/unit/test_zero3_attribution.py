@@ -145,8 +145,8 @@ def test_hsdp_memory_model_shards_over_the_shard_group(tmp_path: Path) -> None:
     sc = Scenario(units=make_units(3), world_size=4, hsdp_replicas=2)
     run = generate_run(sc, tmp_path)
     model = analyze_run(load_traces(run.paths, cache=False)).memory_model
-    assert (model["shards"], model["shards_source"]) == (2, "trace")  # the all-gathers' process group
-    assert model["sharded_state_bytes"] == run.expected.baseline_bytes
+    assert (model.shards, model.shards_source) == (2, "trace")  # the all-gathers' process group
+    assert model.sharded_state_bytes == run.expected.baseline_bytes
 
 
 def test_shard_sizes_from_run_json_win_over_the_trace() -> None:
@@ -156,4 +156,4 @@ def test_shard_sizes_from_run_json_win_over_the_trace() -> None:
     model = memory.memory_model(pd.Series({"a": 400, "b": 400, "(root)": 400}), 8, 4, measured_elem=True,
                                 unit_shards=shards, shards_source=source)
     # (4 + 4 + 8) bytes per parameter, 100 parameters per unit, over 4, 2 and 8 (the world) ranks
-    assert model["sharded_state_bytes"] == 16 * 100 // 4 + 16 * 100 // 2 + 16 * 100 // 8
+    assert model.sharded_state_bytes == 16 * 100 // 4 + 16 * 100 // 2 + 16 * 100 // 8

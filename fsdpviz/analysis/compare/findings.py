@@ -253,8 +253,8 @@ def memory_finding(c: Comparison) -> list[Finding]:
     low_i, low = min(known, key=lambda t: t[1])
     high_i, high = max(known, key=lambda t: t[1])
     values: dict[str, dict[str, Any]] = {key.split(".")[-1]: {c.labels[i]: int(v) for i, v in known}}
-    models = {r.label: (r.analysis.memory_model or {}) for r in c.runs}
-    values["model_peak_bytes"] = {lb: m["model_peak_bytes"] for lb, m in models.items() if m.get("model_peak_bytes")}
+    models = {r.label: r.analysis.memory_model.model_peak_bytes if r.analysis.memory_model else None for r in c.runs}
+    values["model_peak_bytes"] = {lb: m for lb, m in models.items() if m}
     largest = c.values["largest_unit_bytes"]
     values["largest_unit_bytes"] = {c.labels[i]: v for i, v in enumerate(largest) if v is not None}
     evidence = f"{what}: {_listing(c, key, _bytes)}"
@@ -269,7 +269,7 @@ def memory_finding(c: Comparison) -> list[Finding]:
                          f"({_bytes(low)} to {_bytes(high)}).", evidence, None, values)]
     lo, hi = c.labels[low_i], c.labels[high_i]
     message = f"{lo} has the lowest {what}: {_bytes(low)}, {_bytes(high - low)} less than {hi}."
-    m_lo, m_hi = models[lo].get("model_peak_bytes"), models[hi].get("model_peak_bytes")
+    m_lo, m_hi = models[lo], models[hi]
     l_lo, l_hi = largest[low_i], largest[high_i]
     if m_lo and m_hi and l_lo and l_hi:
         model_delta = m_hi - m_lo

@@ -284,9 +284,9 @@ def settings_rows(runs: Sequence[RunInput]) -> list[tuple[str, list[str]]]:
 # --- comparability -----------------------------------------------------------------------------
 
 def _total_params(run: RunInput) -> int | None:
-    model = run.analysis.memory_model or {}
-    if model.get("param_count"):
-        return int(model["param_count"])
+    model = run.analysis.memory_model
+    if model is not None and model.param_count:
+        return model.param_count
     numels = all_known([u.param_numel for u in run.summary.units])
     return sum(numels) if numels and all(n > 0 for n in numels) else None
 

@@ -177,10 +177,41 @@ def memory_curve(curves: pd.DataFrame, peaks: pd.DataFrame | None, *, divisor: f
     return fig
 
 
-def timeline_layout(gantt_fig: Any, memory_fig: Any | None) -> Any:
-    """Gantt above, memory below, one toolbar: their time axes zoom and pan together."""
-    if memory_fig is None:
+def category_stack(curve: pd.DataFrame, *, divisor: float, unit: str, title: str,
+                   colors: Mapping[str, str], titles: Mapping[str, str]) -> Any:
+    """One rank's allocated memory stacked by category over the step (``curve``: ``t_ms`` and one
+    column per category, bottom to top in ``colors``' order), drawn as steps like the allocator's
+    curve: each level holds until the next sample."""
+    end = float(curve["t_ms"].max()) if not curve.empty else 1.0
+    fig = _figure(title, 260, Range1d(start=-end * 0.01, end=end * 1.01), y_axis_label=f"memory ({unit})")
+    t = curve["t_ms"].to_numpy(np.float64)
+    # a step shape from points: each level repeated at the next sample's time
+    x = np.repeat(t, 2)[1:]
+    data: dict[str, Any] = {"t_ms": x}
+    names = [c for c in colors if c in curve.columns]
+    for c in names:
+        v = (curve[c].to_numpy(np.float64) / divisor).clip(min=0)
+        data[c] = np.repeat(v, 2)[:-1]
+    source = ColumnDataSource(data)
+    renderers = fig.varea_stack(stackers=names, x="t_ms", color=[colors[c] for c in names],
+                                legend_label=[titles.get(c, c) for c in names], source=source, alpha=0.9)
+    fig.add_tools(HoverTool(renderers=renderers[-1:], mode="vline", tooltips=[
+        ("t (ms)", "@{t_ms}{0.000}"), *[(titles.get(c, c), f"@{{{c}}}{{0.0}} {unit}") for c in reversed(names)]]))
+    if fig.legend:
+        fig.legend.location = "top_right"
+        fig.legend.click_policy = "hide"
+        fig.legend.background_fill_alpha = 0.7
+        fig.legend.ncols = 2
+    return fig
+
+
+def timeline_layout(gantt_fig: Any, memory_fig: Any | None, category_fig: Any | None = None) -> Any:
+    """Gantt above, memory below (and its categories under it), one toolbar: their time axes zoom
+    and pan together."""
+    below = [f for f in (memory_fig, category_fig) if f is not None]
+    if not below:
         return gantt_fig
-    memory_fig.x_range = gantt_fig.x_range
-    return gridplot([[gantt_fig], [memory_fig]], merge_tools=True, toolbar_location="above",
+    for fig in below:
+        fig.x_range = gantt_fig.x_range
+    return gridplot([[gantt_fig], *[[f] for f in below]], merge_tools=True, toolbar_location="above",
                     sizing_mode="stretch_width")

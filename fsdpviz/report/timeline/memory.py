@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
+from fsdpviz.analysis.memory_categories import CATEGORIES
 from fsdpviz.report.style import NS_PER_MS
 from fsdpviz.report.timeline.steps import StepChoice
 
@@ -66,3 +67,23 @@ def memory_curves(memory: pd.DataFrame, choice: StepChoice, ranks: Sequence[int]
     out["device"] = out["device"].astype(str)
     out["t_ms"] = (out["t_ns"] - choice.origin_ns) / NS_PER_MS
     return out[cols]
+
+
+def category_curve(levels: pd.DataFrame, choice: StepChoice, rank: int) -> pd.DataFrame:
+    """One rank's memory by category during ``choice``'s step (``levels``: the analysis'
+    ``memory_categories``, memory_categories.CATEGORY_LEVELS), like :func:`memory_curves`: the level
+    the step opens at moved to its origin, the last one held to its end. Columns ``t_ms`` and one
+    per category; empty without levels for the rank."""
+    cols = ["t_ms", *CATEGORIES]
+    mine = levels[(levels["rank"] == rank).to_numpy()] if len(levels) else levels
+    if mine.empty:
+        return pd.DataFrame({c: pd.Series(dtype="float64") for c in cols})
+    mine = mine.sort_values("t_ns", kind="stable")
+    before = mine[mine["t_ns"] < choice.origin_ns].tail(1).assign(t_ns=choice.origin_ns)
+    inside = mine[(mine["t_ns"] >= choice.origin_ns) & (mine["t_ns"] <= choice.end_ns)]
+    curve = pd.concat([before, inside], ignore_index=True)
+    if curve.empty:
+        return pd.DataFrame({c: pd.Series(dtype="float64") for c in cols})
+    curve = pd.concat([curve, curve.tail(1).assign(t_ns=choice.end_ns)], ignore_index=True)
+    curve["t_ms"] = (curve["t_ns"] - choice.origin_ns) / NS_PER_MS
+    return curve[cols]

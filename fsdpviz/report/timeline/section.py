@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from fsdpviz.analysis.memory_categories import TITLES
 from fsdpviz.report.html import LegendItem, Section
-from fsdpviz.report.style import EXPOSED_COLOR, bytes_scale
+from fsdpviz.report.style import EXPOSED_COLOR, MEMORY_CATEGORY_COLORS, bytes_scale
 from fsdpviz.report.timeline import events, figure
 from fsdpviz.report.timeline.units import unit_label
 
@@ -29,8 +30,12 @@ HOWTO_TIMELINE_LANES = (
 )
 HOWTO_MEMORY = (
     "The memory curve under each Gantt shows allocated (solid) and reserved (dashed) memory of the "
-    "drawn ranks on the same time axis."
+    "drawn ranks on the same time axis. Under it, the allocated memory of the drawn rank with the "
+    "highest peak, stacked by category: sharded parameters, optimizer state and gradients (what FSDP "
+    "shards), unsharded parameters and gradients, communication buffers, activations and the rest, "
+    "read off the allocator's own allocations and frees."
 )
+
 
 def timeline_section(data: ReportData) -> Section:
     """Gantt + memory of the representative step(s), one tab per view."""
@@ -87,4 +92,11 @@ def timeline_plot(view: StepView, data: ReportData, *, window_ms: tuple[float, f
         shown = "rank " + ", ".join(str(r) for r in ranks) if len(ranks) < 9 else f"{len(ranks)} ranks"
         memory_view = figure.memory_curve(view.memory, view.peaks, divisor=divisor, unit=unit,
                                          title=f"memory during {view.choice.label} ({shown})")
-    return figure.timeline_layout(gantt, memory_view)
+    category_view = None
+    if with_memory and view.categories is not None and not view.categories.empty:
+        top = float(view.categories[list(MEMORY_CATEGORY_COLORS)].sum(axis=1).max())
+        divisor, unit = bytes_scale(top)
+        category_view = figure.category_stack(
+            view.categories, divisor=divisor, unit=unit, colors=MEMORY_CATEGORY_COLORS, titles=TITLES,
+            title=f"allocated memory by category, rank {view.category_rank} (the highest peak drawn)")
+    return figure.timeline_layout(gantt, memory_view, category_view)

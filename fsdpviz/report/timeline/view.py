@@ -42,6 +42,8 @@ class StepView:
     exposed: pd.DataFrame  # row, rank, x0_ms, x1_ms, dur_ms, what
     memory: pd.DataFrame  # memory.memory_curves() of the drawn ranks
     peaks: pd.DataFrame | None = None  # unit peak markers: rank, unit, t_ms, peak_bytes, peak_text, color
+    categories: pd.DataFrame | None = None  # memory.category_curve(): one rank's levels by category
+    category_rank: int = -1  # the rank ``categories`` is of
     merged: bool = False  # segments were joined across gaps to fit the budget
     notes: list[str] = field(default_factory=list)
 

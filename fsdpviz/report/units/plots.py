@@ -44,3 +44,26 @@ def unit_table(source: Mapping[str, list], columns: Sequence[tuple[str, str, str
     return DataTable(source=ColumnDataSource(dict(source)), columns=table_columns, sortable=True,
                      reorderable=False, index_position=None, sizing_mode="stretch_width",
                      height=min(40 + 25 * n_rows, 520))
+
+
+def category_bars(data: pd.DataFrame, units: Sequence[str], *, value_dim: hv.Dimension, title: str,
+                  colors: Mapping[str, str], titles: Mapping[str, str]) -> hv.Bars:
+    """Stacked bars: one per unit (forward order), its peak split by memory category (``data``:
+    ``unit_name``, ``category``, ``bytes`` already scaled)."""
+    cats = [c for c in colors if c in set(data["category"])] if not data.empty else []
+    frame = data.assign(category=data["category"].map(lambda c: titles.get(c, c)))
+    labels = [titles.get(c, c) for c in cats]
+    frame = metric_major(frame.rename(columns={"bytes": value_dim.name}), "category", labels, "unit_name", units)
+    bars = hv.Bars(frame, kdims=[UNIT_DIM, hv.Dimension("category", label="category")], vdims=[value_dim])
+    width = bar_width_px(len(units))
+    opts: dict[str, Any] = {
+        "title": title, "height": 360, "stacked": True, "color": "category",
+        "cmap": {titles.get(c, c): colors[c] for c in cats}, "xrotation": 90 if len(units) > 8 else 0,
+        "tools": ["hover"], "show_legend": True, "legend_position": "right", "hooks": [tidy_toolbar],
+        "show_grid": True, "line_alpha": 0,
+    }
+    if width is None:
+        opts["responsive"] = True
+    else:
+        opts["width"] = width + 160  # the legend beside the bars
+    return bars.redim.values(unit_name=list(units), category=labels).opts(**opts)

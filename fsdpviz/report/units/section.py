@@ -7,8 +7,10 @@ from typing import TYPE_CHECKING
 import holoviews as hv
 import pandas as pd
 
+from fsdpviz.analysis.memory_categories import TITLES
 from fsdpviz.report.html import Fact, Section
-from fsdpviz.report.style import bytes_scale, format_bytes, format_ms
+from fsdpviz.report.style import MEMORY_CATEGORY_COLORS, bytes_scale, format_bytes, format_ms
+from fsdpviz.report.timeline.units import unit_label
 from fsdpviz.report.units import plots
 from fsdpviz.report.units.table import METRIC_COLORS, TABLE_COLUMNS, TIMER_COLUMNS, table_source
 
@@ -72,9 +74,44 @@ def units_section(data: ReportData) -> Section | None:
                         title="unsharded parameters + gradients vs measured peak allocated",
                         colors=_colors(tables.memory)),
     ]
+    categories = unit_categories(data)
+    if not categories.empty:
+        divisor, cat_unit = bytes_scale(float(categories.groupby("unit_name")["bytes"].sum().max()))
+        views.append(plots.category_bars(
+            categories.assign(bytes=categories["bytes"] / divisor), tables.units,
+            value_dim=hv.Dimension("category_bytes", label="memory", unit=cat_unit),
+            title="what each unit's peak holds, by category (its highest window peak)",
+            colors=MEMORY_CATEGORY_COLORS, titles=TITLES))
     notes = [NOTE_SIZES_FROM_TRACE] if data.summary.units_source and "trace" in data.summary.units_source else []
+    said = model_note(data)
+    if said:
+        notes.append(said)
     return Section(key="units", title="Per unit", howto=HOWTO_UNITS, facts=facts, notes=notes,
                    views={"units": views})
+
+
+def unit_categories(data: ReportData) -> pd.DataFrame:
+    """Long table ``unit_name``, ``category``, ``bytes``: each unit's peak by category."""
+    rows = [{"unit_name": unit_label(u.name), "category": c, "bytes": float(b)}
+            for u in data.summary.units if u.peak_categories is not None
+            for c, b in u.peak_categories.categories.items()]
+    return pd.DataFrame(rows, columns=["unit_name", "category", "bytes"])
+
+
+def model_note(data: ReportData) -> str | None:
+    """The ZeRO arithmetic beside what the run's highest peak held (one sentence), when both exist."""
+    model, mem = data.memory_model, data.summary.memory
+    if model is None or not mem.categories:
+        return None
+    cats = mem.categories
+    measured = cats["sharded_params"] + cats["gradients"] + cats["optimizer_state"]
+    return (f"At the run's highest peak ({format_bytes(float(sum(cats.values())))}), the sharded state held "
+            f"{format_bytes(float(measured))} (parameters {format_bytes(float(cats['sharded_params']))}, "
+            f"gradients {format_bytes(float(cats['gradients']))}, optimizer "
+            f"{format_bytes(float(cats['optimizer_state']))}); the ZeRO arithmetic gives "
+            f"{format_bytes(float(model.sharded_state_bytes))} for all three ({model.formula.split(' + ')[0]}), "
+            f"and {format_bytes(float(model.unsharded_params_bytes))} for the two largest units' unsharded "
+            f"parameters against {format_bytes(float(cats['unsharded_params']))} measured.")
 
 
 def _colors(data: pd.DataFrame) -> dict[str, str]:

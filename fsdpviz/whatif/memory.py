@@ -1,0 +1,284 @@
+"""Peak memory under another setting, from a recording's memory by category.
+
+A recorded step's allocated level is, at every sample, its categories
+(:mod:`fsdpviz.analysis.memory_categories`). A setting changes some of them and leaves the rest:
+
+- **world size** N -> N': the sharded categories (parameters, gradients, optimizer state) scale by
+  N / N'; activations, unsharded parameters and gradients, buffers and the rest are per rank and
+  stay. FSDP2 at N' = 1 gathers nothing: its all-gather buffers go (the unsharded parameters stay:
+  at one rank FSDP2 casts the shard into them).
+- **units' unsharded parameters, all-gather buffers and unsharded gradients** move with the setting,
+  block by block (each block as recorded, with the unit whose gather made it or whose post-backward
+  freed it): ``reshard_after_forward`` False keeps a
+  unit's forward parameters until its backward ends and gathers nothing in backward; True frees them
+  at the end of its forward and gathers them again in backward when the unit before it in backward
+  starts (FSDP2 prefetches one unit ahead: the all-gather output from then, the parameters from the
+  unit's copy-out); a merged unit gathers its members' parameters at once, issued when the first
+  member's gather was and copied out when the first member's was, and frees them when the last
+  would have; its members' unsharded gradients wait for its one reduction, after the last member's
+  backward; an explicit prefetch of N makes a unit's all-gather
+  output when the unit N before it starts and frees it at the unit's copy-out (FSDP2 holds it
+  longer only for its implicit forward prefetch), ``none`` not before the unit itself.
+
+The level under the setting at any instant is the recorded level plus what the setting changes
+there; its peak over the step is the prediction. With the recorded setting nothing changes, so
+the replay is exact. Left as recorded: a merged unit's reduction buffers (per member), activations
+(a setting does not change them), the caching allocator's rounding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+import numpy as np
+import pandas as pd
+
+from fsdpviz.analysis import memory_categories as mcat
+from fsdpviz.naming import ROOT_UNIT
+from fsdpviz.trace import schema
+
+FORWARD: Final = schema.PHASE_FORWARD
+BACKWARD: Final = schema.PHASE_BACKWARD
+_PARAMS: Final = mcat.UNSHARDED_PARAMS
+_BUFFERS: Final = mcat.COMM_BUFFERS
+_GRADS: Final = mcat.UNSHARDED_GRADS
+_MOVED: Final = (_PARAMS, _BUFFERS, _GRADS)  # the categories of the units' own blocks
+
+
+@dataclass(slots=True)
+class Block:
+    """One unsharded-parameter or all-gather-buffer block of a unit, in one step (ns)."""
+
+    unit: str
+    category: str  # unsharded_params / comm_buffers / unsharded_grads
+    phase: str  # the pass whose gather made it
+    alloc: int
+    free: int
+    bytes: int
+
+
+@dataclass(slots=True)
+class StepMemory:
+    """One rank's step as memory: its samples by category, its units' blocks and windows."""
+
+    rank: int
+    step: int
+    t: np.ndarray  # sample times in the step, the first the level the step opens at
+    levels: np.ndarray  # (samples, categories) bytes, memory_categories.CATEGORIES
+    blocks: list[Block]
+    windows: dict[tuple[str, str], tuple[int, int]]  # (unit, phase) -> first start, last end in the step
+
+    @property
+    def allocated(self) -> np.ndarray:
+        return self.levels.sum(axis=1)
+
+    @property
+    def peak_bytes(self) -> int:
+        return int(self.allocated.max()) if len(self.t) else -1
+
+
+@dataclass(slots=True)
+class MemoryChange:
+    """What a setting does to one step's memory: the new level's peak and what it holds."""
+
+    peak_bytes: int
+    categories: dict[str, int]  # at the new peak
+    recorded_categories: dict[str, int]  # at the recorded peak
+
+
+@dataclass(frozen=True, slots=True)
+class MemorySetting:
+    """What the memory model needs of a setting (:func:`predict_step`)."""
+
+    group: dict[str, str]  # recorded unit -> the unit holding it
+    order: list[str]  # recorded units, forward order
+    reshard: dict[str, bool]  # per recorded unit: reshard after forward under the setting
+    recorded_reshard: dict[str, bool]
+    prefetch: str  # "recorded", "implicit", "none" or N
+    scale: float  # sharded categories' factor: recorded world / new world
+    drop_gather_buffers: bool  # FSDP2 at one rank
+    notes: list[str] = field(default_factory=list)
+
+
+def step_memory(rank: int, step: int, t0: int, t1: int, t: np.ndarray, cats: mcat.Categorised,
+                split: dict[str, int], windows: pd.DataFrame) -> StepMemory | None:
+    """The :class:`StepMemory` of one rank's step ``[t0, t1]`` from its categorised samples (``t``:
+    their times; ``split``: the persistent share divided, memory_categories.split_persistent) and the
+    step's unit windows (windows.WINDOWS rows). None without samples."""
+    if not len(t):
+        return None
+    a = max(int(np.searchsorted(t, t0, side="right")) - 1, 0)  # the level the step opens at
+    b = int(np.searchsorted(t, t1, side="right"))
+    if b <= a:
+        return None
+    levels = cats.levels[a:b].copy()
+    k = mcat.CODE
+    levels[:, k[mcat.SHARDED_PARAMS]] -= split[mcat.OPTIMIZER_STATE] + split[mcat.GRADIENTS] + split[mcat.OTHER]
+    for c in (mcat.OPTIMIZER_STATE, mcat.GRADIENTS, mcat.OTHER):
+        levels[:, k[c]] += split[c]
+    times = t[a:b].copy()
+    times[0] = max(int(times[0]), t0)
+    spans: dict[tuple[str, str], tuple[int, int]] = {}
+    for u, ph, s, e in zip(windows["unit"].astype(str), windows["phase"].astype(str),
+                           windows["start_ns"].to_numpy(np.int64), windows["end_ns"].to_numpy(np.int64)):
+        old = spans.get((u, ph))
+        spans[(u, ph)] = (int(s), int(e)) if old is None else (min(old[0], int(s)), max(old[1], int(e)))
+    backward_from = min((s for (_, ph), (s, _) in spans.items() if ph == BACKWARD), default=t1)
+    rows = cats.blocks
+    live = rows[((rows["alloc_ns"] < t1) & (rows["free_ns"] > t0)).to_numpy()] if len(rows) else rows
+    blocks = [Block(unit=str(u), category=str(c), phase=FORWARD if int(al) < backward_from else BACKWARD,
+                    alloc=int(al), free=int(fr), bytes=int(n))
+              for u, c, al, fr, n in zip(live["unit"], live["category"], live["alloc_ns"], live["free_ns"],
+                                         live["bytes"])] if len(live) else []
+    return StepMemory(rank=rank, step=step, t=times, levels=levels, blocks=blocks, windows=spans)
+
+
+def predict_step(sm: StepMemory, setting: MemorySetting) -> MemoryChange:
+    """The step's peak under ``setting`` (see the module docstring)."""
+    new = _moved_blocks(sm, setting)
+    extra_t = np.array(sorted({b.alloc for b in new}), dtype=np.int64)
+    t = np.union1d(sm.t, extra_t[(extra_t >= sm.t[0]) & (extra_t <= sm.t[-1])])
+    at = np.clip(np.searchsorted(sm.t, t, side="right") - 1, 0, len(sm.t) - 1)
+    levels = sm.levels[at].astype(np.float64)
+    k = mcat.CODE
+    for c in mcat.SHARDED:
+        levels[:, k[c]] *= setting.scale
+    for c in _MOVED:
+        levels[:, k[c]] += _alive(new, c, t) - _alive(sm.blocks, c, t)
+    total = levels.sum(axis=1)
+    i = int(np.argmax(total))
+    j = int(np.argmax(sm.allocated))
+    return MemoryChange(peak_bytes=round(float(total[i])),
+                        categories={c: round(float(levels[i, n])) for n, c in enumerate(mcat.CATEGORIES)},
+                        recorded_categories={c: int(sm.levels[j, n]) for n, c in enumerate(mcat.CATEGORIES)})
+
+
+def _alive(blocks: Sequence[Block], category: str, t: np.ndarray) -> np.ndarray:
+    """Bytes of ``category``'s blocks allocated and not yet freed at each time."""
+    mine = [b for b in blocks if b.category == category]
+    if not mine:
+        return np.zeros(len(t))
+    alloc = np.array([b.alloc for b in mine], dtype=np.int64)
+    free = np.array([b.free for b in mine], dtype=np.int64)
+    size = np.array([b.bytes for b in mine], dtype=np.float64)
+    oa, of = np.argsort(alloc, kind="stable"), np.argsort(free, kind="stable")
+    made = np.concatenate([[0.0], np.cumsum(size[oa])])[np.searchsorted(alloc[oa], t, side="right")]
+    gone = np.concatenate([[0.0], np.cumsum(size[of])])[np.searchsorted(free[of], t, side="right")]
+    return made - gone
+
+
+def _moved_blocks(sm: StepMemory, s: MemorySetting) -> list[Block]:
+    """The step's unit blocks as the setting would make them."""
+    blocks = [Block(b.unit, b.category, b.phase, b.alloc, b.free, b.bytes) for b in sm.blocks
+              if not (s.drop_gather_buffers and b.category == _BUFFERS)]
+    out: list[Block] = []
+    by_unit: dict[str, list[Block]] = {}
+    for b in blocks:
+        by_unit.setdefault(b.unit, []).append(b)
+    for unit, mine in by_unit.items():
+        out.extend(b for b in mine if b.category == _GRADS)
+        out.extend(_resharded(sm, s, unit, [b for b in mine if b.category != _GRADS]))
+    # prefetch depth counts recorded units (a merged unit's members move together afterwards)
+    return _merged(sm, s, _prefetched(sm, s, out))
+
+
+def _resharded(sm: StepMemory, s: MemorySetting, unit: str, mine: list[Block]) -> list[Block]:
+    """A unit's blocks when its reshard after forward changes (the root never reshards)."""
+    before, after = s.recorded_reshard.get(unit, True), s.reshard.get(unit, True)
+    if unit == ROOT_UNIT or before == after:
+        return mine
+    fwd = [b for b in mine if b.phase == FORWARD]
+    bwd_window = sm.windows.get((unit, BACKWARD))
+    if not after:  # kept from forward until its backward ends; no gather in backward
+        end = max([b.free for b in mine if b.phase == BACKWARD and b.category == _PARAMS]
+                  + ([bwd_window[1]] if bwd_window else []), default=None)
+        if end is None:
+            return mine
+        return [Block(b.unit, b.category, b.phase, b.alloc, end if b.category == _PARAMS else b.free, b.bytes)
+                for b in fwd]
+    # Freed at the end of its forward and gathered again in backward, issued when the unit before
+    # it in backward starts (one ahead): the all-gather output lives from the issue to the unit's
+    # copy-out as it starts, the copy-in buffer as long as in forward, the parameters from the
+    # copy-out to the end of its backward.
+    fwd_window = sm.windows.get((unit, FORWARD))
+    if fwd_window is None or bwd_window is None:
+        return mine
+    issue = _issue_time(sm, s, unit, BACKWARD, 1)
+    copy_out = max(bwd_window[0], issue)
+    output = max((b.bytes for b in fwd if b.category == _BUFFERS), default=0)
+    out = []
+    for b in fwd:
+        out.append(Block(b.unit, b.category, FORWARD, b.alloc,
+                         min(b.free, fwd_window[1]) if b.category == _PARAMS else b.free, b.bytes))
+        if b.category == _PARAMS:
+            out.append(Block(b.unit, b.category, BACKWARD, copy_out, max(bwd_window[1], copy_out), b.bytes))
+        elif b.bytes == output:
+            out.append(Block(b.unit, b.category, BACKWARD, issue, copy_out, b.bytes))
+        else:
+            out.append(Block(b.unit, b.category, BACKWARD, issue, min(copy_out, issue + b.free - b.alloc), b.bytes))
+    return out
+
+
+def _issue_time(sm: StepMemory, s: MemorySetting, unit: str, phase: str, ahead: int) -> int:
+    """When a unit's gather is issued ``ahead`` units early in ``phase``: at the start of the
+    window of the unit that many before it in that phase's order (its own window's start when none)."""
+    # FSDP2 prefetches between the root's children: the root neither issues nor is a target
+    order = [u for u in (s.order if phase == FORWARD else list(reversed(s.order)))
+             if (u, phase) in sm.windows and u != ROOT_UNIT]
+    own = sm.windows.get((unit, phase), (int(sm.t[0]), int(sm.t[-1])))[0]
+    if unit not in order:
+        return own
+    i = order.index(unit)
+    j = max(0, i - ahead)
+    return min(own, sm.windows[(order[j], phase)][0]) if ahead > 0 else own
+
+
+def _merged(sm: StepMemory, s: MemorySetting, blocks: list[Block]) -> list[Block]:
+    """Units gathered together, per new unit and phase: every member's all-gather output made when
+    the first member's was (its gather was issued then) and freed at the merged unit's copy-out,
+    every member's parameters made at that copy-out (the first member's) and freed when the last
+    member's are."""
+    groups: dict[tuple[str, str], list[Block]] = {}
+    for b in blocks:
+        groups.setdefault((s.group.get(b.unit, b.unit), b.phase), []).append(b)
+    out = []
+    for (new, _), members in groups.items():
+        if len({b.unit for b in members}) < 2:
+            out.extend(members)
+            continue
+        params = [b for b in members if b.category == _PARAMS]
+        buffers = [b for b in members if b.category == _BUFFERS]
+        grads = [b for b in members if b.category == _GRADS]
+        copy_out = min((b.alloc for b in params), default=min(b.alloc for b in members))
+        params_end = max((b.free for b in params), default=copy_out)
+        issue = min((b.alloc for b in buffers), default=copy_out)
+        reduced = max((b.free for b in grads), default=copy_out)  # the merged unit's reduction
+        out += [Block(new, _PARAMS, b.phase, copy_out, max(copy_out, params_end), b.bytes) for b in params]
+        out += [Block(new, _BUFFERS, b.phase, issue, max(issue, copy_out), b.bytes) for b in buffers]
+        out += [Block(new, _GRADS, b.phase, b.alloc, max(b.alloc, reduced), b.bytes) for b in grads]
+    return out
+
+
+def _prefetched(sm: StepMemory, s: MemorySetting, blocks: list[Block]) -> list[Block]:
+    """An explicit prefetch of N: each unit's all-gather buffers are made at the start of the unit
+    N before it (earlier only); ``none``: not before the unit's own window. The unsharded
+    parameters stay where they were made: at the unit's copy-out, in its own window."""
+    if s.prefetch in ("recorded", "implicit"):
+        return blocks
+    out = []
+    for b in blocks:
+        if b.category != _BUFFERS:  # parameters at the copy-out, gradients by backward: unmoved
+            out.append(b)
+            continue
+        own = sm.windows.get((b.unit, b.phase))
+        free = b.free
+        if s.prefetch == "none":
+            alloc = max(b.alloc, own[0]) if own else b.alloc
+        else:
+            alloc = min(b.alloc, _issue_time(sm, s, b.unit, b.phase, int(s.prefetch)))
+            if own:  # explicitly prefetched, FSDP2 frees the output right after the unit's copy-out
+                free = min(free, own[0])
+        out.append(Block(b.unit, b.category, b.phase, alloc, max(alloc, free), b.bytes))
+    return out
