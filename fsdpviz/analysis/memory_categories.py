@@ -322,16 +322,19 @@ def sharded_state(units: pd.DataFrame, shards: Mapping[str, int], world_size: in
     numel = known["param_numel"].to_numpy(np.float64)
     per = np.array([max(1, shards.get(str(u), world_size)) for u in known["unit"]], dtype=np.float64)
     elements = float((numel / per).sum())
+    with_bytes = known[(known["param_bytes"] > 0).to_numpy()]
+    gathered = max(1, round(float(with_bytes["param_bytes"].sum()) / float(with_bytes["param_numel"].sum()))) \
+        if len(with_bytes) else None
     if reduced_bytes > 0 and elements > 0:
         ratio = reduced_bytes / elements
         size = min(_ELEMENT_SIZES, key=lambda s: abs(s - ratio))
-        if abs(size - ratio) <= 0.1 * size:
+        # shards are the gathered dtype or wider (fp32 under mixed precision), never past fp32 for a
+        # 16/32-bit model: more means the reductions left more than the gradients (gloo's all-reduce)
+        if abs(size - ratio) <= 0.1 * size and size <= max(4, gathered or 4):
             return ShardedState(elements, size, True)
-    with_bytes = known[(known["param_bytes"] > 0).to_numpy()]
-    if with_bytes.empty:
+    if gathered is None:
         return None
-    size = max(1, round(float(with_bytes["param_bytes"].sum()) / float(with_bytes["param_numel"].sum())))
-    return ShardedState(elements, size, False)
+    return ShardedState(elements, gathered, False)
 
 
 def split_persistent(persistent: int, state: ShardedState | None, optimizer_class: str, *,

@@ -69,6 +69,7 @@ class StepMemory:
     levels: np.ndarray  # (samples, categories) bytes, memory_categories.CATEGORIES
     blocks: list[Block]
     windows: dict[tuple[str, str], tuple[int, int]]  # (unit, phase) -> first start, last end in the step
+    computed: dict[tuple[str, str], int]  # (unit, phase) -> where its compute region ends (its last)
 
     @property
     def allocated(self) -> np.ndarray:
@@ -121,10 +122,13 @@ def step_memory(rank: int, step: int, t0: int, t1: int, t: np.ndarray, cats: mca
     times = t[a:b].copy()
     times[0] = max(int(times[0]), t0)
     spans: dict[tuple[str, str], tuple[int, int]] = {}
-    for u, ph, s, e in zip(windows["unit"].astype(str), windows["phase"].astype(str),
-                           windows["start_ns"].to_numpy(np.int64), windows["end_ns"].to_numpy(np.int64)):
+    computed: dict[tuple[str, str], int] = {}
+    for u, ph, s, e, r in zip(windows["unit"].astype(str), windows["phase"].astype(str),
+                              windows["start_ns"].to_numpy(np.int64), windows["end_ns"].to_numpy(np.int64),
+                              windows["region_end_ns"].to_numpy(np.int64)):
         old = spans.get((u, ph))
         spans[(u, ph)] = (int(s), int(e)) if old is None else (min(old[0], int(s)), max(old[1], int(e)))
+        computed[(u, ph)] = max(computed.get((u, ph), int(r)), int(r))
     backward_from = min((s for (_, ph), (s, _) in spans.items() if ph == BACKWARD), default=t1)
     rows = cats.blocks
     live = rows[((rows["alloc_ns"] < t1) & (rows["free_ns"] > t0)).to_numpy()] if len(rows) else rows
@@ -132,7 +136,7 @@ def step_memory(rank: int, step: int, t0: int, t1: int, t: np.ndarray, cats: mca
                     alloc=int(al), free=int(fr), bytes=int(n))
               for u, c, al, fr, n in zip(live["unit"], live["category"], live["alloc_ns"], live["free_ns"],
                                          live["bytes"])] if len(live) else []
-    return StepMemory(rank=rank, step=step, t=times, levels=levels, blocks=blocks, windows=spans)
+    return StepMemory(rank=rank, step=step, t=times, levels=levels, blocks=blocks, windows=spans, computed=computed)
 
 
 def predict_step(sm: StepMemory, setting: MemorySetting) -> MemoryChange:
@@ -191,13 +195,16 @@ def _resharded(sm: StepMemory, s: MemorySetting, unit: str, mine: list[Block]) -
         return mine
     fwd = [b for b in mine if b.phase == FORWARD]
     bwd_window = sm.windows.get((unit, BACKWARD))
+    fwd_window = sm.windows.get((unit, FORWARD))
     if not after:  # kept from forward until its backward ends; no gather in backward
         end = max([b.free for b in mine if b.phase == BACKWARD and b.category == _PARAMS]
                   + ([bwd_window[1]] if bwd_window else []), default=None)
-        if end is None:
+        computed = sm.computed.get((unit, FORWARD))
+        if end is None or computed is None:
             return mine
-        return [Block(b.unit, b.category, b.phase, b.alloc, end if b.category == _PARAMS else b.free, b.bytes)
-                for b in fwd]
+        # the parameters its forward computed with (the reshard frees them), not the copy-out's temporaries
+        return [Block(b.unit, b.category, b.phase, b.alloc,
+                      end if b.category == _PARAMS and b.free >= computed else b.free, b.bytes) for b in fwd]
     # Freed at the end of its forward and gathered again in backward, issued when the unit before
     # it in backward starts (one ahead): the all-gather output lives from the issue to the unit's
     # copy-out as it starts, the copy-in buffer as long as in forward, the parameters from the

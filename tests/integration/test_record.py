@@ -198,8 +198,9 @@ def test_record_hsdp_units_are_sharded_over_the_shard_group(tmp_path: Path) -> N
     assert all(u["shard_size"] == 1 for u in run["units"])
     model = analyze_run(load_traces([run_dir], cache=False)).memory_model
     numel = (32 * 64 + 64) + (64 * 32 + 32)
-    assert (model["shards"], model["shards_source"], model["param_count"]) == (1, "run.json", numel)
-    assert model["sharded_state_bytes"] == (4 + 4 + 8) * numel  # fp32 parameters, gradients, Adam m and v
+    assert model is not None
+    assert (model.shards, model.shards_source, model.param_count) == (1, "run.json", numel)
+    assert model.sharded_state_bytes == (4 + 4 + 8) * numel  # fp32 parameters, gradients, Adam m and v
 
 
 @pytest.mark.slow

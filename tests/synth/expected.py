@@ -207,15 +207,23 @@ def _window_peak(truth: Truth, memory: tuple[list[int], list[int]], step: int, m
 
 
 def _step_peaks(rank: int, truth: Truth, i: int, to_aligned: int) -> list[dict]:
+    """Per step its first highest sample, and what each memory category held there."""
     rows = []
+    held = dict(truth.baseline_categories)
+    level_before = truth.baseline_bytes
+    by_sample = []
+    for (_, level, *_), category in zip(truth.memory, truth.memory_categories):
+        held[category] = held.get(category, 0) + level - level_before
+        level_before = level
+        by_sample.append(dict(held))
     for step in truth.steps:
-        samples = [(level, _at(t, i), ctx) for t, level, _, ctx, st in truth.memory if st == step]
+        samples = [(level, _at(t, i), ctx, k) for k, (t, level, _, ctx, st) in enumerate(truth.memory) if st == step]
         if not samples:
             continue
-        best = max(level for level, _, _ in samples)
-        level, t, ctx = next(s for s in samples if s[0] == best)  # the first time the peak is reached
+        best = max(level for level, *_ in samples)
+        level, t, ctx, k = next(s for s in samples if s[0] == best)  # the first time the peak is reached
         rows.append({"rank": rank, "step": step, "peak_allocated_bytes": level, "peak_t_ns": t + to_aligned,
-                     "unit": ctx[0] if ctx else "", "phase": ctx[1] if ctx else ""})
+                     "unit": ctx[0] if ctx else "", "phase": ctx[1] if ctx else "", "categories": by_sample[k]})
     return rows
 
 

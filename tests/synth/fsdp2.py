@@ -99,7 +99,7 @@ class Fsdp2Engine(Engine):
         numel = nbytes // sc.dtype_bytes
         with self.range(self.label("all_gather", unit)):
             with self.range("fsdp::all_gather_copy_in", cat="cpu_op"):
-                self.mem(nbytes)  # the all-gather output buffer
+                self.mem(nbytes, "comm_buffers")  # the all-gather output buffer
                 self.wait(STREAM_AG_COPY_IN, self.last_copy_out)
                 l0, c0, c1 = self.launch(FOREACH_COPY, STREAM_AG_COPY_IN, int(nbytes / sc.shard_size / COPY_BYTES_PER_NS) + 2_000)
             self.span(unit, phase, "copy_in", ("gpu", STREAM_AG_COPY_IN), c0, c1, l0)
@@ -118,9 +118,9 @@ class Fsdp2Engine(Engine):
         with self.range(self.label("all_gather_copy_out", unit)):
             self.wait(STREAM_COMPUTE, self.pending.pop(unit))
             with self.range("fsdp::split_with_sizes_copy", cat="cpu_op"):
-                self.mem(nbytes)  # unsharded parameters
+                self.mem(nbytes, "unsharded_params")
                 l0, c0, c1 = self.launch(SPLIT_COPY, STREAM_COMPUTE, int(nbytes / COPY_BYTES_PER_NS) + 2_000)
-            self.mem(-nbytes)  # the all-gather output buffer
+            self.mem(-nbytes, "comm_buffers")  # the all-gather output buffer
             self.last_copy_out = self.record_event(STREAM_COMPUTE)
         self.unsharded.add(unit)
         self.span(unit, phase, "copy_out", ("gpu", STREAM_COMPUTE), c0, c1, l0)
@@ -146,11 +146,11 @@ class Fsdp2Engine(Engine):
                 else:
                     grads = grad_bytes if k == 0 else 0
                 if grads:
-                    self.mem(grads)
+                    self.mem(grads, "unsharded_grads")
                     self.grad_pieces.setdefault(unit, []).append(grads)
                 share = act_bytes // n_kernels + (act_bytes % n_kernels if k == n_kernels - 1 else 0)
                 if share and phase == "forward":
-                    self.mem(share)
+                    self.mem(share, "activations")
                     self.act_pieces.setdefault(unit, []).append(share)
                 elif share:
                     self.free_activations(unit, share)
@@ -169,16 +169,16 @@ class Fsdp2Engine(Engine):
         while pieces and pieces[-1] <= owed:
             piece = pieces.pop()
             owed -= piece
-            self.mem(-piece)
+            self.mem(-piece, "activations")
         if not pieces and owed:
-            self.mem(-owed)
+            self.mem(-owed, "activations")
             owed = 0
         self.act_owed[unit] = owed
 
     def reshard(self, unit: str) -> None:
         if unit in self.unsharded:
             self.unsharded.discard(unit)
-            self.mem(-self.unit_bytes(unit))
+            self.mem(-self.unit_bytes(unit), "unsharded_params")
 
     # ----- forward -------------------------------------------------------------------------
     def forward_unit(self, unit: str) -> None:
@@ -290,17 +290,17 @@ class Fsdp2Engine(Engine):
                 while self.rs_states:
                     event, rs_bytes = self.rs_states.pop(0)
                     self.wait(STREAM_COMPUTE, event)
-                    self.mem(-rs_bytes)
+                    self.mem(-rs_bytes, "comm_buffers")
         with self.range(self.label("post_backward_reduce", unit)):
             with self.range("fsdp::chunk_cat", cat="cpu_op"):
-                self.mem(nbytes)  # reduce-scatter input
+                self.mem(nbytes, "comm_buffers")  # reduce-scatter input
                 self.launch(CHUNK_CAT, STREAM_COMPUTE, int(nbytes / COPY_BYTES_PER_NS) + 2_000)
                 # the unsharded gradients, freed block by block as autograd made them
                 pieces = self.grad_pieces.pop(unit, [])
                 for piece in pieces:
-                    self.mem(-piece)
+                    self.mem(-piece, "unsharded_grads")
                 if nbytes != sum(pieces):
-                    self.mem(sum(pieces) - nbytes)
+                    self.mem(sum(pieces) - nbytes, "unsharded_grads")
             self.wait(STREAM_REDUCE_SCATTER, self.free[STREAM_COMPUTE])
             with self.range("c10d::_reduce_scatter_base_", cat="cpu_op"):
                 comm = self.comm_args("_reduce_scatter_base", numel, numel // sc.shard_size, "shard")
@@ -328,7 +328,7 @@ class Fsdp2Engine(Engine):
         while self.rs_states:
             event, rs_bytes = self.rs_states.pop(0)
             self.wait(STREAM_COMPUTE, event)
-            self.mem(-rs_bytes)
+            self.mem(-rs_bytes, "comm_buffers")
 
     def backward(self) -> None:
         self.cpu[AUTOGRAD] = self._max(self.cpu[AUTOGRAD], self.cpu[MAIN])

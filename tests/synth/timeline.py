@@ -72,6 +72,8 @@ class Truth:
     compute_kernels: list[tuple[Any, Any]] = field(default_factory=list)  # every non-NCCL kernel
     windows: dict[tuple[int, int, str, str], list[Any]] = field(default_factory=dict)  # (step, micro, unit, phase)
     memory: list[tuple[Any, int, int, tuple[str, str] | None, int]] = field(default_factory=list)
+    memory_categories: list[str] = field(default_factory=list)  # the category of each ``memory`` sample's block
+    baseline_categories: dict[str, int] = field(default_factory=dict)  # what was allocated before recording
     steps: dict[int, tuple[Any, Any]] = field(default_factory=dict)
     unit_order: list[str] = field(default_factory=list)
     baseline_bytes: int = 0
@@ -110,6 +112,10 @@ class Engine:
         psi = sum(sc.padded_numel(u) for u in sc.all_units())
         self.alloc = (2 * p + sc.optimizer_bytes_per_param) * psi // sc.shard_size
         self.truth.baseline_bytes = self.alloc
+        share = p * psi // sc.shard_size
+        optimizer = sc.optimizer_bytes_per_param * psi // sc.shard_size
+        self.truth.baseline_categories = {"sharded_params": share, "gradients": share,
+                                          "optimizer_state": optimizer, "other": self.alloc - 2 * share - optimizer}
         self.reserved = -(-self.alloc // PAGE_BYTES) * PAGE_BYTES
 
     # ----- primitives ------------------------------------------------------------------------
@@ -230,8 +236,9 @@ class Engine:
         self.events.append(Event("X", "cuda_runtime", name, self.thread, t0, done - t0,
                                  {"cbid": 165, "correlation": self._corr}))
 
-    def mem(self, delta: int) -> None:
-        """One ``[memory]`` event: an allocation (+) or free (-) on the GPU at the current CPU time."""
+    def mem(self, delta: int, category: str) -> None:
+        """One ``[memory]`` event: an allocation (+) or free (-) on the GPU at the current CPU time, of a
+        block of ``category`` (fsdpviz.analysis.memory_categories.CATEGORIES: the truth)."""
         self.alloc += delta
         self.reserved = max(self.reserved, -(-self.alloc // PAGE_BYTES) * PAGE_BYTES)
         if delta > 0:
@@ -247,6 +254,7 @@ class Engine:
                 addr = self._addr
         ctx = self.window[-1] if self.window else None
         self.truth.memory.append((self.now, self.alloc, self.reserved, ctx, self.step))
+        self.truth.memory_categories.append(category)
         self.events.append(Event("i", "cpu_instant_event", "[memory]", self.thread, self.now, None,
                                  {"Total Reserved": self.reserved, "Total Allocated": self.alloc,
                                   "Bytes": delta, "Device Id": 0, "Device Type": 1, "Addr": addr}))

@@ -123,8 +123,8 @@ def test_json_contract(base_model: Model) -> None:
     assert settings["world_size"] == {"value": 16, "source": "given"}
     assert settings["prefetch"]["source"] == "recorded"
     assert settings["inter_node_gbps"]["source"] == "default"
-    # 16 ranks at 8 per host: the notes say the collectives cross hosts and at what bandwidth
-    assert any("cross hosts at 25 GB/s" in n for n in out["notes"])
+    # 16 ranks at 8 per host, recorded on one host: the bandwidth between hosts is assumed, and said so
+    assert len(out["assumed"]) == 1 and "25 GB/s per rank between hosts is assumed" in out["assumed"][0]
 
 
 def test_device_memory_is_read_from_the_trace(base_model: Model, gpu_real_dir: Path) -> None:

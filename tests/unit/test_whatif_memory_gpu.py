@@ -1,0 +1,76 @@
+"""``fsdpviz whatif`` peak memory against the real allocator (../shared/traces/gpu-fsdp/README.md).
+
+Each recording is predicted under the settings the README measured without fsdpviz
+(``torch.cuda.max_memory_allocated`` of uninstrumented runs, exact to the byte). Targets (docs/whatif.md):
+the predicted peak within 5 % of the true one, the predicted change within 35 % of the true change.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fsdpviz.analysis.pipeline import analyse
+from fsdpviz.whatif.predict import Prediction, predict, read_model
+from fsdpviz.whatif.settings import Settings
+
+S = Settings()
+# recording -> [(setting, the README's true peak)]
+TRUTH = {
+    "h100-fsdp2-fake8-block": [
+        (S.with_(reshard_after_forward=False), 6_131_871_232),
+        (S.with_(world_size=2), 7_349_925_376),
+        (S.with_(world_size=16), 5_230_137_856),
+        (S.with_(world_size=1), 9_679_013_376),
+    ],
+    "h100-fsdp2-fake8-reshard-false": [(S.with_(reshard_after_forward=True), 5_527_571_968)],
+    "h100-fsdp1-fake8-block": [
+        (S.with_(world_size=16), 5_223_846_400),
+        (S.with_(world_size=1), 9_779_729_920),
+    ],
+}
+CASES = [(name, setting, peak) for name, cases in TRUTH.items() for setting, peak in cases]
+
+
+@pytest.fixture(scope="module")
+def predictions(gpu_fsdp_dir: Path) -> dict[str, list[Prediction]]:
+    out = {}
+    for name, cases in TRUTH.items():
+        model = read_model(analyse([gpu_fsdp_dir / name]))
+        out[name] = [predict(model, setting) for setting, _ in cases]
+    return out
+
+
+@pytest.mark.parametrize(("name", "index"), [(n, i) for n, cases in TRUTH.items() for i in range(len(cases))],
+                         ids=[f"{n}:{s.describe()}" for n, s, _ in CASES])
+def test_peak_and_change_within_the_targets(predictions: dict[str, list[Prediction]], name: str,
+                                            index: int) -> None:
+    prediction = predictions[name][index]
+    true_peak = TRUTH[name][index][1]
+    base = prediction.baseline.peak_allocated_bytes
+    peak = prediction.predicted.peak_allocated_bytes
+    assert base is not None and peak is not None
+    assert abs(peak - true_peak) <= 0.05 * true_peak
+    true_change, change = true_peak - base, peak - base
+    assert abs(change - true_change) <= max(0.35 * abs(true_change), 0.01 * base)
+
+
+def test_world_size_moves_the_sharded_state_only(predictions: dict[str, list[Prediction]]) -> None:
+    """From 8 to 2 ranks FSDP2 holds 4x the fp32 shards and AdamW states; nothing else changes."""
+    prediction = predictions["h100-fsdp2-fake8-block"][1]
+    before, after = prediction.baseline.memory_categories, prediction.predicted.memory_categories
+    assert before is not None and after is not None
+    for category in ("sharded_params", "optimizer_state"):
+        assert after[category] == 4 * before[category]
+    for category in ("unsharded_params", "comm_buffers", "activations", "other"):
+        assert after[category] == before[category]
+
+
+def test_reshard_false_keeps_every_block_and_gathers_nothing_in_backward(
+        predictions: dict[str, list[Prediction]]) -> None:
+    prediction = predictions["h100-fsdp2-fake8-block"][0]
+    after = prediction.predicted.memory_categories
+    assert after is not None
+    assert after["unsharded_params"] == 2 * (8 * 50_358_272 + 2_101_248)  # bf16, every block and the root
+    assert after["comm_buffers"] == 0
