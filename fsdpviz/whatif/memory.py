@@ -87,6 +87,7 @@ class MemoryChange:
     peak_bytes: int
     categories: dict[str, int]  # at the new peak
     recorded_categories: dict[str, int]  # at the recorded peak
+    curve: tuple[np.ndarray, np.ndarray] = (np.zeros(0), np.zeros(0))  # ns from the step's start, bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +157,8 @@ def predict_step(sm: StepMemory, setting: MemorySetting) -> MemoryChange:
     j = int(np.argmax(sm.allocated))
     return MemoryChange(peak_bytes=round(float(total[i])),
                         categories={c: round(float(levels[i, n])) for n, c in enumerate(mcat.CATEGORIES)},
-                        recorded_categories={c: int(sm.levels[j, n]) for n, c in enumerate(mcat.CATEGORIES)})
+                        recorded_categories={c: int(sm.levels[j, n]) for n, c in enumerate(mcat.CATEGORIES)},
+                        curve=((t - sm.t[0]).astype(np.float64), total))
 
 
 def _alive(blocks: Sequence[Block], category: str, t: np.ndarray) -> np.ndarray:

@@ -163,8 +163,7 @@ def predict(model: Model, settings: Settings) -> Prediction:
                  for s in rec.steps]
     baseline = _baseline(model)
     setting = memory_setting(rec, full)
-    memory = [predict_step(s.memory_by_category, setting) if s.memory_by_category is not None else None
-              for s in rec.steps]
+    memory = [predict_step(s.memory, setting) if s.memory is not None else None for s in rec.steps]
     known = [m for m in memory if m is not None]
     if known:
         recorded_top = max(zip(rec.steps, memory), key=lambda sm: sm[0].peak_bytes if sm[1] is not None else -1)[1]
@@ -286,7 +285,6 @@ def memory_setting(rec: Recording, settings: Settings) -> MemorySetting:
 
 def _predicted(model: Model, simulated: list[SimResult], baseline: Outcome, settings: Settings,
                memory: list[MemoryChange | None]) -> Outcome:
-    rec = model.recording
     replay = model.replays
 
     def moved(get: Any) -> float:
@@ -295,14 +293,10 @@ def _predicted(model: Model, simulated: list[SimResult], baseline: Outcome, sett
     step = baseline.step_time_ms + moved(lambda r: r.step_ns) / 1e6
     peak = None
     categories = None
-    if baseline.peak_allocated_bytes is not None:
-        known = [m for m in memory if m is not None]
-        if known:
-            top = max(known, key=lambda m: m.peak_bytes)
-            peak, categories = top.peak_bytes, top.categories
-        else:
-            peak = max(s.peak_bytes + (n.peak_bytes - r.peak_bytes) for s, n, r in zip(rec.steps, simulated, replay)
-                       if s.peak_bytes >= 0)
+    known = [m for m in memory if m is not None]
+    if baseline.peak_allocated_bytes is not None and known:
+        top = max(known, key=lambda m: m.peak_bytes)
+        peak, categories = top.peak_bytes, top.categories
     units = _predicted_units(model, simulated, baseline, settings)
     return Outcome(step_time_ms=round(step, 3),
                    exposed_comm_ms=round(max(0.0, baseline.exposed_comm_ms + moved(lambda r: r.exposed_comm_ns) / 1e6), 3),

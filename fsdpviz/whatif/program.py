@@ -29,7 +29,6 @@ from fsdpviz.whatif.recording import (
     BACKWARD,
     FORWARD,
     Gather,
-    MemoryUse,
     Pass,
     Recording,
     Segment,
@@ -68,20 +67,6 @@ class ComputeOp:
     unit: str
     phase: str
     ns: float
-    memory: MemoryUse
-
-
-@dataclass(slots=True)
-class ReshardOp:
-    unit: str
-    memory: MemoryUse
-
-
-@dataclass(slots=True)
-class MemOp:
-    """Allocations of the host's own work around a compute (as recorded)."""
-
-    net: int
 
 
 @dataclass(slots=True)
@@ -98,7 +83,7 @@ class SegmentOp:
     finalize: bool = False  # the end of backward: the device waits for every reduction first
 
 
-Op = GatherOp | CopyOutOp | BusyOp | ComputeOp | ReshardOp | MemOp | ReduceOp | SegmentOp
+Op = GatherOp | CopyOutOp | BusyOp | ComputeOp | ReduceOp | SegmentOp
 
 
 @dataclass(slots=True)
@@ -111,8 +96,6 @@ class SimGather:
     comm_ns: float
     copy_out_host_ns: float
     copy_out_ns: float
-    memory: MemoryUse = field(default_factory=MemoryUse)
-    copy_out_memory: MemoryUse = field(default_factory=MemoryUse)
     after_compute: bool = False  # prefetch "none": starts only when the compute before it is done
 
 
@@ -124,7 +107,6 @@ class SimReduce:
     ar_bytes: int
     ar_ns: float
     prep_ns: float = 0.0
-    memory: MemoryUse = field(default_factory=MemoryUse)
 
 
 @dataclass(slots=True)
@@ -134,7 +116,6 @@ class Program:
     ops: list[Op]
     gathers: list[SimGather]
     reduces: list[SimReduce]
-    start_bytes: int
     units: list[str]  # forward order
     unit_bytes: dict[str, int]
     notes: list[str] = field(default_factory=list)
@@ -195,14 +176,60 @@ def _all_names(rec: Recording) -> list[str]:
 # --- the program ------------------------------------------------------------------------------
 
 @dataclass(slots=True)
-class _Costs:
-    """Per recorded unit and phase: its gather's costs (from this step, else any phase of it)."""
+class CostModel:
+    """What one step's collectives cost under a setting: a new unit's all-gather and reduction, from
+    its members' recorded ones -- as recorded where nothing changes, the recorded time scaled by the
+    fitted line to another world size, the line itself for a merged unit."""
 
-    gathers: dict[tuple[str, str], Gather]
+    step: StepProgram
+    comm: CommModel
+    members: dict[str, list[str]]  # new unit -> the recorded units it holds
+    unit_bytes: dict[str, int]  # new unit -> its unsharded parameter bytes (0: unknown)
+    where: Target
+    world_changed: bool
+    gathers: dict[tuple[str, str], Gather]  # (recorded unit, phase) -> a recorded gather, this step's first
 
-    def of(self, unit: str, phase: str) -> Gather | None:
-        return self.gathers.get((unit, phase)) or self.gathers.get((unit, FORWARD)) or self.gathers.get(
-            (unit, BACKWARD))
+    def recorded_gather(self, unit: str, phase: str) -> Gather | None:
+        """A recorded unit's gather costs: from this phase, else any phase of it."""
+        g = self.gathers
+        return g.get((unit, phase)) or g.get((unit, FORWARD)) or g.get((unit, BACKWARD))
+
+    def gather(self, unit: str, phase: str, recorded: Gather | None) -> SimGather:
+        """The all-gather of new unit ``unit`` in ``phase`` (``recorded``: its own in this step)."""
+        ms = self.members[unit]
+        parts = [recorded] if recorded is not None and len(ms) == 1 else [self.recorded_gather(u, phase) for u in ms]
+        known = [g for g in parts if g is not None]
+        nbytes = self.unit_bytes[unit] or sum(g.bytes for g in known)
+        if recorded is not None and len(ms) == 1 and not self.world_changed:
+            comm_ns = recorded.comm_ns
+        elif len(ms) == 1 and known:
+            comm_ns = known[0].comm_ns * self.comm.scale(ALL_GATHER, known[0].bytes, self.where)
+        else:
+            comm_ns = self.comm.time_ns(ALL_GATHER, nbytes, self.where)
+        single = len(ms) == 1 and bool(known)
+        return SimGather(unit=unit, phase=phase, bytes=nbytes,
+                         host_ns=sum(g.host_ns for g in known) if single else self.comm.time_ns(GATHER_HOST, nbytes),
+                         copy_in_ns=sum(g.copy_in_ns for g in known), comm_ns=comm_ns,
+                         copy_out_host_ns=sum(g.copy_out_host_ns for g in known) if single
+                         else self.comm.time_ns(COPY_OUT_HOST, nbytes),
+                         copy_out_ns=sum(g.copy_out_ns for g in known))
+
+    def reduce(self, unit: str, micro: int) -> SimReduce:
+        """The reduction of new unit ``unit``'s gradients after its backward in ``micro``."""
+        ms = self.members[unit]
+        recorded = [r for r in self.step.reduces if r.unit in ms and r.micro == micro] or \
+            [r for r in self.step.reduces if r.unit in ms]
+        nbytes = self.unit_bytes[unit] or sum(r.bytes for r in recorded)
+        if len(ms) == 1 and len(recorded) == 1 and not self.world_changed:
+            r = recorded[0]
+            return SimReduce(unit, r.bytes, r.comm_ns, r.ar_bytes, r.ar_ns, r.prep_ns)
+        if len(ms) == 1 and recorded:
+            r = recorded[0]
+            return SimReduce(unit, r.bytes, r.comm_ns * self.comm.scale(REDUCE_SCATTER, r.bytes, self.where),
+                             r.ar_bytes, r.ar_ns, r.prep_ns)
+        return SimReduce(unit, nbytes, self.comm.time_ns(REDUCE_SCATTER, nbytes, self.where),
+                         sum(r.ar_bytes for r in recorded), sum(r.ar_ns for r in recorded),
+                         sum(r.prep_ns for r in recorded))
 
 
 def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel,
@@ -221,61 +248,14 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
                     inter_host_gbps=settings.inter_node_gbps or None)
     world_changed = world != rec.world_size or bool(settings.gpus_per_node and settings.gpus_per_node
                                                     != rec.ranks_per_host)
-    costs = _Costs({**all_gathers, **{(g.unit, g.phase): g for g in step.gathers}})
+    costs = CostModel(step=step, comm=comm, members=members, unit_bytes=unit_bytes, where=where,
+                      world_changed=world_changed,
+                      gathers={**all_gathers, **{(g.unit, g.phase): g for g in step.gathers}})
     compute_scale = _compute_scale(rec, settings)
 
     gathers: list[SimGather] = []
     reduces: list[SimReduce] = []
     ops: list[Op] = []
-
-    def gather_cost(unit: str, phase: str, recorded: Gather | None) -> SimGather:
-        ms = members[unit]
-        parts = [recorded] if recorded is not None and len(ms) == 1 else [costs.of(u, phase) for u in ms]
-        known = [g for g in parts if g is not None]
-        nbytes = unit_bytes[unit] or sum(g.bytes for g in known)
-        if recorded is not None and len(ms) == 1 and not world_changed:
-            comm_ns = recorded.comm_ns
-        elif len(ms) == 1 and known:
-            comm_ns = known[0].comm_ns * comm.scale(ALL_GATHER, known[0].bytes, where)
-        else:
-            comm_ns = comm.time_ns(ALL_GATHER, nbytes, where)
-        measured = len(known) == len(ms) and any(g.memory.net or g.memory.rise for g in known)
-        single = len(ms) == 1 and bool(known)
-        return SimGather(unit=unit, phase=phase, bytes=nbytes,
-                         host_ns=sum(g.host_ns for g in known) if single else comm.time_ns(GATHER_HOST, nbytes),
-                         copy_in_ns=sum(g.copy_in_ns for g in known), comm_ns=comm_ns,
-                         copy_out_host_ns=sum(g.copy_out_host_ns for g in known) if single
-                         else comm.time_ns(COPY_OUT_HOST, nbytes),
-                         copy_out_ns=sum(g.copy_out_ns for g in known),
-                         memory=_added([g.memory for g in known]) if measured else MemoryUse(nbytes, nbytes),
-                         copy_out_memory=_added([g.copy_out_memory for g in known]) if measured
-                         else MemoryUse(0, nbytes))
-
-    def reduce_cost(unit: str, micro: int) -> SimReduce:
-        ms = members[unit]
-        recorded = [r for r in step.reduces if r.unit in ms and r.micro == micro] or \
-            [r for r in step.reduces if r.unit in ms]
-        nbytes = unit_bytes[unit] or sum(r.bytes for r in recorded)
-        if len(ms) == 1 and len(recorded) == 1 and not world_changed:
-            r = recorded[0]
-            return SimReduce(unit, r.bytes, r.comm_ns, r.ar_bytes, r.ar_ns, r.prep_ns, r.memory)
-        if len(ms) == 1 and recorded:
-            r = recorded[0]
-            return SimReduce(unit, r.bytes, r.comm_ns * comm.scale(REDUCE_SCATTER, r.bytes, where),
-                             r.ar_bytes, r.ar_ns, r.prep_ns, r.memory)
-        ar_bytes = sum(r.ar_bytes for r in recorded)
-        return SimReduce(unit, nbytes, comm.time_ns(REDUCE_SCATTER, nbytes, where),
-                         ar_bytes, sum(r.ar_ns for r in recorded), sum(r.prep_ns for r in recorded),
-                         _added([r.memory for r in recorded]))
-
-    def reshard_memory(unit: str, phase: str, micro: int) -> MemoryUse:
-        """What the reshard frees: as recorded for the members that resharded there, else their bytes."""
-        ms = members[unit]
-        passes = {p.unit: p for p in _passes(step, micro, phase) if p.unit in ms and p.reshard_memory.net < 0}
-        if len(passes) == len(ms):
-            return _added([p.reshard_memory for p in passes.values()])
-        return MemoryUse(net=-unit_bytes[unit], rise=0)
-
     gathered_units, reduced_units = rec.gathered_units, rec.reduced_units
     for mb_index, mb in enumerate(step.micro):
         micro = mb_index
@@ -286,67 +266,40 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
             leaders = _leaders(passes, group)
             order = list(dict.fromkeys(group.get(passes[i].unit, ROOT_UNIT) for i in sorted(leaders)))
             recorded_issues = _recorded_issues(step, micro, phase) if replay else {}
-            run = _runs(passes, group)
-            deferred = 0  # allocations of merged members' own post hooks, made once at the unit's end
             for i, p in enumerate(passes):
                 unit = group.get(p.unit, ROOT_UNIT)
                 lead = i in leaders
                 last = _is_last(i, passes, group)
-                # What FSDP does once per unit around a member -- free the all-gather output after the
-                # copy-out, free the previous reduction's buffer in the post-backward -- happens once
-                # for the merged unit: at its copy-out, at its end.
-                member = p.part == "" and len(run[i]) > 1
-                pre_net = sum(passes[j].pre_net for j in run[i] if passes[j].part == "") + (
-                    p.pre_net if p.part != "" else 0) if lead else (0 if member else p.pre_net)
                 ops.append(BusyOp(p.gap_ns, "gap"))
                 if lead:
                     ops.append(BusyOp(p.pre_ns, "pre"))
                 else:
                     ops.append(BusyOp(max(0.0, p.pre_ns - _framework_pre(p)), "pre"))
-                gathered: int | None = None
                 if lead and not gathered_units.intersection(members.get(unit, [unit])):
                     unsharded.add(unit)  # never sharded: nothing to gather
                 if lead and unit not in unsharded:
                     if unit not in issued:
                         own = _own_gather(step, micro, unit, phase, members)
-                        issued[unit] = _issue(ops, gathers, gather_cost(unit, phase, own), settings)
-                    gathered = issued.pop(unit)
-                    ops.append(CopyOutOp(gathered))
+                        issued[unit] = _issue(ops, gathers, costs.gather(unit, phase, own), settings)
+                    ops.append(CopyOutOp(issued.pop(unit)))
                     unsharded.add(unit)
-                if lead:
-                    # pre_net holds the free of the all-gather output after the recorded copy-out: it
-                    # goes where the copy-out goes (gone with a gather no longer needed, added to a new one)
-                    run_units = {passes[j].unit for j in run[i]}
-                    recorded_gathers = [g for g in step.gathers
-                                        if g.micro == micro and g.phase == phase and g.unit in run_units]
-                    if gathered is None:
-                        pre_net += sum(_freed_after_copy_out(g) for g in recorded_gathers)
-                    elif not recorded_gathers:
-                        pre_net -= _freed_after_copy_out(gathers[gathered])
-                ops.append(MemOp(pre_net))
                 if lead:
                     for target in _prefetch_targets(recorded_issues if replay else None, p, order, unit, phase,
                                                     prefetch):
                         if target not in unsharded and target not in issued:
                             recorded = _own_gather(step, micro, target, phase, members)
-                            issued[target] = _issue(ops, gathers, gather_cost(target, phase, recorded), settings)
-                ops.append(ComputeOp(unit, phase, p.compute_ns * compute_scale, p.memory))
+                            issued[target] = _issue(ops, gathers, costs.gather(target, phase, recorded), settings)
+                ops.append(ComputeOp(unit, phase, p.compute_ns * compute_scale))
                 post = p.post_ns if last else max(0.0, p.post_ns - p.post_framework_ns)
                 before_reduce = post - (p.reduce_after_ns if last else 0.0)
                 ops.append(BusyOp(before_reduce, "post"))
                 if last and (phase == BACKWARD or reshard.get(unit, True)):
-                    ops.append(ReshardOp(unit, reshard_memory(unit, phase, micro)))
                     unsharded.discard(unit)
                 if last and phase == BACKWARD:
                     if reduced_units.intersection(members.get(unit, [unit])):
-                        reduces.append(reduce_cost(unit, micro))
+                        reduces.append(costs.reduce(unit, micro))
                         ops.append(ReduceOp(len(reduces) - 1))
                     ops.append(BusyOp(p.reduce_after_ns, "post"))
-                if member and not last:
-                    deferred += p.post_net
-                else:
-                    ops.append(MemOp(p.post_net + deferred))
-                    deferred = 0
             if phase == FORWARD:
                 ops.append(SegmentOp("mid", mb.mid))
         ops.append(SegmentOp("finalize", Segment(), finalize=True))
@@ -354,27 +307,7 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
     notes = []
     if compute_scale != 1.0:
         notes.append(f"compute {compute_scale:.2f}x slower: more ranks than cores on a host")
-    return Program(ops=ops, gathers=gathers, reduces=reduces,
-                   start_bytes=_start_bytes(step.start_bytes, rec.world_size, world),
-                   units=new_units, unit_bytes=unit_bytes, notes=notes)
-
-
-def _freed_after_copy_out(g: Gather | SimGather) -> int:
-    """The all-gather output a gather leaves allocated after its copy-out (freed later, in the
-    pass's pre-hook): what its issue and copy-out hold beyond the unsharded parameters."""
-    return max(0, min(g.memory.net, g.memory.net + g.copy_out_memory.net - g.bytes))
-
-
-def _added(uses: Sequence[MemoryUse]) -> MemoryUse:
-    """Several members' allocations at once: their nets and their rises add."""
-    return MemoryUse(net=sum(u.net for u in uses), rise=sum(u.rise for u in uses))
-
-
-def _passes(step: StepProgram, micro: int, phase: str) -> list[Pass]:
-    mb = step.micro[micro] if micro < len(step.micro) else None
-    if mb is None:
-        return []
-    return mb.forward if phase == FORWARD else mb.backward
+    return Program(ops=ops, gathers=gathers, reduces=reduces, units=new_units, unit_bytes=unit_bytes, notes=notes)
 
 
 def _issue(ops: list[Op], gathers: list[SimGather], g: SimGather, settings: Settings) -> int:
@@ -393,19 +326,6 @@ def _leaders(passes: Sequence[Pass], group: dict[str, str]) -> set[int]:
         unit = group.get(p.unit, ROOT_UNIT)
         if p.part != "b" and (i == 0 or group.get(passes[i - 1].unit, ROOT_UNIT) != unit):
             out.add(i)
-    return out
-
-
-def _runs(passes: Sequence[Pass], group: dict[str, str]) -> list[list[int]]:
-    """For each pass, the indices of the passes of its unit's pass (a run of one unit, without the
-    root's part b, which continues part a)."""
-    out: list[list[int]] = [[] for _ in passes]
-    current: list[int] = []
-    for i, p in enumerate(passes):
-        if i == 0 or group.get(passes[i - 1].unit, ROOT_UNIT) != group.get(p.unit, ROOT_UNIT) or p.part == "b":
-            current = []
-        current.append(i)
-        out[i] = current
     return out
 
 
@@ -483,10 +403,3 @@ def _compute_scale(rec: Recording, settings: Settings) -> float:
     before = rec.ranks_per_host
     after = settings.gpus_per_node or min(settings.world_size or rec.world_size, rec.ranks_per_host)
     return max(1.0, after / rec.cpu_count) / max(1.0, before / rec.cpu_count)
-
-
-def _start_bytes(start: int, recorded_world: int, world: int) -> int:
-    """The allocated level at the step's start: the sharded state, spread over ``world`` ranks."""
-    if start < 0 or world == recorded_world:
-        return start
-    return int(start * recorded_world / world)

@@ -20,14 +20,15 @@ A step is read as, per micro-batch (one unless gradient accumulation):
   remembered with the pass that issued it; one :class:`Reduce` per reduce-scatter (and HSDP
   all-reduce).
 
-Memory is read the same way: the allocated level at the start of the step and, per pass, what its
-compute left allocated and how far above that it went (:class:`MemoryUse`); parameter and gradient
-buffers are not read from the curve but follow from the units' sizes (:mod:`.program`).
+The reading is split by job: :class:`_StepTables` holds one step's spans and labels as arrays,
+:class:`_PassReader` reads a pass (and the reduction it issued) off them on the busy clock, and
+:func:`_gathers` the step's all-gathers. Memory is read apart, by category, for the memory model
+(:class:`~fsdpviz.whatif.memory.StepMemory` on each step, ``StepProgram.memory``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -68,15 +69,6 @@ COMM_KINDS: Final = (schema.SPAN_ALL_GATHER, schema.SPAN_REDUCE_SCATTER, schema.
 
 
 @dataclass(slots=True)
-class MemoryUse:
-    """What a pass's compute does to the allocated level: it ends ``net`` bytes above where it
-    started, having been at most ``rise`` above its start (both from the allocator samples)."""
-
-    net: int = 0
-    rise: int = 0
-
-
-@dataclass(slots=True)
 class Gather:
     """One all-gather of a unit's parameters."""
 
@@ -90,8 +82,6 @@ class Gather:
     copy_out_host_ns: float  # host busy time of the copy-out label
     copy_out_ns: float  # GPU: the copy-out on the compute stream (CPU: part of copy_out_host_ns)
     issued_in: tuple[str, str, str] | None = None  # (unit, phase, part) of the pass that issued it
-    memory: MemoryUse = field(default_factory=MemoryUse)  # while issuing (its output buffer)
-    copy_out_memory: MemoryUse = field(default_factory=MemoryUse)  # the copy-out (parameters in place)
 
 
 @dataclass(slots=True)
@@ -106,7 +96,6 @@ class Reduce:
     ar_ns: float = 0.0
     host_ns: float = 0.0  # host busy time of issuing it
     prep_ns: float = 0.0  # GPU: kernels before it on the compute stream (FSDP2's chunk_cat of the gradients)
-    memory: MemoryUse = field(default_factory=MemoryUse)  # its label: buffers in, gradients out
 
 
 @dataclass(slots=True)
@@ -124,10 +113,6 @@ class Pass:
     reduce_after_ns: float = 0.0  # of post_ns: the part after the reduce-scatter was issued
     reshard_ns: float = 0.0  # of post_ns: the reshard label (post_forward / post_backward_reshard)
     post_framework_ns: float = 0.0  # of post_ns: FSDP's post-forward / post-backward hooks, without the reduction
-    memory: MemoryUse = field(default_factory=MemoryUse)  # the compute
-    pre_net: int = 0  # allocated before the compute, beyond the gathers and copy-outs done there
-    post_net: int = 0  # allocated after the compute, beyond the reshard and the reduction
-    reshard_memory: MemoryUse = field(default_factory=MemoryUse)
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -142,7 +127,6 @@ class Segment:
     device_ns: float = 0.0  # GPU: kernels launched here (loss, optimizer), on the compute stream
     sync_at: list[float] = field(default_factory=list)  # busy offsets at which the host waits for the device
     comm_ns: list[float] = field(default_factory=list)  # CPU: collectives outside units the host waited for
-    memory: MemoryUse = field(default_factory=MemoryUse)
 
 
 @dataclass(slots=True)
@@ -166,12 +150,15 @@ class StepProgram:
     post: Segment
     gathers: list[Gather]
     reduces: list[Reduce]
-    start_bytes: int = -1  # allocated at the step's start (-1: no memory samples)
-    peak_bytes: int = -1
     comm_exposed_ns: int = 0
     comm_ns: int = 0
     start_ns: int = 0  # where the step starts in the analysis' (aligned) time
-    memory_by_category: StepMemory | None = None  # what the memory model reads (None: no samples)
+    memory: StepMemory | None = None  # the step's memory by category, for the memory model (None: no samples)
+
+    @property
+    def peak_bytes(self) -> int:
+        """The highest allocated level in the step (-1: no memory samples)."""
+        return self.memory.peak_bytes if self.memory is not None else -1
 
 
 @dataclass(slots=True)
@@ -263,13 +250,12 @@ def read_recording(result: RunResult, ranks: Sequence[int] | None = None) -> Rec
             if times is None or step not in times.index:
                 continue
             row = times.loc[step]
-            program = _read_step(rank, step, int(row["start_ns"]), int(row["end_ns"]), parts, clock, rank_work,
-                                 samples, gpu)
+            program = _read_step(rank, step, int(row["start_ns"]), int(row["end_ns"]), parts, clock, rank_work, gpu)
             program.comm_ns, program.comm_exposed_ns = int(row["comm_ns"]), int(row["exposed_comm_ns"])
             program.start_ns = int(row["start_ns"])
             if cats is not None and split is not None:
                 step_windows = parts["windows"][(parts["windows"]["step"] == step).to_numpy()]
-                program.memory_by_category = step_memory(rank, step, int(row["start_ns"]), int(row["end_ns"]),
+                program.memory = step_memory(rank, step, int(row["start_ns"]), int(row["end_ns"]),
                                                          sample_t, cats, split, step_windows)
             programs.append(program)
     return Recording(
@@ -356,166 +342,194 @@ def _pass_frames(wins: list[_Window]) -> Iterator[tuple[str, str, int, int, int]
         prev_end = top.end
 
 
+@dataclass(slots=True)
+class _Intervals:
+    """Start and end columns of some rows, as arrays (with the rows' unit, phase and micro-batch
+    where they have them)."""
+
+    start: np.ndarray
+    end: np.ndarray
+    unit: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=object))
+
+    @classmethod
+    def of(cls, rows: pd.DataFrame) -> _Intervals:
+        unit = as_str(rows["unit"]) if "unit" in rows.columns else np.zeros(len(rows), dtype=object)
+        return cls(rows["start_ns"].to_numpy(np.int64), rows["end_ns"].to_numpy(np.int64), unit)
+
+
+@dataclass(slots=True)
+class _StepTables:
+    """One step's spans and labels, split by what the reader asks of them, as arrays read once (the
+    loop over passes builds no DataFrame)."""
+
+    spans: pd.DataFrame  # schema.SPANS of the step (CPU: with each collective's wait start)
+    windows: pd.DataFrame
+    compute: pd.DataFrame
+    c_unit: np.ndarray
+    c_phase: np.ndarray
+    c_micro: np.ndarray
+    c_issue: np.ndarray
+    c_start: np.ndarray
+    c_end: np.ndarray
+    reshards: _Intervals  # phase in ``reshard_phase``
+    reshard_phase: np.ndarray
+    reshard_starts: np.ndarray  # sorted
+    gather_labels: pd.DataFrame
+    copy_out_labels: pd.DataFrame
+    gather_spans: _Intervals  # the gather labels'
+    copy_out_spans: _Intervals
+    reduce_labels: _Intervals
+    reductions: pd.DataFrame  # reduce-scatter and all-reduce spans
+    r_unit: np.ndarray
+    r_kind: np.ndarray
+    r_micro: np.ndarray
+    r_cols: dict[str, np.ndarray]
+    r_from: np.ndarray  # where each reduction's time counts from (GPU: its start; CPU: its wait start)
+
+    @classmethod
+    def read(cls, parts: dict[str, pd.DataFrame], step: int, gpu: bool) -> _StepTables:
+        spans = parts["spans"][(parts["spans"]["step"] == step).to_numpy()]
+        if not gpu:
+            spans = _with_wait_start(spans)
+        labels = parts["labels"][(parts["labels"]["step"] == step).to_numpy()]
+        gather_labels = labels[(labels["action"] == GATHER_ACTION).to_numpy()]
+        copy_out_labels = labels[((labels["family"] == FAMILY_FSDP2)
+                                  & (labels["action"] == COPY_OUT_ACTION)).to_numpy()]
+        reduce_labels = labels[labels["action"].isin([FSDP2_REDUCE_ACTION, FSDPVIZ_REDUCE_ACTION]).to_numpy()]
+        compute = spans[(spans["kind"] == schema.SPAN_COMPUTE).to_numpy()]
+        reshards = spans[(spans["kind"] == schema.SPAN_RESHARD).to_numpy()]
+        reductions = spans[spans["kind"].isin([schema.SPAN_REDUCE_SCATTER, schema.SPAN_ALL_REDUCE]).to_numpy()]
+        c_unit, c_phase, c_micro = _pass_columns(compute)
+        c_cols = _columns(compute, ("issue_ns", "start_ns", "end_ns"))
+        r_unit, r_kind, r_micro = _pass_columns(reductions, "kind")
+        r_cols = _columns(reductions, ("issue_ns", "start_ns", "end_ns", "bytes"))
+        return cls(
+            spans=spans, windows=parts["windows"][(parts["windows"]["step"] == step).to_numpy()], compute=compute,
+            c_unit=c_unit, c_phase=c_phase, c_micro=c_micro, c_issue=c_cols["issue_ns"], c_start=c_cols["start_ns"],
+            c_end=c_cols["end_ns"], reshards=_Intervals.of(reshards), reshard_phase=as_str(reshards["phase"]),
+            reshard_starts=np.sort(reshards["start_ns"].to_numpy(np.int64)), gather_labels=gather_labels,
+            copy_out_labels=copy_out_labels, gather_spans=_Intervals.of(gather_labels),
+            copy_out_spans=_Intervals.of(copy_out_labels), reduce_labels=_Intervals.of(reduce_labels),
+            reductions=reductions, r_unit=r_unit, r_kind=r_kind, r_micro=r_micro, r_cols=r_cols,
+            r_from=r_cols["start_ns"] if gpu else _wait_from(reductions))
+
+
+@dataclass(slots=True)
+class _PassReader:
+    """Reads one pass (a unit's window in one phase and micro-batch, or a root's part) off a step's
+    tables on the host's busy clock: its host time around the compute, the compute, and the
+    reduction it issued."""
+
+    tables: _StepTables
+    clock: BusyClock
+    work: pd.DataFrame | None  # GPU: kernels with their launch times
+    gpu: bool
+
+    def labelled(self, a: float, b: float) -> float:
+        """Busy time of the gather and copy-out labels that start in ``[a, b)`` (the gathers' own
+        host time, costed with the gathers, not the pass)."""
+        return self._busy_in(self.tables.gather_spans, a, b) + self._busy_in(self.tables.copy_out_spans, a, b)
+
+    def _busy_in(self, iv: _Intervals, a: float, b: float) -> float:
+        inside = (iv.start >= a) & (iv.start < b)
+        return float(sum(self.clock.between(s, e) for s, e in zip(iv.start[inside], iv.end[inside])))
+
+    def read(self, unit: str, part: str, phase: str, micro: int, a: int, b: int, gap_from: int) -> tuple[Pass, Reduce | None]:
+        t, clock = self.tables, self.clock
+        mine = (t.c_unit == unit) & (t.c_phase == phase) & (t.c_micro == micro)
+        if part:  # the root's compute before (a) and after (b) its children; a unit's is all its own
+            mine &= (t.c_issue >= a) & (t.c_issue < b)
+        m_start, m_end = t.c_start[mine], t.c_end[mine]
+        total = clock.between(a, b) - self.labelled(a, b)
+        if len(m_start):
+            first = float(t.c_issue[mine].min())
+            pre = clock.between(a, first) - self.labelled(a, first)
+            if self.gpu:
+                compute = float((m_end - m_start).sum())
+                # the host's part after the compute starts at the reshard (GPU: launches run ahead)
+                k = int(np.searchsorted(t.reshard_starts, first, side="left"))
+                compute_end = float(t.reshard_starts[k]) if k < len(t.reshard_starts) and t.reshard_starts[k] < b \
+                    else float(b)
+            else:
+                compute = float(sum(clock.between(s, e) for s, e in zip(m_start.tolist(), m_end.tolist())))
+                compute_end = float(m_end.max())
+        else:
+            pre, compute = total, 0.0
+            compute_end = float(b)
+        post = max(0.0, total - pre - (0.0 if self.gpu else compute))
+        rs = t.reshards
+        at = (rs.unit == unit) & (t.reshard_phase == phase) & (rs.start >= a) & (rs.start < b)
+        reshard_ns = float(sum(clock.between(x, y) for x, y in zip(rs.start[at].tolist(), rs.end[at].tolist())))
+        rl = t.reduce_labels
+        at = (rl.unit == unit) & (rl.start >= compute_end) & (rl.start < b)
+        reduce_busy = float(sum(clock.between(x, y) for x, y in zip(rl.start[at].tolist(), rl.end[at].tolist())))
+        p = Pass(unit=unit, phase=phase, micro=micro, part=part, gap_ns=clock.between(gap_from, a),
+                 pre_ns=max(0.0, pre), compute_ns=compute, post_ns=post, reshard_ns=min(post, reshard_ns),
+                 post_framework_ns=min(post, max(0.0, clock.between(compute_end, b) - self.labelled(compute_end, b)
+                                                 - reduce_busy)))
+        return p, (self._reduce(p, a, b) if phase == BACKWARD else None)
+
+    def _reduce(self, p: Pass, a: int, b: int) -> Reduce | None:
+        """The unit's reduction issued in its backward pass ``[a, b)`` (and ``p.reduce_after_ns``)."""
+        t = self.tables
+        red = (t.r_unit == p.unit) & (t.r_micro == p.micro) & (t.r_cols["issue_ns"] >= a) & (t.r_cols["issue_ns"] < b)
+        rs = red & (t.r_kind == schema.SPAN_REDUCE_SCATTER)
+        if not rs.any():
+            return None
+        ar = red & (t.r_kind == schema.SPAN_ALL_REDUCE)
+        issue_t = float(t.r_cols["issue_ns"][rs].min())
+        p.reduce_after_ns = min(p.post_ns, self.clock.between(issue_t, b))
+        return Reduce(unit=p.unit, micro=p.micro, bytes=int(np.clip(t.r_cols["bytes"][rs], 0, None).sum()),
+                      comm_ns=_comm_ns(t.r_from[rs], t.r_cols["end_ns"][rs], self.gpu),
+                      ar_bytes=int(np.clip(t.r_cols["bytes"][ar], 0, None).sum()),
+                      ar_ns=_comm_ns(t.r_from[ar], t.r_cols["end_ns"][ar], self.gpu) if ar.any() else 0.0,
+                      prep_ns=self._prep(p.unit, issue_t))
+
+    def _prep(self, unit: str, issue_t: float) -> float:
+        """GPU: the kernels its reduction label launched before the reduce-scatter (FSDP2's chunk_cat)."""
+        if self.work is None:
+            return 0.0
+        rl = self.tables.reduce_labels
+        at = (rl.unit == unit) & (rl.start <= issue_t) & (rl.end >= issue_t)
+        if not at.any():
+            return 0.0
+        launch = self.work["launch_ns"].to_numpy(np.int64)
+        k = (launch >= int(rl.start[at].min())) & (launch < issue_t) & ~self.work["is_comm"].to_numpy(bool)
+        return float((self.work["end_ns"].to_numpy(np.int64)[k] - self.work["start_ns"].to_numpy(np.int64)[k]).sum())
+
+
 def _read_step(rank: int, step: int, t0: int, t1: int, parts: dict[str, pd.DataFrame], clock: BusyClock,
-               work: pd.DataFrame | None, samples: pd.DataFrame, gpu: bool) -> StepProgram:
-    spans = parts["spans"][(parts["spans"]["step"] == step).to_numpy()]
-    if not gpu:
-        spans = _with_wait_start(spans)
-    labels = parts["labels"][(parts["labels"]["step"] == step).to_numpy()]
-    windows = parts["windows"][(parts["windows"]["step"] == step).to_numpy()]
-    gather_labels = labels[(labels["action"] == GATHER_ACTION).to_numpy()]
-    copy_out_labels = labels[((labels["family"] == FAMILY_FSDP2) & (labels["action"] == COPY_OUT_ACTION)).to_numpy()]
-    reduce_labels = labels[labels["action"].isin([FSDP2_REDUCE_ACTION, FSDPVIZ_REDUCE_ACTION]).to_numpy()]
-    g_start = gather_labels["start_ns"].to_numpy(np.int64)
-    g_end = gather_labels["end_ns"].to_numpy(np.int64)
-    c_start = copy_out_labels["start_ns"].to_numpy(np.int64)
-    c_end = copy_out_labels["end_ns"].to_numpy(np.int64)
-
-    def busy_in(starts: np.ndarray, ends: np.ndarray, a: float, b: float) -> float:
-        """Busy time of the labels that start in [a, b)."""
-        inside = (starts >= a) & (starts < b)
-        return float(sum(clock.between(s, e) for s, e in zip(starts[inside], ends[inside])))
-
-    t_samples = samples["t_ns"].to_numpy(np.int64)
-    allocated = samples["allocated_bytes"].to_numpy(np.int64)
-    before_first = int(allocated[0] - samples["delta_bytes"].to_numpy(np.int64)[0]) if len(allocated) else 0
-
-    def level_at(t: float) -> int:
-        """The allocated level just after ``t`` (before the first sample: the level that sample changed)."""
-        i = int(np.searchsorted(t_samples, t, side="right")) - 1
-        return int(allocated[i]) if i >= 0 else before_first
-
-    def memory_use(a: float, b: float) -> MemoryUse:
-        if not len(t_samples):
-            return MemoryUse()
-        start = level_at(a)
-        i, j = np.searchsorted(t_samples, [a, b], side="left")
-        top = int(allocated[i:j].max()) if j > i else start
-        return MemoryUse(net=level_at(b) - start, rise=max(0, top - start))
-
-    comp = spans[(spans["kind"] == schema.SPAN_COMPUTE).to_numpy()]
-    reshards = spans[(spans["kind"] == schema.SPAN_RESHARD).to_numpy()]
-    r_start = np.sort(reshards["start_ns"].to_numpy(np.int64))
-    # The tables of the step as arrays, once: the loop below runs per pass and builds no DataFrame.
-    c_unit, c_phase, c_micro = _pass_columns(comp)
-    c_cols = _columns(comp, ("issue_ns", "start_ns", "end_ns"))
-    rs_unit, rs_phase = as_str(reshards["unit"]), as_str(reshards["phase"])
-    rs_cols = _columns(reshards, ("start_ns", "end_ns"))
-    rl_unit, rl = as_str(reduce_labels["unit"]), _columns(reduce_labels, ("start_ns", "end_ns"))
-    red_all = spans[spans["kind"].isin([schema.SPAN_REDUCE_SCATTER, schema.SPAN_ALL_REDUCE]).to_numpy()]
-    rd_unit, rd_kind, rd_micro = _pass_columns(red_all, "kind")
-    rd = _columns(red_all, ("issue_ns", "start_ns", "end_ns", "bytes"))
-    rd_from = rd["start_ns"] if gpu else _wait_from(red_all)
-    if work is not None:
-        w_launch, w_start, w_end = (work[c].to_numpy(np.int64) for c in ("launch_ns", "start_ns", "end_ns"))
-        w_not_comm = ~work["is_comm"].to_numpy(bool)
+               work: pd.DataFrame | None, gpu: bool) -> StepProgram:
+    """One rank's step as a :class:`StepProgram` (see the module docstring)."""
+    tables = _StepTables.read(parts, step, gpu)
+    reader = _PassReader(tables, clock, work, gpu)
     frames: list[tuple[int, str, str, str, int, int]] = []  # (micro, unit, phase, part, start, end), host order
-    micros = sorted(set(windows["micro"].tolist())) or [0]
-    gathers: list[Gather] = []
     reduces: list[Reduce] = []
     batches: list[MicroBatch] = []
     cursor = float(t0)
-    for micro in micros:
-        fwd_wins = _windows(windows, step, micro, FORWARD)
-        bwd_wins = _windows(windows, step, micro, BACKWARD)
+    for micro in sorted(set(tables.windows["micro"].tolist())) or [0]:
         passes: dict[str, list[Pass]] = {FORWARD: [], BACKWARD: []}
         bounds: dict[str, tuple[float, float]] = {}
-        for phase, wins in ((FORWARD, fwd_wins), (BACKWARD, bwd_wins)):
+        for phase in (FORWARD, BACKWARD):
+            wins = _windows(tables.windows, step, micro, phase)
             if not wins:
                 continue
             bounds[phase] = (min(w.start for w in wins), max(w.end for w in wins))
             for unit, part, a, b, gap_from in _pass_frames(wins):
                 frames.append((micro, unit, phase, part, a, b))
-                mine = (c_unit == unit) & (c_phase == phase) & (c_micro == micro)
-                if part:  # the root's compute before (a) and after (b) its children; a unit's is all its own
-                    mine &= (c_cols["issue_ns"] >= a) & (c_cols["issue_ns"] < b)
-                m_start, m_end = c_cols["start_ns"][mine], c_cols["end_ns"][mine]
-                labels_busy = busy_in(g_start, g_end, a, b) + busy_in(c_start, c_end, a, b)
-                total = clock.between(a, b) - labels_busy
-                if len(m_start):
-                    first = float(c_cols["issue_ns"][mine].min())
-                    pre = clock.between(a, first) - busy_in(g_start, g_end, a, first) - busy_in(c_start, c_end, a, first)
-                    if gpu:
-                        compute = float((m_end - m_start).sum())
-                    else:
-                        compute = float(sum(clock.between(s, e) for s, e in zip(m_start.tolist(), m_end.tolist())))
-                    if gpu:  # allocations happen on the host, in the ops around the launches
-                        k = int(np.searchsorted(r_start, first, side="left"))
-                        cs = max([float(a), *[float(e) for st_, e in zip(np.concatenate([g_start, c_start]),
-                                                                         np.concatenate([g_end, c_end]))
-                                              if a <= st_ < first]])
-                        ce = float(r_start[k]) if k < len(r_start) and r_start[k] < b else float(b)
-                    else:
-                        cs, ce = float(m_start.min()), float(m_end.max())
-                else:
-                    pre, compute = total, 0.0
-                    cs = ce = float(b)
-                mem = memory_use(cs, ce)
-                post = max(0.0, total - pre - (0.0 if gpu else compute))
-                at = ((rs_unit == unit) & (rs_phase == phase) & (rs_cols["start_ns"] >= a)
-                      & (rs_cols["start_ns"] < b))
-                rs_spans = list(zip(rs_cols["start_ns"][at].tolist(), rs_cols["end_ns"][at].tolist()))
-                reshard_mem = _sum_use([memory_use(x, y) for x, y in rs_spans])
-                labelled_before = sum(memory_use(x, y).net for x, y in
-                                      zip(np.concatenate([g_start, c_start]), np.concatenate([g_end, c_end]))
-                                      if a <= x < cs)
-                at = (rl_unit == unit) & (rl["start_ns"] >= ce) & (rl["start_ns"] < b)
-                rl_spans = list(zip(rl["start_ns"][at].tolist(), rl["end_ns"][at].tolist()))
-                reduce_mem = _sum_use([memory_use(x, y) for x, y in rl_spans])
-                reduce_busy = float(sum(clock.between(x, y) for x, y in rl_spans))
-                p = Pass(unit=unit, phase=phase, micro=micro, part=part, gap_ns=clock.between(gap_from, a),
-                         pre_ns=max(0.0, pre), compute_ns=compute, post_ns=post, memory=mem,
-                         reshard_ns=min(post, float(sum(clock.between(x, y) for x, y in rs_spans))),
-                         pre_net=level_at(cs) - level_at(a) - labelled_before,
-                         post_net=level_at(b) - level_at(ce) - reshard_mem.net - reduce_mem.net,
-                         reshard_memory=reshard_mem,
-                         post_framework_ns=min(post, max(0.0, clock.between(ce, b) - busy_in(g_start, g_end, ce, b)
-                                                         - busy_in(c_start, c_end, ce, b) - reduce_busy)))
-                red = (rd_unit == unit) & (rd_micro == micro) & (rd["issue_ns"] >= a) & (rd["issue_ns"] < b)
-                if phase == BACKWARD and red.any():
-                    rs = red & (rd_kind == schema.SPAN_REDUCE_SCATTER)
-                    ar = red & (rd_kind == schema.SPAN_ALL_REDUCE)
-                    if rs.any():
-                        issue_t = float(rd["issue_ns"][rs].min())
-                        p.reduce_after_ns = min(p.post_ns, clock.between(issue_t, b))
-                        prep = 0.0
-                        if work is not None:
-                            at = (rl_unit == unit) & (rl["start_ns"] <= issue_t) & (rl["end_ns"] >= issue_t)
-                            if at.any():
-                                k = (w_launch >= int(rl["start_ns"][at].min())) & (w_launch < issue_t) & w_not_comm
-                                prep = float((w_end[k] - w_start[k]).sum())
-                        reduces.append(Reduce(
-                            unit=unit, micro=micro, bytes=int(np.clip(rd["bytes"][rs], 0, None).sum()),
-                            comm_ns=_comm_ns(rd_from[rs], rd["end_ns"][rs], gpu),
-                            ar_bytes=int(np.clip(rd["bytes"][ar], 0, None).sum()),
-                            ar_ns=_comm_ns(rd_from[ar], rd["end_ns"][ar], gpu) if ar.any() else 0.0,
-                            prep_ns=prep, memory=reduce_mem))
+                p, reduce = reader.read(unit, part, phase, micro, a, b, gap_from)
                 passes[phase].append(p)
+                if reduce is not None:
+                    reduces.append(reduce)
         pre_end = bounds[FORWARD][0] if FORWARD in bounds else cursor
-        pre_seg = _segment(cursor, pre_end, clock, work, spans, gpu, memory_use)
         mid_from = bounds[FORWARD][1] if FORWARD in bounds else pre_end
         mid_to = bounds[BACKWARD][0] if BACKWARD in bounds else mid_from
-        mid_seg = _segment(mid_from, mid_to, clock, work, spans, gpu, memory_use)
-        batches.append(MicroBatch(pre=pre_seg, forward=passes[FORWARD], mid=mid_seg, backward=passes[BACKWARD]))
+        batches.append(MicroBatch(pre=_segment(cursor, pre_end, clock, work, gpu), forward=passes[FORWARD],
+                                  mid=_segment(mid_from, mid_to, clock, work, gpu), backward=passes[BACKWARD]))
         cursor = bounds[BACKWARD][1] if BACKWARD in bounds else mid_to
-    tail = _segment(cursor, t1, clock, work, spans, gpu, memory_use)
-    gathers = _gathers(spans, comp, gather_labels, copy_out_labels, frames, clock, gpu, memory_use)
-    program = StepProgram(rank=rank, step=step, step_ns=t1 - t0, micro=batches, post=tail, gathers=gathers,
-                          reduces=reduces)
-    if len(t_samples):
-        program.start_bytes = level_at(t0)
-        i, j = np.searchsorted(t_samples, [t0, t1], side="left")
-        program.peak_bytes = int(allocated[i:j].max()) if j > i else program.start_bytes
-    return program
-
-
-def _sum_use(uses: list[MemoryUse]) -> MemoryUse:
-    """Regions one after another: their nets add; the highest rise counts from where it started."""
-    net = rise = 0
-    for use in uses:
-        rise = max(rise, net + use.rise)
-        net += use.net
-    return MemoryUse(net=net, rise=rise)
+    gathers = _gathers(tables, frames, clock, gpu)
+    return StepProgram(rank=rank, step=step, step_ns=t1 - t0, micro=batches, post=_segment(cursor, t1, clock, work, gpu),
+                       gathers=gathers, reduces=reduces)
 
 
 def _comm_ns(start: np.ndarray, end: np.ndarray, gpu: bool, busy: Intervals | None = None) -> float:
@@ -554,8 +568,8 @@ def _with_wait_start(spans: pd.DataFrame) -> pd.DataFrame:
     return spans.assign(wait_from_ns=wait_from)
 
 
-def _segment(a: float, b: float, clock: BusyClock, work: pd.DataFrame | None, spans: pd.DataFrame, gpu: bool,
-             memory_use: Callable[[float, float], MemoryUse]) -> Segment:
+def _segment(a: float, b: float, clock: BusyClock, work: pd.DataFrame | None, gpu: bool) -> Segment:
+    """Host work from ``a`` to ``b`` outside every unit (see :class:`Segment`)."""
     seg = Segment(busy_ns=clock.between(a, b))
     if b <= a:
         return seg
@@ -569,15 +583,14 @@ def _segment(a: float, b: float, clock: BusyClock, work: pd.DataFrame | None, sp
         blocked_s, blocked_e = clock.s, clock.e
         inside = (blocked_s >= a) & (blocked_s < b)
         seg.comm_ns = [float(e - s) for s, e in zip(blocked_s[inside], blocked_e[inside])]
-    seg.memory = memory_use(a, b)
     return seg
 
 
-def _gathers(spans: pd.DataFrame, compute: pd.DataFrame, gather_labels: pd.DataFrame, copy_out_labels: pd.DataFrame,
-             frames: list[tuple[int, str, str, str, int, int]], clock: BusyClock, gpu: bool,
-             memory_use: Callable[[float, float], MemoryUse]) -> list[Gather]:
-    """Every all-gather of the step with its costs and the pass that issued it (``compute``: the
-    step's compute spans)."""
+def _gathers(tables: _StepTables, frames: list[tuple[int, str, str, str, int, int]], clock: BusyClock,
+             gpu: bool) -> list[Gather]:
+    """Every all-gather of the step with its costs and the pass that issued it."""
+    spans, compute = tables.spans, tables.compute
+    gather_labels, copy_out_labels = tables.gather_labels, tables.copy_out_labels
     ag = spans[(spans["kind"] == schema.SPAN_ALL_GATHER).to_numpy()]
     if ag.empty:
         return []
@@ -624,9 +637,7 @@ def _gathers(spans: pd.DataFrame, compute: pd.DataFrame, gather_labels: pd.DataF
                                 busy),
             copy_out_host_ns=float(sum(clock.between(s, e) for s, e in co_spans)),
             copy_out_ns=float((co["end_ns"][out_pass] - co["start_ns"][out_pass]).sum()) if gpu else 0.0,
-            issued_in=_issuer(frames, micro, issue),
-            memory=_sum_use([memory_use(x, y) for x, y in lab_spans]),
-            copy_out_memory=_sum_use([memory_use(x, y) for x, y in co_spans])))
+            issued_in=_issuer(frames, micro, issue)))
     return out
 
 

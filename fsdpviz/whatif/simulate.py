@@ -15,10 +15,8 @@ in-order lanes, each item starting when its lane is free and what it waits for i
   modelling them as waited for reproduces recordings best); collectives of one rank run one after
   another on its gloo threads.
 
-Memory follows the host: an all-gather allocates its unit's unsharded bytes when issued, the copy-out
-holds them twice for a moment, a reshard frees them; each compute pass rises and ends as recorded;
-a reduce-scatter's buffer is freed at the next reduction. The step's time is the host's, from the
-start of the step to the end of its last instruction.
+The step's time is the host's, from the start of the step to the end of its last instruction. (Memory
+is predicted apart, from the recording's memory by category: :mod:`fsdpviz.whatif.memory`.)
 """
 
 from __future__ import annotations
@@ -31,10 +29,8 @@ from fsdpviz.whatif.program import (
     ComputeOp,
     CopyOutOp,
     GatherOp,
-    MemOp,
     Program,
     ReduceOp,
-    ReshardOp,
     SegmentOp,
 )
 
@@ -65,8 +61,6 @@ class SimResult:
 
     step_ns: float
     spans: list[SimSpan]
-    memory: list[tuple[float, int]]  # (ns from the step's start, allocated bytes)
-    peak_bytes: int
     comm_ns: float  # union of the collectives
     exposed_comm_ns: float  # part of it while nothing computed
     compute_ns: float
@@ -110,21 +104,7 @@ class _Sim:
         self.pending_reduce: list[tuple[float, int]] = []  # (end, buffer bytes) not yet waited for
         self.reduce_ends: list[float] = []
         self.spans: list[SimSpan] = []
-        self.level = max(0, program.start_bytes)
-        self.memory: list[tuple[float, int]] = [(0.0, self.level)] if program.start_bytes >= 0 else []
-        self.peak = self.level
         self.phase = ""
-
-    # --- memory ---------------------------------------------------------------------------
-    def _mem(self, delta: int, rise: int = 0) -> None:
-        if self.p.start_bytes < 0:
-            return
-        if rise > 0:
-            self.memory.append((self.host, self.level + rise))
-            self.peak = max(self.peak, self.level + rise)
-        self.level += delta
-        self.memory.append((self.host, self.level))
-        self.peak = max(self.peak, self.level)
 
     # --- instructions ---------------------------------------------------------------------
     def step(self, op: object) -> None:
@@ -136,10 +116,6 @@ class _Sim:
             self._copy_out(op.gid)
         elif isinstance(op, ComputeOp):
             self._compute(op)
-        elif isinstance(op, ReshardOp):
-            self._mem(op.memory.net, rise=op.memory.rise)
-        elif isinstance(op, MemOp):
-            self._mem(op.net)
         elif isinstance(op, ReduceOp):
             self._reduce(op.rid)
         elif isinstance(op, SegmentOp):
@@ -148,7 +124,6 @@ class _Sim:
     def _gather(self, gid: int) -> None:
         g = self.p.gathers[gid]
         self.host += g.host_ns
-        self._mem(g.memory.net, rise=g.memory.rise)
         if self.gpu:
             ci_start = max(self.host, self.free[COPY_IN], self.last_copy_out)
             ci_end = ci_start + g.copy_in_ns
@@ -181,7 +156,6 @@ class _Sim:
             end = start + g.copy_out_host_ns
             self.host = end
         self.spans.append(SimSpan(g.unit, g.phase, "copy_out", COMPUTE if self.gpu else HOST, start, end))
-        self._mem(g.copy_out_memory.net, rise=g.copy_out_memory.rise)
 
     def _compute(self, op: ComputeOp) -> None:
         if self.gpu:
@@ -194,11 +168,9 @@ class _Sim:
             self.host = end
         if op.ns > 0:
             self.spans.append(SimSpan(op.unit, op.phase, "compute", COMPUTE if self.gpu else HOST, start, end))
-        self._mem(op.memory.net, rise=op.memory.rise)
 
     def _reduce(self, rid: int) -> None:
         r = self.p.reduces[rid]
-        self._mem(r.memory.net, rise=r.memory.rise)
         if self.gpu:
             prev = max((e for e, _ in self.pending_reduce), default=0.0)
             self.free[COMPUTE] = max(self.free[COMPUTE], prev, self.host) + r.prep_ns
@@ -243,7 +215,6 @@ class _Sim:
             self.host += ns
         if not self.gpu and op.name == "post" and seg.busy_ns:
             self.spans.append(SimSpan("", "optimizer", "optimizer", HOST, start, self.host))
-        self._mem(seg.memory.net, rise=seg.memory.rise)
 
     def result(self) -> SimResult:
         comm = _union([(s.start, s.end) for s in self.spans
@@ -251,8 +222,7 @@ class _Sim:
         compute = _union([(s.start, s.end) for s in self.spans if s.kind in ("compute", "copy_out", "optimizer")])
         comm_ns = sum(e - s for s, e in comm)
         exposed = comm_ns - sum(_covered(compute, s, e) for s, e in comm)
-        return SimResult(step_ns=self.host, spans=self.spans, memory=self.memory, peak_bytes=self.peak,
-                         comm_ns=comm_ns, exposed_comm_ns=exposed,
+        return SimResult(step_ns=self.host, spans=self.spans, comm_ns=comm_ns, exposed_comm_ns=exposed,
                          compute_ns=sum(e - s for s, e in compute), notes=list(self.p.notes))
 
 

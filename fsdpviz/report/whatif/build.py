@@ -23,7 +23,8 @@ HOWTO_TIMELINE = (
     "one time axis: zoom or pan one and the other follows. Lanes by kind of work; bars coloured by unit "
     "(a merged unit of the prediction has its own colour), backward hatched; a red strip marks "
     "communication no compute covered. Below, the allocated memory of both: the predicted curve is "
-    "the simulated one, moved by the same calibration as the predicted peak."
+    "the recorded step's memory by category with what the setting changes (its highest point is the "
+    "predicted peak), laid on the predicted step's time."
 )
 HOVER = [("unit_name", "unit"), ("kind", "kind"), ("phase", "phase"), ("start_ms", "start (ms)"),
          ("dur_ms", "duration (ms)"), ("lane", "lane")]

@@ -16,6 +16,7 @@ import pandas as pd
 
 from fsdpviz.analysis.intervals import subtract_intervals, union_intervals
 from fsdpviz.naming import ROOT_UNIT
+from fsdpviz.whatif.memory import MemoryChange
 from fsdpviz.whatif.predict import Model, Prediction
 from fsdpviz.whatif.simulate import SimResult
 
@@ -95,12 +96,16 @@ def _recorded(model: Model, rank: int, step: int, start_ns: int, step_ns: int) -
     return _timeline(f"recorded: rank {rank}, step {step}", spans, memory, step_ns / 1e6)
 
 
-def _predicted(sim: SimResult, offset_bytes: int, rank: int, step: int, name: str) -> Timeline:
+def _predicted(sim: SimResult, change: MemoryChange | None, recorded_ns: int, rank: int, step: int,
+               name: str) -> Timeline:
     spans = pd.DataFrame({"unit": [s.unit for s in sim.spans], "phase": [s.phase for s in sim.spans],
                           "kind": ["optimizer" if s.phase == "optimizer" else s.kind for s in sim.spans],
                           "x0_ms": [s.start / 1e6 for s in sim.spans], "x1_ms": [s.end / 1e6 for s in sim.spans]})
-    memory = pd.DataFrame({"t_ms": [t / 1e6 for t, _ in sim.memory],
-                           "allocated_bytes": [b + offset_bytes for _, b in sim.memory]})
+    memory = pd.DataFrame({"t_ms": [], "allocated_bytes": []})
+    if change is not None and recorded_ns > 0:
+        # the memory model's level over the recorded step, laid on the predicted step's time
+        t, level = change.curve
+        memory = pd.DataFrame({"t_ms": t * (sim.step_ns / recorded_ns) / 1e6, "allocated_bytes": level})
     return _timeline(f"predicted ({name}): rank {rank}, step {step}", spans, memory, sim.step_ns / 1e6)
 
 
@@ -109,9 +114,8 @@ def prepare(model: Model, prediction: Prediction) -> WhatifData:
     i = representative(prediction)
     program = prediction.steps[i]
     recorded = _recorded(model, program.rank, program.step, program.start_ns, program.step_ns)
-    # the predicted curve carries the same calibration as the predicted peak (recorded - replay)
-    offset = (program.peak_bytes - prediction.replay[i].peak_bytes) if program.peak_bytes >= 0 else 0
-    predicted = _predicted(prediction.simulated[i], offset, program.rank, program.step,
+    change = prediction.memory[i] if i < len(prediction.memory) else None
+    predicted = _predicted(prediction.simulated[i], change, program.step_ns, program.rank, program.step,
                            prediction.settings.describe())
     units = [u for u in model.recording.units]
     for frame in (recorded.segments, predicted.segments):
