@@ -73,7 +73,7 @@ def measured(run: Path) -> tuple[float, float, float]:
     model = read_model(analyse([run], cache=False, progress=False))
     steps = model.recording.steps
     return (model.result.summary.step_time_ms or 0.0, float(max(s.peak_bytes for s in steps)),
-            float(max(s.peak_bytes - s.start_bytes for s in steps)))
+            float(max(s.memory.peak_bytes - s.memory.start_bytes for s in steps if s.memory is not None)))
 
 
 def predicted(run: Path, options: list[str]) -> tuple[float, float, float, float]:
@@ -92,8 +92,8 @@ def predicted(run: Path, options: list[str]) -> tuple[float, float, float, float
             settings = settings.with_(reshard_after_forward=parse_bool(value, option))
     model = read_model(analyse([run], cache=False, progress=False))
     p = predict(model, settings)
-    rise = max(s.peak_bytes + (n.peak_bytes - r.peak_bytes) - s.start_bytes
-               for s, n, r in zip(p.steps, p.simulated, p.replay))
+    rise = max(m.peak_bytes - s.memory.start_bytes for s, m in zip(p.steps, p.memory)
+               if m is not None and s.memory is not None)
     return p.predicted.step_time_ms, float(p.predicted.peak_allocated_bytes or 0), float(rise), p.replay_error_pct
 
 

@@ -79,6 +79,11 @@ class StepMemory:
     def peak_bytes(self) -> int:
         return int(self.allocated.max()) if len(self.t) else -1
 
+    @property
+    def start_bytes(self) -> int:
+        """The level the step opens at."""
+        return int(self.allocated[0]) if len(self.t) else -1
+
 
 @dataclass(slots=True)
 class MemoryChange:
