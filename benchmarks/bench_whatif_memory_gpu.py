@@ -15,28 +15,17 @@ Results are recorded in docs/whatif.md.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from helpers.gpu_fsdp_truth import PEAK_TRUTH
 
 from fsdpviz.analysis.pipeline import analyse
 from fsdpviz.whatif.predict import predict, read_model
-from fsdpviz.whatif.settings import Settings
 
-ROOT = Path(__file__).resolve().parents[1]
-S = Settings()
-# recording -> [(setting, true peak from the README)]
-TRUTH = {
-    "h100-fsdp2-fake8-block": [
-        (S.with_(reshard_after_forward=False), 6_131_871_232),
-        (S.with_(world_size=2), 7_349_925_376),
-        (S.with_(world_size=16), 5_230_137_856),
-        (S.with_(world_size=1), 9_679_013_376),
-    ],
-    "h100-fsdp2-fake8-reshard-false": [(S.with_(reshard_after_forward=True), 5_527_571_968)],
-    "h100-fsdp1-fake8-block": [
-        (S.with_(world_size=16), 5_223_846_400),
-        (S.with_(world_size=1), 9_779_729_920),
-    ],
-}
 MIB = 1 << 20
 
 
@@ -47,7 +36,7 @@ def main() -> None:
     print("| recording | setting | predicted peak (MiB) | true peak (MiB) | error | predicted change (MiB) "
           "| true change (MiB) | error |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
-    for name, cases in TRUTH.items():
+    for name, cases in PEAK_TRUTH.items():
         model = read_model(analyse([args.traces / name]))
         for setting, true_peak in cases:
             p = predict(model, setting)

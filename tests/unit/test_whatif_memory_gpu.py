@@ -10,26 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers.gpu_fsdp_truth import PEAK_TRUTH
 
 from fsdpviz.analysis.pipeline import analyse
 from fsdpviz.whatif.predict import Prediction, predict, read_model
-from fsdpviz.whatif.settings import Settings
 
-S = Settings()
-# recording -> [(setting, the README's true peak)]
-TRUTH = {
-    "h100-fsdp2-fake8-block": [
-        (S.with_(reshard_after_forward=False), 6_131_871_232),
-        (S.with_(world_size=2), 7_349_925_376),
-        (S.with_(world_size=16), 5_230_137_856),
-        (S.with_(world_size=1), 9_679_013_376),
-    ],
-    "h100-fsdp2-fake8-reshard-false": [(S.with_(reshard_after_forward=True), 5_527_571_968)],
-    "h100-fsdp1-fake8-block": [
-        (S.with_(world_size=16), 5_223_846_400),
-        (S.with_(world_size=1), 9_779_729_920),
-    ],
-}
+TRUTH = PEAK_TRUTH
 CASES = [(name, setting, peak) for name, cases in TRUTH.items() for setting, peak in cases]
 
 
