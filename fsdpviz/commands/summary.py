@@ -122,6 +122,13 @@ def print_summary(summary: Summary) -> None:
     reserved = (f"{_bytes(mem.peak_reserved_bytes)} reserved" if mem.peak_reserved_bytes is not None
                 else "reserved not tracked on CPU" if mem.device == "cpu" else "reserved unknown")
     head.add_row("peak memory", f"{_bytes(mem.peak_allocated_bytes)} allocated, {reserved}")
+    if mem.categories and mem.categories_at is not None:
+        from fsdpviz.analysis.memory_categories import CATEGORIES, TITLES
+
+        at = mem.categories_at
+        where = f"rank {at.rank}, step {at.step}" + (f", {at.unit} {at.phase}" if at.unit else "")
+        parts = [f"{TITLES[c]} {_bytes(mem.categories[c])}" for c in CATEGORIES if mem.categories[c] > 0]
+        head.add_row("at the peak", f"({where}) " + ", ".join(parts))
     console.print(head)
 
     table = Table(title="per rank (ms per analysed step)", title_justify="left")
