@@ -96,6 +96,7 @@ MEMORY_FACTS: Final[schema.Schema] = {"rank": "int32", "persistent_bytes": "int6
 UNIT_BLOCKS: Final[schema.Schema] = {"rank": "int32", "unit": "string", "category": "string",
                                      "alloc_ns": "int64", "free_ns": "int64", "bytes": "int64"}
 NOT_FREED: Final = np.iinfo(np.int64).max
+MAX_CATEGORY_POINTS: Final = 1_000  # per rank: the category levels kept for drawing (the peaks among them)
 
 
 @dataclass(frozen=True, slots=True)
@@ -361,12 +362,13 @@ def apply_split(frame: pd.DataFrame, split: Mapping[int, Mapping[str, int]]) -> 
         return frame
     frame = frame.copy()
     ranks = frame["rank"].to_numpy()
-    for rank, parts in split.items():
-        mine = ranks == rank
-        if mine.any():
-            frame.loc[mine, SHARDED_PARAMS] -= parts[OPTIMIZER_STATE] + parts[GRADIENTS] + parts[OTHER]
-            for c in (OPTIMIZER_STATE, GRADIENTS, OTHER):
-                frame.loc[mine, c] += parts[c]
+    moved = 0
+    for c in (OPTIMIZER_STATE, GRADIENTS, OTHER):
+        share = pd.Series({r: parts[c] for r, parts in split.items()}, dtype="int64")
+        add = share.reindex(ranks).fillna(0).to_numpy(np.int64)  # one pass, whatever the number of ranks
+        frame[c] = frame[c].to_numpy(np.int64) + add
+        moved = moved + add
+    frame[SHARDED_PARAMS] = frame[SHARDED_PARAMS].to_numpy(np.int64) - moved
     return frame
 
 

@@ -293,7 +293,9 @@ def analyse_ranks(traces: TraceSet, ranks: Sequence[int], selection: StepSelecti
             else:
                 drawn = memory.curve(samples)
             curves.append(drawn)
-            kept = drawn.index.to_numpy(np.int64)  # positions: device_samples numbers its rows from 0
+            # the categories at fewer samples than the drawn curve (eight columns each), peaks kept;
+            # positions: device_samples numbers its rows from 0
+            kept = memory.thin_curve(drawn, mcat.MAX_CATEGORY_POINTS).index.to_numpy(np.int64)
             cat_curves.append(mcat.levels_frame(rank, samples["t_ns"].to_numpy(np.int64)[kept], cats.levels[kept]))
         times.append(_step_times(rank, chosen, by_rank["pieces"](rank), by_rank["labels"](rank), rank_events,
                                  by_rank["collectives"](rank), compute.get(rank, empty_intervals()), rank_windows))
