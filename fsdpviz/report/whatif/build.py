@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fsdpviz.analysis.memory_categories import CATEGORIES, TITLES
 from fsdpviz.errors import RunFolderError
 from fsdpviz.report.html import Fact, HtmlTable, LegendItem, Page, Section, TableCell, write_page
 from fsdpviz.report.style import format_bytes, format_change, unit_colors
@@ -49,6 +50,12 @@ def numbers_table(baseline: Outcome, predicted: Outcome) -> HtmlTable:
     b_peak, p_peak = baseline.peak_allocated_bytes, predicted.peak_allocated_bytes
     rows.append([TableCell(text="peak allocated", header=True), TableCell(text=format_bytes(b_peak) or "n/a"),
                  TableCell(text=format_bytes(p_peak) or "n/a", sub=format_change(b_peak, p_peak, "bytes"))])
+    before, after = baseline.memory_categories or {}, predicted.memory_categories or {}
+    for c in CATEGORIES if before and after else ():
+        if abs(after[c] - before[c]) >= 1 << 20:  # the categories of the peak that the setting changes
+            rows.append([TableCell(text=f"… {TITLES[c]} at the peak", header=True),
+                         TableCell(text=format_bytes(before[c]) or "0"),
+                         TableCell(text=format_bytes(after[c]) or "0", sub=format_change(before[c], after[c], "bytes"))])
     return HtmlTable(columns=["", "recorded", "predicted"], rows=rows)
 
 
@@ -114,8 +121,9 @@ def build_whatif(model: Model, prediction: Prediction, output: str | Path, *, so
     share_time_axis(views, max(data.recorded.step_ms, data.predicted.step_ms))
     rec = model.recording
     name = prediction.settings.describe()
-    notes = [(f"Replay: the simulation of the recorded setting is within {prediction.replay_error_pct:.1f} % of "
-             "the recorded step time."), *prediction.notes]
+    notes = [*(f"Assumed: {figure}." for figure in prediction.assumed),
+             (f"Replay: the simulation of the recorded setting is within {prediction.replay_error_pct:.1f} % of "
+              "the recorded step time."), *prediction.notes]
     sections = [
         Section(key="numbers", title=f"Recorded vs predicted: {name}", howto=HOWTO_NUMBERS, notes=notes,
                 tables=[numbers_table(prediction.baseline, prediction.predicted), settings_table(prediction),
