@@ -81,6 +81,19 @@ def window_peak_positions(samples: pd.DataFrame, starts: np.ndarray, ends: np.nd
     return out
 
 
+def step_peak_positions(samples: pd.DataFrame, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Position in ``samples`` of each step's peak as :func:`step_peaks` finds it: the first highest
+    sample in ``[start, end)``; -1 for a step without samples."""
+    t = samples["t_ns"].to_numpy(np.int64)
+    v = samples["allocated_bytes"].to_numpy(np.int64)
+    out = np.full(len(starts), -1, dtype=np.int64)
+    for k, (start, end) in enumerate(zip(starts.tolist(), ends.tolist())):
+        a, b = np.searchsorted(t, [start, end], side="left")
+        if b > a:
+            out[k] = a + int(np.argmax(v[a:b]))  # argmax: the first time the peak is reached
+    return out
+
+
 def step_peaks(samples: pd.DataFrame, steps: pd.DataFrame, windows: pd.DataFrame, device: str,
                ancestors: dict[str, set[str]] | None = None) -> pd.DataFrame:
     """MEMORY_PEAKS of one rank: per step its peak sample and the unit window holding it (the

@@ -283,8 +283,10 @@ def analyse_ranks(traces: TraceSet, ranks: Sequence[int], selection: StepSelecti
             step_peaks = memory.step_peaks(samples, chosen, rank_windows, devices[rank], ancestors)
             peaks.append(step_peaks)
             if len(step_peaks):
-                t = samples["t_ns"].to_numpy(np.int64)
-                at = np.searchsorted(t, step_peaks["peak_t_ns"].to_numpy(np.int64), side="left")
+                # the peak sample itself (several samples can share its time stamp)
+                bounds = chosen.set_index("step").loc[step_peaks["step"].to_numpy()]
+                at = memory.step_peak_positions(samples, bounds["start_ns"].to_numpy(np.int64),
+                                                bounds["end_ns"].to_numpy(np.int64))
                 cat_peaks.append(_category_rows(rank, samples, cats, at, step_peaks["step"].to_numpy(),
                                                 np.full(len(at), "", dtype=object), np.full(len(at), "", dtype=object)))
             analysed_steps = selection.of(rank)

@@ -95,3 +95,16 @@ def test_h100_per_unit_peaks_add_up(fake8: RunResult) -> None:
         assert sum(unit.peak_categories.categories.values()) == unit.peak_categories.allocated_bytes
     # a block's backward peak holds its own gradients' reduce-scatter input (fp32) or the next gather
     assert units["blocks.3"].peak_categories.categories["sharded_params"] == 4 * PSI // 8
+
+
+@pytest.mark.parametrize("sample", ["fsdp2-cpu-2rank", "fsdp1-cpu-2rank", "zero3-cpu-2rank"])
+def test_cpu_samples_peak_is_split_whole(repo_root: Path, sample: str) -> None:
+    """Real CPU recordings (microsecond stamps: several samples share one): the categories are read at
+    the peak sample itself and add up to it; FSDP's own blocks are seen (the CPU allocator's level
+    starts with the profiler, so nothing from before the trace)."""
+    summary = analyse([repo_root / "sample_traces" / sample], cache=False).summary
+    mem = summary.memory
+    assert mem.categories is not None and mem.categories_at is not None
+    assert sum(mem.categories.values()) == mem.categories_at.allocated_bytes == mem.peak_allocated_bytes
+    assert mem.categories["activations"] > 0
+    assert mem.categories["unsharded_params"] + mem.categories["gradients"] > 0
