@@ -271,12 +271,15 @@ def _unit_blocks(t: np.ndarray, delta: np.ndarray, codes: np.ndarray, freed_at: 
                  where: Sites) -> pd.DataFrame:
     """The units' own blocks, each with its unit and when it was freed (NOT_FREED: not in the
     trace): unsharded parameters and all-gather buffers (the unit of the gather label they were
-    made in), unsharded gradients (the unit of the post-backward label that freed them)."""
+    made in), unsharded gradients (the unit of the post-backward label that freed them), sharded
+    gradients (the unit whose reduction made them)."""
     made = delta > 0
     gathered = np.flatnonzero(made & np.isin(codes, [CODE[UNSHARDED_PARAMS], CODE[COMM_BUFFERS]]))
     grads = np.flatnonzero(made & (codes == CODE[UNSHARDED_GRADS]) & (freed_at >= 0))
+    reduced = np.flatnonzero(made & (codes == CODE[GRADIENTS]))  # a unit's reduction left them
     parts = [_blocks_in(gathered, t[gathered], where.gather_labels, t, delta, codes, freed_at),
-             _blocks_in(grads, t[np.clip(freed_at[grads], 0, None)], where.post_labels, t, delta, codes, freed_at)]
+             _blocks_in(grads, t[np.clip(freed_at[grads], 0, None)], where.post_labels, t, delta, codes, freed_at),
+             _blocks_in(reduced, t[reduced], where.post_labels, t, delta, codes, freed_at)]
     return pd.concat(parts, ignore_index=True)
 
 

@@ -44,7 +44,8 @@ BACKWARD: Final = schema.PHASE_BACKWARD
 _PARAMS: Final = mcat.UNSHARDED_PARAMS
 _BUFFERS: Final = mcat.COMM_BUFFERS
 _GRADS: Final = mcat.UNSHARDED_GRADS
-_MOVED: Final = (_PARAMS, _BUFFERS, _GRADS)  # the categories of the units' own blocks
+_REDUCED: Final = mcat.GRADIENTS  # sharded gradients a unit's reduction made
+_MOVED: Final = (_PARAMS, _BUFFERS, _GRADS, _REDUCED)  # the categories of the units' own blocks
 
 
 @dataclass(slots=True)
@@ -156,7 +157,8 @@ def predict_step(sm: StepMemory, setting: MemorySetting) -> MemoryChange:
     for c in mcat.SHARDED:
         levels[:, k[c]] *= setting.scale
     for c in _MOVED:
-        levels[:, k[c]] += _alive(new, c, t) - _alive(sm.blocks, c, t)
+        moved = _alive(new, c, t) - _alive(sm.blocks, c, t)
+        levels[:, k[c]] += moved * (setting.scale if c in mcat.SHARDED else 1.0)
     total = levels.sum(axis=1)
     i = int(np.argmax(total))
     j = int(np.argmax(sm.allocated))
@@ -189,8 +191,8 @@ def _moved_blocks(sm: StepMemory, s: MemorySetting) -> list[Block]:
     for b in blocks:
         by_unit.setdefault(b.unit, []).append(b)
     for unit, mine in by_unit.items():
-        out.extend(b for b in mine if b.category == _GRADS)
-        out.extend(_resharded(sm, s, unit, [b for b in mine if b.category != _GRADS]))
+        out.extend(b for b in mine if b.category in (_GRADS, _REDUCED))
+        out.extend(_resharded(sm, s, unit, [b for b in mine if b.category not in (_GRADS, _REDUCED)]))
     # prefetch depth counts recorded units (a merged unit's members move together afterwards)
     return _merged(sm, s, _prefetched(sm, s, out))
 
@@ -249,11 +251,34 @@ def _issue_time(sm: StepMemory, s: MemorySetting, unit: str, phase: str, ahead: 
     return min(own, sm.windows[(order[j], phase)][0]) if ahead > 0 else own
 
 
+def _copy_outs(blocks: list[Block]) -> dict[tuple[str, str], int]:
+    """Per (unit, phase), when its parameters were made: its copy-out (the first parameter block)."""
+    out: dict[tuple[str, str], int] = {}
+    for b in blocks:
+        if b.category == _PARAMS:
+            key = (b.unit, b.phase)
+            out[key] = min(out.get(key, b.alloc), b.alloc)
+    return out
+
+
+def _moved_buffer(b: Block, issued: int, new_issue: int, copy_out: int | None, new_copy_out: int) -> Block:
+    """A gather's buffer when the gather is issued at ``new_issue`` instead of ``issued`` and copied
+    out at ``new_copy_out``: made as long after the issue as before; a temporary (freed before the
+    recorded copy-out: the copy-in, a backend's staging buffer) lives as long as it did, the output
+    until the new copy-out."""
+    alloc = new_issue + (b.alloc - issued)
+    if copy_out is not None and b.free < copy_out:
+        return Block(b.unit, b.category, b.phase, alloc, alloc + (b.free - b.alloc), b.bytes)
+    return Block(b.unit, b.category, b.phase, alloc, max(alloc, new_copy_out), b.bytes)
+
+
 def _merged(sm: StepMemory, s: MemorySetting, blocks: list[Block]) -> list[Block]:
-    """Units gathered together, per new unit and phase: every member's all-gather output made when
-    the first member's was (its gather was issued then) and freed at the merged unit's copy-out,
-    every member's parameters made at that copy-out (the first member's) and freed when the last
-    member's are."""
+    """Units gathered together, per new unit and phase: the members' gathers issued when the first
+    member's was (their buffers as :func:`_moved_buffer` moves them, the outputs until the merged
+    copy-out: the first member's), every member's parameters made at that copy-out and freed when the
+    last member's are, its members' unsharded gradients waiting for its one reduction, and the
+    sharded gradients that reduction leaves made when the last member's were."""
+    copy_outs = _copy_outs(blocks)
     groups: dict[tuple[str, str], list[Block]] = {}
     for b in blocks:
         groups.setdefault((s.group.get(b.unit, b.unit), b.phase), []).append(b)
@@ -265,34 +290,51 @@ def _merged(sm: StepMemory, s: MemorySetting, blocks: list[Block]) -> list[Block
         params = [b for b in members if b.category == _PARAMS]
         buffers = [b for b in members if b.category == _BUFFERS]
         grads = [b for b in members if b.category == _GRADS]
+        reductions = [b for b in members if b.category == _REDUCED]
         copy_out = min((b.alloc for b in params), default=min(b.alloc for b in members))
         params_end = max((b.free for b in params), default=copy_out)
         issue = min((b.alloc for b in buffers), default=copy_out)
+        issued: dict[str, int] = {}
+        for b in buffers:
+            issued[b.unit] = min(issued.get(b.unit, b.alloc), b.alloc)
         reduced = max((b.free for b in grads), default=copy_out)  # the merged unit's reduction
         out += [Block(new, _PARAMS, b.phase, copy_out, max(copy_out, params_end), b.bytes) for b in params]
-        out += [Block(new, _BUFFERS, b.phase, issue, max(issue, copy_out), b.bytes) for b in buffers]
+        for b in buffers:
+            moved = _moved_buffer(b, issued[b.unit], issue, copy_outs.get((b.unit, b.phase)), copy_out)
+            out.append(Block(new, _BUFFERS, b.phase, moved.alloc, moved.free, b.bytes))
         out += [Block(new, _GRADS, b.phase, b.alloc, max(b.alloc, reduced), b.bytes) for b in grads]
+        # its one reduction comes after the last member's: their sharded gradients are made then
+        last = max((b.alloc for b in reductions), default=0)
+        out += [Block(new, _REDUCED, b.phase, last, max(last, b.free), b.bytes) for b in reductions]
     return out
 
 
 def _prefetched(sm: StepMemory, s: MemorySetting, blocks: list[Block]) -> list[Block]:
-    """An explicit prefetch of N: each unit's all-gather buffers are made at the start of the unit
-    N before it (earlier only); ``none``: not before the unit's own window. The unsharded
-    parameters stay where they were made: at the unit's copy-out, in its own window."""
+    """An explicit prefetch of N: each unit's gather issued at the start of the unit N before it
+    (earlier only), its buffers moved with it (:func:`_moved_buffer`; the output freed at the unit's
+    copy-out: FSDP2 holds it longer only for its implicit forward prefetch); ``none``: not before the
+    unit's own window. The unsharded parameters stay where they were made: at the unit's copy-out,
+    in its own window."""
     if s.prefetch in ("recorded", "implicit"):
         return blocks
+    copy_outs = _copy_outs(blocks)
+    issued: dict[tuple[str, str], int] = {}
+    for b in blocks:
+        if b.category == _BUFFERS:
+            issued[(b.unit, b.phase)] = min(issued.get((b.unit, b.phase), b.alloc), b.alloc)
     out = []
     for b in blocks:
         if b.category != _BUFFERS:  # parameters at the copy-out, gradients by backward: unmoved
             out.append(b)
             continue
         own = sm.windows.get((b.unit, b.phase))
-        free = b.free
+        first = issued[(b.unit, b.phase)]
+        copy_out = copy_outs.get((b.unit, b.phase))
         if s.prefetch == "none":
-            alloc = max(b.alloc, own[0]) if own else b.alloc
+            new_issue = max(first, own[0]) if own else first
+            out.append(_moved_buffer(b, first, new_issue, copy_out, max(b.free, new_issue)))
         else:
-            alloc = min(b.alloc, _issue_time(sm, s, b.unit, b.phase, int(s.prefetch)))
-            if own:  # explicitly prefetched, FSDP2 frees the output right after the unit's copy-out
-                free = min(free, own[0])
-        out.append(Block(b.unit, b.category, b.phase, alloc, max(alloc, free), b.bytes))
+            new_issue = min(first, _issue_time(sm, s, b.unit, b.phase, int(s.prefetch)))
+            end = min(b.free, own[0]) if own else b.free
+            out.append(_moved_buffer(b, first, new_issue, copy_out, max(end, copy_out or end)))
     return out
