@@ -7,18 +7,20 @@ A recorded step's allocated level is, at every sample, its categories
   N / N'; activations, unsharded parameters and gradients, buffers and the rest are per rank and
   stay. FSDP2 at N' = 1 gathers nothing: its all-gather buffers go (the unsharded parameters stay:
   at one rank FSDP2 casts the shard into them).
-- **units' unsharded parameters, all-gather buffers and unsharded gradients** move with the setting,
-  block by block (each block as recorded, with the unit whose gather made it or whose post-backward
-  freed it): ``reshard_after_forward`` False keeps a
-  unit's forward parameters until its backward ends and gathers nothing in backward; True frees them
-  at the end of its forward and gathers them again in backward when the unit before it in backward
-  starts (FSDP2 prefetches one unit ahead: the all-gather output from then, the parameters from the
-  unit's copy-out); a merged unit gathers its members' parameters at once, issued when the first
-  member's gather was and copied out when the first member's was, and frees them when the last
-  would have; its members' unsharded gradients wait for its one reduction, after the last member's
-  backward; an explicit prefetch of N makes a unit's all-gather
-  output when the unit N before it starts and frees it at the unit's copy-out (FSDP2 holds it
-  longer only for its implicit forward prefetch), ``none`` not before the unit itself.
+- **the units' own blocks** move with the setting, block by block (each as recorded, with its unit):
+  unsharded parameters and all-gather buffers (the unit whose gather made them), unsharded
+  gradients (whose post-backward freed them), sharded gradients (whose reduction made them).
+  ``reshard_after_forward`` False keeps a unit's forward parameters until its backward ends and
+  gathers nothing in backward; True frees them at the end of its forward and gathers them again in
+  backward when the unit before it in backward starts (FSDP2 prefetches one unit ahead: the
+  all-gather output from then, the parameters from the unit's copy-out). A merged unit's gather is
+  issued when its first member's was and copied out when the first member's was; its parameters
+  are freed when the last member's would have been; its members' unsharded gradients wait for its
+  one reduction, after the last member's backward, and the sharded gradients are made by it. An
+  explicit prefetch of N issues a unit's gather when the unit N before it starts and frees the
+  output at the unit's copy-out (FSDP2 holds it longer only for its implicit forward prefetch);
+  ``none`` not before the unit itself. A moved gather's temporaries (copy-in, a backend's staging
+  buffers) live as long as they did.
 
 The level under the setting at any instant is the recorded level plus what the setting changes
 there; its peak over the step is the prediction. With the recorded setting nothing changes, so
