@@ -105,12 +105,6 @@ class RunResult:
 
         return summary_of(self)
 
-    def analysed_if_done(self) -> RunAnalysis | None:
-        """The per-unit analysis when it has been computed (or the run has units), else None."""
-        if "analysis" in self.__dict__ or self.has_units:
-            return self.analysis
-        return None
-
 
 def analyse_traces(traces: TraceSet, *, steps: Sequence[int] | None = None,
                    include_last_step: bool = False) -> RunResult:
