@@ -73,6 +73,11 @@ class RunResult:
         return load_ranks(self.traces, self.traces.rank_ids if ranks is None else ranks, cache=self._cache)
 
     @property
+    def analysed(self) -> bool:
+        """Whether the per-unit analysis has been computed (``analysis`` then costs nothing)."""
+        return "analysis" in self.__dict__  # where cached_property keeps it
+
+    @property
     def has_units(self) -> bool:
         """Whether the framework has FSDP units worth a per-unit analysis."""
         return self.framework in FRAMEWORKS_WITH_UNITS

@@ -94,7 +94,7 @@ def build_report(
     if ranks is not None:  # before the analysis, which takes a while on big runs
         check_gantt_ranks(traces, ranks)
     started = time.perf_counter()
-    if "analysis" not in result.__dict__:
+    if not result.analysed:
         _say(progress, "analysing FSDP units")
         result.analysis  # noqa: B018 - computed here, so that the progress line is said before it
     _say(progress, "preparing the page")
