@@ -54,15 +54,6 @@ def device_samples(memory: pd.DataFrame, rank: int, device: str) -> pd.DataFrame
     return rows.sort_values("t_ns", kind="stable").reset_index(drop=True)
 
 
-def window_peaks(samples: pd.DataFrame, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """Highest allocated level within each ``[start, end]``, including the level entered with."""
-    at = window_peak_positions(samples, starts, ends)
-    if samples.empty:
-        return at
-    v = samples["allocated_bytes"].to_numpy(np.int64)
-    return np.where(at >= 0, v[np.clip(at, 0, None)], -1)
-
-
 def window_peak_positions(samples: pd.DataFrame, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """Position in ``samples`` of the highest allocated level within each ``[start, end]`` (the
     level entered with counts: the last sample at or before the start); -1 where none."""
@@ -95,22 +86,25 @@ def step_peak_positions(samples: pd.DataFrame, starts: np.ndarray, ends: np.ndar
 
 
 def step_peaks(samples: pd.DataFrame, steps: pd.DataFrame, windows: pd.DataFrame, device: str,
-               ancestors: dict[str, set[str]] | None = None) -> pd.DataFrame:
+               ancestors: dict[str, set[str]] | None = None, at: np.ndarray | None = None) -> pd.DataFrame:
     """MEMORY_PEAKS of one rank: per step its peak sample and the unit window holding it (the
     innermost: a unit's window wins over its ancestors' wherever their labels open, else the
-    latest-opened one; ``ancestors`` as ``windows.unit_ancestors``)."""
+    latest-opened one; ``ancestors`` as ``windows.unit_ancestors``). ``at``: the peaks' positions
+    as :func:`step_peak_positions` gives them for ``steps``, when the caller has them."""
     rows = []
     t = samples["t_ns"].to_numpy(np.int64)
     v = samples["allocated_bytes"].to_numpy(np.int64)
     reserved = samples["reserved_bytes"].to_numpy(np.int64)
     w_start = windows["start_ns"].to_numpy(np.int64)
     w_end = windows["end_ns"].to_numpy(np.int64)
-    for rank, step, start_ns, end_ns in zip(steps["rank"].to_numpy(), steps["step"].to_numpy(),
-                                            steps["start_ns"].to_numpy(np.int64), steps["end_ns"].to_numpy(np.int64)):
-        a, b = np.searchsorted(t, [start_ns, end_ns], side="left")
-        if b <= a:
+    starts, ends = steps["start_ns"].to_numpy(np.int64), steps["end_ns"].to_numpy(np.int64)
+    if at is None:
+        at = step_peak_positions(samples, starts, ends)
+    for rank, step, start_ns, end_ns, i in zip(steps["rank"].to_numpy(), steps["step"].to_numpy(), starts, ends,
+                                               at.tolist()):
+        if i < 0:
             continue
-        i = a + int(np.argmax(v[a:b]))  # argmax: the first time the peak is reached
+        a, b = np.searchsorted(t, [start_ns, end_ns], side="left")
         inside = np.flatnonzero((w_start <= t[i]) & (t[i] <= w_end))
         unit = phase = ""
         if len(inside):

@@ -250,20 +250,21 @@ def categorise(samples: pd.DataFrame, where: Sites) -> Categorised:
 
 
 def _pairs(addr: np.ndarray, delta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per allocation, the sample that frees its block; per free, the allocation (-1: not seen)."""
+    """Per allocation, the sample that frees its block; per free, the allocation (-1: not seen).
+
+    An allocator hands an address out again only once it is free, so a block's free is the next
+    event at its address when that is a free: the events sorted by address (time within one) pair
+    up neighbour by neighbour, without a loop over samples (this runs on every rank's samples)."""
     n = len(delta)
     freed_at = np.full(n, -1, dtype=np.int64)
     made_at = np.full(n, -1, dtype=np.int64)
-    live: dict[int, int] = {}
-    for i, (a, d) in enumerate(zip(addr.tolist(), delta.tolist())):
-        if a < 0 or d == 0:
-            continue
-        if d > 0:
-            live[a] = i
-        else:
-            j = live.pop(a, -1)
-            if j >= 0:
-                freed_at[j], made_at[i] = i, j
+    idx = np.flatnonzero((addr >= 0) & (delta != 0))
+    if len(idx) < 2:
+        return freed_at, made_at
+    idx = idx[np.lexsort((idx, addr[idx]))]  # by address, in time order within each
+    first, second = idx[:-1], idx[1:]
+    pair = (addr[first] == addr[second]) & (delta[first] > 0) & (delta[second] < 0)
+    freed_at[first[pair]], made_at[second[pair]] = second[pair], first[pair]
     return freed_at, made_at
 
 
@@ -356,6 +357,16 @@ def split_persistent(persistent: int, state: ShardedState | None, optimizer_clas
     optimizer = min(persistent - params - grads, states * one)
     return {SHARDED_PARAMS: params, OPTIMIZER_STATE: optimizer, GRADIENTS: grads,
             OTHER: persistent - params - grads - optimizer}
+
+
+def split_levels(levels: np.ndarray, parts: Mapping[str, int]) -> np.ndarray:
+    """One rank's ``levels`` (samples x categories, ``sharded_params`` holding the persistent share as
+    :func:`categorise` leaves it) with that share divided as ``parts`` (:func:`split_persistent`) says."""
+    out = levels.copy()
+    for c in (OPTIMIZER_STATE, GRADIENTS, OTHER):
+        out[:, CODE[c]] += parts[c]
+        out[:, CODE[SHARDED_PARAMS]] -= parts[c]
+    return out
 
 
 def apply_split(frame: pd.DataFrame, split: Mapping[int, Mapping[str, int]]) -> pd.DataFrame:

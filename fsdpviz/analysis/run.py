@@ -280,15 +280,15 @@ def analyse_ranks(traces: TraceSet, ranks: Sequence[int], selection: StepSelecti
                 cat_peaks.append(_category_rows(rank, samples, cats, best["at"].to_numpy(np.int64),
                                                 best["step"].to_numpy(), best["unit"].astype(str).to_numpy(),
                                                 best["phase"].astype(str).to_numpy()))
-            step_peaks = memory.step_peaks(samples, chosen, rank_windows, devices[rank], ancestors)
-            peaks.append(step_peaks)
-            if len(step_peaks):
-                # the peak sample itself (several samples can share its time stamp)
-                bounds = chosen.set_index("step").loc[step_peaks["step"].to_numpy()]
-                at = memory.step_peak_positions(samples, bounds["start_ns"].to_numpy(np.int64),
-                                                bounds["end_ns"].to_numpy(np.int64))
-                cat_peaks.append(_category_rows(rank, samples, cats, at, step_peaks["step"].to_numpy(),
-                                                np.full(len(at), "", dtype=object), np.full(len(at), "", dtype=object)))
+            # the peak sample itself (several samples can share its time stamp), found once for both tables
+            at = memory.step_peak_positions(samples, chosen["start_ns"].to_numpy(np.int64),
+                                            chosen["end_ns"].to_numpy(np.int64))
+            peaks.append(memory.step_peaks(samples, chosen, rank_windows, devices[rank], ancestors, at=at))
+            found = at >= 0
+            if found.any():
+                cat_peaks.append(_category_rows(rank, samples, cats, at[found], chosen["step"].to_numpy()[found],
+                                                np.full(int(found.sum()), "", dtype=object),
+                                                np.full(int(found.sum()), "", dtype=object)))
             analysed_steps = selection.of(rank)
             if analysed_steps is not None and analysed_steps.steps:
                 drawn = memory.curve(samples, analysed_steps.start_ns, analysed_steps.end_ns)

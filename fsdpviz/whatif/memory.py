@@ -83,6 +83,12 @@ class StepMemory:
         return int(self.allocated.max()) if len(self.t) else -1
 
     @property
+    def peak_categories(self) -> dict[str, int]:
+        """What the step's (first) highest sample holds, by category."""
+        j = int(np.argmax(self.allocated))
+        return {c: int(self.levels[j, n]) for n, c in enumerate(mcat.CATEGORIES)}
+
+    @property
     def start_bytes(self) -> int:
         """The level the step opens at."""
         return int(self.allocated[0]) if len(self.t) else -1
@@ -94,7 +100,6 @@ class MemoryChange:
 
     peak_bytes: int
     categories: dict[str, int]  # at the new peak
-    recorded_categories: dict[str, int]  # at the recorded peak
     curve: tuple[np.ndarray, np.ndarray] = (np.zeros(0), np.zeros(0))  # ns from the step's start, bytes
 
 
@@ -123,11 +128,7 @@ def step_memory(rank: int, step: int, t0: int, t1: int, t: np.ndarray, cats: mca
     b = int(np.searchsorted(t, t1, side="right"))
     if b <= a:
         return None
-    levels = cats.levels[a:b].copy()
-    k = mcat.CODE
-    levels[:, k[mcat.SHARDED_PARAMS]] -= split[mcat.OPTIMIZER_STATE] + split[mcat.GRADIENTS] + split[mcat.OTHER]
-    for c in (mcat.OPTIMIZER_STATE, mcat.GRADIENTS, mcat.OTHER):
-        levels[:, k[c]] += split[c]
+    levels = mcat.split_levels(cats.levels[a:b], split)
     times = t[a:b].copy()
     times[0] = max(int(times[0]), t0)
     spans: dict[tuple[str, str], tuple[int, int]] = {}
@@ -163,10 +164,8 @@ def predict_step(sm: StepMemory, setting: MemorySetting) -> MemoryChange:
         levels[:, k[c]] += moved * (setting.scale if c in mcat.SHARDED else 1.0)
     total = levels.sum(axis=1)
     i = int(np.argmax(total))
-    j = int(np.argmax(sm.allocated))
     return MemoryChange(peak_bytes=round(float(total[i])),
                         categories={c: round(float(levels[i, n])) for n, c in enumerate(mcat.CATEGORIES)},
-                        recorded_categories={c: int(sm.levels[j, n]) for n, c in enumerate(mcat.CATEGORIES)},
                         curve=((t - sm.t[0]).astype(np.float64), total))
 
 

@@ -164,10 +164,6 @@ def predict(model: Model, settings: Settings) -> Prediction:
     baseline = _baseline(model)
     setting = memory_setting(rec, full)
     memory = [predict_step(s.memory, setting) if s.memory is not None else None for s in rec.steps]
-    known = [m for m in memory if m is not None]
-    if known:
-        recorded_top = max(zip(rec.steps, memory), key=lambda sm: sm[0].peak_bytes if sm[1] is not None else -1)[1]
-        baseline.memory_categories = recorded_top.recorded_categories if recorded_top is not None else None
     predicted = _predicted(model, simulated, baseline, full, memory)
     recorded_mean = statistics.fmean(s.step_ns for s in rec.steps)
     replay_mean = statistics.fmean(r.step_ns for r in model.replays)
@@ -250,7 +246,6 @@ def _baseline(model: Model) -> Outcome:
     summary = model.result.summary
     rec = model.recording
     times = model.result.analysis.step_times
-    peaks = [s.peak_bytes for s in rec.steps if s.peak_bytes >= 0]
     compute = statistics.fmean(sum(p.compute_ns for mb in s.micro for p in (*mb.forward, *mb.backward))
                                for s in rec.steps)
     overlap = summary.overlap
@@ -260,12 +255,15 @@ def _baseline(model: Model) -> Outcome:
     # as `summary --json` says them; the model's own numbers where the summary has none
     step = summary.step_time_ms if summary.step_time_ms is not None else _ms(
         statistics.fmean(s.step_ns for s in rec.steps))
+    with_memory = [s.memory for s in rec.steps if s.memory is not None]
+    top = max(with_memory, key=lambda m: m.peak_bytes) if with_memory else None
     return Outcome(step_time_ms=step,
                    exposed_comm_ms=overlap.exposed_comm_ms if overlap.exposed_comm_ms is not None
                    else _ms(float(times["exposed_comm_ns"].mean())),
                    comm_ms=overlap.comm_ms if overlap.comm_ms is not None else _ms(float(times["comm_ns"].mean())),
                    compute_ms=overlap.compute_ms if overlap.compute_ms is not None else _ms(compute),
-                   peak_allocated_bytes=max(peaks) if peaks else None, units=units)
+                   peak_allocated_bytes=top.peak_bytes if top is not None else None, units=units,
+                   memory_categories=top.peak_categories if top is not None else None)
 
 
 def memory_setting(rec: Recording, settings: Settings) -> MemorySetting:
