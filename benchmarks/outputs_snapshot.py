@@ -1,9 +1,12 @@
 """Every output fsdpviz writes for a set of runs, snapshotted to a folder, and two snapshots compared.
 
 A change that must keep outputs byte-identical (a refactor) is checked by snapshotting before and
-after: ``summary --json``, ``whatif --json`` under five settings and the CSV export of every bundled
-sample and, where they are beside the checkout, the shared H100 recordings (187 files, about two
-minutes; two snapshots of one checkout are identical). ``compare`` says which files differ and where.
+after: ``summary --json``, ``whatif --json`` under five settings, the CSV and Perfetto exports and the
+report's page data (:class:`fsdpviz.report.data.ReportData`, every table and number the page draws, as
+JSON) of every bundled sample and, where they are beside the checkout, the shared H100 recordings
+(about four minutes; two snapshots of one checkout are identical). The checkout's own path and its
+parent folder's are written as ``$CHECKOUT`` and ``$PARENT``, so snapshots of two checkouts compare.
+``compare`` says which files differ and where.
 
     python benchmarks/outputs_snapshot.py snapshot DIR      # run in the checkout to snapshot
     python benchmarks/outputs_snapshot.py compare DIR_A DIR_B
@@ -12,10 +15,13 @@ minutes; two snapshots of one checkout are identical). ``compare`` says which fi
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
+import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = sorted(p for p in (ROOT / "sample_traces").iterdir() if p.is_dir())
@@ -28,10 +34,46 @@ def _runs() -> list[Path]:
     return SAMPLES + gpu
 
 
+def _portable(text: str) -> str:
+    """``text`` with this checkout's absolute paths written alike in every checkout."""
+    return text.replace(str(ROOT), "$CHECKOUT").replace(str(ROOT.parent), "$PARENT")
+
+
+def _run(*args: str) -> tuple[int, str]:
+    proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT, check=False)
+    text = proc.stdout if proc.returncode == 0 else (proc.stderr.strip().splitlines()[-1:] or [""])[0]
+    return proc.returncode, _portable(text)
+
+
 def _fsdpviz(*args: str) -> tuple[int, str]:
-    proc = subprocess.run([sys.executable, "-m", "fsdpviz", *args], capture_output=True, text=True, cwd=ROOT,
-                          check=False)
-    return proc.returncode, proc.stdout if proc.returncode == 0 else proc.stderr.strip().splitlines()[-1:][0]
+    return _run("-m", "fsdpviz", *args)
+
+
+def _plain(value: Any) -> Any:
+    """``value`` (the page data: dataclasses, frames, lists) as JSON-able values, every table whole."""
+    import pandas as pd
+
+    if isinstance(value, pd.DataFrame):
+        return {"columns": [str(c) for c in value.columns], "dtypes": [str(t) for t in value.dtypes],
+                "csv": value.to_csv(index=False).splitlines()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, float):
+        return repr(value)
+    return value if value is None or isinstance(value, (bool, int, str)) else repr(value)
+
+
+def report_data(run: Path) -> None:
+    """Print the report page data of ``run`` as JSON (what ``snapshot`` keeps of the report)."""
+    from fsdpviz.analysis.pipeline import analyse
+    from fsdpviz.report.data import prepare_report
+
+    data = prepare_report(analyse([run]))
+    print(json.dumps(_plain(data), indent=1, sort_keys=True))
 
 
 def snapshot(out: Path) -> None:
@@ -47,6 +89,16 @@ def snapshot(out: Path) -> None:
             (folder / name).write_text(f"rc {rc}\n{text}")
         rc, text = _fsdpviz("export", str(run), "--format", "csv", "-o", str(folder / "export-csv"))
         (folder / "export.rc").write_text(f"rc {rc}\n")
+        for csv in (folder / "export-csv").glob("*"):
+            csv.write_text(_portable(csv.read_text()))
+        perfetto = folder / "perfetto.json"
+        rc, text = _fsdpviz("export", str(run), "--format", "perfetto", "-o", str(perfetto))
+        (folder / "perfetto.rc").write_text(f"rc {rc}\n")
+        if perfetto.is_file():  # one event per line, so that a difference is shown where it is
+            trace = json.loads(perfetto.read_text())
+            perfetto.write_text(_portable(json.dumps(trace, indent=0, sort_keys=True)))
+        rc, text = _run(__file__, "report-data", str(run))
+        (folder / "report-data.json").write_text(f"rc {rc}\n{text}")
         print(f"{run.name}: done", flush=True)
 
 
@@ -75,12 +127,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("snapshot").add_argument("out", type=Path)
+    sub.add_parser("report-data").add_argument("run", type=Path)
     cmp = sub.add_parser("compare")
     cmp.add_argument("a", type=Path)
     cmp.add_argument("b", type=Path)
     args = parser.parse_args()
     if args.command == "snapshot":
         snapshot(args.out)
+    elif args.command == "report-data":
+        report_data(args.run)
     else:
         raise SystemExit(compare(args.a, args.b))
 
