@@ -18,6 +18,7 @@ import argparse
 import dataclasses
 import difflib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -40,7 +41,9 @@ def _portable(text: str) -> str:
 
 
 def _run(*args: str) -> tuple[int, str]:
-    proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT, check=False)
+    # this checkout's fsdpviz, whichever one the environment has installed
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT, check=False, env=env)
     text = proc.stdout if proc.returncode == 0 else (proc.stderr.strip().splitlines()[-1:] or [""])[0]
     return proc.returncode, _portable(text)
 
