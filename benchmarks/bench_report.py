@@ -4,10 +4,11 @@ The report must stay usable for big jobs: a 64-rank, 80-unit FSDP2 run has to bu
 15 s into a page of at most 20 MB (issue: the HTML report). This benchmark measures, per input:
 
 - ``load``: ``load_traces`` (not part of the target: the loader has its own benchmark);
-- ``analysis``: ``analyze_run`` + ``summarize`` (whole-step overlap), as ``build_report`` runs them;
+- ``analysis``: ``analyse_traces`` and its ``summary`` (whole-step overlap, per-unit analysis), as
+  ``build_report`` asks for them;
 - ``page``: plot data + holoviews/bokeh rendering + writing the file (``build_report`` given the
-  analysis results): what the report layer itself costs;
-- ``build``: ``build_report`` from loaded traces, analysis included (the target);
+  analysed ``RunResult``): what the report layer itself costs;
+- ``build``: ``build_report`` of a freshly analysed ``RunResult``, analysis included (the target);
 - the page's size and the Gantt rectangles on it.
 
 Times are wall clock (``_s``) and this process's CPU time (``_cpu_s``): on a shared machine the CPU

@@ -27,15 +27,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fsdpviz.analysis.pipeline import LabelledRun
 from fsdpviz.errors import UsageError
 
 if TYPE_CHECKING:
     import holoviews as hv
     import pandas as pd
 
-    from fsdpviz.analysis.compare.runs import Comparison
+    from fsdpviz.analysis.compare.model import Comparison
     from fsdpviz.analysis.pipeline import RunResult
-    from fsdpviz.analysis.summary import Summary
     from fsdpviz.whatif.predict import Model, Prediction
 
 PathLike = str | Path
@@ -97,7 +97,7 @@ def compare(runs: Sequence[Run | PathLike], *, labels: Sequence[str] | None = No
         c.headline            # one row per headline number, one column per run
         c.page("compare.html")
     """
-    from fsdpviz.analysis.compare.runs import RunInput, compare_runs
+    from fsdpviz.analysis.compare.runs import compare_runs
 
     opened = [r if isinstance(r, Run) else open(r) for r in runs]
     if len(opened) < 2:
@@ -105,17 +105,17 @@ def compare(runs: Sequence[Run | PathLike], *, labels: Sequence[str] | None = No
     names = list(labels) if labels else [r.label for r in opened]
     if len(names) != len(opened) or len(set(names)) != len(names):
         raise UsageError("labels must be distinct, one per run")
-    inputs = [RunInput(label=n, source=r.source, result=r.result) for n, r in zip(names, opened)]
+    inputs = [LabelledRun(label=n, source=r.source, result=r.result) for n, r in zip(names, opened)]
     return Compared(inputs=inputs, comparison=compare_runs(inputs))
 
 
-class Run:
-    """One analysed run (see the module docstring). Attributes are computed on first use."""
+class Run(LabelledRun):
+    """One analysed run (see the module docstring): the run ``fsdpviz compare`` compares
+    (:class:`fsdpviz.analysis.pipeline.LabelledRun`: ``label``, ``source``, ``result``, ``summary``),
+    with its tables and plots. Attributes are computed on first use."""
 
     def __init__(self, result: RunResult, label: str, source: str) -> None:
-        self.result = result
-        self.label = label
-        self.source = source
+        super().__init__(label=label, source=source, result=result)
         self._model: Model | None = None
 
     def __repr__(self) -> str:
@@ -123,12 +123,7 @@ class Run:
         return (f"<fsdpviz.Run {self.label!r}: {s.framework}, {s.world_size} rank(s), steps {s.steps}, "
                 f"step {s.step_time_ms} ms>")
 
-    # --- numbers ------------------------------------------------------------------------------
-    @property
-    def summary(self) -> Summary:
-        """The typed summary; ``.to_json()`` is ``fsdpviz summary --json``."""
-        return self.result.summary
-
+    # --- numbers (``summary``: the typed summary, ``.to_json()`` is ``fsdpviz summary --json``) ----
     @property
     def units(self) -> pd.DataFrame:
         """Per-unit medians over ranks and analysed steps (schema.UNIT_STATS), in forward order."""
@@ -351,7 +346,7 @@ class WhatIf:
 class Compared:
     """A comparison of runs, as ``fsdpviz compare`` makes it."""
 
-    inputs: list[Any]
+    inputs: list[LabelledRun]
     comparison: Comparison
 
     @property
@@ -359,7 +354,7 @@ class Compared:
         """One row per headline number (step time, overlap, memory, units...), one column per run."""
         import pandas as pd
 
-        from fsdpviz.analysis.compare.runs import HEADLINE_FIELDS
+        from fsdpviz.analysis.compare.model import HEADLINE_FIELDS
 
         c = self.comparison
         return pd.DataFrame({f.label: c.values[f.key] for f in HEADLINE_FIELDS}, index=c.labels).T

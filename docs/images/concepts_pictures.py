@@ -5,7 +5,7 @@
 Each picture shows one definition of docs/concepts.md on one step of rank 0 of a synthetic FSDP2
 GPU run (``tests/synth``: 2 ranks, 3 blocks of 2 M parameters, no root parameters), whose answers
 are known by construction. The runs go through the real pipeline: ``load_traces``,
-``analyze_run``, ``summarize``, ``prepare_report`` (one rank, the median step) and the report's
+``analyse_traces`` (its analysis and summary), ``prepare_report`` (one rank, the median step) and the report's
 time-line figure (``fsdpviz.report.page.timeline_plot``, zoomed with ``window_ms`` where one
 detail matters), written with the report's page writer and captured with headless Chromium as
 ``docs/images/report_screenshots.py`` does. The only additions are a shaded interval and a short

@@ -1,22 +1,7 @@
 """Pure functions on the tables of ``fsdpviz.trace.schema``: steps, overlap, units, memory, compare.
 
 Never imports torch, holoviews or bokeh. Importing the package imports no pandas (a command starts
-parsing before it imports the analysis); ``summarize`` is loaded on first use.
+parsing before it imports the analysis). The entry point is :mod:`fsdpviz.analysis.pipeline`:
+``analyse`` (paths) or ``analyse_traces`` (loaded traces) gives a ``RunResult`` whose ``summary``,
+``analysis`` and ``aligned`` tables every command reads.
 """
-
-from __future__ import annotations
-
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from fsdpviz.analysis.summary import summarize
-
-__all__ = ["summarize"]
-
-
-def __getattr__(name: str) -> Any:
-    if name == "summarize":
-        from fsdpviz.analysis.summary import summarize
-
-        return summarize
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -14,6 +14,7 @@ per-unit analysis; a report always does.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -84,15 +85,15 @@ class RunResult:
 
     @cached_property
     def analysis(self) -> RunAnalysis:
-        """The per-unit analysis (:func:`fsdpviz.analysis.run.analyze_run`), computed on first use."""
-        from fsdpviz.analysis.run import analyze_run, combine_parts
+        """The per-unit analysis (:func:`fsdpviz.analysis.run.analyse_run`), computed on first use."""
+        from fsdpviz.analysis.run import analyse_run, combine_parts
 
         idle = self.overlap["idle_ns"] / self.overlap["n_steps"].clip(lower=1)
         idle_ns = float(idle.median()) if len(idle) else None  # for the profiler's finding
         if self._parts is not None:
             return combine_parts(self._parts, self.traces, self.selection, self.framework,
                                  profiler=self.profiler, idle_ns=idle_ns)
-        return analyze_run(self.traces, selection=self.selection, framework=self.framework,
+        return analyse_run(self.traces, selection=self.selection, framework=self.framework,
                            profiler=self.profiler, idle_ns=idle_ns)
 
     @cached_property
@@ -108,7 +109,40 @@ class RunResult:
         ``fsdpviz summary --json``."""
         from fsdpviz.analysis.summary import summary_of
 
-        return summary_of(self)
+        return summary_of(self.traces, self.selection, self.overlap, self.framework, profiler=self.profiler,
+                          analysis=self.analysis if self.has_units else None)
+
+
+@dataclass(kw_only=True, slots=True)
+class LabelledRun:
+    """A run as the user names it: its label, the path it was given as, and the pipeline's result.
+
+    What ``fsdpviz compare`` compares and what the notebook API's ``fsdpviz.Run`` is (it adds its
+    tables and plots to this)."""
+
+    label: str
+    source: str  # the path the user gave
+    result: RunResult
+
+    @property
+    def summary(self) -> Summary:
+        """The run's summary (``RunResult.summary``)."""
+        return self.result.summary
+
+    @property
+    def analysis(self) -> RunAnalysis:
+        """The per-unit analysis (``RunResult.analysis``)."""
+        return self.result.analysis
+
+    @property
+    def run(self) -> RunInfo | None:
+        """run.json, when the run was recorded by fsdpviz."""
+        return self.result.traces.run
+
+    @property
+    def traces(self) -> TraceSet:
+        """The loaded tables (``RunResult.traces``)."""
+        return self.result.traces
 
 
 def analyse_traces(traces: TraceSet, *, steps: Sequence[int] | None = None,

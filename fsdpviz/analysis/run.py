@@ -1,4 +1,4 @@
-"""``analyze_run``: every per-unit result of a loaded run, as a :class:`RunAnalysis` of tables.
+"""``analyse_run``: every per-unit result of a loaded run, as a :class:`RunAnalysis` of tables.
 
 Per rank (on the rank's own clock): labels -> unit windows and compute pieces -> spans ->
 per-unit overlap (UNIT_STEPS) -> memory peaks -> step times. Then across ranks: collectives are
@@ -224,7 +224,7 @@ def _concat(frames: list[pd.DataFrame], table: schema.Schema) -> pd.DataFrame:
 
 def analyse_ranks(traces: TraceSet, ranks: Sequence[int], selection: StepSelection,
                   events: pd.DataFrame) -> RankPart:
-    """The per-rank half of :func:`analyze_run` for ``ranks`` (all of a run loaded whole, or the one
+    """The per-rank half of :func:`analyse_run` for ``ranks`` (all of a run loaded whole, or the one
     rank a worker parsed): ``events`` are those ranks' own, ``selection`` gives their analysed steps;
     of ``traces`` (which may hold other ranks too) only these ranks' lanes, steps and memory and the
     run-wide units are read. Per-rank work on tables of several ranks is done in one pass each."""
@@ -328,7 +328,7 @@ def _category_rows(rank: int, samples: pd.DataFrame, cats: mcat.Categorised, at:
     return schema.conform(out, mcat.CATEGORY_PEAKS, table="category peaks")
 
 
-def analyze_run(traces: TraceSet, *, steps: Sequence[int] | None = None,
+def analyse_run(traces: TraceSet, *, steps: Sequence[int] | None = None,
                 selection: StepSelection | None = None, framework: str | None = None,
                 profiler: ProfilerCost | None = None, idle_ns: float | None = None) -> RunAnalysis:
     """Per-unit analysis of a loaded run (see the module docstring) over the steps ``selection``
@@ -377,7 +377,7 @@ def labels_of(traces: TraceSet, selection: StepSelection, clock: pd.DataFrame) -
 def combine_parts(parts: Sequence[RankPart], traces: TraceSet, selection: StepSelection,
                   framework: str, *, profiler: ProfilerCost | None = None,
                   idle_ns: float | None = None) -> RunAnalysis:
-    """The cross-rank half of :func:`analyze_run`: clocks compared and aligned, collective skew and
+    """The cross-rank half of :func:`analyse_run`: clocks compared and aligned, collective skew and
     stragglers, units, their statistics and findings, from each rank's :class:`RankPart` (in rank
     order). ``traces`` is read for run-wide facts only (units and run.json, ranks, world size)."""
     ranks = [r for p in parts for r in p.ranks]

@@ -17,7 +17,6 @@ are the largest samples in the analysed steps (GPU devices when the trace has an
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
@@ -42,7 +41,7 @@ from fsdpviz.analysis.units import UnitSummary, summary_records
 from fsdpviz.trace.tables import TraceSet
 
 if TYPE_CHECKING:
-    from fsdpviz.analysis.pipeline import RunResult
+    from fsdpviz.analysis.run import RunAnalysis
 
 NS_PER_MS: Final = 1e6
 STEP_TIME_TIMERS: Final = "timers"
@@ -131,36 +130,18 @@ class Summary(msgspec.Struct, kw_only=True):
         return any(n.code == code for n in self.notes)
 
 
-def summarize(
-    traces: TraceSet, *, steps: Sequence[int] | None = None, include_last_step: bool = False,
-    analysis: Any = None,
-) -> dict[str, Any]:
-    """The ``fsdpviz summary --json`` dict of a loaded run (see the module docstring): the pipeline's
-    summary (:mod:`fsdpviz.analysis.pipeline`).
-
-    ``analysis``: the ``analyze_run`` result of the same traces and steps when the caller has it,
-    so the per-unit analysis does not run twice.
-    """
-    from fsdpviz.analysis.pipeline import RunResult, analyse_traces
-
-    result = analyse_traces(traces, steps=steps, include_last_step=include_last_step)
-    if analysis is not None:
-        result = RunResult(result.traces, result.selection, result.overlap, result.framework, analysis)
-    return result.summary.to_json()
-
-
-def summary_of(result: RunResult) -> Summary:
-    """The summary dict as a view of one pipeline result: its steps, overlap, framework and, for a
-    framework with units, the per-unit analysis' units and findings."""
-    traces, selection, overlap, framework = result.traces, result.selection, result.overlap, result.framework
+def summary_of(traces: TraceSet, selection: StepSelection, overlap: pd.DataFrame, framework: str, *,
+               profiler: ProfilerCost | None, analysis: RunAnalysis | None) -> Summary:
+    """The summary of one pipeline result (``RunResult.summary``): its steps, overlap, framework,
+    what the profiler cost and, for a framework with units, the per-unit analysis' units and findings
+    (``analysis``: None for a run without units, which never needs it)."""
     analysed = selection.per_rank
     notes = _notes(traces, overlap, selection, framework)
     units: list[UnitSummary] = []
     findings: list[Finding] = []
-    cost = result.profiler
+    cost = profiler
     traced_ms = _step_time_ms(traces, analysed)
-    if result.has_units:
-        analysis = result.analysis
+    if analysis is not None:
         timed = unit_pass_ms(traces.timers, traces.run)
         units = [msgspec.structs.replace(u, forward_timer_ms=timed.get((u.name, "forward")),
                                          backward_timer_ms=timed.get((u.name, "backward")))
@@ -176,7 +157,7 @@ def summary_of(result: RunResult) -> Summary:
         step_time_ms=cost.unprofiled_step_ms if cost is not None else traced_ms,
         step_time_source=STEP_TIME_TIMERS if cost is not None else STEP_TIME_TRACE, traced_step_time_ms=traced_ms,
         profiler=cost, overlap=_overlap_summary(overlap),
-        memory=_with_categories(_memory_summary(traces, analysed), result), units=units,
+        memory=_with_categories(_memory_summary(traces, analysed), analysis), units=units,
         units_source="+".join(size_sources) if size_sources else None, device=_device(overlap),
         sources=list(traces.sources), run_dir=traces.run_dir, notes=notes, missing_ranks=traces.missing_ranks,
         skipped_events=sum(traces.skipped_events.values()), findings=findings,
@@ -270,12 +251,11 @@ def _memory_summary(traces: TraceSet, analysed: dict[int, AnalysedSteps | None])
                          device="gpu" if on_gpu.any() else "cpu", per_rank=per_rank)
 
 
-def _with_categories(mem: MemorySummary, result: RunResult) -> MemorySummary:
+def _with_categories(mem: MemorySummary, analysis: RunAnalysis | None) -> MemorySummary:
     """``mem`` with the categories at the run's highest step peak and the memory model, where the
     per-unit analysis has them."""
-    if not result.has_units:
+    if analysis is None:
         return mem
-    analysis = result.analysis
     model = analysis.memory_model.to_json() if analysis.memory_model is not None else None
     steps = analysis.category_peaks[(analysis.category_peaks["unit"].astype(str) == "").to_numpy()]
     if steps.empty:

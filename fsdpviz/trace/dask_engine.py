@@ -1,7 +1,7 @@
 """Parse the ranks on a Dask distributed cluster: ``--scheduler ADDRESS`` / ``FSDPVIZ_SCHEDULER``.
 
 Each trace file becomes one Dask task running the same per-file work as a local parser process
-(``workers._parse_and_store``: parse, write the Parquet cache beside the trace when it can, return
+(``parse_task.parse_file``: parse, write the Parquet cache beside the trace when it can, return
 the rank's columns). Workers read the traces from a path they all see (a shared file system), so
 only the parsed columns travel back. Inside a worker the work runs in the worker's own process:
 Dask's worker processes are daemonic and cannot start children. A task whose worker dies is run
@@ -14,12 +14,12 @@ from __future__ import annotations
 import sys
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 from fsdpviz.errors import FsdpvizError, UsageError
-from fsdpviz.trace.kineto import RankColumns
+from fsdpviz.trace.parse_task import ParsedRank, PerRank, parse_file, unwrap
 
 ENV_SCHEDULER: Final = "FSDPVIZ_SCHEDULER"
 CONNECT_TIMEOUT_S: Final = 5
@@ -45,31 +45,29 @@ def connect(address: str) -> object:
 
 
 def parse_on_cluster(files: Sequence[Path], address: str, *, cache: bool, progress: bool | None,
-                     skippable: frozenset[Path], per_rank: Callable[[RankColumns], Any] | None = None,
-                     ) -> list[list[Any] | None]:
+                     skippable: frozenset[Path], per_rank: PerRank | None = None,
+                     ) -> list[list[ParsedRank] | None]:
     """Tables for every file, in order, parsed by the cluster's workers (see ``workers.parse_all``;
     with ``per_rank``, each rank is reduced on its worker and only the result travels)."""
     from distributed import as_completed
     from distributed.client import FutureCancelledError
     from distributed.scheduler import KilledWorker
 
-    from fsdpviz.trace.workers import _parse_and_map, _parse_and_store, _unwrap
 
     client = connect(address)
     run = uuid.uuid4().hex[:8]
-    results: list[list[Any] | None] = [None] * len(files)
+    results: list[list[ParsedRank] | None] = [None] * len(files)
     started = last = time.monotonic()
     loud = progress if progress is not None else sys.stderr.isatty()
     try:
-        extra = [[per_rank] * len(files)] if per_rank is not None else []
-        futures = client.map(_parse_and_store if per_rank is None else _parse_and_map,  # type: ignore[attr-defined]
-                             [str(f) for f in files], [cache] * len(files), *extra,
+        futures = client.map(parse_file,  # type: ignore[attr-defined]
+                             [str(f) for f in files], [cache] * len(files), [per_rank] * len(files),
                              key=[f"fsdpviz-parse-{run}-{i}" for i in range(len(files))], retries=RETRIES)
         index = {f.key: i for i, f in enumerate(futures)}
         completed = as_completed(futures, with_results=True, loop=client.loop)  # type: ignore[attr-defined]
         for done, (future, result) in enumerate(completed, 1):
             i = index[future.key]
-            results[i] = _unwrap(result, files[i] in skippable)
+            results[i] = unwrap(result, files[i] in skippable)
             now = time.monotonic()
             if loud and (now - last >= PROGRESS_EVERY_S or done == len(files)):
                 last = now

@@ -20,9 +20,10 @@ from fsdpviz.runfolder import RunInfo
 from fsdpviz.trace import frames
 from fsdpviz.trace.dask_engine import ENV_SCHEDULER
 from fsdpviz.trace.kineto import RankColumns
+from fsdpviz.trace.parse_task import PerRank
 from fsdpviz.trace.sources import read_timers, resolve_sources, units_from_run
 from fsdpviz.trace.tables import TraceSet
-from fsdpviz.trace.workers import PerRank, parse_all
+from fsdpviz.trace.workers import parse_all
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -121,19 +122,16 @@ def load_run(
         sources.files, cache=use_cache, progress=progress, jobs=jobs, skippable=sources.scanned,
         meanwhile=_start_up(meanwhile), scheduler=address, per_rank=mapper,
     )
-    kept = [(t, f) for ts, f in zip(parsed, sources.files) if ts is not None for t in ts]
-    skipped = [str(f) for t, f in zip(parsed, sources.files) if t is None]
+    kept = [(r, f) for rs, f in zip(parsed, sources.files) if rs is not None for r in rs]
+    skipped = [str(f) for rs, f in zip(parsed, sources.files) if rs is None]
     if not kept:
         folder = sources.files[0].parent
         raise TraceError(folder, f"folder holds no Kineto traces ({len(skipped)} JSON file(s) of another kind)")
+    per_file = _check_unique_ranks([r.columns for r, _ in kept], [f for _, f in kept])
     mapped: list[Any] | None = None
     if mapping:
-        order = _check_unique_ranks([t[0] for t, _ in kept], [f for _, f in kept])
-        by_rank = {t[0].rank_id: t[1] for t, _ in kept}
-        mapped = [by_rank[t.rank_id] for t in order]
-        per_file: list[RankColumns] = order
-    else:
-        per_file = _check_unique_ranks([t for t, _ in kept], [f for _, f in kept])
+        by_rank = {r.columns.rank_id: r.mapped for r, _ in kept}
+        mapped = [by_rank[t.rank_id] for t in per_file]
     del parsed, kept
     traces = _trace_set(per_file, timers=read_timers(sources.timer_files), units=units_from_run(sources.run),
                         run=sources.run, run_dir=str(sources.run_dir) if sources.run_dir is not None else None,
@@ -149,7 +147,7 @@ def load_ranks(traces: TraceSet, ranks: Sequence[int], *, cache: bool = True,
     paths = traces.ranks.loc[traces.ranks["rank"].isin(list(wanted)), "path"].astype(str)
     files = [Path(p) for p in dict.fromkeys(paths)]
     parsed = parse_all(files, cache=_use_cache(cache), progress=progress, jobs=None)
-    per_rank = [t for ts in parsed if ts is not None for t in ts if t.rank_id in wanted]
+    per_rank = [r.columns for rs in parsed if rs is not None for r in rs if r.columns.rank_id in wanted]
     return _trace_set(sorted(per_rank, key=lambda t: t.rank_id), timers=traces.timers, units=traces.units,
                       run=traces.run, run_dir=traces.run_dir, skipped=list(traces.skipped))
 

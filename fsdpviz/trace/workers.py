@@ -24,107 +24,34 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
-from fsdpviz.errors import FsdpvizError, TraceError
-from fsdpviz.trace.cache import load_cached, store_cached
-from fsdpviz.trace.decode import NotKinetoError
-from fsdpviz.trace.digest import light_columns
-from fsdpviz.trace.kineto import RankColumns, parse_trace_ranks
+from fsdpviz.trace.cache import load_cached
+from fsdpviz.trace.parse_task import ParsedRank, PerRank, parse_file, unwrap
 
 PROGRESS_DELAY_S: Final = 0.5
-
-
-@dataclass(frozen=True, slots=True)
-class _Failure:
-    """A user-input error from a worker, carried back as plain data (exceptions with custom
-    ``__init__`` signatures do not survive pickling)."""
-
-    message: str
-    path: str = ""
-    problem: str = ""
-    not_kineto: bool = False
-
-    def exception(self) -> FsdpvizError:
-        if self.not_kineto:
-            return NotKinetoError(self.path, self.problem)
-        if self.path:
-            return TraceError(self.path, self.problem)
-        return FsdpvizError(self.message)
-
-
-def _parse_and_store(path_text: str, use_cache: bool) -> list[RankColumns] | _Failure:
-    path = Path(path_text)
-    try:
-        tables = parse_trace_ranks(path)
-    except TraceError as exc:
-        return _Failure(str(exc), exc.path, exc.problem, isinstance(exc, NotKinetoError))
-    except FsdpvizError as exc:
-        return _Failure(str(exc))
-    if use_cache and len(tables) == 1:  # a multi-rank export is re-read (the cache holds one rank per file)
-        store_cached(path, tables[0])
-    return tables
-
-
-def _unwrap(result: list[Any] | _Failure, skippable: bool) -> list[Any] | None:
-    if isinstance(result, _Failure):
-        if result.not_kineto and skippable:
-            return None
-        raise result.exception()
-    return result
-
-
-PerRank = Callable[[RankColumns], Any]
-"""A function run on each rank's tables where they are parsed (``parse_all(per_rank=...)``)."""
-
-Mapped = tuple[RankColumns, Any]
-"""One rank as ``parse_all(per_rank=f)`` returns it: its tables without events and ``f(tables)``."""
-
-
-def _parse_and_map(path_text: str, use_cache: bool, per_rank: PerRank) -> list[Mapped] | _Failure:
-    """The cached or parsed tables of a file, each rank reduced by ``per_rank`` here, in the worker:
-    only what ``per_rank`` returns and the rank's tables without events go back."""
-    cached = load_cached(Path(path_text)) if use_cache else None
-    parsed = [cached] if cached is not None else _parse_and_store(path_text, use_cache)
-    if isinstance(parsed, _Failure):
-        return parsed
-    out = []
-    while parsed:
-        tables = parsed.pop(0)
-        light = light_columns(tables)
-        try:
-            out.append((light, per_rank(tables)))
-        except FsdpvizError as exc:
-            return _Failure(str(exc))
-        del tables
-    return out
 
 
 def parse_all(
     files: Sequence[Path], *, cache: bool, progress: bool | None, jobs: int | None,
     skippable: frozenset[Path] = frozenset(), meanwhile: Callable[[], None] | None = None,
     scheduler: str | None = None, per_rank: PerRank | None = None,
-) -> list[list[Any] | None]:
-    """Tables for every file, in the order given (one per rank the file holds: one, or several for
+) -> list[list[ParsedRank] | None]:
+    """The ranks of every file, in the order given (one per rank the file holds: one, or several for
     an fsdpviz Perfetto export); None for a file in ``skippable`` (found by scanning a folder) that
     is JSON but not a Kineto trace. Raises the first other file's error.
 
-    ``per_rank``: instead of each rank's tables, return ``(tables without events, per_rank(tables))``
-    per rank (:data:`Mapped`), computed where the file is parsed (a worker process, a Dask worker):
-    the events never reach this process. ``meanwhile`` is called once while the workers parse (or
+    ``per_rank``: each rank is reduced by it where the file is parsed (a worker process, a Dask
+    worker; :func:`fsdpviz.trace.parse_task.parse_file`): the events never reach this process. ``meanwhile`` is called once while the workers parse (or
     before parsing in this process): the caller's own slow start-up work, e.g. importing pandas,
     overlaps the parsing that way.
     """
     if per_rank is None:
         cached = [load_cached(f) if cache else None for f in files]
-        results: list[list[Any] | None] = [[c] if c is not None else None for c in cached]
-        task: Callable[..., Any] = _parse_and_store
-        extra: tuple[Any, ...] = ()
+        results: list[list[ParsedRank] | None] = [[ParsedRank(c)] if c is not None else None for c in cached]
     else:  # a worker reads the cache itself: the parent never holds a rank's events
         results = [None] * len(files)
-        task, extra = _parse_and_map, (per_rank,)
     todo = [i for i, r in enumerate(results) if r is None]
     if not todo:
         return results
@@ -145,20 +72,20 @@ def parse_all(
         with _progress_display(progress, total=len(todo)) as advance:
             for i in todo:
                 advance(files[i].name, 0)
-                results[i] = _unwrap(task(str(files[i]), cache, *extra), files[i] in skippable)
+                results[i] = unwrap(parse_file(str(files[i]), cache, per_rank), files[i] in skippable)
                 advance(files[i].name, 1)
         return results
     # Submit before the progress thread starts: with "fork" all workers are forked on the first
     # submit, so no other thread exists at that moment.
     with ProcessPoolExecutor(max_workers=n_jobs, mp_context=_mp_context()) as pool:
-        futures = {pool.submit(task, str(files[i]), cache, *extra): i for i in todo}
+        futures = {pool.submit(parse_file, str(files[i]), cache, per_rank): i for i in todo}
         if meanwhile is not None:
             meanwhile()
         with _progress_display(progress, total=len(todo)) as advance:
             advance(f"{len(todo)} files", 0)
             for fut in as_completed(futures):
                 i = futures[fut]
-                results[i] = _unwrap(fut.result(), files[i] in skippable)
+                results[i] = unwrap(fut.result(), files[i] in skippable)
                 advance(files[i].name, 1)
     return results
 

@@ -146,9 +146,9 @@ def test_poisoned_copy_is_still_a_run(tmp_path: Path) -> None:
     # guards the XSS test: poisoning must keep the run loadable and the payload a unit of it
     if not ZERO3.is_dir():
         pytest.skip(f"sample recording {ZERO3} missing")
-    from fsdpviz.analysis.run import analyze_run
+    from fsdpviz.analysis.run import analyse_run
 
     traces = load_traces([_poisoned_run(tmp_path)], cache=False)
     assert any(XSS in lane for lane in traces.lanes["thread_name"].astype(str))
-    analysis = analyze_run(traces)
+    analysis = analyse_run(traces)
     assert XSS in set(analysis.spans["unit"]) and XSS in set(analysis.unit_stats["unit"])

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from helpers.jobs import retried, run_job, torchrun
 
-from fsdpviz.analysis import summarize
 from fsdpviz.analysis.overlap import compute_overlap
+from fsdpviz.analysis.pipeline import analyse_traces
 from fsdpviz.trace import load_traces
 
 SCRIPT = Path(__file__).with_name("fsdp2_cpu_profile.py")
@@ -50,7 +50,7 @@ def test_gloo_comm_steps_and_overlap(run_dir: Path) -> None:
     assert ((overlap["overlap_pct"] >= 0) & (overlap["overlap_pct"] <= 100)).all()
     assert (overlap["comm_ns"] > 0).all() and (overlap["compute_ns"] > 0).all()
     assert (overlap["busy_ns"] <= overlap["window_ns"]).all()
-    summary = summarize(traces)
+    summary = analyse_traces(traces).summary.to_json()
     assert summary["framework"] == "fsdp2" and summary["steps"] == [2, 3]
     assert 0 <= summary["overlap"]["overlap_pct"] <= 100
 

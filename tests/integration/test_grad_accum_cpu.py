@@ -25,7 +25,7 @@ import pytest
 from helpers.jobs import NO_OUTPUT
 from recording import Config, Recordings
 
-from fsdpviz.analysis.run import RunAnalysis, analyze_run
+from fsdpviz.analysis.run import RunAnalysis, analyse_run
 from fsdpviz.trace import load_traces
 
 MODEL = ("--layers", "2", "--dim", "32", "--steps", "5", "--seed", "0", "--grad-accum", "2")
@@ -47,7 +47,7 @@ def runs(recordings: Recordings) -> dict[str, tuple[Path, RunAnalysis]]:
     for framework in RUNS:
         rec = recordings.get(_config(framework))
         assert rec.proc.returncode == 0, rec.proc.stderr[-2000:]
-        out[framework] = (rec.run_dir, analyze_run(load_traces([rec.run_dir], cache=False)))
+        out[framework] = (rec.run_dir, analyse_run(load_traces([rec.run_dir], cache=False)))
     return out
 
 

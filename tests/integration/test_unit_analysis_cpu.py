@@ -24,7 +24,7 @@ import pytest
 from helpers.jobs import EXAMPLE, REPO
 from recording import EXAMPLE_RUNS, LAYERS, PROFILED, Recordings
 
-from fsdpviz.analysis.run import RunAnalysis, analyze_run
+from fsdpviz.analysis.run import RunAnalysis, analyse_run
 from fsdpviz.trace import load_traces
 
 RECORDINGS = {"fsdp2": EXAMPLE_RUNS["fsdp2-prefetch"], "fsdp1": EXAMPLE_RUNS["fsdp1"]}
@@ -41,7 +41,7 @@ def runs(recordings: Recordings) -> dict[str, tuple[Path, RunAnalysis]]:
     for framework, config in RECORDINGS.items():
         rec = recordings.get(config)
         assert rec.proc.returncode == 0, rec.proc.stderr[-2000:]
-        out[framework] = (rec.run_dir, analyze_run(load_traces([rec.run_dir], cache=False)))
+        out[framework] = (rec.run_dir, analyse_run(load_traces([rec.run_dir], cache=False)))
     return out
 
 

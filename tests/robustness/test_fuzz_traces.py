@@ -29,9 +29,9 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from tracefuzz import fsdp_timelines, fsdp_traces, hostile_events, odd_headers
 
-from fsdpviz.analysis import summarize
 from fsdpviz.analysis.overlap import compute_overlap
-from fsdpviz.analysis.run import RunAnalysis, analyze_run
+from fsdpviz.analysis.pipeline import RunResult, analyse_traces
+from fsdpviz.analysis.run import RunAnalysis, analyse_run
 from fsdpviz.errors import FsdpvizError
 from fsdpviz.trace import TraceSet, load_traces, schema
 
@@ -164,10 +164,11 @@ def _check_analysis(a: RunAnalysis, *, level: str, gpu: bool) -> None:
 
 
 def _analyse(traces: TraceSet, *, level: str, gpu: bool) -> RunAnalysis:
-    analysis = analyze_run(traces)  # per-unit analysis raises nothing: it reports what it found
+    analysis = analyse_run(traces)  # per-unit analysis raises nothing: it reports what it found
     _check_analysis(analysis, level=level, gpu=gpu)
     try:
-        result = summarize(traces, analysis=analysis)
+        run = analyse_traces(traces)
+        result = RunResult(run.traces, run.selection, run.overlap, run.framework, analysis).summary.to_json()
     except FsdpvizError:  # e.g. no events in the analysis window: a clear message is the right answer
         return analysis
     _check_summary(result)

@@ -15,15 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from fsdpviz.analysis.compare.runs import (
-    HEADLINE_FIELDS,
-    RunInput,
-    best_indices,
-    command_args,
-    compare_runs,
-    field_value,
-)
-from fsdpviz.analysis.pipeline import analyse
+from fsdpviz.analysis.compare.model import HEADLINE_FIELDS
+from fsdpviz.analysis.compare.runs import best_indices, command_args, compare_runs, field_value
+from fsdpviz.analysis.pipeline import LabelledRun, analyse
 from fsdpviz.cli import main
 from fsdpviz.errors import UsageError
 
@@ -146,9 +140,9 @@ def test_command_args_drop_launcher_noise() -> None:
 def test_compare_runs_needs_two_distinct_labels() -> None:
     result = analyse([FSDP2], cache=False)
     with pytest.raises(UsageError, match="at least two"):
-        compare_runs([RunInput(label="a", source="a", result=result)])
+        compare_runs([LabelledRun(label="a", source="a", result=result)])
     with pytest.raises(UsageError, match="must differ"):
-        compare_runs([RunInput(label="a", source="a", result=result), RunInput(label="a", source="b", result=result)])
+        compare_runs([LabelledRun(label="a", source="a", result=result), LabelledRun(label="a", source="b", result=result)])
 
 
 def test_one_run_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from helpers.kineto import TraceBuilder
 
-from fsdpviz.analysis.run import analyze_run
+from fsdpviz.analysis.run import analyse_run
 from fsdpviz.trace import load_traces
 
 LABEL = "norm, output"  # FSDP2 labels a unit of two modules by both FQNs
@@ -41,7 +41,7 @@ def _trace(rank: int) -> TraceBuilder:
 def test_unit_keeps_its_backward_and_the_root_keeps_the_rest(tmp_path: Path) -> None:
     for rank in (0, 1):
         _trace(rank).write(tmp_path / f"rank{rank}.trace.json")
-    analysis = analyze_run(load_traces([tmp_path], cache=False), steps=[3])
+    analysis = analyse_run(load_traces([tmp_path], cache=False), steps=[3])
     stats = analysis.unit_stats.set_index("unit")
     # the unit's backward is its gradient op (70 µs), not 0; the root's is its own op (30 µs) only
     assert stats.loc[UNIT, "backward_ns"] == 70_000

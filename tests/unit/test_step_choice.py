@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from helpers.kineto import MAIN_TID, PID, TraceBuilder, launch
 
+from fsdpviz.analysis.pipeline import analyse_traces
 from fsdpviz.analysis.steps import select_steps
-from fsdpviz.analysis.summary import summarize
 from fsdpviz.trace import load_traces
 
 STEPS = (2, 3, 4)
@@ -48,7 +48,7 @@ def test_fsdpviz_recording_analyses_every_profiled_step(tmp_path: Path) -> None:
     traces = load_traces([_run_folder(tmp_path)], cache=False)
     selection = select_steps(traces)
     assert selection.steps == list(STEPS) and not selection.dropped and not selection.notes
-    assert summarize(traces)["steps"] == list(STEPS)
+    assert analyse_traces(traces).summary.to_json()["steps"] == list(STEPS)
 
 
 def test_a_last_step_whose_kernels_are_missing_is_dropped_and_said(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""``summarize`` and ``fsdpviz summary --json``: the contract keys, values known by construction."""
+"""``RunResult.summary`` and ``fsdpviz summary --json``: the contract keys, values known by construction."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import msgspec
 import pytest
 from helpers.kineto import TraceBuilder
 
-from fsdpviz.analysis import summarize
+from fsdpviz.analysis.pipeline import analyse_traces
 from fsdpviz.cli import main
 from fsdpviz.trace import load_traces
 
@@ -36,7 +36,7 @@ def _rank_trace(tmp: Path, rank: int, *, label: str | None = None, comm_start_us
 def test_summary_numbers_by_construction(tmp_path: Path) -> None:
     _rank_trace(tmp_path, 0, label="FSDP::pre_forward (blocks.0)")
     _rank_trace(tmp_path, 1, label="FSDP::pre_forward (blocks.0)", comm_start_us=300)
-    result = summarize(load_traces([tmp_path], cache=False))
+    result = analyse_traces(load_traces([tmp_path], cache=False)).summary.to_json()
     assert CONTRACT_KEYS <= set(result)
     assert result["framework"] == "fsdp2"
     assert (result["world_size"], result["ranks"], result["steps"]) == (2, [0, 1], [3, 4])
@@ -72,7 +72,7 @@ def test_framework_from_labels(tmp_path: Path, label: str, run_framework: str | 
         (tmp_path / "run.json").write_text(json.dumps({"framework": run_framework, "world_size": 1}))
     else:
         _rank_trace(tmp_path, 0, label=label)
-    result = summarize(load_traces([tmp_path], cache=False))
+    result = analyse_traces(load_traces([tmp_path], cache=False)).summary.to_json()
     assert result["framework"] == expected
     if expected == "unknown":
         assert result["units"] == []
@@ -88,7 +88,7 @@ def test_summary_json_command_prints_exactly_the_dict(tmp_path: Path, capsys: py
         main(["summary", "--json", "--no-cache", str(path)])
     out, err = capsys.readouterr()
     assert exc.value.code == 0 and err == ""
-    assert json.loads(out) == json.loads(json.dumps(summarize(load_traces([path], cache=False))))
+    assert json.loads(out) == json.loads(json.dumps(analyse_traces(load_traces([path], cache=False)).summary.to_json()))
 
 
 def test_summary_table_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -103,7 +103,7 @@ def test_summary_table_command(tmp_path: Path, capsys: pytest.CaptureFixture[str
 def test_no_comm_gives_null_overlap(tmp_path: Path) -> None:
     b = TraceBuilder()
     b.step(1, 0, 100).step(2, 100, 100).kernel(GEMM, 10, 10, launch_us=1)
-    result = summarize(load_traces([b.write(tmp_path / "r.json")], cache=False))
+    result = analyse_traces(load_traces([b.write(tmp_path / "r.json")], cache=False)).summary.to_json()
     assert result["overlap"]["overlap_pct"] is None
     assert result["memory"]["peak_allocated_bytes"] is None
     json.dumps(result, allow_nan=False)  # strict JSON: no NaN anywhere
@@ -113,7 +113,7 @@ def test_sample_cpu_traces(repo_root: Path) -> None:
     sample = repo_root / "sample_traces" / "fsdp2-cpu-2rank"
     if not sample.is_dir():
         pytest.skip(f"{sample} not present")
-    result = summarize(load_traces([sample], cache=False))
+    result = analyse_traces(load_traces([sample], cache=False)).summary.to_json()
     assert result["framework"] == "fsdp2" and result["ranks"] == [0, 1] and result["world_size"] == 2
     assert result["device"] == "cpu" and result["steps"]
     assert 0 <= result["overlap"]["overlap_pct"] <= 100

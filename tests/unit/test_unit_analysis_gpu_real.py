@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fsdpviz.analysis.run import analyze_run
+from fsdpviz.analysis.run import analyse_run
 from fsdpviz.trace import load_traces, schema
 
 
@@ -16,7 +16,7 @@ from fsdpviz.trace import load_traces, schema
                                                  ("tracelens_b200_eager", "unknown")])
 def test_traces_without_unit_labels(gpu_real_dir: Path, name: str, framework: str) -> None:
     traces = load_traces([gpu_real_dir / name])
-    analysis = analyze_run(traces)
+    analysis = analyse_run(traces)
     assert not analysis.has_units and analysis.framework == framework
     assert analysis.unit_steps.empty and analysis.unit_stats.empty
     assert any("no FSDP unit labels" in note for note in analysis.notes)

@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from fsdpviz.analysis.labels import parse_labels
-from fsdpviz.analysis.run import RunAnalysis, analyze_run
+from fsdpviz.analysis.run import RunAnalysis, analyse_run
 from fsdpviz.analysis.spans import unit_tables
 from fsdpviz.trace import load_traces
 
@@ -33,7 +33,7 @@ def sample(repo_root: Path, session_memo: Callable[..., RunAnalysis]) -> Callabl
         folder = repo_root / "sample_traces" / name
         if not folder.is_dir():
             pytest.skip(f"sample recording {folder} is missing")
-        return session_memo(("sample", name), lambda: analyze_run(load_traces([folder], cache=False)))
+        return session_memo(("sample", name), lambda: analyse_run(load_traces([folder], cache=False)))
     return analysed
 
 

@@ -1,4 +1,4 @@
-"""``analyze_run`` on synthetic GPU FSDP2 runs: the per-unit numbers the model says, exactly.
+"""``analyse_run`` on synthetic GPU FSDP2 runs: the per-unit numbers the model says, exactly.
 
 Each scenario is simulated by ``tests/synth`` (FSDP2's stream semantics, NCCL collectives that end
 together on all ranks, clocks that may disagree); its expected answers come from the simulation's
@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 from synth import ROOT, Scenario, SynthRun, generate_run, make_root, make_units
 
-from fsdpviz.analysis.run import RunAnalysis, analyze_run
+from fsdpviz.analysis.run import RunAnalysis, analyse_run
 from fsdpviz.trace import load_traces, schema
 
 SCENARIOS = {
@@ -48,7 +48,7 @@ def analysed(tmp_path_factory: pytest.TempPathFactory,
     def make(name: str) -> tuple[RunAnalysis, SynthRun]:
         sc = SCENARIOS[name]
         run = generate_run(sc, tmp_path_factory.mktemp(name))
-        return analyze_run(load_traces(run.paths, cache=False), steps=list(sc.steps)), run
+        return analyse_run(load_traces(run.paths, cache=False), steps=list(sc.steps)), run
     return lambda name: session_memo(("synth-scenario", name), lambda: make(name))
 
 
@@ -182,7 +182,7 @@ def test_without_unit_labels_only_whole_step_numbers(tmp_path) -> None:
     keep = ~traces.events["name"].astype(str).str.startswith("FSDP::").to_numpy()
     stripped = pd.DataFrame(traces.events[keep]).reset_index(drop=True)
     traces.events = schema.conform(stripped, schema.EVENTS)
-    analysis = analyze_run(traces)
+    analysis = analyse_run(traces)
     assert not analysis.has_units and analysis.unit_steps.empty and analysis.unit_stats.empty
     assert analysis.framework == "unknown"
     assert any("no FSDP unit labels" in n for n in analysis.notes)

@@ -20,7 +20,7 @@ from synth import Scenario, generate_run, make_units
 
 from fsdpviz.analysis import memory
 from fsdpviz.analysis.labels import parse_label_name, parse_labels
-from fsdpviz.analysis.run import analyze_run
+from fsdpviz.analysis.run import analyse_run
 from fsdpviz.analysis.spans import unit_tables
 from fsdpviz.analysis.unit_overlap import collective_shares
 from fsdpviz.runfolder import UnitInfo
@@ -91,7 +91,7 @@ def test_engine_labels_name_no_unit_and_imply_a_pass() -> None:
 
 
 def test_step_time_splits_into_unit_compute_framework_optimizer_and_other(zero3_trace: Path) -> None:
-    analysis = analyze_run(load_traces([zero3_trace], cache=False))
+    analysis = analyse_run(load_traces([zero3_trace], cache=False))
     assert analysis.framework == "zero3"  # from the engine ranges, without run.json
     times = analysis.step_times.iloc[0]
     assert times["step_ns"] == 1000 * US
@@ -104,7 +104,7 @@ def test_step_time_splits_into_unit_compute_framework_optimizer_and_other(zero3_
 
 
 def test_parent_block_and_root_compute_their_own_code(zero3_trace: Path) -> None:
-    stats = analyze_run(load_traces([zero3_trace], cache=False)).unit_stats.set_index("unit")
+    stats = analyse_run(load_traces([zero3_trace], cache=False)).unit_stats.set_index("unit")
     want = {"(root)": (90, 40), "blocks.0": (60, 50), "blocks.0.qkv": (40, 60), "blocks.0.proj": (60, 70)}
     for unit, (forward_us, backward_us) in want.items():
         assert stats.loc[unit, "forward_ns"] == forward_us * US, unit
@@ -129,7 +129,7 @@ def test_bucket_labels_split_into_units_but_fsdp2_multi_module_units_keep_their_
     assert list(coll["unit"]) == ["[blocks.0, blocks.1]", "blocks.2.qkv", "blocks.2.proj"]
     assert list(coll["n_units"]) == [1, 2, 2]
     # each gloo gather ran 40 µs; the bucket's two units (sizes unknown here) get half each
-    gathered = analyze_run(traces).unit_steps.groupby("unit")["ag_ns"].sum()
+    gathered = analyse_run(traces).unit_steps.groupby("unit")["ag_ns"].sum()
     assert gathered.to_dict() == {"[blocks.0, blocks.1]": 40 * US, "blocks.2.qkv": 20 * US, "blocks.2.proj": 20 * US}
 
 
@@ -144,7 +144,7 @@ def test_hsdp_memory_model_shards_over_the_shard_group(tmp_path: Path) -> None:
     """4 ranks as 2 replicas of 2-rank shard groups: each rank holds half the state, not a quarter."""
     sc = Scenario(units=make_units(3), world_size=4, hsdp_replicas=2)
     run = generate_run(sc, tmp_path)
-    model = analyze_run(load_traces(run.paths, cache=False)).memory_model
+    model = analyse_run(load_traces(run.paths, cache=False)).memory_model
     assert (model.shards, model.shards_source) == (2, "trace")  # the all-gathers' process group
     assert model.sharded_state_bytes == run.expected.baseline_bytes
 

@@ -30,12 +30,14 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
+from fsdpviz.analysis.compare.model import unit_index
 from fsdpviz.analysis.compare.units import all_known, group_values
 from fsdpviz.analysis.records import Finding
 from fsdpviz.trace import schema
 
 if TYPE_CHECKING:
-    from fsdpviz.analysis.compare.runs import Comparison, RunInput
+    from fsdpviz.analysis.compare.model import Comparison
+    from fsdpviz.analysis.pipeline import LabelledRun
 
 TIME_NOISE: Final = 0.05
 MEMORY_NOISE: Final = 0.02
@@ -66,7 +68,7 @@ def _finding(kind: str, message: str, evidence: str, better: str | None, values:
     return Finding(kind=kind, message=message, evidence=evidence, better=better, values=values)
 
 
-def per_step_ms(run: RunInput, column: str) -> np.ndarray:
+def per_step_ms(run: LabelledRun, column: str) -> np.ndarray:
     """Per analysed step, the mean over ranks of a STEP_TIMES column, in ms."""
     times = run.analysis.step_times
     if times.empty:
@@ -74,18 +76,18 @@ def per_step_ms(run: RunInput, column: str) -> np.ndarray:
     return (times.groupby("step")[column].mean() / NS_PER_MS).to_numpy(dtype=float)
 
 
-def stderr_ms(run: RunInput, column: str) -> float:
+def stderr_ms(run: LabelledRun, column: str) -> float:
     """Standard error of the mean of a STEP_TIMES column over analysed steps (0 with one step)."""
     values = per_step_ms(run, column)
     return float(values.std(ddof=1) / np.sqrt(len(values))) if len(values) > 1 else 0.0
 
 
-def noise_ms(a: RunInput, b: RunInput, column: str) -> float:
+def noise_ms(a: LabelledRun, b: LabelledRun, column: str) -> float:
     """Twice the standard error of the difference of two runs' means (see the module docstring)."""
     return 2.0 * float(np.hypot(stderr_ms(a, column), stderr_ms(b, column)))
 
 
-def few_steps(a: RunInput, b: RunInput) -> str:
+def few_steps(a: LabelledRun, b: LabelledRun) -> str:
     """A caveat when either run has fewer than MIN_STEPS analysed steps: two or so per-step values
     give a weak noise estimate, so a named winner may not survive a longer recording."""
     n = min(len(per_step_ms(a, "step_ns")), len(per_step_ms(b, "step_ns")))
@@ -163,7 +165,7 @@ _PARTS: Final = (("framework_ns", "FSDP framework work"), ("unit_compute_ns", "u
                  ("optimizer_ns", "optimizer"), ("other_ns", "other"))
 
 
-def step_parts(a: RunInput, b: RunInput) -> str:
+def step_parts(a: LabelledRun, b: LabelledRun) -> str:
     """How the step's parts changed from run ``b`` to run ``a`` (means over ranks and steps), or ""."""
     ta, tb = getattr(a.analysis, "step_times", None), getattr(b.analysis, "step_times", None)
     if ta is None or tb is None or ta.empty or tb.empty:
@@ -180,7 +182,7 @@ def step_parts(a: RunInput, b: RunInput) -> str:
     return text + f" (exposed communication, mostly waited out inside FSDP's work: {delta('exposed_comm_ns'):+.2f} ms)"
 
 
-def collective_counts(run: RunInput) -> dict[str, float]:
+def collective_counts(run: LabelledRun) -> dict[str, float]:
     """Median collectives per rank and step, by kind (ZeRO-3 bucket rows counted once)."""
     spans = run.analysis.spans
     if spans is None or spans.empty:
@@ -193,7 +195,7 @@ def collective_counts(run: RunInput) -> dict[str, float]:
     return out
 
 
-def exposed_parts(run: RunInput) -> dict[str, float]:
+def exposed_parts(run: LabelledRun) -> dict[str, float]:
     """Exposed all-gather (forward, backward) and reduce-scatter per step: sums of the unit medians."""
     units = run.summary.units
     out: dict[str, float] = {}
@@ -328,7 +330,7 @@ def tradeoff_finding(c: Comparison, found: Sequence[Finding]) -> list[Finding]:
                      {"step_time_ms": {fast: dt}, key.split(".")[-1]: {fast: dm}})]
 
 
-def _mean_depth(run: RunInput, phase: str) -> float | None:
+def _mean_depth(run: LabelledRun, phase: str) -> float | None:
     depths = [d for d in (u.metric(f"{phase}_issue_depth") for u in run.summary.units) if d is not None]
     return float(np.mean(depths)) if depths else None
 
@@ -362,8 +364,6 @@ def group_finding(c: Comparison) -> list[Finding]:
     """The unit group whose exposed communication differs most between runs."""
     steps = [v for v in c.values["step_time_ms"] if v is not None]
     floor = max(0.005 * min(steps), MIN_TIME_MS) if steps else MIN_TIME_MS
-    from fsdpviz.analysis.compare.runs import unit_index  # compare imports this module
-
     index = {r.label: unit_index(r) for r in c.runs}
     best: tuple[float, Any, dict[str, float]] | None = None
     for group in c.match.groups:

@@ -2,7 +2,7 @@
 
 Users change one thing (wrap policy, prefetch, ``reshard_after_forward``), record again and want to
 know which run is faster, which peaks lower, and why. :func:`compare_runs` takes each run's
-summary (:class:`fsdpviz.analysis.summary.Summary`) and, when available, its ``analyze_run`` result
+summary (:class:`fsdpviz.analysis.summary.Summary`) and, when available, its ``analyse_run`` result
 and run.json, and returns a :class:`Comparison`: the headline table with deltas against the first
 run and the best value of each row marked, the settings that differ, the units matched across runs
 (:mod:`fsdpviz.analysis.compare.units`), findings in words (:mod:`fsdpviz.analysis.compare.findings`)
@@ -15,102 +15,23 @@ them, so ``compare --json`` agrees with the individual ``summary --json`` output
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-import msgspec
-
+from fsdpviz.analysis.compare.findings import build_findings
 from fsdpviz.analysis.compare.memory import drift_bytes, step_levels, step_rise_bytes
+from fsdpviz.analysis.compare.model import HEADLINE_FIELDS, LOWER, Comparison, unit_index
 from fsdpviz.analysis.compare.units import RunUnit, UnitMatch, all_known, group_values, match_units
-from fsdpviz.analysis.records import Finding
 from fsdpviz.errors import UsageError
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from fsdpviz.analysis.pipeline import RunResult
-    from fsdpviz.analysis.run import RunAnalysis
-    from fsdpviz.analysis.summary import Summary
-    from fsdpviz.runfolder import RunInfo
-    from fsdpviz.trace.tables import TraceSet
+    from fsdpviz.analysis.pipeline import LabelledRun
 
-LOWER: Final = "lower"
-HIGHER: Final = "higher"
+
 # Launcher flags that differ between runs without meaning anything (free ports, rendezvous ids).
 NOISE_FLAGS: Final = frozenset({"--master_port", "--master-port", "--master_addr", "--master-addr",
                                 "--rdzv_endpoint", "--rdzv-endpoint", "--rdzv_id", "--rdzv-id"})
-
-
-@dataclass(frozen=True, slots=True)
-class HeadlineField:
-    """One numeric row of the headline table."""
-
-    key: str  # dotted path into the summary's JSON; the key of ``deltas`` in ``compare --json``
-    label: str
-    unit: str  # "ms", "%", "bytes" or "" (a count)
-    better: str | None  # LOWER / HIGHER, or None when neither is better
-    digits: int | None = 3  # rounding of deltas (None: integers)
-    in_summary: bool = True  # False: measured by the comparison itself (not a summary number)
-
-
-HEADLINE_FIELDS: Final = (
-    HeadlineField("step_time_ms", "step time", "ms", LOWER),
-    HeadlineField("overlap.overlap_pct", "overlap", "%", HIGHER, 2),
-    HeadlineField("overlap.exposed_comm_ms", "exposed comm / step", "ms", LOWER),
-    HeadlineField("overlap.comm_ms", "communication / step", "ms", LOWER),
-    HeadlineField("overlap.compute_ms", "compute / step", "ms", None),
-    HeadlineField("overlap.idle_ms", "idle / step", "ms", LOWER),
-    HeadlineField("memory.peak_allocated_bytes", "peak allocated", "bytes", LOWER, None),
-    HeadlineField("memory.peak_reserved_bytes", "peak reserved", "bytes", LOWER, None),
-    HeadlineField("step_rise_bytes", "memory a step adds (peak − level at step start)", "bytes", LOWER, None,
-                  in_summary=False),
-    HeadlineField("n_units", "FSDP units", "", None, None),
-    HeadlineField("largest_unit_bytes", "largest unit (unsharded params)", "bytes", None, None),
-    HeadlineField("world_size", "world size", "", None, None),
-)
-
-
-@dataclass(kw_only=True, slots=True)
-class RunInput:
-    """One run to compare: its label, where it came from, and the pipeline's result for it."""
-
-    label: str
-    source: str  # the path the user gave
-    result: RunResult
-
-    @property
-    def summary(self) -> Summary:
-        return self.result.summary
-
-    @property
-    def analysis(self) -> RunAnalysis:
-        return self.result.analysis
-
-    @property
-    def run(self) -> RunInfo | None:
-        """run.json, when the run was recorded by fsdpviz."""
-        return self.result.traces.run
-
-    @property
-    def traces(self) -> TraceSet:
-        return self.result.traces
-
-
-@dataclass(kw_only=True, slots=True)
-class Comparison:
-    """Everything the compare page and ``compare --json`` show (see the module docstring)."""
-
-    labels: list[str]
-    runs: list[RunInput]
-    values: dict[str, list[float | int | None]]  # headline field key -> value per run
-    deltas: dict[str, list[float | int | None]]  # key -> run_i - run_0 (None where a value is missing)
-    best: dict[str, list[int]]  # key -> indices of the runs with the best value (empty: no best)
-    settings: list[tuple[str, list[str]]]  # (row label, text per run), rows that describe the runs
-    match: UnitMatch
-    drift: list[int | None] = field(default_factory=list)  # per run: growth of the level at step start
-    best_withheld: dict[str, str] = field(default_factory=dict)  # key -> why its row has no best mark
-    findings: list[Finding] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
 
 
 def field_value(summary: dict[str, Any], key: str) -> float | int | None:
@@ -152,7 +73,7 @@ def unique_labels(labels: Sequence[str]) -> list[str]:
     return out
 
 
-def run_units(run: RunInput) -> list[RunUnit]:
+def run_units(run: LabelledRun) -> list[RunUnit]:
     """The run's units for matching: the analysis' unit table, else run.json's, else the summary's."""
     table: pd.DataFrame | None = run.analysis.units
     if table is not None and len(table):
@@ -168,7 +89,7 @@ def run_units(run: RunInput) -> list[RunUnit]:
             for i, u in enumerate(run.summary.units)]
 
 
-def compare_runs(runs: Sequence[RunInput]) -> Comparison:
+def compare_runs(runs: Sequence[LabelledRun]) -> Comparison:
     """Compare two or more runs (the first is the baseline of the deltas)."""
     if len(runs) < 2:
         raise UsageError("compare needs at least two runs")
@@ -195,15 +116,13 @@ def compare_runs(runs: Sequence[RunInput]) -> Comparison:
     comparison = Comparison(labels=labels, runs=list(runs), values=values, deltas=deltas, best=best,
                             settings=settings_rows(runs), match=match, drift=drift, notes=notes,
                             best_withheld=withheld)
-    from fsdpviz.analysis.compare.findings import build_findings  # findings read the comparison
-
     comparison.findings = build_findings(comparison)
     return comparison
 
 
 # --- settings ----------------------------------------------------------------------------------
 
-def _unit_setting(run: RunInput, key: str) -> str:
+def _unit_setting(run: LabelledRun, key: str) -> str:
     units = run.run.units if run.run is not None else []
     if not units:
         return "n/a"
@@ -227,7 +146,7 @@ def _unit_setting(run: RunInput, key: str) -> str:
     return ", ".join(distinct) if distinct else "n/a"
 
 
-def _dtype(run: RunInput) -> str:
+def _dtype(run: LabelledRun) -> str:
     dtypes = sorted({u.dtype.removeprefix("torch.") for u in (run.run.units if run.run else []) if u.dtype})
     return ", ".join(dtypes) or "n/a"
 
@@ -253,7 +172,7 @@ def command_args(command: Sequence[str]) -> list[str]:
     return words
 
 
-def _differing_args(runs: Sequence[RunInput]) -> list[str]:
+def _differing_args(runs: Sequence[LabelledRun]) -> list[str]:
     commands = [command_args(r.run.command if r.run is not None else []) for r in runs]
     if not any(commands):
         return ["n/a"] * len(runs)
@@ -261,9 +180,9 @@ def _differing_args(runs: Sequence[RunInput]) -> list[str]:
     return [" ".join(w for w in c if w not in common) or "(same)" for c in commands]
 
 
-def settings_rows(runs: Sequence[RunInput]) -> list[tuple[str, list[str]]]:
+def settings_rows(runs: Sequence[LabelledRun]) -> list[tuple[str, list[str]]]:
     """Text rows of the headline table: what each run was and how it was set up."""
-    def steps(r: RunInput) -> str:
+    def steps(r: LabelledRun) -> str:
         s = r.summary.steps
         return ", ".join(map(str, s)) if len(s) <= 4 else f"{s[0]}–{s[-1]} ({len(s)})"
 
@@ -283,7 +202,7 @@ def settings_rows(runs: Sequence[RunInput]) -> list[tuple[str, list[str]]]:
 
 # --- comparability -----------------------------------------------------------------------------
 
-def _total_params(run: RunInput) -> int | None:
+def _total_params(run: LabelledRun) -> int | None:
     model = run.analysis.memory_model
     if model is not None and model.param_count:
         return model.param_count
@@ -295,7 +214,7 @@ def _differ(label: str, values: Sequence[Any], labels: Sequence[str]) -> str:
     return f"{label}: " + ", ".join(f"{lb} {v}" for lb, v in zip(labels, values))
 
 
-def comparability_notes(runs: Sequence[RunInput], match: UnitMatch) -> list[str]:
+def comparability_notes(runs: Sequence[LabelledRun], match: UnitMatch) -> list[str]:
     """Why some numbers should not be compared directly (every run is still shown)."""
     labels = [r.label for r in runs]
     notes = []
@@ -378,8 +297,3 @@ def group_json(comparison: Comparison, group: Any) -> dict[str, Any]:
     out = group.to_json()
     out["values"] = {r.label: group_values(group, r.label, unit_index(r)) for r in comparison.runs}
     return out
-
-
-def unit_index(run: RunInput) -> dict[str, dict[str, Any]]:
-    """The summary's ``units`` entries by unit name, as JSON values (what groups sum)."""
-    return {u.name: msgspec.to_builtins(u) for u in run.summary.units}

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fsdpviz.analysis.compare.runs import Comparison, RunInput, compare_runs, unique_labels
+from fsdpviz.analysis.compare.model import Comparison
+from fsdpviz.analysis.compare.runs import compare_runs, unique_labels
+from fsdpviz.analysis.pipeline import LabelledRun
 from fsdpviz.errors import FsdpvizError, RunFolderError, UsageError
 from fsdpviz.trace.tables import TraceSet
 
@@ -52,7 +54,7 @@ def _say(progress: Progress | None, message: str) -> None:
 
 def load_runs(paths: Sequence[str | Path], labels: Sequence[str] | None = None, *, cache: bool = True,
               scheduler: str | None = None,
-              progress: Progress | None = None) -> list[RunInput]:
+              progress: Progress | None = None) -> list[LabelledRun]:
     """Load and analyse each run (a run folder, a folder of traces or one trace file per run).
 
     Raises:
@@ -81,10 +83,10 @@ def load_runs(paths: Sequence[str | Path], labels: Sequence[str] | None = None, 
             raise RunFolderError(f"{path}: {exc}") from exc
         loaded.append((path, result))
     names = list(labels) if labels else unique_labels([default_label(p, r.traces) for p, r in loaded])
-    return [RunInput(label=name, source=str(path), result=result) for name, (path, result) in zip(names, loaded)]
+    return [LabelledRun(label=name, source=str(path), result=result) for name, (path, result) in zip(names, loaded)]
 
 
-def build_compare(runs: Sequence[RunInput], output: str | Path, *,
+def build_compare(runs: Sequence[LabelledRun], output: str | Path, *,
                   comparison: Comparison | None = None, progress: Progress | None = None) -> CompareResult:
     """Compare the loaded runs and write the compare page to ``output`` (its folder must exist)."""
     from fsdpviz.report.compare.data import prepare_compare

@@ -15,8 +15,9 @@ from typing import Any, Final
 
 import pandas as pd
 
-from fsdpviz.analysis.compare.runs import Comparison, RunInput, unit_index
+from fsdpviz.analysis.compare.model import Comparison, unit_index
 from fsdpviz.analysis.compare.units import color_slots, group_values
+from fsdpviz.analysis.pipeline import LabelledRun
 from fsdpviz.report.style import OTHER_COLOR, format_bytes, unit_color
 from fsdpviz.report.timeline.steps import MAX_PAGE_SEGMENTS
 from fsdpviz.report.timeline.units import NO_UNIT
@@ -71,7 +72,7 @@ def run_colors(labels: Sequence[str]) -> dict[str, str]:
     return {label: RUN_PALETTE[i % len(RUN_PALETTE)] for i, label in enumerate(labels)}
 
 
-def _unit_strip(run: RunInput, colors: dict[str, str]) -> pd.DataFrame:
+def _unit_strip(run: LabelledRun, colors: dict[str, str]) -> pd.DataFrame:
     units = run.summary.units
     frame = pd.DataFrame({
         "unit": [u.name for u in units],
@@ -108,7 +109,7 @@ def group_rows(comparison: Comparison) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["group", "order", "metric", "label", "value"])
 
 
-def prepare_compare(runs: Sequence[RunInput], comparison: Comparison,
+def prepare_compare(runs: Sequence[LabelledRun], comparison: Comparison,
                     max_segments: int = MAX_PAGE_SEGMENTS) -> CompareData:
     """The compare page's data from each run's pipeline result."""
     from fsdpviz.report.data import VIEW_MEDIAN, prepare_report

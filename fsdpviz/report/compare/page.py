@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from fsdpviz.analysis.compare.runs import HEADLINE_FIELDS, HeadlineField
+from fsdpviz.analysis.compare.model import HEADLINE_FIELDS, HeadlineField
 from fsdpviz.report.compare import plots as compare_plots
 from fsdpviz.report.compare.data import GROUP_METRICS, CompareData, describe_bytes, run_colors
 from fsdpviz.report.html import HtmlTable, LegendItem, Page, Section, TableCell

@@ -1,0 +1,73 @@
+"""What a comparison of runs is: its headline rows and the :class:`Comparison` they fill.
+
+:mod:`fsdpviz.analysis.compare.runs` builds a :class:`Comparison`
+(:func:`~fsdpviz.analysis.compare.runs.compare_runs`) and :mod:`fsdpviz.analysis.compare.findings`
+reads one; both import this module and neither imports the other's answer back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+
+import msgspec
+
+from fsdpviz.analysis.compare.units import UnitMatch
+from fsdpviz.analysis.records import Finding
+
+if TYPE_CHECKING:
+    from fsdpviz.analysis.pipeline import LabelledRun
+
+LOWER: Final = "lower"
+HIGHER: Final = "higher"
+
+
+@dataclass(frozen=True, slots=True)
+class HeadlineField:
+    """One numeric row of the headline table."""
+
+    key: str  # dotted path into the summary's JSON; the key of ``deltas`` in ``compare --json``
+    label: str
+    unit: str  # "ms", "%", "bytes" or "" (a count)
+    better: str | None  # LOWER / HIGHER, or None when neither is better
+    digits: int | None = 3  # rounding of deltas (None: integers)
+    in_summary: bool = True  # False: measured by the comparison itself (not a summary number)
+
+
+HEADLINE_FIELDS: Final = (
+    HeadlineField("step_time_ms", "step time", "ms", LOWER),
+    HeadlineField("overlap.overlap_pct", "overlap", "%", HIGHER, 2),
+    HeadlineField("overlap.exposed_comm_ms", "exposed comm / step", "ms", LOWER),
+    HeadlineField("overlap.comm_ms", "communication / step", "ms", LOWER),
+    HeadlineField("overlap.compute_ms", "compute / step", "ms", None),
+    HeadlineField("overlap.idle_ms", "idle / step", "ms", LOWER),
+    HeadlineField("memory.peak_allocated_bytes", "peak allocated", "bytes", LOWER, None),
+    HeadlineField("memory.peak_reserved_bytes", "peak reserved", "bytes", LOWER, None),
+    HeadlineField("step_rise_bytes", "memory a step adds (peak − level at step start)", "bytes", LOWER, None,
+                  in_summary=False),
+    HeadlineField("n_units", "FSDP units", "", None, None),
+    HeadlineField("largest_unit_bytes", "largest unit (unsharded params)", "bytes", None, None),
+    HeadlineField("world_size", "world size", "", None, None),
+)
+
+
+@dataclass(kw_only=True, slots=True)
+class Comparison:
+    """Everything the compare page and ``compare --json`` show (see the module docstring)."""
+
+    labels: list[str]
+    runs: list[LabelledRun]
+    values: dict[str, list[float | int | None]]  # headline field key -> value per run
+    deltas: dict[str, list[float | int | None]]  # key -> run_i - run_0 (None where a value is missing)
+    best: dict[str, list[int]]  # key -> indices of the runs with the best value (empty: no best)
+    settings: list[tuple[str, list[str]]]  # (row label, text per run), rows that describe the runs
+    match: UnitMatch
+    drift: list[int | None] = field(default_factory=list)  # per run: growth of the level at step start
+    best_withheld: dict[str, str] = field(default_factory=dict)  # key -> why its row has no best mark
+    findings: list[Finding] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def unit_index(run: LabelledRun) -> dict[str, dict[str, Any]]:
+    """The summary's ``units`` entries by unit name, as JSON values (what groups sum)."""
+    return {u.name: msgspec.to_builtins(u) for u in run.summary.units}
