@@ -4,9 +4,10 @@ A change that must keep outputs byte-identical (a refactor) is checked by snapsh
 after: ``summary --json``, ``whatif --json`` under five settings, the CSV and Perfetto exports and the
 report's page data (:class:`fsdpviz.report.data.ReportData`, every table and number the page draws, as
 JSON) of every bundled sample and, where they are beside the checkout, the shared H100 recordings
-(about four minutes; two snapshots of one checkout are identical). The checkout's own path and its
-parent folder's are written as ``$CHECKOUT`` and ``$PARENT``, so snapshots of two checkouts compare.
-``compare`` says which files differ and where.
+and a synthetic run whose rank clocks disagree (``tests/synth``; about four minutes; two snapshots
+of one checkout are identical). The checkout's own path, its parent folder's and the synthetic
+run's are written as ``$CHECKOUT``, ``$PARENT`` and ``$INPUTS``, so snapshots of two checkouts
+compare. ``compare`` says which files differ and where.
 
     python benchmarks/outputs_snapshot.py snapshot DIR      # run in the checkout to snapshot
     python benchmarks/outputs_snapshot.py compare DIR_A DIR_B
@@ -30,14 +31,31 @@ GPU_FSDP = ROOT.parent / "shared" / "traces" / "gpu-fsdp"
 WHATIF = [[], ["--prefetch", "2"], ["--world-size", "4"], ["--wrap", "merge:2"], ["--reshard-after-forward", "false"]]
 
 
-def _runs() -> list[Path]:
+def _skewed_run(out: Path) -> Path:
+    """A synthetic 4-rank FSDP2 GPU run folder (``tests/synth``) whose ranks' clocks disagree by
+    milliseconds, so that every output of it depends on moving ranks onto the reference clock."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from synth import Scenario, generate_run, make_root, make_units
+
+    folder = out / "synth-skewed-clocks"
+    generate_run(Scenario(units=make_units(4), root=make_root(), world_size=4,
+                          clock_offset_ns={1: 7_000_000, 2: -3_000_000, 3: 12_500_000}), folder, run_folder=True)
+    return folder
+
+
+def _runs(out: Path) -> list[Path]:
     gpu = sorted(p for p in GPU_FSDP.iterdir() if p.is_dir()) if GPU_FSDP.is_dir() else []
-    return SAMPLES + gpu
+    return [*SAMPLES, *gpu, _skewed_run(out / "_inputs")]
+
+
+_PATHS: list[tuple[str, str]] = [(str(ROOT), "$CHECKOUT"), (str(ROOT.parent), "$PARENT")]
 
 
 def _portable(text: str) -> str:
-    """``text`` with this checkout's absolute paths written alike in every checkout."""
-    return text.replace(str(ROOT), "$CHECKOUT").replace(str(ROOT.parent), "$PARENT")
+    """``text`` with this checkout's (and this snapshot's) absolute paths written alike everywhere."""
+    for path, token in _PATHS:
+        text = text.replace(path, token)
+    return text
 
 
 def _run(*args: str) -> tuple[int, str]:
@@ -81,7 +99,9 @@ def report_data(run: Path) -> None:
 
 def snapshot(out: Path) -> None:
     """Write every output of every run under ``out`` (one folder per run)."""
-    for run in _runs():
+    out = out.resolve()
+    _PATHS.insert(0, (str(out / "_inputs"), "$INPUTS"))  # where the synthetic run is written
+    for run in _runs(out):
         folder = out / run.name
         folder.mkdir(parents=True, exist_ok=True)
         rc, text = _fsdpviz("summary", str(run), "--json")
@@ -107,8 +127,10 @@ def snapshot(out: Path) -> None:
 
 def compare(a: Path, b: Path) -> int:
     """Print each file that differs between two snapshots (the first lines that differ); 1 if any."""
-    names = sorted({p.relative_to(a) for p in a.rglob("*") if p.is_file()}
-                   | {p.relative_to(b) for p in b.rglob("*") if p.is_file()})
+    def outputs(folder: Path) -> set[Path]:
+        return {p.relative_to(folder) for p in folder.rglob("*") if p.is_file() and p.parts[len(folder.parts)] != "_inputs"}
+
+    names = sorted(outputs(a) | outputs(b))
     differ = 0
     for name in names:
         fa, fb = a / name, b / name
