@@ -20,12 +20,16 @@ them than the earliest rank: the time others spent waiting for it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Final
+from dataclasses import replace
+from typing import TYPE_CHECKING, Final
 
 import numpy as np
 import pandas as pd
 
 from fsdpviz.trace import schema
+
+if TYPE_CHECKING:
+    from fsdpviz.trace.tables import TraceSet
 
 CAUSALITY_TOLERANCE_NS: Final = 10_000
 VIOLATION_FRACTION: Final = 0.1
@@ -118,6 +122,16 @@ def shift_times(frame: pd.DataFrame, offsets: dict[int, int], cols: Sequence[str
         values = out[col].to_numpy()
         out[col] = np.where(values >= 0, values - delta, values) if col in markers else values - delta
     return out
+
+
+def aligned_traces(traces: TraceSet, offsets: dict[int, int]) -> TraceSet:
+    """``traces`` with each rank's event, step and memory times moved onto the reference clock
+    (``offsets``: :func:`applied_offsets`); ``traces`` itself when no clock was moved."""
+    if not any(offsets.values()):
+        return traces
+    return replace(traces, events=shift_times(traces.events, offsets, ("start_ns",)),
+                   steps=shift_times(traces.steps, offsets, ("start_ns", "end_ns")),
+                   memory=shift_times(traces.memory, offsets, ("t_ns",)))
 
 
 def collective_skew(coll: pd.DataFrame, ref_rank: int) -> pd.DataFrame:

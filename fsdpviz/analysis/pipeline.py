@@ -39,7 +39,7 @@ class RunResult:
     """A loaded run and everything the analysis says about it (see the module docstring).
 
     Attributes:
-        traces: the loaded tables.
+        traces: the loaded tables, each rank on its own clock (``aligned``: on the reference clock).
         selection: the analysed steps of every rank (:func:`fsdpviz.analysis.steps.select_steps`).
         overlap: whole-step overlap per rank (schema.OVERLAP).
         framework: ``fsdp2`` / ``fsdp1`` / ``zero3`` / ``ddp`` / ``unknown``, decided once.
@@ -72,6 +72,31 @@ class RunResult:
         from fsdpviz.trace.loader import load_ranks
 
         return load_ranks(self.traces, self.traces.rank_ids if ranks is None else ranks, cache=self._cache)
+
+    @property
+    def clock_offsets(self) -> dict[int, int]:
+        """rank -> ns its times were moved by to put them on the reference rank's clock (0: kept),
+        as the per-unit analysis decided (``RunAnalysis.clock``)."""
+        from fsdpviz.analysis.crossrank import applied_offsets
+
+        return applied_offsets(self.analysis.clock)
+
+    @cached_property
+    def aligned(self) -> TraceSet:
+        """``traces`` on the reference clock: every rank's events, steps and memory samples moved as
+        the analysis' tables are, so that anything drawn or simulated from them lines up with the
+        analysis (events only where ``events_kept``; see :meth:`aligned_detail`)."""
+        from fsdpviz.analysis.crossrank import aligned_traces
+
+        return aligned_traces(self.traces, self.clock_offsets)
+
+    def aligned_detail(self, ranks: Sequence[int] | None = None) -> TraceSet:
+        """:meth:`detail` on the reference clock: every table of ``ranks``, events included."""
+        if self.events_kept:
+            return self.aligned
+        from fsdpviz.analysis.crossrank import aligned_traces
+
+        return aligned_traces(self.detail(ranks), self.clock_offsets)
 
     @property
     def analysed(self) -> bool:

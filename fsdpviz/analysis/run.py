@@ -365,13 +365,12 @@ def _frame_of(parts: Sequence[RankPart], name: str, table: schema.Schema | None,
     return schema.conform(out, table, table=name) if table is not None else out
 
 
-def labels_of(traces: TraceSet, selection: StepSelection, clock: pd.DataFrame) -> pd.DataFrame:
-    """``RunAnalysis.labels`` of the ranks ``traces`` holds (with their events): their analysed steps'
-    labels on the reference clock. A run analysed rank by rank keeps no labels (each rank's are
-    as many as its spans): what needs them reads its ranks again and calls this."""
-    wanted = _wanted(selection, traces.rank_ids)
-    labels = parse_labels(traces.events)
-    return _shift(_in_steps(labels, wanted), crossrank.applied_offsets(clock), ("start_ns", "end_ns"))
+def labels_of(aligned: TraceSet, selection: StepSelection) -> pd.DataFrame:
+    """``RunAnalysis.labels`` of the ranks ``aligned`` holds (with their events, on the reference
+    clock: ``RunResult.aligned_detail``): their analysed steps' labels. A run analysed rank by rank
+    keeps no labels (each rank's are as many as its spans): what needs them reads its ranks again
+    and calls this."""
+    return _in_steps(parse_labels(aligned.events), _wanted(selection, aligned.rank_ids))
 
 
 def combine_parts(parts: Sequence[RankPart], traces: TraceSet, selection: StepSelection,

@@ -14,12 +14,15 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from fsdpviz.commands.common import SCHEDULER_HELP, warn_gaps
 from fsdpviz.errors import UsageError
+
+if TYPE_CHECKING:
+    from fsdpviz.analysis.pipeline import RunResult
 
 FORMATS = ("parquet", "csv", "perfetto")
 
@@ -63,8 +66,7 @@ def export(
     run = analyse(paths, steps=parse_steps(steps), cache=cache, scheduler=scheduler)
     traces, analysis = run.traces, run.analysis
     warn_gaps(traces)  # after the analysis: bad input stays one error line
-    # every allocator sample: a run held rank by rank keeps thinned memory only, so read it again
-    tables = export_tables(traces if run.events_kept else run.detail(), analysis)
+    tables = export_tables(run)
     manifest = {
         "framework": analysis.framework, "world_size": analysis.world_size, "ranks": analysis.ranks,
         "steps": analysis.steps, "format": fmt, "memory_model": analysis.memory_model.to_json() if analysis.memory_model else {},
@@ -79,15 +81,14 @@ def export(
         typer.echo(f"{out / info['file']}  {info['rows']:,} rows  ({name})")
 
 
-def export_tables(traces: Any, analysis: Any) -> dict[str, Any]:
+def export_tables(run: RunResult) -> dict[str, Any]:
     """The tables to write, by file stem. Memory is every allocator sample of the analysed
-    window (not the thinned curve), on the reference clock."""
-    from fsdpviz.analysis.crossrank import applied_offsets, shift_times
-
-    memory = traces.memory
+    window (not the thinned curve), on the reference clock: a run held rank by rank keeps thinned
+    memory only, so its ranks are read again for them."""
+    analysis = run.analysis
+    memory = run.aligned_detail().memory
     if len(analysis.step_times):
         lo, hi = analysis.step_times["start_ns"].min(), analysis.step_times["end_ns"].max()
-        memory = shift_times(memory, applied_offsets(analysis.clock), ("t_ns",))
         memory = memory[(memory["t_ns"] >= lo) & (memory["t_ns"] <= hi)]
     units = analysis.unit_stats.merge(analysis.units[["unit", "framework", "parent"]], on="unit", how="left") \
         if len(analysis.units) else analysis.unit_stats

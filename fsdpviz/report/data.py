@@ -8,7 +8,7 @@ assert on this data (rows per lane, colours per unit, exposed pieces, memory pea
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import pandas as pd
@@ -29,7 +29,6 @@ from fsdpviz.whatif.saved import SavedPrediction, load_predictions
 
 if TYPE_CHECKING:
     from fsdpviz.analysis.pipeline import RunResult
-    from fsdpviz.analysis.run import RunAnalysis
     from fsdpviz.analysis.summary import Summary
 
 MAX_GANTT_RANKS = 16  # more rows than this make a Gantt unreadable (and the page heavy)
@@ -97,33 +96,6 @@ def describe_inputs(traces: TraceSet) -> tuple[str, str, list[tuple[str, str]]]:
     return title, subtitle, meta
 
 
-def aligned_traces(traces: TraceSet, offsets: dict[int, int]) -> TraceSet:
-    """``traces`` with each rank's event, step and memory times moved onto the reference clock.
-
-    The analysis reports unit spans on the reference rank's clock when rank clocks disagree
-    (``RunAnalysis.clock``); the lanes and memory views must use the same clock to line up.
-    """
-    if not any(offsets.values()):
-        return traces
-
-    def shift(frame: pd.DataFrame, cols: Sequence[str]) -> pd.DataFrame:
-        delta = frame["rank"].map(offsets).fillna(0).astype("int64").to_numpy()
-        return frame.assign(**{c: frame[c].to_numpy() - delta for c in cols})
-
-    return replace(traces, events=shift(traces.events, ["start_ns"]),
-                   steps=shift(traces.steps, ["start_ns", "end_ns"]),
-                   memory=shift(traces.memory, ["t_ns"]))
-
-
-def clock_offsets(analysis: RunAnalysis) -> dict[int, int]:
-    """Offsets the analysis applied (rank -> ns its clock runs ahead of the reference rank's)."""
-    clock = analysis.clock
-    if clock.empty:
-        return {}
-    applied = clock[clock["applied"]]
-    return {int(r): int(o) for r, o in zip(applied["rank"], applied["offset_ns"])}
-
-
 def findings_text(findings: pd.DataFrame, predicted: dict[str, str] | None = None) -> list[str]:
     """One sentence per finding (most time lost first): message, the evidence, what to try, and
     what trying it would gain where ``predicted`` (knob -> words) has it."""
@@ -183,15 +155,13 @@ def prepare_report(run: RunResult, *, max_segments: int = MAX_PAGE_SEGMENTS,
     """
     traces, summary, overlap, analysis = run.traces, run.summary, run.overlap, run.analysis
     title, subtitle, meta = describe_inputs(traces)
-    offsets = clock_offsets(analysis)
-    aligned = aligned_traces(traces, offsets)
+    aligned = run.aligned  # the lanes and memory views line up with the analysis' spans
     unknown_views = sorted(set(views) - set(ALL_VIEWS))
     if unknown_views:
         raise ValueError(f"unknown report views {unknown_views}: choose from {ALL_VIEWS}")
     choices = choose_steps(aligned.steps, summary.steps or None)
     if not choices and aligned.steps.empty:
-        if not run.events_kept:  # no ProfilerStep: the whole trace's span, from the events
-            aligned = aligned_traces(run.detail(), offsets)
+        aligned = run.aligned_detail()  # no ProfilerStep: the whole trace's span, from the events
         whole = whole_trace_choice(aligned.events)
         choices = [whole] if whole is not None else []
     # choose_steps gives the median step first, then the slowest (when it differs)
@@ -204,8 +174,7 @@ def prepare_report(run: RunResult, *, max_segments: int = MAX_PAGE_SEGMENTS,
             notes.append(why)
     else:
         gantt_ranks = check_gantt_ranks(traces, gantt_ranks)
-    if not run.events_kept:  # a run held rank by rank: read the drawn ranks' events again
-        aligned = aligned_traces(run.detail(gantt_ranks), offsets)
+    aligned = run.aligned_detail(gantt_ranks)  # held rank by rank: the drawn ranks' events read again
     curve = analysis.memory  # thinned, exact peaks, on the reference clock
     memory_ranks = memory.choose_memory_ranks(curve[curve["rank"].isin(gantt_ranks)])
     spans = analysis.spans

@@ -32,7 +32,6 @@ from typing import Any, Final
 import numpy as np
 import pandas as pd
 
-from fsdpviz.analysis.crossrank import applied_offsets, shift_times
 from fsdpviz.analysis.intervals import subtract_intervals, union_intervals
 from fsdpviz.analysis.pipeline import RunResult
 from fsdpviz.errors import RunFolderError, UsageError
@@ -144,14 +143,13 @@ def export_perfetto(result: RunResult, output: str | Path, *, steps: Sequence[in
     missing = sorted(set(wanted_steps) - set(analysis.steps))
     if missing:
         raise UsageError(f"--steps: {', '.join(map(str, missing))} not analysed (analysed: {analysis.steps})")
-    traces = result.detail(wanted_ranks)
-    offsets = applied_offsets(analysis.clock)
+    traces = result.aligned_detail(wanted_ranks)
     times = analysis.step_times[analysis.step_times["step"].isin(wanted_steps)]
     base_ns = int(times["start_ns"].min()) if len(times) else 0
     writer = _Writer()
     ranks_info = []
-    events = shift_times(traces.events, offsets, ("start_ns",)) if raw else traces.events.iloc[:0]
-    memory = shift_times(traces.memory, offsets, ("t_ns",))
+    events = traces.events if raw else traces.events.iloc[:0]
+    memory = traces.memory
     for rank in wanted_ranks:
         mine = times[times["rank"] == rank]
         if mine.empty:

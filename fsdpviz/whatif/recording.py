@@ -36,7 +36,6 @@ import numpy as np
 import pandas as pd
 from pandas.core.groupby import DataFrameGroupBy
 
-from fsdpviz.analysis import crossrank
 from fsdpviz.analysis import memory_categories as mcat
 from fsdpviz.analysis.categorical import as_str
 from fsdpviz.analysis.intervals import (
@@ -212,21 +211,20 @@ class BusyClock:
 def read_recording(result: RunResult, ranks: Sequence[int] | None = None) -> Recording:
     """The programs of every analysed rank and step of ``result`` (of ``ranks`` only, when given)."""
     analysis = result.analysis
-    traces = result.detail(ranks)
-    offsets = crossrank.applied_offsets(analysis.clock)
-    events = crossrank.shift_times(traces.events, offsets, ("start_ns",))
+    traces = result.aligned_detail(ranks)
+    events = traces.events
     lanes = traces.lanes
     host_lanes = set(zip(lanes.loc[lanes["lane_kind"].isin([schema.LANE_CPU_MAIN, schema.LANE_CPU_AUTOGRAD]), "rank"],
                          lanes.loc[lanes["lane_kind"].isin([schema.LANE_CPU_MAIN, schema.LANE_CPU_AUTOGRAD]),
                                    "lane"].astype(str)))
     gpu = bool((events["kind"] == schema.KIND_KERNEL).any())
     work = gpu_work(events) if gpu else None
-    memory = crossrank.shift_times(traces.memory, offsets, ("t_ns",))
+    memory = traces.memory
     devices = main_devices(memory)
     units = _unit_order(result)
     programs = []
-    steps = crossrank.shift_times(traces.steps, offsets, ("start_ns", "end_ns"))
-    labels = analysis.labels if result.events_kept else labels_of(traces, result.selection, analysis.clock)
+    steps = traces.steps
+    labels = analysis.labels if result.events_kept else labels_of(traces, result.selection)
     by = {name: frame.groupby("rank", sort=True) for name, frame in (
         ("spans", analysis.spans), ("windows", analysis.windows), ("labels", labels),
         ("events", events), ("steps", steps), ("times", analysis.step_times))}

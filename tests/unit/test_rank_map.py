@@ -53,7 +53,7 @@ def _same(whole: RunResult, mapped: RunResult) -> None:
         pd.testing.assert_frame_equal(right, left, obj=name)
     # labels are not kept of a run held rank by rank: they are read again for the ranks that need them
     assert b.labels.empty and len(a.labels)
-    again = labels_of(mapped.detail(), mapped.selection, b.clock).reset_index(drop=True)
+    again = labels_of(mapped.aligned_detail(), mapped.selection).reset_index(drop=True)
     pd.testing.assert_frame_equal(again, a.labels.reset_index(drop=True))
     assert b.memory_model == a.memory_model
     assert [n.text for n in b.notes] == [n.text for n in a.notes]
@@ -170,8 +170,8 @@ def test_exported_tables_same_both_ways(monkeypatch: pytest.MonkeyPatch) -> None
     from fsdpviz.commands.export import export_tables
 
     whole, mapped = _both(ROOT / "sample_traces" / "fsdp2-cpu-2rank", monkeypatch)
-    a = export_tables(whole.traces, whole.analysis)
-    b = export_tables(mapped.detail(), mapped.analysis)
+    a = export_tables(whole)
+    b = export_tables(mapped)
     assert len(b["memory"]) > len(mapped.traces.memory)  # more than the thinned samples kept
     for name in a:
         pd.testing.assert_frame_equal(b[name].reset_index(drop=True), a[name].reset_index(drop=True), obj=name)
