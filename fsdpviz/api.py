@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fsdpviz import vocabulary
 from fsdpviz.analysis.pipeline import LabelledRun
 from fsdpviz.errors import UsageError
 
@@ -40,7 +41,8 @@ if TYPE_CHECKING:
 
 PathLike = str | Path
 
-PHASE_KINDS = ("all_gather", "compute", "reduce_scatter", "all_reduce", "copy_in", "copy_out")
+PHASE_KINDS = (vocabulary.ALL_GATHER, vocabulary.COMPUTE, vocabulary.REDUCE_SCATTER, vocabulary.ALL_REDUCE,
+               vocabulary.COPY_IN, vocabulary.COPY_OUT)
 _extension_loaded = False
 
 

@@ -36,9 +36,9 @@ from synth import Scenario, generate_run, make_units
 
 from fsdpviz.analysis.pipeline import analyse_traces
 from fsdpviz.analysis.run import RunAnalysis
+from fsdpviz.formatting import format_bytes, format_ms
 from fsdpviz.report.data import ReportData, prepare_report
 from fsdpviz.report.html import Page, write_page
-from fsdpviz.report.style import format_bytes, format_ms
 from fsdpviz.report.timeline.section import timeline_plot, timeline_section
 from fsdpviz.report.timeline.view import StepView
 from fsdpviz.trace import load_traces

@@ -30,24 +30,22 @@ import numpy as np
 import pandas as pd
 
 from fsdpviz.analysis.profiler_cost import NOTABLE_SLOWDOWN, ProfilerCost
+from fsdpviz.formatting import NS_PER_MS, ms_text
 from fsdpviz.trace import schema
+from fsdpviz.vocabulary import FSDP1, FSDP2, ZERO3
 
 NOISE_FRACTION: Final = 0.005
 NOISE_FLOOR_NS: Final = 20_000
 MAX_FINDINGS: Final = 20
 
 _PREFETCH_KNOB: Final = {
-    ("fsdp2", schema.PHASE_FORWARD): "explicit forward prefetch: module.set_modules_to_forward_prefetch([next units])",
-    ("fsdp2", schema.PHASE_BACKWARD): "explicit backward prefetch: module.set_modules_to_backward_prefetch([previous units])",
-    ("fsdp1", schema.PHASE_FORWARD): "FullyShardedDataParallel(..., forward_prefetch=True)",
-    ("fsdp1", schema.PHASE_BACKWARD): "FullyShardedDataParallel(..., backward_prefetch=BackwardPrefetch.BACKWARD_PRE)",
-    ("zero3", schema.PHASE_FORWARD): "a larger stage3_prefetch_bucket_size in the DeepSpeed config",
-    ("zero3", schema.PHASE_BACKWARD): "a larger stage3_prefetch_bucket_size in the DeepSpeed config",
+    (FSDP2, schema.PHASE_FORWARD): "explicit forward prefetch: module.set_modules_to_forward_prefetch([next units])",
+    (FSDP2, schema.PHASE_BACKWARD): "explicit backward prefetch: module.set_modules_to_backward_prefetch([previous units])",
+    (FSDP1, schema.PHASE_FORWARD): "FullyShardedDataParallel(..., forward_prefetch=True)",
+    (FSDP1, schema.PHASE_BACKWARD): "FullyShardedDataParallel(..., backward_prefetch=BackwardPrefetch.BACKWARD_PRE)",
+    (ZERO3, schema.PHASE_FORWARD): "a larger stage3_prefetch_bucket_size in the DeepSpeed config",
+    (ZERO3, schema.PHASE_BACKWARD): "a larger stage3_prefetch_bucket_size in the DeepSpeed config",
 }
-
-
-def _ms(ns: float) -> str:
-    return f"{ns / 1e6:.2f} ms"
 
 
 def _row(unit: str, phase: str, kind: str, lost: float, message: str, evidence: str, knob: str,
@@ -122,8 +120,8 @@ def _share_text(shared: pd.DataFrame, unit: str, phase: str, what: str, share_ns
     """``"all-gather 2.90 ms carrying up to 19 units (its share 0.55 ms)"``, or ``"all-gather 0.55 ms"``."""
     if (unit, phase) in shared.index:
         full_ns, n_units = shared["full_ns"][(unit, phase)], shared["n_units"][(unit, phase)]
-        return f"{what} {_ms(float(full_ns))} carrying up to {int(n_units)} units (its share {_ms(share_ns)})"
-    return f"{what} {_ms(share_ns)}"
+        return f"{what} {ms_text(float(full_ns) / NS_PER_MS)} carrying up to {int(n_units)} units (its share {ms_text(share_ns / NS_PER_MS)})"
+    return f"{what} {ms_text(share_ns / NS_PER_MS)}"
 
 
 def _unit_passes(med: pd.DataFrame) -> Iterator[tuple[str, str, pd.Series]]:
@@ -149,23 +147,23 @@ def gather_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, framework: st
         pos = seq.index(unit) if unit in seq else -1
         prev = seq[pos - 1] if pos > 0 else None
         gather = _share_text(shared, unit, phase, "all-gather", m["ag_ns"])
-        lead = _ms(m["lead"]) if np.isfinite(m["lead"]) else "n/a"
+        lead = ms_text(m["lead"] / NS_PER_MS) if np.isfinite(m["lead"]) else "n/a"
         median_of = f"median of {int(m['n'])} rank-steps"
-        evidence = (f"{gather}, exposed {_ms(m['ag_exposed_ns'])}, prefetch lead {lead}, issue depth "
-                    f"{m['depth']:.0f}, own compute {_ms(m['compute_ns'])}; {median_of}")
-        head = f"{unit}: all-gather exposed {_ms(m['ag_exposed_ns'])}/step in {phase}"
+        evidence = (f"{gather}, exposed {ms_text(m['ag_exposed_ns'] / NS_PER_MS)}, prefetch lead {lead}, issue depth "
+                    f"{m['depth']:.0f}, own compute {ms_text(m['compute_ns'] / NS_PER_MS)}; {median_of}")
+        head = f"{unit}: all-gather exposed {ms_text(m['ag_exposed_ns'] / NS_PER_MS)}/step in {phase}"
         knob = ""
         if phase == schema.PHASE_FORWARD and ((unit, phase) in firsts or pos == 0 or prev is None):
             if (unit, phase) in firsts:
                 cause = "the first all-gather of the forward pass, with no compute before it to hide behind"
                 ahead = float(before_first.get(phase, 0.0))
-                evidence = (f"{gather}, exposed {_ms(m['ag_exposed_ns'])}; units' compute in the pass before "
-                            f"it {_ms(ahead)}; its own compute began {lead} after the gather ended; {median_of}")
+                evidence = (f"{gather}, exposed {ms_text(m['ag_exposed_ns'] / NS_PER_MS)}; units' compute in the pass before "
+                            f"it {ms_text(ahead / NS_PER_MS)}; its own compute began {lead} after the gather ended; {median_of}")
             else:
                 cause = "the first unit to compute in the forward pass: nothing computes before it"
         elif pos == 0 or prev is None:
             cause = "first unit of the backward pass: resharded after forward, so gathered again"
-            if framework in ("fsdp2", "fsdp1"):
+            if framework in (FSDP2, FSDP1):
                 knob = (f"reshard_after_forward=False for {unit} (keeps its parameters gathered into "
                         "backward; costs its unsharded size in memory)")
         elif m["depth"] < 0.5:
@@ -209,8 +207,8 @@ def reduce_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, floor_ns: flo
             cause = ("no unit computes after it starts: nothing left to hide it behind" if last
                      else "it outlasts the compute that runs after it")
             rows.append(_row(unit, phase, kind, exposed,
-                             f"{what} of {unit} exposed {_ms(exposed)}/step in backward; {cause}",
-                             f"{_share_text(shared, unit, phase, what, m[f'{col}_ns'])}, exposed {_ms(exposed)}; "
+                             f"{what} of {unit} exposed {ms_text(exposed / NS_PER_MS)}/step in backward; {cause}",
+                             f"{_share_text(shared, unit, phase, what, m[f'{col}_ns'])}, exposed {ms_text(exposed / NS_PER_MS)}; "
                              f"median of {int(m['n'])} rank-steps", ""))
     return rows
 
@@ -239,10 +237,10 @@ def straggler_findings(step_times: pd.DataFrame, floor_ns: float) -> list[dict]:
     nxt = per_rank.drop(index=rank)
     return [_row("", "", "straggler", lost,
                  f"rank {rank} starts collectives later than the other ranks (straggler); they wait for it "
-                 f"{_ms(lost)}/step in exposed communication",
-                 f"sum over a step's collectives of (rank {rank}'s start - earliest start): median {_ms(late)}; "
-                 f"next rank {int(nxt.index[0])}: {_ms(float(nxt.iloc[0]))}; the other ranks' exposed "
-                 f"communication exceeds rank {rank}'s by {_ms(float(waited.median()))}/step (median over steps)",
+                 f"{ms_text(lost / NS_PER_MS)}/step in exposed communication",
+                 f"sum over a step's collectives of (rank {rank}'s start - earliest start): median {ms_text(late / NS_PER_MS)}; "
+                 f"next rank {int(nxt.index[0])}: {ms_text(float(nxt.iloc[0]) / NS_PER_MS)}; the other ranks' exposed "
+                 f"communication exceeds rank {rank}'s by {ms_text(float(waited.median()) / NS_PER_MS)}/step (median over steps)",
                  "", rank=rank)]
 
 
@@ -253,8 +251,8 @@ def profiler_findings(cost: ProfilerCost | None, idle_ns: float | None) -> list[
     if cost is None or cost.slowdown < NOTABLE_SLOWDOWN:
         return []
     extra_ns = cost.extra_ms * 1e6
-    share = (f"{_ms(min(extra_ns, idle_ns))} of the {_ms(idle_ns)} idle per step is the profiler's"
-             if idle_ns is not None and idle_ns > 0 else f"{_ms(extra_ns)} per step is the profiler's")
+    share = (f"{ms_text(min(extra_ns, idle_ns) / NS_PER_MS)} of the {ms_text(idle_ns / NS_PER_MS)} idle per step is the profiler's"
+             if idle_ns is not None and idle_ns > 0 else f"{ms_text(extra_ns / NS_PER_MS)} per step is the profiler's")
     steps = ", ".join(map(str, cost.unprofiled_steps))
     return [_row("", "", "profiler", extra_ns,
                  f"the profiler slowed the profiled steps {cost.slowdown:.2f}x ({cost.profiled_step_ms:.2f} ms "

@@ -19,6 +19,7 @@ from typing import Final
 import numpy as np
 import pandas as pd
 
+from fsdpviz import vocabulary
 from fsdpviz.analysis.records import DDP, UNCONNECTED_RANKS, Note
 from fsdpviz.trace import schema
 from fsdpviz.trace.tables import TraceSet
@@ -66,23 +67,23 @@ def decide_framework(traces: TraceSet) -> str:
 def decide_from_names(names: list[str], recorded: str | None) -> str:
     """The decision of :func:`decide_framework` from the event names present in any rank
     (:func:`framework_evidence` of each is enough) and run.json's framework (None without one)."""
-    recorded = recorded or "unknown"
+    recorded = recorded or vocabulary.UNKNOWN
     if any(n.startswith(FSDP2_PREFIX) for n in names):
-        return "fsdp2"
+        return vocabulary.FSDP2
     if any(n.startswith(FSDP1_PREFIX) for n in names):
-        return "zero3" if recorded == "zero3" else "fsdp1"
+        return vocabulary.ZERO3 if recorded == vocabulary.ZERO3 else vocabulary.FSDP1
     if any(n.startswith(FSDPVIZ_ENGINE_PREFIX) for n in names):
-        return "zero3"
-    if recorded in schema.FRAMEWORKS and recorded != "ddp" and any(n.startswith(FSDPVIZ_PREFIX) for n in names):
+        return vocabulary.ZERO3
+    if recorded in schema.FRAMEWORKS and recorded != vocabulary.DDP and any(n.startswith(FSDPVIZ_PREFIX) for n in names):
         return recorded
-    if recorded == "ddp" or DDP_FORWARD in names:
-        return "ddp"
-    return "unknown"
+    if recorded == vocabulary.DDP or DDP_FORWARD in names:
+        return vocabulary.DDP
+    return vocabulary.UNKNOWN
 
 
 def framework_notes(framework: str) -> list[Note]:
     """What the framework means for the numbers: DDP has no FSDP units."""
-    return [Note(DDP, DDP_NOTE)] if framework == "ddp" else []
+    return [Note(DDP, DDP_NOTE)] if framework == vocabulary.DDP else []
 
 
 def unconnected_ranks_note(traces: TraceSet) -> Note | None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fsdpviz.trace.tables import TraceSet
+from fsdpviz.vocabulary import FRAMEWORKS_WITH_UNITS
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
     from fsdpviz.runfolder import RunInfo
     from fsdpviz.trace.kineto import RankColumns
 
-FRAMEWORKS_WITH_UNITS = ("fsdp2", "fsdp1", "zero3")
 
 
 class RunResult:

@@ -38,12 +38,12 @@ from fsdpviz.analysis.records import (
 )
 from fsdpviz.analysis.steps import AnalysedSteps, StepSelection
 from fsdpviz.analysis.units import UnitSummary, summary_records
+from fsdpviz.formatting import ms
 from fsdpviz.trace.tables import TraceSet
 
 if TYPE_CHECKING:
     from fsdpviz.analysis.run import RunAnalysis
 
-NS_PER_MS: Final = 1e6
 STEP_TIME_TIMERS: Final = "timers"
 STEP_TIME_TRACE: Final = "trace"
 
@@ -173,7 +173,7 @@ def finding_entries(findings: pd.DataFrame) -> list[Finding]:
     """
     return [
         Finding(rank=int(row["rank"]), unit=str(row["unit"]), phase=str(row["phase"]), kind=str(row["kind"]),
-                lost_ms_per_step=_ms(float(row["lost_ns"])), message=str(row["message"]),
+                lost_ms_per_step=ms(float(row["lost_ns"])), message=str(row["message"]),
                 evidence=str(row["evidence"]), knob=str(row["knob"]))
         for row in findings.to_dict(orient="records")
     ]
@@ -182,10 +182,6 @@ def finding_entries(findings: pd.DataFrame) -> list[Finding]:
 def _device(overlap: pd.DataFrame) -> str:
     devices = sorted(set(overlap["device"].astype(str)))
     return devices[0] if len(devices) == 1 else "mixed"
-
-
-def _ms(ns: float) -> float | None:
-    return None if ns is None or not math.isfinite(ns) else round(float(ns) / NS_PER_MS, 3)
 
 
 def _pct(value: float) -> float | None:
@@ -199,7 +195,7 @@ def _step_time_ms(traces: TraceSet, analysed: dict[int, AnalysedSteps | None]) -
             continue
         rs = traces.steps[(traces.steps["rank"] == rank) & traces.steps["step"].isin(list(steps_of_rank.steps))]
         durations.extend((rs["end_ns"] - rs["start_ns"]).tolist())
-    return _ms(float(np.mean(durations))) if durations else None
+    return ms(float(np.mean(durations))) if durations else None
 
 
 def _overlap_summary(overlap: pd.DataFrame) -> OverlapSummary:
@@ -208,20 +204,20 @@ def _overlap_summary(overlap: pd.DataFrame) -> OverlapSummary:
     per_rank = {
         str(int(r["rank"])): RankOverlap(
             overlap_pct=_pct(r["overlap_pct"]),
-            comm_ms=_ms(r["comm_ns"] / max(r["n_steps"], 1)),
-            compute_ms=_ms(r["compute_ns"] / max(r["n_steps"], 1)),
-            exposed_comm_ms=_ms(r["exposed_comm_ns"] / max(r["n_steps"], 1)),
-            idle_ms=_ms(r["idle_ns"] / max(r["n_steps"], 1)),
+            comm_ms=ms(r["comm_ns"] / max(r["n_steps"], 1)),
+            compute_ms=ms(r["compute_ns"] / max(r["n_steps"], 1)),
+            exposed_comm_ms=ms(r["exposed_comm_ns"] / max(r["n_steps"], 1)),
+            idle_ms=ms(r["idle_ns"] / max(r["n_steps"], 1)),
             device=str(r["device"]),
         )
         for r in overlap.to_dict(orient="records")
     }
     return OverlapSummary(
-        comm_ms=_ms(float(np.mean(overlap["comm_ns"] / per_step))),
-        compute_ms=_ms(float(np.mean(overlap["compute_ns"] / per_step))),
-        exposed_comm_ms=_ms(float(np.mean(overlap["exposed_comm_ns"] / per_step))),
+        comm_ms=ms(float(np.mean(overlap["comm_ns"] / per_step))),
+        compute_ms=ms(float(np.mean(overlap["compute_ns"] / per_step))),
+        exposed_comm_ms=ms(float(np.mean(overlap["exposed_comm_ns"] / per_step))),
         overlap_pct=_pct(100.0 * both_ns / comm_ns) if comm_ns else None,
-        idle_ms=_ms(float(np.mean(overlap["idle_ns"] / per_step))),
+        idle_ms=ms(float(np.mean(overlap["idle_ns"] / per_step))),
         per_rank=per_rank,
     )
 

@@ -18,9 +18,8 @@ import numpy as np
 import pandas as pd
 
 from fsdpviz.analysis.memory_categories import PeakCategories
+from fsdpviz.formatting import ms
 from fsdpviz.trace import comms, schema
-
-NS_PER_MS = 1e6
 
 
 def derive_units(run_units: pd.DataFrame, windows: pd.DataFrame, unit_steps: pd.DataFrame,
@@ -159,10 +158,6 @@ def unit_stats(unit_steps: pd.DataFrame, units: pd.DataFrame) -> pd.DataFrame:
     return schema.conform(stats, schema.UNIT_STATS, table="unit_stats")
 
 
-def _ms(ns: float) -> float | None:
-    return None if ns is None or not math.isfinite(float(ns)) else round(float(ns) / NS_PER_MS, 3)
-
-
 def _num(value: float) -> float | None:
     return None if value is None or not math.isfinite(float(value)) else round(float(value), 2)
 
@@ -234,21 +229,21 @@ def summary_records(stats: pd.DataFrame, units: pd.DataFrame | None = None) -> l
         records.append(UnitSummary(
             name=r["unit"],
             param_numel=_int_or_none(r["param_numel"]),
-            all_gather_ms=_ms(r["all_gather_ns"]),
-            forward_ms=_ms(r["forward_ns"]),
-            backward_ms=_ms(r["backward_ns"]),
-            reduce_scatter_ms=_ms(r["reduce_scatter_ns"]),
-            exposed_comm_ms=_ms(r["exposed_comm_ns"]),
-            prefetch_lead_ms=_ms(lead if math.isfinite(lead) else r["backward_prefetch_lead_ns"]),
+            all_gather_ms=ms(r["all_gather_ns"]),
+            forward_ms=ms(r["forward_ns"]),
+            backward_ms=ms(r["backward_ns"]),
+            reduce_scatter_ms=ms(r["reduce_scatter_ns"]),
+            exposed_comm_ms=ms(r["exposed_comm_ns"]),
+            prefetch_lead_ms=ms(lead if math.isfinite(lead) else r["backward_prefetch_lead_ns"]),
             peak_allocated_bytes=_int_or_none(r["peak_allocated_bytes"]),
             order=int(r["order"]),
             param_bytes=_int_or_none(r["param_bytes"]),
-            all_reduce_ms=_ms(r["all_reduce_ns"]),
-            forward_exposed_all_gather_ms=_ms(r["forward_ag_exposed_ns"]),
-            backward_exposed_all_gather_ms=_ms(r["backward_ag_exposed_ns"]),
-            exposed_reduce_scatter_ms=_ms(r["rs_exposed_ns"]),
-            forward_prefetch_lead_ms=_ms(r["forward_prefetch_lead_ns"]),
-            backward_prefetch_lead_ms=_ms(r["backward_prefetch_lead_ns"]),
+            all_reduce_ms=ms(r["all_reduce_ns"]),
+            forward_exposed_all_gather_ms=ms(r["forward_ag_exposed_ns"]),
+            backward_exposed_all_gather_ms=ms(r["backward_ag_exposed_ns"]),
+            exposed_reduce_scatter_ms=ms(r["rs_exposed_ns"]),
+            forward_prefetch_lead_ms=ms(r["forward_prefetch_lead_ns"]),
+            backward_prefetch_lead_ms=ms(r["backward_prefetch_lead_ns"]),
             forward_issue_depth=_num(r["forward_issue_depth"]),
             backward_issue_depth=_num(r["backward_issue_depth"]),
             forward_peak_allocated_bytes=_int_or_none(r["forward_peak_allocated_bytes"]),

@@ -11,6 +11,7 @@ import typer
 
 from fsdpviz.commands.common import SCHEDULER_HELP, warn_gaps
 from fsdpviz.errors import UsageError
+from fsdpviz.formatting import bytes_text
 
 if TYPE_CHECKING:
     from fsdpviz.analysis.summary import Summary
@@ -75,15 +76,6 @@ def _fmt(value: Any, unit: str = "", digits: int = 2) -> str:
     return f"{value:,}{unit}"
 
 
-def _bytes(value: int | None) -> str:
-    if value is None:
-        return "-"
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(value) >= size:
-            return f"{value / size:.2f} {unit}"
-    return f"{value} B"
-
-
 def step_time_text(summary: Summary) -> str:
     """The headline's step time: the unprofiled steps' (timers) and what the profiler cost, or the
     traced steps' where the timers do not tell."""
@@ -119,15 +111,15 @@ def print_summary(summary: Summary) -> None:
                             f"({summary.device.upper()} definition)")
     head.add_row("exposed comm", f"{_fmt(ov.exposed_comm_ms, ' ms')} per step")
     mem = summary.memory
-    reserved = (f"{_bytes(mem.peak_reserved_bytes)} reserved" if mem.peak_reserved_bytes is not None
+    reserved = (f"{bytes_text(mem.peak_reserved_bytes)} reserved" if mem.peak_reserved_bytes is not None
                 else "reserved not tracked on CPU" if mem.device == "cpu" else "reserved unknown")
-    head.add_row("peak memory", f"{_bytes(mem.peak_allocated_bytes)} allocated, {reserved}")
+    head.add_row("peak memory", f"{bytes_text(mem.peak_allocated_bytes)} allocated, {reserved}")
     if mem.categories and mem.categories_at is not None:
         from fsdpviz.analysis.memory_categories import CATEGORIES, TITLES
 
         at = mem.categories_at
         where = f"rank {at.rank}, step {at.step}" + (f", {at.unit} {at.phase}" if at.unit else "")
-        parts = [f"{TITLES[c]} {_bytes(mem.categories[c])}" for c in CATEGORIES if mem.categories[c] > 0]
+        parts = [f"{TITLES[c]} {bytes_text(mem.categories[c])}" for c in CATEGORIES if mem.categories[c] > 0]
         head.add_row("at the peak", f"({where}) " + ", ".join(parts))
     console.print(head)
 
@@ -138,10 +130,10 @@ def print_summary(summary: Summary) -> None:
         peak = mem.per_rank.get(rank)
         table.add_row(rank, _fmt(row.comm_ms), _fmt(row.compute_ms), _fmt(row.overlap_pct),
                       _fmt(row.exposed_comm_ms), _fmt(row.idle_ms),
-                      _bytes(peak.peak_allocated_bytes if peak is not None else None))
+                      bytes_text(peak.peak_allocated_bytes if peak is not None else None))
     if len(ov.per_rank) > 1:
         table.add_row("all", _fmt(ov.comm_ms), _fmt(ov.compute_ms), _fmt(ov.overlap_pct),
-                      _fmt(ov.exposed_comm_ms), _fmt(ov.idle_ms), _bytes(mem.peak_allocated_bytes), style="bold")
+                      _fmt(ov.exposed_comm_ms), _fmt(ov.idle_ms), bytes_text(mem.peak_allocated_bytes), style="bold")
     console.print(table)
 
     if summary.units:

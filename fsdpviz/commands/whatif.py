@@ -15,6 +15,7 @@ import typer
 
 from fsdpviz.commands.common import SCHEDULER_HELP, check_output_folder, progress_printer, warn_gaps
 from fsdpviz.errors import UsageError
+from fsdpviz.formatting import change_text, mib_text
 
 if TYPE_CHECKING:
     from fsdpviz.analysis.profiler_cost import ProfilerCost
@@ -160,26 +161,14 @@ def parse_bytes(text: str, option: str) -> int:
     return int(value)
 
 
-def _mib(value: int | None) -> str:
-    return "-" if value is None else f"{value / (1 << 20):,.1f} MiB"
-
-
-def _delta(before: float | None, after: float | None, unit: str) -> str:
-    if before is None or after is None:
-        return ""
-    diff = after - before
-    text = f"{diff / (1 << 20):+,.1f} MiB" if unit == "bytes" else f"{diff:+,.2f} ms"
-    return text + (f" ({100 * diff / before:+.1f} %)" if before else "")
-
-
 def _rows(baseline: Outcome, predicted: Outcome) -> list[tuple[str, str, str, str]]:
     rows = []
     for label, key in (("step time", "step_time_ms"), ("exposed communication", "exposed_comm_ms"),
                        ("communication", "comm_ms"), ("compute", "compute_ms")):
         b, p = getattr(baseline, key), getattr(predicted, key)
-        rows.append((label, f"{b:,.2f} ms", f"{p:,.2f} ms", _delta(b, p, "ms")))
+        rows.append((label, f"{b:,.2f} ms", f"{p:,.2f} ms", change_text(b, p, "ms")))
     b_peak, p_peak = baseline.peak_allocated_bytes, predicted.peak_allocated_bytes
-    rows.append(("peak allocated", _mib(b_peak), _mib(p_peak), _delta(b_peak, p_peak, "bytes")))
+    rows.append(("peak allocated", mib_text(b_peak), mib_text(p_peak), change_text(b_peak, p_peak, "bytes")))
     return rows
 
 
@@ -236,24 +225,24 @@ def print_exploration(exploration: Exploration, run: str) -> None:
     """The grid ranked: predicted step time and peak per setting, the budget, what was left out."""
     base = exploration.baseline
     budget = exploration.budget_bytes
-    typer.echo(f"{run}: recorded step {base.step_time_ms:,.2f} ms, peak {_mib(base.peak_allocated_bytes)}; "
-               f"memory budget {_mib(budget)} ({exploration.budget_source})")
+    typer.echo(f"{run}: recorded step {base.step_time_ms:,.2f} ms, peak {mib_text(base.peak_allocated_bytes)}; "
+               f"memory budget {mib_text(budget)} ({exploration.budget_source})")
     rows = []
     for i, c in enumerate(exploration.ranked, 1):
         if c.prediction is None:
             continue
         p = c.prediction.predicted
-        rows.append((str(i), c.name, f"{p.step_time_ms:,.2f} ms", _delta(base.step_time_ms, p.step_time_ms, "ms"),
-                     _mib(p.peak_allocated_bytes),
-                     _delta(base.peak_allocated_bytes, p.peak_allocated_bytes, "bytes"),
+        rows.append((str(i), c.name, f"{p.step_time_ms:,.2f} ms", change_text(base.step_time_ms, p.step_time_ms, "ms"),
+                     mib_text(p.peak_allocated_bytes),
+                     change_text(base.peak_allocated_bytes, p.peak_allocated_bytes, "bytes"),
                      "yes" if c.fits else "OVER"))
     _table(("#", "setting", "step", "change", "peak", "change", "fits"), rows)
     best = exploration.best()
     if best is not None and best.prediction is not None:
         p = best.prediction.predicted
         typer.echo(f"best within the budget: {best.name} "
-                   f"({_delta(base.step_time_ms, p.step_time_ms, 'ms')} per step, "
-                   f"peak {_delta(base.peak_allocated_bytes, p.peak_allocated_bytes, 'bytes') or 'unknown'})")
+                   f"({change_text(base.step_time_ms, p.step_time_ms, 'ms')} per step, "
+                   f"peak {change_text(base.peak_allocated_bytes, p.peak_allocated_bytes, 'bytes') or 'unknown'})")
     for c in exploration.skipped:
         typer.echo(f"not tried: {c.name}: {c.skipped}")
     for note in exploration.notes:

@@ -26,12 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Final
 
+from fsdpviz import vocabulary
 from fsdpviz.runfolder import PARTIAL_SUFFIX
 
 KIND_TOTAL: Final = "total"
-KIND_COMPUTE: Final = "compute"
-KIND_ALL_GATHER: Final = "all_gather"
-KIND_REDUCE_SCATTER: Final = "reduce_scatter"
+KIND_COMPUTE: Final = vocabulary.COMPUTE
+KIND_ALL_GATHER: Final = vocabulary.ALL_GATHER
+KIND_REDUCE_SCATTER: Final = vocabulary.REDUCE_SCATTER
 COMM_KINDS: Final = (KIND_ALL_GATHER, KIND_REDUCE_SCATTER)
 PHASE_STEP: Final = "step"
 WHOLE_STEP: Final = ""  # the ``unit`` of records about the whole step

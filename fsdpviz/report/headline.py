@@ -11,8 +11,9 @@ import math
 from typing import TYPE_CHECKING
 
 from fsdpviz.analysis.records import NO_FSDP_LABELS, NO_UNITS_FOUND
+from fsdpviz.formatting import format_bytes, format_ms, format_pct
 from fsdpviz.report.html import Fact, Section
-from fsdpviz.report.style import format_bytes, format_ms, format_pct, sentence
+from fsdpviz.report.style import sentence
 
 if TYPE_CHECKING:
     from fsdpviz.analysis.summary import Summary

@@ -36,6 +36,15 @@ from fsdpviz.analysis.intervals import subtract_intervals, union_intervals
 from fsdpviz.analysis.pipeline import RunResult
 from fsdpviz.errors import RunFolderError, UsageError
 from fsdpviz.trace import schema
+from fsdpviz.vocabulary import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    COMPUTE,
+    COPY_IN,
+    COPY_OUT,
+    REDUCE_SCATTER,
+    UNIT_COLLECTIVES,
+)
 
 EXPORT_KEY: Final = "fsdpvizRanks"
 EXPORT_CATEGORY: Final = "fsdpviz"  # unit tracks: the loader knows the category and does not table it
@@ -44,7 +53,7 @@ CATEGORY_OF_KIND: Final = {
     schema.KIND_GPU_ANNOTATION: "gpu_user_annotation", schema.KIND_KERNEL: "kernel",
     schema.KIND_MEMCPY: "gpu_memcpy", schema.KIND_MEMSET: "gpu_memset", schema.KIND_RUNTIME: "cuda_runtime",
 }
-UNIT_TRACKS: Final = ("all_gather", "copy_in", "compute", "copy_out", "reduce_scatter", "all_reduce")
+UNIT_TRACKS: Final = (ALL_GATHER, COPY_IN, COMPUTE, COPY_OUT, REDUCE_SCATTER, ALL_REDUCE)
 PID_BASE: Final = 1_000_000  # export pids: PID_BASE * (rank + 1) + the rank's process index
 UNITS_PROCESS: Final = 999  # the rank's "FSDP units" process index
 EXPOSED_TID: Final = 100
@@ -282,20 +291,20 @@ def _units(writer: _Writer, spans: pd.DataFrame, rank: int, steps: Iterable[int]
                               "args": {"unit": unit[i], "phase": phase[i], "step": int(step[i]),
                                        "micro": int(micro[i])}})
         key = (unit[i], phase[i], int(step[i]), int(micro[i]))
-        if kind[i] == "all_gather":
+        if kind[i] == ALL_GATHER:
             flows.setdefault(key, {})["from"] = float(ts[i] + dur[i])
-        elif kind[i] == "compute":
+        elif kind[i] == COMPUTE:
             here = flows.setdefault(key, {})
             here["to"] = min(here.get("to", float(ts[i])), float(ts[i]))
     for n, (key, ends) in enumerate(sorted(flows.items(), key=lambda kv: str(kv[0]))):
         if "from" in ends and "to" in ends:
             fid = (rank + 1) * 10_000_000 + n
             writer.events.append({"ph": "s", "cat": EXPORT_CATEGORY, "name": "all-gather -> compute", "id": fid,
-                                  "pid": pid, "tid": tids["all_gather"], "ts": ends["from"]})
+                                  "pid": pid, "tid": tids[ALL_GATHER], "ts": ends["from"]})
             writer.events.append({"ph": "f", "bp": "e", "cat": EXPORT_CATEGORY, "name": "all-gather -> compute",
-                                  "id": fid, "pid": pid, "tid": tids["compute"], "ts": max(ends["to"], ends["from"])})
-    comm = sp["kind"].isin(["all_gather", "reduce_scatter", "all_reduce"]).to_numpy()
-    busy = union_intervals(start[~comm & (kind == "compute")], end[~comm & (kind == "compute")])
+                                  "id": fid, "pid": pid, "tid": tids[COMPUTE], "ts": max(ends["to"], ends["from"])})
+    comm = sp["kind"].isin(list(UNIT_COLLECTIVES)).to_numpy()
+    busy = union_intervals(start[~comm & (kind == COMPUTE)], end[~comm & (kind == COMPUTE)])
     exposed = subtract_intervals(union_intervals(start[comm], end[comm]), busy)
     for a, b in zip(*exposed):
         writer.events.append({"ph": "X", "cat": EXPORT_CATEGORY, "name": "exposed communication", "pid": pid,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from fsdpviz.formatting import format_bytes, format_change, format_ms
 from fsdpviz.report.html import HtmlTable, Section, TableCell
-from fsdpviz.report.style import format_bytes, format_change, format_ms
 
 if TYPE_CHECKING:
     from fsdpviz.report.data import ReportData

@@ -1,4 +1,5 @@
-"""Colours and number formats shared by every view of the report (and of the compare page).
+"""Colours and sentences shared by every view of the report (and of the compare page); times and
+bytes are written by :mod:`fsdpviz.formatting`.
 
 A unit keeps one colour on every plot of a page, and on every page of the same model: its colour
 comes from its forward order in the run's unit table (``order``), so neighbouring units, which sit
@@ -12,7 +13,6 @@ Red is kept out of the unit palette: it means "exposed communication" everywhere
 
 from __future__ import annotations
 
-import math
 import zlib
 from collections.abc import Iterable, Mapping
 from typing import Final
@@ -37,12 +37,6 @@ MEMORY_CATEGORY_COLORS: Final = {
 # Backward spans are hatched so that phase reads without relying on colour.
 PHASE_HATCH: Final = {"forward": " ", "backward": "/", "optimizer": "."}
 
-NS_PER_MS: Final = 1_000_000
-KIB: Final = 1024
-MIB: Final = 1024**2
-GIB: Final = 1024**3
-
-
 def unit_color(unit: str, order: int | None) -> str:
     """The colour of ``unit``: by forward order when known, else by a stable hash of its name."""
     if order is not None and order >= 0:
@@ -56,54 +50,7 @@ def unit_colors(units: Iterable[str], orders: Mapping[str, int] | None = None) -
     return {unit: unit_color(unit, orders.get(unit)) for unit in units}
 
 
-def bytes_scale(max_bytes: float) -> tuple[float, str]:
-    """Divisor and unit name (GiB, MiB or KiB) that show ``max_bytes`` with a readable number."""
-    if max_bytes >= GIB:
-        return float(GIB), "GiB"
-    if max_bytes >= MIB:
-        return float(MIB), "MiB"
-    return float(KIB), "KiB"
-
-
-def format_bytes(n_bytes: float | None) -> str:
-    """``1536`` -> ``"1.5 KiB"``; unknown (negative / NaN / None) -> ``""``."""
-    if n_bytes is None or (isinstance(n_bytes, float) and math.isnan(n_bytes)) or n_bytes < 0:
-        return ""
-    if n_bytes < KIB:
-        return f"{int(n_bytes)} B"
-    divisor, name = bytes_scale(float(n_bytes))
-    return f"{n_bytes / divisor:.3g} {name}" if n_bytes / divisor < 100 else f"{n_bytes / divisor:.0f} {name}"
-
-
-def format_ms(ms: float | None) -> str:
-    """A duration in ms with three significant digits; unknown -> ``"n/a"``."""
-    if ms is None or (isinstance(ms, float) and math.isnan(ms)):
-        return "n/a"
-    if abs(ms) >= 100:
-        return f"{ms:.0f} ms"
-    if abs(ms) >= 1 or ms == 0:
-        return f"{ms:.3g} ms"
-    return f"{ms * 1000:.3g} µs"
-
-
-def format_pct(pct: float | None) -> str:
-    """A percentage with one decimal; unknown -> ``"n/a"``."""
-    if pct is None or (isinstance(pct, float) and math.isnan(pct)):
-        return "n/a"
-    return f"{pct:.1f} %"
-
-
 def sentence(text: str) -> str:
     """``text`` as a sentence: a capital first letter and a final full stop."""
     text = str(text).strip()
     return (text[:1].upper() + text[1:] + ("" if text.endswith(".") else ".")) if text else text
-
-
-def format_change(before: float | None, after: float | None, unit: str) -> str:
-    """``after`` against ``before``: ``+1.2 ms (+3.4 %)`` or ``−3.0 MiB (−8.1 %)``; "" if either is unknown."""
-    if before is None or after is None:
-        return ""
-    diff = float(after) - float(before)
-    text = ("+" if diff >= 0 else "−") + (format_bytes(abs(diff)) or "0 B") if unit == "bytes" else f"{diff:+.3g} ms"
-    return text + (f" ({100 * diff / float(before):+.1f} %)" if before else "")
-

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Final
 
+from fsdpviz import vocabulary
+
 if TYPE_CHECKING:  # imported where used: parser processes build tables without pandas
     import pandas as pd
 
@@ -37,16 +39,16 @@ EVENT_KINDS: Final = (
 )
 
 # --- collectives -------------------------------------------------------------------------------
-# Normalised collective names for the ``comm`` column ("" = not communication).
-COMM_ALL_GATHER: Final = "all_gather"
-COMM_REDUCE_SCATTER: Final = "reduce_scatter"
-COMM_ALL_REDUCE: Final = "all_reduce"
-COMM_BROADCAST: Final = "broadcast"
-COMM_SEND_RECV: Final = "send_recv"
-COMM_ALL_TO_ALL: Final = "all_to_all"
-COMM_REDUCE: Final = "reduce"
-COMM_BARRIER: Final = "barrier"
-COMM_OTHER: Final = "other"  # a communication kernel whose collective cannot be told (RCCL Generic)
+# Normalised collective names for the ``comm`` column ("" = not communication): the vocabulary's.
+COMM_ALL_GATHER: Final = vocabulary.ALL_GATHER
+COMM_REDUCE_SCATTER: Final = vocabulary.REDUCE_SCATTER
+COMM_ALL_REDUCE: Final = vocabulary.ALL_REDUCE
+COMM_BROADCAST: Final = vocabulary.BROADCAST
+COMM_SEND_RECV: Final = vocabulary.SEND_RECV
+COMM_ALL_TO_ALL: Final = vocabulary.ALL_TO_ALL
+COMM_REDUCE: Final = vocabulary.REDUCE
+COMM_BARRIER: Final = vocabulary.BARRIER
+COMM_OTHER: Final = vocabulary.OTHER_COMM
 COMM_KINDS: Final = (
     COMM_ALL_GATHER,
     COMM_REDUCE_SCATTER,
@@ -68,18 +70,18 @@ LANE_GPU_STREAM: Final = "gpu_stream"
 LANE_KINDS: Final = (LANE_CPU_MAIN, LANE_CPU_AUTOGRAD, LANE_CPU_GLOO, LANE_CPU_OTHER, LANE_GPU_STREAM)
 
 # --- unit span kinds and phases (issue: per-unit analysis) -------------------------------------
-PHASE_FORWARD: Final = "forward"
-PHASE_BACKWARD: Final = "backward"
-PHASE_OPTIMIZER: Final = "optimizer"
+PHASE_FORWARD: Final = vocabulary.FORWARD
+PHASE_BACKWARD: Final = vocabulary.BACKWARD
+PHASE_OPTIMIZER: Final = vocabulary.OPTIMIZER
 PHASES: Final = (PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER)
 
-SPAN_ALL_GATHER: Final = "all_gather"
-SPAN_COPY_IN: Final = "copy_in"
-SPAN_COPY_OUT: Final = "copy_out"
-SPAN_COMPUTE: Final = "compute"
-SPAN_REDUCE_SCATTER: Final = "reduce_scatter"
-SPAN_ALL_REDUCE: Final = "all_reduce"
-SPAN_RESHARD: Final = "reshard"
+SPAN_ALL_GATHER: Final = vocabulary.ALL_GATHER
+SPAN_COPY_IN: Final = vocabulary.COPY_IN
+SPAN_COPY_OUT: Final = vocabulary.COPY_OUT
+SPAN_COMPUTE: Final = vocabulary.COMPUTE
+SPAN_REDUCE_SCATTER: Final = vocabulary.REDUCE_SCATTER
+SPAN_ALL_REDUCE: Final = vocabulary.ALL_REDUCE
+SPAN_RESHARD: Final = vocabulary.RESHARD
 SPAN_KINDS: Final = (
     SPAN_ALL_GATHER,
     SPAN_COPY_IN,
@@ -90,7 +92,7 @@ SPAN_KINDS: Final = (
     SPAN_RESHARD,
 )
 
-FRAMEWORKS: Final = ("fsdp2", "fsdp1", "zero3", "ddp", "unknown")
+FRAMEWORKS: Final = vocabulary.FRAMEWORKS
 
 NO_STEP: Final = -1  # ``step`` of an event outside every ProfilerStep#N
 NO_ID: Final = -1  # missing correlation / external id

@@ -16,7 +16,9 @@ from typing import Any
 
 from fsdpviz.analysis.pipeline import RunResult
 from fsdpviz.errors import UsageError
+from fsdpviz.formatting import rounded_ms
 from fsdpviz.naming import ROOT_UNIT
+from fsdpviz.vocabulary import FSDP1, FSDP2, ZERO3
 from fsdpviz.whatif import comm as comm_model
 from fsdpviz.whatif import program as prog
 from fsdpviz.whatif.memory import MemoryChange, MemorySetting, predict_step
@@ -26,9 +28,9 @@ from fsdpviz.whatif.simulate import SimResult, run
 
 SAMPLED_RANKS = 16  # ranks read of a run held rank by rank (read_model)
 SUPPORTED = {
-    "fsdp2": {"wrap", "prefetch", "reshard_after_forward", "keep_last_units", "world_size"},
-    "fsdp1": {"prefetch", "world_size"},
-    "zero3": {"prefetch", "world_size"},
+    FSDP2: {"wrap", "prefetch", "reshard_after_forward", "keep_last_units", "world_size"},
+    FSDP1: {"prefetch", "world_size"},
+    ZERO3: {"prefetch", "world_size"},
 }
 
 
@@ -238,10 +240,6 @@ def assumed(settings: Settings, rec: Recording) -> list[str]:
     return out
 
 
-def _ms(ns: float) -> float:
-    return round(ns / 1e6, 3)
-
-
 def _baseline(model: Model) -> Outcome:
     summary = model.result.summary
     rec = model.recording
@@ -253,15 +251,15 @@ def _baseline(model: Model) -> Outcome:
                          backward_ms=u.backward_ms or 0.0, reduce_scatter_ms=u.reduce_scatter_ms or 0.0,
                          exposed_comm_ms=u.exposed_comm_ms or 0.0) for u in summary.units]
     # as `summary --json` says them; the model's own numbers where the summary has none
-    step = summary.step_time_ms if summary.step_time_ms is not None else _ms(
+    step = summary.step_time_ms if summary.step_time_ms is not None else rounded_ms(
         statistics.fmean(s.step_ns for s in rec.steps))
     with_memory = [s.memory for s in rec.steps if s.memory is not None]
     top = max(with_memory, key=lambda m: m.peak_bytes) if with_memory else None
     return Outcome(step_time_ms=step,
                    exposed_comm_ms=overlap.exposed_comm_ms if overlap.exposed_comm_ms is not None
-                   else _ms(float(times["exposed_comm_ns"].mean())),
-                   comm_ms=overlap.comm_ms if overlap.comm_ms is not None else _ms(float(times["comm_ns"].mean())),
-                   compute_ms=overlap.compute_ms if overlap.compute_ms is not None else _ms(compute),
+                   else rounded_ms(float(times["exposed_comm_ns"].mean())),
+                   comm_ms=overlap.comm_ms if overlap.comm_ms is not None else rounded_ms(float(times["comm_ns"].mean())),
+                   compute_ms=overlap.compute_ms if overlap.compute_ms is not None else rounded_ms(compute),
                    peak_allocated_bytes=top.peak_bytes if top is not None else None, units=units,
                    memory_categories=top.peak_categories if top is not None else None)
 
@@ -278,7 +276,7 @@ def memory_setting(rec: Recording, settings: Settings) -> MemorySetting:
         recorded_reshard=dict(rec.reshard_after_forward),
         prefetch=settings.prefetch if settings.sources.get("prefetch") == GIVEN else "recorded",
         scale=rec.world_size / world if world else 1.0,
-        drop_gather_buffers=rec.framework == "fsdp2" and world == 1 and rec.world_size > 1)
+        drop_gather_buffers=rec.framework == FSDP2 and world == 1 and rec.world_size > 1)
 
 
 def _predicted(model: Model, simulated: list[SimResult], baseline: Outcome, settings: Settings,

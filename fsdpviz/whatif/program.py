@@ -24,6 +24,7 @@ from typing import Final
 
 from fsdpviz.errors import UsageError
 from fsdpviz.naming import ROOT_UNIT, group_name, unit_modules
+from fsdpviz.vocabulary import ALL_GATHER, REDUCE_SCATTER
 from fsdpviz.whatif.comm import CommModel, Target
 from fsdpviz.whatif.recording import (
     BACKWARD,
@@ -36,8 +37,6 @@ from fsdpviz.whatif.recording import (
 )
 from fsdpviz.whatif.settings import Settings
 
-ALL_GATHER: Final = "all_gather"
-REDUCE_SCATTER: Final = "reduce_scatter"
 GATHER_HOST: Final = "gather_host"  # fitted like a collective: the host time of issuing a gather
 COPY_OUT_HOST: Final = "copy_out_host"
 

@@ -59,12 +59,12 @@ from fsdpviz.analysis.run import labels_of
 from fsdpviz.analysis.spans import gpu_work
 from fsdpviz.naming import ROOT_UNIT
 from fsdpviz.trace import schema
+from fsdpviz.vocabulary import UNIT_COLLECTIVES
 from fsdpviz.whatif.memory import StepMemory, step_memory
 
 FORWARD: Final = schema.PHASE_FORWARD
 BACKWARD: Final = schema.PHASE_BACKWARD
 SYNC_CALLS: Final = ("Synchronize",)  # cudaDeviceSynchronize, cudaStreamSynchronize, cuEventSynchronize ...
-COMM_KINDS: Final = (schema.SPAN_ALL_GATHER, schema.SPAN_REDUCE_SCATTER, schema.SPAN_ALL_REDUCE)
 
 
 @dataclass(slots=True)
@@ -284,7 +284,7 @@ def _busy_clock(events: pd.DataFrame, spans: pd.DataFrame, host_lanes: set[tuple
             "|".join(SYNC_CALLS), regex=True).to_numpy()
         starts = events["start_ns"].to_numpy(np.int64)[sync]
         return BusyClock(starts, starts + events["dur_ns"].to_numpy(np.int64)[sync])
-    comm = spans[spans["kind"].isin(list(COMM_KINDS)).to_numpy()]
+    comm = spans[spans["kind"].isin(list(UNIT_COLLECTIVES)).to_numpy()]
     other = events[((events["comm"] != "") & (events["kind"] == schema.KIND_ANNOTATION)).to_numpy()]
     starts = np.concatenate([comm["issue_ns"].to_numpy(np.int64), other["start_ns"].to_numpy(np.int64)])
     ends = np.concatenate([comm["end_ns"].to_numpy(np.int64),
@@ -551,7 +551,7 @@ def _with_wait_start(spans: pd.DataFrame) -> pd.DataFrame:
     connections to the peers, so a collective queues behind the one before it on any of them. Read
     thread by thread, ZeRO-3's replay of 15 recordings of the tests' model ran +1.6 to +10.6 % over
     them; read over all of a rank's collectives, -0.9 to +0.04 % (benchmarks/bench_whatif_replay.py)."""
-    comm = spans["kind"].isin(list(COMM_KINDS)).to_numpy()
+    comm = spans["kind"].isin(list(UNIT_COLLECTIVES)).to_numpy()
     wait_from = spans["issue_ns"].to_numpy(np.int64).copy()
     if comm.any():
         rows = spans[comm].sort_values("start_ns", kind="stable")

@@ -24,6 +24,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Final
 
+from fsdpviz.vocabulary import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    BACKWARD,
+    COMPUTE,
+    COPY_IN,
+    FORWARD,
+    REDUCE_SCATTER,
+    UNIT_COLLECTIVES,
+)
 from fsdpviz.whatif.program import (
     BusyOp,
     ComputeOp,
@@ -35,11 +45,6 @@ from fsdpviz.whatif.program import (
 )
 
 HOST: Final = "host"
-COMPUTE: Final = "compute"
-COPY_IN: Final = "copy_in"
-ALL_GATHER: Final = "all_gather"
-REDUCE_SCATTER: Final = "reduce_scatter"
-ALL_REDUCE: Final = "all_reduce"
 COMM: Final = "comm"  # CPU: the gloo threads
 
 
@@ -73,12 +78,12 @@ class SimResult:
         for s in self.spans:
             if not s.unit:
                 continue
-            row = out.setdefault(s.unit, {"all_gather": 0.0, "forward": 0.0, "backward": 0.0, "reduce_scatter": 0.0,
+            row = out.setdefault(s.unit, {ALL_GATHER: 0.0, FORWARD: 0.0, BACKWARD: 0.0, REDUCE_SCATTER: 0.0,
                                           "exposed_comm": 0.0})
             if s.kind == "compute":
                 row[s.phase] = row.get(s.phase, 0.0) + s.end - s.start
-            elif s.kind in ("all_gather", "reduce_scatter", "all_reduce"):
-                key = "reduce_scatter" if s.kind != "all_gather" else "all_gather"
+            elif s.kind in UNIT_COLLECTIVES:
+                key = REDUCE_SCATTER if s.kind != ALL_GATHER else ALL_GATHER
                 row[key] += s.end - s.start
                 row["exposed_comm"] += (s.end - s.start) - _covered(compute, s.start, s.end)
         return out
@@ -133,12 +138,12 @@ class _Sim:
             self.free[ALL_GATHER] = end
             if g.copy_in_ns:
                 self.spans.append(SimSpan(g.unit, g.phase, "copy_in", COPY_IN, ci_start, ci_end))
-            self.spans.append(SimSpan(g.unit, g.phase, "all_gather", ALL_GATHER, start, end))
+            self.spans.append(SimSpan(g.unit, g.phase, ALL_GATHER, ALL_GATHER, start, end))
         else:
             start = max(self.host, self.free[COMM])
             end = start + g.comm_ns
             self.free[COMM] = end
-            self.spans.append(SimSpan(g.unit, g.phase, "all_gather", COMM, start, end))
+            self.spans.append(SimSpan(g.unit, g.phase, ALL_GATHER, COMM, start, end))
             self.host = end  # on CPU the issuing thread waits for its all-gather
         self.gather_end[gid] = end
 
@@ -177,17 +182,17 @@ class _Sim:
             start = max(self.host, self.free[REDUCE_SCATTER], self.free[COMPUTE])
             end = start + r.comm_ns
             self.free[REDUCE_SCATTER] = end
-            self.spans.append(SimSpan(r.unit, "backward", "reduce_scatter", REDUCE_SCATTER, start, end))
+            self.spans.append(SimSpan(r.unit, BACKWARD, REDUCE_SCATTER, REDUCE_SCATTER, start, end))
             if r.ar_ns:
                 a0 = max(end, self.free[ALL_REDUCE])
                 end = a0 + r.ar_ns
                 self.free[ALL_REDUCE] = end
-                self.spans.append(SimSpan(r.unit, "backward", "all_reduce", ALL_REDUCE, a0, end))
+                self.spans.append(SimSpan(r.unit, BACKWARD, ALL_REDUCE, ALL_REDUCE, a0, end))
         else:
             start = max(self.host, self.free[COMM])
             end = start + r.comm_ns + r.ar_ns
             self.free[COMM] = end
-            self.spans.append(SimSpan(r.unit, "backward", "reduce_scatter", COMM, start, end))
+            self.spans.append(SimSpan(r.unit, BACKWARD, REDUCE_SCATTER, COMM, start, end))
             self.host = end
         self.pending_reduce = [(end, r.bytes)]
         self.reduce_ends.append(end)
@@ -218,7 +223,7 @@ class _Sim:
 
     def result(self) -> SimResult:
         comm = _union([(s.start, s.end) for s in self.spans
-                       if s.kind in ("all_gather", "reduce_scatter", "all_reduce")])
+                       if s.kind in UNIT_COLLECTIVES])
         compute = _union([(s.start, s.end) for s in self.spans if s.kind in ("compute", "copy_out", "optimizer")])
         comm_ns = sum(e - s for s, e in comm)
         exposed = comm_ns - sum(_covered(compute, s, e) for s, e in comm)

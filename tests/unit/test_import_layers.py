@@ -21,11 +21,13 @@ from helpers.kineto import TraceBuilder
 PACKAGE = Path(__file__).resolve().parents[2] / "fsdpviz"
 
 # What each part of fsdpviz may import from fsdpviz ("fsdpviz" is the top-level __init__: the version).
-BASE = {"fsdpviz", "errors"}
+BASE = {"fsdpviz", "errors", "vocabulary", "formatting"}
 ALLOWED: dict[str, set[str]] = {
     "fsdpviz": {"api"},  # the lazy notebook entry points (fsdpviz.open, fsdpviz.compare)
     "__main__": {"cli"},
     "errors": set(),
+    "vocabulary": set(),  # the shared words (collective kinds, phases, frameworks)
+    "formatting": set(),  # times and bytes as numbers and text
     "naming": set(),
     "runfolder": {"errors"},
     "trace": BASE | {"runfolder", "naming"},
@@ -42,6 +44,8 @@ ALLOWED: dict[str, set[str]] = {
 FORBIDDEN: dict[str, set[str]] = {
     "runfolder": {"torch", "pandas", "holoviews", "bokeh"},
     "naming": {"torch", "pandas", "holoviews", "bokeh"},
+    "vocabulary": {"torch", "pandas", "numpy", "holoviews", "bokeh"},
+    "formatting": {"torch", "pandas", "numpy", "holoviews", "bokeh"},
     "trace": {"torch", "holoviews", "bokeh", "panel", "jinja2"},
     "analysis": {"torch", "holoviews", "bokeh", "panel", "jinja2"},
     "whatif": {"torch", "holoviews", "bokeh", "panel", "jinja2"},

@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from fsdpviz import formatting as fmt
 from fsdpviz.analysis import memory as analysis_memory
+from fsdpviz.formatting import NS_PER_MS
 from fsdpviz.report import style
-from fsdpviz.report.style import NS_PER_MS
 from fsdpviz.report.timeline import memory
 from fsdpviz.report.timeline.steps import StepChoice
 
@@ -30,14 +31,31 @@ def test_unit_colour_without_order_is_a_stable_hash() -> None:
 
 
 def test_format_bytes_and_ms() -> None:
-    assert style.format_bytes(512) == "512 B"
-    assert style.format_bytes(1536) == "1.5 KiB"
-    assert style.format_bytes(3 * style.GIB) == "3 GiB"
-    assert style.format_bytes(-1) == ""
-    assert style.format_ms(12.345) == "12.3 ms"
-    assert style.format_ms(0.25) == "250 µs"
-    assert style.format_ms(float("nan")) == "n/a"
-    assert style.bytes_scale(5 * style.MIB) == (float(style.MIB), "MiB")
+    assert fmt.format_bytes(512) == "512 B"
+    assert fmt.format_bytes(1536) == "1.5 KiB"
+    assert fmt.format_bytes(3 * fmt.GIB) == "3 GiB"
+    assert fmt.format_bytes(-1) == ""
+    assert fmt.format_ms(12.345) == "12.3 ms"
+    assert fmt.format_ms(0.25) == "250 µs"
+    assert fmt.format_ms(float("nan")) == "n/a"
+    assert fmt.bytes_scale(5 * fmt.MIB) == (float(fmt.MIB), "MiB")
+
+
+def test_terminal_and_json_formats() -> None:
+    """The fixed formats of the terminal, the findings and the JSON numbers."""
+    assert fmt.bytes_text(3 * fmt.GIB // 2) == "1.50 GiB"
+    assert fmt.bytes_text(-5 * fmt.MIB) == "-5.00 MiB"
+    assert fmt.bytes_text(1023) == "1023 B"
+    assert fmt.bytes_text(None) == "-"
+    assert fmt.mib_text(1234.5 * fmt.MIB) == "1,234.5 MiB"
+    assert fmt.mib_text(None) == "-"
+    assert fmt.change_text(200 * fmt.MIB, 150 * fmt.MIB, "bytes") == "-50.0 MiB (-25.0 %)"
+    assert fmt.change_text(10.0, 12.5, "ms") == "+2.50 ms (+25.0 %)"
+    assert fmt.change_text(None, 1.0, "ms") == ""
+    assert fmt.ms_text(12.3456) == "12.35 ms"
+    assert fmt.ms(1_234_567) == 1.235
+    assert fmt.ms(float("nan")) is None and fmt.ms(None) is None
+    assert fmt.rounded_ms(2_000_499) == 2.0
 
 
 def _mem(rank: int, device: str, t_ns: np.ndarray, alloc: np.ndarray) -> pd.DataFrame:

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from fsdpviz.analysis import intervals
-from fsdpviz.report.style import NS_PER_MS
+from fsdpviz.formatting import NS_PER_MS
 from fsdpviz.report.timeline import steps as timeline
 
 

@@ -13,9 +13,9 @@ from synth import Scenario, generate_run, make_root, make_units
 
 from fsdpviz.analysis.intervals import total_ns, union_intervals
 from fsdpviz.analysis.pipeline import analyse_traces
+from fsdpviz.formatting import NS_PER_MS
 from fsdpviz.report import style
 from fsdpviz.report.data import prepare_report
-from fsdpviz.report.style import NS_PER_MS
 from fsdpviz.report.units.table import unit_tables
 from fsdpviz.trace import load_traces, schema
 

@@ -15,7 +15,7 @@ from helpers.kineto import TraceBuilder
 from synth import Scenario, generate_run, make_root, make_units
 
 from fsdpviz.cli import main
-from fsdpviz.report.style import format_ms
+from fsdpviz.formatting import format_ms
 
 SCENARIO = Scenario(units=make_units(4, numel=8_000_000), root=make_root(), world_size=4, ring_comm=True,
                     steps=(3, 4), shared_timeline=True)

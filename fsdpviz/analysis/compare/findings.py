@@ -33,6 +33,7 @@ import numpy as np
 from fsdpviz.analysis.compare.model import unit_index
 from fsdpviz.analysis.compare.units import all_known, group_values
 from fsdpviz.analysis.records import Finding
+from fsdpviz.formatting import NS_PER_MS, bytes_text, ms_text
 from fsdpviz.trace import schema
 
 if TYPE_CHECKING:
@@ -42,21 +43,8 @@ if TYPE_CHECKING:
 TIME_NOISE: Final = 0.05
 MEMORY_NOISE: Final = 0.02
 MIN_TIME_MS: Final = 0.02
-NS_PER_MS: Final = 1e6
 MIN_STEPS: Final = 3  # analysed steps per run below which a named winner gets a caveat
 MODEL_SHARE: Final = 0.5  # the memory model must explain at least this share of a peak difference
-
-
-def _ms(value: float) -> str:
-    return f"{value:.2f} ms"
-
-
-def _bytes(value: float) -> str:
-    size = abs(value)
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if size >= scale:
-            return f"{value / scale:.2f} {unit}"
-    return f"{int(value)} B"
 
 
 def _count(n: float, noun: str) -> str:
@@ -128,10 +116,10 @@ def step_time_finding(c: Comparison) -> list[Finding]:
     best_i, best, worst_i, worst, noise = found
     known = _known(c, "step_time_ms")
     values = {"step_time_ms": {c.labels[i]: v for i, v in known}}
-    evidence = (f"mean step time: {_listing(c, 'step_time_ms', _ms)}; noise between the fastest and slowest "
-                f"(2 standard errors): {_ms(noise)}")
+    evidence = (f"mean step time: {_listing(c, 'step_time_ms', ms_text)}; noise between the fastest and slowest "
+                f"(2 standard errors): {ms_text(noise)}")
     if not is_clear(best, worst, noise):
-        return [_finding("step_time", f"Step times are within noise of each other ({_ms(best)} to {_ms(worst)}).",
+        return [_finding("step_time", f"Step times are within noise of each other ({ms_text(best)} to {ms_text(worst)}).",
                          evidence, None, values)]
     # Against the baseline when that difference is clear too, else against the slowest run.
     step_ms = dict(known)
@@ -141,18 +129,18 @@ def step_time_finding(c: Comparison) -> list[Finding]:
         base_noise = noise_ms(c.runs[best_i], c.runs[0], "step_ns")
         other_i = 0 if is_clear(best, base, base_noise) else worst_i
     other = step_ms[other_i]
-    message = (f"{c.labels[best_i]} has the shortest step: {_ms(best)}, {100 * (other - best) / other:.0f} % "
-               f"less than {c.labels[other_i]} ({_ms(other)}).")
+    message = (f"{c.labels[best_i]} has the shortest step: {ms_text(best)}, {100 * (other - best) / other:.0f} % "
+               f"less than {c.labels[other_i]} ({ms_text(other)}).")
     parts = step_parts(c.runs[best_i], c.runs[other_i])
     if parts:
-        message += f" Where the {_ms(other - best)} went: " + parts + "."
+        message += f" Where the {ms_text(other - best)} went: " + parts + "."
     rest = []
     for i, v in known:
         if i in (best_i, other_i):
             continue
         noise_i = noise_ms(c.runs[best_i], c.runs[i], "step_ns")
         verdict = "a clear difference" if is_clear(best, v, noise_i) else "within noise"
-        rest.append(f"{c.labels[i]} takes {_ms(v)} ({_ms(v - best)} more, {verdict}: noise {_ms(noise_i)})")
+        rest.append(f"{c.labels[i]} takes {ms_text(v)} ({ms_text(v - best)} more, {verdict}: noise {ms_text(noise_i)})")
     if rest:
         message += " Also, " + "; ".join(rest) + "."  # labels keep their case
     message += few_steps(c.runs[best_i], c.runs[other_i])
@@ -223,22 +211,22 @@ def exposed_finding(c: Comparison) -> list[Finding]:
         values[f"exposed_{key}"] = {lb: p[key] for lb, p in parts.items() if key in p}
     values["all_gathers_per_step"] = {lb: n[schema.SPAN_ALL_GATHER] for lb, n in counts.items()
                                       if schema.SPAN_ALL_GATHER in n}
-    evidence = f"exposed communication per step: {_listing(c, 'overlap.exposed_comm_ms', _ms)}"
-    per_kind = [f"{lb}: all-gather {_ms(p['all_gather_ms'])} (forward {_ms(p['forward_all_gather_ms'])}, "
-                f"backward {_ms(p['backward_all_gather_ms'])}), reduce-scatter {_ms(p.get('reduce_scatter_ms', 0))}"
+    evidence = f"exposed communication per step: {_listing(c, 'overlap.exposed_comm_ms', ms_text)}"
+    per_kind = [f"{lb}: all-gather {ms_text(p['all_gather_ms'])} (forward {ms_text(p['forward_all_gather_ms'])}, "
+                f"backward {ms_text(p['backward_all_gather_ms'])}), reduce-scatter {ms_text(p.get('reduce_scatter_ms', 0))}"
                 for lb, p in parts.items() if "all_gather_ms" in p]
     if per_kind:
         evidence += "; exposed per unit, summed: " + "; ".join(per_kind)
     if not is_clear(best, worst, noise):
         return [_finding("exposed_comm", f"Exposed communication is within noise across runs "
-                         f"({_ms(best)} to {_ms(worst)} per step).", evidence, None, values)]
+                         f"({ms_text(best)} to {ms_text(worst)} per step).", evidence, None, values)]
     b, w = c.labels[best_i], c.labels[worst_i]
-    message = f"{b} exposes the least communication: {_ms(best)} per step, against {_ms(worst)} in {w}"
+    message = f"{b} exposes the least communication: {ms_text(best)} per step, against {ms_text(worst)} in {w}"
     pb, pw = parts.get(b, {}), parts.get(w, {})
     if "all_gather_ms" in pb and "all_gather_ms" in pw:
-        message += (f"; exposed all-gathers {_ms(pb['all_gather_ms'])} vs {_ms(pw['all_gather_ms'])}, "
-                    f"exposed reduce-scatters {_ms(pb.get('reduce_scatter_ms', 0))} vs "
-                    f"{_ms(pw.get('reduce_scatter_ms', 0))}")
+        message += (f"; exposed all-gathers {ms_text(pb['all_gather_ms'])} vs {ms_text(pw['all_gather_ms'])}, "
+                    f"exposed reduce-scatters {ms_text(pb.get('reduce_scatter_ms', 0))} vs "
+                    f"{ms_text(pw.get('reduce_scatter_ms', 0))}")
     nb, nw = counts[b].get(schema.SPAN_ALL_GATHER), counts[w].get(schema.SPAN_ALL_GATHER)
     if nb is not None and nw is not None and nb != nw:
         message += f"; {b} runs {_count(nb, 'all-gather')} per step where {w} runs {_count(nw, 'all-gather')}"
@@ -259,36 +247,36 @@ def memory_finding(c: Comparison) -> list[Finding]:
     values["model_peak_bytes"] = {lb: m for lb, m in models.items() if m}
     largest = c.values["largest_unit_bytes"]
     values["largest_unit_bytes"] = {c.labels[i]: v for i, v in enumerate(largest) if v is not None}
-    evidence = f"{what}: {_listing(c, key, _bytes)}"
+    evidence = f"{what}: {_listing(c, key, bytes_text)}"
     if drifting:
         evidence += (" (peak - level at step start, median over ranks and steps; peaks are not compared because "
                      "the level at step start drifts)")
     if values["largest_unit_bytes"]:
         evidence += "; largest unit (unsharded parameters): " + ", ".join(
-            f"{lb} {_bytes(v)}" for lb, v in values["largest_unit_bytes"].items())
+            f"{lb} {bytes_text(v)}" for lb, v in values["largest_unit_bytes"].items())
     if not is_clear(low, high, 0.0, rel=MEMORY_NOISE, floor=0.0):
         return [_finding("memory", f"{what[0].upper()}{what[1:]} is within {MEMORY_NOISE:.0%} across runs "
-                         f"({_bytes(low)} to {_bytes(high)}).", evidence, None, values)]
+                         f"({bytes_text(low)} to {bytes_text(high)}).", evidence, None, values)]
     lo, hi = c.labels[low_i], c.labels[high_i]
-    message = f"{lo} has the lowest {what}: {_bytes(low)}, {_bytes(high - low)} less than {hi}."
+    message = f"{lo} has the lowest {what}: {bytes_text(low)}, {bytes_text(high - low)} less than {hi}."
     m_lo, m_hi = models[lo], models[hi]
     l_lo, l_hi = largest[low_i], largest[high_i]
     if m_lo and m_hi and l_lo and l_hi:
         model_delta = m_hi - m_lo
         if model_delta > 0 and model_delta >= MODEL_SHARE * (high - low):
-            why = (f" In line with the unit sizes: {hi}'s largest unit holds {_bytes(l_hi)} of parameters "
-                   f"unsharded at once ({lo}: {_bytes(l_lo)})")
+            why = (f" In line with the unit sizes: {hi}'s largest unit holds {bytes_text(l_hi)} of parameters "
+                   f"unsharded at once ({lo}: {bytes_text(l_lo)})")
             if c.labels[high_i] in c.match.whole_model:
-                why = (f" In line with the unit sizes: {hi} is one unit, so every parameter ({_bytes(l_hi)}) is "
+                why = (f" In line with the unit sizes: {hi} is one unit, so every parameter ({bytes_text(l_hi)}) is "
                        "unsharded at once")
-            message += why + (f", and the memory model predicts {_bytes(model_delta)} more "
-                              f"({_bytes(m_hi)} vs {_bytes(m_lo)}).")
+            message += why + (f", and the memory model predicts {bytes_text(model_delta)} more "
+                              f"({bytes_text(m_hi)} vs {bytes_text(m_lo)}).")
         else:
-            message += (f" Unit sizes do not explain it: the memory model predicts {_bytes(model_delta)} "
-                        f"({hi} {_bytes(m_hi)}, {lo} {_bytes(m_lo)})")
+            message += (f" Unit sizes do not explain it: the memory model predicts {bytes_text(model_delta)} "
+                        f"({hi} {bytes_text(m_hi)}, {lo} {bytes_text(m_lo)})")
             message += _prefetch_memory(c, high_i, low_i, high - low) or \
                 "; the rest is activations, buffers or the allocator."
-        evidence += "; memory model peak: " + ", ".join(f"{lb} {_bytes(v)}" for lb, v in values["model_peak_bytes"].items())
+        evidence += "; memory model peak: " + ", ".join(f"{lb} {bytes_text(v)}" for lb, v in values["model_peak_bytes"].items())
     return [_finding("memory", message, evidence, lo, values)]
 
 
@@ -304,7 +292,7 @@ def _prefetch_memory(c: Comparison, high_i: int, low_i: int, delta: float) -> st
     n = round(delta / unit_bytes)
     if n < 1 or abs(delta - n * unit_bytes) > 0.1 * unit_bytes:
         return ""
-    return (f"; the extra {_bytes(delta)} is {n} unit(s)' unsharded parameters ({_bytes(n * unit_bytes)}), and "
+    return (f"; the extra {bytes_text(delta)} is {n} unit(s)' unsharded parameters ({bytes_text(n * unit_bytes)}), and "
             f"{hi.label} gathers further ahead in {' and '.join(deeper)} (prefetched units stay gathered "
             "while earlier units compute).")
 
@@ -324,9 +312,9 @@ def tradeoff_finding(c: Comparison, found: Sequence[Finding]) -> list[Finding]:
         return []
     dt = float(t_lean) - float(t_fast)
     dm = int(m_fast) - int(m_lean)
-    cost = f"adds {_bytes(dm)} more memory per step" if key == "step_rise_bytes" else f"peaks {_bytes(dm)} higher"
-    return [_finding("tradeoff", f"Trade-off: {fast} is {_ms(dt)} per step faster than {lean} but {cost}.",
-                     f"step time {fast} {_ms(float(t_fast))}, {lean} {_ms(float(t_lean))}", None,
+    cost = f"adds {bytes_text(dm)} more memory per step" if key == "step_rise_bytes" else f"peaks {bytes_text(dm)} higher"
+    return [_finding("tradeoff", f"Trade-off: {fast} is {ms_text(dt)} per step faster than {lean} but {cost}.",
+                     f"step time {fast} {ms_text(float(t_fast))}, {lean} {ms_text(float(t_lean))}", None,
                      {"step_time_ms": {fast: dt}, key.split(".")[-1]: {fast: dm}})]
 
 
@@ -351,7 +339,7 @@ def prefetch_finding(c: Comparison) -> list[Finding]:
                    f"computing when a gather starts, against {known[shallow]:.1f} in {shallow}")
         if e_deep is not None and e_shallow is not None:
             verdict = "less" if e_deep < e_shallow else "not less"
-            message += (f"; its exposed {phase} all-gather time is {verdict}: {_ms(e_deep)} vs {_ms(e_shallow)} "
+            message += (f"; its exposed {phase} all-gather time is {verdict}: {ms_text(e_deep)} vs {ms_text(e_shallow)} "
                         "per step")
         out.append(_finding("prefetch", message + ".", "mean over units of the median issue depth "
                             "(units computing when the gather began)", deep,
@@ -383,8 +371,8 @@ def group_finding(c: Comparison) -> list[Finding]:
         names = " + ".join(units) if len(units) <= 3 else f"{units[0]} + … + {units[-1]}, {len(units)} units"
         return "" if names == group.name else f" ({names})"
 
-    message = (f"The units that differ most are {group.name}: exposed communication {_ms(vals[low])} per step in "
-               f"{low}{members(low)} against {_ms(vals[high])} in {high}{members(high)}.")
+    message = (f"The units that differ most are {group.name}: exposed communication {ms_text(vals[low])} per step in "
+               f"{low}{members(low)} against {ms_text(vals[high])} in {high}{members(high)}.")
     return [_finding("unit_group", message, "per-unit medians summed over the group's units", low,
                      {"exposed_comm_ms": vals, "group": {"name": group.name}})]
 

@@ -18,7 +18,8 @@ import pandas as pd
 from fsdpviz.analysis.compare.model import Comparison, unit_index
 from fsdpviz.analysis.compare.units import color_slots, group_values
 from fsdpviz.analysis.pipeline import LabelledRun
-from fsdpviz.report.style import OTHER_COLOR, format_bytes, unit_color
+from fsdpviz.formatting import format_bytes
+from fsdpviz.report.style import OTHER_COLOR, unit_color
 from fsdpviz.report.timeline.steps import MAX_PAGE_SEGMENTS
 from fsdpviz.report.timeline.units import NO_UNIT
 from fsdpviz.report.timeline.view import StepView

@@ -12,10 +12,11 @@ import math
 from typing import Any
 
 from fsdpviz.analysis.compare.model import HEADLINE_FIELDS, HeadlineField
+from fsdpviz.formatting import format_bytes, format_ms, format_pct
 from fsdpviz.report.compare import plots as compare_plots
 from fsdpviz.report.compare.data import GROUP_METRICS, CompareData, describe_bytes, run_colors
 from fsdpviz.report.html import HtmlTable, LegendItem, Page, Section, TableCell
-from fsdpviz.report.style import EXPOSED_COLOR, format_bytes, format_ms, format_pct
+from fsdpviz.report.style import EXPOSED_COLOR
 
 HOWTO_HEADLINE = (
     "One column per run; the first run is the baseline, and the small line under a number is the "

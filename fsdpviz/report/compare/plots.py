@@ -14,9 +14,9 @@ from typing import Any
 import holoviews as hv
 import pandas as pd
 
+from fsdpviz.formatting import bytes_scale, format_bytes
 from fsdpviz.report.charts import tidy_toolbar
 from fsdpviz.report.compare.data import RunView
-from fsdpviz.report.style import bytes_scale, format_bytes
 from fsdpviz.report.timeline import events, figure
 from fsdpviz.report.units.plots import unit_bars
 

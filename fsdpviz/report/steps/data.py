@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from fsdpviz.report.style import NS_PER_MS
+from fsdpviz.formatting import NS_PER_MS
 from fsdpviz.trace.tables import TraceSet
 
 SOURCE_TIMERS = "timers"

@@ -10,6 +10,7 @@ import holoviews as hv
 import pandas as pd
 
 from fsdpviz.report.charts import UNIT_DIM, categorical_opts, metric_major, tidy_toolbar
+from fsdpviz.trace import schema
 
 STEP_MS_DIM = hv.Dimension("step_ms", label="step time", unit="ms")
 
@@ -56,9 +57,10 @@ def rank_bars(data: pd.DataFrame, *, part: str, colors: Mapping[str, str], title
         legend_position="top_right", **categorical_opts(len(ranks), title))
 
 
-SKEW_COLORS = {"all_gather": "#f58518", "reduce_scatter": "#e45756", "all_reduce": "#72b7b2",
-               "broadcast": "#4c78a8", "send_recv": "#9467bd", "all_to_all": "#8c564b",
-               "reduce": "#bcbd22", "barrier": "#7f7f7f", "other": "#c7c7c7"}
+SKEW_COLORS = {schema.COMM_ALL_GATHER: "#f58518", schema.COMM_REDUCE_SCATTER: "#e45756",
+               schema.COMM_ALL_REDUCE: "#72b7b2", schema.COMM_BROADCAST: "#4c78a8",
+               schema.COMM_SEND_RECV: "#9467bd", schema.COMM_ALL_TO_ALL: "#8c564b", schema.COMM_REDUCE: "#bcbd22",
+               schema.COMM_BARRIER: "#7f7f7f", schema.COMM_OTHER: "#c7c7c7"}
 
 
 def skew_scatter(points: pd.DataFrame, *, title: str) -> hv.Points:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from fsdpviz.formatting import format_ms
 from fsdpviz.report.html import Fact, Section
 from fsdpviz.report.steps import data as steps_data
 from fsdpviz.report.steps import plots
-from fsdpviz.report.style import format_ms
 
 if TYPE_CHECKING:
     from fsdpviz.report.data import ReportData

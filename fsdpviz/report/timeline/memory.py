@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from fsdpviz.analysis.memory_categories import CATEGORIES
-from fsdpviz.report.style import NS_PER_MS
+from fsdpviz.formatting import NS_PER_MS
 from fsdpviz.report.timeline.steps import StepChoice
 
 MAX_MEMORY_RANKS = 4  # each curve is a holoviews element (~0.1 s to render); more is a thicket anyway

@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from fsdpviz.analysis.memory_categories import TITLES
+from fsdpviz.formatting import bytes_scale
 from fsdpviz.report.html import LegendItem, Section
-from fsdpviz.report.style import EXPOSED_COLOR, MEMORY_CATEGORY_COLORS, bytes_scale
+from fsdpviz.report.style import EXPOSED_COLOR, MEMORY_CATEGORY_COLORS
 from fsdpviz.report.timeline import events, figure
 from fsdpviz.report.timeline.units import unit_label
 

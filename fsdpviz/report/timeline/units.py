@@ -18,13 +18,14 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from fsdpviz.report.style import NS_PER_MS, PHASE_HATCH, format_bytes, format_ms
+from fsdpviz.formatting import NS_PER_MS, format_bytes, format_ms
+from fsdpviz.report.style import PHASE_HATCH
 from fsdpviz.report.timeline import events
 from fsdpviz.report.timeline.steps import StepChoice, cap_segments, to_ms
 from fsdpviz.report.timeline.view import StepView, exposed_on_segments
 from fsdpviz.trace import schema
+from fsdpviz.vocabulary import UNIT_COLLECTIVES
 
-COMM_SPAN_KINDS = (schema.SPAN_ALL_GATHER, schema.SPAN_REDUCE_SCATTER, schema.SPAN_ALL_REDUCE)
 NO_UNIT = ""  # spans outside every unit (the optimizer step)
 NO_UNIT_LABEL = "(no unit)"
 
@@ -118,7 +119,7 @@ def units_view(spans: pd.DataFrame, lanes: pd.DataFrame, choice: StepChoice, *, 
     step_spans = step_spans[step_spans["rank"].isin(ranks)]
     rows = unit_rows(lanes, step_spans, ranks)
     segments, merged = unit_segments(step_spans, rows, choice, colors, lead_lookup(unit_steps), max_segments)
-    comm = segments[segments["kind"].isin(COMM_SPAN_KINDS)]
+    comm = segments[segments["kind"].isin(UNIT_COLLECTIVES)]
     comm = comm.assign(start_ns=comm["start_ns"].astype(np.int64), end_ns=comm["end_ns"].astype(np.int64))
     exposed_pieces = exposed_on_segments(comm, exposed, choice, ["unit", "kind", "phase"])
     notes = []

@@ -19,7 +19,7 @@ from fsdpviz.analysis import memory as mem
 from fsdpviz.analysis import overlap as ov
 from fsdpviz.analysis.intervals import cover_rows, subtract_intervals
 from fsdpviz.analysis.steps import analysed_steps_of
-from fsdpviz.report.style import format_bytes
+from fsdpviz.formatting import format_bytes
 from fsdpviz.report.timeline import memory
 from fsdpviz.report.timeline.events import CAT_COMM, event_segments, lane_rows
 from fsdpviz.report.timeline.steps import StepChoice, to_ms

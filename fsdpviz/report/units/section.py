@@ -8,8 +8,9 @@ import holoviews as hv
 import pandas as pd
 
 from fsdpviz.analysis.memory_categories import TITLES
+from fsdpviz.formatting import bytes_scale, format_bytes, format_ms
 from fsdpviz.report.html import Fact, Section
-from fsdpviz.report.style import MEMORY_CATEGORY_COLORS, bytes_scale, format_bytes, format_ms
+from fsdpviz.report.style import MEMORY_CATEGORY_COLORS
 from fsdpviz.report.timeline.units import unit_label
 from fsdpviz.report.units import plots
 from fsdpviz.report.units.table import METRIC_COLORS, TABLE_COLUMNS, TIMER_COLUMNS, table_source

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from fsdpviz.report.style import NS_PER_MS
+from fsdpviz.formatting import NS_PER_MS
 from fsdpviz.report.timeline.units import unit_label
 
 # (column in UNIT_STATS, label on the page)

@@ -9,8 +9,9 @@ from typing import Any
 
 from fsdpviz.analysis.memory_categories import CATEGORIES, TITLES
 from fsdpviz.errors import RunFolderError
+from fsdpviz.formatting import format_bytes, format_change
 from fsdpviz.report.html import Fact, HtmlTable, LegendItem, Page, Section, TableCell, write_page
-from fsdpviz.report.style import format_bytes, format_change, unit_colors
+from fsdpviz.report.style import unit_colors
 from fsdpviz.whatif.predict import Model, Outcome, Prediction
 
 HOWTO_NUMBERS = (
@@ -77,7 +78,7 @@ def _memory_figure(curves: list[tuple[str, Any, str]]) -> Any | None:
     from bokeh.models import ColumnDataSource, HoverTool
     from bokeh.plotting import figure
 
-    from fsdpviz.report.style import bytes_scale
+    from fsdpviz.formatting import bytes_scale
     from fsdpviz.report.timeline.figure import MIN_BORDER_LEFT_PX, TIME_LABEL
 
     shown = [(label, frame, color) for label, frame, color in curves if not frame.empty]

@@ -16,16 +16,25 @@ import pandas as pd
 
 from fsdpviz.analysis.intervals import subtract_intervals, union_intervals
 from fsdpviz.naming import ROOT_UNIT
+from fsdpviz.vocabulary import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    COMPUTE,
+    COPY_IN,
+    COPY_OUT,
+    OPTIMIZER,
+    REDUCE_SCATTER,
+    UNIT_COLLECTIVES,
+)
 from fsdpviz.whatif.memory import MemoryChange
 from fsdpviz.whatif.predict import Model, Prediction
 from fsdpviz.whatif.simulate import SimResult
 
 # kind of work -> (lane order, lane label)
-LANES = {"compute": (0, "compute"), "copy_out": (0, "compute"), "optimizer": (0, "compute"),
-         "copy_in": (1, "all-gather copy-in"), "all_gather": (2, "all-gather"),
-         "reduce_scatter": (3, "reduce-scatter"), "all_reduce": (4, "all-reduce")}
-COMM_KINDS = ("all_gather", "reduce_scatter", "all_reduce")
-COMPUTE_KINDS = ("compute", "copy_out", "optimizer")
+LANES = {COMPUTE: (0, "compute"), COPY_OUT: (0, "compute"), OPTIMIZER: (0, "compute"),
+         COPY_IN: (1, "all-gather copy-in"), ALL_GATHER: (2, "all-gather"),
+         REDUCE_SCATTER: (3, "reduce-scatter"), ALL_REDUCE: (4, "all-reduce")}
+COMPUTE_KINDS = (COMPUTE, COPY_OUT, OPTIMIZER)
 
 
 @dataclass(slots=True)
@@ -72,7 +81,7 @@ def _timeline(title: str, spans: pd.DataFrame, memory: pd.DataFrame, step_ms: fl
     compute = spans[spans["kind"].isin(COMPUTE_KINDS)]
     busy = union_intervals((compute["x0_ms"] * 1e6).to_numpy(np.int64), (compute["x1_ms"] * 1e6).to_numpy(np.int64))
     strips = []
-    for row in spans[spans["kind"].isin(COMM_KINDS)].itertuples():
+    for row in spans[spans["kind"].isin(UNIT_COLLECTIVES)].itertuples():
         own = union_intervals(np.array([int(row.x0_ms * 1e6)]), np.array([int(row.x1_ms * 1e6)]))
         s, e = subtract_intervals(own, busy)
         for a, b in zip(s, e):

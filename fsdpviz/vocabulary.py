@@ -1,0 +1,45 @@
+"""The words fsdpviz's tables, files and predictions share, each spelled once.
+
+Collective kinds (the ``comm`` column of the trace tables, the ``kind`` of communication spans, the
+timers' and the what-if programs' collectives), the kinds of a unit's spans, the phases and the
+framework names. Everything imports these from here, the recorder included: this module imports
+nothing, so that every layer may (docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --- collectives ---------------------------------------------------------------------------------
+ALL_GATHER: Final = "all_gather"
+REDUCE_SCATTER: Final = "reduce_scatter"
+ALL_REDUCE: Final = "all_reduce"
+BROADCAST: Final = "broadcast"
+SEND_RECV: Final = "send_recv"
+ALL_TO_ALL: Final = "all_to_all"
+REDUCE: Final = "reduce"
+BARRIER: Final = "barrier"
+OTHER_COMM: Final = "other"  # a communication kernel whose collective cannot be told (RCCL Generic)
+# The collectives FSDP issues for its units: the parameters' gather, the gradients' reduction
+# (an all-reduce where nothing is sharded, and across replicas under HSDP).
+UNIT_COLLECTIVES: Final = (ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE)
+
+# --- a unit's spans (besides its collectives) ------------------------------------------------------
+COPY_IN: Final = "copy_in"  # FSDP2 packs the shards into the all-gather input
+COPY_OUT: Final = "copy_out"  # FSDP2 unpacks the all-gather output into the parameters
+COMPUTE: Final = "compute"
+RESHARD: Final = "reshard"
+
+# --- phases ----------------------------------------------------------------------------------------
+FORWARD: Final = "forward"
+BACKWARD: Final = "backward"
+OPTIMIZER: Final = "optimizer"
+
+# --- frameworks ------------------------------------------------------------------------------------
+FSDP2: Final = "fsdp2"
+FSDP1: Final = "fsdp1"
+ZERO3: Final = "zero3"
+DDP: Final = "ddp"
+UNKNOWN: Final = "unknown"
+FRAMEWORKS: Final = (FSDP2, FSDP1, ZERO3, DDP, UNKNOWN)
+FRAMEWORKS_WITH_UNITS: Final = (FSDP2, FSDP1, ZERO3)  # the frameworks whose units fsdpviz analyses
