@@ -4,10 +4,11 @@ A change that must keep outputs byte-identical (a refactor) is checked by snapsh
 after: ``summary --json``, ``whatif --json`` under five settings, the CSV and Perfetto exports and the
 report's page data (:class:`fsdpviz.report.data.ReportData`, every table and number the page draws, as
 JSON) of every bundled sample and, where they are beside the checkout, the shared H100 recordings
-and a synthetic run whose rank clocks disagree (``tests/synth``; about four minutes; two snapshots
-of one checkout are identical). The checkout's own path, its parent folder's and the synthetic
-run's are written as ``$CHECKOUT``, ``$PARENT`` and ``$INPUTS``, so snapshots of two checkouts
-compare. ``compare`` says which files differ and where.
+and a synthetic run whose rank clocks disagree (``tests/synth``; loaded whole and, as runs too large
+to hold are, rank by rank), about four minutes; two snapshots of one checkout are identical. The
+checkout's own path, its parent folder's and the synthetic run's are written as ``$CHECKOUT``,
+``$PARENT`` and ``$INPUTS``, so snapshots of two checkouts compare. ``compare`` says which files
+differ and where.
 
     python benchmarks/outputs_snapshot.py snapshot DIR      # run in the checkout to snapshot
     python benchmarks/outputs_snapshot.py compare DIR_A DIR_B
@@ -47,9 +48,15 @@ def _skewed_run(out: Path) -> Path:
     return folder
 
 
-def _runs(out: Path) -> list[Path]:
+RANK_BY_RANK = "-rank-by-rank"  # a run's outputs analysed rank by rank (FSDPVIZ_KEEP_EVENTS=0)
+
+
+def _runs(out: Path) -> list[tuple[Path, str]]:
+    """(run, the name of its snapshot folder): each run loaded whole, and the skewed one also analysed
+    rank by rank, the path of runs too large to hold whole."""
     gpu = sorted(p for p in GPU_FSDP.iterdir() if p.is_dir()) if GPU_FSDP.is_dir() else []
-    return [*SAMPLES, *gpu, _skewed_run(out / "_inputs")]
+    skewed = _skewed_run(out / "_inputs")
+    return [(p, p.name) for p in [*SAMPLES, *gpu, skewed]] + [(skewed, skewed.name + RANK_BY_RANK)]
 
 
 _PATHS: list[tuple[str, str]] = [(str(ROOT), "$CHECKOUT"), (str(ROOT.parent), "$PARENT")]
@@ -62,9 +69,12 @@ def _portable(text: str) -> str:
     return text
 
 
+_ENV: dict[str, str] = {}  # set while a run is snapshotted rank by rank
+
+
 def _run(*args: str) -> tuple[int, str]:
     # this checkout's fsdpviz, whichever one the environment has installed
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **_ENV}
     proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT, check=False, env=env)
     text = proc.stdout if proc.returncode == 0 else (proc.stderr.strip().splitlines()[-1:] or [""])[0]
     return proc.returncode, _portable(text)
@@ -101,12 +111,18 @@ def report_data(run: Path) -> None:
     print(json.dumps(_plain(data), indent=1, sort_keys=True))
 
 
-def snapshot(out: Path) -> None:
-    """Write every output of every run under ``out`` (one folder per run)."""
+def snapshot(out: Path, only: str | None = None) -> None:
+    """Write every output of every run under ``out`` (one folder per run); ``only``: of the runs
+    whose folder name holds it."""
     out = out.resolve()
     _PATHS.insert(0, (str(out / "_inputs"), "$INPUTS"))  # where the synthetic run is written
-    for run in _runs(out):
-        folder = out / run.name
+    for run, name in _runs(out):
+        if only and only not in name:
+            continue
+        _ENV.clear()
+        if name.endswith(RANK_BY_RANK):
+            _ENV["FSDPVIZ_KEEP_EVENTS"] = "0"
+        folder = out / name
         folder.mkdir(parents=True, exist_ok=True)
         rc, text = _fsdpviz("summary", str(run), "--json")
         (folder / "summary.json").write_text(f"rc {rc}\n{text}")
@@ -126,7 +142,7 @@ def snapshot(out: Path) -> None:
             perfetto.write_text(_portable(json.dumps(trace, indent=0, sort_keys=True)))
         rc, text = _run(__file__, "report-data", str(run))
         (folder / "report-data.json").write_text(f"rc {rc}\n{text}")
-        print(f"{run.name}: done", flush=True)
+        print(f"{name}: done", flush=True)
 
 
 def compare(a: Path, b: Path) -> int:
@@ -155,14 +171,16 @@ def compare(a: Path, b: Path) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("snapshot").add_argument("out", type=Path)
+    snap = sub.add_parser("snapshot")
+    snap.add_argument("out", type=Path)
+    snap.add_argument("--only", help="snapshot only the runs whose folder name holds this text")
     sub.add_parser("report-data").add_argument("run", type=Path)
     cmp = sub.add_parser("compare")
     cmp.add_argument("a", type=Path)
     cmp.add_argument("b", type=Path)
     args = parser.parse_args()
     if args.command == "snapshot":
-        snapshot(args.out)
+        snapshot(args.out, args.only)
     elif args.command == "report-data":
         report_data(args.run)
     else:
