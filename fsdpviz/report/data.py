@@ -7,6 +7,7 @@ assert on this data (rows per lane, colours per unit, exposed pieces, memory pea
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -15,7 +16,8 @@ import pandas as pd
 
 from fsdpviz.analysis import memory as analysis_memory
 from fsdpviz.analysis.memory import MemoryModel
-from fsdpviz.analysis.records import NO_UNIT_LABELS
+from fsdpviz.analysis.records import NO_UNIT_LABELS, Finding
+from fsdpviz.analysis.summary import finding_entries
 from fsdpviz.errors import FsdpvizError, UsageError
 from fsdpviz.report.steps import data as steps_data
 from fsdpviz.report.style import OTHER_COLOR, sentence, unit_colors
@@ -96,19 +98,20 @@ def describe_inputs(traces: TraceSet) -> tuple[str, str, list[tuple[str, str]]]:
     return title, subtitle, meta
 
 
-def findings_text(findings: pd.DataFrame, predicted: dict[str, str] | None = None) -> list[str]:
-    """One sentence per finding (most time lost first): message, the evidence, what to try, and
-    what trying it would gain where ``predicted`` (knob -> words) has it."""
-    if findings.empty:
-        return []
+def findings_text(findings: Sequence[Finding], predicted: dict[str, str] | None = None) -> list[str]:
+    """One sentence per finding (the summary's, :class:`fsdpviz.analysis.records.Finding`; most time
+    lost first): message, the evidence, what to try, and what trying it would gain where
+    ``predicted`` (knob -> words) has it."""
+    lost = [f.lost_ms_per_step if f.lost_ms_per_step is not None else -math.inf for f in findings]
     out = []
-    for row in findings.sort_values("lost_ns", ascending=False, kind="stable").itertuples():
-        text = str(row.message).rstrip(".") + "."
-        if str(row.evidence):
-            text += f" Evidence: {row.evidence}."
-        if str(row.knob):
-            text += f" Try: {row.knob}."
-            gain = (predicted or {}).get(str(row.knob))
+    for i in sorted(range(len(findings)), key=lambda i: -lost[i]):  # stable: ties keep the analysis' order
+        f = findings[i]
+        text = f.message.rstrip(".") + "."
+        if f.evidence:
+            text += f" Evidence: {f.evidence}."
+        if f.knob:
+            text += f" Try: {f.knob}."
+            gain = (predicted or {}).get(f.knob)
             if gain:
                 text += f" {gain[0].upper()}{gain[1:]}."
         out.append(text)
@@ -118,10 +121,11 @@ def findings_text(findings: pd.DataFrame, predicted: dict[str, str] | None = Non
 GAIN_RANKS = 4  # ranks the findings' predicted gains are simulated on
 
 
-def predicted_gains(run: RunResult, findings: pd.DataFrame) -> dict[str, str]:
+def predicted_gains(run: RunResult, findings: Sequence[Finding]) -> dict[str, str]:
     """Knob -> its predicted gain (``fsdpviz.whatif.gains``) for the findings' knobs; empty when
     the recording cannot be read for prediction (no units, another framework)."""
-    if findings.empty or not findings["knob"].astype(str).str.len().any():
+    knobs = [f.knob for f in findings if f.knob]
+    if not knobs:
         return {}
     from fsdpviz.whatif.gains import gains
     from fsdpviz.whatif.predict import read_model
@@ -130,7 +134,7 @@ def predicted_gains(run: RunResult, findings: pd.DataFrame) -> dict[str, str]:
         model = read_model(run, ranks=sorted(run.analysis.ranks)[:GAIN_RANKS])
     except FsdpvizError:
         return {}
-    return gains(model, findings["knob"].astype(str))
+    return gains(model, knobs)
 
 
 def check_gantt_ranks(traces: TraceSet, ranks: Sequence[int]) -> list[int]:
@@ -213,12 +217,14 @@ def prepare_report(run: RunResult, *, max_segments: int = MAX_PAGE_SEGMENTS,
                      "rank 0 and the ranks with the highest peaks.")
     notes.extend(sentence(n.text) for n in analysis.notes if n.code != NO_UNIT_LABELS)  # said by the headline
     stats = analysis.unit_stats
+    # as the summary's entries, also for a run without units, whose summary lists none (stragglers, the profiler)
+    found = finding_entries(analysis.findings)
     return ReportData(
         title=title, subtitle=subtitle, meta=meta, summary=summary, overlap=overlap, views=tabs,
         has_units=has_units, unit_colors=colors if has_units else {},
         step_times=times, step_spread=steps_data.per_step_spread(times),
         rank_steps=steps_data.per_rank_summary(times), notes=notes,
-        findings=findings_text(analysis.findings, predicted_gains(run, analysis.findings)),
+        findings=findings_text(found, predicted_gains(run, found)),
         unit_tables=unit_tables(stats, colors, {u.name: (u.forward_timer_ms, u.backward_timer_ms)
                                                 for u in summary.units})
         if has_units and not stats.empty else None,

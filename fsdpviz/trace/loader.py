@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 KEEP_EVENTS_ENV: Final = "FSDPVIZ_KEEP_EVENTS"
-KEEP_EVENTS_MAX: Final = 4_000_000  # trace events a run loaded whole may have (~0.5 GB of tables)
+KEEP_EVENTS_MAX: Final = 4_000_000  # trace events a run loaded whole may have (docs/scale.md)
 # Bytes of file per trace event, at the low end of what traces hold (fsdpviz's synthetic FSDP2 runs:
 # ~18 of gzip; real GPU traces carry more arguments per event): the estimate errs toward more events,
 # so toward analysing a run rank by rank.
@@ -51,8 +51,8 @@ def keeps_events(files: Sequence[Path]) -> bool:
     """Whether a run of these trace files is loaded whole into this process (its events kept) rather
     than reduced rank by rank where each is parsed: when it has more than one file and about
     ``KEEP_EVENTS_MAX`` events or fewer. Loaded whole, the per-rank analysis runs once over all ranks,
-    which costs less CPU (a 64-rank x 80-unit report in 10.5 s instead of 15.2 s); rank by rank, the
-    memory of this process no longer grows with the events (docs/scale.md).
+    which costs less CPU (per-rank pandas calls add up); rank by rank, the memory of this process no
+    longer grows with the events (both measured in docs/scale.md).
     ``FSDPVIZ_KEEP_EVENTS=1`` / ``0`` decides instead."""
     forced = os.environ.get(KEEP_EVENTS_ENV, "").strip().lower()
     if forced in ("1", "true", "yes"):

@@ -548,9 +548,9 @@ def _with_wait_start(spans: pd.DataFrame) -> pd.DataFrame:
     """CPU: when each collective's own wait begins -- its issue, or the end of the collective before
     it when that ran later. ZeRO-3 issues several prefetches at once: each one's issue-to-end would
     hold the ones queued before it. The gloo threads of a rank (two per process group) share its
-    connections to the peers, so a collective queues behind the one before it on any of them. Read
-    thread by thread, ZeRO-3's replay of 15 recordings of the tests' model ran +1.6 to +10.6 % over
-    them; read over all of a rank's collectives, -0.9 to +0.04 % (benchmarks/bench_whatif_replay.py)."""
+    connections to the peers, so a collective queues behind the one before it on any of them: the
+    wait is read over all of a rank's collectives, not thread by thread (how much closer that brings
+    ZeRO-3's replay: benchmarks/bench_whatif_replay.py, docs/whatif.md)."""
     comm = spans["kind"].isin(list(UNIT_COLLECTIVES)).to_numpy()
     wait_from = spans["issue_ns"].to_numpy(np.int64).copy()
     if comm.any():

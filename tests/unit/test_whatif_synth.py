@@ -142,8 +142,8 @@ def test_findings_quote_what_their_knob_would_gain(base_model: Model) -> None:
     from fsdpviz.report.data import findings_text
     from fsdpviz.whatif.gains import gains
 
-    findings = base_model.result.analysis.findings
-    knob = next(k for k in findings["knob"] if k.startswith("prefetch one more unit ahead"))
+    findings = base_model.result.summary.findings  # a run with units: the analysis' findings
+    knob = next(f.knob for f in findings if f.knob.startswith("prefetch one more unit ahead"))
     said = gains(base_model, [knob])[knob]
     one_unit_mib = UNITS[0].numel * 2 / 2**20
     assert f"peak +{one_unit_mib:.1f} MiB" in said and said.endswith("(fsdpviz whatif: prefetch 2)")

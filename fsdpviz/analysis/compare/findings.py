@@ -26,7 +26,7 @@ its report page.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 import numpy as np
 
@@ -98,23 +98,32 @@ def _listing(c: Comparison, key: str, fmt: Any) -> str:
     return ", ".join(f"{c.labels[i]} {fmt(v)}" for i, v in _known(c, key))
 
 
-def _extremes(c: Comparison, key: str, column: str) -> tuple[int, float, int, float, float] | None:
-    """The runs with the lowest and highest value of headline ``key`` (index, value each) and the
-    noise between them (``noise_ms`` of the STEP_TIMES ``column``); None with fewer than two values."""
+class _Extremes(NamedTuple):
+    best_i: int
+    best: float
+    worst_i: int
+    worst: float
+    noise: float
+    known: list[tuple[int, float]]
+
+
+def _extremes(c: Comparison, key: str, column: str) -> _Extremes | None:
+    """The runs with the lowest and highest value of headline ``key`` (index, value each), the
+    noise between them (``noise_ms`` of the STEP_TIMES ``column``) and every run's known value
+    (``_known``); None with fewer than two values."""
     known = _known(c, key)
     if len(known) < 2:
         return None
     best_i, best = min(known, key=lambda t: t[1])
     worst_i, worst = max(known, key=lambda t: t[1])
-    return best_i, best, worst_i, worst, noise_ms(c.runs[best_i], c.runs[worst_i], column)
+    return _Extremes(best_i, best, worst_i, worst, noise_ms(c.runs[best_i], c.runs[worst_i], column), known)
 
 
 def step_time_finding(c: Comparison) -> list[Finding]:
     found = _extremes(c, "step_time_ms", "step_ns")
     if found is None:
         return []
-    best_i, best, worst_i, worst, noise = found
-    known = _known(c, "step_time_ms")
+    best_i, best, worst_i, worst, noise, known = found
     values = {"step_time_ms": {c.labels[i]: v for i, v in known}}
     evidence = (f"mean step time: {_listing(c, 'step_time_ms', ms_text)}; noise between the fastest and slowest "
                 f"(2 standard errors): {ms_text(noise)}")
@@ -202,8 +211,7 @@ def exposed_finding(c: Comparison) -> list[Finding]:
     found = _extremes(c, "overlap.exposed_comm_ms", "exposed_comm_ns")
     if found is None:
         return []
-    best_i, best, worst_i, worst, noise = found
-    known = _known(c, "overlap.exposed_comm_ms")
+    best_i, best, worst_i, worst, noise, known = found
     parts = {r.label: exposed_parts(r) for r in c.runs}
     counts = {r.label: collective_counts(r) for r in c.runs}
     values: dict[str, dict[str, Any]] = {"exposed_comm_ms": {c.labels[i]: v for i, v in known}}

@@ -5,9 +5,8 @@ well between GPU runs, whose level at the start of each step (sharded parameters
 optimizer state) is steady. On CPU it often is not: torch's CPU profiler cannot see frees of blocks
 allocated before profiling began (it warns: "Memory block of unknown size was allocated before the
 profiling started"), and the level at each step's start climbs from step to step by an amount that
-depends on the wrap policy, not on what the step needs (measured on the example: 0.5 -> 30 MiB
-over five steps with per-block units, flat with one root unit). A peak then says more about how
-many steps were profiled than about the run.
+depends on the wrap policy, not on what the step needs (docs/tutorial-wrap-policies.md shows it on
+the bundled example). A peak then says more about how many steps were profiled than about the run.
 
 So the comparison also reports the **step rise**: per rank and analysed step, the step's peak minus
 the level the step started at (the last sample at or before its start), median over ranks and

@@ -1,10 +1,10 @@
 """The time-line figures (Gantt of one step + memory curve under it), drawn with bokeh directly.
 
 Every other plot of the page is a holoviews element; these two are built as bokeh figures because
-they carry almost all of the page's data (up to 1e5 rectangles) and holoviews' per-element
-machinery doubled both the build time and the page size for them (measured on a 64-rank run:
-holoviews sent every rectangle's coordinates twice and each hover field as its own string column,
-plus a colour column; here the source holds the four corners, the hover fields and nothing else).
+they carry almost all of the page's data (up to 1e5 rectangles), and holoviews sends every
+rectangle's coordinates twice, each hover field as its own string column and a colour column; here
+the source holds the four corners, the hover fields and nothing else (what that saves in build time
+and page size: docs/performance.md, "Building the report").
 Colours and hatches are mapped in the browser (``factor_cmap`` / ``factor_hatch``) from the unit or
 category and the phase, so no per-rectangle colour strings travel either.
 
