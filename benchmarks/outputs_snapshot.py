@@ -127,9 +127,9 @@ def snapshot(out: Path, only: str | None = None) -> None:
         rc, text = _fsdpviz("summary", str(run), "--json")
         (folder / "summary.json").write_text(f"rc {rc}\n{text}")
         for options in WHATIF:
-            name = "whatif" + "".join(f"_{o.strip('-').replace(':', '')}" for o in options) + ".json"
+            file = "whatif" + "".join(f"_{o.strip('-').replace(':', '')}" for o in options) + ".json"
             rc, text = _fsdpviz("whatif", str(run), *options, "--json")
-            (folder / name).write_text(f"rc {rc}\n{text}")
+            (folder / file).write_text(f"rc {rc}\n{text}")
         rc, text = _fsdpviz("export", str(run), "--format", "csv", "-o", str(folder / "export-csv"))
         (folder / "export.rc").write_text(f"rc {rc}\n")
         for csv in (folder / "export-csv").glob("*"):
