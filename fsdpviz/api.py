@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from fsdpviz import vocabulary
 from fsdpviz.analysis.pipeline import LabelledRun
 from fsdpviz.errors import UsageError
+from fsdpviz.formatting import MIB, NS_PER_MS
 
 if TYPE_CHECKING:
     import holoviews as hv
@@ -209,9 +210,9 @@ class Run(LabelledRun):
         kinds = [k for k in PHASE_KINDS if k in set(sp["kind"].astype(str))]
         row_of = {(r, k): i for i, (r, k) in enumerate((r, k) for r in wanted for k in kinds)}
         frame = pd.DataFrame({
-            "start_ms": (sp["start_ns"] - sp["rank"].map(starts)) / 1e6,
+            "start_ms": (sp["start_ns"] - sp["rank"].map(starts)) / NS_PER_MS,
             "row": [row_of[(int(r), str(k))] for r, k in zip(sp["rank"], sp["kind"])],
-            "end_ms": (sp["end_ns"] - sp["rank"].map(starts)) / 1e6,
+            "end_ms": (sp["end_ns"] - sp["rank"].map(starts)) / NS_PER_MS,
             "unit": sp["unit"].astype(str).where(sp["unit"].astype(str) != "", "(optimizer)"),
             "phase": sp["phase"].astype(str), "kind": sp["kind"].astype(str)})
         frame["top"] = frame["row"] + 0.8
@@ -228,7 +229,7 @@ class Run(LabelledRun):
         mem = self.memory
         wanted = sorted(set(ranks) if ranks is not None else set(mem["rank"].tolist()))
         t0 = int(mem["t_ns"].min()) if len(mem) else 0
-        curves = [hv.Curve(((g["t_ns"] - t0) / 1e6, g["allocated_bytes"] / 2**20), "time (ms)", "allocated (MiB)",
+        curves = [hv.Curve(((g["t_ns"] - t0) / NS_PER_MS, g["allocated_bytes"] / MIB), "time (ms)", "allocated (MiB)",
                            label=f"rank {r}").opts(interpolation="steps-post")
                   for r, g in mem[mem["rank"].isin(wanted)].groupby("rank")]
         return hv.Overlay(curves).opts(width=900, height=300, title=f"{self.label}: allocated memory",
@@ -249,8 +250,8 @@ class Run(LabelledRun):
         mine = levels[(levels["rank"] == rank).to_numpy()]
         if mine.empty:
             raise UsageError(f"rank {rank}: no memory samples (ranks: {sorted(set(levels['rank'].tolist()))})")
-        t_ms = (mine["t_ns"] - int(mine["t_ns"].min())) / 1e6
-        areas = [hv.Area((t_ms, mine[c] / 2**20), "time (ms)", "allocated (MiB)", label=TITLES[c])
+        t_ms = (mine["t_ns"] - int(mine["t_ns"].min())) / NS_PER_MS
+        areas = [hv.Area((t_ms, mine[c] / MIB), "time (ms)", "allocated (MiB)", label=TITLES[c])
                  for c in CATEGORIES]
         return hv.Area.stack(hv.Overlay(areas)).opts(
             hv.opts.Area(width=900, height=320, tools=["hover"]),

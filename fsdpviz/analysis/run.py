@@ -54,6 +54,7 @@ from fsdpviz.analysis.steps import StepSelection, select_steps
 from fsdpviz.analysis.unit_overlap import unit_steps
 from fsdpviz.analysis.units import derive_units, unit_stats
 from fsdpviz.analysis.windows import overhead_labels, unit_ancestors
+from fsdpviz.formatting import NS_PER_MS
 from fsdpviz.trace import schema
 from fsdpviz.trace.tables import TraceSet
 
@@ -482,6 +483,6 @@ def _notes(has_units: bool, clock: pd.DataFrame, shared: tuple[int, int]) -> lis
     moved = clock[clock["applied"]]
     for row in moved.itertuples():
         notes.append(Note(CLOCK_MOVED, f"rank {row.rank}'s clock differs from rank {int(clock['rank'].min())}'s by "
-                          f"{row.offset_ns / 1e6:.3f} ms (from {row.n_matched} collective end times): its times "
+                          f"{row.offset_ns / NS_PER_MS:.3f} ms (from {row.n_matched} collective end times): its times "
                           "were moved onto the reference clock"))
     return notes

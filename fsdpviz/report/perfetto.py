@@ -35,6 +35,7 @@ import pandas as pd
 from fsdpviz.analysis.intervals import subtract_intervals, union_intervals
 from fsdpviz.analysis.pipeline import RunResult
 from fsdpviz.errors import RunFolderError, UsageError
+from fsdpviz.formatting import MIB
 from fsdpviz.trace import schema
 from fsdpviz.vocabulary import (
     ALL_GATHER,
@@ -265,7 +266,7 @@ def _memory(writer: _Writer, samples: pd.DataFrame | None, curve: pd.DataFrame, 
     ts = _us(mem["t_ns"].to_numpy(np.int64) - base_ns)
     for t, device, alloc in zip(ts, mem["device"].astype(str), mem["allocated_bytes"]):
         writer.events.append({"ph": "C", "name": f"{COUNTER_NAME} · {device}", "pid": pid, "ts": float(t),
-                              "args": {"allocated": round(int(alloc) / 2**20, 3)}})
+                              "args": {"allocated": round(int(alloc) / MIB, 3)}})
 
 
 def _units(writer: _Writer, spans: pd.DataFrame, rank: int, steps: Iterable[int], base_ns: int) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from fsdpviz.errors import FsdpvizError
+from fsdpviz.formatting import MIB
 from fsdpviz.whatif.predict import Model, predict
 from fsdpviz.whatif.settings import Settings
 
@@ -40,7 +41,7 @@ def describe_gain(model: Model, settings: Settings) -> str:
     if base.step_time_ms:
         text += f" ({100 * diff / base.step_time_ms:+.1f} %)"
     if base.peak_allocated_bytes is not None and new.peak_allocated_bytes is not None:
-        text += f", peak {(new.peak_allocated_bytes - base.peak_allocated_bytes) / 2**20:+.1f} MiB"
+        text += f", peak {(new.peak_allocated_bytes - base.peak_allocated_bytes) / MIB:+.1f} MiB"
     return text
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from fsdpviz.analysis.pipeline import RunResult
 from fsdpviz.errors import UsageError
-from fsdpviz.formatting import rounded_ms
+from fsdpviz.formatting import NS_PER_MS, rounded_ms
 from fsdpviz.naming import ROOT_UNIT
 from fsdpviz.vocabulary import FSDP1, FSDP2, ZERO3
 from fsdpviz.whatif import comm as comm_model
@@ -286,7 +286,7 @@ def _predicted(model: Model, simulated: list[SimResult], baseline: Outcome, sett
     def moved(get: Any) -> float:
         return statistics.fmean(get(n) - get(r) for n, r in zip(simulated, replay))
 
-    step = baseline.step_time_ms + moved(lambda r: r.step_ns) / 1e6
+    step = baseline.step_time_ms + moved(lambda r: r.step_ns) / NS_PER_MS
     peak = None
     categories = None
     known = [m for m in memory if m is not None]
@@ -295,9 +295,9 @@ def _predicted(model: Model, simulated: list[SimResult], baseline: Outcome, sett
         peak, categories = top.peak_bytes, top.categories
     units = _predicted_units(model, simulated, baseline, settings)
     return Outcome(step_time_ms=round(step, 3),
-                   exposed_comm_ms=round(max(0.0, baseline.exposed_comm_ms + moved(lambda r: r.exposed_comm_ns) / 1e6), 3),
-                   comm_ms=round(max(0.0, baseline.comm_ms + moved(lambda r: r.comm_ns) / 1e6), 3),
-                   compute_ms=round(max(0.0, baseline.compute_ms + moved(lambda r: r.compute_ns) / 1e6), 3),
+                   exposed_comm_ms=round(max(0.0, baseline.exposed_comm_ms + moved(lambda r: r.exposed_comm_ns) / NS_PER_MS), 3),
+                   comm_ms=round(max(0.0, baseline.comm_ms + moved(lambda r: r.comm_ns) / NS_PER_MS), 3),
+                   compute_ms=round(max(0.0, baseline.compute_ms + moved(lambda r: r.compute_ns) / NS_PER_MS), 3),
                    peak_allocated_bytes=peak, units=units, memory_categories=categories)
 
 
@@ -328,9 +328,9 @@ def _predicted_units(model: Model, simulated: list[SimResult], baseline: Outcome
             known = [recorded[m] for m in members if m in recorded]
             moved = new[unit][k] - sum(replay.get(m, {}).get(k, 0.0) for m in members)
             if members and len(known) == len(members):
-                value = sum(getattr(r, f"{k}_ms") for r in known) + moved / 1e6
+                value = sum(getattr(r, f"{k}_ms") for r in known) + moved / NS_PER_MS
             else:
-                value = new[unit][k] / 1e6
+                value = new[unit][k] / NS_PER_MS
             values[f"{k}_ms"] = round(max(0.0, value), 3)
         out.append(UnitOutcome(name=unit, **values))
     return out

@@ -22,6 +22,7 @@ from fsdpviz.analysis.compare.memory import drift_bytes, step_levels, step_rise_
 from fsdpviz.analysis.compare.model import HEADLINE_FIELDS, LOWER, Comparison, unit_index
 from fsdpviz.analysis.compare.units import RunUnit, UnitMatch, all_known, group_values, match_units
 from fsdpviz.errors import UsageError
+from fsdpviz.formatting import MIB
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -259,8 +260,8 @@ def drift_notes(labels: Sequence[str], drift: Sequence[int | None], rise: Sequen
     drifting = [(lb, d) for lb, d in zip(labels, drift) if d is not None]
     if not drifting:
         return []
-    mib = ", ".join(f"{lb} +{d / (1 << 20):.1f} MiB" for lb, d in drifting)
-    rises = ", ".join(f"{lb} {r / (1 << 20):.1f} MiB" for lb, r in zip(labels, rise) if r is not None)
+    mib = ", ".join(f"{lb} +{d / MIB:.1f} MiB" for lb, d in drifting)
+    rises = ", ".join(f"{lb} {r / MIB:.1f} MiB" for lb, r in zip(labels, rise) if r is not None)
     note = (f"Allocated memory at step start climbs across the analysed steps ({mib}): the profiler misses "
             "frees of memory allocated before it started (common on CPU), so peaks depend on how many steps "
             f"were profiled. Compare the memory a step adds instead ({rises}); the findings do.")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from fsdpviz.formatting import format_ms
+from fsdpviz.formatting import NS_PER_MS, format_ms
 from fsdpviz.report.html import Fact, Section
 from fsdpviz.report.steps import data as steps_data
 from fsdpviz.report.steps import plots
@@ -54,7 +54,7 @@ def steps_section(data: ReportData) -> Section:
             views.append(plots.step_time_spread(times))
     rank_times = data.rank_step_times
     if rank_times is not None and not rank_times.empty and rank_times["rank"].nunique() > HEATMAP_RANKS:
-        heat = rank_times.assign(exposed_ms=rank_times["exposed_comm_ns"] / 1e6)
+        heat = rank_times.assign(exposed_ms=rank_times["exposed_comm_ns"] / NS_PER_MS)
         views.append(plots.rank_step_heatmap(heat, value="exposed_ms", label="exposed communication",
                                              title="exposed communication per rank and analysed step",
                                              cmap="Reds"))

@@ -19,7 +19,7 @@ from fsdpviz.analysis import memory as mem
 from fsdpviz.analysis import overlap as ov
 from fsdpviz.analysis.intervals import cover_rows, subtract_intervals
 from fsdpviz.analysis.steps import analysed_steps_of
-from fsdpviz.formatting import format_bytes
+from fsdpviz.formatting import NS_PER_MS, format_bytes
 from fsdpviz.report.timeline import memory
 from fsdpviz.report.timeline.events import CAT_COMM, event_segments, lane_rows
 from fsdpviz.report.timeline.steps import StepChoice, to_ms
@@ -141,7 +141,7 @@ def unit_peak_markers(peaks: pd.DataFrame, choice: StepChoice, colors: Mapping[s
     """Peak markers of the units during ``choice``'s step: ``rank``, ``unit``, ``t_ns`` and
     ``peak_bytes`` in; ``t_ms`` (from the step origin), ``peak_text`` and ``color`` added."""
     inside = peaks[(peaks["t_ns"] >= choice.origin_ns) & (peaks["t_ns"] <= choice.end_ns)].copy()
-    inside["t_ms"] = (inside["t_ns"] - choice.origin_ns) / 1e6
+    inside["t_ms"] = (inside["t_ns"] - choice.origin_ns) / NS_PER_MS
     inside["peak_text"] = [format_bytes(b) for b in inside["peak_bytes"]]
     inside["color"] = inside["unit"].map(lambda u: colors.get(u, "#888888"))
     inside["unit_name"] = inside["unit"]  # the optimizer's spans carry no peak marker, so no relabelling

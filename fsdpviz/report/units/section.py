@@ -8,7 +8,7 @@ import holoviews as hv
 import pandas as pd
 
 from fsdpviz.analysis.memory_categories import TITLES
-from fsdpviz.formatting import bytes_scale, format_bytes, format_ms
+from fsdpviz.formatting import MIB, bytes_scale, format_bytes, format_ms
 from fsdpviz.report.html import Fact, Section
 from fsdpviz.report.style import MEMORY_CATEGORY_COLORS
 from fsdpviz.report.timeline.units import unit_label
@@ -50,7 +50,7 @@ def units_section(data: ReportData) -> Section | None:
                           hint=f"per step, unit {worst['unit_name']}"))
     peak = table.sort_values("peak_mib", ascending=False).iloc[0]
     if pd.notna(peak["peak_mib"]):
-        facts.append(Fact(label="highest peak", value=format_bytes(float(peak["peak_mib"]) * 2**20),
+        facts.append(Fact(label="highest peak", value=format_bytes(float(peak["peak_mib"]) * MIB),
                           hint=f"during unit {peak['unit_name']}"))
     facts.append(Fact(label="units", value=str(len(table))))
     columns = [c for c in TABLE_COLUMNS if c[0] not in TIMER_COLUMNS or table[c[0]].notna().any()]

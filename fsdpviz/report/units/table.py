@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from fsdpviz.formatting import NS_PER_MS
+from fsdpviz.formatting import MIB, NS_PER_MS
 from fsdpviz.report.timeline.units import unit_label
 
 # (column in UNIT_STATS, label on the page)
@@ -106,7 +106,7 @@ def unit_tables(stats: pd.DataFrame, colors: Mapping[str, str],
         "order": stats["order"].astype("int64"),
         "unit_name": stats["unit_name"],
         "param_numel": stats["param_numel"].where(stats["param_numel"] >= 0),
-        "unsharded_mib": stats["unsharded_bytes"].where(stats["unsharded_bytes"] >= 0) / 2**20,
+        "unsharded_mib": stats["unsharded_bytes"].where(stats["unsharded_bytes"] >= 0) / MIB,
         "all_gather_ms": _ms(stats["all_gather_ns"]),
         "forward_ms": _ms(stats["forward_ns"]),
         "backward_ms": _ms(stats["backward_ns"]),
@@ -116,7 +116,7 @@ def unit_tables(stats: pd.DataFrame, colors: Mapping[str, str],
         "exposed_comm_ms": _ms(stats["exposed_comm_ns"]),
         "forward_lead_ms": _ms(stats["forward_prefetch_lead_ns"]),
         "backward_lead_ms": _ms(stats["backward_prefetch_lead_ns"]),
-        "peak_mib": stats["peak_allocated_bytes"].where(stats["peak_allocated_bytes"] >= 0) / 2**20,
+        "peak_mib": stats["peak_allocated_bytes"].where(stats["peak_allocated_bytes"] >= 0) / MIB,
         "color": [colors.get(str(u), "#888888") for u in stats["unit"]],
     })
     return UnitTables(

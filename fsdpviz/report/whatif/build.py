@@ -9,7 +9,7 @@ from typing import Any
 
 from fsdpviz.analysis.memory_categories import CATEGORIES, TITLES
 from fsdpviz.errors import RunFolderError
-from fsdpviz.formatting import format_bytes, format_change
+from fsdpviz.formatting import MIB, format_bytes, format_change
 from fsdpviz.report.html import Fact, HtmlTable, LegendItem, Page, Section, TableCell, write_page
 from fsdpviz.report.style import unit_colors
 from fsdpviz.whatif.predict import Model, Outcome, Prediction
@@ -53,7 +53,7 @@ def numbers_table(baseline: Outcome, predicted: Outcome) -> HtmlTable:
                  TableCell(text=format_bytes(p_peak) or "n/a", sub=format_change(b_peak, p_peak, "bytes"))])
     before, after = baseline.memory_categories or {}, predicted.memory_categories or {}
     for c in CATEGORIES if before and after else ():
-        if abs(after[c] - before[c]) >= 1 << 20:  # the categories of the peak that the setting changes
+        if abs(after[c] - before[c]) >= MIB:  # the categories of the peak that the setting changes
             rows.append([TableCell(text=f"… {TITLES[c]} at the peak", header=True),
                          TableCell(text=format_bytes(before[c]) or "0"),
                          TableCell(text=format_bytes(after[c]) or "0", sub=format_change(before[c], after[c], "bytes"))])

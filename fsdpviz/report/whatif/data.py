@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from fsdpviz.analysis.intervals import subtract_intervals, union_intervals
+from fsdpviz.formatting import NS_PER_MS
 from fsdpviz.naming import ROOT_UNIT
 from fsdpviz.vocabulary import (
     ALL_GATHER,
@@ -85,7 +86,7 @@ def _timeline(title: str, spans: pd.DataFrame, memory: pd.DataFrame, step_ms: fl
         own = union_intervals(np.array([int(row.x0_ms * 1e6)]), np.array([int(row.x1_ms * 1e6)]))
         s, e = subtract_intervals(own, busy)
         for a, b in zip(s, e):
-            strips.append({"row": row.row, "x0_ms": a / 1e6, "x1_ms": b / 1e6, "dur_ms": (b - a) / 1e6,
+            strips.append({"row": row.row, "x0_ms": a / NS_PER_MS, "x1_ms": b / NS_PER_MS, "dur_ms": (b - a) / NS_PER_MS,
                            "what": f"{row.unit_name} {row.kind.replace('_', '-')}"})
     exposed = pd.DataFrame(strips, columns=["row", "x0_ms", "x1_ms", "dur_ms", "what"])
     return Timeline(title=title, rows=rows, segments=spans.reset_index(drop=True), exposed=exposed, memory=memory,
@@ -98,24 +99,24 @@ def _recorded(model: Model, rank: int, step: int, start_ns: int, step_ns: int) -
     phase = sp["phase"].astype(str)
     spans = pd.DataFrame({"unit": sp["unit"].astype(str), "phase": phase,
                           "kind": np.where(phase == "optimizer", "optimizer", sp["kind"].astype(str)),
-                          "x0_ms": (sp["start_ns"] - start_ns) / 1e6, "x1_ms": (sp["end_ns"] - start_ns) / 1e6})
+                          "x0_ms": (sp["start_ns"] - start_ns) / NS_PER_MS, "x1_ms": (sp["end_ns"] - start_ns) / NS_PER_MS})
     mem = a.memory[(a.memory["rank"] == rank) & (a.memory["t_ns"] >= start_ns)
                    & (a.memory["t_ns"] <= start_ns + step_ns)]
-    memory = pd.DataFrame({"t_ms": (mem["t_ns"] - start_ns) / 1e6, "allocated_bytes": mem["allocated_bytes"]})
-    return _timeline(f"recorded: rank {rank}, step {step}", spans, memory, step_ns / 1e6)
+    memory = pd.DataFrame({"t_ms": (mem["t_ns"] - start_ns) / NS_PER_MS, "allocated_bytes": mem["allocated_bytes"]})
+    return _timeline(f"recorded: rank {rank}, step {step}", spans, memory, step_ns / NS_PER_MS)
 
 
 def _predicted(sim: SimResult, change: MemoryChange | None, recorded_ns: int, rank: int, step: int,
                name: str) -> Timeline:
     spans = pd.DataFrame({"unit": [s.unit for s in sim.spans], "phase": [s.phase for s in sim.spans],
                           "kind": ["optimizer" if s.phase == "optimizer" else s.kind for s in sim.spans],
-                          "x0_ms": [s.start / 1e6 for s in sim.spans], "x1_ms": [s.end / 1e6 for s in sim.spans]})
+                          "x0_ms": [s.start / NS_PER_MS for s in sim.spans], "x1_ms": [s.end / NS_PER_MS for s in sim.spans]})
     memory = pd.DataFrame({"t_ms": [], "allocated_bytes": []})
     if change is not None and recorded_ns > 0:
         # the memory model's level over the recorded step, laid on the predicted step's time
         t, level = change.curve
-        memory = pd.DataFrame({"t_ms": t * (sim.step_ns / recorded_ns) / 1e6, "allocated_bytes": level})
-    return _timeline(f"predicted ({name}): rank {rank}, step {step}", spans, memory, sim.step_ns / 1e6)
+        memory = pd.DataFrame({"t_ms": t * (sim.step_ns / recorded_ns) / NS_PER_MS, "allocated_bytes": level})
+    return _timeline(f"predicted ({name}): rank {rank}, step {step}", spans, memory, sim.step_ns / NS_PER_MS)
 
 
 def prepare(model: Model, prediction: Prediction) -> WhatifData:
