@@ -20,6 +20,9 @@ ALL_TO_ALL: Final = "all_to_all"
 REDUCE: Final = "reduce"
 BARRIER: Final = "barrier"
 OTHER_COMM: Final = "other"  # a communication kernel whose collective cannot be told (RCCL Generic)
+# the ``comm`` column of the trace tables
+COLLECTIVES: Final = (ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE, BROADCAST, SEND_RECV, ALL_TO_ALL, REDUCE, BARRIER,
+                      OTHER_COMM)
 # The collectives FSDP issues for its units: the parameters' gather, the gradients' reduction
 # (an all-reduce where nothing is sharded, and across replicas under HSDP).
 UNIT_COLLECTIVES: Final = (ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE)
@@ -29,11 +32,13 @@ COPY_IN: Final = "copy_in"  # FSDP2 packs the shards into the all-gather input
 COPY_OUT: Final = "copy_out"  # FSDP2 unpacks the all-gather output into the parameters
 COMPUTE: Final = "compute"
 RESHARD: Final = "reshard"
+SPAN_KINDS: Final = (ALL_GATHER, COPY_IN, COPY_OUT, COMPUTE, REDUCE_SCATTER, ALL_REDUCE, RESHARD)
 
 # --- phases ----------------------------------------------------------------------------------------
 FORWARD: Final = "forward"
 BACKWARD: Final = "backward"
 OPTIMIZER: Final = "optimizer"
+PHASES: Final = (FORWARD, BACKWARD, OPTIMIZER)
 
 # --- frameworks ------------------------------------------------------------------------------------
 FSDP2: Final = "fsdp2"

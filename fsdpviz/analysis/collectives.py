@@ -21,6 +21,7 @@ from typing import Final
 import numpy as np
 import pandas as pd
 
+from fsdpviz import vocabulary
 from fsdpviz.analysis.categorical import as_str, startswith
 from fsdpviz.trace import schema
 
@@ -113,8 +114,8 @@ def gpu_collectives(events: pd.DataFrame) -> pd.DataFrame:
 
 
 def _gloo_family(comm: str, gloo_has_rs: bool) -> str:
-    if comm == schema.COMM_REDUCE_SCATTER and not gloo_has_rs:
-        return schema.COMM_ALL_REDUCE
+    if comm == vocabulary.REDUCE_SCATTER and not gloo_has_rs:
+        return vocabulary.ALL_REDUCE
     return comm
 
 
@@ -140,7 +141,7 @@ def cpu_collectives(events: pd.DataFrame, kinds: np.ndarray) -> pd.DataFrame:
     on_train = np.isin(kinds, [schema.LANE_CPU_MAIN, schema.LANE_CPU_AUTOGRAD, schema.LANE_CPU_OTHER])
     issues = events[has_comm & on_train & (events["kind"] == schema.KIND_CPU_OP).to_numpy()
                     & startswith(events["name"], ISSUE_PREFIXES)]
-    gloo_has_rs = bool((runs["comm"] == schema.COMM_REDUCE_SCATTER).any())
+    gloo_has_rs = bool((runs["comm"] == vocabulary.REDUCE_SCATTER).any())
     run_family = np.array([_gloo_family(c, gloo_has_rs) for c in as_str(runs["comm"])], dtype=object)
     issue_family = np.array([_gloo_family(c, gloo_has_rs) for c in as_str(issues["comm"])], dtype=object)
     parts = []

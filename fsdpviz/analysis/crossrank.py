@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Final
 import numpy as np
 import pandas as pd
 
+from fsdpviz import vocabulary
 from fsdpviz.trace import schema
 
 if TYPE_CHECKING:
@@ -38,7 +39,7 @@ LARGE_OFFSET_NS: Final = 1_000_000
 
 # Point-to-point sends/receives pair different ranks and need not end together; an unclassified
 # communication kernel (RCCL Generic) may be either: neither is matched across ranks.
-UNMATCHED_COMMS: Final = (schema.COMM_SEND_RECV, schema.COMM_OTHER)
+UNMATCHED_COMMS: Final = (vocabulary.SEND_RECV, vocabulary.OTHER_COMM)
 
 
 def with_seq(collectives: pd.DataFrame) -> pd.DataFrame:

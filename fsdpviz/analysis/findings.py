@@ -29,6 +29,7 @@ from typing import Final, cast
 import numpy as np
 import pandas as pd
 
+from fsdpviz import vocabulary
 from fsdpviz.analysis.profiler_cost import NOTABLE_SLOWDOWN, ProfilerCost
 from fsdpviz.formatting import NS_PER_MS, ms_text
 from fsdpviz.trace import schema
@@ -39,12 +40,12 @@ NOISE_FLOOR_NS: Final = 20_000
 MAX_FINDINGS: Final = 20
 
 _PREFETCH_KNOB: Final = {
-    (FSDP2, schema.PHASE_FORWARD): "explicit forward prefetch: module.set_modules_to_forward_prefetch([next units])",
-    (FSDP2, schema.PHASE_BACKWARD): "explicit backward prefetch: module.set_modules_to_backward_prefetch([previous units])",
-    (FSDP1, schema.PHASE_FORWARD): "FullyShardedDataParallel(..., forward_prefetch=True)",
-    (FSDP1, schema.PHASE_BACKWARD): "FullyShardedDataParallel(..., backward_prefetch=BackwardPrefetch.BACKWARD_PRE)",
-    (ZERO3, schema.PHASE_FORWARD): "a larger stage3_prefetch_bucket_size in the DeepSpeed config",
-    (ZERO3, schema.PHASE_BACKWARD): "a larger stage3_prefetch_bucket_size in the DeepSpeed config",
+    (FSDP2, vocabulary.FORWARD): "explicit forward prefetch: module.set_modules_to_forward_prefetch([next units])",
+    (FSDP2, vocabulary.BACKWARD): "explicit backward prefetch: module.set_modules_to_backward_prefetch([previous units])",
+    (FSDP1, vocabulary.FORWARD): "FullyShardedDataParallel(..., forward_prefetch=True)",
+    (FSDP1, vocabulary.BACKWARD): "FullyShardedDataParallel(..., backward_prefetch=BackwardPrefetch.BACKWARD_PRE)",
+    (ZERO3, vocabulary.FORWARD): "a larger stage3_prefetch_bucket_size in the DeepSpeed config",
+    (ZERO3, vocabulary.BACKWARD): "a larger stage3_prefetch_bucket_size in the DeepSpeed config",
 }
 
 
@@ -78,8 +79,8 @@ def _previous_ended_before_issue(spans: pd.DataFrame, unit: str, phase: str, pre
     ``prev``'s compute of the same pass had ended."""
     key = ["rank", "step", "micro"]
     in_phase = spans[(spans["phase"] == phase).to_numpy()]
-    mine = in_phase[((in_phase["unit"] == unit) & (in_phase["kind"] == schema.SPAN_ALL_GATHER)).to_numpy()]
-    theirs = in_phase[((in_phase["unit"] == prev) & (in_phase["kind"] == schema.SPAN_COMPUTE)).to_numpy()]
+    mine = in_phase[((in_phase["unit"] == unit) & (in_phase["kind"] == vocabulary.ALL_GATHER)).to_numpy()]
+    theirs = in_phase[((in_phase["unit"] == prev) & (in_phase["kind"] == vocabulary.COMPUTE)).to_numpy()]
     both = pd.concat([mine.groupby(key)["issue_ns"].min(), theirs.groupby(key)["end_ns"].max()],
                      axis=1, join="inner")
     return bool(len(both)) and bool((both["issue_ns"] >= both["end_ns"]).mean() > 0.5)
@@ -90,14 +91,14 @@ def _first_gathers(spans: pd.DataFrame) -> tuple[set[tuple[str, str]], pd.Series
     first all-gather of that phase; and per phase the median compute (ns) the units did in the
     micro-batch before that first gather started."""
     key = ["rank", "step", "micro", "phase"]
-    ag = spans[(spans["kind"] == schema.SPAN_ALL_GATHER).to_numpy()]
+    ag = spans[(spans["kind"] == vocabulary.ALL_GATHER).to_numpy()]
     if ag.empty:
         return set(), pd.Series(dtype=float)
     first = ag.groupby(key)["start_ns"].min().rename("first_ns")
     mine = ag.groupby(key + ["unit"])["start_ns"].min().reset_index().join(first, on=key)
     share = (mine["start_ns"] == mine["first_ns"]).groupby([mine["unit"], mine["phase"]]).mean()
     firsts = {(str(u), str(p)) for (u, p), v in share.items() if v > 0.5}
-    comp = spans[((spans["kind"] == schema.SPAN_COMPUTE) & (spans["unit"] != "")).to_numpy()].join(first, on=key)
+    comp = spans[((spans["kind"] == vocabulary.COMPUTE) & (spans["unit"] != "")).to_numpy()].join(first, on=key)
     before = (np.minimum(comp["end_ns"], comp["first_ns"]) - comp["start_ns"]).clip(lower=0).fillna(0)
     per_pass = before.groupby([comp[c] for c in key]).sum().reindex(first.index, fill_value=0)
     return firsts, per_pass.groupby(level="phase").median()
@@ -137,11 +138,11 @@ def gather_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, framework: st
     med = _medians(unit_steps)
     order = _pass_order(unit_steps)
     firsts, before_first = _first_gathers(spans)
-    shared = _shared(spans, schema.SPAN_ALL_GATHER)
+    shared = _shared(spans, vocabulary.ALL_GATHER)
     totals = unit_steps.groupby(["rank", "step", "phase"]).agg(c=("compute_ns", "sum"), g=("ag_ns", "sum"))
     totals = totals.groupby("phase").median()
     for unit, phase, m in _unit_passes(med):
-        if phase not in (schema.PHASE_FORWARD, schema.PHASE_BACKWARD) or m["ag_exposed_ns"] < floor_ns:
+        if phase not in (vocabulary.FORWARD, vocabulary.BACKWARD) or m["ag_exposed_ns"] < floor_ns:
             continue
         seq = order.get(phase, [])
         pos = seq.index(unit) if unit in seq else -1
@@ -153,7 +154,7 @@ def gather_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, framework: st
                     f"{m['depth']:.0f}, own compute {ms_text(m['compute_ns'] / NS_PER_MS)}; {median_of}")
         head = f"{unit}: all-gather exposed {ms_text(m['ag_exposed_ns'] / NS_PER_MS)}/step in {phase}"
         knob = ""
-        if phase == schema.PHASE_FORWARD and ((unit, phase) in firsts or pos == 0 or prev is None):
+        if phase == vocabulary.FORWARD and ((unit, phase) in firsts or pos == 0 or prev is None):
             if (unit, phase) in firsts:
                 cause = "the first all-gather of the forward pass, with no compute before it to hide behind"
                 ahead = float(before_first.get(phase, 0.0))
@@ -184,7 +185,7 @@ def _nothing_left(spans: pd.DataFrame, kind: str) -> pd.Series:
     """Per (unit, phase): whether, in most passes (rank, step, micro-batch), no unit compute of
     the pass started after its ``kind`` collective began (nothing left to hide it behind)."""
     comm = spans[spans["kind"] == kind]
-    comp = spans[(spans["kind"] == schema.SPAN_COMPUTE) & (spans["unit"] != "")]
+    comp = spans[(spans["kind"] == vocabulary.COMPUTE) & (spans["unit"] != "")]
     last_start = comp.groupby(["rank", "step", "micro"])["start_ns"].max().rename("last_compute_ns")
     c = comm.join(last_start, on=["rank", "step", "micro"])
     alone = (c["last_compute_ns"].isna() | (c["start_ns"] >= c["last_compute_ns"])).astype(float)
@@ -195,8 +196,8 @@ def reduce_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, floor_ns: flo
     """Exposed reduce-scatters (and HSDP all-reduces) of the backward pass."""
     rows = []
     med = _medians(unit_steps)
-    for col, kind, span_kind, what in (("rs", "exposed_reduce_scatter", schema.SPAN_REDUCE_SCATTER, "reduce-scatter"),
-                                       ("ar", "exposed_all_reduce", schema.SPAN_ALL_REDUCE, "all-reduce")):
+    for col, kind, span_kind, what in (("rs", "exposed_reduce_scatter", vocabulary.REDUCE_SCATTER, "reduce-scatter"),
+                                       ("ar", "exposed_all_reduce", vocabulary.ALL_REDUCE, "all-reduce")):
         alone = _nothing_left(spans, span_kind)
         shared = _shared(spans, span_kind)
         for unit, phase, m in _unit_passes(med):

@@ -21,7 +21,6 @@ import pandas as pd
 
 from fsdpviz import vocabulary
 from fsdpviz.analysis.records import DDP, UNCONNECTED_RANKS, Note
-from fsdpviz.trace import schema
 from fsdpviz.trace.tables import TraceSet
 
 FSDP2_PREFIX: Final = "FSDP::"
@@ -74,7 +73,7 @@ def decide_from_names(names: list[str], recorded: str | None) -> str:
         return vocabulary.ZERO3 if recorded == vocabulary.ZERO3 else vocabulary.FSDP1
     if any(n.startswith(FSDPVIZ_ENGINE_PREFIX) for n in names):
         return vocabulary.ZERO3
-    if recorded in schema.FRAMEWORKS and recorded != vocabulary.DDP and any(n.startswith(FSDPVIZ_PREFIX) for n in names):
+    if recorded in vocabulary.FRAMEWORKS and recorded != vocabulary.DDP and any(n.startswith(FSDPVIZ_PREFIX) for n in names):
         return recorded
     if recorded == vocabulary.DDP or DDP_FORWARD in names:
         return vocabulary.DDP

@@ -41,6 +41,7 @@ from typing import Final
 import numpy as np
 import pandas as pd
 
+from fsdpviz import vocabulary
 from fsdpviz.analysis.categorical import as_str
 from fsdpviz.naming import ROOT_UNIT, clean_fqn, unit_from_label
 from fsdpviz.trace import schema
@@ -77,7 +78,7 @@ ENGINE_FORWARD: Final = "engine_forward"  # ZeRO-3: DeepSpeed's engine calls (na
 ENGINE_BACKWARD: Final = "engine_backward"
 ENGINE_STEP: Final = "engine_step"
 ENGINE_ACTIONS: Final = frozenset({ENGINE_FORWARD, ENGINE_BACKWARD, ENGINE_STEP})
-RESHARD_ACTIONS: Final = {POST_FORWARD: schema.PHASE_FORWARD, "post_backward_reshard": schema.PHASE_BACKWARD}
+RESHARD_ACTIONS: Final = {POST_FORWARD: vocabulary.FORWARD, "post_backward_reshard": vocabulary.BACKWARD}
 
 # The pass a label belongs to, when it says so itself.
 _FORWARD_ACTIONS: Final = frozenset(
@@ -118,9 +119,9 @@ def _unit_name(fqn: str | None) -> str:
 
 def _phase_of(action: str) -> str:
     if action in _FORWARD_ACTIONS:
-        return schema.PHASE_FORWARD
+        return vocabulary.FORWARD
     if action in _BACKWARD_ACTIONS:
-        return schema.PHASE_BACKWARD
+        return vocabulary.BACKWARD
     return ""
 
 
@@ -213,7 +214,7 @@ def pass_starts(labels: pd.DataFrame) -> pd.DataFrame:
     """
     family, action = labels["family"], labels["action"]
     fsdpviz_open = ((family == FAMILY_FSDPVIZ) & ((action == ENGINE_FORWARD) | (
-        (action == schema.PHASE_FORWARD) & (labels["unit"] == ROOT)))).to_numpy()
+        (action == vocabulary.FORWARD) & (labels["unit"] == ROOT)))).to_numpy()
     is_cand = ((family == FAMILY_FSDP2) & (action == "root_pre_forward")).to_numpy() | fsdpviz_open
     if not is_cand.any():
         return schema.make_empty(PASS_STARTS)
@@ -221,9 +222,9 @@ def pass_starts(labels: pd.DataFrame) -> pd.DataFrame:
     steps = labels["step"].to_numpy()
     start = labels["start_ns"].to_numpy(np.int64)
     end = labels["end_ns"].to_numpy(np.int64)
-    backward = (labels["phase"] == schema.PHASE_BACKWARD).to_numpy()
+    backward = (labels["phase"] == vocabulary.BACKWARD).to_numpy()
     fsdpviz_bwd = backward & (family == FAMILY_FSDPVIZ).to_numpy() & (
-        (action == schema.PHASE_BACKWARD) | (action == ENGINE_BACKWARD)).to_numpy()
+        (action == vocabulary.BACKWARD) | (action == ENGINE_BACKWARD)).to_numpy()
     rows: list[tuple[int, int, int]] = []
     groups = pd.DataFrame({"rank": ranks, "step": steps}).groupby(["rank", "step"], sort=False).indices
     for (rank, step), mine in groups.items():
@@ -270,7 +271,7 @@ def after_first_backward(labels: pd.DataFrame, ranks: np.ndarray | int, steps: n
                          micros: np.ndarray, t: np.ndarray) -> np.ndarray:
     """Whether each point lies at or after the first backward label of its pass (rank, step, micro)."""
     t = np.asarray(t, dtype=np.int64)
-    backward = labels[(labels["phase"] == schema.PHASE_BACKWARD).to_numpy()]
+    backward = labels[(labels["phase"] == vocabulary.BACKWARD).to_numpy()]
     if backward.empty or len(t) == 0:
         return np.zeros(len(t), dtype=bool)
     first = backward.groupby(["rank", "step", "micro"])["start_ns"].min()
@@ -287,13 +288,13 @@ def mark_recompute(labels: pd.DataFrame) -> pd.DataFrame:
     they belong to backward."""
     labels = labels.assign(micro=pass_index(pass_starts(labels), labels["rank"].to_numpy(),
                                             labels["step"].to_numpy(), labels["start_ns"].to_numpy()))
-    forward = (labels["phase"] == schema.PHASE_FORWARD).to_numpy()
+    forward = (labels["phase"] == vocabulary.FORWARD).to_numpy()
     if not forward.any():
         return labels
     late = forward & after_first_backward(labels, labels["rank"].to_numpy(), labels["step"].to_numpy(),
                                           labels["micro"].to_numpy(), labels["start_ns"].to_numpy())
     if late.any():
-        labels.loc[late, "phase"] = schema.PHASE_BACKWARD
+        labels.loc[late, "phase"] = vocabulary.BACKWARD
     return labels
 
 

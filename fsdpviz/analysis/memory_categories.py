@@ -43,6 +43,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 
+from fsdpviz import vocabulary
 from fsdpviz.analysis.intervals import Intervals, covers, empty_intervals, union_intervals
 from fsdpviz.analysis.labels import (
     COPY_OUT_ACTION,
@@ -178,7 +179,7 @@ def sites(labels: pd.DataFrame, windows: pd.DataFrame, events: pd.DataFrame) -> 
         if is_step.any():
             match = _OPTIMIZER_CLASS_RE.match(str(names[is_step][0]))
             cls = match.group("cls") if match else ""
-    forward = windows[(windows["phase"] == schema.PHASE_FORWARD).to_numpy()] if len(windows) else windows
+    forward = windows[(windows["phase"] == vocabulary.FORWARD).to_numpy()] if len(windows) else windows
     def named(mask: np.ndarray) -> pd.DataFrame:
         rows = labels[mask]
         return pd.DataFrame({"start_ns": rows["start_ns"].to_numpy(np.int64), "end_ns": rows["end_ns"].to_numpy(np.int64),

@@ -19,6 +19,7 @@ from typing import Any, Final
 import numpy as np
 import pandas as pd
 
+from fsdpviz import vocabulary
 from fsdpviz.analysis import crossrank, memory
 from fsdpviz.analysis import memory_categories as mcat
 from fsdpviz.analysis.categorical import startswith
@@ -135,7 +136,7 @@ def _step_times(rank: int, steps: pd.DataFrame, pieces: pd.DataFrame, labels: pd
     hi = steps["end_ns"].to_numpy(np.int64)
     # After backward: from the end of the step's last backward label to the step's end (the
     # optimizer step, however the framework wraps it); without backward labels, Optimizer.step#.
-    bwd_end = labels[labels["phase"] == schema.PHASE_BACKWARD].groupby("step")["end_ns"].max()
+    bwd_end = labels[labels["phase"] == vocabulary.BACKWARD].groupby("step")["end_ns"].max()
     after = steps["step"].map(bwd_end).to_numpy(dtype=np.float64)
     opt = events[((events["kind"] == schema.KIND_ANNOTATION)
                   & startswith(events["name"], OPTIMIZER_PREFIX))]
@@ -394,7 +395,7 @@ def combine_parts(parts: Sequence[RankPart], traces: TraceSet, selection: StepSe
     # what the memory model needs of them (a unit's all-gathers run on its shard group, its HSDP
     # all-reduces on the replica group), before they are let go
     gathers = pd.DataFrame({"rank": all_coll["rank"].to_numpy(), "pg": all_coll["pg"].astype(str).to_numpy(),
-                            "unit": np.where((all_coll["kind"] == schema.SPAN_ALL_GATHER).to_numpy(),
+                            "unit": np.where((all_coll["kind"] == vocabulary.ALL_GATHER).to_numpy(),
                                              all_coll["unit"].astype(str).to_numpy(), "")})
     del all_coll
     spans = _shift(_frame_of(parts, "spans", schema.SPANS), offsets, ("start_ns", "end_ns", "issue_ns"))

@@ -33,6 +33,7 @@ from typing import Final
 import numpy as np
 import pandas as pd
 
+from fsdpviz import vocabulary
 from fsdpviz.analysis import labels as lab
 from fsdpviz.analysis.categorical import as_str, startswith
 from fsdpviz.analysis.collectives import COLLECTIVES, ISSUE_PREFIXES, find_collectives, gpu_ranks
@@ -84,7 +85,7 @@ def _phase_at(labels: pd.DataFrame, ranks: np.ndarray, lanes: np.ndarray, t: np.
     phase = np.where(hit >= 0, names[np.clip(hit, 0, None)], "")
     if (phase == "").any():
         late = lab.after_first_backward(phased, ranks, steps, micros, t)
-        phase = np.where(phase == "", np.where(late, schema.PHASE_BACKWARD, schema.PHASE_FORWARD), phase)
+        phase = np.where(phase == "", np.where(late, vocabulary.BACKWARD, vocabulary.FORWARD), phase)
     return phase
 
 
@@ -115,14 +116,14 @@ def attribute_collectives(coll: pd.DataFrame, labels: pd.DataFrame,
         listing = gather
     comm = as_str(coll["comm"])
     kind = np.select(
-        [gather & (comm == schema.COMM_ALL_GATHER),
-         found & ~gather & (comm == schema.COMM_REDUCE_SCATTER),
-         found & ~gather & (comm == schema.COMM_ALL_REDUCE)],
-        [schema.SPAN_ALL_GATHER, schema.SPAN_REDUCE_SCATTER, schema.SPAN_ALL_REDUCE], default="")
+        [gather & (comm == vocabulary.ALL_GATHER),
+         found & ~gather & (comm == vocabulary.REDUCE_SCATTER),
+         found & ~gather & (comm == vocabulary.ALL_REDUCE)],
+        [vocabulary.ALL_GATHER, vocabulary.REDUCE_SCATTER, vocabulary.ALL_REDUCE], default="")
     unit = np.where(kind != "", unit, "")
     micro = lab.pass_index(passes, ranks, coll["step"].to_numpy(), t)
     phase = _phase_at(labels, ranks, lanes, t, coll["step"].to_numpy(), micro)
-    phase = np.where(kind == schema.SPAN_REDUCE_SCATTER, schema.PHASE_BACKWARD, phase)
+    phase = np.where(kind == vocabulary.REDUCE_SCATTER, vocabulary.BACKWARD, phase)
     out = coll.assign(unit=unit, phase=np.where(kind != "", phase, ""), kind=kind, micro=micro)
     # An fsdpviz label naming several units (ZeRO-3 buckets, "a, b, c"): one row per unit. (An FSDP2
     # unit of several modules, fully_shard([a, b]), is one unit that FSDP2 itself names "a, b".)
@@ -137,7 +138,7 @@ def issued_gathers(events: pd.DataFrame, labels: pd.DataFrame) -> pd.DataFrame:
     a ZeRO-3 bucket naming several units is no one unit's size). Read from the issuing side, they
     are there also where the collective itself left nothing in the trace (torch's fake process
     group, a backend the profiler does not see)."""
-    ops = events[((events["kind"] == schema.KIND_CPU_OP) & (events["comm"] == schema.COMM_ALL_GATHER)
+    ops = events[((events["kind"] == schema.KIND_CPU_OP) & (events["comm"] == vocabulary.ALL_GATHER)
                   & (events["comm_bytes"] > 0)).to_numpy() & startswith(events["name"], ISSUE_PREFIXES)]
     family = labels["family"]
     one_unit = (family == lab.FAMILY_FSDP2) | ((family == lab.FAMILY_FSDPVIZ)
@@ -226,7 +227,7 @@ def _cpu_compute_spans(pieces: pd.DataFrame, events: pd.DataFrame) -> pd.DataFra
     out = meta.rename(columns={"end_ns": "piece_end_ns"}).assign(
         start_ns=agg["start_ns"].to_numpy(), end_ns=np.minimum(agg["end_ns"].to_numpy(), meta["end_ns"].to_numpy()))
     out = out.drop(columns=["piece_end_ns"])
-    return out.assign(kind=schema.SPAN_COMPUTE, bytes=schema.UNKNOWN_BYTES, issue_ns=out["start_ns"])
+    return out.assign(kind=vocabulary.COMPUTE, bytes=schema.UNKNOWN_BYTES, issue_ns=out["start_ns"])
 
 
 def unit_tables(events: pd.DataFrame, lanes: pd.DataFrame, labels: pd.DataFrame) -> UnitTables:
@@ -261,7 +262,7 @@ def unit_tables(events: pd.DataFrame, lanes: pd.DataFrame, labels: pd.DataFrame)
                 "unit": gathers["unit"].to_numpy(dtype=object)[hit[ok]],
                 "phase": _phase_at(labels, ranks_, lanes_, t, op_steps, micro)[ok], "micro": micro[ok],
                 "start_ns": t[ok], "end_ns": t[ok] + ops["dur_ns"].to_numpy(np.int64)[ok]})
-            parts.append(_spans_from(copy_in, schema.SPAN_COPY_IN, gpu, on_gpu))
+            parts.append(_spans_from(copy_in, vocabulary.COPY_IN, gpu, on_gpu))
 
     def label_rows(mask: np.ndarray, phase: np.ndarray | str) -> pd.DataFrame:
         rows = labels[mask]
@@ -276,25 +277,25 @@ def unit_tables(events: pd.DataFrame, lanes: pd.DataFrame, labels: pd.DataFrame)
         rows = labels[copy_out_mask]
         phase = _phase_at(labels, rows["rank"].to_numpy(), rows["lane"].to_numpy(),
                           rows["start_ns"].to_numpy(np.int64), rows["step"].to_numpy(), rows["micro"].to_numpy())
-        parts.append(_spans_from(label_rows(copy_out_mask, phase), schema.SPAN_COPY_OUT, gpu, on_gpu))
+        parts.append(_spans_from(label_rows(copy_out_mask, phase), vocabulary.COPY_OUT, gpu, on_gpu))
     for action, phase_name in lab.RESHARD_ACTIONS.items():
         mask = fsdp2 & (labels["action"] == action).to_numpy()
         if mask.any():  # resharding frees memory on the CPU side: always the label itself
-            parts.append(_spans_from(label_rows(mask, phase_name), schema.SPAN_RESHARD, None, set()))
+            parts.append(_spans_from(label_rows(mask, phase_name), vocabulary.RESHARD, None, set()))
 
     if len(pieces):
         on_cpu = ~pieces["rank"].isin(list(on_gpu)).to_numpy()
-        parts.append(_spans_from(pieces[~on_cpu], schema.SPAN_COMPUTE, gpu, on_gpu, "is_compute"))
+        parts.append(_spans_from(pieces[~on_cpu], vocabulary.COMPUTE, gpu, on_gpu, "is_compute"))
         parts.append(_cpu_compute_spans(pieces[on_cpu], events))
     opt = events[((events["kind"] == schema.KIND_ANNOTATION)
                   & startswith(events["name"], OPTIMIZER_PREFIX)).to_numpy()]
     if len(opt):
         start = opt["start_ns"].to_numpy(np.int64)
         steps_ = pd.DataFrame({"rank": opt["rank"].to_numpy(), "lane": as_str(opt["lane"]),
-                               "step": opt["step"].to_numpy(), "unit": "", "phase": schema.PHASE_OPTIMIZER,
+                               "step": opt["step"].to_numpy(), "unit": "", "phase": vocabulary.OPTIMIZER,
                                "micro": lab.pass_index(passes, opt["rank"].to_numpy(), opt["step"].to_numpy(), start),
                                "start_ns": start, "end_ns": start + opt["dur_ns"].to_numpy(np.int64)})
-        parts.append(_spans_from(steps_, schema.SPAN_COMPUTE, gpu, on_gpu, "is_compute"))
+        parts.append(_spans_from(steps_, vocabulary.COMPUTE, gpu, on_gpu, "is_compute"))
 
     parts = [p for p in parts if len(p)]
     if parts:

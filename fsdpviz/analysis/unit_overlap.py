@@ -31,10 +31,11 @@ from typing import Final
 import numpy as np
 import pandas as pd
 
+from fsdpviz import vocabulary
 from fsdpviz.analysis.intervals import Intervals, empty_intervals, exposed_ns
 from fsdpviz.trace import schema
 
-_UNIT_PHASES: Final = (schema.PHASE_FORWARD, schema.PHASE_BACKWARD)
+_UNIT_PHASES: Final = (vocabulary.FORWARD, vocabulary.BACKWARD)
 
 
 def exposed_by_rank(rows: pd.DataFrame, compute: dict[int, Intervals]) -> np.ndarray:
@@ -169,22 +170,22 @@ def unit_steps(spans: pd.DataFrame, windows: pd.DataFrame, compute: dict[int, In
     def part(k: str) -> pd.DataFrame:
         return s[kind == k]
 
-    comp = part(schema.SPAN_COMPUTE)
+    comp = part(vocabulary.COMPUTE)
     out = base.join(_agg(comp, key, compute_start_ns=("start_ns", "min"), compute_end_ns=("end_ns", "max")))
-    out = out.join(_sum_by(comp, key, dur[kind == schema.SPAN_COMPUTE], "compute_ns"))
-    ag = part(schema.SPAN_ALL_GATHER)
+    out = out.join(_sum_by(comp, key, dur[kind == vocabulary.COMPUTE], "compute_ns"))
+    ag = part(vocabulary.ALL_GATHER)
     ag_exp = exposed_by_rank(ag, compute) * waited_on(ag, comp, gather=True)
     out = out.join(_agg(ag, key, ag_issue_ns=("issue_ns", "min"), ag_start_ns=("start_ns", "min"),
                         ag_end_ns=("end_ns", "max"), ag_bytes=("bytes", "sum")))
-    out = out.join(_sum_by(ag, key, dur[kind == schema.SPAN_ALL_GATHER], "ag_ns"))
+    out = out.join(_sum_by(ag, key, dur[kind == vocabulary.ALL_GATHER], "ag_ns"))
     out = out.join(_sum_by(ag, key, ag_exp, "ag_exposed_ns"))
-    for k, col in ((schema.SPAN_REDUCE_SCATTER, "rs"), (schema.SPAN_ALL_REDUCE, "ar")):
+    for k, col in ((vocabulary.REDUCE_SCATTER, "rs"), (vocabulary.ALL_REDUCE, "ar")):
         rows = part(k)
         out = out.join(_sum_by(rows, key, dur[kind == k], f"{col}_ns"))
         exposed = exposed_by_rank(rows, compute) * waited_on(rows, comp, gather=False)
         out = out.join(_sum_by(rows, key, exposed, f"{col}_exposed_ns"))
-    for k, col in ((schema.SPAN_COPY_IN, "copy_in_ns"), (schema.SPAN_COPY_OUT, "copy_out_ns"),
-                   (schema.SPAN_RESHARD, "reshard_ns")):
+    for k, col in ((vocabulary.COPY_IN, "copy_in_ns"), (vocabulary.COPY_OUT, "copy_out_ns"),
+                   (vocabulary.RESHARD, "reshard_ns")):
         out = out.join(_sum_by(part(k), key, dur[kind == k], col))
     w = _agg(windows, key, window_start_ns=("start_ns", "min"), window_end_ns=("end_ns", "max"))
     out = out.join(w)

@@ -17,6 +17,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 
+from fsdpviz import vocabulary
 from fsdpviz.analysis.memory_categories import PeakCategories
 from fsdpviz.formatting import ms
 from fsdpviz.trace import comms, schema
@@ -29,7 +30,7 @@ def derive_units(run_units: pd.DataFrame, windows: pd.DataFrame, unit_steps: pd.
     A unit's size from the trace (``size_source`` ``trace``) is what its all-gathers issued
     (``gathers``, spans.ISSUED_GATHERS: bytes and dtype of the gathered, padded parameters, median
     over ranks and steps), else the bytes its gather collectives moved (no dtype, so no numel)."""
-    seen = windows[windows["phase"] == schema.PHASE_FORWARD]
+    seen = windows[windows["phase"] == vocabulary.FORWARD]
     if seen.empty:
         seen = windows
     order = seen.sort_values(["rank", "start_ns"], kind="stable").drop_duplicates("unit")["unit"].tolist()
@@ -92,7 +93,7 @@ def _units_frame(names: list[str], sizes: pd.DataFrame, framework: str, windows:
 
 def _parents(windows: pd.DataFrame) -> dict[str, str]:
     """unit -> innermost other unit whose forward window encloses its first forward window."""
-    fwd = windows[windows["phase"] == schema.PHASE_FORWARD]
+    fwd = windows[windows["phase"] == vocabulary.FORWARD]
     if fwd.empty:
         return {}
     first_rank = fwd["rank"].min()
@@ -122,10 +123,10 @@ def unit_stats(unit_steps: pd.DataFrame, units: pd.DataFrame) -> pd.DataFrame:
                               all_reduce_ns=("ar_ns", "sum"), ag_exposed=("ag_exposed_ns", "sum"),
                               rs_exposed_ns=("rs_exposed_ns", "sum"), ar_exposed=("ar_exposed_ns", "sum"))
     per["exposed_comm_ns"] = per["ag_exposed"] + per["rs_exposed_ns"] + per["ar_exposed"]
-    per = per.join(_by_phase(us, schema.PHASE_FORWARD, {
+    per = per.join(_by_phase(us, vocabulary.FORWARD, {
         "compute_ns": "forward_ns", "ag_exposed_ns": "forward_ag_exposed_ns",
         "prefetch_lead_ns": "forward_prefetch_lead_ns", "issue_depth": "forward_issue_depth"}))
-    per = per.join(_by_phase(us, schema.PHASE_BACKWARD, {
+    per = per.join(_by_phase(us, vocabulary.BACKWARD, {
         "compute_ns": "backward_ns", "ag_exposed_ns": "backward_ag_exposed_ns",
         "prefetch_lead_ns": "backward_prefetch_lead_ns", "issue_depth": "backward_issue_depth"}))
     for col in ("forward_issue_depth", "backward_issue_depth"):
@@ -139,8 +140,8 @@ def unit_stats(unit_steps: pd.DataFrame, units: pd.DataFrame) -> pd.DataFrame:
     stats = per.groupby("unit")[med_cols].median()
     stats["n_samples"] = per.groupby("unit").size()
     peaks = us.pivot_table(index="unit", columns="phase", values="peak_allocated_bytes", aggfunc="max")
-    stats["forward_peak_allocated_bytes"] = peaks.get(schema.PHASE_FORWARD, pd.Series(dtype=float))
-    stats["backward_peak_allocated_bytes"] = peaks.get(schema.PHASE_BACKWARD, pd.Series(dtype=float))
+    stats["forward_peak_allocated_bytes"] = peaks.get(vocabulary.FORWARD, pd.Series(dtype=float))
+    stats["backward_peak_allocated_bytes"] = peaks.get(vocabulary.BACKWARD, pd.Series(dtype=float))
     stats["peak_allocated_bytes"] = us.groupby("unit")["peak_allocated_bytes"].max()
     info = units.set_index("unit")[["order", "param_numel", "param_bytes"]] if len(units) else None
     if info is not None:

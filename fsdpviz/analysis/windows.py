@@ -34,6 +34,7 @@ from typing import Final, Literal, cast
 import numpy as np
 import pandas as pd
 
+from fsdpviz import vocabulary
 from fsdpviz.analysis import labels as lab
 from fsdpviz.analysis.intervals import complement, union_intervals
 from fsdpviz.trace import schema
@@ -90,13 +91,13 @@ def _fsdp2_windows(labels: pd.DataFrame) -> pd.DataFrame:
     frames = []
     # forward: pre_forward -> first post_forward of the same unit on the same lane after it
     # (a pre_forward marked backward is activation-checkpoint recomputation: not a forward window)
-    pre = f2.loc[(f2["action"] == lab.PRE_FORWARD) & (f2["phase"] == schema.PHASE_FORWARD),
+    pre = f2.loc[(f2["action"] == lab.PRE_FORWARD) & (f2["phase"] == vocabulary.FORWARD),
                  key + ["step", "micro", "start_ns", "end_ns"]]
     post = f2.loc[f2["action"] == lab.POST_FORWARD, key + ["start_ns", "end_ns"]].rename(
         columns={"start_ns": "post_start_ns", "end_ns": "post_end_ns"})
     fwd = _first_after(pre, post, "end_ns", "post_start_ns", key, "forward").dropna(subset=["post_start_ns"])
     if len(fwd):
-        fwd = fwd.assign(phase=schema.PHASE_FORWARD, region_start_ns=fwd["end_ns"],
+        fwd = fwd.assign(phase=vocabulary.FORWARD, region_start_ns=fwd["end_ns"],
                          region_end_ns=fwd["post_start_ns"], end_ns=fwd["post_end_ns"])
         fwd["excl_end_ns"] = fwd["end_ns"]
         frames.append(fwd)
@@ -121,7 +122,7 @@ def _fsdp2_windows(labels: pd.DataFrame) -> pd.DataFrame:
                                           excl_end_ns=("excl_cut", "max"))
         bwd = pre_b.join(agg.astype("Int64").add_suffix("_post"), on="pre_id")
         bwd = bwd.dropna(subset=["region_end_ns_post"])
-        bwd = bwd.assign(phase=schema.PHASE_BACKWARD, region_start_ns=bwd["end_ns"],
+        bwd = bwd.assign(phase=vocabulary.BACKWARD, region_start_ns=bwd["end_ns"],
                          region_end_ns=bwd["region_end_ns_post"], end_ns=bwd["end_ns_post"],
                          excl_end_ns=bwd["excl_end_ns_post"])
         frames.append(bwd)
@@ -131,7 +132,7 @@ def _fsdp2_windows(labels: pd.DataFrame) -> pd.DataFrame:
 def _fsdpviz_windows(labels: pd.DataFrame) -> pd.DataFrame:
     # a forward range marked backward is recomputation inside backward: not a window of its own
     fv = labels[((labels["family"] == lab.FAMILY_FSDPVIZ)
-                 & labels["action"].isin([schema.PHASE_FORWARD, schema.PHASE_BACKWARD])
+                 & labels["action"].isin([vocabulary.FORWARD, vocabulary.BACKWARD])
                  & (labels["phase"] == labels["action"])).to_numpy()]
     return fv.assign(phase=fv["action"], region_start_ns=fv["start_ns"], region_end_ns=fv["end_ns"],
                      excl_end_ns=fv["end_ns"])
@@ -225,7 +226,7 @@ def compute_pieces(windows: pd.DataFrame, labels: pd.DataFrame,
 def unit_ancestors(windows: pd.DataFrame) -> dict[str, set[str]]:
     """unit -> the units whose windows enclose its own (its ancestors), read from the forward
     windows of the first rank and step that has any (nesting does not change between steps)."""
-    fwd = windows[windows["phase"] == schema.PHASE_FORWARD]
+    fwd = windows[windows["phase"] == vocabulary.FORWARD]
     if fwd.empty:
         fwd = windows
     if fwd.empty:

@@ -24,6 +24,7 @@ import math
 import re
 from typing import Final
 
+from fsdpviz import vocabulary
 from fsdpviz.trace import schema
 
 NCCL_KERNEL_RE: Final = re.compile(r"^nccl\w*Kernel")
@@ -37,18 +38,18 @@ RECORD_PARAM_COMMS: Final = "record_param_comms"
 
 # Ordered: the first token found in the squashed (lower-case, letters only) name wins.
 _COLLECTIVE_TOKENS: Final = (
-    ("reducescatter", schema.COMM_REDUCE_SCATTER),
-    ("allgather", schema.COMM_ALL_GATHER),
-    ("allreduce", schema.COMM_ALL_REDUCE),
-    ("alltoall", schema.COMM_ALL_TO_ALL),
-    ("broadcast", schema.COMM_BROADCAST),
-    ("sendrecv", schema.COMM_SEND_RECV),
-    ("barrier", schema.COMM_BARRIER),
-    ("reduce", schema.COMM_REDUCE),
-    ("send", schema.COMM_SEND_RECV),
-    ("recv", schema.COMM_SEND_RECV),
-    ("gather", schema.COMM_OTHER),
-    ("scatter", schema.COMM_OTHER),
+    ("reducescatter", vocabulary.REDUCE_SCATTER),
+    ("allgather", vocabulary.ALL_GATHER),
+    ("allreduce", vocabulary.ALL_REDUCE),
+    ("alltoall", vocabulary.ALL_TO_ALL),
+    ("broadcast", vocabulary.BROADCAST),
+    ("sendrecv", vocabulary.SEND_RECV),
+    ("barrier", vocabulary.BARRIER),
+    ("reduce", vocabulary.REDUCE),
+    ("send", vocabulary.SEND_RECV),
+    ("recv", vocabulary.SEND_RECV),
+    ("gather", vocabulary.OTHER_COMM),
+    ("scatter", vocabulary.OTHER_COMM),
 )
 
 # PyTorch ScalarType names (record_param_comms ``dtype``) and C++ type names (``Input type``), as
@@ -72,13 +73,13 @@ _ITEM_BYTES: Final = {
 def collective_from_text(text: str) -> str:
     """Normalise a collective's spelling (``_allgather_base``, ``AllGather``, ``reduce_scatter_tensor``).
 
-    Returns one of ``schema.COMM_KINDS``; ``other`` when nothing is recognised.
+    Returns one of ``vocabulary.COLLECTIVES``; ``other`` when nothing is recognised.
     """
     squashed = re.sub(r"[^a-z]", "", text.lower())
     for token, comm in _COLLECTIVE_TOKENS:
         if token in squashed:
             return comm
-    return schema.COMM_OTHER
+    return vocabulary.OTHER_COMM
 
 
 def classify_kernel_name(name: str) -> str:
@@ -87,14 +88,14 @@ def classify_kernel_name(name: str) -> str:
         return ""
     match = _KERNEL_COLLECTIVE_RE.match(name)
     if match is None or match.group(1) == "Generic":
-        return schema.COMM_OTHER
+        return vocabulary.OTHER_COMM
     return collective_from_text(match.group(1))
 
 
 def classify_cpu_name(name: str) -> str:
     """Collective a CPU op or annotation runs or issues, ``""`` when it is not communication."""
     if name == RECORD_PARAM_COMMS:
-        return schema.COMM_OTHER  # refined per event from its ``Collective name`` arg
+        return vocabulary.OTHER_COMM  # refined per event from its ``Collective name`` arg
     if not name.startswith(_CPU_COMM_PREFIXES):
         return ""
     op = name.split(":")[-1].lower()
@@ -102,7 +103,7 @@ def classify_cpu_name(name: str) -> str:
         return ""
     comm = collective_from_text(op)
     # Other c10d ops (e.g. c10d::allreduce_coalesced_ is fine, c10d::foo is not a collective).
-    if comm == schema.COMM_OTHER and not name.startswith((*HOST_BACKEND_PREFIXES, "nccl:")):
+    if comm == vocabulary.OTHER_COMM and not name.startswith((*HOST_BACKEND_PREFIXES, "nccl:")):
         return ""
     return comm
 

@@ -24,6 +24,7 @@ from typing import Final, NamedTuple
 
 import numpy as np
 
+from fsdpviz import vocabulary
 from fsdpviz.trace import comms, schema
 from fsdpviz.trace.decode import NO_ARGS, EventArgs, TraceEvent
 
@@ -53,7 +54,7 @@ IGNORED_CATEGORIES: Final = frozenset({"python_function", "trace", "overhead", "
 IGNORED_PHASES: Final = frozenset({"M", "s", "f", "t", "C", "i", "I"})
 MEMORY_EVENT: Final = "[memory]"
 
-COMM_CATEGORIES: Final = ("",) + schema.COMM_KINDS  # code 0 = not communication
+COMM_CATEGORIES: Final = ("",) + vocabulary.COLLECTIVES  # code 0 = not communication
 NOT_AN_ID: Final = np.iinfo(np.int64).min  # a string pid/tid; real tids may be negative
 # |ts| and dur beyond 3e15 µs (95 years; epoch µs of the year 2065) are no real event, and as
 # int64 ns plus a base time they would overflow: such events are skipped like those without times.

@@ -23,6 +23,7 @@ from typing import Any, Final
 
 import numpy as np
 
+from fsdpviz import vocabulary
 from fsdpviz.errors import TraceError
 from fsdpviz.trace import comms, schema
 from fsdpviz.trace.decode import (
@@ -275,7 +276,7 @@ def _comm_dtype(c: CommArgs) -> str:
 def _comm_bytes(c: CommArgs, world_size: int) -> int:
     nbytes = comms.bytes_from_nelems(c.in_nelems, c.out_nelems, c.dtype)
     if nbytes == schema.UNKNOWN_BYTES and c.input_dims:
-        gathers = comms.is_gloo_op(c.name) and c.comm == schema.COMM_ALL_GATHER
+        gathers = comms.is_gloo_op(c.name) and c.comm == vocabulary.ALL_GATHER
         nbytes = comms.bytes_from_inputs(
             decode_raw_json(c.input_dims),
             decode_raw_json(c.input_type),

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Final
 
-from fsdpviz import vocabulary
-
 if TYPE_CHECKING:  # imported where used: parser processes build tables without pandas
     import pandas as pd
 
@@ -38,28 +36,9 @@ EVENT_KINDS: Final = (
     KIND_RUNTIME,
 )
 
-# --- collectives -------------------------------------------------------------------------------
-# Normalised collective names for the ``comm`` column ("" = not communication): the vocabulary's.
-COMM_ALL_GATHER: Final = vocabulary.ALL_GATHER
-COMM_REDUCE_SCATTER: Final = vocabulary.REDUCE_SCATTER
-COMM_ALL_REDUCE: Final = vocabulary.ALL_REDUCE
-COMM_BROADCAST: Final = vocabulary.BROADCAST
-COMM_SEND_RECV: Final = vocabulary.SEND_RECV
-COMM_ALL_TO_ALL: Final = vocabulary.ALL_TO_ALL
-COMM_REDUCE: Final = vocabulary.REDUCE
-COMM_BARRIER: Final = vocabulary.BARRIER
-COMM_OTHER: Final = vocabulary.OTHER_COMM
-COMM_KINDS: Final = (
-    COMM_ALL_GATHER,
-    COMM_REDUCE_SCATTER,
-    COMM_ALL_REDUCE,
-    COMM_BROADCAST,
-    COMM_SEND_RECV,
-    COMM_ALL_TO_ALL,
-    COMM_REDUCE,
-    COMM_BARRIER,
-    COMM_OTHER,
-)
+# --- the words columns hold ---------------------------------------------------------------------
+# fsdpviz.vocabulary spells them: ``comm`` holds ``COLLECTIVES`` ("" = not communication), a unit span's
+# ``kind`` ``SPAN_KINDS``, ``phase`` ``PHASES``, ``framework`` ``FRAMEWORKS``.
 
 # --- lane kinds --------------------------------------------------------------------------------
 LANE_CPU_MAIN: Final = "cpu_main"  # the thread that runs the training loop (ProfilerStep#N lives here)
@@ -68,31 +47,6 @@ LANE_CPU_GLOO: Final = "cpu_gloo"  # gloo worker threads (pt_gloo_runloop): coll
 LANE_CPU_OTHER: Final = "cpu_other"
 LANE_GPU_STREAM: Final = "gpu_stream"
 LANE_KINDS: Final = (LANE_CPU_MAIN, LANE_CPU_AUTOGRAD, LANE_CPU_GLOO, LANE_CPU_OTHER, LANE_GPU_STREAM)
-
-# --- unit span kinds and phases (issue: per-unit analysis) -------------------------------------
-PHASE_FORWARD: Final = vocabulary.FORWARD
-PHASE_BACKWARD: Final = vocabulary.BACKWARD
-PHASE_OPTIMIZER: Final = vocabulary.OPTIMIZER
-PHASES: Final = (PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER)
-
-SPAN_ALL_GATHER: Final = vocabulary.ALL_GATHER
-SPAN_COPY_IN: Final = vocabulary.COPY_IN
-SPAN_COPY_OUT: Final = vocabulary.COPY_OUT
-SPAN_COMPUTE: Final = vocabulary.COMPUTE
-SPAN_REDUCE_SCATTER: Final = vocabulary.REDUCE_SCATTER
-SPAN_ALL_REDUCE: Final = vocabulary.ALL_REDUCE
-SPAN_RESHARD: Final = vocabulary.RESHARD
-SPAN_KINDS: Final = (
-    SPAN_ALL_GATHER,
-    SPAN_COPY_IN,
-    SPAN_COPY_OUT,
-    SPAN_COMPUTE,
-    SPAN_REDUCE_SCATTER,
-    SPAN_ALL_REDUCE,
-    SPAN_RESHARD,
-)
-
-FRAMEWORKS: Final = vocabulary.FRAMEWORKS
 
 NO_STEP: Final = -1  # ``step`` of an event outside every ProfilerStep#N
 NO_ID: Final = -1  # missing correlation / external id
@@ -112,7 +66,7 @@ EVENTS: Final[Schema] = {
     "correlation": "int64",  # CUDA correlation id (kernel <-> runtime launch), NO_ID if none
     "external_id": "int64",  # Kineto "External id" (kernel -> launching cpu_op), NO_ID if none
     "step": "int32",  # ProfilerStep number the event starts in, NO_STEP outside
-    # One of COMM_KINDS, "" when not communication. Set on events that run a collective (NCCL
+    # One of vocabulary.COLLECTIVES, "" when not communication. Set on events that run a collective (NCCL
     # kernels, gloo:* ops on gloo threads) and on CPU ops that issue one (c10d::*, nccl:*,
     # record_param_comms): select by kind / lane to tell them apart.
     "comm": "category",
@@ -180,7 +134,7 @@ SPANS: Final[Schema] = {
     "step": "int32",
     "unit": "string",  # "" for work of no unit (the optimizer step)
     "phase": "string",  # one of PHASES
-    "kind": "string",  # one of SPAN_KINDS
+    "kind": "string",  # one of vocabulary.SPAN_KINDS
     "lane": "string",
     "start_ns": "int64",  # when it ran on ``lane`` (a collective: its kernel / gloo op)
     "end_ns": "int64",

@@ -37,12 +37,12 @@ from typing import Final
 import numpy as np
 import pandas as pd
 
+from fsdpviz import vocabulary
 from fsdpviz.analysis import memory_categories as mcat
 from fsdpviz.naming import ROOT_UNIT
-from fsdpviz.trace import schema
 
-FORWARD: Final = schema.PHASE_FORWARD
-BACKWARD: Final = schema.PHASE_BACKWARD
+FORWARD: Final = vocabulary.FORWARD
+BACKWARD: Final = vocabulary.BACKWARD
 _PARAMS: Final = mcat.UNSHARDED_PARAMS
 _BUFFERS: Final = mcat.COMM_BUFFERS
 _GRADS: Final = mcat.UNSHARDED_GRADS

@@ -36,6 +36,7 @@ import numpy as np
 import pandas as pd
 from pandas.core.groupby import DataFrameGroupBy
 
+from fsdpviz import vocabulary
 from fsdpviz.analysis import memory_categories as mcat
 from fsdpviz.analysis.categorical import as_str
 from fsdpviz.analysis.intervals import (
@@ -62,8 +63,8 @@ from fsdpviz.trace import schema
 from fsdpviz.vocabulary import UNIT_COLLECTIVES
 from fsdpviz.whatif.memory import StepMemory, step_memory
 
-FORWARD: Final = schema.PHASE_FORWARD
-BACKWARD: Final = schema.PHASE_BACKWARD
+FORWARD: Final = vocabulary.FORWARD
+BACKWARD: Final = vocabulary.BACKWARD
 SYNC_CALLS: Final = ("Synchronize",)  # cudaDeviceSynchronize, cudaStreamSynchronize, cuEventSynchronize ...
 
 
@@ -289,7 +290,7 @@ def _busy_clock(events: pd.DataFrame, spans: pd.DataFrame, host_lanes: set[tuple
     starts = np.concatenate([comm["issue_ns"].to_numpy(np.int64), other["start_ns"].to_numpy(np.int64)])
     ends = np.concatenate([comm["end_ns"].to_numpy(np.int64),
                            (other["start_ns"] + other["dur_ns"]).to_numpy(np.int64)])
-    compute = spans[(spans["kind"] == schema.SPAN_COMPUTE).to_numpy()]
+    compute = spans[(spans["kind"] == vocabulary.COMPUTE).to_numpy()]
     s, e = subtract_intervals(union_intervals(starts, ends),
                               union_intervals(compute["start_ns"].to_numpy(np.int64),
                                               compute["end_ns"].to_numpy(np.int64)))
@@ -394,9 +395,9 @@ class _StepTables:
         copy_out_labels = labels[((labels["family"] == FAMILY_FSDP2)
                                   & (labels["action"] == COPY_OUT_ACTION)).to_numpy()]
         reduce_labels = labels[labels["action"].isin([FSDP2_REDUCE_ACTION, FSDPVIZ_REDUCE_ACTION]).to_numpy()]
-        compute = spans[(spans["kind"] == schema.SPAN_COMPUTE).to_numpy()]
-        reshards = spans[(spans["kind"] == schema.SPAN_RESHARD).to_numpy()]
-        reductions = spans[spans["kind"].isin([schema.SPAN_REDUCE_SCATTER, schema.SPAN_ALL_REDUCE]).to_numpy()]
+        compute = spans[(spans["kind"] == vocabulary.COMPUTE).to_numpy()]
+        reshards = spans[(spans["kind"] == vocabulary.RESHARD).to_numpy()]
+        reductions = spans[spans["kind"].isin([vocabulary.REDUCE_SCATTER, vocabulary.ALL_REDUCE]).to_numpy()]
         c_unit, c_phase, c_micro = _pass_columns(compute)
         c_cols = _columns(compute, ("issue_ns", "start_ns", "end_ns"))
         r_unit, r_kind, r_micro = _pass_columns(reductions, "kind")
@@ -471,10 +472,10 @@ class _PassReader:
         """The unit's reduction issued in its backward pass ``[a, b)`` (and ``p.reduce_after_ns``)."""
         t = self.tables
         red = (t.r_unit == p.unit) & (t.r_micro == p.micro) & (t.r_cols["issue_ns"] >= a) & (t.r_cols["issue_ns"] < b)
-        rs = red & (t.r_kind == schema.SPAN_REDUCE_SCATTER)
+        rs = red & (t.r_kind == vocabulary.REDUCE_SCATTER)
         if not rs.any():
             return None
-        ar = red & (t.r_kind == schema.SPAN_ALL_REDUCE)
+        ar = red & (t.r_kind == vocabulary.ALL_REDUCE)
         issue_t = float(t.r_cols["issue_ns"][rs].min())
         p.reduce_after_ns = min(p.post_ns, self.clock.between(issue_t, b))
         return Reduce(unit=p.unit, micro=p.micro, bytes=int(np.clip(t.r_cols["bytes"][rs], 0, None).sum()),
@@ -589,7 +590,7 @@ def _gathers(tables: _StepTables, frames: list[tuple[int, str, str, str, int, in
     """Every all-gather of the step with its costs and the pass that issued it."""
     spans, compute = tables.spans, tables.compute
     gather_labels, copy_out_labels = tables.gather_labels, tables.copy_out_labels
-    ag = spans[(spans["kind"] == schema.SPAN_ALL_GATHER).to_numpy()]
+    ag = spans[(spans["kind"] == vocabulary.ALL_GATHER).to_numpy()]
     if ag.empty:
         return []
     # A collective that carried several units (ZeRO-3's prefetch buckets: one row per unit) is
@@ -604,8 +605,8 @@ def _gathers(tables: _StepTables, frames: list[tuple[int, str, str, str, int, in
     for i, key in enumerate(keys):  # groups in order of first appearance, rows in issue order
         rows_of.setdefault(key, []).append(i)
     lab_unit, lab = as_str(gather_labels["unit"]), _columns(gather_labels, ("start_ns", "end_ns"))
-    copy_in = spans[(spans["kind"] == schema.SPAN_COPY_IN).to_numpy()]
-    copy_out = spans[(spans["kind"] == schema.SPAN_COPY_OUT).to_numpy()]
+    copy_in = spans[(spans["kind"] == vocabulary.COPY_IN).to_numpy()]
+    copy_out = spans[(spans["kind"] == vocabulary.COPY_OUT).to_numpy()]
     ci_pass, ci = _pass_columns(copy_in), _columns(copy_in, ("start_ns", "end_ns"))
     co_pass, co = _pass_columns(copy_out), _columns(copy_out, ("start_ns", "end_ns"))
     col_unit, col_micro = as_str(copy_out_labels["unit"]), copy_out_labels["micro"].to_numpy()

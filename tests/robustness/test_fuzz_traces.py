@@ -29,6 +29,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from tracefuzz import fsdp_timelines, fsdp_traces, hostile_events, odd_headers
 
+from fsdpviz import vocabulary
 from fsdpviz.analysis.overlap import compute_overlap
 from fsdpviz.analysis.pipeline import RunResult, analyse_traces
 from fsdpviz.analysis.run import RunAnalysis, analyse_run
@@ -100,7 +101,7 @@ def _check_overlap(traces: TraceSet) -> None:
     assert ((pct >= 0) & (pct <= 100)).all()
 
 
-COLLECTIVE_SPANS = (schema.SPAN_ALL_GATHER, schema.SPAN_REDUCE_SCATTER, schema.SPAN_ALL_REDUCE)
+COLLECTIVE_SPANS = (vocabulary.ALL_GATHER, vocabulary.REDUCE_SCATTER, vocabulary.ALL_REDUCE)
 
 
 def _lane_busy(spans: pd.DataFrame) -> pd.DataFrame:
@@ -117,9 +118,9 @@ def _check_analysis(a: RunAnalysis, *, level: str, gpu: bool) -> None:
     ranges, random names) or "tangled" (anything)."""
     us, sp = a.unit_steps, a.spans
     key = ["rank", "step", "unit", "phase"]
-    for kind, part, total in ((schema.SPAN_ALL_GATHER, "ag_exposed_ns", "ag_ns"),
-                              (schema.SPAN_REDUCE_SCATTER, "rs_exposed_ns", "rs_ns"),
-                              (schema.SPAN_ALL_REDUCE, "ar_exposed_ns", "ar_ns")):
+    for kind, part, total in ((vocabulary.ALL_GATHER, "ag_exposed_ns", "ag_ns"),
+                              (vocabulary.REDUCE_SCATTER, "rs_exposed_ns", "rs_ns"),
+                              (vocabulary.ALL_REDUCE, "ar_exposed_ns", "ar_ns")):
         assert (us[part] >= 0).all(), part
         # A collective that carried several units (a ZeRO-3 bucket) gives each unit a share of its
         # time but all of its exposed time to the unit that waited for it (docs/concepts.md): only
@@ -134,7 +135,7 @@ def _check_analysis(a: RunAnalysis, *, level: str, gpu: bool) -> None:
     assert (st_["exposed_comm_ns"] >= 0).all() and (st_["exposed_comm_ns"] <= st_["comm_ns"]).all()
     assert (st_["step_ns"] >= 0).all()
     assert (sp["end_ns"] >= sp["start_ns"]).all()
-    assert set(sp["kind"]) <= set(schema.SPAN_KINDS) and set(sp["phase"]) <= set(schema.PHASES)
+    assert set(sp["kind"]) <= set(vocabulary.SPAN_KINDS) and set(sp["phase"]) <= set(vocabulary.PHASES)
     for col in ("all_gather_ns", "forward_ns", "backward_ns", "reduce_scatter_ns", "exposed_comm_ns"):
         assert (a.unit_stats[col].dropna() >= 0).all(), col
     if level == "tangled" or sp.empty:
@@ -142,7 +143,7 @@ def _check_analysis(a: RunAnalysis, *, level: str, gpu: bool) -> None:
     units = sp[sp["unit"] != ""]
     # A lane runs one thing at a time: a unit's compute pieces never overlap another's, and each
     # collective is counted once however many units it carried.
-    for kinds in ((schema.SPAN_COMPUTE,), COLLECTIVE_SPANS):
+    for kinds in ((vocabulary.COMPUTE,), COLLECTIVE_SPANS):
         lanes = _lane_busy(units[units["kind"].isin(kinds)])
         over = lanes["busy"] > lanes["hi"] - lanes["lo"] + lanes["n"]
         assert not over.any(), (kinds, lanes[over])
@@ -260,4 +261,4 @@ def test_real_recordings_obey_the_same_invariants(sample: str, repo_root: Path) 
     assert len(joined) == len(a.spans) > 0
     assert ((joined["start_ns"] >= joined["start_ns_step"]) & (joined["start_ns"] <= joined["end_ns_step"])).all()
     late = joined[joined["end_ns"] > joined["end_ns_step"]]
-    assert set(late["phase"]) <= {schema.PHASE_OPTIMIZER}
+    assert set(late["phase"]) <= {vocabulary.OPTIMIZER}

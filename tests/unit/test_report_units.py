@@ -11,13 +11,14 @@ import pandas as pd
 import pytest
 from synth import Scenario, generate_run, make_root, make_units
 
+from fsdpviz import vocabulary
 from fsdpviz.analysis.intervals import total_ns, union_intervals
 from fsdpviz.analysis.pipeline import analyse_traces
 from fsdpviz.formatting import NS_PER_MS
 from fsdpviz.report import style
 from fsdpviz.report.data import prepare_report
 from fsdpviz.report.units.table import unit_tables
-from fsdpviz.trace import load_traces, schema
+from fsdpviz.trace import load_traces
 
 OFFSET_NS = 5_000_000
 
@@ -73,7 +74,7 @@ def test_one_segment_per_span_on_its_own_lane(run) -> None:
         # a lane row exists exactly for each (rank, lane) that carries spans
         assert set(zip(rows["rank"], rows["lane"])) == set(zip(spans["rank"], spans["lane"].astype(str)))
         # the gather lane is named after what runs there
-        gather = spans[spans["kind"] == schema.SPAN_ALL_GATHER]["lane"].iloc[0]
+        gather = spans[spans["kind"] == vocabulary.ALL_GATHER]["lane"].iloc[0]
         assert f"rank 0 · {gather} · all_gather" in set(rows["label"])
         # times: ms from the step origin on the reference clock, same durations as the spans
         merged = view.segments.merge(spans, on=["rank", "unit", "phase", "kind", "lane", "start_ns"],
@@ -88,10 +89,10 @@ def test_backward_spans_hatched_and_hover_texts(run) -> None:
     seg = _unit_views(data)[0].segments
     assert set(seg.loc[seg["phase"] == "backward", "hatch"]) == {style.PHASE_HATCH["backward"]}
     assert set(seg.loc[seg["phase"] == "forward", "hatch"]) == {" "}
-    gathers = seg[seg["kind"] == schema.SPAN_ALL_GATHER]
+    gathers = seg[seg["kind"] == vocabulary.ALL_GATHER]
     assert (gathers["bytes_text"].str.endswith("MiB")).all()
     assert (gathers["lead_text"] != "").any()
-    assert (seg.loc[seg["kind"] == schema.SPAN_COMPUTE, "lead_text"] == "").all()
+    assert (seg.loc[seg["kind"] == vocabulary.COMPUTE, "lead_text"] == "").all()
     assert set(seg.loc[seg["unit"] == "", "unit_name"]) <= {"(no unit)"}
 
 

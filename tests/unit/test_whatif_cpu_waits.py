@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pandas as pd
 
-from fsdpviz.trace import schema
+from fsdpviz import vocabulary
 from fsdpviz.whatif.recording import _with_wait_start
 
-AG, COMPUTE = schema.SPAN_ALL_GATHER, "compute"
+AG, COMPUTE = vocabulary.ALL_GATHER, "compute"
 
 
 def _spans(rows: list[tuple[str, str, int, int, int]]) -> pd.DataFrame:

@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 import numpy as np
 
+from fsdpviz import vocabulary
 from fsdpviz.analysis.compare.model import unit_index
 from fsdpviz.analysis.compare.units import all_known, group_values
 from fsdpviz.analysis.records import Finding
 from fsdpviz.formatting import NS_PER_MS, bytes_text, ms_text
-from fsdpviz.trace import schema
 
 if TYPE_CHECKING:
     from fsdpviz.analysis.compare.model import Comparison
@@ -185,7 +185,7 @@ def collective_counts(run: LabelledRun) -> dict[str, float]:
     if spans is None or spans.empty:
         return {}
     out = {}
-    for kind in (schema.SPAN_ALL_GATHER, schema.SPAN_REDUCE_SCATTER):
+    for kind in (vocabulary.ALL_GATHER, vocabulary.REDUCE_SCATTER):
         rows = spans[spans["kind"] == kind].drop_duplicates(["rank", "step", "lane", "start_ns"])
         if len(rows):
             out[kind] = float(rows.groupby(["rank", "step"]).size().median())
@@ -217,8 +217,8 @@ def exposed_finding(c: Comparison) -> list[Finding]:
     values: dict[str, dict[str, Any]] = {"exposed_comm_ms": {c.labels[i]: v for i, v in known}}
     for key in ("all_gather_ms", "forward_all_gather_ms", "backward_all_gather_ms", "reduce_scatter_ms"):
         values[f"exposed_{key}"] = {lb: p[key] for lb, p in parts.items() if key in p}
-    values["all_gathers_per_step"] = {lb: n[schema.SPAN_ALL_GATHER] for lb, n in counts.items()
-                                      if schema.SPAN_ALL_GATHER in n}
+    values["all_gathers_per_step"] = {lb: n[vocabulary.ALL_GATHER] for lb, n in counts.items()
+                                      if vocabulary.ALL_GATHER in n}
     evidence = f"exposed communication per step: {_listing(c, 'overlap.exposed_comm_ms', ms_text)}"
     per_kind = [f"{lb}: all-gather {ms_text(p['all_gather_ms'])} (forward {ms_text(p['forward_all_gather_ms'])}, "
                 f"backward {ms_text(p['backward_all_gather_ms'])}), reduce-scatter {ms_text(p.get('reduce_scatter_ms', 0))}"
@@ -235,7 +235,7 @@ def exposed_finding(c: Comparison) -> list[Finding]:
         message += (f"; exposed all-gathers {ms_text(pb['all_gather_ms'])} vs {ms_text(pw['all_gather_ms'])}, "
                     f"exposed reduce-scatters {ms_text(pb.get('reduce_scatter_ms', 0))} vs "
                     f"{ms_text(pw.get('reduce_scatter_ms', 0))}")
-    nb, nw = counts[b].get(schema.SPAN_ALL_GATHER), counts[w].get(schema.SPAN_ALL_GATHER)
+    nb, nw = counts[b].get(vocabulary.ALL_GATHER), counts[w].get(vocabulary.ALL_GATHER)
     if nb is not None and nw is not None and nb != nw:
         message += f"; {b} runs {_count(nb, 'all-gather')} per step where {w} runs {_count(nw, 'all-gather')}"
     return [_finding("exposed_comm", message + "." + few_steps(c.runs[best_i], c.runs[worst_i]), evidence, b, values)]

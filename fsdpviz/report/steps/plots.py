@@ -9,8 +9,8 @@ from typing import Any
 import holoviews as hv
 import pandas as pd
 
+from fsdpviz import vocabulary
 from fsdpviz.report.charts import UNIT_DIM, categorical_opts, metric_major, tidy_toolbar
-from fsdpviz.trace import schema
 
 STEP_MS_DIM = hv.Dimension("step_ms", label="step time", unit="ms")
 
@@ -57,10 +57,10 @@ def rank_bars(data: pd.DataFrame, *, part: str, colors: Mapping[str, str], title
         legend_position="top_right", **categorical_opts(len(ranks), title))
 
 
-SKEW_COLORS = {schema.COMM_ALL_GATHER: "#f58518", schema.COMM_REDUCE_SCATTER: "#e45756",
-               schema.COMM_ALL_REDUCE: "#72b7b2", schema.COMM_BROADCAST: "#4c78a8",
-               schema.COMM_SEND_RECV: "#9467bd", schema.COMM_ALL_TO_ALL: "#8c564b", schema.COMM_REDUCE: "#bcbd22",
-               schema.COMM_BARRIER: "#7f7f7f", schema.COMM_OTHER: "#c7c7c7"}
+SKEW_COLORS = {vocabulary.ALL_GATHER: "#f58518", vocabulary.REDUCE_SCATTER: "#e45756",
+               vocabulary.ALL_REDUCE: "#72b7b2", vocabulary.BROADCAST: "#4c78a8",
+               vocabulary.SEND_RECV: "#9467bd", vocabulary.ALL_TO_ALL: "#8c564b", vocabulary.REDUCE: "#bcbd22",
+               vocabulary.BARRIER: "#7f7f7f", vocabulary.OTHER_COMM: "#c7c7c7"}
 
 
 def skew_scatter(points: pd.DataFrame, *, title: str) -> hv.Points:

@@ -18,12 +18,12 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from fsdpviz import vocabulary
 from fsdpviz.formatting import NS_PER_MS, format_bytes, format_ms
 from fsdpviz.report.style import PHASE_HATCH
 from fsdpviz.report.timeline import events
 from fsdpviz.report.timeline.steps import StepChoice, cap_segments, to_ms
 from fsdpviz.report.timeline.view import StepView, exposed_on_segments
-from fsdpviz.trace import schema
 from fsdpviz.vocabulary import UNIT_COLLECTIVES
 
 NO_UNIT = ""  # spans outside every unit (the optimizer step)
@@ -86,7 +86,7 @@ def unit_segments(spans: pd.DataFrame, rows: pd.DataFrame, choice: StepChoice, c
     mine = mine.merge(rows[["rank", "lane", "row"]], on=["rank", "lane"], how="inner")
     if leads is not None:
         mine = mine.merge(leads, on=["rank", "step", "unit", "phase"], how="left")
-        is_gather = mine["kind"] == schema.SPAN_ALL_GATHER
+        is_gather = mine["kind"] == vocabulary.ALL_GATHER
         mine.loc[~is_gather, "lead_ns"] = np.nan
     else:
         mine["lead_ns"] = np.nan
