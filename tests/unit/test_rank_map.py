@@ -175,3 +175,32 @@ def test_exported_tables_same_both_ways(monkeypatch: pytest.MonkeyPatch) -> None
     assert len(b["memory"]) > len(mapped.traces.memory)  # more than the thinned samples kept
     for name in a:
         pd.testing.assert_frame_equal(b[name].reset_index(drop=True), a[name].reset_index(drop=True), obj=name)
+
+
+def test_aligned_tables_are_on_the_reference_clock_both_ways(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``RunResult.aligned`` / ``aligned_detail`` move every rank by the offset its clock runs ahead
+    (known by construction), so that they line up with the analysis' spans, loaded whole or rank by rank."""
+    offsets = {1: 7_000_000, 2: -3_000_000}
+    synth = generate_run(Scenario(units=make_units(3), root=make_root(), world_size=3, clock_offset_ns=offsets),
+                         tmp_path / "run")
+    whole, mapped = _both(synth.folder, monkeypatch)
+    assert whole.clock_offsets == mapped.clock_offsets == {0: 0, **offsets}
+    own = whole.traces
+    for rank, offset in {0: 0, **offsets}.items():
+        steps = own.steps[own.steps["rank"] == rank]
+        moved = whole.aligned.steps[whole.aligned.steps["rank"] == rank]
+        assert (moved["start_ns"].to_numpy() == steps["start_ns"].to_numpy() - offset).all()
+        events = own.events[own.events["rank"] == rank]["start_ns"].to_numpy()
+        assert (whole.aligned.events[whole.aligned.events["rank"] == rank]["start_ns"].to_numpy()
+                == events - offset).all()
+    assert whole.aligned_detail() is whole.aligned  # loaded whole: nothing to read again
+    again = mapped.aligned_detail([2])
+    assert again.rank_ids == [2]
+    mine = whole.aligned.events[whole.aligned.events["rank"] == 2].reset_index(drop=True)
+    assert (again.events["start_ns"].to_numpy() == mine["start_ns"].to_numpy()).all()
+    # the aligned step holds the spans the analysis put on the reference clock; the step on the rank's
+    # own clock (7 ms later for rank 1, a step being about that long) would not
+    spans, step = whole.analysis.spans, whole.analysis.steps[0]
+    first = spans[(spans["rank"] == 1) & (spans["step"] == step)]["start_ns"].min()
+    at = whole.aligned.steps[(whole.aligned.steps["rank"] == 1) & (whole.aligned.steps["step"] == step)]
+    assert int(at["start_ns"].iloc[0]) <= first < int(at["start_ns"].iloc[0]) + offsets[1]
