@@ -118,11 +118,13 @@ def shift_times(frame: pd.DataFrame, offsets: dict[int, int], cols: Sequence[str
     if frame.empty or not any(offsets.values()):
         return frame
     delta = frame["rank"].map(offsets).fillna(0).astype(np.int64).to_numpy()
-    out = frame.copy()
+    moved = {}
     for col in cols:
-        values = out[col].to_numpy()
-        out[col] = np.where(values >= 0, values - delta, values) if col in markers else values - delta
-    return out
+        values = frame[col].to_numpy()
+        moved[col] = np.where(values >= 0, values - delta, values) if col in markers else values - delta
+    # only the moved columns are new, copy-on-write shares the rest: aligning a run's events costs
+    # their time column, not a copy of every event
+    return frame.assign(**moved)
 
 
 def aligned_traces(traces: TraceSet, offsets: dict[int, int]) -> TraceSet:

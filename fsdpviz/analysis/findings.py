@@ -33,19 +33,18 @@ from fsdpviz import vocabulary
 from fsdpviz.analysis.profiler_cost import NOTABLE_SLOWDOWN, ProfilerCost
 from fsdpviz.formatting import NS_PER_MS, ms_text
 from fsdpviz.trace import schema
-from fsdpviz.vocabulary import FSDP1, FSDP2, ZERO3
 
 NOISE_FRACTION: Final = 0.005
 NOISE_FLOOR_NS: Final = 20_000
 MAX_FINDINGS: Final = 20
 
 _PREFETCH_KNOB: Final = {
-    (FSDP2, vocabulary.FORWARD): "explicit forward prefetch: module.set_modules_to_forward_prefetch([next units])",
-    (FSDP2, vocabulary.BACKWARD): "explicit backward prefetch: module.set_modules_to_backward_prefetch([previous units])",
-    (FSDP1, vocabulary.FORWARD): "FullyShardedDataParallel(..., forward_prefetch=True)",
-    (FSDP1, vocabulary.BACKWARD): "FullyShardedDataParallel(..., backward_prefetch=BackwardPrefetch.BACKWARD_PRE)",
-    (ZERO3, vocabulary.FORWARD): "a larger stage3_prefetch_bucket_size in the DeepSpeed config",
-    (ZERO3, vocabulary.BACKWARD): "a larger stage3_prefetch_bucket_size in the DeepSpeed config",
+    (vocabulary.FSDP2, vocabulary.FORWARD): "explicit forward prefetch: module.set_modules_to_forward_prefetch([next units])",
+    (vocabulary.FSDP2, vocabulary.BACKWARD): "explicit backward prefetch: module.set_modules_to_backward_prefetch([previous units])",
+    (vocabulary.FSDP1, vocabulary.FORWARD): "FullyShardedDataParallel(..., forward_prefetch=True)",
+    (vocabulary.FSDP1, vocabulary.BACKWARD): "FullyShardedDataParallel(..., backward_prefetch=BackwardPrefetch.BACKWARD_PRE)",
+    (vocabulary.ZERO3, vocabulary.FORWARD): "a larger stage3_prefetch_bucket_size in the DeepSpeed config",
+    (vocabulary.ZERO3, vocabulary.BACKWARD): "a larger stage3_prefetch_bucket_size in the DeepSpeed config",
 }
 
 
@@ -164,7 +163,7 @@ def gather_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, framework: st
                 cause = "the first unit to compute in the forward pass: nothing computes before it"
         elif pos == 0 or prev is None:
             cause = "first unit of the backward pass: resharded after forward, so gathered again"
-            if framework in (FSDP2, FSDP1):
+            if framework in (vocabulary.FSDP2, vocabulary.FSDP1):
                 knob = (f"reshard_after_forward=False for {unit} (keeps its parameters gathered into "
                         "backward; costs its unsharded size in memory)")
         elif m["depth"] < 0.5:

@@ -102,10 +102,10 @@ def findings_text(findings: Sequence[Finding], predicted: dict[str, str] | None 
     """One sentence per finding (the summary's, :class:`fsdpviz.analysis.records.Finding`; most time
     lost first): message, the evidence, what to try, and what trying it would gain where
     ``predicted`` (knob -> words) has it."""
-    lost = [f.lost_ms_per_step if f.lost_ms_per_step is not None else -math.inf for f in findings]
     out = []
-    for i in sorted(range(len(findings)), key=lambda i: -lost[i]):  # stable: ties keep the analysis' order
-        f = findings[i]
+    # most time lost first; sorted() is stable, so ties keep the analysis' order
+    for f in sorted(findings, key=lambda f: f.lost_ms_per_step if f.lost_ms_per_step is not None else -math.inf,
+                    reverse=True):
         text = f.message.rstrip(".") + "."
         if f.evidence:
             text += f" Evidence: {f.evidence}."

@@ -41,8 +41,6 @@ from fsdpviz import vocabulary
 from fsdpviz.analysis import memory_categories as mcat
 from fsdpviz.naming import ROOT_UNIT
 
-FORWARD: Final = vocabulary.FORWARD
-BACKWARD: Final = vocabulary.BACKWARD
 _PARAMS: Final = mcat.UNSHARDED_PARAMS
 _BUFFERS: Final = mcat.COMM_BUFFERS
 _GRADS: Final = mcat.UNSHARDED_GRADS
@@ -139,10 +137,10 @@ def step_memory(rank: int, step: int, t0: int, t1: int, t: np.ndarray, cats: mca
         old = spans.get((u, ph))
         spans[(u, ph)] = (int(s), int(e)) if old is None else (min(old[0], int(s)), max(old[1], int(e)))
         computed[(u, ph)] = max(computed.get((u, ph), int(r)), int(r))
-    backward_from = min((s for (_, ph), (s, _) in spans.items() if ph == BACKWARD), default=t1)
+    backward_from = min((s for (_, ph), (s, _) in spans.items() if ph == vocabulary.BACKWARD), default=t1)
     rows = cats.blocks
     live = rows[((rows["alloc_ns"] < t1) & (rows["free_ns"] > t0)).to_numpy()] if len(rows) else rows
-    blocks = [Block(unit=str(u), category=str(c), phase=FORWARD if int(al) < backward_from else BACKWARD,
+    blocks = [Block(unit=str(u), category=str(c), phase=vocabulary.FORWARD if int(al) < backward_from else vocabulary.BACKWARD,
                     alloc=int(al), free=int(fr), bytes=int(n))
               for u, c, al, fr, n in zip(live["unit"], live["category"], live["alloc_ns"], live["free_ns"],
                                          live["bytes"])] if len(live) else []
@@ -203,13 +201,13 @@ def _resharded(sm: StepMemory, s: MemorySetting, unit: str, mine: list[Block]) -
     before, after = s.recorded_reshard.get(unit, True), s.reshard.get(unit, True)
     if unit == ROOT_UNIT or before == after:
         return mine
-    fwd = [b for b in mine if b.phase == FORWARD]
-    bwd_window = sm.windows.get((unit, BACKWARD))
-    fwd_window = sm.windows.get((unit, FORWARD))
+    fwd = [b for b in mine if b.phase == vocabulary.FORWARD]
+    bwd_window = sm.windows.get((unit, vocabulary.BACKWARD))
+    fwd_window = sm.windows.get((unit, vocabulary.FORWARD))
     if not after:  # kept from forward until its backward ends; no gather in backward
-        end = max([b.free for b in mine if b.phase == BACKWARD and b.category == _PARAMS]
+        end = max([b.free for b in mine if b.phase == vocabulary.BACKWARD and b.category == _PARAMS]
                   + ([bwd_window[1]] if bwd_window else []), default=None)
-        computed = sm.computed.get((unit, FORWARD))
+        computed = sm.computed.get((unit, vocabulary.FORWARD))
         if end is None or computed is None:
             return mine
         # the parameters its forward computed with (the reshard frees them), not the copy-out's temporaries
@@ -219,22 +217,22 @@ def _resharded(sm: StepMemory, s: MemorySetting, unit: str, mine: list[Block]) -
     # it in backward starts (one ahead): the all-gather output lives from the issue to the unit's
     # copy-out as it starts, the copy-in buffer as long as in forward, the parameters from the
     # copy-out to the end of its backward.
-    fwd_window = sm.windows.get((unit, FORWARD))
+    fwd_window = sm.windows.get((unit, vocabulary.FORWARD))
     if fwd_window is None or bwd_window is None:
         return mine
-    issue = _issue_time(sm, s, unit, BACKWARD, 1)
+    issue = _issue_time(sm, s, unit, vocabulary.BACKWARD, 1)
     copy_out = max(bwd_window[0], issue)
     output = max((b.bytes for b in fwd if b.category == _BUFFERS), default=0)
     out = []
     for b in fwd:
-        out.append(Block(b.unit, b.category, FORWARD, b.alloc,
+        out.append(Block(b.unit, b.category, vocabulary.FORWARD, b.alloc,
                          min(b.free, fwd_window[1]) if b.category == _PARAMS else b.free, b.bytes))
         if b.category == _PARAMS:
-            out.append(Block(b.unit, b.category, BACKWARD, copy_out, max(bwd_window[1], copy_out), b.bytes))
+            out.append(Block(b.unit, b.category, vocabulary.BACKWARD, copy_out, max(bwd_window[1], copy_out), b.bytes))
         elif b.bytes == output:
-            out.append(Block(b.unit, b.category, BACKWARD, issue, copy_out, b.bytes))
+            out.append(Block(b.unit, b.category, vocabulary.BACKWARD, issue, copy_out, b.bytes))
         else:
-            out.append(Block(b.unit, b.category, BACKWARD, issue, min(copy_out, issue + b.free - b.alloc), b.bytes))
+            out.append(Block(b.unit, b.category, vocabulary.BACKWARD, issue, min(copy_out, issue + b.free - b.alloc), b.bytes))
     return out
 
 
@@ -242,7 +240,7 @@ def _issue_time(sm: StepMemory, s: MemorySetting, unit: str, phase: str, ahead: 
     """When a unit's gather is issued ``ahead`` units early in ``phase``: at the start of the
     window of the unit that many before it in that phase's order (its own window's start when none)."""
     # FSDP2 prefetches between the root's children: the root neither issues nor is a target
-    order = [u for u in (s.order if phase == FORWARD else list(reversed(s.order)))
+    order = [u for u in (s.order if phase == vocabulary.FORWARD else list(reversed(s.order)))
              if (u, phase) in sm.windows and u != ROOT_UNIT]
     own = sm.windows.get((unit, phase), (int(sm.t[0]), int(sm.t[-1])))[0]
     if unit not in order:
@@ -252,11 +250,12 @@ def _issue_time(sm: StepMemory, s: MemorySetting, unit: str, phase: str, ahead: 
     return min(own, sm.windows[(order[j], phase)][0]) if ahead > 0 else own
 
 
-def _copy_outs(blocks: list[Block]) -> dict[tuple[str, str], int]:
-    """Per (unit, phase), when its parameters were made: its copy-out (the first parameter block)."""
+def _first_made(blocks: list[Block], category: str) -> dict[tuple[str, str], int]:
+    """Per (unit, phase), when its first block of ``category`` was made: for the parameters its
+    copy-out, for the all-gather buffers the issue of its gather."""
     out: dict[tuple[str, str], int] = {}
     for b in blocks:
-        if b.category == _PARAMS:
+        if b.category == category:
             key = (b.unit, b.phase)
             out[key] = min(out.get(key, b.alloc), b.alloc)
     return out
@@ -279,7 +278,7 @@ def _merged(sm: StepMemory, s: MemorySetting, blocks: list[Block]) -> list[Block
     copy-out: the first member's), every member's parameters made at that copy-out and freed when the
     last member's are, its members' unsharded gradients waiting for its one reduction, and the
     sharded gradients that reduction leaves made when the last member's were."""
-    copy_outs = _copy_outs(blocks)
+    copy_outs, issued = _first_made(blocks, _PARAMS), _first_made(blocks, _BUFFERS)
     groups: dict[tuple[str, str], list[Block]] = {}
     for b in blocks:
         groups.setdefault((s.group.get(b.unit, b.unit), b.phase), []).append(b)
@@ -295,13 +294,10 @@ def _merged(sm: StepMemory, s: MemorySetting, blocks: list[Block]) -> list[Block
         copy_out = min((b.alloc for b in params), default=min(b.alloc for b in members))
         params_end = max((b.free for b in params), default=copy_out)
         issue = min((b.alloc for b in buffers), default=copy_out)
-        issued: dict[str, int] = {}
-        for b in buffers:
-            issued[b.unit] = min(issued.get(b.unit, b.alloc), b.alloc)
         reduced = max((b.free for b in grads), default=copy_out)  # the merged unit's reduction
         out += [Block(new, _PARAMS, b.phase, copy_out, max(copy_out, params_end), b.bytes) for b in params]
         for b in buffers:
-            moved = _moved_buffer(b, issued[b.unit], issue, copy_outs.get((b.unit, b.phase)), copy_out)
+            moved = _moved_buffer(b, issued[(b.unit, b.phase)], issue, copy_outs.get((b.unit, b.phase)), copy_out)
             out.append(Block(new, _BUFFERS, b.phase, moved.alloc, moved.free, b.bytes))
         out += [Block(new, _GRADS, b.phase, b.alloc, max(b.alloc, reduced), b.bytes) for b in grads]
         # its one reduction comes after the last member's: their sharded gradients are made then
@@ -318,11 +314,7 @@ def _prefetched(sm: StepMemory, s: MemorySetting, blocks: list[Block]) -> list[B
     in its own window."""
     if s.prefetch in ("recorded", "implicit"):
         return blocks
-    copy_outs = _copy_outs(blocks)
-    issued: dict[tuple[str, str], int] = {}
-    for b in blocks:
-        if b.category == _BUFFERS:
-            issued[(b.unit, b.phase)] = min(issued.get((b.unit, b.phase), b.alloc), b.alloc)
+    copy_outs, issued = _first_made(blocks, _PARAMS), _first_made(blocks, _BUFFERS)
     out = []
     for b in blocks:
         if b.category != _BUFFERS:  # parameters at the copy-out, gradients by backward: unmoved

@@ -24,11 +24,9 @@ from typing import Final
 
 from fsdpviz.errors import UsageError
 from fsdpviz.naming import ROOT_UNIT, group_name, unit_modules
-from fsdpviz.vocabulary import ALL_GATHER, REDUCE_SCATTER
+from fsdpviz.vocabulary import ALL_GATHER, BACKWARD, FORWARD, REDUCE_SCATTER
 from fsdpviz.whatif.comm import CommModel, Target
 from fsdpviz.whatif.recording import (
-    BACKWARD,
-    FORWARD,
     Gather,
     Pass,
     Recording,

@@ -60,11 +60,8 @@ from fsdpviz.analysis.run import labels_of
 from fsdpviz.analysis.spans import gpu_work
 from fsdpviz.naming import ROOT_UNIT
 from fsdpviz.trace import schema
-from fsdpviz.vocabulary import UNIT_COLLECTIVES
 from fsdpviz.whatif.memory import StepMemory, step_memory
 
-FORWARD: Final = vocabulary.FORWARD
-BACKWARD: Final = vocabulary.BACKWARD
 SYNC_CALLS: Final = ("Synchronize",)  # cudaDeviceSynchronize, cudaStreamSynchronize, cuEventSynchronize ...
 
 
@@ -285,7 +282,7 @@ def _busy_clock(events: pd.DataFrame, spans: pd.DataFrame, host_lanes: set[tuple
             "|".join(SYNC_CALLS), regex=True).to_numpy()
         starts = events["start_ns"].to_numpy(np.int64)[sync]
         return BusyClock(starts, starts + events["dur_ns"].to_numpy(np.int64)[sync])
-    comm = spans[spans["kind"].isin(list(UNIT_COLLECTIVES)).to_numpy()]
+    comm = spans[spans["kind"].isin(list(vocabulary.UNIT_COLLECTIVES)).to_numpy()]
     other = events[((events["comm"] != "") & (events["kind"] == schema.KIND_ANNOTATION)).to_numpy()]
     starts = np.concatenate([comm["issue_ns"].to_numpy(np.int64), other["start_ns"].to_numpy(np.int64)])
     ends = np.concatenate([comm["end_ns"].to_numpy(np.int64),
@@ -466,7 +463,7 @@ class _PassReader:
                  pre_ns=max(0.0, pre), compute_ns=compute, post_ns=post, reshard_ns=min(post, reshard_ns),
                  post_framework_ns=min(post, max(0.0, clock.between(compute_end, b) - self.labelled(compute_end, b)
                                                  - reduce_busy)))
-        return p, (self._reduce(p, a, b) if phase == BACKWARD else None)
+        return p, (self._reduce(p, a, b) if phase == vocabulary.BACKWARD else None)
 
     def _reduce(self, p: Pass, a: int, b: int) -> Reduce | None:
         """The unit's reduction issued in its backward pass ``[a, b)`` (and ``p.reduce_after_ns``)."""
@@ -507,9 +504,9 @@ def _read_step(rank: int, step: int, t0: int, t1: int, parts: dict[str, pd.DataF
     batches: list[MicroBatch] = []
     cursor = float(t0)
     for micro in sorted(set(tables.windows["micro"].tolist())) or [0]:
-        passes: dict[str, list[Pass]] = {FORWARD: [], BACKWARD: []}
+        passes: dict[str, list[Pass]] = {vocabulary.FORWARD: [], vocabulary.BACKWARD: []}
         bounds: dict[str, tuple[float, float]] = {}
-        for phase in (FORWARD, BACKWARD):
+        for phase in (vocabulary.FORWARD, vocabulary.BACKWARD):
             wins = _windows(tables.windows, step, micro, phase)
             if not wins:
                 continue
@@ -520,12 +517,12 @@ def _read_step(rank: int, step: int, t0: int, t1: int, parts: dict[str, pd.DataF
                 passes[phase].append(p)
                 if reduce is not None:
                     reduces.append(reduce)
-        pre_end = bounds[FORWARD][0] if FORWARD in bounds else cursor
-        mid_from = bounds[FORWARD][1] if FORWARD in bounds else pre_end
-        mid_to = bounds[BACKWARD][0] if BACKWARD in bounds else mid_from
-        batches.append(MicroBatch(pre=_segment(cursor, pre_end, clock, work, gpu), forward=passes[FORWARD],
-                                  mid=_segment(mid_from, mid_to, clock, work, gpu), backward=passes[BACKWARD]))
-        cursor = bounds[BACKWARD][1] if BACKWARD in bounds else mid_to
+        pre_end = bounds[vocabulary.FORWARD][0] if vocabulary.FORWARD in bounds else cursor
+        mid_from = bounds[vocabulary.FORWARD][1] if vocabulary.FORWARD in bounds else pre_end
+        mid_to = bounds[vocabulary.BACKWARD][0] if vocabulary.BACKWARD in bounds else mid_from
+        batches.append(MicroBatch(pre=_segment(cursor, pre_end, clock, work, gpu), forward=passes[vocabulary.FORWARD],
+                                  mid=_segment(mid_from, mid_to, clock, work, gpu), backward=passes[vocabulary.BACKWARD]))
+        cursor = bounds[vocabulary.BACKWARD][1] if vocabulary.BACKWARD in bounds else mid_to
     gathers = _gathers(tables, frames, clock, gpu)
     return StepProgram(rank=rank, step=step, step_ns=t1 - t0, micro=batches, post=_segment(cursor, t1, clock, work, gpu),
                        gathers=gathers, reduces=reduces)
@@ -552,7 +549,7 @@ def _with_wait_start(spans: pd.DataFrame) -> pd.DataFrame:
     connections to the peers, so a collective queues behind the one before it on any of them: the
     wait is read over all of a rank's collectives, not thread by thread (how much closer that brings
     ZeRO-3's replay: benchmarks/bench_whatif_replay.py, docs/whatif.md)."""
-    comm = spans["kind"].isin(list(UNIT_COLLECTIVES)).to_numpy()
+    comm = spans["kind"].isin(list(vocabulary.UNIT_COLLECTIVES)).to_numpy()
     wait_from = spans["issue_ns"].to_numpy(np.int64).copy()
     if comm.any():
         rows = spans[comm].sort_values("start_ns", kind="stable")
@@ -703,12 +700,12 @@ def _gather_label_phases(labels: pd.DataFrame, windows: pd.DataFrame, out: dict[
                   & labels["family"].isin([FAMILY_FSDP2, FAMILY_FSDPVIZ]).to_numpy()]
     if rows.empty or windows.empty:
         return
-    backward = windows[(windows["phase"] == BACKWARD).to_numpy()].groupby("step")["start_ns"].min()
+    backward = windows[(windows["phase"] == vocabulary.BACKWARD).to_numpy()].groupby("step")["start_ns"].min()
     first_backward = rows["step"].map(backward).to_numpy(dtype=np.float64)
     late = np.nan_to_num(first_backward, nan=np.inf) <= rows["start_ns"].to_numpy(np.float64)
     for unit, is_backward in zip(as_str(rows["unit"]), late.tolist()):
         for u in unit.split(","):
-            out.setdefault(u, set()).add(BACKWARD if is_backward else FORWARD)
+            out.setdefault(u, set()).add(vocabulary.BACKWARD if is_backward else vocabulary.FORWARD)
 
 
 def _observed_reshard(declared: dict[str, bool], programs: list[StepProgram],
@@ -723,8 +720,8 @@ def _observed_reshard(declared: dict[str, bool], programs: list[StepProgram],
             phases.setdefault(g.unit, set()).add(g.phase)
     out = dict(declared)
     for unit, seen in phases.items():
-        if unit in out and FORWARD in seen:
-            out[unit] = BACKWARD in seen
+        if unit in out and vocabulary.FORWARD in seen:
+            out[unit] = vocabulary.BACKWARD in seen
     return out
 
 

@@ -24,7 +24,6 @@ from fsdpviz.report.style import PHASE_HATCH
 from fsdpviz.report.timeline import events
 from fsdpviz.report.timeline.steps import StepChoice, cap_segments, to_ms
 from fsdpviz.report.timeline.view import StepView, exposed_on_segments
-from fsdpviz.vocabulary import UNIT_COLLECTIVES
 
 NO_UNIT = ""  # spans outside every unit (the optimizer step)
 NO_UNIT_LABEL = "(no unit)"
@@ -119,7 +118,7 @@ def units_view(spans: pd.DataFrame, lanes: pd.DataFrame, choice: StepChoice, *, 
     step_spans = step_spans[step_spans["rank"].isin(ranks)]
     rows = unit_rows(lanes, step_spans, ranks)
     segments, merged = unit_segments(step_spans, rows, choice, colors, lead_lookup(unit_steps), max_segments)
-    comm = segments[segments["kind"].isin(UNIT_COLLECTIVES)]
+    comm = segments[segments["kind"].isin(vocabulary.UNIT_COLLECTIVES)]
     comm = comm.assign(start_ns=comm["start_ns"].astype(np.int64), end_ns=comm["end_ns"].astype(np.int64))
     exposed_pieces = exposed_on_segments(comm, exposed, choice, ["unit", "kind", "phase"])
     notes = []
