@@ -8,14 +8,14 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 TORCH_VERSION ?= 2.13.0
 DEMO_DIR ?= demo-run
-# Older torch releases the suite also records on (tests/integration/test_older_torch.py), each in a
-# virtual environment of its own: the oldest fsdpviz supports on CPU (FSDP2 trains with gloo from
+# Older torch releases `make test-torch` records on (tests/integration/test_older_torch.py), each in
+# a virtual environment of its own: the oldest fsdpviz supports on CPU (FSDP2 trains with gloo from
 # 2.7) and one between. They are the registry's CUDA builds (a few GB each, kept in pip's cache),
-# which train on the CPU as well.
+# which train on the CPU as well; `make test` does not need them.
 OLD_TORCH_VERSIONS ?= 2.7.1 2.11.0
 OLD_TORCH_VENVS := $(foreach v,$(OLD_TORCH_VERSIONS),.venv-torch$(v))
 
-.PHONY: demo test test-fast setup setup-dev setup-old-torch lint clean bench bench-load bench-scale bench-record bench-report bench-post-record
+.PHONY: demo test test-torch test-fuzz test-fast setup setup-dev setup-old-torch lint clean bench bench-load bench-scale bench-record bench-report bench-post-record
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -50,12 +50,26 @@ demo: setup
 	OMP_NUM_THREADS=1 $(PY) -m fsdpviz record --out $(DEMO_DIR) --force -- \
 		$(PY) -m torch.distributed.run --standalone --nproc_per_node 2 examples/train.py --framework fsdp2
 
-# The checks first (seconds), then the suite (with the older torch releases it must record on).
-test: lint setup-old-torch
-	FSDPVIZ_OLD_TORCH_VENVS="$(OLD_TORCH_VENVS)" FSDPVIZ_REQUIRE_OLD_TORCH=1 $(PY) -m pytest -q
+# pytest-xdist workers for the suite: one per core (`make test PYTEST_WORKERS=0` runs it in one process);
+# a module's tests that share a module-scoped fixture stay in one worker (tests/conftest.py).
+PYTEST_WORKERS ?= auto
+
+# The checks first (seconds), then the suite in parallel (docs/testing.md). The torch-version matrix
+# and the fuzzers' full budget are targets of their own, which CI (.ci/run) runs after this one.
+test: lint
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
+
+# The suite's recordings on every older torch release fsdpviz supports (OLD_TORCH_VERSIONS).
+test-torch: setup-dev setup-old-torch
+	FSDPVIZ_OLD_TORCH_VENVS="$(OLD_TORCH_VENVS)" FSDPVIZ_REQUIRE_OLD_TORCH=1 \
+		$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup tests/integration/test_older_torch.py
+
+# The property-based fuzzers with their full example budget (`make test` runs a fixed smaller one).
+test-fuzz: setup-dev
+	FSDPVIZ_FUZZ_BUDGET=full $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup -m fuzz
 
 test-fast: setup-dev
-	$(PY) -m pytest -q -m "not slow and not browser"
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup -m "not slow and not browser"
 
 # Benchmarks (minutes each; results and the machine they ran on go in docs/performance.md).
 bench-load: setup-dev

@@ -6,8 +6,8 @@ launch`` loop (DDP, and processes that never connect), Lightning Fabric with ``M
 ``mp.spawn`` program, a torchtitan-shaped model and FSDP1 with ``checkpoint_wrapper`` outside and inside
 its units. Tiny models from configs, a few steps each.
 
-A client is recorded once per test session (:class:`ClientRuns`, the ``client_runs`` fixture), and run
-once without fsdpviz for the losses it must reproduce bit for bit.
+A client is recorded once per test session (:class:`ClientRuns`, the ``client_runs`` fixture), shared by
+every xdist worker, and run once without fsdpviz for the losses it must reproduce bit for bit.
 """
 
 from __future__ import annotations
@@ -18,8 +18,10 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from helpers.jobs import REPO, fsdpviz, record_env, retried, run_job, teardown_crash, torchrun, unused_port
+from helpers.once import process_from_json, process_to_json, shared_folder
 
 CLIENTS = REPO / "tests" / "clients"
 STEPS = 6  # optimizer steps; fsdpviz profiles 2-4 (its defaults)
@@ -130,7 +132,8 @@ def _run(argv: list[str], cwd: Path, losses: str, ranks: int) -> subprocess.Comp
 
 
 class ClientRuns:
-    """Each client recorded (and run bare) once, in its own folder under ``base``."""
+    """Each client recorded (and run bare) once per session, in its own folder under ``base``,
+    whichever xdist worker asks first (``helpers/once.py``)."""
 
     def __init__(self, base: Path) -> None:
         self.base = base
@@ -140,7 +143,6 @@ class ClientRuns:
         if name not in self.done:
             client = CLIENTS_BY_NAME[name]
             folder = self.base / name
-            folder.mkdir()
             run_dir = folder / "run"
             losses, bare_losses = str(folder / "losses-{rank}.txt"), str(folder / "bare-{rank}.txt")
             outputs = () if client.report else ("--no-report",)
@@ -151,11 +153,17 @@ class ClientRuns:
                                *client.argv(losses, folder / "trainer-out"), env=record_env(), timeout=RUN_TIMEOUT_S,
                                finished=_trained(losses, client.ranks))
 
-            proc = retried(attempt, again=_worth_retry(losses, client.ranks),
-                           tidy=lambda: shutil.rmtree(run_dir, ignore_errors=True))
-            bare = None
-            if client.compare_losses:
-                bare = _run(client.argv(bare_losses, folder / "bare-out"), folder, bare_losses, client.ranks)
-            self.done[name] = ClientRun(client, run_dir, proc, bare, _losses(losses, client.ranks),
-                                        _losses(bare_losses, client.ranks))
+            def make(_: Path) -> dict[str, Any]:
+                proc = retried(attempt, again=_worth_retry(losses, client.ranks),
+                               tidy=lambda: shutil.rmtree(run_dir, ignore_errors=True))
+                bare = None
+                if client.compare_losses:
+                    bare = _run(client.argv(bare_losses, folder / "bare-out"), folder, bare_losses, client.ranks)
+                return {"proc": process_to_json(proc), "bare": process_to_json(bare)}
+
+            made = shared_folder(folder, make)
+            proc = process_from_json(made["proc"])
+            assert proc is not None
+            self.done[name] = ClientRun(client, run_dir, proc, process_from_json(made["bare"]),
+                                        _losses(losses, client.ranks), _losses(bare_losses, client.ranks))
         return self.done[name]

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from helpers.once import session_root
 from recording import Recordings
 
 
 @pytest.fixture(scope="session")
 def recordings(tmp_path_factory: pytest.TempPathFactory) -> Recordings:
-    """Recordings of the example trainer made once per session (see ``recording.py``); read them, never write."""
-    return Recordings(tmp_path_factory.mktemp("recordings"))
+    """Recordings of the example trainer made once per session, shared by every xdist worker (see
+    ``recording.py``); read them, never write."""
+    return Recordings(session_root(tmp_path_factory) / "recordings")

@@ -3,17 +3,19 @@ on them (how jobs start: ``helpers/jobs.py``).
 
 A recording costs seconds of two busy cores, so the same configuration is recorded once per test
 session: :class:`Recordings` (the session fixture ``recordings`` of ``conftest.py``) records a
-:class:`Config` the first time a test asks for it and hands the same run folder to every later
-test. Tests only read that folder (copy it to change it). The example trainer's configurations
+:class:`Config` the first time a test asks for it, in whichever xdist worker that test runs, and
+hands the same run folder to every later test of every worker. Tests only read that folder (copy it to change it). The example trainer's configurations
 that modules check from different sides are in :data:`EXAMPLE_RUNS`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from helpers.jobs import (
     EXAMPLE,
@@ -24,6 +26,7 @@ from helpers.jobs import (
     run_job,
     torchrun,
 )
+from helpers.once import process_from_json, process_to_json, shared_folder
 
 SCRIPTS = Path(__file__).resolve().parent / "record_scripts"
 
@@ -47,6 +50,12 @@ class Config:
     def environment(self) -> dict[str, str]:
         return record_env(**dict(self.env))
 
+    def folder_name(self) -> str:
+        """A folder name that is the same for this configuration in every worker of the session."""
+        readable = "-".join(a.lstrip("-") for a in self.train_args[:4])
+        digest = hashlib.sha256(repr(self).encode()).hexdigest()[:10]
+        return f"{readable}-{digest}"
+
 
 @dataclass(frozen=True)
 class Recording:
@@ -67,7 +76,8 @@ class Recording:
 
 
 class Recordings:
-    """Each :class:`Config` recorded once, into its own folder under ``base``."""
+    """Each :class:`Config` recorded once per session, into its own folder under ``base``: the
+    first test to ask records it, on whichever xdist worker it runs (``helpers/once.py``)."""
 
     def __init__(self, base: Path) -> None:
         self.base = base
@@ -75,14 +85,20 @@ class Recordings:
 
     def get(self, config: Config) -> Recording:
         if config not in self.done:
-            folder = self.base / f"{len(self.done)}-{'-'.join(a.lstrip('-') for a in config.train_args[:4])}"
+            folder = self.base / config.folder_name()
             losses = folder / "losses-{rank}.txt"
-            folder.mkdir()
             run_dir = folder / "run"
-            proc = retried(lambda: fsdpviz("record", "--out", str(run_dir), *config.record_options, "--",
-                                           *torchrun(EXAMPLE, *config.train_args, "--log-losses", str(losses)),
-                                           env=config.environment(), timeout=600),
-                           tidy=lambda: shutil.rmtree(run_dir, ignore_errors=True))
+
+            def make(_: Path) -> dict[str, Any]:
+                proc = retried(lambda: fsdpviz("record", "--out", str(run_dir), *config.record_options, "--",
+                                               *torchrun(EXAMPLE, *config.train_args, "--log-losses", str(losses)),
+                                               env=config.environment(), timeout=600),
+                               tidy=lambda: shutil.rmtree(run_dir, ignore_errors=True))
+                return {"proc": process_to_json(proc)}
+
+            made = shared_folder(folder, make)
+            proc = process_from_json(made["proc"])
+            assert proc is not None
             self.done[config] = Recording(config, run_dir, proc, losses)
         return self.done[config]
 

@@ -22,7 +22,7 @@ import pytest
 from helpers.jobs import fsdpviz, unused_port
 from synth import Scenario, generate_run, make_root, make_units
 
-pytest.importorskip("distributed")
+pytest.importorskip("distributed", reason="the Dask tests need distributed (a test dependency: pip install -e '.[dev]')")
 
 DASK = [sys.executable, "-m", "distributed.cli.dask_scheduler"]
 WORKER = [sys.executable, "-m", "distributed.cli.dask_worker"]

@@ -23,8 +23,8 @@ def _cli_json(*argv: str) -> dict:
 
 @pytest.fixture(scope="module")
 def executed() -> list:
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
+    nbformat = pytest.importorskip("nbformat", reason="the notebook test needs nbformat (a test dependency)")
+    nbclient = pytest.importorskip("nbclient", reason="the notebook test needs nbclient (a test dependency)")
     nb = nbformat.read(NOTEBOOK, as_version=4)
     nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
                             resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()

@@ -7,9 +7,10 @@ with gloo, recorded by the fsdpviz installed in a virtual environment of that to
 is checked against the model's own parameter counts (built here, by the suite's torch) and the
 trace's per-unit analysis against the frameworks' own labels.
 
-The environments are made by ``make test`` (``make setup-old-torch``, see the Makefile: the
-registry's CUDA builds, which train on the CPU): ``FSDPVIZ_OLD_TORCH_VENVS`` names them. Without it
-the tests skip, unless ``FSDPVIZ_REQUIRE_OLD_TORCH=1`` says they must run (``make test`` sets it).
+The environments are made by ``make test-torch`` (``make setup-old-torch``, see the Makefile: the
+registry's CUDA builds, which train on the CPU), which then runs this file with
+``FSDPVIZ_OLD_TORCH_VENVS`` naming them and ``FSDPVIZ_REQUIRE_OLD_TORCH=1``, which turns a missing
+environment into a failure. In ``make test`` they skip, saying so; CI (``.ci/run``) runs both.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ BLOCKS = [f"blocks.{i}" for i in range(LAYERS)]
 
 def _venvs() -> list[Any]:
     if not VENVS:
-        reason = "no older-torch environments (FSDPVIZ_OLD_TORCH_VENVS; `make setup-old-torch` makes them)"
+        reason = "the torch-version matrix runs in `make test-torch` (FSDPVIZ_OLD_TORCH_VENVS names no environment)"
         return [pytest.param(None, marks=pytest.mark.skipif(not REQUIRED, reason=reason))]
     return [pytest.param(v, id=v.name) for v in VENVS]
 

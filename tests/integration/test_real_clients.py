@@ -16,6 +16,7 @@ from collections.abc import Callable
 import pandas as pd
 import pytest
 from clients import CLIENT_LIST, PROFILED, ClientRun, ClientRuns
+from helpers.once import session_root
 
 from fsdpviz.analysis.pipeline import RunResult, analyse
 from fsdpviz.naming import unit_from_label
@@ -31,7 +32,7 @@ SHARDED = [c.name for c in CLIENT_LIST if c.framework in ("fsdp2", "fsdp1")]
 
 @pytest.fixture(scope="session")
 def client_runs(tmp_path_factory: pytest.TempPathFactory) -> ClientRuns:
-    return ClientRuns(tmp_path_factory.mktemp("clients"))
+    return ClientRuns(session_root(tmp_path_factory) / "clients")
 
 
 def _get(client_runs: ClientRuns, name: str) -> ClientRun:

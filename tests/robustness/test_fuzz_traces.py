@@ -5,8 +5,10 @@ message for the user), never anything else; and whatever the analysis returns ob
 numbers mean: exposed communication is part of communication, percentages are percentages, a
 unit's spans lie in their step, and the units of one lane cannot be busy longer than the step.
 
-CI runs a fixed set of examples (``derandomize``), so a failure here is reproducible and never a
-newly drawn surprise in someone else's change. To search wider, without shrinking::
+Every run draws a fixed set of examples (``derandomize``), so a failure here is reproducible and never
+a newly drawn surprise in someone else's change. ``make test`` draws a small fixed budget per property
+(the first argument of ``_fuzz``); ``make test-fuzz``, which CI runs, draws the full one
+(``FSDPVIZ_FUZZ_BUDGET=full``, the tests of the ``fuzz`` marker). To search wider, without shrinking::
 
     FSDPVIZ_FUZZ_EXPLORE=2000 pytest tests/robustness/test_fuzz_traces.py
 
@@ -37,9 +39,14 @@ from fsdpviz.errors import FsdpvizError
 from fsdpviz.trace import TraceSet, load_traces, schema
 
 EXPLORE = int(os.environ.get("FSDPVIZ_FUZZ_EXPLORE", "0") or 0)
+FULL_BUDGET = os.environ.get("FSDPVIZ_FUZZ_BUDGET", "") == "full"
+
+pytestmark = pytest.mark.fuzz
 
 
-def _fuzz(examples: int) -> settings:
+def _fuzz(quick: int, full: int) -> settings:
+    """Hypothesis' settings: ``quick`` examples in ``make test``, ``full`` under ``make test-fuzz``."""
+    examples = full if FULL_BUDGET else quick
     if EXPLORE:
         return settings(max_examples=EXPLORE, deadline=None, phases=[Phase.generate], report_multiple_bugs=True,
                         suppress_health_check=list(HealthCheck))
@@ -177,7 +184,7 @@ def _analyse(traces: TraceSet, *, level: str, gpu: bool) -> RunAnalysis:
     return analysis
 
 
-@_fuzz(50)
+@_fuzz(10, 50)
 @given(data=st.data(), gpu=st.booleans(), two_ranks=st.booleans())
 def test_fsdp_timelines_give_consistent_numbers(data: st.DataObject, gpu: bool, two_ranks: bool) -> None:
     docs = [data.draw(fsdp_timelines(rank=r, world_size=2, gpu=gpu), label=f"rank{r}")
@@ -190,7 +197,7 @@ def test_fsdp_timelines_give_consistent_numbers(data: st.DataObject, gpu: bool, 
         _analyse(traces, level="timeline", gpu=gpu)
 
 
-@_fuzz(40)
+@_fuzz(8, 40)
 @given(data=st.data(), gpu=st.booleans(), two_ranks=st.booleans())
 def test_random_call_stacks_give_consistent_numbers(data: st.DataObject, gpu: bool, two_ranks: bool) -> None:
     docs = [data.draw(fsdp_traces(rank=r, world_size=2, gpu=gpu), label=f"rank{r}")
@@ -203,7 +210,7 @@ def test_random_call_stacks_give_consistent_numbers(data: st.DataObject, gpu: bo
         _analyse(traces, level="stack", gpu=gpu)
 
 
-@_fuzz(40)
+@_fuzz(8, 40)
 @given(data=st.data(), gpu=st.booleans())
 def test_tangled_and_hostile_traces_never_crash(data: st.DataObject, gpu: bool) -> None:
     doc = data.draw(fsdp_traces(gpu=gpu, tangled=True, hostile=True))
@@ -215,7 +222,7 @@ def test_tangled_and_hostile_traces_never_crash(data: st.DataObject, gpu: bool) 
         _analyse(traces, level="tangled", gpu=gpu)
 
 
-@_fuzz(200)
+@_fuzz(40, 200)
 @given(events=st.lists(hostile_events(), max_size=12), header=odd_headers(),
        events_key=st.sampled_from(["traceEvents", "traceEvents", "traceevents"]))
 def test_any_json_loads_or_fails_with_a_clear_error(events: list[Any], header: dict[str, Any], events_key: str) -> None:
@@ -229,7 +236,7 @@ def test_any_json_loads_or_fails_with_a_clear_error(events: list[Any], header: d
         _analyse(traces, level="tangled", gpu=False)
 
 
-@_fuzz(30)
+@_fuzz(6, 30)
 @given(data=st.data())
 def test_parallel_loading_reports_the_same_errors(data: st.DataObject) -> None:
     """Workers carry a bad file's error back as the same one line as the serial path."""

@@ -132,14 +132,21 @@ def test_cli_options_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[st
         assert code == 2 and err.startswith("error: ") and message in err and len(err.strip().splitlines()) == 1
 
 
-@pytest.mark.slow
-def test_unit_tracks_of_64_ranks_and_80_units_stay_small(tmp_path: Path) -> None:
-    sc = Scenario(units=make_units(80, numel=1_000_000), root=make_root(), world_size=64, steps=(3, 4, 5),
+# What one exported event may cost: 64 ranks x 80 units export as 41.9 MB of 303,552 events (138 bytes
+# each; benchmarks/bench_perfetto.py, docs/perfetto.md), where the size is measured; here, on a run an
+# eighth as wide each way, each event must stay as small.
+BYTES_PER_EVENT = 160
+
+
+def test_unit_tracks_stay_small_per_rank_and_unit(tmp_path: Path) -> None:
+    ranks, units = 8, 10
+    sc = Scenario(units=make_units(units, numel=1_000_000), root=make_root(), world_size=ranks, steps=(3, 4, 5),
                   shared_timeline=True)
     run = analyse([generate_run(sc, tmp_path / "big", run_folder=True).folder], cache=False)
     plain = export_perfetto(run, tmp_path / "units.json", raw=False)
     packed = export_perfetto(run, tmp_path / "units.json.gz", raw=False)
-    assert plain.ranks == 64 and plain.size_bytes < 50e6 and packed.size_bytes < plain.size_bytes / 5
+    assert plain.ranks == ranks and plain.size_bytes < BYTES_PER_EVENT * plain.events
+    assert packed.size_bytes < plain.size_bytes / 5
     spans = run.analysis.spans
     n_slices = int(spans["kind"].isin(["all_gather", "copy_in", "compute", "copy_out", "reduce_scatter",
                                         "all_reduce"]).sum())
