@@ -49,6 +49,14 @@ class Parallelism(msgspec.Struct, kw_only=True):
         return (self.tp or 1) > 1 or (self.dp_replicate or 1) > 1
 
 
+def parallelism_text(p: Parallelism) -> str:
+    """The parallelism in words for the terminal and the page, "-" for an unknown size."""
+    def size(v: int | None) -> str:
+        return "-" if v is None else str(v)
+
+    return f"dp_shard {size(p.dp_shard)} x dp_replicate {size(p.dp_replicate)} x tp {size(p.tp)}"
+
+
 @dataclass(frozen=True, slots=True)
 class Group:
     """One process group of distributedInfo: its description, size and name."""

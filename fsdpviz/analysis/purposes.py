@@ -40,6 +40,13 @@ PURPOSE_TIMES: Final[schema.Schema] = {
     "comm_ns": "int64",  # union of the purpose's collectives over the analysed steps
     "exposed_ns": "int64",  # of which no compute ran beside it
 }
+PURPOSE_TITLES: Final = {
+    vocabulary.FSDP_ALL_GATHER: "FSDP all-gather",
+    vocabulary.FSDP_REDUCE_SCATTER: "FSDP reduce-scatter",
+    vocabulary.HSDP_ALL_REDUCE: "HSDP all-reduce",
+    vocabulary.TENSOR_PARALLEL: "tensor parallel",
+    vocabulary.OTHER_PURPOSE: "other",
+}
 _KIND_PURPOSE: Final = {
     vocabulary.ALL_GATHER: vocabulary.FSDP_ALL_GATHER,
     vocabulary.REDUCE_SCATTER: vocabulary.FSDP_REDUCE_SCATTER,

@@ -180,7 +180,8 @@ def fsdp2_parallelism(units: list[Unit]) -> dict[str, int | None] | None:
     return {
         "dp_shard": agreed([int(getattr(g.mesh_info, "shard_mesh_size", 1)) for g in groups]),
         "dp_replicate": agreed([int(getattr(g.mesh_info, "replicate_mesh_size", 1)) for g in groups]),
-        "tp": agreed([tp_of(g) for g in groups]),
+        # units without DTensor parameters (a root of embeddings and head) are replicated over TP
+        "tp": max(tp_of(g) for g in groups),
     }
 
 
