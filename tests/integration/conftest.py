@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import pytest
-from recording import Recordings
+from recording import MeshRecordings, Recordings
 
 
 @pytest.fixture(scope="session")
 def recordings(tmp_path_factory: pytest.TempPathFactory) -> Recordings:
     """Recordings of the example trainer made once per session (see ``recording.py``); read them, never write."""
     return Recordings(tmp_path_factory.mktemp("recordings"))
+
+
+@pytest.fixture(scope="session")
+def mesh_recordings(tmp_path_factory: pytest.TempPathFactory) -> MeshRecordings:
+    """4-rank recordings of ``record_scripts/mesh_train.py`` (TP x FSDP2, HSDP), once per session."""
+    return MeshRecordings(tmp_path_factory.mktemp("mesh"))
