@@ -1,0 +1,85 @@
+"""Collectives of other process groups beside FSDP's on a GPU rank, on a hand-written trace whose
+answer is known by construction (times in µs):
+
+    main thread   FSDP::all_gather (blocks.0) 10-30 issues a NCCL all-gather       kernel 100-200
+                  forward compute                                                   kernel 200-400
+                  backward compute                                                  kernel 430-590
+                  FSDP::post_backward_reduce (blocks.0) 500-520 issues a 64 MiB
+                      c10d::_reduce_scatter_base_ (NCCL)                            kernel 600-700
+                  c10d::allreduce_ of a 1-element tensor (another group, gloo) at 540
+                  c10d::barrier at 800 (NCCL all-reduce of one element)             kernel 810-815
+    gloo thread   gloo:all_reduce of 1 element                                      550-560
+
+gloo has no reduce-scatter and FSDP's reduce-scatter op is issued before the 1-element all-reduce:
+matched by kind and order alone, the 4-byte gloo op became blocks.0's 64 MiB reduce-scatter. Truth:
+the reduce-scatter is the NCCL kernel 600-700 (100 µs, all exposed); the gloo op and the barrier are
+no FSDP communication (``other``: 10 + 5 µs, of which only the barrier's 5 µs ran beside no compute).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from helpers.kineto import MAIN_TID, TraceBuilder
+
+from fsdpviz.analysis.pipeline import analyse
+
+GLOO_TID = 2000
+RS_NUMEL = 16 * 2**20  # float32: 64 MiB
+AG_NUMEL = 2**20
+
+
+def rank_trace(rank: int) -> TraceBuilder:
+    b = TraceBuilder(rank=rank, world_size=2, base_time_ns=1_700_000_000_000_000_000)
+    b.thread(MAIN_TID, "python").thread(GLOO_TID, "pt_gloo_runloop")
+    b.step(1, 0, 1000)
+    b.annotation("FSDP::root_pre_forward", 2, 3)
+    b.annotation("FSDP::pre_forward (blocks.0)", 5, 80)
+    b.annotation("FSDP::all_gather (blocks.0)", 10, 20)
+    b.cpu_op("c10d::_allgather_base_", 12, 5, **{"Input Dims": [[AG_NUMEL], [AG_NUMEL // 2], [], [], []],
+                                                 "Input type": ["float", "float", "", "", ""]})
+    b.kernel("ncclDevKernel_AllGather_RING_LL", 100, 100, stream=20, launch_us=14)
+    b.kernel("sm90_xmma_gemm_forward", 200, 200, stream=7, launch_us=90)
+    b.annotation("FSDP::post_forward (blocks.0)", 395, 3)
+    b.annotation("FSDP::pre_backward (blocks.0)", 420, 10)
+    b.kernel("sm90_xmma_gemm_backward", 430, 160, stream=7, launch_us=432)
+    b.annotation("FSDP::post_backward_reduce (blocks.0)", 500, 20)
+    b.cpu_op("c10d::_reduce_scatter_base_", 505, 10,
+             **{"Input Dims": [[RS_NUMEL // 2], [RS_NUMEL], [], [], [], []],
+                "Input type": ["float", "float", "", "", "", ""]})
+    b.kernel("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL", 600, 100, stream=20, launch_us=508)
+    # another process group's 1-element all-reduce, run by gloo
+    b.cpu_op("c10d::allreduce_", 540, 5, **{"Input Dims": [[[1]], [], [], [], [], []],
+                                            "Input type": ["TensorList", "", "", "", "", ""]})
+    b.cpu_op("gloo:all_reduce", 550, 10, tid=GLOO_TID, **{"Input Dims": [[1]], "Input type": ["float"]})
+    b.cpu_op("c10d::barrier", 800, 20, **{"Input Dims": [[1], [], [], [], []],
+                                          "Input type": ["float", "", "", "", ""]})
+    b.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 810, 5, stream=20, launch_us=805)
+    return b
+
+
+@pytest.fixture(scope="module")
+def summary(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    folder: Path = tmp_path_factory.mktemp("purposes")
+    for rank in (0, 1):
+        rank_trace(rank).write(folder / f"rank{rank}.trace.json")
+    return analyse([folder], cache=False).summary.to_json()
+
+
+def test_a_gloo_all_reduce_of_another_group_is_not_an_fsdp_reduce_scatter(summary: dict) -> None:
+    unit = next(u for u in summary["units"] if u["name"] == "blocks.0")
+    assert unit["reduce_scatter_ms"] == pytest.approx(0.100)
+    assert unit["all_gather_ms"] == pytest.approx(0.100)
+    by_purpose = summary["overlap"]["by_purpose"]
+    assert by_purpose["fsdp_reduce_scatter"] == {"comm_ms": pytest.approx(0.100), "exposed_ms": pytest.approx(0.100)}
+    assert by_purpose["fsdp_all_gather"] == {"comm_ms": pytest.approx(0.100), "exposed_ms": pytest.approx(0.100)}
+
+
+def test_a_barrier_and_another_groups_all_reduce_are_other(summary: dict) -> None:
+    by_purpose = summary["overlap"]["by_purpose"]
+    assert by_purpose["other"] == {"comm_ms": pytest.approx(0.015), "exposed_ms": pytest.approx(0.005)}
+    assert by_purpose["hsdp_all_reduce"] == {"comm_ms": 0.0, "exposed_ms": 0.0}
+    assert by_purpose["tensor_parallel"] == {"comm_ms": 0.0, "exposed_ms": 0.0}
+    # the whole-step overlap still counts every collective (HTA's definition): 100 + 100 + 15 µs
+    assert summary["overlap"]["comm_ms"] == pytest.approx(0.215)
