@@ -7,9 +7,10 @@ Sources, best first:
    DTensor parameters it was handed), see ``record/units.py: fsdp2_parallelism``;
 2. the traces' distributedInfo ``pg_config`` (``RANKS.process_groups``): a ``DeviceMesh`` names
    each dimension's group ``mesh_<dim>``, and the dimension names say the role (``tp``,
-   ``dp_replicate`` / ``replicate``, ``dp_shard`` / ``shard`` / ``dp`` / ``fsdp``). A trace whose only
-   group is the default one ran every collective over the world: ``dp_shard`` = world size,
-   ``dp_replicate`` = ``tp`` = 1 for a framework with units.
+   ``dp_replicate`` / ``replicate``, ``dp_shard`` / ``shard`` / ``dp`` / ``fsdp``). A trace whose
+   groups all span the world (the default group, the unnamed 1-D meshes ``fully_shard`` makes) ran
+   every collective over it: ``dp_shard`` = world size, ``dp_replicate`` = ``tp`` = 1 for a framework
+   with units.
 
 A field no source can tell is None, and a note says why; 0 is never "unknown".
 """
@@ -88,13 +89,14 @@ def parse_groups(text: str) -> list[Group]:
 
 def _from_groups(groups: list[Group], world: int, framework: str) -> tuple[Parallelism, frozenset[str], str]:
     """Parallelism from one rank's process groups; the third value says why a field is unknown ("")."""
+    # every group spans the whole world (the default group, 1-D meshes FSDP2 makes per fully_shard call):
+    # there is no second dimension, every collective ran over the world
+    if groups and world > 0 and all(g.size in (1, world) for g in groups):
+        if framework in vocabulary.FRAMEWORKS_WITH_UNITS:
+            return Parallelism(dp_shard=world, dp_replicate=1, tp=1, source=SOURCE_TRACE), frozenset(), ""
+        return Parallelism(tp=1, source=SOURCE_TRACE), frozenset(), "the framework shards nothing"
     mesh = {g.desc[len(MESH_PREFIX):]: g for g in groups if g.desc.startswith(MESH_PREFIX)}
     if not mesh:
-        others = [g for g in groups if g.desc != DEFAULT_GROUP and g.size not in (1, world)]
-        if groups and not others and world > 0:  # every collective ran over the whole world
-            if framework in vocabulary.FRAMEWORKS_WITH_UNITS:
-                return Parallelism(dp_shard=world, dp_replicate=1, tp=1, source=SOURCE_TRACE), frozenset(), ""
-            return Parallelism(tp=1, source=SOURCE_TRACE), frozenset(), "the framework shards nothing"
         why = "the traces list no process groups" if not groups else (
             "the traces' process groups are not a DeviceMesh's (no mesh_<dim> group), so their roles are unknown")
         return Parallelism(), frozenset(), why

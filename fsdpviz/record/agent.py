@@ -392,11 +392,12 @@ class Agent:
             self._warn(f"could not write {RANK_FILE.format(rank=self.rank)}: {exc}")
 
     def _parallelism(self) -> dict[str, int | None] | None:
-        """The FSDP mesh and TP degree, read from FSDP2's own state (None for other frameworks)."""
-        from fsdpviz.record.units import fsdp2_parallelism
+        """The FSDP mesh and TP degree, read from FSDP2's or FSDP1's own state (None for ZeRO-3)."""
+        from fsdpviz.record.units import fsdp1_parallelism, fsdp2_parallelism
 
+        readers = {"fsdp2": fsdp2_parallelism, "fsdp1": fsdp1_parallelism}
         try:
-            return fsdp2_parallelism(self.units) if self.framework == "fsdp2" else None
+            return readers[self.framework](self.units) if self.framework in readers else None
         except (AttributeError, TypeError, RuntimeError):  # another torch's FSDP2 internals: unknown
             return None
 

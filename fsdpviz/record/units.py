@@ -219,6 +219,23 @@ def build_fsdp1_units(root: Any) -> list[Unit]:
     return units
 
 
+def fsdp1_parallelism(units: list[Unit]) -> dict[str, int | None] | None:
+    """FSDP1's shard group size and, under hybrid sharding, its replica group's (``_inter_node_pg``).
+    FSDP1 flattens the parameters it is handed, so the TP degree is not read here (None: the traces'
+    process groups may tell it). None without FSDP1 units; a size is None where the units disagree."""
+    modules = [u.modules[0] for u in units if u.modules]
+    if not modules:
+        return None
+    shard = {u.shard_size for u in units}
+    replicate = set()
+    for module in modules:
+        hybrid = "HYBRID" in getattr(module.sharding_strategy, "name", "")
+        group = getattr(module, "_inter_node_pg", None) if hybrid else None
+        replicate.add((_group_size(group) if group is not None else None) if hybrid else 1)
+    return {"dp_shard": shard.pop() if len(shard) == 1 else None,
+            "dp_replicate": replicate.pop() if len(replicate) == 1 else None, "tp": None}
+
+
 def build_zero3_units(engine: Any) -> list[Unit]:
     """One unit per module DeepSpeed ZeRO-3 fetches on its own, with its parent block; then the
     root module and the parent blocks that are not already units, with no parameters of their own.

@@ -18,6 +18,7 @@ no FSDP communication (``other``: 10 + 5 µs, of which only the barrier's 5 µs 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -83,3 +84,30 @@ def test_a_barrier_and_another_groups_all_reduce_are_other(summary: dict) -> Non
     assert by_purpose["tensor_parallel"] == {"comm_ms": 0.0, "exposed_ms": 0.0}
     # the whole-step overlap still counts every collective (HTA's definition): 100 + 100 + 15 µs
     assert summary["overlap"]["comm_ms"] == pytest.approx(0.215)
+
+
+def group(name: str, desc: str, ranks: list[int]) -> dict:
+    return {"pg_name": name, "pg_desc": desc, "backend_config": "cuda:nccl", "pg_size": len(ranks), "ranks": ranks}
+
+
+@pytest.mark.parametrize(("groups", "expected"), [
+    # HSDP on a 2 x 2 mesh of rank 0: replicas {0, 2}, shards {0, 1}
+    ([group("1", "mesh_dp_replicate", [0, 2]), group("2", "mesh_dp_shard", [0, 1])],
+     {"dp_shard": 2, "dp_replicate": 2, "tp": 1}),
+    # FSDP over the world on unnamed 1-D meshes (one per fully_shard call)
+    ([group("1", "mesh_default", [0, 1, 2, 3]), group("2", "mesh_default", [0, 1, 2, 3])],
+     {"dp_shard": 4, "dp_replicate": 1, "tp": 1}),
+    # a dimension whose role the name does not say: every size unknown, never 0
+    ([group("1", "mesh_dp", [0, 2]), group("2", "mesh_pp", [0, 1])],
+     {"dp_shard": None, "dp_replicate": None, "tp": None}),
+])
+def test_parallelism_from_the_process_groups(tmp_path: Path, groups: list[dict], expected: dict) -> None:
+    for rank in range(4):
+        doc = rank_trace(rank).document()
+        doc["distributedInfo"] = {"backend": "nccl", "rank": rank, "world_size": 4,
+                                  "pg_config": [group("0", "default_pg", [0, 1, 2, 3]), *groups]}
+        (tmp_path / f"rank{rank}.trace.json").write_text(json.dumps(doc))
+    out = analyse([tmp_path], cache=False).summary.to_json()
+    assert {k: out["parallelism"][k] for k in expected} == expected
+    unknown = any(v is None for v in expected.values())
+    assert any("parallelism" in note for note in out["notes"]) == unknown
