@@ -3,6 +3,7 @@ answer is known by construction (times in µs):
 
     main thread   FSDP::all_gather (blocks.0) 10-30 issues a NCCL all-gather       kernel 100-200
                   forward compute                                                   kernel 200-400
+                  a tensor-parallel all-reduce (NCCL, process group "3": mesh_tp)   kernel 300-320
                   backward compute                                                  kernel 430-590
                   FSDP::post_backward_reduce (blocks.0) 500-520 issues a 64 MiB
                       c10d::_reduce_scatter_base_ (NCCL)                            kernel 600-700
@@ -13,7 +14,8 @@ answer is known by construction (times in µs):
 gloo has no reduce-scatter and FSDP's reduce-scatter op is issued before the 1-element all-reduce:
 matched by kind and order alone, the 4-byte gloo op became blocks.0's 64 MiB reduce-scatter. Truth:
 the reduce-scatter is the NCCL kernel 600-700 (100 µs, all exposed); the gloo op and the barrier are
-no FSDP communication (``other``: 10 + 5 µs, of which only the barrier's 5 µs ran beside no compute).
+no FSDP communication (``other``: 10 + 5 µs, of which only the barrier's 5 µs ran beside no compute);
+the all-reduce of the group distributedInfo names ``mesh_tp`` is tensor parallelism's (20 µs, hidden).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ AG_NUMEL = 2**20
 
 
 def rank_trace(rank: int) -> TraceBuilder:
-    b = TraceBuilder(rank=rank, world_size=2, base_time_ns=1_700_000_000_000_000_000)
+    b = TraceBuilder(rank=rank, world_size=4, base_time_ns=1_700_000_000_000_000_000)
     b.thread(MAIN_TID, "python").thread(GLOO_TID, "pt_gloo_runloop")
     b.step(1, 0, 1000)
     b.annotation("FSDP::root_pre_forward", 2, 3)
@@ -42,6 +44,9 @@ def rank_trace(rank: int) -> TraceBuilder:
                                                  "Input type": ["float", "float", "", "", ""]})
     b.kernel("ncclDevKernel_AllGather_RING_LL", 100, 100, stream=20, launch_us=14)
     b.kernel("sm90_xmma_gemm_forward", 200, 200, stream=7, launch_us=90)
+    b.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 300, 20, stream=21, launch_us=150,
+             **{"Collective name": "allreduce", "Process Group Name": "3", "In msg nelems": 256,
+                "Out msg nelems": 256, "dtype": "Float"})
     b.annotation("FSDP::post_forward (blocks.0)", 395, 3)
     b.annotation("FSDP::pre_backward (blocks.0)", 420, 10)
     b.kernel("sm90_xmma_gemm_backward", 430, 160, stream=7, launch_us=432)
@@ -60,11 +65,19 @@ def rank_trace(rank: int) -> TraceBuilder:
     return b
 
 
+def group(name: str, desc: str, ranks: list[int]) -> dict:
+    return {"pg_name": name, "pg_desc": desc, "backend_config": "cuda:nccl", "pg_size": len(ranks), "ranks": ranks}
+
+
 @pytest.fixture(scope="module")
 def summary(tmp_path_factory: pytest.TempPathFactory) -> dict:
     folder: Path = tmp_path_factory.mktemp("purposes")
-    for rank in (0, 1):
-        rank_trace(rank).write(folder / f"rank{rank}.trace.json")
+    mesh = [group("1", "mesh_dp", [0, 2]), group("3", "mesh_tp", [0, 1])]
+    for rank in range(4):
+        doc = rank_trace(rank).document()
+        doc["distributedInfo"] = {"backend": "nccl", "rank": rank, "world_size": 4,
+                                  "pg_config": [group("0", "default_pg", [0, 1, 2, 3]), *mesh]}
+        (folder / f"rank{rank}.trace.json").write_text(json.dumps(doc))
     return analyse([folder], cache=False).summary.to_json()
 
 
@@ -81,13 +94,10 @@ def test_a_barrier_and_another_groups_all_reduce_are_other(summary: dict) -> Non
     by_purpose = summary["overlap"]["by_purpose"]
     assert by_purpose["other"] == {"comm_ms": pytest.approx(0.015), "exposed_ms": pytest.approx(0.005)}
     assert by_purpose["hsdp_all_reduce"] == {"comm_ms": 0.0, "exposed_ms": 0.0}
-    assert by_purpose["tensor_parallel"] == {"comm_ms": 0.0, "exposed_ms": 0.0}
-    # the whole-step overlap still counts every collective (HTA's definition): 100 + 100 + 15 µs
-    assert summary["overlap"]["comm_ms"] == pytest.approx(0.215)
-
-
-def group(name: str, desc: str, ranks: list[int]) -> dict:
-    return {"pg_name": name, "pg_desc": desc, "backend_config": "cuda:nccl", "pg_size": len(ranks), "ranks": ranks}
+    assert by_purpose["tensor_parallel"] == {"comm_ms": pytest.approx(0.020), "exposed_ms": 0.0}
+    assert summary["parallelism"] == {"dp_shard": 2, "dp_replicate": 1, "tp": 2, "source": "trace"}
+    # the whole-step overlap still counts every collective (HTA's definition): 100 + 100 + 20 + 15 µs
+    assert summary["overlap"]["comm_ms"] == pytest.approx(0.235)
 
 
 @pytest.mark.parametrize(("groups", "expected"), [
