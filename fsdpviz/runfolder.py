@@ -68,6 +68,21 @@ class UnitInfo(msgspec.Struct, kw_only=True):
     backward_prefetch: Prefetch = None
     shard_size: int | None = None
     """Ranks the unit's parameters are sharded over (the shard group under HSDP)."""
+    param_scope: str = ""
+    """``local``: ``param_numel``/``param_bytes`` are one rank's part after tensor parallelism split the
+    parameters (DTensors); ``global``: the whole parameters; "" when unknown."""
+
+
+class ParallelismInfo(msgspec.Struct, kw_only=True):
+    """The data-parallel mesh and tensor-parallel degree the model ran with (run.json ``parallelism``);
+    None where the recorder could not tell."""
+
+    dp_shard: int | None = None
+    """Ranks FSDP shards the parameters over (the shard group)."""
+    dp_replicate: int | None = None
+    """Replicas that all-reduce their gradients (HSDP), 1 without."""
+    tp: int | None = None
+    """Ranks tensor parallelism splits each parameter over, 1 without."""
 
 
 class ProfileInfo(msgspec.Struct, kw_only=True):
@@ -124,6 +139,7 @@ class RunInfo(msgspec.Struct, kw_only=True):
     hosts: list[str] = msgspec.field(default_factory=list)
     framework: str = "unknown"
     units: list[UnitInfo] = msgspec.field(default_factory=list)
+    parallelism: ParallelismInfo | None = None
     versions: dict[str, str | None] = msgspec.field(default_factory=dict)
     options: dict[str, Any] = msgspec.field(default_factory=dict)
     profile: ProfileInfo = msgspec.field(default_factory=ProfileInfo)

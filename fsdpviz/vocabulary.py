@@ -27,6 +27,21 @@ COLLECTIVES: Final = (ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE, BROADCAST, SEND_RE
 # (an all-reduce where nothing is sharded, and across replicas under HSDP).
 UNIT_COLLECTIVES: Final = (ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE)
 
+# What a collective served (analysis/purposes.py decides): FSDP's parameter all-gathers and gradient
+# reduce-scatters, HSDP's all-reduce across replicas, tensor parallelism's collectives, and the rest
+# (barriers, object collectives, anything issued outside FSDP's and TP's code).
+FSDP_ALL_GATHER: Final = "fsdp_all_gather"
+FSDP_REDUCE_SCATTER: Final = "fsdp_reduce_scatter"
+HSDP_ALL_REDUCE: Final = "hsdp_all_reduce"
+TENSOR_PARALLEL: Final = "tensor_parallel"
+OTHER_PURPOSE: Final = "other"
+PURPOSES: Final = (FSDP_ALL_GATHER, FSDP_REDUCE_SCATTER, HSDP_ALL_REDUCE, TENSOR_PARALLEL, OTHER_PURPOSE)
+FSDP_PURPOSES: Final = (FSDP_ALL_GATHER, FSDP_REDUCE_SCATTER, HSDP_ALL_REDUCE)
+
+# Where a unit's parameter counts stand: after tensor parallelism split them (each rank's part) or whole.
+PARAM_SCOPE_LOCAL: Final = "local"
+PARAM_SCOPE_GLOBAL: Final = "global"
+
 # --- a unit's spans (besides its collectives) ------------------------------------------------------
 COPY_IN: Final = "copy_in"  # FSDP2 packs the shards into the all-gather input
 COPY_OUT: Final = "copy_out"  # FSDP2 unpacks the all-gather output into the parameters

@@ -5,11 +5,19 @@ launched it (``cudaLaunchKernel`` / ``cuLaunchKernelEx``, same ``correlation``) 
 that ran the FSDP code; when that call is missing, the CPU op with the kernel's ``External id``.
 
 CPU/gloo: a collective runs as ``gloo:all_gather`` / ``gloo:all_reduce`` on a gloo worker thread
-and is issued by a ``c10d::*`` op on the training thread. Nothing links the two, but a process
-group runs its collectives in the order they were issued, so the k-th issuing op of a kind is the
-k-th gloo collective of that kind. gloo has no reduce-scatter: ``c10d::_reduce_scatter_base_`` runs
-as ``gloo:all_reduce``, so reduce-scatters and all-reduces share one queue. A gloo op that starts
-before the next unmatched issuing op was issued before recording began and stays unmatched.
+and is issued by a ``c10d::*`` op on the training thread. Nothing links the two, and on CPU neither
+names its process group. Every ``ProcessGroupGloo`` runs its work on threads of its own, in the
+order it was issued; groups run side by side (a 2-D mesh: FSDP's and tensor parallelism's), so one
+queue per collective kind would pair a group's op with another group's. What tells the groups
+apart is the tensor: the gloo op's input is the tensor the issuing op handed its group
+(``comm_numel``: a gather's shard, a reduce-scatter's whole input, a TP activation, a 1-element
+barrier or object-size flag). So the k-th issuing op of a kind and payload is the k-th gloo
+collective of that kind and payload; a kind whose ops do not all say their payload (``gloo:barrier``
+has no tensor) falls back to one queue per kind. gloo has no reduce-scatter:
+``c10d::_reduce_scatter_base_`` runs as ``gloo:all_reduce``, so both share a kind. An issuing op
+inside another (``_c10d_functional::all_reduce`` calls ``c10d::allreduce_``) issues nothing more. A
+gloo op that starts before the next unmatched issuing op was issued before recording began and
+stays unmatched.
 
 The issuing op also tells a reduce-scatter from an all-reduce on CPU, and gives the bytes.
 """
@@ -131,6 +139,38 @@ def match_in_order(issue_t: np.ndarray, run_t: np.ndarray) -> np.ndarray:
     return out
 
 
+def _outermost(issues: pd.DataFrame) -> pd.DataFrame:
+    """The issuing ops not inside another issuing op of the same lane (sorted by start)."""
+    if len(issues) < 2:
+        return issues
+    issues = issues.sort_values("start_ns", kind="stable")
+    keep = np.ones(len(issues), dtype=bool)
+    for rows in issues.groupby(as_str(issues["lane"]), sort=False).indices.values():
+        start = issues["start_ns"].to_numpy(np.int64)[rows]
+        end = start + issues["dur_ns"].to_numpy(np.int64)[rows]
+        reach = np.maximum.accumulate(end)
+        inside = np.zeros(len(rows), dtype=bool)
+        inside[1:] = start[1:] < reach[:-1]
+        keep[rows] = ~inside
+    return issues[keep]
+
+
+def _queues(runs: pd.DataFrame, issues: pd.DataFrame, run_family: np.ndarray, issue_family: np.ndarray
+            ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(run rows, issue rows) of each queue: per kind and payload, or per kind where a payload is unknown."""
+    out = []
+    run_numel = runs["comm_numel"].to_numpy(np.int64)
+    issue_numel = issues["comm_numel"].to_numpy(np.int64)
+    for family in np.unique(run_family):
+        r_rows, i_rows = np.flatnonzero(run_family == family), np.flatnonzero(issue_family == family)
+        if (run_numel[r_rows] > 0).all() and (issue_numel[i_rows] > 0).all():
+            for numel in np.unique(run_numel[r_rows]):
+                out.append((r_rows[run_numel[r_rows] == numel], i_rows[issue_numel[i_rows] == numel]))
+        else:
+            out.append((r_rows, i_rows))
+    return out
+
+
 def cpu_collectives(events: pd.DataFrame, kinds: np.ndarray) -> pd.DataFrame:
     """gloo collectives of one rank matched to their ``c10d::*`` issuing ops (none on a rank whose
     collectives all ran elsewhere, e.g. as NCCL kernels)."""
@@ -139,15 +179,15 @@ def cpu_collectives(events: pd.DataFrame, kinds: np.ndarray) -> pd.DataFrame:
     if runs.empty:
         return schema.make_empty(COLLECTIVES)
     on_train = np.isin(kinds, [schema.LANE_CPU_MAIN, schema.LANE_CPU_AUTOGRAD, schema.LANE_CPU_OTHER])
-    issues = events[has_comm & on_train & (events["kind"] == schema.KIND_CPU_OP).to_numpy()
-                    & startswith(events["name"], ISSUE_PREFIXES)]
+    issues = _outermost(events[has_comm & on_train & (events["kind"] == schema.KIND_CPU_OP).to_numpy()
+                               & startswith(events["name"], ISSUE_PREFIXES)])
+    runs = runs.sort_values("start_ns", kind="stable")
     gloo_has_rs = bool((runs["comm"] == vocabulary.REDUCE_SCATTER).any())
     run_family = np.array([_gloo_family(c, gloo_has_rs) for c in as_str(runs["comm"])], dtype=object)
     issue_family = np.array([_gloo_family(c, gloo_has_rs) for c in as_str(issues["comm"])], dtype=object)
     parts = []
-    for family in np.unique(run_family):
-        r = runs[run_family == family].sort_values("start_ns", kind="stable")
-        i = issues[issue_family == family].sort_values("start_ns", kind="stable")
+    for r_rows, i_rows in _queues(runs, issues, run_family, issue_family):
+        r, i = runs.iloc[r_rows], issues.iloc[i_rows]
         match = match_in_order(i["start_ns"].to_numpy(np.int64), r["start_ns"].to_numpy(np.int64))
         ok = match >= 0
         r, m = r[ok], i.iloc[match[ok]]

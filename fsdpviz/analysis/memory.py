@@ -199,6 +199,8 @@ def shard_sizes(run_units: Sequence[UnitInfo] | None, gathers: pd.DataFrame, n_r
         return {}, "world_size"
     ranks_per_pg = named.groupby("pg")["rank"].nunique()
     mine = named[(named["unit"].astype(str) != "").to_numpy()]
+    if mine.empty:  # only other groups' collectives are named (tensor parallelism's): no unit's group
+        return {}, "world_size"
     sizes = mine.assign(n=mine["pg"].map(ranks_per_pg)).groupby("unit")["n"].median()
     return {str(u): int(n) for u, n in sizes.items() if n > 0}, "trace"
 

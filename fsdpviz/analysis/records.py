@@ -31,6 +31,8 @@ NO_COMMUNICATION: Final = "no_communication"  # overlap_pct is null
 NO_UNIT_LABELS: Final = "no_unit_labels"  # the per-unit analysis found no unit labels
 SHARED_COLLECTIVES: Final = "shared_collectives"  # ZeRO-3 buckets carried several units
 CLOCK_MOVED: Final = "clock_moved"  # a rank's times were moved onto the reference clock
+PARALLELISM_UNKNOWN: Final = "parallelism_unknown"  # a parallelism size is null
+BY_PURPOSE_UNKNOWN: Final = "by_purpose_unknown"  # overlap.by_purpose is null (no FSDP labels)
 
 
 class Note(str):

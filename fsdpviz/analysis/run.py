@@ -48,7 +48,14 @@ from fsdpviz.analysis.labels import (
 from fsdpviz.analysis.memory import MemoryModel
 from fsdpviz.analysis.overlap import cpu_sets, gpu_sets
 from fsdpviz.analysis.packed import Packed, concat_packed, pack, release_freed_memory
+from fsdpviz.analysis.parallelism import run_parallelism
 from fsdpviz.analysis.profiler_cost import ProfilerCost
+from fsdpviz.analysis.purposes import (
+    PURPOSE_TIMES,
+    collective_purposes,
+    one_row_per_collective,
+    purpose_times,
+)
 from fsdpviz.analysis.records import CLOCK_MOVED, NO_UNIT_LABELS, SHARED_COLLECTIVES, Note
 from fsdpviz.analysis.spans import ISSUED_GATHERS, OPTIMIZER_PREFIX, unit_tables
 from fsdpviz.analysis.steps import StepSelection, select_steps
@@ -89,6 +96,7 @@ class RunAnalysis:
     clock: pd.DataFrame  # schema.CLOCK
     skew: pd.DataFrame  # schema.SKEW
     findings: pd.DataFrame  # schema.FINDINGS, most time lost first
+    purposes: pd.DataFrame  # purposes.PURPOSE_TIMES: each rank's communication per purpose, analysed steps
     notes: list[Note] = field(default_factory=list)
 
 
@@ -188,6 +196,7 @@ class RankPart:
     category_peaks: pd.DataFrame  # memory_categories.CATEGORY_PEAKS, unsplit
     memory_facts: pd.DataFrame  # memory_categories.MEMORY_FACTS
     step_times: pd.DataFrame  # schema.STEP_TIMES, late_ns still 0
+    purposes: pd.DataFrame  # purposes.PURPOSE_TIMES: each purpose's communication, analysed steps
 
     def compact(self, *, keep_labels: bool) -> RankPart:
         """Every table packed (:mod:`fsdpviz.analysis.packed`: a fraction of the bytes to send and to
@@ -201,7 +210,8 @@ class RankPart:
 
 
 PART_TABLES: Final = ("labels", "windows", "spans", "collectives", "gathers", "unit_steps", "memory",
-                      "memory_peaks", "memory_categories", "category_peaks", "memory_facts", "step_times")
+                      "memory_peaks", "memory_categories", "category_peaks", "memory_facts", "step_times",
+                      "purposes")
 
 
 def _wanted(selection: StepSelection, ranks: Sequence[int]) -> dict[int, set[int] | None]:
@@ -245,6 +255,8 @@ def analyse_ranks(traces: TraceSet, ranks: Sequence[int], selection: StepSelecti
         else traces.memory
     devices = memory.main_devices(mem_samples)
     peaks, curves, times = [], [], []
+    parallel = run_parallelism(traces, traces.run.framework if traces.run is not None else "")
+    purpose_rows: list[pd.DataFrame] = []
     cat_curves: list[pd.DataFrame] = []
     cat_peaks: list[pd.DataFrame] = []
     facts: list[dict[str, Any]] = []
@@ -301,6 +313,9 @@ def analyse_ranks(traces: TraceSet, ranks: Sequence[int], selection: StepSelecti
             # positions: device_samples numbers its rows from 0
             kept = memory.thin_curve(drawn, mcat.MAX_CATEGORY_POINTS).index.to_numpy(np.int64)
             cat_curves.append(mcat.levels_frame(rank, samples["t_ns"].to_numpy(np.int64)[kept], cats.levels[kept]))
+        rank_coll = one_row_per_collective(by_rank["collectives"](rank))
+        purpose_rows.append(purpose_times(rank, rank_coll, collective_purposes(
+            rank_coll, tp_groups=parallel.tp_groups, tp=parallel.parallelism.tp), compute.get(rank, empty_intervals())))
         times.append(_step_times(rank, chosen, by_rank["pieces"](rank), by_rank["labels"](rank), rank_events,
                                  by_rank["collectives"](rank), compute.get(rank, empty_intervals()), rank_windows))
     shared = labels[((labels["family"] == FAMILY_FSDPVIZ)
@@ -316,7 +331,7 @@ def analyse_ranks(traces: TraceSet, ranks: Sequence[int], selection: StepSelecti
                     category_peaks=_concat(cat_peaks, mcat.CATEGORY_PEAKS),
                     memory_facts=schema.conform(pd.DataFrame(facts), mcat.MEMORY_FACTS) if facts
                     else schema.make_empty(mcat.MEMORY_FACTS),
-                    step_times=_concat(times, schema.STEP_TIMES))
+                    step_times=_concat(times, schema.STEP_TIMES), purposes=_concat(purpose_rows, PURPOSE_TIMES))
 
 
 def _category_rows(rank: int, samples: pd.DataFrame, cats: mcat.Categorised, at: np.ndarray, steps: np.ndarray,
@@ -448,6 +463,7 @@ def combine_parts(parts: Sequence[RankPart], traces: TraceSet, selection: StepSe
         memory_categories=cat_curve, category_peaks=cat_peaks,
         sharded_state={r: st for r, st in states.items() if st is not None},
         clock=clock, skew=skew, findings=findings, notes=_notes(has_units, clock, shared),
+        purposes=_frame_of(parts, "purposes", PURPOSE_TIMES),
     )
 
 

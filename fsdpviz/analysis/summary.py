@@ -23,11 +23,14 @@ import msgspec
 import numpy as np
 import pandas as pd
 
+from fsdpviz import vocabulary
 from fsdpviz.analysis.completeness import gap_notes
 from fsdpviz.analysis.framework import framework_notes
 from fsdpviz.analysis.memory_categories import PeakCategories, peak_categories, unit_peak_categories
+from fsdpviz.analysis.parallelism import Parallelism, run_parallelism
 from fsdpviz.analysis.profiler_cost import ProfilerCost, unit_pass_ms
 from fsdpviz.analysis.records import (
+    BY_PURPOSE_UNKNOWN,
     NO_COMMUNICATION,
     NO_FSDP_LABELS,
     NO_UNITS_FOUND,
@@ -68,6 +71,17 @@ class OverlapSummary(msgspec.Struct, kw_only=True):
     overlap_pct: float | None
     idle_ms: float | None
     per_rank: dict[str, RankOverlap]
+    by_purpose: dict[str, PurposeOverlap] | None = None
+    """Per purpose (vocabulary.PURPOSES: FSDP's all-gathers and reduce-scatters, HSDP's all-reduces,
+    tensor parallelism, other), its communication and exposed time per step, averaged over ranks;
+    None where the traces have no FSDP labels to tell FSDP's collectives by (a note says so)."""
+
+
+class PurposeOverlap(msgspec.Struct, kw_only=True):
+    """One purpose's communication per step: the union of its collectives and what no compute hid."""
+
+    comm_ms: float | None
+    exposed_ms: float | None
 
 
 class RankMemory(msgspec.Struct, kw_only=True):
@@ -107,6 +121,8 @@ class Summary(msgspec.Struct, kw_only=True):
     overlap: OverlapSummary
     memory: MemorySummary
     units: list[UnitSummary]
+    parallelism: Parallelism = msgspec.field(default_factory=Parallelism)
+    """The FSDP mesh and TP degree (analysis/parallelism.py); a null size is unknown (a note says why)."""
     units_source: str | None = None
     """Where the units' sizes come from: ``run.json``, ``trace`` (their all-gathers' arguments, for
     a run.json without a unit table or traces recorded without fsdpviz), ``run.json+trace``; None
@@ -151,12 +167,21 @@ def summary_of(traces: TraceSet, selection: StepSelection, overlap: pd.DataFrame
         units = [msgspec.structs.replace(u, peak_categories=unit_peaks.get(u.name)) for u in units]
         if not units:
             notes.append(Note(NO_UNITS_FOUND, "no FSDP unit was found in the analysed steps, so units is empty"))
+    parallel = run_parallelism(traces, framework)
+    notes.extend(parallel.notes)
+    units = _with_scope(units, traces, parallel.parallelism)
+    over = _overlap_summary(overlap)
+    if analysis is not None and analysis.has_units:
+        over.by_purpose = _by_purpose(analysis.purposes, overlap)
+    elif framework in vocabulary.FRAMEWORKS_WITH_UNITS or framework == vocabulary.UNKNOWN:
+        notes.append(Note(BY_PURPOSE_UNKNOWN, "overlap.by_purpose is null: without FSDP unit labels the traces do "
+                          "not say which collectives are FSDP's"))
     size_sources = sorted({u.size_source for u in units if u.size_source})
     return Summary(
         framework=framework, world_size=traces.world_size, ranks=traces.rank_ids, steps=selection.steps,
         step_time_ms=cost.unprofiled_step_ms if cost is not None else traced_ms,
         step_time_source=STEP_TIME_TIMERS if cost is not None else STEP_TIME_TRACE, traced_step_time_ms=traced_ms,
-        profiler=cost, overlap=_overlap_summary(overlap),
+        profiler=cost, overlap=over, parallelism=parallel.parallelism,
         memory=_with_categories(_memory_summary(traces, analysed), analysis), units=units,
         units_source="+".join(size_sources) if size_sources else None, device=_device(overlap),
         sources=list(traces.sources), run_dir=traces.run_dir, notes=notes, missing_ranks=traces.missing_ranks,
@@ -220,6 +245,31 @@ def _overlap_summary(overlap: pd.DataFrame) -> OverlapSummary:
         idle_ms=ms(float(np.mean(overlap["idle_ns"] / per_step))),
         per_rank=per_rank,
     )
+
+
+def _by_purpose(purposes: pd.DataFrame, overlap: pd.DataFrame) -> dict[str, PurposeOverlap]:
+    """Each purpose's comm and exposed time per analysed step, averaged over the ranks analysed."""
+    n_steps = dict(zip(overlap["rank"].astype(int), overlap["n_steps"].clip(lower=1).astype(int)))
+    out = {}
+    for purpose in vocabulary.PURPOSES:
+        rows = purposes[(purposes["purpose"] == purpose).to_numpy()]
+        per = [n_steps.get(int(r), 1) for r in rows["rank"]]
+        if rows.empty:
+            out[purpose] = PurposeOverlap(comm_ms=None, exposed_ms=None)
+            continue
+        out[purpose] = PurposeOverlap(comm_ms=ms(float(np.mean(rows["comm_ns"].to_numpy() / per))),
+                                      exposed_ms=ms(float(np.mean(rows["exposed_ns"].to_numpy() / per))))
+    return out
+
+
+def _with_scope(units: list[UnitSummary], traces: TraceSet, parallelism: Parallelism) -> list[UnitSummary]:
+    """Each unit's ``param_scope``: run.json's (the recorder saw DTensor parameters or none), else
+    from the TP degree: sizes read from the all-gathers are what FSDP gathers, TP's part of them."""
+    recorded = {u.unit: u.param_scope for u in traces.run.units} if traces.run is not None else {}
+    fallback = None if parallelism.tp is None else (
+        vocabulary.PARAM_SCOPE_LOCAL if parallelism.tp > 1 else vocabulary.PARAM_SCOPE_GLOBAL)
+    return [msgspec.structs.replace(u, param_scope=recorded.get(u.name) or (fallback if u.param_numel is not None
+                                                                              else None)) for u in units]
 
 
 def _memory_summary(traces: TraceSet, analysed: dict[int, AnalysedSteps | None]) -> MemorySummary:

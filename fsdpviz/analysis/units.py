@@ -203,6 +203,9 @@ class UnitSummary(msgspec.Struct, kw_only=True):
     """The unit's own work in its forward / backward as fsdpviz's timers clock it in the steps the
     profiler did not slow (``forward_ms`` / ``backward_ms`` are the trace's, in the profiled steps);
     None without timers for the unit in every such step."""
+    param_scope: str | None = None
+    """``local``: ``param_numel`` / ``param_bytes`` are one rank's part after tensor parallelism split the
+    parameters; ``global``: the whole parameters (no tensor parallelism); None where unknown."""
     size_source: str = ""
     """Where ``param_numel`` / ``param_bytes`` come from: ``run.json`` (the framework's objects, as
     ``fsdpviz record`` read them), ``trace`` (the unit's all-gathers' arguments), "" (unknown)."""

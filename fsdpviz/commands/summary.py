@@ -92,6 +92,9 @@ def print_summary(summary: Summary) -> None:
     from rich.markup import escape
     from rich.table import Table
 
+    from fsdpviz.analysis.parallelism import parallelism_text
+    from fsdpviz.analysis.purposes import PURPOSE_TITLES
+
     console = Console()
     steps = summary.steps
     step_text = f"{steps[0]}-{steps[-1]}" if len(steps) > 2 else ", ".join(map(str, steps)) or "whole trace"
@@ -104,6 +107,7 @@ def print_summary(summary: Summary) -> None:
         head.add_row("input", escape(", ".join(summary.sources)))
     head.add_row("framework", summary.framework)
     head.add_row("ranks", f"{len(summary.ranks)} loaded of world size {summary.world_size}")
+    head.add_row("parallelism", parallelism_text(summary.parallelism))
     head.add_row("steps analysed", step_text)
     head.add_row("step time", step_time_text(summary))
     ov = summary.overlap
@@ -135,12 +139,21 @@ def print_summary(summary: Summary) -> None:
         table.add_row("all", _fmt(ov.comm_ms), _fmt(ov.compute_ms), _fmt(ov.overlap_pct),
                       _fmt(ov.exposed_comm_ms), _fmt(ov.idle_ms), bytes_text(mem.peak_allocated_bytes), style="bold")
     console.print(table)
+    if ov.by_purpose:
+        purposes = Table(title="communication by purpose (ms per step, mean over ranks)", title_justify="left")
+        for col in ("purpose", "comm", "exposed"):
+            purposes.add_column(col, justify="right" if col != "purpose" else "left")
+        for name, used in ov.by_purpose.items():
+            purposes.add_row(PURPOSE_TITLES.get(name, name), _fmt(used.comm_ms), _fmt(used.exposed_ms))
+        console.print(purposes)
 
     if summary.units:
         # the timers are the clock where they timed every unit: the trace's passes ran profiled
         timed = all(u.forward_timer_ms is not None for u in summary.units)
         title = "per FSDP unit (ms per step"
         title += "; forward / backward: the unit's own work, timers, unprofiled steps)" if timed else ")"
+        if any(u.param_scope == "local" for u in summary.units):
+            title += "; params per rank after tensor parallelism"
         if summary.units_source and "trace" in summary.units_source:
             title += "; params from the all-gathers in the trace (padded, gathered dtype)"
         units = Table(title=title, title_justify="left")

@@ -372,6 +372,7 @@ class Agent:
             "root": f"{type(self.root).__module__}.{type(self.root).__qualname__}" if self.root is not None else "",
             "device": "cuda" if self._use_cuda_events else "cpu",
             "units": [u.to_json() for u in sorted(self.units, key=lambda u: u.order)],
+            "parallelism": self._parallelism(),
             "versions": versions(),
             "profile": self.profiler.facts(),
             "timers": {"file": TIMERS_FILE.format(rank=self.rank) if self.clock.steps_written else None,
@@ -389,6 +390,16 @@ class Agent:
             write_json_atomic(rank_path(self.options.run_dir, RANK_FILE, self.rank), data)
         except OSError as exc:  # a full disk must not stop the training (the launcher notes the rank)
             self._warn(f"could not write {RANK_FILE.format(rank=self.rank)}: {exc}")
+
+    def _parallelism(self) -> dict[str, int | None] | None:
+        """The FSDP mesh and TP degree, read from FSDP2's or FSDP1's own state (None for ZeRO-3)."""
+        from fsdpviz.record.units import fsdp1_parallelism, fsdp2_parallelism
+
+        readers = {"fsdp2": fsdp2_parallelism, "fsdp1": fsdp1_parallelism}
+        try:
+            return readers[self.framework](self.units) if self.framework in readers else None
+        except (AttributeError, TypeError, RuntimeError):  # another torch's FSDP2 internals: unknown
+            return None
 
     def _warn(self, message: str) -> None:
         print(f"fsdpviz: rank {self.rank}: {message}", file=sys.stderr, flush=True)

@@ -212,6 +212,7 @@ def build_run_json(
         "hosts": sorted({i["host"] for i in rank_infos if i.get("host")}) or [socket.gethostname()],
         "framework": framework,
         "units": first.get("units", []),
+        "parallelism": first.get("parallelism"),
         "versions": versions,
         "options": options.to_json(),
         "profile": {

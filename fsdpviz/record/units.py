@@ -55,6 +55,7 @@ class Unit:
     backward_prefetch: Any = None
     order: int = -1  # forward order, known after the first step
     shard_size: int | None = None  # ranks its parameters are sharded over (HSDP: the shard group)
+    param_scope: str = ""  # "local": sizes after tensor parallelism (DTensor parameters); "global"; "" unknown
     modules: tuple[Any, ...] = field(default=(), repr=False)  # the nn.Modules (not serialised)
     key: Any = field(default=None, repr=False)  # the framework object behind the unit
 
@@ -70,6 +71,7 @@ class Unit:
             "forward_prefetch": self.forward_prefetch,
             "backward_prefetch": self.backward_prefetch,
             "shard_size": self.shard_size,
+            "param_scope": self.param_scope,
         }
 
 
@@ -143,6 +145,8 @@ def build_fsdp2_units(root: Any) -> list[Unit]:
             units.append(Unit(unit=name, param_numel=numel, param_bytes=param_bytes, dtype=_dtype_name(dtype),
                               reshard_after_forward=group.post_forward_mesh_info is not None,
                               shard_size=int(getattr(group.mesh_info, "shard_mesh_size", 1)),
+                              # FSDP2 shards a tensor-parallel DTensor's local part: sizes are that part
+                              param_scope="local" if any(fp.is_dtensor for fp in group.fsdp_params) else "global",
                               modules=tuple(group.modules), key=group))
     for state, unit in ((s, u) for s in states for u in units if any(u.key is g for g in groups_of[id(s)])):
         forward = [state_names[id(t)] for t in state._states_to_forward_prefetch]
@@ -150,6 +154,35 @@ def build_fsdp2_units(root: Any) -> list[Unit]:
         unit.forward_prefetch = forward or "default"
         unit.backward_prefetch = backward or "default"
     return units
+
+
+def fsdp2_parallelism(units: list[Unit]) -> dict[str, int | None] | None:
+    """The FSDP2 mesh and tensor-parallel degree of the units' parameter groups, as FSDP2 holds them:
+    the shard and replicate mesh sizes of ``mesh_info``, and the size of the mesh of the DTensor
+    parameters it was handed (tensor parallelism's). None without FSDP2 groups; a field is None
+    where the groups disagree."""
+    groups = [u.key for u in units if u.key is not None and hasattr(u.key, "mesh_info")]
+    if not groups:
+        return None
+
+    def agreed(values: list[int | None]) -> int | None:
+        return values[0] if values and all(v == values[0] for v in values) else None
+
+    def tp_of(group: Any) -> int:
+        sizes = [int(spec.mesh.size()) for fp in group.fsdp_params if fp.is_dtensor
+                 for spec in [getattr(fp, "_unsharded_dtensor_spec", None)] if spec is not None]
+        if getattr(group.mesh_info, "is_spmd_mesh", False):  # one mesh of DP and TP dims: TP is the rest
+            dp = int(getattr(group.mesh_info, "shard_mesh_size", 1)) * int(
+                getattr(group.mesh_info, "replicate_mesh_size", 1))
+            sizes = [size // dp for size in sizes]
+        return max(sizes, default=1)
+
+    return {
+        "dp_shard": agreed([int(getattr(g.mesh_info, "shard_mesh_size", 1)) for g in groups]),
+        "dp_replicate": agreed([int(getattr(g.mesh_info, "replicate_mesh_size", 1)) for g in groups]),
+        # units without DTensor parameters (a root of embeddings and head) are replicated over TP
+        "tp": max(tp_of(g) for g in groups),
+    }
 
 
 def refresh_fsdp2_settings(units: list[Unit]) -> None:
@@ -184,6 +217,23 @@ def build_fsdp1_units(root: Any) -> list[Unit]:
             shard_size=_group_size(handle.process_group), modules=(module,), key=handle,
         ))
     return units
+
+
+def fsdp1_parallelism(units: list[Unit]) -> dict[str, int | None] | None:
+    """FSDP1's shard group size and, under hybrid sharding, its replica group's (``_inter_node_pg``).
+    FSDP1 flattens the parameters it is handed, so the TP degree is not read here (None: the traces'
+    process groups may tell it). None without FSDP1 units; a size is None where the units disagree."""
+    modules = [u.modules[0] for u in units if u.modules]
+    if not modules:
+        return None
+    shard = {u.shard_size for u in units}
+    replicate = set()
+    for module in modules:
+        hybrid = "HYBRID" in getattr(module.sharding_strategy, "name", "")
+        group = getattr(module, "_inter_node_pg", None) if hybrid else None
+        replicate.add((_group_size(group) if group is not None else None) if hybrid else 1)
+    return {"dp_shard": shard.pop() if len(shard) == 1 else None,
+            "dp_replicate": replicate.pop() if len(replicate) == 1 else None, "tp": None}
 
 
 def build_zero3_units(engine: Any) -> list[Unit]:

@@ -226,7 +226,8 @@ def prepare_report(run: RunResult, *, max_segments: int = MAX_PAGE_SEGMENTS,
         rank_steps=steps_data.per_rank_summary(times), notes=notes,
         findings=findings_text(found, predicted_gains(run, found)),
         unit_tables=unit_tables(stats, colors, {u.name: (u.forward_timer_ms, u.backward_timer_ms)
-                                                for u in summary.units})
+                                                for u in summary.units},
+                                {u.name: u.param_scope for u in summary.units})
         if has_units and not stats.empty else None,
         memory_model=analysis.memory_model,
         skew=analysis.skew, rank_step_times=analysis.step_times, timers=traces.timers,

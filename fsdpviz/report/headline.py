@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from fsdpviz.analysis.parallelism import parallelism_text
+from fsdpviz.analysis.purposes import PURPOSE_TITLES
 from fsdpviz.analysis.records import NO_FSDP_LABELS, NO_UNITS_FOUND
 from fsdpviz.formatting import format_bytes, format_ms, format_pct
 from fsdpviz.report.html import Fact, Section
@@ -46,12 +48,15 @@ def headline_section(data: ReportData) -> Section:
              hint="DistributedDataParallel, not FSDP: no FSDP units" if s.framework == "ddp" else ""),
         Fact(label="world size", value=str(s.world_size),
              hint=f"{len(s.ranks)} rank(s) in the traces" if s.ranks else ""),
+        Fact(label="parallelism", value=parallelism_text(s.parallelism),
+             hint="FSDP's shard group, HSDP replicas, tensor-parallel degree; - where unknown"),
         Fact(label="steps analysed", value=_steps_text(s.steps)),
         _step_fact(s),
         Fact(label="overlap", value=format_pct(ov.overlap_pct), hint="communication hidden behind computation"),
         Fact(label="exposed comm / step", value=format_ms(exposed_per_step),
              hint=(f"{100 * exposed_per_step / step_ms:.1f} % of the step; " if math.isfinite(step_ms) and step_ms
                    else "") + f"of {format_ms(comm_per_step)} communication"),
+        *_purpose_facts(s),
         Fact(label="peak allocated", value=format_bytes(mem.peak_allocated_bytes) or "n/a"),
         Fact(label="peak reserved", value=format_bytes(mem.peak_reserved_bytes or None) or "n/a",
              hint="the CPU allocator reports no reserved memory"
@@ -63,6 +68,14 @@ def headline_section(data: ReportData) -> Section:
         notes.append(NOTE_NO_UNITS)
     return Section(key="headline", title="Headline", howto=HOWTO_HEADLINE, facts=facts, notes=notes,
                    bullets=list(data.findings))
+
+
+def _purpose_facts(s: Summary) -> list[Fact]:
+    """One fact per purpose that communicated: its exposed time per step, of its communication."""
+    by_purpose = s.overlap.by_purpose or {}
+    return [Fact(label=f"{PURPOSE_TITLES.get(name, name)} / step", value=format_ms(_num(row.exposed_ms)),
+                 hint=f"exposed, of {format_ms(_num(row.comm_ms))} communication")
+            for name, row in by_purpose.items() if row.comm_ms]
 
 
 def _step_fact(s: Summary) -> Fact:

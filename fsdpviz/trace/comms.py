@@ -173,6 +173,24 @@ def _numel(dims: object) -> int | None:
     return None
 
 
+def payload_numel(name: str, comm: str, dims: object) -> int:
+    """Elements of the tensor a host backend runs a collective on, -1 when ``Input Dims`` do not say.
+
+    A gloo op's ``Input Dims`` are that tensor (a gather's shard). An issuing op lists its output and
+    input (and scalars): a gather hands the backend its smallest tensor (the shard), every other
+    collective its largest (a reduce-scatter's whole input, which gloo all-reduces). Ops of
+    different process groups move tensors of different sizes (a 4-byte flag, a block's gradients,
+    an activation), which is what keeps them apart where the trace names no group.
+    """
+    if not isinstance(dims, list):
+        return -1
+    sizes = [n for n in (_numel(d) for d in dims) if n]
+    if not sizes:
+        return -1
+    numel = max(sizes) if is_host_backend_op(name) or comm != vocabulary.ALL_GATHER else min(sizes)
+    return numel if numel < 2**63 else -1  # damaged dims: no real tensor
+
+
 def bytes_from_inputs(dims: object, types: object, *, multiplier: int = 1) -> int:
     """Largest tensor argument in ``Input Dims``/``Input type`` in bytes, times ``multiplier``."""
     if not isinstance(dims, list):

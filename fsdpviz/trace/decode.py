@@ -103,6 +103,9 @@ class DistributedInfo(msgspec.Struct, gc=False):
     world_size: Int64 | None = None
     backend: str | None = None
     nccl_version: str | None = None
+    # the process groups as torch lists them ({"pg_desc": "mesh_tp", "pg_size": 2, ...}); raw, read
+    # field by field (trace/kineto.py: process_groups), so that an odd entry costs only itself
+    pg_config: msgspec.Raw = msgspec.Raw(b"")
 
 
 class DeviceProperties(msgspec.Struct, gc=False):

@@ -185,6 +185,7 @@ def rank_columns(columns: EventColumns, top: KinetoTrace, path: Path, *, n_skipp
     is_gpu = GPU_KIND_MASK[kind]
     comm = columns.column("comm")
     comm_bytes, (pg, pg_names), (comm_dtype, dtype_names) = _comm_details(columns, len(kind), world_size)
+    comm_numel = _comm_numels(columns, len(kind))
 
     steps = _steps(kind, name, names, start_ns, dur_ns)
     step, external_id = _assign_steps(start_ns, kind, is_gpu, correlation, external_id, steps)
@@ -196,7 +197,7 @@ def rank_columns(columns: EventColumns, top: KinetoTrace, path: Path, *, n_skipp
     events = {
         "lane": lane, "kind": kind, "name": name, "start_ns": start_ns, "dur_ns": dur_ns,
         "correlation": correlation, "external_id": external_id, "step": step, "comm": comm,
-        "comm_bytes": comm_bytes, "pg": pg, "comm_dtype": comm_dtype,
+        "comm_bytes": comm_bytes, "pg": pg, "comm_dtype": comm_dtype, "comm_numel": comm_numel,
     }
     for key in events:  # one column at a time: at most one extra column in memory
         events[key] = events[key][order]
@@ -219,6 +220,7 @@ def rank_columns(columns: EventColumns, top: KinetoTrace, path: Path, *, n_skipp
         "memory_device": _main_device(memory["device"], device_names),
         **dict(zip(("device_name", "device_memory_bytes"), _device(top, lanes))),
         "nccl_version": (info.nccl_version or "") if info else "",
+        "process_groups": process_groups(info.pg_config) if info else "",
         "complete_steps": ",".join(map(str, complete_steps or [])),
     }
     return RankColumns(
@@ -242,6 +244,19 @@ def _rank_of(trace: KinetoTrace, path: Path) -> tuple[int, str]:
     return 0, "default"
 
 
+def process_groups(raw: Any) -> str:
+    """distributedInfo's ``pg_config`` as ``desc:size:name`` entries joined by ``;`` ("" if none is readable)."""
+    groups = decode_raw_json(raw)
+    if not isinstance(groups, list):
+        return ""
+    out = []
+    for group in groups:
+        if isinstance(group, dict) and isinstance(group.get("pg_size"), int):
+            desc, name = (str(group.get(k) or "").replace(";", ",").replace(":", "_") for k in ("pg_desc", "pg_name"))
+            out.append(f"{desc}:{group['pg_size']}:{name}")
+    return ";".join(out)
+
+
 def _comm_details(columns: EventColumns, n: int, world_size: int
                   ) -> tuple[np.ndarray, tuple[np.ndarray, list[str]], tuple[np.ndarray, list[str]]]:
     """``comm_bytes``, ``pg`` and ``comm_dtype`` (codes, names) from the communication events' args."""
@@ -261,6 +276,18 @@ def _comm_details(columns: EventColumns, n: int, world_size: int
     pg[rows] = np.fromiter((p for _, p, _ in found), np.int32, len(found))
     dtype[rows] = np.fromiter((d for _, _, d in found), np.int32, len(found))
     return comm_bytes, (pg, list(pg_names)), (dtype, list(dtype_names))
+
+
+def _comm_numels(columns: EventColumns, n: int) -> np.ndarray:
+    """``comm_numel`` of every event: the payload of each communication event (see comms.payload_numel)."""
+    numel = np.full(n, -1, dtype=np.int64)
+    if not columns.comm_rows:
+        return numel
+    per_args = {c: comms.payload_numel(c.name, c.comm, decode_raw_json(c.input_dims) if c.input_dims else None)
+                for c in dict.fromkeys(columns.comm_args)}
+    numel[np.array(columns.comm_rows, dtype=np.int64)] = np.fromiter(
+        map(per_args.__getitem__, columns.comm_args), np.int64, len(columns.comm_args))
+    return numel
 
 
 def _comm_dtype(c: CommArgs) -> str:

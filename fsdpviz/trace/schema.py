@@ -73,6 +73,10 @@ EVENTS: Final[Schema] = {
     "comm_bytes": "int64",  # bytes moved per rank (output side of a gather), UNKNOWN_BYTES if unknown
     "pg": "category",  # process group name from record_param_comms args, "" if unknown
     "comm_dtype": "category",  # element type of a communication event's data ("bfloat16", ...), "" if unknown
+    # Elements of the tensor a host backend runs the collective on: a gloo op's own input, and for an
+    # issuing op the tensor it hands the backend (a gather's shard, a reduce-scatter's whole input);
+    # -1 if unknown. It pairs a gloo thread's op with the op that issued it (analysis/collectives.py).
+    "comm_numel": "int64",
 }
 
 # One row per lane (CPU thread or GPU stream) of a rank.
@@ -126,6 +130,9 @@ RANKS: Final[Schema] = {
     "device_memory_bytes": "int64",  # that device's totalGlobalMem, -1 if unknown (CPU)
     "complete_steps": "string",  # fsdpviz exports: the steps shown complete, "3,4,5"; "" when unknown
     "nccl_version": "string",
+    # distributedInfo's process groups, "desc:size:name" joined by ";" ("default_pg:4:0;mesh_tp:2:3");
+    # "" when the trace lists none (analysis/parallelism.py reads it)
+    "process_groups": "string",
 }
 
 # Per-unit timeline (built by fsdpviz.analysis from FSDP labels).

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from fsdpviz.analysis.parallelism import run_parallelism
 from fsdpviz.analysis.pipeline import RunResult
 from fsdpviz.errors import UsageError
 from fsdpviz.formatting import NS_PER_MS, rounded_ms
@@ -148,6 +149,13 @@ def check(model: Model, settings: Settings) -> None:
         raise UsageError(f"--world-size {settings.world_size}: needs at least 1 rank")
     if "world_size" in changed and rec.world_size < 2:
         raise UsageError("the recording ran on one rank: no collective to scale to another world size")
+    if "world_size" in changed:
+        mesh = run_parallelism(model.result.traces, rec.framework).parallelism
+        if mesh.is_2d:
+            # the model scales every collective with the world; on a 2-D mesh FSDP's group is one dimension
+            raise UsageError(
+                f"--world-size: the run's mesh is 2-D (dp_shard {mesh.dp_shard}, dp_replicate {mesh.dp_replicate}, "
+                f"tp {mesh.tp}); the model scales the whole world as FSDP ranks, which this run's are not")
     unsupported = sorted(k for k in changed - supported if k not in ("gpus_per_node", "inter_node_gbps"))
     if unsupported:
         raise UsageError(f"{rec.framework}: the model covers {', '.join(sorted(supported))}, "

@@ -30,9 +30,10 @@ TEARDOWN_CRASH = "terminate called without an active exception"
 TRIES = 3  # attempts of a job that fails only by that abort
 
 
-def torchrun(script: Path, *args: str) -> list[str]:
-    """Two CPU ranks of ``script`` on one machine (a rendezvous port of their own)."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script), *args]
+def torchrun(script: Path, *args: str, nproc: int = 2) -> list[str]:
+    """``nproc`` (two) CPU ranks of ``script`` on one machine (a rendezvous port of their own)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), str(script),
+            *args]
 
 
 def record_env(**extra: str) -> dict[str, str]:

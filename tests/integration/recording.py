@@ -11,6 +11,7 @@ that modules check from different sides are in :data:`EXAMPLE_RUNS`.
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -73,6 +74,48 @@ class Recording:
                                        env=self.config.environment()))
         assert done.returncode == 0, done.stderr[-3000:]
         return template
+
+
+@dataclass(frozen=True)
+class MeshRecording:
+    """A 4-rank recording of ``record_scripts/mesh_train.py``: its run folder and the truth the
+    script wrote about itself (mesh sizes, each unit's parameter bytes via ``DTensor.to_local()``)."""
+
+    run_dir: Path
+    truth: dict
+
+
+MESH_RANKS = 4
+MESH_STEPS = 5
+
+
+class MeshRecordings:
+    """Each mode of ``mesh_train.py`` (``tp``: TP x FSDP2, ``hsdp``) recorded once per session, on first
+    use, whichever xdist worker asks (``helpers/once.py``)."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.done: dict[str, MeshRecording] = {}
+
+    def get(self, mode: str) -> MeshRecording:
+        if mode not in self.done:
+            folder = self.base / mode
+            truth = folder / "truth.json"
+
+            def make(_: Path) -> dict[str, Any]:
+                # tp: a barrier and an all_gather_object every step too, communication that is not FSDP's
+                extras = ("--extras",) if mode == "tp" else ()
+                command = torchrun(SCRIPTS / "mesh_train.py", "--mode", mode, "--steps", str(MESH_STEPS),
+                                   "--truth", str(truth), *extras, nproc=MESH_RANKS)
+                proc = retried(lambda: fsdpviz("record", "--out", str(folder / "run"), *NO_OUTPUT, "--steps", "2",
+                                               "--", *command, env=record_env(), timeout=600),
+                               tidy=lambda: shutil.rmtree(folder / "run", ignore_errors=True))
+                return {"proc": process_to_json(proc)}
+
+            proc = process_from_json(shared_folder(folder, make)["proc"])
+            assert proc is not None and proc.returncode == 0, proc.stderr[-3000:] if proc else ""
+            self.done[mode] = MeshRecording(folder / "run", json.loads(truth.read_text()))
+        return self.done[mode]
 
 
 class Recordings:

@@ -105,7 +105,7 @@ def test_activation_checkpoint_recompute_belongs_to_backward() -> None:
     events = pd.DataFrame({
         "rank": 0, "lane": "main", "kind": "annotation", "name": [r[0] for r in rows],
         "start_ns": [r[1] for r in rows], "dur_ns": [r[2] - r[1] for r in rows], "correlation": -1,
-        "external_id": -1, "step": 1, "comm": "", "comm_bytes": -1, "pg": "", "comm_dtype": ""})
+        "external_id": -1, "step": 1, "comm": "", "comm_bytes": -1, "pg": "", "comm_dtype": "", "comm_numel": -1})
     labels = parse_labels(schema.conform(events, schema.EVENTS))
     assert list(labels.sort_values("start_ns")["phase"]) == ["forward", "forward", "backward", "backward",
                                                              "backward", "backward"]
@@ -120,7 +120,7 @@ def _label_events(rows: list[tuple[str, int, int]], lanes: list[str] | None = No
     events = pd.DataFrame({
         "rank": 0, "lane": lanes or "main", "kind": "annotation", "name": [r[0] for r in rows],
         "start_ns": [r[1] for r in rows], "dur_ns": [r[2] - r[1] for r in rows], "correlation": -1,
-        "external_id": -1, "step": 1, "comm": "", "comm_bytes": -1, "pg": "", "comm_dtype": ""})
+        "external_id": -1, "step": 1, "comm": "", "comm_bytes": -1, "pg": "", "comm_dtype": "", "comm_numel": -1})
     return schema.conform(events, schema.EVENTS)
 
 

@@ -48,6 +48,7 @@ TABLE_COLUMNS = (
     ("order", "#", "0"),
     ("unit_name", "unit", None),
     ("param_numel", "parameters", "0,0"),
+    ("param_scope", "parameters are", None),  # per rank after tensor parallelism (local) or whole (global)
     ("unsharded_mib", "unsharded params+grads (MiB)", "0,0.0"),
     ("all_gather_ms", "all-gather (ms)", "0.000"),
     ("forward_ms", "forward (ms)", "0.000"),
@@ -97,15 +98,18 @@ TIMER_COLUMNS = ("forward_timer_ms", "backward_timer_ms")
 
 
 def unit_tables(stats: pd.DataFrame, colors: Mapping[str, str],
-                timed: Mapping[str, tuple[float | None, float | None]] | None = None) -> UnitTables:
+                timed: Mapping[str, tuple[float | None, float | None]] | None = None,
+                scopes: Mapping[str, str | None] | None = None) -> UnitTables:
     """Display table and bar data from UNIT_STATS (rows in forward order); ``timed``: per unit its
-    forward and backward as the timers clock them in unprofiled steps (the summary's ``*_timer_ms``)."""
+    forward and backward as the timers clock them in unprofiled steps (the summary's ``*_timer_ms``);
+    ``scopes``: per unit the summary's ``param_scope`` (None: unknown, an empty cell)."""
     stats = stats.sort_values("order", kind="stable").reset_index(drop=True)
     stats = stats.assign(unit_name=stats["unit"].astype(str).map(unit_label))
     table = pd.DataFrame({
         "order": stats["order"].astype("int64"),
         "unit_name": stats["unit_name"],
         "param_numel": stats["param_numel"].where(stats["param_numel"] >= 0),
+        "param_scope": [(scopes or {}).get(str(u)) for u in stats["unit"]],
         "unsharded_mib": stats["unsharded_bytes"].where(stats["unsharded_bytes"] >= 0) / MIB,
         "all_gather_ms": _ms(stats["all_gather_ns"]),
         "forward_ms": _ms(stats["forward_ns"]),

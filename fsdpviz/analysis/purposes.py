@@ -1,0 +1,98 @@
+"""What each collective served, and each purpose's communication and exposed time per rank.
+
+A rank runs collectives for several masters at once: FSDP gathers parameters and reduce-scatters
+gradients, HSDP all-reduces them across replicas, tensor parallelism (TP) all-reduces activations
+inside the blocks, and the training script itself synchronises (``dist.barrier``) or exchanges
+Python objects (``all_gather_object``: a size and a byte tensor, each a small collective). Only the
+first three are FSDP communication. The rules, read from what the run did rather than from names:
+
+- ``fsdp_all_gather`` / ``fsdp_reduce_scatter`` / ``hsdp_all_reduce``: a collective that FSDP's own
+  gather or reduce label issued (``spans.attribute_collectives`` gives it a span kind: an
+  all-gather inside a gather label, a reduce-scatter or an all-reduce inside a reduce label);
+- ``tensor_parallel``: any other collective of the tensor-parallel process group (a NCCL
+  collective whose ``Process Group Name`` is the group distributedInfo describes as the mesh's TP
+  dimension), or, where the trace names no group (gloo on CPU), one issued as a functional
+  collective (``_c10d_functional::*``, which DTensor's redistributions use) in a run whose TP degree
+  is not known to be 1;
+- ``other``: the rest (barriers, object collectives, collectives issued outside FSDP's labels).
+
+Per purpose and rank: ``comm_ns`` the union of its collectives' run intervals in the analysed
+steps, ``exposed_ns`` that union minus the rank's compute (the whole-step overlap's compute set).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Final
+
+import numpy as np
+import pandas as pd
+
+from fsdpviz import vocabulary
+from fsdpviz.analysis.categorical import as_str
+from fsdpviz.analysis.intervals import Intervals, overlap_ns, total_ns, union_intervals
+from fsdpviz.trace import schema
+
+FUNCTIONAL_PREFIXES: Final = ("_c10d_functional::", "c10d_functional::")
+PURPOSE_TIMES: Final[schema.Schema] = {
+    "rank": "int32",
+    "purpose": "string",  # one of vocabulary.PURPOSES
+    "comm_ns": "int64",  # union of the purpose's collectives over the analysed steps
+    "exposed_ns": "int64",  # of which no compute ran beside it
+}
+PURPOSE_TITLES: Final = {
+    vocabulary.FSDP_ALL_GATHER: "FSDP all-gather",
+    vocabulary.FSDP_REDUCE_SCATTER: "FSDP reduce-scatter",
+    vocabulary.HSDP_ALL_REDUCE: "HSDP all-reduce",
+    vocabulary.TENSOR_PARALLEL: "tensor parallel",
+    vocabulary.OTHER_PURPOSE: "other",
+}
+_KIND_PURPOSE: Final = {
+    vocabulary.ALL_GATHER: vocabulary.FSDP_ALL_GATHER,
+    vocabulary.REDUCE_SCATTER: vocabulary.FSDP_REDUCE_SCATTER,
+    vocabulary.ALL_REDUCE: vocabulary.HSDP_ALL_REDUCE,
+}
+
+
+def collective_purposes(coll: pd.DataFrame, *, tp_groups: Collection[str] = (), tp: int | None = None
+                        ) -> np.ndarray:
+    """The purpose (vocabulary.PURPOSES) of each row of ``coll`` (spans.UNIT_COLLECTIVES).
+
+    ``tp_groups``: names of the tensor-parallel process groups (``pg`` values); ``tp``: the run's
+    TP degree, None when unknown (a functional collective then counts as TP's).
+    """
+    if coll.empty:
+        return np.zeros(0, dtype=object)
+    kind = as_str(coll["kind"])
+    purpose = np.array([_KIND_PURPOSE.get(k, vocabulary.OTHER_PURPOSE) for k in kind], dtype=object)
+    unclaimed = purpose == vocabulary.OTHER_PURPOSE
+    pg = as_str(coll["pg"])
+    of_tp_group = np.isin(pg, list(tp_groups)) if tp_groups else np.zeros(len(coll), dtype=bool)
+    functional = np.fromiter((n.startswith(FUNCTIONAL_PREFIXES) for n in as_str(coll["issue_name"])),
+                             dtype=bool, count=len(coll))
+    no_group = pg == ""
+    tp_possible = tp is None or tp > 1
+    is_tp = unclaimed & (of_tp_group | (functional & no_group & tp_possible))
+    return np.where(is_tp, vocabulary.TENSOR_PARALLEL, purpose)
+
+
+def purpose_times(rank: int, coll: pd.DataFrame, purposes: np.ndarray, compute: Intervals) -> pd.DataFrame:
+    """PURPOSE_TIMES of one rank: ``coll`` its collectives in the analysed steps (one row per
+    collective, not per unit), ``purposes`` theirs, ``compute`` its compute union."""
+    rows = []
+    start = coll["start_ns"].to_numpy(np.int64)
+    end = coll["end_ns"].to_numpy(np.int64)
+    for purpose in vocabulary.PURPOSES:
+        mine = purposes == purpose
+        comm = union_intervals(start[mine], end[mine])
+        comm_ns = total_ns(comm)
+        rows.append({"rank": rank, "purpose": purpose, "comm_ns": comm_ns,
+                     "exposed_ns": comm_ns - overlap_ns(comm, compute)})
+    return schema.conform(pd.DataFrame(rows), PURPOSE_TIMES, table="purpose times")
+
+
+def one_row_per_collective(coll: pd.DataFrame) -> pd.DataFrame:
+    """UNIT_COLLECTIVES has a row per unit a ZeRO-3 bucket carried: the collective once."""
+    if coll.empty:
+        return coll
+    return coll.drop_duplicates(["rank", "lane", "start_ns", "end_ns"])
