@@ -31,6 +31,7 @@ NO_COMMUNICATION: Final = "no_communication"  # overlap_pct is null
 NO_UNIT_LABELS: Final = "no_unit_labels"  # the per-unit analysis found no unit labels
 SHARED_COLLECTIVES: Final = "shared_collectives"  # ZeRO-3 buckets carried several units
 CLOCK_MOVED: Final = "clock_moved"  # a rank's times were moved onto the reference clock
+PROFILER_COST_UNUSED: Final = "profiler_cost_unused"  # the step time is the traced one: the timers do not tell
 
 
 class Note(str):
