@@ -35,8 +35,11 @@ def _run(tmp_path: Path, profiled: tuple[int, ...], step_ms: dict[int, list[floa
 
 
 def _leads_with_the_trace(summary: Summary, traced_ms: float, why: str) -> None:
+    from fsdpviz.commands.summary import step_time_text
+
     assert summary.step_time_source == "trace"
     assert summary.step_time_ms == pytest.approx(traced_ms, abs=1e-3)
+    assert step_time_text(summary) == f"{summary.step_time_ms:,.2f} ms (as traced)"  # the terminal's line
     (note,) = [n for n in summary.notes if "the step time is the traced one" in n]
     assert why in note
     as_json = summary.to_json()
