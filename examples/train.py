@@ -134,7 +134,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="prefetch N units ahead (0 = the framework's default)")
     parser.add_argument("--reshard-after-forward", action=argparse.BooleanOptionalAction, default=True,
                         help="free gathered parameters after each unit's forward (default: yes)")
-    parser.add_argument("--steps", type=int, default=8, help="optimizer steps")
+    parser.add_argument("--steps", type=int, default=10, help="optimizer steps")
     parser.add_argument("--grad-accum", type=int, default=1, metavar="N",
                         help="micro-batches (forward + backward) per optimizer step (default: 1)")
     parser.add_argument("--checkpoint", action="store_true",

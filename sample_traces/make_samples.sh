@@ -7,12 +7,12 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 free_port() { "$PY" -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"; }
 torchrun() { echo "$PY" -m torch.distributed.run --nproc_per_node 2 --master_addr 127.0.0.1 --master_port "$(free_port)"; }
-TINY=(--layers 2 --dim 32 --steps 6 --seed 0)
+TINY=(--layers 2 --dim 32 --steps 10 --seed 0)
 export OMP_NUM_THREADS=1
 WANTED=("$@")
 wanted() { [ ${#WANTED[@]} -eq 0 ] || [[ " ${WANTED[*]} " == *" $1 "* ]]; }
 
-# 1. Run folders written by `fsdpviz record` (defaults: skip 2 steps, profile 3): FSDP2, FSDP1, ZeRO-3.
+# 1. Run folders written by `fsdpviz record` (defaults: steps 2-4 timed unprofiled, 6-8 profiled): FSDP2, FSDP1, ZeRO-3.
 record() {
     wanted "$1" || return 0
     local out=sample_traces/$1; shift

@@ -247,8 +247,10 @@ def straggler_findings(step_times: pd.DataFrame, floor_ns: float) -> list[dict]:
 def profiler_findings(cost: ProfilerCost | None, idle_ns: float | None) -> list[dict]:
     """The profiler's share of the traced step, when it slowed the profiled steps by more than
     ``NOTABLE_SLOWDOWN``: the traced timeline then shows idle time (and longer waits) the run
-    does not have. ``idle_ns``: the traced idle time per step (median over ranks), when known."""
-    if cost is None or cost.slowdown < NOTABLE_SLOWDOWN:
+    does not have. ``idle_ns``: the traced idle time per step (median over ranks), when known.
+    Only when the unprofiled steps can be trusted (``cost.headline``): from one or two steps, the
+    share would be a guess."""
+    if cost is None or not cost.headline or cost.slowdown < NOTABLE_SLOWDOWN:
         return []
     extra_ns = cost.extra_ms * 1e6
     share = (f"{ms_text(min(extra_ns, idle_ns) / NS_PER_MS)} of the {ms_text(idle_ns / NS_PER_MS)} idle per step is the profiler's"

@@ -7,10 +7,19 @@ a slower run than the real one, and the difference appears as idle time.
 
 The recorder's timers (``timers/rank{R}.jsonl``) time every step, profiled or not, at a cost that
 measures as nothing: they are the clock, the trace is the map. This module compares, per rank,
-the median of the profiled steps with the median of the steps after the warm-up that the profiler
-did not record (the profiler's own warm-up step lies inside the warm-up), then takes the median
-over ranks. A run without timers that cover both kinds of step (a trace recorded without
+the median of the profiled steps with the median of the rank's *clean* unprofiled steps, then
+takes the median over ranks. A clean step is none of: the first :data:`SETTLING_STEPS` steps of the
+run (allocation, caches, lazy initialisation), the profiler's own warm-up step (the step before the
+first profiled one: Kineto already collects), the step after the last profiled one (the step right
+after the trace export, which pays for the profiler's teardown and the written file), a step a rank
+ended inside. A run without timers that cover both kinds of step (a trace recorded without
 fsdpviz, ``--mode profile``, a run that stopped inside its profiled window) has no such numbers.
+
+The run's headline step time is the unprofiled one only when it can be trusted
+(:attr:`ProfilerCost.headline`): every rank timed at least :data:`MIN_UNPROFILED_STEPS` clean
+unprofiled steps, and the profiled steps were not faster than them beyond noise
+(:data:`NOISE_SLOWDOWN`; a profiler cannot make a step faster). Otherwise the headline is the
+traced step and :attr:`ProfilerCost.note` says why.
 """
 
 from __future__ import annotations
@@ -33,6 +42,13 @@ UNIT_PASSES: Final = ("forward", "backward")
 UNIT_TIMER_KIND: Final = "compute"  # a unit's own work in a pass (docs/recording.md, "Timers")
 # Above this slowdown, a finding says how much of the trace's idle time is the profiler's.
 NOTABLE_SLOWDOWN: Final = 1.10
+# The first steps of any run are slower (allocation, caches, lazy init): never a clean step.
+SETTLING_STEPS: Final = 2
+# Fewer clean unprofiled steps on a rank than this, and one noisy step would set the headline.
+MIN_UNPROFILED_STEPS: Final = 3
+# Below this slowdown the profiled steps ran faster than the unprofiled ones: the unprofiled
+# steps are noise (a shared machine, a step that waited), not the run's pace.
+NOISE_SLOWDOWN: Final = 0.95
 
 
 class ProfilerCost(msgspec.Struct, kw_only=True):
@@ -41,12 +57,21 @@ class ProfilerCost(msgspec.Struct, kw_only=True):
     profiled_step_ms: float
     """Median over ranks of each rank's median profiled step (timers)."""
     unprofiled_step_ms: float
-    """Median over ranks of each rank's median step after warm-up that was not profiled (timers)."""
+    """Median over ranks of each rank's median clean unprofiled step (timers; see the module docstring)."""
     slowdown: float
     """``profiled_step_ms / unprofiled_step_ms``."""
     profiled_steps: list[int]
     unprofiled_steps: list[int]
     """The steps each side covers (union over ranks)."""
+    left_out_steps: list[int] = msgspec.field(default_factory=list)
+    """Unprofiled steps not counted: the first steps, the profiler's warm-up step, the step after the
+    trace export, a step cut short (union over ranks)."""
+    fewest_unprofiled_steps: int = 0
+    """The fewest clean unprofiled steps a rank timed."""
+    headline: bool = False
+    """Whether the run's step time (``summary --json`` ``step_time_ms``) is ``unprofiled_step_ms``."""
+    note: str | None = None
+    """Why the step time is the traced one instead (None when ``headline``)."""
 
     @property
     def extra_ms(self) -> float:
@@ -69,15 +94,15 @@ def _profiled_of(run: RunInfo, rank: int) -> tuple[list[int], int | None]:
 
 
 def _split(run: RunInfo, rank: int, step: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """Masks over ``step``: the rank's profiled steps, and its other steps after the warm-up (a
-    step the rank ended inside counts as neither); None when its profiler recorded no step."""
+    """Masks over ``step``: the rank's profiled steps, and its clean unprofiled steps (the module
+    docstring; a step the rank ended inside counts as neither); None when its profiler recorded no step."""
     profiled, partial = _profiled_of(run, rank)
     if not profiled:
         return None
-    warmup = run.profile.warmup if run.profile.warmup is not None else min(profiled)
     usable = step != (partial if partial is not None else -1)
     is_profiled = np.isin(step, profiled)
-    return is_profiled & usable, ~is_profiled & (step >= warmup) & usable
+    profiler_busy = np.isin(step, [min(profiled) - 1, max(profiled) + 1])  # its warm-up; after the export
+    return is_profiled & usable, ~is_profiled & ~profiler_busy & (step >= SETTLING_STEPS) & usable
 
 
 def _timed_run(timers: pd.DataFrame, run: RunInfo | None) -> bool:
@@ -85,7 +110,9 @@ def _timed_run(timers: pd.DataFrame, run: RunInfo | None) -> bool:
 
 
 def profiler_cost(timers: pd.DataFrame, run: RunInfo | None) -> ProfilerCost | None:
-    """The profiler's cost from a run folder's timers and run.json; None where they do not tell."""
+    """The profiler's cost from a run folder's timers and run.json; None where they do not tell.
+
+    Whether the run's step time may be the unprofiled one is decided here (``headline``, ``note``)."""
     if run is None or not _timed_run(timers, run):
         return None
     steps = whole_step_times(timers)
@@ -93,12 +120,19 @@ def profiler_cost(timers: pd.DataFrame, run: RunInfo | None) -> ProfilerCost | N
     unprofiled_ms: list[float] = []
     profiled_all: set[int] = set()
     unprofiled_all: set[int] = set()
+    left_out: set[int] = set()
+    clean_counts: dict[int, int] = {}
     for _, rows in steps.groupby("rank", sort=True):
+        rank = int(rows["rank"].iloc[0])
         step = rows["step"].to_numpy()
-        masks = _split(run, int(rows["rank"].iloc[0]), step)
-        if masks is None or not masks[0].any() or not masks[1].any():
+        masks = _split(run, rank, step)
+        if masks is None or not masks[0].any():
             continue
         is_profiled, is_other = masks
+        clean_counts[rank] = int(is_other.sum())
+        left_out.update(int(s) for s in step[~is_profiled & ~is_other])
+        if not is_other.any():
+            continue
         ms = rows["ms"].to_numpy(dtype=np.float64)
         profiled_ms.append(float(np.median(ms[is_profiled])))
         unprofiled_ms.append(float(np.median(ms[is_other])))
@@ -110,9 +144,44 @@ def profiler_cost(timers: pd.DataFrame, run: RunInfo | None) -> ProfilerCost | N
     unprofiled_step = statistics.median(unprofiled_ms)
     if unprofiled_step <= 0:
         return None
+    slowdown = round(profiled_step / unprofiled_step, 3)
+    fewest_rank = min(clean_counts, key=lambda r: (clean_counts[r], r))
+    fewest = clean_counts[fewest_rank]
+    note = None
+    if fewest < MIN_UNPROFILED_STEPS:
+        note = (f"the step time is the traced one: rank {fewest_rank} timed {fewest} clean unprofiled step(s) and "
+                f"the step time needs {MIN_UNPROFILED_STEPS} on every rank (the first {SETTLING_STEPS} steps, the "
+                "profiler's warm-up step and the step after the trace export do not count); record more steps, "
+                "or with the default --warmup, which times 3 steps before the profiled ones")
+    elif slowdown < NOISE_SLOWDOWN:
+        note = (f"the step time is the traced one: the profiled steps ran {slowdown:.2f}x as long as the unprofiled "
+                "ones, and a profiler cannot make a step faster, so the unprofiled steps measured noise (other work "
+                "on the machine, a step that waited), not the run's pace")
     return ProfilerCost(profiled_step_ms=round(profiled_step, 3), unprofiled_step_ms=round(unprofiled_step, 3),
-                        slowdown=round(profiled_step / unprofiled_step, 3),
-                        profiled_steps=sorted(profiled_all), unprofiled_steps=sorted(unprofiled_all))
+                        slowdown=slowdown, profiled_steps=sorted(profiled_all), unprofiled_steps=sorted(unprofiled_all),
+                        left_out_steps=sorted(left_out - profiled_all), fewest_unprofiled_steps=fewest,
+                        headline=note is None, note=note)
+
+
+def no_cost_note(timers: pd.DataFrame, run: RunInfo | None) -> str | None:
+    """Why a run whose timers cover its profiled steps has no :class:`ProfilerCost`: no rank timed a
+    clean unprofiled step. None where the run is not timed or not profiled (nothing to explain)."""
+    if run is None or not _timed_run(timers, run):
+        return None
+    steps = whole_step_times(timers)
+    profiled = False
+    for _, rows in steps.groupby("rank", sort=True):
+        masks = _split(run, int(rows["rank"].iloc[0]), rows["step"].to_numpy())
+        if masks is None or not masks[0].any():
+            continue
+        if masks[1].any():
+            return None
+        profiled = True
+    if not profiled:
+        return None
+    return (f"the step time is the traced one: the timers hold no clean unprofiled step (the first {SETTLING_STEPS} "
+            "steps, the profiler's warm-up step and the step after the trace export do not count); record more "
+            f"steps, or with the default --warmup, which times {MIN_UNPROFILED_STEPS} steps before the profiled ones")
 
 
 def unit_pass_ms(timers: pd.DataFrame, run: RunInfo | None) -> dict[tuple[str, str], float]:

@@ -33,6 +33,7 @@ SHARED_COLLECTIVES: Final = "shared_collectives"  # ZeRO-3 buckets carried sever
 CLOCK_MOVED: Final = "clock_moved"  # a rank's times were moved onto the reference clock
 PARALLELISM_UNKNOWN: Final = "parallelism_unknown"  # a parallelism size is null
 BY_PURPOSE_UNKNOWN: Final = "by_purpose_unknown"  # overlap.by_purpose is null (no FSDP labels)
+PROFILER_COST_UNUSED: Final = "profiler_cost_unused"  # the step time is the traced one: the timers do not tell
 
 
 class Note(str):

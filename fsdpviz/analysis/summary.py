@@ -28,12 +28,13 @@ from fsdpviz.analysis.completeness import gap_notes
 from fsdpviz.analysis.framework import framework_notes
 from fsdpviz.analysis.memory_categories import PeakCategories, peak_categories, unit_peak_categories
 from fsdpviz.analysis.parallelism import Parallelism, run_parallelism
-from fsdpviz.analysis.profiler_cost import ProfilerCost, unit_pass_ms
+from fsdpviz.analysis.profiler_cost import ProfilerCost, no_cost_note, unit_pass_ms
 from fsdpviz.analysis.records import (
     BY_PURPOSE_UNKNOWN,
     NO_COMMUNICATION,
     NO_FSDP_LABELS,
     NO_UNITS_FOUND,
+    PROFILER_COST_UNUSED,
     SKIPPED_FILES,
     Finding,
     Note,
@@ -111,8 +112,8 @@ class Summary(msgspec.Struct, kw_only=True):
     ranks: list[int]
     steps: list[int]
     step_time_ms: float | None
-    """The run's step time: the timers' unprofiled steps where they exist (``profiler``), else the
-    analysed steps as traced."""
+    """The run's step time: the timers' unprofiled steps where they can be trusted
+    (``profiler.headline``), else the analysed steps as traced (``profiler.note`` says why)."""
     step_time_source: str = "trace"
     """``timers`` (unprofiled steps) or ``trace`` (the analysed steps)."""
     traced_step_time_ms: float | None = None
@@ -156,6 +157,10 @@ def summary_of(traces: TraceSet, selection: StepSelection, overlap: pd.DataFrame
     units: list[UnitSummary] = []
     findings: list[Finding] = []
     cost = profiler
+    why = cost.note if cost is not None else no_cost_note(traces.timers, traces.run)
+    if why is not None:
+        notes.append(Note(PROFILER_COST_UNUSED, why))
+    lead = cost is not None and cost.headline
     traced_ms = _step_time_ms(traces, analysed)
     if analysis is not None:
         timed = unit_pass_ms(traces.timers, traces.run)
@@ -179,8 +184,8 @@ def summary_of(traces: TraceSet, selection: StepSelection, overlap: pd.DataFrame
     size_sources = sorted({u.size_source for u in units if u.size_source})
     return Summary(
         framework=framework, world_size=traces.world_size, ranks=traces.rank_ids, steps=selection.steps,
-        step_time_ms=cost.unprofiled_step_ms if cost is not None else traced_ms,
-        step_time_source=STEP_TIME_TIMERS if cost is not None else STEP_TIME_TRACE, traced_step_time_ms=traced_ms,
+        step_time_ms=cost.unprofiled_step_ms if lead and cost is not None else traced_ms,
+        step_time_source=STEP_TIME_TIMERS if lead else STEP_TIME_TRACE, traced_step_time_ms=traced_ms,
         profiler=cost, overlap=over, parallelism=parallel.parallelism,
         memory=_with_categories(_memory_summary(traces, analysed), analysis), units=units,
         units_source="+".join(size_sources) if size_sources else None, device=_device(overlap),

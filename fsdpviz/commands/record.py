@@ -14,6 +14,7 @@ import typer
 from fsdpviz.commands.common import say
 from fsdpviz.errors import EXIT_BAD_INPUT, FsdpvizError, UsageError
 from fsdpviz.naming import list_units
+from fsdpviz.record.options import DEFAULT_STEPS, DEFAULT_WARMUP
 
 if TYPE_CHECKING:  # run.json's types load msgspec (and attrs): `fsdpviz --help` need not wait for them
     from fsdpviz.runfolder import RunInfo
@@ -44,8 +45,11 @@ def record(
              "deepspeed ..., accelerate launch ..., python train.py ..."),
     out: Path | None = typer.Option(  # noqa: B008
         None, "-o", "--out", help="Run folder to write. Default: runs/run-<date>-<time>.", show_default=False),
-    steps: int = typer.Option(3, "--steps", min=1, help="Optimizer steps to profile in full."),
-    warmup: int = typer.Option(2, "--warmup", min=0, help="Optimizer steps to skip before profiling."),
+    steps: int = typer.Option(DEFAULT_STEPS, "--steps", min=1, help="Optimizer steps to profile in full."),
+    warmup: int = typer.Option(
+        DEFAULT_WARMUP, "--warmup", min=0,
+        help="Optimizer steps before profiling: 2 warm up, the last warms the profiler up, those between are timed "
+             "unprofiled for the step time (at least 6 for 3 of them)."),
     mode: str = typer.Option(
         "both", "--mode", help="profile: torch.profiler traces; timers: per-step timers of every step; both."),
     memory: bool = typer.Option(True, "--memory/--no-memory",

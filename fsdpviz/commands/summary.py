@@ -80,7 +80,7 @@ def step_time_text(summary: Summary) -> str:
     """The headline's step time: the unprofiled steps' (timers) and what the profiler cost, or the
     traced steps' where the timers do not tell."""
     cost = summary.profiler
-    if cost is None:
+    if cost is None or not cost.headline:  # the notes say why, when the timers measured something
         return f"{_fmt(summary.step_time_ms, ' ms')} (as traced)" if summary.step_time_ms is not None else "-"
     return (f"{_fmt(cost.unprofiled_step_ms, ' ms')} (timers, unprofiled steps); the profiled steps ran "
             f"{cost.slowdown:.2f}x as long ({_fmt(cost.profiled_step_ms, ' ms')})")

@@ -193,14 +193,15 @@ def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> None:
 def print_prediction(prediction: Prediction, run: str, framework: str, world_size: int, device: str,
                      profiler: ProfilerCost | None = None) -> None:
     """Baseline vs predicted with deltas, the units, where each setting came from, and the notes;
-    ``profiler``: what the profiler cost the recording (the recorded step is then the unprofiled one)."""
+    ``profiler``: what the profiler cost the recording (every step time shown is the traced one)."""
     settings = prediction.settings
     typer.echo(f"{run}: {framework}, {world_size} rank(s) on {device}; predicting {settings.describe()}")
     for figure in prediction.assumed:
         typer.echo(f"assumed: {figure}")
     if profiler is not None:
-        typer.echo(f"recorded step time: the unprofiled steps (timers); the profiled steps ran "
-                   f"{profiler.slowdown:.2f}x as long ({profiler.profiled_step_ms:,.2f} ms)")
+        typer.echo(f"step times as traced (the profiled steps), the basis the change is simulated on; the run's "
+                   f"unprofiled steps took {profiler.unprofiled_step_ms:,.2f} ms (timers), the profiled ones ran "
+                   f"{profiler.slowdown:.2f}x as long")
     _table(("", "recorded", "predicted", "change"), _rows(prediction.baseline, prediction.predicted))
     changes = category_changes(prediction.baseline, prediction.predicted)
     if changes:

@@ -32,7 +32,9 @@ ENV_FALLBACK_AFTER_S: Final = "FSDPVIZ_FALLBACK_AFTER_S"
 ENV_WINDOW_S: Final = "FSDPVIZ_WINDOW_S"
 
 DEFAULT_STEPS: Final = 3
-DEFAULT_WARMUP: Final = 2
+# 2 warm-up steps (allocation, caches), 3 steps timed unprofiled, 1 profiler warm-up step: the run's
+# headline step time comes from steps before the profiled ones (docs/recording.md, "The schedule").
+DEFAULT_WARMUP: Final = 6
 DEFAULT_FALLBACK_AFTER_S: Final = 10.0
 DEFAULT_WINDOW_S: Final = 5.0
 
@@ -46,7 +48,8 @@ class RecordOptions:
     steps: int = DEFAULT_STEPS
     """Optimizer steps to profile with torch.profiler."""
     warmup: int = DEFAULT_WARMUP
-    """Optimizer steps to skip before profiling (the first steps are slower: allocation, caches)."""
+    """Optimizer steps before profiling: the first 2 warm up (allocation, caches), the last one warms the
+    profiler up, the ones between are timed unprofiled (the run's step time)."""
     mode: Mode = "both"
     """``profile``: torch.profiler traces only; ``timers``: per-step timers only; ``both``."""
     memory: bool = True

@@ -82,9 +82,10 @@ def _step_fact(s: Summary) -> Fact:
     """The run's step time: the unprofiled steps' (timers) with what the profiler cost, else the
     traced steps'."""
     cost = s.profiler
-    if cost is None:
+    if cost is None or not cost.headline:
         return Fact(label="step time", value=format_ms(_num(s.step_time_ms)),
-                    hint="mean over analysed steps and ranks, as traced")
+                    hint="mean over analysed steps and ranks, as traced"
+                         + ("; the timers' unprofiled steps are not used (see the notes)" if cost is not None else ""))
     steps = _steps_text(cost.unprofiled_steps)
     return Fact(label="step time", value=format_ms(cost.unprofiled_step_ms),
                 hint=f"unprofiled steps {steps} (timers, median); the profiled steps ran {cost.slowdown:.2f}x as "

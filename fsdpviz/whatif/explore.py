@@ -17,7 +17,7 @@ from typing import Any
 
 from fsdpviz.errors import FsdpvizError
 from fsdpviz.naming import ROOT_UNIT
-from fsdpviz.whatif.predict import SUPPORTED, Model, Outcome, Prediction, predict
+from fsdpviz.whatif.predict import BASIS_TRACED, SUPPORTED, Model, Outcome, Prediction, predict
 from fsdpviz.whatif.settings import Settings, Wrap
 
 BUDGET_DEVICE = "device memory from the trace"
@@ -65,7 +65,7 @@ class Exploration:
         return next((c for c in self.ranked if c.fits), None)
 
     def to_json(self) -> dict[str, Any]:
-        return {"baseline": self.baseline.to_json(), "memory_budget_bytes": self.budget_bytes,
+        return {"basis": BASIS_TRACED, "baseline": self.baseline.to_json(), "memory_budget_bytes": self.budget_bytes,
                 "memory_budget_source": self.budget_source,
                 "ranked": [c.to_json() for c in self.ranked], "skipped": [c.to_json() for c in self.skipped],
                 "notes": self.notes}

@@ -5,6 +5,11 @@ setting. The replay measures how well the model explains the recording (``replay
 prediction is the recording moved by what the setting changes in the simulation (predicted =
 recorded + simulated(setting) - simulated(recorded), per rank and step), so whatever the model
 does not explain cancels out instead of being blamed on the setting.
+
+Both sides are on one basis, the traced steps (``basis``: ``traced``): the simulated change is
+measured on the trace, whose steps the profiler slowed (``summary --json`` ``profiler.slowdown``),
+so the baseline it is added to is the traced step time too, not the run's unprofiled one. The
+unprofiled figures are handed along (``profiler``) for reading the traced numbers against.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from fsdpviz.whatif.settings import DEFAULT, GIVEN, RECORDED, Settings, Wrap
 from fsdpviz.whatif.simulate import SimResult, run
 
 SAMPLED_RANKS = 16  # ranks read of a run held rank by rank (read_model)
+BASIS_TRACED = "traced"  # every step time of a prediction is the traced steps' (module docstring)
 SUPPORTED = {
     FSDP2: {"wrap", "prefetch", "reshard_after_forward", "keep_last_units", "world_size"},
     FSDP1: {"prefetch", "world_size"},
@@ -92,12 +98,16 @@ class Prediction:
     steps: list[StepProgram]
     memory: list[MemoryChange | None] = field(default_factory=list)  # per step, the memory model's answer
     assumed: list[str] = field(default_factory=list)  # figures neither the recording nor the user gave
+    basis: str = BASIS_TRACED
+    profiler: dict[str, Any] | None = None
+    """The recording's profiled and unprofiled step times (``summary --json`` ``profiler``); None without timers."""
 
     def to_json(self) -> dict[str, Any]:
         predicted = self.predicted.to_json()
         predicted["settings"] = self.settings.to_json()
-        return {"baseline": self.baseline.to_json(), "predicted": predicted,
-                "replay_error_pct": round(self.replay_error_pct, 2), "assumed": self.assumed, "notes": self.notes}
+        return {"basis": self.basis, "baseline": self.baseline.to_json(), "predicted": predicted,
+                "profiler": self.profiler, "replay_error_pct": round(self.replay_error_pct, 2),
+                "assumed": self.assumed, "notes": self.notes}
 
 
 def read_model(result: RunResult, ranks: Sequence[int] | None = None) -> Model:
@@ -182,7 +192,10 @@ def predict(model: Model, settings: Settings) -> Prediction:
     if model.sampled is not None:
         notes.append(f"read on {len(model.sampled)} of {len(model.result.analysis.ranks)} ranks spread over the run "
                      f"({', '.join(map(str, model.sampled))}): the run is too large to hold every rank's events")
+    cost = model.result.summary.profiler
     return Prediction(baseline=baseline, predicted=predicted, settings=full,
+                      profiler={"profiled_step_ms": cost.profiled_step_ms, "unprofiled_step_ms": cost.unprofiled_step_ms,
+                                "slowdown": cost.slowdown} if cost is not None else None,
                       replay_error_pct=100.0 * abs(replay_mean - recorded_mean) / recorded_mean if recorded_mean else 0.0,
                       notes=notes, replay=model.replays, simulated=simulated, steps=rec.steps, memory=memory,
                       assumed=assumed(full, rec))
@@ -258,8 +271,9 @@ def _baseline(model: Model) -> Outcome:
     units = [UnitOutcome(name=u.name, all_gather_ms=u.all_gather_ms or 0.0, forward_ms=u.forward_ms or 0.0,
                          backward_ms=u.backward_ms or 0.0, reduce_scatter_ms=u.reduce_scatter_ms or 0.0,
                          exposed_comm_ms=u.exposed_comm_ms or 0.0) for u in summary.units]
-    # as `summary --json` says them; the model's own numbers where the summary has none
-    step = summary.step_time_ms if summary.step_time_ms is not None else rounded_ms(
+    # as `summary --json` says them (the traced step: the basis of the simulated change, not the
+    # unprofiled headline); the model's own numbers where the summary has none
+    step = summary.traced_step_time_ms if summary.traced_step_time_ms is not None else rounded_ms(
         statistics.fmean(s.step_ns for s in rec.steps))
     with_memory = [s.memory for s in rec.steps if s.memory is not None]
     top = max(with_memory, key=lambda m: m.peak_bytes) if with_memory else None

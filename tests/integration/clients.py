@@ -24,7 +24,7 @@ from helpers.jobs import REPO, fsdpviz, record_env, retried, run_job, teardown_c
 from helpers.once import process_from_json, process_to_json, shared_folder
 
 CLIENTS = REPO / "tests" / "clients"
-STEPS = 6  # optimizer steps; fsdpviz profiles 2-4 (its defaults)
+STEPS = 6  # optimizer steps; fsdpviz profiles 2-4 (--warmup 2: the clients are slow to start, 6 steps do)
 PROFILED = [2, 3, 4]
 ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch"]
 RUN_TIMEOUT_S = 300  # a client trains in well under a minute; longer is a hang
@@ -149,7 +149,8 @@ class ClientRuns:
 
             def attempt() -> subprocess.CompletedProcess:
                 _clear_losses(losses, client.ranks)
-                return fsdpviz("record", "--out", str(run_dir), "--steps", str(len(PROFILED)), *outputs, "--",
+                return fsdpviz("record", "--out", str(run_dir), "--warmup", str(PROFILED[0]), "--steps", str(len(PROFILED)),
+                               *outputs, "--",
                                *client.argv(losses, folder / "trainer-out"), env=record_env(), timeout=RUN_TIMEOUT_S,
                                finished=_trained(losses, client.ranks))
 

@@ -107,8 +107,8 @@ class MeshRecordings:
                 extras = ("--extras",) if mode == "tp" else ()
                 command = torchrun(SCRIPTS / "mesh_train.py", "--mode", mode, "--steps", str(MESH_STEPS),
                                    "--truth", str(truth), *extras, nproc=MESH_RANKS)
-                proc = retried(lambda: fsdpviz("record", "--out", str(folder / "run"), *NO_OUTPUT, "--steps", "2",
-                                               "--", *command, env=record_env(), timeout=600),
+                proc = retried(lambda: fsdpviz("record", "--out", str(folder / "run"), *NO_OUTPUT, "--warmup", "2",
+                                               "--steps", "2", "--", *command, env=record_env(), timeout=600),
                                tidy=lambda: shutil.rmtree(folder / "run", ignore_errors=True))
                 return {"proc": process_to_json(proc)}
 
@@ -149,11 +149,13 @@ class Recordings:
 # The example trainer's recordings of test_record.py (each run folder against the model, the
 # frameworks' labels and an unrecorded run's losses) and test_unit_analysis_cpu.py (the per-unit
 # analysis of explicit prefetch), which share the FSDP1 and the ZeRO-3 leaf-module recordings. Three
-# blocks, so that every block but the first is gathered by a prefetch; optimizer steps 2-5 profiled
-# (warmup 2, the default) and analysed.
+# blocks, so that every block but the first is gathered by a prefetch; the default schedule: steps 2-4
+# timed unprofiled (the headline step time), 5 the profiler's warm-up, 6-9 profiled and analysed, 10
+# right after the trace export.
 LAYERS = 3
-STEPS = 7
-PROFILED = [2, 3, 4, 5]
+STEPS = 11
+PROFILED = [6, 7, 8, 9]
+UNPROFILED = [2, 3, 4]
 MODEL = ("--layers", str(LAYERS), "--dim", "32", "--seed", "0", "--steps", str(STEPS))
 PROFILE = ("--steps", str(len(PROFILED)))
 ZERO3_ENV = (("DS_ACCELERATOR", "cpu"),)

@@ -16,6 +16,7 @@ import re
 import runpy
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -24,7 +25,17 @@ from typing import Any
 
 import pytest
 from helpers.jobs import EXAMPLE, REPO, record_env, retried, torchrun, unused_port
-from recording import EXAMPLE_RUNS, LAYERS, PROFILED, SCRIPTS, STEPS, Recording, Recordings, record
+from recording import (
+    EXAMPLE_RUNS,
+    LAYERS,
+    PROFILED,
+    SCRIPTS,
+    STEPS,
+    UNPROFILED,
+    Recording,
+    Recordings,
+    record,
+)
 
 TINY = ["--layers", "2", "--dim", "32"]
 BLOCKS = [f"blocks.{i}" for i in range(LAYERS)]
@@ -127,6 +138,36 @@ def test_record_fsdp2_run_folder_units_timers_and_identical_losses(recordings: R
 
 
 @pytest.mark.slow
+def test_record_default_schedule_times_three_unprofiled_steps_for_the_headline(recordings: Recordings) -> None:
+    """The default schedule times steps 2-4 unprofiled before the profiled window; the headline's step
+    time is theirs, as the timers file's own step records (wall clock) say, or the traced step with a
+    note when the profiled steps came out faster (a shared machine's noise)."""
+    from fsdpviz.analysis.pipeline import analyse
+
+    rec = recordings.get(EXAMPLE_RUNS["fsdp2"])
+    assert rec.proc.returncode == 0, rec.proc.stderr[-3000:]
+    summary = analyse([rec.run_dir], cache=False).summary
+    wall: dict[int, dict[int, float]] = {}
+    for rank in (0, 1):
+        wall[rank] = {r["step"]: r["ms"] for r in _timers(rec.run_dir, rank)
+                      if r["unit"] == "" and r["phase"] == "step" and r["kind"] == "total"}
+        assert sorted(wall[rank]) == list(range(STEPS))  # every step timed, profiled or not
+    cost = summary.profiler
+    assert cost is not None and cost.profiled_steps == PROFILED
+    assert cost.unprofiled_steps == UNPROFILED and len(UNPROFILED) >= 3 and cost.fewest_unprofiled_steps == 3
+    assert cost.left_out_steps == [0, 1, PROFILED[0] - 1, PROFILED[-1] + 1]
+    unprofiled = statistics.median(statistics.median(wall[r][s] for s in UNPROFILED) for r in (0, 1))
+    profiled = statistics.median(statistics.median(wall[r][s] for s in PROFILED) for r in (0, 1))
+    assert cost.unprofiled_step_ms == pytest.approx(unprofiled, abs=1e-3)
+    assert cost.slowdown == pytest.approx(profiled / unprofiled, abs=1e-3)
+    if profiled / unprofiled >= 0.95:
+        assert summary.step_time_source == "timers" and summary.step_time_ms == pytest.approx(unprofiled, abs=1e-3)
+    else:
+        assert summary.step_time_source == "trace" and summary.step_time_ms == summary.traced_step_time_ms
+        assert any("cannot make a step faster" in n for n in summary.notes)
+
+
+@pytest.mark.slow
 def test_record_fsdp1_adds_unit_labels(recordings: Recordings, tmp_path: Path) -> None:
     rec = recordings.get(EXAMPLE_RUNS["fsdp1"])
     units = ["(root)", *BLOCKS]
@@ -191,7 +232,7 @@ def test_record_hsdp_units_are_sharded_over_the_shard_group(tmp_path: Path) -> N
     from fsdpviz.trace import load_traces
 
     run_dir = tmp_path / "run"
-    proc = record(run_dir, torchrun(SCRIPTS / "hsdp_train.py"))
+    proc = record(run_dir, torchrun(SCRIPTS / "hsdp_train.py"), "--warmup", "2")  # its 6 steps: profile 2-4
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = json.loads((run_dir / "run.json").read_text())
     assert run["framework"] == "fsdp2" and [u["unit"] for u in run["units"]] == ["0", "2"]
@@ -210,7 +251,7 @@ def test_record_sigterm_interrupts_and_keeps_data(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     command = torchrun(EXAMPLE, "--framework", "fsdp2", *TINY, "--steps", "2000")
     proc = subprocess.Popen([sys.executable, "-m", "fsdpviz", "record", "--out", str(run_dir), "--no-report",
-                             "--no-summary", "--",
+                             "--no-summary", "--warmup", "2", "--",
                              *command], env=record_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     deadline = time.monotonic() + 180
@@ -342,7 +383,7 @@ def test_record_under_the_deepspeed_launcher(tmp_path: Path) -> None:
 
     run_dir = tmp_path / "run"
     launcher = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", str(EXAMPLE),
-                "--framework", "zero3", "--wrap", "block", *TINY, "--steps", "7"]
+                "--framework", "zero3", "--wrap", "block", *TINY, "--steps", "10"]
     proc = record(run_dir, launcher, env=record_env(DS_ACCELERATOR="cpu"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = json.loads((run_dir / "run.json").read_text())
@@ -350,4 +391,5 @@ def test_record_under_the_deepspeed_launcher(tmp_path: Path) -> None:
     assert [r["rank"] for r in run["ranks"]] == [0, 1] and all(r["status"] == "ok" for r in run["ranks"])
     summary = analyse([run_dir], cache=False).summary.to_json()
     assert {f"blocks.{i}" for i in range(2)} <= {u["name"] for u in summary["units"]}
-    assert summary["profiler"]["profiled_steps"] == [2, 3, 4] and summary["profiler"]["unprofiled_steps"] == [5, 6]
+    # the default schedule: 2-4 timed unprofiled, 6-8 profiled; 9, right after the trace export, not counted
+    assert summary["profiler"]["profiled_steps"] == [6, 7, 8] and summary["profiler"]["unprofiled_steps"] == [2, 3, 4]

@@ -113,7 +113,7 @@ def test_exception_inside_the_profiled_steps_keeps_the_data_and_the_exit_code(tm
     command = torchrun(INTEGRATION_SCRIPTS / "failing_train.py", str(FAIL_AT), "--framework", "fsdp2", *TINY,
                        "--steps", "10")
     # WHEN it runs under fsdpviz record, and on its own
-    done = run_record(run_dir, command, "--steps", "4")
+    done = run_record(run_dir, command, "--warmup", "2", "--steps", "4")
     plain = subprocess.run(command, check=False, env=record_env(), capture_output=True, text=True, timeout=240)
     # THEN the exit code is the command's own, run.json says why it failed, every file left is whole
     assert done.returncode == plain.returncode != 0

@@ -107,7 +107,7 @@ def test_disk_filling_up_under_the_training(tmp_path: Path, tmpfs: Callable[...,
     disk = tmpfs("disk", 1536)  # room for timers and run.json, not for a trace (several MB of JSON)
     run_dir = disk / "run"
     done = retried(lambda: run_record(run_dir, torchrun(EXAMPLE, "--framework", "fsdp2", *TINY, "--steps", "6"),
-                                      env=record_env(**{ENV_MIN_FREE_MB: "0"})),
+                                      "--warmup", "2", env=record_env(**{ENV_MIN_FREE_MB: "0"})),
                    tidy=lambda: shutil.rmtree(run_dir, ignore_errors=True))
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Traceback" not in done.stderr

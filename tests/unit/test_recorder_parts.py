@@ -46,6 +46,17 @@ def test_assign_order_follows_first_forward_then_module_order() -> None:
     assert {u.unit: u.order for u in units} == {"(root)": 0, "b": 1, "a": 2, "c": 3}
 
 
+def test_default_schedule_times_three_unprofiled_steps_before_profiling() -> None:
+    # a script as short as the default schedule allows (the profiled steps and the one after the export)
+    from fsdpviz.record.options import DEFAULT_STEPS, DEFAULT_WARMUP
+
+    n = DEFAULT_WARMUP + DEFAULT_STEPS + 1
+    actions = [schedule.profiler_action(step, warmup=DEFAULT_WARMUP, steps=DEFAULT_STEPS) for step in range(n)]
+    assert actions == ["none"] * 5 + ["warmup", "record", "record", "record_and_save", "none"]
+    # steps 0-1 warm the run up, 9 follows the trace export: 2, 3, 4 run with no profiler at all
+    assert [s for s, a in enumerate(actions) if a == "none" and 2 <= s < n - 1] == [2, 3, 4]
+
+
 def test_profiler_schedule_skips_warmup_and_records_steps() -> None:
     actions = [schedule.profiler_action(step, warmup=2, steps=3) for step in range(7)]
     assert actions == ["none", "warmup", "record", "record", "record_and_save", "none", "none"]
@@ -149,7 +160,7 @@ def _rank_info(rank: int, **extra: Any) -> dict[str, Any]:
 def test_build_run_json_merges_ranks_and_notes_missing_ones(tmp_path: Path) -> None:
     run = runinfo.build_run_json(
         command=["torchrun", "train.py"], cwd="/w", label="block", start_time="t0", end_time="t1", exit_code=0,
-        status="ok", reason="", options=RecordOptions(run_dir=tmp_path), notes=[],
+        status="ok", reason="", options=RecordOptions(run_dir=tmp_path, warmup=2), notes=[],
         rank_infos=[_rank_info(0), _rank_info(1), _rank_info(2)],
     )
     assert run.format == 1 and run.framework == "fsdp1" and run.world_size == 4

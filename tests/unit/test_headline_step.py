@@ -1,0 +1,112 @@
+"""Which step time a run leads with: the timers' clean unprofiled steps, or the traced step.
+
+Synthetic run folders (tests/synth: traces whose step length is known by construction) with
+hand-written ``timers/rank{R}.jsonl``: every step's wall time is chosen here, so the step the
+headline must show is known before fsdpviz reads a byte. The traced steps last a few ms, the timed
+ones tens of ms: a headline from the wrong side cannot pass for the right one.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from synth import Scenario, generate_run, make_units
+
+from fsdpviz.analysis.pipeline import analyse
+from fsdpviz.analysis.summary import Summary
+
+SLOW_START = [900.0, 70.0]  # steps 0 and 1: allocation, caches
+
+
+def _run(tmp_path: Path, profiled: tuple[int, ...], step_ms: dict[int, list[float]]) -> tuple[Summary, float]:
+    """A 2-rank run folder whose trace holds ``profiled`` and whose timers say ``step_ms`` (rank ->
+    the wall time of steps 0, 1, ...); its summary and the traced step length (ms) by construction."""
+    synth = generate_run(Scenario(units=make_units(2), steps=profiled), tmp_path / "run", run_folder=True)
+    (synth.folder / "timers").mkdir()
+    for rank, times in step_ms.items():
+        lines = [json.dumps({"rank": rank, "step": step, "unit": "", "phase": "step", "kind": "total", "ms": ms,
+                             "n": 1}) for step, ms in enumerate(times)]
+        (synth.folder / "timers" / f"rank{rank}.jsonl").write_text("\n".join(lines) + "\n")
+    steps = synth.expected.steps
+    traced_ms = float((steps["end_ns"] - steps["start_ns"]).mean()) / 1e6
+    return analyse([synth.folder], cache=False, progress=False).summary, traced_ms
+
+
+def _leads_with_the_trace(summary: Summary, traced_ms: float, why: str) -> None:
+    from fsdpviz.commands.summary import step_time_text
+
+    assert summary.step_time_source == "trace"
+    assert summary.step_time_ms == pytest.approx(traced_ms, abs=1e-3)
+    assert step_time_text(summary) == f"{summary.step_time_ms:,.2f} ms (as traced)"  # the terminal's line
+    (note,) = [n for n in summary.notes if "the step time is the traced one" in n]
+    assert why in note
+    as_json = summary.to_json()
+    assert as_json["step_time_ms"] == summary.step_time_ms and why in " ".join(as_json["notes"])
+
+
+def test_steps_timed_before_the_profiled_window_lead(tmp_path: Path) -> None:
+    # GIVEN the default schedule: steps 2-4 timed unprofiled, 5 the profiler's warm-up, 6-8
+    # profiled, 9 right after the trace export (slow: it pays for the export)
+    summary, traced_ms = _run(tmp_path, (6, 7, 8), {
+        0: [*SLOW_START, 20, 22, 21, 40, 30, 31, 32, 95],
+        1: [*SLOW_START, 24, 26, 25, 45, 36, 35, 34, 120],
+    })
+    # THEN the headline is the median of steps 2-4, median over ranks (21 and 25)
+    assert summary.step_time_source == "timers" and summary.step_time_ms == pytest.approx(23.0)
+    cost = summary.profiler
+    assert cost is not None and cost.headline and cost.note is None
+    assert cost.unprofiled_steps == [2, 3, 4] and cost.left_out_steps == [0, 1, 5, 9]
+    assert cost.profiled_step_ms == pytest.approx((31 + 35) / 2) and cost.slowdown == pytest.approx(33 / 23, abs=1e-3)
+    assert summary.traced_step_time_ms == pytest.approx(traced_ms, abs=1e-3)
+    assert not [n for n in summary.notes if "traced one" in n]
+
+
+def test_a_slow_step_after_the_export_never_leads(tmp_path: Path) -> None:
+    # GIVEN the old schedule on a 6-step script: profiled 2-4, and step 5 the only other one, slow
+    # because the trace was just written (the recorded fsdp1 sample's shape: 0.56x)
+    summary, traced_ms = _run(tmp_path, (2, 3, 4), {
+        0: [*SLOW_START, 39, 29, 110, 56],
+        1: [*SLOW_START, 39, 29, 102, 84],
+    })
+    # THEN no step is left to compare with: the traced step leads and a note says why
+    assert summary.profiler is None and summary.to_json()["profiler"] is None
+    _leads_with_the_trace(summary, traced_ms, "no clean unprofiled step")
+
+
+def test_two_unprofiled_steps_are_too_few(tmp_path: Path) -> None:
+    # GIVEN profiled 2-4, step 5 after the export, then only steps 6 and 7
+    summary, traced_ms = _run(tmp_path, (2, 3, 4), {
+        0: [*SLOW_START, 30, 30, 30, 80, 20, 20],
+        1: [*SLOW_START, 33, 33, 33, 90, 22, 22],
+    })
+    # THEN the profiler's numbers are still reported, but the headline is the traced step
+    cost = summary.profiler
+    assert cost is not None and not cost.headline and cost.fewest_unprofiled_steps == 2
+    assert cost.unprofiled_steps == [6, 7] and cost.unprofiled_step_ms == pytest.approx(21.0)
+    assert cost.slowdown == pytest.approx(31.5 / 21, abs=1e-3)
+    _leads_with_the_trace(summary, traced_ms, "timed 2 clean unprofiled step(s)")
+    assert summary.to_json()["profiler"]["note"] == cost.note
+    assert not [f for f in summary.findings if f.kind == "profiler"]  # a 1.5x from two steps is not said
+
+
+def test_profiled_steps_faster_than_unprofiled_is_noise(tmp_path: Path) -> None:
+    # GIVEN profiled steps at 16 ms and clean unprofiled steps at 20 ms: a 0.8x "slowdown"
+    summary, traced_ms = _run(tmp_path, (2, 3, 4), {
+        0: [*SLOW_START, 16, 16, 16, 50, 20, 20, 20],
+        1: [*SLOW_START, 16, 16, 16, 50, 20, 20, 20],
+    })
+    cost = summary.profiler
+    assert cost is not None and cost.slowdown == pytest.approx(0.8) and not cost.headline
+    _leads_with_the_trace(summary, traced_ms, "0.80x")
+
+
+def test_one_rank_short_of_steps_is_enough_to_fall_back(tmp_path: Path) -> None:
+    # GIVEN rank 1 stopped timing one step earlier than rank 0 (4 clean steps against 2)
+    summary, traced_ms = _run(tmp_path, (2, 3, 4), {
+        0: [*SLOW_START, 30, 30, 30, 80, 20, 20, 20, 20],
+        1: [*SLOW_START, 30, 30, 30, 80, 20, 20],
+    })
+    assert summary.profiler is not None and summary.profiler.fewest_unprofiled_steps == 2
+    _leads_with_the_trace(summary, traced_ms, "rank 1 timed 2")
