@@ -43,6 +43,8 @@ class Config:
     train_args: tuple[str, ...]
     record_options: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
+    script: Path = EXAMPLE
+    output_flag: str = "--log-losses"  # the script's flag for its per-rank output (a ``{rank}`` template)
 
     def environment(self) -> dict[str, str]:
         return record_env(**dict(self.env))
@@ -55,7 +57,7 @@ class Recording:
     config: Config
     run_dir: Path
     proc: subprocess.CompletedProcess
-    losses: Path  # a ``--log-losses`` template with ``{rank}``
+    losses: Path  # a ``--log-losses`` template with ``{rank}`` (the script's ``output_flag``)
 
     def unrecorded_losses(self, out: Path) -> Path:
         """Run the same job without fsdpviz; its ``--log-losses`` template under ``out``."""
@@ -75,12 +77,13 @@ class Recordings:
 
     def get(self, config: Config) -> Recording:
         if config not in self.done:
-            folder = self.base / f"{len(self.done)}-{'-'.join(a.lstrip('-') for a in config.train_args[:4])}"
+            folder = self.base / f"{len(self.done)}-{'-'.join(a.lstrip('-').replace('+', '-') for a in config.train_args[:4])}"
             losses = folder / "losses-{rank}.txt"
             folder.mkdir()
             run_dir = folder / "run"
             proc = retried(lambda: fsdpviz("record", "--out", str(run_dir), *config.record_options, "--",
-                                           *torchrun(EXAMPLE, *config.train_args, "--log-losses", str(losses)),
+                                           *torchrun(config.script, *config.train_args, config.output_flag,
+                                                     str(losses)),
                                            env=config.environment(), timeout=600),
                            tidy=lambda: shutil.rmtree(run_dir, ignore_errors=True))
             self.done[config] = Recording(config, run_dir, proc, losses)
@@ -112,4 +115,20 @@ EXAMPLE_RUNS = {
     # blocks as ZeRO-3 leaf modules, a prefetch bucket of one block
     "zero3-block": Config(("--framework", "zero3", "--wrap", "block", "--prefetch", "1", *MODEL),
                           (*NO_OUTPUT, *PROFILE), ZERO3_ENV),
+}
+
+
+# The memory variations of record_scripts/memory_train.py (FSDP2, 3 layers of dim 32, 7 steps; steps
+# 2-4 profiled): each prints its own truth (``--truth``), test_memory_truth.py holds fsdpviz to it.
+MEMORY_SCRIPT = SCRIPTS / "memory_train.py"
+MEMORY_RUNS = {
+    name: Config(args, (*NO_OUTPUT, "--steps", "3", *options), script=MEMORY_SCRIPT, output_flag="--truth")
+    for name, (args, options) in {
+        "sgd-momentum": (("--optimizer", "sgd-momentum"), ()),
+        "adam-amsgrad": (("--optimizer", "adam-amsgrad"), ()),
+        # profiled from the first step: the optimizers make their state inside the trace
+        "own+sgd": (("--optimizer", "own+sgd"), ("--warmup", "0")),
+        "model-zero-grad": (("--zero-grad", "model"), ()),
+        "keep-grads": (("--zero-grad", "keep"), ()),
+    }.items()
 }
