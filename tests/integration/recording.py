@@ -119,16 +119,18 @@ EXAMPLE_RUNS = {
 
 
 # The memory variations of record_scripts/memory_train.py (FSDP2, 3 layers of dim 32, 7 steps; steps
-# 2-4 profiled): each prints its own truth (``--truth``), test_memory_truth.py holds fsdpviz to it.
+# 2-4 profiled), two or three to a recording: each prints its own truth (``--truth``),
+# test_memory_truth.py holds fsdpviz to it.
 MEMORY_SCRIPT = SCRIPTS / "memory_train.py"
 MEMORY_RUNS = {
     name: Config(args, (*NO_OUTPUT, "--steps", "3", *options), script=MEMORY_SCRIPT, output_flag="--truth")
     for name, (args, options) in {
-        "sgd-momentum": (("--optimizer", "sgd-momentum"), ()),
-        "adam-amsgrad": (("--optimizer", "adam-amsgrad"), ()),
-        # profiled from the first step: the optimizers make their state inside the trace
+        # Adam with amsgrad (three states), the gradients zeroed by model.zero_grad() (no Optimizer range)
+        "adam-amsgrad+model-zero-grad": (("--optimizer", "adam-amsgrad", "--zero-grad", "model"), ()),
+        # SGD with momentum (one state), the gradients kept from step to step (set_to_none=False)
+        "sgd-momentum+keep-grads": (("--optimizer", "sgd-momentum", "--zero-grad", "keep"), ()),
+        # two optimizers, one of the script's own class; profiled from the first step, so the
+        # optimizers make their state inside the trace
         "own+sgd": (("--optimizer", "own+sgd"), ("--warmup", "0")),
-        "model-zero-grad": (("--zero-grad", "model"), ()),
-        "keep-grads": (("--zero-grad", "keep"), ()),
     }.items()
 }
