@@ -152,14 +152,26 @@ class Run(LabelledRun):
         """What the allocated level is made of, over the analysed steps: per rank and kept sample
         (the samples of ``memory``) one column per category -- sharded parameters, optimizer state,
         gradients, unsharded parameters and gradients, communication buffers, activations, other
-        (memory_categories.CATEGORY_LEVELS; they add up to ``allocated_bytes``)."""
-        return self.result.analysis.memory_categories
+        (memory_categories.CATEGORY_LEVELS; they add up to ``allocated_bytes`` when all are known). A
+        category that cannot be known on a rank is missing (``pd.NA``), never 0: ``memory_unknown``
+        says why."""
+        from fsdpviz.analysis.memory_categories import with_unknown
+
+        return with_unknown(self.result.analysis.memory_categories, self.result.analysis.memory_unknown)
 
     @property
     def memory_peaks(self) -> pd.DataFrame:
         """The categories at each rank's step peaks (``unit`` "") and at each unit pass's peak
-        (memory_categories.CATEGORY_PEAKS)."""
-        return self.result.analysis.category_peaks
+        (memory_categories.CATEGORY_PEAKS; unknown ones missing, as in ``memory_categories``)."""
+        from fsdpviz.analysis.memory_categories import with_unknown
+
+        return with_unknown(self.result.analysis.category_peaks, self.result.analysis.memory_unknown)
+
+    @property
+    def memory_unknown(self) -> dict[int, dict[str, str]]:
+        """Per rank, the memory categories that cannot be known and why (e.g. on CPU, what the
+        profiler did not see because it was allocated before the trace)."""
+        return {r: dict(u) for r, u in self.result.analysis.memory_unknown.items()}
 
     @property
     def collectives(self) -> pd.DataFrame:
@@ -245,13 +257,15 @@ class Run(LabelledRun):
         if levels.empty:
             raise UsageError("no memory by category: the run has no allocator samples or no FSDP units")
         if rank is None:
-            totals = levels[list(CATEGORIES)].sum(axis=1)
+            totals = levels[list(CATEGORIES)].fillna(0).sum(axis=1)
             rank = int(levels["rank"].to_numpy()[int(totals.to_numpy().argmax())])
         mine = levels[(levels["rank"] == rank).to_numpy()]
         if mine.empty:
             raise UsageError(f"rank {rank}: no memory samples (ranks: {sorted(set(levels['rank'].tolist()))})")
         t_ms = (mine["t_ns"] - int(mine["t_ns"].min())) / NS_PER_MS
-        areas = [hv.Area((t_ms, mine[c] / MIB), "time (ms)", "allocated (MiB)", label=TITLES[c])
+        # an unknown category is drawn flat and named so in the legend
+        areas = [hv.Area((t_ms, mine[c].astype("Float64").fillna(0.0).to_numpy(float) / MIB), "time (ms)",
+                         "allocated (MiB)", label=TITLES[c] if mine[c].notna().all() else f"{TITLES[c]} (unknown)")
                  for c in CATEGORIES]
         return hv.Area.stack(hv.Overlay(areas)).opts(
             hv.opts.Area(width=900, height=320, tools=["hover"]),

@@ -95,6 +95,53 @@ class ProfileInfo(msgspec.Struct, kw_only=True):
     window_s: float | None = None
 
 
+class TraceStartMemory(msgspec.Struct, kw_only=True):
+    """What a rank's training process held on its device when its trace began, measured there by
+    the recorder (run.json ``ranks[].memory.trace_start``): the CPU profiler's level starts at 0 then,
+    so this is what it does not see. None where it could not be measured."""
+
+    step: int | None = None
+    """The step the trace began with."""
+    device: str | None = None
+    """``cpu`` or ``cuda``: the tensors counted are those on this device."""
+    sharded_param_bytes: int | None = None
+    """The sharded parameters this rank holds (FSDP2: the DTensors' local shards; FSDP1: the flat
+    parameters' local shards; ZeRO-3: the ``ds_tensor`` partitions)."""
+    optimizer_state_bytes: int | None = None
+    """Every tensor in ``optimizer.state`` of every optimizer that had stepped (DTensors: local shards)."""
+    gradient_bytes: int | None = None
+    """The parameters' gradients alive then (local shards)."""
+    gradient_bytes_kept: int | None = None
+    """Of those, the bytes still alive at the next optimizer step (``zero_grad(set_to_none=False)``
+    keeps them; ``set_to_none=True`` frees them)."""
+
+    def baseline_bytes(self) -> int:
+        """What the level that starts with the trace leaves out and keeps all along: the sharded
+        parameters, the optimizer state and the gradients kept (the known ones)."""
+        return sum(b for b in (self.sharded_param_bytes, self.optimizer_state_bytes, self.gradient_bytes_kept)
+                   if b is not None)
+
+
+class OptimizerMemory(msgspec.Struct, kw_only=True):
+    """One optimizer's state after its last recorded step (run.json ``ranks[].memory.optimizers[]``)."""
+
+    optimizer: str
+    """Its class (``torch.optim.AdamW``, or the script's own)."""
+    state_bytes: int
+    """Every tensor in its ``state`` on the rank's device (DTensors: local shards)."""
+    state_tensors: int
+    params: int
+    """Parameters with state."""
+    step: int
+
+
+class RankMemory(msgspec.Struct, kw_only=True):
+    """What the recorder measured of a rank's memory in the training process (run.json ``ranks[].memory``)."""
+
+    trace_start: TraceStartMemory | None = None
+    optimizers: list[OptimizerMemory] = msgspec.field(default_factory=list)
+
+
 class RankInfo(msgspec.Struct, kw_only=True):
     """One recording rank (run.json ``ranks[]``)."""
 
@@ -120,6 +167,8 @@ class RankInfo(msgspec.Struct, kw_only=True):
     end_time: str | None = None
     cpu_count: int | None = None
     """CPU cores the rank's process could run on (its affinity), for predicting CPU runs."""
+    memory: RankMemory | None = None
+    """What the recorder measured of the rank's memory in the training process."""
 
 
 class RunInfo(msgspec.Struct, kw_only=True):

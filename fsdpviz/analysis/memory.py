@@ -30,9 +30,12 @@ import numpy as np
 import pandas as pd
 
 from fsdpviz.runfolder import UnitInfo
-from fsdpviz.trace import schema
+from fsdpviz.trace import frames, schema
 
 MAX_CURVE_POINTS: Final = 4_000  # per rank
+
+
+CPU_DEVICE: Final = frames.CPU_DEVICE  # the CPU allocator's samples
 
 
 def main_devices(memory: pd.DataFrame) -> dict[int, str]:
@@ -41,7 +44,7 @@ def main_devices(memory: pd.DataFrame) -> dict[int, str]:
     if memory.empty:
         return out
     counts = memory.groupby(["rank", "device"], observed=True).size().reset_index(name="n")
-    counts["gpu"] = counts["device"].astype(str) != "cpu"
+    counts["gpu"] = counts["device"].astype(str) != CPU_DEVICE
     counts = counts.sort_values(["rank", "gpu", "n"], ascending=[True, False, False], kind="stable")
     for row in counts.drop_duplicates("rank").itertuples():
         out[int(row.rank)] = str(row.device)
@@ -222,7 +225,8 @@ class MemoryModel(msgspec.Struct, kw_only=True):
     sharded_bytes_per_param: int  # s: of the sharded parameters and gradients
     sharded_bytes_measured: bool  # from the sharded gradients' size (False: assumed equal to p)
     optimizer_bytes_per_param: int  # K
-    optimizer_class: str  # from the optimizer's step label ("" when not seen: K assumed)
+    optimizer_class: str  # from the optimizer's step label ("" when not seen or several)
+    optimizer_bytes_measured: bool = False  # K from the measured optimizer state (False: Adam assumed)
     shards: int
     shards_source: str
     sharded_state_bytes: int
@@ -238,23 +242,21 @@ class MemoryModel(msgspec.Struct, kw_only=True):
 
 
 def memory_model(unit_bytes: pd.Series, world_size: int, elem_bytes: int, *, measured_elem: bool,
-                 sharded_elem_bytes: int | None = None, optimizer_states: int | None = None,
+                 sharded_elem_bytes: int | None = None, optimizer_bytes: int | None = None,
                  optimizer_class: str = "", unit_shards: dict[str, int] | None = None,
                  shards_source: str = "world_size") -> MemoryModel | None:
     """The :class:`MemoryModel` of units of ``unit_bytes`` unsharded parameter bytes (``elem_bytes``
     per element). ``sharded_elem_bytes``: measured bytes per sharded element (default: the gathered
-    size). ``optimizer_states``: states per element of the optimizer's class (K = states * s);
-    unknown, Adam is assumed: two states, plus fp32 master weights for 16-bit shards (12)."""
+    size). ``optimizer_bytes``: the optimizer's bytes per sharded element as measured (K); unknown,
+    Adam's two moments in the shards' dtype are assumed (2s)."""
     units = [(str(u), int(b)) for u, b in unit_bytes.items() if b > 0]
     sizes = sorted((b for _, b in units), reverse=True)
     if not sizes or world_size <= 0:
         return None
     p = elem_bytes
     sp = sharded_elem_bytes or p
-    if optimizer_states is not None:
-        k = optimizer_states * sp
-    else:
-        k = 12 if sp <= 2 else 2 * sp
+    # not measured: Adam's two moments in the shards' dtype are assumed (optimizer_bytes_measured False)
+    k = optimizer_bytes if optimizer_bytes is not None else 2 * sp
     psi = round(sum(sizes) / p)
     shards = {u: max(1, (unit_shards or {}).get(u, world_size)) for u, _ in units}
     distinct = sorted(set(shards.values()))
@@ -271,7 +273,7 @@ def memory_model(unit_bytes: pd.Series, world_size: int, elem_bytes: int, *, mea
     return MemoryModel(
         param_count=psi, bytes_per_param=p, bytes_per_param_measured=measured_elem, sharded_bytes_per_param=sp,
         sharded_bytes_measured=sharded_elem_bytes is not None, optimizer_bytes_per_param=k,
-        optimizer_class=optimizer_class, shards=n, shards_source=shards_source if unit_shards else "world_size",
+        optimizer_bytes_measured=optimizer_bytes is not None, optimizer_class=optimizer_class, shards=n, shards_source=shards_source if unit_shards else "world_size",
         sharded_state_bytes=sharded, unsharded_params_bytes=params_unsharded, unsharded_grads_bytes=grads_unsharded,
         model_peak_bytes=sharded + params_unsharded + grads_unsharded,
         formula=f"{state} + 2 largest units' params + largest unit's grads")

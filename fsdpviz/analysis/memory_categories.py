@@ -9,32 +9,36 @@ made (the labels around it) and, where that is not enough, from where its block 
   straight into the unsharded parameters).
 - **communication buffers**: FSDP2's all-gather output (made inside ``FSDP::all_gather``, freed after
   the copy-out) and a reduction's input (made inside a unit's reduction and freed in the step).
-- **gradients** (sharded): what a unit's reduction leaves (made inside it, freed by ``zero_grad`` or
-  not in the trace) and the gradients of the step before the trace (freed inside
-  ``Optimizer.zero_grad`` with no allocation seen).
+- **gradients** (sharded): what a unit's reduction leaves -- made inside it and alive after the next
+  optimizer step began, freed by ``Optimizer.zero_grad`` or never in the trace, whatever frees it
+  (``model.zero_grad()`` leaves no range) -- and the gradients of the step before the trace (freed
+  by ``Optimizer.zero_grad``, or blocks of the reductions' sizes freed, with no allocation seen,
+  before the trace's first reduction).
 - **unsharded gradients**: made by backward outside FSDP's labels and freed in FSDP's post-backward
   (the reduction, reshard, accumulation).
 - **activations**: made inside a unit's forward window outside FSDP's gather labels.
-- **optimizer state**: made inside ``Optimizer.step`` and never freed (its lazy initialisation).
+- **optimizer state**: made inside ``Optimizer.step`` and never freed (its lazy initialisation), any
+  class.
 - What was on the device before the trace and stays is divided once the units are known
-  (:func:`split_persistent`): the **sharded parameters** are the units' elements over their shard
-  groups times the bytes per element (measured from the size of one step's sharded gradients, which
-  FSDP keeps in the parameters' dtype; else the units' own), as many **gradients** when the
-  reductions made none (they are kept from step to step), the **optimizer state** the states per
-  element of the optimizer's class (read off its ``Optimizer.step#Class.step`` label: Adam's two
-  moments, ...) in the same dtype; the rest is **other**.
+  (:func:`split_persistent`) with what ``fsdpviz record`` measured in the training process when the
+  trace began (run.json ``ranks[].memory.trace_start``): the **sharded parameters** (else the units'
+  elements over their shard groups times the bytes per element, measured from one step's sharded
+  gradients, which FSDP keeps in the parameters' dtype), the **gradients** kept from step to step
+  when the reductions made none, the **optimizer state**; what cannot be known is named
+  (:attr:`Split.unknown`) and its bytes stay in **other**. On CPU the profiler's level starts at 0
+  with the trace: the loader adds what the recorder measured alive then
+  (:func:`fsdpviz.trace.frames.measured_baseline`), else those categories are unknown.
 - **other**: the rest -- backward's temporaries and activation gradients, the loss, inputs, the CUDA
   libraries' workspaces.
 
-Each category's level at a sample is its share before the first event plus its blocks' allocations
-and frees up to that sample; what the events do not explain (a dropped sample) is ``other``, so the
-categories always add up to the allocator's own level.
+Which labels mean what is :mod:`fsdpviz.analysis.label_rules`. Each category's level at a sample is
+its share before the first event plus its blocks' allocations and frees up to that sample; what
+the events do not explain is ``other``.
 """
 
 from __future__ import annotations
 
 import itertools
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -44,16 +48,8 @@ import numpy as np
 import pandas as pd
 
 from fsdpviz import vocabulary
+from fsdpviz.analysis import label_rules as rules
 from fsdpviz.analysis.intervals import Intervals, covers, empty_intervals, union_intervals
-from fsdpviz.analysis.labels import (
-    COPY_OUT_ACTION,
-    FAMILY_FSDP2,
-    FAMILY_FSDPVIZ,
-    FSDP2_REDUCE_ACTION,
-    FSDPVIZ_REDUCE_ACTION,
-    GATHER_ACTION,
-    POST_BACKWARD_ACTIONS,
-)
 from fsdpviz.trace import schema
 
 SHARDED_PARAMS: Final = "sharded_params"
@@ -74,14 +70,7 @@ TITLES: Final = {SHARDED_PARAMS: "sharded parameters", OPTIMIZER_STATE: "optimiz
                  UNSHARDED_GRADS: "unsharded gradients", COMM_BUFFERS: "communication buffers",
                  ACTIVATIONS: "activations", OTHER: "other"}
 
-ZERO_GRAD_PREFIX: Final = "Optimizer.zero_grad#"
-STEP_PREFIX: Final = "Optimizer.step#"
-_OPTIMIZER_CLASS_RE: Final = re.compile(r"^Optimizer\.step#(?P<cls>\w+)\.step")
-# States per parameter element, each the size of the parameter's element (torch.optim's classes).
-OPTIMIZER_STATES: Final = {"Adam": 2, "AdamW": 2, "Adamax": 2, "NAdam": 2, "RAdam": 2, "Adadelta": 2,
-                           "Rprop": 2, "Adagrad": 1, "RMSprop": 1}
 _ELEMENT_SIZES: Final = (1, 2, 4, 8)
-_FSDP1_POST_BACKWARD: Final = "FullyShardedDataParallel._post_backward_hook"
 
 # One row per kept sample: every category's level (bytes). Per rank before the units are known,
 # ``sharded_params`` holds the whole persistent share (:func:`apply_split` divides it).
@@ -92,11 +81,18 @@ CATEGORY_PEAKS: Final[schema.Schema] = {"rank": "int32", "step": "int32", "unit"
                                         **{c: "int64" for c in CATEGORIES}}
 # Per rank, what the persistent share is divided with (:func:`split_persistent`).
 MEMORY_FACTS: Final[schema.Schema] = {"rank": "int32", "persistent_bytes": "int64", "reduced_bytes": "int64",
-                                      "reductions": "int32", "optimizer_class": "string"}
+                                      "reductions": "int32", "optimizer_made": "bool", "relative": "bool",
+                                      "optimizer_class": "string"}
 # The unsharded parameters and all-gather buffers of each unit: one row per block.
 UNIT_BLOCKS: Final[schema.Schema] = {"rank": "int32", "unit": "string", "category": "string",
                                      "alloc_ns": "int64", "free_ns": "int64", "bytes": "int64"}
 NOT_FREED: Final = np.iinfo(np.int64).max
+# What a rank's allocated level counts: the allocator's own level (GPU); on CPU, where the profiler
+# starts it at 0 with the trace, what was allocated since, plus what the recorder measured alive
+# then, or only what was allocated since (a trace recorded without that measurement).
+LEVEL_ALLOCATOR: Final = "allocator"
+LEVEL_MEASURED_BASELINE: Final = "since_trace_start_plus_measured"
+LEVEL_SINCE_TRACE_START: Final = "since_trace_start"
 MAX_CATEGORY_POINTS: Final = 1_000  # per rank: the category levels kept for drawing (the peaks among them)
 
 
@@ -114,7 +110,12 @@ class Sites:
     forward: Intervals  # units' forward windows
     gather_labels: pd.DataFrame  # start_ns, end_ns, unit of the gather and copy-out labels, by start
     post_labels: pd.DataFrame  # the same of the post-backward labels that name their unit
-    optimizer_class: str = ""  # the optimizer's class from its step label ("" when none)
+    optimizer_classes: tuple[str, ...] = ()  # the optimizers' classes from their step labels
+
+    @property
+    def optimizer_class(self) -> str:
+        """The optimizer's class when one class stepped ("" when none or several)."""
+        return self.optimizer_classes[0] if len(self.optimizer_classes) == 1 else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +136,7 @@ class Categorised:
     persistent: int  # present before the first sample and never freed (in ``sharded_params`` until split)
     reduced_bytes: int  # sharded gradients one step's reductions leave
     reductions: int  # the units' reductions seen (labels)
+    optimizer_made: bool  # the optimizer made state inside the trace (its first step is in it)
     blocks: pd.DataFrame  # UNIT_BLOCKS without the rank
 
     def at(self, i: int) -> dict[str, int]:
@@ -153,16 +155,12 @@ def _label_rows(labels: pd.DataFrame, mask: np.ndarray) -> tuple[np.ndarray, np.
 
 def sites(labels: pd.DataFrame, windows: pd.DataFrame, events: pd.DataFrame) -> Sites:
     """The :class:`Sites` of one rank from its labels (labels.LABELS), unit windows (windows.WINDOWS)
-    and events (the optimizer's ranges and FSDP1's post-backward hook, which name no unit)."""
-    family, action = labels["family"].astype(str).to_numpy(), labels["action"].astype(str).to_numpy()
-    fsdp2, fsdpviz = family == FAMILY_FSDP2, family == FAMILY_FSDPVIZ
-    gather = action == GATHER_ACTION
-    reduce = (fsdp2 & (action == FSDP2_REDUCE_ACTION)) | (fsdpviz & (action == FSDPVIZ_REDUCE_ACTION))
-    post = reduce | (fsdp2 & np.isin(action, list(POST_BACKWARD_ACTIONS)))
-    params = (fsdp2 & (action == COPY_OUT_ACTION)) | (fsdpviz & gather)
+    and events (the optimizer's ranges and FSDP1's post-backward hook, which name no unit), read with
+    :mod:`fsdpviz.analysis.label_rules`."""
+    post = rules.post_backward(labels)
     empty = np.zeros(0, dtype=np.int64)
     fsdp1_post = zero = opt = (empty, empty)
-    cls = ""
+    classes: tuple[str, ...] = ()
     if len(events):
         ann = events[(events["kind"] == schema.KIND_ANNOTATION).to_numpy()]
         names = ann["name"].astype(str).to_numpy()
@@ -172,31 +170,30 @@ def sites(labels: pd.DataFrame, windows: pd.DataFrame, events: pd.DataFrame) -> 
         def ranges(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             return start[mask], end[mask]
 
-        fsdp1_post = ranges(names == _FSDP1_POST_BACKWARD)
-        zero = ranges(np.char.startswith(names.astype(str), ZERO_GRAD_PREFIX))
-        is_step = np.char.startswith(names.astype(str), STEP_PREFIX)
-        opt = ranges(is_step)
-        if is_step.any():
-            match = _OPTIMIZER_CLASS_RE.match(str(names[is_step][0]))
-            cls = match.group("cls") if match else ""
+        fsdp1_post = ranges(rules.is_fsdp1_post_backward(names))
+        zero = ranges(rules.is_zero_grad(names))
+        opt = ranges(rules.is_optimizer_step(names))
+        classes = tuple(rules.optimizer_classes(pd.unique(names)))
     forward = windows[(windows["phase"] == vocabulary.FORWARD).to_numpy()] if len(windows) else windows
+
     def named(mask: np.ndarray) -> pd.DataFrame:
         rows = labels[mask]
         return pd.DataFrame({"start_ns": rows["start_ns"].to_numpy(np.int64), "end_ns": rows["end_ns"].to_numpy(np.int64),
                              "unit": rows["unit"].astype(str).to_numpy()}).sort_values("start_ns", kind="stable")
 
     post_s, post_e = _label_rows(labels, post)
+    params = rules.gather_into_params(labels)
     return Sites(
-        gather_buffer=_intervals(*_label_rows(labels, fsdp2 & gather)),
+        gather_buffer=_intervals(*_label_rows(labels, rules.fsdp2_gather(labels))),
         gather_params=_intervals(*_label_rows(labels, params)),
-        reduce=_intervals(*_label_rows(labels, reduce)),
+        reduce=_intervals(*_label_rows(labels, rules.reduce(labels))),
         post_backward=_intervals(np.concatenate([post_s, fsdp1_post[0]]), np.concatenate([post_e, fsdp1_post[1]])),
         zero_grad=_intervals(*zero), optimizer=_intervals(*opt),
         forward=_intervals(forward["start_ns"].to_numpy(np.int64), forward["end_ns"].to_numpy(np.int64))
         if len(forward) else empty_intervals(),
-        gather_labels=named((gather & (fsdp2 | fsdpviz)) | params).reset_index(drop=True),
+        gather_labels=named(rules.gather(labels) | params).reset_index(drop=True),
         post_labels=named(post & (labels["unit"].astype(str) != "").to_numpy()).reset_index(drop=True),
-        optimizer_class=cls)
+        optimizer_classes=classes)
 
 
 def categorise(samples: pd.DataFrame, where: Sites) -> Categorised:
@@ -221,7 +218,18 @@ def categorise(samples: pd.DataFrame, where: Sites) -> Categorised:
     codes[alloc & ~in_forward & ~in_post & freed_post] = CODE[UNSHARDED_GRADS]
     codes[alloc & in_opt & never_freed] = CODE[OPTIMIZER_STATE]
     codes[alloc & in_reduce] = CODE[COMM_BUFFERS]
-    sharded_grads = alloc & in_reduce & (never_freed | freed_zero)
+    # A reduction's output that outlives the backward is a sharded gradient, however it is freed
+    # later (optimizer.zero_grad, model.zero_grad -- no range of its own --, never with
+    # set_to_none=False); its input is freed before the optimizer steps.
+    freed_grads = alloc & in_reduce & (freed_zero | _freed_after_next(t, freed_at, where.optimizer))
+    # still alive at the trace's end: made in the last step, and of a size earlier steps' gradients had
+    # (FSDP2 keeps a reduce-scatter input past the step now and then; it is the unsharded size)
+    kept_to_end = alloc & in_reduce & never_freed & _last_step(t, where)
+    if freed_grads.any():
+        kept_to_end &= np.isin(delta, np.unique(delta[freed_grads]))
+    elif len(where.optimizer[0]) > 1:  # steps came and went and no reduction's output was a gradient:
+        kept_to_end[:] = False  # the gradients are kept from step to step (set_to_none=False)
+    sharded_grads = freed_grads | kept_to_end
     codes[sharded_grads] = CODE[GRADIENTS]
     codes[alloc & in_gather_buffer] = CODE[COMM_BUFFERS]
     codes[alloc & in_gather_params] = CODE[UNSHARDED_PARAMS]
@@ -229,7 +237,12 @@ def categorise(samples: pd.DataFrame, where: Sites) -> Categorised:
     paired = frees & (made_at >= 0)
     codes[paired] = codes[made_at[paired]]
     unpaired = frees & (made_at < 0)
-    codes[unpaired & in_zero] = CODE[GRADIENTS]  # the gradients of the step before the trace
+    # the gradients of the step before the trace: freed by zero_grad, or (model.zero_grad leaves
+    # no range) blocks of the sizes the reductions leave, freed before the trace's first reduction
+    grad_sizes = np.unique(delta[sharded_grads])
+    first_reduce = where.reduce[0][0] if len(where.reduce[0]) else np.iinfo(np.int64).max
+    before_grads = unpaired & ~in_forward & (t < first_reduce) & np.isin(-delta, grad_sizes)
+    codes[unpaired & (in_zero | before_grads)] = CODE[GRADIENTS]
     # Before the first sample: blocks freed later with no allocation seen are their category's;
     # the rest stays all along (sharded parameters, optimizer state, workspaces).
     before = int(samples["allocated_bytes"].iat[0] - delta[0]) if n else 0
@@ -246,8 +259,33 @@ def categorise(samples: pd.DataFrame, where: Sites) -> Categorised:
     levels[:, CODE[OTHER]] += samples["allocated_bytes"].to_numpy(np.int64) - levels.sum(axis=1)
     return Categorised(codes=codes, levels=levels, persistent=persistent,
                        reduced_bytes=_reduced_per_step(t, delta, sharded_grads, where),
-                       reductions=len(where.reduce[0]),
+                       reductions=len(where.reduce[0]), optimizer_made=bool((codes == CODE[OPTIMIZER_STATE]).any()),
                        blocks=_unit_blocks(t, delta, codes, freed_at, where))
+
+
+def _last_step(t: np.ndarray, where: Sites) -> np.ndarray:
+    """Per sample: made after the last optimizer step that another reduction follows. A gradient
+    still alive at the trace's end was made then: an earlier step's would have been freed or
+    accumulated into before a later step's reductions (FSDP2 keeps its last reduce-scatter input
+    past the step now and then: that one is a buffer)."""
+    starts = np.sort(where.optimizer[0])
+    reduces = where.reduce[0]
+    if not len(starts) or not len(reduces):
+        return np.ones(len(t), dtype=bool)
+    followed = starts[starts < reduces.max()]
+    return t >= followed.max() if len(followed) else np.ones(len(t), dtype=bool)
+
+
+def _freed_after_next(t: np.ndarray, freed_at: np.ndarray, ranges: Intervals) -> np.ndarray:
+    """Per sample: an allocation freed after the start of the first of ``ranges`` (the optimizer
+    steps) that opens after it."""
+    starts = np.sort(ranges[0])
+    if not len(starts):
+        return np.zeros(len(t), dtype=bool)
+    at = np.searchsorted(starts, t, side="right")
+    next_start = np.where(at < len(starts), starts[np.clip(at, 0, len(starts) - 1)], np.iinfo(np.int64).max)
+    freed = freed_at >= 0
+    return freed & (t[np.clip(freed_at, 0, None)] >= next_start)
 
 
 def _pairs(addr: np.ndarray, delta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -343,47 +381,121 @@ def sharded_state(units: pd.DataFrame, shards: Mapping[str, int], world_size: in
     return ShardedState(elements, gathered, False)
 
 
-def split_persistent(persistent: int, state: ShardedState | None, optimizer_class: str, *,
-                     gradients_kept: bool = False) -> dict[str, int]:
-    """What was present before the trace and stayed, divided: the units' sharded parameters, their
-    sharded gradients when ``gradients_kept`` (the reductions made none: ``zero_grad(set_to_none=
-    False)`` keeps them from step to step), the optimizer's states where its class says how many per
-    element, the rest ``other``."""
-    if state is None:
-        return {SHARDED_PARAMS: 0, OPTIMIZER_STATE: 0, GRADIENTS: 0, OTHER: persistent}
-    one = round(state.elements * state.bytes_per_element)
-    params = min(persistent, one)
-    grads = min(persistent - params, one) if gradients_kept else 0
-    states = OPTIMIZER_STATES.get(optimizer_class, 0)
-    optimizer = min(persistent - params - grads, states * one)
-    return {SHARDED_PARAMS: params, OPTIMIZER_STATE: optimizer, GRADIENTS: grads,
-            OTHER: persistent - params - grads - optimizer}
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """What the recorder measured in the training process when the trace began (run.json
+    ``ranks[].memory.trace_start``); None where it could not measure."""
+
+    sharded_param_bytes: int | None = None
+    optimizer_state_bytes: int | None = None
+    gradient_bytes_kept: int | None = None  # gradients alive then and still alive at the next step
+    baseline_bytes: int = 0  # added to a level that starts at 0 with the trace (CPU)
 
 
-def split_levels(levels: np.ndarray, parts: Mapping[str, int]) -> np.ndarray:
+@dataclass(frozen=True, slots=True)
+class Split:
+    """What was present before the trace, divided: ``parts`` per category (SHARDED_PARAMS,
+    OPTIMIZER_STATE, GRADIENTS, OTHER; they add up to the persistent share), and the categories
+    that cannot be known, each with why (their bytes, if any, stay in ``other``)."""
+
+    parts: dict[str, int]
+    unknown: dict[str, str]
+
+
+SINCE_TRACE_START: Final = ("the CPU profiler counts only what was allocated since the trace began, and the "
+                            "recording has no measurement of what was alive then")
+
+
+def split_persistent(persistent: int, state: ShardedState | None, measured: Measured | None, *,
+                     relative: bool, optimizer_made: bool, gradients_kept: bool = False) -> Split:
+    """What was present before the trace and stayed (``persistent``), divided into the sharded
+    parameters (measured by the recorder, else the units' shards ``state``), the gradients kept from
+    step to step (``gradients_kept``: the reductions made none, ``zero_grad(set_to_none=False)``;
+    measured, else as many as the parameters' shards), the optimizer state (measured; none when
+    ``optimizer_made``: the optimizer made its state inside the trace) and the rest (``other``).
+
+    ``relative``: the level starts at 0 with the trace (CPU); what the recorder measured alive then is
+    part of it (the loader added it), else those categories are unknown. What cannot be known is
+    named in ``Split.unknown`` and left in ``other``; ``other`` is then unknown too when bytes are
+    left in it on an absolute level."""
+    m = measured or Measured()
+    unknown: dict[str, str] = {}
+    remaining = persistent
+
+    def take(category: str, value: int | None, why: str) -> int:
+        nonlocal remaining
+        if value is None:
+            unknown[category] = why
+            return 0
+        got = min(remaining, max(0, value))
+        remaining -= got
+        return got
+
+    one = round(state.elements * state.bytes_per_element) if state is not None else None
+    no_units = "the units' parameter sizes are not known (no run.json units, no measurement by fsdpviz record)"
+    params = take(SHARDED_PARAMS, m.sharded_param_bytes if m.sharded_param_bytes is not None
+                  else (None if relative else one), SINCE_TRACE_START if relative else no_units)
+    grads = 0
+    if gradients_kept:
+        unmeasured = ("fsdpviz record could not read this framework's gradients (ZeRO-3 keeps them in its own "
+                      "partitions)" if measured is not None else SINCE_TRACE_START)
+        grads = take(GRADIENTS, m.gradient_bytes_kept if m.gradient_bytes_kept is not None
+                     else (None if relative else one),
+                     unmeasured if relative else "the gradients kept from step to step are not measured")
+    if optimizer_made and not m.optimizer_state_bytes:
+        optimizer = 0
+    else:
+        optimizer = take(OPTIMIZER_STATE, m.optimizer_state_bytes, SINCE_TRACE_START if relative else
+                         "the optimizer made its state before the trace and the recording has no measurement of "
+                         "it (fsdpviz record measures it)")
+    if unknown and remaining > 0:
+        unknown[OTHER] = f"it holds what was allocated before the trace and cannot be divided ({', '.join(unknown)})"
+    return Split(parts={SHARDED_PARAMS: params, OPTIMIZER_STATE: optimizer, GRADIENTS: grads, OTHER: remaining},
+                 unknown=unknown)
+
+
+def _moves(persistent: int, parts: Mapping[str, int]) -> dict[str, int]:
+    """What each column gains when the persistent share (all in ``sharded_params``) is divided."""
+    moved = {c: int(parts[c]) for c in (OPTIMIZER_STATE, GRADIENTS, OTHER)}
+    moved[SHARDED_PARAMS] = int(parts[SHARDED_PARAMS]) - persistent
+    return moved
+
+
+def split_levels(levels: np.ndarray, persistent: int, split: Split) -> np.ndarray:
     """One rank's ``levels`` (samples x categories, ``sharded_params`` holding the persistent share as
-    :func:`categorise` leaves it) with that share divided as ``parts`` (:func:`split_persistent`) says."""
+    :func:`categorise` leaves it) with that share divided as ``split`` says."""
     out = levels.copy()
-    for c in (OPTIMIZER_STATE, GRADIENTS, OTHER):
-        out[:, CODE[c]] += parts[c]
-        out[:, CODE[SHARDED_PARAMS]] -= parts[c]
+    for c, add in _moves(persistent, split.parts).items():
+        out[:, CODE[c]] += add
     return out
 
 
-def apply_split(frame: pd.DataFrame, split: Mapping[int, Mapping[str, int]]) -> pd.DataFrame:
+def apply_split(frame: pd.DataFrame, persistent: Mapping[int, int], split: Mapping[int, Split]) -> pd.DataFrame:
     """``frame`` (category columns, ``sharded_params`` holding each rank's persistent share as
     :func:`categorise` leaves it) with each rank's share divided as ``split[rank]`` says."""
     if frame.empty or not split:
         return frame
     frame = frame.copy()
     ranks = frame["rank"].to_numpy()
-    moved = 0
-    for c in (OPTIMIZER_STATE, GRADIENTS, OTHER):
-        share = pd.Series({r: parts[c] for r, parts in split.items()}, dtype="int64")
+    moves = {r: _moves(persistent[r], sp.parts) for r, sp in split.items()}
+    for c in (SHARDED_PARAMS, OPTIMIZER_STATE, GRADIENTS, OTHER):
+        share = pd.Series({r: m[c] for r, m in moves.items()}, dtype="int64")
         add = share.reindex(ranks).fillna(0).to_numpy(np.int64)  # one pass, whatever the number of ranks
         frame[c] = frame[c].to_numpy(np.int64) + add
-        moved = moved + add
-    frame[SHARDED_PARAMS] = frame[SHARDED_PARAMS].to_numpy(np.int64) - moved
+    return frame
+
+
+def with_unknown(frame: pd.DataFrame, unknown: Mapping[int, Mapping[str, str]]) -> pd.DataFrame:
+    """``frame`` (category columns per rank) with each rank's unknown categories (``unknown``:
+    :attr:`Split.unknown` per rank) as missing values (pandas ``Int64``), never 0."""
+    if frame.empty or not unknown:
+        return frame
+    frame = frame.copy()
+    ranks = frame["rank"].to_numpy()
+    for c in CATEGORIES:
+        missing = np.isin(ranks, [r for r, u in unknown.items() if c in u])
+        if missing.any():
+            frame[c] = frame[c].astype("Int64").mask(missing)
     return frame
 
 
@@ -396,27 +508,33 @@ def levels_frame(rank: int, t_ns: np.ndarray, levels: np.ndarray) -> pd.DataFram
 
 
 class PeakCategories(msgspec.Struct, kw_only=True):
-    """What the allocated level held at one peak, by category (memory_categories.CATEGORIES)."""
+    """What the allocated level held at one peak, by category (memory_categories.CATEGORIES); a
+    category that cannot be known is None, and ``unknown`` says why."""
 
     rank: int
     step: int
     unit: str  # the unit pass whose window holds it ("" for a step's peak outside every unit)
     phase: str
     allocated_bytes: int
-    categories: dict[str, int]
+    categories: dict[str, int | None]
+    unknown: dict[str, str] = msgspec.field(default_factory=dict)
 
 
-def peak_categories(row: dict[str, Any]) -> PeakCategories:
-    """A CATEGORY_PEAKS row as the summary gives it."""
+def peak_categories(row: dict[str, Any], unknown: Mapping[str, str] | None = None) -> PeakCategories:
+    """A CATEGORY_PEAKS row as the summary gives it (``unknown``: the rank's categories that cannot be
+    known, with why: :attr:`Split.unknown`)."""
+    why = dict(unknown or {})
     return PeakCategories(rank=int(row["rank"]), step=int(row["step"]), unit=str(row["unit"]), phase=str(row["phase"]),
                           allocated_bytes=int(row["allocated_bytes"]),
-                          categories={c: int(row[c]) for c in CATEGORIES})
+                          categories={c: None if c in why else int(row[c]) for c in CATEGORIES}, unknown=why)
 
 
-def unit_peak_categories(peaks: pd.DataFrame) -> dict[str, PeakCategories]:
+def unit_peak_categories(peaks: pd.DataFrame,
+                         unknown: Mapping[int, Mapping[str, str]] | None = None) -> dict[str, PeakCategories]:
     """Per unit, the categories at its highest window peak (over ranks, steps and phases)."""
     rows = peaks[(peaks["unit"].astype(str) != "").to_numpy()]
     if rows.empty:
         return {}
     best = rows.sort_values("allocated_bytes", ascending=False, kind="stable").drop_duplicates("unit")
-    return {str(r["unit"]): peak_categories(r) for r in best.to_dict(orient="records")}
+    return {str(r["unit"]): peak_categories(r, (unknown or {}).get(int(r["rank"])))
+            for r in best.to_dict(orient="records")}

@@ -63,7 +63,7 @@ def digest_columns(columns: RankColumns, *, run: RunInfo | None, steps: Sequence
     """:func:`digest` of one rank's parsed tables (consumed), as a worker runs it."""
     one = [columns]
     traces = TraceSet(events=frames.events_frame(one), lanes=frames.lanes_frame(one), steps=frames.steps_frame(one),
-                      memory=frames.memory_frame(one), ranks=frames.ranks_frame(one), units=units_from_run(run),
+                      memory=frames.memory_frame(one, run), ranks=frames.ranks_frame(one), units=units_from_run(run),
                       run=run)
     out = digest(traces, columns.rank_id, traces.events, steps=steps, include_last_step=include_last_step)
     if out.part is not None:

@@ -12,7 +12,7 @@ by default every ProfilerStep the trace holds complete.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -21,6 +21,7 @@ import pandas as pd
 
 from fsdpviz import vocabulary
 from fsdpviz.analysis import crossrank, memory
+from fsdpviz.analysis import label_rules as rules
 from fsdpviz.analysis import memory_categories as mcat
 from fsdpviz.analysis.categorical import startswith
 from fsdpviz.analysis.collectives import is_gpu_rank
@@ -57,12 +58,13 @@ from fsdpviz.analysis.purposes import (
     purpose_times,
 )
 from fsdpviz.analysis.records import CLOCK_MOVED, NO_UNIT_LABELS, SHARED_COLLECTIVES, Note
-from fsdpviz.analysis.spans import ISSUED_GATHERS, OPTIMIZER_PREFIX, unit_tables
+from fsdpviz.analysis.spans import ISSUED_GATHERS, unit_tables
 from fsdpviz.analysis.steps import StepSelection, select_steps
 from fsdpviz.analysis.unit_overlap import unit_steps
 from fsdpviz.analysis.units import derive_units, unit_stats
 from fsdpviz.analysis.windows import overhead_labels, unit_ancestors
 from fsdpviz.formatting import NS_PER_MS
+from fsdpviz.runfolder import RunInfo
 from fsdpviz.trace import schema
 from fsdpviz.trace.tables import TraceSet
 
@@ -98,6 +100,10 @@ class RunAnalysis:
     findings: pd.DataFrame  # schema.FINDINGS, most time lost first
     purposes: pd.DataFrame  # purposes.PURPOSE_TIMES: each rank's communication per purpose, analysed steps
     notes: list[Note] = field(default_factory=list)
+    # per rank, the memory categories that cannot be known, each with why (memory_categories.Split)
+    memory_unknown: dict[int, dict[str, str]] = field(default_factory=dict)
+    # per rank, what its allocated level counts (memory_categories.LEVEL_*)
+    memory_level: dict[int, str] = field(default_factory=dict)
 
 
 def _compute_set(events: pd.DataFrame, lanes: pd.DataFrame) -> Intervals:
@@ -147,7 +153,7 @@ def _step_times(rank: int, steps: pd.DataFrame, pieces: pd.DataFrame, labels: pd
     bwd_end = labels[labels["phase"] == vocabulary.BACKWARD].groupby("step")["end_ns"].max()
     after = steps["step"].map(bwd_end).to_numpy(dtype=np.float64)
     opt = events[((events["kind"] == schema.KIND_ANNOTATION)
-                  & startswith(events["name"], OPTIMIZER_PREFIX))]
+                  & startswith(events["name"], rules.OPTIMIZER_STEP_PREFIX))]
     engine_step = _engine_intervals(labels, (ENGINE_STEP,), windows)
     starts = np.concatenate([opt["start_ns"].to_numpy(np.int64), engine_step[0],
                              np.where(np.isnan(after), hi, np.nan_to_num(after)).astype(np.int64)])
@@ -275,7 +281,8 @@ def analyse_ranks(traces: TraceSet, ranks: Sequence[int], selection: StepSelecti
             where = mcat.sites(by_rank["labels"](rank), rank_windows, rank_events)
             cats = mcat.categorise(samples, where)
             facts.append({"rank": rank, "persistent_bytes": cats.persistent, "reduced_bytes": cats.reduced_bytes,
-                          "reductions": cats.reductions, "optimizer_class": where.optimizer_class})
+                          "reductions": cats.reductions, "optimizer_made": cats.optimizer_made,
+                          "relative": devices[rank] == memory.CPU_DEVICE, "optimizer_class": where.optimizer_class})
             mine = (us["rank"] == rank).to_numpy()
             if mine.any() and len(rank_windows):
                 # per window, then the highest per step, unit and phase: under gradient accumulation
@@ -444,14 +451,14 @@ def combine_parts(parts: Sequence[RankPart], traces: TraceSet, selection: StepSe
     fact_rows = facts.to_dict(orient="records")
     states = {int(f["rank"]): mcat.sharded_state(units, shards, traces.world_size, int(f["reduced_bytes"]))
               for f in fact_rows}
-    split = {int(f["rank"]): mcat.split_persistent(
-        int(f["persistent_bytes"]), states[int(f["rank"])], str(f["optimizer_class"]),
-        gradients_kept=int(f["reductions"]) > 0 and int(f["reduced_bytes"]) == 0) for f in fact_rows}
-    cat_curve, cat_peaks = mcat.apply_split(cat_curve, split), mcat.apply_split(cat_peaks, split)
+    persistent = {int(f["rank"]): int(f["persistent_bytes"]) for f in fact_rows}
+    split = {int(f["rank"]): split_of(f, states[int(f["rank"])], traces.run) for f in fact_rows}
+    cat_curve = mcat.apply_split(cat_curve, persistent, split)
+    cat_peaks = mcat.apply_split(cat_peaks, persistent, split)
     optimizer = sorted({str(c) for c in facts["optimizer_class"] if str(c)})
     model = _model(stats, units, peaks_t, gpu, shards, shards_source,
                    [s for s in states.values() if s is not None], optimizer[0] if len(optimizer) == 1 else "",
-                   traces.world_size)
+                   traces.world_size, _optimizer_bytes(split, states))
     step_ns = float(step_times["step_ns"].median()) if len(step_times) else float("nan")
     findings = build_findings(us, spans, step_times, step_ns, framework,
                               profiler=profiler, idle_ns=idle_ns)
@@ -462,14 +469,57 @@ def combine_parts(parts: Sequence[RankPart], traces: TraceSet, selection: StepSe
         unit_stats=stats, step_times=step_times, memory=mem_curve, memory_peaks=peaks_t, memory_model=model,
         memory_categories=cat_curve, category_peaks=cat_peaks,
         sharded_state={r: st for r, st in states.items() if st is not None},
+        memory_unknown={r: sp.unknown for r, sp in split.items() if sp.unknown},
+        memory_level={r: _level_of(f, traces.run) for r, f in ((int(f["rank"]), f) for f in fact_rows)},
         clock=clock, skew=skew, findings=findings, notes=_notes(has_units, clock, shared),
         purposes=_frame_of(parts, "purposes", PURPOSE_TIMES),
     )
 
 
+def measured_of(run: RunInfo | None, rank: int) -> mcat.Measured | None:
+    """What the recorder measured of ``rank`` when its trace began (run.json), None when nothing."""
+    info = run.rank_info(rank) if run is not None else None
+    start = info.memory.trace_start if info is not None and info.memory is not None else None
+    if start is None:
+        return None
+    relative = start.device == memory.CPU_DEVICE
+    return mcat.Measured(sharded_param_bytes=start.sharded_param_bytes,
+                         optimizer_state_bytes=start.optimizer_state_bytes,
+                         gradient_bytes_kept=start.gradient_bytes_kept,
+                         baseline_bytes=start.baseline_bytes() if relative else 0)
+
+
+def split_of(fact: Mapping[Any, Any], state: mcat.ShardedState | None, run: RunInfo | None) -> mcat.Split:
+    """The persistent share of one rank (a MEMORY_FACTS row) divided (memory_categories.split_persistent)."""
+    measured = measured_of(run, int(fact["rank"]))
+    # kept from step to step: measured so, or the reductions made none
+    kept = bool(measured is not None and measured.gradient_bytes_kept) or (
+        int(fact["reductions"]) > 0 and int(fact["reduced_bytes"]) == 0)
+    return mcat.split_persistent(int(fact["persistent_bytes"]), state, measured, relative=bool(fact["relative"]),
+                                 optimizer_made=bool(fact["optimizer_made"]), gradients_kept=kept)
+
+
+def _level_of(fact: Mapping[Any, Any], run: RunInfo | None) -> str:
+    if not bool(fact["relative"]):
+        return mcat.LEVEL_ALLOCATOR
+    measured = measured_of(run, int(fact["rank"]))
+    return mcat.LEVEL_MEASURED_BASELINE if measured is not None else mcat.LEVEL_SINCE_TRACE_START
+
+
+def _optimizer_bytes(split: dict[int, mcat.Split], states: dict[int, mcat.ShardedState | None]) -> int | None:
+    """Optimizer bytes per sharded element (the memory model's K), from a rank whose optimizer state
+    is known and whose shards are; None otherwise."""
+    for rank, sp in sorted(split.items()):
+        state = states.get(rank)
+        if mcat.OPTIMIZER_STATE not in sp.unknown and state is not None and state.elements > 0 \
+                and sp.parts[mcat.OPTIMIZER_STATE] > 0:
+            return round(sp.parts[mcat.OPTIMIZER_STATE] / state.elements)
+    return None
+
+
 def _model(stats: pd.DataFrame, units: pd.DataFrame, peaks: pd.DataFrame, gpu: bool, shards: dict[str, int],
            shards_source: str, states: list[mcat.ShardedState], optimizer_class: str,
-           world_size: int) -> MemoryModel | None:
+           world_size: int, optimizer_bytes: int | None) -> MemoryModel | None:
     """The memory model of the run's units (run.json's, completed from the trace), their shard groups
     and what the ranks' categories measured (bytes per sharded element, the optimizer's class)."""
     if stats.empty:
@@ -479,7 +529,7 @@ def _model(stats: pd.DataFrame, units: pd.DataFrame, peaks: pd.DataFrame, gpu: b
     model = memory.memory_model(
         stats.set_index("unit")["param_bytes"], world_size, elem, measured_elem=measured,
         sharded_elem_bytes=max(set(sharded), key=sharded.count) if sharded else None,
-        optimizer_states=mcat.OPTIMIZER_STATES.get(optimizer_class), optimizer_class=optimizer_class,
+        optimizer_bytes=optimizer_bytes, optimizer_class=optimizer_class,
         unit_shards=shards, shards_source=shards_source)
     if model is not None and len(peaks):
         model.measured_peak_bytes = int(peaks["peak_allocated_bytes"].max())

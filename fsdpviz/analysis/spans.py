@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from fsdpviz import vocabulary
+from fsdpviz.analysis import label_rules as rules
 from fsdpviz.analysis import labels as lab
 from fsdpviz.analysis.categorical import as_str, startswith
 from fsdpviz.analysis.collectives import COLLECTIVES, ISSUE_PREFIXES, find_collectives, gpu_ranks
@@ -43,7 +44,6 @@ from fsdpviz.analysis.windows import compute_pieces, unit_ancestors, unit_window
 from fsdpviz.trace import schema
 
 COPY_IN_OP: Final = "fsdp::all_gather_copy_in"
-OPTIMIZER_PREFIX: Final = "Optimizer.step#"
 UNIT_COLLECTIVES: Final[schema.Schema] = {
     **COLLECTIVES, "unit": "string", "phase": "string", "kind": "string", "n_units": "int32", "micro": "int32",
 }
@@ -97,11 +97,7 @@ def attribute_collectives(coll: pd.DataFrame, labels: pd.DataFrame,
         return schema.make_empty(UNIT_COLLECTIVES)
     passes = lab.pass_starts(labels) if passes is None else passes
     ranks = coll["rank"].to_numpy()
-    fam, act = labels["family"], labels["action"]
-    is_gather = fam.isin([lab.FAMILY_FSDP2, lab.FAMILY_FSDPVIZ]) & (act == lab.GATHER_ACTION)
-    is_reduce = ((fam == lab.FAMILY_FSDP2) & (act == lab.FSDP2_REDUCE_ACTION)) | (
-        (fam == lab.FAMILY_FSDPVIZ) & (act == lab.FSDPVIZ_REDUCE_ACTION))
-    comm_labels = labels[(is_gather | is_reduce).to_numpy()].reset_index(drop=True)
+    comm_labels = labels[rules.gather(labels) | rules.reduce(labels)].reset_index(drop=True)
     lanes = as_str(coll["issue_lane"])
     t = coll["issue_ns"].to_numpy(np.int64)
     hit = innermost_enclosing(comm_labels, _points(ranks, lanes, t))
@@ -140,10 +136,9 @@ def issued_gathers(events: pd.DataFrame, labels: pd.DataFrame) -> pd.DataFrame:
     group, a backend the profiler does not see)."""
     ops = events[((events["kind"] == schema.KIND_CPU_OP) & (events["comm"] == vocabulary.ALL_GATHER)
                   & (events["comm_bytes"] > 0)).to_numpy() & startswith(events["name"], ISSUE_PREFIXES)]
-    family = labels["family"]
-    one_unit = (family == lab.FAMILY_FSDP2) | ((family == lab.FAMILY_FSDPVIZ)
-                                               & ~labels["unit"].astype(str).str.contains(", ", regex=False))
-    gathers = labels[((labels["action"] == lab.GATHER_ACTION) & one_unit).to_numpy()].reset_index(drop=True)
+    one_unit = ((labels["family"] == lab.FAMILY_FSDP2)
+                | ~labels["unit"].astype(str).str.contains(", ", regex=False)).to_numpy()
+    gathers = labels[rules.gather(labels) & one_unit].reset_index(drop=True)
     if ops.empty or gathers.empty:
         return schema.make_empty(ISSUED_GATHERS)
     hit = innermost_enclosing(gathers, _points(ops["rank"].to_numpy(), as_str(ops["lane"]),
@@ -248,7 +243,7 @@ def unit_tables(events: pd.DataFrame, lanes: pd.DataFrame, labels: pd.DataFrame)
     # copy-in: FSDP2's copy-in op, inside the unit's gather label
     ops = events[((events["kind"] == schema.KIND_CPU_OP) & (events["name"] == COPY_IN_OP)).to_numpy()]
     if len(ops):
-        gathers = labels[(labels["action"] == lab.GATHER_ACTION).to_numpy()].reset_index(drop=True)
+        gathers = labels[rules.gather(labels)].reset_index(drop=True)
         ranks_ = ops["rank"].to_numpy()
         lanes_ = as_str(ops["lane"])
         t = ops["start_ns"].to_numpy(np.int64)
@@ -272,7 +267,7 @@ def unit_tables(events: pd.DataFrame, lanes: pd.DataFrame, labels: pd.DataFrame)
                              "end_ns": rows["end_ns"].to_numpy()})
 
     fsdp2 = (labels["family"] == lab.FAMILY_FSDP2).to_numpy()
-    copy_out_mask = fsdp2 & (labels["action"] == lab.COPY_OUT_ACTION).to_numpy()
+    copy_out_mask = rules.copy_out(labels)
     if copy_out_mask.any():
         rows = labels[copy_out_mask]
         phase = _phase_at(labels, rows["rank"].to_numpy(), rows["lane"].to_numpy(),
@@ -288,7 +283,7 @@ def unit_tables(events: pd.DataFrame, lanes: pd.DataFrame, labels: pd.DataFrame)
         parts.append(_spans_from(pieces[~on_cpu], vocabulary.COMPUTE, gpu, on_gpu, "is_compute"))
         parts.append(_cpu_compute_spans(pieces[on_cpu], events))
     opt = events[((events["kind"] == schema.KIND_ANNOTATION)
-                  & startswith(events["name"], OPTIMIZER_PREFIX)).to_numpy()]
+                  & startswith(events["name"], rules.OPTIMIZER_STEP_PREFIX)).to_numpy()]
     if len(opt):
         start = opt["start_ns"].to_numpy(np.int64)
         steps_ = pd.DataFrame({"rank": opt["rank"].to_numpy(), "lane": as_str(opt["lane"]),

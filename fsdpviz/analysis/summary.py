@@ -26,7 +26,14 @@ import pandas as pd
 from fsdpviz import vocabulary
 from fsdpviz.analysis.completeness import gap_notes
 from fsdpviz.analysis.framework import framework_notes
-from fsdpviz.analysis.memory_categories import PeakCategories, peak_categories, unit_peak_categories
+from fsdpviz.analysis.memory_categories import (
+    LEVEL_ALLOCATOR,
+    LEVEL_MEASURED_BASELINE,
+    LEVEL_SINCE_TRACE_START,
+    PeakCategories,
+    peak_categories,
+    unit_peak_categories,
+)
 from fsdpviz.analysis.parallelism import Parallelism, run_parallelism
 from fsdpviz.analysis.profiler_cost import ProfilerCost, no_cost_note, unit_pass_ms
 from fsdpviz.analysis.records import (
@@ -43,6 +50,7 @@ from fsdpviz.analysis.records import (
 from fsdpviz.analysis.steps import AnalysedSteps, StepSelection
 from fsdpviz.analysis.units import UnitSummary, summary_records
 from fsdpviz.formatting import ms
+from fsdpviz.trace.frames import measured_baseline
 from fsdpviz.trace.tables import TraceSet
 
 if TYPE_CHECKING:
@@ -96,10 +104,19 @@ class MemorySummary(msgspec.Struct, kw_only=True):
     peak_reserved_bytes: int | None
     device: str | None
     per_rank: dict[str, RankMemory]
-    categories: dict[str, int] | None = None
+    categories: dict[str, int | None] | None = None
     """At the highest peak of the analysed steps (``categories_at``), the bytes of each category
-    (memory_categories.CATEGORIES; they add up to the peak); None without unit labels or samples."""
+    (memory_categories.CATEGORIES; they add up to the peak when all are known); a category that
+    cannot be known is None (``categories_at.unknown`` says why); None without unit labels or samples."""
     categories_at: PeakCategories | None = None
+    level: str | None = None
+    """What the allocated level counts (memory_categories.LEVEL_*): ``allocator`` (the GPU allocator's
+    own level); on CPU ``since_trace_start`` (the profiler counts only what was allocated since the
+    trace began) or ``since_trace_start_plus_measured`` (plus what fsdpviz record measured alive then:
+    ``baseline_bytes``)."""
+    baseline_bytes: int | None = None
+    """On CPU, what the recorder measured alive when the trace began and added to the level (the
+    highest over ranks); None when nothing was added."""
     model: dict[str, Any] | None = None
     """The ZeRO arithmetic beside the measured categories (memory.MemoryModel)."""
 
@@ -168,7 +185,7 @@ def summary_of(traces: TraceSet, selection: StepSelection, overlap: pd.DataFrame
                                          backward_timer_ms=timed.get((u.name, "backward")))
                  for u in summary_records(analysis.unit_stats, analysis.units)]
         findings = finding_entries(analysis.findings)
-        unit_peaks = unit_peak_categories(analysis.category_peaks)
+        unit_peaks = unit_peak_categories(analysis.category_peaks, analysis.memory_unknown)
         units = [msgspec.structs.replace(u, peak_categories=unit_peaks.get(u.name)) for u in units]
         if not units:
             notes.append(Note(NO_UNITS_FOUND, "no FSDP unit was found in the analysed steps, so units is empty"))
@@ -187,7 +204,7 @@ def summary_of(traces: TraceSet, selection: StepSelection, overlap: pd.DataFrame
         step_time_ms=cost.unprofiled_step_ms if lead and cost is not None else traced_ms,
         step_time_source=STEP_TIME_TIMERS if lead else STEP_TIME_TRACE, traced_step_time_ms=traced_ms,
         profiler=cost, overlap=over, parallelism=parallel.parallelism,
-        memory=_with_categories(_memory_summary(traces, analysed), analysis), units=units,
+        memory=_with_categories(_memory_summary(traces, analysed), analysis, traces), units=units,
         units_source="+".join(size_sources) if size_sources else None, device=_device(overlap),
         sources=list(traces.sources), run_dir=traces.run_dir, notes=notes, missing_ranks=traces.missing_ranks,
         skipped_events=sum(traces.skipped_events.values()), findings=findings,
@@ -302,16 +319,23 @@ def _memory_summary(traces: TraceSet, analysed: dict[int, AnalysedSteps | None])
                          device="gpu" if on_gpu.any() else "cpu", per_rank=per_rank)
 
 
-def _with_categories(mem: MemorySummary, analysis: RunAnalysis | None) -> MemorySummary:
-    """``mem`` with the categories at the run's highest step peak and the memory model, where the
-    per-unit analysis has them."""
+def _with_categories(mem: MemorySummary, analysis: RunAnalysis | None, traces: TraceSet) -> MemorySummary:
+    """``mem`` with the categories at the run's highest step peak, what the level counts and the
+    memory model, where the per-unit analysis has them."""
     if analysis is None:
         return mem
+    levels = set(analysis.memory_level.values())
+    # one word for the run: the least the ranks' levels count
+    level = next((lv for lv in (LEVEL_SINCE_TRACE_START, LEVEL_MEASURED_BASELINE, LEVEL_ALLOCATOR) if lv in levels),
+                 None)
+    baselines = measured_baseline(traces.run)
+    mem = msgspec.structs.replace(mem, level=level, baseline_bytes=max(baselines.values()) if baselines else None)
     model = analysis.memory_model.to_json() if analysis.memory_model is not None else None
     steps = analysis.category_peaks[(analysis.category_peaks["unit"].astype(str) == "").to_numpy()]
     if steps.empty:
         return msgspec.structs.replace(mem, model=model)
-    top = peak_categories(steps.sort_values("allocated_bytes", ascending=False, kind="stable").iloc[0].to_dict())
+    row = steps.sort_values("allocated_bytes", ascending=False, kind="stable").iloc[0].to_dict()
+    top = peak_categories(row, analysis.memory_unknown.get(int(row["rank"])))
     # the unit pass whose window holds that instant, as the step's peak names it
     peaks = analysis.memory_peaks
     at = peaks[((peaks["rank"] == top.rank) & (peaks["step"] == top.step)).to_numpy()]

@@ -14,10 +14,21 @@ from fsdpviz.errors import UsageError
 from fsdpviz.formatting import bytes_text
 
 if TYPE_CHECKING:
-    from fsdpviz.analysis.summary import Summary
+    from fsdpviz.analysis.summary import MemorySummary, Summary
 
 MAX_FINDINGS_SHOWN = 5  # the terminal shows the top few; --json and the report carry all
 
+
+
+def level_text(mem: MemorySummary) -> str:
+    """What the allocated level counts, where it is not the allocator's own level (CPU)."""
+    from fsdpviz.analysis.memory_categories import LEVEL_MEASURED_BASELINE, LEVEL_SINCE_TRACE_START
+
+    if mem.level == LEVEL_SINCE_TRACE_START:
+        return " since the trace began"
+    if mem.level == LEVEL_MEASURED_BASELINE and mem.baseline_bytes is not None:
+        return f" (since the trace began, plus {bytes_text(mem.baseline_bytes)} measured alive then)"
+    return ""
 
 def summary(
     paths: Annotated[list[Path], typer.Argument(
@@ -117,14 +128,17 @@ def print_summary(summary: Summary) -> None:
     mem = summary.memory
     reserved = (f"{bytes_text(mem.peak_reserved_bytes)} reserved" if mem.peak_reserved_bytes is not None
                 else "reserved not tracked on CPU" if mem.device == "cpu" else "reserved unknown")
-    head.add_row("peak memory", f"{bytes_text(mem.peak_allocated_bytes)} allocated, {reserved}")
+    head.add_row("peak memory", f"{bytes_text(mem.peak_allocated_bytes)} allocated{level_text(mem)}, {reserved}")
     if mem.categories and mem.categories_at is not None:
         from fsdpviz.analysis.memory_categories import CATEGORIES, TITLES
 
         at = mem.categories_at
         where = f"rank {at.rank}, step {at.step}" + (f", {at.unit} {at.phase}" if at.unit else "")
-        parts = [f"{TITLES[c]} {bytes_text(mem.categories[c])}" for c in CATEGORIES if mem.categories[c] > 0]
+        cats = mem.categories
+        parts = [f"{TITLES[c]} {bytes_text(cats[c])}" for c in CATEGORIES if cats[c] is None or (cats[c] or 0) > 0]
         head.add_row("at the peak", f"({where}) " + ", ".join(parts))
+        for category, why in at.unknown.items():
+            head.add_row("", escape(f"{TITLES[category]} unknown: {why}"))
     console.print(head)
 
     table = Table(title="per rank (ms per analysed step)", title_justify="left")

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from fsdpviz.record.clock import StepClock
+from fsdpviz.record.memory import MemoryProbe
 from fsdpviz.record.options import ENV_OWNER_PID, RecordOptions, options_from_env
 from fsdpviz.record.profiling import ProfilerDriver
 from fsdpviz.record.rankfacts import ExitHooks, now_iso, usable_cpus, versions, write_json_atomic
@@ -92,6 +93,7 @@ class Agent:
         self._order_assigned = False
         self._world_size = int(os.environ.get("WORLD_SIZE", "1") or 1)
         self._backend = ""
+        self.memory = MemoryProbe()
 
     # --- arming and detection ------------------------------------------------------------------
     def arm(self) -> None:
@@ -155,6 +157,7 @@ class Agent:
                 self._warn(f"could not instrument {framework}; traces keep only its own labels: {exc!r}")
         if self.options.profile:
             self.profiler.start(self.rank, self.step)
+            self._measure_trace_start()
         self._exit_hooks.install()
         self._write_rank_file(status="running")
         self._step_start = self.clock.mark(WHOLE_STEP, PHASE_STEP, KIND_TOTAL)
@@ -208,7 +211,10 @@ class Agent:
             self.clock.close(interval)
 
     def _on_optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if not self.recording or self.finished:
+        if self.finished:
+            return
+        self.memory.seen(optimizer)
+        if not self.recording:
             return
         if self.phase in ("forward", "backward") or (self.root is None and self.phase == "idle"):
             self.phase = "optimizer"
@@ -223,6 +229,11 @@ class Agent:
                 self._start("unknown", None)
                 self._optimizer_stepped = True
             return
+        if self.profiler.prof is not None and self.options.memory:  # until the trace is written (record/memory.py)
+            try:
+                self.memory.at_optimizer_step(optimizer, self._device(), self.step)
+            except Exception as exc:  # noqa: BLE001 - a measurement must never stop the training
+                self._warn(f"could not measure the optimizer's state: {exc!r}")
         if self.phase != "optimizer":
             return
         self._optimizer_stepped = True
@@ -263,7 +274,19 @@ class Agent:
         self.phase = "idle"
         if advance_profiler:
             self.profiler.advance()  # may write the trace: between steps, not inside one
+            self._measure_trace_start()
         self._step_start = self.clock.mark(WHOLE_STEP, PHASE_STEP, KIND_TOTAL)
+
+    def _device(self) -> str:
+        return "cuda" if self._use_cuda_events else "cpu"
+
+    def _measure_trace_start(self) -> None:
+        """The profiler records from now on: measure what it cannot see (record/memory.py)."""
+        if self.profiler.labels_on and self.options.memory:
+            try:
+                self.memory.at_trace_start(self.framework, self.root, self._device(), self.step)
+            except Exception as exc:  # noqa: BLE001 - a measurement must never stop the training
+                self._warn(f"could not measure the memory at the trace start: {exc!r}")
 
     # --- the instrumentation's interface -------------------------------------------------------
     def open_unit(self, unit: str, phase: str, label: str | None) -> None:
@@ -384,6 +407,7 @@ class Agent:
             "partial_step": partial_step,
             "start_time": self._start_time,
             "cpu_count": usable_cpus(),
+            "memory": self.memory.facts(),
             "end_time": now_iso() if status != "running" else None,
         }
         try:

@@ -160,6 +160,7 @@ def _rank_summary(info: dict[str, Any]) -> dict[str, Any]:
         "start_time": info.get("start_time"),
         "end_time": info.get("end_time"),
         "cpu_count": info.get("cpu_count"),
+        "memory": info.get("memory"),
     }
 
 

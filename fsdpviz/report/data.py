@@ -16,6 +16,7 @@ import pandas as pd
 
 from fsdpviz.analysis import memory as analysis_memory
 from fsdpviz.analysis.memory import MemoryModel
+from fsdpviz.analysis.memory_categories import TITLES
 from fsdpviz.analysis.records import NO_UNIT_LABELS, Finding
 from fsdpviz.analysis.summary import finding_entries
 from fsdpviz.errors import FsdpvizError, UsageError
@@ -212,6 +213,10 @@ def prepare_report(run: RunResult, *, max_segments: int = MAX_PAGE_SEGMENTS,
         for view in tabs:
             view.categories = memory.category_curve(analysis.memory_categories, view.choice, category_rank)
             view.category_rank = category_rank
+            view.category_unknown = dict(analysis.memory_unknown.get(category_rank, {}))
+        for category, why in analysis.memory_unknown.get(category_rank, {}).items():
+            notes.append(f"Memory by category, rank {category_rank}: {TITLES[category]} unknown ({why}); "
+                         "drawn flat, not as 0 bytes.")
     if len(memory_ranks) < curve["rank"].nunique():
         notes.append(f"Memory curves show {len(memory_ranks)} of {curve['rank'].nunique()} ranks: "
                      "rank 0 and the ranks with the highest peaks.")

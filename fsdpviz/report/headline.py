@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from fsdpviz.analysis.memory_categories import LEVEL_MEASURED_BASELINE, LEVEL_SINCE_TRACE_START
 from fsdpviz.analysis.parallelism import parallelism_text
 from fsdpviz.analysis.purposes import PURPOSE_TITLES
 from fsdpviz.analysis.records import NO_FSDP_LABELS, NO_UNITS_FOUND
@@ -57,7 +58,8 @@ def headline_section(data: ReportData) -> Section:
              hint=(f"{100 * exposed_per_step / step_ms:.1f} % of the step; " if math.isfinite(step_ms) and step_ms
                    else "") + f"of {format_ms(comm_per_step)} communication"),
         *_purpose_facts(s),
-        Fact(label="peak allocated", value=format_bytes(mem.peak_allocated_bytes) or "n/a"),
+        Fact(label="peak allocated", value=format_bytes(mem.peak_allocated_bytes) or "n/a",
+             hint=_level_hint(mem.level, mem.baseline_bytes)),
         Fact(label="peak reserved", value=format_bytes(mem.peak_reserved_bytes or None) or "n/a",
              hint="the CPU allocator reports no reserved memory"
              if mem.peak_allocated_bytes and not mem.peak_reserved_bytes else ""),
@@ -103,3 +105,12 @@ def _steps_text(steps: list[int]) -> str:
     if len(steps) > 2 and steps == list(range(steps[0], steps[-1] + 1)):
         return f"{steps[0]}–{steps[-1]}"
     return ", ".join(str(x) for x in steps)
+
+
+def _level_hint(level: str | None, baseline: int | None) -> str:
+    """What the allocated level counts where it is not the allocator's own (CPU)."""
+    if level == LEVEL_SINCE_TRACE_START:
+        return "allocated since the trace began (the CPU profiler does not see what was made before)"
+    if level == LEVEL_MEASURED_BASELINE:
+        return f"since the trace began, plus {format_bytes(baseline)} measured alive then by fsdpviz record"
+    return ""

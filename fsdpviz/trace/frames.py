@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from fsdpviz.runfolder import RunInfo
 from fsdpviz.trace import schema
 from fsdpviz.trace.event_columns import COMM_CATEGORIES
 from fsdpviz.trace.kineto import RankColumns
@@ -90,8 +91,10 @@ def steps_frame(per_rank: Sequence[RankColumns]) -> pd.DataFrame:
     return schema.conform(pd.concat(parts, ignore_index=True), schema.STEPS, table="steps")
 
 
-def memory_frame(per_rank: Sequence[RankColumns]) -> pd.DataFrame:
-    """The MEMORY table of all ranks (consumes the ranks' memory columns)."""
+def memory_frame(per_rank: Sequence[RankColumns], run: RunInfo | None = None) -> pd.DataFrame:
+    """The MEMORY table of all ranks (consumes the ranks' memory columns). With ``run``, each rank's
+    CPU level (which the profiler starts at 0 with the trace) is raised by what the recorder measured
+    alive then and kept (:func:`measured_baseline`)."""
     import pandas as pd
 
     counts = [len(r.memory["t_ns"]) for r in per_rank]
@@ -104,7 +107,31 @@ def memory_frame(per_rank: Sequence[RankColumns]) -> pd.DataFrame:
     }
     for col in ("t_ns", "allocated_bytes", "reserved_bytes", "delta_bytes", "addr"):
         columns[col] = _concat([r.memory.pop(col) for r in per_rank])
-    return schema.conform(pd.DataFrame(columns, copy=False), schema.MEMORY, table="memory")
+    frame = schema.conform(pd.DataFrame(columns, copy=False), schema.MEMORY, table="memory")
+    baselines = measured_baseline(run)
+    if baselines:
+        ranks = frame["rank"].to_numpy()
+        on_cpu = (frame["device"].astype(str) == CPU_DEVICE).to_numpy()
+        add = np.zeros(len(frame), dtype=np.int64)
+        for rank, extra in baselines.items():
+            add[(ranks == rank) & on_cpu] = extra
+        frame["allocated_bytes"] = frame["allocated_bytes"].to_numpy(np.int64) + add
+    return frame
+
+
+CPU_DEVICE = "cpu"
+
+
+def measured_baseline(run: RunInfo | None) -> dict[int, int]:
+    """Per rank whose recorder measured what its CPU training process held when the trace began
+    (run.json ``ranks[].memory.trace_start``, device ``cpu``): the bytes the CPU profiler's level
+    leaves out and that stay (sharded parameters, optimizer state, kept gradients)."""
+    out: dict[int, int] = {}
+    for info in run.ranks if run is not None else []:
+        start = info.memory.trace_start if info.memory is not None else None
+        if start is not None and start.device == CPU_DEVICE and start.baseline_bytes() > 0:
+            out[info.rank] = start.baseline_bytes()
+    return out
 
 
 def ranks_frame(per_rank: Sequence[RankColumns]) -> pd.DataFrame:

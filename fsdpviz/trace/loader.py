@@ -162,7 +162,7 @@ def _trace_set(per_rank: list[RankColumns], *, timers: pd.DataFrame, units: pd.D
         events=frames.events_frame(per_rank),
         lanes=frames.lanes_frame(per_rank),
         steps=frames.steps_frame(per_rank),
-        memory=frames.memory_frame(per_rank),
+        memory=frames.memory_frame(per_rank, run),
         ranks=frames.ranks_frame(per_rank),
         timers=timers,
         units=units,

@@ -116,7 +116,7 @@ class MemorySetting:
 
 
 def step_memory(rank: int, step: int, t0: int, t1: int, t: np.ndarray, cats: mcat.Categorised,
-                split: dict[str, int], windows: pd.DataFrame) -> StepMemory | None:
+                split: mcat.Split, windows: pd.DataFrame) -> StepMemory | None:
     """The :class:`StepMemory` of one rank's step ``[t0, t1]`` from its categorised samples (``t``:
     their times; ``split``: the persistent share divided, memory_categories.split_persistent) and the
     step's unit windows (windows.WINDOWS rows). None without samples."""
@@ -126,7 +126,7 @@ def step_memory(rank: int, step: int, t0: int, t1: int, t: np.ndarray, cats: mca
     b = int(np.searchsorted(t, t1, side="right"))
     if b <= a:
         return None
-    levels = mcat.split_levels(cats.levels[a:b], split)
+    levels = mcat.split_levels(cats.levels[a:b], cats.persistent, split)
     times = t[a:b].copy()
     times[0] = max(int(times[0]), t0)
     spans: dict[tuple[str, str], tuple[int, int]] = {}

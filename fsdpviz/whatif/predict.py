@@ -189,6 +189,8 @@ def predict(model: Model, settings: Settings) -> Prediction:
     replay_mean = statistics.fmean(r.step_ns for r in model.replays)
     notes = list(dict.fromkeys(n for r in simulated for n in r.notes))
     notes += _assumptions(full, rec)
+    if any(m is not None for m in memory):
+        notes += [n for n in rec.notes if n not in notes]  # what the memory predictions assumed
     if model.sampled is not None:
         notes.append(f"read on {len(model.sampled)} of {len(model.result.analysis.ranks)} ranks spread over the run "
                      f"({', '.join(map(str, model.sampled))}): the run is too large to hold every rank's events")

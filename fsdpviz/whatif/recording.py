@@ -37,6 +37,7 @@ import pandas as pd
 from pandas.core.groupby import DataFrameGroupBy
 
 from fsdpviz import vocabulary
+from fsdpviz.analysis import label_rules as rules
 from fsdpviz.analysis import memory_categories as mcat
 from fsdpviz.analysis.categorical import as_str
 from fsdpviz.analysis.intervals import (
@@ -46,17 +47,9 @@ from fsdpviz.analysis.intervals import (
     total_ns,
     union_intervals,
 )
-from fsdpviz.analysis.labels import (
-    COPY_OUT_ACTION,
-    FAMILY_FSDP2,
-    FAMILY_FSDPVIZ,
-    FSDP2_REDUCE_ACTION,
-    FSDPVIZ_REDUCE_ACTION,
-    GATHER_ACTION,
-)
-from fsdpviz.analysis.memory import device_samples, main_devices
+from fsdpviz.analysis.memory import CPU_DEVICE, device_samples, main_devices
 from fsdpviz.analysis.pipeline import RunResult
-from fsdpviz.analysis.run import labels_of
+from fsdpviz.analysis.run import labels_of, split_of
 from fsdpviz.analysis.spans import gpu_work
 from fsdpviz.naming import ROOT_UNIT
 from fsdpviz.trace import schema
@@ -227,6 +220,7 @@ def read_recording(result: RunResult, ranks: Sequence[int] | None = None) -> Rec
         ("spans", analysis.spans), ("windows", analysis.windows), ("labels", labels),
         ("events", events), ("steps", steps), ("times", analysis.step_times))}
     gathered: dict[str, set[str]] = {}  # unit -> the phases its gather labels opened in
+    notes: list[str] = []
     for rank in analysis.ranks if ranks is None else [r for r in analysis.ranks if r in set(ranks)]:
         parts = {name: _group(g, rank) for name, g in by.items()}
         _gather_label_phases(parts["labels"], parts["windows"], gathered)
@@ -239,8 +233,13 @@ def read_recording(result: RunResult, ranks: Sequence[int] | None = None) -> Rec
         if len(samples):
             where = mcat.sites(parts["labels"], parts["windows"], ev)
             cats = mcat.categorise(samples, where)
-            split = mcat.split_persistent(cats.persistent, analysis.sharded_state.get(rank), where.optimizer_class,
-                                          gradients_kept=cats.reductions > 0 and cats.reduced_bytes == 0)
+            split = split_of({"rank": rank, "persistent_bytes": cats.persistent, "reduced_bytes": cats.reduced_bytes,
+                              "reductions": cats.reductions, "optimizer_made": cats.optimizer_made,
+                              "relative": devices[rank] == CPU_DEVICE},
+                             analysis.sharded_state.get(rank), result.traces.run)
+            split, assumed = _assume_optimizer(split, analysis.sharded_state.get(rank))
+            if assumed and assumed not in notes:
+                notes.append(assumed)
         sample_t = samples["t_ns"].to_numpy(np.int64)
         for step in sorted(set(parts["windows"]["step"].tolist())):
             if times is None or step not in times.index:
@@ -259,8 +258,28 @@ def read_recording(result: RunResult, ranks: Sequence[int] | None = None) -> Rec
         units=units, unit_bytes=_unit_bytes(result, units), modules=_unit_modules(result, units),
         reshard_after_forward=_observed_reshard(_reshard(result, units), programs, gathered),
         prefetch=_recorded_prefetch(result),
-        steps=programs, ranks_per_host=_ranks_per_host(result), cpu_count=_cpu_count(result),
+        steps=programs, ranks_per_host=_ranks_per_host(result), cpu_count=_cpu_count(result), notes=notes,
     )
+
+
+# The optimizer's states per sharded element a prediction assumes when the recording did not measure
+# them (Adam's two moments, in the shards' dtype).
+ASSUMED_OPTIMIZER_STATES: Final = 2
+
+
+def _assume_optimizer(split: mcat.Split, state: mcat.ShardedState | None) -> tuple[mcat.Split, str | None]:
+    """``split`` with an unknown optimizer state assumed (:data:`ASSUMED_OPTIMIZER_STATES` per sharded
+    element, out of what was left in ``other``), so that a prediction that reshards scales it, and the
+    note that says so; unchanged (no note) when the state is known or the shards are not."""
+    if mcat.OPTIMIZER_STATE not in split.unknown or state is None:
+        return split, None
+    parts = dict(split.parts)
+    assumed = min(parts[mcat.OTHER], round(ASSUMED_OPTIMIZER_STATES * state.elements * state.bytes_per_element))
+    parts[mcat.OPTIMIZER_STATE], parts[mcat.OTHER] = assumed, parts[mcat.OTHER] - assumed
+    return mcat.Split(parts=parts, unknown=split.unknown), (
+        "the recording did not measure the optimizer's state: memory predictions assume "
+        f"{ASSUMED_OPTIMIZER_STATES} states per sharded parameter element (Adam), "
+        "sharded like the parameters (record with fsdpviz record to measure it)")
 
 
 def _group(grouped: DataFrameGroupBy, rank: int) -> pd.DataFrame:
@@ -388,10 +407,9 @@ class _StepTables:
         if not gpu:
             spans = _with_wait_start(spans)
         labels = parts["labels"][(parts["labels"]["step"] == step).to_numpy()]
-        gather_labels = labels[(labels["action"] == GATHER_ACTION).to_numpy()]
-        copy_out_labels = labels[((labels["family"] == FAMILY_FSDP2)
-                                  & (labels["action"] == COPY_OUT_ACTION)).to_numpy()]
-        reduce_labels = labels[labels["action"].isin([FSDP2_REDUCE_ACTION, FSDPVIZ_REDUCE_ACTION]).to_numpy()]
+        gather_labels = labels[rules.gather(labels)]
+        copy_out_labels = labels[rules.copy_out(labels)]
+        reduce_labels = labels[rules.reduce(labels)]
         compute = spans[(spans["kind"] == vocabulary.COMPUTE).to_numpy()]
         reshards = spans[(spans["kind"] == vocabulary.RESHARD).to_numpy()]
         reductions = spans[spans["kind"].isin([vocabulary.REDUCE_SCATTER, vocabulary.ALL_REDUCE]).to_numpy()]
@@ -696,8 +714,7 @@ def _gather_label_phases(labels: pd.DataFrame, windows: pd.DataFrame, out: dict[
     """Add to ``out`` the phases in which each unit's own gather labels opened (in backward: at or
     after the step's first backward window), so that a unit's resharding is seen also where no
     collective ran (torch's fake process group)."""
-    rows = labels[(labels["action"].astype(str) == GATHER_ACTION).to_numpy()
-                  & labels["family"].isin([FAMILY_FSDP2, FAMILY_FSDPVIZ]).to_numpy()]
+    rows = labels[rules.gather(labels)]
     if rows.empty or windows.empty:
         return
     backward = windows[(windows["phase"] == vocabulary.BACKWARD).to_numpy()].groupby("step")["start_ns"].min()

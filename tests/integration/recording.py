@@ -47,13 +47,15 @@ class Config:
     train_args: tuple[str, ...]
     record_options: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
+    script: Path = EXAMPLE
+    output_flag: str = "--log-losses"  # the script's flag for its per-rank output (a ``{rank}`` template)
 
     def environment(self) -> dict[str, str]:
         return record_env(**dict(self.env))
 
     def folder_name(self) -> str:
         """A folder name that is the same for this configuration in every worker of the session."""
-        readable = "-".join(a.lstrip("-") for a in self.train_args[:4])
+        readable = "-".join(a.lstrip("-").replace("+", "-") for a in self.train_args[:4])
         digest = hashlib.sha256(repr(self).encode()).hexdigest()[:10]
         return f"{readable}-{digest}"
 
@@ -65,7 +67,7 @@ class Recording:
     config: Config
     run_dir: Path
     proc: subprocess.CompletedProcess
-    losses: Path  # a ``--log-losses`` template with ``{rank}``
+    losses: Path  # a ``--log-losses`` template with ``{rank}`` (the script's ``output_flag``)
 
     def unrecorded_losses(self, out: Path) -> Path:
         """Run the same job without fsdpviz; its ``--log-losses`` template under ``out``."""
@@ -134,7 +136,8 @@ class Recordings:
 
             def make(_: Path) -> dict[str, Any]:
                 proc = retried(lambda: fsdpviz("record", "--out", str(run_dir), *config.record_options, "--",
-                                               *torchrun(EXAMPLE, *config.train_args, "--log-losses", str(losses)),
+                                               *torchrun(config.script, *config.train_args, config.output_flag,
+                                                         str(losses)),
                                                env=config.environment(), timeout=600),
                                tidy=lambda: shutil.rmtree(run_dir, ignore_errors=True))
                 return {"proc": process_to_json(proc)}
@@ -173,4 +176,22 @@ EXAMPLE_RUNS = {
     # blocks as ZeRO-3 leaf modules, a prefetch bucket of one block
     "zero3-block": Config(("--framework", "zero3", "--wrap", "block", "--prefetch", "1", *MODEL),
                           (*NO_OUTPUT, *PROFILE), ZERO3_ENV),
+}
+
+
+# The memory variations of record_scripts/memory_train.py (FSDP2, 3 layers of dim 32, 7 steps; steps
+# 2-4 profiled: --warmup 2), two or three to a recording: each prints its own truth (``--truth``),
+# test_memory_truth.py holds fsdpviz to it.
+MEMORY_SCRIPT = SCRIPTS / "memory_train.py"
+MEMORY_RUNS = {
+    name: Config(args, (*NO_OUTPUT, "--steps", "3", *options), script=MEMORY_SCRIPT, output_flag="--truth")
+    for name, (args, options) in {
+        # Adam with amsgrad (three states), the gradients zeroed by model.zero_grad() (no Optimizer range)
+        "adam-amsgrad+model-zero-grad": (("--optimizer", "adam-amsgrad", "--zero-grad", "model"), ("--warmup", "2")),
+        # SGD with momentum (one state), the gradients kept from step to step (set_to_none=False)
+        "sgd-momentum+keep-grads": (("--optimizer", "sgd-momentum", "--zero-grad", "keep"), ("--warmup", "2")),
+        # two optimizers, one of the script's own class; profiled from the first step, so the
+        # optimizers make their state inside the trace
+        "own+sgd": (("--optimizer", "own+sgd"), ("--warmup", "0")),
+    }.items()
 }

@@ -22,6 +22,7 @@ import gzip
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -115,10 +116,30 @@ def _prefetch(names: list[str], i: int, setting: object) -> list[str] | str:
     return [unit_from_label(n) for n in names[i + 1:i + 1 + depth]]
 
 
+def _measured(sc: Scenario) -> Any:
+    """What ``fsdpviz record`` measures on a rank when the trace begins, as the generator made it
+    (timeline.py: the shards, their gradients -- kept from step to step: the zero_grad range frees
+    nothing -- and the optimizer state, all allocated before the trace)."""
+    from fsdpviz.runfolder import RankMemory, TraceStartMemory
+
+    psi = sum(sc.padded_numel(u) for u in sc.all_units())
+    share = sc.dtype_bytes * psi // sc.shard_size
+    return RankMemory(trace_start=TraceStartMemory(
+        step=sc.steps[0], device="cuda", sharded_param_bytes=share,
+        optimizer_state_bytes=sc.optimizer_bytes_per_param * psi // sc.shard_size, gradient_bytes=share,
+        gradient_bytes_kept=share))
+
+
 def _write_run_json(sc: Scenario, out: Path) -> None:
     """A run.json as ``fsdpviz record`` writes it (``fsdpviz.runfolder``), for an FSDP2 job with the
     scenario's units."""
-    from fsdpviz.runfolder import ProfileInfo, RankInfo, RunInfo, UnitInfo, encode_run_json
+    from fsdpviz.runfolder import (
+        ProfileInfo,
+        RankInfo,
+        RunInfo,
+        UnitInfo,
+        encode_run_json,
+    )
 
     forward = [u.name for u in sc.all_units()]
     backward = [forward[0], *reversed(forward[1:])] if sc.root is not None else list(reversed(forward))
@@ -136,7 +157,7 @@ def _write_run_json(sc: Scenario, out: Path) -> None:
         start_time=stamp, end_time=stamp, exit_code=0, status="ok", world_size=sc.world_size, hosts=["synthetic"],
         framework="fsdp2", units=units, versions={"torch": "2.13.0"},
         profile=ProfileInfo(schedule="optimizer_steps", steps=list(sc.steps)),
-        ranks=[RankInfo(rank=r) for r in range(sc.world_size)],
+        ranks=[RankInfo(rank=r, memory=_measured(sc)) for r in range(sc.world_size)],
     )
     (out / "run.json").write_bytes(encode_run_json(run))
 

@@ -84,3 +84,20 @@ def test_importing_fsdpviz_stays_light() -> None:
     code = "import sys, fsdpviz; print(sorted(m for m in ('pandas', 'holoviews', 'torch') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_unknown_memory_categories_are_missing_not_zero(run: fsdpviz.Run) -> None:
+    """The sample was recorded without the recorder's memory measurement: on CPU the sharded
+    parameters and the optimizer state made before the trace are unknown -- missing, with why."""
+    import pandas as pd
+
+    why = run.memory_unknown
+    assert set(why) == set(run.memory_categories["rank"].unique())
+    for rank, unknown in why.items():
+        assert {"sharded_params", "optimizer_state"} <= set(unknown)
+        assert all("since the trace began" in text for text in unknown.values())
+        mine = run.memory_categories[(run.memory_categories["rank"] == rank).to_numpy()]
+        assert mine["sharded_params"].isna().all() and mine["optimizer_state"].isna().all()
+        assert mine["activations"].notna().all() and (mine["activations"] > 0).any()
+    peaks = run.memory_peaks
+    assert peaks["sharded_params"].isna().all() and not pd.isna(peaks["activations"]).any()

@@ -98,6 +98,7 @@ def timeline_plot(view: StepView, data: ReportData, *, window_ms: tuple[float, f
         top = float(view.categories[list(MEMORY_CATEGORY_COLORS)].sum(axis=1).max())
         divisor, unit = bytes_scale(top)
         category_view = figure.category_stack(
-            view.categories, divisor=divisor, unit=unit, colors=MEMORY_CATEGORY_COLORS, titles=TITLES,
+            view.categories, divisor=divisor, unit=unit, colors=MEMORY_CATEGORY_COLORS,
+            titles={c: f"{t} (unknown)" if c in view.category_unknown else t for c, t in TITLES.items()},
             title=f"allocated memory by category, rank {view.category_rank} (the highest peak drawn)")
     return figure.timeline_layout(gantt, memory_view, category_view)

@@ -44,6 +44,7 @@ class StepView:
     peaks: pd.DataFrame | None = None  # unit peak markers: rank, unit, t_ms, peak_bytes, peak_text, color
     categories: pd.DataFrame | None = None  # memory.category_curve(): one rank's levels by category
     category_rank: int = -1  # the rank ``categories`` is of
+    category_unknown: dict[str, str] = field(default_factory=dict)  # its categories that cannot be known, why
     merged: bool = False  # segments were joined across gaps to fit the budget
     notes: list[str] = field(default_factory=list)
 

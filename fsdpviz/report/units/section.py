@@ -95,24 +95,30 @@ def unit_categories(data: ReportData) -> pd.DataFrame:
     """Long table ``unit_name``, ``category``, ``bytes``: each unit's peak by category."""
     rows = [{"unit_name": unit_label(u.name), "category": c, "bytes": float(b)}
             for u in data.summary.units if u.peak_categories is not None
-            for c, b in u.peak_categories.categories.items()]
+            for c, b in u.peak_categories.categories.items() if b is not None]  # unknown: not drawn
     return pd.DataFrame(rows, columns=["unit_name", "category", "bytes"])
 
 
 def model_note(data: ReportData) -> str | None:
-    """The ZeRO arithmetic beside what the run's highest peak held (one sentence), when both exist."""
+    """The ZeRO arithmetic beside what the run's highest peak held (one sentence), when both exist;
+    a category that cannot be known reads "unknown"."""
     model, mem = data.memory_model, data.summary.memory
     if model is None or not mem.categories:
         return None
     cats = mem.categories
-    measured = cats["sharded_params"] + cats["gradients"] + cats["optimizer_state"]
-    return (f"At the run's highest peak ({format_bytes(float(sum(cats.values())))}), the sharded state held "
-            f"{format_bytes(float(measured))} (parameters {format_bytes(float(cats['sharded_params']))}, "
-            f"gradients {format_bytes(float(cats['gradients']))}, optimizer "
-            f"{format_bytes(float(cats['optimizer_state']))}); the ZeRO arithmetic gives "
-            f"{format_bytes(float(model.sharded_state_bytes))} for all three ({model.formula.split(' + ')[0]}), "
-            f"and {format_bytes(float(model.unsharded_params_bytes))} for the two largest units' unsharded "
-            f"parameters against {format_bytes(float(cats['unsharded_params']))} measured.")
+
+    def text(value: int | None) -> str:
+        return format_bytes(float(value)) if value is not None else "unknown"
+
+    sharded = [cats["sharded_params"], cats["gradients"], cats["optimizer_state"]]
+    held = sum(v for v in sharded if v is not None) if all(v is not None for v in sharded) else None
+    peak = mem.categories_at.allocated_bytes if mem.categories_at is not None else None
+    return (f"At the run's highest peak ({text(peak)}), the sharded state held "
+            f"{text(held)} (parameters {text(cats['sharded_params'])}, "
+            f"gradients {text(cats['gradients'])}, optimizer {text(cats['optimizer_state'])}); the ZeRO "
+            f"arithmetic gives {format_bytes(float(model.sharded_state_bytes))} for all three "
+            f"({model.formula.split(' + ')[0]}), and {format_bytes(float(model.unsharded_params_bytes))} for the "
+            f"two largest units' unsharded parameters against {text(cats['unsharded_params'])} measured.")
 
 
 def _colors(data: pd.DataFrame) -> dict[str, str]:
