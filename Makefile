@@ -15,7 +15,7 @@ DEMO_DIR ?= demo-run
 OLD_TORCH_VERSIONS ?= 2.7.1 2.11.0
 OLD_TORCH_VENVS := $(foreach v,$(OLD_TORCH_VERSIONS),.venv-torch$(v))
 
-.PHONY: demo test test-torch test-fuzz test-fast setup setup-dev setup-old-torch lint clean bench bench-load bench-scale bench-record bench-report bench-post-record
+.PHONY: demo test test-torch test-clients test-fuzz test-fast setup setup-dev setup-old-torch lint clean bench bench-load bench-scale bench-record bench-report bench-post-record
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -51,25 +51,31 @@ demo: setup
 		$(PY) -m torch.distributed.run --standalone --nproc_per_node 2 examples/train.py --framework fsdp2
 
 # pytest-xdist workers for the suite: one per core (`make test PYTEST_WORKERS=0` runs it in one process);
-# a module's tests that share a module-scoped fixture stay in one worker (tests/conftest.py).
+# a file's tests run in one worker (--dist loadfile), so that its module-scoped fixtures are made once.
 PYTEST_WORKERS ?= auto
 
-# The checks first (seconds), then the suite in parallel (docs/testing.md). The torch-version matrix
-# and the fuzzers' full budget are targets of their own, which CI (.ci/run) runs after this one.
+# The checks first (seconds), then the suite in parallel (docs/testing.md). The torch-version matrix,
+# the real clients of other stacks and the fuzzers' full budget are targets of their own, which CI
+# (.ci/run) runs after this one.
 test: lint
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m "not clients"
+
+# Programs written for other stacks (HF Trainer, accelerate, Lightning Fabric, torchtitan, ...),
+# each recorded unchanged and run bare once (tests/integration/test_real_clients.py).
+test-clients: setup-dev
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist load -m clients
 
 # The suite's recordings on every older torch release fsdpviz supports (OLD_TORCH_VERSIONS).
 test-torch: setup-dev setup-old-torch
 	FSDPVIZ_OLD_TORCH_VENVS="$(OLD_TORCH_VENVS)" FSDPVIZ_REQUIRE_OLD_TORCH=1 \
-		$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup tests/integration/test_older_torch.py
+		$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile tests/integration/test_older_torch.py
 
 # The property-based fuzzers with their full example budget (`make test` runs a fixed smaller one).
 test-fuzz: setup-dev
-	FSDPVIZ_FUZZ_BUDGET=full $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup -m fuzz
+	FSDPVIZ_FUZZ_BUDGET=full $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m fuzz
 
 test-fast: setup-dev
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup -m "not slow and not browser"
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m "not slow and not browser"
 
 # Benchmarks (minutes each; results and the machine they ran on go in docs/performance.md).
 bench-load: setup-dev

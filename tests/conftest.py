@@ -1,6 +1,5 @@
 """Shared fixtures: where the real GPU traces live, the repository root, results computed once per
-session, tmpfs mounts, and an environment free of the user's ``FSDPVIZ_*`` settings; and how the
-suite's tests are shared among pytest-xdist workers."""
+session, tmpfs mounts, and an environment free of the user's ``FSDPVIZ_*`` settings."""
 
 from __future__ import annotations
 
@@ -19,20 +18,6 @@ GPU_REAL_DIR = REPO_ROOT.parent / "shared" / "traces" / "gpu-real"
 # Real FSDP recordings on an H100 (fsdpviz run folders) with the truth of uninstrumented runs.
 GPU_FSDP_DIR = REPO_ROOT.parent / "shared" / "traces" / "gpu-fsdp"
 SAMPLE_TRACES_DIR = REPO_ROOT / "sample_traces"
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under ``pytest -n N --dist loadgroup`` (``make test``), the tests of a module that share a
-    module-scoped fixture (a recording, a Dask cluster, an analysed sample) run in one worker, so that
-    the fixture is made once, not once per worker. Session-wide recordings are shared across workers
-    by ``helpers/once.py`` instead, so their tests spread freely."""
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        if info is None:
-            continue
-        if any(d.scope == "module" for defs in info.name2fixturedefs.values() for d in defs):
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__ if item.module else item.nodeid))
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,10 @@ References: the local run's own ``summary --json`` (the cluster must give the sa
 workers send each rank's digest or its whole tables, and so must the run loaded whole), a worker
 killed while it parses (Dask gives its task to the other worker: the same answer, no hang), and a
 port nothing listens on (one ``error:`` line within seconds).
+
+One cluster serves the module (its tests stay in one xdist worker: ``tests/conftest.py``); the
+commands whose answers are compared run in this process (``fsdpviz.cli.main``), the one whose worker
+is killed in a process of its own.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from pathlib import Path
 import pytest
 from helpers.jobs import fsdpviz, unused_port
 from synth import Scenario, generate_run, make_root, make_units
+
+from fsdpviz.cli import main
 
 pytest.importorskip("distributed", reason="the Dask tests need distributed (a test dependency: pip install -e '.[dev]')")
 
@@ -65,10 +71,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 @pytest.fixture(scope="module")
 def run_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # 20 ranks, analysed rank by rank (FSDPVIZ_KEEP_EVENTS=0 in the tests below: the run is small
+    # 8 ranks, analysed rank by rank (FSDPVIZ_KEEP_EVENTS=0 in the tests below: the run is small
     # enough to be loaded whole by default), so each rank is analysed on the worker that parses it
-    # and only its digest travels
-    sc = Scenario(units=make_units(6, numel=2_000_000), root=make_root(), world_size=20, steps=(3, 4, 5),
+    # and only its digest travels; four ranks to a worker, so that one can be killed while it parses
+    sc = Scenario(units=make_units(6, numel=2_000_000), root=make_root(), world_size=8, steps=(3, 4, 5),
                   kernels_per_unit=24, shared_timeline=True)
     return generate_run(sc, tmp_path_factory.mktemp("dask-run"), run_folder=True).folder
 
@@ -76,24 +82,43 @@ def run_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 RANK_BY_RANK = dict(os.environ, FSDPVIZ_KEEP_EVENTS="0")
 
 
-def _json(*argv: str, env: dict[str, str] | None = None) -> dict:
-    proc = fsdpviz(*argv, env=env if env is not None else RANK_BY_RANK, timeout=300)
+def _json_here(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, *argv: str,
+               keep_events: str = "0", scheduler_env: str | None = None) -> dict:
+    """``fsdpviz ARGV`` in this process (exit code 0, its ``--json``), with ``FSDPVIZ_KEEP_EVENTS``
+    and ``FSDPVIZ_SCHEDULER`` as given."""
+    monkeypatch.setenv("FSDPVIZ_KEEP_EVENTS", keep_events)
+    if scheduler_env is None:
+        monkeypatch.delenv("FSDPVIZ_SCHEDULER", raising=False)
+    else:
+        monkeypatch.setenv("FSDPVIZ_SCHEDULER", scheduler_env)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as done:
+        main(list(argv))
+    out, err = capsys.readouterr()
+    assert done.value.code in (0, None), err[-2000:]
+    return dict(json.loads(out))
+
+
+@pytest.fixture(scope="module")
+def local_answer(run_folder: Path) -> dict:
+    """The run's ``summary --json`` parsed here, rank by rank, without a cluster."""
+    proc = fsdpviz("summary", "--json", "--no-cache", str(run_folder), env=RANK_BY_RANK, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    return json.loads(proc.stdout)
+    return dict(json.loads(proc.stdout))
 
 
 @pytest.mark.slow
-def test_the_cluster_gives_the_local_answer(cluster: Cluster, run_folder: Path, tmp_path: Path) -> None:
-    local = _json("summary", "--json", "--no-cache", str(run_folder))
-    assert _json("summary", "--json", "--no-cache", "--scheduler", cluster.address, str(run_folder)) == local
+def test_the_cluster_gives_the_local_answer(cluster: Cluster, run_folder: Path, local_answer: dict, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    summary = ("summary", "--json", "--no-cache")
+    assert _json_here(capsys, monkeypatch, *summary, "--scheduler", cluster.address, str(run_folder)) == local_answer
     # the same as the run loaded whole, here or parsed on the cluster and sent back whole
-    whole = dict(os.environ, FSDPVIZ_KEEP_EVENTS="1")
-    assert _json("summary", "--json", "--no-cache", str(run_folder), env=whole) == local
-    assert _json("summary", "--json", "--no-cache", "--scheduler", cluster.address, str(run_folder),
-                 env=whole) == local
+    assert _json_here(capsys, monkeypatch, *summary, str(run_folder), keep_events="1") == local_answer
+    assert _json_here(capsys, monkeypatch, *summary, "--scheduler", cluster.address, str(run_folder),
+                      keep_events="1") == local_answer
     # the environment variable does the same, for every command
-    env = dict(RANK_BY_RANK, FSDPVIZ_SCHEDULER=cluster.address)
-    assert _json("summary", "--json", "--no-cache", str(run_folder), env=env) == local
+    assert _json_here(capsys, monkeypatch, *summary, str(run_folder), scheduler_env=cluster.address) == local_answer
     page = tmp_path / "report.html"
     proc = fsdpviz("report", "--no-cache", "--scheduler", cluster.address, "-o", str(page), str(run_folder),
                    env=RANK_BY_RANK)
@@ -102,10 +127,10 @@ def test_the_cluster_gives_the_local_answer(cluster: Cluster, run_folder: Path, 
 
 
 @pytest.mark.slow
-def test_a_killed_worker_costs_a_retry_not_the_job(cluster: Cluster, run_folder: Path) -> None:
+def test_a_killed_worker_costs_a_retry_not_the_job(cluster: Cluster, run_folder: Path, local_answer: dict) -> None:
     from distributed import Client
 
-    local = _json("summary", "--json", "--no-cache", str(run_folder))
+    local = local_answer
     job = subprocess.Popen([sys.executable, "-m", "fsdpviz", "summary", "--json", "--no-cache", "--scheduler",
                             cluster.address, str(run_folder)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True, env=RANK_BY_RANK)

@@ -184,3 +184,9 @@ def test_hsdp_parallelism_reduce_scatter_and_all_reduce(hsdp: tuple[MeshRecordin
         assert run[name]["param_bytes"] == truth["global_bytes"]
         assert units[name]["param_scope"] == "global"
         assert units[name]["reduce_scatter_ms"] > 0 and units[name]["all_reduce_ms"] > 0
+    # each unit is sharded over the shard group, not the world: so is the memory model's state
+    assert {u["shard_size"] for u in run.values()} == {mesh["shard"]} and mesh["shard"] < mesh["shard"] * mesh["replicate"]
+    model = result.analysis.memory_model
+    assert model is not None
+    assert (model.shards, model.shards_source) == (mesh["shard"], "run.json")
+    assert 4 * model.param_count == sum(t["global_bytes"] for t in rec.truth["units"].values())  # fp32

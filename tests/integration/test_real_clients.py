@@ -1,6 +1,9 @@
 """Programs written for other stacks, recorded unchanged: HF Trainer, accelerate, Lightning Fabric,
 mp.spawn, a torchtitan-shaped model, FSDP1 with checkpoint_wrapper.
 
+A matrix of the stacks fsdpviz must record, like the torch versions: ``make test-clients`` runs it
+(marker ``clients``; CI runs it after ``make test``, which leaves it out).
+
 Each is recorded once per session and run once bare (``clients.py``). Independent facts: the bare
 run's exit code and losses, the modules each program wraps (by construction, or FSDP2's own
 ``FSDP::pre_forward (fqn)`` labels for the HF Trainer, whose units accelerate chooses), the
@@ -22,7 +25,7 @@ from fsdpviz.analysis.pipeline import RunResult, analyse
 from fsdpviz.naming import unit_from_label
 from fsdpviz.trace import load_traces
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.clients]
 
 NEEDS = {"hf-trainer-ddp": "transformers", "hf-trainer-fsdp": "transformers", "accelerate-ddp": "accelerate",
          "accelerate-unconnected": "accelerate", "fabric-fsdp2": "lightning"}

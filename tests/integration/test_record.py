@@ -225,26 +225,6 @@ def test_record_zero3_units_are_fetched_submodules_with_parent_blocks(recordings
 
 
 @pytest.mark.slow
-def test_record_hsdp_units_are_sharded_over_the_shard_group(tmp_path: Path) -> None:
-    """FSDP2 on a (replicate 2, shard 1) mesh: run.json says each unit is sharded over one rank, and
-    the memory model holds the whole state on every rank (not half of it, as over the world)."""
-    from fsdpviz.analysis.run import analyse_run
-    from fsdpviz.trace import load_traces
-
-    run_dir = tmp_path / "run"
-    proc = record(run_dir, torchrun(SCRIPTS / "hsdp_train.py"), "--warmup", "2")  # its 6 steps: profile 2-4
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    run = json.loads((run_dir / "run.json").read_text())
-    assert run["framework"] == "fsdp2" and [u["unit"] for u in run["units"]] == ["0", "2"]
-    assert all(u["shard_size"] == 1 for u in run["units"])
-    model = analyse_run(load_traces([run_dir], cache=False)).memory_model
-    numel = (32 * 64 + 64) + (64 * 32 + 32)
-    assert model is not None
-    assert (model.shards, model.shards_source, model.param_count) == (1, "run.json", numel)
-    assert model.sharded_state_bytes == (4 + 4 + 8) * numel  # fp32 parameters, gradients, Adam m and v
-
-
-@pytest.mark.slow
 def test_record_sigterm_interrupts_and_keeps_data(tmp_path: Path) -> None:
     """SIGTERM to `fsdpviz record` itself after the profiled steps (tests/robustness/test_record_faults.py
     covers SIGTERM, SIGKILL and Ctrl-C inside them, and a script that raises)."""
