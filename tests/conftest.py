@@ -20,6 +20,17 @@ GPU_FSDP_DIR = REPO_ROOT.parent / "shared" / "traces" / "gpu-fsdp"
 SAMPLE_TRACES_DIR = REPO_ROOT / "sample_traces"
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The files that run real jobs or a browser (a test marked ``slow`` or ``browser``) first, each file's
+    tests in their own order:
+    under ``pytest -n N --dist loadfile`` (``make test``) a worker takes a whole file at a time, so the
+    long files start while the short ones fill the gaps, instead of one long file running alone at the
+    end of the session."""
+    slow_files = {item.nodeid.split("::")[0] for item in items
+                  if item.get_closest_marker("slow") or item.get_closest_marker("browser")}
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in slow_files)
+
+
 @pytest.fixture(scope="session")
 def gpu_real_dir() -> Path:
     """The folder of real GPU traces; tests that need it skip with a reason when it is missing."""

@@ -23,6 +23,8 @@ from fsdpviz.analysis import memory_categories as mcat
 from fsdpviz.analysis.pipeline import RunResult, analyse
 from fsdpviz.runfolder import RUN_JSON, TRACES_DIR, decode_run_json
 
+pytestmark = pytest.mark.slow
+
 RANKS = (0, 1)
 
 
