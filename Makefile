@@ -63,7 +63,7 @@ test: lint
 # Programs written for other stacks (HF Trainer, accelerate, Lightning Fabric, torchtitan, ...),
 # each recorded unchanged and run bare once (tests/integration/test_real_clients.py).
 test-clients: setup-dev
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist load -m clients
+	$(PY) -m pytest -q -p no:xdist -m clients
 
 # The suite's recordings on every older torch release fsdpviz supports (OLD_TORCH_VERSIONS).
 test-torch: setup-dev setup-old-torch
