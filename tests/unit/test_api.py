@@ -86,11 +86,12 @@ def test_importing_fsdpviz_stays_light() -> None:
     assert out.strip() == "[]"
 
 
-def test_unknown_memory_categories_are_missing_not_zero(run: fsdpviz.Run) -> None:
-    """The sample was recorded without the recorder's memory measurement: on CPU the sharded
+def test_unknown_memory_categories_are_missing_not_zero() -> None:
+    """A plain torch.profiler recording has no measurement of the recorder's: on CPU the sharded
     parameters and the optimizer state made before the trace are unknown -- missing, with why."""
     import pandas as pd
 
+    run = fsdpviz.open(SAMPLE.parent / "fsdp2-cpu-2rank-plain", cache=False)
     why = run.memory_unknown
     assert set(why) == set(run.memory_categories["rank"].unique())
     for rank, unknown in why.items():

@@ -104,17 +104,45 @@ def test_h100_hf_trainer_model_zero_grad_gradients_are_not_buffers(gpu_fsdp_dir:
     assert cats.categories["sharded_params"] is None and "sharded_params" in cats.unknown
 
 
-@pytest.mark.parametrize("sample", ["fsdp2-cpu-2rank", "fsdp1-cpu-2rank", "zero3-cpu-2rank"])
-def test_cpu_samples_without_a_measurement_say_what_they_cannot_know(repo_root: Path, sample: str) -> None:
-    """Real CPU recordings made without the recorder's memory measurement: the CPU profiler counts only
-    what was allocated since the trace began, so the level says so and the sharded parameters and
-    the optimizer state (made before the trace) are unknown, with why; FSDP's own blocks are seen."""
-    summary = analyse([repo_root / "sample_traces" / sample], cache=False).summary
+def test_cpu_recording_without_a_measurement_says_what_it_cannot_know(repo_root: Path) -> None:
+    """A real CPU recording made by a plain torch.profiler (no recorder, so no memory measurement):
+    the CPU profiler counts only what was allocated since the trace began, so the level says so and
+    the sharded parameters and the optimizer state (made before the trace) are unknown, with why;
+    FSDP's own blocks are seen."""
+    summary = analyse([repo_root / "sample_traces" / "fsdp2-cpu-2rank-plain"], cache=False).summary
     mem = summary.memory
     assert mem.categories is not None and mem.categories_at is not None
     assert mem.level == "since_trace_start" and mem.baseline_bytes is None
     assert mem.categories["sharded_params"] is None and mem.categories["optimizer_state"] is None
     assert "since the trace began" in mem.categories_at.unknown["sharded_params"]
     assert (mem.categories["activations"] or 0) > 0
-    if sample != "zero3-cpu-2rank":  # DeepSpeed keeps its gradient partitions from before the trace
-        assert (mem.categories["unsharded_params"] or 0) + (mem.categories["gradients"] or 0) > 0
+    assert (mem.categories["unsharded_params"] or 0) + (mem.categories["gradients"] or 0) > 0
+
+
+def _model_bytes(run_dir: Path) -> int:
+    """The fp32 bytes of the model the sample's command built, counted on the model itself
+    (examples/train.py's build_model with the command's arguments), not by fsdpviz."""
+    import json
+    import runpy
+
+    command = json.loads((run_dir / "run.json").read_text())["command"]
+    args = command[command.index("examples/train.py") + 1:]
+    example = runpy.run_path(str(run_dir.parents[1] / "examples" / "train.py"))
+    model = example["build_model"](example["parse_args"](args))
+    return 4 * sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("sample", ["fsdp2-cpu-2rank", "fsdp1-cpu-2rank", "zero3-cpu-2rank"])
+def test_recorded_cpu_samples_show_the_shards_and_the_optimizer_state(repo_root: Path, sample: str) -> None:
+    """The samples are recorded by ``fsdpviz record``, which measures what each rank holds when the
+    trace begins: the peak's sharded parameters are the model's own bytes over the 2 ranks (FSDP
+    pads a shard by a few elements at most), and AdamW keeps two moments of them (plus a 4-byte step
+    counter per parameter), not 0 and not unknown."""
+    run_dir = repo_root / "sample_traces" / sample
+    mem = analyse([run_dir], cache=False).summary.memory
+    assert mem.categories is not None and mem.level == "since_trace_start_plus_measured"
+    shards = mem.categories["sharded_params"]
+    state = mem.categories["optimizer_state"]
+    assert shards is not None and state is not None
+    assert shards == pytest.approx(_model_bytes(run_dir) / 2, rel=0.01)
+    assert state == pytest.approx(2 * shards, rel=0.01)
