@@ -1,7 +1,7 @@
 """Work done once per test session, whichever pytest-xdist worker asks first.
 
 The suite runs in several worker processes (``pytest -n``); each has its own session fixtures, so a
-recording made in a session fixture would be made once per worker. :func:`shared_folder` makes a
+recording made in a session fixture would be made once per worker. :func:`shared_processes` makes a
 folder's contents once per session across every worker: the first worker to ask makes it under an
 exclusive file lock, and every later caller (that worker or another) waits for the lock and reads
 the result. A ``make`` that raised leaves no result, so the next caller makes it again (and fails the
@@ -44,33 +44,29 @@ def _exclusive(lock: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def shared_folder(folder: Path, make: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
-    """``make(folder)`` once per session across workers; its JSON-able result for every caller.
-
-    ``folder`` is emptied before ``make`` runs (a half-made one from a ``make`` that raised);
+def shared_processes(folder: Path, make: Callable[[], dict[str, subprocess.CompletedProcess | None]]
+                     ) -> dict[str, subprocess.CompletedProcess | None]:
+    """``make()`` once per session across workers, with ``folder`` (emptied first: a half-made one from a
+    ``make`` that raised) for it to write into; the processes it ran, by name, for every caller.
     ``folder/result.json`` marks it done."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     with _exclusive(folder.parent / f".{folder.name}.lock"):
         done = folder / RESULT
-        if done.is_file():
-            return dict(json.loads(done.read_text()))
-        shutil.rmtree(folder, ignore_errors=True)
-        folder.mkdir()
-        result = make(folder)
-        done.write_text(json.dumps(result))
-        return result
+        if not done.is_file():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            done.write_text(json.dumps({name: _to_json(proc) for name, proc in make().items()}))
+        return {name: _from_json(data) for name, data in json.loads(done.read_text()).items()}
 
 
-def process_to_json(proc: subprocess.CompletedProcess | None) -> dict[str, Any] | None:
-    """A finished process as JSON (for :func:`shared_folder` results)."""
+def _to_json(proc: subprocess.CompletedProcess | None) -> dict[str, Any] | None:
     if proc is None:
         return None
     return {"args": [str(a) for a in proc.args], "returncode": proc.returncode,
             "stdout": proc.stdout or "", "stderr": proc.stderr or ""}
 
 
-def process_from_json(data: dict[str, Any] | None) -> subprocess.CompletedProcess | None:
-    """The inverse of :func:`process_to_json`."""
+def _from_json(data: dict[str, Any] | None) -> subprocess.CompletedProcess | None:
     if data is None:
         return None
     return subprocess.CompletedProcess(data["args"], data["returncode"], data["stdout"], data["stderr"])

@@ -18,10 +18,9 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from helpers.jobs import REPO, fsdpviz, record_env, retried, run_job, teardown_crash, torchrun, unused_port
-from helpers.once import process_from_json, process_to_json, shared_folder
+from helpers.once import shared_processes
 
 CLIENTS = REPO / "tests" / "clients"
 STEPS = 6  # optimizer steps; fsdpviz profiles 2-4 (--warmup 2: the clients are slow to start, 6 steps do)
@@ -154,17 +153,17 @@ class ClientRuns:
                                *client.argv(losses, folder / "trainer-out"), env=record_env(), timeout=RUN_TIMEOUT_S,
                                finished=_trained(losses, client.ranks))
 
-            def make(_: Path) -> dict[str, Any]:
+            def make() -> dict[str, subprocess.CompletedProcess | None]:
                 proc = retried(attempt, again=_worth_retry(losses, client.ranks),
                                tidy=lambda: shutil.rmtree(run_dir, ignore_errors=True))
                 bare = None
                 if client.compare_losses:
                     bare = _run(client.argv(bare_losses, folder / "bare-out"), folder, bare_losses, client.ranks)
-                return {"proc": process_to_json(proc), "bare": process_to_json(bare)}
+                return {"proc": proc, "bare": bare}
 
-            made = shared_folder(folder, make)
-            proc = process_from_json(made["proc"])
+            made = shared_processes(folder, make)
+            proc = made["proc"]
             assert proc is not None
-            self.done[name] = ClientRun(client, run_dir, proc, process_from_json(made["bare"]),
+            self.done[name] = ClientRun(client, run_dir, proc, made["bare"],
                                         _losses(losses, client.ranks), _losses(bare_losses, client.ranks))
         return self.done[name]

@@ -16,7 +16,6 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from helpers.jobs import (
     EXAMPLE,
@@ -27,7 +26,7 @@ from helpers.jobs import (
     run_job,
     torchrun,
 )
-from helpers.once import process_from_json, process_to_json, shared_folder
+from helpers.once import shared_processes
 
 SCRIPTS = Path(__file__).resolve().parent / "record_scripts"
 
@@ -104,17 +103,17 @@ class MeshRecordings:
             folder = self.base / mode
             truth = folder / "truth.json"
 
-            def make(_: Path) -> dict[str, Any]:
+            def make() -> dict[str, subprocess.CompletedProcess | None]:
                 # tp: a barrier and an all_gather_object every step too, communication that is not FSDP's
                 extras = ("--extras",) if mode == "tp" else ()
                 command = torchrun(SCRIPTS / "mesh_train.py", "--mode", mode, "--steps", str(MESH_STEPS),
                                    "--truth", str(truth), *extras, nproc=MESH_RANKS)
-                proc = retried(lambda: fsdpviz("record", "--out", str(folder / "run"), *NO_OUTPUT, "--warmup", "2",
-                                               "--steps", "2", "--", *command, env=record_env(), timeout=600),
-                               tidy=lambda: shutil.rmtree(folder / "run", ignore_errors=True))
-                return {"proc": process_to_json(proc)}
+                return {"proc": retried(lambda: fsdpviz("record", "--out", str(folder / "run"), *NO_OUTPUT,
+                                                        "--warmup", "2", "--steps", "2", "--", *command,
+                                                        env=record_env(), timeout=600),
+                                        tidy=lambda: shutil.rmtree(folder / "run", ignore_errors=True))}
 
-            proc = process_from_json(shared_folder(folder, make)["proc"])
+            proc = shared_processes(folder, make)["proc"]
             assert proc is not None and proc.returncode == 0, proc.stderr[-3000:] if proc else ""
             self.done[mode] = MeshRecording(folder / "run", json.loads(truth.read_text()))
         return self.done[mode]
@@ -134,16 +133,14 @@ class Recordings:
             losses = folder / "losses-{rank}.txt"
             run_dir = folder / "run"
 
-            def make(_: Path) -> dict[str, Any]:
-                proc = retried(lambda: fsdpviz("record", "--out", str(run_dir), *config.record_options, "--",
-                                               *torchrun(config.script, *config.train_args, config.output_flag,
-                                                         str(losses)),
-                                               env=config.environment(), timeout=600),
-                               tidy=lambda: shutil.rmtree(run_dir, ignore_errors=True))
-                return {"proc": process_to_json(proc)}
+            def make() -> dict[str, subprocess.CompletedProcess | None]:
+                return {"proc": retried(lambda: fsdpviz("record", "--out", str(run_dir), *config.record_options, "--",
+                                                        *torchrun(config.script, *config.train_args,
+                                                                  config.output_flag, str(losses)),
+                                                        env=config.environment(), timeout=600),
+                                        tidy=lambda: shutil.rmtree(run_dir, ignore_errors=True))}
 
-            made = shared_folder(folder, make)
-            proc = process_from_json(made["proc"])
+            proc = shared_processes(folder, make)["proc"]
             assert proc is not None
             self.done[config] = Recording(config, run_dir, proc, losses)
         return self.done[config]
