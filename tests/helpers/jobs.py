@@ -36,6 +36,12 @@ def torchrun(script: Path, *args: str, nproc: int = 2) -> list[str]:
             *args]
 
 
+def deepspeed_launch(script: Path, *args: str, nproc: int = 2) -> list[str]:
+    """``deepspeed --num_gpus NPROC script ARGS``: DeepSpeed's own launcher starts the ranks (with its
+    CPU accelerator, ``DS_ACCELERATOR=cpu``, two CPU processes) and passes them ``--local_rank``."""
+    return [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(nproc), str(script), *args]
+
+
 def record_env(**extra: str) -> dict[str, str]:
     """The test process's environment for a job: one OpenMP thread per rank (two ranks share two
     cores), no run folder inherited from an outer ``fsdpviz record``."""

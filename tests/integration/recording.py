@@ -20,6 +20,7 @@ from pathlib import Path
 from helpers.jobs import (
     EXAMPLE,
     NO_OUTPUT,
+    deepspeed_launch,
     fsdpviz,
     record_env,
     retried,
@@ -48,6 +49,12 @@ class Config:
     env: tuple[tuple[str, str], ...] = ()
     script: Path = EXAMPLE
     output_flag: str = "--log-losses"  # the script's flag for its per-rank output (a ``{rank}`` template)
+    launcher: str = "torchrun"  # or "deepspeed": DeepSpeed's own launcher starts the ranks
+
+    def command(self, *extra: str) -> list[str]:
+        """The job's command line: the launcher, the script, its arguments and ``extra``."""
+        launch = deepspeed_launch if self.launcher == "deepspeed" else torchrun
+        return launch(self.script, *self.train_args, *extra)
 
     def environment(self) -> dict[str, str]:
         return record_env(**dict(self.env))
@@ -71,7 +78,7 @@ class Recording:
     def unrecorded_losses(self, out: Path) -> Path:
         """Run the same job without fsdpviz; its ``--log-losses`` template under ``out``."""
         template = out / "plain-{rank}.txt"
-        done = retried(lambda: run_job(torchrun(EXAMPLE, *self.config.train_args, "--log-losses", str(template)),
+        done = retried(lambda: run_job(self.config.command("--log-losses", str(template)),
                                        env=self.config.environment()))
         assert done.returncode == 0, done.stderr[-3000:]
         return template
@@ -135,8 +142,7 @@ class Recordings:
 
             def make() -> dict[str, subprocess.CompletedProcess | None]:
                 return {"proc": retried(lambda: fsdpviz("record", "--out", str(run_dir), *config.record_options, "--",
-                                                        *torchrun(config.script, *config.train_args,
-                                                                  config.output_flag, str(losses)),
+                                                        *config.command(config.output_flag, str(losses)),
                                                         env=config.environment(), timeout=600),
                                         tidy=lambda: shutil.rmtree(run_dir, ignore_errors=True))}
 
@@ -170,9 +176,10 @@ EXAMPLE_RUNS = {
     # DeepSpeed's own default: every submodule with parameters fetched on its own
     "zero3-submodule": Config(("--framework", "zero3", "--wrap", "submodule", *MODEL), (*NO_OUTPUT, *PROFILE),
                               ZERO3_ENV),
-    # blocks as ZeRO-3 leaf modules, a prefetch bucket of one block
+    # blocks as ZeRO-3 leaf modules, a prefetch bucket of one block; started by DeepSpeed's own launcher
+    # (`deepspeed --num_gpus 2`), as DeepSpeed users start their jobs
     "zero3-block": Config(("--framework", "zero3", "--wrap", "block", "--prefetch", "1", *MODEL),
-                          (*NO_OUTPUT, *PROFILE), ZERO3_ENV),
+                          (*NO_OUTPUT, *PROFILE), ZERO3_ENV, launcher="deepspeed"),
 }
 
 

@@ -9,16 +9,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers.jobs import REPO, fsdpviz
+from helpers.cli import json_here
+from helpers.jobs import REPO
 
 NOTEBOOK = REPO / "examples" / "explore_run.ipynb"
 SAMPLE = REPO / "sample_traces" / "fsdp2-cpu-2rank"
-
-
-def _cli_json(*argv: str) -> dict:
-    proc = fsdpviz(*argv, "--no-cache", timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return json.loads(proc.stdout)
 
 
 @pytest.fixture(scope="module")
@@ -37,17 +32,17 @@ def _printed_json(cell) -> dict:
 
 
 @pytest.mark.slow
-def test_notebook_numbers_are_the_command_lines(executed: list) -> None:
+def test_notebook_numbers_are_the_command_lines(executed: list, capsys: pytest.CaptureFixture[str]) -> None:
     errors = [o for c in executed for o in c.outputs if o.output_type == "error"]
     assert not errors, [f"{o.ename}: {o.evalue}" for o in errors]
-    summary = _cli_json("summary", "--json", str(SAMPLE))
+    summary = json_here(capsys, "summary", "--json", str(SAMPLE), "--no-cache")
     said = _printed_json(next(c for c in executed if "step_time_ms" in c.source and "print" in c.source))
     assert said == {"framework": summary["framework"], "world_size": summary["world_size"], "steps": summary["steps"],
                     "step_time_ms": summary["step_time_ms"],
                     "exposed_comm_ms": summary["overlap"]["exposed_comm_ms"],
                     "units": [u["name"] for u in summary["units"]]}
-    none = _cli_json("whatif", str(SAMPLE), "--prefetch", "none", "--json", "-q")
-    root = _cli_json("whatif", str(SAMPLE), "--wrap", "root", "--json", "-q")
+    none = json_here(capsys, "whatif", str(SAMPLE), "--prefetch", "none", "--json", "-q", "--no-cache")
+    root = json_here(capsys, "whatif", str(SAMPLE), "--wrap", "root", "--json", "-q", "--no-cache")
     predicted = _printed_json(next(c for c in executed if "prefetch_none_ms" in c.source))
     assert predicted == {"baseline_ms": none["baseline"]["step_time_ms"],
                          "prefetch_none_ms": none["predicted"]["step_time_ms"],

@@ -356,20 +356,20 @@ def test_record_shared_folder_merges_two_nodes(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed not installed (the deepspeed extra)")
-def test_record_under_the_deepspeed_launcher(tmp_path: Path) -> None:
+def test_record_under_the_deepspeed_launcher(recordings: Recordings) -> None:
     """``deepspeed --num_gpus 2`` (CPU accelerator: two CPU processes) starts the ranks itself and
-    passes ``--local_rank``: both ranks record, ZeRO-3 with its units and the profiler's cost."""
+    passes ``--local_rank``: both ranks record, ZeRO-3 with its units and the profiler's cost. (The
+    example's ZeRO-3 leaf-module recording is started this way; its analysis is checked in
+    test_unit_analysis_cpu.py and test_whatif_cpu.py.)"""
     from fsdpviz.analysis.pipeline import analyse
 
-    run_dir = tmp_path / "run"
-    launcher = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", str(EXAMPLE),
-                "--framework", "zero3", "--wrap", "block", *TINY, "--steps", "10"]
-    proc = record(run_dir, launcher, env=record_env(DS_ACCELERATOR="cpu"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    run = json.loads((run_dir / "run.json").read_text())
+    rec = recordings.get(EXAMPLE_RUNS["zero3-block"])
+    assert rec.config.command()[:3] == [sys.executable, "-m", "deepspeed.launcher.runner"]
+    assert rec.proc.returncode == 0, rec.proc.stderr[-3000:]
+    run = json.loads((rec.run_dir / "run.json").read_text())
     assert run["status"] == "ok" and run["framework"] == "zero3" and run["world_size"] == 2
     assert [r["rank"] for r in run["ranks"]] == [0, 1] and all(r["status"] == "ok" for r in run["ranks"])
-    summary = analyse([run_dir], cache=False).summary.to_json()
-    assert {f"blocks.{i}" for i in range(2)} <= {u["name"] for u in summary["units"]}
-    # the default schedule: 2-4 timed unprofiled, 6-8 profiled; 9, right after the trace export, not counted
-    assert summary["profiler"]["profiled_steps"] == [6, 7, 8] and summary["profiler"]["unprofiled_steps"] == [2, 3, 4]
+    summary = analyse([rec.run_dir], cache=False).summary.to_json()
+    assert set(BLOCKS) <= {u["name"] for u in summary["units"]}
+    # the default schedule: 2-4 timed unprofiled, 6-9 profiled; 10, right after the trace export, not counted
+    assert summary["profiler"]["profiled_steps"] == PROFILED and summary["profiler"]["unprofiled_steps"] == UNPROFILED

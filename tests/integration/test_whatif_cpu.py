@@ -8,10 +8,9 @@ unit structure (merge:2 of three blocks), and what the model declares it covers 
 from __future__ import annotations
 
 import importlib.util
-import json
 
 import pytest
-from helpers.jobs import fsdpviz
+from helpers.cli import json_here, run_here
 from recording import EXAMPLE_RUNS, LAYERS, Recordings
 
 RECORDINGS = {"fsdp2": EXAMPLE_RUNS["fsdp2"], "fsdp1": EXAMPLE_RUNS["fsdp1"]}
@@ -19,54 +18,49 @@ if importlib.util.find_spec("deepspeed") is not None:
     RECORDINGS["zero3"] = EXAMPLE_RUNS["zero3-block"]
 
 
-def _json(*argv: str) -> dict:
-    proc = fsdpviz(*argv, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return json.loads(proc.stdout)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("framework", list(RECORDINGS))
-def test_replay_prefetch_and_world_size(framework: str, recordings: Recordings) -> None:
+def test_replay_prefetch_and_world_size(framework: str, recordings: Recordings,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
     rec = recordings.get(RECORDINGS[framework])
     assert rec.proc.returncode == 0, rec.proc.stderr[-2000:]
     run = str(rec.run_dir)
-    summary = _json("summary", "--json", run)
-    replay = _json("whatif", run, "--json", "-q")
+    summary = json_here(capsys, "summary", "--json", run)
+    replay = json_here(capsys, "whatif", run, "--json", "-q")
     traced = summary["traced_step_time_ms"]  # the basis of the simulated change, and so of the baseline
     assert replay["basis"] == "traced" and replay["baseline"]["step_time_ms"] == traced
     # measured over 15 recordings each: under 1 % on all three (benchmarks/bench_whatif_replay.py)
     assert replay["replay_error_pct"] < 5.0
     assert replay["predicted"]["step_time_ms"] == pytest.approx(traced, rel=0.01)
-    none = _json("whatif", run, "--prefetch", "none", "--json", "-q")
+    none = json_here(capsys, "whatif", run, "--prefetch", "none", "--json", "-q")
     assert none["predicted"]["settings"]["prefetch"]["source"] == "given"
     # twice the ranks on the one host of 2 cores: compute shares the cores, collectives take a longer ring
-    wider = _json("whatif", run, "--world-size", "4", "--gpus-per-node", "4", "--json", "-q")
+    wider = json_here(capsys, "whatif", run, "--world-size", "4", "--gpus-per-node", "4", "--json", "-q")
     assert wider["predicted"]["step_time_ms"] > traced
     assert wider["predicted"]["comm_ms"] > replay["predicted"]["comm_ms"]
     assert any("world size 2 -> 4" in n for n in wider["notes"])
 
 
 @pytest.mark.slow
-def test_fsdp2_wraps_and_the_advisor(recordings: Recordings, tmp_path) -> None:
+def test_fsdp2_wraps_and_the_advisor(recordings: Recordings, tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
     run = str(recordings.get(RECORDINGS["fsdp2"]).run_dir)
-    merged = _json("whatif", run, "--wrap", "merge:2", "--json", "-q")
+    merged = json_here(capsys, "whatif", run, "--wrap", "merge:2", "--json", "-q")
     names = [u["name"] for u in merged["predicted"]["units"]]
     assert names == ["(root)", "[blocks.0, blocks.1]", *[f"blocks.{i}" for i in range(2, LAYERS)]]
-    explored = _json("whatif", run, "--explore", "--json", "-q")
+    explored = json_here(capsys, "whatif", run, "--explore", "--json", "-q")
     # CPU traces do not state the device's memory: the budget is the recorded peak
     assert explored["memory_budget_bytes"] == explored["baseline"]["peak_allocated_bytes"]
     assert explored["memory_budget_source"].startswith("the recorded peak")
     assert len(explored["ranked"]) >= 6
     page = tmp_path / "p.html"
-    proc = fsdpviz("whatif", run, "--prefetch", "1", "-o", str(page), timeout=300)
+    proc = run_here(capsys, "whatif", run, "--prefetch", "1", "-o", str(page))
     assert proc.returncode == 0 and page.stat().st_size > 100_000
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("framework", [f for f in RECORDINGS if f != "fsdp2"])
-def test_settings_a_framework_does_not_cover_are_one_error_line(framework: str, recordings: Recordings) -> None:
-    proc = fsdpviz("whatif", str(recordings.get(RECORDINGS[framework]).run_dir), "--wrap", "root", "-q",
-                   timeout=300)
+def test_settings_a_framework_does_not_cover_are_one_error_line(framework: str, recordings: Recordings,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    proc = run_here(capsys, "whatif", str(recordings.get(RECORDINGS[framework]).run_dir), "--wrap", "root", "-q")
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"error: {framework}: the model covers prefetch, world_size, not wrap"
