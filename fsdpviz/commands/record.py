@@ -21,6 +21,9 @@ if TYPE_CHECKING:  # run.json's types load msgspec (and attrs): `fsdpviz --help`
 
 CONTEXT_SETTINGS = {"allow_interspersed_args": False}  # options after COMMAND belong to COMMAND
 MAX_UNITS_LISTED = 12  # the recording's line names this many units, then counts the rest
+EXAMPLE = """
+fsdpviz record -o runs/base -- torchrun --nproc_per_node 8 train.py
+"""
 
 
 def time_window_settings(env: Mapping[str, str]) -> dict[str, float]:
@@ -44,14 +47,16 @@ def record(
         help="The training command, unchanged: torchrun ..., python -m torch.distributed.run ..., "
              "deepspeed ..., accelerate launch ..., python train.py ..."),
     out: Path | None = typer.Option(  # noqa: B008
-        None, "-o", "--out", help="Run folder to write. Default: runs/run-<date>-<time>.", show_default=False),
-    steps: int = typer.Option(DEFAULT_STEPS, "--steps", min=1, help="Optimizer steps to profile in full."),
+        None, "-o", "--out", metavar="DIR", help="Run folder to write. Default: runs/run-<date>-<time>.",
+        show_default=False),
+    steps: int = typer.Option(DEFAULT_STEPS, "--steps", min=1, metavar="N",
+                              help="Optimizer steps to profile in full."),
     warmup: int = typer.Option(
-        DEFAULT_WARMUP, "--warmup", min=0,
+        DEFAULT_WARMUP, "--warmup", min=0, metavar="N",
         help="Optimizer steps before profiling: 2 warm up, the last warms the profiler up, those between are timed "
              "unprofiled for the step time (at least 6 for 3 of them)."),
     mode: str = typer.Option(
-        "both", "--mode", help="profile: torch.profiler traces; timers: per-step timers of every step; both."),
+        "both", "--mode", metavar="profile|timers|both", help="profile: torch.profiler traces; timers: per-step timers of every step; both."),
     memory: bool = typer.Option(True, "--memory/--no-memory",
                                 help="Record allocator events and per-step peak memory."),
     report: bool = typer.Option(True, "--report/--no-report", help="Write report.html after the run."),
@@ -60,10 +65,13 @@ def record(
     shared: bool = typer.Option(
         False, "--shared", help="Multi-node: the run folder is shared with the other nodes' fsdpviz record; "
                                 "accept it as is and merge every rank found into run.json."),
-    label: str | None = typer.Option(None, "--label", help="Name of the run in reports and comparisons "
+    label: str | None = typer.Option(None, "--label", metavar="NAME", help="Name of the run in reports and comparisons "
                                                            "(default: the folder name).", show_default=False),
 ) -> int:
-    """Run COMMAND with recording on; its output passes through and its exit code is returned."""
+    """Record a training command on every rank.
+
+    Runs COMMAND unchanged with recording on; its output passes through and its exit code is
+    returned. The run folder gets run.json, traces/, timers/, logs/ and report.html."""
     from fsdpviz.record.launcher import record as run_record
     from fsdpviz.record.options import RecordOptions
 
