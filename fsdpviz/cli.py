@@ -18,11 +18,11 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 import typer
-from typer.core import TyperArgument
 
 # typer vendors click; its exception base is only reachable through the private module.
 from typer._click.exceptions import ClickException as _ClickException
 from typer._click.exceptions import NoArgsIsHelpError as _NoArgsIsHelpError
+from typer.core import TyperArgument
 
 from fsdpviz import __version__
 from fsdpviz.errors import EXIT_BAD_INPUT, FsdpvizError
@@ -101,12 +101,20 @@ def plain_arguments(command: Any) -> None:
     for param in command.params:
         if not isinstance(param, TyperArgument) or not param.metavar:
             continue
-        name = param.metavar
+        name: str = param.metavar
         usage = name if param.required else f"[{name}]"
         # typer has no setting for either; the instance attributes stand in for its methods
-        param.display_type_rich = lambda ctx: None  # type: ignore[method-assign]
-        param._rich_display_name = lambda name=name: name  # type: ignore[method-assign]
-        param._usage_display_name = lambda usage=usage: usage  # type: ignore[method-assign]
+        param.display_type_rich = _constant(None)  # type: ignore[method-assign]
+        param._rich_display_name = _constant(name)  # type: ignore[method-assign]
+        param._usage_display_name = _constant(usage)  # type: ignore[method-assign]
+
+
+def _constant(value: str | None) -> Any:
+    """A function of any arguments that answers ``value``."""
+    def answer(*args: object, **kwargs: object) -> str | None:
+        return value
+
+    return answer
 
 
 def error_line(message: str) -> None:

@@ -139,10 +139,10 @@ def choose_steps(traces: TraceSet, rank: int, events: pd.DataFrame | None, *,
         return RankChoice(rank, None)
     ordered = [int(s) for s in rank_steps.sort_values("start_ns", kind="stable")["step"]]
     if steps is not None:
-        missing = sorted(set(steps) - set(ordered))
-        if missing:  # the user's --steps: name the steps there are, not the empty window it leaves
-            what = "step" if len(missing) == 1 else "steps"
-            raise UsageError(f"{traces.source_of(rank)}: --steps: {what} {number_ranges(missing)} not in this "
+        absent = sorted(set(steps) - set(ordered))
+        if absent:  # the user's --steps: name the steps there are, not the empty window it leaves
+            what = "step" if len(absent) == 1 else "steps"
+            raise UsageError(f"{traces.source_of(rank)}: --steps: {what} {number_ranges(absent)} not in this "
                              f"trace, which holds {'step' if len(ordered) == 1 else 'steps'} {number_ranges(ordered)}")
         return RankChoice(rank, analysed_steps_of(rank_steps, steps))
     if include_last_step or len(ordered) == 1:
