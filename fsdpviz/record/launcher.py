@@ -10,9 +10,11 @@ not exist) are raised before the command starts, so nothing runs for nothing.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -215,17 +217,19 @@ def new_run_id(run_dir: Path, *, shared: bool) -> str:
     if not shared:
         return run_id
     path = run_dir / RUN_ID_FILE
+    # written whole under a name of its own, then linked into place: the link fails if another node
+    # was first, and a node that reads the file never reads it half-written
+    tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}")
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        tmp.write_text(run_id + "\n")
+        os.link(tmp, path)
     except FileExistsError:
-        try:
-            return path.read_text().strip() or run_id
-        except OSError:
-            return run_id
-    except OSError:
-        return run_id
-    with os.fdopen(fd, "w") as f:
-        f.write(run_id + "\n")
+        with contextlib.suppress(OSError):
+            run_id = path.read_text().strip() or run_id
+    except OSError:  # a file system without hard links: this node's own id
+        pass
+    finally:
+        tmp.unlink(missing_ok=True)
     return run_id
 
 

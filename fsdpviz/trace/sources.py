@@ -5,6 +5,9 @@ Accepted inputs (any mix, one run at a time):
 - a folder of trace files (not searched recursively: sibling folders are often other runs); JSON
   files in it that are not Kineto traces (configs, notes) are skipped, named in ``TraceSet.skipped``;
 - a run folder written by ``fsdpviz record``: ``run.json`` + ``traces/`` (+ ``timers/``).
+
+What the loader then keeps of the files found in folders (fsdpviz's own exports are skipped, traces of
+different recordings refused) is :mod:`fsdpviz.trace.onerun`'s to decide.
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ def test_a_mistyped_script_name_is_reported_with_its_exit_code_and_last_lines(
     # python's own message and exit code: 2, "can't open file"
     assert proc.returncode == 2, proc.stderr
     said = [line for line in proc.stderr.splitlines() if line.startswith("fsdpviz: ")]
-    assert (f"fsdpviz: nothing recorded: the command exited with code 2 before any process ran the forward of an "
-            f"FSDP / ZeRO-3 model; its last lines:") in said
+    assert ("fsdpviz: nothing recorded: the command exited with code 2 before any process ran the forward of an "
+            "FSDP / ZeRO-3 model; its last lines:") in said
     quoted = [line.removeprefix("fsdpviz:   | ") for line in said if line.startswith("fsdpviz:   | ")]
     assert len(quoted) == 1 and "can't open file" in quoted[0] and str(script) in quoted[0]
     assert f"fsdpviz: its last stderr lines are kept in {run_dir / 'logs' / 'command.log'}" in said

@@ -41,8 +41,8 @@ def test_a_folders_perfetto_export_is_skipped_with_a_note(tmp_path: Path, capsys
     assert with_export["ranks"] == [0, 1] and with_export["overlap"] == alone["overlap"]
     assert with_export["step_time_ms"] == alone["step_time_ms"]
     notes = [n for n in with_export["notes"] if "export" in n]
-    assert notes == [f"skipped {export}: fsdpviz's own export of a run (fsdpviz export --format perfetto), not a "
-                     "trace of its own; name the file alone to read it back"]
+    assert notes == [(f"skipped {export}: fsdpviz's own export of a run (fsdpviz export --format perfetto), not a "
+                     "trace of its own; name the file alone to read it back")]
     assert f"warning: {notes[0]}" in err.splitlines()
 
     # named as a file, the export is read as the run it holds
