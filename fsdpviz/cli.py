@@ -36,6 +36,9 @@ app = typer.Typer(
     # Plain help: rich's panels squeeze each description into a narrow column at 80 columns and read
     # brackets in help texts as markup; click's formatter wraps to the terminal and prints text as is.
     rich_markup_mode=None,
+    epilog=("Example:\n\n\b\n  fsdpviz record -o runs/base -- torchrun --nproc_per_node 8 train.py\n"
+            "  fsdpviz summary runs/base\n  fsdpviz report runs/base\n\n"
+            "Each command's --help shows its options and an example."),
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 

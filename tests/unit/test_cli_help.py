@@ -58,6 +58,8 @@ def test_value_names_and_brackets(capsys: pytest.CaptureFixture[str], monkeypatc
 
 def test_command_list_is_not_cut(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     text = _help([], capsys, monkeypatch)
-    listed = text[text.index("Commands:"):].splitlines()[1:]
-    assert [line.split()[0] for line in listed if line.strip()] == COMMANDS
+    listed = text[text.index("Commands:"):].split("\n\n")[0].splitlines()[1:]
+    assert [line.split()[0] for line in listed] == COMMANDS
     assert not any(line.rstrip().endswith("...") for line in listed), text
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "    fsdpviz record -o runs/base -- torchrun" in text  # where to start
