@@ -136,6 +136,8 @@ def print_recording(run: RunInfo, run_dir: Path, last_lines: Sequence[str] = ())
              f"({max((r.timer_steps for r in ranks), default=0)} steps)")
     for note in run.notes:
         say(f"note: {note}")
+    if ranks and run.command_log:  # it failed after recording began: the reason is in run.json, the words here
+        say(f"the command's last stderr lines are kept in {run_dir / run.command_log}")
     say(f"run folder: {run_dir}")
 
 
