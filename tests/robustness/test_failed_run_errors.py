@@ -5,11 +5,14 @@ of that folder points at run.json's status and that log."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from badinputs import one_error_line
+from helpers.jobs import REPO, record_argv, record_env
 from recordrun import run_record
 from test_bad_input_commands import run_cli
 
@@ -52,3 +55,29 @@ def test_a_command_that_succeeds_without_fsdp_keeps_no_log(tmp_path: Path) -> No
     assert "nothing recorded: no process ran the forward of an FSDP / ZeRO-3 model" in proc.stderr
     run = json.loads((run_dir / "run.json").read_text())
     assert run["command_log"] is None and not (run_dir / "logs" / "command.log").exists()
+
+
+def test_a_terminal_stays_a_terminal_for_the_command(tmp_path: Path) -> None:
+    """The command's stderr passes through a pseudo-terminal when fsdpviz's is a terminal: the
+    command sees one (colours, progress bars unchanged), and its last lines are still kept."""
+    pty = pytest.importorskip("pty")
+    run_dir = tmp_path / "run"
+    child = "import sys; print('stderr is a tty:', sys.stderr.isatty(), file=sys.stderr); sys.exit(4)"
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(record_argv(run_dir, [sys.executable, "-c", child]), env=record_env(), cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=follower)
+    os.close(follower)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # every writer closed
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(leader)
+    assert proc.wait(timeout=60) == 4
+    text = seen.decode().replace("\r\n", "\n")
+    assert "stderr is a tty: True\n" in text and "fsdpviz:   | stderr is a tty: True" in text, text
+    assert (run_dir / "logs" / "command.log").read_text() == "stderr is a tty: True\n"
