@@ -15,13 +15,14 @@ import os
 import sys
 import threading
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import typer
 
 # typer vendors click; its exception base is only reachable through the private module.
 from typer._click.exceptions import ClickException as _ClickException
 from typer._click.exceptions import NoArgsIsHelpError as _NoArgsIsHelpError
+from typer.core import TyperArgument
 
 from fsdpviz import __version__
 from fsdpviz.errors import EXIT_BAD_INPUT, FsdpvizError
@@ -32,6 +33,12 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Plain help: rich's panels squeeze each description into a narrow column at 80 columns and read
+    # brackets in help texts as markup; click's formatter wraps to the terminal and prints text as is.
+    rich_markup_mode=None,
+    epilog=("Example:\n\n\b\n  fsdpviz record -o runs/base -- torchrun --nproc_per_node 8 train.py\n"
+            "  fsdpviz summary runs/base\n  fsdpviz report runs/base\n\n"
+            "Each command's --help shows its options and an example."),
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
@@ -56,25 +63,61 @@ def _register_commands() -> None:
         return
     # One line per command; each command module imports heavy packages lazily inside its function.
     # (Commands are added here as their modules land: summary, record, report, compare, export, whatif.)
+    from fsdpviz.commands.summary import EXAMPLE as SUMMARY_EXAMPLE
     from fsdpviz.commands.summary import summary
 
-    app.command("summary")(summary)
+    app.command("summary", epilog=example(SUMMARY_EXAMPLE))(summary)
     from fsdpviz.commands.record import CONTEXT_SETTINGS as _RECORD_CONTEXT
+    from fsdpviz.commands.record import EXAMPLE as RECORD_EXAMPLE
     from fsdpviz.commands.record import record
 
-    app.command("record", context_settings=_RECORD_CONTEXT)(record)
+    app.command("record", context_settings=_RECORD_CONTEXT, epilog=example(RECORD_EXAMPLE))(record)
+    from fsdpviz.commands.report import EXAMPLE as REPORT_EXAMPLE
     from fsdpviz.commands.report import report
 
-    app.command("report")(report)
+    app.command("report", epilog=example(REPORT_EXAMPLE))(report)
+    from fsdpviz.commands.export import EXAMPLE as EXPORT_EXAMPLE
     from fsdpviz.commands.export import export
 
-    app.command("export")(export)
+    app.command("export", epilog=example(EXPORT_EXAMPLE))(export)
+    from fsdpviz.commands.compare import EXAMPLE as COMPARE_EXAMPLE
     from fsdpviz.commands.compare import compare
 
-    app.command("compare")(compare)
+    app.command("compare", epilog=example(COMPARE_EXAMPLE))(compare)
+    from fsdpviz.commands.whatif import EXAMPLE as WHATIF_EXAMPLE
     from fsdpviz.commands.whatif import whatif
 
-    app.command("whatif")(whatif)
+    app.command("whatif", epilog=example(WHATIF_EXAMPLE))(whatif)
+
+
+def example(lines: str) -> str:
+    """A command's help epilog: its example, kept line by line (click's ``\\b`` stops the rewrap)."""
+    return "Example:\n\n\b\n" + "\n".join(f"  {line}" for line in lines.strip().splitlines())
+
+
+def plain_arguments(command: Any) -> None:
+    """Show each positional argument of ``command`` and its subcommands by its metavar (``RUN``,
+    ``PATH...``) in the usage line and the help, without typer's type label (``<list[Path]>``) or
+    its braces (``{run}``)."""
+    for sub in getattr(command, "commands", {}).values():
+        plain_arguments(sub)
+    for param in command.params:
+        if not isinstance(param, TyperArgument) or not param.metavar:
+            continue
+        name: str = param.metavar
+        usage = name if param.required else f"[{name}]"
+        # typer has no setting for either; the instance attributes stand in for its methods
+        param.display_type_rich = _constant(None)  # type: ignore[method-assign]
+        param._rich_display_name = _constant(name)  # type: ignore[method-assign]
+        param._usage_display_name = _constant(usage)  # type: ignore[method-assign]
+
+
+def _constant(value: str | None) -> Any:
+    """A function of any arguments that answers ``value``."""
+    def answer(*args: object, **kwargs: object) -> str | None:
+        return value
+
+    return answer
 
 
 def error_line(message: str) -> None:
@@ -91,6 +134,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
     _register_commands()
     command = typer.main.get_command(app)
+    plain_arguments(command)
     try:
         rv = command.main(args=list(argv) if argv is not None else None, prog_name="fsdpviz",
                           standalone_mode=False)

@@ -14,6 +14,7 @@ Layout::
     RUN/timers/rank{R}.jsonl
     RUN/ranks/rank{R}.json          what rank R reported (merged into run.json)
     RUN/logs/rank{R}.log            the profiler's own log lines
+    RUN/logs/command.log            the command's last stderr lines, when it failed
     RUN/report.html
 """
 
@@ -35,6 +36,9 @@ TRACE_FILE: Final = "rank{rank}.trace.json.gz"  # inside TRACES_DIR
 TIMERS_FILE: Final = "timers/rank{rank}.jsonl"
 RANK_FILE: Final = "ranks/rank{rank}.json"
 LOG_FILE: Final = "logs/rank{rank}.log"
+COMMAND_LOG: Final = "logs/command.log"  # the last lines the command wrote to stderr, when it failed
+RUN_ID_FILE: Final = "ranks/run-id"  # --shared: the run id the first node's launcher chose, for the others
+TRACE_RUN_ID_KEY: Final = "fsdpvizRunId"  # the run id in a trace's top level (torch.profiler metadata)
 PARTIAL_SUFFIX: Final = ".partial"  # files being written; renamed when complete
 CACHE_DIR: Final = ".fsdpviz-cache"  # the trace loader's parse cache, beside the traces
 OWNED_ENTRIES: Final = (RUN_JSON, TRACES_DIR, TIMERS_DIR, RANKS_DIR, LOGS_DIR, REPORT_HTML, PREDICTIONS_DIR)
@@ -184,6 +188,10 @@ class RunInfo(msgspec.Struct, kw_only=True):
     exit_code: int | None = None
     status: str = ""
     reason: str = ""
+    run_id: str = ""
+    """Names this recording; every trace it wrote carries it (``fsdpvizRunId``). "" before fsdpviz wrote one."""
+    command_log: str | None = None
+    """``logs/command.log`` when the command failed: its last stderr lines; else None."""
     world_size: int | None = None
     hosts: list[str] = msgspec.field(default_factory=list)
     framework: str = "unknown"

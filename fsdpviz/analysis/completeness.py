@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from fsdpviz.analysis.framework import unconnected_ranks_note
-from fsdpviz.analysis.records import MISSING_RANKS, SKIPPED_EVENTS, Note
+from fsdpviz.analysis.records import MISSING_RANKS, SKIPPED_EVENTS, SKIPPED_EXPORTS, Note
 from fsdpviz.trace.tables import TraceSet
 
 MAX_LISTED_FILES = 3  # skipped events: files named in the one warning line
@@ -60,14 +60,27 @@ def skipped_events_note(traces: TraceSet) -> Note | None:
                 f"category, missing, negative or out-of-range times, fields of the wrong type) in {listed}")
 
 
+def skipped_exports_note(traces: TraceSet) -> Note | None:
+    """One sentence naming the fsdpviz exports a folder held, which were not read; None when none."""
+    exports = traces.skipped_exports
+    if not exports:
+        return None
+    listed = ", ".join(exports[:MAX_LISTED_FILES]) + (f" and {len(exports) - MAX_LISTED_FILES} more"
+                                                      if len(exports) > MAX_LISTED_FILES else "")
+    return Note(SKIPPED_EXPORTS, f"skipped {listed}: fsdpviz's own export of a run (fsdpviz export --format "
+                                 "perfetto), not a trace of its own; name the file alone to read it back")
+
+
 def gap_notes(traces: TraceSet) -> list[Note]:
-    """The summary's notes about missing ranks, skipped events and ranks that never communicated."""
-    return [n for n in (missing_ranks_note(traces), skipped_events_note(traces), unconnected_ranks_note(traces)) if n]
+    """The summary's notes about missing ranks, skipped events and exports, and ranks that never
+    communicated."""
+    return [n for n in (missing_ranks_note(traces), skipped_events_note(traces), skipped_exports_note(traces),
+                        unconnected_ranks_note(traces)) if n]
 
 
 def gap_warnings(traces: TraceSet) -> list[str]:
     """What a command prints as ``warning:`` lines (see the module docstring)."""
     whole_run = traces.run_dir is not None or len(traces.rank_ids) > 1
     notes = [missing_ranks_note(traces) if whole_run else None, skipped_events_note(traces),
-             unconnected_ranks_note(traces) if whole_run else None]
+             skipped_exports_note(traces), unconnected_ranks_note(traces) if whole_run else None]
     return [n.text for n in notes if n is not None]

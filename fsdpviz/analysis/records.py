@@ -21,6 +21,7 @@ import msgspec
 NO_PROFILER_STEP: Final = "no_profiler_step"  # a rank's trace has no ProfilerStep: analysed whole
 STEPS_DROPPED: Final = "steps_dropped"  # steps left out as cut short
 SKIPPED_FILES: Final = "skipped_files"  # JSON files in the folders that are no Kineto traces
+SKIPPED_EXPORTS: Final = "skipped_exports"  # fsdpviz's own Perfetto exports found in the folders, not read
 MISSING_RANKS: Final = "missing_ranks"  # ranks of the world without a trace
 SKIPPED_EVENTS: Final = "skipped_events"  # events the loader could not use
 UNCONNECTED_RANKS: Final = "unconnected_ranks"  # no collective although the world has several ranks

@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from fsdpviz.analysis.records import NO_PROFILER_STEP, STEPS_DROPPED, Note
+from fsdpviz.errors import UsageError
 from fsdpviz.runfolder import SCHEDULE_OPTIMIZER_STEPS, RunInfo
 from fsdpviz.trace import schema
 from fsdpviz.trace.tables import TraceSet
@@ -138,6 +139,11 @@ def choose_steps(traces: TraceSet, rank: int, events: pd.DataFrame | None, *,
         return RankChoice(rank, None)
     ordered = [int(s) for s in rank_steps.sort_values("start_ns", kind="stable")["step"]]
     if steps is not None:
+        absent = sorted(set(steps) - set(ordered))
+        if absent:  # the user's --steps: name the steps there are, not the empty window it leaves
+            what = "step" if len(absent) == 1 else "steps"
+            raise UsageError(f"{traces.source_of(rank)}: --steps: {what} {number_ranges(absent)} not in this "
+                             f"trace, which holds {'step' if len(ordered) == 1 else 'steps'} {number_ranges(ordered)}")
         return RankChoice(rank, analysed_steps_of(rank_steps, steps))
     if include_last_step or len(ordered) == 1:
         return RankChoice(rank, analysed_steps_of(rank_steps, ordered))
@@ -160,6 +166,20 @@ def choose_steps(traces: TraceSet, rank: int, events: pd.DataFrame | None, *,
             why = "the rank stopped inside it"
     left_out = tuple(s for s in ordered if s not in keep)
     return RankChoice(rank, analysed_steps_of(rank_steps, keep), left_out, why if left_out else "")
+
+
+def number_ranges(numbers: Sequence[int]) -> str:
+    """``[2, 3, 4, 7]`` -> ``2-4, 7``: sorted numbers with consecutive runs joined."""
+    parts: list[str] = []
+    values = sorted(set(numbers))
+    i = 0
+    while i < len(values):
+        j = i
+        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
+            j += 1
+        parts.append(str(values[i]) if i == j else f"{values[i]}-{values[j]}")
+        i = j + 1
+    return ", ".join(parts)
 
 
 def combine_choices(choices: Sequence[RankChoice], requested: Sequence[int] | None) -> StepSelection:

@@ -45,5 +45,10 @@ def check_output_folder(path: Path | None, what: str) -> None:
         raise UsageError(f"{path}: cannot write {what}: folder {path.parent} does not exist")
 
 
-SCHEDULER_HELP = ("Parse the traces on the workers of this Dask scheduler (tcp://host:8786); they must see the "
-                  "same paths (docs/scale.md). Default: $FSDPVIZ_SCHEDULER, else local processes.")
+SCHEDULER_HELP = ("Parse the traces on the workers of this Dask scheduler (tcp://host:8786; needs "
+                  "pip install 'fsdpviz[dask]'); the workers must see the same paths. Default: "
+                  "$FSDPVIZ_SCHEDULER, else local processes.")
+STEPS_HELP = ("ProfilerSteps to analyse, e.g. 3,4 or 3-5 (ProfilerStep#N in the trace). Default: every "
+              "step the trace shows complete.")
+PATHS_HELP = ("A run folder (from fsdpviz record), a folder of traces, or trace files (.json / .json.gz, "
+              "also recorded without fsdpviz).")

@@ -13,24 +13,32 @@ import typer
 from fsdpviz.commands.common import SCHEDULER_HELP, check_output_folder, progress_printer, warn_gaps
 from fsdpviz.errors import UsageError
 
+EXAMPLE = """
+fsdpviz compare runs/per-layer runs/per-pair -o compare.html
+"""
+
 
 def compare(
     runs: Annotated[list[Path], typer.Argument(
-        help="Two or more runs: run folders (from `fsdpviz record`), folders of traces, or trace files. "
+        metavar="RUN...", help="Two or more runs: run folders (from fsdpviz record), folders of traces, or trace files. "
              "The first is the baseline of the deltas.", show_default=False)],
     output: Annotated[Path | None, typer.Option(
-        "-o", "--output", help="HTML page to write. Default: ./fsdpviz-compare.html (with --json: no page "
+        "-o", "--output", metavar="FILE", help="HTML page to write. Default: ./fsdpviz-compare.html (with --json: no page "
                                "unless -o is given).", show_default=False)] = None,
     labels: Annotated[list[str] | None, typer.Option(
-        "--label", help="Name of a run, once per run in the same order. Default: run.json's label, else "
+        "--label", metavar="NAME", help="Name of a run, once per run in the same order. Default: run.json's label, else "
                         "the folder name.", show_default=False)] = None,
     as_json: Annotated[bool, typer.Option(
         "--json", help='Print {"runs": [summary of each run], "deltas": {...}, ...} on stdout.')] = False,
     cache: Annotated[bool, typer.Option("--cache/--no-cache", help="Reuse parsed traces cached beside them.")] = True,
     quiet: Annotated[bool, typer.Option("-q", "--quiet", help="No progress lines on stderr.")] = False,
-    scheduler: Annotated[str | None, typer.Option("--scheduler", help=SCHEDULER_HELP, show_default=False)] = None,
+    scheduler: Annotated[str | None, typer.Option("--scheduler", metavar="ADDRESS", help=SCHEDULER_HELP,
+                                                  show_default=False)] = None,
 ) -> None:
-    """Compare runs: step time, overlap, exposed communication, memory and units, with findings."""
+    """Compare runs side by side.
+
+    Step time, overlap, exposed communication, memory and units of each run, with the differences
+    and findings, on one HTML page (and as JSON with --json)."""
     from fsdpviz.analysis.compare.runs import compare_runs, comparison_json
     from fsdpviz.report.compare.build import COMPARE_NAME, build_compare, load_runs
 

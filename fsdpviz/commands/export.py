@@ -18,39 +18,45 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from fsdpviz.commands.common import SCHEDULER_HELP, warn_gaps
+from fsdpviz.commands.common import PATHS_HELP, SCHEDULER_HELP, STEPS_HELP, warn_gaps
 from fsdpviz.errors import UsageError
 
 if TYPE_CHECKING:
     from fsdpviz.analysis.pipeline import RunResult
 
 FORMATS = ("parquet", "csv", "perfetto")
+EXAMPLE = """
+fsdpviz export runs/base -o base-tables/
+fsdpviz export runs/base --format perfetto -o base.json.gz
+"""
 
 
 def export(
-    paths: Annotated[list[Path], typer.Argument(
-        help="A run folder (from `fsdpviz record`), a folder of traces, or trace files "
-             "(.json / .json.gz, also recorded without fsdpviz).", show_default=False)],
-    out: Annotated[Path, typer.Option("-o", "--out", help="Folder to write the tables into (created if needed); "
+    paths: Annotated[list[Path], typer.Argument(metavar="PATH...", help=PATHS_HELP, show_default=False)],
+    out: Annotated[Path, typer.Option("-o", "--out", metavar="DIR|FILE", help="Folder to write the tables into (created if needed); "
                                       "with --format perfetto the trace file to write (.json or .json.gz).",
                                       show_default=False)],
-    fmt: Annotated[str, typer.Option("--format", help="parquet or csv (tables), or perfetto: one trace file for "
+    fmt: Annotated[str, typer.Option("--format", metavar="parquet|csv|perfetto", help="parquet or csv (tables), or perfetto: one trace file for "
                                                       "Perfetto / chrome://tracing with a track per FSDP unit "
                                                       "phase.")] = "parquet",
     steps: Annotated[str | None, typer.Option(
-        "--steps", help="ProfilerSteps to analyse, e.g. 3,4 or 3-5. Default: every step the "
-                        "trace holds complete (see docs/concepts.md, 'Steps').", show_default=False)] = None,
+        "--steps", metavar="STEPS", help=STEPS_HELP, show_default=False)] = None,
     cache: Annotated[bool, typer.Option(
         "--cache/--no-cache", help="Reuse parsed traces cached beside them.")] = True,
     ranks: Annotated[str | None, typer.Option(
-        "--ranks", help="perfetto: ranks to keep, e.g. 0,1 or 0-3 (default: all).", show_default=False)] = None,
+        "--ranks", metavar="RANKS", help="perfetto: ranks to keep, e.g. 0,1 or 0-3 (default: all).", show_default=False)] = None,
     raw: Annotated[bool, typer.Option(
         "--raw/--no-raw", help="perfetto: also keep the ranks' original events (--no-raw: unit tracks, "
                                "memory and nothing else; much smaller).")] = True,
-    scheduler: Annotated[str | None, typer.Option("--scheduler", help=SCHEDULER_HELP, show_default=False)] = None,
+    scheduler: Annotated[str | None, typer.Option("--scheduler", metavar="ADDRESS", help=SCHEDULER_HELP,
+                                                  show_default=False)] = None,
 ) -> None:
-    """Write spans, units, memory, steps and findings tables (Parquet or CSV) into a folder, or the
-    run as one Perfetto trace with FSDP unit tracks (--format perfetto)."""
+    """Write a run's tables, or the run as one Perfetto trace.
+
+    Parquet or CSV: spans, units, unit_steps, memory, steps, findings and the cross-rank tables, one
+    file each, with export.json listing them; times are integer nanoseconds on one clock for all ranks.
+    Perfetto: one trace file for ui.perfetto.dev or chrome://tracing, with a track per FSDP unit
+    phase."""
     from fsdpviz.analysis.pipeline import analyse
     from fsdpviz.commands.summary import parse_steps
 

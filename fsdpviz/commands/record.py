@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,6 +21,10 @@ if TYPE_CHECKING:  # run.json's types load msgspec (and attrs): `fsdpviz --help`
 
 CONTEXT_SETTINGS = {"allow_interspersed_args": False}  # options after COMMAND belong to COMMAND
 MAX_UNITS_LISTED = 12  # the recording's line names this many units, then counts the rest
+LAST_LINES_SHOWN = 5  # a command that failed before recording: its last stderr lines repeated
+EXAMPLE = """
+fsdpviz record -o runs/base -- torchrun --nproc_per_node 8 train.py
+"""
 
 
 def time_window_settings(env: Mapping[str, str]) -> dict[str, float]:
@@ -44,14 +48,16 @@ def record(
         help="The training command, unchanged: torchrun ..., python -m torch.distributed.run ..., "
              "deepspeed ..., accelerate launch ..., python train.py ..."),
     out: Path | None = typer.Option(  # noqa: B008
-        None, "-o", "--out", help="Run folder to write. Default: runs/run-<date>-<time>.", show_default=False),
-    steps: int = typer.Option(DEFAULT_STEPS, "--steps", min=1, help="Optimizer steps to profile in full."),
+        None, "-o", "--out", metavar="DIR", help="Run folder to write. Default: runs/run-<date>-<time>.",
+        show_default=False),
+    steps: int = typer.Option(DEFAULT_STEPS, "--steps", min=1, metavar="N",
+                              help="Optimizer steps to profile in full."),
     warmup: int = typer.Option(
-        DEFAULT_WARMUP, "--warmup", min=0,
+        DEFAULT_WARMUP, "--warmup", min=0, metavar="N",
         help="Optimizer steps before profiling: 2 warm up, the last warms the profiler up, those between are timed "
              "unprofiled for the step time (at least 6 for 3 of them)."),
     mode: str = typer.Option(
-        "both", "--mode", help="profile: torch.profiler traces; timers: per-step timers of every step; both."),
+        "both", "--mode", metavar="profile|timers|both", help="profile: torch.profiler traces; timers: per-step timers of every step; both."),
     memory: bool = typer.Option(True, "--memory/--no-memory",
                                 help="Record allocator events and per-step peak memory."),
     report: bool = typer.Option(True, "--report/--no-report", help="Write report.html after the run."),
@@ -60,10 +66,13 @@ def record(
     shared: bool = typer.Option(
         False, "--shared", help="Multi-node: the run folder is shared with the other nodes' fsdpviz record; "
                                 "accept it as is and merge every rank found into run.json."),
-    label: str | None = typer.Option(None, "--label", help="Name of the run in reports and comparisons "
+    label: str | None = typer.Option(None, "--label", metavar="NAME", help="Name of the run in reports and comparisons "
                                                            "(default: the folder name).", show_default=False),
 ) -> int:
-    """Run COMMAND with recording on; its output passes through and its exit code is returned."""
+    """Record a training command on every rank.
+
+    Runs COMMAND unchanged with recording on; its output passes through and its exit code is
+    returned. The run folder gets run.json, traces/, timers/, logs/ and report.html."""
     from fsdpviz.record.launcher import record as run_record
     from fsdpviz.record.options import RecordOptions
 
@@ -82,7 +91,7 @@ def record(
         what.append("timers on every step")
     result = run_record(command, options, force=force, shared=shared, label=label, on_start=lambda: say(
         f"recording into {out or run_dir} ({', '.join(what)}): {' '.join(command)}"))
-    print_recording(result.run, run_dir)
+    print_recording(result.run, run_dir, result.last_lines)
     if result.error:  # the command ran, but its recording is incomplete: say so, keep a failing exit code
         print(f"error: {result.error}", file=sys.stderr, flush=True)
         return result.exit_code or EXIT_BAD_INPUT
@@ -91,14 +100,25 @@ def record(
     return result.exit_code
 
 
-def print_recording(run: RunInfo, run_dir: Path) -> None:
-    """What was recorded, in a few lines on stderr (also when nothing was)."""
+def print_recording(run: RunInfo, run_dir: Path, last_lines: Sequence[str] = ()) -> None:
+    """What was recorded, in a few lines on stderr (also when nothing was). ``last_lines``: the
+    command's last stderr lines, repeated when it failed before anything was recorded."""
     ranks = run.ranks
     status = run.status + (f" ({run.reason})" if run.reason else "")
     say(f"run {status}, exit code {run.exit_code}")
-    if not ranks:
-        say("nothing recorded: no process ran the forward of an FSDP / ZeRO-3 model "
-             "(see docs/recording.md, 'Which processes record')")
+    if not ranks and run.exit_code:
+        # the command failed before any FSDP forward (a mistyped script, an import error): its own
+        # last words say why, so they come first, not fsdpviz's guess at what was missing
+        say(f"nothing recorded: the command exited with code {run.exit_code} before any process ran the "
+            f"forward of an FSDP / ZeRO-3 model" + ("; its last lines:" if last_lines else ""))
+        for line in last_lines[-LAST_LINES_SHOWN:]:
+            say(f"  | {line}")
+        if run.command_log:
+            say(f"its last stderr lines are kept in {run_dir / run.command_log}")
+    elif not ranks:
+        say("nothing recorded: no process ran the forward of an FSDP / ZeRO-3 model (fsdpviz records the "
+            "processes that run the forward of a model wrapped in fully_shard, FullyShardedDataParallel or "
+            "a ZeRO-3 engine)")
     else:
         units = run.units
         unit_text = (f"{len(units)} units: {list_units((u.unit for u in units), MAX_UNITS_LISTED)}"
@@ -116,6 +136,8 @@ def print_recording(run: RunInfo, run_dir: Path) -> None:
              f"({max((r.timer_steps for r in ranks), default=0)} steps)")
     for note in run.notes:
         say(f"note: {note}")
+    if ranks and run.command_log:  # it failed after recording began: the reason is in run.json, the words here
+        say(f"the command's last stderr lines are kept in {run_dir / run.command_log}")
     say(f"run folder: {run_dir}")
 
 

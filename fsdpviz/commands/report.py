@@ -7,9 +7,20 @@ from pathlib import Path
 
 import typer
 
-from fsdpviz.commands.common import SCHEDULER_HELP, check_output_folder, progress_printer, warn_gaps
+from fsdpviz.commands.common import (
+    PATHS_HELP,
+    SCHEDULER_HELP,
+    STEPS_HELP,
+    check_output_folder,
+    progress_printer,
+    warn_gaps,
+)
 from fsdpviz.commands.summary import parse_steps
 from fsdpviz.errors import UsageError
+
+EXAMPLE = """
+fsdpviz report runs/base -o base.html
+"""
 
 
 def parse_ranks(text: str | None) -> list[int] | None:
@@ -22,23 +33,25 @@ def parse_ranks(text: str | None) -> list[int] | None:
 
 def report(
     paths: list[Path] = typer.Argument(  # noqa: B008 - typer reads its options from the defaults
-        ..., help="A run folder (from `fsdpviz record`), a folder of traces, or trace files "
-                  "(.json / .json.gz, also recorded without fsdpviz).", show_default=False),
+        ..., metavar="PATH...", help=PATHS_HELP, show_default=False),
     output: Path | None = typer.Option(  # noqa: B008
-        None, "-o", "--output", help="HTML file to write. Default: report.html in the run folder, "
+        None, "-o", "--output", metavar="FILE", help="HTML file to write. Default: report.html in the run folder, "
                                      "else ./fsdpviz-report.html.", show_default=False),
     steps: str | None = typer.Option(
-        None, "--steps", help="ProfilerSteps to analyse, e.g. 3,4 or 3-5. Default: every step the "
-                              "trace holds complete (see docs/concepts.md, 'Steps').", show_default=False),
+        None, "--steps", metavar="STEPS", help=STEPS_HELP, show_default=False),
     ranks: str | None = typer.Option(
-        None, "--ranks", help="Ranks the timeline Gantt draws, e.g. 0-7 or 0,5,9. Default: all ranks, "
+        None, "--ranks", metavar="RANKS", help="Ranks the timeline Gantt draws, e.g. 0-7 or 0,5,9. Default: all ranks, "
                               "or 16 chosen ones (rank 0, slowest, fastest, spread) beyond 16.",
         show_default=False),
     cache: bool = typer.Option(True, "--cache/--no-cache", help="Reuse parsed traces cached beside them."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress lines on stderr."),
-    scheduler: str | None = typer.Option(None, "--scheduler", help=SCHEDULER_HELP, show_default=False),
+    scheduler: str | None = typer.Option(None, "--scheduler", metavar="ADDRESS", help=SCHEDULER_HELP,
+                                         show_default=False),
 ) -> None:
-    """Write the offline HTML report: per-unit Gantt, memory, overlap, step times and findings."""
+    """Write a run's offline HTML report.
+
+    Per-unit Gantt, memory, overlap, step times and findings, in one file that opens in a browser
+    without a network."""
     from fsdpviz.analysis.pipeline import analyse
     from fsdpviz.report.build import build_report, import_report_modules
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from fsdpviz.commands.common import SCHEDULER_HELP, warn_gaps
+from fsdpviz.commands.common import PATHS_HELP, SCHEDULER_HELP, STEPS_HELP, warn_gaps
 from fsdpviz.errors import UsageError
 from fsdpviz.formatting import bytes_text
 
@@ -17,6 +17,10 @@ if TYPE_CHECKING:
     from fsdpviz.analysis.summary import MemorySummary, Summary
 
 MAX_FINDINGS_SHOWN = 5  # the terminal shows the top few; --json and the report carry all
+EXAMPLE = """
+fsdpviz summary runs/run-20250101-120000
+fsdpviz summary traces/ --steps 3-5 --json > summary.json
+"""
 
 
 
@@ -31,20 +35,20 @@ def level_text(mem: MemorySummary) -> str:
     return ""
 
 def summary(
-    paths: Annotated[list[Path], typer.Argument(
-        help="A run folder (from `fsdpviz record`), a folder of traces, or trace files "
-             "(.json / .json.gz, also recorded without fsdpviz).", show_default=False)],
+    paths: Annotated[list[Path], typer.Argument(metavar="PATH...", help=PATHS_HELP, show_default=False)],
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON (a stable contract).")] = False,
     steps: Annotated[str | None, typer.Option(
-        "--steps", help="ProfilerSteps to analyse, e.g. 3,4 or 3-5. Default: every step the "
-                        "trace holds complete (see docs/concepts.md, 'Steps').", show_default=False)] = None,
+        "--steps", metavar="STEPS", help=STEPS_HELP, show_default=False)] = None,
     include_last_step: Annotated[bool, typer.Option(
         "--include-last-step", help="Also analyse the last captured step when the trace cannot show it complete.")] = False,
     cache: Annotated[bool, typer.Option(
         "--cache/--no-cache", help="Reuse parsed traces cached beside them.")] = True,
-    scheduler: Annotated[str | None, typer.Option("--scheduler", help=SCHEDULER_HELP, show_default=False)] = None,
+    scheduler: Annotated[str | None, typer.Option("--scheduler", metavar="ADDRESS", help=SCHEDULER_HELP,
+                                                  show_default=False)] = None,
 ) -> None:
-    """Print step time, communication overlap, memory peaks, per-unit times and the top findings."""
+    """Print a run's headline numbers, as tables or as JSON.
+
+    Step time, communication overlap, memory peaks, per-unit times and the top findings."""
     from fsdpviz.analysis.pipeline import analyse
 
     result = analyse(paths, steps=parse_steps(steps), include_last_step=include_last_step, cache=cache,

@@ -23,6 +23,11 @@ if TYPE_CHECKING:
     from fsdpviz.whatif.predict import Outcome, Prediction
     from fsdpviz.whatif.settings import Settings
 
+EXAMPLE = """
+fsdpviz whatif runs/base --prefetch 2 -o prefetch2.html
+fsdpviz whatif runs/base --explore --memory-budget 70GiB
+"""
+MIN_BARE_BYTES = 1 << 20  # a bare number below 1 MiB is a size whose unit was left out
 _BYTES_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
 _BYTE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
                "t": 10**12, "tb": 10**12, "ki": 1 << 10, "kib": 1 << 10, "mi": 1 << 20, "mib": 1 << 20,
@@ -31,51 +36,58 @@ _BYTE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 10**6, "mb": 10**6, "g
 
 def whatif(
     run: Annotated[Path, typer.Argument(
-        help="A run folder (from `fsdpviz record`), a folder of traces, or trace files of one run.",
+        metavar="RUN", help="A run folder (from fsdpviz record), a folder of traces, or trace files of one run.",
         show_default=False)],
     wrap: Annotated[str | None, typer.Option(
-        "--wrap", help="root (one unit for the whole model), merge:K (every K consecutive non-root units in "
+        "--wrap", metavar="root|merge:K|match:REGEX", help="root (one unit for the whole model), merge:K (every K consecutive non-root units in "
                        "forward order become one) or match:REGEX (units are the modules whose name matches). "
                        "Default: as recorded.", show_default=False)] = None,
     prefetch: Annotated[str | None, typer.Option(
-        "--prefetch", help="implicit (FSDP2's default), none (no all-gather overlaps compute) or N (explicit "
+        "--prefetch", metavar="implicit|none|N", help="implicit (FSDP2's default), none (no all-gather overlaps compute) or N (explicit "
                            "forward and backward prefetch of the next N units). Default: as recorded.",
         show_default=False)] = None,
     reshard_after_forward: Annotated[str | None, typer.Option(
-        "--reshard-after-forward", help="true or false for every non-root unit (false: parameters stay "
+        "--reshard-after-forward", metavar="true|false", help="true or false for every non-root unit (false: parameters stay "
                                         "gathered from forward to backward). Default: as recorded.",
         show_default=False)] = None,
     world_size: Annotated[int | None, typer.Option(
-        "--world-size", help="Ranks: the same model and per-rank batch on N ranks. Default: as recorded.",
+        "--world-size", metavar="N", help="Ranks: the same model and per-rank batch on N ranks. Default: as recorded.",
         show_default=False)] = None,
     gpus_per_node: Annotated[int | None, typer.Option(
-        "--gpus-per-node", help="Ranks per host, to tell when collectives cross hosts. Default: as recorded.",
+        "--gpus-per-node", metavar="N", help="Ranks per host, to tell when collectives cross hosts. Default: as recorded.",
         show_default=False)] = None,
     inter_node_gbps: Annotated[float | None, typer.Option(
-        "--inter-node-gbps", help="Bandwidth between hosts per rank in GB/s, for world sizes past one host. "
+        "--inter-node-gbps", metavar="GB/S", help="Bandwidth between hosts per rank in GB/s, for world sizes past one host. "
                                   "Default: 25 on GPU (200 Gb/s per GPU), 1.25 on CPU (10 GbE).",
         show_default=False)] = None,
     explore_grid: Annotated[bool, typer.Option(
         "--explore", help="Predict a small grid (prefetch 1/2/none, no reshard for the last units, merge:2, "
                           "root, as recorded) and rank it by step time within the memory budget.")] = False,
     memory_budget: Annotated[str | None, typer.Option(
-        "--memory-budget", help="With --explore: the allocated bytes a setting may peak at, e.g. 70GiB or "
-                                "5e9. Default: the device's memory from the trace, else the recorded peak.",
+        "--memory-budget", metavar="SIZE", help="With --explore: the allocated memory a setting may peak "
+                                                "at, with its unit: 70GiB, 80GB, 512MiB (GiB, MiB: powers "
+                                                "of 1024; GB, MB: of 1000). Default: the device's memory "
+                                                "from the trace, else the recorded peak.",
         show_default=False)] = None,
     as_json: Annotated[bool, typer.Option(
         "--json", help='Print {"baseline": {...}, "predicted": {...}} (with --explore: the ranked grid).')] = False,
     output: Annotated[Path | None, typer.Option(
-        "-o", "--output", help="Also write an HTML page: the recorded and the predicted step on one time axis, "
+        "-o", "--output", metavar="FILE", help="Also write an HTML page: the recorded and the predicted step on one time axis, "
                                "unit by unit, with their memory curves.", show_default=False)] = None,
     save: Annotated[bool, typer.Option(
         "--save", help="Keep the prediction in the run folder (predictions/), where `fsdpviz report` and "
                        "`fsdpviz compare` show it beside the recording, marked as predicted.")] = False,
     cache: Annotated[bool, typer.Option("--cache/--no-cache", help="Reuse parsed traces cached beside them.")] = True,
     quiet: Annotated[bool, typer.Option("-q", "--quiet", help="No progress lines on stderr.")] = False,
-    scheduler: Annotated[str | None, typer.Option("--scheduler", help=SCHEDULER_HELP, show_default=False)] = None,
+    scheduler: Annotated[str | None, typer.Option("--scheduler", metavar="ADDRESS", help=SCHEDULER_HELP,
+                                                  show_default=False)] = None,
 ) -> None:
-    """Predict step time, communication and memory under another wrap policy, prefetch, resharding or
-    world size, from one recording (see docs/whatif.md)."""
+    """Predict another FSDP setting from one recording.
+
+    Step time, communication and memory under another wrap policy, prefetch, resharding or world
+    size. Each recorded step is simulated twice, as recorded and under the setting, and the
+    prediction is the recording moved by the difference, so what the simulation does not explain
+    cancels out; the replay line says how closely it reproduces the recording."""
     from fsdpviz.whatif.settings import Settings, parse_bool, parse_prefetch, parse_wrap
 
     settings = Settings()
@@ -151,13 +163,20 @@ def whatif(
 
 
 def parse_bytes(text: str, option: str) -> int:
-    """``70GiB``, ``5e9``, ``512MB`` -> bytes (GiB/MiB: powers of 1024; GB/MB: of 1000)."""
+    """``70GiB``, ``512MB``, ``5e9`` -> bytes (GiB/MiB: powers of 1024; GB/MB: of 1000).
+
+    A number without a unit is bytes only from :data:`MIN_BARE_BYTES` on: ``--memory-budget 40`` is
+    someone's 40 GiB, and read as 40 bytes it would silently rule out every setting."""
     match = _BYTES_RE.match(text)
     if not match:
-        raise UsageError(f"{option} {text!r}: use a number of bytes, e.g. 70GiB, 512MB or 5e9")
-    value = float(match.group(1)) * _BYTE_UNITS[(match.group(2) or "").lower()]
+        raise UsageError(f"{option} {text!r}: use a size with its unit, e.g. 70GiB, 80GB or 512MiB")
+    number, unit = float(match.group(1)), (match.group(2) or "").lower()
+    value = number * _BYTE_UNITS[unit]
     if value <= 0:
         raise UsageError(f"{option} {text!r}: needs more than 0 bytes")
+    if not unit and value < MIN_BARE_BYTES:
+        raise UsageError(f"{option} {text!r}: a number without a unit is bytes, and {number:g} bytes is surely "
+                         f"not meant; give the unit, e.g. {number:g}GiB or {number:g}GB")
     return int(value)
 
 
@@ -219,7 +238,16 @@ def print_prediction(prediction: Prediction, run: str, framework: str, world_siz
 
 
 def _setting_words(settings: Settings) -> list[str]:
-    return [f"{key.replace('_', ' ')} {v['value']} ({v['source']})" for key, v in settings.to_json().items()]
+    """Each setting and where it came from: ``prefetch 1 (given)``, ``wrap as recorded``."""
+    words = []
+    for key, v in settings.to_json().items():
+        name, value, source = key.replace("_", " "), v["value"], v["source"]
+        if value == "recorded":  # the value is the recording's, which is also where it came from
+            words.append(f"{name} as recorded")
+        else:
+            text = str(value).lower() if isinstance(value, bool) else str(value)
+            words.append(f"{name} {text} ({source})")
+    return words
 
 
 def print_exploration(exploration: Exploration, run: str) -> None:

@@ -10,22 +10,36 @@ not exist) are raised before the command starts, so nothing runs for nothing.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from fsdpviz.errors import RunFolderError, UsageError
 from fsdpviz.record import runinfo
-from fsdpviz.record.options import ENV_OWNER_PID, RecordOptions
-from fsdpviz.runfolder import CACHE_DIR, OWNED_ENTRIES, RANKS_DIR, RUN_JSON, TIMERS_DIR, TRACES_DIR, RunInfo
+from fsdpviz.record.options import ENV_OWNER_PID, ENV_RUN_ID, RecordOptions
+from fsdpviz.record.tail import StderrTail
+from fsdpviz.runfolder import (
+    CACHE_DIR,
+    COMMAND_LOG,
+    OWNED_ENTRIES,
+    RANKS_DIR,
+    RUN_ID_FILE,
+    RUN_JSON,
+    TIMERS_DIR,
+    TRACES_DIR,
+    RunInfo,
+)
 
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "bootstrap"
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -42,6 +56,7 @@ class RecordResult:
     exit_code: int
     run: RunInfo
     error: str | None = None  # run.json could not be written (e.g. the disk filled up during the run)
+    last_lines: list[str] = field(default_factory=list)  # the command's last stderr lines
 
 
 def _now_iso() -> str:
@@ -127,25 +142,34 @@ def check_free_space(run_dir: Path, env: Mapping[str, str] | None = None) -> Non
             f"{min_free_mb:g} MB (free some space, choose another --out, or set {ENV_MIN_FREE_MB})")
 
 
-def child_env(options: RecordOptions, base: dict[str, str] | None = None) -> dict[str, str]:
-    """The command's environment: ours plus the options, with the bootstrap first on PYTHONPATH."""
+def child_env(options: RecordOptions, base: dict[str, str] | None = None, run_id: str = "") -> dict[str, str]:
+    """The command's environment: ours plus the options (and the run id the ranks write into their
+    traces), with the bootstrap first on PYTHONPATH."""
     env = dict(os.environ if base is None else base)
     env.update(options.to_env())
+    if run_id:
+        env[ENV_RUN_ID] = run_id
     env.pop(ENV_OWNER_PID, None)  # a recording started from inside another one starts afresh
     old = env.get("PYTHONPATH")
     env["PYTHONPATH"] = str(BOOTSTRAP_DIR) + (os.pathsep + old if old else "")
     return env
 
 
-def run_command(command: list[str], env: dict[str, str]) -> tuple[int, int | None]:
-    """Run ``command`` in its own process group, forwarding signals; return (exit code, signal sent)."""
+def run_command(command: list[str], env: dict[str, str], tail: StderrTail | None = None) -> tuple[int, int | None]:
+    """Run ``command`` in its own process group, forwarding signals; return (exit code, signal sent).
+    ``tail``: passes the command's stderr through and keeps its last lines (:mod:`.tail`)."""
     group_kwargs: dict[str, Any] = (
         {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
     )
+    stderr_fd = tail.start() if tail is not None else None
     try:
-        proc = subprocess.Popen(command, env=env, **group_kwargs)
+        proc = subprocess.Popen(command, env=env, stderr=stderr_fd, **group_kwargs)
     except OSError as exc:
+        if tail is not None:
+            tail.finish()
         raise UsageError(f"{command[0]}: cannot start ({exc.strerror or exc})") from exc
+    if tail is not None:
+        tail.child_started()
     forwarded: list[int] = []
 
     def forward(signum: int, frame: Any) -> None:
@@ -186,6 +210,43 @@ def wait_for_other_nodes(run_dir: Path, timeout_s: float = SHARED_WAIT_S, poll_s
         time.sleep(poll_s)
 
 
+def new_run_id(run_dir: Path, *, shared: bool) -> str:
+    """A fresh id for this recording; with ``shared`` (multi-node), the one the first node's launcher
+    put in the folder, so that every node's ranks write the same one."""
+    run_id = uuid.uuid4().hex[:16]
+    if not shared:
+        return run_id
+    path = run_dir / RUN_ID_FILE
+    # written whole under a name of its own, then linked into place: the link fails if another node
+    # was first, and a node that reads the file never reads it half-written
+    tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}")
+    try:
+        tmp.write_text(run_id + "\n")
+        os.link(tmp, path)
+    except FileExistsError:
+        with contextlib.suppress(OSError):
+            run_id = path.read_text().strip() or run_id
+    except OSError:  # a file system without hard links: this node's own id
+        pass
+    finally:
+        tmp.unlink(missing_ok=True)
+    return run_id
+
+
+def write_command_log(run_dir: Path, lines: list[str]) -> str | None:
+    """``logs/command.log`` with the command's last stderr lines; its name in the run folder, or
+    None when there is nothing to write or it cannot be written."""
+    if not lines:
+        return None
+    path = run_dir / COMMAND_LOG
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    except OSError:
+        return None
+    return COMMAND_LOG
+
+
 def record(command: list[str], options: RecordOptions, *, force: bool = False, shared: bool = False,
            label: str | None = None, on_start: Callable[[], None] | None = None) -> RecordResult:
     """Run ``command`` with recording on and write run.json; returns the command's exit code.
@@ -197,8 +258,13 @@ def record(command: list[str], options: RecordOptions, *, force: bool = False, s
     prepare_run_dir(run_dir, force=force, shared=shared)
     if on_start is not None:
         on_start()
+    run_id = new_run_id(run_dir, shared=shared)
     start_time = _now_iso()
-    exit_code, forwarded = run_command(command, child_env(options))
+    tail = StderrTail()
+    try:
+        exit_code, forwarded = run_command(command, child_env(options, run_id=run_id), tail)
+    finally:
+        last_lines = tail.finish()
     end_time = _now_iso()
     if shared:
         wait_for_other_nodes(run_dir)
@@ -206,15 +272,16 @@ def record(command: list[str], options: RecordOptions, *, force: bool = False, s
     notes = runinfo.tidy_partial_files(run_dir, rank_infos)
     runinfo.mark_vanished_ranks(rank_infos)
     status, reason = runinfo.decide_status(exit_code, forwarded, rank_infos)
+    command_log = write_command_log(run_dir, last_lines) if exit_code != 0 else None
     run = runinfo.build_run_json(
         command=command, cwd=os.getcwd(), label=label or run_dir.name, start_time=start_time,
         end_time=end_time, exit_code=exit_code, status=status, reason=reason, options=options,
-        rank_infos=rank_infos, notes=notes + unreadable,
+        rank_infos=rank_infos, notes=notes + unreadable, run_id=run_id, command_log=command_log,
     )
     try:
         runinfo.write_run_json(run_dir / RUN_JSON, run)
     except OSError as exc:
         return RecordResult(run_dir=run_dir, exit_code=exit_code, run=run, error=(
             f"{run_dir / RUN_JSON}: cannot write run.json ({exc.strerror or exc}); the traces and timers "
-            "written so far are kept"))
-    return RecordResult(run_dir=run_dir, exit_code=exit_code, run=run)
+            "written so far are kept"), last_lines=last_lines)
+    return RecordResult(run_dir=run_dir, exit_code=exit_code, run=run, last_lines=last_lines)

@@ -27,6 +27,7 @@ ENV_MODE: Final = "FSDPVIZ_MODE"
 ENV_MEMORY: Final = "FSDPVIZ_MEMORY"
 # Set by a process that records, so that its own children (helpers, dataloader workers) don't.
 ENV_OWNER_PID: Final = "FSDPVIZ_OWNER_PID"
+ENV_RUN_ID: Final = "FSDPVIZ_RUN_ID"  # the recording's id, written into every trace (runfolder.TRACE_RUN_ID_KEY)
 # Time-window fallback for scripts that never step a torch optimizer (seconds).
 ENV_FALLBACK_AFTER_S: Final = "FSDPVIZ_FALLBACK_AFTER_S"
 ENV_WINDOW_S: Final = "FSDPVIZ_WINDOW_S"

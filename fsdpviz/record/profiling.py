@@ -14,6 +14,7 @@ profiler's own log lines go to ``logs/rank{R}.log`` instead of the user's termin
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import shutil
 import sys
@@ -25,13 +26,14 @@ import torch
 from torch.profiler import ProfilerAction, ProfilerActivity
 
 from fsdpviz.record import schedule
-from fsdpviz.record.options import RecordOptions
+from fsdpviz.record.options import ENV_RUN_ID, RecordOptions
 from fsdpviz.record.stderrlog import ProfilerLogFilter
 from fsdpviz.runfolder import (
     LOG_FILE,
     PARTIAL_SUFFIX,
     SCHEDULE_OPTIMIZER_STEPS,
     SCHEDULE_TIME_WINDOW,
+    TRACE_RUN_ID_KEY,
     rank_path,
     trace_path,
 )
@@ -82,6 +84,9 @@ class ProfilerDriver:
                 profile_memory=self.options.memory,
                 with_stack=False,
             )
+            run_id = os.environ.get(ENV_RUN_ID, "")
+            if run_id and hasattr(self.prof, "preset_metadata_json"):  # the trace names its recording
+                self.prof.preset_metadata_json(TRACE_RUN_ID_KEY, json.dumps(run_id))
             self.prof.step_num = step
             self.recorded_steps.clear()  # the constructor asked about step 0
             self.prof.current_action = self.action(step)

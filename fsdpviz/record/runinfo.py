@@ -177,6 +177,8 @@ def build_run_json(
     options: RecordOptions,
     rank_infos: list[dict[str, Any]],
     notes: list[str],
+    run_id: str = "",
+    command_log: str | None = None,
 ) -> RunInfo:
     """Assemble run.json (see docs/run-folder.md for every field)."""
     first = rank_infos[0] if rank_infos else {}
@@ -209,6 +211,8 @@ def build_run_json(
         "exit_code": exit_code,
         "status": status,
         "reason": reason,
+        "run_id": run_id,
+        "command_log": command_log,
         "world_size": world_size,
         "hosts": sorted({i["host"] for i in rank_infos if i.get("host")}) or [socket.gethostname()],
         "framework": framework,

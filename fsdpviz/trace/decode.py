@@ -132,6 +132,7 @@ class KinetoTrace(msgspec.Struct, gc=False):
     baseTimeNanoseconds: Int64 | None = None
     deviceProperties: list[DeviceProperties] | None = None
     fsdpvizRanks: list[ExportRank] | None = None  # several ranks in one file: an fsdpviz export
+    fsdpvizRunId: str | None = None  # the recording that wrote it (fsdpviz record; runfolder.TRACE_RUN_ID_KEY)
 
 
 class _LooseTrace(msgspec.Struct):

@@ -135,7 +135,8 @@ def _split_export(path: Path) -> list[RankColumns]:
                           deviceProperties=trace.deviceProperties,
                           distributedInfo=DistributedInfo(rank=info.rank, world_size=info.world_size,
                                                           backend=info.backend))
-        out.append(rank_columns(columns, top, path, n_skipped=n_bad, complete_steps=info.complete_steps))
+        out.append(rank_columns(columns, top, path, n_skipped=n_bad, complete_steps=info.complete_steps,
+                                export=True))
     return out
 
 
@@ -166,7 +167,7 @@ def us_to_ns(ts_us: np.ndarray) -> np.ndarray:
 
 
 def rank_columns(columns: EventColumns, top: KinetoTrace, path: Path, *, n_skipped: int = 0,
-                 complete_steps: list[int] | None = None) -> RankColumns:
+                 complete_steps: list[int] | None = None, export: bool = False) -> RankColumns:
     """Build one rank's tables from its decoded events (pure; ``path`` only names the source)."""
     rank, rank_source = _rank_of(top, path)
     base_ns = int(top.baseTimeNanoseconds or 0)
@@ -222,6 +223,8 @@ def rank_columns(columns: EventColumns, top: KinetoTrace, path: Path, *, n_skipp
         "nccl_version": (info.nccl_version or "") if info else "",
         "process_groups": process_groups(info.pg_config) if info else "",
         "complete_steps": ",".join(map(str, complete_steps or [])),
+        "run_id": top.fsdpvizRunId if isinstance(top.fsdpvizRunId, str) else "",
+        "fsdpviz_export": export,
     }
     return RankColumns(
         events=events,

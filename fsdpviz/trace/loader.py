@@ -20,6 +20,7 @@ from fsdpviz.runfolder import RunInfo
 from fsdpviz.trace import frames
 from fsdpviz.trace.dask_engine import ENV_SCHEDULER
 from fsdpviz.trace.kineto import RankColumns
+from fsdpviz.trace.onerun import check_one_run, exports_only_error, is_export
 from fsdpviz.trace.parse_task import PerRank
 from fsdpviz.trace.sources import read_timers, resolve_sources, units_from_run
 from fsdpviz.trace.tables import TraceSet
@@ -122,11 +123,17 @@ def load_run(
         sources.files, cache=use_cache, progress=progress, jobs=jobs, skippable=sources.scanned,
         meanwhile=_start_up(meanwhile), scheduler=address, per_rank=mapper,
     )
-    kept = [(r, f) for rs, f in zip(parsed, sources.files) if rs is not None for r in rs]
+    # a folder's fsdpviz exports hold the ranks of a run again: skipped, and said (trace.onerun)
+    exports = [str(f) for rs, f in zip(parsed, sources.files)
+               if rs is not None and f in sources.scanned and is_export([r.columns for r in rs])]
+    kept = [(r, f) for rs, f in zip(parsed, sources.files) if rs is not None and str(f) not in exports for r in rs]
     skipped = [str(f) for rs, f in zip(parsed, sources.files) if rs is None]
     if not kept:
         folder = sources.files[0].parent
+        if exports:
+            raise exports_only_error(folder, exports)
         raise TraceError(folder, f"folder holds no Kineto traces ({len(skipped)} JSON file(s) of another kind)")
+    check_one_run([(r.columns, f) for r, f in kept], sources.run, sources.run_dir)
     per_file = _check_unique_ranks([r.columns for r, _ in kept], [f for _, f in kept])
     mapped: list[Any] | None = None
     if mapping:
@@ -136,6 +143,7 @@ def load_run(
     traces = _trace_set(per_file, timers=read_timers(sources.timer_files), units=units_from_run(sources.run),
                         run=sources.run, run_dir=str(sources.run_dir) if sources.run_dir is not None else None,
                         skipped=skipped)
+    traces.skipped_exports = exports
     return LoadedRun(traces=traces, mapped=mapped)
 
 
@@ -148,8 +156,10 @@ def load_ranks(traces: TraceSet, ranks: Sequence[int], *, cache: bool = True,
     files = [Path(p) for p in dict.fromkeys(paths)]
     parsed = parse_all(files, cache=_use_cache(cache), progress=progress, jobs=None)
     per_rank = [r.columns for rs in parsed if rs is not None for r in rs if r.columns.rank_id in wanted]
-    return _trace_set(sorted(per_rank, key=lambda t: t.rank_id), timers=traces.timers, units=traces.units,
-                      run=traces.run, run_dir=traces.run_dir, skipped=list(traces.skipped))
+    out = _trace_set(sorted(per_rank, key=lambda t: t.rank_id), timers=traces.timers, units=traces.units,
+                     run=traces.run, run_dir=traces.run_dir, skipped=list(traces.skipped))
+    out.skipped_exports = list(traces.skipped_exports)
+    return out
 
 
 def _use_cache(cache: bool) -> bool:

@@ -129,6 +129,8 @@ RANKS: Final[Schema] = {
     "device_name": "string",  # deviceProperties[0].name, "" on CPU
     "device_memory_bytes": "int64",  # that device's totalGlobalMem, -1 if unknown (CPU)
     "complete_steps": "string",  # fsdpviz exports: the steps shown complete, "3,4,5"; "" when unknown
+    "run_id": "string",  # the recording that wrote the trace (fsdpviz record's fsdpvizRunId); "" when unknown
+    "fsdpviz_export": "bool",  # read from fsdpviz's own Perfetto export (fsdpviz export --format perfetto)
     "nccl_version": "string",
     # distributedInfo's process groups, "desc:size:name" joined by ";" ("default_pg:4:0;mesh_tp:2:3");
     # "" when the trace lists none (analysis/parallelism.py reads it)

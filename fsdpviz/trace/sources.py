@@ -5,6 +5,9 @@ Accepted inputs (any mix, one run at a time):
 - a folder of trace files (not searched recursively: sibling folders are often other runs); JSON
   files in it that are not Kineto traces (configs, notes) are skipped, named in ``TraceSet.skipped``;
 - a run folder written by ``fsdpviz record``: ``run.json`` + ``traces/`` (+ ``timers/``).
+
+What the loader then keeps of the files found in folders (fsdpviz's own exports are skipped, traces of
+different recordings refused) is :mod:`fsdpviz.trace.onerun`'s to decide.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from fsdpviz.errors import RunFolderError, TraceError, UsageError
 from fsdpviz.runfolder import (
+    LOGS_DIR,
     RUN_JSON,
     TIMERS_DIR,
     TRACES_DIR,
@@ -68,7 +72,7 @@ def resolve_sources(paths: Sequence[str | Path]) -> Sources:
             traces_dir = path / TRACES_DIR
             found = _traces_in(traces_dir) if traces_dir.is_dir() else []
             if not found:
-                raise RunFolderError(f"{path}: run folder has no traces ({TRACES_DIR}/ is empty or missing)")
+                raise RunFolderError(no_traces_message(path))
             files.extend(found)
             scanned.update(found)
             continue
@@ -90,6 +94,26 @@ def resolve_sources(paths: Sequence[str | Path]) -> Sources:
         run=run,
         timer_files=timers,
     )
+
+
+def no_traces_message(run_dir: Path) -> str:
+    """Why a run folder has no traces, as far as run.json and its logs tell, and where to look."""
+    text = f"{run_dir}: run folder has no traces ({TRACES_DIR}/ is empty or missing)"
+    try:
+        run = read_run_json(run_dir)
+    except RunFolderError:
+        return text
+    if run.status and run.status != "ok":
+        text += f"; the run {run.status}" + (f" ({run.reason})" if run.reason else "")
+    elif run.status == "ok" and not run.ranks:
+        text += "; the command ran, but no process ran the forward of an FSDP / ZeRO-3 model"
+    if run.status and run.status != "ok" and not run.ranks:
+        text += " before any process ran the forward of an FSDP / ZeRO-3 model"
+    logs = sorted(str(p) for p in (run_dir / LOGS_DIR).glob("*.log")) if (run_dir / LOGS_DIR).is_dir() else []
+    pointers = [f"{run_dir / RUN_JSON} (status, reason, ranks)"]
+    if logs:
+        pointers.append(", ".join(logs[:3]) + (f" and {len(logs) - 3} more" if len(logs) > 3 else ""))
+    return text + "; see " + " and ".join(pointers)
 
 
 def read_run_json(run_dir: Path) -> RunInfo:

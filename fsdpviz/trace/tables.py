@@ -35,6 +35,8 @@ class TraceSet:
         run_dir: the run folder, when the input was one.
         sources: the trace files read, in rank order.
         skipped: JSON files found in the given folders that are not Kineto traces.
+        skipped_exports: fsdpviz's own Perfetto exports found in the given folders, not read
+            (:mod:`fsdpviz.trace.onerun`).
     """
 
     events: pd.DataFrame
@@ -48,6 +50,7 @@ class TraceSet:
     run_dir: str | None = None
     sources: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    skipped_exports: list[str] = field(default_factory=list)
 
     @property
     def rank_ids(self) -> list[int]:

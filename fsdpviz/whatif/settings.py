@@ -78,7 +78,8 @@ class Settings:
                 n = self.keep_last_units
                 words.append(f"no reshard after forward for the last {n} unit{'s' if n != 1 else ''}")
             else:
-                words.append(f"{key.replace('_', ' ')} {values[key]['value']}")
+                value = values[key]["value"]
+                words.append(f"{key.replace('_', ' ')} {str(value).lower() if isinstance(value, bool) else value}")
         return ", ".join(words)
 
     def with_(self, **changes: object) -> Settings:

@@ -107,6 +107,9 @@ def test_record_fsdp2_run_folder_units_timers_and_identical_losses(recordings: R
     assert "framework" in proc.stdout and "fsdp2" in proc.stdout  # the terminal summary of the run
     labels = ["FSDP::pre_forward (blocks.0)", "FSDP::all_gather (blocks.1)", "FSDP::post_backward_reduce (blocks.0)"]
     run = _check_run(rec, "fsdp2", ["(root)", *BLOCKS], labels)
+    # every trace names its recording, as run.json does (the loader tells recordings apart by it)
+    assert re.fullmatch(r"[0-9a-f]{16}", run["run_id"]) and run["command_log"] is None
+    assert [_trace(run_dir, rank).get("fsdpvizRunId") for rank in (0, 1)] == [run["run_id"]] * 2
 
     model = _model_units(rec.config.train_args)
     by_name = {u["unit"]: u for u in run["units"]}
@@ -352,6 +355,8 @@ def test_record_shared_folder_merges_two_nodes(tmp_path: Path) -> None:
     assert run["status"] == "ok" and run["world_size"] == 2 and not run["notes"]
     assert [(r["rank"], r["status"]) for r in run["ranks"]] == [(0, "ok"), (1, "ok")]
     assert sorted(p.name for p in (run_dir / "traces").glob("*.gz")) == ["rank0.trace.json.gz", "rank1.trace.json.gz"]
+    # two launchers, one recording: both nodes' ranks carry the id the first launcher chose
+    assert [_trace(run_dir, rank).get("fsdpvizRunId") for rank in (0, 1)] == [run["run_id"]] * 2
 
 
 @pytest.mark.slow

@@ -110,11 +110,16 @@ def test_bad_input_is_one_line_and_exit_2(case: str, tmp_path: Path, capsys: pyt
     assert re.search(expected, lines[0]), lines[0]
 
 
-def test_no_events_in_the_analysis_window(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = _good_trace().write(tmp_path / "rank0.trace.json")
+def test_steps_not_in_the_trace_name_the_steps_there_are(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _good_trace().write(tmp_path / "rank0.trace.json")  # ProfilerStep#1 and #2
     code, _, err = _run(["summary", "--steps", "7", str(path)], capsys)
     assert code == 2
-    assert err.splitlines() == [f"error: {path}: no GPU events in the analysis window (steps [7], not in this trace)"]
+    assert err.splitlines() == [f"error: {path}: --steps: step 7 not in this trace, which holds steps 1-2"]
+    code, _, err = _run(["summary", "--steps", "2-4", str(path)], capsys)  # one there, two not
+    assert code == 2
+    assert err.splitlines() == [f"error: {path}: --steps: steps 3-4 not in this trace, which holds steps 1-2"]
+    code, out, _ = _run(["summary", "--steps", "1", "--json", str(path)], capsys)  # the GEMM's step
+    assert code == 0 and json.loads(out)["steps"] == [1]
 
 
 def test_bad_steps_option_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -118,7 +118,10 @@ def _no_units_trace(tmp: Path) -> Path:
     (["--prefetch", "-1"], "use implicit, none or a number"),
     (["--world-size", "0"], "needs at least 1 rank"),
     (["--reshard-after-forward", "maybe"], "use true or false"),
-    (["--explore", "--memory-budget", "lots"], "use a number of bytes"),
+    (["--explore", "--memory-budget", "lots"], "use a size with its unit, e.g. 70GiB"),
+    (["--explore", "--memory-budget", "5"], "5 bytes is surely not meant; give the unit, e.g. 5GiB or 5GB"),
+    (["--explore", "--memory-budget", "40.5"], "give the unit, e.g. 40.5GiB"),
+    (["--explore", "--memory-budget", "0GiB"], "needs more than 0 bytes"),
     (["--memory-budget", "1GiB"], "add --explore"),
     (["-o", "/no/such/folder/page.html"], "does not exist"),
 ])
