@@ -6,17 +6,25 @@ from __future__ import annotations
 
 from typing import Final
 
-from fsdpviz.whatif.settings import Settings
+from fsdpviz.whatif.settings import Settings, Wrap
 
 _S = Settings()
+ROOT_PEAK: Final = 6_679_714_304  # one unit for the whole model
+PAIR_PEAK: Final = 5_729_005_056  # two blocks per unit
 PEAK_TRUTH: Final[dict[str, list[tuple[Settings, int]]]] = {
     "h100-fsdp2-fake8-block": [
         (_S.with_(reshard_after_forward=False), 6_131_871_232),
         (_S.with_(world_size=2), 7_349_925_376),
         (_S.with_(world_size=16), 5_230_137_856),
         (_S.with_(world_size=1), 9_679_013_376),
+        (_S.with_(wrap=Wrap("root")), ROOT_PEAK),
+        (_S.with_(wrap=Wrap("merge", k=2)), PAIR_PEAK),
     ],
-    "h100-fsdp2-fake8-reshard-false": [(_S.with_(reshard_after_forward=True), 5_527_571_968)],
+    "h100-fsdp2-fake8-reshard-false": [
+        (_S.with_(reshard_after_forward=True), 5_527_571_968),
+        (_S.with_(wrap=Wrap("root")), ROOT_PEAK),  # the root never reshards: the same run
+        (_S.with_(wrap=Wrap("merge", k=2), reshard_after_forward=True), PAIR_PEAK),
+    ],
     "h100-fsdp1-fake8-block": [
         (_S.with_(world_size=16), 5_223_846_400),
         (_S.with_(world_size=1), 9_779_729_920),

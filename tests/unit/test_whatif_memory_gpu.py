@@ -14,6 +14,7 @@ from helpers.gpu_fsdp_truth import PEAK_TRUTH
 
 from fsdpviz.analysis.pipeline import analyse
 from fsdpviz.whatif.predict import Prediction, predict, read_model
+from fsdpviz.whatif.settings import Wrap
 
 TRUTH = PEAK_TRUTH
 CASES = [(name, setting, peak) for name, cases in TRUTH.items() for setting, peak in cases]
@@ -60,3 +61,33 @@ def test_reshard_false_keeps_every_block_and_gathers_nothing_in_backward(
     assert after is not None
     assert after["unsharded_params"] == 2 * (8 * 50_358_272 + 2_101_248)  # bf16, every block and the root
     assert after["comm_buffers"] == 0
+
+
+def test_one_root_unit_holds_the_whole_model_and_its_gather_output_to_the_end_of_forward(
+        predictions: dict[str, list[Prediction]]) -> None:
+    """Model A as one unit: FSDP2 keeps a forward all-gather's output until the next unit's copy-out,
+    for the last unit the root's post-forward; with one unit, that is the whole model's bf16 output
+    beside its bf16 parameters at the end of forward, where the activations peak."""
+    prediction = predictions["h100-fsdp2-fake8-block"][4]
+    assert prediction.settings.wrap == Wrap("root")
+    after = prediction.predicted.memory_categories
+    assert after is not None
+    model_bf16 = 2 * (8 * 50_358_272 + 2_101_248)
+    assert after["comm_buffers"] == model_bf16
+    assert abs(after["unsharded_params"] - model_bf16) <= 0.001 * model_bf16
+    assert after["unsharded_grads"] == 0  # forward: no gradient yet
+
+
+def test_pairs_prefetch_the_next_pair_in_backward(predictions: dict[str, list[Prediction]]) -> None:
+    """Two blocks per unit: the backward peak holds a pair's bf16 parameters and the next pair's
+    all-gather output, gathered when the pair before it in backward starts (the recorded block
+    run gathered one block ahead)."""
+    prediction = predictions["h100-fsdp2-fake8-block"][5]
+    assert prediction.settings.wrap == Wrap("merge", k=2)
+    after = prediction.predicted.memory_categories
+    assert after is not None
+    pair_bf16 = 2 * 2 * 50_358_272
+    # the output, and the gather's bf16 staging of the shards (one block's 1/8) while it is copied in
+    assert pair_bf16 <= after["comm_buffers"] <= pair_bf16 + 2 * 50_358_272 // 8
+    held = pair_bf16 + 2 * 2_101_248  # and the root's
+    assert held <= after["unsharded_params"] <= 1.001 * held
