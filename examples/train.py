@@ -148,6 +148,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="activation checkpointing per block (recomputed in backward)")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=BATCH_SIZE, help="sequences per micro-batch and rank")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--fake-world", type=int, default=0, metavar="N",
                         help="one process as rank 0 of N under torch's fake process group (no communication)")
@@ -161,8 +162,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.wrap == "submodule" and args.framework != "zero3":
         parser.error("--wrap submodule is ZeRO-3's default fetching and needs --framework zero3")
-    if args.prefetch < 0 or args.steps < 1 or args.layers < 1 or args.dim % HEADS:
-        parser.error(f"--prefetch >= 0, --steps >= 1, --layers >= 1 and --dim divisible by {HEADS}")
+    if args.prefetch < 0 or args.steps < 1 or args.layers < 1 or args.batch < 1 or args.dim % HEADS:
+        parser.error(f"--prefetch >= 0, --steps >= 1, --layers >= 1, --batch >= 1 and --dim divisible by {HEADS}")
     if args.grad_accum < 1:
         parser.error("--grad-accum must be at least 1")
     if args.fake_world < 0 or (args.fake_world and args.framework == "zero3"):
@@ -275,7 +276,7 @@ def deepspeed_config(model: GPT, args: argparse.Namespace) -> dict:
         zero["stage3_max_reuse_distance"] = 2 * total_numel
         zero["stage3_max_live_parameters"] = 2 * total_numel
     return {
-        "train_micro_batch_size_per_gpu": BATCH_SIZE,
+        "train_micro_batch_size_per_gpu": args.batch,
         "gradient_accumulation_steps": args.grad_accum,
         "zero_optimization": zero,
         "steps_per_print": 10**9,
@@ -306,8 +307,8 @@ def make_batches(args: argparse.Namespace, ddp: Distributed) -> list[torch.Tenso
     generator = torch.Generator().manual_seed(args.seed * 1000 + ddp.rank)
     batches = []
     for _ in range(args.steps * args.grad_accum):
-        tokens = torch.empty(BATCH_SIZE, SEQ_LEN + 1, dtype=torch.long)
-        tokens[:, 0] = torch.randint(VOCAB_SIZE, (BATCH_SIZE,), generator=generator)
+        tokens = torch.empty(args.batch, SEQ_LEN + 1, dtype=torch.long)
+        tokens[:, 0] = torch.randint(VOCAB_SIZE, (args.batch,), generator=generator)
         for t in range(1, SEQ_LEN + 1):
             tokens[:, t] = (5 * tokens[:, t - 1] + 3) % VOCAB_SIZE
         batches.append(tokens)

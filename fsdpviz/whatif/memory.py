@@ -119,6 +119,7 @@ class MemorySetting:
     prefetch: str  # "recorded", "implicit", "none" or N
     scale: float  # sharded categories' factor: recorded world / new world
     drop_gather_buffers: bool  # FSDP2 at one rank
+    recorded_prefetch: str = "implicit"  # the recording's: "implicit" or N
     notes: list[str] = field(default_factory=list)
 
 
@@ -221,8 +222,10 @@ def _resharded(sm: StepMemory, s: MemorySetting, unit: str, mine: list[Block]) -
     bwd_window = sm.windows.get((unit, vocabulary.BACKWARD))
     fwd_window = sm.windows.get((unit, vocabulary.FORWARD))
     if not after:  # kept from forward until its backward ends; no gather in backward
-        end = max([b.free for b in mine if b.phase == vocabulary.BACKWARD and b.category == _PARAMS]
-                  + ([bwd_window[1]] if bwd_window else []), default=None)
+        # freed where its backward gather's parameters were (its post-backward reshard, before the
+        # reduction); without a backward gather, at the end of its backward window
+        end = max([b.free for b in mine if b.phase == vocabulary.BACKWARD and b.category == _PARAMS],
+                  default=bwd_window[1] if bwd_window else None)
         computed = sm.computed.get((unit, vocabulary.FORWARD))
         if end is None or computed is None:
             return mine
@@ -401,7 +404,8 @@ def _reduced_together(s: MemorySetting, blocks: list[Block]) -> list[Block]:
                 out.append(Block(g, _BUFFERS, b.phase, start[g], max(start[g], freed[g]), b.bytes, True))
             elif b.reduction:
                 made = round(shift[u] + scale[u] * (b.alloc - opened))
-                out.append(Block(g, b.category, b.phase, made, made + round(scale[u] * (b.free - b.alloc)), b.bytes, True))
+                free = b.free if b.free == mcat.NOT_FREED else made + round(scale[u] * (b.free - b.alloc))
+                out.append(Block(g, b.category, b.phase, made, free, b.bytes, True))
             elif b.category == _GRADS and b.free >= inputs[u].alloc:
                 out.append(Block(g, _GRADS, b.phase, b.alloc, max(b.alloc, done[g]), b.bytes))
             elif b.category == _REDUCED and b.alloc >= inputs[u].alloc:
@@ -414,11 +418,13 @@ def _reduced_together(s: MemorySetting, blocks: list[Block]) -> list[Block]:
 
 def _prefetched(sm: StepMemory, s: MemorySetting, blocks: list[Block]) -> list[Block]:
     """An explicit prefetch of N: each unit's gather issued at the start of the unit N before it
-    (earlier only), its buffers moved with it (:func:`_moved_buffer`; the output freed at the unit's
+    (earlier only, unless the recording prefetched an explicit number of units too; back to FSDP2's
+    implicit prefetch from such a recording: none ahead in forward, one in backward), its buffers moved with it (:func:`_moved_buffer`; the output freed at the unit's
     copy-out: FSDP2 holds it longer only for its implicit forward prefetch); ``none``: not before the
     unit's own window. The unsharded parameters stay where they were made: at the unit's copy-out,
     in its own window."""
-    if s.prefetch in ("recorded", "implicit"):
+    explicit = s.recorded_prefetch.isdigit()  # the recording's issues are N ahead: move them either way
+    if s.prefetch == "recorded" or (s.prefetch == "implicit" and not explicit):
         return blocks
     copy_outs, issued = _first_made(blocks, _PARAMS), _first_made(blocks, _BUFFERS)
     out = []
@@ -433,7 +439,11 @@ def _prefetched(sm: StepMemory, s: MemorySetting, blocks: list[Block]) -> list[B
             new_issue = max(first, own[0]) if own else first
             out.append(_moved_buffer(b, first, new_issue, copy_out, max(b.free, new_issue)))
         else:
-            new_issue = min(first, _issue_time(sm, s, b.unit, b.phase, int(s.prefetch)))
+            # implicit: FSDP2 gathers a unit in its own pre-forward, and one unit ahead in backward
+            ahead = int(s.prefetch) if s.prefetch.isdigit() else int(b.phase == vocabulary.BACKWARD)
+            new_issue = _issue_time(sm, s, b.unit, b.phase, ahead)
+            if not explicit:
+                new_issue = min(first, new_issue)
             end = min(b.free, own[0]) if own else b.free
             out.append(_moved_buffer(b, first, new_issue, copy_out, max(end, copy_out or end)))
     return out
