@@ -247,7 +247,9 @@ def _resharded(sm: StepMemory, s: MemorySetting, unit: str, mine: list[Block]) -
         out.append(Block(b.unit, b.category, vocabulary.FORWARD, b.alloc,
                          min(b.free, fwd_window[1]) if b.category == _PARAMS else b.free, b.bytes))
         if b.category == _PARAMS:
-            out.append(Block(b.unit, b.category, vocabulary.BACKWARD, copy_out, max(bwd_window[1], copy_out), b.bytes))
+            # freed by its post-backward reshard (before the reduction), where the recording freed them
+            end = b.free if bwd_window[0] <= b.free <= bwd_window[1] else bwd_window[1]
+            out.append(Block(b.unit, b.category, vocabulary.BACKWARD, copy_out, max(end, copy_out), b.bytes))
         elif b.bytes == output:
             out.append(Block(b.unit, b.category, vocabulary.BACKWARD, issue, copy_out, b.bytes))
         else:
