@@ -305,7 +305,8 @@ def _merged(sm: StepMemory, s: MemorySetting, blocks: list[Block]) -> list[Block
     groups: dict[tuple[str, str], list[Block]] = {}
     for b in blocks:
         groups.setdefault((s.group.get(b.unit, b.unit), b.phase), []).append(b)
-    ahead = _backward_issues(sm, s) if s.prefetch in ("recorded", "implicit") else {}
+    implicit = s.prefetch == "implicit" or (s.prefetch == "recorded" and not s.recorded_prefetch.isdigit())
+    ahead = _backward_issues(sm, s) if implicit else {}  # explicit: as _prefetched moved the members
     out = []
     for (new, phase), members in groups.items():
         params = [b for b in members if b.category == _PARAMS]
@@ -390,7 +391,7 @@ def _reduced_together(s: MemorySetting, blocks: list[Block]) -> list[Block]:
     freed = {}
     for g, after in zip(by_start, [*by_start[1:], None]):
         if after is None:  # the last reduction's input: freed when the recorded last one was
-            freed[g] = max(b.free for u in groups[g] for b in [inputs[u]])
+            freed[g] = max(inputs[u].free for u in groups[g])
             continue
         # freed when the next reduction starts: as the input recorded just before it was
         earlier = [b for b in recorded if b.alloc < start[after]]
@@ -421,7 +422,8 @@ def _reduced_together(s: MemorySetting, blocks: list[Block]) -> list[Block]:
 def _prefetched(sm: StepMemory, s: MemorySetting, blocks: list[Block]) -> list[Block]:
     """An explicit prefetch of N: each unit's gather issued at the start of the unit N before it
     (earlier only, unless the recording prefetched an explicit number of units too; back to FSDP2's
-    implicit prefetch from such a recording: none ahead in forward, one in backward), its buffers moved with it (:func:`_moved_buffer`; the output freed at the unit's
+    implicit prefetch from such a recording: none ahead in forward, one in backward), its buffers
+    moved with it (:func:`_moved_buffer`; the output freed at the unit's
     copy-out: FSDP2 holds it longer only for its implicit forward prefetch); ``none``: not before the
     unit's own window. The unsharded parameters stay where they were made: at the unit's copy-out,
     in its own window."""
