@@ -30,3 +30,20 @@ PEAK_TRUTH: Final[dict[str, list[tuple[Settings, int]]]] = {
         (_S.with_(world_size=1), 9_779_729_920),
     ],
 }
+
+
+# Step times (ms) of the same uninstrumented runs (median of steps 3-9; ±10 % from run to run): per
+# recording, its own setting's and, per setting, the step it gave. whatif's targets are on the ratio
+# to the recording's own setting (within 0.10).
+STEP_TRUTH: Final[dict[str, tuple[float, list[tuple[Settings, float]]]]] = {
+    "h100-fsdp2-fake8-block": (53.2, [
+        (_S.with_(wrap=Wrap("root")), 43.1),
+        (_S.with_(wrap=Wrap("merge", k=2)), 49.2),
+        (_S.with_(reshard_after_forward=False), 50.9),
+    ]),
+    "h100-fsdp2-fake8-reshard-false": (50.9, [
+        (_S.with_(wrap=Wrap("root")), 43.1),
+        (_S.with_(wrap=Wrap("merge", k=2), reshard_after_forward=True), 49.2),
+        (_S.with_(reshard_after_forward=True), 53.2),
+    ]),
+}
