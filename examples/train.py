@@ -31,6 +31,13 @@ its micro-batches. ``--checkpoint``: activation checkpointing of every child of 
 block, or a pair under ``--wrap pair``) with ``torch.utils.checkpoint`` (non-reentrant): its forward
 runs again inside the backward.
 
+``--fake-world N``: one process is rank 0 of a world of N under torch's fake process group
+(``torch.testing._internal.distributed.fake_pg``): FSDP shards over N for real and runs every copy-in,
+copy-out and reduction buffer, while the collectives move nothing and take no time. Memory is then
+exactly what a rank of N holds, on one CPU core or one GPU. ``--bf16``: FSDP's mixed precision as on a
+GPU, bf16 parameters for compute and fp32 gradient reductions (FSDP2 ``MixedPrecisionPolicy``, FSDP1
+``MixedPrecision``).
+
 Runs on CPU with gloo (ZeRO-3 needs ``DS_ACCELERATOR=cpu``) and on GPUs with NCCL.
 """
 
@@ -141,7 +148,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="activation checkpointing per block (recomputed in backward)")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=BATCH_SIZE, help="sequences per micro-batch and rank")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--fake-world", type=int, default=0, metavar="N",
+                        help="one process as rank 0 of N under torch's fake process group (no communication)")
+    parser.add_argument("--bf16", action="store_true",
+                        help="mixed precision: bf16 parameters for compute, fp32 gradient reductions")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None,
                         help=argparse.SUPPRESS)  # passed by the deepspeed launcher; LOCAL_RANK says the same
@@ -150,14 +162,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.wrap == "submodule" and args.framework != "zero3":
         parser.error("--wrap submodule is ZeRO-3's default fetching and needs --framework zero3")
-    if args.prefetch < 0 or args.steps < 1 or args.layers < 1 or args.dim % HEADS:
-        parser.error(f"--prefetch >= 0, --steps >= 1, --layers >= 1 and --dim divisible by {HEADS}")
+    if args.prefetch < 0 or args.steps < 1 or args.layers < 1 or args.batch < 1 or args.dim % HEADS:
+        parser.error(f"--prefetch >= 0, --steps >= 1, --layers >= 1, --batch >= 1 and --dim divisible by {HEADS}")
     if args.grad_accum < 1:
         parser.error("--grad-accum must be at least 1")
+    if args.fake_world < 0 or (args.fake_world and args.framework == "zero3"):
+        parser.error("--fake-world N needs N >= 1 and FSDP2 or FSDP1")
+    if args.bf16 and args.framework == "zero3":
+        parser.error("--bf16 is FSDP2's or FSDP1's mixed precision")
     return args
 
 
-def init_distributed(device_choice: str) -> Distributed:
+def init_distributed(device_choice: str, fake_world: int = 0) -> Distributed:
     use_cuda = device_choice == "cuda" or (device_choice == "auto" and torch.cuda.is_available())
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if use_cuda:
@@ -165,6 +181,11 @@ def init_distributed(device_choice: str) -> Distributed:
         device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")
+    if fake_world:
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+
+        dist.init_process_group("fake", rank=0, world_size=fake_world, store=FakeStore())
+        return Distributed(0, fake_world, device)
     if "RANK" not in os.environ:  # plain `python train.py`: a world of one
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29511")
@@ -196,10 +217,17 @@ def shard_fsdp2(model: GPT, args: argparse.Namespace, ddp: Distributed) -> nn.Mo
 
     model.to(ddp.device)
     units = unit_modules(model, args.wrap)
+    extra = {}
+    if args.bf16:
+        try:
+            from torch.distributed.fsdp import MixedPrecisionPolicy
+        except ImportError:  # torch < 2.6
+            from torch.distributed._composable.fsdp import MixedPrecisionPolicy
+        extra["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for module in units:
-        fully_shard(module, reshard_after_forward=args.reshard_after_forward)
+        fully_shard(module, reshard_after_forward=args.reshard_after_forward, **extra)
     # The root keeps its parameters gathered after forward (the head is used first in backward).
-    fully_shard(model, reshard_after_forward=False)
+    fully_shard(model, reshard_after_forward=False, **extra)
     if args.prefetch > 0 and units:
         forward_order = [model, *units]
         backward_order = [model, *reversed(units)]
@@ -211,7 +239,7 @@ def shard_fsdp2(model: GPT, args: argparse.Namespace, ddp: Distributed) -> nn.Mo
 
 
 def shard_fsdp1(model: GPT, args: argparse.Namespace, ddp: Distributed) -> nn.Module:
-    from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
+    from torch.distributed.fsdp import BackwardPrefetch, MixedPrecision, ShardingStrategy
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
@@ -225,6 +253,8 @@ def shard_fsdp1(model: GPT, args: argparse.Namespace, ddp: Distributed) -> nn.Mo
         forward_prefetch=args.prefetch >= 1,
         limit_all_gathers=args.prefetch < 2,
         device_id=ddp.device,  # FSDP1 needs it explicitly to run on CPU
+        mixed_precision=(MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+                         if args.bf16 else None),
     )
 
 
@@ -246,7 +276,7 @@ def deepspeed_config(model: GPT, args: argparse.Namespace) -> dict:
         zero["stage3_max_reuse_distance"] = 2 * total_numel
         zero["stage3_max_live_parameters"] = 2 * total_numel
     return {
-        "train_micro_batch_size_per_gpu": BATCH_SIZE,
+        "train_micro_batch_size_per_gpu": args.batch,
         "gradient_accumulation_steps": args.grad_accum,
         "zero_optimization": zero,
         "steps_per_print": 10**9,
@@ -277,8 +307,8 @@ def make_batches(args: argparse.Namespace, ddp: Distributed) -> list[torch.Tenso
     generator = torch.Generator().manual_seed(args.seed * 1000 + ddp.rank)
     batches = []
     for _ in range(args.steps * args.grad_accum):
-        tokens = torch.empty(BATCH_SIZE, SEQ_LEN + 1, dtype=torch.long)
-        tokens[:, 0] = torch.randint(VOCAB_SIZE, (BATCH_SIZE,), generator=generator)
+        tokens = torch.empty(args.batch, SEQ_LEN + 1, dtype=torch.long)
+        tokens[:, 0] = torch.randint(VOCAB_SIZE, (args.batch,), generator=generator)
         for t in range(1, SEQ_LEN + 1):
             tokens[:, t] = (5 * tokens[:, t - 1] + 3) % VOCAB_SIZE
         batches.append(tokens)
@@ -294,7 +324,7 @@ def train(args: argparse.Namespace, after_step: StepCallback | None = None) -> l
 
     ``after_step(step, loss)`` runs after each optimizer step (tests use it to inject faults).
     """
-    ddp = init_distributed(args.device)
+    ddp = init_distributed(args.device, args.fake_world)
     model = build_model(args)
     batches = make_batches(args, ddp)
     engine = None

@@ -83,9 +83,10 @@ CATEGORY_PEAKS: Final[schema.Schema] = {"rank": "int32", "step": "int32", "unit"
 MEMORY_FACTS: Final[schema.Schema] = {"rank": "int32", "persistent_bytes": "int64", "reduced_bytes": "int64",
                                       "reductions": "int32", "optimizer_made": "bool", "relative": "bool",
                                       "optimizer_class": "string"}
-# The unsharded parameters and all-gather buffers of each unit: one row per block.
+# The units' own blocks (parameters, gradients, communication buffers): one row per block;
+# ``reduction``: a buffer its gradient reduction made (the reduce-scatter input, the copy-in's temporaries).
 UNIT_BLOCKS: Final[schema.Schema] = {"rank": "int32", "unit": "string", "category": "string",
-                                     "alloc_ns": "int64", "free_ns": "int64", "bytes": "int64"}
+                                     "alloc_ns": "int64", "free_ns": "int64", "bytes": "int64", "reduction": "bool"}
 NOT_FREED: Final = np.iinfo(np.int64).max
 # What a rank's allocated level counts: the allocator's own level (GPU); on CPU, where the profiler
 # starts it at 0 with the trace, what was allocated since, plus what the recorder measured alive
@@ -260,7 +261,8 @@ def categorise(samples: pd.DataFrame, where: Sites) -> Categorised:
     return Categorised(codes=codes, levels=levels, persistent=persistent,
                        reduced_bytes=_reduced_per_step(t, delta, sharded_grads, where),
                        reductions=len(where.reduce[0]), optimizer_made=bool((codes == CODE[OPTIMIZER_STATE]).any()),
-                       blocks=_unit_blocks(t, delta, codes, freed_at, where))
+                       blocks=_unit_blocks(t, delta, codes, freed_at, where,
+                                           in_reduce & ~in_gather_buffer & ~in_gather_params))
 
 
 def _last_step(t: np.ndarray, where: Sites) -> np.ndarray:
@@ -308,18 +310,20 @@ def _pairs(addr: np.ndarray, delta: np.ndarray) -> tuple[np.ndarray, np.ndarray]
 
 
 def _unit_blocks(t: np.ndarray, delta: np.ndarray, codes: np.ndarray, freed_at: np.ndarray,
-                 where: Sites) -> pd.DataFrame:
+                 where: Sites, reducing: np.ndarray) -> pd.DataFrame:
     """The units' own blocks, each with its unit and when it was freed (NOT_FREED: not in the
     trace): unsharded parameters and all-gather buffers (the unit of the gather label they were
     made in), unsharded gradients (the unit of the post-backward label that freed them), sharded
-    gradients (the unit whose reduction made them)."""
+    gradients and the reduction's own buffers (the unit whose reduction made them)."""
     made = delta > 0
     gathered = np.flatnonzero(made & np.isin(codes, [CODE[UNSHARDED_PARAMS], CODE[COMM_BUFFERS]]))
     grads = np.flatnonzero(made & (codes == CODE[UNSHARDED_GRADS]) & (freed_at >= 0))
     reduced = np.flatnonzero(made & (codes == CODE[GRADIENTS]))  # a unit's reduction left them
+    buffers = np.flatnonzero(made & (codes == CODE[COMM_BUFFERS]) & reducing)  # in a reduction, outside gathers
     parts = [_blocks_in(gathered, t[gathered], where.gather_labels, t, delta, codes, freed_at),
              _blocks_in(grads, t[np.clip(freed_at[grads], 0, None)], where.post_labels, t, delta, codes, freed_at),
-             _blocks_in(reduced, t[reduced], where.post_labels, t, delta, codes, freed_at)]
+             _blocks_in(reduced, t[reduced], where.post_labels, t, delta, codes, freed_at),
+             _blocks_in(buffers, t[buffers], where.post_labels, t, delta, codes, freed_at).assign(reduction=True)]
     return pd.concat(parts, ignore_index=True)
 
 
@@ -338,7 +342,7 @@ def _blocks_in(idx: np.ndarray, when: np.ndarray, labels: pd.DataFrame, t: np.nd
         "unit": labels["unit"].to_numpy()[at],
         "category": np.array(CATEGORIES, dtype=object)[codes[idx]],
         "alloc_ns": t[idx], "free_ns": np.where(free >= 0, t[np.clip(free, 0, None)], NOT_FREED),
-        "bytes": delta[idx]})
+        "bytes": delta[idx], "reduction": np.zeros(len(idx), dtype=bool)})
 
 
 def _reduced_per_step(t: np.ndarray, delta: np.ndarray, grads: np.ndarray, where: Sites) -> int:

@@ -13,10 +13,15 @@ A recorded step's allocated level is, at every sample, its categories
   ``reshard_after_forward`` False keeps a unit's forward parameters until its backward ends and
   gathers nothing in backward; True frees them at the end of its forward and gathers them again in
   backward when the unit before it in backward starts (FSDP2 prefetches one unit ahead: the
-  all-gather output from then, the parameters from the unit's copy-out). A merged unit's gather is
-  issued when its first member's was and copied out when the first member's was; its parameters
-  are freed when the last member's would have been; its members' unsharded gradients wait for its
-  one reduction, after the last member's backward, and the sharded gradients are made by it. An
+  all-gather output from then, the parameters from the unit's copy-out). A merged unit (the root
+  unit of ``--wrap root`` too) gathers all its members at once: issued when its first member's
+  gather was (in backward: when the new unit before it in backward starts), copied out when the
+  first member's was; its all-gather output is freed at that copy-out (in forward FSDP2 keeps it
+  until the next unit's copy-out: when the last member's was); its parameters are freed when the
+  last member's would have been. It reduces once, after its last member's backward: the
+  reduce-scatter input of all its members (in the reduce dtype: fp32 under a bf16 policy) is made
+  then and kept until the next reduction starts, its members' unsharded gradients until the
+  copy-in is done, and the sharded gradients are made after it. An
   explicit prefetch of N issues a unit's gather when the unit N before it starts and frees the
   output at the unit's copy-out (FSDP2 holds it longer only for its implicit forward prefetch);
   ``none`` not before the unit itself. A moved gather's temporaries (copy-in, a backend's staging
@@ -24,12 +29,13 @@ A recorded step's allocated level is, at every sample, its categories
 
 The level under the setting at any instant is the recorded level plus what the setting changes
 there; its peak over the step is the prediction. With the recorded setting nothing changes, so
-the replay is exact. Left as recorded: a merged unit's reduction buffers (per member), activations
+the replay is exact. Left as recorded: activations
 (a setting does not change them), the caching allocator's rounding.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final
@@ -58,6 +64,7 @@ class Block:
     alloc: int
     free: int
     bytes: int
+    reduction: bool = False  # a buffer of its gradient reduction (the reduce-scatter input, copy-in temporaries)
 
 
 @dataclass(slots=True)
@@ -112,6 +119,7 @@ class MemorySetting:
     prefetch: str  # "recorded", "implicit", "none" or N
     scale: float  # sharded categories' factor: recorded world / new world
     drop_gather_buffers: bool  # FSDP2 at one rank
+    recorded_prefetch: str = "implicit"  # the recording's: "implicit" or N
     notes: list[str] = field(default_factory=list)
 
 
@@ -140,10 +148,11 @@ def step_memory(rank: int, step: int, t0: int, t1: int, t: np.ndarray, cats: mca
     backward_from = min((s for (_, ph), (s, _) in spans.items() if ph == vocabulary.BACKWARD), default=t1)
     rows = cats.blocks
     live = rows[((rows["alloc_ns"] < t1) & (rows["free_ns"] > t0)).to_numpy()] if len(rows) else rows
+    reduction = live["reduction"] if "reduction" in live else pd.Series(False, index=live.index)
     blocks = [Block(unit=str(u), category=str(c), phase=vocabulary.FORWARD if int(al) < backward_from else vocabulary.BACKWARD,
-                    alloc=int(al), free=int(fr), bytes=int(n))
-              for u, c, al, fr, n in zip(live["unit"], live["category"], live["alloc_ns"], live["free_ns"],
-                                         live["bytes"])] if len(live) else []
+                    alloc=int(al), free=int(fr), bytes=int(n), reduction=bool(r))
+              for u, c, al, fr, n, r in zip(live["unit"], live["category"], live["alloc_ns"], live["free_ns"],
+                                            live["bytes"], reduction.fillna(False))] if len(live) else []
     return StepMemory(rank=rank, step=step, t=times, levels=levels, blocks=blocks, windows=spans, computed=computed)
 
 
@@ -183,17 +192,25 @@ def _alive(blocks: Sequence[Block], category: str, t: np.ndarray) -> np.ndarray:
 
 def _moved_blocks(sm: StepMemory, s: MemorySetting) -> list[Block]:
     """The step's unit blocks as the setting would make them."""
-    blocks = [Block(b.unit, b.category, b.phase, b.alloc, b.free, b.bytes) for b in sm.blocks
-              if not (s.drop_gather_buffers and b.category == _BUFFERS)]
+    blocks = [Block(b.unit, b.category, b.phase, b.alloc, b.free, b.bytes, b.reduction) for b in sm.blocks
+              if not (s.drop_gather_buffers and b.category == _BUFFERS and not b.reduction)]
     out: list[Block] = []
     by_unit: dict[str, list[Block]] = {}
     for b in blocks:
         by_unit.setdefault(b.unit, []).append(b)
     for unit, mine in by_unit.items():
-        out.extend(b for b in mine if b.category in (_GRADS, _REDUCED))
-        out.extend(_resharded(sm, s, unit, [b for b in mine if b.category not in (_GRADS, _REDUCED)]))
+        out.extend(b for b in mine if not _gathered(b))
+        out.extend(_resharded(sm, s, unit, [b for b in mine if _gathered(b)]))
     # prefetch depth counts recorded units (a merged unit's members move together afterwards)
-    return _merged(sm, s, _prefetched(sm, s, out))
+    moved = _prefetched(sm, s, out)
+    if all(s.group.get(u, u) == u for u in {b.unit for b in moved}):
+        return moved
+    return _merged(sm, s, [b for b in moved if _gathered(b)]) + _reduced_together(s, [b for b in moved if not _gathered(b)])
+
+
+def _gathered(b: Block) -> bool:
+    """A block a unit's gather made (its unsharded parameters, its all-gather buffers)."""
+    return b.category in (_PARAMS, _BUFFERS) and not b.reduction
 
 
 def _resharded(sm: StepMemory, s: MemorySetting, unit: str, mine: list[Block]) -> list[Block]:
@@ -205,8 +222,10 @@ def _resharded(sm: StepMemory, s: MemorySetting, unit: str, mine: list[Block]) -
     bwd_window = sm.windows.get((unit, vocabulary.BACKWARD))
     fwd_window = sm.windows.get((unit, vocabulary.FORWARD))
     if not after:  # kept from forward until its backward ends; no gather in backward
-        end = max([b.free for b in mine if b.phase == vocabulary.BACKWARD and b.category == _PARAMS]
-                  + ([bwd_window[1]] if bwd_window else []), default=None)
+        # freed where its backward gather's parameters were (its post-backward reshard, before the
+        # reduction); without a backward gather, at the end of its backward window
+        end = max([b.free for b in mine if b.phase == vocabulary.BACKWARD and b.category == _PARAMS],
+                  default=bwd_window[1] if bwd_window else None)
         computed = sm.computed.get((unit, vocabulary.FORWARD))
         if end is None or computed is None:
             return mine
@@ -228,7 +247,9 @@ def _resharded(sm: StepMemory, s: MemorySetting, unit: str, mine: list[Block]) -
         out.append(Block(b.unit, b.category, vocabulary.FORWARD, b.alloc,
                          min(b.free, fwd_window[1]) if b.category == _PARAMS else b.free, b.bytes))
         if b.category == _PARAMS:
-            out.append(Block(b.unit, b.category, vocabulary.BACKWARD, copy_out, max(bwd_window[1], copy_out), b.bytes))
+            # freed by its post-backward reshard (before the reduction), where the recording freed them
+            end = b.free if bwd_window[0] <= b.free <= bwd_window[1] else bwd_window[1]
+            out.append(Block(b.unit, b.category, vocabulary.BACKWARD, copy_out, max(end, copy_out), b.bytes))
         elif b.bytes == output:
             out.append(Block(b.unit, b.category, vocabulary.BACKWARD, issue, copy_out, b.bytes))
         else:
@@ -273,51 +294,146 @@ def _moved_buffer(b: Block, issued: int, new_issue: int, copy_out: int | None, n
 
 
 def _merged(sm: StepMemory, s: MemorySetting, blocks: list[Block]) -> list[Block]:
-    """Units gathered together, per new unit and phase: the members' gathers issued when the first
-    member's was (their buffers as :func:`_moved_buffer` moves them, the outputs until the merged
-    copy-out: the first member's), every member's parameters made at that copy-out and freed when the
-    last member's are, its members' unsharded gradients waiting for its one reduction, and the
-    sharded gradients that reduction leaves made when the last member's were."""
+    """Units gathered together (``blocks``: what the gathers made), per new unit and phase: the
+    members' gathers issued when the first member's was -- in backward, with FSDP2's one-ahead
+    prefetch, when the new unit before it in backward starts -- (their buffers as
+    :func:`_moved_buffer` moves them), the all-gather output freed at the merged copy-out (the first
+    member's) -- in forward, where FSDP2 keeps a gather's output until the next unit's copy-out, when
+    the last member's was --, every member's parameters made at that copy-out and freed when the
+    last member's are."""
     copy_outs, issued = _first_made(blocks, _PARAMS), _first_made(blocks, _BUFFERS)
     groups: dict[tuple[str, str], list[Block]] = {}
     for b in blocks:
         groups.setdefault((s.group.get(b.unit, b.unit), b.phase), []).append(b)
+    implicit = s.prefetch == "implicit" or (s.prefetch == "recorded" and not s.recorded_prefetch.isdigit())
+    ahead = _backward_issues(sm, s) if implicit else {}  # explicit: as _prefetched moved the members
     out = []
-    for (new, _), members in groups.items():
-        if len({b.unit for b in members}) < 2:
-            out.extend(members)
-            continue
+    for (new, phase), members in groups.items():
         params = [b for b in members if b.category == _PARAMS]
         buffers = [b for b in members if b.category == _BUFFERS]
-        grads = [b for b in members if b.category == _GRADS]
-        reductions = [b for b in members if b.category == _REDUCED]
         copy_out = min((b.alloc for b in params), default=min(b.alloc for b in members))
-        params_end = max((b.free for b in params), default=copy_out)
         issue = min((b.alloc for b in buffers), default=copy_out)
-        reduced = max((b.free for b in grads), default=copy_out)  # the merged unit's reduction
+        if phase == vocabulary.BACKWARD and new in ahead:
+            issue = min(ahead[new], copy_out)
+        merged = len({b.unit for b in members}) > 1
+        if not merged and issue == min((b.alloc for b in buffers), default=copy_out):
+            out.extend(members)
+            continue
+        params_end = max((b.free for b in params), default=copy_out)
+        outputs = [b for b in buffers if not _temporary(b, copy_outs)]
+        output_end = copy_out
+        if phase == vocabulary.FORWARD and outputs:
+            output_end = max(copy_out, max(b.free for b in outputs))
         out += [Block(new, _PARAMS, b.phase, copy_out, max(copy_out, params_end), b.bytes) for b in params]
         for b in buffers:
-            moved = _moved_buffer(b, issued[(b.unit, b.phase)], issue, copy_outs.get((b.unit, b.phase)), copy_out)
+            moved = _moved_buffer(b, issued[(b.unit, b.phase)], issue, copy_outs.get((b.unit, b.phase)), output_end)
             out.append(Block(new, _BUFFERS, b.phase, moved.alloc, moved.free, b.bytes))
-        out += [Block(new, _GRADS, b.phase, b.alloc, max(b.alloc, reduced), b.bytes) for b in grads]
-        # its one reduction comes after the last member's: their sharded gradients are made then
-        last = max((b.alloc for b in reductions), default=0)
-        out += [Block(new, _REDUCED, b.phase, last, max(last, b.free), b.bytes) for b in reductions]
+    return out
+
+
+def _temporary(b: Block, copy_outs: dict[tuple[str, str], int]) -> bool:
+    """A gather's buffer freed before its unit's copy-out (the copy-in, a backend's staging buffer)."""
+    copy_out = copy_outs.get((b.unit, b.phase))
+    return copy_out is not None and b.free < copy_out
+
+
+def _backward_issues(sm: StepMemory, s: MemorySetting) -> dict[str, int]:
+    """Per new unit, when FSDP2's backward prefetch (one unit ahead) issues its gather: when the new
+    unit before it in backward starts its backward (the root neither issues nor is a target; the
+    first in backward is gathered by its own pre-backward: absent)."""
+    starts: dict[str, int] = {}
+    for (unit, phase), (start, _) in sm.windows.items():
+        new = s.group.get(unit, unit)
+        if phase == vocabulary.BACKWARD and unit != ROOT_UNIT and new != ROOT_UNIT:
+            starts[new] = min(starts.get(new, start), start)
+    order = sorted(starts, key=starts.__getitem__)
+    return {new: starts[before] for before, new in itertools.pairwise(order)}
+
+
+def _reduced_together(s: MemorySetting, blocks: list[Block]) -> list[Block]:
+    """The reductions of merged units (``blocks``: the units' gradients and reduction buffers). A
+    new unit reduces once, when its last member in backward reduced: its reduce-scatter input (the
+    members' inputs, in the reduce dtype) is made then and freed when the next reduction starts
+    (FSDP2 frees the last one at the end of backward); the copy-in fills it member after member,
+    their temporaries with them, within the last member's own copy-in (the recorded times after it
+    stay); the members' unsharded gradients are kept until the whole copy-in is done, and the
+    sharded gradients made after it."""
+    by_unit: dict[str, list[Block]] = {}
+    for b in blocks:
+        by_unit.setdefault(b.unit, []).append(b)
+    inputs = {u: max((b for b in mine if b.reduction), key=lambda b: (b.bytes, -b.alloc))
+              for u, mine in by_unit.items() if any(b.reduction for b in mine)}
+    if not inputs:
+        return blocks
+    copied = {}  # unit -> when its copy-in ended (its unsharded gradients were freed)
+    for u, rs in inputs.items():
+        frees = [b.free for b in by_unit[u] if b.category == _GRADS and b.free >= rs.alloc]
+        copied[u] = max(frees, default=rs.alloc)
+    order = {u: i for i, u in enumerate(s.order)}
+    groups: dict[str, list[str]] = {}
+    for u in sorted(inputs, key=lambda u: order.get(u, len(order))):  # FSDP copies in forward order
+        groups.setdefault(s.group.get(u, u), []).append(u)
+    start = {g: max(inputs[u].alloc for u in us) for g, us in groups.items()}
+    # The recorded steps are not moved in time: the merged copy-in fits in the last member's own
+    # (the host went on to the next unit's backward then), each member's share as long as its copy-in was.
+    shift, done, scale = {}, {}, {}
+    for g, us in groups.items():
+        last = max(us, key=lambda u: inputs[u].alloc)
+        total = sum(copied[u] - inputs[u].alloc for u in us)
+        done[g] = copied[last]
+        factor = min(1.0, (done[g] - start[g]) / total) if total > 0 else 1.0
+        at = float(start[g])
+        for u in us:
+            shift[u], scale[u] = at, factor
+            at += factor * (copied[u] - inputs[u].alloc)
+    by_start = sorted(start, key=start.__getitem__)
+    recorded = sorted(inputs.values(), key=lambda b: b.alloc)
+    freed = {}
+    for g, after in zip(by_start, [*by_start[1:], None]):
+        if after is None:  # the last reduction's input: freed when the recorded last one was
+            freed[g] = max(inputs[u].free for u in groups[g])
+            continue
+        # freed when the next reduction starts: as the input recorded just before it was
+        earlier = [b for b in recorded if b.alloc < start[after]]
+        freed[g] = earlier[-1].free if earlier else start[after]
+    out = []
+    for u, mine in by_unit.items():
+        if u not in shift:
+            out.extend(mine)
+            continue
+        g, opened = s.group.get(u, u), inputs[u].alloc
+        for b in mine:
+            if b is inputs[u]:
+                out.append(Block(g, _BUFFERS, b.phase, start[g], max(start[g], freed[g]), b.bytes, True))
+            elif b.reduction:
+                made = round(shift[u] + scale[u] * (b.alloc - opened))
+                free = b.free if b.free == mcat.NOT_FREED else made + round(scale[u] * (b.free - b.alloc))
+                out.append(Block(g, b.category, b.phase, made, free, b.bytes, True))
+            elif b.category == _GRADS and b.free >= inputs[u].alloc:
+                out.append(Block(g, _GRADS, b.phase, b.alloc, max(b.alloc, done[g]), b.bytes))
+            elif b.category == _REDUCED and b.alloc >= inputs[u].alloc:
+                made = done[g] + max(0, b.alloc - copied[u])
+                out.append(Block(g, _REDUCED, b.phase, made, max(made, b.free), b.bytes))
+            else:
+                out.append(b)
     return out
 
 
 def _prefetched(sm: StepMemory, s: MemorySetting, blocks: list[Block]) -> list[Block]:
     """An explicit prefetch of N: each unit's gather issued at the start of the unit N before it
-    (earlier only), its buffers moved with it (:func:`_moved_buffer`; the output freed at the unit's
+    (earlier only, unless the recording prefetched an explicit number of units too; back to FSDP2's
+    implicit prefetch from such a recording: none ahead in forward, one in backward), its buffers
+    moved with it (:func:`_moved_buffer`; the output freed at the unit's
     copy-out: FSDP2 holds it longer only for its implicit forward prefetch); ``none``: not before the
     unit's own window. The unsharded parameters stay where they were made: at the unit's copy-out,
     in its own window."""
-    if s.prefetch in ("recorded", "implicit"):
+    explicit = s.recorded_prefetch.isdigit()  # the recording's issues are N ahead: move them either way
+    if s.prefetch == "recorded" or (s.prefetch == "implicit" and not explicit):
         return blocks
     copy_outs, issued = _first_made(blocks, _PARAMS), _first_made(blocks, _BUFFERS)
     out = []
     for b in blocks:
-        if b.category != _BUFFERS:  # parameters at the copy-out, gradients by backward: unmoved
+        if not _gathered(b) or b.category != _BUFFERS:  # parameters at the copy-out, gradients by backward: unmoved
             out.append(b)
             continue
         own = sm.windows.get((b.unit, b.phase))
@@ -327,7 +443,11 @@ def _prefetched(sm: StepMemory, s: MemorySetting, blocks: list[Block]) -> list[B
             new_issue = max(first, own[0]) if own else first
             out.append(_moved_buffer(b, first, new_issue, copy_out, max(b.free, new_issue)))
         else:
-            new_issue = min(first, _issue_time(sm, s, b.unit, b.phase, int(s.prefetch)))
+            # implicit: FSDP2 gathers a unit in its own pre-forward, and one unit ahead in backward
+            ahead = int(s.prefetch) if s.prefetch.isdigit() else int(b.phase == vocabulary.BACKWARD)
+            new_issue = _issue_time(sm, s, b.unit, b.phase, ahead)
+            if not explicit:
+                new_issue = min(first, new_issue)
             end = min(b.free, own[0]) if own else b.free
             out.append(_moved_buffer(b, first, new_issue, copy_out, max(end, copy_out or end)))
     return out

@@ -300,7 +300,8 @@ def memory_setting(rec: Recording, settings: Settings) -> MemorySetting:
         recorded_reshard=dict(rec.reshard_after_forward),
         prefetch=settings.prefetch if settings.sources.get("prefetch") == GIVEN else "recorded",
         scale=rec.world_size / world if world else 1.0,
-        drop_gather_buffers=rec.framework == FSDP2 and world == 1 and rec.world_size > 1)
+        drop_gather_buffers=rec.framework == FSDP2 and world == 1 and rec.world_size > 1,
+        recorded_prefetch=rec.prefetch)
 
 
 def _predicted(model: Model, simulated: list[SimResult], baseline: Outcome, settings: Settings,

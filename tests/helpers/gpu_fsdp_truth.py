@@ -6,19 +6,44 @@ from __future__ import annotations
 
 from typing import Final
 
-from fsdpviz.whatif.settings import Settings
+from fsdpviz.whatif.settings import Settings, Wrap
 
 _S = Settings()
+ROOT_PEAK: Final = 6_679_714_304  # one unit for the whole model
+PAIR_PEAK: Final = 5_729_005_056  # two blocks per unit
 PEAK_TRUTH: Final[dict[str, list[tuple[Settings, int]]]] = {
     "h100-fsdp2-fake8-block": [
         (_S.with_(reshard_after_forward=False), 6_131_871_232),
         (_S.with_(world_size=2), 7_349_925_376),
         (_S.with_(world_size=16), 5_230_137_856),
         (_S.with_(world_size=1), 9_679_013_376),
+        (_S.with_(wrap=Wrap("root")), ROOT_PEAK),
+        (_S.with_(wrap=Wrap("merge", k=2)), PAIR_PEAK),
     ],
-    "h100-fsdp2-fake8-reshard-false": [(_S.with_(reshard_after_forward=True), 5_527_571_968)],
+    "h100-fsdp2-fake8-reshard-false": [
+        (_S.with_(reshard_after_forward=True), 5_527_571_968),
+        (_S.with_(wrap=Wrap("root")), ROOT_PEAK),  # the root never reshards: the same run
+        (_S.with_(wrap=Wrap("merge", k=2), reshard_after_forward=True), PAIR_PEAK),
+    ],
     "h100-fsdp1-fake8-block": [
         (_S.with_(world_size=16), 5_223_846_400),
         (_S.with_(world_size=1), 9_779_729_920),
     ],
+}
+
+
+# Step times (ms) of the same uninstrumented runs (median of steps 3-9; ±10 % from run to run): per
+# recording, its own setting's and, per setting, the step it gave. whatif's targets are on the ratio
+# to the recording's own setting (within 0.10).
+STEP_TRUTH: Final[dict[str, tuple[float, list[tuple[Settings, float]]]]] = {
+    "h100-fsdp2-fake8-block": (53.2, [
+        (_S.with_(wrap=Wrap("root")), 43.1),
+        (_S.with_(wrap=Wrap("merge", k=2)), 49.2),
+        (_S.with_(reshard_after_forward=False), 50.9),
+    ]),
+    "h100-fsdp2-fake8-reshard-false": (50.9, [
+        (_S.with_(wrap=Wrap("root")), 43.1),
+        (_S.with_(wrap=Wrap("merge", k=2), reshard_after_forward=True), 49.2),
+        (_S.with_(reshard_after_forward=True), 53.2),
+    ]),
 }

@@ -2,7 +2,8 @@
 
 Each recording is predicted under the settings the README measured without fsdpviz
 (``torch.cuda.max_memory_allocated`` of uninstrumented runs, exact to the byte). Targets (docs/whatif.md):
-the predicted peak within 5 % of the true one, the predicted change within 35 % of the true change.
+the predicted peak within 5 % of the true one, the predicted change within 35 % of the true change;
+the step time's ratio to the recording's own within 0.10 of the uninstrumented runs' ratio.
 """
 
 from __future__ import annotations
@@ -10,22 +11,24 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers.gpu_fsdp_truth import PEAK_TRUTH
+from helpers.gpu_fsdp_truth import PEAK_TRUTH, STEP_TRUTH
 
 from fsdpviz.analysis.pipeline import analyse
-from fsdpviz.whatif.predict import Prediction, predict, read_model
+from fsdpviz.whatif.predict import Model, Prediction, predict, read_model
+from fsdpviz.whatif.settings import Wrap
 
 TRUTH = PEAK_TRUTH
 CASES = [(name, setting, peak) for name, cases in TRUTH.items() for setting, peak in cases]
 
 
 @pytest.fixture(scope="module")
-def predictions(gpu_fsdp_dir: Path) -> dict[str, list[Prediction]]:
-    out = {}
-    for name, cases in TRUTH.items():
-        model = read_model(analyse([gpu_fsdp_dir / name]))
-        out[name] = [predict(model, setting) for setting, _ in cases]
-    return out
+def models(gpu_fsdp_dir: Path) -> dict[str, Model]:
+    return {name: read_model(analyse([gpu_fsdp_dir / name])) for name in {*TRUTH, *STEP_TRUTH}}
+
+
+@pytest.fixture(scope="module")
+def predictions(models: dict[str, Model]) -> dict[str, list[Prediction]]:
+    return {name: [predict(models[name], setting) for setting, _ in cases] for name, cases in TRUTH.items()}
 
 
 @pytest.mark.parametrize(("name", "index"), [(n, i) for n, cases in TRUTH.items() for i in range(len(cases))],
@@ -60,3 +63,46 @@ def test_reshard_false_keeps_every_block_and_gathers_nothing_in_backward(
     assert after is not None
     assert after["unsharded_params"] == 2 * (8 * 50_358_272 + 2_101_248)  # bf16, every block and the root
     assert after["comm_buffers"] == 0
+
+
+def test_one_root_unit_holds_the_whole_model_and_its_gather_output_to_the_end_of_forward(
+        predictions: dict[str, list[Prediction]]) -> None:
+    """Model A as one unit: FSDP2 keeps a forward all-gather's output until the next unit's copy-out,
+    for the last unit the root's post-forward; with one unit, that is the whole model's bf16 output
+    beside its bf16 parameters at the end of forward, where the activations peak."""
+    prediction = predictions["h100-fsdp2-fake8-block"][4]
+    assert prediction.settings.wrap == Wrap("root")
+    after = prediction.predicted.memory_categories
+    assert after is not None
+    model_bf16 = 2 * (8 * 50_358_272 + 2_101_248)
+    assert after["comm_buffers"] == model_bf16
+    assert abs(after["unsharded_params"] - model_bf16) <= 0.001 * model_bf16
+    assert after["unsharded_grads"] == 0  # forward: no gradient yet
+
+
+def test_pairs_prefetch_the_next_pair_in_backward(predictions: dict[str, list[Prediction]]) -> None:
+    """Two blocks per unit: the backward peak holds a pair's bf16 parameters and the next pair's
+    all-gather output, gathered when the pair before it in backward starts (the recorded block
+    run gathered one block ahead)."""
+    prediction = predictions["h100-fsdp2-fake8-block"][5]
+    assert prediction.settings.wrap == Wrap("merge", k=2)
+    after = prediction.predicted.memory_categories
+    assert after is not None
+    pair_bf16 = 2 * 2 * 50_358_272
+    # the output, and the gather's bf16 staging of the shards (one block's 1/8) while it is copied in
+    assert pair_bf16 <= after["comm_buffers"] <= pair_bf16 + 2 * 50_358_272 // 8
+    held = pair_bf16 + 2 * 2_101_248  # and the root's
+    assert held <= after["unsharded_params"] <= 1.001 * held
+
+
+@pytest.mark.parametrize(("name", "index"), [(n, i) for n, (_, cases) in STEP_TRUTH.items() for i in range(len(cases))],
+                         ids=[f"{n}:{s.describe()}" for n, (_, cases) in STEP_TRUTH.items() for s, _ in cases])
+def test_step_ratio_within_a_tenth_of_the_bare_runs(models: dict[str, Model], name: str, index: int) -> None:
+    """The predicted step over the recording's own, against the same ratio of uninstrumented runs:
+    merging units removes FSDP's per-unit work (hooks, copy-in and copy-out launches) from a
+    launch-bound step."""
+    bare, cases = STEP_TRUTH[name]
+    setting, true_ms = cases[index]
+    prediction = predict(models[name], setting)
+    ratio = prediction.predicted.step_time_ms / prediction.baseline.step_time_ms
+    assert abs(ratio - true_ms / bare) <= 0.10
