@@ -131,6 +131,29 @@ def _unit_passes(med: pd.DataFrame) -> Iterator[tuple[str, str, pd.Series]]:
         yield unit, phase, m
 
 
+def _median_of(n: float) -> str:
+    return f"median of {int(n)} measurements (one per rank and step)"
+
+
+def _lead_words(lead_ns: float) -> str:
+    """The prefetch lead in words: how long before the unit's compute its gather had finished."""
+    if not np.isfinite(lead_ns):
+        return "when the gather finished against the compute: unknown"
+    if lead_ns >= 0:
+        return f"the gather finished {ms_text(lead_ns / NS_PER_MS)} before the unit's compute began"
+    return f"the unit's compute waited {ms_text(-lead_ns / NS_PER_MS)} for the gather"
+
+
+def _depth_words(depth: float) -> str:
+    """The issue depth in words: how many units ahead of its compute the gather was started."""
+    if not np.isfinite(depth):
+        return "how far ahead the gather started: unknown"
+    ahead = round(depth)
+    if ahead == 0:
+        return "the gather started only after the previous unit's compute (not ahead of time)"
+    return f"the gather started {ahead} unit{'s' if ahead > 1 else ''} ahead of its compute"
+
+
 def gather_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, framework: str, floor_ns: float) -> list[dict]:
     """One finding per unit pass whose all-gather is exposed beyond the noise floor."""
     rows = []
@@ -148,9 +171,9 @@ def gather_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, framework: st
         prev = seq[pos - 1] if pos > 0 else None
         gather = _share_text(shared, unit, phase, "all-gather", m["ag_ns"])
         lead = ms_text(m["lead"] / NS_PER_MS) if np.isfinite(m["lead"]) else "n/a"
-        median_of = f"median of {int(m['n'])} rank-steps"
-        evidence = (f"{gather}, exposed {ms_text(m['ag_exposed_ns'] / NS_PER_MS)}, prefetch lead {lead}, issue depth "
-                    f"{m['depth']:.0f}, own compute {ms_text(m['compute_ns'] / NS_PER_MS)}; {median_of}")
+        median_of = _median_of(m["n"])
+        evidence = (f"{gather}, exposed {ms_text(m['ag_exposed_ns'] / NS_PER_MS)}; {_lead_words(m['lead'])}; "
+                    f"{_depth_words(m['depth'])}; own compute {ms_text(m['compute_ns'] / NS_PER_MS)}; {median_of}")
         head = f"{unit}: all-gather exposed {ms_text(m['ag_exposed_ns'] / NS_PER_MS)}/step in {phase}"
         knob = ""
         if phase == vocabulary.FORWARD and ((unit, phase) in firsts or pos == 0 or prev is None):
@@ -209,7 +232,7 @@ def reduce_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, floor_ns: flo
             rows.append(_row(unit, phase, kind, exposed,
                              f"{what} of {unit} exposed {ms_text(exposed / NS_PER_MS)}/step in backward; {cause}",
                              f"{_share_text(shared, unit, phase, what, m[f'{col}_ns'])}, exposed {ms_text(exposed / NS_PER_MS)}; "
-                             f"median of {int(m['n'])} rank-steps", ""))
+                             + _median_of(m["n"]), ""))
     return rows
 
 

@@ -13,6 +13,7 @@
 - **zero_grad**: ``Optimizer.zero_grad#Class.zero_grad``. ``nn.Module.zero_grad`` (the transformers
   Trainer's ``model.zero_grad()``) leaves no range: sharded gradients are found without it
   (:mod:`fsdpviz.analysis.memory_categories`).
+- **data loading**: ``enumerate(DataLoader)#...`` (the profiler's range around a batch's ``next()``).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ from fsdpviz.analysis.labels import (
 
 OPTIMIZER_STEP_PREFIX: Final = "Optimizer.step#"
 ZERO_GRAD_PREFIX: Final = "Optimizer.zero_grad#"
+# torch.profiler's range around each ``next()`` of a DataLoader iterator (single- or multi-process)
+DATA_LOADING_PREFIX: Final = "enumerate(DataLoader)#"
 FSDP1_POST_BACKWARD: Final = "FullyShardedDataParallel._post_backward_hook"
 _OPTIMIZER_CLASS_RE: Final = re.compile(r"^Optimizer\.step#(?P<cls>\w+)\.step")
 
@@ -88,6 +91,11 @@ def is_optimizer_step(names: np.ndarray | pd.Series) -> np.ndarray:
 def is_zero_grad(names: np.ndarray | pd.Series) -> np.ndarray:
     """Per range name: an optimizer's ``zero_grad``."""
     return np.char.startswith(np.asarray(names, dtype=str), ZERO_GRAD_PREFIX)
+
+
+def is_data_loading(names: np.ndarray | pd.Series) -> np.ndarray:
+    """Per range name: a DataLoader handing out a batch (``enumerate(DataLoader)#...__next__``)."""
+    return np.char.startswith(np.asarray(names, dtype=str), DATA_LOADING_PREFIX)
 
 
 def is_fsdp1_post_backward(names: np.ndarray | pd.Series) -> np.ndarray:

@@ -202,7 +202,8 @@ def prepare_report(run: RunResult, *, max_segments: int = MAX_PAGE_SEGMENTS,
         if has_units:
             view = units_view(spans, traces.lanes, choice, colors=colors, exposed=exposed,
                               memory_curve=memory.memory_curves(curve, choice, memory_ranks),
-                              unit_steps=unit_steps, max_segments=per_view, ranks=gantt_ranks)
+                              unit_steps=unit_steps, max_segments=per_view, ranks=gantt_ranks,
+                              events=aligned.events)
             peaks = place_unit_peaks(unit_steps, spans, peak_samples, choice, memory_ranks)
             view.peaks = unit_peak_markers(peaks[peaks["unit"] != NO_UNIT], choice, colors)
             tabs.append(view)

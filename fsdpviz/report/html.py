@@ -25,6 +25,7 @@ from typing import Any
 import jinja2
 
 from fsdpviz import __version__
+from fsdpviz.report.glossary import mark_terms
 
 TEMPLATE_NAME = "report.html.j2"
 
@@ -66,6 +67,7 @@ class TableCell:
     best: bool = False  # marked as the best value of its row
     header: bool = False  # a row header
     left: bool = False  # text aligned left (lists, names); numbers stay right-aligned
+    sort_key: float | None = None  # what a click on the column header sorts by (a number); None: the text
 
 
 @dataclass(kw_only=True, slots=True)
@@ -76,6 +78,9 @@ class HtmlTable:
     rows: list[list[TableCell]]
     caption: str = ""
     group_starts: set[int] = field(default_factory=set)  # row indices drawn with a separator above
+    hints: list[str] = field(default_factory=list)  # per column: a definition shown on hover (title attribute)
+    sortable: bool = False  # a click on a column header sorts the rows by that column
+    key: str = ""  # an id for the table element ([a-z0-9-]), so that tests and links can find it
 
 
 @dataclass(kw_only=True, slots=True)
@@ -157,13 +162,15 @@ def _inline_resources(models: list[Any]) -> tuple[str, list[str]]:
 
 def _environment() -> jinja2.Environment:
     # autoescape=True for every template, whatever its extension: names from traces pass through here.
-    return jinja2.Environment(
+    env = jinja2.Environment(
         loader=jinja2.PackageLoader("fsdpviz.report", "templates"),
         autoescape=True,
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
     )
+    env.filters["terms"] = mark_terms  # escapes, then marks the glossary's terms
+    return env
 
 
 def render_page(page: Page) -> str:

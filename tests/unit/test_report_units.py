@@ -6,6 +6,8 @@ clock) and a straggler, so the checks also cover the clock alignment of every vi
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -17,6 +19,7 @@ from fsdpviz.analysis.pipeline import analyse_traces
 from fsdpviz.formatting import NS_PER_MS
 from fsdpviz.report import style
 from fsdpviz.report.data import prepare_report
+from fsdpviz.report.timeline.units import LOOP_PART_COLORS
 from fsdpviz.report.units.table import unit_tables
 from fsdpviz.trace import load_traces
 
@@ -62,10 +65,36 @@ def test_median_view_only_is_the_full_reports_first_tab(run) -> None:
         prepare_report(analyse_traces(traces), views=("fastest",))
 
 
+def _unit_segments(view) -> pd.DataFrame:
+    """The view's segments of FSDP units and the optimizer step (not the loop's other work)."""
+    return view.segments[~view.segments["unit_name"].isin(LOOP_PART_COLORS)].reset_index(drop=True)
+
+
+def test_zero_grad_and_data_loading_named_on_the_gantt(run) -> None:
+    # the synthetic run calls zero_grad and takes a batch from a DataLoader once per rank and step
+    _, traces, _, data = run
+    for view in _unit_views(data):
+        loop = view.segments[view.segments["unit_name"].isin(LOOP_PART_COLORS)]
+        ranks = sorted(int(r) for r in view.rows["rank"].unique())
+        counts = loop.groupby("unit_name").size().to_dict()
+        assert counts == {"zero_grad": len(ranks), "data loading": len(ranks)}, counts
+        assert set(loop["step"]) == {view.choice.step}
+        assert (loop["color"] == loop["unit_name"].map(LOOP_PART_COLORS)).all()
+        # on the lane (thread) the trace's range ran on
+        ev = traces.events
+        named = ev[ev["name"].astype(str).str.startswith(("Optimizer.zero_grad#", "enumerate(DataLoader)#"))
+                   & (ev["step"] == view.choice.step)]
+        assert sorted(zip(view.rows.set_index("row").loc[loop["row"], "rank"],
+                          view.rows.set_index("row").loc[loop["row"], "lane"])) == sorted(
+            zip(named["rank"].astype(int), named["lane"].astype(str)))
+        assert (loop["x0_ms"] >= -1e-9).all() and (loop["x1_ms"] > loop["x0_ms"]).all()
+
+
 def test_one_segment_per_span_on_its_own_lane(run) -> None:
     _, _, analysis, data = run
     for view in _unit_views(data):
         spans = analysis.spans[analysis.spans["step"] == view.choice.step]
+        view = replace(view, segments=_unit_segments(view))
         assert len(view.segments) == len(spans)  # small run: nothing merged
         assert not view.merged and (view.segments["n_merged"] == 1).all()
         rows = view.rows.set_index("row")
@@ -93,7 +122,9 @@ def test_backward_spans_hatched_and_hover_texts(run) -> None:
     assert (gathers["bytes_text"].str.endswith("MiB")).all()
     assert (gathers["lead_text"] != "").any()
     assert (seg.loc[seg["kind"] == vocabulary.COMPUTE, "lead_text"] == "").all()
-    assert set(seg.loc[seg["unit"] == "", "unit_name"]) <= {"(no unit)"}
+    # the analysis makes the optimizer step (Optimizer.step#...) the only span of no unit: named so
+    assert set(seg.loc[seg["unit"] == "", "unit_name"]) <= {"optimizer step"}
+    assert set(seg.loc[seg["phase"] == "optimizer", "unit_name"]) <= {"optimizer step"}
 
 
 def test_unit_colours_are_stable_and_by_forward_order(run) -> None:
@@ -104,7 +135,8 @@ def test_unit_colours_are_stable_and_by_forward_order(run) -> None:
     views = _unit_views(data)
     assert len(views) == 2
     for view in views:
-        for unit, colour in zip(view.segments["unit"], view.segments["color"]):
+        segments = _unit_segments(view)
+        for unit, colour in zip(segments["unit"], segments["color"]):
             assert colour == data.unit_colors[unit]
         if view.peaks is not None:
             assert all(c == data.unit_colors[u] for u, c in zip(view.peaks["unit"], view.peaks["color"]))

@@ -130,6 +130,17 @@ def test_no_overlap_is_fully_exposed_and_says_why(analysed: Callable[[str], tupl
     assert len(late) == 1
     assert "after blocks.0 had finished computing" in late["message"].iat[0]
     assert "set_modules_to_forward_prefetch" in late["knob"].iat[0]
+    # the evidence in words, without the analysis' column names: issued late (no prefetch), so the
+    # compute waited for the gather (a negative lead), one measurement per rank and analysed step
+    evidence = late["evidence"].iat[0]
+    assert "the gather started only after the previous unit's compute (not ahead of time)" in evidence
+    passes = us[(us["unit"] == "blocks.1") & (us["phase"] == "forward")]
+    lead_ms = float(passes["prefetch_lead_ns"].median()) / 1e6
+    assert (f"the gather finished {lead_ms:.2f} ms before the unit's compute began" if lead_ms >= 0
+            else f"the unit's compute waited {-lead_ms:.2f} ms for the gather") in evidence
+    n = len(passes)
+    assert f"median of {n} measurements (one per rank and step)" in evidence
+    assert not any(word in evidence for word in ("issue depth", "prefetch lead", "rank-steps"))
     first = f[(f["kind"] == "exposed_all_gather") & (f["unit"] == "blocks.0") & (f["phase"] == "forward")]
     assert "the first all-gather of the forward pass, with no compute before it" in first["message"].iat[0]
     assert first["knob"].iat[0] == "" and "units' compute in the pass before it 0.00 ms" in first["evidence"].iat[0]

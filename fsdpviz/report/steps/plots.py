@@ -54,7 +54,7 @@ def rank_bars(data: pd.DataFrame, *, part: str, colors: Mapping[str, str], title
                    vdims=[hv.Dimension("ms_value", label="time per step", unit="ms")])
     return bars.redim.values(rank_name=ranks, **{part: parts}).opts(
         stacked=stacked, multi_level=False, color=part, cmap={p: colors[p] for p in parts}, line_alpha=0,
-        legend_position="top_right", **categorical_opts(len(ranks), title))
+        legend_position="right", **categorical_opts(len(ranks), title))
 
 
 SKEW_COLORS = {vocabulary.ALL_GATHER: "#f58518", vocabulary.REDUCE_SCATTER: "#e45756",
@@ -74,7 +74,7 @@ def skew_scatter(points: pd.DataFrame, *, title: str) -> hv.Points:
                     vdims=["comm", "unit_name", "phase", "step", "late_rank", "early_rank"])
     return pts.opts(
         color="comm", cmap={c: SKEW_COLORS.get(c, "#888888") for c in comms}, size=7, alpha=0.8,
-        responsive=True, height=300, title=title, legend_position="top_right", show_grid=True,
+        responsive=True, height=300, title=title, legend_position="right", show_grid=True,
         tools=["hover", "box_zoom", "wheel_zoom", "reset"], hooks=[tidy_toolbar],
         hover_tooltips=[("collective", "@comm"), ("unit", "@{unit_name}"), ("phase", "@phase"),
                         ("step", "@step"), ("skew (ms)", "@{skew_value}{0.000}"), ("last rank", "@{late_rank}"),

@@ -128,6 +128,54 @@ def _field(col: str, data: Mapping[str, Any]) -> str:
     return f"@{{{col}}}{{0.000}}" if isinstance(values, np.ndarray) and values.dtype.kind == "f" else f"@{{{col}}}"
 
 
+# Peak labels: their font, and the plot area they are placed for: the memory figure's frame on a
+# 1400 px wide page (its height is fixed; a wider page only spreads the labels further apart).
+LABEL_FONT_PX = 11
+_LABEL_CHAR_PX = 6.6
+_LABEL_FRAME_PX = (1130.0, 160.0)
+_LABEL_HEADROOM = 0.3  # the y range reaches this share of the curve's span above its top, for labels
+
+
+def _curve_top(curves: Sequence[tuple[np.ndarray, np.ndarray]], t0: float, t1: float) -> float:
+    """The highest level any step curve holds during [t0, t1] (each level holds until the next sample)."""
+    top = -np.inf
+    for t, y in curves:
+        if not len(t):
+            continue
+        a = max(int(np.searchsorted(t, t0, side="right")) - 1, 0)
+        b = int(np.searchsorted(t, t1, side="right"))
+        top = max(top, float(y[a:max(b, a + 1)].max()))
+    return top
+
+
+def label_offsets(t_ms: np.ndarray, y: np.ndarray, texts: Sequence[str], *, x_range: tuple[float, float],
+                  y_range: tuple[float, float], curves: Sequence[tuple[np.ndarray, np.ndarray]]) -> list[float]:
+    """Vertical offsets (px) for the labels of the points (``t_ms``, ``y``) such that each label sits
+    above every drawn curve under it and clear of the labels placed before it (tallest peak first),
+    on a plot area of ``_LABEL_FRAME_PX`` showing ``x_range`` x ``y_range``."""
+    width_px, height_px = _LABEL_FRAME_PX
+    x_per_px = (x_range[1] - x_range[0]) / width_px
+    px_per_y = height_px / max(y_range[1] - y_range[0], 1e-12)
+    line = LABEL_FONT_PX + 3
+    placed: list[tuple[float, float, float, float]] = []
+    out = [2.0] * len(texts)
+    for i in sorted(range(len(texts)), key=lambda k: -float(y[k])):
+        x0 = (float(t_ms[i]) - x_range[0]) / x_per_px + 4
+        x1 = x0 + _LABEL_CHAR_PX * len(texts[i]) + 2
+        base = (float(y[i]) - y_range[0]) * px_per_y
+        under = _curve_top(curves, x_range[0] + (x0 - 1) * x_per_px, x_range[0] + x1 * x_per_px)
+        dy = max(2.0, (under - y_range[0]) * px_per_y - base + 2.0)
+        for _ in range(12):
+            box = (x0, base + dy, x1, base + dy + line)
+            clash = [b for b in placed if not (box[2] <= b[0] or b[2] <= box[0] or box[3] <= b[1] or b[3] <= box[1])]
+            if not clash:
+                break
+            dy = max(b[3] for b in clash) - base + 1.0
+        placed.append(box)
+        out[i] = dy
+    return out
+
+
 def memory_curve(curves: pd.DataFrame, peaks: pd.DataFrame | None, *, divisor: float, unit: str, title: str,
                  x_range: Range1d | None = None, labels_per_rank: int = 5) -> Any:
     """Allocated (solid) and reserved (dashed) memory of each drawn rank over the step, and each
@@ -164,17 +212,40 @@ def memory_curve(curves: pd.DataFrame, peaks: pd.DataFrame | None, *, divisor: f
                                                              ("peak", "@{peak_text}")]))
         top_rank = peaks.sort_values("peak_bytes", ascending=False)["rank"].iloc[0]
         top = peaks[peaks["rank"] == top_rank].sort_values("peak_bytes", ascending=False).head(labels_per_rank)
-        fig.add_layout(LabelSet(x="t_ms", y="y", text="unit", text_font_size="8pt", text_color="#333333",
-                                x_offset=4, y_offset=2, source=ColumnDataSource({
-                                    "t_ms": top["t_ms"].to_numpy(np.float64),
-                                    "y": (top["peak_bytes"] / divisor).to_numpy(np.float64),
-                                    "unit": (top["unit_name"] if "unit_name" in top else top["unit"]).astype(str).tolist()})))
-    if fig.legend:
-        fig.legend.location = "top_right"
-        fig.legend.click_policy = "hide"
-        fig.legend.background_fill_alpha = 0.7
-        fig.legend.ncols = 2 if multi else 1
+        names = (top["unit_name"] if "unit_name" in top else top["unit"]).astype(str).tolist()
+        t_ms = top["t_ms"].to_numpy(np.float64)
+        y = (top["peak_bytes"] / divisor).to_numpy(np.float64)
+        drawn = [(mine["t_ms"].to_numpy(np.float64), (mine[col] / divisor).to_numpy(np.float64))
+                 for rank in ranks for mine in [curves[curves["rank"] == rank]]
+                 for col in ("allocated_bytes", "reserved_bytes") if col == "allocated_bytes" or rank == reserve_rank]
+        low = min(float(c.min()) for _, c in drawn)
+        high = max(max(float(c.max()) for _, c in drawn), float(y.max()))
+        pad = max(high - low, 1e-9)
+        fig.y_range = Range1d(start=low - 0.05 * pad, end=high + _LABEL_HEADROOM * pad)
+        offsets = label_offsets(t_ms, y, names, x_range=(float(x_range.start), float(x_range.end)),
+                                y_range=(fig.y_range.start, fig.y_range.end), curves=drawn)
+        fig.add_layout(LabelSet(x="t_ms", y="y", text="unit", text_font_size=f"{LABEL_FONT_PX}px",
+                                text_color="#333333", x_offset=4, y_offset="dy", source=ColumnDataSource({
+                                    "t_ms": t_ms, "y": y, "unit": names, "dy": offsets})))
+    _legend_above(fig)
     return fig
+
+
+def _legend_above(fig: Any) -> None:
+    """The legend in one row above the plot area, where it covers no curve; above, not beside, so
+    that the figure's time axis stays aligned with the Gantt's."""
+    if not fig.legend:
+        return
+    legend = fig.legend[0]
+    fig.center = [r for r in fig.center if r is not legend]
+    legend.orientation = "horizontal"
+    legend.location = "top_left"
+    legend.click_policy = "hide"
+    legend.label_text_font_size = "8pt"
+    legend.padding = 2
+    legend.margin = 2
+    legend.border_line_alpha = 0
+    fig.add_layout(legend, "above")
 
 
 def category_stack(curve: pd.DataFrame, *, divisor: float, unit: str, title: str,
@@ -197,11 +268,7 @@ def category_stack(curve: pd.DataFrame, *, divisor: float, unit: str, title: str
                                 legend_label=[titles.get(c, c) for c in names], source=source, alpha=0.9)
     fig.add_tools(HoverTool(renderers=renderers[-1:], mode="vline", tooltips=[
         ("t (ms)", "@{t_ms}{0.000}"), *[(titles.get(c, c), f"@{{{c}}}{{0.0}} {unit}") for c in reversed(names)]]))
-    if fig.legend:
-        fig.legend.location = "top_right"
-        fig.legend.click_policy = "hide"
-        fig.legend.background_fill_alpha = 0.7
-        fig.legend.ncols = 2
+    _legend_above(fig)
     return fig
 
 

@@ -10,7 +10,7 @@ from fsdpviz.formatting import bytes_scale
 from fsdpviz.report.html import LegendItem, Section
 from fsdpviz.report.style import EXPOSED_COLOR, MEMORY_CATEGORY_COLORS
 from fsdpviz.report.timeline import events, figure
-from fsdpviz.report.timeline.units import unit_label
+from fsdpviz.report.timeline.units import LOOP_PART_COLORS, unit_label
 
 if TYPE_CHECKING:
     from fsdpviz.report.data import ReportData
@@ -50,6 +50,8 @@ def timeline_section(data: ReportData) -> Section:
     legend: list[tuple[str, list[LegendItem]]] = []
     if has_units_view:
         items = [LegendItem(label=unit_label(unit), color=color) for unit, color in data.unit_colors.items()]
+        drawn = {str(n) for v in data.views if v.kind == "units" for n in v.segments.get("unit_name", [])}
+        items += [LegendItem(label=label, color=color) for label, color in LOOP_PART_COLORS.items() if label in drawn]
         items.append(LegendItem(label="backward (hatched)", color="#777777", pattern="hatched"))
         legend.append(("units tabs", items))
     if any(v.kind == "events" for v in data.views):
@@ -78,7 +80,7 @@ def timeline_plot(view: StepView, data: ReportData, *, window_ms: tuple[float, f
         # The lane is the row's label: no hover field for it (each field is a column on the page).
         hover = [("unit_name", "unit"), ("kind", "kind"), ("phase", "phase"), ("start_ms", "start (ms)"),
                  ("dur_ms", "duration (ms)"), ("bytes_text", "bytes"), ("lead_text", "prefetch lead")]
-        colors = {unit_label(u): c for u, c in data.unit_colors.items()}
+        colors = {**{unit_label(u): c for u, c in data.unit_colors.items()}, **LOOP_PART_COLORS}
     else:
         hover = [("category", "category"), ("name", "longest event"), ("start_ms", "start (ms)"),
                  ("dur_ms", "duration (ms)"), ("events", "events")]

@@ -19,18 +19,25 @@ import numpy as np
 import pandas as pd
 
 from fsdpviz import vocabulary
+from fsdpviz.analysis import label_rules
 from fsdpviz.formatting import NS_PER_MS, format_bytes, format_ms
 from fsdpviz.report.style import PHASE_HATCH
 from fsdpviz.report.timeline import events
 from fsdpviz.report.timeline.steps import StepChoice, cap_segments, to_ms
 from fsdpviz.report.timeline.view import StepView, exposed_on_segments
 
-NO_UNIT = ""  # spans outside every unit (the optimizer step)
-NO_UNIT_LABEL = "(no unit)"
+NO_UNIT = ""  # spans outside every unit: the analysis makes only the optimizer step one
+NO_UNIT_LABEL = "optimizer step"
+# The training loop's other work outside every unit, named on the Gantt: (label, colour, rule).
+LOOP_PARTS = (
+    ("zero_grad", "#c7c7c7", label_rules.is_zero_grad),
+    ("data loading", "#8c6d31", label_rules.is_data_loading),
+)
+LOOP_PART_COLORS = {label: color for label, color, _ in LOOP_PARTS}
 
 
 def unit_label(unit: str) -> str:
-    """How a unit is named on the page (the optimizer's spans belong to no unit)."""
+    """How a unit is named on the page (the optimizer step's spans belong to no unit)."""
     return NO_UNIT_LABEL if unit == NO_UNIT else unit
 
 
@@ -46,15 +53,22 @@ def unit_order(units: pd.DataFrame, spans: pd.DataFrame) -> list[str]:
 
 
 def _lane_roles(spans: pd.DataFrame) -> dict[tuple[int, str], str]:
-    """The span kind that dominates each (rank, lane), to name the lane."""
-    counts = spans.groupby(["rank", "lane", "kind"], observed=True).size().rename("n").reset_index()
-    counts = counts.sort_values(["rank", "lane", "n"], ascending=[True, True, False], kind="stable")
-    top = counts.drop_duplicates(["rank", "lane"])
-    return {(int(r), str(lane)): str(k) for r, lane, k in zip(top["rank"], top["lane"], top["kind"])}
+    """The span kind that dominates each lane, to name it: counted over all ranks together, so that
+    a lane of the same name reads the same on every rank (per rank, two gloo threads that each
+    carry gathers and reductions would swap names from rank to rank)."""
+    counts = spans.assign(lane=spans["lane"].astype(str), kind=spans["kind"].astype(str)).groupby(
+        ["lane", "kind"]).size().rename("n").reset_index()
+    counts = counts.sort_values(["lane", "n", "kind"], ascending=[True, False, True], kind="stable")
+    top = dict(zip(counts.drop_duplicates("lane")["lane"], counts.drop_duplicates("lane")["kind"]))
+    pairs = spans[["rank", "lane"]].drop_duplicates()
+    return {(int(r), str(lane)): top[str(lane)] for r, lane in zip(pairs["rank"], pairs["lane"])}
 
 
-def unit_rows(lanes: pd.DataFrame, spans: pd.DataFrame, ranks: Sequence[int]) -> pd.DataFrame:
-    """Gantt rows for the lanes that carry unit spans, in the loader's lane order per rank."""
+def unit_rows(lanes: pd.DataFrame, spans: pd.DataFrame, ranks: Sequence[int],
+              roles_from: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Gantt rows for the lanes that carry unit spans, in the loader's lane order per rank; each
+    lane named by the span kind that dominates it in ``roles_from`` (default ``spans``: pass every
+    step's spans so that a lane keeps its name from step to step)."""
     used = spans[["rank", "lane"]].drop_duplicates()
     rows = events.lane_rows(lanes, ranks, used=used)
     missing = used[~used.set_index(["rank", "lane"]).index.isin(rows.set_index(["rank", "lane"]).index)]
@@ -62,7 +76,7 @@ def unit_rows(lanes: pd.DataFrame, spans: pd.DataFrame, ranks: Sequence[int]) ->
         extra = missing.assign(lane_kind="", row=0, label="")
         rows = pd.concat([rows, extra], ignore_index=True).sort_values(["rank", "row"], kind="stable")
         rows["row"] = np.arange(len(rows))
-    roles = _lane_roles(spans)
+    roles = _lane_roles(spans if roles_from is None else roles_from)
     rows["label"] = [f"rank {int(r)} · {lane} · {roles.get((int(r), str(lane)), '')}".rstrip(" ·")
                      for r, lane in zip(rows["rank"], rows["lane"])]
     return rows.reset_index(drop=True)
@@ -109,15 +123,45 @@ def unit_segments(spans: pd.DataFrame, rows: pd.DataFrame, choice: StepChoice, c
     return seg.reset_index(drop=True), merged
 
 
+def loop_segments(events: pd.DataFrame | None, rows: pd.DataFrame, choice: StepChoice) -> pd.DataFrame:
+    """``zero_grad`` and data-loading ranges of ``choice``'s step on the Gantt's lanes, as segments
+    named by what they are (LOOP_PARTS); empty when the traces hold none."""
+    if events is None or events.empty:
+        return pd.DataFrame()
+    mine = events[(events["step"] == choice.step).to_numpy()]
+    names = mine["name"].astype(str).to_numpy()
+    parts = []
+    for label, _, rule in LOOP_PARTS:
+        hit = mine[rule(names)] if len(names) else mine
+        if not hit.empty:
+            parts.append(hit.assign(unit_name=label))
+    if not parts:
+        return pd.DataFrame()
+    hits = pd.concat(parts, ignore_index=True)
+    hits = hits.assign(lane=hits["lane"].astype(str), end_ns=hits["start_ns"] + hits["dur_ns"])
+    hits = hits.merge(rows[["rank", "lane", "row"]], on=["rank", "lane"], how="inner")
+    seg = to_ms(hits, choice.origin_ns)
+    return seg.assign(unit=seg["unit_name"], kind=vocabulary.COMPUTE, phase="", start_ms=seg["x0_ms"],
+                      color=seg["unit_name"].map(LOOP_PART_COLORS), hatch=" ", bytes_text="", lead_text="",
+                      n_merged=1)[
+        ["row", "rank", "lane", "step", "unit", "unit_name", "kind", "phase", "start_ns", "end_ns", "x0_ms",
+         "x1_ms", "dur_ms", "start_ms", "color", "hatch", "bytes_text", "lead_text", "n_merged"]]
+
+
 def units_view(spans: pd.DataFrame, lanes: pd.DataFrame, choice: StepChoice, *, colors: Mapping[str, str],
                exposed: pd.DataFrame, memory_curve: pd.DataFrame, unit_steps: pd.DataFrame | None,
-               max_segments: int, ranks: Sequence[int] | None = None) -> StepView:
-    """The per-unit Gantt tab of ``choice``'s step (see module docstring)."""
+               max_segments: int, ranks: Sequence[int] | None = None,
+               events: pd.DataFrame | None = None) -> StepView:
+    """The per-unit Gantt tab of ``choice``'s step (see module docstring); ``events``: the drawn
+    ranks' trace events, for the loop's work outside every unit (``loop_segments``)."""
     step_spans = spans[spans["step"] == choice.step]
     ranks = sorted(int(r) for r in step_spans["rank"].unique()) if ranks is None else list(ranks)
     step_spans = step_spans[step_spans["rank"].isin(ranks)]
-    rows = unit_rows(lanes, step_spans, ranks)
+    rows = unit_rows(lanes, step_spans, ranks, roles_from=spans[spans["rank"].isin(ranks)])
     segments, merged = unit_segments(step_spans, rows, choice, colors, lead_lookup(unit_steps), max_segments)
+    loop = loop_segments(events[events["rank"].isin(ranks)] if events is not None else None, rows, choice)
+    if not loop.empty:
+        segments = pd.concat([segments, loop], ignore_index=True)
     comm = segments[segments["kind"].isin(vocabulary.UNIT_COLLECTIVES)]
     comm = comm.assign(start_ns=comm["start_ns"].astype(np.int64), end_ns=comm["end_ns"].astype(np.int64))
     exposed_pieces = exposed_on_segments(comm, exposed, choice, ["unit", "kind", "phase"])

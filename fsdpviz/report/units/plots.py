@@ -1,4 +1,5 @@
-"""The charts of the "Per unit" section: grouped bars per unit and metric, the sortable unit table."""
+"""The charts of the "Per unit" section: grouped bars per unit and metric (the unit table is HTML:
+``units.table.html_table``)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ def unit_bars(data: pd.DataFrame, units: Sequence[str], *, value: str, value_dim
     opts: dict[str, Any] = {
         "title": title, "height": 320, "color": "metric", "cmap": {m: colors[m] for m in metrics},
         "multi_level": False, "xrotation": 90 if len(units) > 8 else 0, "tools": ["hover"],
-        "show_legend": True, "legend_position": "top_right", "hooks": [tidy_toolbar],
+        "show_legend": True, "legend_position": "right", "hooks": [tidy_toolbar],
         "show_grid": True, "line_alpha": 0,
     }
     if width is None:
@@ -29,21 +30,6 @@ def unit_bars(data: pd.DataFrame, units: Sequence[str], *, value: str, value_dim
     else:
         opts["width"] = width
     return bars.redim.values(unit_name=list(units), metric=metrics).opts(**opts)
-
-
-def unit_table(source: Mapping[str, list], columns: Sequence[tuple[str, str, str | None]]) -> Any:
-    """A sortable bokeh DataTable (text cells use the default formatter, which escapes)."""
-    from bokeh.models import ColumnDataSource, DataTable, NumberFormatter, StringFormatter, TableColumn
-
-    table_columns = []
-    for field_name, title, fmt in columns:
-        formatter = NumberFormatter(format=fmt, text_align="right") if fmt else StringFormatter()
-        table_columns.append(TableColumn(field=field_name, title=title, formatter=formatter,
-                                         width=70 if fmt else 180))
-    n_rows = len(next(iter(source.values()))) if source else 0
-    return DataTable(source=ColumnDataSource(dict(source)), columns=table_columns, sortable=True,
-                     reorderable=False, index_position=None, sizing_mode="stretch_width",
-                     height=min(40 + 25 * n_rows, 520))
 
 
 def category_bars(data: pd.DataFrame, units: Sequence[str], *, value_dim: hv.Dimension, title: str,

@@ -8,14 +8,15 @@ import holoviews as hv
 import pandas as pd
 
 from fsdpviz.analysis.memory_categories import TITLES
-from fsdpviz.formatting import MIB, bytes_scale, format_bytes, format_ms
+from fsdpviz.formatting import bytes_scale, format_bytes, format_ms
 from fsdpviz.report.html import Fact, Section
 from fsdpviz.report.style import MEMORY_CATEGORY_COLORS
 from fsdpviz.report.timeline.units import unit_label
 from fsdpviz.report.units import plots
-from fsdpviz.report.units.table import METRIC_COLORS, TABLE_COLUMNS, TIMER_COLUMNS, table_source
+from fsdpviz.report.units.table import METRIC_COLORS, TABLE_COLUMNS, TIMER_COLUMNS, html_table
 
 if TYPE_CHECKING:
+    from fsdpviz.analysis.memory import MemoryModel
     from fsdpviz.report.data import ReportData
 
 HOWTO_UNITS = (
@@ -48,9 +49,9 @@ def units_section(data: ReportData) -> Section | None:
     if pd.notna(worst["exposed_comm_ms"]):
         facts.append(Fact(label="most exposed comm", value=format_ms(float(worst["exposed_comm_ms"])),
                           hint=f"per step, unit {worst['unit_name']}"))
-    peak = table.sort_values("peak_mib", ascending=False).iloc[0]
-    if pd.notna(peak["peak_mib"]):
-        facts.append(Fact(label="highest peak", value=format_bytes(float(peak["peak_mib"]) * MIB),
+    peak = table.sort_values("peak_bytes", ascending=False).iloc[0]
+    if pd.notna(peak["peak_bytes"]):
+        facts.append(Fact(label="highest peak", value=format_bytes(float(peak["peak_bytes"])),
                           hint=f"during unit {peak['unit_name']}"))
     facts.append(Fact(label="units", value=str(len(table))))
     columns = [c for c in TABLE_COLUMNS if c[0] not in TIMER_COLUMNS or table[c[0]].notna().any()]
@@ -58,7 +59,6 @@ def units_section(data: ReportData) -> Section | None:
     divisor, mem_unit = bytes_scale(mem_max)
     memory = tables.memory.assign(bytes=tables.memory["bytes"] / divisor)
     views = [
-        plots.unit_table(table_source(table[[c for c, _, _ in columns]]), columns),
         plots.unit_bars(tables.times, tables.units, value="ms",
                         value_dim=hv.Dimension("unit_ms", label="time per step", unit="ms"),
                         title="time per unit (median per step)", colors=_colors(tables.times)),
@@ -88,7 +88,7 @@ def units_section(data: ReportData) -> Section | None:
     if said:
         notes.append(said)
     return Section(key="units", title="Per unit", howto=HOWTO_UNITS, facts=facts, notes=notes,
-                   views={"units": views})
+                   tables=[html_table(table, columns)], views={"units": views})
 
 
 def unit_categories(data: ReportData) -> pd.DataFrame:
@@ -117,8 +117,17 @@ def model_note(data: ReportData) -> str | None:
             f"{text(held)} (parameters {text(cats['sharded_params'])}, "
             f"gradients {text(cats['gradients'])}, optimizer {text(cats['optimizer_state'])}); the ZeRO "
             f"arithmetic gives {format_bytes(float(model.sharded_state_bytes))} for all three "
-            f"({model.formula.split(' + ')[0]}), and {format_bytes(float(model.unsharded_params_bytes))} for the "
+            f"({_state_words(model)}), and {format_bytes(float(model.unsharded_params_bytes))} for the "
             f"two largest units' unsharded parameters against {text(cats['unsharded_params'])} measured.")
+
+
+def _state_words(model: MemoryModel) -> str:
+    """The ZeRO arithmetic of the sharded state in words (the formula ``(s+s+K)*params/shards``)."""
+    s, k = model.sharded_bytes_per_param, model.optimizer_bytes_per_param
+    per_param = f"{s} B of parameter + {s} B of gradient + {k} B of optimizer state per parameter"
+    if model.formula.startswith("sum over units"):  # units sharded over groups of different sizes
+        return f"{per_param}, for each unit's parameters split over its own shard group"
+    return f"{per_param}, times {model.param_count:,} parameters, split over {model.shards} ranks"
 
 
 def _colors(data: pd.DataFrame) -> dict[str, str]:

@@ -8,13 +8,13 @@ can scan from the first block to the last; colours come from the page's unit pal
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import pandas as pd
 
-from fsdpviz.formatting import MIB, NS_PER_MS
+from fsdpviz.formatting import NS_PER_MS, bytes_scale
+from fsdpviz.report.html import HtmlTable, TableCell
 from fsdpviz.report.timeline.units import unit_label
 
 # (column in UNIT_STATS, label on the page)
@@ -43,23 +43,34 @@ METRIC_COLORS = {
     "forward all-gather": "#f58518", "backward all-gather": "#ffbf79", "unsharded params + grads": "#9d9d9d",
     "peak allocated (forward)": "#4c78a8", "peak allocated (backward)": "#72b7b2",
 }
-# bokeh's NumberFormatter patterns for the table
+# The unit table's columns: (column of UnitTables.table, header, how its cells read, definition shown
+# on hover). Every header names its unit; "bytes" columns get theirs (KiB, MiB, GiB) from their values.
 TABLE_COLUMNS = (
-    ("order", "#", "0"),
-    ("unit_name", "unit", None),
-    ("param_numel", "parameters", "0,0"),
-    ("param_scope", "parameters are", None),  # per rank after tensor parallelism (local) or whole (global)
-    ("unsharded_mib", "unsharded params+grads (MiB)", "0,0.0"),
-    ("all_gather_ms", "all-gather (ms)", "0.000"),
-    ("forward_ms", "forward (ms)", "0.000"),
-    ("backward_ms", "backward (ms)", "0.000"),
-    ("forward_timer_ms", "forward, timers (ms)", "0.000"),
-    ("backward_timer_ms", "backward, timers (ms)", "0.000"),
-    ("reduce_scatter_ms", "reduce-scatter (ms)", "0.000"),
-    ("exposed_comm_ms", "exposed comm (ms)", "0.000"),
-    ("forward_lead_ms", "fwd prefetch lead (ms)", "0.000"),
-    ("backward_lead_ms", "bwd prefetch lead (ms)", "0.000"),
-    ("peak_mib", "peak allocated (MiB)", "0,0.0"),
+    ("order", "#", "count", "The unit's place in forward order."),
+    ("unit_name", "unit", "text", "The FSDP unit: the module that fully_shard / FSDP / ZeRO-3 wrapped."),
+    ("param_numel", "parameters (count)", "count", "Number of parameter elements the unit holds."),
+    ("param_scope", "parameters counted", "text",
+     "global: the whole parameters; local: one rank's part after tensor parallelism."),
+    ("unsharded_bytes", "unsharded params + grads", "bytes",
+     "Memory the unit adds while gathered: its full parameters and their gradients."),
+    ("all_gather_ms", "all-gather (ms)", "ms", "Time per step the unit's parameter all-gathers ran."),
+    ("forward_ms", "forward (ms)", "ms", "The unit's own forward compute per step, as traced."),
+    ("backward_ms", "backward (ms)", "ms", "The unit's own backward compute per step, as traced."),
+    ("forward_timer_ms", "forward, timers (ms)", "ms",
+     "The unit's forward per step as fsdpviz's timers clocked it in the steps the profiler did not slow."),
+    ("backward_timer_ms", "backward, timers (ms)", "ms",
+     "The unit's backward per step as fsdpviz's timers clocked it in the steps the profiler did not slow."),
+    ("reduce_scatter_ms", "reduce-scatter (ms)", "ms", "Time per step the unit's gradient reduce-scatters ran."),
+    ("exposed_comm_ms", "exposed comm (ms)", "ms",
+     ("Exposed communication: the part of the unit's collectives during which the rank computed nothing, "
+      "so it waited. Lower is better.")),
+    ("forward_lead_ms", "forward prefetch lead (ms)", "ms",
+     ("Prefetch lead: how long before the unit's forward compute began its all-gather had finished. "
+      "Negative: the compute waited for the gather.")),
+    ("backward_lead_ms", "backward prefetch lead (ms)", "ms",
+     ("Prefetch lead in backward: how long before the unit's backward compute began its all-gather had "
+      "finished. Negative: the compute waited.")),
+    ("peak_bytes", "peak allocated", "bytes", "The highest allocated memory measured while the unit ran."),
 )
 
 
@@ -67,7 +78,7 @@ TABLE_COLUMNS = (
 class UnitTables:
     """The per-unit section's data."""
 
-    table: pd.DataFrame  # one row per unit, TABLE_COLUMNS + ``color``
+    table: pd.DataFrame  # one row per unit, TABLE_COLUMNS (bytes in bytes, times in ms) + ``color``
     times: pd.DataFrame  # long: unit_name, metric, ms
     exposed: pd.DataFrame  # long: unit_name, metric, ms
     leads: pd.DataFrame  # long: unit_name, metric, ms
@@ -110,7 +121,7 @@ def unit_tables(stats: pd.DataFrame, colors: Mapping[str, str],
         "unit_name": stats["unit_name"],
         "param_numel": stats["param_numel"].where(stats["param_numel"] >= 0),
         "param_scope": [(scopes or {}).get(str(u)) for u in stats["unit"]],
-        "unsharded_mib": stats["unsharded_bytes"].where(stats["unsharded_bytes"] >= 0) / MIB,
+        "unsharded_bytes": stats["unsharded_bytes"].where(stats["unsharded_bytes"] >= 0).astype("float64"),
         "all_gather_ms": _ms(stats["all_gather_ns"]),
         "forward_ms": _ms(stats["forward_ns"]),
         "backward_ms": _ms(stats["backward_ns"]),
@@ -120,7 +131,7 @@ def unit_tables(stats: pd.DataFrame, colors: Mapping[str, str],
         "exposed_comm_ms": _ms(stats["exposed_comm_ns"]),
         "forward_lead_ms": _ms(stats["forward_prefetch_lead_ns"]),
         "backward_lead_ms": _ms(stats["backward_prefetch_lead_ns"]),
-        "peak_mib": stats["peak_allocated_bytes"].where(stats["peak_allocated_bytes"] >= 0) / MIB,
+        "peak_bytes": stats["peak_allocated_bytes"].where(stats["peak_allocated_bytes"] >= 0).astype("float64"),
         "color": [colors.get(str(u), "#888888") for u in stats["unit"]],
     })
     return UnitTables(
@@ -133,10 +144,35 @@ def unit_tables(stats: pd.DataFrame, colors: Mapping[str, str],
     )
 
 
-def table_source(table: pd.DataFrame) -> dict[str, list]:
-    """Column data for a bokeh DataTable: NaN -> None so that unknown cells stay empty."""
-    out: dict[str, list] = {}
-    for col in table.columns:
-        values = table[col].to_numpy(dtype=object)
-        out[col] = [None if isinstance(v, float) and np.isnan(v) else v for v in values]
-    return out
+def html_table(table: pd.DataFrame, columns: Sequence[tuple[str, str, str, str]]) -> HtmlTable:
+    """The unit table as an HTML table (headers wrap instead of being cut, and define their term on
+    hover), sortable by a click on a header; an unknown value is "-" and sorts last."""
+    scales = {}
+    for col, _, kind, _ in columns:
+        if kind == "bytes":
+            known = table[col].dropna()
+            scales[col] = bytes_scale(float(known.max()) if len(known) else 0.0)
+    headers = [f"{title} ({scales[col][1]})" if col in scales else title for col, title, _, _ in columns]
+    rows = []
+    for _, record in table.iterrows():
+        cells = []
+        for col, _, kind, _ in columns:
+            value = record[col]
+            if kind == "text":
+                cells.append(TableCell(text="-" if value is None or pd.isna(value) else str(value), left=True))
+                continue
+            if value is None or pd.isna(value):
+                cells.append(TableCell(text="-", sort_key=float("nan")))
+                continue
+            number = float(value)
+            if kind == "count":
+                text = f"{int(number):,}"
+            elif kind == "ms":
+                text = f"{number:.3f}"
+            else:
+                scaled = number / scales[col][0]
+                text = f"{scaled:,.1f}" if scaled >= 100 else f"{scaled:.3g}" if scaled >= 1 else f"{scaled:.2f}"
+            cells.append(TableCell(text=text, sort_key=number))
+        rows.append(cells)
+    return HtmlTable(columns=headers, rows=rows, hints=[hint for *_, hint in columns], sortable=True,
+                     key="unit-table")
