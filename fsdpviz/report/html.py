@@ -80,6 +80,7 @@ class HtmlTable:
     group_starts: set[int] = field(default_factory=set)  # row indices drawn with a separator above
     hints: list[str] = field(default_factory=list)  # per column: a definition shown on hover (title attribute)
     sortable: bool = False  # a click on a column header sorts the rows by that column
+    left_columns: set[int] = field(default_factory=set)  # headers aligned left, over text columns
     key: str = ""  # an id for the table element ([a-z0-9-]), so that tests and links can find it
 
 

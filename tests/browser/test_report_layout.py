@@ -67,6 +67,19 @@ UNIT_TABLE_JS = r"""
 })()
 """
 
+# Clicks the unit table's "exposed comm" header twice; the column's values after each click.
+SORT_JS = r"""
+(() => {
+  const table = document.getElementById('unit-table');
+  const i = Array.from(table.tHead.rows[0].cells).findIndex(th => th.textContent.startsWith('exposed comm'));
+  const values = () => Array.from(table.tBodies[0].rows).map(r => parseFloat(r.cells[i].textContent));
+  table.tHead.rows[0].cells[i].click();
+  const up = values();
+  table.tHead.rows[0].cells[i].click();
+  return {up: up, down: values()};
+})()
+"""
+
 # Walks bokeh's view tree: for every plot, its frame box and canvas position; the boxes of its
 # legends; the boxes of its LabelSet texts (canvas text metrics at bokeh's screen positions and
 # offsets, baseline bottom, align left) and the screen points of its Step curves.
@@ -201,6 +214,11 @@ def test_report_layout_at_1400_and_1920_px(chromium: str, report: Path, tmp_path
         assert "Negative" in titles["forward prefetch lead (ms)"]
         terms = {text.lower(): title for text, title in table["terms"]}
         assert {"exposed communication", "prefetch lead"} <= set(terms)
+
+        # a click on a header sorts the rows by that column's numbers, descending on a second click
+        order = browser.evaluate(SORT_JS)
+        assert order["up"] == sorted(order["up"]) and order["down"] == sorted(order["down"], reverse=True)
+        assert len(order["up"]) == 3 and order["up"] != order["down"]
 
         gantt = browser.evaluate(GANTT_JS)
         assert "optimizer step" in gantt["units"] and "zero_grad" in gantt["units"]

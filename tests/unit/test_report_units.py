@@ -20,7 +20,7 @@ from fsdpviz.formatting import NS_PER_MS
 from fsdpviz.report import style
 from fsdpviz.report.data import prepare_report
 from fsdpviz.report.timeline.units import LOOP_PART_COLORS
-from fsdpviz.report.units.table import unit_tables
+from fsdpviz.report.units.table import TABLE_COLUMNS, html_table, unit_tables
 from fsdpviz.trace import load_traces
 
 OFFSET_NS = 5_000_000
@@ -241,3 +241,26 @@ def test_gantt_rank_selection_beyond_the_limit() -> None:
     assert len(chosen) == 16 and 0 in chosen and 37 in chosen and 1 in chosen  # rank 1 is the fastest
     assert why and "16 of 64" in why
     assert choose_gantt_ranks([0, 1, 2], times, 16) == ([0, 1, 2], "")
+
+
+def test_unit_table_names_a_unit_per_column_and_sorts_numbers(run) -> None:
+    synth, _, _, data = run
+    table = html_table(data.unit_tables.table, TABLE_COLUMNS)
+    for header, hint in zip(table.columns, table.hints):
+        assert hint
+        assert header in {"#", "unit", "parameters counted"} or header.endswith(
+            ("(ms)", "(count)", "(KiB)", "(MiB)", "(GiB)")), header
+    col = {h.split(" (")[0]: i for i, h in enumerate(table.columns)}
+    # the scenario's own units, in forward order, with the element counts the script gave them
+    spec = {u.name: u for u in synth.scenario.units}
+    body = [r for r in table.rows if r[col["unit"]].text in spec]
+    assert [r[col["unit"]].text for r in body] == [u.name for u in synth.scenario.units]
+    for row in body:
+        cell = row[col["parameters"]]
+        assert cell.text == f"{spec[row[col['unit']].text].numel:,}"
+        assert cell.sort_key == spec[row[col["unit"]].text].numel
+    # an unknown value reads "-" and sorts last (NaN), never 0
+    for row in table.rows:
+        for cell in row:
+            if cell.text == "-" and not cell.left:
+                assert cell.sort_key is not None and np.isnan(cell.sort_key)

@@ -175,4 +175,4 @@ def html_table(table: pd.DataFrame, columns: Sequence[tuple[str, str, str, str]]
             cells.append(TableCell(text=text, sort_key=number))
         rows.append(cells)
     return HtmlTable(columns=headers, rows=rows, hints=[hint for *_, hint in columns], sortable=True,
-                     key="unit-table")
+                     key="unit-table", left_columns={i for i, (_, _, kind, _) in enumerate(columns) if kind == "text"})
