@@ -30,8 +30,11 @@ def compare(
     quiet: Annotated[bool, typer.Option("-q", "--quiet", help="No progress lines on stderr.")] = False,
     scheduler: Annotated[str | None, typer.Option("--scheduler", help=SCHEDULER_HELP, show_default=False)] = None,
 ) -> None:
-    """Compare runs: step time, overlap, exposed communication, memory and units, with findings."""
+    """Compare runs: step time, overlap, exposed communication, memory and units, with findings.
+
+    Prints the tables in the terminal (or JSON with --json) and writes the HTML page."""
     from fsdpviz.analysis.compare.runs import compare_runs, comparison_json
+    from fsdpviz.commands.compare_table import print_comparison
     from fsdpviz.report.compare.build import COMPARE_NAME, build_compare, load_runs
 
     if len(runs) < 2:
@@ -50,8 +53,10 @@ def compare(
     comparison = compare_runs(loaded)
     if as_json:
         sys.stdout.write(json.dumps(comparison_json(comparison), indent=2) + "\n")
+    else:
+        print_comparison(comparison)
     if target is not None:
         result = build_compare(loaded, target, comparison=comparison, progress=say)
         say(f"wrote {result.path} ({result.size_bytes / 1e6:.1f} MB) in {time.perf_counter() - started:.1f} s")
         if not as_json:
-            typer.echo(str(result.path))
+            typer.echo(f"compare page: {result.path}")
