@@ -15,6 +15,7 @@ For every bundled sample (``sample_traces/``) the run is analysed once, and then
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from pathlib import Path
 from typing import Any
@@ -156,7 +157,7 @@ def test_per_unit_figures(sample: dict[str, Any], capsys: pytest.CaptureFixture[
                            ("backward_ms", u.backward_ms), ("reduce_scatter_ms", u.reduce_scatter_ms),
                            ("exposed_comm_ms", u.exposed_comm_ms), ("forward_timer_ms", u.forward_timer_ms),
                            ("backward_timer_ms", u.backward_timer_ms)):
-            assert (value is None and row[col] != row[col]) or row[col] == value, (u.name, col)
+            assert (value is None and math.isnan(row[col])) or row[col] == value, (u.name, col)
         if u.peak_allocated_bytes is not None:
             assert row["peak_mib"] * MIB == pytest.approx(u.peak_allocated_bytes, abs=1e-6)
     # the per-unit boxes: each unit's own work per unprofiled step, whose median of rank medians

@@ -35,10 +35,12 @@ HOWTO_STRUCTURE = (
     "all-gathers and more memory while it is gathered. The same module has the same colour in every run."
 )
 HOWTO_UNITS = (
-    "Units matched across runs: by name where names match, else grouped so that each row holds the "
-    "same parameters in every run (e.g. blocks.0 and blocks.1 of one run against blocks.0+1 of another). "
-    "Times are per-unit medians per step, summed over the row's units; \"in X\" means the run holds "
-    "those parameters inside its unit X and has no separate number for them."
+    "Units matched across runs by the parameters they hold (run.json's parameter names, else their sizes "
+    "in forward order): each row holds the same parameters in every run (e.g. blocks.0 and blocks.1 of one "
+    "run against blocks.0+1 or [blocks.0, blocks.1] of another); a row is named after a unit only when that "
+    "unit holds exactly its parameters in every run. Times are per-unit medians per step, summed over the "
+    "row's units, with each run's step-to-step spread; a star needs a difference beyond both spreads. "
+    "\"in X\" means the run holds those parameters inside its unit X and has no separate number for them."
 )
 HOWTO_TIMELINES = (
     "Each run's median step, one Gantt per run, all on the same time axis from the step's start: "
