@@ -68,6 +68,10 @@ def test_a_difference_within_the_spread_gets_no_star(made: dict) -> None:
     assert out["spread_ms"]["step_time_ms"] == spread
     row = next(r for r in headline_rows(comparison) if r[0] == "step time")
     assert "*" not in "".join(row[1:]) and "spread 2" in row[1]
+    # the findings follow the same rule: no winner named
+    finding = next(f for f in comparison.findings if f.kind == "step_time")
+    assert finding.better is None and "within noise" in finding.message
+    assert "step-to-step spread" in finding.evidence
 
 
 def test_a_difference_beyond_the_spread_gets_its_star(made: dict) -> None:
@@ -86,3 +90,4 @@ def test_a_difference_beyond_the_spread_gets_its_star(made: dict) -> None:
         for metric in ("forward_ms", "backward_ms"):
             assert comparison.unit_best[group.name][metric] == [], (group.name, metric)
     assert unit_rows(comparison)[0][0] == "(root)"
+    assert next(f for f in comparison.findings if f.kind == "step_time").better == "jittery"
