@@ -15,7 +15,7 @@ from fsdpviz.analysis.compare.model import (
     HeadlineField,
     unit_index,
 )
-from fsdpviz.analysis.compare.units import group_values
+from fsdpviz.analysis.compare.units import BY_FQN, BY_PARAM_SIZES, group_values
 from fsdpviz.formatting import format_bytes, format_ms, format_pct
 
 BEST_MARK = "*"
@@ -108,8 +108,11 @@ def print_comparison(comparison: Comparison) -> None:
     console.print(head)
     rows = unit_rows(comparison)
     if rows:
-        units = Table(title=f"per-unit comparison (rows hold the same parameters in every run: matched by "
-                            f"{comparison.match.basis}; times are medians per step, summed)", title_justify="left")
+        basis = comparison.match.basis
+        held = ("rows hold the same parameters in every run" if basis in (BY_FQN, BY_PARAM_SIZES)
+                else "run.json lists no parameters: rows hold the same ones as far as that tells")
+        units = Table(title=f"per-unit comparison (matched by {basis}; {held}; times are medians per step, "
+                            "summed)", title_justify="left")
         units.add_column("unit group")
         for label in labels:
             units.add_column(label, justify="right")

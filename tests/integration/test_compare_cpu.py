@@ -87,6 +87,8 @@ def test_unit_structure_follows_the_model(script_run) -> None:
     assert groups["blocks.2+3"]["param_bytes"] == {"block": block_bytes[2] + block_bytes[3],
                                                    "pair": block_bytes[2] + block_bytes[3]}
     assert result["whole_model_runs"] == {"root": "(root)"}
+    # pair restructures the model (blocks.0+1.0.qkv.weight): matched by the parameters' sizes in forward order
+    assert result["unit_match_basis"] == "parameter sizes in forward order"
     page = (out / "compare.html").read_text(encoding="utf-8")
     assert "Per-unit comparison" in page and "blocks.0+1" in page
 

@@ -22,6 +22,8 @@ from fsdpviz.analysis.compare.memory import drift_bytes, step_levels, step_rise_
 from fsdpviz.analysis.compare.model import HEADLINE_FIELDS, LOWER, Comparison, unit_index
 from fsdpviz.analysis.compare.spread import clear_best, group_spread_ms, headline_spread_ms
 from fsdpviz.analysis.compare.units import (
+    BY_FQN,
+    BY_PARAM_SIZES,
     MAX_METRICS,
     SUM_METRICS,
     RunUnit,
@@ -276,7 +278,7 @@ def comparability_notes(runs: Sequence[LabelledRun], match: UnitMatch) -> list[s
     frameworks = [r.summary.framework for r in runs]
     if len(set(frameworks)) > 1:
         notes.append(_differ("Frameworks differ", frameworks, labels) + ". Their units, labels and memory "
-                     "accounting differ: per-unit numbers are matched by module name only.")
+                     "accounting differ.")
     devices = [r.summary.device for r in runs]
     if len(set(devices)) > 1:
         notes.append(_differ("Devices differ", devices, labels) + ". GPU overlap counts kernels, CPU overlap "
@@ -290,9 +292,11 @@ def comparability_notes(runs: Sequence[LabelledRun], match: UnitMatch) -> list[s
         notes.append(f"Units matched by {match.basis} hold different parameter bytes ({', '.join(odd[:4])}): their "
                      "per-unit numbers are not like for like and get no best mark.")
     if match.groups:
+        exact = match.basis in (BY_FQN, BY_PARAM_SIZES)
         notes.append(f"Units are matched by {match.basis}: each row of the per-unit comparison holds the same "
-                     "parameters in every run" + ("." if match.basis != "unit names" else
-                                                  " as far as the names tell (run.json records no parameter names)."))
+                     "parameters in every run" + ("." if exact else f" as far as the {match.basis} tell (run.json "
+                                                  "lists no parameters of the units: recorded by an older fsdpviz, "
+                                                  "or traces only)."))
     for r in runs:
         if not r.summary.units:
             notes.append(f"{r.label}: no FSDP units in the traces; only whole-step numbers are compared.")
