@@ -9,6 +9,7 @@ The per-block recording is the session's shared ``fsdp2`` one.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import runpy
 from pathlib import Path
@@ -42,6 +43,23 @@ def runs(recordings: Recordings) -> dict[str, Path]:
         assert rec.proc.returncode == 0, rec.proc.stderr[-3000:]
         out[label] = rec.run_dir
     return out
+
+
+@pytest.mark.parametrize("name", ["fsdp1", "zero3-submodule"])
+def test_fsdp1_and_zero3_record_their_units_parameters(recordings: Recordings, name: str) -> None:
+    """FSDP1's flat parameters and ZeRO-3's fetched modules hold the model's parameters, each once."""
+    if name.startswith("zero3") and importlib.util.find_spec("deepspeed") is None:
+        pytest.skip("deepspeed is not installed")
+    rec = recordings.get(EXAMPLE_RUNS[name])
+    assert rec.proc.returncode == 0, rec.proc.stderr[-3000:]
+    units = _run_params(rec.run_dir)
+    held = [(fqn, numel) for params in units.values() for fqn, numel in params.items()]
+    assert sorted(held) == sorted(_model_params().items())
+    if name == "fsdp1":
+        assert set(units["blocks.0"]) == {f for f in _model_params() if f.startswith("blocks.0.")}
+    else:
+        assert units["blocks.0.qkv"] == {"blocks.0.qkv.weight": 32 * 96, "blocks.0.qkv.bias": 96}
+        assert units["blocks.0"] == {}  # the parent block holds no parameters of its own
 
 
 def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> str:
@@ -108,3 +126,26 @@ def test_terminal_prints_the_tables(runs: dict[str, Path], capsys: pytest.Captur
     assert "[blocks.0, blocks.1]" in row
     step = next(line for line in text.splitlines() if "step time" in line)
     assert "spread" in step
+
+
+def test_fsdp2_blocks_against_zero3_submodules(recordings: Recordings, capsys: pytest.CaptureFixture[str],
+                                               tmp_path: Path) -> None:
+    """ZeRO-3 fetching each submodule: its units group under the FSDP2 block that holds the same
+    parameters, and its embeddings, norm and head under FSDP2's root."""
+    if importlib.util.find_spec("deepspeed") is None:
+        pytest.skip("deepspeed is not installed")
+    dirs = {}
+    for label, name in (("fsdp2", "fsdp2"), ("zero3", "zero3-submodule")):
+        rec = recordings.get(EXAMPLE_RUNS[name])
+        assert rec.proc.returncode == 0, rec.proc.stderr[-3000:]
+        dirs[label] = rec.run_dir
+    out = json.loads(_cli(capsys, "compare", str(dirs["fsdp2"]), str(dirs["zero3"]), "--label", "fsdp2",
+                          "--label", "zero3", "--json", "-q", "-o", str(tmp_path / "c.html")))
+    assert out["unit_match_basis"] == "parameter names"
+    groups = {g["name"]: g for g in out["unit_groups"]}
+    assert list(groups) == ["(root)", "blocks.0", "blocks.1", "blocks.2"]
+    params = {label: _run_params(d) for label, d in dirs.items()}
+    for g in groups.values():
+        held = {label: {f for u in g["members"][label] for f in params[label][u]} for label in params}
+        assert held["fsdp2"] == held["zero3"], g["name"]
+    assert {"tok_emb", "pos_emb", "norm", "head"} <= set(groups["(root)"]["members"]["zero3"])
