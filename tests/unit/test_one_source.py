@@ -88,6 +88,8 @@ def test_headline_figures(sample: dict[str, Any], capsys: pytest.CaptureFixture[
     assert facts["overlap"].value == format_pct(s.overlap.overlap_pct)
     assert facts["exposed comm / step"].value == format_ms(s.overlap.exposed_comm_ms)
     assert facts["peak allocated"].value == (format_bytes(s.memory.peak_allocated_bytes) or "n/a")
+    if s.traced_step_time_ms and s.overlap.exposed_comm_ms is not None:  # a share of the traced step, said so
+        assert f"% of the step as traced ({format_ms(s.traced_step_time_ms)})" in facts["exposed comm / step"].hint
     text = _terminal(sample, capsys, monkeypatch)
     lines = {line.split("  ")[0].strip(): line for line in text.splitlines() if line.strip()}
     assert f"{s.step_time_ms:,.2f} ms" in lines["step time"]
