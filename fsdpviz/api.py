@@ -376,6 +376,25 @@ class Compared:
         c = self.comparison
         return pd.DataFrame({f.label: c.values[f.key] for f in HEADLINE_FIELDS}, index=c.labels).T
 
+    @property
+    def units(self) -> pd.DataFrame:
+        """One row per unit group, run and number: ``group``, ``run``, ``units`` (the run's units in
+        the group), ``metric``, ``value``, ``spread_ms`` (the run's step-to-step spread) and ``best``
+        (the page's and the terminal's star), as ``compare --json``'s ``unit_groups``."""
+        import pandas as pd
+
+        from fsdpviz.analysis.compare.runs import comparison_json
+
+        rows = []
+        for group in comparison_json(self.comparison)["unit_groups"]:
+            for label, values in group["values"].items():
+                for metric, value in values.items():
+                    rows.append({"group": group["name"], "run": label, "units": group["members"].get(label, []),
+                                 "metric": metric, "value": value,
+                                 "spread_ms": group["spread_ms"].get(metric, {}).get(label),
+                                 "best": label in group["best"].get(metric, [])})
+        return pd.DataFrame(rows, columns=["group", "run", "units", "metric", "value", "spread_ms", "best"])
+
     def to_json(self) -> dict[str, Any]:
         """Exactly ``fsdpviz compare --json``."""
         from fsdpviz.analysis.compare.runs import comparison_json

@@ -38,8 +38,9 @@ def compare(
     """Compare runs side by side.
 
     Step time, overlap, exposed communication, memory and units of each run, with the differences
-    and findings, on one HTML page (and as JSON with --json)."""
+    and findings: the tables in the terminal (or JSON with --json) and one HTML page."""
     from fsdpviz.analysis.compare.runs import compare_runs, comparison_json
+    from fsdpviz.commands.compare_table import print_comparison
     from fsdpviz.report.compare.build import COMPARE_NAME, build_compare, load_runs
 
     if len(runs) < 2:
@@ -58,8 +59,10 @@ def compare(
     comparison = compare_runs(loaded)
     if as_json:
         sys.stdout.write(json.dumps(comparison_json(comparison), indent=2) + "\n")
+    else:
+        print_comparison(comparison)
     if target is not None:
         result = build_compare(loaded, target, comparison=comparison, progress=say)
         say(f"wrote {result.path} ({result.size_bytes / 1e6:.1f} MB) in {time.perf_counter() - started:.1f} s")
         if not as_json:
-            typer.echo(str(result.path))
+            typer.echo(f"compare page: {result.path}")

@@ -134,10 +134,11 @@ def print_summary(summary: Summary) -> None:
                 else "reserved not tracked on CPU" if mem.device == "cpu" else "reserved unknown")
     head.add_row("peak memory", f"{bytes_text(mem.peak_allocated_bytes)} allocated{level_text(mem)}, {reserved}")
     if mem.categories and mem.categories_at is not None:
+        from fsdpviz.analysis.figures import peak_place
         from fsdpviz.analysis.memory_categories import CATEGORIES, TITLES
 
         at = mem.categories_at
-        where = f"rank {at.rank}, step {at.step}" + (f", {at.unit} {at.phase}" if at.unit else "")
+        where = peak_place(mem)
         cats = mem.categories
         parts = [f"{TITLES[c]} {bytes_text(cats[c])}" for c in CATEGORIES if cats[c] is None or (cats[c] or 0) > 0]
         head.add_row("at the peak", f"({where}) " + ", ".join(parts))

@@ -17,6 +17,7 @@ import pandas as pd
 from fsdpviz.analysis import memory as analysis_memory
 from fsdpviz.analysis.memory import MemoryModel
 from fsdpviz.analysis.memory_categories import TITLES
+from fsdpviz.analysis.profiler_cost import unit_pass_steps
 from fsdpviz.analysis.records import NO_UNIT_LABELS, Finding
 from fsdpviz.analysis.summary import finding_entries
 from fsdpviz.errors import FsdpvizError, UsageError
@@ -63,6 +64,7 @@ class ReportData:
     skew: pd.DataFrame | None = None  # schema.SKEW
     rank_step_times: pd.DataFrame | None = None  # schema.STEP_TIMES (where each rank's step went)
     timers: pd.DataFrame = field(default_factory=pd.DataFrame)  # schema.TIMERS (every step)
+    unit_passes: pd.DataFrame = field(default_factory=pd.DataFrame)  # profiler_cost.unit_pass_steps
     segment_count: int = 0  # Gantt rectangles on the page, all tabs
     predictions: list[SavedPrediction] = field(default_factory=list)  # `fsdpviz whatif --save`
 
@@ -232,10 +234,12 @@ def prepare_report(run: RunResult, *, max_segments: int = MAX_PAGE_SEGMENTS,
         findings=findings_text(found, predicted_gains(run, found)),
         unit_tables=unit_tables(stats, colors, {u.name: (u.forward_timer_ms, u.backward_timer_ms)
                                                 for u in summary.units},
-                                {u.name: u.param_scope for u in summary.units})
+                                {u.name: u.param_scope for u in summary.units},
+                                {u.name: u for u in summary.units})
         if has_units and not stats.empty else None,
         memory_model=analysis.memory_model,
         skew=analysis.skew, rank_step_times=analysis.step_times, timers=traces.timers,
+        unit_passes=unit_pass_steps(traces.timers, traces.run),
         segment_count=sum(len(v.segments) + len(v.exposed) for v in tabs),
         predictions=load_predictions(traces.run_dir),
     )

@@ -55,7 +55,7 @@ def headline_section(data: ReportData) -> Section:
         _step_fact(s),
         Fact(label="overlap", value=format_pct(ov.overlap_pct), hint="communication hidden behind computation"),
         Fact(label="exposed comm / step", value=format_ms(exposed_per_step),
-             hint=(f"{100 * exposed_per_step / step_ms:.1f} % of the step; " if math.isfinite(step_ms) and step_ms
+             hint=(f"{100 * exposed_per_step / step_ms:.1f} % of the step as traced ({format_ms(step_ms)}); " if math.isfinite(step_ms) and step_ms
                    else "") + f"of {format_ms(comm_per_step)} communication"),
         *_purpose_facts(s),
         Fact(label="peak allocated", value=format_bytes(mem.peak_allocated_bytes) or "n/a",
