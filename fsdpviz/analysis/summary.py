@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from fsdpviz import vocabulary
+from fsdpviz.analysis.bound import BoundSummary, summarize_bound
 from fsdpviz.analysis.completeness import gap_notes
 from fsdpviz.analysis.framework import framework_notes
 from fsdpviz.analysis.memory_categories import (
@@ -152,6 +153,9 @@ class Summary(msgspec.Struct, kw_only=True):
     missing_ranks: list[int]
     skipped_events: int
     findings: list[Finding]
+    bound: BoundSummary | None = None
+    """What bounds the step: compute, exposed communication, host wait, other idle
+    (analysis/bound.py); None where no step has a span."""
 
     def to_json(self) -> dict[str, Any]:
         """The ``fsdpviz summary --json`` dict (notes as their words)."""
@@ -208,6 +212,7 @@ def summary_of(traces: TraceSet, selection: StepSelection, overlap: pd.DataFrame
         units_source="+".join(size_sources) if size_sources else None, device=_device(overlap),
         sources=list(traces.sources), run_dir=traces.run_dir, notes=notes, missing_ranks=traces.missing_ranks,
         skipped_events=sum(traces.skipped_events.values()), findings=findings,
+        bound=summarize_bound(overlap, cost),
     )
 
 

@@ -197,6 +197,13 @@ OVERLAP: Final[Schema] = {
     "idle_ns": "int64",  # window_ns - busy_ns
     "non_compute_ns": "int64",  # busy_ns - compute_ns (HTA's "non-compute time")
     "overlap_pct": "float64",  # 100 * overlap_ns / comm_ns; NaN without communication
+    # What bounds the step (fsdpviz.analysis.bound), summed over the analysed steps' CPU-side spans;
+    # the four parts add up to bound_window_ns; host_wait_ns -1: unknown (a CPU rank, no launches)
+    "bound_window_ns": "int64",
+    "bound_compute_ns": "int64",
+    "bound_exposed_comm_ns": "int64",
+    "host_wait_ns": "int64",
+    "other_idle_ns": "int64",
 }
 
 
