@@ -334,6 +334,7 @@ FINDINGS: Final[Schema] = {
     "message": "string",
     "evidence": "string",  # the numbers behind it
     "knob": "string",  # what to try, "" when the trace shows no clear cause
+    "cause": "string",  # the cause as a word (analysis/findings.py CAUSE_*): alike findings group by it
 }
 
 
