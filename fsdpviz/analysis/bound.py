@@ -281,3 +281,42 @@ def summarize_bound(overlap: pd.DataFrame, profiler: ProfilerCost | None) -> Bou
         exposed_comm_ms=round(comm, 3), host_wait_ms=None if host is None else round(host, 3),
         other_idle_ms=round(idle, 3), basis=basis, device=device, loss=loss, traced_step_ms=round(traced, 3),
         profiler_share_ms=round(share, 3), per_rank=per_rank, note="; ".join(notes) or None)
+
+
+# --- per unit -----------------------------------------------------------------------------------
+
+def host_wait_gaps(windows: list[tuple[int, int]], busy: Intervals, starts: np.ndarray,
+                   launches: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(launch_ns, gap_ns) of each host-wait gap in ``windows``: the launch the GPU waited for."""
+    at, size = [], []
+    for lo, hi in windows:
+        for a, b in complement(lo, hi, clip_intervals(busy, lo, hi)):
+            i = int(np.searchsorted(starts, b, side="left"))
+            if i < len(starts) and launches[i] >= a:
+                at.append(int(launches[i]))
+                size.append(b - a)
+    return np.asarray(at, dtype=np.int64), np.asarray(size, dtype=np.int64)
+
+
+def unit_host_wait(unit_steps: pd.DataFrame, windows: pd.DataFrame, launch_ns: np.ndarray,
+                   gap_ns: np.ndarray) -> np.ndarray:
+    """Per row of one rank's ``unit_steps``: the host-wait gaps whose awaited launch the host made
+    inside that unit pass's window, each gap counted once, for the innermost window holding its launch
+    (a unit nested in another is its own)."""
+    out = np.zeros(len(unit_steps), dtype=np.int64)
+    if not len(launch_ns) or windows.empty:
+        return out
+    w_start = windows["start_ns"].to_numpy(np.int64)
+    w_end = windows["end_ns"].to_numpy(np.int64)
+    keys = list(zip(windows["step"].astype(int), windows["unit"].astype(str), windows["phase"].astype(str)))
+    row_of = {k: i for i, k in enumerate(zip(unit_steps["step"].astype(int), unit_steps["unit"].astype(str),
+                                             unit_steps["phase"].astype(str)))}
+    span = w_end - w_start
+    for t, g in zip(launch_ns.tolist(), gap_ns.tolist()):
+        inside = np.flatnonzero((w_start <= t) & (t < w_end))
+        if not len(inside):
+            continue
+        row = row_of.get(keys[int(inside[np.argmin(span[inside])])])
+        if row is not None:
+            out[row] += g
+    return out

@@ -186,12 +186,12 @@ def print_summary(summary: Summary) -> None:
         if summary.units_source and "trace" in summary.units_source:
             title += "; params from the all-gathers in the trace (padded, gathered dtype)"
         units = Table(title=title, title_justify="left")
-        for col in ("unit", "params", "gather", "forward", "backward", "reduce", "exposed"):
+        for col in ("unit", "params", "gather", "forward", "backward", "reduce", "exposed", "host wait"):
             units.add_column(col, justify="right" if col != "unit" else "left")
         for u in summary.units:
             forward, backward = (u.forward_timer_ms, u.backward_timer_ms) if timed else (u.forward_ms, u.backward_ms)
             units.add_row(escape(u.name), _fmt(u.param_numel), _fmt(u.all_gather_ms), _fmt(forward),
-                          _fmt(backward), _fmt(u.reduce_scatter_ms), _fmt(u.exposed_comm_ms))
+                          _fmt(backward), _fmt(u.reduce_scatter_ms), _fmt(u.exposed_comm_ms), _fmt(u.host_wait_ms))
         console.print(units)
     shown = [a for a in summary.actions if not a.folded]
     if shown:

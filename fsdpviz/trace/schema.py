@@ -243,6 +243,10 @@ UNIT_STEPS: Final[Schema] = {
     # accumulation. Durations and exposed times above are sums over them; start/end times span
     # all of them; prefetch_lead_ns and issue_depth are the smallest (the pass that waited most).
     "n_passes": "int32",
+    # GPU idle that waited for a launch the host made in this unit pass's window (its innermost one):
+    # the unit's host work (hooks, copy-in / copy-out launches) keeping the GPU waiting
+    # (fsdpviz.analysis.bound); -1 where it does not apply (a CPU rank) or cannot be known
+    "host_wait_ns": "int64",
 }
 
 # One row per unit: medians over ranks and steps (what ``summary --json`` reports per unit).
@@ -269,6 +273,7 @@ UNIT_STATS: Final[Schema] = {
     "forward_peak_allocated_bytes": "int64",
     "backward_peak_allocated_bytes": "int64",
     "unsharded_bytes": "int64",  # its unsharded parameters + gradients (param_bytes * 2), -1 unknown
+    "host_wait_ns": "float64",  # per step, the GPU's wait for launches of the unit's passes; NaN: unknown
 }
 
 # Where each rank's step went on its training threads.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 from helpers.kineto import TraceBuilder
 from synth import generate_run
@@ -121,3 +122,37 @@ def test_simulated_fsdp2_steps_name_their_bound(tmp_path: Path, scenario: Scenar
     for rank in bound.per_rank.values():
         parts = rank.compute_ms + rank.exposed_comm_ms + (rank.host_wait_ms or 0) + rank.other_idle_ms
         assert parts == pytest.approx(rank.step_ms, abs=0.002)
+
+
+def test_host_wait_goes_to_the_innermost_unit_window_holding_the_launch() -> None:
+    import numpy as np
+    import pandas as pd
+
+    from fsdpviz.analysis.bound import unit_host_wait
+
+    unit_steps = pd.DataFrame({"step": [1, 1, 1], "unit": ["(root)", "blocks.0", "blocks.1"],
+                               "phase": ["forward"] * 3})
+    # the root's forward window holds both blocks' windows
+    windows = pd.DataFrame({"step": [1, 1, 1], "unit": ["(root)", "blocks.0", "blocks.1"], "phase": ["forward"] * 3,
+                            "start_ns": [0, 100, 400], "end_ns": [1000, 300, 600]})
+    launches = np.array([50, 150, 250, 450, 1200])  # root, blocks.0 twice, blocks.1, after every window
+    gaps = np.array([7, 11, 13, 17, 19])
+    assert unit_host_wait(unit_steps, windows, launches, gaps).tolist() == [7, 24, 17]
+
+
+def test_units_host_wait_is_part_of_the_ranks(tmp_path: Path) -> None:
+    run = generate_run(Scenario(units=make_units(4, numel=20_000, fwd_ns=8_000, bwd_ns=16_000), steps=(3, 4, 5)),
+                       tmp_path / "run")
+    summary = analyse([run.folder], cache=False).summary
+    assert summary.bound is not None
+    units = sum(u.host_wait_ms or 0.0 for u in summary.units)
+    ranks = float(np.median([r.host_wait_ms for r in summary.bound.per_rank.values()]))
+    # every unit's host work keeps the GPU waiting; the step's data loading and optimizer do too
+    assert all((u.host_wait_ms or 0) > 0 for u in summary.units if u.name != "(root)")
+    assert 0.2 * ranks < units <= ranks + 0.01
+
+
+def test_cpu_units_have_no_host_wait() -> None:
+    sample = Path(__file__).resolve().parents[2] / "sample_traces" / "fsdp2-cpu-2rank"
+    summary = analyse([sample], cache=False).summary
+    assert summary.units and all(u.host_wait_ms is None for u in summary.units)
