@@ -217,7 +217,8 @@ def summary_of(traces: TraceSet, selection: StepSelection, overlap: pd.DataFrame
         units_source="+".join(size_sources) if size_sources else None, device=_device(overlap),
         sources=list(traces.sources), run_dir=traces.run_dir, notes=notes, missing_ranks=traces.missing_ranks,
         skipped_events=sum(traces.skipped_events.values()), findings=findings,
-        bound=bound, actions=build_actions(findings, bound, host_backend_on_gpu=host_backend_on_gpu(traces, overlap)),
+        bound=bound, actions=build_actions(findings, bound, host_backend_on_gpu=host_backend_on_gpu(traces, overlap),
+                                           units=units),
     )
 
 

@@ -203,7 +203,8 @@ def prepare_report(run: RunResult, *, max_segments: int = MAX_PAGE_SEGMENTS,
         step_times=times, step_spread=steps_data.per_step_spread(times),
         rank_steps=steps_data.per_rank_summary(times), notes=notes,
         findings=actions_text(predicted_actions(run, build_actions(
-            found, summary.bound, host_backend_on_gpu=host_backend_on_gpu(traces, run.overlap)))),
+            found, summary.bound, host_backend_on_gpu=host_backend_on_gpu(traces, run.overlap),
+            units=summary.units))),
         unit_tables=unit_tables(stats, colors, {u.name: (u.forward_timer_ms, u.backward_timer_ms)
                                                 for u in summary.units},
                                 {u.name: u.param_scope for u in summary.units})
