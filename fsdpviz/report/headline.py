@@ -105,7 +105,14 @@ def _bound_fact(s: Summary) -> Fact:
     hint = ", ".join(f"{name} {format_ms(_num(v))}" for name, v in parts) + (
         f" of the {format_ms(b.step_ms)} {'unprofiled' if b.basis == 'unprofiled' else 'traced'} step "
         f"({b.device.upper()})")
-    return Fact(label="bound", value=b.kind, hint=hint)
+    sizes = {"compute": b.compute_ms, "communication": b.exposed_comm_ms, "host": b.host_wait_ms}
+    size = sizes.get(b.kind)
+    if size is None and b.loss is not None:  # mixed: name the largest loss
+        size = b.loss.ms
+    value = b.kind + (f"-bound, {format_ms(size)} ({100 * size / b.step_ms:.0f} % of the step)"
+                      if size is not None and b.step_ms and b.kind in sizes else
+                      f" (largest loss {format_ms(size)})" if size is not None else "")
+    return Fact(label="bound", value=value, hint=hint)
 
 
 def _num(value: object) -> float:
