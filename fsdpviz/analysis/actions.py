@@ -178,16 +178,15 @@ def build_actions(findings: Sequence[Finding], bound: BoundSummary | None, *,
                   host_backend_on_gpu: bool = False, units: Sequence[UnitSummary] = ()) -> list[Action]:
     """The bound's action, then the grouped findings by time lost; all beyond :data:`MAX_SHOWN` folded."""
     grouped = group_findings(findings, host_backend_on_gpu=host_backend_on_gpu)
-    grouped.sort(key=lambda a: -(a.lost_ms_per_step or 0.0))
     first = bound_action(bound, host_backend_on_gpu=host_backend_on_gpu, units=units)
     return fold([first, *grouped] if first is not None else grouped)
 
 
 def fold(actions: Sequence[Action]) -> list[Action]:
-    """Advised actions first (a knob to try), then the others, each by time lost as given; everything
-    after the first :data:`MAX_SHOWN` folded. The bound's action keeps the first place."""
+    """Advised actions first (a knob to try), then the others, each by time lost; everything after the
+    first :data:`MAX_SHOWN` folded. The bound's action keeps the first place."""
     head = [a for a in actions if a.kind == KIND_BOUND]
-    rest = [a for a in actions if a.kind != KIND_BOUND]
+    rest = sorted((a for a in actions if a.kind != KIND_BOUND), key=lambda a: -(a.lost_ms_per_step or 0.0))
     ordered = head + [a for a in rest if a.knob] + [a for a in rest if not a.knob]
     return [msgspec.structs.replace(a, folded=i >= MAX_SHOWN) for i, a in enumerate(ordered)]
 

@@ -117,6 +117,13 @@ def test_samples_advise_nothing_predicted_to_gain_nothing(sample: str) -> None:
         assert "without the recorder's timers" in (bound.note or "")
     actions = predicted_actions(result)
     assert sum(not a.folded for a in actions) <= MAX_SHOWN
+    # the bound first, then what to try, then the rest; each by time lost
+    rest = [a for a in actions if a.kind != "bound"]
+    advised = [a for a in rest if a.knob]
+    assert rest == advised + [a for a in rest if not a.knob]
+    for part in (advised, [a for a in rest if not a.knob]):
+        lost = [a.lost_ms_per_step or 0.0 for a in part]
+        assert lost == sorted(lost, reverse=True)
     for a in actions:
         if a.knob and a.predicted_change_ms is not None:
             assert a.predicted_change_ms < 0
