@@ -58,7 +58,14 @@ def compare(
         warn_gaps(run.traces)
     comparison = compare_runs(loaded)
     if as_json:
-        sys.stdout.write(json.dumps(comparison_json(comparison), indent=2) + "\n")
+        import msgspec
+
+        from fsdpviz.whatif.gains import predicted_actions
+
+        out = comparison_json(comparison)
+        for run_json, run in zip(out["runs"], comparison.runs):  # each run as its summary --json gives it
+            run_json["actions"] = msgspec.to_builtins(predicted_actions(run.result))
+        sys.stdout.write(json.dumps(out, indent=2) + "\n")
     else:
         print_comparison(comparison)
     if target is not None:
