@@ -15,7 +15,7 @@ DEMO_DIR ?= demo-run
 OLD_TORCH_VERSIONS ?= 2.7.1 2.11.0
 OLD_TORCH_VENVS := $(foreach v,$(OLD_TORCH_VERSIONS),.venv-torch$(v))
 
-.PHONY: demo test test-torch test-clients test-fuzz test-fast setup setup-dev setup-old-torch lint clean bench bench-load bench-scale bench-record bench-report bench-post-record
+.PHONY: demo test test-lifecycle test-torch test-clients test-fuzz test-fast setup setup-dev setup-old-torch lint clean bench bench-load bench-scale bench-record bench-report bench-post-record
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -58,7 +58,13 @@ PYTEST_WORKERS ?= auto
 # the real clients of other stacks and the fuzzers' full budget are targets of their own, which CI
 # (.ci/run) runs after this one.
 test: lint
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m "not clients"
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m "not clients and not lifecycle"
+
+# The recorder's process lifecycle under faults (signals to a rank or to fsdpviz, a killed rank, an
+# exception, a disk filling up under the training, two nodes into one folder, a script without an
+# optimizer): real jobs that each wait for their fault, run by CI after `make test`.
+test-lifecycle: setup-dev
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m lifecycle
 
 # Programs written for other stacks (HF Trainer, accelerate, Lightning Fabric, torchtitan, ...),
 # each recorded unchanged and run bare once (tests/integration/test_real_clients.py).

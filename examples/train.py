@@ -12,6 +12,8 @@ Wrap policies (which modules are FSDP units):
   block      every ``blocks.N`` is a unit; the root unit holds the embeddings, norm and head
   pair       two consecutive blocks form one unit: ``model.blocks`` becomes a ``ModuleDict`` of
              ``BlockPair`` containers named ``"0+1"``, ``"2+3"``, ... (unit ``blocks.0+1``)
+  pair-list  FSDP2 only: two consecutive blocks form one unit through ``fully_shard([blocks[0],
+             blocks[1]])``; the model keeps its structure (unit ``[blocks.0, blocks.1]``)
   root       one unit for the whole model
   submodule  ZeRO-3 only: DeepSpeed's own default, every submodule with parameters is fetched
              on its own (``block``/``pair``/``root`` mark those modules as ZeRO-3 leaf modules)
@@ -135,7 +137,7 @@ class Distributed:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--framework", choices=["fsdp2", "fsdp1", "zero3"], default="fsdp2")
-    parser.add_argument("--wrap", choices=["block", "pair", "root", "submodule"], default="block",
+    parser.add_argument("--wrap", choices=["block", "pair", "pair-list", "root", "submodule"], default="block",
                         help="which modules are units (submodule: ZeRO-3's own default)")
     parser.add_argument("--prefetch", type=int, default=0, metavar="N",
                         help="prefetch N units ahead (0 = the framework's default)")
@@ -162,6 +164,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.wrap == "submodule" and args.framework != "zero3":
         parser.error("--wrap submodule is ZeRO-3's default fetching and needs --framework zero3")
+    if args.wrap == "pair-list" and args.framework != "fsdp2":
+        parser.error("--wrap pair-list shards lists of modules with fully_shard and needs --framework fsdp2")
     if args.prefetch < 0 or args.steps < 1 or args.layers < 1 or args.batch < 1 or args.dim % HEADS:
         parser.error(f"--prefetch >= 0, --steps >= 1, --layers >= 1, --batch >= 1 and --dim divisible by {HEADS}")
     if args.grad_accum < 1:
@@ -202,11 +206,14 @@ def build_model(args: argparse.Namespace) -> GPT:
     return model
 
 
-def unit_modules(model: GPT, wrap: str) -> list[nn.Module]:
-    """The non-root units in forward order."""
+def unit_modules(model: GPT, wrap: str) -> list[nn.Module | list[nn.Module]]:
+    """The non-root units in forward order (a list of modules: one ``fully_shard`` call on them)."""
     if wrap == "root":
         return []
-    return list(model.blocks.children())
+    blocks = list(model.blocks.children())
+    if wrap == "pair-list":
+        return [blocks[first : first + 2] for first in range(0, len(blocks), 2)]
+    return blocks
 
 
 def shard_fsdp2(model: GPT, args: argparse.Namespace, ddp: Distributed) -> nn.Module:
@@ -229,6 +236,8 @@ def shard_fsdp2(model: GPT, args: argparse.Namespace, ddp: Distributed) -> nn.Mo
     # The root keeps its parameters gathered after forward (the head is used first in backward).
     fully_shard(model, reshard_after_forward=False, **extra)
     if args.prefetch > 0 and units:
+        # a module list shares one FSDP state: its first module stands for it
+        units = [u[0] if isinstance(u, list) else u for u in units]
         forward_order = [model, *units]
         backward_order = [model, *reversed(units)]
         for i, module in enumerate(forward_order):
@@ -268,7 +277,7 @@ def deepspeed_config(model: GPT, args: argparse.Namespace) -> dict:
         "overlap_comm": True,
     }
     if args.prefetch > 0:
-        unit_numel = max((sum(p.numel() for p in m.parameters()) for m in unit_modules(model, args.wrap)),
+        unit_numel = max((sum(p.numel() for p in m.parameters()) for m in (model.blocks.children() if args.wrap != "root" else ())),
                          default=total_numel)
         zero["stage3_prefetch_bucket_size"] = args.prefetch * unit_numel
     if not args.reshard_after_forward:

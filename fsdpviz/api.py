@@ -36,8 +36,10 @@ if TYPE_CHECKING:
     import holoviews as hv
     import pandas as pd
 
+    from fsdpviz.analysis.actions import Action
     from fsdpviz.analysis.compare.model import Comparison
     from fsdpviz.analysis.pipeline import RunResult
+    from fsdpviz.analysis.summary import Summary
     from fsdpviz.whatif.predict import Model, Prediction
 
 PathLike = str | Path
@@ -120,6 +122,7 @@ class Run(LabelledRun):
     def __init__(self, result: RunResult, label: str, source: str) -> None:
         super().__init__(label=label, source=source, result=result)
         self._model: Model | None = None
+        self._summary: Summary | None = None
 
     def __repr__(self) -> str:
         s = self.summary
@@ -127,6 +130,18 @@ class Run(LabelledRun):
                 f"step {s.step_time_ms} ms>")
 
     # --- numbers (``summary``: the typed summary, ``.to_json()`` is ``fsdpviz summary --json``) ----
+    @property
+    def summary(self) -> Summary:
+        """The run's summary as ``fsdpviz summary --json`` gives it: its actions' knobs predicted
+        with fsdpviz whatif (computed once)."""
+        if self._summary is None:
+            import msgspec
+
+            from fsdpviz.whatif.gains import predicted_actions
+
+            self._summary = msgspec.structs.replace(self.result.summary, actions=predicted_actions(self.result))
+        return self._summary
+
     @property
     def units(self) -> pd.DataFrame:
         """Per-unit medians over ranks and analysed steps (schema.UNIT_STATS), in forward order."""
@@ -185,6 +200,32 @@ class Run(LabelledRun):
     def findings(self) -> pd.DataFrame:
         """Where steps lose time to communication, why, and what to try (schema.FINDINGS)."""
         return self.result.analysis.findings
+
+    @property
+    def bound(self) -> pd.DataFrame:
+        """What bounds the step, per rank (``rank`` "all": the run's, as ``summary.bound``): compute,
+        exposed communication, host wait (None on CPU or without launches) and other idle, ms per
+        step; ``basis`` says whether the profiler's share was taken out (analysis/bound.py)."""
+        import pandas as pd
+
+        b = self.summary.bound
+        if b is None:
+            return pd.DataFrame(columns=["rank", "kind", "step_ms", "compute_ms", "exposed_comm_ms", "host_wait_ms",
+                                         "other_idle_ms", "basis"])
+        rows = [{"rank": rank, "kind": r.kind, "step_ms": r.step_ms, "compute_ms": r.compute_ms,
+                 "exposed_comm_ms": r.exposed_comm_ms, "host_wait_ms": r.host_wait_ms,
+                 "other_idle_ms": r.other_idle_ms, "basis": "traced"} for rank, r in b.per_rank.items()]
+        rows.append({"rank": "all", "kind": b.kind, "step_ms": b.step_ms, "compute_ms": b.compute_ms,
+                     "exposed_comm_ms": b.exposed_comm_ms, "host_wait_ms": b.host_wait_ms,
+                     "other_idle_ms": b.other_idle_ms, "basis": b.basis})
+        return pd.DataFrame(rows)
+
+    @property
+    def actions(self) -> list[Action]:
+        """What to do, in the order to read it: the bound's action, then alike findings as one line
+        each with their predicted gains (fsdpviz whatif), ``folded`` past the first five; the sentence
+        of one is :func:`fsdpviz.analysis.actions.action_text`."""
+        return self.summary.actions
 
     # --- plots ----------------------------------------------------------------------------------
     def _step(self, step: int | str) -> int:
@@ -375,6 +416,25 @@ class Compared:
 
         c = self.comparison
         return pd.DataFrame({f.label: c.values[f.key] for f in HEADLINE_FIELDS}, index=c.labels).T
+
+    @property
+    def units(self) -> pd.DataFrame:
+        """One row per unit group, run and number: ``group``, ``run``, ``units`` (the run's units in
+        the group), ``metric``, ``value``, ``spread_ms`` (the run's step-to-step spread) and ``best``
+        (the page's and the terminal's star), as ``compare --json``'s ``unit_groups``."""
+        import pandas as pd
+
+        from fsdpviz.analysis.compare.runs import comparison_json
+
+        rows = []
+        for group in comparison_json(self.comparison)["unit_groups"]:
+            for label, values in group["values"].items():
+                for metric, value in values.items():
+                    rows.append({"group": group["name"], "run": label, "units": group["members"].get(label, []),
+                                 "metric": metric, "value": value,
+                                 "spread_ms": group["spread_ms"].get(metric, {}).get(label),
+                                 "best": label in group["best"].get(metric, [])})
+        return pd.DataFrame(rows, columns=["group", "run", "units", "metric", "value", "spread_ms", "best"])
 
     def to_json(self) -> dict[str, Any]:
         """Exactly ``fsdpviz compare --json``."""

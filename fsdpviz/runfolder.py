@@ -75,6 +75,9 @@ class UnitInfo(msgspec.Struct, kw_only=True):
     param_scope: str = ""
     """``local``: ``param_numel``/``param_bytes`` are one rank's part after tensor parallelism split the
     parameters (DTensors); ``global``: the whole parameters; "" when unknown."""
+    params: list[tuple[str, int]] = []
+    """(FQN under the sharded root, unsharded numel) of each parameter the unit holds, in the order
+    the framework holds them; [] when not recorded (older run folders)."""
 
 
 class ParallelismInfo(msgspec.Struct, kw_only=True):

@@ -48,10 +48,24 @@ _PREFETCH_KNOB: Final = {
 }
 
 
+# What a finding's cause is, as a word (``cause``): findings of one kind and cause read as one line
+# (analysis/actions.py).
+CAUSE_FIRST_GATHER: Final = "first_gather"
+CAUSE_FIRST_COMPUTE: Final = "first_compute"
+CAUSE_REGATHERED: Final = "regathered_in_backward"
+CAUSE_NOT_PREFETCHED: Final = "not_prefetched"
+CAUSE_STARTED_LATE: Final = "started_late"
+CAUSE_OUTLASTS_COMPUTE: Final = "outlasts_compute"
+CAUSE_NOTHING_LEFT: Final = "nothing_left"
+CAUSE_OUTLASTS_AFTER: Final = "outlasts_compute_after"
+CAUSE_STRAGGLER: Final = "straggler"
+CAUSE_PROFILER: Final = "profiler"
+
+
 def _row(unit: str, phase: str, kind: str, lost: float, message: str, evidence: str, knob: str,
-         rank: int = -1) -> dict:
+         rank: int = -1, cause: str = "") -> dict:
     return {"rank": rank, "unit": unit, "phase": phase, "kind": kind, "lost_ns": float(lost),
-            "message": message, "evidence": evidence, "knob": knob}
+            "message": message, "evidence": evidence, "knob": knob, "cause": cause}
 
 
 def _medians(unit_steps: pd.DataFrame) -> pd.DataFrame:
@@ -178,14 +192,14 @@ def gather_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, framework: st
         knob = ""
         if phase == vocabulary.FORWARD and ((unit, phase) in firsts or pos == 0 or prev is None):
             if (unit, phase) in firsts:
-                cause = "the first all-gather of the forward pass, with no compute before it to hide behind"
+                cause, code = "the first all-gather of the forward pass, with no compute before it to hide behind", CAUSE_FIRST_GATHER
                 ahead = float(before_first.get(phase, 0.0))
                 evidence = (f"{gather}, exposed {ms_text(m['ag_exposed_ns'] / NS_PER_MS)}; units' compute in the pass before "
                             f"it {ms_text(ahead / NS_PER_MS)}; its own compute began {lead} after the gather ended; {median_of}")
             else:
-                cause = "the first unit to compute in the forward pass: nothing computes before it"
+                cause, code = "the first unit to compute in the forward pass: nothing computes before it", CAUSE_FIRST_COMPUTE
         elif pos == 0 or prev is None:
-            cause = "first unit of the backward pass: resharded after forward, so gathered again"
+            cause, code = "first unit of the backward pass: resharded after forward, so gathered again", CAUSE_REGATHERED
             if framework in (vocabulary.FSDP2, vocabulary.FSDP1):
                 knob = (f"reshard_after_forward=False for {unit} (keeps its parameters gathered into "
                         "backward; costs its unsharded size in memory)")
@@ -193,13 +207,15 @@ def gather_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, framework: st
             late = _previous_ended_before_issue(spans, unit, phase, prev)
             cause = (f"issued only after {prev} had finished computing (nothing prefetched it)" if late
                      else f"started only after {prev} had finished computing")
+            code = CAUSE_NOT_PREFETCHED if late else CAUSE_STARTED_LATE
             knob = _PREFETCH_KNOB.get((framework, phase), "")
         else:
-            cause = f"prefetched, but it outlasts the compute of {prev} before it"
+            cause, code = f"prefetched, but it outlasts the compute of {prev} before it", CAUSE_OUTLASTS_COMPUTE
             tot = totals.loc[phase] if phase in totals.index else None
             if tot is not None and tot["c"] > tot["g"]:
                 knob = "prefetch one more unit ahead (the pass computes longer than it gathers; costs memory)"
-        rows.append(_row(unit, phase, "exposed_all_gather", m["ag_exposed_ns"], f"{head}; {cause}", evidence, knob))
+        rows.append(_row(unit, phase, "exposed_all_gather", m["ag_exposed_ns"], f"{head}; {cause}", evidence, knob,
+                         cause=code))
     return rows
 
 
@@ -232,7 +248,8 @@ def reduce_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, floor_ns: flo
             rows.append(_row(unit, phase, kind, exposed,
                              f"{what} of {unit} exposed {ms_text(exposed / NS_PER_MS)}/step in backward; {cause}",
                              f"{_share_text(shared, unit, phase, what, m[f'{col}_ns'])}, exposed {ms_text(exposed / NS_PER_MS)}; "
-                             + _median_of(m["n"]), ""))
+                             + _median_of(m["n"]), "",
+                             cause=CAUSE_NOTHING_LEFT if last else CAUSE_OUTLASTS_AFTER))
     return rows
 
 
@@ -264,7 +281,7 @@ def straggler_findings(step_times: pd.DataFrame, floor_ns: float) -> list[dict]:
                  f"sum over a step's collectives of (rank {rank}'s start - earliest start): median {ms_text(late / NS_PER_MS)}; "
                  f"next rank {int(nxt.index[0])}: {ms_text(float(nxt.iloc[0]) / NS_PER_MS)}; the other ranks' exposed "
                  f"communication exceeds rank {rank}'s by {ms_text(float(waited.median()) / NS_PER_MS)}/step (median over steps)",
-                 "", rank=rank)]
+                 "", rank=rank, cause=CAUSE_STRAGGLER)]
 
 
 def profiler_findings(cost: ProfilerCost | None, idle_ns: float | None) -> list[dict]:
@@ -286,7 +303,7 @@ def profiler_findings(cost: ProfilerCost | None, idle_ns: float | None) -> list[
                  f"timers, median over ranks of each rank's median: profiled steps "
                  f"{', '.join(map(str, cost.profiled_steps))} {cost.profiled_step_ms:.2f} ms, unprofiled steps "
                  f"{steps} {cost.unprofiled_step_ms:.2f} ms",
-                 "")]
+                 "", cause=CAUSE_PROFILER)]
 
 
 def build_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, step_times: pd.DataFrame, step_ns: float,

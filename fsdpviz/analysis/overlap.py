@@ -29,6 +29,7 @@ from typing import Final
 import numpy as np
 import pandas as pd
 
+from fsdpviz.analysis.bound import cpu_split, gap_starters, gpu_split, step_windows
 from fsdpviz.analysis.intervals import (
     Intervals,
     clip_intervals,
@@ -193,10 +194,16 @@ def rank_overlap(traces: TraceSet, rank: int, events: pd.DataFrame, analysed: An
     if (events["kind"] == schema.KIND_KERNEL).any():
         device = schema.OVERLAP_GPU
         comm, compute, busy = gpu_sets(events, analysed)
+        # the bound covers each step's wall time: all GPU work, whichever step launched it
+        all_comm, all_compute, all_busy = gpu_sets(events, None)
+        starts, launches = gap_starters(events, host_backend_collectives(events))
+        bound = gpu_split(step_windows(traces.steps, rank, analysed, busy), all_comm, all_compute, all_busy,
+                          starts, launches)
     else:
         device = schema.OVERLAP_CPU
         lanes = traces.lanes[traces.lanes["rank"] == rank]
         comm, compute, busy = cpu_sets(events, lanes, analysed)
+        bound = cpu_split(step_windows(traces.steps, rank, analysed, busy), comm, compute)
     if total_ns(busy) == 0:
         if analysed is None:
             where = "the whole trace, which has no ProfilerStep"
@@ -205,4 +212,4 @@ def rank_overlap(traces: TraceSet, rank: int, events: pd.DataFrame, analysed: An
         else:
             where = f"steps {list(requested or [])}, not in this trace"
         raise NoDataError(f"{traces.source_of(rank)}: no {device.upper()} events in the analysis window ({where})")
-    return overlap_row(rank, device, analysed, comm, compute, busy)
+    return overlap_row(rank, device, analysed, comm, compute, busy) | bound

@@ -25,15 +25,13 @@ traced step and :attr:`ProfilerCost.note` says why.
 from __future__ import annotations
 
 import statistics
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 import msgspec
 import numpy as np
+import pandas as pd
 
 from fsdpviz.runfolder import SCHEDULE_OPTIMIZER_STEPS, RunInfo
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 # The timer record of a whole step (docs/recording.md, "Timers").
 STEP_TIMER_PHASE: Final = "step"
@@ -184,21 +182,27 @@ def no_cost_note(timers: pd.DataFrame, run: RunInfo | None) -> str | None:
             f"steps, or with the default --warmup, which times {MIN_UNPROFILED_STEPS} steps before the profiled ones")
 
 
-def unit_pass_ms(timers: pd.DataFrame, run: RunInfo | None) -> dict[tuple[str, str], float]:
-    """Per (unit, ``forward`` / ``backward``): the unit's own work in that pass as the timers clock it
-    in the unprofiled steps (kind ``compute``: the pass less its nested units, gathers and
-    reductions; summed over a step's micro-batches), the median over ranks of each rank's median.
-    Only units timed in every such step of a rank count."""
+UNIT_PASS_COLUMNS: Final = ["rank", "unit", "phase", "step", "ms"]
+
+
+def unit_pass_steps(timers: pd.DataFrame, run: RunInfo | None) -> pd.DataFrame:
+    """Per rank, unit, pass (``forward`` / ``backward``) and clean unprofiled step: the unit's own work
+    as the timers clock it (kind ``compute``: the pass less its nested units, gathers and reductions;
+    summed over a step's micro-batches), in ms. Only units timed in every such step of a rank count.
+    :func:`unit_pass_ms` is its median; the report draws its spread."""
+    empty = pd.DataFrame({"rank": pd.Series(dtype="int64"), "unit": pd.Series(dtype=str),
+                          "phase": pd.Series(dtype=str), "step": pd.Series(dtype="int64"),
+                          "ms": pd.Series(dtype="float64")})
     if run is None or not _timed_run(timers, run):
-        return {}
+        return empty
     rows = timers[(timers["unit"] != "") & timers["phase"].isin(UNIT_PASSES)
                   & (timers["kind"] == UNIT_TIMER_KIND) & timers["ms"].notna()]
     if rows.empty:
-        return {}
+        return empty
     per_step = rows.groupby(["rank", "unit", "phase", "step"], as_index=False)["ms"].sum()
     all_steps = whole_step_times(timers)
-    medians: dict[tuple[str, str], list[float]] = {}
-    for (rank, unit, phase), group in per_step.groupby(["rank", "unit", "phase"], sort=True):
+    kept = []
+    for (rank, _unit, _phase), group in per_step.groupby(["rank", "unit", "phase"], sort=True):
         rank_steps = all_steps.loc[all_steps["rank"] == rank, "step"].to_numpy()
         masks = _split(run, int(group["rank"].iloc[0]), rank_steps)
         if masks is None or not masks[1].any():
@@ -207,5 +211,18 @@ def unit_pass_ms(timers: pd.DataFrame, run: RunInfo | None) -> dict[tuple[str, s
         timed = group[group["step"].isin(wanted)]
         if len(timed) < len(wanted):  # not timed in every unprofiled step
             continue
-        medians.setdefault((str(unit), str(phase)), []).append(float(timed["ms"].median()))
+        kept.append(timed)
+    if not kept:
+        return empty
+    out = pd.concat(kept, ignore_index=True)
+    return out.assign(unit=out["unit"].astype(str), phase=out["phase"].astype(str))[UNIT_PASS_COLUMNS]
+
+
+def unit_pass_ms(timers: pd.DataFrame, run: RunInfo | None) -> dict[tuple[str, str], float]:
+    """Per (unit, ``forward`` / ``backward``): the median over ranks of each rank's median of
+    :func:`unit_pass_steps` (the unit's own work in the unprofiled steps)."""
+    steps = unit_pass_steps(timers, run)
+    medians: dict[tuple[str, str], list[float]] = {}
+    for (_rank, unit, phase), group in steps.groupby(["rank", "unit", "phase"], sort=True):
+        medians.setdefault((str(unit), str(phase)), []).append(float(group["ms"].median()))
     return {key: round(statistics.median(values), 3) for key, values in medians.items()}

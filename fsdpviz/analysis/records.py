@@ -83,6 +83,9 @@ class Finding(msgspec.Struct, kw_only=True):
     """Comparison findings: the label of the better run (None: within noise, or no better)."""
     values: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
     """Comparison findings: the numbers compared, per run label."""
+    cause: str = ""
+    """Run findings: the cause as a word (analysis/findings.py ``CAUSE_*``); findings of one kind and
+    cause are one action (analysis/actions.py)."""
 
     def to_json(self) -> dict[str, Any]:
         """The finding as plain JSON values."""

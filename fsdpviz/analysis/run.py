@@ -23,6 +23,7 @@ from fsdpviz import vocabulary
 from fsdpviz.analysis import crossrank, memory
 from fsdpviz.analysis import label_rules as rules
 from fsdpviz.analysis import memory_categories as mcat
+from fsdpviz.analysis.bound import gap_starters, host_wait_gaps, unit_host_wait
 from fsdpviz.analysis.categorical import startswith
 from fsdpviz.analysis.collectives import is_gpu_rank
 from fsdpviz.analysis.findings import build_findings
@@ -47,7 +48,7 @@ from fsdpviz.analysis.labels import (
     parse_labels,
 )
 from fsdpviz.analysis.memory import MemoryModel
-from fsdpviz.analysis.overlap import cpu_sets, gpu_sets
+from fsdpviz.analysis.overlap import cpu_sets, gpu_sets, host_backend_collectives
 from fsdpviz.analysis.packed import Packed, concat_packed, pack, release_freed_memory
 from fsdpviz.analysis.parallelism import run_parallelism
 from fsdpviz.analysis.profiler_cost import ProfilerCost
@@ -240,6 +241,22 @@ def _concat(frames: list[pd.DataFrame], table: schema.Schema) -> pd.DataFrame:
     return schema.conform(pd.concat(frames, ignore_index=True), table) if frames else schema.make_empty(table)
 
 
+def _fill_host_wait(us: pd.DataFrame, rank: int, events: pd.DataFrame, windows: pd.DataFrame,
+                    steps: pd.DataFrame) -> None:
+    """``us``'s ``host_wait_ns`` of ``rank`` (a GPU rank whose trace holds launches; else left -1):
+    the GPU's waits for launches made in each unit pass (analysis/bound.py)."""
+    mine = (us["rank"] == rank).to_numpy()
+    if not mine.any() or not (events["kind"] == schema.KIND_KERNEL).any():
+        return
+    _, _, busy = gpu_sets(events, None)
+    starts, launches = gap_starters(events, host_backend_collectives(events))
+    if not (launches >= 0).any():
+        return
+    spans = [(int(a), int(b)) for a, b in zip(steps["start_ns"], steps["end_ns"]) if b > a]
+    at, size = host_wait_gaps(spans, busy, starts, launches)
+    us.loc[mine, "host_wait_ns"] = unit_host_wait(us.loc[mine], windows, at, size)
+
+
 def analyse_ranks(traces: TraceSet, ranks: Sequence[int], selection: StepSelection,
                   events: pd.DataFrame) -> RankPart:
     """The per-rank half of :func:`analyse_run` for ``ranks`` (all of a run loaded whole, or the one
@@ -323,6 +340,7 @@ def analyse_ranks(traces: TraceSet, ranks: Sequence[int], selection: StepSelecti
         rank_coll = one_row_per_collective(by_rank["collectives"](rank))
         purpose_rows.append(purpose_times(rank, rank_coll, collective_purposes(
             rank_coll, tp_groups=parallel.tp_groups, tp=parallel.parallelism.tp), compute.get(rank, empty_intervals())))
+        _fill_host_wait(us, rank, rank_events, rank_windows, chosen)
         times.append(_step_times(rank, chosen, by_rank["pieces"](rank), by_rank["labels"](rank), rank_events,
                                  by_rank["collectives"](rank), compute.get(rank, empty_intervals()), rank_windows))
     shared = labels[((labels["family"] == FAMILY_FSDPVIZ)

@@ -24,6 +24,8 @@ import numpy as np
 import pandas as pd
 
 from fsdpviz import vocabulary
+from fsdpviz.analysis.actions import Action, build_actions
+from fsdpviz.analysis.bound import BoundSummary, summarize_bound
 from fsdpviz.analysis.completeness import gap_notes
 from fsdpviz.analysis.framework import framework_notes
 from fsdpviz.analysis.memory_categories import (
@@ -152,6 +154,12 @@ class Summary(msgspec.Struct, kw_only=True):
     missing_ranks: list[int]
     skipped_events: int
     findings: list[Finding]
+    bound: BoundSummary | None = None
+    """What bounds the step: compute, exposed communication, host wait, other idle
+    (analysis/bound.py); None where no step has a span."""
+    actions: list[Action] = msgspec.field(default_factory=list)
+    """The bound's action, then alike findings as one line each, the first few shown and the rest
+    ``folded`` (analysis/actions.py); predicted gains where a command filled them (whatif/gains.py)."""
 
     def to_json(self) -> dict[str, Any]:
         """The ``fsdpviz summary --json`` dict (notes as their words)."""
@@ -199,6 +207,7 @@ def summary_of(traces: TraceSet, selection: StepSelection, overlap: pd.DataFrame
         notes.append(Note(BY_PURPOSE_UNKNOWN, "overlap.by_purpose is null: without FSDP unit labels the traces do "
                           "not say which collectives are FSDP's"))
     size_sources = sorted({u.size_source for u in units if u.size_source})
+    bound = summarize_bound(overlap, cost)
     return Summary(
         framework=framework, world_size=traces.world_size, ranks=traces.rank_ids, steps=selection.steps,
         step_time_ms=cost.unprofiled_step_ms if lead and cost is not None else traced_ms,
@@ -208,6 +217,8 @@ def summary_of(traces: TraceSet, selection: StepSelection, overlap: pd.DataFrame
         units_source="+".join(size_sources) if size_sources else None, device=_device(overlap),
         sources=list(traces.sources), run_dir=traces.run_dir, notes=notes, missing_ranks=traces.missing_ranks,
         skipped_events=sum(traces.skipped_events.values()), findings=findings,
+        bound=bound, actions=build_actions(findings, bound, host_backend_on_gpu=host_backend_on_gpu(traces, overlap),
+                                           units=units),
     )
 
 
@@ -221,9 +232,16 @@ def finding_entries(findings: pd.DataFrame) -> list[Finding]:
     return [
         Finding(rank=int(row["rank"]), unit=str(row["unit"]), phase=str(row["phase"]), kind=str(row["kind"]),
                 lost_ms_per_step=ms(float(row["lost_ns"])), message=str(row["message"]),
-                evidence=str(row["evidence"]), knob=str(row["knob"]))
+                evidence=str(row["evidence"]), knob=str(row["knob"]), cause=str(row["cause"]))
         for row in findings.to_dict(orient="records")
     ]
+
+
+def host_backend_on_gpu(traces: TraceSet, overlap: pd.DataFrame) -> bool:
+    """Whether a GPU run communicates through a host backend (gloo): its collectives then run
+    synchronously through host memory, and prefetch cannot hide them."""
+    backends = {str(b) for b in traces.ranks["backend"]}
+    return _device(overlap) == "gpu" and "gloo" in backends
 
 
 def _device(overlap: pd.DataFrame) -> str:

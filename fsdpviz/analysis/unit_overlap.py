@@ -206,6 +206,7 @@ def unit_steps(spans: pd.DataFrame, windows: pd.DataFrame, compute: dict[int, In
         depth[has_ag] = issue_depths(out[has_ag].reset_index(drop=True), comp, ancestors)
     out["issue_depth"] = depth
     out["peak_allocated_bytes"] = -1
+    out["host_wait_ns"] = -1  # filled per GPU rank by the run's analysis (analysis/bound.py)
     return schema.conform(fold_passes(out), schema.UNIT_STEPS, table="unit_steps")
 
 
@@ -235,6 +236,7 @@ def fold_passes(per_pass: pd.DataFrame) -> pd.DataFrame:
     out["issue_depth"] = grouped["issue_depth"].min()
     out["n_passes"] = grouped["_window"].sum()
     out["peak_allocated_bytes"] = grouped["peak_allocated_bytes"].max()
+    out["host_wait_ns"] = grouped["host_wait_ns"].max()
     out = out.reset_index()
     for col in (*_FIRST_COLS, *_LAST_COLS, "ag_bytes", "issue_depth"):
         out[col] = out[col].fillna(-1).astype(np.int64)

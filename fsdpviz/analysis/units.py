@@ -138,6 +138,9 @@ def unit_stats(unit_steps: pd.DataFrame, units: pd.DataFrame) -> pd.DataFrame:
                 "forward_prefetch_lead_ns", "backward_prefetch_lead_ns", "forward_issue_depth",
                 "backward_issue_depth"]
     stats = per.groupby("unit")[med_cols].median()
+    # unknown (-1) on any rank-step: unknown for the unit
+    waits = us.groupby(key)["host_wait_ns"].agg(lambda v: float(v.sum()) if (v >= 0).all() else np.nan)
+    stats["host_wait_ns"] = waits.groupby("unit").agg(lambda v: v.median() if v.notna().all() else np.nan)
     stats["n_samples"] = per.groupby("unit").size()
     peaks = us.pivot_table(index="unit", columns="phase", values="peak_allocated_bytes", aggfunc="max")
     stats["forward_peak_allocated_bytes"] = peaks.get(vocabulary.FORWARD, pd.Series(dtype=float))
@@ -209,6 +212,10 @@ class UnitSummary(msgspec.Struct, kw_only=True):
     size_source: str = ""
     """Where ``param_numel`` / ``param_bytes`` come from: ``run.json`` (the framework's objects, as
     ``fsdpviz record`` read them), ``trace`` (the unit's all-gathers' arguments), "" (unknown)."""
+    host_wait_ms: float | None = None
+    """Per step, the GPU idle that waited for launches the host made in this unit's passes (its hooks,
+    copy-in and copy-out launches, its modules' kernels): what fewer or larger units save (analysis/bound.py);
+    None on a CPU rank or without launches in the trace."""
     peak_categories: PeakCategories | None = None
     """At the unit's highest window peak (over ranks, steps and phases), what the allocated level
     held by category (summary.PeakCategories); None without memory samples."""
@@ -256,5 +263,6 @@ def summary_records(stats: pd.DataFrame, units: pd.DataFrame | None = None) -> l
             samples=int(r["n_samples"]),
             dtype=dtype,
             size_source=source,
+            host_wait_ms=ms(r["host_wait_ns"]),
         ))
     return records

@@ -38,8 +38,9 @@ def compare(
     """Compare runs side by side.
 
     Step time, overlap, exposed communication, memory and units of each run, with the differences
-    and findings, on one HTML page (and as JSON with --json)."""
+    and findings: the tables in the terminal (or JSON with --json) and one HTML page."""
     from fsdpviz.analysis.compare.runs import compare_runs, comparison_json
+    from fsdpviz.commands.compare_table import print_comparison
     from fsdpviz.report.compare.build import COMPARE_NAME, build_compare, load_runs
 
     if len(runs) < 2:
@@ -57,9 +58,18 @@ def compare(
         warn_gaps(run.traces)
     comparison = compare_runs(loaded)
     if as_json:
-        sys.stdout.write(json.dumps(comparison_json(comparison), indent=2) + "\n")
+        import msgspec
+
+        from fsdpviz.whatif.gains import predicted_actions
+
+        out = comparison_json(comparison)
+        for run_json, run in zip(out["runs"], comparison.runs):  # each run as its summary --json gives it
+            run_json["actions"] = msgspec.to_builtins(predicted_actions(run.result))
+        sys.stdout.write(json.dumps(out, indent=2) + "\n")
+    else:
+        print_comparison(comparison)
     if target is not None:
         result = build_compare(loaded, target, comparison=comparison, progress=say)
         say(f"wrote {result.path} ({result.size_bytes / 1e6:.1f} MB) in {time.perf_counter() - started:.1f} s")
         if not as_json:
-            typer.echo(str(result.path))
+            typer.echo(f"compare page: {result.path}")

@@ -16,7 +16,6 @@ from fsdpviz.formatting import bytes_text
 if TYPE_CHECKING:
     from fsdpviz.analysis.summary import MemorySummary, Summary
 
-MAX_FINDINGS_SHOWN = 5  # the terminal shows the top few; --json and the report carry all
 EXAMPLE = """
 fsdpviz summary runs/run-20250101-120000
 fsdpviz summary traces/ --steps 3-5 --json > summary.json
@@ -53,7 +52,11 @@ def summary(
 
     result = analyse(paths, steps=parse_steps(steps), include_last_step=include_last_step, cache=cache,
                      scheduler=scheduler)
-    summary_of_run = result.summary
+    import msgspec
+
+    from fsdpviz.whatif.gains import predicted_actions
+
+    summary_of_run = msgspec.structs.replace(result.summary, actions=predicted_actions(result))
     warn_gaps(result.traces)  # after the analysis: bad input stays one error line
     if as_json:
         sys.stdout.write(json.dumps(summary_of_run.to_json(), indent=2) + "\n")
@@ -101,6 +104,19 @@ def step_time_text(summary: Summary) -> str:
             f"{cost.slowdown:.2f}x as long ({_fmt(cost.profiled_step_ms, ' ms')})")
 
 
+def bound_text(summary: Summary) -> str:
+    """``compute-bound: compute 40.42 ms (79 %), host wait 9.33 ms (18 %), ... of the 51.32 ms unprofiled step``."""
+    b = summary.bound
+    if b is None:
+        return "-"
+    parts = [("compute", b.compute_ms), ("exposed comm", b.exposed_comm_ms), ("host wait", b.host_wait_ms),
+             ("other idle", b.other_idle_ms)]
+    words = ", ".join(f"{name} {_fmt(v, ' ms')}" + (f" ({100 * v / b.step_ms:.0f} %)" if v is not None and b.step_ms
+                                                     else "") for name, v in parts)
+    step = f"{_fmt(b.step_ms, ' ms')} {'unprofiled' if b.basis == 'unprofiled' else 'traced'} {b.device.upper()} step"
+    return f"{b.kind}-bound: {words} of the {step}"
+
+
 def print_summary(summary: Summary) -> None:
     """Render the summary as rich tables on stdout."""
     from rich.console import Console
@@ -125,6 +141,7 @@ def print_summary(summary: Summary) -> None:
     head.add_row("parallelism", parallelism_text(summary.parallelism))
     head.add_row("steps analysed", step_text)
     head.add_row("step time", step_time_text(summary))
+    head.add_row("bound", escape(bound_text(summary)))
     ov = summary.overlap
     head.add_row("overlap", f"{_fmt(ov.overlap_pct, ' %')} of communication hidden behind compute "
                             f"({summary.device.upper()} definition)")
@@ -134,10 +151,11 @@ def print_summary(summary: Summary) -> None:
                 else "reserved not tracked on CPU" if mem.device == "cpu" else "reserved unknown")
     head.add_row("peak memory", f"{bytes_text(mem.peak_allocated_bytes)} allocated{level_text(mem)}, {reserved}")
     if mem.categories and mem.categories_at is not None:
+        from fsdpviz.analysis.figures import peak_place
         from fsdpviz.analysis.memory_categories import CATEGORIES, TITLES
 
         at = mem.categories_at
-        where = f"rank {at.rank}, step {at.step}" + (f", {at.unit} {at.phase}" if at.unit else "")
+        where = peak_place(mem)
         cats = mem.categories
         parts = [f"{TITLES[c]} {bytes_text(cats[c])}" for c in CATEGORIES if cats[c] is None or (cats[c] or 0) > 0]
         head.add_row("at the peak", f"({where}) " + ", ".join(parts))
@@ -175,23 +193,24 @@ def print_summary(summary: Summary) -> None:
         if summary.units_source and "trace" in summary.units_source:
             title += "; params from the all-gathers in the trace (padded, gathered dtype)"
         units = Table(title=title, title_justify="left")
-        for col in ("unit", "params", "gather", "forward", "backward", "reduce", "exposed"):
+        for col in ("unit", "params", "gather", "forward", "backward", "reduce", "exposed", "host wait"):
             units.add_column(col, justify="right" if col != "unit" else "left")
         for u in summary.units:
             forward, backward = (u.forward_timer_ms, u.backward_timer_ms) if timed else (u.forward_ms, u.backward_ms)
             units.add_row(escape(u.name), _fmt(u.param_numel), _fmt(u.all_gather_ms), _fmt(forward),
-                          _fmt(backward), _fmt(u.reduce_scatter_ms), _fmt(u.exposed_comm_ms))
+                          _fmt(backward), _fmt(u.reduce_scatter_ms), _fmt(u.exposed_comm_ms), _fmt(u.host_wait_ms))
         console.print(units)
-    findings = summary.findings
-    if findings:
-        # A list rather than a table: findings are sentences, and a table squeezes them into slivers.
-        console.print("[italic]findings (most time lost per step first)[/italic]")
-        for f in findings[:MAX_FINDINGS_SHOWN]:
-            console.print(f"  {_fmt(f.lost_ms_per_step):>8} ms  {escape(f.message)}", highlight=False)
-            if f.knob:
-                console.print(f"  {'':>8}     [dim]try: {escape(f.knob)}[/dim]", highlight=False)
-        if len(findings) > MAX_FINDINGS_SHOWN:
-            console.print(f"[dim]{len(findings) - MAX_FINDINGS_SHOWN} more finding(s) in --json and the "
-                          "report[/dim]")
+    shown = [a for a in summary.actions if not a.folded]
+    if shown:
+        from fsdpviz.analysis.actions import action_text
+
+        # A list rather than a table: actions are sentences, and a table squeezes them into slivers.
+        console.print("[italic]actions (the bound first, then most time lost per step)[/italic]")
+        for a in shown:
+            console.print(f"  {_fmt(a.lost_ms_per_step):>8} ms  {escape(action_text(a))}", highlight=False)
+        folded = len(summary.actions) - len(shown)
+        if folded:
+            console.print(f"[dim]{folded} more action(s) and all {len(summary.findings)} finding(s) in --json and "
+                          "the report[/dim]")
     for note in summary.notes:
         console.print(f"[dim]note: {escape(note.text)}[/dim]")

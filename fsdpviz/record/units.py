@@ -56,6 +56,7 @@ class Unit:
     order: int = -1  # forward order, known after the first step
     shard_size: int | None = None  # ranks its parameters are sharded over (HSDP: the shard group)
     param_scope: str = ""  # "local": sizes after tensor parallelism (DTensor parameters); "global"; "" unknown
+    params: list[tuple[str, int]] = field(default_factory=list)  # (FQN, unsharded numel) of each parameter
     modules: tuple[Any, ...] = field(default=(), repr=False)  # the nn.Modules (not serialised)
     key: Any = field(default=None, repr=False)  # the framework object behind the unit
 
@@ -72,6 +73,7 @@ class Unit:
             "backward_prefetch": self.backward_prefetch,
             "shard_size": self.shard_size,
             "param_scope": self.param_scope,
+            "params": [[fqn, numel] for fqn, numel in self.params],
         }
 
 
@@ -119,6 +121,22 @@ def fsdp2_param_groups(state: Any) -> list[Any]:
     return [group] if group is not None else []
 
 
+def _join(prefix: str, name: str) -> str:
+    return clean_fqn(f"{prefix}.{name}" if prefix and prefix != ROOT_UNIT else name)
+
+
+def fsdp2_param_fqns(group: Any, names: dict[Any, str]) -> list[tuple[str, int]]:
+    """(FQN under the sharded root, unsharded numel) of each parameter of an FSDP2 group, from the
+    module and attribute name FSDP2 registered it under; [] where this torch keeps them elsewhere."""
+    out = []
+    for fp in group.fsdp_params:
+        info = getattr(fp, "_module_info", None)
+        if info is None or info.module not in names:
+            return []
+        out.append((_join(clean_fqn(names[info.module]), info.param_name), int(fp._orig_size.numel())))
+    return out
+
+
 def build_fsdp2_units(root: Any) -> list[Unit]:
     """One unit per FSDP2 parameter group under ``root`` (the outermost ``fully_shard`` module)."""
     names = {module: name for name, module in root.named_modules()}
@@ -147,7 +165,7 @@ def build_fsdp2_units(root: Any) -> list[Unit]:
                               shard_size=int(getattr(group.mesh_info, "shard_mesh_size", 1)),
                               # FSDP2 shards a tensor-parallel DTensor's local part: sizes are that part
                               param_scope="local" if any(fp.is_dtensor for fp in group.fsdp_params) else "global",
-                              modules=tuple(group.modules), key=group))
+                              params=fsdp2_param_fqns(group, names), modules=tuple(group.modules), key=group))
     for state, unit in ((s, u) for s in states for u in units if any(u.key is g for g in groups_of[id(s)])):
         forward = [state_names[id(t)] for t in state._states_to_forward_prefetch]
         backward = [state_names[id(t)] for t in state._states_to_backward_prefetch]
@@ -209,12 +227,17 @@ def build_fsdp1_units(root: Any) -> list[Unit]:
         numel = sum(flat_param._numels)
         dtype = getattr(handle, "_fwd_bwd_param_dtype", None) or flat_param.dtype
         backward = module.backward_prefetch
+        # the flat parameter's original parameters, named relative to the module FSDP1 wraps
+        fqns = getattr(flat_param, "_fqns", None) or ()
+        numels = list(getattr(flat_param, "_numels", ()) or ())
+        params = [(_join(clean_fqn(name), fqn), int(n)) for fqn, n in zip(fqns, numels)] \
+            if len(fqns) == len(numels) else []
         units.append(Unit(
             unit=clean_fqn(name), param_numel=numel, param_bytes=numel * dtype.itemsize, dtype=_dtype_name(dtype),
             reshard_after_forward=module.sharding_strategy in resharding,
             forward_prefetch=bool(module.forward_prefetch),
             backward_prefetch=backward.name if backward is not None else None,
-            shard_size=_group_size(handle.process_group), modules=(module,), key=handle,
+            shard_size=_group_size(handle.process_group), params=params, modules=(module,), key=handle,
         ))
     return units
 
@@ -255,7 +278,8 @@ def build_zero3_units(engine: Any) -> list[Unit]:
         is_leaf = bool(getattr(module, "_z3_leaf", False))
         if is_leaf:
             leaf_prefixes.append(name)
-        params = list(module.parameters(recurse=is_leaf))
+        named_params = list(module.named_parameters(recurse=is_leaf))
+        params = [p for _, p in named_params]
         if not params:
             continue
         numel = sum(int(getattr(p, "ds_numel", p.numel())) for p in params)
@@ -265,7 +289,9 @@ def build_zero3_units(engine: Any) -> list[Unit]:
             unit=fqn, param_numel=numel, param_bytes=nbytes, dtype=_dtype_name(params[0].dtype),
             parent=find_parent_block(fqn, elements) if fqn != ROOT_UNIT else "",
             forward_prefetch=prefetch, backward_prefetch=prefetch,
-            shard_size=_group_size(getattr(params[0], "ds_process_group", None)), modules=(module,), key=module,
+            shard_size=_group_size(getattr(params[0], "ds_process_group", None)),
+            params=[(_join(fqn, n), int(getattr(p, "ds_numel", p.numel()))) for n, p in named_params],
+            modules=(module,), key=module,
         ))
     named = {unit.unit for unit in units}
     groups = [ROOT_UNIT] + sorted({unit.parent for unit in units if unit.parent}, key=list(modules).index)

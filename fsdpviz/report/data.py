@@ -7,7 +7,6 @@ assert on this data (rows per lane, colours per unit, exposed pieces, memory pea
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -15,11 +14,13 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from fsdpviz.analysis import memory as analysis_memory
+from fsdpviz.analysis.actions import Action, action_text, build_actions
 from fsdpviz.analysis.memory import MemoryModel
 from fsdpviz.analysis.memory_categories import TITLES
-from fsdpviz.analysis.records import NO_UNIT_LABELS, Finding
-from fsdpviz.analysis.summary import finding_entries
-from fsdpviz.errors import FsdpvizError, UsageError
+from fsdpviz.analysis.profiler_cost import unit_pass_steps
+from fsdpviz.analysis.records import NO_UNIT_LABELS
+from fsdpviz.analysis.summary import finding_entries, host_backend_on_gpu
+from fsdpviz.errors import UsageError
 from fsdpviz.report.steps import data as steps_data
 from fsdpviz.report.style import OTHER_COLOR, sentence, unit_colors
 from fsdpviz.report.timeline import memory
@@ -28,6 +29,7 @@ from fsdpviz.report.timeline.units import NO_UNIT, place_unit_peaks, unit_order,
 from fsdpviz.report.timeline.view import StepView, events_view, exposed_intervals, unit_peak_markers
 from fsdpviz.report.units.table import UnitTables, unit_tables
 from fsdpviz.trace.tables import TraceSet
+from fsdpviz.whatif.gains import predicted_actions
 from fsdpviz.whatif.saved import SavedPrediction, load_predictions
 
 if TYPE_CHECKING:
@@ -63,6 +65,7 @@ class ReportData:
     skew: pd.DataFrame | None = None  # schema.SKEW
     rank_step_times: pd.DataFrame | None = None  # schema.STEP_TIMES (where each rank's step went)
     timers: pd.DataFrame = field(default_factory=pd.DataFrame)  # schema.TIMERS (every step)
+    unit_passes: pd.DataFrame = field(default_factory=pd.DataFrame)  # profiler_cost.unit_pass_steps
     segment_count: int = 0  # Gantt rectangles on the page, all tabs
     predictions: list[SavedPrediction] = field(default_factory=list)  # `fsdpviz whatif --save`
 
@@ -99,43 +102,15 @@ def describe_inputs(traces: TraceSet) -> tuple[str, str, list[tuple[str, str]]]:
     return title, subtitle, meta
 
 
-def findings_text(findings: Sequence[Finding], predicted: dict[str, str] | None = None) -> list[str]:
-    """One sentence per finding (the summary's, :class:`fsdpviz.analysis.records.Finding`; most time
-    lost first): message, the evidence, what to try, and what trying it would gain where
-    ``predicted`` (knob -> words) has it."""
-    out = []
-    # most time lost first; sorted() is stable, so ties keep the analysis' order
-    for f in sorted(findings, key=lambda f: f.lost_ms_per_step if f.lost_ms_per_step is not None else -math.inf,
-                    reverse=True):
-        text = f.message.rstrip(".") + "."
-        if f.evidence:
-            text += f" Evidence: {f.evidence}."
-        if f.knob:
-            text += f" Try: {f.knob}."
-            gain = (predicted or {}).get(f.knob)
-            if gain:
-                text += f" {gain[0].upper()}{gain[1:]}."
-        out.append(text)
+def actions_text(actions: Sequence[Action]) -> list[str]:
+    """The headline's list: one sentence per action shown (the bound first), then one line naming the
+    folded ones."""
+    out = [action_text(a) for a in actions if not a.folded]
+    folded = [a for a in actions if a.folded]
+    if folded:
+        out.append(f"{len(folded)} more, each losing less: " + "; ".join(
+            f"{a.message.rstrip('.')}" for a in folded) + ".")
     return out
-
-
-GAIN_RANKS = 4  # ranks the findings' predicted gains are simulated on
-
-
-def predicted_gains(run: RunResult, findings: Sequence[Finding]) -> dict[str, str]:
-    """Knob -> its predicted gain (``fsdpviz.whatif.gains``) for the findings' knobs; empty when
-    the recording cannot be read for prediction (no units, another framework)."""
-    knobs = [f.knob for f in findings if f.knob]
-    if not knobs:
-        return {}
-    from fsdpviz.whatif.gains import gains
-    from fsdpviz.whatif.predict import read_model
-
-    try:  # a few ranks are enough for a sentence, and keep a 1000-rank report from simulating every rank
-        model = read_model(run, ranks=sorted(run.analysis.ranks)[:GAIN_RANKS])
-    except FsdpvizError:
-        return {}
-    return gains(model, knobs)
 
 
 def check_gantt_ranks(traces: TraceSet, ranks: Sequence[int]) -> list[int]:
@@ -230,13 +205,17 @@ def prepare_report(run: RunResult, *, max_segments: int = MAX_PAGE_SEGMENTS,
         has_units=has_units, unit_colors=colors if has_units else {},
         step_times=times, step_spread=steps_data.per_step_spread(times),
         rank_steps=steps_data.per_rank_summary(times), notes=notes,
-        findings=findings_text(found, predicted_gains(run, found)),
+        findings=actions_text(predicted_actions(run, build_actions(
+            found, summary.bound, host_backend_on_gpu=host_backend_on_gpu(traces, run.overlap),
+            units=summary.units))),
         unit_tables=unit_tables(stats, colors, {u.name: (u.forward_timer_ms, u.backward_timer_ms)
                                                 for u in summary.units},
-                                {u.name: u.param_scope for u in summary.units})
+                                {u.name: u.param_scope for u in summary.units},
+                                {u.name: u for u in summary.units})
         if has_units and not stats.empty else None,
         memory_model=analysis.memory_model,
         skew=analysis.skew, rank_step_times=analysis.step_times, timers=traces.timers,
+        unit_passes=unit_pass_steps(traces.timers, traces.run),
         segment_count=sum(len(v.segments) + len(v.exposed) for v in tabs),
         predictions=load_predictions(traces.run_dir),
     )

@@ -53,9 +53,10 @@ def headline_section(data: ReportData) -> Section:
              hint="FSDP's shard group, HSDP replicas, tensor-parallel degree; - where unknown"),
         Fact(label="steps analysed", value=_steps_text(s.steps)),
         _step_fact(s),
+        _bound_fact(s),
         Fact(label="overlap", value=format_pct(ov.overlap_pct), hint="communication hidden behind computation"),
         Fact(label="exposed comm / step", value=format_ms(exposed_per_step),
-             hint=(f"{100 * exposed_per_step / step_ms:.1f} % of the step; " if math.isfinite(step_ms) and step_ms
+             hint=(f"{100 * exposed_per_step / step_ms:.1f} % of the step as traced ({format_ms(step_ms)}); " if math.isfinite(step_ms) and step_ms
                    else "") + f"of {format_ms(comm_per_step)} communication"),
         *_purpose_facts(s),
         Fact(label="peak allocated", value=format_bytes(mem.peak_allocated_bytes) or "n/a",
@@ -92,6 +93,26 @@ def _step_fact(s: Summary) -> Fact:
     return Fact(label="step time", value=format_ms(cost.unprofiled_step_ms),
                 hint=f"unprofiled steps {steps} (timers, median); the profiled steps ran {cost.slowdown:.2f}x as "
                      f"long ({format_ms(cost.profiled_step_ms)}): the timeline below is that slower run")
+
+
+def _bound_fact(s: Summary) -> Fact:
+    """What bounds the step: its kind, and the four parts of the (unprofiled) step."""
+    b = s.bound
+    if b is None:
+        return Fact(label="bound", value="n/a", hint="no analysed step has a span")
+    parts = [("compute", b.compute_ms), ("exposed communication", b.exposed_comm_ms), ("host wait", b.host_wait_ms),
+             ("other idle", b.other_idle_ms)]
+    hint = ", ".join(f"{name} {format_ms(_num(v))}" for name, v in parts) + (
+        f" of the {format_ms(b.step_ms)} {'unprofiled' if b.basis == 'unprofiled' else 'traced'} step "
+        f"({b.device.upper()})")
+    sizes = {"compute": b.compute_ms, "communication": b.exposed_comm_ms, "host": b.host_wait_ms}
+    size = sizes.get(b.kind)
+    if size is None and b.loss is not None:  # mixed: name the largest loss
+        size = b.loss.ms
+    value = b.kind + (f"-bound, {format_ms(size)} ({100 * size / b.step_ms:.0f} % of the step)"
+                      if size is not None and b.step_ms and b.kind in sizes else
+                      f" (largest loss {format_ms(size)})" if size is not None else "")
+    return Fact(label="bound", value=value, hint=hint)
 
 
 def _num(value: object) -> float:

@@ -199,6 +199,13 @@ OVERLAP: Final[Schema] = {
     "idle_ns": "int64",  # window_ns - busy_ns
     "non_compute_ns": "int64",  # busy_ns - compute_ns (HTA's "non-compute time")
     "overlap_pct": "float64",  # 100 * overlap_ns / comm_ns; NaN without communication
+    # What bounds the step (fsdpviz.analysis.bound), summed over the analysed steps' CPU-side spans;
+    # the four parts add up to bound_window_ns; host_wait_ns -1: unknown (a CPU rank, no launches)
+    "bound_window_ns": "int64",
+    "bound_compute_ns": "int64",
+    "bound_exposed_comm_ns": "int64",
+    "host_wait_ns": "int64",
+    "other_idle_ns": "int64",
 }
 
 
@@ -238,6 +245,10 @@ UNIT_STEPS: Final[Schema] = {
     # accumulation. Durations and exposed times above are sums over them; start/end times span
     # all of them; prefetch_lead_ns and issue_depth are the smallest (the pass that waited most).
     "n_passes": "int32",
+    # GPU idle that waited for a launch the host made in this unit pass's window (its innermost one):
+    # the unit's host work (hooks, copy-in / copy-out launches) keeping the GPU waiting
+    # (fsdpviz.analysis.bound); -1 where it does not apply (a CPU rank) or cannot be known
+    "host_wait_ns": "int64",
 }
 
 # One row per unit: medians over ranks and steps (what ``summary --json`` reports per unit).
@@ -264,6 +275,7 @@ UNIT_STATS: Final[Schema] = {
     "forward_peak_allocated_bytes": "int64",
     "backward_peak_allocated_bytes": "int64",
     "unsharded_bytes": "int64",  # its unsharded parameters + gradients (param_bytes * 2), -1 unknown
+    "host_wait_ns": "float64",  # per step, the GPU's wait for launches of the unit's passes; NaN: unknown
 }
 
 # Where each rank's step went on its training threads.
@@ -329,6 +341,7 @@ FINDINGS: Final[Schema] = {
     "message": "string",
     "evidence": "string",  # the numbers behind it
     "knob": "string",  # what to try, "" when the trace shows no clear cause
+    "cause": "string",  # the cause as a word (analysis/findings.py CAUSE_*): alike findings group by it
 }
 
 

@@ -8,12 +8,18 @@ unit's parameters -- the knob is predicted on the recording and the finding quot
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
+from fsdpviz.analysis.actions import KIND_BOUND, Action, fold, with_prediction
+from fsdpviz.analysis.bound import KIND_COMMUNICATION, KIND_HOST
 from fsdpviz.errors import FsdpvizError
 from fsdpviz.formatting import MIB
 from fsdpviz.whatif.predict import Model, predict
-from fsdpviz.whatif.settings import Settings
+from fsdpviz.whatif.settings import Settings, Wrap
+
+if TYPE_CHECKING:
+    from fsdpviz.analysis.pipeline import RunResult
 
 
 def setting_for(knob: str, model: Model) -> Settings | None:
@@ -59,3 +65,64 @@ def gains(model: Model, knobs: Iterable[str]) -> dict[str, str]:
         if done[key]:
             out[knob] = f"{done[key]} (fsdpviz whatif: {key})"
     return out
+
+
+def _action_setting(action: Action, model: Model) -> Settings | None:
+    """The setting an action's knob stands for: the bound's (merge units when the host bounds the
+    step, one more unit of prefetch when communication does), else its findings' knob."""
+    if action.kind == KIND_BOUND:
+        rec = model.recording
+        if action.cause == KIND_HOST:
+            return Settings().with_(wrap=Wrap("merge", k=2))
+        if action.cause == KIND_COMMUNICATION and not action.why_not:
+            depth = int(rec.prefetch) if rec.prefetch.isdigit() else 1
+            return Settings().with_(prefetch=str(depth + 1))
+        return None
+    first = action.knob.split("; ")[0]
+    return setting_for(first, model) if first else None
+
+
+def predict_actions(model: Model, actions: Sequence[Action]) -> list[Action]:
+    """``actions`` with their knobs predicted on the recording (each setting once): a knob predicted
+    to gain nothing is no longer advised (analysis/actions.py ``with_prediction``); folding again,
+    since an action may have lost its knob."""
+    done: dict[str, tuple[float | None, str]] = {}
+    out = []
+    for action in actions:
+        settings = _action_setting(action, model) if action.knob else None
+        if settings is None:
+            out.append(action)
+            continue
+        key = settings.describe()
+        if key not in done:
+            done[key] = _change(model, settings)
+        change, words = done[key]
+        out.append(with_prediction(action, change, f"{words} (fsdpviz whatif: {key})" if words else ""))
+    return fold(out)
+
+
+def _change(model: Model, settings: Settings) -> tuple[float | None, str]:
+    try:
+        p = predict(model, settings)
+    except FsdpvizError:
+        return None, ""
+    return p.predicted.step_time_ms - p.baseline.step_time_ms, describe_gain(model, settings)
+
+
+GAIN_RANKS = 4  # ranks the actions' predicted gains are simulated on
+
+
+def predicted_actions(run: RunResult, actions: Sequence[Action] | None = None) -> list[Action]:
+    """``actions`` (default: the run's, ``Summary.actions``) with their knobs predicted on a few of its ranks (a
+    1000-rank run is not simulated whole for a sentence); as they are where the recording cannot be
+    read for prediction (no units, another framework)."""
+    from fsdpviz.whatif.predict import read_model
+
+    actions = run.summary.actions if actions is None else actions
+    if not any(a.knob for a in actions) or not run.has_units:
+        return list(actions)
+    try:
+        model = read_model(run, ranks=sorted(run.analysis.ranks)[:GAIN_RANKS])
+    except FsdpvizError:
+        return list(actions)
+    return predict_actions(model, actions)

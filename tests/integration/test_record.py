@@ -228,6 +228,7 @@ def test_record_zero3_units_are_fetched_submodules_with_parent_blocks(recordings
 
 
 @pytest.mark.slow
+@pytest.mark.lifecycle
 def test_record_sigterm_interrupts_and_keeps_data(tmp_path: Path) -> None:
     """SIGTERM to `fsdpviz record` itself after the profiled steps (tests/robustness/test_record_faults.py
     covers SIGTERM, SIGKILL and Ctrl-C inside them, and a script that raises)."""
@@ -255,6 +256,7 @@ def test_record_sigterm_interrupts_and_keeps_data(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.lifecycle
 def test_record_only_instruments_ranks(tmp_path: Path) -> None:
     run_dir, out = tmp_path / "run", tmp_path / "out"
     out.mkdir()
@@ -308,6 +310,7 @@ def test_record_passes_exit_code_of_a_command_without_ranks(tmp_path: Path) -> N
 
 
 @pytest.mark.slow
+@pytest.mark.lifecycle
 def test_record_plain_python_without_optimizer_falls_back_to_a_time_window(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     env = record_env(FSDPVIZ_FALLBACK_AFTER_S="1", FSDPVIZ_WINDOW_S="1")
@@ -329,6 +332,7 @@ def test_record_plain_python_without_optimizer_falls_back_to_a_time_window(tmp_p
 
 
 @pytest.mark.slow
+@pytest.mark.lifecycle
 def test_record_shared_folder_merges_two_nodes(tmp_path: Path) -> None:
     # Two "nodes" on this machine: one fsdpviz record per node, one rank each, one shared folder.
     run_dir = tmp_path / "run"

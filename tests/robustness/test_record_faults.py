@@ -47,6 +47,7 @@ def _paused_run(tmp_path: Path, *, new_session: bool = False) -> tuple[Path, sub
 
 
 @pytest.mark.slow
+@pytest.mark.lifecycle
 def test_sigterm_on_one_rank(tmp_path: Path) -> None:
     # GIVEN a run paused inside its profiled steps
     run_dir, proc, pids = _paused_run(tmp_path)
@@ -66,6 +67,7 @@ def test_sigterm_on_one_rank(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.lifecycle
 def test_sigkill_on_one_rank(tmp_path: Path) -> None:
     # GIVEN a run paused inside its profiled steps
     run_dir, proc, pids = _paused_run(tmp_path)
@@ -89,6 +91,7 @@ def test_sigkill_on_one_rank(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.lifecycle
 def test_ctrl_c_in_the_terminal(tmp_path: Path) -> None:
     # GIVEN fsdpviz record as the foreground job of a terminal (its own process group)
     run_dir, proc, _ = _paused_run(tmp_path, new_session=True)
@@ -107,6 +110,7 @@ def test_ctrl_c_in_the_terminal(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.lifecycle
 def test_exception_inside_the_profiled_steps_keeps_the_data_and_the_exit_code(tmp_path: Path) -> None:
     # GIVEN a script whose rank 0 raises after optimizer step 4, inside the profiled steps 2-5
     run_dir = tmp_path / "run"

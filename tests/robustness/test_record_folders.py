@@ -100,6 +100,7 @@ def test_disk_filling_up_during_the_run(tmp_path: Path, tmpfs: Callable[..., Pat
 
 
 @pytest.mark.slow
+@pytest.mark.lifecycle
 def test_disk_filling_up_under_the_training(tmp_path: Path, tmpfs: Callable[..., Path]) -> None:
     """A real recording on a disk too small for its traces: the training runs to its end exactly as
     without fsdpviz (recording never stops it), each rank says what it could not write, nothing

@@ -364,6 +364,7 @@ class Fsdp2Engine(Engine):
         delay: Any = sc.data_ns
         if self.vec and sc.step_delay_ns:
             delay = sc.data_ns + np.array([sc.step_delay_ns.get(r, 0) for r in range(self.n)], dtype=np.int64)
+        delay = delay + sc.step_data_ns.get(step, 0)
         self._step_gpu = [None, None]
         self._step_ext = self._ext + 1
         with self.range(f"ProfilerStep#{step}") as r:

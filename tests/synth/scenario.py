@@ -100,6 +100,8 @@ class Scenario:
     optimizer_ns: int = 300_000
     step_delay_ns: dict[int, int] = field(default_factory=dict)
     """Extra data-loading time per rank (a straggler)."""
+    step_data_ns: dict[int, int] = field(default_factory=dict)
+    """Extra data-loading time per step on every rank (steps that differ: a run's step-to-step spread)."""
     clock_offset_ns: dict[int, int] = field(default_factory=dict)
     """How far each rank's clock is ahead of the true time (ranks on hosts whose clocks disagree)."""
     base_time_ns: int = 1_767_189_312_000_000_000

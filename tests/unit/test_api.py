@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 import fsdpviz
@@ -67,6 +68,17 @@ def test_whatif_and_compare_are_the_commands(run: fsdpviz.Run, tmp_path: Path,
     assert list(compared.headline.columns) == ["fsdp2", "zero3"]
     assert compared.headline.loc["step time", "fsdp2"] == run.summary.step_time_ms
     assert compared.to_json()["runs"][0]["label"] == "fsdp2"
+    # the per-unit rows are compare --json's unit groups, with the same stars and spreads
+    units, groups = compared.units, compared.to_json()["unit_groups"]
+    assert len(units) == sum(len(values) for g in groups for values in g["values"].values())
+    for g in groups:
+        for label, values in g["values"].items():
+            for metric, value in values.items():
+                row = units[(units["group"] == g["name"]) & (units["run"] == label) & (units["metric"] == metric)]
+                assert len(row) == 1
+                got = row["value"].iloc[0]
+                assert (value is None and pd.isna(got)) or got == value, (g["name"], label, metric)
+                assert bool(row["best"].iloc[0]) == (label in g["best"].get(metric, []))
 
 
 def test_errors_are_the_command_lines(run: fsdpviz.Run, tmp_path: Path) -> None:

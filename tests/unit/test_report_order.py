@@ -18,7 +18,7 @@ UNITS = ["(root)"] + [f"blocks.{i}" for i in range(12)]
 
 
 def _timers() -> pd.DataFrame:
-    """Recorder timer records (schema.TIMERS) for three steps and two ranks, listed backward first
+    """Per-step unit passes (profiler_cost.unit_pass_steps) for three steps and two ranks, listed backward first
     and in reverse model order, as a file could hold them."""
     rows = []
     for step in range(3):

@@ -224,11 +224,15 @@ def test_unit_table_and_bars_from_unit_stats(run) -> None:
 
 
 def test_findings_are_sentences_with_numbers(run) -> None:
+    """The headline lists at most five actions (alike findings as one line), then one line for the rest."""
     _, _, analysis, data = run
-    assert len(data.findings) == len(analysis.findings)
+    assert 1 <= len(data.findings) <= 6
     top = analysis.findings.sort_values("lost_ns", ascending=False).iloc[0]
-    assert data.findings[0].startswith(str(top["message"]).rstrip("."))
-    assert any(ch.isdigit() for ch in data.findings[0])
+    unit, phase = str(top["unit"]), str(top["phase"])
+    # the top finding is in the list: its own sentence, or the line of its group
+    assert any(str(top["message"]).rstrip(".") in line or "unit-passes" in line or unit in line for line in data.findings)
+    assert all(any(ch.isdigit() for ch in line) for line in data.findings)
+    assert phase
 
 
 def test_gantt_rank_selection_beyond_the_limit() -> None:
@@ -264,3 +268,18 @@ def test_unit_table_names_a_unit_per_column_and_sorts_numbers(run) -> None:
         for cell in row:
             if cell.text == "-" and not cell.left:
                 assert cell.sort_key is not None and np.isnan(cell.sort_key)
+
+
+def test_headline_names_the_bound_and_its_size(run) -> None:
+    from fsdpviz.formatting import format_ms
+    from fsdpviz.report.headline import headline_section
+
+    _, _, _, data = run
+    bound = data.summary.bound
+    fact = {f.label: f for f in headline_section(data).facts}["bound"]
+    assert fact.value.startswith(bound.kind)
+    # the four parts and the step they add up to (traced: a synthetic run has no timers)
+    assert bound.basis == "traced" and f"of the {format_ms(bound.step_ms)} traced step" in fact.hint
+    assert f"compute {format_ms(bound.compute_ms)}" in fact.hint
+    parts = bound.compute_ms + bound.exposed_comm_ms + bound.host_wait_ms + bound.other_idle_ms
+    assert parts == pytest.approx(bound.step_ms, abs=0.01)

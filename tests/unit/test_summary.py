@@ -140,6 +140,9 @@ def test_terminal_summary_prints_bracketed_names_and_knobs_as_text(capsys: pytes
         findings=[Finding(kind="exposed_all_gather", lost_ms_per_step=0.5, message="[norm, output]: exposed",
                           knob="module.set_modules_to_forward_prefetch([next units])")],
         notes=[Note("test", "[rank 0] said so")])
+    from fsdpviz.analysis.actions import build_actions
+
+    summary = msgspec.structs.replace(summary, actions=build_actions(summary.findings, None))
     print_summary(summary)
     out = " ".join(capsys.readouterr().out.split())
     for text in ("runs/[x]", "[norm, output]", "set_modules_to_forward_prefetch([next units])", "[rank 0] said so"):

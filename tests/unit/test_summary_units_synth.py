@@ -54,7 +54,8 @@ def test_summary_lists_findings_with_the_models_exposed_time(tmp_path, capsys) -
     with pytest.raises(SystemExit) as done:
         main(["summary", str(run.folder), "--json", "--no-cache"])
     assert done.value.code == 0
-    findings = json.loads(capsys.readouterr().out)["findings"]
+    out = json.loads(capsys.readouterr().out)
+    findings, actions = out["findings"], out["actions"]
     assert findings, "a run with every gather exposed has findings"
     lost = [f["lost_ms_per_step"] for f in findings]
     assert lost == sorted(lost, reverse=True)
@@ -69,5 +70,10 @@ def test_summary_lists_findings_with_the_models_exposed_time(tmp_path, capsys) -
         main(["summary", str(run.folder)])
     assert done.value.code == 0
     text = " ".join(capsys.readouterr().out.split())  # undo the terminal's line wrapping
-    assert "findings (most time lost per step first)" in text
-    assert " ".join(findings[0]["message"].split()) in text
+    assert "actions (the bound first, then most time lost per step)" in text
+    # the actions --json lists, the first five shown (alike findings in one line), the rest counted
+    shown = [a for a in actions if not a["folded"]]
+    assert shown and all(" ".join(a["message"].split()) in text for a in shown)
+    assert sum(a["count"] for a in actions if a["kind"] != "bound") == len(findings)
+    if len(shown) < len(actions):
+        assert f"{len(actions) - len(shown)} more action(s) and all {len(findings)} finding(s)" in text

@@ -139,8 +139,8 @@ def test_device_memory_is_read_from_the_trace(base_model: Model, gpu_real_dir: P
 def test_findings_quote_what_their_knob_would_gain(base_model: Model) -> None:
     """The generator's model computes longer than it gathers in backward, so the finding suggests one
     unit more of prefetch; predicted, that keeps exactly one more 20M-parameter bf16 unit gathered."""
-    from fsdpviz.report.data import findings_text
-    from fsdpviz.whatif.gains import gains
+    from fsdpviz.analysis.actions import action_text
+    from fsdpviz.whatif.gains import gains, predict_actions
 
     findings = base_model.result.summary.findings  # a run with units: the analysis' findings
     knob = next(f.knob for f in findings if f.knob.startswith("prefetch one more unit ahead"))
@@ -149,5 +149,8 @@ def test_findings_quote_what_their_knob_would_gain(base_model: Model) -> None:
     assert f"peak +{one_unit_mib:.1f} MiB" in said and said.endswith("(fsdpviz whatif: prefetch 2)")
     step = float(said.split()[1])
     assert step < 0  # the backward all-gathers hide better
-    text = findings_text(findings, {knob: said})
-    assert any(f"Try: {knob}. Predicted {step:+.2f} ms/step" in t for t in text)
+    # the grouped action carrying that knob quotes the same prediction, and keeps the knob (a gain)
+    actions = predict_actions(base_model, base_model.result.summary.actions)
+    (action,) = [a for a in actions if a.knob.startswith("prefetch one more unit ahead")]
+    assert action.predicted_change_ms == pytest.approx(step, abs=0.006)
+    assert f"Try: {knob}. Predicted {step:+.2f} ms/step" in action_text(action)

@@ -4,10 +4,11 @@ Each finding names the better run of one question (which step is shortest, which
 communication, which peaks lowest, where the difference sits among the units) and says why only
 as far as the traces show it:
 
-- a difference counts when it exceeds the noise: 5 % of the larger value (2 % for memory) and twice
+- a difference counts when it exceeds the noise: 5 % of the larger value (2 % for memory), twice
   the standard error of the difference of the two means (from each run's per-step means over ranks,
-  a two-sample test at roughly 95 %); below that the finding says the runs are within noise instead
-  of naming a winner;
+  a two-sample test at roughly 95 %) and, for step time and exposed communication, the larger of the
+  two runs' step-to-step spreads (the rule of the best marks); below that the finding says the runs
+  are within noise instead of naming a winner;
 - a step-time difference is split into the parts of the step the per-unit analysis measures on
   the training threads (unit compute, FSDP framework work, optimizer, other) plus exposed comm;
 - a communication difference is explained by the kinds of collectives exposed and how many
@@ -90,6 +91,26 @@ def is_clear(a: float, b: float, noise: float, rel: float = TIME_NOISE, floor: f
     return abs(a - b) > max(rel * max(abs(a), abs(b)), noise, floor)
 
 
+def beyond_spread(c: Comparison, key: str, i: int, j: int) -> bool:
+    """Whether runs ``i`` and ``j`` differ in headline ``key`` by more than the larger of their
+    step-to-step spreads (:mod:`fsdpviz.analysis.compare.spread`, the rule of the best marks); True
+    where a spread is unknown."""
+    a, b = c.values[key][i], c.values[key][j]
+    spreads = c.spread.get(key) or []
+    known = [s for s in (spreads[i] if i < len(spreads) else None, spreads[j] if j < len(spreads) else None)
+             if s is not None]
+    if a is None or b is None or len(known) < 2:
+        return True
+    return abs(float(a) - float(b)) > max(known)
+
+
+def _spread_text(c: Comparison, key: str) -> str:
+    spreads = c.spread.get(key) or []
+    known = [(lb, s) for lb, s in zip(c.labels, spreads) if s is not None]
+    return ("; step-to-step spread (highest minus lowest step): " + ", ".join(f"{lb} {ms_text(s)}" for lb, s in known)
+            if known else "")
+
+
 def _known(c: Comparison, key: str) -> list[tuple[int, float]]:
     return [(i, float(v)) for i, v in enumerate(c.values[key]) if v is not None]
 
@@ -126,8 +147,8 @@ def step_time_finding(c: Comparison) -> list[Finding]:
     best_i, best, worst_i, worst, noise, known = found
     values = {"step_time_ms": {c.labels[i]: v for i, v in known}}
     evidence = (f"mean step time: {_listing(c, 'step_time_ms', ms_text)}; noise between the fastest and slowest "
-                f"(2 standard errors): {ms_text(noise)}")
-    if not is_clear(best, worst, noise):
+                f"(2 standard errors): {ms_text(noise)}" + _spread_text(c, "step_time_ms"))
+    if not is_clear(best, worst, noise) or not beyond_spread(c, "step_time_ms", best_i, worst_i):
         return [_finding("step_time", f"Step times are within noise of each other ({ms_text(best)} to {ms_text(worst)}).",
                          evidence, None, values)]
     # Against the baseline when that difference is clear too, else against the slowest run.
@@ -136,7 +157,7 @@ def step_time_finding(c: Comparison) -> list[Finding]:
     other_i = worst_i
     if best_i != 0 and base is not None:
         base_noise = noise_ms(c.runs[best_i], c.runs[0], "step_ns")
-        other_i = 0 if is_clear(best, base, base_noise) else worst_i
+        other_i = 0 if is_clear(best, base, base_noise) and beyond_spread(c, "step_time_ms", best_i, 0) else worst_i
     other = step_ms[other_i]
     message = (f"{c.labels[best_i]} has the shortest step: {ms_text(best)}, {100 * (other - best) / other:.0f} % "
                f"less than {c.labels[other_i]} ({ms_text(other)}).")
@@ -148,7 +169,8 @@ def step_time_finding(c: Comparison) -> list[Finding]:
         if i in (best_i, other_i):
             continue
         noise_i = noise_ms(c.runs[best_i], c.runs[i], "step_ns")
-        verdict = "a clear difference" if is_clear(best, v, noise_i) else "within noise"
+        clear = is_clear(best, v, noise_i) and beyond_spread(c, "step_time_ms", best_i, i)
+        verdict = "a clear difference" if clear else "within noise"
         rest.append(f"{c.labels[i]} takes {ms_text(v)} ({ms_text(v - best)} more, {verdict}: noise {ms_text(noise_i)})")
     if rest:
         message += " Also, " + "; ".join(rest) + "."  # labels keep their case
@@ -219,13 +241,14 @@ def exposed_finding(c: Comparison) -> list[Finding]:
         values[f"exposed_{key}"] = {lb: p[key] for lb, p in parts.items() if key in p}
     values["all_gathers_per_step"] = {lb: n[vocabulary.ALL_GATHER] for lb, n in counts.items()
                                       if vocabulary.ALL_GATHER in n}
-    evidence = f"exposed communication per step: {_listing(c, 'overlap.exposed_comm_ms', ms_text)}"
+    evidence = (f"exposed communication per step: {_listing(c, 'overlap.exposed_comm_ms', ms_text)}"
+                + _spread_text(c, "overlap.exposed_comm_ms"))
     per_kind = [f"{lb}: all-gather {ms_text(p['all_gather_ms'])} (forward {ms_text(p['forward_all_gather_ms'])}, "
                 f"backward {ms_text(p['backward_all_gather_ms'])}), reduce-scatter {ms_text(p.get('reduce_scatter_ms', 0))}"
                 for lb, p in parts.items() if "all_gather_ms" in p]
     if per_kind:
         evidence += "; exposed per unit, summed: " + "; ".join(per_kind)
-    if not is_clear(best, worst, noise):
+    if not is_clear(best, worst, noise) or not beyond_spread(c, "overlap.exposed_comm_ms", best_i, worst_i):
         return [_finding("exposed_comm", f"Exposed communication is within noise across runs "
                          f"({ms_text(best)} to {ms_text(worst)} per step).", evidence, None, values)]
     b, w = c.labels[best_i], c.labels[worst_i]

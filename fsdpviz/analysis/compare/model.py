@@ -50,6 +50,17 @@ HEADLINE_FIELDS: Final = (
     HeadlineField("world_size", "world size", "", None, None),
 )
 
+# The per-unit rows of the page and the terminal: (summary ``units`` key, title, unit).
+GROUP_METRICS: Final = (
+    ("param_bytes", "unsharded parameters", "bytes"),
+    ("exposed_comm_ms", "exposed comm / step", "ms"),
+    ("all_gather_ms", "all-gather / step", "ms"),
+    ("forward_ms", "forward compute", "ms"),
+    ("backward_ms", "backward compute", "ms"),
+    ("reduce_scatter_ms", "reduce-scatter / step", "ms"),
+    ("peak_allocated_bytes", "peak allocated in its windows", "bytes"),
+)
+
 
 @dataclass(kw_only=True, slots=True)
 class Comparison:
@@ -66,6 +77,10 @@ class Comparison:
     best_withheld: dict[str, str] = field(default_factory=dict)  # key -> why its row has no best mark
     findings: list[Finding] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    spread: dict[str, list[float | None]] = field(default_factory=dict)  # key -> per run step-to-step range
+    unit_best: dict[str, dict[str, list[int]]] = field(default_factory=dict)  # group -> metric -> best runs
+    unit_spread: dict[str, dict[str, list[float | None]]] = field(default_factory=dict)  # group -> metric -> per run
+    unit_best_withheld: dict[str, dict[str, str]] = field(default_factory=dict)  # group -> metric -> why no star
 
 
 def unit_index(run: LabelledRun) -> dict[str, dict[str, Any]]:

@@ -20,7 +20,18 @@ from typing import TYPE_CHECKING, Any, Final
 from fsdpviz.analysis.compare.findings import build_findings
 from fsdpviz.analysis.compare.memory import drift_bytes, step_levels, step_rise_bytes
 from fsdpviz.analysis.compare.model import HEADLINE_FIELDS, LOWER, Comparison, unit_index
-from fsdpviz.analysis.compare.units import RunUnit, UnitMatch, all_known, group_values, match_units
+from fsdpviz.analysis.compare.spread import clear_best, group_spread_ms, headline_spread_ms
+from fsdpviz.analysis.compare.units import (
+    BY_FQN,
+    BY_PARAM_SIZES,
+    MAX_METRICS,
+    SUM_METRICS,
+    RunUnit,
+    UnitMatch,
+    all_known,
+    group_values,
+    match_units,
+)
 from fsdpviz.errors import UsageError
 from fsdpviz.formatting import MIB
 
@@ -75,16 +86,20 @@ def unique_labels(labels: Sequence[str]) -> list[str]:
 
 
 def run_units(run: LabelledRun) -> list[RunUnit]:
-    """The run's units for matching: the analysis' unit table, else run.json's, else the summary's."""
+    """The run's units for matching: the analysis' unit table, else run.json's, else the summary's;
+    with the parameters run.json records for each unit (FQN and numel)."""
     table: pd.DataFrame | None = run.analysis.units
+    listed = run.run.units if run.run is not None else []
+    params = {u.unit: tuple((str(f), int(n)) for f, n in u.params) for u in listed}
     if table is not None and len(table):
         return [RunUnit(name=str(r.unit), order=int(r.order),
-                        param_bytes=int(r.param_bytes) if r.param_bytes >= 0 else None, parent=str(r.parent))
+                        param_bytes=int(r.param_bytes) if r.param_bytes >= 0 else None, parent=str(r.parent),
+                        params=params.get(str(r.unit), ()))
                 for r in table.sort_values("order").itertuples()]
-    listed = run.run.units if run.run is not None else []
     if listed:
         return [RunUnit(name=u.unit, order=u.order if u.order >= 0 else i,
-                        param_bytes=u.param_bytes if u.param_bytes >= 0 else None, parent=u.parent)
+                        param_bytes=u.param_bytes if u.param_bytes >= 0 else None, parent=u.parent,
+                        params=params.get(u.unit, ()))
                 for i, u in enumerate(listed)]
     return [RunUnit(name=u.name, order=u.order if u.order >= 0 else i, param_bytes=u.param_bytes)
             for i, u in enumerate(run.summary.units)]
@@ -113,12 +128,49 @@ def compare_runs(runs: Sequence[LabelledRun]) -> Comparison:
         for key in ("memory.peak_allocated_bytes", "memory.peak_reserved_bytes"):
             best[key] = []
             withheld[key] = "the allocated level at step start drifts across steps (see notes)"
+    spread = {f.key: [headline_spread_ms(r, f.key) for r in runs] for f in HEADLINE_FIELDS if f.unit == "ms"}
+    for key, spreads in spread.items():
+        best[key], why = clear_best(values[key], spreads, best[key])
+        if why:
+            withheld[key] = why
     notes = comparability_notes(runs, match) + drift_notes(labels, drift, values["step_rise_bytes"])
     comparison = Comparison(labels=labels, runs=list(runs), values=values, deltas=deltas, best=best,
                             settings=settings_rows(runs), match=match, drift=drift, notes=notes,
-                            best_withheld=withheld)
+                            best_withheld=withheld, spread=spread)
+    unit_marks(comparison)
     comparison.findings = build_findings(comparison)
     return comparison
+
+
+RANKED_UNIT_METRICS: Final = tuple(m for m in (*SUM_METRICS, *MAX_METRICS) if m != "param_bytes")
+
+
+def unit_marks(comparison: Comparison) -> None:
+    """The best run of each unit group's numbers (lower is better), kept only beyond the runs'
+    step-to-step spread (:mod:`fsdpviz.analysis.compare.spread`); the page and the terminal show these."""
+    drifting = any(d is not None for d in comparison.drift)  # peaks then depend on the step: not ranked
+    indexes = [unit_index(r) for r in comparison.runs]
+    for group in comparison.match.groups:
+        values = [group_values(group, r.label, idx) for r, idx in zip(comparison.runs, indexes)]
+        marks: dict[str, list[int]] = {}
+        spreads: dict[str, list[float | None]] = {}
+        why: dict[str, str] = {}
+        for metric in RANKED_UNIT_METRICS:
+            row = [v[metric] for v in values]
+            spreads[metric] = [group_spread_ms(r, group, metric) for r in comparison.runs]
+            known = [v for v in row if v is not None]
+            if (metric in MAX_METRICS and drifting) or len(known) < 2 or len(set(known)) == 1:
+                marks[metric] = []
+                continue
+            if group.bytes_differ:
+                marks[metric], why[metric] = [], "its units hold different parameter bytes in the runs"
+                continue
+            marks[metric], reason = clear_best(row, spreads[metric], best_indices(row, LOWER))
+            if reason:
+                why[metric] = reason
+        comparison.unit_best[group.name] = marks
+        comparison.unit_spread[group.name] = spreads
+        comparison.unit_best_withheld[group.name] = why
 
 
 # --- settings ----------------------------------------------------------------------------------
@@ -226,7 +278,7 @@ def comparability_notes(runs: Sequence[LabelledRun], match: UnitMatch) -> list[s
     frameworks = [r.summary.framework for r in runs]
     if len(set(frameworks)) > 1:
         notes.append(_differ("Frameworks differ", frameworks, labels) + ". Their units, labels and memory "
-                     "accounting differ: per-unit numbers are matched by module name only.")
+                     "accounting differ.")
     devices = [r.summary.device for r in runs]
     if len(set(devices)) > 1:
         notes.append(_differ("Devices differ", devices, labels) + ". GPU overlap counts kernels, CPU overlap "
@@ -237,8 +289,14 @@ def comparability_notes(runs: Sequence[LabelledRun], match: UnitMatch) -> list[s
                      + ". The runs train different models.")
     elif any(g.bytes_differ for g in match.groups):
         odd = [g.name for g in match.groups if g.bytes_differ]
-        notes.append(f"Units matched by name hold different parameter bytes ({', '.join(odd[:4])}): their "
-                     "per-unit numbers are not like for like.")
+        notes.append(f"Units matched by {match.basis} hold different parameter bytes ({', '.join(odd[:4])}): their "
+                     "per-unit numbers are not like for like and get no best mark.")
+    if match.groups:
+        exact = match.basis in (BY_FQN, BY_PARAM_SIZES)
+        notes.append(f"Units are matched by {match.basis}: each row of the per-unit comparison holds the same "
+                     "parameters in every run" + ("." if exact else f" as far as the {match.basis} tell (run.json "
+                                                  "lists no parameters of the units: recorded by an older fsdpviz, "
+                                                  "or traces only)."))
     for r in runs:
         if not r.summary.units:
             notes.append(f"{r.label}: no FSDP units in the traces; only whole-step numbers are compared.")
@@ -285,6 +343,8 @@ def comparison_json(comparison: Comparison) -> dict[str, Any]:
         "best": {k: [comparison.labels[i] for i in v] for k, v in comparison.best.items()},
         "best_withheld": comparison.best_withheld,
         "unit_groups": [group_json(comparison, g) for g in comparison.match.groups],
+        "unit_match_basis": comparison.match.basis,
+        "spread_ms": comparison.spread,
         "whole_model_runs": comparison.match.whole_model,
         "step_rise_bytes": comparison.values["step_rise_bytes"],
         "memory_drift_bytes": comparison.drift,
@@ -297,4 +357,8 @@ def group_json(comparison: Comparison, group: Any) -> dict[str, Any]:
     """One unit group with its summed per-unit numbers per run."""
     out = group.to_json()
     out["values"] = {r.label: group_values(group, r.label, unit_index(r)) for r in comparison.runs}
+    labels = comparison.labels
+    out["best"] = {m: [labels[i] for i in v] for m, v in comparison.unit_best.get(group.name, {}).items()}
+    out["spread_ms"] = {m: dict(zip(labels, v)) for m, v in comparison.unit_spread.get(group.name, {}).items()}
+    out["best_withheld"] = comparison.unit_best_withheld.get(group.name, {})
     return out

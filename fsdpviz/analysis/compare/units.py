@@ -21,6 +21,24 @@ names are not recorded), with these rules:
 
 Groups whose parameter bytes differ between runs are flagged: the runs then differ in their
 model, or the names misled the matching.
+
+Names are the last resort. :func:`match_units` matches, in this order:
+
+1. by the parameters each unit holds (run.json ``units[].params``, recorded by ``fsdpviz record``):
+   by FQN when every run names the same parameters, else by position and size in forward order
+   (a model restructured between runs: ``blocks.0+1.0.qkv.weight`` is ``blocks.0.qkv.weight``) when
+   every run holds the same sequence of parameter sizes. Units sharing a parameter are one group,
+   so a group holds the same parameters in every run by construction. A unit without parameters
+   (ZeRO-3's parent blocks and root) joins the group of the first unit inside it;
+2. by names, as above, when that gives groups of equal parameter bytes in every run;
+3. by unit sizes in forward order: group boundaries where every run's running total of unit bytes
+   coincides (``blocks.0`` + ``blocks.1`` of one run against ``layers.0`` of a run whose first layer
+   holds two blocks), when every run's unit bytes are known and the totals agree;
+4. by names with the differing groups flagged, when nothing else fits.
+
+A group is named by a unit that covers exactly its parameters in every run (checked against the
+parameters' FQNs where recorded, else against the other runs' unit names); otherwise by the units
+of the run that splits it finest (``blocks.0 + blocks.1``).
 """
 
 from __future__ import annotations
@@ -55,6 +73,7 @@ class RunUnit:
     order: int
     param_bytes: int | None  # unsharded parameter bytes, None if unknown
     parent: str = ""
+    params: tuple[tuple[str, int], ...] = ()  # (FQN, numel) of each parameter, () if not recorded
 
 
 @dataclass(kw_only=True, slots=True)
@@ -80,6 +99,7 @@ class UnitMatch:
     groups: list[UnitGroup]
     whole_model: dict[str, str]  # run label -> its only unit, for runs made of one unit
     keys: dict[str, dict[str, list[str]]]  # run label -> unit -> the modules it covers
+    basis: str = "unit names"  # what matched the units: one of BASES
 
 
 def unit_keys(name: str) -> list[str]:
@@ -143,11 +163,29 @@ def _holder(keys: Mapping[str, list[str]], wanted: Sequence[str]) -> str | None:
     return best
 
 
+BY_FQN: Final = "parameter names"
+BY_PARAM_SIZES: Final = "parameter sizes in forward order"
+BY_NAMES: Final = "unit names"
+BY_UNIT_SIZES: Final = "unit sizes in forward order"
+BASES: Final = (BY_FQN, BY_PARAM_SIZES, BY_NAMES, BY_UNIT_SIZES)
+
+
 def match_units(runs: Mapping[str, Sequence[RunUnit]]) -> UnitMatch:
-    """Group the units of several runs (label -> units) into comparable groups."""
-    keys = {label: _run_keys(units) for label, units in runs.items()}
+    """Group the units of several runs (label -> units) into groups that hold the same parameters
+    in every run (the module docstring says how)."""
     most = max((len(u) for u in runs.values()), default=0)
     whole = {label: units[0].name for label, units in runs.items() if len(units) == 1 and most > 1}
+    by_params = _match_by_parameters(runs, whole)
+    if by_params is not None:
+        return by_params
+    by_names = _match_by_names(runs, whole)
+    if not any(g.bytes_differ for g in by_names.groups):
+        return by_names
+    return _match_by_unit_sizes(runs, whole) or by_names
+
+
+def _match_by_names(runs: Mapping[str, Sequence[RunUnit]], whole: Mapping[str, str]) -> UnitMatch:
+    keys = {label: _run_keys(units) for label, units in runs.items()}
     uf = _Groups()
     for label, per_unit in keys.items():
         for unit_keys_ in per_unit.values():
@@ -180,7 +218,149 @@ def match_units(runs: Mapping[str, Sequence[RunUnit]]) -> UnitMatch:
                     break
             if changed:
                 break
-    return UnitMatch(groups=_build_groups(runs, keys, uf, whole), whole_model=whole, keys=keys)
+    return UnitMatch(groups=_build_groups(runs, keys, uf, whole), whole_model=dict(whole), keys=keys)
+
+
+def _inside(unit: str, other: str) -> bool:
+    """Whether unit ``other`` lies inside the modules of unit ``unit`` (by name)."""
+    if unit == ROOT_UNIT:
+        return other != ROOT_UNIT
+    return any(_is_inside(o, m) for m in unit_modules(unit) for o in unit_modules(other))
+
+
+def _components(runs: Mapping[str, Sequence[RunUnit]], whole: Mapping[str, str],
+                ids: Mapping[str, Mapping[str, list[str]]], basis: str,
+                fqns: Mapping[str, Mapping[str, list[str]]] | None) -> UnitMatch:
+    """Groups from parameter ids (run label -> unit -> ids of the parameters it holds): units that
+    share an id are one group; units holding none join the group of the first unit inside them."""
+    uf = _Groups()
+    node = {label: {u: f"{label}\x00{u}" for u in per_unit} for label, per_unit in ids.items()}
+    for label, per_unit in ids.items():
+        for unit, unit_ids in per_unit.items():
+            for pid in unit_ids:
+                uf.union(node[label][unit], "\x01" + pid)
+    for label, per_unit in ids.items():
+        ordered = sorted(runs[label], key=lambda u: u.order)
+        for unit, unit_ids in per_unit.items():
+            if unit_ids:
+                continue
+            inner = next((u.name for u in ordered if per_unit.get(u.name) and _inside(unit, u.name)), None)
+            if inner is not None:
+                uf.union(node[label][unit], node[label][inner])
+    info = {label: {u.name: u for u in units} for label, units in runs.items()}
+    by_root: dict[str, dict[str, list[str]]] = {}
+    for label, per_unit in ids.items():
+        for unit in per_unit:
+            by_root.setdefault(uf.find(node[label][unit]), {}).setdefault(label, []).append(unit)
+    groups = []
+    for by_run in by_root.values():
+        if not any(ids[label][u] for label, units in by_run.items() for u in units):
+            continue  # units of no parameters with nothing inside them
+        members = {label: _forward_order(info[label], by_run.get(label, [])) for label in runs}
+        held_by = {label: whole[label] for label in runs if label in whole}
+        sizes: dict[str, int | None] = {}
+        for label, names in members.items():
+            if names:
+                known = all_known([info[label][n].param_bytes for n in names])
+                sizes[label] = sum(known) if known is not None else None
+        present = {v for v in sizes.values() if v is not None}
+        order = tuple(min((info[lb][n].order for n in members[lb]), default=1 << 30) for lb in runs)
+        group = UnitGroup(name=_agreed_name(members, fqns), order=0, members=members, held_by=held_by,
+                          param_bytes=sizes, bytes_differ=len(present) > 1)
+        groups.append((order, group))
+    groups.sort(key=lambda pair: (pair[0], pair[1].name))
+    for i, (_, g) in enumerate(groups):
+        g.order = i
+    # colours: a unit's first parameter id stands for it, so units starting with one parameter share a slot
+    keys = {label: {u: (list(unit_ids[:1]) or [u]) for u, unit_ids in per_unit.items()}
+            for label, per_unit in ids.items()}
+    return UnitMatch(groups=[g for _, g in groups], whole_model=dict(whole), keys=keys, basis=basis)
+
+
+def _agreed_name(members: Mapping[str, list[str]], fqns: Mapping[str, Mapping[str, list[str]]] | None) -> str:
+    """A unit name that covers exactly the group's parameters in every run, else the finest run's
+    units joined (see the module docstring)."""
+    present = {label: names for label, names in members.items() if names}
+    lists = {tuple(names) for names in present.values()}
+    if len(lists) == 1:
+        same = list(next(iter(lists)))
+        return same[0] if len(same) == 1 else _joined(same)
+    for owner, names in present.items():
+        if len(names) != 1:
+            continue
+        candidate = names[0]
+        if all(_covers(candidate, other, fqns[label] if fqns is not None else None)
+               for label, other in present.items() if label != owner):
+            return candidate
+    return _joined(max(present.values(), key=len))
+
+
+def _covers(candidate: str, units: Sequence[str], fqns: Mapping[str, list[str]] | None) -> bool:
+    """Whether a unit name covers what ``units`` of another run hold: their parameter FQNs all lie
+    in its modules (or, without FQNs, their names do)."""
+    if candidate == ROOT_UNIT:
+        return ROOT_UNIT in units
+    modules = unit_keys(candidate)
+    held = [f for u in units for f in fqns.get(u, [])] if fqns is not None else \
+        [k for u in units for k in unit_keys(u)]
+    return bool(held) and all(any(h == m or _is_inside(h, m) for m in modules) for h in held)
+
+
+def _joined(names: list[str]) -> str:
+    return " + ".join(names) if len(names) <= 3 else f"{names[0]} … {names[-1]} ({len(names)} units)"
+
+
+def _match_by_parameters(runs: Mapping[str, Sequence[RunUnit]], whole: Mapping[str, str]) -> UnitMatch | None:
+    """Step 1 of the module docstring; None when a run lacks its parameters or the runs' parameters
+    differ in names and in sizes."""
+    compared = {label: units for label, units in runs.items() if label not in whole}
+    if len(compared) < 2 and not whole:
+        return None
+    if any(not u.params and (u.param_bytes is None or u.param_bytes > 0) for units in compared.values() for u in units):
+        return None  # a unit with parameters whose names were not recorded
+    fqns = {label: {u.name: [f for f, _ in u.params] for u in units} for label, units in compared.items()}
+    names = [sorted(f for per_unit in fqns[label].values() for f in per_unit) for label in compared]
+    if all(n == names[0] for n in names) and len(set(names[0])) == len(names[0]):
+        return _components(runs, whole, fqns, BY_FQN, fqns)
+    sequences = {label: [n for u in sorted(units, key=lambda u: u.order) for _, n in u.params]
+                 for label, units in compared.items()}
+    first = next(iter(sequences.values()))
+    if not all(seq == first for seq in sequences.values()):
+        return None
+    ids: dict[str, dict[str, list[str]]] = {}
+    for label, units in compared.items():
+        position = 0
+        ids[label] = {}
+        for u in sorted(units, key=lambda u: u.order):
+            ids[label][u.name] = [str(position + i) for i in range(len(u.params))]
+            position += len(u.params)
+    return _components(runs, whole, ids, BY_PARAM_SIZES, fqns)
+
+
+def _match_by_unit_sizes(runs: Mapping[str, Sequence[RunUnit]], whole: Mapping[str, str]) -> UnitMatch | None:
+    """Step 3 of the module docstring; None when a run's unit bytes are unknown, the totals differ
+    or no boundary but the end is shared."""
+    compared = {label: sorted(units, key=lambda u: u.order) for label, units in runs.items() if label not in whole}
+    if len(compared) < 2 or any(u.param_bytes is None for units in compared.values() for u in units):
+        return None
+    running: dict[str, list[int]] = {}
+    for label, units in compared.items():
+        total, ends = 0, []
+        for u in units:
+            total += int(u.param_bytes or 0)
+            ends.append(total)
+        running[label] = ends
+    totals = {ends[-1] for ends in running.values() if ends}
+    if len(totals) != 1:
+        return None
+    shared = sorted(set.intersection(*(set(ends) for ends in running.values())))
+    ids: dict[str, dict[str, list[str]]] = {}
+    for label, units in compared.items():
+        ids[label] = {}
+        for u, end in zip(units, running[label]):
+            segment = next(i for i, b in enumerate(shared) if end <= b)
+            ids[label][u.name] = [f"segment {segment}"] if u.param_bytes else []
+    return _components(runs, whole, ids, BY_UNIT_SIZES, None)
 
 
 def _members(keys: Mapping[str, Mapping[str, list[str]]], uf: _Groups,

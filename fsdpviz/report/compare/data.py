@@ -15,7 +15,7 @@ from typing import Any, Final
 
 import pandas as pd
 
-from fsdpviz.analysis.compare.model import Comparison, unit_index
+from fsdpviz.analysis.compare.model import GROUP_METRICS, Comparison, unit_index
 from fsdpviz.analysis.compare.units import color_slots, group_values
 from fsdpviz.analysis.pipeline import LabelledRun
 from fsdpviz.formatting import format_bytes
@@ -28,15 +28,6 @@ from fsdpviz.whatif.saved import SavedPrediction, load_predictions
 # One colour per run (no red: red means exposed communication on every page).
 RUN_PALETTE: Final = ("#4c78a8", "#f58518", "#54a24b", "#b279a2", "#72b7b2", "#9d755d", "#eeca3b", "#ff9da6")
 # Per-unit comparison rows: (summary metric, row label, unit).
-GROUP_METRICS: Final = (
-    ("param_bytes", "unsharded parameters", "bytes"),
-    ("exposed_comm_ms", "exposed comm / step", "ms"),
-    ("all_gather_ms", "all-gather / step", "ms"),
-    ("forward_ms", "forward compute", "ms"),
-    ("backward_ms", "backward compute", "ms"),
-    ("reduce_scatter_ms", "reduce-scatter / step", "ms"),
-    ("peak_allocated_bytes", "peak allocated in its windows", "bytes"),
-)
 
 
 @dataclass(kw_only=True, slots=True)

@@ -21,7 +21,8 @@ from fsdpviz.report.style import EXPOSED_COLOR
 HOWTO_HEADLINE = (
     "One column per run; the first run is the baseline, and the small line under a number is the "
     "difference to it. A star marks the best value of a row (shorter step, less exposed communication, "
-    "less memory, more overlap); rows where neither direction is better have none. Numbers are means per "
+    "less memory, more overlap); rows where neither direction is better have none, and a difference no larger "
+    "than the runs' step-to-step spread (highest minus lowest step, shown under each time) gets none. Numbers are means per "
     "analysed step over ranks, exactly as each run's `fsdpviz summary` reports them."
 )
 HOWTO_FINDINGS = (
@@ -34,10 +35,12 @@ HOWTO_STRUCTURE = (
     "all-gathers and more memory while it is gathered. The same module has the same colour in every run."
 )
 HOWTO_UNITS = (
-    "Units matched across runs: by name where names match, else grouped so that each row holds the "
-    "same parameters in every run (e.g. blocks.0 and blocks.1 of one run against blocks.0+1 of another). "
-    "Times are per-unit medians per step, summed over the row's units; \"in X\" means the run holds "
-    "those parameters inside its unit X and has no separate number for them."
+    "Units matched across runs by the parameters they hold (run.json's parameter names, else their sizes "
+    "in forward order): each row holds the same parameters in every run (e.g. blocks.0 and blocks.1 of one "
+    "run against blocks.0+1 or [blocks.0, blocks.1] of another); a row is named after a unit only when that "
+    "unit holds exactly its parameters in every run. Times are per-unit medians per step, summed over the "
+    "row's units, with each run's step-to-step spread; a star needs a difference beyond both spreads. "
+    "\"in X\" means the run holds those parameters inside its unit X and has no separate number for them."
 )
 HOWTO_TIMELINES = (
     "Each run's median step, one Gantt per run, all on the same time axis from the step's start: "
@@ -109,10 +112,15 @@ def headline_table(data: CompareData) -> HtmlTable:
         why = c.best_withheld.get(field.key, "")
         row = [TableCell(text=field.label, header=True, sub="no best mark: " + why if why else "",
                          hint=f"key: {field.key}")]
+        spreads = c.spread.get(field.key)
         for i, value in enumerate(values):
             sub = _delta_text(field, deltas[i], values[0]) if i > 0 else "baseline" if value is not None else ""
+            spread = spreads[i] if spreads is not None else None
+            if spread is not None and value is not None:
+                sub = f"{sub} · spread {format_ms(spread)}" if sub else f"spread {format_ms(spread)}"
             row.append(TableCell(text=_value_text(field, value), sub=sub, best=i in best,
-                                 hint="best of this row" if i in best else ""))
+                                 hint=("best of this row" if i in best else "")
+                                 + (" (spread: highest minus lowest step)" if spread is not None else "")))
         row.extend(_predicted_cells(data, field))
         rows.append(row)
     starts = {len(rows)}
@@ -163,7 +171,6 @@ def units_table(data: CompareData) -> HtmlTable:
     groups = {g.name: g for g in c.match.groups}
     rows: list[list[TableCell]] = []
     starts: set[int] = set()
-    drifting = any(d is not None for d in c.drift)  # peaks then depend on the step: not ranked
     for name in dict.fromkeys(data.groups.sort_values("order", kind="stable")["group"]):
         group = groups[name]
         starts.add(len(rows))
@@ -180,13 +187,14 @@ def units_table(data: CompareData) -> HtmlTable:
             values = [None if v.empty or v.isna().all() else v.iloc[0] for v in values]
             if all(v is None for v in values):
                 continue
-            known = [v for v in values if v is not None]
-            ranked = metric != "param_bytes" and not (metric == "peak_allocated_bytes" and drifting)
-            best = min(known) if ranked and len(set(known)) > 1 else None
-            rows.append([TableCell(text=f"  {title}"),
-                         *(TableCell(text=_cell(unit, v), best=best is not None and v == best,
+            best = set(c.unit_best.get(name, {}).get(metric, []))
+            spreads = c.unit_spread.get(name, {}).get(metric) or [None] * len(values)
+            why = c.unit_best_withheld.get(name, {}).get(metric, "")
+            rows.append([TableCell(text=f"  {title}", sub="no best mark: " + why if why else ""),
+                         *(TableCell(text=_cell(unit, v), best=i in best,
+                                     sub=f"spread {format_ms(s)}" if s is not None and v is not None else "",
                                      hint="group units' medians, summed" if unit == "ms" else "")
-                           for v in values)])
+                           for i, (v, s) in enumerate(zip(values, spreads)))])
     return HtmlTable(columns=["unit group", *c.labels], rows=rows, group_starts=starts)
 
 

@@ -124,20 +124,30 @@ def step_breakdown(rank_times: pd.DataFrame | None) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True)
 
 
-def rank_waits(rank_times: pd.DataFrame | None) -> pd.DataFrame:
-    """Per rank (medians over analysed steps): exposed communication and lateness, long: rank, what, ms.
+EXPOSED_PER_RANK = "exposed communication (per step)"
+LATE_PER_RANK = "late to collectives (median per step)"
 
-    Lateness is how much later than the earliest rank a rank started its collectives, summed over
-    a step's collectives: a straggler has a high lateness and little exposed communication, the
-    ranks waiting for it the reverse."""
-    if rank_times is None or rank_times.empty:
+
+def rank_waits(rank_times: pd.DataFrame | None, exposed_ms: dict[int, float | None] | None = None) -> pd.DataFrame:
+    """Per rank: exposed communication and lateness, long: rank, what, ms.
+
+    Exposed communication is ``exposed_ms``: the summary's per-rank figure
+    (``overlap.per_rank[r].exposed_comm_ms``, the per-rank table's), so the chart and the tables
+    agree. Lateness (median over analysed steps) is how much later than the earliest rank a rank
+    started its collectives, summed over a step's collectives: a straggler has a high lateness and
+    little exposed communication, the ranks waiting for it the reverse."""
+    parts = []
+    if exposed_ms:
+        known = {r: v for r, v in exposed_ms.items() if v is not None}
+        parts.append(pd.DataFrame({"rank": pd.Series(list(known), dtype="int64"), "what": EXPOSED_PER_RANK,
+                                   "ms": pd.Series(list(known.values()), dtype="float64")}))
+    if rank_times is not None and not rank_times.empty and "late_ns" in rank_times.columns:
+        med = rank_times.groupby("rank", sort=True)["late_ns"].median() / NS_PER_MS
+        parts.append(pd.DataFrame({"rank": med.index.astype("int64"), "what": LATE_PER_RANK, "ms": med.to_numpy()}))
+    if not parts:
         return pd.DataFrame({"rank": pd.Series(dtype="int64"), "what": pd.Series(dtype=str),
                              "ms": pd.Series(dtype="float64")})
-    cols = [("exposed_comm_ns", "exposed communication"), ("late_ns", "late to collectives")]
-    cols = [(c, label) for c, label in cols if c in rank_times.columns]
-    med = rank_times.groupby("rank", sort=True)[[c for c, _ in cols]].median() / NS_PER_MS
-    return pd.concat([pd.DataFrame({"rank": med.index.astype("int64"), "what": label, "ms": med[c].to_numpy()})
-                      for c, label in cols], ignore_index=True)
+    return pd.concat(parts, ignore_index=True).sort_values(["rank"], kind="stable").reset_index(drop=True)
 
 
 def skew_points(skew: pd.DataFrame | None, rank_times: pd.DataFrame | None) -> pd.DataFrame:
@@ -161,21 +171,19 @@ def skew_points(skew: pd.DataFrame | None, rank_times: pd.DataFrame | None) -> p
     return out[cols].reset_index(drop=True)
 
 
-def unit_timer_times(timers: pd.DataFrame, order: list[str]) -> pd.DataFrame:
-    """Per-unit forward / backward times of every timed step and rank: unit_name, phase, ms.
+def unit_timer_times(unit_passes: pd.DataFrame, order: list[str]) -> pd.DataFrame:
+    """Per-unit forward / backward times of every clean unprofiled step and rank: unit_name, phase, ms.
 
-    These come from the recorder's timers (``kind`` ``total``: the unit's whole pass, waits
-    included; summed over the step's micro-batches under gradient accumulation), so they cover all
-    steps, not only the profiled ones. Units in forward order, forward before backward."""
+    ``unit_passes`` is :func:`fsdpviz.analysis.profiler_cost.unit_pass_steps`: each unit's own work
+    as the recorder's timers clock it (nested units, gathers and reductions excluded), the numbers
+    whose median is the summary's ``forward_timer_ms`` / ``backward_timer_ms`` (the unit table's
+    timers columns). Units in forward order, forward before backward."""
     cols = ["unit", "unit_name", "phase", "ms"]
-    if timers.empty:
+    if unit_passes.empty:
         return pd.DataFrame({c: pd.Series(dtype=str) for c in cols})
     from fsdpviz.report.timeline.units import unit_label
 
-    rows = timers[(timers["unit"] != "") & timers["phase"].isin(["forward", "backward"])
-                  & (timers["kind"] == STEP_TIMER_KIND) & timers["ms"].notna()]
-    if rows.empty:
-        return pd.DataFrame({c: pd.Series(dtype=str) for c in cols})
+    rows = unit_passes
     rank_of = {u: i for i, u in enumerate(order)}
     rows = rows.assign(unit=rows["unit"].astype(str), _o=rows["unit"].astype(str).map(rank_of).fillna(len(order)),
                        _p=rows["phase"].map({"forward": 0, "backward": 1}))

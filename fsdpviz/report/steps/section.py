@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import pandas as pd
+
+from fsdpviz.analysis.figures import rank_exposed_ms, step_time_figures
 from fsdpviz.formatting import NS_PER_MS, format_ms
 from fsdpviz.report.html import Fact, Section
 from fsdpviz.report.steps import data as steps_data
@@ -20,8 +23,8 @@ HOWTO_STEPS = (
     "some rank was late, and everyone else waits for it at the next collective); per rank, the spread "
     "over steps (a rank that is always high is a straggler). Below, from the analysed steps: where each "
     "rank's step went on its training threads, each rank's exposed communication and lateness, and for "
-    "each collective how far apart the ranks started it. With timers, the spread of each unit's forward "
-    "and backward time over every step."
+    "each collective how far apart the ranks started it. With timers, the spread of each unit's own forward "
+    "and backward work over the unprofiled steps (the unit table's timers columns are their medians)."
 )
 
 
@@ -43,7 +46,10 @@ def steps_section(data: ReportData) -> Section:
             worst = data.step_spread.sort_values("spread_ms", ascending=False).iloc[0]
             facts.append(Fact(label="largest rank spread", value=format_ms(float(worst["spread_ms"])),
                               hint=f"step {int(worst['step'])}, slowest rank {int(worst['slowest_rank'])}"))
-        facts.append(Fact(label="median step time", value=format_ms(float(times["ms"].median()))))
+        for label, value in step_time_figures(data.summary):
+            headline = value == data.summary.step_time_ms
+            facts.append(Fact(label=label, value=format_ms(value),
+                              hint="the headline's step time" if headline else ""))
         many = times["rank"].nunique() > HEATMAP_RANKS
         if many:
             notes.append(f"{times['rank'].nunique()} ranks: step time and exposed communication are drawn as "
@@ -63,11 +69,14 @@ def steps_section(data: ReportData) -> Section:
     if not breakdown.empty:
         views.append(plots.rank_bars(breakdown, part="part", colors=steps_data.STEP_PART_COLORS, stacked=True,
                                      title="where each rank's step went (training threads, median per step)"))
-    waits = steps_data.rank_waits(rank_times)
+    # beyond HEATMAP_RANKS the heat map above shows them (rank_times is None then): no bar per rank
+    waits = steps_data.rank_waits(rank_times, rank_exposed_ms(data.summary)) if rank_times is not None \
+        else pd.DataFrame()
     if not waits.empty:
         views.append(plots.rank_bars(waits, part="what", stacked=False,
-                                     colors={"exposed communication": "#d62728", "late to collectives": "#9467bd"},
-                                     title="exposed communication and lateness per rank (median per step)"))
+                                     colors={steps_data.EXPOSED_PER_RANK: "#d62728",
+                                             steps_data.LATE_PER_RANK: "#9467bd"},
+                                     title="exposed communication (as in the per-rank table) and lateness per rank"))
     points = steps_data.skew_points(data.skew, data.rank_step_times)
     if not points.empty:
         worst = points.sort_values("skew_ms", ascending=False).iloc[0]
@@ -75,10 +84,11 @@ def steps_section(data: ReportData) -> Section:
                           hint=f"{worst['comm']} of {worst['unit_name']}, step {int(worst['step'])}, "
                                f"last rank {int(worst['late_rank'])}"))
         views.append(plots.skew_scatter(points, title="collective start skew across ranks"))
-    unit_times = steps_data.unit_timer_times(data.timers, list(data.unit_colors))
+    unit_times = steps_data.unit_timer_times(data.unit_passes, list(data.unit_colors))
     if not unit_times.empty:
         units = list(dict.fromkeys(unit_times["unit_name"]))
-        views.append(plots.unit_timer_boxes(unit_times, units,
-                                            title="each unit's forward / backward time over every timed step"))
+        views.append(plots.unit_timer_boxes(
+            unit_times, units, title="each unit's own forward / backward work (nested units, gathers and reductions "
+                                     "excluded; timers, unprofiled steps): the unit table's timers columns"))
     return Section(key="steps", title="Across steps and ranks", howto=HOWTO_STEPS, notes=notes, facts=facts,
                    views={"steps": views} if views else {})

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import holoviews as hv
 import pandas as pd
 
+from fsdpviz.analysis.figures import peak_place
 from fsdpviz.analysis.memory_categories import TITLES
 from fsdpviz.formatting import bytes_scale, format_bytes, format_ms
 from fsdpviz.report.html import Fact, Section
@@ -49,10 +50,12 @@ def units_section(data: ReportData) -> Section | None:
     if pd.notna(worst["exposed_comm_ms"]):
         facts.append(Fact(label="most exposed comm", value=format_ms(float(worst["exposed_comm_ms"])),
                           hint=f"per step, unit {worst['unit_name']}"))
-    peak = table.sort_values("peak_bytes", ascending=False).iloc[0]
-    if pd.notna(peak["peak_bytes"]):
-        facts.append(Fact(label="highest peak", value=format_bytes(float(peak["peak_bytes"])),
-                          hint=f"during unit {peak['unit_name']}"))
+    mem = data.summary.memory
+    if mem.peak_allocated_bytes is not None:  # the run's peak, as the headline and the terminal give it
+        place = peak_place(mem)
+        facts.append(Fact(label="highest peak allocated", value=format_bytes(float(mem.peak_allocated_bytes)),
+                          hint=place + ("; " if place else "") + "a unit's peak column counts its whole window, "
+                               "nested units included"))
     facts.append(Fact(label="units", value=str(len(table))))
     columns = [c for c in TABLE_COLUMNS if c[0] not in TIMER_COLUMNS or table[c[0]].notna().any()]
     mem_max = float(tables.memory["bytes"].max()) if not tables.memory.empty else 0.0

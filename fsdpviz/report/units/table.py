@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 
@@ -108,12 +109,32 @@ def _long(stats: pd.DataFrame, metrics: tuple[tuple[str, str], ...], value: str,
 TIMER_COLUMNS = ("forward_timer_ms", "backward_timer_ms")
 
 
+# table column -> the summary's per-unit field it shows (``summary --json`` ``units[]``)
+SUMMARY_COLUMNS = (
+    ("param_numel", "param_numel"), ("all_gather_ms", "all_gather_ms"), ("forward_ms", "forward_ms"),
+    ("backward_ms", "backward_ms"), ("reduce_scatter_ms", "reduce_scatter_ms"),
+    ("exposed_comm_ms", "exposed_comm_ms"), ("forward_lead_ms", "forward_prefetch_lead_ms"),
+    ("backward_lead_ms", "backward_prefetch_lead_ms"), ("peak_bytes", "peak_allocated_bytes"),
+    ("forward_timer_ms", "forward_timer_ms"), ("backward_timer_ms", "backward_timer_ms"),
+)
+
+
+def _summary_value(unit: Any, key: str) -> float | None:
+    value = getattr(unit, key, None) if unit is not None else None
+    if value is None:
+        return None
+    return float(value)
+
+
 def unit_tables(stats: pd.DataFrame, colors: Mapping[str, str],
                 timed: Mapping[str, tuple[float | None, float | None]] | None = None,
-                scopes: Mapping[str, str | None] | None = None) -> UnitTables:
+                scopes: Mapping[str, str | None] | None = None,
+                summary_units: Mapping[str, Any] | None = None) -> UnitTables:
     """Display table and bar data from UNIT_STATS (rows in forward order); ``timed``: per unit its
     forward and backward as the timers clock them in unprofiled steps (the summary's ``*_timer_ms``);
-    ``scopes``: per unit the summary's ``param_scope`` (None: unknown, an empty cell)."""
+    ``scopes``: per unit the summary's ``param_scope`` (None: unknown, an empty cell);
+    ``summary_units``: the summary's ``units`` entries by name, whose numbers the table then shows
+    (SUMMARY_COLUMNS), so that the page's table and the terminal's agree to the digit."""
     stats = stats.sort_values("order", kind="stable").reset_index(drop=True)
     stats = stats.assign(unit_name=stats["unit"].astype(str).map(unit_label))
     table = pd.DataFrame({
@@ -134,6 +155,11 @@ def unit_tables(stats: pd.DataFrame, colors: Mapping[str, str],
         "peak_bytes": stats["peak_allocated_bytes"].where(stats["peak_allocated_bytes"] >= 0).astype("float64"),
         "color": [colors.get(str(u), "#888888") for u in stats["unit"]],
     })
+    if summary_units:
+        # the numbers exactly as the summary (terminal, --json, notebook) has them, by unit
+        for col, key in SUMMARY_COLUMNS:
+            table[col] = pd.Series([_summary_value(summary_units.get(str(u)), key) for u in stats["unit"]],
+                                   dtype="float64")
     return UnitTables(
         table=table,
         times=_long(stats, TIME_METRICS, "ms", NS_PER_MS),

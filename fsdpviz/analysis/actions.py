@@ -1,0 +1,215 @@
+"""Findings a person reads in ten seconds: the bound first, alike findings as one line, at most
+:data:`MAX_SHOWN` actions, the rest folded.
+
+A run of 8 units whose all-gathers all outlast the compute before them has 16 findings that say the
+same thing (one per unit and pass). The user needs one line: "all-gathers outlast the previous
+unit's compute in 16 unit-passes: 54-68 ms each, 1,030 ms/step". So:
+
+- findings of one kind and cause (analysis/findings.py ``CAUSE_*``) become one :class:`Action` with
+  the range of their losses and its total;
+- the step's bound (analysis/bound.py) comes first where something other than compute takes a
+  notable share of the step (:data:`NOTABLE_LOSS`), with the knob of that bound;
+- a knob that cannot help on this run is said so instead of advised (prefetch cannot hide gloo's
+  collectives on a GPU: the host backend runs them synchronously, see :func:`knob_blocked`); a knob
+  whose predicted gain is nothing is not advised either (fsdpviz/whatif/gains.py fills the
+  predictions where the recording can be simulated).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+import msgspec
+
+from fsdpviz.analysis import findings as fnd
+from fsdpviz.analysis.bound import KIND_COMMUNICATION, KIND_HOST, KIND_IDLE, KIND_MIXED, BoundSummary
+from fsdpviz.analysis.records import Finding
+from fsdpviz.analysis.units import UnitSummary
+from fsdpviz.formatting import ms_text
+from fsdpviz.naming import ROOT_UNIT
+
+MAX_SHOWN: Final = 5
+# A bound's loss below this share of the step is not worth an action of its own.
+NOTABLE_LOSS: Final = 0.05
+# A predicted change smaller than this (ms per step, or a gain) is no gain.
+NO_GAIN_MS: Final = 0.005
+
+KIND_BOUND: Final = "bound"
+
+KNOB_HOST: Final = ("fewer or larger units (fsdpviz whatif --wrap merge:2, or root), torch.compile or CUDA graphs "
+                    "(fewer launches per unit), a larger micro-batch (more work per launch)")
+KNOB_COMMUNICATION: Final = ("prefetch earlier (fsdpviz whatif --prefetch 2), fewer ranks per node sharing a "
+                             "link, a faster link")
+HOST_BACKEND_BLOCKS: Final = ("prefetch cannot help on this run: the gloo backend runs each collective of CUDA "
+                              "tensors synchronously through the host, so nothing computes while it runs; NCCL "
+                              "would let prefetched gathers overlap compute")
+
+# The words of a group of alike findings: (what happened, in how many unit-passes).
+_GROUP_WORDS: Final = {
+    fnd.CAUSE_OUTLASTS_COMPUTE: "all-gathers outlast the previous unit's compute (prefetched)",
+    fnd.CAUSE_NOT_PREFETCHED: "all-gathers issued only after the previous unit finished computing (not prefetched)",
+    fnd.CAUSE_STARTED_LATE: "all-gathers started only after the previous unit finished computing",
+    fnd.CAUSE_REGATHERED: "backward re-gathers parameters resharded after forward",
+    fnd.CAUSE_FIRST_GATHER: "the first all-gathers of the forward pass have no compute to hide behind",
+    fnd.CAUSE_FIRST_COMPUTE: "the first units to compute in the forward pass wait for their gathers",
+    fnd.CAUSE_NOTHING_LEFT: "reductions with no compute left to hide behind",
+    fnd.CAUSE_OUTLASTS_AFTER: "reductions outlast the compute that runs after them",
+}
+
+
+class Action(msgspec.Struct, kw_only=True):
+    """One line of advice: the bound, or alike findings grouped (``summary --json`` ``actions``)."""
+
+    kind: str
+    """``bound``, or the findings' kind (``exposed_all_gather``, ``exposed_reduce_scatter``, ...)."""
+    cause: str
+    """The bound's loss (``host`` / ``communication`` / ``idle``), or the findings' cause."""
+    message: str
+    count: int
+    """Findings in it (unit-passes, ranks); 1 for the bound."""
+    lost_ms_per_step: float | None
+    """The time lost per step: the findings' total, or the bound's part."""
+    lost_ms_min: float | None = None
+    lost_ms_max: float | None = None
+    """The range of the findings' losses (None for the bound)."""
+    knob: str = ""
+    """What to try; "" where nothing is advised (``why_not`` says why, where a knob was considered)."""
+    predicted_gain: str = ""
+    """The predicted effect of the knob (fsdpviz whatif), in words; "" where not predicted."""
+    predicted_change_ms: float | None = None
+    """The predicted change of the step (negative: faster); None where not predicted."""
+    why_not: str = ""
+    """Why a knob the findings suggest is not advised here."""
+    units: list[str] = msgspec.field(default_factory=list)
+    """The unit-passes (``"blocks.3 forward"``) or ranks the findings name."""
+    folded: bool = False
+    """Beyond the first :data:`MAX_SHOWN` actions."""
+
+
+def knob_blocked(knob: str, host_backend_on_gpu: bool) -> str:
+    """Why ``knob`` cannot help on this run ("" where it may)."""
+    if host_backend_on_gpu and "prefetch" in knob:
+        return HOST_BACKEND_BLOCKS
+    return ""
+
+
+def _range_text(values: Sequence[float]) -> str:
+    lo, hi = min(values), max(values)
+    return ms_text(lo) if ms_text(lo) == ms_text(hi) else f"{ms_text(lo).removesuffix(' ms')}-{ms_text(hi)}"
+
+
+def group_findings(findings: Sequence[Finding], *, host_backend_on_gpu: bool = False) -> list[Action]:
+    """Alike findings (one kind and cause) as one action each; the profiler's finding is about the
+    trace, not the run, and stays its own line."""
+    groups: dict[tuple[str, str], list[Finding]] = {}
+    for f in findings:
+        key = (f.kind, f.cause) if f.cause and f.cause in _GROUP_WORDS else (f.kind, f"{f.cause}#{len(groups)}")
+        groups.setdefault(key, []).append(f)
+    out = []
+    for (kind, cause), members in groups.items():
+        lost = [f.lost_ms_per_step for f in members if f.lost_ms_per_step is not None]
+        knobs = list(dict.fromkeys(f.knob for f in members if f.knob))
+        where = [f"{f.unit} {f.phase}".strip() if f.unit else (f"rank {f.rank}" if f.rank >= 0 else "")
+                 for f in members]
+        if len(members) == 1:
+            message = members[0].message
+        else:
+            message = (f"{_GROUP_WORDS.get(cause, members[0].message)} in {len(members)} unit-passes: "
+                       f"{_range_text(lost)} each, {ms_text(sum(lost))}/step" if lost else
+                       f"{_GROUP_WORDS.get(cause, members[0].message)} in {len(members)} unit-passes")
+        knob = knobs[0] if len(knobs) == 1 else "; ".join(knobs)
+        why_not = knob_blocked(knob, host_backend_on_gpu) if knob else ""
+        out.append(Action(kind=kind, cause=cause.split("#")[0], message=message, count=len(members),
+                          lost_ms_per_step=round(sum(lost), 3) if lost else None,
+                          lost_ms_min=min(lost) if lost else None, lost_ms_max=max(lost) if lost else None,
+                          knob="" if why_not else knob, why_not=why_not, units=[w for w in where if w]))
+    return out
+
+
+def _per_unit_text(units: Sequence[UnitSummary]) -> str:
+    """``; per unit, compute 3.08-9.97 ms against 115.89-143.60 ms of all-gather per step`` (the units'
+    medians per step, forward and backward each; the root, which holds what no block does, left out),
+    "" without units that gather."""
+    inner = [u for u in units if u.name != ROOT_UNIT] or list(units)
+    compute = [v for u in inner for v in (u.forward_ms, u.backward_ms) if v]
+    gathers = [u.all_gather_ms for u in inner if u.all_gather_ms]
+    if not compute or not gathers:
+        return ""
+    return f"; per unit, compute {_range_text(compute)} against {_range_text(gathers)} of all-gather per step"
+
+
+def bound_action(bound: BoundSummary | None, *, host_backend_on_gpu: bool = False,
+                 units: Sequence[UnitSummary] = ()) -> Action | None:
+    """The step's largest loss as the first action, where it takes :data:`NOTABLE_LOSS` of the step."""
+    if bound is None or bound.loss is None or bound.loss.share < NOTABLE_LOSS:
+        return None
+    loss, pct = bound.loss, f"{100 * bound.loss.share:.0f} %"
+    step = f"the {ms_text(bound.step_ms)} {'unprofiled ' if bound.basis == 'unprofiled' else ''}step"
+    head = (f"{bound.kind}-bound" if bound.kind != KIND_MIXED else "no single bound") + ": "
+    if bound.kind != loss.kind:
+        head += f"compute {ms_text(bound.compute_ms)} of {step}; the largest loss: "
+        step = "the step"
+    knob, why_not = "", ""
+    if loss.kind == KIND_HOST:
+        message = (f"{head}the GPU waits for the host {ms_text(loss.ms)} of {step} ({pct}, launch-bound): the "
+                   "host's per-unit work (hooks, copy-in and copy-out launches) and the model's launches "
+                   "do not keep it busy")
+        knob = KNOB_HOST
+    elif loss.kind == KIND_COMMUNICATION:
+        message = f"{head}exposed communication {ms_text(loss.ms)} of {step} ({pct})"
+        if bound.kind == loss.kind:
+            message += f"; compute {ms_text(bound.compute_ms)}"
+        message += _per_unit_text(units)
+        knob = KNOB_COMMUNICATION
+        if host_backend_on_gpu:
+            why_not = HOST_BACKEND_BLOCKS
+            knob = "NCCL instead of gloo for GPU tensors, fewer ranks per node sharing a link, a faster link"
+    elif loss.kind == KIND_IDLE:
+        message = (f"{head}the GPU idles {ms_text(loss.ms)} of {step} ({pct}) with its next work already launched: "
+                   "waits on events (another stream, a host-side collective, a synchronisation)")
+    else:
+        return None
+    return Action(kind=KIND_BOUND, cause=loss.kind, message=message, count=1, lost_ms_per_step=loss.ms,
+                  knob=knob, why_not=why_not)
+
+
+def build_actions(findings: Sequence[Finding], bound: BoundSummary | None, *,
+                  host_backend_on_gpu: bool = False, units: Sequence[UnitSummary] = ()) -> list[Action]:
+    """The bound's action, then the grouped findings by time lost; all beyond :data:`MAX_SHOWN` folded."""
+    grouped = group_findings(findings, host_backend_on_gpu=host_backend_on_gpu)
+    first = bound_action(bound, host_backend_on_gpu=host_backend_on_gpu, units=units)
+    return fold([first, *grouped] if first is not None else grouped)
+
+
+def fold(actions: Sequence[Action]) -> list[Action]:
+    """Advised actions first (a knob to try), then the others, each by time lost; everything after the
+    first :data:`MAX_SHOWN` folded. The bound's action keeps the first place."""
+    head = [a for a in actions if a.kind == KIND_BOUND]
+    rest = sorted((a for a in actions if a.kind != KIND_BOUND), key=lambda a: -(a.lost_ms_per_step or 0.0))
+    ordered = head + [a for a in rest if a.knob] + [a for a in rest if not a.knob]
+    return [msgspec.structs.replace(a, folded=i >= MAX_SHOWN) for i, a in enumerate(ordered)]
+
+
+def with_prediction(action: Action, change_ms: float | None, words: str) -> Action:
+    """``action`` with the predicted effect of its knob; a knob predicted to gain nothing is not
+    advised (``why_not`` says so)."""
+    if change_ms is None:
+        return action
+    if change_ms > -NO_GAIN_MS:
+        return msgspec.structs.replace(
+            action, knob="", predicted_gain=words, predicted_change_ms=round(change_ms, 3),
+            why_not=action.why_not or f"not advised: fsdpviz whatif predicts no gain ({words.removeprefix('predicted ')})")
+    return msgspec.structs.replace(action, predicted_gain=words, predicted_change_ms=round(change_ms, 3))
+
+
+def action_text(action: Action) -> str:
+    """The one line a person reads: the loss, what to try and what it gains, or why nothing is advised."""
+    text = action.message.rstrip(".") + "."
+    if action.knob:
+        text += f" Try: {action.knob}."
+        if action.predicted_gain:
+            text += f" {action.predicted_gain[0].upper()}{action.predicted_gain[1:]}."
+    if action.why_not:
+        text += f" {action.why_not[0].upper()}{action.why_not[1:]}."
+    return text

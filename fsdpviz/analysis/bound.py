@@ -1,0 +1,322 @@
+"""What bounds a step: each step's time split into compute, exposed communication, waiting for the
+host, and other idle.
+
+A step that is slow for lack of GPU work needs other knobs than a step whose communication is
+exposed. The split, per rank, over each analysed step's CPU-side span (``ProfilerStep#N``, so the
+four parts add up to the step time the user sees):
+
+- ``exposed_comm``: communication no compute hid (the overlap's ``|comm| - |comm ∩ compute|``);
+- ``compute``: the rest of the time the GPU was busy (kernels, copies);
+- ``host_wait``: GPU idle gaps that ended with work the host had not yet launched when the gap
+  began: the GPU waited for the CPU (a launch-bound step). HTA 0.5's "host wait" is the same test
+  (``get_idle_time_breakdown``: the next kernel's runtime call starts after the previous kernel
+  ended), applied per stream; fsdpviz applies it to the whole device, so a gap on one stream while
+  another computes is not idle;
+- ``other_idle``: idle gaps whose next work had been launched before the gap began (the GPU waited on
+  an event: a cross-stream dependency, a host-side collective to finish), or ended by work whose
+  launch the trace does not hold.
+
+On a CPU rank (no GPU stream) the training thread is the device: ``compute`` is its ops outside
+collectives and waits, ``exposed_comm`` the collectives nothing hid, ``host_wait`` does not apply
+(null), and ``other_idle`` is the rest of the step (Python between ops, waits the trace does not
+name).
+
+The profiler slows the host, not the kernels (:mod:`fsdpviz.analysis.profiler_cost`): on a
+launch-bound step its cost lands in ``host_wait``. :func:`unprofiled_split` takes the traced steps'
+excess over the timers' unprofiled step out of the idle parts (host wait first), so the bound is
+the run's, not the profiler's.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import msgspec
+import numpy as np
+import pandas as pd
+
+from fsdpviz.analysis.intervals import Intervals, clip_intervals, complement, overlap_ns, total_ns
+from fsdpviz.analysis.profiler_cost import NOISE_SLOWDOWN, ProfilerCost
+from fsdpviz.analysis.steps import AnalysedSteps
+from fsdpviz.formatting import NS_PER_MS
+from fsdpviz.trace import schema
+
+# OVERLAP columns this module fills (sums over the analysed steps; -1: unknown).
+BOUND_COLUMNS: Final = ("bound_window_ns", "bound_compute_ns", "bound_exposed_comm_ns", "host_wait_ns",
+                        "other_idle_ns")
+UNKNOWN_NS: Final = -1
+
+KIND_COMPUTE: Final = "compute"
+KIND_COMMUNICATION: Final = "communication"
+KIND_HOST: Final = "host"
+KIND_IDLE: Final = "idle"
+KIND_MIXED: Final = "mixed"
+# A part that takes at least this share of the step names the bound; below it, nothing dominates.
+DOMINANT_SHARE: Final = 0.5
+BASIS_UNPROFILED: Final = "unprofiled"
+BASIS_TRACED: Final = "traced"
+
+
+def step_windows(traces_steps: pd.DataFrame, rank: int, analysed: AnalysedSteps | None,
+                 busy: Intervals) -> list[tuple[int, int]]:
+    """The spans the split covers: each analysed step's CPU-side span, or the busy span of a trace
+    without ProfilerSteps."""
+    if analysed is not None and analysed.steps:
+        rows = traces_steps[(traces_steps["rank"] == rank).to_numpy()
+                            & traces_steps["step"].isin(list(analysed.steps)).to_numpy()]
+        return [(int(s), int(e)) for s, e in zip(rows["start_ns"], rows["end_ns"]) if e > s]
+    if len(busy[0]):
+        return [(int(busy[0][0]), int(busy[1][-1]))]
+    return []
+
+
+def _launch_times(events: pd.DataFrame, work: pd.DataFrame) -> np.ndarray:
+    """Per row of ``work`` (GPU events): when the runtime call that launched it began (-1: unknown)."""
+    runtime = events[(events["kind"] == schema.KIND_RUNTIME).to_numpy() & (events["correlation"] >= 0).to_numpy()]
+    first = runtime.groupby("correlation")["start_ns"].min()
+    return work["correlation"].map(first).fillna(-1).to_numpy(dtype=np.int64)
+
+
+def gap_starters(events: pd.DataFrame, host_comm: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(start_ns, launch_ns) of every piece of work that can end a GPU idle gap, sorted by start:
+    GPU events with their launch time (-1 when the trace holds no launch), and host-backend
+    collectives (launched by no runtime call: -1)."""
+    gpu = events[events["kind"].isin([schema.KIND_KERNEL, schema.KIND_MEMCPY, schema.KIND_MEMSET]).to_numpy()]
+    starts = np.concatenate([gpu["start_ns"].to_numpy(dtype=np.int64), host_comm["start_ns"].to_numpy(dtype=np.int64)])
+    launches = np.concatenate([_launch_times(events, gpu), np.full(len(host_comm), -1, dtype=np.int64)])
+    order = np.lexsort((-launches, starts))  # by start; of work starting together, the latest launch
+    return starts[order], launches[order]
+
+
+def split_idle(gaps: list[tuple[int, int]], starts: np.ndarray, launches: np.ndarray) -> tuple[int, int]:
+    """(host wait, other idle) ns of idle ``gaps``: a gap is host wait when the first work starting at
+    or after its end was launched after the gap began."""
+    host = other = 0
+    for a, b in gaps:
+        i = int(np.searchsorted(starts, b, side="left"))
+        if i < len(starts) and launches[i] >= a:
+            host += b - a
+        else:
+            other += b - a
+    return host, other
+
+
+def gpu_split(windows: list[tuple[int, int]], comm: Intervals, compute: Intervals, busy: Intervals,
+              starts: np.ndarray, launches: np.ndarray) -> dict[str, int]:
+    """The BOUND_COLUMNS of a GPU rank over ``windows`` (every GPU event, clipped to each window)."""
+    out = dict.fromkeys(BOUND_COLUMNS, 0)
+    known_launch = bool((launches >= 0).any())
+    for lo, hi in windows:
+        c, k, b = clip_intervals(comm, lo, hi), clip_intervals(compute, lo, hi), clip_intervals(busy, lo, hi)
+        exposed = total_ns(c) - overlap_ns(c, k)
+        host, other = split_idle(complement(lo, hi, b), starts, launches)
+        out["bound_window_ns"] += hi - lo
+        out["bound_exposed_comm_ns"] += exposed
+        out["bound_compute_ns"] += total_ns(b) - exposed
+        out["host_wait_ns"] += host
+        out["other_idle_ns"] += other
+    if not known_launch:  # a trace without runtime calls (CUDA activity alone): no gap can be told
+        out["other_idle_ns"] += out["host_wait_ns"]
+        out["host_wait_ns"] = UNKNOWN_NS
+    return out
+
+
+def cpu_split(windows: list[tuple[int, int]], comm: Intervals, compute: Intervals) -> dict[str, int]:
+    """The BOUND_COLUMNS of a CPU rank over ``windows`` (host wait does not apply: -1)."""
+    out = dict.fromkeys(BOUND_COLUMNS, 0)
+    for lo, hi in windows:
+        c, k = clip_intervals(comm, lo, hi), clip_intervals(compute, lo, hi)
+        exposed = total_ns(c) - overlap_ns(c, k)
+        out["bound_window_ns"] += hi - lo
+        out["bound_exposed_comm_ns"] += exposed
+        out["bound_compute_ns"] += total_ns(k)
+        out["other_idle_ns"] += max(hi - lo - total_ns(k) - exposed, 0)
+    out["host_wait_ns"] = UNKNOWN_NS
+    return out
+
+
+def bound_kind(compute: float, exposed_comm: float, host_wait: float | None, other_idle: float) -> str:
+    """The part that takes at least :data:`DOMINANT_SHARE` of the step, else ``mixed``."""
+    parts = {KIND_COMPUTE: compute, KIND_COMMUNICATION: exposed_comm, KIND_HOST: host_wait or 0.0,
+             KIND_IDLE: other_idle}
+    total = sum(parts.values())
+    if total <= 0:
+        return KIND_MIXED
+    kind, biggest = max(parts.items(), key=lambda kv: kv[1])
+    return kind if biggest >= DOMINANT_SHARE * total else KIND_MIXED
+
+
+def unprofiled_split(compute: float, exposed_comm: float, host_wait: float | None, other_idle: float,
+                     step: float) -> tuple[float, float, float | None, float]:
+    """The parts of a traced step moved to the unprofiled ``step`` (same unit as the parts): the traced
+    excess comes out of host wait first, then other idle (the profiler slows the host, not the
+    device); if idle cannot absorb it, compute and communication shrink in proportion."""
+    excess = compute + exposed_comm + (host_wait or 0.0) + other_idle - step
+    if excess <= 0:
+        return compute, exposed_comm, host_wait, other_idle
+    if host_wait is not None:
+        taken = min(host_wait, excess)
+        host_wait, excess = host_wait - taken, excess - taken
+    taken = min(other_idle, excess)
+    other_idle, excess = other_idle - taken, excess - taken
+    if excess > 0 and compute + exposed_comm > 0:
+        scale = (compute + exposed_comm - excess) / (compute + exposed_comm)
+        compute, exposed_comm = compute * scale, exposed_comm * scale
+    return compute, exposed_comm, host_wait, other_idle
+
+
+# --- the run's bound (``summary --json`` ``bound``) ---------------------------------------------
+
+class RankBound(msgspec.Struct, kw_only=True):
+    """One rank's traced step split (ms per analysed step; they add up to ``step_ms``)."""
+
+    step_ms: float
+    compute_ms: float
+    exposed_comm_ms: float
+    host_wait_ms: float | None
+    other_idle_ms: float
+    kind: str
+
+
+class Loss(msgspec.Struct, kw_only=True):
+    """The largest part of the step that is not compute: what to act on first."""
+
+    kind: str
+    """``communication`` (exposed), ``host`` (the GPU waited for launches) or ``idle`` (other idle)."""
+    ms: float
+    share: float
+    """Of the step (0-1)."""
+
+
+class BoundSummary(msgspec.Struct, kw_only=True):
+    """What bounds the step (module docstring): the parts of one step, median over ranks of each
+    rank's mean over its analysed steps; on ``basis`` ``unprofiled`` moved to the timers' unprofiled
+    step (the profiler's share taken out of the idle parts)."""
+
+    kind: str
+    """``compute`` / ``communication`` / ``host``: the part that takes at least half the step;
+    ``mixed`` when none does (or other idle does)."""
+    step_ms: float
+    compute_ms: float
+    exposed_comm_ms: float
+    host_wait_ms: float | None
+    """None on a CPU rank (the host is the device) or a trace without launches (a note says why)."""
+    other_idle_ms: float
+    basis: str
+    """``unprofiled`` (the timers' unprofiled step, the profiler's share taken out) or ``traced``."""
+    device: str
+    """``gpu`` (the GPU's time) or ``cpu`` (the training thread's)."""
+    loss: Loss | None
+    """The largest non-compute part; None when the step is all compute."""
+    traced_step_ms: float
+    profiler_share_ms: float
+    """What was taken out of the traced step's idle parts for the unprofiled basis (0 on ``traced``)."""
+    per_rank: dict[str, RankBound]
+    note: str | None = None
+
+
+def _rank_bounds(overlap: pd.DataFrame) -> dict[str, RankBound]:
+    out = {}
+    for r in overlap.to_dict(orient="records"):
+        n = max(int(r["n_steps"]), 1)
+        if int(r["bound_window_ns"]) <= 0:
+            continue
+        host = None if int(r["host_wait_ns"]) < 0 else r["host_wait_ns"] / n / NS_PER_MS
+        parts = (r["bound_compute_ns"] / n / NS_PER_MS, r["bound_exposed_comm_ns"] / n / NS_PER_MS, host,
+                 r["other_idle_ns"] / n / NS_PER_MS)
+        out[str(int(r["rank"]))] = RankBound(
+            step_ms=round(r["bound_window_ns"] / n / NS_PER_MS, 3), compute_ms=round(parts[0], 3),
+            exposed_comm_ms=round(parts[1], 3), host_wait_ms=None if host is None else round(host, 3),
+            other_idle_ms=round(parts[3], 3), kind=bound_kind(*parts))
+    return out
+
+
+def _median(values: list[float]) -> float:
+    return float(np.median(values))
+
+
+def summarize_bound(overlap: pd.DataFrame, profiler: ProfilerCost | None) -> BoundSummary | None:
+    """The run's bound from the OVERLAP rows and what the profiler cost; None without a step span."""
+    per_rank = _rank_bounds(overlap)
+    if not per_rank:
+        return None
+    ranks = list(per_rank.values())
+    hosts = [r.host_wait_ms for r in ranks if r.host_wait_ms is not None]
+    compute = _median([r.compute_ms for r in ranks])
+    comm = _median([r.exposed_comm_ms for r in ranks])
+    host: float | None = _median(hosts) if len(hosts) == len(ranks) else None
+    idle = _median([r.other_idle_ms for r in ranks])
+    traced = _median([r.step_ms for r in ranks])
+    devices = set(overlap["device"].astype(str))
+    device = devices.pop() if len(devices) == 1 else "mixed"
+    notes = []
+    if device == schema.OVERLAP_CPU:
+        notes.append("host_wait_ms is null: on a CPU rank the training thread is the device, so nothing waits "
+                     "for it; other_idle_ms is the thread's time outside traced ops and collectives")
+    elif host is None:
+        notes.append("host_wait_ms is null: the traces hold no kernel launches (CUDA activity alone), so an "
+                     "idle gap cannot be told to be the host's; other_idle_ms holds all idle time")
+    basis, step, share = BASIS_TRACED, traced, 0.0
+    if profiler is not None and profiler.slowdown >= NOISE_SLOWDOWN:
+        basis, step = BASIS_UNPROFILED, profiler.unprofiled_step_ms
+        before = compute + comm + (host or 0.0) + idle
+        compute, comm, host, idle = unprofiled_split(compute, comm, host, idle, step)
+        share = max(before - (compute + comm + (host or 0.0) + idle), 0.0)
+        if not profiler.headline:
+            notes.append(f"the unprofiled step ({step:.2f} ms) comes from {profiler.fewest_unprofiled_steps} clean "
+                         "unprofiled step(s) on the fewest rank: the split is as good as that step time")
+    elif profiler is not None:
+        notes.append("the split is the traced step's: the unprofiled steps were slower than the profiled ones "
+                     "(noise), so the profiler's share cannot be taken out")
+    else:
+        notes.append("the split is the traced step's: without the recorder's timers the profiler's share of "
+                     "the idle time is unknown and included")
+    losses = {KIND_COMMUNICATION: comm, KIND_HOST: host or 0.0, KIND_IDLE: idle}
+    loss_kind, loss_ms = max(losses.items(), key=lambda kv: kv[1])
+    total = compute + comm + (host or 0.0) + idle
+    loss = Loss(kind=loss_kind, ms=round(loss_ms, 3), share=round(loss_ms / total, 4)) if loss_ms > 0 and total else None
+    kind = bound_kind(compute, comm, host, idle)
+    return BoundSummary(
+        kind=KIND_MIXED if kind == KIND_IDLE else kind, step_ms=round(step, 3), compute_ms=round(compute, 3),
+        exposed_comm_ms=round(comm, 3), host_wait_ms=None if host is None else round(host, 3),
+        other_idle_ms=round(idle, 3), basis=basis, device=device, loss=loss, traced_step_ms=round(traced, 3),
+        profiler_share_ms=round(share, 3), per_rank=per_rank, note="; ".join(notes) or None)
+
+
+# --- per unit -----------------------------------------------------------------------------------
+
+def host_wait_gaps(windows: list[tuple[int, int]], busy: Intervals, starts: np.ndarray,
+                   launches: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(launch_ns, gap_ns) of each host-wait gap in ``windows``: the launch the GPU waited for."""
+    at, size = [], []
+    for lo, hi in windows:
+        for a, b in complement(lo, hi, clip_intervals(busy, lo, hi)):
+            i = int(np.searchsorted(starts, b, side="left"))
+            if i < len(starts) and launches[i] >= a:
+                at.append(int(launches[i]))
+                size.append(b - a)
+    return np.asarray(at, dtype=np.int64), np.asarray(size, dtype=np.int64)
+
+
+def unit_host_wait(unit_steps: pd.DataFrame, windows: pd.DataFrame, launch_ns: np.ndarray,
+                   gap_ns: np.ndarray) -> np.ndarray:
+    """Per row of one rank's ``unit_steps``: the host-wait gaps whose awaited launch the host made
+    inside that unit pass's window, each gap counted once, for the innermost window holding its launch
+    (a unit nested in another is its own)."""
+    out = np.zeros(len(unit_steps), dtype=np.int64)
+    if not len(launch_ns) or windows.empty:
+        return out
+    w_start = windows["start_ns"].to_numpy(np.int64)
+    w_end = windows["end_ns"].to_numpy(np.int64)
+    keys = list(zip(windows["step"].astype(int), windows["unit"].astype(str), windows["phase"].astype(str)))
+    row_of = {k: i for i, k in enumerate(zip(unit_steps["step"].astype(int), unit_steps["unit"].astype(str),
+                                             unit_steps["phase"].astype(str)))}
+    span = w_end - w_start
+    for t, g in zip(launch_ns.tolist(), gap_ns.tolist()):
+        inside = np.flatnonzero((w_start <= t) & (t < w_end))
+        if not len(inside):
+            continue
+        row = row_of.get(keys[int(inside[np.argmin(span[inside])])])
+        if row is not None:
+            out[row] += g
+    return out

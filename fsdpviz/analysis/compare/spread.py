@@ -1,0 +1,121 @@
+"""Step-to-step spread of a run's numbers, and when a best value earns its star.
+
+A compare table marks the best value of a row. Two recordings of one setting differ from each other
+by about as much as one recording's steps differ among themselves, so a difference no larger than
+that is not a property of the settings. Here a run's *spread* of a figure is the range (highest
+minus lowest) of its per-step values over the steps the figure is taken from, each step's value
+the median over ranks:
+
+- ``step_time_ms``: the timers' unprofiled steps when the summary's step time is theirs
+  (``step_time_source`` ``timers``), else the analysed steps as traced;
+- ``overlap.exposed_comm_ms`` and ``overlap.comm_ms``: the analysed steps' exposed and total
+  communication;
+- a unit group's times: the group's units summed per step (forward and backward compute, all-gather,
+  reduce-scatter, exposed communication).
+
+:func:`clear_best` keeps the star of a row only when the best value beats every other run by more
+than the larger of the two runs' spreads. A spread is None where a run has fewer than two steps
+of the figure; such a pair is not checked (the comparison's notes say the spread cannot be seen).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Final
+
+import pandas as pd
+
+from fsdpviz.formatting import NS_PER_MS
+
+if TYPE_CHECKING:
+    from fsdpviz.analysis.compare.units import UnitGroup
+    from fsdpviz.analysis.pipeline import LabelledRun
+
+# headline key -> STEP_TIMES column whose per-step values it summarises
+STEP_COLUMNS: Final = {"overlap.exposed_comm_ms": "exposed_comm_ns", "overlap.comm_ms": "comm_ns"}
+# unit group metric -> (UNIT_STEPS columns summed, phase or "" for both)
+UNIT_COLUMNS: Final = {
+    "forward_ms": (("compute_ns",), "forward"),
+    "backward_ms": (("compute_ns",), "backward"),
+    "all_gather_ms": (("ag_ns",), ""),
+    "reduce_scatter_ms": (("rs_ns",), ""),
+    "exposed_comm_ms": (("ag_exposed_ns", "rs_exposed_ns", "ar_exposed_ns"), ""),
+    "forward_exposed_all_gather_ms": (("ag_exposed_ns",), "forward"),
+    "backward_exposed_all_gather_ms": (("ag_exposed_ns",), "backward"),
+    "exposed_reduce_scatter_ms": (("rs_exposed_ns",), ""),
+}
+
+
+def _range(per_step: pd.Series) -> float | None:
+    values = per_step.dropna().to_numpy(dtype=float)
+    return round(float(values.max() - values.min()), 3) if len(values) >= 2 else None
+
+
+def step_values_ms(run: LabelledRun, key: str) -> pd.Series | None:
+    """Per step (index), the median over ranks of the figure ``key`` in ms; None where the run has
+    no per-step values of it."""
+    summary = run.summary
+    if key == "step_time_ms":
+        profiler = summary.profiler
+        if summary.step_time_source == "timers" and profiler is not None:
+            from fsdpviz.analysis.profiler_cost import whole_step_times
+
+            timers = run.traces.timers
+            rows = whole_step_times(timers) if timers is not None and not timers.empty else pd.DataFrame()
+            if rows.empty:
+                return None
+            rows = rows[rows["step"].isin(profiler.unprofiled_steps)]
+            return rows.groupby("step")["ms"].median()
+        times = run.analysis.step_times
+        return None if times.empty else times.groupby("step")["step_ns"].median() / NS_PER_MS
+    column = STEP_COLUMNS.get(key)
+    times = run.analysis.step_times
+    if column is None or times.empty:
+        return None
+    return times.groupby("step")[column].median() / NS_PER_MS
+
+
+def headline_spread_ms(run: LabelledRun, key: str) -> float | None:
+    """The run's step-to-step spread of a headline figure (the module docstring), None if unknown."""
+    values = step_values_ms(run, key)
+    return None if values is None else _range(values)
+
+
+def group_spread_ms(run: LabelledRun, group: UnitGroup, metric: str) -> float | None:
+    """The run's step-to-step spread of a unit group's time ``metric``, None if unknown."""
+    spec = UNIT_COLUMNS.get(metric)
+    names = group.members.get(run.label) or []
+    steps = run.analysis.unit_steps
+    if spec is None or not names or steps.empty:
+        return None
+    columns, phase = spec
+    rows = steps[steps["unit"].isin(names)]
+    if phase:
+        rows = rows[rows["phase"] == phase]
+    if rows.empty:
+        return None
+    total = rows[list(columns)].clip(lower=0).sum(axis=1)
+    per_rank_step = total.groupby([rows["rank"], rows["step"]]).sum()
+    return _range(per_rank_step.groupby(level="step").median() / NS_PER_MS)
+
+
+def clear_best(values: Sequence[float | int | None], spreads: Sequence[float | None],
+               best: Sequence[int]) -> tuple[list[int], str]:
+    """The best runs of a row that beat every other run by more than the spread, and why a star
+    is withheld ("" when it is not)."""
+    if not best:
+        return [], ""
+    for i in best:
+        vi = values[i]
+        for j, vj in enumerate(values):
+            if j in best or vj is None or vi is None:
+                continue
+            known = [s for s in (spreads[i], spreads[j]) if s is not None]
+            if len(known) < 2:
+                continue
+            limit = max(known)
+            if abs(float(vj) - float(vi)) <= limit:
+                return [], (f"the difference ({abs(float(vj) - float(vi)):.3g} ms) is within the runs' step-to-step "
+                            f"spread ({limit:.3g} ms)")
+    return list(best), ""
+

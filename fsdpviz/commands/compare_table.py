@@ -1,0 +1,126 @@
+"""The tables of ``fsdpviz compare`` in the terminal: the same numbers, marks and spreads as the page.
+
+Every value, best mark (``*``) and spread comes from the :class:`~fsdpviz.analysis.compare.model.Comparison`
+that the page and ``compare --json`` read, so the three never disagree.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fsdpviz.analysis.compare.model import (
+    GROUP_METRICS,
+    HEADLINE_FIELDS,
+    Comparison,
+    HeadlineField,
+    unit_index,
+)
+from fsdpviz.analysis.compare.units import BY_FQN, BY_PARAM_SIZES, group_values
+from fsdpviz.formatting import format_bytes, format_ms, format_pct
+
+BEST_MARK = "*"
+
+
+def value_text(unit: str, value: Any) -> str:
+    """A number as the compare page writes it ("-" when unknown)."""
+    if value is None:
+        return "-"
+    if unit == "ms":
+        return format_ms(float(value))
+    if unit == "%":
+        return format_pct(float(value))
+    if unit == "bytes":
+        return format_bytes(float(value)) or "-"
+    return f"{value:,}"
+
+
+def _delta(field: HeadlineField, delta: Any) -> str:
+    if delta is None:
+        return ""
+    sign = "+" if delta > 0 else "-" if delta < 0 else "±"
+    return f"{sign}{value_text(field.unit, abs(delta))}"
+
+
+def headline_rows(comparison: Comparison) -> list[list[str]]:
+    """[label, cell per run] for each headline number any run has: value, best mark, delta against
+    the first run, and the run's step-to-step spread where known."""
+    rows = []
+    for field in HEADLINE_FIELDS:
+        values = comparison.values[field.key]
+        if all(v is None for v in values) or (field.unit == "bytes" and all(not v for v in values)):
+            continue
+        best = set(comparison.best[field.key])
+        spreads = comparison.spread.get(field.key) or [None] * len(values)
+        cells = []
+        for i, value in enumerate(values):
+            text = value_text(field.unit, value) + (f" {BEST_MARK}" if i in best else "")
+            extra = [_delta(field, comparison.deltas[field.key][i])] if i > 0 else []
+            if spreads[i] is not None and value is not None:
+                extra.append(f"spread {format_ms(spreads[i])}")
+            extra = [e for e in extra if e]
+            cells.append(text + (f" ({', '.join(extra)})" if extra else ""))
+        rows.append([field.label, *cells])
+    return rows
+
+
+def unit_rows(comparison: Comparison) -> list[list[str]]:
+    """[label, cell per run] for each unit group: the units of each run, then its numbers."""
+    rows: list[list[str]] = []
+    indexes = [unit_index(r) for r in comparison.runs]
+    for group in comparison.match.groups:
+        members = []
+        for label in comparison.labels:
+            units = group.members.get(label) or []
+            held = group.held_by.get(label)
+            members.append(" + ".join(units) if units else f"in {held}" if held else "-")
+        rows.append([group.name, *members])
+        values = [group_values(group, r.label, idx) for r, idx in zip(comparison.runs, indexes)]
+        marks = comparison.unit_best.get(group.name, {})
+        spreads = comparison.unit_spread.get(group.name, {})
+        for metric, title, unit in GROUP_METRICS:
+            row = [v.get(metric) for v in values]
+            if all(v is None for v in row):
+                continue
+            best = set(marks.get(metric, []))
+            spread = spreads.get(metric) or [None] * len(row)
+            cells = [value_text(unit, v) + (f" {BEST_MARK}" if i in best else "")
+                     + (f" (spread {format_ms(s)})" if s is not None and v is not None else "")
+                     for i, (v, s) in enumerate(zip(row, spread))]
+            rows.append([f"  {title}", *cells])
+    return rows
+
+
+def print_comparison(comparison: Comparison) -> None:
+    """The headline and per-unit tables of a comparison on stdout, then its notes."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = Console()
+    labels = [escape(lb) for lb in comparison.labels]
+    head = Table(title=f"runs side by side ({BEST_MARK} best beyond the step-to-step spread; deltas against "
+                       f"{labels[0]})", title_justify="left")
+    head.add_column("")
+    for label in labels:
+        head.add_column(label, justify="right")
+    for row in headline_rows(comparison):
+        head.add_row(*(escape(c) for c in row))
+    console.print(head)
+    rows = unit_rows(comparison)
+    if rows:
+        basis = comparison.match.basis
+        held = ("rows hold the same parameters in every run" if basis in (BY_FQN, BY_PARAM_SIZES)
+                else "run.json lists no parameters: rows hold the same ones as far as that tells")
+        units = Table(title=f"per-unit comparison (matched by {basis}; {held}; times are medians per step, "
+                            "summed)", title_justify="left")
+        units.add_column("unit group")
+        for label in labels:
+            units.add_column(label, justify="right")
+        for row in rows:
+            units.add_row(*(escape(c) for c in row))
+        console.print(units)
+    for label, unit in comparison.match.whole_model.items():
+        console.print(escape(f"note: {label} holds the whole model in one unit ({unit}): compare it on the "
+                             "headline numbers."))
+    for note in comparison.notes:
+        console.print(escape(f"note: {note}"))

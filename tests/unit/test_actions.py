@@ -1,0 +1,131 @@
+"""Findings a person reads in ten seconds: alike findings as one line, the bound first, at most five
+shown, and no knob advised that cannot help.
+
+Built findings check the grouping arithmetic (ranges and totals known by construction); the H100
+gloo recording is the wall of 20 findings this exists for, and the bundled samples the runs a user
+meets first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fsdpviz.analysis import findings as fnd
+from fsdpviz.analysis.actions import (
+    HOST_BACKEND_BLOCKS,
+    MAX_SHOWN,
+    action_text,
+    build_actions,
+    group_findings,
+    with_prediction,
+)
+from fsdpviz.analysis.pipeline import analyse
+from fsdpviz.analysis.records import Finding
+from fsdpviz.whatif.gains import predicted_actions
+
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
+PREFETCH = "prefetch one more unit ahead (the pass computes longer than it gathers; costs memory)"
+
+
+def _outlasting(unit: str, phase: str, lost: float) -> Finding:
+    return Finding(kind="exposed_all_gather", cause=fnd.CAUSE_OUTLASTS_COMPUTE, unit=unit, phase=phase,
+                   lost_ms_per_step=lost, message=f"{unit}: all-gather exposed {lost} ms/step in {phase}; prefetched, "
+                   "but it outlasts the compute before it", knob=PREFETCH)
+
+
+def test_alike_findings_are_one_line_with_range_and_total() -> None:
+    alike = [_outlasting(f"blocks.{i}", phase, 54.0 + i) for i in range(8) for phase in ("forward", "backward")]
+    other = Finding(kind="exposed_reduce_scatter", cause=fnd.CAUSE_NOTHING_LEFT, unit="(root)", phase="backward",
+                    lost_ms_per_step=3.0, message="reduce-scatter of (root) exposed 3.00 ms/step in backward")
+    actions = group_findings([*alike, other])
+    assert len(actions) == 2
+    gathers = actions[0]
+    assert gathers.count == 16 and gathers.units[:2] == ["blocks.0 forward", "blocks.0 backward"]
+    # 2 x (54 + 55 + ... + 61) = 920 ms; each 54-61 ms
+    assert gathers.lost_ms_per_step == 920.0 and (gathers.lost_ms_min, gathers.lost_ms_max) == (54.0, 61.0)
+    assert "in 16 unit-passes: 54.00-61.00 ms each, 920.00 ms/step" in gathers.message
+    assert gathers.knob == PREFETCH
+    assert actions[1].count == 1 and actions[1].message == other.message  # alone: its own words
+
+
+def test_prefetch_is_not_advised_where_gloo_runs_collectives_on_the_host() -> None:
+    (action,) = group_findings([_outlasting("blocks.1", "forward", 5.0)], host_backend_on_gpu=True)
+    assert action.knob == "" and action.why_not == HOST_BACKEND_BLOCKS
+    assert "Prefetch cannot help on this run" in action_text(action)
+
+
+def test_a_knob_predicted_to_gain_nothing_is_not_advised() -> None:
+    (action,) = group_findings([_outlasting("blocks.1", "forward", 5.0)])
+    none = with_prediction(action, 0.0, "predicted +0.00 ms/step (+0.0 %) (fsdpviz whatif: prefetch 2)")
+    assert none.knob == "" and "Try:" not in action_text(none) and "predicts no gain" in none.why_not
+    gain = with_prediction(action, -2.5, "predicted -2.50 ms/step (-5.0 %) (fsdpviz whatif: prefetch 2)")
+    assert gain.knob == PREFETCH and "Try: " in action_text(gain) and gain.predicted_change_ms == -2.5
+    assert with_prediction(action, None, "") == action  # not predicted: as it was
+
+
+def test_at_most_five_shown() -> None:
+    many = [Finding(kind="straggler", cause=fnd.CAUSE_STRAGGLER, rank=r, lost_ms_per_step=10.0 - r,
+                    message=f"rank {r} is late") for r in range(8)]
+    actions = build_actions(many, None)
+    assert len(actions) == 8 and [a.folded for a in actions] == [False] * MAX_SHOWN + [True] * 3
+
+
+def test_gloo_wall_of_findings_reads_as_a_few_lines(gpu_fsdp_run: Callable[[str], Any]) -> None:
+    result = gpu_fsdp_run("h100-fsdp2-gloo2-block")
+    summary = result.summary
+    assert len(summary.findings) == 20
+    actions = predicted_actions(result)
+    assert len(actions) <= MAX_SHOWN and not any(a.folded for a in actions)
+    first = actions[0]
+    assert first.kind == "bound" and first.cause == "communication" and first.message.startswith("communication-bound")
+    assert first.why_not == HOST_BACKEND_BLOCKS and "prefetch" not in first.knob
+    # the one sentence the run needs: per unit, 3-10 ms of compute against 116-144 ms of gathering
+    assert "; per unit, compute 3." in first.message and "ms of all-gather per step" in first.message
+    outlast = next(a for a in actions if a.cause == fnd.CAUSE_OUTLASTS_COMPUTE)
+    # every prefetched all-gather that outlasts its compute, in one line: 15 unit-passes of 54-68 ms
+    assert outlast.count >= 12 and 50 < outlast.lost_ms_min <= outlast.lost_ms_max < 70
+    assert outlast.lost_ms_per_step == pytest.approx(
+        sum(f.lost_ms_per_step or 0 for f in summary.findings if f.cause == fnd.CAUSE_OUTLASTS_COMPUTE), abs=0.01)
+    # no action advises prefetch on a run whose collectives are synchronous
+    assert not [a for a in actions if "prefetch" in a.knob]
+
+
+def test_launch_bound_recording_leads_with_fewer_units(gpu_fsdp_run: Callable[[str], Any]) -> None:
+    actions = predicted_actions(gpu_fsdp_run("h100-fsdp2-fake8-block"))
+    first = actions[0]
+    assert first.kind == "bound" and first.cause == "host" and "fewer or larger units" in first.knob
+    # predicted through whatif (merge:2): a gain, and no larger than the host wait it comes from
+    assert first.predicted_change_ms is not None and -first.lost_ms_per_step <= first.predicted_change_ms < 0
+
+
+@pytest.mark.parametrize("sample", ["fsdp2-cpu-2rank", "fsdp1-cpu-2rank", "zero3-cpu-2rank", "fsdp2-cpu-2rank-plain"])
+def test_samples_advise_nothing_predicted_to_gain_nothing(sample: str) -> None:
+    result = analyse([SAMPLES / sample], cache=False)
+    bound = result.summary.bound
+    assert bound is not None and bound.device == "cpu" and bound.host_wait_ms is None
+    contract = result.summary.to_json()["bound"]
+    assert {"kind", "compute_ms", "exposed_comm_ms", "host_wait_ms", "other_idle_ms", "basis"} <= set(contract)
+    parts = bound.compute_ms + bound.exposed_comm_ms + bound.other_idle_ms
+    assert parts == pytest.approx(bound.step_ms, abs=0.01)
+    # the plain torch.profiler sample has no timers: its split is the traced step's, and says so
+    assert (bound.basis == "traced") == sample.endswith("plain")
+    if bound.basis == "traced":
+        assert "without the recorder's timers" in (bound.note or "")
+    actions = predicted_actions(result)
+    assert sum(not a.folded for a in actions) <= MAX_SHOWN
+    # the bound first, then what to try, then the rest; each by time lost
+    rest = [a for a in actions if a.kind != "bound"]
+    advised = [a for a in rest if a.knob]
+    assert rest == advised + [a for a in rest if not a.knob]
+    for part in (advised, [a for a in rest if not a.knob]):
+        lost = [a.lost_ms_per_step or 0.0 for a in part]
+        assert lost == sorted(lost, reverse=True)
+    for a in actions:
+        if a.knob and a.predicted_change_ms is not None:
+            assert a.predicted_change_ms < 0
+        if a.predicted_change_ms is not None and a.predicted_change_ms > -0.005:
+            assert a.knob == "" and "predicts no gain" in a.why_not

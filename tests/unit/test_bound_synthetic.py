@@ -1,0 +1,158 @@
+"""What bounds the step, on traces whose answer is known by construction.
+
+Hand-built traces (tests/helpers/kineto.py) fix every gap: which kernel ends it and when that kernel
+was launched, so the split into compute, exposed communication, host wait and other idle is exact.
+Simulated FSDP2 runs (tests/synth) give the two kinds of step users meet: one whose kernels are far
+shorter than the host's work to launch them, one whose all-gathers crawl.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers.kineto import TraceBuilder
+from synth import generate_run
+from synth.scenario import Scenario, make_units
+
+from fsdpviz.analysis.bound import bound_kind, summarize_bound, unprofiled_split
+from fsdpviz.analysis.overlap import compute_overlap
+from fsdpviz.analysis.pipeline import analyse
+from fsdpviz.trace import load_traces
+
+US = 1000
+GEMM = "volta_sgemm_128x64_nn"
+NCCL_AG = "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+STEPS = (1, 2, 3)  # 1 ms each; the analysis keeps 1 and 2 (the last is left out)
+
+
+def _row(path: Path) -> dict:
+    return compute_overlap(load_traces([path], cache=False)).iloc[0].to_dict()
+
+
+def _launch_bound(tmp_path: Path, *, launches: bool = True) -> Path:
+    """Per step: the host launches a 20 µs kernel every 100 µs; each runs 5 µs after its launch."""
+    b = TraceBuilder()
+    for n in STEPS:
+        t0 = (n - 1) * 1000.0
+        b.step(n, t0, 1000.0)
+        for i in range(10):
+            b.kernel(GEMM, t0 + 100 * i + 5, 20, launch_us=t0 + 100 * i if launches else None)
+    return b.write(tmp_path / "rank0.trace.json")
+
+
+def _comm_bound(tmp_path: Path) -> Path:
+    """Per step T: compute 10-110 µs, an all-gather 110-710 µs, then compute 750-800 µs; all three
+    launched in the first 3 µs, so the GPU's wait 710-750 is for the gather's event, not the host."""
+    b = TraceBuilder()
+    for n in STEPS:
+        t = (n - 1) * 1000.0
+        b.step(n, t, 1000.0)
+        b.kernel(GEMM, t + 10, 100, stream=7, launch_us=t + 1)
+        b.kernel(NCCL_AG, t + 110, 600, stream=20, launch_us=t + 2)
+        b.kernel(GEMM, t + 750, 50, stream=7, launch_us=t + 3)
+    return b.write(tmp_path / "rank0.trace.json")
+
+
+def test_launch_bound_step_waits_for_the_host(tmp_path: Path) -> None:
+    row = _row(_launch_bound(tmp_path))
+    assert row["n_steps"] == 2
+    # per step: 10 x 20 µs computing; every gap (before, between and after the kernels) ends with a
+    # kernel launched after the gap began
+    assert row["bound_window_ns"] == 2 * 1000 * US
+    assert row["bound_compute_ns"] == 2 * 200 * US
+    assert row["host_wait_ns"] == 2 * 800 * US
+    assert row["other_idle_ns"] == 0 and row["bound_exposed_comm_ns"] == 0
+    bound = summarize_bound(compute_overlap(load_traces([tmp_path / "rank0.trace.json"], cache=False)), None)
+    assert bound is not None
+    assert bound.kind == "host" and bound.basis == "traced"
+    assert (bound.step_ms, bound.compute_ms, bound.host_wait_ms) == (1.0, 0.2, 0.8)
+    assert bound.loss is not None and bound.loss.kind == "host" and bound.loss.share == 0.8
+
+
+def test_comm_bound_step_splits_exposed_gather_host_wait_and_event_wait(tmp_path: Path) -> None:
+    row = _row(_comm_bound(tmp_path))
+    per_step = {k: row[k] / 2 / US for k in ("bound_compute_ns", "bound_exposed_comm_ns", "host_wait_ns",
+                                              "other_idle_ns")}
+    # 0-10 waits for the first launch, 800-1000 for the next step's: host wait 210 µs;
+    # 710-750 waits with the kernel already launched: other idle 40 µs
+    assert per_step == {"bound_compute_ns": 150, "bound_exposed_comm_ns": 600, "host_wait_ns": 210,
+                        "other_idle_ns": 40}
+    bound = summarize_bound(compute_overlap(load_traces([tmp_path / "rank0.trace.json"], cache=False)), None)
+    assert bound is not None and bound.kind == "communication" and bound.exposed_comm_ms == 0.6
+
+
+def test_without_launches_host_wait_is_unknown(tmp_path: Path) -> None:
+    overlap = compute_overlap(load_traces([_launch_bound(tmp_path, launches=False)], cache=False))
+    assert overlap["host_wait_ns"].iat[0] == -1
+    assert overlap["other_idle_ns"].iat[0] == 2 * 800 * US  # all idle, cause unknown
+    bound = summarize_bound(overlap, None)
+    assert bound is not None and bound.host_wait_ms is None and "no kernel launches" in (bound.note or "")
+    assert bound.kind == "mixed"  # idle dominates, cause unknown
+
+
+def test_profiler_share_comes_out_of_host_wait_first() -> None:
+    # traced 100 = 40 compute + 10 comm + 30 host + 20 other; unprofiled 70: 30 out of host wait
+    assert unprofiled_split(40, 10, 30, 20, 70) == (40, 10, 0, 20)
+    # unprofiled 55: all the host wait, then 15 of the other idle
+    assert unprofiled_split(40, 10, 30, 20, 55) == (40, 10, 0, 5)
+    # a CPU step (no host wait) slowed beyond its idle: compute and communication shrink together
+    assert unprofiled_split(60.0, 20.0, None, 20.0, 40.0) == (30.0, 10.0, None, 0.0)
+    assert unprofiled_split(40, 10, 30, 20, 120) == (40, 10, 30, 20)  # nothing to take out
+
+
+def test_bound_kind_needs_half_the_step() -> None:
+    assert bound_kind(60, 10, 20, 10) == "compute"
+    assert bound_kind(30, 50, 10, 10) == "communication"
+    assert bound_kind(40, 30, 20, 10) == "mixed"
+    assert bound_kind(10, 0, None, 90) == "idle"
+
+
+@pytest.mark.parametrize(("scenario", "kind"), [
+    # 2 µs kernels behind 12 µs of host work each: the GPU waits for launches
+    (Scenario(units=make_units(4, numel=20_000, fwd_ns=8_000, bwd_ns=16_000), steps=(3, 4, 5)), "host"),
+    # gathers at 0.05 bytes/ns: 4M bf16 parameters take 160 ms against 1.2 ms of compute
+    (Scenario(units=make_units(4), comm_bytes_per_ns=0.05, steps=(3, 4, 5)), "communication"),
+])
+def test_simulated_fsdp2_steps_name_their_bound(tmp_path: Path, scenario: Scenario, kind: str) -> None:
+    run = generate_run(scenario, tmp_path / "run")
+    bound = analyse([run.folder], cache=False).summary.bound
+    assert bound is not None and bound.kind == kind and bound.loss is not None and bound.loss.kind == kind
+    for rank in bound.per_rank.values():
+        parts = rank.compute_ms + rank.exposed_comm_ms + (rank.host_wait_ms or 0) + rank.other_idle_ms
+        assert parts == pytest.approx(rank.step_ms, abs=0.002)
+
+
+def test_host_wait_goes_to_the_innermost_unit_window_holding_the_launch() -> None:
+    import numpy as np
+    import pandas as pd
+
+    from fsdpviz.analysis.bound import unit_host_wait
+
+    unit_steps = pd.DataFrame({"step": [1, 1, 1], "unit": ["(root)", "blocks.0", "blocks.1"],
+                               "phase": ["forward"] * 3})
+    # the root's forward window holds both blocks' windows
+    windows = pd.DataFrame({"step": [1, 1, 1], "unit": ["(root)", "blocks.0", "blocks.1"], "phase": ["forward"] * 3,
+                            "start_ns": [0, 100, 400], "end_ns": [1000, 300, 600]})
+    launches = np.array([50, 150, 250, 450, 1200])  # root, blocks.0 twice, blocks.1, after every window
+    gaps = np.array([7, 11, 13, 17, 19])
+    assert unit_host_wait(unit_steps, windows, launches, gaps).tolist() == [7, 24, 17]
+
+
+def test_units_host_wait_is_part_of_the_ranks(tmp_path: Path) -> None:
+    run = generate_run(Scenario(units=make_units(4, numel=20_000, fwd_ns=8_000, bwd_ns=16_000), steps=(3, 4, 5)),
+                       tmp_path / "run")
+    summary = analyse([run.folder], cache=False).summary
+    assert summary.bound is not None
+    units = sum(u.host_wait_ms or 0.0 for u in summary.units)
+    ranks = float(np.median([r.host_wait_ms for r in summary.bound.per_rank.values()]))
+    # every unit's host work keeps the GPU waiting; the step's data loading and optimizer do too
+    assert all((u.host_wait_ms or 0) > 0 for u in summary.units if u.name != "(root)")
+    assert 0.2 * ranks < units <= ranks + 0.01
+
+
+def test_cpu_units_have_no_host_wait() -> None:
+    sample = Path(__file__).resolve().parents[2] / "sample_traces" / "fsdp2-cpu-2rank"
+    summary = analyse([sample], cache=False).summary
+    assert summary.units and all(u.host_wait_ms is None for u in summary.units)

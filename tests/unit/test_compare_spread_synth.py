@@ -1,0 +1,93 @@
+"""Best marks against the runs' step-to-step spread, on synthetic runs whose steps are known.
+
+Three simulated FSDP2 runs of one model (``tests/synth``) differ only in extra data loading per
+step: ``jittery`` loads 2 ms longer in its second analysed step only (a spread of 2 ms), ``close``
+0.5 ms longer in every step and ``slow`` 5 ms longer in every step. ``close`` is 0.5 ms faster
+than ``jittery`` on average, within jittery's 2 ms spread: no star. ``jittery`` is 4 ms faster
+than ``slow``, beyond both spreads: a star. The spreads themselves are the range of the
+simulation's own step durations (median over ranks).
+"""
+
+from __future__ import annotations
+
+import pytest
+from synth import Scenario, generate_run, make_root, make_units
+
+from fsdpviz.analysis.compare.runs import compare_runs, comparison_json
+from fsdpviz.commands.compare_table import headline_rows, unit_rows
+from fsdpviz.report.compare.build import load_runs
+
+STEPS = (3, 4, 5)
+EXTRA_NS = {"jittery": {4: 2_000_000}, "close": dict.fromkeys(STEPS, 500_000), "slow": dict.fromkeys(STEPS, 5_000_000)}
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    base = tmp_path_factory.mktemp("synth-spread")
+    out = {}
+    for name, extra in EXTRA_NS.items():
+        sc = Scenario(units=make_units(2, numel=1_000_000), root=make_root(), steps=STEPS, step_data_ns=extra,
+                      gradients_per_kernel=False)
+        out[name] = generate_run(sc, base / name, run_folder=True)
+    return out
+
+
+def _truth_steps_ms(run, analysed: list[int]):
+    """The simulation's step durations of the analysed steps, per step the median over ranks, in ms."""
+    steps = run.expected.steps
+    steps = steps[steps["step"].isin(analysed)]
+    return ((steps["end_ns"] - steps["start_ns"]).groupby(steps["step"]).median()) / 1e6
+
+
+def _truth_spread_ms(run, analysed: list[int]) -> float:
+    per_step = _truth_steps_ms(run, analysed)
+    return float(per_step.max() - per_step.min())
+
+
+def _compare(made: dict, names: list[str]):
+    return compare_runs(load_runs([made[n].folder for n in names], names, cache=False))
+
+
+def test_a_difference_within_the_spread_gets_no_star(made: dict) -> None:
+    comparison = _compare(made, ["jittery", "close"])
+    spread = comparison.spread["step_time_ms"]
+    analysed = comparison.runs[0].summary.steps
+    assert 4 in analysed and comparison.runs[1].summary.steps == analysed
+    assert spread[0] == pytest.approx(_truth_spread_ms(made["jittery"], analysed), abs=0.01)
+    assert spread[0] == pytest.approx(2.0, abs=0.05)  # the 2 ms of step 4 by construction
+    assert spread[1] == pytest.approx(_truth_spread_ms(made["close"], analysed), abs=0.01)
+    assert spread[1] < 0.2  # every step the same
+    values = comparison.values["step_time_ms"]
+    assert values == pytest.approx([_truth_steps_ms(made[n], analysed).mean() for n in ("jittery", "close")],
+                                   abs=0.01)
+    assert 0 < values[0] - values[1] < spread[0]  # close is faster, by less than jittery's spread
+    assert comparison.best["step_time_ms"] == []
+    assert "within the runs' step-to-step spread" in comparison.best_withheld["step_time_ms"]
+    out = comparison_json(comparison)
+    assert out["best"]["step_time_ms"] == []
+    assert out["spread_ms"]["step_time_ms"] == spread
+    row = next(r for r in headline_rows(comparison) if r[0] == "step time")
+    assert "*" not in "".join(row[1:]) and "spread 2" in row[1]
+    # the findings follow the same rule: no winner named
+    finding = next(f for f in comparison.findings if f.kind == "step_time")
+    assert finding.better is None and "within noise" in finding.message
+    assert "step-to-step spread" in finding.evidence
+
+
+def test_a_difference_beyond_the_spread_gets_its_star(made: dict) -> None:
+    comparison = _compare(made, ["jittery", "slow"])
+    values = comparison.values["step_time_ms"]
+    analysed = comparison.runs[0].summary.steps
+    assert values == pytest.approx([_truth_steps_ms(made[n], analysed).mean() for n in ("jittery", "slow")],
+                                   abs=0.01)
+    assert values[1] - values[0] > max(comparison.spread["step_time_ms"]) + 1.0  # beyond both spreads
+    assert comparison.best["step_time_ms"] == [0]
+    assert "step_time_ms" not in comparison.best_withheld
+    row = next(r for r in headline_rows(comparison) if r[0] == "step time")
+    assert row[1].split(" (")[0].endswith("*") and "*" not in row[2]
+    # the units compute the same in both runs: no unit row names a better run on compute
+    for group in comparison.match.groups:
+        for metric in ("forward_ms", "backward_ms"):
+            assert comparison.unit_best[group.name][metric] == [], (group.name, metric)
+    assert unit_rows(comparison)[0][0] == "(root)"
+    assert next(f for f in comparison.findings if f.kind == "step_time").better == "jittery"
