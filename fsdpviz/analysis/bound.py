@@ -150,10 +150,12 @@ def unprofiled_split(compute: float, exposed_comm: float, host_wait: float | Non
                      step: float) -> tuple[float, float, float | None, float]:
     """The parts of a traced step moved to the unprofiled ``step`` (same unit as the parts): the traced
     excess comes out of host wait first, then other idle (the profiler slows the host, not the
-    device); if idle cannot absorb it, compute and communication shrink in proportion."""
+    device); if idle cannot absorb it, compute and communication shrink in proportion. An unprofiled
+    step longer than the traced one (within the noise the headline accepts) is longer by time the trace
+    did not see: it goes to other idle, so the parts still add up to ``step``."""
     excess = compute + exposed_comm + (host_wait or 0.0) + other_idle - step
     if excess <= 0:
-        return compute, exposed_comm, host_wait, other_idle
+        return compute, exposed_comm, host_wait, other_idle - excess
     if host_wait is not None:
         taken = min(host_wait, excess)
         host_wait, excess = host_wait - taken, excess - taken

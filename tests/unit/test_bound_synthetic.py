@@ -99,7 +99,9 @@ def test_profiler_share_comes_out_of_host_wait_first() -> None:
     assert unprofiled_split(40, 10, 30, 20, 55) == (40, 10, 0, 5)
     # a CPU step (no host wait) slowed beyond its idle: compute and communication shrink together
     assert unprofiled_split(60.0, 20.0, None, 20.0, 40.0) == (30.0, 10.0, None, 0.0)
-    assert unprofiled_split(40, 10, 30, 20, 120) == (40, 10, 30, 20)  # nothing to take out
+    # an unprofiled step 2 longer than the traced one (noise the headline accepts): nothing to take out,
+    # and the 2 the trace did not see is other idle, so the parts still add up to the step
+    assert unprofiled_split(40, 10, 30, 20, 102) == (40, 10, 30, 22)
 
 
 def test_bound_kind_needs_half_the_step() -> None:
