@@ -14,6 +14,8 @@ from helpers.kineto import TraceBuilder, write_trace
 
 from fsdpviz.analysis.bound import KIND_MEMORY, MEMORY_MARGIN
 from fsdpviz.analysis.pipeline import analyse
+from fsdpviz.commands.summary import bound_text
+from fsdpviz.report.headline import _bound_fact
 
 GEMM = "volta_sgemm_128x64_nn"
 DEVICE = 80 * (1 << 30)
@@ -58,8 +60,14 @@ def test_a_peak_within_the_margin_of_the_device_is_memory_bound(tmp_path: Path, 
         assert f"{100 * share:.0f} %" in first.message
         assert causes[1] == "host"  # the time's bound still follows, with its own knob
         assert summary.to_json()["bound"]["kind"] == KIND_MEMORY
+        # the terminal and the report's headline say it with the peak against the device
+        gib = f"{peak / (1 << 30):,.1f} of 80.0 GiB"
+        assert bound_text(summary).startswith(f"memory-bound: peak {gib} device memory; time host-bound: ")
+        fact = _bound_fact(summary)
+        assert fact.value == f"memory-bound, peak {gib} ({100 * share:.0f} %)" and fact.hint.startswith("time: host; ")
     else:
         assert KIND_MEMORY not in causes and causes[0] == "host"
+        assert bound_text(summary).startswith("host-bound: ") and _bound_fact(summary).value.startswith("host-bound, ")
 
 
 def test_cpu_runs_are_never_memory_bound_and_say_why() -> None:
