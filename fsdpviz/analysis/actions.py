@@ -23,7 +23,15 @@ from typing import Final
 import msgspec
 
 from fsdpviz.analysis import findings as fnd
-from fsdpviz.analysis.bound import KIND_COMMUNICATION, KIND_HOST, KIND_IDLE, KIND_MIXED, BoundSummary
+from fsdpviz.analysis.bound import (
+    KIND_COMMUNICATION,
+    KIND_HOST,
+    KIND_IDLE,
+    KIND_MEMORY,
+    KIND_MIXED,
+    MEMORY_MARGIN,
+    BoundSummary,
+)
 from fsdpviz.analysis.records import Finding
 from fsdpviz.analysis.units import UnitSummary
 from fsdpviz.formatting import ms_text
@@ -41,6 +49,8 @@ KNOB_HOST: Final = ("fewer or larger units (fsdpviz whatif --wrap merge:2, or ro
                     "(fewer launches per unit), a larger micro-batch (more work per launch)")
 KNOB_COMMUNICATION: Final = ("prefetch earlier (fsdpviz whatif --prefetch 2), fewer ranks per node sharing a "
                              "link, a faster link")
+KNOB_MEMORY: Final = ("the advisor: fsdpviz whatif RUN --explore --memory-budget {budget} ranks the settings "
+                      "whose predicted peak fits the device by predicted step time")
 HOST_BACKEND_BLOCKS: Final = ("prefetch cannot help on this run: the gloo backend runs each collective of CUDA "
                               "tensors synchronously through the host, so nothing computes while it runs; NCCL "
                               "would let prefetched gathers overlap compute")
@@ -139,6 +149,26 @@ def _per_unit_text(units: Sequence[UnitSummary]) -> str:
     return f"; per unit, compute {_range_text(compute)} against {_range_text(gathers)} of all-gather per step"
 
 
+def budget_text(size_bytes: int) -> str:
+    """A ``--memory-budget`` value that is at most ``size_bytes`` (``79GiB``, ``1536MiB``)."""
+    gib, mib = size_bytes // (1 << 30), size_bytes // (1 << 20)
+    return f"{gib}GiB" if gib >= 8 else f"{mib}MiB"
+
+
+def memory_action(bound: BoundSummary | None) -> Action | None:
+    """A memory-bound run's first action (its peak within :data:`~fsdpviz.analysis.bound.MEMORY_MARGIN`
+    of the device's memory): the advisor, with the device's memory as the budget."""
+    if bound is None or bound.kind != KIND_MEMORY or not bound.peak_allocated_bytes or not bound.device_memory_bytes:
+        return None
+    peak, device = bound.peak_allocated_bytes, bound.device_memory_bytes
+    message = (f"memory-bound: the peak of allocated memory is {peak / (1 << 30):,.1f} GiB of the device's "
+               f"{device / (1 << 30):,.1f} GiB ({100 * peak / device:.0f} %, within {100 * MEMORY_MARGIN:.0f} %): "
+               "a setting that holds more (larger units, no resharding, deeper prefetch, a larger micro-batch) "
+               "may not fit")
+    return Action(kind=KIND_BOUND, cause=KIND_MEMORY, message=message, count=1, lost_ms_per_step=None,
+                  knob=KNOB_MEMORY.format(budget=budget_text(device)))
+
+
 def bound_action(bound: BoundSummary | None, *, host_backend_on_gpu: bool = False,
                  units: Sequence[UnitSummary] = ()) -> Action | None:
     """The step's largest loss as the first action, where it takes :data:`NOTABLE_LOSS` of the step."""
@@ -146,8 +176,9 @@ def bound_action(bound: BoundSummary | None, *, host_backend_on_gpu: bool = Fals
         return None
     loss, pct = bound.loss, f"{100 * bound.loss.share:.0f} %"
     step = f"the {ms_text(bound.step_ms)} {'unprofiled ' if bound.basis == 'unprofiled' else ''}step"
-    head = (f"{bound.kind}-bound" if bound.kind != KIND_MIXED else "no single bound") + ": "
-    if bound.kind != loss.kind:
+    kind = bound.time_kind or bound.kind if bound.kind == KIND_MEMORY else bound.kind
+    head = (f"{kind}-bound" if kind != KIND_MIXED else "no single bound") + ": "
+    if kind != loss.kind:
         head += f"compute {ms_text(bound.compute_ms)} of {step}; the largest loss: "
         step = "the step"
     knob, why_not = "", ""
@@ -158,7 +189,7 @@ def bound_action(bound: BoundSummary | None, *, host_backend_on_gpu: bool = Fals
         knob = KNOB_HOST
     elif loss.kind == KIND_COMMUNICATION:
         message = f"{head}exposed communication {ms_text(loss.ms)} of {step} ({pct})"
-        if bound.kind == loss.kind:
+        if kind == loss.kind:
             message += f"; compute {ms_text(bound.compute_ms)}"
         message += _per_unit_text(units)
         knob = KNOB_COMMUNICATION
@@ -178,8 +209,9 @@ def build_actions(findings: Sequence[Finding], bound: BoundSummary | None, *,
                   host_backend_on_gpu: bool = False, units: Sequence[UnitSummary] = ()) -> list[Action]:
     """The bound's action, then the grouped findings by time lost; all beyond :data:`MAX_SHOWN` folded."""
     grouped = group_findings(findings, host_backend_on_gpu=host_backend_on_gpu)
-    first = bound_action(bound, host_backend_on_gpu=host_backend_on_gpu, units=units)
-    return fold([first, *grouped] if first is not None else grouped)
+    first = [a for a in (memory_action(bound), bound_action(bound, host_backend_on_gpu=host_backend_on_gpu,
+                                                                 units=units)) if a is not None]
+    return fold([*first, *grouped])
 
 
 def fold(actions: Sequence[Action]) -> list[Action]:

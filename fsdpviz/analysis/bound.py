@@ -51,6 +51,13 @@ KIND_COMMUNICATION: Final = "communication"
 KIND_HOST: Final = "host"
 KIND_IDLE: Final = "idle"
 KIND_MIXED: Final = "mixed"
+KIND_MEMORY: Final = "memory"
+# A peak of allocated memory within this share of the device's memory is memory-bound: what the
+# caching allocator reserves beyond the allocated bytes (its blocks' rounding and fragmentation,
+# typically a few to 10 % of the peak on a GPU) and the CUDA context take the rest, so any setting
+# that adds memory (larger units, less resharding, deeper prefetch, a larger micro-batch) risks an
+# out-of-memory error.
+MEMORY_MARGIN: Final = 0.10
 # A part that takes at least this share of the step names the bound; below it, nothing dominates.
 DOMINANT_SHARE: Final = 0.5
 BASIS_UNPROFILED: Final = "unprofiled"
@@ -146,6 +153,22 @@ def bound_kind(compute: float, exposed_comm: float, host_wait: float | None, oth
     return kind if biggest >= DOMINANT_SHARE * total else KIND_MIXED
 
 
+def step_kind(compute: float, exposed_comm: float, host_wait: float | None, other_idle: float) -> str:
+    """What bounds one step's time: :func:`bound_kind`, with other idle (which names no knob) as
+    ``mixed``. The run's bound (:func:`summarize_bound`) and the advisor's predicted steps
+    (fsdpviz/whatif/explore.py) both read it."""
+    kind = bound_kind(compute, exposed_comm, host_wait, other_idle)
+    return KIND_MIXED if kind == KIND_IDLE else kind
+
+
+def is_memory_bound(peak_bytes: int | None, limit_bytes: int | None) -> bool | None:
+    """Whether a peak of allocated memory is within :data:`MEMORY_MARGIN` of ``limit_bytes`` (the
+    device's memory, or a budget); None when either is unknown."""
+    if peak_bytes is None or limit_bytes is None or limit_bytes <= 0:
+        return None
+    return peak_bytes >= (1.0 - MEMORY_MARGIN) * limit_bytes
+
+
 def unprofiled_split(compute: float, exposed_comm: float, host_wait: float | None, other_idle: float,
                      step: float) -> tuple[float, float, float | None, float]:
     """The parts of a traced step moved to the unprofiled ``step`` (same unit as the parts): the traced
@@ -196,7 +219,8 @@ class BoundSummary(msgspec.Struct, kw_only=True):
     step (the profiler's share taken out of the idle parts)."""
 
     kind: str
-    """``compute`` / ``communication`` / ``host``: the part that takes at least half the step;
+    """``memory`` when the peak is within :data:`MEMORY_MARGIN` of the device's memory (``memory_bound``);
+    else ``compute`` / ``communication`` / ``host``: the part that takes at least half the step;
     ``mixed`` when none does (or other idle does)."""
     step_ms: float
     compute_ms: float
@@ -215,6 +239,14 @@ class BoundSummary(msgspec.Struct, kw_only=True):
     """What was taken out of the traced step's idle parts for the unprofiled basis (0 on ``traced``)."""
     per_rank: dict[str, RankBound]
     note: str | None = None
+    time_kind: str | None = None
+    """What bounds the step's time (``kind`` unless the run is memory-bound)."""
+    peak_allocated_bytes: int | None = None
+    device_memory_bytes: int | None = None
+    """The smallest device memory the traces state (``deviceProperties``); None on CPU or unrecorded."""
+    memory_bound: bool | None = None
+    """The peak within :data:`MEMORY_MARGIN` of ``device_memory_bytes``; None when either is unknown
+    (``note`` says why)."""
 
 
 def _rank_bounds(overlap: pd.DataFrame) -> dict[str, RankBound]:
@@ -277,12 +309,38 @@ def summarize_bound(overlap: pd.DataFrame, profiler: ProfilerCost | None) -> Bou
     loss_kind, loss_ms = max(losses.items(), key=lambda kv: kv[1])
     total = compute + comm + (host or 0.0) + idle
     loss = Loss(kind=loss_kind, ms=round(loss_ms, 3), share=round(loss_ms / total, 4)) if loss_ms > 0 and total else None
-    kind = bound_kind(compute, comm, host, idle)
+    kind = step_kind(compute, comm, host, idle)
     return BoundSummary(
-        kind=KIND_MIXED if kind == KIND_IDLE else kind, step_ms=round(step, 3), compute_ms=round(compute, 3),
+        kind=kind, time_kind=kind, step_ms=round(step, 3), compute_ms=round(compute, 3),
         exposed_comm_ms=round(comm, 3), host_wait_ms=None if host is None else round(host, 3),
         other_idle_ms=round(idle, 3), basis=basis, device=device, loss=loss, traced_step_ms=round(traced, 3),
         profiler_share_ms=round(share, 3), per_rank=per_rank, note="; ".join(notes) or None)
+
+
+def device_memory_bytes(ranks: pd.DataFrame) -> int | None:
+    """The smallest device memory any rank's trace states (TRACES ``ranks``), or None (CPU, or not recorded)."""
+    if "device_memory_bytes" not in ranks.columns:
+        return None
+    known = [int(v) for v in ranks["device_memory_bytes"] if int(v) > 0]
+    return min(known) if known else None
+
+
+def with_memory(bound: BoundSummary | None, peak_bytes: int | None,
+                device_memory_bytes: int | None) -> BoundSummary | None:
+    """``bound`` with the run's memory against the device's: ``kind`` becomes ``memory`` when the peak
+    is within :data:`MEMORY_MARGIN` of it (``time_kind`` keeps what bounds the time)."""
+    if bound is None:
+        return None
+    memory_bound = is_memory_bound(peak_bytes, device_memory_bytes)
+    notes = [bound.note] if bound.note else []
+    if memory_bound is None:
+        notes.append("memory_bound is null: " + (
+            "the traces do not state the device's memory (a CPU run, or no deviceProperties), so a peak cannot "
+            "be held against it" if device_memory_bytes is None else "the traces hold no memory samples"))
+    return msgspec.structs.replace(
+        bound, kind=KIND_MEMORY if memory_bound else bound.kind, time_kind=bound.time_kind or bound.kind,
+        peak_allocated_bytes=peak_bytes, device_memory_bytes=device_memory_bytes, memory_bound=memory_bound,
+        note="; ".join(notes) or None)
 
 
 # --- per unit -----------------------------------------------------------------------------------

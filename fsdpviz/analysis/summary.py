@@ -25,7 +25,7 @@ import pandas as pd
 
 from fsdpviz import vocabulary
 from fsdpviz.analysis.actions import Action, build_actions
-from fsdpviz.analysis.bound import BoundSummary, summarize_bound
+from fsdpviz.analysis.bound import BoundSummary, device_memory_bytes, summarize_bound, with_memory
 from fsdpviz.analysis.completeness import gap_notes
 from fsdpviz.analysis.framework import framework_notes
 from fsdpviz.analysis.memory_categories import (
@@ -207,13 +207,14 @@ def summary_of(traces: TraceSet, selection: StepSelection, overlap: pd.DataFrame
         notes.append(Note(BY_PURPOSE_UNKNOWN, "overlap.by_purpose is null: without FSDP unit labels the traces do "
                           "not say which collectives are FSDP's"))
     size_sources = sorted({u.size_source for u in units if u.size_source})
-    bound = summarize_bound(overlap, cost)
+    memory = _with_categories(_memory_summary(traces, analysed), analysis, traces)
+    bound = with_memory(summarize_bound(overlap, cost), memory.peak_allocated_bytes, device_memory_bytes(traces.ranks))
     return Summary(
         framework=framework, world_size=traces.world_size, ranks=traces.rank_ids, steps=selection.steps,
         step_time_ms=cost.unprofiled_step_ms if lead and cost is not None else traced_ms,
         step_time_source=STEP_TIME_TIMERS if lead else STEP_TIME_TRACE, traced_step_time_ms=traced_ms,
         profiler=cost, overlap=over, parallelism=parallel.parallelism,
-        memory=_with_categories(_memory_summary(traces, analysed), analysis, traces), units=units,
+        memory=memory, units=units,
         units_source="+".join(size_sources) if size_sources else None, device=_device(overlap),
         sources=list(traces.sources), run_dir=traces.run_dir, notes=notes, missing_ranks=traces.missing_ranks,
         skipped_events=sum(traces.skipped_events.values()), findings=findings,

@@ -114,6 +114,9 @@ def bound_text(summary: Summary) -> str:
     words = ", ".join(f"{name} {_fmt(v, ' ms')}" + (f" ({100 * v / b.step_ms:.0f} %)" if v is not None and b.step_ms
                                                      else "") for name, v in parts)
     step = f"{_fmt(b.step_ms, ' ms')} {'unprofiled' if b.basis == 'unprofiled' else 'traced'} {b.device.upper()} step"
+    if b.memory_bound and b.peak_allocated_bytes and b.device_memory_bytes:
+        return (f"memory-bound: peak {b.peak_allocated_bytes / (1 << 30):,.1f} of {b.device_memory_bytes / (1 << 30):,.1f} "
+                f"GiB device memory; time {b.time_kind}-bound: {words} of the {step}")
     return f"{b.kind}-bound: {words} of the {step}"
 
 

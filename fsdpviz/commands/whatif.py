@@ -250,22 +250,39 @@ def _setting_words(settings: Settings) -> list[str]:
     return words
 
 
+def _bound_words(c: object) -> str:
+    """``compute``, or ``memory (time: host)`` where the peak nears the budget; "-" without a split."""
+    bound = getattr(c, "bound", None)
+    if bound is None:
+        return "-"
+    return bound.kind if bound.kind == bound.time_kind else f"{bound.kind} (time: {bound.time_kind})"
+
+
 def print_exploration(exploration: Exploration, run: str) -> None:
     """The grid ranked: predicted step time and peak per setting, the budget, what was left out."""
     base = exploration.baseline
     budget = exploration.budget_bytes
     typer.echo(f"{run}: recorded step {base.step_time_ms:,.2f} ms, peak {mib_text(base.peak_allocated_bytes)}; "
                f"memory budget {mib_text(budget)} ({exploration.budget_source})")
-    rows = []
-    for i, c in enumerate(exploration.ranked, 1):
-        if c.prediction is None:
-            continue
+    def row(c: object) -> tuple[str, ...]:
+        from fsdpviz.whatif.explore import Candidate
+
+        assert isinstance(c, Candidate) and c.prediction is not None
         p = c.prediction.predicted
-        rows.append((str(i), c.name, f"{p.step_time_ms:,.2f} ms", change_text(base.step_time_ms, p.step_time_ms, "ms"),
-                     mib_text(p.peak_allocated_bytes),
-                     change_text(base.peak_allocated_bytes, p.peak_allocated_bytes, "bytes"),
-                     "yes" if c.fits else "OVER"))
-    _table(("#", "setting", "step", "change", "peak", "change", "fits"), rows)
+        return (c.name, f"{p.step_time_ms:,.2f} ms", change_text(base.step_time_ms, p.step_time_ms, "ms"),
+                mib_text(p.peak_allocated_bytes), change_text(base.peak_allocated_bytes, p.peak_allocated_bytes, "bytes"),
+                _bound_words(c))
+
+    header = ("setting", "step", "change", "peak", "change", "bound")
+    rows = [(str(i), *row(c)) for i, c in enumerate(exploration.ranked, 1) if c.prediction is not None]
+    if rows:
+        _table(("#", *header), rows)
+    else:
+        typer.echo("  no setting's predicted peak fits the budget")
+    over = [(*row(c), mib_text(c.over_bytes)) for c in exploration.over_budget if c.prediction is not None]
+    if over:
+        typer.echo("over the budget:")
+        _table((*header, "over by"), over)
     best = exploration.best()
     if best is not None and best.prediction is not None:
         p = best.prediction.predicted

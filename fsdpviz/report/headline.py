@@ -109,6 +109,10 @@ def _bound_fact(s: Summary) -> Fact:
     size = sizes.get(b.kind)
     if size is None and b.loss is not None:  # mixed: name the largest loss
         size = b.loss.ms
+    if b.memory_bound and b.peak_allocated_bytes and b.device_memory_bytes:  # the time's bound stays in the hint
+        return Fact(label="bound", value=f"memory-bound, peak {b.peak_allocated_bytes / (1 << 30):,.1f} of "
+                    f"{b.device_memory_bytes / (1 << 30):,.1f} GiB ({100 * b.peak_allocated_bytes / b.device_memory_bytes:.0f} %)",
+                    hint=f"time: {b.time_kind}; " + hint)
     value = b.kind + (f"-bound, {format_ms(size)} ({100 * size / b.step_ms:.0f} % of the step)"
                       if size is not None and b.step_ms and b.kind in sizes else
                       f" (largest loss {format_ms(size)})" if size is not None else "")

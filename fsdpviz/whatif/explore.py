@@ -8,6 +8,16 @@ model change are left out and said so.
 
 The budget defaults to the device's memory from the trace (``deviceProperties``); on CPU, where
 the trace does not say, to the recorded peak: "faster without using more memory than today".
+Settings whose predicted peak fits are ranked by predicted step time; the others are listed apart,
+with how much they exceed the budget.
+
+Each setting says which bound it leaves (:class:`StepBound`): the recording's step split
+(analysis/bound.py: compute, exposed communication, host wait, other idle, per rank on the traced
+steps) moved by what the setting changes in the simulation, classified as analysis/bound.py
+classifies a recorded step (``step_kind``); ``memory`` when its predicted peak is within
+``MEMORY_MARGIN`` of the budget (``is_memory_bound``), as a recorded run is memory-bound near the
+device's memory. On the unprofiled basis, the recording's profiler share is taken out of the
+predicted step's idle parts as out of the recorded one's (``unprofiled_split``).
 """
 
 from __future__ import annotations
@@ -15,6 +25,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from fsdpviz.analysis.bound import (
+    BASIS_UNPROFILED,
+    KIND_MEMORY,
+    BoundSummary,
+    device_memory_bytes,
+    is_memory_bound,
+    step_kind,
+    unprofiled_split,
+)
 from fsdpviz.errors import FsdpvizError
 from fsdpviz.naming import ROOT_UNIT
 from fsdpviz.whatif.predict import BASIS_TRACED, SUPPORTED, Model, Outcome, Prediction, predict
@@ -26,6 +45,68 @@ BUDGET_GIVEN = "given"
 
 
 @dataclass(slots=True)
+class StepBound:
+    """What bounds a setting's predicted step: its split (ms per step, on ``basis``) and its kind."""
+
+    kind: str
+    """``memory`` (peak within the margin of the budget), else ``time_kind``."""
+    time_kind: str
+    """``compute`` / ``communication`` / ``host`` / ``mixed``, as analysis/bound.py's ``step_kind``."""
+    step_ms: float
+    compute_ms: float
+    exposed_comm_ms: float
+    host_wait_ms: float | None
+    other_idle_ms: float
+    basis: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "time_kind": self.time_kind, "step_ms": round(self.step_ms, 3),
+                "compute_ms": round(self.compute_ms, 3), "exposed_comm_ms": round(self.exposed_comm_ms, 3),
+                "host_wait_ms": None if self.host_wait_ms is None else round(self.host_wait_ms, 3),
+                "other_idle_ms": round(self.other_idle_ms, 3), "basis": self.basis}
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def predicted_bound(bound: BoundSummary | None, prediction: Prediction, budget_bytes: int | None) -> StepBound | None:
+    """The split of ``prediction``'s step and its bound (module docstring); None without a recorded split."""
+    if bound is None or not bound.per_rank:
+        return None
+    ranks = list(bound.per_rank.values())
+    compute = _median([r.compute_ms for r in ranks])
+    comm = _median([r.exposed_comm_ms for r in ranks])
+    hosts = [r.host_wait_ms for r in ranks if r.host_wait_ms is not None]
+    host = _median(hosts) if len(hosts) == len(ranks) else None
+    idle = _median([r.other_idle_ms for r in ranks])
+    base, new = prediction.baseline, prediction.predicted
+    # the traced parts moved by the simulated change; what the step moves beyond compute and
+    # communication is idle time, the host's first (the simulated step is the host's: per-unit work
+    # fewer units save, launches they no longer wait for)
+    compute = max(compute + new.compute_ms - base.compute_ms, 0.0)
+    comm = max(comm + new.exposed_comm_ms - base.exposed_comm_ms, 0.0)
+    step = compute + comm + (host or 0.0) + idle + new.step_time_ms - base.step_time_ms
+    idle_change = step - compute - comm - ((host or 0.0) + idle)
+    if host is not None:
+        moved = max(host + idle_change, 0.0)
+        idle_change -= moved - host
+        host = moved
+    idle = max(idle + idle_change, 0.0)
+    basis = bound.basis
+    if basis == BASIS_UNPROFILED:
+        unprofiled = compute + comm + (host or 0.0) + idle - bound.profiler_share_ms
+        compute, comm, host, idle = unprofiled_split(compute, comm, host, idle, unprofiled)
+    time_kind = step_kind(compute, comm, host, idle)
+    memory = is_memory_bound(new.peak_allocated_bytes, budget_bytes)
+    return StepBound(kind=KIND_MEMORY if memory else time_kind, time_kind=time_kind,
+                     step_ms=compute + comm + (host or 0.0) + idle, compute_ms=compute, exposed_comm_ms=comm,
+                     host_wait_ms=host, other_idle_ms=idle, basis=basis)
+
+
+@dataclass(slots=True)
 class Candidate:
     """One setting of the grid and its prediction (or why it could not be predicted)."""
 
@@ -33,6 +114,8 @@ class Candidate:
     prediction: Prediction | None
     skipped: str = ""  # why there is no prediction
     fits: bool = True  # predicted peak within the budget
+    over_bytes: int | None = None  # how much the predicted peak exceeds the budget (not fitting)
+    bound: StepBound | None = None  # what bounds the predicted step
 
     @property
     def name(self) -> str:
@@ -43,7 +126,9 @@ class Candidate:
         if self.prediction is not None:
             p = self.prediction.predicted
             out.update(step_time_ms=p.step_time_ms, peak_allocated_bytes=p.peak_allocated_bytes,
-                       exposed_comm_ms=p.exposed_comm_ms, settings=self.settings.to_json())
+                       exposed_comm_ms=p.exposed_comm_ms, over_budget_bytes=self.over_bytes,
+                       bound=self.bound.to_json() if self.bound is not None else None,
+                       settings=self.settings.to_json())
         else:
             out["skipped"] = self.skipped
         return out
@@ -51,23 +136,26 @@ class Candidate:
 
 @dataclass(slots=True)
 class Exploration:
-    """The ranked grid: settings within the budget by predicted step time, then those over it."""
+    """The ranked grid: settings within the budget by predicted step time; those over it apart, by
+    how much they exceed it."""
 
     baseline: Outcome
     budget_bytes: int | None
     budget_source: str
     ranked: list[Candidate]
+    over_budget: list[Candidate] = field(default_factory=list)
     skipped: list[Candidate] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     def best(self) -> Candidate | None:
         """The fastest setting within the budget, if any was predicted."""
-        return next((c for c in self.ranked if c.fits), None)
+        return next(iter(self.ranked), None)
 
     def to_json(self) -> dict[str, Any]:
         return {"basis": BASIS_TRACED, "baseline": self.baseline.to_json(), "memory_budget_bytes": self.budget_bytes,
                 "memory_budget_source": self.budget_source,
-                "ranked": [c.to_json() for c in self.ranked], "skipped": [c.to_json() for c in self.skipped],
+                "ranked": [c.to_json() for c in self.ranked], "over_budget": [c.to_json() for c in self.over_budget],
+                "skipped": [c.to_json() for c in self.skipped],
                 "notes": self.notes}
 
 
@@ -107,11 +195,7 @@ def grid(model: Model) -> tuple[list[Settings], list[Candidate]]:
 
 def device_budget(model: Model) -> int | None:
     """The smallest device memory any rank's trace states, or None (CPU, or not recorded)."""
-    ranks = model.result.traces.ranks
-    if "device_memory_bytes" not in ranks.columns:
-        return None
-    known = [int(v) for v in ranks["device_memory_bytes"] if int(v) > 0]
-    return min(known) if known else None
+    return device_memory_bytes(model.result.traces.ranks)
 
 
 def explore(model: Model, budget_bytes: int | None = None) -> Exploration:
@@ -136,13 +220,20 @@ def explore(model: Model, budget_bytes: int | None = None) -> Exploration:
     if budget_bytes is None:
         budget_bytes = baseline.peak_allocated_bytes
         source = BUDGET_RECORDED
+    bound = model.result.summary.bound
     for c in candidates:
-        peak = c.prediction.predicted.peak_allocated_bytes if c.prediction else None
+        assert c.prediction is not None
+        peak = c.prediction.predicted.peak_allocated_bytes
         c.fits = budget_bytes is None or peak is None or peak <= budget_bytes
-    ranked = sorted(candidates, key=lambda c: (not c.fits, c.prediction.predicted.step_time_ms
-                                               if c.prediction else float("inf")))
+        c.over_bytes = None if c.fits or peak is None or budget_bytes is None else peak - budget_bytes
+        c.bound = predicted_bound(bound, c.prediction, budget_bytes)
+    ranked = sorted((c for c in candidates if c.fits),
+                    key=lambda c: c.prediction.predicted.step_time_ms if c.prediction else float("inf"))
+    over = sorted((c for c in candidates if not c.fits), key=lambda c: c.over_bytes or 0)
     notes = []
+    if bound is None:
+        notes.append("no bound per setting: the recording has no step span to split")
     if budget_bytes is None:
         notes.append("no memory budget: the recording has no memory samples; settings ranked by step time only")
     return Exploration(baseline=baseline, budget_bytes=budget_bytes, budget_source=source, ranked=ranked,
-                       skipped=left_out, notes=notes)
+                       over_budget=over, skipped=left_out, notes=notes)

@@ -51,7 +51,14 @@ def test_fsdp2_wraps_and_the_advisor(recordings: Recordings, tmp_path, capsys: p
     # CPU traces do not state the device's memory: the budget is the recorded peak
     assert explored["memory_budget_bytes"] == explored["baseline"]["peak_allocated_bytes"]
     assert explored["memory_budget_source"].startswith("the recorded peak")
-    assert len(explored["ranked"]) >= 6
+    assert len(explored["ranked"]) + len(explored["over_budget"]) >= 6
+    # the ranked fit the budget; those apart exceed it by what they say
+    assert all(c["peak_allocated_bytes"] <= explored["memory_budget_bytes"] for c in explored["ranked"])
+    for c in explored["over_budget"]:
+        assert c["over_budget_bytes"] == c["peak_allocated_bytes"] - explored["memory_budget_bytes"] > 0
+    # CPU: no host wait, and the bound of each setting is one of the time's or memory
+    assert {c["bound"]["kind"] for c in explored["ranked"]} <= {"compute", "communication", "mixed", "memory"}
+    assert all(c["bound"]["host_wait_ms"] is None for c in explored["ranked"])
     page = tmp_path / "p.html"
     proc = run_here(capsys, "whatif", run, "--prefetch", "1", "-o", str(page))
     assert proc.returncode == 0 and page.stat().st_size > 100_000

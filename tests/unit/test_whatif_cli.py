@@ -102,6 +102,15 @@ def test_explore_ranks_within_the_budget(run_folder: Path, capsys: pytest.Captur
     assert tight["memory_budget_source"] == "given"
     for c in tight["ranked"]:
         assert c["fits_budget"] == (c["peak_allocated_bytes"] <= base_peak - 1)
+    # settings that do not fit are apart, with how much they exceed; the recorded one among them
+    assert "as recorded" in {c["setting"] for c in tight["over_budget"]}
+    for c in tight["over_budget"]:
+        assert not c["fits_budget"] and c["over_budget_bytes"] == c["peak_allocated_bytes"] - (base_peak - 1) > 0
+    # every setting leaves a bound; the recorded one, whose peak is the budget plus one byte: memory
+    recorded = next(c for c in tight["over_budget"] if c["setting"] == "as recorded")["bound"]
+    assert recorded["kind"] == "memory" and recorded["time_kind"] in {"compute", "communication", "host", "mixed"}
+    assert all(c["bound"]["kind"] in {"compute", "communication", "host", "mixed", "memory"}
+               for c in [*tight["ranked"], *tight["over_budget"]])
 
 
 def _no_units_trace(tmp: Path) -> Path:
