@@ -150,10 +150,11 @@ def test_gloo_cpu_overlap_excludes_issuing_ops_and_waits(tmp_path: Path) -> None
 def test_rank_with_nothing_in_window_is_a_no_data_error(tmp_path: Path) -> None:
     from fsdpviz.errors import NoDataError
 
+    # step 2 is in the trace, but its one kernel was launched in step 1
     path = _gpu_trace(tmp_path, [(NCCL_AG, 100, 100, 20)])
     traces = load_traces([path], cache=False)
     with pytest.raises(NoDataError, match=r"rank0\.trace\.json: no GPU events in the analysis window"):
-        ov.compute_overlap(traces, steps=[7])
+        ov.compute_overlap(traces, steps=[2])
 
 
 # --- the interval algebra against a brute-force model on a small integer timeline -------------
