@@ -192,3 +192,15 @@ MEMORY_RUNS = {
         "own+sgd": (("--optimizer", "own+sgd"), ("--warmup", "0")),
     }.items()
 }
+
+
+# The example trainer with gradient accumulation (two micro-batches per optimizer step), 2 blocks of
+# dim 64 (parameters large enough beside the activations for the memory predictions), steps 2-4 profiled (test_grad_accum_cpu.py; test_whatif_memory_cpu.py also records FSDP2
+# under other settings, ``extra``, to hold the memory predictions to).
+GRAD_ACCUM_MODEL = ("--layers", "2", "--dim", "64", "--steps", "5", "--seed", "0", "--grad-accum", "2")
+
+
+def grad_accum_config(framework: str, *extra: str) -> Config:
+    """The grad-accumulation recording of ``framework`` with the trainer's ``extra`` flags."""
+    return Config(("--framework", framework, "--wrap", "block", *GRAD_ACCUM_MODEL, *extra),
+                  (*NO_OUTPUT, "--warmup", "1", "--steps", "3"), ZERO3_ENV if framework == "zero3" else ())
