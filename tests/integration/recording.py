@@ -183,8 +183,10 @@ MEMORY_SCRIPT = SCRIPTS / "memory_train.py"
 MEMORY_RUNS = {
     name: Config(args, (*NO_OUTPUT, "--steps", "3", *options), script=MEMORY_SCRIPT, output_flag="--truth")
     for name, (args, options) in {
-        # Adam with amsgrad (three states), the gradients zeroed by model.zero_grad() (no Optimizer range)
-        "adam-amsgrad+model-zero-grad": (("--optimizer", "adam-amsgrad", "--zero-grad", "model"), ("--warmup", "2")),
+        # Adam with amsgrad (three states), the gradients zeroed by model.zero_grad() (no Optimizer range),
+        # two micro-batches per optimizer step (gradient accumulation)
+        "adam-amsgrad+model-zero-grad+2-micro": (("--optimizer", "adam-amsgrad", "--zero-grad", "model",
+                                                  "--micro-batches", "2"), ("--warmup", "2")),
         # SGD with momentum (one state), the gradients kept from step to step (set_to_none=False)
         "sgd-momentum+keep-grads": (("--optimizer", "sgd-momentum", "--zero-grad", "keep"), ("--warmup", "2")),
         # two optimizers, one of the script's own class; profiled from the first step, so the
