@@ -27,17 +27,28 @@ A recorded step's allocated level is, at every sample, its categories
   ``none`` not before the unit itself. A moved gather's temporaries (copy-in, a backend's staging
   buffers) live as long as they did.
 
+Under gradient accumulation every micro-batch (a forward and a backward) is moved on its own: a
+block belongs to the pass of the micro-batch whose windows it was made in, and is kept, gathered
+again, prefetched, merged or reduced together within that micro-batch's windows (FSDP2 reshards
+after each backward and gathers again in the next forward; a merged unit reduces once in each
+micro-batch's backward). The sharded gradients are made as recorded (a merged unit's after its
+reduction): the first micro-batch's reductions make them, the later ones add to them (their outputs
+are buffers, freed at once). An earlier step's block still alive in this one, and a buffer the
+trace never saw freed (on CPU, gloo's threads free an asynchronous collective's tensors where the
+profiler does not look), stay as recorded. A setting that can only add memory is never predicted
+below the recorded peak (:mod:`fsdpviz.whatif.bounds`).
+
 The level under the setting at any instant is the recorded level plus what the setting changes
 there; its peak over the step is the prediction. With the recorded setting nothing changes, so
-the replay is exact. Left as recorded: activations
-(a setting does not change them), the caching allocator's rounding.
+the replay is exact. Left as recorded: activations (a setting does not change them), the caching
+allocator's rounding.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Final
 
 import numpy as np
@@ -53,6 +64,8 @@ _GRADS: Final = mcat.UNSHARDED_GRADS
 _REDUCED: Final = mcat.GRADIENTS  # sharded gradients a unit's reduction made
 _MOVED: Final = (_PARAMS, _BUFFERS, _GRADS, _REDUCED)  # the categories of the units' own blocks
 
+Pass = tuple[str, str, int]  # (unit, phase, micro-batch)
+
 
 @dataclass(slots=True)
 class Block:
@@ -65,6 +78,8 @@ class Block:
     free: int
     bytes: int
     reduction: bool = False  # a buffer of its gradient reduction (the reduce-scatter input, copy-in temporaries)
+    micro: int = 0  # the micro-batch whose pass made it
+    own: bool = True  # made in this step (False: an earlier step's block still alive, left as recorded)
 
 
 @dataclass(slots=True)
@@ -76,8 +91,8 @@ class StepMemory:
     t: np.ndarray  # sample times in the step, the first the level the step opens at
     levels: np.ndarray  # (samples, categories) bytes, memory_categories.CATEGORIES
     blocks: list[Block]
-    windows: dict[tuple[str, str], tuple[int, int]]  # (unit, phase) -> first start, last end in the step
-    computed: dict[tuple[str, str], int]  # (unit, phase) -> where its compute region ends (its last)
+    windows: dict[Pass, tuple[int, int]]  # (unit, phase, micro) -> its window in the step
+    computed: dict[Pass, int]  # (unit, phase, micro) -> where its compute region ends
 
     @property
     def allocated(self) -> np.ndarray:
@@ -137,23 +152,44 @@ def step_memory(rank: int, step: int, t0: int, t1: int, t: np.ndarray, cats: mca
     levels = mcat.split_levels(cats.levels[a:b], cats.persistent, split)
     times = t[a:b].copy()
     times[0] = max(int(times[0]), t0)
-    spans: dict[tuple[str, str], tuple[int, int]] = {}
-    computed: dict[tuple[str, str], int] = {}
-    for u, ph, s, e, r in zip(windows["unit"].astype(str), windows["phase"].astype(str),
-                              windows["start_ns"].to_numpy(np.int64), windows["end_ns"].to_numpy(np.int64),
-                              windows["region_end_ns"].to_numpy(np.int64)):
-        old = spans.get((u, ph))
-        spans[(u, ph)] = (int(s), int(e)) if old is None else (min(old[0], int(s)), max(old[1], int(e)))
-        computed[(u, ph)] = max(computed.get((u, ph), int(r)), int(r))
-    backward_from = min((s for (_, ph), (s, _) in spans.items() if ph == vocabulary.BACKWARD), default=t1)
+    spans: dict[Pass, tuple[int, int]] = {}
+    computed: dict[Pass, int] = {}
+    micros = windows["micro"].to_numpy(np.int64) if "micro" in windows.columns else np.zeros(len(windows), np.int64)
+    for u, ph, m, s, e, r in zip(windows["unit"].astype(str), windows["phase"].astype(str), micros,
+                                 windows["start_ns"].to_numpy(np.int64), windows["end_ns"].to_numpy(np.int64),
+                                 windows["region_end_ns"].to_numpy(np.int64)):
+        key = (u, ph, int(m))
+        old = spans.get(key)
+        spans[key] = (int(s), int(e)) if old is None else (min(old[0], int(s)), max(old[1], int(e)))
+        computed[key] = max(computed.get(key, int(r)), int(r))
+    pass_of = _pass_finder(spans, t1)
     rows = cats.blocks
     live = rows[((rows["alloc_ns"] < t1) & (rows["free_ns"] > t0)).to_numpy()] if len(rows) else rows
     reduction = live["reduction"] if "reduction" in live else pd.Series(False, index=live.index)
-    blocks = [Block(unit=str(u), category=str(c), phase=vocabulary.FORWARD if int(al) < backward_from else vocabulary.BACKWARD,
-                    alloc=int(al), free=int(fr), bytes=int(n), reduction=bool(r))
-              for u, c, al, fr, n, r in zip(live["unit"], live["category"], live["alloc_ns"], live["free_ns"],
-                                            live["bytes"], reduction.fillna(False))] if len(live) else []
+    blocks = []
+    for u, c, al, fr, n, r in (zip(live["unit"], live["category"], live["alloc_ns"], live["free_ns"], live["bytes"],
+                                   reduction.fillna(False)) if len(live) else ()):
+        phase, micro = pass_of(int(al))
+        blocks.append(Block(unit=str(u), category=str(c), phase=phase, alloc=int(al), free=int(fr), bytes=int(n),
+                            reduction=bool(r), micro=micro, own=int(al) >= t0))
     return StepMemory(rank=rank, step=step, t=times, levels=levels, blocks=blocks, windows=spans, computed=computed)
+
+
+def _pass_finder(spans: dict[Pass, tuple[int, int]], t1: int) -> Callable[[int], tuple[str, int]]:
+    """Which pass made an allocation at a time: the micro-batch whose first window opened last before
+    it (the first micro-batch before every window), and in it forward until its first backward
+    window opens."""
+    micros = sorted({m for (_, _, m) in spans}) or [0]
+    opens = np.array([min((s for (_, _, mm), (s, _) in spans.items() if mm == m), default=t1) for m in micros],
+                     dtype=np.int64)
+    backward = {m: min((s for (_, ph, mm), (s, _) in spans.items() if mm == m and ph == vocabulary.BACKWARD),
+                       default=t1) for m in micros}
+
+    def find(at: int) -> tuple[str, int]:
+        m = micros[max(int(np.searchsorted(opens, at, side="right")) - 1, 0)]
+        return (vocabulary.BACKWARD if at >= backward[m] else vocabulary.FORWARD), m
+
+    return find
 
 
 def predict_step(sm: StepMemory, setting: MemorySetting) -> MemoryChange:
@@ -190,22 +226,33 @@ def _alive(blocks: Sequence[Block], category: str, t: np.ndarray) -> np.ndarray:
     return made - gone
 
 
+def _copy(b: Block, **change: int | str | bool) -> Block:
+    return replace(b, **change)  # type: ignore[arg-type]
+
+
 def _moved_blocks(sm: StepMemory, s: MemorySetting) -> list[Block]:
-    """The step's unit blocks as the setting would make them."""
-    blocks = [Block(b.unit, b.category, b.phase, b.alloc, b.free, b.bytes, b.reduction) for b in sm.blocks
-              if not (s.drop_gather_buffers and b.category == _BUFFERS and not b.reduction)]
+    """The step's unit blocks as the setting would make them; an earlier step's blocks still alive
+    stay as recorded."""
+    earlier = [b for b in sm.blocks if not b.own]
+    blocks = [_copy(b) for b in sm.blocks
+              if b.own and not (s.drop_gather_buffers and b.category == _BUFFERS and not b.reduction)]
     out: list[Block] = []
     by_unit: dict[str, list[Block]] = {}
     for b in blocks:
         by_unit.setdefault(b.unit, []).append(b)
     for unit, mine in by_unit.items():
         out.extend(b for b in mine if not _gathered(b))
-        out.extend(_resharded(sm, s, unit, [b for b in mine if _gathered(b)]))
+        gathered = [b for b in mine if _gathered(b)]
+        for micro in sorted({b.micro for b in gathered}):
+            out.extend(_resharded(sm, s, unit, micro, [b for b in gathered if b.micro == micro]))
     # prefetch depth counts recorded units (a merged unit's members move together afterwards)
     moved = _prefetched(sm, s, out)
     if all(s.group.get(u, u) == u for u in {b.unit for b in moved}):
-        return moved
-    return _merged(sm, s, [b for b in moved if _gathered(b)]) + _reduced_together(s, [b for b in moved if not _gathered(b)])
+        return earlier + moved
+    reduced: list[Block] = []
+    for micro in sorted({b.micro for b in moved if not _gathered(b)}):  # a merged unit reduces in each backward
+        reduced += _reduced_together(s, [b for b in moved if not _gathered(b) and b.micro == micro])
+    return earlier + _merged(sm, s, [b for b in moved if _gathered(b)]) + reduced
 
 
 def _gathered(b: Block) -> bool:
@@ -213,71 +260,70 @@ def _gathered(b: Block) -> bool:
     return b.category in (_PARAMS, _BUFFERS) and not b.reduction
 
 
-def _resharded(sm: StepMemory, s: MemorySetting, unit: str, mine: list[Block]) -> list[Block]:
-    """A unit's blocks when its reshard after forward changes (the root never reshards)."""
+def _resharded(sm: StepMemory, s: MemorySetting, unit: str, micro: int, mine: list[Block]) -> list[Block]:
+    """A unit's blocks of one micro-batch when its reshard after forward changes (the root never
+    reshards)."""
     before, after = s.recorded_reshard.get(unit, True), s.reshard.get(unit, True)
     if unit == ROOT_UNIT or before == after:
         return mine
     fwd = [b for b in mine if b.phase == vocabulary.FORWARD]
-    bwd_window = sm.windows.get((unit, vocabulary.BACKWARD))
-    fwd_window = sm.windows.get((unit, vocabulary.FORWARD))
+    bwd_window = sm.windows.get((unit, vocabulary.BACKWARD, micro))
+    fwd_window = sm.windows.get((unit, vocabulary.FORWARD, micro))
     if not after:  # kept from forward until its backward ends; no gather in backward
         # freed where its backward gather's parameters were (its post-backward reshard, before the
         # reduction); without a backward gather, at the end of its backward window
         end = max([b.free for b in mine if b.phase == vocabulary.BACKWARD and b.category == _PARAMS],
                   default=bwd_window[1] if bwd_window else None)
-        computed = sm.computed.get((unit, vocabulary.FORWARD))
+        computed = sm.computed.get((unit, vocabulary.FORWARD, micro))
         if end is None or computed is None:
             return mine
         # the parameters its forward computed with (the reshard frees them), not the copy-out's temporaries
-        return [Block(b.unit, b.category, b.phase, b.alloc,
-                      end if b.category == _PARAMS and b.free >= computed else b.free, b.bytes) for b in fwd]
+        return [_copy(b, free=end if b.category == _PARAMS and b.free >= computed else b.free) for b in fwd]
     # Freed at the end of its forward and gathered again in backward, issued when the unit before
     # it in backward starts (one ahead): the all-gather output lives from the issue to the unit's
     # copy-out as it starts, the copy-in buffer as long as in forward, the parameters from the
     # copy-out to the end of its backward.
-    fwd_window = sm.windows.get((unit, vocabulary.FORWARD))
     if fwd_window is None or bwd_window is None:
         return mine
-    issue = _issue_time(sm, s, unit, vocabulary.BACKWARD, 1)
+    issue = _issue_time(sm, unit, vocabulary.BACKWARD, micro, 1, s.order)
     copy_out = max(bwd_window[0], issue)
     output = max((b.bytes for b in fwd if b.category == _BUFFERS), default=0)
     out = []
     for b in fwd:
-        out.append(Block(b.unit, b.category, vocabulary.FORWARD, b.alloc,
-                         min(b.free, fwd_window[1]) if b.category == _PARAMS else b.free, b.bytes))
+        out.append(_copy(b, free=min(b.free, fwd_window[1]) if b.category == _PARAMS else b.free))
         if b.category == _PARAMS:
             # freed by its post-backward reshard (before the reduction), where the recording freed them
             end = b.free if bwd_window[0] <= b.free <= bwd_window[1] else bwd_window[1]
-            out.append(Block(b.unit, b.category, vocabulary.BACKWARD, copy_out, max(end, copy_out), b.bytes))
+            out.append(_copy(b, phase=vocabulary.BACKWARD, alloc=copy_out, free=max(end, copy_out)))
         elif b.bytes == output:
-            out.append(Block(b.unit, b.category, vocabulary.BACKWARD, issue, copy_out, b.bytes))
+            out.append(_copy(b, phase=vocabulary.BACKWARD, alloc=issue, free=copy_out))
         else:
-            out.append(Block(b.unit, b.category, vocabulary.BACKWARD, issue, min(copy_out, issue + b.free - b.alloc), b.bytes))
+            out.append(_copy(b, phase=vocabulary.BACKWARD, alloc=issue, free=min(copy_out, issue + b.free - b.alloc)))
     return out
 
 
-def _issue_time(sm: StepMemory, s: MemorySetting, unit: str, phase: str, ahead: int) -> int:
-    """When a unit's gather is issued ``ahead`` units early in ``phase``: at the start of the
-    window of the unit that many before it in that phase's order (its own window's start when none)."""
+def _issue_time(sm: StepMemory, unit: str, phase: str, micro: int, ahead: int, order: list[str]) -> int:
+    """When a unit's gather is issued ``ahead`` units early in ``phase`` of micro-batch ``micro``: at
+    the start of the window of the unit that many before it in that phase's order (its own window's
+    start when none)."""
     # FSDP2 prefetches between the root's children: the root neither issues nor is a target
-    order = [u for u in (s.order if phase == vocabulary.FORWARD else list(reversed(s.order)))
-             if (u, phase) in sm.windows and u != ROOT_UNIT]
-    own = sm.windows.get((unit, phase), (int(sm.t[0]), int(sm.t[-1])))[0]
-    if unit not in order:
+    ordered = [u for u in (order if phase == vocabulary.FORWARD else list(reversed(order)))
+               if (u, phase, micro) in sm.windows and u != ROOT_UNIT]
+    own = sm.windows.get((unit, phase, micro), (int(sm.t[0]), int(sm.t[-1])))[0]
+    if unit not in ordered:
         return own
-    i = order.index(unit)
+    i = ordered.index(unit)
     j = max(0, i - ahead)
-    return min(own, sm.windows[(order[j], phase)][0]) if ahead > 0 else own
+    return min(own, sm.windows[(ordered[j], phase, micro)][0]) if ahead > 0 else own
 
 
-def _first_made(blocks: list[Block], category: str) -> dict[tuple[str, str], int]:
-    """Per (unit, phase), when its first block of ``category`` was made: for the parameters its
-    copy-out, for the all-gather buffers the issue of its gather."""
-    out: dict[tuple[str, str], int] = {}
+def _first_made(blocks: list[Block], category: str) -> dict[Pass, int]:
+    """Per (unit, phase, micro), when its first block of ``category`` was made: for the parameters
+    its copy-out, for the all-gather buffers the issue of its gather."""
+    out: dict[Pass, int] = {}
     for b in blocks:
         if b.category == category:
-            key = (b.unit, b.phase)
+            key = (b.unit, b.phase, b.micro)
             out[key] = min(out.get(key, b.alloc), b.alloc)
     return out
 
@@ -286,35 +332,38 @@ def _moved_buffer(b: Block, issued: int, new_issue: int, copy_out: int | None, n
     """A gather's buffer when the gather is issued at ``new_issue`` instead of ``issued`` and copied
     out at ``new_copy_out``: made as long after the issue as before; a temporary (freed before the
     recorded copy-out: the copy-in, a backend's staging buffer) lives as long as it did, the output
-    until the new copy-out."""
+    until the new copy-out. One the trace never saw freed (its free fell on a thread the profiler did
+    not follow) stays so: the recorded level holds it, whatever the setting."""
     alloc = new_issue + (b.alloc - issued)
+    if b.free == mcat.NOT_FREED:
+        return _copy(b, alloc=alloc)
     if copy_out is not None and b.free < copy_out:
-        return Block(b.unit, b.category, b.phase, alloc, alloc + (b.free - b.alloc), b.bytes)
-    return Block(b.unit, b.category, b.phase, alloc, max(alloc, new_copy_out), b.bytes)
+        return _copy(b, alloc=alloc, free=alloc + (b.free - b.alloc))
+    return _copy(b, alloc=alloc, free=max(alloc, new_copy_out))
 
 
 def _merged(sm: StepMemory, s: MemorySetting, blocks: list[Block]) -> list[Block]:
-    """Units gathered together (``blocks``: what the gathers made), per new unit and phase: the
-    members' gathers issued when the first member's was -- in backward, with FSDP2's one-ahead
-    prefetch, when the new unit before it in backward starts -- (their buffers as
-    :func:`_moved_buffer` moves them), the all-gather output freed at the merged copy-out (the first
-    member's) -- in forward, where FSDP2 keeps a gather's output until the next unit's copy-out, when
-    the last member's was --, every member's parameters made at that copy-out and freed when the
-    last member's are."""
+    """Units gathered together (``blocks``: what the gathers made), per new unit, phase and
+    micro-batch: the members' gathers issued when the first member's was -- in backward, with FSDP2's
+    one-ahead prefetch, when the new unit before it in that micro-batch's backward starts -- (their
+    buffers as :func:`_moved_buffer` moves them), the all-gather output freed at the merged copy-out
+    (the first member's) -- in forward, where FSDP2 keeps a gather's output until the next unit's
+    copy-out, when the last member's was --, every member's parameters made at that copy-out and
+    freed when the last member's are."""
     copy_outs, issued = _first_made(blocks, _PARAMS), _first_made(blocks, _BUFFERS)
-    groups: dict[tuple[str, str], list[Block]] = {}
+    groups: dict[Pass, list[Block]] = {}
     for b in blocks:
-        groups.setdefault((s.group.get(b.unit, b.unit), b.phase), []).append(b)
+        groups.setdefault((s.group.get(b.unit, b.unit), b.phase, b.micro), []).append(b)
     implicit = s.prefetch == "implicit" or (s.prefetch == "recorded" and not s.recorded_prefetch.isdigit())
     ahead = _backward_issues(sm, s) if implicit else {}  # explicit: as _prefetched moved the members
     out = []
-    for (new, phase), members in groups.items():
+    for (new, phase, micro), members in groups.items():
         params = [b for b in members if b.category == _PARAMS]
         buffers = [b for b in members if b.category == _BUFFERS]
         copy_out = min((b.alloc for b in params), default=min(b.alloc for b in members))
         issue = min((b.alloc for b in buffers), default=copy_out)
-        if phase == vocabulary.BACKWARD and new in ahead:
-            issue = min(ahead[new], copy_out)
+        if phase == vocabulary.BACKWARD and (new, micro) in ahead:
+            issue = min(ahead[(new, micro)], copy_out)
         merged = len({b.unit for b in members}) > 1
         if not merged and issue == min((b.alloc for b in buffers), default=copy_out):
             out.extend(members)
@@ -322,42 +371,47 @@ def _merged(sm: StepMemory, s: MemorySetting, blocks: list[Block]) -> list[Block
         params_end = max((b.free for b in params), default=copy_out)
         outputs = [b for b in buffers if not _temporary(b, copy_outs)]
         output_end = copy_out
-        if phase == vocabulary.FORWARD and outputs:
-            output_end = max(copy_out, max(b.free for b in outputs))
-        out += [Block(new, _PARAMS, b.phase, copy_out, max(copy_out, params_end), b.bytes) for b in params]
+        if phase == vocabulary.FORWARD and outputs:  # the last member's output, where the trace saw it freed
+            output_end = max(copy_out, max((b.free for b in outputs if b.free != mcat.NOT_FREED), default=copy_out))
+        out += [_copy(b, unit=new, alloc=copy_out, free=max(copy_out, params_end)) for b in params]
         for b in buffers:
-            moved = _moved_buffer(b, issued[(b.unit, b.phase)], issue, copy_outs.get((b.unit, b.phase)), output_end)
-            out.append(Block(new, _BUFFERS, b.phase, moved.alloc, moved.free, b.bytes))
+            key = (b.unit, b.phase, b.micro)
+            out.append(_copy(_moved_buffer(b, issued[key], issue, copy_outs.get(key), output_end), unit=new))
     return out
 
 
-def _temporary(b: Block, copy_outs: dict[tuple[str, str], int]) -> bool:
+def _temporary(b: Block, copy_outs: dict[Pass, int]) -> bool:
     """A gather's buffer freed before its unit's copy-out (the copy-in, a backend's staging buffer)."""
-    copy_out = copy_outs.get((b.unit, b.phase))
+    copy_out = copy_outs.get((b.unit, b.phase, b.micro))
     return copy_out is not None and b.free < copy_out
 
 
-def _backward_issues(sm: StepMemory, s: MemorySetting) -> dict[str, int]:
-    """Per new unit, when FSDP2's backward prefetch (one unit ahead) issues its gather: when the new
-    unit before it in backward starts its backward (the root neither issues nor is a target; the
-    first in backward is gathered by its own pre-backward: absent)."""
-    starts: dict[str, int] = {}
-    for (unit, phase), (start, _) in sm.windows.items():
+def _backward_issues(sm: StepMemory, s: MemorySetting) -> dict[tuple[str, int], int]:
+    """Per new unit and micro-batch, when FSDP2's backward prefetch (one unit ahead) issues its
+    gather: when the new unit before it in that micro-batch's backward starts its backward (the root
+    neither issues nor is a target; the first in backward is gathered by its own pre-backward:
+    absent)."""
+    starts: dict[int, dict[str, int]] = {}
+    for (unit, phase, micro), (start, _) in sm.windows.items():
         new = s.group.get(unit, unit)
         if phase == vocabulary.BACKWARD and unit != ROOT_UNIT and new != ROOT_UNIT:
-            starts[new] = min(starts.get(new, start), start)
-    order = sorted(starts, key=starts.__getitem__)
-    return {new: starts[before] for before, new in itertools.pairwise(order)}
+            mine = starts.setdefault(micro, {})
+            mine[new] = min(mine.get(new, start), start)
+    out: dict[tuple[str, int], int] = {}
+    for micro, mine in starts.items():
+        order = sorted(mine, key=mine.__getitem__)
+        out.update({(new, micro): mine[before] for before, new in itertools.pairwise(order)})
+    return out
 
 
 def _reduced_together(s: MemorySetting, blocks: list[Block]) -> list[Block]:
-    """The reductions of merged units (``blocks``: the units' gradients and reduction buffers). A
-    new unit reduces once, when its last member in backward reduced: its reduce-scatter input (the
-    members' inputs, in the reduce dtype) is made then and freed when the next reduction starts
-    (FSDP2 frees the last one at the end of backward); the copy-in fills it member after member,
-    their temporaries with them, within the last member's own copy-in (the recorded times after it
-    stay); the members' unsharded gradients are kept until the whole copy-in is done, and the
-    sharded gradients made after it."""
+    """The reductions of merged units in one micro-batch's backward (``blocks``: the units'
+    gradients and reduction buffers). A new unit reduces once, when its last member in backward
+    reduced: its reduce-scatter input (the members' inputs, in the reduce dtype) is made then and
+    freed when the next reduction starts (FSDP2 frees the last one at the end of backward); the
+    copy-in fills it member after member, their temporaries with them, within the last member's own
+    copy-in (the recorded times after it stay); the members' unsharded gradients are kept until the
+    whole copy-in is done, and the sharded gradients made after it."""
     by_unit: dict[str, list[Block]] = {}
     for b in blocks:
         by_unit.setdefault(b.unit, []).append(b)
@@ -404,29 +458,29 @@ def _reduced_together(s: MemorySetting, blocks: list[Block]) -> list[Block]:
         g, opened = s.group.get(u, u), inputs[u].alloc
         for b in mine:
             if b is inputs[u]:
-                out.append(Block(g, _BUFFERS, b.phase, start[g], max(start[g], freed[g]), b.bytes, True))
+                out.append(_copy(b, unit=g, category=_BUFFERS, alloc=start[g], free=max(start[g], freed[g])))
             elif b.reduction:
                 made = round(shift[u] + scale[u] * (b.alloc - opened))
                 free = b.free if b.free == mcat.NOT_FREED else made + round(scale[u] * (b.free - b.alloc))
-                out.append(Block(g, b.category, b.phase, made, free, b.bytes, True))
+                out.append(_copy(b, unit=g, alloc=made, free=free))
             elif b.category == _GRADS and b.free >= inputs[u].alloc:
-                out.append(Block(g, _GRADS, b.phase, b.alloc, max(b.alloc, done[g]), b.bytes))
+                out.append(_copy(b, unit=g, free=max(b.alloc, done[g])))
             elif b.category == _REDUCED and b.alloc >= inputs[u].alloc:
                 made = done[g] + max(0, b.alloc - copied[u])
-                out.append(Block(g, _REDUCED, b.phase, made, max(made, b.free), b.bytes))
+                out.append(_copy(b, unit=g, alloc=made, free=max(made, b.free)))
             else:
                 out.append(b)
     return out
 
 
 def _prefetched(sm: StepMemory, s: MemorySetting, blocks: list[Block]) -> list[Block]:
-    """An explicit prefetch of N: each unit's gather issued at the start of the unit N before it
-    (earlier only, unless the recording prefetched an explicit number of units too; back to FSDP2's
-    implicit prefetch from such a recording: none ahead in forward, one in backward), its buffers
-    moved with it (:func:`_moved_buffer`; the output freed at the unit's
-    copy-out: FSDP2 holds it longer only for its implicit forward prefetch); ``none``: not before the
-    unit's own window. The unsharded parameters stay where they were made: at the unit's copy-out,
-    in its own window."""
+    """An explicit prefetch of N: each unit's gather issued at the start of the unit N before it in
+    its micro-batch (earlier only, unless the recording prefetched an explicit number of units too;
+    back to FSDP2's implicit prefetch from such a recording: none ahead in forward, one in backward),
+    its buffers moved with it (:func:`_moved_buffer`; the output freed at the unit's copy-out: FSDP2
+    holds it longer only for its implicit forward prefetch); ``none``: not before the unit's own
+    window. The unsharded parameters stay where they were made: at the unit's copy-out, in its own
+    window."""
     explicit = s.recorded_prefetch.isdigit()  # the recording's issues are N ahead: move them either way
     if s.prefetch == "recorded" or (s.prefetch == "implicit" and not explicit):
         return blocks
@@ -436,18 +490,21 @@ def _prefetched(sm: StepMemory, s: MemorySetting, blocks: list[Block]) -> list[B
         if not _gathered(b) or b.category != _BUFFERS:  # parameters at the copy-out, gradients by backward: unmoved
             out.append(b)
             continue
-        own = sm.windows.get((b.unit, b.phase))
-        first = issued[(b.unit, b.phase)]
-        copy_out = copy_outs.get((b.unit, b.phase))
+        key = (b.unit, b.phase, b.micro)
+        own = sm.windows.get(key)
+        first = issued[key]
+        copy_out = copy_outs.get(key)
         if s.prefetch == "none":
             new_issue = max(first, own[0]) if own else first
             out.append(_moved_buffer(b, first, new_issue, copy_out, max(b.free, new_issue)))
-        else:
-            # implicit: FSDP2 gathers a unit in its own pre-forward, and one unit ahead in backward
-            ahead = int(s.prefetch) if s.prefetch.isdigit() else int(b.phase == vocabulary.BACKWARD)
-            new_issue = _issue_time(sm, s, b.unit, b.phase, ahead)
-            if not explicit:
-                new_issue = min(first, new_issue)
-            end = min(b.free, own[0]) if own else b.free
-            out.append(_moved_buffer(b, first, new_issue, copy_out, max(end, copy_out or end)))
+            continue
+        # implicit: FSDP2 gathers a unit in its own pre-forward, and one unit ahead in backward
+        ahead = int(s.prefetch) if s.prefetch.isdigit() else int(b.phase == vocabulary.BACKWARD)
+        new_issue = _issue_time(sm, b.unit, b.phase, b.micro, ahead, s.order)
+        if not explicit:
+            new_issue = min(first, new_issue)
+        # a buffer the trace never saw freed (its free fell on a thread the profiler did not follow)
+        # stays so: the recorded level holds it, whatever the setting
+        end = min(b.free, own[0]) if own and b.free != mcat.NOT_FREED else b.free
+        out.append(_moved_buffer(b, first, new_issue, copy_out, max(end, copy_out or end)))
     return out

@@ -25,6 +25,7 @@ from fsdpviz.errors import UsageError
 from fsdpviz.formatting import NS_PER_MS, rounded_ms
 from fsdpviz.naming import ROOT_UNIT
 from fsdpviz.vocabulary import FSDP1, FSDP2, ZERO3
+from fsdpviz.whatif import bounds
 from fsdpviz.whatif import comm as comm_model
 from fsdpviz.whatif import program as prog
 from fsdpviz.whatif.memory import MemoryChange, MemorySetting, predict_step
@@ -184,6 +185,7 @@ def predict(model: Model, settings: Settings) -> Prediction:
     baseline = _baseline(model)
     setting = memory_setting(rec, full)
     memory = [predict_step(s.memory, setting) if s.memory is not None else None for s in rec.steps]
+    memory, floor_note = bounds.floored(memory, [s.memory for s in rec.steps], bounds.only_adds(full, rec))
     predicted = _predicted(model, simulated, baseline, full, memory)
     recorded_mean = statistics.fmean(s.step_ns for s in rec.steps)
     replay_mean = statistics.fmean(r.step_ns for r in model.replays)
@@ -191,6 +193,8 @@ def predict(model: Model, settings: Settings) -> Prediction:
     notes += _assumptions(full, rec)
     if any(m is not None for m in memory):
         notes += [n for n in rec.notes if n not in notes]  # what the memory predictions assumed
+    if floor_note is not None:
+        notes.append(floor_note)
     if model.sampled is not None:
         notes.append(f"read on {len(model.sampled)} of {len(model.result.analysis.ranks)} ranks spread over the run "
                      f"({', '.join(map(str, model.sampled))}): the run is too large to hold every rank's events")

@@ -3,7 +3,9 @@
 The root owns parameters of its own (the token embedding), every block is a unit, the final norm
 and the output projection form one unit of two modules (``fully_shard([model.norm, model.output])``)
 and the last block keeps its parameters gathered after forward (``reshard_after_forward=False``:
-backward needs them first). Plain PyTorch, no profiling code:
+backward needs them first). ``--compile BACKEND``: every block is compiled first, as torchtitan's
+``apply_compile`` does (``torch.compile`` of the block, registered in its place), and then sharded.
+Plain PyTorch, no profiling code:
 
     torchrun --nproc_per_node 2 tests/clients/torchtitan_shape.py --steps 6 --log-losses out-{rank}.txt
 """
@@ -67,6 +69,12 @@ class Transformer(nn.Module):
         return self.output(self.norm(h))
 
 
+def apply_compile(model: Transformer, backend: str) -> None:
+    """torchtitan's per-block compile: each block's forward one graph, the FSDP hooks outside it."""
+    for layer_id, block in model.layers.named_children():
+        model.layers.register_module(layer_id, torch.compile(block, backend=backend, fullgraph=True))
+
+
 def apply_fsdp(model: Transformer) -> None:
     """torchtitan's wrapping: blocks, then [norm, output] as one unit, then the root."""
     last = len(model.layers) - 1
@@ -82,11 +90,14 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=3)
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--log-losses", default="")
+    parser.add_argument("--compile", default="", metavar="BACKEND", help="compile each block (e.g. inductor)")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
     model = Transformer(args.dim, args.layers, heads=4)
+    if args.compile:
+        apply_compile(model, args.compile)
     apply_fsdp(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     generator = torch.Generator().manual_seed(100 + rank)

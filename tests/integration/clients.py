@@ -3,8 +3,8 @@
 Each :class:`Client` is one program of ``tests/clients/`` with its launcher: a Hugging Face ``Trainer``
 (DDP, as accelerate runs it without GPUs, and FSDP2 with accelerate's state forced), an ``accelerate
 launch`` loop (DDP, and processes that never connect), Lightning Fabric with ``ModelParallelStrategy``, an
-``mp.spawn`` program, a torchtitan-shaped model and FSDP1 with ``checkpoint_wrapper`` outside and inside
-its units. Tiny models from configs, a few steps each.
+``mp.spawn`` program, a torchtitan-shaped model (also with every block compiled) and FSDP1 with
+``checkpoint_wrapper`` outside and inside its units. Tiny models from configs, a few steps each.
 
 A client is recorded once per test session (:class:`ClientRuns`, the ``client_runs`` fixture), shared by
 every xdist worker, and run once without fsdpviz for the losses it must reproduce bit for bit.
@@ -71,6 +71,10 @@ CLIENT_LIST = (
                         "--log-losses", "{losses}"), "fsdp2", ("(root)", "1", "2")),
     Client("torchtitan", _torchrun("torchtitan_shape.py", "--steps", str(STEPS)), "fsdp2", TORCHTITAN_UNITS,
            report=True),
+    # every block compiled before sharding, as torchtitan does; aot_eager: dynamo and AOTAutograd's graphs
+    # as with inductor, without the C++ code generation that costs inductor ~35 CPU-seconds more here
+    Client("torchtitan-compile", _torchrun("torchtitan_shape.py", "--compile", "aot_eager", "--steps", str(STEPS)),
+           "fsdp2", TORCHTITAN_UNITS),
     Client("fsdp1-checkpoint-outside", _torchrun("fsdp1_checkpoint.py", "--checkpoint", "outside", "--steps", str(STEPS)),
            "fsdp1", FSDP1_UNITS),
     Client("fsdp1-checkpoint-inside", _torchrun("fsdp1_checkpoint.py", "--checkpoint", "inside", "--steps", str(STEPS)),

@@ -190,8 +190,10 @@ MEMORY_SCRIPT = SCRIPTS / "memory_train.py"
 MEMORY_RUNS = {
     name: Config(args, (*NO_OUTPUT, "--steps", "3", *options), script=MEMORY_SCRIPT, output_flag="--truth")
     for name, (args, options) in {
-        # Adam with amsgrad (three states), the gradients zeroed by model.zero_grad() (no Optimizer range)
-        "adam-amsgrad+model-zero-grad": (("--optimizer", "adam-amsgrad", "--zero-grad", "model"), ("--warmup", "2")),
+        # Adam with amsgrad (three states), the gradients zeroed by model.zero_grad() (no Optimizer range),
+        # two micro-batches per optimizer step (gradient accumulation)
+        "adam-amsgrad+model-zero-grad+2-micro": (("--optimizer", "adam-amsgrad", "--zero-grad", "model",
+                                                  "--micro-batches", "2"), ("--warmup", "2")),
         # SGD with momentum (one state), the gradients kept from step to step (set_to_none=False)
         "sgd-momentum+keep-grads": (("--optimizer", "sgd-momentum", "--zero-grad", "keep"), ("--warmup", "2")),
         # two optimizers, one of the script's own class; profiled from the first step, so the
@@ -199,3 +201,15 @@ MEMORY_RUNS = {
         "own+sgd": (("--optimizer", "own+sgd"), ("--warmup", "0")),
     }.items()
 }
+
+
+# The example trainer with gradient accumulation (two micro-batches per optimizer step), 2 blocks of
+# dim 64 (parameters large enough beside the activations for the memory predictions), steps 2-4 profiled (test_grad_accum_cpu.py; test_whatif_memory_cpu.py also records FSDP2
+# under other settings, ``extra``, to hold the memory predictions to).
+GRAD_ACCUM_MODEL = ("--layers", "2", "--dim", "64", "--steps", "5", "--seed", "0", "--grad-accum", "2")
+
+
+def grad_accum_config(framework: str, *extra: str) -> Config:
+    """The grad-accumulation recording of ``framework`` with the trainer's ``extra`` flags."""
+    return Config(("--framework", framework, "--wrap", "block", *GRAD_ACCUM_MODEL, *extra),
+                  (*NO_OUTPUT, "--warmup", "1", "--steps", "3"), ZERO3_ENV if framework == "zero3" else ())

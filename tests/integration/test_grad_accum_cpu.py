@@ -22,13 +22,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from helpers.jobs import NO_OUTPUT
-from recording import Config, Recordings
+from recording import Config, Recordings, grad_accum_config
 
 from fsdpviz.analysis.run import RunAnalysis, analyse_run
 from fsdpviz.trace import load_traces
 
-MODEL = ("--layers", "2", "--dim", "32", "--steps", "5", "--seed", "0", "--grad-accum", "2")
 BLOCKS = ["blocks.0", "blocks.1"]
 MICRO_BATCHES = 2
 RUNS = {"fsdp2": [], "fsdp1": ["--checkpoint"]}
@@ -37,8 +35,7 @@ if importlib.util.find_spec("deepspeed") is not None:
 
 
 def _config(framework: str) -> Config:
-    return Config(("--framework", framework, "--wrap", "block", *MODEL, *RUNS[framework]),
-                  (*NO_OUTPUT, "--warmup", "1", "--steps", "3"), (("DS_ACCELERATOR", "cpu"),))
+    return grad_accum_config(framework, *RUNS[framework])
 
 
 @pytest.fixture(scope="module")

@@ -90,7 +90,7 @@ def test_recorder_measures_what_the_script_holds(run: tuple[str, Recording, RunR
         assert start.gradient_bytes_kept == (steps[first]["grad_bytes"] if "keep-grads" in name else 0)
         assert sum(o.state_bytes for o in memory.optimizers) == steps[-1]["optimizer_state_bytes"] > 0
         classes = sorted(o.optimizer.rsplit(".", 1)[-1] for o in memory.optimizers)
-        assert classes == {"sgd-momentum+keep-grads": ["SGD"], "adam-amsgrad+model-zero-grad": ["Adam"],
+        assert classes == {"sgd-momentum+keep-grads": ["SGD"], "adam-amsgrad+model-zero-grad+2-micro": ["Adam"],
                            "own+sgd": ["Keeper", "SGD"]}[name]
 
 
@@ -144,3 +144,33 @@ def test_plain_traces_keep_what_the_optimizer_step_made(recordings: Recordings, 
     assert len(after_first)
     for row in after_first.to_dict(orient="records"):
         assert row["optimizer_state"] == truth(rec, int(row["rank"]))[int(row["step"])]["optimizer_state_bytes"]
+
+
+def test_accumulated_gradients_per_micro_batch(recordings: Recordings) -> None:
+    """Two micro-batches per optimizer step: after the first one's backward the sharded gradients
+    are what its reductions made, and after the second they are the same tensors, added to (FSDP2
+    adds each reduce-scatter's output to them and frees it): the script's bytes after each
+    micro-batch, never twice them."""
+    rec = recordings.get(MEMORY_RUNS["adam-amsgrad+model-zero-grad+2-micro"])
+    result = analyse([rec.run_dir], cache=False)
+    windows, levels = result.analysis.windows, result.analysis.memory_categories
+    assert sorted(set(windows["micro"])) == [0, 1]
+    for rank in RANKS:
+        steps = truth(rec, rank)
+        mine = levels[(levels["rank"] == rank).to_numpy()]
+        t = mine["t_ns"].to_numpy(np.int64)
+        seen = 0
+        for step in result.analysis.steps:
+            w = windows[((windows["rank"] == rank) & (windows["step"] == step)).to_numpy()]
+            second = w[(w["micro"] == 1).to_numpy()]
+            if not len(second) or not (w["micro"] == 0).any():
+                continue
+            # just before the second micro-batch's first window opens: the first one's backward is done
+            i = int(np.searchsorted(t, int(second["start_ns"].min()), side="left")) - 1
+            micro = steps[step]["micro_grad_bytes"]
+            assert len(micro) == 2 and micro[0] == micro[1] == steps[step]["grad_bytes"] > 0
+            assert int(mine["gradients"].iat[i]) == micro[0], (rank, step)
+            seen += 1
+        assert seen >= 2
+        for step, cats in _levels_before_optimizer(result, rank).items():
+            assert cats["gradients"] == steps[step]["micro_grad_bytes"][1], (rank, step)

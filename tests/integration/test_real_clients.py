@@ -159,3 +159,39 @@ def test_torchtitan_root_keeps_its_last_units_parameters_and_names_a_unit_of_two
     assert (stats.loc[["layers.0", "layers.1", "layers.2"], "backward_ns"] > stats.loc["(root)", "backward_ns"]).all()
     traces = load_traces([run.run_dir], cache=False)
     assert "FSDP::pre_forward (norm, output)" in set(traces.events["name"].astype(str))
+
+
+def test_compiled_blocks_are_units_with_their_own_compute(
+        client_runs: ClientRuns, result_of: Callable[[ClientRun], RunResult]) -> None:
+    """torchtitan's per-block ``torch.compile`` before ``fully_shard``: each block runs as one compiled
+    graph (dynamo's ``Torch-Compiled Region`` inside FSDP2's own pre/post-forward labels of the block),
+    and is still the unit FSDP2 names ``layers.N`` (not ``layers.N._orig_mod``), with the parameters
+    of the uncompiled model's block, its compute inside its window in both passes and the same
+    gathers and reductions as the uncompiled model."""
+    compiled, plain = _get(client_runs, "torchtitan-compile"), _get(client_runs, "torchtitan")
+    result = result_of(compiled)
+    traces = result.traces
+    names = traces.events["name"].astype(str)
+    blocks = ["layers.0", "layers.1", "layers.2"]
+    for unit in blocks:
+        assert f"FSDP::pre_forward ({unit})" in set(names) and f"FSDP::post_backward_reduce ({unit})" in set(names)
+    regions = traces.events[names.str.startswith("Torch-Compiled Region").to_numpy()]
+    windows = result.analysis.windows
+    fwd = windows[(windows["phase"] == "forward") & windows["unit"].isin(blocks)]
+    # every block's forward window on every rank and step holds one compiled region
+    for row in fwd.itertuples():
+        inside = regions[(regions["rank"] == row.rank) & (regions["start_ns"] >= row.start_ns)
+                         & (regions["start_ns"] + regions["dur_ns"] <= row.end_ns)]
+        assert len(inside) == 1, (row.rank, row.step, row.unit)
+    units = {u["unit"]: u for u in json.loads((compiled.run_dir / "run.json").read_text())["units"]}
+    plain_units = {u["unit"]: u for u in json.loads((plain.run_dir / "run.json").read_text())["units"]}
+    assert {u: m["param_numel"] for u, m in units.items()} == {u: m["param_numel"] for u, m in plain_units.items()}
+    us = result.analysis.unit_steps
+    mine = us[us["unit"].isin(blocks)]
+    assert len(mine) == 2 * len(PROFILED) * len(blocks) * 2 and (mine["compute_ns"] > 0).all()
+    spans = result.analysis.spans
+    counts = spans[spans["kind"].isin(["all_gather", "reduce_scatter"])].groupby(["unit", "phase", "kind"]).size()
+    plain_spans = result_of(plain).analysis.spans
+    plain_counts = plain_spans[plain_spans["kind"].isin(["all_gather", "reduce_scatter"])].groupby(
+        ["unit", "phase", "kind"]).size()
+    assert counts.to_dict() == plain_counts.to_dict()

@@ -7,6 +7,9 @@ recorder measured alive then, so a recording's peak is exact: the truth for the 
 From the per-block recording, ``--wrap root`` and ``--wrap merge:2`` are predicted and held to the
 recordings of one root unit and of pairs (targets of docs/whatif.md: the peak within 3 %, the
 change within 20 %). benchmarks/bench_whatif_fake.py does the same for every setting and pair.
+With two micro-batches per step (``--grad-accum 2``), ``merge:2`` from the per-block recording is held
+to the pairs' recording the same way: each micro-batch gathers, keeps and reduces its merged units
+in its own windows.
 """
 
 from __future__ import annotations
@@ -28,25 +31,29 @@ pytestmark = pytest.mark.slow
 
 MODEL = ("--bf16", "--fake-world", "8", "--layers", "4", "--dim", "128", "--steps", "6")
 WRAPS = ("block", "pair", "root")
+ACCUMULATED = ("block", "pair")  # recorded again with two micro-batches: "<wrap>-accum"
 BLOCK_PARAMS = 12 * 128 * 128 + 13 * 128  # qkv, proj, fc_in, fc_out with biases, two layer norms
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Model]:
     out = {}
-    for wrap in WRAPS:
-        folder = session_root(tmp_path_factory) / f"fake8-{wrap}"
+    runs = {**{w: () for w in WRAPS}, **{f"{w}-accum": ("--grad-accum", "2") for w in ACCUMULATED}}
+    for name, extra in runs.items():
+        folder = session_root(tmp_path_factory) / f"fake8-{name}"
         run_dir = folder / "run"
+        wrap = name.removesuffix("-accum")
 
-        def make(run_dir: Path = run_dir, wrap: str = wrap) -> dict[str, subprocess.CompletedProcess | None]:
-            command = [sys.executable, str(EXAMPLE), *MODEL, "--wrap", wrap]
+        def make(run_dir: Path = run_dir, wrap: str = wrap, extra: tuple[str, ...] = extra
+                 ) -> dict[str, subprocess.CompletedProcess | None]:
+            command = [sys.executable, str(EXAMPLE), *MODEL, "--wrap", wrap, *extra]
             return {"proc": retried(lambda: fsdpviz("record", "--out", str(run_dir), *NO_OUTPUT, "--warmup", "2",
                                                     "--steps", "2", "--", *command, env=record_env(), timeout=600),
                                     tidy=lambda: shutil.rmtree(run_dir, ignore_errors=True))}
 
         proc = shared_processes(folder, make)["proc"]
         assert proc is not None and proc.returncode == 0, proc.stderr[-3000:] if proc else ""
-        out[wrap] = read_model(analyse([run_dir], cache=False, progress=False))
+        out[name] = read_model(analyse([run_dir], cache=False, progress=False))
     return out
 
 
@@ -54,11 +61,17 @@ def _peak(model: Model) -> int:
     return max(s.memory.peak_bytes for s in model.recording.steps if s.memory is not None)
 
 
-@pytest.mark.parametrize(("wrap", "recorded"), [(Wrap("root"), "root"), (Wrap("merge", k=2), "pair")])
-def test_merged_units_peak_as_recorded(models: dict[str, Model], wrap: Wrap, recorded: str) -> None:
-    source = models["block"]
-    prediction = predict(source, Settings().with_(wrap=wrap))
-    base, true_peak = _peak(source), _peak(models[recorded])
+@pytest.mark.parametrize(("wrap", "source", "recorded"),
+                         [(Wrap("root"), "block", "root"), (Wrap("merge", k=2), "block", "pair"),
+                          # measured: the peak exact; +72 % without the micro-batches read, +5.4 % with
+                          # the members' reductions left as recorded
+                          (Wrap("merge", k=2), "block-accum", "pair-accum")])
+def test_merged_units_peak_as_recorded(models: dict[str, Model], wrap: Wrap, source: str, recorded: str) -> None:
+    model = models[source]
+    micro_batches = {micro for s in model.recording.steps if s.memory is not None for (_, _, micro) in s.memory.windows}
+    assert micro_batches == ({0, 1} if source.endswith("-accum") else {0})
+    prediction = predict(model, Settings().with_(wrap=wrap))
+    base, true_peak = _peak(model), _peak(models[recorded])
     peak = prediction.predicted.peak_allocated_bytes
     assert peak is not None and prediction.baseline.peak_allocated_bytes == base
     assert abs(peak - true_peak) <= 0.03 * true_peak

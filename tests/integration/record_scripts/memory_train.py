@@ -10,11 +10,14 @@ the first layer and SGD with momentum on the rest.
 ``--zero-grad``: ``optimizer`` (``optimizer.zero_grad()``), ``model`` (``model.zero_grad()``, as the
 transformers Trainer does: no Optimizer range in the trace), ``keep``
 (``optimizer.zero_grad(set_to_none=False)``: the gradients stay allocated from step to step).
+``--micro-batches N``: gradient accumulation, N forwards and backwards per optimizer step (FSDP2
+reduce-scatters after each and adds the result to the sharded gradients).
 
 ``--truth`` (with ``{rank}``) gets one JSON object per rank: per step, measured after its optimizer
 step -- ``optimizer_state_bytes`` (every tensor in every ``optimizer.state``, ``DTensor.to_local()``),
 ``sharded_param_bytes`` (``p.to_local()`` of every parameter) -- and ``grad_bytes`` (the sharded
-gradients, ``p.grad.to_local()``) measured just before it.
+gradients, ``p.grad.to_local()``) measured just before it; ``micro_grad_bytes``: the same after each
+micro-batch's backward.
 """
 
 from __future__ import annotations
@@ -81,6 +84,7 @@ def main() -> None:
     parser.add_argument("--zero-grad", choices=["optimizer", "model", "keep"], default="optimizer")
     parser.add_argument("--layers", type=int, default=3)
     parser.add_argument("--steps", type=int, default=7)
+    parser.add_argument("--micro-batches", type=int, default=1)
     parser.add_argument("--truth", required=True)
     args = parser.parse_args()
     dist.init_process_group("gloo")
@@ -102,9 +106,12 @@ def main() -> None:
         else:
             for optimizer in optimizers:
                 optimizer.zero_grad()
-        loss = model(torch.randn(8, DIM, generator=generator)).square().mean()
-        loss.backward()
-        grads = sum(local_bytes(p.grad) for p in model.parameters() if p.grad is not None)
+        micro_grads = []
+        for _ in range(args.micro_batches):
+            loss = model(torch.randn(8, DIM, generator=generator)).square().mean()
+            (loss / args.micro_batches).backward()
+            micro_grads.append(sum(local_bytes(p.grad) for p in model.parameters() if p.grad is not None))
+        grads = micro_grads[-1]
         for optimizer in optimizers:
             optimizer.step()
         steps.append({
@@ -112,6 +119,7 @@ def main() -> None:
                                          for t in s.values() if isinstance(t, torch.Tensor)),
             "sharded_param_bytes": sum(local_bytes(p) for p in model.parameters()),
             "grad_bytes": grads,
+            "micro_grad_bytes": micro_grads,
         })
     with open(args.truth.format(rank=rank), "w", encoding="utf-8") as out:
         json.dump({"rank": rank, "steps": steps}, out)
