@@ -85,8 +85,7 @@ class Model:
     gathers: dict[tuple[str, str], Gather]
     replays: list[SimResult] = field(default_factory=list)
     sampled: list[int] | None = None  # the ranks read, when not every rank was
-    host_share: float = 1.0  # the host's work without the profiler over the traced (hostcost)
-    net_replays: list[SimResult] = field(default_factory=list)  # the replays on that host work
+    net: Model | None = None  # GPU: the same recording, its host work net of the profiler (hostcost)
 
 
 @dataclass(slots=True)
@@ -133,6 +132,14 @@ def read_model(result: RunResult, ranks: Sequence[int] | None = None) -> Model:
     rec = read_recording(result, ranks)
     if not rec.steps:
         raise UsageError("no analysed step holds a complete forward and backward: nothing to predict")
+    model = _model(result, rec, sampled)
+    per_op_ns = hostcost.per_op_ns(result.summary.profiler, rec) if rec.device == "gpu" else 0.0
+    if per_op_ns > 0:
+        model.net = _model(result, read_recording(result, ranks, per_op_ns=per_op_ns), sampled)
+    return model
+
+
+def _model(result: RunResult, rec: Recording, sampled: list[int] | None) -> Model:
     samples = [("all_gather", g.bytes, g.comm_ns) for s in rec.steps for g in s.gathers]
     samples += [("reduce_scatter", r.bytes, r.comm_ns) for s in rec.steps for r in s.reduces]
     # the host's share of a gather (copy-in, the call; the copy-out) grows with its bytes too
@@ -144,16 +151,8 @@ def read_model(result: RunResult, ranks: Sequence[int] | None = None) -> Model:
         for g in s.gathers:
             gathers.setdefault((g.unit, g.phase), g)
     model = Model(result=result, recording=rec, comm=fitted, gathers=gathers, sampled=sampled)
-    programs = [prog.build(rec, s, recorded_settings(), fitted, gathers) for s in rec.steps]
-    model.replays = [run(p, rec.device == "gpu") for p in programs]
-    cost = result.summary.profiler
-    if rec.device == "gpu" and cost is not None:
-        # on a GPU the saved host work moves a launch-bound step; the trace's is slowed by the profiler.
-        # (Even timers too few for the headline's unprofiled step measure the excess the model needs.)
-        excess_ns = (cost.profiled_step_ms - cost.unprofiled_step_ms) * NS_PER_MS
-        model.host_share = hostcost.host_share(statistics.fmean(hostcost.host_ns(p) for p in programs), excess_ns)
-        if model.host_share != 1.0:
-            model.net_replays = [run(hostcost.scaled(p, model.host_share), True) for p in programs]
+    model.replays = [run(prog.build(rec, s, recorded_settings(), fitted, gathers), rec.device == "gpu")
+                     for s in rec.steps]
     return model
 
 
@@ -190,9 +189,11 @@ def predict(model: Model, settings: Settings) -> Prediction:
     check(model, settings)
     rec = model.recording
     full = _filled(settings, rec)
-    programs = [prog.build(rec, s, _for_program(full), model.comm, model.gathers) for s in rec.steps]
-    simulated = [run(p, rec.device == "gpu") for p in programs]
-    net = [run(hostcost.scaled(p, model.host_share), True) for p in programs] if model.net_replays else []
+    simulated = [run(prog.build(rec, s, _for_program(full), model.comm, model.gathers), rec.device == "gpu")
+                 for s in rec.steps]
+    net = [] if model.net is None else [
+        run(prog.build(model.net.recording, s, _for_program(full), model.net.comm, model.net.gathers), True)
+        for s in model.net.recording.steps]
     baseline = _baseline(model)
     setting = memory_setting(rec, full)
     memory = [predict_step(s.memory, setting) if s.memory is not None else None for s in rec.steps]
@@ -329,7 +330,8 @@ def _predicted(model: Model, simulated: list[SimResult], baseline: Outcome, sett
     if net:
         # the step as the simulation moves it on the host's work net of the profiler
         # (hostcost): the same share of the traced step as of the run's own
-        ratio = statistics.fmean(n.step_ns / r.step_ns for n, r in zip(net, model.net_replays) if r.step_ns)
+        assert model.net is not None
+        ratio = statistics.fmean(n.step_ns / r.step_ns for n, r in zip(net, model.net.replays) if r.step_ns)
         step = baseline.step_time_ms * ratio
     else:
         step = baseline.step_time_ms + moved(lambda r: r.step_ns) / NS_PER_MS
