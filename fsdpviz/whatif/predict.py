@@ -25,7 +25,7 @@ from fsdpviz.errors import UsageError
 from fsdpviz.formatting import NS_PER_MS, rounded_ms
 from fsdpviz.naming import ROOT_UNIT
 from fsdpviz.vocabulary import FSDP1, FSDP2, ZERO3
-from fsdpviz.whatif import bounds
+from fsdpviz.whatif import bounds, hostcost
 from fsdpviz.whatif import comm as comm_model
 from fsdpviz.whatif import program as prog
 from fsdpviz.whatif.memory import MemoryChange, MemorySetting, predict_step
@@ -85,6 +85,7 @@ class Model:
     gathers: dict[tuple[str, str], Gather]
     replays: list[SimResult] = field(default_factory=list)
     sampled: list[int] | None = None  # the ranks read, when not every rank was
+    net: Model | None = None  # GPU: the same recording, its host work net of the profiler (hostcost)
 
 
 @dataclass(slots=True)
@@ -131,6 +132,14 @@ def read_model(result: RunResult, ranks: Sequence[int] | None = None) -> Model:
     rec = read_recording(result, ranks)
     if not rec.steps:
         raise UsageError("no analysed step holds a complete forward and backward: nothing to predict")
+    model = _model(result, rec, sampled)
+    per_op_ns = hostcost.per_op_ns(result.summary.profiler, rec) if rec.device == "gpu" else 0.0
+    if per_op_ns > 0:
+        model.net = _model(result, read_recording(result, ranks, per_op_ns=per_op_ns), sampled)
+    return model
+
+
+def _model(result: RunResult, rec: Recording, sampled: list[int] | None) -> Model:
     samples = [("all_gather", g.bytes, g.comm_ns) for s in rec.steps for g in s.gathers]
     samples += [("reduce_scatter", r.bytes, r.comm_ns) for s in rec.steps for r in s.reduces]
     # the host's share of a gather (copy-in, the call; the copy-out) grows with its bytes too
@@ -182,11 +191,14 @@ def predict(model: Model, settings: Settings) -> Prediction:
     full = _filled(settings, rec)
     simulated = [run(prog.build(rec, s, _for_program(full), model.comm, model.gathers), rec.device == "gpu")
                  for s in rec.steps]
+    net = [] if model.net is None else [
+        run(prog.build(model.net.recording, s, _for_program(full), model.net.comm, model.net.gathers), True)
+        for s in model.net.recording.steps]
     baseline = _baseline(model)
     setting = memory_setting(rec, full)
     memory = [predict_step(s.memory, setting) if s.memory is not None else None for s in rec.steps]
     memory, floor_note = bounds.floored(memory, [s.memory for s in rec.steps], bounds.only_adds(full, rec))
-    predicted = _predicted(model, simulated, baseline, full, memory)
+    predicted = _predicted(model, simulated, baseline, full, memory, net)
     recorded_mean = statistics.fmean(s.step_ns for s in rec.steps)
     replay_mean = statistics.fmean(r.step_ns for r in model.replays)
     notes = list(dict.fromkeys(n for r in simulated for n in r.notes))
@@ -309,13 +321,20 @@ def memory_setting(rec: Recording, settings: Settings) -> MemorySetting:
 
 
 def _predicted(model: Model, simulated: list[SimResult], baseline: Outcome, settings: Settings,
-               memory: list[MemoryChange | None]) -> Outcome:
+               memory: list[MemoryChange | None], net: list[SimResult]) -> Outcome:
     replay = model.replays
 
     def moved(get: Any) -> float:
         return statistics.fmean(get(n) - get(r) for n, r in zip(simulated, replay))
 
-    step = baseline.step_time_ms + moved(lambda r: r.step_ns) / NS_PER_MS
+    if net:
+        # the step as the simulation moves it on the host's work net of the profiler
+        # (hostcost): the same share of the traced step as of the run's own
+        assert model.net is not None
+        ratio = statistics.fmean(n.step_ns / r.step_ns for n, r in zip(net, model.net.replays) if r.step_ns)
+        step = baseline.step_time_ms * ratio
+    else:
+        step = baseline.step_time_ms + moved(lambda r: r.step_ns) / NS_PER_MS
     peak = None
     categories = None
     known = [m for m in memory if m is not None]

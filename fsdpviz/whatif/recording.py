@@ -56,6 +56,8 @@ from fsdpviz.trace import schema
 from fsdpviz.whatif.memory import StepMemory, step_memory
 
 SYNC_CALLS: Final = ("Synchronize",)  # cudaDeviceSynchronize, cudaStreamSynchronize, cuEventSynchronize ...
+# Host events the profiler records, each at a cost to the training thread (hostcost).
+HOST_EVENT_KINDS: Final = (schema.KIND_CPU_OP, schema.KIND_RUNTIME, schema.KIND_ANNOTATION)
 
 
 @dataclass(slots=True)
@@ -167,6 +169,7 @@ class Recording:
     ranks_per_host: int
     cpu_count: int  # cores of a host (0: unknown)
     notes: list[str] = field(default_factory=list)
+    host_ops_per_step: float = 0.0  # GPU: the host threads' traced events (ops, runtime calls, ranges) per step
 
     @property
     def gathered_units(self) -> set[str]:
@@ -182,25 +185,36 @@ class Recording:
 
 
 class BusyClock:
-    """Host busy time: wall time minus the blocked intervals before it."""
+    """Host busy time: wall time minus the blocked intervals before it; with ``per_op_ns``, also
+    minus what the profiler cost each traced host event (``ops``: their starts) before it, which
+    makes it the host's work as the unprofiled run does it (:mod:`fsdpviz.whatif.hostcost`)."""
 
-    def __init__(self, starts: np.ndarray, ends: np.ndarray) -> None:
+    def __init__(self, starts: np.ndarray, ends: np.ndarray, ops: np.ndarray | None = None,
+                 per_op_ns: float = 0.0) -> None:
         self.s, self.e = union_intervals(starts, ends)
         self.cum = np.concatenate([[0], np.cumsum(self.e - self.s)]).astype(np.int64)
+        self.ops = np.sort(ops) if ops is not None and per_op_ns > 0 else np.empty(0, np.int64)
+        self.per_op_ns = per_op_ns
+        self.host_ops: np.ndarray = np.empty(0, np.int64)  # GPU: the traced host events' starts
 
     def __call__(self, t: float) -> float:
         i = int(np.searchsorted(self.s, t, side="right"))  # intervals starting at or before t
         blocked = float(self.cum[i])
         if i and t < self.e[i - 1]:
             blocked -= float(self.e[i - 1] - t)
+        if len(self.ops):
+            blocked += self.per_op_ns * float(np.searchsorted(self.ops, t, side="right"))
         return t - blocked
 
     def between(self, a: float, b: float) -> float:
         return max(0.0, self(b) - self(a))
 
 
-def read_recording(result: RunResult, ranks: Sequence[int] | None = None) -> Recording:
-    """The programs of every analysed rank and step of ``result`` (of ``ranks`` only, when given)."""
+def read_recording(result: RunResult, ranks: Sequence[int] | None = None, per_op_ns: float = 0.0) -> Recording:
+    """The programs of every analysed rank and step of ``result`` (of ``ranks`` only, when given).
+
+    ``per_op_ns``: on GPU, the host's time is read net of this much per traced host event (the
+    profiler's cost per event, :mod:`fsdpviz.whatif.hostcost`)."""
     analysis = result.analysis
     traces = result.aligned_detail(ranks)
     events = traces.events
@@ -221,11 +235,12 @@ def read_recording(result: RunResult, ranks: Sequence[int] | None = None) -> Rec
         ("events", events), ("steps", steps), ("times", analysis.step_times))}
     gathered: dict[str, set[str]] = {}  # unit -> the phases its gather labels opened in
     notes: list[str] = []
+    op_counts: list[float] = []
     for rank in analysis.ranks if ranks is None else [r for r in analysis.ranks if r in set(ranks)]:
         parts = {name: _group(g, rank) for name, g in by.items()}
         _gather_label_phases(parts["labels"], parts["windows"], gathered)
         ev = parts["events"]
-        clock = _busy_clock(ev, parts["spans"], host_lanes, rank, gpu)
+        clock = _busy_clock(ev, parts["spans"], host_lanes, rank, gpu, per_op_ns)
         rank_work = work[work["rank"] == rank] if work is not None else None
         samples = device_samples(memory, rank, devices[rank]) if rank in devices else memory.iloc[:0]
         times = parts["times"].set_index("step") if len(parts["times"]) else None
@@ -248,6 +263,8 @@ def read_recording(result: RunResult, ranks: Sequence[int] | None = None) -> Rec
             program = _read_step(rank, step, int(row["start_ns"]), int(row["end_ns"]), parts, clock, rank_work, gpu)
             program.comm_ns, program.comm_exposed_ns = int(row["comm_ns"]), int(row["exposed_comm_ns"])
             program.start_ns = int(row["start_ns"])
+            ops = clock.host_ops
+            op_counts.append(float(np.searchsorted(ops, int(row["end_ns"])) - np.searchsorted(ops, int(row["start_ns"]))))
             if cats is not None and split is not None:
                 step_windows = parts["windows"][(parts["windows"]["step"] == step).to_numpy()]
                 program.memory = step_memory(rank, step, int(row["start_ns"]), int(row["end_ns"]),
@@ -259,6 +276,7 @@ def read_recording(result: RunResult, ranks: Sequence[int] | None = None) -> Rec
         reshard_after_forward=_observed_reshard(_reshard(result, units), programs, gathered),
         prefetch=_recorded_prefetch(result),
         steps=programs, ranks_per_host=_ranks_per_host(result), cpu_count=_cpu_count(result), notes=notes,
+        host_ops_per_step=sum(op_counts) / len(op_counts) if op_counts else 0.0,
     )
 
 
@@ -290,17 +308,22 @@ def _group(grouped: DataFrameGroupBy, rank: int) -> pd.DataFrame:
 
 
 def _busy_clock(events: pd.DataFrame, spans: pd.DataFrame, host_lanes: set[tuple[int, str]], rank: int,
-                gpu: bool) -> BusyClock:
+                gpu: bool, per_op_ns: float = 0.0) -> BusyClock:
     """Where the host waited. GPU: CUDA synchronisations on the host threads. CPU: while a collective
     it issued ran (from the issue to its end), except where the host computed meanwhile."""
     if gpu:
         lane = events["lane"].astype(str)
         on_host = np.array([(rank, name) in host_lanes for name in lane], dtype=bool)
         names = events["name"].astype(str)
-        sync = on_host & (events["kind"] == schema.KIND_RUNTIME).to_numpy() & names.str.contains(
+        kinds = events["kind"]
+        sync = on_host & (kinds == schema.KIND_RUNTIME).to_numpy() & names.str.contains(
             "|".join(SYNC_CALLS), regex=True).to_numpy()
         starts = events["start_ns"].to_numpy(np.int64)[sync]
-        return BusyClock(starts, starts + events["dur_ns"].to_numpy(np.int64)[sync])
+        traced = on_host & kinds.isin(list(HOST_EVENT_KINDS)).to_numpy()
+        ops = np.sort(events["start_ns"].to_numpy(np.int64)[traced])
+        clock = BusyClock(starts, starts + events["dur_ns"].to_numpy(np.int64)[sync], ops, per_op_ns)
+        clock.host_ops = ops
+        return clock
     comm = spans[spans["kind"].isin(list(vocabulary.UNIT_COLLECTIVES)).to_numpy()]
     other = events[((events["comm"] != "") & (events["kind"] == schema.KIND_ANNOTATION)).to_numpy()]
     starts = np.concatenate([comm["issue_ns"].to_numpy(np.int64), other["start_ns"].to_numpy(np.int64)])
