@@ -96,8 +96,10 @@ def predicted_bound(bound: BoundSummary | None, prediction: Prediction, budget_b
         host = moved
     idle = max(idle + idle_change, 0.0)
     basis = bound.basis
-    if basis == BASIS_UNPROFILED:
-        unprofiled = compute + comm + (host or 0.0) + idle - bound.profiler_share_ms
+    if basis == BASIS_UNPROFILED and base.step_time_ms > 0:
+        # the setting's unprofiled step: the recorded one scaled as the simulation scales the step
+        # (the profiler's cost shrinks with the host work a setting removes, so it is not one fixed share)
+        unprofiled = bound.step_ms * new.step_time_ms / base.step_time_ms
         compute, comm, host, idle = unprofiled_split(compute, comm, host, idle, unprofiled)
     time_kind = step_kind(compute, comm, host, idle)
     memory = is_memory_bound(new.peak_allocated_bytes, budget_bytes)

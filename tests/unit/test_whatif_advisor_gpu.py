@@ -99,12 +99,13 @@ def test_each_setting_leaves_a_bound_classified_as_the_recorded_step(model: Mode
     assert same is not None and same.time_kind == recorded.time_kind and same.basis == recorded.basis
     assert same.host_wait_ms == pytest.approx(recorded.host_wait_ms, abs=0.01)
     assert same.step_ms == pytest.approx(recorded.step_ms, abs=0.01)
-    # one unit: the host's per-unit work the GPU waited for shrinks with the predicted step
+    # one unit: the host's per-unit work the GPU waited for shrinks, the GPU's kernels stay, and the
+    # unprofiled step is the bare root run's (43.1 ms) within the README's +-10 % run-to-run spread
     root = by_name["wrap root"]
     assert root.bound is not None and root.prediction is not None and recorded.host_wait_ms is not None
-    saved = root.prediction.baseline.step_time_ms - root.prediction.predicted.step_time_ms
-    assert root.bound.host_wait_ms == pytest.approx(max(recorded.host_wait_ms - saved, 0.0), abs=0.01)
+    assert root.bound.host_wait_ms is not None and root.bound.host_wait_ms < recorded.host_wait_ms
     assert root.bound.compute_ms == pytest.approx(recorded.compute_ms, rel=0.02)
+    assert root.bound.step_ms == pytest.approx(TRUTH["wrap root"][1], rel=0.10)
 
 
 def test_a_setting_whose_peak_nears_the_budget_is_memory_bound(model: Model) -> None:
