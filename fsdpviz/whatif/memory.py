@@ -21,7 +21,13 @@ A recorded step's allocated level is, at every sample, its categories
   last member's would have been. It reduces once, after its last member's backward: the
   reduce-scatter input of all its members (in the reduce dtype: fp32 under a bf16 policy) is made
   then and kept until the next reduction starts, its members' unsharded gradients until the
-  copy-in is done, and the sharded gradients are made after it. An
+  copy-in is done, and the sharded gradients are made after it. A merged FSDP1 unit is one flat
+  parameter: gathered straight into it at the issue (the low-precision input shard of each member
+  lives as long as it did), one flat gradient, one fp32 copy of it (the reduce-scatter input, made
+  in the post-backward hook after the last member's backward and freed in the reduction, which
+  makes the sharded gradient while the input is alive). Each member's flat gradient stays where
+  autograd made it: in the merged unit its parameters' own gradients wait there instead, as many
+  bytes, until the last member's backward makes the one flat gradient. An
   explicit prefetch of N issues a unit's gather when the unit N before it starts and frees the
   output at the unit's copy-out (FSDP2 holds it longer only for its implicit forward prefetch);
   ``none`` not before the unit itself. A moved gather's temporaries (copy-in, a backend's staging
@@ -136,6 +142,10 @@ class MemorySetting:
     drop_gather_buffers: bool  # FSDP2 at one rank
     recorded_prefetch: str = "implicit"  # the recording's: "implicit" or N
     notes: list[str] = field(default_factory=list)
+    # FSDP1 gathers straight into one flat parameter per unit (its other gather blocks: the
+    # low-precision input shard, freed in the gather), and makes a reduction's sharded gradient
+    # inside it, while the reduce-scatter input is alive (FSDP2: after its copy-in)
+    framework: str = vocabulary.FSDP2
 
 
 def step_memory(rank: int, step: int, t0: int, t1: int, t: np.ndarray, cats: mcat.Categorised,
@@ -357,10 +367,12 @@ def _merged(sm: StepMemory, s: MemorySetting, blocks: list[Block]) -> list[Block
     implicit = s.prefetch == "implicit" or (s.prefetch == "recorded" and not s.recorded_prefetch.isdigit())
     ahead = _backward_issues(sm, s) if implicit else {}  # explicit: as _prefetched moved the members
     out = []
+    fsdp1 = s.framework == vocabulary.FSDP1
     for (new, phase, micro), members in groups.items():
         params = [b for b in members if b.category == _PARAMS]
         buffers = [b for b in members if b.category == _BUFFERS]
-        copy_out = min((b.alloc for b in params), default=min(b.alloc for b in members))
+        first = min(b.alloc for b in members)
+        copy_out = min((b.alloc for b in params), default=first)
         issue = min((b.alloc for b in buffers), default=copy_out)
         if phase == vocabulary.BACKWARD and (new, micro) in ahead:
             issue = min(ahead[(new, micro)], copy_out)
@@ -368,6 +380,18 @@ def _merged(sm: StepMemory, s: MemorySetting, blocks: list[Block]) -> list[Block
         if not merged and issue == min((b.alloc for b in buffers), default=copy_out):
             out.extend(members)
             continue
+        if fsdp1:  # the gather writes the flat parameter: made at the issue; its temporaries live as long as they did
+            flat: dict[Pass, Block] = {}
+            for b in params:
+                key = (b.unit, b.phase, b.micro)
+                flat[key] = max(flat.get(key, b), b, key=lambda x: x.bytes)
+            starts = _first_made(params, _PARAMS)
+            issue = copy_out = min(issue, first)
+            for b in params:
+                if b is not flat[(b.unit, b.phase, b.micro)]:
+                    made = issue + (b.alloc - starts[(b.unit, b.phase, b.micro)])
+                    out.append(_copy(b, unit=new, alloc=made, free=made + (b.free - b.alloc)))
+            params = list(flat.values())
         params_end = max((b.free for b in params), default=copy_out)
         outputs = [b for b in buffers if not _temporary(b, copy_outs)]
         output_end = copy_out
@@ -440,10 +464,16 @@ def _reduced_together(s: MemorySetting, blocks: list[Block]) -> list[Block]:
         for u in us:
             shift[u], scale[u] = at, factor
             at += factor * (copied[u] - inputs[u].alloc)
+    # FSDP1: the merged reduction's output is made where the last member's was (inside it)
+    made_inside = {g: min((b.alloc for b in by_unit[max(us, key=lambda u: inputs[u].alloc)] if b.category == _REDUCED
+                           and b.alloc >= start[g]), default=start[g]) for g, us in groups.items()}
     by_start = sorted(start, key=start.__getitem__)
     recorded = sorted(inputs.values(), key=lambda b: b.alloc)
     freed = {}
     for g, after in zip(by_start, [*by_start[1:], None]):
+        if s.framework == vocabulary.FSDP1:  # FSDP1 frees it in the reduction: when the last member's was
+            freed[g] = inputs[max(groups[g], key=lambda u: inputs[u].alloc)].free
+            continue
         if after is None:  # the last reduction's input: freed when the recorded last one was
             freed[g] = max(inputs[u].free for u in groups[g])
             continue
@@ -466,7 +496,7 @@ def _reduced_together(s: MemorySetting, blocks: list[Block]) -> list[Block]:
             elif b.category == _GRADS and b.free >= inputs[u].alloc:
                 out.append(_copy(b, unit=g, free=max(b.alloc, done[g])))
             elif b.category == _REDUCED and b.alloc >= inputs[u].alloc:
-                made = done[g] + max(0, b.alloc - copied[u])
+                made = made_inside[g] if s.framework == vocabulary.FSDP1 else done[g] + max(0, b.alloc - copied[u])
                 out.append(_copy(b, unit=g, alloc=made, free=max(made, b.free)))
             else:
                 out.append(b)
