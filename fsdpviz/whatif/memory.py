@@ -25,9 +25,9 @@ A recorded step's allocated level is, at every sample, its categories
   parameter: gathered straight into it at the issue (the low-precision input shard of each member
   lives as long as it did), one flat gradient, one fp32 copy of it (the reduce-scatter input, made
   in the post-backward hook after the last member's backward and freed in the reduction, which
-  makes the sharded gradient while the input is alive). Each member's flat gradient stays where
-  autograd made it: in the merged unit its parameters' own gradients wait there instead, as many
-  bytes, until the last member's backward makes the one flat gradient. An
+  makes the sharded gradient while the input is alive). Autograd makes the one flat gradient
+  when the last member's backward ends: until then the members' parameters' own gradients wait
+  (freed when the last member's were), and their flat gradients are made then. An
   explicit prefetch of N issues a unit's gather when the unit N before it starts and frees the
   output at the unit's copy-out (FSDP2 holds it longer only for its implicit forward prefetch);
   ``none`` not before the unit itself. A moved gather's temporaries (copy-in, a backend's staging
@@ -261,7 +261,11 @@ def _moved_blocks(sm: StepMemory, s: MemorySetting) -> list[Block]:
         return earlier + moved
     reduced: list[Block] = []
     for micro in sorted({b.micro for b in moved if not _gathered(b)}):  # a merged unit reduces in each backward
-        reduced += _reduced_together(s, [b for b in moved if not _gathered(b) and b.micro == micro])
+        mine = [b for b in moved if not _gathered(b) and b.micro == micro]
+        if s.framework == vocabulary.FSDP1:  # its parameters' gradients wait for the flat one; the reduction does not see them
+            mine, waiting = _flat_gradients(s, mine)
+            reduced += waiting
+        reduced += _reduced_together(s, mine)
     return earlier + _merged(sm, s, [b for b in moved if _gathered(b)]) + reduced
 
 
@@ -426,6 +430,50 @@ def _backward_issues(sm: StepMemory, s: MemorySetting) -> dict[tuple[str, int], 
         order = sorted(mine, key=mine.__getitem__)
         out.update({(new, micro): mine[before] for before, new in itertools.pairwise(order)})
     return out
+
+
+def _flat_gradients(s: MemorySetting, blocks: list[Block]) -> tuple[list[Block], list[Block]]:
+    """FSDP1's gradients of merged units in one micro-batch's backward: autograd makes a unit's flat
+    gradient (its last unsharded-gradient block) from its parameters' own gradients (the others)
+    when the unit's backward ends. A merged unit's members' parameter gradients wait until its last
+    member's were freed (its flat gradient made); the one flat gradient is made when the last
+    member's was and freed when it was, and reduced once: the members' sharded gradients are made
+    where the last member's was. Returns the blocks
+    without the merged members' parameter gradients, and those."""
+    grads: dict[str, list[Block]] = {}
+    for b in blocks:
+        if b.category == _GRADS:
+            grads.setdefault(b.unit, []).append(b)
+    flat = {u: max(mine, key=lambda b: (b.alloc, b.bytes)) for u, mine in grads.items()}
+    groups: dict[str, list[str]] = {}
+    for u in flat:
+        groups.setdefault(s.group.get(u, u), []).append(u)
+    out = [b for b in blocks if b.category not in (_GRADS, _REDUCED) or (b.category == _REDUCED and b.unit not in flat)]
+    waiting = []
+    reduced = [b for b in blocks if b.category == _REDUCED and b.unit in flat]
+    for us in groups.values():
+        final = max(us, key=lambda u: flat[u].alloc)
+        last = flat[final]
+        # the merged gradient is made when the last member's was: its parameters' gradients freed then
+        made = max((b.free for b in grads[final] if b is not last and b.free <= last.free), default=last.alloc)
+        # one reduction, the last member's: the sharded gradients made where its own was
+        output = min((b.alloc for b in reduced if b.unit == final and b.alloc >= last.alloc), default=None)
+        for b in reduced:
+            if b.unit in us and b.unit != final and output is not None and b.alloc >= flat[b.unit].alloc:
+                out.append(_copy(b, alloc=output, free=max(output, b.free)))
+            elif b.unit in us:
+                out.append(b)
+        for u in us:
+            for b in grads[u]:
+                if len(us) == 1 or b is last:
+                    out.append(b)
+                elif b is flat[u]:
+                    out.append(_copy(b, alloc=last.alloc, free=max(last.alloc, last.free)))
+                elif b.free <= flat[u].free:  # a parameter's gradient, freed when the flat gradient was made
+                    waiting.append(_copy(b, free=max(b.free, made)))
+                else:
+                    out.append(b)
+    return out, waiting
 
 
 def _reduced_together(s: MemorySetting, blocks: list[Block]) -> list[Block]:
