@@ -1,20 +1,21 @@
 """Accuracy of ``fsdpviz whatif`` peak memory on every setting, against recordings of each setting.
 
-Records ``examples/train.py`` (FSDP2, bf16 parameters with fp32 reductions as on a GPU) on CPU in one
-process under torch's fake process group (``--fake-world N``): FSDP shards over N for real, makes
+Records ``examples/train.py`` (FSDP2 and FSDP1, bf16 parameters with fp32 reductions as on a GPU) on CPU
+in one process under torch's fake process group (``--fake-world N``): FSDP shards over N for real, makes
 every copy-in, all-gather output and reduce-scatter buffer, and the collectives move nothing. The
 CPU allocator caches nothing and the profiler's CPU level counts from the trace's start the same
 way in every recording (plus what ``fsdpviz record`` measured alive then), so each recording's peak
 is exact and repeats to the byte: a truth for every setting, without a GPU. Every wrap policy (per
 block, two blocks per unit, one root unit), resharding, explicit prefetch depth and world size is
-recorded, and each recording is predicted from every other one whose units are not coarser
+recorded (FSDP1: the wrap policies and world sizes, the settings ``whatif`` covers for it), and
+each recording is predicted from every other one of its framework whose units are not coarser
 (``whatif`` cannot split a recorded unit). Targets (docs/whatif.md): the predicted peak within 3 %
 of the recorded one, the predicted change (predicted peak - source peak) within 20 % of the true
 change, or within 1 % of the source's peak where the true change is under 5 % of it.
 
-    python benchmarks/bench_whatif_fake.py [--out DIR] [--models small,wide]
+    python benchmarks/bench_whatif_fake.py [--out DIR] [--models small,wide] [--frameworks fsdp2,fsdp1]
 
-Prints one markdown table per model and a summary line; results are recorded in docs/whatif.md.
+Prints one markdown table per model and framework and a summary line; results are recorded in docs/whatif.md.
 """
 
 from __future__ import annotations
@@ -50,10 +51,11 @@ class Setting:
     reshard: bool = True
     prefetch: int = 0  # 0: FSDP2's implicit prefetch
     world: int = 8
+    framework: str = "fsdp2"
 
     @property
     def name(self) -> str:
-        parts = [self.wrap]
+        parts = [self.wrap] if self.framework == "fsdp2" else [self.framework, self.wrap]
         if not self.reshard:
             parts.append("no-reshard")
         if self.prefetch:
@@ -63,12 +65,16 @@ class Setting:
         return ", ".join(parts)
 
     def train_args(self) -> list[str]:
-        return ["--wrap", self.wrap, "--prefetch", str(self.prefetch), "--fake-world", str(self.world),
-                *([] if self.reshard else ["--no-reshard-after-forward"])]
+        return ["--framework", self.framework, "--wrap", self.wrap, "--prefetch", str(self.prefetch),
+                "--fake-world", str(self.world), *([] if self.reshard else ["--no-reshard-after-forward"])]
 
 
 SETTINGS = [Setting(), Setting(wrap="pair"), Setting(wrap="root"), Setting(reshard=False), Setting(prefetch=1),
             Setting(prefetch=2), Setting(world=2), Setting(world=16)]
+# FSDP1: whatif covers its wrap and world size (its resharding and prefetch are other knobs)
+FSDP1_SETTINGS = [Setting(framework="fsdp1", **kw) for kw in ({}, {"wrap": "pair"}, {"wrap": "root"}, {"world": 2},
+                                                                {"world": 16})]
+FRAMEWORKS = {"fsdp2": SETTINGS, "fsdp1": FSDP1_SETTINGS}
 COARSENESS = {"block": 0, "pair": 1, "root": 2}
 
 
@@ -124,6 +130,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None, help="keep the recordings here (default: a temp folder)")
     parser.add_argument("--models", default=",".join(MODELS), help=f"which of {', '.join(MODELS)}")
+    parser.add_argument("--frameworks", default=",".join(FRAMEWORKS), help=f"which of {', '.join(FRAMEWORKS)}")
     args = parser.parse_args()
     from fsdpviz.analysis.pipeline import analyse
     from fsdpviz.whatif.predict import read_model
@@ -133,10 +140,11 @@ def main() -> None:
     failed = total = 0
     with tempfile.TemporaryDirectory() as tmp:
         base = args.out or Path(tmp)
-        for name in args.models.split(","):
+        for name, framework in ((n, f) for n in args.models.split(",") for f in args.frameworks.split(",")):
             model_args = MODELS[name]
+            settings = FRAMEWORKS[framework]
             models = {}
-            for setting in SETTINGS:
+            for setting in settings:
                 folder = base / name / setting.name.replace(", ", "-").replace(" ", "")
                 if not (folder / "run.json").is_file():
                     record(folder, model_args, setting)
@@ -144,12 +152,12 @@ def main() -> None:
                 print(f"recorded {name}: {setting.name}", file=sys.stderr, flush=True)
             peaks = {s: m.recording.steps and max(st.memory.peak_bytes for st in m.recording.steps
                                                   if st.memory is not None) for s, m in models.items()}
-            print(f"\nmodel {name}: examples/train.py --bf16 {' '.join(model_args)}, FSDP2, fake group\n")
+            print(f"\nmodel {name}: examples/train.py --bf16 {' '.join(model_args)}, {framework.upper()}, fake group\n")
             print("| recorded | predicted | whatif options | predicted peak (MiB) | true peak (MiB) | error "
                   "| predicted change (MiB) | true change (MiB) | error | within targets |")
             print("|---|---|---|---:|---:|---:|---:|---:|---:|---|")
-            for source in SETTINGS:
-                for target in SETTINGS:
+            for source in settings:
+                for target in settings:
                     options = whatif_options(source, target)
                     if target == source or options is None:
                         continue

@@ -15,7 +15,10 @@ made (the labels around it) and, where that is not enough, from where its block 
   by ``Optimizer.zero_grad``, or blocks of the reductions' sizes freed, with no allocation seen,
   before the trace's first reduction).
 - **unsharded gradients**: made by backward outside FSDP's labels and freed in FSDP's post-backward
-  (the reduction, reshard, accumulation).
+  (the reduction, reshard, accumulation). FSDP1 makes and frees its gradients (a unit's flat
+  gradient, its parameters' own gradients, the fp32 copy that is the reduce-scatter input: a
+  communication buffer) around a post-backward hook that names no unit; they are the unit's whose
+  reduction the hook holds, found by time order (:func:`_fsdp1_gradients`).
 - **activations**: made inside a unit's forward window outside FSDP's gather labels.
 - **optimizer state**: made inside ``Optimizer.step`` and never freed (its lazy initialisation), any
   class.
@@ -40,7 +43,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import msgspec
@@ -112,6 +115,10 @@ class Sites:
     gather_labels: pd.DataFrame  # start_ns, end_ns, unit of the gather and copy-out labels, by start
     post_labels: pd.DataFrame  # the same of the post-backward labels that name their unit
     optimizer_classes: tuple[str, ...] = ()  # the optimizers' classes from their step labels
+    # FSDP1's post-backward hooks, each named by the unit whose reduction it holds; the units'
+    # backward windows (start_ns, end_ns, unit)
+    fsdp1_post: pd.DataFrame = field(default_factory=lambda: _no_rows())
+    backward: pd.DataFrame = field(default_factory=lambda: _no_rows())
 
     @property
     def optimizer_class(self) -> str:
@@ -149,6 +156,15 @@ def _intervals(starts: np.ndarray, ends: np.ndarray) -> Intervals:
     return union_intervals(starts, ends) if len(starts) else empty_intervals()
 
 
+def _named_rows(start: np.ndarray, end: np.ndarray, unit: np.ndarray) -> pd.DataFrame:
+    return pd.DataFrame({"start_ns": start.astype(np.int64), "end_ns": end.astype(np.int64),
+                         "unit": unit.astype(object)}).sort_values("start_ns", kind="stable").reset_index(drop=True)
+
+
+def _no_rows() -> pd.DataFrame:
+    return _named_rows(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, dtype=object))
+
+
 def _label_rows(labels: pd.DataFrame, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     rows = labels[mask]
     return rows["start_ns"].to_numpy(np.int64), rows["end_ns"].to_numpy(np.int64)
@@ -184,6 +200,8 @@ def sites(labels: pd.DataFrame, windows: pd.DataFrame, events: pd.DataFrame) -> 
 
     post_s, post_e = _label_rows(labels, post)
     params = rules.gather_into_params(labels)
+    reductions = named(rules.reduce(labels))
+    backward = windows[(windows["phase"] == vocabulary.BACKWARD).to_numpy()] if len(windows) else windows
     return Sites(
         gather_buffer=_intervals(*_label_rows(labels, rules.fsdp2_gather(labels))),
         gather_params=_intervals(*_label_rows(labels, params)),
@@ -194,7 +212,21 @@ def sites(labels: pd.DataFrame, windows: pd.DataFrame, events: pd.DataFrame) -> 
         if len(forward) else empty_intervals(),
         gather_labels=named(rules.gather(labels) | params).reset_index(drop=True),
         post_labels=named(post & (labels["unit"].astype(str) != "").to_numpy()).reset_index(drop=True),
-        optimizer_classes=classes)
+        optimizer_classes=classes, fsdp1_post=_named_by_reduction(*fsdp1_post, reductions),
+        backward=_named_rows(backward["start_ns"].to_numpy(np.int64), backward["end_ns"].to_numpy(np.int64),
+                             backward["unit"].astype(str).to_numpy(dtype=object)) if len(backward) else _no_rows())
+
+
+def _named_by_reduction(starts: np.ndarray, ends: np.ndarray, reductions: pd.DataFrame) -> pd.DataFrame:
+    """FSDP1's post-backward hook ranges (which name no unit) named by the unit of the reduction
+    label inside each (a hook without one -- no gradient, no reduction -- is left out)."""
+    if not len(starts) or reductions.empty:
+        return _named_rows(starts[:0], ends[:0], np.zeros(0, dtype=object))
+    r_start = reductions["start_ns"].to_numpy(np.int64)
+    at = np.searchsorted(r_start, starts, side="left")  # the first reduction opening in the hook
+    ok = at < len(r_start)
+    ok[ok] = r_start[at[ok]] < ends[ok]
+    return _named_rows(starts[ok], ends[ok], reductions["unit"].to_numpy(dtype=object)[at[ok]])
 
 
 def categorise(samples: pd.DataFrame, where: Sites) -> Categorised:
@@ -234,6 +266,9 @@ def categorise(samples: pd.DataFrame, where: Sites) -> Categorised:
     codes[sharded_grads] = CODE[GRADIENTS]
     codes[alloc & in_gather_buffer] = CODE[COMM_BUFFERS]
     codes[alloc & in_gather_params] = CODE[UNSHARDED_PARAMS]
+    fsdp1 = _fsdp1_gradients(t, alloc & (codes == CODE[OTHER]) & (freed_at >= 0), freed_at, in_forward, where)
+    codes[fsdp1["index"].to_numpy(np.int64)] = np.where(fsdp1["reduction"].to_numpy(bool), CODE[COMM_BUFFERS],
+                                                        CODE[UNSHARDED_GRADS])
     frees = delta < 0
     paired = frees & (made_at >= 0)
     codes[paired] = codes[made_at[paired]]
@@ -261,8 +296,76 @@ def categorise(samples: pd.DataFrame, where: Sites) -> Categorised:
     return Categorised(codes=codes, levels=levels, persistent=persistent,
                        reduced_bytes=_reduced_per_step(t, delta, sharded_grads, where),
                        reductions=len(where.reduce[0]), optimizer_made=bool((codes == CODE[OPTIMIZER_STATE]).any()),
-                       blocks=_unit_blocks(t, delta, codes, freed_at, where,
-                                           in_reduce & ~in_gather_buffer & ~in_gather_params))
+                       blocks=pd.concat([_unit_blocks(t, delta, codes, freed_at, where,
+                                                      in_reduce & ~in_gather_buffer & ~in_gather_params),
+                                         _fsdp1_blocks(fsdp1, t, delta, codes, freed_at)], ignore_index=True))
+
+
+def _fsdp1_gradients(t: np.ndarray, candidates: np.ndarray, freed_at: np.ndarray, in_forward: np.ndarray,
+                     where: Sites) -> pd.DataFrame:
+    """FSDP1's gradient blocks of each unit, found by time order around its post-backward hook
+    (named by the reduction inside it). Autograd makes a unit's unsharded gradient as one flat
+    tensor at the end of its backward, from its parameters' own gradients (freed then), and frees it
+    when the hook returns; the hook casts it to the reduce dtype (the reduce-scatter's input, freed
+    in the reduction). None of them is made inside a label that names the unit:
+
+    - the reduce-scatter input (``reduction``): made in the hook before the reduction, freed in it;
+    - the flat gradient: made in the unit's own backward (not in a unit's nested inside it) before
+      the hook, freed after the hook ends and before the next gather, hook or backward opens;
+    - its parameters' gradients: made in the unit's own backward, freed from the flat gradient's
+      making to the hook's start.
+
+    ``candidates``: allocations not yet given a category and freed in the trace. Rows: ``index``
+    (the allocation's sample), ``unit``, ``reduction``."""
+    posts = where.fsdp1_post
+    rows: list[tuple[np.ndarray, str, bool]] = []
+    if posts.empty or not candidates.any():
+        return pd.DataFrame({"index": pd.Series(dtype="int64"), "unit": pd.Series(dtype=object),
+                             "reduction": pd.Series(dtype=bool)})
+    idx = np.flatnonzero(candidates & ~in_forward)
+    made, gone = t[idx], t[freed_at[idx]]
+    windows = where.backward
+    w_start, w_end = windows["start_ns"].to_numpy(np.int64), windows["end_ns"].to_numpy(np.int64)
+    w_unit = windows["unit"].to_numpy(dtype=object)
+    opens = np.sort(np.concatenate([posts["start_ns"].to_numpy(np.int64), w_start,
+                                    where.gather_labels["start_ns"].to_numpy(np.int64)]))
+    reduce_start, reduce_end = where.reduce
+    for s, e, unit in zip(posts["start_ns"].to_numpy(np.int64), posts["end_ns"].to_numpy(np.int64),
+                          posts["unit"].to_numpy(dtype=object)):
+        k = int(np.searchsorted(reduce_start, s, side="left"))
+        if k >= len(reduce_start) or reduce_start[k] >= e:
+            continue
+        rs, re = reduce_start[k], reduce_end[k]
+        rows.append((idx[(made >= s) & (made < rs) & (gone >= rs) & (gone <= re)], str(unit), True))
+        own = (w_unit == unit) & (w_start <= s) & (w_end >= s)
+        if not own.any():
+            continue
+        start = int(w_start[own].max())
+        nested = (w_unit != unit) & (w_start >= start) & (w_start < s)
+        outside = ~covers((w_start[nested], w_end[nested]), made) if nested.any() else np.ones(len(made), bool)
+        at = int(np.searchsorted(opens, e, side="right"))
+        next_open = opens[at] if at < len(opens) else np.iinfo(np.int64).max
+        mine = outside & (made >= start) & (made < s)
+        flat = mine & (gone >= e) & (gone <= next_open)
+        if not flat.any():
+            continue
+        rows.append((idx[flat], str(unit), False))
+        rows.append((idx[mine & ~flat & (gone >= made[flat].min()) & (gone < s)], str(unit), False))
+    return pd.DataFrame({"index": np.concatenate([r[0] for r in rows]) if rows else np.zeros(0, np.int64),
+                         "unit": np.concatenate([np.full(len(r[0]), r[1], dtype=object) for r in rows])
+                         if rows else np.zeros(0, dtype=object),
+                         "reduction": np.concatenate([np.full(len(r[0]), r[2]) for r in rows])
+                         if rows else np.zeros(0, dtype=bool)})
+
+
+def _fsdp1_blocks(found: pd.DataFrame, t: np.ndarray, delta: np.ndarray, codes: np.ndarray,
+                  freed_at: np.ndarray) -> pd.DataFrame:
+    """UNIT_BLOCKS rows (no rank) of :func:`_fsdp1_gradients`' blocks."""
+    i = found["index"].to_numpy(np.int64)
+    return pd.DataFrame({"unit": found["unit"].to_numpy(dtype=object),
+                         "category": np.array(CATEGORIES, dtype=object)[codes[i]],
+                         "alloc_ns": t[i], "free_ns": t[freed_at[i]], "bytes": delta[i],
+                         "reduction": found["reduction"].to_numpy(bool)})
 
 
 def _last_step(t: np.ndarray, where: Sites) -> np.ndarray:

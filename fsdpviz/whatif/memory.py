@@ -21,7 +21,13 @@ A recorded step's allocated level is, at every sample, its categories
   last member's would have been. It reduces once, after its last member's backward: the
   reduce-scatter input of all its members (in the reduce dtype: fp32 under a bf16 policy) is made
   then and kept until the next reduction starts, its members' unsharded gradients until the
-  copy-in is done, and the sharded gradients are made after it. An
+  copy-in is done, and the sharded gradients are made after it. A merged FSDP1 unit is one flat
+  parameter: gathered straight into it at the issue (the low-precision input shard of each member
+  lives as long as it did), one flat gradient, one fp32 copy of it (the reduce-scatter input, made
+  in the post-backward hook after the last member's backward and freed in the reduction, which
+  makes the sharded gradient while the input is alive). Autograd makes the one flat gradient
+  when the last member's backward ends: until then the members' parameters' own gradients wait
+  (freed when the last member's were), and their flat gradients are made then. An
   explicit prefetch of N issues a unit's gather when the unit N before it starts and frees the
   output at the unit's copy-out (FSDP2 holds it longer only for its implicit forward prefetch);
   ``none`` not before the unit itself. A moved gather's temporaries (copy-in, a backend's staging
@@ -136,6 +142,10 @@ class MemorySetting:
     drop_gather_buffers: bool  # FSDP2 at one rank
     recorded_prefetch: str = "implicit"  # the recording's: "implicit" or N
     notes: list[str] = field(default_factory=list)
+    # FSDP1 gathers straight into one flat parameter per unit (its other gather blocks: the
+    # low-precision input shard, freed in the gather), and makes a reduction's sharded gradient
+    # inside it, while the reduce-scatter input is alive (FSDP2: after its copy-in)
+    framework: str = vocabulary.FSDP2
 
 
 def step_memory(rank: int, step: int, t0: int, t1: int, t: np.ndarray, cats: mcat.Categorised,
@@ -251,7 +261,11 @@ def _moved_blocks(sm: StepMemory, s: MemorySetting) -> list[Block]:
         return earlier + moved
     reduced: list[Block] = []
     for micro in sorted({b.micro for b in moved if not _gathered(b)}):  # a merged unit reduces in each backward
-        reduced += _reduced_together(s, [b for b in moved if not _gathered(b) and b.micro == micro])
+        mine = [b for b in moved if not _gathered(b) and b.micro == micro]
+        if s.framework == vocabulary.FSDP1:  # its parameters' gradients wait for the flat one; the reduction does not see them
+            mine, waiting = _flat_gradients(s, mine)
+            reduced += waiting
+        reduced += _reduced_together(s, mine)
     return earlier + _merged(sm, s, [b for b in moved if _gathered(b)]) + reduced
 
 
@@ -357,10 +371,12 @@ def _merged(sm: StepMemory, s: MemorySetting, blocks: list[Block]) -> list[Block
     implicit = s.prefetch == "implicit" or (s.prefetch == "recorded" and not s.recorded_prefetch.isdigit())
     ahead = _backward_issues(sm, s) if implicit else {}  # explicit: as _prefetched moved the members
     out = []
+    fsdp1 = s.framework == vocabulary.FSDP1
     for (new, phase, micro), members in groups.items():
         params = [b for b in members if b.category == _PARAMS]
         buffers = [b for b in members if b.category == _BUFFERS]
-        copy_out = min((b.alloc for b in params), default=min(b.alloc for b in members))
+        first = min(b.alloc for b in members)
+        copy_out = min((b.alloc for b in params), default=first)
         issue = min((b.alloc for b in buffers), default=copy_out)
         if phase == vocabulary.BACKWARD and (new, micro) in ahead:
             issue = min(ahead[(new, micro)], copy_out)
@@ -368,6 +384,18 @@ def _merged(sm: StepMemory, s: MemorySetting, blocks: list[Block]) -> list[Block
         if not merged and issue == min((b.alloc for b in buffers), default=copy_out):
             out.extend(members)
             continue
+        if fsdp1:  # the gather writes the flat parameter: made at the issue; its temporaries live as long as they did
+            flat: dict[Pass, Block] = {}
+            for b in params:
+                key = (b.unit, b.phase, b.micro)
+                flat[key] = max(flat.get(key, b), b, key=lambda x: x.bytes)
+            starts = _first_made(params, _PARAMS)
+            issue = copy_out = min(issue, first)
+            for b in params:
+                if b is not flat[(b.unit, b.phase, b.micro)]:
+                    made = issue + (b.alloc - starts[(b.unit, b.phase, b.micro)])
+                    out.append(_copy(b, unit=new, alloc=made, free=made + (b.free - b.alloc)))
+            params = list(flat.values())
         params_end = max((b.free for b in params), default=copy_out)
         outputs = [b for b in buffers if not _temporary(b, copy_outs)]
         output_end = copy_out
@@ -402,6 +430,50 @@ def _backward_issues(sm: StepMemory, s: MemorySetting) -> dict[tuple[str, int], 
         order = sorted(mine, key=mine.__getitem__)
         out.update({(new, micro): mine[before] for before, new in itertools.pairwise(order)})
     return out
+
+
+def _flat_gradients(s: MemorySetting, blocks: list[Block]) -> tuple[list[Block], list[Block]]:
+    """FSDP1's gradients of merged units in one micro-batch's backward: autograd makes a unit's flat
+    gradient (its last unsharded-gradient block) from its parameters' own gradients (the others)
+    when the unit's backward ends. A merged unit's members' parameter gradients wait until its last
+    member's were freed (its flat gradient made); the one flat gradient is made when the last
+    member's was and freed when it was, and reduced once: the members' sharded gradients are made
+    where the last member's was. Returns the blocks
+    without the merged members' parameter gradients, and those."""
+    grads: dict[str, list[Block]] = {}
+    for b in blocks:
+        if b.category == _GRADS:
+            grads.setdefault(b.unit, []).append(b)
+    flat = {u: max(mine, key=lambda b: (b.alloc, b.bytes)) for u, mine in grads.items()}
+    groups: dict[str, list[str]] = {}
+    for u in flat:
+        groups.setdefault(s.group.get(u, u), []).append(u)
+    out = [b for b in blocks if b.category not in (_GRADS, _REDUCED) or (b.category == _REDUCED and b.unit not in flat)]
+    waiting = []
+    reduced = [b for b in blocks if b.category == _REDUCED and b.unit in flat]
+    for us in groups.values():
+        final = max(us, key=lambda u: flat[u].alloc)
+        last = flat[final]
+        # the merged gradient is made when the last member's was: its parameters' gradients freed then
+        made = max((b.free for b in grads[final] if b is not last and b.free <= last.free), default=last.alloc)
+        # one reduction, the last member's: the sharded gradients made where its own was
+        output = min((b.alloc for b in reduced if b.unit == final and b.alloc >= last.alloc), default=None)
+        for b in reduced:
+            if b.unit in us and b.unit != final and output is not None and b.alloc >= flat[b.unit].alloc:
+                out.append(_copy(b, alloc=output, free=max(output, b.free)))
+            elif b.unit in us:
+                out.append(b)
+        for u in us:
+            for b in grads[u]:
+                if len(us) == 1 or b is last:
+                    out.append(b)
+                elif b is flat[u]:
+                    out.append(_copy(b, alloc=last.alloc, free=max(last.alloc, last.free)))
+                elif b.free <= flat[u].free:  # a parameter's gradient, freed when the flat gradient was made
+                    waiting.append(_copy(b, free=max(b.free, made)))
+                else:
+                    out.append(b)
+    return out, waiting
 
 
 def _reduced_together(s: MemorySetting, blocks: list[Block]) -> list[Block]:
@@ -440,10 +512,16 @@ def _reduced_together(s: MemorySetting, blocks: list[Block]) -> list[Block]:
         for u in us:
             shift[u], scale[u] = at, factor
             at += factor * (copied[u] - inputs[u].alloc)
+    # FSDP1: the merged reduction's output is made where the last member's was (inside it)
+    made_inside = {g: min((b.alloc for b in by_unit[max(us, key=lambda u: inputs[u].alloc)] if b.category == _REDUCED
+                           and b.alloc >= start[g]), default=start[g]) for g, us in groups.items()}
     by_start = sorted(start, key=start.__getitem__)
     recorded = sorted(inputs.values(), key=lambda b: b.alloc)
     freed = {}
     for g, after in zip(by_start, [*by_start[1:], None]):
+        if s.framework == vocabulary.FSDP1:  # FSDP1 frees it in the reduction: when the last member's was
+            freed[g] = inputs[max(groups[g], key=lambda u: inputs[u].alloc)].free
+            continue
         if after is None:  # the last reduction's input: freed when the recorded last one was
             freed[g] = max(inputs[u].free for u in groups[g])
             continue
@@ -466,7 +544,7 @@ def _reduced_together(s: MemorySetting, blocks: list[Block]) -> list[Block]:
             elif b.category == _GRADS and b.free >= inputs[u].alloc:
                 out.append(_copy(b, unit=g, free=max(b.alloc, done[g])))
             elif b.category == _REDUCED and b.alloc >= inputs[u].alloc:
-                made = done[g] + max(0, b.alloc - copied[u])
+                made = made_inside[g] if s.framework == vocabulary.FSDP1 else done[g] + max(0, b.alloc - copied[u])
                 out.append(_copy(b, unit=g, alloc=made, free=max(made, b.free)))
             else:
                 out.append(b)

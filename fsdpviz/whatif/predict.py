@@ -37,7 +37,7 @@ SAMPLED_RANKS = 16  # ranks read of a run held rank by rank (read_model)
 BASIS_TRACED = "traced"  # every step time of a prediction is the traced steps' (module docstring)
 SUPPORTED = {
     FSDP2: {"wrap", "prefetch", "reshard_after_forward", "keep_last_units", "world_size"},
-    FSDP1: {"prefetch", "world_size"},
+    FSDP1: {"wrap", "prefetch", "world_size"},
     ZERO3: {"prefetch", "world_size"},
 }
 
@@ -317,7 +317,7 @@ def memory_setting(rec: Recording, settings: Settings) -> MemorySetting:
         prefetch=settings.prefetch if settings.sources.get("prefetch") == GIVEN else "recorded",
         scale=rec.world_size / world if world else 1.0,
         drop_gather_buffers=rec.framework == FSDP2 and world == 1 and rec.world_size > 1,
-        recorded_prefetch=rec.prefetch)
+        recorded_prefetch=rec.prefetch, framework=rec.framework)
 
 
 def _predicted(model: Model, simulated: list[SimResult], baseline: Outcome, settings: Settings,

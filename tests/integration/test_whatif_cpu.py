@@ -68,6 +68,8 @@ def test_fsdp2_wraps_and_the_advisor(recordings: Recordings, tmp_path, capsys: p
 @pytest.mark.parametrize("framework", [f for f in RECORDINGS if f != "fsdp2"])
 def test_settings_a_framework_does_not_cover_are_one_error_line(framework: str, recordings: Recordings,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
-    proc = run_here(capsys, "whatif", str(recordings.get(RECORDINGS[framework]).run_dir), "--wrap", "root", "-q")
+    proc = run_here(capsys, "whatif", str(recordings.get(RECORDINGS[framework]).run_dir),
+                    "--reshard-after-forward", "false", "-q")
+    covered = {"fsdp1": "prefetch, world_size, wrap", "zero3": "prefetch, world_size"}[framework]
     assert proc.returncode == 2
-    assert proc.stderr.strip() == f"error: {framework}: the model covers prefetch, world_size, not wrap"
+    assert proc.stderr.strip() == f"error: {framework}: the model covers {covered}, not reshard_after_forward"

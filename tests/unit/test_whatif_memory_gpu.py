@@ -127,3 +127,21 @@ def test_merging_units_moves_the_step_as_the_bare_runs_within_a_twentieth(models
     prediction = predict(model, setting)
     ratio = prediction.predicted.step_time_ms / prediction.baseline.step_time_ms
     assert abs(ratio - true_ms / bare) <= 0.05
+
+
+def test_fsdp1_gradients_on_the_h100_are_their_units_flat_gradient_and_its_fp32_copy(
+        models: dict[str, Model]) -> None:
+    """FSDP1 makes a unit's gradients around a post-backward hook that names no unit (the caching
+    allocator and FSDP1's post-backward stream between them on a GPU): every block unit of model A
+    (50,358,272 parameters in its flat parameter, 8 | count) reduces an fp32 copy of its flat
+    gradient (x 4 bytes), made while the bf16 flat gradient (x 2) is alive, in every step."""
+    block_numel = 50_358_272
+    steps = [s.memory for s in models["h100-fsdp1-fake8-block"].recording.steps if s.memory is not None]
+    assert steps
+    for sm in steps:
+        for unit in (f"blocks.{i}" for i in range(8)):
+            mine = [b for b in sm.blocks if b.unit == unit and b.own]
+            fp32 = max((b for b in mine if b.reduction), key=lambda b: b.bytes)
+            assert fp32.bytes == 4 * block_numel and fp32.category == "comm_buffers"
+            alive = [b for b in mine if b.category == "unsharded_grads" and b.alloc <= fp32.alloc < b.free]
+            assert sum(b.bytes for b in alive) == 2 * block_numel
