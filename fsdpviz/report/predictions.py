@@ -14,7 +14,8 @@ if TYPE_CHECKING:
 HOWTO = (
     "Settings predicted from this recording with `fsdpviz whatif --save` — not recorded. Each row is the "
     "model's prediction for the whole run under that setting, next to the recording; the change is "
-    "against the recording. See docs/whatif.md for how the prediction works and how accurate it is."
+    "against the recording. `fsdpviz whatif --help` says how a prediction is made; its replay line says how "
+    "closely the model reproduces this recording."
 )
 FIELDS = (("step time", "step_time_ms", "ms"), ("exposed communication", "exposed_comm_ms", "ms"),
           ("peak allocated", "peak_allocated_bytes", "bytes"))

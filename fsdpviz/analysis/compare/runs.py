@@ -281,8 +281,9 @@ def comparability_notes(runs: Sequence[LabelledRun], match: UnitMatch) -> list[s
                      "accounting differ.")
     devices = [r.summary.device for r in runs]
     if len(set(devices)) > 1:
-        notes.append(_differ("Devices differ", devices, labels) + ". GPU overlap counts kernels, CPU overlap "
-                     "counts threads (docs/concepts.md): these numbers are not comparable.")
+        notes.append(_differ("Devices differ", devices, labels) + ". GPU overlap counts kernels on the "
+                     "device's streams, CPU overlap counts the threads that ran ops and collectives: these numbers "
+                     "are not comparable.")
     totals = [_total_params(r) for r in runs]
     if all(t is not None for t in totals) and len(set(totals)) > 1:
         notes.append(_differ("Parameter counts differ", [f"{t:,}" for t in totals], labels)
