@@ -34,8 +34,11 @@ ONLY_ADD = {**SETTINGS, "prefetch 1": Settings().with_(prefetch="1"),
             "last unit kept": Settings().with_(keep_last_units=1), "merge:2": Settings().with_(wrap=Wrap("merge", k=2)),
             "root": Settings().with_(wrap=Wrap("root")), "world size 1": Settings().with_(world_size=1)}
 # measured on this machine (2026-11-26, the 2-block model): -7.6 % (reshard) and +1.5 % (prefetch 2)
-# of the recorded rise; before the model read micro-batches, -22.6 % and -13.6 %
-RISE_TOLERANCE = 0.15
+# of the recorded rise; before the model read micro-batches, -22.6 % and -13.6 %. The recording of the
+# setting is a second job whose rise varies with the gloo buffers whose free the profiler did not see:
+# fresh pairs of recordings gave up to +27 % above it, never below -8 %. So the band is one-sided:
+# below by at most 10 % (the old model's misses lie outside), above by at most 35 %.
+RISE_BELOW, RISE_ABOVE = 0.10, 0.35
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,7 @@ def test_micro_batch_memory_matches_a_recording_of_the_setting(accumulated: Mode
                                                                name: str) -> None:
     truth = recorded(_model(recordings, *RECORDED_AS[name]))
     got = predicted(predict(accumulated, SETTINGS[name]))
-    assert got.rise_bytes == pytest.approx(truth.rise_bytes, rel=RISE_TOLERANCE)
+    assert (1 - RISE_BELOW) * truth.rise_bytes <= got.rise_bytes <= (1 + RISE_ABOVE) * truth.rise_bytes
     assert got.rise_bytes >= recorded(accumulated).rise_bytes  # the setting adds memory
 
 
