@@ -36,9 +36,10 @@ ONLY_ADD = {**SETTINGS, "prefetch 1": Settings().with_(prefetch="1"),
 # measured on this machine (2026-11-26, the 2-block model): -7.6 % (reshard) and +1.5 % (prefetch 2)
 # of the recorded rise; before the model read micro-batches, -22.6 % and -13.6 %. The recording of the
 # setting is a second job whose rise varies with the gloo buffers whose free the profiler did not see:
-# fresh pairs of recordings gave up to +27 % above it, never below -8 %. So the band is one-sided:
-# below by at most 10 % (the old model's misses lie outside), above by at most 35 %.
-RISE_BELOW, RISE_ABOVE = 0.10, 0.35
+# fresh pairs of recordings gave from -8 % to +27 % (and beyond 10 % below on a loaded machine). So
+# against it the band is wide (a gross miss, such as a unit's gather lost or doubled, lies outside);
+# the old model's misses are caught by the rule that holds on the source recording alone (below).
+RISE_BELOW, RISE_ABOVE = 0.40, 0.40
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ def test_micro_batch_memory_matches_a_recording_of_the_setting(accumulated: Mode
     truth = recorded(_model(recordings, *RECORDED_AS[name]))
     got = predicted(predict(accumulated, SETTINGS[name]))
     assert (1 - RISE_BELOW) * truth.rise_bytes <= got.rise_bytes <= (1 + RISE_ABOVE) * truth.rise_bytes
-    assert got.rise_bytes >= recorded(accumulated).rise_bytes  # the setting adds memory
+    assert got.rise_bytes >= recorded(accumulated).rise_bytes  # the setting adds memory (the old model: less)
 
 
 def _never_lower(model: Model) -> None:
