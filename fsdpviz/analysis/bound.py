@@ -269,18 +269,22 @@ def _median(values: list[float]) -> float:
     return float(np.median(values))
 
 
+def median_parts(per_rank: dict[str, RankBound]) -> tuple[float, float, float | None, float]:
+    """Compute, exposed communication, host wait (None unless every rank has it) and other idle: each
+    the median over ``per_rank``'s ranks (ms per step)."""
+    ranks = list(per_rank.values())
+    hosts = [r.host_wait_ms for r in ranks if r.host_wait_ms is not None]
+    return (_median([r.compute_ms for r in ranks]), _median([r.exposed_comm_ms for r in ranks]),
+            _median(hosts) if len(hosts) == len(ranks) else None, _median([r.other_idle_ms for r in ranks]))
+
+
 def summarize_bound(overlap: pd.DataFrame, profiler: ProfilerCost | None) -> BoundSummary | None:
     """The run's bound from the OVERLAP rows and what the profiler cost; None without a step span."""
     per_rank = _rank_bounds(overlap)
     if not per_rank:
         return None
-    ranks = list(per_rank.values())
-    hosts = [r.host_wait_ms for r in ranks if r.host_wait_ms is not None]
-    compute = _median([r.compute_ms for r in ranks])
-    comm = _median([r.exposed_comm_ms for r in ranks])
-    host: float | None = _median(hosts) if len(hosts) == len(ranks) else None
-    idle = _median([r.other_idle_ms for r in ranks])
-    traced = _median([r.step_ms for r in ranks])
+    compute, comm, host, idle = median_parts(per_rank)
+    traced = _median([r.step_ms for r in per_rank.values()])
     devices = set(overlap["device"].astype(str))
     device = devices.pop() if len(devices) == 1 else "mixed"
     notes = []

@@ -31,6 +31,7 @@ from fsdpviz.analysis.bound import (
     BoundSummary,
     device_memory_bytes,
     is_memory_bound,
+    median_parts,
     step_kind,
     unprofiled_split,
 )
@@ -66,22 +67,11 @@ class StepBound:
                 "other_idle_ms": round(self.other_idle_ms, 3), "basis": self.basis}
 
 
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-
-
 def predicted_bound(bound: BoundSummary | None, prediction: Prediction, budget_bytes: int | None) -> StepBound | None:
     """The split of ``prediction``'s step and its bound (module docstring); None without a recorded split."""
     if bound is None or not bound.per_rank:
         return None
-    ranks = list(bound.per_rank.values())
-    compute = _median([r.compute_ms for r in ranks])
-    comm = _median([r.exposed_comm_ms for r in ranks])
-    hosts = [r.host_wait_ms for r in ranks if r.host_wait_ms is not None]
-    host = _median(hosts) if len(hosts) == len(ranks) else None
-    idle = _median([r.other_idle_ms for r in ranks])
+    compute, comm, host, idle = median_parts(bound.per_rank)
     base, new = prediction.baseline, prediction.predicted
     # the traced parts moved by the simulated change; what the step moves beyond compute and
     # communication is idle time, the host's first (the simulated step is the host's: per-unit work

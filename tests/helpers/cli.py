@@ -26,8 +26,13 @@ def run_here(capsys: pytest.CaptureFixture[str], *argv: str) -> subprocess.Compl
     return subprocess.CompletedProcess(["fsdpviz", *argv], 0 if code is None else code, out, err)
 
 
-def json_here(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
-    """The ``--json`` answer of ``fsdpviz ARGV`` run here, which must exit with 0."""
+def stdout_here(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """What ``fsdpviz ARGV`` run here printed on stdout; it must exit with 0."""
     done = run_here(capsys, *argv)
     assert done.returncode == 0, done.stderr[-2000:]
-    return dict(json.loads(done.stdout))
+    return str(done.stdout)
+
+
+def json_here(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
+    """The ``--json`` answer of ``fsdpviz ARGV`` run here, which must exit with 0."""
+    return dict(json.loads(stdout_here(capsys, *argv)))

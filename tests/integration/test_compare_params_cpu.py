@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.cli import stdout_here
 from recording import EXAMPLE_RUNS, MODEL, PROFILE, Config, Recordings
-
-from fsdpviz.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
 PAIR_LIST = Config(("--framework", "fsdp2", "--wrap", "pair-list", *MODEL), PROFILE)
@@ -62,15 +61,6 @@ def test_fsdp1_and_zero3_record_their_units_parameters(recordings: Recordings, n
         assert units["blocks.0"] == {}  # the parent block holds no parameters of its own
 
 
-def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> str:
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as done:
-        main(list(args))
-    out, err = capsys.readouterr()
-    assert done.value.code == 0, err
-    return out
-
-
 def test_run_json_records_each_units_parameters(runs: dict[str, Path]) -> None:
     model = _model_params()
     for label, run_dir in runs.items():
@@ -85,7 +75,7 @@ def test_run_json_records_each_units_parameters(runs: dict[str, Path]) -> None:
 
 def test_rows_hold_the_same_parameters_in_both_runs(runs: dict[str, Path], capsys: pytest.CaptureFixture[str],
                                                     tmp_path: Path) -> None:
-    out = json.loads(_cli(capsys, "compare", str(runs["block"]), str(runs["pair"]), "--label", "block",
+    out = json.loads(stdout_here(capsys, "compare", str(runs["block"]), str(runs["pair"]), "--label", "block",
                           "--label", "pair", "--json", "-q", "-o", str(tmp_path / "c.html")))
     assert out["unit_match_basis"] == "parameter names"
     params = {"block": _run_params(runs["block"]), "pair": _run_params(runs["pair"])}
@@ -117,7 +107,7 @@ def test_terminal_prints_the_tables(runs: dict[str, Path], capsys: pytest.Captur
                                     tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "200")
     page = tmp_path / "c.html"
-    text = _cli(capsys, "compare", str(runs["block"]), str(runs["pair"]), "--label", "block", "--label", "pair",
+    text = stdout_here(capsys, "compare", str(runs["block"]), str(runs["pair"]), "--label", "block", "--label", "pair",
                 "-q", "--no-cache", "-o", str(page))
     assert page.exists() and text.rstrip().endswith(f"compare page: {page}")
     assert "runs side by side" in text and "per-unit comparison" in text
@@ -139,7 +129,7 @@ def test_fsdp2_blocks_against_zero3_submodules(recordings: Recordings, capsys: p
         rec = recordings.get(EXAMPLE_RUNS[name])
         assert rec.proc.returncode == 0, rec.proc.stderr[-3000:]
         dirs[label] = rec.run_dir
-    out = json.loads(_cli(capsys, "compare", str(dirs["fsdp2"]), str(dirs["zero3"]), "--label", "fsdp2",
+    out = json.loads(stdout_here(capsys, "compare", str(dirs["fsdp2"]), str(dirs["zero3"]), "--label", "fsdp2",
                           "--label", "zero3", "--json", "-q", "-o", str(tmp_path / "c.html")))
     assert out["unit_match_basis"] == "parameter names"
     groups = {g["name"]: g for g in out["unit_groups"]}

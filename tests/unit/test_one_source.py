@@ -22,11 +22,11 @@ from typing import Any
 
 import msgspec
 import pytest
+from helpers.cli import stdout_here
 
 from fsdpviz import api
 from fsdpviz.analysis.figures import peak_place, rank_exposed_ms, step_time_figures
 from fsdpviz.analysis.pipeline import analyse
-from fsdpviz.cli import main
 from fsdpviz.formatting import format_bytes, format_ms, format_pct
 from fsdpviz.report.data import prepare_report
 from fsdpviz.report.headline import headline_section
@@ -37,15 +37,6 @@ from fsdpviz.whatif.gains import predicted_actions
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
 NAMES = sorted(p.name for p in SAMPLES.iterdir() if p.is_dir())
-
-
-def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> str:
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as done:
-        main(list(args))
-    out, err = capsys.readouterr()
-    assert done.value.code == 0, err
-    return out
 
 
 @pytest.fixture(scope="module", params=NAMES)
@@ -63,7 +54,7 @@ def _facts(section: Any) -> dict[str, Any]:
 
 def _terminal(sample: dict[str, Any], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setenv("COLUMNS", "250")
-    return _cli(capsys, "summary", str(sample["folder"]), "--no-cache")
+    return stdout_here(capsys, "summary", str(sample["folder"]), "--no-cache")
 
 
 def _row(text: str, first: str) -> list[str]:
@@ -80,7 +71,7 @@ def _two(value: float | None) -> str:
 
 
 def test_json_is_the_summary(sample: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
-    printed = json.loads(_cli(capsys, "summary", str(sample["folder"]), "--json", "--no-cache"))
+    printed = json.loads(stdout_here(capsys, "summary", str(sample["folder"]), "--json", "--no-cache"))
     assert printed == json.loads(json.dumps(sample["summary"].to_json()))
 
 

@@ -43,7 +43,7 @@ of the run that splits it finest (``blocks.0 + blocks.1``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
@@ -258,15 +258,9 @@ def _components(runs: Mapping[str, Sequence[RunUnit]], whole: Mapping[str, str],
             continue  # units of no parameters with nothing inside them
         members = {label: _forward_order(info[label], by_run.get(label, [])) for label in runs}
         held_by = {label: whole[label] for label in runs if label in whole}
-        sizes: dict[str, int | None] = {}
-        for label, names in members.items():
-            if names:
-                known = all_known([info[label][n].param_bytes for n in names])
-                sizes[label] = sum(known) if known is not None else None
-        present = {v for v in sizes.values() if v is not None}
-        order = tuple(min((info[lb][n].order for n in members[lb]), default=1 << 30) for lb in runs)
+        sizes, order = _sizes_and_order(info, members, runs)
         group = UnitGroup(name=_agreed_name(members, fqns), order=0, members=members, held_by=held_by,
-                          param_bytes=sizes, bytes_differ=len(present) > 1)
+                          param_bytes=sizes, bytes_differ=_bytes_differ(sizes))
         groups.append((order, group))
     groups.sort(key=lambda pair: (pair[0], pair[1].name))
     for i, (_, g) in enumerate(groups):
@@ -374,6 +368,24 @@ def _members(keys: Mapping[str, Mapping[str, list[str]]], uf: _Groups,
     return out
 
 
+def _sizes_and_order(info: Mapping[str, Mapping[str, RunUnit]], members: Mapping[str, list[str]],
+                     runs: Iterable[str]) -> tuple[dict[str, int | None], tuple[int, ...]]:
+    """A group's parameter bytes per run holding members (None where a member's size is unknown) and its
+    sort key: its forward position in the first run that has it, then in the next runs."""
+    sizes: dict[str, int | None] = {}
+    for label, names in members.items():
+        if names:
+            known = all_known([info[label][n].param_bytes for n in names])
+            sizes[label] = sum(known) if known is not None else None
+    order = tuple(min((info[lb][n].order for n in members[lb]), default=1 << 30) for lb in runs)
+    return sizes, order
+
+
+def _bytes_differ(sizes: Mapping[str, int | None]) -> bool:
+    """Whether the runs whose size is known hold different parameter bytes in the group."""
+    return len({v for v in sizes.values() if v is not None}) > 1
+
+
 def _forward_order(units: Mapping[str, RunUnit], names: Sequence[str]) -> list[str]:
     return sorted(names, key=lambda n: units[n].order)
 
@@ -396,16 +408,9 @@ def _build_groups(runs: Mapping[str, Sequence[RunUnit]], keys: Mapping[str, Mapp
                 holder = _holder(keys[label], wanted)
                 if holder is not None:
                     held_by[label] = holder
-        sizes: dict[str, int | None] = {}
-        for label, names in members.items():
-            if names:
-                known = all_known([info[label][n].param_bytes for n in names])
-                sizes[label] = sum(known) if known is not None else None
-        present = {v for v in sizes.values() if v is not None}
-        # Forward order of the first run that has the group, then of the next runs.
-        order = tuple(min((info[lb][n].order for n in members[lb]), default=1 << 30) for lb in runs)
+        sizes, order = _sizes_and_order(info, members, runs)
         groups.append(UnitGroup(name=_group_name(members), order=0, members=members, held_by=held_by,
-                                param_bytes=sizes, bytes_differ=len(present) > 1))
+                                param_bytes=sizes, bytes_differ=_bytes_differ(sizes)))
         orders[id(groups[-1])] = order
     groups.sort(key=lambda g: (orders[id(g)], g.name))
     for i, g in enumerate(groups):
