@@ -15,7 +15,7 @@ DEMO_DIR ?= demo-run
 OLD_TORCH_VERSIONS ?= 2.7.1 2.11.0
 OLD_TORCH_VENVS := $(foreach v,$(OLD_TORCH_VERSIONS),.venv-torch$(v))
 
-.PHONY: demo test test-lifecycle test-torch test-clients test-fuzz test-fast setup setup-dev setup-old-torch lint clean bench bench-load bench-scale bench-record bench-report bench-post-record
+.PHONY: demo test test-lifecycle test-recordings recordings test-torch test-clients test-fuzz test-fast setup setup-dev setup-old-torch lint clean bench bench-load bench-scale bench-record bench-report bench-post-record
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -58,7 +58,18 @@ PYTEST_WORKERS ?= auto
 # the real clients of other stacks and the fuzzers' full budget are targets of their own, which CI
 # (.ci/run) runs after this one.
 test: lint
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m "not clients and not lifecycle"
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m "not clients and not lifecycle and not example_script"
+
+# The tests that analyse recordings committed in tests/recorded/ (marker `recorded`), on recordings
+# made now instead (tests/helpers/committed.py), and the wrap-policy example script end to end: what
+# the recorder makes today, run by CI after `make test`.
+test-recordings: setup-dev
+	FSDPVIZ_TEST_RECORDINGS=fresh $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m "recorded or example_script"
+
+# Record the committed recordings again (after a change to the recorder, the example trainer or a
+# test's configuration) and run their tests on them; commit tests/recorded/ afterwards.
+recordings: setup-dev
+	FSDPVIZ_TEST_RECORDINGS=update $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m recorded
 
 # The recorder's process lifecycle under faults (signals to a rank or to fsdpviz, a killed rank, an
 # exception, a disk filling up under the training, two nodes into one folder, a script without an

@@ -55,18 +55,20 @@ def shared_processes(folder: Path, make: Callable[[], dict[str, subprocess.Compl
         if not done.is_file():
             shutil.rmtree(folder, ignore_errors=True)
             folder.mkdir()
-            done.write_text(json.dumps({name: _to_json(proc) for name, proc in make().items()}))
-        return {name: _from_json(data) for name, data in json.loads(done.read_text()).items()}
+            done.write_text(json.dumps({name: process_json(proc) for name, proc in make().items()}))
+        return {name: process_from_json(data) for name, data in json.loads(done.read_text()).items()}
 
 
-def _to_json(proc: subprocess.CompletedProcess | None) -> dict[str, Any] | None:
+def process_json(proc: subprocess.CompletedProcess | None) -> dict[str, Any] | None:
+    """A finished process as JSON (its arguments, exit code and output)."""
     if proc is None:
         return None
     return {"args": [str(a) for a in proc.args], "returncode": proc.returncode,
             "stdout": proc.stdout or "", "stderr": proc.stderr or ""}
 
 
-def _from_json(data: dict[str, Any] | None) -> subprocess.CompletedProcess | None:
+def process_from_json(data: dict[str, Any] | None) -> subprocess.CompletedProcess | None:
+    """The process :func:`process_json` wrote."""
     if data is None:
         return None
     return subprocess.CompletedProcess(data["args"], data["returncode"], data["stdout"], data["stderr"])

@@ -17,6 +17,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from helpers.committed import REPO, recorded_once
 from helpers.jobs import (
     EXAMPLE,
     NO_OUTPUT,
@@ -50,6 +51,9 @@ class Config:
     script: Path = EXAMPLE
     output_flag: str = "--log-losses"  # the script's flag for its per-rank output (a ``{rank}`` template)
     launcher: str = "torchrun"  # or "deepspeed": DeepSpeed's own launcher starts the ranks
+    # For tests that only analyse the recording: the name of its committed copy under tests/recorded/
+    # (helpers/committed.py); "": always recorded (what the recorder itself makes is under test)
+    committed: str = ""
 
     def command(self, *extra: str) -> list[str]:
         """The job's command line: the launcher, the script, its arguments and ``extra``."""
@@ -58,6 +62,12 @@ class Config:
 
     def environment(self) -> dict[str, str]:
         return record_env(**dict(self.env))
+
+    def identity(self) -> dict[str, object]:
+        """What the recording depends on besides its script's content (helpers/committed.py)."""
+        return {"train_args": self.train_args, "record_options": self.record_options, "env": self.env,
+                "script": str(self.script.resolve().relative_to(REPO)), "output_flag": self.output_flag,
+                "launcher": self.launcher}
 
     def folder_name(self) -> str:
         """A folder name that is the same for this configuration in every worker of the session."""
@@ -110,9 +120,10 @@ class MeshRecordings:
             folder = self.base / mode
             truth = folder / "truth.json"
 
+            # tp: a barrier and an all_gather_object every step too, communication that is not FSDP's
+            extras = ("--extras",) if mode == "tp" else ()
+
             def make() -> dict[str, subprocess.CompletedProcess | None]:
-                # tp: a barrier and an all_gather_object every step too, communication that is not FSDP's
-                extras = ("--extras",) if mode == "tp" else ()
                 command = torchrun(SCRIPTS / "mesh_train.py", "--mode", mode, "--steps", str(MESH_STEPS),
                                    "--truth", str(truth), *extras, nproc=MESH_RANKS)
                 return {"proc": retried(lambda: fsdpviz("record", "--out", str(folder / "run"), *NO_OUTPUT,
@@ -120,7 +131,9 @@ class MeshRecordings:
                                                         env=record_env(), timeout=600),
                                         tidy=lambda: shutil.rmtree(folder / "run", ignore_errors=True))}
 
-            proc = shared_processes(folder, make)["proc"]
+            identity = {"mode": mode, "ranks": MESH_RANKS, "steps": MESH_STEPS, "extras": list(extras),
+                        "record": ["--warmup", "2", "--steps", "2"]}
+            proc = recorded_once(folder, f"mesh-{mode}", identity, [SCRIPTS / "mesh_train.py"], make)["proc"]
             assert proc is not None and proc.returncode == 0, proc.stderr[-3000:] if proc else ""
             self.done[mode] = MeshRecording(folder / "run", json.loads(truth.read_text()))
         return self.done[mode]
@@ -146,7 +159,11 @@ class Recordings:
                                                         env=config.environment(), timeout=600),
                                         tidy=lambda: shutil.rmtree(run_dir, ignore_errors=True))}
 
-            proc = shared_processes(folder, make)["proc"]
+            if config.committed:
+                procs = recorded_once(folder, config.committed, config.identity(), [config.script], make)
+            else:
+                procs = shared_processes(folder, make)
+            proc = procs["proc"]
             assert proc is not None
             self.done[config] = Recording(config, run_dir, proc, losses)
         return self.done[config]
@@ -170,7 +187,7 @@ EXAMPLE_RUNS = {
     "fsdp2": Config(("--framework", "fsdp2", "--wrap", "block", *MODEL), (*PROFILE, "--summary")),
     # explicit prefetch one unit ahead (set_modules_to_forward_prefetch / set_modules_to_backward_prefetch)
     "fsdp2-prefetch": Config(("--framework", "fsdp2", "--wrap", "block", "--prefetch", "1", *MODEL),
-                             (*NO_OUTPUT, *PROFILE)),
+                             (*NO_OUTPUT, *PROFILE), committed="fsdp2-prefetch"),
     # forward_prefetch=True (and BACKWARD_PRE)
     "fsdp1": Config(("--framework", "fsdp1", "--wrap", "block", "--prefetch", "1", *MODEL), (*NO_OUTPUT, *PROFILE)),
     # DeepSpeed's own default: every submodule with parameters fetched on its own
@@ -188,7 +205,8 @@ EXAMPLE_RUNS = {
 # test_memory_truth.py holds fsdpviz to it.
 MEMORY_SCRIPT = SCRIPTS / "memory_train.py"
 MEMORY_RUNS = {
-    name: Config(args, (*NO_OUTPUT, "--steps", "3", *options), script=MEMORY_SCRIPT, output_flag="--truth")
+    name: Config(args, (*NO_OUTPUT, "--steps", "3", *options), script=MEMORY_SCRIPT, output_flag="--truth",
+                 committed=f"memory-{name}")
     for name, (args, options) in {
         # Adam with amsgrad (three states), the gradients zeroed by model.zero_grad() (no Optimizer range),
         # two micro-batches per optimizer step (gradient accumulation)
@@ -211,5 +229,7 @@ GRAD_ACCUM_MODEL = ("--layers", "2", "--dim", "64", "--steps", "5", "--seed", "0
 
 def grad_accum_config(framework: str, *extra: str) -> Config:
     """The grad-accumulation recording of ``framework`` with the trainer's ``extra`` flags."""
+    name = "-".join(["grad-accum", framework, *(a.lstrip("-") for a in extra)])
     return Config(("--framework", framework, "--wrap", "block", *GRAD_ACCUM_MODEL, *extra),
-                  (*NO_OUTPUT, "--warmup", "1", "--steps", "3"), ZERO3_ENV if framework == "zero3" else ())
+                  (*NO_OUTPUT, "--warmup", "1", "--steps", "3"), ZERO3_ENV if framework == "zero3" else (),
+                  committed=name)

@@ -23,6 +23,8 @@ from helpers.jobs import retried
 
 from fsdpviz.cli import main
 
+pytestmark = pytest.mark.example_script
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "examples" / "compare_wrap_policies.sh"
 MODEL_ARGS = "--layers 4 --dim 32 --steps 5"

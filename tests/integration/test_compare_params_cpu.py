@@ -17,10 +17,14 @@ from typing import Any
 
 import pytest
 from helpers.cli import stdout_here
+from helpers.jobs import NO_OUTPUT
 from recording import EXAMPLE_RUNS, MODEL, PROFILE, Config, Recordings
 
+pytestmark = pytest.mark.recorded
+
 REPO = Path(__file__).resolve().parents[2]
-PAIR_LIST = Config(("--framework", "fsdp2", "--wrap", "pair-list", *MODEL), PROFILE)
+PAIR_LIST = Config(("--framework", "fsdp2", "--wrap", "pair-list", *MODEL), (*NO_OUTPUT, *PROFILE),
+                   committed="fsdp2-pair-list")
 
 
 def _model_params() -> dict[str, int]:

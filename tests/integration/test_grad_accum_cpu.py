@@ -27,6 +27,8 @@ from recording import Config, Recordings, grad_accum_config
 from fsdpviz.analysis.run import RunAnalysis, analyse_run
 from fsdpviz.trace import load_traces
 
+pytestmark = pytest.mark.recorded
+
 BLOCKS = ["blocks.0", "blocks.1"]
 MICRO_BATCHES = 2
 RUNS = {"fsdp2": [], "fsdp1": ["--checkpoint"]}

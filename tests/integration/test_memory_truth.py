@@ -23,7 +23,7 @@ from fsdpviz.analysis import memory_categories as mcat
 from fsdpviz.analysis.pipeline import RunResult, analyse
 from fsdpviz.runfolder import RUN_JSON, TRACES_DIR, decode_run_json
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.recorded]
 
 RANKS = (0, 1)
 

@@ -27,7 +27,7 @@ from recording import MeshRecording, MeshRecordings
 from fsdpviz import vocabulary
 from fsdpviz.analysis.pipeline import RunResult, analyse
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.recorded]
 
 BATCH, DIM = 8, 32  # mesh_train.py's activations: what tensor parallelism all-reduces
 # FSDP2 names the root's range without a module: "FSDP::post_backward_reduce"

@@ -27,6 +27,8 @@ from recording import EXAMPLE_RUNS, LAYERS, PROFILED, Recordings
 from fsdpviz.analysis.run import RunAnalysis, analyse_run
 from fsdpviz.trace import load_traces
 
+pytestmark = pytest.mark.recorded
+
 RECORDINGS = {"fsdp2": EXAMPLE_RUNS["fsdp2-prefetch"], "fsdp1": EXAMPLE_RUNS["fsdp1"]}
 if importlib.util.find_spec("deepspeed") is not None:
     RECORDINGS["zero3"] = EXAMPLE_RUNS["zero3-block"]

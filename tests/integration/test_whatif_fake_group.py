@@ -22,14 +22,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.committed import recorded_once
 from helpers.jobs import EXAMPLE, NO_OUTPUT, fsdpviz, record_env, retried
-from helpers.once import session_root, shared_processes
+from helpers.once import session_root
 
 from fsdpviz.analysis.pipeline import analyse
 from fsdpviz.whatif.predict import Model, predict, read_model
 from fsdpviz.whatif.settings import Settings, Wrap
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.recorded]
 
 MODEL = ("--bf16", "--fake-world", "8", "--layers", "4", "--dim", "128", "--steps", "6")
 WRAPS = ("block", "pair", "root")
@@ -53,7 +54,8 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Model]:
                                                     "--steps", "2", "--", *command, env=record_env(), timeout=600),
                                     tidy=lambda: shutil.rmtree(run_dir, ignore_errors=True))}
 
-        proc = shared_processes(folder, make)["proc"]
+        identity = {"args": [*MODEL, "--wrap", wrap, *extra], "record": ["--warmup", "2", "--steps", "2"]}
+        proc = recorded_once(folder, f"fake8-{name}", identity, [EXAMPLE], make)["proc"]
         assert proc is not None and proc.returncode == 0, proc.stderr[-3000:] if proc else ""
         out[name] = read_model(analyse([run_dir], cache=False, progress=False))
     return out

@@ -24,7 +24,7 @@ from fsdpviz.whatif.explore import explore
 from fsdpviz.whatif.predict import Model, Prediction, predict, read_model
 from fsdpviz.whatif.settings import Settings, Wrap
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.recorded]
 
 # setting -> the trainer's flags that record it
 RECORDED_AS = {"reshard after forward false": ("--no-reshard-after-forward",), "prefetch 2": ("--prefetch", "2")}

@@ -1,0 +1,106 @@
+"""Recordings committed with the tests (``tests/recorded/``), for the tests that only analyse a recording.
+
+A real recording costs a job of three processes (``fsdpviz record``, the launcher, two ranks: about
+12 CPU-seconds on the 2-core machine, 7 of them importing torch). Tests whose subject is what fsdpviz
+makes *of* a recording -- the per-unit analysis of explicit prefetch, gradient accumulation, the memory
+categories against what the script measured on its own tensors, whatif against a recording of the
+setting, compare by parameters, the 2-D meshes -- read a committed copy of that recording instead: the
+run folder ``fsdpviz record`` wrote and the truth the training script wrote about itself in the same
+run (losses, tensor bytes, mesh sizes). The recorder's own checks (``test_record.py``, the recorder's
+faults, the real clients, the torch matrix) always record for real.
+
+``FSDPVIZ_TEST_RECORDINGS`` says where such a test's recording comes from:
+
+- ``committed`` (the default): the committed copy, copied into the session's folder before use (the
+  analysis writes its cache beside the traces); a copy whose configuration or training script changed
+  since it was recorded is stale: the test records for real instead, with a warning that says how to
+  record the copies again;
+- ``fresh``: recorded now, as every test did before (``make test-recordings``, which CI runs, so the
+  committed copies never hide what the recorder makes today);
+- ``update``: recorded now and written back into ``tests/recorded/`` (``make recordings``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from helpers.once import process_from_json, process_json, shared_processes
+
+REPO = Path(__file__).resolve().parents[2]
+COMMITTED = REPO / "tests" / "recorded"
+SOURCE = "source.json"  # in a committed folder: what it was recorded from
+RESULT = "result.json"  # in a committed folder: the processes that recorded it (helpers.once's format)
+MODES = ("committed", "fresh", "update")
+# Never committed: the analysis' parse cache and the session's own marks.
+LEFT_OUT = shutil.ignore_patterns(".fsdpviz-cache", RESULT, SOURCE, ".*.lock")
+
+
+class StaleRecording(UserWarning):
+    """A committed recording no longer matches its configuration or training script."""
+
+
+def mode() -> str:
+    """Where recordings come from in this session (``FSDPVIZ_TEST_RECORDINGS``)."""
+    value = os.environ.get("FSDPVIZ_TEST_RECORDINGS", "committed")
+    if value not in MODES:
+        raise ValueError(f"FSDPVIZ_TEST_RECORDINGS={value!r}: expected one of {', '.join(MODES)}")
+    return value
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def source_of(identity: dict[str, Any], scripts: Sequence[Path]) -> dict[str, Any]:
+    """What a recording is recorded from: the configuration (``identity``, JSON) and each training
+    script's content, by its path in the repository."""
+    return {"identity": json.loads(json.dumps(identity)),
+            "scripts": {str(s.resolve().relative_to(REPO)): _digest(s) for s in scripts}}
+
+
+def recorded_once(folder: Path, name: str, identity: dict[str, Any], scripts: Sequence[Path],
+                  make: Callable[[], dict[str, subprocess.CompletedProcess | None]],
+                  ) -> dict[str, subprocess.CompletedProcess | None]:
+    """:func:`helpers.once.shared_processes` for a recording that may come from ``tests/recorded/NAME``.
+
+    ``make`` records into ``folder`` (the run folder and the script's own output); ``identity`` and
+    ``scripts`` are what the recording depends on. In ``committed`` mode a matching committed copy is
+    copied into ``folder`` and its recording processes are returned as they ran; otherwise ``make``
+    records, and in ``update`` mode the result is committed under ``name``.
+    """
+    committed = COMMITTED / name
+    source = source_of(identity, scripts)
+
+    def from_copy() -> dict[str, subprocess.CompletedProcess | None]:
+        shutil.copytree(committed, folder, ignore=LEFT_OUT, dirs_exist_ok=True)
+        return {key: process_from_json(data) for key, data in json.loads((committed / RESULT).read_text()).items()}
+
+    def recorded() -> dict[str, subprocess.CompletedProcess | None]:
+        procs = make()
+        if mode() == "update" and all(p is None or p.returncode == 0 for p in procs.values()):
+            shutil.rmtree(committed, ignore_errors=True)
+            shutil.copytree(folder, committed, ignore=LEFT_OUT)
+            (committed / RESULT).write_text(json.dumps({k: process_json(p) for k, p in procs.items()}, indent=1) + "\n")
+            (committed / SOURCE).write_text(json.dumps(source, indent=1, sort_keys=True) + "\n")
+        return procs
+
+    if mode() != "committed":
+        return shared_processes(folder, recorded)
+    if not (committed / SOURCE).is_file():
+        warnings.warn(StaleRecording(f"no committed recording {committed.relative_to(REPO)}: recording it now "
+                                     "(`make recordings` commits it)"), stacklevel=2)
+        return shared_processes(folder, recorded)
+    if json.loads((committed / SOURCE).read_text()) != source:
+        warnings.warn(StaleRecording(f"{committed.relative_to(REPO)} was recorded from another configuration or "
+                                     "training script: recording it now (`make recordings` records it again)"),
+                      stacklevel=2)
+        return shared_processes(folder, recorded)
+    return shared_processes(folder, from_copy)
