@@ -53,8 +53,11 @@ def _facts(section: Any) -> dict[str, Any]:
 
 
 def _terminal(sample: dict[str, Any], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.setenv("COLUMNS", "250")
-    return stdout_here(capsys, "summary", str(sample["folder"]), "--no-cache")
+    """What ``fsdpviz summary FOLDER`` prints at 250 columns: run once per sample, read by each test of it."""
+    if "terminal" not in sample:
+        monkeypatch.setenv("COLUMNS", "250")
+        sample["terminal"] = stdout_here(capsys, "summary", str(sample["folder"]), "--no-cache")
+    return str(sample["terminal"])
 
 
 def _row(text: str, first: str) -> list[str]:
