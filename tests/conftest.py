@@ -82,6 +82,16 @@ def session_memo() -> Callable[[Hashable, Callable[[], Any]], Any]:
 
 
 @pytest.fixture(scope="session")
+def sample_run(session_memo: Callable[..., Any]) -> Callable[[str], Any]:
+    """``sample_run(name)``: the pipeline's result for ``sample_traces/NAME`` (without the Parquet
+    cache), once per session; tests only read it."""
+    from fsdpviz.analysis.pipeline import analyse
+
+    return lambda name: session_memo(("sample-run", name),
+                                     lambda: analyse([SAMPLE_TRACES_DIR / name], cache=False))
+
+
+@pytest.fixture(scope="session")
 def load_real(session_memo: Callable[..., Any]) -> Callable[[Path], Any]:
     """``load_real(path)``: a real GPU trace loaded without the Parquet cache, once per session."""
     from fsdpviz.trace import load_traces

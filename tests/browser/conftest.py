@@ -72,6 +72,18 @@ def chromium() -> str:
     return path
 
 
+@pytest.fixture(scope="session")
+def sample_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The report of the bundled FSDP2 CPU sample, built once per session; tests only open and read it."""
+    from fsdpviz.analysis.pipeline import analyse_traces
+    from fsdpviz.report.build import build_report
+    from fsdpviz.trace import load_traces
+
+    sample = Path(__file__).resolve().parents[2] / "sample_traces" / "fsdp2-cpu-2rank"
+    out = tmp_path_factory.mktemp("sample-report") / "report.html"
+    return build_report(analyse_traces(load_traces([sample], cache=False)), out).path
+
+
 @pytest.fixture
 def open_report(chromium: str, tmp_path: Path) -> Iterator[Any]:
     """``open_report(html_path)`` -> :class:`OpenedPage` (full-page and per-plot screenshots)."""

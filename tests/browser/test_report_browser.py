@@ -1,8 +1,9 @@
 """The report opens offline in headless Chromium, draws every section, and keeps names as text.
 
 Each test builds a real report (a real 2-rank CPU recording, a real GPU trace, a recording whose
-names carry markup), opens it from a file:// URL over the DevTools protocol, and checks what the
-browser did: no uncaught exception or console error, no dialog (an ``alert`` from injected
+names carry markup; the CPU recording's page once per session, ``sample_report``, and the marked-up
+copy once for the module), opens it from a file:// URL over the DevTools protocol, and checks what
+the browser did: no uncaught exception or console error, no dialog (an ``alert`` from injected
 markup), no request outside the file itself, bokeh documents idle with their canvases drawn, and
 screenshots of every plot that are not blank.
 """
@@ -18,7 +19,7 @@ import pytest
 
 from fsdpviz.analysis.pipeline import analyse_traces
 from fsdpviz.report.build import build_report
-from fsdpviz.trace import load_traces
+from fsdpviz.trace import TraceSet, load_traces
 
 from .conftest import PAGE_STATE_JS, hover_bar, image_stats
 
@@ -47,10 +48,8 @@ def _check_opened(page, expected_sections: set[str], min_roots: int = 2) -> None
         assert stddev > 5 and colours > 8, f"{shot.name} looks blank"
 
 
-def test_cpu_recording_report_draws_offline(open_report, tmp_path: Path) -> None:
-    traces = load_traces([SAMPLE], cache=False)
-    result = build_report(analyse_traces(traces), tmp_path / "cpu.html")
-    page = open_report(result.path)
+def test_cpu_recording_report_draws_offline(open_report, sample_report: Path) -> None:
+    page = open_report(sample_report)
     _check_opened(page, {"headline", "timeline", "steps"})
     text = page.state["text"]
     assert "rank 1 · gloo 0" in text or "rank 1" in text
@@ -107,11 +106,16 @@ def _poisoned_run(tmp_path: Path) -> Path:
     return run
 
 
-def test_names_with_markup_stay_text(open_report, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def poisoned(tmp_path_factory: pytest.TempPathFactory) -> TraceSet:
+    """The ZeRO-3 sample's renamed copy (:func:`_poisoned_run`), loaded once; the tests only read it."""
     if not ZERO3.is_dir():
         pytest.skip(f"sample recording {ZERO3} missing")
-    run = _poisoned_run(tmp_path)
-    traces = load_traces([run], cache=False)
+    return load_traces([_poisoned_run(tmp_path_factory.mktemp("poisoned"))], cache=False)
+
+
+def test_names_with_markup_stay_text(open_report, tmp_path: Path, poisoned: TraceSet) -> None:
+    traces = poisoned
     result = build_report(analyse_traces(traces), tmp_path / "xss.html")
     page = open_report(result.path)
     _check_opened(page, {"headline", "timeline", "units"})
@@ -130,11 +134,10 @@ def test_names_with_markup_stay_text(open_report, tmp_path: Path) -> None:
     assert all(src is None or not src.startswith("x") for src in state["imgs"])
 
 
-def test_report_html_has_no_external_urls(tmp_path: Path) -> None:
+def test_report_html_has_no_external_urls(sample_report: Path) -> None:
     import re
 
-    traces = load_traces([SAMPLE], cache=False)
-    html = build_report(analyse_traces(traces), tmp_path / "r.html").path.read_text(encoding="utf-8")
+    html = sample_report.read_text(encoding="utf-8")
     tags = re.findall(r"<(?:script|link|img|iframe|source)\b[^>]*>", html, flags=re.IGNORECASE)
     assert tags, "expected inline script tags"
     for tag in tags:
@@ -142,13 +145,11 @@ def test_report_html_has_no_external_urls(tmp_path: Path) -> None:
     assert "Content-Security-Policy" in html and "default-src 'none'" in html
 
 
-def test_poisoned_copy_is_still_a_run(tmp_path: Path) -> None:
+def test_poisoned_copy_is_still_a_run(poisoned: TraceSet) -> None:
     # guards the XSS test: poisoning must keep the run loadable and the payload a unit of it
-    if not ZERO3.is_dir():
-        pytest.skip(f"sample recording {ZERO3} missing")
     from fsdpviz.analysis.run import analyse_run
 
-    traces = load_traces([_poisoned_run(tmp_path)], cache=False)
+    traces = poisoned
     assert any(XSS in lane for lane in traces.lanes["thread_name"].astype(str))
     analysis = analyse_run(traces)
     assert XSS in set(analysis.spans["unit"]) and XSS in set(analysis.unit_stats["unit"])

@@ -24,15 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from fsdpviz.analysis.pipeline import analyse_traces
-from fsdpviz.report.build import build_report
-from fsdpviz.trace import load_traces
-
 from .cdp import Browser
 
 pytestmark = pytest.mark.browser
 
-SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "fsdp2-cpu-2rank"
 WIDTHS = (1400, 1920)
 
 # Every element whose text a reader must see whole, in the light DOM and in bokeh's shadow roots:
@@ -187,13 +182,8 @@ def _check_layout(browser: Browser, width: int, tmp_path: Path) -> None:
                     f"label {a['text']!r} covers a memory curve at {width} px (see {shot})"
 
 
-@pytest.fixture(scope="module")
-def report(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("layout") / "report.html"
-    return build_report(analyse_traces(load_traces([SAMPLE], cache=False)), out).path
-
-
-def test_report_layout_at_1400_and_1920_px(chromium: str, report: Path, tmp_path: Path) -> None:
+def test_report_layout_at_1400_and_1920_px(chromium: str, sample_report: Path, tmp_path: Path) -> None:
+    report = sample_report  # the bundled FSDP2 CPU sample's page (tests/browser/conftest.py)
     with Browser(chromium, width=WIDTHS[0], height=900) as browser:
         browser.open(report.resolve().as_uri())
         ready = ("window.Bokeh !== undefined && Bokeh.documents.length > 0 && "

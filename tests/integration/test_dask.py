@@ -7,8 +7,8 @@ killed while it parses (Dask gives its task to the other worker: the same answer
 port nothing listens on (one ``error:`` line within seconds).
 
 One cluster serves the module (its tests stay in one xdist worker: ``tests/conftest.py``); the
-commands whose answers are compared run in this process (``fsdpviz.cli.main``), the one whose worker
-is killed in a process of its own.
+commands whose answers are compared run in this process (``fsdpviz.cli.main``), the local answer once
+for the module, the one whose worker is killed in a process of its own.
 """
 
 from __future__ import annotations
@@ -82,9 +82,9 @@ def run_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 RANK_BY_RANK = dict(os.environ, FSDPVIZ_KEEP_EVENTS="0")
 
 
-def _json_here(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, *argv: str,
-               keep_events: str = "0", scheduler_env: str | None = None) -> dict:
-    """``fsdpviz ARGV`` in this process (exit code 0, its ``--json``), with ``FSDPVIZ_KEEP_EVENTS``
+def _here(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, *argv: str,
+          keep_events: str = "0", scheduler_env: str | None = None) -> str:
+    """``fsdpviz ARGV`` in this process (exit code 0: what it printed), with ``FSDPVIZ_KEEP_EVENTS``
     and ``FSDPVIZ_SCHEDULER`` as given."""
     monkeypatch.setenv("FSDPVIZ_KEEP_EVENTS", keep_events)
     if scheduler_env is None:
@@ -96,15 +96,28 @@ def _json_here(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPat
         main(list(argv))
     out, err = capsys.readouterr()
     assert done.value.code in (0, None), err[-2000:]
-    return dict(json.loads(out))
+    return str(out)
+
+
+def _json_here(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, *argv: str,
+               keep_events: str = "0", scheduler_env: str | None = None) -> dict:
+    """The ``--json`` answer of ``fsdpviz ARGV`` in this process (see :func:`_here`)."""
+    return dict(json.loads(_here(capsys, monkeypatch, *argv, keep_events=keep_events, scheduler_env=scheduler_env)))
 
 
 @pytest.fixture(scope="module")
-def local_answer(run_folder: Path) -> dict:
-    """The run's ``summary --json`` parsed here, rank by rank, without a cluster."""
-    proc = fsdpviz("summary", "--json", "--no-cache", str(run_folder), env=RANK_BY_RANK, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return dict(json.loads(proc.stdout))
+def answers() -> dict[str, dict]:
+    """Answers computed once for the module, by name."""
+    return {}
+
+
+@pytest.fixture
+def local_answer(run_folder: Path, answers: dict[str, dict], capsys: pytest.CaptureFixture[str],
+                 monkeypatch: pytest.MonkeyPatch) -> dict:
+    """The run's ``summary --json`` parsed here, rank by rank, without a cluster (once for the module)."""
+    if "local" not in answers:
+        answers["local"] = _json_here(capsys, monkeypatch, "summary", "--json", "--no-cache", str(run_folder))
+    return answers["local"]
 
 
 @pytest.mark.slow
@@ -120,9 +133,8 @@ def test_the_cluster_gives_the_local_answer(cluster: Cluster, run_folder: Path, 
     # the environment variable does the same, for every command
     assert _json_here(capsys, monkeypatch, *summary, str(run_folder), scheduler_env=cluster.address) == local_answer
     page = tmp_path / "report.html"
-    proc = fsdpviz("report", "--no-cache", "--scheduler", cluster.address, "-o", str(page), str(run_folder),
-                   env=RANK_BY_RANK)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    _here(capsys, monkeypatch, "report", "--no-cache", "--scheduler", cluster.address, "-o", str(page),
+          str(run_folder))
     assert page.stat().st_size > 100_000
 
 

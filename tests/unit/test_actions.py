@@ -9,7 +9,6 @@ meets first.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,11 +22,9 @@ from fsdpviz.analysis.actions import (
     group_findings,
     with_prediction,
 )
-from fsdpviz.analysis.pipeline import analyse
 from fsdpviz.analysis.records import Finding
 from fsdpviz.whatif.gains import predicted_actions
 
-SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
 PREFETCH = "prefetch one more unit ahead (the pass computes longer than it gathers; costs memory)"
 
 
@@ -103,8 +100,8 @@ def test_launch_bound_recording_leads_with_fewer_units(gpu_fsdp_run: Callable[[s
 
 
 @pytest.mark.parametrize("sample", ["fsdp2-cpu-2rank", "fsdp1-cpu-2rank", "zero3-cpu-2rank", "fsdp2-cpu-2rank-plain"])
-def test_samples_advise_nothing_predicted_to_gain_nothing(sample: str) -> None:
-    result = analyse([SAMPLES / sample], cache=False)
+def test_samples_advise_nothing_predicted_to_gain_nothing(sample: str, sample_run: Callable[[str], Any]) -> None:
+    result = sample_run(sample)
     bound = result.summary.bound
     assert bound is not None and bound.device == "cpu" and bound.host_wait_ms is None
     contract = result.summary.to_json()["bound"]

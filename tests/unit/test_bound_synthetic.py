@@ -8,6 +8,7 @@ shorter than the host's work to launch them, one whose all-gathers crawl.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ from synth.scenario import Scenario, make_units
 
 from fsdpviz.analysis.bound import bound_kind, summarize_bound, unprofiled_split
 from fsdpviz.analysis.overlap import compute_overlap
-from fsdpviz.analysis.pipeline import analyse
+from fsdpviz.analysis.pipeline import RunResult, analyse
 from fsdpviz.trace import load_traces
 
 US = 1000
@@ -154,7 +155,6 @@ def test_units_host_wait_is_part_of_the_ranks(tmp_path: Path) -> None:
     assert 0.2 * ranks < units <= ranks + 0.01
 
 
-def test_cpu_units_have_no_host_wait() -> None:
-    sample = Path(__file__).resolve().parents[2] / "sample_traces" / "fsdp2-cpu-2rank"
-    summary = analyse([sample], cache=False).summary
+def test_cpu_units_have_no_host_wait(sample_run: Callable[[str], RunResult]) -> None:
+    summary = sample_run("fsdp2-cpu-2rank").summary
     assert summary.units and all(u.host_wait_ms is None for u in summary.units)

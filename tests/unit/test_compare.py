@@ -11,13 +11,14 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from fsdpviz.analysis.compare.model import HEADLINE_FIELDS
 from fsdpviz.analysis.compare.runs import best_indices, command_args, compare_runs, field_value
-from fsdpviz.analysis.pipeline import LabelledRun, analyse
+from fsdpviz.analysis.pipeline import LabelledRun, RunResult
 from fsdpviz.cli import main
 from fsdpviz.errors import UsageError
 
@@ -144,8 +145,8 @@ def test_command_args_drop_launcher_noise() -> None:
                                  "--wrap pair"]
 
 
-def test_compare_runs_needs_two_distinct_labels() -> None:
-    result = analyse([FSDP2], cache=False)
+def test_compare_runs_needs_two_distinct_labels(sample_run: Callable[[str], RunResult]) -> None:
+    result = sample_run(FSDP2.name)
     with pytest.raises(UsageError, match="at least two"):
         compare_runs([LabelledRun(label="a", source="a", result=result)])
     with pytest.raises(UsageError, match="must differ"):

@@ -7,19 +7,19 @@ construction. CPU traces state no device memory: never memory-bound, and the sum
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from helpers.kineto import TraceBuilder, write_trace
 
 from fsdpviz.analysis.bound import KIND_MEMORY, MEMORY_MARGIN
-from fsdpviz.analysis.pipeline import analyse
+from fsdpviz.analysis.pipeline import RunResult, analyse
 from fsdpviz.commands.summary import bound_text
 from fsdpviz.report.headline import _bound_fact
 
 GEMM = "volta_sgemm_128x64_nn"
 DEVICE = 80 * (1 << 30)
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _run(tmp_path: Path, peak: int) -> Path:
@@ -70,8 +70,8 @@ def test_a_peak_within_the_margin_of_the_device_is_memory_bound(tmp_path: Path, 
         assert bound_text(summary).startswith("host-bound: ") and _bound_fact(summary).value.startswith("host-bound, ")
 
 
-def test_cpu_runs_are_never_memory_bound_and_say_why() -> None:
-    summary = analyse([REPO / "sample_traces" / "fsdp2-cpu-2rank"], cache=False).summary
+def test_cpu_runs_are_never_memory_bound_and_say_why(sample_run: Callable[[str], RunResult]) -> None:
+    summary = sample_run("fsdp2-cpu-2rank").summary
     bound = summary.bound
     assert bound is not None and summary.memory.peak_allocated_bytes is not None
     assert bound.device_memory_bytes is None and bound.memory_bound is None

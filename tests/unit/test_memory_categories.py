@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -104,12 +105,13 @@ def test_h100_hf_trainer_model_zero_grad_gradients_are_not_buffers(gpu_fsdp_dir:
     assert cats.categories["sharded_params"] is None and "sharded_params" in cats.unknown
 
 
-def test_cpu_recording_without_a_measurement_says_what_it_cannot_know(repo_root: Path) -> None:
+def test_cpu_recording_without_a_measurement_says_what_it_cannot_know(
+        sample_run: Callable[[str], RunResult]) -> None:
     """A real CPU recording made by a plain torch.profiler (no recorder, so no memory measurement):
     the CPU profiler counts only what was allocated since the trace began, so the level says so and
     the sharded parameters and the optimizer state (made before the trace) are unknown, with why;
     FSDP's own blocks are seen."""
-    summary = analyse([repo_root / "sample_traces" / "fsdp2-cpu-2rank-plain"], cache=False).summary
+    summary = sample_run("fsdp2-cpu-2rank-plain").summary
     mem = summary.memory
     assert mem.categories is not None and mem.categories_at is not None
     assert mem.level == "since_trace_start" and mem.baseline_bytes is None

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from helpers.cli import stdout_here
 
 from fsdpviz import api
 from fsdpviz.analysis.figures import peak_place, rank_exposed_ms, step_time_figures
-from fsdpviz.analysis.pipeline import analyse
+from fsdpviz.analysis.pipeline import RunResult
 from fsdpviz.formatting import format_bytes, format_ms, format_pct
 from fsdpviz.report.data import prepare_report
 from fsdpviz.report.headline import headline_section
@@ -40,9 +41,9 @@ NAMES = sorted(p.name for p in SAMPLES.iterdir() if p.is_dir())
 
 
 @pytest.fixture(scope="module", params=NAMES)
-def sample(request: pytest.FixtureRequest) -> dict[str, Any]:
+def sample(request: pytest.FixtureRequest, sample_run: Callable[[str], RunResult]) -> dict[str, Any]:
     folder = SAMPLES / request.param
-    result = analyse([folder], cache=False)
+    result = sample_run(request.param)
     # the summary as the command prints it: the actions' knobs carry whatif's predicted gains
     summary = msgspec.structs.replace(result.summary, actions=predicted_actions(result))
     return {"folder": folder, "result": result, "summary": summary, "data": prepare_report(result)}
@@ -53,8 +54,11 @@ def _facts(section: Any) -> dict[str, Any]:
 
 
 def _terminal(sample: dict[str, Any], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.setenv("COLUMNS", "250")
-    return stdout_here(capsys, "summary", str(sample["folder"]), "--no-cache")
+    """What ``fsdpviz summary FOLDER`` prints at 250 columns: run once per sample, read by each test of it."""
+    if "terminal" not in sample:
+        monkeypatch.setenv("COLUMNS", "250")
+        sample["terminal"] = stdout_here(capsys, "summary", str(sample["folder"]), "--no-cache")
+    return str(sample["terminal"])
 
 
 def _row(text: str, first: str) -> list[str]:

@@ -11,13 +11,14 @@ from __future__ import annotations
 import gzip
 import json
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from helpers.kineto import TraceBuilder
 from synth import Scenario, generate_run, make_root, make_units
 
-from fsdpviz.analysis.pipeline import analyse
+from fsdpviz.analysis.pipeline import RunResult, analyse
 from fsdpviz.cli import main
 from fsdpviz.report.perfetto import EXPORT_CATEGORY, export_perfetto
 
@@ -53,10 +54,16 @@ def gpu_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return generate_run(GPU, tmp_path_factory.mktemp("perfetto-gpu"), run_folder=True).folder
 
 
+@pytest.fixture(scope="module")
+def gpu_result(gpu_run: Path) -> RunResult:
+    """The synthetic GPU run analysed once for the module; the tests only read it."""
+    return analyse([gpu_run], cache=False)
+
+
 @pytest.mark.parametrize("source", ["cpu", "gpu"])
-def test_export_reads_back_as_the_same_run(source: str, gpu_run: Path, tmp_path: Path) -> None:
-    folder = SAMPLE if source == "cpu" else gpu_run
-    run = analyse([folder], cache=False)
+def test_export_reads_back_as_the_same_run(source: str, gpu_result: RunResult, tmp_path: Path,
+                                           sample_run: Callable[[str], RunResult]) -> None:
+    run = sample_run(SAMPLE.name) if source == "cpu" else gpu_result
     out = export_perfetto(run, tmp_path / "run.json.gz").path
     _assert_nested(_events(out))
     back = analyse([out], cache=False)
@@ -72,8 +79,8 @@ def test_export_reads_back_as_the_same_run(source: str, gpu_run: Path, tmp_path:
     assert a["overlap"]["exposed_comm_ms"] == pytest.approx(b["overlap"]["exposed_comm_ms"], abs=1e-3)
 
 
-def test_unit_tracks_hold_every_span_and_the_arrows(gpu_run: Path, tmp_path: Path) -> None:
-    run = analyse([gpu_run], cache=False)
+def test_unit_tracks_hold_every_span_and_the_arrows(gpu_result: RunResult, tmp_path: Path) -> None:
+    run = gpu_result
     out = export_perfetto(run, tmp_path / "units.json", raw=False).path
     events = _events(out)
     spans = run.analysis.spans

@@ -5,6 +5,7 @@ with a straggler, gradient accumulation and HSDP. And the parent holds no events
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +39,23 @@ def _both(path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[RunResult, RunRe
     return whole, mapped
 
 
+@pytest.fixture(scope="module")
+def both_ways(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[RunResult, RunResult]]:
+    """``both_ways(name)``: a bundled sample or a scenario of ``SCENARIOS`` analysed whole and rank by
+    rank, once per module; the tests only read the two results."""
+    made: dict[str, tuple[RunResult, RunResult]] = {}
+
+    def get(name: str) -> tuple[RunResult, RunResult]:
+        if name not in made:
+            folder = (generate_run(SCENARIOS[name], tmp_path_factory.mktemp(name), run_folder=True).folder
+                      if name in SCENARIOS else ROOT / "sample_traces" / name)
+            with pytest.MonkeyPatch.context() as patch:
+                made[name] = _both(folder, patch)
+        return made[name]
+
+    return get
+
+
 def _same(whole: RunResult, mapped: RunResult) -> None:
     assert whole.events_kept and not mapped.events_kept
     assert len(mapped.traces.events) == 0 and len(whole.traces.events) > 0
@@ -61,14 +79,13 @@ def _same(whole: RunResult, mapped: RunResult) -> None:
 
 
 @pytest.mark.parametrize("sample", SAMPLES)
-def test_cpu_samples_same_both_ways(sample: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    _same(*_both(ROOT / "sample_traces" / sample, monkeypatch))
+def test_cpu_samples_same_both_ways(sample: str, both_ways: Callable[[str], tuple[RunResult, RunResult]]) -> None:
+    _same(*both_ways(sample))
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
-def test_synthetic_gpu_runs_same_both_ways(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    run = generate_run(SCENARIOS[name], tmp_path, run_folder=True)
-    whole, mapped = _both(run.folder, monkeypatch)
+def test_synthetic_gpu_runs_same_both_ways(name: str, both_ways: Callable[[str], tuple[RunResult, RunResult]]) -> None:
+    whole, mapped = both_ways(name)
     _same(whole, mapped)
     if name == "offsets-straggler-accumulation":  # the clocks were compared from the digests
         applied = mapped.analysis.clock.set_index("rank")
@@ -81,11 +98,10 @@ def test_synthetic_gpu_runs_same_both_ways(name: str, tmp_path: Path, monkeypatc
     assert np.array_equal(np.sort(detail.events["start_ns"].to_numpy()), np.sort(kept["start_ns"].to_numpy()))
 
 
-def test_report_data_same_both_ways(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_report_data_same_both_ways(both_ways: Callable[[str], tuple[RunResult, RunResult]]) -> None:
     from fsdpviz.report.data import prepare_report
 
-    run = generate_run(SCENARIOS["offsets-straggler-accumulation"], tmp_path, run_folder=True)
-    whole, mapped = _both(run.folder, monkeypatch)
+    whole, mapped = both_ways("offsets-straggler-accumulation")
     a, b = prepare_report(whole), prepare_report(mapped)
     assert b.title == a.title and b.meta == a.meta and b.notes == a.notes
     assert len(b.views) == len(a.views) >= 2 and b.findings == a.findings
@@ -124,14 +140,13 @@ def test_thinned_memory_keeps_step_peaks_and_opening_levels() -> None:
             assert memory["allocated_bytes"][before][-1] == thin["allocated_bytes"][kept_before][-1]
 
 
-def test_whatif_reads_the_same_recording_both_ways(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_whatif_reads_the_same_recording_both_ways(both_ways: Callable[[str], tuple[RunResult, RunResult]]) -> None:
     """The what-if model reads the events of its ranks again from a run held rank by rank (and
     their labels): its prediction is the one made from the run loaded whole."""
     from fsdpviz.whatif.predict import predict, read_model
     from fsdpviz.whatif.settings import Settings, parse_wrap
 
-    run = generate_run(SCENARIOS["offsets-straggler-accumulation"], tmp_path, run_folder=True)
-    whole, mapped = _both(run.folder, monkeypatch)
+    whole, mapped = both_ways("offsets-straggler-accumulation")
     setting = Settings().with_(wrap=parse_wrap("merge:2"), prefetch="none")
     a = predict(read_model(whole, ranks=[0, 3]), setting).to_json()
     b = predict(read_model(mapped, ranks=[0, 3]), setting).to_json()
@@ -165,11 +180,11 @@ def test_which_runs_are_loaded_whole(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert not keeps_events(small)
 
 
-def test_exported_tables_same_both_ways(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_exported_tables_same_both_ways(both_ways: Callable[[str], tuple[RunResult, RunResult]]) -> None:
     """`export` writes every allocator sample: a run held rank by rank reads its ranks again for them."""
     from fsdpviz.commands.export import export_tables
 
-    whole, mapped = _both(ROOT / "sample_traces" / "fsdp2-cpu-2rank", monkeypatch)
+    whole, mapped = both_ways("fsdp2-cpu-2rank")
     a = export_tables(whole)
     b = export_tables(mapped)
     assert len(b["memory"]) > len(mapped.traces.memory)  # more than the thinned samples kept
