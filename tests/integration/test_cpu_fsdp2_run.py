@@ -1,26 +1,38 @@
-"""A real 2-rank FSDP2 run on CPU/gloo under torchrun, profiled with plain torch.profiler."""
+"""A real 2-rank FSDP2 run on CPU/gloo under torchrun, profiled with plain torch.profiler (its traces
+committed in tests/recorded/fsdp2-cpu-profile: helpers/committed.py)."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
+from helpers.committed import recorded_once
 from helpers.jobs import retried, run_job, torchrun
+from helpers.once import session_root
 
 from fsdpviz.analysis.overlap import compute_overlap
 from fsdpviz.analysis.pipeline import analyse_traces
 from fsdpviz.trace import load_traces
 
 SCRIPT = Path(__file__).with_name("fsdp2_cpu_profile.py")
+pytestmark = pytest.mark.recorded
+
 UNIT_PARAMS = 256 * 256 + 256  # one Linear(256, 256): what each unit's all-gather returns
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("fsdp2-cpu")
-    proc = retried(lambda: run_job(torchrun(SCRIPT, str(out)), timeout=600))  # same files each try
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    folder = session_root(tmp_path_factory) / "fsdp2-cpu-profile"
+    out = folder / "traces"
+
+    def make() -> dict[str, subprocess.CompletedProcess | None]:
+        out.mkdir()
+        return {"proc": retried(lambda: run_job(torchrun(SCRIPT, str(out)), timeout=600))}  # same files each try
+
+    proc = recorded_once(folder, "fsdp2-cpu-profile", {"ranks": 2}, [SCRIPT], make)["proc"]
+    assert proc is not None and proc.returncode == 0, proc.stderr[-3000:] if proc else ""
     return out
 
 
