@@ -50,15 +50,23 @@ demo: setup
 	OMP_NUM_THREADS=1 $(PY) -m fsdpviz record --out $(DEMO_DIR) --force -- \
 		$(PY) -m torch.distributed.run --standalone --nproc_per_node 2 examples/train.py --framework fsdp2
 
-# pytest-xdist workers for the suite: one per core (`make test PYTEST_WORKERS=0` runs it in one process);
-# a file's tests run in one worker (--dist loadfile), so that its module-scoped fixtures are made once.
-PYTEST_WORKERS ?= auto
+# pytest-xdist workers for the suite: one per core and one more, since a worker often waits on a
+# job's processes or on a recording another worker makes (`make test PYTEST_WORKERS=0` runs it in one
+# process); a file's tests run in one worker (--dist loadfile), so that its module-scoped fixtures are
+# made once.
+PYTEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(len(os.sched_getaffinity(0)) + 1 if hasattr(os, 'sched_getaffinity') else (os.cpu_count() or 1) + 1)")
 
-# The checks first (seconds), then the suite in parallel (docs/testing.md). The torch-version matrix,
-# the real clients of other stacks and the fuzzers' full budget are targets of their own, which CI
-# (.ci/run) runs after this one.
-test: lint
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m "not clients and not lifecycle and not example_script"
+# ruff first (a second), then the suite in parallel (docs/testing.md) while mypy checks the types
+# beside it (half a minute without its cache, mostly reading torch's annotations, on cores the suite
+# leaves idle while its workers wait on jobs); both must pass, mypy's findings are printed after the
+# suite's. The torch-version matrix, the real clients of other stacks and the fuzzers' full budget are
+# targets of their own, which CI (.ci/run) runs after this one.
+test: setup-dev
+	$(PY) -m ruff check fsdpviz tests benchmarks
+	@types_out=$$(mktemp); $(PY) -m mypy > $$types_out 2>&1 & types=$$!; \
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m "not clients and not lifecycle and not example_script"; \
+	tests=$$?; wait $$types; typed=$$?; echo "mypy:"; cat $$types_out; rm -f $$types_out; \
+	test $$tests -eq 0 && test $$typed -eq 0
 
 # The tests that analyse recordings committed in tests/recorded/ (marker `recorded`), on recordings
 # made now instead (tests/helpers/committed.py), and the wrap-policy example script end to end: what
