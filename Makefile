@@ -54,6 +54,8 @@ demo: setup
 # job's processes or on a recording another worker makes (`make test PYTEST_WORKERS=0` runs it in one
 # process); a file's tests run in one worker (--dist loadfile), so that its module-scoped fixtures are
 # made once.
+# More pytest options for `make test`, e.g. PYTEST_ARGS="--durations=30" or PYTEST_ARGS="-k summary".
+PYTEST_ARGS ?=
 PYTEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(len(os.sched_getaffinity(0)) + 1 if hasattr(os, 'sched_getaffinity') else (os.cpu_count() or 1) + 1)")
 
 # ruff first (a second), then the suite in parallel (docs/testing.md) while mypy checks the types
@@ -64,7 +66,7 @@ PYTEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(len(os.sched_getaffinit
 test: setup-dev
 	$(PY) -m ruff check fsdpviz tests benchmarks
 	@types_out=$$(mktemp); $(PY) -m mypy > $$types_out 2>&1 & types=$$!; \
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m "not clients and not lifecycle and not example_script"; \
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m "not clients and not lifecycle and not example_script" $(PYTEST_ARGS); \
 	tests=$$?; wait $$types; typed=$$?; echo "mypy:"; cat $$types_out; rm -f $$types_out; \
 	test $$tests -eq 0 && test $$typed -eq 0
 
