@@ -29,8 +29,16 @@ $(VENV)/.installed: pyproject.toml $(VENV)/.torch
 	$(PIP) install --quiet -e .
 	@touch $@
 
+# DeepSpeed compiles a C++ op (its CPU shared-memory collectives: about a minute on 2 cores) the first
+# time a process group starts on the CPU, and again whenever the environment's paths change. It is
+# built here, once, into the environment's own folder (TORCH_EXTENSIONS_DIR, exported to every target
+# below), so that no test job waits on the compiler and two environments never rebuild each other's.
+export TORCH_EXTENSIONS_DIR := $(abspath $(VENV))/torch-extensions
+
 $(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
 	$(PIP) install --quiet -e ".[dev,deepspeed]"
+	DS_ACCELERATOR=cpu $(PY) -c "from deepspeed.accelerator import get_accelerator; \
+		get_accelerator().create_op_builder('ShareMemCommBuilder').load()" > /dev/null
 	@touch $@
 
 setup: $(VENV)/.installed
