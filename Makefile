@@ -74,6 +74,8 @@ PYTEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(len(os.sched_getaffinit
 test: setup-dev
 	$(PY) -m ruff check fsdpviz tests benchmarks
 	@types_out=$$(mktemp); $(PY) -m mypy > $$types_out 2>&1 & types=$$!; \
+	trap 'kill $$types 2>/dev/null; rm -f $$types_out; exit 130' INT TERM; \
+	FSDPVIZ_TEST_RECORDINGS=committed \
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m "not clients and not lifecycle and not example_script" $(PYTEST_ARGS); \
 	tests=$$?; wait $$types; typed=$$?; echo "mypy:"; cat $$types_out; rm -f $$types_out; \
 	test $$tests -eq 0 && test $$typed -eq 0

@@ -3,6 +3,7 @@ session, tmpfs mounts, and an environment free of the user's ``FSDPVIZ_*`` setti
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
@@ -18,6 +19,8 @@ GPU_REAL_DIR = REPO_ROOT.parent / "shared" / "traces" / "gpu-real"
 # Real FSDP recordings on an H100 (fsdpviz run folders) with the truth of uninstrumented runs.
 GPU_FSDP_DIR = REPO_ROOT.parent / "shared" / "traces" / "gpu-fsdp"
 SAMPLE_TRACES_DIR = REPO_ROOT / "sample_traces"
+# fsdpviz settings a user may have in the shell (FSDPVIZ_TEST_* are the suite's own, FSDPVIZ_KEEP_EVENTS a test's)
+USER_SETTINGS = ("FSDPVIZ_NO_CACHE", "FSDPVIZ_RUN_DIR", "FSDPVIZ_OWNER_PID", "FSDPVIZ_SCHEDULER")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -63,8 +66,15 @@ def repo_root() -> Path:
 @pytest.fixture(autouse=True)
 def _no_user_fsdpviz_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     """The suite's answers must not depend on the shell it runs in (e.g. ``FSDPVIZ_NO_CACHE=1``)."""
-    for name in ("FSDPVIZ_NO_CACHE", "FSDPVIZ_RUN_DIR", "FSDPVIZ_OWNER_PID", "FSDPVIZ_SCHEDULER"):
+    for name in USER_SETTINGS:
         monkeypatch.delenv(name, raising=False)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The session's shared fixtures (an analysed sample, a built report) are made before any test's
+    # own fixtures run: the user's settings leave the whole session, not only each test.
+    for name in USER_SETTINGS:
+        os.environ.pop(name, None)
 
 
 @pytest.fixture(scope="session")

@@ -2,19 +2,22 @@
 
 A real recording costs a job of three processes (``fsdpviz record``, the launcher, two ranks: about
 12 CPU-seconds on the 2-core machine, 7 of them importing torch). Tests whose subject is what fsdpviz
-makes *of* a recording -- the per-unit analysis of explicit prefetch, gradient accumulation, the memory
-categories against what the script measured on its own tensors, whatif against a recording of the
-setting, compare by parameters, the 2-D meshes -- read a committed copy of that recording instead: the
-run folder ``fsdpviz record`` wrote and the truth the training script wrote about itself in the same
-run (losses, tensor bytes, mesh sizes). The recorder's own checks (``test_record.py``, the recorder's
-faults, the real clients, the torch matrix) always record for real.
+makes *of* a recording, or what the recorder wrote into it -- the per-unit analysis of explicit
+prefetch, gradient accumulation, the memory categories against what the script measured on its own
+tensors, whatif against a recording of the setting, compare by parameters, the 2-D meshes -- read a
+committed copy of that recording instead: the run folder ``fsdpviz record`` wrote and the truth the
+training script wrote about itself in the same run (losses, tensor bytes, mesh sizes). The copy is used
+only while everything it was recorded from is unchanged (below). The recorder's process checks
+(``test_record.py``, the recorder's faults, the real clients, the torch matrix) always record for real.
 
 ``FSDPVIZ_TEST_RECORDINGS`` says where such a test's recording comes from:
 
 - ``committed`` (the default): the committed copy, copied into the session's folder before use (the
-  analysis writes its cache beside the traces); a copy whose configuration or training script changed
-  since it was recorded is stale: the test records for real instead, with a warning that says how to
-  record the copies again;
+  analysis writes its cache beside the traces); a copy whose configuration, training script, recorder
+  sources or torch / DeepSpeed version changed since it was recorded is stale: the test records for
+  real instead, with a warning that says how to record the copies again (an error where
+  ``FSDPVIZ_STALE_RECORDINGS=error``, as CI sets it), so a change to the recorder is checked by these
+  tests in ``make test`` too;
 - ``fresh``: recorded now, as every test did before (``make test-recordings``, which CI runs, so the
   committed copies never hide what the recorder makes today);
 - ``update``: recorded now and written back into ``tests/recorded/`` (``make recordings``).
@@ -23,6 +26,7 @@ faults, the real clients, the torch matrix) always record for real.
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import os
 import shutil
@@ -36,6 +40,9 @@ from helpers.once import process_from_json, process_json, shared_processes
 
 REPO = Path(__file__).resolve().parents[2]
 COMMITTED = REPO / "tests" / "recorded"
+RECORDER = REPO / "fsdpviz" / "record"
+RECORDER_FILES = [REPO / "fsdpviz" / "commands" / "record.py", REPO / "fsdpviz" / "runfolder.py",
+                  REPO / "fsdpviz" / "naming.py", Path(__file__).with_name("jobs.py")]
 SOURCE = "source.json"  # in a committed folder: what it was recorded from
 RESULT = "result.json"  # in a committed folder: the processes that recorded it (helpers.once's format)
 MODES = ("committed", "fresh", "update")
@@ -44,7 +51,11 @@ LEFT_OUT = shutil.ignore_patterns(".fsdpviz-cache", RESULT, SOURCE, ".*.lock")
 
 
 class StaleRecording(UserWarning):
-    """A committed recording no longer matches its configuration or training script."""
+    """A committed recording no longer matches what it was recorded from."""
+
+
+class StaleRecordingError(RuntimeError):
+    """A committed recording no longer matches what it was recorded from, where that is an error."""
 
 
 def mode() -> str:
@@ -59,11 +70,28 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def _recorder_digest() -> str:
+    """One digest over what makes a recording besides the training script: the recorder's sources and
+    the test helpers that start its jobs."""
+    files = sorted({*RECORDER.rglob("*.py"), *RECORDER_FILES})
+    return hashlib.sha256("".join(f"{f.relative_to(REPO)} {_digest(f)}\n" for f in files).encode()).hexdigest()
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def source_of(identity: dict[str, Any], scripts: Sequence[Path]) -> dict[str, Any]:
-    """What a recording is recorded from: the configuration (``identity``, JSON) and each training
-    script's content, by its path in the repository."""
+    """What a recording is recorded from: the configuration (``identity``, JSON), each training
+    script's content by its path in the repository, the recorder's sources and the versions of torch
+    and DeepSpeed. A change to any of them makes a committed copy stale."""
     return {"identity": json.loads(json.dumps(identity)),
-            "scripts": {str(s.resolve().relative_to(REPO)): _digest(s) for s in scripts}}
+            "scripts": {str(s.resolve().relative_to(REPO)): _digest(s) for s in scripts},
+            "recorder": _recorder_digest(),
+            "versions": {package: _version(package) for package in ("torch", "deepspeed")}}
 
 
 def recorded_once(folder: Path, name: str, identity: dict[str, Any], scripts: Sequence[Path],
@@ -95,12 +123,18 @@ def recorded_once(folder: Path, name: str, identity: dict[str, Any], scripts: Se
     if mode() != "committed":
         return shared_processes(folder, recorded)
     if not (committed / SOURCE).is_file():
-        warnings.warn(StaleRecording(f"no committed recording {committed.relative_to(REPO)}: recording it now "
-                                     "(`make recordings` commits it)"), stacklevel=2)
+        _stale(f"no committed recording {committed.relative_to(REPO)}: recording it now (`make recordings` commits it)")
         return shared_processes(folder, recorded)
     if json.loads((committed / SOURCE).read_text()) != source:
-        warnings.warn(StaleRecording(f"{committed.relative_to(REPO)} was recorded from another configuration or "
-                                     "training script: recording it now (`make recordings` records it again)"),
-                      stacklevel=2)
+        _stale(f"{committed.relative_to(REPO)} was recorded from another configuration, training script, recorder "
+               "or torch: recording it now (`make recordings` records it again)")
         return shared_processes(folder, recorded)
     return shared_processes(folder, from_copy)
+
+
+def _stale(message: str) -> None:
+    """A warning, and the test goes on with a recording made now; an error where
+    ``FSDPVIZ_STALE_RECORDINGS=error`` (CI: a change commits its recordings with it)."""
+    if os.environ.get("FSDPVIZ_STALE_RECORDINGS") == "error":
+        raise StaleRecordingError(message)
+    warnings.warn(StaleRecording(message), stacklevel=3)

@@ -105,6 +105,7 @@ class MeshRecording:
 
 MESH_RANKS = 4
 MESH_STEPS = 5
+MESH_RECORD = ("--warmup", "2", "--steps", "2")  # fsdpviz record's options for the meshes
 
 
 class MeshRecordings:
@@ -127,12 +128,12 @@ class MeshRecordings:
                 command = torchrun(SCRIPTS / "mesh_train.py", "--mode", mode, "--steps", str(MESH_STEPS),
                                    "--truth", str(truth), *extras, nproc=MESH_RANKS)
                 return {"proc": retried(lambda: fsdpviz("record", "--out", str(folder / "run"), *NO_OUTPUT,
-                                                        "--warmup", "2", "--steps", "2", "--", *command,
+                                                        *MESH_RECORD, "--", *command,
                                                         env=record_env(), timeout=600),
                                         tidy=lambda: shutil.rmtree(folder / "run", ignore_errors=True))}
 
             identity = {"mode": mode, "ranks": MESH_RANKS, "steps": MESH_STEPS, "extras": list(extras),
-                        "record": ["--warmup", "2", "--steps", "2"]}
+                        "record": list(MESH_RECORD)}
             proc = recorded_once(folder, f"mesh-{mode}", identity, [SCRIPTS / "mesh_train.py"], make)["proc"]
             assert proc is not None and proc.returncode == 0, proc.stderr[-3000:] if proc else ""
             self.done[mode] = MeshRecording(folder / "run", json.loads(truth.read_text()))

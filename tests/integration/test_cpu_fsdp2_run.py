@@ -19,6 +19,7 @@ from fsdpviz.trace import load_traces
 SCRIPT = Path(__file__).with_name("fsdp2_cpu_profile.py")
 pytestmark = pytest.mark.recorded
 
+RANKS = 2
 UNIT_PARAMS = 256 * 256 + 256  # one Linear(256, 256): what each unit's all-gather returns
 
 
@@ -29,9 +30,10 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     def make() -> dict[str, subprocess.CompletedProcess | None]:
         out.mkdir()
-        return {"proc": retried(lambda: run_job(torchrun(SCRIPT, str(out)), timeout=600))}  # same files each try
+        # same files each try
+        return {"proc": retried(lambda: run_job(torchrun(SCRIPT, str(out), nproc=RANKS), timeout=600))}
 
-    proc = recorded_once(folder, "fsdp2-cpu-profile", {"ranks": 2}, [SCRIPT], make)["proc"]
+    proc = recorded_once(folder, "fsdp2-cpu-profile", {"ranks": RANKS}, [SCRIPT], make)["proc"]
     assert proc is not None and proc.returncode == 0, proc.stderr[-3000:] if proc else ""
     return out
 

@@ -20,8 +20,8 @@ pytestmark = pytest.mark.recorded
 
 def _committed(name: str) -> Config:
     """The example run ``name`` as test_record.py records it, without its terminal summary and report
-    (what whatif reads is the same), from its committed copy: the replay's accuracy is held on a
-    recording made on a quiet machine, and on one made under the suite's load by `make test-recordings`."""
+    (what whatif reads is the same), from its committed copy (helpers/committed.py): the replay's
+    accuracy is held on the same recording each run, and on one made now by `make test-recordings`."""
     return dataclasses.replace(EXAMPLE_RUNS[name], record_options=(*NO_OUTPUT, *PROFILE), committed=f"example-{name}")
 
 

@@ -33,6 +33,7 @@ from fsdpviz.whatif.settings import Settings, Wrap
 pytestmark = [pytest.mark.slow, pytest.mark.recorded]
 
 MODEL = ("--bf16", "--fake-world", "8", "--layers", "4", "--dim", "128", "--steps", "6")
+RECORD = ("--warmup", "2", "--steps", "2")  # fsdpviz record's options
 WRAPS = ("block", "pair", "root")
 ACCUMULATED = ("block", "pair")  # recorded again with two micro-batches: "<wrap>-accum"
 BLOCK_PARAMS = 12 * 128 * 128 + 13 * 128  # qkv, proj, fc_in, fc_out with biases, two layer norms
@@ -50,11 +51,11 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Model]:
         def make(run_dir: Path = run_dir, wrap: str = wrap, extra: tuple[str, ...] = extra
                  ) -> dict[str, subprocess.CompletedProcess | None]:
             command = [sys.executable, str(EXAMPLE), *MODEL, "--wrap", wrap, *extra]
-            return {"proc": retried(lambda: fsdpviz("record", "--out", str(run_dir), *NO_OUTPUT, "--warmup", "2",
-                                                    "--steps", "2", "--", *command, env=record_env(), timeout=600),
+            return {"proc": retried(lambda: fsdpviz("record", "--out", str(run_dir), *NO_OUTPUT, *RECORD,
+                                                    "--", *command, env=record_env(), timeout=600),
                                     tidy=lambda: shutil.rmtree(run_dir, ignore_errors=True))}
 
-        identity = {"args": [*MODEL, "--wrap", wrap, *extra], "record": ["--warmup", "2", "--steps", "2"]}
+        identity = {"args": [*MODEL, "--wrap", wrap, *extra], "record": list(RECORD)}
         proc = recorded_once(folder, f"fake8-{name}", identity, [EXAMPLE], make)["proc"]
         assert proc is not None and proc.returncode == 0, proc.stderr[-3000:] if proc else ""
         out[name] = read_model(analyse([run_dir], cache=False, progress=False))
