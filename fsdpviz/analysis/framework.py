@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from fsdpviz import vocabulary
-from fsdpviz.analysis.records import DDP, UNCONNECTED_RANKS, Note
+from fsdpviz.analysis.records import DDP, NO_TRAINING, UNCONNECTED_RANKS, Note
 from fsdpviz.trace.tables import TraceSet
 
 FSDP2_PREFIX: Final = "FSDP::"
@@ -87,11 +87,17 @@ def framework_notes(framework: str) -> list[Note]:
 
 def unconnected_ranks_note(traces: TraceSet) -> Note | None:
     """A warning when a job of several ranks shows no collective in any trace: its processes trained
-    alone (``accelerate launch`` without GPUs can start unconnected processes)."""
+    alone (``accelerate launch`` without GPUs can start unconnected processes). Traces without a
+    backward pass get a note that they hold no training instead."""
     world = traces.world_size
     counts = traces.ranks
     if world < 2 or not int(counts["n_events"].sum()) or int(counts["n_comm_events"].sum()):
         return None
+    if "n_backward_events" in counts and not int(counts["n_backward_events"].sum()):
+        # no backward pass either: the traces hold no training to communicate about (a trace of a
+        # script's exit, of inference), which says nothing about how its processes were connected
+        return Note(NO_TRAINING, "the traces hold no backward pass, so no training step: they cannot tell whether the "
+                    "ranks communicated (a profiler started after the training ended, or a trace of inference)")
     return Note(UNCONNECTED_RANKS, f"no rank communicated: the traces hold no collective although the world size "
                 f"is {world}, so the processes trained independently of each other, not as one distributed job; "
                 "check how the launcher connected them (e.g. accelerate launch without GPUs and without --multi_cpu)")

@@ -47,6 +47,9 @@ MIN_UNPROFILED_STEPS: Final = 3
 # Below this slowdown the profiled steps ran faster than the unprofiled ones: the unprofiled
 # steps are noise (a shared machine, a step that waited), not the run's pace.
 NOISE_SLOWDOWN: Final = 0.95
+# With the recorder's default schedule (profile steps 2-4; step 5 follows the export), the fewest
+# training steps that time MIN_UNPROFILED_STEPS clean steps (6-8).
+FULL_HEADLINE_STEPS: Final = 9
 
 
 class ProfilerCost(msgspec.Struct, kw_only=True):
@@ -149,8 +152,8 @@ def profiler_cost(timers: pd.DataFrame, run: RunInfo | None) -> ProfilerCost | N
     if fewest < MIN_UNPROFILED_STEPS:
         note = (f"the step time is the traced one: rank {fewest_rank} timed {fewest} clean unprofiled step(s) and "
                 f"the step time needs {MIN_UNPROFILED_STEPS} on every rank (the first {SETTLING_STEPS} steps, the "
-                "profiler's warm-up step and the step after the trace export do not count); record more steps, "
-                "or with the default --warmup, which times 3 steps before the profiled ones")
+                "profiler's warm-up step and the step after the trace export do not count); record at least "
+                f"{FULL_HEADLINE_STEPS} steps with the default schedule, which times the steps after the profiled ones")
     elif slowdown < NOISE_SLOWDOWN:
         note = (f"the step time is the traced one: the profiled steps ran {slowdown:.2f}x as long as the unprofiled "
                 "ones, and a profiler cannot make a step faster, so the unprofiled steps measured noise (other work "
@@ -178,8 +181,8 @@ def no_cost_note(timers: pd.DataFrame, run: RunInfo | None) -> str | None:
     if not profiled:
         return None
     return (f"the step time is the traced one: the timers hold no clean unprofiled step (the first {SETTLING_STEPS} "
-            "steps, the profiler's warm-up step and the step after the trace export do not count); record more "
-            f"steps, or with the default --warmup, which times {MIN_UNPROFILED_STEPS} steps before the profiled ones")
+            "steps, the profiler's warm-up step and the step after the trace export do not count); record at least "
+            f"{FULL_HEADLINE_STEPS} steps with the default schedule, which times the steps after the profiled ones")
 
 
 UNIT_PASS_COLUMNS: Final = ["rank", "unit", "phase", "step", "ms"]

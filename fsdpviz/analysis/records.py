@@ -25,6 +25,7 @@ SKIPPED_EXPORTS: Final = "skipped_exports"  # fsdpviz's own Perfetto exports fou
 MISSING_RANKS: Final = "missing_ranks"  # ranks of the world without a trace
 SKIPPED_EVENTS: Final = "skipped_events"  # events the loader could not use
 UNCONNECTED_RANKS: Final = "unconnected_ranks"  # no collective although the world has several ranks
+NO_TRAINING: Final = "no_training"  # no backward pass in any trace: no training step to analyse
 DDP: Final = "ddp"  # DistributedDataParallel, not FSDP: no units
 NO_FSDP_LABELS: Final = "no_fsdp_labels"  # no FSDP / fsdpviz labels: units is empty
 NO_UNITS_FOUND: Final = "no_units_found"  # labels, but no unit in the analysed steps

@@ -54,8 +54,8 @@ def record(
                               help="Optimizer steps to profile in full."),
     warmup: int = typer.Option(
         DEFAULT_WARMUP, "--warmup", min=0, metavar="N",
-        help="Optimizer steps before profiling: 2 warm up, the last warms the profiler up, those between are timed "
-             "unprofiled for the step time (at least 6 for 3 of them)."),
+        help="Optimizer steps before profiling (the last warms the profiler up). The step time comes from the "
+             "unprofiled steps timed after the profiled ones: a script of 9 steps or more gets it with the defaults."),
     mode: str = typer.Option(
         "both", "--mode", metavar="profile|timers|both", help="profile: torch.profiler traces; timers: per-step timers of every step; both."),
     memory: bool = typer.Option(True, "--memory/--no-memory",
@@ -96,7 +96,11 @@ def record(
         print(f"error: {result.error}", file=sys.stderr, flush=True)
         return result.exit_code or EXIT_BAD_INPUT
     if result.run.ranks and options.profile and (summary or report):
-        summarise_and_report(run_dir, summary=summary, report=report)
+        if any(r.trace for r in result.run.ranks):
+            summarise_and_report(run_dir, summary=summary, report=report)
+        else:  # the notes above say why (a script shorter than --warmup, a full disk)
+            say(f"no {' or '.join(n for n, wanted in (('summary', summary), ('report', report)) if wanted)}: "
+                "no rank wrote a trace")
     return result.exit_code
 
 

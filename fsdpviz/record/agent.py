@@ -367,7 +367,8 @@ class Agent:
             if partial and self._step_start is not None:
                 self.clock.close(self._step_start)
                 self.clock.end_step(self.step + 1, partial=True)
-            self.profiler.stop()  # exports the trace if it was recording
+            # exports the trace if a recorded step ran: this step too if it began
+            self.profiler.finish(self.step + (1 if partial else 0))
             self.clock.flush(block=True)
             self.clock.close_writer()
             if self.instrumentation is not None:

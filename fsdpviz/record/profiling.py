@@ -61,6 +61,8 @@ class ProfilerDriver:
         self.trace_error: str | None = None  # why the trace could not be written (a full disk...)
         self.labels_on = False  # the profiler records now: fsdpviz's ranges are worth entering
         self.log_filter: ProfilerLogFilter | None = None  # the profiler's own stderr lines -> logs/
+        self.steps_run: int | None = None  # set at the process's end: training steps that began
+        self._discard = False  # the process ended before any recorded step began: write no trace
 
     @property
     def time_window(self) -> bool:
@@ -105,6 +107,8 @@ class ProfilerDriver:
         return _ACTIONS[action]
 
     def _write_trace(self, prof: Any) -> None:
+        if self._discard:
+            return
         final = trace_path(self.options.run_dir, self.rank)
         raw = final.with_name(final.name.removesuffix(".gz") + PARTIAL_SUFFIX)
         packed = final.with_name(final.name + PARTIAL_SUFFIX)
@@ -132,6 +136,16 @@ class ProfilerDriver:
             self.stop()
         else:
             self.labels_on = self.prof.current_action in _RECORDING_ACTIONS
+
+    def finish(self, steps_run: int) -> None:
+        """The process ends after ``steps_run`` training steps began (the last possibly cut short):
+        stop, and export the trace only if a recorded step is among them. The profiler's schedule
+        already asked about the step after the last one, which never ran: a trace of it would hold
+        only the process's exit, labelled as a training step."""
+        self.steps_run = steps_run
+        if not self.time_window and not any(step < steps_run for step in self.recorded_steps):
+            self._discard = True
+        self.stop()
 
     def stop(self) -> None:
         """Stop now (exports the trace if it was recording)."""
@@ -171,8 +185,23 @@ class ProfilerDriver:
     def facts(self) -> dict[str, Any]:
         """run.json's ``profile`` entry of this rank: the schedule and the steps the trace holds."""
         recorded = sorted(self.recorded_steps) if self.trace_file is not None else []
+        if self.steps_run is not None and not self.time_window:  # only the steps that ran (see finish)
+            recorded = [step for step in recorded if step < self.steps_run]
         log = self.log_filter
         return {"schedule": self.schedule_kind, "steps": recorded, "trace": self.trace_file,
                 **({"log": LOG_FILE.format(rank=self.rank), "log_lines": log.captured} if log and log.captured else {}),
                 **({"window_s": self.options.window_s} if self.window else {}),
-                **({"error": self.trace_error} if self.trace_error else {})}
+                **({"error": self.trace_error} if self.trace_error else {}),
+                **({"note": note} if (note := self.no_trace_note()) else {})}
+
+    def no_trace_note(self) -> str | None:
+        """Why a process that ended normally wrote no trace: it ended before the first profiled step."""
+        if self.steps_run is None or self.time_window or self.trace_file is not None or self.trace_error:
+            return None
+        first = self.options.warmup
+        if self.steps_run > first:
+            return None
+        return (f"no trace: the script ended after {self.steps_run} training step(s), before step {first}, where "
+                f"profiling starts (--warmup {first}); record it with --warmup {max(0, self.steps_run - 1)} to profile "
+                f"its last step, or let it run {first + self.options.steps} steps "
+                "for a full trace")

@@ -196,6 +196,10 @@ def build_run_json(
             error = (info.get(part) or {}).get("error")
             if error:
                 notes = [*notes, f"rank {info.get('rank')}: {error}"]
+    no_trace = Counter((info.get("profile") or {}).get("note") for info in rank_infos)
+    no_trace.pop(None, None)
+    for note, count in no_trace.items():  # e.g. a script shorter than --warmup: once, not once per rank
+        notes = [*notes, f"{'every rank' if count == len(rank_infos) else f'{count} rank(s)'}: {note}"]
     versions: dict[str, str | None] = {"cuda": None, "nccl": None, **launcher_versions()}
     # what the ranks imported wins over what the launcher finds installed
     versions.update({k: v for k, v in (first.get("versions") or {}).items() if v is not None or k not in versions})

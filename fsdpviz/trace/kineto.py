@@ -47,6 +47,8 @@ MAX_BASE_TIME_NS: Final = 3 * 10**18
 RANK_IN_NAME_RE: Final = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 _RUNTIME_CODE: Final = schema.EVENT_KINDS.index(schema.KIND_RUNTIME)
 _KERNEL_CODE: Final = schema.EVENT_KINDS.index(schema.KIND_KERNEL)
+# The CPU ops autograd runs in a backward pass: a trace that holds none holds no training step.
+BACKWARD_PREFIX: Final = "autograd::engine::evaluate_function"
 _CPU_STEP_KINDS: Final = np.array(
     [k in (schema.KIND_ANNOTATION, schema.KIND_CPU_OP) for k in schema.EVENT_KINDS], dtype=bool
 )
@@ -160,6 +162,12 @@ def _parse(path: Path) -> tuple[RankColumns, KinetoTrace]:
     return rank_columns(columns, header[0], path, n_skipped=n_bad), header[0]
 
 
+def _count_named(name_codes: np.ndarray, names: list[str], prefix: str) -> int:
+    """How many events have a name that starts with ``prefix``."""
+    codes = [i for i, n in enumerate(names) if n.startswith(prefix)]
+    return int(np.count_nonzero(np.isin(name_codes, codes))) if codes else 0
+
+
 def us_to_ns(ts_us: np.ndarray) -> np.ndarray:
     """Microseconds (float64) -> int64 nanoseconds without losing the integer part's precision."""
     whole = np.floor(ts_us)
@@ -218,6 +226,7 @@ def rank_columns(columns: EventColumns, top: KinetoTrace, path: Path, *, n_skipp
         # the GPU or CPU definitions): counted here once, from the codes
         "n_comm_events": int(np.count_nonzero(events["comm"])),
         "n_kernels": int(np.count_nonzero(events["kind"] == _KERNEL_CODE)),
+        "n_backward_events": _count_named(events["name"], names, BACKWARD_PREFIX),
         "memory_device": _main_device(memory["device"], device_names),
         **dict(zip(("device_name", "device_memory_bytes"), _device(top, lanes))),
         "nccl_version": (info.nccl_version or "") if info else "",

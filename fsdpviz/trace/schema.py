@@ -125,6 +125,7 @@ RANKS: Final[Schema] = {
     "n_skipped": "int64",  # events skipped (unknown phase/category, bad durations)
     "n_comm_events": "int64",  # events with a communication kind (comm != "")
     "n_kernels": "int64",  # GPU kernels (0 on CPU)
+    "n_backward_events": "int64",  # autograd's backward functions: the trace holds training (a backward pass)
     "memory_device": "string",  # the device its memory is analysed on (analysis.memory.main_devices), "" if none
     "device_name": "string",  # deviceProperties[0].name, "" on CPU
     "device_memory_bytes": "int64",  # that device's totalGlobalMem, -1 if unknown (CPU)

@@ -173,13 +173,13 @@ class Recordings:
 # The example trainer's recordings of test_record.py (each run folder against the model, the
 # frameworks' labels and an unrecorded run's losses) and test_unit_analysis_cpu.py (the per-unit
 # analysis of explicit prefetch), which share the FSDP1 and the ZeRO-3 leaf-module recordings. Three
-# blocks, so that every block but the first is gathered by a prefetch; the default schedule: steps 2-4
-# timed unprofiled (the headline step time), 5 the profiler's warm-up, 6-9 profiled and analysed, 10
-# right after the trace export.
+# blocks, so that every block but the first is gathered by a prefetch; the default schedule: 0 warms up,
+# 1 is the profiler's warm-up, 2-5 profiled and analysed, 6 right after the trace export, 7-10 timed
+# unprofiled (the headline step time).
 LAYERS = 3
 STEPS = 11
-PROFILED = [6, 7, 8, 9]
-UNPROFILED = [2, 3, 4]
+PROFILED = [2, 3, 4, 5]
+UNPROFILED = [7, 8, 9, 10]
 MODEL = ("--layers", str(LAYERS), "--dim", "32", "--seed", "0", "--steps", str(STEPS))
 PROFILE = ("--steps", str(len(PROFILED)))
 ZERO3_ENV = (("DS_ACCELERATOR", "cpu"),)
