@@ -115,6 +115,12 @@ def _from_groups(groups: list[Group], world: int, framework: str) -> tuple[Paral
     return Parallelism(**roles, source=SOURCE_TRACE), tp_groups, why
 
 
+def _tp_group_names(groups: list[Group]) -> frozenset[str]:
+    """Names of the tensor-parallel groups among one rank's process groups."""
+    return frozenset(g.name for g in groups if g.desc.startswith(MESH_PREFIX) and g.name
+                     and g.desc[len(MESH_PREFIX):] in TP_DIMS)
+
+
 def run_parallelism(traces: TraceSet, framework: str) -> RunParallelism:
     """The run's parallelism from run.json, completed from the traces' process groups."""
     world = traces.world_size
@@ -122,6 +128,8 @@ def run_parallelism(traces: TraceSet, framework: str) -> RunParallelism:
     listed = [parse_groups(t) for t in texts]
     groups = next((g for g in listed if g), [])
     found, tp_groups, why = _from_groups(groups, world, framework)
+    # each rank lists its own groups: rank 2's TP group is not rank 0's
+    tp_groups = tp_groups.union(*(_tp_group_names(g) for g in listed))
     recorded = traces.run.parallelism if traces.run is not None else None
     if recorded is not None:
         merged = Parallelism(
