@@ -63,3 +63,7 @@ DDP: Final = "ddp"
 UNKNOWN: Final = "unknown"
 FRAMEWORKS: Final = (FSDP2, FSDP1, ZERO3, DDP, UNKNOWN)
 FRAMEWORKS_WITH_UNITS: Final = (FSDP2, FSDP1, ZERO3)  # the frameworks whose units fsdpviz analyses
+
+# --- process groups in a CPU trace (gloo names none; fsdpviz record names them, record/groups.py) ----
+GROUP_LABEL_PREFIX: Final = "fsdpviz.group "  # a range around one collective call: "fsdpviz.group <pg name>"
+GLOO_THREAD_PREFIX: Final = "gloo pg "  # a gloo worker thread of a group: "gloo pg <pg name>"

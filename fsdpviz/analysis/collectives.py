@@ -13,7 +13,12 @@ apart is the tensor: the gloo op's input is the tensor the issuing op handed its
 (``comm_numel``: a gather's shard, a reduce-scatter's whole input, a TP activation, a 1-element
 barrier or object-size flag). So the k-th issuing op of a kind and payload is the k-th gloo
 collective of that kind and payload; a kind whose ops do not all say their payload (``gloo:barrier``
-has no tensor) falls back to one queue per kind. gloo has no reduce-scatter:
+has no tensor) falls back to one queue per kind. Payloads alone cannot keep apart two groups
+moving tensors of one size (HSDP's shard and replica groups, a script's own ``dist.new_group``s):
+there ``fsdpviz record`` names the group at both ends (record/groups.py), the call by a
+``fsdpviz.group <name>`` range around the issuing op and the run by its worker thread's name
+``gloo pg <name>``. A kind whose issuing ops and runs all name their group is paired per group (and
+payload): one group's collectives run in the order they were issued. gloo has no reduce-scatter:
 ``c10d::_reduce_scatter_base_`` runs as ``gloo:all_reduce``, so both share a kind. An issuing op
 inside another (``_c10d_functional::all_reduce`` calls ``c10d::allreduce_``) issues nothing more. A
 gloo op that starts before the next unmatched issuing op was issued before recording began and
@@ -24,6 +29,8 @@ The issuing op also tells a reduce-scatter from an all-reduce on CPU, and gives 
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from typing import Final
 
 import numpy as np
@@ -47,15 +54,36 @@ COLLECTIVES: Final[schema.Schema] = {
     "issue_name": "string",
 }
 ISSUE_PREFIXES: Final = ("c10d::", "_c10d_functional::", "c10d_functional::")
+# a gloo worker thread the recorder named after its group; Kineto may list a thread under several
+# names over time (``python / gloo pg 1``)
+_GLOO_THREAD_RE: Final = re.compile(rf"(?:^| / ){re.escape(vocabulary.GLOO_THREAD_PREFIX)}(\S+)")
 
 
 def lane_kinds(events: pd.DataFrame, lanes: pd.DataFrame) -> np.ndarray:
     """``lane_kind`` of each event row of one rank (via that rank's LANES rows)."""
+    return _per_lane(events, lanes, lambda mine: as_str(mine["lane_kind"]))
+
+
+def thread_group(thread_name: str) -> str:
+    """The process group a gloo worker thread works for, from the name ``fsdpviz record`` gave it; ""."""
+    match = _GLOO_THREAD_RE.search(thread_name)
+    return match.group(1) if match else ""
+
+
+def lane_groups(events: pd.DataFrame, lanes: pd.DataFrame) -> np.ndarray:
+    """The process group each event row of one rank ran for, by its lane's thread name; "" if unnamed."""
+    return _per_lane(events, lanes, lambda mine: np.array([thread_group(n) for n in as_str(mine["thread_name"])],
+                                                          dtype=object))
+
+
+def _per_lane(events: pd.DataFrame, lanes: pd.DataFrame, value: Callable[[pd.DataFrame], np.ndarray]
+              ) -> np.ndarray:
+    """``value`` of each event row's lane (one rank's events; ``value`` maps its LANES rows)."""
     if events.empty:
         return np.zeros(0, dtype=object)
     rank = int(events["rank"].to_numpy()[0])
     mine = lanes[lanes["rank"] == rank]
-    kind_of = dict(zip(mine["lane"].astype(str), mine["lane_kind"].astype(str)))
+    kind_of = dict(zip(as_str(mine["lane"]), value(mine)))
     lane = events["lane"]
     if isinstance(lane.dtype, pd.CategoricalDtype):  # map once per distinct lane
         cats = np.array([kind_of.get(str(c), "") for c in lane.cat.categories], dtype=object)
@@ -155,42 +183,84 @@ def _outermost(issues: pd.DataFrame) -> pd.DataFrame:
     return issues[keep]
 
 
-def _queues(runs: pd.DataFrame, issues: pd.DataFrame, run_family: np.ndarray, issue_family: np.ndarray
-            ) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(run rows, issue rows) of each queue: per kind and payload, or per kind where a payload is unknown."""
+def issue_groups(issues: pd.DataFrame, events: pd.DataFrame) -> np.ndarray:
+    """The process group each issuing op names by the ``fsdpviz.group <name>`` range around it on its
+    lane (``events``: the same rank's); "" where none encloses it."""
+    out = np.full(len(issues), "", dtype=object)
+    labels = events[startswith(events["name"], vocabulary.GROUP_LABEL_PREFIX)]
+    if labels.empty or issues.empty:
+        return out
+    label_lane, issue_lane = as_str(labels["lane"]), as_str(issues["lane"])
+    label_start = labels["start_ns"].to_numpy(np.int64)
+    label_end = label_start + labels["dur_ns"].to_numpy(np.int64)
+    label_group = np.array([n[len(vocabulary.GROUP_LABEL_PREFIX):] for n in as_str(labels["name"])], dtype=object)
+    issue_start = issues["start_ns"].to_numpy(np.int64)
+    issue_end = issue_start + issues["dur_ns"].to_numpy(np.int64)
+    for lane in np.unique(issue_lane):
+        rows, mine = np.flatnonzero(issue_lane == lane), np.flatnonzero(label_lane == lane)
+        if not len(mine):
+            continue
+        mine = mine[np.argsort(label_start[mine], kind="stable")]  # one call's range holds no other
+        at = np.searchsorted(label_start[mine], issue_start[rows], side="right") - 1
+        found = at >= 0
+        lab = mine[np.clip(at, 0, None)]
+        inside = found & (label_end[lab] >= issue_end[rows])
+        out[rows[inside]] = label_group[lab[inside]]
+    return out
+
+
+def _queues(runs: pd.DataFrame, issues: pd.DataFrame, run_family: np.ndarray, issue_family: np.ndarray,
+            run_group: np.ndarray, issue_group: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(run rows, issue rows) of each queue: per kind, then per group where every op of the kind names
+    its group, then per payload where every op says it."""
     out = []
     run_numel = runs["comm_numel"].to_numpy(np.int64)
     issue_numel = issues["comm_numel"].to_numpy(np.int64)
     for family in np.unique(run_family):
         r_rows, i_rows = np.flatnonzero(run_family == family), np.flatnonzero(issue_family == family)
-        if (run_numel[r_rows] > 0).all() and (issue_numel[i_rows] > 0).all():
-            for numel in np.unique(run_numel[r_rows]):
-                out.append((r_rows[run_numel[r_rows] == numel], i_rows[issue_numel[i_rows] == numel]))
+        if (run_group[r_rows] != "").all() and (issue_group[i_rows] != "").all():
+            parts = [(r_rows[run_group[r_rows] == g], i_rows[issue_group[i_rows] == g])
+                     for g in np.unique(run_group[r_rows])]
         else:
-            out.append((r_rows, i_rows))
+            parts = [(r_rows, i_rows)]
+        for r_part, i_part in parts:
+            if (run_numel[r_part] > 0).all() and (issue_numel[i_part] > 0).all():
+                for numel in np.unique(run_numel[r_part]):
+                    out.append((r_part[run_numel[r_part] == numel], i_part[issue_numel[i_part] == numel]))
+            else:
+                out.append((r_part, i_part))
     return out
 
 
-def cpu_collectives(events: pd.DataFrame, kinds: np.ndarray) -> pd.DataFrame:
+def cpu_collectives(events: pd.DataFrame, kinds: np.ndarray, groups: np.ndarray | None = None) -> pd.DataFrame:
     """gloo collectives of one rank matched to their ``c10d::*`` issuing ops (none on a rank whose
-    collectives all ran elsewhere, e.g. as NCCL kernels)."""
+    collectives all ran elsewhere, e.g. as NCCL kernels). ``groups``: each event's lane's process
+    group (:func:`lane_groups`), None when no lane names one."""
     has_comm = (events["comm"] != "").to_numpy()
-    runs = events[has_comm & (kinds == schema.LANE_CPU_GLOO)]
+    on_gloo = has_comm & (kinds == schema.LANE_CPU_GLOO)
+    runs = events[on_gloo]
     if runs.empty:
         return schema.make_empty(COLLECTIVES)
     on_train = np.isin(kinds, [schema.LANE_CPU_MAIN, schema.LANE_CPU_AUTOGRAD, schema.LANE_CPU_OTHER])
     issues = _outermost(events[has_comm & on_train & (events["kind"] == schema.KIND_CPU_OP).to_numpy()
                                & startswith(events["name"], ISSUE_PREFIXES)])
-    runs = runs.sort_values("start_ns", kind="stable")
+    order = np.argsort(runs["start_ns"].to_numpy(np.int64), kind="stable")
+    runs = runs.iloc[order]
+    run_group = (groups[on_gloo][order] if groups is not None else np.full(len(runs), "", dtype=object))
+    issue_group = issue_groups(issues, events)
     gloo_has_rs = bool((runs["comm"] == vocabulary.REDUCE_SCATTER).any())
     run_family = np.array([_gloo_family(c, gloo_has_rs) for c in as_str(runs["comm"])], dtype=object)
     issue_family = np.array([_gloo_family(c, gloo_has_rs) for c in as_str(issues["comm"])], dtype=object)
     parts = []
-    for r_rows, i_rows in _queues(runs, issues, run_family, issue_family):
+    for r_rows, i_rows in _queues(runs, issues, run_family, issue_family, run_group, issue_group):
         r, i = runs.iloc[r_rows], issues.iloc[i_rows]
         match = match_in_order(i["start_ns"].to_numpy(np.int64), r["start_ns"].to_numpy(np.int64))
         ok = match >= 0
         r, m = r[ok], i.iloc[match[ok]]
+        # the group: where it ran (its worker's name), else what its call said, else the trace's own
+        group = np.where(run_group[r_rows][ok] != "", run_group[r_rows][ok],
+                         np.where(issue_group[i_rows][match[ok]] != "", issue_group[i_rows][match[ok]],
+                                  as_str(m["pg"])))
         start = r["start_ns"].to_numpy(np.int64)
         issue_bytes = m["comm_bytes"].to_numpy()
         parts.append(_frame({
@@ -201,7 +271,7 @@ def cpu_collectives(events: pd.DataFrame, kinds: np.ndarray) -> pd.DataFrame:
             "end_ns": start + r["dur_ns"].to_numpy(np.int64),
             "comm": as_str(m["comm"]),  # the issuing op tells RS from all-reduce
             "bytes": np.where(issue_bytes > 0, issue_bytes, r["comm_bytes"].to_numpy()),
-            "pg": as_str(m["pg"]),
+            "pg": group,
             "issue_lane": as_str(m["lane"]),
             "issue_ns": m["start_ns"].to_numpy(np.int64),
             "issue_name": as_str(m["name"]),
@@ -216,7 +286,9 @@ def find_collectives(events: pd.DataFrame, lanes: pd.DataFrame) -> pd.DataFrame:
     on_gpu = events["rank"].isin(list(kernel_ranks)).to_numpy()
     parts = [gpu_collectives(events[on_gpu])] if on_gpu.any() else []
     for _, rank_events in events.groupby("rank", sort=True):
-        parts.append(cpu_collectives(rank_events, lane_kinds(rank_events, lanes)))
+        named = lane_groups(rank_events, lanes)
+        parts.append(cpu_collectives(rank_events, lane_kinds(rank_events, lanes),
+                                     named if (named != "").any() else None))
     parts = [p for p in parts if len(p)]
     if not parts:
         return schema.make_empty(COLLECTIVES)

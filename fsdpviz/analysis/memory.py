@@ -189,7 +189,8 @@ def shard_sizes(run_units: Sequence[UnitInfo] | None, gathers: pd.DataFrame, n_r
 
     ``run.json``: the ``shard_size`` ``fsdpviz record`` read off the framework (FSDP2's mesh, FSDP1's
     and DeepSpeed's process group). Else the trace: a unit's all-gathers run on its shard group,
-    whose process group name (``pg``, from ``record_param_comms`` on GPU) the group's ranks share, so
+    whose process group name (``pg``: from ``record_param_comms`` on GPU, from the names ``fsdpviz
+    record`` gives gloo's calls and threads on CPU) the group's ranks share, so
     the ranks seen using that name are the group -- when every rank of the world was loaded.
     ``gathers``: attributed all-gathers (``unit``, ``rank``, ``pg``) plus any other collectives
     (``pg``, ``rank``) for counting. Units with neither keep the world size (source "world_size").

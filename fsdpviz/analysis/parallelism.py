@@ -74,6 +74,21 @@ class RunParallelism:
     parallelism: Parallelism
     tp_groups: frozenset[str] = frozenset()
     notes: list[Note] = field(default_factory=list)
+    unknown_dims: tuple[str, ...] = ()
+    """Device-mesh dimensions whose name is in none of the tables (``TP_DIMS``, ``REPLICATE_DIMS``,
+    ``SHARD_DIMS``), so their role is unknown; a size left None by them is not 1."""
+
+    @property
+    def roles_unknown(self) -> bool:
+        """The mesh has dimensions of unknown role and no other source said every size."""
+        p = self.parallelism
+        return bool(self.unknown_dims) and None in (p.dp_shard, p.dp_replicate, p.tp)
+
+
+def known_dims() -> str:
+    """The dimension names whose role fsdpviz knows, per role, for messages."""
+    return "; ".join(f"{role}: {', '.join(sorted(names))}" for role, names in
+                     (("tp", TP_DIMS), ("dp_replicate", REPLICATE_DIMS), ("dp_shard", SHARD_DIMS)))
 
 
 def parse_groups(text: str) -> list[Group]:
@@ -87,19 +102,21 @@ def parse_groups(text: str) -> list[Group]:
     return out
 
 
-def _from_groups(groups: list[Group], world: int, framework: str) -> tuple[Parallelism, frozenset[str], str]:
-    """Parallelism from one rank's process groups; the third value says why a field is unknown ("")."""
+def _from_groups(groups: list[Group], world: int, framework: str
+                 ) -> tuple[Parallelism, frozenset[str], str, tuple[str, ...]]:
+    """Parallelism from one rank's process groups; the third value says why a field is unknown (""),
+    the fourth names the mesh dimensions of unknown role."""
     # every group spans the whole world (the default group, 1-D meshes FSDP2 makes per fully_shard call):
     # there is no second dimension, every collective ran over the world
     if groups and world > 0 and all(g.size in (1, world) for g in groups):
         if framework in vocabulary.FRAMEWORKS_WITH_UNITS:
-            return Parallelism(dp_shard=world, dp_replicate=1, tp=1, source=SOURCE_TRACE), frozenset(), ""
-        return Parallelism(tp=1, source=SOURCE_TRACE), frozenset(), "the framework shards nothing"
+            return Parallelism(dp_shard=world, dp_replicate=1, tp=1, source=SOURCE_TRACE), frozenset(), "", ()
+        return Parallelism(tp=1, source=SOURCE_TRACE), frozenset(), "the framework shards nothing", ()
     mesh = {g.desc[len(MESH_PREFIX):]: g for g in groups if g.desc.startswith(MESH_PREFIX)}
     if not mesh:
         why = "the traces list no process groups" if not groups else (
             "the traces' process groups are not a DeviceMesh's (no mesh_<dim> group), so their roles are unknown")
-        return Parallelism(), frozenset(), why
+        return Parallelism(), frozenset(), why, ()
     roles: dict[str, int | None] = {"dp_shard": 1, "dp_replicate": 1, "tp": 1}
     unknown = [dim for dim in mesh if dim not in TP_DIMS | REPLICATE_DIMS | SHARD_DIMS]
     tp_groups = frozenset(g.name for dim, g in mesh.items() if dim in TP_DIMS and g.name)
@@ -112,7 +129,13 @@ def _from_groups(groups: list[Group], world: int, framework: str) -> tuple[Paral
     if unknown:  # a dimension of unknown role could be any of the three
         roles = {k: None for k in roles}
         why = f"the device mesh has dimensions of unknown role ({', '.join(sorted(unknown))})"
-    return Parallelism(**roles, source=SOURCE_TRACE), tp_groups, why
+    return Parallelism(**roles, source=SOURCE_TRACE), tp_groups, why, tuple(sorted(unknown))
+
+
+def _tp_group_names(groups: list[Group]) -> frozenset[str]:
+    """Names of the tensor-parallel groups among one rank's process groups."""
+    return frozenset(g.name for g in groups if g.desc.startswith(MESH_PREFIX) and g.name
+                     and g.desc[len(MESH_PREFIX):] in TP_DIMS)
 
 
 def run_parallelism(traces: TraceSet, framework: str) -> RunParallelism:
@@ -121,7 +144,9 @@ def run_parallelism(traces: TraceSet, framework: str) -> RunParallelism:
     texts = traces.ranks["process_groups"].astype(str).tolist() if "process_groups" in traces.ranks else []
     listed = [parse_groups(t) for t in texts]
     groups = next((g for g in listed if g), [])
-    found, tp_groups, why = _from_groups(groups, world, framework)
+    found, tp_groups, why, unknown_dims = _from_groups(groups, world, framework)
+    # each rank lists its own groups: rank 2's TP group is not rank 0's
+    tp_groups = tp_groups.union(*(_tp_group_names(g) for g in listed))
     recorded = traces.run.parallelism if traces.run is not None else None
     if recorded is not None:
         merged = Parallelism(
@@ -133,4 +158,4 @@ def run_parallelism(traces: TraceSet, framework: str) -> RunParallelism:
     if not why and None in (found.dp_shard, found.dp_replicate, found.tp):
         notes.append(Note(PARALLELISM_UNKNOWN, "parallelism: neither run.json nor the traces' process groups "
                           "say it; the unknown sizes are null"))
-    return RunParallelism(found, tp_groups, notes)
+    return RunParallelism(found, tp_groups, notes, unknown_dims)

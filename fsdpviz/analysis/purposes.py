@@ -11,9 +11,10 @@ first three are FSDP communication. The rules, read from what the run did rather
   all-gather inside a gather label, a reduce-scatter or an all-reduce inside a reduce label);
 - ``tensor_parallel``: any other collective of the tensor-parallel process group (a NCCL
   collective whose ``Process Group Name`` is the group distributedInfo describes as the mesh's TP
-  dimension), or, where the trace names no group (gloo on CPU), one issued as a functional
-  collective (``_c10d_functional::*``, which DTensor's redistributions use) in a run whose TP degree
-  is not known to be 1;
+  dimension; on CPU ``fsdpviz record`` names each gloo collective's group, record/groups.py), or,
+  where the trace names no group (gloo recorded without fsdpviz) or no group is known as TP's, one
+  issued as a functional collective (``_c10d_functional::*``, which DTensor's redistributions use)
+  in a run whose TP degree is not known to be 1;
 - ``other``: the rest (barriers, object collectives, collectives issued outside FSDP's labels).
 
 Per purpose and rank: ``comm_ns`` the union of its collectives' run intervals in the analysed
@@ -70,7 +71,8 @@ def collective_purposes(coll: pd.DataFrame, *, tp_groups: Collection[str] = (), 
     of_tp_group = np.isin(pg, list(tp_groups)) if tp_groups else np.zeros(len(coll), dtype=bool)
     functional = np.fromiter((n.startswith(FUNCTIONAL_PREFIXES) for n in as_str(coll["issue_name"])),
                              dtype=bool, count=len(coll))
-    no_group = pg == ""
+    # no group to go by: the trace names none (gloo not recorded by fsdpviz), or none is known as TP's
+    no_group = (pg == "") | (not tp_groups)
     tp_possible = tp is None or tp > 1
     is_tp = unclaimed & (of_tp_group | (functional & no_group & tp_possible))
     return np.where(is_tp, vocabulary.TENSOR_PARALLEL, purpose)

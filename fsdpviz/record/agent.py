@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from fsdpviz.record.clock import StepClock
+from fsdpviz.record.groups import GroupLabels
 from fsdpviz.record.memory import MemoryProbe
 from fsdpviz.record.options import ENV_OWNER_PID, RecordOptions, options_from_env
 from fsdpviz.record.profiling import ProfilerDriver
@@ -94,6 +95,7 @@ class Agent:
         self._world_size = int(os.environ.get("WORLD_SIZE", "1") or 1)
         self._backend = ""
         self.memory = MemoryProbe()
+        self.groups = GroupLabels(self.enter_range)
 
     # --- arming and detection ------------------------------------------------------------------
     def arm(self) -> None:
@@ -103,6 +105,10 @@ class Agent:
         self._detect_handle = nn_module.register_module_forward_pre_hook(self._on_any_forward)
         self._hooks.append(optim_module.register_optimizer_step_pre_hook(self._on_optimizer_pre))
         self._hooks.append(optim_module.register_optimizer_step_post_hook(self._on_optimizer_post))
+        try:
+            self.groups.install()  # before the script creates its process groups
+        except Exception as exc:  # noqa: BLE001 - an unexpected torch: record without group labels
+            self._warn(f"could not label process groups: {exc!r}")
         os.register_at_fork(after_in_child=self._disable_in_forked_child)
 
     def _disable_in_forked_child(self) -> None:
@@ -156,6 +162,7 @@ class Agent:
             except Exception as exc:  # noqa: BLE001 - same: the run must go on
                 self._warn(f"could not instrument {framework}; traces keep only its own labels: {exc!r}")
         if self.options.profile:
+            self.groups.name_workers()  # before the profiler meets the gloo threads: they name their group
             self.profiler.start(self.rank, self.step)
             self._measure_trace_start()
         self._exit_hooks.install()

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from fsdpviz.analysis.parallelism import run_parallelism
+from fsdpviz.analysis.parallelism import known_dims, run_parallelism
 from fsdpviz.analysis.pipeline import RunResult
 from fsdpviz.errors import UsageError
 from fsdpviz.formatting import NS_PER_MS, rounded_ms
@@ -170,7 +170,14 @@ def check(model: Model, settings: Settings) -> None:
     if "world_size" in changed and rec.world_size < 2:
         raise UsageError("the recording ran on one rank: no collective to scale to another world size")
     if "world_size" in changed:
-        mesh = run_parallelism(model.result.traces, rec.framework).parallelism
+        found = run_parallelism(model.result.traces, rec.framework)
+        mesh = found.parallelism
+        if found.roles_unknown:
+            # the model would scale the whole world as FSDP ranks: right only for a 1-D mesh
+            raise UsageError(
+                f"--world-size: the run's device mesh has dimension(s) of unknown role "
+                f"({', '.join(found.unknown_dims)}), so it may not be 1-D; fsdpviz reads the roles from the "
+                f"dimension names ({known_dims()})")
         if mesh.is_2d:
             # the model scales every collective with the world; on a 2-D mesh FSDP's group is one dimension
             raise UsageError(

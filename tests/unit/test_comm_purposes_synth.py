@@ -121,3 +121,41 @@ def test_parallelism_from_the_process_groups(tmp_path: Path, groups: list[dict],
     assert {k: out["parallelism"][k] for k in expected} == expected
     unknown = any(v is None for v in expected.values())
     assert any("parallelism" in note for note in out["notes"]) == unknown
+
+
+def _cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    from fsdpviz.cli import main
+
+    try:
+        code = main(args)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    out = capsys.readouterr()
+    return int(code or 0), out.out, out.err
+
+
+@pytest.mark.parametrize(("groups", "refused"), [
+    # mesh_pp: a role fsdpviz's table of dimension names does not know, so the mesh may be 2-D
+    ([group("1", "mesh_dp", [0, 2]), group("2", "mesh_pp", [0, 1])], True),
+    # the same shape with known names is 2-D: refused for that reason instead
+    ([group("1", "mesh_dp_replicate", [0, 2]), group("2", "mesh_dp_shard", [0, 1])], True),
+    # 1-D meshes over the world: the world-size model applies
+    ([group("1", "mesh_default", [0, 1, 2, 3])], False),
+])
+def test_whatif_world_size_needs_the_mesh_roles(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                groups: list[dict], refused: bool) -> None:
+    for rank in range(4):
+        doc = rank_trace(rank).document()
+        doc["distributedInfo"] = {"backend": "nccl", "rank": rank, "world_size": 4,
+                                  "pg_config": [group("0", "default_pg", [0, 1, 2, 3]), *groups]}
+        (tmp_path / f"rank{rank}.trace.json").write_text(json.dumps(doc))
+    code, out, err = _cli(["whatif", str(tmp_path), "--world-size", "8", "--json", "-q", "--no-cache"], capsys)
+    if not refused:
+        assert code == 0, err
+        assert json.loads(out)["predicted"]["settings"]["world_size"]["value"] == 8
+        return
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --world-size"), err
+    unknown = any(g["pg_desc"] == "mesh_pp" for g in groups)
+    assert ("unknown role (pp)" in lines[0]) == unknown, lines[0]

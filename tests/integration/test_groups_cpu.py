@@ -1,0 +1,88 @@
+"""Collectives of two gloo groups that move tensors of one size, told apart by group.
+
+``record_scripts/groups_train.py`` issues, every step on rank 0, an all-gather on group ``first``
+and then one of the same size on group ``second``; ``first``'s gloo workers are held by all-reduces
+that rank 1 joins later, so ``second``'s all-gather ends first. The truth is the script's own: the
+groups' names, and per step how much later ``first``'s all-gather ended than ``second``'s (its clock,
+waiting on both works). Paired by size in issue order, ``first``'s call would get ``second``'s run:
+its end ~150 ms too early.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from helpers.jobs import NO_OUTPUT, fsdpviz, record_env, retried, torchrun
+from helpers.once import session_root, shared_processes
+from recording import SCRIPTS
+
+from fsdpviz import vocabulary
+from fsdpviz.analysis import crossrank
+from fsdpviz.analysis.collectives import find_collectives
+from fsdpviz.analysis.pipeline import RunResult, analyse
+
+pytestmark = [pytest.mark.slow]
+
+LAG_TOLERANCE_MS = 20.0  # the script's clock around work.wait() against the trace's gloo op ends
+
+
+@pytest.fixture(scope="module")
+def groups_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, RunResult]:
+    folder = session_root(tmp_path_factory) / "groups"
+    run_dir, truth = folder / "run", folder / "truth.json"
+
+    def make() -> dict[str, subprocess.CompletedProcess | None]:
+        command = torchrun(SCRIPTS / "groups_train.py", "--steps", "5", "--truth", str(truth))
+        return {"proc": retried(lambda: fsdpviz("record", "--out", str(run_dir), *NO_OUTPUT, "--warmup", "2",
+                                                "--steps", "2", "--", *command, env=record_env(), timeout=600),
+                                tidy=lambda: shutil.rmtree(run_dir, ignore_errors=True))}
+
+    proc = shared_processes(folder, make)["proc"]
+    assert proc is not None and proc.returncode == 0, proc.stderr[-3000:] if proc else ""
+    return run_dir, json.loads(truth.read_text()), analyse([run_dir], cache=False)
+
+
+def _gathers(result: RunResult, numel: int) -> pd.DataFrame:
+    """The script's all-gathers (2 ranks x ``numel`` floats gathered) as fsdpviz found them."""
+    coll = find_collectives(result.traces.events, result.traces.lanes)
+    mine = (coll["comm"] == vocabulary.ALL_GATHER) & (coll["bytes"] == 2 * numel * 4)
+    return coll[mine.to_numpy()]
+
+
+def test_same_size_collectives_pair_by_group(groups_run: tuple[Path, dict, RunResult]) -> None:
+    _, truth, result = groups_run
+    first, second = truth["groups"]["first"], truth["groups"]["second"]
+    gathers = _gathers(result, truth["numel"])
+    rank0 = gathers[gathers["rank"] == 0]
+    steps = sorted(set(rank0["step"].tolist()))
+    assert steps == list(result.summary.steps) and len(steps) >= 2
+    for step in steps:
+        rows = rank0[rank0["step"] == step].set_index("pg")
+        assert sorted(rows.index) == sorted([first, second]), rows
+        # the script issued first's before second's on rank 0
+        assert rows.loc[first, "issue_ns"] < rows.loc[second, "issue_ns"]
+        # and first's ended that much later, by the script's own clock
+        lag_ms = (rows.loc[first, "end_ns"] - rows.loc[second, "end_ns"]) / 1e6
+        expected = truth["first_ends_after_second_ms"][step]
+        assert expected > 100, truth  # the setup held first's workers, or the test proves nothing
+        assert abs(lag_ms - expected) < LAG_TOLERANCE_MS, (step, lag_ms, expected)
+        # each ran on its own group's gloo workers
+        assert rows.loc[first, "lane"] != rows.loc[second, "lane"]
+
+
+def test_ranks_match_each_group_s_collective(groups_run: tuple[Path, dict, RunResult]) -> None:
+    """Across ranks the k-th all-gather of a group in a step is one collective: both ranks name both
+    groups, and each match ends at about one instant on both ranks (a collective ends together)."""
+    _, truth, result = groups_run
+    gathers = crossrank.with_seq(_gathers(result, truth["numel"]))
+    by_rank = [gathers[gathers["rank"] == r] for r in (0, 1)]
+    matched = by_rank[0].merge(by_rank[1], on=crossrank.KEY, suffixes=("_0", "_1"))
+    assert set(matched["pg"]) == set(truth["groups"].values())
+    assert len(matched) == 2 * len(result.summary.steps)
+    # the runs overlap in time on both ranks: the same collective (a swapped pair ends ~150 ms apart)
+    assert ((matched["end_ns_0"] - matched["end_ns_1"]).abs() < 50e6).all(), matched
