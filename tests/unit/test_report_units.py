@@ -274,12 +274,20 @@ def test_headline_names_the_bound_and_its_size(run) -> None:
     from fsdpviz.formatting import format_ms
     from fsdpviz.report.headline import headline_section
 
-    _, _, _, data = run
+    synth, _, _, data = run
     bound = data.summary.bound
     fact = {f.label: f for f in headline_section(data).facts}["bound"]
     assert fact.value.startswith(bound.kind)
-    # the four parts and the step they add up to (traced: a synthetic run has no timers)
+    # the step and its parts (traced: a synthetic run has no timers), each what the simulation knows
+    # of its GPU events (synth/expected.py), per analysed step, the median of the two ranks
     assert bound.basis == "traced" and f"of the {format_ms(bound.step_ms)} traced step" in fact.hint
     assert f"compute {format_ms(bound.compute_ms)}" in fact.hint
-    parts = bound.compute_ms + bound.exposed_comm_ms + bound.host_wait_ms + bound.other_idle_ms
-    assert parts == pytest.approx(bound.step_ms, abs=0.01)
+    truth = synth.expected.bound
+    per_rank = truth[truth["step"].isin(data.summary.steps)].groupby("rank").mean()
+    want = {c: float(per_rank[c].median()) / 1e6 for c in ("window_ns", "compute_ns", "exposed_comm_ns",
+                                                           "host_wait_ns", "other_idle_ns")}
+    assert bound.step_ms == pytest.approx(want["window_ns"], abs=0.001)
+    assert bound.compute_ms == pytest.approx(want["compute_ns"], abs=0.001)
+    assert bound.exposed_comm_ms == pytest.approx(want["exposed_comm_ns"], abs=0.001)
+    assert bound.host_wait_ms == pytest.approx(want["host_wait_ns"], abs=0.002)
+    assert bound.other_idle_ms == pytest.approx(want["other_idle_ns"], abs=0.002)
