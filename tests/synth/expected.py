@@ -129,6 +129,21 @@ def build_expected(sc: Scenario, truth: Truth, ranks: list[int], timeline_of: di
     )
 
 
+# The bound's fields (fsdpviz.analysis.bound.RankBound, BoundSummary) beside the ``Expected.bound``
+# column each must equal, and how closely (ms): host wait and other idle may trade the launch
+# latency's µs (a kernel launched just before a gap began, starting after it).
+BOUND_FIELDS: tuple[tuple[str, str, float], ...] = (
+    ("step_ms", "window_ns", 0.001), ("compute_ms", "compute_ns", 0.001),
+    ("exposed_comm_ms", "exposed_comm_ns", 0.001), ("host_wait_ms", "host_wait_ns", 0.002),
+    ("other_idle_ms", "other_idle_ns", 0.002))
+
+
+def bound_ms(bound: pd.DataFrame, steps: list[int]) -> pd.DataFrame:
+    """Per rank (the index), each ``Expected.bound`` column's mean over ``steps``, in ms."""
+    mine = bound[bound["step"].isin(steps)]
+    return mine.groupby("rank")[[column for _, column, _ in BOUND_FIELDS]].mean() / 1e6
+
+
 def _length(intervals: list[tuple[int, int]]) -> int:
     return sum(b - a for a, b in intervals)
 

@@ -8,14 +8,13 @@ meets first.
 
 from __future__ import annotations
 
-import gzip
-import json
 import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.rawfiles import raw_trace, timer_step_ms
 
 from fsdpviz.analysis import findings as fnd
 from fsdpviz.analysis.actions import (
@@ -103,21 +102,6 @@ def test_launch_bound_recording_leads_with_fewer_units(gpu_fsdp_run: Callable[[s
     assert first.predicted_change_ms is not None and -first.lost_ms_per_step <= first.predicted_change_ms < 0
 
 
-def _profiler_step_ms(path: Path) -> dict[int, float]:
-    """Each ProfilerStep#N span of one trace file, as the file holds it."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as f:
-        events = json.load(f)["traceEvents"]
-    return {int(e["name"].split("#")[1]): e["dur"] / 1e3 for e in events
-            if e.get("ph") == "X" and e.get("cat") == "user_annotation" and e.get("name", "").startswith("ProfilerStep#")}
-
-
-def _timer_step_ms(path: Path) -> dict[int, float]:
-    """Each whole step's wall clock in one rank's timers file, as the file holds it."""
-    return {r["step"]: r["ms"] for r in map(json.loads, path.read_text().splitlines())
-            if r["unit"] == "" and r["phase"] == "step" and r["kind"] == "total"}
-
-
 @pytest.mark.parametrize("sample", ["fsdp2-cpu-2rank", "fsdp1-cpu-2rank", "zero3-cpu-2rank", "fsdp2-cpu-2rank-plain"])
 def test_samples_advise_nothing_predicted_to_gain_nothing(sample: str, sample_run: Callable[[str], Any],
                                                           repo_root: Path) -> None:
@@ -132,13 +116,13 @@ def test_samples_advise_nothing_predicted_to_gain_nothing(sample: str, sample_ru
     if bound.basis == "traced":
         assert "without the recorder's timers" in (bound.note or "")
         # the step is the profiler's own ProfilerStep spans of the analysed steps (read from the files)
-        spans = [_profiler_step_ms(path) for path in sorted((run_dir).glob("rank*.trace.json*"))]
-        want = statistics.mean(span[s] for span in spans for s in result.summary.steps)
+        raws = [raw_trace(path) for path in sorted(run_dir.glob("rank*.trace.json*"))]
+        want = statistics.mean(raw.step_ms(s) for raw in raws for s in result.summary.steps)
     else:
         # the step is the wall clock of the clean steps, as each rank's timers file holds it
         cost = result.summary.profiler
         assert cost is not None
-        want = statistics.median(statistics.median(_timer_step_ms(path)[s] for s in cost.unprofiled_steps)
+        want = statistics.median(statistics.median(timer_step_ms(path)[s] for s in cost.unprofiled_steps)
                                  for path in sorted((run_dir / "timers").glob("rank*.jsonl")))
     assert bound.step_ms == pytest.approx(want, abs=1e-3)
     actions = predicted_actions(result)

@@ -15,8 +15,6 @@ collectives idle, fsdpviz's exposed communication plus idle is HTA's idle.
 
 from __future__ import annotations
 
-import gzip
-import json
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,13 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.rawfiles import raw_trace, timer_step_ms
 
 from fsdpviz.analysis.overlap import compute_overlap
 from fsdpviz.analysis.pipeline import analyse
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "hta_idle.txt"
 GOLDEN_TEMPORAL = Path(__file__).resolve().parents[1] / "golden" / "hta_overlap.txt"
-GPU_EVENTS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
 @dataclass(frozen=True)
@@ -57,33 +55,6 @@ def _golden() -> list[HtaIdle]:
 ROWS = _golden()
 
 
-@dataclass(frozen=True)
-class RawTrace:
-    """What one trace file says by itself: each CPU-side ProfilerStep (µs) and every GPU event."""
-
-    steps: dict[int, tuple[float, float]]
-    gpu: list[tuple[float, float]]
-
-    def busy_us(self, lo: float, hi: float) -> float:
-        """Time in ``[lo, hi)`` with any GPU event running."""
-        total, covered = 0.0, lo
-        for a, b in self.gpu:
-            a, b = max(a, covered), min(b, hi)
-            if b > a:
-                total, covered = total + b - a, b
-        return total
-
-
-def _raw(path: Path) -> RawTrace:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as f:
-        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
-    steps = {int(e["name"].split("#")[1]): (float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events
-             if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")}
-    gpu = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events if e.get("cat") in GPU_EVENTS)
-    return RawTrace(steps, gpu)
-
-
 def _row(gpu_fsdp_dir: Path, memo: Callable[..., Any], hta: HtaIdle) -> dict[str, Any]:
     result = memo(("bound-hta", hta.recording, hta.steps),
                   lambda: analyse([gpu_fsdp_dir / hta.recording], steps=list(hta.steps), cache=False))
@@ -105,7 +76,7 @@ def test_fake8_idle_is_host_wait_as_hta_says(gpu_fsdp_dir: Path, session_memo: C
     # launch-bound, no communication (the fake group's collectives take no time)
     assert ours["bound_exposed_comm_ns"] == 0
     # the window is the trace's own steps 2 and 3, and compute the time any GPU event ran in them
-    raw = _raw(gpu_fsdp_dir / hta.recording / "traces" / "rank0.trace.json.gz")
+    raw = raw_trace(gpu_fsdp_dir / hta.recording / "traces" / "rank0.trace.json.gz")
     assert ours["bound_window_ns"] / 1e3 == pytest.approx(sum(b - a for a, b in (raw.steps[s] for s in hta.steps)),
                                                           abs=1)
     assert ours["bound_compute_ns"] / 1e3 == pytest.approx(sum(raw.busy_us(*raw.steps[s]) for s in hta.steps),
@@ -130,14 +101,13 @@ def test_summary_names_the_bound_of_each_recording(gpu_fsdp_dir: Path, gpu_fsdp_
     run_dir = gpu_fsdp_dir / name
     # unprofiled: the recorder's wall clock of the clean steps after the trace export (6 and 7 of 8),
     # as long as the uninstrumented run's 53.2 ms step (README, within its ±10 % from run to run)
-    wall = {r["step"]: r["ms"] for r in map(json.loads, (run_dir / "timers" / "rank0.jsonl").read_text().splitlines())
-            if r["unit"] == "" and r["phase"] == "step" and r["kind"] == "total"}
+    wall = timer_step_ms(run_dir / "timers" / "rank0.jsonl")
     assert launch.basis == "unprofiled" and launch.device == "gpu"
     assert launch.step_ms == pytest.approx(statistics.median([wall[6], wall[7]]), abs=1e-3)
     assert launch.step_ms == pytest.approx(53.2, rel=0.10)
-    raw = _raw(run_dir / "traces" / "rank0.trace.json.gz")
+    raw = raw_trace(run_dir / "traces" / "rank0.trace.json.gz")
     steps = result.summary.steps
-    assert launch.traced_step_ms == pytest.approx(statistics.mean(raw.steps[s][1] - raw.steps[s][0] for s in steps) / 1e3,
+    assert launch.traced_step_ms == pytest.approx(statistics.mean(raw.step_ms(s) for s in steps),
                                                   abs=1e-3)
     # the profiler's share comes out of the idle time: compute is what the GPU ran in the traced steps
     assert launch.compute_ms == pytest.approx(statistics.mean(raw.busy_us(*raw.steps[s]) for s in steps) / 1e3,
@@ -182,7 +152,7 @@ def test_each_part_is_htas_temporal_breakdown(gpu_real_dir: Path, load_real: Cal
     path = gpu_real_dir / hta.path
     ours = compute_overlap(load_real(path))
     row = ours[ours["rank"] == hta.rank].iloc[0]
-    raw = _raw(path)
+    raw = raw_trace(path)
     analysed = sorted(raw.steps)[:-1]  # the last step left out, as both tools do
     window_us = sum(raw.steps[s][1] - raw.steps[s][0] for s in analysed)
     assert row["bound_window_ns"] / 1e3 == pytest.approx(window_us, abs=1)

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from helpers.kineto import TraceBuilder
 from synth import generate_run
+from synth.expected import BOUND_FIELDS, bound_ms
 from synth.scenario import Scenario, make_units
 
 from fsdpviz.analysis.bound import bound_kind, summarize_bound, unprofiled_split
@@ -148,19 +149,12 @@ def test_simulated_fsdp2_steps_name_their_bound(tmp_path: Path, scenario: Scenar
     bound = summary.bound
     assert bound is not None and bound.kind == kind and bound.loss is not None and bound.loss.kind == kind
     # each part as the simulation knows it (synth/expected.py: which GPU event ran when, which was a
-    # collective, what its start waited for), per analysed step; host wait and other idle may trade
-    # the launch latency's µs (a kernel launched just before a gap began, starting after it)
-    truth = run.expected.bound
+    # collective, what its start waited for), per analysed step
+    truth = bound_ms(run.expected.bound, summary.steps)
+    assert sorted(truth.index) == sorted(int(r) for r in bound.per_rank)
     for rank, got in bound.per_rank.items():
-        mine = truth[(truth["rank"] == int(rank)) & truth["step"].isin(summary.steps)]
-        assert len(mine) == len(summary.steps) > 0
-        want = {c: float(mine[c].mean()) / 1e6 for c in ("window_ns", "compute_ns", "exposed_comm_ns",
-                                                          "host_wait_ns", "other_idle_ns")}
-        assert got.step_ms == pytest.approx(want["window_ns"], abs=0.001)
-        assert got.compute_ms == pytest.approx(want["compute_ns"], abs=0.001)
-        assert got.exposed_comm_ms == pytest.approx(want["exposed_comm_ns"], abs=0.001)
-        assert got.host_wait_ms == pytest.approx(want["host_wait_ns"], abs=0.002)
-        assert got.other_idle_ms == pytest.approx(want["other_idle_ns"], abs=0.002)
+        for field, column, tolerance in BOUND_FIELDS:
+            assert getattr(got, field) == pytest.approx(truth.at[int(rank), column], abs=tolerance), (rank, field)
 
 
 def test_host_wait_goes_to_the_innermost_unit_window_holding_the_launch() -> None:

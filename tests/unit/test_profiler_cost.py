@@ -8,7 +8,6 @@ recorder's wall clock of every step in the timers files (both read here from the
 
 from __future__ import annotations
 
-import gzip
 import json
 import statistics
 from collections.abc import Callable
@@ -17,6 +16,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
+from helpers.rawfiles import raw_trace, timer_step_ms
 
 from fsdpviz.analysis.profiler_cost import profiler_cost
 from fsdpviz.runfolder import SCHEDULE_TIME_WINDOW, ProfileInfo, RankInfo, RunInfo
@@ -120,21 +120,14 @@ FIRST_CLEAN = 6
 
 
 def _timer_step_ms(run_dir: Path, rank: int = 0) -> dict[int, float]:
-    """The recorder's wall clock of each whole step of ``rank``, read from timers/rank{R}.jsonl itself."""
-    lines = (run_dir / "timers" / f"rank{rank}.jsonl").read_text().splitlines()
-    return {r["step"]: r["ms"] for r in map(json.loads, lines)
-            if r["unit"] == "" and r["phase"] == "step" and r["kind"] == "total"}
+    return timer_step_ms(run_dir / "timers" / f"rank{rank}.jsonl")
 
 
 def _traced_step_ms(run_dir: Path, rank: int = 0) -> dict[int, float]:
-    """The profiler's own length of each profiled step of ``rank``: its ProfilerStep#N span, read from
-    the trace file itself."""
+    """The profiler's own length of each profiled step: its ProfilerStep#N span in the trace file."""
     (path,) = (run_dir / "traces").glob(f"rank{rank}.trace.json*")
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as f:
-        events = json.load(f)["traceEvents"]
-    return {int(e["name"].split("#")[1]): e["dur"] / 1e3 for e in events
-            if e.get("ph") == "X" and e.get("cat") == "user_annotation" and e.get("name", "").startswith("ProfilerStep#")}
+    raw = raw_trace(path)
+    return {step: raw.step_ms(step) for step in raw.steps}
 
 
 @pytest.mark.parametrize("name", GPU_RECORDINGS)

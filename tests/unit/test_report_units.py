@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from synth import Scenario, generate_run, make_root, make_units
+from synth.expected import BOUND_FIELDS, bound_ms
 
 from fsdpviz import vocabulary
 from fsdpviz.analysis.intervals import total_ns, union_intervals
@@ -282,12 +283,6 @@ def test_headline_names_the_bound_and_its_size(run) -> None:
     # of its GPU events (synth/expected.py), per analysed step, the median of the two ranks
     assert bound.basis == "traced" and f"of the {format_ms(bound.step_ms)} traced step" in fact.hint
     assert f"compute {format_ms(bound.compute_ms)}" in fact.hint
-    truth = synth.expected.bound
-    per_rank = truth[truth["step"].isin(data.summary.steps)].groupby("rank").mean()
-    want = {c: float(per_rank[c].median()) / 1e6 for c in ("window_ns", "compute_ns", "exposed_comm_ns",
-                                                           "host_wait_ns", "other_idle_ns")}
-    assert bound.step_ms == pytest.approx(want["window_ns"], abs=0.001)
-    assert bound.compute_ms == pytest.approx(want["compute_ns"], abs=0.001)
-    assert bound.exposed_comm_ms == pytest.approx(want["exposed_comm_ns"], abs=0.001)
-    assert bound.host_wait_ms == pytest.approx(want["host_wait_ns"], abs=0.002)
-    assert bound.other_idle_ms == pytest.approx(want["other_idle_ns"], abs=0.002)
+    truth = bound_ms(synth.expected.bound, data.summary.steps).median()
+    for field, column, tolerance in BOUND_FIELDS:
+        assert getattr(bound, field) == pytest.approx(truth[column], abs=tolerance), field
