@@ -88,6 +88,11 @@ class Expected:
     """Per (rank, step): start_ns, end_ns on the rank's own clock."""
     baseline_bytes: int
     """Sharded parameters + gradients + optimizer state, allocated before recording."""
+    bound: pd.DataFrame
+    """Per (rank, step): what the GPU did inside the step (ns): window_ns, busy_ns, compute_ns (busy
+    but not an exposed collective), exposed_comm_ns (collectives while no other GPU work ran),
+    host_wait_ns (idle ended by work whose start waited for its launch, for the step's last gap the
+    next work after it), other_idle_ns (idle ended by work that waited for its stream or an event)."""
 
 
 def build_expected(sc: Scenario, truth: Truth, ranks: list[int], timeline_of: dict[int, int]) -> Expected:
@@ -95,7 +100,7 @@ def build_expected(sc: Scenario, truth: Truth, ranks: list[int], timeline_of: di
     offsets = {r: sc.clock_offset_ns.get(r, 0) for r in ranks}
     ref = offsets[min(ranks)]
     to_aligned = sc.base_time_ns + ref
-    spans_rows, unit_rows, peak_rows, step_rows = [], [], [], []
+    spans_rows, unit_rows, peak_rows, step_rows, bound_rows = [], [], [], [], []
     for r in ranks:
         i = timeline_of[r]
         compute = Union([(_at(a, i), _at(b, i)) for a, b in truth.compute_kernels])
@@ -110,6 +115,7 @@ def build_expected(sc: Scenario, truth: Truth, ranks: list[int], timeline_of: di
                                "issue_ns": iss + to_aligned, "bytes": s.bytes})
         unit_rows += _unit_steps(r, spans, compute, memory, truth, i, to_aligned)
         peak_rows += _step_peaks(r, truth, i, to_aligned)
+        bound_rows += _bound(r, truth, i)
     skew_rows = _skew(truth, ranks, timeline_of) if len(ranks) > 1 else []
     return Expected(
         spans=pd.DataFrame(spans_rows),
@@ -119,7 +125,61 @@ def build_expected(sc: Scenario, truth: Truth, ranks: list[int], timeline_of: di
         skew=pd.DataFrame(skew_rows, columns=["step", "unit", "phase", "kind", "start_skew_ns", "late_rank"]),
         steps=pd.DataFrame(step_rows),
         baseline_bytes=truth.baseline_bytes,
+        bound=pd.DataFrame(bound_rows),
     )
+
+
+# The bound's fields (fsdpviz.analysis.bound.RankBound, BoundSummary) beside the ``Expected.bound``
+# column each must equal, and how closely (ms): host wait and other idle may trade the launch
+# latency's µs (a kernel launched just before a gap began, starting after it).
+BOUND_FIELDS: tuple[tuple[str, str, float], ...] = (
+    ("step_ms", "window_ns", 0.001), ("compute_ms", "compute_ns", 0.001),
+    ("exposed_comm_ms", "exposed_comm_ns", 0.001), ("host_wait_ms", "host_wait_ns", 0.002),
+    ("other_idle_ms", "other_idle_ns", 0.002))
+
+
+def bound_ms(bound: pd.DataFrame, steps: list[int]) -> pd.DataFrame:
+    """Per rank (the index), each ``Expected.bound`` column's mean over ``steps``, in ms."""
+    mine = bound[bound["step"].isin(steps)]
+    return mine.groupby("rank")[[column for _, column, _ in BOUND_FIELDS]].mean() / 1e6
+
+
+def _length(intervals: list[tuple[int, int]]) -> int:
+    return sum(b - a for a, b in intervals)
+
+
+def _clip(intervals: list[tuple[int, int]], lo: int, hi: int) -> list[tuple[int, int]]:
+    return [(max(a, lo), min(b, hi)) for a, b in intervals if min(b, hi) > max(a, lo)]
+
+
+def _bound(rank: int, truth: Truth, i: int) -> list[dict]:
+    """Per step, the split of its window by what the simulation knows of each GPU event: when it ran,
+    whether it is a collective, and what its start waited for."""
+    work = sorted((_at(a, i), _at(b, i), comm, bool(host[i]) if isinstance(host, np.ndarray) else bool(host))
+                  for a, b, comm, host in truth.gpu_work)
+    starts = [w[0] for w in work]
+    rows = []
+    for step, (a, b) in truth.steps.items():
+        lo, hi = _at(a, i), _at(b, i)
+        busy = merge(_clip([(s, e) for s, e, *_ in work], lo, hi))
+        others = Union(merge(_clip([(s, e) for s, e, comm, _ in work if not comm], lo, hi)))
+        exposed = sum(others.uncovered(s, e) for s, e in merge(_clip([(s, e) for s, e, comm, _ in work if comm], lo, hi)))
+        host = other = 0
+        edges = [lo] + [e for _, e in busy]
+        for gap_start, gap_end in zip(edges, [s for s, _ in busy] + [hi]):
+            if gap_end <= gap_start:
+                continue
+            # the work that ends the GPU's idle time (after the step's end for the last gap)
+            first = bisect.bisect_left(starts, gap_end)
+            enders = work[first:bisect.bisect_right(starts, starts[first])] if first < len(starts) else []
+            if any(waited_for_host for *_, waited_for_host in enders):
+                host += gap_end - gap_start
+            else:
+                other += gap_end - gap_start
+        rows.append({"rank": rank, "step": step, "window_ns": hi - lo, "busy_ns": _length(busy),
+                     "compute_ns": _length(busy) - exposed, "exposed_comm_ns": exposed,
+                     "host_wait_ns": host, "other_idle_ns": other})
+    return rows
 
 
 def _unit_steps(rank: int, spans: list, compute: Union, memory: tuple[list[int], list[int]], truth: Truth,

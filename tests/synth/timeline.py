@@ -70,6 +70,9 @@ class Truth:
 
     spans: list[TruthSpan] = field(default_factory=list)
     compute_kernels: list[tuple[Any, Any]] = field(default_factory=list)  # every non-NCCL kernel
+    # every GPU event (kernels, copies): start, end, a collective?, and whether its start waited for
+    # its launch (the host) rather than for its stream or an event
+    gpu_work: list[tuple[Any, Any, bool, Any]] = field(default_factory=list)
     windows: dict[tuple[int, int, str, str], list[Any]] = field(default_factory=dict)  # (step, micro, unit, phase)
     memory: list[tuple[Any, int, int, tuple[str, str] | None, int]] = field(default_factory=list)
     memory_categories: list[str] = field(default_factory=list)  # the category of each ``memory`` sample's block
@@ -182,7 +185,9 @@ class Engine:
         """Launch a kernel on ``stream``; returns (launch time, start, end) vectors."""
         driver = comm is not None and self.sc.nccl_launch_driver
         t_launch, corr = self.runtime("cuLaunchKernelEx" if driver else api, self.sc.launch_ns, driver=driver)
-        start = self._max(t_launch + self.sc.launch_latency_ns, self.free[stream], after)
+        launched = t_launch + self.sc.launch_latency_ns
+        start = self._max(launched, self.free[stream], after)
+        waited_for_host = start == launched
         if comm is not None:
             end = self._group_end(start, dur_ns, group)
         else:
@@ -202,6 +207,7 @@ class Engine:
                                  flow=(corr, self.thread, t_launch)))
         if comm is None and cat == "kernel":
             self.truth.compute_kernels.append((start, end))
+        self.truth.gpu_work.append((start, end, comm is not None, waited_for_host))
         if stream == STREAM_COMPUTE:
             first = self._step_gpu[0]
             self._step_gpu = [start if first is None else first, end]

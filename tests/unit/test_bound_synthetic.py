@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from helpers.kineto import TraceBuilder
 from synth import generate_run
+from synth.expected import BOUND_FIELDS, bound_ms
 from synth.scenario import Scenario, make_units
 
 from fsdpviz.analysis.bound import bound_kind, summarize_bound, unprofiled_split
@@ -93,6 +94,30 @@ def test_without_launches_host_wait_is_unknown(tmp_path: Path) -> None:
     assert bound.kind == "mixed"  # idle dominates, cause unknown
 
 
+def test_cpu_step_splits_compute_exposed_gloo_and_idle(tmp_path: Path) -> None:
+    """A CPU rank (gloo): per 1000 µs step, compute 100-360 and 500-600 minus the issuing op 300-350
+    (310 µs), a gloo all-gather 200-400 on its own thread (exposed where no compute runs: 350-360
+    is compute, so 50 + 40 = 90 µs), the rest of the step idle (600 µs); no host wait on a CPU."""
+    gloo_tid = 2001
+    b = TraceBuilder(backend="gloo")
+    b.thread(1000, "python3").thread(gloo_tid, "pt_gloo_runloop")
+    for n in STEPS:
+        t = (n - 1) * 1000.0
+        b.step(n, t, 1000.0)
+        b.cpu_op("aten::linear", t + 100, 200)
+        b.cpu_op("autograd::engine::evaluate_function: MmBackward0", t + 280, 80)
+        b.cpu_op("c10d::_allgather_base_", t + 300, 50)
+        b.cpu_op("_c10d_functional::wait_tensor", t + 400, 100)
+        b.cpu_op("aten::add_", t + 500, 100)
+        b.annotation("gloo:all_gather", t + 200, 200, tid=gloo_tid, **{"Input Dims": [[1024]], "Input type": ["float"]})
+    overlap = compute_overlap(load_traces([b.write(tmp_path / "rank0.trace.json")], cache=False))
+    bound = summarize_bound(overlap, None)
+    assert bound is not None and bound.device == "cpu" and bound.basis == "traced"
+    assert (bound.step_ms, bound.compute_ms, bound.exposed_comm_ms, bound.other_idle_ms) == (1.0, 0.31, 0.09, 0.6)
+    assert bound.host_wait_ms is None and "CPU rank" in (bound.note or "")
+    assert bound.loss is not None and bound.loss.kind == "idle" and bound.loss.ms == 0.6
+
+
 def test_profiler_share_comes_out_of_host_wait_first() -> None:
     # traced 100 = 40 compute + 10 comm + 30 host + 20 other; unprofiled 70: 30 out of host wait
     assert unprofiled_split(40, 10, 30, 20, 70) == (40, 10, 0, 20)
@@ -120,11 +145,16 @@ def test_bound_kind_needs_half_the_step() -> None:
 ])
 def test_simulated_fsdp2_steps_name_their_bound(tmp_path: Path, scenario: Scenario, kind: str) -> None:
     run = generate_run(scenario, tmp_path / "run")
-    bound = analyse([run.folder], cache=False).summary.bound
+    summary = analyse([run.folder], cache=False).summary
+    bound = summary.bound
     assert bound is not None and bound.kind == kind and bound.loss is not None and bound.loss.kind == kind
-    for rank in bound.per_rank.values():
-        parts = rank.compute_ms + rank.exposed_comm_ms + (rank.host_wait_ms or 0) + rank.other_idle_ms
-        assert parts == pytest.approx(rank.step_ms, abs=0.002)
+    # each part as the simulation knows it (synth/expected.py: which GPU event ran when, which was a
+    # collective, what its start waited for), per analysed step
+    truth = bound_ms(run.expected.bound, summary.steps)
+    assert sorted(truth.index) == sorted(int(r) for r in bound.per_rank)
+    for rank, got in bound.per_rank.items():
+        for field, column, tolerance in BOUND_FIELDS:
+            assert getattr(got, field) == pytest.approx(truth.at[int(rank), column], abs=tolerance), (rank, field)
 
 
 def test_host_wait_goes_to_the_innermost_unit_window_holding_the_launch() -> None:

@@ -2,8 +2,8 @@
 
 - Synthetic FSDP2 runs (tests/synth), whose generator says of every allocation what it is: at each
   step's peak every category must hold exactly what the generator put there.
-- Real recordings on an H100 (../shared/traces/gpu-fsdp, README there): the model's parameter count
-  over 8 ranks in fp32 shards, what FSDP2 holds at the peak by its own rules (one block computing,
+- Real recordings on an H100 (../shared/traces/gpu-fsdp, README there): the fp32 shards against the
+  allocator's peaks of the same run at other world sizes (what moves with 1/N), what FSDP2 holds at the peak by its own rules (one block computing,
   one prefetched; with ``reshard_after_forward=False`` every block), and what they cannot know
   (the optimizer's state made before the trace, which they did not measure).
 - What the training script measures on its own tensors: tests/integration/test_memory_truth.py.
@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from helpers.gpu_fsdp_truth import WORLD_SIZE_PEAKS, allocator_split
 from synth import Scenario, generate_run, make_root, make_units
 
 from fsdpviz.analysis import memory_categories as mcat
@@ -23,6 +24,14 @@ from fsdpviz.analysis.pipeline import RunResult, analyse
 BLOCK_NUMEL = 50_358_272  # one block of the recordings' model A (FSDP1's flat parameter, the gathers' size)
 ROOT_NUMEL = 2_101_248
 PSI = 8 * BLOCK_NUMEL + ROOT_NUMEL
+
+
+def _allocator_shards(recording: str, world_size: int) -> float:
+    """A rank's fp32 shards by the allocator alone: of what its peaks at several world sizes hold in
+    proportion to 1/N (gpu_fsdp_truth.allocator_split), AdamW keeps two fp32 moments the shape of each
+    shard, so the shards are a third."""
+    _, per_one_over_n = allocator_split(WORLD_SIZE_PEAKS[recording])
+    return per_one_over_n / world_size / 3
 
 
 @pytest.mark.parametrize("scenario", [
@@ -50,14 +59,14 @@ def fake8(gpu_fsdp_dir: Path) -> RunResult:
 
 
 def test_h100_sharded_state_is_the_models_shards_and_the_unmeasured_optimizer_unknown(fake8: RunResult) -> None:
-    """FSDP2 keeps fp32 shards of the model's PSI parameters over 8 ranks; the step's gradients are
-    freed by zero_grad before the peak. The recording has no measurement of the optimizer's state,
+    """FSDP2 keeps fp32 shards of the model's parameters over 8 ranks, as large as the uninstrumented
+    runs' peaks at 2, 8 and 16 ranks say; the step's gradients are freed by zero_grad before the peak. The recording has no measurement of the optimizer's state,
     which AdamW made before the trace: it is unknown (None, with why), not read off a table of classes,
     and so is ``other``, which holds it."""
     mem = fake8.summary.memory
     cats, at = mem.categories, mem.categories_at
     assert cats is not None and at is not None
-    assert cats["sharded_params"] == 4 * PSI // 8
+    assert cats["sharded_params"] == pytest.approx(_allocator_shards("h100-fsdp2-fake8-block", 8), rel=0.01)
     assert cats["gradients"] == 0
     assert cats["optimizer_state"] is None and cats["other"] is None
     assert "before the trace" in at.unknown["optimizer_state"]
@@ -83,10 +92,14 @@ def test_h100_reshard_false_keeps_every_block(gpu_fsdp_dir: Path) -> None:
 
 
 def test_h100_unit_peaks_hold_the_same_shards(fake8: RunResult) -> None:
+    """Every unit's peak holds the whole rank's shards (FSDP2 frees none during a step), as large as
+    the allocator says at every world size it measured."""
     units = {u.name: u for u in fake8.summary.units}
+    assert units
     for unit in units.values():
         assert unit.peak_categories is not None
-        assert unit.peak_categories.categories["sharded_params"] == 4 * PSI // 8
+        assert unit.peak_categories.categories["sharded_params"] == pytest.approx(
+            _allocator_shards("h100-fsdp2-fake8-block", 8), rel=0.01)
         assert unit.peak_categories.categories["optimizer_state"] is None
 
 

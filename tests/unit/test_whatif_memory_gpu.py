@@ -11,11 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers.gpu_fsdp_truth import PEAK_TRUTH, STEP_TRUTH
+from helpers.gpu_fsdp_truth import PEAK_TRUTH, STEP_TRUTH, WORLD_SIZE_PEAKS, allocator_split
 
 from fsdpviz.analysis.pipeline import analyse
 from fsdpviz.whatif.predict import Model, Prediction, predict, read_model
-from fsdpviz.whatif.settings import Wrap
+from fsdpviz.whatif.settings import Settings, Wrap
 
 TRUTH = PEAK_TRUTH
 CASES = [(name, setting, peak) for name, cases in TRUTH.items() for setting, peak in cases]
@@ -23,7 +23,7 @@ CASES = [(name, setting, peak) for name, cases in TRUTH.items() for setting, pea
 
 @pytest.fixture(scope="module")
 def models(gpu_fsdp_dir: Path) -> dict[str, Model]:
-    return {name: read_model(analyse([gpu_fsdp_dir / name])) for name in {*TRUTH, *STEP_TRUTH}}
+    return {name: read_model(analyse([gpu_fsdp_dir / name])) for name in {*TRUTH, *STEP_TRUTH, *WORLD_SIZE_PEAKS}}
 
 
 @pytest.fixture(scope="module")
@@ -45,15 +45,25 @@ def test_peak_and_change_within_the_targets(predictions: dict[str, list[Predicti
     assert abs(change - true_change) <= max(0.35 * abs(true_change), 0.01 * base)
 
 
-def test_world_size_moves_the_sharded_state_only(predictions: dict[str, list[Prediction]]) -> None:
-    """From 8 to 2 ranks FSDP2 holds 4x the fp32 shards and AdamW states; nothing else changes."""
-    prediction = predictions["h100-fsdp2-fake8-block"][1]
-    before, after = prediction.baseline.memory_categories, prediction.predicted.memory_categories
-    assert before is not None and after is not None
-    for category in ("sharded_params", "optimizer_state"):
-        assert after[category] == 4 * before[category]
-    for category in ("unsharded_params", "comm_buffers", "activations", "other"):
-        assert after[category] == before[category]
+WORLD_SIZES = [(name, n) for name, peaks in WORLD_SIZE_PEAKS.items() for n in peaks]
+
+
+@pytest.mark.parametrize(("name", "world_size"), WORLD_SIZES, ids=[f"{n}:ws{w}" for n, w in WORLD_SIZES])
+def test_world_size_moves_the_sharded_state_as_the_allocator_does(models: dict[str, Model], name: str,
+                                                                  world_size: int) -> None:
+    """The uninstrumented runs' peaks at several fake world sizes lie on ``a + b / N`` (within 7 MiB):
+    ``b / N`` is what a rank holds in proportion to 1/N, ``a`` what the world size leaves alone. The
+    prediction's sharded parameters and optimizer state are that ``b / N``; of it AdamW keeps two fp32
+    moments the shape of each fp32 shard, so the shards are a third; every other category adds up to
+    ``a`` at every world size, the recording's own (8) included."""
+    a, b = allocator_split(WORLD_SIZE_PEAKS[name])
+    prediction = predict(models[name], Settings().with_(world_size=world_size))
+    after = prediction.predicted.memory_categories
+    assert after is not None and after["sharded_params"] is not None and after["optimizer_state"] is not None
+    assert after["sharded_params"] + after["optimizer_state"] == pytest.approx(b / world_size, rel=0.05)
+    assert after["sharded_params"] == pytest.approx(b / world_size / 3, rel=0.05)
+    rest = sum(v or 0 for c, v in after.items() if c not in ("sharded_params", "optimizer_state"))
+    assert rest == pytest.approx(a, rel=0.005)
 
 
 def test_reshard_false_keeps_every_block_and_gathers_nothing_in_backward(

@@ -1,0 +1,54 @@
+"""What a run folder's files say by themselves, read without fsdpviz: the truth some tests hold
+fsdpviz's numbers against (the profiler's own step spans and GPU events, the recorder's wall clock)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+GPU_EVENTS = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def trace_events(path: Path) -> list[dict[str, Any]]:
+    """The complete (``ph: X``) events of one Kineto trace file (.json or .json.gz)."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        return [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+
+
+@dataclass(frozen=True)
+class RawTrace:
+    """One trace file's CPU-side ProfilerStep spans and GPU events (µs, the file's clock)."""
+
+    steps: dict[int, tuple[float, float]]
+    gpu: list[tuple[float, float]]
+
+    def step_ms(self, step: int) -> float:
+        start, end = self.steps[step]
+        return (end - start) / 1e3
+
+    def busy_us(self, lo: float, hi: float) -> float:
+        """Time in ``[lo, hi)`` with any GPU event running."""
+        total, covered = 0.0, lo
+        for a, b in self.gpu:
+            a, b = max(a, covered), min(b, hi)
+            if b > a:
+                total, covered = total + b - a, b
+        return total
+
+
+def raw_trace(path: Path) -> RawTrace:
+    events = trace_events(path)
+    steps = {int(e["name"].split("#")[1]): (float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events
+             if e.get("cat") == "user_annotation" and e.get("name", "").startswith("ProfilerStep#")}
+    gpu = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events if e.get("cat") in GPU_EVENTS)
+    return RawTrace(steps, gpu)
+
+
+def timer_step_ms(path: Path) -> dict[int, float]:
+    """The recorder's wall clock of each whole step in one rank's timers file (timers/rank{R}.jsonl)."""
+    return {r["step"]: r["ms"] for r in map(json.loads, path.read_text().splitlines())
+            if r["unit"] == "" and r["phase"] == "step" and r["kind"] == "total"}
