@@ -52,12 +52,15 @@ def headline_rows(comparison: Comparison) -> list[list[str]]:
             continue
         best = set(comparison.best[field.key])
         spreads = comparison.spread.get(field.key) or [None] * len(values)
+        points = comparison.spread_points.get(field.key) or [None] * len(values)
         cells = []
         for i, value in enumerate(values):
             text = value_text(field.unit, value) + (f" {BEST_MARK}" if i in best else "")
             extra = [_delta(field, comparison.deltas[field.key][i])] if i > 0 else []
             if spreads[i] is not None and value is not None:
                 extra.append(f"spread {format_ms(spreads[i])}")
+            if points[i] is not None and value is not None:
+                extra.append(f"spread {points[i]:.1f} points")
             extra = [e for e in extra if e]
             cells.append(text + (f" ({', '.join(extra)})" if extra else ""))
         rows.append([field.label, *cells])
