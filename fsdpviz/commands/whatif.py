@@ -231,17 +231,20 @@ def print_prediction(prediction: Prediction, run: str, framework: str, world_siz
            [(u.name, f"{u.all_gather_ms:.2f}", f"{u.forward_ms:.2f}", f"{u.backward_ms:.2f}",
              f"{u.reduce_scatter_ms:.2f}", f"{u.exposed_comm_ms:.2f}") for u in prediction.predicted.units])
     typer.echo("")
-    typer.echo("settings: " + "; ".join(_setting_words(settings)))
+    typer.echo("settings: " + "; ".join(_setting_words(settings, device)))
     typer.echo(f"replay: the model reproduces the recorded step time within {prediction.replay_error_pct:.1f} %")
     for note in prediction.notes:
         typer.echo(f"note: {note}")
 
 
-def _setting_words(settings: Settings) -> list[str]:
-    """Each setting and where it came from: ``prefetch 1 (given)``, ``wrap as recorded``."""
+def _setting_words(settings: Settings, device: str = "") -> list[str]:
+    """Each setting and where it came from: ``prefetch 1 (given)``, ``wrap as recorded``; on a CPU
+    ``device`` the ranks per host are not GPUs."""
     words = []
     for key, v in settings.to_json().items():
         name, value, source = key.replace("_", " "), v["value"], v["source"]
+        if key == "gpus_per_node" and device == "cpu":
+            name = "ranks per node"
         if value == "recorded":  # the value is the recording's, which is also where it came from
             words.append(f"{name} as recorded")
         else:

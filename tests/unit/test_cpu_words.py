@@ -66,3 +66,9 @@ def test_cpu_report_never_says_gpu_or_stream(sample: str, tmp_path: Path,
     assert "compute thread" in text
     said = [line.strip() for line in text.splitlines() if GPU_WORDS.search(line)]
     assert not said, said
+
+
+def test_cpu_whatif_never_says_gpu_or_stream(capsys: pytest.CaptureFixture[str]) -> None:
+    text = _run(capsys, "whatif", str(SAMPLES / "fsdp2-cpu-2rank"), "--wrap", "merge:2", "-q", "--no-cache")
+    assert "ranks per node 2 (recorded)" in text
+    assert not GPU_WORDS.search(text), text
