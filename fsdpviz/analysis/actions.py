@@ -36,6 +36,7 @@ from fsdpviz.analysis.records import Finding
 from fsdpviz.analysis.units import UnitSummary
 from fsdpviz.formatting import ms_text
 from fsdpviz.naming import ROOT_UNIT
+from fsdpviz.trace import schema
 
 MAX_SHOWN: Final = 5
 # A bound's loss below this share of the step is not worth an action of its own.
@@ -196,6 +197,11 @@ def bound_action(bound: BoundSummary | None, *, host_backend_on_gpu: bool = Fals
         if host_backend_on_gpu:
             why_not = HOST_BACKEND_BLOCKS
             knob = "NCCL instead of gloo for GPU tensors, fewer ranks per node sharing a link, a faster link"
+    elif loss.kind == KIND_IDLE and bound.device == schema.OVERLAP_CPU:
+        # a CPU rank's other idle: the compute thread between traced ops (analysis/bound.py)
+        message = (f"{head}the compute thread runs no traced op {ms_text(loss.ms)} of {step} ({pct}): Python "
+                   "between ops, the data loader, or waits the trace does not name (on gloo's threads, a "
+                   "synchronisation)")
     elif loss.kind == KIND_IDLE:
         message = (f"{head}the GPU idles {ms_text(loss.ms)} of {step} ({pct}) with its next work already launched: "
                    "waits on events (another stream, a host-side collective, a synchronisation)")

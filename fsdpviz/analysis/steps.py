@@ -11,8 +11,8 @@ The rule, per rank:
 - the user named steps (``--steps``): those;
 - ``include_last_step``: every captured step;
 - the trace was recorded by ``fsdpviz record`` with the optimizer-step schedule (run.json says so,
-  and lists the steps the rank's profiler recorded and the step a failing rank was inside): every
-  listed step but that partial one, and on a GPU rank the last step only when every kernel,
+  and lists the steps the rank's profiler recorded, the step a failing rank was inside and how many
+  steps it completed): every listed step the rank completed, and on a GPU rank the last step only when every kernel,
   copy and memset launched in it is in the trace;
 - otherwise (traces recorded without fsdpviz, the time-window fallback) completeness cannot be
   shown: every step but the last, as HTA does. A trace of one step keeps it.
@@ -101,7 +101,10 @@ def recorded_complete(run: RunInfo | None, rank: int) -> set[int] | None:
     if not listed:
         return None
     partial = info.partial_step if info is not None else None
-    return {s for s in listed if s != partial}
+    # a step at or past the count of steps the rank completed never ended there: a recorder before
+    # partial_step covered a rank that failed at the top of a step listed that step as profiled
+    seen = info.steps_seen if info is not None and info.status not in (None, "", "running") else None
+    return {s for s in listed if s != partial and (seen is None or s < seen)}
 
 
 def missing_gpu_work(events: pd.DataFrame, step: int) -> int:

@@ -16,6 +16,7 @@ from fsdpviz.analysis.compare.model import (
     unit_index,
 )
 from fsdpviz.analysis.compare.units import BY_FQN, BY_PARAM_SIZES, group_values
+from fsdpviz.commands.terminal import print_table
 from fsdpviz.formatting import format_bytes, format_ms, format_pct
 
 BEST_MARK = "*"
@@ -51,12 +52,15 @@ def headline_rows(comparison: Comparison) -> list[list[str]]:
             continue
         best = set(comparison.best[field.key])
         spreads = comparison.spread.get(field.key) or [None] * len(values)
+        points = comparison.spread_points.get(field.key) or [None] * len(values)
         cells = []
         for i, value in enumerate(values):
             text = value_text(field.unit, value) + (f" {BEST_MARK}" if i in best else "")
             extra = [_delta(field, comparison.deltas[field.key][i])] if i > 0 else []
             if spreads[i] is not None and value is not None:
                 extra.append(f"spread {format_ms(spreads[i])}")
+            if points[i] is not None and value is not None:
+                extra.append(f"spread {points[i]:.1f} points")
             extra = [e for e in extra if e]
             cells.append(text + (f" ({', '.join(extra)})" if extra else ""))
         rows.append([field.label, *cells])
@@ -98,27 +102,31 @@ def print_comparison(comparison: Comparison) -> None:
 
     console = Console()
     labels = [escape(lb) for lb in comparison.labels]
-    head = Table(title=f"runs side by side ({BEST_MARK} best beyond the step-to-step spread; deltas against "
-                       f"{labels[0]})", title_justify="left")
-    head.add_column("")
-    for label in labels:
-        head.add_column(label, justify="right")
-    for row in headline_rows(comparison):
-        head.add_row(*(escape(c) for c in row))
-    console.print(head)
+
+    def head() -> Table:
+        table = Table(title=f"runs side by side ({BEST_MARK} best beyond the step-to-step spread; deltas against "
+                            f"{labels[0]})", title_justify="left")
+        table.add_column("", no_wrap=True)
+        for label in labels:
+            table.add_column(label, justify="right", no_wrap=True)
+        return table
+
+    print_table(console, head, headline_rows(comparison), name_column=None)
     rows = unit_rows(comparison)
     if rows:
         basis = comparison.match.basis
         held = ("rows hold the same parameters in every run" if basis in (BY_FQN, BY_PARAM_SIZES)
                 else "run.json lists no parameters: rows hold the same ones as far as that tells")
-        units = Table(title=f"per-unit comparison (matched by {basis}; {held}; times are medians per step, "
-                            "summed)", title_justify="left")
-        units.add_column("unit group")
-        for label in labels:
-            units.add_column(label, justify="right")
-        for row in rows:
-            units.add_row(*(escape(c) for c in row))
-        console.print(units)
+
+        def units() -> Table:
+            table = Table(title=f"per-unit comparison (matched by {basis}; {held}; times are medians per step, "
+                                "summed)", title_justify="left")
+            table.add_column("unit group", no_wrap=True)
+            for label in labels:
+                table.add_column(label, justify="right", no_wrap=True)
+            return table
+
+        print_table(console, units, rows, name_column=None)
     for label, unit in comparison.match.whole_model.items():
         console.print(escape(f"note: {label} holds the whole model in one unit ({unit}): compare it on the "
                              "headline numbers."))

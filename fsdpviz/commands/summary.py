@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from fsdpviz.commands.common import PATHS_HELP, SCHEDULER_HELP, STEPS_HELP, warn_gaps
+from fsdpviz.commands.terminal import print_table
 from fsdpviz.errors import UsageError
 from fsdpviz.formatting import bytes_text
 
@@ -42,6 +43,7 @@ def summary(
         "--include-last-step", help="Also analyse the last captured step when the trace cannot show it complete.")] = False,
     cache: Annotated[bool, typer.Option(
         "--cache/--no-cache", help="Reuse parsed traces cached beside them.")] = True,
+    quiet: Annotated[bool, typer.Option("-q", "--quiet", help="No progress lines on stderr.")] = False,
     scheduler: Annotated[str | None, typer.Option("--scheduler", metavar="ADDRESS", help=SCHEDULER_HELP,
                                                   show_default=False)] = None,
 ) -> None:
@@ -51,7 +53,7 @@ def summary(
     from fsdpviz.analysis.pipeline import analyse
 
     result = analyse(paths, steps=parse_steps(steps), include_last_step=include_last_step, cache=cache,
-                     scheduler=scheduler)
+                     progress=False if quiet else None, scheduler=scheduler)
     import msgspec
 
     from fsdpviz.whatif.gains import predicted_actions
@@ -166,25 +168,32 @@ def print_summary(summary: Summary) -> None:
             head.add_row("", escape(f"{TITLES[category]} unknown: {why}"))
     console.print(head)
 
-    table = Table(title="per rank (ms per analysed step)", title_justify="left")
-    for col in ("rank", "comm", "compute", "overlap %", "exposed", "idle", "peak alloc"):
-        table.add_column(col, justify="right")
+    def per_rank() -> Table:
+        table = Table(title="per rank (ms per analysed step)", title_justify="left")
+        for col in ("rank", "comm", "compute", "overlap %", "exposed", "idle", "peak alloc"):
+            table.add_column(col, justify="right", no_wrap=True)
+        return table
+
+    rank_rows = []
     for rank, row in ov.per_rank.items():
         peak = mem.per_rank.get(rank)
-        table.add_row(rank, _fmt(row.comm_ms), _fmt(row.compute_ms), _fmt(row.overlap_pct),
-                      _fmt(row.exposed_comm_ms), _fmt(row.idle_ms),
-                      bytes_text(peak.peak_allocated_bytes if peak is not None else None))
+        rank_rows.append([rank, _fmt(row.comm_ms), _fmt(row.compute_ms), _fmt(row.overlap_pct),
+                          _fmt(row.exposed_comm_ms), _fmt(row.idle_ms),
+                          bytes_text(peak.peak_allocated_bytes if peak is not None else None)])
     if len(ov.per_rank) > 1:
-        table.add_row("all", _fmt(ov.comm_ms), _fmt(ov.compute_ms), _fmt(ov.overlap_pct),
-                      _fmt(ov.exposed_comm_ms), _fmt(ov.idle_ms), bytes_text(mem.peak_allocated_bytes), style="bold")
-    console.print(table)
+        rank_rows.append(["all", _fmt(ov.comm_ms), _fmt(ov.compute_ms), _fmt(ov.overlap_pct),
+                          _fmt(ov.exposed_comm_ms), _fmt(ov.idle_ms), bytes_text(mem.peak_allocated_bytes)])
+    print_table(console, per_rank, rank_rows, name_column=None,
+                row_styles=[None] * len(ov.per_rank) + ["bold"] * (len(rank_rows) - len(ov.per_rank)))
     if ov.by_purpose:
-        purposes = Table(title="communication by purpose (ms per step, mean over ranks)", title_justify="left")
-        for col in ("purpose", "comm", "exposed"):
-            purposes.add_column(col, justify="right" if col != "purpose" else "left")
-        for name, used in ov.by_purpose.items():
-            purposes.add_row(PURPOSE_TITLES.get(name, name), _fmt(used.comm_ms), _fmt(used.exposed_ms))
-        console.print(purposes)
+        def by_purpose() -> Table:
+            purposes = Table(title="communication by purpose (ms per step, mean over ranks)", title_justify="left")
+            for col in ("purpose", "comm", "exposed"):
+                purposes.add_column(col, justify="right" if col != "purpose" else "left", no_wrap=True)
+            return purposes
+
+        print_table(console, by_purpose, [[PURPOSE_TITLES.get(name, name), _fmt(used.comm_ms), _fmt(used.exposed_ms)]
+                                          for name, used in ov.by_purpose.items()])
 
     if summary.units:
         # the timers are the clock where they timed every unit: the trace's passes ran profiled
@@ -195,14 +204,19 @@ def print_summary(summary: Summary) -> None:
             title += "; params per rank after tensor parallelism"
         if summary.units_source and "trace" in summary.units_source:
             title += "; params from the all-gathers in the trace (padded, gathered dtype)"
-        units = Table(title=title, title_justify="left")
-        for col in ("unit", "params", "gather", "forward", "backward", "reduce", "exposed", "host wait"):
-            units.add_column(col, justify="right" if col != "unit" else "left")
+
+        def per_unit() -> Table:
+            units = Table(title=title, title_justify="left")
+            for col in ("unit", "params", "gather", "forward", "backward", "reduce", "exposed", "host wait"):
+                units.add_column(col, justify="right" if col != "unit" else "left", no_wrap=True)
+            return units
+
+        unit_rows = []
         for u in summary.units:
             forward, backward = (u.forward_timer_ms, u.backward_timer_ms) if timed else (u.forward_ms, u.backward_ms)
-            units.add_row(escape(u.name), _fmt(u.param_numel), _fmt(u.all_gather_ms), _fmt(forward),
-                          _fmt(backward), _fmt(u.reduce_scatter_ms), _fmt(u.exposed_comm_ms), _fmt(u.host_wait_ms))
-        console.print(units)
+            unit_rows.append([u.name, _fmt(u.param_numel), _fmt(u.all_gather_ms), _fmt(forward), _fmt(backward),
+                              _fmt(u.reduce_scatter_ms), _fmt(u.exposed_comm_ms), _fmt(u.host_wait_ms)])
+        print_table(console, per_unit, unit_rows)
     shown = [a for a in summary.actions if not a.folded]
     if shown:
         from fsdpviz.analysis.actions import action_text

@@ -67,7 +67,7 @@ def whatif(
         "--memory-budget", metavar="SIZE", help="With --explore: the allocated memory a setting may peak "
                                                 "at, with its unit: 70GiB, 80GB, 512MiB (GiB, MiB: powers "
                                                 "of 1024; GB, MB: of 1000). Default: the device's memory "
-                                                "from the trace, else the recorded peak.",
+                                                "from the trace, else none (CPU): ranked by step time.",
         show_default=False)] = None,
     as_json: Annotated[bool, typer.Option(
         "--json", help='Print {"baseline": {...}, "predicted": {...}} (with --explore: the ranked grid).')] = False,
@@ -139,7 +139,7 @@ def whatif(
             sys.stdout.write(json.dumps(exploration.to_json(), indent=2) + "\n")
         else:
             print_exploration(exploration, str(run))
-        say(f"explored {len(exploration.ranked)} setting(s) in {time.perf_counter() - started:.1f} s")
+        say(f"{exploration_count(exploration)} in {time.perf_counter() - started:.1f} s")
         return
 
     from fsdpviz.whatif.predict import predict
@@ -231,17 +231,20 @@ def print_prediction(prediction: Prediction, run: str, framework: str, world_siz
            [(u.name, f"{u.all_gather_ms:.2f}", f"{u.forward_ms:.2f}", f"{u.backward_ms:.2f}",
              f"{u.reduce_scatter_ms:.2f}", f"{u.exposed_comm_ms:.2f}") for u in prediction.predicted.units])
     typer.echo("")
-    typer.echo("settings: " + "; ".join(_setting_words(settings)))
+    typer.echo("settings: " + "; ".join(_setting_words(settings, device)))
     typer.echo(f"replay: the model reproduces the recorded step time within {prediction.replay_error_pct:.1f} %")
     for note in prediction.notes:
         typer.echo(f"note: {note}")
 
 
-def _setting_words(settings: Settings) -> list[str]:
-    """Each setting and where it came from: ``prefetch 1 (given)``, ``wrap as recorded``."""
+def _setting_words(settings: Settings, device: str = "") -> list[str]:
+    """Each setting and where it came from: ``prefetch 1 (given)``, ``wrap as recorded``; on a CPU
+    ``device`` the ranks per host are not GPUs."""
     words = []
     for key, v in settings.to_json().items():
         name, value, source = key.replace("_", " "), v["value"], v["source"]
+        if key == "gpus_per_node" and device == "cpu":
+            name = "ranks per node"
         if value == "recorded":  # the value is the recording's, which is also where it came from
             words.append(f"{name} as recorded")
         else:
@@ -258,12 +261,23 @@ def _bound_words(c: object) -> str:
     return bound.kind if bound.kind == bound.time_kind else f"{bound.kind} (time: {bound.time_kind})"
 
 
+def exploration_count(exploration: Exploration) -> str:
+    """``7 setting(s) predicted (5 within the budget, 2 over it), 2 not tried``: every row the grid lists."""
+    ranked, over, skipped = len(exploration.ranked), len(exploration.over_budget), len(exploration.skipped)
+    text = f"{ranked + over} setting(s) predicted"
+    if exploration.budget_bytes is not None:
+        text += f" ({ranked} within the budget, {over} over it)"
+    return text + (f", {skipped} not tried" if skipped else "")
+
+
 def print_exploration(exploration: Exploration, run: str) -> None:
     """The grid ranked: predicted step time and peak per setting, the budget, what was left out."""
     base = exploration.baseline
     budget = exploration.budget_bytes
+    budget_words = (f"memory budget {mib_text(budget)} ({exploration.budget_source})" if budget is not None
+                    else f"memory budget {exploration.budget_source}")
     typer.echo(f"{run}: recorded step {base.step_time_ms:,.2f} ms, peak {mib_text(base.peak_allocated_bytes)}; "
-               f"memory budget {mib_text(budget)} ({exploration.budget_source})")
+               f"{budget_words}")
     def row(c: object) -> tuple[str, ...]:
         from fsdpviz.whatif.explore import Candidate
 
@@ -286,7 +300,7 @@ def print_exploration(exploration: Exploration, run: str) -> None:
     best = exploration.best()
     if best is not None and best.prediction is not None:
         p = best.prediction.predicted
-        typer.echo(f"best within the budget: {best.name} "
+        typer.echo(f"{'best within the budget' if budget is not None else 'fastest'}: {best.name} "
                    f"({change_text(base.step_time_ms, p.step_time_ms, 'ms')} per step, "
                    f"peak {change_text(base.peak_allocated_bytes, p.peak_allocated_bytes, 'bytes') or 'unknown'})")
     for c in exploration.skipped:

@@ -382,7 +382,11 @@ class Agent:
                 self.instrumentation.remove()
             for hook in self._hooks:
                 hook.remove()
-            self._write_rank_file(status=status, reason=reason, partial_step=self.step if partial else None)
+            # A rank that fails or is stopped between two optimizer steps ended inside the next one
+            # (its data loader or the top of its loop raised): the profiler already records it as a
+            # step, which must not pass for a complete one.
+            ended_inside = partial or (status != "ok" and self.step > 0)
+            self._write_rank_file(status=status, reason=reason, partial_step=self.step if ended_inside else None)
         except Exception as exc:  # noqa: BLE001 - at exit or in a signal handler: report, never raise
             self._warn(f"could not write everything: {exc!r}")
         finally:

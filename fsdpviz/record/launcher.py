@@ -269,7 +269,7 @@ def record(command: list[str], options: RecordOptions, *, force: bool = False, s
     if shared:
         wait_for_other_nodes(run_dir)
     rank_infos, unreadable = runinfo.read_rank_infos(run_dir)
-    notes = runinfo.tidy_partial_files(run_dir, rank_infos)
+    notes = runinfo.tidy_partial_files(run_dir, rank_infos) + runinfo.failure_notes(last_lines)
     runinfo.mark_vanished_ranks(rank_infos)
     status, reason = runinfo.decide_status(exit_code, forwarded, rank_infos)
     command_log = write_command_log(run_dir, last_lines) if exit_code != 0 else None

@@ -70,6 +70,20 @@ def _is_running(info: dict[str, Any] | None, host: str) -> bool:
     return True
 
 
+# Failures of a training script whose fix fsdpviz can name: (what the command's stderr says, the fix).
+KNOWN_FAILURES: tuple[tuple[str, str], ...] = (
+    ("FSDP needs a non-CPU accelerator device",
+     ('FSDP1 on CPU needs device_id=torch.device("cpu") in FullyShardedDataParallel(...): without it, '
+      "FSDP1 looks for a GPU and stops before the first forward (FSDP2's fully_shard runs on CPU as it is)")),
+)
+
+
+def failure_notes(last_lines: list[str]) -> list[str]:
+    """A note with the fix of each known failure (:data:`KNOWN_FAILURES`) that the command's last
+    stderr lines show, once each."""
+    return [fix for said, fix in KNOWN_FAILURES if any(said in line for line in last_lines)]
+
+
 def tidy_partial_files(run_dir: Path, rank_infos: list[dict[str, Any]]) -> list[str]:
     """Keep complete timer lines of killed ranks; remove trace files that were never finished.
 

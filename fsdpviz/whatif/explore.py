@@ -6,8 +6,11 @@ the recorded overlap is worth), keeping the parameters of the last units unshard
 for the whole model, and the recorded setting. Settings the recording's framework does not let the
 model change are left out and said so.
 
-The budget defaults to the device's memory from the trace (``deviceProperties``); on CPU, where
-the trace does not say, to the recorded peak: "faster without using more memory than today".
+The budget defaults to the device's memory from the trace (``deviceProperties``). Where the trace
+does not say (CPU, where the ranks share the host's memory with everything else on it), there is no
+budget unless one is given: every setting is ranked by predicted step time with its predicted peak
+beside it, and none is called memory-bound, since no limit is known to be near. (The recorded peak
+as a budget made every setting within 10 % of it "memory"-bound, the recording included.)
 Settings whose predicted peak fits are ranked by predicted step time; the others are listed apart,
 with how much they exceed the budget.
 
@@ -41,7 +44,8 @@ from fsdpviz.whatif.predict import BASIS_TRACED, SUPPORTED, Model, Outcome, Pred
 from fsdpviz.whatif.settings import Settings, Wrap
 
 BUDGET_DEVICE = "device memory from the trace"
-BUDGET_RECORDED = "the recorded peak (the trace does not say the device's memory)"
+BUDGET_NONE = ("none: the trace does not state the device's memory; every setting ranked by step time, "
+               "--memory-budget SIZE ranks within one")
 BUDGET_GIVEN = "given"
 
 
@@ -196,7 +200,7 @@ def explore(model: Model, budget_bytes: int | None = None) -> Exploration:
     source = BUDGET_GIVEN
     if budget_bytes is None:
         budget_bytes = device_budget(model)
-        source = BUDGET_DEVICE
+        source = BUDGET_DEVICE if budget_bytes is not None else BUDGET_NONE
     candidates: list[Candidate] = []
     baseline: Outcome | None = None
     for settings in tries:
@@ -209,9 +213,6 @@ def explore(model: Model, budget_bytes: int | None = None) -> Exploration:
         candidates.append(Candidate(settings=settings, prediction=prediction))
     if baseline is None:
         raise FsdpvizError("no setting of the grid could be predicted for this recording")
-    if budget_bytes is None:
-        budget_bytes = baseline.peak_allocated_bytes
-        source = BUDGET_RECORDED
     bound = model.result.summary.bound
     for c in candidates:
         assert c.prediction is not None
@@ -225,7 +226,5 @@ def explore(model: Model, budget_bytes: int | None = None) -> Exploration:
     notes = []
     if bound is None:
         notes.append("no bound per setting: the recording has no step span to split")
-    if budget_bytes is None:
-        notes.append("no memory budget: the recording has no memory samples; settings ranked by step time only")
     return Exploration(baseline=baseline, budget_bytes=budget_bytes, budget_source=source, ranked=ranked,
                        over_budget=over, skipped=left_out, notes=notes)

@@ -108,7 +108,30 @@ def parse_wrap(text: str) -> Wrap:
         if not pattern:
             raise UsageError("--wrap match: needs a regular expression, e.g. match:'blocks\\.\\d+$'")
         return Wrap("match", pattern=pattern)
-    raise UsageError(f"--wrap {text!r}: use root, merge:K or match:REGEX")
+    hint = wrap_hint(text)
+    raise UsageError(f"--wrap {text!r}: use root (one unit for the whole model), merge:K (every K consecutive "
+                     f"units become one: merge:2 pairs them) or match:REGEX" + (f"; did you mean --wrap {hint}?"
+                                                                                if hint else ""))
+
+
+# Words users write for the wrap policies ("pair", "whole"), and what fsdpviz spells them.
+_WRAP_WORDS = {"pair": "merge:2", "pairs": "merge:2", "paired": "merge:2", "two": "merge:2", "double": "merge:2",
+               "triple": "merge:3", "triples": "merge:3", "three": "merge:3", "merge": "merge:2",
+               "whole": "root", "model": "root", "one": "root", "single": "root", "none": "root", "full": "root"}
+
+
+def wrap_hint(text: str) -> str | None:
+    """The spelling of ``--wrap`` that ``text`` most likely meant (``pair`` -> ``merge:2``, ``merge2`` ->
+    ``merge:2``), or None."""
+    word = text.strip().lower()
+    merged = re.fullmatch(r"(?:merge|pair|group)\W*(\d+)", word)
+    if merged:
+        return f"merge:{merged.group(1)}"
+    if word.isdigit() and int(word) >= 1:
+        return f"merge:{word}"
+    if word.startswith(("match", "regex")) and len(word) > 5:
+        return "match:" + re.sub(r"^(?:match|regex)\W?", "", text.strip())
+    return _WRAP_WORDS.get(word)
 
 
 def parse_prefetch(text: str) -> str:

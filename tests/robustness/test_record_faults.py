@@ -125,7 +125,8 @@ def test_exception_inside_the_profiled_steps_keeps_the_data_and_the_exit_code(tm
     assert run["status"] == "failed" and run["exit_code"] == done.returncode
     assert f"RuntimeError: injected failure at step {FAIL_AT}" in run["reason"]
     rank0, rank1 = run["ranks"]
-    assert rank0["status"] == "failed" and rank0["partial_step"] is None  # it failed between steps
+    # it failed between steps, at the top of the next one, which the profiler had begun
+    assert rank0["status"] == "failed" and rank0["partial_step"] == FAIL_AT + 1
     # Rank 1 was inside the next step when its peer vanished: gloo raised, or torchrun stopped it.
     assert rank1["status"] in ("failed", "interrupted") and rank1["partial_step"] == FAIL_AT + 1
     for rank in (0, 1):  # traces written at exit: the schedule (steps 2-5) never ended

@@ -63,3 +63,21 @@ def test_command_list_is_not_cut(capsys: pytest.CaptureFixture[str], monkeypatch
     assert not any(line.rstrip().endswith("...") for line in listed), text
     assert max(len(line) for line in text.splitlines()) <= 80
     assert "    fsdpviz record -o runs/base -- torchrun" in text  # where to start
+
+
+@pytest.mark.parametrize("command", ["summary", "report", "compare", "whatif"])
+def test_every_loading_command_takes_quiet(command: str, capsys: pytest.CaptureFixture[str],
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    text = _help([command], capsys, monkeypatch)
+    assert re.search(r"-q, --quiet\s+No progress lines on stderr\.", text), text
+
+
+def test_summary_quiet_prints_nothing_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    from pathlib import Path
+
+    sample = Path(__file__).parents[2] / "sample_traces" / "fsdp2-cpu-2rank"
+    with pytest.raises(SystemExit) as done:
+        main(["summary", str(sample), "-q", "--json", "--no-cache"])
+    assert not done.value.code
+    out, err = capsys.readouterr()
+    assert err == "" and '"framework": "fsdp2"' in out

@@ -113,6 +113,25 @@ def test_explore_ranks_within_the_budget(run_folder: Path, capsys: pytest.Captur
                for c in [*tight["ranked"], *tight["over_budget"]])
 
 
+def test_explore_on_cpu_counts_what_it_lists_without_a_budget(capsys: pytest.CaptureFixture[str]) -> None:
+    sample = Path(__file__).parents[2] / "sample_traces" / "fsdp2-cpu-2rank"
+    code, out, err = _run(["whatif", str(sample), "--explore", "--no-cache"], capsys)
+    assert code == 0
+    lines = out.splitlines()
+    # a CPU trace states no device memory: no budget, said so, and nothing called memory-bound
+    assert "memory budget none: the trace does not state the device's memory" in lines[0]
+    rows = [line.split() for line in lines[2:] if line.strip()[:1].isdigit()]
+    skipped = [line for line in lines if line.startswith("not tried: ")]
+    assert rows and all(row[-1] in {"compute", "communication", "mixed"} for row in rows), out
+    assert [int(row[0]) for row in rows] == list(range(1, len(rows) + 1))
+    assert "over the budget" not in out and lines[-1].startswith("fastest: ")
+    counted = re.search(r"fsdpviz: (\d+) setting\(s\) predicted(?:, (\d+) not tried)? in", err)
+    assert counted, err
+    assert int(counted.group(1)) == len(rows) and int(counted.group(2) or 0) == len(skipped)
+    data = json.loads(_run(["whatif", str(sample), "--explore", "--json", "-q"], capsys)[1])
+    assert data["memory_budget_bytes"] is None and len(data["ranked"]) == len(rows) and not data["over_budget"]
+
+
 def _no_units_trace(tmp: Path) -> Path:
     b = TraceBuilder(rank=0)
     b.step(1, 0, 1000).step(2, 1000, 1000).step(3, 2000, 1000)
@@ -122,7 +141,11 @@ def _no_units_trace(tmp: Path) -> Path:
 
 @pytest.mark.parametrize("argv, message", [
     (["--wrap", "merge:0"], "merge:K needs a whole number K of at least 1"),
-    (["--wrap", "pairs"], "use root, merge:K or match:REGEX"),
+    (["--wrap", "pairs"], "use root (one unit for the whole model), merge:K"),
+    (["--wrap", "pair"], "did you mean --wrap merge:2?"),
+    (["--wrap", "merge"], "did you mean --wrap merge:2?"),
+    (["--wrap", "3"], "did you mean --wrap merge:3?"),
+    (["--wrap", "whole"], "did you mean --wrap root?"),
     (["--wrap", "match:^decoder"], "matches none of the recorded units' modules"),
     (["--prefetch", "-1"], "use implicit, none or a number"),
     (["--world-size", "0"], "needs at least 1 rank"),

@@ -78,6 +78,7 @@ class Comparison:
     findings: list[Finding] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     spread: dict[str, list[float | None]] = field(default_factory=dict)  # key -> per run step-to-step range
+    spread_points: dict[str, list[float | None]] = field(default_factory=dict)  # the same of shares, in points
     unit_best: dict[str, dict[str, list[int]]] = field(default_factory=dict)  # group -> metric -> best runs
     unit_spread: dict[str, dict[str, list[float | None]]] = field(default_factory=dict)  # group -> metric -> per run
     unit_best_withheld: dict[str, dict[str, str]] = field(default_factory=dict)  # group -> metric -> why no star

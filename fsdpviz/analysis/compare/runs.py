@@ -20,7 +20,14 @@ from typing import TYPE_CHECKING, Any, Final
 from fsdpviz.analysis.compare.findings import build_findings
 from fsdpviz.analysis.compare.memory import drift_bytes, step_levels, step_rise_bytes
 from fsdpviz.analysis.compare.model import HEADLINE_FIELDS, LOWER, Comparison, unit_index
-from fsdpviz.analysis.compare.spread import clear_best, group_spread_ms, headline_spread_ms
+from fsdpviz.analysis.compare.spread import (
+    MEASURED,
+    STEP_SHARES,
+    clear_best,
+    group_spread_ms,
+    headline_spread_ms,
+    headline_spread_points,
+)
 from fsdpviz.analysis.compare.units import (
     BY_FQN,
     BY_PARAM_SIZES,
@@ -133,10 +140,19 @@ def compare_runs(runs: Sequence[LabelledRun]) -> Comparison:
         best[key], why = clear_best(values[key], spreads, best[key])
         if why:
             withheld[key] = why
+    points = {key: [headline_spread_points(r, key) for r in runs] for key in STEP_SHARES}
+    for key, spreads in points.items():
+        best[key], why = clear_best(values[key], spreads, best[key], unit="points")
+        if why:
+            withheld[key] = why
+    for f in HEADLINE_FIELDS:  # a timed figure with no spread to beat cannot be told from noise
+        if f.unit in ("ms", "%") and best[f.key] and f.key not in MEASURED:
+            best[f.key] = []
+            withheld[f.key] = "its step-to-step spread is not measured, so a difference cannot be told from noise"
     notes = comparability_notes(runs, match) + drift_notes(labels, drift, values["step_rise_bytes"])
     comparison = Comparison(labels=labels, runs=list(runs), values=values, deltas=deltas, best=best,
                             settings=settings_rows(runs), match=match, drift=drift, notes=notes,
-                            best_withheld=withheld, spread=spread)
+                            best_withheld=withheld, spread=spread, spread_points=points)
     unit_marks(comparison)
     comparison.findings = build_findings(comparison)
     return comparison
@@ -346,6 +362,7 @@ def comparison_json(comparison: Comparison) -> dict[str, Any]:
         "unit_groups": [group_json(comparison, g) for g in comparison.match.groups],
         "unit_match_basis": comparison.match.basis,
         "spread_ms": comparison.spread,
+        "spread_points": comparison.spread_points,
         "whole_model_runs": comparison.match.whole_model,
         "step_rise_bytes": comparison.values["step_rise_bytes"],
         "memory_drift_bytes": comparison.drift,

@@ -10,8 +10,13 @@ the median over ranks:
   (``step_time_source`` ``timers``), else the analysed steps as traced;
 - ``overlap.exposed_comm_ms`` and ``overlap.comm_ms``: the analysed steps' exposed and total
   communication;
+- ``overlap.overlap_pct``: the analysed steps' share of communication hidden behind compute, in
+  percentage points (``spread_points``: a ratio has no spread in ms);
 - a unit group's times: the group's units summed per step (forward and backward compute, all-gather,
   reduce-scatter, exposed communication).
+
+A timed figure without per-step values (``overlap.idle_ms``) has no spread to beat: its row gets no
+star, and ``best_withheld`` says why (:data:`MEASURED`).
 
 :func:`clear_best` keeps the star of a row only when the best value beats every other run by more
 than the larger of the two runs' spreads. A spread is None where a run has fewer than two steps
@@ -33,6 +38,10 @@ if TYPE_CHECKING:
 
 # headline key -> STEP_TIMES column whose per-step values it summarises
 STEP_COLUMNS: Final = {"overlap.exposed_comm_ms": "exposed_comm_ns", "overlap.comm_ms": "comm_ns"}
+# headline key -> (STEP_TIMES communication column, its exposed part): the hidden share per step, in points
+STEP_SHARES: Final = {"overlap.overlap_pct": ("comm_ns", "exposed_comm_ns")}
+# headline keys whose step-to-step spread is measured (the rest of the timed ones get no star)
+MEASURED: Final = frozenset({"step_time_ms", *STEP_COLUMNS, *STEP_SHARES})
 # unit group metric -> (UNIT_STEPS columns summed, phase or "" for both)
 UNIT_COLUMNS: Final = {
     "forward_ms": (("compute_ns",), "forward"),
@@ -81,6 +90,18 @@ def headline_spread_ms(run: LabelledRun, key: str) -> float | None:
     return None if values is None else _range(values)
 
 
+def headline_spread_points(run: LabelledRun, key: str) -> float | None:
+    """The run's step-to-step spread of a headline share (``overlap.overlap_pct``) in percentage
+    points: per step the median over ranks of the hidden share of its communication; None if unknown."""
+    columns = STEP_SHARES.get(key)
+    times = run.analysis.step_times
+    if columns is None or times.empty:
+        return None
+    comm = times[columns[0]].astype(float)
+    hidden = 100.0 * (comm - times[columns[1]].astype(float)) / comm.where(comm > 0)
+    return _range(hidden.groupby(times["step"]).median())
+
+
 def group_spread_ms(run: LabelledRun, group: UnitGroup, metric: str) -> float | None:
     """The run's step-to-step spread of a unit group's time ``metric``, None if unknown."""
     spec = UNIT_COLUMNS.get(metric)
@@ -100,9 +121,9 @@ def group_spread_ms(run: LabelledRun, group: UnitGroup, metric: str) -> float | 
 
 
 def clear_best(values: Sequence[float | int | None], spreads: Sequence[float | None],
-               best: Sequence[int]) -> tuple[list[int], str]:
-    """The best runs of a row that beat every other run by more than the spread, and why a star
-    is withheld ("" when it is not)."""
+               best: Sequence[int], unit: str = "ms") -> tuple[list[int], str]:
+    """The best runs of a row that beat every other run by more than the spread (in ``unit``), and
+    why a star is withheld ("" when it is not)."""
     if not best:
         return [], ""
     for i in best:
@@ -115,7 +136,7 @@ def clear_best(values: Sequence[float | int | None], spreads: Sequence[float | N
                 continue
             limit = max(known)
             if abs(float(vj) - float(vi)) <= limit:
-                return [], (f"the difference ({abs(float(vj) - float(vi)):.3g} ms) is within the runs' step-to-step "
-                            f"spread ({limit:.3g} ms)")
+                return [], (f"the difference ({abs(float(vj) - float(vi)):.3g} {unit}) is within the runs' "
+                            f"step-to-step spread ({limit:.3g} {unit})")
     return list(best), ""
 

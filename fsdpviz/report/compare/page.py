@@ -118,6 +118,10 @@ def headline_table(data: CompareData) -> HtmlTable:
             spread = spreads[i] if spreads is not None else None
             if spread is not None and value is not None:
                 sub = f"{sub} · spread {format_ms(spread)}" if sub else f"spread {format_ms(spread)}"
+            points = (c.spread_points.get(field.key) or [None] * len(values))[i]
+            if points is not None and value is not None:
+                sub = f"{sub} · spread {points:.1f} points" if sub else f"spread {points:.1f} points"
+                spread = points
             row.append(TableCell(text=_value_text(field, value), sub=sub, best=i in best,
                                  hint=("best of this row" if i in best else "")
                                  + (" (spread: highest minus lowest step)" if spread is not None else "")))

@@ -16,15 +16,19 @@ if TYPE_CHECKING:
     from fsdpviz.report.data import ReportData
     from fsdpviz.report.timeline.view import StepView
 
+# What a lane is: a GPU run's lanes are its streams and CPU threads; a CPU run has threads only (the
+# compute thread, and gloo's threads that run the collectives).
+LANES_GPU = "CPU thread or GPU stream"
+LANES_CPU = "the compute thread or one of gloo's threads"
 HOWTO_TIMELINE_UNITS = (
-    "One step, one row per rank and lane (CPU thread or GPU stream), time from the step's start on the "
+    "One step, one row per rank and lane ({lanes}), time from the step's start on the "
     "earliest rank. Each bar is one piece of an FSDP unit's work, coloured by unit (same colour on "
     "every plot); backward bars are hatched. A red strip under a collective marks the part of it that "
     "no computation covered (exposed). Hover a bar for unit, kind, phase, times, bytes and prefetch "
     "lead. Scroll to zoom, drag to pan: all ranks and the memory curve below follow."
 )
 HOWTO_TIMELINE_LANES = (
-    "One step, one row per rank and lane (CPU thread or GPU stream), time from the step's start on the "
+    "One step, one row per rank and lane ({lanes}), time from the step's start on the "
     "earliest rank. Bars show when a lane was busy, by category; a red strip marks communication that "
     "no computation on the same rank covered (exposed). Hover a bar for the longest event in it. "
     "Scroll to zoom, drag to pan: all ranks and the memory curve below follow."
@@ -58,7 +62,8 @@ def timeline_section(data: ReportData) -> Section:
         legend.append(("all-events tabs" if has_units_view else "bars",
                        [LegendItem(label=cat, color=events.CATEGORY_COLORS[cat]) for cat in events.CATEGORIES]))
     legend.append(("red strips", [LegendItem(label="exposed communication", color=EXPOSED_COLOR, pattern="strip")]))
-    howto = (HOWTO_TIMELINE_UNITS if has_units_view else HOWTO_TIMELINE_LANES) + " " + HOWTO_MEMORY
+    lanes = LANES_CPU if data.summary.device == "cpu" else LANES_GPU
+    howto = (HOWTO_TIMELINE_UNITS if has_units_view else HOWTO_TIMELINE_LANES).format(lanes=lanes) + " " + HOWTO_MEMORY
     if not data.views:
         notes.append("The traces hold no ProfilerStep ranges, so there is no step to draw.")
     elif all(v.memory.empty for v in data.views):

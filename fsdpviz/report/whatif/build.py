@@ -16,7 +16,8 @@ from fsdpviz.whatif.predict import Model, Outcome, Prediction
 
 HOWTO_NUMBERS = (
     "Recorded: means per analysed step over ranks, as `fsdpviz summary` reports them. Predicted: the "
-    "recording moved by what the setting changes in a simulation of FSDP's streams (the simulation of "
+    "recording moved by what the setting changes in a simulation of how FSDP overlaps its compute and "
+    "its collectives (the simulation of "
     "the recorded setting is subtracted, so what the model does not capture cancels out). The replay "
     "line says how closely the simulation of the recorded setting reproduces the recording."
 )

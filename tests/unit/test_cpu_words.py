@@ -1,0 +1,74 @@
+"""A CPU run is described in a CPU's words: its summary (terminal and JSON) and its report page never
+say GPU or stream, which a CPU rank does not have (its lanes are the compute thread and gloo's
+threads). The samples are real 2-rank CPU recordings; a GPU trace keeps its GPU words."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from fsdpviz.cli import main
+
+SAMPLES = Path(__file__).parents[2] / "sample_traces"
+CPU_SAMPLES = ["fsdp2-cpu-2rank", "fsdp1-cpu-2rank", "zero3-cpu-2rank", "fsdp2-cpu-2rank-plain"]
+GPU_WORDS = re.compile(r"\bGPUs?\b|\bstreams?\b|\bCUDA\b|\bkernels?\b", re.IGNORECASE)
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    with pytest.raises(SystemExit) as done:
+        main(list(argv))
+    out, _ = capsys.readouterr()
+    assert not done.value.code
+    return out
+
+
+def _strings(value: object) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+@pytest.mark.parametrize("sample", CPU_SAMPLES)
+def test_cpu_summary_never_says_gpu_or_stream(sample: str, capsys: pytest.CaptureFixture[str]) -> None:
+    path = str(SAMPLES / sample)
+    data = json.loads(_run(capsys, "summary", path, "--json", "-q", "--no-cache"))
+    assert data["device"] == "cpu"
+    said = [s for s in _strings(data) if GPU_WORDS.search(s)]
+    assert not said, said
+    text = _run(capsys, "summary", path, "-q")
+    assert not GPU_WORDS.search(text), text
+
+
+def test_cpu_other_idle_is_the_compute_threads(capsys: pytest.CaptureFixture[str]) -> None:
+    # the ZeRO-3 sample's largest loss is other idle: said of the compute thread
+    data = json.loads(_run(capsys, "summary", str(SAMPLES / "zero3-cpu-2rank"), "--json", "-q", "--no-cache"))
+    assert data["bound"]["loss"]["kind"] == "idle"
+    [action] = [a for a in data["actions"] if a["kind"] == "bound"]
+    assert "the compute thread runs no traced op" in action["message"] and "gloo" in action["message"]
+
+
+@pytest.mark.parametrize("sample", ["fsdp2-cpu-2rank", "zero3-cpu-2rank"])
+def test_cpu_report_never_says_gpu_or_stream(sample: str, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    page = tmp_path / "report.html"
+    _run(capsys, "report", str(SAMPLES / sample), "-q", "--no-cache", "-o", str(page))
+    markup = page.read_text()
+    visible = re.sub(r"<(script|style)\b.*?</\1>", "", markup, flags=re.DOTALL)
+    text = html.unescape(re.sub(r"<[^>]+>", " ", visible))
+    assert "compute thread" in text
+    said = [line.strip() for line in text.splitlines() if GPU_WORDS.search(line)]
+    assert not said, said
+
+
+def test_cpu_whatif_never_says_gpu_or_stream(capsys: pytest.CaptureFixture[str]) -> None:
+    text = _run(capsys, "whatif", str(SAMPLES / "fsdp2-cpu-2rank"), "--wrap", "merge:2", "-q", "--no-cache")
+    assert "ranks per node 2 (recorded)" in text
+    assert not GPU_WORDS.search(text), text
