@@ -12,7 +12,7 @@ export OMP_NUM_THREADS=1
 WANTED=("$@")
 wanted() { [ ${#WANTED[@]} -eq 0 ] || [[ " ${WANTED[*]} " == *" $1 "* ]]; }
 
-# 1. Run folders written by `fsdpviz record` (defaults: steps 2-4 timed unprofiled, 6-8 profiled): FSDP2, FSDP1, ZeRO-3.
+# 1. Run folders written by `fsdpviz record` (defaults: steps 2-4 profiled, 6-9 timed unprofiled): FSDP2, FSDP1, ZeRO-3.
 record() {
     wanted "$1" || return 0
     local out=sample_traces/$1; shift

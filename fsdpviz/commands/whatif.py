@@ -215,6 +215,8 @@ def print_prediction(prediction: Prediction, run: str, framework: str, world_siz
     ``profiler``: what the profiler cost the recording (every step time shown is the traced one)."""
     settings = prediction.settings
     typer.echo(f"{run}: {framework}, {world_size} rank(s) on {device}; predicting {settings.describe()}")
+    for warning in prediction.warnings:  # before any figure: what makes them weak
+        typer.echo(f"warning: {warning}")
     for figure in prediction.assumed:
         typer.echo(f"assumed: {figure}")
     if profiler is not None:
@@ -222,6 +224,12 @@ def print_prediction(prediction: Prediction, run: str, framework: str, world_siz
                    f"unprofiled steps took {profiler.unprofiled_step_ms:,.2f} ms (timers), the profiled ones ran "
                    f"{profiler.slowdown:.2f}x as long")
     _table(("", "recorded", "predicted", "change"), _rows(prediction.baseline, prediction.predicted))
+    if prediction.measurable is False:
+        typer.echo(f"  no measurable change: the predicted step moves by less than the recording's own step-to-step "
+                   f"spread ({prediction.spread_ms:,.2f} ms)")
+    elif prediction.spread_ms is None:
+        typer.echo("  the recording's step-to-step spread is unknown (fewer than two analysed steps): whether the "
+                   "change is measurable cannot be said")
     changes = category_changes(prediction.baseline, prediction.predicted)
     if changes:
         typer.echo("  peak by category: " + "; ".join(changes))
@@ -231,15 +239,18 @@ def print_prediction(prediction: Prediction, run: str, framework: str, world_siz
            [(u.name, f"{u.all_gather_ms:.2f}", f"{u.forward_ms:.2f}", f"{u.backward_ms:.2f}",
              f"{u.reduce_scatter_ms:.2f}", f"{u.exposed_comm_ms:.2f}") for u in prediction.predicted.units])
     typer.echo("")
-    typer.echo("settings: " + "; ".join(_setting_words(settings, device)))
+    typer.echo("settings: " + "; ".join(_setting_words(settings, device, prediction.prefetch_arguments)))
     typer.echo(f"replay: the model reproduces the recorded step time within {prediction.replay_error_pct:.1f} %")
     for note in prediction.notes:
         typer.echo(f"note: {note}")
 
 
-def _setting_words(settings: Settings, device: str = "") -> list[str]:
+def _setting_words(settings: Settings, device: str = "", prefetch: dict[str, object] | None = None) -> list[str]:
     """Each setting and where it came from: ``prefetch 1 (given)``, ``wrap as recorded``; on a CPU
-    ``device`` the ranks per host are not GPUs."""
+    ``device`` the ranks per host are not GPUs; ``prefetch``: that setting in the framework's own
+    arguments (``prefetch implicit (recorded: forward_prefetch=False, backward_prefetch=BACKWARD_PRE)``)."""
+    from fsdpviz.whatif.prefetch_args import words as argument_words
+
     words = []
     for key, v in settings.to_json().items():
         name, value, source = key.replace("_", " "), v["value"], v["source"]
@@ -249,7 +260,8 @@ def _setting_words(settings: Settings, device: str = "") -> list[str]:
             words.append(f"{name} as recorded")
         else:
             text = str(value).lower() if isinstance(value, bool) else str(value)
-            words.append(f"{name} {text} ({source})")
+            said = f"{source}: {argument_words(prefetch)}" if key == "prefetch" and prefetch else source
+            words.append(f"{name} {text} ({said})")
     return words
 
 
@@ -264,9 +276,10 @@ def _bound_words(c: object) -> str:
 def exploration_count(exploration: Exploration) -> str:
     """``7 setting(s) predicted (5 within the budget, 2 over it), 2 not tried``: every row the grid lists."""
     ranked, over, skipped = len(exploration.ranked), len(exploration.over_budget), len(exploration.skipped)
-    text = f"{ranked + over} setting(s) predicted"
+    within = len(exploration.within_spread)
+    text = f"{ranked + within + over} setting(s) predicted"
     if exploration.budget_bytes is not None:
-        text += f" ({ranked} within the budget, {over} over it)"
+        text += f" ({ranked + within} within the budget, {over} over it)"
     return text + (f", {skipped} not tried" if skipped else "")
 
 
@@ -278,6 +291,8 @@ def print_exploration(exploration: Exploration, run: str) -> None:
                     else f"memory budget {exploration.budget_source}")
     typer.echo(f"{run}: recorded step {base.step_time_ms:,.2f} ms, peak {mib_text(base.peak_allocated_bytes)}; "
                f"{budget_words}")
+    for warning in exploration.warnings:
+        typer.echo(f"warning: {warning}")
     def row(c: object) -> tuple[str, ...]:
         from fsdpviz.whatif.explore import Candidate
 
@@ -289,10 +304,16 @@ def print_exploration(exploration: Exploration, run: str) -> None:
 
     header = ("setting", "step", "change", "peak", "change", "bound")
     rows = [(str(i), *row(c)) for i, c in enumerate(exploration.ranked, 1) if c.prediction is not None]
+    within = [("-", *row(c)) for c in exploration.within_spread if c.prediction is not None]
     if rows:
         _table(("#", *header), rows)
-    else:
+    elif not within:
         typer.echo("  no setting's predicted peak fits the budget")
+    if within:
+        spread = exploration.spread_ms
+        typer.echo(f"predicted, not ranked: no measurable change (within the recording's step-to-step spread of "
+                   f"{spread:,.2f} ms)")
+        _table(("#", *header), within)
     over = [(*row(c), mib_text(c.over_bytes)) for c in exploration.over_budget if c.prediction is not None]
     if over:
         typer.echo("over the budget:")

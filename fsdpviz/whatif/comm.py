@@ -9,7 +9,8 @@ wait fewer times.
 
 Ring collectives move ``(N - 1) / N`` of the unsharded bytes through every rank's link and take
 ``N - 1`` latency steps, so a world size ``N`` scales the two terms from the recorded ``Nr``.
-Past one host the bandwidth term runs at the inter-host bandwidth (when that is lower).
+Past one host the bandwidth term runs at the inter-host bandwidth (when that is lower). On one rank a
+collective costs nothing: there is no other rank to move bytes to or to wait for.
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ class CommModel:
         if line is None:
             return 0.0
         n = target.world_size if target else self.world_size
+        if n <= 1:  # one rank: nothing to move and nobody to wait for (FSDP2 does not even issue it)
+            return 0.0
         nr = self.world_size
         lat = line.latency_ns * _ring_steps(n) / _ring_steps(nr)
         bw = nbytes * line.per_byte_ns * _ring_share(n) / _ring_share(nr)

@@ -12,7 +12,9 @@ budget unless one is given: every setting is ranked by predicted step time with 
 beside it, and none is called memory-bound, since no limit is known to be near. (The recorded peak
 as a budget made every setting within 10 % of it "memory"-bound, the recording included.)
 Settings whose predicted peak fits are ranked by predicted step time; the others are listed apart,
-with how much they exceed the budget.
+with how much they exceed the budget. A setting whose predicted step moves by no more than the
+recording's own step-to-step spread is listed as no measurable change, not ranked. A recording whose
+replay misses it by more than ``RELIABLE_REPLAY_PCT`` says so before the ranking (``warnings``).
 
 Each setting says which bound it leaves (:class:`StepBound`): the recording's step split
 (analysis/bound.py: compute, exposed communication, host wait, other idle, per rank on the traced
@@ -40,6 +42,7 @@ from fsdpviz.analysis.bound import (
 )
 from fsdpviz.errors import FsdpvizError
 from fsdpviz.naming import ROOT_UNIT
+from fsdpviz.whatif import prefetch_args
 from fsdpviz.whatif.predict import BASIS_TRACED, SUPPORTED, Model, Outcome, Prediction, predict
 from fsdpviz.whatif.settings import Settings, Wrap
 
@@ -142,6 +145,12 @@ class Exploration:
     over_budget: list[Candidate] = field(default_factory=list)
     skipped: list[Candidate] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    within_spread: list[Candidate] = field(default_factory=list)
+    """Settings within the budget whose predicted step moves by no more than the recording's own
+    step-to-step spread: no measurable change, so not ranked (by predicted step time, for reading)."""
+    spread_ms: float | None = None
+    warnings: list[str] = field(default_factory=list)
+    """What makes every prediction of the grid weak (one model serves them all): said before the ranking."""
 
     def best(self) -> Candidate | None:
         """The fastest setting within the budget, if any was predicted."""
@@ -149,8 +158,10 @@ class Exploration:
 
     def to_json(self) -> dict[str, Any]:
         return {"basis": BASIS_TRACED, "baseline": self.baseline.to_json(), "memory_budget_bytes": self.budget_bytes,
-                "memory_budget_source": self.budget_source,
-                "ranked": [c.to_json() for c in self.ranked], "over_budget": [c.to_json() for c in self.over_budget],
+                "memory_budget_source": self.budget_source, "spread_ms": self.spread_ms, "warnings": self.warnings,
+                "ranked": [c.to_json() for c in self.ranked],
+                "within_spread": [c.to_json() for c in self.within_spread],
+                "over_budget": [c.to_json() for c in self.over_budget],
                 "skipped": [c.to_json() for c in self.skipped],
                 "notes": self.notes}
 
@@ -171,6 +182,8 @@ def grid(model: Model) -> tuple[list[Settings], list[Candidate]]:
         setting = recorded.with_(prefetch=depth)
         if "prefetch" not in supported:
             left(setting, f"{rec.framework}: prefetch is not modelled")
+        elif prefetch_args.arguments(rec.framework, depth, []) is None:
+            left(setting, f"{rec.framework} prefetches at most {prefetch_args.FSDP1_MAX_DEPTH} unit ahead")
         elif depth != rec.prefetch:
             tries.append(setting)
     keep = sorted({k for k in (1, 2, len(blocks)) if 0 < k <= len(blocks)})
@@ -220,11 +233,19 @@ def explore(model: Model, budget_bytes: int | None = None) -> Exploration:
         c.fits = budget_bytes is None or peak is None or peak <= budget_bytes
         c.over_bytes = None if c.fits or peak is None or budget_bytes is None else peak - budget_bytes
         c.bound = predicted_bound(bound, c.prediction, budget_bytes)
-    ranked = sorted((c for c in candidates if c.fits),
-                    key=lambda c: c.prediction.predicted.step_time_ms if c.prediction else float("inf"))
+    fitting = sorted((c for c in candidates if c.fits),
+                     key=lambda c: c.prediction.predicted.step_time_ms if c.prediction else float("inf"))
     over = sorted((c for c in candidates if not c.fits), key=lambda c: c.over_bytes or 0)
     notes = []
     if bound is None:
         notes.append("no bound per setting: the recording has no step span to split")
+    first = candidates[0].prediction
+    assert first is not None
+    ranked = [c for c in fitting if c.prediction is not None and c.prediction.measurable is not False]
+    within = [c for c in fitting if c not in ranked]
+    if first.spread_ms is None:
+        notes.append("the recording's step-to-step spread is unknown (fewer than two analysed steps): every setting "
+                     "is ranked, measurable or not")
     return Exploration(baseline=baseline, budget_bytes=budget_bytes, budget_source=source, ranked=ranked,
-                       over_budget=over, skipped=left_out, notes=notes)
+                       within_spread=within, over_budget=over, skipped=left_out, notes=notes, spread_ms=first.spread_ms,
+                       warnings=first.warnings)

@@ -17,15 +17,16 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from fsdpviz.analysis.compare.spread import spread_ms, traced_step_values_ms
 from fsdpviz.analysis.parallelism import known_dims, run_parallelism
 from fsdpviz.analysis.pipeline import RunResult
 from fsdpviz.errors import UsageError
 from fsdpviz.formatting import NS_PER_MS, rounded_ms
 from fsdpviz.naming import ROOT_UNIT
 from fsdpviz.vocabulary import FSDP1, FSDP2, ZERO3
-from fsdpviz.whatif import bounds, hostcost
+from fsdpviz.whatif import bounds, hostcost, prefetch_args
 from fsdpviz.whatif import comm as comm_model
 from fsdpviz.whatif import program as prog
 from fsdpviz.whatif.memory import MemoryChange, MemorySetting, predict_step
@@ -33,7 +34,15 @@ from fsdpviz.whatif.recording import Gather, Recording, StepProgram, read_record
 from fsdpviz.whatif.settings import DEFAULT, GIVEN, RECORDED, Settings, Wrap
 from fsdpviz.whatif.simulate import SimResult, run
 
+if TYPE_CHECKING:
+    from fsdpviz.analysis.profiler_cost import ProfilerCost
+
 SAMPLED_RANKS = 16  # ranks read of a run held rank by rank (read_model)
+# A replay that misses the recorded step by more than this explains too little of the recording for
+# its predictions to be read as figures: marked unreliable, and the advisor ranks nothing from it.
+RELIABLE_REPLAY_PCT = 10.0
+# Past this slowdown the profiler's own cost is a large part of the traced step the model is built on.
+HIGH_SLOWDOWN = 1.5
 BASIS_TRACED = "traced"  # every step time of a prediction is the traced steps' (module docstring)
 SUPPORTED = {
     FSDP2: {"wrap", "prefetch", "reshard_after_forward", "keep_last_units", "world_size"},
@@ -103,12 +112,36 @@ class Prediction:
     basis: str = BASIS_TRACED
     profiler: dict[str, Any] | None = None
     """The recording's profiled and unprofiled step times (``summary --json`` ``profiler``); None without timers."""
+    prefetch_arguments: dict[str, object] | None = None
+    """The prefetch setting as the framework's own arguments (:mod:`.prefetch_args`); None where run.json
+    does not say what was recorded."""
+    spread_ms: float | None = None
+    """The recording's own step-to-step spread (the range of its analysed steps' traced times, each the
+    median over ranks); None with fewer than two steps."""
+    warnings: list[str] = field(default_factory=list)
+    """What makes the prediction weak, said before its figures (an unreliable replay, a heavy profiler)."""
+
+    @property
+    def reliable(self) -> bool:
+        """Whether the replay reproduces the recording within :data:`RELIABLE_REPLAY_PCT`."""
+        return self.replay_error_pct <= RELIABLE_REPLAY_PCT
+
+    @property
+    def measurable(self) -> bool | None:
+        """Whether the predicted step moves by more than the recording's own spread (None: unknown)."""
+        if self.spread_ms is None:
+            return None
+        return abs(self.predicted.step_time_ms - self.baseline.step_time_ms) > self.spread_ms
 
     def to_json(self) -> dict[str, Any]:
         predicted = self.predicted.to_json()
         predicted["settings"] = self.settings.to_json()
+        predicted["settings"]["prefetch"]["arguments"] = self.prefetch_arguments
+        predicted["spread_ms"] = self.spread_ms
+        predicted["measurable"] = self.measurable
         return {"basis": self.basis, "baseline": self.baseline.to_json(), "predicted": predicted,
                 "profiler": self.profiler, "replay_error_pct": round(self.replay_error_pct, 2),
+                "reliable": self.reliable, "warnings": self.warnings,
                 "assumed": self.assumed, "notes": self.notes}
 
 
@@ -187,6 +220,10 @@ def check(model: Model, settings: Settings) -> None:
     if unsupported:
         raise UsageError(f"{rec.framework}: the model covers {', '.join(sorted(supported))}, "
                          f"not {', '.join(unsupported)}")
+    if "prefetch" in changed and prefetch_args.arguments(rec.framework, settings.prefetch, []) is None:
+        raise UsageError(f"--prefetch {settings.prefetch}: {rec.framework} prefetches at most "
+                         f"{prefetch_args.FSDP1_MAX_DEPTH} unit ahead (forward_prefetch=True, backward_prefetch="
+                         f"{prefetch_args.FSDP1_BACKWARD_DEFAULT}); deeper prefetch is FSDP2's")
     if settings.wrap.kind != "recorded":
         prog.group_units(rec, settings)  # raises for a regex that matches nothing or is finer than recorded
 
@@ -218,12 +255,38 @@ def predict(model: Model, settings: Settings) -> Prediction:
         notes.append(f"read on {len(model.sampled)} of {len(model.result.analysis.ranks)} ranks spread over the run "
                      f"({', '.join(map(str, model.sampled))}): the run is too large to hold every rank's events")
     cost = model.result.summary.profiler
+    replay_error_pct = 100.0 * abs(replay_mean - recorded_mean) / recorded_mean if recorded_mean else 0.0
     return Prediction(baseline=baseline, predicted=predicted, settings=full,
                       profiler={"profiled_step_ms": cost.profiled_step_ms, "unprofiled_step_ms": cost.unprofiled_step_ms,
                                 "slowdown": cost.slowdown} if cost is not None else None,
-                      replay_error_pct=100.0 * abs(replay_mean - recorded_mean) / recorded_mean if recorded_mean else 0.0,
+                      spread_ms=spread_ms(traced_step_values_ms(model.result.analysis.step_times)),
+                      warnings=weaknesses(replay_error_pct, cost),
+                      replay_error_pct=replay_error_pct,
                       notes=notes, replay=model.replays, simulated=simulated, steps=rec.steps, memory=memory,
-                      assumed=assumed(full, rec))
+                      assumed=assumed(full, rec), prefetch_arguments=prefetch_arguments(rec, full))
+
+
+def weaknesses(replay_error_pct: float, cost: ProfilerCost | None) -> list[str]:
+    """What makes a recording a weak base for predictions, in words said before the figures."""
+    out = []
+    if replay_error_pct > RELIABLE_REPLAY_PCT:
+        out.append(f"unreliable: the model's replay misses the recorded step by {replay_error_pct:.1f} % (more than "
+                   f"{RELIABLE_REPLAY_PCT:g} %), so it does not explain this recording well enough for its predicted "
+                   "figures to be read as more than a direction")
+    if cost is not None and cost.slowdown > HIGH_SLOWDOWN:
+        out.append(f"the profiler slowed the recorded steps {cost.slowdown:.2f}x (more than {HIGH_SLOWDOWN:g}x): the "
+                   "traced timeline the model is built on is largely the profiler's own cost; record with --no-memory, "
+                   "or fewer ranks per core, for a base closer to the run")
+    return out
+
+
+def prefetch_arguments(rec: Recording, settings: Settings) -> dict[str, object] | None:
+    """A filled-in setting's prefetch as its framework's arguments: the recorded ones, or those that
+    give the predicted depth (None where run.json does not say what was recorded)."""
+    if settings.sources.get("prefetch") != GIVEN:
+        return rec.prefetch_args or None
+    numels = [rec.unit_numels.get(u, 0) for u in rec.units]
+    return prefetch_args.arguments(rec.framework, settings.prefetch, numels)
 
 
 def _for_program(settings: Settings) -> Settings:

@@ -53,6 +53,7 @@ from fsdpviz.analysis.run import labels_of, split_of
 from fsdpviz.analysis.spans import gpu_work
 from fsdpviz.naming import ROOT_UNIT
 from fsdpviz.trace import schema
+from fsdpviz.whatif import prefetch_args
 from fsdpviz.whatif.memory import StepMemory, step_memory
 
 SYNC_CALLS: Final = ("Synchronize",)  # cudaDeviceSynchronize, cudaStreamSynchronize, cuEventSynchronize ...
@@ -164,12 +165,16 @@ class Recording:
     unit_bytes: dict[str, int]  # unsharded parameter bytes
     modules: dict[str, list[str]]  # unit -> the modules it covers
     reshard_after_forward: dict[str, bool]
-    prefetch: str  # what the recording did: "implicit" or "N" (explicit, N units ahead)
+    prefetch: str  # what the recording did: "implicit", "none" or "N" (explicit, N units ahead)
     steps: list[StepProgram]
     ranks_per_host: int
     cpu_count: int  # cores of a host (0: unknown)
     notes: list[str] = field(default_factory=list)
     host_ops_per_step: float = 0.0  # GPU: the host threads' traced events (ops, runtime calls, ranges) per step
+    prefetch_args: dict[str, object] = field(default_factory=dict)
+    """The framework's own arguments that gave ``prefetch`` (:mod:`.prefetch_args`); {} where run.json does not say."""
+    unit_numels: dict[str, int] = field(default_factory=dict)
+    """Unsharded parameter elements per unit, where run.json says (ZeRO-3's prefetch bucket is in elements)."""
 
     @property
     def gathered_units(self) -> set[str]:
@@ -270,11 +275,13 @@ def read_recording(result: RunResult, ranks: Sequence[int] | None = None, per_op
                 program.memory = step_memory(rank, step, int(row["start_ns"]), int(row["end_ns"]),
                                                          sample_t, cats, split, step_windows)
             programs.append(program)
+    prefetch, prefetch_words = prefetch_args.recorded(result.traces.run, analysis.framework)
     return Recording(
         framework=analysis.framework, device="gpu" if gpu else "cpu", world_size=analysis.world_size,
         units=units, unit_bytes=_unit_bytes(result, units), modules=_unit_modules(result, units),
         reshard_after_forward=_observed_reshard(_reshard(result, units), programs, gathered),
-        prefetch=_recorded_prefetch(result),
+        prefetch=prefetch, prefetch_args=prefetch_words,
+        unit_numels=_unit_numels(result),
         steps=programs, ranks_per_host=_ranks_per_host(result), cpu_count=_cpu_count(result), notes=notes,
         host_ops_per_step=sum(op_counts) / len(op_counts) if op_counts else 0.0,
     )
@@ -765,12 +772,9 @@ def _observed_reshard(declared: dict[str, bool], programs: list[StepProgram],
     return out
 
 
-def _recorded_prefetch(result: RunResult) -> str:
+def _unit_numels(result: RunResult) -> dict[str, int]:
     run = result.traces.run
-    if run is None:
-        return "implicit"
-    depths = {len(u.forward_prefetch) for u in run.units if isinstance(u.forward_prefetch, list)}
-    return str(max(depths)) if depths and max(depths) > 0 else "implicit"
+    return {u.unit: u.param_numel for u in run.units if u.param_numel >= 0} if run is not None else {}
 
 
 def _ranks_per_host(result: RunResult) -> int:

@@ -51,7 +51,12 @@ def model(gpu_fsdp_dir: Path) -> Model:
 
 
 def _by_name(exploration: Exploration) -> dict[str, Candidate]:
-    return {c.name: c for c in (*exploration.ranked, *exploration.over_budget)}
+    return {c.name: c for c in (*exploration.ranked, *exploration.within_spread, *exploration.over_budget)}
+
+
+def _fitting(exploration: Exploration) -> set[str]:
+    """The settings that fit the budget: ranked, or predicted within the recording's own spread."""
+    return {c.name for c in (*exploration.ranked, *exploration.within_spread)}
 
 
 def test_the_truth_covers_the_grid() -> None:
@@ -68,7 +73,7 @@ def _budgets() -> list[int]:
 @pytest.mark.parametrize("budget", _budgets(), ids=lambda b: f"{b / (1 << 20):,.0f}MiB")
 def test_the_fitting_settings_are_those_whose_true_peak_fits(model: Model, budget: int) -> None:
     exploration = explore(model, budget)
-    fitting = {c.name for c in exploration.ranked} & set(TRUTH)
+    fitting = _fitting(exploration) & set(TRUTH)
     assert fitting == {name for name, (peak, _) in TRUTH.items() if peak <= budget}
     over = _by_name(exploration)
     for name in set(TRUTH) - fitting:
@@ -81,8 +86,11 @@ def test_the_fitting_settings_are_those_whose_true_peak_fits(model: Model, budge
 
 def test_the_ranking_agrees_with_the_true_step_times_where_they_differ_beyond_the_spread(model: Model) -> None:
     exploration = explore(model, ROOT_PEAK + (1 << 30))
+    # settings within the recording's own spread share the place after every ranked one
     rank = {c.name: i for i, c in enumerate(exploration.ranked)}
+    rank.update({c.name: len(exploration.ranked) for c in exploration.within_spread})
     assert set(TRUTH) <= set(rank)
+    assert "wrap root" in {c.name for c in exploration.ranked}  # 19 % faster in truth: beyond the spread
     pairs = [(a, b) for a in TRUTH for b in TRUTH if TRUTH[a][1] * 1.10 < TRUTH[b][1]]
     # root (43.1 ms) against merge:2 (49.2), no resharding (50.9) and block (53.2)
     assert {(a, b) for a, b in pairs} == {("wrap root", n) for n in TRUTH if n != "wrap root"}
@@ -156,6 +164,12 @@ def test_the_same_run_on_a_6gb_device_is_memory_bound_and_the_advisor_fits_it(gp
     assert "--explore --memory-budget 5722MiB" in first.knob  # 6e9 B, rounded down to whole MiB
     exploration = explore(read_model(result))
     assert exploration.budget_bytes == device
-    fitting = {c.name for c in exploration.ranked} & set(TRUTH)
+    fitting = _fitting(exploration) & set(TRUTH)
     assert fitting == {name for name, (peak, _) in TRUTH.items() if peak <= device} == {"as recorded", "wrap merge:2"}
-    assert [c.name for c in exploration.ranked if c.name in TRUTH] == ["wrap merge:2", "as recorded"]
+    # merge:2 predicted faster by less than the recording's own step-to-step spread: no measurable change,
+    # as in truth (49.2 against 53.2 ms, inside the README's +-10 % from run to run); nothing of TRUTH ranked
+    merge = next(c for c in exploration.within_spread if c.name == "wrap merge:2")
+    assert merge.prediction is not None and merge.prediction.measurable is False
+    assert merge.prediction.predicted.step_time_ms < merge.prediction.baseline.step_time_ms
+    assert "as recorded" in {c.name for c in exploration.within_spread}
+    assert TRUTH["wrap merge:2"][1] > 0.9 * TRUTH["as recorded"][1]

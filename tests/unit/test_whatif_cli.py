@@ -49,7 +49,8 @@ def test_json_baseline_is_the_summary(run_folder: Path, capsys: pytest.CaptureFi
                                                for r in summary["memory"]["per_rank"].values())
     # no prefetch: every all-gather waits for the compute before it, so the step gets longer
     assert pred["step_time_ms"] > base["step_time_ms"]
-    assert pred["settings"]["prefetch"] == {"value": "none", "source": "given"}
+    assert pred["settings"]["prefetch"] == {"value": "none", "source": "given", "arguments": {
+        "set_modules_to_forward_prefetch": "[] for every unit", "set_modules_to_backward_prefetch": "[] for every unit"}}
     assert pred["settings"]["wrap"] == {"value": "recorded", "source": "recorded"}
 
 
@@ -90,7 +91,7 @@ def test_explore_ranks_within_the_budget(run_folder: Path, capsys: pytest.Captur
     data = json.loads(out)
     assert data["memory_budget_bytes"] == 85_031_714_816  # the trace's H100
     ranked = data["ranked"]
-    names = [c["setting"] for c in ranked]
+    names = [c["setting"] for c in (*ranked, *data["within_spread"])]
     assert {"as recorded", "prefetch 1", "prefetch 2", "prefetch none", "wrap merge:2", "wrap root"} <= set(names)
     fitting = [c["step_time_ms"] for c in ranked if c["fits_budget"]]
     assert fitting == sorted(fitting)
@@ -100,7 +101,7 @@ def test_explore_ranks_within_the_budget(run_folder: Path, capsys: pytest.Captur
                          str(base_peak - 1)], capsys)
     tight = json.loads(out)
     assert tight["memory_budget_source"] == "given"
-    for c in tight["ranked"]:
+    for c in (*tight["ranked"], *tight["within_spread"]):
         assert c["fits_budget"] == (c["peak_allocated_bytes"] <= base_peak - 1)
     # settings that do not fit are apart, with how much they exceed; the recorded one among them
     assert "as recorded" in {c["setting"] for c in tight["over_budget"]}
@@ -110,7 +111,7 @@ def test_explore_ranks_within_the_budget(run_folder: Path, capsys: pytest.Captur
     recorded = next(c for c in tight["over_budget"] if c["setting"] == "as recorded")["bound"]
     assert recorded["kind"] == "memory" and recorded["time_kind"] in {"compute", "communication", "host", "mixed"}
     assert all(c["bound"]["kind"] in {"compute", "communication", "host", "mixed", "memory"}
-               for c in [*tight["ranked"], *tight["over_budget"]])
+               for c in [*tight["ranked"], *tight["within_spread"], *tight["over_budget"]])
 
 
 def test_explore_on_cpu_counts_what_it_lists_without_a_budget(capsys: pytest.CaptureFixture[str]) -> None:
@@ -120,16 +121,21 @@ def test_explore_on_cpu_counts_what_it_lists_without_a_budget(capsys: pytest.Cap
     lines = out.splitlines()
     # a CPU trace states no device memory: no budget, said so, and nothing called memory-bound
     assert "memory budget none: the trace does not state the device's memory" in lines[0]
-    rows = [line.split() for line in lines[2:] if line.strip()[:1].isdigit()]
+    rows = [line.split() for line in lines[1:] if line.strip()[:1].isdigit() or line.strip()[:2] == "- "]
     skipped = [line for line in lines if line.startswith("not tried: ")]
     assert rows and all(row[-1] in {"compute", "communication", "mixed"} for row in rows), out
-    assert [int(row[0]) for row in rows] == list(range(1, len(rows) + 1))
-    assert "over the budget" not in out and lines[-1].startswith("fastest: ")
+    ranked = [row for row in rows if row[0] != "-"]
+    assert [int(row[0]) for row in ranked] == list(range(1, len(ranked) + 1))
+    assert "over the budget" not in out
+    # a setting within the recording's own step-to-step spread is listed, not ranked; the fastest is a ranked one
+    assert (len(ranked) < len(rows)) == ("no measurable change (within the recording's step-to-step spread" in out)
+    assert bool(ranked) == any(line.startswith("fastest: ") for line in lines)
     counted = re.search(r"fsdpviz: (\d+) setting\(s\) predicted(?:, (\d+) not tried)? in", err)
     assert counted, err
     assert int(counted.group(1)) == len(rows) and int(counted.group(2) or 0) == len(skipped)
     data = json.loads(_run(["whatif", str(sample), "--explore", "--json", "-q"], capsys)[1])
-    assert data["memory_budget_bytes"] is None and len(data["ranked"]) == len(rows) and not data["over_budget"]
+    assert data["memory_budget_bytes"] is None and not data["over_budget"]
+    assert len(data["ranked"]) == len(ranked) and len(data["within_spread"]) == len(rows) - len(ranked)
 
 
 def _no_units_trace(tmp: Path) -> Path:

@@ -60,6 +60,16 @@ def _range(per_step: pd.Series) -> float | None:
     return round(float(values.max() - values.min()), 3) if len(values) >= 2 else None
 
 
+def traced_step_values_ms(step_times: pd.DataFrame) -> pd.Series | None:
+    """Per analysed step, the median over ranks of the traced step time in ms (``RunAnalysis.step_times``)."""
+    return None if step_times.empty else step_times.groupby("step")["step_ns"].median() / NS_PER_MS
+
+
+def spread_ms(per_step: pd.Series | None) -> float | None:
+    """The range of ``per_step`` values (None: fewer than two)."""
+    return None if per_step is None else _range(per_step)
+
+
 def step_values_ms(run: LabelledRun, key: str) -> pd.Series | None:
     """Per step (index), the median over ranks of the figure ``key`` in ms; None where the run has
     no per-step values of it."""
@@ -75,8 +85,7 @@ def step_values_ms(run: LabelledRun, key: str) -> pd.Series | None:
                 return None
             rows = rows[rows["step"].isin(profiler.unprofiled_steps)]
             return rows.groupby("step")["ms"].median()
-        times = run.analysis.step_times
-        return None if times.empty else times.groupby("step")["step_ns"].median() / NS_PER_MS
+        return traced_step_values_ms(run.analysis.step_times)
     column = STEP_COLUMNS.get(key)
     times = run.analysis.step_times
     if column is None or times.empty:

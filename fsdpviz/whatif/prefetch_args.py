@@ -1,0 +1,102 @@
+"""Prefetch in each framework's own words: what a recording's arguments were, and what a predicted
+prefetch setting would be as the arguments a user writes.
+
+The model speaks of prefetch as a depth: ``implicit`` (FSDP2's default: nothing explicitly ahead in
+forward, one unit ahead in backward), ``none`` (nothing ahead) and ``N`` (N units ahead in both
+passes). Users write their framework's arguments instead:
+
+- FSDP2: ``set_modules_to_forward_prefetch`` / ``set_modules_to_backward_prefetch`` lists (``N``: the
+  next N units), or nothing (``implicit``);
+- FSDP1: ``forward_prefetch`` (one unit ahead in forward) and ``backward_prefetch`` (``BACKWARD_PRE`` /
+  ``BACKWARD_POST``: one unit ahead in backward; None: none). FSDP1 prefetches at most one unit ahead,
+  so a depth of 2 or more has no FSDP1 arguments;
+- ZeRO-3: ``stage3_prefetch_bucket_size``, in parameter elements: the parameters fetched ahead of the
+  module in use. A depth of N units is the bucket that holds the largest N consecutive units' elements;
+  ``none`` is 0. Its default (50,000,000 elements) holds a small model whole: the depth recorded then
+  is read as ``implicit``, with the recorded size said beside it.
+
+run.json's ``units[].forward_prefetch`` / ``backward_prefetch`` hold what the recorder read from the
+framework (docs/run-folder.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+from fsdpviz.runfolder import RunInfo, UnitInfo
+from fsdpviz.vocabulary import FSDP1, FSDP2, ZERO3
+
+IMPLICIT: Final = "implicit"
+NONE: Final = "none"
+FSDP1_BACKWARD_DEFAULT: Final = "BACKWARD_PRE"  # FSDP1's own default
+FSDP1_MAX_DEPTH: Final = 1
+ZERO3_DEFAULT_BUCKET: Final = 50_000_000  # DeepSpeed's stage3_prefetch_bucket_size default (elements)
+
+
+def _first(units: Sequence[UnitInfo], field: str) -> object:
+    values = [getattr(u, field) for u in units if getattr(u, field) is not None]
+    return values[0] if values else None
+
+
+def recorded(run: RunInfo | None, framework: str) -> tuple[str, dict[str, object]]:
+    """The recording's prefetch as the model's depth, and the framework's own arguments that gave it
+    (empty where run.json does not say: traces recorded without fsdpviz)."""
+    if run is None or not run.units:
+        return IMPLICIT, {}
+    units = run.units
+    if framework == FSDP2:
+        depths = {len(u.forward_prefetch) for u in units if isinstance(u.forward_prefetch, list)}
+        depth = max(depths) if depths else 0
+        return (str(depth), {"set_modules_to_forward_prefetch": f"the next {depth} unit(s)"}) if depth else (
+            IMPLICIT, {"set_modules_to_forward_prefetch": "not called (FSDP2's implicit prefetch)"})
+    if framework == FSDP1:
+        forward, backward = _first(units, "forward_prefetch"), _first(units, "backward_prefetch")
+        if forward is None and backward is None:
+            return IMPLICIT, {}
+        args: dict[str, object] = {"forward_prefetch": bool(forward), "backward_prefetch": backward}
+        if forward:
+            return "1", args
+        return (IMPLICIT if backward else NONE), args
+    if framework == ZERO3:
+        bucket = _first(units, "forward_prefetch")
+        if not isinstance(bucket, int) or isinstance(bucket, bool):
+            return IMPLICIT, {}
+        return (NONE if bucket == 0 else IMPLICIT), {"stage3_prefetch_bucket_size": bucket}
+    return IMPLICIT, {}
+
+
+def arguments(framework: str, depth: str, unit_numels: Sequence[int]) -> dict[str, object] | None:
+    """The framework's arguments for the model's prefetch ``depth`` (``unit_numels``: the units'
+    parameter elements in forward order, for ZeRO-3's bucket); None where the framework cannot
+    express it (FSDP1 beyond one unit ahead)."""
+    if framework == FSDP2:
+        if depth == IMPLICIT:
+            return {"set_modules_to_forward_prefetch": "not called (FSDP2's implicit prefetch)"}
+        if depth == NONE:
+            return {"set_modules_to_forward_prefetch": "[] for every unit",
+                    "set_modules_to_backward_prefetch": "[] for every unit"}
+        return {"set_modules_to_forward_prefetch": f"the next {depth} unit(s)",
+                "set_modules_to_backward_prefetch": f"the previous {depth} unit(s)"}
+    if framework == FSDP1:
+        if depth == IMPLICIT:
+            return {"forward_prefetch": False, "backward_prefetch": FSDP1_BACKWARD_DEFAULT}
+        if depth == NONE:
+            return {"forward_prefetch": False, "backward_prefetch": None}
+        if int(depth) <= FSDP1_MAX_DEPTH:
+            return {"forward_prefetch": True, "backward_prefetch": FSDP1_BACKWARD_DEFAULT}
+        return None
+    if framework == ZERO3:
+        if depth == IMPLICIT:
+            return {"stage3_prefetch_bucket_size": ZERO3_DEFAULT_BUCKET}
+        if depth == NONE:
+            return {"stage3_prefetch_bucket_size": 0}
+        n = int(depth)
+        windows = [sum(unit_numels[i:i + n]) for i in range(max(1, len(unit_numels) - n + 1))]
+        return {"stage3_prefetch_bucket_size": max(windows) if windows else 0}
+    return None
+
+
+def words(args: dict[str, object]) -> str:
+    """``forward_prefetch=True, backward_prefetch=BACKWARD_PRE``."""
+    return ", ".join(f"{k}={v}" for k, v in args.items())

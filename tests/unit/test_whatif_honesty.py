@@ -1,0 +1,91 @@
+"""whatif says what it cannot tell and speaks each framework's own settings, checked against outside truth:
+
+- one rank has no communication: a real 1-rank FSDP2 recording on an H100 holds none, and a prediction
+  of world size 1 from a 2-rank recording must show none either;
+- the recorded prefetch is the framework's own: the FSDP1 and ZeRO-3 samples were recorded with the
+  frameworks' defaults, read here from torch's and DeepSpeed's own signatures and config;
+- a prediction states the recording's step-to-step spread, as the trace's own ProfilerStep spans give
+  it, and calls a change within it not measurable;
+- a replay that misses its recording, or a recording the profiler slowed heavily, is said before any
+  figure.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers.cli import json_here, run_here
+from helpers.rawfiles import raw_trace
+
+SAMPLES = Path(__file__).parents[2] / "sample_traces"
+
+
+def test_one_rank_has_no_communication_as_a_real_one_rank_recording_shows(
+        gpu_fsdp_run: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    one = gpu_fsdp_run("h100-fsdp2-ws1-block").summary
+    assert one.world_size == 1 and one.overlap.comm_ms == 0  # truth: FSDP2 on one rank gathers nothing
+    for sample in ("fsdp2-cpu-2rank", "fsdp1-cpu-2rank"):
+        data = json_here(capsys, "whatif", str(SAMPLES / sample), "--world-size", "1", "--json", "-q", "--no-cache")
+        assert data["baseline"]["comm_ms"] > 0
+        predicted = data["predicted"]
+        assert predicted["comm_ms"] == 0 and predicted["exposed_comm_ms"] == 0
+        assert all(u["all_gather_ms"] == 0 == u["reduce_scatter_ms"] for u in predicted["units"])
+
+
+def test_fsdp1_recorded_prefetch_is_fsdp1s_own_default(capsys: pytest.CaptureFixture[str]) -> None:
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    defaults = inspect.signature(FullyShardedDataParallel.__init__).parameters
+    truth = {"forward_prefetch": defaults["forward_prefetch"].default,
+             "backward_prefetch": defaults["backward_prefetch"].default.name}  # the sample used the defaults
+    data = json_here(capsys, "whatif", str(SAMPLES / "fsdp1-cpu-2rank"), "--json", "-q", "--no-cache")
+    prefetch = data["predicted"]["settings"]["prefetch"]
+    assert prefetch["source"] == "recorded" and prefetch["arguments"] == truth
+    none = json_here(capsys, "whatif", str(SAMPLES / "fsdp1-cpu-2rank"), "--prefetch", "none", "--json", "-q")
+    assert none["predicted"]["settings"]["prefetch"]["arguments"] == {"forward_prefetch": False,
+                                                                      "backward_prefetch": None}
+    refused = run_here(capsys, "whatif", str(SAMPLES / "fsdp1-cpu-2rank"), "--prefetch", "2", "-q")
+    assert refused.returncode == 2 and "fsdp1 prefetches at most 1 unit ahead" in refused.stderr
+
+
+def test_zero3_recorded_prefetch_is_deepspeeds_bucket(capsys: pytest.CaptureFixture[str]) -> None:
+    config = pytest.importorskip("deepspeed.runtime.zero.config")
+    truth = config.DeepSpeedZeroConfig.model_fields["prefetch_bucket_size"].default  # the sample's: the default
+    data = json_here(capsys, "whatif", str(SAMPLES / "zero3-cpu-2rank"), "--json", "-q", "--no-cache")
+    assert data["predicted"]["settings"]["prefetch"]["arguments"] == {"stage3_prefetch_bucket_size": truth}
+    one = json_here(capsys, "whatif", str(SAMPLES / "zero3-cpu-2rank"), "--prefetch", "1", "--json", "-q")
+    bucket = one["predicted"]["settings"]["prefetch"]["arguments"]["stage3_prefetch_bucket_size"]
+    # a bucket of one unit ahead holds the largest unit DeepSpeed fetches, and no more than two of them
+    run = json.loads((SAMPLES / "zero3-cpu-2rank" / "run.json").read_text())
+    numels = sorted(u["param_numel"] for u in run["units"] if u["param_numel"] > 0)
+    assert numels[-1] <= bucket <= numels[-1] + numels[-2]
+
+
+def test_the_spread_is_the_traces_own_step_to_step_range(capsys: pytest.CaptureFixture[str]) -> None:
+    sample = SAMPLES / "fsdp2-cpu-2rank"
+    data = json_here(capsys, "whatif", str(sample), "--wrap", "merge:2", "--json", "-q", "--no-cache")
+    traces = [raw_trace(sample / "traces" / f"rank{r}.trace.json.gz") for r in (0, 1)]
+    steps = sorted(set(traces[0].steps) & set(traces[1].steps))  # every one analysed: fsdpviz writes them whole
+    per_step = [statistics.median(t.step_ms(s) for t in traces) for s in steps]
+    assert steps
+    predicted = data["predicted"]
+    assert predicted["spread_ms"] == pytest.approx(max(per_step) - min(per_step), abs=0.01)
+    change = abs(predicted["step_time_ms"] - data["baseline"]["step_time_ms"])
+    assert predicted["measurable"] is (change > predicted["spread_ms"])
+
+
+def test_a_replay_that_misses_is_said_before_any_figure(gpu_fsdp_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Model B: the profiler slowed its steps 1.79x (README); model A's replay misses by more than 10 %."""
+    for run, words in (("h100-fsdp2-fake8-block-modelB", "the profiler slowed the recorded steps 1.79x"),
+                       ("h100-fsdp2-fake8-block", "unreliable: the model's replay misses the recorded step")):
+        data = json_here(capsys, "whatif", str(gpu_fsdp_dir / run), "--wrap", "root", "--json", "-q")
+        assert any(words in w for w in data["warnings"]), data["warnings"]
+        assert data["reliable"] == (data["replay_error_pct"] <= 10)
+        out = run_here(capsys, "whatif", str(gpu_fsdp_dir / run), "--wrap", "root", "-q").stdout.splitlines()
+        first_figure = next(i for i, line in enumerate(out) if "step time" in line)
+        assert any(words in line for line in out[:first_figure])
