@@ -236,7 +236,7 @@ def categorise(samples: pd.DataFrame, where: Sites) -> Categorised:
     n = len(samples)
     t = samples["t_ns"].to_numpy(np.int64)
     delta = samples["delta_bytes"].to_numpy(np.int64)
-    freed_at, made_at = _pairs(samples["addr"].to_numpy(np.int64), delta)
+    freed_at, made_at = pair_frees(samples["addr"].to_numpy(np.int64), delta)
     in_gather_buffer, in_gather_params = covers(where.gather_buffer, t), covers(where.gather_params, t)
     in_reduce, in_post = covers(where.reduce, t), covers(where.post_backward, t)
     in_zero, in_opt, in_forward = covers(where.zero_grad, t), covers(where.optimizer, t), covers(where.forward, t)
@@ -393,7 +393,7 @@ def _freed_after_next(t: np.ndarray, freed_at: np.ndarray, ranges: Intervals) ->
     return freed & (t[np.clip(freed_at, 0, None)] >= next_start)
 
 
-def _pairs(addr: np.ndarray, delta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def pair_frees(addr: np.ndarray, delta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per allocation, the sample that frees its block; per free, the allocation (-1: not seen).
 
     An allocator hands an address out again only once it is free, so a block's free is the next
