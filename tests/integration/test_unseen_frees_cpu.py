@@ -65,3 +65,32 @@ def test_peak_is_what_fsdp_mem_tracker_measured(recordings: Recordings) -> None:
     assert drift_bytes(levels) is None
     later = levels[(levels["step"] > min(steps)).to_numpy()]  # the first starts with the gradients before the trace
     assert later.groupby("rank")["start_bytes"].nunique().max() == 1
+
+
+def test_every_view_says_what_was_not_seen_freed(recordings: Recordings, capsys: pytest.CaptureFixture[str]) -> None:
+    """summary --json, the terminal, the page's headline and compare's notes count the same blocks."""
+    from helpers.cli import json_here, stdout_here
+
+    from fsdpviz.analysis.compare.runs import compare_runs
+    from fsdpviz.analysis.pipeline import LabelledRun
+    from fsdpviz.formatting import format_bytes
+    from fsdpviz.report.data import prepare_report
+    from fsdpviz.report.headline import headline_section
+
+    rec = recordings.get(TRACKED)
+    assert rec.proc.returncode == 0, rec.proc.stderr[-3000:]
+    result = analyse([rec.run_dir], cache=False)
+    lost = result.analysis.unseen_frees
+    printed = json_here(capsys, "summary", str(rec.run_dir), "--json", "--no-cache")["memory"]["not_seen_freed"]
+    assert printed["blocks"] == len(lost) > 0
+    assert printed["bytes"] == int(lost["bytes"].sum())
+    assert printed["at_collective_end"] + printed["at_address_reuse"] == len(lost)
+    text = " ".join(stdout_here(capsys, "summary", str(rec.run_dir), "--no-cache").split())
+    assert f"not seen freed {len(lost)} block(s), {format_bytes(printed['bytes'])}" in text
+    facts = {f.label: f for f in headline_section(prepare_report(result)).facts}
+    assert facts["not seen freed"].value == format_bytes(printed["bytes"])
+    other = analyse([rec.run_dir], cache=False)
+    notes = compare_runs([LabelledRun(label="a", source=str(rec.run_dir), result=result),
+                          LabelledRun(label="b", source=str(rec.run_dir), result=other)]).notes
+    assert sum(n.startswith(("a: not seen freed", "b: not seen freed")) for n in notes) == 2
+    assert not any("climbs" in n for n in notes)
