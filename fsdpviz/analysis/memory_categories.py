@@ -21,7 +21,9 @@ made (the labels around it) and, where that is not enough, from where its block 
   reduction the hook holds, found by time order (:func:`_fsdp1_gradients`).
 - **activations**: made inside a unit's forward window outside FSDP's gather labels.
 - **optimizer state**: made inside ``Optimizer.step`` and never freed (its lazy initialisation), any
-  class.
+  class; and ZeRO-3's fp32 partitioned copy of the parameters (``fp32_partitioned_groups_flat``,
+  DeepSpeed's master weights, which its optimizer steps on: part of ZeRO's K), measured by the
+  recorder with the state.
 - What was on the device before the trace and stays is divided once the units are known
   (:func:`split_persistent`) with what ``fsdpviz record`` measured in the training process when the
   trace began (run.json ``ranks[].memory.trace_start``): the **sharded parameters** (else the units'
@@ -494,7 +496,7 @@ class Measured:
     ``ranks[].memory.trace_start``); None where it could not measure."""
 
     sharded_param_bytes: int | None = None
-    optimizer_state_bytes: int | None = None
+    optimizer_state_bytes: int | None = None  # every optimizer's state, ZeRO-3's fp32 master copy included
     gradient_bytes_kept: int | None = None  # gradients alive then and still alive at the next step
     baseline_bytes: int = 0  # added to a level that starts at 0 with the trace (CPU)
 

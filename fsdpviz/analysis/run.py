@@ -490,6 +490,8 @@ def combine_parts(parts: Sequence[RankPart], traces: TraceSet, selection: StepSe
     model = _model(stats, units, peaks_t, gpu, shards, shards_source,
                    [s for s in states.values() if s is not None], optimizer[0] if len(optimizer) == 1 else "",
                    traces.world_size, _optimizer_bytes(split, states))
+    if model is not None:
+        model.master_bytes_per_param = _master_bytes(traces.run, states)
     step_ns = float(step_times["step_ns"].median()) if len(step_times) else float("nan")
     findings = build_findings(us, spans, step_times, step_ns, framework,
                               profiler=profiler, idle_ns=idle_ns)
@@ -516,7 +518,7 @@ def measured_of(run: RunInfo | None, rank: int) -> mcat.Measured | None:
         return None
     relative = start.device == memory.CPU_DEVICE
     return mcat.Measured(sharded_param_bytes=start.sharded_param_bytes,
-                         optimizer_state_bytes=start.optimizer_state_bytes,
+                         optimizer_state_bytes=start.optimizer_bytes(),
                          gradient_bytes_kept=start.gradient_bytes_kept,
                          baseline_bytes=start.baseline_bytes() if relative else 0)
 
@@ -546,6 +548,17 @@ def _optimizer_bytes(split: dict[int, mcat.Split], states: dict[int, mcat.Sharde
         if mcat.OPTIMIZER_STATE not in sp.unknown and state is not None and state.elements > 0 \
                 and sp.parts[mcat.OPTIMIZER_STATE] > 0:
             return round(sp.parts[mcat.OPTIMIZER_STATE] / state.elements)
+    return None
+
+
+def _master_bytes(run: RunInfo | None, states: dict[int, mcat.ShardedState | None]) -> int | None:
+    """Of K, the bytes per sharded element of ZeRO-3's fp32 master copy of the parameters, as the
+    recorder measured it on a rank whose shards are known; None where none was measured."""
+    for rank, state in sorted(states.items()):
+        info = run.rank_info(rank) if run is not None else None
+        start = info.memory.trace_start if info is not None and info.memory is not None else None
+        if start is not None and start.master_param_bytes and state is not None and state.elements > 0:
+            return round(start.master_param_bytes / state.elements)
     return None
 
 
