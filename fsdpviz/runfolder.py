@@ -121,12 +121,23 @@ class TraceStartMemory(msgspec.Struct, kw_only=True):
     gradient_bytes_kept: int | None = None
     """Of those, the bytes still alive at the next optimizer step (``zero_grad(set_to_none=False)``
     keeps them; ``set_to_none=True`` frees them)."""
+    master_param_bytes: int | None = None
+    """ZeRO-3: the optimizer's fp32 partitioned copy of the parameters (DeepSpeed's master weights,
+    ``fp32_partitioned_groups_flat``), which its optimizer steps on; part of the optimizer state, as
+    in ZeRO's K. None for a framework without one."""
 
     def baseline_bytes(self) -> int:
         """What the level that starts with the trace leaves out and keeps all along: the sharded
-        parameters, the optimizer state and the gradients kept (the known ones)."""
-        return sum(b for b in (self.sharded_param_bytes, self.optimizer_state_bytes, self.gradient_bytes_kept)
-                   if b is not None)
+        parameters, the optimizer state (ZeRO-3's master copy too) and the gradients kept (the known ones)."""
+        return sum(b for b in (self.sharded_param_bytes, self.optimizer_state_bytes, self.master_param_bytes,
+                               self.gradient_bytes_kept) if b is not None)
+
+    def optimizer_bytes(self) -> int | None:
+        """The optimizer's whole state: ``optimizer.state`` and ZeRO-3's master copy (None when the
+        state was not measured)."""
+        if self.optimizer_state_bytes is None:
+            return None
+        return self.optimizer_state_bytes + (self.master_param_bytes or 0)
 
 
 class OptimizerMemory(msgspec.Struct, kw_only=True):

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from fsdpviz.formatting import format_bytes
+
 if TYPE_CHECKING:
     from fsdpviz.analysis.summary import MemorySummary, Summary
 
@@ -22,6 +24,18 @@ def peak_place(memory: MemorySummary) -> str:
         return ""
     unit = f", during {at.unit} {at.phase}".rstrip() if at.unit else ", outside every unit's window"
     return f"rank {at.rank}, step {at.step}{unit}"
+
+
+def not_seen_freed_text(memory: MemorySummary) -> str:
+    """The blocks whose free the profiler did not see, as every view words them ("" when none)."""
+    n = memory.not_seen_freed
+    if n is None:
+        return ""
+    how = [f"{k} when their collective completed" for k in [n.at_collective_end] if k] + \
+          [f"{k} by the reuse of their address" for k in [n.at_address_reuse] if k]
+    return (f"{n.blocks} block(s), {format_bytes(n.bytes)} over the trace, freed by gloo's threads, where the "
+            f"profiler records no free and its level never comes down: taken out of the level where they died "
+            f"({', '.join(how)}), so no peak counts them")
 
 
 def step_time_figures(summary: Summary) -> list[tuple[str, float]]:

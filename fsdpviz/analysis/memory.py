@@ -9,7 +9,8 @@ Samples are the ``[memory]`` events (one per allocation or free, with the alloca
   pass whose window holds that instant (the innermost one: a block inside the root wins).
 - **Model** (:class:`MemoryModel`): FSDP / ZeRO-3 keep ``(s + s + K) * Psi / N`` bytes of sharded
   state per rank (parameters, gradients and optimizer state of ``Psi`` parameters over ``N`` shards,
-  ``s`` bytes per sharded element and ``K`` optimizer bytes per element), and at the peak also hold
+  ``s`` bytes per sharded element and ``K`` optimizer bytes per element, ZeRO-3's fp32 master copy
+  of the parameters among them), and at the peak also hold
   unsharded units: the two largest units' parameters (the one computing and the one prefetched) and
   the largest unit's gradients. What the peak really holds, by category, is measured
   (:mod:`fsdpviz.analysis.memory_categories`). ``N`` is the
@@ -236,6 +237,9 @@ class MemoryModel(msgspec.Struct, kw_only=True):
     model_peak_bytes: int
     formula: str
     measured_peak_bytes: int | None = None
+    # of K, ZeRO-3's fp32 master copy of the parameters its optimizer steps on (ZeRO's K = 12 for
+    # Adam: 4 of them); None where none was measured
+    master_bytes_per_param: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         """As ``summary --json`` and the exports give it."""

@@ -21,7 +21,9 @@ made (the labels around it) and, where that is not enough, from where its block 
   reduction the hook holds, found by time order (:func:`_fsdp1_gradients`).
 - **activations**: made inside a unit's forward window outside FSDP's gather labels.
 - **optimizer state**: made inside ``Optimizer.step`` and never freed (its lazy initialisation), any
-  class.
+  class; and ZeRO-3's fp32 partitioned copy of the parameters (``fp32_partitioned_groups_flat``,
+  DeepSpeed's master weights, which its optimizer steps on: part of ZeRO's K), measured by the
+  recorder with the state.
 - What was on the device before the trace and stays is divided once the units are known
   (:func:`split_persistent`) with what ``fsdpviz record`` measured in the training process when the
   trace began (run.json ``ranks[].memory.trace_start``): the **sharded parameters** (else the units'
@@ -236,7 +238,7 @@ def categorise(samples: pd.DataFrame, where: Sites) -> Categorised:
     n = len(samples)
     t = samples["t_ns"].to_numpy(np.int64)
     delta = samples["delta_bytes"].to_numpy(np.int64)
-    freed_at, made_at = _pairs(samples["addr"].to_numpy(np.int64), delta)
+    freed_at, made_at = pair_frees(samples["addr"].to_numpy(np.int64), delta)
     in_gather_buffer, in_gather_params = covers(where.gather_buffer, t), covers(where.gather_params, t)
     in_reduce, in_post = covers(where.reduce, t), covers(where.post_backward, t)
     in_zero, in_opt, in_forward = covers(where.zero_grad, t), covers(where.optimizer, t), covers(where.forward, t)
@@ -393,7 +395,7 @@ def _freed_after_next(t: np.ndarray, freed_at: np.ndarray, ranges: Intervals) ->
     return freed & (t[np.clip(freed_at, 0, None)] >= next_start)
 
 
-def _pairs(addr: np.ndarray, delta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def pair_frees(addr: np.ndarray, delta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per allocation, the sample that frees its block; per free, the allocation (-1: not seen).
 
     An allocator hands an address out again only once it is free, so a block's free is the next
@@ -494,7 +496,7 @@ class Measured:
     ``ranks[].memory.trace_start``); None where it could not measure."""
 
     sharded_param_bytes: int | None = None
-    optimizer_state_bytes: int | None = None
+    optimizer_state_bytes: int | None = None  # every optimizer's state, ZeRO-3's fp32 master copy included
     gradient_bytes_kept: int | None = None  # gradients alive then and still alive at the next step
     baseline_bytes: int = 0  # added to a level that starts at 0 with the trace (CPU)
 

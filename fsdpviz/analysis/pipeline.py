@@ -71,7 +71,9 @@ class RunResult:
             return self.traces
         from fsdpviz.trace.loader import load_ranks
 
-        return load_ranks(self.traces, self.traces.rank_ids if ranks is None else ranks, cache=self._cache)
+        again = load_ranks(self.traces, self.traces.rank_ids if ranks is None else ranks, cache=self._cache)
+        again.memory = _settled(again, self.analysis)
+        return again
 
     @property
     def clock_offsets(self) -> dict[int, int]:
@@ -116,10 +118,15 @@ class RunResult:
         idle = self.overlap["idle_ns"] / self.overlap["n_steps"].clip(lower=1)
         idle_ns = float(idle.median()) if len(idle) else None  # for the profiler's finding
         if self._parts is not None:
-            return combine_parts(self._parts, self.traces, self.selection, self.framework,
-                                 profiler=self.profiler, idle_ns=idle_ns)
-        return analyse_run(self.traces, selection=self.selection, framework=self.framework,
-                           profiler=self.profiler, idle_ns=idle_ns)
+            analysis = combine_parts(self._parts, self.traces, self.selection, self.framework,
+                                     profiler=self.profiler, idle_ns=idle_ns)
+        else:
+            analysis = analyse_run(self.traces, selection=self.selection, framework=self.framework,
+                                   profiler=self.profiler, idle_ns=idle_ns)
+        # the loaded samples get the frees the analysis found, so that whatever reads them after it
+        # (compare's step levels, whatif's recording, the notebook) reads the same levels
+        self.traces.memory = _settled(self.traces, analysis)
+        return analysis
 
     @cached_property
     def profiler(self) -> ProfilerCost | None:
@@ -136,6 +143,19 @@ class RunResult:
 
         return summary_of(self.traces, self.selection, self.overlap, self.framework, profiler=self.profiler,
                           analysis=self.analysis if self.has_units else None)
+
+
+def _settled(traces: TraceSet, analysis: RunAnalysis) -> pd.DataFrame:
+    """``traces.memory`` (each rank on its own clock) with the frees the analysis found that the
+    profiler did not see (:mod:`fsdpviz.analysis.unseen_frees`)."""
+    if analysis.unseen_frees.empty:
+        return traces.memory
+    from fsdpviz.analysis.crossrank import applied_offsets, shift_times
+    from fsdpviz.analysis.unseen_frees import settle_run
+
+    back = {r: -o for r, o in applied_offsets(analysis.clock).items()}
+    own = shift_times(analysis.unseen_frees, back, ("alloc_ns", "free_ns"))
+    return settle_run(traces.memory, own[own["rank"].isin(traces.rank_ids).to_numpy()], traces.memory_devices)
 
 
 @dataclass(kw_only=True, slots=True)

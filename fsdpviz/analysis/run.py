@@ -23,6 +23,7 @@ from fsdpviz import vocabulary
 from fsdpviz.analysis import crossrank, memory
 from fsdpviz.analysis import label_rules as rules
 from fsdpviz.analysis import memory_categories as mcat
+from fsdpviz.analysis import unseen_frees as unseen
 from fsdpviz.analysis.bound import gap_starters, host_wait_gaps, unit_host_wait
 from fsdpviz.analysis.categorical import startswith
 from fsdpviz.analysis.collectives import is_gpu_rank
@@ -105,6 +106,9 @@ class RunAnalysis:
     memory_unknown: dict[int, dict[str, str]] = field(default_factory=dict)
     # per rank, what its allocated level counts (memory_categories.LEVEL_*)
     memory_level: dict[int, str] = field(default_factory=dict)
+    # blocks freed where the profiler did not see it, each with when it died (unseen_frees.UNSEEN_FREES);
+    # every level above (curve, peaks, categories) is without them from then on
+    unseen_frees: pd.DataFrame = field(default_factory=lambda: schema.make_empty(unseen.UNSEEN_FREES))
 
 
 def _compute_set(events: pd.DataFrame, lanes: pd.DataFrame) -> Intervals:
@@ -204,6 +208,7 @@ class RankPart:
     memory_facts: pd.DataFrame  # memory_categories.MEMORY_FACTS
     step_times: pd.DataFrame  # schema.STEP_TIMES, late_ns still 0
     purposes: pd.DataFrame  # purposes.PURPOSE_TIMES: each purpose's communication, analysed steps
+    unseen_frees: pd.DataFrame  # unseen_frees.UNSEEN_FREES: settled in the memory tables above
 
     def compact(self, *, keep_labels: bool) -> RankPart:
         """Every table packed (:mod:`fsdpviz.analysis.packed`: a fraction of the bytes to send and to
@@ -218,7 +223,7 @@ class RankPart:
 
 PART_TABLES: Final = ("labels", "windows", "spans", "collectives", "gathers", "unit_steps", "memory",
                       "memory_peaks", "memory_categories", "category_peaks", "memory_facts", "step_times",
-                      "purposes")
+                      "purposes", "unseen_frees")
 
 
 def _wanted(selection: StepSelection, ranks: Sequence[int]) -> dict[int, set[int] | None]:
@@ -286,7 +291,9 @@ def analyse_ranks(traces: TraceSet, ranks: Sequence[int], selection: StepSelecti
     # Each table split by rank once (not one full scan per rank: 64 ranks x 6 tables add up).
     by_rank = {name: _rank_parts(frame) for name, frame in (
         ("steps", traces.steps), ("windows", ut.windows), ("pieces", _in_steps(ut.pieces, wanted)),
-        ("labels", labels), ("collectives", _in_steps(ut.collectives, wanted)))}
+        ("labels", labels), ("collectives", _in_steps(ut.collectives, wanted)),
+        ("all_collectives", ut.collectives))}
+    lost_parts: list[pd.DataFrame] = []
     for rank in chosen_ranks:
         rank_steps = by_rank["steps"](rank)
         rank_windows = by_rank["windows"](rank)
@@ -296,6 +303,11 @@ def analyse_ranks(traces: TraceSet, ranks: Sequence[int], selection: StepSelecti
         if rank in devices:
             samples = memory.device_samples(mem_samples, rank, devices[rank])
             where = mcat.sites(by_rank["labels"](rank), rank_windows, rank_events)
+            if devices[rank] == memory.CPU_DEVICE:  # the CPU profiler's own level never saw these frees
+                lost = unseen.unseen_frees(rank, samples, by_rank["all_collectives"](rank), rank_events,
+                                           where.gather_buffer)
+                samples = unseen.settle(samples, lost)
+                lost_parts.append(lost)
             cats = mcat.categorise(samples, where)
             facts.append({"rank": rank, "persistent_bytes": cats.persistent, "reduced_bytes": cats.reduced_bytes,
                           "reductions": cats.reductions, "optimizer_made": cats.optimizer_made,
@@ -356,7 +368,8 @@ def analyse_ranks(traces: TraceSet, ranks: Sequence[int], selection: StepSelecti
                     category_peaks=_concat(cat_peaks, mcat.CATEGORY_PEAKS),
                     memory_facts=schema.conform(pd.DataFrame(facts), mcat.MEMORY_FACTS) if facts
                     else schema.make_empty(mcat.MEMORY_FACTS),
-                    step_times=_concat(times, schema.STEP_TIMES), purposes=_concat(purpose_rows, PURPOSE_TIMES))
+                    step_times=_concat(times, schema.STEP_TIMES), purposes=_concat(purpose_rows, PURPOSE_TIMES),
+                    unseen_frees=_concat(lost_parts, unseen.UNSEEN_FREES))
 
 
 def _category_rows(rank: int, samples: pd.DataFrame, cats: mcat.Categorised, at: np.ndarray, steps: np.ndarray,
@@ -477,6 +490,8 @@ def combine_parts(parts: Sequence[RankPart], traces: TraceSet, selection: StepSe
     model = _model(stats, units, peaks_t, gpu, shards, shards_source,
                    [s for s in states.values() if s is not None], optimizer[0] if len(optimizer) == 1 else "",
                    traces.world_size, _optimizer_bytes(split, states))
+    if model is not None:
+        model.master_bytes_per_param = _master_bytes(traces.run, states)
     step_ns = float(step_times["step_ns"].median()) if len(step_times) else float("nan")
     findings = build_findings(us, spans, step_times, step_ns, framework,
                               profiler=profiler, idle_ns=idle_ns)
@@ -491,6 +506,7 @@ def combine_parts(parts: Sequence[RankPart], traces: TraceSet, selection: StepSe
         memory_level={r: _level_of(f, traces.run) for r, f in ((int(f["rank"]), f) for f in fact_rows)},
         clock=clock, skew=skew, findings=findings, notes=_notes(has_units, clock, shared),
         purposes=_frame_of(parts, "purposes", PURPOSE_TIMES),
+        unseen_frees=_shift(_frame_of(parts, "unseen_frees", unseen.UNSEEN_FREES), offsets, ("alloc_ns", "free_ns")),
     )
 
 
@@ -502,7 +518,7 @@ def measured_of(run: RunInfo | None, rank: int) -> mcat.Measured | None:
         return None
     relative = start.device == memory.CPU_DEVICE
     return mcat.Measured(sharded_param_bytes=start.sharded_param_bytes,
-                         optimizer_state_bytes=start.optimizer_state_bytes,
+                         optimizer_state_bytes=start.optimizer_bytes(),
                          gradient_bytes_kept=start.gradient_bytes_kept,
                          baseline_bytes=start.baseline_bytes() if relative else 0)
 
@@ -532,6 +548,17 @@ def _optimizer_bytes(split: dict[int, mcat.Split], states: dict[int, mcat.Sharde
         if mcat.OPTIMIZER_STATE not in sp.unknown and state is not None and state.elements > 0 \
                 and sp.parts[mcat.OPTIMIZER_STATE] > 0:
             return round(sp.parts[mcat.OPTIMIZER_STATE] / state.elements)
+    return None
+
+
+def _master_bytes(run: RunInfo | None, states: dict[int, mcat.ShardedState | None]) -> int | None:
+    """Of K, the bytes per sharded element of ZeRO-3's fp32 master copy of the parameters, as the
+    recorder measured it on a rank whose shards are known; None where none was measured."""
+    for rank, state in sorted(states.items()):
+        info = run.rank_info(rank) if run is not None else None
+        start = info.memory.trace_start if info is not None and info.memory is not None else None
+        if start is not None and start.master_param_bytes and state is not None and state.elements > 0:
+            return round(start.master_param_bytes / state.elements)
     return None
 
 

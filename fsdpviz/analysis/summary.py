@@ -51,6 +51,7 @@ from fsdpviz.analysis.records import (
 )
 from fsdpviz.analysis.steps import AnalysedSteps, StepSelection
 from fsdpviz.analysis.units import UnitSummary, summary_records
+from fsdpviz.analysis.unseen_frees import ADDRESS_REUSE, COLLECTIVE_END
 from fsdpviz.formatting import ms
 from fsdpviz.trace.frames import measured_baseline
 from fsdpviz.trace.tables import TraceSet
@@ -99,6 +100,17 @@ class RankMemory(msgspec.Struct, kw_only=True):
     peak_allocated_bytes: int
 
 
+class NotSeenFreed(msgspec.Struct, kw_only=True):
+    """Blocks the profiler saw allocated and never saw freed (a gloo thread freed them), over the
+    whole trace and every rank: fsdpviz takes each out of the level where it died
+    (:mod:`fsdpviz.analysis.unseen_frees`), so no peak counts them."""
+
+    blocks: int
+    bytes: int
+    at_collective_end: int  # blocks freed when the collective that used them completed
+    at_address_reuse: int  # blocks freed, at the latest, when their address was handed out again
+
+
 class MemorySummary(msgspec.Struct, kw_only=True):
     """Allocator peaks in the analysed steps (GPU devices when there are any, else the CPU)."""
 
@@ -121,6 +133,9 @@ class MemorySummary(msgspec.Struct, kw_only=True):
     highest over ranks); None when nothing was added."""
     model: dict[str, Any] | None = None
     """The ZeRO arithmetic beside the measured categories (memory.MemoryModel)."""
+    not_seen_freed: NotSeenFreed | None = None
+    """On CPU, the blocks whose free the profiler did not see, outside every peak and level (None:
+    none found, or no per-unit analysis)."""
 
 
 class Summary(msgspec.Struct, kw_only=True):
@@ -348,7 +363,8 @@ def _with_categories(mem: MemorySummary, analysis: RunAnalysis | None, traces: T
     level = next((lv for lv in (LEVEL_SINCE_TRACE_START, LEVEL_MEASURED_BASELINE, LEVEL_ALLOCATOR) if lv in levels),
                  None)
     baselines = measured_baseline(traces.run)
-    mem = msgspec.structs.replace(mem, level=level, baseline_bytes=max(baselines.values()) if baselines else None)
+    mem = msgspec.structs.replace(mem, level=level, baseline_bytes=max(baselines.values()) if baselines else None,
+                                  not_seen_freed=not_seen_freed(analysis.unseen_frees))
     model = analysis.memory_model.to_json() if analysis.memory_model is not None else None
     steps = analysis.category_peaks[(analysis.category_peaks["unit"].astype(str) == "").to_numpy()]
     if steps.empty:
@@ -361,6 +377,16 @@ def _with_categories(mem: MemorySummary, analysis: RunAnalysis | None, traces: T
     if len(at):
         top = msgspec.structs.replace(top, unit=str(at["unit"].iat[0]), phase=str(at["phase"].iat[0]))
     return msgspec.structs.replace(mem, categories=dict(top.categories), categories_at=top, model=model)
+
+
+def not_seen_freed(frees: pd.DataFrame) -> NotSeenFreed | None:
+    """:class:`NotSeenFreed` of a run's unseen_frees.UNSEEN_FREES (None when there is none)."""
+    if frees.empty:
+        return None
+    basis = frees["basis"].astype(str)
+    return NotSeenFreed(blocks=len(frees), bytes=int(frees["bytes"].sum()),
+                        at_collective_end=int((basis == COLLECTIVE_END).sum()),
+                        at_address_reuse=int((basis == ADDRESS_REUSE).sum()))
 
 
 def _notes(traces: TraceSet, overlap: pd.DataFrame, selection: StepSelection, framework: str) -> list[Note]:

@@ -166,6 +166,10 @@ def print_summary(summary: Summary) -> None:
         head.add_row("at the peak", f"({where}) " + ", ".join(parts))
         for category, why in at.unknown.items():
             head.add_row("", escape(f"{TITLES[category]} unknown: {why}"))
+    if mem.not_seen_freed is not None:
+        from fsdpviz.analysis.figures import not_seen_freed_text
+
+        head.add_row("not seen freed", escape(not_seen_freed_text(mem)))
     console.print(head)
 
     def per_rank() -> Table:

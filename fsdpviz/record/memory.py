@@ -2,7 +2,8 @@
 
 The CPU profiler's allocated level starts at 0 when the trace begins: a tensor made before is
 invisible to it. So when the trace begins the recorder measures what is alive then -- the sharded
-parameters, every optimizer's state and the gradients -- and at the next optimizer step which of
+parameters, every optimizer's state (and ZeRO-3's fp32 master copy of the parameters, which its
+optimizer steps on) and the gradients -- and at the next optimizer step which of
 those gradients are still alive (``zero_grad(set_to_none=False)`` keeps them). After each recorded
 optimizer step it also measures that optimizer's state. Only tensors on the rank's device count;
 a DTensor counts its local shard. Nothing here allocates or runs an operator: it reads sizes.
@@ -84,6 +85,19 @@ def sharded_params(framework: str, root: Any) -> list[torch.Tensor] | None:
     return None
 
 
+def master_params(framework: str, root: Any) -> list[torch.Tensor] | None:
+    """ZeRO-3's fp32 partitioned copy of the parameters that its optimizer steps on (DeepSpeed's
+    ``fp32_partitioned_groups_flat``, one flat tensor per parameter group); None for another
+    framework or when it cannot be read."""
+    if framework != "zero3":
+        return None
+    try:
+        flat = getattr(root.optimizer, "fp32_partitioned_groups_flat", None)
+    except AttributeError:
+        return None
+    return [t for t in flat if isinstance(t, torch.Tensor)] if isinstance(flat, list) else None
+
+
 def gradients(framework: str, root: Any) -> list[torch.Tensor] | None:
     """The gradients the parameters hold now (FSDP2: sharded DTensors; FSDP1: the flat parameters'
     sharded gradients); None for ZeRO-3, which keeps them in its own partitions."""
@@ -121,10 +135,12 @@ class MemoryProbe:
         params = sharded_params(framework, root) if root is not None else None
         grads = gradients(framework, root) if root is not None else None
         states = [t for o in list(self.optimizers) for t in optimizer_tensors(o)]
+        masters = master_params(framework, root) if root is not None else None
         self.trace_start = TraceStartMemory(
             step=step, device=device, sharded_param_bytes=nbytes(params, device) if params is not None else None,
             optimizer_state_bytes=nbytes(states, device),
-            gradient_bytes=nbytes(grads, device) if grads is not None else None)
+            gradient_bytes=nbytes(grads, device) if grads is not None else None,
+            master_param_bytes=nbytes(masters, device) if masters is not None else None)
         if grads is not None:
             self._grads = [weakref.ref(g) for g in grads]
 

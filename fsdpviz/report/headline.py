@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from fsdpviz.analysis.figures import not_seen_freed_text
 from fsdpviz.analysis.memory_categories import LEVEL_MEASURED_BASELINE, LEVEL_SINCE_TRACE_START
 from fsdpviz.analysis.parallelism import parallelism_text
 from fsdpviz.analysis.purposes import PURPOSE_TITLES
@@ -61,6 +62,8 @@ def headline_section(data: ReportData) -> Section:
         *_purpose_facts(s),
         Fact(label="peak allocated", value=format_bytes(mem.peak_allocated_bytes) or "n/a",
              hint=_level_hint(mem.level, mem.baseline_bytes)),
+        *([Fact(label="not seen freed", value=format_bytes(mem.not_seen_freed.bytes),
+                hint=not_seen_freed_text(mem))] if mem.not_seen_freed is not None else []),
         Fact(label="peak reserved", value=format_bytes(mem.peak_reserved_bytes or None) or "n/a",
              hint="the CPU allocator reports no reserved memory"
              if mem.peak_allocated_bytes and not mem.peak_reserved_bytes else ""),

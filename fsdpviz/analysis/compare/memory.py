@@ -2,11 +2,11 @@
 
 A run's peak allocated memory is the highest allocator sample in its analysed steps. It compares
 well between GPU runs, whose level at the start of each step (sharded parameters, gradients,
-optimizer state) is steady. On CPU it often is not: torch's CPU profiler cannot see frees of blocks
-allocated before profiling began (it warns: "Memory block of unknown size was allocated before the
-profiling started"), and the level at each step's start climbs from step to step by an amount that
-depends on the wrap policy, not on what the step needs (docs/tutorial-wrap-policies.md shows it on
-the bundled example). A peak then says more about how many steps were profiled than about the run.
+optimizer state) is steady. On CPU, torch's profiler does not see gloo's threads free a block, and its
+level never comes down for it: the level at each step's start climbed from step to step. The analysis
+places those frees (:mod:`fsdpviz.analysis.unseen_frees`) and the samples read here are settled
+(``RunResult.analysis`` settles ``traces.memory``), so a drift that is left is one fsdpviz could not
+explain, and a peak then says more about how many steps were profiled than about the run.
 
 So the comparison also reports the **step rise**: per rank and analysed step, the step's peak minus
 the level the step started at (the last sample at or before its start), median over ranks and

@@ -149,7 +149,8 @@ def compare_runs(runs: Sequence[LabelledRun]) -> Comparison:
         if f.unit in ("ms", "%") and best[f.key] and f.key not in MEASURED:
             best[f.key] = []
             withheld[f.key] = "its step-to-step spread is not measured, so a difference cannot be told from noise"
-    notes = comparability_notes(runs, match) + drift_notes(labels, drift, values["step_rise_bytes"])
+    notes = comparability_notes(runs, match) + drift_notes(labels, drift, values["step_rise_bytes"]) \
+        + unseen_notes(runs)
     comparison = Comparison(labels=labels, runs=list(runs), values=values, deltas=deltas, best=best,
                             settings=settings_rows(runs), match=match, drift=drift, notes=notes,
                             best_withheld=withheld, spread=spread, spread_points=points)
@@ -337,10 +338,19 @@ def drift_notes(labels: Sequence[str], drift: Sequence[int | None], rise: Sequen
         return []
     mib = ", ".join(f"{lb} +{d / MIB:.1f} MiB" for lb, d in drifting)
     rises = ", ".join(f"{lb} {r / MIB:.1f} MiB" for lb, r in zip(labels, rise) if r is not None)
-    note = (f"Allocated memory at step start climbs across the analysed steps ({mib}): the profiler misses "
-            "frees of memory allocated before it started (common on CPU), so peaks depend on how many steps "
-            f"were profiled. Compare the memory a step adds instead ({rises}); the findings do.")
+    note = (f"Allocated memory at step start climbs across the analysed steps ({mib}) even after the frees the "
+            "profiler did not see were placed (gloo's threads free blocks without a profiler event; fsdpviz "
+            "takes those out where their collective completed or their address was reused), so peaks depend on "
+            f"how many steps were profiled. Compare the memory a step adds instead ({rises}); the findings do.")
     return [note]
+
+
+def unseen_notes(runs: Sequence[LabelledRun]) -> list[str]:
+    """Runs with blocks whose free the profiler did not see: their peaks leave them out."""
+    from fsdpviz.analysis.figures import not_seen_freed_text
+
+    return [f"{r.label}: not seen freed, {not_seen_freed_text(r.summary.memory)}." for r in runs
+            if r.summary.memory.not_seen_freed is not None]
 
 
 # --- JSON --------------------------------------------------------------------------------------

@@ -127,7 +127,9 @@ def model_note(data: ReportData) -> str | None:
 def _state_words(model: MemoryModel) -> str:
     """The ZeRO arithmetic of the sharded state in words (the formula ``(s+s+K)*params/shards``)."""
     s, k = model.sharded_bytes_per_param, model.optimizer_bytes_per_param
-    per_param = f"{s} B of parameter + {s} B of gradient + {k} B of optimizer state per parameter"
+    master = (f" ({model.master_bytes_per_param} B of it DeepSpeed's fp32 master copy of the parameters)"
+              if model.master_bytes_per_param else "")
+    per_param = f"{s} B of parameter + {s} B of gradient + {k} B of optimizer state{master} per parameter"
     if model.formula.startswith("sum over units"):  # units sharded over groups of different sizes
         return f"{per_param}, for each unit's parameters split over its own shard group"
     return f"{per_param}, times {model.param_count:,} parameters, split over {model.shards} ranks"
