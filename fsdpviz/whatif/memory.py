@@ -99,6 +99,10 @@ class StepMemory:
     blocks: list[Block]
     windows: dict[Pass, tuple[int, int]]  # (unit, phase, micro) -> its window in the step
     computed: dict[Pass, int]  # (unit, phase, micro) -> where its compute region ends
+    # categories that cannot be known on this rank, with why (memory_categories.Split.unknown), and
+    # the bytes of them the levels hold by assumption (recording.ASSUMED_OPTIMIZER_STATES)
+    unknown: dict[str, str] = field(default_factory=dict)
+    assumed: dict[str, int] = field(default_factory=dict)
 
     @property
     def allocated(self) -> np.ndarray:
