@@ -123,3 +123,27 @@ def test_the_assumption_is_not_stated_where_nothing_scales(plain_gpu: dict[str, 
                          Settings().with_(reshard_after_forward=False))
     assert not any("Adam" in a for a in prediction.assumed)
     assert prediction.predicted.peak_allocated_bytes is not None
+
+
+def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    from fsdpviz.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert not exc.value.code
+    out: str = capsys.readouterr().out
+    return out
+
+
+def test_the_terminal_says_what_is_unknown_and_what_is_assumed(gpu_fsdp_dir: Path, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """The terminal shows the unknown peak as "-" with the note, and the Adam assumption in the headline."""
+    shutil.copytree(PLAIN_CPU[0], tmp_path / "cpu")
+    out = _cli(["whatif", str(tmp_path / "cpu"), "--world-size", "4", "-q"], capsys)
+    peak = next(line for line in out.splitlines() if line.strip().startswith("peak allocated"))
+    assert peak.split()[-1] == "-"
+    assert "unknown at the peak (-): sharded parameters, optimizer state:" in out
+    assert "world size 2 -> 4: not predicted" in out
+    shutil.copytree(gpu_fsdp_dir / "h100-fsdp2-fake8-block" / "traces", tmp_path / "gpu")
+    out = _cli(["whatif", str(tmp_path / "gpu"), "--world-size", "2", "-q"], capsys)
+    assert out.splitlines()[1].startswith("assumed: the optimizer state, which the recording did not measure: 2 states")
