@@ -209,6 +209,19 @@ def category_changes(baseline: Outcome, predicted: Outcome, *, min_bytes: int = 
     return out
 
 
+def _unknown_lines(prediction: Prediction) -> None:
+    """What the recorded peak cannot know (shown as "-"), and what the predicted one assumes."""
+    from fsdpviz.analysis.memory_categories import TITLES
+
+    by_why: dict[str, list[str]] = {}
+    for c, why in prediction.baseline.memory_unknown.items():
+        by_why.setdefault(why, []).append(TITLES.get(c, c))
+    if by_why:
+        typer.echo("  unknown at the peak (-): " + "; ".join(f"{', '.join(cs)}: {why}" for why, cs in by_why.items()))
+    for c, why in prediction.predicted.memory_assumed.items():
+        typer.echo(f"  assumed in the predicted peak: {TITLES.get(c, c)}: {why}")
+
+
 def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> None:
     widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
     for row in (header, *rows):
@@ -231,14 +244,7 @@ def print_prediction(prediction: Prediction, run: str, framework: str, world_siz
     changes = category_changes(prediction.baseline, prediction.predicted)
     if changes:
         typer.echo("  peak by category: " + "; ".join(changes))
-    unknown = prediction.predicted.memory_unknown or prediction.baseline.memory_unknown
-    if unknown:
-        from fsdpviz.analysis.memory_categories import TITLES
-
-        by_why: dict[str, list[str]] = {}
-        for c, why in unknown.items():
-            by_why.setdefault(why, []).append(TITLES.get(c, c))
-        typer.echo("  unknown at the peak (-): " + "; ".join(f"{', '.join(cs)}: {why}" for why, cs in by_why.items()))
+    _unknown_lines(prediction)
     typer.echo("")
     typer.echo("predicted per unit (ms per step; medians over ranks and steps)")
     _table(("unit", "all-gather", "forward", "backward", "reduce-scatter", "exposed"),

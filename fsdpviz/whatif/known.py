@@ -14,8 +14,9 @@ state, by N / N'), so the predicted peak is only as good as they are:
 
 - an optimizer state the recording did not measure, on a level that holds it (GPU: it is part of
   what was allocated before the trace), is assumed to be Adam's two states per sharded element
-  (:data:`fsdpviz.whatif.recording.ASSUMED_OPTIMIZER_STATES`) and scaled; the prediction's
-  ``assumed`` says so, with the bytes;
+  (:data:`fsdpviz.whatif.recording.ASSUMED_OPTIMIZER_STATES`) and scaled; the predicted categories
+  hold the assumed bytes, ``memory_assumed`` names them, and the prediction's ``assumed`` says so
+  where the assumption moves the peak (the recorded peak's categories stay null, as summary's);
 - a sharded category that is unknown and not assumed (a CPU level that never counted it, no units
   to size the shards by) leaves the predicted peak null, and a note says why: a peak predicted
   unchanged would be a guess presented as a measurement.
@@ -39,6 +40,7 @@ class PeakMemory:
     categories: dict[str, int | None] | None
     unknown: dict[str, str] = field(default_factory=dict)  # category -> why it is None
     assumed: list[str] = field(default_factory=list)  # what the predicted peak assumes (the headline)
+    assumed_categories: dict[str, str] = field(default_factory=dict)  # category -> what its bytes assume
     notes: list[str] = field(default_factory=list)
 
 
@@ -56,27 +58,33 @@ def recorded_peak(top: StepMemory | None) -> PeakMemory:
 def predicted_peak(change: MemoryChange | None, step: StepMemory | None, scale: float, world: str) -> PeakMemory:
     """The predicted peak (``change``, of the recorded ``step`` it was predicted from) when the
     sharded categories scale by ``scale`` (recorded world / new world; ``world``: the change in
-    words, ``8 -> 2``)."""
+    words, ``8 -> 2``). An assumed category holds its assumed bytes, named in ``assumed_categories``
+    (and ``other`` its remainder, when only the assumed ones left it unknown); the rest of the
+    unknown ones are None."""
     if change is None or step is None:
         return PeakMemory(None, None)
     unknown = dict(step.unknown)
-    categories = _known(change.categories, unknown)
-    if scale == 1.0:
-        return PeakMemory(change.peak_bytes, categories, unknown)
     blind = [c for c in mcat.SHARDED if c in unknown and not step.assumed.get(c)]
-    if blind:
+    if scale != 1.0 and blind:
         titles = [mcat.TITLES[c] for c in blind]
         words = " and ".join([", ".join(titles[:-1]), titles[-1]] if len(titles) > 1 else titles)
         why = "; ".join(dict.fromkeys(unknown[c] for c in blind))
         note = (f"peak memory at world size {world}: not predicted: the {words}, which a world-size change "
                 f"scales, cannot be known ({why})")
-        return PeakMemory(None, categories, unknown, notes=[note])
-    assumed = []
+        return PeakMemory(None, _known(change.categories, unknown), unknown, notes=[note])
+    resolved = {c: why for c, why in unknown.items() if step.assumed.get(c)}
     state = step.assumed.get(mcat.OPTIMIZER_STATE)
     if state:
+        resolved[mcat.OPTIMIZER_STATE] = (
+            f"{resolved[mcat.OPTIMIZER_STATE]}: assumed {ASSUMED_OPTIMIZER_STATES} states per sharded parameter "
+            f"element (Adam), {mib_text(state)} on rank {step.rank} at world size {world.split(' ')[0]}")
+        if mcat.OTHER in unknown and all(c in resolved for c in unknown if c != mcat.OTHER):
+            resolved[mcat.OTHER] = "what was allocated before the trace, less the assumed optimizer state"
+    unknown = {c: why for c, why in unknown.items() if c not in resolved}
+    assumed = []
+    if state and scale != 1.0:  # the assumption moves the peak: said in the headline
         assumed.append(f"the optimizer state, which the recording did not measure: {ASSUMED_OPTIMIZER_STATES} "
                        f"states per sharded parameter element (Adam), {mib_text(state)} on rank {step.rank} at "
                        f"world size {world.split(' ')[0]}, scaled with the shards in the predicted peak")
-        unknown[mcat.OPTIMIZER_STATE] += (f" (the predicted peak assumes {mib_text(round(state * scale))}: "
-                                          f"{ASSUMED_OPTIMIZER_STATES} states per sharded element, Adam)")
-    return PeakMemory(change.peak_bytes, categories, unknown, assumed=assumed)
+    return PeakMemory(change.peak_bytes, _known(change.categories, unknown), unknown, assumed=assumed,
+                      assumed_categories=resolved)

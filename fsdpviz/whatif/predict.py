@@ -70,11 +70,13 @@ class Outcome:
     # what the peak holds (memory_categories.CATEGORIES); None where it cannot be known, as in `summary`
     memory_categories: dict[str, int | None] | None = None
     memory_unknown: dict[str, str] = field(default_factory=dict)  # category -> why it is None
+    memory_assumed: dict[str, str] = field(default_factory=dict)  # category -> what its bytes assume
 
     def to_json(self) -> dict[str, Any]:
         return {"step_time_ms": self.step_time_ms, "exposed_comm_ms": self.exposed_comm_ms, "comm_ms": self.comm_ms,
                 "compute_ms": self.compute_ms, "peak_allocated_bytes": self.peak_allocated_bytes,
                 "memory_categories": self.memory_categories, "memory_unknown": self.memory_unknown,
+                "memory_assumed": self.memory_assumed,
                 "units": [u.to_json() for u in self.units]}
 
 
@@ -356,7 +358,8 @@ def _predicted(model: Model, simulated: list[SimResult], baseline: Outcome, sett
                    compute_ms=round(max(0.0, baseline.compute_ms + moved(lambda r: r.compute_ns) / NS_PER_MS), 3),
                    peak_allocated_bytes=memory.peak_bytes if recorded else None, units=units,
                    memory_categories=memory.categories if recorded else None,
-                   memory_unknown=memory.unknown if recorded else {})
+                   memory_unknown=memory.unknown if recorded else {},
+                   memory_assumed=memory.assumed_categories if recorded else {})
 
 
 UNIT_FIELDS = ("all_gather", "forward", "backward", "reduce_scatter", "exposed_comm")

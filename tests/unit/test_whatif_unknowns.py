@@ -71,6 +71,7 @@ def test_categories_are_null_where_summary_says_unknown(plain_cpu: dict[str, Run
             categories = out[side]["memory_categories"]
             assert {c for c, v in categories.items() if v is None} == unknown, (side, settings.describe())
             assert set(out[side]["memory_unknown"]) == unknown
+            assert out[side].get("memory_assumed", {}) == {}  # nothing here to carve an assumption from
         assert out["baseline"]["memory_categories"] == summary
 
 
@@ -100,8 +101,9 @@ def test_world_size_assumes_adam_said_so_and_meets_the_allocator(plain_gpu: dict
                                                                   world: int) -> None:
     """GIVEN an H100 trace alone (the optimizer state unmeasured, inside what was allocated before the
     trace) WHEN the world size changes THEN the prediction assumes Adam's two states per sharded
-    element, says so in ``assumed`` and in the category's why, keeps the category null, and the
-    peak meets the uninstrumented run's allocator (this script's AdamW holds two states)."""
+    element, says so in ``assumed`` and names the category it fills in ``memory_assumed``, the
+    recorded peak's category stays null as in ``summary``, and the peak meets the uninstrumented
+    run's allocator (this script's AdamW holds two states)."""
     result = plain_gpu[name]
     assert _summary_categories(result)[mcat.OPTIMIZER_STATE] is None
     prediction = predict(read_model(result), Settings().with_(world_size=world))
@@ -113,8 +115,12 @@ def test_world_size_assumes_adam_said_so_and_meets_the_allocator(plain_gpu: dict
     assert abs((peak - base) - true_change) <= 0.15 * abs(true_change)
     assert any("Adam" in a and "optimizer state" in a for a in prediction.assumed)
     categories = prediction.predicted.memory_categories
-    assert categories is not None and categories[mcat.OPTIMIZER_STATE] is None
-    assert "Adam" in prediction.predicted.memory_unknown[mcat.OPTIMIZER_STATE]
+    assert categories is not None and categories[mcat.OPTIMIZER_STATE] is not None
+    assert "Adam" in prediction.predicted.memory_assumed[mcat.OPTIMIZER_STATE]
+    assert mcat.OPTIMIZER_STATE not in prediction.predicted.memory_unknown
+    recorded = prediction.baseline.memory_categories
+    assert recorded is not None and recorded[mcat.OPTIMIZER_STATE] is None
+    assert mcat.OPTIMIZER_STATE in prediction.baseline.memory_unknown
 
 
 def test_the_assumption_is_not_stated_where_nothing_scales(plain_gpu: dict[str, RunResult]) -> None:
@@ -147,3 +153,4 @@ def test_the_terminal_says_what_is_unknown_and_what_is_assumed(gpu_fsdp_dir: Pat
     shutil.copytree(gpu_fsdp_dir / "h100-fsdp2-fake8-block" / "traces", tmp_path / "gpu")
     out = _cli(["whatif", str(tmp_path / "gpu"), "--world-size", "2", "-q"], capsys)
     assert out.splitlines()[1].startswith("assumed: the optimizer state, which the recording did not measure: 2 states")
+    assert "assumed in the predicted peak: optimizer state:" in out
