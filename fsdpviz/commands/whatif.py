@@ -199,8 +199,27 @@ def category_changes(baseline: Outcome, predicted: Outcome, *, min_bytes: int = 
     before, after = baseline.memory_categories, predicted.memory_categories
     if not before or not after:
         return []
-    return [f"{TITLES[c]} {before[c] / (1 << 20):,.1f} -> {after[c] / (1 << 20):,.1f} MiB"
-            for c in CATEGORIES if abs(after[c] - before[c]) >= min_bytes]
+    out = []
+    for c in CATEGORIES:
+        b, a = before.get(c), after.get(c)
+        if b is None or a is None:  # cannot be known (memory_unknown says why): no change to show
+            continue
+        if abs(a - b) >= min_bytes:
+            out.append(f"{TITLES[c]} {b / (1 << 20):,.1f} -> {a / (1 << 20):,.1f} MiB")
+    return out
+
+
+def _unknown_lines(prediction: Prediction) -> None:
+    """What the recorded peak cannot know (shown as "-"), and what the predicted one assumes."""
+    from fsdpviz.analysis.memory_categories import TITLES
+
+    by_why: dict[str, list[str]] = {}
+    for c, why in prediction.baseline.memory_unknown.items():
+        by_why.setdefault(why, []).append(TITLES.get(c, c))
+    if by_why:
+        typer.echo("  unknown at the peak (-): " + "; ".join(f"{', '.join(cs)}: {why}" for why, cs in by_why.items()))
+    for c, why in prediction.predicted.memory_assumed.items():
+        typer.echo(f"  assumed in the predicted peak: {TITLES.get(c, c)}: {why}")
 
 
 def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> None:
@@ -233,6 +252,7 @@ def print_prediction(prediction: Prediction, run: str, framework: str, world_siz
     changes = category_changes(prediction.baseline, prediction.predicted)
     if changes:
         typer.echo("  peak by category: " + "; ".join(changes))
+    _unknown_lines(prediction)
     typer.echo("")
     typer.echo("predicted per unit (ms per step; medians over ranks and steps)")
     _table(("unit", "all-gather", "forward", "backward", "reduce-scatter", "exposed"),

@@ -28,9 +28,10 @@ A recorded step's allocated level is, at every sample, its categories
   makes the sharded gradient while the input is alive). Autograd makes the one flat gradient
   when the last member's backward ends: until then the members' parameters' own gradients wait
   (freed when the last member's were), and their flat gradients are made then. An
-  explicit prefetch of N issues a unit's gather when the unit N before it starts and frees the
-  output at the unit's copy-out (FSDP2 holds it longer only for its implicit forward prefetch);
-  ``none`` not before the unit itself. A moved gather's temporaries (copy-in, a backend's staging
+  explicit prefetch of N issues a unit's gather when the unit N before it starts; FSDP2 frees the
+  output where it did (its ``wait_for_unshard`` keeps a forward gather's output until the next
+  unit's copy-out whatever the prefetch, and frees a backward one at its own copy-out); ``none`` not
+  before the unit itself. A moved gather's temporaries (copy-in, a backend's staging
   buffers) live as long as they did.
 
 Under gradient accumulation every micro-batch (a forward and a backward) is moved on its own: a
@@ -99,6 +100,10 @@ class StepMemory:
     blocks: list[Block]
     windows: dict[Pass, tuple[int, int]]  # (unit, phase, micro) -> its window in the step
     computed: dict[Pass, int]  # (unit, phase, micro) -> where its compute region ends
+    # categories that cannot be known on this rank, with why (memory_categories.Split.unknown), and
+    # the bytes of them the levels hold by assumption (recording.ASSUMED_OPTIMIZER_STATES)
+    unknown: dict[str, str] = field(default_factory=dict)
+    assumed: dict[str, int] = field(default_factory=dict)
 
     @property
     def allocated(self) -> np.ndarray:
@@ -299,7 +304,7 @@ def _resharded(sm: StepMemory, s: MemorySetting, unit: str, micro: int, mine: li
     # copy-out to the end of its backward.
     if fwd_window is None or bwd_window is None:
         return mine
-    issue = _issue_time(sm, unit, vocabulary.BACKWARD, micro, 1, s.order)
+    issue = _issue_time(sm, unit, vocabulary.BACKWARD, micro, 1, s.order, s.framework)
     copy_out = max(bwd_window[0], issue)
     output = max((b.bytes for b in fwd if b.category == _BUFFERS), default=0)
     out = []
@@ -316,10 +321,13 @@ def _resharded(sm: StepMemory, s: MemorySetting, unit: str, micro: int, mine: li
     return out
 
 
-def _issue_time(sm: StepMemory, unit: str, phase: str, micro: int, ahead: int, order: list[str]) -> int:
-    """When a unit's gather is issued ``ahead`` units early in ``phase`` of micro-batch ``micro``: at
-    the start of the window of the unit that many before it in that phase's order (its own window's
-    start when none)."""
+def _issue_time(sm: StepMemory, unit: str, phase: str, micro: int, ahead: int, order: list[str],
+                framework: str = vocabulary.FSDP2) -> int:
+    """When a unit's gather is issued ``ahead`` units early in ``phase`` of micro-batch ``micro``: in
+    the window of the unit that many before it in that phase's order (its own window's start when
+    none) -- FSDP2 prefetches from a unit's pre-forward and pre-backward after that unit's own
+    ``wait_for_unshard``, so after its copy-out (its parameters made there and, outside forward's
+    deferred free, its all-gather output freed; the window's start where the trace shows none)."""
     # FSDP2 prefetches between the root's children: the root neither issues nor is a target
     ordered = [u for u in (order if phase == vocabulary.FORWARD else list(reversed(order)))
                if (u, phase, micro) in sm.windows and u != ROOT_UNIT]
@@ -328,7 +336,18 @@ def _issue_time(sm: StepMemory, unit: str, phase: str, micro: int, ahead: int, o
         return own
     i = ordered.index(unit)
     j = max(0, i - ahead)
-    return min(own, sm.windows[(ordered[j], phase, micro)][0]) if ahead > 0 else own
+    if ahead <= 0:
+        return own
+    issuer = ordered[j]
+    start, end = sm.windows[(issuer, phase, micro)]
+    if framework == vocabulary.FSDP2:
+        mine = [b for b in sm.blocks if b.own and b.unit == issuer and b.phase == phase and b.micro == micro
+                and not b.reduction]
+        # its copy-out made its parameters and, unless deferred (forward), freed its all-gather output
+        copied = [b.alloc for b in mine if b.category == _PARAMS and start <= b.alloc <= end]
+        copied += [b.free for b in mine if b.category == _BUFFERS and copied and min(copied) <= b.free <= end]
+        start = max(copied, default=start)
+    return min(own, start)
 
 
 def _first_made(blocks: list[Block], category: str) -> dict[Pass, int]:
@@ -555,9 +574,9 @@ def _prefetched(sm: StepMemory, s: MemorySetting, blocks: list[Block]) -> list[B
     """An explicit prefetch of N: each unit's gather issued at the start of the unit N before it in
     its micro-batch (earlier only, unless the recording prefetched an explicit number of units too;
     back to FSDP2's implicit prefetch from such a recording: none ahead in forward, one in backward),
-    its buffers moved with it (:func:`_moved_buffer`; the output freed at the unit's copy-out: FSDP2
-    holds it longer only for its implicit forward prefetch); ``none``: not before the unit's own
-    window. The unsharded parameters stay where they were made: at the unit's copy-out, in its own
+    its buffers moved with it (:func:`_moved_buffer`; FSDP2 frees a forward output where it did -- at
+    the next unit's copy-out, whatever the prefetch -- and a backward one at the unit's copy-out);
+    ``none``: not before the unit's own window. The unsharded parameters stay where they were made: at the unit's copy-out, in its own
     window."""
     explicit = s.recorded_prefetch.isdigit()  # the recording's issues are N ahead: move them either way
     if s.prefetch == "recorded" or (s.prefetch == "implicit" and not explicit):
@@ -578,11 +597,15 @@ def _prefetched(sm: StepMemory, s: MemorySetting, blocks: list[Block]) -> list[B
             continue
         # implicit: FSDP2 gathers a unit in its own pre-forward, and one unit ahead in backward
         ahead = int(s.prefetch) if s.prefetch.isdigit() else int(b.phase == vocabulary.BACKWARD)
-        new_issue = _issue_time(sm, b.unit, b.phase, b.micro, ahead, s.order)
+        new_issue = _issue_time(sm, b.unit, b.phase, b.micro, ahead, s.order, s.framework)
         if not explicit:
             new_issue = min(first, new_issue)
         # a buffer the trace never saw freed (its free fell on a thread the profiler did not follow)
         # stays so: the recorded level holds it, whatever the setting
         end = min(b.free, own[0]) if own and b.free != mcat.NOT_FREED else b.free
+        if s.framework == vocabulary.FSDP2:
+            # wait_for_unshard frees the output where the recording did, whatever the prefetch: a
+            # forward one at the next unit's copy-out (deferred), a backward one after its own copy
+            end = b.free
         out.append(_moved_buffer(b, first, new_issue, copy_out, max(end, copy_out or end)))
     return out

@@ -26,7 +26,7 @@ from fsdpviz.errors import UsageError
 from fsdpviz.formatting import NS_PER_MS, rounded_ms
 from fsdpviz.naming import ROOT_UNIT
 from fsdpviz.vocabulary import FSDP1, FSDP2, ZERO3
-from fsdpviz.whatif import bounds, hostcost, prefetch_args
+from fsdpviz.whatif import bounds, hostcost, known, prefetch_args
 from fsdpviz.whatif import comm as comm_model
 from fsdpviz.whatif import program as prog
 from fsdpviz.whatif.memory import MemoryChange, MemorySetting, predict_step
@@ -76,12 +76,17 @@ class Outcome:
     compute_ms: float
     peak_allocated_bytes: int | None
     units: list[UnitOutcome]
-    memory_categories: dict[str, int] | None = None  # what the peak holds (memory_categories.CATEGORIES)
+    # what the peak holds (memory_categories.CATEGORIES); None where it cannot be known, as in `summary`
+    memory_categories: dict[str, int | None] | None = None
+    memory_unknown: dict[str, str] = field(default_factory=dict)  # category -> why it is None
+    memory_assumed: dict[str, str] = field(default_factory=dict)  # category -> what its bytes assume
 
     def to_json(self) -> dict[str, Any]:
         return {"step_time_ms": self.step_time_ms, "exposed_comm_ms": self.exposed_comm_ms, "comm_ms": self.comm_ms,
                 "compute_ms": self.compute_ms, "peak_allocated_bytes": self.peak_allocated_bytes,
-                "memory_categories": self.memory_categories, "units": [u.to_json() for u in self.units]}
+                "memory_categories": self.memory_categories, "memory_unknown": self.memory_unknown,
+                "memory_assumed": self.memory_assumed,
+                "units": [u.to_json() for u in self.units]}
 
 
 @dataclass(slots=True)
@@ -242,13 +247,13 @@ def predict(model: Model, settings: Settings) -> Prediction:
     setting = memory_setting(rec, full)
     memory = [predict_step(s.memory, setting) if s.memory is not None else None for s in rec.steps]
     memory, floor_note = bounds.floored(memory, [s.memory for s in rec.steps], bounds.only_adds(full, rec))
-    predicted = _predicted(model, simulated, baseline, full, memory, net)
+    peak = _predicted_peak(rec, full, memory)
+    predicted = _predicted(model, simulated, baseline, full, peak, net)
     recorded_mean = statistics.fmean(s.step_ns for s in rec.steps)
     replay_mean = statistics.fmean(r.step_ns for r in model.replays)
     notes = list(dict.fromkeys(n for r in simulated for n in r.notes))
     notes += _assumptions(full, rec)
-    if any(m is not None for m in memory):
-        notes += [n for n in rec.notes if n not in notes]  # what the memory predictions assumed
+    notes += [n for n in peak.notes if n not in notes]
     if floor_note is not None:
         notes.append(floor_note)
     if model.sampled is not None:
@@ -263,7 +268,8 @@ def predict(model: Model, settings: Settings) -> Prediction:
                       warnings=weaknesses(replay_error_pct, cost),
                       replay_error_pct=replay_error_pct,
                       notes=notes, replay=model.replays, simulated=simulated, steps=rec.steps, memory=memory,
-                      assumed=assumed(full, rec), prefetch_arguments=prefetch_arguments(rec, full))
+                      assumed=assumed(full, rec) + peak.assumed,
+                      prefetch_arguments=prefetch_arguments(rec, full))
 
 
 def weaknesses(replay_error_pct: float, cost: ProfilerCost | None) -> list[str]:
@@ -364,14 +370,14 @@ def _baseline(model: Model) -> Outcome:
     step = summary.traced_step_time_ms if summary.traced_step_time_ms is not None else rounded_ms(
         statistics.fmean(s.step_ns for s in rec.steps))
     with_memory = [s.memory for s in rec.steps if s.memory is not None]
-    top = max(with_memory, key=lambda m: m.peak_bytes) if with_memory else None
+    peak = known.recorded_peak(max(with_memory, key=lambda m: m.peak_bytes) if with_memory else None)
     return Outcome(step_time_ms=step,
                    exposed_comm_ms=overlap.exposed_comm_ms if overlap.exposed_comm_ms is not None
                    else rounded_ms(float(times["exposed_comm_ns"].mean())),
                    comm_ms=overlap.comm_ms if overlap.comm_ms is not None else rounded_ms(float(times["comm_ns"].mean())),
                    compute_ms=overlap.compute_ms if overlap.compute_ms is not None else rounded_ms(compute),
-                   peak_allocated_bytes=top.peak_bytes if top is not None else None, units=units,
-                   memory_categories=top.peak_categories if top is not None else None)
+                   peak_allocated_bytes=peak.peak_bytes, units=units, memory_categories=peak.categories,
+                   memory_unknown=peak.unknown)
 
 
 def memory_setting(rec: Recording, settings: Settings) -> MemorySetting:
@@ -390,8 +396,18 @@ def memory_setting(rec: Recording, settings: Settings) -> MemorySetting:
         recorded_prefetch=rec.prefetch, framework=rec.framework)
 
 
+def _predicted_peak(rec: Recording, settings: Settings, memory: list[MemoryChange | None]) -> known.PeakMemory:
+    """The highest predicted step peak, with what it cannot know (:mod:`.known`)."""
+    pairs = [(m, s.memory) for m, s in zip(memory, rec.steps, strict=True) if m is not None]
+    if not pairs:
+        return known.PeakMemory(None, None)
+    change, step = max(pairs, key=lambda p: p[0].peak_bytes)
+    world = settings.world_size or rec.world_size
+    return known.predicted_peak(change, step, rec.world_size / world, f"{rec.world_size} -> {world}")
+
+
 def _predicted(model: Model, simulated: list[SimResult], baseline: Outcome, settings: Settings,
-               memory: list[MemoryChange | None], net: list[SimResult]) -> Outcome:
+               memory: known.PeakMemory, net: list[SimResult]) -> Outcome:
     replay = model.replays
 
     def moved(get: Any) -> float:
@@ -405,18 +421,16 @@ def _predicted(model: Model, simulated: list[SimResult], baseline: Outcome, sett
         step = baseline.step_time_ms * ratio
     else:
         step = baseline.step_time_ms + moved(lambda r: r.step_ns) / NS_PER_MS
-    peak = None
-    categories = None
-    known = [m for m in memory if m is not None]
-    if baseline.peak_allocated_bytes is not None and known:
-        top = max(known, key=lambda m: m.peak_bytes)
-        peak, categories = top.peak_bytes, top.categories
+    recorded = baseline.peak_allocated_bytes is not None
     units = _predicted_units(model, simulated, baseline, settings)
     return Outcome(step_time_ms=round(step, 3),
                    exposed_comm_ms=round(max(0.0, baseline.exposed_comm_ms + moved(lambda r: r.exposed_comm_ns) / NS_PER_MS), 3),
                    comm_ms=round(max(0.0, baseline.comm_ms + moved(lambda r: r.comm_ns) / NS_PER_MS), 3),
                    compute_ms=round(max(0.0, baseline.compute_ms + moved(lambda r: r.compute_ns) / NS_PER_MS), 3),
-                   peak_allocated_bytes=peak, units=units, memory_categories=categories)
+                   peak_allocated_bytes=memory.peak_bytes if recorded else None, units=units,
+                   memory_categories=memory.categories if recorded else None,
+                   memory_unknown=memory.unknown if recorded else {},
+                   memory_assumed=memory.assumed_categories if recorded else {})
 
 
 UNIT_FIELDS = ("all_gather", "forward", "backward", "reduce_scatter", "exposed_comm")

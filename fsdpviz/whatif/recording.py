@@ -250,6 +250,7 @@ def read_recording(result: RunResult, ranks: Sequence[int] | None = None, per_op
         samples = device_samples(memory, rank, devices[rank]) if rank in devices else memory.iloc[:0]
         times = parts["times"].set_index("step") if len(parts["times"]) else None
         cats = split = None
+        assumed: dict[str, int] = {}
         if len(samples):
             where = mcat.sites(parts["labels"], parts["windows"], ev)
             cats = mcat.categorise(samples, where)
@@ -258,8 +259,6 @@ def read_recording(result: RunResult, ranks: Sequence[int] | None = None, per_op
                               "relative": devices[rank] == CPU_DEVICE},
                              analysis.sharded_state.get(rank), result.traces.run)
             split, assumed = _assume_optimizer(split, analysis.sharded_state.get(rank))
-            if assumed and assumed not in notes:
-                notes.append(assumed)
         sample_t = samples["t_ns"].to_numpy(np.int64)
         for step in sorted(set(parts["windows"]["step"].tolist())):
             if times is None or step not in times.index:
@@ -273,7 +272,9 @@ def read_recording(result: RunResult, ranks: Sequence[int] | None = None, per_op
             if cats is not None and split is not None:
                 step_windows = parts["windows"][(parts["windows"]["step"] == step).to_numpy()]
                 program.memory = step_memory(rank, step, int(row["start_ns"]), int(row["end_ns"]),
-                                                         sample_t, cats, split, step_windows)
+                                             sample_t, cats, split, step_windows)
+                if program.memory is not None:
+                    program.memory.unknown, program.memory.assumed = dict(split.unknown), dict(assumed)
             programs.append(program)
     prefetch, prefetch_words = prefetch_args.recorded(result.traces.run, analysis.framework)
     return Recording(
@@ -292,19 +293,21 @@ def read_recording(result: RunResult, ranks: Sequence[int] | None = None, per_op
 ASSUMED_OPTIMIZER_STATES: Final = 2
 
 
-def _assume_optimizer(split: mcat.Split, state: mcat.ShardedState | None) -> tuple[mcat.Split, str | None]:
+def _assume_optimizer(split: mcat.Split, state: mcat.ShardedState | None) -> tuple[mcat.Split, dict[str, int]]:
     """``split`` with an unknown optimizer state assumed (:data:`ASSUMED_OPTIMIZER_STATES` per sharded
     element, out of what was left in ``other``), so that a prediction that reshards scales it, and the
-    note that says so; unchanged (no note) when the state is known or the shards are not."""
+    bytes assumed per category (empty when the state is known, the shards are not, or ``other``
+    holds nothing to carve it from: a CPU level that starts at 0 with the trace never counted it).
+    The category stays unknown (``split.unknown``): the assumption is the prediction's, said where it
+    moves the peak (:mod:`fsdpviz.whatif.predict`)."""
     if mcat.OPTIMIZER_STATE not in split.unknown or state is None:
-        return split, None
+        return split, {}
     parts = dict(split.parts)
     assumed = min(parts[mcat.OTHER], round(ASSUMED_OPTIMIZER_STATES * state.elements * state.bytes_per_element))
+    if assumed <= 0:
+        return split, {}
     parts[mcat.OPTIMIZER_STATE], parts[mcat.OTHER] = assumed, parts[mcat.OTHER] - assumed
-    return mcat.Split(parts=parts, unknown=split.unknown), (
-        "the recording did not measure the optimizer's state: memory predictions assume "
-        f"{ASSUMED_OPTIMIZER_STATES} states per sharded parameter element (Adam), "
-        "sharded like the parameters (record with fsdpviz record to measure it)")
+    return mcat.Split(parts=parts, unknown=split.unknown), {mcat.OPTIMIZER_STATE: assumed}
 
 
 def _group(grouped: DataFrameGroupBy, rank: int) -> pd.DataFrame:

@@ -7,9 +7,11 @@ within a step (peak - level at the step's start), the highest over ranks and ste
 level a step opens at also holds buffers whose free the profiler did not see (gloo's threads free
 the buffers of asynchronous collectives), and how many of those pile up differs between recordings.
 
-The rule that holds whatever the model: a setting that can only add memory (parameters kept
-gathered longer, a deeper prefetch, coarser units, fewer ranks) never predicts a lower peak than
-the recording's -- on the grad-accumulation recording and on the plain per-block one.
+The rule that holds whatever the model: a setting that can only add memory (a deeper prefetch,
+coarser units, fewer ranks) never predicts a lower peak than the recording's -- on the
+grad-accumulation recording and on the plain per-block one. Keeping parameters from forward to
+backward is not one of them: it makes no backward all-gather output or copy-in, and with two blocks on
+CPU the recorded peak sits on such a gather (whatif/bounds.py).
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.recorded]
 RECORDED_AS = {"reshard after forward false": ("--no-reshard-after-forward",), "prefetch 2": ("--prefetch", "2")}
 SETTINGS = {"reshard after forward false": Settings().with_(reshard_after_forward=False),
             "prefetch 2": Settings().with_(prefetch="2")}
-ONLY_ADD = {**SETTINGS, "prefetch 1": Settings().with_(prefetch="1"),
-            "last unit kept": Settings().with_(keep_last_units=1), "merge:2": Settings().with_(wrap=Wrap("merge", k=2)),
+ONLY_ADD = {"prefetch 2": SETTINGS["prefetch 2"], "prefetch 1": Settings().with_(prefetch="1"),
+            "merge:2": Settings().with_(wrap=Wrap("merge", k=2)),
             "root": Settings().with_(wrap=Wrap("root")), "world size 1": Settings().with_(world_size=1)}
 # measured on this machine (2026-11-26, the 2-block model): -7.6 % (reshard) and +1.5 % (prefetch 2)
 # of the recorded rise; before the model read micro-batches, -22.6 % and -13.6 %. The recording of the
@@ -81,7 +83,8 @@ def test_micro_batch_memory_matches_a_recording_of_the_setting(accumulated: Mode
     truth = recorded(_model(recordings, *RECORDED_AS[name]))
     got = predicted(predict(accumulated, SETTINGS[name]))
     assert (1 - RISE_BELOW) * truth.rise_bytes <= got.rise_bytes <= (1 + RISE_ABOVE) * truth.rise_bytes
-    assert got.rise_bytes >= recorded(accumulated).rise_bytes  # the setting adds memory (the old model: less)
+    if name in ONLY_ADD:  # the setting adds memory (the model before micro-batches were read: less)
+        assert got.rise_bytes >= recorded(accumulated).rise_bytes
 
 
 def _never_lower(model: Model) -> None:
@@ -109,6 +112,6 @@ def test_settings_that_only_add_memory_never_lower_the_peak(accumulated: Model, 
     assert explored.budget_bytes == peak
     for c in explored.ranked:
         described = c.settings.describe()
-        if c.prediction is not None and described.startswith(("prefetch 1", "prefetch 2", "wrap", "no reshard")):
+        if c.prediction is not None and described.startswith(("prefetch 1", "prefetch 2", "wrap")):
             assert c.prediction.predicted.peak_allocated_bytes is not None
             assert c.prediction.predicted.peak_allocated_bytes >= peak, described

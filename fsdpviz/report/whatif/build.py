@@ -54,10 +54,11 @@ def numbers_table(baseline: Outcome, predicted: Outcome) -> HtmlTable:
                  TableCell(text=format_bytes(p_peak) or "n/a", sub=format_change(b_peak, p_peak, "bytes"))])
     before, after = baseline.memory_categories or {}, predicted.memory_categories or {}
     for c in CATEGORIES if before and after else ():
-        if abs(after[c] - before[c]) >= MIB:  # the categories of the peak that the setting changes
+        b, a = before.get(c), after.get(c)
+        if b is not None and a is not None and abs(a - b) >= MIB:  # the categories of the peak the setting changes
             rows.append([TableCell(text=f"… {TITLES[c]} at the peak", header=True),
-                         TableCell(text=format_bytes(before[c]) or "0"),
-                         TableCell(text=format_bytes(after[c]) or "0", sub=format_change(before[c], after[c], "bytes"))])
+                         TableCell(text=format_bytes(b) or "0"),
+                         TableCell(text=format_bytes(a) or "0", sub=format_change(b, a, "bytes"))])
     return HtmlTable(columns=["", "recorded", "predicted"], rows=rows)
 
 
