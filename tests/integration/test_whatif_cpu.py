@@ -63,12 +63,17 @@ def test_fsdp2_wraps_and_the_advisor(recordings: Recordings, tmp_path, capsys: p
     # CPU traces do not state the device's memory: no budget unless given, every setting ranked by time
     assert explored["memory_budget_bytes"] is None
     assert explored["memory_budget_source"].startswith("none: the trace does not state the device's memory")
-    assert len(explored["ranked"]) >= 6 and not explored["over_budget"]
+    listed = [*explored["ranked"], *explored["within_spread"]]
+    assert len(listed) >= 6 and not explored["over_budget"]
     times = [c["step_time_ms"] for c in explored["ranked"]]
     assert times == sorted(times)
+    # ranked: the settings whose change goes beyond the recording's own step-to-step spread
+    base = explored["baseline"]["step_time_ms"]
+    assert all(abs(c["step_time_ms"] - base) > explored["spread_ms"] for c in explored["ranked"])
+    assert all(abs(c["step_time_ms"] - base) <= explored["spread_ms"] for c in explored["within_spread"])
     # CPU: no host wait, and no limit is known to be near, so no setting is memory-bound
-    assert {c["bound"]["kind"] for c in explored["ranked"]} <= {"compute", "communication", "mixed"}
-    assert all(c["bound"]["host_wait_ms"] is None for c in explored["ranked"])
+    assert {c["bound"]["kind"] for c in listed} <= {"compute", "communication", "mixed"}
+    assert all(c["bound"]["host_wait_ms"] is None for c in listed)
     page = tmp_path / "p.html"
     proc = run_here(capsys, "whatif", run, "--prefetch", "1", "-o", str(page))
     assert proc.returncode == 0 and page.stat().st_size > 100_000
