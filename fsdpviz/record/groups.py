@@ -119,7 +119,10 @@ class GroupLabels:
 
         @functools.wraps(original)
         def call(pg: Any, *args: Any, **kwargs: Any) -> Any:
-            rng = enter_range(f"{GROUP_LABEL_PREFIX}{pg.group_name}")
+            try:
+                rng = enter_range(f"{GROUP_LABEL_PREFIX}{pg.group_name}")
+            except Exception:  # noqa: BLE001 - a torch without group names: the collective runs unlabelled
+                rng = None
             if rng is None:
                 return original(pg, *args, **kwargs)
             try:
