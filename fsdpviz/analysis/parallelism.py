@@ -119,7 +119,7 @@ def _from_groups(groups: list[Group], world: int, framework: str
         return Parallelism(), frozenset(), why, ()
     roles: dict[str, int | None] = {"dp_shard": 1, "dp_replicate": 1, "tp": 1}
     unknown = [dim for dim in mesh if dim not in TP_DIMS | REPLICATE_DIMS | SHARD_DIMS]
-    tp_groups = frozenset(g.name for dim, g in mesh.items() if dim in TP_DIMS and g.name)
+    tp_groups = _tp_group_names(groups)
     for dim, group in mesh.items():
         role = "tp" if dim in TP_DIMS else "dp_replicate" if dim in REPLICATE_DIMS else "dp_shard" \
             if dim in SHARD_DIMS else None

@@ -7,8 +7,8 @@ gloo's copy of a reduce-scatter's input, an all-gather's output that FSDP let go
 collective still held it. Worse, the running total the profiler writes (``Total Allocated``) is
 kept by the same reporter that missed the free: it never comes down. Each such block stays in the
 level for the rest of the trace, so the level climbs from step to step and a peak counts every
-block freed unseen since the trace began (on a 4-rank CPU FSDP2 run of 8 blocks, a third of the
-peak by its last profiled step).
+block freed unseen since the trace began (tests/integration/test_unseen_frees_cpu.py holds a
+recording's peaks to torch's own FSDP memory tracker).
 
 The trace still says when each block died:
 

@@ -375,7 +375,7 @@ class Agent:
                 self.clock.close(self._step_start)
                 self.clock.end_step(self.step + 1, partial=True)
             # exports the trace if a recorded step ran: this step too if it began
-            self.profiler.finish(self.step + (1 if partial else 0))
+            self.profiler.finish(self.step + (1 if partial else 0), failed=status != "ok")
             self.clock.flush(block=True)
             self.clock.close_writer()
             if self.instrumentation is not None:

@@ -63,6 +63,7 @@ class ProfilerDriver:
         self.log_filter: ProfilerLogFilter | None = None  # the profiler's own stderr lines -> logs/
         self.steps_run: int | None = None  # set at the process's end: training steps that began
         self._discard = False  # the process ended before any recorded step began: write no trace
+        self.failed = False  # the process ended by an exception or a signal (finish)
 
     @property
     def time_window(self) -> bool:
@@ -137,12 +138,13 @@ class ProfilerDriver:
         else:
             self.labels_on = self.prof.current_action in _RECORDING_ACTIONS
 
-    def finish(self, steps_run: int) -> None:
+    def finish(self, steps_run: int, *, failed: bool = False) -> None:
         """The process ends after ``steps_run`` training steps began (the last possibly cut short):
         stop, and export the trace only if a recorded step is among them. The profiler's schedule
         already asked about the step after the last one, which never ran: a trace of it would hold
         only the process's exit, labelled as a training step."""
         self.steps_run = steps_run
+        self.failed = failed
         if not self.time_window and not any(step < steps_run for step in self.recorded_steps):
             self._discard = True
         self.stop()
@@ -195,13 +197,16 @@ class ProfilerDriver:
                 **({"note": note} if (note := self.no_trace_note()) else {})}
 
     def no_trace_note(self) -> str | None:
-        """Why a process that ended normally wrote no trace: it ended before the first profiled step."""
-        if self.steps_run is None or self.time_window or self.trace_file is not None or self.trace_error:
+        """Why a process that was to profile wrote no trace: it ended before the first profiled step."""
+        if (not self.options.profile or self.steps_run is None or self.time_window or self.trace_file is not None
+                or self.trace_error):
             return None
         first = self.options.warmup
         if self.steps_run > first:
             return None
-        return (f"no trace: the script ended after {self.steps_run} training step(s), before step {first}, where "
-                f"profiling starts (--warmup {first}); record it with --warmup {max(0, self.steps_run - 1)} to profile "
-                f"its last step, or let it run {first + self.options.steps} steps "
-                "for a full trace")
+        ended = (f"no trace: the script {'stopped' if self.failed else 'ended'} after {self.steps_run} training "
+                 f"step(s), before step {first}, where profiling starts (--warmup {first})")
+        if self.failed:  # the run's own failure is the thing to fix first; run.json's reason says it
+            return ended
+        return (f"{ended}; record it with --warmup {max(0, self.steps_run - 1)} to profile its last step, or let it "
+                f"run {first + self.options.steps} steps for a full trace")

@@ -268,7 +268,7 @@ def predict(model: Model, settings: Settings) -> Prediction:
                       warnings=weaknesses(replay_error_pct, cost),
                       replay_error_pct=replay_error_pct,
                       notes=notes, replay=model.replays, simulated=simulated, steps=rec.steps, memory=memory,
-                      assumed=assumed(full, rec) + peak.assumed,
+                      assumed=assumed(full, rec) + peak.assumed + mesh_assumed(model, full),
                       prefetch_arguments=prefetch_arguments(rec, full))
 
 
@@ -355,6 +355,19 @@ def assumed(settings: Settings, rec: Recording) -> list[str]:
     return out
 
 
+def mesh_assumed(model: Model, settings: Settings) -> list[str]:
+    """A world-size change on a run whose process groups do not say its mesh (no DeviceMesh groups,
+    nor run.json's sizes): the model takes the whole world as one FSDP group, and says so."""
+    if settings.world_size == model.recording.world_size:
+        return []
+    mesh = run_parallelism(model.result.traces, model.recording.framework)
+    p = mesh.parallelism
+    if None not in (p.dp_shard, p.dp_replicate, p.tp):
+        return []
+    why = next((str(n).removeprefix("parallelism: ") for n in mesh.notes), "the run does not say its mesh")
+    return [f"the mesh is taken as 1-D (every rank one FSDP group, no replication, no tensor parallelism): {why}"]
+
+
 def _baseline(model: Model) -> Outcome:
     summary = model.result.summary
     rec = model.recording
@@ -421,10 +434,17 @@ def _predicted(model: Model, simulated: list[SimResult], baseline: Outcome, sett
         step = baseline.step_time_ms * ratio
     else:
         step = baseline.step_time_ms + moved(lambda r: r.step_ns) / NS_PER_MS
+    exposed = baseline.exposed_comm_ms + moved(lambda r: r.exposed_comm_ns) / NS_PER_MS
+    if exposed < 0:
+        # the simulation counts more of the communication as exposed than the recording's overlap does
+        # (on CPU it has the host wait out every collective): it cannot take out of the step more
+        # exposed communication than the recording had
+        step -= exposed
+        exposed = 0.0
     recorded = baseline.peak_allocated_bytes is not None
     units = _predicted_units(model, simulated, baseline, settings)
     return Outcome(step_time_ms=round(step, 3),
-                   exposed_comm_ms=round(max(0.0, baseline.exposed_comm_ms + moved(lambda r: r.exposed_comm_ns) / NS_PER_MS), 3),
+                   exposed_comm_ms=round(exposed, 3),
                    comm_ms=round(max(0.0, baseline.comm_ms + moved(lambda r: r.comm_ns) / NS_PER_MS), 3),
                    compute_ms=round(max(0.0, baseline.compute_ms + moved(lambda r: r.compute_ns) / NS_PER_MS), 3),
                    peak_allocated_bytes=memory.peak_bytes if recorded else None, units=units,

@@ -11,9 +11,10 @@ passes). Users write their framework's arguments instead:
   ``BACKWARD_POST``: one unit ahead in backward; None: none). FSDP1 prefetches at most one unit ahead,
   so a depth of 2 or more has no FSDP1 arguments;
 - ZeRO-3: ``stage3_prefetch_bucket_size``, in parameter elements: the parameters fetched ahead of the
-  module in use. A depth of N units is the bucket that holds the largest N consecutive units' elements;
-  ``none`` is 0. Its default (50,000,000 elements) holds a small model whole: the depth recorded then
-  is read as ``implicit``, with the recorded size said beside it.
+  module in use. A predicted depth of N units is given as the bucket that holds the largest N
+  consecutive units' elements; ``none`` is 0. A recorded bucket of any other size is read as
+  ``implicit`` (DeepSpeed's own trace-based prefetch within that bucket), with the recorded size said
+  beside it: how many units a bucket holds changes along the model, so it is no one depth.
 
 run.json's ``units[].forward_prefetch`` / ``backward_prefetch`` hold what the recorder read from the
 framework (docs/run-folder.md).

@@ -173,6 +173,7 @@ def test_record_default_schedule_times_the_steps_after_the_window_for_the_headli
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 @pytest.mark.parametrize("steps", [5, 6])
 def test_record_short_script_gets_complete_steps_with_the_defaults(steps: int, tmp_path: Path) -> None:
     """A script of 5 or 6 training steps, recorded with the default schedule, yields a trace of complete
@@ -200,6 +201,7 @@ def test_record_short_script_gets_complete_steps_with_the_defaults(steps: int, t
     assert not any("no rank communicated" in n or "independently" in n for n in summary.notes)
 
 
+@pytest.mark.slow
 def test_record_script_shorter_than_the_warmup_says_why_it_has_no_trace(tmp_path: Path) -> None:
     """A 2-step script ends before the first profiled step: no trace of its exit posing as a step, and
     run.json and the closing lines say at which step it ended and which --warmup would profile it."""

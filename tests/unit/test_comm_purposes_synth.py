@@ -141,6 +141,9 @@ def _cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str,
     ([group("1", "mesh_dp_replicate", [0, 2]), group("2", "mesh_dp_shard", [0, 1])], True),
     # 1-D meshes over the world: the world-size model applies
     ([group("1", "mesh_default", [0, 1, 2, 3])], False),
+    # groups of half the world that are no DeviceMesh's (FSDP1 HYBRID_SHARD makes such): the mesh is unknown,
+    # so the prediction says it took it as 1-D
+    ([group("1", "undefined", [0, 1]), group("2", "undefined", [0, 2])], False),
 ])
 def test_whatif_world_size_needs_the_mesh_roles(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                 groups: list[dict], refused: bool) -> None:
@@ -152,7 +155,10 @@ def test_whatif_world_size_needs_the_mesh_roles(tmp_path: Path, capsys: pytest.C
     code, out, err = _cli(["whatif", str(tmp_path), "--world-size", "8", "--json", "-q", "--no-cache"], capsys)
     if not refused:
         assert code == 0, err
-        assert json.loads(out)["predicted"]["settings"]["world_size"]["value"] == 8
+        data = json.loads(out)
+        assert data["predicted"]["settings"]["world_size"]["value"] == 8
+        one_d = [a for a in data["assumed"] if a.startswith("the mesh is taken as 1-D")]
+        assert bool(one_d) == any(g["pg_desc"] == "undefined" for g in groups), data["assumed"]
         return
     assert code == 2 and out == ""
     lines = err.strip().splitlines()

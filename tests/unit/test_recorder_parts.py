@@ -47,7 +47,7 @@ def test_assign_order_follows_first_forward_then_module_order() -> None:
 
 
 def test_default_schedule_gives_a_five_step_script_a_full_trace() -> None:
-    # a newcomer's first script is often short: 5 steps hold the whole default window, and the steps after
+    # a first script is often short: 5 steps hold the whole default window, and the steps after
     # it (the one right after the export left out) are timed without the profiler
     from fsdpviz.record.options import DEFAULT_STEPS, DEFAULT_WARMUP
 

@@ -35,6 +35,11 @@ def test_one_rank_has_no_communication_as_a_real_one_rank_recording_shows(
         predicted = data["predicted"]
         assert predicted["comm_ms"] == 0 and predicted["exposed_comm_ms"] == 0
         assert all(u["all_gather_ms"] == 0 == u["reduce_scatter_ms"] for u in predicted["units"])
+        # the rank still computes all it computed (the per-rank batch is the same): the step keeps that
+        # compute and loses at most the communication the recording exposed
+        assert predicted["compute_ms"] <= predicted["step_time_ms"]
+        base = data["baseline"]
+        assert predicted["step_time_ms"] >= base["step_time_ms"] - base["exposed_comm_ms"] - 0.01
 
 
 def test_fsdp1_recorded_prefetch_is_fsdp1s_own_default(capsys: pytest.CaptureFixture[str]) -> None:
@@ -75,8 +80,9 @@ def test_the_spread_is_the_traces_own_step_to_step_range(capsys: pytest.CaptureF
     assert steps
     predicted = data["predicted"]
     assert predicted["spread_ms"] == pytest.approx(max(per_step) - min(per_step), abs=0.01)
-    change = abs(predicted["step_time_ms"] - data["baseline"]["step_time_ms"])
-    assert predicted["measurable"] is (change > predicted["spread_ms"])
+    # the recorded setting itself moves nothing: never a measurable change
+    same = json_here(capsys, "whatif", str(sample), "--json", "-q")["predicted"]
+    assert same["measurable"] is False and same["spread_ms"] == predicted["spread_ms"] > 0
 
 
 def test_a_replay_that_misses_is_said_before_any_figure(gpu_fsdp_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -85,7 +91,6 @@ def test_a_replay_that_misses_is_said_before_any_figure(gpu_fsdp_dir: Path, caps
                        ("h100-fsdp2-fake8-block", "unreliable: the model's replay misses the recorded step")):
         data = json_here(capsys, "whatif", str(gpu_fsdp_dir / run), "--wrap", "root", "--json", "-q")
         assert any(words in w for w in data["warnings"]), data["warnings"]
-        assert data["reliable"] == (data["replay_error_pct"] <= 10)
         out = run_here(capsys, "whatif", str(gpu_fsdp_dir / run), "--wrap", "root", "-q").stdout.splitlines()
         first_figure = next(i for i, line in enumerate(out) if "step time" in line)
         assert any(words in line for line in out[:first_figure])

@@ -1,4 +1,4 @@
-"""FSDP1 on CPU as a newcomer first writes it: ``FullyShardedDataParallel(model)`` without
+"""FSDP1 on CPU as it is often first written: ``FullyShardedDataParallel(model)`` without
 ``device_id=torch.device("cpu")``. FSDP1 then looks for a GPU and raises before the first forward.
 
     torchrun --nproc_per_node 2 fsdp1_cpu_without_device_id.py
