@@ -176,6 +176,13 @@ def label_offsets(t_ms: np.ndarray, y: np.ndarray, texts: Sequence[str], *, x_ra
     return out
 
 
+def label_top_px(y: np.ndarray, offsets: Sequence[float], y_range: tuple[float, float]) -> float:
+    """How high (px above the plot area's bottom) the highest label of :func:`label_offsets` reaches."""
+    px_per_y = _LABEL_FRAME_PX[1] / max(y_range[1] - y_range[0], 1e-12)
+    return max(((float(v) - y_range[0]) * px_per_y + dy + LABEL_FONT_PX + 3 for v, dy in zip(y, offsets)),
+               default=0.0)
+
+
 def memory_curve(curves: pd.DataFrame, peaks: pd.DataFrame | None, *, divisor: float, unit: str, title: str,
                  x_range: Range1d | None = None, labels_per_rank: int = 5) -> Any:
     """Allocated (solid) and reserved (dashed) memory of each drawn rank over the step, and each
@@ -221,9 +228,16 @@ def memory_curve(curves: pd.DataFrame, peaks: pd.DataFrame | None, *, divisor: f
         low = min(float(c.min()) for _, c in drawn)
         high = max(max(float(c.max()) for _, c in drawn), float(y.max()))
         pad = max(high - low, 1e-9)
-        fig.y_range = Range1d(start=low - 0.05 * pad, end=high + _LABEL_HEADROOM * pad)
-        offsets = label_offsets(t_ms, y, names, x_range=(float(x_range.start), float(x_range.end)),
-                                y_range=(fig.y_range.start, fig.y_range.end), curves=drawn)
+        y_range = (low - 0.05 * pad, high + _LABEL_HEADROOM * pad)
+        for _ in range(4):  # labels stacked above a peak near the top: raise the top until the highest fits
+            offsets = label_offsets(t_ms, y, names, x_range=(float(x_range.start), float(x_range.end)),
+                                    y_range=y_range, curves=drawn)
+            top_px = label_top_px(y, offsets, y_range)
+            room_px = _LABEL_FRAME_PX[1] - 4
+            if top_px <= room_px:
+                break
+            y_range = (y_range[0], y_range[0] + (y_range[1] - y_range[0]) * top_px / room_px)
+        fig.y_range = Range1d(start=y_range[0], end=y_range[1])
         fig.add_layout(LabelSet(x="t_ms", y="y", text="unit", text_font_size=f"{LABEL_FONT_PX}px",
                                 text_color="#333333", x_offset=4, y_offset="dy", source=ColumnDataSource({
                                     "t_ms": t_ms, "y": y, "unit": names, "dy": offsets})))
