@@ -1,13 +1,17 @@
-"""What bounds a step: each step's time split into compute, exposed communication, waiting for the
-host, and other idle.
+"""What bounds a step: each step's time split into the model's compute, FSDP's per-unit work, exposed
+communication, waiting for the host, and other idle.
 
 A step that is slow for lack of GPU work needs other knobs than a step whose communication is
 exposed. The split, per rank, over each analysed step's CPU-side span (``ProfilerStep#N``, so the
-four parts add up to the step time the user sees):
+parts add up to the step time the user sees):
 
 - ``exposed_comm``: communication no compute hid (the overlap's ``|comm| - |comm ∩ compute|``);
-- ``compute``: the rest of the time the GPU was busy (kernels, copies);
-- ``host_wait``: GPU idle gaps that ended with work the host had not yet launched when the gap
+- ``compute``: the rest of the time the GPU was busy with the model's work (kernels, copies);
+- ``fsdp_overhead``: FSDP's per-unit work (:mod:`fsdpviz.analysis.fsdp_work`): the time the GPU ran
+  only the copies FSDP's hooks launched (``fsdp_kernels``: copy-in, copy-out, the reduce-scatter
+  input), and of each host-wait gap the time the host spent inside FSDP's hooks before the awaited
+  launch (the GPU waited for FSDP); a coarser wrap runs fewer hooks;
+- ``host_wait``: the rest of the GPU idle gaps that ended with work the host had not yet launched when the gap
   began: the GPU waited for the CPU (a launch-bound step). HTA 0.5's "host wait" is the same test
   (``get_idle_time_breakdown``: the next kernel's runtime call starts after the previous kernel
   ended), applied per stream; fsdpviz applies it to the whole device, so a gap on one stream while
@@ -17,7 +21,7 @@ four parts add up to the step time the user sees):
   launch the trace does not hold.
 
 On a CPU rank (no GPU stream) the training thread is the device: ``compute`` is its ops outside
-collectives and waits, ``exposed_comm`` the collectives nothing hid, ``host_wait`` does not apply
+collectives, waits and FSDP's ranges (those inside are ``fsdp_overhead``), ``exposed_comm`` the collectives nothing hid, ``host_wait`` does not apply
 (null), and ``other_idle`` is the rest of the step (Python between ops, waits the trace does not
 name).
 
