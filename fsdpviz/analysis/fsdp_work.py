@@ -62,7 +62,8 @@ def launched_by_fsdp(events: pd.DataFrame, gpu: pd.DataFrame, ranges: dict[str, 
     if not ranges or not len(gpu):
         return out
     runtime = events[(events["kind"] == schema.KIND_RUNTIME).to_numpy() & (events["correlation"] >= 0).to_numpy()]
-    runtime = runtime.drop_duplicates("correlation")
+    # the first runtime call of a correlation launched it (as analysis/bound.py's launch times read it)
+    runtime = runtime.sort_values("start_ns", kind="stable").drop_duplicates("correlation")
     launch = pd.DataFrame({"t": runtime["start_ns"].to_numpy(np.int64),
                            "lane": runtime["lane"].astype(str).to_numpy()}, index=runtime["correlation"].to_numpy())
     found = launch.reindex(gpu["correlation"].to_numpy())

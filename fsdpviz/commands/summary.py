@@ -107,7 +107,7 @@ def step_time_text(summary: Summary) -> str:
 
 
 def bound_text(summary: Summary) -> str:
-    """``compute-bound: compute 36.43 ms (71 %), FSDP per-unit work 8.75 ms (17 %), ... of the 51.32 ms
+    """``compute-bound: compute 36.43 ms (71 %), FSDP per-unit work 8.65 ms (17 %), ... of the 51.32 ms
     unprofiled step``."""
     b = summary.bound
     if b is None:
