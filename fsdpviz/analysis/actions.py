@@ -48,6 +48,8 @@ KIND_BOUND: Final = "bound"
 
 KNOB_HOST: Final = ("fewer or larger units (fsdpviz whatif --wrap merge:2, or root), torch.compile or CUDA graphs "
                     "(fewer launches per unit), a larger micro-batch (more work per launch)")
+# a CPU rank launches nothing: only the per-unit hooks and copies are left to cut
+KNOB_HOST_CPU: Final = "fewer or larger units (fsdpviz whatif --wrap merge:2, or root): fewer hooks and copies"
 KNOB_COMMUNICATION: Final = ("prefetch earlier (fsdpviz whatif --prefetch 2), fewer ranks per node sharing a "
                              "link, a faster link")
 KNOB_MEMORY: Final = ("the advisor: fsdpviz whatif RUN --explore --memory-budget {budget} ranks the settings "
@@ -186,7 +188,7 @@ def bound_action(bound: BoundSummary | None, *, host_backend_on_gpu: bool = Fals
     if loss.kind == KIND_HOST and bound.device == schema.OVERLAP_CPU:
         message = (f"{head}the training thread runs FSDP's per-unit work (hooks, copy-in and copy-out) "
                    f"{ms_text(loss.ms)} of {step} ({pct})")
-        knob = KNOB_HOST
+        knob = KNOB_HOST_CPU
     elif loss.kind == KIND_HOST:
         message = (f"{head}the host side takes {ms_text(loss.ms)} of {step} ({pct}, launch-bound): FSDP's "
                    f"per-unit work {ms_text(bound.fsdp_overhead_ms)} (its copy kernels "
