@@ -48,6 +48,8 @@ KIND_BOUND: Final = "bound"
 
 KNOB_HOST: Final = ("fewer or larger units (fsdpviz whatif --wrap merge:2, or root), torch.compile or CUDA graphs "
                     "(fewer launches per unit), a larger micro-batch (more work per launch)")
+# a CPU rank launches nothing: only the per-unit hooks and copies are left to cut
+KNOB_HOST_CPU: Final = "fewer or larger units (fsdpviz whatif --wrap merge:2, or root): fewer hooks and copies"
 KNOB_COMMUNICATION: Final = ("prefetch earlier (fsdpviz whatif --prefetch 2), fewer ranks per node sharing a "
                              "link, a faster link")
 KNOB_MEMORY: Final = ("the advisor: fsdpviz whatif RUN --explore --memory-budget {budget} ranks the settings "
@@ -183,10 +185,16 @@ def bound_action(bound: BoundSummary | None, *, host_backend_on_gpu: bool = Fals
         head += f"compute {ms_text(bound.compute_ms)} of {step}; the largest loss: "
         step = "the step"
     knob, why_not = "", ""
-    if loss.kind == KIND_HOST:
-        message = (f"{head}the GPU waits for the host {ms_text(loss.ms)} of {step} ({pct}, launch-bound): the "
-                   "host's per-unit work (hooks, copy-in and copy-out launches) and the model's launches "
-                   "do not keep it busy")
+    if loss.kind == KIND_HOST and bound.device == schema.OVERLAP_CPU:
+        message = (f"{head}the training thread runs FSDP's per-unit work (hooks, copy-in and copy-out) "
+                   f"{ms_text(loss.ms)} of {step} ({pct})")
+        knob = KNOB_HOST_CPU
+    elif loss.kind == KIND_HOST:
+        message = (f"{head}the host side takes {ms_text(loss.ms)} of {step} ({pct}, launch-bound): FSDP's "
+                   f"per-unit work {ms_text(bound.fsdp_overhead_ms)} (its copy kernels "
+                   f"{ms_text(bound.fsdp_kernels_ms or 0.0)}, the GPU waiting while its hooks ran "
+                   f"{ms_text(bound.fsdp_overhead_ms - (bound.fsdp_kernels_ms or 0.0))}) and the GPU waiting for "
+                   f"the model's launches {ms_text(bound.host_wait_ms or 0.0)}")
         knob = KNOB_HOST
     elif loss.kind == KIND_COMMUNICATION:
         message = f"{head}exposed communication {ms_text(loss.ms)} of {step} ({pct})"

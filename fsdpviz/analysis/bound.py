@@ -1,13 +1,17 @@
-"""What bounds a step: each step's time split into compute, exposed communication, waiting for the
-host, and other idle.
+"""What bounds a step: each step's time split into the model's compute, FSDP's per-unit work, exposed
+communication, waiting for the host, and other idle.
 
 A step that is slow for lack of GPU work needs other knobs than a step whose communication is
 exposed. The split, per rank, over each analysed step's CPU-side span (``ProfilerStep#N``, so the
-four parts add up to the step time the user sees):
+parts add up to the step time the user sees):
 
 - ``exposed_comm``: communication no compute hid (the overlap's ``|comm| - |comm ∩ compute|``);
-- ``compute``: the rest of the time the GPU was busy (kernels, copies);
-- ``host_wait``: GPU idle gaps that ended with work the host had not yet launched when the gap
+- ``compute``: the rest of the time the GPU was busy with the model's work (kernels, copies);
+- ``fsdp_overhead``: FSDP's per-unit work (:mod:`fsdpviz.analysis.fsdp_work`): the time the GPU ran
+  only the copies FSDP's hooks launched (``fsdp_kernels``: copy-in, copy-out, the reduce-scatter
+  input), and of each host-wait gap the time the host spent inside FSDP's hooks before the awaited
+  launch (the GPU waited for FSDP); a coarser wrap runs fewer hooks;
+- ``host_wait``: the rest of the GPU idle gaps that ended with work the host had not yet launched when the gap
   began: the GPU waited for the CPU (a launch-bound step). HTA 0.5's "host wait" is the same test
   (``get_idle_time_breakdown``: the next kernel's runtime call starts after the previous kernel
   ended), applied per stream; fsdpviz applies it to the whole device, so a gap on one stream while
@@ -17,7 +21,7 @@ four parts add up to the step time the user sees):
   launch the trace does not hold.
 
 On a CPU rank (no GPU stream) the training thread is the device: ``compute`` is its ops outside
-collectives and waits, ``exposed_comm`` the collectives nothing hid, ``host_wait`` does not apply
+collectives, waits and FSDP's ranges (those inside are ``fsdp_overhead``), ``exposed_comm`` the collectives nothing hid, ``host_wait`` does not apply
 (null), and ``other_idle`` is the rest of the step (Python between ops, waits the trace does not
 name).
 
@@ -35,7 +39,14 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from fsdpviz.analysis.intervals import Intervals, clip_intervals, complement, overlap_ns, total_ns
+from fsdpviz.analysis.intervals import (
+    Intervals,
+    clip_intervals,
+    complement,
+    overlap_ns,
+    subtract_intervals,
+    total_ns,
+)
 from fsdpviz.analysis.profiler_cost import NOISE_SLOWDOWN, ProfilerCost
 from fsdpviz.analysis.steps import AnalysedSteps
 from fsdpviz.formatting import NS_PER_MS
@@ -43,7 +54,7 @@ from fsdpviz.trace import schema
 
 # OVERLAP columns this module fills (sums over the analysed steps; -1: unknown).
 BOUND_COLUMNS: Final = ("bound_window_ns", "bound_compute_ns", "bound_exposed_comm_ns", "host_wait_ns",
-                        "other_idle_ns")
+                        "other_idle_ns", "fsdp_kernels_ns", "fsdp_host_ns")
 UNKNOWN_NS: Final = -1
 
 KIND_COMPUTE: Final = "compute"
@@ -60,6 +71,11 @@ KIND_MEMORY: Final = "memory"
 MEMORY_MARGIN: Final = 0.10
 # A part that takes at least this share of the step names the bound; below it, nothing dominates.
 DOMINANT_SHARE: Final = 0.5
+# A step compute dominates is still launch-bound, not compute-bound, while its host side (host wait
+# and FSDP's per-unit work) takes at least this share of its compute: the host's work is then on
+# the step's critical path as much as the kernels are, and a coarser wrap (fewer hooks, copies and
+# launches) is as large a knob as faster kernels.
+LAUNCH_BOUND_RATIO: Final = 0.5
 BASIS_UNPROFILED: Final = "unprofiled"
 BASIS_TRACED: Final = "traced"
 
@@ -95,69 +111,99 @@ def gap_starters(events: pd.DataFrame, host_comm: pd.DataFrame) -> tuple[np.ndar
     return starts[order], launches[order]
 
 
-def split_idle(gaps: list[tuple[int, int]], starts: np.ndarray, launches: np.ndarray) -> tuple[int, int]:
-    """(host wait, other idle) ns of idle ``gaps``: a gap is host wait when the first work starting at
-    or after its end was launched after the gap began."""
-    host = other = 0
+def split_idle(gaps: list[tuple[int, int]], starts: np.ndarray, launches: np.ndarray,
+               fsdp_host: Intervals | None = None) -> tuple[int, int, int]:
+    """(host wait, other idle, FSDP host wait) ns of idle ``gaps``: a gap is host wait when the first
+    work starting at or after its end was launched after the gap began. Of a host-wait gap, the time
+    from its start to that launch during which the host was inside one of FSDP's own ranges
+    (``fsdp_host``, :mod:`fsdpviz.analysis.fsdp_work`) is FSDP's: the GPU waited for FSDP's hooks."""
+    host = other = fsdp = 0
     for a, b in gaps:
         i = int(np.searchsorted(starts, b, side="left"))
         if i < len(starts) and launches[i] >= a:
-            host += b - a
+            theirs = total_ns(clip_intervals(fsdp_host, a, min(int(launches[i]), b))) if fsdp_host is not None else 0
+            host += b - a - theirs
+            fsdp += theirs
         else:
             other += b - a
-    return host, other
+    return host, other, fsdp
 
 
 def gpu_split(windows: list[tuple[int, int]], comm: Intervals, compute: Intervals, busy: Intervals,
-              starts: np.ndarray, launches: np.ndarray) -> dict[str, int]:
-    """The BOUND_COLUMNS of a GPU rank over ``windows`` (every GPU event, clipped to each window)."""
+              starts: np.ndarray, launches: np.ndarray, model: Intervals | None = None,
+              fsdp_host: Intervals | None = None) -> dict[str, int]:
+    """The BOUND_COLUMNS of a GPU rank over ``windows`` (every GPU event, clipped to each window).
+
+    ``model``: the GPU work that is neither communication nor launched by FSDP's own ranges; the
+    busy time outside exposed communication that no model work covers is FSDP's kernels
+    (``fsdp_kernels_ns``; None: all of it is compute). ``fsdp_host``: FSDP's host ranges, whose
+    share of host-wait gaps is ``fsdp_host_ns`` (:func:`split_idle`)."""
     out = dict.fromkeys(BOUND_COLUMNS, 0)
     known_launch = bool((launches >= 0).any())
     for lo, hi in windows:
         c, k, b = clip_intervals(comm, lo, hi), clip_intervals(compute, lo, hi), clip_intervals(busy, lo, hi)
         exposed = total_ns(c) - overlap_ns(c, k)
-        host, other = split_idle(complement(lo, hi, b), starts, launches)
+        host, other, fsdp = split_idle(complement(lo, hi, b), starts, launches, fsdp_host)
+        busy_compute = total_ns(b) - exposed
+        kernels = 0
+        if model is not None:
+            m = clip_intervals(model, lo, hi)
+            # model work under exposed communication (a memcpy beside a collective) is in that part
+            kernels = max(busy_compute - (total_ns(m) - overlap_ns(m, subtract_intervals(c, k))), 0)
         out["bound_window_ns"] += hi - lo
         out["bound_exposed_comm_ns"] += exposed
-        out["bound_compute_ns"] += total_ns(b) - exposed
+        out["bound_compute_ns"] += busy_compute - kernels
+        out["fsdp_kernels_ns"] += kernels
         out["host_wait_ns"] += host
+        out["fsdp_host_ns"] += fsdp
         out["other_idle_ns"] += other
     if not known_launch:  # a trace without runtime calls (CUDA activity alone): no gap can be told
-        out["other_idle_ns"] += out["host_wait_ns"]
+        out["other_idle_ns"] += out["host_wait_ns"] + out["fsdp_host_ns"]
         out["host_wait_ns"] = UNKNOWN_NS
+        out["fsdp_host_ns"] = 0
     return out
 
 
-def cpu_split(windows: list[tuple[int, int]], comm: Intervals, compute: Intervals) -> dict[str, int]:
-    """The BOUND_COLUMNS of a CPU rank over ``windows`` (host wait does not apply: -1)."""
+def cpu_split(windows: list[tuple[int, int]], comm: Intervals, compute: Intervals,
+              fsdp: Intervals | None = None) -> dict[str, int]:
+    """The BOUND_COLUMNS of a CPU rank over ``windows`` (host wait does not apply: -1). ``fsdp``:
+    FSDP's own ranges; the training thread's ops inside them are ``fsdp_host_ns``, not compute."""
     out = dict.fromkeys(BOUND_COLUMNS, 0)
     for lo, hi in windows:
         c, k = clip_intervals(comm, lo, hi), clip_intervals(compute, lo, hi)
         exposed = total_ns(c) - overlap_ns(c, k)
+        theirs = overlap_ns(k, clip_intervals(fsdp, lo, hi)) if fsdp is not None else 0
         out["bound_window_ns"] += hi - lo
         out["bound_exposed_comm_ns"] += exposed
-        out["bound_compute_ns"] += total_ns(k)
+        out["bound_compute_ns"] += total_ns(k) - theirs
+        out["fsdp_host_ns"] += theirs
         out["other_idle_ns"] += max(hi - lo - total_ns(k) - exposed, 0)
     out["host_wait_ns"] = UNKNOWN_NS
     return out
 
 
-def bound_kind(compute: float, exposed_comm: float, host_wait: float | None, other_idle: float) -> str:
-    """The part that takes at least :data:`DOMINANT_SHARE` of the step, else ``mixed``."""
-    parts = {KIND_COMPUTE: compute, KIND_COMMUNICATION: exposed_comm, KIND_HOST: host_wait or 0.0,
-             KIND_IDLE: other_idle}
+def bound_kind(compute: float, exposed_comm: float, host_wait: float | None, other_idle: float,
+               fsdp_overhead: float = 0.0) -> str:
+    """The part that takes at least :data:`DOMINANT_SHARE` of the step, else ``mixed``. FSDP's per-unit
+    work counts on the host side (``host``: host wait + ``fsdp_overhead``); compute that dominates
+    while the host side is at least :data:`LAUNCH_BOUND_RATIO` of it is ``mixed`` (launch-bound)."""
+    host_side = (host_wait or 0.0) + fsdp_overhead
+    parts = {KIND_COMPUTE: compute, KIND_COMMUNICATION: exposed_comm, KIND_HOST: host_side, KIND_IDLE: other_idle}
     total = sum(parts.values())
     if total <= 0:
         return KIND_MIXED
     kind, biggest = max(parts.items(), key=lambda kv: kv[1])
+    if kind == KIND_COMPUTE and host_side >= LAUNCH_BOUND_RATIO * compute:
+        return KIND_MIXED
     return kind if biggest >= DOMINANT_SHARE * total else KIND_MIXED
 
 
-def step_kind(compute: float, exposed_comm: float, host_wait: float | None, other_idle: float) -> str:
+def step_kind(compute: float, exposed_comm: float, host_wait: float | None, other_idle: float,
+              fsdp_overhead: float = 0.0) -> str:
     """What bounds one step's time: :func:`bound_kind`, with other idle (which names no knob) as
     ``mixed``. The run's bound (:func:`summarize_bound`) and the advisor's predicted steps
     (fsdpviz/whatif/explore.py) both read it."""
-    kind = bound_kind(compute, exposed_comm, host_wait, other_idle)
+    kind = bound_kind(compute, exposed_comm, host_wait, other_idle, fsdp_overhead)
     return KIND_MIXED if kind == KIND_IDLE else kind
 
 
@@ -190,6 +236,25 @@ def unprofiled_split(compute: float, exposed_comm: float, host_wait: float | Non
     return compute, exposed_comm, host_wait, other_idle
 
 
+def unprofiled_fsdp_split(compute: float, exposed_comm: float, host_wait: float | None, other_idle: float,
+                          fsdp_kernels: float, fsdp_host: float, step: float
+                          ) -> tuple[float, float, float | None, float, float, float]:
+    """:func:`unprofiled_split` with FSDP's per-unit work: its host wait (``fsdp_host``) gives up the
+    profiler's excess with the rest of the host wait, in proportion (the profiler slows every host op
+    alike), its kernels shrink with compute. On a CPU rank (``host_wait`` None) ``fsdp_host`` is the
+    training thread's own work and shrinks with compute."""
+    if host_wait is None:
+        own = compute + fsdp_kernels + fsdp_host
+        c, e, h, i = unprofiled_split(own, exposed_comm, None, other_idle, step)
+        scale = c / own if own > 0 else 0.0
+        return compute * scale, e, h, i, fsdp_kernels * scale, fsdp_host * scale
+    device, waited = compute + fsdp_kernels, host_wait + fsdp_host
+    c, e, h, i = unprofiled_split(device, exposed_comm, waited, other_idle, step)
+    c_scale = c / device if device > 0 else 0.0
+    h_scale = (h or 0.0) / waited if waited > 0 else 0.0
+    return compute * c_scale, e, host_wait * h_scale, i, fsdp_kernels * c_scale, fsdp_host * h_scale
+
+
 # --- the run's bound (``summary --json`` ``bound``) ---------------------------------------------
 
 class RankBound(msgspec.Struct, kw_only=True):
@@ -201,13 +266,18 @@ class RankBound(msgspec.Struct, kw_only=True):
     host_wait_ms: float | None
     other_idle_ms: float
     kind: str
+    fsdp_overhead_ms: float = 0.0
+    """FSDP's per-unit work: its kernels (``fsdp_kernels_ms``) and the host wait its hooks caused."""
+    fsdp_kernels_ms: float | None = None
+    """The GPU time of the copies FSDP's hooks launched (None on a CPU rank)."""
 
 
 class Loss(msgspec.Struct, kw_only=True):
     """The largest part of the step that is not compute: what to act on first."""
 
     kind: str
-    """``communication`` (exposed), ``host`` (the GPU waited for launches) or ``idle`` (other idle)."""
+    """``communication`` (exposed), ``host`` (the GPU waited for launches, FSDP's per-unit work
+    included) or ``idle`` (other idle)."""
     ms: float
     share: float
     """Of the step (0-1)."""
@@ -224,6 +294,8 @@ class BoundSummary(msgspec.Struct, kw_only=True):
     ``mixed`` when none does (or other idle does)."""
     step_ms: float
     compute_ms: float
+    """The model's compute: the GPU busy with work FSDP's hooks did not launch (CPU: the training
+    thread's ops outside FSDP's ranges)."""
     exposed_comm_ms: float
     host_wait_ms: float | None
     """None on a CPU rank (the host is the device) or a trace without launches (a note says why)."""
@@ -239,6 +311,12 @@ class BoundSummary(msgspec.Struct, kw_only=True):
     """What was taken out of the traced step's idle parts for the unprofiled basis (0 on ``traced``)."""
     per_rank: dict[str, RankBound]
     note: str | None = None
+    fsdp_overhead_ms: float = 0.0
+    """FSDP's per-unit work (a part of the step beside the four others): on a GPU the copies its hooks
+    launched (``fsdp_kernels_ms``) and the host wait spent while the host ran its hooks; on a CPU the
+    training thread's ops inside FSDP's ranges. Fewer, larger units shrink it."""
+    fsdp_kernels_ms: float | None = None
+    """Of ``fsdp_overhead_ms``, the GPU time of FSDP's copy kernels (None on a CPU rank)."""
     time_kind: str | None = None
     """What bounds the step's time (``kind`` unless the run is memory-bound)."""
     peak_allocated_bytes: int | None = None
@@ -256,12 +334,15 @@ def _rank_bounds(overlap: pd.DataFrame) -> dict[str, RankBound]:
         if int(r["bound_window_ns"]) <= 0:
             continue
         host = None if int(r["host_wait_ns"]) < 0 else r["host_wait_ns"] / n / NS_PER_MS
+        kernels = r["fsdp_kernels_ns"] / n / NS_PER_MS
+        fsdp = kernels + r["fsdp_host_ns"] / n / NS_PER_MS
         parts = (r["bound_compute_ns"] / n / NS_PER_MS, r["bound_exposed_comm_ns"] / n / NS_PER_MS, host,
                  r["other_idle_ns"] / n / NS_PER_MS)
         out[str(int(r["rank"]))] = RankBound(
             step_ms=round(r["bound_window_ns"] / n / NS_PER_MS, 3), compute_ms=round(parts[0], 3),
             exposed_comm_ms=round(parts[1], 3), host_wait_ms=None if host is None else round(host, 3),
-            other_idle_ms=round(parts[3], 3), kind=bound_kind(*parts))
+            other_idle_ms=round(parts[3], 3), kind=bound_kind(*parts, fsdp), fsdp_overhead_ms=round(fsdp, 3),
+            fsdp_kernels_ms=None if r["device"] == schema.OVERLAP_CPU else round(kernels, 3))
     return out
 
 
@@ -278,12 +359,21 @@ def median_parts(per_rank: dict[str, RankBound]) -> tuple[float, float, float | 
             _median(hosts) if len(hosts) == len(ranks) else None, _median([r.other_idle_ms for r in ranks]))
 
 
+def median_fsdp(per_rank: dict[str, RankBound]) -> tuple[float, float]:
+    """FSDP's kernels and the rest of its per-unit work (host), each the median over ``per_rank``'s
+    ranks (ms per step)."""
+    ranks = list(per_rank.values())
+    kernels = _median([r.fsdp_kernels_ms or 0.0 for r in ranks])
+    return kernels, _median([r.fsdp_overhead_ms - (r.fsdp_kernels_ms or 0.0) for r in ranks])
+
+
 def summarize_bound(overlap: pd.DataFrame, profiler: ProfilerCost | None) -> BoundSummary | None:
     """The run's bound from the OVERLAP rows and what the profiler cost; None without a step span."""
     per_rank = _rank_bounds(overlap)
     if not per_rank:
         return None
     compute, comm, host, idle = median_parts(per_rank)
+    kernels, fsdp_host = median_fsdp(per_rank)
     traced = _median([r.step_ms for r in per_rank.values()])
     devices = set(overlap["device"].astype(str))
     device = devices.pop() if len(devices) == 1 else "mixed"
@@ -297,9 +387,10 @@ def summarize_bound(overlap: pd.DataFrame, profiler: ProfilerCost | None) -> Bou
     basis, step, share = BASIS_TRACED, traced, 0.0
     if profiler is not None and profiler.slowdown >= NOISE_SLOWDOWN:
         basis, step = BASIS_UNPROFILED, profiler.unprofiled_step_ms
-        before = compute + comm + (host or 0.0) + idle
-        compute, comm, host, idle = unprofiled_split(compute, comm, host, idle, step)
-        share = max(before - (compute + comm + (host or 0.0) + idle), 0.0)
+        before = compute + comm + (host or 0.0) + idle + kernels + fsdp_host
+        compute, comm, host, idle, kernels, fsdp_host = unprofiled_fsdp_split(compute, comm, host, idle, kernels,
+                                                                              fsdp_host, step)
+        share = max(before - (compute + comm + (host or 0.0) + idle + kernels + fsdp_host), 0.0)
         if not profiler.headline:
             notes.append(f"the unprofiled step ({step:.2f} ms) comes from {profiler.fewest_unprofiled_steps} clean "
                          "unprofiled step(s) on the fewest rank: the split is as good as that step time")
@@ -309,16 +400,18 @@ def summarize_bound(overlap: pd.DataFrame, profiler: ProfilerCost | None) -> Bou
     else:
         notes.append("the split is the traced step's: without the recorder's timers the profiler's share of "
                      "the idle time is unknown and included")
-    losses = {KIND_COMMUNICATION: comm, KIND_HOST: host or 0.0, KIND_IDLE: idle}
+    fsdp = kernels + fsdp_host
+    losses = {KIND_COMMUNICATION: comm, KIND_HOST: (host or 0.0) + fsdp, KIND_IDLE: idle}
     loss_kind, loss_ms = max(losses.items(), key=lambda kv: kv[1])
-    total = compute + comm + (host or 0.0) + idle
+    total = compute + comm + (host or 0.0) + idle + fsdp
     loss = Loss(kind=loss_kind, ms=round(loss_ms, 3), share=round(loss_ms / total, 4)) if loss_ms > 0 and total else None
-    kind = step_kind(compute, comm, host, idle)
+    kind = step_kind(compute, comm, host, idle, fsdp)
     return BoundSummary(
         kind=kind, time_kind=kind, step_ms=round(step, 3), compute_ms=round(compute, 3),
         exposed_comm_ms=round(comm, 3), host_wait_ms=None if host is None else round(host, 3),
         other_idle_ms=round(idle, 3), basis=basis, device=device, loss=loss, traced_step_ms=round(traced, 3),
-        profiler_share_ms=round(share, 3), per_rank=per_rank, note="; ".join(notes) or None)
+        profiler_share_ms=round(share, 3), per_rank=per_rank, note="; ".join(notes) or None,
+        fsdp_overhead_ms=round(fsdp, 3), fsdp_kernels_ms=None if device == schema.OVERLAP_CPU else round(kernels, 3))
 
 
 def device_memory_bytes(ranks: pd.DataFrame) -> int | None:

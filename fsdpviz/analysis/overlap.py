@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from fsdpviz.analysis.bound import cpu_split, gap_starters, gpu_split, step_windows
+from fsdpviz.analysis.fsdp_work import all_lanes, fsdp_ranges, launched_by_fsdp
 from fsdpviz.analysis.intervals import (
     Intervals,
     clip_intervals,
@@ -103,6 +104,14 @@ def gpu_sets(events: pd.DataFrame, analysed: AnalysedSteps | None) -> tuple[Inte
     comm = _intervals_of(pd.concat([gpu[is_comm], host]))
     all_work = _intervals_of(pd.concat([gpu, host]))
     return comm, _intervals_of(gpu[is_compute]), all_work
+
+
+def model_work(events: pd.DataFrame, ranges: dict[str, Intervals]) -> Intervals:
+    """The union of one rank's GPU work that is neither communication nor launched from inside FSDP's
+    own ranges (``ranges``: :func:`fsdpviz.analysis.fsdp_work.fsdp_ranges`): the model's."""
+    gpu = events[events["kind"].isin(GPU_WORK_KINDS).to_numpy()]
+    gpu = gpu[~_names_matching(gpu["name"], HTA_COMM_RE)]
+    return _intervals_of(gpu[~launched_by_fsdp(events, gpu, ranges)])
 
 
 def cpu_sets(
@@ -197,13 +206,15 @@ def rank_overlap(traces: TraceSet, rank: int, events: pd.DataFrame, analysed: An
         # the bound covers each step's wall time: all GPU work, whichever step launched it
         all_comm, all_compute, all_busy = gpu_sets(events, None)
         starts, launches = gap_starters(events, host_backend_collectives(events))
+        ranges = fsdp_ranges(events)
         bound = gpu_split(step_windows(traces.steps, rank, analysed, busy), all_comm, all_compute, all_busy,
-                          starts, launches)
+                          starts, launches, model_work(events, ranges), all_lanes(ranges))
     else:
         device = schema.OVERLAP_CPU
         lanes = traces.lanes[traces.lanes["rank"] == rank]
         comm, compute, busy = cpu_sets(events, lanes, analysed)
-        bound = cpu_split(step_windows(traces.steps, rank, analysed, busy), comm, compute)
+        bound = cpu_split(step_windows(traces.steps, rank, analysed, busy), comm, compute,
+                          all_lanes(fsdp_ranges(events)))
     if total_ns(busy) == 0:
         if analysed is None:
             where = "the whole trace, which has no ProfilerStep"

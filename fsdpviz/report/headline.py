@@ -99,16 +99,18 @@ def _step_fact(s: Summary) -> Fact:
 
 
 def _bound_fact(s: Summary) -> Fact:
-    """What bounds the step: its kind, and the four parts of the (unprofiled) step."""
+    """What bounds the step: its kind, and the parts of the (unprofiled) step."""
     b = s.bound
     if b is None:
         return Fact(label="bound", value="n/a", hint="no analysed step has a span")
-    parts = [("compute", b.compute_ms), ("exposed communication", b.exposed_comm_ms), ("host wait", b.host_wait_ms),
-             ("other idle", b.other_idle_ms)]
+    parts = [("compute", b.compute_ms), ("FSDP per-unit work", b.fsdp_overhead_ms),
+             ("exposed communication", b.exposed_comm_ms), ("host wait", b.host_wait_ms), ("other idle", b.other_idle_ms)]
     hint = ", ".join(f"{name} {format_ms(_num(v))}" for name, v in parts) + (
         f" of the {format_ms(b.step_ms)} {'unprofiled' if b.basis == 'unprofiled' else 'traced'} step "
         f"({b.device.upper()})")
-    sizes = {"compute": b.compute_ms, "communication": b.exposed_comm_ms, "host": b.host_wait_ms}
+    # host-bound: the host wait and FSDP's per-unit work together (analysis/bound.py)
+    sizes = {"compute": b.compute_ms, "communication": b.exposed_comm_ms,
+             "host": None if b.host_wait_ms is None else b.host_wait_ms + b.fsdp_overhead_ms}
     size = sizes.get(b.kind)
     if size is None and b.loss is not None:  # mixed: name the largest loss
         size = b.loss.ms

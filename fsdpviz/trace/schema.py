@@ -201,12 +201,14 @@ OVERLAP: Final[Schema] = {
     "non_compute_ns": "int64",  # busy_ns - compute_ns (HTA's "non-compute time")
     "overlap_pct": "float64",  # 100 * overlap_ns / comm_ns; NaN without communication
     # What bounds the step (fsdpviz.analysis.bound), summed over the analysed steps' CPU-side spans;
-    # the four parts add up to bound_window_ns; host_wait_ns -1: unknown (a CPU rank, no launches)
+    # the parts add up to bound_window_ns; host_wait_ns -1: unknown (a CPU rank, no launches)
     "bound_window_ns": "int64",
-    "bound_compute_ns": "int64",
+    "bound_compute_ns": "int64",  # the model's: FSDP's per-unit work is in the two fsdp_ columns
     "bound_exposed_comm_ns": "int64",
     "host_wait_ns": "int64",
     "other_idle_ns": "int64",
+    "fsdp_kernels_ns": "int64",  # GPU time of the copies FSDP's hooks launched (0 on a CPU rank)
+    "fsdp_host_ns": "int64",  # host wait while FSDP's hooks ran (CPU rank: the thread's ops inside them)
 }
 
 

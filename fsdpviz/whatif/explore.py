@@ -36,9 +36,10 @@ from fsdpviz.analysis.bound import (
     BoundSummary,
     device_memory_bytes,
     is_memory_bound,
+    median_fsdp,
     median_parts,
     step_kind,
-    unprofiled_split,
+    unprofiled_fsdp_split,
 )
 from fsdpviz.errors import FsdpvizError
 from fsdpviz.naming import ROOT_UNIT
@@ -66,12 +67,15 @@ class StepBound:
     host_wait_ms: float | None
     other_idle_ms: float
     basis: str
+    fsdp_overhead_ms: float = 0.0
+    """FSDP's per-unit work, as the recorded bound's: its copy kernels and the host wait of its hooks."""
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "time_kind": self.time_kind, "step_ms": round(self.step_ms, 3),
                 "compute_ms": round(self.compute_ms, 3), "exposed_comm_ms": round(self.exposed_comm_ms, 3),
                 "host_wait_ms": None if self.host_wait_ms is None else round(self.host_wait_ms, 3),
-                "other_idle_ms": round(self.other_idle_ms, 3), "basis": self.basis}
+                "other_idle_ms": round(self.other_idle_ms, 3), "fsdp_overhead_ms": round(self.fsdp_overhead_ms, 3),
+                "basis": self.basis}
 
 
 def predicted_bound(bound: BoundSummary | None, prediction: Prediction, budget_bytes: int | None) -> StepBound | None:
@@ -79,30 +83,37 @@ def predicted_bound(bound: BoundSummary | None, prediction: Prediction, budget_b
     if bound is None or not bound.per_rank:
         return None
     compute, comm, host, idle = median_parts(bound.per_rank)
+    kernels, fsdp_host = median_fsdp(bound.per_rank)
     base, new = prediction.baseline, prediction.predicted
     # the traced parts moved by the simulated change; what the step moves beyond compute and
     # communication is idle time, the host's first (the simulated step is the host's: per-unit work
-    # fewer units save, launches they no longer wait for)
+    # fewer units save, launches they no longer wait for). The host side is the host wait and FSDP's
+    # per-unit host work, moved together in proportion: fewer units run fewer hooks. FSDP's copy
+    # kernels stay: a coarser wrap copies the same bytes.
     compute = max(compute + new.compute_ms - base.compute_ms, 0.0)
     comm = max(comm + new.exposed_comm_ms - base.exposed_comm_ms, 0.0)
-    step = compute + comm + (host or 0.0) + idle + new.step_time_ms - base.step_time_ms
-    idle_change = step - compute - comm - ((host or 0.0) + idle)
+    step = compute + comm + (host or 0.0) + idle + kernels + fsdp_host + new.step_time_ms - base.step_time_ms
+    idle_change = step - compute - comm - kernels - ((host or 0.0) + fsdp_host + idle)
     if host is not None:
-        moved = max(host + idle_change, 0.0)
-        idle_change -= moved - host
-        host = moved
+        side = host + fsdp_host
+        moved = max(side + idle_change, 0.0)
+        idle_change -= moved - side
+        scale = moved / side if side > 0 else 0.0
+        host, fsdp_host = (host * scale, fsdp_host * scale) if side > 0 else (moved, 0.0)
     idle = max(idle + idle_change, 0.0)
     basis = bound.basis
     if basis == BASIS_UNPROFILED and base.step_time_ms > 0:
         # the setting's unprofiled step: the recorded one scaled as the simulation scales the step
         # (the profiler's cost shrinks with the host work a setting removes, so it is not one fixed share)
         unprofiled = bound.step_ms * new.step_time_ms / base.step_time_ms
-        compute, comm, host, idle = unprofiled_split(compute, comm, host, idle, unprofiled)
-    time_kind = step_kind(compute, comm, host, idle)
+        compute, comm, host, idle, kernels, fsdp_host = unprofiled_fsdp_split(compute, comm, host, idle, kernels,
+                                                                              fsdp_host, unprofiled)
+    fsdp = kernels + fsdp_host
+    time_kind = step_kind(compute, comm, host, idle, fsdp)
     memory = is_memory_bound(new.peak_allocated_bytes, budget_bytes)
     return StepBound(kind=KIND_MEMORY if memory else time_kind, time_kind=time_kind,
-                     step_ms=compute + comm + (host or 0.0) + idle, compute_ms=compute, exposed_comm_ms=comm,
-                     host_wait_ms=host, other_idle_ms=idle, basis=basis)
+                     step_ms=compute + comm + (host or 0.0) + idle + fsdp, compute_ms=compute, exposed_comm_ms=comm,
+                     host_wait_ms=host, other_idle_ms=idle, basis=basis, fsdp_overhead_ms=fsdp)
 
 
 @dataclass(slots=True)

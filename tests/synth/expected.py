@@ -89,8 +89,10 @@ class Expected:
     baseline_bytes: int
     """Sharded parameters + gradients + optimizer state, allocated before recording."""
     bound: pd.DataFrame
-    """Per (rank, step): what the GPU did inside the step (ns): window_ns, busy_ns, compute_ns (busy
-    but not an exposed collective), exposed_comm_ns (collectives while no other GPU work ran),
+    """Per (rank, step): what the GPU did inside the step (ns): window_ns, busy_ns, compute_ns (the
+    model's kernels: neither a collective nor FSDP's copies), fsdp_kernels_ns (busy with neither an
+    exposed collective nor the model's kernels: FSDP's copies alone), fsdp_overhead_ns (those and the
+    host wait spent in FSDP's per-unit hooks before the awaited launch), exposed_comm_ns (collectives while no other GPU work ran),
     host_wait_ns (idle ended by work whose start waited for its launch, for the step's last gap the
     next work after it), other_idle_ns (idle ended by work that waited for its stream or an event)."""
 
@@ -135,7 +137,8 @@ def build_expected(sc: Scenario, truth: Truth, ranks: list[int], timeline_of: di
 BOUND_FIELDS: tuple[tuple[str, str, float], ...] = (
     ("step_ms", "window_ns", 0.001), ("compute_ms", "compute_ns", 0.001),
     ("exposed_comm_ms", "exposed_comm_ns", 0.001), ("host_wait_ms", "host_wait_ns", 0.002),
-    ("other_idle_ms", "other_idle_ns", 0.002))
+    ("other_idle_ms", "other_idle_ns", 0.002), ("fsdp_kernels_ms", "fsdp_kernels_ns", 0.001),
+    ("fsdp_overhead_ms", "fsdp_overhead_ns", 0.002))
 
 
 def bound_ms(bound: pd.DataFrame, steps: list[int]) -> pd.DataFrame:
@@ -154,17 +157,20 @@ def _clip(intervals: list[tuple[int, int]], lo: int, hi: int) -> list[tuple[int,
 
 def _bound(rank: int, truth: Truth, i: int) -> list[dict]:
     """Per step, the split of its window by what the simulation knows of each GPU event: when it ran,
-    whether it is a collective, and what its start waited for."""
-    work = sorted((_at(a, i), _at(b, i), comm, bool(host[i]) if isinstance(host, np.ndarray) else bool(host))
-                  for a, b, comm, host in truth.gpu_work)
+    whether it is a collective or one of FSDP's own copies, what its start waited for and when it was
+    launched; and of the CPU, when it ran FSDP's per-unit hooks."""
+    work = sorted((_at(a, i), _at(b, i), comm, bool(host[i]) if isinstance(host, np.ndarray) else bool(host),
+                   _at(launch, i), fsdp) for a, b, comm, host, launch, fsdp in truth.gpu_work)
+    hooks = Union(merge([(_at(a, i), _at(b, i)) for a, b in truth.fsdp_hooks]))
     starts = [w[0] for w in work]
     rows = []
     for step, (a, b) in truth.steps.items():
         lo, hi = _at(a, i), _at(b, i)
         busy = merge(_clip([(s, e) for s, e, *_ in work], lo, hi))
-        others = Union(merge(_clip([(s, e) for s, e, comm, _ in work if not comm], lo, hi)))
-        exposed = sum(others.uncovered(s, e) for s, e in merge(_clip([(s, e) for s, e, comm, _ in work if comm], lo, hi)))
-        host = other = 0
+        others = Union(merge(_clip([(s, e) for s, e, comm, *_ in work if not comm], lo, hi)))
+        model = merge(_clip([(s, e) for s, e, comm, _, _, fsdp in work if not comm and not fsdp], lo, hi))
+        exposed = sum(others.uncovered(s, e) for s, e in merge(_clip([(s, e) for s, e, comm, *_ in work if comm], lo, hi)))
+        host = other = fsdp_host = 0
         edges = [lo] + [e for _, e in busy]
         for gap_start, gap_end in zip(edges, [s for s, _ in busy] + [hi]):
             if gap_end <= gap_start:
@@ -172,13 +178,19 @@ def _bound(rank: int, truth: Truth, i: int) -> list[dict]:
             # the work that ends the GPU's idle time (after the step's end for the last gap)
             first = bisect.bisect_left(starts, gap_end)
             enders = work[first:bisect.bisect_right(starts, starts[first])] if first < len(starts) else []
-            if any(waited_for_host for *_, waited_for_host in enders):
-                host += gap_end - gap_start
+            waited = [w for w in enders if w[3]]
+            if waited:
+                # of the wait, the host's time inside FSDP's hooks before it launched that work
+                until = min(max(w[4] for w in waited), gap_end)
+                theirs = max(until - gap_start, 0) - hooks.uncovered(gap_start, max(until, gap_start))
+                fsdp_host += theirs
+                host += gap_end - gap_start - theirs
             else:
                 other += gap_end - gap_start
+        kernels = _length(busy) - exposed - _length(model)
         rows.append({"rank": rank, "step": step, "window_ns": hi - lo, "busy_ns": _length(busy),
-                     "compute_ns": _length(busy) - exposed, "exposed_comm_ns": exposed,
-                     "host_wait_ns": host, "other_idle_ns": other})
+                     "compute_ns": _length(model), "exposed_comm_ns": exposed, "fsdp_kernels_ns": kernels,
+                     "fsdp_overhead_ns": kernels + fsdp_host, "host_wait_ns": host, "other_idle_ns": other})
     return rows
 
 

@@ -101,7 +101,7 @@ class Fsdp2Engine(Engine):
             with self.range("fsdp::all_gather_copy_in", cat="cpu_op"):
                 self.mem(nbytes, "comm_buffers")  # the all-gather output buffer
                 self.wait(STREAM_AG_COPY_IN, self.last_copy_out)
-                l0, c0, c1 = self.launch(FOREACH_COPY, STREAM_AG_COPY_IN, int(nbytes / sc.shard_size / COPY_BYTES_PER_NS) + 2_000)
+                l0, c0, c1 = self.launch(FOREACH_COPY, STREAM_AG_COPY_IN, int(nbytes / sc.shard_size / COPY_BYTES_PER_NS) + 2_000, fsdp_copy=True)
             self.span(unit, phase, "copy_in", ("gpu", STREAM_AG_COPY_IN), c0, c1, l0)
             self.wait(STREAM_ALL_GATHER, self.free[STREAM_AG_COPY_IN])
             if sc.no_overlap:
@@ -119,7 +119,7 @@ class Fsdp2Engine(Engine):
             self.wait(STREAM_COMPUTE, self.pending.pop(unit))
             with self.range("fsdp::split_with_sizes_copy", cat="cpu_op"):
                 self.mem(nbytes, "unsharded_params")
-                l0, c0, c1 = self.launch(SPLIT_COPY, STREAM_COMPUTE, int(nbytes / COPY_BYTES_PER_NS) + 2_000)
+                l0, c0, c1 = self.launch(SPLIT_COPY, STREAM_COMPUTE, int(nbytes / COPY_BYTES_PER_NS) + 2_000, fsdp_copy=True)
             self.mem(-nbytes, "comm_buffers")  # the all-gather output buffer
             self.last_copy_out = self.record_event(STREAM_COMPUTE)
         self.unsharded.add(unit)
@@ -294,7 +294,7 @@ class Fsdp2Engine(Engine):
         with self.range(self.label("post_backward_reduce", unit)):
             with self.range("fsdp::chunk_cat", cat="cpu_op"):
                 self.mem(nbytes, "comm_buffers")  # reduce-scatter input
-                self.launch(CHUNK_CAT, STREAM_COMPUTE, int(nbytes / COPY_BYTES_PER_NS) + 2_000)
+                self.launch(CHUNK_CAT, STREAM_COMPUTE, int(nbytes / COPY_BYTES_PER_NS) + 2_000, fsdp_copy=True)
                 # the unsharded gradients, freed block by block as autograd made them
                 pieces = self.grad_pieces.pop(unit, [])
                 for piece in pieces:

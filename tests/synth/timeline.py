@@ -70,9 +70,12 @@ class Truth:
 
     spans: list[TruthSpan] = field(default_factory=list)
     compute_kernels: list[tuple[Any, Any]] = field(default_factory=list)  # every non-NCCL kernel
-    # every GPU event (kernels, copies): start, end, a collective?, and whether its start waited for
-    # its launch (the host) rather than for its stream or an event
-    gpu_work: list[tuple[Any, Any, bool, Any]] = field(default_factory=list)
+    # every GPU event (kernels, copies): start, end, a collective?, whether its start waited for its
+    # launch (the host) rather than for its stream or an event, its launch time, and whether it is one
+    # of FSDP's own copies (copy-in, copy-out, the reduce-scatter input)
+    gpu_work: list[tuple[Any, Any, bool, Any, Any, bool]] = field(default_factory=list)
+    # CPU time inside FSDP's per-unit hooks (the ``FSDP::`` ranges the schedule opens for a unit): start, end
+    fsdp_hooks: list[tuple[Any, Any]] = field(default_factory=list)
     windows: dict[tuple[int, int, str, str], list[Any]] = field(default_factory=dict)  # (step, micro, unit, phase)
     memory: list[tuple[Any, int, int, tuple[str, str] | None, int]] = field(default_factory=list)
     memory_categories: list[str] = field(default_factory=list)  # the category of each ``memory`` sample's block
@@ -80,6 +83,11 @@ class Truth:
     steps: dict[int, tuple[Any, Any]] = field(default_factory=dict)
     unit_order: list[str] = field(default_factory=list)
     baseline_bytes: int = 0
+
+
+# FSDP2's ranges that run once a step, not once a unit: the root's pre-forward (which moves the batch
+# to the device) and the post-backward callback (waiting for the last reductions)
+PER_STEP_LABELS = frozenset({"FSDP::root_pre_forward", "FSDP::inputs_to_device", "FSDP::root_post_backward_callback"})
 
 
 class Engine:
@@ -157,6 +165,8 @@ class Engine:
             full.update(args)
         self.events.append(Event("X", cat, name, self.thread, t0, self.now - t0, full))
         info["end"] = self.now
+        if name.startswith("FSDP::") and name not in PER_STEP_LABELS:
+            self.truth.fsdp_hooks.append((t0, self.now))
 
     def op(self, name: str, ns: Any, args: dict | None = None) -> None:
         """A leaf CPU op that takes ``ns`` of CPU time."""
@@ -181,8 +191,9 @@ class Engine:
 
     def launch(self, name: str, stream: int, dur_ns: int, *, after: Any = None, comm: dict | None = None,
                group: str = "shard", cat: str = "kernel", api: str = "cudaLaunchKernel",
-               extra: dict | None = None) -> tuple[Any, Any, Any]:
-        """Launch a kernel on ``stream``; returns (launch time, start, end) vectors."""
+               extra: dict | None = None, fsdp_copy: bool = False) -> tuple[Any, Any, Any]:
+        """Launch a kernel on ``stream`` (``fsdp_copy``: one of FSDP's own copies); returns (launch time,
+        start, end) vectors."""
         driver = comm is not None and self.sc.nccl_launch_driver
         t_launch, corr = self.runtime("cuLaunchKernelEx" if driver else api, self.sc.launch_ns, driver=driver)
         launched = t_launch + self.sc.launch_latency_ns
@@ -207,7 +218,7 @@ class Engine:
                                  flow=(corr, self.thread, t_launch)))
         if comm is None and cat == "kernel":
             self.truth.compute_kernels.append((start, end))
-        self.truth.gpu_work.append((start, end, comm is not None, waited_for_host))
+        self.truth.gpu_work.append((start, end, comm is not None, waited_for_host, t_launch, fsdp_copy))
         if stream == STREAM_COMPUTE:
             first = self._step_gpu[0]
             self._step_gpu = [start if first is None else first, end]

@@ -1,0 +1,77 @@
+"""FSDP's own per-unit work in a rank's trace: the host ranges of its hooks and the GPU work they launch.
+
+Every unit costs the step some work that is FSDP's, not the model's: the pre-forward / pre-backward
+hooks that unshard the unit (FSDP2's ``FSDP::pre_forward (u)``, ``FSDP::all_gather (u)`` around the
+copy-in op ``fsdp::all_gather_copy_in``, ``FSDP::all_gather_copy_out (u)`` around
+``fsdp::split_with_sizes_copy``), the post-forward / post-backward hooks that reshard and reduce
+(``FSDP::post_backward_reduce (u)`` around ``fsdp::chunk_cat``), FSDP1's
+``FullyShardedDataParallel._*`` ranges, fsdpviz's gather / reduce / fetch labels of FSDP1 and ZeRO-3,
+and DeepSpeed's hook autograd functions: the framework ranges that are never a unit's own compute
+(:func:`fsdpviz.analysis.windows.overhead_labels`), less FSDP2's labels that name no unit (the root's
+pre-forward and post-backward callback run once a step). A coarser wrap runs them fewer times.
+
+Their GPU work is what the host launched inside those ranges, communication kernels aside (they are
+the step's communication): the copy-in, copy-out and reduce-scatter input copies.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from fsdpviz.analysis.intervals import Intervals, union_intervals
+from fsdpviz.analysis.labels import FAMILY_FSDP2, parse_labels
+from fsdpviz.analysis.windows import overhead_labels
+from fsdpviz.trace import schema
+
+EMPTY: Intervals = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+
+
+def fsdp_ranges(events: pd.DataFrame) -> dict[str, Intervals]:
+    """Per CPU lane of one rank's ``events``: the union of FSDP's own ranges on it (module docstring)."""
+    ranges = overhead_labels(parse_labels(events))
+    # FSDP2's labels that name no unit run once per step, whatever the wrap (the root's pre-forward
+    # moving the batch to the device, its post-backward callback): not per-unit work
+    ranges = ranges[~((ranges["family"] == FAMILY_FSDP2) & (ranges["unit"] == "")).to_numpy()]
+    return {str(lane): union_intervals(g["start_ns"].to_numpy(np.int64), g["end_ns"].to_numpy(np.int64))
+            for lane, g in ranges.groupby(ranges["lane"].astype(str), sort=False)}
+
+
+def all_lanes(ranges: dict[str, Intervals]) -> Intervals:
+    """The union of ``ranges`` over every lane."""
+    if not ranges:
+        return EMPTY
+    return union_intervals(np.concatenate([r[0] for r in ranges.values()]),
+                           np.concatenate([r[1] for r in ranges.values()]))
+
+
+def inside(points: np.ndarray, intervals: Intervals) -> np.ndarray:
+    """Per point: whether it lies in one of the (merged, sorted) ``intervals``."""
+    starts, ends = intervals
+    if not len(starts):
+        return np.zeros(len(points), dtype=bool)
+    i = np.searchsorted(starts, points, side="right") - 1
+    safe = np.clip(i, 0, None)
+    return (i >= 0) & (points < ends[safe])
+
+
+def launched_by_fsdp(events: pd.DataFrame, gpu: pd.DataFrame, ranges: dict[str, Intervals]) -> np.ndarray:
+    """Per row of ``gpu`` (GPU events of the same rank as ``events``): launched from inside one of
+    FSDP's ranges on the launching thread (False where the trace holds no launch)."""
+    out = np.zeros(len(gpu), dtype=bool)
+    if not ranges or not len(gpu):
+        return out
+    runtime = events[(events["kind"] == schema.KIND_RUNTIME).to_numpy() & (events["correlation"] >= 0).to_numpy()]
+    # the first runtime call of a correlation launched it (as analysis/bound.py's launch times read it)
+    runtime = runtime.sort_values("start_ns", kind="stable").drop_duplicates("correlation")
+    launch = pd.DataFrame({"t": runtime["start_ns"].to_numpy(np.int64),
+                           "lane": runtime["lane"].astype(str).to_numpy()}, index=runtime["correlation"].to_numpy())
+    found = launch.reindex(gpu["correlation"].to_numpy())
+    known = found["t"].notna().to_numpy()
+    t = found["t"].fillna(-1).to_numpy(np.int64)
+    lanes = found["lane"].to_numpy(dtype=object)
+    for lane, intervals in ranges.items():
+        mine = known & (lanes == lane)
+        if mine.any():
+            out[mine] = inside(t[mine], intervals)
+    return out
