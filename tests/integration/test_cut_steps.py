@@ -54,6 +54,7 @@ def _check_cut_step_left_out(run_dir: Path, cut: int) -> Any:
 
 
 @pytest.mark.slow
+@pytest.mark.lifecycle
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_step_a_rank_ended_inside_is_not_analysed(case: str, tmp_path: Path) -> None:
     script, argument, cut = CASES[case]

@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from helpers.jobs import record_env, torchrun
 from recording import SCRIPTS, record
 
 
+@pytest.mark.slow
+@pytest.mark.lifecycle
 def test_fsdp1_on_cpu_without_device_id_is_told_the_fix(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     proc = record(run_dir, torchrun(SCRIPTS / "fsdp1_cpu_without_device_id.py"), env=record_env())
@@ -22,6 +25,8 @@ def test_fsdp1_on_cpu_without_device_id_is_told_the_fix(tmp_path: Path) -> None:
     assert f"fsdpviz: note: {note}" in proc.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.lifecycle
 def test_an_fsdp2_run_gets_no_such_note(tmp_path: Path) -> None:
     from helpers.jobs import EXAMPLE
 
