@@ -50,8 +50,8 @@ KNOB_HOST: Final = ("fewer or larger units (fsdpviz whatif --wrap merge:2, or ro
                     "(fewer launches per unit), a larger micro-batch (more work per launch)")
 # a CPU rank launches nothing: only the per-unit hooks and copies are left to cut
 KNOB_HOST_CPU: Final = "fewer or larger units (fsdpviz whatif --wrap merge:2, or root): fewer hooks and copies"
-KNOB_COMMUNICATION: Final = ("prefetch earlier (fsdpviz whatif --prefetch 2), fewer ranks per node sharing a "
-                             "link, a faster link")
+KNOB_COMMUNICATION: Final = ("prefetch earlier (fsdpviz whatif --prefetch 1, or 2 on FSDP2), fewer ranks per node "
+                             "sharing a link, a faster link")
 KNOB_MEMORY: Final = ("the advisor: fsdpviz whatif RUN --explore --memory-budget {budget} ranks the settings "
                       "whose predicted peak fits the device by predicted step time")
 HOST_BACKEND_BLOCKS: Final = ("prefetch cannot help on this run: the gloo backend runs each collective of CUDA "

@@ -344,6 +344,8 @@ def print_exploration(exploration: Exploration, run: str) -> None:
         typer.echo(f"{'best within the budget' if budget is not None else 'fastest'}: {best.name} "
                    f"({change_text(base.step_time_ms, p.step_time_ms, 'ms')} per step, "
                    f"peak {change_text(base.peak_allocated_bytes, p.peak_allocated_bytes, 'bytes') or 'unknown'})")
+    elif exploration.ranked or exploration.within_spread:
+        typer.echo("no setting is predicted measurably faster than the recording")
     for c in exploration.skipped:
         typer.echo(f"not tried: {c.name}: {c.skipped}")
     for note in exploration.notes:

@@ -164,8 +164,11 @@ class Exploration:
     """What makes every prediction of the grid weak (one model serves them all): said before the ranking."""
 
     def best(self) -> Candidate | None:
-        """The fastest setting within the budget, if any was predicted."""
-        return next(iter(self.ranked), None)
+        """The fastest setting within the budget, where it is measurably faster than the recording."""
+        first = next(iter(self.ranked), None)
+        if first is None or first.prediction is None:
+            return None
+        return first if first.prediction.predicted.step_time_ms < self.baseline.step_time_ms else None
 
     def to_json(self) -> dict[str, Any]:
         return {"basis": BASIS_TRACED, "baseline": self.baseline.to_json(), "memory_budget_bytes": self.budget_bytes,

@@ -15,6 +15,7 @@ from fsdpviz.analysis.actions import KIND_BOUND, Action, fold, with_prediction
 from fsdpviz.analysis.bound import KIND_COMMUNICATION, KIND_HOST
 from fsdpviz.errors import FsdpvizError
 from fsdpviz.formatting import MIB
+from fsdpviz.whatif import prefetch_args
 from fsdpviz.whatif.predict import Model, predict
 from fsdpviz.whatif.settings import Settings, Wrap
 
@@ -29,7 +30,8 @@ def setting_for(knob: str, model: Model) -> Settings | None:
     if knob.startswith("reshard_after_forward=False for "):
         return Settings().with_(keep_last_units=1)
     if knob.startswith("prefetch one more unit ahead") or "stage3_prefetch_bucket_size" in knob:
-        return Settings().with_(prefetch=str(max(depth, 1) + 1))
+        deeper = str(max(depth, 1) + 1)
+        return Settings().with_(prefetch=deeper) if prefetch_args.arguments(rec.framework, deeper, [0]) else None
     if "prefetch" in knob and depth == 0:  # FSDP2's set_modules_to_*_prefetch, FSDP1's forward/backward_prefetch
         return Settings().with_(prefetch="1")
     return None
@@ -75,8 +77,9 @@ def _action_setting(action: Action, model: Model) -> Settings | None:
         if action.cause == KIND_HOST:
             return Settings().with_(wrap=Wrap("merge", k=2))
         if action.cause == KIND_COMMUNICATION and not action.why_not:
-            depth = int(rec.prefetch) if rec.prefetch.isdigit() else 1
-            return Settings().with_(prefetch=str(depth + 1))
+            depth = str((int(rec.prefetch) if rec.prefetch.isdigit() else 0) + 1)
+            # one unit more than recorded, where the framework can express it (FSDP1: one unit at most)
+            return Settings().with_(prefetch=depth) if prefetch_args.arguments(rec.framework, depth, []) else None
         return None
     first = action.knob.split("; ")[0]
     return setting_for(first, model) if first else None

@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from fsdpviz.analysis.compare.spread import spread_ms, traced_step_values_ms
+from fsdpviz.analysis.compare.spread import spread_ms, step_values_ms
 from fsdpviz.analysis.parallelism import known_dims, run_parallelism
-from fsdpviz.analysis.pipeline import RunResult
+from fsdpviz.analysis.pipeline import LabelledRun, RunResult
 from fsdpviz.errors import UsageError
 from fsdpviz.formatting import NS_PER_MS, rounded_ms
 from fsdpviz.naming import ROOT_UNIT
@@ -39,7 +39,8 @@ if TYPE_CHECKING:
 
 SAMPLED_RANKS = 16  # ranks read of a run held rank by rank (read_model)
 # A replay that misses the recorded step by more than this explains too little of the recording for
-# its predictions to be read as figures: marked unreliable, and the advisor ranks nothing from it.
+# its predictions to be read as figures: marked unreliable, said before any figure and before the
+# advisor's ranking.
 RELIABLE_REPLAY_PCT = 10.0
 # Past this slowdown the profiler's own cost is a large part of the traced step the model is built on.
 HIGH_SLOWDOWN = 1.5
@@ -121,8 +122,8 @@ class Prediction:
     """The prefetch setting as the framework's own arguments (:mod:`.prefetch_args`); None where run.json
     does not say what was recorded."""
     spread_ms: float | None = None
-    """The recording's own step-to-step spread (the range of its analysed steps' traced times, each the
-    median over ranks); None with fewer than two steps."""
+    """The recording's own step-to-step spread on the prediction's basis (:func:`recording_spread_ms`);
+    None with fewer than two steps."""
     warnings: list[str] = field(default_factory=list)
     """What makes the prediction weak, said before its figures (an unreliable replay, a heavy profiler)."""
 
@@ -238,10 +239,10 @@ def predict(model: Model, settings: Settings) -> Prediction:
     check(model, settings)
     rec = model.recording
     full = _filled(settings, rec)
-    simulated = [run(prog.build(rec, s, _for_program(full), model.comm, model.gathers), rec.device == "gpu")
+    simulated = [run(prog.build(rec, s, _for_program(full, rec), model.comm, model.gathers), rec.device == "gpu")
                  for s in rec.steps]
     net = [] if model.net is None else [
-        run(prog.build(model.net.recording, s, _for_program(full), model.net.comm, model.net.gathers), True)
+        run(prog.build(model.net.recording, s, _for_program(full, rec), model.net.comm, model.net.gathers), True)
         for s in model.net.recording.steps]
     baseline = _baseline(model)
     setting = memory_setting(rec, full)
@@ -264,12 +265,25 @@ def predict(model: Model, settings: Settings) -> Prediction:
     return Prediction(baseline=baseline, predicted=predicted, settings=full,
                       profiler={"profiled_step_ms": cost.profiled_step_ms, "unprofiled_step_ms": cost.unprofiled_step_ms,
                                 "slowdown": cost.slowdown} if cost is not None else None,
-                      spread_ms=spread_ms(traced_step_values_ms(model.result.analysis.step_times)),
+                      spread_ms=recording_spread_ms(model, baseline.step_time_ms),
                       warnings=weaknesses(replay_error_pct, cost),
                       replay_error_pct=replay_error_pct,
                       notes=notes, replay=model.replays, simulated=simulated, steps=rec.steps, memory=memory,
                       assumed=assumed(full, rec) + peak.assumed + mesh_assumed(model, full),
                       prefetch_arguments=prefetch_arguments(rec, full))
+
+
+def recording_spread_ms(model: Model, baseline_ms: float) -> float | None:
+    """The recording's own step-to-step spread on the prediction's basis: the range of the steps the
+    summary's step time comes from (the clean unprofiled steps where the timers give it, else the
+    analysed steps as traced; each step the median over ranks, as ``compare`` measures it), as a share of
+    that step time, times the baseline step. None with fewer than two such steps."""
+    run = LabelledRun(label="", source="", result=model.result)
+    spread = spread_ms(step_values_ms(run, "step_time_ms"))
+    step = model.result.summary.step_time_ms
+    if spread is None or not step:
+        return None
+    return round(spread / step * baseline_ms, 3)
 
 
 def weaknesses(replay_error_pct: float, cost: ProfilerCost | None) -> list[str]:
@@ -291,15 +305,22 @@ def prefetch_arguments(rec: Recording, settings: Settings) -> dict[str, object] 
     give the predicted depth (None where run.json does not say what was recorded)."""
     if settings.sources.get("prefetch") != GIVEN:
         return rec.prefetch_args or None
+    if rec.framework == ZERO3 and settings.prefetch.isdigit() and not rec.unit_numels:
+        return None  # the bucket is in parameter elements, which only run.json gives
     numels = [rec.unit_numels.get(u, 0) for u in rec.units]
     return prefetch_args.arguments(rec.framework, settings.prefetch, numels)
 
 
-def _for_program(settings: Settings) -> Settings:
-    """The program builder reads an unchanged prefetch as "replay the recorded issue order"."""
-    if settings.sources.get("prefetch") != GIVEN:
+def _for_program(settings: Settings, rec: Recording) -> Settings:
+    """The program builder reads an unchanged prefetch -- not given, or given as what was recorded --
+    as "replay the recorded issue order"."""
+    if not _prefetch_changed(settings, rec):
         return replace(settings, prefetch="recorded")
     return settings
+
+
+def _prefetch_changed(settings: Settings, rec: Recording) -> bool:
+    return settings.sources.get("prefetch") == GIVEN and settings.prefetch != rec.prefetch
 
 
 def _filled(settings: Settings, rec: Recording) -> Settings:
@@ -403,7 +424,7 @@ def memory_setting(rec: Recording, settings: Settings) -> MemorySetting:
     return MemorySetting(
         group=group, order=list(rec.units), reshard={u: reshard.get(group.get(u, u), True) for u in rec.units},
         recorded_reshard=dict(rec.reshard_after_forward),
-        prefetch=settings.prefetch if settings.sources.get("prefetch") == GIVEN else "recorded",
+        prefetch=settings.prefetch if _prefetch_changed(settings, rec) else "recorded",
         scale=rec.world_size / world if world else 1.0,
         drop_gather_buffers=rec.framework == FSDP2 and world == 1 and rec.world_size > 1,
         recorded_prefetch=rec.prefetch, framework=rec.framework)
@@ -434,18 +455,26 @@ def _predicted(model: Model, simulated: list[SimResult], baseline: Outcome, sett
         step = baseline.step_time_ms * ratio
     else:
         step = baseline.step_time_ms + moved(lambda r: r.step_ns) / NS_PER_MS
-    exposed = baseline.exposed_comm_ms + moved(lambda r: r.exposed_comm_ns) / NS_PER_MS
-    if exposed < 0:
-        # the simulation counts more of the communication as exposed than the recording's overlap does
-        # (on CPU it has the host wait out every collective): it cannot take out of the step more
-        # exposed communication than the recording had
-        step -= exposed
-        exposed = 0.0
+    comm = max(0.0, baseline.comm_ms + moved(lambda r: r.comm_ns) / NS_PER_MS)
+    simulated_exposed = baseline.exposed_comm_ms + moved(lambda r: r.exposed_comm_ns) / NS_PER_MS
+    if settings.world_size == 1:
+        # one rank: no collective at all, FSDP's or any other; the step loses the communication the
+        # recording exposed (what else one rank changes is not modelled)
+        comm, exposed = 0.0, 0.0
+        step = baseline.step_time_ms - baseline.exposed_comm_ms
+    else:
+        # exposed communication within [0, all communication]: the simulation can count more of it as
+        # exposed than the recording's overlap does (on CPU the host waits out every collective), and
+        # the step moves with the exposed communication the prediction keeps, not with the excess
+        exposed = min(max(0.0, simulated_exposed), comm)
+        step += exposed - simulated_exposed
     recorded = baseline.peak_allocated_bytes is not None
     units = _predicted_units(model, simulated, baseline, settings)
+    if settings.world_size == 1:  # no unit gathers or reduces on one rank either
+        units = [replace(u, all_gather_ms=0.0, reduce_scatter_ms=0.0, exposed_comm_ms=0.0) for u in units]
     return Outcome(step_time_ms=round(step, 3),
                    exposed_comm_ms=round(exposed, 3),
-                   comm_ms=round(max(0.0, baseline.comm_ms + moved(lambda r: r.comm_ns) / NS_PER_MS), 3),
+                   comm_ms=round(comm, 3),
                    compute_ms=round(max(0.0, baseline.compute_ms + moved(lambda r: r.compute_ns) / NS_PER_MS), 3),
                    peak_allocated_bytes=memory.peak_bytes if recorded else None, units=units,
                    memory_categories=memory.categories if recorded else None,

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from helpers.cli import json_here, run_here
-from helpers.rawfiles import raw_trace
+from helpers.rawfiles import timer_step_ms
 
 SAMPLES = Path(__file__).parents[2] / "sample_traces"
 
@@ -29,7 +29,7 @@ def test_one_rank_has_no_communication_as_a_real_one_rank_recording_shows(
         gpu_fsdp_run: Any, capsys: pytest.CaptureFixture[str]) -> None:
     one = gpu_fsdp_run("h100-fsdp2-ws1-block").summary
     assert one.world_size == 1 and one.overlap.comm_ms == 0  # truth: FSDP2 on one rank gathers nothing
-    for sample in ("fsdp2-cpu-2rank", "fsdp1-cpu-2rank"):
+    for sample in ("fsdp2-cpu-2rank", "fsdp1-cpu-2rank", "zero3-cpu-2rank"):
         data = json_here(capsys, "whatif", str(SAMPLES / sample), "--world-size", "1", "--json", "-q", "--no-cache")
         assert data["baseline"]["comm_ms"] > 0
         predicted = data["predicted"]
@@ -37,9 +37,7 @@ def test_one_rank_has_no_communication_as_a_real_one_rank_recording_shows(
         assert all(u["all_gather_ms"] == 0 == u["reduce_scatter_ms"] for u in predicted["units"])
         # the rank still computes all it computed (the per-rank batch is the same): the step keeps that
         # compute and loses at most the communication the recording exposed
-        assert predicted["compute_ms"] <= predicted["step_time_ms"]
-        base = data["baseline"]
-        assert predicted["step_time_ms"] >= base["step_time_ms"] - base["exposed_comm_ms"] - 0.01
+        assert predicted["compute_ms"] <= predicted["step_time_ms"] < data["baseline"]["step_time_ms"]
 
 
 def test_fsdp1_recorded_prefetch_is_fsdp1s_own_default(capsys: pytest.CaptureFixture[str]) -> None:
@@ -71,18 +69,21 @@ def test_zero3_recorded_prefetch_is_deepspeeds_bucket(capsys: pytest.CaptureFixt
     assert numels[-1] <= bucket <= numels[-1] + numels[-2]
 
 
-def test_the_spread_is_the_traces_own_step_to_step_range(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_spread_is_the_recorders_own_step_to_step_range(capsys: pytest.CaptureFixture[str]) -> None:
+    """The spread is the range of the clean unprofiled steps the recorder's own timers clocked (each step
+    the median over ranks, read from the timers files), as a share of the summary's step, on the
+    prediction's basis; and the recorded setting itself is never a measurable change."""
     sample = SAMPLES / "fsdp2-cpu-2rank"
+    summary = json_here(capsys, "summary", str(sample), "--json", "-q", "--no-cache")
+    assert summary["step_time_source"] == "timers"
+    clean = summary["profiler"]["unprofiled_steps"]
+    walls = [timer_step_ms(sample / "timers" / f"rank{r}.jsonl") for r in (0, 1)]
+    per_step = [statistics.median(w[s] for w in walls) for s in clean]
     data = json_here(capsys, "whatif", str(sample), "--wrap", "merge:2", "--json", "-q", "--no-cache")
-    traces = [raw_trace(sample / "traces" / f"rank{r}.trace.json.gz") for r in (0, 1)]
-    steps = sorted(set(traces[0].steps) & set(traces[1].steps))  # every one analysed: fsdpviz writes them whole
-    per_step = [statistics.median(t.step_ms(s) for t in traces) for s in steps]
-    assert steps
-    predicted = data["predicted"]
-    assert predicted["spread_ms"] == pytest.approx(max(per_step) - min(per_step), abs=0.01)
-    # the recorded setting itself moves nothing: never a measurable change
+    share = (max(per_step) - min(per_step)) / summary["step_time_ms"]
+    assert data["predicted"]["spread_ms"] == pytest.approx(share * data["baseline"]["step_time_ms"], rel=1e-3)
     same = json_here(capsys, "whatif", str(sample), "--json", "-q")["predicted"]
-    assert same["measurable"] is False and same["spread_ms"] == predicted["spread_ms"] > 0
+    assert same["measurable"] is False and same["spread_ms"] == data["predicted"]["spread_ms"] > 0
 
 
 def test_a_replay_that_misses_is_said_before_any_figure(gpu_fsdp_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -124,7 +124,15 @@ def build_whatif(model: Model, prediction: Prediction, output: str | Path, *, so
     share_time_axis(views, max(data.recorded.step_ms, data.predicted.step_ms))
     rec = model.recording
     name = prediction.settings.describe()
-    notes = [*(f"Assumed: {figure}." for figure in prediction.assumed),
+    if prediction.measurable is None:
+        spread = "The recording's step-to-step spread is unknown (fewer than two steps)."
+    elif prediction.measurable:
+        spread = f"The predicted change is beyond the recording's own step-to-step spread ({prediction.spread_ms:,.2f} ms)."
+    else:
+        spread = (f"No measurable change: the predicted step moves by less than the recording's own step-to-step "
+                  f"spread ({prediction.spread_ms:,.2f} ms).")
+    notes = [*(f"Warning: {w}." for w in prediction.warnings), spread,
+             *(f"Assumed: {figure}." for figure in prediction.assumed),
              (f"Replay: the simulation of the recorded setting is within {prediction.replay_error_pct:.1f} % of "
               "the recorded step time."), *prediction.notes]
     sections = [
