@@ -24,7 +24,7 @@ from fsdpviz.analysis.pipeline import analyse
 pytestmark = [pytest.mark.slow, pytest.mark.recorded]
 
 TRACKED = Config(("--steps", "7"), (*NO_OUTPUT, "--warmup", "2", "--steps", "3"),
-                 script=SCRIPTS / "memtracker_train.py", output_flag="--truth")
+                 script=SCRIPTS / "memtracker_train.py", output_flag="--truth", committed="memtracker-fsdp2")
 MIB = 1 << 20
 
 

@@ -12,10 +12,13 @@ profiler never saw, and how many pile up differs from run to run (docs/whatif.md
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
+from helpers.committed import recorded_once
 from helpers.jobs import record_env, torchrun
+from helpers.once import session_root
 from recording import SCRIPTS, record
 
 from fsdpviz.analysis import memory_categories as mcat
@@ -23,7 +26,7 @@ from fsdpviz.analysis.pipeline import analyse
 from fsdpviz.whatif.predict import predict, read_model
 from fsdpviz.whatif.settings import Settings
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.recorded]  # analysis only: committed copies in `make test`
 
 WORLDS = (2, 4)
 
@@ -33,11 +36,19 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, tuple[Path, list
     """Per world size: the run folder and rank 0's truth per step."""
     out = {}
     for world in WORLDS:
-        base = tmp_path_factory.mktemp(f"world{world}")
+        base = session_root(tmp_path_factory) / f"whatif-world-{world}"
         truth = base / "truth-{rank}.json"
-        command = torchrun(SCRIPTS / "memory_train.py", "--optimizer", "adamw", "--truth", str(truth), nproc=world)
-        proc = record(base / "run", command, "--warmup", "2", "--steps", "3", env=record_env())
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        options = ["--warmup", "2", "--steps", "3"]  # what make() records with
+
+        def make(base: Path = base, truth: Path = truth, world: int = world
+                 ) -> dict[str, subprocess.CompletedProcess | None]:
+            command = torchrun(SCRIPTS / "memory_train.py", "--optimizer", "adamw", "--truth", str(truth), nproc=world)
+            return {"proc": record(base / "run", command, "--warmup", "2", "--steps", "3", env=record_env())}
+
+        proc = recorded_once(base, f"whatif-world-{world}", {"world": world, "optimizer": "adamw",
+                                                               "record": options},
+                             [SCRIPTS / "memory_train.py"], make)["proc"]
+        assert proc is not None and proc.returncode == 0, proc.stderr[-3000:] if proc else ""
         out[world] = (base / "run", json.loads(Path(str(truth).format(rank=0)).read_text())["steps"])
     return out
 

@@ -25,7 +25,7 @@ from fsdpviz.runfolder import RUN_JSON, decode_run_json
 pytestmark = [pytest.mark.slow, pytest.mark.recorded]
 
 ZERO3 = Config(("--steps", "7"), (*NO_OUTPUT, "--warmup", "2", "--steps", "3"), ZERO3_ENV,
-               script=SCRIPTS / "zero3_memory_train.py", output_flag="--truth")
+               script=SCRIPTS / "zero3_memory_train.py", output_flag="--truth", committed="zero3-master-copy")
 RANKS = (0, 1)
 
 
