@@ -101,6 +101,7 @@ class Model:
     replays: list[SimResult] = field(default_factory=list)
     sampled: list[int] | None = None  # the ranks read, when not every rank was
     net: Model | None = None  # GPU: the same recording, its host work net of the profiler (hostcost)
+    spread_share: float | None = None  # the recording's step-to-step spread over its step (spread_share)
 
 
 @dataclass(slots=True)
@@ -172,6 +173,7 @@ def read_model(result: RunResult, ranks: Sequence[int] | None = None) -> Model:
     if not rec.steps:
         raise UsageError("no analysed step holds a complete forward and backward: nothing to predict")
     model = _model(result, rec, sampled)
+    model.spread_share = spread_share(result)
     per_op_ns = hostcost.per_op_ns(result.summary.profiler, rec) if rec.device == "gpu" else 0.0
     if per_op_ns > 0:
         model.net = _model(result, read_recording(result, ranks, per_op_ns=per_op_ns), sampled)
@@ -273,17 +275,19 @@ def predict(model: Model, settings: Settings) -> Prediction:
                       prefetch_arguments=prefetch_arguments(rec, full))
 
 
-def recording_spread_ms(model: Model, baseline_ms: float) -> float | None:
-    """The recording's own step-to-step spread on the prediction's basis: the range of the steps the
+def spread_share(result: RunResult) -> float | None:
+    """The recording's own step-to-step spread as a share of its step: the range of the steps the
     summary's step time comes from (the clean unprofiled steps where the timers give it, else the
-    analysed steps as traced; each step the median over ranks, as ``compare`` measures it), as a share of
-    that step time, times the baseline step. None with fewer than two such steps."""
-    run = LabelledRun(label="", source="", result=model.result)
-    spread = spread_ms(step_values_ms(run, "step_time_ms"))
-    step = model.result.summary.step_time_ms
-    if spread is None or not step:
-        return None
-    return round(spread / step * baseline_ms, 3)
+    analysed steps as traced; each step the median over ranks, as ``compare`` measures it) over that
+    step time. None with fewer than two such steps. Read once per model, for every prediction."""
+    spread = spread_ms(step_values_ms(LabelledRun(label="", source="", result=result), "step_time_ms"))
+    step = result.summary.step_time_ms
+    return spread / step if spread is not None and step else None
+
+
+def recording_spread_ms(model: Model, baseline_ms: float) -> float | None:
+    """The recording's spread (:func:`spread_share`) on the prediction's basis, the baseline step."""
+    return None if model.spread_share is None else round(model.spread_share * baseline_ms, 3)
 
 
 def weaknesses(replay_error_pct: float, cost: ProfilerCost | None) -> list[str]:
