@@ -26,7 +26,9 @@ from helpers.committed import recorded_once
 from helpers.jobs import EXAMPLE, NO_OUTPUT, fsdpviz, record_env, retried
 from helpers.once import session_root
 
+from fsdpviz.analysis.labels import parse_labels
 from fsdpviz.analysis.pipeline import analyse
+from fsdpviz.analysis.windows import overhead_labels
 from fsdpviz.whatif.predict import Model, predict, read_model
 from fsdpviz.whatif.settings import Settings, Wrap
 
@@ -136,19 +138,31 @@ def test_fsdp1_gradients_are_their_units_flat_gradient_and_its_fp32_copy(models:
 
 
 @pytest.mark.parametrize("framework", ["", "fsdp1-"])
-def test_one_root_unit_runs_less_per_unit_work(models: dict[str, Model], framework: str) -> None:
-    """FSDP's per-unit work (the training thread's ops inside its hooks' ranges, analysis/bound.py)
-    follows the recorded wrap: five units (four blocks and the root) run five sets of hooks and copies,
-    one root unit one set over the same bytes. Held as a share of the thread's own work (the model's
-    compute and FSDP's), which a busy machine slows alike: measured on two recordings of each, the
-    root's share 0.28-0.44x the block's (FSDP2: 0.35 against 0.15, 0.35 against 0.11; FSDP1 0.24
-    against 0.07, 0.28 against 0.08)."""
-    shares = {}
+def test_per_unit_work_follows_the_recorded_wrap(models: dict[str, Model], framework: str) -> None:
+    """FSDP's per-unit work (the training thread's ops inside its hooks' ranges, analysis/fsdp_work.py,
+    which the bound splits out as ``fsdp_overhead_ms``) follows the wrap the script applied: run.json's
+    units, read from FSDP's own module state. Per block, five units (four blocks and the root) run five
+    sets of hooks and copies; one root unit runs one set over the same bytes, so the ranges the bound
+    reads name exactly the recorded units and a root wrap has a fifth of them.
+
+    How much *time* that saves depends on the machine: where the copies' bytes dominate the hooks' Python,
+    one root unit costs nearly what five do (the root's share of the thread's work 0.52-0.59x the block's
+    on one 2-core machine, 0.68-0.92x on another under load). That ratio is a benchmark's
+    (benchmarks/bench_whatif_fake.py), not a test's."""
+    ranges = {}
     for wrap in ("block", "root"):
-        bound = models[f"{framework}{wrap}"].result.summary.bound
+        result = models[f"{framework}{wrap}"].result
+        bound = result.summary.bound
         assert bound is not None and bound.device == "cpu" and bound.fsdp_kernels_ms is None  # no kernels on CPU
         parts = bound.compute_ms + bound.fsdp_overhead_ms + bound.exposed_comm_ms + bound.other_idle_ms
         assert parts == pytest.approx(bound.step_ms, abs=0.01)  # the parts still add up to the step
-        rank = bound.per_rank["0"]
-        shares[wrap] = rank.fsdp_overhead_ms / (rank.compute_ms + rank.fsdp_overhead_ms)
-    assert 0 < shares["root"] < 0.6 * shares["block"]
+        assert bound.fsdp_overhead_ms > 0 and bound.per_rank["0"].fsdp_overhead_ms > 0
+        events = result.traces.events
+        labels = overhead_labels(parse_labels(events[(events["rank"] == 0).to_numpy()]))
+        named = labels[labels["unit"] != ""]  # FSDP2's once-a-step root callbacks name none
+        assert set(named["unit"]) == set(result.traces.units["unit"])
+        ranges[wrap] = len(labels)
+    assert set(models[f"{framework}root"].result.traces.units["unit"]) == {"(root)"}
+    assert set(models[f"{framework}block"].result.traces.units["unit"]) == {"(root)", *(f"blocks.{i}" for i in range(4))}
+    # one set of hooks per unit and step: a fifth of the ranges (5.3x and 5.7x fewer measured)
+    assert ranges["root"] * 4 < ranges["block"]
