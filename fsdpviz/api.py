@@ -135,11 +135,9 @@ class Run(LabelledRun):
         """The run's summary as ``fsdpviz summary --json`` gives it: its actions' knobs predicted
         with fsdpviz whatif (computed once)."""
         if self._summary is None:
-            import msgspec
+            from fsdpviz.whatif.gains import completed_summary
 
-            from fsdpviz.whatif.gains import predicted_actions
-
-            self._summary = msgspec.structs.replace(self.result.summary, actions=predicted_actions(self.result))
+            self._summary = completed_summary(self.result)
         return self._summary
 
     @property

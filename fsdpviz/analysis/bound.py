@@ -47,7 +47,7 @@ from fsdpviz.analysis.intervals import (
     subtract_intervals,
     total_ns,
 )
-from fsdpviz.analysis.profiler_cost import NOISE_SLOWDOWN, ProfilerCost
+from fsdpviz.analysis.profiler_cost import ProfilerCost
 from fsdpviz.analysis.steps import AnalysedSteps
 from fsdpviz.formatting import NS_PER_MS
 from fsdpviz.trace import schema
@@ -385,18 +385,15 @@ def summarize_bound(overlap: pd.DataFrame, profiler: ProfilerCost | None) -> Bou
         notes.append("host_wait_ms is null: the traces hold no kernel launches (CUDA activity alone), so an "
                      "idle gap cannot be told to be the host's; other_idle_ms holds all idle time")
     basis, step, share = BASIS_TRACED, traced, 0.0
-    if profiler is not None and profiler.slowdown >= NOISE_SLOWDOWN:
+    if profiler is not None and profiler.headline:  # one clock: the split is of the run's step time
         basis, step = BASIS_UNPROFILED, profiler.unprofiled_step_ms
         before = compute + comm + (host or 0.0) + idle + kernels + fsdp_host
         compute, comm, host, idle, kernels, fsdp_host = unprofiled_fsdp_split(compute, comm, host, idle, kernels,
                                                                               fsdp_host, step)
         share = max(before - (compute + comm + (host or 0.0) + idle + kernels + fsdp_host), 0.0)
-        if not profiler.headline:
-            notes.append(f"the unprofiled step ({step:.2f} ms) comes from {profiler.fewest_unprofiled_steps} clean "
-                         "unprofiled step(s) on the fewest rank: the split is as good as that step time")
     elif profiler is not None:
-        notes.append("the split is the traced step's: the unprofiled steps were slower than the profiled ones "
-                     "(noise), so the profiler's share cannot be taken out")
+        notes.append("the split is the traced step's, as the step time is: " + (profiler.note or "").removeprefix(
+            "the step time is the traced one: "))
     else:
         notes.append("the split is the traced step's: without the recorder's timers the profiler's share of "
                      "the idle time is unknown and included")

@@ -25,6 +25,7 @@ traced step and :attr:`ProfilerCost.note` says why.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Iterator
 from typing import Final
 
 import msgspec
@@ -42,14 +43,16 @@ UNIT_TIMER_KIND: Final = "compute"  # a unit's own work in a pass (docs/recordin
 NOTABLE_SLOWDOWN: Final = 1.10
 # The first steps of any run are slower (allocation, caches, lazy init): never a clean step.
 SETTLING_STEPS: Final = 2
-# Fewer clean unprofiled steps on a rank than this, and one noisy step would set the headline.
-MIN_UNPROFILED_STEPS: Final = 3
+# Fewer clean unprofiled steps on a rank than this, and one noisy step would set the headline. Two are
+# what a short recording has (the shared H100 recordings: 2 per rank); the clock says how many
+# (``summary --json`` ``clock.clean_steps``).
+MIN_UNPROFILED_STEPS: Final = 2
 # Below this slowdown the profiled steps ran faster than the unprofiled ones: the unprofiled
 # steps are noise (a shared machine, a step that waited), not the run's pace.
 NOISE_SLOWDOWN: Final = 0.95
 # With the recorder's default schedule (profile steps 2-4; step 5 follows the export), the fewest
-# training steps that time MIN_UNPROFILED_STEPS clean steps (6-8).
-FULL_HEADLINE_STEPS: Final = 9
+# training steps that time MIN_UNPROFILED_STEPS clean steps (6-7).
+FULL_HEADLINE_STEPS: Final = 8
 
 
 class ProfilerCost(msgspec.Struct, kw_only=True):
@@ -106,6 +109,28 @@ def _split(run: RunInfo, rank: int, step: np.ndarray) -> tuple[np.ndarray, np.nd
     return is_profiled & usable, ~is_profiled & ~profiler_busy & (step >= SETTLING_STEPS) & usable
 
 
+def _rank_steps(timers: pd.DataFrame, run: RunInfo
+                ) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """Per rank whose profiler recorded a step the timers timed: (rank, its timed steps, their ms,
+    the profiled mask, the clean unprofiled mask)."""
+    for _, rows in whole_step_times(timers).groupby("rank", sort=True):
+        rank = int(rows["rank"].iloc[0])
+        step = rows["step"].to_numpy()
+        masks = _split(run, rank, step)
+        if masks is None or not masks[0].any():
+            continue
+        yield rank, step, rows["ms"].to_numpy(dtype=np.float64), masks[0], masks[1]
+
+
+def clean_step_ms(timers: pd.DataFrame, run: RunInfo | None) -> dict[int, tuple[float, int]]:
+    """Per rank: (the median of its clean unprofiled steps in ms, how many there are), for the ranks
+    that timed at least one (the basis :mod:`fsdpviz.whatif.calibration` replays the recording on)."""
+    if run is None or not _timed_run(timers, run):
+        return {}
+    return {rank: (float(np.median(ms[clean])), int(clean.sum()))
+            for rank, _step, ms, _profiled, clean in _rank_steps(timers, run) if clean.any()}
+
+
 def _timed_run(timers: pd.DataFrame, run: RunInfo | None) -> bool:
     return run is not None and not timers.empty and run.profile.schedule == SCHEDULE_OPTIMIZER_STEPS
 
@@ -116,25 +141,17 @@ def profiler_cost(timers: pd.DataFrame, run: RunInfo | None) -> ProfilerCost | N
     Whether the run's step time may be the unprofiled one is decided here (``headline``, ``note``)."""
     if run is None or not _timed_run(timers, run):
         return None
-    steps = whole_step_times(timers)
     profiled_ms: list[float] = []
     unprofiled_ms: list[float] = []
     profiled_all: set[int] = set()
     unprofiled_all: set[int] = set()
     left_out: set[int] = set()
     clean_counts: dict[int, int] = {}
-    for _, rows in steps.groupby("rank", sort=True):
-        rank = int(rows["rank"].iloc[0])
-        step = rows["step"].to_numpy()
-        masks = _split(run, rank, step)
-        if masks is None or not masks[0].any():
-            continue
-        is_profiled, is_other = masks
+    for rank, step, ms, is_profiled, is_other in _rank_steps(timers, run):
         clean_counts[rank] = int(is_other.sum())
         left_out.update(int(s) for s in step[~is_profiled & ~is_other])
         if not is_other.any():
             continue
-        ms = rows["ms"].to_numpy(dtype=np.float64)
         profiled_ms.append(float(np.median(ms[is_profiled])))
         unprofiled_ms.append(float(np.median(ms[is_other])))
         profiled_all.update(int(s) for s in step[is_profiled])
@@ -169,13 +186,9 @@ def no_cost_note(timers: pd.DataFrame, run: RunInfo | None) -> str | None:
     clean unprofiled step. None where the run is not timed or not profiled (nothing to explain)."""
     if run is None or not _timed_run(timers, run):
         return None
-    steps = whole_step_times(timers)
     profiled = False
-    for _, rows in steps.groupby("rank", sort=True):
-        masks = _split(run, int(rows["rank"].iloc[0]), rows["step"].to_numpy())
-        if masks is None or not masks[0].any():
-            continue
-        if masks[1].any():
+    for *_, clean in _rank_steps(timers, run):
+        if clean.any():
             return None
         profiled = True
     if not profiled:

@@ -138,6 +138,24 @@ class MemorySummary(msgspec.Struct, kw_only=True):
     none found, or no per-unit analysis)."""
 
 
+class ClockSummary(msgspec.Struct, kw_only=True):
+    """Which clock the run's figures are on (``summary --json`` ``clock``; docs/concepts.md, "One clock")."""
+
+    basis: str
+    """``replayed``: the recording replayed without the profiler, its host work calibrated on the
+    timers' clean unprofiled steps; whatif predicts on that replay. ``traced``: no such replay (``note``
+    says why); the predictions are the traced timeline's."""
+    profiler_share_ms: float | None = None
+    """How much longer a profiled step ran than a clean unprofiled one (timers); None without them."""
+    replay_error_pct: float | None = None
+    """How far the replay without the profiler misses the timers' clean step, in %; None when traced."""
+    clean_steps: int | None = None
+    """The fewest clean unprofiled steps a replayed rank timed (what the calibration rests on)."""
+    ranks: list[int] | None = None
+    """The ranks replayed (None: every rank)."""
+    note: str = ""
+
+
 class Summary(msgspec.Struct, kw_only=True):
     """The headline numbers of a run (see the module docstring); ``to_json()`` is the contract."""
 
@@ -175,6 +193,8 @@ class Summary(msgspec.Struct, kw_only=True):
     actions: list[Action] = msgspec.field(default_factory=list)
     """The bound's action, then alike findings as one line each, the first few shown and the rest
     ``folded`` (analysis/actions.py); predicted gains where a command filled them (whatif/gains.py)."""
+    clock: ClockSummary | None = None
+    """The clock the figures are on, where a command filled it (whatif/clock.py, with the actions' gains)."""
 
     def to_json(self) -> dict[str, Any]:
         """The ``fsdpviz summary --json`` dict (notes as their words)."""

@@ -60,11 +60,13 @@ def compare(
     if as_json:
         import msgspec
 
-        from fsdpviz.whatif.gains import predicted_actions
+        from fsdpviz.whatif.gains import completed_summary
 
         out = comparison_json(comparison)
         for run_json, run in zip(out["runs"], comparison.runs):  # each run as its summary --json gives it
-            run_json["actions"] = msgspec.to_builtins(predicted_actions(run.result))
+            completed = completed_summary(run.result)
+            run_json["actions"] = msgspec.to_builtins(completed.actions)
+            run_json["clock"] = msgspec.to_builtins(completed.clock)
         sys.stdout.write(json.dumps(out, indent=2) + "\n")
     else:
         print_comparison(comparison)

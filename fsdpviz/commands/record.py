@@ -55,7 +55,7 @@ def record(
     warmup: int = typer.Option(
         DEFAULT_WARMUP, "--warmup", min=0, metavar="N",
         help="Optimizer steps before profiling (the last warms the profiler up). The step time comes from the "
-             "unprofiled steps timed after the profiled ones: a script of 9 steps or more gets it with the defaults."),
+             "unprofiled steps timed after the profiled ones: a script of 8 steps or more gets it with the defaults."),
     mode: str = typer.Option(
         "both", "--mode", metavar="profile|timers|both", help="profile: torch.profiler traces; timers: per-step timers of every step; both."),
     memory: bool = typer.Option(True, "--memory/--no-memory",
@@ -180,8 +180,9 @@ def summarise_and_report(run_dir: Path, *, summary: bool, report: bool) -> Path 
                 raise _Failed(failure or "")
             if name == "summary":
                 from fsdpviz.commands.summary import print_summary
+                from fsdpviz.whatif.gains import completed_summary
 
-                print_summary(result.summary)
+                print_summary(completed_summary(result))  # as `fsdpviz summary` prints it
             else:
                 from fsdpviz.report.build import build_report
                 from fsdpviz.runfolder import REPORT_HTML

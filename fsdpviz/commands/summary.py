@@ -15,7 +15,7 @@ from fsdpviz.errors import UsageError
 from fsdpviz.formatting import bytes_text
 
 if TYPE_CHECKING:
-    from fsdpviz.analysis.summary import MemorySummary, Summary
+    from fsdpviz.analysis.summary import ClockSummary, MemorySummary, Summary
 
 EXAMPLE = """
 fsdpviz summary runs/run-20250101-120000
@@ -54,16 +54,21 @@ def summary(
 
     result = analyse(paths, steps=parse_steps(steps), include_last_step=include_last_step, cache=cache,
                      progress=False if quiet else None, scheduler=scheduler)
-    import msgspec
+    from fsdpviz.whatif.gains import completed_summary
 
-    from fsdpviz.whatif.gains import predicted_actions
-
-    summary_of_run = msgspec.structs.replace(result.summary, actions=predicted_actions(result))
+    summary_of_run = completed_summary(result)
     warn_gaps(result.traces)  # after the analysis: bad input stays one error line
     if as_json:
         sys.stdout.write(json.dumps(summary_of_run.to_json(), indent=2) + "\n")
         return
     print_summary(summary_of_run)
+
+
+def clock_text(clock: ClockSummary) -> str:
+    """``replayed without the profiler: ... (replay within 0.0 % of the timers)`` or ``traced: why``."""
+    if clock.replay_error_pct is None:
+        return clock.note
+    return f"{clock.note} (replay within {clock.replay_error_pct:.1f} % of the timers)"
 
 
 def parse_steps(text: str | None) -> list[int] | None:
@@ -147,6 +152,8 @@ def print_summary(summary: Summary) -> None:
     head.add_row("parallelism", parallelism_text(summary.parallelism))
     head.add_row("steps analysed", step_text)
     head.add_row("step time", step_time_text(summary))
+    if summary.clock is not None:
+        head.add_row("clock", escape(clock_text(summary.clock)))
     head.add_row("bound", escape(bound_text(summary)))
     ov = summary.overlap
     head.add_row("overlap", f"{_fmt(ov.overlap_pct, ' %')} of communication hidden behind compute "

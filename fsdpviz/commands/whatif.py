@@ -296,7 +296,7 @@ def _bound_words(c: object) -> str:
 def exploration_count(exploration: Exploration) -> str:
     """``7 setting(s) predicted (5 within the budget, 2 over it), 2 not tried``: every row the grid lists."""
     ranked, over, skipped = len(exploration.ranked), len(exploration.over_budget), len(exploration.skipped)
-    within = len(exploration.within_spread)
+    within = len(exploration.within_spread) + len(exploration.unranked)
     text = f"{ranked + within + over} setting(s) predicted"
     if exploration.budget_bytes is not None:
         text += f" ({ranked + within} within the budget, {over} over it)"
@@ -325,8 +325,12 @@ def print_exploration(exploration: Exploration, run: str) -> None:
     header = ("setting", "step", "change", "peak", "change", "bound")
     rows = [(str(i), *row(c)) for i, c in enumerate(exploration.ranked, 1) if c.prediction is not None]
     within = [("-", *row(c)) for c in exploration.within_spread if c.prediction is not None]
+    unranked = [("-", *row(c)) for c in exploration.unranked if c.prediction is not None]
     if rows:
         _table(("#", *header), rows)
+    elif unranked:
+        typer.echo("predicted, not ranked: the replay does not explain the recording (see the warning)")
+        _table(("#", *header), unranked)
     elif not within:
         typer.echo("  no setting's predicted peak fits the budget")
     if within:

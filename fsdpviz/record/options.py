@@ -35,7 +35,7 @@ ENV_WINDOW_S: Final = "FSDPVIZ_WINDOW_S"
 DEFAULT_STEPS: Final = 3
 # Step 0 warms up (allocation, caches), step 1 warms the profiler up, steps 2-4 are profiled: a script of
 # 5 steps gets a full trace. The run's step time comes from the clean steps timed after the profiled
-# ones (the steady pace; docs/recording.md, "The schedule"), so 9 steps give the full headline.
+# ones (the steady pace; docs/recording.md, "The schedule"), so 8 steps give the full headline.
 DEFAULT_WARMUP: Final = 2
 DEFAULT_FALLBACK_AFTER_S: Final = 10.0
 DEFAULT_WINDOW_S: Final = 5.0

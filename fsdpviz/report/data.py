@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import msgspec
 import pandas as pd
 
 from fsdpviz.analysis import memory as analysis_memory
@@ -29,7 +30,9 @@ from fsdpviz.report.timeline.units import NO_UNIT, place_unit_peaks, unit_order,
 from fsdpviz.report.timeline.view import StepView, events_view, exposed_intervals, unit_peak_markers
 from fsdpviz.report.units.table import UnitTables, unit_tables
 from fsdpviz.trace.tables import TraceSet
-from fsdpviz.whatif.gains import predicted_actions
+from fsdpviz.whatif.clock import clock_of
+from fsdpviz.whatif.gains import predicted_actions, summary_model
+from fsdpviz.whatif.predict import model_clock
 from fsdpviz.whatif.saved import SavedPrediction, load_predictions
 
 if TYPE_CHECKING:
@@ -133,7 +136,10 @@ def prepare_report(run: RunResult, *, max_segments: int = MAX_PAGE_SEGMENTS,
     ``("median",)`` builds only the median step's tab, the per-unit one when the run has units (what
     ``fsdpviz compare`` draws).
     """
-    traces, summary, overlap, analysis = run.traces, run.summary, run.overlap, run.analysis
+    traces, overlap, analysis = run.traces, run.overlap, run.analysis
+    model, why_not = summary_model(run)  # read once: the actions' gains and the clock
+    summary = msgspec.structs.replace(run.summary, clock=clock_of(run, None if model is None else model_clock(model),
+                                                                  why_not))
     title, subtitle, meta = describe_inputs(traces)
     aligned = run.aligned  # the lanes and memory views line up with the analysis' spans
     unknown_views = sorted(set(views) - set(ALL_VIEWS))
@@ -207,7 +213,7 @@ def prepare_report(run: RunResult, *, max_segments: int = MAX_PAGE_SEGMENTS,
         rank_steps=steps_data.per_rank_summary(times), notes=notes,
         findings=actions_text(predicted_actions(run, build_actions(
             found, summary.bound, host_backend_on_gpu=host_backend_on_gpu(traces, run.overlap),
-            units=summary.units))),
+            units=summary.units), model=model)),
         unit_tables=unit_tables(stats, colors, {u.name: (u.forward_timer_ms, u.backward_timer_ms)
                                                 for u in summary.units},
                                 {u.name: u.param_scope for u in summary.units},

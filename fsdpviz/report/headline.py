@@ -54,6 +54,7 @@ def headline_section(data: ReportData) -> Section:
              hint="FSDP's shard group, HSDP replicas, tensor-parallel degree; - where unknown"),
         Fact(label="steps analysed", value=_steps_text(s.steps)),
         _step_fact(s),
+        *([Fact(label="clock", value=s.clock.basis, hint=s.clock.note)] if s.clock is not None else []),
         _bound_fact(s),
         Fact(label="overlap", value=format_pct(ov.overlap_pct), hint="communication hidden behind computation"),
         Fact(label="exposed comm / step", value=format_ms(exposed_per_step),

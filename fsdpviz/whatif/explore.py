@@ -14,7 +14,8 @@ as a budget made every setting within 10 % of it "memory"-bound, the recording i
 Settings whose predicted peak fits are ranked by predicted step time; the others are listed apart,
 with how much they exceed the budget. A setting whose predicted step moves by no more than the
 recording's own step-to-step spread is listed as no measurable change, not ranked. A recording whose
-replay misses it by more than ``RELIABLE_REPLAY_PCT`` says so before the ranking (``warnings``).
+replay misses it by more than ``RELIABLE_REPLAY_PCT`` says so before the grid (``warnings``) and ranks
+nothing: its settings are listed apart (``unranked``), for reading.
 
 Each setting says which bound it leaves (:class:`StepBound`): the recording's step split
 (analysis/bound.py: compute, exposed communication, host wait, other idle, per rank on the traced
@@ -44,7 +45,7 @@ from fsdpviz.analysis.bound import (
 from fsdpviz.errors import FsdpvizError
 from fsdpviz.naming import ROOT_UNIT
 from fsdpviz.whatif import prefetch_args
-from fsdpviz.whatif.predict import BASIS_TRACED, SUPPORTED, Model, Outcome, Prediction, predict
+from fsdpviz.whatif.predict import RELIABLE_REPLAY_PCT, SUPPORTED, Model, Outcome, Prediction, predict
 from fsdpviz.whatif.settings import Settings, Wrap
 
 BUDGET_DEVICE = "device memory from the trace"
@@ -162,6 +163,13 @@ class Exploration:
     spread_ms: float | None = None
     warnings: list[str] = field(default_factory=list)
     """What makes every prediction of the grid weak (one model serves them all): said before the ranking."""
+    basis: str = "traced"
+    """The predictions' clock (``clock.basis``)."""
+    clock: dict[str, Any] | None = None
+    """``summary --json``'s ``clock`` of the recording."""
+    unranked: list[Candidate] = field(default_factory=list)
+    """Settings within the budget predicted from a replay that misses the recording by more than
+    ``RELIABLE_REPLAY_PCT``: listed for reading, never ranked (``ranked`` is then empty)."""
 
     def best(self) -> Candidate | None:
         """The fastest setting within the budget, where it is measurably faster than the recording."""
@@ -171,10 +179,11 @@ class Exploration:
         return first if first.prediction.predicted.step_time_ms < self.baseline.step_time_ms else None
 
     def to_json(self) -> dict[str, Any]:
-        return {"basis": BASIS_TRACED, "baseline": self.baseline.to_json(), "memory_budget_bytes": self.budget_bytes,
+        return {"basis": self.basis, "clock": self.clock, "baseline": self.baseline.to_json(), "memory_budget_bytes": self.budget_bytes,
                 "memory_budget_source": self.budget_source, "spread_ms": self.spread_ms, "warnings": self.warnings,
                 "ranked": [c.to_json() for c in self.ranked],
                 "within_spread": [c.to_json() for c in self.within_spread],
+                "unranked": [c.to_json() for c in self.unranked],
                 "over_budget": [c.to_json() for c in self.over_budget],
                 "skipped": [c.to_json() for c in self.skipped],
                 "notes": self.notes}
@@ -257,9 +266,15 @@ def explore(model: Model, budget_bytes: int | None = None) -> Exploration:
     assert first is not None
     ranked = [c for c in fitting if c.prediction is not None and c.prediction.measurable is not False]
     within = [c for c in fitting if c not in ranked]
+    unranked: list[Candidate] = []
+    if not first.reliable:
+        # a model that does not explain the recording ranks nothing: its order would be noise
+        unranked, ranked, within = ranked + within, [], []
+        notes.append(f"not ranked: the replay does not reproduce the run within {RELIABLE_REPLAY_PCT:g} % (the "
+                     "warning above); the settings are listed for reading only")
     if first.spread_ms is None:
         notes.append("the recording's step-to-step spread is unknown (fewer than two analysed steps): every setting "
                      "is ranked, measurable or not")
     return Exploration(baseline=baseline, budget_bytes=budget_bytes, budget_source=source, ranked=ranked,
                        within_spread=within, over_budget=over, skipped=left_out, notes=notes, spread_ms=first.spread_ms,
-                       warnings=first.warnings)
+                       warnings=first.warnings, unranked=unranked, basis=first.basis, clock=first.clock)

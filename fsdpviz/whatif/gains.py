@@ -1,5 +1,9 @@
 """What a finding's suggested knob would gain, predicted: the words the report adds to a finding.
 
+:func:`completed_summary` is the summary every view shows (``summary``, ``record``'s closing lines,
+``compare``, the notebook): the recording read for prediction once, for the actions' predicted gains
+and the clock (:mod:`.clock`).
+
 A finding suggests a knob only where the trace shows its cause (``analysis/findings.py``). Where the
 model covers that knob -- explicit prefetch, one unit more of prefetch, keeping the first backward
 unit's parameters -- the knob is predicted on the recording and the finding quotes the result:
@@ -11,12 +15,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from fsdpviz.analysis.actions import KIND_BOUND, Action, fold, with_prediction
 from fsdpviz.analysis.bound import KIND_COMMUNICATION, KIND_HOST
+from fsdpviz.analysis.summary import Summary
 from fsdpviz.errors import FsdpvizError
 from fsdpviz.formatting import MIB
 from fsdpviz.whatif import prefetch_args
-from fsdpviz.whatif.predict import Model, predict
+from fsdpviz.whatif.clock import clock_of
+from fsdpviz.whatif.predict import Model, model_clock, predict, read_model
 from fsdpviz.whatif.settings import Settings, Wrap
 
 if TYPE_CHECKING:
@@ -112,20 +120,34 @@ def _change(model: Model, settings: Settings) -> tuple[float | None, str]:
     return p.predicted.step_time_ms - p.baseline.step_time_ms, describe_gain(model, settings)
 
 
-GAIN_RANKS = 4  # ranks the actions' predicted gains are simulated on
-
-
-def predicted_actions(run: RunResult, actions: Sequence[Action] | None = None) -> list[Action]:
-    """``actions`` (default: the run's, ``Summary.actions``) with their knobs predicted on a few of its ranks (a
-    1000-rank run is not simulated whole for a sentence); as they are where the recording cannot be
-    read for prediction (no units, another framework)."""
-    from fsdpviz.whatif.predict import read_model
-
+def predicted_actions(run: RunResult, actions: Sequence[Action] | None = None, *,
+                      model: Model | None = None) -> list[Action]:
+    """``actions`` (default: the run's, ``Summary.actions``) with their knobs predicted on ``model``
+    (default: the run read on a few of its ranks, :func:`summary_model`); as they
+    are where the recording cannot be read for prediction (no units, another framework)."""
     actions = run.summary.actions if actions is None else actions
     if not any(a.knob for a in actions) or not run.has_units:
         return list(actions)
+    if model is None:
+        model, _ = summary_model(run)
+    return list(actions) if model is None else predict_actions(model, actions)
+
+
+GAIN_RANKS = 4  # ranks a summary's model is read on (a 1000-rank run is not simulated whole for a sentence)
+
+
+def summary_model(run: RunResult) -> tuple[Model | None, str]:
+    """The run read for prediction on its first :data:`GAIN_RANKS` ranks, or None and why not."""
+    if not run.has_units:
+        return None, "no FSDP units: nothing to replay"
     try:
-        model = read_model(run, ranks=sorted(run.analysis.ranks)[:GAIN_RANKS])
-    except FsdpvizError:
-        return list(actions)
-    return predict_actions(model, actions)
+        return read_model(run, ranks=sorted(run.analysis.ranks)[:GAIN_RANKS]), ""
+    except FsdpvizError as exc:
+        return None, str(exc)
+
+
+def completed_summary(run: RunResult) -> Summary:
+    """``run``'s summary with its actions' knobs predicted and its clock (the model read once)."""
+    model, why_not = summary_model(run)
+    return msgspec.structs.replace(run.summary, actions=predicted_actions(run, model=model),
+                                   clock=clock_of(run, None if model is None else model_clock(model), why_not))

@@ -19,9 +19,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
+from fsdpviz.analysis.bound import BASIS_UNPROFILED as BOUND_UNPROFILED
 from fsdpviz.analysis.compare.spread import spread_ms, step_values_ms
 from fsdpviz.analysis.parallelism import known_dims, run_parallelism
 from fsdpviz.analysis.pipeline import LabelledRun, RunResult
+from fsdpviz.analysis.profiler_cost import clean_step_ms
 from fsdpviz.errors import UsageError
 from fsdpviz.formatting import NS_PER_MS, rounded_ms
 from fsdpviz.naming import ROOT_UNIT
@@ -29,6 +33,8 @@ from fsdpviz.vocabulary import FSDP1, FSDP2, ZERO3
 from fsdpviz.whatif import bounds, hostcost, known, prefetch_args
 from fsdpviz.whatif import comm as comm_model
 from fsdpviz.whatif import program as prog
+from fsdpviz.whatif.calibration import Calibration, calibrate, scaled
+from fsdpviz.whatif.clock import BASIS_TRACED, RELIABLE_REPLAY_PCT, Replayed, clock_of
 from fsdpviz.whatif.memory import MemoryChange, MemorySetting, predict_step
 from fsdpviz.whatif.recording import Gather, Recording, StepProgram, read_recording
 from fsdpviz.whatif.settings import DEFAULT, GIVEN, RECORDED, Settings, Wrap
@@ -38,13 +44,8 @@ if TYPE_CHECKING:
     from fsdpviz.analysis.profiler_cost import ProfilerCost
 
 SAMPLED_RANKS = 16  # ranks read of a run held rank by rank (read_model)
-# A replay that misses the recorded step by more than this explains too little of the recording for
-# its predictions to be read as figures: marked unreliable, said before any figure and before the
-# advisor's ranking.
-RELIABLE_REPLAY_PCT = 10.0
 # Past this slowdown the profiler's own cost is a large part of the traced step the model is built on.
 HIGH_SLOWDOWN = 1.5
-BASIS_TRACED = "traced"  # every step time of a prediction is the traced steps' (module docstring)
 SUPPORTED = {
     FSDP2: {"wrap", "prefetch", "reshard_after_forward", "keep_last_units", "world_size"},
     FSDP1: {"wrap", "prefetch", "world_size"},
@@ -100,7 +101,8 @@ class Model:
     gathers: dict[tuple[str, str], Gather]
     replays: list[SimResult] = field(default_factory=list)
     sampled: list[int] | None = None  # the ranks read, when not every rank was
-    net: Model | None = None  # GPU: the same recording, its host work net of the profiler (hostcost)
+    net: Model | None = None  # the same recording without the profiler (GPU: hostcost; CPU: calibration)
+    calibration: Calibration | None = None  # CPU: how ``net`` was put on the timers' clean steps
     spread_share: float | None = None  # the recording's step-to-step spread over its step (spread_share)
 
 
@@ -117,6 +119,8 @@ class Prediction:
     memory: list[MemoryChange | None] = field(default_factory=list)  # per step, the memory model's answer
     assumed: list[str] = field(default_factory=list)  # figures neither the recording nor the user gave
     basis: str = BASIS_TRACED
+    clock: dict[str, Any] | None = None
+    """The recording's clock, as ``summary --json`` says it (whatif/clock.py)."""
     profiler: dict[str, Any] | None = None
     """The recording's profiled and unprofiled step times (``summary --json`` ``profiler``); None without timers."""
     prefetch_arguments: dict[str, object] | None = None
@@ -130,8 +134,10 @@ class Prediction:
 
     @property
     def reliable(self) -> bool:
-        """Whether the replay reproduces the recording within :data:`RELIABLE_REPLAY_PCT`."""
-        return self.replay_error_pct <= RELIABLE_REPLAY_PCT
+        """Whether the replay reproduces the recording within :data:`RELIABLE_REPLAY_PCT`: the traced
+        step, and where the model replays it without the profiler, the timers' clean step too."""
+        clean = (self.clock or {}).get("replay_error_pct")
+        return self.replay_error_pct <= RELIABLE_REPLAY_PCT and (clean is None or clean <= RELIABLE_REPLAY_PCT)
 
     @property
     def measurable(self) -> bool | None:
@@ -146,7 +152,7 @@ class Prediction:
         predicted["settings"]["prefetch"]["arguments"] = self.prefetch_arguments
         predicted["spread_ms"] = self.spread_ms
         predicted["measurable"] = self.measurable
-        return {"basis": self.basis, "baseline": self.baseline.to_json(), "predicted": predicted,
+        return {"basis": self.basis, "clock": self.clock, "baseline": self.baseline.to_json(), "predicted": predicted,
                 "profiler": self.profiler, "replay_error_pct": round(self.replay_error_pct, 2),
                 "reliable": self.reliable, "warnings": self.warnings,
                 "assumed": self.assumed, "notes": self.notes}
@@ -174,9 +180,22 @@ def read_model(result: RunResult, ranks: Sequence[int] | None = None) -> Model:
         raise UsageError("no analysed step holds a complete forward and backward: nothing to predict")
     model = _model(result, rec, sampled)
     model.spread_share = spread_share(result)
-    per_op_ns = hostcost.per_op_ns(result.summary.profiler, rec) if rec.device == "gpu" else 0.0
-    if per_op_ns > 0:
-        model.net = _model(result, read_recording(result, ranks, per_op_ns=per_op_ns), sampled)
+    cost = result.summary.profiler
+    gpu = rec.device == "gpu"
+    if gpu:
+        # the profiler's excess per traced host event: on the H100 recordings it predicts the wraps
+        # better than host work scaled as on CPU (docs/whatif.md, "One clock")
+        per_op_ns = hostcost.per_op_ns(cost, rec)
+        if per_op_ns > 0:
+            model.net = _model(result, read_recording(result, ranks, per_op_ns=per_op_ns), sampled)
+    elif cost is not None and cost.headline:
+        def replay_ns(steps: list[StepProgram]) -> list[float]:
+            return [run(prog.build(rec, s, recorded_settings(), model.comm, model.gathers), False).step_ns
+                    for s in steps]
+
+        model.calibration = calibrate(rec, clean_step_ms(result.traces.timers, result.traces.run), replay_ns)
+        if model.calibration.scale:
+            model.net = _model(result, scaled(rec, model.calibration.scale), sampled)
     return model
 
 
@@ -241,17 +260,17 @@ def predict(model: Model, settings: Settings) -> Prediction:
     check(model, settings)
     rec = model.recording
     full = _filled(settings, rec)
-    simulated = [run(prog.build(rec, s, _for_program(full, rec), model.comm, model.gathers), rec.device == "gpu")
-                 for s in rec.steps]
-    net = [] if model.net is None else [
-        run(prog.build(model.net.recording, s, _for_program(full, rec), model.net.comm, model.net.gathers), True)
-        for s in model.net.recording.steps]
+    # every timing is the replay's without the profiler where the model has one (module docstring)
+    timing = model.net or model
+    simulated = [run(prog.build(timing.recording, s, _for_program(full, rec), timing.comm, timing.gathers),
+                     rec.device == "gpu") for s in timing.recording.steps]
     baseline = _baseline(model)
     setting = memory_setting(rec, full)
     memory = [predict_step(s.memory, setting) if s.memory is not None else None for s in rec.steps]
     memory, floor_note = bounds.floored(memory, [s.memory for s in rec.steps], bounds.only_adds(full, rec))
     peak = _predicted_peak(rec, full, memory)
-    predicted = _predicted(model, simulated, baseline, full, peak, net)
+    predicted = _predicted(timing, simulated, baseline, full, peak, by_share=model.net is not None or (
+        model.result.summary.traced_step_time_ms not in (None, baseline.step_time_ms)))
     recorded_mean = statistics.fmean(s.step_ns for s in rec.steps)
     replay_mean = statistics.fmean(r.step_ns for r in model.replays)
     notes = list(dict.fromkeys(n for r in simulated for n in r.notes))
@@ -264,15 +283,25 @@ def predict(model: Model, settings: Settings) -> Prediction:
                      f"({', '.join(map(str, model.sampled))}): the run is too large to hold every rank's events")
     cost = model.result.summary.profiler
     replay_error_pct = 100.0 * abs(replay_mean - recorded_mean) / recorded_mean if recorded_mean else 0.0
-    return Prediction(baseline=baseline, predicted=predicted, settings=full,
+    clock = clock_of(model.result, model_clock(model))
+    return Prediction(baseline=baseline, predicted=predicted, settings=full, basis=clock.basis,
+                      clock=msgspec.to_builtins(clock),
                       profiler={"profiled_step_ms": cost.profiled_step_ms, "unprofiled_step_ms": cost.unprofiled_step_ms,
                                 "slowdown": cost.slowdown} if cost is not None else None,
                       spread_ms=recording_spread_ms(model, baseline.step_time_ms),
-                      warnings=weaknesses(replay_error_pct, cost),
+                      warnings=weaknesses(replay_error_pct, cost, clock.replay_error_pct),
                       replay_error_pct=replay_error_pct,
-                      notes=notes, replay=model.replays, simulated=simulated, steps=rec.steps, memory=memory,
+                      notes=notes, replay=timing.replays, simulated=simulated, steps=timing.recording.steps, memory=memory,
                       assumed=assumed(full, rec) + peak.assumed + mesh_assumed(model, full),
                       prefetch_arguments=prefetch_arguments(rec, full))
+
+
+def model_clock(model: Model) -> Replayed:
+    """What ``model`` replays without the profiler, for the run's clock (:func:`.clock.clock_of`)."""
+    every = len(model.result.analysis.ranks)
+    ranks = sorted({s.rank for s in model.recording.steps})
+    return Replayed(net_replays_ms=None if model.net is None else [r.step_ns / 1e6 for r in model.net.replays],
+                    calibration=model.calibration, ranks=None if len(ranks) == every else ranks)
 
 
 def spread_share(result: RunResult) -> float | None:
@@ -290,13 +319,18 @@ def recording_spread_ms(model: Model, baseline_ms: float) -> float | None:
     return None if model.spread_share is None else round(model.spread_share * baseline_ms, 3)
 
 
-def weaknesses(replay_error_pct: float, cost: ProfilerCost | None) -> list[str]:
-    """What makes a recording a weak base for predictions, in words said before the figures."""
+def weaknesses(replay_error_pct: float, cost: ProfilerCost | None, clean_error_pct: float | None = None) -> list[str]:
+    """What makes a recording a weak base for predictions, in words said before the figures
+    (``clean_error_pct``: how far the replay without the profiler misses the timers' clean step)."""
     out = []
     if replay_error_pct > RELIABLE_REPLAY_PCT:
         out.append(f"unreliable: the model's replay misses the recorded step by {replay_error_pct:.1f} % (more than "
                    f"{RELIABLE_REPLAY_PCT:g} %), so it does not explain this recording well enough for its predicted "
                    "figures to be read as more than a direction")
+    elif clean_error_pct is not None and clean_error_pct > RELIABLE_REPLAY_PCT:
+        out.append(f"unreliable: without the profiler, the model's replay misses the run's own step (the timers' clean "
+                   f"steps) by {clean_error_pct:.1f} % (more than {RELIABLE_REPLAY_PCT:g} %), so it does not explain "
+                   "the run well enough for its predicted figures to be read as more than a direction")
     if cost is not None and cost.slowdown > HIGH_SLOWDOWN:
         out.append(f"the profiler slowed the recorded steps {cost.slowdown:.2f}x (more than {HIGH_SLOWDOWN:g}x): the "
                    "traced timeline the model is built on is largely the profiler's own cost; record with --no-memory, "
@@ -403,17 +437,24 @@ def _baseline(model: Model) -> Outcome:
     units = [UnitOutcome(name=u.name, all_gather_ms=u.all_gather_ms or 0.0, forward_ms=u.forward_ms or 0.0,
                          backward_ms=u.backward_ms or 0.0, reduce_scatter_ms=u.reduce_scatter_ms or 0.0,
                          exposed_comm_ms=u.exposed_comm_ms or 0.0) for u in summary.units]
-    # as `summary --json` says them (the traced step: the basis of the simulated change, not the
-    # unprofiled headline); the model's own numbers where the summary has none
-    step = summary.traced_step_time_ms if summary.traced_step_time_ms is not None else rounded_ms(
+    # as `summary --json` says them (one clock: the run's step, the trace's communication); the
+    # model's own numbers where the summary has none
+    step = summary.step_time_ms if summary.step_time_ms is not None else rounded_ms(
         statistics.fmean(s.step_ns for s in rec.steps))
     with_memory = [s.memory for s in rec.steps if s.memory is not None]
     peak = known.recorded_peak(max(with_memory, key=lambda m: m.peak_bytes) if with_memory else None)
-    return Outcome(step_time_ms=step,
-                   exposed_comm_ms=overlap.exposed_comm_ms if overlap.exposed_comm_ms is not None
-                   else rounded_ms(float(times["exposed_comm_ns"].mean())),
+    bound = summary.bound
+    if bound is not None and bound.basis == BOUND_UNPROFILED and bound.step_ms == summary.step_time_ms:
+        # the run's own step, split by the bound: its compute (the model's and FSDP's per-unit work)
+        # and exposed communication are the parts of that step, on its clock
+        exposed, busy = bound.exposed_comm_ms, round(bound.compute_ms + (bound.fsdp_overhead_ms or 0.0), 3)
+    else:
+        exposed = overlap.exposed_comm_ms if overlap.exposed_comm_ms is not None else rounded_ms(
+            float(times["exposed_comm_ns"].mean()))
+        busy = overlap.compute_ms if overlap.compute_ms is not None else rounded_ms(compute)
+    return Outcome(step_time_ms=step, exposed_comm_ms=exposed,
                    comm_ms=overlap.comm_ms if overlap.comm_ms is not None else rounded_ms(float(times["comm_ns"].mean())),
-                   compute_ms=overlap.compute_ms if overlap.compute_ms is not None else rounded_ms(compute),
+                   compute_ms=busy,
                    peak_allocated_bytes=peak.peak_bytes, units=units, memory_categories=peak.categories,
                    memory_unknown=peak.unknown)
 
@@ -445,22 +486,31 @@ def _predicted_peak(rec: Recording, settings: Settings, memory: list[MemoryChang
 
 
 def _predicted(model: Model, simulated: list[SimResult], baseline: Outcome, settings: Settings,
-               memory: known.PeakMemory, net: list[SimResult]) -> Outcome:
+               memory: known.PeakMemory, *, by_share: bool) -> Outcome:
+    """``simulated`` against ``model``'s replays, moving ``baseline``: the step by the share the
+    simulation moves it (``by_share``: the baseline is the run's own step, not the replay's traced
+    one), else by the simulated difference; the rest by the simulated difference."""
     replay = model.replays
 
     def moved(get: Any) -> float:
         return statistics.fmean(get(n) - get(r) for n, r in zip(simulated, replay))
 
-    if net:
-        # the step as the simulation moves it on the host's work net of the profiler
-        # (hostcost): the same share of the traced step as of the run's own
-        assert model.net is not None
-        ratio = statistics.fmean(n.step_ns / r.step_ns for n, r in zip(net, model.net.replays) if r.step_ns)
+    def shared(recorded_ms: float, get: Any) -> float:
+        # the recorded figure moved by the share the simulation moves it: the simulation counts
+        # exposed communication its own way (on CPU the host waits out every collective), which a
+        # difference would carry into the recording's figure and a share does not
+        pairs = [(get(n), get(r)) for n, r in zip(simulated, replay)]
+        if all(r > 0 for _, r in pairs):
+            return recorded_ms * statistics.fmean(n / r for n, r in pairs)
+        return recorded_ms + statistics.fmean(n - r for n, r in pairs) / NS_PER_MS
+
+    if by_share:
+        ratio = statistics.fmean(n.step_ns / r.step_ns for n, r in zip(simulated, replay) if r.step_ns)
         step = baseline.step_time_ms * ratio
     else:
         step = baseline.step_time_ms + moved(lambda r: r.step_ns) / NS_PER_MS
-    comm = max(0.0, baseline.comm_ms + moved(lambda r: r.comm_ns) / NS_PER_MS)
-    simulated_exposed = baseline.exposed_comm_ms + moved(lambda r: r.exposed_comm_ns) / NS_PER_MS
+    comm = max(0.0, shared(baseline.comm_ms, lambda r: r.comm_ns))
+    simulated_exposed = shared(baseline.exposed_comm_ms, lambda r: r.exposed_comm_ns)
     if settings.world_size == 1:
         # one rank: no collective at all, FSDP's or any other; the step loses the communication the
         # recording exposed (what else one rank changes is not modelled)
@@ -479,7 +529,7 @@ def _predicted(model: Model, simulated: list[SimResult], baseline: Outcome, sett
     return Outcome(step_time_ms=round(step, 3),
                    exposed_comm_ms=round(exposed, 3),
                    comm_ms=round(comm, 3),
-                   compute_ms=round(max(0.0, baseline.compute_ms + moved(lambda r: r.compute_ns) / NS_PER_MS), 3),
+                   compute_ms=round(max(0.0, shared(baseline.compute_ms, lambda r: r.compute_ns)), 3),
                    peak_allocated_bytes=memory.peak_bytes if recorded else None, units=units,
                    memory_categories=memory.categories if recorded else None,
                    memory_unknown=memory.unknown if recorded else {},

@@ -51,7 +51,7 @@ def test_cpu_other_idle_is_the_compute_threads(capsys: pytest.CaptureFixture[str
     # CPU recordings whose largest loss is other idle: said of the compute thread (at least one of them is)
     recorded = Path(__file__).parents[1] / "recorded"
     idle = 0
-    for name in ("example-zero3-block", "example-fsdp2", "mesh-hsdp"):
+    for name in ("example-zero3-block", "example-fsdp2", "mesh-hsdp", "grad-accum-zero3-checkpoint"):
         data = json.loads(_run(capsys, "summary", str(recorded / name / "run"), "--json", "-q", "--no-cache"))
         if data["bound"]["loss"]["kind"] != "idle":
             continue

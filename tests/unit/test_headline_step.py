@@ -75,20 +75,35 @@ def test_a_slow_step_after_the_export_never_leads(tmp_path: Path) -> None:
     _leads_with_the_trace(summary, traced_ms, "no clean unprofiled step")
 
 
-def test_two_unprofiled_steps_are_too_few(tmp_path: Path) -> None:
-    # GIVEN profiled 2-4, step 5 after the export, then only steps 6 and 7
+def test_one_unprofiled_step_is_too_few(tmp_path: Path) -> None:
+    # GIVEN profiled 2-4, step 5 after the export, then only step 6
     summary, traced_ms = _run(tmp_path, (2, 3, 4), {
-        0: [*SLOW_START, 30, 30, 30, 80, 20, 20],
-        1: [*SLOW_START, 33, 33, 33, 90, 22, 22],
+        0: [*SLOW_START, 30, 30, 30, 80, 20],
+        1: [*SLOW_START, 33, 33, 33, 90, 22],
     })
     # THEN the profiler's numbers are still reported, but the headline is the traced step
     cost = summary.profiler
-    assert cost is not None and not cost.headline and cost.fewest_unprofiled_steps == 2
-    assert cost.unprofiled_steps == [6, 7] and cost.unprofiled_step_ms == pytest.approx(21.0)
+    assert cost is not None and not cost.headline and cost.fewest_unprofiled_steps == 1
+    assert cost.unprofiled_steps == [6] and cost.unprofiled_step_ms == pytest.approx(21.0)
     assert cost.slowdown == pytest.approx(31.5 / 21, abs=1e-3)
-    _leads_with_the_trace(summary, traced_ms, "timed 2 clean unprofiled step(s)")
+    _leads_with_the_trace(summary, traced_ms, "timed 1 clean unprofiled step(s)")
     assert summary.to_json()["profiler"]["note"] == cost.note
-    assert not [f for f in summary.findings if f.kind == "profiler"]  # a 1.5x from two steps is not said
+    assert not [f for f in summary.findings if f.kind == "profiler"]  # a 1.5x from one step is not said
+    # one clock: the bound splits the traced step too
+    assert summary.bound is None or (summary.bound.basis == "traced" and summary.bound.step_ms == summary.step_time_ms)
+
+
+def test_two_unprofiled_steps_lead(tmp_path: Path) -> None:
+    # GIVEN profiled 2-4, step 5 after the export, then steps 6 and 7 (what the shared H100 recordings have)
+    summary, _ = _run(tmp_path, (2, 3, 4), {
+        0: [*SLOW_START, 30, 30, 30, 80, 20, 20],
+        1: [*SLOW_START, 33, 33, 33, 90, 22, 22],
+    })
+    # THEN the headline is their median over ranks (21 ms), and the bound splits that step
+    cost = summary.profiler
+    assert cost is not None and cost.headline and cost.fewest_unprofiled_steps == 2
+    assert summary.step_time_ms == pytest.approx(21.0) and summary.step_time_source == "timers"
+    assert summary.bound is None or summary.bound.step_ms == pytest.approx(21.0)
 
 
 def test_profiled_steps_faster_than_unprofiled_is_noise(tmp_path: Path) -> None:
@@ -103,10 +118,10 @@ def test_profiled_steps_faster_than_unprofiled_is_noise(tmp_path: Path) -> None:
 
 
 def test_one_rank_short_of_steps_is_enough_to_fall_back(tmp_path: Path) -> None:
-    # GIVEN rank 1 stopped timing one step earlier than rank 0 (4 clean steps against 2)
+    # GIVEN rank 1 stopped timing earlier than rank 0 (4 clean steps against 1)
     summary, traced_ms = _run(tmp_path, (2, 3, 4), {
         0: [*SLOW_START, 30, 30, 30, 80, 20, 20, 20, 20],
-        1: [*SLOW_START, 30, 30, 30, 80, 20, 20],
+        1: [*SLOW_START, 30, 30, 30, 80, 20],
     })
-    assert summary.profiler is not None and summary.profiler.fewest_unprofiled_steps == 2
-    _leads_with_the_trace(summary, traced_ms, "rank 1 timed 2")
+    assert summary.profiler is not None and summary.profiler.fewest_unprofiled_steps == 1
+    _leads_with_the_trace(summary, traced_ms, "rank 1 timed 1")

@@ -21,7 +21,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
 from helpers.cli import stdout_here
 
@@ -34,7 +33,7 @@ from fsdpviz.report.headline import headline_section
 from fsdpviz.report.steps import data as steps_data
 from fsdpviz.report.steps.section import steps_section
 from fsdpviz.report.units.section import units_section
-from fsdpviz.whatif.gains import predicted_actions
+from fsdpviz.whatif.gains import completed_summary
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
 NAMES = sorted(p.name for p in SAMPLES.iterdir() if p.is_dir())
@@ -45,7 +44,7 @@ def sample(request: pytest.FixtureRequest, sample_run: Callable[[str], RunResult
     folder = SAMPLES / request.param
     result = sample_run(request.param)
     # the summary as the command prints it: the actions' knobs carry whatif's predicted gains
-    summary = msgspec.structs.replace(result.summary, actions=predicted_actions(result))
+    summary = completed_summary(result)
     return {"folder": folder, "result": result, "summary": summary, "data": prepare_report(result)}
 
 

@@ -173,28 +173,40 @@ def test_a_recording_with_four_clean_steps_leads_with_the_unprofiled_step(
     assert summary.to_json()["profiler"]["slowdown"] == cost.slowdown
 
 
+# The README's bare runs of these commands (median wall time of steps 3-9, no fsdpviz), where it gives one.
+BARE_STEP_MS = {"h100-fsdp2-fake8-block": 53.2, "h100-fsdp2-fake8-reshard-false": 50.9}
+
+
 @pytest.mark.parametrize("name", ["h100-fsdp2-fake8-block", "h100-fsdp2-fake8-reshard-false", "h100-hf-trainer-ws1",
                                   "h100-fsdp1-fake8-block"])
-def test_recordings_with_two_clean_steps_lead_with_the_traced_step(
+def test_recordings_with_two_clean_steps_lead_with_them(
         name: str, gpu_fsdp_dir: Path, gpu_fsdp_run: Callable[[str], Any]) -> None:
-    """8 steps: only 6 and 7 ran clean after the export, too few to lead with. The headline keeps the
-    trace's step, a note says why, and no finding weighs the profiler's share on two steps."""
+    """8 steps: 6 and 7 ran clean after the export, the clean steps there are. The headline is their
+    median (read here from the timer file itself), the bound splits that step, and the clock says how
+    many steps it rests on; where the README ran the command bare, the headline is within its +-10 %."""
+    from fsdpviz.whatif.gains import completed_summary
+
     run_dir = gpu_fsdp_dir / name
-    assert sorted(s for s in _timer_step_ms(run_dir) if s >= FIRST_CLEAN) == [6, 7]
-    summary = gpu_fsdp_run(name).summary
+    timed = _timer_step_ms(run_dir)
+    assert sorted(s for s in timed if s >= FIRST_CLEAN) == [6, 7]
+    result = gpu_fsdp_run(name)
+    summary = result.summary
     cost = summary.profiler
-    assert cost is not None and not cost.headline and cost.unprofiled_steps == [6, 7]
-    traced = _traced_step_ms(run_dir)
-    assert summary.step_time_source == "trace"
-    # the trace's step: the profiler's own spans of the steps analysed
-    assert summary.step_time_ms == summary.traced_step_time_ms == pytest.approx(
-        statistics.mean(traced[s] for s in summary.steps), abs=1e-3)
-    assert cost.note is not None and cost.note in summary.notes
-    assert not [f for f in summary.findings if f.kind == "profiler"]
+    assert cost is not None and cost.headline and cost.unprofiled_steps == [6, 7]
+    assert summary.step_time_source == "timers"
+    assert summary.step_time_ms == pytest.approx(statistics.median([timed[6], timed[7]]), abs=1e-3)  # one rank
+    assert summary.bound is not None and summary.bound.step_ms == summary.step_time_ms
+    clock = completed_summary(result).clock
+    assert clock is not None and clock.profiler_share_ms == pytest.approx(cost.extra_ms, abs=1e-3)
+    if clock.replay_error_pct is not None:
+        assert clock.clean_steps == 2
+    if name in BARE_STEP_MS:
+        assert summary.step_time_ms == pytest.approx(BARE_STEP_MS[name], rel=0.10)
 
 
 @pytest.mark.parametrize("name", ["h100-fsdp2-gloo2-block", "h100-fsdp2-ws1-block"])
-def test_what_if_adds_a_traced_change_to_a_traced_baseline(name: str, gpu_fsdp_run: Callable[[str], Any]) -> None:
+def test_what_if_is_on_the_summarys_clock(name: str, gpu_fsdp_run: Callable[[str], Any]) -> None:
+    from fsdpviz.whatif.gains import completed_summary
     from fsdpviz.whatif.predict import predict, read_model, recorded_settings
     from fsdpviz.whatif.settings import Settings
 
@@ -202,15 +214,16 @@ def test_what_if_adds_a_traced_change_to_a_traced_baseline(name: str, gpu_fsdp_r
     model = read_model(result)
     cost = result.summary.profiler
     assert cost is not None and cost.headline
+    clock = completed_summary(result).clock
+    assert clock is not None
     replay, none = predict(model, recorded_settings()), predict(model, Settings(prefetch=0))
     for prediction in (replay, none):
-        # the simulated change is measured on the profiled steps: the baseline is their traced step,
-        # not the unprofiled headline (ws1: 1.44x apart, so mixing bases would be far off)
-        assert prediction.to_json()["basis"] == "traced"
-        assert prediction.baseline.step_time_ms == result.summary.traced_step_time_ms
+        # one clock: the baseline is the summary's step (the timers' clean steps), on the summary's basis
+        assert prediction.to_json()["basis"] == clock.basis
+        assert prediction.baseline.step_time_ms == result.summary.step_time_ms == cost.unprofiled_step_ms
         assert prediction.to_json()["profiler"]["unprofiled_step_ms"] == cost.unprofiled_step_ms
-    # as recorded, the prediction is the recording itself: within the model's replay error of the trace
-    assert replay.predicted.step_time_ms == pytest.approx(result.summary.traced_step_time_ms, rel=0.10)
+    # as recorded, the prediction is the summary itself
+    assert replay.predicted.step_time_ms == pytest.approx(result.summary.step_time_ms, abs=1e-3)
     if name == "h100-fsdp2-gloo2-block":
         assert cost.slowdown < 1.10  # a long, comm-bound step: barely slowed
         assert not [f for f in result.summary.findings if f.kind == "profiler"]  # below the 10 % worth saying

@@ -13,6 +13,7 @@ from helpers.kineto import TraceBuilder
 from fsdpviz.analysis.pipeline import analyse_traces
 from fsdpviz.cli import main
 from fsdpviz.trace import load_traces
+from fsdpviz.whatif.gains import completed_summary
 
 NCCL_AG = "ncclKernel_AllGather_RING_LL_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)"
 GEMM = "volta_sgemm_128x64_nn"
@@ -88,7 +89,8 @@ def test_summary_json_command_prints_exactly_the_dict(tmp_path: Path, capsys: py
         main(["summary", "--json", "--no-cache", str(path)])
     out, err = capsys.readouterr()
     assert exc.value.code == 0 and err == ""
-    assert json.loads(out) == json.loads(json.dumps(analyse_traces(load_traces([path], cache=False)).summary.to_json()))
+    assert json.loads(out) == json.loads(json.dumps(
+        completed_summary(analyse_traces(load_traces([path], cache=False))).to_json()))
 
 
 def test_summary_table_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -51,12 +51,14 @@ def model(gpu_fsdp_dir: Path) -> Model:
 
 
 def _by_name(exploration: Exploration) -> dict[str, Candidate]:
-    return {c.name: c for c in (*exploration.ranked, *exploration.within_spread, *exploration.over_budget)}
+    return {c.name: c for c in (*exploration.ranked, *exploration.within_spread, *exploration.unranked,
+                                *exploration.over_budget)}
 
 
 def _fitting(exploration: Exploration) -> set[str]:
-    """The settings that fit the budget: ranked, or predicted within the recording's own spread."""
-    return {c.name for c in (*exploration.ranked, *exploration.within_spread)}
+    """The settings that fit the budget: ranked, predicted within the recording's own spread, or listed
+    unranked (a replay that misses the run)."""
+    return {c.name for c in (*exploration.ranked, *exploration.within_spread, *exploration.unranked)}
 
 
 def test_the_truth_covers_the_grid() -> None:
@@ -84,18 +86,21 @@ def test_the_fitting_settings_are_those_whose_true_peak_fits(model: Model, budge
     assert steps == sorted(steps)
 
 
-def test_the_ranking_agrees_with_the_true_step_times_where_they_differ_beyond_the_spread(model: Model) -> None:
+def test_a_replay_that_misses_the_recording_is_listed_not_ranked(model: Model) -> None:
+    """Model A's replay misses its traced step by 28 % (its launches and syncs are modelled coarsely):
+    the advisor says so first and ranks nothing. The settings are still listed by predicted step, and
+    where the true step times differ beyond the README's +-10 % the listing keeps their order."""
     exploration = explore(model, ROOT_PEAK + (1 << 30))
-    # settings within the recording's own spread share the place after every ranked one
-    rank = {c.name: i for i, c in enumerate(exploration.ranked)}
-    rank.update({c.name: len(exploration.ranked) for c in exploration.within_spread})
-    assert set(TRUTH) <= set(rank)
-    assert "wrap root" in {c.name for c in exploration.ranked}  # 19 % faster in truth: beyond the spread
+    assert exploration.ranked == [] and exploration.best() is None
+    assert exploration.warnings and exploration.warnings[0].startswith("unreliable:")
+    assert any(n.startswith("not ranked:") for n in exploration.notes)
+    order = {c.name: i for i, c in enumerate(exploration.unranked)}
+    assert set(TRUTH) <= set(order)
     pairs = [(a, b) for a in TRUTH for b in TRUTH if TRUTH[a][1] * 1.10 < TRUTH[b][1]]
     # root (43.1 ms) against merge:2 (49.2), no resharding (50.9) and block (53.2)
     assert {(a, b) for a, b in pairs} == {("wrap root", n) for n in TRUTH if n != "wrap root"}
     for faster, slower in pairs:
-        assert rank[faster] < rank[slower], (faster, slower)
+        assert order[faster] < order[slower], (faster, slower)
 
 
 def test_each_setting_leaves_a_bound_classified_as_the_recorded_step(model: Model) -> None:
@@ -171,10 +176,10 @@ def test_the_same_run_on_a_6gb_device_is_memory_bound_and_the_advisor_fits_it(gp
     assert exploration.budget_bytes == device
     fitting = _fitting(exploration) & set(TRUTH)
     assert fitting == {name for name, (peak, _) in TRUTH.items() if peak <= device} == {"as recorded", "wrap merge:2"}
-    # merge:2 predicted faster by less than the recording's own step-to-step spread: no measurable change,
-    # as in truth (49.2 against 53.2 ms, inside the README's +-10 % from run to run); nothing of TRUTH ranked
-    merge = next(c for c in exploration.within_spread if c.name == "wrap merge:2")
-    assert merge.prediction is not None and merge.prediction.measurable is False
+    # merge:2 predicted faster, as in truth (49.2 against 53.2 ms); nothing ranked (the replay misses the
+    # recording), merge:2 listed first of the two
+    merge = next(c for c in exploration.unranked if c.name == "wrap merge:2")
+    assert merge.prediction is not None
     assert merge.prediction.predicted.step_time_ms < merge.prediction.baseline.step_time_ms
-    assert "as recorded" in {c.name for c in exploration.within_spread}
-    assert TRUTH["wrap merge:2"][1] > 0.9 * TRUTH["as recorded"][1]
+    assert exploration.ranked == [] and [c.name for c in exploration.unranked if c.name in TRUTH] == [
+        "wrap merge:2", "as recorded"]

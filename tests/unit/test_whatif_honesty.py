@@ -36,8 +36,9 @@ def test_one_rank_has_no_communication_as_a_real_one_rank_recording_shows(
         assert predicted["comm_ms"] == 0 and predicted["exposed_comm_ms"] == 0
         assert all(u["all_gather_ms"] == 0 == u["reduce_scatter_ms"] for u in predicted["units"])
         # the rank still computes all it computed (the per-rank batch is the same): the step keeps that
-        # compute and loses at most the communication the recording exposed
-        assert predicted["compute_ms"] <= predicted["step_time_ms"] < data["baseline"]["step_time_ms"]
+        # compute and loses at most the communication the recording exposed (figures in µs: each rounded)
+        assert predicted["compute_ms"] <= predicted["step_time_ms"] + 0.002
+        assert predicted["step_time_ms"] < data["baseline"]["step_time_ms"]
 
 
 def test_fsdp1_recorded_prefetch_is_fsdp1s_own_default(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,124 @@
+"""The recording without the profiler, on CPU: every traced duration scaled until the replay runs the run's own step.
+
+On a CPU rank the training thread is the device: every op, hook and copy is host work, and the
+profiler slows all of it (1.0-2.0x measured, docs/performance.md); gloo's collectives, which the
+training thread waits out, then wait for a slowed peer as well. The recorder's timers time the same
+rank's steps without the profiler (:func:`fsdpviz.analysis.profiler_cost.clean_step_ms`, its clean
+unprofiled steps).
+
+Per rank, one factor ``k`` scales every duration of its traced steps (the programs of
+:mod:`.recording`: the host's work between, before, in and after each pass, the gathers' and
+reductions' host work and collectives, the segments before, between and after the passes) so that
+the replay of the scaled programs (:mod:`.simulate`) runs the rank's clean step: the median of the
+replayed steps against the median of the timed ones. The replay is linear in its durations, so ``k``
+is the ratio of the two; the scaled programs are replayed once more to check it
+(:attr:`Calibration.error_pct`).
+
+What it assumes: that the profiler slowed the step's parts in proportion to their time, so that a
+setting moves the step by the same share on either clock. Measured against bare runs of three
+settings, each from recordings under two loads (benchmarks/bench_replay_clock.py, docs/whatif.md
+"One clock"): scaling the host's work alone and keeping the collectives' traced times predicted
+worse (one root unit at 0.53x from a contended recording against 0.71x bare) than scaling both
+(0.73x). Finer readings missed as well: a cost per traced event fitted by kind on the units' timed
+windows explained their excess under torch's fake group (R² 0.98) but not on two real ranks (R²
+about 0: there a unit's window holds its wait for the peer).
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Final
+
+from fsdpviz.whatif.recording import Recording, StepProgram
+
+# Bounds of the factor: a profiler does not speed a step up beyond noise (profiler_cost.NOISE_SLOWDOWN
+# decides the headline), and none measured costs 20x.
+LOWEST_SCALE: Final = 0.05
+HIGHEST_SCALE: Final = 1.05
+
+
+@dataclass(slots=True)
+class Calibration:
+    """How the replay was put on the run's own clock (``clock`` in ``summary --json``)."""
+
+    scale: dict[int, float] = field(default_factory=dict)
+    """rank -> the factor its traced durations were scaled by."""
+    target_ms: float | None = None
+    """The median over the calibrated ranks of their clean unprofiled step (timers)."""
+    replay_ms: float | None = None
+    """The median over those ranks of their replayed step, scaled."""
+    clean_steps: int = 0
+    """The fewest clean unprofiled steps a calibrated rank timed."""
+
+    @property
+    def error_pct(self) -> float | None:
+        """How far the calibrated replay misses the timers, in % of them (None: not calibrated)."""
+        if self.target_ms is None or self.replay_ms is None or not self.target_ms:
+            return None
+        return 100.0 * abs(self.replay_ms - self.target_ms) / self.target_ms
+
+
+def scaled_step(step: StepProgram, k: float) -> StepProgram:
+    """``step`` (a CPU rank's) with every duration scaled by ``k`` (its recorded totals as traced)."""
+    out = copy.deepcopy(step)
+    for mb in out.micro:
+        for segment in (mb.pre, mb.mid):
+            _scale_segment(segment, k)
+        for p in (*mb.forward, *mb.backward):
+            for name in ("gap_ns", "pre_ns", "compute_ns", "post_ns", "reduce_after_ns", "reshard_ns",
+                         "post_framework_ns"):
+                setattr(p, name, getattr(p, name) * k)
+    _scale_segment(out.post, k)
+    for g in out.gathers:
+        for name in ("host_ns", "copy_in_ns", "comm_ns", "copy_out_host_ns", "copy_out_ns"):
+            setattr(g, name, getattr(g, name) * k)
+    for r in out.reduces:
+        for name in ("comm_ns", "ar_ns", "host_ns", "prep_ns"):
+            setattr(r, name, getattr(r, name) * k)
+    return out
+
+
+def _scale_segment(segment: object, k: float) -> None:
+    segment.busy_ns *= k  # type: ignore[attr-defined]
+    segment.device_ns *= k  # type: ignore[attr-defined]
+    segment.sync_at = [t * k for t in segment.sync_at]  # type: ignore[attr-defined]
+    segment.comm_ns = [t * k for t in segment.comm_ns]  # type: ignore[attr-defined]
+
+
+def scaled(rec: Recording, scale: dict[int, float]) -> Recording:
+    """``rec`` with each rank's steps scaled by its factor (ranks without one as traced)."""
+    out = copy.copy(rec)
+    out.steps = [scaled_step(s, scale[s.rank]) if s.rank in scale else s for s in rec.steps]
+    return out
+
+
+def calibrate(rec: Recording, clean: dict[int, tuple[float, int]],
+              replay_ns: Callable[[list[StepProgram]], list[float]]) -> Calibration:
+    """Per rank of ``rec`` with a clean step in ``clean`` (rank -> (ms, count)), the factor whose
+    scaled steps replay (``replay_ns``: the replayed step of each program) to that step (module
+    docstring). An empty calibration for a GPU recording, whose kernels the profiler does not slow
+    (:mod:`.hostcost` takes the profiler out there)."""
+    if rec.device != "cpu":
+        return Calibration()
+    by_rank: dict[int, list[StepProgram]] = {}
+    for s in rec.steps:
+        if s.rank in clean:
+            by_rank.setdefault(s.rank, []).append(s)
+    scale: dict[int, float] = {}
+    replayed: dict[int, float] = {}
+    for rank, steps in sorted(by_rank.items()):
+        traced = statistics.median(replay_ns(steps))
+        if traced <= 0:
+            continue
+        k = min(HIGHEST_SCALE, max(LOWEST_SCALE, clean[rank][0] * 1e6 / traced))
+        scale[rank] = k
+        replayed[rank] = statistics.median(replay_ns([scaled_step(s, k) for s in steps]))
+    if not scale:
+        return Calibration()
+    return Calibration(scale=scale,
+                       target_ms=statistics.median(clean[r][0] for r in scale),
+                       replay_ms=statistics.median(replayed[r] / 1e6 for r in scale),
+                       clean_steps=min(clean[r][1] for r in scale))

@@ -1,0 +1,90 @@
+"""One clock per run: every view shows one step time and one exposed communication, and whatif's
+baseline is the summary's (docs/concepts.md, "One clock").
+
+Checked on every bundled sample and every shared H100 recording: the summary every view shows
+(``completed_summary``: ``summary``, ``record``'s closing lines, ``compare --json``, the notebook), the
+bound's split of its step, and whatif's baseline and its prediction of the recorded setting, which
+must reproduce the summary exactly. The clock says which basis that is, and a replay that misses the
+timers by more than 10 % is never called replayed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers.cli import json_here
+
+from fsdpviz.analysis.bound import BASIS_UNPROFILED
+from fsdpviz.api import Run
+from fsdpviz.whatif.clock import BASIS_REPLAYED, BASIS_TRACED, RELIABLE_REPLAY_PCT
+from fsdpviz.whatif.gains import completed_summary
+from fsdpviz.whatif.predict import predict, read_model, recorded_settings
+
+SAMPLES_DIR = Path(__file__).parents[2] / "sample_traces"
+SAMPLES = ["fsdp2-cpu-2rank", "fsdp1-cpu-2rank", "zero3-cpu-2rank"]
+SHARED = ["h100-fsdp2-fake8-block", "h100-fsdp2-fake8-block-modelB", "h100-fsdp2-fake8-reshard-false",
+          "h100-fsdp1-fake8-block", "h100-fsdp2-ws1-block", "h100-fsdp1-ws1-block", "h100-fsdp2-gloo2-block",
+          "h100-hf-trainer-ws1"]
+
+
+def _one_clock(result: Any) -> None:
+    summary = completed_summary(result)
+    clock, bound = summary.clock, summary.bound
+    assert clock is not None and clock.basis in (BASIS_REPLAYED, BASIS_TRACED) and clock.note
+    # the bound splits the headline's step, whichever clock that is
+    assert bound is not None and bound.step_ms == summary.step_time_ms
+    assert (bound.basis == BASIS_UNPROFILED) == (summary.step_time_source == "timers")
+    parts = bound.compute_ms + (bound.fsdp_overhead_ms or 0.0) + bound.exposed_comm_ms + (bound.host_wait_ms or 0.0)
+    assert parts + bound.other_idle_ms == pytest.approx(bound.step_ms, abs=0.01)
+    # replayed only where the replay without the profiler reproduces the timers
+    if clock.basis == BASIS_REPLAYED:
+        assert summary.step_time_source == "timers"
+        assert clock.replay_error_pct is not None and clock.replay_error_pct <= RELIABLE_REPLAY_PCT
+        assert clock.clean_steps is not None and clock.clean_steps >= 2
+    elif clock.replay_error_pct is not None:
+        assert clock.replay_error_pct > RELIABLE_REPLAY_PCT
+    # whatif: the same step and exposed communication; the recorded setting predicts exactly that
+    prediction = predict(read_model(result), recorded_settings())
+    assert prediction.basis == clock.basis
+    assert prediction.baseline.step_time_ms == summary.step_time_ms
+    assert prediction.predicted.step_time_ms == pytest.approx(summary.step_time_ms, abs=1e-3)
+    exposed = bound.exposed_comm_ms if bound.basis == BASIS_UNPROFILED else summary.overlap.exposed_comm_ms
+    assert prediction.baseline.exposed_comm_ms == exposed
+    assert prediction.predicted.exposed_comm_ms == pytest.approx(exposed, abs=1e-3)
+    # the trace's own exposed communication differs from the bound's by the profiler's share at most
+    if summary.overlap.exposed_comm_ms is not None and bound.basis == BASIS_UNPROFILED:
+        assert bound.exposed_comm_ms <= summary.overlap.exposed_comm_ms + 1e-3
+    if clock.replay_error_pct is not None:  # a prediction is reliable only on a replay that reproduces the run
+        assert prediction.reliable == (clock.replay_error_pct <= RELIABLE_REPLAY_PCT
+                                       and prediction.replay_error_pct <= RELIABLE_REPLAY_PCT)
+
+
+@pytest.mark.parametrize("name", SAMPLES)
+def test_samples_have_one_clock(name: str, sample_run: Callable[[str], Any]) -> None:
+    _one_clock(sample_run(name))
+
+
+@pytest.mark.parametrize("name", SHARED)
+def test_shared_h100_recordings_have_one_clock(name: str, gpu_fsdp_run: Callable[[str], Any]) -> None:
+    _one_clock(gpu_fsdp_run(name))
+
+
+@pytest.mark.parametrize("name", ["fsdp2-cpu-2rank", "zero3-cpu-2rank"])
+def test_commands_and_the_notebook_agree(name: str, sample_run: Callable[[str], Any],
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """summary --json, whatif --json, compare --json and the notebook: one step, one exposed communication,
+    one clock (record's closing lines print the same ``completed_summary``, commands/record.py)."""
+    folder = str(SAMPLES_DIR / name)
+    summary = json_here(capsys, "summary", folder, "--json", "-q", "--no-cache")
+    whatif = json_here(capsys, "whatif", folder, "--json", "-q", "--no-cache")
+    compared = json_here(capsys, "compare", folder, folder, "--label", "a", "--label", "b", "--json", "-q",
+                         "--no-cache")
+    notebook = Run(sample_run(name), label=name, source=folder).summary.to_json()
+    for other in (notebook, *compared["runs"]):
+        assert other["step_time_ms"] == summary["step_time_ms"] and other["clock"] == summary["clock"]
+    assert whatif["baseline"]["step_time_ms"] == summary["step_time_ms"]
+    assert whatif["baseline"]["exposed_comm_ms"] == summary["bound"]["exposed_comm_ms"]
+    assert whatif["clock"] == summary["clock"] and whatif["basis"] == summary["clock"]["basis"]
