@@ -47,7 +47,7 @@ def clock_of(run: RunResult, replayed: Replayed | None, why_not: str = "") -> Cl
     share = round(cost.extra_ms, 3) if cost is not None else None
     step_from = ("the step time is the timers' clean unprofiled steps" if summary.step_time_source == "timers"
                  else "the step time is the traced steps'")
-    if replayed is None or replayed.net_replays_ms is None or cost is None:
+    if replayed is None or replayed.net_replays_ms is None or cost is None or not cost.headline:
         if replayed is None:
             why = why_not
         elif cost is None or not cost.headline:
