@@ -25,7 +25,13 @@ import pandas as pd
 
 from fsdpviz import vocabulary
 from fsdpviz.analysis.actions import Action, build_actions
-from fsdpviz.analysis.bound import BoundSummary, device_memory_bytes, summarize_bound, with_memory
+from fsdpviz.analysis.bound import (
+    BASIS_UNPROFILED,
+    BoundSummary,
+    device_memory_bytes,
+    summarize_bound,
+    with_memory,
+)
 from fsdpviz.analysis.completeness import gap_notes
 from fsdpviz.analysis.framework import framework_notes
 from fsdpviz.analysis.memory_categories import (
@@ -201,6 +207,14 @@ class Summary(msgspec.Struct, kw_only=True):
         out: dict[str, Any] = msgspec.to_builtins(self, enc_hook=str)  # a Note is its words
         out["notes"] = texts(self.notes)
         return out
+
+    @property
+    def exposed_comm_ms(self) -> float | None:
+        """The run's exposed communication per step on its clock: the bound's part of the headline's
+        step where that is the timers' (the profiler's share taken out), else the overlap's as traced."""
+        if self.bound is not None and self.bound.basis == BASIS_UNPROFILED:
+            return self.bound.exposed_comm_ms
+        return self.overlap.exposed_comm_ms
 
     def has_note(self, code: str) -> bool:
         """Whether one of the notes has ``code`` (:mod:`fsdpviz.analysis.records`)."""
