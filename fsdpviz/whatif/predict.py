@@ -2,14 +2,15 @@
 
 Every analysed step of every rank is simulated twice: as recorded (the *replay*) and under the
 setting. The replay measures how well the model explains the recording (``replay_error_pct``); the
-prediction is the recording moved by what the setting changes in the simulation (predicted =
-recorded + simulated(setting) - simulated(recorded), per rank and step), so whatever the model
-does not explain cancels out instead of being blamed on the setting.
+prediction is the recording moved by the share the setting moves the simulation (predicted =
+recorded x simulated(setting) / simulated(recorded), per rank and step, the mean of the shares), so
+whatever the model does not explain cancels out instead of being blamed on the setting.
 
-Both sides are on one basis, the traced steps (``basis``: ``traced``): the simulated change is
-measured on the trace, whose steps the profiler slowed (``summary --json`` ``profiler.slowdown``),
-so the baseline it is added to is the traced step time too, not the run's unprofiled one. The
-unprofiled figures are handed along (``profiler``) for reading the traced numbers against.
+One clock (whatif/clock.py): the recorded figures are the summary's (its step, the bound's exposed
+communication and work), and the simulations are the replay without the profiler where the recorder's
+timers allow one (:mod:`.calibration` on CPU, :mod:`.hostcost` on GPU), so the recorded setting predicts
+the summary exactly. Without such a replay and with the traced step as the summary's, the step moves
+by the simulated difference instead.
 """
 
 from __future__ import annotations
