@@ -18,7 +18,6 @@ from fsdpviz.errors import UsageError
 from fsdpviz.formatting import change_text, mib_text
 
 if TYPE_CHECKING:
-    from fsdpviz.analysis.profiler_cost import ProfilerCost
     from fsdpviz.whatif.explore import Exploration
     from fsdpviz.whatif.predict import Outcome, Prediction
     from fsdpviz.whatif.settings import Settings
@@ -148,7 +147,7 @@ def whatif(
     if as_json:
         sys.stdout.write(json.dumps(prediction.to_json(), indent=2) + "\n")
     else:
-        print_prediction(prediction, str(run), rec.framework, rec.world_size, rec.device, result.profiler)
+        print_prediction(prediction, str(run), rec.framework, rec.world_size, rec.device)
     if save:
         from fsdpviz.whatif.saved import save_prediction
 
@@ -228,20 +227,17 @@ def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> None:
         typer.echo("  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
 
 
-def print_prediction(prediction: Prediction, run: str, framework: str, world_size: int, device: str,
-                     profiler: ProfilerCost | None = None) -> None:
-    """Baseline vs predicted with deltas, the units, where each setting came from, and the notes;
-    ``profiler``: what the profiler cost the recording (every step time shown is the traced one)."""
+def print_prediction(prediction: Prediction, run: str, framework: str, world_size: int, device: str) -> None:
+    """Baseline vs predicted with deltas, the units, where each setting came from, and the notes; the
+    recording's clock first."""
     settings = prediction.settings
     typer.echo(f"{run}: {framework}, {world_size} rank(s) on {device}; predicting {settings.describe()}")
     for warning in prediction.warnings:  # before any figure: what makes them weak
         typer.echo(f"warning: {warning}")
     for figure in prediction.assumed:
         typer.echo(f"assumed: {figure}")
-    if profiler is not None:
-        typer.echo(f"step times as traced (the profiled steps), the basis the change is simulated on; the run's "
-                   f"unprofiled steps took {profiler.unprofiled_step_ms:,.2f} ms (timers), the profiled ones ran "
-                   f"{profiler.slowdown:.2f}x as long")
+    if prediction.clock is not None:  # the recording's clock, as `fsdpviz summary` says it
+        typer.echo(f"clock: {prediction.clock['note']}")
     _table(("", "recorded", "predicted", "change"), _rows(prediction.baseline, prediction.predicted))
     if prediction.measurable is False:
         typer.echo(f"  no measurable change: the predicted step moves by less than the recording's own step-to-step "
