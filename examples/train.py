@@ -24,6 +24,10 @@ lifts the all-gather rate limiter (``limit_all_gathers=False``); backward prefet
 ``BACKWARD_PRE`` (FSDP1's default). ZeRO-3: ``stage3_prefetch_bucket_size`` = N units' parameters
 (0 = DeepSpeed's default).
 
+``--shard-code FILE``: shard with the code ``fsdpviz whatif RUN ... --code`` wrote for this architecture
+(its ``shard_model(model)`` for FSDP2 / FSDP1, ``zero_config(config)`` for ZeRO-3) instead of ``--wrap``,
+``--prefetch`` and ``--reshard-after-forward``.
+
 ``--grad-accum N``: gradient accumulation, N micro-batches (forward + backward each) per optimizer
 step; a step's gradients are the mean over its micro-batches. FSDP2 / FSDP1 reduce-scatter the
 gradients after every micro-batch's backward (their default) and accumulate the sharded gradients;
@@ -52,6 +56,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -159,6 +164,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None,
                         help=argparse.SUPPRESS)  # passed by the deepspeed launcher; LOCAL_RANK says the same
+    parser.add_argument("--shard-code", metavar="FILE",
+                        help="shard with the code fsdpviz whatif --code wrote: its shard_model(model) (FSDP2, FSDP1) "
+                             "or zero_config(config) (ZeRO-3) replaces --wrap, --prefetch and --reshard-after-forward")
     parser.add_argument("--log-losses", metavar="FILE",
                         help="write each step's loss per rank (FILE may contain {rank}; else .rank{R} is appended)")
     args = parser.parse_args(argv)
@@ -216,6 +224,13 @@ def unit_modules(model: GPT, wrap: str) -> list[nn.Module | list[nn.Module]]:
     return blocks
 
 
+def shard_code(path: str) -> dict:
+    """The functions of a file ``fsdpviz whatif --code`` wrote (``shard_model``, ``zero_config``)."""
+    namespace: dict = {}
+    exec(compile(Path(path).read_text(), path, "exec"), namespace)  # noqa: S102 - the user's own sharding code
+    return namespace
+
+
 def shard_fsdp2(model: GPT, args: argparse.Namespace, ddp: Distributed) -> nn.Module:
     try:
         from torch.distributed.fsdp import fully_shard
@@ -231,6 +246,8 @@ def shard_fsdp2(model: GPT, args: argparse.Namespace, ddp: Distributed) -> nn.Mo
         except ImportError:  # torch < 2.6
             from torch.distributed._composable.fsdp import MixedPrecisionPolicy
         extra["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if args.shard_code:
+        return shard_code(args.shard_code)["shard_model"](model, **extra)
     for module in units:
         fully_shard(module, reshard_after_forward=args.reshard_after_forward, **extra)
     # The root keeps its parameters gathered after forward (the head is used first in backward).
@@ -252,6 +269,9 @@ def shard_fsdp1(model: GPT, args: argparse.Namespace, ddp: Distributed) -> nn.Mo
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
+    mixed = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if args.bf16 else None
+    if args.shard_code:
+        return shard_code(args.shard_code)["shard_model"](model, device_id=ddp.device, mixed_precision=mixed)
     wrap_classes = {"block": {Block}, "pair": {BlockPair}, "root": set()}[args.wrap]
     return FSDP(
         model,
@@ -262,8 +282,7 @@ def shard_fsdp1(model: GPT, args: argparse.Namespace, ddp: Distributed) -> nn.Mo
         forward_prefetch=args.prefetch >= 1,
         limit_all_gathers=args.prefetch < 2,
         device_id=ddp.device,  # FSDP1 needs it explicitly to run on CPU
-        mixed_precision=(MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-                         if args.bf16 else None),
+        mixed_precision=mixed,
     )
 
 
@@ -301,9 +320,10 @@ def shard_zero3(model: GPT, args: argparse.Namespace, ddp: Distributed) -> tuple
     if leaf_classes:
         set_z3_leaf_modules(model, leaf_classes)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE)
-    engine, ds_optimizer, _, _ = deepspeed.initialize(
-        model=model, optimizer=optimizer, config=deepspeed_config(model, args)
-    )
+    config = deepspeed_config(model, args)
+    if args.shard_code:
+        config = shard_code(args.shard_code)["zero_config"](config)
+    engine, ds_optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
     return engine, ds_optimizer
 
 

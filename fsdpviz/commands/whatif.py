@@ -70,6 +70,9 @@ def whatif(
         show_default=False)] = None,
     as_json: Annotated[bool, typer.Option(
         "--json", help='Print {"baseline": {...}, "predicted": {...}} (with --explore: the ranked grid).')] = False,
+    code: Annotated[bool, typer.Option(
+        "--code", help="Print only the setting as code: a shard_model(model) that applies it to an unsharded "
+                       "model of the recorded architecture (FSDP2, FSDP1), or zero_config(config) (ZeRO-3).")] = False,
     output: Annotated[Path | None, typer.Option(
         "-o", "--output", metavar="FILE", help="Also write an HTML page: the recorded and the predicted step on one time axis, "
                                "unit by unit, with their memory curves.", show_default=False)] = None,
@@ -114,6 +117,8 @@ def whatif(
     if explore_grid and settings.describe() != "as recorded":
         raise UsageError("--explore tries its own grid of settings: leave out --wrap, --prefetch, "
                          "--reshard-after-forward and --world-size")
+    if code and (explore_grid or as_json):
+        raise UsageError("--code prints one setting's code: leave out --explore and --json (the JSON has it as 'apply')")
     if explore_grid and (output is not None or save):
         raise UsageError("--explore ranks settings; write the page or save one of them with a second call "
                          "(fsdpviz whatif RUN --prefetch 1 -o page.html)")
@@ -144,6 +149,14 @@ def whatif(
     from fsdpviz.whatif.predict import predict
 
     prediction = predict(model, settings)
+    if code:
+        apply = prediction.apply
+        if apply is None or apply.code is None:
+            raise UsageError(f"no code for {settings.describe()}: {apply.note if apply is not None else 'none written'}")
+        sys.stdout.write(apply.code)
+        if apply.note:
+            say(f"note: {apply.note}")
+        return
     if as_json:
         sys.stdout.write(json.dumps(prediction.to_json(), indent=2) + "\n")
     else:

@@ -139,7 +139,8 @@ class Candidate:
             out.update(step_time_ms=p.step_time_ms, peak_allocated_bytes=p.peak_allocated_bytes,
                        exposed_comm_ms=p.exposed_comm_ms, over_budget_bytes=self.over_bytes,
                        bound=self.bound.to_json() if self.bound is not None else None,
-                       settings=self.settings.to_json())
+                       settings=self.settings.to_json(),
+                       apply=self.prediction.apply.to_json() if self.prediction.apply is not None else None)
         else:
             out["skipped"] = self.skipped
         return out

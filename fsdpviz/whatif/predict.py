@@ -34,6 +34,7 @@ from fsdpviz.vocabulary import FSDP1, FSDP2, ZERO3
 from fsdpviz.whatif import bounds, hostcost, known, prefetch_args
 from fsdpviz.whatif import comm as comm_model
 from fsdpviz.whatif import program as prog
+from fsdpviz.whatif.apply import Apply, apply_code
 from fsdpviz.whatif.calibration import Calibration, calibrate, scaled
 from fsdpviz.whatif.clock import BASIS_TRACED, RELIABLE_REPLAY_PCT, Replayed, clock_of
 from fsdpviz.whatif.memory import MemoryChange, MemorySetting, predict_step
@@ -132,6 +133,8 @@ class Prediction:
     None with fewer than two steps."""
     warnings: list[str] = field(default_factory=list)
     """What makes the prediction weak, said before its figures (an unreliable replay, a heavy profiler)."""
+    apply: Apply | None = None
+    """The setting as code for the recorded architecture (:mod:`.apply`)."""
 
     @property
     def reliable(self) -> bool:
@@ -156,6 +159,7 @@ class Prediction:
         return {"basis": self.basis, "clock": self.clock, "baseline": self.baseline.to_json(), "predicted": predicted,
                 "profiler": self.profiler, "replay_error_pct": round(self.replay_error_pct, 2),
                 "reliable": self.reliable, "warnings": self.warnings,
+                "apply": self.apply.to_json() if self.apply is not None else None,
                 "assumed": self.assumed, "notes": self.notes}
 
 
@@ -294,7 +298,14 @@ def predict(model: Model, settings: Settings) -> Prediction:
                       replay_error_pct=replay_error_pct,
                       notes=notes, replay=timing.replays, simulated=simulated, steps=timing.recording.steps, memory=memory,
                       assumed=assumed(full, rec) + peak.assumed + mesh_assumed(model, full),
-                      prefetch_arguments=prefetch_arguments(rec, full))
+                      prefetch_arguments=prefetch_arguments(rec, full),
+                      apply=apply_code(rec, unit_params(model.result), full, settings.describe()))
+
+
+def unit_params(result: RunResult) -> dict[str, list[str]]:
+    """Each recorded unit's parameter names, as run.json lists them (empty without run.json units)."""
+    run = result.traces.run
+    return {} if run is None else {u.unit: [name for name, _ in u.params] for u in run.units}
 
 
 def model_clock(model: Model) -> Replayed:

@@ -1,0 +1,155 @@
+"""The advised setting as code: ``shard_model(model)`` applying it to an unsharded model of the recorded architecture.
+
+The code addresses modules by the names the recording's units hold, checked against the parameter
+names run.json lists for each unit (``units[].params``): a module is named only where one of its
+unit's parameters lies under it (or it is the root). Where run.json does not list them (traces
+recorded without fsdpviz), or a setting cannot be said in the framework's own terms, there is no code
+and ``note`` says what could not be resolved, instead of a guess.
+
+- FSDP2: one ``fully_shard`` call per unit (a list of modules for a unit of several), then the root,
+  each with its ``reshard_after_forward``; explicit prefetch as ``set_modules_to_forward_prefetch`` /
+  ``set_modules_to_backward_prefetch`` lists of the next units.
+- FSDP1: ``FullyShardedDataParallel`` on the model with a ``CustomPolicy`` that wraps exactly the
+  units' modules, and the prefetch arguments (:mod:`.prefetch_args`). FSDP1 wraps one module per unit:
+  a unit of several sibling modules cannot be said.
+- ZeRO-3: the config keys (``zero_optimization``), as ``zero_config(config)``, which sets them in a
+  DeepSpeed config dict.
+
+``**fsdp_kwargs`` of ``shard_model`` pass on what the setting does not decide (mixed precision, the
+device mesh, the device).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from fsdpviz.naming import ROOT_UNIT
+from fsdpviz.vocabulary import FSDP1, FSDP2, ZERO3
+from fsdpviz.whatif import prefetch_args
+from fsdpviz.whatif import program as prog
+from fsdpviz.whatif.recording import Recording
+from fsdpviz.whatif.settings import GIVEN, Settings
+
+FSDP2_IMPORT: Final = '''try:
+    from torch.distributed.fsdp import fully_shard
+except ImportError:  # torch < 2.6
+    from torch.distributed._composable.fsdp import fully_shard
+'''
+FSDP1_IMPORT: Final = '''from torch.distributed.fsdp import BackwardPrefetch
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp.wrap import CustomPolicy
+'''
+
+
+@dataclass(slots=True)
+class Apply:
+    """``whatif --json`` ``apply``: the setting as code, or why there is none."""
+
+    framework: str
+    code: str | None
+    lines: list[str] = field(default_factory=list)
+    note: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"framework": self.framework, "code": self.code, "lines": self.lines, "note": self.note}
+
+
+def apply_code(rec: Recording, params: dict[str, list[str]], settings: Settings, describe: str) -> Apply:
+    """``settings`` (filled in: every value known) as code for ``rec``'s framework; ``params``: each
+    recorded unit's parameter names (run.json), ``describe``: the setting in words, for the docstring."""
+    if rec.framework == ZERO3:
+        return _zero3(rec, settings, describe)
+    group = prog.group_units(rec, settings)
+    new_units = list(dict.fromkeys(group[u] for u in rec.units if u in group))
+    members = {n: [u for u in rec.units if group.get(u) == n] for n in new_units}
+    modules = {n: [m for u in members[n] for m in rec.modules.get(u, [u])] for n in new_units if n != ROOT_UNIT}
+    missing = [m for n, ms in modules.items() for m in ms
+               if not any(p.startswith(f"{m}.") for u in members[n] for p in params.get(u, []))]
+    if missing:
+        return Apply(rec.framework, None, note=(
+            f"not resolved: {', '.join(missing)}: the recording does not list these modules' parameters (run.json "
+            "units[].params; traces recorded without fsdpviz record), so no code names them"))
+    notes = _launch_notes(rec, settings)
+    if rec.framework == FSDP1:
+        return _fsdp1(rec, settings, modules, describe, notes)
+    if rec.framework == FSDP2:
+        reshard = prog.unit_reshard(rec, settings, new_units, members)
+        return _fsdp2(rec, settings, new_units, modules, reshard, describe, notes)
+    return Apply(rec.framework, None, note=f"{rec.framework}: no code is written for this framework")
+
+
+def _launch_notes(rec: Recording, settings: Settings) -> list[str]:
+    if settings.sources.get("world_size") == GIVEN and settings.world_size != rec.world_size:
+        return [(f"the world size is the launcher's, not the code's: run on {settings.world_size} ranks "
+                 "(torchrun --nnodes ... --nproc_per_node ...)")]
+    return []
+
+
+def _ref(module: str) -> str:
+    return "model" if module == ROOT_UNIT else f'm("{module}")'
+
+
+def _fsdp2(rec: Recording, settings: Settings, units: list[str], modules: dict[str, list[str]],
+           reshard: dict[str, bool], describe: str, notes: list[str]) -> Apply:
+    lines = []
+    order = [u for u in units if u != ROOT_UNIT]
+    for unit in order:
+        refs = [_ref(m) for m in modules[unit]]
+        target = refs[0] if len(refs) == 1 else f"[{', '.join(refs)}]"
+        lines.append(f"fully_shard({target}, reshard_after_forward={reshard[unit]}, **fsdp_kwargs)")
+    lines.append(f"fully_shard(model, reshard_after_forward={reshard.get(ROOT_UNIT, False)}, **fsdp_kwargs)")
+    depth = settings.prefetch
+    if depth == "none" and order:  # empty lists: no unit prefetches, in either pass (prefetch_args)
+        lines.append("for unit in [model, " + ", ".join(_ref(modules[u][0]) for u in order) + "]:")
+        lines.append("    unit.set_modules_to_forward_prefetch([])")
+        lines.append("    unit.set_modules_to_backward_prefetch([])")
+    elif depth.isdigit() and int(depth) > 0 and order:
+        # a unit of several modules shares one FSDP state: its first module stands for it
+        lines.append("units = [model, " + ", ".join(_ref(modules[u][0]) for u in order) + "]  # forward order")
+        lines.append("for i, unit in enumerate(units):")
+        lines.append(f"    unit.set_modules_to_forward_prefetch(units[i + 1 : i + {1 + int(depth)}])")
+        lines.append("backward = [model, *reversed(units[1:])]")
+        lines.append("for i, unit in enumerate(backward):")
+        lines.append(f"    unit.set_modules_to_backward_prefetch(backward[i + 1 : i + {1 + int(depth)}])")
+    body = "\n".join(f"    {line}" for line in ["m = model.get_submodule", *lines, "return model"])
+    code = (f"{FSDP2_IMPORT}\n\ndef shard_model(model, **fsdp_kwargs):\n"
+            f'    """{describe}: FSDP2 units as fsdpviz whatif predicts them (the root last)."""\n{body}\n')
+    return Apply(FSDP2, code, lines, "; ".join(notes))
+
+
+def _fsdp1(rec: Recording, settings: Settings, modules: dict[str, list[str]], describe: str,
+           notes: list[str]) -> Apply:
+    several = [u for u, ms in modules.items() if len(ms) > 1]
+    if several:
+        return Apply(FSDP1, None, note=(
+            f"FSDP1 wraps one module per unit: {', '.join(several)} would need a module of their own holding just "
+            "them (an nn.Sequential of the blocks, as examples/train.py --wrap pair builds)"))
+    arguments = prefetch_args.arguments(FSDP1, settings.prefetch, []) or {}
+    names = [ms[0] for ms in modules.values()]
+    lines = [f"wrap = {{{', '.join(_ref(n) for n in names)}}}" if names else "wrap = set()",
+             "policy = CustomPolicy(lambda module: module in wrap)"]
+    call = ["model", "auto_wrap_policy=policy"]
+    if "backward_prefetch" in arguments:
+        backward = arguments["backward_prefetch"]
+        call.append(f"backward_prefetch={'None' if backward is None else f'BackwardPrefetch.{backward}'}")
+    if "forward_prefetch" in arguments:
+        call.append(f"forward_prefetch={bool(arguments['forward_prefetch'])}")
+    lines.append(f"return FSDP({', '.join(call)}, **fsdp_kwargs)")
+    body = "\n".join(f"    {line}" for line in ["m = model.get_submodule", *lines])
+    code = (f"{FSDP1_IMPORT}\n\ndef shard_model(model, **fsdp_kwargs):\n"
+            f'    """{describe}: FSDP1 units as fsdpviz whatif predicts them."""\n{body}\n')
+    return Apply(FSDP1, code, lines, "; ".join(notes))
+
+
+def _zero3(rec: Recording, settings: Settings, describe: str) -> Apply:
+    numels = [rec.unit_numels.get(u, 0) for u in rec.units]
+    arguments = prefetch_args.arguments(ZERO3, settings.prefetch, numels) if rec.unit_numels else None
+    if arguments is None:
+        return Apply(ZERO3, None, note="the prefetch bucket is counted in parameter elements, which only run.json's "
+                                       "units give: no key is written")
+    lines = [f'config.setdefault("zero_optimization", {{}})["{key}"] = {value!r}' for key, value in arguments.items()]
+    body = "\n".join(f"    {line}" for line in [*lines, "return config"])
+    code = (f"def zero_config(config):\n    \"\"\"{describe}: DeepSpeed ZeRO-3 keys as fsdpviz whatif predicts them.\"\"\"\n"
+            f"{body}\n")
+    return Apply(ZERO3, code, lines, "; ".join(_launch_notes(rec, settings)))

@@ -1,0 +1,170 @@
+"""``fsdpviz whatif --code``: the advised setting as code, recorded again and held to what was predicted.
+
+The example trainer takes ``--shard-code FILE`` (the file ``whatif --code`` wrote) in place of its own
+sharding. Each framework's per-block recording is asked for settings, the code is written, the trainer
+is recorded again with it, and the second recording's run.json -- what the recorder read from FSDP's
+own module state -- must hold the units and settings the prediction named: their names, their
+parameters (the members' own), ``reshard_after_forward`` and the prefetch lists. The peak is held to
+the memory model's targets (under torch's fake group of 8 a CPU recording's peak is exact: within 3 %),
+and the losses to the per-block run's: sharding does not change the maths (bit for bit here).
+
+FSDP2 runs as rank 0 of 8 under torch's fake group (one process); FSDP1 and ZeRO-3 on 2 gloo ranks (FSDP1
+gathers into buffers the fake group never fills, so its losses there are no truth).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers.jobs import EXAMPLE, NO_OUTPUT, fsdpviz, record_env, retried
+
+pytestmark = [pytest.mark.slow, pytest.mark.roundtrip]
+
+LAYERS = 4
+FAKE = ("--fake-world", "8", "--layers", str(LAYERS), "--dim", "32", "--steps", "5")
+# FSDP1 under the fake group gathers into buffers no collective fills, so its losses are no truth: 2 gloo ranks
+FSDP1 = ("--framework", "fsdp1", "--layers", str(LAYERS), "--dim", "32", "--steps", "5")
+ZERO3 = ("--framework", "zero3", "--layers", str(LAYERS), "--dim", "32", "--steps", "5", "--wrap", "submodule")
+BLOCKS = [f"blocks.{i}" for i in range(LAYERS)]
+
+
+def _record(run_dir: Path, args: tuple[str, ...], ranks: int = 0, env: dict[str, str] | None = None
+            ) -> subprocess.CompletedProcess:
+    command = [sys.executable, str(EXAMPLE), *args, "--log-losses", str(run_dir.with_suffix(".loss"))]
+    if ranks:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks),
+                   *command[1:]]
+    return retried(lambda: fsdpviz("record", "--out", str(run_dir), *NO_OUTPUT, "--", *command,
+                                   env=record_env(**(env or {})), timeout=600),
+                   tidy=lambda: shutil.rmtree(run_dir, ignore_errors=True))
+
+
+def _whatif(run_dir: Path, *options: str) -> dict[str, Any]:
+    proc = fsdpviz("whatif", str(run_dir), *options, "--json", "-q")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return dict(json.loads(proc.stdout))
+
+
+def _code(run_dir: Path, out: Path, *options: str) -> Path:
+    proc = fsdpviz("whatif", str(run_dir), *options, "--code", "-q")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out.write_text(proc.stdout)
+    return out
+
+
+def _units(run_dir: Path) -> dict[str, dict[str, Any]]:
+    return {u["unit"]: u for u in json.loads((run_dir / "run.json").read_text())["units"]}
+
+
+def _losses(run_dir: Path) -> list[str]:
+    files = sorted(run_dir.parent.glob(f"{run_dir.name}.loss*"))
+    assert files
+    return [line for f in files for line in f.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def fsdp2_block(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run = tmp_path_factory.mktemp("apply") / "fsdp2-block"
+    proc = _record(run, (*FAKE, "--wrap", "block"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run
+
+
+SETTINGS_FSDP2 = {
+    "merge2": ("--wrap", "merge:2"),
+    "root": ("--wrap", "root"),
+    "no-reshard": ("--reshard-after-forward", "false"),
+    "prefetch2": ("--prefetch", "2"),
+}
+
+
+@pytest.mark.parametrize("name", list(SETTINGS_FSDP2))
+def test_fsdp2_code_records_the_predicted_units(fsdp2_block: Path, name: str) -> None:
+    options = SETTINGS_FSDP2[name]
+    predicted = _whatif(fsdp2_block, *options)
+    assert predicted["apply"]["framework"] == "fsdp2" and predicted["apply"]["code"]
+    code = _code(fsdp2_block, fsdp2_block.parent / f"{name}.py", *options)
+    assert code.read_text() == predicted["apply"]["code"]
+    again = fsdp2_block.parent / f"fsdp2-{name}"
+    proc = _record(again, (*FAKE, "--shard-code", str(code)))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    recorded, before = _units(again), _units(fsdp2_block)
+    # the units whatif predicted, with their members' own parameters
+    names = [u["name"] for u in predicted["predicted"]["units"]]
+    assert list(recorded) == names
+    members = {"(root)": ["(root)"] if name != "root" else ["(root)", *BLOCKS],
+               "[blocks.0, blocks.1]": BLOCKS[:2], "[blocks.2, blocks.3]": BLOCKS[2:], **{b: [b] for b in BLOCKS}}
+    for unit in names:
+        want = sorted(p for m in members[unit] for p, _ in before[m]["params"])
+        assert sorted(p for p, _ in recorded[unit]["params"]) == want, unit
+    reshard = {u: recorded[u]["reshard_after_forward"] for u in names}
+    if name == "no-reshard":
+        assert set(reshard.values()) == {False}
+    else:  # as recorded: the root keeps its parameters, the others reshard
+        assert reshard == {u: u != "(root)" for u in names}
+    if name == "prefetch2":  # FSDP2's own lists: the next two units, in either pass
+        assert recorded["(root)"]["forward_prefetch"] == BLOCKS[:2]
+        assert recorded["blocks.1"]["forward_prefetch"] == BLOCKS[2:4]
+        assert recorded["blocks.2"]["backward_prefetch"] == ["blocks.1", "blocks.0"]
+    else:
+        assert {recorded[u]["forward_prefetch"] for u in names} == {"default"}
+    # the peak within the memory model's target for the fake group (exact truth), the maths unchanged
+    peak = json.loads(fsdpviz("summary", str(again), "--json", "-q").stdout)["memory"]["peak_allocated_bytes"]
+    assert peak == pytest.approx(predicted["predicted"]["peak_allocated_bytes"], rel=0.03)
+    assert _losses(again) == _losses(fsdp2_block)
+
+
+@pytest.fixture(scope="module")
+def fsdp1_block(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run = tmp_path_factory.mktemp("apply1") / "fsdp1-block"
+    proc = _record(run, (*FSDP1, "--wrap", "block"), ranks=2)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run
+
+
+@pytest.mark.parametrize("options", [("--wrap", "root"), ("--prefetch", "1")], ids=["root", "prefetch1"])
+def test_fsdp1_code_records_the_predicted_units(fsdp1_block: Path, options: tuple[str, ...]) -> None:
+    predicted = _whatif(fsdp1_block, *options)
+    code = _code(fsdp1_block, fsdp1_block.parent / f"{options[1]}.py", *options)
+    again = fsdp1_block.parent / f"fsdp1-{options[1]}"
+    proc = _record(again, (*FSDP1, "--shard-code", str(code)), ranks=2)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    recorded = _units(again)
+    assert list(recorded) == [u["name"] for u in predicted["predicted"]["units"]]
+    arguments = predicted["predicted"]["settings"]["prefetch"]["arguments"]
+    for unit in recorded.values():  # FSDP1's own arguments, as the recorder read them
+        assert unit["forward_prefetch"] == arguments["forward_prefetch"]
+        assert unit["backward_prefetch"] == arguments["backward_prefetch"]
+    assert _losses(again) == _losses(fsdp1_block)
+
+
+def test_fsdp1_cannot_say_a_unit_of_two_siblings(fsdp1_block: Path) -> None:
+    apply = _whatif(fsdp1_block, "--wrap", "merge:2")["apply"]
+    assert apply["code"] is None and "FSDP1 wraps one module per unit" in apply["note"]
+    proc = fsdpviz("whatif", str(fsdp1_block), "--wrap", "merge:2", "--code", "-q")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: no code for")
+
+
+def test_zero3_keys_record_the_predicted_bucket(tmp_path: Path) -> None:
+    pytest.importorskip("deepspeed")
+    env = {"DS_ACCELERATOR": "cpu"}
+    block = tmp_path / "zero3-block"
+    proc = _record(block, ZERO3, ranks=2, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    predicted = _whatif(block, "--prefetch", "1")
+    bucket = predicted["predicted"]["settings"]["prefetch"]["arguments"]["stage3_prefetch_bucket_size"]
+    assert predicted["apply"]["lines"] == [
+        f'config.setdefault("zero_optimization", {{}})["stage3_prefetch_bucket_size"] = {bucket}']
+    code = _code(block, tmp_path / "zero3.py", "--prefetch", "1")
+    again = tmp_path / "zero3-prefetch1"
+    proc = _record(again, (*ZERO3, "--shard-code", str(code)), ranks=2, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # DeepSpeed's own bucket, as the recorder read it from the engine (on the units it fetches)
+    assert {u["forward_prefetch"] for u in _units(again).values() if u["forward_prefetch"] is not None} == {bucket}
+    assert _losses(again) == _losses(block)

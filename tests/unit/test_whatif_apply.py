@@ -1,0 +1,54 @@
+"""``apply`` (whatif --code): the code names only modules whose parameters the recording lists, and says
+what it cannot say. The round trip through real recordings is tests/integration/test_whatif_apply_roundtrip.py."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+from helpers.cli import json_here, run_here
+
+SAMPLES = Path(__file__).parents[2] / "sample_traces"
+
+
+def _apply(capsys: pytest.CaptureFixture[str], sample: str, *options: str) -> dict:
+    return json_here(capsys, "whatif", str(SAMPLES / sample), *options, "--json", "-q", "--no-cache")["apply"]
+
+
+def test_fsdp2_code_names_the_modules_whose_parameters_the_units_hold(capsys: pytest.CaptureFixture[str]) -> None:
+    apply = _apply(capsys, "fsdp2-cpu-2rank", "--wrap", "merge:2")
+    assert apply["framework"] == "fsdp2" and apply["note"] == ""
+    tree = ast.parse(apply["code"])  # valid Python that defines shard_model(model, **fsdp_kwargs)
+    [func] = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
+    assert func.name == "shard_model" and [a.arg for a in func.args.args] == ["model"]
+    named = {c.args[0].value for c in ast.walk(func) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)
+             and c.func.id == "m"}
+    run = json.loads((SAMPLES / "fsdp2-cpu-2rank" / "run.json").read_text())
+    params = [p for u in run["units"] for p, _ in u["params"]]
+    assert named == {"blocks.0", "blocks.1"}
+    assert all(any(p.startswith(f"{m}.") for p in params) for m in named)
+    assert apply["lines"][0] == 'fully_shard([m("blocks.0"), m("blocks.1")], reshard_after_forward=True, **fsdp_kwargs)'
+    assert apply["lines"][-1] == "fully_shard(model, reshard_after_forward=False, **fsdp_kwargs)"
+
+
+def test_traces_without_run_json_get_no_code_but_what_was_not_resolved(capsys: pytest.CaptureFixture[str]) -> None:
+    apply = _apply(capsys, "fsdp2-cpu-2rank-plain", "--wrap", "merge:2")
+    assert apply["code"] is None and apply["note"].startswith("not resolved: blocks.0, blocks.1")
+    done = run_here(capsys, "whatif", str(SAMPLES / "fsdp2-cpu-2rank-plain"), "--wrap", "merge:2", "--code", "-q")
+    assert done.returncode == 2 and done.stdout == "" and done.stderr.startswith("error: no code for wrap merge:2")
+
+
+def test_every_row_of_the_advisor_carries_its_code(capsys: pytest.CaptureFixture[str]) -> None:
+    explored = json_here(capsys, "whatif", str(SAMPLES / "fsdp2-cpu-2rank"), "--explore", "--json", "-q", "--no-cache")
+    rows = [*explored["ranked"], *explored["within_spread"], *explored["unranked"], *explored["over_budget"]]
+    assert rows and all(r["apply"]["framework"] == "fsdp2" and r["apply"]["code"] for r in rows)
+    root = next(r for r in rows if r["setting"] == "wrap root")
+    assert root["apply"]["lines"] == ["fully_shard(model, reshard_after_forward=False, **fsdp_kwargs)"]
+
+
+def test_fsdp1_prefetch_none_is_said_as_fsdp1s_argument(capsys: pytest.CaptureFixture[str]) -> None:
+    apply = _apply(capsys, "fsdp1-cpu-2rank", "--prefetch", "none")
+    assert apply["lines"][-1] == ("return FSDP(model, auto_wrap_policy=policy, backward_prefetch=None, "
+                                  "forward_prefetch=False, **fsdp_kwargs)")
