@@ -98,6 +98,9 @@ class Action(msgspec.Struct, kw_only=True):
     """The unit-passes (``"blocks.3 forward"``) or ranks the findings name."""
     folded: bool = False
     """Beyond the first :data:`MAX_SHOWN` actions."""
+    apply_code: str | None = None
+    """The advised setting as code for the recorded architecture (``fsdpviz whatif ... --code``), where
+    a knob is advised and whatif writes one (whatif/apply.py)."""
 
 
 def knob_blocked(knob: str, host_backend_on_gpu: bool) -> str:

@@ -62,6 +62,7 @@ class ReportData:
     has_units: bool = False
     unit_colors: dict[str, str] = field(default_factory=dict)
     findings: list[str] = field(default_factory=list)
+    action_code: list[tuple[str, str]] = field(default_factory=list)  # (what it gains, the advised setting as code)
     notes: list[str] = field(default_factory=list)
     unit_tables: UnitTables | None = None  # per-unit section (unittable.unit_tables)
     memory_model: MemoryModel | None = None  # RunAnalysis.memory_model
@@ -138,6 +139,11 @@ def prepare_report(run: RunResult, *, max_segments: int = MAX_PAGE_SEGMENTS,
     """
     traces, overlap, analysis = run.traces, run.overlap, run.analysis
     model, why_not = summary_model(run)  # read once: the actions' gains and the clock
+    # the findings as the summary's entries, also for a run without units, whose summary lists none
+    # (stragglers, the profiler)
+    actions = predicted_actions(run, build_actions(
+        finding_entries(analysis.findings), run.summary.bound, host_backend_on_gpu=host_backend_on_gpu(traces, overlap),
+        units=run.summary.units), model=model)
     summary = msgspec.structs.replace(run.summary, clock=clock_of(run, None if model is None else model_clock(model),
                                                                   why_not))
     title, subtitle, meta = describe_inputs(traces)
@@ -204,16 +210,14 @@ def prepare_report(run: RunResult, *, max_segments: int = MAX_PAGE_SEGMENTS,
                      "rank 0 and the ranks with the highest peaks.")
     notes.extend(sentence(n.text) for n in analysis.notes if n.code != NO_UNIT_LABELS)  # said by the headline
     stats = analysis.unit_stats
-    # as the summary's entries, also for a run without units, whose summary lists none (stragglers, the profiler)
-    found = finding_entries(analysis.findings)
     return ReportData(
         title=title, subtitle=subtitle, meta=meta, summary=summary, overlap=overlap, views=tabs,
         has_units=has_units, unit_colors=colors if has_units else {},
         step_times=times, step_spread=steps_data.per_step_spread(times),
         rank_steps=steps_data.per_rank_summary(times), notes=notes,
-        findings=actions_text(predicted_actions(run, build_actions(
-            found, summary.bound, host_backend_on_gpu=host_backend_on_gpu(traces, run.overlap),
-            units=summary.units), model=model)),
+        findings=actions_text(actions),
+        action_code=[(f"{a.predicted_gain}: the change as code (fsdpviz whatif ... --code)", a.apply_code)
+                     for a in actions if a.apply_code and not a.folded],
         unit_tables=unit_tables(stats, colors, {u.name: (u.forward_timer_ms, u.backward_timer_ms)
                                                 for u in summary.units},
                                 {u.name: u.param_scope for u in summary.units},

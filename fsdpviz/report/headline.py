@@ -75,7 +75,7 @@ def headline_section(data: ReportData) -> Section:
     if not data.has_units and s.framework != "ddp":  # DDP has no units to label: its note says so
         notes.append(NOTE_NO_UNITS)
     return Section(key="headline", title="Headline", howto=HOWTO_HEADLINE, facts=facts, notes=notes,
-                   bullets=list(data.findings))
+                   bullets=list(data.findings), code=list(data.action_code))
 
 
 def _purpose_facts(s: Summary) -> list[Fact]:

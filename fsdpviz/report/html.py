@@ -94,6 +94,7 @@ class Section:
     notes: list[str] = field(default_factory=list)  # plain-text remarks (e.g. what was capped)
     facts: list[Fact] = field(default_factory=list)
     bullets: list[str] = field(default_factory=list)  # plain-text list items (findings)
+    code: list[tuple[str, str]] = field(default_factory=list)  # (title, source) shown folded under the bullets
     legend: list[tuple[str, list[LegendItem]]] = field(default_factory=list)  # (group title, items)
     tables: list[HtmlTable] = field(default_factory=list)  # drawn before the plots
     # tab label -> holoviews object / bokeh model, or a list of them stacked in one column

@@ -97,7 +97,7 @@ def predict_actions(model: Model, actions: Sequence[Action]) -> list[Action]:
     """``actions`` with their knobs predicted on the recording (each setting once): a knob predicted
     to gain nothing is no longer advised (analysis/actions.py ``with_prediction``); folding again,
     since an action may have lost its knob."""
-    done: dict[str, tuple[float | None, str]] = {}
+    done: dict[str, tuple[float | None, str, str | None]] = {}
     out = []
     for action in actions:
         settings = _action_setting(action, model) if action.knob else None
@@ -107,17 +107,19 @@ def predict_actions(model: Model, actions: Sequence[Action]) -> list[Action]:
         key = settings.describe()
         if key not in done:
             done[key] = _change(model, settings)
-        change, words = done[key]
-        out.append(with_prediction(action, change, f"{words} (fsdpviz whatif: {key})" if words else ""))
+        change, words, code = done[key]
+        predicted = with_prediction(action, change, f"{words} (fsdpviz whatif: {key})" if words else "")
+        out.append(msgspec.structs.replace(predicted, apply_code=code) if predicted.knob and code else predicted)
     return fold(out)
 
 
-def _change(model: Model, settings: Settings) -> tuple[float | None, str]:
+def _change(model: Model, settings: Settings) -> tuple[float | None, str, str | None]:
     try:
         p = predict(model, settings)
     except FsdpvizError:
-        return None, ""
-    return p.predicted.step_time_ms - p.baseline.step_time_ms, describe_gain(model, settings)
+        return None, "", None
+    code = p.apply.code if p.apply is not None else None
+    return p.predicted.step_time_ms - p.baseline.step_time_ms, describe_gain(model, settings), code
 
 
 def predicted_actions(run: RunResult, actions: Sequence[Action] | None = None, *,
