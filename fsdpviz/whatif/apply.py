@@ -8,7 +8,8 @@ and ``note`` says what could not be resolved, instead of a guess.
 
 - FSDP2: one ``fully_shard`` call per unit (a list of modules for a unit of several), then the root,
   each with its ``reshard_after_forward``; explicit prefetch as ``set_modules_to_forward_prefetch`` /
-  ``set_modules_to_backward_prefetch`` lists of the next units.
+  ``set_modules_to_backward_prefetch`` lists of the next units. No prefetch at all cannot be said: FSDP2
+  prefetches one unit ahead in backward wherever a unit's list is empty.
 - FSDP1: ``FullyShardedDataParallel`` on the model with a ``CustomPolicy`` that wraps exactly the
   units' modules, and the prefetch arguments (:mod:`.prefetch_args`). FSDP1 wraps one module per unit:
   a unit of several sibling modules cannot be said.
@@ -100,11 +101,9 @@ def _fsdp2(rec: Recording, settings: Settings, units: list[str], modules: dict[s
         lines.append(f"fully_shard({target}, reshard_after_forward={reshard[unit]}, **fsdp_kwargs)")
     lines.append(f"fully_shard(model, reshard_after_forward={reshard.get(ROOT_UNIT, False)}, **fsdp_kwargs)")
     depth = settings.prefetch
-    if depth == "none" and order:  # empty lists: no unit prefetches, in either pass (prefetch_args)
-        lines.append("for unit in [model, " + ", ".join(_ref(modules[u][0]) for u in order) + "]:")
-        lines.append("    unit.set_modules_to_forward_prefetch([])")
-        lines.append("    unit.set_modules_to_backward_prefetch([])")
-    elif depth.isdigit() and int(depth) > 0 and order:
+    if depth == "none":
+        return Apply(FSDP2, None, note=f"prefetch none: set_modules_to_backward_prefetch {prefetch_args.NO_FSDP2_NONE}")
+    if depth.isdigit() and int(depth) > 0 and order:
         # a unit of several modules shares one FSDP state: its first module stands for it
         lines.append("units = [model, " + ", ".join(_ref(modules[u][0]) for u in order) + "]  # forward order")
         lines.append("for i, unit in enumerate(units):")

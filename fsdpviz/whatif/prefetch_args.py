@@ -32,6 +32,8 @@ IMPLICIT: Final = "implicit"
 NONE: Final = "none"
 FSDP1_BACKWARD_DEFAULT: Final = "BACKWARD_PRE"  # FSDP1's own default
 FSDP1_MAX_DEPTH: Final = 1
+NO_FSDP2_NONE: Final = ("cannot be said: an empty list is FSDP2's default, which prefetches one unit ahead in "
+                        "backward; no FSDP2 argument turns that off")
 ZERO3_DEFAULT_BUCKET: Final = 50_000_000  # DeepSpeed's stage3_prefetch_bucket_size default (elements)
 
 
@@ -75,8 +77,10 @@ def arguments(framework: str, depth: str, unit_numels: Sequence[int]) -> dict[st
         if depth == IMPLICIT:
             return {"set_modules_to_forward_prefetch": "not called (FSDP2's implicit prefetch)"}
         if depth == NONE:
-            return {"set_modules_to_forward_prefetch": "[] for every unit",
-                    "set_modules_to_backward_prefetch": "[] for every unit"}
+            # FSDP2 prefetches one unit ahead in backward whenever a unit's backward list is empty
+            # (FSDPState._pre_backward: default_prefetch = not _states_to_backward_prefetch)
+            return {"set_modules_to_forward_prefetch": "[] for every unit (FSDP2's default)",
+                    "set_modules_to_backward_prefetch": NO_FSDP2_NONE}
         return {"set_modules_to_forward_prefetch": f"the next {depth} unit(s)",
                 "set_modules_to_backward_prefetch": f"the previous {depth} unit(s)"}
     if framework == FSDP1:

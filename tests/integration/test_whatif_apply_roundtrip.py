@@ -120,6 +120,21 @@ def test_fsdp2_code_records_the_predicted_units(fsdp2_block: Path, name: str) ->
     assert _losses(again) == _losses(fsdp2_block)
 
 
+def test_fsdp2_the_advisors_row_records_its_units(fsdp2_block: Path) -> None:
+    """A row of --explore carries its code too: keeping the last two blocks' parameters after forward."""
+    explored = json.loads(fsdpviz("whatif", str(fsdp2_block), "--explore", "--json", "-q").stdout)
+    rows = [*explored["ranked"], *explored["within_spread"], *explored["unranked"], *explored["over_budget"]]
+    row = next(r for r in rows if r["setting"] == "no reshard after forward for the last 2 units")
+    code = fsdp2_block.parent / "keep2.py"
+    code.write_text(row["apply"]["code"])
+    again = fsdp2_block.parent / "fsdp2-keep2"
+    proc = _record(again, (*FAKE, "--shard-code", str(code)))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reshard = {u: v["reshard_after_forward"] for u, v in _units(again).items()}
+    assert reshard == {"(root)": False, "blocks.0": True, "blocks.1": True, "blocks.2": False, "blocks.3": False}
+    assert _losses(again) == _losses(fsdp2_block)
+
+
 @pytest.fixture(scope="module")
 def fsdp1_block(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run = tmp_path_factory.mktemp("apply1") / "fsdp1-block"
@@ -128,7 +143,8 @@ def fsdp1_block(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run
 
 
-@pytest.mark.parametrize("options", [("--wrap", "root"), ("--prefetch", "1")], ids=["root", "prefetch1"])
+@pytest.mark.parametrize("options", [("--wrap", "root"), ("--prefetch", "1"), ("--prefetch", "none")],
+                         ids=["root", "prefetch1", "prefetch-none"])
 def test_fsdp1_code_records_the_predicted_units(fsdp1_block: Path, options: tuple[str, ...]) -> None:
     predicted = _whatif(fsdp1_block, *options)
     code = _code(fsdp1_block, fsdp1_block.parent / f"{options[1]}.py", *options)

@@ -43,7 +43,9 @@ def test_traces_without_run_json_get_no_code_but_what_was_not_resolved(capsys: p
 def test_every_row_of_the_advisor_carries_its_code(capsys: pytest.CaptureFixture[str]) -> None:
     explored = json_here(capsys, "whatif", str(SAMPLES / "fsdp2-cpu-2rank"), "--explore", "--json", "-q", "--no-cache")
     rows = [*explored["ranked"], *explored["within_spread"], *explored["unranked"], *explored["over_budget"]]
-    assert rows and all(r["apply"]["framework"] == "fsdp2" and r["apply"]["code"] for r in rows)
+    assert rows and all(r["apply"]["framework"] == "fsdp2" for r in rows)
+    # every row has its code, but no prefetch, which FSDP2 cannot be told (below)
+    assert {r["setting"] for r in rows if not r["apply"]["code"]} == {"prefetch none"}
     root = next(r for r in rows if r["setting"] == "wrap root")
     assert root["apply"]["lines"] == ["fully_shard(model, reshard_after_forward=False, **fsdp_kwargs)"]
 
@@ -76,3 +78,15 @@ def test_advised_actions_carry_their_code_and_the_report_shows_it(capsys: pytest
                        flags=re.DOTALL)
     assert [html.unescape(code) for _, code in shown] == [action["apply_code"]]
     assert "(fsdpviz whatif: wrap merge:2)" in html.unescape(shown[0][0])
+
+
+def test_fsdp2_no_prefetch_has_no_code_as_fsdp2_prefetches_on_an_empty_list(capsys: pytest.CaptureFixture[str]) -> None:
+    """torch's own FSDP2 state: an empty backward-prefetch list is its default (one unit ahead), so no
+    call says "no prefetch"; the code is refused, saying why."""
+    import inspect
+
+    from torch.distributed.fsdp._fully_shard import _fsdp_state
+
+    assert "default_prefetch = len(self._states_to_backward_prefetch) == 0" in inspect.getsource(_fsdp_state)
+    apply = _apply(capsys, "fsdp2-cpu-2rank", "--prefetch", "none")
+    assert apply["code"] is None and apply["note"].startswith("prefetch none: set_modules_to_backward_prefetch cannot")
