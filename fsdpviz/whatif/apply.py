@@ -64,6 +64,8 @@ def apply_code(rec: Recording, params: dict[str, list[str]], settings: Settings,
     group = prog.group_units(rec, settings)
     new_units = list(dict.fromkeys(group[u] for u in rec.units if u in group))
     members = {n: [u for u in rec.units if group.get(u) == n] for n in new_units}
+    # a unit is its members' modules, also a match: unit named after their parent: FSDP2 refuses a
+    # container without a forward of its own (a ModuleList), and names the list by its members
     modules = {n: [m for u in members[n] for m in rec.modules.get(u, [u])] for n in new_units if n != ROOT_UNIT}
     missing = [m for n, ms in modules.items() for m in ms
                if not any(p.startswith(f"{m}.") for u in members[n] for p in params.get(u, []))]
