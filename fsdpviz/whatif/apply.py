@@ -61,9 +61,7 @@ def apply_code(rec: Recording, params: dict[str, list[str]], settings: Settings,
     recorded unit's parameter names (run.json), ``describe``: the setting in words, for the docstring."""
     if rec.framework == ZERO3:
         return _zero3(rec, settings, describe)
-    group = prog.group_units(rec, settings)
-    new_units = list(dict.fromkeys(group[u] for u in rec.units if u in group))
-    members = {n: [u for u in rec.units if group.get(u) == n] for n in new_units}
+    _, new_units, members = prog.regrouped(rec, settings)
     # a unit is its members' modules, also a match: unit named after their parent: FSDP2 refuses a
     # container without a forward of its own (a ModuleList), and names the list by its members
     modules = {n: [m for u in members[n] for m in rec.modules.get(u, [u])] for n in new_units if n != ROOT_UNIT}

@@ -473,9 +473,7 @@ def _baseline(model: Model) -> Outcome:
 
 def memory_setting(rec: Recording, settings: Settings) -> MemorySetting:
     """What the memory model (:mod:`.memory`) reads of a filled-in setting."""
-    group = prog.group_units(rec, settings)
-    new_units = list(dict.fromkeys(group[u] for u in rec.units if u in group))
-    members = {n: [u for u in rec.units if group.get(u) == n] for n in new_units}
+    group, new_units, members = prog.regrouped(rec, settings)
     reshard = prog.unit_reshard(rec, settings, new_units, members)
     world = settings.world_size or rec.world_size
     return MemorySetting(

@@ -139,6 +139,14 @@ def group_units(rec: Recording, settings: Settings) -> dict[str, str]:
     return _match(rec, wrap.pattern)
 
 
+def regrouped(rec: Recording, settings: Settings) -> tuple[dict[str, str], list[str], dict[str, list[str]]]:
+    """Under ``settings.wrap``: recorded unit -> its new unit (:func:`group_units`), the new units in
+    forward order, and each new unit's recorded members."""
+    group = group_units(rec, settings)
+    new_units = list(dict.fromkeys(group[u] for u in rec.units if u in group))
+    return group, new_units, {n: [u for u in rec.units if group.get(u) == n] for n in new_units}
+
+
 def _match(rec: Recording, pattern: str) -> dict[str, str]:
     regex = re.compile(pattern)
     modules = {u: rec.modules.get(u, unit_modules(u)) for u in rec.units if u != ROOT_UNIT}
@@ -232,12 +240,10 @@ class CostModel:
 def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel,
           all_gathers: dict[tuple[str, str], Gather]) -> Program:
     """The instructions of ``step`` under ``settings`` (see the module docstring)."""
-    group = group_units(rec, settings)
+    group, new_units, members = regrouped(rec, settings)
     unchanged_units = settings.wrap.kind == "recorded"
     replay = unchanged_units and settings.prefetch == "recorded" and settings.reshard_after_forward is None
     prefetch = rec.prefetch if settings.prefetch == "recorded" else settings.prefetch
-    new_units: list[str] = list(dict.fromkeys(group[u] for u in rec.units if u in group))
-    members: dict[str, list[str]] = {n: [u for u in rec.units if group.get(u) == n] for n in new_units}
     unit_bytes = {n: sum(max(0, rec.unit_bytes.get(u, 0)) for u in ms) for n, ms in members.items()}
     reshard = unit_reshard(rec, settings, new_units, members)
     world = settings.world_size or rec.world_size
