@@ -158,9 +158,8 @@ def print_summary(summary: Summary) -> None:
     ov = summary.overlap
     head.add_row("overlap", f"{_fmt(ov.overlap_pct, ' %')} of communication hidden behind compute "
                             f"({summary.device.upper()} definition)")
-    exposed = summary.exposed_comm_ms
-    traced = "" if exposed == ov.exposed_comm_ms else f" ({_fmt(ov.exposed_comm_ms, ' ms')} as traced)"
-    head.add_row("exposed comm", f"{_fmt(exposed, ' ms')} per step{traced}")
+    exposed, as_traced = _fmt(summary.exposed_comm_ms, " ms"), _fmt(ov.exposed_comm_ms, " ms")
+    head.add_row("exposed comm", f"{exposed} per step" + ("" if exposed == as_traced else f" ({as_traced} as traced)"))
     mem = summary.memory
     reserved = (f"{bytes_text(mem.peak_reserved_bytes)} reserved" if mem.peak_reserved_bytes is not None
                 else "reserved not tracked on CPU" if mem.device == "cpu" else "reserved unknown")

@@ -58,7 +58,8 @@ def headline_section(data: ReportData) -> Section:
         _bound_fact(s),
         Fact(label="overlap", value=format_pct(ov.overlap_pct), hint="communication hidden behind computation"),
         Fact(label="exposed comm / step", value=format_ms(_num(s.exposed_comm_ms)),
-             hint=(f"{format_ms(exposed_per_step)} as traced, " if _num(s.exposed_comm_ms) != exposed_per_step else "")
+             hint=(f"{format_ms(exposed_per_step)} as traced, "
+                   if format_ms(_num(s.exposed_comm_ms)) != format_ms(exposed_per_step) else "")
              + (f"{100 * exposed_per_step / step_ms:.1f} % of the step as traced ({format_ms(step_ms)}); "
                 if math.isfinite(step_ms) and step_ms else "") + f"of {format_ms(comm_per_step)} communication"),
         *_purpose_facts(s),

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.cli import json_here, run_here
 from helpers.jobs import EXAMPLE, NO_OUTPUT, fsdpviz, record_env, retried
 
 pytestmark = [pytest.mark.slow, pytest.mark.roundtrip]
@@ -190,3 +191,27 @@ def test_zero3_keys_record_the_predicted_bucket(tmp_path: Path) -> None:
     # DeepSpeed's own bucket, as the recorder read it from the engine (on the units it fetches)
     assert {u["forward_prefetch"] for u in _units(again).values() if u["forward_prefetch"] is not None} == {bucket}
     assert _losses(again) == _losses(block)
+
+
+def test_advised_actions_carry_their_code_and_the_report_shows_it(capsys: pytest.CaptureFixture[str],
+                                                                   tmp_path: Path) -> None:
+    """A recording whose bound advises merging units (a committed FSDP2 recording with explicit prefetch):
+    the action carries the code ``whatif --code`` prints for that setting, and the report shows it under
+    the advice, folded."""
+    import html
+    import re
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(Path(__file__).parents[1] / "recorded" / "fsdp2-prefetch" / "run", run)
+    summary = json_here(capsys, "summary", str(run), "--json", "-q", "--no-cache")
+    [action] = [a for a in summary["actions"] if a["apply_code"]]
+    assert action["kind"] == "bound" and "(fsdpviz whatif: wrap merge:2)" in action["predicted_gain"]
+    printed = run_here(capsys, "whatif", str(run), "--wrap", "merge:2", "--code", "-q", "--no-cache")
+    assert printed.returncode == 0 and printed.stdout == action["apply_code"]
+    page = tmp_path / "report.html"
+    assert run_here(capsys, "report", str(run), "-o", str(page), "-q", "--no-cache").returncode == 0
+    shown = re.findall(r'<details class="code"><summary>(.*?)</summary><pre><code>(.*?)</code></pre>', page.read_text(),
+                       flags=re.DOTALL)
+    assert [html.unescape(code) for _, code in shown] == [action["apply_code"]]
+    assert "(fsdpviz whatif: wrap merge:2)" in html.unescape(shown[0][0])

@@ -94,6 +94,8 @@ def test_headline_figures(sample: dict[str, Any], capsys: pytest.CaptureFixture[
     lines = {line.split("  ")[0].strip(): line for line in text.splitlines() if line.strip()}
     assert f"{s.step_time_ms:,.2f} ms" in lines["step time"]
     assert f"{exposed:,.2f} ms per step" in lines["exposed comm"]
+    # the trace's own figure beside it only where the two read differently
+    assert ("as traced" in lines["exposed comm"]) == (f"{exposed:,.2f}" != f"{s.overlap.exposed_comm_ms:,.2f}")
     assert f"{s.overlap.overlap_pct:,.2f} %" in lines["overlap"]
     # the steps section: every step time it shows is one of the summary's, labelled with which
     step_facts = {label: f for label, f in _facts(steps_section(data)).items() if label.startswith("step time")}

@@ -56,30 +56,6 @@ def test_fsdp1_prefetch_none_is_said_as_fsdp1s_argument(capsys: pytest.CaptureFi
                                   "forward_prefetch=False, **fsdp_kwargs)")
 
 
-def test_advised_actions_carry_their_code_and_the_report_shows_it(capsys: pytest.CaptureFixture[str],
-                                                                   tmp_path: Path) -> None:
-    """A recording whose bound advises merging units (a committed FSDP2 recording with explicit prefetch):
-    the action carries the code ``whatif --code`` prints for that setting, and the report shows it under
-    the advice, folded."""
-    import html
-    import re
-    import shutil
-
-    run = tmp_path / "run"
-    shutil.copytree(Path(__file__).parents[1] / "recorded" / "fsdp2-prefetch" / "run", run)
-    summary = json_here(capsys, "summary", str(run), "--json", "-q", "--no-cache")
-    [action] = [a for a in summary["actions"] if a["apply_code"]]
-    assert action["kind"] == "bound" and "(fsdpviz whatif: wrap merge:2)" in action["predicted_gain"]
-    printed = run_here(capsys, "whatif", str(run), "--wrap", "merge:2", "--code", "-q", "--no-cache")
-    assert printed.returncode == 0 and printed.stdout == action["apply_code"]
-    page = tmp_path / "report.html"
-    assert run_here(capsys, "report", str(run), "-o", str(page), "-q", "--no-cache").returncode == 0
-    shown = re.findall(r'<details class="code"><summary>(.*?)</summary><pre><code>(.*?)</code></pre>', page.read_text(),
-                       flags=re.DOTALL)
-    assert [html.unescape(code) for _, code in shown] == [action["apply_code"]]
-    assert "(fsdpviz whatif: wrap merge:2)" in html.unescape(shown[0][0])
-
-
 def test_fsdp2_no_prefetch_has_no_code_as_fsdp2_prefetches_on_an_empty_list(capsys: pytest.CaptureFixture[str]) -> None:
     """torch's own FSDP2 state: an empty backward-prefetch list is its default (one unit ahead), so no
     call says "no prefetch"; the code is refused, saying why."""
