@@ -68,6 +68,8 @@ def test_table_page_and_saved_prediction(run_folder: Path, tmp_path: Path,
     html = page.read_text()
     assert "One step, recorded and predicted" in html and "PREDICTED (not recorded)" in html
     assert "<script src=" not in html  # offline: bokeh inlined
+    # a plain trace's units list no parameters: the page says there is no code, and why
+    assert "No code for this setting: not resolved: blocks.0, blocks.1" in html and '<details class="code">' not in html
     saved = sorted((run_folder / "predictions").glob("*.json"))
     assert [p.name for p in saved] == ["wrap-merge-2.json"]
     saved_json = json.loads(saved[0].read_text())

@@ -135,10 +135,15 @@ def build_whatif(model: Model, prediction: Prediction, output: str | Path, *, so
              *(f"Assumed: {figure}." for figure in prediction.assumed),
              (f"Replay: the simulation of the recorded setting is within {prediction.replay_error_pct:.1f} % of "
               "the recorded step time."), *prediction.notes]
+    apply = prediction.apply
+    code = [] if apply is None or apply.code is None else [
+        (f"{name}: the change as code (fsdpviz whatif ... --code)", apply.code)]
+    if apply is not None and apply.code is None and apply.note:
+        notes.append(f"No code for this setting: {apply.note}.")
     sections = [
         Section(key="numbers", title=f"Recorded vs predicted: {name}", howto=HOWTO_NUMBERS, notes=notes,
                 tables=[numbers_table(prediction.baseline, prediction.predicted), settings_table(prediction),
-                        units_table(prediction)]),
+                        units_table(prediction)], code=code),
         Section(key="timeline", title="One step, recorded and predicted", howto=HOWTO_TIMELINE,
                 legend=[("units", [LegendItem(label=u, color=colors[u]) for u in data.units])],
                 views={"timeline": views}),
