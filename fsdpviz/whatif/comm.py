@@ -90,8 +90,10 @@ def _ring_share(n: int) -> float:
     return (n - 1) / n if n > 1 else 1.0
 
 
-def fit(samples: Iterable[tuple[str, int, float]], world_size: int, ranks_per_host: int) -> CommModel:
-    """Fit per kind from ``(kind, bytes, ns)`` of the recorded collectives."""
+def fit(samples: Iterable[tuple[str, int, float]], world_size: int, ranks_per_host: int,
+        per_call: frozenset[str] = frozenset()) -> CommModel:
+    """Fit per kind from ``(kind, bytes, ns)`` of the recorded collectives. ``per_call``: kinds of host
+    work whose sizes, where they do not tell a slope, cost per call rather than per byte."""
     by_kind: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     for kind, nbytes, ns in samples:
         if nbytes > 0 and ns > 0:
@@ -102,7 +104,9 @@ def fit(samples: Iterable[tuple[str, int, float]], world_size: int, ranks_per_ho
         ys = np.array([np.quantile(sizes[int(x)], QUANTILE) for x in xs])
         if len(xs) >= 2 and xs[-1] > xs[0]:
             slope, icept = np.polyfit(xs, ys, 1)
-            if slope <= 0:  # sizes too close to tell: all of it is bandwidth
+            if slope <= 0 and kind in per_call:  # host work no larger for more bytes: a cost per call
+                slope, icept = 0.0, float(ys.mean())
+            elif slope <= 0:  # sizes too close to tell: all of it is bandwidth
                 slope, icept = float(ys.mean() / xs.mean()), 0.0
             icept = max(0.0, float(icept))
         else:

@@ -17,8 +17,13 @@ A step is read as, per micro-batch (one unless gradient accumulation):
   (``post_ns``), the time between the previous pass and its window (``gap_ns``: the model's own
   Python between blocks);
 - one :class:`Gather` per all-gather (its host time to issue, copy-in, the collective, copy-out),
-  remembered with the pass that issued it; one :class:`Reduce` per reduce-scatter (and HSDP
-  all-reduce).
+  remembered with the pass that issued it; where no collective ran (torch's fake process group), one
+  per gather label of FSDP's, with its host work and copies and no communication; one
+  :class:`Reduce` per reduce-scatter (and HSDP all-reduce).
+
+On GPU a pass's compute is the time its kernels kept the device busy: its compute span runs from the
+first kernel to the last, and where the host launched slower than the device ran, the span also holds
+the device's waits for those launches, which are the host's time already.
 
 The reading is split by job: :class:`_StepTables` holds one step's spans and labels as arrays,
 :class:`_PassReader` reads a pass (and the reduction it issued) off them on the busy clock, and
@@ -232,6 +237,7 @@ def read_recording(result: RunResult, ranks: Sequence[int] | None = None, per_op
     memory = traces.memory
     devices = main_devices(memory)
     units = _unit_order(result)
+    unit_bytes = _unit_bytes(result, units)
     programs = []
     steps = traces.steps
     labels = analysis.labels if result.events_kept else labels_of(traces, result.selection)
@@ -264,7 +270,8 @@ def read_recording(result: RunResult, ranks: Sequence[int] | None = None, per_op
             if times is None or step not in times.index:
                 continue
             row = times.loc[step]
-            program = _read_step(rank, step, int(row["start_ns"]), int(row["end_ns"]), parts, clock, rank_work, gpu)
+            program = _read_step(rank, step, int(row["start_ns"]), int(row["end_ns"]), parts, clock, rank_work, gpu,
+                                 unit_bytes)
             program.comm_ns, program.comm_exposed_ns = int(row["comm_ns"]), int(row["exposed_comm_ns"])
             program.start_ns = int(row["start_ns"])
             ops = clock.host_ops
@@ -279,7 +286,7 @@ def read_recording(result: RunResult, ranks: Sequence[int] | None = None, per_op
     prefetch, prefetch_words = prefetch_args.recorded(result.traces.run, analysis.framework)
     return Recording(
         framework=analysis.framework, device="gpu" if gpu else "cpu", world_size=analysis.world_size,
-        units=units, unit_bytes=_unit_bytes(result, units), modules=_unit_modules(result, units),
+        units=units, unit_bytes=unit_bytes, modules=_unit_modules(result, units),
         reshard_after_forward=_observed_reshard(_reshard(result, units), programs, gathered),
         prefetch=prefetch, prefetch_args=prefetch_words,
         unit_numels=_unit_numels(result),
@@ -471,6 +478,7 @@ class _PassReader:
     clock: BusyClock
     work: pd.DataFrame | None  # GPU: kernels with their launch times
     gpu: bool
+    _kernels: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # compute kernels by launch time
 
     def labelled(self, a: float, b: float) -> float:
         """Busy time of the gather and copy-out labels that start in ``[a, b)`` (the gathers' own
@@ -492,7 +500,7 @@ class _PassReader:
             first = float(t.c_issue[mine].min())
             pre = clock.between(a, first) - self.labelled(a, first)
             if self.gpu:
-                compute = float((m_end - m_start).sum())
+                compute = self._kernel_busy(a, b, m_start, m_end)
                 # the host's part after the compute starts at the reshard (GPU: launches run ahead)
                 k = int(np.searchsorted(t.reshard_starts, first, side="left"))
                 compute_end = float(t.reshard_starts[k]) if k < len(t.reshard_starts) and t.reshard_starts[k] < b \
@@ -515,6 +523,26 @@ class _PassReader:
                  post_framework_ns=min(post, max(0.0, clock.between(compute_end, b) - self.labelled(compute_end, b)
                                                  - reduce_busy)))
         return p, (self._reduce(p, a, b) if phase == vocabulary.BACKWARD else None)
+
+    def _kernel_busy(self, a: int, b: int, starts: np.ndarray, ends: np.ndarray) -> float:
+        """GPU: the time the pass's kernels (launched in ``[a, b)``) kept the device busy inside its
+        compute spans ``starts``/``ends``. A span runs from its first kernel to its last, so where the
+        host launched slower than the device ran, it also holds the device's idle waits for the
+        launches, which the program already counts as the host's time."""
+        if self.work is None:
+            return float((ends - starts).sum())
+        if self._kernels is None:
+            w = self.work[(self.work["is_compute"] & ~self.work["is_comm"]).to_numpy()].sort_values("launch_ns")
+            self._kernels = (w["launch_ns"].to_numpy(np.int64), w["start_ns"].to_numpy(np.int64),
+                             w["end_ns"].to_numpy(np.int64))
+        launch, ks, ke = self._kernels
+        lo, hi = np.searchsorted(launch, a, "left"), np.searchsorted(launch, b, "left")
+        ks, ke = ks[lo:hi], ke[lo:hi]
+        busy = 0.0
+        for s, e in zip(starts.tolist(), ends.tolist()):
+            inside = (ks >= s) & (ke <= e)
+            busy += float(total_ns(union_intervals(ks[inside], ke[inside])))
+        return busy
 
     def _reduce(self, p: Pass, a: int, b: int) -> Reduce | None:
         """The unit's reduction issued in its backward pass ``[a, b)`` (and ``p.reduce_after_ns``)."""
@@ -546,7 +574,7 @@ class _PassReader:
 
 
 def _read_step(rank: int, step: int, t0: int, t1: int, parts: dict[str, pd.DataFrame], clock: BusyClock,
-               work: pd.DataFrame | None, gpu: bool) -> StepProgram:
+               work: pd.DataFrame | None, gpu: bool, unit_bytes: dict[str, int]) -> StepProgram:
     """One rank's step as a :class:`StepProgram` (see the module docstring)."""
     tables = _StepTables.read(parts, step, gpu)
     reader = _PassReader(tables, clock, work, gpu)
@@ -574,7 +602,7 @@ def _read_step(rank: int, step: int, t0: int, t1: int, parts: dict[str, pd.DataF
         batches.append(MicroBatch(pre=_segment(cursor, pre_end, clock, work, gpu), forward=passes[vocabulary.FORWARD],
                                   mid=_segment(mid_from, mid_to, clock, work, gpu), backward=passes[vocabulary.BACKWARD]))
         cursor = bounds[vocabulary.BACKWARD][1] if vocabulary.BACKWARD in bounds else mid_to
-    gathers = _gathers(tables, frames, clock, gpu)
+    gathers = _gathers(tables, frames, clock, gpu, unit_bytes)
     return StepProgram(rank=rank, step=step, step_ns=t1 - t0, micro=batches, post=_segment(cursor, t1, clock, work, gpu),
                        gathers=gathers, reduces=reduces)
 
@@ -634,13 +662,13 @@ def _segment(a: float, b: float, clock: BusyClock, work: pd.DataFrame | None, gp
 
 
 def _gathers(tables: _StepTables, frames: list[tuple[int, str, str, str, int, int]], clock: BusyClock,
-             gpu: bool) -> list[Gather]:
+             gpu: bool, unit_bytes: dict[str, int]) -> list[Gather]:
     """Every all-gather of the step with its costs and the pass that issued it."""
     spans, compute = tables.spans, tables.compute
     gather_labels, copy_out_labels = tables.gather_labels, tables.copy_out_labels
     ag = spans[(spans["kind"] == vocabulary.ALL_GATHER).to_numpy()]
     if ag.empty:
-        return []
+        return _label_gathers(tables, frames, clock, gpu, unit_bytes)
     # A collective that carried several units (ZeRO-3's prefetch buckets: one row per unit) is
     # issued once: it costs its first unit, in issue order; the others come with it.
     ag = ag.sort_values(["issue_ns", "start_ns"], kind="stable")
@@ -685,6 +713,46 @@ def _gathers(tables: _StepTables, frames: list[tuple[int, str, str, str, int, in
             copy_out_host_ns=float(sum(clock.between(s, e) for s, e in co_spans)),
             copy_out_ns=float((co["end_ns"][out_pass] - co["start_ns"][out_pass]).sum()) if gpu else 0.0,
             issued_in=_issuer(frames, micro, issue)))
+    return out
+
+
+def _label_gathers(tables: _StepTables, frames: list[tuple[int, str, str, str, int, int]], clock: BusyClock,
+                   gpu: bool, unit_bytes: dict[str, int]) -> list[Gather]:
+    """The all-gathers FSDP's labels show where no collective ran (torch's fake process group): the
+    labels' host work (the copy-in, the call, the copy-out) and the copies' kernels, with no
+    communication. Without them that host work would be in no part of the step's program."""
+    labels = tables.gather_labels
+    if labels.empty:
+        return []
+    windows = tables.windows
+    first_backward = {int(m): int(w["start_ns"].min()) for m, w in
+                      windows[(windows["phase"] == vocabulary.BACKWARD).to_numpy()].groupby("micro")}
+    spans = tables.spans
+    copy_in = spans[(spans["kind"] == vocabulary.COPY_IN).to_numpy()]
+    copy_out = spans[(spans["kind"] == vocabulary.COPY_OUT).to_numpy()]
+    ci_pass, ci = _pass_columns(copy_in), _columns(copy_in, ("start_ns", "end_ns"))
+    co_pass, co = _pass_columns(copy_out), _columns(copy_out, ("start_ns", "end_ns"))
+    col_unit, col = as_str(tables.copy_out_labels["unit"]), _columns(tables.copy_out_labels, ("start_ns", "end_ns"))
+    out = []
+    rows = labels.sort_values("start_ns", kind="stable")
+    for unit, micro, start, end in zip(as_str(rows["unit"]), rows["micro"].tolist(), rows["start_ns"].tolist(),
+                                       rows["end_ns"].tolist()):
+        micro = 0 if pd.isna(micro) else int(micro)
+        phase = vocabulary.BACKWARD if start >= first_backward.get(micro, np.iinfo(np.int64).max) \
+            else vocabulary.FORWARD
+        in_pass = (ci_pass[0] == unit) & (ci_pass[1] == phase) & (ci_pass[2] == micro)
+        out_pass = (co_pass[0] == unit) & (co_pass[1] == phase) & (co_pass[2] == micro)
+        later = np.flatnonzero((col_unit == unit) & (col["start_ns"] >= start))
+        first = later[np.argsort(col["start_ns"][later])[:1]]
+        out.append(Gather(
+            unit=unit, phase=phase, micro=micro, bytes=max(0, unit_bytes.get(unit, 0)),
+            host_ns=clock.between(start, end),
+            copy_in_ns=float((ci["end_ns"][in_pass] - ci["start_ns"][in_pass]).sum()) if gpu else 0.0,
+            comm_ns=0.0,
+            copy_out_host_ns=float(sum(clock.between(a, b) for a, b in zip(col["start_ns"][first].tolist(),
+                                                                         col["end_ns"][first].tolist()))),
+            copy_out_ns=float((co["end_ns"][out_pass] - co["start_ns"][out_pass]).sum()) if gpu else 0.0,
+            issued_in=_issuer(frames, micro, start)))
     return out
 
 

@@ -18,7 +18,7 @@ from itertools import pairwise
 from pathlib import Path
 
 import pytest
-from helpers.gpu_fsdp_truth import PAIR_PEAK, PEAK_TRUTH, ROOT_PEAK, STEP_TRUTH
+from helpers.gpu_fsdp_truth import PAIR_PEAK, PEAK_TRUTH, ROOT_PEAK, STEP_TRUTH, with_impossible_timers
 
 from fsdpviz.analysis.bound import KIND_MEMORY, MEMORY_MARGIN
 from fsdpviz.analysis.pipeline import analyse
@@ -86,21 +86,34 @@ def test_the_fitting_settings_are_those_whose_true_peak_fits(model: Model, budge
     assert steps == sorted(steps)
 
 
-def test_a_replay_that_misses_the_recording_is_listed_not_ranked(model: Model) -> None:
-    """Model A's replay misses its traced step by 28 % (its launches and syncs are modelled coarsely):
-    the advisor says so first and ranks nothing. The settings are still listed by predicted step, and
-    where the true step times differ beyond the README's +-10 % the listing keeps their order."""
+def test_the_advisor_ranks_as_the_bare_runs_order(model: Model) -> None:
+    """Model A's replay reproduces its timers within 10 % (2 % measured), so the advisor ranks: where
+    two true step times differ beyond the README's +-10 %, the faster is ranked first, and the best is
+    the true fastest (one root unit: 43.1 ms against 49.2-53.2)."""
     exploration = explore(model, ROOT_PEAK + (1 << 30))
-    assert exploration.ranked == [] and exploration.best() is None
-    assert exploration.warnings and exploration.warnings[0].startswith("unreliable:")
-    assert any(n.startswith("not ranked:") for n in exploration.notes)
-    order = {c.name: i for i, c in enumerate(exploration.unranked)}
+    assert not any(w.startswith("unreliable:") for w in exploration.warnings)
+    listed = [*exploration.ranked, *exploration.within_spread]
+    order = {c.name: i for i, c in enumerate(sorted(listed, key=lambda c: c.prediction.predicted.step_time_ms
+                                                    if c.prediction is not None else float("inf")))}
     assert set(TRUTH) <= set(order)
     pairs = [(a, b) for a in TRUTH for b in TRUTH if TRUTH[a][1] * 1.10 < TRUTH[b][1]]
     # root (43.1 ms) against merge:2 (49.2), no resharding (50.9) and block (53.2)
     assert {(a, b) for a, b in pairs} == {("wrap root", n) for n in TRUTH if n != "wrap root"}
     for faster, slower in pairs:
         assert order[faster] < order[slower], (faster, slower)
+    best = exploration.best()
+    assert best is not None and best.name == "wrap root"
+
+
+def test_a_replay_that_misses_the_run_is_listed_not_ranked(gpu_fsdp_dir: Path, tmp_path: Path) -> None:
+    """The same recording with timers no replay of its trace can reproduce (a step shorter than its
+    kernels): the advisor says so first and ranks nothing, and still lists every setting."""
+    run = with_impossible_timers(gpu_fsdp_dir / RUN, tmp_path / RUN)
+    exploration = explore(read_model(analyse([run], cache=False)), ROOT_PEAK + (1 << 30))
+    assert exploration.ranked == [] and exploration.within_spread == [] and exploration.best() is None
+    assert exploration.warnings and exploration.warnings[0].startswith("unreliable:")
+    assert any(n.startswith("not ranked:") for n in exploration.notes)
+    assert set(TRUTH) <= {c.name for c in exploration.unranked}
 
 
 def test_each_setting_leaves_a_bound_classified_as_the_recorded_step(model: Model) -> None:
@@ -122,7 +135,10 @@ def test_each_setting_leaves_a_bound_classified_as_the_recorded_step(model: Mode
     # kernels (the same bytes are copied) and the host wait left on one unit's hooks
     assert recorded.fsdp_kernels_ms is not None
     assert recorded.fsdp_kernels_ms <= root.bound.fsdp_overhead_ms < recorded.fsdp_overhead_ms
-    assert root.bound.compute_ms == pytest.approx(recorded.compute_ms, rel=0.02)
+    # the model's kernels stay; one root unit, which keeps its parameters after forward, also skips
+    # the backward gathers' copy-out kernels (0.7 ms of the 36.4)
+    assert root.bound.compute_ms == pytest.approx(recorded.compute_ms, rel=0.05)
+    assert root.bound.compute_ms <= recorded.compute_ms
     assert root.bound.step_ms == pytest.approx(TRUTH["wrap root"][1], rel=0.10)
 
 
@@ -176,10 +192,9 @@ def test_the_same_run_on_a_6gb_device_is_memory_bound_and_the_advisor_fits_it(gp
     assert exploration.budget_bytes == device
     fitting = _fitting(exploration) & set(TRUTH)
     assert fitting == {name for name, (peak, _) in TRUTH.items() if peak <= device} == {"as recorded", "wrap merge:2"}
-    # merge:2 predicted faster, as in truth (49.2 against 53.2 ms); nothing ranked (the replay misses the
-    # recording), merge:2 listed first of the two
-    merge = next(c for c in exploration.unranked if c.name == "wrap merge:2")
+    # merge:2 predicted faster, as in truth (49.2 against 53.2 ms), and ranked the best that fits
+    merge = _by_name(exploration)["wrap merge:2"]
     assert merge.prediction is not None
     assert merge.prediction.predicted.step_time_ms < merge.prediction.baseline.step_time_ms
-    assert exploration.ranked == [] and [c.name for c in exploration.unranked if c.name in TRUTH] == [
-        "wrap merge:2", "as recorded"]
+    best = exploration.best()
+    assert best is not None and best.name == "wrap merge:2"
