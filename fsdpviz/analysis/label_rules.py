@@ -28,6 +28,7 @@ from fsdpviz.analysis.labels import (
     COPY_OUT_ACTION,
     FAMILY_FSDP2,
     FAMILY_FSDPVIZ,
+    FETCH_ACTIONS,
     FSDP2_REDUCE_ACTION,
     FSDPVIZ_REDUCE_ACTION,
     GATHER_ACTION,
@@ -75,6 +76,14 @@ def reduce(labels: pd.DataFrame) -> np.ndarray:
     family, action = _columns(labels)
     return (((family == FAMILY_FSDP2) & (action == FSDP2_REDUCE_ACTION))
             | ((family == FAMILY_FSDPVIZ) & (action == FSDPVIZ_REDUCE_ACTION)))
+
+
+def fsdpviz_collective(labels: pd.DataFrame, *, fetch: bool = False) -> np.ndarray:
+    """Per label: fsdpviz's own gather or reduce label of an FSDP1 / ZeRO-3 unit (with ``fetch``, also
+    its ZeRO-3 fetch / release labels): framework work around a collective, never a unit's compute."""
+    family, action = _columns(labels)
+    actions = [GATHER_ACTION, FSDPVIZ_REDUCE_ACTION, *(sorted(FETCH_ACTIONS) if fetch else ())]
+    return (family == FAMILY_FSDPVIZ) & np.isin(action, actions)
 
 
 def post_backward(labels: pd.DataFrame) -> np.ndarray:

@@ -35,6 +35,10 @@ from fsdpviz.trace import frames, schema
 
 MAX_CURVE_POINTS: Final = 4_000  # per rank
 
+# The optimizer's states per sharded element assumed where a recording did not measure them: Adam's
+# two moments, in the shards' dtype (the memory model's K, and whatif's carving of the unknown state).
+ASSUMED_OPTIMIZER_STATES: Final = 2
+
 
 CPU_DEVICE: Final = frames.CPU_DEVICE  # the CPU allocator's samples
 
@@ -261,7 +265,7 @@ def memory_model(unit_bytes: pd.Series, world_size: int, elem_bytes: int, *, mea
     p = elem_bytes
     sp = sharded_elem_bytes or p
     # not measured: Adam's two moments in the shards' dtype are assumed (optimizer_bytes_measured False)
-    k = optimizer_bytes if optimizer_bytes is not None else 2 * sp
+    k = optimizer_bytes if optimizer_bytes is not None else ASSUMED_OPTIMIZER_STATES * sp
     psi = round(sum(sizes) / p)
     shards = {u: max(1, (unit_shards or {}).get(u, world_size)) for u, _ in units}
     distinct = sorted(set(shards.values()))

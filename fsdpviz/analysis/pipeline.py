@@ -25,6 +25,7 @@ from fsdpviz.vocabulary import FRAMEWORKS_WITH_UNITS
 if TYPE_CHECKING:
     import pandas as pd
 
+    from fsdpviz.analysis.parallelism import RunParallelism
     from fsdpviz.analysis.profiler_cost import ProfilerCost
     from fsdpviz.analysis.rankmap import RankDigest
     from fsdpviz.analysis.run import RankPart, RunAnalysis
@@ -136,13 +137,21 @@ class RunResult:
         return profiler_cost(self.traces.timers, self.traces.run)
 
     @cached_property
+    def parallelism(self) -> RunParallelism:
+        """The run's mesh (:func:`fsdpviz.analysis.parallelism.run_parallelism`), read once for the
+        summary and for whatif's world-size settings."""
+        from fsdpviz.analysis.parallelism import run_parallelism
+
+        return run_parallelism(self.traces, self.framework)
+
+    @cached_property
     def summary(self) -> Summary:
         """The run's summary (:func:`fsdpviz.analysis.summary.summary_of`); ``.to_json()`` is
         ``fsdpviz summary --json``."""
         from fsdpviz.analysis.summary import summary_of
 
         return summary_of(self.traces, self.selection, self.overlap, self.framework, profiler=self.profiler,
-                          analysis=self.analysis if self.has_units else None)
+                          analysis=self.analysis if self.has_units else None, parallel=self.parallelism)
 
 
 def _settled(traces: TraceSet, analysis: RunAnalysis) -> pd.DataFrame:

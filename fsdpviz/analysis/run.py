@@ -43,8 +43,6 @@ from fsdpviz.analysis.labels import (
     ENGINE_FORWARD,
     ENGINE_STEP,
     FAMILY_FSDPVIZ,
-    FSDPVIZ_REDUCE_ACTION,
-    GATHER_ACTION,
     has_unit_labels,
     parse_labels,
 )
@@ -355,9 +353,7 @@ def analyse_ranks(traces: TraceSet, ranks: Sequence[int], selection: StepSelecti
         _fill_host_wait(us, rank, rank_events, rank_windows, chosen)
         times.append(_step_times(rank, chosen, by_rank["pieces"](rank), by_rank["labels"](rank), rank_events,
                                  by_rank["collectives"](rank), compute.get(rank, empty_intervals()), rank_windows))
-    shared = labels[((labels["family"] == FAMILY_FSDPVIZ)
-                     & labels["action"].isin([GATHER_ACTION, FSDPVIZ_REDUCE_ACTION])
-                     & labels["unit"].str.contains(",", regex=False)).to_numpy()]
+    shared = labels[rules.fsdpviz_collective(labels) & labels["unit"].str.contains(",", regex=False).to_numpy()]
     widest = max((len(u.split(",")) for u in shared["unit"]), default=0)
     return RankPart(ranks=chosen_ranks, has_unit_labels=has_unit_labels(labels),
                     shared_collectives=(len(shared), widest), labels=_in_steps(labels, wanted), windows=ut.windows,

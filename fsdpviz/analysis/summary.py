@@ -42,7 +42,7 @@ from fsdpviz.analysis.memory_categories import (
     peak_categories,
     unit_peak_categories,
 )
-from fsdpviz.analysis.parallelism import Parallelism, run_parallelism
+from fsdpviz.analysis.parallelism import Parallelism, RunParallelism
 from fsdpviz.analysis.profiler_cost import ProfilerCost, no_cost_note, unit_pass_ms
 from fsdpviz.analysis.records import (
     BY_PURPOSE_UNKNOWN,
@@ -222,10 +222,10 @@ class Summary(msgspec.Struct, kw_only=True):
 
 
 def summary_of(traces: TraceSet, selection: StepSelection, overlap: pd.DataFrame, framework: str, *,
-               profiler: ProfilerCost | None, analysis: RunAnalysis | None) -> Summary:
+               profiler: ProfilerCost | None, analysis: RunAnalysis | None, parallel: RunParallelism) -> Summary:
     """The summary of one pipeline result (``RunResult.summary``): its steps, overlap, framework,
-    what the profiler cost and, for a framework with units, the per-unit analysis' units and findings
-    (``analysis``: None for a run without units, which never needs it)."""
+    what the profiler cost, its mesh (``parallel``) and, for a framework with units, the per-unit
+    analysis' units and findings (``analysis``: None for a run without units, which never needs it)."""
     analysed = selection.per_rank
     notes = _notes(traces, overlap, selection, framework)
     units: list[UnitSummary] = []
@@ -246,7 +246,6 @@ def summary_of(traces: TraceSet, selection: StepSelection, overlap: pd.DataFrame
         units = [msgspec.structs.replace(u, peak_categories=unit_peaks.get(u.name)) for u in units]
         if not units:
             notes.append(Note(NO_UNITS_FOUND, "no FSDP unit was found in the analysed steps, so units is empty"))
-    parallel = run_parallelism(traces, framework)
     notes.extend(parallel.notes)
     units = _with_scope(units, traces, parallel.parallelism)
     over = _overlap_summary(overlap)

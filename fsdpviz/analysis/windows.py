@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 
 from fsdpviz import vocabulary
+from fsdpviz.analysis import label_rules as rules
 from fsdpviz.analysis import labels as lab
 from fsdpviz.analysis.intervals import complement, union_intervals
 from fsdpviz.trace import schema
@@ -151,11 +152,8 @@ def unit_windows(labels: pd.DataFrame) -> pd.DataFrame:
 
 def overhead_labels(labels: pd.DataFrame) -> pd.DataFrame:
     """Framework ranges that are never a unit's own compute."""
-    family = labels["family"]
-    is_fsdpviz_comm = (family == lab.FAMILY_FSDPVIZ) & labels["action"].isin(
-        [lab.GATHER_ACTION, lab.FSDPVIZ_REDUCE_ACTION, *lab.FETCH_ACTIONS])
-    mask = family.isin([lab.FAMILY_FSDP2, lab.FAMILY_FSDP1, lab.FAMILY_HOOKS]) | is_fsdpviz_comm
-    return labels[mask.to_numpy()]
+    framework = labels["family"].isin([lab.FAMILY_FSDP2, lab.FAMILY_FSDP1, lab.FAMILY_HOOKS]).to_numpy()
+    return labels[framework | rules.fsdpviz_collective(labels, fetch=True)]
 
 
 def compute_pieces(windows: pd.DataFrame, labels: pd.DataFrame,

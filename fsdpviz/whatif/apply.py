@@ -29,7 +29,7 @@ from fsdpviz.naming import ROOT_UNIT
 from fsdpviz.vocabulary import FSDP1, FSDP2, ZERO3
 from fsdpviz.whatif import prefetch_args
 from fsdpviz.whatif import program as prog
-from fsdpviz.whatif.recording import Recording
+from fsdpviz.whatif.recorded import Recording
 from fsdpviz.whatif.settings import GIVEN, Settings
 
 FSDP2_IMPORT: Final = '''try:

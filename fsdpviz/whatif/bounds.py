@@ -25,7 +25,7 @@ from dataclasses import replace
 from typing import Final
 
 from fsdpviz.whatif.memory import MemoryChange, StepMemory
-from fsdpviz.whatif.recording import Recording
+from fsdpviz.whatif.recorded import Recording
 from fsdpviz.whatif.settings import GIVEN, Settings
 
 # How the note of a raised prediction begins (:func:`floored`).

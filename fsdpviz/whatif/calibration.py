@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
-from fsdpviz.whatif.recording import Recording, StepProgram
+from fsdpviz.whatif.recorded import Recording, StepProgram
 
 # Bounds of the factor: a profiler does not speed a step up beyond noise (profiler_cost.NOISE_SLOWDOWN
 # decides the headline), and none measured costs 20x.

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
     from fsdpviz.analysis.profiler_cost import ProfilerCost
-    from fsdpviz.whatif.recording import Recording
+    from fsdpviz.whatif.recorded import Recording
 
 # An excess above this share of the traced step is not spread over the host's events: the
 # host would cost next to nothing, which is noise in the timers, not the run.

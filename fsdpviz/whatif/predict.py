@@ -24,7 +24,7 @@ import msgspec
 
 from fsdpviz.analysis.bound import BASIS_UNPROFILED as BOUND_UNPROFILED
 from fsdpviz.analysis.compare.spread import spread_ms, step_values_ms
-from fsdpviz.analysis.parallelism import known_dims, run_parallelism
+from fsdpviz.analysis.parallelism import known_dims
 from fsdpviz.analysis.pipeline import LabelledRun, RunResult
 from fsdpviz.analysis.profiler_cost import clean_step_ms
 from fsdpviz.errors import UsageError
@@ -38,7 +38,8 @@ from fsdpviz.whatif.apply import Apply, apply_code
 from fsdpviz.whatif.calibration import Calibration, calibrate, scaled
 from fsdpviz.whatif.clock import BASIS_TRACED, RELIABLE_REPLAY_PCT, Replayed, clock_of
 from fsdpviz.whatif.memory import MemoryChange, MemorySetting, predict_step
-from fsdpviz.whatif.recording import Gather, Recording, StepProgram, read_recording
+from fsdpviz.whatif.recorded import Gather, Recording, StepProgram
+from fsdpviz.whatif.recording import read_recording
 from fsdpviz.whatif.settings import DEFAULT, GIVEN, RECORDED, Settings, Wrap
 from fsdpviz.whatif.simulate import SimResult, run
 
@@ -236,7 +237,7 @@ def check(model: Model, settings: Settings) -> None:
     if "world_size" in changed and rec.world_size < 2:
         raise UsageError("the recording ran on one rank: no collective to scale to another world size")
     if "world_size" in changed:
-        found = run_parallelism(model.result.traces, rec.framework)
+        found = model.result.parallelism
         mesh = found.parallelism
         if found.roles_unknown:
             # the model would scale the whole world as FSDP ranks: right only for a 1-D mesh
@@ -432,7 +433,7 @@ def mesh_assumed(model: Model, settings: Settings) -> list[str]:
     nor run.json's sizes): the model takes the whole world as one FSDP group, and says so."""
     if settings.world_size == model.recording.world_size:
         return []
-    mesh = run_parallelism(model.result.traces, model.recording.framework)
+    mesh = model.result.parallelism
     p = mesh.parallelism
     if None not in (p.dp_shard, p.dp_replicate, p.tp):
         return []

@@ -26,7 +26,7 @@ from fsdpviz.errors import UsageError
 from fsdpviz.naming import ROOT_UNIT, group_name, unit_modules
 from fsdpviz.vocabulary import ALL_GATHER, BACKWARD, FORWARD, REDUCE_SCATTER
 from fsdpviz.whatif.comm import CommModel, Target
-from fsdpviz.whatif.recording import (
+from fsdpviz.whatif.recorded import (
     Gather,
     Pass,
     Recording,

@@ -52,146 +52,27 @@ from fsdpviz.analysis.intervals import (
     total_ns,
     union_intervals,
 )
-from fsdpviz.analysis.memory import CPU_DEVICE, device_samples, main_devices
+from fsdpviz.analysis.memory import ASSUMED_OPTIMIZER_STATES, CPU_DEVICE, device_samples, main_devices
 from fsdpviz.analysis.pipeline import RunResult
 from fsdpviz.analysis.run import labels_of, split_of
 from fsdpviz.analysis.spans import gpu_work
 from fsdpviz.naming import ROOT_UNIT
 from fsdpviz.trace import schema
 from fsdpviz.whatif import prefetch_args
-from fsdpviz.whatif.memory import StepMemory, step_memory
+from fsdpviz.whatif.memory import step_memory
+from fsdpviz.whatif.recorded import (
+    Gather,
+    MicroBatch,
+    Pass,
+    Recording,
+    Reduce,
+    Segment,
+    StepProgram,
+)
 
 SYNC_CALLS: Final = ("Synchronize",)  # cudaDeviceSynchronize, cudaStreamSynchronize, cuEventSynchronize ...
 # Host events the profiler records, each at a cost to the training thread (hostcost).
 HOST_EVENT_KINDS: Final = (schema.KIND_CPU_OP, schema.KIND_RUNTIME, schema.KIND_ANNOTATION)
-
-
-@dataclass(slots=True)
-class Gather:
-    """One all-gather of a unit's parameters."""
-
-    unit: str
-    phase: str  # the pass that consumed it
-    micro: int
-    bytes: int
-    host_ns: float  # host busy time of issuing it (FSDP2's all_gather label: copy-in, the c10d call)
-    copy_in_ns: float  # GPU: the copy-in on its stream (CPU: part of host_ns)
-    comm_ns: float  # the collective (CPU: from its issue to its end, the time the host waited)
-    copy_out_host_ns: float  # host busy time of the copy-out label
-    copy_out_ns: float  # GPU: the copy-out on the compute stream (CPU: part of copy_out_host_ns)
-    issued_in: tuple[str, str, str] | None = None  # (unit, phase, part) of the pass that issued it
-
-
-@dataclass(slots=True)
-class Reduce:
-    """One unit's gradient reduction after its backward: the reduce-scatter and the HSDP all-reduce."""
-
-    unit: str
-    micro: int
-    bytes: int
-    comm_ns: float  # reduce-scatter (CPU: from issue to end)
-    ar_bytes: int = 0
-    ar_ns: float = 0.0
-    host_ns: float = 0.0  # host busy time of issuing it
-    prep_ns: float = 0.0  # GPU: kernels before it on the compute stream (FSDP2's chunk_cat of the gradients)
-
-
-@dataclass(slots=True)
-class Pass:
-    """One unit's forward or backward in one micro-batch (the root's: part ``a`` or ``b``)."""
-
-    unit: str
-    phase: str
-    micro: int
-    part: str  # "" for a unit without nested units; the root: "a" before its children, "b" after
-    gap_ns: float  # host busy time between the previous pass and this window
-    pre_ns: float  # host busy time from the window's start to the compute (no gather or copy-out labels)
-    compute_ns: float  # GPU: kernel time on the compute stream; CPU: host time in the unit's ops
-    post_ns: float  # host busy time after the compute is issued (GPU) or done (CPU), to the window's end
-    reduce_after_ns: float = 0.0  # of post_ns: the part after the reduce-scatter was issued
-    reshard_ns: float = 0.0  # of post_ns: the reshard label (post_forward / post_backward_reshard)
-    post_framework_ns: float = 0.0  # of post_ns: FSDP's post-forward / post-backward hooks, without the reduction
-
-    @property
-    def key(self) -> tuple[str, str, str]:
-        return self.unit, self.phase, self.part
-
-
-@dataclass(slots=True)
-class Segment:
-    """Host work outside every unit: busy time, the device work it launched, its synchronisations."""
-
-    busy_ns: float = 0.0
-    device_ns: float = 0.0  # GPU: kernels launched here (loss, optimizer), on the compute stream
-    sync_at: list[float] = field(default_factory=list)  # busy offsets at which the host waits for the device
-    comm_ns: list[float] = field(default_factory=list)  # CPU: collectives outside units the host waited for
-
-
-@dataclass(slots=True)
-class MicroBatch:
-    """One forward and backward of a step."""
-
-    pre: Segment
-    forward: list[Pass]
-    mid: Segment
-    backward: list[Pass]
-
-
-@dataclass(slots=True)
-class StepProgram:
-    """One rank's step, as recorded."""
-
-    rank: int
-    step: int
-    step_ns: int
-    micro: list[MicroBatch]
-    post: Segment
-    gathers: list[Gather]
-    reduces: list[Reduce]
-    comm_exposed_ns: int = 0
-    comm_ns: int = 0
-    start_ns: int = 0  # where the step starts in the analysis' (aligned) time
-    memory: StepMemory | None = None  # the step's memory by category, for the memory model (None: no samples)
-
-    @property
-    def peak_bytes(self) -> int:
-        """The highest allocated level in the step (-1: no memory samples)."""
-        return self.memory.peak_bytes if self.memory is not None else -1
-
-
-@dataclass(slots=True)
-class Recording:
-    """Everything the what-if model reads from one recording."""
-
-    framework: str
-    device: str  # "gpu" or "cpu"
-    world_size: int
-    units: list[str]  # forward order, the root first when it has parameters
-    unit_bytes: dict[str, int]  # unsharded parameter bytes
-    modules: dict[str, list[str]]  # unit -> the modules it covers
-    reshard_after_forward: dict[str, bool]
-    prefetch: str  # what the recording did: "implicit", "none" or "N" (explicit, N units ahead)
-    steps: list[StepProgram]
-    ranks_per_host: int
-    cpu_count: int  # cores of a host (0: unknown)
-    notes: list[str] = field(default_factory=list)
-    host_ops_per_step: float = 0.0  # GPU: the host threads' traced events (ops, runtime calls, ranges) per step
-    prefetch_args: dict[str, object] = field(default_factory=dict)
-    """The framework's own arguments that gave ``prefetch`` (:mod:`.prefetch_args`); {} where run.json does not say."""
-    unit_numels: dict[str, int] = field(default_factory=dict)
-    """Unsharded parameter elements per unit, where run.json says (ZeRO-3's prefetch bucket is in elements)."""
-
-    @property
-    def gathered_units(self) -> set[str]:
-        """Units the recording all-gathered at least once (the others' parameters were never
-        sharded, e.g. a root without parameters of its own)."""
-        return {g.unit for s in self.steps for g in s.gathers}
-
-    @property
-    def reduced_units(self) -> set[str]:
-        """Units whose gradients the recording reduced after their own backward (ZeRO-3 on CPU
-        reduces in buckets at the step's end instead: that time stays where it was recorded)."""
-        return {r.unit for s in self.steps for r in s.reduces}
 
 
 class BusyClock:
@@ -293,11 +174,6 @@ def read_recording(result: RunResult, ranks: Sequence[int] | None = None, per_op
         steps=programs, ranks_per_host=_ranks_per_host(result), cpu_count=_cpu_count(result), notes=notes,
         host_ops_per_step=sum(op_counts) / len(op_counts) if op_counts else 0.0,
     )
-
-
-# The optimizer's states per sharded element a prediction assumes when the recording did not measure
-# them (Adam's two moments, in the shards' dtype).
-ASSUMED_OPTIMIZER_STATES: Final = 2
 
 
 def _assume_optimizer(split: mcat.Split, state: mcat.ShardedState | None) -> tuple[mcat.Split, dict[str, int]]:
