@@ -165,7 +165,14 @@ def _match(rec: Recording, pattern: str) -> dict[str, str]:
     out = {ROOT_UNIT: ROOT_UNIT} if ROOT_UNIT in rec.units else {}
     for unit, ms in modules.items():
         holders = [m for m in matched if any(x == m or x.startswith(m + ".") for x in ms)]
-        out[unit] = min(holders, key=len) if holders else ROOT_UNIT
+        holder = min(holders, key=len) if holders else ROOT_UNIT
+        left = [x for x in ms if holders and not (x == holder or x.startswith(holder + "."))]
+        if left:  # FSDP shards a unit whole: one of several modules cannot become a unit of its own
+            raise UsageError(
+                f"--wrap match:{pattern} splits the recorded unit {unit} (it matches {holder}, not "
+                f"{', '.join(left)}): a unit of several modules is sharded whole, and a finer wrap needs "
+                "per-module times, which this recording does not have")
+        out[unit] = holder
     # units that end up in one matched module form one unit named after it
     return out
 

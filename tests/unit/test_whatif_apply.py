@@ -66,3 +66,22 @@ def test_fsdp2_no_prefetch_has_no_code_as_fsdp2_prefetches_on_an_empty_list(caps
     assert "default_prefetch = len(self._states_to_backward_prefetch) == 0" in inspect.getsource(_fsdp_state)
     apply = _apply(capsys, "fsdp2-cpu-2rank", "--prefetch", "none")
     assert apply["code"] is None and apply["note"].startswith("prefetch none: set_modules_to_backward_prefetch cannot")
+
+
+def test_a_match_that_splits_a_recorded_unit_is_one_error_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """A recording whose first unit is two blocks sharded as one (FSDP2's ``fully_shard([blocks.0,
+    blocks.1])``, run.json's own units): a regex that picks blocks.0 alone would cut that unit, which
+    FSDP shards whole and whose per-module times the recording lacks. It says so instead of predicting a
+    unit named blocks.0 and writing code that shards both."""
+    run = Path(__file__).parents[1] / "recorded" / "fsdp2-pair-list" / "run"
+    units = [u["unit"] for u in json.loads((run / "run.json").read_text())["units"]]
+    assert units == ["(root)", "[blocks.0, blocks.1]", "blocks.2"]
+    for option in ("--code", "--json"):
+        proc = run_here(capsys, "whatif", str(run), "--wrap", r"match:^blocks\.[02]$", option, "-q", "--no-cache")
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+        assert proc.stderr.startswith(r"error: --wrap match:^blocks\.[02]$ splits the recorded unit [blocks.0, blocks.1] "
+                                      "(it matches blocks.0, not blocks.1)")
+    # a match that leaves the pair whole (in the root, or in their parent) still predicts
+    for pattern, names in ((r"match:^blocks\.2$", ["(root)", "blocks.2"]), ("match:^blocks$", ["(root)", "blocks"])):
+        whole = json_here(capsys, "whatif", str(run), "--wrap", pattern, "--json", "-q", "--no-cache")
+        assert [u["name"] for u in whole["predicted"]["units"]] == names
