@@ -62,8 +62,7 @@ def apply_code(rec: Recording, params: dict[str, list[str]], settings: Settings,
     if rec.framework == ZERO3:
         return _zero3(rec, settings, describe)
     _, new_units, members = prog.regrouped(rec, settings)
-    # a unit is its members' modules, also a match: unit named after their parent: FSDP2 refuses a
-    # container without a forward of its own (a ModuleList), and names the list by its members
+    # a unit is its members' modules, a match: unit of several too (program._match names it by them)
     modules = {n: [m for u in members[n] for m in rec.modules.get(u, [u])] for n in new_units if n != ROOT_UNIT}
     missing = [m for n, ms in modules.items() for m in ms
                if not any(p.startswith(f"{m}.") for u in members[n] for p in params.get(u, []))]

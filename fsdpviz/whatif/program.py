@@ -173,8 +173,15 @@ def _match(rec: Recording, pattern: str) -> dict[str, str]:
                 f"{', '.join(left)}): a unit of several modules is sharded whole, and a finer wrap needs "
                 "per-module times, which this recording does not have")
         out[unit] = holder
-    # units that end up in one matched module form one unit named after it
-    return out
+    # units that end up in one matched module form one unit, sharded as the list of their modules (FSDP2
+    # refuses a container without a forward of its own, such as a ModuleList) and named as FSDP2 names
+    # that list
+    held: dict[str, list[str]] = {}
+    for unit, holder in out.items():
+        if holder != ROOT_UNIT:
+            held.setdefault(holder, []).extend(modules[unit])
+    names = {holder: group_name(ms) for holder, ms in held.items()}
+    return {unit: names.get(holder, holder) for unit, holder in out.items()}
 
 
 def _parent(fqn: str) -> str:

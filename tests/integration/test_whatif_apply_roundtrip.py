@@ -98,12 +98,11 @@ def test_fsdp2_code_records_the_predicted_units(fsdp2_block: Path, name: str) ->
     proc = _record(again, (*FAKE, "--shard-code", str(code)))
     assert proc.returncode == 0, proc.stderr[-3000:]
     recorded, before = _units(again), _units(fsdp2_block)
-    # the units whatif predicted, with their members' own parameters (a match: unit named after a module
-    # list is sharded as the list of its members, which FSDP2 names by them)
+    # the units whatif predicted, named as FSDP2 names them, with their members' own parameters (a
+    # match: unit of the module list's blocks is sharded as the list of them)
     names = [u["name"] for u in predicted["predicted"]["units"]]
     if name == "match-blocks":
-        assert names == ["(root)", "blocks"]
-        names = ["(root)", f"[{', '.join(BLOCKS)}]"]
+        assert names == ["(root)", f"[{', '.join(BLOCKS)}]"]
     assert list(recorded) == names
     members = {"(root)": ["(root)"] if name != "root" else ["(root)", *BLOCKS],
                "[blocks.0, blocks.1]": BLOCKS[:2], "[blocks.2, blocks.3]": BLOCKS[2:], f"[{', '.join(BLOCKS)}]": BLOCKS,

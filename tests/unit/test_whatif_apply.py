@@ -81,7 +81,8 @@ def test_a_match_that_splits_a_recorded_unit_is_one_error_line(capsys: pytest.Ca
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1
         assert proc.stderr.startswith(r"error: --wrap match:^blocks\.[02]$ splits the recorded unit [blocks.0, blocks.1] "
                                       "(it matches blocks.0, not blocks.1)")
-    # a match that leaves the pair whole (in the root, or in their parent) still predicts
-    for pattern, names in ((r"match:^blocks\.2$", ["(root)", "blocks.2"]), ("match:^blocks$", ["(root)", "blocks"])):
+    # a match that leaves the pair whole (in the root, or in their parent: one unit of the parent's
+    # blocks, named as FSDP2 names a list of modules) still predicts
+    for pattern, names in ((r"match:^blocks\.2$", ["(root)", "blocks.2"]), ("match:^blocks$", ["(root)", "[blocks.0, blocks.1, blocks.2]"])):
         whole = json_here(capsys, "whatif", str(run), "--wrap", pattern, "--json", "-q", "--no-cache")
         assert [u["name"] for u in whole["predicted"]["units"]] == names
