@@ -134,6 +134,7 @@ def read_recording(result: RunResult, ranks: Sequence[int] | None = None, per_op
         ev = parts["events"]
         clock = _busy_clock(ev, parts["spans"], host_lanes, rank, gpu, per_op_ns)
         rank_work = work[work["rank"] == rank] if work is not None else None
+        kernels = _Kernels.of(rank_work) if rank_work is not None else None
         samples = device_samples(memory, rank, devices[rank]) if rank in devices else memory.iloc[:0]
         times = parts["times"].set_index("step") if len(parts["times"]) else None
         cats = split = None
@@ -152,7 +153,7 @@ def read_recording(result: RunResult, ranks: Sequence[int] | None = None, per_op
                 continue
             row = times.loc[step]
             program = _read_step(rank, step, int(row["start_ns"]), int(row["end_ns"]), parts, clock, rank_work, gpu,
-                                 unit_bytes)
+                                 unit_bytes, kernels)
             program.comm_ns, program.comm_exposed_ns = int(row["comm_ns"]), int(row["exposed_comm_ns"])
             program.start_ns = int(row["start_ns"])
             ops = clock.host_ops
@@ -345,6 +346,20 @@ class _StepTables:
 
 
 @dataclass(slots=True)
+class _Kernels:
+    """A rank's compute kernels (no collectives), sorted by launch time, as arrays."""
+
+    launch: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+
+    @classmethod
+    def of(cls, work: pd.DataFrame) -> _Kernels:
+        w = work[(work["is_compute"] & ~work["is_comm"]).to_numpy()].sort_values("launch_ns", kind="stable")
+        return cls(w["launch_ns"].to_numpy(np.int64), w["start_ns"].to_numpy(np.int64), w["end_ns"].to_numpy(np.int64))
+
+
+@dataclass(slots=True)
 class _PassReader:
     """Reads one pass (a unit's window in one phase and micro-batch, or a root's part) off a step's
     tables on the host's busy clock: its host time around the compute, the compute, and the
@@ -354,7 +369,7 @@ class _PassReader:
     clock: BusyClock
     work: pd.DataFrame | None  # GPU: kernels with their launch times
     gpu: bool
-    _kernels: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # compute kernels by launch time
+    kernels: _Kernels | None  # GPU: the rank's compute kernels by launch time
 
     def labelled(self, a: float, b: float) -> float:
         """Busy time of the gather and copy-out labels that start in ``[a, b)`` (the gathers' own
@@ -405,15 +420,11 @@ class _PassReader:
         compute spans ``starts``/``ends``. A span runs from its first kernel to its last, so where the
         host launched slower than the device ran, it also holds the device's idle waits for the
         launches, which the program already counts as the host's time."""
-        if self.work is None:
+        if self.kernels is None:
             return float((ends - starts).sum())
-        if self._kernels is None:
-            w = self.work[(self.work["is_compute"] & ~self.work["is_comm"]).to_numpy()].sort_values("launch_ns")
-            self._kernels = (w["launch_ns"].to_numpy(np.int64), w["start_ns"].to_numpy(np.int64),
-                             w["end_ns"].to_numpy(np.int64))
-        launch, ks, ke = self._kernels
-        lo, hi = np.searchsorted(launch, a, "left"), np.searchsorted(launch, b, "left")
-        ks, ke = ks[lo:hi], ke[lo:hi]
+        k = self.kernels
+        lo, hi = np.searchsorted(k.launch, a, "left"), np.searchsorted(k.launch, b, "left")
+        ks, ke = k.start[lo:hi], k.end[lo:hi]
         busy = 0.0
         for s, e in zip(starts.tolist(), ends.tolist()):
             inside = (ks >= s) & (ke <= e)
@@ -450,10 +461,11 @@ class _PassReader:
 
 
 def _read_step(rank: int, step: int, t0: int, t1: int, parts: dict[str, pd.DataFrame], clock: BusyClock,
-               work: pd.DataFrame | None, gpu: bool, unit_bytes: dict[str, int]) -> StepProgram:
+               work: pd.DataFrame | None, gpu: bool, unit_bytes: dict[str, int],
+               kernels: _Kernels | None) -> StepProgram:
     """One rank's step as a :class:`StepProgram` (see the module docstring)."""
     tables = _StepTables.read(parts, step, gpu)
-    reader = _PassReader(tables, clock, work, gpu)
+    reader = _PassReader(tables, clock, work, gpu, kernels)
     frames: list[tuple[int, str, str, str, int, int]] = []  # (micro, unit, phase, part, start, end), host order
     reduces: list[Reduce] = []
     batches: list[MicroBatch] = []
@@ -537,14 +549,58 @@ def _segment(a: float, b: float, clock: BusyClock, work: pd.DataFrame | None, gp
     return seg
 
 
+@dataclass(slots=True)
+class _Copies:
+    """A step's gather copies, for one gather at a time: its copy-in and copy-out kernels (the
+    spans of its unit's pass) and the host time of the copy-out label that followed its issue."""
+
+    clock: BusyClock
+    gpu: bool
+    ci_pass: tuple[np.ndarray, np.ndarray, np.ndarray]
+    ci: dict[str, np.ndarray]
+    co_pass: tuple[np.ndarray, np.ndarray, np.ndarray]
+    co: dict[str, np.ndarray]
+    col_unit: np.ndarray
+    col_micro: np.ndarray
+    col: dict[str, np.ndarray]
+
+    @classmethod
+    def of(cls, tables: _StepTables, clock: BusyClock, gpu: bool) -> _Copies:
+        spans = tables.spans
+        copy_in = spans[(spans["kind"] == vocabulary.COPY_IN).to_numpy()]
+        copy_out = spans[(spans["kind"] == vocabulary.COPY_OUT).to_numpy()]
+        labels = tables.copy_out_labels
+        return cls(clock=clock, gpu=gpu, ci_pass=_pass_columns(copy_in), ci=_columns(copy_in, ("start_ns", "end_ns")),
+                   co_pass=_pass_columns(copy_out), co=_columns(copy_out, ("start_ns", "end_ns")),
+                   col_unit=as_str(labels["unit"]), col_micro=labels["micro"].to_numpy(),
+                   col=_columns(labels, ("start_ns", "end_ns")))
+
+    def gather(self, unit: str, phase: str, micro: int, issue: float, nbytes: int, host_ns: float,
+               comm_ns: float, issued_in: tuple[str, str, str] | None) -> Gather:
+        """The gather of ``unit`` consumed in ``phase``, issued at ``issue``, with its copies."""
+        ci_pass, ci, co_pass, co = self.ci_pass, self.ci, self.co_pass, self.co
+        in_pass = (ci_pass[0] == unit) & (ci_pass[1] == phase) & (ci_pass[2] == micro)
+        out_pass = (co_pass[0] == unit) & (co_pass[1] == phase) & (co_pass[2] == micro)
+        later = np.flatnonzero((self.col_unit == unit) & (self.col_micro == micro) & (self.col["start_ns"] >= issue))
+        first = later[np.argsort(self.col["start_ns"][later])[:1]]
+        co_spans = zip(self.col["start_ns"][first].tolist(), self.col["end_ns"][first].tolist())
+        return Gather(
+            unit=unit, phase=phase, micro=micro, bytes=nbytes, host_ns=host_ns,
+            copy_in_ns=float((ci["end_ns"][in_pass] - ci["start_ns"][in_pass]).sum()) if self.gpu else 0.0,
+            comm_ns=comm_ns, copy_out_host_ns=float(sum(self.clock.between(a, b) for a, b in co_spans)),
+            copy_out_ns=float((co["end_ns"][out_pass] - co["start_ns"][out_pass]).sum()) if self.gpu else 0.0,
+            issued_in=issued_in)
+
+
 def _gathers(tables: _StepTables, frames: list[tuple[int, str, str, str, int, int]], clock: BusyClock,
              gpu: bool, unit_bytes: dict[str, int]) -> list[Gather]:
     """Every all-gather of the step with its costs and the pass that issued it."""
     spans, compute = tables.spans, tables.compute
-    gather_labels, copy_out_labels = tables.gather_labels, tables.copy_out_labels
+    gather_labels = tables.gather_labels
+    copies = _Copies.of(tables, clock, gpu)
     ag = spans[(spans["kind"] == vocabulary.ALL_GATHER).to_numpy()]
     if ag.empty:
-        return _label_gathers(tables, frames, clock, gpu, unit_bytes)
+        return _label_gathers(tables, frames, clock, copies, unit_bytes)
     # A collective that carried several units (ZeRO-3's prefetch buckets: one row per unit) is
     # issued once: it costs its first unit, in issue order; the others come with it.
     ag = ag.sort_values(["issue_ns", "start_ns"], kind="stable")
@@ -557,12 +613,6 @@ def _gathers(tables: _StepTables, frames: list[tuple[int, str, str, str, int, in
     for i, key in enumerate(keys):  # groups in order of first appearance, rows in issue order
         rows_of.setdefault(key, []).append(i)
     lab_unit, lab = as_str(gather_labels["unit"]), _columns(gather_labels, ("start_ns", "end_ns"))
-    copy_in = spans[(spans["kind"] == vocabulary.COPY_IN).to_numpy()]
-    copy_out = spans[(spans["kind"] == vocabulary.COPY_OUT).to_numpy()]
-    ci_pass, ci = _pass_columns(copy_in), _columns(copy_in, ("start_ns", "end_ns"))
-    co_pass, co = _pass_columns(copy_out), _columns(copy_out, ("start_ns", "end_ns"))
-    col_unit, col_micro = as_str(copy_out_labels["unit"]), copy_out_labels["micro"].to_numpy()
-    col = _columns(copy_out_labels, ("start_ns", "end_ns"))
     busy = None if gpu else union_intervals(compute["start_ns"].to_numpy(np.int64),
                                             compute["end_ns"].to_numpy(np.int64))
     out = []
@@ -574,26 +624,18 @@ def _gathers(tables: _StepTables, frames: list[tuple[int, str, str, str, int, in
             continue
         issue = float(ag_cols["issue_ns"][rows].min())
         at = (lab_unit == unit) & (lab["start_ns"] <= issue) & (lab["end_ns"] >= issue)
-        lab_spans = list(zip(lab["start_ns"][at].tolist(), lab["end_ns"][at].tolist()))
-        in_pass = (ci_pass[0] == unit) & (ci_pass[1] == phase) & (ci_pass[2] == micro)
-        out_pass = (co_pass[0] == unit) & (co_pass[1] == phase) & (co_pass[2] == micro)
-        later = np.flatnonzero((col_unit == unit) & (col_micro == micro) & (col["start_ns"] >= issue))
-        first = later[np.argsort(col["start_ns"][later])[:1]]
-        co_spans = list(zip(col["start_ns"][first].tolist(), col["end_ns"][first].tolist()))
-        out.append(Gather(
-            unit=unit, phase=phase, micro=micro, bytes=int(np.clip(ag_cols["bytes"][rows], 0, None).sum()),
-            host_ns=float(sum(clock.between(s, e) for s, e in lab_spans)),
-            copy_in_ns=float((ci["end_ns"][in_pass] - ci["start_ns"][in_pass]).sum()) if gpu else 0.0,
+        out.append(copies.gather(
+            unit, phase, micro, issue, nbytes=int(np.clip(ag_cols["bytes"][rows], 0, None).sum()),
+            host_ns=float(sum(clock.between(s, e) for s, e in zip(lab["start_ns"][at].tolist(),
+                                                                   lab["end_ns"][at].tolist()))),
             comm_ns=_comm_ns(ag_cols["start_ns"][rows] if gpu else ag_wait[rows], ag_cols["end_ns"][rows], gpu,
-                                busy),
-            copy_out_host_ns=float(sum(clock.between(s, e) for s, e in co_spans)),
-            copy_out_ns=float((co["end_ns"][out_pass] - co["start_ns"][out_pass]).sum()) if gpu else 0.0,
+                             busy),
             issued_in=_issuer(frames, micro, issue)))
     return out
 
 
 def _label_gathers(tables: _StepTables, frames: list[tuple[int, str, str, str, int, int]], clock: BusyClock,
-                   gpu: bool, unit_bytes: dict[str, int]) -> list[Gather]:
+                   copies: _Copies, unit_bytes: dict[str, int]) -> list[Gather]:
     """The all-gathers FSDP's labels show where no collective ran (torch's fake process group): the
     labels' host work (the copy-in, the call, the copy-out) and the copies' kernels, with no
     communication. Without them that host work would be in no part of the step's program."""
@@ -603,12 +645,6 @@ def _label_gathers(tables: _StepTables, frames: list[tuple[int, str, str, str, i
     windows = tables.windows
     first_backward = {int(m): int(w["start_ns"].min()) for m, w in
                       windows[(windows["phase"] == vocabulary.BACKWARD).to_numpy()].groupby("micro")}
-    spans = tables.spans
-    copy_in = spans[(spans["kind"] == vocabulary.COPY_IN).to_numpy()]
-    copy_out = spans[(spans["kind"] == vocabulary.COPY_OUT).to_numpy()]
-    ci_pass, ci = _pass_columns(copy_in), _columns(copy_in, ("start_ns", "end_ns"))
-    co_pass, co = _pass_columns(copy_out), _columns(copy_out, ("start_ns", "end_ns"))
-    col_unit, col = as_str(tables.copy_out_labels["unit"]), _columns(tables.copy_out_labels, ("start_ns", "end_ns"))
     out = []
     rows = labels.sort_values("start_ns", kind="stable")
     for unit, micro, start, end in zip(as_str(rows["unit"]), rows["micro"].tolist(), rows["start_ns"].tolist(),
@@ -616,19 +652,9 @@ def _label_gathers(tables: _StepTables, frames: list[tuple[int, str, str, str, i
         micro = 0 if pd.isna(micro) else int(micro)
         phase = vocabulary.BACKWARD if start >= first_backward.get(micro, np.iinfo(np.int64).max) \
             else vocabulary.FORWARD
-        in_pass = (ci_pass[0] == unit) & (ci_pass[1] == phase) & (ci_pass[2] == micro)
-        out_pass = (co_pass[0] == unit) & (co_pass[1] == phase) & (co_pass[2] == micro)
-        later = np.flatnonzero((col_unit == unit) & (col["start_ns"] >= start))
-        first = later[np.argsort(col["start_ns"][later])[:1]]
-        out.append(Gather(
-            unit=unit, phase=phase, micro=micro, bytes=max(0, unit_bytes.get(unit, 0)),
-            host_ns=clock.between(start, end),
-            copy_in_ns=float((ci["end_ns"][in_pass] - ci["start_ns"][in_pass]).sum()) if gpu else 0.0,
-            comm_ns=0.0,
-            copy_out_host_ns=float(sum(clock.between(a, b) for a, b in zip(col["start_ns"][first].tolist(),
-                                                                         col["end_ns"][first].tolist()))),
-            copy_out_ns=float((co["end_ns"][out_pass] - co["start_ns"][out_pass]).sum()) if gpu else 0.0,
-            issued_in=_issuer(frames, micro, start)))
+        out.append(copies.gather(unit, phase, micro, start, nbytes=max(0, unit_bytes.get(unit, 0)),
+                                 host_ns=clock.between(start, end), comm_ns=0.0,
+                                 issued_in=_issuer(frames, micro, start)))
     return out
 
 
