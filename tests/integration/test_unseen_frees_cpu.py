@@ -49,7 +49,10 @@ def test_peak_is_what_fsdp_mem_tracker_measured(recordings: Recordings) -> None:
         over.append(int(inside.max()) - truth[rank]["peak_bytes"][max(steps)])
     assert max(over) >= truth[0]["unit_bytes"], over
     lost = analysis.unseen_frees
-    assert set(lost["rank"]) == {0, 1} and (lost["free_ns"] > lost["alloc_ns"]).all()
+    # which ranks lost a free is the race's; each rank whose level climbed past the truth has one found
+    climbed = {rank for rank, extra in zip((0, 1), over, strict=True) if extra > 0}
+    assert climbed <= set(lost["rank"]) <= {0, 1}, (over, sorted(set(lost["rank"])))
+    assert (lost["free_ns"] > lost["alloc_ns"]).all()
     # every profiled step's peak, on every rank, is the tracker's (ProfilerStep N is the script's step N)
     peaks = analysis.memory_peaks
     for row in peaks.itertuples():
