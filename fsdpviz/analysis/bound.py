@@ -283,14 +283,14 @@ class Loss(msgspec.Struct, kw_only=True):
     """Of the step (0-1)."""
 
 
-class BoundSummary(msgspec.Struct, kw_only=True):
-    """What bounds the step (module docstring): the parts of one step, median over ranks of each
-    rank's mean over its analysed steps; on ``basis`` ``unprofiled`` moved to the timers' unprofiled
-    step (the profiler's share taken out of the idle parts)."""
+class StepSplit(msgspec.Struct, kw_only=True):
+    """One step split into the five parts that add up to it (module docstring) and what bounds it: the
+    recorded step's (:class:`BoundSummary`) and a what-if setting's predicted step
+    (:class:`fsdpviz.whatif.explore.StepBound`) alike."""
 
     kind: str
-    """``memory`` when the peak is within :data:`MEMORY_MARGIN` of the device's memory (``memory_bound``);
-    else ``compute`` / ``communication`` / ``host``: the part that takes at least half the step;
+    """``memory`` when the peak is within :data:`MEMORY_MARGIN` of the device's memory (or a what-if
+    budget); else ``compute`` / ``communication`` / ``host``: the part that takes at least half the step;
     ``mixed`` when none does (or other idle does)."""
     step_ms: float
     compute_ms: float
@@ -302,6 +302,19 @@ class BoundSummary(msgspec.Struct, kw_only=True):
     other_idle_ms: float
     basis: str
     """``unprofiled`` (the timers' unprofiled step, the profiler's share taken out) or ``traced``."""
+    fsdp_overhead_ms: float = 0.0
+    """FSDP's per-unit work (a part of the step beside the four others): on a GPU the copies its hooks
+    launched (``fsdp_kernels_ms``) and the host wait spent while the host ran its hooks; on a CPU the
+    training thread's ops inside FSDP's ranges. Fewer, larger units shrink it."""
+    time_kind: str | None = None
+    """What bounds the step's time (``kind`` unless the step is memory-bound)."""
+
+
+class BoundSummary(StepSplit, kw_only=True):
+    """What bounds the step (module docstring): the parts of one step, median over ranks of each
+    rank's mean over its analysed steps; on ``basis`` ``unprofiled`` moved to the timers' unprofiled
+    step (the profiler's share taken out of the idle parts)."""
+
     device: str
     """``gpu`` (the GPU's time) or ``cpu`` (the training thread's)."""
     loss: Loss | None
@@ -311,14 +324,8 @@ class BoundSummary(msgspec.Struct, kw_only=True):
     """What was taken out of the traced step's idle parts for the unprofiled basis (0 on ``traced``)."""
     per_rank: dict[str, RankBound]
     note: str | None = None
-    fsdp_overhead_ms: float = 0.0
-    """FSDP's per-unit work (a part of the step beside the four others): on a GPU the copies its hooks
-    launched (``fsdp_kernels_ms``) and the host wait spent while the host ran its hooks; on a CPU the
-    training thread's ops inside FSDP's ranges. Fewer, larger units shrink it."""
     fsdp_kernels_ms: float | None = None
     """Of ``fsdp_overhead_ms``, the GPU time of FSDP's copy kernels (None on a CPU rank)."""
-    time_kind: str | None = None
-    """What bounds the step's time (``kind`` unless the run is memory-bound)."""
     peak_allocated_bytes: int | None = None
     device_memory_bytes: int | None = None
     """The smallest device memory the traces state (``deviceProperties``); None on CPU or unrecorded."""

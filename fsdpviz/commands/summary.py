@@ -112,20 +112,14 @@ def step_time_text(summary: Summary) -> str:
 
 
 def bound_text(summary: Summary) -> str:
-    """``compute-bound: compute 36.43 ms (71 %), FSDP per-unit work 8.65 ms (17 %), ... of the 51.32 ms
-    unprofiled step``."""
-    b = summary.bound
-    if b is None:
+    """``compute-bound, 36.4 ms (71 % of the step): compute 36.4 ms (71 %), FSDP per-unit work 8.65 ms
+    (17 %), ... of the 51.3 ms unprofiled GPU step`` (the report's headline says the same)."""
+    from fsdpviz.analysis.figures import bound_words
+
+    if summary.bound is None:
         return "-"
-    parts = [("compute", b.compute_ms), ("FSDP per-unit work", b.fsdp_overhead_ms), ("exposed comm", b.exposed_comm_ms),
-             ("host wait", b.host_wait_ms), ("other idle", b.other_idle_ms)]
-    words = ", ".join(f"{name} {_fmt(v, ' ms')}" + (f" ({100 * v / b.step_ms:.0f} %)" if v is not None and b.step_ms
-                                                     else "") for name, v in parts)
-    step = f"{_fmt(b.step_ms, ' ms')} {'unprofiled' if b.basis == 'unprofiled' else 'traced'} {b.device.upper()} step"
-    if b.memory_bound and b.peak_allocated_bytes and b.device_memory_bytes:
-        return (f"memory-bound: peak {b.peak_allocated_bytes / (1 << 30):,.1f} of {b.device_memory_bytes / (1 << 30):,.1f} "
-                f"GiB device memory; time {b.time_kind}-bound: {words} of the {step}")
-    return f"{b.kind}-bound: {words} of the {step}"
+    words = bound_words(summary.bound)
+    return f"{words.verdict}" + (f"; time {words.time}-bound" if words.time else "") + f": {words.parts}"
 
 
 def print_summary(summary: Summary) -> None:

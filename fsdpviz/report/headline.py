@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from fsdpviz.analysis.figures import not_seen_freed_text
+from fsdpviz.analysis.figures import bound_words, not_seen_freed_text
 from fsdpviz.analysis.memory_categories import LEVEL_MEASURED_BASELINE, LEVEL_SINCE_TRACE_START
 from fsdpviz.analysis.parallelism import parallelism_text
 from fsdpviz.analysis.purposes import PURPOSE_TITLES
@@ -103,28 +103,10 @@ def _step_fact(s: Summary) -> Fact:
 
 def _bound_fact(s: Summary) -> Fact:
     """What bounds the step: its kind, and the parts of the (unprofiled) step."""
-    b = s.bound
-    if b is None:
+    if s.bound is None:
         return Fact(label="bound", value="n/a", hint="no analysed step has a span")
-    parts = [("compute", b.compute_ms), ("FSDP per-unit work", b.fsdp_overhead_ms),
-             ("exposed communication", b.exposed_comm_ms), ("host wait", b.host_wait_ms), ("other idle", b.other_idle_ms)]
-    hint = ", ".join(f"{name} {format_ms(_num(v))}" for name, v in parts) + (
-        f" of the {format_ms(b.step_ms)} {'unprofiled' if b.basis == 'unprofiled' else 'traced'} step "
-        f"({b.device.upper()})")
-    # host-bound: the host wait and FSDP's per-unit work together (analysis/bound.py)
-    sizes = {"compute": b.compute_ms, "communication": b.exposed_comm_ms,
-             "host": None if b.host_wait_ms is None else b.host_wait_ms + b.fsdp_overhead_ms}
-    size = sizes.get(b.kind)
-    if size is None and b.loss is not None:  # mixed: name the largest loss
-        size = b.loss.ms
-    if b.memory_bound and b.peak_allocated_bytes and b.device_memory_bytes:  # the time's bound stays in the hint
-        return Fact(label="bound", value=f"memory-bound, peak {b.peak_allocated_bytes / (1 << 30):,.1f} of "
-                    f"{b.device_memory_bytes / (1 << 30):,.1f} GiB ({100 * b.peak_allocated_bytes / b.device_memory_bytes:.0f} %)",
-                    hint=f"time: {b.time_kind}; " + hint)
-    value = b.kind + (f"-bound, {format_ms(size)} ({100 * size / b.step_ms:.0f} % of the step)"
-                      if size is not None and b.step_ms and b.kind in sizes else
-                      f" (largest loss {format_ms(size)})" if size is not None else "")
-    return Fact(label="bound", value=value, hint=hint)
+    words = bound_words(s.bound)
+    return Fact(label="bound", value=words.verdict, hint=(f"time: {words.time}; " if words.time else "") + words.parts)
 
 
 def _num(value: object) -> float:

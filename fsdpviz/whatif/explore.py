@@ -35,6 +35,7 @@ from fsdpviz.analysis.bound import (
     BASIS_UNPROFILED,
     KIND_MEMORY,
     BoundSummary,
+    StepSplit,
     device_memory_bytes,
     is_memory_bound,
     median_fsdp,
@@ -54,24 +55,12 @@ BUDGET_NONE = ("none: the trace does not state the device's memory; every settin
 BUDGET_GIVEN = "given"
 
 
-@dataclass(slots=True)
-class StepBound:
-    """What bounds a setting's predicted step: its split (ms per step, on ``basis``) and its kind."""
-
-    kind: str
-    """``memory`` (peak within the margin of the budget), else ``time_kind``."""
-    time_kind: str
-    """``compute`` / ``communication`` / ``host`` / ``mixed``, as analysis/bound.py's ``step_kind``."""
-    step_ms: float
-    compute_ms: float
-    exposed_comm_ms: float
-    host_wait_ms: float | None
-    other_idle_ms: float
-    basis: str
-    fsdp_overhead_ms: float = 0.0
-    """FSDP's per-unit work, as the recorded bound's: its copy kernels and the host wait of its hooks."""
+class StepBound(StepSplit, kw_only=True):
+    """What bounds a setting's predicted step: the recorded split moved by the simulated change
+    (:func:`predicted_bound`), ``kind`` against the memory budget."""
 
     def to_json(self) -> dict[str, Any]:
+        """whatif ``--json``'s ``bound`` of a setting, in ms to the µs."""
         return {"kind": self.kind, "time_kind": self.time_kind, "step_ms": round(self.step_ms, 3),
                 "compute_ms": round(self.compute_ms, 3), "exposed_comm_ms": round(self.exposed_comm_ms, 3),
                 "host_wait_ms": None if self.host_wait_ms is None else round(self.host_wait_ms, 3),

@@ -62,12 +62,13 @@ def test_a_peak_within_the_margin_of_the_device_is_memory_bound(tmp_path: Path, 
         assert summary.to_json()["bound"]["kind"] == KIND_MEMORY
         # the terminal and the report's headline say it with the peak against the device
         gib = f"{peak / (1 << 30):,.1f} of 80.0 GiB"
-        assert bound_text(summary).startswith(f"memory-bound: peak {gib} device memory; time host-bound: ")
         fact = _bound_fact(summary)
         assert fact.value == f"memory-bound, peak {gib} ({100 * share:.0f} %)" and fact.hint.startswith("time: host; ")
+        assert bound_text(summary) == f"{fact.value}; time host-bound: {fact.hint.removeprefix('time: host; ')}"
     else:
         assert KIND_MEMORY not in causes and causes[0] == "host"
-        assert bound_text(summary).startswith("host-bound: ") and _bound_fact(summary).value.startswith("host-bound, ")
+        fact = _bound_fact(summary)
+        assert fact.value.startswith("host-bound, ") and bound_text(summary) == f"{fact.value}: {fact.hint}"
 
 
 def test_cpu_runs_are_never_memory_bound_and_say_why(sample_run: Callable[[str], RunResult]) -> None:

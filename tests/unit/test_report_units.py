@@ -281,7 +281,7 @@ def test_headline_names_the_bound_and_its_size(run) -> None:
     assert fact.value.startswith(bound.kind)
     # the step and its parts (traced: a synthetic run has no timers), each what the simulation knows
     # of its GPU events (synth/expected.py), per analysed step, the median of the two ranks
-    assert bound.basis == "traced" and f"of the {format_ms(bound.step_ms)} traced step" in fact.hint
+    assert bound.basis == "traced" and f"of the {format_ms(bound.step_ms)} traced GPU step" in fact.hint
     assert f"compute {format_ms(bound.compute_ms)}" in fact.hint
     truth = bound_ms(synth.expected.bound, data.summary.steps).median()
     for field, column, tolerance in BOUND_FIELDS:
