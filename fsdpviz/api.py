@@ -168,7 +168,7 @@ class Run(LabelledRun):
         (memory_categories.CATEGORY_LEVELS; they add up to ``allocated_bytes`` when all are known). A
         category that cannot be known on a rank is missing (``pd.NA``), never 0: ``memory_unknown``
         says why."""
-        from fsdpviz.analysis.memory_categories import with_unknown
+        from fsdpviz.analysis.memory_split import with_unknown
 
         return with_unknown(self.result.analysis.memory_categories, self.result.analysis.memory_unknown)
 
@@ -176,7 +176,7 @@ class Run(LabelledRun):
     def memory_peaks(self) -> pd.DataFrame:
         """The categories at each rank's step peaks (``unit`` "") and at each unit pass's peak
         (memory_categories.CATEGORY_PEAKS; unknown ones missing, as in ``memory_categories``)."""
-        from fsdpviz.analysis.memory_categories import with_unknown
+        from fsdpviz.analysis.memory_split import with_unknown
 
         return with_unknown(self.result.analysis.category_peaks, self.result.analysis.memory_unknown)
 

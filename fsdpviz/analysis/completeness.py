@@ -53,9 +53,7 @@ def skipped_events_note(traces: TraceSet) -> Note | None:
     skipped = traces.skipped_events
     if not skipped:
         return None
-    files = [f"{traces.source_of(rank)} ({n:,})" for rank, n in sorted(skipped.items())]
-    listed = ", ".join(files[:MAX_LISTED_FILES]) + (f" and {len(files) - MAX_LISTED_FILES} more file(s)"
-                                                    if len(files) > MAX_LISTED_FILES else "")
+    listed = _listed([f"{traces.source_of(rank)} ({n:,})" for rank, n in sorted(skipped.items())], " file(s)")
     return Note(SKIPPED_EVENTS, f"skipped {sum(skipped.values()):,} event(s) fsdpviz cannot use (unknown phase or "
                 f"category, missing, negative or out-of-range times, fields of the wrong type) in {listed}")
 
@@ -65,10 +63,15 @@ def skipped_exports_note(traces: TraceSet) -> Note | None:
     exports = traces.skipped_exports
     if not exports:
         return None
-    listed = ", ".join(exports[:MAX_LISTED_FILES]) + (f" and {len(exports) - MAX_LISTED_FILES} more"
-                                                      if len(exports) > MAX_LISTED_FILES else "")
+    listed = _listed(exports)
     return Note(SKIPPED_EXPORTS, f"skipped {listed}: fsdpviz's own export of a run (fsdpviz export --format "
                                  "perfetto), not a trace of its own; name the file alone to read it back")
+
+
+def _listed(names: list[str], what: str = "") -> str:
+    """The first :data:`MAX_LISTED_FILES` of ``names``, and how many more (``what``: their word)."""
+    more = len(names) - MAX_LISTED_FILES
+    return ", ".join(names[:MAX_LISTED_FILES]) + (f" and {more} more{what}" if more > 0 else "")
 
 
 def gap_notes(traces: TraceSet) -> list[Note]:

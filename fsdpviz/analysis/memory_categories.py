@@ -25,12 +25,12 @@ made (the labels around it) and, where that is not enough, from where its block 
   DeepSpeed's master weights, which its optimizer steps on: part of ZeRO's K), measured by the
   recorder with the state.
 - What was on the device before the trace and stays is divided once the units are known
-  (:func:`split_persistent`) with what ``fsdpviz record`` measured in the training process when the
+  (:func:`fsdpviz.analysis.memory_split.split_persistent`) with what ``fsdpviz record`` measured in the training process when the
   trace began (run.json ``ranks[].memory.trace_start``): the **sharded parameters** (else the units'
   elements over their shard groups times the bytes per element, measured from one step's sharded
   gradients, which FSDP keeps in the parameters' dtype), the **gradients** kept from step to step
   when the reductions made none, the **optimizer state**; what cannot be known is named
-  (:attr:`Split.unknown`) and its bytes stay in **other**. On CPU the profiler's level starts at 0
+  (:attr:`fsdpviz.analysis.memory_split.Split.unknown`) and its bytes stay in **other**. On CPU the profiler's level starts at 0
   with the trace: the loader adds what the recorder measured alive then
   (:func:`fsdpviz.trace.frames.measured_baseline`), else those categories are unknown.
 - **other**: the rest -- backward's temporaries and activation gradients, the loss, inputs, the CUDA
@@ -75,16 +75,14 @@ TITLES: Final = {SHARDED_PARAMS: "sharded parameters", OPTIMIZER_STATE: "optimiz
                  UNSHARDED_GRADS: "unsharded gradients", COMM_BUFFERS: "communication buffers",
                  ACTIVATIONS: "activations", OTHER: "other"}
 
-_ELEMENT_SIZES: Final = (1, 2, 4, 8)
-
 # One row per kept sample: every category's level (bytes). Per rank before the units are known,
-# ``sharded_params`` holds the whole persistent share (:func:`apply_split` divides it).
+# ``sharded_params`` holds the whole persistent share (memory_split.apply_split divides it).
 CATEGORY_LEVELS: Final[schema.Schema] = {"rank": "int32", "t_ns": "int64", **{c: "int64" for c in CATEGORIES}}
 # The levels at a peak: a step's (unit "") or a unit pass's (its window's highest sample).
 CATEGORY_PEAKS: Final[schema.Schema] = {"rank": "int32", "step": "int32", "unit": "string", "phase": "string",
                                         "t_ns": "int64", "allocated_bytes": "int64",
                                         **{c: "int64" for c in CATEGORIES}}
-# Per rank, what the persistent share is divided with (:func:`split_persistent`).
+# Per rank, what the persistent share is divided with (memory_split.split_persistent).
 MEMORY_FACTS: Final[schema.Schema] = {"rank": "int32", "persistent_bytes": "int64", "reduced_bytes": "int64",
                                       "reductions": "int32", "optimizer_made": "bool", "relative": "bool",
                                       "optimizer_class": "string"}
@@ -126,15 +124,6 @@ class Sites:
     def optimizer_class(self) -> str:
         """The optimizer's class when one class stepped ("" when none or several)."""
         return self.optimizer_classes[0] if len(self.optimizer_classes) == 1 else ""
-
-
-@dataclass(frozen=True, slots=True)
-class ShardedState:
-    """What the units' shards come to on one rank."""
-
-    elements: float  # sum over units of numel / shard size
-    bytes_per_element: int  # of the sharded parameters (and their gradients and optimizer states)
-    measured: bool  # bytes per element from the sharded gradients (False: the units' own)
 
 
 @dataclass(slots=True)
@@ -463,151 +452,6 @@ def _reduced_per_step(t: np.ndarray, delta: np.ndarray, grads: np.ndarray, where
     return max(sums) if max(sums) > 0 else int(made.sum())
 
 
-def sharded_state(units: pd.DataFrame, shards: Mapping[str, int], world_size: int,
-                  reduced_bytes: int) -> ShardedState | None:
-    """One rank's share of the units' parameters (``units``: schema.UNITS; ``shards``: ranks each
-    unit is sharded over, the world size when absent); bytes per element measured from
-    ``reduced_bytes`` (one step's sharded gradients) when that gives a whole element size, else the
-    units' own. None without the units' sizes."""
-    known = units[(units["param_numel"] > 0).to_numpy()] if len(units) else units
-    if known.empty:
-        return None
-    numel = known["param_numel"].to_numpy(np.float64)
-    per = np.array([max(1, shards.get(str(u), world_size)) for u in known["unit"]], dtype=np.float64)
-    elements = float((numel / per).sum())
-    with_bytes = known[(known["param_bytes"] > 0).to_numpy()]
-    gathered = max(1, round(float(with_bytes["param_bytes"].sum()) / float(with_bytes["param_numel"].sum()))) \
-        if len(with_bytes) else None
-    if reduced_bytes > 0 and elements > 0:
-        ratio = reduced_bytes / elements
-        size = min(_ELEMENT_SIZES, key=lambda s: abs(s - ratio))
-        # shards are the gathered dtype or wider (fp32 under mixed precision), never past fp32 for a
-        # 16/32-bit model: more means the reductions left more than the gradients (gloo's all-reduce)
-        if abs(size - ratio) <= 0.1 * size and size <= max(4, gathered or 4):
-            return ShardedState(elements, size, True)
-    if gathered is None:
-        return None
-    return ShardedState(elements, gathered, False)
-
-
-@dataclass(frozen=True, slots=True)
-class Measured:
-    """What the recorder measured in the training process when the trace began (run.json
-    ``ranks[].memory.trace_start``); None where it could not measure."""
-
-    sharded_param_bytes: int | None = None
-    optimizer_state_bytes: int | None = None  # every optimizer's state, ZeRO-3's fp32 master copy included
-    gradient_bytes_kept: int | None = None  # gradients alive then and still alive at the next step
-    baseline_bytes: int = 0  # added to a level that starts at 0 with the trace (CPU)
-
-
-@dataclass(frozen=True, slots=True)
-class Split:
-    """What was present before the trace, divided: ``parts`` per category (SHARDED_PARAMS,
-    OPTIMIZER_STATE, GRADIENTS, OTHER; they add up to the persistent share), and the categories
-    that cannot be known, each with why (their bytes, if any, stay in ``other``)."""
-
-    parts: dict[str, int]
-    unknown: dict[str, str]
-
-
-SINCE_TRACE_START: Final = ("the CPU profiler counts only what was allocated since the trace began, and the "
-                            "recording has no measurement of what was alive then")
-
-
-def split_persistent(persistent: int, state: ShardedState | None, measured: Measured | None, *,
-                     relative: bool, optimizer_made: bool, gradients_kept: bool = False) -> Split:
-    """What was present before the trace and stayed (``persistent``), divided into the sharded
-    parameters (measured by the recorder, else the units' shards ``state``), the gradients kept from
-    step to step (``gradients_kept``: the reductions made none, ``zero_grad(set_to_none=False)``;
-    measured, else as many as the parameters' shards), the optimizer state (measured; none when
-    ``optimizer_made``: the optimizer made its state inside the trace) and the rest (``other``).
-
-    ``relative``: the level starts at 0 with the trace (CPU); what the recorder measured alive then is
-    part of it (the loader added it), else those categories are unknown. What cannot be known is
-    named in ``Split.unknown`` and left in ``other``; ``other`` is then unknown too when bytes are
-    left in it on an absolute level."""
-    m = measured or Measured()
-    unknown: dict[str, str] = {}
-    remaining = persistent
-
-    def take(category: str, value: int | None, why: str) -> int:
-        nonlocal remaining
-        if value is None:
-            unknown[category] = why
-            return 0
-        got = min(remaining, max(0, value))
-        remaining -= got
-        return got
-
-    one = round(state.elements * state.bytes_per_element) if state is not None else None
-    no_units = "the units' parameter sizes are not known (no run.json units, no measurement by fsdpviz record)"
-    params = take(SHARDED_PARAMS, m.sharded_param_bytes if m.sharded_param_bytes is not None
-                  else (None if relative else one), SINCE_TRACE_START if relative else no_units)
-    grads = 0
-    if gradients_kept:
-        unmeasured = ("fsdpviz record could not read this framework's gradients (ZeRO-3 keeps them in its own "
-                      "partitions)" if measured is not None else SINCE_TRACE_START)
-        grads = take(GRADIENTS, m.gradient_bytes_kept if m.gradient_bytes_kept is not None
-                     else (None if relative else one),
-                     unmeasured if relative else "the gradients kept from step to step are not measured")
-    if optimizer_made and not m.optimizer_state_bytes:
-        optimizer = 0
-    else:
-        optimizer = take(OPTIMIZER_STATE, m.optimizer_state_bytes, SINCE_TRACE_START if relative else
-                         "the optimizer made its state before the trace and the recording has no measurement of "
-                         "it (fsdpviz record measures it)")
-    if unknown and remaining > 0:
-        unknown[OTHER] = f"it holds what was allocated before the trace and cannot be divided ({', '.join(unknown)})"
-    return Split(parts={SHARDED_PARAMS: params, OPTIMIZER_STATE: optimizer, GRADIENTS: grads, OTHER: remaining},
-                 unknown=unknown)
-
-
-def _moves(persistent: int, parts: Mapping[str, int]) -> dict[str, int]:
-    """What each column gains when the persistent share (all in ``sharded_params``) is divided."""
-    moved = {c: int(parts[c]) for c in (OPTIMIZER_STATE, GRADIENTS, OTHER)}
-    moved[SHARDED_PARAMS] = int(parts[SHARDED_PARAMS]) - persistent
-    return moved
-
-
-def split_levels(levels: np.ndarray, persistent: int, split: Split) -> np.ndarray:
-    """One rank's ``levels`` (samples x categories, ``sharded_params`` holding the persistent share as
-    :func:`categorise` leaves it) with that share divided as ``split`` says."""
-    out = levels.copy()
-    for c, add in _moves(persistent, split.parts).items():
-        out[:, CODE[c]] += add
-    return out
-
-
-def apply_split(frame: pd.DataFrame, persistent: Mapping[int, int], split: Mapping[int, Split]) -> pd.DataFrame:
-    """``frame`` (category columns, ``sharded_params`` holding each rank's persistent share as
-    :func:`categorise` leaves it) with each rank's share divided as ``split[rank]`` says."""
-    if frame.empty or not split:
-        return frame
-    frame = frame.copy()
-    ranks = frame["rank"].to_numpy()
-    moves = {r: _moves(persistent[r], sp.parts) for r, sp in split.items()}
-    for c in (SHARDED_PARAMS, OPTIMIZER_STATE, GRADIENTS, OTHER):
-        share = pd.Series({r: m[c] for r, m in moves.items()}, dtype="int64")
-        add = share.reindex(ranks).fillna(0).to_numpy(np.int64)  # one pass, whatever the number of ranks
-        frame[c] = frame[c].to_numpy(np.int64) + add
-    return frame
-
-
-def with_unknown(frame: pd.DataFrame, unknown: Mapping[int, Mapping[str, str]]) -> pd.DataFrame:
-    """``frame`` (category columns per rank) with each rank's unknown categories (``unknown``:
-    :attr:`Split.unknown` per rank) as missing values (pandas ``Int64``), never 0."""
-    if frame.empty or not unknown:
-        return frame
-    frame = frame.copy()
-    ranks = frame["rank"].to_numpy()
-    for c in CATEGORIES:
-        missing = np.isin(ranks, [r for r, u in unknown.items() if c in u])
-        if missing.any():
-            frame[c] = frame[c].astype("Int64").mask(missing)
-    return frame
-
-
 def levels_frame(rank: int, t_ns: np.ndarray, levels: np.ndarray) -> pd.DataFrame:
     """CATEGORY_LEVELS rows of ``rank``: ``levels`` (samples x categories) at times ``t_ns``."""
     out = pd.DataFrame({"rank": rank, "t_ns": np.asarray(t_ns, dtype=np.int64)})
@@ -631,7 +475,7 @@ class PeakCategories(msgspec.Struct, kw_only=True):
 
 def peak_categories(row: dict[str, Any], unknown: Mapping[str, str] | None = None) -> PeakCategories:
     """A CATEGORY_PEAKS row as the summary gives it (``unknown``: the rank's categories that cannot be
-    known, with why: :attr:`Split.unknown`)."""
+    known, with why: :attr:`fsdpviz.analysis.memory_split.Split.unknown`)."""
     why = dict(unknown or {})
     return PeakCategories(rank=int(row["rank"]), step=int(row["step"]), unit=str(row["unit"]), phase=str(row["phase"]),
                           allocated_bytes=int(row["allocated_bytes"]),

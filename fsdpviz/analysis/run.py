@@ -8,11 +8,16 @@ units are summarised and findings written.
 
 The analysed steps are those of the whole-step overlap (:func:`fsdpviz.analysis.steps.select_steps`):
 by default every ProfilerStep the trace holds complete.
+
+Why one module of ~550 lines: the per-rank pass (:func:`analyse_ranks`, each rank a :class:`RankPart`)
+and the combination across ranks (:func:`combine_parts`) are the two halves of one analysis that a
+mapped run (:mod:`.rankmap`) runs in two places; they share the parts' table names and must change
+together. Dividing what was on the device before the trace is :mod:`.memory_split`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -23,6 +28,7 @@ from fsdpviz import vocabulary
 from fsdpviz.analysis import crossrank, memory
 from fsdpviz.analysis import label_rules as rules
 from fsdpviz.analysis import memory_categories as mcat
+from fsdpviz.analysis import memory_split as msplit
 from fsdpviz.analysis import unseen_frees as unseen
 from fsdpviz.analysis.bound import gap_starters, host_wait_gaps, unit_host_wait
 from fsdpviz.analysis.categorical import startswith
@@ -64,7 +70,6 @@ from fsdpviz.analysis.unit_overlap import unit_steps
 from fsdpviz.analysis.units import derive_units, unit_stats
 from fsdpviz.analysis.windows import overhead_labels, unit_ancestors
 from fsdpviz.formatting import NS_PER_MS
-from fsdpviz.runfolder import RunInfo
 from fsdpviz.trace import schema
 from fsdpviz.trace.tables import TraceSet
 
@@ -94,7 +99,7 @@ class RunAnalysis:
     memory_model: MemoryModel | None  # the ZeRO arithmetic beside the measured categories
     memory_categories: pd.DataFrame  # memory_categories.CATEGORY_LEVELS at the curve's samples
     category_peaks: pd.DataFrame  # memory_categories.CATEGORY_PEAKS: each step's and unit pass's peak
-    sharded_state: dict[int, mcat.ShardedState]  # per rank, what the units' shards come to (known sizes only)
+    sharded_state: dict[int, msplit.ShardedState]  # per rank, what the units' shards come to (known sizes only)
     clock: pd.DataFrame  # schema.CLOCK
     skew: pd.DataFrame  # schema.SKEW
     findings: pd.DataFrame  # schema.FINDINGS, most time lost first
@@ -476,18 +481,18 @@ def combine_parts(parts: Sequence[RankPart], traces: TraceSet, selection: StepSe
                                                len(traces.rank_ids), traces.world_size) if has_units \
         else ({}, "world_size")
     fact_rows = facts.to_dict(orient="records")
-    states = {int(f["rank"]): mcat.sharded_state(units, shards, traces.world_size, int(f["reduced_bytes"]))
+    states = {int(f["rank"]): msplit.sharded_state(units, shards, traces.world_size, int(f["reduced_bytes"]))
               for f in fact_rows}
     persistent = {int(f["rank"]): int(f["persistent_bytes"]) for f in fact_rows}
-    split = {int(f["rank"]): split_of(f, states[int(f["rank"])], traces.run) for f in fact_rows}
-    cat_curve = mcat.apply_split(cat_curve, persistent, split)
-    cat_peaks = mcat.apply_split(cat_peaks, persistent, split)
+    split = {int(f["rank"]): msplit.split_of(f, states[int(f["rank"])], traces.run) for f in fact_rows}
+    cat_curve = msplit.apply_split(cat_curve, persistent, split)
+    cat_peaks = msplit.apply_split(cat_peaks, persistent, split)
     optimizer = sorted({str(c) for c in facts["optimizer_class"] if str(c)})
     model = _model(stats, units, peaks_t, gpu, shards, shards_source,
                    [s for s in states.values() if s is not None], optimizer[0] if len(optimizer) == 1 else "",
-                   traces.world_size, _optimizer_bytes(split, states))
+                   traces.world_size, msplit.optimizer_bytes(split, states, traces.run))
     if model is not None:
-        model.master_bytes_per_param = _master_bytes(traces.run, states)
+        model.master_bytes_per_param = msplit.master_bytes(traces.run, states)
     step_ns = float(step_times["step_ns"].median()) if len(step_times) else float("nan")
     findings = build_findings(us, spans, step_times, step_ns, framework,
                               profiler=profiler, idle_ns=idle_ns)
@@ -499,67 +504,15 @@ def combine_parts(parts: Sequence[RankPart], traces: TraceSet, selection: StepSe
         memory_categories=cat_curve, category_peaks=cat_peaks,
         sharded_state={r: st for r, st in states.items() if st is not None},
         memory_unknown={r: sp.unknown for r, sp in split.items() if sp.unknown},
-        memory_level={r: _level_of(f, traces.run) for r, f in ((int(f["rank"]), f) for f in fact_rows)},
+        memory_level={r: msplit.level_of(f, traces.run) for r, f in ((int(f["rank"]), f) for f in fact_rows)},
         clock=clock, skew=skew, findings=findings, notes=_notes(has_units, clock, shared),
         purposes=_frame_of(parts, "purposes", PURPOSE_TIMES),
         unseen_frees=_shift(_frame_of(parts, "unseen_frees", unseen.UNSEEN_FREES), offsets, ("alloc_ns", "free_ns")),
     )
 
 
-def measured_of(run: RunInfo | None, rank: int) -> mcat.Measured | None:
-    """What the recorder measured of ``rank`` when its trace began (run.json), None when nothing."""
-    info = run.rank_info(rank) if run is not None else None
-    start = info.memory.trace_start if info is not None and info.memory is not None else None
-    if start is None:
-        return None
-    relative = start.device == memory.CPU_DEVICE
-    return mcat.Measured(sharded_param_bytes=start.sharded_param_bytes,
-                         optimizer_state_bytes=start.optimizer_bytes(),
-                         gradient_bytes_kept=start.gradient_bytes_kept,
-                         baseline_bytes=start.baseline_bytes() if relative else 0)
-
-
-def split_of(fact: Mapping[Any, Any], state: mcat.ShardedState | None, run: RunInfo | None) -> mcat.Split:
-    """The persistent share of one rank (a MEMORY_FACTS row) divided (memory_categories.split_persistent)."""
-    measured = measured_of(run, int(fact["rank"]))
-    # kept from step to step: measured so, or the reductions made none
-    kept = bool(measured is not None and measured.gradient_bytes_kept) or (
-        int(fact["reductions"]) > 0 and int(fact["reduced_bytes"]) == 0)
-    return mcat.split_persistent(int(fact["persistent_bytes"]), state, measured, relative=bool(fact["relative"]),
-                                 optimizer_made=bool(fact["optimizer_made"]), gradients_kept=kept)
-
-
-def _level_of(fact: Mapping[Any, Any], run: RunInfo | None) -> str:
-    if not bool(fact["relative"]):
-        return mcat.LEVEL_ALLOCATOR
-    measured = measured_of(run, int(fact["rank"]))
-    return mcat.LEVEL_MEASURED_BASELINE if measured is not None else mcat.LEVEL_SINCE_TRACE_START
-
-
-def _optimizer_bytes(split: dict[int, mcat.Split], states: dict[int, mcat.ShardedState | None]) -> int | None:
-    """Optimizer bytes per sharded element (the memory model's K), from a rank whose optimizer state
-    is known and whose shards are; None otherwise."""
-    for rank, sp in sorted(split.items()):
-        state = states.get(rank)
-        if mcat.OPTIMIZER_STATE not in sp.unknown and state is not None and state.elements > 0 \
-                and sp.parts[mcat.OPTIMIZER_STATE] > 0:
-            return round(sp.parts[mcat.OPTIMIZER_STATE] / state.elements)
-    return None
-
-
-def _master_bytes(run: RunInfo | None, states: dict[int, mcat.ShardedState | None]) -> int | None:
-    """Of K, the bytes per sharded element of ZeRO-3's fp32 master copy of the parameters, as the
-    recorder measured it on a rank whose shards are known; None where none was measured."""
-    for rank, state in sorted(states.items()):
-        info = run.rank_info(rank) if run is not None else None
-        start = info.memory.trace_start if info is not None and info.memory is not None else None
-        if start is not None and start.master_param_bytes and state is not None and state.elements > 0:
-            return round(start.master_param_bytes / state.elements)
-    return None
-
-
 def _model(stats: pd.DataFrame, units: pd.DataFrame, peaks: pd.DataFrame, gpu: bool, shards: dict[str, int],
-           shards_source: str, states: list[mcat.ShardedState], optimizer_class: str,
+           shards_source: str, states: list[msplit.ShardedState], optimizer_class: str,
            world_size: int, optimizer_bytes: int | None) -> MemoryModel | None:
     """The memory model of the run's units (run.json's, completed from the trace), their shard groups
     and what the ranks' categories measured (bytes per sharded element, the optimizer's class)."""

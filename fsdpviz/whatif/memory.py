@@ -49,6 +49,11 @@ The level under the setting at any instant is the recorded level plus what the s
 there; its peak over the step is the prediction. With the recorded setting nothing changes, so
 the replay is exact. Left as recorded: activations (a setting does not change them), the caching
 allocator's rounding.
+
+Why one module of ~600 lines: the rules above move the same blocks (:class:`Block`) in one order
+(:func:`_moved_blocks`: reshard, merge, flat gradients, reductions, prefetch), and each reads what the
+one before it moved (a merged unit's issue time is what prefetch moves again). Apart, each rule would
+need the others' block lists and times to be read.
 """
 
 from __future__ import annotations
@@ -63,6 +68,7 @@ import pandas as pd
 
 from fsdpviz import vocabulary
 from fsdpviz.analysis import memory_categories as mcat
+from fsdpviz.analysis.memory_split import Split, split_levels
 from fsdpviz.naming import ROOT_UNIT
 
 _PARAMS: Final = mcat.UNSHARDED_PARAMS
@@ -154,7 +160,7 @@ class MemorySetting:
 
 
 def step_memory(rank: int, step: int, t0: int, t1: int, t: np.ndarray, cats: mcat.Categorised,
-                split: mcat.Split, windows: pd.DataFrame) -> StepMemory | None:
+                split: Split, windows: pd.DataFrame) -> StepMemory | None:
     """The :class:`StepMemory` of one rank's step ``[t0, t1]`` from its categorised samples (``t``:
     their times; ``split``: the persistent share divided, memory_categories.split_persistent) and the
     step's unit windows (windows.WINDOWS rows). None without samples."""
@@ -164,7 +170,7 @@ def step_memory(rank: int, step: int, t0: int, t1: int, t: np.ndarray, cats: mca
     b = int(np.searchsorted(t, t1, side="right"))
     if b <= a:
         return None
-    levels = mcat.split_levels(cats.levels[a:b], cats.persistent, split)
+    levels = split_levels(cats.levels[a:b], cats.persistent, split)
     times = t[a:b].copy()
     times[0] = max(int(times[0]), t0)
     spans: dict[Pass, tuple[int, int]] = {}

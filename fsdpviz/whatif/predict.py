@@ -11,6 +11,11 @@ communication and work), and the simulations are the replay without the profiler
 timers allow one (:mod:`.calibration` on CPU, :mod:`.hostcost` on GPU), so the recorded setting predicts
 the summary exactly. Without such a replay and with the traced step as the summary's, the step moves
 by the simulated difference instead.
+
+Why one module of ~600 lines: reading the model, checking a setting against the recording, the
+baseline, the simulations and the predicted outcome per unit are one procedure read top to bottom,
+on one :class:`Model` and one :class:`Outcome`; the parts with a life of their own are modules of
+their own (the programs, the simulator, the calibration, the memory model, the explorer).
 """
 
 from __future__ import annotations

@@ -29,6 +29,12 @@ The reading is split by job: :class:`_StepTables` holds one step's spans and lab
 :class:`_PassReader` reads a pass (and the reduction it issued) off them on the busy clock, and
 :func:`_gathers` the step's all-gathers. Memory is read apart, by category, for the memory model
 (:class:`~fsdpviz.whatif.memory.StepMemory` on each step, ``StepProgram.memory``).
+
+Why one module of ~700 lines: a pass, a segment and a gather are read off the same instants of one
+step -- its tables (:class:`_StepTables`), the rank's busy clock and its kernels -- and each reader
+needs the others' boundaries (a pass ends where its gathers' copy-outs begin). Split, they would hand
+those back and forth; what does not depend on a step's instants (the recording's units, resharding,
+ranks per host) is :mod:`.recording_facts`.
 """
 
 from __future__ import annotations
@@ -53,12 +59,13 @@ from fsdpviz.analysis.intervals import (
     union_intervals,
 )
 from fsdpviz.analysis.memory import ASSUMED_OPTIMIZER_STATES, CPU_DEVICE, device_samples, main_devices
+from fsdpviz.analysis.memory_split import ShardedState, Split, split_of
 from fsdpviz.analysis.pipeline import RunResult
-from fsdpviz.analysis.run import labels_of, split_of
+from fsdpviz.analysis.run import labels_of
 from fsdpviz.analysis.spans import gpu_work
-from fsdpviz.naming import ROOT_UNIT
 from fsdpviz.trace import schema
 from fsdpviz.whatif import prefetch_args
+from fsdpviz.whatif import recording_facts as facts
 from fsdpviz.whatif.memory import step_memory
 from fsdpviz.whatif.recorded import (
     Gather,
@@ -117,8 +124,8 @@ def read_recording(result: RunResult, ranks: Sequence[int] | None = None, per_op
     work = gpu_work(events) if gpu else None
     memory = traces.memory
     devices = main_devices(memory)
-    units = _unit_order(result)
-    unit_bytes = _unit_bytes(result, units)
+    units = facts.unit_order(result)
+    unit_bytes = facts.unit_bytes(result, units)
     programs = []
     steps = traces.steps
     labels = analysis.labels if result.events_kept else labels_of(traces, result.selection)
@@ -130,7 +137,7 @@ def read_recording(result: RunResult, ranks: Sequence[int] | None = None, per_op
     op_counts: list[float] = []
     for rank in analysis.ranks if ranks is None else [r for r in analysis.ranks if r in set(ranks)]:
         parts = {name: _group(g, rank) for name, g in by.items()}
-        _gather_label_phases(parts["labels"], parts["windows"], gathered)
+        facts.gather_label_phases(parts["labels"], parts["windows"], gathered)
         ev = parts["events"]
         clock = _busy_clock(ev, parts["spans"], host_lanes, rank, gpu, per_op_ns)
         rank_work = work[work["rank"] == rank] if work is not None else None
@@ -168,16 +175,16 @@ def read_recording(result: RunResult, ranks: Sequence[int] | None = None, per_op
     prefetch, prefetch_words = prefetch_args.recorded(result.traces.run, analysis.framework)
     return Recording(
         framework=analysis.framework, device="gpu" if gpu else "cpu", world_size=analysis.world_size,
-        units=units, unit_bytes=unit_bytes, modules=_unit_modules(result, units),
-        reshard_after_forward=_observed_reshard(_reshard(result, units), programs, gathered),
+        units=units, unit_bytes=unit_bytes, modules=facts.unit_modules(units),
+        reshard_after_forward=facts.observed_reshard(facts.declared_reshard(result, units), programs, gathered),
         prefetch=prefetch, prefetch_args=prefetch_words,
-        unit_numels=_unit_numels(result),
-        steps=programs, ranks_per_host=_ranks_per_host(result), cpu_count=_cpu_count(result), notes=notes,
+        unit_numels=facts.unit_numels(result),
+        steps=programs, ranks_per_host=facts.ranks_per_host(result), cpu_count=facts.cpu_count(result), notes=notes,
         host_ops_per_step=sum(op_counts) / len(op_counts) if op_counts else 0.0,
     )
 
 
-def _assume_optimizer(split: mcat.Split, state: mcat.ShardedState | None) -> tuple[mcat.Split, dict[str, int]]:
+def _assume_optimizer(split: Split, state: ShardedState | None) -> tuple[Split, dict[str, int]]:
     """``split`` with an unknown optimizer state assumed (:data:`ASSUMED_OPTIMIZER_STATES` per sharded
     element, out of what was left in ``other``), so that a prediction that reshards scales it, and the
     bytes assumed per category (empty when the state is known, the shards are not, or ``other``
@@ -191,7 +198,7 @@ def _assume_optimizer(split: mcat.Split, state: mcat.ShardedState | None) -> tup
     if assumed <= 0:
         return split, {}
     parts[mcat.OPTIMIZER_STATE], parts[mcat.OTHER] = assumed, parts[mcat.OTHER] - assumed
-    return mcat.Split(parts=parts, unknown=split.unknown), {mcat.OPTIMIZER_STATE: assumed}
+    return Split(parts=parts, unknown=split.unknown), {mcat.OPTIMIZER_STATE: assumed}
 
 
 def _group(grouped: DataFrameGroupBy, rank: int) -> pd.DataFrame:
@@ -686,78 +693,3 @@ def _issuer(frames: list[tuple[int, str, str, str, int, int]], micro: int,
         _, unit, phase, part, _, _ = min(later, key=lambda f: f[4])
         return unit, phase, part
     return None
-
-
-def _unit_order(result: RunResult) -> list[str]:
-    units = result.analysis.units
-    if units.empty:
-        return []
-    return [str(u) for u in units.sort_values("order")["unit"]]
-
-
-def _unit_bytes(result: RunResult, units: list[str]) -> dict[str, int]:
-    table = result.analysis.units.set_index("unit")
-    return {u: int(table.at[u, "param_bytes"]) if u in table.index else -1 for u in units}
-
-
-def _unit_modules(result: RunResult, units: list[str]) -> dict[str, list[str]]:
-    from fsdpviz.naming import unit_modules
-
-    return {u: unit_modules(u) for u in units}
-
-
-def _reshard(result: RunResult, units: list[str]) -> dict[str, bool]:
-    run = result.traces.run
-    recorded = {u.unit: u.reshard_after_forward for u in run.units} if run is not None else {}
-    return {u: bool(recorded.get(u, u != ROOT_UNIT)) if recorded.get(u) is not None else u != ROOT_UNIT
-            for u in units}
-
-
-def _gather_label_phases(labels: pd.DataFrame, windows: pd.DataFrame, out: dict[str, set[str]]) -> None:
-    """Add to ``out`` the phases in which each unit's own gather labels opened (in backward: at or
-    after the step's first backward window), so that a unit's resharding is seen also where no
-    collective ran (torch's fake process group)."""
-    rows = labels[rules.gather(labels)]
-    if rows.empty or windows.empty:
-        return
-    backward = windows[(windows["phase"] == vocabulary.BACKWARD).to_numpy()].groupby("step")["start_ns"].min()
-    first_backward = rows["step"].map(backward).to_numpy(dtype=np.float64)
-    late = np.nan_to_num(first_backward, nan=np.inf) <= rows["start_ns"].to_numpy(np.float64)
-    for unit, is_backward in zip(as_str(rows["unit"]), late.tolist()):
-        for u in unit.split(","):
-            out.setdefault(u, set()).add(vocabulary.BACKWARD if is_backward else vocabulary.FORWARD)
-
-
-def _observed_reshard(declared: dict[str, bool], programs: list[StepProgram],
-                      label_phases: dict[str, set[str]] | None = None) -> dict[str, bool]:
-    """What the trace shows wins over what was declared: a unit gathered in forward and never in
-    backward kept its parameters (ZeRO-3's persisted or still-available parameters, FSDP1's
-    ``SHARD_GRAD_OP``); one gathered in backward again resharded. Gathers are the collectives, and
-    the units' gather labels (``label_phases``) where no collective ran."""
-    phases: dict[str, set[str]] = {u: set(p) for u, p in (label_phases or {}).items()}
-    for program in programs:
-        for g in program.gathers:
-            phases.setdefault(g.unit, set()).add(g.phase)
-    out = dict(declared)
-    for unit, seen in phases.items():
-        if unit in out and vocabulary.FORWARD in seen:
-            out[unit] = vocabulary.BACKWARD in seen
-    return out
-
-
-def _unit_numels(result: RunResult) -> dict[str, int]:
-    run = result.traces.run
-    return {u.unit: u.param_numel for u in run.units if u.param_numel >= 0} if run is not None else {}
-
-
-def _ranks_per_host(result: RunResult) -> int:
-    run = result.traces.run
-    if run is None or not run.hosts:
-        return max(1, result.analysis.world_size)
-    return max(1, result.analysis.world_size // max(1, len(run.hosts)))
-
-
-def _cpu_count(result: RunResult) -> int:
-    run = result.traces.run
-    counts = [r.cpu_count for r in run.ranks if r.cpu_count] if run is not None else []
-    return max(counts) if counts else 0

@@ -114,6 +114,19 @@ def test_peak_categories_are_the_scripts_bytes(run: tuple[str, Recording, RunRes
     assert memory["baseline_bytes"] == steps[0]["sharded_param_bytes"] + first + kept
 
 
+def test_memory_model_reads_the_optimizer_state_the_script_holds(run: tuple[str, Recording, RunResult]) -> None:
+    """The memory model's optimizer bytes per sharded element (its K) are the script's own state over
+    its shards' elements, measured, never the assumed Adam: also where the trace began before any
+    optimizer step (own+sgd: the state is made inside the trace, and the recorder measures it after
+    the optimizers' last step)."""
+    _, rec, result = run
+    model = summary_json(result)["memory"]["model"]
+    steps = truth(rec, 0)
+    elements = steps[0]["sharded_param_bytes"] / model["sharded_bytes_per_param"]
+    assert model["optimizer_bytes_measured"] is True
+    assert model["optimizer_bytes_per_param"] == round(steps[-1]["optimizer_state_bytes"] / elements)
+
+
 def test_gradients_are_gradients_whatever_the_zero_grad(run: tuple[str, Recording, RunResult]) -> None:
     """Just before each optimizer step every sharded gradient the script holds is a gradient --
     made by the reductions (``optimizer.zero_grad()``, ``model.zero_grad()``) or kept from step to

@@ -1,0 +1,92 @@
+"""What a recording was set to and where it ran, as the what-if model reads it: the units in forward
+order with their parameter bytes, modules and element counts, whether each resharded after forward
+(declared in run.json, then as the trace shows: :func:`observed_reshard`), the ranks per host and the
+CPUs. The programs of its steps are :mod:`.recording`'s; these are the facts around them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from fsdpviz import vocabulary
+from fsdpviz.analysis import label_rules as rules
+from fsdpviz.analysis.categorical import as_str
+from fsdpviz.analysis.pipeline import RunResult
+from fsdpviz.naming import ROOT_UNIT
+from fsdpviz.naming import unit_modules as module_names
+from fsdpviz.whatif.recorded import StepProgram
+
+
+def unit_order(result: RunResult) -> list[str]:
+    units = result.analysis.units
+    if units.empty:
+        return []
+    return [str(u) for u in units.sort_values("order")["unit"]]
+
+
+def unit_bytes(result: RunResult, units: list[str]) -> dict[str, int]:
+    table = result.analysis.units.set_index("unit")
+    return {u: int(table.at[u, "param_bytes"]) if u in table.index else -1 for u in units}
+
+
+def unit_modules(units: list[str]) -> dict[str, list[str]]:
+    """Per unit, the modules it covers (by its name)."""
+    return {u: module_names(u) for u in units}
+
+
+def declared_reshard(result: RunResult, units: list[str]) -> dict[str, bool]:
+    run = result.traces.run
+    recorded = {u.unit: u.reshard_after_forward for u in run.units} if run is not None else {}
+    return {u: bool(recorded.get(u, u != ROOT_UNIT)) if recorded.get(u) is not None else u != ROOT_UNIT
+            for u in units}
+
+
+def gather_label_phases(labels: pd.DataFrame, windows: pd.DataFrame, out: dict[str, set[str]]) -> None:
+    """Add to ``out`` the phases in which each unit's own gather labels opened (in backward: at or
+    after the step's first backward window), so that a unit's resharding is seen also where no
+    collective ran (torch's fake process group)."""
+    rows = labels[rules.gather(labels)]
+    if rows.empty or windows.empty:
+        return
+    backward = windows[(windows["phase"] == vocabulary.BACKWARD).to_numpy()].groupby("step")["start_ns"].min()
+    first_backward = rows["step"].map(backward).to_numpy(dtype=np.float64)
+    late = np.nan_to_num(first_backward, nan=np.inf) <= rows["start_ns"].to_numpy(np.float64)
+    for unit, is_backward in zip(as_str(rows["unit"]), late.tolist()):
+        for u in unit.split(","):
+            out.setdefault(u, set()).add(vocabulary.BACKWARD if is_backward else vocabulary.FORWARD)
+
+
+def observed_reshard(declared: dict[str, bool], programs: list[StepProgram],
+                      label_phases: dict[str, set[str]] | None = None) -> dict[str, bool]:
+    """What the trace shows wins over what was declared: a unit gathered in forward and never in
+    backward kept its parameters (ZeRO-3's persisted or still-available parameters, FSDP1's
+    ``SHARD_GRAD_OP``); one gathered in backward again resharded. Gathers are the collectives, and
+    the units' gather labels (``label_phases``) where no collective ran."""
+    phases: dict[str, set[str]] = {u: set(p) for u, p in (label_phases or {}).items()}
+    for program in programs:
+        for g in program.gathers:
+            phases.setdefault(g.unit, set()).add(g.phase)
+    out = dict(declared)
+    for unit, seen in phases.items():
+        if unit in out and vocabulary.FORWARD in seen:
+            out[unit] = vocabulary.BACKWARD in seen
+    return out
+
+
+def unit_numels(result: RunResult) -> dict[str, int]:
+    run = result.traces.run
+    return {u.unit: u.param_numel for u in run.units if u.param_numel >= 0} if run is not None else {}
+
+
+def ranks_per_host(result: RunResult) -> int:
+    run = result.traces.run
+    if run is None or not run.hosts:
+        return max(1, result.analysis.world_size)
+    return max(1, result.analysis.world_size // max(1, len(run.hosts)))
+
+
+def cpu_count(result: RunResult) -> int:
+    run = result.traces.run
+    counts = [r.cpu_count for r in run.ranks if r.cpu_count] if run is not None else []
+    return max(counts) if counts else 0
