@@ -154,3 +154,15 @@ def test_findings_quote_what_their_knob_would_gain(base_model: Model) -> None:
     (action,) = [a for a in actions if a.knob.startswith("prefetch one more unit ahead")]
     assert action.predicted_change_ms == pytest.approx(step, abs=0.006)
     assert f"Try: {knob}. Predicted {step:+.2f} ms/step" in action_text(action)
+
+
+def test_the_summary_says_which_ranks_its_model_read(base_model: Model) -> None:
+    """A summary reads the model on a few ranks of a large run (whatif.gains.GAIN_RANKS): the clock
+    lists them and its note says so, since the actions' predicted gains are theirs."""
+    from fsdpviz.whatif.gains import GAIN_RANKS, completed_summary
+
+    result = base_model.result
+    assert len(result.analysis.ranks) == 8 > GAIN_RANKS
+    clock = completed_summary(result).clock
+    assert clock is not None and clock.ranks == list(range(GAIN_RANKS))
+    assert f"the model read rank(s) 0-{GAIN_RANKS - 1} of the 8 loaded" in clock.note
