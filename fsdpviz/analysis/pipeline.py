@@ -55,6 +55,9 @@ class RunResult:
         self.framework = framework
         self._parts = parts
         self._cache = cache
+        # What the layers above compute once from this result, so that every view of it reads the
+        # same (whatif.gains keeps the summary's model read and the completed summary here).
+        self.memo: dict[str, object] = {}
         if analysis is not None:
             self.__dict__["analysis"] = analysis
 

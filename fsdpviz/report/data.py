@@ -30,9 +30,7 @@ from fsdpviz.report.timeline.units import NO_UNIT, place_unit_peaks, unit_order,
 from fsdpviz.report.timeline.view import StepView, events_view, exposed_intervals, unit_peak_markers
 from fsdpviz.report.units.table import UnitTables, unit_tables
 from fsdpviz.trace.tables import TraceSet
-from fsdpviz.whatif.clock import clock_of
-from fsdpviz.whatif.gains import predicted_actions, summary_model
-from fsdpviz.whatif.predict import model_clock
+from fsdpviz.whatif.gains import completed_summary, predicted_actions, summary_model
 from fsdpviz.whatif.saved import SavedPrediction, load_predictions
 
 if TYPE_CHECKING:
@@ -138,14 +136,13 @@ def prepare_report(run: RunResult, *, max_segments: int = MAX_PAGE_SEGMENTS,
     ``fsdpviz compare`` draws).
     """
     traces, overlap, analysis = run.traces, run.overlap, run.analysis
-    model, why_not = summary_model(run)  # read once: the actions' gains and the clock
+    model, _ = summary_model(run)  # the one read of the run: the actions' gains and the clock
     # the findings as the summary's entries, also for a run without units, whose summary lists none
     # (stragglers, the profiler)
     actions = predicted_actions(run, build_actions(
         finding_entries(analysis.findings), run.summary.bound, host_backend_on_gpu=host_backend_on_gpu(traces, overlap),
         units=run.summary.units), model=model)
-    summary = msgspec.structs.replace(run.summary, clock=clock_of(run, None if model is None else model_clock(model),
-                                                                  why_not))
+    summary = msgspec.structs.replace(run.summary, clock=completed_summary(run).clock)
     title, subtitle, meta = describe_inputs(traces)
     aligned = run.aligned  # the lanes and memory views line up with the analysis' spans
     unknown_views = sorted(set(views) - set(ALL_VIEWS))

@@ -13,7 +13,7 @@ unit's parameters -- the knob is predicted on the recording and the finding quot
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import msgspec
 
@@ -97,7 +97,7 @@ def predict_actions(model: Model, actions: Sequence[Action]) -> list[Action]:
     """``actions`` with their knobs predicted on the recording (each setting once): a knob predicted
     to gain nothing is no longer advised (analysis/actions.py ``with_prediction``); folding again,
     since an action may have lost its knob."""
-    done: dict[str, tuple[float | None, str, str | None]] = {}
+    done = model.gains  # each setting predicted once per model, whichever view asks
     out = []
     for action in actions:
         settings = _action_setting(action, model) if action.knob else None
@@ -138,8 +138,19 @@ def predicted_actions(run: RunResult, actions: Sequence[Action] | None = None, *
 GAIN_RANKS = 4  # ranks a summary's model is read on (a 1000-rank run is not simulated whole for a sentence)
 
 
+_MODEL_MEMO = "whatif.summary_model"
+_SUMMARY_MEMO = "whatif.completed_summary"
+
+
 def summary_model(run: RunResult) -> tuple[Model | None, str]:
-    """The run read for prediction on its first :data:`GAIN_RANKS` ranks, or None and why not."""
+    """The run read for prediction on its first :data:`GAIN_RANKS` ranks, or None and why not; read
+    once per result (``RunResult.memo``), whichever views of it ask."""
+    if _MODEL_MEMO not in run.memo:
+        run.memo[_MODEL_MEMO] = _read_summary_model(run)
+    return cast("tuple[Model | None, str]", run.memo[_MODEL_MEMO])
+
+
+def _read_summary_model(run: RunResult) -> tuple[Model | None, str]:
     if not run.has_units:
         return None, "no FSDP units: nothing to replay"
     try:
@@ -149,7 +160,13 @@ def summary_model(run: RunResult) -> tuple[Model | None, str]:
 
 
 def completed_summary(run: RunResult) -> Summary:
-    """``run``'s summary with its actions' knobs predicted and its clock (the model read once)."""
-    model, why_not = summary_model(run)
-    return msgspec.structs.replace(run.summary, actions=predicted_actions(run, model=model),
-                                   clock=clock_of(run, None if model is None else model_clock(model), why_not))
+    """``run``'s summary with its actions' knobs predicted and its clock, computed once per result
+    (``RunResult.memo``) on the one model read (:func:`summary_model`)."""
+    if _SUMMARY_MEMO not in run.memo:
+        model, why_not = summary_model(run)
+        run.memo[_SUMMARY_MEMO] = msgspec.structs.replace(
+            run.summary, actions=predicted_actions(run, model=model),
+            clock=clock_of(run, None if model is None else model_clock(model), why_not))
+    summary = run.memo[_SUMMARY_MEMO]
+    assert isinstance(summary, Summary)
+    return summary

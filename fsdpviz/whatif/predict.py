@@ -112,6 +112,8 @@ class Model:
     net: Model | None = None  # the same recording without the profiler (GPU: hostcost; CPU: calibration)
     calibration: Calibration | None = None  # CPU: how ``net`` was put on the timers' clean steps
     spread_share: float | None = None  # the recording's step-to-step spread over its step (spread_share)
+    # setting (Settings.describe()) -> its predicted change, words and code, as the actions' gains read them
+    gains: dict[str, tuple[float | None, str, str | None]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

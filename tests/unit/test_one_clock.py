@@ -89,3 +89,33 @@ def test_commands_and_the_notebook_agree(name: str, sample_run: Callable[[str], 
     assert whatif["baseline"]["step_time_ms"] == summary["step_time_ms"]
     assert whatif["baseline"]["exposed_comm_ms"] == summary["bound"]["exposed_comm_ms"]
     assert whatif["clock"] == summary["clock"] and whatif["basis"] == summary["clock"]["basis"]
+
+
+@pytest.mark.parametrize("where", ["sample", "shared"])
+def test_every_view_of_a_result_reads_its_model_once(where: str, monkeypatch: pytest.MonkeyPatch,
+                                                       request: pytest.FixtureRequest) -> None:
+    """The summary, the report's data and the notebook's summary of one pipeline result read its
+    recording for the model once between them (on GPU twice: with and without the profiler's cost),
+    and show the same clock and predicted gains."""
+    from fsdpviz.analysis.pipeline import analyse
+    from fsdpviz.report.data import prepare_report
+    from fsdpviz.whatif import predict as predict_module
+
+    folder = (SAMPLES_DIR / "fsdp2-cpu-2rank" if where == "sample"
+              else request.getfixturevalue("gpu_fsdp_dir") / "h100-fsdp2-fake8-block-modelB")
+    reads: list[int] = []
+    real = predict_module.read_recording
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        reads.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(predict_module, "read_recording", counted)
+    result = analyse([folder], cache=False)
+    summary = completed_summary(result)
+    once = len(reads)
+    assert once == (1 if where == "sample" else 2)
+    data = prepare_report(result)
+    notebook = Run(result, label="a", source=str(folder)).summary
+    assert completed_summary(result) is summary is notebook and len(reads) == once
+    assert data.summary.clock == summary.clock
