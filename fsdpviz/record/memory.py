@@ -139,7 +139,6 @@ class MemoryProbe:
         self.trace_start = TraceStartMemory(
             step=step, device=device, sharded_param_bytes=nbytes(params, device) if params is not None else None,
             optimizer_state_bytes=nbytes(states, device),
-            gradient_bytes=nbytes(grads, device) if grads is not None else None,
             master_param_bytes=nbytes(masters, device) if masters is not None else None)
         if grads is not None:
             self._grads = [weakref.ref(g) for g in grads]

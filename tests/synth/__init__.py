@@ -126,7 +126,7 @@ def _measured(sc: Scenario) -> Any:
     share = sc.dtype_bytes * psi // sc.shard_size
     return RankMemory(trace_start=TraceStartMemory(
         step=sc.steps[0], device="cuda", sharded_param_bytes=share,
-        optimizer_state_bytes=sc.optimizer_bytes_per_param * psi // sc.shard_size, gradient_bytes=share,
+        optimizer_state_bytes=sc.optimizer_bytes_per_param * psi // sc.shard_size,
         gradient_bytes_kept=share))
 
 
