@@ -11,11 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from fsdpviz.analysis.completeness import format_ranks
 from fsdpviz.formatting import format_bytes, format_ms
 
 if TYPE_CHECKING:
     from fsdpviz.analysis.bound import BoundSummary
-    from fsdpviz.analysis.summary import MemorySummary, Summary
+    from fsdpviz.analysis.summary import ClockSummary, MemorySummary, Summary
 
 
 def peak_place(memory: MemorySummary) -> str:
@@ -100,3 +101,16 @@ def bound_words(bound: BoundSummary) -> BoundWords:
     else:
         verdict = bound.kind
     return BoundWords(verdict=verdict, time="", parts=text)
+
+
+def clock_words(clock: ClockSummary) -> str:
+    """Which clock the run's figures are on, as the terminal and the report's headline both say it:
+    its note, how far the replay misses the timers, and the ranks the model read where it did not
+    read every rank (the actions' predicted gains are theirs too)."""
+    words = clock.note
+    if clock.replay_error_pct is not None:
+        words += f" (replay within {clock.replay_error_pct:.1f} % of the timers)"
+    if clock.ranks is not None:
+        words += (f"; the model read rank(s) {format_ranks(clock.ranks)} only, and the actions' predicted "
+                  "gains are theirs")
+    return words

@@ -223,7 +223,8 @@ def _named_by_reduction(starts: np.ndarray, ends: np.ndarray, reductions: pd.Dat
 def categorise(samples: pd.DataFrame, where: Sites) -> Categorised:
     """Each sample's category and every category's level (see the module docstring). ``samples``:
     one rank's device samples by time (MEMORY columns). What was present before the first sample and
-    stays is left whole in ``sharded_params`` (``Categorised.persistent``) for :func:`split_persistent`."""
+    stays is left whole in ``sharded_params`` (``Categorised.persistent``) for
+    :func:`fsdpviz.analysis.memory_split.split_persistent`."""
     n = len(samples)
     t = samples["t_ns"].to_numpy(np.int64)
     delta = samples["delta_bytes"].to_numpy(np.int64)

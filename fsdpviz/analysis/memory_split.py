@@ -198,10 +198,9 @@ def measured_of(run: RunInfo | None, rank: int) -> Measured | None:
     if start is None:
         return None
     relative = start.device == CPU_DEVICE
-    return Measured(sharded_param_bytes=start.sharded_param_bytes,
-                         optimizer_state_bytes=start.optimizer_bytes(),
-                         gradient_bytes_kept=start.gradient_bytes_kept,
-                         baseline_bytes=start.baseline_bytes() if relative else 0)
+    return Measured(sharded_param_bytes=start.sharded_param_bytes, optimizer_state_bytes=start.optimizer_bytes(),
+                    gradient_bytes_kept=start.gradient_bytes_kept,
+                    baseline_bytes=start.baseline_bytes() if relative else 0)
 
 
 def split_of(fact: Mapping[Any, Any], state: ShardedState | None, run: RunInfo | None) -> Split:
@@ -211,7 +210,7 @@ def split_of(fact: Mapping[Any, Any], state: ShardedState | None, run: RunInfo |
     kept = bool(measured is not None and measured.gradient_bytes_kept) or (
         int(fact["reductions"]) > 0 and int(fact["reduced_bytes"]) == 0)
     return split_persistent(int(fact["persistent_bytes"]), state, measured, relative=bool(fact["relative"]),
-                                 optimizer_made=bool(fact["optimizer_made"]), gradients_kept=kept)
+                            optimizer_made=bool(fact["optimizer_made"]), gradients_kept=kept)
 
 
 def level_of(fact: Mapping[Any, Any], run: RunInfo | None) -> str:
@@ -222,12 +221,13 @@ def level_of(fact: Mapping[Any, Any], run: RunInfo | None) -> str:
     return LEVEL_MEASURED_BASELINE if measured is not None else LEVEL_SINCE_TRACE_START
 
 
-def optimizer_bytes(split: dict[int, Split], states: dict[int, ShardedState | None],
-                     run: RunInfo | None) -> int | None:
+def optimizer_bytes(split: dict[int, Split], states: dict[int, ShardedState | None], run: RunInfo | None,
+                    made_in_trace: Mapping[int, bool]) -> int | None:
     """Optimizer bytes per sharded element (the memory model's K), from a rank whose shards are known:
-    its optimizer state as the categories hold it (measured when the trace began), else, where the
-    optimizer made its state inside the trace, as the recorder measured it after the optimizers' last
-    step (run.json ``ranks[].memory.optimizers``, ZeRO-3's master copy added); None otherwise."""
+    its optimizer state as the categories hold it (measured when the trace began), else, on a rank
+    whose optimizer made its state inside the trace (``made_in_trace``: MEMORY_FACTS
+    ``optimizer_made``), as the recorder measured it after the optimizers' last step (run.json
+    ``ranks[].memory.optimizers``, ZeRO-3's master copy added); None otherwise."""
     for rank, sp in sorted(split.items()):
         state = states.get(rank)
         if OPTIMIZER_STATE not in sp.unknown and state is not None and state.elements > 0 \
@@ -236,7 +236,8 @@ def optimizer_bytes(split: dict[int, Split], states: dict[int, ShardedState | No
     for rank, state in sorted(states.items()):
         info = run.rank_info(rank) if run is not None else None
         measured = info.memory if info is not None else None
-        if measured is None or not measured.optimizers or state is None or state.elements <= 0:
+        if (not made_in_trace.get(rank) or measured is None or not measured.optimizers or state is None
+                or state.elements <= 0):
             continue
         master = measured.trace_start.master_param_bytes if measured.trace_start is not None else None
         return round((sum(o.state_bytes for o in measured.optimizers) + (master or 0)) / state.elements)

@@ -105,7 +105,7 @@ class RunAnalysis:
     findings: pd.DataFrame  # schema.FINDINGS, most time lost first
     purposes: pd.DataFrame  # purposes.PURPOSE_TIMES: each rank's communication per purpose, analysed steps
     notes: list[Note] = field(default_factory=list)
-    # per rank, the memory categories that cannot be known, each with why (memory_categories.Split)
+    # per rank, the memory categories that cannot be known, each with why (memory_split.Split)
     memory_unknown: dict[int, dict[str, str]] = field(default_factory=dict)
     # per rank, what its allocated level counts (memory_categories.LEVEL_*)
     memory_level: dict[int, str] = field(default_factory=dict)
@@ -490,7 +490,8 @@ def combine_parts(parts: Sequence[RankPart], traces: TraceSet, selection: StepSe
     optimizer = sorted({str(c) for c in facts["optimizer_class"] if str(c)})
     model = _model(stats, units, peaks_t, gpu, shards, shards_source,
                    [s for s in states.values() if s is not None], optimizer[0] if len(optimizer) == 1 else "",
-                   traces.world_size, msplit.optimizer_bytes(split, states, traces.run))
+                   traces.world_size, msplit.optimizer_bytes(
+                       split, states, traces.run, {int(f["rank"]): bool(f["optimizer_made"]) for f in fact_rows}))
     if model is not None:
         model.master_bytes_per_param = msplit.master_bytes(traces.run, states)
     step_ns = float(step_times["step_ns"].median()) if len(step_times) else float("nan")

@@ -65,10 +65,11 @@ def summary(
 
 
 def clock_text(clock: ClockSummary) -> str:
-    """``replayed without the profiler: ... (replay within 0.0 % of the timers)`` or ``traced: why``."""
-    if clock.replay_error_pct is None:
-        return clock.note
-    return f"{clock.note} (replay within {clock.replay_error_pct:.1f} % of the timers)"
+    """``replayed without the profiler: ... (replay within 0.0 % of the timers)`` or ``traced: why``
+    (the report's headline says the same)."""
+    from fsdpviz.analysis.figures import clock_words
+
+    return clock_words(clock)
 
 
 def parse_steps(text: str | None) -> list[int] | None:

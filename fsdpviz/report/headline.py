@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from fsdpviz.analysis.figures import bound_words, not_seen_freed_text
+from fsdpviz.analysis.figures import bound_words, clock_words, not_seen_freed_text
 from fsdpviz.analysis.memory_categories import LEVEL_MEASURED_BASELINE, LEVEL_SINCE_TRACE_START
 from fsdpviz.analysis.parallelism import parallelism_text
 from fsdpviz.analysis.purposes import PURPOSE_TITLES
@@ -54,7 +54,7 @@ def headline_section(data: ReportData) -> Section:
              hint="FSDP's shard group, HSDP replicas, tensor-parallel degree; - where unknown"),
         Fact(label="steps analysed", value=_steps_text(s.steps)),
         _step_fact(s),
-        *([Fact(label="clock", value=s.clock.basis, hint=s.clock.note)] if s.clock is not None else []),
+        *([Fact(label="clock", value=s.clock.basis, hint=clock_words(s.clock))] if s.clock is not None else []),
         _bound_fact(s),
         Fact(label="overlap", value=format_pct(ov.overlap_pct), hint="communication hidden behind computation"),
         Fact(label="exposed comm / step", value=format_ms(_num(s.exposed_comm_ms)),

@@ -15,9 +15,6 @@ import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
-import msgspec
-
-from fsdpviz.analysis.completeness import format_ranks
 from fsdpviz.analysis.summary import ClockSummary
 
 if TYPE_CHECKING:
@@ -44,17 +41,7 @@ class Replayed:
 
 
 def clock_of(run: RunResult, replayed: Replayed | None, why_not: str = "") -> ClockSummary:
-    """The clock of ``run`` as its model replays it (``replayed``; None: no model, ``why_not``).
-    Where the model read some ranks only, the note names them: the actions' predicted gains are theirs too."""
-    clock = _clock_of(run, replayed, why_not)
-    if replayed is None or replayed.ranks is None:
-        return clock
-    sampled = (f"; the model read rank(s) {format_ranks(replayed.ranks)} of the {len(run.analysis.ranks)} loaded, "
-               "and the actions' predicted gains are theirs")
-    return msgspec.structs.replace(clock, ranks=replayed.ranks, note=clock.note + sampled)
-
-
-def _clock_of(run: RunResult, replayed: Replayed | None, why_not: str) -> ClockSummary:
+    """The clock of ``run`` as its model replays it (``replayed``; None: no model, ``why_not``)."""
     summary = run.summary
     cost = summary.profiler
     share = round(cost.extra_ms, 3) if cost is not None else None
@@ -68,7 +55,7 @@ def _clock_of(run: RunResult, replayed: Replayed | None, why_not: str) -> ClockS
         else:
             why = ("the profiler's cost per host event is not measured: its excess is under the timers' noise "
                    "or most of the traced step")
-        return ClockSummary(basis=BASIS_TRACED, profiler_share_ms=share,
+        return ClockSummary(basis=BASIS_TRACED, profiler_share_ms=share, ranks=None if replayed is None else replayed.ranks,
                             note=f"traced: {why}; {step_from}, the other figures and predictions are as traced")
     calibrated = replayed.calibration
     if calibrated is not None and calibrated.scale and calibrated.error_pct is not None:

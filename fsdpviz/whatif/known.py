@@ -2,7 +2,7 @@
 assumption a world-size change rests on.
 
 ``summary`` shows a memory category it cannot know as null, with why
-(:attr:`fsdpviz.analysis.memory_categories.Split.unknown`): on a plain torch.profiler trace on CPU the
+(:attr:`fsdpviz.analysis.memory_split.Split.unknown`): on a plain torch.profiler trace on CPU the
 level counts only what was allocated since the trace began, so the sharded parameters and an
 optimizer state made before it are in no sample; on a GPU trace without the recorder's measurement
 the optimizer state is somewhere in what was allocated before the trace. whatif shows the same

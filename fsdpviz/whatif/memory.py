@@ -51,9 +51,9 @@ the replay is exact. Left as recorded: activations (a setting does not change th
 allocator's rounding.
 
 Why one module of ~600 lines: the rules above move the same blocks (:class:`Block`) in one order
-(:func:`_moved_blocks`: reshard, merge, flat gradients, reductions, prefetch), and each reads what the
-one before it moved (a merged unit's issue time is what prefetch moves again). Apart, each rule would
-need the others' block lists and times to be read.
+(:func:`_moved_blocks`: reshard, prefetch, then for merged units the flat gradients, the reductions
+and the merge), and each reads what the one before it moved (a merged unit's members are merged where
+the prefetch moved them). Apart, each rule would need the others' block lists and times to be read.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ class StepMemory:
     blocks: list[Block]
     windows: dict[Pass, tuple[int, int]]  # (unit, phase, micro) -> its window in the step
     computed: dict[Pass, int]  # (unit, phase, micro) -> where its compute region ends
-    # categories that cannot be known on this rank, with why (memory_categories.Split.unknown), and
+    # categories that cannot be known on this rank, with why (memory_split.Split.unknown), and
     # the bytes of them the levels hold by assumption (analysis.memory.ASSUMED_OPTIMIZER_STATES)
     unknown: dict[str, str] = field(default_factory=dict)
     assumed: dict[str, int] = field(default_factory=dict)
@@ -162,7 +162,7 @@ class MemorySetting:
 def step_memory(rank: int, step: int, t0: int, t1: int, t: np.ndarray, cats: mcat.Categorised,
                 split: Split, windows: pd.DataFrame) -> StepMemory | None:
     """The :class:`StepMemory` of one rank's step ``[t0, t1]`` from its categorised samples (``t``:
-    their times; ``split``: the persistent share divided, memory_categories.split_persistent) and the
+    their times; ``split``: the persistent share divided, memory_split.split_persistent) and the
     step's unit windows (windows.WINDOWS rows). None without samples."""
     if not len(t):
         return None

@@ -64,6 +64,8 @@ def test_a_peak_within_the_margin_of_the_device_is_memory_bound(tmp_path: Path, 
         gib = f"{peak / (1 << 30):,.1f} of 80.0 GiB"
         fact = _bound_fact(summary)
         assert fact.value == f"memory-bound, peak {gib} ({100 * share:.0f} %)" and fact.hint.startswith("time: host; ")
+        assert bound_text(summary).startswith(f"memory-bound, peak {gib} ({100 * share:.0f} %); time host-bound: "
+                                              "compute ")
         assert bound_text(summary) == f"{fact.value}; time host-bound: {fact.hint.removeprefix('time: host; ')}"
     else:
         assert KIND_MEMORY not in causes and causes[0] == "host"

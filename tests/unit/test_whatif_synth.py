@@ -158,11 +158,21 @@ def test_findings_quote_what_their_knob_would_gain(base_model: Model) -> None:
 
 def test_the_summary_says_which_ranks_its_model_read(base_model: Model) -> None:
     """A summary reads the model on a few ranks of a large run (whatif.gains.GAIN_RANKS): the clock
-    lists them and its note says so, since the actions' predicted gains are theirs."""
+    lists them and the terminal and the report's headline say so, since the actions' predicted gains
+    are theirs; a model read on every rank names none."""
+    from fsdpviz.commands.summary import clock_text
+    from fsdpviz.report.data import prepare_report
+    from fsdpviz.report.headline import headline_section
     from fsdpviz.whatif.gains import GAIN_RANKS, completed_summary
 
     result = base_model.result
     assert len(result.analysis.ranks) == 8 > GAIN_RANKS
     clock = completed_summary(result).clock
     assert clock is not None and clock.ranks == list(range(GAIN_RANKS))
-    assert f"the model read rank(s) 0-{GAIN_RANKS - 1} of the 8 loaded" in clock.note
+    said = f"the model read rank(s) 0-{GAIN_RANKS - 1} only, and the actions' predicted gains are theirs"
+    assert clock_text(clock).endswith(said)
+    facts = {f.label: f for f in headline_section(prepare_report(result)).facts}
+    assert facts["clock"].hint == clock_text(clock)
+    assert base_model.recording.steps and {s.rank for s in base_model.recording.steps} == set(range(8))
+    whole = predict(base_model, Settings()).clock  # whatif reads every rank: no ranks named
+    assert whole is not None and whole["ranks"] is None
