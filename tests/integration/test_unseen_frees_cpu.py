@@ -37,8 +37,8 @@ def test_peak_is_what_fsdp_mem_tracker_measured(recordings: Recordings) -> None:
     analysis = result.analysis
     steps = analysis.steps
     assert len(steps) == 3
-    # the recording has the problem: the profiler's own level climbs past the truth by whole blocks
-    # (how many gloo frees: a race between gloo's thread and the training thread; at least one)
+    # the problem: the profiler's own level climbs past the truth by whole blocks, as many as gloo's
+    # thread freed unseen -- a race between it and the training thread, which a run can also lose none of
     over = []
     for rank in (0, 1):
         samples = device_samples(raw, rank, "cpu")
@@ -47,7 +47,6 @@ def test_peak_is_what_fsdp_mem_tracker_measured(recordings: Recordings) -> None:
         t = samples["t_ns"].to_numpy(np.int64)
         inside = samples["allocated_bytes"].to_numpy(np.int64)[(t >= last["start_ns"]) & (t < last["end_ns"])]
         over.append(int(inside.max()) - truth[rank]["peak_bytes"][max(steps)])
-    assert max(over) >= truth[0]["unit_bytes"], over
     lost = analysis.unseen_frees
     # which ranks lost a free is the race's; each rank whose level climbed past the truth has one found
     climbed = {rank for rank, extra in zip((0, 1), over, strict=True) if extra > 0}
@@ -85,10 +84,13 @@ def test_every_view_says_what_was_not_seen_freed(recordings: Recordings, capsys:
     result = analyse([rec.run_dir], cache=False)
     lost = result.analysis.unseen_frees
     printed = json_here(capsys, "summary", str(rec.run_dir), "--json", "--no-cache")["memory"]["not_seen_freed"]
+    text = " ".join(stdout_here(capsys, "summary", str(rec.run_dir), "--no-cache").split())
+    if lost.empty:  # the race can leave every free seen: then no view speaks of any
+        assert printed is None and "not seen freed" not in text
+        return
     assert printed["blocks"] == len(lost) > 0
     assert printed["bytes"] == int(lost["bytes"].sum())
     assert printed["at_collective_end"] + printed["at_address_reuse"] == len(lost)
-    text = " ".join(stdout_here(capsys, "summary", str(rec.run_dir), "--no-cache").split())
     assert f"not seen freed {len(lost)} block(s), {format_bytes(printed['bytes'])}" in text
     facts = {f.label: f for f in headline_section(prepare_report(result)).facts}
     assert facts["not seen freed"].value == format_bytes(printed["bytes"])
