@@ -19,11 +19,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from helpers.jobs import EXAMPLE, REPO
 from recording import EXAMPLE_RUNS, LAYERS, PROFILED, Recordings
 
+from fsdpviz.analysis.intervals import intersect_intervals, subtract_intervals, total_ns, union_intervals
 from fsdpviz.analysis.run import RunAnalysis, analyse_run
 from fsdpviz.trace import load_traces
 
@@ -97,17 +99,50 @@ def test_every_block_unit_gathers_computes_and_reduces(runs, framework: str) -> 
         assert (stats.loc[BLOCKS, col] > 0).all(), col
 
 
+# The script's own code in the step, by what the example's F.cross_entropy leaves in a CPU trace:
+# the loss's forward op and its two backward nodes (which zero and fill a tokens x vocabulary gradient).
+LOSS_OPS = ("aten::cross_entropy_loss", "autograd::engine::evaluate_function: NllLossBackward0",
+            "autograd::engine::evaluate_function: LogSoftmaxBackward0")
+
+
+def _script_ns(analysis: RunAnalysis, events: pd.DataFrame, rank: int, lo: int, hi: int) -> int:
+    """Of the step ``[lo, hi)`` on ``rank`` (reference clock), the time outside every framework and
+    fsdpviz range that is the script's loss, or that the main thread spent in no profiled op at all
+    (Python between calls, a collection, the thread waiting for a core)."""
+    shift = analysis.clock.set_index("rank")
+    offset = int(shift.loc[rank, "offset_ns"]) if bool(shift.loc[rank, "applied"]) else 0
+    main = events[(events["rank"] == rank) & (events["lane"] == "main") & (events["kind"] == "cpu_op")]
+    starts = main["start_ns"].to_numpy(np.int64) - offset
+    ends = starts + main["dur_ns"].to_numpy(np.int64)
+    step = (np.array([lo]), np.array([hi]))
+    idle = subtract_intervals(step, union_intervals(starts, ends))
+    loss = main["name"].isin(LOSS_OPS).to_numpy()
+    script = intersect_intervals(union_intervals(np.concatenate([idle[0], starts[loss]]),
+                                                 np.concatenate([idle[1], ends[loss]])), step)
+    labels = analysis.labels[analysis.labels["rank"] == rank]
+    return total_ns(subtract_intervals(script, union_intervals(labels["start_ns"].to_numpy(),
+                                                                labels["end_ns"].to_numpy())))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_unit_compute_framework_and_optimizer_reconcile_with_step_time(runs, framework: str) -> None:
-    """The step's categories never overlap, and the units' compute, the framework's work and the
-    optimizer step cover all but 5 % of it: the rest is the script's own code (the loss, data)."""
-    _, analysis = runs[framework]
+    """The step's categories never overlap, and what they leave ("other") is the script's own code:
+    its loss, or time its main thread ran no profiled op outside FSDP's ranges. How large that is
+    hangs on the machine (a loaded core stretches the loss's fill of a fresh gradient), so the check
+    is what "other" holds, read from the raw trace, not its share of the step."""
+    folder, analysis = runs[framework]
     times = analysis.step_times
     assert len(times) == 2 * len(ANALYSED_STEPS)  # two ranks, steps 6-9
-    attributed = (times["unit_compute_ns"] + times["framework_ns"] + times["optimizer_ns"]) / times["step_ns"]
-    assert (attributed <= 1.0).all()
-    assert attributed.median() >= 0.95, times.to_string()
+    attributed = times["unit_compute_ns"] + times["framework_ns"] + times["optimizer_ns"]
+    assert (attributed <= times["step_ns"]).all()
+    events = load_traces([folder], cache=False).events
+    script = np.array([_script_ns(analysis, events, int(r.rank), int(r.start_ns), int(r.end_ns))
+                       for r in times.itertuples()])
+    # every op the units, the framework or the optimizer ran is attributed: within 1 % of the step
+    # (the data's few ops, a loss.item())
+    excess = (times["other_ns"].to_numpy() - script) / times["step_ns"].to_numpy()
+    assert (excess <= 0.01).all(), times.assign(script_ns=script).to_string()
     if framework == "zero3":  # the root's own code (embeddings, head) is a unit's compute, not "other"
         stats = analysis.unit_stats.set_index("unit")
         assert stats.loc["(root)", "param_numel"] == 0 and stats.loc["(root)", "forward_ns"] > 0
