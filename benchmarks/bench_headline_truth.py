@@ -52,7 +52,8 @@ def main() -> int:
         print(f"no recordings at {args.folder}", file=sys.stderr)
         return 2
     from fsdpviz.analysis.pipeline import analyse
-    from fsdpviz.whatif.predict import predict, read_model, recorded_settings
+    from fsdpviz.replay.model import read_model, recorded_settings
+    from fsdpviz.whatif.predict import predict
 
     print("| recording | traced step (before) | headline now | profiler slowdown | uninstrumented | "
           "before vs truth | now vs truth | what-if replay error |")

@@ -48,7 +48,7 @@ times["page data"] = T() - t; t = T()
 from fsdpviz.report.html import write_page
 from fsdpviz.report.page import build_page
 size = write_page(build_page(data), Path(sys.argv[2])); times["render + write (imports included)"] = T() - t
-from fsdpviz.whatif.predict import read_model
+from fsdpviz.replay.model import read_model
 t = T(); read_model(run); what_if = T() - t  # again, alone: the part of the page data that predicts
 print(json.dumps({"stages": times, "what_if_s": what_if, "html_mb": size / 1e6, "events": len(traces.events)}))
 """

@@ -21,8 +21,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 from helpers.gpu_fsdp_truth import MODEL_B_STEP_TRUTH, STEP_TRUTH
 
 from fsdpviz.analysis.pipeline import analyse
+from fsdpviz.replay.model import read_model
 from fsdpviz.whatif.gains import completed_summary
-from fsdpviz.whatif.predict import predict, read_model
+from fsdpviz.whatif.predict import predict
 
 RECORDINGS = ROOT.parent / "shared" / "traces" / "gpu-fsdp"
 

@@ -68,7 +68,7 @@ def record(out: Path, args: list[str], model: list[str] = MODEL, env: dict[str, 
 def measured(run: Path) -> tuple[float, float, float]:
     """Mean step (ms), highest peak (bytes) and highest rise within a step (bytes) of a recording."""
     from fsdpviz.analysis.pipeline import analyse
-    from fsdpviz.whatif.predict import read_model
+    from fsdpviz.replay.model import read_model
 
     model = read_model(analyse([run], cache=False, progress=False))
     steps = model.recording.steps
@@ -79,8 +79,9 @@ def measured(run: Path) -> tuple[float, float, float]:
 def predicted(run: Path, options: list[str]) -> tuple[float, float, float, float]:
     """Predicted step (ms), peak, rise; and the replay error (%)."""
     from fsdpviz.analysis.pipeline import analyse
-    from fsdpviz.whatif.predict import predict, read_model
-    from fsdpviz.whatif.settings import Settings, parse_bool, parse_prefetch, parse_wrap
+    from fsdpviz.replay.model import read_model
+    from fsdpviz.replay.settings import Settings, parse_bool, parse_prefetch, parse_wrap
+    from fsdpviz.whatif.predict import predict
 
     settings = Settings()
     for option, value in zip(options[::2], options[1::2]):

@@ -107,8 +107,9 @@ def record(out: Path, model: list[str], setting: Setting) -> None:
 
 def predicted_peak(model: object, options: list[str]) -> int:
     """The peak ``whatif OPTIONS`` predicts from a read recording."""
-    from fsdpviz.whatif.predict import Model, predict
-    from fsdpviz.whatif.settings import Settings, parse_bool, parse_prefetch, parse_wrap
+    from fsdpviz.replay.model import Model
+    from fsdpviz.replay.settings import Settings, parse_bool, parse_prefetch, parse_wrap
+    from fsdpviz.whatif.predict import predict
 
     assert isinstance(model, Model)
     settings = Settings()
@@ -133,7 +134,7 @@ def main() -> None:
     parser.add_argument("--frameworks", default=",".join(FRAMEWORKS), help=f"which of {', '.join(FRAMEWORKS)}")
     args = parser.parse_args()
     from fsdpviz.analysis.pipeline import analyse
-    from fsdpviz.whatif.predict import read_model
+    from fsdpviz.replay.model import read_model
 
     started = time.perf_counter()
     print(describe_machine())

@@ -28,8 +28,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 from synth import Scenario, generate_run, make_root, make_units, merge_into_root, merge_units
 
 from fsdpviz.analysis.pipeline import RunResult, analyse
-from fsdpviz.whatif.predict import Model, predict, read_model
-from fsdpviz.whatif.settings import Settings, Wrap
+from fsdpviz.replay.model import Model, read_model
+from fsdpviz.replay.settings import Settings, Wrap
+from fsdpviz.whatif.predict import predict
 
 
 def _model(scenario: Scenario, folder: Path) -> Model:

@@ -24,7 +24,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 from helpers.gpu_fsdp_truth import PEAK_TRUTH
 
 from fsdpviz.analysis.pipeline import analyse
-from fsdpviz.whatif.predict import predict, read_model
+from fsdpviz.replay.model import read_model
+from fsdpviz.whatif.predict import predict
 
 MIB = 1 << 20
 

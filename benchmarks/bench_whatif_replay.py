@@ -36,7 +36,7 @@ ENV = {"zero3": {"DS_ACCELERATOR": "cpu"}}
 def signed_replay_error(run: Path) -> float:
     """(mean replayed step - mean recorded step) / mean recorded step, in %."""
     from fsdpviz.analysis.pipeline import analyse
-    from fsdpviz.whatif.predict import read_model
+    from fsdpviz.replay.model import read_model
 
     model = read_model(analyse([run], cache=True, progress=False))
     recorded = statistics.fmean(s.step_ns for s in model.recording.steps)

@@ -40,7 +40,8 @@ if TYPE_CHECKING:
     from fsdpviz.analysis.compare.model import Comparison
     from fsdpviz.analysis.pipeline import RunResult
     from fsdpviz.analysis.summary import Summary
-    from fsdpviz.whatif.predict import Model, Prediction
+    from fsdpviz.replay.model import Model
+    from fsdpviz.whatif.predict import Prediction
 
 PathLike = str | Path
 
@@ -189,7 +190,7 @@ class Run(LabelledRun):
     @property
     def collectives(self) -> pd.DataFrame:
         """Every collective each rank ran: where, when it was issued, its bytes."""
-        from fsdpviz.analysis.collectives import find_collectives
+        from fsdpviz.structure.collectives import find_collectives
 
         traces = self.result.detail()
         return find_collectives(traces.events, traces.lanes)
@@ -340,8 +341,9 @@ class Run(LabelledRun):
             p = run.whatif(prefetch=1)
             p.predicted.step_time_ms - p.baseline.step_time_ms
         """
-        from fsdpviz.whatif.predict import predict, read_model
-        from fsdpviz.whatif.settings import Settings, parse_prefetch, parse_wrap
+        from fsdpviz.replay.model import read_model
+        from fsdpviz.replay.settings import Settings, parse_prefetch, parse_wrap
+        from fsdpviz.whatif.predict import predict
 
         settings = Settings()
         if wrap is not None:

@@ -129,7 +129,7 @@ def error_line(message: str) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the ``fsdpviz`` console script."""
     # Arrow's own allocator keeps what pandas' text columns freed; the system one hands it back with
-    # the rest (analysis.packed.release_freed_memory), which lowers the peak of a large run's parent.
+    # the rest (structure.packed.release_freed_memory), which lowers the peak of a large run's parent.
     # Read when pyarrow is first imported, so set before; a user's own setting wins.
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
     _register_commands()

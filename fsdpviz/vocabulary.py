@@ -27,7 +27,7 @@ COLLECTIVES: Final = (ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE, BROADCAST, SEND_RE
 # (an all-reduce where nothing is sharded, and across replicas under HSDP).
 UNIT_COLLECTIVES: Final = (ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE)
 
-# What a collective served (analysis/purposes.py decides): FSDP's parameter all-gathers and gradient
+# What a collective served (structure/purposes.py decides): FSDP's parameter all-gathers and gradient
 # reduce-scatters, HSDP's all-reduce across replicas, tensor parallelism's collectives, and the rest
 # (barriers, object collectives, anything issued outside FSDP's and TP's code).
 FSDP_ALL_GATHER: Final = "fsdp_all_gather"

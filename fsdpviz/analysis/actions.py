@@ -32,10 +32,10 @@ from fsdpviz.analysis.bound import (
     MEMORY_MARGIN,
     BoundSummary,
 )
-from fsdpviz.analysis.records import Finding
 from fsdpviz.analysis.units import UnitSummary
 from fsdpviz.formatting import ms_text
 from fsdpviz.naming import ROOT_UNIT
+from fsdpviz.structure.records import Finding
 from fsdpviz.trace import schema
 
 MAX_SHOWN: Final = 5

@@ -7,7 +7,7 @@ parts add up to the step time the user sees):
 
 - ``exposed_comm``: communication no compute hid (the overlap's ``|comm| - |comm ∩ compute|``);
 - ``compute``: the rest of the time the GPU was busy with the model's work (kernels, copies);
-- ``fsdp_overhead``: FSDP's per-unit work (:mod:`fsdpviz.analysis.fsdp_work`): the time the GPU ran
+- ``fsdp_overhead``: FSDP's per-unit work (:mod:`fsdpviz.structure.fsdp_work`): the time the GPU ran
   only the copies FSDP's hooks launched (``fsdp_kernels``: copy-in, copy-out, the reduce-scatter
   input), and of each host-wait gap the time the host spent inside FSDP's hooks before the awaited
   launch (the GPU waited for FSDP); a coarser wrap runs fewer hooks;
@@ -25,7 +25,7 @@ collectives, waits and FSDP's ranges (those inside are ``fsdp_overhead``), ``exp
 (null), and ``other_idle`` is the rest of the step (Python between ops, waits the trace does not
 name).
 
-The profiler slows the host, not the kernels (:mod:`fsdpviz.analysis.profiler_cost`): on a
+The profiler slows the host, not the kernels (:mod:`fsdpviz.structure.profiler_cost`): on a
 launch-bound step its cost lands in ``host_wait``. :func:`unprofiled_split` takes the traced steps'
 excess over the timers' unprofiled step out of the idle parts (host wait first), so the bound is
 the run's, not the profiler's.
@@ -39,7 +39,8 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from fsdpviz.analysis.intervals import (
+from fsdpviz.formatting import NS_PER_MS
+from fsdpviz.structure.intervals import (
     Intervals,
     clip_intervals,
     complement,
@@ -47,9 +48,8 @@ from fsdpviz.analysis.intervals import (
     subtract_intervals,
     total_ns,
 )
-from fsdpviz.analysis.profiler_cost import ProfilerCost
-from fsdpviz.analysis.steps import AnalysedSteps
-from fsdpviz.formatting import NS_PER_MS
+from fsdpviz.structure.profiler_cost import ProfilerCost
+from fsdpviz.structure.steps import AnalysedSteps
 from fsdpviz.trace import schema
 
 # OVERLAP columns this module fills (sums over the analysed steps; -1: unknown).
@@ -116,7 +116,7 @@ def split_idle(gaps: list[tuple[int, int]], starts: np.ndarray, launches: np.nda
     """(host wait, other idle, FSDP host wait) ns of idle ``gaps``: a gap is host wait when the first
     work starting at or after its end was launched after the gap began. Of a host-wait gap, the time
     from its start to that launch during which the host was inside one of FSDP's own ranges
-    (``fsdp_host``, :mod:`fsdpviz.analysis.fsdp_work`) is FSDP's: the GPU waited for FSDP's hooks."""
+    (``fsdp_host``, :mod:`fsdpviz.structure.fsdp_work`) is FSDP's: the GPU waited for FSDP's hooks."""
     host = other = fsdp = 0
     for a, b in gaps:
         i = int(np.searchsorted(starts, b, side="left"))

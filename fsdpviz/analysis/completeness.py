@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from fsdpviz.analysis.framework import unconnected_ranks_note
-from fsdpviz.analysis.records import MISSING_RANKS, SKIPPED_EVENTS, SKIPPED_EXPORTS, Note
+from fsdpviz.structure.framework import unconnected_ranks_note
+from fsdpviz.structure.records import MISSING_RANKS, SKIPPED_EVENTS, SKIPPED_EXPORTS, Note
 from fsdpviz.trace.tables import TraceSet
 
 MAX_LISTED_FILES = 3  # skipped events: files named in the one warning line

@@ -30,8 +30,8 @@ import numpy as np
 import pandas as pd
 
 from fsdpviz import vocabulary
-from fsdpviz.analysis.profiler_cost import NOTABLE_SLOWDOWN, ProfilerCost
 from fsdpviz.formatting import NS_PER_MS, ms_text
+from fsdpviz.structure.profiler_cost import NOTABLE_SLOWDOWN, ProfilerCost
 from fsdpviz.trace import schema
 
 NOISE_FRACTION: Final = 0.005

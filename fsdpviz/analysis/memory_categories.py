@@ -36,7 +36,7 @@ made (the labels around it) and, where that is not enough, from where its block 
 - **other**: the rest -- backward's temporaries and activation gradients, the loss, inputs, the CUDA
   libraries' workspaces.
 
-Which labels mean what is :mod:`fsdpviz.analysis.label_rules`. Each category's level at a sample is
+Which labels mean what is :mod:`fsdpviz.structure.label_rules`. Each category's level at a sample is
 its share before the first event plus its blocks' allocations and frees up to that sample; what
 the events do not explain is ``other``.
 """
@@ -53,8 +53,8 @@ import numpy as np
 import pandas as pd
 
 from fsdpviz import vocabulary
-from fsdpviz.analysis import label_rules as rules
-from fsdpviz.analysis.intervals import Intervals, covers, empty_intervals, union_intervals
+from fsdpviz.structure import label_rules as rules
+from fsdpviz.structure.intervals import Intervals, covers, empty_intervals, union_intervals
 from fsdpviz.trace import schema
 
 SHARDED_PARAMS: Final = "sharded_params"
@@ -164,7 +164,7 @@ def _label_rows(labels: pd.DataFrame, mask: np.ndarray) -> tuple[np.ndarray, np.
 def sites(labels: pd.DataFrame, windows: pd.DataFrame, events: pd.DataFrame) -> Sites:
     """The :class:`Sites` of one rank from its labels (labels.LABELS), unit windows (windows.WINDOWS)
     and events (the optimizer's ranges and FSDP1's post-backward hook, which name no unit), read with
-    :mod:`fsdpviz.analysis.label_rules`."""
+    :mod:`fsdpviz.structure.label_rules`."""
     post = rules.post_backward(labels)
     empty = np.zeros(0, dtype=np.int64)
     fsdp1_post = zero = opt = (empty, empty)

@@ -17,7 +17,7 @@ CPU ops on the main and autograd threads minus the time inside collective-issuin
 ``record_param_comms``) and blocking waits (ops named ``*wait*``); the window is the analysed
 steps' time span. docs/concepts.md states both definitions with examples.
 
-The interval unions and their algebra are :mod:`fsdpviz.analysis.intervals`.
+The interval unions and their algebra are :mod:`fsdpviz.structure.intervals`.
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ import numpy as np
 import pandas as pd
 
 from fsdpviz.analysis.bound import cpu_split, gap_starters, gpu_split, step_windows
-from fsdpviz.analysis.fsdp_work import all_lanes, fsdp_ranges, launched_by_fsdp
-from fsdpviz.analysis.intervals import (
+from fsdpviz.errors import NoDataError
+from fsdpviz.structure.fsdp_work import all_lanes, fsdp_ranges, launched_by_fsdp
+from fsdpviz.structure.intervals import (
     Intervals,
     clip_intervals,
     overlap_ns,
@@ -39,8 +40,8 @@ from fsdpviz.analysis.intervals import (
     total_ns,
     union_intervals,
 )
-from fsdpviz.analysis.steps import AnalysedSteps, StepSelection, select_steps
-from fsdpviz.errors import NoDataError
+from fsdpviz.structure.spans import GPU_WORK_KINDS, HTA_NOT_COMPUTE_RE
+from fsdpviz.structure.steps import AnalysedSteps, StepSelection, select_steps
 from fsdpviz.trace import schema
 from fsdpviz.trace.comms import HOST_BACKEND_PREFIXES
 from fsdpviz.trace.tables import TraceSet
@@ -49,8 +50,6 @@ from fsdpviz.trace.tables import TraceSet
 # HTA 0.5.0 (hta/utils/utils.py): comm = ^nccl.*Kernel; "not compute" = that, or a name containing
 # Memcpy, or starting with Memset, or containing Sync (re.match semantics).
 HTA_COMM_RE: Final = re.compile(r"^nccl.*Kernel")
-HTA_NOT_COMPUTE_RE: Final = re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")
-GPU_WORK_KINDS: Final = (schema.KIND_KERNEL, schema.KIND_MEMCPY, schema.KIND_MEMSET)
 CPU_COMPUTE_LANES: Final = (schema.LANE_CPU_MAIN, schema.LANE_CPU_AUTOGRAD)
 CPU_WAIT_RE: Final = re.compile(r"wait", re.IGNORECASE)
 HOST_BACKEND_RE: Final = re.compile("|".join(re.escape(p) for p in HOST_BACKEND_PREFIXES))
@@ -108,7 +107,7 @@ def gpu_sets(events: pd.DataFrame, analysed: AnalysedSteps | None) -> tuple[Inte
 
 def model_work(events: pd.DataFrame, ranges: dict[str, Intervals]) -> Intervals:
     """The union of one rank's GPU work that is neither communication nor launched from inside FSDP's
-    own ranges (``ranges``: :func:`fsdpviz.analysis.fsdp_work.fsdp_ranges`): the model's."""
+    own ranges (``ranges``: :func:`fsdpviz.structure.fsdp_work.fsdp_ranges`): the model's."""
     gpu = events[events["kind"].isin(GPU_WORK_KINDS).to_numpy()]
     gpu = gpu[~_names_matching(gpu["name"], HTA_COMM_RE)]
     return _intervals_of(gpu[~launched_by_fsdp(events, gpu, ranges)])

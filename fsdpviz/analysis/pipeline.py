@@ -25,13 +25,13 @@ from fsdpviz.vocabulary import FRAMEWORKS_WITH_UNITS
 if TYPE_CHECKING:
     import pandas as pd
 
-    from fsdpviz.analysis.parallelism import RunParallelism
-    from fsdpviz.analysis.profiler_cost import ProfilerCost
     from fsdpviz.analysis.rankmap import RankDigest
     from fsdpviz.analysis.run import RankPart, RunAnalysis
-    from fsdpviz.analysis.steps import StepSelection
     from fsdpviz.analysis.summary import Summary
     from fsdpviz.runfolder import RunInfo
+    from fsdpviz.structure.parallelism import RunParallelism
+    from fsdpviz.structure.profiler_cost import ProfilerCost
+    from fsdpviz.structure.steps import StepSelection
     from fsdpviz.trace.kineto import RankColumns
 
 
@@ -41,7 +41,7 @@ class RunResult:
 
     Attributes:
         traces: the loaded tables, each rank on its own clock (``aligned``: on the reference clock).
-        selection: the analysed steps of every rank (:func:`fsdpviz.analysis.steps.select_steps`).
+        selection: the analysed steps of every rank (:func:`fsdpviz.structure.steps.select_steps`).
         overlap: whole-step overlap per rank (schema.OVERLAP).
         framework: ``fsdp2`` / ``fsdp1`` / ``zero3`` / ``ddp`` / ``unknown``, decided once.
     """
@@ -83,7 +83,7 @@ class RunResult:
     def clock_offsets(self) -> dict[int, int]:
         """rank -> ns its times were moved by to put them on the reference rank's clock (0: kept),
         as the per-unit analysis decided (``RunAnalysis.clock``)."""
-        from fsdpviz.analysis.crossrank import applied_offsets
+        from fsdpviz.structure.crossrank import applied_offsets
 
         return applied_offsets(self.analysis.clock)
 
@@ -92,7 +92,7 @@ class RunResult:
         """``traces`` on the reference clock: every rank's events, steps and memory samples moved as
         the analysis' tables are, so that anything drawn or simulated from them lines up with the
         analysis (events only where ``events_kept``; see :meth:`aligned_detail`)."""
-        from fsdpviz.analysis.crossrank import aligned_traces
+        from fsdpviz.structure.crossrank import aligned_traces
 
         return aligned_traces(self.traces, self.clock_offsets)
 
@@ -100,7 +100,7 @@ class RunResult:
         """:meth:`detail` on the reference clock: every table of ``ranks``, events included."""
         if self.events_kept:
             return self.aligned
-        from fsdpviz.analysis.crossrank import aligned_traces
+        from fsdpviz.structure.crossrank import aligned_traces
 
         return aligned_traces(self.detail(ranks), self.clock_offsets)
 
@@ -134,16 +134,16 @@ class RunResult:
 
     @cached_property
     def profiler(self) -> ProfilerCost | None:
-        """What the profiler cost the run, from its timers (:mod:`fsdpviz.analysis.profiler_cost`)."""
-        from fsdpviz.analysis.profiler_cost import profiler_cost
+        """What the profiler cost the run, from its timers (:mod:`fsdpviz.structure.profiler_cost`)."""
+        from fsdpviz.structure.profiler_cost import profiler_cost
 
         return profiler_cost(self.traces.timers, self.traces.run)
 
     @cached_property
     def parallelism(self) -> RunParallelism:
-        """The run's mesh (:func:`fsdpviz.analysis.parallelism.run_parallelism`), read once for the
+        """The run's mesh (:func:`fsdpviz.structure.parallelism.run_parallelism`), read once for the
         summary and for whatif's world-size settings."""
-        from fsdpviz.analysis.parallelism import run_parallelism
+        from fsdpviz.structure.parallelism import run_parallelism
 
         return run_parallelism(self.traces, self.framework)
 
@@ -162,8 +162,8 @@ def _settled(traces: TraceSet, analysis: RunAnalysis) -> pd.DataFrame:
     profiler did not see (:mod:`fsdpviz.analysis.unseen_frees`)."""
     if analysis.unseen_frees.empty:
         return traces.memory
-    from fsdpviz.analysis.crossrank import applied_offsets, shift_times
     from fsdpviz.analysis.unseen_frees import settle_run
+    from fsdpviz.structure.crossrank import applied_offsets, shift_times
 
     back = {r: -o for r, o in applied_offsets(analysis.clock).items()}
     own = shift_times(analysis.unseen_frees, back, ("alloc_ns", "free_ns"))
@@ -205,9 +205,9 @@ class LabelledRun:
 def analyse_traces(traces: TraceSet, *, steps: Sequence[int] | None = None,
                    include_last_step: bool = False) -> RunResult:
     """The pipeline on already loaded traces. Raises NoDataError when a rank has nothing to analyse."""
-    from fsdpviz.analysis.framework import decide_framework
     from fsdpviz.analysis.overlap import compute_overlap
-    from fsdpviz.analysis.steps import select_steps
+    from fsdpviz.structure.framework import decide_framework
+    from fsdpviz.structure.steps import select_steps
 
     selection = select_steps(traces, steps=steps, include_last_step=include_last_step)
     overlap = compute_overlap(traces, selection=selection)
@@ -259,10 +259,10 @@ def _rank_mapper(steps: Sequence[int] | None, include_last_step: bool,
 def _from_digests(traces: TraceSet, digests: list[RankDigest], *, steps: Sequence[int] | None,
                   cache: bool) -> RunResult:
     """The pipeline's reduce: the run's selection, overlap and framework from its ranks' digests."""
-    from fsdpviz.analysis.framework import decide_from_names
     from fsdpviz.analysis.overlap import overlap_frame
-    from fsdpviz.analysis.steps import combine_choices
     from fsdpviz.errors import NoDataError
+    from fsdpviz.structure.framework import decide_from_names
+    from fsdpviz.structure.steps import combine_choices
 
     selection = combine_choices([d.choice for d in digests], steps)
     failed = [d for d in digests if d.overlap is None]

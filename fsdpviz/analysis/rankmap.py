@@ -5,7 +5,7 @@ local process or a Dask worker), which runs everything the analysis does on one 
 analyses, its whole-step overlap, the evidence of the framework, its per-unit tables, memory peaks
 and step times (:func:`fsdpviz.analysis.run.analyse_ranks`) -- and sends back only that
 (:class:`RankDigest`: O(units x steps) rows, never the events). The pipeline then combines the
-digests (:func:`fsdpviz.analysis.steps.combine_choices`, :func:`fsdpviz.analysis.run.combine_parts`):
+digests (:func:`fsdpviz.structure.steps.combine_choices`, :func:`fsdpviz.analysis.run.combine_parts`):
 clock alignment, stragglers, medians and findings need nothing else.
 
 The functions are the same ones a small run, loaded whole, calls rank by rank in the parent, so both
@@ -20,12 +20,12 @@ from functools import partial
 
 import pandas as pd
 
-from fsdpviz.analysis.framework import framework_evidence
 from fsdpviz.analysis.overlap import rank_overlap
 from fsdpviz.analysis.run import RankPart, analyse_ranks
-from fsdpviz.analysis.steps import RankChoice, choose_steps, combine_choices
 from fsdpviz.errors import NoDataError
 from fsdpviz.runfolder import RunInfo
+from fsdpviz.structure.framework import framework_evidence
+from fsdpviz.structure.steps import RankChoice, choose_steps, combine_choices
 from fsdpviz.trace import frames
 from fsdpviz.trace.kineto import RankColumns
 from fsdpviz.trace.sources import units_from_run

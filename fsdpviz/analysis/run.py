@@ -6,7 +6,7 @@ matched, rank clocks compared and, where they disagree, every time of a rank is 
 reference rank's clock; collective skew and stragglers are measured on that common clock. Last,
 units are summarised and findings written.
 
-The analysed steps are those of the whole-step overlap (:func:`fsdpviz.analysis.steps.select_steps`):
+The analysed steps are those of the whole-step overlap (:func:`fsdpviz.structure.steps.select_steps`):
 by default every ProfilerStep the trace holds complete.
 
 Why one module of ~550 lines: the per-rank pass (:func:`analyse_ranks`, each rank a :class:`RankPart`)
@@ -25,17 +25,21 @@ import numpy as np
 import pandas as pd
 
 from fsdpviz import vocabulary
-from fsdpviz.analysis import crossrank, memory
-from fsdpviz.analysis import label_rules as rules
 from fsdpviz.analysis import memory_categories as mcat
 from fsdpviz.analysis import memory_split as msplit
 from fsdpviz.analysis import unseen_frees as unseen
 from fsdpviz.analysis.bound import gap_starters, host_wait_gaps, unit_host_wait
-from fsdpviz.analysis.categorical import startswith
-from fsdpviz.analysis.collectives import is_gpu_rank
 from fsdpviz.analysis.findings import build_findings
-from fsdpviz.analysis.framework import decide_framework
-from fsdpviz.analysis.intervals import (
+from fsdpviz.analysis.overlap import cpu_sets, gpu_sets, host_backend_collectives
+from fsdpviz.analysis.unit_overlap import unit_steps
+from fsdpviz.analysis.units import derive_units, unit_stats
+from fsdpviz.formatting import NS_PER_MS
+from fsdpviz.structure import crossrank, memory
+from fsdpviz.structure import label_rules as rules
+from fsdpviz.structure.categorical import startswith
+from fsdpviz.structure.collectives import is_gpu_rank
+from fsdpviz.structure.framework import decide_framework
+from fsdpviz.structure.intervals import (
     Intervals,
     covered_ns,
     empty_intervals,
@@ -44,7 +48,7 @@ from fsdpviz.analysis.intervals import (
     total_ns,
     union_intervals,
 )
-from fsdpviz.analysis.labels import (
+from fsdpviz.structure.labels import (
     ENGINE_BACKWARD,
     ENGINE_FORWARD,
     ENGINE_STEP,
@@ -52,24 +56,20 @@ from fsdpviz.analysis.labels import (
     has_unit_labels,
     parse_labels,
 )
-from fsdpviz.analysis.memory import MemoryModel
-from fsdpviz.analysis.overlap import cpu_sets, gpu_sets, host_backend_collectives
-from fsdpviz.analysis.packed import Packed, concat_packed, pack, release_freed_memory
-from fsdpviz.analysis.parallelism import run_parallelism
-from fsdpviz.analysis.profiler_cost import ProfilerCost
-from fsdpviz.analysis.purposes import (
+from fsdpviz.structure.memory import MemoryModel
+from fsdpviz.structure.packed import Packed, concat_packed, pack, release_freed_memory
+from fsdpviz.structure.parallelism import run_parallelism
+from fsdpviz.structure.profiler_cost import ProfilerCost
+from fsdpviz.structure.purposes import (
     PURPOSE_TIMES,
     collective_purposes,
     one_row_per_collective,
     purpose_times,
 )
-from fsdpviz.analysis.records import CLOCK_MOVED, NO_UNIT_LABELS, SHARED_COLLECTIVES, Note
-from fsdpviz.analysis.spans import ISSUED_GATHERS, unit_tables
-from fsdpviz.analysis.steps import StepSelection, select_steps
-from fsdpviz.analysis.unit_overlap import unit_steps
-from fsdpviz.analysis.units import derive_units, unit_stats
-from fsdpviz.analysis.windows import overhead_labels, unit_ancestors
-from fsdpviz.formatting import NS_PER_MS
+from fsdpviz.structure.records import CLOCK_MOVED, NO_UNIT_LABELS, SHARED_COLLECTIVES, Note
+from fsdpviz.structure.spans import ISSUED_GATHERS, unit_tables
+from fsdpviz.structure.steps import StepSelection, select_steps
+from fsdpviz.structure.windows import overhead_labels, unit_ancestors
 from fsdpviz.trace import schema
 from fsdpviz.trace.tables import TraceSet
 
@@ -214,7 +214,7 @@ class RankPart:
     unseen_frees: pd.DataFrame  # unseen_frees.UNSEEN_FREES: settled in the memory tables above
 
     def compact(self, *, keep_labels: bool) -> RankPart:
-        """Every table packed (:mod:`fsdpviz.analysis.packed`: a fraction of the bytes to send and to
+        """Every table packed (:mod:`fsdpviz.structure.packed`: a fraction of the bytes to send and to
         hold); without ``keep_labels`` the labels are left out (:func:`labels_of` computes them again
         for the ranks that need them)."""
         if not keep_labels:

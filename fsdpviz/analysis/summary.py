@@ -8,7 +8,7 @@ summary travels as the :class:`Summary` struct (``Summary.to_json()`` gives the 
 view of one pipeline result (:func:`summary_of`): it computes nothing the analysis has not.
 
 Conventions (docs/concepts.md): ``steps`` are the analysed ProfilerSteps (by default every step the
-trace holds complete, see :mod:`fsdpviz.analysis.steps`); ``step_time_ms`` is their mean CPU-side
+trace holds complete, see :mod:`fsdpviz.structure.steps`); ``step_time_ms`` is their mean CPU-side
 duration over ranks; the overlap's ``comm_ms`` / ``compute_ms`` / ``exposed_comm_ms`` are per step,
 averaged over ranks, and its ``overlap_pct`` is Σ|comm ∩ compute| / Σ|comm| over ranks; memory peaks
 are the largest samples in the analysed steps (GPU devices when the trace has any, else the CPU).
@@ -33,7 +33,6 @@ from fsdpviz.analysis.bound import (
     with_memory,
 )
 from fsdpviz.analysis.completeness import gap_notes
-from fsdpviz.analysis.framework import framework_notes
 from fsdpviz.analysis.memory_categories import (
     LEVEL_ALLOCATOR,
     LEVEL_MEASURED_BASELINE,
@@ -42,9 +41,13 @@ from fsdpviz.analysis.memory_categories import (
     peak_categories,
     unit_peak_categories,
 )
-from fsdpviz.analysis.parallelism import Parallelism, RunParallelism
-from fsdpviz.analysis.profiler_cost import ProfilerCost, no_cost_note, unit_pass_ms
-from fsdpviz.analysis.records import (
+from fsdpviz.analysis.units import UnitSummary, summary_records
+from fsdpviz.analysis.unseen_frees import ADDRESS_REUSE, COLLECTIVE_END
+from fsdpviz.formatting import ms
+from fsdpviz.structure.framework import framework_notes
+from fsdpviz.structure.parallelism import Parallelism, RunParallelism
+from fsdpviz.structure.profiler_cost import ProfilerCost, no_cost_note, unit_pass_ms
+from fsdpviz.structure.records import (
     BY_PURPOSE_UNKNOWN,
     NO_COMMUNICATION,
     NO_FSDP_LABELS,
@@ -55,10 +58,7 @@ from fsdpviz.analysis.records import (
     Note,
     texts,
 )
-from fsdpviz.analysis.steps import AnalysedSteps, StepSelection
-from fsdpviz.analysis.units import UnitSummary, summary_records
-from fsdpviz.analysis.unseen_frees import ADDRESS_REUSE, COLLECTIVE_END
-from fsdpviz.formatting import ms
+from fsdpviz.structure.steps import AnalysedSteps, StepSelection
 from fsdpviz.trace.frames import measured_baseline
 from fsdpviz.trace.tables import TraceSet
 
@@ -181,7 +181,7 @@ class Summary(msgspec.Struct, kw_only=True):
     memory: MemorySummary
     units: list[UnitSummary]
     parallelism: Parallelism = msgspec.field(default_factory=Parallelism)
-    """The FSDP mesh and TP degree (analysis/parallelism.py); a null size is unknown (a note says why)."""
+    """The FSDP mesh and TP degree (structure/parallelism.py); a null size is unknown (a note says why)."""
     units_source: str | None = None
     """Where the units' sizes come from: ``run.json``, ``trace`` (their all-gathers' arguments, for
     a run.json without a unit table or traces recorded without fsdpviz), ``run.json+trace``; None
@@ -200,7 +200,7 @@ class Summary(msgspec.Struct, kw_only=True):
     """The bound's action, then alike findings as one line each, the first few shown and the rest
     ``folded`` (analysis/actions.py); predicted gains where a command filled them (whatif/gains.py)."""
     clock: ClockSummary | None = None
-    """The clock the figures are on, where a command filled it (whatif/clock.py, with the actions' gains)."""
+    """The clock the figures are on, where a command filled it (replay/clock.py, with the actions' gains)."""
 
     def to_json(self) -> dict[str, Any]:
         """The ``fsdpviz summary --json`` dict (notes as their words)."""
@@ -217,7 +217,7 @@ class Summary(msgspec.Struct, kw_only=True):
         return self.overlap.exposed_comm_ms
 
     def has_note(self, code: str) -> bool:
-        """Whether one of the notes has ``code`` (:mod:`fsdpviz.analysis.records`)."""
+        """Whether one of the notes has ``code`` (:mod:`fsdpviz.structure.records`)."""
         return any(n.code == code for n in self.notes)
 
 

@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from fsdpviz import vocabulary
-from fsdpviz.analysis.intervals import Intervals, empty_intervals, exposed_ns
+from fsdpviz.structure.intervals import Intervals, empty_intervals, exposed_ns
 from fsdpviz.trace import schema
 
 _UNIT_PHASES: Final = (vocabulary.FORWARD, vocabulary.BACKWARD)

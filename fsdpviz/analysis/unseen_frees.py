@@ -16,7 +16,7 @@ The trace still says when each block died:
   ``c10d::*`` op: gloo's copy of the input) or as its buffer (inside FSDP2's ``FSDP::all_gather``)
   and freed unseen was freed by the gloo thread that ran the collective, when it finished: at the
   end of that collective (the one whose issuing op holds the allocation, else the first issued
-  after it on the rank; :mod:`fsdpviz.analysis.collectives` pairs issue and run);
+  after it on the rank; :mod:`fsdpviz.structure.collectives` pairs issue and run);
 - **the reuse of its address**: the allocator hands an address out again only once it is free, so
   an allocation at an address whose last event was an allocation means the block there had died
   (certain, and the latest it can have died).
@@ -36,8 +36,8 @@ from typing import Final
 import numpy as np
 import pandas as pd
 
-from fsdpviz.analysis.intervals import Intervals, covers
 from fsdpviz.analysis.memory_categories import pair_frees
+from fsdpviz.structure.intervals import Intervals, covers
 from fsdpviz.trace import schema
 
 COLLECTIVE_END: Final = "collective_end"  # freed when the collective that used it finished

@@ -129,8 +129,8 @@ def print_summary(summary: Summary) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from fsdpviz.analysis.parallelism import parallelism_text
-    from fsdpviz.analysis.purposes import PURPOSE_TITLES
+    from fsdpviz.structure.parallelism import parallelism_text
+    from fsdpviz.structure.purposes import PURPOSE_TITLES
 
     console = Console()
     steps = summary.steps

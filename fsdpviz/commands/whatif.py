@@ -18,9 +18,9 @@ from fsdpviz.errors import UsageError
 from fsdpviz.formatting import change_text, mib_text
 
 if TYPE_CHECKING:
+    from fsdpviz.replay.settings import Settings
     from fsdpviz.whatif.explore import Exploration
     from fsdpviz.whatif.predict import Outcome, Prediction
-    from fsdpviz.whatif.settings import Settings
 
 EXAMPLE = """
 fsdpviz whatif runs/base --prefetch 2 -o prefetch2.html
@@ -90,7 +90,7 @@ def whatif(
     size. Each recorded step is simulated twice, as recorded and under the setting, and the
     prediction is the recording moved by the difference, so what the simulation does not explain
     cancels out; the replay line says how closely it reproduces the recording."""
-    from fsdpviz.whatif.settings import Settings, parse_bool, parse_prefetch, parse_wrap
+    from fsdpviz.replay.settings import Settings, parse_bool, parse_prefetch, parse_wrap
 
     settings = Settings()
     if wrap is not None:
@@ -127,7 +127,7 @@ def whatif(
     started = time.perf_counter()
 
     from fsdpviz.analysis.pipeline import analyse
-    from fsdpviz.whatif.predict import read_model
+    from fsdpviz.replay.model import read_model
 
     say(f"loading {run}")
     result = analyse([run], cache=cache, progress=False, scheduler=scheduler)
@@ -278,7 +278,7 @@ def _setting_words(settings: Settings, device: str = "", prefetch: dict[str, obj
     """Each setting and where it came from: ``prefetch 1 (given)``, ``wrap as recorded``; on a CPU
     ``device`` the ranks per host are not GPUs; ``prefetch``: that setting in the framework's own
     arguments (``prefetch implicit (recorded: forward_prefetch=False, backward_prefetch=BACKWARD_PRE)``)."""
-    from fsdpviz.whatif.prefetch_args import words as argument_words
+    from fsdpviz.replay.prefetch_args import words as argument_words
 
     words = []
     for key, v in settings.to_json().items():

@@ -18,7 +18,7 @@ collectives of one kind and size in two groups (HSDP's shard and replica groups,
 
 ``<name>`` is the group's name as distributedInfo's ``pg_config`` (and NCCL's ``Process Group
 Name``) gives it. What is not named (functional collectives, issued by C++ without a Python call;
-groups made another way) is paired by size as before (analysis/collectives.py).
+groups made another way) is paired by size as before (structure/collectives.py).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 memory, the findings, and the notes that say what the numbers leave out.
 
 Numbers come formatted from the run's summary, never computed here; notes are picked by their code
-(:mod:`fsdpviz.analysis.records`).
+(:mod:`fsdpviz.structure.records`).
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING
 
 from fsdpviz.analysis.figures import bound_words, clock_words, not_seen_freed_text
 from fsdpviz.analysis.memory_categories import LEVEL_MEASURED_BASELINE, LEVEL_SINCE_TRACE_START
-from fsdpviz.analysis.parallelism import parallelism_text
-from fsdpviz.analysis.purposes import PURPOSE_TITLES
-from fsdpviz.analysis.records import NO_FSDP_LABELS, NO_UNITS_FOUND
 from fsdpviz.formatting import format_bytes, format_ms, format_pct
 from fsdpviz.report.html import Fact, Section
 from fsdpviz.report.style import sentence
+from fsdpviz.structure.parallelism import parallelism_text
+from fsdpviz.structure.purposes import PURPOSE_TITLES
+from fsdpviz.structure.records import NO_FSDP_LABELS, NO_UNITS_FOUND
 
 if TYPE_CHECKING:
     from fsdpviz.analysis.summary import Summary

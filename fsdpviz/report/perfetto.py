@@ -32,10 +32,10 @@ from typing import Any, Final
 import numpy as np
 import pandas as pd
 
-from fsdpviz.analysis.intervals import subtract_intervals, union_intervals
 from fsdpviz.analysis.pipeline import RunResult
 from fsdpviz.errors import RunFolderError, UsageError
 from fsdpviz.formatting import MIB
+from fsdpviz.structure.intervals import subtract_intervals, union_intervals
 from fsdpviz.trace import schema
 from fsdpviz.vocabulary import (
     ALL_GATHER,

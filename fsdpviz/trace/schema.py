@@ -75,7 +75,7 @@ EVENTS: Final[Schema] = {
     "comm_dtype": "category",  # element type of a communication event's data ("bfloat16", ...), "" if unknown
     # Elements of the tensor a host backend runs the collective on: a gloo op's own input, and for an
     # issuing op the tensor it hands the backend (a gather's shard, a reduce-scatter's whole input);
-    # -1 if unknown. It pairs a gloo thread's op with the op that issued it (analysis/collectives.py).
+    # -1 if unknown. It pairs a gloo thread's op with the op that issued it (structure/collectives.py).
     "comm_numel": "int64",
 }
 
@@ -134,7 +134,7 @@ RANKS: Final[Schema] = {
     "fsdpviz_export": "bool",  # read from fsdpviz's own Perfetto export (fsdpviz export --format perfetto)
     "nccl_version": "string",
     # distributedInfo's process groups, "desc:size:name" joined by ";" ("default_pg:4:0;mesh_tp:2:3");
-    # "" when the trace lists none (analysis/parallelism.py reads it)
+    # "" when the trace lists none (structure/parallelism.py reads it)
     "process_groups": "string",
 }
 

@@ -11,7 +11,7 @@ and ``note`` says what could not be resolved, instead of a guess.
   ``set_modules_to_backward_prefetch`` lists of the next units. No prefetch at all cannot be said: FSDP2
   prefetches one unit ahead in backward wherever a unit's list is empty.
 - FSDP1: ``FullyShardedDataParallel`` on the model with a ``CustomPolicy`` that wraps exactly the
-  units' modules, and the prefetch arguments (:mod:`.prefetch_args`). FSDP1 wraps one module per unit:
+  units' modules, and the prefetch arguments (:mod:`fsdpviz.replay.prefetch_args`). FSDP1 wraps one module per unit:
   a unit of several sibling modules cannot be said.
 - ZeRO-3: the config keys (``zero_optimization``), as ``zero_config(config)``, which sets them in a
   DeepSpeed config dict.
@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from fsdpviz.naming import ROOT_UNIT
+from fsdpviz.replay import prefetch_args
+from fsdpviz.replay import program as prog
+from fsdpviz.replay.recorded import Recording
+from fsdpviz.replay.settings import GIVEN, Settings
 from fsdpviz.vocabulary import FSDP1, FSDP2, ZERO3
-from fsdpviz.whatif import prefetch_args
-from fsdpviz.whatif import program as prog
-from fsdpviz.whatif.recorded import Recording
-from fsdpviz.whatif.settings import GIVEN, Settings
 
 FSDP2_IMPORT: Final = '''try:
     from torch.distributed.fsdp import fully_shard

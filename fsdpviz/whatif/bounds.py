@@ -24,9 +24,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Final
 
-from fsdpviz.whatif.memory import MemoryChange, StepMemory
-from fsdpviz.whatif.recorded import Recording
-from fsdpviz.whatif.settings import GIVEN, Settings
+from fsdpviz.replay.memory import MemoryChange, StepMemory
+from fsdpviz.replay.recorded import Recording
+from fsdpviz.replay.settings import GIVEN, Settings
 
 # How the note of a raised prediction begins (:func:`floored`).
 FLOOR_NOTE: Final = "peak memory: the model's level under this setting stayed below the recorded peak"

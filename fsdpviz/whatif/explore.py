@@ -45,9 +45,10 @@ from fsdpviz.analysis.bound import (
 )
 from fsdpviz.errors import FsdpvizError
 from fsdpviz.naming import ROOT_UNIT
-from fsdpviz.whatif import prefetch_args
-from fsdpviz.whatif.predict import RELIABLE_REPLAY_PCT, SUPPORTED, Model, Outcome, Prediction, predict
-from fsdpviz.whatif.settings import Settings, Wrap
+from fsdpviz.replay import prefetch_args
+from fsdpviz.replay.model import SUPPORTED, Model
+from fsdpviz.replay.settings import Settings, Wrap
+from fsdpviz.whatif.predict import RELIABLE_REPLAY_PCT, Outcome, Prediction, predict
 
 BUDGET_DEVICE = "device memory from the trace"
 BUDGET_NONE = ("none: the trace does not state the device's memory; every setting ranked by step time, "

@@ -2,7 +2,7 @@
 
 :func:`completed_summary` is the summary every view shows (``summary``, ``record``'s closing lines,
 ``compare``, the notebook): the recording read for prediction once, for the actions' predicted gains
-and the clock (:mod:`.clock`).
+and the clock (:mod:`fsdpviz.replay.clock`).
 
 A finding suggests a knob only where the trace shows its cause (``analysis/findings.py``). Where the
 model covers that knob -- explicit prefetch, one unit more of prefetch, keeping the first backward
@@ -22,10 +22,11 @@ from fsdpviz.analysis.bound import KIND_COMMUNICATION, KIND_HOST
 from fsdpviz.analysis.summary import Summary
 from fsdpviz.errors import FsdpvizError
 from fsdpviz.formatting import MIB
-from fsdpviz.whatif import prefetch_args
-from fsdpviz.whatif.clock import clock_of
-from fsdpviz.whatif.predict import Model, model_clock, predict, read_model
-from fsdpviz.whatif.settings import Settings, Wrap
+from fsdpviz.replay import prefetch_args
+from fsdpviz.replay.clock import clock_of
+from fsdpviz.replay.model import Model, model_clock, read_model
+from fsdpviz.replay.settings import Settings, Wrap
+from fsdpviz.whatif.predict import predict
 
 if TYPE_CHECKING:
     from fsdpviz.analysis.pipeline import RunResult

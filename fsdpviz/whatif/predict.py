@@ -6,9 +6,9 @@ prediction is the recording moved by the share the setting moves the simulation 
 recorded x simulated(setting) / simulated(recorded), per rank and step, the mean of the shares), so
 whatever the model does not explain cancels out instead of being blamed on the setting.
 
-One clock (whatif/clock.py): the recorded figures are the summary's (its step, the bound's exposed
+One clock (replay/clock.py): the recorded figures are the summary's (its step, the bound's exposed
 communication and work), and the simulations are the replay without the profiler where the recorder's
-timers allow one (:mod:`.calibration` on CPU, :mod:`.hostcost` on GPU), so the recorded setting predicts
+timers allow one (:mod:`fsdpviz.replay.calibration` on CPU, :mod:`fsdpviz.replay.hostcost` on GPU), so the recorded setting predicts
 the summary exactly. Without such a replay and with the traced step as the summary's, the step moves
 by the simulated difference instead.
 
@@ -21,44 +21,35 @@ their own (the programs, the simulator, the calibration, the memory model, the e
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from fsdpviz.analysis.bound import BASIS_UNPROFILED as BOUND_UNPROFILED
-from fsdpviz.analysis.compare.spread import spread_ms, step_values_ms
-from fsdpviz.analysis.parallelism import known_dims
-from fsdpviz.analysis.pipeline import LabelledRun, RunResult
-from fsdpviz.analysis.profiler_cost import clean_step_ms
+from fsdpviz.analysis.pipeline import RunResult
 from fsdpviz.errors import UsageError
 from fsdpviz.formatting import NS_PER_MS, rounded_ms
 from fsdpviz.naming import ROOT_UNIT
-from fsdpviz.vocabulary import FSDP1, FSDP2, ZERO3
-from fsdpviz.whatif import bounds, hostcost, known, prefetch_args
-from fsdpviz.whatif import comm as comm_model
-from fsdpviz.whatif import program as prog
+from fsdpviz.replay import comm as comm_model
+from fsdpviz.replay import prefetch_args
+from fsdpviz.replay import program as prog
+from fsdpviz.replay.clock import BASIS_TRACED, RELIABLE_REPLAY_PCT, clock_of
+from fsdpviz.replay.memory import MemoryChange, MemorySetting, predict_step
+from fsdpviz.replay.model import SUPPORTED, Model, model_clock
+from fsdpviz.replay.recorded import Recording, StepProgram
+from fsdpviz.replay.settings import DEFAULT, GIVEN, RECORDED, Settings, Wrap
+from fsdpviz.replay.simulate import SimResult, run
+from fsdpviz.structure.parallelism import known_dims
+from fsdpviz.vocabulary import FSDP2, ZERO3
+from fsdpviz.whatif import bounds, known
 from fsdpviz.whatif.apply import Apply, apply_code
-from fsdpviz.whatif.calibration import Calibration, calibrate, scaled
-from fsdpviz.whatif.clock import BASIS_TRACED, RELIABLE_REPLAY_PCT, Replayed, clock_of
-from fsdpviz.whatif.memory import MemoryChange, MemorySetting, predict_step
-from fsdpviz.whatif.recorded import Gather, Recording, StepProgram
-from fsdpviz.whatif.recording import read_recording
-from fsdpviz.whatif.settings import DEFAULT, GIVEN, RECORDED, Settings, Wrap
-from fsdpviz.whatif.simulate import SimResult, run
 
 if TYPE_CHECKING:
-    from fsdpviz.analysis.profiler_cost import ProfilerCost
+    from fsdpviz.structure.profiler_cost import ProfilerCost
 
-SAMPLED_RANKS = 16  # ranks read of a run held rank by rank (read_model)
 # Past this slowdown the profiler's own cost is a large part of the traced step the model is built on.
 HIGH_SLOWDOWN = 1.5
-SUPPORTED = {
-    FSDP2: {"wrap", "prefetch", "reshard_after_forward", "keep_last_units", "world_size"},
-    FSDP1: {"wrap", "prefetch", "world_size"},
-    ZERO3: {"prefetch", "world_size"},
-}
 
 
 @dataclass(slots=True)
@@ -100,23 +91,6 @@ class Outcome:
 
 
 @dataclass(slots=True)
-class Model:
-    """A recording read for prediction (read once, predicted many times)."""
-
-    result: RunResult
-    recording: Recording
-    comm: comm_model.CommModel
-    gathers: dict[tuple[str, str], Gather]
-    replays: list[SimResult] = field(default_factory=list)
-    sampled: list[int] | None = None  # the ranks read, when not every rank was
-    net: Model | None = None  # the same recording without the profiler (GPU: hostcost; CPU: calibration)
-    calibration: Calibration | None = None  # CPU: how ``net`` was put on the timers' clean steps
-    spread_share: float | None = None  # the recording's step-to-step spread over its step (spread_share)
-    # setting (Settings.describe()) -> its predicted change, words and code, as the actions' gains read them
-    gains: dict[str, tuple[float | None, str, str | None]] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
 class Prediction:
     baseline: Outcome
     predicted: Outcome
@@ -130,11 +104,11 @@ class Prediction:
     assumed: list[str] = field(default_factory=list)  # figures neither the recording nor the user gave
     basis: str = BASIS_TRACED
     clock: dict[str, Any] | None = None
-    """The recording's clock, as ``summary --json`` says it (whatif/clock.py)."""
+    """The recording's clock, as ``summary --json`` says it (replay/clock.py)."""
     profiler: dict[str, Any] | None = None
     """The recording's profiled and unprofiled step times (``summary --json`` ``profiler``); None without timers."""
     prefetch_arguments: dict[str, object] | None = None
-    """The prefetch setting as the framework's own arguments (:mod:`.prefetch_args`); None where run.json
+    """The prefetch setting as the framework's own arguments (:mod:`fsdpviz.replay.prefetch_args`); None where run.json
     does not say what was recorded."""
     spread_ms: float | None = None
     """The recording's own step-to-step spread on the prediction's basis (:func:`recording_spread_ms`);
@@ -169,69 +143,6 @@ class Prediction:
                 "reliable": self.reliable, "warnings": self.warnings,
                 "apply": self.apply.to_json() if self.apply is not None else None,
                 "assumed": self.assumed, "notes": self.notes}
-
-
-def read_model(result: RunResult, ranks: Sequence[int] | None = None) -> Model:
-    """Read ``result`` for prediction; an error when it holds nothing the model can use.
-
-    ``ranks``: read only these ranks' steps (a quicker, rougher model for a big run: the baseline
-    stays the whole run's, the predicted change is the mean over these ranks). A run too large to
-    hold whole (``result.events_kept`` False) is read on ``SAMPLED_RANKS`` ranks spread over it
-    unless ``ranks`` says otherwise: reading every rank's events again would hold the whole run."""
-    analysis = result.analysis
-    sampled = None
-    if ranks is None and not result.events_kept and len(analysis.ranks) > SAMPLED_RANKS:
-        every = sorted(analysis.ranks)
-        ranks = sampled = [every[i] for i in sorted({round(i * (len(every) - 1) / (SAMPLED_RANKS - 1))
-                                                      for i in range(SAMPLED_RANKS)})]
-    if not analysis.has_units or analysis.units.empty:
-        raise UsageError("the recording has no FSDP units (no FSDP2 / FSDP1 / ZeRO-3 labels): nothing to predict")
-    if analysis.framework not in SUPPORTED:
-        raise UsageError(f"framework {analysis.framework}: predictions cover FSDP2, FSDP1 and ZeRO-3")
-    rec = read_recording(result, ranks)
-    if not rec.steps:
-        raise UsageError("no analysed step holds a complete forward and backward: nothing to predict")
-    model = _model(result, rec, sampled)
-    model.spread_share = spread_share(result)
-    cost = result.summary.profiler
-    gpu = rec.device == "gpu"
-    if gpu:
-        # the profiler's excess per traced host event: on the H100 recordings it predicts the wraps
-        # better than host work scaled as on CPU (docs/whatif.md, "One clock")
-        per_op_ns = hostcost.per_op_ns(cost, rec)
-        if per_op_ns > 0:
-            model.net = _model(result, read_recording(result, ranks, per_op_ns=per_op_ns), sampled)
-    elif cost is not None and cost.headline:
-        def replay_ns(steps: list[StepProgram]) -> list[float]:
-            return [run(prog.build(rec, s, recorded_settings(), model.comm, model.gathers), False).step_ns
-                    for s in steps]
-
-        model.calibration = calibrate(rec, clean_step_ms(result.traces.timers, result.traces.run), replay_ns)
-        if model.calibration.scale:
-            model.net = _model(result, scaled(rec, model.calibration.scale), sampled)
-    return model
-
-
-def _model(result: RunResult, rec: Recording, sampled: list[int] | None) -> Model:
-    samples = [("all_gather", g.bytes, g.comm_ns) for s in rec.steps for g in s.gathers]
-    samples += [("reduce_scatter", r.bytes, r.comm_ns) for s in rec.steps for r in s.reduces]
-    # the host's share of a gather (copy-in, the call; the copy-out) grows with its bytes too
-    samples += [(prog.GATHER_HOST, g.bytes, g.host_ns) for s in rec.steps for g in s.gathers]
-    samples += [(prog.COPY_OUT_HOST, g.bytes, g.copy_out_host_ns) for s in rec.steps for g in s.gathers]
-    fitted = comm_model.fit(samples, rec.world_size, rec.ranks_per_host,
-                            per_call=frozenset({prog.GATHER_HOST, prog.COPY_OUT_HOST}))
-    gathers: dict[tuple[str, str], Gather] = {}
-    for s in rec.steps:
-        for g in s.gathers:
-            gathers.setdefault((g.unit, g.phase), g)
-    model = Model(result=result, recording=rec, comm=fitted, gathers=gathers, sampled=sampled)
-    model.replays = [run(prog.build(rec, s, recorded_settings(), fitted, gathers), rec.device == "gpu")
-                     for s in rec.steps]
-    return model
-
-
-def recorded_settings() -> Settings:
-    return Settings(prefetch="recorded")
 
 
 def check(model: Model, settings: Settings) -> None:
@@ -315,24 +226,6 @@ def unit_params(result: RunResult) -> dict[str, list[str]]:
     """Each recorded unit's parameter names, as run.json lists them (empty without run.json units)."""
     run = result.traces.run
     return {} if run is None else {u.unit: [name for name, _ in u.params] for u in run.units}
-
-
-def model_clock(model: Model) -> Replayed:
-    """What ``model`` replays without the profiler, for the run's clock (:func:`.clock.clock_of`)."""
-    every = len(model.result.analysis.ranks)
-    ranks = sorted({s.rank for s in model.recording.steps})
-    return Replayed(net_replays_ms=None if model.net is None else [r.step_ns / 1e6 for r in model.net.replays],
-                    calibration=model.calibration, ranks=None if len(ranks) == every else ranks)
-
-
-def spread_share(result: RunResult) -> float | None:
-    """The recording's own step-to-step spread as a share of its step: the range of the steps the
-    summary's step time comes from (the clean unprofiled steps where the timers give it, else the
-    analysed steps as traced; each step the median over ranks, as ``compare`` measures it) over that
-    step time. None with fewer than two such steps. Read once per model, for every prediction."""
-    spread = spread_ms(step_values_ms(LabelledRun(label="", source="", result=result), "step_time_ms"))
-    step = result.summary.step_time_ms
-    return spread / step if spread is not None and step else None
 
 
 def recording_spread_ms(model: Model, baseline_ms: float) -> float | None:
@@ -481,7 +374,7 @@ def _baseline(model: Model) -> Outcome:
 
 
 def memory_setting(rec: Recording, settings: Settings) -> MemorySetting:
-    """What the memory model (:mod:`.memory`) reads of a filled-in setting."""
+    """What the memory model (:mod:`fsdpviz.replay.memory`) reads of a filled-in setting."""
     group, new_units, members = prog.regrouped(rec, settings)
     reshard = prog.unit_reshard(rec, settings, new_units, members)
     world = settings.world_size or rec.world_size

@@ -12,7 +12,7 @@ from typing import Final
 
 import numpy as np
 
-from fsdpviz.whatif.settings import Settings, Wrap
+from fsdpviz.replay.settings import Settings, Wrap
 
 _S = Settings()
 ROOT_PEAK: Final = 6_679_714_304  # one unit for the whole model

@@ -22,9 +22,9 @@ from helpers.once import session_root, shared_processes
 from recording import SCRIPTS
 
 from fsdpviz import vocabulary
-from fsdpviz.analysis import crossrank
-from fsdpviz.analysis.collectives import find_collectives
 from fsdpviz.analysis.pipeline import RunResult, analyse
+from fsdpviz.structure import crossrank
+from fsdpviz.structure.collectives import find_collectives
 
 pytestmark = [pytest.mark.slow]
 

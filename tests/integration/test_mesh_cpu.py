@@ -128,10 +128,10 @@ def test_tp_reduce_scatters_are_fsdps_own(tp: tuple[MeshRecording, RunResult]) -
 
 
 def test_tp_all_reduces_are_tensor_parallel_and_the_rest_is_not_fsdp(tp: tuple[MeshRecording, RunResult]) -> None:
-    from fsdpviz.analysis.collectives import find_collectives
-    from fsdpviz.analysis.labels import parse_labels
-    from fsdpviz.analysis.purposes import collective_purposes
-    from fsdpviz.analysis.spans import attribute_collectives
+    from fsdpviz.structure.collectives import find_collectives
+    from fsdpviz.structure.labels import parse_labels
+    from fsdpviz.structure.purposes import collective_purposes
+    from fsdpviz.structure.spans import attribute_collectives
 
     rec, result = tp
     rank = 0

@@ -25,8 +25,8 @@ import pytest
 from helpers.jobs import EXAMPLE, REPO
 from recording import EXAMPLE_RUNS, LAYERS, PROFILED, Recordings
 
-from fsdpviz.analysis.intervals import intersect_intervals, subtract_intervals, total_ns, union_intervals
 from fsdpviz.analysis.run import RunAnalysis, analyse_run
+from fsdpviz.structure.intervals import intersect_intervals, subtract_intervals, total_ns, union_intervals
 from fsdpviz.trace import load_traces
 
 pytestmark = pytest.mark.recorded

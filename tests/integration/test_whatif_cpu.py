@@ -15,7 +15,7 @@ from helpers.cli import json_here, run_here
 from helpers.jobs import NO_OUTPUT
 from recording import EXAMPLE_RUNS, LAYERS, PROFILE, Config, Recordings
 
-from fsdpviz.whatif.clock import RELIABLE_REPLAY_PCT
+from fsdpviz.replay.clock import RELIABLE_REPLAY_PCT
 
 pytestmark = pytest.mark.recorded
 
@@ -45,7 +45,7 @@ def test_replay_prefetch_and_world_size(framework: str, recordings: Recordings,
     assert replay["basis"] == summary["clock"]["basis"] and replay["baseline"]["step_time_ms"] == step
     # measured over 15 recordings each on a quiet machine: under 1 % on all three
     # (benchmarks/bench_whatif_replay.py); recorded beside other jobs on 2 cores, ZeRO-3's ran 6.1 % off.
-    # Held to what makes a prediction reliable (whatif/clock.py)
+    # Held to what makes a prediction reliable (replay/clock.py)
     assert replay["replay_error_pct"] <= RELIABLE_REPLAY_PCT and replay["reliable"]
     assert replay["predicted"]["step_time_ms"] == pytest.approx(step, abs=1e-3)
     none = json_here(capsys, "whatif", run, "--prefetch", "none", "--json", "-q")

@@ -26,11 +26,12 @@ from helpers.committed import recorded_once
 from helpers.jobs import EXAMPLE, NO_OUTPUT, fsdpviz, record_env, retried
 from helpers.once import session_root
 
-from fsdpviz.analysis.labels import parse_labels
 from fsdpviz.analysis.pipeline import analyse
-from fsdpviz.analysis.windows import overhead_labels
-from fsdpviz.whatif.predict import Model, predict, read_model
-from fsdpviz.whatif.settings import Settings, Wrap
+from fsdpviz.replay.model import Model, read_model
+from fsdpviz.replay.settings import Settings, Wrap
+from fsdpviz.structure.labels import parse_labels
+from fsdpviz.structure.windows import overhead_labels
+from fsdpviz.whatif.predict import predict
 
 pytestmark = [pytest.mark.slow, pytest.mark.recorded]
 
@@ -139,7 +140,7 @@ def test_fsdp1_gradients_are_their_units_flat_gradient_and_its_fp32_copy(models:
 
 @pytest.mark.parametrize("framework", ["", "fsdp1-"])
 def test_per_unit_work_follows_the_recorded_wrap(models: dict[str, Model], framework: str) -> None:
-    """FSDP's per-unit work (the training thread's ops inside its hooks' ranges, analysis/fsdp_work.py,
+    """FSDP's per-unit work (the training thread's ops inside its hooks' ranges, structure/fsdp_work.py,
     which the bound splits out as ``fsdp_overhead_ms``) follows the wrap the script applied: run.json's
     units, read from FSDP's own module state. Per block, five units (four blocks and the root) run five
     sets of hooks and copies; one root unit runs one set over the same bytes, so the ranges the bound

@@ -22,9 +22,10 @@ import pytest
 from recording import EXAMPLE_RUNS, Recordings, grad_accum_config
 
 from fsdpviz.analysis.pipeline import analyse
+from fsdpviz.replay.model import Model, read_model
+from fsdpviz.replay.settings import Settings, Wrap
 from fsdpviz.whatif.explore import explore
-from fsdpviz.whatif.predict import Model, Prediction, predict, read_model
-from fsdpviz.whatif.settings import Settings, Wrap
+from fsdpviz.whatif.predict import Prediction, predict
 
 pytestmark = [pytest.mark.slow, pytest.mark.recorded]
 

@@ -23,8 +23,9 @@ from recording import SCRIPTS, record
 
 from fsdpviz.analysis import memory_categories as mcat
 from fsdpviz.analysis.pipeline import analyse
-from fsdpviz.whatif.predict import predict, read_model
-from fsdpviz.whatif.settings import Settings
+from fsdpviz.replay.model import read_model
+from fsdpviz.replay.settings import Settings
+from fsdpviz.whatif.predict import predict
 
 pytestmark = [pytest.mark.slow, pytest.mark.recorded]  # analysis only: committed copies in `make test`
 

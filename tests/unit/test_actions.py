@@ -25,7 +25,7 @@ from fsdpviz.analysis.actions import (
     group_findings,
     with_prediction,
 )
-from fsdpviz.analysis.records import Finding
+from fsdpviz.structure.records import Finding
 from fsdpviz.whatif.gains import predicted_actions
 
 PREFETCH = "prefetch one more unit ahead (the pass computes longer than it gathers; costs memory)"

@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 from helpers.kineto import MAIN_TID, TraceBuilder
 
-from fsdpviz.analysis.collectives import find_collectives, thread_group
+from fsdpviz.structure.collectives import find_collectives, thread_group
 from fsdpviz.trace.loader import load_traces
 
 SHARD = 64

@@ -30,13 +30,16 @@ ALLOWED: dict[str, set[str]] = {
     "formatting": set(),  # times and bytes as numbers and text
     "naming": set(),
     "runfolder": {"errors"},
+    # the data's flow: trace -> structure -> analysis (figures) -> replay (the one clock) -> whatif -> views
     "trace": BASE | {"runfolder", "naming"},
-    "analysis": BASE | {"runfolder", "naming", "trace"},
-    "whatif": BASE | {"runfolder", "naming", "trace", "analysis"},
-    "report": BASE | {"runfolder", "naming", "trace", "analysis", "whatif"},
+    "structure": BASE | {"runfolder", "naming", "trace"},
+    "analysis": BASE | {"runfolder", "naming", "trace", "structure"},
+    "replay": BASE | {"runfolder", "naming", "trace", "structure", "analysis"},
+    "whatif": BASE | {"runfolder", "naming", "trace", "structure", "analysis", "replay"},
+    "report": BASE | {"runfolder", "naming", "trace", "structure", "analysis", "replay", "whatif"},
     "record": BASE | {"runfolder", "naming"},
-    "commands": BASE | {"runfolder", "naming", "trace", "analysis", "whatif", "report", "record"},
-    "api": BASE | {"runfolder", "naming", "trace", "analysis", "whatif", "report"},
+    "commands": BASE | {"runfolder", "naming", "trace", "structure", "analysis", "replay", "whatif", "report", "record"},
+    "api": BASE | {"runfolder", "naming", "trace", "structure", "analysis", "replay", "whatif", "report"},
     "cli": BASE | {"commands"},
 }
 # Third-party packages a part must never import (the parser and analysis run where no torch is
@@ -47,7 +50,9 @@ FORBIDDEN: dict[str, set[str]] = {
     "vocabulary": {"torch", "pandas", "numpy", "holoviews", "bokeh"},
     "formatting": {"torch", "pandas", "numpy", "holoviews", "bokeh"},
     "trace": {"torch", "holoviews", "bokeh", "panel", "jinja2"},
+    "structure": {"torch", "holoviews", "bokeh", "panel", "jinja2"},
     "analysis": {"torch", "holoviews", "bokeh", "panel", "jinja2"},
+    "replay": {"torch", "holoviews", "bokeh", "panel", "jinja2"},
     "whatif": {"torch", "holoviews", "bokeh", "panel", "jinja2"},
     "report": {"torch"},
     "commands": {"torch"},

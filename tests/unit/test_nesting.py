@@ -1,11 +1,11 @@
-"""Parent links and innermost-range lookups of ``analysis.nesting`` on nested ranges built so that the
+"""Parent links and innermost-range lookups of ``structure.nesting`` on nested ranges built so that the
 answer is known: every range is generated inside its parent."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from fsdpviz.analysis.nesting import innermost_in_lane, parent_links
+from fsdpviz.structure.nesting import innermost_in_lane, parent_links
 
 
 def _forest(seed: int, n_roots: int = 30, depth: int = 4) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

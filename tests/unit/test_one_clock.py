@@ -19,9 +19,10 @@ from helpers.cli import json_here
 
 from fsdpviz.analysis.bound import BASIS_UNPROFILED
 from fsdpviz.api import Run
-from fsdpviz.whatif.clock import BASIS_REPLAYED, BASIS_TRACED, RELIABLE_REPLAY_PCT
+from fsdpviz.replay.clock import BASIS_REPLAYED, BASIS_TRACED, RELIABLE_REPLAY_PCT
+from fsdpviz.replay.model import read_model, recorded_settings
 from fsdpviz.whatif.gains import completed_summary
-from fsdpviz.whatif.predict import predict, read_model, recorded_settings
+from fsdpviz.whatif.predict import predict
 
 SAMPLES_DIR = Path(__file__).parents[2] / "sample_traces"
 SAMPLES = ["fsdp2-cpu-2rank", "fsdp1-cpu-2rank", "zero3-cpu-2rank"]
@@ -98,19 +99,19 @@ def test_every_view_of_a_result_reads_its_model_once(where: str, monkeypatch: py
     recording for the model once between them (on GPU twice: with and without the profiler's cost),
     and show the one summary it gives."""
     from fsdpviz.analysis.pipeline import analyse
+    from fsdpviz.replay import model as model_module
     from fsdpviz.report.data import prepare_report
-    from fsdpviz.whatif import predict as predict_module
 
     folder = (SAMPLES_DIR / "fsdp2-cpu-2rank" if where == "sample"
               else request.getfixturevalue("gpu_fsdp_dir") / "h100-fsdp2-fake8-block-modelB")
     reads: list[int] = []
-    real = predict_module.read_recording
+    real = model_module.read_recording
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         reads.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(predict_module, "read_recording", counted)
+    monkeypatch.setattr(model_module, "read_recording", counted)
     result = analyse([folder], cache=False)
     summary = completed_summary(result)
     once = len(reads)

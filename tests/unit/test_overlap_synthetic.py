@@ -14,8 +14,8 @@ from helpers.kineto import MAIN_TID, TraceBuilder
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fsdpviz.analysis import intervals as iv
 from fsdpviz.analysis import overlap as ov
+from fsdpviz.structure import intervals as iv
 from fsdpviz.trace import load_traces
 
 US = 1000

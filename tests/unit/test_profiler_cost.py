@@ -18,8 +18,8 @@ import pandas as pd
 import pytest
 from helpers.rawfiles import raw_trace, timer_step_ms
 
-from fsdpviz.analysis.profiler_cost import profiler_cost
 from fsdpviz.runfolder import SCHEDULE_TIME_WINDOW, ProfileInfo, RankInfo, RunInfo
+from fsdpviz.structure.profiler_cost import profiler_cost
 from fsdpviz.trace import schema
 
 
@@ -206,9 +206,10 @@ def test_recordings_with_two_clean_steps_lead_with_them(
 
 @pytest.mark.parametrize("name", ["h100-fsdp2-gloo2-block", "h100-fsdp2-ws1-block"])
 def test_what_if_is_on_the_summarys_clock(name: str, gpu_fsdp_run: Callable[[str], Any]) -> None:
+    from fsdpviz.replay.model import read_model, recorded_settings
+    from fsdpviz.replay.settings import Settings
     from fsdpviz.whatif.gains import completed_summary
-    from fsdpviz.whatif.predict import predict, read_model, recorded_settings
-    from fsdpviz.whatif.settings import Settings
+    from fsdpviz.whatif.predict import predict
 
     result = gpu_fsdp_run(name)
     model = read_model(result)
@@ -231,7 +232,7 @@ def test_what_if_is_on_the_summarys_clock(name: str, gpu_fsdp_run: Callable[[str
 
 
 def test_unit_passes_are_the_unprofiled_steps_own_work() -> None:
-    from fsdpviz.analysis.profiler_cost import unit_pass_ms
+    from fsdpviz.structure.profiler_cost import unit_pass_ms
 
     # GIVEN blocks.0's forward compute: slow in profiled steps 2-4, 2 ms after; backward timed in
     # two micro-batches per step (summed); blocks.1 missed in step 7 (not timed in every step); step 5,

@@ -143,8 +143,9 @@ def test_thinned_memory_keeps_step_peaks_and_opening_levels() -> None:
 def test_whatif_reads_the_same_recording_both_ways(both_ways: Callable[[str], tuple[RunResult, RunResult]]) -> None:
     """The what-if model reads the events of its ranks again from a run held rank by rank (and
     their labels): its prediction is the one made from the run loaded whole."""
-    from fsdpviz.whatif.predict import predict, read_model
-    from fsdpviz.whatif.settings import Settings, parse_wrap
+    from fsdpviz.replay.model import read_model
+    from fsdpviz.replay.settings import Settings, parse_wrap
+    from fsdpviz.whatif.predict import predict
 
     whole, mapped = both_ways("offsets-straggler-accumulation")
     setting = Settings().with_(wrap=parse_wrap("merge:2"), prefetch="none")

@@ -8,11 +8,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fsdpviz.analysis import intervals as iv
 from fsdpviz.analysis.overlap import compute_overlap
 from fsdpviz.report.timeline import events
 from fsdpviz.report.timeline import view as timeline_view
 from fsdpviz.report.timeline.steps import choose_steps
+from fsdpviz.structure import intervals as iv
 from fsdpviz.trace import load_traces, schema
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "fsdp2-cpu-2rank"

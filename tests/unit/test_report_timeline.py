@@ -6,9 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fsdpviz.analysis import intervals
 from fsdpviz.formatting import NS_PER_MS
 from fsdpviz.report.timeline import steps as timeline
+from fsdpviz.structure import intervals
 
 
 def _steps(durations_ms: dict[int, list[float]], skew_ns: int = 0) -> pd.DataFrame:

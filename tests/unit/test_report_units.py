@@ -15,13 +15,13 @@ from synth import Scenario, generate_run, make_root, make_units
 from synth.expected import BOUND_FIELDS, bound_ms
 
 from fsdpviz import vocabulary
-from fsdpviz.analysis.intervals import total_ns, union_intervals
 from fsdpviz.analysis.pipeline import analyse_traces
 from fsdpviz.formatting import NS_PER_MS
 from fsdpviz.report import style
 from fsdpviz.report.data import prepare_report
 from fsdpviz.report.timeline.units import LOOP_PART_COLORS
 from fsdpviz.report.units.table import TABLE_COLUMNS, html_table, unit_tables
+from fsdpviz.structure.intervals import total_ns, union_intervals
 from fsdpviz.trace import load_traces
 
 OFFSET_NS = 5_000_000

@@ -10,7 +10,7 @@ import pytest
 from helpers.kineto import MAIN_TID, PID, TraceBuilder, launch
 
 from fsdpviz.analysis.pipeline import analyse_traces
-from fsdpviz.analysis.steps import select_steps
+from fsdpviz.structure.steps import select_steps
 from fsdpviz.trace import load_traces
 
 STEPS = (2, 3, 4)

@@ -126,10 +126,10 @@ def test_sample_cpu_traces(repo_root: Path) -> None:
 
 def test_terminal_summary_prints_bracketed_names_and_knobs_as_text(capsys: pytest.CaptureFixture[str]) -> None:
     """Unit names like ``[norm, output]`` and knobs like ``[next units]`` are text, not rich markup."""
-    from fsdpviz.analysis.records import Finding, Note
     from fsdpviz.analysis.summary import MemorySummary, OverlapSummary, Summary
     from fsdpviz.analysis.units import UnitSummary
     from fsdpviz.commands.summary import print_summary
+    from fsdpviz.structure.records import Finding, Note
 
     unit = UnitSummary(**dict.fromkeys(UnitSummary.__struct_fields__))
     unit = msgspec.structs.replace(unit, name="[norm, output]", param_numel=10, order=0, samples=1)

@@ -15,9 +15,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from fsdpviz.analysis.labels import parse_labels
 from fsdpviz.analysis.run import RunAnalysis, analyse_run
-from fsdpviz.analysis.spans import unit_tables
+from fsdpviz.structure.labels import parse_labels
+from fsdpviz.structure.spans import unit_tables
 from fsdpviz.trace import load_traces
 
 RUNS = {"fsdp2-cpu-2rank": "fsdp2", "fsdp1-cpu-2rank": "fsdp1", "zero3-cpu-2rank": "zero3",

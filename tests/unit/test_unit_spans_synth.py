@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 from synth import Scenario, generate_run, make_root, make_units
 
-from fsdpviz.analysis.labels import ROOT, parse_label_name, parse_labels
-from fsdpviz.analysis.spans import unit_tables
-from fsdpviz.analysis.windows import unit_windows
+from fsdpviz.structure.labels import ROOT, parse_label_name, parse_labels
+from fsdpviz.structure.spans import unit_tables
+from fsdpviz.structure.windows import unit_windows
 from fsdpviz.trace import load_traces, schema
 
 SCENARIOS = {

@@ -28,8 +28,8 @@ import numpy as np
 import pandas as pd
 
 from fsdpviz.analysis import memory_categories as mcat
-from fsdpviz.analysis.intervals import union_intervals
 from fsdpviz.analysis.unseen_frees import ADDRESS_REUSE, COLLECTIVE_END, settle, unseen_frees
+from fsdpviz.structure.intervals import union_intervals
 from fsdpviz.trace import schema
 
 # (t, delta, addr) as the profiler recorded them: no event for the frees of A, D and G

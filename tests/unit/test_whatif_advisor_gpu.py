@@ -22,9 +22,9 @@ from helpers.gpu_fsdp_truth import PAIR_PEAK, PEAK_TRUTH, ROOT_PEAK, STEP_TRUTH,
 
 from fsdpviz.analysis.bound import KIND_MEMORY, MEMORY_MARGIN
 from fsdpviz.analysis.pipeline import analyse
+from fsdpviz.replay.model import Model, read_model
+from fsdpviz.replay.settings import Settings
 from fsdpviz.whatif.explore import Candidate, Exploration, explore
-from fsdpviz.whatif.predict import Model, read_model
-from fsdpviz.whatif.settings import Settings
 
 RUN = "h100-fsdp2-fake8-block"
 BLOCK_PEAK = 5_527_571_968  # the recording's own setting (README)

@@ -1,4 +1,4 @@
-"""Where the host's wait for a CPU collective begins (``whatif.recording._with_wait_start``), on spans
+"""Where the host's wait for a CPU collective begins (``replay.recording._with_wait_start``), on spans
 built by hand: the answer is known by construction."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from fsdpviz import vocabulary
-from fsdpviz.whatif.recording import _with_wait_start
+from fsdpviz.replay.recording import _with_wait_start
 
 AG, COMPUTE = vocabulary.ALL_GATHER, "compute"
 

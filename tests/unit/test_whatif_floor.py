@@ -18,10 +18,11 @@ import pytest
 
 from fsdpviz.analysis.pipeline import analyse
 from fsdpviz.errors import FsdpvizError
+from fsdpviz.replay.model import read_model
+from fsdpviz.replay.settings import Settings
 from fsdpviz.whatif import bounds
 from fsdpviz.whatif.explore import grid
-from fsdpviz.whatif.predict import predict, read_model
-from fsdpviz.whatif.settings import Settings
+from fsdpviz.whatif.predict import predict
 
 pytestmark = [pytest.mark.slow, pytest.mark.recorded]
 

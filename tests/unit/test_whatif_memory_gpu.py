@@ -14,8 +14,9 @@ import pytest
 from helpers.gpu_fsdp_truth import PEAK_TRUTH, STEP_TRUTH, WORLD_SIZE_PEAKS, allocator_split
 
 from fsdpviz.analysis.pipeline import analyse
-from fsdpviz.whatif.predict import Model, Prediction, predict, read_model
-from fsdpviz.whatif.settings import Settings, Wrap
+from fsdpviz.replay.model import Model, read_model
+from fsdpviz.replay.settings import Settings, Wrap
+from fsdpviz.whatif.predict import Prediction, predict
 
 TRUTH = PEAK_TRUTH
 CASES = [(name, setting, peak) for name, cases in TRUTH.items() for setting, peak in cases]
@@ -128,7 +129,7 @@ def test_one_root_unit_moves_the_step_as_the_bare_runs_within_a_twentieth(models
     """One root unit removes FSDP's per-unit host work from a launch-bound step, down to the GPU's own
     kernels. Counted at its traced length, the profiler's cost of every host event inside it, that
     work looked about half as large a share of the step as it is (root 0.90 against 0.81). Net of the
-    profiler's measured cost per event (whatif/hostcost.py), with the gathers' host work read from
+    profiler's measured cost per event (replay/hostcost.py), with the gathers' host work read from
     FSDP's labels under the fake group and the GPU's busy time (not its spans' length) as the compute,
     root holds within 0.05 from both recordings (0.794 against 0.810, 0.858 against 0.847). merge:2
     (0.861 against 0.925) is held to the tenth above."""

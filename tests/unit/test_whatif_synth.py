@@ -18,8 +18,9 @@ from synth import Scenario, generate_run, make_root, make_units, merge_into_root
 
 from fsdpviz.analysis.pipeline import analyse
 from fsdpviz.errors import UsageError
-from fsdpviz.whatif.predict import Model, predict, read_model
-from fsdpviz.whatif.settings import Settings, Wrap
+from fsdpviz.replay.model import Model, read_model
+from fsdpviz.replay.settings import Settings, Wrap
+from fsdpviz.whatif.predict import predict
 
 UNITS = make_units(6, numel=20_000_000, fwd_ns=900_000, bwd_ns=1_800_000)
 ROOT = make_root(numel=30_000_000, fwd_ns=300_000, bwd_ns=600_000)

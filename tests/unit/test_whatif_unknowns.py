@@ -17,8 +17,9 @@ import pytest
 
 from fsdpviz.analysis import memory_categories as mcat
 from fsdpviz.analysis.pipeline import RunResult, analyse
-from fsdpviz.whatif.predict import predict, read_model
-from fsdpviz.whatif.settings import Settings, Wrap
+from fsdpviz.replay.model import read_model
+from fsdpviz.replay.settings import Settings, Wrap
+from fsdpviz.whatif.predict import predict
 
 REPO = Path(__file__).resolve().parents[2]
 PLAIN_CPU = [REPO / "sample_traces" / "fsdp2-cpu-2rank-plain", REPO / "tests" / "recorded" / "fsdp2-cpu-profile" / "traces",

@@ -34,8 +34,8 @@ import numpy as np
 from fsdpviz import vocabulary
 from fsdpviz.analysis.compare.model import unit_index
 from fsdpviz.analysis.compare.units import all_known, group_values
-from fsdpviz.analysis.records import Finding
 from fsdpviz.formatting import NS_PER_MS, bytes_text, ms_text
+from fsdpviz.structure.records import Finding
 
 if TYPE_CHECKING:
     from fsdpviz.analysis.compare.model import Comparison

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Final
 import msgspec
 
 from fsdpviz.analysis.compare.units import UnitMatch
-from fsdpviz.analysis.records import Finding
+from fsdpviz.structure.records import Finding
 
 if TYPE_CHECKING:
     from fsdpviz.analysis.pipeline import LabelledRun

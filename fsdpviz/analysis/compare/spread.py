@@ -77,7 +77,7 @@ def step_values_ms(run: LabelledRun, key: str) -> pd.Series | None:
     if key == "step_time_ms":
         profiler = summary.profiler
         if summary.step_time_source == "timers" and profiler is not None:
-            from fsdpviz.analysis.profiler_cost import whole_step_times
+            from fsdpviz.structure.profiler_cost import whole_step_times
 
             timers = run.traces.timers
             rows = whole_step_times(timers) if timers is not None and not timers.empty else pd.DataFrame()

@@ -174,7 +174,7 @@ def skew_points(skew: pd.DataFrame | None, rank_times: pd.DataFrame | None) -> p
 def unit_timer_times(unit_passes: pd.DataFrame, order: list[str]) -> pd.DataFrame:
     """Per-unit forward / backward times of every clean unprofiled step and rank: unit_name, phase, ms.
 
-    ``unit_passes`` is :func:`fsdpviz.analysis.profiler_cost.unit_pass_steps`: each unit's own work
+    ``unit_passes`` is :func:`fsdpviz.structure.profiler_cost.unit_pass_steps`: each unit's own work
     as the recorder's timers clock it (nested units, gathers and reductions excluded), the numbers
     whose median is the summary's ``forward_timer_ms`` / ``backward_timer_ms`` (the unit table's
     timers columns). Units in forward order, forward before backward."""

@@ -21,9 +21,9 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from fsdpviz.analysis.intervals import clip_rows
 from fsdpviz.report.style import COMM_COLOR, COMPUTE_COLOR, OTHER_COLOR
 from fsdpviz.report.timeline.steps import StepChoice, cap_segments, to_ms
+from fsdpviz.structure.intervals import clip_rows
 from fsdpviz.trace import schema
 
 CAT_CPU = "CPU ops"

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from fsdpviz.analysis.intervals import merge_rows
 from fsdpviz.formatting import NS_PER_MS
+from fsdpviz.structure.intervals import merge_rows
 from fsdpviz.trace.schema import NO_STEP
 
 # Spans drawn on one page, all Gantt tabs together (see module docstring).

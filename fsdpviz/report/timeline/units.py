@@ -19,12 +19,12 @@ import numpy as np
 import pandas as pd
 
 from fsdpviz import vocabulary
-from fsdpviz.analysis import label_rules
 from fsdpviz.formatting import NS_PER_MS, format_bytes, format_ms
 from fsdpviz.report.style import PHASE_HATCH
 from fsdpviz.report.timeline import events
 from fsdpviz.report.timeline.steps import StepChoice, cap_segments, to_ms
 from fsdpviz.report.timeline.view import StepView, exposed_on_segments
+from fsdpviz.structure import label_rules
 
 NO_UNIT = ""  # spans outside every unit: the analysis makes only the optimizer step one
 NO_UNIT_LABEL = "optimizer step"

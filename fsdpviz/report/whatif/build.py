@@ -10,9 +10,10 @@ from typing import Any
 from fsdpviz.analysis.memory_categories import CATEGORIES, TITLES
 from fsdpviz.errors import RunFolderError
 from fsdpviz.formatting import MIB, format_bytes, format_change
+from fsdpviz.replay.model import Model
 from fsdpviz.report.html import Fact, HtmlTable, LegendItem, Page, Section, TableCell, write_page
 from fsdpviz.report.style import unit_colors
-from fsdpviz.whatif.predict import Model, Outcome, Prediction
+from fsdpviz.whatif.predict import Outcome, Prediction
 
 HOWTO_NUMBERS = (
     "Recorded: means per analysed step over ranks, as `fsdpviz summary` reports them. Predicted: the "

@@ -14,9 +14,12 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from fsdpviz.analysis.intervals import subtract_intervals, union_intervals
 from fsdpviz.formatting import NS_PER_MS
 from fsdpviz.naming import ROOT_UNIT
+from fsdpviz.replay.memory import MemoryChange
+from fsdpviz.replay.model import Model
+from fsdpviz.replay.simulate import SimResult
+from fsdpviz.structure.intervals import subtract_intervals, union_intervals
 from fsdpviz.vocabulary import (
     ALL_GATHER,
     ALL_REDUCE,
@@ -27,9 +30,7 @@ from fsdpviz.vocabulary import (
     REDUCE_SCATTER,
     UNIT_COLLECTIVES,
 )
-from fsdpviz.whatif.memory import MemoryChange
-from fsdpviz.whatif.predict import Model, Prediction
-from fsdpviz.whatif.simulate import SimResult
+from fsdpviz.whatif.predict import Prediction
 
 # kind of work -> (lane order, lane label)
 LANES = {COMPUTE: (0, "compute"), COPY_OUT: (0, "compute"), OPTIMIZER: (0, "compute"),

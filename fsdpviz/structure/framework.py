@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from fsdpviz import vocabulary
-from fsdpviz.analysis.records import DDP, NO_TRAINING, UNCONNECTED_RANKS, Note
+from fsdpviz.structure.records import DDP, NO_TRAINING, UNCONNECTED_RANKS, Note
 from fsdpviz.trace.tables import TraceSet
 
 FSDP2_PREFIX: Final = "FSDP::"

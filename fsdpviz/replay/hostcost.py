@@ -3,7 +3,7 @@
 A traced GPU step is slower than the run's own: every event the profiler records on the host
 threads (an op, a runtime call such as a kernel launch, a ``record_function`` range such as FSDP's
 hooks and its copy-in and copy-out) costs the training thread time, and on a launch-bound step the
-GPU waits for those launches (:mod:`fsdpviz.analysis.profiler_cost` measures the excess per step,
+GPU waits for those launches (:mod:`fsdpviz.structure.profiler_cost` measures the excess per step,
 profiled against unprofiled steps, from the recorder's timers). What a setting saves on the host --
 one merged unit's hooks instead of K, fewer copy-in and copy-out launches -- is inflated in the
 trace by the events it holds, and so is the host time the step keeps.
@@ -20,8 +20,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
-    from fsdpviz.analysis.profiler_cost import ProfilerCost
-    from fsdpviz.whatif.recorded import Recording
+    from fsdpviz.replay.recorded import Recording
+    from fsdpviz.structure.profiler_cost import ProfilerCost
 
 # An excess above this share of the traced step is not spread over the host's events: the
 # host would cost next to nothing, which is noise in the timers, not the run.

@@ -29,9 +29,9 @@ from typing import Final
 import numpy as np
 import pandas as pd
 
-from fsdpviz.analysis.records import NO_PROFILER_STEP, STEPS_DROPPED, Note
 from fsdpviz.errors import UsageError
 from fsdpviz.runfolder import SCHEDULE_OPTIMIZER_STEPS, RunInfo
+from fsdpviz.structure.records import NO_PROFILER_STEP, STEPS_DROPPED, Note
 from fsdpviz.trace import schema
 from fsdpviz.trace.tables import TraceSet
 
@@ -44,7 +44,7 @@ class AnalysedSteps:
     """The ProfilerSteps analysed on one rank and their time span (steps empty = none chosen).
 
     (Not to be confused with a unit's *window*, the span of its labels in one pass:
-    :mod:`fsdpviz.analysis.windows`.)"""
+    :mod:`fsdpviz.structure.windows`.)"""
 
     steps: tuple[int, ...]
     start_ns: int

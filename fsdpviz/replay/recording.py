@@ -28,7 +28,7 @@ the device's waits for those launches, which are the host's time already.
 The reading is split by job: :class:`_StepTables` holds one step's spans and labels as arrays,
 :class:`_PassReader` reads a pass (and the reduction it issued) off them on the busy clock, and
 :func:`_gathers` the step's all-gathers. Memory is read apart, by category, for the memory model
-(:class:`~fsdpviz.whatif.memory.StepMemory` on each step, ``StepProgram.memory``).
+(:class:`~fsdpviz.replay.memory.StepMemory` on each step, ``StepProgram.memory``).
 
 Why one module of ~700 lines: a pass, a segment and a gather are read off the same instants of one
 step -- its tables (:class:`_StepTables`), the rank's busy clock and its kernels -- and each reader
@@ -48,26 +48,14 @@ import pandas as pd
 from pandas.core.groupby import DataFrameGroupBy
 
 from fsdpviz import vocabulary
-from fsdpviz.analysis import label_rules as rules
 from fsdpviz.analysis import memory_categories as mcat
-from fsdpviz.analysis.categorical import as_str
-from fsdpviz.analysis.intervals import (
-    Intervals,
-    intersect_intervals,
-    subtract_intervals,
-    total_ns,
-    union_intervals,
-)
-from fsdpviz.analysis.memory import ASSUMED_OPTIMIZER_STATES, CPU_DEVICE, device_samples, main_devices
 from fsdpviz.analysis.memory_split import ShardedState, Split, split_of
 from fsdpviz.analysis.pipeline import RunResult
 from fsdpviz.analysis.run import labels_of
-from fsdpviz.analysis.spans import gpu_work
-from fsdpviz.trace import schema
-from fsdpviz.whatif import prefetch_args
-from fsdpviz.whatif import recording_facts as facts
-from fsdpviz.whatif.memory import step_memory
-from fsdpviz.whatif.recorded import (
+from fsdpviz.replay import prefetch_args
+from fsdpviz.replay import recording_facts as facts
+from fsdpviz.replay.memory import step_memory
+from fsdpviz.replay.recorded import (
     Gather,
     MicroBatch,
     Pass,
@@ -76,6 +64,18 @@ from fsdpviz.whatif.recorded import (
     Segment,
     StepProgram,
 )
+from fsdpviz.structure import label_rules as rules
+from fsdpviz.structure.categorical import as_str
+from fsdpviz.structure.intervals import (
+    Intervals,
+    intersect_intervals,
+    subtract_intervals,
+    total_ns,
+    union_intervals,
+)
+from fsdpviz.structure.memory import ASSUMED_OPTIMIZER_STATES, CPU_DEVICE, device_samples, main_devices
+from fsdpviz.structure.spans import gpu_work
+from fsdpviz.trace import schema
 
 SYNC_CALLS: Final = ("Synchronize",)  # cudaDeviceSynchronize, cudaStreamSynchronize, cuEventSynchronize ...
 # Host events the profiler records, each at a cost to the training thread (hostcost).
@@ -85,7 +85,7 @@ HOST_EVENT_KINDS: Final = (schema.KIND_CPU_OP, schema.KIND_RUNTIME, schema.KIND_
 class BusyClock:
     """Host busy time: wall time minus the blocked intervals before it; with ``per_op_ns``, also
     minus what the profiler cost each traced host event (``ops``: their starts) before it, which
-    makes it the host's work as the unprofiled run does it (:mod:`fsdpviz.whatif.hostcost`)."""
+    makes it the host's work as the unprofiled run does it (:mod:`fsdpviz.replay.hostcost`)."""
 
     def __init__(self, starts: np.ndarray, ends: np.ndarray, ops: np.ndarray | None = None,
                  per_op_ns: float = 0.0) -> None:
@@ -112,7 +112,7 @@ def read_recording(result: RunResult, ranks: Sequence[int] | None = None, per_op
     """The programs of every analysed rank and step of ``result`` (of ``ranks`` only, when given).
 
     ``per_op_ns``: on GPU, the host's time is read net of this much per traced host event (the
-    profiler's cost per event, :mod:`fsdpviz.whatif.hostcost`)."""
+    profiler's cost per event, :mod:`fsdpviz.replay.hostcost`)."""
     analysis = result.analysis
     traces = result.aligned_detail(ranks)
     events = traces.events

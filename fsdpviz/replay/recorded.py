@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fsdpviz.whatif.memory import StepMemory
+from fsdpviz.replay.memory import StepMemory
 
 
 @dataclass(slots=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from fsdpviz.analysis.categorical import as_str
+from fsdpviz.structure.categorical import as_str
 
 
 def parent_links(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:

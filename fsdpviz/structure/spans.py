@@ -27,6 +27,7 @@ compute.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Final
 
@@ -34,15 +35,18 @@ import numpy as np
 import pandas as pd
 
 from fsdpviz import vocabulary
-from fsdpviz.analysis import label_rules as rules
-from fsdpviz.analysis import labels as lab
-from fsdpviz.analysis.categorical import as_str, startswith
-from fsdpviz.analysis.collectives import COLLECTIVES, ISSUE_PREFIXES, find_collectives, gpu_ranks
-from fsdpviz.analysis.nesting import innermost_enclosing
-from fsdpviz.analysis.overlap import GPU_WORK_KINDS, HTA_NOT_COMPUTE_RE
-from fsdpviz.analysis.windows import compute_pieces, unit_ancestors, unit_windows
+from fsdpviz.structure import label_rules as rules
+from fsdpviz.structure import labels as lab
+from fsdpviz.structure.categorical import as_str, startswith
+from fsdpviz.structure.collectives import COLLECTIVES, ISSUE_PREFIXES, find_collectives, gpu_ranks
+from fsdpviz.structure.nesting import innermost_enclosing
+from fsdpviz.structure.windows import compute_pieces, unit_ancestors, unit_windows
 from fsdpviz.trace import schema
 
+# What a GPU rank computes, as HTA counts it: every kernel, copy and set but the collectives, copies,
+# sets and syncs its not-compute pattern names (the whole-step overlap and the units' compute read both).
+HTA_NOT_COMPUTE_RE: Final = re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")
+GPU_WORK_KINDS: Final = (schema.KIND_KERNEL, schema.KIND_MEMCPY, schema.KIND_MEMSET)
 COPY_IN_OP: Final = "fsdp::all_gather_copy_in"
 UNIT_COLLECTIVES: Final[schema.Schema] = {
     **COLLECTIVES, "unit": "string", "phase": "string", "kind": "string", "n_units": "int32", "micro": "int32",

@@ -3,7 +3,7 @@
 On a CPU rank the training thread is the device: every op, hook and copy is host work, and the
 profiler slows all of it (1.0-2.0x measured, docs/performance.md); gloo's collectives, which the
 training thread waits out, then wait for a slowed peer as well. The recorder's timers time the same
-rank's steps without the profiler (:func:`fsdpviz.analysis.profiler_cost.clean_step_ms`, its clean
+rank's steps without the profiler (:func:`fsdpviz.structure.profiler_cost.clean_step_ms`, its clean
 unprofiled steps).
 
 Per rank, one factor ``k`` scales every duration of its traced steps (the programs of
@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
-from fsdpviz.whatif.recorded import Recording, StepProgram
+from fsdpviz.replay.recorded import Recording, StepProgram
 
 # Bounds of the factor: a profiler does not speed a step up beyond noise (profiler_cost.NOISE_SLOWDOWN
 # decides the headline), and none measured costs 20x.

@@ -19,7 +19,7 @@ The step's time is the host's, from the start of the step to the end of its last
 that is the steady state's: the step runs twice and the second is timed, because the device work a
 step leaves running when the host is done (a launch-bound host runs ahead of nothing, a device-bound
 one far ahead) is what the next step's first synchronisation waits for. (Memory is predicted apart,
-from the recording's memory by category: :mod:`fsdpviz.whatif.memory`.)
+from the recording's memory by category: :mod:`fsdpviz.replay.memory`.)
 """
 
 from __future__ import annotations
@@ -27,6 +27,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Final
 
+from fsdpviz.replay.program import (
+    BusyOp,
+    ComputeOp,
+    CopyOutOp,
+    GatherOp,
+    Program,
+    ReduceOp,
+    SegmentOp,
+)
 from fsdpviz.vocabulary import (
     ALL_GATHER,
     ALL_REDUCE,
@@ -36,15 +45,6 @@ from fsdpviz.vocabulary import (
     FORWARD,
     REDUCE_SCATTER,
     UNIT_COLLECTIVES,
-)
-from fsdpviz.whatif.program import (
-    BusyOp,
-    ComputeOp,
-    CopyOutOp,
-    GatherOp,
-    Program,
-    ReduceOp,
-    SegmentOp,
 )
 
 HOST: Final = "host"

@@ -30,8 +30,8 @@ import numpy as np
 import pandas as pd
 
 from fsdpviz import vocabulary
-from fsdpviz.analysis.categorical import as_str
-from fsdpviz.analysis.intervals import Intervals, overlap_ns, total_ns, union_intervals
+from fsdpviz.structure.categorical import as_str
+from fsdpviz.structure.intervals import Intervals, overlap_ns, total_ns, union_intervals
 from fsdpviz.trace import schema
 
 FUNCTIONAL_PREFIXES: Final = ("_c10d_functional::", "c10d_functional::")

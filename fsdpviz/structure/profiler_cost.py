@@ -124,7 +124,7 @@ def _rank_steps(timers: pd.DataFrame, run: RunInfo
 
 def clean_step_ms(timers: pd.DataFrame, run: RunInfo | None) -> dict[int, tuple[float, int]]:
     """Per rank: (the median of its clean unprofiled steps in ms, how many there are), for the ranks
-    that timed at least one (the basis :mod:`fsdpviz.whatif.calibration` replays the recording on)."""
+    that timed at least one (the basis :mod:`fsdpviz.replay.calibration` replays the recording on)."""
     if run is None or not _timed_run(timers, run):
         return {}
     return {rank: (float(np.median(ms[clean])), int(clean.sum()))

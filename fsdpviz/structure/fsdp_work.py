@@ -7,7 +7,7 @@ copy-in op ``fsdp::all_gather_copy_in``, ``FSDP::all_gather_copy_out (u)`` aroun
 (``FSDP::post_backward_reduce (u)`` around ``fsdp::chunk_cat``), FSDP1's
 ``FullyShardedDataParallel._*`` ranges, fsdpviz's gather / reduce / fetch labels of FSDP1 and ZeRO-3,
 and DeepSpeed's hook autograd functions: the framework ranges that are never a unit's own compute
-(:func:`fsdpviz.analysis.windows.overhead_labels`), less FSDP2's labels that name no unit (the root's
+(:func:`fsdpviz.structure.windows.overhead_labels`), less FSDP2's labels that name no unit (the root's
 pre-forward and post-backward callback run once a step). A coarser wrap runs them fewer times.
 
 Their GPU work is what the host launched inside those ranges, communication kernels aside (they are
@@ -19,9 +19,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from fsdpviz.analysis.intervals import Intervals, union_intervals
-from fsdpviz.analysis.labels import FAMILY_FSDP2, parse_labels
-from fsdpviz.analysis.windows import overhead_labels
+from fsdpviz.structure.intervals import Intervals, union_intervals
+from fsdpviz.structure.labels import FAMILY_FSDP2, parse_labels
+from fsdpviz.structure.windows import overhead_labels
 from fsdpviz.trace import schema
 
 EMPTY: Intervals = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))

@@ -35,9 +35,9 @@ import numpy as np
 import pandas as pd
 
 from fsdpviz import vocabulary
-from fsdpviz.analysis import label_rules as rules
-from fsdpviz.analysis import labels as lab
-from fsdpviz.analysis.intervals import complement, union_intervals
+from fsdpviz.structure import label_rules as rules
+from fsdpviz.structure import labels as lab
+from fsdpviz.structure.intervals import complement, union_intervals
 from fsdpviz.trace import schema
 
 WINDOWS: Final[schema.Schema] = {

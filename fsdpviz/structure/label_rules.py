@@ -24,7 +24,7 @@ from typing import Final
 import numpy as np
 import pandas as pd
 
-from fsdpviz.analysis.labels import (
+from fsdpviz.structure.labels import (
     COPY_OUT_ACTION,
     FAMILY_FSDP2,
     FAMILY_FSDPVIZ,

@@ -10,12 +10,12 @@ import numpy as np
 import pandas as pd
 
 from fsdpviz import vocabulary
-from fsdpviz.analysis import label_rules as rules
-from fsdpviz.analysis.categorical import as_str
 from fsdpviz.analysis.pipeline import RunResult
 from fsdpviz.naming import ROOT_UNIT
 from fsdpviz.naming import unit_modules as module_names
-from fsdpviz.whatif.recorded import StepProgram
+from fsdpviz.replay.recorded import StepProgram
+from fsdpviz.structure import label_rules as rules
+from fsdpviz.structure.categorical import as_str
 
 
 def unit_order(result: RunResult) -> list[str]:

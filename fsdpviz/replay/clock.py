@@ -19,7 +19,7 @@ from fsdpviz.analysis.summary import ClockSummary
 
 if TYPE_CHECKING:
     from fsdpviz.analysis.pipeline import RunResult
-    from fsdpviz.whatif.calibration import Calibration
+    from fsdpviz.replay.calibration import Calibration
 
 BASIS_REPLAYED: Final = "replayed"
 BASIS_TRACED: Final = "traced"
@@ -30,7 +30,7 @@ RELIABLE_REPLAY_PCT: Final = 10.0
 
 @dataclass(slots=True)
 class Replayed:
-    """What a model read of a recording replays without the profiler (``whatif.predict.model_clock``)."""
+    """What a model read of a recording replays without the profiler (``replay.model.model_clock``)."""
 
     net_replays_ms: list[float] | None
     """The replayed steps without the profiler (None: the model has no such replay)."""

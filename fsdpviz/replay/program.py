@@ -24,16 +24,16 @@ from typing import Final
 
 from fsdpviz.errors import UsageError
 from fsdpviz.naming import ROOT_UNIT, group_name, unit_modules
-from fsdpviz.vocabulary import ALL_GATHER, BACKWARD, FORWARD, REDUCE_SCATTER
-from fsdpviz.whatif.comm import CommModel, Target
-from fsdpviz.whatif.recorded import (
+from fsdpviz.replay.comm import CommModel, Target
+from fsdpviz.replay.recorded import (
     Gather,
     Pass,
     Recording,
     Segment,
     StepProgram,
 )
-from fsdpviz.whatif.settings import Settings
+from fsdpviz.replay.settings import Settings
+from fsdpviz.vocabulary import ALL_GATHER, BACKWARD, FORWARD, REDUCE_SCATTER
 
 GATHER_HOST: Final = "gather_host"  # fitted like a collective: the host time of issuing a gather
 COPY_OUT_HOST: Final = "copy_out_host"

@@ -42,8 +42,8 @@ import numpy as np
 import pandas as pd
 
 from fsdpviz import vocabulary
-from fsdpviz.analysis.categorical import as_str
 from fsdpviz.naming import ROOT_UNIT, clean_fqn, unit_from_label
+from fsdpviz.structure.categorical import as_str
 from fsdpviz.trace import schema
 
 ROOT: Final = ROOT_UNIT  # the root unit's name (its FSDP2 labels are bare)

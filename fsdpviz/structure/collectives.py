@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from fsdpviz import vocabulary
-from fsdpviz.analysis.categorical import as_str, startswith
+from fsdpviz.structure.categorical import as_str, startswith
 from fsdpviz.trace import schema
 
 COLLECTIVES: Final[schema.Schema] = {

@@ -23,7 +23,7 @@ from typing import Final
 import msgspec
 
 from fsdpviz import vocabulary
-from fsdpviz.analysis.records import PARALLELISM_UNKNOWN, Note
+from fsdpviz.structure.records import PARALLELISM_UNKNOWN, Note
 from fsdpviz.trace.tables import TraceSet
 
 MESH_PREFIX: Final = "mesh_"

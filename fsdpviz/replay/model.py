@@ -1,0 +1,134 @@
+"""The one replay of a recording: read once (:func:`read_model`), played back as recorded on every
+analysed step of every rank, and, where the recorder's timers allow, without the profiler (``net``:
+:mod:`.calibration` on CPU, :mod:`.hostcost` on GPU).
+
+Every figure that speaks of the run's clock reads it: the summary's clock and step (``clock.clock_of``
+over :func:`model_clock`), the actions' predicted gains and every ``whatif`` setting (``whatif.predict``
+plays the same programs under the setting and moves the recorded figures by the share it moves them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from fsdpviz.analysis.compare.spread import spread_ms, step_values_ms
+from fsdpviz.analysis.pipeline import LabelledRun, RunResult
+from fsdpviz.errors import UsageError
+from fsdpviz.replay import comm as comm_model
+from fsdpviz.replay import hostcost
+from fsdpviz.replay import program as prog
+from fsdpviz.replay.calibration import Calibration, calibrate, scaled
+from fsdpviz.replay.clock import Replayed
+from fsdpviz.replay.recorded import Gather, Recording, StepProgram
+from fsdpviz.replay.recording import read_recording
+from fsdpviz.replay.settings import Settings
+from fsdpviz.replay.simulate import SimResult, run
+from fsdpviz.structure.profiler_cost import clean_step_ms
+from fsdpviz.vocabulary import FSDP1, FSDP2, ZERO3
+
+SAMPLED_RANKS = 16  # ranks read of a run held rank by rank (read_model)
+# the settings the replay can play a recording under, per framework
+SUPPORTED = {
+    FSDP2: {"wrap", "prefetch", "reshard_after_forward", "keep_last_units", "world_size"},
+    FSDP1: {"wrap", "prefetch", "world_size"},
+    ZERO3: {"prefetch", "world_size"},
+}
+
+
+@dataclass(slots=True)
+class Model:
+    """A recording read for prediction (read once, predicted many times)."""
+
+    result: RunResult
+    recording: Recording
+    comm: comm_model.CommModel
+    gathers: dict[tuple[str, str], Gather]
+    replays: list[SimResult] = field(default_factory=list)
+    sampled: list[int] | None = None  # the ranks read, when not every rank was
+    net: Model | None = None  # the same recording without the profiler (GPU: hostcost; CPU: calibration)
+    calibration: Calibration | None = None  # CPU: how ``net`` was put on the timers' clean steps
+    spread_share: float | None = None  # the recording's step-to-step spread over its step (spread_share)
+    # setting (Settings.describe()) -> its predicted change, words and code, as the actions' gains read them
+    gains: dict[str, tuple[float | None, str, str | None]] = field(default_factory=dict)
+
+
+def read_model(result: RunResult, ranks: Sequence[int] | None = None) -> Model:
+    """Read ``result`` for prediction; an error when it holds nothing the model can use.
+
+    ``ranks``: read only these ranks' steps (a quicker, rougher model for a big run: the baseline
+    stays the whole run's, the predicted change is the mean over these ranks). A run too large to
+    hold whole (``result.events_kept`` False) is read on ``SAMPLED_RANKS`` ranks spread over it
+    unless ``ranks`` says otherwise: reading every rank's events again would hold the whole run."""
+    analysis = result.analysis
+    sampled = None
+    if ranks is None and not result.events_kept and len(analysis.ranks) > SAMPLED_RANKS:
+        every = sorted(analysis.ranks)
+        ranks = sampled = [every[i] for i in sorted({round(i * (len(every) - 1) / (SAMPLED_RANKS - 1))
+                                                      for i in range(SAMPLED_RANKS)})]
+    if not analysis.has_units or analysis.units.empty:
+        raise UsageError("the recording has no FSDP units (no FSDP2 / FSDP1 / ZeRO-3 labels): nothing to predict")
+    if analysis.framework not in SUPPORTED:
+        raise UsageError(f"framework {analysis.framework}: predictions cover FSDP2, FSDP1 and ZeRO-3")
+    rec = read_recording(result, ranks)
+    if not rec.steps:
+        raise UsageError("no analysed step holds a complete forward and backward: nothing to predict")
+    model = _model(result, rec, sampled)
+    model.spread_share = spread_share(result)
+    cost = result.summary.profiler
+    gpu = rec.device == "gpu"
+    if gpu:
+        # the profiler's excess per traced host event: on the H100 recordings it predicts the wraps
+        # better than host work scaled as on CPU (docs/whatif.md, "One clock")
+        per_op_ns = hostcost.per_op_ns(cost, rec)
+        if per_op_ns > 0:
+            model.net = _model(result, read_recording(result, ranks, per_op_ns=per_op_ns), sampled)
+    elif cost is not None and cost.headline:
+        def replay_ns(steps: list[StepProgram]) -> list[float]:
+            return [run(prog.build(rec, s, recorded_settings(), model.comm, model.gathers), False).step_ns
+                    for s in steps]
+
+        model.calibration = calibrate(rec, clean_step_ms(result.traces.timers, result.traces.run), replay_ns)
+        if model.calibration.scale:
+            model.net = _model(result, scaled(rec, model.calibration.scale), sampled)
+    return model
+
+
+def _model(result: RunResult, rec: Recording, sampled: list[int] | None) -> Model:
+    samples = [("all_gather", g.bytes, g.comm_ns) for s in rec.steps for g in s.gathers]
+    samples += [("reduce_scatter", r.bytes, r.comm_ns) for s in rec.steps for r in s.reduces]
+    # the host's share of a gather (copy-in, the call; the copy-out) grows with its bytes too
+    samples += [(prog.GATHER_HOST, g.bytes, g.host_ns) for s in rec.steps for g in s.gathers]
+    samples += [(prog.COPY_OUT_HOST, g.bytes, g.copy_out_host_ns) for s in rec.steps for g in s.gathers]
+    fitted = comm_model.fit(samples, rec.world_size, rec.ranks_per_host,
+                            per_call=frozenset({prog.GATHER_HOST, prog.COPY_OUT_HOST}))
+    gathers: dict[tuple[str, str], Gather] = {}
+    for s in rec.steps:
+        for g in s.gathers:
+            gathers.setdefault((g.unit, g.phase), g)
+    model = Model(result=result, recording=rec, comm=fitted, gathers=gathers, sampled=sampled)
+    model.replays = [run(prog.build(rec, s, recorded_settings(), fitted, gathers), rec.device == "gpu")
+                     for s in rec.steps]
+    return model
+
+
+def recorded_settings() -> Settings:
+    return Settings(prefetch="recorded")
+
+
+def model_clock(model: Model) -> Replayed:
+    """What ``model`` replays without the profiler, for the run's clock (:func:`.clock.clock_of`)."""
+    every = len(model.result.analysis.ranks)
+    ranks = sorted({s.rank for s in model.recording.steps})
+    return Replayed(net_replays_ms=None if model.net is None else [r.step_ns / 1e6 for r in model.net.replays],
+                    calibration=model.calibration, ranks=None if len(ranks) == every else ranks)
+
+
+def spread_share(result: RunResult) -> float | None:
+    """The recording's own step-to-step spread as a share of its step: the range of the steps the
+    summary's step time comes from (the clean unprofiled steps where the timers give it, else the
+    analysed steps as traced; each step the median over ranks, as ``compare`` measures it) over that
+    step time. None with fewer than two such steps. Read once per model, for every prediction."""
+    spread = spread_ms(step_values_ms(LabelledRun(label="", source="", result=result), "step_time_ms"))
+    step = result.summary.step_time_ms
+    return spread / step if spread is not None and step else None
