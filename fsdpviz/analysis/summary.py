@@ -17,6 +17,7 @@ are the largest samples in the analysed steps (GPU devices when the trace has an
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
@@ -266,9 +267,16 @@ def summary_of(traces: TraceSet, selection: StepSelection, overlap: pd.DataFrame
         units_source="+".join(size_sources) if size_sources else None, device=_device(overlap),
         sources=list(traces.sources), run_dir=traces.run_dir, notes=notes, missing_ranks=traces.missing_ranks,
         skipped_events=sum(traces.skipped_events.values()), findings=findings,
-        bound=bound, actions=build_actions(findings, bound, host_backend_on_gpu=host_backend_on_gpu(traces, overlap),
-                                           units=units),
+        bound=bound, actions=actions_of(findings, bound, units, traces, overlap),
     )
+
+
+def actions_of(findings: Sequence[Finding], bound: BoundSummary | None, units: Sequence[UnitSummary],
+               traces: TraceSet, overlap: pd.DataFrame) -> list[Action]:
+    """What to try, from ``findings`` and the bound (:func:`fsdpviz.analysis.actions.build_actions`):
+    the summary's actions, and the page's of a run without units, whose summary lists no findings
+    but whose per-unit analysis still finds stragglers and the profiler's cost."""
+    return build_actions(findings, bound, host_backend_on_gpu=host_backend_on_gpu(traces, overlap), units=units)
 
 
 def finding_entries(findings: pd.DataFrame) -> list[Finding]:

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 import msgspec
 import pandas as pd
 
-from fsdpviz.analysis.actions import Action, action_text, build_actions
+from fsdpviz.analysis.actions import Action, action_text
 from fsdpviz.analysis.memory_categories import TITLES
-from fsdpviz.analysis.summary import finding_entries, host_backend_on_gpu
+from fsdpviz.analysis.summary import actions_of, finding_entries
 from fsdpviz.errors import UsageError
 from fsdpviz.report.steps import data as steps_data
 from fsdpviz.report.style import OTHER_COLOR, sentence, unit_colors
@@ -30,7 +30,7 @@ from fsdpviz.structure.memory import MemoryModel
 from fsdpviz.structure.profiler_cost import unit_pass_steps
 from fsdpviz.structure.records import NO_UNIT_LABELS
 from fsdpviz.trace.tables import TraceSet
-from fsdpviz.whatif.gains import completed_summary, predicted_actions, summary_model
+from fsdpviz.whatif.gains import completed_summary
 from fsdpviz.whatif.saved import SavedPrediction, load_predictions
 
 if TYPE_CHECKING:
@@ -136,13 +136,11 @@ def prepare_report(run: RunResult, *, max_segments: int = MAX_PAGE_SEGMENTS,
     ``fsdpviz compare`` draws).
     """
     traces, overlap, analysis = run.traces, run.overlap, run.analysis
-    model, _ = summary_model(run)  # the one read of the run: the actions' gains and the clock
-    # the findings as the summary's entries, also for a run without units, whose summary lists none
-    # (stragglers, the profiler)
-    actions = predicted_actions(run, build_actions(
-        finding_entries(analysis.findings), run.summary.bound, host_backend_on_gpu=host_backend_on_gpu(traces, overlap),
-        units=run.summary.units), model=model)
-    summary = msgspec.structs.replace(run.summary, clock=completed_summary(run).clock)
+    completed = completed_summary(run)  # the one read of the run: the actions' gains and the clock
+    # a run without units: its summary lists no findings, the page its analysis' (stragglers, the profiler)
+    actions = completed.actions if run.has_units else actions_of(
+        finding_entries(analysis.findings), run.summary.bound, run.summary.units, traces, overlap)
+    summary = msgspec.structs.replace(run.summary, clock=completed.clock)
     title, subtitle, meta = describe_inputs(traces)
     aligned = run.aligned  # the lanes and memory views line up with the analysis' spans
     unknown_views = sorted(set(views) - set(ALL_VIEWS))

@@ -196,3 +196,13 @@ def test_notebook_api_shows_the_summary(sample: dict[str, Any]) -> None:
         for u in s.units:
             assert got.get((u.name, "forward")) == u.forward_ms
             assert got.get((u.name, "all-gather")) == u.all_gather_ms
+
+
+
+def test_the_page_lists_the_summarys_actions(sample: dict[str, Any]) -> None:
+    """The page's "what to try" lines are the summary's actions, in its order and with the same
+    predicted gains (every sample has units: its summary lists the findings the page words)."""
+    from fsdpviz.report.data import actions_text
+
+    assert sample["result"].has_units and sample["summary"].actions
+    assert sample["data"].findings == actions_text(sample["summary"].actions)
