@@ -36,7 +36,10 @@ ENV = {"zero3": {"DS_ACCELERATOR": "cpu"}}
 def signed_replay_error(run: Path) -> float:
     """(mean replayed step - mean recorded step) / mean recorded step, in %."""
     from fsdpviz.analysis.pipeline import analyse
-    from fsdpviz.replay.model import read_model
+    try:
+        from fsdpviz.replay.model import read_model
+    except ImportError:  # a checkout from before the replay had a package of its own
+        from fsdpviz.whatif.predict import read_model  # type: ignore[no-redef]
 
     model = read_model(analyse([run], cache=True, progress=False))
     recorded = statistics.fmean(s.step_ns for s in model.recording.steps)

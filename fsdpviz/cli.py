@@ -1,7 +1,7 @@
 """The ``fsdpviz`` command line: a typer app whose commands are thin glue.
 
 Each command lives in ``fsdpviz/commands/<name>.py`` and only connects options to the layers
-below (``record``, ``trace -> analysis -> report``); heavy imports (pandas, holoviews, torch)
+below (``record``; ``trace -> structure -> analysis -> replay -> whatif -> report``); heavy imports (pandas, holoviews, torch)
 happen inside the command functions so ``fsdpviz --help`` stays fast.
 
 Errors: a :class:`fsdpviz.errors.FsdpvizError` or a usage error becomes one line on stderr

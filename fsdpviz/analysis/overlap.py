@@ -40,16 +40,14 @@ from fsdpviz.structure.intervals import (
     total_ns,
     union_intervals,
 )
-from fsdpviz.structure.spans import GPU_WORK_KINDS, HTA_NOT_COMPUTE_RE
+from fsdpviz.structure.spans import GPU_WORK_KINDS, HTA_COMM_RE, HTA_NOT_COMPUTE_RE
 from fsdpviz.structure.steps import AnalysedSteps, StepSelection, select_steps
 from fsdpviz.trace import schema
 from fsdpviz.trace.comms import HOST_BACKEND_PREFIXES
 from fsdpviz.trace.tables import TraceSet
 
 # --- definitions -------------------------------------------------------------------------------
-# HTA 0.5.0 (hta/utils/utils.py): comm = ^nccl.*Kernel; "not compute" = that, or a name containing
-# Memcpy, or starting with Memset, or containing Sync (re.match semantics).
-HTA_COMM_RE: Final = re.compile(r"^nccl.*Kernel")
+# HTA's definitions of communication and compute: structure/spans.py (HTA_COMM_RE, HTA_NOT_COMPUTE_RE).
 CPU_COMPUTE_LANES: Final = (schema.LANE_CPU_MAIN, schema.LANE_CPU_AUTOGRAD)
 CPU_WAIT_RE: Final = re.compile(r"wait", re.IGNORECASE)
 HOST_BACKEND_RE: Final = re.compile("|".join(re.escape(p) for p in HOST_BACKEND_PREFIXES))

@@ -25,16 +25,18 @@ import numpy as np
 import pandas as pd
 
 from fsdpviz import vocabulary
+from fsdpviz.analysis import memory
 from fsdpviz.analysis import memory_categories as mcat
 from fsdpviz.analysis import memory_split as msplit
 from fsdpviz.analysis import unseen_frees as unseen
 from fsdpviz.analysis.bound import gap_starters, host_wait_gaps, unit_host_wait
 from fsdpviz.analysis.findings import build_findings
+from fsdpviz.analysis.memory import MemoryModel
 from fsdpviz.analysis.overlap import cpu_sets, gpu_sets, host_backend_collectives
 from fsdpviz.analysis.unit_overlap import unit_steps
 from fsdpviz.analysis.units import derive_units, unit_stats
 from fsdpviz.formatting import NS_PER_MS
-from fsdpviz.structure import crossrank, memory
+from fsdpviz.structure import crossrank
 from fsdpviz.structure import label_rules as rules
 from fsdpviz.structure.categorical import startswith
 from fsdpviz.structure.collectives import is_gpu_rank
@@ -56,7 +58,6 @@ from fsdpviz.structure.labels import (
     has_unit_labels,
     parse_labels,
 )
-from fsdpviz.structure.memory import MemoryModel
 from fsdpviz.structure.packed import Packed, concat_packed, pack, release_freed_memory
 from fsdpviz.structure.parallelism import run_parallelism
 from fsdpviz.structure.profiler_cost import ProfilerCost

@@ -107,7 +107,7 @@ class StepMemory:
     windows: dict[Pass, tuple[int, int]]  # (unit, phase, micro) -> its window in the step
     computed: dict[Pass, int]  # (unit, phase, micro) -> where its compute region ends
     # categories that cannot be known on this rank, with why (memory_split.Split.unknown), and
-    # the bytes of them the levels hold by assumption (structure.memory.ASSUMED_OPTIMIZER_STATES)
+    # the bytes of them the levels hold by assumption (analysis.memory.ASSUMED_OPTIMIZER_STATES)
     unknown: dict[str, str] = field(default_factory=dict)
     assumed: dict[str, int] = field(default_factory=dict)
 

@@ -1,10 +1,12 @@
-"""The one replay of a recording: read once (:func:`read_model`), played back as recorded on every
-analysed step of every rank, and, where the recorder's timers allow, without the profiler (``net``:
-:mod:`.calibration` on CPU, :mod:`.hostcost` on GPU).
+"""The one replay of a recording: read once (:func:`read_model`, on every rank or on the ranks asked
+for or sampled), played back as recorded on each analysed step of those ranks and, where the
+recorder's timers allow, without the profiler (``net``: :mod:`.calibration` on CPU, :mod:`.hostcost`
+on GPU).
 
-Every figure that speaks of the run's clock reads it: the summary's clock and step (``clock.clock_of``
-over :func:`model_clock`), the actions' predicted gains and every ``whatif`` setting (``whatif.predict``
-plays the same programs under the setting and moves the recorded figures by the share it moves them).
+What it replays is the run's clock (``clock.clock_of`` over :func:`model_clock`: which clock the
+summary's step is on, and how far the replay without the profiler misses it); the actions'
+predicted gains and every ``whatif`` setting play the same programs under the setting
+(``whatif.predict``) and move the recorded figures by the share it moves them.
 """
 
 from __future__ import annotations

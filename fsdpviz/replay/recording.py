@@ -49,6 +49,7 @@ from pandas.core.groupby import DataFrameGroupBy
 
 from fsdpviz import vocabulary
 from fsdpviz.analysis import memory_categories as mcat
+from fsdpviz.analysis.memory import ASSUMED_OPTIMIZER_STATES, CPU_DEVICE, device_samples, main_devices
 from fsdpviz.analysis.memory_split import ShardedState, Split, split_of
 from fsdpviz.analysis.pipeline import RunResult
 from fsdpviz.analysis.run import labels_of
@@ -73,7 +74,6 @@ from fsdpviz.structure.intervals import (
     total_ns,
     union_intervals,
 )
-from fsdpviz.structure.memory import ASSUMED_OPTIMIZER_STATES, CPU_DEVICE, device_samples, main_devices
 from fsdpviz.structure.spans import gpu_work
 from fsdpviz.trace import schema
 

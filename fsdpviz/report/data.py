@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING
 import msgspec
 import pandas as pd
 
+from fsdpviz.analysis import memory as analysis_memory
 from fsdpviz.analysis.actions import Action, action_text
+from fsdpviz.analysis.memory import MemoryModel
 from fsdpviz.analysis.memory_categories import TITLES
 from fsdpviz.analysis.summary import actions_of, finding_entries
 from fsdpviz.errors import UsageError
@@ -25,8 +27,6 @@ from fsdpviz.report.timeline.steps import MAX_PAGE_SEGMENTS, choose_steps, whole
 from fsdpviz.report.timeline.units import NO_UNIT, place_unit_peaks, unit_order, units_view
 from fsdpviz.report.timeline.view import StepView, events_view, exposed_intervals, unit_peak_markers
 from fsdpviz.report.units.table import UnitTables, unit_tables
-from fsdpviz.structure import memory as analysis_memory
-from fsdpviz.structure.memory import MemoryModel
 from fsdpviz.structure.profiler_cost import unit_pass_steps
 from fsdpviz.structure.records import NO_UNIT_LABELS
 from fsdpviz.trace.tables import TraceSet
@@ -227,7 +227,7 @@ def prepare_report(run: RunResult, *, max_segments: int = MAX_PAGE_SEGMENTS,
 
 
 def _main_device_samples(samples: pd.DataFrame) -> pd.DataFrame:
-    """Allocator samples of each rank's drawn device only (``fsdpviz.structure.memory.main_devices``)."""
+    """Allocator samples of each rank's drawn device only (``fsdpviz.analysis.memory.main_devices``)."""
     if samples.empty:
         return samples
     devices = analysis_memory.main_devices(samples)

@@ -43,8 +43,10 @@ from fsdpviz.structure.nesting import innermost_enclosing
 from fsdpviz.structure.windows import compute_pieces, unit_ancestors, unit_windows
 from fsdpviz.trace import schema
 
-# What a GPU rank computes, as HTA counts it: every kernel, copy and set but the collectives, copies,
-# sets and syncs its not-compute pattern names (the whole-step overlap and the units' compute read both).
+# What a GPU rank communicates and computes, as HTA 0.5.0 counts it (hta/utils/utils.py): comm =
+# ^nccl.*Kernel; "not compute" = that, or a name containing Memcpy, or starting with Memset, or
+# containing Sync (re.match semantics). The whole-step overlap and the units' compute read them.
+HTA_COMM_RE: Final = re.compile(r"^nccl.*Kernel")
 HTA_NOT_COMPUTE_RE: Final = re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")
 GPU_WORK_KINDS: Final = (schema.KIND_KERNEL, schema.KIND_MEMCPY, schema.KIND_MEMSET)
 COPY_IN_OP: Final = "fsdp::all_gather_copy_in"

@@ -138,7 +138,7 @@ RANKS: Final[Schema] = {
     "process_groups": "string",
 }
 
-# Per-unit timeline (built by fsdpviz.analysis from FSDP labels).
+# Per-unit timeline (built by fsdpviz.structure.spans from FSDP labels).
 SPANS: Final[Schema] = {
     "rank": "int32",
     "step": "int32",

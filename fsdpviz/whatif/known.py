@@ -14,7 +14,7 @@ state, by N / N'), so the predicted peak is only as good as they are:
 
 - an optimizer state the recording did not measure, on a level that holds it (GPU: it is part of
   what was allocated before the trace), is assumed to be Adam's two states per sharded element
-  (:data:`fsdpviz.structure.memory.ASSUMED_OPTIMIZER_STATES`) and scaled; the predicted categories
+  (:data:`fsdpviz.analysis.memory.ASSUMED_OPTIMIZER_STATES`) and scaled; the predicted categories
   hold the assumed bytes, ``memory_assumed`` names them, and the prediction's ``assumed`` says so
   where the assumption moves the peak (the recorded peak's categories stay null, as summary's);
 - a sharded category that is unknown and not assumed (a CPU level that never counted it, no units
@@ -27,9 +27,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fsdpviz.analysis import memory_categories as mcat
+from fsdpviz.analysis.memory import ASSUMED_OPTIMIZER_STATES
 from fsdpviz.formatting import mib_text
 from fsdpviz.replay.memory import MemoryChange, StepMemory
-from fsdpviz.structure.memory import ASSUMED_OPTIMIZER_STATES
 
 
 @dataclass(slots=True)

@@ -12,10 +12,9 @@ timers allow one (:mod:`fsdpviz.replay.calibration` on CPU, :mod:`fsdpviz.replay
 the summary exactly. Without such a replay and with the traced step as the summary's, the step moves
 by the simulated difference instead.
 
-Why one module of ~600 lines: reading the model, checking a setting against the recording, the
-baseline, the simulations and the predicted outcome per unit are one procedure read top to bottom,
-on one :class:`Model` and one :class:`Outcome`; the parts with a life of their own are modules of
-their own (the programs, the simulator, the calibration, the memory model, the explorer).
+The recording is read once into a :class:`fsdpviz.replay.model.Model` (the one replay, every view's
+clock); checking a setting against it, the baseline, the simulations and the predicted outcome per
+unit are one procedure here, read top to bottom.
 """
 
 from __future__ import annotations
@@ -229,7 +228,7 @@ def unit_params(result: RunResult) -> dict[str, list[str]]:
 
 
 def recording_spread_ms(model: Model, baseline_ms: float) -> float | None:
-    """The recording's spread (:func:`spread_share`) on the prediction's basis, the baseline step."""
+    """The recording's spread (:func:`fsdpviz.replay.model.spread_share`) on the prediction's basis, the baseline step."""
     return None if model.spread_share is None else round(model.spread_share * baseline_ms, 3)
 
 

@@ -18,8 +18,8 @@ from helpers.jobs import NO_OUTPUT
 from recording import SCRIPTS, Config, Recordings
 
 from fsdpviz.analysis.compare.memory import drift_bytes, step_levels
+from fsdpviz.analysis.memory import device_samples
 from fsdpviz.analysis.pipeline import analyse
-from fsdpviz.structure.memory import device_samples
 
 pytestmark = [pytest.mark.slow, pytest.mark.recorded]
 

@@ -6,11 +6,11 @@ import numpy as np
 import pandas as pd
 
 from fsdpviz import formatting as fmt
+from fsdpviz.analysis import memory as analysis_memory
 from fsdpviz.formatting import NS_PER_MS
 from fsdpviz.report import style
 from fsdpviz.report.timeline import memory
 from fsdpviz.report.timeline.steps import StepChoice
-from fsdpviz.structure import memory as analysis_memory
 
 
 def test_unit_colour_depends_on_unit_not_on_which_units_are_present() -> None:

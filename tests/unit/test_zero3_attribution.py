@@ -18,10 +18,10 @@ import pytest
 from helpers.kineto import TraceBuilder
 from synth import Scenario, generate_run, make_units
 
+from fsdpviz.analysis import memory
 from fsdpviz.analysis.run import analyse_run
 from fsdpviz.analysis.unit_overlap import collective_shares
 from fsdpviz.runfolder import UnitInfo
-from fsdpviz.structure import memory
 from fsdpviz.structure.labels import parse_label_name, parse_labels
 from fsdpviz.structure.spans import unit_tables
 from fsdpviz.trace import load_traces

@@ -23,7 +23,7 @@ from typing import Final
 import numpy as np
 import pandas as pd
 
-from fsdpviz.structure.memory import device_samples
+from fsdpviz.analysis.memory import device_samples
 from fsdpviz.trace.tables import TraceSet
 
 DRIFT_SHARE: Final = 0.10

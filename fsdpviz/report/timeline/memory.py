@@ -2,7 +2,7 @@
 
 A GPU trace records one ``[memory]`` sample per allocation and free: tens of thousands per step,
 more than a browser needs to draw a curve a thousand pixels wide. The analysis already thins each
-rank's curve (``RunAnalysis.memory``, see ``fsdpviz.structure.memory.curve``: per time bin the lowest
+rank's curve (``RunAnalysis.memory``, see ``fsdpviz.analysis.memory.curve``: per time bin the lowest
 and highest sample, so every peak and trough survives) on the device it analyses -- the rank's GPU
 when it has one, else its CPU allocator; this module cuts that curve to the drawn step.
 
@@ -39,7 +39,7 @@ def choose_memory_ranks(memory: pd.DataFrame, max_ranks: int = MAX_MEMORY_RANKS)
 def memory_curves(memory: pd.DataFrame, choice: StepChoice, ranks: Sequence[int]) -> pd.DataFrame:
     """Allocated and reserved bytes of ``ranks`` during ``choice``'s step, x in ms from its origin.
 
-    ``memory`` is the analysis' curve (``RunAnalysis.memory``, or ``fsdpviz.structure.memory.curves``
+    ``memory`` is the analysis' curve (``RunAnalysis.memory``, or ``fsdpviz.analysis.memory.curves``
     of the samples): one device per rank, already thinned with its peaks kept. Each curve starts
     with the last sample before the step (the level the step starts at) moved to the step's origin,
     so a step without allocations still shows its level. Returns ``rank``, ``device``, ``t_ns``,

@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from fsdpviz.analysis import memory as mem
 from fsdpviz.analysis import overlap as ov
 from fsdpviz.formatting import NS_PER_MS, format_bytes
 from fsdpviz.report.timeline import memory
 from fsdpviz.report.timeline.events import CAT_COMM, event_segments, lane_rows
 from fsdpviz.report.timeline.steps import StepChoice, to_ms
-from fsdpviz.structure import memory as mem
 from fsdpviz.structure.intervals import cover_rows, subtract_intervals
 from fsdpviz.structure.steps import analysed_steps_of
 from fsdpviz.trace import schema
@@ -110,7 +110,7 @@ def events_view(traces: TraceSet, overlap: pd.DataFrame, choice: StepChoice, *, 
     """The whole-step view: every lane of ``ranks`` (default all), busy time by category, exposed
     communication (``exposed_intervals``, computed here when not given) in red, and the memory
     curve (``memory_curve``: the analysis' thinned curve, schema.MEMORY; by default made from
-    ``traces.memory`` with ``fsdpviz.structure.memory.curves``)."""
+    ``traces.memory`` with ``fsdpviz.analysis.memory.curves``)."""
     ranks = traces.rank_ids if ranks is None else list(ranks)
     all_rows = lane_rows(traces.lanes, ranks)
     drawn = traces.events if len(ranks) == len(traces.rank_ids) else \

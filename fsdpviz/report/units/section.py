@@ -17,8 +17,8 @@ from fsdpviz.report.units import plots
 from fsdpviz.report.units.table import METRIC_COLORS, TABLE_COLUMNS, TIMER_COLUMNS, html_table
 
 if TYPE_CHECKING:
+    from fsdpviz.analysis.memory import MemoryModel
     from fsdpviz.report.data import ReportData
-    from fsdpviz.structure.memory import MemoryModel
 
 HOWTO_UNITS = (
     "One row per FSDP unit in forward order; times are medians per step over ranks and analysed steps, "
