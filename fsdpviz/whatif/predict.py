@@ -7,9 +7,9 @@ recorded x simulated(setting) / simulated(recorded), per rank and step, the mean
 whatever the model does not explain cancels out instead of being blamed on the setting.
 
 One clock (replay/clock.py): the recorded figures are the summary's (its step, the bound's exposed
-communication and work), and the simulations are the replay without the profiler where the recorder's
-timers allow one (:mod:`fsdpviz.replay.calibration` on CPU, :mod:`fsdpviz.replay.hostcost` on GPU), so the recorded setting predicts
-the summary exactly. Without such a replay and with the traced step as the summary's, the step moves
+communication and work), and the simulations are the replay without the profiler where the
+recorder's timers allow one (:mod:`fsdpviz.replay.calibration` on CPU, :mod:`fsdpviz.replay.hostcost`
+on GPU), so the recorded setting predicts the summary exactly. Without such a replay and with the traced step as the summary's, the step moves
 by the simulated difference instead.
 
 The recording is read once into a :class:`fsdpviz.replay.model.Model` (the one replay, every view's
@@ -107,8 +107,8 @@ class Prediction:
     profiler: dict[str, Any] | None = None
     """The recording's profiled and unprofiled step times (``summary --json`` ``profiler``); None without timers."""
     prefetch_arguments: dict[str, object] | None = None
-    """The prefetch setting as the framework's own arguments (:mod:`fsdpviz.replay.prefetch_args`); None where run.json
-    does not say what was recorded."""
+    """The prefetch setting as the framework's own arguments (:mod:`fsdpviz.replay.prefetch_args`); None
+    where run.json does not say what was recorded."""
     spread_ms: float | None = None
     """The recording's own step-to-step spread on the prediction's basis (:func:`recording_spread_ms`);
     None with fewer than two steps."""
