@@ -28,7 +28,7 @@ from fsdpviz import api
 from fsdpviz.analysis.figures import peak_place, rank_exposed_ms, step_time_figures
 from fsdpviz.analysis.pipeline import RunResult
 from fsdpviz.formatting import format_bytes, format_ms, format_pct
-from fsdpviz.report.data import prepare_report
+from fsdpviz.report.data import actions_text, prepare_report
 from fsdpviz.report.headline import headline_section
 from fsdpviz.report.steps import data as steps_data
 from fsdpviz.report.steps.section import steps_section
@@ -198,11 +198,8 @@ def test_notebook_api_shows_the_summary(sample: dict[str, Any]) -> None:
             assert got.get((u.name, "all-gather")) == u.all_gather_ms
 
 
-
 def test_the_page_lists_the_summarys_actions(sample: dict[str, Any]) -> None:
     """The page's "what to try" lines are the summary's actions, in its order and with the same
     predicted gains (every sample has units: its summary lists the findings the page words)."""
-    from fsdpviz.report.data import actions_text
-
     assert sample["result"].has_units and sample["summary"].actions
     assert sample["data"].findings == actions_text(sample["summary"].actions)
