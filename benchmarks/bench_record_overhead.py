@@ -1,15 +1,17 @@
-"""What ``fsdpviz record`` costs a training step: the example trainer with and without recording.
+"""What ``fsdpviz record`` costs a training step: the example trainer bare and recorded, interleaved.
 
-    python benchmarks/bench_record_overhead.py [--repeats 3] [--steps 60] [--framework fsdp2]
+    python benchmarks/bench_record_overhead.py [--repeats 3] [--steps 30]     # make bench-record
+    python benchmarks/bench_record_overhead.py --micro                        # the unit-timed step's work
 
-Runs ``examples/train.py`` under ``torchrun --nproc_per_node 2`` (CPU, gloo) plain, under
-``fsdpviz record --mode timers`` (timers on every step, no profiler) and under the default
-``--mode both``, interleaved ``--repeats`` times. Each rank measures its own step times with a
-wall clock around the optimizer step boundaries (the same for all configurations, independent of
-fsdpviz), and the process's CPU time per step. Reported per configuration: the median step time
-over the steps past the profiled window (wall and CPU), and over every step (profiled steps and
-the trace writing included), with the difference against the plain runs. Results:
-docs/performance.md.
+Runs ``examples/train.py`` (FSDP2, ``torchrun --nproc_per_node 2``, CPU, gloo) in two shapes, the
+default example (4 blocks of width 64) and its many-unit variant (24 blocks of width 32), each bare and
+under the default ``fsdpviz record``, round by round: every round runs each (shape, bare / recorded)
+once, in turn, so that the machine's drift falls on all of them alike. Each rank measures its own step
+times with a wall clock around the optimizer step boundaries (the same in every run, independent of
+fsdpviz). Reported per shape: the median and spread (min - max over rounds of each run's median) of
+the clean steps (those run.json's ``ranks[].observer.clean_steps`` names; the same step numbers in the
+bare runs), the slowest rank per step, and what the recorder's agent measured of its own work in
+those steps (run.json). Results: docs/performance.md, "Recording overhead".
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "train.py"
-SKIP_STEPS = 8  # first steps (allocation) and the profiled window (steps 2-4) + trace writing
+# The shapes the benchmark runs: the default example and its many-unit variant (examples/train.py flags).
+SHAPES = {"example (4 x 64)": ["--layers", "4", "--dim", "64"], "24 blocks x 32": ["--layers", "24", "--dim", "32"]}
 
 
 def worker(out: Path, train_args: list[str]) -> None:
@@ -46,12 +50,10 @@ def worker(out: Path, train_args: list[str]) -> None:
 
 
 def micro(units: int, steps: int = 2000) -> float:
-    """The agent's own CPU time per step (µs) for ``units`` units, measured in one process without training.
-
-    Per unit and step the FSDP2 instrumentation makes: a forward interval with two gather calls
-    (unshard, wait_for_unshard), a backward interval with three gather calls and one reduction;
-    then the step's records are summarised and written, and the peak RSS read and reset.
-    """
+    """The agent's own CPU time per unit-timed step (µs) for ``units`` units, measured in one process
+    without training: the intervals the FSDP2 instrumentation marks per unit (a forward interval with
+    two gather calls, a backward interval with three gather calls and one reduction), then the step's
+    records summarised and written and the peak RSS read. A clean step does none of the unit work."""
     from fsdpviz.record.agent import Agent
     from fsdpviz.record.options import RecordOptions
     from fsdpviz.record.timers import TimersWriter
@@ -59,6 +61,7 @@ def micro(units: int, steps: int = 2000) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         agent = Agent(RecordOptions(run_dir=Path(tmp)), "rank")
         agent.recording = True
+        agent.observer.unit_timing = True
         agent.clock.start(TimersWriter(Path(tmp) / "rank0.jsonl"), rank=0, step=0, memory=True, use_cuda=False)
         names = [f"blocks.{i}" for i in range(units)]
         started = time.process_time()  # CPU time: what the agent takes from training, unlike load-bound wall time
@@ -83,62 +86,69 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run_config(mode: str | None, train_args: list[str], workdir: Path) -> dict[str, list[float]]:
-    """Step times of one run: ``wall`` / ``cpu`` past the profiled window, ``wall_all`` from step 1 on
-    (the profiled steps and the trace writing included). A step ends when its slowest rank ends it."""
+def run_config(recorded: bool, train_args: list[str], workdir: Path) -> tuple[list[float], dict[str, Any] | None]:
+    """One run: the slowest rank's wall ms of every step, and run.json's ``ranks`` (None when bare)."""
     out = Path(tempfile.mkdtemp(dir=workdir))
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
                "--master_port", str(_free_port()), __file__, "--worker", str(out), "--", *train_args]
-    if mode is not None:
-        command = [sys.executable, "-m", "fsdpviz", "record", "--out", str(out / "run"), "--mode", mode,
-                   "--no-report", "--", *command]
-    env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
+    if recorded:
+        command = [sys.executable, "-m", "fsdpviz", "record", "--out", str(out / "run"), "--no-report", "--no-summary",
+                   "--", *command]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
     subprocess.run(command, check=True, env=env, capture_output=True, timeout=1800)
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
-    slowest = {key: [max(a, b) for a, b in zip(ranks[0][key], ranks[1][key])] for key in ("wall", "cpu")}
-    return {"wall": slowest["wall"][SKIP_STEPS:], "cpu": slowest["cpu"][SKIP_STEPS:], "wall_all": slowest["wall"][1:]}
+    slowest = [max(a, b) for a, b in zip(ranks[0]["wall"], ranks[1]["wall"], strict=True)]
+    run = json.loads((out / "run" / "run.json").read_text()) if recorded else None
+    return slowest, run
+
+
+def _spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.1f} ({min(values):.1f} - {max(values):.1f})"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--framework", default="fsdp2", choices=["fsdp2", "fsdp1", "zero3"])
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--dim", type=int, default=128)
-    parser.add_argument("--micro", action="store_true", help="only measure the agent's own cost per step")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--micro", action="store_true", help="only measure the agent's work in a unit-timed step")
     args, rest = parser.parse_known_args()
     if args.micro:
         for units in (5, 33, 129):
-            print(f"agent cost per step with {units:3d} units: {micro(units):8.1f} µs")
+            print(f"agent cost per unit-timed step with {units:3d} units: {micro(units):8.1f} µs")
         return
     if args.worker is not None:
         worker(args.worker, [a for a in rest if a != "--"])
         return
-    train_args = ["--framework", args.framework, "--steps", str(args.steps), "--layers", str(args.layers),
-                  "--dim", str(args.dim)]
-    configs = {"plain": None, "timers": "timers", "both": "both"}
-    samples: dict[str, dict[str, list[float]]] = {name: {"wall": [], "cpu": [], "wall_all": []} for name in configs}
+    # per shape and kind: each run's median clean step; per shape: the agent's facts of every recorded rank
+    medians: dict[tuple[str, str], list[float]] = {(shape, kind): [] for shape in SHAPES for kind in ("bare", "recorded")}
+    agent: dict[str, list[dict[str, Any]]] = {shape: [] for shape in SHAPES}
+    clean: dict[str, list[int]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
-            for name, mode in configs.items():
-                for key, values in run_config(mode, train_args, Path(tmp)).items():
-                    samples[name][key].extend(values)
-                print(f"repeat {repeat + 1}/{args.repeats} {name}: median "
-                      f"{statistics.median(samples[name]['wall']):.2f} ms", file=sys.stderr, flush=True)
-    print(f"{args.framework}, {args.layers} layers, dim {args.dim}, {args.steps} steps, {args.repeats} runs per "
-          f"configuration (interleaved), median step time of the slowest rank; load average {os.getloadavg()[0]:.1f}")
-    print("| configuration | wall ms, steps past the profiled window | CPU ms, same steps "
-          "| wall ms, every step (profiled ones included) |")
-    print("|---|---|---|---|")
-    plain = {key: statistics.median(values) for key, values in samples["plain"].items()}
-    for name, keyed in samples.items():
-        cells = []
-        for key in ("wall", "cpu", "wall_all"):
-            med = statistics.median(keyed[key])
-            cells.append(f"{med:.1f}" + ("" if name == "plain" else f" ({(med / plain[key] - 1) * 100:+.1f} %)"))
-        print(f"| {name} | " + " | ".join(cells) + " |")
+            for shape, flags in SHAPES.items():
+                train_args = ["--framework", "fsdp2", "--steps", str(args.steps), *flags]
+                for kind in ("recorded", "bare"):  # the recorded run first: it names the clean steps
+                    steps, run = run_config(kind == "recorded", train_args, Path(tmp))
+                    if run is not None:
+                        agent[shape].extend(r["observer"] for r in run["ranks"] if r.get("observer"))
+                        clean[shape] = run["ranks"][0]["observer"]["clean_steps"]
+                    medians[(shape, kind)].append(statistics.median(steps[s] for s in clean[shape]))
+                    print(f"round {repeat + 1}/{args.repeats} {shape} {kind}: clean-step median "
+                          f"{medians[(shape, kind)][-1]:.1f} ms", file=sys.stderr, flush=True)
+    print(f"FSDP2, 2 CPU ranks, {args.steps} steps, {args.repeats} rounds (interleaved), slowest rank per step; "
+          f"load average {os.getloadavg()[0]:.1f}")
+    print("| shape | bare: clean-step ms, median (min - max of runs) | recorded: same | recorded / bare "
+          "| agent's own ms per clean step (median, max) | agent's share of the step (median, max) |")
+    print("|---|---|---|---|---|---|")
+    for shape in SHAPES:
+        bare, rec = medians[(shape, "bare")], medians[(shape, "recorded")]
+        facts = agent[shape]
+        own = (f"{statistics.median(f['agent_ms_median'] for f in facts):.3f}, {max(f['agent_ms_max'] for f in facts):.3f}")
+        share = (f"{statistics.median(f['agent_share_median'] for f in facts) * 100:.2f} %, "
+                 f"{max(f['agent_share_max'] for f in facts) * 100:.2f} %")
+        print(f"| {shape} | {_spread(bare)} | {_spread(rec)} | {statistics.median(rec) / statistics.median(bare):.3f} "
+              f"| {own} | {share} |")
 
 
 if __name__ == "__main__":

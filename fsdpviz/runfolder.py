@@ -20,6 +20,7 @@ Layout::
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -46,6 +47,22 @@ FORMAT_VERSION: Final = 1
 TRACE_SUFFIXES: Final = (".json", ".json.gz")
 SCHEDULE_OPTIMIZER_STEPS: Final = "optimizer_steps"  # the profiler stepped by optimizer steps
 SCHEDULE_TIME_WINDOW: Final = "time_window"  # the fallback for scripts without a torch optimizer
+# The first steps of any run are slower (allocation, caches, lazy init): never a clean step.
+SETTLING_STEPS: Final = 2
+
+
+def clean_steps(steps: Iterable[int], *, profiled: Sequence[int], unit_timed: Sequence[int] | None,
+                partial: int | None) -> set[int]:
+    """Which of a rank's ``steps`` are clean: the bare run's pace, what every time figure is calibrated on
+    (docs/recording.md, "Kinds of step"). Not clean: the first :data:`SETTLING_STEPS` steps, the profiled
+    steps, the profiler's warm-up step (the one before them: Kineto already collects), the step after
+    the last profiled one (it follows the trace export), the unit-timed steps (``unit_timed``; None for a
+    recording older than them, whose timers timed units in every step) and a step the rank ended inside
+    (``partial``). With no profiled step there is nothing to be clean against: none is."""
+    if not profiled:
+        return set()
+    busy = {*profiled, min(profiled) - 1, max(profiled) + 1, *(unit_timed or ())}
+    return {s for s in steps if s >= SETTLING_STEPS and s not in busy and s != partial}
 
 # A unit's prefetch setting: FSDP2 lists the units prefetched explicitly or says "default"; FSDP1
 # says whether forward prefetch is on and names its backward prefetch; ZeRO-3 gives a bucket size.
@@ -100,6 +117,11 @@ class ProfileInfo(msgspec.Struct, kw_only=True):
     warmup: int | None = None
     requested_steps: int | None = None
     window_s: float | None = None
+    unit_timed_steps: list[int] | None = None
+    """The steps whose units the timers clocked (docs/recording.md, "Kinds of step"); None for a
+    recording older than them, whose timers clocked units in every step."""
+    unit_timer_steps: int | None = None
+    """How many unit-timed steps were asked for (``--unit-timer-steps``); None before the option."""
 
 
 class TraceStartMemory(msgspec.Struct, kw_only=True):
@@ -160,6 +182,26 @@ class RankMemory(msgspec.Struct, kw_only=True):
     optimizers: list[OptimizerMemory] = msgspec.field(default_factory=list)
 
 
+class ObserverInfo(msgspec.Struct, kw_only=True):
+    """What the recorder itself spent in a rank's clean steps, measured by its agent (run.json
+    ``ranks[].observer``; docs/run-folder.md)."""
+
+    clean_steps: list[int] = msgspec.field(default_factory=list)
+    agent_ms_median: float | None = None
+    """The agent's own time per clean step: its hooks and the step boundary (timed), and the wrapped
+    framework calls that passed straight through (counted, times their measured cost)."""
+    agent_ms_max: float | None = None
+    agent_share_median: float | None = None
+    """``agent_ms`` over the step's time (the timers'), median over the clean steps."""
+    agent_share_max: float | None = None
+    pass_through_calls_per_step: float | None = None
+    pass_through_ns_each: float | None = None
+    unit_intervals_max: int | None = None
+    """Per-unit intervals the timers marked in a clean step: 0."""
+    cuda_events_max: int | None = None
+    """CUDA events the timers created in a clean step: 2 on a GPU (the step's ends), 0 on a CPU."""
+
+
 class RankInfo(msgspec.Struct, kw_only=True):
     """One recording rank (run.json ``ranks[]``)."""
 
@@ -187,6 +229,10 @@ class RankInfo(msgspec.Struct, kw_only=True):
     """CPU cores the rank's process could run on (its affinity), for predicting CPU runs."""
     memory: RankMemory | None = None
     """What the recorder measured of the rank's memory in the training process."""
+    unit_timed_steps: list[int] | None = None
+    """The steps whose units this rank's timers clocked; None in recordings older than them."""
+    observer: ObserverInfo | None = None
+    """What the recorder itself spent in this rank's clean steps; None where unmeasured."""
 
 
 class RunInfo(msgspec.Struct, kw_only=True):

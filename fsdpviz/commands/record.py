@@ -14,7 +14,7 @@ import typer
 from fsdpviz.commands.common import say
 from fsdpviz.errors import EXIT_BAD_INPUT, FsdpvizError, UsageError
 from fsdpviz.naming import list_units
-from fsdpviz.record.options import DEFAULT_STEPS, DEFAULT_WARMUP
+from fsdpviz.record.options import DEFAULT_STEPS, DEFAULT_UNIT_TIMER_STEPS, DEFAULT_WARMUP
 
 if TYPE_CHECKING:  # run.json's types load msgspec (and attrs): `fsdpviz --help` need not wait for them
     from fsdpviz.runfolder import RunInfo
@@ -60,6 +60,10 @@ def record(
         "both", "--mode", metavar="profile|timers|both", help="profile: torch.profiler traces; timers: per-step timers of every step; both."),
     memory: bool = typer.Option(True, "--memory/--no-memory",
                                 help="Record allocator events and per-step peak memory."),
+    unit_timer_steps: int = typer.Option(
+        DEFAULT_UNIT_TIMER_STEPS, "--unit-timer-steps", min=0, metavar="N",
+        help="Steps after the profiled ones whose units the timers clock (default: the step after the trace "
+             "export). Other steps are left bare: the recorder marks only their start and end."),
     report: bool = typer.Option(True, "--report/--no-report", help="Write report.html after the run."),
     summary: bool = typer.Option(True, "--summary/--no-summary", help="Print the run's summary after it."),
     force: bool = typer.Option(False, "--force", help="Replace the recording in an existing run folder."),
@@ -81,14 +85,17 @@ def record(
     run_dir = (out or default_run_dir()).resolve()
     try:
         options = RecordOptions(run_dir=run_dir, steps=steps, warmup=warmup, mode=mode, memory=memory,  # type: ignore[arg-type]  # --mode is checked in __post_init__
-                                **time_window_settings(os.environ))
+                                unit_timer_steps=unit_timer_steps, **time_window_settings(os.environ))
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     what = []
     if options.profile:
         what.append(f"profile steps {warmup}-{warmup + steps - 1}" if steps > 1 else f"profile step {warmup}")
     if options.timers:
-        what.append("timers on every step")
+        first = warmup + steps
+        what.append("step timers" + (f", unit timers in step {first}" if unit_timer_steps == 1 else
+                                     f", unit timers in steps {first}-{first + unit_timer_steps - 1}"
+                                     if unit_timer_steps else ""))
     result = run_record(command, options, force=force, shared=shared, label=label, on_start=lambda: say(
         f"recording into {out or run_dir} ({', '.join(what)}): {' '.join(command)}"))
     print_recording(result.run, run_dir, result.last_lines)

@@ -7,6 +7,9 @@ module types it has already seen. At that forward it:
 1. names the framework (FSDP2 ``FSDPModule``, FSDP1 ``FullyShardedDataParallel``, a DeepSpeed
    engine with ZeRO stage 3) and removes the detection hook;
 2. builds the unit table (``units.py``) and instruments the framework (``instrument.py``);
+   the wrappers work only in the steps that need them (``observer.py``): the first step (the units'
+   order), the profiled steps (trace labels) and the unit-timed steps; in the clean steps every
+   wrapped call passes straight through;
 3. starts torch.profiler with a schedule that global optimizer step hooks advance
    (``profiling.py``, ``schedule.py``);
 4. registers flushing at exit, on uncaught exceptions and on SIGTERM (``rankfacts.py``).
@@ -16,6 +19,10 @@ N; several optimizer steps with no forward between them (several optimizers, Dee
 sub-groups) end one step. Outputs: ``traces/rank{R}.trace.json.gz``, ``timers/rank{R}.jsonl`` and
 ``ranks/rank{R}.json`` (facts the launcher merges into run.json), each written under a temporary
 name and renamed when complete.
+
+Nothing the script can read is changed: the peak-memory counters are read, never reset
+(``clock.py``), and once the agent records, the ``FSDPVIZ_*`` variables and the bootstrap's
+``PYTHONPATH`` entry leave the process's environment (:func:`_leave_environment`).
 """
 
 from __future__ import annotations
@@ -31,15 +38,35 @@ import torch
 from fsdpviz.record.clock import StepClock
 from fsdpviz.record.groups import GroupLabels
 from fsdpviz.record.memory import MemoryProbe
-from fsdpviz.record.options import ENV_OWNER_PID, RecordOptions, options_from_env
+from fsdpviz.record.observer import Observer, pass_through_ns
+from fsdpviz.record.options import ENV_OWNER_PID, LAUNCHER_VARIABLES, RecordOptions, options_from_env
 from fsdpviz.record.profiling import ProfilerDriver
 from fsdpviz.record.rankfacts import ExitHooks, now_iso, usable_cpus, versions, write_json_atomic
+from fsdpviz.record.schedule import unit_timed_steps
 from fsdpviz.record.timers import KIND_TOTAL, PHASE_STEP, WHOLE_STEP, Interval, TimersWriter
 from fsdpviz.record.units import Unit, assign_order, refresh_fsdp2_settings
-from fsdpviz.runfolder import RANK_FILE, TIMERS_FILE, rank_path
+from fsdpviz.runfolder import RANK_FILE, SCHEDULE_OPTIMIZER_STEPS, TIMERS_FILE, clean_steps, rank_path
 
 _AGENT: Agent | None = None
 _RECOMPUTE = "recompute"  # key of a unit's forward recomputed inside backward (activation checkpointing)
+BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
+
+
+def _leave_environment() -> None:
+    """Take fsdpviz's variables out of this process's environment, as a bare run has it: the
+    ``FSDPVIZ_*`` options (already read) and the bootstrap's entry on ``PYTHONPATH`` (its
+    ``sitecustomize`` already ran). Processes the script starts from now on inherit neither, so they do
+    not record: that is what ``FSDPVIZ_OWNER_PID`` told them until now."""
+    for key in LAUNCHER_VARIABLES:
+        os.environ.pop(key, None)
+    paths = os.environ.get("PYTHONPATH")
+    if paths is not None:
+        kept = [p for p in paths.split(os.pathsep) if os.path.abspath(p or os.curdir) != BOOTSTRAP_DIR]
+        if kept:
+            os.environ["PYTHONPATH"] = os.pathsep.join(kept)
+        else:
+            del os.environ["PYTHONPATH"]
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != BOOTSTRAP_DIR]
 
 
 def arm(role: str) -> None:
@@ -95,7 +122,11 @@ class Agent:
         self._world_size = int(os.environ.get("WORLD_SIZE", "1") or 1)
         self._backend = ""
         self.memory = MemoryProbe()
-        self.groups = GroupLabels(self.enter_range)
+        self.observer = Observer()
+        self.groups = GroupLabels(self.enter_range, self.observer)
+        self._unit_timed = set(unit_timed_steps(options.warmup, options.steps, options.unit_timer_steps)
+                               if options.timers else ())
+        self._unit_timed_done: list[int] = []
 
     # --- arming and detection ------------------------------------------------------------------
     def arm(self) -> None:
@@ -154,6 +185,7 @@ class Agent:
         writer = TimersWriter(rank_path(self.options.run_dir, TIMERS_FILE, self.rank)) if self.options.timers else None
         self.clock.start(writer, rank=self.rank, step=self.step, memory=self.options.memory,
                          use_cuda=self._use_cuda_events)
+        self.observer.pass_ns = pass_through_ns()
         if root is not None:
             self._hooks.append(root.register_forward_pre_hook(self._on_root_forward_pre, prepend=True))
             self._hooks.append(root.register_forward_hook(self._on_root_forward_post))
@@ -167,6 +199,8 @@ class Agent:
             self._measure_trace_start()
         self._exit_hooks.install()
         self._write_rank_file(status="running")
+        _leave_environment()
+        self._begin_step()
         self._step_start = self.clock.mark(WHOLE_STEP, PHASE_STEP, KIND_TOTAL)
         if root is not None:  # this forward's pre-hooks were collected before ours existed
             self._on_root_forward_pre(root, ())
@@ -174,28 +208,51 @@ class Agent:
                 self.instrumentation.entered_root_forward(root)
 
     # --- step structure ------------------------------------------------------------------------
+    def _begin_step(self) -> None:
+        """Set what the recorder does in the step that begins now (``observer.py``): the unit-timed
+        steps time units and phases; the first step notes the units' order; the profiled steps label.
+        Every other step is clean: its wrapped calls pass straight through."""
+        observer = self.observer
+        observer.labels = self.profiler.labels_on
+        observer.unit_timing = (self.step in self._unit_timed and not self.profiler.time_window
+                                and self.profiler.schedule_kind == SCHEDULE_OPTIMIZER_STEPS)
+        if observer.unit_timing:
+            self._unit_timed_done.append(self.step)
+        observer.active = observer.labels or observer.unit_timing or not self._order_assigned
+
+    def _mark_phase(self, phase: str) -> Interval | None:
+        """A whole-step phase interval, in the unit-timed steps only (a clean step marks its ends)."""
+        return self.clock.mark(WHOLE_STEP, phase, KIND_TOTAL) if self.observer.unit_timing else None
+
     def _on_root_forward_pre(self, module: Any, args: Any) -> None:
         if not self.recording or self.finished:
             return
+        started = time.perf_counter_ns()
         self._forwards += 1
         if self.profiler.time_window or not self._optimizer_stepped:
             self.profiler.check_time_window(optimizer_stepped=self._optimizer_stepped, forwards=self._forwards,
                                             elapsed_s=time.monotonic() - self._detect_time)
+            self.observer.labels = self.profiler.labels_on
+            self.observer.active = self.observer.active or self.observer.labels
         if self.profiler.time_window and self.phase != "idle":
-            self._end_step(advance_profiler=False)  # without optimizer steps, a step is a forward
+            self._end_step(advance_profiler=False, started_ns=started)  # without optimizer steps, a step is a forward
+            started = time.perf_counter_ns()
         self.phase = "forward"
-        self._whole["forward"] = self.clock.mark(WHOLE_STEP, "forward", KIND_TOTAL)
+        self._whole["forward"] = self._mark_phase("forward")
+        self.observer.add(started)
 
     def _on_root_forward_post(self, module: Any, args: Any, output: Any) -> None:
+        started = time.perf_counter_ns()
         interval = self._whole.pop("forward", None)
         if interval is not None and not self.finished:
             self.clock.close(interval)
+        self.observer.add(started)
 
     def enter_backward(self) -> None:
         """Called by the instrumentation from backward hooks: the step is now in backward."""
         if self.phase != "backward" and not self.finished:
             self.phase = "backward"
-            self._whole["backward"] = self.clock.mark(WHOLE_STEP, "backward", KIND_TOTAL)
+            self._whole["backward"] = self._mark_phase("backward")
 
     def queue_backward_end(self) -> None:
         """Called from a backward hook: close this backward's intervals when autograd finishes.
@@ -220,16 +277,19 @@ class Agent:
     def _on_optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.finished:
             return
+        started = time.perf_counter_ns()
         self.memory.seen(optimizer)
         if not self.recording:
             return
         if self.phase in ("forward", "backward") or (self.root is None and self.phase == "idle"):
             self.phase = "optimizer"
-            self._whole["optimizer"] = self.clock.mark(WHOLE_STEP, "optimizer", KIND_TOTAL)
+            self._whole["optimizer"] = self._mark_phase("optimizer")
+        self.observer.add(started)
 
     def _on_optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.finished:
             return
+        started = time.perf_counter_ns()
         if not self.recording:
             if self.role == "rank" and os.getpid() == self.pid:
                 self.step = 1  # step 0 ran before anything sharded was seen: record as "unknown"
@@ -242,12 +302,14 @@ class Agent:
             except Exception as exc:  # noqa: BLE001 - a measurement must never stop the training
                 self._warn(f"could not measure the optimizer's state: {exc!r}")
         if self.phase != "optimizer":
+            self.observer.add(started)
             return
         self._optimizer_stepped = True
         if self._step_holds:
             self._step_end_pending = True  # the framework's optimizer call ends the step (release_step_end)
+            self.observer.add(started)
             return
-        self._end_optimizer_step()
+        self._end_optimizer_step(started)
 
     def hold_step_end(self) -> None:
         """The framework's own optimizer call began (DeepSpeed ``engine.step``, which keeps working
@@ -260,17 +322,20 @@ class Agent:
         if not self._step_holds and self._step_end_pending:
             self._step_end_pending = False
             if end_step and not self.finished and self.phase == "optimizer":
-                self._end_optimizer_step()
+                self._end_optimizer_step(time.perf_counter_ns())
 
-    def _end_optimizer_step(self) -> None:
+    def _end_optimizer_step(self, started_ns: int) -> None:
         interval = self._whole.pop("optimizer", None)
         if interval is not None:
             self.clock.close(interval)
-        self._end_step(advance_profiler=not self.profiler.time_window)
+        self._end_step(advance_profiler=not self.profiler.time_window, started_ns=started_ns)
 
-    def _end_step(self, *, advance_profiler: bool) -> None:
+    def _end_step(self, *, advance_profiler: bool, started_ns: int) -> None:
+        """End the running step and begin the next. The agent's work here, from ``started_ns`` (the
+        hook that ended the step) to the next step's first mark, counts as the ending step's."""
         if self._step_start is not None:
             self.clock.close(self._step_start)
+        ending, times = self.step, self.clock.running
         if not self._order_assigned:
             assign_order(self.units, self._first_seen)
             if self.framework == "fsdp2":
@@ -282,6 +347,9 @@ class Agent:
         if advance_profiler:
             self.profiler.advance()  # may write the trace: between steps, not inside one
             self._measure_trace_start()
+        self._begin_step()
+        self.observer.add(started_ns)
+        self.observer.end_step(ending, unit_intervals=times.unit_intervals(), cuda_events=times.cuda_events)
         self._step_start = self.clock.mark(WHOLE_STEP, PHASE_STEP, KIND_TOTAL)
 
     def _device(self) -> str:
@@ -315,7 +383,8 @@ class Agent:
         if phase == "forward" and not self._order_assigned:
             self._first_seen.append(unit)
         rng = self.enter_range(label) if label else None
-        self._open[(unit, phase)] = (self.clock.mark(unit, phase, KIND_TOTAL), rng)
+        interval = self.clock.mark(unit, phase, KIND_TOTAL) if self.observer.unit_timing else None
+        self._open[(unit, phase)] = (interval, rng)
 
     def close_unit(self, unit: str, phase: str) -> None:
         if phase in ("forward", "backward") and (unit, _RECOMPUTE) in self._open:
@@ -334,7 +403,8 @@ class Agent:
     def begin_comm(self, unit: str, kind: str, label: str | None) -> tuple[Interval | None, Any]:
         """Start timing a gather or reduction (outermost only) and its trace range."""
         self._comm_depth += 1
-        interval = self.clock.mark(unit, self.phase_for_comm(), kind) if self._comm_depth == 1 else None
+        timed = self._comm_depth == 1 and self.observer.unit_timing
+        interval = self.clock.mark(unit, self.phase_for_comm(), kind) if timed else None
         return interval, self.enter_range(label) if label else None
 
     def end_comm(self, token: tuple[Interval | None, Any]) -> None:
@@ -378,6 +448,7 @@ class Agent:
             self.profiler.finish(self.step + (1 if partial else 0), failed=status != "ok")
             self.clock.flush(block=True)
             self.clock.close_writer()
+            self.clock.remove()
             if self.instrumentation is not None:
                 self.instrumentation.remove()
             for hook in self._hooks:
@@ -413,6 +484,8 @@ class Agent:
             "timers": {"file": TIMERS_FILE.format(rank=self.rank) if self.clock.steps_written else None,
                        "steps": self.clock.steps_written,
                        **({"error": self.clock.error} if self.clock.error else {})},
+            "unit_timed_steps": list(self._unit_timed_done),
+            "observer": self._observer_facts(partial_step),
             "steps_seen": self.step,
             "status": status,
             "reason": reason,
@@ -426,6 +499,15 @@ class Agent:
             write_json_atomic(rank_path(self.options.run_dir, RANK_FILE, self.rank), data)
         except OSError as exc:  # a full disk must not stop the training (the launcher notes the rank)
             self._warn(f"could not write {RANK_FILE.format(rank=self.rank)}: {exc}")
+
+    def _observer_facts(self, partial_step: int | None) -> dict[str, Any] | None:
+        """What the agent itself spent in the rank's clean steps (``observer.py``), or None."""
+        profiled = sorted(self.profiler.recorded_steps)
+        if not profiled or self.profiler.time_window:
+            return None
+        timed = sorted(self.clock.step_ms)
+        clean = clean_steps(timed, profiled=profiled, unit_timed=self._unit_timed_done, partial=partial_step)
+        return self.observer.facts(clean, self.clock.step_ms)
 
     def _parallelism(self) -> dict[str, int | None] | None:
         """The FSDP mesh and TP degree, read from FSDP2's or FSDP1's own state (None for ZeRO-3)."""

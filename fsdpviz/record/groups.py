@@ -70,8 +70,9 @@ class GroupLabels:
     """Labels collective calls with their group and notes each group's gloo workers; ``remove()``
     puts torch back. ``enter_range(label)`` returns a range to exit, or None while not profiling."""
 
-    def __init__(self, enter_range: Callable[[str], Any]) -> None:
+    def __init__(self, enter_range: Callable[[str], Any], observer: Any) -> None:
         self._enter_range = enter_range
+        self._observer = observer  # observer.Observer: ``labels`` while the profiler records
         self._restore: list[tuple[Any, str, Any]] = []
         self.threads: dict[int, str] = {}  # OS thread id -> the group it works for
 
@@ -115,10 +116,13 @@ class GroupLabels:
         setattr(owner, name, wrapper)
 
     def _labelled(self, original: Any) -> Callable[..., Any]:
-        enter_range = self._enter_range
+        enter_range, observer = self._enter_range, self._observer
 
         @functools.wraps(original)
         def call(pg: Any, *args: Any, **kwargs: Any) -> Any:
+            if not observer.labels:  # outside the profiled steps: straight through
+                observer.passes += 1
+                return original(pg, *args, **kwargs)
             try:
                 rng = enter_range(f"{GROUP_LABEL_PREFIX}{pg.group_name}")
             except Exception:  # noqa: BLE001 - a torch without group names: the collective runs unlabelled

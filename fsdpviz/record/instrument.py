@@ -5,7 +5,8 @@ gradient reduction. This module wraps exactly those calls -- on the framework's 
 (FSDP2 parameter groups, DeepSpeed's offload manager, coordinator and optimizer) or, for FSDP1,
 on the functions of ``torch.distributed.fsdp._runtime_utils`` -- and reports to the agent. The
 wrappers call the original with the same arguments and return its result unchanged; ``remove()``
-puts everything back.
+puts everything back. Outside the steps that need them (``observer.py``: the first step, the profiled
+and the unit-timed steps) every wrapper passes the call straight through after one flag check.
 
 Trace labels (``record_function`` ranges, only while the profiler records):
 - FSDP2 labels its units itself (``FSDP::pre_forward (blocks.0)``, ...): nothing is added.
@@ -100,6 +101,7 @@ class _Instrumentation:
 
     def __init__(self, agent: Any) -> None:
         self.agent = agent
+        self.observer = agent.observer
         self._undo: list[Callable[[], None]] = []
 
     def _wrap(self, owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
@@ -121,9 +123,12 @@ class _Instrumentation:
         while the timer then needs ``timer_unit`` ("" = the whole step). The label says ``label_kind``
         (default: the timer's ``kind``).
         """
-        agent = self.agent
+        agent, observer = self.agent, self.observer
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if not observer.active:
+                observer.passes += 1
+                return original(*args, **kwargs)
             unit = unit_of(*args, **kwargs)
             if unit is None:
                 return original(*args, **kwargs)
@@ -138,9 +143,12 @@ class _Instrumentation:
 
     def _ranged(self, original: Callable[..., Any], label_of: Callable[..., str | None]) -> Callable[..., Any]:
         """Wrap a call in the trace range ``label_of(args)`` (none when it returns None)."""
-        agent = self.agent
+        agent, observer = self.agent, self.observer
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if not observer.active:
+                observer.passes += 1
+                return original(*args, **kwargs)
             label = label_of(*args, **kwargs)
             rng = agent.enter_range(label) if label else None
             try:
@@ -173,16 +181,22 @@ class Fsdp2Instrumentation(_Instrumentation):
                    lambda orig: self._comm(orig, lambda *a, **k: self._reducing, KIND_REDUCE_SCATTER, False))
 
     def _wrap_group(self, group: Any, name: str) -> None:
-        agent = self.agent
+        agent, observer = self.agent, self.observer
 
         def pre_forward(orig: Callable[..., Any]) -> Callable[..., Any]:
             def wrapper(*args: Any, **kwargs: Any) -> Any:
+                if not observer.active:
+                    observer.passes += 1
+                    return orig(*args, **kwargs)
                 agent.open_unit(name, "forward", None)
                 return orig(*args, **kwargs)
             return wrapper
 
         def post_forward(orig: Callable[..., Any]) -> Callable[..., Any]:
             def wrapper(*args: Any, **kwargs: Any) -> Any:
+                if not observer.active:
+                    observer.passes += 1
+                    return orig(*args, **kwargs)
                 result = orig(*args, **kwargs)
                 agent.close_unit(name, "forward")
                 return result
@@ -190,6 +204,9 @@ class Fsdp2Instrumentation(_Instrumentation):
 
         def pre_backward(orig: Callable[..., Any]) -> Callable[..., Any]:
             def wrapper(*args: Any, **kwargs: Any) -> Any:
+                if not observer.active:
+                    observer.passes += 1
+                    return orig(*args, **kwargs)
                 agent.enter_backward()
                 agent.open_unit(name, "backward", None)
                 agent.queue_backward_end()  # after FSDP2's root_post_backward_callback
@@ -198,6 +215,9 @@ class Fsdp2Instrumentation(_Instrumentation):
 
         def post_backward(orig: Callable[..., Any]) -> Callable[..., Any]:
             def wrapper(*args: Any, **kwargs: Any) -> Any:
+                if not observer.active:
+                    observer.passes += 1
+                    return orig(*args, **kwargs)
                 self._reducing = name
                 try:
                     return orig(*args, **kwargs)
@@ -236,8 +256,13 @@ class Fsdp1Instrumentation(_Instrumentation):
         self._wrap(_runtime_utils, "_reduce_grad", lambda orig: self._comm(
             orig, lambda state, handle, *a, **k: name_of_handle(id(handle)), KIND_REDUCE_SCATTER, True))
 
+        observer = self.observer
+
         def pre_backward_hook(orig: Callable[..., Any]) -> Callable[..., Any]:
             def wrapper(state: Any, module: Any, handle: Any, *args: Any) -> Any:
+                if not observer.active:
+                    observer.passes += 1
+                    return orig(state, module, handle, *args)
                 name = name_of_handle(id(handle))
                 if name is not None and not getattr(handle, "_ran_pre_backward_hook", False):
                     agent.enter_backward()
@@ -249,6 +274,9 @@ class Fsdp1Instrumentation(_Instrumentation):
 
         def post_backward_hook(orig: Callable[..., Any]) -> Callable[..., Any]:
             def wrapper(state: Any, handle: Any, *args: Any) -> Any:
+                if not observer.active:
+                    observer.passes += 1
+                    return orig(state, handle, *args)
                 try:
                     return orig(state, handle, *args)
                 finally:
@@ -261,13 +289,19 @@ class Fsdp1Instrumentation(_Instrumentation):
         self._wrap(_runtime_utils, "_post_backward_hook", post_backward_hook)
 
     def _hook_forward(self, module: Any, name: str) -> None:
-        agent = self.agent
+        agent, observer = self.agent, self.observer
         label = unit_label("forward", [name])
 
         def pre(mod: Any, args: Any) -> None:
+            if not observer.active:
+                observer.passes += 1
+                return
             agent.open_unit(name, "forward", label)
 
         def post(mod: Any, args: Any, output: Any) -> None:
+            if not observer.active:
+                observer.passes += 1
+                return
             agent.close_unit(name, "forward")
 
         # prepend: before FSDP's own pre-forward work would run in hooks; FSDP1 does it in forward()
@@ -301,6 +335,7 @@ class Zero3Instrumentation(_Instrumentation):
                 param_units[id(param)] = unit.unit
 
         module_order = {unit.unit: i for i, unit in enumerate(units)}
+        observer = self.observer
 
         def units_of(params: Iterable[Any], *, sort: bool = False) -> str:
             found = [name for name in dict.fromkeys(param_units.get(id(p), "") for p in params) if name]
@@ -311,6 +346,9 @@ class Zero3Instrumentation(_Instrumentation):
         def phase_wrapper(phase: str, start: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
             def make(orig: Callable[..., Any]) -> Callable[..., Any]:
                 def wrapper(sub_module: Any, *args: Any, **kwargs: Any) -> Any:
+                    if not observer.active:
+                        observer.passes += 1
+                        return orig(sub_module, *args, **kwargs)
                     name = names.get(id(sub_module))
                     if name is None:
                         return orig(sub_module, *args, **kwargs)

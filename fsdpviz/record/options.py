@@ -25,6 +25,7 @@ ENV_STEPS: Final = "FSDPVIZ_STEPS"
 ENV_WARMUP: Final = "FSDPVIZ_WARMUP"
 ENV_MODE: Final = "FSDPVIZ_MODE"
 ENV_MEMORY: Final = "FSDPVIZ_MEMORY"
+ENV_UNIT_TIMER_STEPS: Final = "FSDPVIZ_UNIT_TIMER_STEPS"
 # Set by a process that records, so that its own children (helpers, dataloader workers) don't.
 ENV_OWNER_PID: Final = "FSDPVIZ_OWNER_PID"
 ENV_RUN_ID: Final = "FSDPVIZ_RUN_ID"  # the recording's id, written into every trace (runfolder.TRACE_RUN_ID_KEY)
@@ -32,11 +33,19 @@ ENV_RUN_ID: Final = "FSDPVIZ_RUN_ID"  # the recording's id, written into every t
 ENV_FALLBACK_AFTER_S: Final = "FSDPVIZ_FALLBACK_AFTER_S"
 ENV_WINDOW_S: Final = "FSDPVIZ_WINDOW_S"
 
+# What ``fsdpviz record`` adds to the command's environment; a recording rank takes them out again
+# (agent.py), so that the script sees the environment of a bare run.
+LAUNCHER_VARIABLES: Final = (ENV_RUN_DIR, ENV_STEPS, ENV_WARMUP, ENV_MODE, ENV_MEMORY, ENV_UNIT_TIMER_STEPS,
+                             ENV_OWNER_PID, ENV_RUN_ID, ENV_FALLBACK_AFTER_S, ENV_WINDOW_S)
+
 DEFAULT_STEPS: Final = 3
 # Step 0 warms up (allocation, caches), step 1 warms the profiler up, steps 2-4 are profiled: a script of
 # 5 steps gets a full trace. The run's step time comes from the clean steps timed after the profiled
 # ones (the steady pace; docs/recording.md, "The schedule"), so 8 steps give the full headline.
 DEFAULT_WARMUP: Final = 2
+# Per-unit timers run in their own steps, never in the clean ones the step time is measured on. One by
+# default: the step after the trace export, which is never a clean step anyway (docs/recording.md).
+DEFAULT_UNIT_TIMER_STEPS: Final = 1
 DEFAULT_FALLBACK_AFTER_S: Final = 10.0
 DEFAULT_WINDOW_S: Final = 5.0
 
@@ -56,6 +65,9 @@ class RecordOptions:
     """``profile``: torch.profiler traces only; ``timers``: per-step timers only; ``both``."""
     memory: bool = True
     """Record allocator events in the traces (``profile_memory``) and peak memory per step."""
+    unit_timer_steps: int = DEFAULT_UNIT_TIMER_STEPS
+    """Steps, right after the profiled ones, whose units the timers clock (per-unit intervals): never clean
+    steps, so the run's step time is measured on steps the recorder only marks the start and end of."""
     fallback_after_s: float = DEFAULT_FALLBACK_AFTER_S
     """Start a time-window recording if no optimizer has stepped this long after the first forward."""
     window_s: float = DEFAULT_WINDOW_S
@@ -66,6 +78,8 @@ class RecordOptions:
             raise ValueError(f"--steps must be at least 1, got {self.steps}")
         if self.warmup < 0:
             raise ValueError(f"--warmup must be 0 or more, got {self.warmup}")
+        if self.unit_timer_steps < 0:
+            raise ValueError(f"--unit-timer-steps must be 0 or more, got {self.unit_timer_steps}")
         if self.mode not in MODES:
             raise ValueError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.fallback_after_s <= 0 or self.window_s <= 0:
@@ -87,6 +101,7 @@ class RecordOptions:
             ENV_WARMUP: str(self.warmup),
             ENV_MODE: self.mode,
             ENV_MEMORY: "1" if self.memory else "0",
+            ENV_UNIT_TIMER_STEPS: str(self.unit_timer_steps),
             ENV_FALLBACK_AFTER_S: repr(self.fallback_after_s),
             ENV_WINDOW_S: repr(self.window_s),
         }
@@ -110,6 +125,7 @@ def options_from_env(env: Mapping[str, str] | None = None) -> RecordOptions | No
         warmup=int(env.get(ENV_WARMUP, DEFAULT_WARMUP)),
         mode=env.get(ENV_MODE, "both"),  # type: ignore[arg-type]  # checked in __post_init__
         memory=env.get(ENV_MEMORY, "1") != "0",
+        unit_timer_steps=int(env.get(ENV_UNIT_TIMER_STEPS, DEFAULT_UNIT_TIMER_STEPS)),
         fallback_after_s=float(env.get(ENV_FALLBACK_AFTER_S, DEFAULT_FALLBACK_AFTER_S)),
         window_s=float(env.get(ENV_WINDOW_S, DEFAULT_WINDOW_S)),
     )

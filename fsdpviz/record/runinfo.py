@@ -175,6 +175,8 @@ def _rank_summary(info: dict[str, Any]) -> dict[str, Any]:
         "end_time": info.get("end_time"),
         "cpu_count": info.get("cpu_count"),
         "memory": info.get("memory"),
+        "unit_timed_steps": info.get("unit_timed_steps"),
+        "observer": info.get("observer"),
     }
 
 
@@ -244,6 +246,8 @@ def build_run_json(
             "warmup": options.warmup,
             "requested_steps": options.steps,
             **({"window_s": profile["window_s"]} if "window_s" in profile else {}),
+            "unit_timed_steps": first.get("unit_timed_steps"),
+            "unit_timer_steps": options.unit_timer_steps,
         },
         "ranks": [_rank_summary(info) for info in rank_infos],
         "notes": notes,

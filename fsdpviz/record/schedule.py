@@ -18,7 +18,6 @@ RECORD: Final = "record"
 RECORD_AND_SAVE: Final = "record_and_save"
 
 
-
 def profiler_action(step: int, warmup: int, steps: int) -> str:
     """The profiler action for training step ``step`` (0-based)."""
     last = warmup + steps - 1
@@ -32,6 +31,14 @@ def profiler_action(step: int, warmup: int, steps: int) -> str:
 def profiled_steps(warmup: int, steps: int) -> list[int]:
     """The training steps a complete recording holds."""
     return list(range(warmup, warmup + steps))
+
+
+def unit_timed_steps(warmup: int, steps: int, unit_timer_steps: int) -> range:
+    """The training steps whose units the timers clock: the ``unit_timer_steps`` steps right after the
+    profiled ones. The first of them follows the trace export, which already keeps it out of the clean
+    steps (``fsdpviz.structure.profiler_cost``); more of them take clean steps away."""
+    first = warmup + steps
+    return range(first, first + unit_timer_steps)
 
 
 def should_fall_back(*, optimizer_stepped: bool, elapsed_s: float, forwards: int, fallback_after_s: float) -> bool:

@@ -13,7 +13,7 @@ CPU timestamps always decide which interval lies inside which.
 Record format (one JSON object per line), see docs/recording.md "Timers":
 ``{"rank", "step", "unit", "phase", "kind", "ms", "n"}`` with ``kind`` one of ``total``,
 ``compute``, ``all_gather``, ``reduce_scatter``; memory records have ``kind`` ``peak_rss`` /
-``peak_allocated`` / ``peak_reserved``, ``ms`` null and ``bytes``.
+``peak_allocated`` / ``peak_reserved``, ``ms`` null, ``bytes`` and ``bound`` (:func:`step_peak`).
 """
 
 from __future__ import annotations
@@ -66,8 +66,46 @@ class StepTimes:
 
     step: int
     intervals: list[Interval] = field(default_factory=list)
-    memory: dict[str, int] = field(default_factory=dict)  # kind -> bytes
+    memory: dict[str, tuple[int, str]] = field(default_factory=dict)  # kind -> (bytes, bound)
     partial: bool = False  # the run ended inside this step
+    cuda_events: int = 0  # CUDA events the step's intervals created
+
+    def unit_intervals(self) -> int:
+        """How many of the step's intervals time a unit (not the whole step)."""
+        return sum(1 for i in self.intervals if i.unit != WHOLE_STEP)
+
+
+EXACT: Final = "exact"
+AT_MOST: Final = "at_most"
+AT_LEAST: Final = "at_least"
+
+
+def step_peak(baseline: int | None, segments: list[tuple[int, bool]]) -> tuple[int, str]:
+    """A step's peak from cumulative peak counters that nobody resets for fsdpviz's sake.
+
+    ``baseline``: the counter at the step's start (None: never read before, the counter covers the
+    process so far). ``segments``: the counter read at the end of each part of the step, with whether
+    that part began at a reset the recorder saw (the script's own ``reset_peak_memory_stats``): the
+    first part begins at the step's start. Returns (bytes, bound):
+
+    - ``exact``: the step raised the counter (or the counter was reset for it), so the reading is the
+      step's peak;
+    - ``at_most``: the counter stayed where an earlier step left it: the step's peak is at most that;
+    - ``at_least``: the counter went down with no reset seen (the script reset it in a way fsdpviz does
+      not see, e.g. ``/proc/self/clear_refs``): the step's peak is at least the reading.
+    """
+    low = high = 0
+    unbounded = False
+    for reading, after_reset in segments:
+        if after_reset or (baseline is not None and reading > baseline):
+            low, high = max(low, reading), max(high, reading)
+        elif baseline is None or reading == baseline:
+            high = max(high, reading)
+        else:
+            low, unbounded = max(low, reading), True
+    if unbounded:
+        return low, AT_LEAST
+    return (high, EXACT) if low == high else (high, AT_MOST)
 
 
 def _cpu_overlap_ns(a: Interval, b: Interval) -> int:
@@ -166,9 +204,9 @@ def summarize_step(rank: int, times: StepTimes) -> list[dict[str, Any]]:
         if times.partial:
             record["partial"] = True
         records.append(record)
-    for kind, nbytes in times.memory.items():
+    for kind, (nbytes, bound) in times.memory.items():
         records.append({"rank": rank, "step": times.step, "unit": WHOLE_STEP, "phase": PHASE_STEP,
-                        "kind": kind, "ms": None, "bytes": nbytes})
+                        "kind": kind, "ms": None, "bytes": nbytes, "bound": bound})
     return records
 
 

@@ -5,15 +5,17 @@ thread, and on a launch-bound GPU step the kernels then wait for their launches 
 "The profiler's cost on a GPU", from benchmarks/bench_headline_truth.py). The trace therefore shows
 a slower run than the real one, and the difference appears as idle time.
 
-The recorder's timers (``timers/rank{R}.jsonl``) time every step, profiled or not, at a cost that
-measures as nothing: they are the clock, the trace is the map. This module compares, per rank,
-the median of the profiled steps with the median of the rank's *clean* unprofiled steps, then
-takes the median over ranks. A clean step is none of: the first :data:`SETTLING_STEPS` steps of the
-run (allocation, caches, lazy initialisation), the profiler's own warm-up step (the step before the
+The recorder's timers (``timers/rank{R}.jsonl``) time every step, profiled or not; in the clean steps
+they only mark the step's ends (the agent measures its own cost there, run.json ``ranks[].observer``):
+they are the clock, the trace is the map. This module compares, per rank, the median of the profiled
+steps with the median of the rank's *clean* unprofiled steps, then takes the median over ranks. A
+clean step is none of (:func:`fsdpviz.runfolder.clean_steps`): the first :data:`SETTLING_STEPS` steps of
+the run (allocation, caches, lazy initialisation), the profiler's own warm-up step (the step before the
 first profiled one: Kineto already collects), the step after the last profiled one (the step right
-after the trace export, which pays for the profiler's teardown and the written file), a step a rank
-ended inside. A run without timers that cover both kinds of step (a trace recorded without
-fsdpviz, ``--mode profile``, a run that stopped inside its profiled window) has no such numbers.
+after the trace export, which pays for the profiler's teardown and the written file), a unit-timed
+step (its units were timed), a step a rank ended inside. A run without timers that cover both kinds of
+step (a trace recorded without fsdpviz, ``--mode profile``, a run that stopped inside its profiled
+window) has no such numbers.
 
 The run's headline step time is the unprofiled one only when it can be trusted
 (:attr:`ProfilerCost.headline`): every rank timed at least :data:`MIN_UNPROFILED_STEPS` clean
@@ -32,7 +34,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from fsdpviz.runfolder import SCHEDULE_OPTIMIZER_STEPS, RunInfo
+from fsdpviz.runfolder import SCHEDULE_OPTIMIZER_STEPS, SETTLING_STEPS, RunInfo, clean_steps
 
 # The timer record of a whole step (docs/recording.md, "Timers").
 STEP_TIMER_PHASE: Final = "step"
@@ -41,8 +43,6 @@ UNIT_PASSES: Final = ("forward", "backward")
 UNIT_TIMER_KIND: Final = "compute"  # a unit's own work in a pass (docs/recording.md, "Timers")
 # Above this slowdown, a finding says how much of the trace's idle time is the profiler's.
 NOTABLE_SLOWDOWN: Final = 1.10
-# The first steps of any run are slower (allocation, caches, lazy init): never a clean step.
-SETTLING_STEPS: Final = 2
 # Fewer clean unprofiled steps on a rank than this, and one noisy step would set the headline. Two are
 # what a short recording has (the shared H100 recordings: 2 per rank); the clock says how many
 # (``summary --json`` ``clock.clean_steps``).
@@ -97,6 +97,15 @@ def _profiled_of(run: RunInfo, rank: int) -> tuple[list[int], int | None]:
     return list(steps or []), info.partial_step if info is not None else None
 
 
+def unit_timed_of(run: RunInfo, rank: int) -> list[int] | None:
+    """The steps whose units the rank's timers clocked; None for a recording older than unit-timed
+    steps, whose timers clocked the units of every step."""
+    info = run.rank_info(rank)
+    if info is not None and info.unit_timed_steps is not None:
+        return list(info.unit_timed_steps)
+    return list(run.profile.unit_timed_steps) if run.profile.unit_timed_steps is not None else None
+
+
 def _split(run: RunInfo, rank: int, step: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """Masks over ``step``: the rank's profiled steps, and its clean unprofiled steps (the module
     docstring; a step the rank ended inside counts as neither); None when its profiler recorded no step."""
@@ -104,9 +113,8 @@ def _split(run: RunInfo, rank: int, step: np.ndarray) -> tuple[np.ndarray, np.nd
     if not profiled:
         return None
     usable = step != (partial if partial is not None else -1)
-    is_profiled = np.isin(step, profiled)
-    profiler_busy = np.isin(step, [min(profiled) - 1, max(profiled) + 1])  # its warm-up; after the export
-    return is_profiled & usable, ~is_profiled & ~profiler_busy & (step >= SETTLING_STEPS) & usable
+    clean = clean_steps(step.tolist(), profiled=profiled, unit_timed=unit_timed_of(run, rank), partial=partial)
+    return np.isin(step, profiled) & usable, np.isin(step, sorted(clean))
 
 
 def _rank_steps(timers: pd.DataFrame, run: RunInfo
@@ -202,9 +210,11 @@ UNIT_PASS_COLUMNS: Final = ["rank", "unit", "phase", "step", "ms"]
 
 
 def unit_pass_steps(timers: pd.DataFrame, run: RunInfo | None) -> pd.DataFrame:
-    """Per rank, unit, pass (``forward`` / ``backward``) and clean unprofiled step: the unit's own work
-    as the timers clock it (kind ``compute``: the pass less its nested units, gathers and reductions;
-    summed over a step's micro-batches), in ms. Only units timed in every such step of a rank count.
+    """Per rank, unit, pass (``forward`` / ``backward``) and unit-timed step: the unit's own work as the
+    timers clock it (kind ``compute``: the pass less its nested units, gathers and reductions; summed over
+    a step's micro-batches), in ms. The unit-timed steps are unprofiled steps kept out of the clean ones
+    (run.json ``profile.unit_timed_steps``); a recording older than them timed units in every step, and
+    its clean unprofiled steps are read. Only units timed in every such step of a rank count.
     :func:`unit_pass_ms` is its median; the report draws its spread."""
     empty = pd.DataFrame({"rank": pd.Series(dtype="int64"), "unit": pd.Series(dtype=str),
                           "phase": pd.Series(dtype=str), "step": pd.Series(dtype="int64"),
@@ -220,10 +230,9 @@ def unit_pass_steps(timers: pd.DataFrame, run: RunInfo | None) -> pd.DataFrame:
     kept = []
     for (rank, _unit, _phase), group in per_step.groupby(["rank", "unit", "phase"], sort=True):
         rank_steps = all_steps.loc[all_steps["rank"] == rank, "step"].to_numpy()
-        masks = _split(run, int(group["rank"].iloc[0]), rank_steps)
-        if masks is None or not masks[1].any():
+        wanted = _unit_timed_wanted(run, int(group["rank"].iloc[0]), rank_steps)
+        if wanted is None or not len(wanted):
             continue
-        wanted = rank_steps[masks[1]]
         timed = group[group["step"].isin(wanted)]
         if len(timed) < len(wanted):  # not timed in every unprofiled step
             continue
@@ -232,6 +241,17 @@ def unit_pass_steps(timers: pd.DataFrame, run: RunInfo | None) -> pd.DataFrame:
         return empty
     out = pd.concat(kept, ignore_index=True)
     return out.assign(unit=out["unit"].astype(str), phase=out["phase"].astype(str))[UNIT_PASS_COLUMNS]
+
+
+def _unit_timed_wanted(run: RunInfo, rank: int, rank_steps: np.ndarray) -> np.ndarray | None:
+    """The steps of ``rank_steps`` whose units were timed without the profiler: the unit-timed steps
+    that completed, or, in a recording older than them, the clean unprofiled steps."""
+    unit_timed = unit_timed_of(run, rank)
+    if unit_timed is None:
+        masks = _split(run, rank, rank_steps)
+        return rank_steps[masks[1]] if masks is not None else None
+    profiled, partial = _profiled_of(run, rank)
+    return rank_steps[np.isin(rank_steps, unit_timed) & ~np.isin(rank_steps, profiled) & (rank_steps != (partial if partial is not None else -1))]
 
 
 def unit_pass_ms(timers: pd.DataFrame, run: RunInfo | None) -> dict[tuple[str, str], float]:

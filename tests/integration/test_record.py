@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.jobs import EXAMPLE, REPO, record_env, retried, torchrun, unused_port
+from helpers.jobs import EXAMPLE, REPO, record_env, retried, run_job, torchrun, unused_port
 from recording import (
     EXAMPLE_RUNS,
     LAYERS,
@@ -32,6 +32,7 @@ from recording import (
     SCRIPTS,
     STEPS,
     UNPROFILED,
+    Config,
     Recording,
     Recordings,
     record,
@@ -170,6 +171,87 @@ def test_record_default_schedule_times_the_steps_after_the_window_for_the_headli
     else:
         assert summary.step_time_source == "trace" and summary.step_time_ms == summary.traced_step_time_ms
         assert any("cannot make a step faster" in n for n in summary.notes)
+
+
+# A step of the example trainer with many units (24 blocks of width 32): per-unit work in every step would
+# weigh most there.
+MANY_UNITS = Config(("--framework", "fsdp2", "--wrap", "block", "--layers", "24", "--dim", "32", "--seed", "0",
+                     "--steps", "10"))
+
+
+def _kind_of_steps(run: dict[str, Any], rank: int) -> tuple[set[int], set[int]]:
+    """(the rank's clean steps, its unit-timed steps) as run.json names them."""
+    info = run["ranks"][rank]
+    return set(info["observer"]["clean_steps"]), set(info["unit_timed_steps"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["example", "24 blocks"])
+def test_record_clean_steps_are_bare_and_the_agent_measures_its_own_cost(which: str, recordings: Recordings) -> None:
+    """In a clean step the recorder marks the step's ends and nothing else: the timers hold no unit and
+    no phase of it (each timed interval is a record), and the agent's own time there, measured by the
+    agent (run.json ``ranks[].observer``), is at most 1 % of the step. The unit-timed step after the
+    trace export still times every unit, so per-unit timer figures come out."""
+    from fsdpviz.analysis.pipeline import analyse
+
+    rec = recordings.get(EXAMPLE_RUNS["fsdp2"] if which == "example" else MANY_UNITS)
+    assert rec.proc.returncode == 0, rec.proc.stderr[-3000:]
+    run = json.loads((rec.run_dir / "run.json").read_text())
+    profiled = run["profile"]["steps"]
+    assert run["profile"]["unit_timed_steps"] == [profiled[-1] + 1]  # the step after the trace export
+    units = {u["unit"] for u in run["units"]}
+    for rank in (0, 1):
+        clean, unit_timed = _kind_of_steps(run, rank)
+        steps = {r["step"] for r in _timers(rec.run_dir, rank)}
+        assert clean == {s for s in steps if s > profiled[-1] + 1}  # every step after the unit-timed one
+        assert len(clean) >= 3
+        for line in _timers(rec.run_dir, rank):
+            if line["step"] in clean:
+                assert line["unit"] == "" and line["phase"] == "step", line  # no unit, no phase
+                assert line["kind"] in ("total", "peak_rss") and line.get("n", 1) == 1, line
+        timed = {r["unit"] for r in _timers(rec.run_dir, rank) if r["step"] in unit_timed and r["unit"]}
+        assert timed == units  # every unit timed in the unit-timed step
+        observer = run["ranks"][rank]["observer"]
+        assert observer["unit_intervals_max"] == 0 and observer["cuda_events_max"] == 0  # a CPU run
+        assert observer["pass_through_calls_per_step"] >= 4 * (len(units) - 1)  # FSDP's hooks, straight through
+        assert 0 < observer["agent_ms_median"] and observer["agent_share_max"] <= 0.01, observer
+    summary = analyse([rec.run_dir], cache=False).summary
+    assert all(u.forward_timer_ms is not None and u.forward_timer_ms > 0 for u in summary.units if u.name != "(root)")
+    assert summary.profiler is not None and set(summary.profiler.unprofiled_steps) == _kind_of_steps(run, 0)[0]
+
+
+@pytest.mark.slow
+def test_record_leaves_what_the_script_reads_of_itself_as_a_bare_run_has_it(tmp_path: Path) -> None:
+    """A script that reads its own process every step (peak RSS, RNG state, grad mode, cuDNN / TF32 flags,
+    threads, fsdpviz's variables, PYTHONPATH, sys.path) reads the same under ``fsdpviz record`` as bare,
+    but for the RSS itself, which the profiler's buffers raise: its peak counter is never reset, so the
+    256 MiB the script allocates in step 6 stays in its peak in every later step, as bare. fsdpviz's own
+    per-step peak of the step that holds the spike is exact (the script allocates it after its optimizer
+    step, which ends fsdpviz's step 6: the spike is in fsdpviz's step 7)."""
+    script = SCRIPTS / "self_watch_train.py"
+    run_dir = tmp_path / "run"
+    proc = record(run_dir, torchrun(script, "--steps", "9", "--spike-step", "6",
+                                    "--out", str(tmp_path / "recorded-{rank}.jsonl")), env=record_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    bare = retried(lambda: run_job(torchrun(script, "--steps", "9", "--spike-step", "6",
+                                            "--out", str(tmp_path / "bare-{rank}.jsonl")), env=record_env()))
+    assert bare.returncode == 0, bare.stderr[-3000:]
+    spike = 256 << 20
+    for rank in (0, 1):
+        seen = {kind: [json.loads(line) for line in (tmp_path / f"{kind}-{rank}.jsonl").read_text().splitlines()]
+                for kind in ("recorded", "bare")}
+        for recorded, plain in zip(seen["recorded"], seen["bare"], strict=True):
+            assert {k: v for k, v in recorded.items() if k != "peak_rss"} == {k: v for k, v in plain.items()
+                                                                              if k != "peak_rss"}
+        for lines in seen.values():
+            peaks = [line["peak_rss"] for line in lines]
+            assert peaks == sorted(peaks)  # a peak counter nobody resets never goes down
+            assert peaks[6] - peaks[5] >= 0.9 * spike and min(peaks[6:]) >= spike
+        own = {r["step"]: r for r in _timers(run_dir, rank) if r["kind"] == "peak_rss"}
+        assert own[7]["bound"] == "exact" and own[7]["bytes"] >= spike
+        assert own[7]["bytes"] == pytest.approx(seen["recorded"][6]["peak_rss"], rel=0.02)
+        assert own[6]["bytes"] < own[7]["bytes"] - 0.9 * spike
+        assert all(own[s]["bound"] in ("exact", "at_most") for s in own)
 
 
 @pytest.mark.slow

@@ -106,7 +106,7 @@ def test_summarize_step_computes_exclusive_compute_from_nesting() -> None:
         _interval("blocks.0", "forward", "total", 40, 70),
         _interval("blocks.0", "forward", "all_gather", 40, 50),
         _interval("blocks.0", "forward", "all_gather", 55, 56),
-    ], memory={"peak_rss": 123})
+    ], memory={"peak_rss": (123, "at_most")})
     # WHEN summarised
     records = {(r["unit"], r["phase"], r["kind"]): r for r in summarize_step(3, times)}
     # THEN totals and gathers are sums, compute excludes what lies directly inside
@@ -116,7 +116,8 @@ def test_summarize_step_computes_exclusive_compute_from_nesting() -> None:
         "rank": 3, "step": 7, "unit": "blocks.0", "phase": "forward", "kind": "all_gather", "ms": 11.0, "n": 2}
     assert records[("", "step", "total")]["ms"] == 200
     assert records[("", "step", "peak_rss")] == {
-        "rank": 3, "step": 7, "unit": "", "phase": "step", "kind": "peak_rss", "ms": None, "bytes": 123}
+        "rank": 3, "step": 7, "unit": "", "phase": "step", "kind": "peak_rss", "ms": None, "bytes": 123,
+        "bound": "at_most"}
     assert ("", "step", "compute") not in records
 
 
@@ -164,7 +165,8 @@ def test_build_run_json_merges_ranks_and_notes_missing_ones(tmp_path: Path) -> N
     )
     assert run.format == 1 and run.framework == "fsdp1" and run.world_size == 4
     assert run.hosts == ["node0", "node1"] and run.units == [UnitInfo(unit="(root)", order=0)]
-    assert run.profile == ProfileInfo(schedule="optimizer_steps", steps=[2, 3, 4], warmup=2, requested_steps=3)
+    assert run.profile == ProfileInfo(schedule="optimizer_steps", steps=[2, 3, 4], warmup=2, requested_steps=3,
+                                      unit_timer_steps=1)
     assert run.versions["torch"] == "2.13.0" and run.versions["python"]
     assert [r.rank for r in run.ranks] == [0, 1, 2] and run.ranks[2].timer_steps == 8
     assert any("rank(s) [3]" in note for note in run.notes)

@@ -1,0 +1,85 @@
+"""FSDP2 on CPU/gloo that reads, every step, what a training script can read about its own process.
+
+    torchrun --nproc_per_node 2 self_watch_train.py --steps 9 --spike-step 6 --out watch-{rank}.jsonl
+
+Each step it writes one JSON line: its own peak resident memory (Linux ``VmHWM``, the counter
+``fsdpviz record`` used to reset each step), a hash of torch's RNG state, grad mode, the deterministic
+and cuDNN / TF32 flags, the thread count, the environment variables fsdpviz sets (``FSDPVIZ_*``,
+``PYTHONPATH``) and whether ``sys.path`` holds fsdpviz's bootstrap. At step ``--spike-step`` it allocates
+and touches a 256 MiB buffer and frees it: from then on a peak counter that nobody resets stays above
+the spike. Run bare and under ``fsdpviz record``, the two must print the same view (tests/integration/
+test_record.py), except the RSS values, which the profiler's own buffers raise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import fully_shard
+
+SPIKE_BYTES = 256 << 20
+
+
+def peak_rss() -> int:
+    """This process's peak resident memory in bytes (``VmHWM``)."""
+    text = Path("/proc/self/status").read_text()
+    match = re.search(r"VmHWM:\s+(\d+) kB", text)
+    assert match is not None
+    return int(match.group(1)) * 1024
+
+
+def view() -> dict[str, object]:
+    """What the script can read about its own process, besides its peak memory."""
+    return {
+        "rng": hashlib.sha256(torch.get_rng_state().numpy().tobytes()).hexdigest()[:16],
+        "grad": torch.is_grad_enabled(),
+        "deterministic": torch.are_deterministic_algorithms_enabled(),
+        "cudnn": [torch.backends.cudnn.enabled, torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32],
+        "tf32": torch.backends.cuda.matmul.allow_tf32,
+        "threads": torch.get_num_threads(),
+        "env": sorted(k for k in os.environ if k.startswith("FSDPVIZ_")),
+        "pythonpath": os.environ.get("PYTHONPATH"),
+        "bootstrap_on_path": any(p.rstrip("/").endswith("record/bootstrap") for p in sys.path),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=9)
+    parser.add_argument("--spike-step", type=int, default=6)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64)) for _ in range(3)])
+    for block in model:
+        fully_shard(block)
+    fully_shard(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    lines = []
+    for step in range(args.steps):
+        x = torch.randn(16, 64)
+        loss = model(x).square().mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if step == args.spike_step:
+            spike = torch.ones(SPIKE_BYTES // 4)  # touched: resident
+            del spike
+        lines.append(json.dumps({"step": step, "peak_rss": peak_rss(), **view()}))
+    Path(args.out.format(rank=rank)).write_text("\n".join(lines) + "\n")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
