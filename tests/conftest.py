@@ -18,6 +18,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 GPU_REAL_DIR = REPO_ROOT.parent / "shared" / "traces" / "gpu-real"
 # Real FSDP recordings on an H100 (fsdpviz run folders) with the truth of uninstrumented runs.
 GPU_FSDP_DIR = REPO_ROOT.parent / "shared" / "traces" / "gpu-fsdp"
+GPU_H200_DIR = REPO_ROOT.parent / "shared" / "traces" / "gpu-h200"
 SAMPLE_TRACES_DIR = REPO_ROOT / "sample_traces"
 # fsdpviz settings a user may have in the shell (FSDPVIZ_TEST_* are the suite's own, FSDPVIZ_KEEP_EVENTS a test's)
 USER_SETTINGS = ("FSDPVIZ_NO_CACHE", "FSDPVIZ_RUN_DIR", "FSDPVIZ_OWNER_PID", "FSDPVIZ_SCHEDULER")
@@ -48,6 +49,15 @@ def gpu_fsdp_dir() -> Path:
     if not GPU_FSDP_DIR.is_dir():
         pytest.skip(f"real FSDP GPU recordings not found at {GPU_FSDP_DIR}")
     return GPU_FSDP_DIR
+
+
+@pytest.fixture(scope="session")
+def gpu_h200_dir() -> Path:
+    """Model B recorded on an H200 beside bare runs of the same machine; tests that need it skip when
+    it is missing."""
+    if not GPU_H200_DIR.is_dir():
+        pytest.skip(f"H200 recordings not found at {GPU_H200_DIR}")
+    return GPU_H200_DIR
 
 
 @pytest.fixture(scope="session")

@@ -47,9 +47,15 @@ from fsdpviz.analysis.unseen_frees import ADDRESS_REUSE, COLLECTIVE_END
 from fsdpviz.formatting import ms
 from fsdpviz.structure.framework import framework_notes
 from fsdpviz.structure.parallelism import Parallelism, RunParallelism
-from fsdpviz.structure.profiler_cost import ProfilerCost, no_cost_note, unit_pass_ms
+from fsdpviz.structure.profiler_cost import (
+    ProfilerCost,
+    no_cost_note,
+    unit_pass_ms,
+    units_timed_in_clean_steps,
+)
 from fsdpviz.structure.records import (
     BY_PURPOSE_UNKNOWN,
+    CLEAN_STEPS_UNIT_TIMED,
     NO_COMMUNICATION,
     NO_FSDP_LABELS,
     NO_UNITS_FOUND,
@@ -235,6 +241,11 @@ def summary_of(traces: TraceSet, selection: StepSelection, overlap: pd.DataFrame
     why = cost.note if cost is not None else no_cost_note(traces.timers, traces.run)
     if why is not None:
         notes.append(Note(PROFILER_COST_UNUSED, why))
+    if cost is not None and units_timed_in_clean_steps(traces.timers, traces.run):
+        notes.append(Note(CLEAN_STEPS_UNIT_TIMED, "the clean steps of this recording timed every unit too (it was "
+                          "recorded before fsdpviz kept per-unit timers to steps of their own), so its step time "
+                          "holds the timers' cost: on a launch-bound GPU step 25-50 % above a bare run; record "
+                          "it again for a bare clock"))
     lead = cost is not None and cost.headline
     traced_ms = _step_time_ms(traces, analysed)
     if analysis is not None:

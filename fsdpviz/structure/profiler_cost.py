@@ -76,6 +76,11 @@ class ProfilerCost(msgspec.Struct, kw_only=True):
     """Whether the run's step time (``summary --json`` ``step_time_ms``) is ``unprofiled_step_ms``."""
     note: str | None = None
     """Why the step time is the traced one instead (None when ``headline``)."""
+    recorder_ms: float | None = None
+    """The recorder's own work in a clean step, as its agent measured it on itself (run.json
+    ``ranks[].observer.agent_ms_median``, median over ranks); None in folders that do not hold it."""
+    recorder_share: float | None = None
+    """That work as a share of the clean step (``agent_share_median``, median over ranks)."""
 
     @property
     def extra_ms(self) -> float:
@@ -177,16 +182,22 @@ def profiler_cost(timers: pd.DataFrame, run: RunInfo | None) -> ProfilerCost | N
     if fewest < MIN_UNPROFILED_STEPS:
         note = (f"the step time is the traced one: rank {fewest_rank} timed {fewest} clean unprofiled step(s) and "
                 f"the step time needs {MIN_UNPROFILED_STEPS} on every rank (the first {SETTLING_STEPS} steps, the "
-                "profiler's warm-up step and the step after the trace export do not count); record at least "
+                "profiler's warm-up step, the step after the trace export and the unit-timed steps do not count); "
+                "record at least "
                 f"{FULL_HEADLINE_STEPS} steps with the default schedule, which times the steps after the profiled ones")
     elif slowdown < NOISE_SLOWDOWN:
         note = (f"the step time is the traced one: the profiled steps ran {slowdown:.2f}x as long as the unprofiled "
                 "ones, and a profiler cannot make a step faster, so the unprofiled steps measured noise (other work "
                 "on the machine, a step that waited), not the run's pace")
+    observed = [r.observer for r in run.ranks if r.observer is not None and r.observer.agent_ms_median is not None]
+    shares = [o.agent_share_median for o in observed if o.agent_share_median is not None]
     return ProfilerCost(profiled_step_ms=round(profiled_step, 3), unprofiled_step_ms=round(unprofiled_step, 3),
                         slowdown=slowdown, profiled_steps=sorted(profiled_all), unprofiled_steps=sorted(unprofiled_all),
                         left_out_steps=sorted(left_out - profiled_all), fewest_unprofiled_steps=fewest,
-                        headline=note is None, note=note)
+                        headline=note is None, note=note,
+                        recorder_ms=round(statistics.median(o.agent_ms_median or 0.0 for o in observed), 4)
+                        if observed else None,
+                        recorder_share=round(statistics.median(shares), 6) if shares else None)
 
 
 def no_cost_note(timers: pd.DataFrame, run: RunInfo | None) -> str | None:
@@ -204,6 +215,15 @@ def no_cost_note(timers: pd.DataFrame, run: RunInfo | None) -> str | None:
     return (f"the step time is the traced one: the timers hold no clean unprofiled step (the first {SETTLING_STEPS} "
             "steps, the profiler's warm-up step and the step after the trace export do not count); record at least "
             f"{FULL_HEADLINE_STEPS} steps with the default schedule, which times the steps after the profiled ones")
+
+
+def units_timed_in_clean_steps(timers: pd.DataFrame, run: RunInfo | None) -> bool:
+    """Whether the clean steps of this recording also timed its units: a folder recorded before
+    unit-timed steps (run.json without ``profile.unit_timed_steps``), whose timers clocked every unit
+    in every step. On a launch-bound GPU step that made its clean steps 25-50 % slower than bare."""
+    if run is None or not _timed_run(timers, run) or run.profile.unit_timed_steps is not None:
+        return False
+    return any(unit_timed_of(run, r.rank) is None for r in run.ranks) and bool((timers["unit"] != "").any())
 
 
 UNIT_PASS_COLUMNS: Final = ["rank", "unit", "phase", "step", "ms"]
