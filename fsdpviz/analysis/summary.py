@@ -67,6 +67,7 @@ from fsdpviz.structure.records import (
 )
 from fsdpviz.structure.steps import AnalysedSteps, StepSelection
 from fsdpviz.trace.frames import measured_baseline
+from fsdpviz.trace.schema import OVERLAP_GPU
 from fsdpviz.trace.tables import TraceSet
 
 if TYPE_CHECKING:
@@ -242,10 +243,7 @@ def summary_of(traces: TraceSet, selection: StepSelection, overlap: pd.DataFrame
     if why is not None:
         notes.append(Note(PROFILER_COST_UNUSED, why))
     if cost is not None and units_timed_in_clean_steps(traces.timers, traces.run):
-        notes.append(Note(CLEAN_STEPS_UNIT_TIMED, "the clean steps of this recording timed every unit too (it was "
-                          "recorded before fsdpviz kept per-unit timers to steps of their own), so its step time "
-                          "holds the timers' cost: on a launch-bound GPU step 25-50 % above a bare run; record "
-                          "it again for a bare clock"))
+        notes.append(Note(CLEAN_STEPS_UNIT_TIMED, _unit_timed_clean_steps_words(_device(overlap))))
     lead = cost is not None and cost.headline
     traced_ms = _step_time_ms(traces, analysed)
     if analysis is not None:
@@ -310,6 +308,15 @@ def host_backend_on_gpu(traces: TraceSet, overlap: pd.DataFrame) -> bool:
     synchronously through host memory, and prefetch cannot hide them."""
     backends = {str(b) for b in traces.ranks["backend"]}
     return _device(overlap) == "gpu" and "gloo" in backends
+
+
+def _unit_timed_clean_steps_words(device: str) -> str:
+    """The note of a recording whose clean steps timed every unit (``CLEAN_STEPS_UNIT_TIMED``)."""
+    cost = ("on a launch-bound GPU step 25-50 % above a bare run" if device == OVERLAP_GPU else
+            "small on a CPU step, where each unit costs microseconds against milliseconds of work")
+    return ("the clean steps of this recording timed every unit too (it was recorded before fsdpviz kept per-unit "
+            f"timers to steps of their own), so its step time holds the timers' cost: {cost}; record it again "
+            "for a bare clock")
 
 
 def _device(overlap: pd.DataFrame) -> str:
