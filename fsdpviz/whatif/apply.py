@@ -6,8 +6,9 @@ unit's parameters lies under it (or it is the root). Where run.json does not lis
 recorded without fsdpviz), or a setting cannot be said in the framework's own terms, there is no code
 and ``note`` says what could not be resolved, instead of a guess.
 
-- FSDP2: one ``fully_shard`` call per unit (a list of modules for a unit of several), then the root,
-  each with its ``reshard_after_forward``; explicit prefetch as ``set_modules_to_forward_prefetch`` /
+- FSDP2: one ``fully_shard`` call per unit (a list of modules for a unit of several), a unit after
+  the units nested in it (FSDP2 shards children before parents), then the root, each with its
+  ``reshard_after_forward``; explicit prefetch as ``set_modules_to_forward_prefetch`` /
   ``set_modules_to_backward_prefetch`` lists of the next units. No prefetch at all cannot be said: FSDP2
   prefetches one unit ahead in backward wherever a unit's list is empty.
 - FSDP1: ``FullyShardedDataParallel`` on the model with a ``CustomPolicy`` that wraps exactly the
@@ -94,7 +95,11 @@ def _fsdp2(rec: Recording, settings: Settings, units: list[str], modules: dict[s
            reshard: dict[str, bool], describe: str, notes: list[str]) -> Apply:
     lines = []
     order = [u for u in units if u != ROOT_UNIT]
-    for unit in order:
+    # FSDP2 shards children before parents: a parent sharded first takes its nested unit's
+    # parameters as its own, and fully_shard on the nested module then fails (_init_sharding_spec:
+    # "Invariant encountered: value was None")
+    post_order = shard_order(order, modules)
+    for unit in post_order:
         refs = [_ref(m) for m in modules[unit]]
         target = refs[0] if len(refs) == 1 else f"[{', '.join(refs)}]"
         lines.append(f"fully_shard({target}, reshard_after_forward={reshard[unit]}, **fsdp_kwargs)")
@@ -107,13 +112,41 @@ def _fsdp2(rec: Recording, settings: Settings, units: list[str], modules: dict[s
         lines.append("units = [model, " + ", ".join(_ref(modules[u][0]) for u in order) + "]  # forward order")
         lines.append("for i, unit in enumerate(units):")
         lines.append(f"    unit.set_modules_to_forward_prefetch(units[i + 1 : i + {1 + int(depth)}])")
-        lines.append("backward = [model, *reversed(units[1:])]")
+        if post_order == order:
+            lines.append("backward = [model, *reversed(units[1:])]")
+        else:
+            # a unit's pre-backward runs when its output's gradient arrives: after the units nested
+            # in it have ended their forward, so backward runs the post-forward order reversed
+            lines.append("backward = [model, " + ", ".join(_ref(modules[u][0]) for u in reversed(post_order))
+                         + "]  # backward order")
         lines.append("for i, unit in enumerate(backward):")
         lines.append(f"    unit.set_modules_to_backward_prefetch(backward[i + 1 : i + {1 + int(depth)}])")
     body = "\n".join(f"    {line}" for line in ["m = model.get_submodule", *lines, "return model"])
     code = (f"{FSDP2_IMPORT}\n\ndef shard_model(model, **fsdp_kwargs):\n"
             f'    """{describe}: FSDP2 units as fsdpviz whatif predicts them (the root last)."""\n{body}\n')
     return Apply(FSDP2, code, lines, "; ".join(notes))
+
+
+def shard_order(units: list[str], modules: dict[str, list[str]]) -> list[str]:
+    """``units`` (forward order) with every unit after the units nested in it (post-order: the order
+    FSDP2 needs them sharded in, and the order their forwards end in), siblings in forward order. A
+    unit is nested in another when each of its modules lies under one of the other's."""
+    def inside(inner: str, outer: str) -> bool:
+        return inner != outer and all(any(m.startswith(f"{x}.") for x in modules[outer]) for m in modules[inner])
+
+    out: list[str] = []
+
+    def emit(unit: str) -> None:
+        if unit in out:
+            return
+        for other in units:
+            if inside(other, unit):
+                emit(other)
+        out.append(unit)
+
+    for unit in units:
+        emit(unit)
+    return out
 
 
 def _fsdp1(rec: Recording, settings: Settings, modules: dict[str, list[str]], describe: str,
