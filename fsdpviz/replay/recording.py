@@ -180,6 +180,8 @@ def read_recording(result: RunResult, ranks: Sequence[int] | None = None, per_op
         units=units, unit_bytes=unit_bytes, modules=facts.unit_modules(units),
         reshard_after_forward=facts.observed_reshard(facts.declared_reshard(result, units), programs, gathered),
         prefetch=prefetch, prefetch_args=prefetch_words,
+        prefetch_depths=(prefetch_args.fsdp2_depths(result.traces.run) if analysis.framework == vocabulary.FSDP2
+                         else None),
         unit_numels=facts.unit_numels(result),
         steps=programs, ranks_per_host=facts.ranks_per_host(result), cpu_count=facts.cpu_count(result), notes=notes,
         host_ops_per_step=sum(op_counts) / len(op_counts) if op_counts else 0.0,

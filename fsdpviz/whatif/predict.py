@@ -40,9 +40,9 @@ from fsdpviz.replay.recorded import Recording, StepProgram
 from fsdpviz.replay.settings import DEFAULT, GIVEN, RECORDED, Settings, Wrap
 from fsdpviz.replay.simulate import SimResult, run
 from fsdpviz.structure.parallelism import known_dims
-from fsdpviz.vocabulary import FSDP2, ZERO3
+from fsdpviz.vocabulary import FSDP1, FSDP2, ZERO3
 from fsdpviz.whatif import bounds, known
-from fsdpviz.whatif.apply import Apply, apply_code
+from fsdpviz.whatif.apply import Apply, apply_code, fsdp1_arguments
 
 if TYPE_CHECKING:
     from fsdpviz.structure.profiler_cost import ProfilerCost
@@ -254,8 +254,10 @@ def weaknesses(replay_error_pct: float, cost: ProfilerCost | None, clean_error_p
 def prefetch_arguments(rec: Recording, settings: Settings) -> dict[str, object] | None:
     """A filled-in setting's prefetch as its framework's arguments: the recorded ones, or those that
     give the predicted depth (None where run.json does not say what was recorded)."""
-    if settings.sources.get("prefetch") != GIVEN:
+    if not settings.prefetch_changed(rec.prefetch):
         return rec.prefetch_args or None
+    if rec.framework == FSDP1:
+        return fsdp1_arguments(rec, settings)  # what the code writes, a recorded BACKWARD_POST kept
     if rec.framework == ZERO3 and settings.prefetch.isdigit() and not rec.unit_numels:
         return None  # the bucket is in parameter elements, which only run.json gives
     numels = [rec.unit_numels.get(u, 0) for u in rec.units]
@@ -271,7 +273,7 @@ def _for_program(settings: Settings, rec: Recording) -> Settings:
 
 
 def _prefetch_changed(settings: Settings, rec: Recording) -> bool:
-    return settings.sources.get("prefetch") == GIVEN and settings.prefetch != rec.prefetch
+    return settings.prefetch_changed(rec.prefetch)
 
 
 def _filled(settings: Settings, rec: Recording) -> Settings:
