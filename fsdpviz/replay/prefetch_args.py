@@ -6,7 +6,9 @@ forward, one unit ahead in backward), ``none`` (nothing ahead) and ``N`` (N unit
 passes). Users write their framework's arguments instead:
 
 - FSDP2: ``set_modules_to_forward_prefetch`` / ``set_modules_to_backward_prefetch`` lists (``N``: the
-  next N units), or nothing (``implicit``);
+  next N units), or nothing (``implicit``). A recording may have other depths in the two passes
+  (backward-only prefetch): the model's depth is the forward one, and :func:`fsdp2_depths` keeps both
+  for the code that writes the recorded setting back;
 - FSDP1: ``forward_prefetch`` (one unit ahead in forward) and ``backward_prefetch`` (``BACKWARD_PRE`` /
   ``BACKWARD_POST``: one unit ahead in backward; None: none). FSDP1 prefetches at most one unit ahead,
   so a depth of 2 or more has no FSDP1 arguments;
@@ -49,15 +51,19 @@ def recorded(run: RunInfo | None, framework: str) -> tuple[str, dict[str, object
         return IMPLICIT, {}
     units = run.units
     if framework == FSDP2:
-        depths = {len(u.forward_prefetch) for u in units if isinstance(u.forward_prefetch, list)}
-        depth = max(depths) if depths else 0
-        return (str(depth), {"set_modules_to_forward_prefetch": f"the next {depth} unit(s)"}) if depth else (
-            IMPLICIT, {"set_modules_to_forward_prefetch": "not called (FSDP2's implicit prefetch)"})
+        depth, backward = fsdp2_depths(run) or (0, 0)
+        args: dict[str, object] = {"set_modules_to_forward_prefetch": f"the next {depth} unit(s)" if depth else
+                                   "not called (FSDP2's implicit prefetch)"}
+        if backward and backward != depth:
+            # backward-only prefetch, or other depths in the two passes: the model's one depth is the
+            # forward one (the replay keeps the recorded issue order); the arguments say both
+            args["set_modules_to_backward_prefetch"] = f"the previous {backward} unit(s)"
+        return (str(depth) if depth else IMPLICIT), args
     if framework == FSDP1:
         forward, backward = _first(units, "forward_prefetch"), _first(units, "backward_prefetch")
         if forward is None and backward is None:
             return IMPLICIT, {}
-        args: dict[str, object] = {"forward_prefetch": bool(forward), "backward_prefetch": backward}
+        args = {"forward_prefetch": bool(forward), "backward_prefetch": backward}
         if forward:
             return "1", args
         return (IMPLICIT if backward else NONE), args
@@ -67,6 +73,19 @@ def recorded(run: RunInfo | None, framework: str) -> tuple[str, dict[str, object
             return IMPLICIT, {}
         return (NONE if bucket == 0 else IMPLICIT), {"stage3_prefetch_bucket_size": bucket}
     return IMPLICIT, {}
+
+
+def fsdp2_depths(run: RunInfo | None) -> tuple[int, int] | None:
+    """FSDP2's explicit prefetch depths as recorded, (forward, backward): the longest
+    ``set_modules_to_forward_prefetch`` / ``set_modules_to_backward_prefetch`` list of any unit (0: no
+    list, FSDP2's default); None where run.json does not say (traces recorded without fsdpviz)."""
+    if run is None or not run.units or all(u.forward_prefetch is None for u in run.units):
+        return None
+
+    def longest(field: str) -> int:
+        return max((len(v) for u in run.units if isinstance(v := getattr(u, field), list)), default=0)
+
+    return longest("forward_prefetch"), longest("backward_prefetch")
 
 
 def arguments(framework: str, depth: str, unit_numels: Sequence[int]) -> dict[str, object] | None:

@@ -1,7 +1,8 @@
 """A recorded step rewritten for a setting: the host's instructions in the order FSDP would run them.
 
 Units are formed first (:func:`group_units`): each recorded unit belongs to one new unit, named
-after the modules it covers. A pass of a merged unit is its members' passes back to back: their
+after the modules it covers. Recorded units are a tree (:func:`unit_parents`: a unit sharded inside
+another's module is nested in it); ``merge:K`` merges siblings only. A pass of a merged unit is its members' passes back to back: their
 compute and the model's own host work (the Python between blocks, the kernel launches) are kept,
 while what FSDP does once per unit -- the pre-forward / pre-backward hooks, the reshard -- is kept
 once. The new unit gathers all its members' parameters at once (one collective of their summed
@@ -130,13 +131,38 @@ def group_units(rec: Recording, settings: Settings) -> dict[str, str]:
     if wrap.kind == "root":
         return dict.fromkeys(units, ROOT_UNIT)
     if wrap.kind == "merge":
+        # siblings only: a unit merged with one nested in it would gather the nested unit's
+        # parameters twice over (FSDP2 shards a module already sharded inside it apart), so a
+        # nested unit stays a unit of its own, and merges with its own siblings
         out = {ROOT_UNIT: ROOT_UNIT} if ROOT_UNIT in units else {}
-        for i in range(0, len(children), wrap.k):
-            chunk = children[i:i + wrap.k]
-            name = group_name([m for u in chunk for m in rec.modules.get(u, unit_modules(u))])
-            out.update(dict.fromkeys(chunk, name))
+        parents = unit_parents(rec)
+        siblings: dict[str, list[str]] = {}
+        for u in children:
+            siblings.setdefault(parents[u], []).append(u)
+        for kids in siblings.values():
+            for i in range(0, len(kids), wrap.k):
+                chunk = kids[i:i + wrap.k]
+                name = group_name([m for u in chunk for m in rec.modules.get(u, unit_modules(u))])
+                out.update(dict.fromkeys(chunk, name))
         return out
     return _match(rec, wrap.pattern)
+
+
+def unit_parents(rec: Recording) -> dict[str, str]:
+    """Recorded unit (not the root) -> the recorded unit it is nested in: the innermost one holding a
+    module above each of its own modules (``blocks.4`` for ``blocks.4.moe.experts``), else the root.
+    FSDP2 units form a tree this way: a module sharded inside another's keeps its parameters, and
+    its parent's unit holds only the parameters outside every nested unit."""
+    modules = {u: rec.modules.get(u, unit_modules(u)) for u in rec.units if u != ROOT_UNIT}
+    out = {}
+    for unit, own in modules.items():
+        best, depth = ROOT_UNIT, -1
+        for other, theirs in modules.items():
+            held = [len(x) for x in theirs if other != unit and any(m.startswith(x + ".") for m in own)]
+            if held and all(any(m.startswith(x + ".") for x in theirs) for m in own) and max(held) > depth:
+                best, depth = other, max(held)
+        out[unit] = best
+    return out
 
 
 def regrouped(rec: Recording, settings: Settings) -> tuple[dict[str, str], list[str], dict[str, list[str]]]:
@@ -355,8 +381,9 @@ def _is_last(i: int, passes: Sequence[Pass], group: dict[str, str]) -> bool:
 
 
 def _framework_pre(p: Pass) -> float:
-    """What FSDP does once per unit before its compute (hooks): all of a child's pre time."""
-    return p.pre_ns if p.part == "" else 0.0
+    """What FSDP does once per unit before its compute (hooks): all of its first pass's pre time (a
+    unit without nested units, or part ``a`` of one with them); part ``b`` opens no unit."""
+    return p.pre_ns if p.part != "b" else 0.0
 
 
 def _own_gather(step: StepProgram, micro: int, unit: str, phase: str, members: dict[str, list[str]]) -> Gather | None:

@@ -124,6 +124,9 @@ class Recording:
     host_ops_per_step: float = 0.0  # GPU: the host threads' traced events (ops, runtime calls, ranges) per step
     prefetch_args: dict[str, object] = field(default_factory=dict)
     """The framework's own arguments that gave ``prefetch`` (:mod:`.prefetch_args`); {} where run.json does not say."""
+    prefetch_depths: tuple[int, int] | None = None
+    """FSDP2: the recorded explicit prefetch depths, (forward, backward), 0 for FSDP2's default
+    (:func:`.prefetch_args.fsdp2_depths`); None where run.json does not say, and for other frameworks."""
     unit_numels: dict[str, int] = field(default_factory=dict)
     """Unsharded parameter elements per unit, where run.json says (ZeRO-3's prefetch bucket is in elements)."""
 

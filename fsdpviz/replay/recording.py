@@ -13,6 +13,8 @@ A step is read as, per micro-batch (one unless gradient accumulation):
   on GPU the synchronisation that ends the step);
 - one :class:`Pass` per unit and phase in the order the host ran them. The root unit, whose window
   holds its children's, is two passes per phase: ``a`` before its first child, ``b`` after its last.
+  A unit nested in another's (a block's experts sharded as a unit of their own) splits its parent's
+  passes the same way, at any depth.
   A pass holds its host busy time before its compute (``pre_ns``), its compute, its host time after
   (``post_ns``), the time between the previous pass and its window (``gap_ns``: the model's own
   Python between blocks);
@@ -178,6 +180,8 @@ def read_recording(result: RunResult, ranks: Sequence[int] | None = None, per_op
         units=units, unit_bytes=unit_bytes, modules=facts.unit_modules(units),
         reshard_after_forward=facts.observed_reshard(facts.declared_reshard(result, units), programs, gathered),
         prefetch=prefetch, prefetch_args=prefetch_words,
+        prefetch_depths=(prefetch_args.fsdp2_depths(result.traces.run) if analysis.framework == vocabulary.FSDP2
+                         else None),
         unit_numels=facts.unit_numels(result),
         steps=programs, ranks_per_host=facts.ranks_per_host(result), cpu_count=facts.cpu_count(result), notes=notes,
         host_ops_per_step=sum(op_counts) / len(op_counts) if op_counts else 0.0,
@@ -253,32 +257,58 @@ def _windows(windows: pd.DataFrame, step: int, micro: int, phase: str) -> list[_
     return sorted(out, key=lambda w: (w.start, -w.end))
 
 
-def _pass_frames(wins: list[_Window]) -> Iterator[tuple[str, str, int, int, int]]:
-    """(unit, part, frame start, frame end, gap start) of each pass in host order: top-level windows
-    and their direct children; the root (a window holding others) as parts a and b around them."""
-    tops: list[tuple[_Window, list[_Window]]] = []
+@dataclass(slots=True)
+class _Node:
+    """A unit's window and the windows of the units nested in it, in host order."""
+
+    win: _Window
+    kids: list[_Node] = field(default_factory=list)
+
+
+def _window_tree(wins: list[_Window]) -> list[_Node]:
+    """The windows (sorted by start, longest first) as a forest: each window under the innermost one
+    holding it -- a unit sharded inside another's module (FSDP2's ``fully_shard`` on
+    ``blocks.4.moe.experts`` before ``blocks.4``) runs its pre- and post-hooks inside its parent's."""
+    tops: list[_Node] = []
+    open_: list[_Node] = []  # the windows holding the current one, innermost last
     for w in wins:
-        if tops and w.start >= tops[-1][0].start and w.end <= tops[-1][0].end and w is not tops[-1][0]:
-            kids = tops[-1][1]
-            if not kids or w.start >= kids[-1].end:  # a direct child (deeper nesting folds into its parent)
-                kids.append(w)
-            elif w.end > kids[-1].end:
-                # overlapping siblings (FSDP1's backward prefetch opens the next unit's window inside
-                # this one's): one after the other on the host, the later from where the earlier ends
-                kids.append(_Window(w.unit, w.phase, w.micro, kids[-1].end, w.end))
+        while open_ and not (w.start >= open_[-1].win.start and w.end <= open_[-1].win.end):
+            open_.pop()
+        if not open_:
+            node = _Node(w)
+            tops.append(node)
+            open_.append(node)
             continue
-        tops.append((w, []))
+        kids = open_[-1].kids
+        if kids and w.start < kids[-1].win.end:
+            # overlapping siblings (FSDP1's backward prefetch opens the next unit's window inside
+            # this one's): one after the other on the host, the later from where the earlier ends
+            w = _Window(w.unit, w.phase, w.micro, kids[-1].win.end, w.end)
+        node = _Node(w)
+        kids.append(node)
+        open_.append(node)
+    return tops
+
+
+def _pass_frames(wins: list[_Window]) -> Iterator[tuple[str, str, int, int, int]]:
+    """(unit, part, frame start, frame end, gap start) of each pass in host order: a window without
+    nested ones is one pass; a window holding others (the root, or a block holding its experts' unit)
+    is parts a and b around them, and the nested ones are read the same way, at any depth."""
     prev_end: int | None = None
-    for top, kids in tops:
-        if not kids:
-            yield top.unit, "", top.start, top.end, top.start if prev_end is None else prev_end
-            prev_end = top.end
-            continue
-        yield top.unit, "a", top.start, kids[0].start, top.start if prev_end is None else prev_end
-        for i, kid in enumerate(kids):
-            yield kid.unit, "", kid.start, kid.end, kid.start if i == 0 else kids[i - 1].end
-        yield top.unit, "b", kids[-1].end, top.end, kids[-1].end
-        prev_end = top.end
+    for top in _window_tree(wins):
+        yield from _node_frames(top, top.win.start if prev_end is None else prev_end)
+        prev_end = top.win.end
+
+
+def _node_frames(node: _Node, gap_from: int) -> Iterator[tuple[str, str, int, int, int]]:
+    w, kids = node.win, node.kids
+    if not kids:
+        yield w.unit, "", w.start, w.end, gap_from
+        return
+    yield w.unit, "a", w.start, kids[0].win.start, gap_from
+    for i, kid in enumerate(kids):
+        yield from _node_frames(kid, kid.win.start if i == 0 else kids[i - 1].win.end)
+    yield w.unit, "b", kids[-1].win.end, w.end, kids[-1].win.end
 
 
 @dataclass(slots=True)

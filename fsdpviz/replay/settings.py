@@ -54,6 +54,11 @@ class Settings:
         """Explicit prefetch depth, or None for implicit / none."""
         return int(self.prefetch) if self.prefetch.isdigit() else None
 
+    def prefetch_changed(self, recorded: str) -> bool:
+        """Whether this setting changes the recording's prefetch (``recorded``: its depth): given, and
+        other than recorded."""
+        return self.sources.get("prefetch") == GIVEN and self.prefetch != recorded
+
     def to_json(self) -> dict[str, dict[str, object]]:
         values: dict[str, object] = {
             "wrap": str(self.wrap), "prefetch": self.prefetch,

@@ -6,12 +6,14 @@ unit's parameters lies under it (or it is the root). Where run.json does not lis
 recorded without fsdpviz), or a setting cannot be said in the framework's own terms, there is no code
 and ``note`` says what could not be resolved, instead of a guess.
 
-- FSDP2: one ``fully_shard`` call per unit (a list of modules for a unit of several), then the root,
-  each with its ``reshard_after_forward``; explicit prefetch as ``set_modules_to_forward_prefetch`` /
+- FSDP2: one ``fully_shard`` call per unit (a list of modules for a unit of several), a unit after
+  the units nested in it (FSDP2 shards children before parents), then the root, each with its
+  ``reshard_after_forward``; explicit prefetch as ``set_modules_to_forward_prefetch`` /
   ``set_modules_to_backward_prefetch`` lists of the next units. No prefetch at all cannot be said: FSDP2
   prefetches one unit ahead in backward wherever a unit's list is empty.
 - FSDP1: ``FullyShardedDataParallel`` on the model with a ``CustomPolicy`` that wraps exactly the
-  units' modules, and the prefetch arguments (:mod:`fsdpviz.replay.prefetch_args`). FSDP1 wraps one module per unit:
+  units' modules, and the prefetch arguments (:mod:`fsdpviz.replay.prefetch_args`; the recorded ones,
+  ``BACKWARD_POST`` included, where the setting keeps the recorded prefetch). FSDP1 wraps one module per unit:
   a unit of several sibling modules cannot be said.
 - ZeRO-3: the config keys (``zero_optimization``), as ``zero_config(config)``, which sets them in a
   DeepSpeed config dict.
@@ -94,7 +96,11 @@ def _fsdp2(rec: Recording, settings: Settings, units: list[str], modules: dict[s
            reshard: dict[str, bool], describe: str, notes: list[str]) -> Apply:
     lines = []
     order = [u for u in units if u != ROOT_UNIT]
-    for unit in order:
+    # FSDP2 shards children before parents: a parent sharded first takes its nested unit's
+    # parameters as its own, and fully_shard on the nested module then fails (_init_sharding_spec:
+    # "Invariant encountered: value was None")
+    post_order = shard_order(order, modules)
+    for unit in post_order:
         refs = [_ref(m) for m in modules[unit]]
         target = refs[0] if len(refs) == 1 else f"[{', '.join(refs)}]"
         lines.append(f"fully_shard({target}, reshard_after_forward={reshard[unit]}, **fsdp_kwargs)")
@@ -102,18 +108,76 @@ def _fsdp2(rec: Recording, settings: Settings, units: list[str], modules: dict[s
     depth = settings.prefetch
     if depth == "none":
         return Apply(FSDP2, None, note=f"prefetch none: set_modules_to_backward_prefetch {prefetch_args.NO_FSDP2_NONE}")
-    if depth.isdigit() and int(depth) > 0 and order:
+    forward, backward = _fsdp2_depths(rec, settings)
+    if (forward or backward) and order:
         # a unit of several modules shares one FSDP state: its first module stands for it
         lines.append("units = [model, " + ", ".join(_ref(modules[u][0]) for u in order) + "]  # forward order")
+    if forward and order:
         lines.append("for i, unit in enumerate(units):")
-        lines.append(f"    unit.set_modules_to_forward_prefetch(units[i + 1 : i + {1 + int(depth)}])")
-        lines.append("backward = [model, *reversed(units[1:])]")
+        lines.append(f"    unit.set_modules_to_forward_prefetch(units[i + 1 : i + {1 + forward}])")
+    if backward and order:
+        if post_order == order:
+            lines.append("backward = [model, *reversed(units[1:])]")
+        else:
+            # a unit's pre-backward runs when its output's gradient arrives: after the units nested
+            # in it have ended their forward, so backward runs the post-forward order reversed
+            lines.append("backward = [model, " + ", ".join(_ref(modules[u][0]) for u in reversed(post_order))
+                         + "]  # backward order")
         lines.append("for i, unit in enumerate(backward):")
-        lines.append(f"    unit.set_modules_to_backward_prefetch(backward[i + 1 : i + {1 + int(depth)}])")
+        lines.append(f"    unit.set_modules_to_backward_prefetch(backward[i + 1 : i + {1 + backward}])")
     body = "\n".join(f"    {line}" for line in ["m = model.get_submodule", *lines, "return model"])
     code = (f"{FSDP2_IMPORT}\n\ndef shard_model(model, **fsdp_kwargs):\n"
             f'    """{describe}: FSDP2 units as fsdpviz whatif predicts them (the root last)."""\n{body}\n')
     return Apply(FSDP2, code, lines, "; ".join(notes))
+
+
+def _fsdp2_depths(rec: Recording, settings: Settings) -> tuple[int, int]:
+    """The explicit prefetch depths to write, (forward, backward), 0 for FSDP2's default: the
+    setting's N in both passes where it changes prefetch, else the recorded lists' depths (which may
+    differ between the passes, or be backward only), so code that keeps the prefetch keeps it whole."""
+    if not settings.prefetch_changed(rec.prefetch) and rec.prefetch_depths is not None:
+        return rec.prefetch_depths
+    depth = int(settings.prefetch) if settings.prefetch.isdigit() else 0
+    return depth, depth
+
+
+def fsdp1_arguments(rec: Recording, settings: Settings) -> dict[str, object]:
+    """FSDP1's prefetch arguments for a filled-in setting: as recorded where it does not change
+    prefetch, else those that give its depth -- keeping the recorded ``backward_prefetch`` where the
+    new depth prefetches in backward too: ``BACKWARD_PRE`` and ``BACKWARD_POST`` both fetch one unit
+    ahead (torch's ``_get_handle_to_prefetch``; POST after the current unit's gradients, holding less),
+    the model's depth says which unit, not which hook, so a recorded POST is no part of the change."""
+    recorded = rec.prefetch_args
+    if not {"forward_prefetch", "backward_prefetch"} <= set(recorded):
+        return prefetch_args.arguments(FSDP1, settings.prefetch, []) or {}
+    if not settings.prefetch_changed(rec.prefetch):
+        return dict(recorded)
+    out = prefetch_args.arguments(FSDP1, settings.prefetch, []) or {}
+    if out.get("backward_prefetch") is not None and recorded["backward_prefetch"] is not None:
+        out["backward_prefetch"] = recorded["backward_prefetch"]
+    return out
+
+
+def shard_order(units: list[str], modules: dict[str, list[str]]) -> list[str]:
+    """``units`` (forward order) with every unit after the units nested in it (post-order: the order
+    FSDP2 needs them sharded in, and the order their forwards end in), siblings in forward order. A
+    unit is nested in another when each of its modules lies under one of the other's."""
+    def inside(inner: str, outer: str) -> bool:
+        return inner != outer and all(any(m.startswith(f"{x}.") for x in modules[outer]) for m in modules[inner])
+
+    out: list[str] = []
+
+    def emit(unit: str) -> None:
+        if unit in out:
+            return
+        for other in units:
+            if inside(other, unit):
+                emit(other)
+        out.append(unit)
+
+    for unit in units:
+        emit(unit)
+    return out
 
 
 def _fsdp1(rec: Recording, settings: Settings, modules: dict[str, list[str]], describe: str,
@@ -123,7 +187,7 @@ def _fsdp1(rec: Recording, settings: Settings, modules: dict[str, list[str]], de
         return Apply(FSDP1, None, note=(
             f"FSDP1 wraps one module per unit: {', '.join(several)} would need a module of their own holding just "
             "them (an nn.Sequential of the blocks, as examples/train.py --wrap pair builds)"))
-    arguments = prefetch_args.arguments(FSDP1, settings.prefetch, []) or {}
+    arguments = fsdp1_arguments(rec, settings)
     names = [ms[0] for ms in modules.values()]
     lines = [f"wrap = {{{', '.join(_ref(n) for n in names)}}}" if names else "wrap = set()",
              "policy = CustomPolicy(lambda module: module in wrap)"]
@@ -143,6 +207,9 @@ def _fsdp1(rec: Recording, settings: Settings, modules: dict[str, list[str]], de
 def _zero3(rec: Recording, settings: Settings, describe: str) -> Apply:
     numels = [rec.unit_numels.get(u, 0) for u in rec.units]
     arguments = prefetch_args.arguments(ZERO3, settings.prefetch, numels) if rec.unit_numels else None
+    if not settings.prefetch_changed(rec.prefetch) and "stage3_prefetch_bucket_size" in rec.prefetch_args:
+        # a recorded bucket other than DeepSpeed's default reads as "implicit": written back as recorded
+        arguments = {"stage3_prefetch_bucket_size": rec.prefetch_args["stage3_prefetch_bucket_size"]}
     if arguments is None:
         return Apply(ZERO3, None, note="the prefetch bucket is counted in parameter elements, which only run.json's "
                                        "units give: no key is written")

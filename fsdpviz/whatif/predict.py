@@ -40,9 +40,9 @@ from fsdpviz.replay.recorded import Recording, StepProgram
 from fsdpviz.replay.settings import DEFAULT, GIVEN, RECORDED, Settings, Wrap
 from fsdpviz.replay.simulate import SimResult, run
 from fsdpviz.structure.parallelism import known_dims
-from fsdpviz.vocabulary import FSDP2, ZERO3
+from fsdpviz.vocabulary import FSDP1, FSDP2, ZERO3
 from fsdpviz.whatif import bounds, known
-from fsdpviz.whatif.apply import Apply, apply_code
+from fsdpviz.whatif.apply import Apply, apply_code, fsdp1_arguments
 
 if TYPE_CHECKING:
     from fsdpviz.structure.profiler_cost import ProfilerCost
@@ -208,7 +208,7 @@ def predict(model: Model, settings: Settings) -> Prediction:
     cost = model.result.summary.profiler
     replay_error_pct = 100.0 * abs(replay_mean - recorded_mean) / recorded_mean if recorded_mean else 0.0
     clock = clock_of(model.result, model_clock(model))
-    return Prediction(baseline=baseline, predicted=predicted, settings=full, basis=clock.basis,
+    prediction = Prediction(baseline=baseline, predicted=predicted, settings=full, basis=clock.basis,
                       clock=msgspec.to_builtins(clock),
                       profiler={"profiled_step_ms": cost.profiled_step_ms, "unprofiled_step_ms": cost.unprofiled_step_ms,
                                 "slowdown": cost.slowdown} if cost is not None else None,
@@ -219,6 +219,34 @@ def predict(model: Model, settings: Settings) -> Prediction:
                       assumed=assumed(full, rec) + peak.assumed + mesh_assumed(model, full),
                       prefetch_arguments=prefetch_arguments(rec, full),
                       apply=apply_code(rec, unit_params(model.result), full, settings.describe()))
+    if prediction.apply is not None and prediction.apply.code is not None:
+        # the code travels alone (a file, a commit): it carries how far its prediction can be trusted
+        prediction.apply.code = code_header(prediction) + prediction.apply.code
+    return prediction
+
+
+def code_header(p: Prediction) -> str:
+    """Comment lines for the top of ``p``'s code: the setting, its predicted step and peak against the
+    recorded ones, whether the prediction is reliable (the replay's error) and measurable (against
+    the recording's step-to-step spread)."""
+    base, new = p.baseline, p.predicted
+    change = new.step_time_ms - base.step_time_ms
+    share = f", {100.0 * change / base.step_time_ms:+.1f} %" if base.step_time_ms else ""
+    lines = [f"fsdpviz whatif: {p.settings.describe()}",
+             f"predicted step {new.step_time_ms:,.2f} ms (recorded {base.step_time_ms:,.2f} ms, {change:+,.2f} ms{share})"]
+    if new.peak_allocated_bytes is not None and base.peak_allocated_bytes is not None:
+        lines.append(f"predicted peak {new.peak_allocated_bytes:,} bytes allocated (recorded "
+                     f"{base.peak_allocated_bytes:,})")
+    clean = (p.clock or {}).get("replay_error_pct")
+    replay = f"the model's replay misses the recorded step by {p.replay_error_pct:.1f} %" + (
+        f" (without the profiler, the run's clean steps by {clean:.1f} %)" if clean is not None else "")
+    lines.append(f"{'reliable' if p.reliable else 'unreliable'}: {replay}; the limit is {RELIABLE_REPLAY_PCT:g} %")
+    if p.spread_ms is None:
+        lines.append("measurable: unknown (fewer than two analysed steps: the recording's own spread is not known)")
+    else:
+        lines.append(f"{'measurable' if p.measurable else 'not measurable'}: the recording's step-to-step spread is "
+                     f"{p.spread_ms:,.2f} ms, the predicted change {abs(change):,.2f} ms")
+    return "".join(f"# {line}\n" for line in lines) + "\n"
 
 
 def unit_params(result: RunResult) -> dict[str, list[str]]:
@@ -254,8 +282,10 @@ def weaknesses(replay_error_pct: float, cost: ProfilerCost | None, clean_error_p
 def prefetch_arguments(rec: Recording, settings: Settings) -> dict[str, object] | None:
     """A filled-in setting's prefetch as its framework's arguments: the recorded ones, or those that
     give the predicted depth (None where run.json does not say what was recorded)."""
-    if settings.sources.get("prefetch") != GIVEN:
+    if not settings.prefetch_changed(rec.prefetch):
         return rec.prefetch_args or None
+    if rec.framework == FSDP1:
+        return fsdp1_arguments(rec, settings)  # what the code writes, a recorded BACKWARD_POST kept
     if rec.framework == ZERO3 and settings.prefetch.isdigit() and not rec.unit_numels:
         return None  # the bucket is in parameter elements, which only run.json gives
     numels = [rec.unit_numels.get(u, 0) for u in rec.units]
@@ -271,7 +301,7 @@ def _for_program(settings: Settings, rec: Recording) -> Settings:
 
 
 def _prefetch_changed(settings: Settings, rec: Recording) -> bool:
-    return settings.sources.get("prefetch") == GIVEN and settings.prefetch != rec.prefetch
+    return settings.prefetch_changed(rec.prefetch)
 
 
 def _filled(settings: Settings, rec: Recording) -> Settings:
