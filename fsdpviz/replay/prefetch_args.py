@@ -60,13 +60,13 @@ def recorded(run: RunInfo | None, framework: str) -> tuple[str, dict[str, object
             args["set_modules_to_backward_prefetch"] = f"the previous {backward} unit(s)"
         return (str(depth) if depth else IMPLICIT), args
     if framework == FSDP1:
-        forward, backward = _first(units, "forward_prefetch"), _first(units, "backward_prefetch")
-        if forward is None and backward is None:
+        ahead, behind = _first(units, "forward_prefetch"), _first(units, "backward_prefetch")
+        if ahead is None and behind is None:
             return IMPLICIT, {}
-        args = {"forward_prefetch": bool(forward), "backward_prefetch": backward}
-        if forward:
+        args = {"forward_prefetch": bool(ahead), "backward_prefetch": behind}
+        if ahead:
             return "1", args
-        return (IMPLICIT if backward else NONE), args
+        return (IMPLICIT if behind else NONE), args
     if framework == ZERO3:
         bucket = _first(units, "forward_prefetch")
         if not isinstance(bucket, int) or isinstance(bucket, bool):
