@@ -44,8 +44,10 @@ def worker(out: Path, train_args: list[str]) -> None:
     args = example["parse_args"](train_args)
     stamps: list[tuple[float, float]] = [(time.perf_counter(), time.process_time())]
     example["train"](args, after_step=lambda step, loss: stamps.append((time.perf_counter(), time.process_time())))
-    pairs = list(itertools.pairwise(stamps[1:]))  # step k: end of k-1 -> end of k
-    times = {"wall": [(b[0] - a[0]) * 1e3 for a, b in pairs], "cpu": [(b[1] - a[1]) * 1e3 for a, b in pairs]}
+    # step k (k >= 1): from the end of step k-1 to the end of step k; step 0 (set-up, first forward) is None
+    pairs = list(itertools.pairwise(stamps[1:]))
+    times = {"wall": [None] + [(b[0] - a[0]) * 1e3 for a, b in pairs],
+             "cpu": [None] + [(b[1] - a[1]) * 1e3 for a, b in pairs]}
     (out / f"rank{os.environ['RANK']}.json").write_text(json.dumps(times))
 
 
@@ -86,8 +88,9 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run_config(recorded: bool, train_args: list[str], workdir: Path) -> tuple[list[float], dict[str, Any] | None]:
-    """One run: the slowest rank's wall ms of every step, and run.json's ``ranks`` (None when bare)."""
+def run_config(recorded: bool, train_args: list[str], workdir: Path) -> tuple[list[float | None], dict[str, Any] | None]:
+    """One run: the slowest rank's wall ms of every step (by step number; None for step 0), and run.json
+    (None when bare)."""
     out = Path(tempfile.mkdtemp(dir=workdir))
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
                "--master_port", str(_free_port()), __file__, "--worker", str(out), "--", *train_args]
@@ -97,7 +100,7 @@ def run_config(recorded: bool, train_args: list[str], workdir: Path) -> tuple[li
     env = dict(os.environ, OMP_NUM_THREADS="1")
     subprocess.run(command, check=True, env=env, capture_output=True, timeout=1800)
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
-    slowest = [max(a, b) for a, b in zip(ranks[0]["wall"], ranks[1]["wall"], strict=True)]
+    slowest = [None if a is None else max(a, b) for a, b in zip(ranks[0]["wall"], ranks[1]["wall"], strict=True)]
     run = json.loads((out / "run" / "run.json").read_text()) if recorded else None
     return slowest, run
 
@@ -133,7 +136,7 @@ def main() -> None:
                     if run is not None:
                         agent[shape].extend(r["observer"] for r in run["ranks"] if r.get("observer"))
                         clean[shape] = run["ranks"][0]["observer"]["clean_steps"]
-                    medians[(shape, kind)].append(statistics.median(steps[s] for s in clean[shape]))
+                    medians[(shape, kind)].append(statistics.median(steps[s] or 0.0 for s in clean[shape]))
                     print(f"round {repeat + 1}/{args.repeats} {shape} {kind}: clean-step median "
                           f"{medians[(shape, kind)][-1]:.1f} ms", file=sys.stderr, flush=True)
     print(f"FSDP2, 2 CPU ranks, {args.steps} steps, {args.repeats} rounds (interleaved), slowest rank per step; "

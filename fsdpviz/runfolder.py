@@ -187,6 +187,8 @@ class ObserverInfo(msgspec.Struct, kw_only=True):
     ``ranks[].observer``; docs/run-folder.md)."""
 
     clean_steps: list[int] = msgspec.field(default_factory=list)
+    agent_ms: list[float] = msgspec.field(default_factory=list)
+    """The agent's own time in each of ``clean_steps``, in ms."""
     agent_ms_median: float | None = None
     """The agent's own time per clean step: its hooks and the step boundary (timed), and the wrapped
     framework calls that passed straight through (counted, times their measured cost)."""

@@ -22,7 +22,7 @@ name and renamed when complete.
 
 Nothing the script can read is changed: the peak-memory counters are read, never reset
 (``clock.py``), and once the agent records, the ``FSDPVIZ_*`` variables and the bootstrap's
-``PYTHONPATH`` entry leave the process's environment (:func:`_leave_environment`).
+``PYTHONPATH`` entry leave the process's environment (``activation.leave_environment``).
 """
 
 from __future__ import annotations
@@ -35,11 +35,12 @@ from typing import Any
 
 import torch
 
+from fsdpviz.record.activation import launch_environment, leave_environment
 from fsdpviz.record.clock import StepClock
 from fsdpviz.record.groups import GroupLabels
 from fsdpviz.record.memory import MemoryProbe
 from fsdpviz.record.observer import Observer, pass_through_ns
-from fsdpviz.record.options import ENV_OWNER_PID, LAUNCHER_VARIABLES, RecordOptions, options_from_env
+from fsdpviz.record.options import ENV_OWNER_PID, RecordOptions, options_from_env
 from fsdpviz.record.profiling import ProfilerDriver
 from fsdpviz.record.rankfacts import ExitHooks, now_iso, usable_cpus, versions, write_json_atomic
 from fsdpviz.record.schedule import unit_timed_steps
@@ -49,30 +50,12 @@ from fsdpviz.runfolder import RANK_FILE, SCHEDULE_OPTIMIZER_STEPS, TIMERS_FILE, 
 
 _AGENT: Agent | None = None
 _RECOMPUTE = "recompute"  # key of a unit's forward recomputed inside backward (activation checkpointing)
-BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
-
-
-def _leave_environment() -> None:
-    """Take fsdpviz's variables out of this process's environment, as a bare run has it: the
-    ``FSDPVIZ_*`` options (already read) and the bootstrap's entry on ``PYTHONPATH`` (its
-    ``sitecustomize`` already ran). Processes the script starts from now on inherit neither, so they do
-    not record: that is what ``FSDPVIZ_OWNER_PID`` told them until now."""
-    for key in LAUNCHER_VARIABLES:
-        os.environ.pop(key, None)
-    paths = os.environ.get("PYTHONPATH")
-    if paths is not None:
-        kept = [p for p in paths.split(os.pathsep) if os.path.abspath(p or os.curdir) != BOOTSTRAP_DIR]
-        if kept:
-            os.environ["PYTHONPATH"] = os.pathsep.join(kept)
-        else:
-            del os.environ["PYTHONPATH"]
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != BOOTSTRAP_DIR]
 
 
 def arm(role: str) -> None:
     """Create this process's agent (once) and install its detection hooks."""
     global _AGENT
-    options = options_from_env()
+    options = options_from_env(launch_environment())
     if _AGENT is None and options is not None:
         _AGENT = Agent(options, role)
         _AGENT.arm()
@@ -199,7 +182,7 @@ class Agent:
             self._measure_trace_start()
         self._exit_hooks.install()
         self._write_rank_file(status="running")
-        _leave_environment()
+        leave_environment()  # a candidate's children no longer need it: from now on they do not record
         self._begin_step()
         self._step_start = self.clock.mark(WHOLE_STEP, PHASE_STEP, KIND_TOTAL)
         if root is not None:  # this forward's pre-hooks were collected before ours existed
@@ -296,7 +279,8 @@ class Agent:
                 self._start("unknown", None)
                 self._optimizer_stepped = True
             return
-        if self.profiler.prof is not None and self.options.memory:  # until the trace is written (record/memory.py)
+        # in the profiled steps only (record/memory.py): a clean step walks no optimizer state
+        if self.profiler.labels_on and self.options.memory:
             try:
                 self.memory.at_optimizer_step(optimizer, self._device(), self.step)
             except Exception as exc:  # noqa: BLE001 - a measurement must never stop the training
@@ -314,15 +298,20 @@ class Agent:
     def hold_step_end(self) -> None:
         """The framework's own optimizer call began (DeepSpeed ``engine.step``, which keeps working
         after the torch optimizer's step): an optimizer step inside it ends the step at its end."""
+        started = time.perf_counter_ns()
         self._step_holds += 1
+        self.observer.add(started)
 
     def release_step_end(self, *, end_step: bool = True) -> None:
         """That call returned (``end_step``) or raised: end the step now if an optimizer stepped."""
+        started = time.perf_counter_ns()
         self._step_holds = max(0, self._step_holds - 1)
         if not self._step_holds and self._step_end_pending:
             self._step_end_pending = False
             if end_step and not self.finished and self.phase == "optimizer":
-                self._end_optimizer_step(time.perf_counter_ns())
+                self._end_optimizer_step(started)
+                return
+        self.observer.add(started)
 
     def _end_optimizer_step(self, started_ns: int) -> None:
         interval = self._whole.pop("optimizer", None)

@@ -14,6 +14,7 @@ the counter (``timers.step_peak``). Where the script resets the CUDA counters it
 
 from __future__ import annotations
 
+import importlib
 import re
 import resource
 import sys
@@ -98,7 +99,7 @@ class StepClock:
         self.step_ms: dict[int, float] = {}  # each written step's time (the timers' step/total), for run.json
         self._pending: deque[StepTimes] = deque()
         self._peaks: PeakWatch | None = None
-        self._restore: list[tuple[Any, str, Any]] = []
+        self._restore: list[tuple[Any, str, Any, Any]] = []  # (owner, name, original, wrapper)
 
     def start(self, writer: TimersWriter | None, *, rank: int, step: int, memory: bool, use_cuda: bool) -> None:
         self.writer, self.rank, self.memory, self.use_cuda = writer, rank, memory, use_cuda
@@ -110,31 +111,41 @@ class StepClock:
                 self._watch_resets(self._peaks)
 
     def _watch_resets(self, peaks: PeakWatch) -> None:
-        """Read the CUDA peak counters just before the script resets them (its reset still happens)."""
-        import torch.cuda.memory as cuda_memory
+        """Read the CUDA peak counters just before the script resets them (its reset still happens).
 
-        original = cuda_memory.reset_peak_memory_stats
+        torch's ``reset_peak_memory_stats`` (and ``reset_max_memory_allocated``, which calls it) reset
+        through ``torch._C._cuda_resetPeakMemoryStats``, looked up at each call: wrapping that one
+        function sees every reset made from Python, also through a name the script imported early."""
+        owners: list[Any] = [torch._C]
+        name = "_cuda_resetPeakMemoryStats"
+        original = getattr(torch._C, name, None)
+        if original is None:  # a torch without it: the Python function, where torch.cuda exports it
+            memory = importlib.import_module("torch.cuda.memory")
+            name, original = "reset_peak_memory_stats", memory.reset_peak_memory_stats
+            owners = [o for o in (memory, torch.cuda) if getattr(o, name, None) is original]
+        clock = self
 
-        def reset_peak_memory_stats(*args: Any, **kwargs: Any) -> Any:
-            try:
-                peaks.before_reset()
-            except Exception as exc:  # noqa: BLE001 - a reading must never stop the script's own call
-                print(f"fsdpviz: could not read the peak memory before a reset: {exc!r}", file=sys.stderr, flush=True)
+        def reset(*args: Any, **kwargs: Any) -> Any:
+            if clock._peaks is peaks:  # still reading (not after a failed reading, nor after the run)
+                try:
+                    peaks.before_reset()
+                except Exception as exc:  # noqa: BLE001 - a reading must never stop the script's own call
+                    print(f"fsdpviz: could not read the peak memory before a reset: {exc!r}", file=sys.stderr,
+                          flush=True)
             return original(*args, **kwargs)
 
-        reset_peak_memory_stats.__doc__ = original.__doc__
-        reset_peak_memory_stats.__wrapped__ = original  # type: ignore[attr-defined]
-        name = "reset_peak_memory_stats"
-        for owner in (cuda_memory, torch.cuda):  # reset_max_memory_allocated calls the module's own
-            if getattr(owner, name, None) is original:
-                self._restore.append((owner, name, original))
-                setattr(owner, name, reset_peak_memory_stats)
+        for owner in owners:
+            self._restore.append((owner, name, original, reset))
+            setattr(owner, name, reset)
 
     def remove(self) -> None:
-        """Put back what :meth:`start` replaced."""
+        """Put back what :meth:`start` replaced, where it is still fsdpviz's (a later wrapper of the
+        script's own stays)."""
+        self._peaks = None
         while self._restore:
-            owner, name, original = self._restore.pop()
-            setattr(owner, name, original)
+            owner, name, original, ours = self._restore.pop()
+            if getattr(owner, name, None) is ours:
+                setattr(owner, name, original)
 
     def mark(self, unit: str, phase: str, kind: str) -> Interval | None:
         """Open an interval of the running step (None when timers are off)."""

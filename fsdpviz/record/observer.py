@@ -73,6 +73,7 @@ class Observer:
         shares = [ms / step_ms[c.step] for ms, c in zip(agent_ms, rows, strict=True) if step_ms.get(c.step)]
         return {
             "clean_steps": [c.step for c in rows],
+            "agent_ms": [round(ms, 4) for ms in agent_ms],
             "agent_ms_median": round(statistics.median(agent_ms), 4),
             "agent_ms_max": round(max(agent_ms), 4),
             "agent_share_median": round(statistics.median(shares), 6) if shares else None,

@@ -26,6 +26,7 @@ import torch
 from torch.profiler import ProfilerAction, ProfilerActivity
 
 from fsdpviz.record import schedule
+from fsdpviz.record.activation import launch_environment
 from fsdpviz.record.options import ENV_RUN_ID, RecordOptions
 from fsdpviz.record.stderrlog import ProfilerLogFilter
 from fsdpviz.runfolder import (
@@ -87,7 +88,7 @@ class ProfilerDriver:
                 profile_memory=self.options.memory,
                 with_stack=False,
             )
-            run_id = os.environ.get(ENV_RUN_ID, "")
+            run_id = launch_environment().get(ENV_RUN_ID, "")
             if run_id and hasattr(self.prof, "preset_metadata_json"):  # the trace names its recording
                 self.prof.preset_metadata_json(TRACE_RUN_ID_KEY, json.dumps(run_id))
             self.prof.step_num = step

@@ -103,3 +103,37 @@ def test_clean_steps_are_the_steps_nothing_else_touched() -> None:
     # profiling late: clean steps before the window too, never the first two
     assert clean_steps(steps, profiled=[6, 7], unit_timed=[9], partial=None) == {2, 3, 4, 10, 11}
     assert clean_steps(steps, profiled=[], unit_timed=[5], partial=None) == set()
+
+
+def test_a_reset_the_script_makes_is_read_before_it_goes_through_and_the_hook_leaves_with_the_run() -> None:
+    """The clock wraps torch's peak reset: the script's own reset still runs (here, on a CPU-only torch,
+    it raises as it would bare), after the clock read what the counters said of the step so far."""
+    import torch
+
+    from fsdpviz.record.clock import PeakWatch, StepClock
+
+    counter = Counter()
+    counter.set(500)
+    peaks = PeakWatch(lambda: {"peak_allocated": counter.peak})
+    clock = StepClock()
+    clock._peaks = peaks
+    peaks.start()
+    before = torch.cuda.reset_peak_memory_stats
+    clock._watch_resets(peaks)
+    counter.set(900)  # the step's peak, before the script's reset
+    counter.set(200)
+    bare_error: type[BaseException] | None = None
+    try:
+        before()
+    except Exception as exc:  # noqa: BLE001 - what the reset does bare on this machine
+        bare_error = type(exc)
+    if bare_error is None:
+        torch.cuda.reset_peak_memory_stats()
+    else:
+        with pytest.raises(bare_error):
+            torch.cuda.reset_peak_memory_stats()
+    counter.reset()
+    counter.set(300)
+    assert peaks.end_step() == {"peak_allocated": (900, EXACT)}
+    clock.remove()
+    assert torch.cuda.reset_peak_memory_stats is before
