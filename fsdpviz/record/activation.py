@@ -11,8 +11,8 @@ importing torch, whether the process may record:
    variable from it;
 3. otherwise the process is a candidate. A candidate with ``RANK`` and ``WORLD_SIZE`` in its
    environment (torchrun, the deepspeed launcher and accelerate set them for their workers) is a
-   rank: it keeps fsdpviz's variables for itself (:func:`launch_environment`) and takes them, and the
-   bootstrap's ``PYTHONPATH`` entry, out of its environment at once (:func:`leave_environment`), so
+   rank: it keeps fsdpviz's variables for itself (``environment.launch_environment``) and takes them, and the
+   bootstrap's ``PYTHONPATH`` entry, out of its environment at once (``environment.leave_environment``), so
    that the script sees the environment of a bare run and nothing it starts records. Any other
    candidate (torchrun's own agent, a plain ``python train.py``) only becomes a rank if it runs the
    forward of a sharded model; it claims ``FSDPVIZ_OWNER_PID`` and leaves the environment then.
@@ -34,40 +34,12 @@ from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Final
 
-from fsdpviz.record.options import ENV_OWNER_PID, ENV_RUN_DIR, LAUNCHER_VARIABLES
+from fsdpviz.record.environment import leave_environment
+from fsdpviz.record.options import ENV_OWNER_PID, ENV_RUN_DIR
 
 ROLE_NONE: Final = "none"  # not recording, not a candidate
 ROLE_RANK: Final = "rank"  # a launcher worker: records from its first sharded forward
 ROLE_CANDIDATE: Final = "candidate"  # records only if it runs a sharded forward
-BOOTSTRAP_DIR: Final = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
-# fsdpviz's variables as the process found them (the recording's options, its id), kept here once a
-# rank has taken them out of its environment
-_LAUNCH_ENV: dict[str, str] = {}
-
-
-def launch_environment() -> dict[str, str]:
-    """fsdpviz's variables as ``fsdpviz record`` gave them to this process, also after
-    :func:`leave_environment` took them out of ``os.environ``."""
-    return {**{k: os.environ[k] for k in LAUNCHER_VARIABLES if k in os.environ}, **_LAUNCH_ENV}
-
-
-def leave_environment() -> None:
-    """Take fsdpviz's variables out of this process's environment, as a bare run has it: the
-    ``FSDPVIZ_*`` ones ``fsdpviz record`` set (kept for :func:`launch_environment`) and the bootstrap's
-    entry on ``PYTHONPATH`` and ``sys.path`` (its ``sitecustomize`` already ran). Processes started
-    from now on inherit neither, so they do not record."""
-    for key in LAUNCHER_VARIABLES:
-        value = os.environ.pop(key, None)
-        if value is not None:
-            _LAUNCH_ENV.setdefault(key, value)
-    paths = os.environ.get("PYTHONPATH")
-    if paths is not None:
-        kept = [p for p in paths.split(os.pathsep) if os.path.abspath(p or os.curdir) != BOOTSTRAP_DIR]
-        if kept:
-            os.environ["PYTHONPATH"] = os.pathsep.join(kept)
-        else:
-            del os.environ["PYTHONPATH"]
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != BOOTSTRAP_DIR]
 
 
 def classify_process(env: Mapping[str, str], pid: int) -> str:
@@ -133,7 +105,6 @@ def activate() -> str:
     if role == ROLE_NONE:
         return role
     if role == ROLE_RANK:
-        os.environ[ENV_OWNER_PID] = str(os.getpid())
         leave_environment()
     if "torch" in sys.modules:
         _arm(role)

@@ -22,7 +22,7 @@ name and renamed when complete.
 
 Nothing the script can read is changed: the peak-memory counters are read, never reset
 (``clock.py``), and once the agent records, the ``FSDPVIZ_*`` variables and the bootstrap's
-``PYTHONPATH`` entry leave the process's environment (``activation.leave_environment``).
+``PYTHONPATH`` entry leave the process's environment (``environment.leave_environment``).
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from typing import Any
 
 import torch
 
-from fsdpviz.record.activation import launch_environment, leave_environment
 from fsdpviz.record.clock import StepClock
+from fsdpviz.record.environment import launch_environment, leave_environment
 from fsdpviz.record.groups import GroupLabels
 from fsdpviz.record.memory import MemoryProbe
 from fsdpviz.record.observer import Observer, pass_through_ns

@@ -26,7 +26,7 @@ import torch
 from torch.profiler import ProfilerAction, ProfilerActivity
 
 from fsdpviz.record import schedule
-from fsdpviz.record.activation import launch_environment
+from fsdpviz.record.environment import launch_environment
 from fsdpviz.record.options import ENV_RUN_ID, RecordOptions
 from fsdpviz.record.stderrlog import ProfilerLogFilter
 from fsdpviz.runfolder import (
