@@ -38,6 +38,8 @@ from recording import (
     record,
 )
 
+from fsdpviz.record.options import LAUNCHER_VARIABLES
+
 TINY = ["--layers", "2", "--dim", "32"]
 BLOCKS = [f"blocks.{i}" for i in range(LAYERS)]
 
@@ -406,7 +408,9 @@ def test_record_only_instruments_ranks(tmp_path: Path) -> None:
     assert json.loads((out / "top.json").read_text()) not in rank_pids  # a top-level helper never records
     for rank in (0, 1):
         helper = json.loads((out / f"helper-rank{rank}.json").read_text())
-        assert helper["agent_loaded"] is False and int(helper["owner_pid"]) in rank_pids
+        # the rank took fsdpviz's variables out of its environment as it started: its helper has none
+        assert helper["agent_loaded"] is False and helper["owner_pid"] is None
+        assert not set(helper["fsdpviz_env"]) & set(LAUNCHER_VARIABLES), helper["fsdpviz_env"]
         forked = json.loads((out / f"forked-rank{rank}.json").read_text())
         assert forked["agent_active"] is False and forked["pid"] not in rank_pids
 

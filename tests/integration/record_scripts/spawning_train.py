@@ -20,7 +20,8 @@ EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "train.py"
 HELPER = (
     "import json, os, sys, torch\n"
     "json.dump({'pid': os.getpid(), 'agent_loaded': 'fsdpviz.record.agent' in sys.modules,\n"
-    "           'owner_pid': os.environ.get('FSDPVIZ_OWNER_PID')}, open(sys.argv[1], 'w'))\n"
+    "           'owner_pid': os.environ.get('FSDPVIZ_OWNER_PID'),\n"
+    "           'fsdpviz_env': sorted(k for k in os.environ if k.startswith('FSDPVIZ_'))}, open(sys.argv[1], 'w'))\n"
 )
 
 
