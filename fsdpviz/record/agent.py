@@ -193,14 +193,16 @@ class Agent:
     # --- step structure ------------------------------------------------------------------------
     def _begin_step(self) -> None:
         """Set what the recorder does in the step that begins now (``observer.py``): the unit-timed
-        steps time units and phases; the first step notes the units' order; the profiled steps label.
-        Every other step is clean: its wrapped calls pass straight through."""
+        steps time units and phases; the profiled steps label, and time units too (they may cost: the
+        trace's per-unit figures can then be checked against the timers of the same step); the first step
+        notes the units' order. Every other step is clean: its wrapped calls pass straight through."""
         observer = self.observer
         observer.labels = self.profiler.labels_on
-        observer.unit_timing = (self.step in self._unit_timed and not self.profiler.time_window
-                                and self.profiler.schedule_kind == SCHEDULE_OPTIMIZER_STEPS)
-        if observer.unit_timing:
+        by_steps = not self.profiler.time_window and self.profiler.schedule_kind == SCHEDULE_OPTIMIZER_STEPS
+        dedicated = by_steps and self.step in self._unit_timed
+        if dedicated:
             self._unit_timed_done.append(self.step)
+        observer.unit_timing = dedicated or (by_steps and observer.labels and self.options.timers)
         observer.active = observer.labels or observer.unit_timing or not self._order_assigned
 
     def _mark_phase(self, phase: str) -> Interval | None:

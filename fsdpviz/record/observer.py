@@ -46,7 +46,7 @@ class Observer:
     labels: bool = False
     """The profiler records: fsdpviz's trace ranges are worth entering."""
     unit_timing: bool = False
-    """This step's units are timed (a unit-timed step)."""
+    """This step's units are timed (a unit-timed or a profiled step)."""
     passes: int = 0
     agent_ns: int = 0
     pass_ns: float = 0.0

@@ -70,14 +70,15 @@ def test_every_unit_runs_one_forward_and_backward_per_micro_batch(runs, framewor
     blocks = us[us["unit"].isin(BLOCKS)]
     assert len(blocks) == 2 * len(analysis.steps) * len(BLOCKS) * 2  # ranks x steps x blocks x phases
     assert (blocks["n_passes"] == MICRO_BATCHES).all(), blocks[["rank", "step", "unit", "phase", "n_passes"]]
-    # the recorder's own hooks timed the same number of forward and backward intervals in the unit-timed
-    # step after the trace (a recomputed forward inside backward is no forward interval), and none in the
-    # profiled steps, whose units the trace times
+    # the recorder's own hooks timed the same number of forward and backward intervals in each profiled
+    # step and in the unit-timed step after the trace (a recomputed forward inside backward is no forward
+    # interval); in the clean steps none
     timers = _timer_counts(folder)
     unit_timed = json.loads((folder / "run.json").read_text())["profile"]["unit_timed_steps"]
     assert unit_timed == [analysis.steps[-1] + 1]
-    assert set(timers.index.get_level_values("step")) == set(unit_timed)
+    assert set(timers.index.get_level_values("step")) == {*analysis.steps, *unit_timed}
     for row in blocks.itertuples():
+        assert timers.loc[(row.rank, row.step, row.unit, row.phase)] == MICRO_BATCHES
         assert timers.loc[(row.rank, unit_timed[0], row.unit, row.phase)] == MICRO_BATCHES
     # a step's per-unit time is the sum over its micro-batches
     spans = analysis.spans

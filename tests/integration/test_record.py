@@ -129,9 +129,10 @@ def test_record_fsdp2_run_folder_units_timers_and_identical_losses(recordings: R
     unit_timed = run["profile"]["unit_timed_steps"]
     for rank in (0, 1):
         records = _timers(run_dir, rank)
-        # units are timed in the unit-timed step alone (the step after the trace export)
-        assert {r["step"] for r in records if r["unit"]} == set(unit_timed) == {PROFILED[-1] + 1}
-        for step in unit_timed:
+        # units are timed in the profiled steps and the unit-timed step (the one after the trace export)
+        assert set(unit_timed) == {PROFILED[-1] + 1}
+        assert {r["step"] for r in records if r["unit"]} == {*PROFILED, *unit_timed}
+        for step in [*PROFILED, *unit_timed]:
             kinds = {(r["unit"], r["phase"], r["kind"]) for r in records if r["step"] == step}
             for unit in BLOCKS:
                 assert {(unit, "forward", "total"), (unit, "forward", "compute"), (unit, "forward", "all_gather"),
