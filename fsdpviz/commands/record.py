@@ -93,9 +93,10 @@ def record(
         what.append(f"profile steps {warmup}-{warmup + steps - 1}" if steps > 1 else f"profile step {warmup}")
     if options.timers:
         first = warmup + steps
-        what.append("step timers" + (f", unit timers in step {first}" if unit_timer_steps == 1 else
-                                     f", unit timers in steps {first}-{first + unit_timer_steps - 1}"
-                                     if unit_timer_steps else ""))
+        extra = (f" and step {first}" if unit_timer_steps == 1 else
+                 f" and steps {first}-{first + unit_timer_steps - 1}" if unit_timer_steps else "")
+        what.append("step timers" + (f", unit timers in the profiled steps{extra}" if options.profile else
+                                     f", unit timers in step{extra.removeprefix(' and step')}" if extra else ""))
     result = run_record(command, options, force=force, shared=shared, label=label, on_start=lambda: say(
         f"recording into {out or run_dir} ({', '.join(what)}): {' '.join(command)}"))
     print_recording(result.run, run_dir, result.last_lines)

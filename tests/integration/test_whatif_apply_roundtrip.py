@@ -198,9 +198,10 @@ def test_zero3_keys_record_the_predicted_bucket(tmp_path: Path) -> None:
 
 def test_advised_actions_carry_their_code_and_the_report_shows_it(capsys: pytest.CaptureFixture[str],
                                                                    tmp_path: Path) -> None:
-    """A recording whose bound advises merging units (a committed FSDP2 recording with explicit prefetch and
-    two micro-batches, whose merge:2 is predicted at -27 %; fsdp2-prefetch's prediction moved from -17 % to
-    +7 % between two recordings on a contended machine, and was then rightly not advised):
+    """A recording whose bound advises merging units (a committed FSDP2 recording with two micro-batches,
+    whose merge:2 is predicted at -21 %; which recording's bound says host-bound hangs on the machine that
+    recorded it: fsdp2-prefetch moved from -17 % to +7 %, grad-accum-fsdp2-prefetch-2 from merge:2 at -27 %
+    to a communication bound in the next recording, and were then rightly not advised):
     the action carries the code ``whatif --code`` prints for that setting, and the report shows it under
     the advice, folded."""
     import html
@@ -208,7 +209,7 @@ def test_advised_actions_carry_their_code_and_the_report_shows_it(capsys: pytest
     import shutil
 
     run = tmp_path / "run"
-    shutil.copytree(Path(__file__).parents[1] / "recorded" / "grad-accum-fsdp2-prefetch-2" / "run", run)
+    shutil.copytree(Path(__file__).parents[1] / "recorded" / "grad-accum-fsdp2" / "run", run)
     summary = json_here(capsys, "summary", str(run), "--json", "-q", "--no-cache")
     [action] = [a for a in summary["actions"] if a["apply_code"]]
     assert action["kind"] == "bound" and "(fsdpviz whatif: wrap merge:2)" in action["predicted_gain"]
