@@ -333,7 +333,7 @@ class Agent:
                 refresh_fsdp2_settings(self.units)  # after FSDP2's lazy init, which ran in this step
             self._order_assigned = True
         self.step += 1
-        self.clock.end_step(self.step)
+        self.clock.end_step(self.step, hold=self.profiler.labels_on)  # written after the profiled steps
         self.phase = "idle"
         if advance_profiler:
             self.profiler.advance()  # may write the trace: between steps, not inside one

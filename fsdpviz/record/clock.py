@@ -173,8 +173,10 @@ class StepClock:
         """The running step's intervals so far."""
         return self.times
 
-    def end_step(self, next_step: int, *, partial: bool = False) -> None:
-        """Finish the running step (queue its records) and start ``next_step``."""
+    def end_step(self, next_step: int, *, partial: bool = False, hold: bool = False) -> None:
+        """Finish the running step (queue its records) and start ``next_step``. ``hold``: write nothing
+        now (a profiled step: summarising and writing would land in the trace's step); a later step's
+        end, or :meth:`flush` at exit, writes what waits."""
         times, self.times = self.times, StepTimes(next_step)
         if self.writer is None:
             return
@@ -186,7 +188,8 @@ class StepClock:
                 self._peaks = None
                 print(f"fsdpviz: rank {self.rank}: could not read the peak memory: {exc!r}", file=sys.stderr, flush=True)
         self._pending.append(times)
-        self.flush(block=False)
+        if not hold:
+            self.flush(block=False)
 
     def flush(self, *, block: bool) -> None:
         """Write the queued steps that are ready (all of them, after a device sync, if ``block``)."""
