@@ -262,6 +262,26 @@ def test_record_leaves_what_the_script_reads_of_itself_as_a_bare_run_has_it(tmp_
         assert all(own[s]["bound"] in ("exact", "at_most") for s in own)
 
 
+
+@pytest.mark.slow
+def test_cpu_other_idle_is_said_of_the_compute_thread(tmp_path: Path) -> None:
+    """A gloo CPU run whose largest loss is other idle says it of the compute thread. The script sleeps
+    60 ms of every step between its backward and its optimizer step (a few ms of work): idle by
+    construction. (Moved from tests/unit/test_cpu_words.py, which read the first committed recording
+    whose loss was idle: which one is hangs on the machine that recorded them.)"""
+    from fsdpviz.analysis.pipeline import analyse
+
+    run_dir = tmp_path / "run"
+    proc = record(run_dir, torchrun(SCRIPTS / "self_watch_train.py", "--steps", "9", "--idle-ms", "60",
+                                    "--out", str(tmp_path / "watch-{rank}.jsonl")), env=record_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = analyse([run_dir], cache=False).summary
+    assert summary.bound is not None and summary.bound.loss is not None
+    assert summary.bound.loss.kind == "idle" and summary.bound.other_idle_ms is not None
+    assert summary.bound.other_idle_ms >= 0.5 * 60
+    [action] = [a for a in summary.actions if a.kind == "bound"]
+    assert "the compute thread runs no traced op" in action.message and "gloo" in action.message
+
 @pytest.mark.slow
 @pytest.mark.slow
 @pytest.mark.parametrize("steps", [5, 6])

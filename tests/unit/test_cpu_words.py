@@ -47,25 +47,6 @@ def test_cpu_summary_never_says_gpu_or_stream(sample: str, capsys: pytest.Captur
     assert not GPU_WORDS.search(text), text
 
 
-def test_cpu_other_idle_is_the_compute_threads(capsys: pytest.CaptureFixture[str]) -> None:
-    """A gloo CPU recording whose largest loss is other idle says it of the compute thread. Which of
-    the committed recordings that is hangs on the machine that recorded them (a loaded core turns a
-    host-bound step idle), so the first such recording among them is read."""
-    recorded = Path(__file__).parents[1] / "recorded"
-    # the fake process group's recordings have no gloo threads to name
-    gloo = sorted(p / "run" for p in recorded.iterdir() if (p / "run" / "run.json").is_file()
-                  and not p.name.startswith("fake8"))
-    assert len(gloo) > 10
-    for run in gloo:
-        data = json.loads(_run(capsys, "summary", str(run), "--json", "-q", "--no-cache"))
-        if data["bound"] is None or data["bound"]["loss"]["kind"] != "idle":
-            continue
-        [action] = [a for a in data["actions"] if a["kind"] == "bound"]
-        assert "the compute thread runs no traced op" in action["message"] and "gloo" in action["message"]
-        return
-    pytest.fail("no committed gloo recording's largest loss is other idle")
-
-
 @pytest.mark.parametrize("sample", ["fsdp2-cpu-2rank", "zero3-cpu-2rank"])
 def test_cpu_report_never_says_gpu_or_stream(sample: str, tmp_path: Path,
                                              capsys: pytest.CaptureFixture[str]) -> None:

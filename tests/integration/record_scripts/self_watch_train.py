@@ -8,7 +8,8 @@ and cuDNN / TF32 flags, the thread count, the environment variables fsdpviz sets
 ``PYTHONPATH``) and whether ``sys.path`` holds fsdpviz's bootstrap. At step ``--spike-step`` it allocates
 and touches a 256 MiB buffer and frees it: from then on a peak counter that nobody resets stays above
 the spike. Run bare and under ``fsdpviz record``, the two must print the same view (tests/integration/
-test_record.py), except the RSS values, which the profiler's own buffers raise.
+test_record.py), except the RSS values, which the profiler's own buffers raise. ``--idle-ms`` makes
+the compute thread idle in every step, by construction (test_record.py's CPU idle wording).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import json
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -57,6 +59,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=9)
     parser.add_argument("--spike-step", type=int, default=6)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--idle-ms", type=float, default=0.0,
+                        help="sleep this long in each step, between backward and the optimizer step: time the "
+                             "compute thread runs no op (other idle, by construction)")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -71,6 +76,8 @@ def main() -> None:
         x = torch.randn(16, 64)
         loss = model(x).square().mean()
         loss.backward()
+        if args.idle_ms:
+            time.sleep(args.idle_ms / 1e3)
         optimizer.step()
         optimizer.zero_grad()
         if step == args.spike_step:
