@@ -119,7 +119,7 @@ def _split(run: RunInfo, rank: int, step: np.ndarray) -> tuple[np.ndarray, np.nd
         return None
     usable = step != (partial if partial is not None else -1)
     clean = clean_steps(step.tolist(), profiled=profiled, unit_timed=unit_timed_of(run, rank), partial=partial)
-    return np.isin(step, profiled) & usable, np.isin(step, sorted(clean))
+    return np.isin(step, profiled) & usable, np.isin(step, list(clean))
 
 
 def _rank_steps(timers: pd.DataFrame, run: RunInfo
@@ -270,8 +270,8 @@ def _unit_timed_wanted(run: RunInfo, rank: int, rank_steps: np.ndarray) -> np.nd
     if unit_timed is None:
         masks = _split(run, rank, rank_steps)
         return rank_steps[masks[1]] if masks is not None else None
-    profiled, partial = _profiled_of(run, rank)
-    return rank_steps[np.isin(rank_steps, unit_timed) & ~np.isin(rank_steps, profiled) & (rank_steps != (partial if partial is not None else -1))]
+    _profiled, partial = _profiled_of(run, rank)
+    return rank_steps[np.isin(rank_steps, unit_timed) & (rank_steps != (partial if partial is not None else -1))]
 
 
 def unit_pass_ms(timers: pd.DataFrame, run: RunInfo | None) -> dict[tuple[str, str], float]:

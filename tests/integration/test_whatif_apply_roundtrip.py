@@ -20,11 +20,11 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 from helpers.cli import json_here, run_here
 from helpers.jobs import EXAMPLE, NO_OUTPUT, fsdpviz, record_env, retried
+from helpers.roundtrip import losses, recorded_units, shard_code, whatif_json
 
 pytestmark = [pytest.mark.slow, pytest.mark.roundtrip]
 
@@ -47,27 +47,12 @@ def _record(run_dir: Path, args: tuple[str, ...], ranks: int = 0, env: dict[str,
                    tidy=lambda: shutil.rmtree(run_dir, ignore_errors=True))
 
 
-def _whatif(run_dir: Path, *options: str) -> dict[str, Any]:
-    proc = fsdpviz("whatif", str(run_dir), *options, "--json", "-q")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return dict(json.loads(proc.stdout))
 
 
-def _code(run_dir: Path, out: Path, *options: str) -> Path:
-    proc = fsdpviz("whatif", str(run_dir), *options, "--code", "-q")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    out.write_text(proc.stdout)
-    return out
 
 
-def _units(run_dir: Path) -> dict[str, dict[str, Any]]:
-    return {u["unit"]: u for u in json.loads((run_dir / "run.json").read_text())["units"]}
 
 
-def _losses(run_dir: Path) -> list[str]:
-    files = sorted(run_dir.parent.glob(f"{run_dir.name}.loss*"))
-    assert files
-    return [line for f in files for line in f.read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")
@@ -90,14 +75,14 @@ SETTINGS_FSDP2 = {
 @pytest.mark.parametrize("name", list(SETTINGS_FSDP2))
 def test_fsdp2_code_records_the_predicted_units(fsdp2_block: Path, name: str) -> None:
     options = SETTINGS_FSDP2[name]
-    predicted = _whatif(fsdp2_block, *options)
+    predicted = whatif_json(fsdp2_block, *options)
     assert predicted["apply"]["framework"] == "fsdp2" and predicted["apply"]["code"]
-    code = _code(fsdp2_block, fsdp2_block.parent / f"{name}.py", *options)
+    code = shard_code(fsdp2_block, fsdp2_block.parent / f"{name}.py", *options)
     assert code.read_text() == predicted["apply"]["code"]
     again = fsdp2_block.parent / f"fsdp2-{name}"
     proc = _record(again, (*FAKE, "--shard-code", str(code)))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    recorded, before = _units(again), _units(fsdp2_block)
+    recorded, before = recorded_units(again), recorded_units(fsdp2_block)
     # the units whatif predicted, named as FSDP2 names them, with their members' own parameters (a
     # match: unit of the module list's blocks is sharded as the list of them)
     names = [u["name"] for u in predicted["predicted"]["units"]]
@@ -124,7 +109,7 @@ def test_fsdp2_code_records_the_predicted_units(fsdp2_block: Path, name: str) ->
     # the peak within the memory model's target for the fake group (exact truth), the maths unchanged
     peak = json.loads(fsdpviz("summary", str(again), "--json", "-q").stdout)["memory"]["peak_allocated_bytes"]
     assert peak == pytest.approx(predicted["predicted"]["peak_allocated_bytes"], rel=0.03)
-    assert _losses(again) == _losses(fsdp2_block)
+    assert losses(again) == losses(fsdp2_block)
 
 
 def test_fsdp2_the_advisors_row_records_its_units(fsdp2_block: Path) -> None:
@@ -137,9 +122,9 @@ def test_fsdp2_the_advisors_row_records_its_units(fsdp2_block: Path) -> None:
     again = fsdp2_block.parent / "fsdp2-keep2"
     proc = _record(again, (*FAKE, "--shard-code", str(code)))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    reshard = {u: v["reshard_after_forward"] for u, v in _units(again).items()}
+    reshard = {u: v["reshard_after_forward"] for u, v in recorded_units(again).items()}
     assert reshard == {"(root)": False, "blocks.0": True, "blocks.1": True, "blocks.2": False, "blocks.3": False}
-    assert _losses(again) == _losses(fsdp2_block)
+    assert losses(again) == losses(fsdp2_block)
 
 
 @pytest.fixture(scope="module")
@@ -153,12 +138,12 @@ def fsdp1_block(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("options", [("--wrap", "root"), ("--prefetch", "1"), ("--prefetch", "none")],
                          ids=["root", "prefetch1", "prefetch-none"])
 def test_fsdp1_code_records_the_predicted_units(fsdp1_block: Path, options: tuple[str, ...]) -> None:
-    predicted = _whatif(fsdp1_block, *options)
-    code = _code(fsdp1_block, fsdp1_block.parent / f"{options[1]}.py", *options)
+    predicted = whatif_json(fsdp1_block, *options)
+    code = shard_code(fsdp1_block, fsdp1_block.parent / f"{options[1]}.py", *options)
     again = fsdp1_block.parent / f"fsdp1-{options[1]}"
     proc = _record(again, (*FSDP1, "--shard-code", str(code)), ranks=2)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    recorded = _units(again)
+    recorded = recorded_units(again)
     assert list(recorded) == [u["name"] for u in predicted["predicted"]["units"]]
     arguments = predicted["predicted"]["settings"]["prefetch"]["arguments"]
     for unit in recorded.values():  # FSDP1's own arguments, as the recorder read them
@@ -167,11 +152,11 @@ def test_fsdp1_code_records_the_predicted_units(fsdp1_block: Path, options: tupl
     # the peak within the memory model's target (the root wrap's is 10 % above the per-block one's)
     peak = json.loads(fsdpviz("summary", str(again), "--json", "-q").stdout)["memory"]["peak_allocated_bytes"]
     assert peak == pytest.approx(predicted["predicted"]["peak_allocated_bytes"], rel=0.03)
-    assert _losses(again) == _losses(fsdp1_block)
+    assert losses(again) == losses(fsdp1_block)
 
 
 def test_fsdp1_cannot_say_a_unit_of_two_siblings(fsdp1_block: Path) -> None:
-    apply = _whatif(fsdp1_block, "--wrap", "merge:2")["apply"]
+    apply = whatif_json(fsdp1_block, "--wrap", "merge:2")["apply"]
     assert apply["code"] is None and "FSDP1 wraps one module per unit" in apply["note"]
     proc = fsdpviz("whatif", str(fsdp1_block), "--wrap", "merge:2", "--code", "-q")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: no code for")
@@ -183,17 +168,17 @@ def test_zero3_keys_record_the_predicted_bucket(tmp_path: Path) -> None:
     block = tmp_path / "zero3-block"
     proc = _record(block, ZERO3, ranks=2, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    predicted = _whatif(block, "--prefetch", "1")
+    predicted = whatif_json(block, "--prefetch", "1")
     bucket = predicted["predicted"]["settings"]["prefetch"]["arguments"]["stage3_prefetch_bucket_size"]
     assert predicted["apply"]["lines"] == [
         f'config.setdefault("zero_optimization", {{}})["stage3_prefetch_bucket_size"] = {bucket}']
-    code = _code(block, tmp_path / "zero3.py", "--prefetch", "1")
+    code = shard_code(block, tmp_path / "zero3.py", "--prefetch", "1")
     again = tmp_path / "zero3-prefetch1"
     proc = _record(again, (*ZERO3, "--shard-code", str(code)), ranks=2, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     # DeepSpeed's own bucket, as the recorder read it from the engine (on the units it fetches)
-    assert {u["forward_prefetch"] for u in _units(again).values() if u["forward_prefetch"] is not None} == {bucket}
-    assert _losses(again) == _losses(block)
+    assert {u["forward_prefetch"] for u in recorded_units(again).values() if u["forward_prefetch"] is not None} == {bucket}
+    assert losses(again) == losses(block)
 
 
 # Committed FSDP2 recordings whose bound has advised a setting in some recording: which one a recording's

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from pathlib import Path
-from typing import Any
 
 import pytest
 from helpers.jobs import NO_OUTPUT, fsdpviz, record_env, retried, torchrun
+from helpers.roundtrip import losses, recorded_units, shard_code, whatif_json
 
 pytestmark = [pytest.mark.slow, pytest.mark.roundtrip]
 
@@ -39,27 +38,12 @@ def _record(run_dir: Path, *args: str) -> Path:
     return run_dir
 
 
-def _whatif(run_dir: Path, *options: str) -> dict[str, Any]:
-    proc = fsdpviz("whatif", str(run_dir), *options, "--json", "-q")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return dict(json.loads(proc.stdout))
 
 
-def _code(run_dir: Path, out: Path, *options: str) -> Path:
-    proc: subprocess.CompletedProcess = fsdpviz("whatif", str(run_dir), *options, "--code", "-q")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    out.write_text(proc.stdout)
-    return out
 
 
-def _units(run_dir: Path) -> dict[str, dict[str, Any]]:
-    return {u["unit"]: u for u in json.loads((run_dir / "run.json").read_text())["units"]}
 
 
-def _losses(run_dir: Path) -> list[str]:
-    files = sorted(run_dir.parent.glob(f"{run_dir.name}.loss*"))
-    assert len(files) == 2
-    return [line for f in files for line in f.read_text().splitlines()]
 
 
 def _modules(unit: str) -> list[str]:
@@ -69,7 +53,7 @@ def _modules(unit: str) -> list[str]:
 @pytest.fixture(scope="module")
 def nested(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run = _record(tmp_path_factory.mktemp("nested") / "fsdp2-nested")
-    assert list(_units(run)) == UNITS  # the recorder read the nesting from FSDP2 itself
+    assert list(recorded_units(run)) == UNITS  # the recorder read the nesting from FSDP2 itself
     return run
 
 
@@ -88,11 +72,11 @@ PREDICTED = {  # each setting's units, as FSDP2 names them, in forward order
 
 
 def test_every_setting_predicts_every_unit_it_keeps(nested: Path) -> None:
-    recorded = _whatif(nested)
+    recorded = whatif_json(nested)
     assert [u["name"] for u in recorded["baseline"]["units"]] == UNITS
     assert [u["name"] for u in recorded["predicted"]["units"]] == UNITS
     for name, (options, units) in PREDICTED.items():
-        predicted = _whatif(nested, *options)
+        predicted = whatif_json(nested, *options)
         assert [u["name"] for u in predicted["predicted"]["units"]] == units, name
         # the experts' own work is predicted, not dropped: they compute in both passes
         for unit in predicted["predicted"]["units"]:
@@ -108,15 +92,15 @@ CODE = ("reshard-false", "merge2", "root", "prefetch2")
 @pytest.mark.parametrize("name", CODE)
 def test_the_code_records_the_predicted_units(nested: Path, name: str) -> None:
     options, units = PREDICTED[name]
-    predicted = _whatif(nested, *options)
-    code = _code(nested, nested.parent / f"{name}.py", *options)
+    predicted = whatif_json(nested, *options)
+    code = shard_code(nested, nested.parent / f"{name}.py", *options)
     assert code.read_text() == predicted["apply"]["code"]
     # the code opens with what its prediction is worth
     header = [line for line in code.read_text().splitlines() if line.startswith("# ")]
     assert header[0].startswith("# fsdpviz whatif: ") and any(
         line.startswith(("# reliable: ", "# unreliable: ")) for line in header)
     again = _record(nested.parent / f"again-{name}", "--shard-code", str(code))
-    recorded, before = _units(again), _units(nested)
+    recorded, before = recorded_units(again), recorded_units(nested)
     assert list(recorded) == units
     for unit in units:  # each predicted unit holds exactly its members' parameters
         members = UNITS if unit == "(root)" and name == "root" else _modules(unit)
@@ -130,16 +114,16 @@ def test_the_code_records_the_predicted_units(nested: Path, name: str) -> None:
         assert recorded[E5]["backward_prefetch"] == ["blocks.4", E4]
     peak = json.loads(fsdpviz("summary", str(again), "--json", "-q").stdout)["memory"]["peak_allocated_bytes"]
     assert peak == pytest.approx(predicted["predicted"]["peak_allocated_bytes"], rel=0.03)
-    assert _losses(again) == _losses(nested)
+    assert losses(again, ranks=2) == losses(nested, ranks=2)
 
 
 def test_fsdp2_backward_only_prefetch_is_written_back(tmp_path: Path) -> None:
     """Recorded with explicit prefetch one unit ahead in forward and two in backward, asked for no
     resharding: the code keeps both depths, and FSDP2's lists in the new recording are the recorded ones."""
     base = _record(tmp_path / "depths", "--forward-prefetch", "1", "--backward-prefetch", "2")
-    code = _code(base, tmp_path / "depths.py", "--reshard-after-forward", "false")
+    code = shard_code(base, tmp_path / "depths.py", "--reshard-after-forward", "false")
     again = _record(tmp_path / "depths-again", "--shard-code", str(code))
-    before, after = _units(base), _units(again)
+    before, after = recorded_units(base), recorded_units(again)
     for unit in UNITS:
         assert after[unit]["forward_prefetch"] == before[unit]["forward_prefetch"], unit
         assert after[unit]["backward_prefetch"] == before[unit]["backward_prefetch"], unit
@@ -151,14 +135,14 @@ def test_fsdp1_backward_post_is_written_back(tmp_path: Path) -> None:
     """FSDP1 recorded with ``backward_prefetch=BACKWARD_POST``: one root unit keeps POST (it was written
     as FSDP1's default, BACKWARD_PRE), as the recorder reads it back from FSDP1's modules."""
     base = _record(tmp_path / "fsdp1", "--framework", "fsdp1", "--fsdp1-backward-prefetch", "BACKWARD_POST")
-    assert list(_units(base)) == UNITS
-    predicted = _whatif(base, "--wrap", "root")
+    assert list(recorded_units(base)) == UNITS
+    predicted = whatif_json(base, "--wrap", "root")
     assert predicted["predicted"]["settings"]["prefetch"]["arguments"] == {"forward_prefetch": False,
                                                                             "backward_prefetch": "BACKWARD_POST"}
-    code = _code(base, tmp_path / "fsdp1-root.py", "--wrap", "root")
+    code = shard_code(base, tmp_path / "fsdp1-root.py", "--wrap", "root")
     again = _record(tmp_path / "fsdp1-root", "--framework", "fsdp1", "--shard-code", str(code))
-    recorded = _units(again)
+    recorded = recorded_units(again)
     assert list(recorded) == ["(root)"]
     assert recorded["(root)"]["backward_prefetch"] == "BACKWARD_POST"
     assert recorded["(root)"]["forward_prefetch"] is False
-    assert _losses(again) == _losses(base)
+    assert losses(again, ranks=2) == losses(base, ranks=2)

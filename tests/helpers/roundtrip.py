@@ -1,0 +1,38 @@
+"""What the what-if round trips read of a recording: whatif's JSON, the code it writes, the recorded
+units and the training script's losses (tests/integration/test_whatif_*_roundtrip.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from helpers.jobs import fsdpviz
+
+
+def whatif_json(run_dir: Path, *options: str) -> dict[str, Any]:
+    """``fsdpviz whatif RUN OPTIONS --json``."""
+    proc = fsdpviz("whatif", str(run_dir), *options, "--json", "-q")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return dict(json.loads(proc.stdout))
+
+
+def shard_code(run_dir: Path, out: Path, *options: str) -> Path:
+    """``fsdpviz whatif RUN OPTIONS --code`` written to ``out``."""
+    proc = fsdpviz("whatif", str(run_dir), *options, "--code", "-q")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out.write_text(proc.stdout)
+    return out
+
+
+def recorded_units(run_dir: Path) -> dict[str, dict[str, Any]]:
+    """run.json's units by name."""
+    return {u["unit"]: u for u in json.loads((run_dir / "run.json").read_text())["units"]}
+
+
+def losses(run_dir: Path, ranks: int | None = None) -> list[str]:
+    """The losses the script logged beside ``run_dir`` (``RUN.loss*``), every rank's; ``ranks``: how many
+    ranks must have logged (else at least one)."""
+    files = sorted(run_dir.parent.glob(f"{run_dir.name}.loss*"))
+    assert len(files) == ranks if ranks is not None else files
+    return [line for f in files for line in f.read_text().splitlines()]
