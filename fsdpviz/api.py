@@ -341,8 +341,9 @@ class Run(LabelledRun):
             p = run.whatif(prefetch=1)
             p.predicted.step_time_ms - p.baseline.step_time_ms
         """
-        from fsdpviz.replay.model import read_model
+        from fsdpviz.errors import UsageError
         from fsdpviz.replay.settings import Settings, parse_prefetch, parse_wrap
+        from fsdpviz.whatif.gains import summary_model
         from fsdpviz.whatif.predict import predict
 
         settings = Settings()
@@ -357,7 +358,9 @@ class Run(LabelledRun):
             if value is not None:
                 settings = settings.with_(**{key: value})
         if self._model is None:
-            self._model = read_model(self.result)
+            self._model, why_not = summary_model(self.result)  # the run's one model, as the summary's
+            if self._model is None:
+                raise UsageError(why_not)
         return WhatIf(run=self, model=self._model, prediction=predict(self._model, settings))
 
 

@@ -240,16 +240,44 @@ def fold(actions: Sequence[Action]) -> list[Action]:
     return [msgspec.structs.replace(a, folded=i >= MAX_SHOWN) for i, a in enumerate(ordered)]
 
 
-def with_prediction(action: Action, change_ms: float | None, words: str) -> Action:
-    """``action`` with the predicted effect of its knob; a knob predicted to gain nothing is not
-    advised (``why_not`` says so)."""
+def with_prediction(action: Action, change_ms: float | None, words: str, *, spread_ms: float | None = None,
+                    unreliable: str = "", because: str = "") -> Action:
+    """``action`` with the predicted effect of its knob, advised by whatif's own rules (``--explore``'s):
+    not when it is predicted to gain nothing, not when the replay behind it is unreliable
+    (``unreliable``: why), not when the gain is within the recording's step-to-step spread
+    (``spread_ms``); ``why_not`` says which (``because``: why the model predicts no gain, where known)."""
     if change_ms is None:
         return action
+    said = words.removeprefix("predicted ")
+    why = ""
     if change_ms > -NO_GAIN_MS:
-        return msgspec.structs.replace(
-            action, knob="", predicted_gain=words, predicted_change_ms=round(change_ms, 3),
-            why_not=action.why_not or f"not advised: fsdpviz whatif predicts no gain ({words.removeprefix('predicted ')})")
+        why = f"not advised: fsdpviz whatif predicts no gain ({said})" + (f": {because}" if because else "")
+    elif unreliable:
+        why = f"not advised: {unreliable} ({said})"
+    elif spread_ms is not None and abs(change_ms) <= spread_ms:
+        why = (f"not advised: fsdpviz whatif predicts no measurable change ({said}, within the recording's "
+               f"{spread_ms:.2f} ms step-to-step spread)")
+    if why:
+        return msgspec.structs.replace(action, knob="", predicted_gain=words, predicted_change_ms=round(change_ms, 3),
+                                       why_not=action.why_not or why)
     return msgspec.structs.replace(action, predicted_gain=words, predicted_change_ms=round(change_ms, 3))
+
+
+def one_per_setting(actions: Sequence[Action], setting_of: Sequence[str | None]) -> list[Action]:
+    """``actions`` with those whose knob leads to one setting (``setting_of``: each action's, None for
+    none) made one: the first keeps its place and takes the others' units and count."""
+    out: list[Action] = []
+    first: dict[str, int] = {}
+    for action, key in zip(actions, setting_of, strict=True):
+        if key is None or key not in first:
+            if key is not None:
+                first[key] = len(out)
+            out.append(action)
+            continue
+        kept = out[first[key]]
+        out[first[key]] = msgspec.structs.replace(
+            kept, count=kept.count + action.count, units=list(dict.fromkeys([*kept.units, *action.units])))
+    return out
 
 
 def action_text(action: Action) -> str:

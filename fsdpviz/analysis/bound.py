@@ -25,21 +25,23 @@ collectives, waits and FSDP's ranges (those inside are ``fsdp_overhead``), ``exp
 (null), and ``other_idle`` is the rest of the step (Python between ops, waits the trace does not
 name).
 
-The profiler slows the host, not the kernels (:mod:`fsdpviz.structure.profiler_cost`): on a
-launch-bound step its cost lands in ``host_wait``. :func:`unprofiled_split` takes the traced steps'
-excess over the timers' unprofiled step out of the idle parts (host wait first), so the bound is
-the run's, not the profiler's.
+The profiler slows the host (:mod:`fsdpviz.structure.profiler_cost`): on a launch-bound GPU step its
+cost lands in ``host_wait``, on a CPU rank in every part. Each rank's split is moved to that rank's
+clean unprofiled step by the one de-profiler (:mod:`fsdpviz.structure.deprofile`), the rule the
+replay's calibration follows too, so the bound is the run's, not the profiler's.
 """
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Mapping
+from typing import Any, Final
 
 import msgspec
 import numpy as np
 import pandas as pd
 
 from fsdpviz.formatting import NS_PER_MS
+from fsdpviz.structure.deprofile import Parts, deprofiled, device_scale
 from fsdpviz.structure.intervals import (
     Intervals,
     clip_intervals,
@@ -215,50 +217,12 @@ def is_memory_bound(peak_bytes: int | None, limit_bytes: int | None) -> bool | N
     return peak_bytes >= (1.0 - MEMORY_MARGIN) * limit_bytes
 
 
-def unprofiled_split(compute: float, exposed_comm: float, host_wait: float | None, other_idle: float,
-                     step: float) -> tuple[float, float, float | None, float]:
-    """The parts of a traced step moved to the unprofiled ``step`` (same unit as the parts): the traced
-    excess comes out of host wait first, then other idle (the profiler slows the host, not the
-    device); if idle cannot absorb it, compute and communication shrink in proportion. An unprofiled
-    step longer than the traced one (within the noise the headline accepts) is longer by time the trace
-    did not see: it goes to other idle, so the parts still add up to ``step``."""
-    excess = compute + exposed_comm + (host_wait or 0.0) + other_idle - step
-    if excess <= 0:
-        return compute, exposed_comm, host_wait, other_idle - excess
-    if host_wait is not None:
-        taken = min(host_wait, excess)
-        host_wait, excess = host_wait - taken, excess - taken
-    taken = min(other_idle, excess)
-    other_idle, excess = other_idle - taken, excess - taken
-    if excess > 0 and compute + exposed_comm > 0:
-        scale = (compute + exposed_comm - excess) / (compute + exposed_comm)
-        compute, exposed_comm = compute * scale, exposed_comm * scale
-    return compute, exposed_comm, host_wait, other_idle
-
-
-def unprofiled_fsdp_split(compute: float, exposed_comm: float, host_wait: float | None, other_idle: float,
-                          fsdp_kernels: float, fsdp_host: float, step: float
-                          ) -> tuple[float, float, float | None, float, float, float]:
-    """:func:`unprofiled_split` with FSDP's per-unit work: its host wait (``fsdp_host``) gives up the
-    profiler's excess with the rest of the host wait, in proportion (the profiler slows every host op
-    alike), its kernels shrink with compute. On a CPU rank (``host_wait`` None) ``fsdp_host`` is the
-    training thread's own work and shrinks with compute."""
-    if host_wait is None:
-        own = compute + fsdp_kernels + fsdp_host
-        c, e, h, i = unprofiled_split(own, exposed_comm, None, other_idle, step)
-        scale = c / own if own > 0 else 0.0
-        return compute * scale, e, h, i, fsdp_kernels * scale, fsdp_host * scale
-    device, waited = compute + fsdp_kernels, host_wait + fsdp_host
-    c, e, h, i = unprofiled_split(device, exposed_comm, waited, other_idle, step)
-    c_scale = c / device if device > 0 else 0.0
-    h_scale = (h or 0.0) / waited if waited > 0 else 0.0
-    return compute * c_scale, e, host_wait * h_scale, i, fsdp_kernels * c_scale, fsdp_host * h_scale
-
-
 # --- the run's bound (``summary --json`` ``bound``) ---------------------------------------------
 
 class RankBound(msgspec.Struct, kw_only=True):
-    """One rank's traced step split (ms per analysed step; they add up to ``step_ms``)."""
+    """One rank's step split (ms per step; they add up to ``step_ms``): on the run's clock, the rank's
+    clean unprofiled step where the run leads with the timers (``basis`` ``unprofiled``), else its
+    analysed steps as traced."""
 
     step_ms: float
     compute_ms: float
@@ -270,6 +234,11 @@ class RankBound(msgspec.Struct, kw_only=True):
     """FSDP's per-unit work: its kernels (``fsdp_kernels_ms``) and the host wait its hooks caused."""
     fsdp_kernels_ms: float | None = None
     """The GPU time of the copies FSDP's hooks launched (None on a CPU rank)."""
+    traced_step_ms: float | None = None
+    """The rank's analysed steps as traced (mean), which ``step_ms`` was moved from."""
+    device_scale: float = 1.0
+    """How the rank's device figures (communication, per-unit times) move to its clock
+    (:func:`fsdpviz.structure.deprofile.device_scale`)."""
 
 
 class Loss(msgspec.Struct, kw_only=True):
@@ -320,8 +289,10 @@ class BoundSummary(StepSplit, kw_only=True):
     loss: Loss | None
     """The largest non-compute part; None when the step is all compute."""
     traced_step_ms: float
+    """The analysed steps as traced: the median over ranks of each rank's mean (``traced_step_time_ms``)."""
     profiler_share_ms: float
-    """What was taken out of the traced step's idle parts for the unprofiled basis (0 on ``traced``)."""
+    """The traced step less the headline step, what the de-profiler took out (``profiler.extra_ms``,
+    ``clock.profiler_share_ms``: one figure); 0 on ``traced``."""
     per_rank: dict[str, RankBound]
     note: str | None = None
     fsdp_kernels_ms: float | None = None
@@ -329,85 +300,123 @@ class BoundSummary(StepSplit, kw_only=True):
     peak_allocated_bytes: int | None = None
     device_memory_bytes: int | None = None
     """The smallest device memory the traces state (``deviceProperties``); None on CPU or unrecorded."""
+    device_scale: float = 1.0
+    """How the run's device figures move from the trace to its clock (CPU: the de-profiler's factor;
+    GPU: 1 unless the de-profiler had to shrink device work, ``note`` says so)."""
     memory_bound: bool | None = None
     """The peak within :data:`MEMORY_MARGIN` of ``device_memory_bytes``; None when either is unknown
     (``note`` says why)."""
 
 
-def _rank_bounds(overlap: pd.DataFrame) -> dict[str, RankBound]:
-    out = {}
-    for r in overlap.to_dict(orient="records"):
-        n = max(int(r["n_steps"]), 1)
-        if int(r["bound_window_ns"]) <= 0:
-            continue
-        host = None if int(r["host_wait_ns"]) < 0 else r["host_wait_ns"] / n / NS_PER_MS
-        kernels = r["fsdp_kernels_ns"] / n / NS_PER_MS
-        fsdp = kernels + r["fsdp_host_ns"] / n / NS_PER_MS
-        parts = (r["bound_compute_ns"] / n / NS_PER_MS, r["bound_exposed_comm_ns"] / n / NS_PER_MS, host,
-                 r["other_idle_ns"] / n / NS_PER_MS)
-        out[str(int(r["rank"]))] = RankBound(
-            step_ms=round(r["bound_window_ns"] / n / NS_PER_MS, 3), compute_ms=round(parts[0], 3),
-            exposed_comm_ms=round(parts[1], 3), host_wait_ms=None if host is None else round(host, 3),
-            other_idle_ms=round(parts[3], 3), kind=bound_kind(*parts, fsdp), fsdp_overhead_ms=round(fsdp, 3),
-            fsdp_kernels_ms=None if r["device"] == schema.OVERLAP_CPU else round(kernels, 3))
-    return out
+def _traced_parts(r: Mapping[Any, Any]) -> tuple[float, Parts]:
+    """(step, parts) of one OVERLAP row, in ms per analysed step."""
+    n = max(int(r["n_steps"]), 1)
+
+    def per_step(key: str) -> float:
+        return float(r[key]) / n / NS_PER_MS
+
+    host = None if int(r["host_wait_ns"]) < 0 else per_step("host_wait_ns")
+    return per_step("bound_window_ns"), Parts(per_step("bound_compute_ns"), per_step("bound_exposed_comm_ns"), host,
+                                              per_step("other_idle_ns"), per_step("fsdp_kernels_ns"),
+                                              per_step("fsdp_host_ns"))
+
+
+def _rank_bound(traced: float, parts: Parts, device: str, step: float | None) -> tuple[RankBound, str | None]:
+    """One rank's split, moved to its clean ``step`` (None: kept as traced)."""
+    note = None
+    moved = parts
+    if step is not None:
+        moved, note = deprofiled(parts, step, device)
+    fsdp = moved.fsdp_kernels + moved.fsdp_host
+    return RankBound(
+        step_ms=round(traced if step is None else step, 3), compute_ms=round(moved.compute, 3),
+        exposed_comm_ms=round(moved.exposed_comm, 3),
+        host_wait_ms=None if moved.host_wait is None else round(moved.host_wait, 3),
+        other_idle_ms=round(moved.other_idle, 3),
+        kind=bound_kind(moved.compute, moved.exposed_comm, moved.host_wait, moved.other_idle, fsdp),
+        fsdp_overhead_ms=round(fsdp, 3),
+        fsdp_kernels_ms=None if device == schema.OVERLAP_CPU else round(moved.fsdp_kernels, 3),
+        traced_step_ms=round(traced, 3), device_scale=round(device_scale(parts, moved), 6)), note
 
 
 def _median(values: list[float]) -> float:
     return float(np.median(values))
 
 
-def median_parts(per_rank: dict[str, RankBound]) -> tuple[float, float, float | None, float]:
-    """Compute, exposed communication, host wait (None unless every rank has it) and other idle: each
-    the median over ``per_rank``'s ranks (ms per step)."""
-    ranks = list(per_rank.values())
-    hosts = [r.host_wait_ms for r in ranks if r.host_wait_ms is not None]
-    return (_median([r.compute_ms for r in ranks]), _median([r.exposed_comm_ms for r in ranks]),
-            _median(hosts) if len(hosts) == len(ranks) else None, _median([r.other_idle_ms for r in ranks]))
+def traced_rank_steps(overlap: pd.DataFrame) -> dict[int, float]:
+    """Per rank with a step span: its analysed steps' mean duration as traced (ms)."""
+    out = {}
+    for r in overlap.to_dict(orient="records"):
+        step, _ = _traced_parts(r)
+        if step > 0:
+            out[int(r["rank"])] = step
+    return out
 
 
-def median_fsdp(per_rank: dict[str, RankBound]) -> tuple[float, float]:
-    """FSDP's kernels and the rest of its per-unit work (host), each the median over ``per_rank``'s
-    ranks (ms per step)."""
-    ranks = list(per_rank.values())
-    kernels = _median([r.fsdp_kernels_ms or 0.0 for r in ranks])
-    return kernels, _median([r.fsdp_overhead_ms - (r.fsdp_kernels_ms or 0.0) for r in ranks])
+def traced_step_ms(overlap: pd.DataFrame) -> float | None:
+    """The run's traced step: the median over ranks of each rank's mean analysed step as traced (ms);
+    the one figure ``traced_step_time_ms``, the bound and the profiler's share read."""
+    steps = traced_rank_steps(overlap)
+    return round(_median(list(steps.values())), 3) if steps else None
 
 
-def summarize_bound(overlap: pd.DataFrame, profiler: ProfilerCost | None) -> BoundSummary | None:
-    """The run's bound from the OVERLAP rows and what the profiler cost; None without a step span."""
-    per_rank = _rank_bounds(overlap)
-    if not per_rank:
+def summarize_bound(overlap: pd.DataFrame, profiler: ProfilerCost | None,
+                    clean: dict[int, tuple[float, int]] | None = None) -> BoundSummary | None:
+    """The run's bound from the OVERLAP rows, what the profiler cost and each rank's clean unprofiled
+    step (``clean``: rank -> (ms, count), :func:`fsdpviz.structure.profiler_cost.clean_step_ms`); None
+    without a step span. Where the run leads with the timers (``profiler.headline``), each rank's split
+    is moved to its own clean step and the run's to the headline step by the one de-profiler
+    (:mod:`fsdpviz.structure.deprofile`); the profiler's share is the traced step less the headline's."""
+    rows = [r for r in overlap.to_dict(orient="records") if int(r["bound_window_ns"]) > 0]
+    if not rows:
         return None
-    compute, comm, host, idle = median_parts(per_rank)
-    kernels, fsdp_host = median_fsdp(per_rank)
-    traced = _median([r.step_ms for r in per_rank.values()])
     devices = set(overlap["device"].astype(str))
     device = devices.pop() if len(devices) == 1 else "mixed"
-    notes = []
+    lead = profiler is not None and profiler.headline
+    clean = clean or {}
+    per_rank: dict[str, RankBound] = {}
+    traced_parts: list[Parts] = []
+    notes: list[str] = []
+    for r in rows:
+        traced, parts = _traced_parts(r)
+        rank = int(r["rank"])
+        clean_ms = clean[rank][0] if lead and rank in clean else None
+        bound, note = _rank_bound(traced, parts, str(r["device"]), clean_ms)
+        per_rank[str(rank)] = bound
+        traced_parts.append(parts)
+        if note is not None:
+            notes.append(f"rank {rank}: {note}")
+    traced = traced_step_ms(overlap) or 0.0
+    median_traced = Parts(*(_median([p[i] or 0.0 for p in traced_parts]) for i in range(len(Parts._fields))))
+    if any(p.host_wait is None for p in traced_parts):
+        median_traced = median_traced._replace(host_wait=None)
     if device == schema.OVERLAP_CPU:
         notes.append("host_wait_ms is null: on a CPU rank the training thread is the device, so nothing waits "
                      "for it; other_idle_ms is the thread's time outside traced ops and collectives")
-    elif host is None:
+    elif median_traced.host_wait is None:
         notes.append("host_wait_ms is null: the traces hold no kernel launches (CUDA activity alone), so an "
                      "idle gap cannot be told to be the host's; other_idle_ms holds all idle time")
-    basis, step, share = BASIS_TRACED, traced, 0.0
-    if profiler is not None and profiler.headline:  # one clock: the split is of the run's step time
+    basis, step, share, parts = BASIS_TRACED, traced, 0.0, median_traced
+    missing = [r for r in per_rank if int(r) not in clean]
+    if lead and profiler is not None:  # one clock: the split is of the run's step time
         basis, step = BASIS_UNPROFILED, profiler.unprofiled_step_ms
-        before = compute + comm + (host or 0.0) + idle + kernels + fsdp_host
-        compute, comm, host, idle, kernels, fsdp_host = unprofiled_fsdp_split(compute, comm, host, idle, kernels,
-                                                                              fsdp_host, step)
-        share = max(before - (compute + comm + (host or 0.0) + idle + kernels + fsdp_host), 0.0)
+        share = profiler.extra_ms
+        parts, note = deprofiled(median_traced, step, device)
+        if note is not None and not notes:
+            notes.append(note)
+        if missing:
+            notes.append(f"rank(s) {', '.join(missing)} timed no clean step: their split is as traced")
     elif profiler is not None:
         notes.append("the split is the traced step's, as the step time is: " + (profiler.note or "").removeprefix(
             "the step time is the traced one: "))
     else:
         notes.append("the split is the traced step's: without the recorder's timers the profiler's share of "
                      "the idle time is unknown and included")
-    fsdp = kernels + fsdp_host
+    compute, comm, host, idle = parts.compute, parts.exposed_comm, parts.host_wait, parts.other_idle
+    fsdp = parts.fsdp_kernels + parts.fsdp_host
     losses = {KIND_COMMUNICATION: comm, KIND_HOST: (host or 0.0) + fsdp, KIND_IDLE: idle}
     loss_kind, loss_ms = max(losses.items(), key=lambda kv: kv[1])
-    total = compute + comm + (host or 0.0) + idle + fsdp
+    total = parts.total
     loss = Loss(kind=loss_kind, ms=round(loss_ms, 3), share=round(loss_ms / total, 4)) if loss_ms > 0 and total else None
     kind = step_kind(compute, comm, host, idle, fsdp)
     return BoundSummary(
@@ -415,7 +424,9 @@ def summarize_bound(overlap: pd.DataFrame, profiler: ProfilerCost | None) -> Bou
         exposed_comm_ms=round(comm, 3), host_wait_ms=None if host is None else round(host, 3),
         other_idle_ms=round(idle, 3), basis=basis, device=device, loss=loss, traced_step_ms=round(traced, 3),
         profiler_share_ms=round(share, 3), per_rank=per_rank, note="; ".join(notes) or None,
-        fsdp_overhead_ms=round(fsdp, 3), fsdp_kernels_ms=None if device == schema.OVERLAP_CPU else round(kernels, 3))
+        fsdp_overhead_ms=round(fsdp, 3),
+        fsdp_kernels_ms=None if device == schema.OVERLAP_CPU else round(parts.fsdp_kernels, 3),
+        device_scale=round(device_scale(median_traced, parts), 6))
 
 
 def device_memory_bytes(ranks: pd.DataFrame) -> int | None:

@@ -300,9 +300,9 @@ def profiler_findings(cost: ProfilerCost | None, idle_ns: float | None) -> list[
                  f"the profiler slowed the profiled steps {cost.slowdown:.2f}x ({cost.profiled_step_ms:.2f} ms "
                  f"against {cost.unprofiled_step_ms:.2f} ms unprofiled): {share}, not the run's; the step time "
                  "fsdpviz leads with is the unprofiled one",
-                 f"timers, median over ranks of each rank's median: profiled steps "
-                 f"{', '.join(map(str, cost.profiled_steps))} {cost.profiled_step_ms:.2f} ms, unprofiled steps "
-                 f"{steps} {cost.unprofiled_step_ms:.2f} ms",
+                 f"profiled steps {', '.join(map(str, cost.profiled_steps))} {cost.profiled_step_ms:.2f} ms as traced "
+                 f"(each rank's mean, median over ranks); unprofiled steps {steps} {cost.unprofiled_step_ms:.2f} ms "
+                 "(timers, each rank's median of its clean steps, median over ranks)",
                  "", cause=CAUSE_PROFILER)]
 
 

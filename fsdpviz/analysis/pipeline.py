@@ -134,10 +134,13 @@ class RunResult:
 
     @cached_property
     def profiler(self) -> ProfilerCost | None:
-        """What the profiler cost the run, from its timers (:mod:`fsdpviz.structure.profiler_cost`)."""
-        from fsdpviz.structure.profiler_cost import profiler_cost
+        """What the profiler cost the run, from its timers (:mod:`fsdpviz.structure.profiler_cost`), its
+        profiled step the traced one (the run's ``traced_step_time_ms``: one figure in every view)."""
+        from fsdpviz.analysis.bound import traced_step_ms
+        from fsdpviz.structure.profiler_cost import on_traced_step, profiler_cost
 
-        return profiler_cost(self.traces.timers, self.traces.run)
+        traced = traced_step_ms(self.overlap) if not self.overlap.empty else None
+        return on_traced_step(profiler_cost(self.traces.timers, self.traces.run), traced)
 
     @cached_property
     def parallelism(self) -> RunParallelism:

@@ -8,9 +8,12 @@ summary travels as the :class:`Summary` struct (``Summary.to_json()`` gives the 
 view of one pipeline result (:func:`summary_of`): it computes nothing the analysis has not.
 
 Conventions (docs/concepts.md): ``steps`` are the analysed ProfilerSteps (by default every step the
-trace holds complete, see :mod:`fsdpviz.structure.steps`); ``step_time_ms`` is their mean CPU-side
-duration over ranks; the overlap's ``comm_ms`` / ``compute_ms`` / ``exposed_comm_ms`` are per step,
-averaged over ranks, and its ``overlap_pct`` is Σ|comm ∩ compute| / Σ|comm| over ranks; memory peaks
+trace holds complete, see :mod:`fsdpviz.structure.steps`); ``step_time_ms`` is the run's step (the
+timers' clean unprofiled steps where they lead, else ``traced_step_time_ms``: each rank's mean
+analysed step as traced, median over ranks); the overlap's ``comm_ms`` / ``compute_ms`` /
+``fsdp_overhead_ms`` / ``exposed_comm_ms`` / ``idle_ms`` are per step on the same clock (the bound's
+parts, :mod:`fsdpviz.structure.deprofile`), its ``as_traced`` block the trace's own (HTA's
+definitions), and its ``overlap_pct`` is Σ|comm ∩ compute| / Σ|comm| over ranks; memory peaks
 are the largest samples in the analysed steps (GPU devices when the trace has any, else the CPU).
 """
 
@@ -27,10 +30,11 @@ import pandas as pd
 from fsdpviz import vocabulary
 from fsdpviz.analysis.actions import Action, build_actions
 from fsdpviz.analysis.bound import (
-    BASIS_UNPROFILED,
     BoundSummary,
+    RankBound,
     device_memory_bytes,
     summarize_bound,
+    traced_step_ms,
     with_memory,
 )
 from fsdpviz.analysis.completeness import gap_notes
@@ -49,6 +53,7 @@ from fsdpviz.structure.framework import framework_notes
 from fsdpviz.structure.parallelism import Parallelism, RunParallelism
 from fsdpviz.structure.profiler_cost import (
     ProfilerCost,
+    clean_step_ms,
     no_cost_note,
     unit_pass_ms,
     units_timed_in_clean_steps,
@@ -78,7 +83,9 @@ STEP_TIME_TRACE: Final = "trace"
 
 
 class RankOverlap(msgspec.Struct, kw_only=True):
-    """One rank's whole-step overlap, per analysed step."""
+    """One rank's whole-step overlap, per step, on the run's clock: its bound's parts (``compute_ms``
+    the model's, ``fsdp_overhead_ms`` FSDP's per-unit work, ``idle_ms`` host wait plus other idle) and
+    its communication moved as its device work was (``RankBound.device_scale``)."""
 
     overlap_pct: float | None
     comm_ms: float | None
@@ -86,10 +93,25 @@ class RankOverlap(msgspec.Struct, kw_only=True):
     exposed_comm_ms: float | None
     idle_ms: float | None
     device: str
+    fsdp_overhead_ms: float | None = None
+
+
+class TracedOverlap(msgspec.Struct, kw_only=True):
+    """The overlap as traced (HTA's definitions, on the profiler's clock): ``compute_ms`` is every busy
+    time outside exposed communication (the model's and FSDP's), ``idle_ms`` the rest of the step."""
+
+    comm_ms: float | None
+    compute_ms: float | None
+    exposed_comm_ms: float | None
+    overlap_pct: float | None
+    idle_ms: float | None
+    per_rank: dict[str, RankOverlap]
 
 
 class OverlapSummary(msgspec.Struct, kw_only=True):
-    """Whole-step overlap: per step, averaged over ranks; ``overlap_pct`` over all ranks' time."""
+    """Whole-step overlap per step on the run's clock (the bound's parts: ``exposed_comm_ms``,
+    ``compute_ms``, ``fsdp_overhead_ms`` and ``idle_ms`` are the bound's, median over ranks);
+    ``overlap_pct`` over all ranks' time; ``as_traced`` the same figures on the trace's clock."""
 
     comm_ms: float | None
     compute_ms: float | None
@@ -101,6 +123,8 @@ class OverlapSummary(msgspec.Struct, kw_only=True):
     """Per purpose (vocabulary.PURPOSES: FSDP's all-gathers and reduce-scatters, HSDP's all-reduces,
     tensor parallelism, other), its communication and exposed time per step, averaged over ranks;
     None where the traces have no FSDP labels to tell FSDP's collectives by (a note says so)."""
+    fsdp_overhead_ms: float | None = None
+    as_traced: TracedOverlap | None = None
 
 
 class PurposeOverlap(msgspec.Struct, kw_only=True):
@@ -218,10 +242,8 @@ class Summary(msgspec.Struct, kw_only=True):
 
     @property
     def exposed_comm_ms(self) -> float | None:
-        """The run's exposed communication per step on its clock: the bound's part of the headline's
-        step where that is the timers' (the profiler's share taken out), else the overlap's as traced."""
-        if self.bound is not None and self.bound.basis == BASIS_UNPROFILED:
-            return self.bound.exposed_comm_ms
+        """The run's exposed communication per step on its clock (``overlap.exposed_comm_ms``, the
+        bound's part of the headline step)."""
         return self.overlap.exposed_comm_ms
 
     def has_note(self, code: str) -> bool:
@@ -244,8 +266,10 @@ def summary_of(traces: TraceSet, selection: StepSelection, overlap: pd.DataFrame
         notes.append(Note(PROFILER_COST_UNUSED, why))
     if cost is not None and units_timed_in_clean_steps(traces.timers, traces.run):
         notes.append(Note(CLEAN_STEPS_UNIT_TIMED, _unit_timed_clean_steps_words(_device(overlap))))
+    traced_ms = traced_step_ms(overlap) if not overlap.empty else None
+    if traced_ms is None:
+        traced_ms = _step_time_ms(traces, analysed)
     lead = cost is not None and cost.headline
-    traced_ms = _step_time_ms(traces, analysed)
     if analysis is not None:
         timed = unit_pass_ms(traces.timers, traces.run)
         units = [msgspec.structs.replace(u, forward_timer_ms=timed.get((u.name, "forward")),
@@ -258,15 +282,16 @@ def summary_of(traces: TraceSet, selection: StepSelection, overlap: pd.DataFrame
             notes.append(Note(NO_UNITS_FOUND, "no FSDP unit was found in the analysed steps, so units is empty"))
     notes.extend(parallel.notes)
     units = _with_scope(units, traces, parallel.parallelism)
-    over = _overlap_summary(overlap)
+    memory = _with_categories(_memory_summary(traces, analysed), analysis, traces)
+    bound = with_memory(summarize_bound(overlap, cost, clean_step_ms(traces.timers, traces.run)),
+                        memory.peak_allocated_bytes, device_memory_bytes(traces.ranks))
+    over = _overlap_summary(overlap, bound)
     if analysis is not None and analysis.has_units:
-        over.by_purpose = _by_purpose(analysis.purposes, overlap)
+        over.by_purpose = _by_purpose(analysis.purposes, overlap, 1.0 if bound is None else bound.device_scale)
     elif framework in vocabulary.FRAMEWORKS_WITH_UNITS or framework == vocabulary.UNKNOWN:
         notes.append(Note(BY_PURPOSE_UNKNOWN, "overlap.by_purpose is null: without FSDP unit labels the traces do "
                           "not say which collectives are FSDP's"))
     size_sources = sorted({u.size_source for u in units if u.size_source})
-    memory = _with_categories(_memory_summary(traces, analysed), analysis, traces)
-    bound = with_memory(summarize_bound(overlap, cost), memory.peak_allocated_bytes, device_memory_bytes(traces.ranks))
     return Summary(
         framework=framework, world_size=traces.world_size, ranks=traces.rank_ids, steps=selection.steps,
         step_time_ms=cost.unprofiled_step_ms if lead and cost is not None else traced_ms,
@@ -338,7 +363,7 @@ def _step_time_ms(traces: TraceSet, analysed: dict[int, AnalysedSteps | None]) -
     return ms(float(np.mean(durations))) if durations else None
 
 
-def _overlap_summary(overlap: pd.DataFrame) -> OverlapSummary:
+def _traced_overlap(overlap: pd.DataFrame) -> TracedOverlap:
     per_step = overlap["n_steps"].clip(lower=1).to_numpy(dtype=float)  # whole trace = one "step"
     comm_ns, both_ns = overlap["comm_ns"].sum(), overlap["overlap_ns"].sum()
     per_rank = {
@@ -352,7 +377,7 @@ def _overlap_summary(overlap: pd.DataFrame) -> OverlapSummary:
         )
         for r in overlap.to_dict(orient="records")
     }
-    return OverlapSummary(
+    return TracedOverlap(
         comm_ms=ms(float(np.mean(overlap["comm_ns"] / per_step))),
         compute_ms=ms(float(np.mean(overlap["compute_ns"] / per_step))),
         exposed_comm_ms=ms(float(np.mean(overlap["exposed_comm_ns"] / per_step))),
@@ -362,8 +387,37 @@ def _overlap_summary(overlap: pd.DataFrame) -> OverlapSummary:
     )
 
 
-def _by_purpose(purposes: pd.DataFrame, overlap: pd.DataFrame) -> dict[str, PurposeOverlap]:
-    """Each purpose's comm and exposed time per analysed step, averaged over the ranks analysed."""
+def _idle(bound: BoundSummary | RankBound) -> float:
+    return round((bound.host_wait_ms or 0.0) + bound.other_idle_ms, 3)
+
+
+def _overlap_summary(overlap: pd.DataFrame, bound: BoundSummary | None) -> OverlapSummary:
+    """The overlap on the run's clock (:class:`OverlapSummary`): the bound's parts, per rank and run;
+    ranks without a bound (no step span) and runs without one keep the traced figures."""
+    traced = _traced_overlap(overlap)
+    if bound is None:
+        return OverlapSummary(comm_ms=traced.comm_ms, compute_ms=traced.compute_ms,
+                              exposed_comm_ms=traced.exposed_comm_ms, overlap_pct=traced.overlap_pct,
+                              idle_ms=traced.idle_ms, per_rank=dict(traced.per_rank), as_traced=traced)
+    per_rank: dict[str, RankOverlap] = {}
+    for rank, row in traced.per_rank.items():
+        b = bound.per_rank.get(rank)
+        if b is None:
+            per_rank[rank] = row
+            continue
+        per_rank[rank] = RankOverlap(
+            overlap_pct=row.overlap_pct, comm_ms=None if row.comm_ms is None else round(row.comm_ms * b.device_scale, 3),
+            compute_ms=b.compute_ms, exposed_comm_ms=b.exposed_comm_ms, idle_ms=_idle(b), device=row.device,
+            fsdp_overhead_ms=b.fsdp_overhead_ms)
+    comm = None if traced.comm_ms is None else round(traced.comm_ms * bound.device_scale, 3)
+    return OverlapSummary(comm_ms=comm, compute_ms=bound.compute_ms, exposed_comm_ms=bound.exposed_comm_ms,
+                          overlap_pct=traced.overlap_pct, idle_ms=_idle(bound), per_rank=per_rank,
+                          fsdp_overhead_ms=bound.fsdp_overhead_ms, as_traced=traced)
+
+
+def _by_purpose(purposes: pd.DataFrame, overlap: pd.DataFrame, scale: float) -> dict[str, PurposeOverlap]:
+    """Each purpose's comm and exposed time per step, averaged over the ranks analysed, moved to the
+    run's clock by ``scale`` (the bound's ``device_scale``)."""
     n_steps = dict(zip(overlap["rank"].astype(int), overlap["n_steps"].clip(lower=1).astype(int)))
     out = {}
     for purpose in vocabulary.PURPOSES:
@@ -372,8 +426,8 @@ def _by_purpose(purposes: pd.DataFrame, overlap: pd.DataFrame) -> dict[str, Purp
         if rows.empty:
             out[purpose] = PurposeOverlap(comm_ms=None, exposed_ms=None)
             continue
-        out[purpose] = PurposeOverlap(comm_ms=ms(float(np.mean(rows["comm_ns"].to_numpy() / per))),
-                                      exposed_ms=ms(float(np.mean(rows["exposed_ns"].to_numpy() / per))))
+        out[purpose] = PurposeOverlap(comm_ms=ms(scale * float(np.mean(rows["comm_ns"].to_numpy() / per))),
+                                      exposed_ms=ms(scale * float(np.mean(rows["exposed_ns"].to_numpy() / per))))
     return out
 
 

@@ -153,7 +153,9 @@ def print_summary(summary: Summary) -> None:
     ov = summary.overlap
     head.add_row("overlap", f"{_fmt(ov.overlap_pct, ' %')} of communication hidden behind compute "
                             f"({summary.device.upper()} definition)")
-    exposed, as_traced = _fmt(summary.exposed_comm_ms, " ms"), _fmt(ov.exposed_comm_ms, " ms")
+    traced_ov = ov.as_traced
+    exposed = _fmt(summary.exposed_comm_ms, " ms")
+    as_traced = _fmt(traced_ov.exposed_comm_ms if traced_ov is not None else ov.exposed_comm_ms, " ms")
     head.add_row("exposed comm", f"{exposed} per step" + ("" if exposed == as_traced else f" ({as_traced} as traced)"))
     mem = summary.memory
     reserved = (f"{bytes_text(mem.peak_reserved_bytes)} reserved" if mem.peak_reserved_bytes is not None
@@ -177,19 +179,21 @@ def print_summary(summary: Summary) -> None:
     console.print(head)
 
     def per_rank() -> Table:
-        table = Table(title="per rank (ms per analysed step)", title_justify="left")
-        for col in ("rank", "comm", "compute", "overlap %", "exposed", "idle", "peak alloc"):
+        title = ("per rank (ms per step, on the run's clock: the bound's parts; idle = host wait + other idle)"
+                 if summary.bound is not None else "per rank (ms per analysed step, as traced)")
+        table = Table(title=title, title_justify="left")
+        for col in ("rank", "comm", "compute", "FSDP work", "overlap %", "exposed", "idle", "peak alloc"):
             table.add_column(col, justify="right", no_wrap=True)
         return table
 
     rank_rows = []
     for rank, row in ov.per_rank.items():
         peak = mem.per_rank.get(rank)
-        rank_rows.append([rank, _fmt(row.comm_ms), _fmt(row.compute_ms), _fmt(row.overlap_pct),
-                          _fmt(row.exposed_comm_ms), _fmt(row.idle_ms),
+        rank_rows.append([rank, _fmt(row.comm_ms), _fmt(row.compute_ms), _fmt(row.fsdp_overhead_ms),
+                          _fmt(row.overlap_pct), _fmt(row.exposed_comm_ms), _fmt(row.idle_ms),
                           bytes_text(peak.peak_allocated_bytes if peak is not None else None)])
     if len(ov.per_rank) > 1:
-        rank_rows.append(["all", _fmt(ov.comm_ms), _fmt(ov.compute_ms), _fmt(ov.overlap_pct),
+        rank_rows.append(["all", _fmt(ov.comm_ms), _fmt(ov.compute_ms), _fmt(ov.fsdp_overhead_ms), _fmt(ov.overlap_pct),
                           _fmt(ov.exposed_comm_ms), _fmt(ov.idle_ms), bytes_text(mem.peak_allocated_bytes)])
     print_table(console, per_rank, rank_rows, name_column=None,
                 row_styles=[None] * len(ov.per_rank) + ["bold"] * (len(rank_rows) - len(ov.per_rank)))

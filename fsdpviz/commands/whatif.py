@@ -127,11 +127,13 @@ def whatif(
     started = time.perf_counter()
 
     from fsdpviz.analysis.pipeline import analyse
-    from fsdpviz.replay.model import read_model
+    from fsdpviz.whatif.gains import summary_model
 
     say(f"loading {run}")
     result = analyse([run], cache=cache, progress=False, scheduler=scheduler)
-    model = read_model(result)
+    model, why_not = summary_model(result)  # the run's one model: the ranks the summary's advice read
+    if model is None:
+        raise UsageError(why_not)
     warn_gaps(result.traces)
     rec = model.recording
     say(f"read {len(rec.steps)} step(s) over {len({s.rank for s in rec.steps})} rank(s); simulating")

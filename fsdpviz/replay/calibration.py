@@ -1,4 +1,4 @@
-"""The recording without the profiler, on CPU: every traced duration scaled until the replay runs the run's own step.
+"""The recording without the profiler, on CPU: every traced duration scaled by the one de-profiler's factor.
 
 On a CPU rank the training thread is the device: every op, hook and copy is host work, and the
 profiler slows all of it (1.0-2.0x measured, docs/performance.md); gloo's collectives, which the
@@ -8,11 +8,11 @@ unprofiled steps).
 
 Per rank, one factor ``k`` scales every duration of its traced steps (the programs of
 :mod:`.recording`: the host's work between, before, in and after each pass, the gathers' and
-reductions' host work and collectives, the segments before, between and after the passes) so that
-the replay of the scaled programs (:mod:`.simulate`) runs the rank's clean step: the median of the
-replayed steps against the median of the timed ones. The replay is linear in its durations, so ``k``
-is the ratio of the two; the scaled programs are replayed once more to check it
-(:attr:`Calibration.error_pct`).
+reductions' host work and collectives, the segments before, between and after the passes). ``k`` is
+the de-profiler's (:mod:`fsdpviz.structure.deprofile`): the rank's clean step over its traced step,
+both measured, the factor the bound and the overlap table move the same rank's figures by. It is not
+fitted to the replay, so the replay of the scaled programs (:mod:`.simulate`) against the clean step
+(:attr:`Calibration.error_pct`) is the replay's own miss: what it does not explain of the steps.
 
 What it assumes: that the profiler slowed the step's parts in proportion to their time, so that a
 setting moves the step by the same share on either clock. Measured against bare runs of three
@@ -30,14 +30,15 @@ import copy
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final
+from typing import TYPE_CHECKING
 
+from fsdpviz.analysis.bound import BASIS_UNPROFILED
 from fsdpviz.replay.recorded import Recording, StepProgram
+from fsdpviz.structure.deprofile import DEVICE_CPU
 
-# Bounds of the factor: a profiler does not speed a step up beyond noise (profiler_cost.NOISE_SLOWDOWN
-# decides the headline), and none measured costs 20x.
-LOWEST_SCALE: Final = 0.05
-HIGHEST_SCALE: Final = 1.05
+if TYPE_CHECKING:
+    from fsdpviz.analysis.pipeline import RunResult
+
 
 
 @dataclass(slots=True)
@@ -49,7 +50,7 @@ class Calibration:
     target_ms: float | None = None
     """The median over the calibrated ranks of their clean unprofiled step (timers)."""
     replay_ms: float | None = None
-    """The median over those ranks of their replayed step, scaled."""
+    """The median over those ranks of their replayed step, scaled by the measured factor (not fitted to it)."""
     clean_steps: int = 0
     """The fewest clean unprofiled steps a calibrated rank timed."""
 
@@ -95,25 +96,33 @@ def scaled(rec: Recording, scale: dict[int, float]) -> Recording:
     return out
 
 
-def calibrate(rec: Recording, clean: dict[int, tuple[float, int]],
+def rank_factors(result: RunResult) -> dict[int, float]:
+    """Per rank of a CPU run whose step time is the timers' (``bound.basis`` ``unprofiled``): the one
+    de-profiler's factor (:mod:`fsdpviz.structure.deprofile`, ``bound.per_rank[r].device_scale``), the
+    rank's clean step over its traced one. Empty elsewhere."""
+    bound = result.summary.bound
+    if bound is None or bound.basis != BASIS_UNPROFILED or bound.device != DEVICE_CPU:
+        return {}
+    return {int(rank): b.device_scale for rank, b in bound.per_rank.items() if b.traced_step_ms}
+
+
+def calibrate(rec: Recording, factors: dict[int, float], clean: dict[int, tuple[float, int]],
               replay_ns: Callable[[list[StepProgram]], list[float]]) -> Calibration:
-    """Per rank of ``rec`` with a clean step in ``clean`` (rank -> (ms, count)), the factor whose
-    scaled steps replay (``replay_ns``: the replayed step of each program) to that step (module
-    docstring). An empty calibration for a GPU recording, whose kernels the profiler does not slow
-    (:mod:`.hostcost` takes the profiler out there)."""
+    """Per rank of ``rec`` with a factor (:func:`rank_factors`) and a clean step in ``clean`` (rank ->
+    (ms, count)): its steps scaled by the factor and replayed (``replay_ns``), against the clean step.
+    The factor is measured (clean over traced), not fitted to the replay, so the replay's miss of the
+    clean step is its own (:attr:`Calibration.error_pct`). An empty calibration for a GPU recording,
+    whose kernels the profiler does not slow (:mod:`.hostcost` takes the profiler out there)."""
     if rec.device != "cpu":
         return Calibration()
     by_rank: dict[int, list[StepProgram]] = {}
     for s in rec.steps:
-        if s.rank in clean:
+        if s.rank in clean and s.rank in factors:
             by_rank.setdefault(s.rank, []).append(s)
     scale: dict[int, float] = {}
     replayed: dict[int, float] = {}
     for rank, steps in sorted(by_rank.items()):
-        traced = statistics.median(replay_ns(steps))
-        if traced <= 0:
-            continue
-        k = min(HIGHEST_SCALE, max(LOWEST_SCALE, clean[rank][0] * 1e6 / traced))
+        k = factors[rank]
         scale[rank] = k
         replayed[rank] = statistics.median(replay_ns([scaled_step(s, k) for s in steps]))
     if not scale:

@@ -44,6 +44,7 @@ def clock_of(run: RunResult, replayed: Replayed | None, why_not: str = "") -> Cl
     """The clock of ``run`` as its model replays it (``replayed``; None: no model, ``why_not``)."""
     summary = run.summary
     cost = summary.profiler
+    # the one profiler share: the traced step less the headline's (``bound.profiler_share_ms``)
     share = round(cost.extra_ms, 3) if cost is not None else None
     step_from = ("the step time is the timers' clean unprofiled steps" if summary.step_time_source == "timers"
                  else "the step time is the traced steps'")
@@ -61,8 +62,9 @@ def clock_of(run: RunResult, replayed: Replayed | None, why_not: str = "") -> Cl
     if calibrated is not None and calibrated.scale and calibrated.error_pct is not None:
         error, clean = calibrated.error_pct, calibrated.clean_steps
         scale = float(statistics.median(calibrated.scale.values()))
-        how = (f"the traced step's work and waits scaled {scale:.2f}x (median over ranks) so that the replay runs "
-               f"the timers' clean step ({calibrated.replay_ms:.3f} ms replayed, {calibrated.target_ms:.3f} ms timed)")
+        how = (f"the traced step's work and waits scaled {scale:.2f}x (median over ranks: each rank's clean step over "
+               f"its traced one, as the bound's figures); the replay runs {calibrated.replay_ms:.3f} ms against "
+               f"{calibrated.target_ms:.3f} ms timed")
     else:
         ms = float(statistics.median(replayed.net_replays_ms))
         error = 100.0 * abs(ms - cost.unprofiled_step_ms) / cost.unprofiled_step_ms

@@ -57,6 +57,9 @@ class CommModel:
     world_size: int
     ranks_per_host: int
     lines: dict[str, Line] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    """Where a line is not the least-squares fit (a slope or latency that would be negative), in words
+    a prediction that resizes collectives repeats."""
 
     def time_ns(self, kind: str, nbytes: float, target: Target | None = None) -> float:
         """A collective of ``kind`` moving ``nbytes`` (unsharded), its typical wait included;
@@ -105,9 +108,15 @@ def fit(samples: Iterable[tuple[str, int, float]], world_size: int, ranks_per_ho
         if len(xs) >= 2 and xs[-1] > xs[0]:
             slope, icept = np.polyfit(xs, ys, 1)
             if slope <= 0 and kind in per_call:  # host work no larger for more bytes: a cost per call
+                model.notes.append(f"{kind}: its time does not grow with its bytes in the recording (fitted slope "
+                                   f"{slope:.3g} ns/byte), so it is taken as a cost per call")
                 slope, icept = 0.0, float(ys.mean())
             elif slope <= 0:  # sizes too close to tell: all of it is bandwidth
+                model.notes.append(f"{kind}: its recorded sizes do not tell a positive slope (fitted {slope:.3g} "
+                                   "ns/byte), so all of its time is taken as bandwidth, in proportion to its bytes")
                 slope, icept = float(ys.mean() / xs.mean()), 0.0
+            elif icept < 0:
+                model.notes.append(f"{kind}: the fitted latency is negative ({icept / 1e3:.1f} µs), held at 0")
             icept = max(0.0, float(icept))
         else:
             slope, icept = float(ys[0] / xs[0]), 0.0

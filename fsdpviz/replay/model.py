@@ -20,7 +20,7 @@ from fsdpviz.errors import UsageError
 from fsdpviz.replay import comm as comm_model
 from fsdpviz.replay import hostcost
 from fsdpviz.replay import program as prog
-from fsdpviz.replay.calibration import Calibration, calibrate, scaled
+from fsdpviz.replay.calibration import Calibration, calibrate, rank_factors, scaled
 from fsdpviz.replay.clock import Replayed
 from fsdpviz.replay.recorded import Gather, Recording, StepProgram
 from fsdpviz.replay.recording import read_recording
@@ -30,6 +30,10 @@ from fsdpviz.structure.profiler_cost import clean_step_ms
 from fsdpviz.vocabulary import FSDP1, FSDP2, ZERO3
 
 SAMPLED_RANKS = 16  # ranks read of a run held rank by rank (read_model)
+# The ranks one model of a run is read on, whichever view asks (summary's actions, whatif, explore,
+# the report): every rank up to this many, else this many spread evenly over the run (the first and
+# the last included, so a model of a multi-host run sees every host's end). One model per run.
+MODEL_RANKS = 8
 # the settings the replay can play a recording under, per framework
 SUPPORTED = {
     FSDP2: {"wrap", "prefetch", "reshard_after_forward", "keep_last_units", "world_size"},
@@ -52,7 +56,15 @@ class Model:
     calibration: Calibration | None = None  # CPU: how ``net`` was put on the timers' clean steps
     spread_share: float | None = None  # the recording's step-to-step spread over its step (spread_share)
     # setting (Settings.describe()) -> its predicted change, words and code, as the actions' gains read them
-    gains: dict[str, tuple[float | None, str, str | None]] = field(default_factory=dict)
+    gains: dict[str, tuple[float | None, str, str | None, float | None, str, str]] = field(default_factory=dict)
+
+
+def model_ranks(ranks: Sequence[int]) -> list[int] | None:
+    """The ranks of ``ranks`` the run's one model reads (:data:`MODEL_RANKS`); None: every one."""
+    every = sorted(ranks)
+    if len(every) <= MODEL_RANKS:
+        return None
+    return [every[i] for i in sorted({round(i * (len(every) - 1) / (MODEL_RANKS - 1)) for i in range(MODEL_RANKS)})]
 
 
 def read_model(result: RunResult, ranks: Sequence[int] | None = None) -> Model:
@@ -90,7 +102,8 @@ def read_model(result: RunResult, ranks: Sequence[int] | None = None) -> Model:
             return [run(prog.build(rec, s, recorded_settings(), model.comm, model.gathers), False).step_ns
                     for s in steps]
 
-        model.calibration = calibrate(rec, clean_step_ms(result.traces.timers, result.traces.run), replay_ns)
+        model.calibration = calibrate(rec, rank_factors(result), clean_step_ms(result.traces.timers, result.traces.run),
+                                      replay_ns)
         if model.calibration.scale:
             model.net = _model(result, scaled(rec, model.calibration.scale), sampled)
     return model

@@ -59,7 +59,8 @@ class ProfilerCost(msgspec.Struct, kw_only=True):
     """The profiled steps against the unprofiled ones (``summary --json`` ``profiler``)."""
 
     profiled_step_ms: float
-    """Median over ranks of each rank's median profiled step (timers)."""
+    """The profiled steps: as traced (the run's ``traced_step_time_ms``, :func:`on_traced_step`) once the
+    traces are read; the timers' (median over ranks of each rank's median profiled step) before."""
     unprofiled_step_ms: float
     """Median over ranks of each rank's median clean unprofiled step (timers; see the module docstring)."""
     slowdown: float
@@ -186,9 +187,7 @@ def profiler_cost(timers: pd.DataFrame, run: RunInfo | None) -> ProfilerCost | N
                 "record at least "
                 f"{FULL_HEADLINE_STEPS} steps with the default schedule, which times the steps after the profiled ones")
     elif slowdown < NOISE_SLOWDOWN:
-        note = (f"the step time is the traced one: the profiled steps ran {slowdown:.2f}x as long as the unprofiled "
-                "ones, and a profiler cannot make a step faster, so the unprofiled steps measured noise (other work "
-                "on the machine, a step that waited), not the run's pace")
+        note = noise_note(slowdown)
     observed = [r.observer for r in run.ranks if r.observer is not None and r.observer.agent_ms_median is not None]
     shares = [o.agent_share_median for o in observed if o.agent_share_median is not None]
     return ProfilerCost(profiled_step_ms=round(profiled_step, 3), unprofiled_step_ms=round(unprofiled_step, 3),
@@ -198,6 +197,24 @@ def profiler_cost(timers: pd.DataFrame, run: RunInfo | None) -> ProfilerCost | N
                         recorder_ms=round(statistics.median(o.agent_ms_median or 0.0 for o in observed), 4)
                         if observed else None,
                         recorder_share=round(statistics.median(shares), 6) if shares else None)
+
+
+def noise_note(slowdown: float) -> str:
+    """Why a slowdown below :data:`NOISE_SLOWDOWN` leaves the step time traced."""
+    return (f"the step time is the traced one: the timers timed the profiled steps {slowdown:.2f}x as long as the "
+            "unprofiled ones, and a profiler cannot make a step faster, so the unprofiled steps measured noise (other work "
+            "on the machine, a step that waited), not the run's pace")
+
+
+def on_traced_step(cost: ProfilerCost | None, traced_ms: float | None) -> ProfilerCost | None:
+    """``cost`` with the profiled step as traced (``traced_ms``), so that the traced step, the
+    slowdown and the profiler's share (:attr:`ProfilerCost.extra_ms`) are one figure each in every view.
+    Whether the timers lead (``headline``) stays the timers' own decision, profiled against unprofiled
+    steps on one clock. ``cost`` as it is without a traced step."""
+    if cost is None or traced_ms is None or traced_ms <= 0:
+        return cost
+    return msgspec.structs.replace(cost, profiled_step_ms=round(traced_ms, 3),
+                                   slowdown=round(traced_ms / cost.unprofiled_step_ms, 3))
 
 
 def no_cost_note(timers: pd.DataFrame, run: RunInfo | None) -> str | None:

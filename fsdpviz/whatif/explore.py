@@ -18,12 +18,11 @@ replay misses it by more than ``RELIABLE_REPLAY_PCT`` says so before the grid (`
 nothing: its settings are listed apart (``unranked``), for reading.
 
 Each setting says which bound it leaves (:class:`StepBound`): the recording's step split
-(analysis/bound.py: compute, exposed communication, host wait, other idle, per rank on the traced
-steps) moved by what the setting changes in the simulation, classified as analysis/bound.py
-classifies a recorded step (``step_kind``); ``memory`` when its predicted peak is within
-``MEMORY_MARGIN`` of the budget (``is_memory_bound``), as a recorded run is memory-bound near the
-device's memory. On the unprofiled basis, the recording's profiler share is taken out of the
-predicted step's idle parts as out of the recorded one's (``unprofiled_split``).
+(analysis/bound.py: compute, FSDP's per-unit work, exposed communication, host wait, other idle, on
+the run's clock, as whatif's baseline is) moved by what the setting changes in the simulation, and
+classified as analysis/bound.py classifies a recorded step (``step_kind``); ``memory`` when its
+predicted peak is within ``MEMORY_MARGIN`` of the budget (``is_memory_bound``), as a recorded run is
+memory-bound near the device's memory.
 """
 
 from __future__ import annotations
@@ -32,16 +31,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fsdpviz.analysis.bound import (
-    BASIS_UNPROFILED,
     KIND_MEMORY,
     BoundSummary,
     StepSplit,
     device_memory_bytes,
     is_memory_bound,
-    median_fsdp,
-    median_parts,
     step_kind,
-    unprofiled_fsdp_split,
 )
 from fsdpviz.errors import FsdpvizError
 from fsdpviz.naming import ROOT_UNIT
@@ -71,40 +66,39 @@ class StepBound(StepSplit, kw_only=True):
 
 def predicted_bound(bound: BoundSummary | None, prediction: Prediction, budget_bytes: int | None) -> StepBound | None:
     """The split of ``prediction``'s step and its bound (module docstring); None without a recorded split."""
-    if bound is None or not bound.per_rank:
+    if bound is None:
         return None
-    compute, comm, host, idle = median_parts(bound.per_rank)
-    kernels, fsdp_host = median_fsdp(bound.per_rank)
     base, new = prediction.baseline, prediction.predicted
-    # the traced parts moved by the simulated change; what the step moves beyond compute and
-    # communication is idle time, the host's first (the simulated step is the host's: per-unit work
-    # fewer units save, launches they no longer wait for). The host side is the host wait and FSDP's
-    # per-unit host work, moved together in proportion: fewer units run fewer hooks. FSDP's copy
-    # kernels stay: a coarser wrap copies the same bytes.
-    compute = max(compute + new.compute_ms - base.compute_ms, 0.0)
-    comm = max(comm + new.exposed_comm_ms - base.exposed_comm_ms, 0.0)
-    step = compute + comm + (host or 0.0) + idle + kernels + fsdp_host + new.step_time_ms - base.step_time_ms
-    idle_change = step - compute - comm - kernels - ((host or 0.0) + fsdp_host + idle)
-    if host is not None:
-        side = host + fsdp_host
-        moved = max(side + idle_change, 0.0)
-        idle_change -= moved - side
-        scale = moved / side if side > 0 else 0.0
-        host, fsdp_host = (host * scale, fsdp_host * scale) if side > 0 else (moved, 0.0)
-    idle = max(idle + idle_change, 0.0)
-    basis = bound.basis
-    if basis == BASIS_UNPROFILED and base.step_time_ms > 0:
-        # the setting's unprofiled step: the recorded one scaled as the simulation scales the step
-        # (the profiler's cost shrinks with the host work a setting removes, so it is not one fixed share)
-        unprofiled = bound.step_ms * new.step_time_ms / base.step_time_ms
-        compute, comm, host, idle, kernels, fsdp_host = unprofiled_fsdp_split(compute, comm, host, idle, kernels,
-                                                                              fsdp_host, unprofiled)
+    # the bound's parts (the run's clock, whatif's baseline) moved by the predicted change; what the
+    # step moves beyond compute and communication is the host side's first (the simulated step is the
+    # host's: per-unit work fewer units save, launches they no longer wait for), host wait and FSDP's
+    # per-unit host work together in proportion, then other idle. FSDP's copy kernels stay: a coarser
+    # wrap copies the same bytes.
+    kernels = bound.fsdp_kernels_ms or 0.0
+    fsdp_host = bound.fsdp_overhead_ms - kernels
+    host, idle = bound.host_wait_ms, bound.other_idle_ms
+    compute = max(bound.compute_ms + new.compute_ms - base.compute_ms, 0.0)
+    comm = max(bound.exposed_comm_ms + new.exposed_comm_ms - base.exposed_comm_ms, 0.0)
+    step = new.step_time_ms
+    rest = step - compute - comm - kernels  # host side and other idle, predicted
+    side = (host or 0.0) + fsdp_host
+    change = rest - side - idle
+    if host is None and side <= 0:  # no host side to move: the change is other idle
+        moved_side, idle = side, max(idle + change, 0.0)
+    else:
+        moved_side = max(side + change, 0.0)
+        idle = max(idle + change - (moved_side - side), 0.0)
+    if side > 0:
+        scale = moved_side / side
+        host, fsdp_host = (None if host is None else host * scale), fsdp_host * scale
+    elif host is not None:
+        host = moved_side
     fsdp = kernels + fsdp_host
     time_kind = step_kind(compute, comm, host, idle, fsdp)
     memory = is_memory_bound(new.peak_allocated_bytes, budget_bytes)
     return StepBound(kind=KIND_MEMORY if memory else time_kind, time_kind=time_kind,
                      step_ms=compute + comm + (host or 0.0) + idle + fsdp, compute_ms=compute, exposed_comm_ms=comm,
-                     host_wait_ms=host, other_idle_ms=idle, basis=basis, fsdp_overhead_ms=fsdp)
+                     host_wait_ms=host, other_idle_ms=idle, basis=bound.basis, fsdp_overhead_ms=fsdp)
 
 
 @dataclass(slots=True)

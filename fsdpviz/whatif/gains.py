@@ -17,16 +17,16 @@ from typing import TYPE_CHECKING, cast
 
 import msgspec
 
-from fsdpviz.analysis.actions import KIND_BOUND, Action, fold, with_prediction
+from fsdpviz.analysis.actions import KIND_BOUND, Action, fold, one_per_setting, with_prediction
 from fsdpviz.analysis.bound import KIND_COMMUNICATION, KIND_HOST
 from fsdpviz.analysis.summary import Summary
 from fsdpviz.errors import FsdpvizError
 from fsdpviz.formatting import MIB
 from fsdpviz.replay import prefetch_args
 from fsdpviz.replay.clock import clock_of
-from fsdpviz.replay.model import Model, model_clock, read_model
+from fsdpviz.replay.model import Model, model_clock, model_ranks, read_model
 from fsdpviz.replay.settings import Settings, Wrap
-from fsdpviz.whatif.predict import predict
+from fsdpviz.whatif.predict import CPU_PREFETCH_NOTE, predict
 
 if TYPE_CHECKING:
     from fsdpviz.analysis.pipeline import RunResult
@@ -78,7 +78,7 @@ def gains(model: Model, knobs: Iterable[str]) -> dict[str, str]:
     return out
 
 
-def _action_setting(action: Action, model: Model) -> Settings | None:
+def action_setting(action: Action, model: Model) -> Settings | None:
     """The setting an action's knob stands for: the bound's (merge units when the host bounds the
     step, one more unit of prefetch when communication does), else its findings' knob."""
     if action.kind == KIND_BOUND:
@@ -95,32 +95,47 @@ def _action_setting(action: Action, model: Model) -> Settings | None:
 
 
 def predict_actions(model: Model, actions: Sequence[Action]) -> list[Action]:
-    """``actions`` with their knobs predicted on the recording (each setting once): a knob predicted
-    to gain nothing is no longer advised (analysis/actions.py ``with_prediction``); folding again,
+    """``actions`` with their knobs predicted on the recording (each setting once), advised by whatif's
+    own rules (analysis/actions.py ``with_prediction``: a gain beyond the recording's spread, from a
+    reliable replay), actions that lead to one setting made one (``one_per_setting``); folding again,
     since an action may have lost its knob."""
     done = model.gains  # each setting predicted once per model, whichever view asks
     out = []
+    keys: list[str | None] = []
     for action in actions:
-        settings = _action_setting(action, model) if action.knob else None
+        settings = action_setting(action, model) if action.knob else None
         if settings is None:
             out.append(action)
+            keys.append(None)
             continue
         key = settings.describe()
         if key not in done:
             done[key] = _change(model, settings)
-        change, words, code = done[key]
-        predicted = with_prediction(action, change, f"{words} (fsdpviz whatif: {key})" if words else "")
+        change, words, code, spread, unreliable, because = done[key]
+        predicted = with_prediction(action, change, f"{words} (fsdpviz whatif: {key})" if words else "",
+                                    spread_ms=spread, unreliable=unreliable, because=because)
         out.append(msgspec.structs.replace(predicted, apply_code=code) if predicted.knob and code else predicted)
-    return fold(out)
+        keys.append(key)
+    return fold(one_per_setting(out, keys))
 
 
-def _change(model: Model, settings: Settings) -> tuple[float | None, str, str | None]:
+def _change(model: Model, settings: Settings) -> Change:
+    """(predicted change in ms, its words, its code, the recording's spread, why the replay is
+    unreliable or "", why the model predicts no change where it knows) of ``settings``."""
     try:
         p = predict(model, settings)
     except FsdpvizError:
-        return None, "", None
+        return None, "", None, None, "", ""
     code = p.apply.code if p.apply is not None else None
-    return p.predicted.step_time_ms - p.baseline.step_time_ms, describe_gain(model, settings), code
+    unreliable = "" if p.reliable else (
+        f"fsdpviz whatif calls its replay of this recording unreliable ({p.warnings[0]})" if p.warnings
+        else "fsdpviz whatif calls its replay of this recording unreliable")
+    because = CPU_PREFETCH_NOTE if CPU_PREFETCH_NOTE in p.notes else ""
+    return (p.predicted.step_time_ms - p.baseline.step_time_ms, describe_gain(model, settings), code, p.spread_ms,
+            unreliable, because)
+
+
+Change = tuple[float | None, str, str | None, float | None, str, str]
 
 
 def predicted_actions(run: RunResult, actions: Sequence[Action] | None = None, *,
@@ -136,7 +151,6 @@ def predicted_actions(run: RunResult, actions: Sequence[Action] | None = None, *
     return list(actions) if model is None else predict_actions(model, actions)
 
 
-GAIN_RANKS = 4  # ranks a summary's model is read on (a 1000-rank run is not simulated whole for a sentence)
 
 
 _MODEL_MEMO = "whatif.summary_model"
@@ -144,8 +158,10 @@ _SUMMARY_MEMO = "whatif.completed_summary"
 
 
 def summary_model(run: RunResult) -> tuple[Model | None, str]:
-    """The run read for prediction on its first :data:`GAIN_RANKS` ranks, or None and why not; read
-    once per result (``RunResult.memo``), whichever views of it ask."""
+    """The run's one model (:func:`fsdpviz.replay.model.model_ranks`: every rank up to
+    ``MODEL_RANKS``, else that many spread over the run), or None and why not; read once per result
+    (``RunResult.memo``), whichever views of it ask: the summary's actions, ``whatif`` and the report
+    read the same ranks, and ``clock.ranks`` names them."""
     if _MODEL_MEMO not in run.memo:
         run.memo[_MODEL_MEMO] = _read_summary_model(run)
     return cast("tuple[Model | None, str]", run.memo[_MODEL_MEMO])
@@ -155,7 +171,7 @@ def _read_summary_model(run: RunResult) -> tuple[Model | None, str]:
     if not run.has_units:
         return None, "no FSDP units: nothing to replay"
     try:
-        return read_model(run, ranks=sorted(run.analysis.ranks)[:GAIN_RANKS]), ""
+        return read_model(run, ranks=model_ranks(run.analysis.ranks)), ""
     except FsdpvizError as exc:
         return None, str(exc)
 

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from fsdpviz.analysis.bound import BASIS_UNPROFILED as BOUND_UNPROFILED
 from fsdpviz.analysis.pipeline import RunResult
 from fsdpviz.errors import UsageError
 from fsdpviz.formatting import NS_PER_MS, rounded_ms
@@ -47,18 +46,24 @@ from fsdpviz.whatif.apply import Apply, apply_code, fsdp1_arguments
 if TYPE_CHECKING:
     from fsdpviz.structure.profiler_cost import ProfilerCost
 
+# Why a prefetch setting changes nothing on a CPU recording (said in its notes and by the advisor).
+CPU_PREFETCH_NOTE = ("on a CPU rank the training thread waits out every gloo collective it issues (the replay models "
+                     "them as waited for, which reproduces CPU recordings best), so issuing an all-gather earlier hides "
+                     "nothing: prefetch depths predict the same step and exposed communication here")
 # Past this slowdown the profiler's own cost is a large part of the traced step the model is built on.
 HIGH_SLOWDOWN = 1.5
 
 
 @dataclass(slots=True)
 class UnitOutcome:
+    """One unit's figures per step (None: unknown, as the summary has it)."""
+
     name: str
-    all_gather_ms: float
-    forward_ms: float
-    backward_ms: float
-    reduce_scatter_ms: float
-    exposed_comm_ms: float
+    all_gather_ms: float | None
+    forward_ms: float | None
+    backward_ms: float | None
+    reduce_scatter_ms: float | None
+    exposed_comm_ms: float | None
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "all_gather_ms": self.all_gather_ms, "forward_ms": self.forward_ms,
@@ -193,12 +198,18 @@ def predict(model: Model, settings: Settings) -> Prediction:
     memory = [predict_step(s.memory, setting) if s.memory is not None else None for s in rec.steps]
     memory, floor_note = bounds.floored(memory, [s.memory for s in rec.steps], bounds.only_adds(full, rec))
     peak = _predicted_peak(rec, full, memory)
+    clamps: list[str] = []
     predicted = _predicted(timing, simulated, baseline, full, peak, by_share=model.net is not None or (
-        model.result.summary.traced_step_time_ms not in (None, baseline.step_time_ms)))
+        model.result.summary.traced_step_time_ms not in (None, baseline.step_time_ms)), notes=clamps)
     recorded_mean = statistics.fmean(s.step_ns for s in rec.steps)
     replay_mean = statistics.fmean(r.step_ns for r in model.replays)
     notes = list(dict.fromkeys(n for r in simulated for n in r.notes))
     notes += _assumptions(full, rec)
+    notes += clamps
+    if rec.device == "cpu" and _prefetch_changed(full, rec):
+        notes.append(CPU_PREFETCH_NOTE)
+    if full.wrap.kind != "recorded" or full.world_size != rec.world_size:  # collectives resized: their fitted lines
+        notes += [f"collective model: {n}" for n in timing.comm.notes]
     notes += [n for n in peak.notes if n not in notes]
     if floor_note is not None:
         notes.append(floor_note)
@@ -377,24 +388,22 @@ def _baseline(model: Model) -> Outcome:
     compute = statistics.fmean(sum(p.compute_ns for mb in s.micro for p in (*mb.forward, *mb.backward))
                                for s in rec.steps)
     overlap = summary.overlap
-    units = [UnitOutcome(name=u.name, all_gather_ms=u.all_gather_ms or 0.0, forward_ms=u.forward_ms or 0.0,
-                         backward_ms=u.backward_ms or 0.0, reduce_scatter_ms=u.reduce_scatter_ms or 0.0,
-                         exposed_comm_ms=u.exposed_comm_ms or 0.0) for u in summary.units]
+    # unknown stays unknown (None), as in the summary
+    units = [UnitOutcome(name=u.name, all_gather_ms=u.all_gather_ms, forward_ms=u.forward_ms,
+                         backward_ms=u.backward_ms, reduce_scatter_ms=u.reduce_scatter_ms,
+                         exposed_comm_ms=u.exposed_comm_ms) for u in summary.units]
     # as `summary --json` says them (one clock: the run's step, the trace's communication); the
     # model's own numbers where the summary has none
     step = summary.step_time_ms if summary.step_time_ms is not None else rounded_ms(
         statistics.fmean(s.step_ns for s in rec.steps))
     with_memory = [s.memory for s in rec.steps if s.memory is not None]
     peak = known.recorded_peak(max(with_memory, key=lambda m: m.peak_bytes) if with_memory else None)
-    bound = summary.bound
-    if bound is not None and bound.basis == BOUND_UNPROFILED and bound.step_ms == summary.step_time_ms:
-        # the run's own step, split by the bound: its compute (the model's and FSDP's per-unit work)
-        # and exposed communication are the parts of that step, on its clock
-        exposed, busy = bound.exposed_comm_ms, round(bound.compute_ms + (bound.fsdp_overhead_ms or 0.0), 3)
-    else:
-        exposed = overlap.exposed_comm_ms if overlap.exposed_comm_ms is not None else rounded_ms(
-            float(times["exposed_comm_ns"].mean()))
-        busy = overlap.compute_ms if overlap.compute_ms is not None else rounded_ms(compute)
+    # the summary's figures, on its clock: the overlap's compute is the bound's model compute, its
+    # exposed communication the bound's and its communication moved as the device work was
+    # (analysis/summary.py); the model's own numbers only where the summary has none
+    exposed = overlap.exposed_comm_ms if overlap.exposed_comm_ms is not None else rounded_ms(
+        float(times["exposed_comm_ns"].mean()))
+    busy = overlap.compute_ms if overlap.compute_ms is not None else rounded_ms(compute)
     return Outcome(step_time_ms=step, exposed_comm_ms=exposed,
                    comm_ms=overlap.comm_ms if overlap.comm_ms is not None else rounded_ms(float(times["comm_ns"].mean())),
                    compute_ms=busy,
@@ -427,10 +436,11 @@ def _predicted_peak(rec: Recording, settings: Settings, memory: list[MemoryChang
 
 
 def _predicted(model: Model, simulated: list[SimResult], baseline: Outcome, settings: Settings,
-               memory: known.PeakMemory, *, by_share: bool) -> Outcome:
+               memory: known.PeakMemory, *, by_share: bool, notes: list[str]) -> Outcome:
     """``simulated`` against ``model``'s replays, moving ``baseline``: the step by the share the
     simulation moves it (``by_share``: the baseline is the run's own step, not the replay's traced
-    one), else by the simulated difference; the rest by the simulated difference."""
+    one), else by the simulated difference; the rest by the simulated difference. A bound that
+    changes the prediction is said in ``notes``."""
     replay = model.replays
 
     def moved(get: Any) -> float:
@@ -457,12 +467,19 @@ def _predicted(model: Model, simulated: list[SimResult], baseline: Outcome, sett
         # recording exposed (what else one rank changes is not modelled)
         comm, exposed = 0.0, 0.0
         step = baseline.step_time_ms - baseline.exposed_comm_ms
+        notes.append(f"world size 1 is not simulated: the step loses the {baseline.exposed_comm_ms:.3f} ms/step of "
+                     "exposed communication the recording had, and keeps everything else (FSDP's per-unit work, "
+                     "which one rank still runs)")
     else:
         # exposed communication within [0, all communication]: the simulation can count more of it as
         # exposed than the recording's overlap does (on CPU the host waits out every collective), and
         # the step moves with the exposed communication the prediction keeps, not with the excess
         exposed = min(max(0.0, simulated_exposed), comm)
         step += exposed - simulated_exposed
+        if abs(exposed - simulated_exposed) >= 0.0005:
+            notes.append(f"the simulation counts {simulated_exposed:.3f} ms/step of exposed communication, outside "
+                         f"[0, {comm:.3f}] (all the predicted communication): held to {exposed:.3f} ms, and the step "
+                         f"moved by the {exposed - simulated_exposed:+.3f} ms that changed")
     recorded = baseline.peak_allocated_bytes is not None
     units = _predicted_units(model, simulated, baseline, settings)
     if settings.world_size == 1:  # no unit gathers or reduces on one rank either
@@ -499,13 +516,16 @@ def _predicted_units(model: Model, simulated: list[SimResult], baseline: Outcome
     out = []
     for unit in sorted(new, key=lambda u: order.get(u, 1 << 30)):
         members = [old for old, grouped in group.items() if grouped == unit]
-        values = {}
+        values: dict[str, float | None] = {}
         for k in UNIT_FIELDS:
-            known = [recorded[m] for m in members if m in recorded]
+            known = [getattr(recorded[m], f"{k}_ms") for m in members if m in recorded]
             moved = new[unit][k] - sum(replay.get(m, {}).get(k, 0.0) for m in members)
+            if None in known:
+                values[f"{k}_ms"] = None  # a member's recorded figure is unknown: so is the unit's
+                continue
             if members and len(known) == len(members):
-                value = sum(getattr(r, f"{k}_ms") for r in known) + moved / NS_PER_MS
-            else:
+                value = sum(v for v in known if v is not None) + moved / NS_PER_MS
+            else:  # the summary has none of it: the replay's own figure
                 value = new[unit][k] / NS_PER_MS
             values[f"{k}_ms"] = round(max(0.0, value), 3)
         out.append(UnitOutcome(name=unit, **values))

@@ -18,9 +18,10 @@ from synth import generate_run
 from synth.expected import BOUND_FIELDS, bound_ms
 from synth.scenario import Scenario, make_units
 
-from fsdpviz.analysis.bound import bound_kind, summarize_bound, unprofiled_split
+from fsdpviz.analysis.bound import bound_kind, summarize_bound
 from fsdpviz.analysis.overlap import compute_overlap
 from fsdpviz.analysis.pipeline import RunResult, analyse
+from fsdpviz.structure.deprofile import SHRUNK_DEVICE_NOTE, Parts, deprofiled, rank_scale
 from fsdpviz.trace import load_traces
 
 US = 1000
@@ -118,16 +119,26 @@ def test_cpu_step_splits_compute_exposed_gloo_and_idle(tmp_path: Path) -> None:
     assert bound.loss is not None and bound.loss.kind == "idle" and bound.loss.ms == 0.6
 
 
-def test_profiler_share_comes_out_of_host_wait_first() -> None:
+def test_profiler_share_comes_out_of_a_gpu_steps_host_wait_first() -> None:
     # traced 100 = 40 compute + 10 comm + 30 host + 20 other; unprofiled 70: 30 out of host wait
-    assert unprofiled_split(40, 10, 30, 20, 70) == (40, 10, 0, 20)
+    assert deprofiled(Parts(40, 10, 30, 20), 70, "gpu") == (Parts(40, 10, 0, 20), None)
     # unprofiled 55: all the host wait, then 15 of the other idle
-    assert unprofiled_split(40, 10, 30, 20, 55) == (40, 10, 0, 5)
-    # a CPU step (no host wait) slowed beyond its idle: compute and communication shrink together
-    assert unprofiled_split(60.0, 20.0, None, 20.0, 40.0) == (30.0, 10.0, None, 0.0)
+    assert deprofiled(Parts(40, 10, 30, 20), 55, "gpu") == (Parts(40, 10, 0, 5), None)
+    # FSDP's share of the host wait gives up the excess with the rest of it, in proportion
+    assert deprofiled(Parts(40, 10, 20, 20, 0, 10), 85, "gpu") == (Parts(40, 10, 10, 20, 0, 5), None)
     # an unprofiled step 2 longer than the traced one (noise the headline accepts): nothing to take out,
     # and the 2 the trace did not see is other idle, so the parts still add up to the step
-    assert unprofiled_split(40, 10, 30, 20, 102) == (40, 10, 30, 22)
+    assert deprofiled(Parts(40, 10, 30, 20), 102, "gpu") == (Parts(40, 10, 30, 22), None)
+    # more excess than idle: the device parts shrink, and the rule says so
+    moved, note = deprofiled(Parts(60, 20, 10, 10), 60, "gpu")
+    assert moved == Parts(45, 15, 0, 0) and note == SHRUNK_DEVICE_NOTE
+
+
+def test_a_cpu_step_is_scaled_whole() -> None:
+    # a CPU rank's thread is the device: every part moves by the rank's clean / traced factor
+    moved, note = deprofiled(Parts(60.0, 20.0, None, 20.0, 0.0, 10.0), 55.0, "cpu")
+    assert note is None and moved == Parts(30.0, 10.0, None, 10.0, 0.0, 5.0)
+    assert rank_scale(55.0, 110.0) == 0.5 and rank_scale(55.0, 0.0) == 1.0
 
 
 def test_bound_kind_needs_half_the_step() -> None:

@@ -58,7 +58,9 @@ def test_steps_timed_before_the_profiled_window_lead(tmp_path: Path) -> None:
     cost = summary.profiler
     assert cost is not None and cost.headline and cost.note is None
     assert cost.unprofiled_steps == [2, 3, 4] and cost.left_out_steps == [0, 1, 5, 9]
-    assert cost.profiled_step_ms == pytest.approx((31 + 35) / 2) and cost.slowdown == pytest.approx(33 / 23, abs=1e-3)
+    # the profiled step is the traced one (one figure for the traced step), the slowdown its ratio to the headline
+    assert cost.profiled_step_ms == pytest.approx(traced_ms, abs=1e-3)
+    assert cost.slowdown == pytest.approx(traced_ms / 23, abs=1e-3)
     assert summary.traced_step_time_ms == pytest.approx(traced_ms, abs=1e-3)
     assert not [n for n in summary.notes if "traced one" in n]
 
@@ -85,7 +87,7 @@ def test_one_unprofiled_step_is_too_few(tmp_path: Path) -> None:
     cost = summary.profiler
     assert cost is not None and not cost.headline and cost.fewest_unprofiled_steps == 1
     assert cost.unprofiled_steps == [6] and cost.unprofiled_step_ms == pytest.approx(21.0)
-    assert cost.slowdown == pytest.approx(31.5 / 21, abs=1e-3)
+    assert cost.slowdown == pytest.approx(traced_ms / 21, abs=1e-3)
     _leads_with_the_trace(summary, traced_ms, "timed 1 clean unprofiled step(s)")
     assert summary.to_json()["profiler"]["note"] == cost.note
     assert not [f for f in summary.findings if f.kind == "profiler"]  # a 1.5x from one step is not said
@@ -113,7 +115,8 @@ def test_profiled_steps_faster_than_unprofiled_is_noise(tmp_path: Path) -> None:
         1: [*SLOW_START, 16, 16, 16, 50, 20, 20, 20],
     })
     cost = summary.profiler
-    assert cost is not None and cost.slowdown == pytest.approx(0.8) and not cost.headline
+    # the timers' own profiled steps decide it (one clock on both sides), and the note says their ratio
+    assert cost is not None and not cost.headline
     _leads_with_the_trace(summary, traced_ms, "0.80x")
 
 

@@ -1,27 +1,34 @@
-"""One clock per run: every view shows one step time and one exposed communication, and whatif's
-baseline is the summary's (docs/concepts.md, "One clock").
+"""One clock per run, one figure per quantity: every view shows one step time, one traced step, one
+profiler share, one exposed communication and one compute, and whatif's baseline is the summary's
+(docs/concepts.md, "One clock").
 
-Checked on every bundled sample and every shared H100 recording: the summary every view shows
-(``completed_summary``: ``summary``, ``record``'s closing lines, ``compare --json``, the notebook), the
-bound's split of its step, and whatif's baseline and its prediction of the recorded setting, which
-must reproduce the summary exactly. The clock says which basis that is, and a replay that misses the
-timers by more than 10 % is never called replayed.
+Checked on every bundled sample, every shared H100 recording and the H200 recordings of model B: the
+summary every view shows (``completed_summary``: ``summary``, ``record``'s closing lines, ``compare
+--json``, the notebook), the bound's split of its step, whatif's baseline, and the summary's advice.
+The figures are held against the run folder's own files, read here without fsdpviz: the trace's
+ProfilerStep spans (the traced step) and the timers' clean steps (each rank's step on the headline's
+clock). The clock says which basis that is, and a replay that misses the timers by more than 10 % is
+never called replayed.
 """
 
 from __future__ import annotations
 
+import json
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from helpers.cli import json_here
+from helpers.rawfiles import raw_trace, timer_step_ms
 
 from fsdpviz.analysis.bound import BASIS_UNPROFILED
 from fsdpviz.api import Run
 from fsdpviz.replay.clock import BASIS_REPLAYED, BASIS_TRACED, RELIABLE_REPLAY_PCT
 from fsdpviz.replay.model import read_model, recorded_settings
-from fsdpviz.whatif.gains import completed_summary
+from fsdpviz.runfolder import clean_steps
+from fsdpviz.whatif.gains import action_setting, completed_summary, summary_model
 from fsdpviz.whatif.predict import predict
 
 SAMPLES_DIR = Path(__file__).parents[2] / "sample_traces"
@@ -29,6 +36,79 @@ SAMPLES = ["fsdp2-cpu-2rank", "fsdp1-cpu-2rank", "zero3-cpu-2rank"]
 SHARED = ["h100-fsdp2-fake8-block", "h100-fsdp2-fake8-block-modelB", "h100-fsdp2-fake8-reshard-false",
           "h100-fsdp1-fake8-block", "h100-fsdp2-ws1-block", "h100-fsdp1-ws1-block", "h100-fsdp2-gloo2-block",
           "h100-hf-trainer-ws1"]
+H200 = ["B", "Bl", "Broot"]
+
+
+def _raw_figures(folder: Path, steps: list[int]) -> tuple[float, dict[int, float]]:
+    """From the run folder's own files: the traced step (each rank's mean ProfilerStep span over
+    ``steps``, median over ranks) and each rank's clean step (the median of its timers' clean steps,
+    run.json's kinds of step)."""
+    run = json.loads((folder / "run.json").read_text())
+    traced = []
+    for path in sorted((folder / "traces").glob("rank*.trace.json*")):
+        raw = raw_trace(path)
+        traced.append(statistics.fmean(raw.step_ms(s) for s in steps))
+    clean: dict[int, float] = {}
+    for rank_info in run["ranks"]:
+        rank = rank_info["rank"]
+        timers = folder / "timers" / f"rank{rank}.jsonl"
+        if not timers.exists():
+            continue
+        wall = timer_step_ms(timers)
+        kept = clean_steps(wall, profiled=rank_info.get("profiled_steps") or run["profile"]["steps"],
+                           unit_timed=rank_info.get("unit_timed_steps", run["profile"].get("unit_timed_steps")),
+                           partial=rank_info.get("partial_step"))
+        if kept:
+            clean[rank] = statistics.median(wall[s] for s in kept)
+    return statistics.median(traced), clean
+
+
+def _one_figure(result: Any, folder: Path) -> None:
+    """One figure per quantity (docs/concepts.md, "One figure per quantity")."""
+    summary = completed_summary(result)
+    clock, bound, cost = summary.clock, summary.bound, summary.profiler
+    assert clock is not None and bound is not None and summary.traced_step_time_ms is not None
+    traced, clean = _raw_figures(folder, summary.steps)
+    # the traced step: one figure, the trace's own spans
+    assert summary.traced_step_time_ms == pytest.approx(traced, abs=2e-3)
+    assert bound.traced_step_ms == summary.traced_step_time_ms
+    if cost is not None:
+        assert cost.profiled_step_ms == summary.traced_step_time_ms
+    # the profiler's share: one figure, the traced step less the headline's
+    if bound.basis == BASIS_UNPROFILED:
+        assert cost is not None
+        share = max(summary.traced_step_time_ms - summary.step_time_ms, 0.0)
+        assert clock.profiler_share_ms == bound.profiler_share_ms == pytest.approx(share, abs=2e-3)
+        # each rank's split is of its own clean step, on the headline's clock
+        for rank, split in bound.per_rank.items():
+            assert split.step_ms == pytest.approx(clean[int(rank)], abs=2e-3), rank
+            parts = (split.compute_ms + split.fsdp_overhead_ms + split.exposed_comm_ms + (split.host_wait_ms or 0.0)
+                     + split.other_idle_ms)
+            assert parts == pytest.approx(split.step_ms, abs=0.01), rank
+        assert summary.step_time_ms == pytest.approx(statistics.median(clean[int(r)] for r in bound.per_rank), abs=2e-3)
+    # the overlap table shows the bound's parts, per rank and for the run
+    ov = summary.overlap
+    assert (ov.compute_ms, ov.exposed_comm_ms, ov.fsdp_overhead_ms) == (
+        bound.compute_ms, bound.exposed_comm_ms, bound.fsdp_overhead_ms)
+    assert ov.idle_ms == pytest.approx((bound.host_wait_ms or 0.0) + bound.other_idle_ms, abs=1e-3)
+    for rank, row in ov.per_rank.items():
+        split = bound.per_rank[rank]
+        assert (row.compute_ms, row.exposed_comm_ms) == (split.compute_ms, split.exposed_comm_ms)
+        assert row.idle_ms == pytest.approx((split.host_wait_ms or 0.0) + split.other_idle_ms, abs=1e-3)
+    # whatif's baseline compute is the bound's (the model's compute, on the same clock)
+    model, _ = summary_model(result)
+    assert model is not None
+    baseline = predict(model, recorded_settings()).baseline
+    assert (baseline.compute_ms, baseline.exposed_comm_ms) == (bound.compute_ms, bound.exposed_comm_ms)
+    # advice: each setting once, and none that whatif calls unmeasurable or unreliable
+    quoted = [a.predicted_gain.rsplit("(fsdpviz whatif: ", 1)[-1] for a in summary.actions if a.predicted_gain]
+    assert len(quoted) == len(set(quoted)), quoted
+    for action in summary.actions:
+        settings = action_setting(action, model) if action.knob else None
+        if settings is None:
+            continue
+        p = predict(model, settings)
+        assert p.reliable and p.measurable is not False, (action.message, p.spread_ms, p.predicted.step_time_ms)
 
 
 def _one_clock(result: Any) -> None:
@@ -72,6 +152,26 @@ def test_samples_have_one_clock(name: str, sample_run: Callable[[str], Any]) -> 
 @pytest.mark.parametrize("name", SHARED)
 def test_shared_h100_recordings_have_one_clock(name: str, gpu_fsdp_run: Callable[[str], Any]) -> None:
     _one_clock(gpu_fsdp_run(name))
+
+
+@pytest.mark.parametrize("name", SAMPLES)
+def test_samples_show_one_figure_per_quantity(name: str, sample_run: Callable[[str], Any]) -> None:
+    _one_figure(sample_run(name), SAMPLES_DIR / name)
+
+
+@pytest.mark.parametrize("name", SHARED)
+def test_shared_h100_recordings_show_one_figure_per_quantity(name: str, gpu_fsdp_dir: Path,
+                                                             gpu_fsdp_run: Callable[[str], Any]) -> None:
+    _one_figure(gpu_fsdp_run(name), gpu_fsdp_dir / name)
+
+
+@pytest.mark.parametrize("name", H200)
+def test_h200_recordings_show_one_figure_per_quantity(name: str, gpu_h200_dir: Path,
+                                                      session_memo: Callable[..., Any]) -> None:
+    from fsdpviz.analysis.pipeline import analyse
+
+    result = session_memo(("gpu-h200", name), lambda: analyse([gpu_h200_dir / name], cache=False))
+    _one_figure(result, gpu_h200_dir / name)
 
 
 @pytest.mark.parametrize("name", ["fsdp2-cpu-2rank", "zero3-cpu-2rank"])

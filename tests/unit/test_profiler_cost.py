@@ -133,17 +133,25 @@ def _traced_step_ms(run_dir: Path, rank: int = 0) -> dict[int, float]:
 @pytest.mark.parametrize("name", GPU_RECORDINGS)
 def test_real_gpu_recordings_measure_the_slowdown_the_profiler_traced(name: str, gpu_fsdp_dir: Path,
                                                                       gpu_fsdp_run: Callable[[str], Any]) -> None:
-    """The slowdown against the profiler's own step lengths over the recorder's wall clock of the clean
-    steps; the two instruments agree within 5 % on every recording (1.06x for the gloo run's long
-    steps, 1.8x for model B's launch-bound ones)."""
+    """The slowdown is the profiler's own step lengths (the analysed steps' ProfilerStep#N spans, mean)
+    over the recorder's wall clock of the clean steps (1.06x for the gloo run's long steps, 1.8x for
+    model B's launch-bound ones), and the two instruments agree on the profiled steps within 5 % on
+    every recording: the trace's spans and the timers' CUDA events of the same steps."""
     run_dir = gpu_fsdp_dir / name
     assert json.loads((run_dir / "run.json").read_text())["profile"]["steps"] == list(PROFILED)
     wall = _timer_step_ms(run_dir)
     clean_ms = statistics.median(ms for step, ms in wall.items() if step >= FIRST_CLEAN)
-    traced_ms = statistics.median(_traced_step_ms(run_dir)[step] for step in PROFILED)
-    cost = gpu_fsdp_run(name).summary.profiler
+    spans = _traced_step_ms(run_dir)
+    assert statistics.median(spans[s] for s in PROFILED) == pytest.approx(
+        statistics.median(wall[s] for s in PROFILED), rel=0.05)
+    summary = gpu_fsdp_run(name).summary
+    cost = summary.profiler
     assert cost is not None
-    assert cost.slowdown == pytest.approx(traced_ms / clean_ms, rel=0.05)
+    traced_ms = statistics.fmean(spans[s] for s in summary.steps)
+    ranks = len(json.loads((run_dir / "run.json").read_text())["ranks"])
+    # one rank: the run's traced step is rank 0's; more: the median over ranks, near rank 0's
+    assert cost.profiled_step_ms == summary.traced_step_time_ms
+    assert cost.slowdown == pytest.approx(traced_ms / cost.unprofiled_step_ms, rel=1e-3 if ranks == 1 else 0.05)
     assert 5 in cost.left_out_steps and 5 not in cost.unprofiled_steps
     if len(json.loads((run_dir / "run.json").read_text())["ranks"]) == 1:
         assert cost.unprofiled_step_ms == pytest.approx(clean_ms, abs=1e-3)
@@ -167,8 +175,8 @@ def test_a_recording_with_four_clean_steps_leads_with_the_unprofiled_step(
     # a finding says how much of the traced step is the profiler's, after the run's own findings
     (finding,) = [f for f in summary.findings if f.kind == "profiler"]
     assert summary.findings[-1] is finding
-    assert finding.lost_ms_per_step == pytest.approx(statistics.median(traced[s] for s in PROFILED) - clean_ms,
-                                                     rel=0.05)
+    assert finding.lost_ms_per_step == pytest.approx(statistics.mean(traced[s] for s in summary.steps) - clean_ms,
+                                                     abs=1e-3)
     assert f"{cost.slowdown:.2f}x" in finding.message
     assert summary.to_json()["profiler"]["slowdown"] == cost.slowdown
 

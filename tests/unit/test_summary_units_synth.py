@@ -74,6 +74,8 @@ def test_summary_lists_findings_with_the_models_exposed_time(tmp_path, capsys) -
     # the actions --json lists, the first five shown (alike findings in one line), the rest counted
     shown = [a for a in actions if not a["folded"]]
     assert shown and all(" ".join(a["message"].split()) in text for a in shown)
-    assert sum(a["count"] for a in actions if a["kind"] != "bound") == len(findings)
+    # every finding is counted once: in its own action, or in the one that leads to its setting (the
+    # bound's own count is 1 before it takes the findings of its setting)
+    assert sum(a["count"] for a in actions) - sum(1 for a in actions if a["kind"] == "bound") == len(findings)
     if len(shown) < len(actions):
         assert f"{len(actions) - len(shown)} more action(s) and all {len(findings)} finding(s)" in text

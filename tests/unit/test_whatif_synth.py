@@ -157,23 +157,44 @@ def test_findings_quote_what_their_knob_would_gain(base_model: Model) -> None:
     assert f"Try: {knob}. Predicted {step:+.2f} ms/step" in action_text(action)
 
 
-def test_the_summary_says_which_ranks_its_model_read(base_model: Model) -> None:
-    """A summary reads the model on a few ranks of a large run (whatif.gains.GAIN_RANKS): the clock
-    lists them and the terminal and the report's headline say so, since the actions' predicted gains
-    are theirs; a model read on every rank names none."""
-    from fsdpviz.commands.summary import clock_text
-    from fsdpviz.report.data import prepare_report
-    from fsdpviz.report.headline import headline_section
-    from fsdpviz.whatif.gains import GAIN_RANKS, completed_summary
+@pytest.fixture(scope="module")
+def twelve_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The base run on 12 ranks whose last three load their data late (stragglers): ranks that differ,
+    so that a model read on other ranks predicts otherwise."""
+    scenario = dataclasses.replace(BASE, world_size=12, shared_timeline=False,
+                                   step_delay_ns={9: 4_000_000, 10: 6_000_000, 11: 8_000_000})
+    return generate_run(scenario, tmp_path_factory.mktemp("whatif-12"), run_folder=True).folder
 
-    result = base_model.result
-    assert len(result.analysis.ranks) == 8 > GAIN_RANKS
+
+def test_the_summary_and_whatif_read_one_model(twelve_ranks: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One model per run: on 12 ranks the summary's advice and ``whatif`` read the same 8 ranks spread
+    over the run (the first and the last among them), both say which, and every setting the summary
+    prices is the change ``whatif`` predicts for it, to the µs."""
+    from helpers.cli import json_here
+
+    from fsdpviz.commands.summary import clock_text
+    from fsdpviz.replay.model import MODEL_RANKS
+    from fsdpviz.whatif.gains import completed_summary
+
+    summary = json_here(capsys, "summary", str(twelve_ranks), "--json", "-q", "--no-cache")
+    ranks = summary["clock"]["ranks"]
+    assert len(ranks) == MODEL_RANKS and ranks[0] == 0 and ranks[-1] == 11 and len(set(ranks)) == MODEL_RANKS
+    result = analyse([twelve_ranks], cache=False)
     clock = completed_summary(result).clock
-    assert clock is not None and clock.ranks == list(range(GAIN_RANKS))
-    said = f"the model read rank(s) 0-{GAIN_RANKS - 1} only, and the actions' predicted gains are theirs"
-    assert clock_text(clock).endswith(said)
-    facts = {f.label: f for f in headline_section(prepare_report(result)).facts}
-    assert facts["clock"].hint == clock_text(clock)
-    assert base_model.recording.steps and {s.rank for s in base_model.recording.steps} == set(range(8))
-    whole = predict(base_model, Settings()).clock  # whatif reads every rank: no ranks named
-    assert whole is not None and whole["ranks"] is None
+    assert clock is not None and clock.ranks == ranks
+    assert clock_text(clock).endswith("only, and the actions' predicted gains are theirs")
+    priced = [(a["predicted_gain"].rsplit("(fsdpviz whatif: ", 1)[1].rstrip(")"), a["predicted_change_ms"])
+              for a in summary["actions"] if a["predicted_gain"]]
+    assert priced, summary["actions"]
+    options = {"prefetch": "--prefetch", "wrap": "--wrap"}
+    checked = 0
+    for key, change in priced:
+        name, value = key.split(" ", 1)
+        if name not in options:
+            continue
+        whatif = json_here(capsys, "whatif", str(twelve_ranks), options[name], value, "--json", "-q", "--no-cache")
+        assert whatif["clock"]["ranks"] == ranks
+        predicted = whatif["predicted"]["step_time_ms"] - whatif["baseline"]["step_time_ms"]
+        assert predicted == pytest.approx(change, abs=2e-3), key
+        checked += 1
+    assert checked

@@ -9,7 +9,7 @@ the median over ranks:
 - ``step_time_ms``: the timers' unprofiled steps when the summary's step time is theirs
   (``step_time_source`` ``timers``), else the analysed steps as traced;
 - ``overlap.exposed_comm_ms`` and ``overlap.comm_ms``: the analysed steps' exposed and total
-  communication;
+  communication, moved to the run's clock as the figures are (``bound.device_scale``);
 - ``overlap.overlap_pct``: the analysed steps' share of communication hidden behind compute, in
   percentage points (``spread_points``: a ratio has no spread in ms);
 - a unit group's times: the group's units summed per step (forward and backward compute, all-gather,
@@ -90,7 +90,9 @@ def step_values_ms(run: LabelledRun, key: str) -> pd.Series | None:
     times = run.analysis.step_times
     if column is None or times.empty:
         return None
-    return times.groupby("step")[column].median() / NS_PER_MS
+    # the traced steps' values moved to the run's clock as its figure was (the bound's device_scale)
+    scale = summary.bound.device_scale if summary.bound is not None else 1.0
+    return scale * times.groupby("step")[column].median() / NS_PER_MS
 
 
 def headline_spread_ms(run: LabelledRun, key: str) -> float | None:
