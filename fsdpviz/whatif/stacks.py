@@ -6,7 +6,9 @@ Each stack's own source is the reference for what a key does:
 
 - HF Trainer (transformers ``TrainingArguments._process_fsdp_args``): ``fsdp_config`` keys. FSDP2
   (``version`` 2, the default) takes ``reshard_after_forward`` (a bool, every unit the same) and
-  ``auto_wrap_policy`` (``TRANSFORMER_BASED_WRAP`` by class, ``SIZE_BASED_WRAP``, ``NO_WRAP``); FSDP1
+  ``auto_wrap_policy`` (``TRANSFORMER_BASED_WRAP`` by class, ``SIZE_BASED_WRAP``, ``NO_WRAP``; under FSDP2
+  accelerate shards the embeddings and the final norm apart whatever the policy, so one unit for the
+  whole model cannot be said); FSDP1
   (``version`` 1) also ``backward_prefetch`` (``BACKWARD_PRE`` / ``BACKWARD_POST`` / ``NO_PREFETCH``) and
   ``forward_prefetch``. ZeRO-3 runs from the DeepSpeed JSON given as ``deepspeed=``.
 - accelerate (``FullyShardedDataParallelPlugin``, ``accelerate launch``'s FSDP arguments): the same
@@ -126,6 +128,11 @@ def _cannot(change: _Change, stack: str, version: int) -> list[str]:
     if change.wrap and change.wrap != "root":
         why.append(f"--wrap {change.wrap}: {stack} wraps by module class (TRANSFORMER_BASED_WRAP) or size "
                    "(SIZE_BASED_WRAP), not by a list of modules")
+    if change.wrap == "root" and version == 2:
+        # accelerate's fsdp2_prepare_model shards the input embedding and [final norm, output embedding]
+        # as units of their own whatever the policy: NO_WRAP leaves three units, not one
+        why.append(f"--wrap root: {stack} under FSDP2 always shards the input embedding and the final norm with "
+                   "the output embedding as units of their own (accelerate's fsdp2_prepare_model), NO_WRAP included")
     if change.keep_last:
         why.append(f"keeping the last {change.keep_last} unit(s)' parameters: {stack} sets "
                    "reshard_after_forward for every unit at once")

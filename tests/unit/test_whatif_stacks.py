@@ -96,13 +96,14 @@ def test_fsdp2_reshard_false_in_each_stacks_own_terms(tmp_path: Path, monkeypatc
     assert 'def parallelize(model, device_mesh):' in forms[LIGHTNING]["text"]
 
 
-def test_fsdp2_root_wrap_is_no_wrap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fsdp2_root_wrap_cannot_be_said_by_accelerate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """accelerate's NO_WRAP is a policy of no blocks, yet under FSDP2 accelerate still shards the embedding
+    and [final norm, lm_head] apart (the HF Trainer's recording of NO_WRAP holds three units): no form."""
     forms = _forms(_recording(FSDP2), ROOT)
-    assert forms[HF_TRAINER]["changes"] == {"auto_wrap_policy": "NO_WRAP"}
-    assert _hf_plugin_args(set_keys(HF_BASE, forms[HF_TRAINER]["changes"]), tmp_path)["auto_wrap_policy"] == "NO_WRAP"
-    plugin = _accelerate_plugin(["--fsdp_version", "2", "--fsdp_transformer_layer_cls_to_wrap", "Block",
-                                 *launch_flags(forms[ACCELERATE]["changes"])], monkeypatch)
-    assert plugin.auto_wrap_policy is None  # accelerate's NO_WRAP: fully_shard on the model alone
+    for stack in (HF_TRAINER, ACCELERATE):
+        assert forms[stack]["text"] is None and "fsdp2_prepare_model" in forms[stack]["note"]
+    plugin = _accelerate_plugin(["--fsdp_version", "2", "--fsdp_auto_wrap_policy", "NO_WRAP"], monkeypatch)
+    assert plugin.auto_wrap_policy is None  # the policy is off; the carving is fsdp2_prepare_model's own
 
 
 @pytest.mark.parametrize("settings, why", [
