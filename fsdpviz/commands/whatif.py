@@ -7,7 +7,7 @@ import json
 import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -72,7 +72,15 @@ def whatif(
         "--json", help='Print {"baseline": {...}, "predicted": {...}} (with --explore: the ranked grid).')] = False,
     code: Annotated[bool, typer.Option(
         "--code", help="Print only the setting as code: a shard_model(model) that applies it to an unsharded "
-                       "model of the recorded architecture (FSDP2, FSDP1), or zero_config(config) (ZeRO-3).")] = False,
+                       "model of the recorded architecture (FSDP2, FSDP1), or zero_config(config) (ZeRO-3); "
+                       "with --stack, or where the recorded launcher names a stack, the keys that stack "
+                       "changes instead.")] = False,
+    stack: Annotated[str | None, typer.Option(
+        "--stack", metavar="code|hf_trainer|accelerate|lightning|deepspeed",
+        help="With --code: print the setting as this stack takes it (the HF Trainer's fsdp_config, accelerate's "
+             "config keys, Lightning's strategy, the DeepSpeed JSON; code: the framework's own calls). Default: "
+             "the stack the recorded launcher names (accelerate launch, deepspeed), else code.",
+        show_default=False)] = None,
     output: Annotated[Path | None, typer.Option(
         "-o", "--output", metavar="FILE", help="Also write an HTML page: the recorded and the predicted step on one time axis, "
                                "unit by unit, with their memory curves.", show_default=False)] = None,
@@ -117,6 +125,12 @@ def whatif(
     if explore_grid and settings.describe() != "as recorded":
         raise UsageError("--explore tries its own grid of settings: leave out --wrap, --prefetch, "
                          "--reshard-after-forward and --world-size")
+    from fsdpviz.whatif.stacks import STACKS
+
+    if stack is not None and stack not in STACKS:
+        raise UsageError(f"--stack {stack}: expected one of {', '.join(STACKS)}")
+    if stack is not None and not code:
+        raise UsageError("--stack says which form --code prints: add --code (the JSON has every form as 'apply.stacks')")
     if code and (explore_grid or as_json):
         raise UsageError("--code prints one setting's code: leave out --explore and --json (the JSON has it as 'apply')")
     if explore_grid and (output is not None or save):
@@ -152,12 +166,7 @@ def whatif(
 
     prediction = predict(model, settings)
     if code:
-        apply = prediction.apply
-        if apply is None or apply.code is None:
-            raise UsageError(f"no code for {settings.describe()}: {apply.note if apply is not None else 'none written'}")
-        sys.stdout.write(apply.code)
-        if apply.note:
-            say(f"note: {apply.note}")
+        print_code(prediction, settings, stack, say)
         return
     if as_json:
         sys.stdout.write(json.dumps(prediction.to_json(), indent=2) + "\n")
@@ -174,6 +183,37 @@ def whatif(
         written = build_whatif(model, prediction, output, source=str(run))
         say(f"wrote {written.path} ({written.size_bytes / 1e6:.1f} MB)")
     say(f"predicted in {time.perf_counter() - started:.1f} s")
+
+
+def print_code(prediction: Prediction, settings: Settings, stack: str | None, say: Callable[[str], None]) -> None:
+    """``--code``: the code form, or ``stack``'s form (by default the one the recorded launcher names);
+    a usage error where that form cannot say the setting."""
+    from fsdpviz.whatif.stacks import CODE
+
+    apply = prediction.apply
+    if apply is None:
+        raise UsageError(f"no code for {settings.describe()}: none written")
+    chosen = stack or apply.stack or CODE
+    if chosen != CODE:
+        form = apply.form(chosen)
+        if form is None and stack is not None:
+            raise UsageError(f"--stack {chosen}: no form for a {apply.framework} recording (forms: "
+                             f"{', '.join([CODE, *(f.stack for f in apply.stacks)])})")
+        if form is not None and form.text is None and stack is not None:
+            raise UsageError(f"no {chosen} form for {settings.describe()}: {form.note}")
+        if form is not None and form.text is not None:
+            sys.stdout.write(form.text)
+            if form.note:
+                say(f"note: {form.note}")
+            return
+        # the launcher's stack cannot say it: the code form, which every stack can run, and why
+        say(f"note: the recorded launcher's stack ({chosen}) cannot say it: "
+            f"{form.note if form is not None else 'no form for ' + apply.framework}")
+    if apply.code is None:
+        raise UsageError(f"no code for {settings.describe()}: {apply.note}")
+    sys.stdout.write(apply.code)
+    if apply.note:
+        say(f"note: {apply.note}")
 
 
 def parse_bytes(text: str, option: str) -> int:

@@ -178,9 +178,11 @@ def _match(rec: Recording, pattern: str) -> dict[str, str]:
     modules = {u: rec.modules.get(u, unit_modules(u)) for u in rec.units if u != ROOT_UNIT}
     known = sorted({m for ms in modules.values() for m in ms} | {_parent(m) for ms in modules.values() for m in ms})
     matched = [m for m in known if m and regex.search(m)]
-    finer = [m for ms in modules.values() for m in ms
-             if any(x.startswith(m + ".") for x in _all_names(rec)) and regex.search(m) is None
-             and any(regex.search(x) for x in _all_names(rec) if x.startswith(m + "."))]
+    # a matched module strictly inside a recorded unit's module, and no unit's own module, would take
+    # part of that unit's parameters; a matched nested unit (match:experts$ inside blocks.4) is a
+    # recorded unit with its own times, and stays one while its parent goes to its own holder
+    own = {m for ms in modules.values() for m in ms}
+    finer = [m for m in matched if m not in own and any(m.startswith(x + ".") for x in own)]
     if finer:
         raise UsageError(f"--wrap match:{pattern} makes units inside recorded units ({', '.join(finer[:3])}): "
                          "that needs per-module times, which this recording does not have")

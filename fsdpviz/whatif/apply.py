@@ -18,6 +18,10 @@ and ``note`` says what could not be resolved, instead of a guess.
 - ZeRO-3: the config keys (``zero_optimization``), as ``zero_config(config)``, which sets them in a
   DeepSpeed config dict.
 
+Beside the code, ``stacks`` holds the setting as each stack built on the framework takes it (the HF
+Trainer's ``fsdp_config``, accelerate's config keys, Lightning's strategy, the DeepSpeed JSON:
+:mod:`.stacks`), and ``stack`` the one the recorded launcher names.
+
 ``**fsdp_kwargs`` of ``shard_model`` pass on what the setting does not decide (mixed precision, the
 device mesh, the device).
 """
@@ -33,6 +37,8 @@ from fsdpviz.replay import program as prog
 from fsdpviz.replay.recorded import Recording
 from fsdpviz.replay.settings import GIVEN, Settings
 from fsdpviz.vocabulary import FSDP1, FSDP2, ZERO3
+from fsdpviz.whatif import stacks as stack_forms
+from fsdpviz.whatif.stacks import StackForm
 
 FSDP2_IMPORT: Final = '''try:
     from torch.distributed.fsdp import fully_shard
@@ -53,14 +59,38 @@ class Apply:
     code: str | None
     lines: list[str] = field(default_factory=list)
     note: str = ""
+    stack: str = ""
+    """The stack the recorded launcher names (:func:`.stacks.launched_by`); "" where it names none."""
+    stacks: list[StackForm] = field(default_factory=list)
+    """The setting as each stack on the framework takes it (:mod:`.stacks`)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"framework": self.framework, "code": self.code, "lines": self.lines, "note": self.note}
+        return {"framework": self.framework, "code": self.code, "lines": self.lines, "note": self.note,
+                "stack": self.stack, "stacks": [f.to_json() for f in self.stacks]}
+
+    def form(self, stack: str) -> StackForm | None:
+        """The form of ``stack`` (:data:`.stacks.STACKS`), None where the framework has none."""
+        return next((f for f in self.stacks if f.stack == stack), None)
 
 
-def apply_code(rec: Recording, params: dict[str, list[str]], settings: Settings, describe: str) -> Apply:
-    """``settings`` (filled in: every value known) as code for ``rec``'s framework; ``params``: each
-    recorded unit's parameter names (run.json), ``describe``: the setting in words, for the docstring."""
+def apply_code(rec: Recording, params: dict[str, list[str]], settings: Settings, describe: str,
+               launcher: str = "") -> Apply:
+    """``settings`` (filled in: every value known) as code for ``rec``'s framework, and as each stack
+    on it takes it; ``params``: each recorded unit's parameter names (run.json), ``describe``: the
+    setting in words, for the docstring; ``launcher``: the stack the recorded command names."""
+    out = _code(rec, params, settings, describe)
+    out.stack = launcher
+    bucket = None
+    if rec.framework == ZERO3 and settings.prefetch_changed(rec.prefetch) and rec.unit_numels:
+        numels = [rec.unit_numels.get(u, 0) for u in rec.units]
+        value = (prefetch_args.arguments(ZERO3, settings.prefetch, numels) or {}).get("stage3_prefetch_bucket_size")
+        bucket = value if isinstance(value, int) else None
+    fsdp1 = fsdp1_arguments(rec, settings) if rec.framework == FSDP1 else {}
+    out.stacks = stack_forms.forms(rec, settings, fsdp1, bucket, out.code)
+    return out
+
+
+def _code(rec: Recording, params: dict[str, list[str]], settings: Settings, describe: str) -> Apply:
     if rec.framework == ZERO3:
         return _zero3(rec, settings, describe)
     _, new_units, members = prog.regrouped(rec, settings)

@@ -42,6 +42,7 @@ from fsdpviz.structure.parallelism import known_dims
 from fsdpviz.vocabulary import FSDP1, FSDP2, ZERO3
 from fsdpviz.whatif import bounds, known
 from fsdpviz.whatif.apply import Apply, apply_code, fsdp1_arguments
+from fsdpviz.whatif.stacks import DEEPSPEED, launched_by
 
 if TYPE_CHECKING:
     from fsdpviz.structure.profiler_cost import ProfilerCost
@@ -229,14 +230,20 @@ def predict(model: Model, settings: Settings) -> Prediction:
                       notes=notes, replay=timing.replays, simulated=simulated, steps=timing.recording.steps, memory=memory,
                       assumed=assumed(full, rec) + peak.assumed + mesh_assumed(model, full),
                       prefetch_arguments=prefetch_arguments(rec, full),
-                      apply=apply_code(rec, unit_params(model.result), full, settings.describe()))
-    if prediction.apply is not None and prediction.apply.code is not None:
+                      apply=apply_code(rec, unit_params(model.result), full, settings.describe(),
+                                       launched_by(info.command) if (info := model.result.traces.run) else ""))
+    if prediction.apply is not None:
         # the code travels alone (a file, a commit): it carries how far its prediction can be trusted
-        prediction.apply.code = code_header(prediction) + prediction.apply.code
+        if prediction.apply.code is not None:
+            prediction.apply.code = code_header(prediction) + prediction.apply.code
+        for form in prediction.apply.stacks:
+            if form.text is not None:
+                # the DeepSpeed form is JSON: // comments, which DeepSpeed's own loader (hjson) reads
+                form.text = code_header(prediction, "//" if form.stack == DEEPSPEED else "#") + form.text
     return prediction
 
 
-def code_header(p: Prediction) -> str:
+def code_header(p: Prediction, comment: str = "#") -> str:
     """Comment lines for the top of ``p``'s code: the setting, its predicted step and peak against the
     recorded ones, whether the prediction is reliable (the replay's error) and measurable (against
     the recording's step-to-step spread)."""
@@ -257,7 +264,7 @@ def code_header(p: Prediction) -> str:
     else:
         lines.append(f"{'measurable' if p.measurable else 'not measurable'}: the recording's step-to-step spread is "
                      f"{p.spread_ms:,.2f} ms, the predicted change {abs(change):,.2f} ms")
-    return "".join(f"# {line}\n" for line in lines) + "\n"
+    return "".join(f"{comment} {line}\n" for line in lines) + "\n"
 
 
 def unit_params(result: RunResult) -> dict[str, list[str]]:

@@ -6,7 +6,8 @@
 On a machine without GPUs accelerate runs the processes as ``MULTI_CPU`` and silently wraps the
 model in ``DistributedDataParallel`` instead. ``--force-fsdp`` makes accelerate take the FSDP path
 anyway (its state says a multi-GPU job before the Accelerator is created, so the FSDP plugin is
-applied; the model stays on the CPU), which is how FSDP can be exercised on CPU.
+applied; the model stays on the CPU), which is how FSDP can be exercised on CPU. ``--fsdp-config FILE``
+passes a JSON file as ``fsdp_config``, as HF users keep it (``TrainingArguments`` reads the file itself).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ def main() -> None:
     parser.add_argument("--force-fsdp", action="store_true")
     parser.add_argument("--log-losses", default="")
     parser.add_argument("--out", default="hf-out")
+    parser.add_argument("--fsdp-config", default=None, help="a JSON file for TrainingArguments(fsdp_config=...)")
     args = parser.parse_args()
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -67,7 +69,8 @@ def main() -> None:
     training = TrainingArguments(
         output_dir=args.out, max_steps=args.steps, per_device_train_batch_size=2, learning_rate=1e-3,
         logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, dataloader_num_workers=0,
-        fsdp="full_shard auto_wrap", fsdp_config={"transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]},
+        fsdp="full_shard auto_wrap",
+        fsdp_config=args.fsdp_config or {"transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]},
         seed=0, disable_tqdm=True,
     )
     if args.force_fsdp:

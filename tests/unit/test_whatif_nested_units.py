@@ -92,12 +92,15 @@ SETTINGS = {
     "merge:2": Settings(wrap=Wrap("merge", k=2), prefetch="recorded"),
     "merge:3": Settings(wrap=Wrap("merge", k=3), prefetch="recorded"),
     "root": Settings(wrap=Wrap("root"), prefetch="recorded"),
+    "match:experts$": Settings(wrap=Wrap("match", pattern="experts$"), prefetch="recorded"),
 }
 KEPT = {  # the units each setting keeps, in forward order
     **dict.fromkeys(("recorded", "reshard false", "prefetch 1", "prefetch none"), UNITS),
     "merge:2": [ROOT_UNIT, "[blocks.0, blocks.1]", "[blocks.2, blocks.3]", "[blocks.4, blocks.5]", E4, E5],
     "merge:3": [ROOT_UNIT, "[blocks.0, blocks.1, blocks.2]", "[blocks.3, blocks.4, blocks.5]", E4, E5],
     "root": [ROOT_UNIT],
+    # the experts match and stay units; the blocks, matched by nothing, go to the root
+    "match:experts$": [ROOT_UNIT, E4, E5],
 }
 
 
@@ -119,7 +122,9 @@ def test_every_setting_simulates_every_unit_it_keeps_with_all_their_work(name: s
     gathered = {phase: sum(g.bytes for g in program.gathers if g.phase == phase) for phase in (FORWARD, BACKWARD)}
     assert gathered[FORWARD] == sum(UNIT_BYTES.values())
     # the root keeps its parameters after forward (FSDP2's root); so does every unit under reshard false
-    kept_after_forward = sum(UNIT_BYTES.values()) if name in ("reshard false", "root") else UNIT_BYTES[ROOT_UNIT]
+    # (under match:experts$ the root holds the blocks too)
+    kept_after_forward = sum(UNIT_BYTES.values()) if name in ("reshard false", "root") else sum(
+        UNIT_BYTES[u] for u in UNITS if group[u] == ROOT_UNIT)
     assert gathered[BACKWARD] == sum(UNIT_BYTES.values()) - kept_after_forward
     assert sorted(r.unit for r in program.reduces) == sorted(KEPT[name])  # one reduction per unit
 
@@ -141,6 +146,19 @@ def test_merge_joins_siblings_never_a_unit_and_one_nested_in_it() -> None:
     for new in set(group.values()):
         members = [u for u, g in group.items() if g == new]
         assert not any(m.startswith(f"{o}.") for m in members for o in members)
+
+
+def test_match_keeps_a_matched_nested_unit_and_refuses_a_module_inside_a_unit() -> None:
+    """match:experts$ names the two nested units: they stay units, their blocks go to the root. A
+    pattern matching a module inside a recorded unit that is no unit itself (blocks.4.moe, which holds
+    the router beside the experts) would split blocks.4's parameters: refused, one line."""
+    from fsdpviz.errors import UsageError
+
+    rec = _recording()
+    group = prog.group_units(rec, Settings(wrap=Wrap("match", pattern="experts$")))
+    assert group == {ROOT_UNIT: ROOT_UNIT, **dict.fromkeys(BLOCKS, ROOT_UNIT), E4: E4, E5: E5}
+    with pytest.raises(UsageError, match=r"makes units inside recorded units \(blocks.4.moe, blocks.5.moe\)"):
+        prog.group_units(rec, Settings(wrap=Wrap("match", pattern=r"moe$")))
 
 
 def _nested_model() -> torch.nn.Module:
@@ -182,6 +200,7 @@ CODE_SETTINGS = {
     "merge:2": Settings(wrap=Wrap("merge", k=2), sources={"wrap": GIVEN}),
     "root": Settings(wrap=Wrap("root"), sources={"wrap": GIVEN}),
     "prefetch 2": Settings(prefetch="2", sources={"prefetch": GIVEN}),
+    "match:experts$": Settings(wrap=Wrap("match", pattern="experts$"), sources={"wrap": GIVEN}),
 }
 
 

@@ -1,0 +1,127 @@
+"""The advised setting in the user's own stack's terms, recorded for real: record a client program of
+``tests/clients/``, ask whatif for a setting, apply the keys its stack form writes the way that stack's
+users do (a JSON ``fsdp_config`` file for the HF Trainer, a DeepSpeed JSON config file), record again.
+
+The second run.json -- what the recorder read from FSDP's and DeepSpeed's own state -- must hold the
+predicted units with the written setting, the peak must be within 3 % of the prediction (on CPU the
+allocator's peak is exact; the round trip's target in docs/whatif.md), and the losses must be the first
+run's bit for bit where the setting leaves the maths alone. Marker ``clients`` (``make test-clients``).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers.jobs import NO_OUTPUT, REPO, fsdpviz, record_env, retried, torchrun
+from helpers.roundtrip import losses, recorded_units, whatif_json
+
+from fsdpviz.whatif.stacks import DEEPSPEED, HF_TRAINER, set_keys
+
+pytestmark = [pytest.mark.slow, pytest.mark.clients]
+
+CLIENTS = REPO / "tests" / "clients"
+STEPS = ("--steps", "6")
+RECORD = (*NO_OUTPUT, "--warmup", "2", "--steps", "3")
+HF_CONFIG = {"transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]}  # the client's own fsdp_config
+DS_CONFIG = {  # tests/clients/deepspeed_json.py's own config, as its user keeps it in a file
+    "train_micro_batch_size_per_gpu": 4,
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
+    "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+    "steps_per_print": 10**9,
+}
+
+
+def _record(run_dir: Path, script: str, *args: str, env: dict[str, str] | None = None) -> Path:
+    command = torchrun(CLIENTS / script, *STEPS, *args, "--log-losses", f"{run_dir}.loss-{{rank}}")
+    proc = retried(lambda: fsdpviz("record", "--out", str(run_dir), *RECORD, "--", *command,
+                                   env=record_env(**(env or {})), timeout=600),
+                   tidy=lambda: shutil.rmtree(run_dir, ignore_errors=True))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run_dir
+
+
+def _peak(run_dir: Path) -> int:
+    proc = fsdpviz("summary", str(run_dir), "--json", "-q")
+    return int(json.loads(proc.stdout)["memory"]["peak_allocated_bytes"])
+
+
+def _form(predicted: dict[str, Any], stack: str) -> dict[str, Any]:
+    return next(f for f in predicted["apply"]["stacks"] if f["stack"] == stack)
+
+
+@pytest.fixture(scope="module")
+def hf_trainer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("transformers")
+    return _record(tmp_path_factory.mktemp("hf") / "hf-trainer", "hf_trainer.py", "--force-fsdp", "--out",
+                   str(tmp_path_factory.mktemp("hf-out")))
+
+
+def test_hf_trainer_fsdp_config_records_the_predicted_units(hf_trainer: Path) -> None:
+    """The HF Trainer (FSDP2 through accelerate), reshard after forward false: the written ``fsdp_config``
+    key, merged into the client's own config and passed as a JSON file, gives the predicted units (each
+    kept gathered after forward) and peak."""
+    predicted = whatif_json(hf_trainer, "--reshard-after-forward", "false")
+    form = _form(predicted, HF_TRAINER)
+    assert form["changes"] == {"reshard_after_forward": False} and form["text"] is not None
+    config = hf_trainer.parent / "fsdp_config.json"
+    config.write_text(json.dumps(set_keys(HF_CONFIG, form["changes"])))
+    again = _record(hf_trainer.parent / "hf-reshard-false", "hf_trainer.py", "--force-fsdp", "--fsdp-config",
+                    str(config), "--out", str(hf_trainer.parent / "hf-out"))
+    recorded = recorded_units(again)
+    assert list(recorded) == [u["name"] for u in predicted["predicted"]["units"]]
+    assert {u["reshard_after_forward"] for u in recorded.values()} == {False}
+    assert _peak(again) == pytest.approx(predicted["predicted"]["peak_allocated_bytes"], rel=0.03)
+    assert losses(again, ranks=2) == losses(hf_trainer, ranks=2)
+
+
+def test_hf_trainer_says_it_cannot_wrap_the_model_as_one_unit(hf_trainer: Path) -> None:
+    """accelerate's FSDP2 shards the embedding and [norm, lm_head] apart whatever the policy (recorded:
+    the per-layer run's units): whatif --wrap root has no fsdp_config form, and says why."""
+    assert {"model.embed_tokens", "[model.norm, lm_head]"} <= set(recorded_units(hf_trainer))
+    form = _form(whatif_json(hf_trainer, "--wrap", "root"), HF_TRAINER)
+    assert form["text"] is None and "fsdp2_prepare_model" in form["note"]
+    proc = fsdpviz("whatif", str(hf_trainer), "--wrap", "root", "--code", "--stack", HF_TRAINER, "-q")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "fsdp2_prepare_model" in proc.stderr
+
+
+@pytest.fixture(scope="module")
+def zero3_json(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict[str, Any]]:
+    """The DeepSpeed client recorded from its JSON file, and again from the file with the keys whatif
+    wrote for ``--prefetch 1``."""
+    pytest.importorskip("deepspeed")
+    env = {"DS_ACCELERATOR": "cpu"}
+    folder = tmp_path_factory.mktemp("ds")
+    config = folder / "ds_config.json"
+    config.write_text(json.dumps(DS_CONFIG))
+    base = _record(folder / "zero3", "deepspeed_json.py", "--deepspeed_config", str(config), env=env)
+    predicted = whatif_json(base, "--prefetch", "1")
+    changed = folder / "ds_config-prefetch1.json"
+    changed.write_text(json.dumps(set_keys(DS_CONFIG, _form(predicted, DEEPSPEED)["changes"])))
+    again = _record(folder / "zero3-prefetch1", "deepspeed_json.py", "--deepspeed_config", str(changed), env=env)
+    return base, again, predicted
+
+
+def test_zero3_json_key_records_the_predicted_bucket(zero3_json: tuple[Path, Path, dict[str, Any]]) -> None:
+    """ZeRO-3 through its JSON: the written ``zero_optimization.stage3_prefetch_bucket_size`` is the bucket
+    DeepSpeed ran with (read by the recorder from the engine), the units are unchanged, the maths too."""
+    base, again, predicted = zero3_json
+    bucket = predicted["predicted"]["settings"]["prefetch"]["arguments"]["stage3_prefetch_bucket_size"]
+    assert _form(predicted, DEEPSPEED)["changes"] == {"zero_optimization.stage3_prefetch_bucket_size": bucket}
+    recorded = recorded_units(again)
+    assert {u["forward_prefetch"] for u in recorded.values() if u["forward_prefetch"] is not None} == {bucket}
+    # the recorded units in forward order are the predicted ones (the root where it holds parameters)
+    assert [u for u, v in recorded.items() if u != "(root)" or v["param_numel"]] == [
+        u["name"] for u in predicted["predicted"]["units"]]
+    assert losses(again, ranks=2) == losses(base, ranks=2)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "the memory model keeps ZeRO-3's recorded peak under a smaller prefetch bucket: the prediction stays at the "
+    "default bucket's 786,752 bytes, the recording of the written JSON peaks at 660,144 (19 % lower)"))
+def test_zero3_json_peak_within_3_percent(zero3_json: tuple[Path, Path, dict[str, Any]]) -> None:
+    _, again, predicted = zero3_json
+    assert _peak(again) == pytest.approx(predicted["predicted"]["peak_allocated_bytes"], rel=0.03)
