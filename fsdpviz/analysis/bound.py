@@ -56,7 +56,7 @@ from fsdpviz.trace import schema
 
 # OVERLAP columns this module fills (sums over the analysed steps; -1: unknown).
 BOUND_COLUMNS: Final = ("bound_window_ns", "bound_compute_ns", "bound_exposed_comm_ns", "host_wait_ns",
-                        "other_idle_ns", "fsdp_kernels_ns", "fsdp_host_ns")
+                        "other_idle_ns", "fsdp_kernels_ns", "fsdp_host_ns", "bound_comm_ns")
 UNKNOWN_NS: Final = -1
 
 KIND_COMPUTE: Final = "compute"
@@ -153,6 +153,7 @@ def gpu_split(windows: list[tuple[int, int]], comm: Intervals, compute: Interval
             # model work under exposed communication (a memcpy beside a collective) is in that part
             kernels = max(busy_compute - (total_ns(m) - overlap_ns(m, subtract_intervals(c, k))), 0)
         out["bound_window_ns"] += hi - lo
+        out["bound_comm_ns"] += total_ns(c)
         out["bound_exposed_comm_ns"] += exposed
         out["bound_compute_ns"] += busy_compute - kernels
         out["fsdp_kernels_ns"] += kernels
@@ -176,6 +177,7 @@ def cpu_split(windows: list[tuple[int, int]], comm: Intervals, compute: Interval
         exposed = total_ns(c) - overlap_ns(c, k)
         theirs = overlap_ns(k, clip_intervals(fsdp, lo, hi)) if fsdp is not None else 0
         out["bound_window_ns"] += hi - lo
+        out["bound_comm_ns"] += total_ns(c)
         out["bound_exposed_comm_ns"] += exposed
         out["bound_compute_ns"] += total_ns(k) - theirs
         out["fsdp_host_ns"] += theirs
@@ -236,6 +238,9 @@ class RankBound(msgspec.Struct, kw_only=True):
     """The GPU time of the copies FSDP's hooks launched (None on a CPU rank)."""
     traced_step_ms: float | None = None
     """The rank's analysed steps as traced (mean), which ``step_ms`` was moved from."""
+    comm_ms: float | None = None
+    """All its communication in the same spans, moved as its device work was (not a part of the step:
+    ``exposed_comm_ms`` is the part of it no compute hid)."""
     device_scale: float = 1.0
     """How the rank's device figures (communication, per-unit times) move to its clock
     (:func:`fsdpviz.structure.deprofile.device_scale`)."""
@@ -300,12 +305,21 @@ class BoundSummary(StepSplit, kw_only=True):
     peak_allocated_bytes: int | None = None
     device_memory_bytes: int | None = None
     """The smallest device memory the traces state (``deviceProperties``); None on CPU or unrecorded."""
+    comm_ms: float | None = None
+    """All communication per step in the split's spans (median over ranks), moved as the device parts
+    were: not a part of the step (``exposed_comm_ms`` is what no compute hid of it)."""
     device_scale: float = 1.0
     """How the run's device figures move from the trace to its clock (CPU: the de-profiler's factor;
     GPU: 1 unless the de-profiler had to shrink device work, ``note`` says so)."""
     memory_bound: bool | None = None
     """The peak within :data:`MEMORY_MARGIN` of ``device_memory_bytes``; None when either is unknown
     (``note`` says why)."""
+
+
+def _traced_comm_ms(r: Mapping[Any, Any]) -> float | None:
+    """All communication per analysed step in the bound's spans (None: an OVERLAP row without it)."""
+    value = r.get("bound_comm_ns")
+    return None if value is None else float(value) / max(int(r["n_steps"]), 1) / NS_PER_MS
 
 
 def _traced_parts(r: Mapping[Any, Any]) -> tuple[float, Parts]:
@@ -376,12 +390,17 @@ def summarize_bound(overlap: pd.DataFrame, profiler: ProfilerCost | None,
     clean = clean or {}
     per_rank: dict[str, RankBound] = {}
     traced_parts: list[Parts] = []
+    traced_comms: list[float] = []
     notes: list[str] = []
     for r in rows:
         traced, parts = _traced_parts(r)
         rank = int(r["rank"])
         clean_ms = clean[rank][0] if lead and rank in clean else None
         bound, note = _rank_bound(traced, parts, str(r["device"]), clean_ms)
+        comm = _traced_comm_ms(r)
+        if comm is not None:
+            bound.comm_ms = round(comm * bound.device_scale, 3)
+            traced_comms.append(comm)
         per_rank[str(rank)] = bound
         traced_parts.append(parts)
         if note is not None:
@@ -426,7 +445,8 @@ def summarize_bound(overlap: pd.DataFrame, profiler: ProfilerCost | None,
         profiler_share_ms=round(share, 3), per_rank=per_rank, note="; ".join(notes) or None,
         fsdp_overhead_ms=round(fsdp, 3),
         fsdp_kernels_ms=None if device == schema.OVERLAP_CPU else round(parts.fsdp_kernels, 3),
-        device_scale=round(device_scale(median_traced, parts), 6))
+        device_scale=round(device_scale(median_traced, parts), 6),
+        comm_ms=round(_median(traced_comms) * device_scale(median_traced, parts), 3) if traced_comms else None)
 
 
 def device_memory_bytes(ranks: pd.DataFrame) -> int | None:

@@ -406,10 +406,10 @@ def _overlap_summary(overlap: pd.DataFrame, bound: BoundSummary | None) -> Overl
             per_rank[rank] = row
             continue
         per_rank[rank] = RankOverlap(
-            overlap_pct=row.overlap_pct, comm_ms=None if row.comm_ms is None else round(row.comm_ms * b.device_scale, 3),
+            overlap_pct=row.overlap_pct, comm_ms=b.comm_ms if b.comm_ms is not None else row.comm_ms,
             compute_ms=b.compute_ms, exposed_comm_ms=b.exposed_comm_ms, idle_ms=_idle(b), device=row.device,
             fsdp_overhead_ms=b.fsdp_overhead_ms)
-    comm = None if traced.comm_ms is None else round(traced.comm_ms * bound.device_scale, 3)
+    comm = bound.comm_ms if bound.comm_ms is not None else traced.comm_ms
     return OverlapSummary(comm_ms=comm, compute_ms=bound.compute_ms, exposed_comm_ms=bound.exposed_comm_ms,
                           overlap_pct=traced.overlap_pct, idle_ms=_idle(bound), per_rank=per_rank,
                           fsdp_overhead_ms=bound.fsdp_overhead_ms, as_traced=traced)

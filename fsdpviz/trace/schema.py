@@ -209,6 +209,7 @@ OVERLAP: Final[Schema] = {
     "other_idle_ns": "int64",
     "fsdp_kernels_ns": "int64",  # GPU time of the copies FSDP's hooks launched (0 on a CPU rank)
     "fsdp_host_ns": "int64",  # host wait while FSDP's hooks ran (CPU rank: the thread's ops inside them)
+    "bound_comm_ns": "int64",  # |union of comm intervals| in the same spans (beside the parts, not one of them)
 }
 
 

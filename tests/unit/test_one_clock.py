@@ -127,18 +127,15 @@ def _one_clock(result: Any) -> None:
         assert clock.clean_steps is not None and clock.clean_steps >= 2
     elif clock.replay_error_pct is not None:
         assert clock.replay_error_pct > RELIABLE_REPLAY_PCT
-    # whatif: the same step and exposed communication; the recorded setting predicts exactly that
+    # whatif's baseline: the same step and exposed communication (its prediction of the recorded
+    # setting equals them by construction, so it is not checked here: _one_figure holds the figures
+    # against the run folder's own files)
     prediction = predict(read_model(result), recorded_settings())
     assert prediction.basis == clock.basis
     assert prediction.baseline.step_time_ms == summary.step_time_ms
-    assert prediction.predicted.step_time_ms == pytest.approx(summary.step_time_ms, abs=1e-3)
     exposed = summary.exposed_comm_ms  # what summary, the report and record's closing lines show
-    assert exposed == (bound.exposed_comm_ms if bound.basis == BASIS_UNPROFILED else summary.overlap.exposed_comm_ms)
+    assert exposed == bound.exposed_comm_ms
     assert prediction.baseline.exposed_comm_ms == exposed
-    assert prediction.predicted.exposed_comm_ms == pytest.approx(exposed, abs=1e-3)
-    # the trace's own exposed communication differs from the bound's by the profiler's share at most
-    if summary.overlap.exposed_comm_ms is not None and bound.basis == BASIS_UNPROFILED:
-        assert bound.exposed_comm_ms <= summary.overlap.exposed_comm_ms + 1e-3
     if clock.replay_error_pct is not None:  # a prediction is reliable only on a replay that reproduces the run
         assert prediction.reliable == (clock.replay_error_pct <= RELIABLE_REPLAY_PCT
                                        and prediction.replay_error_pct <= RELIABLE_REPLAY_PCT)

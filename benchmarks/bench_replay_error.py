@@ -1,0 +1,93 @@
+"""How far the replay without the profiler misses each recording's clean steps, and what two recordings of
+one setting predict: the table of docs/whatif.md ("One clock", "The replay's error").
+
+For every bundled sample, every shared H100 recording and the H200 recordings of model B it prints the
+profiler's slowdown, the clock, and ``clock.replay_error_pct``: the replay of the traced steps, taken
+off the profiler by the one de-profiler's measured factor (CPU) or per-event cost (GPU), against the
+timers' clean steps -- nothing in the replay is scaled to them, so the error is out of sample. Beside
+it, the replay of the traced steps against the traced steps themselves (whatif's ``replay_error_pct``).
+
+For the H200 pair (``B`` with memory recording, ``Bl`` with ``--no-memory``: one setting, two profiler
+loads) it prints the step ratios each predicts for root, merge:2 and no resharding after forward,
+beside the bare in-process ratios of ../shared/traces/gpu-h200/README.md.
+
+    python benchmarks/bench_replay_error.py [--shared DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from fsdpviz.analysis.pipeline import analyse
+from fsdpviz.errors import FsdpvizError
+from fsdpviz.replay.settings import Settings, Wrap
+from fsdpviz.whatif.gains import completed_summary, summary_model
+from fsdpviz.whatif.predict import predict
+
+ROOT = Path(__file__).resolve().parents[1]
+SETTINGS = {"root": Settings().with_(wrap=Wrap("root")), "merge:2": Settings().with_(wrap=Wrap("merge", k=2)),
+            "reshard false": Settings().with_(reshard_after_forward=False)}
+# ../shared/traces/gpu-h200/README.md: ratios of the medians of 9 in-process interleaved bare rounds
+H200_BARE = {"root": 0.67, "merge:2": 0.84, "reshard false": 0.84}
+
+
+def row(folder: Path) -> tuple[str, dict[str, float] | None]:
+    """One table row for ``folder``, and its predicted step ratios (None where it cannot be read)."""
+    result = analyse([folder], cache=False, progress=False)
+    summary = completed_summary(result)
+    clock, cost = summary.clock, summary.profiler
+    model, why = summary_model(result)
+    if model is None or clock is None:
+        return f"| {folder.name} | | | | | {why} |", None
+    base = predict(model, Settings())
+    ratios: dict[str, float] = {}
+    for name, settings in SETTINGS.items():
+        try:
+            p = predict(model, settings)
+        except FsdpvizError:
+            continue
+        ratios[name] = p.predicted.step_time_ms / p.baseline.step_time_ms
+    slowdown = f"{cost.slowdown:.2f}x" if cost is not None else "n/a"
+    clean = f"{clock.replay_error_pct:.1f} %" if clock.replay_error_pct is not None else "n/a"
+    return (f"| {folder.name} | {summary.device} | {slowdown} | {clock.basis} | {clean} | "
+            f"{base.replay_error_pct:.1f} % |"), ratios
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shared", type=Path, default=ROOT.parent / "shared" / "traces")
+    args = parser.parse_args()
+    folders = [p for p in sorted((ROOT / "sample_traces").iterdir()) if (p / "run.json").is_file()]
+    folders += [p for p in sorted((args.shared / "gpu-fsdp").glob("h100-*")) if p.is_dir()]
+    h200 = [args.shared / "gpu-h200" / name for name in ("B", "Bl", "Broot")]
+    folders += [p for p in h200 if p.is_dir()]
+    print("| recording | device | slowdown | clock | replay vs clean steps (out of sample) | replay vs traced |")
+    print("|---|---|---:|---|---:|---:|")
+    predicted: dict[str, dict[str, float]] = {}
+    errors = []
+    for folder in folders:
+        line, ratios = row(folder)
+        print(line, flush=True)
+        if ratios is not None:
+            predicted[folder.name] = ratios
+        cell = line.split("|")[5].strip()
+        if cell.endswith("%"):
+            errors.append(float(cell.removesuffix(" %")))
+    if errors:
+        print(f"\nout-of-sample replay error: median {statistics.median(errors):.1f} %, largest {max(errors):.1f} %")
+    if "B" in predicted and "Bl" in predicted:
+        print("\n| setting | bare (in-process) | predicted from B | from Bl | B − Bl |")
+        print("|---|---:|---:|---:|---:|")
+        for name, bare in H200_BARE.items():
+            b, bl = predicted["B"].get(name), predicted["Bl"].get(name)
+            if b is None or bl is None:
+                continue
+            print(f"| {name} | {bare:.2f} | {b:.3f} | {bl:.3f} | {b - bl:+.3f} |")
+    print(json.dumps({"predicted_ratios": predicted}, indent=None))
+
+
+if __name__ == "__main__":
+    main()
