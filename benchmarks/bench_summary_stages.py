@@ -30,7 +30,7 @@ times: ``cold`` (``--no-cache``: no parse cache, no summary cache) and ``warm`` 
 that filled the caches), and, with ``--baseline CHECKOUT``, the same two of another checkout of
 fsdpviz (its package first on ``PYTHONPATH``) in the same rounds.
 
-    python benchmarks/bench_summary_stages.py [PATH ...] [--repeat 3] [--no-big] [--no-shared]
+    python benchmarks/bench_summary_stages.py [PATH ...] [--repeat 3] [--no-big] [--no-shared] [--shared DIR]
                                               [--baseline OLD_CHECKOUT] [--no-commands]
 
 Results: docs/performance.md ("Where a summary's time goes").
@@ -51,9 +51,9 @@ from harness import describe_machine, load_average, median, run_measured, spread
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_traces"
-SHARED = ROOT.parent / "shared" / "traces"
-SHARED_H100 = SHARED / "gpu-fsdp" / "h100-fsdp2-fake8-block"
-BIG_TRACE = SHARED / "gpu-real" / "trace_diff" / "control"
+SHARED = ROOT.parent / "shared" / "traces"  # the shared recordings beside the checkout, as bench_load.py reads them
+SHARED_H100 = Path("gpu-fsdp") / "h100-fsdp2-fake8-block"
+BIG_TRACE = Path("gpu-real") / "trace_diff" / "control"  # 35 MB of JSON (1.8 MB gzip), 74,936 events
 
 # The child: what `fsdpviz summary --json PATH` and its text form run, with clocks around the calls.
 STAGES = r"""
@@ -199,12 +199,14 @@ def main() -> None:
     parser.add_argument("--no-shared", action="store_true", help="leave out the shared H100 recording")
     parser.add_argument("--no-commands", action="store_true", help="only the stage split")
     parser.add_argument("--baseline", type=Path, help="another checkout of fsdpviz, timed beside this one")
+    parser.add_argument("--shared", type=Path, default=SHARED, help=f"the shared traces (default {SHARED})")
     args = parser.parse_args()
     paths = list(args.paths) or sorted(p for p in SAMPLES.iterdir() if p.is_dir())
     if not args.paths:
-        for extra, skip in ((SHARED_H100, args.no_shared), (BIG_TRACE, args.no_big)):
+        for name, skip in ((SHARED_H100, args.no_shared), (BIG_TRACE, args.no_big)):
             if skip:
                 continue
+            extra = args.shared / name
             if extra.exists():
                 paths.append(extra)
             else:
