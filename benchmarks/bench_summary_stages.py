@@ -125,7 +125,7 @@ def stages_of(path: Path, repeat: int, pythonpath: str) -> tuple[dict[str, float
     env = dict(os.environ, PYTHONPATH=pythonpath, FSDPVIZ_NO_CACHE="1")
     for _ in range(repeat):
         spawned = time.time()
-        proc = subprocess.run([sys.executable, "-c", STAGES, str(spawned), str(path)], check=False,
+        proc = subprocess.run([sys.executable, "-P", "-c", STAGES, str(spawned), str(path)], check=False,
                               capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             raise SystemExit(f"stages of {path} failed:\n{proc.stderr[-3000:]}")
@@ -163,7 +163,8 @@ def commands(paths: list[Path], repeat: int, checkouts: dict[str, str]) -> None:
         env = dict(os.environ, PYTHONPATH=checkout)
         env.pop("FSDPVIZ_NO_CACHE", None)
         for path in paths:
-            base = [sys.executable, "-m", "fsdpviz", "summary", "--json"]
+            # -P: not the working folder first on the path, so that PYTHONPATH picks the checkout
+            base = [sys.executable, "-P", "-m", "fsdpviz", "summary", "--json"]
             variants[f"{path.name}|{name}|cold"] = ([*base, "--no-cache", str(path)], env)
             variants[f"{path.name}|{name}|warm"] = ([*base, str(path)], env)
             run_measured([*base, str(path)], env=env)  # fills the caches the warm runs read

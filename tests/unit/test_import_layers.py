@@ -36,10 +36,13 @@ ALLOWED: dict[str, set[str]] = {
     "analysis": BASE | {"runfolder", "naming", "trace", "structure"},
     "replay": BASE | {"runfolder", "naming", "trace", "structure", "analysis"},
     "whatif": BASE | {"runfolder", "naming", "trace", "structure", "analysis", "replay"},
+    # the completed summary kept in the run folder's cache (read by commands and the notebook API)
+    "cache": BASE | {"runfolder", "naming", "trace", "structure", "analysis", "replay", "whatif"},
     "report": BASE | {"runfolder", "naming", "trace", "structure", "analysis", "replay", "whatif"},
     "record": BASE | {"runfolder", "naming"},
-    "commands": BASE | {"runfolder", "naming", "trace", "structure", "analysis", "replay", "whatif", "report", "record"},
-    "api": BASE | {"runfolder", "naming", "trace", "structure", "analysis", "replay", "whatif", "report"},
+    "commands": BASE | {"runfolder", "naming", "trace", "structure", "analysis", "replay", "whatif", "report", "record",
+                        "cache"},
+    "api": BASE | {"runfolder", "naming", "trace", "structure", "analysis", "replay", "whatif", "report", "cache"},
     "cli": BASE | {"commands"},
 }
 # Third-party packages a part must never import (the parser and analysis run where no torch is
@@ -54,6 +57,7 @@ FORBIDDEN: dict[str, set[str]] = {
     "analysis": {"torch", "holoviews", "bokeh", "panel", "jinja2"},
     "replay": {"torch", "holoviews", "bokeh", "panel", "jinja2"},
     "whatif": {"torch", "holoviews", "bokeh", "panel", "jinja2"},
+    "cache": {"torch", "holoviews", "bokeh", "panel", "jinja2"},
     "report": {"torch"},
     "commands": {"torch"},
     "api": {"torch"},
