@@ -117,7 +117,9 @@ class SummaryKey:
         named = "\0".join(str(p) for p in paths)
         options = f"{list(steps) if steps is not None else None}|{include_last_step}|" \
                   f"{os.environ.get(KEEP_EVENTS_ENV, '').strip().lower()}"
-        inputs = hashlib.sha1(f"{Path.cwd()}\0{named}\0{options}".encode()).hexdigest()
+        # a relative path names another run from another folder (the JSON prints it as given)
+        here = str(Path.cwd()) if any(not Path(p).is_absolute() for p in paths) else ""
+        inputs = hashlib.sha1(f"{here}\0{named}\0{options}".encode()).hexdigest()
         digest = hashlib.sha1(f"{FORMAT}|{inputs}|{code_version()}".encode())
         for f in files:
             try:

@@ -233,3 +233,42 @@ print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & {'pandas', 'hol
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_the_cli_and_every_commands_help_import_no_analysis_or_plotting() -> None:
+    """``import fsdpviz.cli`` and each command's ``--help`` (all in one interpreter) stay off pandas,
+    numpy, pyarrow, holoviews, bokeh and torch: a command imports what it needs when it runs."""
+    code = """
+import contextlib, io, json, sys
+import fsdpviz.cli
+for name in ("summary", "report", "compare", "export", "whatif", "record"):
+    with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.suppress(SystemExit):
+        fsdpviz.cli.main([name, "--help"])
+    assert "Usage" in out.getvalue(), name
+print(json.dumps(sorted({m.split('.')[0] for m in sys.modules}
+                        & {'pandas', 'numpy', 'pyarrow', 'holoviews', 'bokeh', 'torch', 'panel'})))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_a_summary_read_from_its_cache_imports_no_analysis(tmp_path: Path) -> None:
+    """The second ``summary --json`` of a run reads the text the first printed (fsdpviz/cache.py): it
+    imports neither the analysis nor pandas, numpy or pyarrow."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(PACKAGE.parent / "sample_traces" / "fsdp2-cpu-2rank", run,
+                    ignore=shutil.ignore_patterns(".fsdpviz-cache", "report.html"))
+    code = f"""
+import contextlib, io, json, sys
+from fsdpviz.cli import main
+with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.suppress(SystemExit):
+    main(["summary", "--json", {str(run)!r}])
+print(json.dumps([json.loads(out.getvalue())["run_dir"], sorted(m for m in sys.modules if m.startswith(
+    ("fsdpviz.analysis", "fsdpviz.replay", "fsdpviz.whatif", "pandas", "numpy", "pyarrow")))]))
+"""
+    first = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(first.stdout.strip().splitlines()[-1])[1]  # computed: the analysis was imported
+    second = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(second.stdout.strip().splitlines()[-1]) == [str(run), []]
