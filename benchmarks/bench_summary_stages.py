@@ -18,8 +18,9 @@ the pipeline is copied here):
   (a setting predicted twice shows ``x2``);
 - ``clock``: ``replay.clock.clock_of``, and ``summary: the rest`` of ``completed_summary``;
 - ``render: JSON`` / ``render: text``: ``summary --json``'s dump and ``print_summary``'s tables;
-- ``summary cache: write`` / ``summary cache: read``: storing the completed summary in the run
-  folder's cache and reading it back, as the commands do (``fsdpviz/cache.py``), where that exists.
+- ``summary cache: code digest`` / ``write`` / ``read``: the digest of the package's sources (once
+  per process), storing the completed summary in the run folder's cache and reading it back (the key
+  of the inputs, then the entry), as the commands do (``fsdpviz/cache.py``), where that exists.
 
 Each stage's share of the in-process total is printed beside it. The traces' own Parquet cache is
 off (``cache=False``) so that the split is a cold summary's; the median over ``--repeat`` fresh
@@ -104,6 +105,7 @@ except ImportError:  # a checkout without the summary cache
 if summary_cache is not None:
     import tempfile
     with tempfile.TemporaryDirectory() as tmp:
+        t = T(); summary_cache.code_version(); stages["summary cache: code digest (once per process)"] = T() - t
         key = summary_cache.SummaryKey.of([path], steps=None, include_last_step=False)
         store = summary_cache.SummaryStore(key, folders=[__import__("pathlib").Path(tmp)])
         t = T(); store.write(summary, []); stages["summary cache: write"] = T() - t
