@@ -20,8 +20,8 @@ An entry is keyed (:class:`SummaryKey`) by:
 
 A folder that cannot be written (a read-only dataset, a shared mount; for root too, a folder without
 any write bit) falls back to the user's cache folder (``$XDG_CACHE_HOME/fsdpviz``, else ``~/.cache/fsdpviz``); where neither can be written there
-is no cache, silently (``FSDPVIZ_CACHE_HOME`` names another folder for that). ``--no-cache`` / ``cache=False`` / ``FSDPVIZ_NO_CACHE=1`` neither read nor
-write it. A damaged or foreign entry is a miss.
+is no cache, silently (``FSDPVIZ_CACHE_HOME`` names another folder for that). ``--no-cache`` / ``cache=False`` / ``FSDPVIZ_NO_CACHE=1`` / ``FSDPVIZ_NO_SUMMARY_CACHE=1`` neither
+read nor write it. A damaged or foreign entry is a miss.
 
 An entry is one msgpack file holding the key's full digest, the exact text ``summary --json``
 printed, the warnings the command printed after its analysis, and the :class:`Summary` struct (its
@@ -53,13 +53,17 @@ FORMAT: Final = 1  # the entry's layout; bumped when it changes
 PREFIX: Final = "summary."
 SUFFIX: Final = ".msgpack"
 NO_CACHE_ENV: Final = "FSDPVIZ_NO_CACHE"
+NO_SUMMARY_CACHE_ENV: Final = "FSDPVIZ_NO_SUMMARY_CACHE"
 CACHE_HOME_ENV: Final = "FSDPVIZ_CACHE_HOME"  # the user's cache folder, when not XDG's (the test suite's own)
 KEEP_EVENTS_ENV: Final = "FSDPVIZ_KEEP_EVENTS"  # trace.loader's: the run loaded whole or rank by rank
 
 
 def cache_enabled(cache: bool) -> bool:
-    """Whether the caches may be used: ``cache`` and not ``FSDPVIZ_NO_CACHE=1`` (as the parse cache)."""
-    return cache and os.environ.get(NO_CACHE_ENV, "") not in ("1", "true", "yes")
+    """Whether the summary cache may be used: ``cache``, and neither ``FSDPVIZ_NO_CACHE=1`` (every
+    cache, as the parse cache reads it) nor ``FSDPVIZ_NO_SUMMARY_CACHE=1`` (this one only: the test
+    suite sets it, so that a test comparing two views computes both)."""
+    off = ("1", "true", "yes")
+    return cache and os.environ.get(NO_CACHE_ENV, "") not in off and os.environ.get(NO_SUMMARY_CACHE_ENV, "") not in off
 
 
 @functools.cache

@@ -91,6 +91,10 @@ def pytest_configure(config: pytest.Config) -> None:
     # caches, pip's and Hugging Face's, live there).
     if not os.environ.get("FSDPVIZ_CACHE_HOME"):
         os.environ["FSDPVIZ_CACHE_HOME"] = tempfile.mkdtemp(prefix="fsdpviz-test-cache-")
+    # ... and off for every test but its own (tests/unit/test_summary_cache.py): a test that holds two
+    # views of a run to one answer (summary and the notebook, report and compare) computes both, rather
+    # than one reading what the other kept.
+    os.environ["FSDPVIZ_NO_SUMMARY_CACHE"] = "1"
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -268,7 +269,8 @@ with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.suppress(Syste
 print(json.dumps([json.loads(out.getvalue())["run_dir"], sorted(m for m in sys.modules if m.startswith(
     ("fsdpviz.analysis", "fsdpviz.replay", "fsdpviz.whatif", "pandas", "numpy", "pyarrow")))]))
 """
-    first = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    env = {k: v for k, v in os.environ.items() if k != "FSDPVIZ_NO_SUMMARY_CACHE"}  # the suite's: on here
+    first = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert json.loads(first.stdout.strip().splitlines()[-1])[1]  # computed: the analysis was imported
-    second = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    second = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert json.loads(second.stdout.strip().splitlines()[-1]) == [str(run), []]

@@ -43,7 +43,9 @@ def run_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture(autouse=True)
 def _user_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The user's cache folder of these tests: their own, empty."""
+    """The summary cache on (the suite turns it off elsewhere, tests/conftest.py), and the user's cache
+    folder of these tests: their own, empty."""
+    monkeypatch.delenv("FSDPVIZ_NO_SUMMARY_CACHE", raising=False)
     home = tmp_path / "user-cache"
     monkeypatch.setenv("FSDPVIZ_CACHE_HOME", str(home))
     return home
@@ -166,6 +168,9 @@ def test_no_cache_reads_and_writes_nothing(run_dir: Path, capsys: pytest.Capture
     assert store_for([run_dir]) is None
     code, _, _ = _run(["summary", "--json", str(run_dir)], capsys)
     assert code == 0 and not _entries(run_dir / ".fsdpviz-cache")
+    monkeypatch.setenv("FSDPVIZ_NO_CACHE", "0")
+    monkeypatch.setenv("FSDPVIZ_NO_SUMMARY_CACHE", "1")
+    assert store_for([run_dir]) is None
 
 
 def test_a_report_keeps_the_summary_that_summary_then_reads(run_dir: Path, tmp_path: Path,
