@@ -15,7 +15,7 @@ DEMO_DIR ?= demo-run
 OLD_TORCH_VERSIONS ?= 2.7.1 2.11.0
 OLD_TORCH_VENVS := $(foreach v,$(OLD_TORCH_VERSIONS),.venv-torch$(v))
 
-.PHONY: demo test test-lifecycle test-recordings recordings test-torch test-clients test-fuzz test-fast setup setup-dev setup-old-torch lint clean bench bench-load bench-scale bench-record bench-report bench-post-record
+.PHONY: demo test test-lifecycle test-recordings recordings test-torch test-clients test-fuzz test-fast setup setup-dev setup-old-torch lint clean bench bench-load bench-scale bench-record bench-report bench-post-record bench-summary
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -130,7 +130,13 @@ bench-report: setup-dev
 bench-post-record: setup-dev
 	$(PY) benchmarks/bench_post_record.py
 
-bench: bench-load bench-scale bench-record bench-report bench-post-record
+# One summary split into its stages (imports, read, structure, figures, replay, each priced action,
+# rendering) for the bundled samples, a shared H100 recording and a 35 MB trace; then the command cold
+# and warm (~3 min).
+bench-summary: setup-dev
+	$(PY) benchmarks/bench_summary_stages.py
+
+bench: bench-load bench-scale bench-record bench-report bench-post-record bench-summary
 
 # ruff on everything; mypy on the package (its settings are in pyproject.toml).
 lint: setup-dev

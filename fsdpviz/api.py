@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from fsdpviz.analysis.compare.model import Comparison
     from fsdpviz.analysis.pipeline import RunResult
     from fsdpviz.analysis.summary import Summary
+    from fsdpviz.cache import SummaryStore
     from fsdpviz.replay.model import Model
     from fsdpviz.whatif.predict import Prediction
 
@@ -78,7 +79,8 @@ def open(source: PathLike | Sequence[PathLike], *, steps: Sequence[int] | None =
         source: one path, or several trace files of one run.
         steps: ProfilerSteps to analyse (default: every step the traces hold complete).
         include_last_step: also analyse the last captured step when completeness cannot be shown.
-        cache: reuse (and write) the parsed-trace cache beside the traces.
+        cache: reuse (and write) the parsed-trace cache beside the traces, and the run's summary
+            (``Run.summary``) in the run folder's cache, as ``fsdpviz summary`` does.
         label: the run's name in comparisons (default: run.json's label, else the folder's name).
 
     Example::
@@ -87,11 +89,13 @@ def open(source: PathLike | Sequence[PathLike], *, steps: Sequence[int] | None =
         run.summary.to_json()["step_time_ms"]
     """
     from fsdpviz.analysis.pipeline import analyse
+    from fsdpviz.cache import store_for
     from fsdpviz.report.compare.build import default_label
 
     paths = _paths(source)
     result = analyse(paths, steps=steps, include_last_step=include_last_step, cache=cache, progress=False)
-    return Run(result, label or default_label(paths[0], result.traces), str(paths[0]))
+    store = store_for(paths, steps=steps, include_last_step=include_last_step, cache=cache)
+    return Run(result, label or default_label(paths[0], result.traces), str(paths[0]), summary_store=store)
 
 
 def compare(runs: Sequence[Run | PathLike], *, labels: Sequence[str] | None = None) -> Compared:
@@ -120,10 +124,12 @@ class Run(LabelledRun):
     (:class:`fsdpviz.analysis.pipeline.LabelledRun`: ``label``, ``source``, ``result``, ``summary``),
     with its tables and plots. Attributes are computed on first use."""
 
-    def __init__(self, result: RunResult, label: str, source: str) -> None:
+    def __init__(self, result: RunResult, label: str, source: str, *,
+                 summary_store: SummaryStore | None = None) -> None:
         super().__init__(label=label, source=source, result=result)
         self._model: Model | None = None
         self._summary: Summary | None = None
+        self._store = summary_store  # where `fsdpviz summary` keeps this run's summary (fsdpviz/cache.py)
 
     def __repr__(self) -> str:
         s = self.summary
@@ -136,9 +142,13 @@ class Run(LabelledRun):
         """The run's summary as ``fsdpviz summary --json`` gives it: its actions' knobs predicted
         with fsdpviz whatif (computed once)."""
         if self._summary is None:
+            from fsdpviz.cache import keep, seed
             from fsdpviz.whatif.gains import completed_summary
 
+            seeded = seed(self.result, self._store)  # the summary `fsdpviz summary` kept, when it did
             self._summary = completed_summary(self.result)
+            if not seeded:
+                keep(self.result, self._store)
         return self._summary
 
     @property

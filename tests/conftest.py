@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
 from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -85,6 +86,15 @@ def pytest_configure(config: pytest.Config) -> None:
     # own fixtures run: the user's settings leave the whole session, not only each test.
     for name in USER_SETTINGS:
         os.environ.pop(name, None)
+    # Summaries of read-only folders are kept in the user's cache folder (fsdpviz/cache.py): the
+    # suite's go to a folder of its own, never the user's home (XDG_CACHE_HOME stays: other tools'
+    # caches, pip's and Hugging Face's, live there).
+    if not os.environ.get("FSDPVIZ_CACHE_HOME"):
+        os.environ["FSDPVIZ_CACHE_HOME"] = tempfile.mkdtemp(prefix="fsdpviz-test-cache-")
+    # ... and off for every test but its own (tests/unit/test_summary_cache.py): a test that holds two
+    # views of a run to one answer (summary and the notebook, report and compare) computes both, rather
+    # than one reading what the other kept.
+    os.environ["FSDPVIZ_NO_SUMMARY_CACHE"] = "1"
 
 
 @pytest.fixture(scope="session")

@@ -30,7 +30,7 @@ def compare(
                         "the folder name.", show_default=False)] = None,
     as_json: Annotated[bool, typer.Option(
         "--json", help='Print {"runs": [summary of each run], "deltas": {...}, ...} on stdout.')] = False,
-    cache: Annotated[bool, typer.Option("--cache/--no-cache", help="Reuse parsed traces cached beside them.")] = True,
+    cache: Annotated[bool, typer.Option("--cache/--no-cache", help="Reuse parsed traces and the summaries cached beside them.")] = True,
     quiet: Annotated[bool, typer.Option("-q", "--quiet", help="No progress lines on stderr.")] = False,
     scheduler: Annotated[str | None, typer.Option("--scheduler", metavar="ADDRESS", help=SCHEDULER_HELP,
                                                   show_default=False)] = None,
@@ -40,6 +40,7 @@ def compare(
     Step time, overlap, exposed communication, memory and units of each run, with the differences
     and findings: the tables in the terminal (or JSON with --json) and one HTML page."""
     from fsdpviz.analysis.compare.runs import compare_runs, comparison_json
+    from fsdpviz.cache import keep, seed, store_for
     from fsdpviz.commands.compare_table import print_comparison
     from fsdpviz.report.compare.build import COMPARE_NAME, build_compare, load_runs
 
@@ -54,6 +55,10 @@ def compare(
     say = progress_printer(quiet) or (lambda message: None)
 
     loaded = load_runs(runs, labels, cache=cache, progress=say, scheduler=scheduler)
+    # each run's summary as `fsdpviz summary RUN` keeps it: read when cached, kept when computed here
+    stores = [store_for([Path(run.source)], cache=cache) for run in loaded]
+    for run, store in zip(loaded, stores):
+        seed(run.result, store)
     for run in loaded:
         warn_gaps(run.traces)
     comparison = compare_runs(loaded)
@@ -75,3 +80,5 @@ def compare(
         say(f"wrote {result.path} ({result.size_bytes / 1e6:.1f} MB) in {time.perf_counter() - started:.1f} s")
         if not as_json:
             typer.echo(f"compare page: {result.path}")
+    for run, store in zip(loaded, stores):
+        keep(run.result, store)

@@ -43,7 +43,7 @@ def report(
         None, "--ranks", metavar="RANKS", help="Ranks the timeline Gantt draws, e.g. 0-7 or 0,5,9. Default: all ranks, "
                               "or 16 chosen ones (rank 0, slowest, fastest, spread) beyond 16.",
         show_default=False),
-    cache: bool = typer.Option(True, "--cache/--no-cache", help="Reuse parsed traces cached beside them."),
+    cache: bool = typer.Option(True, "--cache/--no-cache", help="Reuse parsed traces and the summary cached beside them."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress lines on stderr."),
     scheduler: str | None = typer.Option(None, "--scheduler", metavar="ADDRESS", help=SCHEDULER_HELP,
                                          show_default=False),
@@ -53,6 +53,7 @@ def report(
     Per-unit Gantt, memory, overlap, step times and findings, in one file that opens in a browser
     without a network."""
     from fsdpviz.analysis.pipeline import analyse
+    from fsdpviz.cache import keep, seed, store_for
     from fsdpviz.report.build import build_report, import_report_modules
 
     step_list = parse_steps(steps)
@@ -64,7 +65,12 @@ def report(
         say(f"loading {', '.join(str(p) for p in paths)}")
     run = analyse(paths, steps=step_list, cache=cache, progress=False if quiet else None, say=say,
                   scheduler=scheduler, meanwhile=import_report_modules)
+    # the page's summary is `fsdpviz summary`'s: read from the cache when that ran before (no replay,
+    # no priced actions), kept there when not (fsdpviz/cache.py)
+    store = store_for(paths, steps=step_list, cache=cache)
+    seed(run, store)
     written = build_report(run, output, ranks=rank_list, progress=say)
+    keep(run, store)
     warn_gaps(run.traces)  # after the analysis: bad input stays one error line
     if say:
         say(f"wrote {written.path} ({written.size_bytes / 1e6:.1f} MB) in {time.perf_counter() - started:.1f} s")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -42,7 +41,7 @@ def summary(
     include_last_step: Annotated[bool, typer.Option(
         "--include-last-step", help="Also analyse the last captured step when the trace cannot show it complete.")] = False,
     cache: Annotated[bool, typer.Option(
-        "--cache/--no-cache", help="Reuse parsed traces cached beside them.")] = True,
+        "--cache/--no-cache", help="Reuse parsed traces and the summary cached beside them.")] = True,
     quiet: Annotated[bool, typer.Option("-q", "--quiet", help="No progress lines on stderr.")] = False,
     scheduler: Annotated[str | None, typer.Option("--scheduler", metavar="ADDRESS", help=SCHEDULER_HELP,
                                                   show_default=False)] = None,
@@ -50,16 +49,33 @@ def summary(
     """Print a run's headline numbers, as tables or as JSON.
 
     Step time, communication overlap, memory peaks, per-unit times and the top findings."""
+    from fsdpviz.cache import store_for, summary_json_text
+
+    wanted = parse_steps(steps)
+    store = store_for(paths, steps=wanted, include_last_step=include_last_step, cache=cache)
+    cached = store.read() if store is not None else None
+    if cached is not None:  # the same inputs and code answered before: a read (fsdpviz/cache.py)
+        for line in cached.warnings:
+            print(f"warning: {line}", file=sys.stderr, flush=True)
+        if as_json:
+            sys.stdout.write(cached.json_text)
+            return
+        print_summary(cached.summary)
+        return
     from fsdpviz.analysis.pipeline import analyse
 
-    result = analyse(paths, steps=parse_steps(steps), include_last_step=include_last_step, cache=cache,
+    result = analyse(paths, steps=wanted, include_last_step=include_last_step, cache=cache,
                      progress=False if quiet else None, scheduler=scheduler)
     from fsdpviz.whatif.gains import completed_summary
 
     summary_of_run = completed_summary(result)
     warn_gaps(result.traces)  # after the analysis: bad input stays one error line
+    if store is not None:
+        from fsdpviz.cache import keep
+
+        keep(result, store)
     if as_json:
-        sys.stdout.write(json.dumps(summary_of_run.to_json(), indent=2) + "\n")
+        sys.stdout.write(summary_json_text(summary_of_run))
         return
     print_summary(summary_of_run)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -36,10 +37,13 @@ ALLOWED: dict[str, set[str]] = {
     "analysis": BASE | {"runfolder", "naming", "trace", "structure"},
     "replay": BASE | {"runfolder", "naming", "trace", "structure", "analysis"},
     "whatif": BASE | {"runfolder", "naming", "trace", "structure", "analysis", "replay"},
+    # the completed summary kept in the run folder's cache (read by commands and the notebook API)
+    "cache": BASE | {"runfolder", "naming", "trace", "structure", "analysis", "replay", "whatif"},
     "report": BASE | {"runfolder", "naming", "trace", "structure", "analysis", "replay", "whatif"},
     "record": BASE | {"runfolder", "naming"},
-    "commands": BASE | {"runfolder", "naming", "trace", "structure", "analysis", "replay", "whatif", "report", "record"},
-    "api": BASE | {"runfolder", "naming", "trace", "structure", "analysis", "replay", "whatif", "report"},
+    "commands": BASE | {"runfolder", "naming", "trace", "structure", "analysis", "replay", "whatif", "report", "record",
+                        "cache"},
+    "api": BASE | {"runfolder", "naming", "trace", "structure", "analysis", "replay", "whatif", "report", "cache"},
     "cli": BASE | {"commands"},
 }
 # Third-party packages a part must never import (the parser and analysis run where no torch is
@@ -54,6 +58,7 @@ FORBIDDEN: dict[str, set[str]] = {
     "analysis": {"torch", "holoviews", "bokeh", "panel", "jinja2"},
     "replay": {"torch", "holoviews", "bokeh", "panel", "jinja2"},
     "whatif": {"torch", "holoviews", "bokeh", "panel", "jinja2"},
+    "cache": {"torch", "holoviews", "bokeh", "panel", "jinja2"},
     "report": {"torch"},
     "commands": {"torch"},
     "api": {"torch"},
@@ -229,3 +234,43 @@ print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & {'pandas', 'hol
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_the_cli_and_every_commands_help_import_no_analysis_or_plotting() -> None:
+    """``import fsdpviz.cli`` and each command's ``--help`` (all in one interpreter) stay off pandas,
+    numpy, pyarrow, holoviews, bokeh and torch: a command imports what it needs when it runs."""
+    code = """
+import contextlib, io, json, sys
+import fsdpviz.cli
+for name in ("summary", "report", "compare", "export", "whatif", "record"):
+    with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.suppress(SystemExit):
+        fsdpviz.cli.main([name, "--help"])
+    assert "Usage" in out.getvalue(), name
+print(json.dumps(sorted({m.split('.')[0] for m in sys.modules}
+                        & {'pandas', 'numpy', 'pyarrow', 'holoviews', 'bokeh', 'torch', 'panel'})))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_a_summary_read_from_its_cache_imports_no_analysis(tmp_path: Path) -> None:
+    """The second ``summary --json`` of a run reads the text the first printed (fsdpviz/cache.py): it
+    imports neither the analysis nor pandas, numpy or pyarrow."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(PACKAGE.parent / "sample_traces" / "fsdp2-cpu-2rank", run,
+                    ignore=shutil.ignore_patterns(".fsdpviz-cache", "report.html"))
+    code = f"""
+import contextlib, io, json, sys
+from fsdpviz.cli import main
+with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.suppress(SystemExit):
+    main(["summary", "--json", {str(run)!r}])
+print(json.dumps([json.loads(out.getvalue())["run_dir"], sorted(m for m in sys.modules if m.startswith(
+    ("fsdpviz.analysis", "fsdpviz.replay", "fsdpviz.whatif", "pandas", "numpy", "pyarrow")))]))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "FSDPVIZ_NO_SUMMARY_CACHE"}  # the suite's: on here
+    first = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert json.loads(first.stdout.strip().splitlines()[-1])[1]  # computed: the analysis was imported
+    second = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert json.loads(second.stdout.strip().splitlines()[-1]) == [str(run), []]
