@@ -119,9 +119,10 @@ def test_zero3_json_key_records_the_predicted_bucket(zero3_json: tuple[Path, Pat
     assert losses(again, ranks=2) == losses(base, ranks=2)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the memory model keeps ZeRO-3's recorded peak under a smaller prefetch bucket: the prediction stays at the "
-    "default bucket's 786,752 bytes, the recording of the written JSON peaks at 660,144 (19 % lower)"))
 def test_zero3_json_peak_within_3_percent(zero3_json: tuple[Path, Path, dict[str, Any]]) -> None:
-    _, again, predicted = zero3_json
+    """The smaller bucket gathers the parameters in other sets, each flat buffer alive until its last
+    parameter is waited for (replay/zero3_fetch.py, from DeepSpeed's coordinator): the peak falls by
+    the default bucket's whole-model buffer, and the recording of the written JSON says by how much."""
+    base, again, predicted = zero3_json
+    assert predicted["predicted"]["peak_allocated_bytes"] < 0.9 * _peak(base)  # the change is no noise
     assert _peak(again) == pytest.approx(predicted["predicted"]["peak_allocated_bytes"], rel=0.03)
