@@ -164,7 +164,8 @@ class MemorySetting:
     framework: str = vocabulary.FSDP2
     # ZeRO-3 under another prefetch bucket (elements; None: the recorded one): its forward gathers
     # carry other parameters (:mod:`.zero3_fetch`), read from each unit's parameters' elements, over
-    # ``shards`` ranks, ``element_bytes`` each
+    # ``shards`` ranks, ``element_bytes`` each; FSDP1's merged units hold back their members'
+    # parameter-sized gradients (:func:`_flat_gradients`)
     zero3_bucket: int | None = None
     unit_params: dict[str, tuple[int, ...]] = field(default_factory=dict)
     shards: int = 1
@@ -535,11 +536,22 @@ def _flat_gradients(s: MemorySetting, blocks: list[Block]) -> tuple[list[Block],
                     out.append(b)
                 elif b is flat[u]:
                     out.append(_copy(b, alloc=last.alloc, free=max(last.alloc, last.free)))
-                elif b.free <= flat[u].free:  # a parameter's gradient, freed when the flat gradient was made
+                elif b.free <= flat[u].free and _parameter_sized(s, u, b):
+                    # a parameter's gradient, freed when the flat gradient was made
                     waiting.append(_copy(b, free=max(b.free, made)))
                 else:
                     out.append(b)
     return out, waiting
+
+
+def _parameter_sized(s: MemorySetting, unit: str, b: Block) -> bool:
+    """A block of a parameter's gradient's size in ``unit`` (its parameters' elements times the bytes
+    per element), where run.json lists them: the unit's backward frees other blocks before its flat
+    gradient too (its modules' own gradient temporaries: an expert loop's), which do not wait for it."""
+    sizes = s.unit_params.get(unit)
+    if not sizes or not s.element_bytes:
+        return True
+    return b.bytes in {n * s.element_bytes for n in sizes}
 
 
 def _reduced_together(s: MemorySetting, blocks: list[Block]) -> list[Block]:
