@@ -1,7 +1,8 @@
 """The advised setting in the user's own stack's terms, recorded for real: record a client program of
 ``tests/clients/``, ask whatif for a setting, apply the keys its stack form writes the way that stack's
 users do (a JSON ``fsdp_config`` file for the HF Trainer, accelerate's config file for ``accelerate
-launch --config_file``, a DeepSpeed JSON config file), record again.
+launch --config_file``, Lightning Fabric's ``parallelize_fn`` for its FSDP2 strategy, a DeepSpeed JSON
+config file), record again.
 
 The second run.json -- what the recorder read from FSDP's and DeepSpeed's own state -- must hold the
 predicted units with the written setting, the peak must be within 3 % of the prediction (on CPU the
@@ -21,7 +22,7 @@ import pytest
 from helpers.jobs import NO_OUTPUT, REPO, fsdpviz, record_env, retried, torchrun, unused_port
 from helpers.roundtrip import losses, recorded_units, whatif_json
 
-from fsdpviz.whatif.stacks import ACCELERATE, DEEPSPEED, HF_TRAINER, set_keys
+from fsdpviz.whatif.stacks import ACCELERATE, DEEPSPEED, HF_TRAINER, LIGHTNING, set_keys
 
 pytestmark = [pytest.mark.slow, pytest.mark.clients]
 
@@ -126,6 +127,28 @@ def test_accelerate_config_records_the_predicted_units(tmp_path: Path) -> None:
                     launcher=_accelerate_launch(changed))
     recorded = recorded_units(again)
     assert list(recorded) == [u["name"] for u in predicted["predicted"]["units"]]
+    assert {u["reshard_after_forward"] for u in recorded.values()} == {False}
+    assert _peak(again) == pytest.approx(predicted["predicted"]["peak_allocated_bytes"], rel=0.03)
+    assert losses(again, ranks=2) == losses(base, ranks=2)
+
+
+def test_fabric_parallelize_records_the_predicted_units(tmp_path: Path) -> None:
+    """Lightning Fabric's FSDP2 (``ModelParallelStrategy``, which runs on CPU ranks; ``FSDPStrategy``
+    refuses them), reshard after forward false: the written ``parallelize(model, device_mesh)``, in
+    place of the client's own, gives the predicted units (each kept gathered) and peak."""
+    pytest.importorskip("lightning")
+    fabric = (sys.executable,)  # Fabric starts its own processes
+    base = _record(tmp_path / "fabric", "fabric_fsdp2.py", "--devices", "2", launcher=fabric)
+    predicted = whatif_json(base, "--reshard-after-forward", "false")
+    proc = fsdpviz("whatif", str(base), "--reshard-after-forward", "false", "--code", "--stack", LIGHTNING, "-q")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "def parallelize(model, device_mesh):" in proc.stdout
+    code = tmp_path / "parallelize.py"
+    code.write_text(proc.stdout)
+    again = _record(tmp_path / "fabric-reshard-false", "fabric_fsdp2.py", "--devices", "2", "--parallelize",
+                    str(code), launcher=fabric)
+    recorded = recorded_units(again)
+    assert list(recorded) == [u["name"] for u in predicted["predicted"]["units"]] == ["(root)", "blocks.0", "blocks.1"]
     assert {u["reshard_after_forward"] for u in recorded.values()} == {False}
     assert _peak(again) == pytest.approx(predicted["predicted"]["peak_allocated_bytes"], rel=0.03)
     assert losses(again, ranks=2) == losses(base, ranks=2)
