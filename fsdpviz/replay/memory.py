@@ -34,6 +34,10 @@ A recorded step's allocated level is, at every sample, its categories
   before the unit itself. A moved gather's temporaries (copy-in, a backend's staging
   buffers) live as long as they did.
 
+ZeRO-3 under another prefetch bucket gathers other sets of parameters in forward: DeepSpeed's fetch
+and prefetch queue is replayed on the units' parameters (:mod:`.zero3_fetch`), each gather's flat
+buffer living from its issue to the fetch that waits for its last parameter.
+
 Under gradient accumulation every micro-batch (a forward and a backward) is moved on its own: a
 block belongs to the pass of the micro-batch whose windows it was made in, and is kept, gathered
 again, prefetched, merged or reduced together within that micro-batch's windows (FSDP2 reshards
@@ -70,6 +74,7 @@ from fsdpviz import vocabulary
 from fsdpviz.analysis import memory_categories as mcat
 from fsdpviz.analysis.memory_split import Split, split_levels
 from fsdpviz.naming import ROOT_UNIT
+from fsdpviz.replay import zero3_fetch
 
 _PARAMS: Final = mcat.UNSHARDED_PARAMS
 _BUFFERS: Final = mcat.COMM_BUFFERS
@@ -157,6 +162,14 @@ class MemorySetting:
     # low-precision input shard, freed in the gather), and makes a reduction's sharded gradient
     # inside it, while the reduce-scatter input is alive (FSDP2: after its copy-in)
     framework: str = vocabulary.FSDP2
+    # ZeRO-3 under another prefetch bucket (elements; None: the recorded one): its forward gathers
+    # carry other parameters (:mod:`.zero3_fetch`), read from each unit's parameters' elements, over
+    # ``shards`` ranks, ``element_bytes`` each; FSDP1's merged units hold back their members'
+    # parameter-sized gradients (:func:`_flat_gradients`)
+    zero3_bucket: int | None = None
+    unit_params: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    shards: int = 1
+    element_bytes: int = 0
 
 
 def step_memory(rank: int, step: int, t0: int, t1: int, t: np.ndarray, cats: mcat.Categorised,
@@ -257,6 +270,8 @@ def _moved_blocks(sm: StepMemory, s: MemorySetting) -> list[Block]:
     earlier = [b for b in sm.blocks if not b.own]
     blocks = [_copy(b) for b in sm.blocks
               if b.own and not (s.drop_gather_buffers and b.category == _BUFFERS and not b.reduction)]
+    if s.zero3_bucket is not None:
+        blocks = _rebucketed(sm, s, blocks)
     out: list[Block] = []
     by_unit: dict[str, list[Block]] = {}
     for b in blocks:
@@ -278,6 +293,33 @@ def _moved_blocks(sm: StepMemory, s: MemorySetting) -> list[Block]:
             reduced += waiting
         reduced += _reduced_together(s, mine)
     return earlier + _merged(sm, s, [b for b in moved if _gathered(b)]) + reduced
+
+
+def _rebucketed(sm: StepMemory, s: MemorySetting, blocks: list[Block]) -> list[Block]:
+    """ZeRO-3's forward gathers under another prefetch bucket, per micro-batch
+    (:func:`.zero3_fetch.forward_gathers`): the recorded forward gathers' blocks freed before backward
+    (their flat buffers, the collective's staging) go; each new gather of several parameters holds a
+    flat buffer from its issuer's fetch (the issuer's window start) to the fetch that waits for its
+    last parameter. The parameters DeepSpeed copies out of a buffer (``torch.cat`` in the first wait,
+    kept until their backward release) stay as recorded: they are made at another fetch under another
+    bucket, and every one is alive from the forward's last fetch to its backward either way. A
+    gather of one parameter gathers into the parameter itself: no buffer (the recorded one alive
+    into backward stays: it is that parameter)."""
+    out = list(blocks)
+    for micro in sorted({m for (_, _, m) in sm.windows}):
+        starts = {u: w[0] for (u, ph, m), w in sm.windows.items() if ph == vocabulary.FORWARD and m == micro}
+        backward = min((w[0] for (_, ph, m), w in sm.windows.items() if ph == vocabulary.BACKWARD and m == micro),
+                       default=int(sm.t[-1]))
+        out = [b for b in out if not (_gathered(b) and b.phase == vocabulary.FORWARD and b.micro == micro
+                                      and b.free < backward)]
+        order = sorted(starts, key=starts.__getitem__)
+        for g in zero3_fetch.forward_gathers(order, s.unit_params, s.zero3_bucket or 0, s.shards):
+            if g.buffer_elements:
+                alloc = starts[g.issuer]
+                out.append(Block(unit=", ".join(dict.fromkeys(u for u, _ in g.params)), category=_PARAMS,
+                                 phase=vocabulary.FORWARD, alloc=alloc, free=max(alloc, starts[g.freed_by]),
+                                 bytes=g.buffer_elements * s.element_bytes, micro=micro))
+    return out
 
 
 def _gathered(b: Block) -> bool:
@@ -494,11 +536,22 @@ def _flat_gradients(s: MemorySetting, blocks: list[Block]) -> tuple[list[Block],
                     out.append(b)
                 elif b is flat[u]:
                     out.append(_copy(b, alloc=last.alloc, free=max(last.alloc, last.free)))
-                elif b.free <= flat[u].free:  # a parameter's gradient, freed when the flat gradient was made
+                elif b.free <= flat[u].free and _parameter_sized(s, u, b):
+                    # a parameter's gradient, freed when the flat gradient was made
                     waiting.append(_copy(b, free=max(b.free, made)))
                 else:
                     out.append(b)
     return out, waiting
+
+
+def _parameter_sized(s: MemorySetting, unit: str, b: Block) -> bool:
+    """A block of a parameter's gradient's size in ``unit`` (its parameters' elements times the bytes
+    per element), where run.json lists them: the unit's backward frees other blocks before its flat
+    gradient too (its modules' own gradient temporaries: an expert loop's), which do not wait for it."""
+    sizes = s.unit_params.get(unit)
+    if not sizes or not s.element_bytes:
+        return True
+    return b.bytes in {n * s.element_bytes for n in sizes}
 
 
 def _reduced_together(s: MemorySetting, blocks: list[Block]) -> list[Block]:

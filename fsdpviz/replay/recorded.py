@@ -129,6 +129,9 @@ class Recording:
     (:func:`.prefetch_args.fsdp2_depths`); None where run.json does not say, and for other frameworks."""
     unit_numels: dict[str, int] = field(default_factory=dict)
     """Unsharded parameter elements per unit, where run.json says (ZeRO-3's prefetch bucket is in elements)."""
+    unit_params: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    """Per unit, its parameters' unsharded elements in the framework's order, where run.json lists them
+    (ZeRO-3 buckets parameters: :mod:`.zero3_fetch`)."""
 
     @property
     def gathered_units(self) -> set[str]:

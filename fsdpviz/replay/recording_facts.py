@@ -79,6 +79,13 @@ def unit_numels(result: RunResult) -> dict[str, int]:
     return {u.unit: u.param_numel for u in run.units if u.param_numel >= 0} if run is not None else {}
 
 
+def unit_params(result: RunResult) -> dict[str, tuple[int, ...]]:
+    """Per unit, its parameters' unsharded elements in the order the framework holds them, where
+    run.json lists them (ZeRO-3 gathers parameters, not units: :mod:`.zero3_fetch`)."""
+    run = result.traces.run
+    return {u.unit: tuple(n for _, n in u.params) for u in run.units if u.params} if run is not None else {}
+
+
 def ranks_per_host(result: RunResult) -> int:
     run = result.traces.run
     if run is None or not run.hosts:

@@ -27,6 +27,7 @@ from typing import Final
 from fsdpviz.replay.memory import MemoryChange, StepMemory
 from fsdpviz.replay.recorded import Recording
 from fsdpviz.replay.settings import GIVEN, Settings
+from fsdpviz.vocabulary import ZERO3
 
 # How the note of a raised prediction begins (:func:`floored`).
 FLOOR_NOTE: Final = "peak memory: the model's level under this setting stayed below the recorded peak"
@@ -40,6 +41,11 @@ def only_adds(settings: Settings, rec: Recording) -> list[str]:
     for key in sorted(given):
         if key == "wrap" and settings.wrap.kind != "recorded":
             why.append(f"wrap {settings.wrap} gathers and reduces recorded units together")
+        elif key == "prefetch" and rec.framework == ZERO3:
+            # ZeRO-3's prefetch is a bucket of elements, and a gather's buffer lives until its last
+            # parameter is waited for (replay/zero3_fetch.py): where the buckets' boundaries fall, not
+            # their size, decides what is alive, so a larger bucket can hold less at an instant
+            return []
         elif key == "prefetch" and _deeper(settings.prefetch, rec.prefetch):
             why.append(f"prefetch {settings.prefetch} gathers no later than the recorded {rec.prefetch}")
         elif key == "world_size" and 0 < settings.world_size < rec.world_size:

@@ -429,7 +429,32 @@ def memory_setting(rec: Recording, settings: Settings) -> MemorySetting:
         prefetch=settings.prefetch if _prefetch_changed(settings, rec) else "recorded",
         scale=rec.world_size / world if world else 1.0,
         drop_gather_buffers=rec.framework == FSDP2 and world == 1 and rec.world_size > 1,
-        recorded_prefetch=rec.prefetch, framework=rec.framework)
+        recorded_prefetch=rec.prefetch, framework=rec.framework, **_zero3_bucket(rec, settings, world),
+        **_fsdp1_params(rec))
+
+
+def _fsdp1_params(rec: Recording) -> dict[str, Any]:
+    """FSDP1's fields of the memory setting: each unit's parameters' elements and the bytes of one
+    (a merged unit's members' parameter gradients wait for its flat gradient)."""
+    if rec.framework != FSDP1 or not rec.unit_params:
+        return {}
+    numel = sum(rec.unit_numels.get(u, 0) for u in rec.units)
+    nbytes = sum(max(rec.unit_bytes.get(u, 0), 0) for u in rec.units)
+    return {"unit_params": dict(rec.unit_params), "element_bytes": nbytes // numel if numel else 0}
+
+
+def _zero3_bucket(rec: Recording, settings: Settings, world: int) -> dict[str, Any]:
+    """ZeRO-3's fields of the memory setting: the prefetch bucket the setting writes, when it is not
+    the recorded one and run.json lists the units' parameters (the gathers carry parameters)."""
+    if rec.framework != ZERO3 or not rec.unit_params or not _prefetch_changed(settings, rec):
+        return {}
+    bucket = (prefetch_arguments(rec, settings) or {}).get("stage3_prefetch_bucket_size")
+    if not isinstance(bucket, int) or bucket == rec.prefetch_args.get("stage3_prefetch_bucket_size"):
+        return {}
+    numel = sum(rec.unit_numels.get(u, 0) for u in rec.units)
+    nbytes = sum(max(rec.unit_bytes.get(u, 0), 0) for u in rec.units)
+    return {"zero3_bucket": bucket, "unit_params": dict(rec.unit_params), "shards": max(world, 1),
+            "element_bytes": nbytes // numel if numel else 0}
 
 
 def _predicted_peak(rec: Recording, settings: Settings, memory: list[MemoryChange | None]) -> known.PeakMemory:

@@ -1,12 +1,19 @@
 """An ``accelerate launch`` training loop, written the way accelerate's examples write it.
 
     accelerate launch --num_processes 2 --use_fsdp --fsdp_version 2 \
-        --fsdp_transformer_layer_cls_to_wrap Block tests/clients/accelerate_loop.py --log-losses out-{rank}.txt
+        --fsdp_auto_wrap_policy TRANSFORMER_BASED_WRAP --fsdp_transformer_layer_cls_to_wrap Block \
+        tests/clients/accelerate_loop.py --log-losses out-{rank}.txt
 
 A small model of two blocks, fixed random data, ``Accelerator.prepare`` and ``accelerator.backward``.
 ``--no-cpu`` creates ``Accelerator()`` instead of ``Accelerator(cpu=True)``: on a machine without GPUs,
 ``accelerate launch --multi_gpu --num_processes 2`` then starts two processes that never connect
 (accelerate decides there is nothing to distribute), each training alone.
+
+On CPU accelerate runs the processes as ``MULTI_CPU`` and wraps the model in
+``DistributedDataParallel``, whatever ``--use_fsdp`` asked. ``--force-fsdp`` makes it take the FSDP
+path anyway, as ``hf_trainer.py --force-fsdp`` does: the shared state says a multi-GPU job before the
+``Accelerator`` is made, so the FSDP plugin that ``accelerate launch``'s FSDP flags describe is applied
+(``Accelerator()``: with ``cpu=True`` accelerate would keep ``MULTI_CPU``); the model stays on the CPU.
 """
 
 from __future__ import annotations
@@ -48,13 +55,24 @@ class Model(nn.Module):
         return self.head(x)
 
 
+def force_fsdp() -> None:
+    """Make accelerate apply its FSDP plugin on CPU ranks (see the module docstring)."""
+    from accelerate.state import PartialState
+    from accelerate.utils import DistributedType
+
+    PartialState().distributed_type = DistributedType.MULTI_GPU
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--log-losses", default="")
     parser.add_argument("--cpu", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--force-fsdp", action="store_true")
     args = parser.parse_args()
-    accelerator = Accelerator(cpu=True) if args.cpu else Accelerator()
+    if args.force_fsdp:
+        force_fsdp()
+    accelerator = Accelerator(cpu=True) if args.cpu and not args.force_fsdp else Accelerator()
     torch.manual_seed(0)
     model = Model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)

@@ -3,12 +3,15 @@
     python tests/clients/fabric_fsdp2.py --devices 2 --log-losses out-{rank}.txt
 
 Fabric starts its own processes (``fabric.launch()``); the parallelize function shards every block
-with ``fully_shard`` and then the whole model, as Lightning's FSDP2 examples do.
+with ``fully_shard`` and then the whole model, as Lightning's FSDP2 examples do. ``--parallelize FILE``
+takes the ``parallelize(model, device_mesh)`` a file defines instead (``fsdpviz whatif RUN --code
+--stack lightning`` writes one), as a user pastes another sharding into their script.
 """
 
 from __future__ import annotations
 
 import argparse
+import runpy
 
 import lightning as L
 import torch
@@ -58,8 +61,10 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--log-losses", default="")
+    parser.add_argument("--parallelize", default="", help="a file defining parallelize(model, device_mesh)")
     args = parser.parse_args()
-    strategy = ModelParallelStrategy(parallelize_fn=parallelize, data_parallel_size=args.devices,
+    parallelize_fn = runpy.run_path(args.parallelize)["parallelize"] if args.parallelize else parallelize
+    strategy = ModelParallelStrategy(parallelize_fn=parallelize_fn, data_parallel_size=args.devices,
                                      tensor_parallel_size=1)
     fabric = L.Fabric(accelerator="cpu", devices=args.devices, strategy=strategy)
     fabric.launch()

@@ -25,6 +25,13 @@ def shard_code(run_dir: Path, out: Path, *options: str) -> Path:
     return out
 
 
+def peak_bytes(run_dir: Path) -> int:
+    """The recorded peak allocated bytes, as ``fsdpviz summary --json`` says it."""
+    proc = fsdpviz("summary", str(run_dir), "--json", "-q")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return int(json.loads(proc.stdout)["memory"]["peak_allocated_bytes"])
+
+
 def recorded_units(run_dir: Path) -> dict[str, dict[str, Any]]:
     """run.json's units by name."""
     return {u["unit"]: u for u in json.loads((run_dir / "run.json").read_text())["units"]}

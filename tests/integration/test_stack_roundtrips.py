@@ -1,6 +1,8 @@
 """The advised setting in the user's own stack's terms, recorded for real: record a client program of
 ``tests/clients/``, ask whatif for a setting, apply the keys its stack form writes the way that stack's
-users do (a JSON ``fsdp_config`` file for the HF Trainer, a DeepSpeed JSON config file), record again.
+users do (a JSON ``fsdp_config`` file for the HF Trainer, accelerate's config file for ``accelerate
+launch --config_file``, Lightning Fabric's ``parallelize_fn`` for its FSDP2 strategy, a DeepSpeed JSON
+config file), record again.
 
 The second run.json -- what the recorder read from FSDP's and DeepSpeed's own state -- must hold the
 predicted units with the written setting, the peak must be within 3 % of the prediction (on CPU the
@@ -12,14 +14,15 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.jobs import NO_OUTPUT, REPO, fsdpviz, record_env, retried, torchrun
+from helpers.jobs import NO_OUTPUT, REPO, fsdpviz, record_env, retried, torchrun, unused_port
 from helpers.roundtrip import losses, recorded_units, whatif_json
 
-from fsdpviz.whatif.stacks import DEEPSPEED, HF_TRAINER, set_keys
+from fsdpviz.whatif.stacks import ACCELERATE, DEEPSPEED, HF_TRAINER, LIGHTNING, set_keys
 
 pytestmark = [pytest.mark.slow, pytest.mark.clients]
 
@@ -27,6 +30,14 @@ CLIENTS = REPO / "tests" / "clients"
 STEPS = ("--steps", "6")
 RECORD = (*NO_OUTPUT, "--warmup", "2", "--steps", "3")
 HF_CONFIG = {"transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]}  # the client's own fsdp_config
+# tests/clients/accelerate_loop.py's FSDP2 per block, as its user keeps it: an accelerate config file
+# (accelerate reads a .json one as it reads its YAML)
+ACCELERATE_CONFIG = {
+    "compute_environment": "LOCAL_MACHINE", "distributed_type": "FSDP", "num_machines": 1, "num_processes": 2,
+    "machine_rank": 0, "mixed_precision": "no",
+    "fsdp_config": {"fsdp_version": 2, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+                    "fsdp_transformer_layer_cls_to_wrap": "Block"},
+}
 DS_CONFIG = {  # tests/clients/deepspeed_json.py's own config, as its user keeps it in a file
     "train_micro_batch_size_per_gpu": 4,
     "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
@@ -35,8 +46,11 @@ DS_CONFIG = {  # tests/clients/deepspeed_json.py's own config, as its user keeps
 }
 
 
-def _record(run_dir: Path, script: str, *args: str, env: dict[str, str] | None = None) -> Path:
-    command = torchrun(CLIENTS / script, *STEPS, *args, "--log-losses", f"{run_dir}.loss-{{rank}}")
+def _record(run_dir: Path, script: str, *args: str, env: dict[str, str] | None = None,
+            launcher: tuple[str, ...] = ()) -> Path:
+    """``script`` recorded into ``run_dir`` under torchrun, or under ``launcher`` (its command line)."""
+    logged = (*STEPS, *args, "--log-losses", f"{run_dir}.loss-{{rank}}")
+    command = [*launcher, str(CLIENTS / script), *logged] if launcher else torchrun(CLIENTS / script, *logged)
     proc = retried(lambda: fsdpviz("record", "--out", str(run_dir), *RECORD, "--", *command,
                                    env=record_env(**(env or {})), timeout=600),
                    tidy=lambda: shutil.rmtree(run_dir, ignore_errors=True))
@@ -88,6 +102,58 @@ def test_hf_trainer_says_it_cannot_wrap_the_model_as_one_unit(hf_trainer: Path) 
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "fsdp2_prepare_model" in proc.stderr
 
 
+def _accelerate_launch(config: Path) -> tuple[str, ...]:
+    return (sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
+            "--main_process_port", str(unused_port()))
+
+
+def test_accelerate_config_records_the_predicted_units(tmp_path: Path) -> None:
+    """``accelerate launch`` with FSDP2 from its config file (``--force-fsdp``: accelerate applies its FSDP
+    plugin on CPU ranks), reshard after forward false: the written ``fsdp_config`` key, set in the
+    user's config file, gives the predicted units (each kept gathered after forward) and peak."""
+    pytest.importorskip("accelerate")
+    config = tmp_path / "accelerate.json"
+    config.write_text(json.dumps(ACCELERATE_CONFIG))
+    base = _record(tmp_path / "accelerate", "accelerate_loop.py", "--force-fsdp", launcher=_accelerate_launch(config))
+    assert list(recorded_units(base)) == ["(root)", "blocks.0", "blocks.1"]  # the class policy, as accelerate ran it
+    predicted = whatif_json(base, "--reshard-after-forward", "false")
+    form = _form(predicted, ACCELERATE)
+    assert form["changes"] == {"fsdp_reshard_after_forward": False}
+    assert "--fsdp_reshard_after_forward false" in form["text"]
+    changed = tmp_path / "accelerate-reshard-false.json"
+    changed.write_text(json.dumps({**ACCELERATE_CONFIG, "fsdp_config": set_keys(ACCELERATE_CONFIG["fsdp_config"],
+                                                                                 form["changes"])}))
+    again = _record(tmp_path / "accelerate-reshard-false", "accelerate_loop.py", "--force-fsdp",
+                    launcher=_accelerate_launch(changed))
+    recorded = recorded_units(again)
+    assert list(recorded) == [u["name"] for u in predicted["predicted"]["units"]]
+    assert {u["reshard_after_forward"] for u in recorded.values()} == {False}
+    assert _peak(again) == pytest.approx(predicted["predicted"]["peak_allocated_bytes"], rel=0.03)
+    assert losses(again, ranks=2) == losses(base, ranks=2)
+
+
+def test_fabric_parallelize_records_the_predicted_units(tmp_path: Path) -> None:
+    """Lightning Fabric's FSDP2 (``ModelParallelStrategy``, which runs on CPU ranks; ``FSDPStrategy``
+    refuses them), reshard after forward false: the written ``parallelize(model, device_mesh)``, in
+    place of the client's own, gives the predicted units (each kept gathered) and peak."""
+    pytest.importorskip("lightning")
+    fabric = (sys.executable,)  # Fabric starts its own processes
+    base = _record(tmp_path / "fabric", "fabric_fsdp2.py", "--devices", "2", launcher=fabric)
+    predicted = whatif_json(base, "--reshard-after-forward", "false")
+    proc = fsdpviz("whatif", str(base), "--reshard-after-forward", "false", "--code", "--stack", LIGHTNING, "-q")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "def parallelize(model, device_mesh):" in proc.stdout
+    code = tmp_path / "parallelize.py"
+    code.write_text(proc.stdout)
+    again = _record(tmp_path / "fabric-reshard-false", "fabric_fsdp2.py", "--devices", "2", "--parallelize",
+                    str(code), launcher=fabric)
+    recorded = recorded_units(again)
+    assert list(recorded) == [u["name"] for u in predicted["predicted"]["units"]] == ["(root)", "blocks.0", "blocks.1"]
+    assert {u["reshard_after_forward"] for u in recorded.values()} == {False}
+    assert _peak(again) == pytest.approx(predicted["predicted"]["peak_allocated_bytes"], rel=0.03)
+    assert losses(again, ranks=2) == losses(base, ranks=2)
+
+
 @pytest.fixture(scope="module")
 def zero3_json(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict[str, Any]]:
     """The DeepSpeed client recorded from its JSON file, and again from the file with the keys whatif
@@ -119,9 +185,10 @@ def test_zero3_json_key_records_the_predicted_bucket(zero3_json: tuple[Path, Pat
     assert losses(again, ranks=2) == losses(base, ranks=2)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the memory model keeps ZeRO-3's recorded peak under a smaller prefetch bucket: the prediction stays at the "
-    "default bucket's 786,752 bytes, the recording of the written JSON peaks at 660,144 (19 % lower)"))
 def test_zero3_json_peak_within_3_percent(zero3_json: tuple[Path, Path, dict[str, Any]]) -> None:
-    _, again, predicted = zero3_json
+    """The smaller bucket gathers the parameters in other sets, each flat buffer alive until its last
+    parameter is waited for (replay/zero3_fetch.py, from DeepSpeed's coordinator): the peak falls by
+    the default bucket's whole-model buffer, and the recording of the written JSON says by how much."""
+    base, again, predicted = zero3_json
+    assert predicted["predicted"]["peak_allocated_bytes"] < 0.9 * _peak(base)  # the change is no noise
     assert _peak(again) == pytest.approx(predicted["predicted"]["peak_allocated_bytes"], rel=0.03)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from helpers.jobs import NO_OUTPUT, fsdpviz, record_env, retried, torchrun
-from helpers.roundtrip import losses, recorded_units, shard_code, whatif_json
+from helpers.roundtrip import losses, peak_bytes, recorded_units, shard_code, whatif_json
 
 pytestmark = [pytest.mark.slow, pytest.mark.roundtrip]
 
@@ -133,7 +133,8 @@ def test_fsdp2_backward_only_prefetch_is_written_back(tmp_path: Path) -> None:
 
 def test_fsdp1_backward_post_is_written_back(tmp_path: Path) -> None:
     """FSDP1 recorded with ``backward_prefetch=BACKWARD_POST``: one root unit keeps POST (it was written
-    as FSDP1's default, BACKWARD_PRE), as the recorder reads it back from FSDP1's modules."""
+    as FSDP1's default, BACKWARD_PRE), as the recorder reads it back from FSDP1's modules, and peaks
+    where the memory model says (within 3 %)."""
     base = _record(tmp_path / "fsdp1", "--framework", "fsdp1", "--fsdp1-backward-prefetch", "BACKWARD_POST")
     assert list(recorded_units(base)) == UNITS
     predicted = whatif_json(base, "--wrap", "root")
@@ -145,4 +146,5 @@ def test_fsdp1_backward_post_is_written_back(tmp_path: Path) -> None:
     assert list(recorded) == ["(root)"]
     assert recorded["(root)"]["backward_prefetch"] == "BACKWARD_POST"
     assert recorded["(root)"]["forward_prefetch"] is False
+    assert peak_bytes(again) == pytest.approx(predicted["predicted"]["peak_allocated_bytes"], rel=0.03)
     assert losses(again, ranks=2) == losses(base, ranks=2)
