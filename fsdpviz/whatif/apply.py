@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from fsdpviz.naming import ROOT_UNIT
+from fsdpviz.naming import ROOT_UNIT, WRAPPER_COMPONENTS
 from fsdpviz.replay import prefetch_args
 from fsdpviz.replay import program as prog
 from fsdpviz.replay.recorded import Recording
@@ -44,6 +44,21 @@ FSDP2_IMPORT: Final = '''try:
     from torch.distributed.fsdp import fully_shard
 except ImportError:  # torch < 2.6
     from torch.distributed._composable.fsdp import fully_shard
+'''
+# The written code finds modules by the paths fsdpviz names them with: a model still wrapped by
+# activation checkpointing or torch.compile (their wrapper segments are not in those paths,
+# naming.clean_fqn) resolves to the outermost module at each path, the one a user shards.
+FINDER: Final = f'''
+# wrapper segments fsdpviz leaves out of module paths (activation checkpointing, FSDP1, torch.compile)
+WRAPPER_SEGMENTS = {tuple(sorted(WRAPPER_COMPONENTS))!r}
+
+
+def submodules(model):
+    """Path as fsdpviz names it (no WRAPPER_SEGMENTS) -> the outermost module at that path."""
+    found = {{}}
+    for name, module in model.named_modules():
+        found.setdefault(".".join(p for p in name.split(".") if p not in WRAPPER_SEGMENTS), module)
+    return found.__getitem__
 '''
 FSDP1_IMPORT: Final = '''from torch.distributed.fsdp import BackwardPrefetch
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -155,8 +170,8 @@ def _fsdp2(rec: Recording, settings: Settings, units: list[str], modules: dict[s
                          + "]  # backward order")
         lines.append("for i, unit in enumerate(backward):")
         lines.append(f"    unit.set_modules_to_backward_prefetch(backward[i + 1 : i + {1 + backward}])")
-    body = "\n".join(f"    {line}" for line in ["m = model.get_submodule", *lines, "return model"])
-    code = (f"{FSDP2_IMPORT}\n\ndef shard_model(model, **fsdp_kwargs):\n"
+    body = "\n".join(f"    {line}" for line in ["m = submodules(model)", *lines, "return model"])
+    code = (f"{FSDP2_IMPORT}{FINDER}\n\ndef shard_model(model, **fsdp_kwargs):\n"
             f'    """{describe}: FSDP2 units as fsdpviz whatif predicts them (the root last)."""\n{body}\n')
     return Apply(FSDP2, code, lines, "; ".join(notes))
 
@@ -228,8 +243,8 @@ def _fsdp1(rec: Recording, settings: Settings, modules: dict[str, list[str]], de
     if "forward_prefetch" in arguments:
         call.append(f"forward_prefetch={bool(arguments['forward_prefetch'])}")
     lines.append(f"return FSDP({', '.join(call)}, **fsdp_kwargs)")
-    body = "\n".join(f"    {line}" for line in ["m = model.get_submodule", *lines])
-    code = (f"{FSDP1_IMPORT}\n\ndef shard_model(model, **fsdp_kwargs):\n"
+    body = "\n".join(f"    {line}" for line in ["m = submodules(model)", *lines])
+    code = (f"{FSDP1_IMPORT}{FINDER}\n\ndef shard_model(model, **fsdp_kwargs):\n"
             f'    """{describe}: FSDP1 units as fsdpviz whatif predicts them."""\n{body}\n')
     return Apply(FSDP1, code, lines, "; ".join(notes))
 

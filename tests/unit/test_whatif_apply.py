@@ -21,8 +21,10 @@ def test_fsdp2_code_names_the_modules_whose_parameters_the_units_hold(capsys: py
     apply = _apply(capsys, "fsdp2-cpu-2rank", "--wrap", "merge:2")
     assert apply["framework"] == "fsdp2" and apply["note"] == ""
     tree = ast.parse(apply["code"])  # valid Python that defines shard_model(model, **fsdp_kwargs)
-    [func] = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
-    assert func.name == "shard_model" and [a.arg for a in func.args.args] == ["model"]
+    functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    assert set(functions) == {"submodules", "shard_model"}  # the finder of wrapped paths, and the change
+    func = functions["shard_model"]
+    assert [a.arg for a in func.args.args] == ["model"]
     named = {c.args[0].value for c in ast.walk(func) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)
              and c.func.id == "m"}
     run = json.loads((SAMPLES / "fsdp2-cpu-2rank" / "run.json").read_text())

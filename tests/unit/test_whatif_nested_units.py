@@ -303,3 +303,47 @@ def test_a_recorded_fsdp1_backward_post_is_written_back_as_post(fake_group: None
         units = FSDP.fsdp_modules(wrapped)
         assert len(units) == (1 if name == "root" else len(UNITS))
         assert {(u.backward_prefetch, u.forward_prefetch) for u in units} == {(backward, forward)}, name
+
+
+def test_the_code_finds_the_recorded_paths_on_a_wrapped_model(fake_group: None) -> None:
+    """Module paths are the user's (naming.clean_fqn drops wrapper segments): the written code finds them
+    on a model whose blocks activation checkpointing wrapped and whose last experts torch.compile
+    wrapped, shards the outermost module at each path (the wrapper, as torchtitan shards its
+    checkpointed blocks), and FSDP2 then holds the predicted units with their parameters; a forward
+    and backward run through the checkpointed blocks."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from torch.distributed.fsdp import FSDPModule
+
+    from fsdpviz.naming import clean_fqn
+
+    model = _nested_model()
+    params = _params(model)  # the recording's names: no wrapper segment
+    blocks = model.blocks
+    for i in range(len(blocks)):
+        blocks[i] = checkpoint_wrapper(blocks[i])
+    moe = blocks[5]._checkpoint_wrapped_module.moe
+    moe.experts = torch.compile(moe.experts, backend="eager")
+    assert any("_orig_mod" in n for n, _ in model.named_modules())
+    names = {module: clean_fqn(fqn) for fqn, module in model.named_modules()}
+    rec, settings = _recording(), CODE_SETTINGS["merge:2"]
+    apply = apply_code(rec, params, settings, "merge:2")
+    assert apply.code is not None, apply.note
+    namespace: dict = {}
+    exec(compile(apply.code, "merge:2", "exec"), namespace)  # noqa: S102 - the code under test
+    sharded = namespace["shard_model"](model)
+    got: dict[str, list[str]] = {}
+    seen = set()
+    for fqn, module in sharded.named_modules():
+        state = module._get_fsdp_state() if isinstance(module, FSDPModule) else None
+        if state is None or id(state) in seen or state._fsdp_param_group is None:
+            continue
+        seen.add(id(state))
+        # the outermost module at the path: never a wrapper's inner module
+        assert not fqn.endswith(("_checkpoint_wrapped_module", "_orig_mod")), fqn
+        got[clean_fqn(fqn)] = sorted(
+            ".".join(x for x in (names[p._module_info.module], p._module_info.param_name) if x and x != ROOT_UNIT)
+            for p in state._fsdp_param_group.fsdp_params)
+    _, new_units, members = prog.regrouped(rec, settings)
+    want = {unit_modules(n)[0]: sorted(p for u in members[n] for p in params.get(u, [])) for n in new_units}
+    assert got == want
+    sharded(torch.randint(128, (2, 16))).sum().backward()
