@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from helpers.jobs import NO_OUTPUT, REPO, fsdpviz, record_env, retried, torchrun, unused_port
-from helpers.roundtrip import losses, recorded_units, whatif_json
+from helpers.roundtrip import losses, peak_bytes, recorded_units, whatif_json
 
 from fsdpviz.whatif.stacks import ACCELERATE, DEEPSPEED, HF_TRAINER, LIGHTNING, set_keys
 
@@ -58,11 +58,6 @@ def _record(run_dir: Path, script: str, *args: str, env: dict[str, str] | None =
     return run_dir
 
 
-def _peak(run_dir: Path) -> int:
-    proc = fsdpviz("summary", str(run_dir), "--json", "-q")
-    return int(json.loads(proc.stdout)["memory"]["peak_allocated_bytes"])
-
-
 def _form(predicted: dict[str, Any], stack: str) -> dict[str, Any]:
     return next(f for f in predicted["apply"]["stacks"] if f["stack"] == stack)
 
@@ -88,7 +83,7 @@ def test_hf_trainer_fsdp_config_records_the_predicted_units(hf_trainer: Path) ->
     recorded = recorded_units(again)
     assert list(recorded) == [u["name"] for u in predicted["predicted"]["units"]]
     assert {u["reshard_after_forward"] for u in recorded.values()} == {False}
-    assert _peak(again) == pytest.approx(predicted["predicted"]["peak_allocated_bytes"], rel=0.03)
+    assert peak_bytes(again) == pytest.approx(predicted["predicted"]["peak_allocated_bytes"], rel=0.03)
     assert losses(again, ranks=2) == losses(hf_trainer, ranks=2)
 
 
@@ -128,7 +123,7 @@ def test_accelerate_config_records_the_predicted_units(tmp_path: Path) -> None:
     recorded = recorded_units(again)
     assert list(recorded) == [u["name"] for u in predicted["predicted"]["units"]]
     assert {u["reshard_after_forward"] for u in recorded.values()} == {False}
-    assert _peak(again) == pytest.approx(predicted["predicted"]["peak_allocated_bytes"], rel=0.03)
+    assert peak_bytes(again) == pytest.approx(predicted["predicted"]["peak_allocated_bytes"], rel=0.03)
     assert losses(again, ranks=2) == losses(base, ranks=2)
 
 
@@ -150,7 +145,7 @@ def test_fabric_parallelize_records_the_predicted_units(tmp_path: Path) -> None:
     recorded = recorded_units(again)
     assert list(recorded) == [u["name"] for u in predicted["predicted"]["units"]] == ["(root)", "blocks.0", "blocks.1"]
     assert {u["reshard_after_forward"] for u in recorded.values()} == {False}
-    assert _peak(again) == pytest.approx(predicted["predicted"]["peak_allocated_bytes"], rel=0.03)
+    assert peak_bytes(again) == pytest.approx(predicted["predicted"]["peak_allocated_bytes"], rel=0.03)
     assert losses(again, ranks=2) == losses(base, ranks=2)
 
 
@@ -190,5 +185,5 @@ def test_zero3_json_peak_within_3_percent(zero3_json: tuple[Path, Path, dict[str
     parameter is waited for (replay/zero3_fetch.py, from DeepSpeed's coordinator): the peak falls by
     the default bucket's whole-model buffer, and the recording of the written JSON says by how much."""
     base, again, predicted = zero3_json
-    assert predicted["predicted"]["peak_allocated_bytes"] < 0.9 * _peak(base)  # the change is no noise
-    assert _peak(again) == pytest.approx(predicted["predicted"]["peak_allocated_bytes"], rel=0.03)
+    assert predicted["predicted"]["peak_allocated_bytes"] < 0.9 * peak_bytes(base)  # the change is no noise
+    assert peak_bytes(again) == pytest.approx(predicted["predicted"]["peak_allocated_bytes"], rel=0.03)

@@ -47,14 +47,6 @@ def _record(run_dir: Path, args: tuple[str, ...], ranks: int = 0, env: dict[str,
                    tidy=lambda: shutil.rmtree(run_dir, ignore_errors=True))
 
 
-
-
-
-
-
-
-
-
 @pytest.fixture(scope="module")
 def fsdp2_block(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run = tmp_path_factory.mktemp("apply") / "fsdp2-block"
