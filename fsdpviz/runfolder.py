@@ -85,6 +85,9 @@ class UnitInfo(msgspec.Struct, kw_only=True):
     """ZeRO-3: the enclosing block of a fetched submodule; "" otherwise."""
     reshard_after_forward: bool | None = None
     """What ran (read after the first step): FSDP2 never reshards the root after forward."""
+    reshard_after_forward_size: int | None = None
+    """FSDP2's ``reshard_after_forward=<int>`` (HSDP): the ranks the unit's parameters stay sharded over
+    after forward; None for ``True`` / ``False`` and in older run folders."""
     forward_prefetch: Prefetch = None
     backward_prefetch: Prefetch = None
     shard_size: int | None = None

@@ -51,6 +51,8 @@ class Unit:
     dtype: str
     parent: str = ""
     reshard_after_forward: bool | None = None
+    # HSDP's reshard_after_forward=<int>: the ranks its parameters stay sharded over after forward
+    reshard_after_forward_size: int | None = None
     forward_prefetch: Any = None
     backward_prefetch: Any = None
     order: int = -1  # forward order, known after the first step
@@ -69,6 +71,7 @@ class Unit:
             "dtype": self.dtype,
             "parent": self.parent,
             "reshard_after_forward": self.reshard_after_forward,
+            "reshard_after_forward_size": self.reshard_after_forward_size,
             "forward_prefetch": self.forward_prefetch,
             "backward_prefetch": self.backward_prefetch,
             "shard_size": self.shard_size,
@@ -162,6 +165,7 @@ def build_fsdp2_units(root: Any) -> list[Unit]:
             )
             units.append(Unit(unit=name, param_numel=numel, param_bytes=param_bytes, dtype=_dtype_name(dtype),
                               reshard_after_forward=group.post_forward_mesh_info is not None,
+                              reshard_after_forward_size=_post_forward_size(group),
                               shard_size=int(getattr(group.mesh_info, "shard_mesh_size", 1)),
                               # FSDP2 shards a tensor-parallel DTensor's local part: sizes are that part
                               param_scope="local" if any(fp.is_dtensor for fp in group.fsdp_params) else "global",
@@ -172,6 +176,17 @@ def build_fsdp2_units(root: Any) -> list[Unit]:
         unit.forward_prefetch = forward or "default"
         unit.backward_prefetch = backward or "default"
     return units
+
+
+def _post_forward_size(group: Any) -> int | None:
+    """An FSDP2 group's ``reshard_after_forward=<int>``: the size of the mesh its parameters are
+    resharded to after forward, where that is not its own shard mesh (FSDP2 builds another mesh info
+    for an int; ``True`` reuses the group's); None for ``True`` / ``False``."""
+    post, own = group.post_forward_mesh_info, group.mesh_info
+    if post is None or post is own:
+        return None
+    size = getattr(post, "shard_mesh_size", None)
+    return int(size) if size is not None else None
 
 
 def fsdp2_parallelism(units: list[Unit]) -> dict[str, int | None] | None:

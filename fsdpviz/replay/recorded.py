@@ -123,6 +123,9 @@ class Recording:
     notes: list[str] = field(default_factory=list)
     host_ops_per_step: float = 0.0  # GPU: the host threads' traced events (ops, runtime calls, ranges) per step
     prefetch_args: dict[str, object] = field(default_factory=dict)
+    reshard_sizes: dict[str, int] = field(default_factory=dict)
+    """FSDP2's ``reshard_after_forward=<int>`` per unit that ran with one (run.json); the written code
+    keeps it where the setting does not change resharding."""
     """The framework's own arguments that gave ``prefetch`` (:mod:`.prefetch_args`); {} where run.json does not say."""
     prefetch_depths: tuple[int, int] | None = None
     """FSDP2: the recorded explicit prefetch depths, (forward, backward), 0 for FSDP2's default

@@ -42,6 +42,14 @@ def declared_reshard(result: RunResult, units: list[str]) -> dict[str, bool]:
             for u in units}
 
 
+def reshard_sizes(result: RunResult) -> dict[str, int]:
+    """Per unit run.json records with FSDP2's ``reshard_after_forward=<int>``: that int."""
+    run = result.traces.run
+    if run is None:
+        return {}
+    return {u.unit: u.reshard_after_forward_size for u in run.units if u.reshard_after_forward_size is not None}
+
+
 def gather_label_phases(labels: pd.DataFrame, windows: pd.DataFrame, out: dict[str, set[str]]) -> None:
     """Add to ``out`` the phases in which each unit's own gather labels opened (in backward: at or
     after the step's first backward window), so that a unit's resharding is seen also where no

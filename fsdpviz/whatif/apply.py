@@ -148,7 +148,8 @@ def _fsdp2(rec: Recording, settings: Settings, units: list[str], modules: dict[s
     for unit in post_order:
         refs = [_ref(m) for m in modules[unit]]
         target = refs[0] if len(refs) == 1 else f"[{', '.join(refs)}]"
-        lines.append(f"fully_shard({target}, reshard_after_forward={reshard[unit]}, **fsdp_kwargs)")
+        lines.append(f"fully_shard({target}, reshard_after_forward={_reshard_value(rec, settings, unit, reshard)}, "
+                     "**fsdp_kwargs)")
     lines.append(f"fully_shard(model, reshard_after_forward={reshard.get(ROOT_UNIT, False)}, **fsdp_kwargs)")
     depth = settings.prefetch
     if depth == "none":
@@ -174,6 +175,17 @@ def _fsdp2(rec: Recording, settings: Settings, units: list[str], modules: dict[s
     code = (f"{FSDP2_IMPORT}{FINDER}\n\ndef shard_model(model, **fsdp_kwargs):\n"
             f'    """{describe}: FSDP2 units as fsdpviz whatif predicts them (the root last)."""\n{body}\n')
     return Apply(FSDP2, code, lines, "; ".join(notes))
+
+
+def _reshard_value(rec: Recording, settings: Settings, unit: str, reshard: dict[str, bool]) -> str:
+    """``reshard_after_forward``'s value for a new unit: the recorded ``<int>`` (HSDP, resharding to
+    fewer ranks after forward) where the unit is a recorded one, the setting leaves resharding as
+    recorded and the unit still reshards; else the predicted bool."""
+    size = rec.reshard_sizes.get(unit)
+    unchanged = settings.sources.get("reshard_after_forward") != GIVEN and settings.keep_last_units <= 0
+    if size is not None and unchanged and reshard[unit]:
+        return str(size)
+    return str(reshard[unit])
 
 
 def _fsdp2_depths(rec: Recording, settings: Settings) -> tuple[int, int]:

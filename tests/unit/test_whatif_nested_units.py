@@ -347,3 +347,23 @@ def test_the_code_finds_the_recorded_paths_on_a_wrapped_model(fake_group: None) 
     want = {unit_modules(n)[0]: sorted(p for u in members[n] for p in params.get(u, [])) for n in new_units}
     assert got == want
     sharded(torch.randint(128, (2, 16))).sum().backward()
+
+
+def test_a_recorded_hsdp_reshard_size_is_written_back() -> None:
+    """FSDP2's ``reshard_after_forward=<int>`` (run.json ``reshard_after_forward_size``): code for a
+    setting that leaves resharding as recorded writes the int back for the units that had it; one that
+    changes resharding, or a merged unit, writes the predicted bool."""
+    import dataclasses
+
+    model = _nested_model()
+    rec = dataclasses.replace(_recording(), reshard_sizes={"blocks.0": 2, "blocks.1": 2})
+    kept = apply_code(rec, _params(model), CODE_SETTINGS["prefetch 2"], "prefetch 2")
+    assert kept.code is not None, kept.note
+    assert 'fully_shard(m("blocks.0"), reshard_after_forward=2, **fsdp_kwargs)' in kept.lines
+    assert 'fully_shard(m("blocks.1"), reshard_after_forward=2, **fsdp_kwargs)' in kept.lines
+    assert 'fully_shard(m("blocks.2"), reshard_after_forward=True, **fsdp_kwargs)' in kept.lines
+    changed = apply_code(rec, _params(model), CODE_SETTINGS["reshard false"], "reshard false")
+    assert 'fully_shard(m("blocks.0"), reshard_after_forward=False, **fsdp_kwargs)' in (changed.lines or [])
+    merged = apply_code(rec, _params(model), CODE_SETTINGS["merge:2"], "merge:2")
+    assert 'fully_shard([m("blocks.0"), m("blocks.1")], reshard_after_forward=True, **fsdp_kwargs)' in (
+        merged.lines or [])
