@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fsdpviz.naming import ROOT_UNIT, unit_modules
+from fsdpviz.naming import ROOT_UNIT, clean_fqn, unit_modules
 from fsdpviz.replay import program as prog
 from fsdpviz.replay.comm import CommModel, Line
 from fsdpviz.replay.recorded import Gather, MicroBatch, Pass, Recording, Reduce, Segment, StepProgram
@@ -215,12 +215,33 @@ def _sharded_modules(code: str) -> list[str]:
     return out
 
 
+def _run_code(code: str, model: torch.nn.Module, names: dict[torch.nn.Module, str]
+              ) -> tuple[torch.nn.Module, dict[str, list[str]]]:
+    """``shard_model`` of ``code`` run on ``model``, and FSDP2's own units it left: each state's
+    parameters (``names``: each module's path as fsdpviz names it), by the state's first module."""
+    from torch.distributed.fsdp import FSDPModule
+
+    namespace: dict = {}
+    exec(compile(code, "shard_model", "exec"), namespace)  # noqa: S102 - the code under test
+    sharded = namespace["shard_model"](model)
+    got: dict[str, list[str]] = {}
+    seen = set()
+    for fqn, module in sharded.named_modules():
+        state = module._get_fsdp_state() if isinstance(module, FSDPModule) else None
+        if state is None or id(state) in seen or state._fsdp_param_group is None:
+            continue
+        seen.add(id(state))
+        got[clean_fqn(fqn)] = sorted(
+            ".".join(x for x in (names[p._module_info.module], p._module_info.param_name) if x and x != ROOT_UNIT)
+            for p in state._fsdp_param_group.fsdp_params)
+    return sharded, got
+
+
 @pytest.mark.parametrize("name", list(CODE_SETTINGS))
 def test_the_code_shards_children_first_and_fsdp2_builds_the_predicted_units(name: str, fake_group: None) -> None:
     """The written ``shard_model`` runs under FSDP2 (which fails in ``_init_sharding_spec`` on a parent
     sharded before its child) and leaves exactly the predicted units, each holding its members' own
     parameters; a forward and backward run through them, explicit prefetch lists included."""
-    from torch.distributed.fsdp import FSDPModule
 
     model = _nested_model()
     names = {module: fqn for fqn, module in model.named_modules()}
@@ -228,19 +249,7 @@ def test_the_code_shards_children_first_and_fsdp2_builds_the_predicted_units(nam
     rec, settings = _recording(), CODE_SETTINGS[name]
     apply = apply_code(rec, params, settings, name)
     assert apply.code is not None, apply.note
-    namespace: dict = {}
-    exec(compile(apply.code, name, "exec"), namespace)  # noqa: S102 - the code under test
-    sharded = namespace["shard_model"](model)
-    got: dict[str, list[str]] = {}  # FSDP2's own units: each state's parameters, by the state's first module
-    seen = set()
-    for fqn, module in sharded.named_modules():
-        state = module._get_fsdp_state() if isinstance(module, FSDPModule) else None
-        if state is None or id(state) in seen or state._fsdp_param_group is None:
-            continue
-        seen.add(id(state))
-        got[fqn or ROOT_UNIT] = sorted(
-            ".".join(x for x in (names[p._module_info.module], p._module_info.param_name) if x)
-            for p in state._fsdp_param_group.fsdp_params)
+    sharded, got = _run_code(apply.code, model, names)
     _, new_units, members = prog.regrouped(rec, settings)
     want = {unit_modules(n)[0]: sorted(p for u in members[n] for p in params.get(u, [])) for n in new_units}
     assert got == want
@@ -314,8 +323,6 @@ def test_the_code_finds_the_recorded_paths_on_a_wrapped_model(fake_group: None) 
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
     from torch.distributed.fsdp import FSDPModule
 
-    from fsdpviz.naming import clean_fqn
-
     model = _nested_model()
     params = _params(model)  # the recording's names: no wrapper segment
     blocks = model.blocks
@@ -328,21 +335,10 @@ def test_the_code_finds_the_recorded_paths_on_a_wrapped_model(fake_group: None) 
     rec, settings = _recording(), CODE_SETTINGS["merge:2"]
     apply = apply_code(rec, params, settings, "merge:2")
     assert apply.code is not None, apply.note
-    namespace: dict = {}
-    exec(compile(apply.code, "merge:2", "exec"), namespace)  # noqa: S102 - the code under test
-    sharded = namespace["shard_model"](model)
-    got: dict[str, list[str]] = {}
-    seen = set()
-    for fqn, module in sharded.named_modules():
-        state = module._get_fsdp_state() if isinstance(module, FSDPModule) else None
-        if state is None or id(state) in seen or state._fsdp_param_group is None:
-            continue
-        seen.add(id(state))
-        # the outermost module at the path: never a wrapper's inner module
-        assert not fqn.endswith(("_checkpoint_wrapped_module", "_orig_mod")), fqn
-        got[clean_fqn(fqn)] = sorted(
-            ".".join(x for x in (names[p._module_info.module], p._module_info.param_name) if x and x != ROOT_UNIT)
-            for p in state._fsdp_param_group.fsdp_params)
+    sharded, got = _run_code(apply.code, model, names)
+    # the outermost module at each path holds the unit: never a wrapper's inner module
+    assert not any(fqn.endswith(("_checkpoint_wrapped_module", "_orig_mod"))
+                   for fqn, module in sharded.named_modules() if isinstance(module, FSDPModule))
     _, new_units, members = prog.regrouped(rec, settings)
     want = {unit_modules(n)[0]: sorted(p for u in members[n] for p in params.get(u, [])) for n in new_units}
     assert got == want
