@@ -307,7 +307,8 @@ def _encode_note(obj: Any) -> Any:
 
     if isinstance(obj, Note):
         return [obj.code, obj.text]
-    raise NotImplementedError(f"cannot store {type(obj).__name__} in the summary cache")
+    # a TypeError: write() then keeps no entry (the summary is still printed)
+    raise TypeError(f"cannot store {type(obj).__name__} in the summary cache")
 
 
 def _decode_note(kind: type, obj: Any) -> Any:
@@ -315,4 +316,5 @@ def _decode_note(kind: type, obj: Any) -> Any:
 
     if kind is Note and isinstance(obj, list) and len(obj) == 2:
         return Note(str(obj[0]), str(obj[1]))
-    raise NotImplementedError(f"cannot read {kind} from the summary cache")
+    # msgspec turns a TypeError from a decode hook into a ValidationError: the entry reads as a miss
+    raise TypeError(f"cannot read {kind} from the summary cache")
