@@ -316,14 +316,8 @@ class BoundSummary(StepSplit, kw_only=True):
     (``note`` says why)."""
 
 
-def _traced_comm_ms(r: Mapping[Any, Any]) -> float | None:
-    """All communication per analysed step in the bound's spans (None: an OVERLAP row without it)."""
-    value = r.get("bound_comm_ns")
-    return None if value is None else float(value) / max(int(r["n_steps"]), 1) / NS_PER_MS
-
-
-def _traced_parts(r: Mapping[Any, Any]) -> tuple[float, Parts]:
-    """(step, parts) of one OVERLAP row, in ms per analysed step."""
+def _traced_parts(r: Mapping[Any, Any]) -> tuple[float, Parts, float]:
+    """(step, parts, all communication in the same spans) of one OVERLAP row, in ms per analysed step."""
     n = max(int(r["n_steps"]), 1)
 
     def per_step(key: str) -> float:
@@ -332,16 +326,19 @@ def _traced_parts(r: Mapping[Any, Any]) -> tuple[float, Parts]:
     host = None if int(r["host_wait_ns"]) < 0 else per_step("host_wait_ns")
     return per_step("bound_window_ns"), Parts(per_step("bound_compute_ns"), per_step("bound_exposed_comm_ns"), host,
                                               per_step("other_idle_ns"), per_step("fsdp_kernels_ns"),
-                                              per_step("fsdp_host_ns"))
+                                              per_step("fsdp_host_ns")), per_step("bound_comm_ns")
 
 
-def _rank_bound(traced: float, parts: Parts, device: str, step: float | None) -> tuple[RankBound, str | None]:
-    """One rank's split, moved to its clean ``step`` (None: kept as traced)."""
+def _rank_bound(traced: float, parts: Parts, comm: float, device: str,
+                step: float | None) -> tuple[RankBound, str | None]:
+    """One rank's split, moved to its clean ``step`` (None: kept as traced), and its communication
+    (``comm``, traced) moved as its device parts were."""
     note = None
     moved = parts
     if step is not None:
         moved, note = deprofiled(parts, step, device)
     fsdp = moved.fsdp_kernels + moved.fsdp_host
+    scale = device_scale(parts, moved)
     return RankBound(
         step_ms=round(traced if step is None else step, 3), compute_ms=round(moved.compute, 3),
         exposed_comm_ms=round(moved.exposed_comm, 3),
@@ -350,7 +347,7 @@ def _rank_bound(traced: float, parts: Parts, device: str, step: float | None) ->
         kind=bound_kind(moved.compute, moved.exposed_comm, moved.host_wait, moved.other_idle, fsdp),
         fsdp_overhead_ms=round(fsdp, 3),
         fsdp_kernels_ms=None if device == schema.OVERLAP_CPU else round(moved.fsdp_kernels, 3),
-        traced_step_ms=round(traced, 3), device_scale=round(device_scale(parts, moved), 6)), note
+        traced_step_ms=round(traced, 3), device_scale=round(scale, 6), comm_ms=round(comm * scale, 3)), note
 
 
 def _median(values: list[float]) -> float:
@@ -361,7 +358,7 @@ def traced_rank_steps(overlap: pd.DataFrame) -> dict[int, float]:
     """Per rank with a step span: its analysed steps' mean duration as traced (ms)."""
     out = {}
     for r in overlap.to_dict(orient="records"):
-        step, _ = _traced_parts(r)
+        step = _traced_parts(r)[0]
         if step > 0:
             out[int(r["rank"])] = step
     return out
@@ -393,14 +390,11 @@ def summarize_bound(overlap: pd.DataFrame, profiler: ProfilerCost | None,
     traced_comms: list[float] = []
     notes: list[str] = []
     for r in rows:
-        traced, parts = _traced_parts(r)
+        traced, parts, comm = _traced_parts(r)
         rank = int(r["rank"])
         clean_ms = clean[rank][0] if lead and rank in clean else None
-        bound, note = _rank_bound(traced, parts, str(r["device"]), clean_ms)
-        comm = _traced_comm_ms(r)
-        if comm is not None:
-            bound.comm_ms = round(comm * bound.device_scale, 3)
-            traced_comms.append(comm)
+        bound, note = _rank_bound(traced, parts, comm, str(r["device"]), clean_ms)
+        traced_comms.append(comm)
         per_rank[str(rank)] = bound
         traced_parts.append(parts)
         if note is not None:
@@ -438,6 +432,7 @@ def summarize_bound(overlap: pd.DataFrame, profiler: ProfilerCost | None,
     total = parts.total
     loss = Loss(kind=loss_kind, ms=round(loss_ms, 3), share=round(loss_ms / total, 4)) if loss_ms > 0 and total else None
     kind = step_kind(compute, comm, host, idle, fsdp)
+    scale = device_scale(median_traced, parts)
     return BoundSummary(
         kind=kind, time_kind=kind, step_ms=round(step, 3), compute_ms=round(compute, 3),
         exposed_comm_ms=round(comm, 3), host_wait_ms=None if host is None else round(host, 3),
@@ -445,8 +440,7 @@ def summarize_bound(overlap: pd.DataFrame, profiler: ProfilerCost | None,
         profiler_share_ms=round(share, 3), per_rank=per_rank, note="; ".join(notes) or None,
         fsdp_overhead_ms=round(fsdp, 3),
         fsdp_kernels_ms=None if device == schema.OVERLAP_CPU else round(parts.fsdp_kernels, 3),
-        device_scale=round(device_scale(median_traced, parts), 6),
-        comm_ms=round(_median(traced_comms) * device_scale(median_traced, parts), 3) if traced_comms else None)
+        device_scale=round(scale, 6), comm_ms=round(_median(traced_comms) * scale, 3))
 
 
 def device_memory_bytes(ranks: pd.DataFrame) -> int | None:

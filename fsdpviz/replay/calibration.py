@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 from fsdpviz.analysis.bound import BASIS_UNPROFILED
 from fsdpviz.replay.recorded import Recording, StepProgram
-from fsdpviz.structure.deprofile import DEVICE_CPU
+from fsdpviz.trace.schema import OVERLAP_CPU
 
 if TYPE_CHECKING:
     from fsdpviz.analysis.pipeline import RunResult
@@ -101,7 +101,7 @@ def rank_factors(result: RunResult) -> dict[int, float]:
     de-profiler's factor (:mod:`fsdpviz.structure.deprofile`, ``bound.per_rank[r].device_scale``), the
     rank's clean step over its traced one. Empty elsewhere."""
     bound = result.summary.bound
-    if bound is None or bound.basis != BASIS_UNPROFILED or bound.device != DEVICE_CPU:
+    if bound is None or bound.basis != BASIS_UNPROFILED or bound.device != OVERLAP_CPU:
         return {}
     return {int(rank): b.device_scale for rank, b in bound.per_rank.items() if b.traced_step_ms}
 

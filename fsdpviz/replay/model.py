@@ -42,6 +42,11 @@ SUPPORTED = {
 }
 
 
+# A priced setting, as the actions read it (whatif.gains): its predicted change in ms, its words, its
+# code, the recording's spread, why the replay is unreliable ("" if it is not), why nothing changes
+Gain = tuple[float | None, str, str | None, float | None, str, str]
+
+
 @dataclass(slots=True)
 class Model:
     """A recording read for prediction (read once, predicted many times)."""
@@ -56,7 +61,7 @@ class Model:
     calibration: Calibration | None = None  # CPU: how ``net`` was put on the timers' clean steps
     spread_share: float | None = None  # the recording's step-to-step spread over its step (spread_share)
     # setting (Settings.describe()) -> its predicted change, words and code, as the actions' gains read them
-    gains: dict[str, tuple[float | None, str, str | None, float | None, str, str]] = field(default_factory=dict)
+    gains: dict[str, Gain] = field(default_factory=dict)
 
 
 def model_ranks(ranks: Sequence[int]) -> list[int] | None:

@@ -27,7 +27,8 @@ from __future__ import annotations
 
 from typing import Final, NamedTuple
 
-DEVICE_CPU: Final = "cpu"
+from fsdpviz.trace.schema import OVERLAP_CPU
+
 # Said when the excess does not fit in a GPU step's idle parts (:func:`deprofiled`).
 SHRUNK_DEVICE_NOTE: Final = ("the profiler's share exceeds the traced step's idle time, so the device's own parts "
                              "(compute, FSDP's copies, exposed communication) were shrunk in proportion to reach "
@@ -71,8 +72,8 @@ def deprofiled(parts: Parts, step: float, device: str) -> tuple[Parts, str | Non
     total = parts.total
     if total <= 0:
         return parts, None
-    if device == DEVICE_CPU:
-        return parts.scaled(step / total), None
+    if device == OVERLAP_CPU:
+        return parts.scaled(rank_scale(step, total)), None
     excess = total - step
     if excess <= 0:  # a clean step longer than the traced one: time the trace did not see
         return parts._replace(other_idle=parts.other_idle - excess), None

@@ -24,7 +24,7 @@ from fsdpviz.errors import FsdpvizError
 from fsdpviz.formatting import MIB
 from fsdpviz.replay import prefetch_args
 from fsdpviz.replay.clock import clock_of
-from fsdpviz.replay.model import Model, model_clock, model_ranks, read_model
+from fsdpviz.replay.model import Gain, Model, model_clock, model_ranks, read_model
 from fsdpviz.replay.settings import Settings, Wrap
 from fsdpviz.whatif.predict import CPU_PREFETCH_NOTE, Prediction, predict
 
@@ -124,7 +124,7 @@ def predict_actions(model: Model, actions: Sequence[Action]) -> list[Action]:
     return fold(one_per_setting(out, keys))
 
 
-def _change(model: Model, settings: Settings) -> Change:
+def _change(model: Model, settings: Settings) -> Gain:
     """(predicted change in ms, its words, its code, the recording's spread, why the replay is
     unreliable or "", why the model predicts no change where it knows) of ``settings``."""
     try:
@@ -139,8 +139,6 @@ def _change(model: Model, settings: Settings) -> Change:
     return (p.predicted.step_time_ms - p.baseline.step_time_ms, prediction_words(p), code, p.spread_ms,
             unreliable, because)
 
-
-Change = tuple[float | None, str, str | None, float | None, str, str]
 
 
 def predicted_actions(run: RunResult, actions: Sequence[Action] | None = None, *,
