@@ -260,13 +260,11 @@ def store_for(paths: Sequence[str | Path], *, steps: Sequence[int] | None = None
     return None if key is None else SummaryStore(key)
 
 
-# whatif.gains keeps the completed summary in RunResult.memo under this name: a summary read from
-# the cache is put there, so every view of the result (report, compare, record) reads it instead of
-# replaying the recording and pricing its actions again.
 def _memo_name() -> str:
-    from fsdpviz.whatif import gains
+    """whatif.gains' name of the completed summary in ``RunResult.memo`` (imported when a run is)."""
+    from fsdpviz.whatif.gains import SUMMARY_MEMO
 
-    return gains._SUMMARY_MEMO
+    return SUMMARY_MEMO
 
 
 def seed(result: RunResult, store: SummaryStore | None) -> bool:

@@ -157,7 +157,9 @@ def predicted_actions(run: RunResult, actions: Sequence[Action] | None = None, *
 
 
 _MODEL_MEMO = "whatif.summary_model"
-_SUMMARY_MEMO = "whatif.completed_summary"
+# RunResult.memo's name of the completed summary; fsdpviz.cache puts a cached one there, so that every
+# view of the result reads it instead of replaying the recording and pricing its actions again
+SUMMARY_MEMO = "whatif.completed_summary"
 
 
 def summary_model(run: RunResult) -> tuple[Model | None, str]:
@@ -182,11 +184,11 @@ def _read_summary_model(run: RunResult) -> tuple[Model | None, str]:
 def completed_summary(run: RunResult) -> Summary:
     """``run``'s summary with its actions' knobs predicted and its clock, computed once per result
     (``RunResult.memo``) on the one model read (:func:`summary_model`)."""
-    if _SUMMARY_MEMO not in run.memo:
+    if SUMMARY_MEMO not in run.memo:
         model, why_not = summary_model(run)
-        run.memo[_SUMMARY_MEMO] = msgspec.structs.replace(
+        run.memo[SUMMARY_MEMO] = msgspec.structs.replace(
             run.summary, actions=predicted_actions(run, model=model),
             clock=clock_of(run, None if model is None else model_clock(model), why_not))
-    summary = run.memo[_SUMMARY_MEMO]
+    summary = run.memo[SUMMARY_MEMO]
     assert isinstance(summary, Summary)
     return summary
