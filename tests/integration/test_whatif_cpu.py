@@ -43,10 +43,16 @@ def test_replay_prefetch_and_world_size(framework: str, recordings: Recordings,
     replay = json_here(capsys, "whatif", run, "--json", "-q")
     step = summary["step_time_ms"]  # one clock: the summary's step is the baseline, on the summary's basis
     assert replay["basis"] == summary["clock"]["basis"] and replay["baseline"]["step_time_ms"] == step
-    # measured over 15 recordings each on a quiet machine: under 1 % on all three
-    # (benchmarks/bench_whatif_replay.py); recorded beside other jobs on 2 cores, ZeRO-3's ran 6.1 % off.
-    # Held to what makes a prediction reliable (replay/clock.py)
-    assert replay["replay_error_pct"] <= RELIABLE_REPLAY_PCT and replay["reliable"]
+    # the replay of the trace: measured over 15 recordings each on a quiet machine, under 1 % on all
+    # three (benchmarks/bench_whatif_replay.py); recorded beside other jobs on 2 cores, ZeRO-3's ran 6.1 % off
+    assert replay["replay_error_pct"] <= RELIABLE_REPLAY_PCT
+    clean_error = summary["clock"]["replay_error_pct"]
+    if clean_error is not None and clean_error > RELIABLE_REPLAY_PCT:
+        # recorded beside other jobs on 2 cores (as `make recordings` and CI do), the clean steps can be
+        # timed under other contention than the profiled ones: the miss is said before any figure
+        assert not replay["reliable"] and replay["warnings"][0].startswith("unreliable: without the profiler")
+    else:
+        assert replay["reliable"]
     assert replay["predicted"]["step_time_ms"] == pytest.approx(step, abs=1e-3)
     none = json_here(capsys, "whatif", run, "--prefetch", "none", "--json", "-q")
     assert none["predicted"]["settings"]["prefetch"]["source"] == "given"
