@@ -60,6 +60,9 @@ def record(
         "both", "--mode", metavar="profile|timers|both", help="profile: torch.profiler traces; timers: per-step timers of every step; both."),
     memory: bool = typer.Option(True, "--memory/--no-memory",
                                 help="Record allocator events and per-step peak memory."),
+    stack: bool = typer.Option(False, "--stack/--no-stack",
+                               help="Record each op's Python stack and module in the traces (where an op "
+                                    "comes from, in Perfetto); the profiled steps run several times slower."),
     unit_timer_steps: int = typer.Option(
         DEFAULT_UNIT_TIMER_STEPS, "--unit-timer-steps", min=0, metavar="N",
         help="Steps after the profiled ones whose units the timers clock (default: the step after the trace "
@@ -84,7 +87,7 @@ def record(
         raise UsageError("no command to record: fsdpviz record [OPTIONS] -- COMMAND...")
     run_dir = (out or default_run_dir()).resolve()
     try:
-        options = RecordOptions(run_dir=run_dir, steps=steps, warmup=warmup, mode=mode, memory=memory,  # type: ignore[arg-type]  # --mode is checked in __post_init__
+        options = RecordOptions(run_dir=run_dir, steps=steps, warmup=warmup, mode=mode, memory=memory, stack=stack,  # type: ignore[arg-type]  # --mode is checked in __post_init__
                                 unit_timer_steps=unit_timer_steps, **time_window_settings(os.environ))
     except ValueError as exc:
         raise UsageError(str(exc)) from exc

@@ -25,6 +25,7 @@ ENV_STEPS: Final = "FSDPVIZ_STEPS"
 ENV_WARMUP: Final = "FSDPVIZ_WARMUP"
 ENV_MODE: Final = "FSDPVIZ_MODE"
 ENV_MEMORY: Final = "FSDPVIZ_MEMORY"
+ENV_STACK: Final = "FSDPVIZ_STACK"
 ENV_UNIT_TIMER_STEPS: Final = "FSDPVIZ_UNIT_TIMER_STEPS"
 # Set by a process that records, so that its own children (helpers, dataloader workers) don't.
 ENV_OWNER_PID: Final = "FSDPVIZ_OWNER_PID"
@@ -35,7 +36,7 @@ ENV_WINDOW_S: Final = "FSDPVIZ_WINDOW_S"
 
 # What ``fsdpviz record`` adds to the command's environment; a recording rank takes them out again
 # (agent.py), so that the script sees the environment of a bare run.
-LAUNCHER_VARIABLES: Final = (ENV_RUN_DIR, ENV_STEPS, ENV_WARMUP, ENV_MODE, ENV_MEMORY, ENV_UNIT_TIMER_STEPS,
+LAUNCHER_VARIABLES: Final = (ENV_RUN_DIR, ENV_STEPS, ENV_WARMUP, ENV_MODE, ENV_MEMORY, ENV_STACK, ENV_UNIT_TIMER_STEPS,
                              ENV_OWNER_PID, ENV_RUN_ID, ENV_FALLBACK_AFTER_S, ENV_WINDOW_S)
 
 DEFAULT_STEPS: Final = 3
@@ -65,6 +66,10 @@ class RecordOptions:
     """``profile``: torch.profiler traces only; ``timers``: per-step timers only; ``both``."""
     memory: bool = True
     """Record allocator events in the traces (``profile_memory``) and peak memory per step."""
+    stack: bool = False
+    """Record each op's Python stack and module in the traces (``with_stack``, ``with_modules``): where
+    an op comes from, in Perfetto, at a profiler cost per op several times the default's (the clean
+    steps the step time comes from are not profiled, so they do not pay it)."""
     unit_timer_steps: int = DEFAULT_UNIT_TIMER_STEPS
     """Steps, right after the profiled ones, whose units the timers clock (per-unit intervals): never clean
     steps, so the run's step time is measured on steps the recorder only marks the start and end of."""
@@ -101,6 +106,7 @@ class RecordOptions:
             ENV_WARMUP: str(self.warmup),
             ENV_MODE: self.mode,
             ENV_MEMORY: "1" if self.memory else "0",
+            ENV_STACK: "1" if self.stack else "0",
             ENV_UNIT_TIMER_STEPS: str(self.unit_timer_steps),
             ENV_FALLBACK_AFTER_S: repr(self.fallback_after_s),
             ENV_WINDOW_S: repr(self.window_s),
@@ -125,6 +131,7 @@ def options_from_env(env: Mapping[str, str] | None = None) -> RecordOptions | No
         warmup=int(env.get(ENV_WARMUP, DEFAULT_WARMUP)),
         mode=env.get(ENV_MODE, "both"),  # type: ignore[arg-type]  # checked in __post_init__
         memory=env.get(ENV_MEMORY, "1") != "0",
+        stack=env.get(ENV_STACK, "0") == "1",
         unit_timer_steps=int(env.get(ENV_UNIT_TIMER_STEPS, DEFAULT_UNIT_TIMER_STEPS)),
         fallback_after_s=float(env.get(ENV_FALLBACK_AFTER_S, DEFAULT_FALLBACK_AFTER_S)),
         window_s=float(env.get(ENV_WINDOW_S, DEFAULT_WINDOW_S)),

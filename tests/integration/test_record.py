@@ -24,10 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.jobs import EXAMPLE, REPO, record_env, retried, run_job, torchrun, unused_port
+from helpers.cli import json_here
+from helpers.jobs import EXAMPLE, NO_OUTPUT, REPO, record_env, retried, run_job, torchrun, unused_port
 from recording import (
     EXAMPLE_RUNS,
     LAYERS,
+    MODEL,
     PROFILED,
     SCRIPTS,
     STEPS,
@@ -146,6 +148,47 @@ def test_record_fsdp2_run_folder_units_timers_and_identical_losses(recordings: R
     page = (run_dir / "report.html").read_text(encoding="utf-8")
     assert all(unit in page for unit in BLOCKS)
     _check_same_losses(tmp_path, rec)
+
+
+# --stack on one profiled step: the trace of a stack-recorded step is several times larger
+STACK_RUN = Config(("--framework", "fsdp2", "--wrap", "block", *MODEL), (*NO_OUTPUT, "--steps", "1", "--stack"),
+                   committed="fsdp2-stack")
+
+
+@pytest.mark.slow
+@pytest.mark.recorded
+def test_record_stack_puts_each_ops_source_and_module_in_the_trace_and_leaves_the_analysis(
+        recordings: Recordings, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--stack``: the traces hold the script's own frames and one module range per block in the
+    profiled step's forward (the model has LAYERS blocks), and what fsdpviz reads of the run is what it
+    reads without stacks: the same units, two gathers per block (forward, and backward after
+    resharding), one reduce-scatter, no Python frame taken for work."""
+    rec = recordings.get(STACK_RUN)
+    assert rec.proc.returncode == 0, rec.proc.stderr[-3000:]
+    run = json.loads((rec.run_dir / "run.json").read_text())
+    assert run["options"]["stack"] is True and run["profile"]["steps"] == [2]
+    for rank in (0, 1):
+        events = _trace(rec.run_dir, rank)["traceEvents"]
+        frames = [e["name"] for e in events if e.get("cat") == "python_function"]
+        assert any(re.fullmatch(r"train\.py\(\d+\): forward", f) for f in frames)
+        blocks = [f for f in frames if re.fullmatch(r"nn\.Module: FSDPBlock_\d+", f)]
+        # every block's forward, once (no checkpointing: no recomputation)
+        assert len(blocks) == LAYERS and len(set(blocks)) == LAYERS
+    from fsdpviz.analysis.pipeline import analyse
+
+    result = analyse([rec.run_dir], cache=False)
+    spans = result.analysis.spans
+    for kind, per_block in (("all_gather", 2), ("reduce_scatter", 1)):
+        counts = spans[spans["kind"] == kind].groupby(["rank", "step", "unit"]).size()
+        assert {(rank, step) for rank, step, _ in counts.index} == {(0, 2), (1, 2)}
+        assert all(counts[(rank, 2, unit)] == per_block for rank in (0, 1) for unit in BLOCKS)
+    summary = json_here(capsys, "summary", "--json", str(rec.run_dir))
+    assert [u["name"] for u in summary["units"]] == ["(root)", *BLOCKS]
+    bound = summary["bound"]
+    # the split adds up to the step: no Python frame counted twice as work
+    parts = sum(bound[k] or 0.0 for k in ("compute_ms", "fsdp_overhead_ms", "exposed_comm_ms", "host_wait_ms",
+                                           "other_idle_ms"))
+    assert parts == pytest.approx(bound["step_ms"], rel=1e-3)
 
 
 @pytest.mark.slow

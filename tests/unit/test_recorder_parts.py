@@ -73,7 +73,7 @@ def test_time_window_fallback_needs_time_and_forwards_and_no_optimizer() -> None
 
 
 def test_options_round_trip_through_the_environment(tmp_path: Path) -> None:
-    options = RecordOptions(run_dir=tmp_path, steps=5, warmup=0, mode="timers", memory=False, window_s=2.5)
+    options = RecordOptions(run_dir=tmp_path, steps=5, warmup=0, mode="timers", memory=False, stack=True, window_s=2.5)
     assert options_from_env(options.to_env()) == options
     assert options_from_env({}) is None
     assert (options.profile, options.timers) == (False, True)
