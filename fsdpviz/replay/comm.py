@@ -7,6 +7,14 @@ size (the ranks drift apart between two collectives), so it is kept as a typical
 collective (*wait*, the median of the recorded times above the line): fewer, larger collectives
 wait fewer times.
 
+Where the recorded sizes cannot tell the two terms apart -- one size only, or a line whose slope or
+latency comes out negative (a run of equal blocks and one root unit, whose gather at the step's start
+also holds the ranks meeting there, fits no line through zero) -- the time at the most recorded size
+is split at the stack's nominal latency where one is known (:data:`NOMINAL_LATENCY_NS`; CPU: gloo
+between the processes of one host), the rest bandwidth, else it is all bandwidth. Host work (the gather's copy-in and
+call, its copy-out) that such a line would make steeper than proportional costs per call: on a
+small unit it is the Python and the op dispatch, not the bytes.
+
 Ring collectives move ``(N - 1) / N`` of the unsharded bytes through every rank's link and take
 ``N - 1`` latency steps, so a world size ``N`` scales the two terms from the recorded ``Nr``.
 Past one host the bandwidth term runs at the inter-host bandwidth (when that is lower). On one rank a
@@ -25,6 +33,12 @@ import numpy as np
 QUANTILE: Final = 0.25
 # Defaults for a link between hosts, per rank (stated in every prediction that uses them).
 DEFAULT_INTER_HOST_GBPS: Final = {"gpu": 25.0, "cpu": 1.25}  # GB/s: 200 Gb/s per GPU; 10 GbE per CPU host
+# The latency of a collective between ranks of one host, where the recording cannot tell latency from
+# bandwidth (fit): gloo on one host, an all-gather of 2 ranks bare, 140 us up to 51 KB on 2 cores
+# (benchmarks/bench_gloo_link.py, docs/whatif.md). The software's round trip, not the link's bandwidth,
+# which a training step's own work on the same cores lowers. GPU stacks differ (NCCL's protocols, the
+# link), so none is assumed there.
+NOMINAL_LATENCY_NS: Final = {"cpu": 140_000.0}
 
 
 @dataclass(slots=True)
@@ -94,9 +108,11 @@ def _ring_share(n: int) -> float:
 
 
 def fit(samples: Iterable[tuple[str, int, float]], world_size: int, ranks_per_host: int,
-        per_call: frozenset[str] = frozenset()) -> CommModel:
+        per_call: frozenset[str] = frozenset(), latency_ns: float | None = None) -> CommModel:
     """Fit per kind from ``(kind, bytes, ns)`` of the recorded collectives. ``per_call``: kinds of host
-    work whose sizes, where they do not tell a slope, cost per call rather than per byte."""
+    work whose sizes, where they do not tell a slope, cost per call rather than per byte. ``latency_ns``:
+    the stack's nominal latency (:data:`NOMINAL_LATENCY_NS`), which splits a collective's time where the
+    sizes do not tell latency from bandwidth (None: all of it is bandwidth there)."""
     by_kind: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     for kind, nbytes, ns in samples:
         if nbytes > 0 and ns > 0:
@@ -105,23 +121,44 @@ def fit(samples: Iterable[tuple[str, int, float]], world_size: int, ranks_per_ho
     for kind, sizes in by_kind.items():
         xs = np.array(sorted(sizes), dtype=np.float64)
         ys = np.array([np.quantile(sizes[int(x)], QUANTILE) for x in xs])
+        fitted: tuple[float, float] | None = None
         if len(xs) >= 2 and xs[-1] > xs[0]:
-            slope, icept = np.polyfit(xs, ys, 1)
-            if slope <= 0 and kind in per_call:  # host work no larger for more bytes: a cost per call
-                model.notes.append(f"{kind}: its time does not grow with its bytes in the recording (fitted slope "
-                                   f"{slope:.3g} ns/byte), so it is taken as a cost per call")
-                slope, icept = 0.0, float(ys.mean())
-            elif slope <= 0:  # sizes too close to tell: all of it is bandwidth
-                model.notes.append(f"{kind}: its recorded sizes do not tell a positive slope (fitted {slope:.3g} "
-                                   "ns/byte), so all of its time is taken as bandwidth, in proportion to its bytes")
-                slope, icept = float(ys.mean() / xs.mean()), 0.0
-            elif icept < 0:
-                model.notes.append(f"{kind}: the fitted latency is negative ({icept / 1e3:.1f} µs), held at 0")
-            icept = max(0.0, float(icept))
+            a, b = np.polyfit(xs, ys, 1)
+            fitted = (float(a), float(b))
+        if fitted is not None and fitted[0] > 0 and fitted[1] >= 0:
+            slope, icept = fitted
+        elif fitted is not None and kind in per_call:  # host work no larger, or steeper than bytes: per call
+            told = (f"fitted slope {fitted[0]:.3g} ns/byte" if fitted[0] <= 0 else
+                    f"the fitted line's latency is negative, {fitted[1] / 1e3:.1f} µs")
+            model.notes.append(f"{kind}: its time does not grow in proportion to its bytes in the recording ({told}), "
+                               "so it is taken as a cost per call")
+            slope, icept = 0.0, float(ys.mean())
         else:
-            slope, icept = float(ys[0] / xs[0]), 0.0
-        line = Line(latency_ns=float(icept), per_byte_ns=float(slope), n=sum(len(v) for v in sizes.values()))
+            slope, icept = _unresolved(kind, sizes, fitted, latency_ns, model.notes)
+        line = Line(latency_ns=icept, per_byte_ns=slope, n=sum(len(v) for v in sizes.values()))
         above = [ns - line.at(b) for b, values in sizes.items() for ns in values]
         line.wait_ns = max(0.0, float(np.median(above))) if above else 0.0
         model.lines[kind] = line
     return model
+
+
+def _unresolved(kind: str, sizes: dict[int, list[float]], fitted: tuple[float, float] | None,
+                latency_ns: float | None, notes: list[str]) -> tuple[float, float]:
+    """(per byte, latency) of a collective whose recorded sizes do not tell latency from bandwidth: its
+    time at the most recorded size, the nominal latency of it (all of it, if shorter) and the rest
+    bandwidth; all bandwidth without a nominal latency. The reason goes into ``notes``."""
+    nbytes = max(sizes, key=lambda b: (len(sizes[b]), b))
+    ns = float(np.quantile(sizes[nbytes], QUANTILE))
+    why = ("one size only" if fitted is None else
+           f"the fitted slope is {fitted[0]:.3g} ns/byte" if fitted[0] <= 0 else
+           f"the fitted latency is {fitted[1] / 1e3:.1f} µs")
+    if latency_ns:
+        latency = min(latency_ns, ns)
+        notes.append(f"{kind}: its recorded sizes do not tell latency from bandwidth ({why}), so of its "
+                     f"{ns / 1e3:.1f} µs at {nbytes} bytes, {latency / 1e3:.1f} µs is taken as latency (the "
+                     f"nominal {latency_ns / 1e3:g} µs) and the rest as bandwidth")
+        return (ns - latency) / nbytes, latency
+    if fitted is not None:
+        notes.append(f"{kind}: its recorded sizes do not tell latency from bandwidth ({why}), so all of its time "
+                     "is taken as bandwidth, in proportion to its bytes")
+    return ns / nbytes, 0.0

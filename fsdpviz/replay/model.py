@@ -121,7 +121,8 @@ def _model(result: RunResult, rec: Recording, sampled: list[int] | None) -> Mode
     samples += [(prog.GATHER_HOST, g.bytes, g.host_ns) for s in rec.steps for g in s.gathers]
     samples += [(prog.COPY_OUT_HOST, g.bytes, g.copy_out_host_ns) for s in rec.steps for g in s.gathers]
     fitted = comm_model.fit(samples, rec.world_size, rec.ranks_per_host,
-                            per_call=frozenset({prog.GATHER_HOST, prog.COPY_OUT_HOST}))
+                            per_call=frozenset({prog.GATHER_HOST, prog.COPY_OUT_HOST}),
+                            latency_ns=comm_model.NOMINAL_LATENCY_NS.get(rec.device))
     gathers: dict[tuple[str, str], Gather] = {}
     for s in rec.steps:
         for g in s.gathers:
