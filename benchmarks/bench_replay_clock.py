@@ -1,15 +1,28 @@
 """Does whatif's advice depend on how much the profiler slowed the recording? Bare truth on 2 CPU ranks.
 
-Records ``examples/train.py`` (FSDP2, 4 blocks of dim 256, 12 steps) per block under two profiler
-loads -- ``light`` (``--no-memory``) and ``heavy`` (allocator events recorded, and a process spinning
-on one of the two cores while it records) -- and runs every setting bare (``fsdpviz record --mode
-timers``: no profiler, the timers only), round by round so that the machine's drift falls on all
-alike. From each per-block recording ``whatif`` predicts one root unit, pairs (``merge:2``) and no
-resharding after forward as a share of the recorded step; the truth is the bare runs' step of that
-setting over the bare per-block step (each bare run: the median over ranks of its clean steps'
-median, steps 2 on).
+Records ``examples/train.py`` (FSDP2, 12 steps; by default 4 blocks of dim 256) per block under two
+profiler loads and runs every setting bare (``fsdpviz record --mode timers``: no profiler, the timers
+only), round by round so that the machine's drift falls on all alike. The loads (``--loads``):
 
-    python benchmarks/bench_replay_clock.py [--rounds 2] [--out DIR]
+- ``light``: ``--no-memory``;
+- ``heavy``: allocator events recorded, and a process spinning on one of the two cores while it
+  records (contention: it slows the clean steps as much as the profiled ones);
+- ``stack``: ``--stack`` (each op's Python stack and module) with allocator events: a profiler whose
+  cost per op is several times the light one's (on the small model, ``--dim 32 --layers 8``, the
+  profiled steps ran 1.3-1.8x their clean pace, against 1.1-1.4x light);
+- ``window``: ``stack``, and a process spinning on one core from the start until the trace is written,
+  so that the profiled steps share a core and the clean steps after them do not: a recording whose
+  profiled steps ran twice their clean pace or more, as on a machine where another job ran while the
+  profiler did.
+
+From each per-block recording ``whatif`` predicts one root unit, pairs (``merge:2``) and no resharding
+after forward as a share of the recorded step. Two truths: each round also measures every setting bare
+inside one process per rank, interleaved (``inproc_cpu_truth.py``, 3 rounds in it: separate processes
+on a shared 2-core machine drift 20-30 %), and the ratios are the medians over every round of every
+such process; and the bare runs' step of that setting over the bare per-block step, separate runs
+(each: the median over ranks of its clean steps' median, steps 2 on).
+
+    python benchmarks/bench_replay_clock.py [--rounds 2] [--loads light,heavy] [--dim 256 --layers 4] [--out DIR]
 
 Prints per recording its slowdown and clock, then per setting the predicted ratios from each load
 beside the bare ratio. Results are recorded in docs/whatif.md ("One clock").
@@ -23,6 +36,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -30,13 +44,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_whatif_cpu import record, recordings_folder
 from harness import describe_machine
+from inproc_cpu_truth import measure
 
-MODEL = ["--framework", "fsdp2", "--layers", "4", "--dim", "256", "--steps", "12"]
+
+def model(dim: int, layers: int) -> list[str]:
+    """The example trainer's flags for the benchmark's model."""
+    return ["--framework", "fsdp2", "--layers", str(layers), "--dim", str(dim), "--steps", "12"]
+
+
 SETTINGS = {"block": ["--wrap", "block"], "pair": ["--wrap", "pair"], "root": ["--wrap", "root"],
             "noreshard": ["--wrap", "block", "--no-reshard-after-forward"]}
 PREDICT = {"pair": ["--wrap", "merge:2"], "root": ["--wrap", "root"],
            "noreshard": ["--reshard-after-forward", "false"]}
-LOADS = {"light": ("--no-memory",), "heavy": ()}
+LOADS = {"light": ("--no-memory",), "heavy": (), "stack": ("--stack",), "window": ("--stack",)}
+SPIN = {"heavy"}  # loads recorded beside a process spinning on one core
+SPIN_UNTIL_TRACE = {"window"}  # loads recorded beside one until the first trace is written
 SETTLING_STEPS = 2  # as profiler_cost.SETTLING_STEPS: the first steps of a run are slower
 
 
@@ -49,6 +71,16 @@ def bare_step_ms(run: Path) -> float:
                  and r["step"] >= SETTLING_STEPS and not r.get("partial")]
         per_rank.append(statistics.median(steps))
     return statistics.median(per_rank)
+
+
+def kill_at_first_trace(folder: Path, spin: subprocess.Popen) -> None:
+    """Stop ``spin`` when the recording in ``folder`` has written its first trace (its profiled steps
+    are over; the clean steps follow)."""
+    while spin.poll() is None:
+        if any((folder / "traces").glob("rank*.trace.json*")):
+            spin.kill()
+            return
+        time.sleep(0.02)
 
 
 def whatif(run: Path, options: list[str]) -> dict:
@@ -66,19 +98,32 @@ def summary(run: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--loads", default="light,heavy", help="the two loads compared, of: " + ", ".join(LOADS))
+    parser.add_argument("--dim", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--out", type=Path, default=None, help="keep the recordings here (default: a temp folder)")
     args = parser.parse_args()
+    loads = {name: LOADS[name] for name in args.loads.split(",")}
+    if len(loads) != 2:
+        parser.error(f"--loads: two of {', '.join(LOADS)}, comma-separated")
+    trainer = model(args.dim, args.layers)
     started = time.perf_counter()
     with recordings_folder(args.out) as base:
-        recorded: dict[str, list[Path]] = {load: [] for load in LOADS}
+        recorded: dict[str, list[Path]] = {load: [] for load in loads}
         bare: dict[str, list[float]] = {name: [] for name in SETTINGS}
+        inproc: dict[str, list[float]] = {name: [] for name in SETTINGS}
         for i in range(args.rounds):
-            for load, options in LOADS.items():
+            for load, options in loads.items():
                 folder = base / f"block-{load}-{i}"
                 if not (folder / "run.json").is_file():
-                    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if load == "heavy" else None
+                    spin = (subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                            if load in SPIN | SPIN_UNTIL_TRACE else None)
+                    watch = None
+                    if spin is not None and load in SPIN_UNTIL_TRACE:
+                        watch = threading.Thread(target=kill_at_first_trace, args=(folder, spin), daemon=True)
+                        watch.start()
                     try:
-                        record(folder, SETTINGS["block"], model=MODEL, options=options)
+                        record(folder, SETTINGS["block"], model=trainer, options=options)
                     finally:
                         if spin is not None:
                             spin.kill()
@@ -87,12 +132,19 @@ def main() -> None:
             for name, extra in SETTINGS.items():
                 folder = base / f"bare-{name}-{i}"
                 if not (folder / "run.json").is_file():
-                    record(folder, extra, model=MODEL, options=("--mode", "timers"))
+                    record(folder, extra, model=trainer, options=("--mode", "timers"))
                 bare[name].append(bare_step_ms(folder))
                 print(f"ran {folder.name} bare: {bare[name][-1]:.2f} ms", file=sys.stderr, flush=True)
+            measured = base / f"inproc-{i}.json"
+            if not measured.is_file():
+                measured.write_text(json.dumps(measure(args.dim, args.layers, rounds=3)))
+            for name, values in json.loads(measured.read_text())["per_round"].items():
+                inproc[name].extend(values)
+            print(f"measured in one process: {json.loads(measured.read_text())['ratios']}", file=sys.stderr, flush=True)
         print(describe_machine())
-        truth = {name: statistics.median(v) / statistics.median(bare["block"]) for name, v in bare.items()}
-        print("\n| recording | slowdown | clock | replay error | step (ms) | bare per-block step (ms) |")
+        separate = {name: statistics.median(v) / statistics.median(bare["block"]) for name, v in bare.items()}
+        truth = {name: statistics.median(v) for name, v in inproc.items()}
+        print("\n| recording | slowdown | clock | replay error | step (ms) | bare per-block step, separate runs (ms) |")
         print("|---|---:|---|---:|---:|---:|")
         for load, folders in recorded.items():
             for folder in folders:
@@ -102,9 +154,11 @@ def main() -> None:
                 print(f"| {folder.name} | {(s.get('profiler') or {}).get('slowdown')} | {clock.get('basis')} | "
                       f"{'' if err is None else f'{err:.1f} %'} | {s['step_time_ms']:.2f} | "
                       f"{statistics.median(bare['block']):.2f} |")
-        print("\n| setting | bare ratio | " + " | ".join(f"predicted from {load}" for load in LOADS)
-              + " | light - heavy |")
-        print("|---|---:|" + "---:|" * (len(LOADS) + 1))
+        first, second = loads
+        print("\n| setting | bare, in one process | bare, separate runs | "
+              + " | ".join(f"predicted from {load}" for load in loads)
+              + f" | {first} - {second} (medians) | worst median - in-process bare |")
+        print("|---|---:|---:|" + "---:|" * (len(loads) + 2))
         for name, options in PREDICT.items():
             ratios = {}
             for load, folders in recorded.items():
@@ -113,9 +167,11 @@ def main() -> None:
                     w = whatif(folder, options)
                     values.append(w["predicted"]["step_time_ms"] / w["baseline"]["step_time_ms"])
                 ratios[load] = values
-            cells = " | ".join(", ".join(f"{v:.3f}" for v in ratios[load]) for load in LOADS)
-            gap = statistics.median(ratios["light"]) - statistics.median(ratios["heavy"])
-            print(f"| {' '.join(options)} | {truth[name]:.3f} | {cells} | {gap:+.3f} |")
+            cells = " | ".join(", ".join(f"{v:.3f}" for v in ratios[load]) for load in loads)
+            medians = {load: statistics.median(v) for load, v in ratios.items()}
+            worst = max((m - truth[name] for m in medians.values()), key=abs)
+            print(f"| {' '.join(options)} | {truth[name]:.3f} | {separate[name]:.3f} | {cells} | "
+                  f"{medians[first] - medians[second]:+.3f} | {worst:+.3f} |")
     print(f"\n({time.perf_counter() - started:.0f} s, load average {os.getloadavg()[0]:.2f})")
 
 

@@ -1,0 +1,103 @@
+"""Step-time ratios of the example trainer's FSDP2 settings, measured bare inside one process per rank.
+
+Separate runs on a shared 2-core machine drift by 20-30 % from process to process, more than some of
+the effects a prediction is checked against. Here each of 2 gloo ranks builds the example trainer's
+model (``examples/train.py``) once per setting and round, in an order that alternates from round to
+round, and times its steady steps (no profiler, no recorder); each round's ratios are to that round's
+per-block step, and the median over rounds is printed as JSON by rank 0.
+
+    python benchmarks/inproc_cpu_truth.py --dim 32 --layers 8 [--rounds 5] [--steps 8]
+
+Settings: ``block`` (every block a unit), ``pair`` (blocks in pairs, one unit each), ``root`` (one unit),
+``noreshard`` (per block, no resharding after forward) -- the settings ``bench_replay_clock.py`` predicts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SETTINGS = {"block": ("block", True), "pair": ("pair", True), "root": ("root", True), "noreshard": ("block", False)}
+WARM_STEPS = 3
+
+
+def rank_main(dim: int, layers: int, rounds: int, steps: int) -> None:
+    """One rank: every setting in every round, alternating the order; rank 0 prints the ratios."""
+    sys.path.insert(0, str(ROOT / "examples"))
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    import train
+
+    warnings.simplefilter("ignore")
+    args = train.parse_args(["--framework", "fsdp2", "--layers", str(layers), "--dim", str(dim),
+                             "--steps", str(WARM_STEPS + steps), "--seed", "0"])
+    ddp = train.init_distributed("cpu")
+    batches = train.make_batches(args, ddp)
+    per_round: dict[str, list[float]] = {name: [] for name in SETTINGS}
+    step_ms: dict[str, list[float]] = {name: [] for name in SETTINGS}
+    names = list(SETTINGS)
+    for r in range(rounds):
+        order = names if r % 2 == 0 else names[::-1]
+        timed: dict[str, float] = {}
+        for name in order:
+            args.wrap, args.reshard_after_forward = SETTINGS[name]
+            model = train.shard_fsdp2(train.build_model(args), args, ddp)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=train.LEARNING_RATE)
+            for i, batch in enumerate(batches):
+                if i == WARM_STEPS:
+                    dist.barrier()
+                    start = time.perf_counter()
+                logits = model(batch[:, :-1])
+                F.cross_entropy(logits.reshape(-1, train.VOCAB_SIZE), batch[:, 1:].reshape(-1)).backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            dist.barrier()
+            timed[name] = (time.perf_counter() - start) * 1e3 / steps
+            del model, optimizer
+            gc.collect()
+        for name in names:
+            per_round[name].append(timed[name] / timed["block"])
+            step_ms[name].append(timed[name])
+    if ddp.rank == 0:
+        print(json.dumps({"ratios": {n: statistics.median(v) for n, v in per_round.items()},
+                          "per_round": per_round, "step_ms": step_ms, "dim": dim, "layers": layers}))
+    dist.destroy_process_group()
+    time.sleep(0.1)  # gloo's threads release the last collective (examples/train.py)
+
+
+def measure(dim: int, layers: int, rounds: int = 5, steps: int = 8) -> dict:
+    """Run the measurement on 2 gloo ranks; its JSON (``ratios``: setting -> median ratio to block)."""
+    env = {**os.environ, "FSDPVIZ_INPROC_RANK": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           __file__, "--dim", str(dim), "--layers", str(layers), "--rounds", str(rounds),
+                           "--steps", str(steps)], check=False, capture_output=True, text=True, env=env, timeout=900)
+    if proc.returncode != 0:
+        raise SystemExit(f"in-process truth failed:\n{proc.stderr[-2000:]}")
+    return json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("{")))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dim", type=int, default=32)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=8)
+    args = parser.parse_args()
+    if os.environ.get("FSDPVIZ_INPROC_RANK"):
+        rank_main(args.dim, args.layers, args.rounds, args.steps)
+    else:
+        print(json.dumps(measure(args.dim, args.layers, args.rounds, args.steps), indent=1))
+
+
+if __name__ == "__main__":
+    main()
