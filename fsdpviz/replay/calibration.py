@@ -1,8 +1,8 @@
 """The recording without the profiler, on CPU: every traced duration scaled by the one de-profiler's factor.
 
 On a CPU rank the training thread is the device: every op, hook and copy is host work, and the
-profiler slows all of it (1.0-2.0x measured, docs/performance.md); gloo's collectives, which the
-training thread waits out, then wait for a slowed peer as well. The recorder's timers time the same
+profiler slows all of it (1.0-1.4x with ``--no-memory``, 1.3-1.8x with ``--stack`` on the example
+trainer); gloo's collectives, which the training thread waits out, then wait for a slowed peer as well. The recorder's timers time the same
 rank's steps without the profiler (:func:`fsdpviz.structure.profiler_cost.clean_step_ms`, its clean
 unprofiled steps).
 
@@ -15,13 +15,16 @@ fitted to the replay, so the replay of the scaled programs (:mod:`.simulate`) ag
 (:attr:`Calibration.error_pct`) is the replay's own miss: what it does not explain of the steps.
 
 What it assumes: that the profiler slowed the step's parts in proportion to their time, so that a
-setting moves the step by the same share on either clock. Measured against bare runs of three
-settings, each from recordings under two loads (benchmarks/bench_replay_clock.py, docs/whatif.md
-"One clock"): scaling the host's work alone and keeping the collectives' traced times predicted
-worse (one root unit at 0.53x from a contended recording against 0.71x bare) than scaling both
-(0.73x). Finer readings missed as well: a cost per traced event fitted by kind on the units' timed
+setting moves the step by the same share on either clock. Against bare runs of three settings
+measured in one process, from recordings whose slowdowns differ 2x (benchmarks/bench_replay_clock.py,
+docs/whatif.md "One clock"), it holds for pairs and for no resharding, within 0.10. It does not where
+a core was shared through the profiled window: the recorder's unit timers saw the collectives slowed
+about 2.5x there and the compute 1.4x, and one root unit, which drops most collectives, is then
+predicted 0.17 below the bare ratio. Scaling the host's work alone and keeping the collectives'
+traced times misses further the same way. A cost per traced event fitted by kind on the units' timed
 windows explained their excess under torch's fake group (R² 0.98) but not on two real ranks (R²
-about 0: there a unit's window holds its wait for the peer).
+about 0: there a unit's window holds its wait for the peer); a factor per kind read from the one
+unit-timed step is as noisy as that step.
 """
 
 from __future__ import annotations

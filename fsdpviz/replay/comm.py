@@ -33,11 +33,11 @@ import numpy as np
 QUANTILE: Final = 0.25
 # Defaults for a link between hosts, per rank (stated in every prediction that uses them).
 DEFAULT_INTER_HOST_GBPS: Final = {"gpu": 25.0, "cpu": 1.25}  # GB/s: 200 Gb/s per GPU; 10 GbE per CPU host
-# The latency of a collective between ranks of one host, where the recording cannot tell latency from
-# bandwidth (fit): gloo on one host, an all-gather of 2 ranks bare, 140 us up to 51 KB on 2 cores
-# (benchmarks/bench_gloo_link.py, docs/whatif.md). The software's round trip, not the link's bandwidth,
-# which a training step's own work on the same cores lowers. GPU stacks differ (NCCL's protocols, the
-# link), so none is assumed there.
+# The latency of one ring step of a collective between ranks of one host, where the recording cannot
+# tell latency from bandwidth (fit): gloo on one host, an all-gather of 2 ranks (one step) bare, 140 us
+# up to 51 KB on 2 cores (benchmarks/bench_gloo_link.py, docs/whatif.md). The software's round trip, not
+# the link's bandwidth, which a training step's own work on the same cores lowers. GPU stacks differ
+# (NCCL's protocols, the link), so none is assumed there.
 NOMINAL_LATENCY_NS: Final = {"cpu": 140_000.0}
 
 
@@ -72,8 +72,9 @@ class CommModel:
     ranks_per_host: int
     lines: dict[str, Line] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-    """Where a line is not the least-squares fit (a slope or latency that would be negative), in words
-    a prediction that resizes collectives repeats."""
+    """Where a line is not the least-squares fit of its sizes (one size, a slope or latency that would be
+    negative: how its time was split, or host work taken as a cost per call), in words a prediction
+    that resizes collectives repeats."""
 
     def time_ns(self, kind: str, nbytes: float, target: Target | None = None) -> float:
         """A collective of ``kind`` moving ``nbytes`` (unsharded), its typical wait included;
@@ -127,14 +128,17 @@ def fit(samples: Iterable[tuple[str, int, float]], world_size: int, ranks_per_ho
             fitted = (float(a), float(b))
         if fitted is not None and fitted[0] > 0 and fitted[1] >= 0:
             slope, icept = fitted
-        elif fitted is not None and kind in per_call:  # host work no larger, or steeper than bytes: per call
-            told = (f"fitted slope {fitted[0]:.3g} ns/byte" if fitted[0] <= 0 else
-                    f"the fitted line's latency is negative, {fitted[1] / 1e3:.1f} µs")
-            model.notes.append(f"{kind}: its time does not grow in proportion to its bytes in the recording ({told}), "
-                               "so it is taken as a cost per call")
+        elif kind in per_call:  # host work of one size, no larger, or steeper than its bytes: per call
+            if fitted is not None:
+                told = (f"fitted slope {fitted[0]:.3g} ns/byte" if fitted[0] <= 0 else
+                        f"the fitted line's latency is negative, {fitted[1] / 1e3:.1f} µs")
+                model.notes.append(f"{kind}: its time does not grow in proportion to its bytes in the recording "
+                                   f"({told}), so it is taken as a cost per call")
             slope, icept = 0.0, float(ys.mean())
         else:
-            slope, icept = _unresolved(kind, sizes, fitted, latency_ns, model.notes)
+            # the nominal latency is a 2-rank ring's one step; the line is at the recorded world size
+            nominal = None if latency_ns is None else latency_ns * _ring_steps(world_size)
+            slope, icept = _unresolved(kind, sizes, fitted, nominal, model.notes)
         line = Line(latency_ns=icept, per_byte_ns=slope, n=sum(len(v) for v in sizes.values()))
         above = [ns - line.at(b) for b, values in sizes.items() for ns in values]
         line.wait_ns = max(0.0, float(np.median(above))) if above else 0.0
@@ -145,20 +149,23 @@ def fit(samples: Iterable[tuple[str, int, float]], world_size: int, ranks_per_ho
 def _unresolved(kind: str, sizes: dict[int, list[float]], fitted: tuple[float, float] | None,
                 latency_ns: float | None, notes: list[str]) -> tuple[float, float]:
     """(per byte, latency) of a collective whose recorded sizes do not tell latency from bandwidth: its
-    time at the most recorded size, the nominal latency of it (all of it, if shorter) and the rest
-    bandwidth; all bandwidth without a nominal latency. The reason goes into ``notes``."""
+    time at the most recorded size (the larger of two as common), the nominal latency of it (all of it,
+    if shorter) and the rest bandwidth; all bandwidth without a nominal latency. Said in ``notes``."""
     nbytes = max(sizes, key=lambda b: (len(sizes[b]), b))
     ns = float(np.quantile(sizes[nbytes], QUANTILE))
     why = ("one size only" if fitted is None else
            f"the fitted slope is {fitted[0]:.3g} ns/byte" if fitted[0] <= 0 else
            f"the fitted latency is {fitted[1] / 1e3:.1f} µs")
     if latency_ns:
-        latency = min(latency_ns, ns)
+        if ns <= latency_ns:
+            notes.append(f"{kind}: its recorded sizes do not tell latency from bandwidth ({why}), and its "
+                         f"{ns / 1e3:.1f} µs at {nbytes} bytes is within the nominal {latency_ns / 1e3:g} µs of "
+                         "latency, so all of it is taken as latency: its bytes cost nothing here")
+            return 0.0, ns
         notes.append(f"{kind}: its recorded sizes do not tell latency from bandwidth ({why}), so of its "
-                     f"{ns / 1e3:.1f} µs at {nbytes} bytes, {latency / 1e3:.1f} µs is taken as latency (the "
-                     f"nominal {latency_ns / 1e3:g} µs) and the rest as bandwidth")
-        return (ns - latency) / nbytes, latency
-    if fitted is not None:
-        notes.append(f"{kind}: its recorded sizes do not tell latency from bandwidth ({why}), so all of its time "
-                     "is taken as bandwidth, in proportion to its bytes")
+                     f"{ns / 1e3:.1f} µs at {nbytes} bytes, the nominal {latency_ns / 1e3:g} µs is taken as "
+                     "latency and the rest as bandwidth")
+        return (ns - latency_ns) / nbytes, latency_ns
+    notes.append(f"{kind}: its recorded sizes do not tell latency from bandwidth ({why}), so all of its time "
+                 "is taken as bandwidth, in proportion to its bytes")
     return ns / nbytes, 0.0
