@@ -86,9 +86,9 @@ class ProfilerDriver:
                 on_trace_ready=self._write_trace,
                 record_shapes=True,  # gloo collectives' sizes come from their input shapes
                 profile_memory=self.options.memory,
-                # --stack: where each op comes from, at a cost per op the de-profiler takes out
+                # --stack: where each op comes from (its Python frames, and the nn.Module forwards among
+                # them), at a cost per op the clean steps do not pay
                 with_stack=self.options.stack,
-                with_modules=self.options.stack,
             )
             run_id = launch_environment().get(ENV_RUN_ID, "")
             if run_id and hasattr(self.prof, "preset_metadata_json"):  # the trace names its recording
