@@ -106,9 +106,10 @@ LOSS_OPS = ("aten::cross_entropy_loss", "autograd::engine::evaluate_function: Nl
 
 
 def _script_ns(analysis: RunAnalysis, events: pd.DataFrame, rank: int, lo: int, hi: int) -> int:
-    """Of the step ``[lo, hi)`` on ``rank`` (reference clock), the time outside every framework and
-    fsdpviz range that is the script's loss, or that the main thread spent in no profiled op at all
-    (Python between calls, a collection, the thread waiting for a core)."""
+    """Of the step ``[lo, hi)`` on ``rank`` (reference clock), the time that is the script's loss
+    outside every framework and fsdpviz range, or that the main thread spent in no profiled op at all
+    (Python between calls, a collection, the thread waiting for a core), inside a unit's range or not:
+    such a gap inside a unit's forward is none of the unit's ops."""
     shift = analysis.clock.set_index("rank")
     offset = int(shift.loc[rank, "offset_ns"]) if bool(shift.loc[rank, "applied"]) else 0
     main = events[(events["rank"] == rank) & (events["lane"] == "main") & (events["kind"] == "cpu_op")]
@@ -117,20 +118,20 @@ def _script_ns(analysis: RunAnalysis, events: pd.DataFrame, rank: int, lo: int, 
     step = (np.array([lo]), np.array([hi]))
     idle = subtract_intervals(step, union_intervals(starts, ends))
     loss = main["name"].isin(LOSS_OPS).to_numpy()
-    script = intersect_intervals(union_intervals(np.concatenate([idle[0], starts[loss]]),
-                                                 np.concatenate([idle[1], ends[loss]])), step)
     labels = analysis.labels[analysis.labels["rank"] == rank]
-    return total_ns(subtract_intervals(script, union_intervals(labels["start_ns"].to_numpy(),
-                                                                labels["end_ns"].to_numpy())))
+    outside = subtract_intervals(intersect_intervals(union_intervals(starts[loss], ends[loss]), step),
+                                 union_intervals(labels["start_ns"].to_numpy(), labels["end_ns"].to_numpy()))
+    return total_ns(union_intervals(np.concatenate([idle[0], outside[0]]), np.concatenate([idle[1], outside[1]])))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_unit_compute_framework_and_optimizer_reconcile_with_step_time(runs, framework: str) -> None:
     """The step's categories never overlap, and what they leave ("other") is the script's own code:
-    its loss, or time its main thread ran no profiled op outside FSDP's ranges. How large that is
-    hangs on the machine (a loaded core stretches the loss's fill of a fresh gradient), so the check
-    is what "other" holds, read from the raw trace, not its share of the step."""
+    its loss, or time its main thread ran no profiled op (between a unit's ops too: on a loaded core
+    the thread waits for it there). How large that is hangs on the machine (a loaded core stretches
+    the loss's fill of a fresh gradient), so the check is what "other" holds, read from the raw
+    trace, not its share of the step: no op of a unit, the framework or the optimizer."""
     folder, analysis = runs[framework]
     times = analysis.step_times
     assert len(times) == 2 * len(ANALYSED_STEPS)  # two ranks, steps 6-9
