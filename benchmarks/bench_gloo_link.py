@@ -1,7 +1,7 @@
 """What a gloo all-gather costs between the processes of one host: latency and bandwidth, bare.
 
-The replay's nominal link for CPU ranks (``fsdpviz.replay.comm.NOMINAL_LINK_GBPS``) is read here: where
-a recording's sizes cannot tell a collective's latency from its bandwidth, its time is split at it.
+The replay's nominal latency for CPU ranks (``fsdpviz.replay.comm.NOMINAL_LATENCY_NS``) is read here: where
+a recording's sizes cannot tell a collective's latency from its bandwidth, that latency is taken.
 
     python benchmarks/bench_gloo_link.py [--ranks 2]
 

@@ -7,9 +7,9 @@ only), round by round so that the machine's drift falls on all alike. The loads 
 - ``light``: ``--no-memory``;
 - ``heavy``: allocator events recorded, and a process spinning on one of the two cores while it
   records (contention: it slows the clean steps as much as the profiled ones);
-- ``stack``: ``--stack`` (each op's Python stack and module) with allocator events: a profiler whose
-  cost per op is several times the light one's (on the small model, ``--dim 32 --layers 8``, the
-  profiled steps ran 1.3-1.8x their clean pace, against 1.1-1.4x light);
+- ``stack``: ``--stack`` (each op's Python stack) with allocator events: a profiler whose cost per op
+  is several times the light one's (on the small model, ``--dim 32 --layers 8``, the profiled steps
+  ran 1.3-1.8x their clean pace, against 1.0-1.4x light);
 - ``window``: ``stack``, and a process spinning on one core from the start until the trace is written,
   so that the profiled steps share a core and the clean steps after them do not: a recording whose
   profiled steps ran twice their clean pace or more, as on a machine where another job ran while the
@@ -79,6 +79,7 @@ def kill_at_first_trace(folder: Path, spin: subprocess.Popen) -> None:
     while spin.poll() is None:
         if any((folder / "traces").glob("rank*.trace.json*")):
             spin.kill()
+            spin.wait()
             return
         time.sleep(0.02)
 
@@ -103,9 +104,10 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--out", type=Path, default=None, help="keep the recordings here (default: a temp folder)")
     args = parser.parse_args()
-    loads = {name: LOADS[name] for name in args.loads.split(",")}
-    if len(loads) != 2:
+    names = args.loads.split(",")
+    if len(names) != 2 or len(set(names)) != 2 or not set(names) <= set(LOADS):
         parser.error(f"--loads: two of {', '.join(LOADS)}, comma-separated")
+    loads = {name: LOADS[name] for name in names}
     trainer = model(args.dim, args.layers)
     started = time.perf_counter()
     with recordings_folder(args.out) as base:
@@ -127,6 +129,7 @@ def main() -> None:
                     finally:
                         if spin is not None:
                             spin.kill()
+                            spin.wait()
                 recorded[load].append(folder)
                 print(f"recorded {folder.name}", file=sys.stderr, flush=True)
             for name, extra in SETTINGS.items():

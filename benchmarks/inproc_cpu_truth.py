@@ -24,6 +24,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = {"block": ("block", True), "pair": ("pair", True), "root": ("root", True), "noreshard": ("block", False)}
@@ -75,12 +76,16 @@ def rank_main(dim: int, layers: int, rounds: int, steps: int) -> None:
     time.sleep(0.1)  # gloo's threads release the last collective (examples/train.py)
 
 
-def measure(dim: int, layers: int, rounds: int = 5, steps: int = 8) -> dict:
+def measure(dim: int, layers: int, rounds: int = 5, steps: int = 8) -> dict[str, Any]:
     """Run the measurement on 2 gloo ranks; its JSON (``ratios``: setting -> median ratio to block)."""
     env = {**os.environ, "FSDPVIZ_INPROC_RANK": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           __file__, "--dim", str(dim), "--layers", str(layers), "--rounds", str(rounds),
-                           "--steps", str(steps)], check=False, capture_output=True, text=True, env=env, timeout=900)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                               __file__, "--dim", str(dim), "--layers", str(layers), "--rounds", str(rounds),
+                               "--steps", str(steps)], check=False, capture_output=True, text=True, env=env,
+                              timeout=900)
+    except subprocess.TimeoutExpired as exc:
+        raise SystemExit(f"in-process truth ran past {exc.timeout:g} s") from exc
     if proc.returncode != 0:
         raise SystemExit(f"in-process truth failed:\n{proc.stderr[-2000:]}")
     return json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("{")))
@@ -93,6 +98,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=8)
     args = parser.parse_args()
+    if min(args.dim, args.layers, args.rounds, args.steps) < 1:
+        parser.error("--dim, --layers, --rounds and --steps must be at least 1")
     if os.environ.get("FSDPVIZ_INPROC_RANK"):
         rank_main(args.dim, args.layers, args.rounds, args.steps)
     else:
