@@ -141,9 +141,10 @@ def main() -> None:
             measured = base / f"inproc-{i}.json"
             if not measured.is_file():
                 measured.write_text(json.dumps(measure(args.dim, args.layers, rounds=3)))
-            for name, values in json.loads(measured.read_text())["per_round"].items():
+            one_process = json.loads(measured.read_text())
+            for name, values in one_process["per_round"].items():
                 inproc[name].extend(values)
-            print(f"measured in one process: {json.loads(measured.read_text())['ratios']}", file=sys.stderr, flush=True)
+            print(f"measured in one process: {one_process['ratios']}", file=sys.stderr, flush=True)
         print(describe_machine())
         separate = {name: statistics.median(v) / statistics.median(bare["block"]) for name, v in bare.items()}
         truth = {name: statistics.median(v) for name, v in inproc.items()}

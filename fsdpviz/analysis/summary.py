@@ -96,9 +96,8 @@ class RankOverlap(msgspec.Struct, kw_only=True):
     fsdp_overhead_ms: float | None = None
 
 
-class TracedOverlap(msgspec.Struct, kw_only=True):
-    """The overlap as traced (HTA's definitions, on the profiler's clock): ``compute_ms`` is every busy
-    time outside exposed communication (the model's and FSDP's), ``idle_ms`` the rest of the step."""
+class OverlapFigures(msgspec.Struct, kw_only=True):
+    """Whole-step overlap per step, on one clock (the subclasses say which), and per rank."""
 
     comm_ms: float | None
     compute_ms: float | None
@@ -108,17 +107,16 @@ class TracedOverlap(msgspec.Struct, kw_only=True):
     per_rank: dict[str, RankOverlap]
 
 
-class OverlapSummary(msgspec.Struct, kw_only=True):
+class TracedOverlap(OverlapFigures, kw_only=True):
+    """The overlap as traced (HTA's definitions, on the profiler's clock): ``compute_ms`` is every busy
+    time outside exposed communication (the model's and FSDP's), ``idle_ms`` the rest of the step."""
+
+
+class OverlapSummary(OverlapFigures, kw_only=True):
     """Whole-step overlap per step on the run's clock (the bound's parts: ``exposed_comm_ms``,
     ``compute_ms``, ``fsdp_overhead_ms`` and ``idle_ms`` are the bound's, median over ranks);
     ``overlap_pct`` over all ranks' time; ``as_traced`` the same figures on the trace's clock."""
 
-    comm_ms: float | None
-    compute_ms: float | None
-    exposed_comm_ms: float | None
-    overlap_pct: float | None
-    idle_ms: float | None
-    per_rank: dict[str, RankOverlap]
     by_purpose: dict[str, PurposeOverlap] | None = None
     """Per purpose (vocabulary.PURPOSES: FSDP's all-gathers and reduce-scatters, HSDP's all-reduces,
     tensor parallelism, other), its communication and exposed time per step, averaged over ranks;

@@ -8,20 +8,14 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from helpers.fakegroup import fake_process_group
 
 from fsdpviz.record.units import build_fsdp2_units
 
 
 @pytest.fixture(scope="module")
 def fake_group_of_4() -> Iterator[None]:
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    if dist.is_initialized():
-        pytest.skip("a process group is already initialised in this process")
-    dist.init_process_group("fake", rank=0, world_size=4, store=FakeStore())
-    yield
-    dist.destroy_process_group()
+    yield from fake_process_group(4)
 
 
 def test_the_int_each_unit_was_sharded_with_is_recorded(fake_group_of_4: None) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.fakegroup import fake_process_group
 
 from fsdpviz.naming import ROOT_UNIT, clean_fqn, unit_modules
 from fsdpviz.replay import program as prog
@@ -184,14 +185,7 @@ def _params(model: torch.nn.Module) -> dict[str, list[str]]:
 @pytest.fixture(scope="module")
 def fake_group() -> Iterator[None]:
     """torch's fake process group (rank 0 of 2): FSDP2 shards for real, no collective runs."""
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    if dist.is_initialized():
-        pytest.skip("a process group is already initialised in this process")
-    dist.init_process_group("fake", rank=0, world_size=2, store=FakeStore())
-    yield
-    dist.destroy_process_group()
+    yield from fake_process_group(2)
 
 
 # filled in as predict fills a setting in (what the user gave, the rest as recorded)
