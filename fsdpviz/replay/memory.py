@@ -167,6 +167,7 @@ class MemorySetting:
     # ``shards`` ranks, ``element_bytes`` each; FSDP1's merged units hold back their members'
     # parameter-sized gradients (:func:`_flat_gradients`)
     zero3_bucket: int | None = None
+    zero3_recorded: tuple[int, int] | None = None  # the recording's bucket and shards (None: not recorded)
     unit_params: dict[str, tuple[int, ...]] = field(default_factory=dict)
     shards: int = 1
     element_bytes: int = 0
@@ -304,15 +305,22 @@ def _rebucketed(sm: StepMemory, s: MemorySetting, blocks: list[Block]) -> list[B
     kept until their backward release) stay as recorded: they are made at another fetch under another
     bucket, and every one is alive from the forward's last fetch to its backward either way. A
     gather of one parameter gathers into the parameter itself: no buffer (the recorded one alive
-    into backward stays: it is that parameter)."""
+    into backward stays: it is that parameter).
+
+    A recorded block the size of one of the recorded bucket's flat buffers goes even when it was
+    freed in backward: on CPU, gloo's worker thread drops its reference to a collective's tensors
+    after the wait has returned, and under load that can be milliseconds late."""
     out = list(blocks)
     for micro in sorted({m for (_, _, m) in sm.windows}):
         starts = {u: w[0] for (u, ph, m), w in sm.windows.items() if ph == vocabulary.FORWARD and m == micro}
         backward = min((w[0] for (_, ph, m), w in sm.windows.items() if ph == vocabulary.BACKWARD and m == micro),
                        default=int(sm.t[-1]))
-        out = [b for b in out if not (_gathered(b) and b.phase == vocabulary.FORWARD and b.micro == micro
-                                      and b.free < backward)]
         order = sorted(starts, key=starts.__getitem__)
+        flat = ({g.buffer_elements * s.element_bytes
+                 for g in zero3_fetch.forward_gathers(order, s.unit_params, *s.zero3_recorded) if g.buffer_elements}
+                if s.zero3_recorded is not None else set())
+        out = [b for b in out if not (_gathered(b) and b.phase == vocabulary.FORWARD and b.micro == micro
+                                      and (b.free < backward or b.bytes in flat))]
         for g in zero3_fetch.forward_gathers(order, s.unit_params, s.zero3_bucket or 0, s.shards):
             if g.buffer_elements:
                 alloc = starts[g.issuer]

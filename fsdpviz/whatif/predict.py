@@ -453,7 +453,10 @@ def _zero3_bucket(rec: Recording, settings: Settings, world: int) -> dict[str, A
         return {}
     numel = sum(rec.unit_numels.get(u, 0) for u in rec.units)
     nbytes = sum(max(rec.unit_bytes.get(u, 0), 0) for u in rec.units)
-    return {"zero3_bucket": bucket, "unit_params": dict(rec.unit_params), "shards": max(world, 1),
+    recorded = rec.prefetch_args.get("stage3_prefetch_bucket_size")
+    return {"zero3_bucket": bucket,
+            "zero3_recorded": (recorded, max(rec.world_size, 1)) if isinstance(recorded, int) else None,
+            "unit_params": dict(rec.unit_params), "shards": max(world, 1),
             "element_bytes": nbytes // numel if numel else 0}
 
 

@@ -4,6 +4,7 @@ units and the training script's losses (tests/integration/test_whatif_*_roundtri
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,17 @@ def peak_bytes(run_dir: Path) -> int:
     proc = fsdpviz("summary", str(run_dir), "--json", "-q")
     assert proc.returncode == 0, proc.stderr[-2000:]
     return int(json.loads(proc.stdout)["memory"]["peak_allocated_bytes"])
+
+
+def typical_peak(run_dir: Path) -> int:
+    """The peak most of the recording's steps reach: the median, over ranks and analysed steps, of each
+    step's peak allocated bytes. On CPU, gloo's worker thread lets go of a collective's tensors after
+    the wait has returned, milliseconds late under load: one step's peak can then hold a buffer that
+    every other step had freed (what the recording's own maximum, :func:`peak_bytes`, keeps)."""
+    from fsdpviz.analysis.pipeline import analyse
+
+    peaks = analyse([run_dir]).analysis.memory_peaks["peak_allocated_bytes"]
+    return int(statistics.median_low(peaks.astype(int).tolist()))
 
 
 def recorded_units(run_dir: Path) -> dict[str, dict[str, Any]]:

@@ -1,0 +1,68 @@
+"""ZeRO-3's forward under another prefetch bucket (replay/memory.py ``_rebucketed``), on one step built
+by hand whose answer is known: the recording's bucket gathered the whole model at the root's fetch
+into one flat buffer; with no prefetch each unit gathers its own two parameters at its own fetch and
+waits for them there, so no flat buffer outlives its fetch and the step's peak is the level without
+the recorded buffer.
+
+On CPU, gloo's worker thread drops its reference to a collective's tensors after the wait returns,
+and under load that can fall after backward has begun: the recorded buffer must go all the same.
+A gather of one parameter gathers into the parameter itself, which lives into backward and stays.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fsdpviz import vocabulary
+from fsdpviz.analysis import memory_categories as mcat
+from fsdpviz.naming import ROOT_UNIT
+from fsdpviz.replay.memory import Block, MemorySetting, StepMemory, predict_step
+
+F, B = vocabulary.FORWARD, vocabulary.BACKWARD
+PARAMS = {"a": (100, 100), "b": (100, 100), "c": (60,)}  # elements of each unit's parameters
+SHARDS, ELEMENT = 2, 4
+WHOLE = (50 + 50 + 50 + 50 + 30) * SHARDS * ELEMENT  # the recorded gather of every parameter: 1,840 bytes
+ACTIVATIONS = 10_000
+C_PARAM = 60 * ELEMENT  # c's one parameter, gathered alone into itself
+
+
+def _step(buffer_freed: int) -> StepMemory:
+    """Forward 0-100 (root, then a, b, c), backward from 100; the recorded whole-model buffer made at
+    5 and freed at ``buffer_freed``; c's parameter (a gather of one) made at 80, released at 150."""
+    windows = {(ROOT_UNIT, F, 0): (0, 100), ("a", F, 0): (10, 40), ("b", F, 0): (40, 70), ("c", F, 0): (70, 100),
+               ("c", B, 0): (100, 120), ("b", B, 0): (120, 140), ("a", B, 0): (140, 160),
+               (ROOT_UNIT, B, 0): (100, 170)}
+    events = sorted({0: 0, 5: WHOLE, buffer_freed: -WHOLE, 80: C_PARAM, 150: -C_PARAM, 200: 0}.items())
+    t = np.array([e for e, _ in events], dtype=np.int64)
+    params = np.cumsum([d for _, d in events])
+    levels = np.zeros((len(t), len(mcat.CATEGORIES)), dtype=np.int64)
+    levels[:, mcat.CODE[mcat.UNSHARDED_PARAMS]] = params
+    levels[:, mcat.CODE[mcat.ACTIVATIONS]] = ACTIVATIONS
+    blocks = [Block(unit="a, b, c", category=mcat.UNSHARDED_PARAMS, phase=F, alloc=5, free=buffer_freed, bytes=WHOLE),
+              Block(unit="c", category=mcat.UNSHARDED_PARAMS, phase=F, alloc=80, free=150, bytes=C_PARAM)]
+    return StepMemory(rank=0, step=1, t=t, levels=levels, blocks=blocks, windows=windows,
+                      computed={k: w[1] for k, w in windows.items()})
+
+
+def _setting(recorded: tuple[int, int] | None) -> MemorySetting:
+    units = [ROOT_UNIT, "a", "b", "c"]
+    return MemorySetting(group={u: u for u in units}, order=units, reshard=dict.fromkeys(units, True),
+                         recorded_reshard=dict.fromkeys(units, True), prefetch="recorded", scale=1.0,
+                         drop_gather_buffers=False, framework=vocabulary.ZERO3, zero3_bucket=0,
+                         zero3_recorded=recorded, unit_params=dict(PARAMS), shards=SHARDS, element_bytes=ELEMENT)
+
+
+@pytest.mark.parametrize("freed", [90, 105], ids=["freed-in-forward", "freed-late-in-backward"])
+def test_the_recorded_flat_buffer_goes_however_late_it_was_freed(freed: int) -> None:
+    step = _step(freed)
+    assert step.peak_bytes == ACTIVATIONS + WHOLE + C_PARAM  # the recorded buffer and c's parameter, at 80
+    change = predict_step(step, _setting((10**9, SHARDS)))
+    assert change.peak_bytes == ACTIVATIONS + C_PARAM
+    assert change.categories[mcat.UNSHARDED_PARAMS] == C_PARAM
+
+
+def test_without_the_recorded_bucket_only_a_buffer_freed_in_forward_is_known_to_be_one() -> None:
+    """Unknown bucket: a block freed in backward may be a parameter, so it stays as recorded."""
+    assert predict_step(_step(90), _setting(None)).peak_bytes == ACTIVATIONS + C_PARAM
+    assert predict_step(_step(105), _setting(None)).peak_bytes == ACTIVATIONS + WHOLE + C_PARAM
