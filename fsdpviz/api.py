@@ -153,7 +153,8 @@ class Run(LabelledRun):
 
     @property
     def units(self) -> pd.DataFrame:
-        """Per-unit medians over ranks and analysed steps (schema.UNIT_STATS), in forward order."""
+        """Per-unit medians over ranks and analysed steps (schema.UNIT_STATS), in forward order, as
+        traced: the trace's own durations (``summary.units`` holds them on the run's clock)."""
         return self.result.analysis.unit_stats.reset_index(drop=True)
 
     @property

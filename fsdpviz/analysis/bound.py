@@ -41,7 +41,7 @@ import numpy as np
 import pandas as pd
 
 from fsdpviz.formatting import NS_PER_MS
-from fsdpviz.structure.deprofile import Parts, deprofiled, device_scale
+from fsdpviz.structure.deprofile import Parts, deprofiled, device_scale, host_scale
 from fsdpviz.structure.intervals import (
     Intervals,
     clip_intervals,
@@ -311,6 +311,10 @@ class BoundSummary(StepSplit, kw_only=True):
     device_scale: float = 1.0
     """How the run's device figures move from the trace to its clock (CPU: the de-profiler's factor;
     GPU: 1 unless the de-profiler had to shrink device work, ``note`` says so)."""
+    host_scale: float = 1.0
+    """How the run's host-wait figures (each unit's ``host_wait_ms``) move from the trace to its clock
+    (GPU: the share of the traced host wait the de-profiler kept; CPU: ``device_scale``, though no unit
+    has a host wait there: the thread is the device)."""
     memory_bound: bool | None = None
     """The peak within :data:`MEMORY_MARGIN` of ``device_memory_bytes``; None when either is unknown
     (``note`` says why)."""
@@ -440,7 +444,8 @@ def summarize_bound(overlap: pd.DataFrame, profiler: ProfilerCost | None,
         profiler_share_ms=round(share, 3), per_rank=per_rank, note="; ".join(notes) or None,
         fsdp_overhead_ms=round(fsdp, 3),
         fsdp_kernels_ms=None if device == schema.OVERLAP_CPU else round(parts.fsdp_kernels, 3),
-        device_scale=round(scale, 6), comm_ms=round(_median(traced_comms) * scale, 3))
+        device_scale=round(scale, 6), host_scale=round(host_scale(median_traced, parts), 6),
+        comm_ms=round(_median(traced_comms) * scale, 3))
 
 
 def device_memory_bytes(ranks: pd.DataFrame) -> int | None:

@@ -19,6 +19,11 @@ The cause is read from the trace, and a knob is only suggested when the trace sh
 - gather prefetched (depth >= 1) but longer than the compute it overlapped: bandwidth-bound -> deeper
   prefetch when the pass computes longer than it gathers, else no knob;
 - a reduce-scatter after which no unit computes any more has nothing to hide behind -> no knob.
+
+Every time a finding states is on the run's clock: the trace's durations times ``scale``, the factor
+the one de-profiler moves the run's device figures by (``bound.device_scale``,
+:mod:`fsdpviz.structure.deprofile`; 1 where the run leads with the traced step). The noise floor is
+of the step on that clock too.
 """
 
 from __future__ import annotations
@@ -68,14 +73,21 @@ def _row(unit: str, phase: str, kind: str, lost: float, message: str, evidence: 
             "message": message, "evidence": evidence, "knob": knob, "cause": cause}
 
 
-def _medians(unit_steps: pd.DataFrame) -> pd.DataFrame:
+_DURATIONS: Final = ("ag_ns", "ag_exposed_ns", "rs_ns", "rs_exposed_ns", "ar_ns", "ar_exposed_ns", "compute_ns",
+                     "lead")
+
+
+def _medians(unit_steps: pd.DataFrame, scale: float) -> pd.DataFrame:
+    """Each unit pass's medians over ranks and steps, its durations moved to the run's clock."""
     us = unit_steps.assign(depth=unit_steps["issue_depth"].where(unit_steps["issue_depth"] >= 0))
-    return us.groupby(["unit", "phase"]).agg(
+    med = us.groupby(["unit", "phase"]).agg(
         ag_ns=("ag_ns", "median"), ag_exposed_ns=("ag_exposed_ns", "median"),
         rs_ns=("rs_ns", "median"), rs_exposed_ns=("rs_exposed_ns", "median"),
         ar_ns=("ar_ns", "median"), ar_exposed_ns=("ar_exposed_ns", "median"),
         compute_ns=("compute_ns", "median"), lead=("prefetch_lead_ns", "median"), depth=("depth", "median"),
         n=("step", "size"))
+    med[list(_DURATIONS)] = med[list(_DURATIONS)].astype(float) * scale
+    return med
 
 
 def _pass_order(unit_steps: pd.DataFrame) -> dict[str, list[str]]:
@@ -117,15 +129,15 @@ def _first_gathers(spans: pd.DataFrame) -> tuple[set[tuple[str, str]], pd.Series
     return firsts, per_pass.groupby(level="phase").median()
 
 
-def _shared(spans: pd.DataFrame, kind: str) -> pd.DataFrame:
+def _shared(spans: pd.DataFrame, kind: str, scale: float) -> pd.DataFrame:
     """Per (unit, phase) whose ``kind`` collectives carried other units too (ZeRO-3 buckets):
-    ``full_ns``, their whole duration per step (median over rank-steps), and ``n_units``, the most
-    units one carried."""
+    ``full_ns``, their whole duration per step (median over rank-steps, on the run's clock), and
+    ``n_units``, the most units one carried."""
     rows = spans[((spans["kind"] == kind) & (spans["n_units"] > 1)).to_numpy()]
     if rows.empty:
         return pd.DataFrame(columns=["full_ns", "n_units"])
     dur = (rows["end_ns"] - rows["start_ns"]).groupby([rows["rank"], rows["step"], rows["unit"], rows["phase"]]).sum()
-    out = dur.groupby(level=["unit", "phase"]).median().rename("full_ns").to_frame()
+    out = (dur.groupby(level=["unit", "phase"]).median() * scale).rename("full_ns").to_frame()
     out["n_units"] = rows.groupby(["unit", "phase"])["n_units"].max()
     return out
 
@@ -168,13 +180,16 @@ def _depth_words(depth: float) -> str:
     return f"the gather started {ahead} unit{'s' if ahead > 1 else ''} ahead of its compute"
 
 
-def gather_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, framework: str, floor_ns: float) -> list[dict]:
-    """One finding per unit pass whose all-gather is exposed beyond the noise floor."""
+def gather_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, framework: str, floor_ns: float,
+                    scale: float = 1.0) -> list[dict]:
+    """One finding per unit pass whose all-gather is exposed beyond the noise floor (durations times
+    ``scale``: the module docstring)."""
     rows = []
-    med = _medians(unit_steps)
+    med = _medians(unit_steps, scale)
     order = _pass_order(unit_steps)
     firsts, before_first = _first_gathers(spans)
-    shared = _shared(spans, vocabulary.ALL_GATHER)
+    before_first = before_first * scale
+    shared = _shared(spans, vocabulary.ALL_GATHER, scale)
     totals = unit_steps.groupby(["rank", "step", "phase"]).agg(c=("compute_ns", "sum"), g=("ag_ns", "sum"))
     totals = totals.groupby("phase").median()
     for unit, phase, m in _unit_passes(med):
@@ -230,14 +245,15 @@ def _nothing_left(spans: pd.DataFrame, kind: str) -> pd.Series:
     return alone.groupby([c["unit"], c["phase"]]).mean() > 0.5
 
 
-def reduce_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, floor_ns: float) -> list[dict]:
-    """Exposed reduce-scatters (and HSDP all-reduces) of the backward pass."""
+def reduce_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, floor_ns: float,
+                    scale: float = 1.0) -> list[dict]:
+    """Exposed reduce-scatters (and HSDP all-reduces) of the backward pass (durations times ``scale``)."""
     rows = []
-    med = _medians(unit_steps)
+    med = _medians(unit_steps, scale)
     for col, kind, span_kind, what in (("rs", "exposed_reduce_scatter", vocabulary.REDUCE_SCATTER, "reduce-scatter"),
                                        ("ar", "exposed_all_reduce", vocabulary.ALL_REDUCE, "all-reduce")):
         alone = _nothing_left(spans, span_kind)
-        shared = _shared(spans, span_kind)
+        shared = _shared(spans, span_kind, scale)
         for unit, phase, m in _unit_passes(med):
             exposed = m[f"{col}_exposed_ns"]
             if exposed < floor_ns:
@@ -253,16 +269,19 @@ def reduce_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, floor_ns: flo
     return rows
 
 
-def straggler_findings(step_times: pd.DataFrame, floor_ns: float) -> list[dict]:
+def straggler_findings(step_times: pd.DataFrame, floor_ns: float, scale: float = 1.0) -> list[dict]:
     """The rank that starts its collectives latest, when the others demonstrably wait for it.
 
     Summed lateness over a step's collectives overstates the cost when a rank is late at every
     collective by the same amount (the others do not wait the full skew at each one when a gather
     was prefetched), so the time lost is what the waiting shows: how much more exposed
-    communication the other ranks have than the straggler, capped by its summed lateness.
+    communication the other ranks have than the straggler, capped by its summed lateness. Durations
+    times ``scale`` (the module docstring).
     """
     if step_times.empty or step_times["rank"].nunique() < 2:
         return []
+    step_times = step_times.assign(late_ns=step_times["late_ns"] * scale,
+                                   exposed_comm_ns=step_times["exposed_comm_ns"] * scale)
     per_rank = step_times.groupby("rank")["late_ns"].median().sort_values(ascending=False, kind="stable")
     rank, late = int(per_rank.index[0]), float(per_rank.iloc[0])
     if late < floor_ns:
@@ -308,16 +327,18 @@ def profiler_findings(cost: ProfilerCost | None, idle_ns: float | None) -> list[
 
 def build_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, step_times: pd.DataFrame, step_ns: float,
                    framework: str, *, profiler: ProfilerCost | None = None,
-                   idle_ns: float | None = None) -> pd.DataFrame:
+                   idle_ns: float | None = None, scale: float = 1.0) -> pd.DataFrame:
     """FINDINGS: where the run loses time, ranked by time lost per step; then the profiler's share
     of the trace (``profiler``, ``idle_ns``: see :func:`profiler_findings`), which the run itself does
-    not lose, so it never pushes the run's own findings down."""
+    not lose, so it never pushes the run's own findings down. ``step_ns``: the traced step;
+    ``scale``: what moves the trace's durations to the run's clock (the module docstring)."""
+    step_ns *= scale
     floor = max(NOISE_FRACTION * step_ns, NOISE_FLOOR_NS) if np.isfinite(step_ns) else NOISE_FLOOR_NS
     rows: list[dict] = []
     if len(unit_steps):
-        rows += gather_findings(unit_steps, spans, framework, floor)
-        rows += reduce_findings(unit_steps, spans, floor)
-    rows += straggler_findings(step_times, floor)
+        rows += gather_findings(unit_steps, spans, framework, floor, scale)
+        rows += reduce_findings(unit_steps, spans, floor, scale)
+    rows += straggler_findings(step_times, floor, scale)
     about_trace = profiler_findings(profiler, idle_ns)
     if not rows and not about_trace:
         return schema.make_empty(schema.FINDINGS)

@@ -121,12 +121,13 @@ class RunResult:
 
         idle = self.overlap["idle_ns"] / self.overlap["n_steps"].clip(lower=1)
         idle_ns = float(idle.median()) if len(idle) else None  # for the profiler's finding
+        scale = self.device_scale
         if self._parts is not None:
             analysis = combine_parts(self._parts, self.traces, self.selection, self.framework,
-                                     profiler=self.profiler, idle_ns=idle_ns)
+                                     profiler=self.profiler, idle_ns=idle_ns, scale=scale)
         else:
             analysis = analyse_run(self.traces, selection=self.selection, framework=self.framework,
-                                   profiler=self.profiler, idle_ns=idle_ns)
+                                   profiler=self.profiler, idle_ns=idle_ns, scale=scale)
         # the loaded samples get the frees the analysis found, so that whatever reads them after it
         # (compare's step levels, whatif's recording, the notebook) reads the same levels
         self.traces.memory = _settled(self.traces, analysis)
@@ -141,6 +142,16 @@ class RunResult:
 
         traced = traced_step_ms(self.overlap) if not self.overlap.empty else None
         return on_traced_step(profiler_cost(self.traces.timers, self.traces.run), traced)
+
+    @property
+    def device_scale(self) -> float:
+        """What moves the trace's device durations (per-unit times, the findings') to the run's clock:
+        the bound's ``device_scale`` (:mod:`fsdpviz.structure.deprofile`), 1.0 without a bound."""
+        from fsdpviz.analysis.bound import summarize_bound
+        from fsdpviz.structure.profiler_cost import clean_step_ms
+
+        bound = summarize_bound(self.overlap, self.profiler, clean_step_ms(self.traces.timers, self.traces.run))
+        return bound.device_scale if bound is not None else 1.0
 
     @cached_property
     def parallelism(self) -> RunParallelism:

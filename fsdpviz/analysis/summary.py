@@ -46,7 +46,7 @@ from fsdpviz.analysis.memory_categories import (
     peak_categories,
     unit_peak_categories,
 )
-from fsdpviz.analysis.units import UnitSummary, summary_records
+from fsdpviz.analysis.units import UnitSummary, on_run_clock, summary_records
 from fsdpviz.analysis.unseen_frees import ADDRESS_REUSE, COLLECTIVE_END
 from fsdpviz.formatting import ms
 from fsdpviz.structure.framework import framework_notes
@@ -283,6 +283,8 @@ def summary_of(traces: TraceSet, selection: StepSelection, overlap: pd.DataFrame
     memory = _with_categories(_memory_summary(traces, analysed), analysis, traces)
     bound = with_memory(summarize_bound(overlap, cost, clean_step_ms(traces.timers, traces.run)),
                         memory.peak_allocated_bytes, device_memory_bytes(traces.ranks))
+    if bound is not None:
+        units = on_run_clock(units, bound.device_scale, bound.host_scale)
     over = _overlap_summary(overlap, bound)
     if analysis is not None and analysis.has_units:
         over.by_purpose = _by_purpose(analysis.purposes, overlap, 1.0 if bound is None else bound.device_scale)

@@ -6,12 +6,15 @@ forward order of their windows, the size the bytes their forward all-gather prod
 unsharded, padded parameters), the parent the innermost unit whose forward window encloses theirs.
 
 :func:`unit_stats` reduces UNIT_STEPS to one row per unit; :func:`summary_records` gives the
-summary's ``units`` (:class:`UnitSummary`).
+summary's ``units`` (:class:`UnitSummary`), as traced; :func:`on_run_clock` moves their times to the
+run's clock, as every figure the summary shows is.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import Final
 
 import msgspec
 import numpy as np
@@ -224,6 +227,28 @@ class UnitSummary(msgspec.Struct, kw_only=True):
         """A number by its JSON key (compare sums them over unit groups)."""
         value = getattr(self, key, None)
         return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+# UnitSummary's times of the device (CPU: the training thread), which the one de-profiler moves by the
+# bound's device_scale; host_wait_ms moves by its host_scale; the timers' fields are the run's already
+DEVICE_TIMES: Final = ("all_gather_ms", "forward_ms", "backward_ms", "reduce_scatter_ms", "exposed_comm_ms",
+                       "prefetch_lead_ms", "all_reduce_ms", "forward_exposed_all_gather_ms",
+                       "backward_exposed_all_gather_ms", "exposed_reduce_scatter_ms", "forward_prefetch_lead_ms",
+                       "backward_prefetch_lead_ms")
+
+
+def on_run_clock(units: Sequence[UnitSummary], device_scale: float, host_scale: float) -> list[UnitSummary]:
+    """``units`` with their traced times moved to the run's clock (:mod:`fsdpviz.structure.deprofile`):
+    the device's times by ``device_scale``, the host wait by ``host_scale`` (the bound's factors)."""
+    if device_scale == 1.0 and host_scale == 1.0:
+        return list(units)
+
+    def moved(v: float | None, k: float) -> float | None:
+        return None if v is None else round(v * k, 3)
+
+    return [msgspec.structs.replace(u, host_wait_ms=moved(u.host_wait_ms, host_scale),
+                                    **{f: moved(getattr(u, f), device_scale) for f in DEVICE_TIMES})
+            for u in units]
 
 
 def summary_records(stats: pd.DataFrame, units: pd.DataFrame | None = None) -> list[UnitSummary]:

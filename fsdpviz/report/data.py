@@ -216,7 +216,8 @@ def prepare_report(run: RunResult, *, max_segments: int = MAX_PAGE_SEGMENTS,
         unit_tables=unit_tables(stats, colors, {u.name: (u.forward_timer_ms, u.backward_timer_ms)
                                                 for u in summary.units},
                                 {u.name: u.param_scope for u in summary.units},
-                                {u.name: u for u in summary.units})
+                                {u.name: u for u in summary.units},
+                                summary.bound.device_scale if summary.bound is not None else 1.0)
         if has_units and not stats.empty else None,
         memory_model=analysis.memory_model,
         skew=analysis.skew, rank_step_times=analysis.step_times, timers=traces.timers,

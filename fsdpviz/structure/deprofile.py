@@ -102,3 +102,11 @@ def device_scale(parts: Parts, moved: Parts) -> float:
     before = parts.compute + parts.exposed_comm + parts.fsdp_kernels
     after = moved.compute + moved.exposed_comm + moved.fsdp_kernels
     return after / before if before > 0 else 1.0
+
+
+def host_scale(parts: Parts, moved: Parts) -> float:
+    """How a step's host-wait figures (a unit's host wait) move with it: the factor its host wait,
+    FSDP's hooks' share included, moved by (GPU: the share :func:`deprofiled` kept; 1 without any)."""
+    before = (parts.host_wait or 0.0) + parts.fsdp_host
+    after = (moved.host_wait or 0.0) + moved.fsdp_host
+    return after / before if before > 0 else 1.0

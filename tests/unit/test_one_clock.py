@@ -95,6 +95,7 @@ def _one_figure(result: Any, folder: Path) -> None:
         split = bound.per_rank[rank]
         assert (row.compute_ms, row.exposed_comm_ms) == (split.compute_ms, split.exposed_comm_ms)
         assert row.idle_ms == pytest.approx((split.host_wait_ms or 0.0) + split.other_idle_ms, abs=1e-3)
+    _units_and_findings_on_the_clock(result, summary, traced)
     # whatif's baseline compute is the bound's (the model's compute, on the same clock)
     model, _ = summary_model(result)
     assert model is not None
@@ -109,6 +110,42 @@ def _one_figure(result: Any, folder: Path) -> None:
             continue
         p = predict(model, settings)
         assert p.reliable and p.measurable is not False, (action.message, p.spread_ms, p.predicted.step_time_ms)
+
+
+# units[] fields against the per-unit analysis' traced medians (UNIT_STATS columns)
+_UNIT_FIELDS = {"all_gather_ms": "all_gather_ns", "forward_ms": "forward_ns", "backward_ms": "backward_ns",
+                "reduce_scatter_ms": "reduce_scatter_ns", "exposed_comm_ms": "exposed_comm_ns",
+                "forward_exposed_all_gather_ms": "forward_ag_exposed_ns",
+                "backward_exposed_all_gather_ms": "backward_ag_exposed_ns", "exposed_reduce_scatter_ms": "rs_exposed_ns"}
+
+
+def _units_and_findings_on_the_clock(result: Any, summary: Any, traced: float) -> None:
+    """Each unit's times are the per-unit analysis' traced medians moved to the run's clock: on a CPU
+    rank by the clean step over the traced one (read off the run folder's files), on a GPU unmoved
+    (the profiler slows the host, not the kernels) unless the de-profiler had to shrink the device's
+    parts; and a finding states its unit's own figure."""
+    bound = summary.bound
+    k = bound.device_scale
+    if bound.basis != BASIS_UNPROFILED:
+        assert k == 1.0
+    elif summary.device == "cpu":
+        assert k == pytest.approx(summary.step_time_ms / traced, rel=0.02)
+        assert k < 0.98  # the profiler slowed every bundled CPU sample: the check can tell the clocks apart
+    elif bound.note is None or "shrunk" not in bound.note:
+        assert k == 1.0
+    stats = result.analysis.unit_stats.set_index("unit")
+    units = {u.name: u for u in summary.units}
+    for name, unit in units.items():
+        for field, column in _UNIT_FIELDS.items():
+            value, raw = getattr(unit, field), float(stats.loc[name, column])
+            if value is not None:
+                assert value == pytest.approx(raw / 1e6 * k, abs=1.5e-3), (name, field)
+    for f in summary.findings:
+        if f.kind == "exposed_all_gather":
+            assert f.lost_ms_per_step == pytest.approx(getattr(units[f.unit], f"{f.phase}_exposed_all_gather_ms"),
+                                                       abs=1.5e-3), f.message
+        elif f.kind == "exposed_reduce_scatter":
+            assert f.lost_ms_per_step == pytest.approx(units[f.unit].exposed_reduce_scatter_ms, abs=1.5e-3), f.message
 
 
 def _one_clock(result: Any) -> None:

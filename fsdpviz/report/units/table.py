@@ -55,8 +55,8 @@ TABLE_COLUMNS = (
     ("unsharded_bytes", "unsharded params + grads", "bytes",
      "Memory the unit adds while gathered: its full parameters and their gradients."),
     ("all_gather_ms", "all-gather (ms)", "ms", "Time per step the unit's parameter all-gathers ran."),
-    ("forward_ms", "forward (ms)", "ms", "The unit's own forward compute per step, as traced."),
-    ("backward_ms", "backward (ms)", "ms", "The unit's own backward compute per step, as traced."),
+    ("forward_ms", "forward (ms)", "ms", "The unit's own forward compute per step, on the run's clock."),
+    ("backward_ms", "backward (ms)", "ms", "The unit's own backward compute per step, on the run's clock."),
     ("forward_timer_ms", "forward, timers (ms)", "ms",
      "The unit's forward per step as fsdpviz's timers clocked it in the steps the profiler did not slow."),
     ("backward_timer_ms", "backward, timers (ms)", "ms",
@@ -129,12 +129,13 @@ def _summary_value(unit: Any, key: str) -> float | None:
 def unit_tables(stats: pd.DataFrame, colors: Mapping[str, str],
                 timed: Mapping[str, tuple[float | None, float | None]] | None = None,
                 scopes: Mapping[str, str | None] | None = None,
-                summary_units: Mapping[str, Any] | None = None) -> UnitTables:
+                summary_units: Mapping[str, Any] | None = None, scale: float = 1.0) -> UnitTables:
     """Display table and bar data from UNIT_STATS (rows in forward order); ``timed``: per unit its
     forward and backward as the timers clock them in unprofiled steps (the summary's ``*_timer_ms``);
     ``scopes``: per unit the summary's ``param_scope`` (None: unknown, an empty cell);
     ``summary_units``: the summary's ``units`` entries by name, whose numbers the table then shows
-    (SUMMARY_COLUMNS), so that the page's table and the terminal's agree to the digit."""
+    (SUMMARY_COLUMNS), so that the page's table and the terminal's agree to the digit; ``scale``: what
+    moves the traced times to the run's clock, as the summary's are (``bound.device_scale``)."""
     stats = stats.sort_values("order", kind="stable").reset_index(drop=True)
     stats = stats.assign(unit_name=stats["unit"].astype(str).map(unit_label))
     table = pd.DataFrame({
@@ -162,9 +163,9 @@ def unit_tables(stats: pd.DataFrame, colors: Mapping[str, str],
                                    dtype="float64")
     return UnitTables(
         table=table,
-        times=_long(stats, TIME_METRICS, "ms", NS_PER_MS),
-        exposed=_long(stats, EXPOSED_METRICS, "ms", NS_PER_MS),
-        leads=_long(stats, LEAD_METRICS, "ms", NS_PER_MS),
+        times=_long(stats, TIME_METRICS, "ms", NS_PER_MS / scale),
+        exposed=_long(stats, EXPOSED_METRICS, "ms", NS_PER_MS / scale),
+        leads=_long(stats, LEAD_METRICS, "ms", NS_PER_MS / scale),
         memory=_long(stats, MEMORY_METRICS, "bytes", 1.0),
         units=stats["unit_name"].tolist(),
     )
