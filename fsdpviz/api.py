@@ -208,7 +208,8 @@ class Run(LabelledRun):
 
     @property
     def findings(self) -> pd.DataFrame:
-        """Where steps lose time to communication, why, and what to try (schema.FINDINGS)."""
+        """Where steps lose time to communication, why, and what to try (schema.FINDINGS), on the run's
+        clock as the summary's findings are (the other tables are as traced)."""
         return self.result.analysis.findings
 
     @property

@@ -330,9 +330,8 @@ def build_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, step_times: pd
                    idle_ns: float | None = None, scale: float = 1.0) -> pd.DataFrame:
     """FINDINGS: where the run loses time, ranked by time lost per step; then the profiler's share
     of the trace (``profiler``, ``idle_ns``: see :func:`profiler_findings`), which the run itself does
-    not lose, so it never pushes the run's own findings down. ``step_ns``: the traced step;
-    ``scale``: what moves the trace's durations to the run's clock (the module docstring)."""
-    step_ns *= scale
+    not lose, so it never pushes the run's own findings down. ``step_ns``: the run's step, on its
+    clock; ``scale``: what moves the trace's durations there (the module docstring)."""
     floor = max(NOISE_FRACTION * step_ns, NOISE_FLOOR_NS) if np.isfinite(step_ns) else NOISE_FLOOR_NS
     rows: list[dict] = []
     if len(unit_steps):

@@ -25,6 +25,7 @@ from fsdpviz.vocabulary import FRAMEWORKS_WITH_UNITS
 if TYPE_CHECKING:
     import pandas as pd
 
+    from fsdpviz.analysis.bound import BoundSummary
     from fsdpviz.analysis.rankmap import RankDigest
     from fsdpviz.analysis.run import RankPart, RunAnalysis
     from fsdpviz.analysis.summary import Summary
@@ -121,13 +122,13 @@ class RunResult:
 
         idle = self.overlap["idle_ns"] / self.overlap["n_steps"].clip(lower=1)
         idle_ns = float(idle.median()) if len(idle) else None  # for the profiler's finding
-        scale = self.device_scale
+        scale, step_ns = self.device_scale, self._run_step_ns  # the findings' clock
         if self._parts is not None:
             analysis = combine_parts(self._parts, self.traces, self.selection, self.framework,
-                                     profiler=self.profiler, idle_ns=idle_ns, scale=scale)
+                                     profiler=self.profiler, idle_ns=idle_ns, scale=scale, step_ns=step_ns)
         else:
             analysis = analyse_run(self.traces, selection=self.selection, framework=self.framework,
-                                   profiler=self.profiler, idle_ns=idle_ns, scale=scale)
+                                   profiler=self.profiler, idle_ns=idle_ns, scale=scale, step_ns=step_ns)
         # the loaded samples get the frees the analysis found, so that whatever reads them after it
         # (compare's step levels, whatif's recording, the notebook) reads the same levels
         self.traces.memory = _settled(self.traces, analysis)
@@ -143,15 +144,23 @@ class RunResult:
         traced = traced_step_ms(self.overlap) if not self.overlap.empty else None
         return on_traced_step(profiler_cost(self.traces.timers, self.traces.run), traced)
 
+    @cached_property
+    def _bound(self) -> BoundSummary | None:
+        from fsdpviz.analysis.bound import summarize_bound
+        from fsdpviz.structure.profiler_cost import clean_step_ms
+
+        return summarize_bound(self.overlap, self.profiler, clean_step_ms(self.traces.timers, self.traces.run))
+
     @property
     def device_scale(self) -> float:
         """What moves the trace's device durations (per-unit times, the findings') to the run's clock:
         the bound's ``device_scale`` (:mod:`fsdpviz.structure.deprofile`), 1.0 without a bound."""
-        from fsdpviz.analysis.bound import summarize_bound
-        from fsdpviz.structure.profiler_cost import clean_step_ms
+        return self._bound.device_scale if self._bound is not None else 1.0
 
-        bound = summarize_bound(self.overlap, self.profiler, clean_step_ms(self.traces.timers, self.traces.run))
-        return bound.device_scale if bound is not None else 1.0
+    @property
+    def _run_step_ns(self) -> float | None:
+        """The run's step (the bound's, on the headline's clock) in ns; None without a bound."""
+        return self._bound.step_ms * 1e6 if self._bound is not None and self._bound.step_ms > 0 else None
 
     @cached_property
     def parallelism(self) -> RunParallelism:

@@ -388,19 +388,20 @@ def _category_rows(rank: int, samples: pd.DataFrame, cats: mcat.Categorised, at:
 def analyse_run(traces: TraceSet, *, steps: Sequence[int] | None = None,
                 selection: StepSelection | None = None, framework: str | None = None,
                 profiler: ProfilerCost | None = None, idle_ns: float | None = None,
-                scale: float = 1.0) -> RunAnalysis:
+                scale: float = 1.0, step_ns: float | None = None) -> RunAnalysis:
     """Per-unit analysis of a loaded run (see the module docstring) over the steps ``selection``
     analyses (default: ``steps.select_steps(traces, steps=steps)``); ``framework`` as
     ``framework.decide_framework`` decides it (the pipeline passes its decision); ``profiler`` (what
     it cost, from the timers) and ``idle_ns`` (the whole-step overlap's idle time per step) for the
     profiler's finding; ``scale``: what moves the findings' times to the run's clock (the bound's
-    ``device_scale``)."""
+    ``device_scale``), ``step_ns`` the run's step there (the findings' noise floor; None: the traced
+    step times ``scale``)."""
     if selection is None:
         selection = select_steps(traces, steps=steps)
     framework = decide_framework(traces) if framework is None else framework
     # one part for every rank: the per-rank half runs on the whole tables, one pass per step
     return combine_parts([analyse_ranks(traces, traces.rank_ids, selection, traces.events)], traces, selection,
-                         framework, profiler=profiler, idle_ns=idle_ns, scale=scale)
+                         framework, profiler=profiler, idle_ns=idle_ns, scale=scale, step_ns=step_ns)
 
 
 def _frame_of(parts: Sequence[RankPart], name: str, table: schema.Schema | None, *,
@@ -434,11 +435,12 @@ def labels_of(aligned: TraceSet, selection: StepSelection) -> pd.DataFrame:
 
 def combine_parts(parts: Sequence[RankPart], traces: TraceSet, selection: StepSelection,
                   framework: str, *, profiler: ProfilerCost | None = None,
-                  idle_ns: float | None = None, scale: float = 1.0) -> RunAnalysis:
+                  idle_ns: float | None = None, scale: float = 1.0,
+                  step_ns: float | None = None) -> RunAnalysis:
     """The cross-rank half of :func:`analyse_run`: clocks compared and aligned, collective skew and
     stragglers, units, their statistics and findings, from each rank's :class:`RankPart` (in rank
     order). ``traces`` is read for run-wide facts only (units and run.json, ranks, world size);
-    ``profiler``, ``idle_ns`` and ``scale`` as :func:`analyse_run` takes them."""
+    ``profiler``, ``idle_ns``, ``scale`` and ``step_ns`` as :func:`analyse_run` takes them."""
     ranks = [r for p in parts for r in p.ranks]
     wanted = _wanted(selection, ranks)
     analysed = set().union(*[w if w is not None else {schema.NO_STEP} for w in wanted.values()]) if ranks else set()
@@ -498,8 +500,8 @@ def combine_parts(parts: Sequence[RankPart], traces: TraceSet, selection: StepSe
                        split, states, traces.run, {int(f["rank"]): bool(f["optimizer_made"]) for f in fact_rows}))
     if model is not None:
         model.master_bytes_per_param = msplit.master_bytes(traces.run, states)
-    step_ns = float(step_times["step_ns"].median()) if len(step_times) else float("nan")
-    findings = build_findings(us, spans, step_times, step_ns, framework,
+    traced_ns = float(step_times["step_ns"].median()) if len(step_times) else float("nan")
+    findings = build_findings(us, spans, step_times, traced_ns * scale if step_ns is None else step_ns, framework,
                               profiler=profiler, idle_ns=idle_ns, scale=scale)
     shared = (sum(p.shared_collectives[0] for p in parts), max((p.shared_collectives[1] for p in parts), default=0))
     return RunAnalysis(

@@ -46,7 +46,7 @@ from fsdpviz.analysis.memory_categories import (
     peak_categories,
     unit_peak_categories,
 )
-from fsdpviz.analysis.units import UnitSummary, on_run_clock, summary_records
+from fsdpviz.analysis.units import UnitSummary, summary_records
 from fsdpviz.analysis.unseen_frees import ADDRESS_REUSE, COLLECTIVE_END
 from fsdpviz.formatting import ms
 from fsdpviz.structure.framework import framework_notes
@@ -268,11 +268,16 @@ def summary_of(traces: TraceSet, selection: StepSelection, overlap: pd.DataFrame
     if traced_ms is None:
         traced_ms = _step_time_ms(traces, analysed)
     lead = cost is not None and cost.headline
+    memory = _with_categories(_memory_summary(traces, analysed), analysis, traces)
+    bound = with_memory(summarize_bound(overlap, cost, clean_step_ms(traces.timers, traces.run)),
+                        memory.peak_allocated_bytes, device_memory_bytes(traces.ranks))
     if analysis is not None:
         timed = unit_pass_ms(traces.timers, traces.run)
+        # the units' times on the run's clock, as the bound's (its factors: the one de-profiler's)
+        scales = (bound.device_scale, bound.host_scale) if bound is not None else (1.0, 1.0)
         units = [msgspec.structs.replace(u, forward_timer_ms=timed.get((u.name, "forward")),
                                          backward_timer_ms=timed.get((u.name, "backward")))
-                 for u in summary_records(analysis.unit_stats, analysis.units)]
+                 for u in summary_records(analysis.unit_stats, analysis.units, *scales)]
         findings = finding_entries(analysis.findings)
         unit_peaks = unit_peak_categories(analysis.category_peaks, analysis.memory_unknown)
         units = [msgspec.structs.replace(u, peak_categories=unit_peaks.get(u.name)) for u in units]
@@ -280,11 +285,6 @@ def summary_of(traces: TraceSet, selection: StepSelection, overlap: pd.DataFrame
             notes.append(Note(NO_UNITS_FOUND, "no FSDP unit was found in the analysed steps, so units is empty"))
     notes.extend(parallel.notes)
     units = _with_scope(units, traces, parallel.parallelism)
-    memory = _with_categories(_memory_summary(traces, analysed), analysis, traces)
-    bound = with_memory(summarize_bound(overlap, cost, clean_step_ms(traces.timers, traces.run)),
-                        memory.peak_allocated_bytes, device_memory_bytes(traces.ranks))
-    if bound is not None:
-        units = on_run_clock(units, bound.device_scale, bound.host_scale)
     over = _overlap_summary(overlap, bound)
     if analysis is not None and analysis.has_units:
         over.by_purpose = _by_purpose(analysis.purposes, overlap, 1.0 if bound is None else bound.device_scale)

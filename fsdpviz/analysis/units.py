@@ -5,16 +5,15 @@ reported them). For traces recorded without fsdpviz they are read off the labels
 forward order of their windows, the size the bytes their forward all-gather produced (the
 unsharded, padded parameters), the parent the innermost unit whose forward window encloses theirs.
 
-:func:`unit_stats` reduces UNIT_STEPS to one row per unit; :func:`summary_records` gives the
-summary's ``units`` (:class:`UnitSummary`), as traced; :func:`on_run_clock` moves their times to the
-run's clock, as every figure the summary shows is.
+:func:`unit_stats` reduces UNIT_STEPS to one row per unit (as traced); :func:`summary_records` gives
+the summary's ``units`` (:class:`UnitSummary`), their times moved to the run's clock as every figure
+the summary shows is.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Final
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -207,8 +206,8 @@ class UnitSummary(msgspec.Struct, kw_only=True):
     forward_timer_ms: float | None = None
     backward_timer_ms: float | None = None
     """The unit's own work in its forward / backward as fsdpviz's timers clock it in the steps the
-    profiler did not slow (``forward_ms`` / ``backward_ms`` are the trace's, in the profiled steps);
-    None without timers for the unit in every such step."""
+    profiler did not slow (``forward_ms`` / ``backward_ms``: the trace's profiled steps, moved to the
+    run's clock); None without timers for the unit in every such step."""
     param_scope: str | None = None
     """``local``: ``param_numel`` / ``param_bytes`` are one rank's part after tensor parallelism split the
     parameters; ``global``: the whole parameters (no tensor parallelism); None where unknown."""
@@ -229,34 +228,22 @@ class UnitSummary(msgspec.Struct, kw_only=True):
         return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-# UnitSummary's times of the device (CPU: the training thread), which the one de-profiler moves by the
-# bound's device_scale; host_wait_ms moves by its host_scale; the timers' fields are the run's already
-DEVICE_TIMES: Final = ("all_gather_ms", "forward_ms", "backward_ms", "reduce_scatter_ms", "exposed_comm_ms",
-                       "prefetch_lead_ms", "all_reduce_ms", "forward_exposed_all_gather_ms",
-                       "backward_exposed_all_gather_ms", "exposed_reduce_scatter_ms", "forward_prefetch_lead_ms",
-                       "backward_prefetch_lead_ms")
+def _times(ns: Any, k: float) -> float | None:
+    return None if ns is None else float(ns) * k
 
 
-def on_run_clock(units: Sequence[UnitSummary], device_scale: float, host_scale: float) -> list[UnitSummary]:
-    """``units`` with their traced times moved to the run's clock (:mod:`fsdpviz.structure.deprofile`):
-    the device's times by ``device_scale``, the host wait by ``host_scale`` (the bound's factors)."""
-    if device_scale == 1.0 and host_scale == 1.0:
-        return list(units)
-
-    def moved(v: float | None, k: float) -> float | None:
-        return None if v is None else round(v * k, 3)
-
-    return [msgspec.structs.replace(u, host_wait_ms=moved(u.host_wait_ms, host_scale),
-                                    **{f: moved(getattr(u, f), device_scale) for f in DEVICE_TIMES})
-            for u in units]
-
-
-def summary_records(stats: pd.DataFrame, units: pd.DataFrame | None = None) -> list[UnitSummary]:
+def summary_records(stats: pd.DataFrame, units: pd.DataFrame | None = None, device_scale: float = 1.0,
+                    host_scale: float = 1.0) -> list[UnitSummary]:
     """The summary's ``units`` from UNIT_STATS (with each unit's dtype and size source from UNITS),
-    in forward order."""
+    in forward order, their times moved to the run's clock (:mod:`fsdpviz.structure.deprofile`): the
+    device's by ``device_scale``, the host wait by ``host_scale`` (the bound's factors; 1: as traced)."""
     info: dict[str, tuple[str, str]] = {}
     if units is not None and len(units):
         info = dict(zip(units["unit"].astype(str), zip(units["dtype"].astype(str), units["size_source"].astype(str))))
+
+    def device(ns: Any) -> float | None:
+        return ms(_times(ns, device_scale))
+
     records = []
     for r in stats.to_dict(orient="records"):
         dtype, source = info.get(r["unit"], ("", ""))
@@ -265,21 +252,21 @@ def summary_records(stats: pd.DataFrame, units: pd.DataFrame | None = None) -> l
         records.append(UnitSummary(
             name=r["unit"],
             param_numel=_int_or_none(r["param_numel"]),
-            all_gather_ms=ms(r["all_gather_ns"]),
-            forward_ms=ms(r["forward_ns"]),
-            backward_ms=ms(r["backward_ns"]),
-            reduce_scatter_ms=ms(r["reduce_scatter_ns"]),
-            exposed_comm_ms=ms(r["exposed_comm_ns"]),
-            prefetch_lead_ms=ms(lead if math.isfinite(lead) else r["backward_prefetch_lead_ns"]),
+            all_gather_ms=device(r["all_gather_ns"]),
+            forward_ms=device(r["forward_ns"]),
+            backward_ms=device(r["backward_ns"]),
+            reduce_scatter_ms=device(r["reduce_scatter_ns"]),
+            exposed_comm_ms=device(r["exposed_comm_ns"]),
+            prefetch_lead_ms=device(lead if math.isfinite(lead) else r["backward_prefetch_lead_ns"]),
             peak_allocated_bytes=_int_or_none(r["peak_allocated_bytes"]),
             order=int(r["order"]),
             param_bytes=_int_or_none(r["param_bytes"]),
-            all_reduce_ms=ms(r["all_reduce_ns"]),
-            forward_exposed_all_gather_ms=ms(r["forward_ag_exposed_ns"]),
-            backward_exposed_all_gather_ms=ms(r["backward_ag_exposed_ns"]),
-            exposed_reduce_scatter_ms=ms(r["rs_exposed_ns"]),
-            forward_prefetch_lead_ms=ms(r["forward_prefetch_lead_ns"]),
-            backward_prefetch_lead_ms=ms(r["backward_prefetch_lead_ns"]),
+            all_reduce_ms=device(r["all_reduce_ns"]),
+            forward_exposed_all_gather_ms=device(r["forward_ag_exposed_ns"]),
+            backward_exposed_all_gather_ms=device(r["backward_ag_exposed_ns"]),
+            exposed_reduce_scatter_ms=device(r["rs_exposed_ns"]),
+            forward_prefetch_lead_ms=device(r["forward_prefetch_lead_ns"]),
+            backward_prefetch_lead_ms=device(r["backward_prefetch_lead_ns"]),
             forward_issue_depth=_num(r["forward_issue_depth"]),
             backward_issue_depth=_num(r["backward_issue_depth"]),
             forward_peak_allocated_bytes=_int_or_none(r["forward_peak_allocated_bytes"]),
@@ -288,6 +275,6 @@ def summary_records(stats: pd.DataFrame, units: pd.DataFrame | None = None) -> l
             samples=int(r["n_samples"]),
             dtype=dtype,
             size_source=source,
-            host_wait_ms=ms(r["host_wait_ns"]),
+            host_wait_ms=ms(_times(r["host_wait_ns"], host_scale)),
         ))
     return records

@@ -4,8 +4,9 @@ For users who want the numbers in their own notebooks or dashboards: the per-uni
 (``spans``), per-unit results (``units`` = medians per unit, ``unit_steps`` = one row per rank,
 step, unit and pass), allocator samples (``memory``), per-rank step times (``steps``), ``findings``,
 and the cross-rank tables (``memory_peaks``, ``clock``, ``skew``). Columns are those of
-``fsdpviz.trace.schema`` (docs/concepts.md defines them); times are integer nanoseconds on the
-reference rank's clock. ``export.json`` lists the files with the run's framework, ranks, steps,
+``fsdpviz.trace.schema`` (docs/concepts.md defines them); times are nanoseconds on the reference
+rank's clock, as traced, but for ``findings``, whose times are on the run's clock as the summary's are
+(``export.json``'s ``device_scale`` moves a traced time there). ``export.json`` lists the files with the run's framework, ranks, steps,
 memory model and notes.
 """
 
@@ -54,7 +55,8 @@ def export(
     """Write a run's tables, or the run as one Perfetto trace.
 
     Parquet or CSV: spans, units, unit_steps, memory, steps, findings and the cross-rank tables, one
-    file each, with export.json listing them; times are integer nanoseconds on one clock for all ranks.
+    file each, with export.json listing them; times are nanoseconds on one clock for all ranks, as
+    traced (the findings' on the run's clock: export.json's device_scale moves a traced time there).
     Perfetto: one trace file for ui.perfetto.dev or chrome://tracing, with a track per FSDP unit
     phase."""
     from fsdpviz.analysis.pipeline import analyse
@@ -77,6 +79,7 @@ def export(
         "framework": analysis.framework, "world_size": analysis.world_size, "ranks": analysis.ranks,
         "steps": analysis.steps, "format": fmt, "memory_model": analysis.memory_model.to_json() if analysis.memory_model else {},
         "notes": [n.text for n in analysis.notes], "sources": list(traces.sources),
+        "device_scale": run.device_scale,
     }
     try:
         out.mkdir(parents=True, exist_ok=True)

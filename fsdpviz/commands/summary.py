@@ -226,7 +226,7 @@ def print_summary(summary: Summary) -> None:
     if summary.units:
         # the timers are the clock where they timed every unit: the trace's passes ran profiled
         timed = all(u.forward_timer_ms is not None for u in summary.units)
-        title = "per FSDP unit (ms per step"
+        title = "per FSDP unit (ms per step, on the run's clock"
         title += "; forward / backward: the unit's own work, timers, unprofiled steps)" if timed else ")"
         if any(u.param_scope == "local" for u in summary.units):
             title += "; params per rank after tensor parallelism"

@@ -63,6 +63,7 @@ the prefetch moved them). Apart, each rule would need the others' block lists an
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Final
@@ -309,16 +310,15 @@ def _rebucketed(sm: StepMemory, s: MemorySetting, blocks: list[Block]) -> list[B
 
     A recorded block the size of one of the recorded bucket's flat buffers goes even when it was
     freed in backward: on CPU, gloo's worker thread drops its reference to a collective's tensors
-    after the wait has returned, and under load that can be milliseconds late."""
+    after the wait has returned, and under load that can be milliseconds late. Not where a single
+    parameter has that size too (:func:`_recorded_flat_sizes`): then its free alone tells them apart."""
     out = list(blocks)
     for micro in sorted({m for (_, _, m) in sm.windows}):
         starts = {u: w[0] for (u, ph, m), w in sm.windows.items() if ph == vocabulary.FORWARD and m == micro}
         backward = min((w[0] for (_, ph, m), w in sm.windows.items() if ph == vocabulary.BACKWARD and m == micro),
                        default=int(sm.t[-1]))
         order = sorted(starts, key=starts.__getitem__)
-        flat = ({g.buffer_elements * s.element_bytes
-                 for g in zero3_fetch.forward_gathers(order, s.unit_params, *s.zero3_recorded) if g.buffer_elements}
-                if s.zero3_recorded is not None else set())
+        flat = _recorded_flat_sizes(s, order)
         out = [b for b in out if not (_gathered(b) and b.phase == vocabulary.FORWARD and b.micro == micro
                                       and (b.free < backward or b.bytes in flat))]
         for g in zero3_fetch.forward_gathers(order, s.unit_params, s.zero3_bucket or 0, s.shards):
@@ -328,6 +328,20 @@ def _rebucketed(sm: StepMemory, s: MemorySetting, blocks: list[Block]) -> list[B
                                  phase=vocabulary.FORWARD, alloc=alloc, free=max(alloc, starts[g.freed_by]),
                                  bytes=g.buffer_elements * s.element_bytes, micro=micro))
     return out
+
+
+def _recorded_flat_sizes(s: MemorySetting, order: list[str]) -> set[int]:
+    """The sizes (bytes) of the recording's forward flat buffers (:func:`_rebucketed`), less any a single
+    parameter also has (gathered alone into itself, or copied out of a buffer): a block of such a size
+    may be a parameter kept into backward, so only its free can tell."""
+    if s.zero3_recorded is None:
+        return set()
+    bucket, shards = s.zero3_recorded
+    sizes = {g.buffer_elements * s.element_bytes
+             for g in zero3_fetch.forward_gathers(order, s.unit_params, bucket, shards) if g.buffer_elements}
+    params = {n * s.element_bytes for ns in s.unit_params.values() for n in ns}
+    params |= {math.ceil(n / shards) * shards * s.element_bytes for ns in s.unit_params.values() for n in ns}
+    return sizes - params
 
 
 def _gathered(b: Block) -> bool:

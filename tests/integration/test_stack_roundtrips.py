@@ -184,7 +184,10 @@ def test_zero3_json_peak_within_3_percent(zero3_json: tuple[Path, Path, dict[str
     parameter is waited for (replay/zero3_fetch.py, from DeepSpeed's coordinator): the peak falls by
     the default bucket's whole-model buffer, and the recording of the written JSON says by how much.
     The smaller bucket's many small gathers each leave gloo a buffer to let go of, late under load,
-    so the recording is read at the peak most of its steps reach (:func:`typical_peak`)."""
+    so the recording is read at the peak most of its steps reach (:func:`typical_peak`); its highest
+    step, which a late buffer can only raise, is never below the prediction by more than 3 %."""
     base, again, predicted = zero3_json
-    assert predicted["predicted"]["peak_allocated_bytes"] < 0.9 * peak_bytes(base)  # the change is no noise
-    assert typical_peak(again) == pytest.approx(predicted["predicted"]["peak_allocated_bytes"], rel=0.03)
+    peak = predicted["predicted"]["peak_allocated_bytes"]
+    assert peak < 0.9 * peak_bytes(base)  # the change is no noise
+    assert typical_peak(again) == pytest.approx(peak, rel=0.03)
+    assert peak_bytes(again) >= 0.97 * peak

@@ -13,7 +13,7 @@ the median over ranks:
 - ``overlap.overlap_pct``: the analysed steps' share of communication hidden behind compute, in
   percentage points (``spread_points``: a ratio has no spread in ms);
 - a unit group's times: the group's units summed per step (forward and backward compute, all-gather,
-  reduce-scatter, exposed communication).
+  reduce-scatter, exposed communication), moved to the run's clock as the units' figures are.
 
 A timed figure without per-step values (``overlap.idle_ms``) has no spread to beat: its row gets no
 star, and ``best_withheld`` says why (:data:`MEASURED`).
@@ -128,7 +128,9 @@ def group_spread_ms(run: LabelledRun, group: UnitGroup, metric: str) -> float | 
         return None
     total = rows[list(columns)].clip(lower=0).sum(axis=1)
     per_rank_step = total.groupby([rows["rank"], rows["step"]]).sum()
-    return _range(per_rank_step.groupby(level="step").median() / NS_PER_MS)
+    bound = run.summary.bound
+    scale = bound.device_scale if bound is not None else 1.0  # the units' clock (summary.units)
+    return _range(scale * per_rank_step.groupby(level="step").median() / NS_PER_MS)
 
 
 def clear_best(values: Sequence[float | int | None], spreads: Sequence[float | None],
