@@ -46,7 +46,8 @@ micro-batch's backward). The sharded gradients are made as recorded (a merged un
 reduction): the first micro-batch's reductions make them, the later ones add to them (their outputs
 are buffers, freed at once). An earlier step's block still alive in this one, and a buffer the
 trace never saw freed (on CPU, gloo's threads free an asynchronous collective's tensors where the
-profiler does not look), stay as recorded. A setting that can only add memory is never predicted
+profiler does not look), stay as recorded, but for the recorded bucket's flat buffers under another
+ZeRO-3 bucket, which that bucket does not make. A setting that can only add memory is never predicted
 below the recorded peak (:mod:`fsdpviz.whatif.bounds`).
 
 The level under the setting at any instant is the recorded level plus what the setting changes
@@ -268,8 +269,10 @@ def _copy(b: Block, **change: int | str | bool) -> Block:
 
 def _moved_blocks(sm: StepMemory, s: MemorySetting) -> list[Block]:
     """The step's unit blocks as the setting would make them; an earlier step's blocks still alive
-    stay as recorded."""
+    stay as recorded (but a recorded ZeRO-3 flat buffer under another bucket: :func:`_held_over`)."""
     earlier = [b for b in sm.blocks if not b.own]
+    if s.zero3_bucket is not None:
+        earlier = _held_over(sm, s, earlier)
     blocks = [_copy(b) for b in sm.blocks
               if b.own and not (s.drop_gather_buffers and b.category == _BUFFERS and not b.reduction)]
     if s.zero3_bucket is not None:
@@ -328,6 +331,17 @@ def _rebucketed(sm: StepMemory, s: MemorySetting, blocks: list[Block]) -> list[B
                                  phase=vocabulary.FORWARD, alloc=alloc, free=max(alloc, starts[g.freed_by]),
                                  bytes=g.buffer_elements * s.element_bytes, micro=micro))
     return out
+
+
+def _held_over(sm: StepMemory, s: MemorySetting, earlier: list[Block]) -> list[Block]:
+    """An earlier step's blocks still alive in this one, under another ZeRO-3 bucket: less the recorded
+    bucket's flat buffers among them. On CPU gloo's worker thread can hold a collective's last tensors
+    into the next step (the allocator counts them alive throughout); such a buffer is the recorded
+    bucket's, which the other bucket does not make, and whether one of its own is held so is the
+    machine's timing, not the setting's."""
+    starts = {u: w[0] for (u, ph, m), w in sm.windows.items() if ph == vocabulary.FORWARD and m == 0}
+    flat = _recorded_flat_sizes(s, sorted(starts, key=starts.__getitem__))
+    return [b for b in earlier if not (_gathered(b) and b.bytes in flat)]
 
 
 def _recorded_flat_sizes(s: MemorySetting, order: list[str]) -> set[int]:
