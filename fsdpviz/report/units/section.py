@@ -26,11 +26,10 @@ HOWTO_UNITS = (
     "collectives during which the rank computed nothing. Prefetch lead is how long before the unit's "
     "compute started its all-gather had finished: negative means compute waited for it. Unsharded "
     "bytes (parameters + gradients) are what a unit adds to memory while gathered; compare with the "
-    "measured peak. Times are the profiled steps' moved to the run's clock as the step's parts are "
-    "(on a CPU rank scaled by its clean step over its traced one; on a GPU the device's own times, "
-    "which the profiler does not slow). Forward and backward are the unit's own compute; where "
-    "fsdpviz's timers timed every unit, the timers' columns give the unit's own work in each pass "
-    "(nested units, gathers and reductions left out) in a step the profiler did not record."
+    "measured peak. Times are the profiled steps', moved to the run's clock as the step's parts are: "
+    "the profiler's share taken out where it slowed them. Forward and backward are the unit's own "
+    "compute; where fsdpviz's timers timed every unit, the timers' columns give the unit's own work in "
+    "each pass (nested units, gathers and reductions left out) in a step the profiler did not record."
 )
 NOTE_NO_UNIT_STATS = "No per-unit numbers: the analysis found no FSDP unit in the analysed steps."
 NOTE_SIZES_FROM_TRACE = (
