@@ -184,14 +184,21 @@ _PARTS: Final = (("framework_ns", "FSDP framework work"), ("unit_compute_ns", "u
                  ("optimizer_ns", "optimizer"), ("other_ns", "other"))
 
 
+def _device_scale(run: LabelledRun) -> float:
+    bound = run.summary.bound
+    return bound.device_scale if bound is not None else 1.0
+
+
 def step_parts(a: LabelledRun, b: LabelledRun) -> str:
-    """How the step's parts changed from run ``b`` to run ``a`` (means over ranks and steps), or ""."""
+    """How the step's parts changed from run ``b`` to run ``a`` (means over ranks and steps, each run's
+    moved to its clock as its step is: the bound's ``device_scale``), or ""."""
     ta, tb = getattr(a.analysis, "step_times", None), getattr(b.analysis, "step_times", None)
     if ta is None or tb is None or ta.empty or tb.empty:
         return ""
+    ka, kb = _device_scale(a), _device_scale(b)
 
     def delta(col: str) -> float:
-        return (float(ta[col].mean()) - float(tb[col].mean())) / NS_PER_MS
+        return (ka * float(ta[col].mean()) - kb * float(tb[col].mean())) / NS_PER_MS
 
     diffs = [(name, delta(col)) for col, name in _PARTS]
     diffs = sorted((d for d in diffs if abs(d[1]) >= MIN_TIME_MS), key=lambda d: -abs(d[1]))
