@@ -312,7 +312,7 @@ def profiler_findings(cost: ProfilerCost | None, idle_ns: float | None) -> list[
     if cost is None or not cost.headline or cost.slowdown < NOTABLE_SLOWDOWN:
         return []
     extra_ns = cost.extra_ms * 1e6
-    share = (f"{ms_text(min(extra_ns, idle_ns) / NS_PER_MS)} of the {ms_text(idle_ns / NS_PER_MS)} idle per step is the profiler's"
+    share = (f"{ms_text(min(extra_ns, idle_ns) / NS_PER_MS)} of the {ms_text(idle_ns / NS_PER_MS)} idle per step as traced is the profiler's"
              if idle_ns is not None and idle_ns > 0 else f"{ms_text(extra_ns / NS_PER_MS)} per step is the profiler's")
     steps = ", ".join(map(str, cost.unprofiled_steps))
     return [_row("", "", "profiler", extra_ns,
