@@ -24,8 +24,9 @@ predicted 0.17 below the bare ratio. Scaling the host's work alone and keeping t
 traced times misses further the same way. A cost per traced event fitted by kind on the units' timed
 windows explained their excess under torch's fake group (R² 0.98) but not on two real ranks (R²
 about 0: there a unit's window holds its wait for the peer); a factor per kind read from the one
-unit-timed step is as noisy as that step, and from three (``--unit-timer-steps 3``) moved model B's
-root by 0.02-0.03 only (docs/whatif.md, "One clock").
+unit-timed step is as noisy as that step; from three (``--unit-timer-steps 3``) they moved model B's
+window predictions toward bare and model A's root away (docs/whatif.md, "One clock"), no more than
+the benchmark's own spread between runs.
 """
 
 from __future__ import annotations
