@@ -448,6 +448,12 @@ def summarize_bound(overlap: pd.DataFrame, profiler: ProfilerCost | None,
         comm_ms=round(_median(traced_comms) * scale, 3))
 
 
+def clock_scale(bound: BoundSummary | None) -> float:
+    """The factor that moves the trace's device durations (per-unit times, the findings', compare's
+    parts) to the run's clock: the bound's ``device_scale``; 1.0 without a bound (the trace's clock)."""
+    return bound.device_scale if bound is not None else 1.0
+
+
 def device_memory_bytes(ranks: pd.DataFrame) -> int | None:
     """The smallest device memory any rank's trace states (TRACES ``ranks``), or None (CPU, or not recorded)."""
     if "device_memory_bytes" not in ranks.columns:

@@ -146,6 +146,7 @@ class RunResult:
 
     @cached_property
     def _bound(self) -> BoundSummary | None:
+        """The run's bound (:func:`fsdpviz.analysis.bound.summarize_bound`; the summary adds its memory)."""
         from fsdpviz.analysis.bound import summarize_bound
         from fsdpviz.structure.profiler_cost import clean_step_ms
 
@@ -155,7 +156,9 @@ class RunResult:
     def device_scale(self) -> float:
         """What moves the trace's device durations (per-unit times, the findings') to the run's clock:
         the bound's ``device_scale`` (:mod:`fsdpviz.structure.deprofile`), 1.0 without a bound."""
-        return self._bound.device_scale if self._bound is not None else 1.0
+        from fsdpviz.analysis.bound import clock_scale
+
+        return clock_scale(self._bound)
 
     @property
     def _run_step_ns(self) -> float | None:
@@ -177,7 +180,8 @@ class RunResult:
         from fsdpviz.analysis.summary import summary_of
 
         return summary_of(self.traces, self.selection, self.overlap, self.framework, profiler=self.profiler,
-                          analysis=self.analysis if self.has_units else None, parallel=self.parallelism)
+                          analysis=self.analysis if self.has_units else None, parallel=self.parallelism,
+                          bound=self._bound)
 
 
 def _settled(traces: TraceSet, analysis: RunAnalysis) -> pd.DataFrame:

@@ -32,8 +32,8 @@ from fsdpviz.analysis.actions import Action, build_actions
 from fsdpviz.analysis.bound import (
     BoundSummary,
     RankBound,
+    clock_scale,
     device_memory_bytes,
-    summarize_bound,
     traced_step_ms,
     with_memory,
 )
@@ -53,7 +53,6 @@ from fsdpviz.structure.framework import framework_notes
 from fsdpviz.structure.parallelism import Parallelism, RunParallelism
 from fsdpviz.structure.profiler_cost import (
     ProfilerCost,
-    clean_step_ms,
     no_cost_note,
     unit_pass_ms,
     units_timed_in_clean_steps,
@@ -250,10 +249,13 @@ class Summary(msgspec.Struct, kw_only=True):
 
 
 def summary_of(traces: TraceSet, selection: StepSelection, overlap: pd.DataFrame, framework: str, *,
-               profiler: ProfilerCost | None, analysis: RunAnalysis | None, parallel: RunParallelism) -> Summary:
+               profiler: ProfilerCost | None, analysis: RunAnalysis | None, parallel: RunParallelism,
+               bound: BoundSummary | None) -> Summary:
     """The summary of one pipeline result (``RunResult.summary``): its steps, overlap, framework,
     what the profiler cost, its mesh (``parallel``) and, for a framework with units, the per-unit
-    analysis' units and findings (``analysis``: None for a run without units, which never needs it)."""
+    analysis' units and findings (``analysis``: None for a run without units, which never needs it);
+    ``bound``: the run's bound (:func:`~fsdpviz.analysis.bound.summarize_bound`, read once by the
+    pipeline for the findings' clock too), its memory added here."""
     analysed = selection.per_rank
     notes = _notes(traces, overlap, selection, framework)
     units: list[UnitSummary] = []
@@ -269,12 +271,11 @@ def summary_of(traces: TraceSet, selection: StepSelection, overlap: pd.DataFrame
         traced_ms = _step_time_ms(traces, analysed)
     lead = cost is not None and cost.headline
     memory = _with_categories(_memory_summary(traces, analysed), analysis, traces)
-    bound = with_memory(summarize_bound(overlap, cost, clean_step_ms(traces.timers, traces.run)),
-                        memory.peak_allocated_bytes, device_memory_bytes(traces.ranks))
+    bound = with_memory(bound, memory.peak_allocated_bytes, device_memory_bytes(traces.ranks))
     if analysis is not None:
         timed = unit_pass_ms(traces.timers, traces.run)
         # the units' times on the run's clock, as the bound's (its factors: the one de-profiler's)
-        scales = (bound.device_scale, bound.host_scale) if bound is not None else (1.0, 1.0)
+        scales = (clock_scale(bound), bound.host_scale if bound is not None else 1.0)
         units = [msgspec.structs.replace(u, forward_timer_ms=timed.get((u.name, "forward")),
                                          backward_timer_ms=timed.get((u.name, "backward")))
                  for u in summary_records(analysis.unit_stats, analysis.units, *scales)]
@@ -287,7 +288,7 @@ def summary_of(traces: TraceSet, selection: StepSelection, overlap: pd.DataFrame
     units = _with_scope(units, traces, parallel.parallelism)
     over = _overlap_summary(overlap, bound)
     if analysis is not None and analysis.has_units:
-        over.by_purpose = _by_purpose(analysis.purposes, overlap, 1.0 if bound is None else bound.device_scale)
+        over.by_purpose = _by_purpose(analysis.purposes, overlap, clock_scale(bound))
     elif framework in vocabulary.FRAMEWORKS_WITH_UNITS or framework == vocabulary.UNKNOWN:
         notes.append(Note(BY_PURPOSE_UNKNOWN, "overlap.by_purpose is null: without FSDP unit labels the traces do "
                           "not say which collectives are FSDP's"))

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple
 import numpy as np
 
 from fsdpviz import vocabulary
+from fsdpviz.analysis.bound import clock_scale
 from fsdpviz.analysis.compare.model import unit_index
 from fsdpviz.analysis.compare.units import all_known, group_values
 from fsdpviz.formatting import NS_PER_MS, bytes_text, ms_text
@@ -184,18 +185,13 @@ _PARTS: Final = (("framework_ns", "FSDP framework work"), ("unit_compute_ns", "u
                  ("optimizer_ns", "optimizer"), ("other_ns", "other"))
 
 
-def _device_scale(run: LabelledRun) -> float:
-    bound = run.summary.bound
-    return bound.device_scale if bound is not None else 1.0
-
-
 def step_parts(a: LabelledRun, b: LabelledRun) -> str:
     """How the step's parts changed from run ``b`` to run ``a`` (means over ranks and steps, each run's
     moved to its clock as its step is: the bound's ``device_scale``), or ""."""
     ta, tb = getattr(a.analysis, "step_times", None), getattr(b.analysis, "step_times", None)
     if ta is None or tb is None or ta.empty or tb.empty:
         return ""
-    ka, kb = _device_scale(a), _device_scale(b)
+    ka, kb = clock_scale(a.summary.bound), clock_scale(b.summary.bound)
 
     def delta(col: str) -> float:
         return (ka * float(ta[col].mean()) - kb * float(tb[col].mean())) / NS_PER_MS

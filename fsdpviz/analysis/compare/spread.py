@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Final
 
 import pandas as pd
 
+from fsdpviz.analysis.bound import clock_scale
 from fsdpviz.formatting import NS_PER_MS
 
 if TYPE_CHECKING:
@@ -91,7 +92,7 @@ def step_values_ms(run: LabelledRun, key: str) -> pd.Series | None:
     if column is None or times.empty:
         return None
     # the traced steps' values moved to the run's clock as its figure was (the bound's device_scale)
-    scale = summary.bound.device_scale if summary.bound is not None else 1.0
+    scale = clock_scale(summary.bound)
     return scale * times.groupby("step")[column].median() / NS_PER_MS
 
 
@@ -128,9 +129,8 @@ def group_spread_ms(run: LabelledRun, group: UnitGroup, metric: str) -> float | 
         return None
     total = rows[list(columns)].clip(lower=0).sum(axis=1)
     per_rank_step = total.groupby([rows["rank"], rows["step"]]).sum()
-    bound = run.summary.bound
-    scale = bound.device_scale if bound is not None else 1.0  # the units' clock (summary.units)
-    return _range(scale * per_rank_step.groupby(level="step").median() / NS_PER_MS)
+    # the units' clock (summary.units)
+    return _range(clock_scale(run.summary.bound) * per_rank_step.groupby(level="step").median() / NS_PER_MS)
 
 
 def clear_best(values: Sequence[float | int | None], spreads: Sequence[float | None],
