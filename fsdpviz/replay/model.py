@@ -115,14 +115,18 @@ def read_model(result: RunResult, ranks: Sequence[int] | None = None) -> Model:
 
 
 def _model(result: RunResult, rec: Recording, sampled: list[int] | None) -> Model:
-    samples = [("all_gather", g.bytes, g.comm_ns) for s in rec.steps for g in s.gathers]
+    # each step's first all-gather also waits for the ranks to meet after the step's boundary (comm.fit)
+    samples = [("all_gather", g.bytes, g.comm_ns) for s in rec.steps for g in s.gathers[1:]]
+    meeting = [("all_gather", s.gathers[0].bytes, s.gathers[0].comm_ns) for s in rec.steps if s.gathers]
     samples += [("reduce_scatter", r.bytes, r.comm_ns) for s in rec.steps for r in s.reduces]
     # the host's share of a gather (copy-in, the call; the copy-out) grows with its bytes too
     samples += [(prog.GATHER_HOST, g.bytes, g.host_ns) for s in rec.steps for g in s.gathers]
     samples += [(prog.COPY_OUT_HOST, g.bytes, g.copy_out_host_ns) for s in rec.steps for g in s.gathers]
+    samples += [(prog.REDUCE_HOST, r.bytes, r.host_ns) for s in rec.steps for r in s.reduces]
     fitted = comm_model.fit(samples, rec.world_size, rec.ranks_per_host,
-                            per_call=frozenset({prog.GATHER_HOST, prog.COPY_OUT_HOST}),
-                            latency_ns=comm_model.NOMINAL_LATENCY_NS.get(rec.device))
+                            per_call=frozenset({prog.GATHER_HOST, prog.COPY_OUT_HOST, prog.REDUCE_HOST}),
+                            latency_ns=comm_model.NOMINAL_LATENCY_NS.get(rec.device), meeting=meeting,
+                            wait_in_proportion=rec.device == "cpu")
     gathers: dict[tuple[str, str], Gather] = {}
     for s in rec.steps:
         for g in s.gathers:

@@ -19,6 +19,7 @@ setting changes, the recorded order is kept, gather by gather.
 from __future__ import annotations
 
 import re
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final
@@ -38,6 +39,7 @@ from fsdpviz.vocabulary import ALL_GATHER, BACKWARD, FORWARD, REDUCE_SCATTER
 
 GATHER_HOST: Final = "gather_host"  # fitted like a collective: the host time of issuing a gather
 COPY_OUT_HOST: Final = "copy_out_host"
+REDUCE_HOST: Final = "reduce_host"  # the host's busy time in a unit's reduction labels, fitted the same way
 
 
 @dataclass(slots=True)
@@ -235,14 +237,16 @@ class CostModel:
     where: Target
     world_changed: bool
     gathers: dict[tuple[str, str], Gather]  # (recorded unit, phase) -> a recorded gather, this step's first
+    meeting_ns: float = 0.0  # what the step's first all-gather waited for the ranks to meet, beyond its typical time
 
     def recorded_gather(self, unit: str, phase: str) -> Gather | None:
         """A recorded unit's gather costs: from this phase, else any phase of it."""
         g = self.gathers
         return g.get((unit, phase)) or g.get((unit, FORWARD)) or g.get((unit, BACKWARD))
 
-    def gather(self, unit: str, phase: str, recorded: Gather | None) -> SimGather:
-        """The all-gather of new unit ``unit`` in ``phase`` (``recorded``: its own in this step)."""
+    def gather(self, unit: str, phase: str, recorded: Gather | None, first: bool = False) -> SimGather:
+        """The all-gather of new unit ``unit`` in ``phase`` (``recorded``: its own in this step; ``first``:
+        the step's first, which also waits for the ranks to meet after the step's boundary)."""
         ms = self.members[unit]
         parts = [recorded] if recorded is not None and len(ms) == 1 else [self.recorded_gather(u, phase) for u in ms]
         known = [g for g in parts if g is not None]
@@ -252,7 +256,7 @@ class CostModel:
         elif len(ms) == 1 and known:
             comm_ns = known[0].comm_ns * self.comm.scale(ALL_GATHER, known[0].bytes, self.where)
         else:
-            comm_ns = self.comm.time_ns(ALL_GATHER, nbytes, self.where)
+            comm_ns = self.comm.time_ns(ALL_GATHER, nbytes, self.where) + (self.meeting_ns if first else 0.0)
         single = len(ms) == 1 and bool(known)
         return SimGather(unit=unit, phase=phase, bytes=nbytes,
                          host_ns=sum(g.host_ns for g in known) if single else self.comm.time_ns(GATHER_HOST, nbytes),
@@ -260,6 +264,19 @@ class CostModel:
                          copy_out_host_ns=sum(g.copy_out_host_ns for g in known) if single
                          else self.comm.time_ns(COPY_OUT_HOST, nbytes),
                          copy_out_ns=sum(g.copy_out_ns for g in known))
+
+    def reduce_host(self, unit: str, micro: int) -> float | None:
+        """The host's busy time in new unit ``unit``'s reduction (its gradients' copy-in, the call, the
+        sharded gradients after it) when it holds several recorded units: the fitted line at its bytes,
+        since it reduces once where its members reduced one by one (None: one member, or no line)."""
+        ms = self.members[unit]
+        line = self.comm.lines.get(REDUCE_HOST)
+        if len(ms) == 1 or line is None:
+            return None
+        recorded = [r for r in self.step.reduces if r.unit in ms and r.micro == micro] or \
+            [r for r in self.step.reduces if r.unit in ms]
+        nbytes = self.unit_bytes[unit] or sum(r.bytes for r in recorded)
+        return line.typical(nbytes)
 
     def reduce(self, unit: str, micro: int) -> SimReduce:
         """The reduction of new unit ``unit``'s gradients after its backward in ``micro``."""
@@ -295,7 +312,8 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
                                                     != rec.ranks_per_host)
     costs = CostModel(step=step, comm=comm, members=members, unit_bytes=unit_bytes, where=where,
                       world_changed=world_changed,
-                      gathers={**all_gathers, **{(g.unit, g.phase): g for g in step.gathers}})
+                      gathers={**all_gathers, **{(g.unit, g.phase): g for g in step.gathers}},
+                      meeting_ns=_meeting_ns(rec, step.rank, comm))
     compute_scale = _compute_scale(rec, settings)
 
     gathers: list[SimGather] = []
@@ -315,7 +333,9 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
                 unit = group.get(p.unit, ROOT_UNIT)
                 lead = i in leaders
                 last = _is_last(i, passes, group)
-                ops.append(BusyOp(p.gap_ns, "gap"))
+                # between two members' windows ran FSDP's hook dispatch at the unit boundary (the module
+                # call's hook path in forward, FSDP's autograd nodes in backward): merged, neither runs
+                ops.append(BusyOp(p.gap_ns if lead or p.part == "b" else 0.0, "gap"))
                 if lead:
                     ops.append(BusyOp(p.pre_ns, "pre"))
                 else:
@@ -325,7 +345,7 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
                 if lead and unit not in unsharded:
                     if unit not in issued:
                         own = _own_gather(step, micro, unit, phase, members)
-                        issued[unit] = _issue(ops, gathers, costs.gather(unit, phase, own), settings)
+                        issued[unit] = _issue(ops, gathers, costs.gather(unit, phase, own, not gathers), settings)
                     ops.append(CopyOutOp(issued.pop(unit)))
                     unsharded.add(unit)
                 if lead:
@@ -333,10 +353,15 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
                                                     prefetch):
                         if target not in unsharded and target not in issued:
                             recorded = _own_gather(step, micro, target, phase, members)
-                            issued[target] = _issue(ops, gathers, costs.gather(target, phase, recorded), settings)
+                            issued[target] = _issue(ops, gathers, costs.gather(target, phase, recorded, not gathers),
+                                                    settings)
                 ops.append(ComputeOp(unit, phase, p.compute_ns * compute_scale))
-                post = p.post_ns if last else max(0.0, p.post_ns - p.post_framework_ns)
-                before_reduce = post - (p.reduce_after_ns if last else 0.0)
+                # a merged unit's members run neither their own hooks nor their own reductions' host work;
+                # the unit's reduction costs once, at its bytes
+                post = p.post_ns if last else max(0.0, p.post_ns - p.post_framework_ns - p.reduce_host_ns)
+                if last and phase == BACKWARD and (host := costs.reduce_host(unit, micro)) is not None:
+                    post = max(0.0, post - p.reduce_host_ns) + host
+                before_reduce = max(0.0, post - (p.reduce_after_ns if last else 0.0))
                 ops.append(BusyOp(before_reduce, "post"))
                 if last and (phase == BACKWARD or reshard.get(unit, True)):
                     unsharded.discard(unit)
@@ -353,6 +378,16 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
     if compute_scale != 1.0:
         notes.append(f"compute {compute_scale:.2f}x slower: more ranks than cores on a host")
     return Program(ops=ops, gathers=gathers, reduces=reduces, units=new_units, unit_bytes=unit_bytes, notes=notes)
+
+
+def _meeting_ns(rec: Recording, rank: int, comm: CommModel) -> float:
+    """How much longer than its typical time a step's first all-gather takes on ``rank``: the ranks
+    meeting after the step's boundary (one waits out the other's optimizer step and data loading),
+    which the step's first all-gather holds under any setting. The median over the rank's steps: a
+    step where another process held a core makes one meeting far longer."""
+    waits = [max(0.0, s.gathers[0].comm_ns - comm.time_ns(ALL_GATHER, s.gathers[0].bytes))
+             for s in rec.steps if s.rank == rank and s.gathers]
+    return statistics.median(waits) if waits else 0.0
 
 
 def _issue(ops: list[Op], gathers: list[SimGather], g: SimGather, settings: Settings) -> int:

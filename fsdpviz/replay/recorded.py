@@ -38,7 +38,8 @@ class Reduce:
     comm_ns: float  # reduce-scatter (CPU: from issue to end)
     ar_bytes: int = 0
     ar_ns: float = 0.0
-    host_ns: float = 0.0  # host busy time of issuing it
+    host_ns: float = 0.0  # host busy time in its reduction labels (the gradients' copy-in, the call, the
+    # sharded gradients after it), without the collective's wait; part of its pass's post_ns
     prep_ns: float = 0.0  # GPU: kernels before it on the compute stream (FSDP2's chunk_cat of the gradients)
 
 
@@ -57,6 +58,7 @@ class Pass:
     reduce_after_ns: float = 0.0  # of post_ns: the part after the reduce-scatter was issued
     reshard_ns: float = 0.0  # of post_ns: the reshard label (post_forward / post_backward_reshard)
     post_framework_ns: float = 0.0  # of post_ns: FSDP's post-forward / post-backward hooks, without the reduction
+    reduce_host_ns: float = 0.0  # of post_ns: the host's busy time in the unit's reduction labels (Reduce.host_ns)
 
     @property
     def key(self) -> tuple[str, str, str]:

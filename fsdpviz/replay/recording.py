@@ -450,7 +450,8 @@ class _PassReader:
         p = Pass(unit=unit, phase=phase, micro=micro, part=part, gap_ns=clock.between(gap_from, a),
                  pre_ns=max(0.0, pre), compute_ns=compute, post_ns=post, reshard_ns=min(post, reshard_ns),
                  post_framework_ns=min(post, max(0.0, clock.between(compute_end, b) - self.labelled(compute_end, b)
-                                                 - reduce_busy)))
+                                                 - reduce_busy)),
+                 reduce_host_ns=min(post, reduce_busy))
         return p, (self._reduce(p, a, b) if phase == vocabulary.BACKWARD else None)
 
     def _kernel_busy(self, a: int, b: int, starts: np.ndarray, ends: np.ndarray) -> float:
@@ -483,7 +484,7 @@ class _PassReader:
                       comm_ns=_comm_ns(t.r_from[rs], t.r_cols["end_ns"][rs], self.gpu),
                       ar_bytes=int(np.clip(t.r_cols["bytes"][ar], 0, None).sum()),
                       ar_ns=_comm_ns(t.r_from[ar], t.r_cols["end_ns"][ar], self.gpu) if ar.any() else 0.0,
-                      prep_ns=self._prep(p.unit, issue_t))
+                      host_ns=p.reduce_host_ns, prep_ns=self._prep(p.unit, issue_t))
 
     def _prep(self, unit: str, issue_t: float) -> float:
         """GPU: the kernels its reduction label launched before the reduce-scatter (FSDP2's chunk_cat)."""
