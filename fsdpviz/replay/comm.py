@@ -1,19 +1,25 @@
 """What a collective costs: fitted on the recorded ones, scaled to other sizes and world sizes.
 
 Per kind (all-gather, reduce-scatter) a line ``time = latency + bytes / bandwidth`` is fitted
-through the lower quartile of the recorded times at each size: a recorded collective also holds
-the time it waited for the last rank to join. That wait comes once per collective, whatever its
-size (the ranks drift apart between two collectives), so it is kept as a typical time per
-collective (*wait*, the median of the recorded times above the line): fewer, larger collectives
-wait fewer times.
+through the lower quartile of the recorded times at each size, and the typical time above the line
+is kept beside it. On GPU that is a time per collective (*wait*, the median of the recorded times
+above the line): the time a collective waited for the last rank to join, once per collective
+whatever its size, so that fewer, larger collectives wait fewer times. On CPU it is a share of the
+line's time (*wait_share*): on a shared host both ranks' threads are scheduled around the collective
+for as long as it runs, and the recorded excess grows with its size (7 % at 559 KB, 40 % at 3.2 MB for
+the example trainer's reduce-scatters), so a wait per collective made a merged unit's collective
+cheaper than its members'. Each step's first all-gather also holds the ranks meeting after the
+optimizer step (``meeting``): it is left out of the line, and the program adds that meeting to the
+first all-gather of any setting (:func:`fsdpviz.replay.program.build`).
 
 Where the recorded sizes cannot tell the two terms apart -- one size only, or a line whose slope or
 latency comes out negative (a run of equal blocks and one root unit, whose gather at the step's start
 also holds the ranks meeting there, fits no line through zero) -- the time at the most recorded size
 is split at the stack's nominal latency where one is known (:data:`NOMINAL_LATENCY_NS`; CPU: gloo
-between the processes of one host), the rest bandwidth, else it is all bandwidth. Host work (the gather's copy-in and
-call, its copy-out) that such a line would make steeper than proportional costs per call: on a
-small unit it is the Python and the op dispatch, not the bytes.
+between the processes of one host), the rest bandwidth, else it is all bandwidth. FSDP's host work
+around its collectives (the gather's copy-in and call, its copy-out, the reduction's labels) is fitted
+the same way; where such a line would be steeper than proportional it costs per call: on a small
+unit it is the Python and the op dispatch, not the bytes.
 
 Ring collectives move ``(N - 1) / N`` of the unsharded bytes through every rank's link and take
 ``N - 1`` latency steps, so a world size ``N`` scales the two terms from the recorded ``Nr``.
@@ -76,6 +82,10 @@ class CommModel:
     world_size: int
     ranks_per_host: int
     lines: dict[str, Line] = field(default_factory=dict)
+    meeting_ns: float = 0.0
+    """What a step's first all-gather takes beyond its line's typical time: the first collective after
+    the optimizer step (:func:`fsdpviz.replay.program.meeting_ns`), added to the first all-gather of
+    a setting whose first unit is not one recorded."""
     notes: list[str] = field(default_factory=list)
     """Where a line is not the least-squares fit of its sizes (one size, a slope or latency that would be
     negative: how its time was split, or host work taken as a cost per call), in words a prediction

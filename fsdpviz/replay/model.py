@@ -114,12 +114,15 @@ def read_model(result: RunResult, ranks: Sequence[int] | None = None) -> Model:
     return model
 
 
-def _model(result: RunResult, rec: Recording, sampled: list[int] | None) -> Model:
+def costs_of(rec: Recording) -> tuple[comm_model.CommModel, dict[tuple[str, str], Gather]]:
+    """The recording's collectives and FSDP's host work around them, fitted per kind (:mod:`.comm`), and
+    a recorded gather per (unit, phase): what a program under another setting is costed from."""
     # each step's first all-gather also waits for the ranks to meet after the step's boundary (comm.fit)
     samples = [("all_gather", g.bytes, g.comm_ns) for s in rec.steps for g in s.gathers[1:]]
     meeting = [("all_gather", s.gathers[0].bytes, s.gathers[0].comm_ns) for s in rec.steps if s.gathers]
     samples += [("reduce_scatter", r.bytes, r.comm_ns) for s in rec.steps for r in s.reduces]
-    # the host's share of a gather (copy-in, the call; the copy-out) grows with its bytes too
+    # FSDP's host work around its collectives (a gather's copy-in and call, its copy-out, a reduction's
+    # labels) grows with their bytes too
     samples += [(prog.GATHER_HOST, g.bytes, g.host_ns) for s in rec.steps for g in s.gathers]
     samples += [(prog.COPY_OUT_HOST, g.bytes, g.copy_out_host_ns) for s in rec.steps for g in s.gathers]
     samples += [(prog.REDUCE_HOST, r.bytes, r.host_ns) for s in rec.steps for r in s.reduces]
@@ -127,10 +130,16 @@ def _model(result: RunResult, rec: Recording, sampled: list[int] | None) -> Mode
                             per_call=frozenset({prog.GATHER_HOST, prog.COPY_OUT_HOST, prog.REDUCE_HOST}),
                             latency_ns=comm_model.NOMINAL_LATENCY_NS.get(rec.device), meeting=meeting,
                             wait_in_proportion=rec.device == "cpu")
+    fitted.meeting_ns = prog.meeting_ns(rec, fitted)
     gathers: dict[tuple[str, str], Gather] = {}
     for s in rec.steps:
         for g in s.gathers:
             gathers.setdefault((g.unit, g.phase), g)
+    return fitted, gathers
+
+
+def _model(result: RunResult, rec: Recording, sampled: list[int] | None) -> Model:
+    fitted, gathers = costs_of(rec)
     model = Model(result=result, recording=rec, comm=fitted, gathers=gathers, sampled=sampled)
     model.replays = [run(prog.build(rec, s, recorded_settings(), fitted, gathers), rec.device == "gpu")
                      for s in rec.steps]

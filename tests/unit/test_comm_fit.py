@@ -107,3 +107,29 @@ def test_host_work_that_bytes_do_not_explain_costs_per_call(root_ns: float | Non
     assert min(recorded.values()) <= line.at(8 * BLOCK + ROOT) <= max(recorded.values())
     assert len(model.notes) == (0 if root_ns is None else 1)
     assert all("taken as a cost per call" in n for n in model.notes)
+
+
+def test_on_cpu_the_time_above_the_line_grows_with_the_collective() -> None:
+    """Every size's samples spread in proportion to their time (a shared 2-core host stretches a
+    collective by a share of its length: 7 % at 559 KB, 40 % at 3.2 MB on the example trainer's blocks).
+    In proportion, a unit of four blocks' bytes is priced at the median of what that size takes; a
+    wait per collective would price it as if the larger one waited no longer than a block."""
+    spread = (1.0, 1.1, 1.3, 1.6)  # median 1.2x the link's time
+    recorded = [("all_gather", n, link_ns(n) * f) for n in (BLOCK, WIDE) for f in spread for _ in range(6)]
+    four = 4 * WIDE
+    in_proportion = fit(recorded, 2, 2, latency_ns=NOMINAL, wait_in_proportion=True)
+    assert in_proportion.time_ns("all_gather", four) == pytest.approx(1.2 * link_ns(four), rel=1e-6)
+    assert in_proportion.time_ns("all_gather", BLOCK) == pytest.approx(1.2 * link_ns(BLOCK), rel=1e-6)
+    per_collective = fit(recorded, 2, 2, latency_ns=NOMINAL)
+    assert per_collective.time_ns("all_gather", four) < 0.95 * 1.2 * link_ns(four)
+
+
+def test_the_steps_first_gather_counts_in_the_wait_not_the_line() -> None:
+    """Each step's first all-gather also waits for the ranks to meet: passed as such, its extra time
+    leaves the line the blocks and a wider unit tell; passed as a sample, it bends it."""
+    recorded = samples("all_gather", {BLOCK: link_ns(BLOCK), WIDE: link_ns(WIDE)})
+    first = [("all_gather", ROOT, link_ns(ROOT) + 2_000_000.0)] * 6
+    apart = fit(recorded, 2, 2, latency_ns=NOMINAL, meeting=first).lines["all_gather"]
+    assert (apart.latency_ns, apart.per_byte_ns) == pytest.approx((LATENCY_NS, 1 / GBPS), rel=1e-6)
+    bent = fit(recorded + first, 2, 2, latency_ns=NOMINAL).lines["all_gather"]
+    assert abs(bent.per_byte_ns - 1 / GBPS) > 0.5 / GBPS or abs(bent.latency_ns - LATENCY_NS) > 100_000

@@ -1,0 +1,126 @@
+"""Merged units on a CPU recording whose costs are known by construction.
+
+A world of six blocks on two gloo ranks, every cost known: each collective and each piece of FSDP's
+host work around it takes a per-call time plus a time per byte; each unit runs FSDP's hooks and the
+hook dispatch at its boundary (the gap before its window) once per pass; a step's first all-gather also
+waits ``MEETING`` for the ranks to meet after the optimizer step. The per-block run is written as the
+recorder would read it, and the root and pair runs of the same world are summed by hand: on CPU the
+training thread waits out every collective, so a step is the sum of its parts. Merged, a unit pays
+its hooks, its boundary gap, its reduction's host work and the meeting once, and its collectives at its
+summed bytes; a model that kept its members' reductions or gaps, or lost the meeting, misses the
+truth by that cost.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fsdpviz.replay import program as prog
+from fsdpviz.replay.model import costs_of
+from fsdpviz.replay.recorded import Gather, MicroBatch, Pass, Recording, Reduce, Segment, StepProgram
+from fsdpviz.replay.settings import Settings, Wrap
+from fsdpviz.replay.simulate import run
+from fsdpviz.vocabulary import BACKWARD, FORWARD, FSDP2
+
+SIZES = [1_000_000, 2_000_000] * 3  # bytes of blocks.0 .. blocks.5: two sizes, so that every line is told
+UNITS = [f"blocks.{i}" for i in range(len(SIZES))]
+BYTES = dict(zip(UNITS, SIZES))
+MEETING = 2_000_000.0  # ns the step's first all-gather waits for the other rank
+
+# (per call, per byte) in ns: the collectives and FSDP's host work around them
+ALL_GATHER, REDUCE_SCATTER = (150_000.0, 0.5), (200_000.0, 0.8)
+GATHER_HOST, COPY_OUT_HOST, REDUCE_HOST = (30_000.0, 0.01), (20_000.0, 0.02), (80_000.0, 0.05)
+# per unit and pass: FSDP's hook dispatch before its window, its pre- and post- hooks
+GAP, PRE_FORWARD, POST_FORWARD, PRE_BACKWARD, POST_BACKWARD = 15_000.0, 40_000.0, 25_000.0, 35_000.0, 30_000.0
+DATA, LOSS, OPTIMIZER = 500_000.0, 300_000.0, 3_000_000.0
+
+
+def cost(kind: tuple[float, float], nbytes: int) -> float:
+    return kind[0] + kind[1] * nbytes
+
+
+def forward_ns(nbytes: int) -> float:
+    return 1_000_000.0 + 0.3 * nbytes  # the model's own compute: whatever the wrap, the same ops
+
+
+def backward_ns(nbytes: int) -> float:
+    return 2 * forward_ns(nbytes)
+
+
+def gather(unit: str, phase: str, first: bool = False) -> Gather:
+    n = BYTES[unit]
+    return Gather(unit=unit, phase=phase, micro=0, bytes=n, host_ns=cost(GATHER_HOST, n), copy_in_ns=0.0,
+                  comm_ns=cost(ALL_GATHER, n) + (MEETING if first else 0.0),
+                  copy_out_host_ns=cost(COPY_OUT_HOST, n), copy_out_ns=0.0)
+
+
+def per_block_recording(steps: int = 3) -> Recording:
+    """The per-block run as the recorder reads it: every unit gathered in its own passes."""
+    def step(i: int) -> StepProgram:
+        forward = [Pass(unit=u, phase=FORWARD, micro=0, part="", gap_ns=GAP, pre_ns=PRE_FORWARD,
+                        compute_ns=forward_ns(BYTES[u]), post_ns=POST_FORWARD, post_framework_ns=POST_FORWARD)
+                   for u in UNITS]
+        backward = [Pass(unit=u, phase=BACKWARD, micro=0, part="", gap_ns=GAP, pre_ns=PRE_BACKWARD,
+                         compute_ns=backward_ns(BYTES[u]), post_ns=POST_BACKWARD + cost(REDUCE_HOST, BYTES[u]),
+                         post_framework_ns=POST_BACKWARD, reduce_host_ns=cost(REDUCE_HOST, BYTES[u]))
+                    for u in reversed(UNITS)]
+        gathers = [gather(u, FORWARD, first=j == 0) for j, u in enumerate(UNITS)]
+        gathers += [gather(u, BACKWARD) for u in reversed(UNITS)]
+        reduces = [Reduce(unit=u, micro=0, bytes=BYTES[u], comm_ns=cost(REDUCE_SCATTER, BYTES[u]),
+                          host_ns=cost(REDUCE_HOST, BYTES[u])) for u in reversed(UNITS)]
+        return StepProgram(rank=0, step=i, step_ns=0, micro=[MicroBatch(
+            pre=Segment(busy_ns=DATA), forward=forward, mid=Segment(busy_ns=LOSS), backward=backward)],
+            post=Segment(busy_ns=OPTIMIZER), gathers=gathers, reduces=reduces)
+    return Recording(framework=FSDP2, device="cpu", world_size=2, units=list(UNITS), unit_bytes=dict(BYTES),
+                     modules={u: [u] for u in UNITS}, reshard_after_forward=dict.fromkeys(UNITS, True),
+                     prefetch="none", steps=[step(i) for i in range(2, 2 + steps)], ranks_per_host=2, cpu_count=2)
+
+
+def step_of(groups: list[list[str]], reshard_last: bool = True) -> float:
+    """The world's step with ``groups`` as its units (each gathered whole, in its own passes), summed:
+    every unit pays its gap and hooks once per pass, its collectives and their host work at its bytes."""
+    def gathered(n: int) -> float:
+        return cost(GATHER_HOST, n) + cost(ALL_GATHER, n) + cost(COPY_OUT_HOST, n)
+    total = DATA + LOSS + OPTIMIZER + MEETING
+    for i, group in enumerate(groups):
+        n = sum(BYTES[u] for u in group)
+        again = reshard_last or i < len(groups) - 1  # gathered again for backward
+        total += GAP + PRE_FORWARD + gathered(n) + sum(forward_ns(BYTES[u]) for u in group) + POST_FORWARD
+        total += GAP + PRE_BACKWARD + (gathered(n) if again else 0.0) + sum(backward_ns(BYTES[u]) for u in group)
+        total += POST_BACKWARD + cost(REDUCE_HOST, n) + cost(REDUCE_SCATTER, n)
+    return total
+
+
+def simulated(rec: Recording, settings: Settings) -> float:
+    comm, gathers = costs_of(rec)
+    [step_ns] = {run(prog.build(rec, s, settings, comm, gathers), False).step_ns for s in rec.steps}
+    return step_ns
+
+
+def test_the_world_replays_as_summed() -> None:
+    """The recording holds what the world does: its replay is the per-block sum."""
+    rec = per_block_recording()
+    assert simulated(rec, Settings(prefetch="recorded")) == pytest.approx(step_of([[u] for u in UNITS]), rel=1e-9)
+
+
+def test_the_fit_reads_the_world_and_leaves_the_meeting_out_of_the_line() -> None:
+    """Two sizes tell every line; the first gather's meeting would have bent the all-gather's (its size
+    is the small one), and nothing lies above a line in this world."""
+    comm, _ = costs_of(per_block_recording())
+    for kind, truth in (("all_gather", ALL_GATHER), ("reduce_scatter", REDUCE_SCATTER),
+                        (prog.GATHER_HOST, GATHER_HOST), (prog.COPY_OUT_HOST, COPY_OUT_HOST),
+                        (prog.REDUCE_HOST, REDUCE_HOST)):
+        line = comm.lines[kind]
+        assert (line.latency_ns, line.per_byte_ns) == pytest.approx(truth, rel=1e-6), kind
+        assert line.wait_ns == 0.0 and line.wait_share == pytest.approx(0.0, abs=1e-9), kind
+
+
+@pytest.mark.parametrize(("wrap", "groups"), [
+    (Wrap("root"), [UNITS]),
+    (Wrap("merge", k=2), [UNITS[i:i + 2] for i in range(0, len(UNITS), 2)]),
+    (Wrap("merge", k=3), [UNITS[i:i + 3] for i in range(0, len(UNITS), 3)]),
+], ids=["root", "merge:2", "merge:3"])
+def test_a_merged_unit_pays_its_hooks_gaps_reduction_and_meeting_once(wrap: Wrap, groups: list[list[str]]) -> None:
+    rec = per_block_recording()
+    truth = step_of(groups, reshard_last=wrap.kind != "root")  # FSDP2 keeps a root unit's parameters
+    assert simulated(rec, Settings(wrap=wrap)) == pytest.approx(truth, rel=1e-9)
