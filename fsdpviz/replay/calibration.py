@@ -17,16 +17,16 @@ fitted to the replay, so the replay of the scaled programs (:mod:`.simulate`) ag
 What it assumes: that the profiler slowed the step's parts in proportion to their time, so that a
 setting moves the step by the same share on either clock. Against bare runs of three settings
 measured in one process, from recordings whose slowdowns differ 2x (benchmarks/bench_replay_clock.py,
-docs/whatif.md "One clock"), it holds for pairs and for no resharding, within 0.10. It does not where
-a core was shared through the profiled window: the recorder's unit timers saw the collectives slowed
-about 2.5x there and the compute 1.4x, and one root unit, which drops most collectives, is then
-predicted 0.17 below the bare ratio. Scaling the host's work alone and keeping the collectives'
-traced times misses further the same way. A cost per traced event fitted by kind on the units' timed
-windows explained their excess under torch's fake group (R² 0.98) but not on two real ranks (R²
-about 0: there a unit's window holds its wait for the peer); a factor per kind read from the one
-unit-timed step is as noisy as that step; from three (``--unit-timer-steps 3``) they moved model B's
-window predictions toward bare and model A's root away (docs/whatif.md, "One clock"), no more than
-the benchmark's own spread between runs.
+docs/whatif.md "One clock"), every median of three recordings is within 0.10 of the bare ratio on
+three models, and the two loads agree within 0.10 but for one setting: where a core was shared
+through the profiled window, gloo's collectives slow more than the compute (2.6x against 1.3-1.6x on
+model B), and one root unit, which drops most collectives, is predicted 0.11 lower from such
+recordings than from lightly profiled ones. Scaling the host's work alone and keeping the
+collectives' traced times misses further the same way. A cost per traced event fitted by kind on the
+units' timed windows explained their excess under torch's fake group (R² 0.98) but not on two real
+ranks (R² about 0: there a unit's window holds its wait for the peer); factors per kind read from the
+unit-timed steps' timers moved some predictions toward bare and others further away than the
+benchmark's own spread (docs/whatif.md, "One clock").
 """
 
 from __future__ import annotations

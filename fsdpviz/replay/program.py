@@ -5,12 +5,14 @@ after the modules it covers. Recorded units are a tree (:func:`unit_parents`: a 
 another's module is nested in it); ``merge:K`` merges siblings only. A pass of a merged unit is its
 members' passes back to back: their compute and the model's own host work inside their windows (the
 kernel launches) are kept, while what FSDP does once per unit is kept once: the pre-forward /
-pre-backward hooks, the reshard, the hook dispatch between two units' windows (the gap before a
-member's window: the module call's hook path in forward, FSDP's autograd nodes in backward; the
-example trainer's 8 blocks of dim 32 leave 0.6-0.9 ms of such gaps a step, one root unit none).
+pre-backward hooks, the reshard, and on CPU the hook dispatch between two units' windows (the gap
+before a member's window: the module call's hook path in forward, FSDP's autograd nodes in backward;
+the example trainer's 8 blocks of dim 32 leave 0.6-0.9 ms of such gaps a step, one root unit none).
 The new unit gathers all its members' parameters at once (one collective of their summed bytes,
 costed by :mod:`.comm`, the step's first also holding the ranks' meeting) and reduces their gradients
-at once, its reduction's host work the fitted line's at its bytes rather than its members' sum.
+at once; on CPU its reduction's host work is the fitted line's at its bytes rather than its members'
+sum. On GPU the members' gaps and reductions' host work stay: there the shared H200 recordings of
+model B predicted one root unit and pairs 0.03-0.08 further from their bare runs without them.
 
 Then the order (:func:`build`): each pass issues its unit's all-gather if nothing issued it
 earlier; with prefetch it also issues the next units' (FSDP2's implicit default: none ahead in
@@ -272,7 +274,8 @@ class CostModel:
     def reduce_host(self, unit: str, micro: int) -> float | None:
         """The host's busy time in new unit ``unit``'s reduction (its gradients' copy-in, the call, the
         sharded gradients after it) when it holds several recorded units: the fitted line at its bytes,
-        since it reduces once where its members reduced one by one (None: one member, or no line)."""
+        since it reduces once where its members reduced one by one (None: one member, or no line).
+        Read on CPU recordings (module docstring)."""
         ms = self.members[unit]
         line = self.comm.lines.get(REDUCE_HOST)
         if len(ms) == 1 or line is None:
@@ -319,6 +322,7 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
                       gathers={**all_gathers, **{(g.unit, g.phase): g for g in step.gathers}},
                       meeting_ns=comm.meeting_ns)
     compute_scale = _compute_scale(rec, settings)
+    cpu = rec.device == "cpu"
 
     gathers: list[SimGather] = []
     reduces: list[SimReduce] = []
@@ -337,9 +341,10 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
                 unit = group.get(p.unit, ROOT_UNIT)
                 lead = i in leaders
                 last = _is_last(i, passes, group)
-                # between two members' windows ran FSDP's hook dispatch at the unit boundary (the module
-                # call's hook path in forward, FSDP's autograd nodes in backward): merged, neither runs
-                ops.append(BusyOp(p.gap_ns if lead or p.part == "b" else 0.0, "gap"))
+                # on CPU, between two members' windows ran FSDP's hook dispatch at the unit boundary (the
+                # module call's hook path in forward, FSDP's autograd nodes in backward): merged, neither
+                # runs (on GPU, where it was not measured to help, the gap stays)
+                ops.append(BusyOp(p.gap_ns if lead or p.part == "b" or not cpu else 0.0, "gap"))
                 if lead:
                     ops.append(BusyOp(p.pre_ns, "pre"))
                 else:
@@ -360,10 +365,11 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
                             issued[target] = _issue(ops, gathers, costs.gather(target, phase, recorded, not gathers),
                                                     settings)
                 ops.append(ComputeOp(unit, phase, p.compute_ns * compute_scale))
-                # a merged unit's members run neither their own hooks nor their own reductions' host work;
-                # the unit's reduction costs once, at its bytes
-                post = p.post_ns if last else max(0.0, p.post_ns - p.post_framework_ns - p.reduce_host_ns)
-                if last and phase == BACKWARD and (host := costs.reduce_host(unit, micro)) is not None:
+                # a merged unit's members do not run their own hooks; on CPU neither their own reductions'
+                # host work: the unit's reduction costs once, at its bytes (on GPU each member's stays)
+                own_reduce = p.reduce_host_ns if cpu else 0.0
+                post = p.post_ns if last else max(0.0, p.post_ns - p.post_framework_ns - own_reduce)
+                if cpu and last and phase == BACKWARD and (host := costs.reduce_host(unit, micro)) is not None:
                     post = max(0.0, post - p.reduce_host_ns) + host
                 before_reduce = max(0.0, post - (p.reduce_after_ns if last else 0.0))
                 ops.append(BusyOp(before_reduce, "post"))
