@@ -62,7 +62,11 @@ class Line:
 
     def typical(self, nbytes: float) -> float:
         """The typical time at ``nbytes``: the line and the typical time above it."""
-        return self.at(nbytes) * (1.0 + self.wait_share) + self.wait_ns
+        return self.above(self.at(nbytes))
+
+    def above(self, line_ns: float) -> float:
+        """A time on the line, with the typical time above it added."""
+        return line_ns * (1.0 + self.wait_share) + self.wait_ns
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +110,7 @@ class CommModel:
         if target is not None and n > target.ranks_per_host and target.inter_host_gbps:
             across = nbytes * _ring_share(n) / target.inter_host_gbps  # GB/s = bytes per ns
             bw = max(bw, across)
-        return (lat + bw) * (1.0 + line.wait_share) + line.wait_ns
+        return line.above(lat + bw)
 
     def scale(self, kind: str, nbytes: float, target: Target) -> float:
         """How much longer a recorded ``kind`` collective of ``nbytes`` takes under ``target``."""
@@ -131,17 +135,19 @@ def fit(samples: Iterable[tuple[str, int, float]], world_size: int, ranks_per_ho
     the stack's nominal latency (:data:`NOMINAL_LATENCY_NS`), which splits a collective's time where the
     sizes do not tell latency from bandwidth (None: all of it is bandwidth there). ``meeting``: collectives
     that also held the ranks meeting after the step's boundary (each step's first all-gather, which waits
-    out the optimizer and data loading of the slowest rank): they count in the typical wait, not in the
-    line, unless their kind has no other sample. ``wait_in_proportion``: the typical time above the line is
-    a share of the line's time (it grows with the collective's size), not a time per collective."""
+    out the optimizer and data loading of the slowest rank): they are left out of the line and of the
+    typical time above it (:attr:`CommModel.meeting_ns` carries what they take beyond it), unless their
+    kind has no other sample. ``wait_in_proportion``: the typical time above the line is a share of the
+    line's time (it grows with the collective's size, and so does the host work around it), not a time
+    per collective."""
     by_kind: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-    met: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     for kind, nbytes, ns in samples:
         if nbytes > 0 and ns > 0:
             by_kind[kind][nbytes].append(ns)
+    others = set(by_kind)
     for kind, nbytes, ns in meeting:
-        if nbytes > 0 and ns > 0:
-            (met if kind in by_kind else by_kind)[kind][nbytes].append(ns)
+        if nbytes > 0 and ns > 0 and kind not in others:
+            by_kind[kind][nbytes].append(ns)
     model = CommModel(world_size=world_size, ranks_per_host=ranks_per_host)
     for kind, sizes in by_kind.items():
         xs = np.array(sorted(sizes), dtype=np.float64)
@@ -164,12 +170,11 @@ def fit(samples: Iterable[tuple[str, int, float]], world_size: int, ranks_per_ho
             nominal = None if latency_ns is None else latency_ns * _ring_steps(world_size)
             slope, icept = _unresolved(kind, sizes, fitted, nominal, model.notes)
         line = Line(latency_ns=icept, per_byte_ns=slope, n=sum(len(v) for v in sizes.values()))
-        if wait_in_proportion:
-            shares = [ns / line.at(b) - 1.0 for b, values in sizes.items() for ns in values if line.at(b) > 0]
+        if wait_in_proportion:  # a fitted or split line is positive at every recorded size
+            shares = [ns / line.at(b) - 1.0 for b, values in sizes.items() for ns in values]
             line.wait_share = max(0.0, float(np.median(shares))) if shares else 0.0
         else:
-            above = [ns - line.at(b) for group in (sizes, met.get(kind, {})) for b, values in group.items()
-                     for ns in values]
+            above = [ns - line.at(b) for b, values in sizes.items() for ns in values]
             line.wait_ns = max(0.0, float(np.median(above))) if above else 0.0
         model.lines[kind] = line
     return model

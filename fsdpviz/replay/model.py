@@ -125,7 +125,8 @@ def costs_of(rec: Recording) -> tuple[comm_model.CommModel, dict[tuple[str, str]
     # labels) grows with their bytes too
     samples += [(prog.GATHER_HOST, g.bytes, g.host_ns) for s in rec.steps for g in s.gathers]
     samples += [(prog.COPY_OUT_HOST, g.bytes, g.copy_out_host_ns) for s in rec.steps for g in s.gathers]
-    samples += [(prog.REDUCE_HOST, r.bytes, r.host_ns) for s in rec.steps for r in s.reduces]
+    if rec.device == "cpu":  # only CPU programs read it (program.build)
+        samples += [(prog.REDUCE_HOST, r.bytes, r.host_ns) for s in rec.steps for r in s.reduces]
     fitted = comm_model.fit(samples, rec.world_size, rec.ranks_per_host,
                             per_call=frozenset({prog.GATHER_HOST, prog.COPY_OUT_HOST, prog.REDUCE_HOST}),
                             latency_ns=comm_model.NOMINAL_LATENCY_NS.get(rec.device), meeting=meeting,

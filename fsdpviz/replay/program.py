@@ -37,6 +37,7 @@ from fsdpviz.replay.recorded import (
     Gather,
     Pass,
     Recording,
+    Reduce,
     Segment,
     StepProgram,
 )
@@ -243,7 +244,6 @@ class CostModel:
     where: Target
     world_changed: bool
     gathers: dict[tuple[str, str], Gather]  # (recorded unit, phase) -> a recorded gather, this step's first
-    meeting_ns: float = 0.0  # what the step's first all-gather takes beyond its typical time (CommModel.meeting_ns)
 
     def recorded_gather(self, unit: str, phase: str) -> Gather | None:
         """A recorded unit's gather costs: from this phase, else any phase of it."""
@@ -262,7 +262,9 @@ class CostModel:
         elif len(ms) == 1 and known:
             comm_ns = known[0].comm_ns * self.comm.scale(ALL_GATHER, known[0].bytes, self.where)
         else:
-            comm_ns = self.comm.time_ns(ALL_GATHER, nbytes, self.where) + (self.meeting_ns if first else 0.0)
+            comm_ns = self.comm.time_ns(ALL_GATHER, nbytes, self.where)
+            if first and comm_ns > 0:  # one rank meets nobody
+                comm_ns += self.comm.meeting_ns
         single = len(ms) == 1 and bool(known)
         return SimGather(unit=unit, phase=phase, bytes=nbytes,
                          host_ns=sum(g.host_ns for g in known) if single else self.comm.time_ns(GATHER_HOST, nbytes),
@@ -271,25 +273,29 @@ class CostModel:
                          else self.comm.time_ns(COPY_OUT_HOST, nbytes),
                          copy_out_ns=sum(g.copy_out_ns for g in known))
 
+    def _recorded_reduces(self, unit: str, micro: int) -> list[Reduce]:
+        """The recorded reductions of new unit ``unit``'s members in ``micro``, else in any micro-batch."""
+        ms = self.members[unit]
+        return [r for r in self.step.reduces if r.unit in ms and r.micro == micro] or \
+            [r for r in self.step.reduces if r.unit in ms]
+
     def reduce_host(self, unit: str, micro: int) -> float | None:
         """The host's busy time in new unit ``unit``'s reduction (its gradients' copy-in, the call, the
         sharded gradients after it) when it holds several recorded units: the fitted line at its bytes,
-        since it reduces once where its members reduced one by one (None: one member, or no line).
-        Read on CPU recordings (module docstring)."""
+        since it reduces once where its members reduced one by one. None: one member, no line, or no
+        member reduced in ``micro`` (frozen members; a micro-batch without gradient sync). Read on CPU
+        recordings (module docstring)."""
         ms = self.members[unit]
         line = self.comm.lines.get(REDUCE_HOST)
-        if len(ms) == 1 or line is None:
+        here = [r for r in self.step.reduces if r.unit in ms and r.micro == micro]
+        if len(ms) == 1 or line is None or not here:
             return None
-        recorded = [r for r in self.step.reduces if r.unit in ms and r.micro == micro] or \
-            [r for r in self.step.reduces if r.unit in ms]
-        nbytes = self.unit_bytes[unit] or sum(r.bytes for r in recorded)
-        return line.typical(nbytes)
+        return line.typical(self.unit_bytes[unit] or sum(r.bytes for r in here))
 
     def reduce(self, unit: str, micro: int) -> SimReduce:
         """The reduction of new unit ``unit``'s gradients after its backward in ``micro``."""
         ms = self.members[unit]
-        recorded = [r for r in self.step.reduces if r.unit in ms and r.micro == micro] or \
-            [r for r in self.step.reduces if r.unit in ms]
+        recorded = self._recorded_reduces(unit, micro)
         nbytes = self.unit_bytes[unit] or sum(r.bytes for r in recorded)
         if len(ms) == 1 and len(recorded) == 1 and not self.world_changed:
             r = recorded[0]
@@ -319,8 +325,7 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
                                                     != rec.ranks_per_host)
     costs = CostModel(step=step, comm=comm, members=members, unit_bytes=unit_bytes, where=where,
                       world_changed=world_changed,
-                      gathers={**all_gathers, **{(g.unit, g.phase): g for g in step.gathers}},
-                      meeting_ns=comm.meeting_ns)
+                      gathers={**all_gathers, **{(g.unit, g.phase): g for g in step.gathers}})
     compute_scale = _compute_scale(rec, settings)
     cpu = rec.device == "cpu"
 
@@ -354,7 +359,8 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
                 if lead and unit not in unsharded:
                     if unit not in issued:
                         own = _own_gather(step, micro, unit, phase, members)
-                        issued[unit] = _issue(ops, gathers, costs.gather(unit, phase, own, not gathers), settings)
+                        issued[unit] = _issue(ops, gathers, costs.gather(unit, phase, own, first=not gathers),
+                                              settings)
                     ops.append(CopyOutOp(issued.pop(unit)))
                     unsharded.add(unit)
                 if lead:
@@ -362,24 +368,25 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
                                                     prefetch):
                         if target not in unsharded and target not in issued:
                             recorded = _own_gather(step, micro, target, phase, members)
-                            issued[target] = _issue(ops, gathers, costs.gather(target, phase, recorded, not gathers),
-                                                    settings)
+                            issued[target] = _issue(ops, gathers,
+                                                    costs.gather(target, phase, recorded, first=not gathers), settings)
                 ops.append(ComputeOp(unit, phase, p.compute_ns * compute_scale))
                 # a merged unit's members do not run their own hooks; on CPU neither their own reductions'
                 # host work: the unit's reduction costs once, at its bytes (on GPU each member's stays)
                 own_reduce = p.reduce_host_ns if cpu else 0.0
                 post = p.post_ns if last else max(0.0, p.post_ns - p.post_framework_ns - own_reduce)
+                after = p.reduce_after_ns if last else 0.0
                 if cpu and last and phase == BACKWARD and (host := costs.reduce_host(unit, micro)) is not None:
                     post = max(0.0, post - p.reduce_host_ns) + host
-                before_reduce = max(0.0, post - (p.reduce_after_ns if last else 0.0))
-                ops.append(BusyOp(before_reduce, "post"))
+                    after = min(after, post)
+                ops.append(BusyOp(post - after, "post"))
                 if last and (phase == BACKWARD or reshard.get(unit, True)):
                     unsharded.discard(unit)
                 if last and phase == BACKWARD:
                     if reduced_units.intersection(members.get(unit, [unit])):
                         reduces.append(costs.reduce(unit, micro))
                         ops.append(ReduceOp(len(reduces) - 1))
-                    ops.append(BusyOp(p.reduce_after_ns, "post"))
+                    ops.append(BusyOp(after, "post"))
             if phase == FORWARD:
                 ops.append(SegmentOp("mid", mb.mid))
         ops.append(SegmentOp("finalize", Segment(), finalize=True))

@@ -133,3 +133,13 @@ def test_the_steps_first_gather_counts_in_the_wait_not_the_line() -> None:
     assert (apart.latency_ns, apart.per_byte_ns) == pytest.approx((LATENCY_NS, 1 / GBPS), rel=1e-6)
     bent = fit(recorded + first, 2, 2, latency_ns=NOMINAL).lines["all_gather"]
     assert abs(bent.per_byte_ns - 1 / GBPS) > 0.5 / GBPS or abs(bent.latency_ns - LATENCY_NS) > 100_000
+
+
+def test_a_kind_with_only_first_gathers_is_fitted_on_all_of_them() -> None:
+    """One gather a step (a recorded root unit): every step's first gather is all there is, and the
+    line is fitted on all of them, not on whichever came first."""
+    firsts = [("all_gather", ROOT, link_ns(ROOT) * f) for f in (1.0, 1.1, 1.3, 1.6)]
+    for order in (firsts, firsts[::-1]):
+        line = fit([], 2, 2, latency_ns=NOMINAL, meeting=order, wait_in_proportion=True).lines["all_gather"]
+        assert line.n == 4
+        assert line.typical(ROOT) == pytest.approx(1.2 * link_ns(ROOT), rel=1e-6)

@@ -54,31 +54,41 @@ def gather(unit: str, phase: str, first: bool = False) -> Gather:
                   copy_out_host_ns=cost(COPY_OUT_HOST, n), copy_out_ns=0.0)
 
 
-def per_block_recording(steps: int = 3) -> Recording:
-    """The per-block run as the recorder reads it: every unit gathered in its own passes."""
-    def step(i: int) -> StepProgram:
+def per_block_recording(steps: int = 3, frozen: frozenset[str] = frozenset(), device: str = "cpu",
+                        meetings: dict[int, list[float]] | None = None) -> Recording:
+    """The per-block run as the recorder reads it: every unit gathered in its own passes; ``frozen``
+    units have no gradients to reduce; ``meetings``: per rank, each step's meeting (else ``MEETING``
+    on rank 0's steps)."""
+    def reduced(u: str) -> float:
+        return 0.0 if u in frozen else cost(REDUCE_HOST, BYTES[u])
+
+    def step(i: int, rank: int = 0, meeting: float = MEETING) -> StepProgram:
         forward = [Pass(unit=u, phase=FORWARD, micro=0, part="", gap_ns=GAP, pre_ns=PRE_FORWARD,
                         compute_ns=forward_ns(BYTES[u]), post_ns=POST_FORWARD, post_framework_ns=POST_FORWARD)
                    for u in UNITS]
         backward = [Pass(unit=u, phase=BACKWARD, micro=0, part="", gap_ns=GAP, pre_ns=PRE_BACKWARD,
-                         compute_ns=backward_ns(BYTES[u]), post_ns=POST_BACKWARD + cost(REDUCE_HOST, BYTES[u]),
-                         post_framework_ns=POST_BACKWARD, reduce_host_ns=cost(REDUCE_HOST, BYTES[u]))
+                         compute_ns=backward_ns(BYTES[u]), post_ns=POST_BACKWARD + reduced(u),
+                         post_framework_ns=POST_BACKWARD, reduce_host_ns=reduced(u))
                     for u in reversed(UNITS)]
         gathers = [gather(u, FORWARD, first=j == 0) for j, u in enumerate(UNITS)]
+        gathers[0].comm_ns += meeting - MEETING
         gathers += [gather(u, BACKWARD) for u in reversed(UNITS)]
         reduces = [Reduce(unit=u, micro=0, bytes=BYTES[u], comm_ns=cost(REDUCE_SCATTER, BYTES[u]),
-                          host_ns=cost(REDUCE_HOST, BYTES[u])) for u in reversed(UNITS)]
-        return StepProgram(rank=0, step=i, step_ns=0, micro=[MicroBatch(
+                          host_ns=reduced(u)) for u in reversed(UNITS) if u not in frozen]
+        return StepProgram(rank=rank, step=i, step_ns=0, micro=[MicroBatch(
             pre=Segment(busy_ns=DATA), forward=forward, mid=Segment(busy_ns=LOSS), backward=backward)],
             post=Segment(busy_ns=OPTIMIZER), gathers=gathers, reduces=reduces)
-    return Recording(framework=FSDP2, device="cpu", world_size=2, units=list(UNITS), unit_bytes=dict(BYTES),
+    per_rank = meetings or {0: [MEETING] * steps}
+    return Recording(framework=FSDP2, device=device, world_size=2, units=list(UNITS), unit_bytes=dict(BYTES),
                      modules={u: [u] for u in UNITS}, reshard_after_forward=dict.fromkeys(UNITS, True),
-                     prefetch="none", steps=[step(i) for i in range(2, 2 + steps)], ranks_per_host=2, cpu_count=2)
+                     prefetch="none", ranks_per_host=2, cpu_count=2,
+                     steps=[step(2 + i, rank, m) for rank, ms in per_rank.items() for i, m in enumerate(ms)])
 
 
-def step_of(groups: list[list[str]], reshard_last: bool = True) -> float:
+def step_of(groups: list[list[str]], reshard_last: bool = True, frozen: frozenset[str] = frozenset()) -> float:
     """The world's step with ``groups`` as its units (each gathered whole, in its own passes), summed:
-    every unit pays its gap and hooks once per pass, its collectives and their host work at its bytes."""
+    every unit pays its gap and hooks once per pass, its collectives and their host work at its bytes;
+    a unit of ``frozen`` members only reduces nothing."""
     def gathered(n: int) -> float:
         return cost(GATHER_HOST, n) + cost(ALL_GATHER, n) + cost(COPY_OUT_HOST, n)
     total = DATA + LOSS + OPTIMIZER + MEETING
@@ -87,7 +97,9 @@ def step_of(groups: list[list[str]], reshard_last: bool = True) -> float:
         again = reshard_last or i < len(groups) - 1  # gathered again for backward
         total += GAP + PRE_FORWARD + gathered(n) + sum(forward_ns(BYTES[u]) for u in group) + POST_FORWARD
         total += GAP + PRE_BACKWARD + (gathered(n) if again else 0.0) + sum(backward_ns(BYTES[u]) for u in group)
-        total += POST_BACKWARD + cost(REDUCE_HOST, n) + cost(REDUCE_SCATTER, n)
+        total += POST_BACKWARD
+        if not set(group) <= frozen:
+            total += cost(REDUCE_HOST, n) + cost(REDUCE_SCATTER, n)
     return total
 
 
@@ -95,6 +107,13 @@ def simulated(rec: Recording, settings: Settings) -> float:
     comm, gathers = costs_of(rec)
     [step_ns] = {run(prog.build(rec, s, settings, comm, gathers), False).step_ns for s in rec.steps}
     return step_ns
+
+
+def busy(rec: Recording, settings: Settings, what: str) -> float:
+    """The host's busy time of one kind (``gap``, ``post``) in the program of the recording's first step."""
+    comm, gathers = costs_of(rec)
+    program = prog.build(rec, rec.steps[0], settings, comm, gathers)
+    return sum(op.ns for op in program.ops if isinstance(op, prog.BusyOp) and op.what == what)
 
 
 def test_the_world_replays_as_summed() -> None:
@@ -124,3 +143,33 @@ def test_a_merged_unit_pays_its_hooks_gaps_reduction_and_meeting_once(wrap: Wrap
     rec = per_block_recording()
     truth = step_of(groups, reshard_last=wrap.kind != "root")  # FSDP2 keeps a root unit's parameters
     assert simulated(rec, Settings(wrap=wrap)) == pytest.approx(truth, rel=1e-9)
+
+
+def test_members_without_gradients_reduce_nothing() -> None:
+    """Frozen blocks record no reduction: merged in pairs, the frozen pair pays no reduction's host work
+    (nor a reduce-scatter), the others theirs once."""
+    frozen = frozenset(UNITS[4:])
+    rec = per_block_recording(frozen=frozen)
+    groups = [UNITS[i:i + 2] for i in range(0, len(UNITS), 2)]
+    assert simulated(rec, Settings(wrap=Wrap("merge", k=2))) == pytest.approx(step_of(groups, frozen=frozen), rel=1e-9)
+
+
+def test_the_meeting_is_the_least_of_the_ranks_medians() -> None:
+    """Rank 0 meets 1, 1 and 3 ms after the optimizer step, rank 1 0.5, 4 and 0.5 ms: rank 1's lead
+    in a slow step is the other's load, not the first gather's own time, and the least median is kept."""
+    rec = per_block_recording(meetings={0: [1e6, 1e6, 3e6], 1: [0.5e6, 4e6, 0.5e6]})
+    comm, _ = costs_of(rec)
+    assert comm.meeting_ns == pytest.approx(0.5e6, rel=1e-6)
+
+
+def test_on_gpu_members_keep_their_gaps_and_reductions_host_work() -> None:
+    """On GPU the host runs ahead of the device, and dropping either moved the shared H200 recordings'
+    root and pairs away from their bare runs: a merged unit keeps its members' boundary gaps and
+    reductions' host work, where on CPU it drops them."""
+    root = Settings(wrap=Wrap("root"))
+    members = sum(cost(REDUCE_HOST, n) for n in SIZES)
+    gpu, cpu = per_block_recording(device="gpu"), per_block_recording()
+    assert busy(gpu, root, "gap") == pytest.approx(2 * len(UNITS) * GAP)
+    assert busy(cpu, root, "gap") == pytest.approx(2 * GAP)
+    assert busy(gpu, root, "post") == pytest.approx(POST_FORWARD + POST_BACKWARD + members)
+    assert busy(cpu, root, "post") == pytest.approx(POST_FORWARD + POST_BACKWARD + cost(REDUCE_HOST, sum(SIZES)))
