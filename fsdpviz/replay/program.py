@@ -349,7 +349,8 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
                 # on CPU, between two members' windows ran FSDP's hook dispatch at the unit boundary (the
                 # module call's hook path in forward, FSDP's autograd nodes in backward): merged, neither
                 # runs (on GPU, where it was not measured to help, the gap stays)
-                ops.append(BusyOp(p.gap_ns if lead or p.part == "b" or not cpu else 0.0, "gap"))
+                merged = len(members.get(unit, [unit])) > 1  # a unit run twice in a row keeps its gaps
+                ops.append(BusyOp(p.gap_ns if lead or p.part == "b" or not cpu or not merged else 0.0, "gap"))
                 if lead:
                     ops.append(BusyOp(p.pre_ns, "pre"))
                 else:

@@ -13,6 +13,8 @@ truth by that cost.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from fsdpviz.replay import program as prog
@@ -173,3 +175,13 @@ def test_on_gpu_members_keep_their_gaps_and_reductions_host_work() -> None:
     assert busy(cpu, root, "gap") == pytest.approx(2 * GAP)
     assert busy(gpu, root, "post") == pytest.approx(POST_FORWARD + POST_BACKWARD + members)
     assert busy(cpu, root, "post") == pytest.approx(POST_FORWARD + POST_BACKWARD + cost(REDUCE_HOST, sum(SIZES)))
+
+
+def test_a_unit_run_twice_in_a_row_keeps_both_gaps() -> None:
+    """A block called twice in a row (weights shared by two layers) is one unit with two passes; the
+    second's gap is a module call of its own, not a boundary inside a merged unit."""
+    rec = per_block_recording()
+    for s in rec.steps:
+        forward = s.micro[0].forward
+        forward.insert(1, dataclasses.replace(forward[0]))
+    assert busy(rec, Settings(prefetch="recorded"), "gap") == pytest.approx((2 * len(UNITS) + 1) * GAP)
