@@ -10,15 +10,15 @@ for as long as it runs, and the recorded excess grows with its size (7 % at 559 
 the example trainer's reduce-scatters), so a wait per collective made a merged unit's collective
 cheaper than its members'. Each step's first all-gather also holds the ranks meeting after the
 optimizer step (``meeting``): it is left out of the line, and the program adds that meeting to the
-first all-gather of any setting (:func:`fsdpviz.replay.program.build`).
+first all-gather of a setting that regroups it (:func:`fsdpviz.replay.program.build`).
 
 Where the recorded sizes cannot tell the two terms apart -- one size only, or a line whose slope or
 latency comes out negative (a run of equal blocks and one root unit, whose gather at the step's start
 also holds the ranks meeting there, fits no line through zero) -- the time at the most recorded size
 is split at the stack's nominal latency where one is known (:data:`NOMINAL_LATENCY_NS`; CPU: gloo
 between the processes of one host), the rest bandwidth, else it is all bandwidth. FSDP's host work
-around its collectives (the gather's copy-in and call, its copy-out, the reduction's labels) is fitted
-the same way; where such a line would be steeper than proportional it costs per call: on a small
+around its collectives (the gather's copy-in and call, its copy-out; on CPU the reduction's labels) is
+fitted the same way; where such a line would be steeper than proportional it costs per call: on a small
 unit it is the Python and the op dispatch, not the bytes.
 
 Ring collectives move ``(N - 1) / N`` of the unsharded bytes through every rank's link and take
