@@ -96,6 +96,18 @@ def summary(run: Path) -> dict:
     return json.loads(proc.stdout)
 
 
+def traced_parts_ms(run: Path) -> tuple[float, float]:
+    """The recording's compute and collectives per step as traced (medians over its steps and ranks):
+    how unevenly a load slowed them."""
+    from fsdpviz.analysis.pipeline import analyse
+    from fsdpviz.replay.model import read_model
+
+    steps = read_model(analyse([run], cache=False, progress=False)).recording.steps
+    compute = [sum(p.compute_ns for mb in s.micro for p in (*mb.forward, *mb.backward)) for s in steps]
+    collectives = [sum(g.comm_ns for g in s.gathers) + sum(r.comm_ns for r in s.reduces) for s in steps]
+    return statistics.median(compute) / 1e6, statistics.median(collectives) / 1e6
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
@@ -148,16 +160,18 @@ def main() -> None:
         print(describe_machine())
         separate = {name: statistics.median(v) / statistics.median(bare["block"]) for name, v in bare.items()}
         truth = {name: statistics.median(v) for name, v in inproc.items()}
-        print("\n| recording | slowdown | clock | replay error | step (ms) | bare per-block step, separate runs (ms) |")
-        print("|---|---:|---|---:|---:|---:|")
+        print("\n| recording | slowdown | clock | replay error | step (ms) | bare per-block step, separate runs (ms) "
+              "| traced compute / collectives per step (ms) |")
+        print("|---|---:|---|---:|---:|---:|---:|")
         for load, folders in recorded.items():
             for folder in folders:
                 s = summary(folder)
                 clock = s.get("clock") or {}
                 err = clock.get("replay_error_pct")
+                compute, collectives = traced_parts_ms(folder)
                 print(f"| {folder.name} | {(s.get('profiler') or {}).get('slowdown')} | {clock.get('basis')} | "
                       f"{'' if err is None else f'{err:.1f} %'} | {s['step_time_ms']:.2f} | "
-                      f"{statistics.median(bare['block']):.2f} |")
+                      f"{statistics.median(bare['block']):.2f} | {compute:.1f} / {collectives:.1f} |")
         first, second = loads
         print("\n| setting | bare, in one process | bare, separate runs | "
               + " | ".join(f"predicted from {load}" for load in loads)

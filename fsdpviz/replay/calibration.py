@@ -19,7 +19,7 @@ setting moves the step by the same share on either clock. Against bare runs of t
 measured in one process, from recordings whose slowdowns differ 2x (benchmarks/bench_replay_clock.py,
 docs/whatif.md "One clock"), every median of three recordings is within 0.10 of the bare ratio on
 three models, and the two loads agree within 0.10 but for one setting: where a core was shared
-through the profiled window, gloo's collectives slow more than the compute (2.6x against 1.3-1.6x on
+through the profiled window, gloo's collectives slow more than the compute (2.0x against 1.35x on
 model B), and one root unit, which drops most collectives, is predicted 0.11 lower from such
 recordings than from lightly profiled ones. Scaling the host's work alone and keeping the
 collectives' traced times misses further the same way. A cost per traced event fitted by kind on the

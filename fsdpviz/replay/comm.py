@@ -6,9 +6,9 @@ is kept beside it. On GPU that is a time per collective (*wait*, the median of t
 above the line): the time a collective waited for the last rank to join, once per collective
 whatever its size, so that fewer, larger collectives wait fewer times. On CPU it is a share of the
 line's time (*wait_share*): on a shared host both ranks' threads are scheduled around the collective
-for as long as it runs, and the recorded excess grows with its size (7 % at 559 KB, 40 % at 3.2 MB for
-the example trainer's reduce-scatters), so a wait per collective made a merged unit's collective
-cheaper than its members'. Each step's first all-gather also holds the ranks meeting after the
+for as long as it runs, and a wait per collective priced a merged unit's collective as if it waited no
+longer than a block's (docs/whatif.md, "What moved the predictions": the recorded parts do not tell the
+two readings apart, the bare runs do). Each step's first all-gather also holds the ranks meeting after the
 optimizer step (``meeting``): it is left out of the line, and the program adds that meeting to the
 first all-gather of a setting that regroups it (:func:`fsdpviz.replay.program.build`).
 

@@ -7,7 +7,8 @@ members' passes back to back: their compute and the model's own host work inside
 kernel launches) are kept, while what FSDP does once per unit is kept once: the pre-forward /
 pre-backward hooks, the reshard, and on CPU the hook dispatch between two units' windows (the gap
 before a member's window: the module call's hook path in forward, FSDP's autograd nodes in backward;
-the example trainer's 8 blocks of dim 32 leave 0.6-0.9 ms of such gaps a step, one root unit none).
+the example trainer leaves 0.5-0.6 ms of such gaps a step per block, one root unit none:
+benchmarks/bench_merged_parts.py).
 The new unit gathers all its members' parameters at once (one collective of their summed bytes,
 costed by :mod:`.comm`, the step's first also holding the ranks' meeting) and reduces their gradients
 at once; on CPU its reduction's host work is the fitted line's at its bytes rather than its members'
