@@ -111,7 +111,7 @@ def test_settings_that_only_add_memory_never_lower_the_peak(accumulated: Model, 
     peak = recorded(plain).peak_bytes
     explored = explore(plain, peak)  # "no more memory than today"
     assert explored.budget_bytes == peak
-    for c in explored.ranked:
+    for c in [*explored.ranked, *explored.within_spread, *explored.unranked]:
         described = c.settings.describe()
         if c.prediction is not None and described.startswith(("prefetch 1", "prefetch 2", "wrap")):
             assert c.prediction.predicted.peak_allocated_bytes is not None
