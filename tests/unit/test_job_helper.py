@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from helpers.jobs import TEARDOWN_CRASH, retried, run_job
+from helpers.jobs import TEARDOWN_CRASH, TRIES, retried, run_job
 
 # A launcher that starts a worker in a session of its own (as torchrun does) and exits at once; the
 # worker keeps the job's stdout open and never ends.
@@ -79,8 +79,8 @@ def test_a_job_aborted_at_exit_runs_again_into_a_tidied_folder(tmp_path: Path) -
 
 
 def test_retries_are_bounded_and_keep_the_last_failure(tmp_path: Path) -> None:
-    codes, tidied, last = _aborting(tmp_path, fails=5)
-    assert codes == [134, 134, 134] and len(tidied) == 2
+    codes, tidied, last = _aborting(tmp_path, fails=TRIES + 2)
+    assert codes == [134] * TRIES and len(tidied) == TRIES - 1
     assert last.returncode == 134 and TEARDOWN_CRASH in last.stderr
 
 
