@@ -13,7 +13,9 @@ steps), each part of the step that a merged unit costs differently:
 
 and, from the per-block recording, the all-gather line's cost per MB with each step's first gather
 left out (as the model fits it) and kept in, and each collective size's median above its lower
-quartile. docs/whatif.md ("Against bare runs, under two profiler loads") quotes these figures.
+quartile; and the model's own ops whose time per step differs most between the two runs (count per
+step and median duration of each, from the traces: the same ops at another pace). docs/whatif.md
+("Against bare runs, under two profiler loads") quotes these figures.
 
     python benchmarks/bench_merged_parts.py [--dim 256 --layers 4] [--rounds 2] [--out DIR]
 """
@@ -21,8 +23,11 @@ quartile. docs/whatif.md ("Against bare runs, under two profiler loads") quotes 
 from __future__ import annotations
 
 import argparse
+import gzip
+import json
 import statistics
 import sys
+from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
@@ -119,6 +124,39 @@ def excess_by_size(model: Model) -> str:
     return ", ".join(cells)
 
 
+def model_ops(folder: Path) -> tuple[int, dict[str, list[float]]]:
+    """(profiled steps, each ``aten::`` op's durations in µs) of the model's own ops on every rank's
+    main thread, outside FSDP's labels (its copies and calls are other parts)."""
+    steps, durations = 0, defaultdict(list)
+    for path in sorted((folder / "traces").glob("rank*.trace.json.gz")):
+        with gzip.open(path, "rt") as f:
+            events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+        counts: dict[object, int] = defaultdict(int)
+        for e in events:
+            counts[e["tid"]] += 1
+        main = max(counts, key=lambda t: counts[t])
+        labels = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
+                        if e["tid"] == main and e["name"].startswith("FSDP::"))
+        starts = [a for a, _ in labels]
+        steps += sum(1 for e in events if e["name"].startswith("ProfilerStep#"))
+        for e in events:
+            if e["tid"] != main or e.get("cat") != "cpu_op" or not e["name"].startswith("aten::"):
+                continue
+            k = int(np.searchsorted(starts, e["ts"], side="right")) - 1
+            if k >= 0 and labels[k][0] <= e["ts"] < labels[k][1]:
+                continue
+            durations[e["name"]].append(float(e["dur"]))
+    return steps, durations
+
+
+def ops_apart(block: Path, root: Path, top: int = 4) -> list[str]:
+    """Table rows of the ``top`` ops whose time per step differs most between the two recordings."""
+    (nb, b), (nr, r) = model_ops(block), model_ops(root)
+    rows = sorted(((sum(b[n]) / nb - sum(r[n]) / nr) / 1e3, n) for n in set(b) & set(r))
+    return [f"| `{n}` | {len(b[n]) / nb:.0f} / {len(r[n]) / nr:.0f} | {statistics.median(b[n]):.1f} / "
+            f"{statistics.median(r[n]):.1f} | {d:+.2f} |" for d, n in sorted(rows, key=lambda x: -abs(x[0]))[:top]]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dim", type=int, default=256)
@@ -147,6 +185,10 @@ def main() -> None:
             print(f"\nall-gather line from the per-block recording: {fitted:.0f} us/MB with each step's first "
                   f"gather left out, {kept:.0f} us/MB with it kept in")
             print(f"reduce-scatters' median above their lower quartile: {excess_by_size(models['block'])}")
+            print("\n| op (model compute) | per step: per block / root | median µs: per block / root "
+                  "| per block minus root, ms per step |")
+            print("|---|---:|---:|---:|")
+            print("\n".join(ops_apart(base / f"block-{i}", base / f"root-{i}")))
 
 
 if __name__ == "__main__":
