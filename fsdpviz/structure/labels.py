@@ -16,9 +16,11 @@ Two label families name units:
 
 FSDP1's own ``FullyShardedDataParallel._pre_forward``-style ranges carry no unit but are framework
 work (unshard, waits, resharding), so the analysis keeps them out of a unit's compute; so are the
-autograd functions through which DeepSpeed and module backward hooks run
-(``PreBackwardFunctionForModule``, ``PostBackwardFunctionModule``, ``BackwardHookFunction`` and
-their ``...Backward`` nodes), which appear as CPU ops.
+autograd functions through which DeepSpeed, module backward hooks and FSDP2's post-backward run
+(``PreBackwardFunctionForModule``, ``PostBackwardFunctionModule``, ``BackwardHookFunction``,
+FSDP2's ``RegisterPostBackwardFunction`` and their ``...Backward`` nodes), which appear as CPU ops:
+FSDP2's node holds, beside its ``FSDP::post_backward`` labels, the engine's dispatch of the hook at
+each unit boundary, which a merged unit does not run.
 
 **Passes.** A step may run several forward and backward passes of the whole model (gradient
 accumulation: one per micro-batch, then one optimizer step). A new pass starts where the model's
@@ -57,7 +59,8 @@ _FSDP2_RE: Final = re.compile(r"^FSDP::(?P<action>\w+)(?: \((?P<fqn>[^)]*)\))?(?
 _FSDP2_PREFETCH_RE: Final = re.compile(r"^FSDP::(?P<action>forward_prefetch|backward_prefetch) for ?(?P<fqn>.*)$")
 _FSDPVIZ_RE: Final = re.compile(r"^fsdpviz::(?P<action>\w+)(?: \((?P<fqn>.*)\))?$")
 _FSDP1_PREFIX: Final = "FullyShardedDataParallel."
-_HOOK_FUNCTIONS: Final = ("PreBackwardFunctionForModule", "PostBackwardFunctionModule", "BackwardHookFunction")
+_HOOK_FUNCTIONS: Final = ("PreBackwardFunctionForModule", "PostBackwardFunctionModule", "BackwardHookFunction",
+                           "RegisterPostBackwardFunction")
 _AUTOGRAD_NODE: Final = "autograd::engine::evaluate_function: "
 _FSDP1_MODULE_FORWARD: Final = "FullyShardedDataParallel.forward"
 
