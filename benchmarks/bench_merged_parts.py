@@ -135,8 +135,13 @@ def model_ops(folder: Path) -> tuple[int, dict[str, list[float]]]:
         for e in events:
             counts[e["tid"]] += 1
         main = max(counts, key=lambda t: counts[t])
-        labels = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
-                        if e["tid"] == main and e["name"].startswith("FSDP::"))
+        labels: list[list[float]] = []  # FSDP's labels nest: their union, as disjoint intervals
+        for a, b in sorted((e["ts"], e["ts"] + e["dur"]) for e in events
+                           if e["tid"] == main and e["name"].startswith("FSDP::")):
+            if labels and a <= labels[-1][1]:
+                labels[-1][1] = max(labels[-1][1], b)
+            else:
+                labels.append([a, b])
         starts = [a for a, _ in labels]
         steps += sum(1 for e in events if e["name"].startswith("ProfilerStep#"))
         for e in events:
@@ -152,9 +157,13 @@ def model_ops(folder: Path) -> tuple[int, dict[str, list[float]]]:
 def ops_apart(block: Path, root: Path, top: int = 4) -> list[str]:
     """Table rows of the ``top`` ops whose time per step differs most between the two recordings."""
     (nb, b), (nr, r) = model_ops(block), model_ops(root)
-    rows = sorted(((sum(b[n]) / nb - sum(r[n]) / nr) / 1e3, n) for n in set(b) & set(r))
-    return [f"| `{n}` | {len(b[n]) / nb:.0f} / {len(r[n]) / nr:.0f} | {statistics.median(b[n]):.1f} / "
-            f"{statistics.median(r[n]):.1f} | {d:+.2f} |" for d, n in sorted(rows, key=lambda x: -abs(x[0]))[:top]]
+    rows = sorted(((sum(b.get(n, [])) / nb - sum(r.get(n, [])) / nr) / 1e3, n) for n in set(b) | set(r))
+
+    def median(values: list[float]) -> str:
+        return f"{statistics.median(values):.1f}" if values else "-"
+
+    return [f"| `{n}` | {len(b.get(n, [])) / nb:.0f} / {len(r.get(n, [])) / nr:.0f} | {median(b.get(n, []))} / "
+            f"{median(r.get(n, []))} | {d:+.2f} |" for d, n in sorted(rows, key=lambda x: -abs(x[0]))[:top]]
 
 
 def main() -> None:

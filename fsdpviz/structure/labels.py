@@ -19,8 +19,8 @@ work (unshard, waits, resharding), so the analysis keeps them out of a unit's co
 autograd functions through which DeepSpeed, module backward hooks and FSDP2's post-backward run
 (``PreBackwardFunctionForModule``, ``PostBackwardFunctionModule``, ``BackwardHookFunction``,
 FSDP2's ``RegisterPostBackwardFunction`` and their ``...Backward`` nodes), which appear as CPU ops:
-FSDP2's node holds, beside its ``FSDP::post_backward`` labels, the engine's dispatch of the hook at
-each unit boundary, which a merged unit does not run.
+FSDP2's node holds, beside its ``FSDP::post_backward_*`` labels, the dispatch of the hook at each unit
+boundary, which a merged unit does not run.
 
 **Passes.** A step may run several forward and backward passes of the whole model (gradient
 accumulation: one per micro-batch, then one optimizer step). A new pass starts where the model's
@@ -59,8 +59,11 @@ _FSDP2_RE: Final = re.compile(r"^FSDP::(?P<action>\w+)(?: \((?P<fqn>[^)]*)\))?(?
 _FSDP2_PREFETCH_RE: Final = re.compile(r"^FSDP::(?P<action>forward_prefetch|backward_prefetch) for ?(?P<fqn>.*)$")
 _FSDPVIZ_RE: Final = re.compile(r"^fsdpviz::(?P<action>\w+)(?: \((?P<fqn>.*)\))?$")
 _FSDP1_PREFIX: Final = "FullyShardedDataParallel."
-_HOOK_FUNCTIONS: Final = ("PreBackwardFunctionForModule", "PostBackwardFunctionModule", "BackwardHookFunction",
-                           "RegisterPostBackwardFunction")
+_HOOK_FUNCTIONS: Final = ("PreBackwardFunctionForModule", "PostBackwardFunctionModule", "BackwardHookFunction")
+# FSDP2's: the op itself, not the engine's ``evaluate_function`` range around its backward, which also
+# adds the node's output gradients into a shared input's buffer (model work where the unit's input
+# feeds more than the unit)
+_FSDP2_HOOK_OPS: Final = ("RegisterPostBackwardFunction",)
 _AUTOGRAD_NODE: Final = "autograd::engine::evaluate_function: "
 _FSDP1_MODULE_FORWARD: Final = "FullyShardedDataParallel.forward"
 
@@ -156,7 +159,7 @@ def parse_label_name(name: str) -> LabelInfo | None:
 def parse_hook_op_name(name: str) -> LabelInfo | None:
     """A CPU op that is a framework hook's autograd function, else None."""
     base = name.removeprefix(_AUTOGRAD_NODE)
-    if base.startswith(_HOOK_FUNCTIONS):
+    if base.startswith(_HOOK_FUNCTIONS) or name.startswith(_FSDP2_HOOK_OPS):
         return LabelInfo(FAMILY_HOOKS, "", "", "")
     return None
 

@@ -27,7 +27,7 @@ NO_OUTPUT = ("--no-report", "--no-summary")
 # destroy_process_group, with no Python code left running: seen with FSDP1, FSDP2 on an HSDP mesh and
 # the HF Trainer, recorded or not (how often and why: docs/testing.md).
 TEARDOWN_CRASH = "terminate called without an active exception"
-TRIES = 5  # attempts of a job that fails only by that abort (3 in 10 bare HF Trainer runs: docs/testing.md)
+TRIES = 3  # attempts of a job that fails only by that abort
 
 
 def torchrun(script: Path, *args: str, nproc: int = 2) -> list[str]:
