@@ -25,13 +25,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import SAMPLE_TRACES_DIR
 
 from fsdpviz.analysis.pipeline import analyse
 
 NODE = "RegisterPostBackwardFunction"
 WRAPPER = "autograd::engine::evaluate_function: RegisterPostBackwardFunctionBackward"
 SAMPLE = "fsdp2-cpu-2rank"
+SAMPLE_TRACES_DIR = Path(__file__).resolve().parents[2] / "sample_traces"
 
 
 def _overlap_ns(a_start: np.ndarray, a_end: np.ndarray, b_start: np.ndarray, b_end: np.ndarray) -> int:
