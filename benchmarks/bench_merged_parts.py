@@ -44,6 +44,7 @@ from fsdpviz.replay import program as prog
 from fsdpviz.replay.model import Model, read_model
 from fsdpviz.replay.recorded import Pass, StepProgram
 from fsdpviz.replay.settings import Settings, Wrap
+from fsdpviz.structure.intervals import union_intervals
 from fsdpviz.vocabulary import BACKWARD, FORWARD
 
 ROOT_WRAP = Settings(wrap=Wrap("root"))
@@ -135,20 +136,17 @@ def model_ops(folder: Path) -> tuple[int, dict[str, list[float]]]:
         for e in events:
             counts[e["tid"]] += 1
         main = max(counts, key=lambda t: counts[t])
-        labels: list[list[float]] = []  # FSDP's labels nest: their union, as disjoint intervals
-        for a, b in sorted((e["ts"], e["ts"] + e["dur"]) for e in events
-                           if e["tid"] == main and e["name"].startswith("FSDP::")):
-            if labels and a <= labels[-1][1]:
-                labels[-1][1] = max(labels[-1][1], b)
-            else:
-                labels.append([a, b])
-        starts = [a for a, _ in labels]
+        fsdp = [e for e in events if e["tid"] == main and e["name"].startswith("FSDP::")]
+        # FSDP's labels nest: their union, in ns
+        starts, ends = union_intervals(np.array([round(e["ts"] * 1e3) for e in fsdp], dtype=np.int64),
+                                       np.array([round((e["ts"] + e["dur"]) * 1e3) for e in fsdp], dtype=np.int64))
         steps += sum(1 for e in events if e["name"].startswith("ProfilerStep#"))
         for e in events:
             if e["tid"] != main or e.get("cat") != "cpu_op" or not e["name"].startswith("aten::"):
                 continue
-            k = int(np.searchsorted(starts, e["ts"], side="right")) - 1
-            if k >= 0 and labels[k][0] <= e["ts"] < labels[k][1]:
+            at = round(e["ts"] * 1e3)
+            k = int(np.searchsorted(starts, at, side="right")) - 1
+            if k >= 0 and at < ends[k]:
                 continue
             durations[e["name"]].append(float(e["dur"]))
     return steps, durations

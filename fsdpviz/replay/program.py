@@ -7,7 +7,7 @@ members' passes back to back: their compute and the model's own host work inside
 kernel launches) are kept, while what FSDP does once per unit is kept once: the pre-forward /
 pre-backward hooks, the reshard, and on CPU the hook dispatch between two units' windows (the gap
 before a member's window: the module call's hook path in forward, FSDP's autograd nodes in backward;
-the example trainer leaves 0.5-0.6 ms of such gaps a step per block, one root unit none:
+the example trainer leaves about 0.6 ms of such gaps a step per block, one root unit none:
 benchmarks/bench_merged_parts.py).
 The new unit gathers all its members' parameters at once (one collective of their summed bytes,
 costed by :mod:`.comm`, the step's first also holding the ranks' meeting) and reduces their gradients
@@ -274,11 +274,14 @@ class CostModel:
                          else self.comm.time_ns(COPY_OUT_HOST, nbytes),
                          copy_out_ns=sum(g.copy_out_ns for g in known))
 
+    def _member_reduces(self, unit: str, micro: int | None = None) -> list[Reduce]:
+        """The recorded reductions of new unit ``unit``'s members in ``micro`` (None: any micro-batch)."""
+        ms = self.members[unit]
+        return [r for r in self.step.reduces if r.unit in ms and (micro is None or r.micro == micro)]
+
     def _recorded_reduces(self, unit: str, micro: int) -> list[Reduce]:
         """The recorded reductions of new unit ``unit``'s members in ``micro``, else in any micro-batch."""
-        ms = self.members[unit]
-        return [r for r in self.step.reduces if r.unit in ms and r.micro == micro] or \
-            [r for r in self.step.reduces if r.unit in ms]
+        return self._member_reduces(unit, micro) or self._member_reduces(unit)
 
     def reduce_host(self, unit: str, micro: int) -> float | None:
         """The host's busy time in new unit ``unit``'s reduction (its gradients' copy-in, the call, the
@@ -288,7 +291,7 @@ class CostModel:
         recordings (module docstring)."""
         ms = self.members[unit]
         line = self.comm.lines.get(REDUCE_HOST)
-        here = [r for r in self.step.reduces if r.unit in ms and r.micro == micro]
+        here = self._member_reduces(unit, micro)
         if len(ms) == 1 or line is None or not here:
             return None
         return line.typical(self.unit_bytes[unit] or sum(r.bytes for r in here))
@@ -351,7 +354,8 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
                 # module call's hook path in forward, FSDP's autograd nodes in backward): merged, neither
                 # runs (on GPU, where it was not measured to help, the gap stays)
                 merged = len(members.get(unit, [unit])) > 1  # a unit run twice in a row keeps its gaps
-                ops.append(BusyOp(p.gap_ns if lead or p.part == "b" or not cpu or not merged else 0.0, "gap"))
+                keep_gap = lead or p.part == "b" or not (cpu and merged)
+                ops.append(BusyOp(p.gap_ns if keep_gap else 0.0, "gap"))
                 if lead:
                     ops.append(BusyOp(p.pre_ns, "pre"))
                 else:
