@@ -26,7 +26,10 @@ collectives' traced times misses further the same way. A cost per traced event f
 units' timed windows explained their excess under torch's fake group (R² 0.98) but not on two real
 ranks (R² about 0: there a unit's window holds its wait for the peer); factors per kind read from the
 unit-timed steps' timers moved some predictions toward bare and others further away than the
-benchmark's own spread (docs/whatif.md, "One clock").
+benchmark's own spread (docs/whatif.md, "One clock"). Taking the profiler out per traced event, as
+on a GPU (:func:`fsdpviz.replay.model.net_of_events`), moved model A's root onto bare but model B's
+and C's further off, and its replay missed the clean steps of the spun recordings by 16-91 %
+(benchmarks/bench_profiler_events.py).
 """
 
 from __future__ import annotations

@@ -101,7 +101,7 @@ def read_model(result: RunResult, ranks: Sequence[int] | None = None) -> Model:
         # better than host work scaled as on CPU (docs/whatif.md, "One clock")
         per_op_ns = hostcost.per_op_ns(cost, rec)
         if per_op_ns > 0:
-            model.net = _model(result, read_recording(result, ranks, per_op_ns=per_op_ns), sampled)
+            model.net = net_of_events(result, per_op_ns, ranks, sampled)
     elif cost is not None and cost.headline:
         def replay_ns(steps: list[StepProgram]) -> list[float]:
             return [run(prog.build(rec, s, recorded_settings(), model.comm, model.gathers), False).step_ns
@@ -112,6 +112,15 @@ def read_model(result: RunResult, ranks: Sequence[int] | None = None) -> Model:
         if model.calibration.scale:
             model.net = _model(result, scaled(rec, model.calibration.scale), sampled)
     return model
+
+
+def net_of_events(result: RunResult, per_op_ns: float, ranks: Sequence[int] | None = None,
+                  sampled: list[int] | None = None) -> Model:
+    """The recording read with the host's time net of ``per_op_ns`` per traced host event
+    (:mod:`.hostcost`), replayed: ``Model.net`` of a GPU recording. A CPU recording's net model scales
+    each rank instead (:mod:`.calibration`); ``benchmarks/bench_profiler_events.py`` reads CPU ones
+    this way beside it."""
+    return _model(result, read_recording(result, ranks, per_op_ns=per_op_ns), sampled)
 
 
 def costs_of(rec: Recording) -> tuple[comm_model.CommModel, dict[tuple[str, str], Gather]]:

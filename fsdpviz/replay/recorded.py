@@ -123,7 +123,7 @@ class Recording:
     ranks_per_host: int
     cpu_count: int  # cores of a host (0: unknown)
     notes: list[str] = field(default_factory=list)
-    host_ops_per_step: float = 0.0  # GPU: the host threads' traced events (ops, runtime calls, ranges) per step
+    host_ops_per_step: float = 0.0  # the host threads' traced events (ops, runtime calls, ranges) per step
     prefetch_args: dict[str, object] = field(default_factory=dict)
     reshard_sizes: dict[str, int] = field(default_factory=dict)
     """FSDP2's ``reshard_after_forward=<int>`` per unit that ran with one (run.json); the written code

@@ -113,8 +113,9 @@ class BusyClock:
 def read_recording(result: RunResult, ranks: Sequence[int] | None = None, per_op_ns: float = 0.0) -> Recording:
     """The programs of every analysed rank and step of ``result`` (of ``ranks`` only, when given).
 
-    ``per_op_ns``: on GPU, the host's time is read net of this much per traced host event (the
-    profiler's cost per event, :mod:`fsdpviz.replay.hostcost`)."""
+    ``per_op_ns``: the host's time is read net of this much per traced host event (the profiler's
+    cost per event, :mod:`fsdpviz.replay.hostcost`). what-if reads a GPU recording so; a CPU one it
+    scales per rank instead (:mod:`fsdpviz.replay.calibration`, which says why)."""
     analysis = result.analysis
     traces = result.aligned_detail(ranks)
     events = traces.events
@@ -216,30 +217,32 @@ def _group(grouped: DataFrameGroupBy, rank: int) -> pd.DataFrame:
 def _busy_clock(events: pd.DataFrame, spans: pd.DataFrame, host_lanes: set[tuple[int, str]], rank: int,
                 gpu: bool, per_op_ns: float = 0.0) -> BusyClock:
     """Where the host waited. GPU: CUDA synchronisations on the host threads. CPU: while a collective
-    it issued ran (from the issue to its end), except where the host computed meanwhile."""
+    it issued ran (from the issue to its end), except where the host computed meanwhile. On both, the
+    traced host events' starts (``host_ops``), which ``per_op_ns`` is taken off for."""
+    lane = events["lane"].astype(str)
+    on_host = lane.isin({name for r, name in host_lanes if r == rank}).to_numpy()
+    kinds = events["kind"]
+    traced = on_host & kinds.isin(list(HOST_EVENT_KINDS)).to_numpy()
+    ops = np.sort(events["start_ns"].to_numpy(np.int64)[traced])
     if gpu:
-        lane = events["lane"].astype(str)
-        on_host = np.array([(rank, name) in host_lanes for name in lane], dtype=bool)
         names = events["name"].astype(str)
-        kinds = events["kind"]
         sync = on_host & (kinds == schema.KIND_RUNTIME).to_numpy() & names.str.contains(
             "|".join(SYNC_CALLS), regex=True).to_numpy()
         starts = events["start_ns"].to_numpy(np.int64)[sync]
-        traced = on_host & kinds.isin(list(HOST_EVENT_KINDS)).to_numpy()
-        ops = np.sort(events["start_ns"].to_numpy(np.int64)[traced])
         clock = BusyClock(starts, starts + events["dur_ns"].to_numpy(np.int64)[sync], ops, per_op_ns)
-        clock.host_ops = ops
-        return clock
-    comm = spans[spans["kind"].isin(list(vocabulary.UNIT_COLLECTIVES)).to_numpy()]
-    other = events[((events["comm"] != "") & (events["kind"] == schema.KIND_ANNOTATION)).to_numpy()]
-    starts = np.concatenate([comm["issue_ns"].to_numpy(np.int64), other["start_ns"].to_numpy(np.int64)])
-    ends = np.concatenate([comm["end_ns"].to_numpy(np.int64),
-                           (other["start_ns"] + other["dur_ns"]).to_numpy(np.int64)])
-    compute = spans[(spans["kind"] == vocabulary.COMPUTE).to_numpy()]
-    s, e = subtract_intervals(union_intervals(starts, ends),
-                              union_intervals(compute["start_ns"].to_numpy(np.int64),
-                                              compute["end_ns"].to_numpy(np.int64)))
-    return BusyClock(s, e)
+    else:
+        comm = spans[spans["kind"].isin(list(vocabulary.UNIT_COLLECTIVES)).to_numpy()]
+        other = events[((events["comm"] != "") & (events["kind"] == schema.KIND_ANNOTATION)).to_numpy()]
+        starts = np.concatenate([comm["issue_ns"].to_numpy(np.int64), other["start_ns"].to_numpy(np.int64)])
+        ends = np.concatenate([comm["end_ns"].to_numpy(np.int64),
+                               (other["start_ns"] + other["dur_ns"]).to_numpy(np.int64)])
+        compute = spans[(spans["kind"] == vocabulary.COMPUTE).to_numpy()]
+        s, e = subtract_intervals(union_intervals(starts, ends),
+                                  union_intervals(compute["start_ns"].to_numpy(np.int64),
+                                                  compute["end_ns"].to_numpy(np.int64)))
+        clock = BusyClock(s, e, ops, per_op_ns)
+    clock.host_ops = ops
+    return clock
 
 
 @dataclass(slots=True)
