@@ -32,6 +32,7 @@ import sys
 from pathlib import Path
 
 from fsdpviz.analysis.pipeline import RunResult, analyse
+from fsdpviz.replay import hostcost
 from fsdpviz.replay.model import Model, net_of_events, read_model
 from fsdpviz.replay.settings import Settings, parse_wrap
 from fsdpviz.structure.profiler_cost import clean_step_ms
@@ -55,7 +56,8 @@ def events_reading(result: RunResult) -> tuple[dict[str, float], Model, Model | 
     clean_ms = statistics.median(ms for ms, _count in clean.values()) if clean else nan
     excess_ms = profiled_ms - clean_ms
     per_event_ns = excess_ms * 1e6 / rec.host_ops_per_step if rec.host_ops_per_step else nan
-    net = net_of_events(result, per_event_ns) if per_event_ns > 0 else None
+    net_ns = hostcost.per_op_ns(cost, rec)  # as whatif takes it on a GPU: none where the timers show no excess
+    net = net_of_events(result, net_ns) if net_ns > 0 else None
     figures = {"traced": statistics.median(s.step_ns for s in rec.steps) / 1e6, "profiled": profiled_ms,
                "clean": clean_ms, "excess": excess_ms, "events": rec.host_ops_per_step,
                "per_event_ns": per_event_ns,

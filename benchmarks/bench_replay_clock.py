@@ -100,9 +100,9 @@ def traced_parts_ms(run: Path) -> tuple[float, float]:
     """The recording's compute and collectives per step as traced (medians over its steps and ranks):
     how unevenly a load slowed them."""
     from fsdpviz.analysis.pipeline import analyse
-    from fsdpviz.replay.model import read_model
+    from fsdpviz.replay.recording import read_recording
 
-    steps = read_model(analyse([run], cache=False, progress=False)).recording.steps
+    steps = read_recording(analyse([run], cache=False, progress=False)).steps
     compute = [sum(p.compute_ns for mb in s.micro for p in (*mb.forward, *mb.backward)) for s in steps]
     collectives = [sum(g.comm_ns for g in s.gathers) + sum(r.comm_ns for r in s.reduces) for s in steps]
     return statistics.median(compute) / 1e6, statistics.median(collectives) / 1e6

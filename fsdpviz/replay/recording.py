@@ -219,8 +219,7 @@ def _busy_clock(events: pd.DataFrame, spans: pd.DataFrame, host_lanes: set[tuple
     """Where the host waited. GPU: CUDA synchronisations on the host threads. CPU: while a collective
     it issued ran (from the issue to its end), except where the host computed meanwhile. On both, the
     traced host events' starts (``host_ops``), which ``per_op_ns`` is taken off for."""
-    lane = events["lane"].astype(str)
-    on_host = lane.isin({name for r, name in host_lanes if r == rank}).to_numpy()
+    on_host = events["lane"].isin({name for r, name in host_lanes if r == rank}).to_numpy()
     kinds = events["kind"]
     traced = on_host & kinds.isin(list(HOST_EVENT_KINDS)).to_numpy()
     ops = np.sort(events["start_ns"].to_numpy(np.int64)[traced])

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from fsdpviz.analysis.pipeline import analyse
+from fsdpviz.replay import hostcost
 from fsdpviz.replay.model import net_of_events, read_model
 from fsdpviz.structure.profiler_cost import clean_step_ms
 
@@ -32,7 +33,7 @@ def test_the_replay_net_of_each_traced_event_lands_on_the_clean_steps(sample: st
     clean = statistics.median(ms for ms, _n in clean_step_ms(result.traces.timers, result.traces.run).values())
     traced = statistics.median(r.step_ns for r in model.replays) / 1e6
     assert traced > 1.1 * clean  # the profiler's share is large enough to tell the readings apart
-    per_event_ns = (cost.profiled_step_ms - clean) * 1e6 / rec.host_ops_per_step
+    per_event_ns = hostcost.per_op_ns(cost, rec)
     net = net_of_events(result, per_event_ns)
     replayed = statistics.median(r.step_ns for r in net.replays) / 1e6
     assert abs(replayed - clean) <= 0.05 * clean
