@@ -1,0 +1,184 @@
+"""Where a CPU rank's time goes, per FSDP2 setting, bare: the training thread and gloo's threads.
+
+On a CPU machine, gloo runs every collective on threads of its own: ``pt_gloo_runloop`` (the process
+group's work) and ``gloo_tcp_loop`` (the transport's event loop). None of them is in a trace, so a
+recording cannot show what they take from the training thread when the ranks have no core to spare.
+Here each of the example trainer's ranks (``examples/train.py``, FSDP2) runs every setting bare, in
+one process per rank, the settings interleaved round by round (as ``inproc_cpu_truth.py``, no
+profiler and no recorder), and reads per step from ``/proc/self/task/*/schedstat`` (Linux):
+
+- each thread group's CPU time, and its time runnable but waiting for a core (the run queue);
+- the wall time of the blocks' MLP ``Linear`` forwards (``fc_in``, ``fc_out``; forward hooks on those
+  modules, inside FSDP's unit), and of the activation between them (from ``fc_in``'s end to
+  ``fc_out``'s start: ``F.gelu``): model compute the settings share, op for op.
+
+    python benchmarks/bench_thread_cpu.py --dim 32 --layers 8 [--rounds 3] [--steps 6] [--nproc 2]
+
+Prints a table per setting: medians over every timed step of every round, rank 0 and rank 1 pooled.
+Results are recorded in docs/whatif.md ("One clock").
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+SETTINGS = {"block": ("block", True), "pair": ("pair", True), "root": ("root", True), "noreshard": ("block", False)}
+WARM_STEPS = 3
+GROUPS = ("training thread", "gloo_tcp_loop", "pt_gloo_runloop", "other")
+
+
+def thread_times() -> dict[str, tuple[int, int]]:
+    """CPU time and run-queue wait (ns) so far, summed per thread group of this process."""
+    main = threading.main_thread().native_id
+    totals = {group: [0, 0] for group in GROUPS}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            run, wait, _ = (int(v) for v in Path(f"/proc/self/task/{tid}/schedstat").read_text().split())
+            name = Path(f"/proc/self/task/{tid}/comm").read_text().strip()
+        except (OSError, ValueError):  # the thread ended between the listing and the read
+            continue
+        group = ("training thread" if int(tid) == main else
+                 next((g for g in GROUPS[1:3] if name.startswith(g)), "other"))
+        totals[group][0] += run
+        totals[group][1] += wait
+    return {group: (run, wait) for group, (run, wait) in totals.items()}
+
+
+class MlpClock:
+    """Wall time of the blocks' MLP ``Linear`` forwards, and of the activation between them (from
+    ``fc_in``'s end to ``fc_out``'s start), by forward hooks on those modules."""
+
+    def __init__(self, blocks: list[Any]) -> None:
+        self.linear_ns = 0
+        self.activation_ns = 0
+        self._started: list[int] = []
+        self._ended = 0
+        linears = [getattr(block, part) for block in blocks for part in ("fc_in", "fc_out")]
+        self._hooks = [m.register_forward_pre_hook(self._before) for m in linears]
+        self._hooks += [m.register_forward_hook(self._after) for m in linears]
+
+    def _before(self, module: Any, _inputs: Any) -> None:
+        now = time.perf_counter_ns()
+        if module.out_features < module.in_features:  # fc_out: the activation ran since fc_in ended
+            self.activation_ns += now - self._ended
+        self._started.append(now)
+
+    def _after(self, _module: Any, _inputs: Any, _output: Any) -> None:
+        self._ended = time.perf_counter_ns()
+        self.linear_ns += self._ended - self._started.pop()
+
+    def remove(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+
+
+def rank_main(dim: int, layers: int, rounds: int, steps: int) -> None:
+    """One rank: every setting in every round, alternating the order; rank 0 prints every rank's steps."""
+    sys.path.insert(0, str(ROOT / "examples"))
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    import train
+
+    warnings.simplefilter("ignore")
+    args = train.parse_args(["--framework", "fsdp2", "--layers", str(layers), "--dim", str(dim),
+                             "--steps", str(WARM_STEPS + steps), "--seed", "0"])
+    ddp = train.init_distributed("cpu")
+    batches = train.make_batches(args, ddp)
+    rows: dict[str, list[dict[str, float]]] = {name: [] for name in SETTINGS}
+    names = list(SETTINGS)
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            args.wrap, args.reshard_after_forward = SETTINGS[name]
+            model = train.shard_fsdp2(train.build_model(args), args, ddp)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=train.LEARNING_RATE)
+            clock = MlpClock([m for m in model.modules() if isinstance(m, train.Block)])  # FSDP2 renames the class
+            for i, batch in enumerate(batches):
+                dist.barrier()
+                clock.linear_ns = clock.activation_ns = 0
+                before_step, start = thread_times(), time.perf_counter_ns()
+                logits = model(batch[:, :-1])
+                F.cross_entropy(logits.reshape(-1, train.VOCAB_SIZE), batch[:, 1:].reshape(-1)).backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                wall, after_step = time.perf_counter_ns() - start, thread_times()
+                if i >= WARM_STEPS:
+                    row = {"step": wall / 1e6, "MLP linear forwards": clock.linear_ns / 1e6,
+                           "MLP activation forwards": clock.activation_ns / 1e6}
+                    for group in GROUPS:
+                        row[f"{group} CPU"] = (after_step[group][0] - before_step[group][0]) / 1e6
+                        row[f"{group} run-queue wait"] = (after_step[group][1] - before_step[group][1]) / 1e6
+                    rows[name].append(row)
+            clock.remove()
+            del model, optimizer
+            gc.collect()
+    gathered: list[Any] = [None] * ddp.world_size
+    dist.all_gather_object(gathered, rows)
+    if ddp.rank == 0:
+        print(json.dumps({"rows": gathered, "dim": dim, "layers": layers, "world": ddp.world_size}))
+    dist.destroy_process_group()
+    time.sleep(0.1)  # gloo's threads release the last collective (examples/train.py)
+
+
+def measure(dim: int, layers: int, rounds: int, steps: int, nproc: int) -> dict[str, Any]:
+    """Run the measurement on ``nproc`` gloo ranks; its JSON (``rows``: per rank, setting -> steps)."""
+    env = {**os.environ, "FSDPVIZ_INPROC_RANK": "1", "OMP_NUM_THREADS": "1"}
+    try:
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                               str(nproc), __file__, "--dim", str(dim), "--layers", str(layers), "--rounds",
+                               str(rounds), "--steps", str(steps)], check=False, capture_output=True, text=True,
+                              env=env, timeout=900)
+    except subprocess.TimeoutExpired as exc:
+        raise SystemExit(f"the measurement ran past {exc.timeout:g} s") from exc
+    if proc.returncode != 0:
+        raise SystemExit(f"the measurement failed:\n{proc.stderr[-2000:]}")
+    return json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("{")))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dim", type=int, default=32)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--nproc", type=int, default=2, help="ranks (processes) on this machine")
+    args = parser.parse_args()
+    if min(args.dim, args.layers, args.rounds, args.steps, args.nproc) < 1:
+        parser.error("--dim, --layers, --rounds, --steps and --nproc must be at least 1")
+    if not Path("/proc/self/task").is_dir():
+        parser.error("needs Linux's /proc/self/task/*/schedstat")
+    if os.environ.get("FSDPVIZ_INPROC_RANK"):
+        rank_main(args.dim, args.layers, args.rounds, args.steps)
+        return
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from harness import describe_machine
+
+    started = time.perf_counter()
+    result = measure(args.dim, args.layers, args.rounds, args.steps, args.nproc)
+    print(describe_machine())
+    print(f"\ndim {args.dim}, {args.layers} blocks, {result['world']} rank(s), bare; ms per step, medians over "
+          f"{args.rounds} rounds x {args.steps} steps x every rank")
+    columns = ["step", "MLP linear forwards", "MLP activation forwards", *(f"{g} {kind}" for g in GROUPS for kind in ("CPU", "run-queue wait"))]
+    print("\n| setting | " + " | ".join(columns) + " |")
+    print("|---|" + "---:|" * len(columns))
+    for name in SETTINGS:
+        pooled = [row for per_rank in result["rows"] for row in per_rank[name]]
+        cells = " | ".join(f"{statistics.median(row[c] for row in pooled):.2f}" for c in columns)
+        print(f"| {name} | {cells} |")
+    print(f"\n({time.perf_counter() - started:.0f} s, load average {os.getloadavg()[0]:.2f})")
+
+
+if __name__ == "__main__":
+    main()
