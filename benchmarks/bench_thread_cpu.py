@@ -5,16 +5,19 @@ group's work) and ``gloo_tcp_loop`` (the transport's event loop). None of them i
 recording cannot show what they take from the training thread when the ranks have no core to spare.
 Here each of the example trainer's ranks (``examples/train.py``, FSDP2) runs every setting bare, in
 one process per rank, the settings interleaved round by round (as ``inproc_cpu_truth.py``, no
-profiler and no recorder), and reads per step from ``/proc/self/task/*/schedstat`` (Linux):
+profiler and no recorder, but with a barrier before each step, so that the ranks' steps start
+together), and reads per step:
 
-- each thread group's CPU time, and its time runnable but waiting for a core (the run queue);
+- each thread group's CPU time, and its time runnable but waiting for a core (the run queue), from
+  ``/proc/self/task/*/schedstat`` (Linux); the training thread's CPU time from
+  ``time.thread_time_ns`` (its schedstat can lag by a scheduler tick);
 - the wall time of the blocks' MLP ``Linear`` forwards (``fc_in``, ``fc_out``; forward hooks on those
   modules, inside FSDP's unit), and of the activation between them (from ``fc_in``'s end to
   ``fc_out``'s start: ``F.gelu``): model compute the settings share, op for op.
 
     python benchmarks/bench_thread_cpu.py --dim 32 --layers 8 [--rounds 3] [--steps 6] [--nproc 2]
 
-Prints a table per setting: medians over every timed step of every round, rank 0 and rank 1 pooled.
+Prints one table, a row per setting: medians over every timed step of every round, every rank pooled.
 Results are recorded in docs/whatif.md ("One clock").
 """
 
@@ -34,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-SETTINGS = {"block": ("block", True), "pair": ("pair", True), "root": ("root", True), "noreshard": ("block", False)}
+SETTINGS = {"block": ("block", True), "pair": ("pair", True), "root": ("root", True),
+            "noreshard": ("block", False)}
 WARM_STEPS = 3
 GROUPS = ("training thread", "gloo_tcp_loop", "pt_gloo_runloop", "other")
 
@@ -43,6 +47,7 @@ def thread_times() -> dict[str, tuple[int, int]]:
     """CPU time and run-queue wait (ns) so far, summed per thread group of this process."""
     main = threading.main_thread().native_id
     totals = {group: [0, 0] for group in GROUPS}
+    seen = False
     for tid in os.listdir("/proc/self/task"):
         try:
             run, wait, _ = (int(v) for v in Path(f"/proc/self/task/{tid}/schedstat").read_text().split())
@@ -53,6 +58,10 @@ def thread_times() -> dict[str, tuple[int, int]]:
                  next((g for g in GROUPS[1:3] if name.startswith(g)), "other"))
         totals[group][0] += run
         totals[group][1] += wait
+        seen = True
+    if not seen:
+        raise SystemExit("no thread's /proc/self/task/*/schedstat could be read "
+                         "(a kernel without schedstats?)")
     return {group: (run, wait) for group, (run, wait) in totals.items()}
 
 
@@ -104,22 +113,26 @@ def rank_main(dim: int, layers: int, rounds: int, steps: int) -> None:
             args.wrap, args.reshard_after_forward = SETTINGS[name]
             model = train.shard_fsdp2(train.build_model(args), args, ddp)
             optimizer = torch.optim.AdamW(model.parameters(), lr=train.LEARNING_RATE)
-            clock = MlpClock([m for m in model.modules() if isinstance(m, train.Block)])  # FSDP2 renames the class
+            # isinstance: FSDP2 renames a sharded block's class
+            clock = MlpClock([m for m in model.modules() if isinstance(m, train.Block)])
             for i, batch in enumerate(batches):
                 dist.barrier()
                 clock.linear_ns = clock.activation_ns = 0
-                before_step, start = thread_times(), time.perf_counter_ns()
+                before_step = thread_times()
+                start, thread_start = time.perf_counter_ns(), time.thread_time_ns()
                 logits = model(batch[:, :-1])
                 F.cross_entropy(logits.reshape(-1, train.VOCAB_SIZE), batch[:, 1:].reshape(-1)).backward()
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
-                wall, after_step = time.perf_counter_ns() - start, thread_times()
+                wall, own_cpu = time.perf_counter_ns() - start, time.thread_time_ns() - thread_start
+                after_step = thread_times()
                 if i >= WARM_STEPS:
                     row = {"step": wall / 1e6, "MLP linear forwards": clock.linear_ns / 1e6,
                            "MLP activation forwards": clock.activation_ns / 1e6}
                     for group in GROUPS:
                         row[f"{group} CPU"] = (after_step[group][0] - before_step[group][0]) / 1e6
                         row[f"{group} run-queue wait"] = (after_step[group][1] - before_step[group][1]) / 1e6
+                    row["training thread CPU"] = own_cpu / 1e6
                     rows[name].append(row)
             clock.remove()
             del model, optimizer
@@ -135,16 +148,19 @@ def rank_main(dim: int, layers: int, rounds: int, steps: int) -> None:
 def measure(dim: int, layers: int, rounds: int, steps: int, nproc: int) -> dict[str, Any]:
     """Run the measurement on ``nproc`` gloo ranks; its JSON (``rows``: per rank, setting -> steps)."""
     env = {**os.environ, "FSDPVIZ_INPROC_RANK": "1", "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+               __file__, "--dim", str(dim), "--layers", str(layers), "--rounds", str(rounds),
+               "--steps", str(steps)]
     try:
-        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-                               str(nproc), __file__, "--dim", str(dim), "--layers", str(layers), "--rounds",
-                               str(rounds), "--steps", str(steps)], check=False, capture_output=True, text=True,
-                              env=env, timeout=900)
+        proc = subprocess.run(command, check=False, capture_output=True, text=True, env=env, timeout=900)
     except subprocess.TimeoutExpired as exc:
         raise SystemExit(f"the measurement ran past {exc.timeout:g} s") from exc
     if proc.returncode != 0:
         raise SystemExit(f"the measurement failed:\n{proc.stderr[-2000:]}")
-    return json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("{")))
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        raise SystemExit(f"the measurement printed no result:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    return json.loads(lines[0])
 
 
 def main() -> None:
@@ -168,9 +184,10 @@ def main() -> None:
     started = time.perf_counter()
     result = measure(args.dim, args.layers, args.rounds, args.steps, args.nproc)
     print(describe_machine())
-    print(f"\ndim {args.dim}, {args.layers} blocks, {result['world']} rank(s), bare; ms per step, medians over "
-          f"{args.rounds} rounds x {args.steps} steps x every rank")
-    columns = ["step", "MLP linear forwards", "MLP activation forwards", *(f"{g} {kind}" for g in GROUPS for kind in ("CPU", "run-queue wait"))]
+    print(f"\ndim {args.dim}, {args.layers} blocks, {result['world']} rank(s), bare; ms per step, "
+          f"medians over {args.rounds} rounds x {args.steps} steps x every rank")
+    columns = ["step", "MLP linear forwards", "MLP activation forwards",
+               *(f"{g} {kind}" for g in GROUPS for kind in ("CPU", "run-queue wait"))]
     print("\n| setting | " + " | ".join(columns) + " |")
     print("|---|" + "---:|" * len(columns))
     for name in SETTINGS:
