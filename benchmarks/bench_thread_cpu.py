@@ -28,18 +28,16 @@ import gc
 import json
 import os
 import statistics
-import subprocess
 import sys
 import threading
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-SETTINGS = {"block": ("block", True), "pair": ("pair", True), "root": ("root", True),
-            "noreshard": ("block", False)}
-WARM_STEPS = 3
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from inproc_cpu_truth import SETTINGS, WARM_STEPS, launch, start_rank
+
 GROUPS = ("training thread", "gloo_tcp_loop", "pt_gloo_runloop", "other")
 
 
@@ -95,17 +93,11 @@ class MlpClock:
 
 def rank_main(dim: int, layers: int, rounds: int, steps: int) -> None:
     """One rank: every setting in every round, alternating the order; rank 0 prints every rank's steps."""
-    sys.path.insert(0, str(ROOT / "examples"))
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
-    import train
 
-    warnings.simplefilter("ignore")
-    args = train.parse_args(["--framework", "fsdp2", "--layers", str(layers), "--dim", str(dim),
-                             "--steps", str(WARM_STEPS + steps), "--seed", "0"])
-    ddp = train.init_distributed("cpu")
-    batches = train.make_batches(args, ddp)
+    train, args, ddp, batches = start_rank(dim, layers, steps)
     rows: dict[str, list[dict[str, float]]] = {name: [] for name in SETTINGS}
     names = list(SETTINGS)
     for r in range(rounds):
@@ -147,20 +139,8 @@ def rank_main(dim: int, layers: int, rounds: int, steps: int) -> None:
 
 def measure(dim: int, layers: int, rounds: int, steps: int, nproc: int) -> dict[str, Any]:
     """Run the measurement on ``nproc`` gloo ranks; its JSON (``rows``: per rank, setting -> steps)."""
-    env = {**os.environ, "FSDPVIZ_INPROC_RANK": "1", "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-               __file__, "--dim", str(dim), "--layers", str(layers), "--rounds", str(rounds),
-               "--steps", str(steps)]
-    try:
-        proc = subprocess.run(command, check=False, capture_output=True, text=True, env=env, timeout=900)
-    except subprocess.TimeoutExpired as exc:
-        raise SystemExit(f"the measurement ran past {exc.timeout:g} s") from exc
-    if proc.returncode != 0:
-        raise SystemExit(f"the measurement failed:\n{proc.stderr[-2000:]}")
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if not lines:
-        raise SystemExit(f"the measurement printed no result:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-    return json.loads(lines[0])
+    return launch(__file__, ["--dim", str(dim), "--layers", str(layers), "--rounds", str(rounds),
+                             "--steps", str(steps)], nproc, what="the measurement")
 
 
 def main() -> None:
@@ -178,7 +158,6 @@ def main() -> None:
     if os.environ.get("FSDPVIZ_INPROC_RANK"):
         rank_main(args.dim, args.layers, args.rounds, args.steps)
         return
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from harness import describe_machine
 
     started = time.perf_counter()

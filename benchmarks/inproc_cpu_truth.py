@@ -31,19 +31,44 @@ SETTINGS = {"block": ("block", True), "pair": ("pair", True), "root": ("root", T
 WARM_STEPS = 3
 
 
-def rank_main(dim: int, layers: int, rounds: int, steps: int) -> None:
-    """One rank: every setting in every round, alternating the order; rank 0 prints the ratios."""
+def start_rank(dim: int, layers: int, steps: int) -> tuple[Any, Any, Any, list[Any]]:
+    """A rank of a measurement on the example trainer (FSDP2, CPU): its module, its arguments for the
+    model (``WARM_STEPS + steps`` steps), the process group and the batches."""
     sys.path.insert(0, str(ROOT / "examples"))
-    import torch
-    import torch.distributed as dist
-    import torch.nn.functional as F
     import train
 
     warnings.simplefilter("ignore")
     args = train.parse_args(["--framework", "fsdp2", "--layers", str(layers), "--dim", str(dim),
                              "--steps", str(WARM_STEPS + steps), "--seed", "0"])
     ddp = train.init_distributed("cpu")
-    batches = train.make_batches(args, ddp)
+    return train, args, ddp, train.make_batches(args, ddp)
+
+
+def launch(script: str, options: list[str], nproc: int = 2, what: str = "in-process truth") -> dict[str, Any]:
+    """Run ``script`` with ``options`` on ``nproc`` gloo ranks (torchrun, one thread each, the
+    ``FSDPVIZ_INPROC_RANK`` variable set); the JSON line rank 0 prints."""
+    env = {**os.environ, "FSDPVIZ_INPROC_RANK": "1", "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+               script, *options]
+    try:
+        proc = subprocess.run(command, check=False, capture_output=True, text=True, env=env, timeout=900)
+    except subprocess.TimeoutExpired as exc:
+        raise SystemExit(f"{what} ran past {exc.timeout:g} s") from exc
+    if proc.returncode != 0:
+        raise SystemExit(f"{what} failed:\n{proc.stderr[-2000:]}")
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        raise SystemExit(f"{what} printed no result:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    return json.loads(lines[0])
+
+
+def rank_main(dim: int, layers: int, rounds: int, steps: int) -> None:
+    """One rank: every setting in every round, alternating the order; rank 0 prints the ratios."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    train, args, ddp, batches = start_rank(dim, layers, steps)
     per_round: dict[str, list[float]] = {name: [] for name in SETTINGS}
     step_ms: dict[str, list[float]] = {name: [] for name in SETTINGS}
     names = list(SETTINGS)
@@ -78,17 +103,8 @@ def rank_main(dim: int, layers: int, rounds: int, steps: int) -> None:
 
 def measure(dim: int, layers: int, rounds: int = 5, steps: int = 8) -> dict[str, Any]:
     """Run the measurement on 2 gloo ranks; its JSON (``ratios``: setting -> median ratio to block)."""
-    env = {**os.environ, "FSDPVIZ_INPROC_RANK": "1", "OMP_NUM_THREADS": "1"}
-    try:
-        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                               __file__, "--dim", str(dim), "--layers", str(layers), "--rounds", str(rounds),
-                               "--steps", str(steps)], check=False, capture_output=True, text=True, env=env,
-                              timeout=900)
-    except subprocess.TimeoutExpired as exc:
-        raise SystemExit(f"in-process truth ran past {exc.timeout:g} s") from exc
-    if proc.returncode != 0:
-        raise SystemExit(f"in-process truth failed:\n{proc.stderr[-2000:]}")
-    return json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("{")))
+    return launch(__file__, ["--dim", str(dim), "--layers", str(layers), "--rounds", str(rounds),
+                             "--steps", str(steps)])
 
 
 def main() -> None:
