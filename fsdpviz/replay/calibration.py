@@ -17,11 +17,12 @@ fitted to the replay, so the replay of the scaled programs (:mod:`.simulate`) ag
 What it assumes: that the profiler slowed the step's parts in proportion to their time, so that a
 setting moves the step by the same share on either clock. Against bare runs of three settings
 measured in one process, from recordings whose slowdowns differ 2x (benchmarks/bench_replay_clock.py,
-docs/whatif.md "One clock"), every median of three recordings is within 0.10 of the bare ratio on
-three models, and the two loads agree within 0.10 but for one setting: where a core was shared
-through the profiled window, gloo's collectives slow more than the compute (2.0x against 1.35x on
-model B), and one root unit, which drops most collectives, is predicted 0.11 lower from such
-recordings than from lightly profiled ones. Scaling the host's work alone and keeping the
+docs/whatif.md "One clock"), 46 of 54 medians of three recordings were within 0.10 of the bare ratio
+over three runs on three models, and the two loads agreed within 0.10 on 24 of 27 settings; the bare
+truth itself moves by up to 0.09 between runs. Where a core was shared through the profiled window,
+gloo's collectives slow more than the compute (2.0x against 1.35x on model B in one run), and one root
+unit, which drops most collectives, was predicted 0.11 lower from such recordings than from lightly
+profiled ones. Scaling the host's work alone and keeping the
 collectives' traced times misses further the same way. A cost per traced event fitted by kind on the
 units' timed windows explained their excess under torch's fake group (R² 0.98) but not on two real
 ranks (R² about 0: there a unit's window holds its wait for the peer); factors per kind read from the
