@@ -23,8 +23,6 @@ step and median duration of each, from the traces: the same ops at another pace)
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 import statistics
 import sys
 from collections import defaultdict
@@ -38,13 +36,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_whatif_cpu import record, recordings_folder
 from harness import describe_machine
 
-from fsdpviz.analysis.pipeline import analyse
+from fsdpviz.analysis.pipeline import RunResult, analyse
 from fsdpviz.replay import comm as comm_model
 from fsdpviz.replay import program as prog
 from fsdpviz.replay.model import Model, read_model
 from fsdpviz.replay.recorded import Pass, StepProgram
 from fsdpviz.replay.settings import Settings, Wrap
 from fsdpviz.structure.intervals import union_intervals
+from fsdpviz.trace import schema
 from fsdpviz.vocabulary import BACKWARD, FORWARD
 
 ROOT_WRAP = Settings(wrap=Wrap("root"))
@@ -125,34 +124,30 @@ def excess_by_size(model: Model) -> str:
     return ", ".join(cells)
 
 
-def model_ops(folder: Path) -> tuple[int, dict[str, list[float]]]:
-    """(profiled steps, each ``aten::`` op's durations in µs) of the model's own ops on every rank's
-    main thread, outside FSDP's labels (its copies and calls are other parts)."""
+def model_ops(result: RunResult) -> tuple[int, dict[str, list[float]]]:
+    """(profiled steps summed over ranks, each ``aten::`` op's durations in µs) of the model's own ops
+    on every rank's training thread, outside FSDP's labels (its copies and calls are other parts)."""
+    events, lanes = result.traces.events, result.traces.lanes
     steps, durations = 0, defaultdict(list)
-    for path in sorted((folder / "traces").glob("rank*.trace.json.gz")):
-        with gzip.open(path, "rt") as f:
-            events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
-        counts: dict[object, int] = defaultdict(int)
-        for e in events:
-            counts[e["tid"]] += 1
-        main = max(counts, key=lambda t: counts[t])
-        fsdp = [e for e in events if e["tid"] == main and e["name"].startswith("FSDP::")]
-        # FSDP's labels nest: their union, in ns
-        starts, ends = union_intervals(np.array([round(e["ts"] * 1e3) for e in fsdp], dtype=np.int64),
-                                       np.array([round((e["ts"] + e["dur"]) * 1e3) for e in fsdp], dtype=np.int64))
-        steps += sum(1 for e in events if e["name"].startswith("ProfilerStep#"))
-        for e in events:
-            if e["tid"] != main or e.get("cat") != "cpu_op" or not e["name"].startswith("aten::"):
-                continue
-            at = round(e["ts"] * 1e3)
-            k = int(np.searchsorted(starts, at, side="right")) - 1
-            if k >= 0 and at < ends[k]:
-                continue
-            durations[e["name"]].append(float(e["dur"]))
+    main = lanes[lanes["lane_kind"] == schema.LANE_CPU_MAIN]
+    for rank, lane in main[["rank", "lane"]].itertuples(index=False):
+        ev = events[((events["rank"] == rank) & (events["lane"] == lane)).to_numpy()]
+        names = ev["name"].astype(str)
+        starts = ev["start_ns"].to_numpy(np.int64)
+        ends = starts + ev["dur_ns"].to_numpy(np.int64)
+        fsdp = names.str.startswith("FSDP::").to_numpy()
+        # FSDP's labels nest: their union
+        label_starts, label_ends = union_intervals(starts[fsdp], ends[fsdp])
+        steps += ev["step"].nunique()
+        ops = ((ev["kind"] == schema.KIND_CPU_OP) & names.str.startswith("aten::")).to_numpy()
+        k = np.searchsorted(label_starts, starts[ops], side="right") - 1
+        inside = (k >= 0) & (starts[ops] < label_ends[np.maximum(k, 0)])
+        for name, dur in zip(names[ops][~inside], ev["dur_ns"].to_numpy()[ops][~inside], strict=True):
+            durations[name].append(dur / 1e3)
     return steps, durations
 
 
-def ops_apart(block: Path, root: Path, top: int = 4) -> list[str]:
+def ops_apart(block: RunResult, root: RunResult, top: int = 4) -> list[str]:
     """Table rows of the ``top`` ops whose time per step differs most between the two recordings."""
     (nb, b), (nr, r) = model_ops(block), model_ops(root)
     rows = sorted(((sum(b.get(n, [])) / nb - sum(r.get(n, [])) / nr) / 1e3, n) for n in set(b) | set(r))
@@ -160,8 +155,9 @@ def ops_apart(block: Path, root: Path, top: int = 4) -> list[str]:
     def median(values: list[float]) -> str:
         return f"{statistics.median(values):.1f}" if values else "-"
 
-    return [f"| `{n}` | {len(b.get(n, [])) / nb:.0f} / {len(r.get(n, [])) / nr:.0f} | {median(b.get(n, []))} / "
-            f"{median(r.get(n, []))} | {d:+.2f} |" for d, n in sorted(rows, key=lambda x: -abs(x[0]))[:top]]
+    return [f"| `{n}` | {len(b.get(n, [])) / nb:.0f} / {len(r.get(n, [])) / nr:.0f} | "
+            f"{median(b.get(n, []))} / {median(r.get(n, []))} | {d:+.2f} |"
+            for d, n in sorted(rows, key=lambda x: -abs(x[0]))[:top]]
 
 
 def main() -> None:
@@ -195,7 +191,7 @@ def main() -> None:
             print("\n| op (model compute) | per step: per block / root | median µs: per block / root "
                   "| per block minus root, ms per step |")
             print("|---|---:|---:|---:|")
-            print("\n".join(ops_apart(base / f"block-{i}", base / f"root-{i}")))
+            print("\n".join(ops_apart(models["block"].result, models["root"].result)))
 
 
 if __name__ == "__main__":
