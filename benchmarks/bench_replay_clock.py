@@ -23,9 +23,12 @@ such process; and the bare runs' step of that setting over the bare per-block st
 (each: the median over ranks of its clean steps' median, steps 2 on).
 
     python benchmarks/bench_replay_clock.py [--rounds 2] [--loads light,heavy] [--dim 256 --layers 4] [--out DIR]
+    python benchmarks/bench_replay_clock.py --loads light,window --pool DIR [DIR ...]   # kept runs of one model
 
 Prints per recording its slowdown and clock, then per setting the predicted ratios from each load
-beside the bare ratio. Results are recorded in docs/whatif.md ("One clock").
+beside the bare ratio, and how far each median could move with other recordings and other bare
+processes (bootstrap intervals). Run again with the same ``--out``, it reads the recordings and bare
+runs kept there instead of making them again. Results are recorded in docs/whatif.md ("One clock").
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -60,6 +65,7 @@ LOADS = {"light": ("--no-memory",), "heavy": (), "stack": ("--stack",), "window"
 SPIN = {"heavy"}  # loads recorded beside a process spinning on one core
 SPIN_UNTIL_TRACE = {"window"}  # loads recorded beside one until the first trace is written
 SETTLING_STEPS = 2  # as profiler_cost.SETTLING_STEPS: the first steps of a run are slower
+RESAMPLES = 2000  # bootstrap resamples behind each interval
 
 
 def bare_step_ms(run: Path) -> float:
@@ -71,6 +77,24 @@ def bare_step_ms(run: Path) -> float:
                  and r["step"] >= SETTLING_STEPS and not r.get("partial")]
         per_rank.append(statistics.median(steps))
     return statistics.median(per_rank)
+
+
+def intervals(predicted: dict[str, list[float]], bare_by_process: list[list[float]],
+              seed: int = 0) -> dict[str, tuple[float, float]]:
+    """5-95 % bootstrap intervals of each load's median prediction minus the bare ratio, and of the
+    first load's median minus the second's (key ``"loads"``). Recordings are resampled one by one; the
+    bare rounds by process, whose rounds share its state (separate processes drift)."""
+    rng = np.random.default_rng(seed)
+    loads = list(predicted)
+    draws: dict[str, list[float]] = {key: [] for key in [*loads, "loads"]}
+    for _ in range(RESAMPLES):
+        picked = rng.integers(len(bare_by_process), size=len(bare_by_process))
+        bare = float(np.median(np.concatenate([bare_by_process[i] for i in picked])))
+        medians = {load: float(np.median(rng.choice(values, size=len(values)))) for load, values in predicted.items()}
+        for load in loads:
+            draws[load].append(medians[load] - bare)
+        draws["loads"].append(medians[loads[0]] - medians[loads[1]])
+    return {key: (float(np.quantile(v, 0.05)), float(np.quantile(v, 0.95))) for key, v in draws.items()}
 
 
 def kill_at_first_trace(folder: Path, spin: subprocess.Popen) -> None:
@@ -108,6 +132,59 @@ def traced_parts_ms(run: Path) -> tuple[float, float]:
     return statistics.median(compute) / 1e6, statistics.median(collectives) / 1e6
 
 
+def step_ratio(run: Path, options: list[str]) -> float:
+    """whatif's predicted step over its baseline step for ``run`` under ``options``."""
+    w = whatif(run, options)
+    return float(w["predicted"]["step_time_ms"] / w["baseline"]["step_time_ms"])
+
+
+def pool(folders: list[Path], loads: list[str]) -> None:
+    """Kept runs of this benchmark (``--out`` folders of one model each, run with these loads), read
+    again: per setting, each run's medians against its own bare ratio, then every recording of each load
+    against every bare round of every run (the runs' processes resampled for the intervals)."""
+    first, second = loads
+    runs = []
+    for folder in folders:
+        recorded = {load: sorted(folder.glob(f"block-{load}-*")) for load in loads}
+        processes = [json.loads(p.read_text())["per_round"] for p in sorted(folder.glob("inproc-*.json"))]
+        if not processes or not all(recorded.values()):
+            raise SystemExit(f"error: {folder} holds no kept {first} and {second} recordings and bare rounds "
+                             "(a folder this benchmark wrote with --out)")
+        ratios = {name: {load: [step_ratio(f, options) for f in recorded[load]] for load in loads}
+                  for name, options in PREDICT.items()}
+        runs.append((folder, ratios, processes))
+        print(f"read {folder}", file=sys.stderr, flush=True)
+    print(describe_machine())
+    print(f"\n| setting | run | bare, in one process | {first} median | {second} median | {first} - {second} "
+          f"| worst median - bare |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    inside = agree = cells = 0
+    for name, options in PREDICT.items():
+        for folder, ratios, processes in runs:
+            truth = statistics.median(v for rounds in processes for v in rounds[name])
+            medians = {load: statistics.median(ratios[name][load]) for load in loads}
+            worst = max((m - truth for m in medians.values()), key=abs)
+            inside += sum(abs(m - truth) <= 0.10 for m in medians.values())
+            agree += abs(medians[first] - medians[second]) <= 0.10
+            cells += 1
+            print(f"| {' '.join(options)} | {folder.parent.name}/{folder.name} | {truth:.3f} | {medians[first]:.3f} | {medians[second]:.3f} | "
+                  f"{medians[first] - medians[second]:+.3f} | {worst:+.3f} |")
+        every = {load: [v for _, ratios, _ in runs for v in ratios[name][load]] for load in loads}
+        by_process = [rounds[name] for _, _, processes in runs for rounds in processes]
+        truth = statistics.median(v for rounds in by_process for v in rounds)
+        medians = {load: statistics.median(v) for load, v in every.items()}
+        spans = intervals(every, by_process)
+        print(f"| {' '.join(options)} | all {len(runs)} ({len(every[first])} + {len(every[second])} recordings, "
+              f"{len(by_process)} bare processes) | {truth:.3f} | {medians[first]:.3f} "
+              f"({spans[first][0]:+.3f} to {spans[first][1]:+.3f}) | {medians[second]:.3f} "
+              f"({spans[second][0]:+.3f} to {spans[second][1]:+.3f}) | {medians[first] - medians[second]:+.3f} "
+              f"({spans['loads'][0]:+.3f} to {spans['loads'][1]:+.3f}) | "
+              f"{max((m - truth for m in medians.values()), key=abs):+.3f} |")
+    print(f"\nEach run: {inside} of {2 * cells} medians within 0.10 of its bare ratio, the loads within 0.10 "
+          f"of each other on {agree} of {cells} (pooled rows: the 5-95 % intervals of each median minus bare, "
+          "and of the two loads' difference)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
@@ -115,10 +192,15 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--out", type=Path, default=None, help="keep the recordings here (default: a temp folder)")
+    parser.add_argument("--pool", type=Path, nargs="+", default=None, metavar="DIR",
+                        help="read kept runs (--out folders of one model) again and pool them; records nothing")
     args = parser.parse_args()
     names = args.loads.split(",")
     if len(names) != 2 or len(set(names)) != 2 or not set(names) <= set(LOADS):
         parser.error(f"--loads: two of {', '.join(LOADS)}, comma-separated")
+    if args.pool:
+        pool(args.pool, names)
+        return
     loads = {name: LOADS[name] for name in names}
     trainer = model(args.dim, args.layers)
     started = time.perf_counter()
@@ -127,8 +209,9 @@ def main() -> None:
         bare: dict[str, list[float]] = {name: [] for name in SETTINGS}
         inproc: dict[str, list[float]] = {name: [] for name in SETTINGS}
         per_process: dict[str, list[float]] = {name: [] for name in SETTINGS}  # each process's median
+        by_process: dict[str, list[list[float]]] = {name: [] for name in SETTINGS}  # each process's rounds
         for i in range(args.rounds):
-            for load, options in loads.items():
+            for load, load_options in loads.items():
                 folder = base / f"block-{load}-{i}"
                 if not (folder / "run.json").is_file():
                     spin = (subprocess.Popen([sys.executable, "-c", "while True: pass"])
@@ -138,7 +221,7 @@ def main() -> None:
                         watch = threading.Thread(target=kill_at_first_trace, args=(folder, spin), daemon=True)
                         watch.start()
                     try:
-                        record(folder, SETTINGS["block"], model=trainer, options=options)
+                        record(folder, SETTINGS["block"], model=trainer, options=load_options)
                     finally:
                         if spin is not None:
                             spin.kill()
@@ -157,6 +240,7 @@ def main() -> None:
             one_process = json.loads(measured.read_text())
             for name, values in one_process["per_round"].items():
                 inproc[name].extend(values)
+                by_process[name].append(values)
                 per_process[name].append(one_process["ratios"][name])
             print(f"measured in one process: {one_process['ratios']}", file=sys.stderr, flush=True)
         print(describe_machine())
@@ -180,13 +264,13 @@ def main() -> None:
               + " | ".join(f"predicted from {load}" for load in loads)
               + f" | {first} - {second} (medians) | worst median - in-process bare |")
         print("|---|---:|---:|" + "---:|" * (len(loads) + 2))
+        spans: dict[str, dict[str, tuple[float, float]]] = {}
         for name, options in PREDICT.items():
             ratios = {}
             for load, folders in recorded.items():
                 values = []
                 for folder in folders:
-                    w = whatif(folder, options)
-                    values.append(w["predicted"]["step_time_ms"] / w["baseline"]["step_time_ms"])
+                    values.append(step_ratio(folder, options))
                 ratios[load] = values
             cells = " | ".join(", ".join(f"{v:.3f}" for v in ratios[load]) for load in loads)
             medians = {load: statistics.median(v) for load, v in ratios.items()}
@@ -194,6 +278,14 @@ def main() -> None:
             spread = f"{min(per_process[name]):.3f}-{max(per_process[name]):.3f}"
             print(f"| {' '.join(options)} | {truth[name]:.3f} ({spread}) | {separate[name]:.3f} | {cells} | "
                   f"{medians[first] - medians[second]:+.3f} | {worst:+.3f} |")
+            spans[name] = intervals(ratios, by_process[name])
+        # how far the medians could move with other recordings and other bare processes
+        print(f"\n| setting | {first} median - bare (5-95 %) | {second} median - bare | {first} - {second} |")
+        print("|---|---:|---:|---:|")
+        for name, options in PREDICT.items():
+            print(f"| {' '.join(options)} | " + " | ".join(f"{lo:+.3f} to {hi:+.3f}" for lo, hi in
+                                                       (spans[name][first], spans[name][second], spans[name]["loads"]))
+                  + " |")
     print(f"\n({time.perf_counter() - started:.0f} s, load average {os.getloadavg()[0]:.2f})")
 
 
