@@ -53,7 +53,7 @@ class Line:
 
     latency_ns: float
     per_byte_ns: float
-    wait_ns: float = 0.0
+    wait_ns: float = 0.0  # the time above the line (and its share) that each collective adds
     n: int = 0  # collectives it was fitted on
     wait_share: float = 0.0  # the typical time above the line as a share of it, where it grows with the time
 
@@ -138,8 +138,9 @@ def fit(samples: Iterable[tuple[str, int, float]], world_size: int, ranks_per_ho
     out the optimizer and data loading of the slowest rank): they are left out of the line and of the
     typical time above it (:attr:`CommModel.meeting_ns` carries what they take beyond it), unless their
     kind has no other sample. ``wait_in_proportion``: the typical time above the line is a share of the
-    line's time (it grows with the collective's size, and so does the host work around it), not a time
-    per collective."""
+    line's time (it grows with the collective's size, and so does the host work around it), the median
+    share; what the rarer, longer waits take beyond it is a time per collective, their mean (else a wait
+    per collective alone, the median)."""
     by_kind: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     for kind, nbytes, ns in samples:
         if nbytes > 0 and ns > 0:
@@ -173,6 +174,12 @@ def fit(samples: Iterable[tuple[str, int, float]], world_size: int, ranks_per_ho
         if wait_in_proportion:  # a fitted or split line is positive at every recorded size
             shares = [ns / line.at(b) - 1.0 for b, values in sizes.items() for ns in values]
             line.wait_share = max(0.0, float(np.median(shares))) if shares else 0.0
+            # A recorded unit's collectives replay as recorded, long waits and all; a merged unit's
+            # are priced here. Without these waits' mean, merging would drop every member's long
+            # waits, not one per collective it saves, and how much it saved would follow how the
+            # profiler spread the waits: a spiky light load against a broad shared-core one.
+            beyond = [ns - line.above(line.at(b)) for b, values in sizes.items() for ns in values]
+            line.wait_ns = max(0.0, float(np.mean(beyond))) if beyond else 0.0
         else:
             above = [ns - line.at(b) for b, values in sizes.items() for ns in values]
             line.wait_ns = max(0.0, float(np.median(above))) if above else 0.0
