@@ -79,20 +79,30 @@ def bare_step_ms(run: Path) -> float:
     return statistics.median(per_rank)
 
 
-def intervals(predicted: dict[str, list[float]], bare_by_process: list[list[float]],
+def intervals(predicted: list[dict[str, list[float]]], bare: list[list[list[float]]],
               seed: int = 0) -> dict[str, tuple[float, float]]:
     """5-95 % bootstrap intervals of each load's median prediction minus the bare ratio, and of the
-    first load's median minus the second's (key ``"loads"``). Recordings are resampled one by one; the
-    bare rounds by process, whose rounds share its state (separate processes drift)."""
+    first load's median minus the second's (key ``"loads"``), over runs: per run, each load's predicted
+    ratios and its bare processes' rounds. Runs are resampled, then within each its recordings one by
+    one and its bare processes whole (a process's rounds share its state; separate processes drift),
+    so that the intervals hold the drift between runs as well as within one."""
     rng = np.random.default_rng(seed)
-    loads = list(predicted)
+    loads = list(predicted[0])
     draws: dict[str, list[float]] = {key: [] for key in [*loads, "loads"]}
     for _ in range(RESAMPLES):
-        picked = rng.integers(len(bare_by_process), size=len(bare_by_process))
-        bare = float(np.median(np.concatenate([bare_by_process[i] for i in picked])))
-        medians = {load: float(np.median(rng.choice(values, size=len(values)))) for load, values in predicted.items()}
+        rounds: list[float] = []
+        picked: dict[str, list[float]] = {load: [] for load in loads}
+        for run in rng.integers(len(predicted), size=len(predicted)):
+            processes = bare[run]
+            for i in rng.integers(len(processes), size=len(processes)):
+                rounds.extend(processes[i])
+            for load in loads:
+                values = predicted[run][load]
+                picked[load].extend(rng.choice(values, size=len(values)))
+        truth = float(np.median(rounds))
+        medians = {load: float(np.median(values)) for load, values in picked.items()}
         for load in loads:
-            draws[load].append(medians[load] - bare)
+            draws[load].append(medians[load] - truth)
         draws["loads"].append(medians[loads[0]] - medians[loads[1]])
     return {key: (float(np.quantile(v, 0.05)), float(np.quantile(v, 0.95))) for key, v in draws.items()}
 
@@ -141,15 +151,22 @@ def step_ratio(run: Path, options: list[str]) -> float:
 def pool(folders: list[Path], loads: list[str]) -> None:
     """Kept runs of this benchmark (``--out`` folders of one model each, run with these loads), read
     again: per setting, each run's medians against its own bare ratio, then every recording of each load
-    against every bare round of every run (the runs' processes resampled for the intervals)."""
+    against every bare round of every run (for the intervals, runs resampled, and within each its
+    recordings and its bare processes)."""
     first, second = loads
     runs = []
     for folder in folders:
-        recorded = {load: sorted(folder.glob(f"block-{load}-*")) for load in loads}
+        if not folder.is_dir():
+            raise SystemExit(f"error: {folder} is not a folder (give --out folders of this benchmark)")
+        recorded = {load: [f for f in sorted(folder.glob(f"block-{load}-*")) if (f / "run.json").is_file()]
+                    for load in loads}
+        missing = [load for load, found in recorded.items() if not found]
+        if missing:
+            raise SystemExit(f"error: {folder} holds no finished {' or '.join(missing)} recording "
+                             "(block-LOAD-N with its run.json; run the benchmark with --out there first)")
         processes = [json.loads(p.read_text())["per_round"] for p in sorted(folder.glob("inproc-*.json"))]
-        if not processes or not all(recorded.values()):
-            raise SystemExit(f"error: {folder} holds no kept {first} and {second} recordings and bare rounds "
-                             "(a folder this benchmark wrote with --out)")
+        if not processes or any(name not in rounds for rounds in processes for name in PREDICT):
+            raise SystemExit(f"error: {folder} holds no bare rounds of every setting (inproc-N.json)")
         ratios = {name: {load: [step_ratio(f, options) for f in recorded[load]] for load in loads}
                   for name, options in PREDICT.items()}
         runs.append((folder, ratios, processes))
@@ -173,7 +190,8 @@ def pool(folders: list[Path], loads: list[str]) -> None:
         by_process = [rounds[name] for _, _, processes in runs for rounds in processes]
         truth = statistics.median(v for rounds in by_process for v in rounds)
         medians = {load: statistics.median(v) for load, v in every.items()}
-        spans = intervals(every, by_process)
+        spans = intervals([ratios[name] for _, ratios, _ in runs],
+                          [[rounds[name] for rounds in processes] for _, _, processes in runs])
         print(f"| {' '.join(options)} | all {len(runs)} ({len(every[first])} + {len(every[second])} recordings, "
               f"{len(by_process)} bare processes) | {truth:.3f} | {medians[first]:.3f} "
               f"({spans[first][0]:+.3f} to {spans[first][1]:+.3f}) | {medians[second]:.3f} "
@@ -182,7 +200,7 @@ def pool(folders: list[Path], loads: list[str]) -> None:
               f"{max((m - truth for m in medians.values()), key=abs):+.3f} |")
     print(f"\nEach run: {inside} of {2 * cells} medians within 0.10 of its bare ratio, the loads within 0.10 "
           f"of each other on {agree} of {cells} (pooled rows: the 5-95 % intervals of each median minus bare, "
-          "and of the two loads' difference)")
+          "and of the two loads' difference, runs resampled and within them recordings and bare processes)")
 
 
 def main() -> None:
@@ -278,7 +296,7 @@ def main() -> None:
             spread = f"{min(per_process[name]):.3f}-{max(per_process[name]):.3f}"
             print(f"| {' '.join(options)} | {truth[name]:.3f} ({spread}) | {separate[name]:.3f} | {cells} | "
                   f"{medians[first] - medians[second]:+.3f} | {worst:+.3f} |")
-            spans[name] = intervals(ratios, by_process[name])
+            spans[name] = intervals([ratios], [by_process[name]])
         # how far the medians could move with other recordings and other bare processes
         print(f"\n| setting | {first} median - bare (5-95 %) | {second} median - bare | {first} - {second} |")
         print("|---|---:|---:|---:|")

@@ -5,10 +5,12 @@ through the lower quartile of the recorded times at each size, and the typical t
 is kept beside it. On GPU that is a time per collective (*wait*, the median of the recorded times
 above the line): the time a collective waited for the last rank to join, once per collective
 whatever its size, so that fewer, larger collectives wait fewer times. On CPU it is a share of the
-line's time (*wait_share*): on a shared host both ranks' threads are scheduled around the collective
-for as long as it runs, and a wait per collective priced a merged unit's collective as if it waited no
-longer than a block's (docs/whatif.md, "What moved the predictions": the recorded parts do not tell the
-two readings apart, the bare runs do). Each step's first all-gather also holds the ranks meeting after the
+line's time (*wait_share*, the median share): on a shared host both ranks' threads are scheduled
+around the collective for as long as it runs, and a wait per collective priced a merged unit's
+collective as if it waited no longer than a block's (docs/whatif.md, "What moved the predictions": the
+recorded parts do not tell the two readings apart, the bare runs do); and what the rarer, longer waits
+take beyond that share, their mean per collective (*wait*), so that a merged unit's collective keeps
+one such wait, not every member's (docs/whatif.md, "Long waits, one per collective"). Each step's first all-gather also holds the ranks meeting after the
 optimizer step (``meeting``): it is left out of the line, and the program adds that meeting to the
 first all-gather of a setting that regroups it (:func:`fsdpviz.replay.program.build`).
 
@@ -53,7 +55,7 @@ class Line:
 
     latency_ns: float
     per_byte_ns: float
-    wait_ns: float = 0.0  # the time above the line (and its share) that each collective adds
+    wait_ns: float = 0.0  # a time each collective adds above the line, beside its share
     n: int = 0  # collectives it was fitted on
     wait_share: float = 0.0  # the typical time above the line as a share of it, where it grows with the time
 

@@ -136,7 +136,7 @@ def test_on_cpu_a_merged_collective_keeps_one_long_wait_not_its_members() -> Non
         recorded += [("all_gather", n, link_ns(n) * f) for f in broad]
         recorded += [("all_gather", n, link_ns(n) * f + long_wait) for f in (1.0, 1.4)]
     model = fit(recorded, 2, 2, latency_ns=NOMINAL, wait_in_proportion=True)
-    for n in (BLOCK, WIDE):  # each recorded size at what it took on average
+    for n in (BLOCK, WIDE):  # here, with the same long waits at every size: what each took on average
         took = [ns for _, b, ns in recorded if b == n]
         assert model.time_ns("all_gather", n) == pytest.approx(sum(took) / len(took), rel=1e-6)
     four = 4 * WIDE
