@@ -142,6 +142,11 @@ def traced_parts_ms(run: Path) -> tuple[float, float]:
     return statistics.median(compute) / 1e6, statistics.median(collectives) / 1e6
 
 
+def worst_miss(medians: dict[str, float], truth: float) -> float:
+    """The load's median furthest from the bare ratio, as median minus bare."""
+    return max((m - truth for m in medians.values()), key=abs)
+
+
 def step_ratio(run: Path, options: list[str]) -> float:
     """whatif's predicted step over its baseline step for ``run`` under ``options``."""
     w = whatif(run, options)
@@ -180,7 +185,7 @@ def pool(folders: list[Path], loads: list[str]) -> None:
         for folder, ratios, processes in runs:
             truth = statistics.median(v for rounds in processes for v in rounds[name])
             medians = {load: statistics.median(ratios[name][load]) for load in loads}
-            worst = max((m - truth for m in medians.values()), key=abs)
+            worst = worst_miss(medians, truth)
             inside += sum(abs(m - truth) <= 0.10 for m in medians.values())
             agree += abs(medians[first] - medians[second]) <= 0.10
             cells += 1
@@ -197,7 +202,7 @@ def pool(folders: list[Path], loads: list[str]) -> None:
               f"({spans[first][0]:+.3f} to {spans[first][1]:+.3f}) | {medians[second]:.3f} "
               f"({spans[second][0]:+.3f} to {spans[second][1]:+.3f}) | {medians[first] - medians[second]:+.3f} "
               f"({spans['loads'][0]:+.3f} to {spans['loads'][1]:+.3f}) | "
-              f"{max((m - truth for m in medians.values()), key=abs):+.3f} |")
+              f"{worst_miss(medians, truth):+.3f} |")
     print(f"\nEach run: {inside} of {2 * cells} medians within 0.10 of its bare ratio, the loads within 0.10 "
           f"of each other on {agree} of {cells} (pooled rows: the 5-95 % intervals of each median minus bare, "
           "and of the two loads' difference, runs resampled and within them recordings and bare processes)")
@@ -292,7 +297,7 @@ def main() -> None:
                 ratios[load] = values
             cells = " | ".join(", ".join(f"{v:.3f}" for v in ratios[load]) for load in loads)
             medians = {load: statistics.median(v) for load, v in ratios.items()}
-            worst = max((m - truth[name] for m in medians.values()), key=abs)
+            worst = worst_miss(medians, truth[name])
             spread = f"{min(per_process[name]):.3f}-{max(per_process[name]):.3f}"
             print(f"| {' '.join(options)} | {truth[name]:.3f} ({spread}) | {separate[name]:.3f} | {cells} | "
                   f"{medians[first] - medians[second]:+.3f} | {worst:+.3f} |")
