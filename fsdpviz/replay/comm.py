@@ -17,8 +17,8 @@ first all-gather of a setting that regroups it (:func:`fsdpviz.replay.program.bu
 Where the recorded sizes cannot tell the two terms apart -- one size only, or a line whose slope or
 latency comes out negative (a run of equal blocks and one root unit, whose gather at the step's start
 also holds the ranks meeting there, fits no line through zero) -- the time at the most recorded size
-is split at the stack's nominal latency where one is known (:data:`NOMINAL_LATENCY_NS`; CPU: gloo
-between the processes of one host), the rest bandwidth, else it is all bandwidth. FSDP's host work
+is split as the stack's bare link splits its own time at that size where one is known
+(:data:`NOMINAL_LINK`; CPU: gloo between the processes of one host), else it is all bandwidth. FSDP's host work
 around its collectives (the gather's copy-in and call, its copy-out; on CPU the reduction's labels) is
 fitted the same way; where such a line would be steeper than proportional it costs per call: on a small
 unit it is the Python and the op dispatch, not the bytes.
@@ -41,12 +41,30 @@ import numpy as np
 QUANTILE: Final = 0.25
 # Defaults for a link between hosts, per rank (stated in every prediction that uses them).
 DEFAULT_INTER_HOST_GBPS: Final = {"gpu": 25.0, "cpu": 1.25}  # GB/s: 200 Gb/s per GPU; 10 GbE per CPU host
-# The latency of one ring step of a collective between ranks of one host, where the recording cannot
-# tell latency from bandwidth (fit): gloo on one host, an all-gather of 2 ranks (one step) bare, 140 us
-# up to 51 KB on 2 cores (benchmarks/bench_gloo_link.py, docs/whatif.md). The software's round trip, not
-# the link's bandwidth, which a training step's own work on the same cores lowers. GPU stacks differ
-# (NCCL's protocols, the link), so none is assumed there.
-NOMINAL_LATENCY_NS: Final = {"cpu": 140_000.0}
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """A bare link between the ranks of one host: one ring step's latency (ns) and the time per byte of a
+    2-rank all-gather's unsharded bytes (ns per byte)."""
+
+    latency_ns: float
+    per_byte_ns: float
+
+    def line(self, world_size: int) -> tuple[float, float]:
+        """(latency, per byte) of a ring collective on ``world_size`` ranks over this link."""
+        return (self.latency_ns * _ring_steps(world_size),
+                self.per_byte_ns * _ring_share(world_size) / _ring_share(2))
+
+
+# Where the recording cannot tell a collective's latency from its bandwidth (fit), its time is split as
+# this link splits its own at that size: gloo on one host, an all-gather of 2 ranks bare on 2 cores,
+# 140 us up to 51 KB and 3.0 ms at 8 MB (benchmarks/bench_gloo_link.py, docs/whatif.md): as much time per
+# call as per byte at about 390 KB. Its shape, not its speed: a training step's work on the same cores
+# slows both terms, and the recorded time says by how much. A block's small gather is mostly the
+# software's round trip, which a merged unit pays once; a large one is mostly bytes, which it pays in
+# full. GPU stacks differ (NCCL's protocols, the link), so none is assumed there.
+NOMINAL_LINK: Final = {"cpu": Link(latency_ns=140_000.0, per_byte_ns=(3.0e6 - 140_000.0) / 8e6)}
 
 
 @dataclass(slots=True)
@@ -130,12 +148,12 @@ def _ring_share(n: int) -> float:
 
 
 def fit(samples: Iterable[tuple[str, int, float]], world_size: int, ranks_per_host: int,
-        per_call: frozenset[str] = frozenset(), latency_ns: float | None = None,
+        per_call: frozenset[str] = frozenset(), link: Link | None = None,
         meeting: Iterable[tuple[str, int, float]] = (), wait_in_proportion: bool = False) -> CommModel:
     """Fit per kind from ``(kind, bytes, ns)`` of the recorded collectives. ``per_call``: kinds of host
-    work whose sizes, where they do not tell a slope, cost per call rather than per byte. ``latency_ns``:
-    the stack's nominal latency (:data:`NOMINAL_LATENCY_NS`), which splits a collective's time where the
-    sizes do not tell latency from bandwidth (None: all of it is bandwidth there). ``meeting``: collectives
+    work whose sizes, where they do not tell a slope, cost per call rather than per byte. ``link``:
+    the stack's bare link (:data:`NOMINAL_LINK`), whose own split of its time at a size splits a
+    collective's time where the sizes do not tell latency from bandwidth (None: all of it is bandwidth there). ``meeting``: collectives
     that also held the ranks meeting after the step's boundary (each step's first all-gather, which waits
     out the optimizer and data loading of the slowest rank): they are left out of the line and of the
     typical time above it (:attr:`CommModel.meeting_ns` carries what they take beyond it), unless their
@@ -169,9 +187,9 @@ def fit(samples: Iterable[tuple[str, int, float]], world_size: int, ranks_per_ho
                                    f"({told}), so it is taken as a cost per call")
             slope, icept = 0.0, float(ys.mean())
         else:
-            # the nominal latency is a 2-rank ring's one step; the line is at the recorded world size
-            nominal = None if latency_ns is None else latency_ns * _ring_steps(world_size)
-            slope, icept = _unresolved(kind, sizes, fitted, nominal, model.notes)
+            # the link is a 2-rank ring's; the line is at the recorded world size
+            slope, icept = _unresolved(kind, sizes, fitted, None if link is None else link.line(world_size),
+                                       model.notes)
         line = Line(latency_ns=icept, per_byte_ns=slope, n=sum(len(v) for v in sizes.values()))
         if wait_in_proportion:  # a fitted or split line is positive at every recorded size
             shares = [ns / line.at(b) - 1.0 for b, values in sizes.items() for ns in values]
@@ -190,25 +208,23 @@ def fit(samples: Iterable[tuple[str, int, float]], world_size: int, ranks_per_ho
 
 
 def _unresolved(kind: str, sizes: dict[int, list[float]], fitted: tuple[float, float] | None,
-                latency_ns: float | None, notes: list[str]) -> tuple[float, float]:
+                link: tuple[float, float] | None, notes: list[str]) -> tuple[float, float]:
     """(per byte, latency) of a collective whose recorded sizes do not tell latency from bandwidth: its
-    time at the most recorded size (the larger of two as common), the nominal latency of it (all of it,
-    if shorter) and the rest bandwidth; all bandwidth without a nominal latency. Said in ``notes``."""
+    time at the most recorded size (the larger of two as common), split as the bare ``link`` (latency,
+    per byte, at the recorded world size) splits its own time at that size; all bandwidth without a
+    link. Said in ``notes``."""
     nbytes = max(sizes, key=lambda b: (len(sizes[b]), b))
     ns = float(np.quantile(sizes[nbytes], QUANTILE))
     why = ("one size only" if fitted is None else
            f"the fitted slope is {fitted[0]:.3g} ns/byte" if fitted[0] <= 0 else
            f"the fitted latency is {fitted[1] / 1e3:.1f} µs")
-    if latency_ns:
-        if ns <= latency_ns:
-            notes.append(f"{kind}: its recorded sizes do not tell latency from bandwidth ({why}), and its "
-                         f"{ns / 1e3:.1f} µs at {nbytes} bytes is within the nominal {latency_ns / 1e3:g} µs of "
-                         "latency, so all of it is taken as latency: its bytes cost nothing here")
-            return 0.0, ns
-        notes.append(f"{kind}: its recorded sizes do not tell latency from bandwidth ({why}), so of its "
-                     f"{ns / 1e3:.1f} µs at {nbytes} bytes, the nominal {latency_ns / 1e3:g} µs is taken as "
-                     "latency and the rest as bandwidth")
-        return (ns - latency_ns) / nbytes, latency_ns
+    if link is not None:
+        latency_ns, per_byte_ns = link
+        bare_ns = latency_ns + nbytes * per_byte_ns
+        notes.append(f"{kind}: its recorded sizes do not tell latency from bandwidth ({why}), so its "
+                     f"{ns / 1e3:.1f} µs at {nbytes} bytes is split as the bare link splits its own "
+                     f"{bare_ns / 1e3:.1f} µs there: {latency_ns / bare_ns:.0%} latency, the rest bandwidth")
+        return ns / bare_ns * per_byte_ns, ns / bare_ns * latency_ns
     notes.append(f"{kind}: its recorded sizes do not tell latency from bandwidth ({why}), so all of its time "
                  "is taken as bandwidth, in proportion to its bytes")
     return ns / nbytes, 0.0

@@ -138,7 +138,7 @@ def costs_of(rec: Recording) -> tuple[comm_model.CommModel, dict[tuple[str, str]
         samples += [(prog.REDUCE_HOST, r.bytes, r.host_ns) for s in rec.steps for r in s.reduces]
     fitted = comm_model.fit(samples, rec.world_size, rec.ranks_per_host,
                             per_call=frozenset({prog.GATHER_HOST, prog.COPY_OUT_HOST, prog.REDUCE_HOST}),
-                            latency_ns=comm_model.NOMINAL_LATENCY_NS.get(rec.device), meeting=meeting,
+                            link=comm_model.NOMINAL_LINK.get(rec.device), meeting=meeting,
                             wait_in_proportion=rec.device == "cpu")
     fitted.meeting_ns = prog.meeting_ns(rec, fitted)
     gathers: dict[tuple[str, str], Gather] = {}
