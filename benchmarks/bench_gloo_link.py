@@ -1,7 +1,8 @@
 """What a gloo all-gather costs between the processes of one host: latency and bandwidth, bare.
 
-The replay's nominal latency for CPU ranks (``fsdpviz.replay.comm.NOMINAL_LATENCY_NS``) is read here: where
-a recording's sizes cannot tell a collective's latency from its bandwidth, that latency is taken.
+The replay's nominal link for CPU ranks (``fsdpviz.replay.comm.NOMINAL_LINK``: 140 µs a call, 3.0 ms at
+8 MB) is read here: where a recording's sizes cannot tell a collective's latency from its bandwidth,
+its time is split as this link splits its own at that size.
 
     python benchmarks/bench_gloo_link.py [--ranks 2]
 

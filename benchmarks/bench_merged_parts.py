@@ -105,8 +105,8 @@ def gather_line_us_per_mb(model: Model) -> tuple[float, float]:
     out (as the model fits it), and kept in as an ordinary sample."""
     rec = model.recording
     every = [("all_gather", g.bytes, g.comm_ns) for s in rec.steps for g in s.gathers]
-    latency = comm_model.NOMINAL_LATENCY_NS.get(rec.device)
-    kept = comm_model.fit(every, rec.world_size, rec.ranks_per_host, latency_ns=latency)
+    link = comm_model.NOMINAL_LINK.get(rec.device)
+    kept = comm_model.fit(every, rec.world_size, rec.ranks_per_host, link=link)
     return model.comm.lines["all_gather"].per_byte_ns * 1e3, kept.lines["all_gather"].per_byte_ns * 1e3
 
 

@@ -40,7 +40,7 @@ def test_a_root_that_waits_at_the_step_start_does_not_make_the_link_slow() -> No
     """Blocks at the link's time and a root unit 300 us later (it meets the other ranks): the line
     through the two sizes reads 40x the link's cost per byte and a negative latency, and would price
     one unit of the whole model at 9x what the link takes. Split as the nominal link splits its own
-    time at a block's size (140 us and 2.9 GB/s; the link's 160 us and 2.7), the blocks' time prices
+    time at a block's size (140 us and 2.8 GB/s; the link's 160 us and 2.7), the blocks' time prices
     it within 1.1x of the link."""
     recorded = {BLOCK: link_ns(BLOCK), ROOT: link_ns(ROOT) + 300_000.0}
     model = fit(samples("all_gather", recorded), 2, 2, link=NOMINAL)
