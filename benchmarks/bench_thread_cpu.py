@@ -16,8 +16,18 @@ together), and reads per step:
   ``fc_out``'s start: ``F.gelu``): model compute the settings share, op for op.
 
     python benchmarks/bench_thread_cpu.py --dim 32 --layers 8 [--rounds 3] [--steps 6] [--nproc 2]
+    python benchmarks/bench_thread_cpu.py --dim 32 --layers 8 --profiled DIR
 
 Prints one table, a row per setting: medians over every timed step of every round, every rank pooled.
+
+``--profiled DIR`` also runs every setting under ``torch.profiler`` (CPU, input shapes recorded, as
+``fsdpviz record --no-memory`` profiles), interleaved with the bare ones in each round and without the
+barrier before each step (a profiler step spans the time between two steps, and would hold it), and
+writes each round's traces to ``DIR/<setting>-r<round>/``. From each round's per-block traces
+``fsdpviz whatif`` then predicts the other settings on the traced clock (no clean steps: nothing is
+taken out), beside the ratio the same round's traces of that setting ran at: the replay's change of
+setting, with the profiler's cost held the same on both sides and the process the same, apart from
+taking the profiler out and from the drift between processes.
 Results are recorded in docs/whatif.md ("One clock").
 """
 
@@ -28,6 +38,7 @@ import gc
 import json
 import os
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -36,9 +47,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_replay_clock import PREDICT
 from inproc_cpu_truth import SETTINGS, WARM_STEPS, launch, start_rank
 
 GROUPS = ("training thread", "gloo_tcp_loop", "pt_gloo_runloop", "other")
+PROFILED = " (profiled)"
 
 
 def thread_times() -> dict[str, tuple[int, int]]:
@@ -91,24 +104,37 @@ class MlpClock:
             hook.remove()
 
 
-def rank_main(dim: int, layers: int, rounds: int, steps: int) -> None:
-    """One rank: every setting in every round, alternating the order; rank 0 prints every rank's steps."""
+def rank_main(dim: int, layers: int, rounds: int, steps: int, profiled: Path | None) -> None:
+    """One rank: every setting in every round (and each profiled, with ``profiled``), alternating the
+    order; rank 0 prints every rank's steps."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
+    from torch.profiler import ProfilerActivity, profile, schedule
 
     train, args, ddp, batches = start_rank(dim, layers, steps)
-    rows: dict[str, list[dict[str, float]]] = {name: [] for name in SETTINGS}
-    names = list(SETTINGS)
+    names = list(SETTINGS) + ([name + PROFILED for name in SETTINGS] if profiled else [])
+    rows: dict[str, list[dict[str, float]]] = {name: [] for name in names}
     for r in range(rounds):
         for name in names if r % 2 == 0 else names[::-1]:
-            args.wrap, args.reshard_after_forward = SETTINGS[name]
+            setting = name.removesuffix(PROFILED)
+            args.wrap, args.reshard_after_forward = SETTINGS[setting]
             model = train.shard_fsdp2(train.build_model(args), args, ddp)
             optimizer = torch.optim.AdamW(model.parameters(), lr=train.LEARNING_RATE)
             # isinstance: FSDP2 renames a sharded block's class
             clock = MlpClock([m for m in model.modules() if isinstance(m, train.Block)])
+            prof = None
+            if profiled and name.endswith(PROFILED):
+                folder = profiled / f"{setting}-r{r}"
+                folder.mkdir(parents=True, exist_ok=True)
+                prof = profile(activities=[ProfilerActivity.CPU], record_shapes=True,
+                               schedule=schedule(wait=0, warmup=WARM_STEPS, active=steps),
+                               on_trace_ready=lambda p, f=folder: p.export_chrome_trace(
+                                   str(f / f"rank{ddp.rank}.trace.json")))
+                prof.start()
             for i, batch in enumerate(batches):
-                dist.barrier()
+                if prof is None:
+                    dist.barrier()
                 clock.linear_ns = clock.activation_ns = 0
                 before_step = thread_times()
                 start, thread_start = time.perf_counter_ns(), time.thread_time_ns()
@@ -118,6 +144,8 @@ def rank_main(dim: int, layers: int, rounds: int, steps: int) -> None:
                 optimizer.zero_grad(set_to_none=True)
                 wall, own_cpu = time.perf_counter_ns() - start, time.thread_time_ns() - thread_start
                 after_step = thread_times()
+                if prof is not None:
+                    prof.step()
                 if i >= WARM_STEPS:
                     row = {"step": wall / 1e6, "MLP linear forwards": clock.linear_ns / 1e6,
                            "MLP activation forwards": clock.activation_ns / 1e6}
@@ -126,8 +154,10 @@ def rank_main(dim: int, layers: int, rounds: int, steps: int) -> None:
                         row[f"{group} run-queue wait"] = (after_step[group][1] - before_step[group][1]) / 1e6
                     row["training thread CPU"] = own_cpu / 1e6
                     rows[name].append(row)
+            if prof is not None:
+                prof.stop()
             clock.remove()
-            del model, optimizer
+            del model, optimizer, prof
             gc.collect()
     gathered: list[Any] = [None] * ddp.world_size
     dist.all_gather_object(gathered, rows)
@@ -137,10 +167,40 @@ def rank_main(dim: int, layers: int, rounds: int, steps: int) -> None:
     time.sleep(0.1)  # gloo's threads release the last collective (examples/train.py)
 
 
-def measure(dim: int, layers: int, rounds: int, steps: int, nproc: int) -> dict[str, Any]:
+def measure(dim: int, layers: int, rounds: int, steps: int, nproc: int, profiled: Path | None = None) -> dict[str, Any]:
     """Run the measurement on ``nproc`` gloo ranks; its JSON (``rows``: per rank, setting -> steps)."""
     return launch(__file__, ["--dim", str(dim), "--layers", str(layers), "--rounds", str(rounds),
-                             "--steps", str(steps)], nproc, what="the measurement")
+                             "--steps", str(steps), *(["--profiled", str(profiled)] if profiled else [])],
+                  nproc, what="the measurement")
+
+
+def traced_step_ms(folder: Path, options: list[str]) -> tuple[float, float]:
+    """``fsdpviz whatif``'s recorded and predicted step (ms) of the traces in ``folder``."""
+    proc = subprocess.run([sys.executable, "-m", "fsdpviz", "whatif", str(folder), *options, "--json"],
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"fsdpviz whatif {folder} failed:\n{proc.stderr[-2000:]}")
+    out = json.loads(proc.stdout)
+    return out["baseline"]["step_time_ms"], out["predicted"]["step_time_ms"]
+
+
+def print_traced(profiled: Path, rounds: int) -> None:
+    """Per setting, each round's ratio predicted from its per-block traces against the ratio its own
+    traces ran at, both on the traced clock; and their medians."""
+    print("\nOn the traced clock, per round: predicted from the per-block traces / the setting's own traces "
+          "(step ratios to per block)\n")
+    print("| setting | " + " | ".join(f"round {r}" for r in range(rounds)) + " | median predicted | median traced |")
+    print("|---|" + "---:|" * (rounds + 2))
+    for name, options in PREDICT.items():
+        cells, predicted, traced = [], [], []
+        for r in range(rounds):
+            block, pred = traced_step_ms(profiled / f"block-r{r}", options)
+            own, _ = traced_step_ms(profiled / f"{name}-r{r}", [])
+            predicted.append(pred / block)
+            traced.append(own / block)
+            cells.append(f"{predicted[-1]:.3f} / {traced[-1]:.3f}")
+        print(f"| {name} | " + " | ".join(cells) +
+              f" | {statistics.median(predicted):.3f} | {statistics.median(traced):.3f} |")
 
 
 def main() -> None:
@@ -150,18 +210,25 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--nproc", type=int, default=2, help="ranks (processes) on this machine")
+    parser.add_argument("--profiled", type=Path, default=None, metavar="DIR",
+                        help="also run every setting profiled, write its traces under DIR, and compare "
+                             "fsdpviz whatif's predictions from the per-block traces with them")
     args = parser.parse_args()
     if min(args.dim, args.layers, args.rounds, args.steps, args.nproc) < 1:
         parser.error("--dim, --layers, --rounds, --steps and --nproc must be at least 1")
     if not Path("/proc/self/task").is_dir():
         parser.error("needs Linux's /proc/self/task/*/schedstat")
     if os.environ.get("FSDPVIZ_INPROC_RANK"):
-        rank_main(args.dim, args.layers, args.rounds, args.steps)
+        rank_main(args.dim, args.layers, args.rounds, args.steps, args.profiled)
         return
+    if args.profiled is not None:
+        if args.profiled.exists() and any(args.profiled.iterdir()):
+            parser.error(f"--profiled {args.profiled} is not empty: give a new folder")
+        args.profiled = args.profiled.resolve()
     from harness import describe_machine
 
     started = time.perf_counter()
-    result = measure(args.dim, args.layers, args.rounds, args.steps, args.nproc)
+    result = measure(args.dim, args.layers, args.rounds, args.steps, args.nproc, args.profiled)
     print(describe_machine())
     print(f"\ndim {args.dim}, {args.layers} blocks, {result['world']} rank(s), bare; ms per step, "
           f"medians over {args.rounds} rounds x {args.steps} steps x every rank")
@@ -169,10 +236,12 @@ def main() -> None:
                *(f"{g} {kind}" for g in GROUPS for kind in ("CPU", "run-queue wait"))]
     print("\n| setting | " + " | ".join(columns) + " |")
     print("|---|" + "---:|" * len(columns))
-    for name in SETTINGS:
+    for name in result["rows"][0]:
         pooled = [row for per_rank in result["rows"] for row in per_rank[name]]
         cells = " | ".join(f"{statistics.median(row[c] for row in pooled):.2f}" for c in columns)
         print(f"| {name} | {cells} |")
+    if args.profiled is not None:
+        print_traced(args.profiled, args.rounds)
     print(f"\n({time.perf_counter() - started:.0f} s, load average {os.getloadavg()[0]:.2f})")
 
 
