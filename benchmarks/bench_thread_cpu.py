@@ -21,13 +21,13 @@ together), and reads per step:
 Prints one table, a row per setting: medians over every timed step of every round, every rank pooled.
 
 ``--profiled DIR`` also runs every setting under ``torch.profiler`` (CPU, input shapes recorded, as
-``fsdpviz record --no-memory`` profiles), interleaved with the bare ones in each round and without the
-barrier before each step (a profiler step spans the time between two steps, and would hold it), and
-writes each round's traces to ``DIR/<setting>-r<round>/``. From each round's per-block traces
-``fsdpviz whatif`` then predicts the other settings on the traced clock (no clean steps: nothing is
-taken out), beside the ratio the same round's traces of that setting ran at: the replay's change of
-setting, with the profiler's cost held the same on both sides and the process the same, apart from
-taking the profiler out and from the drift between processes.
+``fsdpviz record --no-memory`` profiles), interleaved with the bare ones in each round, and writes each
+round's traces to ``DIR/<setting>-r<round>/`` (gzipped). In this mode no run has the barrier before
+each step, bare or profiled (a profiler step spans the time between two steps, and would hold it), so
+that the two differ by the profiler alone; a profiler step also holds this script's reads of
+``/proc`` between the timed steps. A second table then gives, per round, the ratio ``fsdpviz whatif``
+predicts for each setting from the per-block traces on the traced clock (no clean steps: nothing is
+taken out), beside the ratio the same round's traces of that setting ran at.
 Results are recorded in docs/whatif.md ("One clock").
 """
 
@@ -128,12 +128,12 @@ def rank_main(dim: int, layers: int, rounds: int, steps: int, profiled: Path | N
                 folder = profiled / f"{setting}-r{r}"
                 folder.mkdir(parents=True, exist_ok=True)
                 prof = profile(activities=[ProfilerActivity.CPU], record_shapes=True,
-                               schedule=schedule(wait=0, warmup=WARM_STEPS, active=steps),
+                               schedule=schedule(wait=0, warmup=WARM_STEPS, active=steps, repeat=1),
                                on_trace_ready=lambda p, f=folder: p.export_chrome_trace(
-                                   str(f / f"rank{ddp.rank}.trace.json")))
+                                   str(f / f"rank{ddp.rank}.trace.json.gz")))
                 prof.start()
             for i, batch in enumerate(batches):
-                if prof is None:
+                if profiled is None:  # with --profiled, no run has it (the module docstring)
                     dist.barrier()
                 clock.linear_ns = clock.activation_ns = 0
                 before_step = thread_times()
@@ -222,7 +222,7 @@ def main() -> None:
         rank_main(args.dim, args.layers, args.rounds, args.steps, args.profiled)
         return
     if args.profiled is not None:
-        if args.profiled.exists() and any(args.profiled.iterdir()):
+        if args.profiled.exists() and (not args.profiled.is_dir() or any(args.profiled.iterdir())):
             parser.error(f"--profiled {args.profiled} is not empty: give a new folder")
         args.profiled = args.profiled.resolve()
     from harness import describe_machine
@@ -230,7 +230,8 @@ def main() -> None:
     started = time.perf_counter()
     result = measure(args.dim, args.layers, args.rounds, args.steps, args.nproc, args.profiled)
     print(describe_machine())
-    print(f"\ndim {args.dim}, {args.layers} blocks, {result['world']} rank(s), bare; ms per step, "
+    kind = "bare and profiled" if args.profiled else "bare"
+    print(f"\ndim {args.dim}, {args.layers} blocks, {result['world']} rank(s), {kind}; ms per step, "
           f"medians over {args.rounds} rounds x {args.steps} steps x every rank")
     columns = ["step", "MLP linear forwards", "MLP activation forwards",
                *(f"{g} {kind}" for g in GROUPS for kind in ("CPU", "run-queue wait"))]
