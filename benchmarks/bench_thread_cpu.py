@@ -38,7 +38,6 @@ import gc
 import json
 import os
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -47,7 +46,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_replay_clock import PREDICT
+from bench_replay_clock import PREDICT, step_ratio, whatif
 from inproc_cpu_truth import SETTINGS, WARM_STEPS, launch, start_rank
 
 GROUPS = ("training thread", "gloo_tcp_loop", "pt_gloo_runloop", "other")
@@ -174,16 +173,6 @@ def measure(dim: int, layers: int, rounds: int, steps: int, nproc: int, profiled
                   nproc, what="the measurement")
 
 
-def traced_step_ms(folder: Path, options: list[str]) -> tuple[float, float]:
-    """``fsdpviz whatif``'s recorded and predicted step (ms) of the traces in ``folder``."""
-    proc = subprocess.run([sys.executable, "-m", "fsdpviz", "whatif", str(folder), *options, "--json"],
-                          capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise SystemExit(f"fsdpviz whatif {folder} failed:\n{proc.stderr[-2000:]}")
-    out = json.loads(proc.stdout)
-    return out["baseline"]["step_time_ms"], out["predicted"]["step_time_ms"]
-
-
 def print_traced(profiled: Path, rounds: int) -> None:
     """Per setting, each round's ratio predicted from its per-block traces against the ratio its own
     traces ran at, both on the traced clock; and their medians."""
@@ -191,13 +180,12 @@ def print_traced(profiled: Path, rounds: int) -> None:
           "(step ratios to per block)\n")
     print("| setting | " + " | ".join(f"round {r}" for r in range(rounds)) + " | median predicted | median traced |")
     print("|---|" + "---:|" * (rounds + 2))
+    block = [whatif(profiled / f"block-r{r}", [])["baseline"]["step_time_ms"] for r in range(rounds)]
     for name, options in PREDICT.items():
         cells, predicted, traced = [], [], []
         for r in range(rounds):
-            block, pred = traced_step_ms(profiled / f"block-r{r}", options)
-            own, _ = traced_step_ms(profiled / f"{name}-r{r}", [])
-            predicted.append(pred / block)
-            traced.append(own / block)
+            predicted.append(step_ratio(profiled / f"block-r{r}", options))
+            traced.append(whatif(profiled / f"{name}-r{r}", [])["baseline"]["step_time_ms"] / block[r])
             cells.append(f"{predicted[-1]:.3f} / {traced[-1]:.3f}")
         print(f"| {name} | " + " | ".join(cells) +
               f" | {statistics.median(predicted):.3f} | {statistics.median(traced):.3f} |")

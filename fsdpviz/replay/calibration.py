@@ -17,14 +17,13 @@ fitted to the replay, so the replay of the scaled programs (:mod:`.simulate`) ag
 What it assumes: that the profiler slowed the step's parts in proportion to their time, so that a
 setting moves the step by the same share on either clock. Against bare runs of three settings
 measured in one process, from recordings whose slowdowns differ 2x (benchmarks/bench_replay_clock.py,
-docs/whatif.md "One clock"), 78 of 90 medians of three or six recordings were within 0.10 of the bare
-ratio over five runs on three models, and the two loads agreed within 0.10 on 44 of 45 settings (79
-and 39 before a merged collective kept one long wait, :mod:`.comm`); the medians that miss are one
-model's but two, and pooled over the runs that model's predictions are 0.06-0.11 high on every
-setting under both loads, while the others' are within 0.07; the bare truth itself moves by up to
-0.14 between runs. Where a core was shared through the profiled window, gloo's collectives slow
-more than the compute (2.0x against 1.35x on model B in one run), and one root unit, which drops most
-collectives, was predicted 0.05 lower from such recordings than from lightly profiled ones (pooled). Scaling the host's work alone and keeping the
+docs/whatif.md "One clock"), 99 of 108 medians of three to six recordings were within 0.10 of the
+bare ratio over six runs on three models, and the two loads agreed within 0.10 on 53 of 54 settings;
+pooled over the runs every median is within 0.10 of bare (model A's no-resharding setting the
+furthest, +0.09) and the loads within 0.06 of each other; the bare truth itself moves by up to 0.14
+between runs. Where a core was shared through the profiled window, gloo's collectives slow more than
+the compute (2.0x against 1.35x on model B in one run), and one root unit, which drops most
+collectives, was predicted 0.06 lower from such recordings than from lightly profiled ones (pooled). Scaling the host's work alone and keeping the
 collectives' traced times misses further the same way. A cost per traced event fitted by kind on the
 units' timed windows explained their excess under torch's fake group (R² 0.98) but not on two real
 ranks (R² about 0: there a unit's window holds its wait for the peer); factors per kind read from the
