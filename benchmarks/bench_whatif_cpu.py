@@ -121,8 +121,8 @@ def main() -> None:
               f"(range {min(block_steps):.2f}-{max(block_steps):.2f}); replay error "
               f"{', '.join(f'{r:.2f} %' for r in replays)}\n")
         print("| setting | predicted step (ms) | recorded step (ms), median (range) | error | predicted rise (MiB) "
-              "| recorded rise (MiB) | error |")
-        print("|---|---:|---:|---:|---:|---:|---:|")
+              "| recorded rise (MiB) | error | predicted peak (MiB) | recorded peak (MiB) | error |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for name, options in OPTIONS.items():
             preds = [predicted(f, options) for f in folders["block"]]
             p_step = statistics.median(p[0] for p in preds)
@@ -130,9 +130,12 @@ def main() -> None:
             steps = [t[0] for t in truth[name]]
             t_step = statistics.median(steps)
             t_rise = statistics.median(t[2] for t in truth[name])
+            p_peak = statistics.median(p[1] for p in preds)
+            t_peak = statistics.median(t[1] for t in truth[name])
             print(f"| {' '.join(options)} | {p_step:.2f} | {t_step:.2f} ({min(steps):.2f}-{max(steps):.2f}) "
                   f"| {100 * (p_step - t_step) / t_step:+.1f} % | {p_rise / 2**20:.2f} | {t_rise / 2**20:.2f} "
-                  f"| {100 * (p_rise - t_rise) / t_rise:+.1f} % |")
+                  f"| {100 * (p_rise - t_rise) / t_rise:+.1f} % | {p_peak / 2**20:.2f} | {t_peak / 2**20:.2f} "
+                  f"| {100 * (p_peak - t_peak) / t_peak:+.1f} % |")
     print(f"\n({time.perf_counter() - started:.0f} s)")
 
 

@@ -15,8 +15,9 @@ A recorded step's allocated level is, at every sample, its categories
   backward when the unit before it in backward starts (FSDP2 prefetches one unit ahead: the
   all-gather output from then, the parameters from the unit's copy-out). A merged unit (the root
   unit of ``--wrap root`` too) gathers all its members at once: issued when its first member's
-  gather was (in backward: when the new unit before it in backward starts), copied out when the
-  first member's was; its all-gather output is freed at that copy-out (in forward FSDP2 keeps it
+  gather was (in backward: when the new unit before it in backward starts), copied out once its one
+  transfer is done (not before the first member's copy-out, nor before the last member's staging
+  buffer is freed); its all-gather output is freed at that copy-out (in forward FSDP2 keeps it
   until the next unit's copy-out: when the last member's was); its parameters are freed when the
   last member's would have been. It reduces once, after its last member's backward: the
   reduce-scatter input of all its members (in the reduce dtype: fp32 under a bf16 policy) is made
@@ -464,7 +465,8 @@ def _merged(sm: StepMemory, s: MemorySetting, blocks: list[Block]) -> list[Block
     micro-batch: the members' gathers issued when the first member's was -- in backward, with FSDP2's
     one-ahead prefetch, when the new unit before it in that micro-batch's backward starts -- (their
     buffers as :func:`_moved_buffer` moves them), the all-gather output freed at the merged copy-out
-    (the first member's) -- in forward, where FSDP2 keeps a gather's output until the next unit's
+    (the first member's, or later: after the last moved staging buffer is freed, since one transfer
+    carries every member) -- in forward, where FSDP2 keeps a gather's output until the next unit's
     copy-out, when the last member's was --, every member's parameters made at that copy-out and
     freed when the last member's are."""
     copy_outs, issued = _first_made(blocks, _PARAMS), _first_made(blocks, _BUFFERS)
@@ -499,6 +501,10 @@ def _merged(sm: StepMemory, s: MemorySetting, blocks: list[Block]) -> list[Block
                     made = issue + (b.alloc - starts[(b.unit, b.phase, b.micro)])
                     out.append(_copy(b, unit=new, alloc=made, free=made + (b.free - b.alloc)))
             params = list(flat.values())
+        if not fsdp1:
+            # one transfer for all members: its staging freed when it ends, and the copy-out after it
+            copy_out = max([copy_out] + [issue + b.free - issued[(b.unit, b.phase, b.micro)]
+                                         for b in buffers if _temporary(b, copy_outs)])
         params_end = max((b.free for b in params), default=copy_out)
         outputs = [b for b in buffers if not _temporary(b, copy_outs)]
         output_end = copy_out
