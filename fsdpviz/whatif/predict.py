@@ -256,7 +256,7 @@ def code_header(p: Prediction, comment: str = "#") -> str:
         lines.append(f"predicted peak {new.peak_allocated_bytes:,} bytes allocated (recorded "
                      f"{base.peak_allocated_bytes:,})")
     clean = (p.clock or {}).get("replay_error_pct")
-    replay = f"the model's replay misses the recorded step by {p.replay_error_pct:.1f} %" + (
+    replay = f"the model's replay misses the traced step by {p.replay_error_pct:.1f} %" + (
         f" (without the profiler, the run's clean steps by {clean:.1f} %)" if clean is not None else "")
     lines.append(f"{'reliable' if p.reliable else 'unreliable'}: {replay}; the limit is {RELIABLE_REPLAY_PCT:g} %")
     if p.spread_ms is None:
@@ -283,7 +283,7 @@ def weaknesses(replay_error_pct: float, cost: ProfilerCost | None, clean_error_p
     (``clean_error_pct``: how far the replay without the profiler misses the timers' clean step)."""
     out = []
     if replay_error_pct > RELIABLE_REPLAY_PCT:
-        out.append(f"unreliable: the model's replay misses the recorded step by {replay_error_pct:.1f} % (more than "
+        out.append(f"unreliable: the model's replay misses the traced step by {replay_error_pct:.1f} % (more than "
                    f"{RELIABLE_REPLAY_PCT:g} %), so it does not explain this recording well enough for its predicted "
                    "figures to be read as more than a direction")
     elif clean_error_pct is not None and clean_error_pct > RELIABLE_REPLAY_PCT:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import re
 
 import pytest
 from helpers.cli import json_here, run_here
@@ -54,6 +55,17 @@ def test_replay_prefetch_and_world_size(framework: str, recordings: Recordings,
     else:
         assert replay["reliable"]
     assert replay["predicted"]["step_time_ms"] == pytest.approx(step, abs=1e-3)
+    # the terminal names the two checks apart, each with the figure the JSON gives it
+    table = run_here(capsys, "whatif", run, "-q")
+    assert table.returncode == 0, table.stderr
+    said = re.search(r"^replay: the model reproduces the traced step within ([\d.]+) %"
+                     r"(?: \(without the profiler, the run's clean steps within ([\d.]+) %\))?$", table.stdout,
+                     re.MULTILINE)
+    assert said is not None, table.stdout
+    assert float(said[1]) == pytest.approx(replay["replay_error_pct"], abs=0.06)  # printed to 0.1
+    assert (said[2] is None) == (clean_error is None)
+    if clean_error is not None:
+        assert float(said[2]) == pytest.approx(clean_error, abs=0.06)
     none = json_here(capsys, "whatif", run, "--prefetch", "none", "--json", "-q")
     assert none["predicted"]["settings"]["prefetch"]["source"] == "given"
     # twice the ranks on the one host of 2 cores: compute shares the cores, collectives take a longer ring
