@@ -17,9 +17,9 @@ fitted to the replay, so the replay of the scaled programs (:mod:`.simulate`) ag
 What it assumes: that the profiler slowed the step's parts in proportion to their time, so that a
 setting moves the step by the same share on either clock. Against bare runs of three settings
 measured in one process, from recordings whose slowdowns differ 2x (benchmarks/bench_replay_clock.py,
-docs/whatif.md "One clock"), 99 of 108 medians of three to six recordings were within 0.10 of the
-bare ratio over six runs on three models, and the two loads agreed within 0.10 on 53 of 54 settings;
-pooled over the runs every median is within 0.10 of bare (model A's no-resharding setting the
+docs/whatif.md "One clock"), 115 of 126 medians of three to six recordings were within 0.10 of the
+bare ratio over seven runs on three models, and the two loads agreed within 0.10 on 62 of 63 settings;
+pooled over the runs every median is within 0.10 of bare (model A's pairs from the spun recordings the
 furthest, +0.09) and the loads within 0.06 of each other; the bare truth itself moves by up to 0.14
 between runs. Where a core was shared through the profiled window, gloo's collectives slow more than
 the compute (2.0x against 1.35x on model B in one run), and one root unit, which drops most
