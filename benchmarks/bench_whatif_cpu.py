@@ -6,7 +6,7 @@ with explicit prefetch of one unit and with ``--no-reshard-after-forward``, ``--
 recording, and compares the median prediction with the median recorded truth. Memory is compared
 as the rise of the allocated level within a step (peak - level at the step's start): on CPU the
 level at a step's start also holds what the allocator had before the profiler started, which
-differs between processes; the predicted absolute peak is printed too.
+differs between processes; the absolute peaks, predicted and recorded, are printed too.
 
     python benchmarks/bench_whatif_cpu.py [--repeat 3] [--out DIR]
 

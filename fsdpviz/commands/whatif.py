@@ -311,10 +311,7 @@ def print_prediction(prediction: Prediction, run: str, framework: str, world_siz
              f"{u.reduce_scatter_ms:.2f}", f"{u.exposed_comm_ms:.2f}") for u in prediction.predicted.units])
     typer.echo("")
     typer.echo("settings: " + "; ".join(_setting_words(settings, device, prediction.prefetch_arguments)))
-    # two checks, named apart: the traced steps as recorded, and the clean steps the clock is on
-    clean = (prediction.clock or {}).get("replay_error_pct")
-    typer.echo(f"replay: the model reproduces the traced step within {prediction.replay_error_pct:.1f} %"
-               + (f" (without the profiler, the run's clean steps within {clean:.1f} %)" if clean is not None else ""))
+    typer.echo(f"replay: {prediction.replay_words()}")
     for note in prediction.notes:
         typer.echo(f"note: {note}")
 

@@ -15,9 +15,12 @@ A recorded step's allocated level is, at every sample, its categories
   backward when the unit before it in backward starts (FSDP2 prefetches one unit ahead: the
   all-gather output from then, the parameters from the unit's copy-out). A merged unit (the root
   unit of ``--wrap root`` too) gathers all its members at once: issued when its first member's
-  gather was (in backward: when the new unit before it in backward starts), copied out once its one
-  transfer is done (not before the first member's copy-out, nor before the last member's staging
-  buffer is freed); its all-gather output is freed at that copy-out (in forward FSDP2 keeps it
+  gather was (in backward: when the new unit before it in backward starts, and on CPU, where gloo's
+  collectives run to their end on the host, not before that unit's copy-out, which its pre-backward
+  does first), copied out not before the first member's
+  copy-out, nor before the last of the members' staging buffers is freed (one transfer carries them
+  all; each moved with its own offset from the issue, so this is the earliest the merged transfer
+  can end); its all-gather output is freed at that copy-out (in forward FSDP2 keeps it
   until the next unit's copy-out: when the last member's was); its parameters are freed when the
   last member's would have been. It reduces once, after its last member's backward: the
   reduce-scatter input of all its members (in the reduce dtype: fp32 under a bf16 policy) is made
@@ -33,7 +36,9 @@ A recorded step's allocated level is, at every sample, its categories
   output where it did (its ``wait_for_unshard`` keeps a forward gather's output until the next
   unit's copy-out whatever the prefetch, and frees a backward one at its own copy-out); ``none`` not
   before the unit itself. A moved gather's temporaries (copy-in, a backend's staging
-  buffers) live as long as they did.
+  buffers) live as long as they did. A gather that ``none`` issues later keeps its unit's parameters
+  at the recorded copy-out, so its staging can then outlive that copy-out: left so, with no recording
+  of ``none`` to check a later copy-out on.
 
 ZeRO-3 under another prefetch bucket gathers other sets of parameters in forward: DeepSpeed's fetch
 and prefetch queue is replayed on the units' parameters (:mod:`.zero3_fetch`), each gather's flat
@@ -174,6 +179,11 @@ class MemorySetting:
     unit_params: dict[str, tuple[int, ...]] = field(default_factory=dict)
     shards: int = 1
     element_bytes: int = 0
+    # CPU (gloo): the host runs each collective to its end, so a gather's copy-out is where its transfer
+    # ended, and a prefetch the next pre-backward issues after that copy-out starts after it (on a GPU
+    # the host issues it while the device still copies, and the copy-out's host time says nothing of
+    # when the transfer ends)
+    synchronous: bool = False
 
 
 def step_memory(rank: int, step: int, t0: int, t1: int, t: np.ndarray, cats: mcat.Categorised,
@@ -463,12 +473,14 @@ def _moved_buffer(b: Block, issued: int, new_issue: int, copy_out: int | None, n
 def _merged(sm: StepMemory, s: MemorySetting, blocks: list[Block]) -> list[Block]:
     """Units gathered together (``blocks``: what the gathers made), per new unit, phase and
     micro-batch: the members' gathers issued when the first member's was -- in backward, with FSDP2's
-    one-ahead prefetch, when the new unit before it in that micro-batch's backward starts -- (their
-    buffers as :func:`_moved_buffer` moves them), the all-gather output freed at the merged copy-out
-    (the first member's, or later: after the last moved staging buffer is freed, since one transfer
-    carries every member) -- in forward, where FSDP2 keeps a gather's output until the next unit's
-    copy-out, when the last member's was --, every member's parameters made at that copy-out and
-    freed when the last member's are."""
+    one-ahead prefetch, when the new unit before it in that micro-batch's backward starts, and on CPU
+    not before that unit's copy-out (its pre-backward runs its own gather to the end and copies it out
+    before it issues the prefetch) -- (their buffers as :func:`_moved_buffer` moves them); FSDP2's merged
+    copy-out not before the first member's, nor before the last of the members' staging buffers is
+    freed (one transfer carries every member: its staging goes when it ends, and the copy-out follows);
+    the all-gather output freed at that copy-out -- in forward, where FSDP2 keeps a gather's output
+    until the next unit's copy-out, when the last member's was --, every member's parameters made at
+    that copy-out and freed when the last member's are."""
     copy_outs, issued = _first_made(blocks, _PARAMS), _first_made(blocks, _BUFFERS)
     groups: dict[Pass, list[Block]] = {}
     for b in blocks:
@@ -477,16 +489,23 @@ def _merged(sm: StepMemory, s: MemorySetting, blocks: list[Block]) -> list[Block
     ahead = _backward_issues(sm, s) if implicit else {}  # explicit: as _prefetched moved the members
     out = []
     fsdp1 = s.framework == vocabulary.FSDP1
-    for (new, phase, micro), members in groups.items():
+    made_at: dict[Pass, int] = {}  # new unit, phase, micro -> its copy-out (a prefetch it issues follows it)
+    # in the order the gathers were issued, so that the unit issuing a prefetch is placed before it
+    for (new, phase, micro), members in sorted(groups.items(), key=lambda g: min(b.alloc for b in g[1])):
         params = [b for b in members if b.category == _PARAMS]
         buffers = [b for b in members if b.category == _BUFFERS]
         first = min(b.alloc for b in members)
         copy_out = min((b.alloc for b in params), default=first)
         issue = min((b.alloc for b in buffers), default=copy_out)
         if phase == vocabulary.BACKWARD and (new, micro) in ahead:
-            issue = min(ahead[(new, micro)], copy_out)
+            start, before = ahead[(new, micro)]
+            issue = min(start, copy_out)
+            if s.synchronous and not fsdp1:
+                issue = max(issue, made_at.get((before, phase, micro), issue))
+                copy_out = max(copy_out, issue)
         merged = len({b.unit for b in members}) > 1
         if not merged and issue == min((b.alloc for b in buffers), default=copy_out):
+            made_at[(new, phase, micro)] = copy_out
             out.extend(members)
             continue
         if fsdp1:  # the gather writes the flat parameter: made at the issue; its temporaries live as long as they did
@@ -501,13 +520,14 @@ def _merged(sm: StepMemory, s: MemorySetting, blocks: list[Block]) -> list[Block
                     made = issue + (b.alloc - starts[(b.unit, b.phase, b.micro)])
                     out.append(_copy(b, unit=new, alloc=made, free=made + (b.free - b.alloc)))
             params = list(flat.values())
-        if not fsdp1:
-            # one transfer for all members: its staging freed when it ends, and the copy-out after it
-            copy_out = max([copy_out] + [issue + b.free - issued[(b.unit, b.phase, b.micro)]
+        else:  # FSDP2: the copy-out after the one transfer, whose staging goes when it ends
+            copy_out = max([copy_out] + [_moved_buffer(b, issued[(b.unit, b.phase, b.micro)], issue,
+                                                       copy_outs.get((b.unit, b.phase, b.micro)), issue).free
                                          for b in buffers if _temporary(b, copy_outs)])
+        made_at[(new, phase, micro)] = copy_out
         params_end = max((b.free for b in params), default=copy_out)
-        outputs = [b for b in buffers if not _temporary(b, copy_outs)]
         output_end = copy_out
+        outputs = [b for b in buffers if not _temporary(b, copy_outs)]
         if phase == vocabulary.FORWARD and outputs:  # the last member's output, where the trace saw it freed
             output_end = max(copy_out, max((b.free for b in outputs if b.free != mcat.NOT_FREED), default=copy_out))
         out += [_copy(b, unit=new, alloc=copy_out, free=max(copy_out, params_end)) for b in params]
@@ -523,21 +543,21 @@ def _temporary(b: Block, copy_outs: dict[Pass, int]) -> bool:
     return copy_out is not None and b.free < copy_out
 
 
-def _backward_issues(sm: StepMemory, s: MemorySetting) -> dict[tuple[str, int], int]:
+def _backward_issues(sm: StepMemory, s: MemorySetting) -> dict[tuple[str, int], tuple[int, str]]:
     """Per new unit and micro-batch, when FSDP2's backward prefetch (one unit ahead) issues its
-    gather: when the new unit before it in that micro-batch's backward starts its backward (the root
-    neither issues nor is a target; the first in backward is gathered by its own pre-backward:
-    absent)."""
+    gather, and the unit that issues it: when the new unit before it in that micro-batch's backward
+    starts its backward (the root neither issues nor is a target; the first in backward is gathered by
+    its own pre-backward: absent)."""
     starts: dict[int, dict[str, int]] = {}
     for (unit, phase, micro), (start, _) in sm.windows.items():
         new = s.group.get(unit, unit)
         if phase == vocabulary.BACKWARD and unit != ROOT_UNIT and new != ROOT_UNIT:
             mine = starts.setdefault(micro, {})
             mine[new] = min(mine.get(new, start), start)
-    out: dict[tuple[str, int], int] = {}
+    out: dict[tuple[str, int], tuple[int, str]] = {}
     for micro, mine in starts.items():
         order = sorted(mine, key=mine.__getitem__)
-        out.update({(new, micro): mine[before] for before, new in itertools.pairwise(order)})
+        out.update({(new, micro): (mine[before], before) for before, new in itertools.pairwise(order)})
     return out
 
 

@@ -100,7 +100,7 @@ class Prediction:
     baseline: Outcome
     predicted: Outcome
     settings: Settings
-    replay_error_pct: float  # |mean simulated replay step - mean recorded step| / recorded
+    replay_error_pct: float  # |mean simulated replay step - mean traced step| / traced
     notes: list[str]
     replay: list[SimResult]
     simulated: list[SimResult]
@@ -124,10 +124,24 @@ class Prediction:
     """The setting as code for the recorded architecture (:mod:`.apply`)."""
 
     @property
+    def clean_replay_error_pct(self) -> float | None:
+        """How far the replay without the profiler misses the timers' clean steps (``clock.replay_error_pct``);
+        None where the model does not replay the run without the profiler."""
+        value = (self.clock or {}).get("replay_error_pct")
+        return None if value is None else float(value)
+
+    def replay_words(self) -> str:
+        """How well the model replays the run, both checks named apart (the terminal's and the page's
+        replay line): the traced steps as recorded, and without the profiler the timers' clean steps."""
+        clean = self.clean_replay_error_pct
+        return (f"the model reproduces the traced step within {self.replay_error_pct:.1f} %"
+                + (f" (without the profiler, the run's clean steps within {clean:.1f} %)" if clean is not None else ""))
+
+    @property
     def reliable(self) -> bool:
         """Whether the replay reproduces the recording within :data:`RELIABLE_REPLAY_PCT`: the traced
         step, and where the model replays it without the profiler, the timers' clean step too."""
-        clean = (self.clock or {}).get("replay_error_pct")
+        clean = self.clean_replay_error_pct
         return self.replay_error_pct <= RELIABLE_REPLAY_PCT and (clean is None or clean <= RELIABLE_REPLAY_PCT)
 
     @property
@@ -255,7 +269,7 @@ def code_header(p: Prediction, comment: str = "#") -> str:
     if new.peak_allocated_bytes is not None and base.peak_allocated_bytes is not None:
         lines.append(f"predicted peak {new.peak_allocated_bytes:,} bytes allocated (recorded "
                      f"{base.peak_allocated_bytes:,})")
-    clean = (p.clock or {}).get("replay_error_pct")
+    clean = p.clean_replay_error_pct
     replay = f"the model's replay misses the traced step by {p.replay_error_pct:.1f} %" + (
         f" (without the profiler, the run's clean steps by {clean:.1f} %)" if clean is not None else "")
     lines.append(f"{'reliable' if p.reliable else 'unreliable'}: {replay}; the limit is {RELIABLE_REPLAY_PCT:g} %")
@@ -429,7 +443,8 @@ def memory_setting(rec: Recording, settings: Settings) -> MemorySetting:
         prefetch=settings.prefetch if _prefetch_changed(settings, rec) else "recorded",
         scale=rec.world_size / world if world else 1.0,
         drop_gather_buffers=rec.framework == FSDP2 and world == 1 and rec.world_size > 1,
-        recorded_prefetch=rec.prefetch, framework=rec.framework, **_zero3_bucket(rec, settings, world),
+        recorded_prefetch=rec.prefetch, framework=rec.framework, synchronous=rec.device == "cpu",
+        **_zero3_bucket(rec, settings, world),
         **_fsdp1_params(rec))
 
 

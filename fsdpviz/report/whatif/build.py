@@ -20,7 +20,8 @@ HOWTO_NUMBERS = (
     "recording moved by what the setting changes in a simulation of how FSDP overlaps its compute and "
     "its collectives (the simulation of "
     "the recorded setting is subtracted, so what the model does not capture cancels out). The replay "
-    "line says how closely the simulation of the recorded setting reproduces the recording."
+    "line says how closely the simulation of the recorded setting reproduces the traced steps, and, "
+    "without the profiler, the run's clean steps."
 )
 HOWTO_TIMELINE = (
     "One step (the rank-step closest to the median step time), recorded above and predicted below, on "
@@ -134,8 +135,7 @@ def build_whatif(model: Model, prediction: Prediction, output: str | Path, *, so
                   f"spread ({prediction.spread_ms:,.2f} ms).")
     notes = [*(f"Warning: {w}." for w in prediction.warnings), spread,
              *(f"Assumed: {figure}." for figure in prediction.assumed),
-             (f"Replay: the simulation of the recorded setting is within {prediction.replay_error_pct:.1f} % of "
-              "the recorded step time."), *prediction.notes]
+             f"Replay: {prediction.replay_words()}.", *prediction.notes]
     apply = prediction.apply
     code = [] if apply is None or apply.code is None else [
         (f"{name}: the change as code (fsdpviz whatif ... --code)", apply.code)]
