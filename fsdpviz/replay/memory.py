@@ -61,7 +61,7 @@ there; its peak over the step is the prediction. With the recorded setting nothi
 the replay is exact. Left as recorded: activations (a setting does not change them), the caching
 allocator's rounding.
 
-Why one module of ~600 lines: the rules above move the same blocks (:class:`Block`) in one order
+Why one module of ~700 lines: the rules above move the same blocks (:class:`Block`) in one order
 (:func:`_moved_blocks`: reshard, prefetch, then for merged units the flat gradients, the reductions
 and the merge), and each reads what the one before it moved (a merged unit's members are merged where
 the prefetch moved them). Apart, each rule would need the others' block lists and times to be read.

@@ -269,10 +269,8 @@ def code_header(p: Prediction, comment: str = "#") -> str:
     if new.peak_allocated_bytes is not None and base.peak_allocated_bytes is not None:
         lines.append(f"predicted peak {new.peak_allocated_bytes:,} bytes allocated (recorded "
                      f"{base.peak_allocated_bytes:,})")
-    clean = p.clean_replay_error_pct
-    replay = f"the model's replay misses the traced step by {p.replay_error_pct:.1f} %" + (
-        f" (without the profiler, the run's clean steps by {clean:.1f} %)" if clean is not None else "")
-    lines.append(f"{'reliable' if p.reliable else 'unreliable'}: {replay}; the limit is {RELIABLE_REPLAY_PCT:g} %")
+    lines.append(f"{'reliable' if p.reliable else 'unreliable'}: {p.replay_words()}; the limit is "
+                 f"{RELIABLE_REPLAY_PCT:g} %")
     if p.spread_ms is None:
         lines.append("measurable: unknown (fewer than two analysed steps: the recording's own spread is not known)")
     else:
