@@ -139,7 +139,7 @@ def test_a_merged_unit_copies_out_after_its_one_transfer(recordings: Recordings,
     exact, with the recordings' parameters and collective buffers at them. With the parameters made at
     the first member's copy-out, before the merged transfer, the root's was 7.0 % high (24.6 MiB of
     collective buffers at the peak); with the next pair's prefetch issued before this pair's transfer
-    was done, the pairs' 6.6 % (21.1 MiB)."""
+    was done, the pairs' 6.5 % (21.1 MiB)."""
     models: dict[str, Model] = {}
     for name in ("block", recorded):
         rec = recordings.get(WIDE_RUNS[name])
