@@ -51,10 +51,10 @@ class Link:
     latency_ns: float
     per_byte_ns: float
 
-    def line(self, world_size: int) -> tuple[float, float]:
-        """(latency, per byte) of a ring collective on ``world_size`` ranks over this link."""
-        return (self.latency_ns * _ring_steps(world_size),
-                self.per_byte_ns * _ring_share(world_size) / _ring_share(2))
+    def line(self, world_size: int) -> Line:
+        """The line of a ring collective on ``world_size`` ranks over this link."""
+        return Line(latency_ns=self.latency_ns * _ring_steps(world_size),
+                    per_byte_ns=self.per_byte_ns * _ring_share(world_size) / _ring_share(2))
 
 
 # Where the recording cannot tell a collective's latency from its bandwidth (fit), its time is split as
@@ -208,7 +208,7 @@ def fit(samples: Iterable[tuple[str, int, float]], world_size: int, ranks_per_ho
 
 
 def _unresolved(kind: str, sizes: dict[int, list[float]], fitted: tuple[float, float] | None,
-                link: tuple[float, float] | None, notes: list[str]) -> tuple[float, float]:
+                link: Line | None, notes: list[str]) -> tuple[float, float]:
     """(per byte, latency) of a collective whose recorded sizes do not tell latency from bandwidth: its
     time at the most recorded size (the larger of two as common), split as the bare ``link`` (latency,
     per byte, at the recorded world size) splits its own time at that size; all bandwidth without a
@@ -219,12 +219,11 @@ def _unresolved(kind: str, sizes: dict[int, list[float]], fitted: tuple[float, f
            f"the fitted slope is {fitted[0]:.3g} ns/byte" if fitted[0] <= 0 else
            f"the fitted latency is {fitted[1] / 1e3:.1f} µs")
     if link is not None:
-        latency_ns, per_byte_ns = link
-        bare_ns = latency_ns + nbytes * per_byte_ns
+        bare_ns = link.at(nbytes)
         notes.append(f"{kind}: its recorded sizes do not tell latency from bandwidth ({why}), so its "
                      f"{ns / 1e3:.1f} µs at {nbytes} bytes is split as the bare link splits its own "
-                     f"{bare_ns / 1e3:.1f} µs there: {latency_ns / bare_ns:.0%} latency, the rest bandwidth")
-        return ns / bare_ns * per_byte_ns, ns / bare_ns * latency_ns
+                     f"{bare_ns / 1e3:.1f} µs there: {link.latency_ns / bare_ns:.0%} latency, the rest bandwidth")
+        return ns / bare_ns * link.per_byte_ns, ns / bare_ns * link.latency_ns
     notes.append(f"{kind}: its recorded sizes do not tell latency from bandwidth ({why}), so all of its time "
                  "is taken as bandwidth, in proportion to its bytes")
     return ns / nbytes, 0.0

@@ -490,11 +490,12 @@ def _merged(sm: StepMemory, s: MemorySetting, blocks: list[Block]) -> list[Block
     out = []
     fsdp1 = s.framework == vocabulary.FSDP1
     made_at: dict[Pass, int] = {}  # new unit, phase, micro -> its copy-out (a prefetch it issues follows it)
+    firsts = {key: min(b.alloc for b in members) for key, members in groups.items()}
     # in the order the gathers were issued, so that the unit issuing a prefetch is placed before it
-    for (new, phase, micro), members in sorted(groups.items(), key=lambda g: min(b.alloc for b in g[1])):
+    for (new, phase, micro), members in sorted(groups.items(), key=lambda g: firsts[g[0]]):
         params = [b for b in members if b.category == _PARAMS]
         buffers = [b for b in members if b.category == _BUFFERS]
-        first = min(b.alloc for b in members)
+        first = firsts[(new, phase, micro)]
         copy_out = min((b.alloc for b in params), default=first)
         issue = min((b.alloc for b in buffers), default=copy_out)
         if phase == vocabulary.BACKWARD and (new, micro) in ahead:
