@@ -295,9 +295,10 @@ class BoundSummary(StepSplit, kw_only=True):
     """The largest non-compute part; None when the step is all compute."""
     traced_step_ms: float
     """The analysed steps as traced: the median over ranks of each rank's mean (``traced_step_time_ms``)."""
-    profiler_share_ms: float
-    """The traced step less the headline step, what the de-profiler took out (``profiler.extra_ms``,
-    ``clock.profiler_share_ms``: one figure); 0 on ``traced``."""
+    profiler_share_ms: float | None
+    """The traced step less the clean one (``profiler.extra_ms``, ``clock.profiler_share_ms``: one figure),
+    what the de-profiler took out on ``unprofiled``; on ``traced`` the split keeps it; None without the
+    recorder's timers (not measured)."""
     per_rank: dict[str, RankBound]
     note: str | None = None
     fsdp_kernels_ms: float | None = None
@@ -413,11 +414,11 @@ def summarize_bound(overlap: pd.DataFrame, profiler: ProfilerCost | None,
     elif median_traced.host_wait is None:
         notes.append("host_wait_ms is null: the traces hold no kernel launches (CUDA activity alone), so an "
                      "idle gap cannot be told to be the host's; other_idle_ms holds all idle time")
-    basis, step, share, parts = BASIS_TRACED, traced, 0.0, median_traced
+    basis, step, parts = BASIS_TRACED, traced, median_traced
+    share = profiler.extra_ms if profiler is not None else None
     missing = [r for r in per_rank if int(r) not in clean]
     if lead and profiler is not None:  # one clock: the split is of the run's step time
         basis, step = BASIS_UNPROFILED, profiler.unprofiled_step_ms
-        share = profiler.extra_ms
         parts, note = deprofiled(median_traced, step, device)
         if note is not None and not notes:
             notes.append(note)
@@ -441,7 +442,7 @@ def summarize_bound(overlap: pd.DataFrame, profiler: ProfilerCost | None,
         kind=kind, time_kind=kind, step_ms=round(step, 3), compute_ms=round(compute, 3),
         exposed_comm_ms=round(comm, 3), host_wait_ms=None if host is None else round(host, 3),
         other_idle_ms=round(idle, 3), basis=basis, device=device, loss=loss, traced_step_ms=round(traced, 3),
-        profiler_share_ms=round(share, 3), per_rank=per_rank, note="; ".join(notes) or None,
+        profiler_share_ms=None if share is None else round(share, 3), per_rank=per_rank, note="; ".join(notes) or None,
         fsdp_overhead_ms=round(fsdp, 3),
         fsdp_kernels_ms=None if device == schema.OVERLAP_CPU else round(parts.fsdp_kernels, 3),
         device_scale=round(scale, 6), host_scale=round(host_scale(median_traced, parts), 6),
