@@ -51,7 +51,8 @@ class StepView:
     @property
     def title(self) -> str:
         what = "FSDP units per lane" if self.kind == "units" else "busy time per lane"
-        return f"{self.choice.label} ({self.choice.duration_ms:.1f} ms): {what}"
+        # this one step's span over the drawn ranks, under the profiler: not the run's step time
+        return f"{self.choice.label} ({self.choice.duration_ms:.1f} ms as traced): {what}"
 
 
 def exposed_intervals(traces: TraceSet, overlap: pd.DataFrame, step: int,
