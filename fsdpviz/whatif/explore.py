@@ -43,7 +43,7 @@ from fsdpviz.naming import ROOT_UNIT
 from fsdpviz.replay import prefetch_args
 from fsdpviz.replay.model import SUPPORTED, Model
 from fsdpviz.replay.settings import Settings, Wrap
-from fsdpviz.whatif.predict import CPU_PREFETCH_NOTE, RELIABLE_REPLAY_PCT, Outcome, Prediction, predict
+from fsdpviz.whatif.predict import PREFETCH_SAME_NOTES, RELIABLE_REPLAY_PCT, Outcome, Prediction, predict
 
 BUDGET_DEVICE = "device memory from the trace"
 BUDGET_NONE = ("none: the trace does not state the device's memory; every setting ranked by step time, "
@@ -257,8 +257,9 @@ def explore(model: Model, budget_bytes: int | None = None) -> Exploration:
         unranked, ranked, within = ranked + within, [], []
         notes.append(f"not ranked: the replay does not reproduce the run within {RELIABLE_REPLAY_PCT:g} % (the "
                      "warning above); the settings are listed for reading only")
-    if any(CPU_PREFETCH_NOTE in c.prediction.notes for c in candidates if c.prediction is not None):
-        notes.append(CPU_PREFETCH_NOTE)  # why the prefetch rows read alike
+    for same in PREFETCH_SAME_NOTES:  # why the prefetch rows read alike
+        if any(same in c.prediction.notes for c in candidates if c.prediction is not None):
+            notes.append(same)
     if first.spread_ms is None:
         notes.append("the recording's step-to-step spread is unknown (fewer than two analysed steps): every setting "
                      "is ranked, measurable or not")

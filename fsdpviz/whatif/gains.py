@@ -26,7 +26,7 @@ from fsdpviz.replay import prefetch_args
 from fsdpviz.replay.clock import clock_of
 from fsdpviz.replay.model import Gain, Model, model_clock, model_ranks, read_model
 from fsdpviz.replay.settings import Settings, Wrap
-from fsdpviz.whatif.predict import CPU_PREFETCH_NOTE, Prediction, predict
+from fsdpviz.whatif.predict import PREFETCH_SAME_NOTES, Prediction, predict
 
 if TYPE_CHECKING:
     from fsdpviz.analysis.pipeline import RunResult
@@ -135,7 +135,7 @@ def _change(model: Model, settings: Settings) -> Gain:
     unreliable = "" if p.reliable else (
         f"fsdpviz whatif calls its replay of this recording unreliable ({p.warnings[0]})" if p.warnings
         else "fsdpviz whatif calls its replay of this recording unreliable")
-    because = CPU_PREFETCH_NOTE if CPU_PREFETCH_NOTE in p.notes else ""
+    because = next((n for n in PREFETCH_SAME_NOTES if n in p.notes), "")
     return (p.predicted.step_time_ms - p.baseline.step_time_ms, prediction_words(p), code, p.spread_ms,
             unreliable, because)
 

@@ -51,6 +51,13 @@ if TYPE_CHECKING:
 CPU_PREFETCH_NOTE = ("on a CPU rank the training thread waits out every gloo collective it issues (the replay models "
                      "them as waited for, which reproduces CPU recordings best), so issuing an all-gather earlier hides "
                      "nothing: prefetch depths predict the same step and exposed communication here")
+# Why a prefetch setting changes nothing where the recording's collectives took no time.
+NO_COMM_PREFETCH_NOTE = ("the recording's collectives took no time (a fake process group, or nothing to gather), so "
+                         "issuing an all-gather earlier or later hides or exposes nothing: prefetch depths predict the "
+                         "same step here")
+# Said by a prefetch setting that predicts the recorded step, each where it holds (the advisor and
+# --explore say why the prefetch rows read alike).
+PREFETCH_SAME_NOTES = (CPU_PREFETCH_NOTE, NO_COMM_PREFETCH_NOTE)
 # Past this slowdown the profiler's own cost is a large part of the traced step the model is built on.
 HIGH_SLOWDOWN = 1.5
 
@@ -221,7 +228,9 @@ def predict(model: Model, settings: Settings) -> Prediction:
     notes = list(dict.fromkeys(n for r in simulated for n in r.notes))
     notes += _assumptions(full, rec)
     notes += clamps
-    if rec.device == "cpu" and _prefetch_changed(full, rec):
+    if _prefetch_changed(full, rec) and baseline.comm_ms == 0.0:
+        notes.append(NO_COMM_PREFETCH_NOTE)
+    elif rec.device == "cpu" and _prefetch_changed(full, rec):
         notes.append(CPU_PREFETCH_NOTE)
     if full.wrap.kind != "recorded" or full.world_size != rec.world_size:  # collectives resized: their fitted lines
         notes += [f"collective model: {n}" for n in timing.comm.notes]
@@ -508,7 +517,11 @@ def _predicted(model: Model, simulated: list[SimResult], baseline: Outcome, sett
         step = baseline.step_time_ms * ratio
     else:
         step = baseline.step_time_ms + moved(lambda r: r.step_ns) / NS_PER_MS
-    comm = max(0.0, shared(baseline.comm_ms, lambda r: r.comm_ns))
+    simulated_comm = shared(baseline.comm_ms, lambda r: r.comm_ns)
+    comm = max(0.0, simulated_comm)
+    if comm != simulated_comm:
+        notes.append(f"the predicted communication came out at {simulated_comm:.3f} ms/step (the recording's moved by "
+                     "the simulated change) and is held to 0")
     simulated_exposed = shared(baseline.exposed_comm_ms, lambda r: r.exposed_comm_ns)
     if settings.world_size == 1:
         # one rank: no collective at all, FSDP's or any other; the step loses the communication the
@@ -529,7 +542,7 @@ def _predicted(model: Model, simulated: list[SimResult], baseline: Outcome, sett
                          f"[0, {comm:.3f}] (all the predicted communication): held to {exposed:.3f} ms, and the step "
                          f"moved by the {exposed - simulated_exposed:+.3f} ms that changed")
     recorded = baseline.peak_allocated_bytes is not None
-    units = _predicted_units(model, simulated, baseline, settings)
+    units = _predicted_units(model, simulated, baseline, settings, notes)
     if settings.world_size == 1:  # no unit gathers or reduces on one rank either
         units = [replace(u, all_gather_ms=0.0, reduce_scatter_ms=0.0, exposed_comm_ms=0.0) for u in units]
     return Outcome(step_time_ms=round(step, 3),
@@ -546,9 +559,10 @@ UNIT_FIELDS = ("all_gather", "forward", "backward", "reduce_scatter", "exposed_c
 
 
 def _predicted_units(model: Model, simulated: list[SimResult], baseline: Outcome,
-                     settings: Settings) -> list[UnitOutcome]:
+                     settings: Settings, notes: list[str]) -> list[UnitOutcome]:
     """Per unit, like the step: the recorded numbers of its members moved by the simulated change
-    (medians over ranks and steps), so that recorded and predicted units use one definition."""
+    (medians over ranks and steps), so that recorded and predicted units use one definition. A figure
+    the change takes below zero is shown as 0, and ``notes`` says which and by how much."""
     group = prog.group_units(model.recording, settings)
     recorded = {u.name: u for u in baseline.units}
 
@@ -562,21 +576,34 @@ def _predicted_units(model: Model, simulated: list[SimResult], baseline: Outcome
     new, replay = medians(simulated), medians(model.replays)
     order = {u: i for i, u in enumerate(_new_order(model, simulated))}
     out = []
+    below: list[str] = []
     for unit in sorted(new, key=lambda u: order.get(u, 1 << 30)):
         members = [old for old, grouped in group.items() if grouped == unit]
         values: dict[str, float | None] = {}
         for k in UNIT_FIELDS:
             known = [getattr(recorded[m], f"{k}_ms") for m in members if m in recorded]
-            moved = new[unit][k] - sum(replay.get(m, {}).get(k, 0.0) for m in members)
+            replayed = sum(replay.get(m, {}).get(k, 0.0) for m in members)
             if None in known:
                 values[f"{k}_ms"] = None  # a member's recorded figure is unknown: so is the unit's
                 continue
             if members and len(known) == len(members):
-                value = sum(v for v in known if v is not None) + moved / NS_PER_MS
+                # moved by the share the replay moves it, as the step's exposed communication is: the
+                # replay counts exposure its own way (on CPU the host waits out every collective), which
+                # a difference would carry into the recorded figure and a share does not
+                total = sum(v for v in known if v is not None)
+                value = (total * new[unit][k] / replayed if replayed > 0
+                         else total + (new[unit][k] - replayed) / NS_PER_MS)
             else:  # the summary has none of it: the replay's own figure
                 value = new[unit][k] / NS_PER_MS
-            values[f"{k}_ms"] = round(max(0.0, value), 3)
+            if value <= -0.0005:
+                below.append(f"{unit} {k.replace('_', ' ')} {value:.3f} ms")
+            values[f"{k}_ms"] = round(max(0.0, float(value)), 3)
         out.append(UnitOutcome(name=unit, **values))
+    if below:
+        # the members' recorded figures (the overlap analysis') less the replay's own count of them: where
+        # the replay counts more than the analysis did, the difference can overshoot
+        notes.append("per-unit figures the change took below zero, shown as 0 (the members' recorded figures moved "
+                     "by the replay's change, which counts them its own way): " + "; ".join(below))
     return out
 
 

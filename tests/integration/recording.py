@@ -234,3 +234,15 @@ def grad_accum_config(framework: str, *extra: str) -> Config:
     return Config(("--framework", framework, "--wrap", "block", *GRAD_ACCUM_MODEL, *extra),
                   (*NO_OUTPUT, "--warmup", "1", "--steps", "3"), ZERO3_ENV if framework == "zero3" else (),
                   committed=name)
+
+
+# The example trainer at dim 256 with four blocks, per block, in pairs and as one root unit: gloo stages
+# each gather's transfer in buffers of the gather's size, made and freed before the unit's copy-out, and
+# at this size they weigh beside the model's parameters, so where a merged unit copies out, and where
+# the next unit's prefetch is issued, decide its peak. The peak steps open on the sharded parameters,
+# the optimizer's state and the gradients, the same bytes in every process (FSDP2's collectives on CPU
+# are synchronous: no buffer of theirs outlives a step), so peaks are compared whole
+# (test_whatif_memory_cpu.py); test_whatif_cpu.py holds merged units' predicted times to them too.
+WIDE = ("--framework", "fsdp2", "--layers", "4", "--dim", "256", "--seed", "0", "--steps", "10")
+WIDE_RUNS = {wrap: Config((*WIDE, "--wrap", wrap), (*NO_OUTPUT, "--steps", "3"), committed=f"fsdp2-d256-{wrap}")
+             for wrap in ("block", "pair", "root")}

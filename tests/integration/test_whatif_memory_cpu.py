@@ -19,8 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
-from helpers.jobs import NO_OUTPUT
-from recording import EXAMPLE_RUNS, Config, Recordings, grad_accum_config
+from recording import EXAMPLE_RUNS, WIDE_RUNS, Recordings, grad_accum_config
 
 from fsdpviz.analysis.pipeline import analyse
 from fsdpviz.replay.model import Model, read_model
@@ -45,15 +44,6 @@ ONLY_ADD = {"prefetch 2": SETTINGS["prefetch 2"], "prefetch 1": Settings().with_
 # the old model's misses are caught by the rule that holds on the source recording alone (below).
 RISE_BELOW, RISE_ABOVE = 0.40, 0.40
 
-# The example trainer at dim 256 with four blocks, per block, in pairs and as one root unit: gloo stages
-# each gather's transfer in buffers of the gather's size, made and freed before the unit's copy-out, and
-# at this size they weigh beside the model's parameters, so where a merged unit copies out, and where
-# the next unit's prefetch is issued, decide its peak. The peak steps open on the sharded parameters,
-# the optimizer's state and the gradients, the same bytes in every process (FSDP2's collectives on CPU
-# are synchronous: no buffer of theirs outlives a step), so peaks are compared whole here.
-WIDE = ("--framework", "fsdp2", "--layers", "4", "--dim", "256", "--seed", "0", "--steps", "10")
-WIDE_RUNS = {wrap: Config((*WIDE, "--wrap", wrap), (*NO_OUTPUT, "--steps", "3"), committed=f"fsdp2-d256-{wrap}")
-             for wrap in ("block", "pair", "root")}
 
 
 @dataclass(frozen=True)

@@ -198,3 +198,18 @@ def test_the_same_run_on_a_6gb_device_is_memory_bound_and_the_advisor_fits_it(gp
     assert merge.prediction.predicted.step_time_ms < merge.prediction.baseline.step_time_ms
     best = exploration.best()
     assert best is not None and best.name == "wrap merge:2"
+
+
+def test_prefetch_rows_that_read_alike_say_why(model: Model) -> None:
+    """The recording ran under torch's fake process group (README: its collectives take no time), so no
+    prefetch depth can hide or expose a gather: every depth predicts the recorded step, and both the
+    predictions and --explore say why instead of listing equal rows unexplained."""
+    from fsdpviz.whatif.predict import NO_COMM_PREFETCH_NOTE, predict
+
+    recorded = predict(model, Settings())
+    assert recorded.baseline.comm_ms == 0.0  # the fake group's collectives: no time in the trace
+    for depth in ("none", "1", "2"):
+        p = predict(model, Settings().with_(prefetch=depth))
+        assert p.predicted.step_time_ms == recorded.predicted.step_time_ms, depth
+        assert NO_COMM_PREFETCH_NOTE in p.notes, depth
+    assert NO_COMM_PREFETCH_NOTE in explore(model).notes
