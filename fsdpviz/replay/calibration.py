@@ -11,8 +11,12 @@ Per rank, one factor ``k`` scales every duration of its traced steps (the progra
 reductions' host work and collectives, the segments before, between and after the passes). ``k`` is
 the de-profiler's (:mod:`fsdpviz.structure.deprofile`): the rank's clean step over its traced step,
 both measured, the factor the bound and the overlap table move the same rank's figures by. It is not
-fitted to the replay, so the replay of the scaled programs (:mod:`.simulate`) against the clean step
-(:attr:`Calibration.error_pct`) is the replay's own miss: what it does not explain of the steps.
+fitted to the replay, but the replay scales with it: the replay of the scaled programs (:mod:`.simulate`)
+against the clean step (:attr:`Calibration.error_pct`) is the replay's miss of the traced steps carried
+to the clean clock, whatever the clean steps were, so it does not check the factor. What does is where
+the profiler's share came out, phase by phase, against the timers' phases in unprofiled steps
+(benchmarks/bench_replay_error.py, docs/whatif.md "Out of sample"): on the bundled samples one factor
+puts up to 9 % of the step in the wrong phase.
 
 What it assumes: that the profiler slowed the step's parts in proportion to their time, so that a
 setting moves the step by the same share on either clock. Against bare runs of three settings
@@ -120,8 +124,8 @@ def calibrate(rec: Recording, factors: dict[int, float], clean: dict[int, tuple[
               replay_ns: Callable[[list[StepProgram]], list[float]]) -> Calibration:
     """Per rank of ``rec`` with a factor (:func:`rank_factors`) and a clean step in ``clean`` (rank ->
     (ms, count)): its steps scaled by the factor and replayed (``replay_ns``), against the clean step.
-    The factor is measured (clean over traced), not fitted to the replay, so the replay's miss of the
-    clean step is its own (:attr:`Calibration.error_pct`). An empty calibration for a GPU recording,
+    The factor is measured (clean over traced), and the replay scales with it, so the miss
+    (:attr:`Calibration.error_pct`) is the replay's of the traced steps, on the clean clock. An empty calibration for a GPU recording,
     whose kernels the profiler does not slow (:mod:`.hostcost` takes the profiler out there)."""
     if rec.device != "cpu":
         return Calibration()
