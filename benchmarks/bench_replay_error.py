@@ -10,17 +10,9 @@ not hold; on a GPU the excess is the clean steps' too, and only how much of it t
 replay's. Beside it, the replay of the traced steps against the traced steps themselves (whatif's
 ``replay_error_pct``).
 
-Out of sample, per phase: where did the profiler's share come out? The replay splits its step into
-forward (from the step's start to its last forward span), backward (to its last backward span) and
-the optimizer (the rest); the recorder's timers time the root module's forward, autograd's backward
-and ``optimizer.step`` in the profiled steps and in unprofiled ones -- every step in recordings older
-than the unit-timed steps, only the unit-timed ones (one by default, with the units' timers running)
-since. Per phase, the profiler's cost the replay takes out (the traced replay's phase less the replay
-without the profiler's) against the cost the timers saw (the profiled steps' phase less the
-unprofiled ones'), both read by their own definition of the phase, so that the definitions cancel;
-the difference in % of the unprofiled step. Nothing in the replay was fitted to a phase: a phase off
-means the one factor (CPU) or the per-event cost (GPU) put the profiler's share in the wrong part of
-the step. Per rank, medians over the steps; the row gives the median over ranks.
+Out of sample, per phase: where the replay took the profiler's share out, against the timers'
+phases in unprofiled steps (``clock.phase_miss_pct``, :mod:`fsdpviz.replay.phases`), in % of the
+unprofiled step; null where no unprofiled step timed its phases (the recorder's default schedule).
 """
 
 from __future__ import annotations
@@ -33,6 +25,7 @@ from typing import Any
 
 from fsdpviz.analysis.pipeline import analyse
 from fsdpviz.errors import FsdpvizError
+from fsdpviz.replay.phases import NOT_TIMED
 from fsdpviz.replay.settings import Settings, Wrap
 from fsdpviz.whatif.gains import completed_summary, summary_model
 from fsdpviz.whatif.predict import predict
@@ -44,66 +37,12 @@ SETTINGS = {"root": Settings().with_(wrap=Wrap("root")), "merge:2": Settings().w
 H200_BARE = {"root": 0.67, "merge:2": 0.84, "reshard false": 0.84}
 
 
-PHASES = ("forward", "backward", "optimizer")
-
-
-def _timed_phases(folder: Path) -> dict[int, tuple[dict[str, float], dict[str, float], int]]:
-    """Per rank: the timers' median of each phase and of the step over its profiled steps, and over its
-    unprofiled steps that timed every phase (not the warm-up before the profiled ones or the step after),
-    and how many of those."""
-    run = json.loads((folder / "run.json").read_text())
-    out: dict[int, tuple[dict[str, float], dict[str, float], int]] = {}
-    for info in run["ranks"]:
-        path = folder / "timers" / f"rank{info['rank']}.jsonl"
-        if not path.is_file():
-            continue
-        steps: dict[int, dict[str, float]] = {}
-        for line in path.read_text().splitlines():
-            r = json.loads(line) if line.strip() else {}
-            if r.get("unit") == "" and r.get("kind") == "total" and r.get("ms") is not None and not r.get("partial"):
-                steps.setdefault(r["step"], {})[r["phase"]] = r["ms"]
-        profiled = info.get("profiled_steps") or run["profile"]["steps"]
-        busy = {*profiled, min(profiled) - 1, max(profiled) + 1}
-        whole = [s for s, p in steps.items() if all(k in p for k in (*PHASES, "step"))]
-        traced = [steps[s] for s in whole if s in profiled]
-        kept = [steps[s] for s in whole if s >= 2 and s not in busy]
-        if kept and traced:
-            out[info["rank"]] = ({k: statistics.median(p[k] for p in traced) for k in (*PHASES, "step")},
-                                 {k: statistics.median(p[k] for p in kept) for k in (*PHASES, "step")}, len(kept))
-    return out
-
-
-def _replayed_phases(model: Any, net: bool) -> dict[int, dict[str, float]]:
-    """Per rank: the median over its replayed steps (``net``: without the profiler) of each phase, ms:
-    forward to the end of the last forward span, backward to the end of the last backward one, the
-    optimizer the rest of the step."""
-    source = (model.net or model) if net else model
-    per_rank: dict[int, list[dict[str, float]]] = {}
-    for step, sim in zip(source.recording.steps, source.replays):
-        forward = max((s.end for s in sim.spans if s.phase == "forward"), default=0.0)
-        backward = max((s.end for s in sim.spans if s.phase == "backward"), default=forward)
-        per_rank.setdefault(step.rank, []).append({"forward": forward / 1e6, "backward": (backward - forward) / 1e6,
-                                                   "optimizer": (sim.step_ns - backward) / 1e6})
-    return {rank: {k: statistics.median(s[k] for s in steps) for k in PHASES} for rank, steps in per_rank.items()}
-
-
-def phase_row(folder: Path, model: Any) -> str:
-    """The out-of-sample table's row for ``folder``: per phase, the profiler's cost the replay takes out
-    and the cost the timers saw, ms, and their difference in % of the unprofiled step."""
-    timed, traced, clean = _timed_phases(folder), _replayed_phases(model, False), _replayed_phases(model, True)
-    ranks = sorted(set(timed) & set(traced) & set(clean))
-    if not ranks:
-        return (f"| {folder.name} | 0 | | | | no unprofiled step timed its phases (a recording's first unit-timed "
-                "step follows the trace export; later ones, `--unit-timer-steps 2` and more, count) |")
-    cells, worst = [], 0.0
-    for phase in PHASES:
-        taken = [traced[r][phase] - clean[r][phase] for r in ranks]
-        seen = [timed[r][0][phase] - timed[r][1][phase] for r in ranks]
-        miss = statistics.median(100.0 * (t - s) / timed[r][1]["step"] for t, s, r in zip(taken, seen, ranks))
-        worst = max(worst, abs(miss))
-        cells.append(f"{statistics.median(taken):.1f} / {statistics.median(seen):.1f} ({miss:+.1f} %)")
-    steps = min(timed[r][2] for r in ranks)
-    return f"| {folder.name} | {steps} | {' | '.join(cells)} | {worst:.1f} % |"
+def phase_row(name: str, clock: Any) -> str:
+    """The out-of-sample table's row: the clock's per-phase misses (``fsdpviz.replay.phases``)."""
+    if clock.phase_miss_pct is None:
+        return f"| {name} | 0 | | | | {NOT_TIMED} |"
+    cells = " | ".join(f"{clock.phase_miss_pct[p]:+.1f} %" for p in ("forward", "backward", "optimizer"))
+    return f"| {name} | {clock.phase_steps} | {cells} | {clock.phase_error_pct:.1f} % |"
 
 
 def row(folder: Path) -> tuple[str, dict[str, float] | None]:
@@ -124,7 +63,7 @@ def row(folder: Path) -> tuple[str, dict[str, float] | None]:
         ratios[name] = p.predicted.step_time_ms / p.baseline.step_time_ms
     slowdown = f"{cost.slowdown:.2f}x" if cost is not None else "n/a"
     clean = f"{clock.replay_error_pct:.1f} %" if clock.replay_error_pct is not None else "n/a"
-    PHASE_ROWS.append(phase_row(folder, model))
+    PHASE_ROWS.append(phase_row(folder.name, clock))
     return (f"| {folder.name} | {summary.device} | {slowdown} | {clock.basis} | {clean} | "
             f"{base.replay_error_pct:.1f} % |"), ratios
 
@@ -157,8 +96,8 @@ def main() -> None:
             errors.append(float(cell.removesuffix(" %")))
     if errors:
         print(f"\nreplay vs clean steps: median {statistics.median(errors):.1f} %, largest {max(errors):.1f} %")
-    print("\nOut of sample, per phase: the profiler's cost the replay takes out / the cost the timers saw (ms), "
-          "and the difference in % of the unprofiled step; medians over ranks:\n")
+    print("\nOut of sample, per phase: the profiler's share the replay took out less the share the timers saw "
+          "leave it, in % of the unprofiled step (clock.phase_miss_pct; medians over ranks):\n")
     print("| recording | unprofiled steps timed | forward | backward | optimizer | largest |")
     print("|---|---:|---:|---:|---:|---:|")
     for line in PHASE_ROWS:

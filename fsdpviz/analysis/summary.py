@@ -186,6 +186,14 @@ class ClockSummary(msgspec.Struct, kw_only=True):
     """How far the replay without the profiler misses the timers' clean step, in %; None when traced."""
     clean_steps: int | None = None
     """The fewest clean unprofiled steps a replayed rank timed (what the calibration rests on)."""
+    phase_error_pct: float | None = None
+    """Out of sample: the largest of ``phase_miss_pct``, in %; None where no unprofiled step timed its
+    phases (``fsdpviz.replay.phases``)."""
+    phase_miss_pct: dict[str, float] | None = None
+    """Per phase (forward, backward, optimizer): the profiler's share the replay took out of it less the
+    share the timers saw leave it, in % of the unprofiled step (median over ranks)."""
+    phase_steps: int | None = None
+    """The fewest unprofiled steps that timed their phases, over the ranks checked."""
     ranks: list[int] | None = None
     """The ranks replayed (None: every rank)."""
     note: str = ""

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from fsdpviz.analysis.summary import ClockSummary
 
 if TYPE_CHECKING:
     from fsdpviz.analysis.pipeline import RunResult
     from fsdpviz.replay.calibration import Calibration
+    from fsdpviz.replay.phases import PhaseCheck
 
 BASIS_REPLAYED: Final = "replayed"
 BASIS_TRACED: Final = "traced"
@@ -38,6 +39,9 @@ class Replayed:
     """CPU: how that replay was put on the timers' clean steps."""
     ranks: list[int] | None
     """The ranks read, where not every rank was."""
+    phases: PhaseCheck | None = None
+    """Out of sample: where that replay took the profiler's share out, phase by phase, against the
+    timers (:mod:`.phases`); None where no unprofiled step timed its phases."""
 
 
 def clock_of(run: RunResult, replayed: Replayed | None, why_not: str = "") -> ClockSummary:
@@ -72,13 +76,34 @@ def clock_of(run: RunResult, replayed: Replayed | None, why_not: str = "") -> Cl
         how = (f"the profiler's measured excess taken out of every traced host event ({ms:.3f} ms replayed, "
                f"{cost.unprofiled_step_ms:.3f} ms timed)")
     error = round(float(error), 2)
+    checked = _phases(replayed.phases)
     if error > RELIABLE_REPLAY_PCT:
         return ClockSummary(
             basis=BASIS_TRACED, profiler_share_ms=share, replay_error_pct=error, clean_steps=clean,
-            ranks=replayed.ranks,
+            ranks=replayed.ranks, **checked,
             note=(f"traced: the replay without the profiler ({how}) misses the timers' clean step by {error:.1f} % "
                   f"(more than {RELIABLE_REPLAY_PCT:g} %); {step_from}, the bound splits it, and predictions on that "
-                  "replay are marked unreliable and not ranked"))
+                  f"replay are marked unreliable and not ranked; {phase_words(replayed.phases)}"))
     return ClockSummary(basis=BASIS_REPLAYED, profiler_share_ms=share, replay_error_pct=error,
-                        clean_steps=clean, ranks=replayed.ranks,
-                        note=f"replayed without the profiler: {how}, on {clean} clean step(s) per rank")
+                        clean_steps=clean, ranks=replayed.ranks, **checked,
+                        note=(f"replayed without the profiler: {how}, on {clean} clean step(s) per rank; "
+                              f"{phase_words(replayed.phases)}"))
+
+
+def _phases(check: PhaseCheck | None) -> dict[str, Any]:
+    """The clock's out-of-sample fields of ``check`` (all None without one)."""
+    if check is None:
+        return {"phase_error_pct": None, "phase_miss_pct": None, "phase_steps": None}
+    return {"phase_error_pct": round(check.error_pct, 2), "phase_miss_pct": dict(check.miss_pct),
+            "phase_steps": check.steps}
+
+
+def phase_words(check: PhaseCheck | None) -> str:
+    """The out-of-sample check in words, as the clock's note and whatif's replay line say it."""
+    from fsdpviz.replay.phases import NOT_TIMED
+
+    if check is None:
+        return f"out of sample, where it took the profiler's share out is not checked: {NOT_TIMED}"
+    parts = ", ".join(f"{phase} {miss:+.1f} %" for phase, miss in check.miss_pct.items())
+    return (f"out of sample, the profiler's share it took out of each phase misses the timers' by up to "
+            f"{check.error_pct:.1f} % of the step ({parts}; {check.steps} unprofiled step(s) timed their phases)")

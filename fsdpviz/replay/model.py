@@ -22,11 +22,12 @@ from fsdpviz.replay import hostcost
 from fsdpviz.replay import program as prog
 from fsdpviz.replay.calibration import Calibration, calibrate, rank_factors, scaled
 from fsdpviz.replay.clock import Replayed
+from fsdpviz.replay.phases import phase_check
 from fsdpviz.replay.recorded import Gather, Recording, StepProgram
 from fsdpviz.replay.recording import read_recording
 from fsdpviz.replay.settings import Settings
 from fsdpviz.replay.simulate import SimResult, run
-from fsdpviz.structure.profiler_cost import clean_step_ms
+from fsdpviz.structure.profiler_cost import clean_step_ms, phase_times
 from fsdpviz.vocabulary import FSDP1, FSDP2, ZERO3
 
 SAMPLED_RANKS = 16  # ranks read of a run held rank by rank (read_model)
@@ -164,8 +165,12 @@ def model_clock(model: Model) -> Replayed:
     """What ``model`` replays without the profiler, for the run's clock (:func:`.clock.clock_of`)."""
     every = len(model.result.analysis.ranks)
     ranks = sorted({s.rank for s in model.recording.steps})
-    return Replayed(net_replays_ms=None if model.net is None else [r.step_ns / 1e6 for r in model.net.replays],
-                    calibration=model.calibration, ranks=None if len(ranks) == every else ranks)
+    net = model.net
+    phases = None if net is None else phase_check(
+        model.recording.steps, model.replays, net.recording.steps, net.replays,
+        phase_times(model.result.traces.timers, model.result.traces.run))
+    return Replayed(net_replays_ms=None if net is None else [r.step_ns / 1e6 for r in net.replays],
+                    calibration=model.calibration, ranks=None if len(ranks) == every else ranks, phases=phases)
 
 
 def spread_share(result: RunResult) -> float | None:

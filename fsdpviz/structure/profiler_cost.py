@@ -145,6 +145,51 @@ def clean_step_ms(timers: pd.DataFrame, run: RunInfo | None) -> dict[int, tuple[
             for rank, _step, ms, _profiled, clean in _rank_steps(timers, run) if clean.any()}
 
 
+STEP_PHASES: Final = ("forward", "backward", "optimizer")  # the whole-step phases the timers time
+
+
+class PhaseTimes(msgspec.Struct, kw_only=True):
+    """A rank's whole-step phases as its timers timed them (ms, medians over steps), profiled and not."""
+
+    profiled: dict[str, float]
+    """Each of :data:`STEP_PHASES` and ``step`` over the rank's profiled steps."""
+    unprofiled: dict[str, float]
+    """The same over its unprofiled steps that timed every phase (below)."""
+    steps: int
+    """How many such unprofiled steps."""
+
+
+def phase_times(timers: pd.DataFrame, run: RunInfo | None) -> dict[int, PhaseTimes]:
+    """Per rank that timed its phases in profiled steps and in unprofiled ones: both (medians). The
+    unprofiled ones are the steps after the first :data:`SETTLING_STEPS` that the profiler neither
+    recorded nor warmed up on and that did not follow its trace export: every such step in a recording
+    older than the unit-timed steps (whose timers timed every step's phases), the unit-timed steps after
+    the first since (``--unit-timer-steps 2`` and more: the other steps time only their ends)."""
+    if run is None or not _timed_run(timers, run):
+        return {}
+    rows = timers[(timers["unit"] == "") & (timers["kind"] == STEP_TIMER_KIND) & timers["ms"].notna()
+                  & timers["phase"].isin([*STEP_PHASES, STEP_TIMER_PHASE])]
+    out: dict[int, PhaseTimes] = {}
+    for rank, of_rank in rows.groupby("rank", sort=True):
+        profiled, partial = _profiled_of(run, int(rank))
+        if not profiled:
+            continue
+        wide = of_rank.pivot_table(index="step", columns="phase", values="ms", aggfunc="sum")
+        if any(p not in wide.columns for p in (*STEP_PHASES, STEP_TIMER_PHASE)):
+            continue
+        wide = wide.dropna()
+        busy = [*profiled, min(profiled) - 1, max(profiled) + 1, *([] if partial is None else [partial])]
+        steps = wide.index.to_numpy()
+        unprofiled = wide[(steps >= SETTLING_STEPS) & ~np.isin(steps, busy)]
+        traced = wide[np.isin(steps, profiled) & (steps != (partial if partial is not None else -1))]
+        if unprofiled.empty or traced.empty:
+            continue
+        out[int(rank)] = PhaseTimes(profiled={k: float(traced[k].median()) for k in wide.columns},
+                                    unprofiled={k: float(unprofiled[k].median()) for k in wide.columns},
+                                    steps=len(unprofiled))
+    return out
+
+
 def _timed_run(timers: pd.DataFrame, run: RunInfo | None) -> bool:
     return run is not None and not timers.empty and run.profile.schedule == SCHEDULE_OPTIMIZER_STEPS
 

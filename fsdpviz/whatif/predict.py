@@ -141,8 +141,12 @@ class Prediction:
         """How well the model replays the run, both checks named apart (the terminal's and the page's
         replay line): the traced steps as recorded, and without the profiler the timers' clean steps."""
         clean = self.clean_replay_error_pct
+        phases = (self.clock or {}).get("phase_error_pct")
+        aside = [f"without the profiler, the run's clean steps within {clean:.1f} %"] if clean is not None else []
+        if phases is not None:  # out of sample: where the profiler's share came out (replay/phases.py)
+            aside.append(f"out of sample, the profiler's share per phase within {phases:.1f} % of the step")
         return (f"the model reproduces the traced step within {self.replay_error_pct:.1f} %"
-                + (f" (without the profiler, the run's clean steps within {clean:.1f} %)" if clean is not None else ""))
+                + (f" ({'; '.join(aside)})" if aside else ""))
 
     @property
     def reliable(self) -> bool:

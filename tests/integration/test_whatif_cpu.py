@@ -66,7 +66,8 @@ def test_replay_prefetch_and_world_size(framework: str, recordings: Recordings,
     table = run_here(capsys, "whatif", run, "-q")
     assert table.returncode == 0, table.stderr
     said = re.search(r"^replay: the model reproduces the traced step within ([\d.]+) %"
-                     r"(?: \(without the profiler, the run's clean steps within ([\d.]+) %\))?$", table.stdout,
+                     r"(?: \(without the profiler, the run's clean steps within ([\d.]+) %"
+                     r"(?:; out of sample, the profiler's share per phase within [\d.]+ % of the step)?\))?$", table.stdout,
                      re.MULTILINE)
     assert said is not None, table.stdout
     assert float(said[1]) == pytest.approx(replay["replay_error_pct"], abs=0.06)  # printed to 0.1
