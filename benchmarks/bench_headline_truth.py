@@ -5,7 +5,7 @@ the checkout, ``../shared/traces/gpu-fsdp``) and prints one markdown table: per 
 as traced (the mean of the analysed, profiled steps: what the headline said before it read the
 timers), the step the headline says now (``summary --json`` ``step_time_ms``), the profiler's
 slowdown, both against the step time of the same command run uninstrumented, and how well the
-what-if model replays the recording (``whatif --json`` ``replay_error_pct``).
+what-if model replays the recording (``whatif --json`` ``traced_replay_error_pct``).
 
 The uninstrumented truth was measured on the machine that made the recordings (median wall time of
 steps 3-9 printed by the training script itself, synchronised each step; it varies +-10 % between
@@ -61,7 +61,7 @@ def main() -> int:
     for run in sorted(p for p in args.folder.iterdir() if (p / "run.json").is_file()):
         result = analyse([run], cache=False)
         summary = result.summary
-        replay = predict(read_model(result), recorded_settings()).replay_error_pct
+        replay = predict(read_model(result), recorded_settings()).traced_replay_error_pct
         traced, now = summary.traced_step_time_ms, summary.step_time_ms
         cost = summary.profiler
         real = truth.get(run.name)

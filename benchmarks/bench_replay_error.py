@@ -8,7 +8,7 @@ timers' clean steps. On CPU that factor is the clean step over the traced one, s
 replay's miss of the traced steps carried to the clean clock, not a check on anything the trace does
 not hold; on a GPU the excess is the clean steps' too, and only how much of it the step loses is the
 replay's. Beside it, the replay of the traced steps against the traced steps themselves (whatif's
-``replay_error_pct``).
+``traced_replay_error_pct``).
 
 Out of sample, per phase: where the replay took the profiler's share out, against the timers'
 phases in unprofiled steps (``clock.phase_miss_pct``, :mod:`fsdpviz.replay.phases`), in % of the
@@ -65,7 +65,7 @@ def row(folder: Path) -> tuple[str, dict[str, float] | None]:
     clean = f"{clock.replay_error_pct:.1f} %" if clock.replay_error_pct is not None else "n/a"
     PHASE_ROWS.append(phase_row(folder.name, clock))
     return (f"| {folder.name} | {summary.device} | {slowdown} | {clock.basis} | {clean} | "
-            f"{base.replay_error_pct:.1f} % |"), ratios
+            f"{base.traced_replay_error_pct:.1f} % |"), ratios
 
 
 PHASE_ROWS: list[str] = []

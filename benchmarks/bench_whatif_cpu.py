@@ -95,7 +95,7 @@ def predicted(run: Path, options: list[str]) -> tuple[float, float, float, float
     p = predict(model, settings)
     rise = max(m.peak_bytes - s.memory.start_bytes for s, m in zip(p.steps, p.memory)
                if m is not None and s.memory is not None)
-    return p.predicted.step_time_ms, float(p.predicted.peak_allocated_bytes or 0), float(rise), p.replay_error_pct
+    return p.predicted.step_time_ms, float(p.predicted.peak_allocated_bytes or 0), float(rise), p.traced_replay_error_pct
 
 
 def main() -> None:

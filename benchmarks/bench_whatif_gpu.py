@@ -85,7 +85,7 @@ def main() -> None:
         replay = predict(model, Settings())
         step, peak = _truth(model)
         print(f"model: {args.blocks} blocks x 20M + root 30M parameters, {args.world} ranks; recorded step "
-              f"{step:.3f} ms, peak {peak / 2**20:.1f} MiB; replay error {replay.replay_error_pct:.2f} %")
+              f"{step:.3f} ms, peak {peak / 2**20:.1f} MiB; replay error {replay.traced_replay_error_pct:.2f} %")
         print(f"reading the recording into the model (read_model, best of 3): "
               f"{1000 * _read_seconds(model.result):.0f} ms\n")
         print("| setting | predicted step (ms) | generated step (ms) | error | predicted peak (MiB) "

@@ -1,7 +1,7 @@
 """``predict``: one recording and a setting -> the step time, communication and memory it would give.
 
 Every analysed step of every rank is simulated twice: as recorded (the *replay*) and under the
-setting. The replay measures how well the model explains the recording (``replay_error_pct``); the
+setting. The replay measures how well the model explains the recording (``traced_replay_error_pct``); the
 prediction is the recording moved by the share the setting moves the simulation (predicted =
 recorded x simulated(setting) / simulated(recorded), per rank and step, the mean of the shares), so
 whatever the model does not explain cancels out instead of being blamed on the setting.
@@ -107,7 +107,7 @@ class Prediction:
     baseline: Outcome
     predicted: Outcome
     settings: Settings
-    replay_error_pct: float  # |mean simulated replay step - mean traced step| / traced
+    traced_replay_error_pct: float  # |mean simulated replay step - mean traced step| / traced
     notes: list[str]
     replay: list[SimResult]
     simulated: list[SimResult]
@@ -145,7 +145,7 @@ class Prediction:
         aside = [f"without the profiler, the run's clean steps within {clean:.1f} %"] if clean is not None else []
         if phases is not None:  # out of sample: where the profiler's share came out (replay/phases.py)
             aside.append(f"out of sample, the profiler's share per phase within {phases:.1f} % of the step")
-        return (f"the model reproduces the traced step within {self.replay_error_pct:.1f} %"
+        return (f"the model reproduces the traced step within {self.traced_replay_error_pct:.1f} %"
                 + (f" ({'; '.join(aside)})" if aside else ""))
 
     @property
@@ -153,7 +153,7 @@ class Prediction:
         """Whether the replay reproduces the recording within :data:`RELIABLE_REPLAY_PCT`: the traced
         step, and where the model replays it without the profiler, the timers' clean step too."""
         clean = self.clean_replay_error_pct
-        return self.replay_error_pct <= RELIABLE_REPLAY_PCT and (clean is None or clean <= RELIABLE_REPLAY_PCT)
+        return self.traced_replay_error_pct <= RELIABLE_REPLAY_PCT and (clean is None or clean <= RELIABLE_REPLAY_PCT)
 
     @property
     def measurable(self) -> bool | None:
@@ -169,7 +169,7 @@ class Prediction:
         predicted["spread_ms"] = self.spread_ms
         predicted["measurable"] = self.measurable
         return {"basis": self.basis, "clock": self.clock, "baseline": self.baseline.to_json(), "predicted": predicted,
-                "profiler": self.profiler, "replay_error_pct": round(self.replay_error_pct, 2),
+                "profiler": self.profiler, "traced_replay_error_pct": round(self.traced_replay_error_pct, 2),
                 "reliable": self.reliable, "warnings": self.warnings,
                 "apply": self.apply.to_json() if self.apply is not None else None,
                 "assumed": self.assumed, "notes": self.notes}
@@ -253,7 +253,7 @@ def predict(model: Model, settings: Settings) -> Prediction:
                                 "slowdown": cost.slowdown} if cost is not None else None,
                       spread_ms=recording_spread_ms(model, baseline.step_time_ms),
                       warnings=weaknesses(replay_error_pct, cost, clock.replay_error_pct),
-                      replay_error_pct=replay_error_pct,
+                      traced_replay_error_pct=replay_error_pct,
                       notes=notes, replay=timing.replays, simulated=simulated, steps=timing.recording.steps, memory=memory,
                       assumed=assumed(full, rec) + peak.assumed + mesh_assumed(model, full),
                       prefetch_arguments=prefetch_arguments(rec, full),

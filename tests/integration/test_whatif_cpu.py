@@ -53,7 +53,7 @@ def test_replay_prefetch_and_world_size(framework: str, recordings: Recordings,
     assert replay["basis"] == summary["clock"]["basis"] and replay["baseline"]["step_time_ms"] == step
     # the replay of the trace: measured over 15 recordings each on a quiet machine, under 1 % on all
     # three (benchmarks/bench_whatif_replay.py); recorded beside other jobs on 2 cores, ZeRO-3's ran 6.1 % off
-    assert replay["replay_error_pct"] <= RELIABLE_REPLAY_PCT
+    assert replay["traced_replay_error_pct"] <= RELIABLE_REPLAY_PCT
     clean_error = summary["clock"]["replay_error_pct"]
     if clean_error is not None and clean_error > RELIABLE_REPLAY_PCT:
         # recorded beside other jobs on 2 cores (as `make recordings` and CI do), the clean steps can be
@@ -70,7 +70,7 @@ def test_replay_prefetch_and_world_size(framework: str, recordings: Recordings,
                      r"(?:; out of sample, the profiler's share per phase within [\d.]+ % of the step)?\))?$", table.stdout,
                      re.MULTILINE)
     assert said is not None, table.stdout
-    assert float(said[1]) == pytest.approx(replay["replay_error_pct"], abs=0.06)  # printed to 0.1
+    assert float(said[1]) == pytest.approx(replay["traced_replay_error_pct"], abs=0.06)  # printed to 0.1
     said_clean = replay["clock"]["replay_error_pct"]  # the whatif JSON's own, which the line prints
     assert said_clean == clean_error and (said[2] is None) == (said_clean is None)
     if said_clean is not None:
@@ -92,7 +92,7 @@ def test_fsdp2_wraps_and_the_advisor(recordings: Recordings, tmp_path, capsys: p
     assert names == ["(root)", "[blocks.0, blocks.1]", *[f"blocks.{i}" for i in range(2, LAYERS)]]
     explored = json_here(capsys, "whatif", run, "--explore", "--json", "-q")
     clean_error = json_here(capsys, "summary", "--json", run)["clock"]["replay_error_pct"]
-    unreliable = merged["replay_error_pct"] > RELIABLE_REPLAY_PCT or (
+    unreliable = merged["traced_replay_error_pct"] > RELIABLE_REPLAY_PCT or (
         clean_error is not None and clean_error > RELIABLE_REPLAY_PCT)
     # CPU traces do not state the device's memory: no budget unless given, every setting listed by time
     assert explored["memory_budget_bytes"] is None

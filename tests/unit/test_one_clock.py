@@ -183,7 +183,7 @@ def _one_clock(result: Any) -> None:
     assert prediction.baseline.exposed_comm_ms == exposed
     if clock.replay_error_pct is not None:  # a prediction is reliable only on a replay that reproduces the run
         assert prediction.reliable == (clock.replay_error_pct <= RELIABLE_REPLAY_PCT
-                                       and prediction.replay_error_pct <= RELIABLE_REPLAY_PCT)
+                                       and prediction.traced_replay_error_pct <= RELIABLE_REPLAY_PCT)
 
 
 @pytest.mark.parametrize("name", SAMPLES)

@@ -62,7 +62,7 @@ def _generated(tmp_path_factory: pytest.TempPathFactory, name: str, scenario: Sc
 def test_replay_reproduces_the_generated_run(base_model: Model) -> None:
     prediction = predict(base_model, Settings())
     step, peak = _truth(base_model)
-    assert prediction.replay_error_pct < 5.0
+    assert prediction.traced_replay_error_pct < 5.0
     assert prediction.predicted.step_time_ms == pytest.approx(step, rel=0.05)
     assert prediction.predicted.peak_allocated_bytes == peak
     assert prediction.baseline.step_time_ms == pytest.approx(step, abs=1e-3)
