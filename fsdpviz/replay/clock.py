@@ -103,7 +103,7 @@ def phase_words(check: PhaseCheck | None) -> str:
     from fsdpviz.replay.phases import NOT_TIMED
 
     if check is None:
-        return f"out of sample, where it took the profiler's share out is not checked: {NOT_TIMED}"
+        return f"its phases are not checked out of sample ({NOT_TIMED})"
     parts = ", ".join(f"{phase} {miss:+.1f} %" for phase, miss in check.miss_pct.items())
     return (f"out of sample, the profiler's share it took out of each phase misses the timers' by up to "
             f"{check.error_pct:.1f} % of the step ({parts}; {check.steps} unprofiled step(s) timed their phases)")

@@ -36,10 +36,10 @@ from fsdpviz.replay.simulate import SimResult
 from fsdpviz.structure.profiler_cost import STEP_PHASES, STEP_TIMER_PHASE, PhaseTimes
 from fsdpviz.vocabulary import BACKWARD, FORWARD
 
-# Why the check is not made on a recording whose timers timed no unprofiled step's phases.
-NOT_TIMED: Final = ("no unprofiled step timed its forward, backward and optimizer (with the recorder's defaults "
-                    "the one unit-timed step follows the trace export and the other unprofiled steps time only "
-                    "their ends; record with --unit-timer-steps 2 or more)")
+# Why the check is not made on a recording whose timers timed no unprofiled step's phases: with the
+# recorder's defaults the one unit-timed step follows the trace export (not a clean step) and the other
+# unprofiled steps time only their ends.
+NOT_TIMED: Final = "no unprofiled step timed its phases: record with --unit-timer-steps 2 or more"
 
 
 @dataclass(slots=True)
