@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 from pathlib import Path
 from typing import Any
 
 from fsdpviz.analysis.pipeline import analyse
 from fsdpviz.errors import FsdpvizError
-from fsdpviz.replay.phases import NOT_TIMED
 from fsdpviz.replay.settings import Settings, Wrap
 from fsdpviz.whatif.gains import completed_summary, summary_model
 from fsdpviz.whatif.predict import predict
@@ -39,8 +39,9 @@ H200_BARE = {"root": 0.67, "merge:2": 0.84, "reshard false": 0.84}
 
 def phase_row(name: str, clock: Any) -> str:
     """The out-of-sample table's row: the clock's per-phase misses (``fsdpviz.replay.phases``)."""
-    if clock.phase_miss_pct is None:
-        return f"| {name} | 0 | | | | {NOT_TIMED} |"
+    if clock.phase_miss_pct is None:  # the clock's note says why
+        why = re.search(r"its phases are not checked out of sample \((.*)\)", clock.note)
+        return f"| {name} | 0 | | | | not checked: {why[1] if why else 'no replay without the profiler'} |"
     cells = " | ".join(f"{clock.phase_miss_pct[p]:+.1f} %" for p in ("forward", "backward", "optimizer"))
     return f"| {name} | {clock.phase_steps} | {cells} | {clock.phase_error_pct:.1f} % |"
 

@@ -296,9 +296,9 @@ class BoundSummary(StepSplit, kw_only=True):
     traced_step_ms: float
     """The analysed steps as traced: the median over ranks of each rank's mean (``traced_step_time_ms``)."""
     profiler_share_ms: float | None
-    """The traced step less the clean one (``profiler.extra_ms``, ``clock.profiler_share_ms``: one figure),
+    """The traced step less the clean one (``profiler.share_ms``, ``clock.profiler_share_ms``: one figure),
     what the de-profiler took out on ``unprofiled``; on ``traced`` the split keeps it; None without the
-    recorder's timers (not measured)."""
+    recorder's timers, or where the profiled steps ran faster than the clean ones (noise: not known)."""
     per_rank: dict[str, RankBound]
     note: str | None = None
     fsdp_kernels_ms: float | None = None
@@ -415,7 +415,7 @@ def summarize_bound(overlap: pd.DataFrame, profiler: ProfilerCost | None,
         notes.append("host_wait_ms is null: the traces hold no kernel launches (CUDA activity alone), so an "
                      "idle gap cannot be told to be the host's; other_idle_ms holds all idle time")
     basis, step, parts = BASIS_TRACED, traced, median_traced
-    share = profiler.extra_ms if profiler is not None else None
+    share = profiler.share_ms if profiler is not None else None
     missing = [r for r in per_rank if int(r) not in clean]
     if lead and profiler is not None:  # one clock: the split is of the run's step time
         basis, step = BASIS_UNPROFILED, profiler.unprofiled_step_ms

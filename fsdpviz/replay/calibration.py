@@ -15,8 +15,8 @@ fitted to the replay, but the replay scales with it: the replay of the scaled pr
 against the clean step (:attr:`Calibration.error_pct`) is the replay's miss of the traced steps carried
 to the clean clock, whatever the clean steps were, so it does not check the factor. What does is where
 the profiler's share came out, phase by phase, against the timers' phases in unprofiled steps
-(:mod:`.phases`, ``clock.phase_miss_pct``): on the bundled samples one factor puts up to 9 % of the
-step in the wrong phase.
+(:mod:`.phases`, ``clock.phase_miss_pct``): on the bundled FSDP2 sample one factor takes 7.7 % of the
+step more out of the backward than the timers saw leave it.
 
 What it assumes: that the profiler slowed the step's parts in proportion to their time, so that a
 setting moves the step by the same share on either clock. Against bare runs of three settings

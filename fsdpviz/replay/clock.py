@@ -41,15 +41,18 @@ class Replayed:
     """The ranks read, where not every rank was."""
     phases: PhaseCheck | None = None
     """Out of sample: where that replay took the profiler's share out, phase by phase, against the
-    timers (:mod:`.phases`); None where no unprofiled step timed its phases."""
+    timers (:mod:`.phases`); None where it cannot be checked (``phases_why``)."""
+    phases_why: str = ""
+    """Why the phases are not checked ("" where they are)."""
 
 
 def clock_of(run: RunResult, replayed: Replayed | None, why_not: str = "") -> ClockSummary:
     """The clock of ``run`` as its model replays it (``replayed``; None: no model, ``why_not``)."""
     summary = run.summary
     cost = summary.profiler
-    # the one profiler share: the traced step less the headline's (``bound.profiler_share_ms``)
-    share = round(cost.extra_ms, 3) if cost is not None else None
+    # the one profiler share (``bound.profiler_share_ms`` reads the same ``share_ms``)
+    share = cost.share_ms if cost is not None else None
+    share = None if share is None else round(share, 3)
     step_from = ("the step time is the timers' clean unprofiled steps" if summary.step_time_source == "timers"
                  else "the step time is the traced steps'")
     if replayed is None or replayed.net_replays_ms is None or cost is None or not cost.headline:
@@ -83,11 +86,11 @@ def clock_of(run: RunResult, replayed: Replayed | None, why_not: str = "") -> Cl
             ranks=replayed.ranks, **checked,
             note=(f"traced: the replay without the profiler ({how}) misses the timers' clean step by {error:.1f} % "
                   f"(more than {RELIABLE_REPLAY_PCT:g} %); {step_from}, the bound splits it, and predictions on that "
-                  f"replay are marked unreliable and not ranked; {phase_words(replayed.phases)}"))
+                  f"replay are marked unreliable and not ranked; {phase_words(replayed)}"))
     return ClockSummary(basis=BASIS_REPLAYED, profiler_share_ms=share, replay_error_pct=error,
                         clean_steps=clean, ranks=replayed.ranks, **checked,
                         note=(f"replayed without the profiler: {how}, on {clean} clean step(s) per rank; "
-                              f"{phase_words(replayed.phases)}"))
+                              f"{phase_words(replayed)}"))
 
 
 def _phases(check: PhaseCheck | None) -> dict[str, Any]:
@@ -98,12 +101,11 @@ def _phases(check: PhaseCheck | None) -> dict[str, Any]:
             "phase_steps": check.steps}
 
 
-def phase_words(check: PhaseCheck | None) -> str:
-    """The out-of-sample check in words, as the clock's note and whatif's replay line say it."""
-    from fsdpviz.replay.phases import NOT_TIMED
-
+def phase_words(replayed: Replayed) -> str:
+    """The out-of-sample check in words, as the clock's note says it."""
+    check = replayed.phases
     if check is None:
-        return f"its phases are not checked out of sample ({NOT_TIMED})"
+        return f"its phases are not checked out of sample ({replayed.phases_why})"
     parts = ", ".join(f"{phase} {miss:+.1f} %" for phase, miss in check.miss_pct.items())
     return (f"out of sample, the profiler's share it took out of each phase misses the timers' by up to "
             f"{check.error_pct:.1f} % of the step ({parts}; {check.steps} unprofiled step(s) timed their phases)")

@@ -88,6 +88,15 @@ class ProfilerCost(msgspec.Struct, kw_only=True):
         """How much longer a profiled step ran than an unprofiled one (never negative)."""
         return max(0.0, self.profiled_step_ms - self.unprofiled_step_ms)
 
+    @property
+    def share_ms(self) -> float | None:
+        """The profiler's share as every view shows it (``profiler_share_ms``): what the de-profiler took
+        out where the timers lead; else the measured excess, or None where the profiled steps ran faster
+        than the unprofiled ones (those measured noise, so the share is not known)."""
+        if self.headline:
+            return self.extra_ms
+        return None if self.profiled_step_ms < self.unprofiled_step_ms else self.extra_ms
+
 
 def whole_step_times(timers: pd.DataFrame) -> pd.DataFrame:
     """The timers' whole-step records (rank, step, ms), one row per (rank, step)."""
@@ -157,6 +166,14 @@ class PhaseTimes(msgspec.Struct, kw_only=True):
     """The same over its unprofiled steps that timed every phase (below)."""
     steps: int
     """How many such unprofiled steps."""
+
+
+def timed_phase_names(timers: pd.DataFrame) -> set[str]:
+    """Which of :data:`STEP_PHASES` the timers time in any step."""
+    if timers.empty:
+        return set()
+    whole = timers[(timers["unit"] == "") & (timers["kind"] == STEP_TIMER_KIND)]
+    return set(whole["phase"].unique()) & set(STEP_PHASES)
 
 
 def phase_times(timers: pd.DataFrame, run: RunInfo | None) -> dict[int, PhaseTimes]:

@@ -89,3 +89,45 @@ def test_a_recording_without_timed_unprofiled_phases_says_so() -> None:
     assert clock["basis"] == "replayed"
     assert clock["phase_error_pct"] is None and clock["phase_miss_pct"] is None and clock["phase_steps"] is None
     assert "record with --unit-timer-steps 2 or more" in clock["note"]
+
+
+def test_a_replayed_steps_phases_are_bounded_as_the_timers_bound_theirs() -> None:
+    """Phase extents of a replayed step whose spans are known: forward from its first forward span to its
+    last (the gaps before and after left out, as the timers' hooks leave them out), backward likewise,
+    the optimizer its optimizer spans, or where a replay has none the rest of the step."""
+    from fsdpviz.replay.phases import sim_phases
+    from fsdpviz.replay.simulate import SimResult, SimSpan
+
+    ms = 1_000_000.0
+    spans = [SimSpan("blocks.0", "forward", "all_gather", "comm", 1 * ms, 2 * ms),
+             SimSpan("blocks.0", "forward", "compute", "host", 2 * ms, 4 * ms),
+             SimSpan("blocks.1", "forward", "compute", "host", 4 * ms, 5 * ms),
+             SimSpan("blocks.1", "backward", "compute", "host", 6 * ms, 9 * ms),
+             SimSpan("blocks.0", "backward", "reduce_scatter", "comm", 9 * ms, 12 * ms)]
+    optimizer = SimSpan("", "optimizer", "optimizer", "host", 13 * ms, 16 * ms)
+    with_optimizer = SimResult(step_ns=17 * ms, spans=[*spans, optimizer], comm_ns=0.0, exposed_comm_ns=0.0,
+                               compute_ns=0.0)
+    assert sim_phases(with_optimizer) == {"forward": 4 * ms, "backward": 6 * ms, "optimizer": 3 * ms}
+    without = SimResult(step_ns=17 * ms, spans=spans, comm_ns=0.0, exposed_comm_ns=0.0, compute_ns=0.0)
+    assert sim_phases(without)["optimizer"] == 5 * ms  # after the backward's last span, to the step's end
+
+
+def test_steps_of_several_micro_batches_are_not_checked() -> None:
+    """With gradient accumulation a step's forwards and backwards interleave: the replay's phases and the
+    timers' (which add the micro-batches up) are not the same spans, so the check says why it is not made."""
+    import dataclasses
+
+    from fsdpviz.replay.model import read_model
+    from fsdpviz.replay.phases import MICRO_BATCHES, phase_check
+    from fsdpviz.structure.profiler_cost import phase_times, timed_phase_names
+
+    result = analyse([SAMPLES / "fsdp2-cpu-2rank"], cache=False, progress=False)
+    model = read_model(result)
+    assert model.net is not None
+    timers, run = result.traces.timers, result.traces.run
+    args = (phase_times(timers, run), timed_phase_names(timers))
+    check, why = phase_check(model.recording.steps, model.replays, model.net.recording.steps, model.net.replays, *args)
+    assert check is not None and why == ""
+    doubled = [dataclasses.replace(s, micro=[*s.micro, *s.micro]) for s in model.recording.steps]
+    assert phase_check(doubled, model.replays, model.net.recording.steps, model.net.replays, *args) == (
+        None, MICRO_BATCHES)
