@@ -242,7 +242,7 @@ def grad_accum_config(framework: str, *extra: str) -> Config:
 # the next unit's prefetch is issued, decide its peak. The peak steps open on the sharded parameters,
 # the optimizer's state and the gradients, the same bytes in every process (FSDP2's collectives on CPU
 # are synchronous: no buffer of theirs outlives a step), so peaks are compared whole
-# (test_whatif_memory_cpu.py); test_whatif_cpu.py holds merged units' predicted times to them too.
+# (test_whatif_memory_cpu.py); test_whatif_cpu.py moves merged units' exposure from the per-block one.
 WIDE = ("--framework", "fsdp2", "--layers", "4", "--dim", "256", "--seed", "0", "--steps", "10")
 WIDE_RUNS = {wrap: Config((*WIDE, "--wrap", wrap), (*NO_OUTPUT, "--steps", "3"), committed=f"fsdp2-d256-{wrap}")
              for wrap in ("block", "pair", "root")}

