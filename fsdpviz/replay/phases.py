@@ -64,8 +64,8 @@ class PhaseCheck:
 
 def sim_phases(sim: SimResult) -> dict[str, float]:
     """A replayed step's phases (ns), bounded as the timers bound theirs: forward from its first forward
-    span to its last, backward likewise, the optimizer its optimizer spans (CPU) or, where the replay
-    has none (GPU: the optimizer's kernels are the step's last segment), the rest of the step after the
+    span to its last, backward likewise, the optimizer its optimizer spans (the step's last segment: the
+    host's work on CPU, its kernels on GPU) or, where the replay has none, the rest of the step after the
     backward."""
     def extent(phase: str) -> tuple[float, float] | None:
         spans = [s for s in sim.spans if s.phase == phase]
