@@ -63,6 +63,7 @@ class Model:
     spread_share: float | None = None  # the recording's step-to-step spread over its step (spread_share)
     # setting (Settings.describe()) -> its predicted change, words and code, as the actions' gains read them
     gains: dict[str, Gain] = field(default_factory=dict)
+    replayed: Replayed | None = None  # what model_clock read of it, once (every prediction states the clock)
 
 
 def model_ranks(ranks: Sequence[int]) -> list[int] | None:
@@ -162,7 +163,10 @@ def recorded_settings() -> Settings:
 
 
 def model_clock(model: Model) -> Replayed:
-    """What ``model`` replays without the profiler, for the run's clock (:func:`.clock.clock_of`)."""
+    """What ``model`` replays without the profiler, for the run's clock (:func:`.clock.clock_of`); read
+    once per model."""
+    if model.replayed is not None:
+        return model.replayed
     every = len(model.result.analysis.ranks)
     ranks = sorted({s.rank for s in model.recording.steps})
     net = model.net
@@ -173,9 +177,10 @@ def model_clock(model: Model) -> Replayed:
         phases, why = phase_check(model.recording.steps, model.replays, net.recording.steps, net.replays,
                                   phase_times(timers, model.result.traces.run), timed_phase_names(timers),
                                   scaled_ranks)
-    return Replayed(net_replays_ms=None if net is None else [r.step_ns / 1e6 for r in net.replays],
-                    calibration=model.calibration, ranks=None if len(ranks) == every else ranks, phases=phases,
-                    phases_why=why)
+    model.replayed = Replayed(net_replays_ms=None if net is None else [r.step_ns / 1e6 for r in net.replays],
+                              calibration=model.calibration, ranks=None if len(ranks) == every else ranks,
+                              phases=phases, phases_why=why)
+    return model.replayed
 
 
 def spread_share(result: RunResult) -> float | None:
