@@ -41,6 +41,7 @@ from recording import (
 )
 
 from fsdpviz.record.options import LAUNCHER_VARIABLES
+from fsdpviz.structure.profiler_cost import NOISE_SLOWDOWN
 
 TINY = ["--layers", "2", "--dim", "32"]
 BLOCKS = [f"blocks.{i}" for i in range(LAYERS)]
@@ -218,7 +219,8 @@ def test_record_default_schedule_times_the_steps_after_the_window_for_the_headli
     # the slowdown is the traced step's (one figure for it); whether the timers lead is their own call
     assert cost.profiled_step_ms == summary.traced_step_time_ms
     assert cost.slowdown == pytest.approx(summary.traced_step_time_ms / unprofiled, abs=1e-3)
-    if profiled / unprofiled >= 0.95:
+    # the timers' slowdown as the run states it (three places): a ratio just under 0.95 reads 0.950, not noise
+    if round(profiled / unprofiled, 3) >= NOISE_SLOWDOWN:
         assert summary.step_time_source == "timers" and summary.step_time_ms == pytest.approx(unprofiled, abs=1e-3)
     else:
         assert summary.step_time_source == "trace" and summary.step_time_ms == summary.traced_step_time_ms
