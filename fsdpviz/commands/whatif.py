@@ -240,6 +240,9 @@ def _rows(baseline: Outcome, predicted: Outcome) -> list[tuple[str, str, str, st
                        ("communication", "comm_ms"), ("compute", "compute_ms")):
         b, p = getattr(baseline, key), getattr(predicted, key)
         rows.append((label, f"{b:,.2f} ms", f"{p:,.2f} ms", change_text(b, p, "ms")))
+    if baseline.fsdp_kernels_ms is not None and predicted.fsdp_kernels_ms is not None:  # GPU: compute is the model's
+        b, p = baseline.fsdp_kernels_ms, predicted.fsdp_kernels_ms
+        rows.append(("FSDP's copy kernels", f"{b:,.2f} ms", f"{p:,.2f} ms", change_text(b, p, "ms")))
     b_peak, p_peak = baseline.peak_allocated_bytes, predicted.peak_allocated_bytes
     rows.append(("peak allocated", mib_text(b_peak), mib_text(p_peak), change_text(b_peak, p_peak, "bytes")))
     return rows

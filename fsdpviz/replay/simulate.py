@@ -70,8 +70,12 @@ class SimResult:
     step_ns: float
     spans: list[SimSpan]
     comm_ns: float  # union of the collectives
-    exposed_comm_ns: float  # part of it while nothing computed
+    exposed_comm_ns: float  # part of it while nothing computed (neither the model nor FSDP's copies)
     compute_ns: float
+    """The model's own work (its passes and the optimizer), as the bound's compute: FSDP's copies are not in it."""
+    fsdp_copy_ns: float = 0.0
+    """FSDP's copy-in and copy-out outside the model's work and the collectives: GPU, the bound's FSDP kernels
+    (``fsdp_kernels_ms``); CPU, the thread's copy-outs, part of FSDP's host work."""
     notes: list[str] = field(default_factory=list)
 
     def unit_totals(self) -> dict[str, dict[str, float]]:
@@ -240,11 +244,18 @@ class _Sim:
     def result(self) -> SimResult:
         comm = _union([(s.start, s.end) for s in self.spans
                        if s.kind in UNIT_COLLECTIVES])
-        compute = _union([(s.start, s.end) for s in self.spans if s.kind in ("compute", "copy_out", "optimizer")])
+        busy = _union([(s.start, s.end) for s in self.spans if s.kind in ("compute", "copy_out", "optimizer")])
+        model = _union([(s.start, s.end) for s in self.spans if s.kind in ("compute", "optimizer")])
+        copies = _union([(s.start, s.end) for s in self.spans if s.kind in ("copy_in", "copy_out")])
+        # as the bound splits a traced step (analysis/bound.py): a copy under the model's work or a
+        # collective is theirs, the rest is FSDP's own
+        theirs = _union([*model, *comm])
         comm_ns = sum(e - s for s, e in comm)
-        exposed = comm_ns - sum(_covered(compute, s, e) for s, e in comm)
+        exposed = comm_ns - sum(_covered(busy, s, e) for s, e in comm)
         return SimResult(step_ns=self.host, spans=self.spans, comm_ns=comm_ns, exposed_comm_ns=exposed,
-                         compute_ns=sum(e - s for s, e in compute), notes=list(self.p.notes))
+                         compute_ns=sum(e - s for s, e in model),
+                         fsdp_copy_ns=sum((e - s) - _covered(theirs, s, e) for s, e in copies),
+                         notes=list(self.p.notes))
 
 
 def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:

@@ -93,10 +93,15 @@ class Outcome:
     memory_categories: dict[str, int | None] | None = None
     memory_unknown: dict[str, str] = field(default_factory=dict)  # category -> why it is None
     memory_assumed: dict[str, str] = field(default_factory=dict)  # category -> what its bytes assume
+    fsdp_kernels_ms: float | None = None
+    """FSDP's copy kernels outside the model's work and the collectives (the bound's ``fsdp_kernels_ms``):
+    compute is the model's alone, so a copy a setting drops leaves this, not compute. None on a CPU, whose
+    copies are FSDP's host work."""
 
     def to_json(self) -> dict[str, Any]:
         return {"step_time_ms": self.step_time_ms, "exposed_comm_ms": self.exposed_comm_ms, "comm_ms": self.comm_ms,
-                "compute_ms": self.compute_ms, "peak_allocated_bytes": self.peak_allocated_bytes,
+                "compute_ms": self.compute_ms, "fsdp_kernels_ms": self.fsdp_kernels_ms,
+                "peak_allocated_bytes": self.peak_allocated_bytes,
                 "memory_categories": self.memory_categories, "memory_unknown": self.memory_unknown,
                 "memory_assumed": self.memory_assumed,
                 "units": [u.to_json() for u in self.units]}
@@ -439,6 +444,7 @@ def _baseline(model: Model) -> Outcome:
     return Outcome(step_time_ms=step, exposed_comm_ms=exposed,
                    comm_ms=overlap.comm_ms if overlap.comm_ms is not None else rounded_ms(float(times["comm_ns"].mean())),
                    compute_ms=busy,
+                   fsdp_kernels_ms=summary.bound.fsdp_kernels_ms if summary.bound is not None else None,
                    peak_allocated_bytes=peak.peak_bytes, units=units, memory_categories=peak.categories,
                    memory_unknown=peak.unknown)
 
@@ -553,10 +559,26 @@ def _predicted(model: Model, simulated: list[SimResult], baseline: Outcome, sett
                    exposed_comm_ms=round(exposed, 3),
                    comm_ms=round(comm, 3),
                    compute_ms=round(max(0.0, shared(baseline.compute_ms, lambda r: r.compute_ns)), 3),
+                   fsdp_kernels_ms=_predicted_kernels(baseline.fsdp_kernels_ms, moved(lambda r: r.fsdp_copy_ns),
+                                                      notes),
                    peak_allocated_bytes=memory.peak_bytes if recorded else None, units=units,
                    memory_categories=memory.categories if recorded else None,
                    memory_unknown=memory.unknown if recorded else {},
                    memory_assumed=memory.assumed_categories if recorded else {})
+
+
+def _predicted_kernels(recorded_ms: float | None, moved_ns: float, notes: list[str]) -> float | None:
+    """FSDP's copy kernels under a setting: the recorded ones moved by the simulated change of the
+    gathers' copies. A difference, not a share: the replay's copies are the gathers' alone (a reduction's
+    copy-in is in the recorded kernels and no setting drops it) and kernels run at the trace's pace."""
+    if recorded_ms is None:
+        return None
+    kernels = recorded_ms + moved_ns / NS_PER_MS
+    if kernels < 0:
+        notes.append(f"FSDP's copy kernels came out at {kernels:.3f} ms/step (the recording's {recorded_ms:.3f} moved "
+                     "by the simulated change of the gathers' copies) and are held to 0")
+        return 0.0
+    return round(kernels, 3)
 
 
 UNIT_FIELDS = ("all_gather", "forward", "backward", "reduce_scatter", "exposed_comm")

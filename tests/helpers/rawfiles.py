@@ -52,3 +52,24 @@ def timer_step_ms(path: Path) -> dict[int, float]:
     """The recorder's wall clock of each whole step in one rank's timers file (timers/rank{R}.jsonl)."""
     return {r["step"]: r["ms"] for r in map(json.loads, path.read_text().splitlines())
             if r["unit"] == "" and r["phase"] == "step" and r["kind"] == "total"}
+
+
+def kernels_launched_in(path: Path, range_name: str, steps: list[int]) -> float:
+    """Per step, the ms of GPU work whose launch lies inside a CPU range named ``range_name`` (FSDP2's
+    own labels, e.g. ``FSDP::pre_backward``, which hold the backward gathers' copies), over ``steps``
+    (their ProfilerStep spans); the kernels' own durations, overlaps with other work not taken out."""
+    events = trace_events(path)
+    spans = {int(e["name"].split("#")[1]): (float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events
+             if e.get("cat") == "user_annotation" and e.get("name", "").startswith("ProfilerStep#")}
+    ranges = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events
+                    if e.get("cat") in ("user_annotation", "cpu_op") and e.get("name", "").split(" (")[0] == range_name)
+    gpu = {e["args"]["correlation"]: float(e["dur"]) for e in events
+           if e.get("cat") in GPU_EVENTS and "correlation" in e.get("args", {})}
+    total = 0.0
+    for e in events:
+        if e.get("cat") != "cuda_runtime" or e.get("args", {}).get("correlation") not in gpu:
+            continue
+        ts = float(e["ts"])
+        if any(lo <= ts < hi for s in steps for lo, hi in [spans[s]]) and any(a <= ts <= b for a, b in ranges):
+            total += gpu[e["args"]["correlation"]]
+    return total / 1e3 / len(steps)

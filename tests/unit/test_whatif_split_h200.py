@@ -1,0 +1,54 @@
+"""The split of a predicted step against a recording of that setting (../shared/traces/gpu-h200/README.md):
+model B recorded with the block wrap (B) and with one root unit (Broot) on one H200, an hour apart.
+
+whatif predicts root from B; Broot is what root recorded. The model's kernels are the same kernels under
+either wrap, so a prediction keeps them as compute; FSDP's copy kernels are what a wrap changes, and
+they move toward the root recording's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers.rawfiles import kernels_launched_in
+
+from fsdpviz.replay.model import read_model
+from fsdpviz.replay.settings import Settings, Wrap
+from fsdpviz.whatif.explore import predicted_bound
+from fsdpviz.whatif.predict import predict
+
+
+def _analysed(gpu_h200_dir: Path, name: str, session_memo: Callable[..., Any]) -> Any:
+    from fsdpviz.analysis.pipeline import analyse
+
+    return session_memo(("gpu-h200", name), lambda: analyse([gpu_h200_dir / name], cache=False))
+
+
+def test_one_root_unit_from_the_block_recording_moves_fsdps_copies_not_the_models_compute(
+        gpu_h200_dir: Path, session_memo: Callable[..., Any]) -> None:
+    block = _analysed(gpu_h200_dir, "B", session_memo)
+    root = _analysed(gpu_h200_dir, "Broot", session_memo)
+    recorded, truth = block.summary.bound, root.summary.bound
+    assert recorded is not None and truth is not None
+    assert recorded.fsdp_kernels_ms is not None and truth.fsdp_kernels_ms is not None
+    prediction = predict(read_model(block), Settings().with_(wrap=Wrap("root")))
+    bound = predicted_bound(recorded, prediction, None)
+    assert bound is not None and bound.fsdp_kernels_ms is not None
+    # one figure: the split's step is the prediction's
+    assert bound.step_ms == prediction.predicted.step_time_ms
+    # the model's kernels stay compute (Broot's 40.8 ms against B's 37.9 is its kernels running slower
+    # in that process: each of the largest model kernels 5-12 % longer per step)
+    assert bound.compute_ms == pytest.approx(recorded.compute_ms, abs=0.001)
+    assert prediction.predicted.compute_ms == pytest.approx(prediction.baseline.compute_ms, abs=0.001)
+    # FSDP's copy kernels: at most the backward gathers' copies go (the trace's kernels launched inside
+    # FSDP2's `FSDP::pre_backward`, 1.01 ms/step), and the prediction lands nearer the root recording
+    # (0.89 ms) than the block recording it came from (2.50)
+    trace = gpu_h200_dir / "B" / "traces" / "rank0.trace.json.gz"
+    backward_copies = kernels_launched_in(trace, "FSDP::pre_backward", list(block.summary.steps))
+    assert backward_copies > 0.5
+    assert recorded.fsdp_kernels_ms - backward_copies <= bound.fsdp_kernels_ms < recorded.fsdp_kernels_ms
+    assert abs(bound.fsdp_kernels_ms - truth.fsdp_kernels_ms) < abs(recorded.fsdp_kernels_ms - truth.fsdp_kernels_ms)
+    assert prediction.predicted.fsdp_kernels_ms == pytest.approx(bound.fsdp_kernels_ms, abs=0.001)
