@@ -269,18 +269,27 @@ def main() -> None:
         print(describe_machine())
         separate = {name: statistics.median(v) / statistics.median(bare["block"]) for name, v in bare.items()}
         truth = {name: statistics.median(v) for name, v in inproc.items()}
-        print("\n| recording | slowdown | clock | replay error | step (ms) | bare per-block step, separate runs (ms) "
-              "| traced compute / collectives per step (ms) |")
-        print("|---|---:|---|---:|---:|---:|---:|")
+        ratio_of = {(folder, name): step_ratio(folder, options)
+                    for folders in recorded.values() for folder in folders for name, options in PREDICT.items()}
+        # per recording: its out-of-sample phase check beside how far its own predictions miss bare, so that
+        # whether the check foretells a miss can be read off
+        print("\n| recording | slowdown | clock | replay error | phase check: largest miss (phase) | step (ms) "
+              "| bare per-block step, separate runs (ms) | traced compute / collectives per step (ms) | "
+              + " | ".join(f"{name} - bare" for name in PREDICT) + " |")
+        print("|---|---:|---|---:|---:|---:|---:|---:|" + "---:|" * len(PREDICT))
         for load, folders in recorded.items():
             for folder in folders:
                 s = summary(folder)
                 clock = s.get("clock") or {}
                 err = clock.get("replay_error_pct")
+                misses = clock.get("phase_miss_pct") or {}
+                worst_phase = max(misses, key=lambda p: abs(misses[p])) if misses else None
+                phase = "" if worst_phase is None else f"{misses[worst_phase]:+.1f} % ({worst_phase})"
                 compute, collectives = traced_parts_ms(folder)
                 print(f"| {folder.name} | {(s.get('profiler') or {}).get('slowdown')} | {clock.get('basis')} | "
-                      f"{'' if err is None else f'{err:.1f} %'} | {s['step_time_ms']:.2f} | "
-                      f"{statistics.median(bare['block']):.2f} | {compute:.1f} / {collectives:.1f} |")
+                      f"{'' if err is None else f'{err:.1f} %'} | {phase} | {s['step_time_ms']:.2f} | "
+                      f"{statistics.median(bare['block']):.2f} | {compute:.1f} / {collectives:.1f} | "
+                      + " | ".join(f"{ratio_of[(folder, name)] - truth[name]:+.3f}" for name in PREDICT) + " |")
         first, second = loads
         # the truth's own reproducibility: its per-process medians, which drift between processes
         print("\n| setting | bare, in one process (range of its processes' medians) | bare, separate runs | "
@@ -291,10 +300,7 @@ def main() -> None:
         for name, options in PREDICT.items():
             ratios = {}
             for load, folders in recorded.items():
-                values = []
-                for folder in folders:
-                    values.append(step_ratio(folder, options))
-                ratios[load] = values
+                ratios[load] = [ratio_of[(folder, name)] for folder in folders]
             cells = " | ".join(", ".join(f"{v:.3f}" for v in ratios[load]) for load in loads)
             medians = {load: statistics.median(v) for load, v in ratios.items()}
             worst = worst_miss(medians, truth[name])
