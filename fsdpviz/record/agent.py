@@ -110,6 +110,7 @@ class Agent:
         self._unit_timed = set(unit_timed_steps(options.warmup, options.steps, options.unit_timer_steps)
                                if options.timers else ())
         self._unit_timed_done: list[int] = []
+        self._phase_timing = False
 
     # --- arming and detection ------------------------------------------------------------------
     def arm(self) -> None:
@@ -204,10 +205,14 @@ class Agent:
             self._unit_timed_done.append(self.step)
         observer.unit_timing = dedicated or (by_steps and observer.labels and self.options.timers)
         observer.active = observer.labels or observer.unit_timing or not self._order_assigned
+        # every step times its phases: three marks, and in a clean step they are what checks where the
+        # profiler's share came out (replay/phases.py) on the run's own clock
+        self._phase_timing = by_steps and self.options.timers
 
     def _mark_phase(self, phase: str) -> Interval | None:
-        """A whole-step phase interval, in the unit-timed steps only (a clean step marks its ends)."""
-        return self.clock.mark(WHOLE_STEP, phase, KIND_TOTAL) if self.observer.unit_timing else None
+        """A whole-step phase interval (forward, backward, optimizer), in every step the timers clock by
+        optimizer steps: a clean step marks its ends and its phases, nothing of its units."""
+        return self.clock.mark(WHOLE_STEP, phase, KIND_TOTAL) if self._phase_timing else None
 
     def _on_root_forward_pre(self, module: Any, args: Any) -> None:
         if not self.recording or self.finished:
@@ -238,6 +243,19 @@ class Agent:
         if self.phase != "backward" and not self.finished:
             self.phase = "backward"
             self._whole["backward"] = self._mark_phase("backward")
+
+    def pass_backward(self, *, queue: bool = True) -> bool:
+        """A backward hook of a step whose wrapped calls pass straight through: the step enters its
+        backward phase once (its mark, and with ``queue`` the autograd callback that ends it, else the
+        caller queues it once the framework queued its own), on the agent's cost. Whether it entered."""
+        if self.phase == "backward" or self.finished or not self._phase_timing:
+            return False
+        started = time.perf_counter_ns()
+        self.enter_backward()
+        if queue:
+            self.queue_backward_end()
+        self.observer.add(started)
+        return True
 
     def queue_backward_end(self) -> None:
         """Called from a backward hook: close this backward's intervals when autograd finishes.

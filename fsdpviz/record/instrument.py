@@ -206,6 +206,7 @@ class Fsdp2Instrumentation(_Instrumentation):
             def wrapper(*args: Any, **kwargs: Any) -> Any:
                 if not observer.active:
                     observer.passes += 1
+                    agent.pass_backward()  # the step's backward phase, once
                     return orig(*args, **kwargs)
                 agent.enter_backward()
                 agent.open_unit(name, "backward", None)
@@ -262,7 +263,11 @@ class Fsdp1Instrumentation(_Instrumentation):
             def wrapper(state: Any, module: Any, handle: Any, *args: Any) -> Any:
                 if not observer.active:
                     observer.passes += 1
-                    return orig(state, module, handle, *args)
+                    entered = agent.pass_backward(queue=False)  # the step's backward phase, once
+                    result = orig(state, module, handle, *args)
+                    if entered:
+                        agent.queue_backward_end()  # after FSDP1's _post_backward_final_callback
+                    return result
                 name = name_of_handle(id(handle))
                 if name is not None and not getattr(handle, "_ran_pre_backward_hook", False):
                     agent.enter_backward()
@@ -348,6 +353,8 @@ class Zero3Instrumentation(_Instrumentation):
                 def wrapper(sub_module: Any, *args: Any, **kwargs: Any) -> Any:
                     if not observer.active:
                         observer.passes += 1
+                        if phase == "backward" and start:
+                            agent.pass_backward()  # the step's backward phase, once
                         return orig(sub_module, *args, **kwargs)
                     name = names.get(id(sub_module))
                     if name is None:

@@ -38,9 +38,10 @@ from fsdpviz.replay.simulate import SimResult
 from fsdpviz.structure.profiler_cost import STEP_PHASES, STEP_TIMER_PHASE, PhaseTimes
 from fsdpviz.vocabulary import BACKWARD, FORWARD, OPTIMIZER
 
-# Why the check is not made (the clock's note says it). With the recorder's defaults the one unit-timed
-# step follows the trace export (not a clean step) and the other unprofiled steps time only their ends.
-NOT_TIMED: Final = "no unprofiled step timed its phases: record with --unit-timer-steps 2 or more"
+# Why the check is not made (the clock's note says it). The recorder times every step's phases; a
+# recording made before it did has clean steps that time only their ends.
+NOT_TIMED: Final = ("no unprofiled step timed its phases (clean steps that time only their ends: a recording "
+                    "made before fsdpviz timed every step's phases); record it again")
 NO_BACKWARD_TIMER: Final = "the timers time no backward phase (a recorder older than that timer)"
 MICRO_BATCHES: Final = ("its steps run several micro-batches (gradient accumulation), whose forwards and backwards "
                         "interleave")

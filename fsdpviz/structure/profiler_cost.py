@@ -178,10 +178,12 @@ def timed_phase_names(timers: pd.DataFrame) -> set[str]:
 
 def phase_times(timers: pd.DataFrame, run: RunInfo | None) -> dict[int, PhaseTimes]:
     """Per rank that timed its phases in profiled steps and in unprofiled ones: both (medians). The
-    unprofiled ones are the steps after the first :data:`SETTLING_STEPS` that the profiler neither
-    recorded nor warmed up on and that did not follow its trace export: every such step in a recording
-    older than the unit-timed steps (whose timers timed every step's phases), the unit-timed steps after
-    the first since (``--unit-timer-steps 2`` and more: the other steps time only their ends)."""
+    unprofiled ones are the rank's clean steps where they timed their phases (the recorder times every
+    step's phases); in a recording whose clean steps time only their ends, the steps after the first
+    :data:`SETTLING_STEPS` that the profiler neither recorded nor warmed up on and that did not follow
+    its trace export: every such step in a recording older than the unit-timed steps (whose timers timed
+    every step's phases), the unit-timed steps after the first in one made with ``--unit-timer-steps 2``
+    and more."""
     if run is None or not _timed_run(timers, run):
         return {}
     rows = timers[(timers["unit"] == "") & (timers["kind"] == STEP_TIMER_KIND) & timers["ms"].notna()
@@ -197,7 +199,11 @@ def phase_times(timers: pd.DataFrame, run: RunInfo | None) -> dict[int, PhaseTim
         wide = wide.dropna()
         busy = [*profiled, min(profiled) - 1, max(profiled) + 1, *([] if partial is None else [partial])]
         steps = wide.index.to_numpy()
-        unprofiled = wide[(steps >= SETTLING_STEPS) & ~np.isin(steps, busy)]
+        clean = clean_steps(steps.tolist(), profiled=profiled, unit_timed=unit_timed_of(run, int(rank)),
+                            partial=partial)
+        unprofiled = wide[np.isin(steps, sorted(clean))]
+        if unprofiled.empty:  # clean steps that time only their ends
+            unprofiled = wide[(steps >= SETTLING_STEPS) & ~np.isin(steps, busy)]
         traced = wide[np.isin(steps, profiled) & (steps != (partial if partial is not None else -1))]
         if unprofiled.empty or traced.empty:
             continue

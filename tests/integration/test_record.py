@@ -242,10 +242,11 @@ def _kind_of_steps(run: dict[str, Any], rank: int) -> tuple[set[int], set[int]]:
 @pytest.mark.slow
 @pytest.mark.parametrize("which", ["example", "24 blocks"])
 def test_record_clean_steps_are_bare_and_the_agent_measures_its_own_cost(which: str, recordings: Recordings) -> None:
-    """In a clean step the recorder marks the step's ends and nothing else: the timers hold no unit and
-    no phase of it (each timed interval is a record), and the agent's own time there, measured by the
-    agent (run.json ``ranks[].observer``), is at most 1 % of the step. The unit-timed step after the
-    trace export still times every unit, so per-unit timer figures come out."""
+    """In a clean step the recorder marks the step's ends and its three phases and nothing else: the
+    timers hold no unit of it (each timed interval is a record), and the agent's own time there, measured
+    by the agent (run.json ``ranks[].observer``), is at most 1 % of the step. The phases lie inside the
+    step, in order, by the timers' own clock. The unit-timed step after the trace export still times
+    every unit, so per-unit timer figures come out."""
     from fsdpviz.analysis.pipeline import analyse
 
     rec = recordings.get(EXAMPLE_RUNS["fsdp2"] if which == "example" else MANY_UNITS)
@@ -259,17 +260,30 @@ def test_record_clean_steps_are_bare_and_the_agent_measures_its_own_cost(which: 
         steps = {r["step"] for r in _timers(rec.run_dir, rank)}
         assert clean == {s for s in steps if s > profiled[-1] + 1}  # every step after the unit-timed one
         assert len(clean) >= 3
+        phases: dict[int, dict[str, float]] = {}
         for line in _timers(rec.run_dir, rank):
             if line["step"] in clean:
-                assert line["unit"] == "" and line["phase"] == "step", line  # no unit, no phase
+                assert line["unit"] == "", line  # no unit
                 assert line["kind"] in ("total", "peak_rss") and line.get("n", 1) == 1, line
+                assert line["phase"] in ("step", "forward", "backward", "optimizer"), line
+                if line["kind"] == "total":
+                    phases.setdefault(line["step"], {})[line["phase"]] = line["ms"]
+        for step, times in phases.items():
+            assert set(times) == {"step", "forward", "backward", "optimizer"}, (step, times)
+            assert times["forward"] + times["backward"] + times["optimizer"] <= times["step"], (step, times)
         timed = {r["unit"] for r in _timers(rec.run_dir, rank) if r["step"] in unit_timed and r["unit"]}
         assert timed == units  # every unit timed in the unit-timed step
         observer = run["ranks"][rank]["observer"]
         assert observer["unit_intervals_max"] == 0 and observer["cuda_events_max"] == 0  # a CPU run
         assert observer["pass_through_calls_per_step"] >= 4 * (len(units) - 1)  # FSDP's hooks, straight through
-        # the median clean step; a single step can catch the machine's load inside the agent's own code
-        assert 0 < observer["agent_ms_median"] and observer["agent_share_median"] <= 0.01, observer
+        # at least half of the rank's clean steps: a step can catch the machine's load inside the agent's own
+        # code (beside the rest of make test, two of four clean steps took 2.4-2.6 ms, the others 0.16-0.22),
+        # where an agent that did a unit-timed step's work in every clean step would cost every one of them
+        step_ms = {r["step"]: r["ms"] for r in _timers(rec.run_dir, rank)
+                   if r["unit"] == "" and r["phase"] == "step" and r["kind"] == "total"}
+        shares = [ms / step_ms[s] for s, ms in zip(observer["clean_steps"], observer["agent_ms"], strict=True)]
+        assert 0 < observer["agent_ms_median"] and all(ms > 0 for ms in observer["agent_ms"]), observer
+        assert sum(share <= 0.01 for share in shares) >= len(shares) / 2, (shares, observer)
     summary = analyse([rec.run_dir], cache=False).summary
     assert all(u.forward_timer_ms is not None and u.forward_timer_ms > 0 for u in summary.units if u.name != "(root)")
     assert summary.profiler is not None and set(summary.profiler.unprofiled_steps) == _kind_of_steps(run, 0)[0]

@@ -79,16 +79,37 @@ def test_the_check_reads_what_the_trace_does_not_hold(tmp_path: Path) -> None:
     assert f"up to {after['phase_error_pct']:.1f} % of the step" in after["note"]
 
 
-def test_a_recording_without_timed_unprofiled_phases_says_so() -> None:
+def test_a_recording_with_the_recorders_defaults_is_checked_on_its_clean_steps() -> None:
     """The example recording made with the recorder's defaults: its one unit-timed step follows the
-    trace export, and its other unprofiled steps time only their ends (run.json's kinds of step)."""
+    trace export, and its clean steps time their phases (run.json's kinds of step), so the check is made
+    on every clean step of every rank and on no other step."""
     folder = RECORDED / "example-fsdp2" / "run"
     run = json.loads((folder / "run.json").read_text())
     assert run["profile"]["unit_timed_steps"] == [max(run["profile"]["steps"]) + 1]
+    clean = [len(r["observer"]["clean_steps"]) for r in run["ranks"]]
+    clock, _ = _clock(folder)
+    assert clock["basis"] == "replayed"
+    assert clock["phase_steps"] == min(clean) >= 2
+    assert clock["phase_miss_pct"] is not None and set(clock["phase_miss_pct"]) == {"forward", "backward", "optimizer"}
+    assert clock["phase_error_pct"] == max(abs(v) for v in clock["phase_miss_pct"].values())
+
+
+def test_a_recording_whose_clean_steps_time_only_their_ends_says_so(tmp_path: Path) -> None:
+    """The same recording as one made before the recorder timed every step's phases: its clean steps'
+    phase records taken out, the check is not made, and the clock's note says why."""
+    folder = tmp_path / "run"
+    shutil.copytree(RECORDED / "example-fsdp2" / "run", folder)
+    run = json.loads((folder / "run.json").read_text())
+    for info in run["ranks"]:
+        path = folder / "timers" / f"rank{info['rank']}.jsonl"
+        clean = set(info["observer"]["clean_steps"])
+        kept = [line for line in path.read_text().splitlines()
+                if not (json.loads(line)["step"] in clean and json.loads(line)["phase"] != "step")]
+        path.write_text("\n".join(kept) + "\n")
     clock, _ = _clock(folder)
     assert clock["basis"] == "replayed"
     assert clock["phase_error_pct"] is None and clock["phase_miss_pct"] is None and clock["phase_steps"] is None
-    assert "record with --unit-timer-steps 2 or more" in clock["note"]
+    assert "clean steps that time only their ends" in clock["note"]
 
 
 def test_a_replayed_steps_phases_are_bounded_as_the_timers_bound_theirs() -> None:
