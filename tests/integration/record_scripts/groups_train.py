@@ -10,8 +10,9 @@ so on rank 0 ``second``'s all-gather runs (and ends) before ``first``'s. Paired 
 size, the two would swap.
 
 The truth (``--truth``, rank 0): each group's name, and per step the time from the end of
-``second``'s all-gather to the end of ``first``'s, measured by the script's own clock by waiting on
-both works from a thread of its own.
+``second``'s all-gather to the end of ``first``'s, by the script's own clock, read in a callback of
+each work's future: gloo completes the future on the thread that ran the collective, as it ends, where a
+thread waiting on the work would read it whenever the machine next ran that thread.
 """
 
 from __future__ import annotations
@@ -31,15 +32,16 @@ DELAY_S = 0.15  # rank 1 joins ``first``'s all-reduces this much later
 BLOCKERS = 3  # all-reduces that hold ``first``'s gloo workers (two threads per group)
 
 
-def ended_at(work: dist.Work, out: dict[str, int], key: str) -> threading.Thread:
-    """Wait for ``work`` on a thread of its own and note when it ended (monotonic ns)."""
-    def wait() -> None:
-        work.wait()
-        out[key] = time.monotonic_ns()
+def ended_at(work: dist.Work, out: dict[str, int], key: str) -> threading.Event:
+    """Note when ``work`` ended (monotonic ns), from its future's callback; the event is set once noted."""
+    noted = threading.Event()
 
-    thread = threading.Thread(target=wait)
-    thread.start()
-    return thread
+    def note(_: torch.futures.Future) -> None:
+        out[key] = time.monotonic_ns()
+        noted.set()
+
+    work.get_future().add_done_callback(note)
+    return noted
 
 
 def exchange(first: dist.ProcessGroup, second: dist.ProcessGroup) -> dict[str, int]:
@@ -53,9 +55,11 @@ def exchange(first: dist.ProcessGroup, second: dist.ProcessGroup) -> dict[str, i
         works = [dist.all_reduce(b, group=first, async_op=True) for b in blockers]
         gather_first = dist.all_gather_into_tensor(out["first"], shard, group=first, async_op=True)
         gather_second = dist.all_gather_into_tensor(out["second"], shard, group=second, async_op=True)
-        waiters = [ended_at(gather_first, ends, "first"), ended_at(gather_second, ends, "second")]
-        for w in waiters:
-            w.join()
+        noted = [ended_at(gather_first, ends, "first"), ended_at(gather_second, ends, "second")]
+        for event in noted:
+            event.wait()
+        gather_first.wait()
+        gather_second.wait()
         for w in works:
             w.wait()
     else:
