@@ -12,7 +12,8 @@ replay's. Beside it, the replay of the traced steps against the traced steps the
 
 Out of sample, per phase: where the replay took the profiler's share out, against the timers'
 phases in unprofiled steps (``clock.phase_miss_pct``, :mod:`fsdpviz.replay.phases`), in % of the
-unprofiled step; null where no unprofiled step timed its phases (the recorder's default schedule).
+unprofiled step; null where no unprofiled step timed its phases (a folder recorded before the clean
+steps timed theirs).
 """
 
 from __future__ import annotations

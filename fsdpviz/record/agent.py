@@ -206,8 +206,9 @@ class Agent:
         observer.unit_timing = dedicated or (by_steps and observer.labels and self.options.timers)
         observer.active = observer.labels or observer.unit_timing or not self._order_assigned
         # every step times its phases: three marks, and in a clean step they are what checks where the
-        # profiler's share came out (replay/phases.py) on the run's own clock
-        self._phase_timing = by_steps and self.options.timers
+        # profiler's share came out (replay/phases.py) on the run's own clock. Not before an optimizer has
+        # stepped: a script that never steps one stays in its first step, whose marks would pile up
+        self._phase_timing = by_steps and self.options.timers and self._optimizer_stepped
 
     def _mark_phase(self, phase: str) -> Interval | None:
         """A whole-step phase interval (forward, backward, optimizer), in every step the timers clock by
@@ -252,9 +253,9 @@ class Agent:
             return False
         started = time.perf_counter_ns()
         self.enter_backward()
+        self.observer.add(started)
         if queue:
             self.queue_backward_end()
-        self.observer.add(started)
         return True
 
     def queue_backward_end(self) -> None:
@@ -264,10 +265,13 @@ class Agent:
         queued its own end-of-backward work, so that work counts as backward.
         """
         if not self._backward_callback_queued and not self.finished:
+            started = time.perf_counter_ns()
             self._backward_callback_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)
+            self.observer.add(started)
 
     def _on_backward_end(self) -> None:
+        started = time.perf_counter_ns()
         self._backward_callback_queued = False
         if self.finished:
             return
@@ -276,6 +280,7 @@ class Agent:
         interval = self._whole.pop("backward", None)
         if interval is not None:
             self.clock.close(interval)
+        self.observer.add(started)
 
     def _on_optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.finished:

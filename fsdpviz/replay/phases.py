@@ -40,8 +40,8 @@ from fsdpviz.vocabulary import BACKWARD, FORWARD, OPTIMIZER
 
 # Why the check is not made (the clock's note says it). The recorder times every step's phases; a
 # recording made before it did has clean steps that time only their ends.
-NOT_TIMED: Final = ("no unprofiled step timed its phases (clean steps that time only their ends: a recording "
-                    "made before fsdpviz timed every step's phases); record it again")
+NOT_TIMED: Final = ("no unprofiled step timed its phases (a folder recorded before fsdpviz timed every step's "
+                    "phases has clean steps that time only their ends)")
 NO_BACKWARD_TIMER: Final = "the timers time no backward phase (a recorder older than that timer)"
 MICRO_BATCHES: Final = ("its steps run several micro-batches (gradient accumulation), whose forwards and backwards "
                         "interleave")

@@ -6,7 +6,7 @@ thread, and on a launch-bound GPU step the kernels then wait for their launches 
 a slower run than the real one, and the difference appears as idle time.
 
 The recorder's timers (``timers/rank{R}.jsonl``) time every step, profiled or not; in the clean steps
-they only mark the step's ends (the agent measures its own cost there, run.json ``ranks[].observer``):
+they only mark the ends of the step and of its phases (the agent measures its own cost there, run.json ``ranks[].observer``):
 they are the clock, the trace is the map. This module compares, per rank, the median of the profiled
 steps with the median of the rank's *clean* unprofiled steps, then takes the median over ranks. A
 clean step is none of (:func:`fsdpviz.runfolder.clean_steps`): the first :data:`SETTLING_STEPS` steps of

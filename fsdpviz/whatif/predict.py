@@ -287,8 +287,8 @@ def code_header(p: Prediction, comment: str = "#") -> str:
     if new.peak_allocated_bytes is not None and base.peak_allocated_bytes is not None:
         lines.append(f"predicted peak {new.peak_allocated_bytes:,} bytes allocated (recorded "
                      f"{base.peak_allocated_bytes:,})")
-    lines.append(f"{'reliable' if p.reliable else 'unreliable'}: {p.replay_words()}; the limit is "
-                 f"{RELIABLE_REPLAY_PCT:g} %")
+    lines.append(f"{'reliable' if p.reliable else 'unreliable'}: {p.replay_words()}; the limit on the replays is "
+                 f"{RELIABLE_REPLAY_PCT:g} % (the per-phase check is said, not held to it)")
     if p.spread_ms is None:
         lines.append("measurable: unknown (fewer than two analysed steps: the recording's own spread is not known)")
     else:

@@ -244,8 +244,8 @@ def _kind_of_steps(run: dict[str, Any], rank: int) -> tuple[set[int], set[int]]:
 def test_record_clean_steps_are_bare_and_the_agent_measures_its_own_cost(which: str, recordings: Recordings) -> None:
     """In a clean step the recorder marks the step's ends and its three phases and nothing else: the
     timers hold no unit of it (each timed interval is a record), and the agent's own time there, measured
-    by the agent (run.json ``ranks[].observer``), is at most 1 % of the step. The phases lie inside the
-    step, in order, by the timers' own clock. The unit-timed step after the trace export still times
+    by the agent (run.json ``ranks[].observer``), is at most 1 % of the step in at least half of them. The
+    three phases add up to no more than the step, by the timers' own clock. The unit-timed step after the trace export still times
     every unit, so per-unit timer figures come out."""
     from fsdpviz.analysis.pipeline import analyse
 

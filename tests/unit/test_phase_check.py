@@ -79,11 +79,13 @@ def test_the_check_reads_what_the_trace_does_not_hold(tmp_path: Path) -> None:
     assert f"up to {after['phase_error_pct']:.1f} % of the step" in after["note"]
 
 
-def test_a_recording_with_the_recorders_defaults_is_checked_on_its_clean_steps() -> None:
-    """The example recording made with the recorder's defaults: its one unit-timed step follows the
-    trace export, and its clean steps time their phases (run.json's kinds of step), so the check is made
-    on every clean step of every rank and on no other step."""
-    folder = RECORDED / "example-fsdp2" / "run"
+@pytest.mark.parametrize("name", ["example-fsdp2", "example-fsdp1", "example-zero3-block"])
+def test_a_recording_with_the_recorders_defaults_is_checked_on_its_clean_steps(name: str) -> None:
+    """The example recordings made with the recorder's defaults: the one unit-timed step follows the
+    trace export, and the clean steps time their phases (run.json's kinds of step), each framework's
+    backward marked from the backward hook its clean steps pass through (FSDP2's group, FSDP1's handle,
+    ZeRO-3's sub-module), so the check is made on every clean step of every rank."""
+    folder = RECORDED / name / "run"
     run = json.loads((folder / "run.json").read_text())
     assert run["profile"]["unit_timed_steps"] == [max(run["profile"]["steps"]) + 1]
     clean = [len(r["observer"]["clean_steps"]) for r in run["ranks"]]

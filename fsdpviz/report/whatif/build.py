@@ -51,6 +51,10 @@ def numbers_table(baseline: Outcome, predicted: Outcome) -> HtmlTable:
         b, p = getattr(baseline, key), getattr(predicted, key)
         rows.append([TableCell(text=label, header=True), TableCell(text=f"{b:,.3f} ms"),
                      TableCell(text=f"{p:,.3f} ms", sub=format_change(b, p, "ms"))])
+    if baseline.fsdp_kernels_ms is not None and predicted.fsdp_kernels_ms is not None:  # GPU: compute is the model's
+        b, p = baseline.fsdp_kernels_ms, predicted.fsdp_kernels_ms
+        rows.append([TableCell(text="FSDP's copy kernels", header=True), TableCell(text=f"{b:,.3f} ms"),
+                     TableCell(text=f"{p:,.3f} ms", sub=format_change(b, p, "ms"))])
     b_peak, p_peak = baseline.peak_allocated_bytes, predicted.peak_allocated_bytes
     rows.append([TableCell(text="peak allocated", header=True), TableCell(text=format_bytes(b_peak) or "n/a"),
                  TableCell(text=format_bytes(p_peak) or "n/a", sub=format_change(b_peak, p_peak, "bytes"))])
