@@ -154,8 +154,10 @@ def test_torchtitan_root_keeps_its_last_units_parameters_and_names_a_unit_of_two
     assert {u: m["reshard_after_forward"] for u, m in meta.items()} == {
         "(root)": False, "layers.0": True, "layers.1": True, "layers.2": False, "[norm, output]": False}
     stats = result_of(run).analysis.unit_stats.set_index("unit")
-    # the output projection's gradient is the biggest backward matmul after the blocks'
-    assert stats.loc["[norm, output]", "backward_ns"] > stats.loc["(root)", "backward_ns"]
+    # the output projection's gradient is [norm, output]'s own backward, not the root's: about the root's
+    # embedding backward (0.23 against 0.20 ms, and 0.25 against 0.32 in another run of the same script),
+    # where a backward credited to the root would leave [norm, output] next to nothing
+    assert stats.loc["[norm, output]", "backward_ns"] > 0.5 * stats.loc["(root)", "backward_ns"]
     assert (stats.loc[["layers.0", "layers.1", "layers.2"], "backward_ns"] > stats.loc["(root)", "backward_ns"]).all()
     traces = load_traces([run.run_dir], cache=False)
     assert "FSDP::pre_forward (norm, output)" in set(traces.events["name"].astype(str))
