@@ -235,14 +235,10 @@ def parse_bytes(text: str, option: str) -> int:
 
 
 def _rows(baseline: Outcome, predicted: Outcome) -> list[tuple[str, str, str, str]]:
-    rows = []
-    for label, key in (("step time", "step_time_ms"), ("exposed communication", "exposed_comm_ms"),
-                       ("communication", "comm_ms"), ("compute", "compute_ms")):
-        b, p = getattr(baseline, key), getattr(predicted, key)
-        rows.append((label, f"{b:,.2f} ms", f"{p:,.2f} ms", change_text(b, p, "ms")))
-    if baseline.fsdp_kernels_ms is not None and predicted.fsdp_kernels_ms is not None:  # GPU: compute is the model's
-        b, p = baseline.fsdp_kernels_ms, predicted.fsdp_kernels_ms
-        rows.append(("FSDP's copy kernels", f"{b:,.2f} ms", f"{p:,.2f} ms", change_text(b, p, "ms")))
+    from fsdpviz.whatif.predict import time_rows
+
+    rows = [(label, f"{b:,.2f} ms", f"{p:,.2f} ms", change_text(b, p, "ms"))
+            for label, b, p in time_rows(baseline, predicted)]
     b_peak, p_peak = baseline.peak_allocated_bytes, predicted.peak_allocated_bytes
     rows.append(("peak allocated", mib_text(b_peak), mib_text(p_peak), change_text(b_peak, p_peak, "bytes")))
     return rows

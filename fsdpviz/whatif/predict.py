@@ -581,6 +581,17 @@ def _predicted_kernels(recorded_ms: float | None, moved_ns: float, notes: list[s
     return round(kernels, 3)
 
 
+def time_rows(baseline: Outcome, predicted: Outcome) -> list[tuple[str, float, float]]:
+    """The step's time figures a prediction is shown with, recorded beside predicted (the terminal's and
+    the page's table): FSDP's copy kernels where known (GPU), beside the model's compute."""
+    rows = [(label, getattr(baseline, key), getattr(predicted, key))
+            for label, key in (("step time", "step_time_ms"), ("exposed communication", "exposed_comm_ms"),
+                               ("communication", "comm_ms"), ("compute", "compute_ms"))]
+    if baseline.fsdp_kernels_ms is not None and predicted.fsdp_kernels_ms is not None:
+        rows.append(("FSDP's copy kernels", baseline.fsdp_kernels_ms, predicted.fsdp_kernels_ms))
+    return rows
+
+
 UNIT_FIELDS = ("all_gather", "forward", "backward", "reduce_scatter", "exposed_comm")
 
 

@@ -13,7 +13,7 @@ from fsdpviz.formatting import MIB, format_bytes, format_change
 from fsdpviz.replay.model import Model
 from fsdpviz.report.html import Fact, HtmlTable, LegendItem, Page, Section, TableCell, write_page
 from fsdpviz.report.style import unit_colors
-from fsdpviz.whatif.predict import Outcome, Prediction
+from fsdpviz.whatif.predict import Outcome, Prediction, time_rows
 
 HOWTO_NUMBERS = (
     "Recorded: means per analysed step over ranks, as `fsdpviz summary` reports them. Predicted: the "
@@ -46,15 +46,9 @@ class WhatifPage:
 
 def numbers_table(baseline: Outcome, predicted: Outcome) -> HtmlTable:
     rows: list[list[TableCell]] = []
-    for label, key in (("step time", "step_time_ms"), ("exposed communication", "exposed_comm_ms"),
-                       ("communication", "comm_ms"), ("compute", "compute_ms")):
-        b, p = getattr(baseline, key), getattr(predicted, key)
-        rows.append([TableCell(text=label, header=True), TableCell(text=f"{b:,.3f} ms"),
-                     TableCell(text=f"{p:,.3f} ms", sub=format_change(b, p, "ms"))])
-    if baseline.fsdp_kernels_ms is not None and predicted.fsdp_kernels_ms is not None:  # GPU: compute is the model's
-        b, p = baseline.fsdp_kernels_ms, predicted.fsdp_kernels_ms
-        rows.append([TableCell(text="FSDP's copy kernels", header=True), TableCell(text=f"{b:,.3f} ms"),
-                     TableCell(text=f"{p:,.3f} ms", sub=format_change(b, p, "ms"))])
+    for label, before_ms, after_ms in time_rows(baseline, predicted):
+        rows.append([TableCell(text=label, header=True), TableCell(text=f"{before_ms:,.3f} ms"),
+                     TableCell(text=f"{after_ms:,.3f} ms", sub=format_change(before_ms, after_ms, "ms"))])
     b_peak, p_peak = baseline.peak_allocated_bytes, predicted.peak_allocated_bytes
     rows.append([TableCell(text="peak allocated", header=True), TableCell(text=format_bytes(b_peak) or "n/a"),
                  TableCell(text=format_bytes(p_peak) or "n/a", sub=format_change(b_peak, p_peak, "bytes"))])
