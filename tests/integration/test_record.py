@@ -230,7 +230,7 @@ def test_record_default_schedule_times_the_steps_after_the_window_for_the_headli
 # A step of the example trainer with many units (24 blocks of width 32): per-unit work in every step would
 # weigh most there.
 MANY_UNITS = Config(("--framework", "fsdp2", "--wrap", "block", "--layers", "24", "--dim", "32", "--seed", "0",
-                     "--steps", "14"))
+                     "--steps", "14"), NO_OUTPUT)
 
 
 def _kind_of_steps(run: dict[str, Any], rank: int) -> tuple[set[int], set[int]]:
