@@ -204,8 +204,8 @@ class ObserverInfo(msgspec.Struct, kw_only=True):
     unit_intervals_max: int | None = None
     """Per-unit intervals the timers marked in a clean step: 0."""
     cuda_events_max: int | None = None
-    """CUDA events the timers created in a clean step: 8 on a GPU (the ends of the step and of its three
-    phases; 2 in folders recorded before the clean steps timed their phases), 0 on a CPU."""
+    """CUDA events the timers created in a clean step: 2 on a GPU (the step's ends: its phases are timed on
+    a CPU only; 8 in folders recorded while GPU clean steps timed them too), 0 on a CPU."""
 
 
 class RankInfo(msgspec.Struct, kw_only=True):

@@ -67,8 +67,8 @@ def record(
     unit_timer_steps: int = typer.Option(
         DEFAULT_UNIT_TIMER_STEPS, "--unit-timer-steps", min=0, metavar="N",
         help="Steps after the profiled ones whose units the timers clock (default: the step after the trace "
-             "export). Other steps are left bare: the recorder marks only their ends and their forward, backward and "
-             "optimizer phases."),
+             "export). Other steps are left bare: the recorder marks only their ends and, on a CPU, their forward, "
+             "backward and optimizer phases."),
     report: bool = typer.Option(True, "--report/--no-report", help="Write report.html after the run."),
     summary: bool = typer.Option(True, "--summary/--no-summary", help="Print the run's summary after it."),
     force: bool = typer.Option(False, "--force", help="Replace the recording in an existing run folder."),

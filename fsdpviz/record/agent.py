@@ -205,14 +205,18 @@ class Agent:
             self._unit_timed_done.append(self.step)
         observer.unit_timing = dedicated or (by_steps and observer.labels and self.options.timers)
         observer.active = observer.labels or observer.unit_timing or not self._order_assigned
-        # every step times its phases: three marks, and in a clean step they are what checks where the
-        # profiler's share came out (replay/phases.py) on the run's own clock. Not before an optimizer has
-        # stepped: a script that never steps one stays in its first step, whose marks would pile up
-        self._phase_timing = by_steps and self.options.timers and self._optimizer_stepped
+        # every CPU step times its phases: three host timestamps, and in a clean step they are what checks
+        # where the profiler's share came out (replay/phases.py) on the run's own clock. On a GPU a phase
+        # is a CUDA event pair, and a clean step holds one (its ends): there only the profiled and the
+        # unit-timed steps time phases. Not before an optimizer has stepped: a script that never steps
+        # one stays in its first step, whose marks would pile up
+        self._phase_timing = (by_steps and self.options.timers and self._optimizer_stepped
+                              and (observer.unit_timing or not self._use_cuda_events))
 
     def _mark_phase(self, phase: str) -> Interval | None:
         """A whole-step phase interval (forward, backward, optimizer), in every step the timers clock by
-        optimizer steps: a clean step marks its ends and its phases, nothing of its units."""
+        optimizer steps (a GPU's clean steps excepted: :meth:`_begin_step`): a clean CPU step marks its
+        ends and its phases, nothing of its units."""
         return self.clock.mark(WHOLE_STEP, phase, KIND_TOTAL) if self._phase_timing else None
 
     def _on_root_forward_pre(self, module: Any, args: Any) -> None:

@@ -73,7 +73,8 @@ class RecordOptions:
     ``--no-memory``; the clean steps the step time comes from are not profiled and do not pay it."""
     unit_timer_steps: int = DEFAULT_UNIT_TIMER_STEPS
     """Steps, right after the profiled ones, whose units the timers clock (per-unit intervals): never clean
-    steps, so the run's step time is measured on steps the recorder only marks the ends and phases of."""
+    steps, so the run's step time is measured on steps the recorder only marks the ends (and on a CPU the
+    phases) of."""
     fallback_after_s: float = DEFAULT_FALLBACK_AFTER_S
     """Start a time-window recording if no optimizer has stepped this long after the first forward."""
     window_s: float = DEFAULT_WINDOW_S

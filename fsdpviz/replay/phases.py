@@ -38,10 +38,12 @@ from fsdpviz.replay.simulate import SimResult
 from fsdpviz.structure.profiler_cost import STEP_PHASES, STEP_TIMER_PHASE, PhaseTimes
 from fsdpviz.vocabulary import BACKWARD, FORWARD, OPTIMIZER
 
-# Why the check is not made (the clock's note says it). The recorder times every step's phases; a
-# recording made before it did has clean steps that time only their ends.
-NOT_TIMED: Final = ("no unprofiled step timed its phases (a folder recorded before fsdpviz timed every step's "
-                    "phases has clean steps that time only their ends)")
+# Why the check is not made (the clock's note says it). The recorder times every CPU step's phases; a
+# GPU's clean steps time only their ends (one CUDA event pair), as did every clean step of a recording
+# made before: there the unit-timed steps after the first time them.
+NOT_TIMED: Final = ("no unprofiled step timed its phases (a GPU run's clean steps time only their ends, one CUDA "
+                    "event pair, as do those of a folder recorded before fsdpviz timed a CPU step's phases: "
+                    "record with --unit-timer-steps 2 or more, whose unit-timed steps after the first time them)")
 NO_BACKWARD_TIMER: Final = "the timers time no backward phase (a recorder older than that timer)"
 MICRO_BATCHES: Final = ("its steps run several micro-batches (gradient accumulation), whose forwards and backwards "
                         "interleave")

@@ -179,7 +179,8 @@ def timed_phase_names(timers: pd.DataFrame) -> set[str]:
 def phase_times(timers: pd.DataFrame, run: RunInfo | None) -> dict[int, PhaseTimes]:
     """Per rank that timed its phases in profiled steps and in unprofiled ones: both (medians). The
     unprofiled ones are the rank's clean steps where they timed their phases (the recorder times every
-    step's phases); in a recording whose clean steps time only their ends, the steps after the first
+    CPU step's phases); where the clean steps time only their ends (a GPU's, or an older recording's), the
+    steps after the first
     :data:`SETTLING_STEPS` that the profiler neither recorded nor warmed up on and that did not follow
     its trace export: every such step in a recording older than the unit-timed steps (whose timers timed
     every step's phases), the unit-timed steps after the first in one made with ``--unit-timer-steps 2``

@@ -98,8 +98,9 @@ def test_a_recording_with_the_recorders_defaults_is_checked_on_its_clean_steps(n
 
 
 def test_a_recording_whose_clean_steps_time_only_their_ends_says_so(tmp_path: Path) -> None:
-    """The same recording as one made before the recorder timed every step's phases: its clean steps'
-    phase records taken out, the check is not made, and the clock's note says why."""
+    """The same recording as one whose clean steps time only their ends (a GPU's, or one made before the
+    recorder timed a CPU step's phases): its clean steps' phase records taken out, the check is not made,
+    and the clock's note says why and how to record one that is checked."""
     folder = tmp_path / "run"
     shutil.copytree(RECORDED / "example-fsdp2" / "run", folder)
     run = json.loads((folder / "run.json").read_text())
@@ -112,7 +113,7 @@ def test_a_recording_whose_clean_steps_time_only_their_ends_says_so(tmp_path: Pa
     clock, _ = _clock(folder)
     assert clock["basis"] == "replayed"
     assert clock["phase_error_pct"] is None and clock["phase_miss_pct"] is None and clock["phase_steps"] is None
-    assert "clean steps that time only their ends" in clock["note"]
+    assert "clean steps time only their ends" in clock["note"] and "--unit-timer-steps 2" in clock["note"]
 
 
 def test_a_replayed_steps_phases_are_bounded_as_the_timers_bound_theirs() -> None:
