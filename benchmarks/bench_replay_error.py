@@ -12,8 +12,12 @@ replay's. Beside it, the replay of the traced steps against the traced steps the
 
 Out of sample, per phase: where the replay took the profiler's share out, against the timers'
 phases in unprofiled steps (``clock.phase_miss_pct``, :mod:`fsdpviz.replay.phases`), in % of the
-unprofiled step; null where no unprofiled step timed its phases (a folder recorded before the clean
-steps timed theirs).
+unprofiled step; null where no unprofiled step timed its phases (a GPU's clean steps, or a folder
+recorded before the clean steps timed theirs).
+
+On a GPU, the bound against the replay: the time the bound takes out of the traced step (the measured
+excess) beside the replay's own drop without the profiler, and exposed communication beside the
+replay's move of it (docs/whatif.md, "The bound and the replay on a GPU").
 """
 
 from __future__ import annotations
@@ -66,11 +70,28 @@ def row(folder: Path) -> tuple[str, dict[str, float] | None]:
     slowdown = f"{cost.slowdown:.2f}x" if cost is not None else "n/a"
     clean = f"{clock.replay_error_pct:.1f} %" if clock.replay_error_pct is not None else "n/a"
     PHASE_ROWS.append(phase_row(folder.name, clock))
+    if summary.device == "gpu" and model.net is not None and summary.bound is not None:
+        GPU_ROWS.append(gpu_row(folder.name, summary.bound, model))
     return (f"| {folder.name} | {summary.device} | {slowdown} | {clock.basis} | {clean} | "
             f"{base.traced_replay_error_pct:.1f} % |"), ratios
 
 
 PHASE_ROWS: list[str] = []
+GPU_ROWS: list[str] = []
+
+
+def gpu_row(name: str, bound: Any, model: Any) -> str:
+    """The bound against the replay on a GPU recording: the time each takes out of the traced step (the
+    bound: the measured excess, traced less clean step; the replay: its traced steps' median less its
+    steps' without the profiler) and what the replay moves exposed communication by (ms)."""
+    def median_ms(values: list[float]) -> float:
+        return statistics.median(values) / 1e6
+
+    traced, net = model.replays, model.net.replays
+    drop = median_ms([r.step_ns for r in traced]) - median_ms([r.step_ns for r in net])
+    moved = median_ms([r.exposed_comm_ns for r in net]) - median_ms([r.exposed_comm_ns for r in traced])
+    return (f"| {name} | {bound.traced_step_ms - bound.step_ms:.1f} | {drop:.1f} | "
+            f"{bound.exposed_comm_ms:,.1f} / {moved:+.1f} |")
 
 
 def main() -> None:
@@ -104,6 +125,14 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---:|")
     for line in PHASE_ROWS:
         print(line)
+    if GPU_ROWS:
+        print("\nOn a GPU, the bound and the replay: what each takes out of the traced step (ms), and exposed "
+              "communication (the bound's, ms) against the replay's move of it:\n")
+        print("| recording | the bound takes out (traced less clean step) | the replay's own drop | "
+              "exposed communication: the bound's / the replay's move |")
+        print("|---|---:|---:|---|")
+        for line in GPU_ROWS:
+            print(line)
     if "B" in predicted and "Bl" in predicted:
         print("\n| setting | bare (in-process) | predicted from B | from Bl | B − Bl |")
         print("|---|---:|---:|---:|---:|")
