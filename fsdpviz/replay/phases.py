@@ -39,11 +39,14 @@ from fsdpviz.structure.profiler_cost import STEP_PHASES, STEP_TIMER_PHASE, Phase
 from fsdpviz.vocabulary import BACKWARD, FORWARD, OPTIMIZER
 
 # Why the check is not made (the clock's note says it). The recorder times every CPU step's phases; a
-# GPU's clean steps time only their ends (one CUDA event pair), as did every clean step of a recording
-# made before: there the unit-timed steps after the first time them.
-NOT_TIMED: Final = ("no unprofiled step timed its phases (a GPU run's clean steps time only their ends, one CUDA "
-                    "event pair, as do those of a folder recorded before fsdpviz timed a CPU step's phases: "
-                    "record with --unit-timer-steps 2 or more, whose unit-timed steps after the first time them)")
+# GPU's clean steps time only their ends (one CUDA event pair), as did a CPU's in a recording made before.
+# Its unit-timed steps time phases but also its units, a cost the clean steps the replay is put on do not
+# pay: they would count the unit timers as the profiler's.
+NOT_TIMED: Final = ("no clean step timed its phases: a GPU run's clean steps time only their ends, one CUDA event "
+                    "pair, as do those of a folder recorded before fsdpviz timed a CPU clean step's phases, and "
+                    "its unit-timed steps also pay for the unit timers, which the clean steps do not")
+NOT_REPLAYED: Final = ("no rank that timed its phases is replayed without the profiler: a rank without a clean "
+                       "step of its own is replayed as traced")
 NO_BACKWARD_TIMER: Final = "the timers time no backward phase (a recorder older than that timer)"
 MICRO_BATCHES: Final = ("its steps run several micro-batches (gradient accumulation), whose forwards and backwards "
                         "interleave")
@@ -102,6 +105,8 @@ def phase_check(steps: Sequence[StepProgram], traced: Sequence[SimResult], net: 
     before, after = _per_rank(steps, traced), _per_rank(net, clean)
     checked = sorted(set(before) & set(after) & set(timed) & (ranks if ranks is not None else set(before)))
     if not checked:
+        if timed and BACKWARD in timed_phases:
+            return None, NOT_REPLAYED
         return None, NOT_TIMED if BACKWARD in timed_phases or not timed_phases else NO_BACKWARD_TIMER
     miss: dict[str, float] = {}
     for phase in STEP_PHASES:

@@ -6,7 +6,8 @@ thread, and on a launch-bound GPU step the kernels then wait for their launches 
 a slower run than the real one, and the difference appears as idle time.
 
 The recorder's timers (``timers/rank{R}.jsonl``) time every step, profiled or not; in the clean steps
-they only mark the ends of the step and of its phases (the agent measures its own cost there, run.json ``ranks[].observer``):
+they only mark the ends of the step and, on a CPU, of its phases (the agent measures its own cost there, run.json
+``ranks[].observer``):
 they are the clock, the trace is the map. This module compares, per rank, the median of the profiled
 steps with the median of the rank's *clean* unprofiled steps, then takes the median over ranks. A
 clean step is none of (:func:`fsdpviz.runfolder.clean_steps`): the first :data:`SETTLING_STEPS` steps of
@@ -178,13 +179,12 @@ def timed_phase_names(timers: pd.DataFrame) -> set[str]:
 
 def phase_times(timers: pd.DataFrame, run: RunInfo | None) -> dict[int, PhaseTimes]:
     """Per rank that timed its phases in profiled steps and in unprofiled ones: both (medians). The
-    unprofiled ones are the rank's clean steps where they timed their phases (the recorder times every
-    CPU step's phases); where the clean steps time only their ends (a GPU's, or an older recording's), the
-    steps after the first
-    :data:`SETTLING_STEPS` that the profiler neither recorded nor warmed up on and that did not follow
-    its trace export: every such step in a recording older than the unit-timed steps (whose timers timed
-    every step's phases), the unit-timed steps after the first in one made with ``--unit-timer-steps 2``
-    and more."""
+    unprofiled ones are the rank's clean steps, the steps the replay without the profiler is put on,
+    where they timed their phases: a CPU rank's in a recording made now, and every unprofiled step of
+    a recording older than the unit-timed steps (whose timers timed units and phases in every step, its
+    clean ones too). A GPU's clean steps, and those of a CPU folder recorded before they timed their
+    phases, time only their ends: no rank then. Unit-timed steps are never read: they carry the unit
+    timers' cost, which the clean steps do not."""
     if run is None or not _timed_run(timers, run):
         return {}
     rows = timers[(timers["unit"] == "") & (timers["kind"] == STEP_TIMER_KIND) & timers["ms"].notna()
@@ -198,13 +198,10 @@ def phase_times(timers: pd.DataFrame, run: RunInfo | None) -> dict[int, PhaseTim
         if any(p not in wide.columns for p in (*STEP_PHASES, STEP_TIMER_PHASE)):
             continue
         wide = wide.dropna()
-        busy = [*profiled, min(profiled) - 1, max(profiled) + 1, *([] if partial is None else [partial])]
         steps = wide.index.to_numpy()
         clean = clean_steps(steps.tolist(), profiled=profiled, unit_timed=unit_timed_of(run, int(rank)),
                             partial=partial)
         unprofiled = wide[np.isin(steps, sorted(clean))]
-        if unprofiled.empty:  # clean steps that time only their ends
-            unprofiled = wide[(steps >= SETTLING_STEPS) & ~np.isin(steps, busy)]
         traced = wide[np.isin(steps, profiled) & (steps != (partial if partial is not None else -1))]
         if unprofiled.empty or traced.empty:
             continue

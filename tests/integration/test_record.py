@@ -242,7 +242,7 @@ def _kind_of_steps(run: dict[str, Any], rank: int) -> tuple[set[int], set[int]]:
 @pytest.mark.slow
 @pytest.mark.parametrize("which", ["example", "24 blocks"])
 def test_record_clean_steps_are_bare_and_the_agent_measures_its_own_cost(which: str, recordings: Recordings) -> None:
-    """In a clean step the recorder marks the step's ends and its three phases and nothing else: the
+    """In a clean CPU step the recorder marks the step's ends and its three phases and nothing else: the
     timers hold no unit of it (each timed interval is a record), and the agent's own time there, measured
     by the agent (run.json ``ranks[].observer``), is at most 1 % of the step in at least half of them. The
     three phases add up to no more than the step, by the timers' own clock. The unit-timed step after the trace export still times

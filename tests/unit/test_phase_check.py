@@ -99,21 +99,29 @@ def test_a_recording_with_the_recorders_defaults_is_checked_on_its_clean_steps(n
 
 def test_a_recording_whose_clean_steps_time_only_their_ends_says_so(tmp_path: Path) -> None:
     """The same recording as one whose clean steps time only their ends (a GPU's, or one made before the
-    recorder timed a CPU step's phases): its clean steps' phase records taken out, the check is not made,
-    and the clock's note says why and how to record one that is checked."""
+    recorder timed a CPU step's phases) and that timed the units of two steps after the trace export
+    (``--unit-timer-steps 2``): its clean steps' phase records taken out and its first clean step made a
+    unit-timed one, with its phases. The check is not made: a unit-timed step pays for the unit timers,
+    which the clean steps the replay is put on do not. The clock's note says so."""
     folder = tmp_path / "run"
     shutil.copytree(RECORDED / "example-fsdp2" / "run", folder)
     run = json.loads((folder / "run.json").read_text())
+    first = min(run["ranks"][0]["observer"]["clean_steps"])
+    run["profile"]["unit_timed_steps"] = [*run["profile"]["unit_timed_steps"], first]
     for info in run["ranks"]:
+        if info.get("unit_timed_steps") is not None:
+            info["unit_timed_steps"] = [*info["unit_timed_steps"], first]
         path = folder / "timers" / f"rank{info['rank']}.jsonl"
-        clean = set(info["observer"]["clean_steps"])
+        clean = set(info["observer"]["clean_steps"]) - {first}
         kept = [line for line in path.read_text().splitlines()
                 if not (json.loads(line)["step"] in clean and json.loads(line)["phase"] != "step")]
+        assert any(json.loads(line)["step"] == first and json.loads(line)["phase"] == "backward" for line in kept)
         path.write_text("\n".join(kept) + "\n")
+    (folder / "run.json").write_text(json.dumps(run))
     clock, _ = _clock(folder)
     assert clock["basis"] == "replayed"
     assert clock["phase_error_pct"] is None and clock["phase_miss_pct"] is None and clock["phase_steps"] is None
-    assert "clean steps time only their ends" in clock["note"] and "--unit-timer-steps 2" in clock["note"]
+    assert "clean steps time only their ends" in clock["note"] and "unit-timed steps also pay" in clock["note"]
 
 
 def test_a_replayed_steps_phases_are_bounded_as_the_timers_bound_theirs() -> None:

@@ -346,22 +346,23 @@ def test_a_rank_exits_after_a_pause_only_with_gloo_threads(monkeypatch: pytest.M
     assert finished == [("ok", None)] and slept == pauses
 
 
-@pytest.mark.parametrize(("cuda", "phased"), [(False, {5, 6, 7}), (True, {5})])
+@pytest.mark.parametrize(("cuda", "phased"), [(False, {2, 3, 4, 5, 6, 7}), (True, {2, 3, 4, 5})])
 def test_a_gpu_clean_step_times_its_ends_only(tmp_path: Path, cuda: bool, phased: set[int]) -> None:
     """A clean step holds a host timestamp and at most one CUDA event pair (its ends): a CPU rank's clean
     steps also time their three phases with host timestamps, a GPU's do not (three CUDA event pairs more),
-    and the unit-timed step after the trace export times them on both. Default schedule: 0 warms up, 1 is
-    the profiler's warm-up, 2-4 profiled, 5 unit-timed, 6 on clean."""
+    and the profiled steps and the unit-timed step after the trace export time them on both. Default
+    schedule: 0 warms up, 1 is the profiler's warm-up, 2-4 profiled, 5 unit-timed, 6 on clean."""
     from fsdpviz.record.agent import Agent
 
     agent = Agent(RecordOptions(run_dir=tmp_path), ROLE_RANK)
     agent._use_cuda_events = cuda
     agent._optimizer_stepped = True
     timed = set()
-    for step in (5, 6, 7):
+    for step in range(2, 8):
         agent.step = step
+        agent.profiler.labels_on = step in (2, 3, 4)  # as the profiler's schedule sets it before each step
         agent._begin_step()
-        assert agent.observer.unit_timing == (step == 5)
+        assert agent.observer.unit_timing == (step <= 5)
         if agent._phase_timing:
             timed.add(step)
     assert timed == phased
