@@ -101,6 +101,7 @@ def _scale_segment(segment: object, k: float) -> None:
     segment.device_ns *= k  # type: ignore[attr-defined]
     segment.sync_at = [t * k for t in segment.sync_at]  # type: ignore[attr-defined]
     segment.comm_ns = [t * k for t in segment.comm_ns]  # type: ignore[attr-defined]
+    segment.lead_ns *= k  # type: ignore[attr-defined]
 
 
 def scaled(rec: Recording, scale: dict[int, float]) -> Recording:

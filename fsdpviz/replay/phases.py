@@ -11,7 +11,8 @@ optimizer's step) in the profiled steps and, where it ran them, in unprofiled on
 Per rank and phase, the profiler's cost the replay takes out (the traced replay's phase less the
 replay's without the profiler) against the cost the timers saw leave it (the profiled steps' phase
 less the unprofiled ones'). Both sides bound a phase alike (:func:`sim_phases`: from its first span to
-its last, as the timers run from hook to hook), and each leaves out the time between its phases (the
+its last, as the timers run from hook to hook; the optimizer from the optimizer's own step on, on CPU
+where the trace holds it, as the timers' optimizer hook fires there), and each leaves out the time between its phases (the
 data, the loss, the gradients zeroed), where the profiler's share may differ: the three misses need
 not add up to zero. The miss is in % of the rank's unprofiled step; the run's is the median over
 ranks, and its error the largest phase's. Nothing in the replay was fitted to a phase. Steps of
@@ -68,19 +69,20 @@ class PhaseCheck:
         return max(abs(v) for v in self.miss_pct.values())
 
 
-def sim_phases(sim: SimResult) -> dict[str, float]:
+def sim_phases(sim: SimResult, lead_ns: float = 0.0) -> dict[str, float]:
     """A replayed step's phases (ns), bounded as the timers bound theirs: forward from its first forward
     span to its last, backward likewise, the optimizer its optimizer spans (the step's last segment: the
-    host's work on CPU, its kernels on GPU) or, where the replay has none, the rest of the step after the
-    backward."""
+    host's work on CPU, its kernels on GPU) less ``lead_ns``, the segment's time before the optimizer's
+    own step, where the timers' optimizer phase starts (CPU: :attr:`.recorded.Segment.lead_ns`), or,
+    where the replay has none, the rest of the step after the backward."""
     def extent(phase: str) -> tuple[float, float] | None:
         spans = [s for s in sim.spans if s.phase == phase]
         return (min(s.start for s in spans), max(s.end for s in spans)) if spans else None
 
     forward, backward = extent(FORWARD), extent(BACKWARD)
-    optimizer = sum(s.end - s.start for s in sim.spans if s.kind == OPTIMIZER)
-    if not optimizer:
-        optimizer = sim.step_ns - (backward or forward or (0.0, 0.0))[1]
+    spans = [s.end - s.start for s in sim.spans if s.kind == OPTIMIZER]
+    optimizer = (max(0.0, sum(spans) - lead_ns) if spans
+                 else sim.step_ns - (backward or forward or (0.0, 0.0))[1] - lead_ns)
     return {"forward": forward[1] - forward[0] if forward else 0.0,
             "backward": backward[1] - backward[0] if backward else 0.0, "optimizer": optimizer}
 
@@ -89,7 +91,7 @@ def _per_rank(steps: Sequence[StepProgram], sims: Sequence[SimResult]) -> dict[i
     """Per rank: the median over its replayed steps of each phase, ms."""
     by_rank: dict[int, list[dict[str, float]]] = {}
     for step, sim in zip(steps, sims):
-        by_rank.setdefault(step.rank, []).append(sim_phases(sim))
+        by_rank.setdefault(step.rank, []).append(sim_phases(sim, step.post.lead_ns))
     return {rank: {p: statistics.median(s[p] for s in of) / 1e6 for p in STEP_PHASES} for rank, of in by_rank.items()}
 
 

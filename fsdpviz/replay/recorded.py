@@ -73,6 +73,11 @@ class Segment:
     device_ns: float = 0.0  # GPU: kernels launched here (loss, optimizer), on the compute stream
     sync_at: list[float] = field(default_factory=list)  # busy offsets at which the host waits for the device
     comm_ns: list[float] = field(default_factory=list)  # CPU: collectives outside units the host waited for
+    lead_ns: float = 0.0
+    """The step's end segment on CPU: of its host time (busy and waited), what ran before the optimizer's
+    own step (torch's ``Optimizer.step#`` range), where the timers' optimizer phase starts: the rest of
+    the backward's framework work, a framework's step before the optimizer's (DeepSpeed's ``engine.step``).
+    0 where the trace holds no such range, or on GPU. Read by the phase check alone (:mod:`.phases`)."""
 
 
 @dataclass(slots=True)

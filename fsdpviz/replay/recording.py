@@ -532,8 +532,25 @@ def _read_step(rank: int, step: int, t0: int, t1: int, parts: dict[str, pd.DataF
                                   mid=_segment(mid_from, mid_to, clock, work, gpu), backward=passes[vocabulary.BACKWARD]))
         cursor = bounds[vocabulary.BACKWARD][1] if vocabulary.BACKWARD in bounds else mid_to
     gathers = _gathers(tables, frames, clock, gpu, unit_bytes)
-    return StepProgram(rank=rank, step=step, step_ns=t1 - t0, micro=batches, post=_segment(cursor, t1, clock, work, gpu),
-                       gathers=gathers, reduces=reduces)
+    post = _segment(cursor, t1, clock, work, gpu)
+    if not gpu:
+        post.lead_ns = _optimizer_lead(tables.spans, cursor, t1, clock)
+    return StepProgram(rank=rank, step=step, step_ns=t1 - t0, micro=batches, post=post, gathers=gathers,
+                       reduces=reduces)
+
+
+def _optimizer_lead(spans: pd.DataFrame, a: float, b: float, clock: BusyClock) -> float:
+    """CPU: the host time of the end segment ``a`` to ``b`` before the optimizer's own step (its
+    ``Optimizer.step#`` range, a compute span of no unit): busy time and the waits begun in it, as the
+    simulator plays the segment (:attr:`Segment.lead_ns`); 0 where the segment holds no such range."""
+    opt = spans[(spans["phase"] == vocabulary.OPTIMIZER).to_numpy() & (spans["unit"] == "").to_numpy()]
+    starts = opt["start_ns"].to_numpy(np.float64)
+    starts = starts[(starts >= a) & (starts < b)]
+    if not len(starts):
+        return 0.0
+    at = float(starts.min())
+    waited = (clock.s >= a) & (clock.s < at)
+    return clock.between(a, at) + float((np.minimum(clock.e[waited], at) - clock.s[waited]).sum())
 
 
 def _comm_ns(start: np.ndarray, end: np.ndarray, gpu: bool, busy: Intervals | None = None) -> float:
