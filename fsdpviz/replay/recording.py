@@ -542,8 +542,10 @@ def _read_step(rank: int, step: int, t0: int, t1: int, parts: dict[str, pd.DataF
 def _optimizer_lead(spans: pd.DataFrame, a: float, b: float, clock: BusyClock) -> float:
     """CPU: the host time of the end segment ``a`` to ``b`` before the optimizer's own step (its
     ``Optimizer.step#`` range, a compute span of no unit): busy time and the waits begun in it, as the
-    simulator plays the segment (:attr:`Segment.lead_ns`); 0 where the segment holds no such range."""
-    opt = spans[(spans["phase"] == vocabulary.OPTIMIZER).to_numpy() & (spans["unit"] == "").to_numpy()]
+    simulator plays the segment (:attr:`Segment.lead_ns`); 0 where the segment holds no such range (also
+    where the range began before the backward's end: the whole segment is then the optimizer's)."""
+    opt = spans[(spans["phase"] == vocabulary.OPTIMIZER).to_numpy() & (spans["unit"] == "").to_numpy()
+                & (spans["kind"] == vocabulary.COMPUTE).to_numpy()]
     starts = opt["start_ns"].to_numpy(np.float64)
     starts = starts[(starts >= a) & (starts < b)]
     if not len(starts):
