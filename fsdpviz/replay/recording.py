@@ -541,18 +541,18 @@ def _read_step(rank: int, step: int, t0: int, t1: int, parts: dict[str, pd.DataF
 
 def _optimizer_lead(spans: pd.DataFrame, a: float, b: float, clock: BusyClock) -> float:
     """CPU: the host time of the end segment ``a`` to ``b`` before the optimizer's own step (its
-    ``Optimizer.step#`` range, a compute span of no unit): busy time and the waits begun in it, as the
-    simulator plays the segment (:attr:`Segment.lead_ns`); 0 where the segment holds no such range (also
-    where the range began before the backward's end: the whole segment is then the optimizer's)."""
+    ``Optimizer.step#`` range, a compute span of no unit): that stretch read as a segment, its busy time
+    and its waits, as the simulator plays the segment (:attr:`Segment.lead_ns`); 0 where the segment holds
+    no such range (also where the range began before the backward's end: the whole segment is then the
+    optimizer's). No wait crosses the range's start: the busy clock's waits leave compute spans out."""
     opt = spans[(spans["phase"] == vocabulary.OPTIMIZER).to_numpy() & (spans["unit"] == "").to_numpy()
                 & (spans["kind"] == vocabulary.COMPUTE).to_numpy()]
     starts = opt["start_ns"].to_numpy(np.float64)
     starts = starts[(starts >= a) & (starts < b)]
     if not len(starts):
         return 0.0
-    at = float(starts.min())
-    waited = (clock.s >= a) & (clock.s < at)
-    return clock.between(a, at) + float((np.minimum(clock.e[waited], at) - clock.s[waited]).sum())
+    lead = _segment(a, float(starts.min()), clock, None, False)
+    return lead.busy_ns + sum(lead.comm_ns)
 
 
 def _comm_ns(start: np.ndarray, end: np.ndarray, gpu: bool, busy: Intervals | None = None) -> float:
