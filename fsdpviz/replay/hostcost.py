@@ -29,11 +29,15 @@ MAX_EXCESS_SHARE: Final = 0.8
 
 
 def per_op_ns(cost: ProfilerCost | None, rec: Recording) -> float:
-    """The profiler's cost per traced host event (ns), from its measured excess per step; 0 where
-    the timers do not measure one (no timers, or profiled steps no slower than the others)."""
-    if cost is None or not rec.host_ops_per_step or not rec.steps:
+    """The profiler's cost per traced host event (ns): the run's profiler share per step
+    (:attr:`~fsdpviz.structure.profiler_cost.ProfilerCost.share_ms`) over the host events a traced step
+    holds; 0 where the timers do not measure one (no timers, or profiled steps no slower than the others)."""
+    share = cost.share_ms if cost is not None else None
+    if share is None or not rec.host_ops_per_step or not rec.steps:
         return 0.0
-    excess_ns = (cost.profiled_step_ms - cost.unprofiled_step_ms) * 1e6
+    # the one profiler share (``profiler_share_ms``), the excess the bound takes out of the same step's
+    # idle time (:func:`fsdpviz.structure.deprofile.deprofiled`)
+    excess_ns = share * 1e6
     traced_ns = sum(s.step_ns for s in rec.steps) / len(rec.steps)
     if excess_ns <= 0 or excess_ns > MAX_EXCESS_SHARE * traced_ns:
         return 0.0
