@@ -3,8 +3,11 @@
 A recorded run has kinds of step (docs/recording.md, "Kinds of step"): warm-up, profiled, unit-timed
 and clean. The clean steps are the bare run that every time figure is calibrated on, so in them the
 recorder does only what a step boundary needs: a host timestamp and one CUDA event at each end of the
-step. FSDP's hooks and collectives, which fsdpviz wraps for its trace labels and unit timers, then
-pass straight through after one flag check (:attr:`Observer.active`).
+step. On a CPU rank, where there is no CUDA event, a clean step also takes a host timestamp at each end
+of its forward, backward and optimizer phases (one autograd callback ends the backward): they are the
+out-of-sample check of the replay's clock (docs/whatif.md). FSDP's hooks and collectives, which fsdpviz
+wraps for its trace labels and unit timers, then pass straight through after one flag check
+(:attr:`Observer.active`).
 
 What is left is measured here, on the agent itself: the time its hooks and the step boundary take
 (``time.perf_counter_ns`` around them), and the pass-through calls, counted, at a cost per call the

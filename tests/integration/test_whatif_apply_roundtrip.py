@@ -178,9 +178,10 @@ def test_zero3_keys_record_the_predicted_bucket(tmp_path: Path) -> None:
 # between two recordings, grad-accum-fsdp2-prefetch-2 from merge:2 at -27 % to a communication bound), so
 # the test reads the first that advises one now; at least one always has. (Recorded again on 2026-11-30,
 # none of the first six advised anything: the per-block recording at dim 256, whose units are the widest,
-# advised merge:2 at -11.6 %.)
+# advised merge:2 at -11.6 %; recorded again the same day, only the memory recording with SGD's momentum,
+# whose 18 ms step spends 48 % in FSDP's per-unit work, advised one: merge:2 at -37.9 %.)
 ADVISING = ("grad-accum-fsdp2", "grad-accum-fsdp2-prefetch-2", "fsdp2-prefetch", "memtracker-fsdp2", "whatif-world-4",
-            "fake8-pair", "fsdp2-d256-block")
+            "fake8-pair", "fsdp2-d256-block", "memory-sgd-momentum+keep-grads")
 
 
 def test_advised_actions_carry_their_code_and_the_report_shows_it(capsys: pytest.CaptureFixture[str],
