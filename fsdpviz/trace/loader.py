@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from fsdpviz.errors import DuplicateRankError, TraceError
 from fsdpviz.runfolder import RunInfo
-from fsdpviz.trace import frames
+from fsdpviz.trace import frames, schema
 from fsdpviz.trace.dask_engine import ENV_SCHEDULER
 from fsdpviz.trace.kineto import RankColumns
 from fsdpviz.trace.onerun import check_one_run, exports_only_error, is_export
@@ -140,6 +140,7 @@ def load_run(
         by_rank = {r.columns.rank_id: r.mapped for r, _ in kept}
         mapped = [by_rank[t.rank_id] for t in per_file]
     del parsed, kept
+    schema.use_string_storage()  # here, not earlier: pandas is imported while the traces are parsed
     traces = _trace_set(per_file, timers=read_timers(sources.timer_files), units=units_from_run(sources.run),
                         run=sources.run, run_dir=str(sources.run_dir) if sources.run_dir is not None else None,
                         skipped=skipped)

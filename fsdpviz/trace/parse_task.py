@@ -21,6 +21,7 @@ from fsdpviz.trace.cache import load_cached, store_cached
 from fsdpviz.trace.decode import NotKinetoError
 from fsdpviz.trace.digest import light_columns
 from fsdpviz.trace.kineto import RankColumns, parse_trace_ranks
+from fsdpviz.trace.schema import use_string_storage
 
 PerRank = Callable[[RankColumns], Any]
 """A function run on each rank's tables where they are parsed (``parse_all(per_rank=...)``)."""
@@ -81,6 +82,7 @@ def parse_file(path_text: str, use_cache: bool, per_rank: PerRank | None = None)
     tables_of = [cached] if cached is not None else _parse_and_store(path, use_cache)
     if isinstance(tables_of, Failure):
         return tables_of
+    use_string_storage()  # the rank's tables are built and analysed in this process
     out = []
     while tables_of:  # one rank's events at a time
         tables = tables_of.pop(0)

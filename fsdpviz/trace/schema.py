@@ -17,6 +17,23 @@ from typing import TYPE_CHECKING, Final
 if TYPE_CHECKING:  # imported where used: parser processes build tables without pandas
     import pandas as pd
 
+# pandas' storage for string columns in every process that holds fsdpviz's tables: Python objects, not
+# Arrow (pandas' default where pyarrow is installed). fsdpviz's tables are many and small (a step's
+# spans, a unit's collectives, one rank's pieces), and on them each Arrow call's fixed cost outweighs
+# its speed: the bundled samples' uncached summaries run about a third faster, with the same bytes
+# of ``summary --json`` (docs/performance.md, "String storage"; tests/unit/test_string_storage.py).
+STRING_STORAGE: Final = "python"
+
+
+def use_string_storage() -> None:
+    """Set pandas' ``mode.string_storage`` to :data:`STRING_STORAGE` for this process: every string
+    column made after it (fsdpviz's tables, and the caller's own) holds Python objects. Called where
+    the tables are built (the loader, and a parser process that analyses its rank)."""
+    import pandas as pd
+
+    pd.set_option("mode.string_storage", STRING_STORAGE)
+
+
 # --- event kinds -------------------------------------------------------------------------------
 # Kineto categories map onto these; anything else is skipped and counted by the loader.
 KIND_CPU_OP: Final = "cpu_op"  # cat cpu_op (aten ops, gloo:* ops, autograd functions)
