@@ -9,15 +9,17 @@ pyarrow installed) or Python objects.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import SAMPLE_TRACES_DIR
 
 from fsdpviz.analysis.pipeline import analyse
 from fsdpviz.cache import summary_json_text
 from fsdpviz.trace import schema
 from fsdpviz.whatif.gains import completed_summary
+
+SAMPLE_TRACES_DIR = Path(__file__).resolve().parents[2] / "sample_traces"
 
 
 @pytest.fixture
