@@ -41,6 +41,7 @@ from fsdpviz.analysis.bound import (
 from fsdpviz.errors import FsdpvizError
 from fsdpviz.naming import ROOT_UNIT
 from fsdpviz.replay import prefetch_args
+from fsdpviz.replay.clock import PHASE_LIMIT_PCT
 from fsdpviz.replay.model import SUPPORTED, Model
 from fsdpviz.replay.settings import Settings, Wrap
 from fsdpviz.whatif.predict import PREFETCH_SAME_NOTES, RELIABLE_REPLAY_PCT, Outcome, Prediction, predict
@@ -272,8 +273,9 @@ def explore(model: Model, budget_bytes: int | None = None) -> Exploration:
     if not first.reliable:
         # a model that does not explain the recording ranks nothing: its order would be noise
         unranked, ranked, within = ranked + within, [], []
-        notes.append(f"not ranked: the replay does not reproduce the run within {RELIABLE_REPLAY_PCT:g} % (the "
-                     "warning above); the settings are listed for reading only")
+        notes.append(f"not ranked: the replay does not reproduce the run within {RELIABLE_REPLAY_PCT:g} %, or its "
+                     f"per-phase check within {PHASE_LIMIT_PCT:g} % (the warning above); the settings are listed for "
+                     "reading only")
     for same in PREFETCH_SAME_NOTES:  # why the prefetch rows read alike
         if any(same in c.prediction.notes for c in candidates if c.prediction is not None):
             notes.append(same)

@@ -32,7 +32,7 @@ from fsdpviz.naming import ROOT_UNIT
 from fsdpviz.replay import comm as comm_model
 from fsdpviz.replay import prefetch_args
 from fsdpviz.replay import program as prog
-from fsdpviz.replay.clock import BASIS_TRACED, RELIABLE_REPLAY_PCT, clock_of
+from fsdpviz.replay.clock import BASIS_TRACED, PHASE_LIMIT_PCT, RELIABLE_REPLAY_PCT, clock_of
 from fsdpviz.replay.memory import MemoryChange, MemorySetting, predict_step
 from fsdpviz.replay.model import SUPPORTED, Model, model_clock
 from fsdpviz.replay.recorded import Recording, StepProgram
@@ -156,9 +156,13 @@ class Prediction:
     @property
     def reliable(self) -> bool:
         """Whether the replay reproduces the recording within :data:`RELIABLE_REPLAY_PCT`: the traced
-        step, and where the model replays it without the profiler, the timers' clean step too."""
+        step, and where the model replays it without the profiler, the timers' clean step too; and where
+        the timers time the unprofiled steps' phases, the profiler's share came out of each within
+        :data:`PHASE_LIMIT_PCT` of the step (out of sample)."""
         clean = self.clean_replay_error_pct
-        return self.traced_replay_error_pct <= RELIABLE_REPLAY_PCT and (clean is None or clean <= RELIABLE_REPLAY_PCT)
+        phases = (self.clock or {}).get("phase_error_pct")
+        return (self.traced_replay_error_pct <= RELIABLE_REPLAY_PCT and (clean is None or clean <= RELIABLE_REPLAY_PCT)
+                and (phases is None or float(phases) <= PHASE_LIMIT_PCT))
 
     @property
     def measurable(self) -> bool | None:
@@ -257,7 +261,7 @@ def predict(model: Model, settings: Settings) -> Prediction:
                       profiler={"profiled_step_ms": cost.profiled_step_ms, "unprofiled_step_ms": cost.unprofiled_step_ms,
                                 "slowdown": cost.slowdown} if cost is not None else None,
                       spread_ms=recording_spread_ms(model, baseline.step_time_ms),
-                      warnings=weaknesses(replay_error_pct, cost, clock.replay_error_pct),
+                      warnings=weaknesses(replay_error_pct, cost, clock.replay_error_pct, clock.phase_error_pct),
                       traced_replay_error_pct=replay_error_pct,
                       notes=notes, replay=timing.replays, simulated=simulated, steps=timing.recording.steps, memory=memory,
                       assumed=assumed(full, rec) + peak.assumed + mesh_assumed(model, full),
@@ -288,7 +292,7 @@ def code_header(p: Prediction, comment: str = "#") -> str:
         lines.append(f"predicted peak {new.peak_allocated_bytes:,} bytes allocated (recorded "
                      f"{base.peak_allocated_bytes:,})")
     lines.append(f"{'reliable' if p.reliable else 'unreliable'}: {p.replay_words()}; the limit on the replays is "
-                 f"{RELIABLE_REPLAY_PCT:g} % (the per-phase check is said, not held to it)")
+                 f"{RELIABLE_REPLAY_PCT:g} %, on the per-phase check {PHASE_LIMIT_PCT:g} %")
     if p.spread_ms is None:
         lines.append("measurable: unknown (fewer than two analysed steps: the recording's own spread is not known)")
     else:
@@ -308,9 +312,11 @@ def recording_spread_ms(model: Model, baseline_ms: float) -> float | None:
     return None if model.spread_share is None else round(model.spread_share * baseline_ms, 3)
 
 
-def weaknesses(replay_error_pct: float, cost: ProfilerCost | None, clean_error_pct: float | None = None) -> list[str]:
+def weaknesses(replay_error_pct: float, cost: ProfilerCost | None, clean_error_pct: float | None = None,
+               phase_error_pct: float | None = None) -> list[str]:
     """What makes a recording a weak base for predictions, in words said before the figures
-    (``clean_error_pct``: how far the replay without the profiler misses the timers' clean step)."""
+    (``clean_error_pct``: how far the replay without the profiler misses the timers' clean step;
+    ``phase_error_pct``: out of sample, how far from the timers' phases it took the profiler's share)."""
     out = []
     if replay_error_pct > RELIABLE_REPLAY_PCT:
         out.append(f"unreliable: the model's replay misses the traced step by {replay_error_pct:.1f} % (more than "
@@ -320,6 +326,10 @@ def weaknesses(replay_error_pct: float, cost: ProfilerCost | None, clean_error_p
         out.append(f"unreliable: without the profiler, the model's replay misses the run's own step (the timers' clean "
                    f"steps) by {clean_error_pct:.1f} % (more than {RELIABLE_REPLAY_PCT:g} %), so it does not explain "
                    "the run well enough for its predicted figures to be read as more than a direction")
+    elif phase_error_pct is not None and phase_error_pct > PHASE_LIMIT_PCT:
+        out.append(f"unreliable: out of sample, the model's replay took the profiler's share out of the step's phases "
+                   f"up to {phase_error_pct:.1f} % of the step away from where the timers saw it leave (more than "
+                   f"{PHASE_LIMIT_PCT:g} %), so its predicted figures are not read as more than a direction")
     if cost is not None and cost.slowdown > HIGH_SLOWDOWN:
         out.append(f"the profiler slowed the recorded steps {cost.slowdown:.2f}x (more than {HIGH_SLOWDOWN:g}x): the "
                    "traced timeline the model is built on is largely the profiler's own cost; record with --no-memory, "

@@ -205,3 +205,42 @@ def test_the_replays_optimizer_starts_where_the_timers_do(folder: Path) -> None:
     check = completed_summary(result).clock
     assert check is not None and check.phase_miss_pct is not None
     assert abs(check.phase_miss_pct["optimizer"]) < 5.0, check.phase_miss_pct
+
+
+def test_a_replay_whose_phases_miss_past_the_limit_is_not_called_replayed(tmp_path: Path) -> None:
+    """8 ms of each unprofiled step's backward moved to its forward (about a third of the 25 ms step):
+    the replay and its miss of the clean steps are unchanged, the out-of-sample check passes its limit,
+    and the clock, whatif and the summary's advice all stop reading the replay as the run's."""
+    from fsdpviz.replay.clock import PHASE_LIMIT_PCT, RELIABLE_REPLAY_PCT
+    from fsdpviz.replay.settings import Settings, Wrap
+    from fsdpviz.whatif.gains import summary_model
+    from fsdpviz.whatif.predict import predict
+
+    merge = Settings().with_(wrap=Wrap("merge", k=2))
+    answers = {}
+    for name, ms in (("original", 0.0), ("moved", 8.0)):
+        folder = tmp_path / name
+        shutil.copytree(SAMPLES / "fsdp2-cpu-2rank", folder, ignore=shutil.ignore_patterns(".fsdpviz-cache"))
+        if ms:
+            _move(folder, ms)
+        result = analyse([folder], cache=False, progress=False)
+        summary = completed_summary(result)
+        model, _ = summary_model(result)
+        assert summary.clock is not None and model is not None
+        answers[name] = (summary, predict(model, merge))
+    (before, p_before), (after, p_after) = answers["original"], answers["moved"]
+    assert before.clock is not None and after.clock is not None
+    assert before.clock.basis == "replayed" and p_before.reliable
+    assert before.clock.phase_error_pct is not None and before.clock.phase_error_pct <= PHASE_LIMIT_PCT
+    # the in-sample check cannot see the move; the out-of-sample one passes its limit
+    assert after.clock.replay_error_pct == before.clock.replay_error_pct <= RELIABLE_REPLAY_PCT
+    assert after.clock.phase_error_pct is not None and after.clock.phase_error_pct > PHASE_LIMIT_PCT
+    assert after.clock.basis == "traced"
+    assert f"more than {PHASE_LIMIT_PCT:g} %" in (after.clock.note or "")
+    # the step is still the timers' (the headline does not move), but nothing is predicted on that replay
+    assert after.step_time_ms == before.step_time_ms
+    assert not p_after.reliable and p_after.warnings[0].startswith("unreliable: out of sample")
+    merged = [next(a for a in s.actions if "wrap merge:2" in a.why_not + (a.predicted_gain or "")) for s in (before, after)]
+    assert "unreliable" not in merged[0].why_not
+    assert "calls its replay of this recording unreliable (unreliable: out of sample" in merged[1].why_not
+    assert not [a for a in after.actions if a.apply_code], [a.message for a in after.actions]
