@@ -224,10 +224,9 @@ def print_summary(summary: Summary) -> None:
                                           for name, used in ov.by_purpose.items()])
 
     if summary.units:
-        # the timers are the clock where they timed every unit: the trace's passes ran profiled
-        timed = all(u.forward_timer_ms is not None for u in summary.units)
-        title = "per FSDP unit (ms per step, on the run's clock"
-        title += "; forward / backward: the unit's own work, timers, unprofiled steps)" if timed else ")"
+        # the units' figures on the run's clock, as units[] in --json, the report's table, compare and
+        # whatif give them; the timers' own clock of each pass is in --json and the report, named so
+        title = "per FSDP unit (ms per step, on the run's clock)"
         if any(u.param_scope == "local" for u in summary.units):
             title += "; params per rank after tensor parallelism"
         if summary.units_source and "trace" in summary.units_source:
@@ -241,8 +240,7 @@ def print_summary(summary: Summary) -> None:
 
         unit_rows = []
         for u in summary.units:
-            forward, backward = (u.forward_timer_ms, u.backward_timer_ms) if timed else (u.forward_ms, u.backward_ms)
-            unit_rows.append([u.name, _fmt(u.param_numel), _fmt(u.all_gather_ms), _fmt(forward), _fmt(backward),
+            unit_rows.append([u.name, _fmt(u.param_numel), _fmt(u.all_gather_ms), _fmt(u.forward_ms), _fmt(u.backward_ms),
                               _fmt(u.reduce_scatter_ms), _fmt(u.exposed_comm_ms), _fmt(u.host_wait_ms)])
         print_table(console, per_unit, unit_rows)
     shown = [a for a in summary.actions if not a.folded]

@@ -37,7 +37,7 @@ def test_piped_summary_keeps_every_name_and_number(capsys: pytest.CaptureFixture
         assert ELLIPSIS not in row
     # the recorded forward times, whole, in the column they belong to
     forwards = [c.strip() for row in rows for c in [row.split("│")[4]]]
-    assert forwards == [f"{u.forward_timer_ms:,.2f}" for u in (recorded * 3)[:len(LONG)]]
+    assert forwards == [f"{u.forward_ms:,.2f}" for u in (recorded * 3)[:len(LONG)]]
 
 
 def test_narrow_terminal_cuts_names_in_the_middle_and_keeps_them_apart() -> None:
