@@ -19,6 +19,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fsdpviz.trace.schema import OVERLAP_CPU
 from fsdpviz.trace.tables import TraceSet
 from fsdpviz.vocabulary import FRAMEWORKS_WITH_UNITS
 
@@ -121,7 +122,11 @@ class RunResult:
         from fsdpviz.analysis.run import analyse_run, combine_parts
 
         idle = self.overlap["idle_ns"] / self.overlap["n_steps"].clip(lower=1)
-        idle_ns = float(idle.median()) if len(idle) else None  # for the profiler's finding
+        # for the profiler's finding: on a GPU the profiler's share comes out of the idle time (the one
+        # de-profiler, structure/deprofile.py); on a CPU rank it slows every part of the step, so the
+        # finding does not put it in the idle time
+        cpu = len(self.overlap) > 0 and bool((self.overlap["device"].astype(str) == OVERLAP_CPU).all())
+        idle_ns = float(idle.median()) if len(idle) and not cpu else None
         scale, step_ns = self.device_scale, self._run_step_ns  # the findings' clock
         if self._parts is not None:
             analysis = combine_parts(self._parts, self.traces, self.selection, self.framework,

@@ -279,3 +279,19 @@ def test_real_fsdp1_units_read_from_the_timers(gpu_fsdp_dir: Any, gpu_fsdp_run: 
             ms = [r["ms"] for r in records if r["unit"] == unit.name and r["phase"] == phase
                   and r["kind"] == "compute" and r["step"] >= 6]  # 5: right after the trace export
             assert got == pytest.approx(statistics.median(ms), abs=1e-3), (unit.name, phase)
+
+
+def test_a_cpu_runs_profiler_finding_does_not_put_the_share_in_its_idle_time(
+        sample_run: Callable[[str], Any]) -> None:
+    """On a CPU rank the de-profiler scales every part of the step (structure/deprofile.py): the
+    bound's idle time loses only its part of the profiler's share, so the finding may not say that the
+    share is idle time, as a GPU run's does."""
+    summary = sample_run("fsdp2-cpu-2rank").summary
+    bound, cost = summary.bound, summary.profiler
+    assert bound is not None and cost is not None and bound.device == "cpu"
+    (finding,) = [f for f in summary.findings if f.kind == "profiler"]
+    assert "idle" not in finding.message
+    assert f"{cost.extra_ms:.2f} ms of each traced step is the profiler's" in finding.message
+    # the reason: the bound's other idle lost less than the share (every part lost its part of it)
+    traced_idle = bound.other_idle_ms / bound.device_scale
+    assert traced_idle - bound.other_idle_ms < 0.5 * cost.extra_ms
