@@ -40,11 +40,13 @@ def headline_section(data: ReportData) -> Section:
     """Framework, world size, steps, step time, overlap, exposed communication, peak memory."""
     s = data.summary
     ov, mem = s.overlap, s.memory
-    # The summary's communication numbers are already per step (averaged over ranks).
-    exposed_per_step = _num(ov.exposed_comm_ms)
+    # The summary's communication numbers are already per step (averaged over ranks), on the run's
+    # clock: shares of the run's step. The trace's own figures are said as traced, of the traced step.
+    exposed_ms, step_ms = _num(s.exposed_comm_ms), _num(s.step_time_ms)
     comm_per_step = _num(ov.comm_ms)
-    # the trace's own step: what its communication and idle times are shares of
-    step_ms = _num(s.traced_step_time_ms if s.traced_step_time_ms is not None else s.step_time_ms)
+    traced = ov.as_traced
+    traced_exposed = _num(traced.exposed_comm_ms) if traced is not None else math.nan
+    traced_step = _num(s.traced_step_time_ms)
     facts = [
         Fact(label="framework", value=s.framework,
              hint="DistributedDataParallel, not FSDP: no FSDP units" if s.framework == "ddp" else ""),
@@ -57,11 +59,14 @@ def headline_section(data: ReportData) -> Section:
         *([Fact(label="clock", value=s.clock.basis, hint=clock_words(s.clock))] if s.clock is not None else []),
         _bound_fact(s),
         Fact(label="overlap", value=format_pct(ov.overlap_pct), hint="communication hidden behind computation"),
-        Fact(label="exposed comm / step", value=format_ms(_num(s.exposed_comm_ms)),
-             hint=(f"{format_ms(exposed_per_step)} as traced, "
-                   if format_ms(_num(s.exposed_comm_ms)) != format_ms(exposed_per_step) else "")
-             + (f"{100 * exposed_per_step / step_ms:.1f} % of the step as traced ({format_ms(step_ms)}); "
-                if math.isfinite(step_ms) and step_ms else "") + f"of {format_ms(comm_per_step)} communication"),
+        Fact(label="exposed comm / step", value=format_ms(exposed_ms),
+             hint=(f"{100 * exposed_ms / step_ms:.1f} % of the step; "
+                   if math.isfinite(exposed_ms) and math.isfinite(step_ms) and step_ms else "")
+             + (f"as traced {format_ms(traced_exposed)}, {100 * traced_exposed / traced_step:.1f} % of the "
+                f"traced step ({format_ms(traced_step)}); "
+                if math.isfinite(traced_exposed) and math.isfinite(traced_step) and traced_step
+                and format_ms(traced_exposed) != format_ms(exposed_ms) else "")
+             + f"of {format_ms(comm_per_step)} communication"),
         *_purpose_facts(s),
         Fact(label="peak allocated", value=format_bytes(mem.peak_allocated_bytes) or "n/a",
              hint=_level_hint(mem.level, mem.baseline_bytes)),

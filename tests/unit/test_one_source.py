@@ -88,8 +88,14 @@ def test_headline_figures(sample: dict[str, Any], capsys: pytest.CaptureFixture[
     exposed = s.bound.exposed_comm_ms if s.bound is not None and s.bound.basis == "unprofiled" else s.overlap.exposed_comm_ms
     assert facts["exposed comm / step"].value == format_ms(exposed)
     assert facts["peak allocated"].value == (format_bytes(s.memory.peak_allocated_bytes) or "n/a")
-    if s.traced_step_time_ms and s.overlap.exposed_comm_ms is not None:  # a share of the traced step, said so
-        assert f"% of the step as traced ({format_ms(s.traced_step_time_ms)})" in facts["exposed comm / step"].hint
+    # its share is of the step on its own clock; the trace's figure, of the traced step, only where it differs
+    hint = facts["exposed comm / step"].hint
+    assert hint.startswith(f"{100 * exposed / s.step_time_ms:.1f} % of the step; ")
+    traced_exposed = s.overlap.as_traced.exposed_comm_ms if s.overlap.as_traced is not None else None
+    if traced_exposed is not None and s.traced_step_time_ms:
+        said = (f"as traced {format_ms(traced_exposed)}, {100 * traced_exposed / s.traced_step_time_ms:.1f} % of the "
+                f"traced step ({format_ms(s.traced_step_time_ms)})")
+        assert (said in hint) == (format_ms(traced_exposed) != format_ms(exposed)), hint
     text = _terminal(sample, capsys, monkeypatch)
     lines = {line.split("  ")[0].strip(): line for line in text.splitlines() if line.strip()}
     assert f"{s.step_time_ms:,.2f} ms" in lines["step time"]
