@@ -245,8 +245,13 @@ def with_prediction(action: Action, change_ms: float | None, words: str, *, spre
     """``action`` with the predicted effect of its knob, advised by whatif's own rules (``--explore``'s):
     not when it is predicted to gain nothing, not when the replay behind it is unreliable
     (``unreliable``: why), not when the gain is within the recording's step-to-step spread
-    (``spread_ms``); ``why_not`` says which (``because``: why the model predicts no gain, where known)."""
+    (``spread_ms``); ``why_not`` says which (``because``: why the model predicts no gain, where known).
+    ``change_ms`` None with ``because``: the model cannot predict the setting's effect (unknown, not
+    zero), so it is not advised, and ``because`` says why; None without: not predicted, left as it is."""
     if change_ms is None:
+        if because:
+            return msgspec.structs.replace(action, knob="", predicted_gain="", predicted_change_ms=None,
+                                           why_not=action.why_not or f"not advised: {because}")
         return action
     said = words.removeprefix("predicted ")
     why = ""

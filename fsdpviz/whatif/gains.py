@@ -13,7 +13,7 @@ unit's parameters -- the knob is predicted on the recording and the finding quot
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Final, cast
 
 import msgspec
 
@@ -117,11 +117,19 @@ def predict_actions(model: Model, actions: Sequence[Action]) -> list[Action]:
         if key not in done:
             done[key] = _change(model, settings)
         change, words, code, spread, unreliable, because = done[key]
+        if change is None and because:  # unknown: which setting, said with why
+            because = f"{because} (fsdpviz whatif: {key})"
         predicted = with_prediction(action, change, f"{words} (fsdpviz whatif: {key})" if words else "",
                                     spread_ms=spread, unreliable=unreliable, because=because)
         out.append(msgspec.structs.replace(predicted, apply_code=code) if predicted.knob and code else predicted)
         keys.append(key)
     return fold(one_per_setting(out, keys))
+
+
+# Why a setting of a one-rank run is not priced: whatif does not simulate world size 1 (its step is the
+# recorded one less the exposed communication), so what the setting does to FSDP's per-unit work is unknown.
+UNSIMULATED_ONE_RANK: Final = ("fsdpviz whatif does not simulate a run of one rank (world size 1): it keeps the recorded "
+                               "step less its exposed communication, so what this setting does to the step is unknown")
 
 
 def _change(model: Model, settings: Settings) -> Gain:
@@ -135,6 +143,8 @@ def _change(model: Model, settings: Settings) -> Gain:
     unreliable = "" if p.reliable else (
         f"fsdpviz whatif calls its replay of this recording unreliable ({p.warnings[0]})" if p.warnings
         else "fsdpviz whatif calls its replay of this recording unreliable")
+    if p.settings.world_size == 1:  # one rank is not simulated (whatif's note): the change is unknown, not 0
+        return None, "", code, p.spread_ms, unreliable, UNSIMULATED_ONE_RANK
     because = next((n for n in PREFETCH_SAME_NOTES if n in p.notes), "")
     return (p.predicted.step_time_ms - p.baseline.step_time_ms, prediction_words(p), code, p.spread_ms,
             unreliable, because)

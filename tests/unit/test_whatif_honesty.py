@@ -42,6 +42,21 @@ def test_one_rank_has_no_communication_as_a_real_one_rank_recording_shows(
         assert predicted["step_time_ms"] < data["baseline"]["step_time_ms"]
 
 
+def test_a_one_rank_runs_advice_is_unknown_where_whatif_does_not_simulate_it(gpu_fsdp_run: Any) -> None:
+    """The real 1-rank H100 recording is host-bound (FSDP's per-unit work a large part of its step), so the
+    bound's knob is merge:2; whatif does not simulate world size 1 (its step keeps everything but the
+    exposed communication, which one rank has none of), so the change is unknown, not "no gain"."""
+    from fsdpviz.whatif.gains import UNSIMULATED_ONE_RANK, completed_summary
+
+    result = gpu_fsdp_run("h100-fsdp2-ws1-block")
+    summary = completed_summary(result)
+    assert summary.world_size == 1 and summary.bound is not None and summary.bound.fsdp_overhead_ms > 1.0
+    (bound,) = [a for a in summary.actions if a.kind == "bound"]
+    assert bound.cause == "host" and not bound.knob and bound.predicted_change_ms is None
+    assert bound.why_not == f"not advised: {UNSIMULATED_ONE_RANK} (fsdpviz whatif: wrap merge:2)"
+    assert "no gain" not in bound.why_not
+
+
 def test_fsdp1_recorded_prefetch_is_fsdp1s_own_default(capsys: pytest.CaptureFixture[str]) -> None:
     from torch.distributed.fsdp import FullyShardedDataParallel
 
