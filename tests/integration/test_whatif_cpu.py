@@ -14,6 +14,7 @@ import importlib.util
 import re
 
 import pytest
+from helpers import committed
 from helpers.cli import json_here, run_here
 from helpers.jobs import NO_OUTPUT
 from recording import EXAMPLE_RUNS, LAYERS, PROFILE, WIDE_RUNS, Config, Recordings
@@ -25,6 +26,10 @@ from fsdpviz.replay.settings import Settings, Wrap
 from fsdpviz.whatif.predict import predict
 
 pytestmark = pytest.mark.recorded
+
+# How far the replay of a committed recording may miss its traced step (%): half whatif's limit of a
+# reliable replay, held on recordings that do not change from run to run.
+COMMITTED_REPLAY_PCT = 5.0
 
 
 def _committed(name: str) -> Config:
@@ -50,9 +55,13 @@ def test_replay_prefetch_and_world_size(framework: str, recordings: Recordings,
     replay = json_here(capsys, "whatif", run, "--json", "-q")
     step = summary["step_time_ms"]  # one clock: the summary's step is the baseline, on the summary's basis
     assert replay["basis"] == summary["clock"]["basis"] and replay["baseline"]["step_time_ms"] == step
-    # the replay of the trace: measured over 15 recordings each on a quiet machine, under 1 % on all
-    # three (benchmarks/bench_whatif_replay.py); recorded beside other jobs on 2 cores, ZeRO-3's ran 6.1 % off
-    assert replay["traced_replay_error_pct"] <= RELIABLE_REPLAY_PCT
+    # the replay of the trace against the trace's own ProfilerStep spans: measured over 15 recordings each
+    # on a quiet machine, under 1 % on all three (benchmarks/bench_whatif_replay.py). The committed
+    # recordings are held to 5 % (0.2, 2.1 and 0.5 % as committed on 2026-11-30); one made now beside
+    # other jobs on 2 cores (`make test-recordings`, CI) to whatif's own limit of a reliable replay, 10 %
+    # (ZeRO-3's ran 6.1 % off so)
+    limit = COMMITTED_REPLAY_PCT if committed.mode() == "committed" else RELIABLE_REPLAY_PCT
+    assert replay["traced_replay_error_pct"] <= limit
     clean_error = summary["clock"]["replay_error_pct"]
     if clean_error is not None and clean_error > RELIABLE_REPLAY_PCT:
         # recorded beside other jobs on 2 cores (as `make recordings` and CI do), the clean steps can be
@@ -60,6 +69,7 @@ def test_replay_prefetch_and_world_size(framework: str, recordings: Recordings,
         assert not replay["reliable"] and replay["warnings"][0].startswith("unreliable: without the profiler")
     else:
         assert replay["reliable"]
+    # a contract, not a measurement: the recorded setting moves the baseline by nothing
     assert replay["predicted"]["step_time_ms"] == pytest.approx(step, abs=1e-3)
     # the terminal names the two checks apart, each with the figure the JSON gives it
     table = run_here(capsys, "whatif", run, "-q")
