@@ -378,10 +378,12 @@ def print_exploration(exploration: Exploration, run: str) -> None:
     unranked = [("-", *row(c)) for c in exploration.unranked if c.prediction is not None]
     if rows:
         _table(("#", *header), rows)
-    elif unranked:
-        typer.echo("predicted, not ranked: the replay does not explain the recording (see the warning)")
+    if unranked:
+        whole = any(w.startswith("unreliable") for w in exploration.warnings)
+        typer.echo("predicted, not ranked: " + ("the replay does not explain the recording (see the warning)" if whole
+                                                else "their predictions do not hold together (see the note)"))
         _table(("#", *header), unranked)
-    elif not within:
+    elif not rows and not within:
         typer.echo("  no setting's predicted peak fits the budget")
     if within:
         spread = exploration.spread_ms

@@ -276,6 +276,16 @@ def explore(model: Model, budget_bytes: int | None = None) -> Exploration:
         notes.append(f"not ranked: the replay does not reproduce the run within {RELIABLE_REPLAY_PCT:g} %, or its "
                      f"per-phase check within {PHASE_LIMIT_PCT:g} % (the warning above); the settings are listed for "
                      "reading only")
+    else:
+        # a setting whose own prediction does not hold together (its parts past its step) is read, not ranked
+        torn = [c for c in ranked + within if c.prediction is not None and c.prediction.parts_over_pct is not None]
+        if torn:
+            unranked = torn
+            ranked = [c for c in ranked if c not in torn]
+            within = [c for c in within if c not in torn]
+            notes.append("not ranked: " + ", ".join(c.settings.describe() for c in torn) + ": the predicted parts of "
+                         f"the step add up to more than {RELIABLE_REPLAY_PCT:g} % past the predicted step (each "
+                         "prediction's warning says by how much); listed for reading only")
     for same in PREFETCH_SAME_NOTES:  # why the prefetch rows read alike
         if any(same in c.prediction.notes for c in candidates if c.prediction is not None):
             notes.append(same)

@@ -134,6 +134,10 @@ class Prediction:
     """What makes the prediction weak, said before its figures (an unreliable replay, a heavy profiler)."""
     apply: Apply | None = None
     """The setting as code for the recorded architecture (:mod:`.apply`)."""
+    parts_over_pct: float | None = None
+    """How far the predicted step's parts (compute, exposed communication, FSDP's copy kernels) add up
+    past the predicted step, in % of it, where they do by more than :data:`RELIABLE_REPLAY_PCT`: the
+    simulation's communication and its step disagree (:func:`parts_over`); None where they fit."""
 
     @property
     def clean_replay_error_pct(self) -> float | None:
@@ -162,7 +166,7 @@ class Prediction:
         clean = self.clean_replay_error_pct
         phases = (self.clock or {}).get("phase_error_pct")
         return (self.traced_replay_error_pct <= RELIABLE_REPLAY_PCT and (clean is None or clean <= RELIABLE_REPLAY_PCT)
-                and (phases is None or float(phases) <= PHASE_LIMIT_PCT))
+                and (phases is None or float(phases) <= PHASE_LIMIT_PCT) and self.parts_over_pct is None)
 
     @property
     def measurable(self) -> bool | None:
@@ -179,7 +183,7 @@ class Prediction:
         predicted["measurable"] = self.measurable
         return {"basis": self.basis, "clock": self.clock, "baseline": self.baseline.to_json(), "predicted": predicted,
                 "profiler": self.profiler, "traced_replay_error_pct": round(self.traced_replay_error_pct, 2),
-                "reliable": self.reliable, "warnings": self.warnings,
+                "reliable": self.reliable, "parts_over_pct": self.parts_over_pct, "warnings": self.warnings,
                 "apply": self.apply.to_json() if self.apply is not None else None,
                 "assumed": self.assumed, "notes": self.notes}
 
@@ -256,12 +260,21 @@ def predict(model: Model, settings: Settings) -> Prediction:
     cost = model.result.summary.profiler
     replay_error_pct = 100.0 * abs(replay_mean - recorded_mean) / recorded_mean if recorded_mean else 0.0
     clock = clock_of(model.result, model_clock(model))
+    over = parts_over(predicted)
+    warnings = weaknesses(replay_error_pct, cost, clock.replay_error_pct, clock.phase_error_pct)
+    if over is not None:
+        parts = predicted.compute_ms + predicted.exposed_comm_ms + (predicted.fsdp_kernels_ms or 0.0)
+        warnings.insert(0, f"unreliable: the predicted parts of the step (compute {predicted.compute_ms:,.2f}, exposed "
+                           f"communication {predicted.exposed_comm_ms:,.2f}, FSDP's copy kernels "
+                           f"{predicted.fsdp_kernels_ms or 0.0:,.2f} ms) add up to {parts:,.2f} ms, {over:.1f} % more "
+                           f"than the predicted step ({predicted.step_time_ms:,.2f} ms): the simulation's "
+                           "communication and its step disagree, so the figures are a direction at most")
     prediction = Prediction(baseline=baseline, predicted=predicted, settings=full, basis=clock.basis,
                       clock=msgspec.to_builtins(clock),
                       profiler={"profiled_step_ms": cost.profiled_step_ms, "unprofiled_step_ms": cost.unprofiled_step_ms,
                                 "slowdown": cost.slowdown} if cost is not None else None,
                       spread_ms=recording_spread_ms(model, baseline.step_time_ms),
-                      warnings=weaknesses(replay_error_pct, cost, clock.replay_error_pct, clock.phase_error_pct),
+                      warnings=warnings, parts_over_pct=over,
                       traced_replay_error_pct=replay_error_pct,
                       notes=notes, replay=timing.replays, simulated=simulated, steps=timing.recording.steps, memory=memory,
                       assumed=assumed(full, rec) + peak.assumed + mesh_assumed(model, full),
@@ -310,6 +323,21 @@ def unit_params(result: RunResult) -> dict[str, list[str]]:
 def recording_spread_ms(model: Model, baseline_ms: float) -> float | None:
     """The recording's spread (:func:`fsdpviz.replay.model.spread_share`) on the prediction's basis, the baseline step."""
     return None if model.spread_share is None else round(model.spread_share * baseline_ms, 3)
+
+
+def parts_over(predicted: Outcome) -> float | None:
+    """How far ``predicted``'s parts of the step (compute, exposed communication and FSDP's copy
+    kernels, which never overlap one another in the bound) add up past its step, in % of the step,
+    where that is more than :data:`RELIABLE_REPLAY_PCT`; None where they fit. The step moves by the
+    share the simulated step moves, the exposed communication by the share the simulated exposed
+    communication moves: where the simulation counts the second far from the first (gloo's collectives
+    on a GPU stream waited on by the host), the two shares disagree, and no figure is read as more than a
+    direction."""
+    if predicted.step_time_ms <= 0:
+        return None
+    parts = predicted.compute_ms + predicted.exposed_comm_ms + (predicted.fsdp_kernels_ms or 0.0)
+    over = 100.0 * (parts - predicted.step_time_ms) / predicted.step_time_ms
+    return round(over, 2) if over > RELIABLE_REPLAY_PCT else None
 
 
 def weaknesses(replay_error_pct: float, cost: ProfilerCost | None, clean_error_pct: float | None = None,

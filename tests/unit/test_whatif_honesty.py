@@ -115,3 +115,33 @@ def test_a_replay_that_misses_is_said_before_any_figure(gpu_fsdp_dir: Path, tmp_
         out = run_here(capsys, "whatif", str(run), "--wrap", "root", "-q").stdout.splitlines()
         first_figure = next(i for i, line in enumerate(out) if "step time" in line)
         assert any(words in line for line in out[:first_figure])
+
+
+def test_a_prediction_whose_parts_pass_its_step_is_not_read_as_a_figure(gpu_fsdp_run: Any) -> None:
+    """gloo's collectives on a GPU stream (the shared 2-rank H100 recording): under prefetch none the
+    simulation moves the exposed communication by a share its step does not move by, and the predicted
+    compute, exposed communication and copy kernels add up to a fifth more than the predicted step.
+    That prediction is said to be unreliable and --explore does not rank it; the recorded setting, whose
+    parts fit its step, stays reliable."""
+    from fsdpviz.replay.settings import Settings
+    from fsdpviz.whatif.explore import explore
+    from fsdpviz.whatif.gains import summary_model
+    from fsdpviz.whatif.predict import predict
+
+    model, _ = summary_model(gpu_fsdp_run("h100-fsdp2-gloo2-block"))
+    assert model is not None
+    recorded, none = predict(model, Settings()), predict(model, Settings().with_(prefetch="none"))
+    for p in (recorded, none):
+        new = p.predicted
+        parts = new.compute_ms + new.exposed_comm_ms + (new.fsdp_kernels_ms or 0.0)
+        over = 100.0 * (parts - new.step_time_ms) / new.step_time_ms
+        assert (p.parts_over_pct is not None) == (over > 10.0), (p.settings.describe(), over)
+        if p.parts_over_pct is not None:
+            assert p.parts_over_pct == pytest.approx(over, abs=0.01)
+    assert recorded.parts_over_pct is None and recorded.reliable
+    assert none.parts_over_pct is not None and not none.reliable
+    assert none.warnings[0].startswith("unreliable: the predicted parts of the step")
+    explored = explore(model)
+    assert "prefetch none" in [c.settings.describe() for c in explored.unranked]
+    assert all(c.prediction is not None and c.prediction.parts_over_pct is None
+               for c in [*explored.ranked, *explored.within_spread])
