@@ -56,6 +56,9 @@ def _root(
     ),
 ) -> None:
     """fsdpviz: record FSDP / ZeRO-3 training runs and see their communication overlap per unit."""
+    from fsdpviz.commands.common import own_this_process
+
+    own_this_process()
 
 
 def _register_commands() -> None:

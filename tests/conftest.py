@@ -95,6 +95,11 @@ def pytest_configure(config: pytest.Config) -> None:
     # views of a run to one answer (summary and the notebook, report and compare) computes both, rather
     # than one reading what the other kept.
     os.environ["FSDPVIZ_NO_SUMMARY_CACHE"] = "1"
+    # The suite's analyses run as the command line's do, in a process fsdpviz owns (its tables' strings,
+    # fsdpviz/trace/schema.py); tests/unit/test_string_storage.py checks a notebook's process apart.
+    from fsdpviz.trace.schema import own_this_process
+
+    own_this_process()
 
 
 @pytest.fixture(scope="session")

@@ -52,3 +52,11 @@ STEPS_HELP = ("ProfilerSteps to analyse, e.g. 3,4 or 3-5 (ProfilerStep#N in the 
               "step the trace shows complete.")
 PATHS_HELP = ("A run folder (from fsdpviz record), a folder of traces, or trace files (.json / .json.gz, "
               "also recorded without fsdpviz).")
+
+
+def own_this_process() -> None:
+    """The command line's process is fsdpviz's own: the tables it builds hold the strings fsdpviz chose
+    (:func:`fsdpviz.trace.schema.own_this_process`); a notebook's process keeps pandas' setting."""
+    from fsdpviz.trace.schema import own_this_process as own
+
+    own()

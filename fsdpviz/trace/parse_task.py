@@ -21,7 +21,7 @@ from fsdpviz.trace.cache import load_cached, store_cached
 from fsdpviz.trace.decode import NotKinetoError
 from fsdpviz.trace.digest import light_columns
 from fsdpviz.trace.kineto import RankColumns, parse_trace_ranks
-from fsdpviz.trace.schema import use_string_storage
+from fsdpviz.trace.schema import string_storage
 
 PerRank = Callable[[RankColumns], Any]
 """A function run on each rank's tables where they are parsed (``parse_all(per_rank=...)``)."""
@@ -82,16 +82,16 @@ def parse_file(path_text: str, use_cache: bool, per_rank: PerRank | None = None)
     tables_of = [cached] if cached is not None else _parse_and_store(path, use_cache)
     if isinstance(tables_of, Failure):
         return tables_of
-    use_string_storage()  # the rank's tables are built and analysed in this process
     out = []
-    while tables_of:  # one rank's events at a time
-        tables = tables_of.pop(0)
-        light = light_columns(tables)
-        try:
-            out.append(ParsedRank(light, per_rank(tables)))
-        except FsdpvizError as exc:
-            return Failure(str(exc))
-        del tables
+    with string_storage():  # the rank's tables are built and analysed here, on a process maybe not ours
+        while tables_of:  # one rank's events at a time
+            tables = tables_of.pop(0)
+            light = light_columns(tables)
+            try:
+                out.append(ParsedRank(light, per_rank(tables)))
+            except FsdpvizError as exc:
+                return Failure(str(exc))
+            del tables
     return out
 
 

@@ -12,26 +12,44 @@ casts a table a producer built, so a mistake shows up where it is made, not thre
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:  # imported where used: parser processes build tables without pandas
     import pandas as pd
 
-# pandas' storage for string columns in every process that holds fsdpviz's tables: Python objects, not
-# Arrow (pandas' default where pyarrow is installed). fsdpviz's tables are many and small (a step's
-# spans, a unit's collectives, one rank's pieces), and on them each Arrow call's fixed cost outweighs
-# its speed: the bundled samples' uncached summaries run about a third faster, with the same bytes
-# of ``summary --json`` (docs/performance.md, "String storage"; tests/unit/test_string_storage.py).
+# pandas' storage for string columns in a process fsdpviz owns (its commands, and a parser's per-rank
+# analysis): Python objects, not Arrow (pandas' default where pyarrow is installed). fsdpviz's tables are
+# many and small (a step's spans, a unit's collectives, one rank's pieces), and on them each Arrow call's
+# fixed cost outweighs its speed: an uncached summary of a bundled sample runs about a quarter faster,
+# with the same bytes of ``summary --json`` (docs/performance.md, "String storage";
+# tests/unit/test_string_storage.py). A notebook's process is the user's: pandas keeps its own setting.
 STRING_STORAGE: Final = "python"
+_owned = {"process": False}
+
+
+def own_this_process() -> None:
+    """Say that this process is fsdpviz's own (the command line), so that the tables it builds hold
+    :data:`STRING_STORAGE` strings (:func:`use_string_storage`); pandas is not imported here."""
+    _owned["process"] = True
 
 
 def use_string_storage() -> None:
-    """Set pandas' ``mode.string_storage`` to :data:`STRING_STORAGE` for this process: every string
-    column made after it (fsdpviz's tables, and the caller's own) holds Python objects. Called where
-    the tables are built (the loader, and a parser process that analyses its rank)."""
+    """In a process fsdpviz owns (:func:`own_this_process`), set pandas' ``mode.string_storage`` to
+    :data:`STRING_STORAGE` for the rest of it; elsewhere (a notebook) leave pandas as the user has it.
+    Called where the loader builds the tables, once pandas is imported."""
+    if not _owned["process"]:
+        return
     import pandas as pd
 
     pd.set_option("mode.string_storage", STRING_STORAGE)
+
+
+def string_storage() -> Any:
+    """A context in which pandas stores strings as :data:`STRING_STORAGE`, whoever owns the process (a
+    parser process or a Dask worker analysing one rank: the setting is theirs only while it lasts)."""
+    import pandas as pd
+
+    return pd.option_context("mode.string_storage", STRING_STORAGE)
 
 
 # --- event kinds -------------------------------------------------------------------------------

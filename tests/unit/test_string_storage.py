@@ -1,13 +1,16 @@
 """pandas' string storage under fsdpviz's tables (``fsdpviz.trace.schema.STRING_STORAGE``).
 
-The loader sets it to Python objects because fsdpviz's many small tables analyse faster so
-(docs/performance.md, "String storage"). The storage must change the speed only: the bundled samples'
-``summary --json`` is the same text whether their tables hold Arrow strings (pandas' default with
-pyarrow installed) or Python objects.
+In a process fsdpviz owns (the command line; the suite runs as it does), the loader sets it to Python
+objects, because fsdpviz's many small tables analyse faster so (docs/performance.md, "String
+storage"); a notebook's process keeps pandas' own. The storage must change the speed only: the bundled
+samples' ``summary --json`` is the same text whether their tables hold Arrow strings (pandas' default
+with pyarrow installed) or Python objects.
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -69,3 +72,32 @@ def test_a_parser_process_that_analyses_its_rank_uses_it_too(storage_restored: N
     trace = min((SAMPLE_TRACES_DIR / "fsdp2-cpu-2rank" / "traces").glob("*.json*"))
     parsed = parse_file(str(trace), False, per_rank)
     assert isinstance(parsed, list) and seen == ["python"]
+
+
+# what a fresh process reads of pandas' string storage after fsdpviz loaded and analysed a sample
+AFTER = """
+import sys
+import pandas as pd
+sample = sys.argv[1]
+if sys.argv[2] == "notebook":
+    import fsdpviz
+    run = fsdpviz.open(sample)
+    run.summary
+else:
+    from fsdpviz.cli import main
+    try:
+        main(["summary", "--json", "--no-cache", "-q", sample])
+    except SystemExit:
+        pass
+print(pd.get_option("mode.string_storage"), pd.Series(["a"]).dtype.storage, file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize(("how", "storage"), [("notebook", "auto"), ("command", "python")])
+def test_only_a_process_fsdpviz_owns_changes_it(how: str, storage: str) -> None:
+    done = subprocess.run([sys.executable, "-c", AFTER, str(SAMPLE_TRACES_DIR / "fsdp2-cpu-2rank"), how],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    option, made = done.stderr.strip().splitlines()[-1].split()
+    assert option == storage
+    assert made == ("python" if storage == "python" else "pyarrow")  # pyarrow is installed (a dependency)
