@@ -14,8 +14,10 @@ as a budget made every setting within 10 % of it "memory"-bound, the recording i
 Settings whose predicted peak fits are ranked by predicted step time; the others are listed apart,
 with how much they exceed the budget. A setting whose predicted step moves by no more than the
 recording's own step-to-step spread is listed as no measurable change, not ranked. A recording whose
-replay misses it by more than ``RELIABLE_REPLAY_PCT`` says so before the grid (``warnings``) and ranks
-nothing: its settings are listed apart (``unranked``), for reading.
+replay misses it by more than ``RELIABLE_REPLAY_PCT`` (or whose out-of-sample phase check misses by more
+than ``PHASE_LIMIT_PCT``) says so before the grid (``warnings``) and ranks nothing: its settings are
+listed apart (``unranked``), for reading. A single setting whose predicted parts add up past its
+predicted step (``Prediction.parts_over_pct``) is listed there too, the rest ranked as usual.
 
 Each setting says which bound it leaves (:class:`StepBound`): the recording's step split
 (analysis/bound.py: compute, FSDP's per-unit work, exposed communication, host wait, other idle, on
@@ -141,7 +143,8 @@ class Candidate:
             out.update(step_time_ms=p.step_time_ms, peak_allocated_bytes=p.peak_allocated_bytes,
                        exposed_comm_ms=p.exposed_comm_ms, over_budget_bytes=self.over_bytes,
                        bound=self.bound.to_json() if self.bound is not None else None,
-                       settings=self.settings.to_json(),
+                       settings=self.settings.to_json(), reliable=self.prediction.reliable,
+                       parts_over_pct=self.prediction.parts_over_pct,
                        apply=self.prediction.apply.to_json() if self.prediction.apply is not None else None)
         else:
             out["skipped"] = self.skipped
@@ -171,8 +174,9 @@ class Exploration:
     clock: dict[str, Any] | None = None
     """``summary --json``'s ``clock`` of the recording."""
     unranked: list[Candidate] = field(default_factory=list)
-    """Settings within the budget predicted from a replay that misses the recording by more than
-    ``RELIABLE_REPLAY_PCT``: listed for reading, never ranked (``ranked`` is then empty)."""
+    """Settings within the budget listed for reading, never ranked: every one where the replay does not
+    explain the recording (``ranked`` is then empty), else those whose own prediction's parts add up
+    past its step (``parts_over_pct``)."""
 
     def best(self) -> Candidate | None:
         """The fastest setting within the budget, where it is measurably faster than the recording."""

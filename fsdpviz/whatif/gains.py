@@ -140,9 +140,10 @@ def _change(model: Model, settings: Settings) -> Gain:
     except FsdpvizError:
         return None, "", None, None, "", ""
     code = p.apply.code if p.apply is not None else None
+    whose = "this setting's prediction" if p.parts_over_pct is not None else "its replay of this recording"
     unreliable = "" if p.reliable else (
-        f"fsdpviz whatif calls its replay of this recording unreliable ({p.warnings[0]})" if p.warnings
-        else "fsdpviz whatif calls its replay of this recording unreliable")
+        f"fsdpviz whatif calls {whose} unreliable ({p.warnings[0]})" if p.warnings
+        else f"fsdpviz whatif calls {whose} unreliable")
     if p.settings.world_size == 1:  # one rank is not simulated (whatif's note): the change is unknown, not 0
         return None, "", code, p.spread_ms, unreliable, UNSIMULATED_ONE_RANK
     because = next((n for n in PREFETCH_SAME_NOTES if n in p.notes), "")

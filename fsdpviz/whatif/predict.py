@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
@@ -136,7 +136,7 @@ class Prediction:
     """The setting as code for the recorded architecture (:mod:`.apply`)."""
     parts_over_pct: float | None = None
     """How far the predicted step's parts (compute, exposed communication, FSDP's copy kernels) add up
-    past the predicted step, in % of it, where they do by more than :data:`RELIABLE_REPLAY_PCT`: the
+    past the predicted step, in % of it, where they do by more than :data:`PARTS_OVER_PCT`: the
     simulation's communication and its step disagree (:func:`parts_over`); None where they fit."""
 
     @property
@@ -154,15 +154,19 @@ class Prediction:
         aside = [f"without the profiler, the run's clean steps within {clean:.1f} %"] if clean is not None else []
         if phases is not None:  # out of sample: where the profiler's share came out (replay/phases.py)
             aside.append(f"out of sample, the profiler's share per phase within {phases:.1f} % of the step")
-        return (f"the model reproduces the traced step within {self.traced_replay_error_pct:.1f} %"
-                + (f" ({'; '.join(aside)})" if aside else ""))
+        words = (f"the model reproduces the traced step within {self.traced_replay_error_pct:.1f} %"
+                 + (f" ({'; '.join(aside)})" if aside else ""))
+        if self.parts_over_pct is not None:
+            words += f"; this prediction's parts add up {self.parts_over_pct:.1f} % past its step"
+        return words
 
     @property
     def reliable(self) -> bool:
         """Whether the replay reproduces the recording within :data:`RELIABLE_REPLAY_PCT`: the traced
         step, and where the model replays it without the profiler, the timers' clean step too; and where
         the timers time the unprofiled steps' phases, the profiler's share came out of each within
-        :data:`PHASE_LIMIT_PCT` of the step (out of sample)."""
+        :data:`PHASE_LIMIT_PCT` of the step (out of sample); and the prediction's own parts fit its step
+        (:attr:`parts_over_pct` None)."""
         clean = self.clean_replay_error_pct
         phases = (self.clock or {}).get("phase_error_pct")
         return (self.traced_replay_error_pct <= RELIABLE_REPLAY_PCT and (clean is None or clean <= RELIABLE_REPLAY_PCT)
@@ -305,7 +309,8 @@ def code_header(p: Prediction, comment: str = "#") -> str:
         lines.append(f"predicted peak {new.peak_allocated_bytes:,} bytes allocated (recorded "
                      f"{base.peak_allocated_bytes:,})")
     lines.append(f"{'reliable' if p.reliable else 'unreliable'}: {p.replay_words()}; the limit on the replays is "
-                 f"{RELIABLE_REPLAY_PCT:g} %, on the per-phase check {PHASE_LIMIT_PCT:g} %")
+                 f"{RELIABLE_REPLAY_PCT:g} %, on the per-phase check {PHASE_LIMIT_PCT:g} %, on the parts past the step "
+                 f"{PARTS_OVER_PCT:g} %")
     if p.spread_ms is None:
         lines.append("measurable: unknown (fewer than two analysed steps: the recording's own spread is not known)")
     else:
@@ -325,10 +330,15 @@ def recording_spread_ms(model: Model, baseline_ms: float) -> float | None:
     return None if model.spread_share is None else round(model.spread_share * baseline_ms, 3)
 
 
+# How far (in % of the predicted step) a prediction's parts may add up past its step before no figure
+# of it is read as more than a direction (:func:`parts_over`): the replay's own limit, as loose.
+PARTS_OVER_PCT: Final = 10.0
+
+
 def parts_over(predicted: Outcome) -> float | None:
     """How far ``predicted``'s parts of the step (compute, exposed communication and FSDP's copy
     kernels, which never overlap one another in the bound) add up past its step, in % of the step,
-    where that is more than :data:`RELIABLE_REPLAY_PCT`; None where they fit. The step moves by the
+    where that is more than :data:`PARTS_OVER_PCT`; None where they fit. The step moves by the
     share the simulated step moves, the exposed communication by the share the simulated exposed
     communication moves: where the simulation counts the second far from the first (gloo's collectives
     on a GPU stream waited on by the host), the two shares disagree, and no figure is read as more than a
@@ -337,7 +347,7 @@ def parts_over(predicted: Outcome) -> float | None:
         return None
     parts = predicted.compute_ms + predicted.exposed_comm_ms + (predicted.fsdp_kernels_ms or 0.0)
     over = 100.0 * (parts - predicted.step_time_ms) / predicted.step_time_ms
-    return round(over, 2) if over > RELIABLE_REPLAY_PCT else None
+    return round(over, 2) if over > PARTS_OVER_PCT else None
 
 
 def weaknesses(replay_error_pct: float, cost: ProfilerCost | None, clean_error_pct: float | None = None,

@@ -132,6 +132,14 @@ def recorded_once(folder: Path, name: str, identity: dict[str, Any], scripts: Se
     return shared_processes(folder, from_copy)
 
 
+def copy_is_read(name: str, identity: dict[str, Any], scripts: Sequence[Path]) -> bool:
+    """Whether a test asking for the recording ``name`` reads its committed copy (``committed`` mode and
+    the copy current), not a recording made now (:func:`recorded_once`)."""
+    source = COMMITTED / name / SOURCE
+    return (mode() == "committed" and source.is_file()
+            and json.loads(source.read_text()) == source_of(identity, scripts))
+
+
 def _stale(message: str) -> None:
     """A warning, and the test goes on with a recording made now; an error where
     ``FSDPVIZ_STALE_RECORDINGS=error`` (CI: a change commits its recordings with it)."""

@@ -145,3 +145,20 @@ def test_a_prediction_whose_parts_pass_its_step_is_not_read_as_a_figure(gpu_fsdp
     assert "prefetch none" in [c.settings.describe() for c in explored.unranked]
     assert all(c.prediction is not None and c.prediction.parts_over_pct is None
                for c in [*explored.ranked, *explored.within_spread])
+
+
+def test_a_prediction_whose_parts_add_up_past_its_step_is_told_apart() -> None:
+    """``parts_over`` on outcomes made by hand: compute, exposed communication and FSDP's copy kernels
+    never overlap one another in the bound, so parts past the step are a contradiction; 10 % of slack."""
+    from fsdpviz.whatif.predict import PARTS_OVER_PCT, Outcome, parts_over
+
+    def outcome(step: float, compute: float, exposed: float, kernels: float | None) -> Outcome:
+        return Outcome(step_time_ms=step, exposed_comm_ms=exposed, comm_ms=exposed, compute_ms=compute,
+                       peak_allocated_bytes=None, units=[], fsdp_kernels_ms=kernels)
+
+    assert PARTS_OVER_PCT == 10.0
+    assert parts_over(outcome(100.0, 60.0, 30.0, 5.0)) is None  # 95 ms of parts: they fit
+    assert parts_over(outcome(100.0, 60.0, 45.0, 4.0)) is None  # 109 ms: within the slack
+    assert parts_over(outcome(100.0, 60.0, 45.0, 6.0)) == pytest.approx(11.0)  # 111 ms
+    assert parts_over(outcome(100.0, 70.0, 45.0, None)) == pytest.approx(15.0)  # a CPU run: no copy kernels
+    assert parts_over(outcome(0.0, 1.0, 1.0, None)) is None  # no step to compare with
