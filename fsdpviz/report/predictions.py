@@ -15,7 +15,8 @@ HOWTO = (
     "Settings predicted from this recording with `fsdpviz whatif --save` — not recorded. Each row is the "
     "model's prediction for the whole run under that setting, next to the recording; the change is "
     "against the recording. `fsdpviz whatif --help` says how a prediction is made; its replay line says how "
-    "closely the model reproduces this recording."
+    "closely the model reproduces this recording. A column marked unreliable is one whatif called so when it "
+    "was saved (its cells' hints say why): read it as a direction, not a figure."
 )
 FIELDS = (("step time", "step_time_ms", "ms"), ("exposed communication", "exposed_comm_ms", "ms"),
           ("peak allocated", "peak_allocated_bytes", "bytes"))
@@ -30,14 +31,15 @@ def _text(value: Any, unit: str) -> str:
 def predictions_table(saved: list[SavedPrediction]) -> HtmlTable:
     """Recorded, then one column per saved prediction (marked predicted)."""
     baseline = saved[0].baseline
-    columns = ["", "recorded", *(f"{p.name} (predicted)" for p in saved)]
+    columns = ["", "recorded", *(f"{p.name} ({p.mark})" for p in saved)]
     rows = []
     for label, key, unit in FIELDS:
         row = [TableCell(text=label, header=True), TableCell(text=_text(baseline.get(key), unit))]
         for p in saved:
             value = p.predicted.get(key)
             row.append(TableCell(text=_text(value, unit), sub=format_change(p.baseline.get(key), value, unit),
-                                 hint="predicted by fsdpviz whatif"))
+                                 hint="predicted by fsdpviz whatif" + (f"; {p.unreliable_why}" if p.unreliable_why
+                                                                       else "")))
         rows.append(row)
     return HtmlTable(columns=columns, rows=rows)
 

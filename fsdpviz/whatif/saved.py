@@ -36,6 +36,23 @@ class SavedPrediction:
     def baseline(self) -> dict[str, Any]:
         return dict(self.data.get("baseline") or {})
 
+    @property
+    def reliable(self) -> bool | None:
+        """Whether whatif called the prediction reliable when it was saved (None: a file that does not say)."""
+        value = self.data.get("reliable")
+        return value if isinstance(value, bool) else None
+
+    @property
+    def mark(self) -> str:
+        """How a page names the prediction: predicted, and unreliable where whatif said so."""
+        return "predicted, unreliable" if self.reliable is False else "predicted"
+
+    @property
+    def unreliable_why(self) -> str:
+        """whatif's own words for why the prediction is unreliable ("" where it is not, or does not say)."""
+        said = [str(w) for w in self.data.get("warnings") or [] if str(w).startswith("unreliable")]
+        return said[0] if said and self.reliable is False else ""
+
 
 def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:80] or "prediction"

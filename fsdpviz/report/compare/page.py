@@ -96,7 +96,8 @@ def _predicted_cells(data: CompareData, field: HeadlineField) -> list[TableCell]
         base = p.baseline.get(key) if key else None
         cells.append(TableCell(text=_value_text(field, value) if value is not None else "—",
                                sub=_delta_text(field, value - base, base) if value is not None and base is not None
-                               else "", hint=f"predicted from {label}, not recorded"))
+                               else "", hint=f"predicted from {label}, not recorded"
+                               + (f"; {p.unreliable_why}" if p.unreliable_why else "")))
     return cells
 
 
@@ -131,7 +132,7 @@ def headline_table(data: CompareData) -> HtmlTable:
     for label, texts in c.settings:
         rows.append([TableCell(text=label, header=True), *(TableCell(text=t) for t in texts),
                      *(TableCell(text="") for _ in data.predictions)])
-    predicted = [f"{label}: {p.name} (predicted)" for label, p in data.predictions]
+    predicted = [f"{label}: {p.name} ({p.mark})" for label, p in data.predictions]
     return HtmlTable(columns=["", *c.labels, *predicted], rows=rows, group_starts=starts)
 
 
