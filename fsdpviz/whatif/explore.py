@@ -46,7 +46,14 @@ from fsdpviz.replay import prefetch_args
 from fsdpviz.replay.clock import PHASE_LIMIT_PCT
 from fsdpviz.replay.model import SUPPORTED, Model
 from fsdpviz.replay.settings import Settings, Wrap
-from fsdpviz.whatif.predict import PREFETCH_SAME_NOTES, RELIABLE_REPLAY_PCT, Outcome, Prediction, predict
+from fsdpviz.whatif.predict import (
+    PARTS_OVER_PCT,
+    PREFETCH_SAME_NOTES,
+    RELIABLE_REPLAY_PCT,
+    Outcome,
+    Prediction,
+    predict,
+)
 
 BUDGET_DEVICE = "device memory from the trace"
 BUDGET_NONE = ("none: the trace does not state the device's memory; every setting ranked by step time, "
@@ -288,7 +295,7 @@ def explore(model: Model, budget_bytes: int | None = None) -> Exploration:
             ranked = [c for c in ranked if c not in torn]
             within = [c for c in within if c not in torn]
             notes.append("not ranked: " + ", ".join(c.settings.describe() for c in torn) + ": the predicted parts of "
-                         f"the step add up to more than {RELIABLE_REPLAY_PCT:g} % past the predicted step (each "
+                         f"the step add up to more than {PARTS_OVER_PCT:g} % past the predicted step (each "
                          "prediction's warning says by how much); listed for reading only")
     for same in PREFETCH_SAME_NOTES:  # why the prefetch rows read alike
         if any(same in c.prediction.notes for c in candidates if c.prediction is not None):

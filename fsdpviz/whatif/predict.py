@@ -267,10 +267,10 @@ def predict(model: Model, settings: Settings) -> Prediction:
     over = parts_over(predicted)
     warnings = weaknesses(replay_error_pct, cost, clock.replay_error_pct, clock.phase_error_pct)
     if over is not None:
-        parts = predicted.compute_ms + predicted.exposed_comm_ms + (predicted.fsdp_kernels_ms or 0.0)
         warnings.insert(0, f"unreliable: the predicted parts of the step (compute {predicted.compute_ms:,.2f}, exposed "
                            f"communication {predicted.exposed_comm_ms:,.2f}, FSDP's copy kernels "
-                           f"{predicted.fsdp_kernels_ms or 0.0:,.2f} ms) add up to {parts:,.2f} ms, {over:.1f} % more "
+                           f"{predicted.fsdp_kernels_ms or 0.0:,.2f} ms) add up to {_parts_ms(predicted):,.2f} ms, "
+                           f"{over:.1f} % more "
                            f"than the predicted step ({predicted.step_time_ms:,.2f} ms): the simulation's "
                            "communication and its step disagree, so the figures are a direction at most")
     prediction = Prediction(baseline=baseline, predicted=predicted, settings=full, basis=clock.basis,
@@ -345,9 +345,14 @@ def parts_over(predicted: Outcome) -> float | None:
     direction."""
     if predicted.step_time_ms <= 0:
         return None
-    parts = predicted.compute_ms + predicted.exposed_comm_ms + (predicted.fsdp_kernels_ms or 0.0)
-    over = 100.0 * (parts - predicted.step_time_ms) / predicted.step_time_ms
+    over = 100.0 * (_parts_ms(predicted) - predicted.step_time_ms) / predicted.step_time_ms
     return round(over, 2) if over > PARTS_OVER_PCT else None
+
+
+def _parts_ms(outcome: Outcome) -> float:
+    """The parts of ``outcome``'s step that never overlap one another: compute, exposed communication,
+    FSDP's copy kernels (none on a CPU)."""
+    return outcome.compute_ms + outcome.exposed_comm_ms + (outcome.fsdp_kernels_ms or 0.0)
 
 
 def weaknesses(replay_error_pct: float, cost: ProfilerCost | None, clean_error_pct: float | None = None,
