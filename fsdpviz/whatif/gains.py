@@ -13,7 +13,7 @@ unit's parameters -- the knob is predicted on the recording and the finding quot
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Final, cast
+from typing import TYPE_CHECKING, cast
 
 import msgspec
 
@@ -126,26 +126,18 @@ def predict_actions(model: Model, actions: Sequence[Action]) -> list[Action]:
     return fold(one_per_setting(out, keys))
 
 
-# Why a setting of a one-rank run is not priced: whatif does not simulate world size 1 (its step is the
-# recorded one less the exposed communication), so what the setting does to FSDP's per-unit work is unknown.
-UNSIMULATED_ONE_RANK: Final = ("fsdpviz whatif does not simulate a run of one rank (world size 1): it keeps the recorded "
-                               "step less its exposed communication, so what this setting does to the step is unknown")
-
-
 def _change(model: Model, settings: Settings) -> Gain:
     """(predicted change in ms, its words, its code, the recording's spread, why the replay is
-    unreliable or "", why the model predicts no change where it knows) of ``settings``."""
+    unreliable or "", why the model predicts no change where it knows, or cannot predict one) of ``settings``."""
     try:
         p = predict(model, settings)
-    except FsdpvizError:
-        return None, "", None, None, "", ""
+    except FsdpvizError as exc:  # unknown, not zero: not advised, and the action says why
+        return None, "", None, None, "", f"fsdpviz whatif cannot predict it ({exc})"
     code = p.apply.code if p.apply is not None else None
     whose = "this setting's prediction" if p.parts_over_pct is not None else "its replay of this recording"
     unreliable = "" if p.reliable else (
         f"fsdpviz whatif calls {whose} unreliable ({p.warnings[0]})" if p.warnings
         else f"fsdpviz whatif calls {whose} unreliable")
-    if p.settings.world_size == 1:  # one rank is not simulated (whatif's note): the change is unknown, not 0
-        return None, "", code, p.spread_ms, unreliable, UNSIMULATED_ONE_RANK
     because = next((n for n in PREFETCH_SAME_NOTES if n in p.notes), "")
     return (p.predicted.step_time_ms - p.baseline.step_time_ms, prediction_words(p), code, p.spread_ms,
             unreliable, because)

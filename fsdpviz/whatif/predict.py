@@ -555,6 +555,13 @@ def _predicted_peak(rec: Recording, settings: Settings, memory: list[MemoryChang
     return known.predicted_peak(change, step, rec.world_size / world, f"{rec.world_size} -> {world}")
 
 
+def to_one(recorded_world: int, settings: Settings) -> bool:
+    """Whether ``settings`` put a run of several ranks on one: whatif does not simulate that change (the
+    step loses the recording's exposed communication and keeps the rest, a note says so), while a
+    recording of one rank is simulated like any other."""
+    return settings.world_size == 1 and recorded_world > 1
+
+
 def _predicted(model: Model, simulated: list[SimResult], baseline: Outcome, settings: Settings,
                memory: known.PeakMemory, *, by_share: bool, notes: list[str]) -> Outcome:
     """``simulated`` against ``model``'s replays, moving ``baseline``: the step by the share the
@@ -586,9 +593,11 @@ def _predicted(model: Model, simulated: list[SimResult], baseline: Outcome, sett
         notes.append(f"the predicted communication came out at {simulated_comm:.3f} ms/step (the recording's moved by "
                      "the simulated change) and is held to 0")
     simulated_exposed = shared(baseline.exposed_comm_ms, lambda r: r.exposed_comm_ns)
-    if settings.world_size == 1:
-        # one rank: no collective at all, FSDP's or any other; the step loses the communication the
-        # recording exposed (what else one rank changes is not modelled)
+    to_one_rank = to_one(model.recording.world_size, settings)
+    if to_one_rank:
+        # a run of many ranks put on one: no collective at all, FSDP's or any other; the step loses the
+        # communication the recording exposed (what else one rank changes is not modelled). A recording
+        # of one rank is simulated like any other: its program is the one the setting changes.
         comm, exposed = 0.0, 0.0
         step = baseline.step_time_ms - baseline.exposed_comm_ms
         notes.append(f"world size 1 is not simulated: the step loses the {baseline.exposed_comm_ms:.3f} ms/step of "
@@ -606,7 +615,7 @@ def _predicted(model: Model, simulated: list[SimResult], baseline: Outcome, sett
                          f"moved by the {exposed - simulated_exposed:+.3f} ms that changed")
     recorded = baseline.peak_allocated_bytes is not None
     units = _predicted_units(model, simulated, baseline, settings, notes)
-    if settings.world_size == 1:  # no unit gathers or reduces on one rank either
+    if to_one_rank:  # no unit gathers or reduces on one rank either
         units = [replace(u, all_gather_ms=0.0, reduce_scatter_ms=0.0, exposed_comm_ms=0.0) for u in units]
     return Outcome(step_time_ms=round(step, 3),
                    exposed_comm_ms=round(exposed, 3),

@@ -1,7 +1,8 @@
 """whatif says what it cannot tell and speaks each framework's own settings, checked against outside truth:
 
 - one rank has no communication: a real 1-rank FSDP2 recording on an H100 holds none, and a prediction
-  of world size 1 from a 2-rank recording must show none either;
+  of world size 1 from a 2-rank recording must show none either; a 1-rank recording's own settings are
+  simulated, and held to the same model's bare runs;
 - the recorded prefetch is the framework's own: the FSDP1 and ZeRO-3 samples were recorded with the
   frameworks' defaults, read here from torch's and DeepSpeed's own signatures and config;
 - a prediction states the recording's step-to-step spread, as the trace's own ProfilerStep spans give
@@ -20,7 +21,7 @@ from typing import Any
 
 import pytest
 from helpers.cli import json_here, run_here
-from helpers.gpu_fsdp_truth import with_impossible_timers
+from helpers.gpu_fsdp_truth import STEP_TRUTH, with_impossible_timers
 from helpers.rawfiles import timer_step_ms
 
 SAMPLES = Path(__file__).parents[2] / "sample_traces"
@@ -42,19 +43,37 @@ def test_one_rank_has_no_communication_as_a_real_one_rank_recording_shows(
         assert predicted["step_time_ms"] < data["baseline"]["step_time_ms"]
 
 
-def test_a_one_rank_runs_advice_is_unknown_where_whatif_does_not_simulate_it(gpu_fsdp_run: Any) -> None:
-    """The real 1-rank H100 recording is host-bound (FSDP's per-unit work a large part of its step), so the
-    bound's knob is merge:2; whatif does not simulate world size 1 (its step keeps everything but the
-    exposed communication, which one rank has none of), so the change is unknown, not "no gain"."""
-    from fsdpviz.whatif.gains import UNSIMULATED_ONE_RANK, completed_summary
+def test_a_one_rank_recordings_settings_are_simulated_and_advised_on_that(gpu_fsdp_run: Any) -> None:
+    """The real 1-rank H100 recording (model A, block wrap) is launch-bound, so the bound's knob is merge:2.
+    whatif simulates its program like any other: only putting several ranks on one goes unsimulated.
+    Truth from outside the code: the same model's uninstrumented runs on a fake group of 8 in one process
+    (collectives that take no time, so what a wrap changes is the per-unit work one rank does too) ran
+    merge:2 at 49.2 / 53.2 and root at 43.1 / 53.2 of the block wrap; the one-rank predictions are held to
+    those ratios within 0.10. Before, both printed +0.00 ms, the step less the (absent) exposed
+    communication."""
+    from fsdpviz.replay.model import read_model
+    from fsdpviz.whatif.gains import completed_summary
+    from fsdpviz.whatif.predict import predict
 
     result = gpu_fsdp_run("h100-fsdp2-ws1-block")
+    model = read_model(result)
+    block, truth = STEP_TRUTH["h100-fsdp2-fake8-block"]
+    ratios = {}
+    for settings, bare_ms in truth:
+        if settings.wrap.kind == "recorded":
+            continue
+        p = predict(model, settings)
+        assert not any("not simulated" in n for n in p.notes)
+        ratios[settings.describe()] = ratio = p.predicted.step_time_ms / p.baseline.step_time_ms
+        assert ratio == pytest.approx(bare_ms / block, abs=0.10), settings.describe()
+        assert p.baseline.step_time_ms - p.predicted.step_time_ms > p.spread_ms
+    assert ratios["wrap root"] < ratios["wrap merge:2"]  # fewer units, less of FSDP's per-unit work
     summary = completed_summary(result)
     assert summary.world_size == 1 and summary.bound is not None and summary.bound.fsdp_overhead_ms > 1.0
     (bound,) = [a for a in summary.actions if a.kind == "bound"]
-    assert bound.cause == "host" and not bound.knob and bound.predicted_change_ms is None
-    assert bound.why_not == f"not advised: {UNSIMULATED_ONE_RANK} (fsdpviz whatif: wrap merge:2)"
-    assert "no gain" not in bound.why_not
+    assert bound.cause == "host" and bound.knob and bound.predicted_change_ms is not None
+    assert bound.predicted_change_ms == pytest.approx(
+        (ratios["wrap merge:2"] - 1) * summary.step_time_ms, abs=0.01)
 
 
 def test_fsdp1_recorded_prefetch_is_fsdp1s_own_default(capsys: pytest.CaptureFixture[str]) -> None:
