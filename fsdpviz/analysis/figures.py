@@ -42,15 +42,17 @@ def not_seen_freed_text(memory: MemorySummary) -> str:
 
 
 def step_time_figures(summary: Summary) -> list[tuple[str, float]]:
-    """The run's step times the summary holds, each with a label that says which it is: the
-    unprofiled and profiled steps as the timers clock them (medians), the recorder's own work in a
-    clean step (where its agent measured it) and the analysed steps as traced (mean). The headline's
-    step time is one of them (``step_time_source``)."""
+    """The run's step times the summary holds, each once, with a label that says which it is: the
+    unprofiled steps as the timers clock them (median), the recorder's own work in a clean step (where
+    its agent measured it) and the analysed steps as traced (mean), which is also the profiled step
+    every view compares with the unprofiled one (``profiler.profiled_step_ms``). The headline's step
+    time is one of them (``step_time_source``)."""
     out: list[tuple[str, float]] = []
     cost = summary.profiler
     if cost is not None:
         out.append(("step time, unprofiled steps (timers, median)", cost.unprofiled_step_ms))
-        out.append(("step time, profiled steps (timers, median)", cost.profiled_step_ms))
+        if summary.traced_step_time_ms is None:  # the timers' own profiled median, where nothing traced it
+            out.append(("step time, profiled steps (timers, median)", cost.profiled_step_ms))
         if cost.recorder_ms is not None:
             out.append(("recorder's own work per clean step (its agent, median)", cost.recorder_ms))
     if summary.traced_step_time_ms is not None:

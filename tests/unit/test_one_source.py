@@ -108,6 +108,9 @@ def test_headline_figures(sample: dict[str, Any], capsys: pytest.CaptureFixture[
     step_facts = {label: f for label, f in _facts(steps_section(data)).items() if label.startswith("step time")}
     assert "median step time" not in _facts(steps_section(data))
     figures = dict(step_time_figures(s))
+    # one figure, one name: the traced step (which the profiled step is) is not shown again under the timers'
+    assert len(set(figures.values())) == len(figures), figures
+    assert not any("timers" in label for label, v in figures.items() if v == s.traced_step_time_ms), figures
     assert {label: f.value for label, f in step_facts.items()} == {k: format_ms(v) for k, v in figures.items()}
     assert [label for label, f in step_facts.items() if f.hint == "the headline's step time"] == \
         [label for label, v in figures.items() if v == s.step_time_ms]
