@@ -45,7 +45,7 @@ from fsdpviz.naming import ROOT_UNIT
 from fsdpviz.replay import prefetch_args
 from fsdpviz.replay.clock import PHASE_LIMIT_PCT
 from fsdpviz.replay.model import SUPPORTED, Model
-from fsdpviz.replay.settings import Settings, Wrap
+from fsdpviz.replay.settings import GIVEN, Settings, Wrap
 from fsdpviz.whatif.predict import (
     PARTS_OVER_PCT,
     PREFETCH_SAME_NOTES,
@@ -297,8 +297,13 @@ def explore(model: Model, budget_bytes: int | None = None) -> Exploration:
             notes.append("not ranked: " + ", ".join(c.settings.describe() for c in torn) + ": the predicted parts of "
                          f"the step add up to more than {PARTS_OVER_PCT:g} % past the predicted step (each "
                          "prediction's warning says by how much); listed for reading only")
-    for same in PREFETCH_SAME_NOTES:  # why the prefetch rows read alike
-        if any(same in c.prediction.notes for c in candidates if c.prediction is not None):
+    prefetches = [(c.settings, c.prediction.notes) for c in candidates
+                  if c.prediction is not None and c.settings.sources.get("prefetch") == GIVEN]
+    for same in PREFETCH_SAME_NOTES:  # why the prefetch rows read alike, naming them where only some do
+        alike = [settings for settings, said in prefetches if same in said]
+        if alike and len(alike) < len(prefetches):
+            notes.append(", ".join(s.describe() for s in alike) + f": {same}")
+        elif alike:
             notes.append(same)
     if first.spread_ms is None:
         notes.append("the recording's step-to-step spread is unknown (fewer than two analysed steps): every setting "

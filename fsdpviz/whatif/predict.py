@@ -249,9 +249,12 @@ def predict(model: Model, settings: Settings) -> Prediction:
     notes = list(dict.fromkeys(n for r in simulated for n in r.notes))
     notes += _assumptions(full, rec)
     notes += clamps
-    if _prefetch_changed(full, rec) and baseline.comm_ms == 0.0:
+    # why a prefetch reads as recorded, said only where it does: ZeRO-3's bucket also groups what it
+    # fetches, which moves the step on a CPU rank too
+    same = (predicted.step_time_ms, predicted.exposed_comm_ms) == (baseline.step_time_ms, baseline.exposed_comm_ms)
+    if _prefetch_changed(full, rec) and same and baseline.comm_ms == 0.0:
         notes.append(NO_COMM_PREFETCH_NOTE)
-    elif rec.device == "cpu" and _prefetch_changed(full, rec):
+    elif rec.device == "cpu" and _prefetch_changed(full, rec) and same:
         notes.append(CPU_PREFETCH_NOTE)
     if full.wrap.kind != "recorded" or full.world_size != rec.world_size:  # collectives resized: their fitted lines
         notes += [f"collective model: {n}" for n in timing.comm.notes]

@@ -103,6 +103,20 @@ def test_zero3_recorded_prefetch_is_deepspeeds_bucket(capsys: pytest.CaptureFixt
     run = json.loads((SAMPLES / "zero3-cpu-2rank" / "run.json").read_text())
     numels = sorted(u["param_numel"] for u in run["units"] if u["param_numel"] > 0)
     assert numels[-1] <= bucket <= numels[-1] + numels[-2]
+    # a note that says why prefetch depths read alike is said only where they do: ZeRO-3's smaller bucket
+    # also fetches in smaller groups, which moves its figures
+    moved = one["predicted"]["step_time_ms"] != one["baseline"]["step_time_ms"]
+    assert moved == (not any("predict the same step" in n for n in one["notes"]))
+    explore = json_here(capsys, "whatif", str(SAMPLES / "zero3-cpu-2rank"), "--explore", "--json", "-q")
+    rows = {c["setting"]: c["step_time_ms"] for c in explore["ranked"] + explore["within_spread"]
+            + explore["unranked"] if c["setting"].startswith("prefetch")}
+    alike = sorted(k for k, v in rows.items() if v == explore["baseline"]["step_time_ms"])
+    said = [n for n in explore["notes"] if "predict the same step" in n]
+    if moved:  # the note names the rows it holds for, not every prefetch depth
+        assert alike and len(alike) < len(rows) and said and all(n.startswith(", ".join(alike) + ": ") for n in said)
+    fsdp2 = json_here(capsys, "whatif", str(SAMPLES / "fsdp2-cpu-2rank"), "--prefetch", "2", "--json", "-q")
+    assert fsdp2["predicted"]["step_time_ms"] == fsdp2["baseline"]["step_time_ms"]
+    assert any("predict the same step" in n for n in fsdp2["notes"])
 
 
 def test_the_spread_is_the_recorders_own_step_to_step_range(capsys: pytest.CaptureFixture[str]) -> None:
