@@ -284,6 +284,8 @@ def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> None:
 def print_prediction(prediction: Prediction, run: str, framework: str, world_size: int, device: str) -> None:
     """Baseline vs predicted with deltas, the units, where each setting came from, and the notes; the
     recording's clock first."""
+    from fsdpviz.whatif.predict import SPREAD_UNKNOWN
+
     settings = prediction.settings
     typer.echo(f"{run}: {framework}, {world_size} rank(s) on {device}; predicting {settings.describe()}")
     for warning in prediction.warnings:  # before any figure: what makes them weak
@@ -297,8 +299,7 @@ def print_prediction(prediction: Prediction, run: str, framework: str, world_siz
         typer.echo(f"  no measurable change: the predicted step moves by less than the recording's own step-to-step "
                    f"spread ({prediction.spread_ms:,.2f} ms)")
     elif prediction.spread_ms is None:
-        typer.echo("  the recording's step-to-step spread is unknown (fewer than two analysed steps): whether the "
-                   "change is measurable cannot be said")
+        typer.echo(f"  {SPREAD_UNKNOWN}")
     changes = category_changes(prediction.baseline, prediction.predicted)
     if changes:
         typer.echo("  peak by category: " + "; ".join(changes))

@@ -26,7 +26,7 @@ from fsdpviz.replay import prefetch_args
 from fsdpviz.replay.clock import clock_of
 from fsdpviz.replay.model import Gain, Model, model_clock, model_ranks, read_model
 from fsdpviz.replay.settings import Settings, Wrap
-from fsdpviz.whatif.predict import PREFETCH_SAME_NOTES, Prediction, predict
+from fsdpviz.whatif.predict import PREFETCH_SAME_NOTES, SPREAD_UNKNOWN, Prediction, predict
 
 if TYPE_CHECKING:
     from fsdpviz.analysis.pipeline import RunResult
@@ -139,8 +139,10 @@ def _change(model: Model, settings: Settings) -> Gain:
         f"fsdpviz whatif calls {whose} unreliable ({p.warnings[0]})" if p.warnings
         else f"fsdpviz whatif calls {whose} unreliable")
     because = next((n for n in PREFETCH_SAME_NOTES if n in p.notes), "")
-    return (p.predicted.step_time_ms - p.baseline.step_time_ms, prediction_words(p), code, p.spread_ms,
-            unreliable, because)
+    # no spread to hold the change to: advised on the prediction alone (as --explore ranks every setting
+    # there), and the advice says that its measurability cannot be said
+    words = prediction_words(p) + (f"; {SPREAD_UNKNOWN}" if p.spread_ms is None else "")
+    return (p.predicted.step_time_ms - p.baseline.step_time_ms, words, code, p.spread_ms, unreliable, because)
 
 
 

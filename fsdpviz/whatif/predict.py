@@ -55,6 +55,10 @@ CPU_PREFETCH_NOTE = ("on a CPU rank the training thread waits out every gloo col
 NO_COMM_PREFETCH_NOTE = ("the recording's collectives took no time (a fake process group, or nothing to gather), so "
                          "issuing an all-gather earlier or later hides or exposes nothing: prefetch depths predict the "
                          "same step here")
+# Said where the recording has fewer than two analysed steps: a prediction, and advice built on one, cannot
+# be held to a step-to-step spread (whatif's own output and the summary's advice say it alike).
+SPREAD_UNKNOWN = ("the recording's step-to-step spread is unknown (fewer than two analysed steps): whether the change "
+                  "is measurable cannot be said")
 # Said by a prefetch setting that predicts the recorded step, each where it holds (the advisor and
 # --explore say why the prefetch rows read alike).
 PREFETCH_SAME_NOTES = (CPU_PREFETCH_NOTE, NO_COMM_PREFETCH_NOTE)

@@ -122,6 +122,8 @@ def _one_figure(result: Any, folder: Path) -> None:
             continue
         p = predict(model, settings)
         assert p.reliable and p.measurable is not False, (action.message, p.spread_ms, p.predicted.step_time_ms)
+        # where whatif cannot say whether the change is measurable (no spread), the advice says so too
+        assert (p.measurable is None) == ("whether the change is measurable cannot be said" in action.predicted_gain)
 
 
 # units[] fields against the per-unit analysis' traced medians (UNIT_STATS columns)
