@@ -121,6 +121,11 @@ def predict_actions(model: Model, actions: Sequence[Action]) -> list[Action]:
             because = f"{because} (fsdpviz whatif: {key})"
         predicted = with_prediction(action, change, f"{words} (fsdpviz whatif: {key})" if words else "",
                                     spread_ms=spread, unreliable=unreliable, because=because)
+        if predicted.knob and change is not None and spread is None:
+            # no spread to hold the change to: advised on the prediction alone (as --explore ranks every
+            # setting there), and the advice says that whether it is measurable cannot be said
+            predicted = msgspec.structs.replace(predicted,
+                                                predicted_gain=f"{words}; {SPREAD_UNKNOWN} (fsdpviz whatif: {key})")
         out.append(msgspec.structs.replace(predicted, apply_code=code) if predicted.knob and code else predicted)
         keys.append(key)
     return fold(one_per_setting(out, keys))
@@ -139,10 +144,8 @@ def _change(model: Model, settings: Settings) -> Gain:
         f"fsdpviz whatif calls {whose} unreliable ({p.warnings[0]})" if p.warnings
         else f"fsdpviz whatif calls {whose} unreliable")
     because = next((n for n in PREFETCH_SAME_NOTES if n in p.notes), "")
-    # no spread to hold the change to: advised on the prediction alone (as --explore ranks every setting
-    # there), and the advice says that its measurability cannot be said
-    words = prediction_words(p) + (f"; {SPREAD_UNKNOWN}" if p.spread_ms is None else "")
-    return (p.predicted.step_time_ms - p.baseline.step_time_ms, words, code, p.spread_ms, unreliable, because)
+    return (p.predicted.step_time_ms - p.baseline.step_time_ms, prediction_words(p), code, p.spread_ms,
+            unreliable, because)
 
 
 

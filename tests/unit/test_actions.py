@@ -65,7 +65,7 @@ def test_a_knob_predicted_to_gain_nothing_is_not_advised() -> None:
     gain = with_prediction(action, -2.5, "predicted -2.50 ms/step (-5.0 %) (fsdpviz whatif: prefetch 2)")
     assert gain.knob == PREFETCH and "Try: " in action_text(gain) and gain.predicted_change_ms == -2.5
     assert with_prediction(action, None, "") == action  # not predicted: as it was
-    # not predictable (a one-rank run whatif does not simulate): unknown, not zero, and not advised
+    # not predictable (a setting whatif refuses, with its reason): unknown, not zero, and not advised
     unknown = with_prediction(action, None, "", because="fsdpviz whatif cannot say")
     assert unknown.knob == "" and unknown.predicted_change_ms is None and unknown.predicted_gain == ""
     assert unknown.why_not == "not advised: fsdpviz whatif cannot say" and "Try:" not in action_text(unknown)

@@ -4,7 +4,9 @@ Three simulated FSDP2 runs of one model (``tests/synth``) differ only in extra d
 step: ``jittery`` loads 2 ms longer in its second analysed step only (a spread of 2 ms), ``close``
 0.5 ms longer in every step and ``slow`` 5 ms longer in every step. ``close`` is 0.5 ms faster
 than ``jittery`` on average, within jittery's 2 ms spread: no star. ``jittery`` is 4 ms faster
-than ``slow``, beyond both spreads: a star. The spreads themselves are the range of the
+than ``slow``, beyond both spreads: a star. ``single`` has one analysed step (its spread unknown) and
+no extra loading: faster than ``jittery`` by less than jittery's known spread, so no star either. The
+spreads themselves are the range of the
 simulation's own step durations (median over ranks).
 """
 
@@ -29,6 +31,10 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> dict:
         sc = Scenario(units=make_units(2, numel=1_000_000), root=make_root(), steps=STEPS, step_data_ns=extra,
                       gradients_per_kernel=False)
         out[name] = generate_run(sc, base / name, run_folder=True)
+    # one step analysed: its spread is unknown
+    sc = Scenario(units=make_units(2, numel=1_000_000), root=make_root(), steps=(3,), step_data_ns={},
+                  gradients_per_kernel=False)
+    out["single"] = generate_run(sc, base / "single", run_folder=True)
     return out
 
 
@@ -91,3 +97,16 @@ def test_a_difference_beyond_the_spread_gets_its_star(made: dict) -> None:
             assert comparison.unit_best[group.name][metric] == [], (group.name, metric)
     assert unit_rows(comparison)[0][0] == "(root)"
     assert next(f for f in comparison.findings if f.kind == "step_time").better == "jittery"
+
+
+def test_a_difference_within_the_one_known_spread_gets_no_star(made: dict) -> None:
+    comparison = _compare(made, ["jittery", "single"])
+    spread = comparison.spread["step_time_ms"]
+    assert spread[1] is None and spread[0] == pytest.approx(2.0, abs=0.05)
+    values = comparison.values["step_time_ms"]
+    assert 0 < values[0] - values[1] < spread[0]  # single is faster, by less than jittery's spread
+    assert comparison.best["step_time_ms"] == []
+    assert "within one run's (the other's is unknown) step-to-step spread" in comparison.best_withheld["step_time_ms"]
+    # the findings follow the same rule: no winner named
+    finding = next(f for f in comparison.findings if f.kind == "step_time")
+    assert finding.better is None and "within noise" in finding.message

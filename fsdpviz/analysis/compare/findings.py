@@ -94,13 +94,13 @@ def is_clear(a: float, b: float, noise: float, rel: float = TIME_NOISE, floor: f
 
 def beyond_spread(c: Comparison, key: str, i: int, j: int) -> bool:
     """Whether runs ``i`` and ``j`` differ in headline ``key`` by more than the larger of their
-    step-to-step spreads (:mod:`fsdpviz.analysis.compare.spread`, the rule of the best marks); True
-    where a spread is unknown."""
+    step-to-step spreads (:mod:`fsdpviz.analysis.compare.spread`, the rule of the best marks): the
+    one known where the other is unknown; True where neither is known."""
     a, b = c.values[key][i], c.values[key][j]
     spreads = c.spread.get(key) or []
     known = [s for s in (spreads[i] if i < len(spreads) else None, spreads[j] if j < len(spreads) else None)
              if s is not None]
-    if a is None or b is None or len(known) < 2:
+    if a is None or b is None or not known:
         return True
     return abs(float(a) - float(b)) > max(known)
 

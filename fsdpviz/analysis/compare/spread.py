@@ -136,7 +136,8 @@ def group_spread_ms(run: LabelledRun, group: UnitGroup, metric: str) -> float | 
 def clear_best(values: Sequence[float | int | None], spreads: Sequence[float | None],
                best: Sequence[int], unit: str = "ms") -> tuple[list[int], str]:
     """The best runs of a row that beat every other run by more than the spread (in ``unit``), and
-    why a star is withheld ("" when it is not)."""
+    why a star is withheld ("" when it is not). A pair where one run's spread is unknown is held to
+    the other's: a difference within a spread that is known is no evidence, whatever the other run's."""
     if not best:
         return [], ""
     for i in best:
@@ -145,11 +146,12 @@ def clear_best(values: Sequence[float | int | None], spreads: Sequence[float | N
             if j in best or vj is None or vi is None:
                 continue
             known = [s for s in (spreads[i], spreads[j]) if s is not None]
-            if len(known) < 2:
+            if not known:
                 continue
             limit = max(known)
             if abs(float(vj) - float(vi)) <= limit:
-                return [], (f"the difference ({abs(float(vj) - float(vi)):.3g} {unit}) is within the runs' "
+                whose = "the runs'" if len(known) == 2 else "one run's (the other's is unknown)"
+                return [], (f"the difference ({abs(float(vj) - float(vi)):.3g} {unit}) is within {whose} "
                             f"step-to-step spread ({limit:.3g} {unit})")
     return list(best), ""
 

@@ -39,7 +39,8 @@ HOWTO_UNITS = (
     "in forward order): each row holds the same parameters in every run (e.g. blocks.0 and blocks.1 of one "
     "run against blocks.0+1 or [blocks.0, blocks.1] of another); a row is named after a unit only when that "
     "unit holds exactly its parameters in every run. Times are per-unit medians per step, summed over the "
-    "row's units, with each run's step-to-step spread; a star needs a difference beyond both spreads. "
+    "row's units, with each run's step-to-step spread; a star needs a difference beyond both spreads "
+    "(beyond the one known, where a run's is unknown). "
     "\"in X\" means the run holds those parameters inside its unit X and has no separate number for them."
 )
 HOWTO_TIMELINES = (
