@@ -624,10 +624,14 @@ def _predicted(model: Model, simulated: list[SimResult], baseline: Outcome, sett
     units = _predicted_units(model, simulated, baseline, settings, notes)
     if to_one_rank:  # no unit gathers or reduces on one rank either
         units = [replace(u, all_gather_ms=0.0, reduce_scatter_ms=0.0, exposed_comm_ms=0.0) for u in units]
+    simulated_compute = shared(baseline.compute_ms, lambda r: r.compute_ns)
+    if simulated_compute < 0:
+        notes.append(f"the predicted compute came out at {simulated_compute:.3f} ms/step (the recording's moved by the "
+                     "simulated change) and is held to 0")
     return Outcome(step_time_ms=round(step, 3),
                    exposed_comm_ms=round(exposed, 3),
                    comm_ms=round(comm, 3),
-                   compute_ms=round(max(0.0, shared(baseline.compute_ms, lambda r: r.compute_ns)), 3),
+                   compute_ms=round(max(0.0, simulated_compute), 3),
                    fsdp_kernels_ms=_predicted_kernels(baseline.fsdp_kernels_ms, moved(lambda r: r.fsdp_copy_ns),
                                                       notes),
                    peak_allocated_bytes=memory.peak_bytes if recorded else None, units=units,
