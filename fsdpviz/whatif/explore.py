@@ -302,7 +302,9 @@ def explore(model: Model, budget_bytes: int | None = None) -> Exploration:
     for same in PREFETCH_SAME_NOTES:  # why the prefetch rows read alike, naming them where only some do
         alike = [settings for settings, said in prefetches if same in said]
         if alike and len(alike) < len(prefetches):
-            notes.append(", ".join(s.describe() for s in alike) + f": {same}")
+            # the note's reason holds for these rows alone: said without its "every depth alike"
+            reason = same.split(": prefetch depths predict the same step")[0]
+            notes.append(", ".join(s.describe() for s in alike) + f" predicted as recorded: {reason}")
         elif alike:
             notes.append(same)
     if first.spread_ms is None:
