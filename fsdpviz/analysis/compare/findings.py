@@ -37,6 +37,7 @@ from fsdpviz.analysis.compare.model import unit_index
 from fsdpviz.analysis.compare.units import all_known, group_values
 from fsdpviz.formatting import NS_PER_MS, bytes_text, ms_text
 from fsdpviz.structure.records import Finding
+from fsdpviz.trace.schema import OVERLAP_CPU
 
 if TYPE_CHECKING:
     from fsdpviz.analysis.compare.model import Comparison
@@ -147,7 +148,7 @@ def step_time_finding(c: Comparison) -> list[Finding]:
         return []
     best_i, best, worst_i, worst, noise, known = found
     values = {"step_time_ms": {c.labels[i]: v for i, v in known}}
-    evidence = (f"mean step time: {_listing(c, 'step_time_ms', ms_text)}; noise between the fastest and slowest "
+    evidence = (f"step time: {_listing(c, 'step_time_ms', ms_text)}; noise between the fastest and slowest "
                 f"(2 standard errors): {ms_text(noise)}" + _spread_text(c, "step_time_ms"))
     if not is_clear(best, worst, noise) or not beyond_spread(c, "step_time_ms", best_i, worst_i):
         return [_finding("step_time", f"Step times are within noise of each other ({ms_text(best)} to {ms_text(worst)}).",
@@ -163,7 +164,13 @@ def step_time_finding(c: Comparison) -> list[Finding]:
     message = (f"{c.labels[best_i]} has the shortest step: {ms_text(best)}, {100 * (other - best) / other:.0f} % "
                f"less than {c.labels[other_i]} ({ms_text(other)}).")
     parts = step_parts(c.runs[best_i], c.runs[other_i])
-    if parts:
+    traced = [c.runs[i].summary.traced_step_time_ms for i in (other_i, best_i)]
+    if parts and any(c.runs[i].summary.device != OVERLAP_CPU for i in (best_i, other_i)):
+        # a GPU's training threads are host work the profiler slowed, and only a CPU rank's factor moves them
+        # to the run's clock: their parts are the traced steps', said so, with the traced steps they add to
+        said = " against ".join(ms_text(t) for t in traced if t is not None)
+        message += f" On the training threads, as traced ({said} a step): " + parts + "."
+    elif parts:
         message += f" Where the {ms_text(other - best)} went: " + parts + "."
     rest = []
     for i, v in known:
@@ -187,7 +194,8 @@ _PARTS: Final = (("framework_ns", "FSDP framework work"), ("unit_compute_ns", "u
 
 def step_parts(a: LabelledRun, b: LabelledRun) -> str:
     """How the step's parts changed from run ``b`` to run ``a`` (means over ranks and steps, each run's
-    moved to its clock as its step is: the bound's ``device_scale``), or ""."""
+    moved to its clock as its step is: the bound's ``device_scale``, which on a GPU leaves them as
+    traced), or ""."""
     ta, tb = getattr(a.analysis, "step_times", None), getattr(b.analysis, "step_times", None)
     if ta is None or tb is None or ta.empty or tb.empty:
         return ""
