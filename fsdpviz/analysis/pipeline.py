@@ -121,10 +121,12 @@ class RunResult:
         """The per-unit analysis (:func:`fsdpviz.analysis.run.analyse_run`), computed on first use."""
         from fsdpviz.analysis.run import analyse_run, combine_parts
 
-        idle = self.overlap["idle_ns"] / self.overlap["n_steps"].clip(lower=1)
-        # for the profiler's finding: on a GPU the profiler's share comes out of the idle time (the one
-        # de-profiler, structure/deprofile.py); on a CPU rank it slows every part of the step, so the
-        # finding does not put it in the idle time
+        o = self.overlap
+        # for the profiler's finding: on a GPU the profiler's share comes out of the time the GPU waited
+        # (the one de-profiler, structure/deprofile.py): for the host, FSDP's hooks' share included, then
+        # other idle, the bound's traced parts; on a CPU rank it slows every part of the step, so the
+        # finding does not put it in any one part
+        idle = (o["host_wait_ns"].clip(lower=0) + o["fsdp_host_ns"] + o["other_idle_ns"]) / o["n_steps"].clip(lower=1)
         cpu = len(self.overlap) > 0 and bool((self.overlap["device"].astype(str) == OVERLAP_CPU).all())
         idle_ns = float(idle.median()) if len(idle) and not cpu else None
         scale, step_ns = self.device_scale, self._run_step_ns  # the findings' clock

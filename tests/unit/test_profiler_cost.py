@@ -295,3 +295,24 @@ def test_a_cpu_runs_profiler_finding_does_not_put_the_share_in_its_idle_time(
     # the reason: the bound's other idle lost less than the share (every part lost its part of it)
     traced_idle = bound.other_idle_ms / bound.device_scale
     assert traced_idle - bound.other_idle_ms < 0.5 * cost.extra_ms
+
+
+@pytest.mark.parametrize("name", ["B", "Bl"])
+def test_a_gpu_runs_profiler_finding_takes_the_share_out_of_the_bounds_waits(
+        name: str, gpu_h200_dir: Path) -> None:
+    """On a GPU the de-profiler takes the profiler's share out of the time the GPU waited (host wait,
+    FSDP's hooks' share of it, other idle: structure/deprofile.py). The finding's traced figure, less the
+    share, is what the summary's bound keeps of those parts: one figure, not the overlap's older idle."""
+    import re
+
+    from fsdpviz.analysis.pipeline import analyse
+
+    summary = analyse([gpu_h200_dir / name], cache=False).summary
+    bound, cost = summary.bound, summary.profiler
+    assert bound is not None and cost is not None and bound.device == "gpu" and bound.device_scale == 1.0
+    (finding,) = [f for f in summary.findings if f.kind == "profiler"]
+    share, waited = (float(v) for v in re.search(r"([\d.]+) ms of the ([\d.]+) ms per step the GPU waited",
+                                                 finding.message).groups())
+    assert share == pytest.approx(bound.profiler_share_ms, abs=0.01)
+    kept = (bound.host_wait_ms or 0.0) + bound.other_idle_ms + bound.fsdp_overhead_ms - (bound.fsdp_kernels_ms or 0.0)
+    assert waited - share == pytest.approx(kept, abs=0.02)
