@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import statistics
 from collections.abc import Callable
 from pathlib import Path
@@ -149,6 +150,14 @@ def test_per_rank_exposed_communication(sample: dict[str, Any], capsys: pytest.C
         bars = charts[0].data
         shown = bars[bars["what"] == steps_data.EXPOSED_PER_RANK]
         assert dict(zip(shown["rank"].astype(int), shown["ms"])) == dict(zip(drawn["rank"].astype(int), drawn["ms"]))
+        # the lateness drawn is the straggler finding's, on one clock
+        late = bars[bars["what"] == steps_data.LATE_PER_RANK].set_index("rank")["ms"]
+        for f in s.findings:
+            if f.kind == "straggler":
+                said = re.search(r"start - earliest start\): median ([\d.,]+) (µs|ms)", f.evidence)
+                assert said is not None, f.evidence
+                value = float(said.group(1).replace(",", "")) / (1000 if said.group(2) == "µs" else 1)
+                assert late[f.rank] == pytest.approx(value, rel=0.01, abs=0.01), (f.rank, f.evidence)
     text = _terminal(sample, capsys, monkeypatch)
     for rank in s.ranks:
         row = _row(text, str(rank))

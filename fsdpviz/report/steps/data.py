@@ -112,7 +112,9 @@ STEP_PART_COLORS = {
 
 
 def step_breakdown(rank_times: pd.DataFrame | None) -> pd.DataFrame:
-    """Where each rank's step went (medians over the analysed steps), long: rank, part, ms.
+    """Where each rank's step went as traced (medians over the analysed steps), long: rank, part, ms.
+    The training threads' parts of the traced step: on a GPU host work the profiler slowed, which no
+    factor moves to the run's clock, so the chart says "as traced" on every device.
 
     ``rank_times`` is the analysis' STEP_TIMES table."""
     if rank_times is None or rank_times.empty:
@@ -128,13 +130,15 @@ EXPOSED_PER_RANK = "exposed communication (per step)"
 LATE_PER_RANK = "late to collectives (median per step)"
 
 
-def rank_waits(rank_times: pd.DataFrame | None, exposed_ms: dict[int, float | None] | None = None) -> pd.DataFrame:
+def rank_waits(rank_times: pd.DataFrame | None, exposed_ms: dict[int, float | None] | None = None,
+               scale: float = 1.0) -> pd.DataFrame:
     """Per rank: exposed communication and lateness, long: rank, what, ms.
 
     Exposed communication is ``exposed_ms``: the summary's per-rank figure
     (``overlap.per_rank[r].exposed_comm_ms``, the per-rank table's), so the chart and the tables
     agree. Lateness (median over analysed steps) is how much later than the earliest rank a rank
-    started its collectives, summed over a step's collectives: a straggler has a high lateness and
+    started its collectives, summed over a step's collectives, moved to the run's clock by ``scale``
+    (the bound's ``device_scale``) as the straggler finding's is: a straggler has a high lateness and
     little exposed communication, the ranks waiting for it the reverse."""
     parts = []
     if exposed_ms:
@@ -142,7 +146,7 @@ def rank_waits(rank_times: pd.DataFrame | None, exposed_ms: dict[int, float | No
         parts.append(pd.DataFrame({"rank": pd.Series(list(known), dtype="int64"), "what": EXPOSED_PER_RANK,
                                    "ms": pd.Series(list(known.values()), dtype="float64")}))
     if rank_times is not None and not rank_times.empty and "late_ns" in rank_times.columns:
-        med = rank_times.groupby("rank", sort=True)["late_ns"].median() / NS_PER_MS
+        med = scale * rank_times.groupby("rank", sort=True)["late_ns"].median() / NS_PER_MS
         parts.append(pd.DataFrame({"rank": med.index.astype("int64"), "what": LATE_PER_RANK, "ms": med.to_numpy()}))
     if not parts:
         return pd.DataFrame({"rank": pd.Series(dtype="int64"), "what": pd.Series(dtype=str),

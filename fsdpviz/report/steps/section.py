@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from fsdpviz.analysis.bound import clock_scale
 from fsdpviz.analysis.figures import rank_exposed_ms, step_time_figures
 from fsdpviz.formatting import NS_PER_MS, format_ms
 from fsdpviz.report.html import Fact, Section
@@ -22,7 +23,7 @@ HOWTO_STEPS = (
     "Step time of every recorded step on every rank: per step, the spread over ranks (a tall box means "
     "some rank was late, and everyone else waits for it at the next collective); per rank, the spread "
     "over steps (a rank that is always high is a straggler). Below, from the analysed steps: where each "
-    "rank's step went on its training threads, each rank's exposed communication and lateness, and for "
+    "rank's traced step went on its training threads (as traced: the profiler slowed that host work), each rank's exposed communication and lateness, and for "
     "each collective how far apart the ranks started it. With timers, the spread of each unit's own forward "
     "and backward work over the unprofiled steps (the unit table's timers columns are their medians)."
 )
@@ -68,10 +69,11 @@ def steps_section(data: ReportData) -> Section:
     breakdown = steps_data.step_breakdown(rank_times)
     if not breakdown.empty:
         views.append(plots.rank_bars(breakdown, part="part", colors=steps_data.STEP_PART_COLORS, stacked=True,
-                                     title="where each rank's step went (training threads, median per step)"))
+                                     title="where each rank's traced step went (training threads, median per "
+                                           "step, as traced)"))
     # beyond HEATMAP_RANKS the heat map above shows them (rank_times is None then): no bar per rank
-    waits = steps_data.rank_waits(rank_times, rank_exposed_ms(data.summary)) if rank_times is not None \
-        else pd.DataFrame()
+    waits = steps_data.rank_waits(rank_times, rank_exposed_ms(data.summary), clock_scale(data.summary.bound)) \
+        if rank_times is not None else pd.DataFrame()
     if not waits.empty:
         views.append(plots.rank_bars(waits, part="what", stacked=False,
                                      colors={steps_data.EXPOSED_PER_RANK: "#d62728",
