@@ -227,6 +227,8 @@ def print_summary(summary: Summary) -> None:
         # the units' figures on the run's clock, as units[] in --json, the report's table, compare and
         # whatif give them; the timers' own clock of each pass is in --json and the report, named so
         title = "per FSDP unit (ms per step, on the run's clock)"
+        if any(u.host_wait_ms for u in summary.units):
+            title += "; waited on host: the GPU waiting on the unit's host work, FSDP's hooks included"
         if any(u.param_scope == "local" for u in summary.units):
             title += "; params per rank after tensor parallelism"
         if summary.units_source and "trace" in summary.units_source:
@@ -234,7 +236,9 @@ def print_summary(summary: Summary) -> None:
 
         def per_unit() -> Table:
             units = Table(title=title, title_justify="left")
-            for col in ("unit", "params", "gather", "forward", "backward", "reduce", "exposed", "host wait"):
+            # a unit's wait on the host counts FSDP's hooks, which the bound puts in FSDP's per-unit work, not in
+            # its host wait: a name of its own
+            for col in ("unit", "params", "gather", "forward", "backward", "reduce", "exposed", "waited on host"):
                 units.add_column(col, justify="right" if col != "unit" else "left", no_wrap=True)
             return units
 
