@@ -235,7 +235,13 @@ def test_commands_and_the_notebook_agree(name: str, sample_run: Callable[[str], 
     whatif = json_here(capsys, "whatif", folder, "--json", "-q", "--no-cache")
     compared = json_here(capsys, "compare", folder, folder, "--label", "a", "--label", "b", "--json", "-q",
                          "--no-cache")
-    notebook = Run(sample_run(name), label=name, source=folder).summary.to_json()
+    run = Run(sample_run(name), label=name, source=folder)
+    notebook = run.summary.to_json()
+    # the notebook's bound table: every row on the clock the summary's bound says, with its figures
+    frame = run.bound.set_index("rank")
+    assert set(frame["basis"]) == {summary["bound"]["basis"]}
+    for rank, split in summary["bound"]["per_rank"].items():
+        assert frame.loc[rank, "step_ms"] == split["step_ms"] and frame.loc[rank, "compute_ms"] == split["compute_ms"]
     for other in (notebook, *compared["runs"]):
         assert other["step_time_ms"] == summary["step_time_ms"] and other["clock"] == summary["clock"]
     assert whatif["baseline"]["step_time_ms"] == summary["step_time_ms"]
