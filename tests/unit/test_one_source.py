@@ -220,3 +220,17 @@ def test_the_page_lists_the_summarys_actions(sample: dict[str, Any]) -> None:
     predicted gains (every sample has units: its summary lists the findings the page words)."""
     assert sample["result"].has_units and sample["summary"].actions
     assert sample["data"].findings == actions_text(sample["summary"].actions)
+
+
+def test_a_fact_is_not_shown_as_zero_where_it_has_nothing_to_say(gpu_h200_dir: Path) -> None:
+    """H200 B holds one rank's trace of eight (no spread over ranks) and no exposed communication (a fake
+    group): the page names no slowest rank and no unit with the most exposed communication, instead of
+    "0 ms, rank 0" and "0 ms, unit (root)"."""
+    from fsdpviz.analysis.pipeline import analyse
+
+    result = analyse([gpu_h200_dir / "B"], cache=False)
+    assert len(result.summary.ranks) == 1 and result.summary.overlap.exposed_comm_ms == 0
+    data = prepare_report(result)
+    assert "largest rank spread" not in _facts(steps_section(data))
+    units = units_section(data)
+    assert units is not None and "most exposed comm" not in _facts(units)

@@ -43,7 +43,7 @@ def steps_section(data: ReportData) -> Section:
         notes.append(f"Step times of {n_steps} step(s) from "
                      + ("the recorder's timers (every step of the run)." if source == steps_data.SOURCE_TIMERS
                         else "the profiled steps only (no timers in these inputs)."))
-        if not data.step_spread.empty:
+        if not data.step_spread.empty and times["rank"].nunique() > 1:  # one rank has no spread over ranks
             worst = data.step_spread.sort_values("spread_ms", ascending=False).iloc[0]
             facts.append(Fact(label="largest rank spread", value=format_ms(float(worst["spread_ms"])),
                               hint=f"step {int(worst['step'])}, slowest rank {int(worst['slowest_rank'])}"))

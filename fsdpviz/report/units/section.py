@@ -48,7 +48,7 @@ def units_section(data: ReportData) -> Section | None:
     table = tables.table
     facts = []
     worst = table.sort_values("exposed_comm_ms", ascending=False).iloc[0]
-    if pd.notna(worst["exposed_comm_ms"]):
+    if pd.notna(worst["exposed_comm_ms"]) and float(worst["exposed_comm_ms"]) > 0:  # no unit to name otherwise
         facts.append(Fact(label="most exposed comm", value=format_ms(float(worst["exposed_comm_ms"])),
                           hint=f"per step, unit {worst['unit_name']}"))
     mem = data.summary.memory
