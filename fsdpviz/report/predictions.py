@@ -16,7 +16,8 @@ HOWTO = (
     "model's prediction for the whole run under that setting, next to the recording; the change is "
     "against the recording. `fsdpviz whatif --help` says how a prediction is made; its replay line says how "
     "closely the model reproduces this recording. A column marked unreliable is one whatif called so when it "
-    "was saved (its cells' hints say why): read it as a direction, not a figure."
+    "was saved (its cells' hints say why): read it as a direction, not a figure; one marked within the spread "
+    "moves the step by less than the recording's own step-to-step spread."
 )
 FIELDS = (("step time", "step_time_ms", "ms"), ("exposed communication", "exposed_comm_ms", "ms"),
           ("peak allocated", "peak_allocated_bytes", "bytes"))
@@ -38,8 +39,7 @@ def predictions_table(saved: list[SavedPrediction]) -> HtmlTable:
         for p in saved:
             value = p.predicted.get(key)
             row.append(TableCell(text=_text(value, unit), sub=format_change(p.baseline.get(key), value, unit),
-                                 hint="predicted by fsdpviz whatif" + (f"; {p.unreliable_why}" if p.unreliable_why
-                                                                       else "")))
+                                 hint="predicted by fsdpviz whatif" + (f"; {p.caveats}" if p.caveats else "")))
         rows.append(row)
     return HtmlTable(columns=columns, rows=rows)
 

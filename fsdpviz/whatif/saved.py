@@ -43,15 +43,36 @@ class SavedPrediction:
         return value if isinstance(value, bool) else None
 
     @property
+    def measurable(self) -> bool | None:
+        """Whether whatif called the change measurable (beyond the recording's step-to-step spread) when it
+        was saved; None where the spread was unknown, or the file does not say."""
+        value = self.predicted.get("measurable")
+        return value if isinstance(value, bool) else None
+
+    @property
     def mark(self) -> str:
-        """How a page names the prediction: predicted, and unreliable where whatif said so."""
-        return "predicted, unreliable" if self.reliable is False else "predicted"
+        """How a page names the prediction: predicted, and unreliable or within the spread where whatif said
+        so (unreliable first: it weakens every figure)."""
+        if self.reliable is False:
+            return "predicted, unreliable"
+        return "predicted, within the spread" if self.measurable is False else "predicted"
 
     @property
     def unreliable_why(self) -> str:
         """whatif's own words for why the prediction is unreliable ("" where it is not, or does not say)."""
         said = [str(w) for w in self.data.get("warnings") or [] if str(w).startswith("unreliable")]
         return said[0] if said and self.reliable is False else ""
+
+    @property
+    def caveats(self) -> str:
+        """What whatif said weakens the prediction, for a page's hints: why it is unreliable, and that its
+        change is within the recording's step-to-step spread ("" where neither)."""
+        said = [self.unreliable_why] if self.unreliable_why else []
+        spread = self.predicted.get("spread_ms")
+        if self.measurable is False and isinstance(spread, (int, float)):
+            said.append(f"no measurable change: the predicted step moves by less than the recording's own "
+                        f"step-to-step spread ({spread:,.2f} ms)")
+        return "; ".join(said)
 
 
 def _slug(text: str) -> str:

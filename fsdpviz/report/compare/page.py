@@ -98,7 +98,7 @@ def _predicted_cells(data: CompareData, field: HeadlineField) -> list[TableCell]
         cells.append(TableCell(text=_value_text(field, value) if value is not None else "—",
                                sub=_delta_text(field, value - base, base) if value is not None and base is not None
                                else "", hint=f"predicted from {label}, not recorded"
-                               + (f"; {p.unreliable_why}" if p.unreliable_why else "")))
+                               + (f"; {p.caveats}" if p.caveats else "")))
     return cells
 
 
