@@ -108,13 +108,22 @@ def test_best_marks_are_the_extremes(compared) -> None:
         assert result["best"]["overlap.overlap_pct"] == []
         assert "step-to-step spread" in result["best_withheld"]["overlap.overlap_pct"]
     peak = [s["memory"]["peak_allocated_bytes"] for s in summaries]
-    if "memory.peak_allocated_bytes" in result["best_withheld"]:  # a run's level drifts: peaks not ranked
-        assert any(d is not None for d in result["memory_drift_bytes"])
+
+    def clear(values: list[int]) -> bool:  # the lowest below every other by more than the memory finding's 2 %
+        low = min(values)
+        return all(v - low > 0.02 * v for v in values if v != low)
+
+    if any(d is not None for d in result["memory_drift_bytes"]):  # a run's level drifts: peaks not ranked
         assert result["best"]["memory.peak_allocated_bytes"] == []
-    else:
+        assert "drifts" in result["best_withheld"]["memory.peak_allocated_bytes"]
+    elif clear(peak):
         assert result["best"]["memory.peak_allocated_bytes"] == [labels[i] for i, p in enumerate(peak) if p == min(peak)]
+    else:
+        assert result["best"]["memory.peak_allocated_bytes"] == []
+        assert "within 2%" in result["best_withheld"]["memory.peak_allocated_bytes"]
     rise = result["step_rise_bytes"]
-    assert result["best"]["step_rise_bytes"] == [labels[i] for i, r in enumerate(rise) if r == min(rise)]
+    assert result["best"]["step_rise_bytes"] == ([labels[i] for i, r in enumerate(rise) if r == min(rise)]
+                                                 if clear(rise) else [])
     assert result["best"]["world_size"] == []  # no better direction
     assert result["best"]["n_units"] == []
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
-from fsdpviz.analysis.compare.findings import build_findings
+from fsdpviz.analysis.compare.findings import MEMORY_NOISE, build_findings
 from fsdpviz.analysis.compare.memory import drift_bytes, step_levels, step_rise_bytes
 from fsdpviz.analysis.compare.model import HEADLINE_FIELDS, LOWER, Comparison, unit_index
 from fsdpviz.analysis.compare.spread import (
@@ -149,6 +149,10 @@ def compare_runs(runs: Sequence[LabelledRun]) -> Comparison:
         if f.unit in ("ms", "%") and best[f.key] and f.key not in MEASURED:
             best[f.key] = []
             withheld[f.key] = "its step-to-step spread is not measured, so a difference cannot be told from noise"
+        elif f.unit == "bytes" and best[f.key]:
+            best[f.key], why = clear_bytes(values[f.key], best[f.key])
+            if why:
+                withheld[f.key] = why
     notes = comparability_notes(runs, match) + drift_notes(labels, drift, values["step_rise_bytes"]) \
         + unseen_notes(runs)
     comparison = Comparison(labels=labels, runs=list(runs), values=values, deltas=deltas, best=best,
@@ -157,6 +161,19 @@ def compare_runs(runs: Sequence[LabelledRun]) -> Comparison:
     unit_marks(comparison)
     comparison.findings = build_findings(comparison)
     return comparison
+
+
+def clear_bytes(values: Sequence[float | int | None], best: list[int]) -> tuple[list[int], str]:
+    """The best runs of a row of bytes that hold more than :data:`MEMORY_NOISE` less than every other run,
+    the memory finding's rule (a few bytes apart is not a better run), and why a star is withheld."""
+    for i in best:
+        for j, vj in enumerate(values):
+            vi = values[i]
+            if j in best or vj is None or vi is None:
+                continue
+            if abs(float(vj) - float(vi)) <= MEMORY_NOISE * max(float(vi), float(vj)):
+                return [], f"the runs are within {MEMORY_NOISE:.0%} of each other, as the memory finding says"
+    return best, ""
 
 
 RANKED_UNIT_METRICS: Final = tuple(m for m in (*SUM_METRICS, *MAX_METRICS) if m != "param_bytes")
@@ -183,6 +200,8 @@ def unit_marks(comparison: Comparison) -> None:
                 marks[metric], why[metric] = [], "its units hold different parameter bytes in the runs"
                 continue
             marks[metric], reason = clear_best(row, spreads[metric], best_indices(row, LOWER))
+            if metric.endswith("_bytes") and marks[metric]:  # no spread for bytes: the memory finding's rule
+                marks[metric], reason = clear_bytes(row, marks[metric])
             if reason:
                 why[metric] = reason
         comparison.unit_best[group.name] = marks

@@ -1,0 +1,30 @@
+"""compare's best mark on memory follows the memory finding's rule: runs within 2 % of each other get no
+star, and the finding and the table say the same. The two CPU samples' peaks are 104 bytes apart (the
+allocator's own figures, to the byte); one of their units' peaks differs beyond it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fsdpviz.analysis.compare.findings import MEMORY_NOISE
+from fsdpviz.analysis.compare.runs import compare_runs, comparison_json
+from fsdpviz.report.compare.build import load_runs
+
+SAMPLES = Path(__file__).parents[2] / "sample_traces"
+
+
+def test_peaks_within_the_memory_findings_rule_get_no_star() -> None:
+    c = compare_runs(load_runs([SAMPLES / "fsdp2-cpu-2rank", SAMPLES / "fsdp1-cpu-2rank"], ["a", "b"], cache=False))
+    key = "memory.peak_allocated_bytes"
+    a, b = c.values[key]
+    assert a is not None and b is not None and a != b and abs(a - b) <= MEMORY_NOISE * max(a, b)
+    assert c.best[key] == [] and "within 2%" in c.best_withheld[key]
+    (memory,) = [f for f in c.findings if f.kind == "memory"]
+    assert memory.better is None and "within 2%" in memory.message
+    # a unit whose peak differs by more than that keeps its star, one within it does not
+    for group in comparison_json(c)["unit_groups"]:
+        a, b = (group["values"][label]["peak_allocated_bytes"] for label in c.labels)
+        if a is None or b is None or a == b:
+            continue
+        starred = bool(group["best"].get("peak_allocated_bytes"))
+        assert starred == (abs(a - b) > MEMORY_NOISE * max(a, b)), (group["name"], a, b)
