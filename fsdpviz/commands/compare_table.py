@@ -39,6 +39,8 @@ def _delta(field: HeadlineField, delta: Any) -> str:
     if delta is None:
         return ""
     sign = "+" if delta > 0 else "-" if delta < 0 else "±"
+    if field.unit == "%":  # a difference of two shares is in points, not a share of either
+        return f"{sign}{abs(delta):.1f} points"
     return f"{sign}{value_text(field.unit, abs(delta))}"
 
 

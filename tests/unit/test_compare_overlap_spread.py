@@ -52,6 +52,9 @@ def test_overlap_star_only_beyond_both_spreads(comparison) -> None:  # type: ign
         assert "within the runs' step-to-step spread" in why and "points" in why
         row = next(r for r in headline_rows(comparison) if r[0] == "overlap")
         assert "*" not in "".join(row[1:]) and "points" in row[1]
+    # the change against the first run is a difference of two shares: said in points
+    row = next(r for r in headline_rows(comparison) if r[0] == "overlap")
+    assert f"{values[1] - values[0]:+.1f} points" in row[2] and "%," not in row[2].split("(", 1)[1]
     assert comparison_json(comparison)["spread_points"]["overlap.overlap_pct"] == spreads
     # idle has no per-step values: no star, and why
     assert comparison.best["overlap.idle_ms"] == []
