@@ -102,11 +102,17 @@ def predicted_bound(bound: BoundSummary | None, prediction: Prediction, budget_b
     rest = step - compute - comm - kernels  # host side and other idle, predicted
     side = (host or 0.0) + fsdp_host
     change = rest - side - idle
+    held: list[str] = []  # parts the change would take below 0, held there (said in the note)
     if host is None and side <= 0:  # no host side to move: the change is other idle
-        moved_side, idle = side, max(idle + change, 0.0)
+        moved_side = side
     else:
         moved_side = max(side + change, 0.0)
-        idle = max(idle + change - (moved_side - side), 0.0)
+        if side + change < 0:
+            held.append(f"the host side (host wait and FSDP's per-unit host work) would come out at "
+                        f"{side + change:.3f} ms and is held to 0, other idle taking the rest")
+    if idle + change - (moved_side - side) < 0:
+        held.append(f"other idle would come out at {idle + change - (moved_side - side):.3f} ms and is held to 0")
+    idle = max(idle + change - (moved_side - side), 0.0)
     if side > 0:
         scale = moved_side / side
         host, fsdp_host = (None if host is None else host * scale), fsdp_host * scale
@@ -114,12 +120,16 @@ def predicted_bound(bound: BoundSummary | None, prediction: Prediction, budget_b
         host = moved_side
     fsdp = kernels + fsdp_host
     parts = compute + comm + (host or 0.0) + idle + fsdp
-    note = None
+    notes = []
+    if held:
+        # the predicted step is the simulation's, its split here a rule of thumb: a part it empties is said
+        notes.append("the split of the predicted step moves the host side first, then other idle: " + "; ".join(held))
     if parts - step >= 0.0005:
         # the step is the prediction's (one figure); the parts are not shrunk to meet it
-        note = (f"the parts add up to {parts:.3f} ms, {parts - step:.3f} more than the predicted step: the simulation "
-                "takes out more than the recorded host wait, FSDP's host work and other idle hold, and the model's "
-                "compute, FSDP's copy kernels and the exposed communication are kept as moved")
+        notes.append(f"the parts add up to {parts:.3f} ms, {parts - step:.3f} more than the predicted step: the "
+                     "simulation takes out more than the recorded host wait, FSDP's host work and other idle hold, and "
+                     "the model's compute, FSDP's copy kernels and the exposed communication are kept as moved")
+    note = "; ".join(notes) or None
     time_kind = step_kind(compute, comm, host, idle, fsdp)
     memory = is_memory_bound(new.peak_allocated_bytes, budget_bytes)
     return StepBound(kind=KIND_MEMORY if memory else time_kind, time_kind=time_kind,

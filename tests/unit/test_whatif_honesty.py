@@ -111,6 +111,12 @@ def test_zero3_recorded_prefetch_is_deepspeeds_bucket(capsys: pytest.CaptureFixt
     rows = {c["setting"]: c["step_time_ms"] for c in explore["ranked"] + explore["within_spread"]
             + explore["unranked"] if c["setting"].startswith("prefetch")}
     alike = sorted(k for k, v in rows.items() if v == explore["baseline"]["step_time_ms"])
+    # a part of the predicted split taken to 0 (FSDP's hooks do not go with a prefetch change) is said
+    recorded_fsdp = next(c for c in explore["ranked"] + explore["within_spread"] + explore["unranked"]
+                         if c["setting"] == "as recorded")["bound"]["fsdp_overhead_ms"]
+    for c in explore["ranked"] + explore["within_spread"] + explore["unranked"]:
+        if recorded_fsdp > 0 and c["bound"]["fsdp_overhead_ms"] == 0:
+            assert "held to 0" in (c["bound"]["note"] or ""), c["setting"]
     said = [n for n in explore["notes"] if "issuing an all-gather earlier" in n]
     if moved:  # the note names the rows it holds for, and does not say every depth reads alike
         assert alike and len(alike) < len(rows) and said
