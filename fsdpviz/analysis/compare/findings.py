@@ -266,8 +266,9 @@ def exposed_finding(c: Comparison) -> list[Finding]:
     message = f"{b} exposes the least communication: {ms_text(best)} per step, against {ms_text(worst)} in {w}"
     pb, pw = parts.get(b, {}), parts.get(w, {})
     if "all_gather_ms" in pb and "all_gather_ms" in pw:
-        message += (f"; exposed all-gathers {ms_text(pb['all_gather_ms'])} vs {ms_text(pw['all_gather_ms'])}, "
-                    f"exposed reduce-scatters {ms_text(pb.get('reduce_scatter_ms', 0))} vs "
+        # the units' medians summed: not the summary's by-purpose figures (means over every collective)
+        message += (f"; the units' exposed all-gathers (their medians summed) {ms_text(pb['all_gather_ms'])} vs "
+                    f"{ms_text(pw['all_gather_ms'])}, reduce-scatters {ms_text(pb.get('reduce_scatter_ms', 0))} vs "
                     f"{ms_text(pw.get('reduce_scatter_ms', 0))}")
     nb, nw = counts[b].get(vocabulary.ALL_GATHER), counts[w].get(vocabulary.ALL_GATHER)
     if nb is not None and nw is not None and nb != nw:
