@@ -217,7 +217,7 @@ class Run(LabelledRun):
         """What bounds the step, per rank (``rank`` "all": the run's, as ``summary.bound``): the model's
         compute, FSDP's per-unit work, exposed communication, host wait (None on CPU or without launches) and other idle, ms per
         step; ``basis`` says whether the profiler's share was taken out (analysis/bound.py): each rank's
-        row is on the run's clock as the run's is (its own clean step, where the run leads with the timers)."""
+        row its own (its clean step where it timed one and the run leads with the timers, else traced)."""
         import pandas as pd
 
         b = self.summary.bound
@@ -226,7 +226,7 @@ class Run(LabelledRun):
                                          "host_wait_ms", "other_idle_ms", "basis"])
         rows = [{"rank": rank, "kind": r.kind, "step_ms": r.step_ms, "compute_ms": r.compute_ms,
                  "fsdp_overhead_ms": r.fsdp_overhead_ms, "exposed_comm_ms": r.exposed_comm_ms, "host_wait_ms": r.host_wait_ms,
-                 "other_idle_ms": r.other_idle_ms, "basis": b.basis} for rank, r in b.per_rank.items()]
+                 "other_idle_ms": r.other_idle_ms, "basis": r.basis} for rank, r in b.per_rank.items()]
         rows.append({"rank": "all", "kind": b.kind, "step_ms": b.step_ms, "compute_ms": b.compute_ms,
                      "fsdp_overhead_ms": b.fsdp_overhead_ms, "exposed_comm_ms": b.exposed_comm_ms, "host_wait_ms": b.host_wait_ms,
                      "other_idle_ms": b.other_idle_ms, "basis": b.basis})

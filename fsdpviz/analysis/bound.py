@@ -244,6 +244,9 @@ class RankBound(msgspec.Struct, kw_only=True):
     device_scale: float = 1.0
     """How the rank's device figures (communication, per-unit times) move to its clock
     (:func:`fsdpviz.structure.deprofile.device_scale`)."""
+    basis: str = BASIS_TRACED
+    """``unprofiled`` where the rank's split was moved to its own clean step, ``traced`` where it timed none
+    (or the run leads with the traced step)."""
 
 
 class Loss(msgspec.Struct, kw_only=True):
@@ -352,7 +355,8 @@ def _rank_bound(traced: float, parts: Parts, comm: float, device: str,
         kind=bound_kind(moved.compute, moved.exposed_comm, moved.host_wait, moved.other_idle, fsdp),
         fsdp_overhead_ms=round(fsdp, 3),
         fsdp_kernels_ms=None if device == schema.OVERLAP_CPU else round(moved.fsdp_kernels, 3),
-        traced_step_ms=round(traced, 3), device_scale=round(scale, 6), comm_ms=round(comm * scale, 3)), note
+        traced_step_ms=round(traced, 3), device_scale=round(scale, 6), comm_ms=round(comm * scale, 3),
+        basis=BASIS_TRACED if step is None else BASIS_UNPROFILED), note
 
 
 def _median(values: list[float]) -> float:

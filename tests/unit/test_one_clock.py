@@ -239,9 +239,10 @@ def test_commands_and_the_notebook_agree(name: str, sample_run: Callable[[str], 
     notebook = run.summary.to_json()
     # the notebook's bound table: every row on the clock the summary's bound says, with its figures
     frame = run.bound.set_index("rank")
-    assert set(frame["basis"]) == {summary["bound"]["basis"]}
+    assert frame.loc["all", "basis"] == summary["bound"]["basis"]
     for rank, split in summary["bound"]["per_rank"].items():
         assert frame.loc[rank, "step_ms"] == split["step_ms"] and frame.loc[rank, "compute_ms"] == split["compute_ms"]
+        assert frame.loc[rank, "basis"] == split["basis"] == summary["bound"]["basis"]  # every rank timed clean steps
     for other in (notebook, *compared["runs"]):
         assert other["step_time_ms"] == summary["step_time_ms"] and other["clock"] == summary["clock"]
     assert whatif["baseline"]["step_time_ms"] == summary["step_time_ms"]
@@ -328,3 +329,21 @@ def test_a_share_the_clean_steps_cannot_tell_is_null(tmp_path: Path) -> None:
     assert summary.profiler.profiled_step_ms < summary.profiler.unprofiled_step_ms
     assert summary.clock is not None and summary.bound is not None
     assert summary.clock.profiler_share_ms is None and summary.bound.profiler_share_ms is None
+
+
+def test_a_rank_that_timed_no_clean_step_keeps_its_traced_split_and_says_so(sample_run: Callable[[str], Any]) -> None:
+    """The bound moves each rank to its own clean step; a rank whose timers hold none stays as traced, and
+    its row (JSON and the notebook's) says ``traced`` while the run's others say ``unprofiled``."""
+    from fsdpviz.analysis.bound import summarize_bound
+    from fsdpviz.structure.profiler_cost import clean_step_ms
+
+    result = sample_run("fsdp2-cpu-2rank")
+    clean = clean_step_ms(result.traces.timers, result.traces.run)
+    assert set(clean) == {0, 1}
+    bound = summarize_bound(result.overlap, result.summary.profiler, {0: clean[0]})
+    assert bound is not None and bound.basis == BASIS_UNPROFILED
+    assert bound.per_rank["0"].basis == BASIS_UNPROFILED and bound.per_rank["0"].step_ms == round(clean[0][0], 3)
+    one = bound.per_rank["1"]
+    assert one.basis == "traced" and one.step_ms == one.traced_step_ms != round(clean[1][0], 3)
+    full = result.summary.bound
+    assert full is not None and {r.basis for r in full.per_rank.values()} == {BASIS_UNPROFILED}
