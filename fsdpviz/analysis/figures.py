@@ -110,12 +110,9 @@ def bound_words(bound: BoundSummary) -> BoundWords:
 
 def clock_words(clock: ClockSummary) -> str:
     """Which clock the run's figures are on, as the terminal and the report's headline both say it:
-    its note, how far the replay misses the timers, and the ranks the model read where it did not
-    read every rank (the actions' predicted gains are theirs too)."""
-    words = clock.note
-    if clock.replay_error_pct is not None and "ms timed" not in words:
-        # the clean-step miss, where the note does not already give the replayed and timed steps
-        words += f" (the replay's clean step within {clock.replay_error_pct:.1f} % of the timers')"
+    its note (the replayed and the timed step among its words), and the ranks the model read where it
+    did not read every rank (the actions' predicted gains are theirs too)."""
+    words = clock.note  # it gives the replayed and the timed step, and so the replay's miss
     if clock.ranks is not None:
         words += (f"; the model read rank(s) {format_ranks(clock.ranks)} only, and the actions' predicted "
                   "gains are theirs")

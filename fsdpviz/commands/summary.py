@@ -81,8 +81,7 @@ def summary(
 
 
 def clock_text(clock: ClockSummary) -> str:
-    """``replayed without the profiler: ...`` or ``traced: why``, with the replay's clean-step miss
-    where the note does not give both steps (the report's headline says the same)."""
+    """``replayed without the profiler: ...`` or ``traced: why`` (the report's headline says the same)."""
     from fsdpviz.analysis.figures import clock_words
 
     return clock_words(clock)
