@@ -47,7 +47,9 @@ from fsdpviz.replay.clock import PHASE_LIMIT_PCT
 from fsdpviz.replay.model import SUPPORTED, Model
 from fsdpviz.replay.settings import GIVEN, Settings, Wrap
 from fsdpviz.whatif.predict import (
+    DEPTHS_ALIKE,
     PARTS_OVER_PCT,
+    PREFETCH_REASONS,
     PREFETCH_SAME_NOTES,
     RELIABLE_REPLAY_PCT,
     Outcome,
@@ -309,14 +311,13 @@ def explore(model: Model, budget_bytes: int | None = None) -> Exploration:
                          "prediction's warning says by how much); listed for reading only")
     prefetches = [(c.settings, c.prediction.notes) for c in candidates
                   if c.prediction is not None and c.settings.sources.get("prefetch") == GIVEN]
-    for same in PREFETCH_SAME_NOTES:  # why the prefetch rows read alike, naming them where only some do
+    for same, reason in zip(PREFETCH_SAME_NOTES, PREFETCH_REASONS, strict=True):
+        # why the prefetch rows read alike: every depth, or the rows it holds for, named
         alike = [settings for settings, said in prefetches if same in said]
         if alike and len(alike) < len(prefetches):
-            # the note's reason holds for these rows alone: said without its "every depth alike"
-            reason = same.split(": prefetch depths predict the same step")[0]
             notes.append(", ".join(s.describe() for s in alike) + f" predicted as recorded: {reason}")
         elif alike:
-            notes.append(same)
+            notes.append(f"{reason}: {DEPTHS_ALIKE}")
     if first.spread_ms is None:
         notes.append("the recording's step-to-step spread is unknown (fewer than two analysed steps): every setting "
                      "is ranked, measurable or not")

@@ -47,21 +47,26 @@ from fsdpviz.whatif.stacks import DEEPSPEED, launched_by
 if TYPE_CHECKING:
     from fsdpviz.structure.profiler_cost import ProfilerCost
 
-# Why a prefetch setting changes nothing on a CPU recording (said in its notes and by the advisor).
-CPU_PREFETCH_NOTE = ("on a CPU rank the training thread waits out every gloo collective it issues (the replay models "
-                     "them as waited for, which reproduces CPU recordings best), so issuing an all-gather earlier hides "
-                     "nothing: prefetch depths predict the same step and exposed communication here")
-# Why a prefetch setting changes nothing where the recording's collectives took no time.
-NO_COMM_PREFETCH_NOTE = ("the recording's collectives took no time (a fake process group, or nothing to gather), so "
-                         "issuing an all-gather earlier or later hides or exposes nothing: prefetch depths predict the "
-                         "same step here")
+# Why a prefetch setting changes nothing on a CPU recording, and where the recording's collectives took no
+# time: the reasons, each said with what it leaves (one setting's prediction: PREFETCH_SAME; every depth of
+# --explore's grid alike: DEPTHS_ALIKE, where they all do).
+CPU_PREFETCH_REASON = ("on a CPU rank the training thread waits out every gloo collective it issues (the replay models "
+                       "them as waited for, which reproduces CPU recordings best), so issuing an all-gather earlier "
+                       "hides nothing")
+NO_COMM_PREFETCH_REASON = ("the recording's collectives took no time (a fake process group, or nothing to gather), so "
+                           "issuing an all-gather earlier or later hides or exposes nothing")
+PREFETCH_SAME = "this prefetch predicts the recorded step and exposed communication"
+DEPTHS_ALIKE = "prefetch depths predict the same step and exposed communication here"
+CPU_PREFETCH_NOTE = f"{CPU_PREFETCH_REASON}: {PREFETCH_SAME}"
+NO_COMM_PREFETCH_NOTE = f"{NO_COMM_PREFETCH_REASON}: {PREFETCH_SAME}"
+# Said by a prefetch setting that predicts the recorded step, each where it holds (the advisor and
+# --explore say why the prefetch rows read alike).
+PREFETCH_SAME_NOTES = (CPU_PREFETCH_NOTE, NO_COMM_PREFETCH_NOTE)
+PREFETCH_REASONS = (CPU_PREFETCH_REASON, NO_COMM_PREFETCH_REASON)
 # Said where the recording has fewer than two analysed steps: a prediction, and advice built on one, cannot
 # be held to a step-to-step spread (whatif's own output and the summary's advice say it alike).
 SPREAD_UNKNOWN = ("the recording's step-to-step spread is unknown (fewer than two analysed steps): whether the change "
                   "is measurable cannot be said")
-# Said by a prefetch setting that predicts the recorded step, each where it holds (the advisor and
-# --explore say why the prefetch rows read alike).
-PREFETCH_SAME_NOTES = (CPU_PREFETCH_NOTE, NO_COMM_PREFETCH_NOTE)
 # Past this slowdown the profiler's own cost is a large part of the traced step the model is built on.
 HIGH_SLOWDOWN = 1.5
 
@@ -255,7 +260,8 @@ def predict(model: Model, settings: Settings) -> Prediction:
     notes += clamps
     # why a prefetch reads as recorded, said only where it does: ZeRO-3's bucket also groups what it
     # fetches, which moves the step on a CPU rank too
-    same = (predicted.step_time_ms, predicted.exposed_comm_ms) == (baseline.step_time_ms, baseline.exposed_comm_ms)
+    same = (abs(predicted.step_time_ms - baseline.step_time_ms) < 0.0005
+            and abs(predicted.exposed_comm_ms - baseline.exposed_comm_ms) < 0.0005)  # the same to the µs shown
     if _prefetch_changed(full, rec) and same and baseline.comm_ms == 0.0:
         notes.append(NO_COMM_PREFETCH_NOTE)
     elif rec.device == "cpu" and _prefetch_changed(full, rec) and same:

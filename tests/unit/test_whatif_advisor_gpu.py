@@ -213,7 +213,7 @@ def test_prefetch_rows_that_read_alike_say_why(model: Model) -> None:
     """The recording ran under torch's fake process group (README: its collectives take no time), so no
     prefetch depth can hide or expose a gather: every depth predicts the recorded step, and both the
     predictions and --explore say why instead of listing equal rows unexplained."""
-    from fsdpviz.whatif.predict import NO_COMM_PREFETCH_NOTE, predict
+    from fsdpviz.whatif.predict import DEPTHS_ALIKE, NO_COMM_PREFETCH_NOTE, NO_COMM_PREFETCH_REASON, predict
 
     recorded = predict(model, Settings())
     assert recorded.baseline.comm_ms == 0.0  # the fake group's collectives: no time in the trace
@@ -221,4 +221,4 @@ def test_prefetch_rows_that_read_alike_say_why(model: Model) -> None:
         p = predict(model, Settings().with_(prefetch=depth))
         assert p.predicted.step_time_ms == recorded.predicted.step_time_ms, depth
         assert NO_COMM_PREFETCH_NOTE in p.notes, depth
-    assert NO_COMM_PREFETCH_NOTE in explore(model).notes
+    assert f"{NO_COMM_PREFETCH_REASON}: {DEPTHS_ALIKE}" in explore(model).notes  # every depth alike
