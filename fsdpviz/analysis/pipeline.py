@@ -119,16 +119,20 @@ class RunResult:
     @cached_property
     def analysis(self) -> RunAnalysis:
         """The per-unit analysis (:func:`fsdpviz.analysis.run.analyse_run`), computed on first use."""
+        from fsdpviz.analysis.bound import BASIS_UNPROFILED
         from fsdpviz.analysis.run import analyse_run, combine_parts
 
-        o = self.overlap
         # for the profiler's finding: on a GPU the profiler's share comes out of the time the GPU waited
         # (the one de-profiler, structure/deprofile.py): for the host, FSDP's hooks' share included, then
-        # other idle, the bound's traced parts; on a CPU rank it slows every part of the step, so the
-        # finding does not put it in any one part
-        idle = (o["host_wait_ns"].clip(lower=0) + o["fsdp_host_ns"] + o["other_idle_ns"]) / o["n_steps"].clip(lower=1)
-        cpu = len(self.overlap) > 0 and bool((self.overlap["device"].astype(str) == OVERLAP_CPU).all())
-        idle_ns = float(idle.median()) if len(idle) and not cpu else None
+        # other idle. As traced that is what the bound kept of them plus the share it took (where it took
+        # the whole share from them: device_scale 1), so the finding and the bound are one set of figures.
+        # On a CPU rank the profiler slows every part of the step: the finding puts it in no one part.
+        b = self._bound
+        idle_ns = None
+        if b is not None and b.device != OVERLAP_CPU and b.device_scale == 1.0:
+            kept = (b.host_wait_ms or 0.0) + b.other_idle_ms + b.fsdp_overhead_ms - (b.fsdp_kernels_ms or 0.0)
+            took = b.profiler_share_ms if b.basis == BASIS_UNPROFILED and b.profiler_share_ms else 0.0
+            idle_ns = (kept + took) * 1e6
         scale, step_ns = self.device_scale, self._run_step_ns  # the findings' clock
         if self._parts is not None:
             analysis = combine_parts(self._parts, self.traces, self.selection, self.framework,

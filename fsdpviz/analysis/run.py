@@ -392,7 +392,8 @@ def analyse_run(traces: TraceSet, *, steps: Sequence[int] | None = None,
     """Per-unit analysis of a loaded run (see the module docstring) over the steps ``selection``
     analyses (default: ``steps.select_steps(traces, steps=steps)``); ``framework`` as
     ``framework.decide_framework`` decides it (the pipeline passes its decision); ``profiler`` (what
-    it cost, from the timers) and ``idle_ns`` (the whole-step overlap's idle time per step) for the
+    it cost, from the timers) and ``idle_ns`` (the time the GPU waited per traced step, as the bound
+    counts it; None on a CPU) for the
     profiler's finding; ``scale``: what moves the findings' times to the run's clock (the bound's
     ``device_scale``), ``step_ns`` the run's step there (the findings' noise floor; None: the traced
     step times ``scale``)."""

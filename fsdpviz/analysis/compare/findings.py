@@ -163,11 +163,12 @@ def step_time_finding(c: Comparison) -> list[Finding]:
     other = step_ms[other_i]
     message = (f"{c.labels[best_i]} has the shortest step: {ms_text(best)}, {100 * (other - best) / other:.0f} % "
                f"less than {c.labels[other_i]} ({ms_text(other)}).")
-    parts = step_parts(c.runs[best_i], c.runs[other_i])
+    on_gpu = any(c.runs[i].summary.device != OVERLAP_CPU for i in (best_i, other_i))
+    # a GPU's training threads are host work the profiler slowed, and only a CPU rank's factor moves them
+    # to the run's clock: a pair with a GPU run reads both as traced, said so, beside the traced steps
+    parts = step_parts(c.runs[best_i], c.runs[other_i], traced=on_gpu)
     traced = [c.runs[i].summary.traced_step_time_ms for i in (other_i, best_i)]
-    if parts and any(c.runs[i].summary.device != OVERLAP_CPU for i in (best_i, other_i)):
-        # a GPU's training threads are host work the profiler slowed, and only a CPU rank's factor moves them
-        # to the run's clock: their parts are the traced steps', said so, with the traced steps they add to
+    if parts and on_gpu:
         said = " against ".join(ms_text(t) for t in traced if t is not None)
         message += f" On the training threads, as traced ({said} a step): " + parts + "."
     elif parts:
@@ -192,14 +193,13 @@ _PARTS: Final = (("framework_ns", "FSDP framework work"), ("unit_compute_ns", "u
                  ("optimizer_ns", "optimizer"), ("other_ns", "other"))
 
 
-def step_parts(a: LabelledRun, b: LabelledRun) -> str:
+def step_parts(a: LabelledRun, b: LabelledRun, *, traced: bool = False) -> str:
     """How the step's parts changed from run ``b`` to run ``a`` (means over ranks and steps, each run's
-    moved to its clock as its step is: the bound's ``device_scale``, which on a GPU leaves them as
-    traced), or ""."""
+    moved to its clock as its step is: the bound's ``device_scale``; ``traced``: both as traced), or ""."""
     ta, tb = getattr(a.analysis, "step_times", None), getattr(b.analysis, "step_times", None)
     if ta is None or tb is None or ta.empty or tb.empty:
         return ""
-    ka, kb = clock_scale(a.summary.bound), clock_scale(b.summary.bound)
+    ka, kb = (1.0, 1.0) if traced else (clock_scale(a.summary.bound), clock_scale(b.summary.bound))
 
     def delta(col: str) -> float:
         return (ka * float(ta[col].mean()) - kb * float(tb[col].mean())) / NS_PER_MS
