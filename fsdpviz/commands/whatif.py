@@ -284,7 +284,7 @@ def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> None:
 def print_prediction(prediction: Prediction, run: str, framework: str, world_size: int, device: str) -> None:
     """Baseline vs predicted with deltas, the units, where each setting came from, and the notes; the
     recording's clock first."""
-    from fsdpviz.whatif.predict import SPREAD_UNKNOWN
+    from fsdpviz.whatif.predict import SPREAD_UNKNOWN, within_spread_words
 
     settings = prediction.settings
     typer.echo(f"{run}: {framework}, {world_size} rank(s) on {device}; predicting {settings.describe()}")
@@ -296,8 +296,7 @@ def print_prediction(prediction: Prediction, run: str, framework: str, world_siz
         typer.echo(f"clock: {prediction.clock['note']}")
     _table(("", "recorded", "predicted", "change"), _rows(prediction.baseline, prediction.predicted))
     if prediction.measurable is False:
-        typer.echo(f"  no measurable change: the predicted step moves by less than the recording's own step-to-step "
-                   f"spread ({prediction.spread_ms:,.2f} ms)")
+        typer.echo(f"  {within_spread_words(prediction.spread_ms or 0.0)}")
     elif prediction.spread_ms is None:
         typer.echo(f"  {SPREAD_UNKNOWN}")
     changes = category_changes(prediction.baseline, prediction.predicted)

@@ -212,7 +212,7 @@ def prepare_report(run: RunResult, *, max_segments: int = MAX_PAGE_SEGMENTS,
         step_times=times, step_spread=steps_data.per_step_spread(times),
         rank_steps=steps_data.per_rank_summary(times), notes=notes,
         findings=actions_text(actions),
-        action_code=[(f"{a.predicted_gain}: the change as code (fsdpviz whatif ... --code)", a.apply_code)
+        action_code=[(f"The change as code (fsdpviz whatif ... --code), {a.predicted_gain}", a.apply_code)
                      for a in actions if a.apply_code and not a.folded],
         unit_tables=unit_tables(stats, colors, {u.name: (u.forward_timer_ms, u.backward_timer_ms)
                                                 for u in summary.units},

@@ -63,6 +63,13 @@ NO_COMM_PREFETCH_NOTE = f"{NO_COMM_PREFETCH_REASON}: {PREFETCH_SAME}"
 # --explore say why the prefetch rows read alike).
 PREFETCH_SAME_NOTES = (CPU_PREFETCH_NOTE, NO_COMM_PREFETCH_NOTE)
 PREFETCH_REASONS = (CPU_PREFETCH_REASON, NO_COMM_PREFETCH_REASON)
+def within_spread_words(spread_ms: float) -> str:
+    """What whatif says of a change within the recording's step-to-step spread (the command, and a saved
+    prediction's cells on the report's and compare's pages)."""
+    return ("no measurable change: the predicted step moves by less than the recording's own step-to-step "
+            f"spread ({spread_ms:,.2f} ms)")
+
+
 # Said where the recording has fewer than two analysed steps: a prediction, and advice built on one, cannot
 # be held to a step-to-step spread (whatif's own output and the summary's advice say it alike).
 SPREAD_UNKNOWN = ("the recording's step-to-step spread is unknown (fewer than two analysed steps): whether the change "

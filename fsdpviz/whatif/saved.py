@@ -17,7 +17,7 @@ from typing import Any
 from fsdpviz.analysis.pipeline import RunResult
 from fsdpviz.errors import RunFolderError
 from fsdpviz.runfolder import PARTIAL_SUFFIX, PREDICTIONS_DIR
-from fsdpviz.whatif.predict import Prediction
+from fsdpviz.whatif.predict import Prediction, within_spread_words
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,8 +70,7 @@ class SavedPrediction:
         said = [self.unreliable_why] if self.unreliable_why else []
         spread = self.predicted.get("spread_ms")
         if self.measurable is False and isinstance(spread, (int, float)):
-            said.append(f"no measurable change: the predicted step moves by less than the recording's own "
-                        f"step-to-step spread ({spread:,.2f} ms)")
+            said.append(within_spread_words(float(spread)))
         return "; ".join(said)
 
 

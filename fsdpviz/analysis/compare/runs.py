@@ -172,7 +172,8 @@ def clear_bytes(values: Sequence[float | int | None], best: list[int]) -> tuple[
             if j in best or vj is None or vi is None:
                 continue
             if abs(float(vj) - float(vi)) <= MEMORY_NOISE * max(float(vi), float(vj)):
-                return [], f"the runs are within {MEMORY_NOISE:.0%} of each other, as the memory finding says"
+                return [], (f"the runs are within {MEMORY_NOISE:.0%} of each other (the rule compare's memory "
+                            "finding reads bytes by)")
     return best, ""
 
 
