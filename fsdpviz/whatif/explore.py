@@ -52,6 +52,7 @@ from fsdpviz.whatif.predict import (
     PREFETCH_REASONS,
     PREFETCH_SAME_NOTES,
     RELIABLE_REPLAY_PCT,
+    SPREAD_UNKNOWN_WHY,
     Outcome,
     Prediction,
     predict,
@@ -112,9 +113,10 @@ def predicted_bound(bound: BoundSummary | None, prediction: Prediction, budget_b
         if side + change < 0:
             held.append(f"the host side (host wait and FSDP's per-unit host work) would come out at "
                         f"{side + change:.3f} ms and is held to 0, other idle taking the rest")
-    if idle + change - (moved_side - side) < 0:
-        held.append(f"other idle would come out at {idle + change - (moved_side - side):.3f} ms and is held to 0")
-    idle = max(idle + change - (moved_side - side), 0.0)
+    left_idle = idle + change - (moved_side - side)
+    if left_idle < 0:
+        held.append(f"other idle would come out at {left_idle:.3f} ms and is held to 0")
+    idle = max(left_idle, 0.0)
     if side > 0:
         scale = moved_side / side
         host, fsdp_host = (None if host is None else host * scale), fsdp_host * scale
@@ -319,8 +321,7 @@ def explore(model: Model, budget_bytes: int | None = None) -> Exploration:
         elif alike:
             notes.append(f"{reason}: {DEPTHS_ALIKE}")
     if first.spread_ms is None:
-        notes.append("the recording's step-to-step spread is unknown (fewer than two analysed steps): every setting "
-                     "is ranked, measurable or not")
+        notes.append(f"{SPREAD_UNKNOWN_WHY}: every setting is ranked, measurable or not")
     return Exploration(baseline=baseline, budget_bytes=budget_bytes, budget_source=source, ranked=ranked,
                        within_spread=within, over_budget=over, skipped=left_out, notes=notes, spread_ms=first.spread_ms,
                        warnings=first.warnings, unranked=unranked, basis=first.basis, clock=first.clock)

@@ -63,17 +63,10 @@ NO_COMM_PREFETCH_NOTE = f"{NO_COMM_PREFETCH_REASON}: {PREFETCH_SAME}"
 # --explore say why the prefetch rows read alike).
 PREFETCH_SAME_NOTES = (CPU_PREFETCH_NOTE, NO_COMM_PREFETCH_NOTE)
 PREFETCH_REASONS = (CPU_PREFETCH_REASON, NO_COMM_PREFETCH_REASON)
-def within_spread_words(spread_ms: float) -> str:
-    """What whatif says of a change within the recording's step-to-step spread (the command, and a saved
-    prediction's cells on the report's and compare's pages)."""
-    return ("no measurable change: the predicted step moves by less than the recording's own step-to-step "
-            f"spread ({spread_ms:,.2f} ms)")
-
-
-# Said where the recording has fewer than two analysed steps: a prediction, and advice built on one, cannot
-# be held to a step-to-step spread (whatif's own output and the summary's advice say it alike).
-SPREAD_UNKNOWN = ("the recording's step-to-step spread is unknown (fewer than two analysed steps): whether the change "
-                  "is measurable cannot be said")
+# Where the recording has fewer than two analysed steps: a prediction, and advice built on one, cannot be
+# held to a step-to-step spread (whatif's own output, --explore and the summary's advice say it alike).
+SPREAD_UNKNOWN_WHY = "the recording's step-to-step spread is unknown (fewer than two analysed steps)"
+SPREAD_UNKNOWN = f"{SPREAD_UNKNOWN_WHY}: whether the change is measurable cannot be said"
 # Past this slowdown the profiler's own cost is a large part of the traced step the model is built on.
 HIGH_SLOWDOWN = 1.5
 
@@ -290,8 +283,7 @@ def predict(model: Model, settings: Settings) -> Prediction:
         warnings.insert(0, f"unreliable: the predicted parts of the step (compute {predicted.compute_ms:,.2f}, exposed "
                            f"communication {predicted.exposed_comm_ms:,.2f}, FSDP's copy kernels "
                            f"{predicted.fsdp_kernels_ms or 0.0:,.2f} ms) add up to {_parts_ms(predicted):,.2f} ms, "
-                           f"{over:.1f} % more "
-                           f"than the predicted step ({predicted.step_time_ms:,.2f} ms): the simulation's "
+                           f"{over:.1f} % more than the predicted step ({predicted.step_time_ms:,.2f} ms): the simulation's "
                            "communication and its step disagree, so the figures are a direction at most")
     prediction = Prediction(baseline=baseline, predicted=predicted, settings=full, basis=clock.basis,
                       clock=msgspec.to_builtins(clock),
@@ -573,6 +565,13 @@ def _predicted_peak(rec: Recording, settings: Settings, memory: list[MemoryChang
     change, step = max(pairs, key=lambda p: p[0].peak_bytes)
     world = settings.world_size or rec.world_size
     return known.predicted_peak(change, step, rec.world_size / world, f"{rec.world_size} -> {world}")
+
+
+def within_spread_words(spread_ms: float) -> str:
+    """What whatif says of a change within the recording's step-to-step spread (the command, and a saved
+    prediction's cells on the report's and compare's pages)."""
+    return ("no measurable change: the predicted step moves by less than the recording's own step-to-step "
+            f"spread ({spread_ms:,.2f} ms)")
 
 
 def to_one(recorded_world: int, settings: Settings) -> bool:

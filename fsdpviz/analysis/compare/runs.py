@@ -165,16 +165,12 @@ def compare_runs(runs: Sequence[LabelledRun]) -> Comparison:
 
 def clear_bytes(values: Sequence[float | int | None], best: list[int]) -> tuple[list[int], str]:
     """The best runs of a row of bytes that hold more than :data:`MEMORY_NOISE` less than every other run,
-    the memory finding's rule (a few bytes apart is not a better run), and why a star is withheld."""
-    for i in best:
-        for j, vj in enumerate(values):
-            vi = values[i]
-            if j in best or vj is None or vi is None:
-                continue
-            if abs(float(vj) - float(vi)) <= MEMORY_NOISE * max(float(vi), float(vj)):
-                return [], (f"the runs are within {MEMORY_NOISE:.0%} of each other (the rule compare's memory "
-                            "finding reads bytes by)")
-    return best, ""
+    the memory finding's rule (a few bytes apart is not a better run), and why a star is withheld: the
+    spreads' rule with each run's :data:`MEMORY_NOISE` of its own bytes as its spread."""
+    marks, why = clear_best(values, [None if v is None else MEMORY_NOISE * float(v) for v in values], best, "bytes")
+    if why:
+        return [], f"the runs are within {MEMORY_NOISE:.0%} of each other (the rule compare's memory finding reads bytes by)"
+    return marks, ""
 
 
 RANKED_UNIT_METRICS: Final = tuple(m for m in (*SUM_METRICS, *MAX_METRICS) if m != "param_bytes")

@@ -23,8 +23,8 @@ HOWTO_STEPS = (
     "Step time of every recorded step on every rank: per step, the spread over ranks (a tall box means "
     "some rank was late, and everyone else waits for it at the next collective); per rank, the spread "
     "over steps (a rank that is always high is a straggler). Below, from the analysed steps: where each "
-    "rank's traced step went on its training threads (as traced: the profiler slowed that host work), each rank's exposed communication and lateness, and for "
-    "each collective how far apart the ranks started it. With timers, the spread of each unit's own forward "
+    "rank's traced step went on its training threads (as traced: the profiler slowed that host work), each "
+    "rank's exposed communication and lateness, and for each collective how far apart the ranks started it. With timers, the spread of each unit's own forward "
     "and backward work over the unprofiled steps (the unit table's timers columns are their medians)."
 )
 

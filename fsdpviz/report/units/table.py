@@ -44,12 +44,11 @@ METRIC_COLORS = {
     "forward all-gather": "#f58518", "backward all-gather": "#ffbf79", "unsharded params + grads": "#9d9d9d",
     "peak allocated (forward)": "#4c78a8", "peak allocated (backward)": "#72b7b2",
 }
-# The unit table's columns: (column of UnitTables.table, header, how its cells read, definition shown
-# on hover). Every header names its unit; "bytes" columns get theirs (KiB, MiB, GiB) from their values.
-# how a GPU pass's figure is taken (docs/concepts.md, units[]): said in the forward and backward hints
+# How a GPU pass's figure is taken (docs/concepts.md, units[]): said in the forward and backward hints.
 GPU_PASS = ("On a GPU: its kernels from the first to the last on each stream, the gaps between them as traced (no "
             "factor moves them: the timers columns are the unprofiled steps').")
-
+# The unit table's columns: (column of UnitTables.table, header, how its cells read, definition shown
+# on hover). Every header names its unit; "bytes" columns get theirs (KiB, MiB, GiB) from their values.
 TABLE_COLUMNS = (
     ("order", "#", "count", "The unit's place in forward order."),
     ("unit_name", "unit", "text", "The FSDP unit: the module that fully_shard / FSDP / ZeRO-3 wrapped."),
@@ -59,8 +58,10 @@ TABLE_COLUMNS = (
     ("unsharded_bytes", "unsharded params + grads", "bytes",
      "Memory the unit adds while gathered: its full parameters and their gradients."),
     ("all_gather_ms", "all-gather (ms)", "ms", "Time per step the unit's parameter all-gathers ran."),
-    ("forward_ms", "forward (ms)", "ms", f"The unit's own forward compute per step: on a CPU on the run's clock. {GPU_PASS}"),
-    ("backward_ms", "backward (ms)", "ms", f"The unit's own backward compute per step: on a CPU on the run's clock. {GPU_PASS}"),
+    ("forward_ms", "forward (ms)", "ms",
+     f"The unit's own forward compute per step: on a CPU on the run's clock. {GPU_PASS}"),
+    ("backward_ms", "backward (ms)", "ms",
+     f"The unit's own backward compute per step: on a CPU on the run's clock. {GPU_PASS}"),
     ("forward_timer_ms", "forward, timers (ms)", "ms",
      "The unit's forward per step as fsdpviz's timers clocked it in the steps the profiler did not slow."),
     ("backward_timer_ms", "backward, timers (ms)", "ms",
