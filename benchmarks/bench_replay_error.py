@@ -17,7 +17,8 @@ recorded before the clean steps timed theirs).
 
 On a GPU, the bound against the replay: the time the bound takes out of the traced step (the measured
 excess) beside the replay's own drop without the profiler, and exposed communication beside the
-replay's move of it (docs/whatif.md, "The bound and the replay on a GPU").
+replay's move of it (docs/whatif.md, "The bound and the replay on a GPU"); and the replay's own parts
+of the step against the bound's (docs/whatif.md, "Why the bound is not the replay's own split").
 """
 
 from __future__ import annotations
@@ -72,12 +73,27 @@ def row(folder: Path) -> tuple[str, dict[str, float] | None]:
     PHASE_ROWS.append(phase_row(folder.name, clock))
     if summary.device == "gpu" and model.net is not None and summary.bound is not None:
         GPU_ROWS.append(gpu_row(folder.name, summary.bound, model))
+        PARTS_ROWS.append(parts_row(folder.name, summary.bound, model))
     return (f"| {folder.name} | {summary.device} | {slowdown} | {clock.basis} | {clean} | "
             f"{base.traced_replay_error_pct:.1f} % |"), ratios
 
 
 PHASE_ROWS: list[str] = []
 GPU_ROWS: list[str] = []
+PARTS_ROWS: list[str] = []
+
+
+def parts_row(name: str, bound: Any, model: Any) -> str:
+    """The bound's parts of a GPU step against the replay's own without the profiler (medians over ranks
+    and steps, ms): compute, FSDP's copy kernels, exposed communication."""
+    net = model.net.replays
+
+    def median_ms(get: Any) -> float:
+        return statistics.median(get(r) for r in net) / 1e6
+
+    return (f"| {name} | {bound.compute_ms:,.2f} / {median_ms(lambda r: r.compute_ns):,.2f} | "
+            f"{bound.fsdp_kernels_ms or 0.0:,.2f} / {median_ms(lambda r: r.fsdp_copy_ns):,.2f} | "
+            f"{bound.exposed_comm_ms:,.2f} / {median_ms(lambda r: r.exposed_comm_ns):,.2f} |")
 
 
 def gpu_row(name: str, bound: Any, model: Any) -> str:
@@ -132,6 +148,12 @@ def main() -> None:
               "exposed communication: the bound's / the replay's move |")
         print("|---|---:|---:|---|")
         for line in GPU_ROWS:
+            print(line)
+        print("\nThe bound's parts of the step against the replay's own without the profiler (ms; medians):\n")
+        print("| recording | compute: bound / replay | FSDP's copy kernels: bound / replay | "
+              "exposed communication: bound / replay |")
+        print("|---|---|---|---|")
+        for line in PARTS_ROWS:
             print(line)
     if "B" in predicted and "Bl" in predicted:
         print("\n| setting | bare (in-process) | predicted from B | from Bl | B − Bl |")
