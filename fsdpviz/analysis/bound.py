@@ -41,7 +41,7 @@ import numpy as np
 import pandas as pd
 
 from fsdpviz.formatting import NS_PER_MS
-from fsdpviz.structure.deprofile import Parts, deprofiled, device_scale, host_scale
+from fsdpviz.structure.deprofile import Parts, deprofiled, device_scale, host_scale, idle_scale
 from fsdpviz.structure.intervals import (
     Intervals,
     clip_intervals,
@@ -318,7 +318,13 @@ class BoundSummary(StepSplit, kw_only=True):
     host_scale: float = 1.0
     """How the run's host-wait figures (each unit's ``host_wait_ms``) move from the trace to its clock
     (GPU: the share of the traced host wait the de-profiler kept; CPU: ``device_scale``, though no unit
-    has a host wait there: the thread is the device)."""
+    has a host wait there: the thread is the device). On a GPU it also moves the host wait inside each
+    unit's forward and backward (``units[].forward_ms``: a pass runs from its first kernel to its last,
+    and the gaps between are the run's idle parts)."""
+    idle_scale: float = 1.0
+    """How the other idle inside each GPU unit's forward and backward moves to the run's clock: the share
+    of the traced other idle the de-profiler kept (1 where it took none;
+    :func:`fsdpviz.structure.deprofile.idle_scale`)."""
     memory_bound: bool | None = None
     """The peak within :data:`MEMORY_MARGIN` of ``device_memory_bytes``; None when either is unknown
     (``note`` says why)."""
@@ -450,7 +456,7 @@ def summarize_bound(overlap: pd.DataFrame, profiler: ProfilerCost | None,
         fsdp_overhead_ms=round(fsdp, 3),
         fsdp_kernels_ms=None if device == schema.OVERLAP_CPU else round(parts.fsdp_kernels, 3),
         device_scale=round(scale, 6), host_scale=round(host_scale(median_traced, parts), 6),
-        comm_ms=round(_median(traced_comms) * scale, 3))
+        idle_scale=round(idle_scale(median_traced, parts), 6), comm_ms=round(_median(traced_comms) * scale, 3))
 
 
 def clock_scale(bound: BoundSummary | None) -> float:
@@ -522,3 +528,28 @@ def unit_host_wait(unit_steps: pd.DataFrame, windows: pd.DataFrame, launch_ns: n
         if row is not None:
             out[row] += g
     return out
+
+
+def unit_pass_gaps(unit_steps: pd.DataFrame, spans: pd.DataFrame, busy: Intervals, starts: np.ndarray,
+                   launches: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of one GPU rank's ``unit_steps``: the GPU idle inside that unit pass's compute spans
+    (``spans`` of kind compute; first kernel to last), as (host wait, other idle) ns by
+    :func:`split_idle`'s test, FSDP's hooks' share in the host wait. A pass's forward / backward time
+    holds them, so the de-profiler moves them as it moves the step's own (``host_scale``,
+    ``idle_scale``)."""
+    host = np.zeros(len(unit_steps), dtype=np.int64)
+    idle = np.zeros(len(unit_steps), dtype=np.int64)
+    if spans.empty or not len(unit_steps):
+        return host, idle
+    row_of = {k: i for i, k in enumerate(zip(unit_steps["step"].astype(int), unit_steps["unit"].astype(str),
+                                             unit_steps["phase"].astype(str)))}
+    for step, unit, phase, lo, hi in zip(spans["step"].astype(int), spans["unit"].astype(str),
+                                         spans["phase"].astype(str), spans["start_ns"].to_numpy(np.int64),
+                                         spans["end_ns"].to_numpy(np.int64)):
+        row = row_of.get((step, unit, phase))
+        if row is None or hi <= lo:
+            continue
+        h, o, _ = split_idle(complement(int(lo), int(hi), clip_intervals(busy, int(lo), int(hi))), starts, launches)
+        host[row] += h
+        idle[row] += o
+    return host, idle

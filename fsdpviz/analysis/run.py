@@ -29,7 +29,7 @@ from fsdpviz.analysis import memory
 from fsdpviz.analysis import memory_categories as mcat
 from fsdpviz.analysis import memory_split as msplit
 from fsdpviz.analysis import unseen_frees as unseen
-from fsdpviz.analysis.bound import gap_starters, host_wait_gaps, unit_host_wait
+from fsdpviz.analysis.bound import gap_starters, host_wait_gaps, unit_host_wait, unit_pass_gaps
 from fsdpviz.analysis.findings import build_findings
 from fsdpviz.analysis.memory import MemoryModel
 from fsdpviz.analysis.overlap import cpu_sets, gpu_sets, host_backend_collectives
@@ -251,9 +251,10 @@ def _concat(frames: list[pd.DataFrame], table: schema.Schema) -> pd.DataFrame:
 
 
 def _fill_host_wait(us: pd.DataFrame, rank: int, events: pd.DataFrame, windows: pd.DataFrame,
-                    steps: pd.DataFrame) -> None:
-    """``us``'s ``host_wait_ns`` of ``rank`` (a GPU rank whose trace holds launches; else left -1):
-    the GPU's waits for launches made in each unit pass (analysis/bound.py)."""
+                    steps: pd.DataFrame, unit_spans: pd.DataFrame) -> None:
+    """``us``'s ``host_wait_ns``, ``host_gap_ns`` and ``idle_gap_ns`` of ``rank`` (a GPU rank whose trace
+    holds launches; else left -1): the GPU's waits for launches made in each unit pass, and the idle
+    inside its compute spans (``unit_spans``, the rank's; analysis/bound.py)."""
     mine = (us["rank"] == rank).to_numpy()
     if not mine.any() or not (events["kind"] == schema.KIND_KERNEL).any():
         return
@@ -264,6 +265,10 @@ def _fill_host_wait(us: pd.DataFrame, rank: int, events: pd.DataFrame, windows: 
     spans = [(int(a), int(b)) for a, b in zip(steps["start_ns"], steps["end_ns"]) if b > a]
     at, size = host_wait_gaps(spans, busy, starts, launches)
     us.loc[mine, "host_wait_ns"] = unit_host_wait(us.loc[mine], windows, at, size)
+    passes = unit_spans[(unit_spans["kind"] == vocabulary.COMPUTE).to_numpy()]
+    host, idle = unit_pass_gaps(us.loc[mine], passes, busy, starts, launches)
+    us.loc[mine, "host_gap_ns"] = host
+    us.loc[mine, "idle_gap_ns"] = idle
 
 
 def analyse_ranks(traces: TraceSet, ranks: Sequence[int], selection: StepSelection,
@@ -295,7 +300,7 @@ def analyse_ranks(traces: TraceSet, ranks: Sequence[int], selection: StepSelecti
     # Each table split by rank once (not one full scan per rank: 64 ranks x 6 tables add up).
     by_rank = {name: _rank_parts(frame) for name, frame in (
         ("steps", traces.steps), ("windows", ut.windows), ("pieces", _in_steps(ut.pieces, wanted)),
-        ("labels", labels), ("collectives", _in_steps(ut.collectives, wanted)),
+        ("labels", labels), ("collectives", _in_steps(ut.collectives, wanted)), ("unit_spans", ut.spans),
         ("all_collectives", ut.collectives))}
     lost_parts: list[pd.DataFrame] = []
     for rank in chosen_ranks:
@@ -356,7 +361,7 @@ def analyse_ranks(traces: TraceSet, ranks: Sequence[int], selection: StepSelecti
         rank_coll = one_row_per_collective(by_rank["collectives"](rank))
         purpose_rows.append(purpose_times(rank, rank_coll, collective_purposes(
             rank_coll, tp_groups=parallel.tp_groups, tp=parallel.parallelism.tp), compute.get(rank, empty_intervals())))
-        _fill_host_wait(us, rank, rank_events, rank_windows, chosen)
+        _fill_host_wait(us, rank, rank_events, rank_windows, chosen, by_rank["unit_spans"](rank))
         times.append(_step_times(rank, chosen, by_rank["pieces"](rank), by_rank["labels"](rank), rank_events,
                                  by_rank["collectives"](rank), compute.get(rank, empty_intervals()), rank_windows))
     shared = labels[rules.fsdpviz_collective(labels) & labels["unit"].str.contains(",", regex=False).to_numpy()]

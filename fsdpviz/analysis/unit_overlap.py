@@ -206,7 +206,8 @@ def unit_steps(spans: pd.DataFrame, windows: pd.DataFrame, compute: dict[int, In
         depth[has_ag] = issue_depths(out[has_ag].reset_index(drop=True), comp, ancestors)
     out["issue_depth"] = depth
     out["peak_allocated_bytes"] = -1
-    out["host_wait_ns"] = -1  # filled per GPU rank by the run's analysis (analysis/bound.py)
+    # filled per GPU rank by the run's analysis (analysis/bound.py)
+    out["host_wait_ns"] = out["host_gap_ns"] = out["idle_gap_ns"] = -1
     return schema.conform(fold_passes(out), schema.UNIT_STEPS, table="unit_steps")
 
 
@@ -236,7 +237,8 @@ def fold_passes(per_pass: pd.DataFrame) -> pd.DataFrame:
     out["issue_depth"] = grouped["issue_depth"].min()
     out["n_passes"] = grouped["_window"].sum()
     out["peak_allocated_bytes"] = grouped["peak_allocated_bytes"].max()
-    out["host_wait_ns"] = grouped["host_wait_ns"].max()
+    for col in ("host_wait_ns", "host_gap_ns", "idle_gap_ns"):  # -1 here: filled after folding
+        out[col] = grouped[col].max()
     out = out.reset_index()
     for col in (*_FIRST_COLS, *_LAST_COLS, "ag_bytes", "issue_depth"):
         out[col] = out[col].fillna(-1).astype(np.int64)

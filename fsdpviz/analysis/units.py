@@ -143,6 +143,11 @@ def unit_stats(unit_steps: pd.DataFrame, units: pd.DataFrame) -> pd.DataFrame:
     # unknown (-1) on any rank-step: unknown for the unit
     waits = us.groupby(key)["host_wait_ns"].agg(lambda v: float(v.sum()) if (v >= 0).all() else np.nan)
     stats["host_wait_ns"] = waits.groupby("unit").agg(lambda v: v.median() if v.notna().all() else np.nan)
+    for phase in (vocabulary.FORWARD, vocabulary.BACKWARD):
+        mine = us[(us["phase"] == phase).to_numpy()]
+        for col in ("host_gap_ns", "idle_gap_ns"):
+            known = mine[col].where(mine[col] >= 0)  # -1: unknown (a CPU rank)
+            stats[f"{phase}_{col}"] = known.groupby(mine["unit"]).median()
     stats["n_samples"] = per.groupby("unit").size()
     peaks = us.pivot_table(index="unit", columns="phase", values="peak_allocated_bytes", aggfunc="max")
     stats["forward_peak_allocated_bytes"] = peaks.get(vocabulary.FORWARD, pd.Series(dtype=float))
@@ -232,14 +237,37 @@ def _times(ns: Any, k: float) -> float | None:
     return None if ns is None else float(ns) * k
 
 
+def moved_pass_ns(ns: pd.Series, host_gap: pd.Series, idle_gap: pd.Series, device_scale: float = 1.0,
+                  host_scale: float = 1.0, idle_scale: float = 1.0) -> pd.Series:
+    """Unit passes (``ns``) on the run's clock: on a GPU a pass runs from its first kernel to its last, so
+    it holds the idle between them (``host_gap``: waiting for a launch; ``idle_gap``: the rest; NaN or
+    negative: unknown, a CPU rank's), which the de-profiler moves as it moves the step's (by ``host_scale``,
+    ``idle_scale``) while the kernels move by ``device_scale`` (:mod:`fsdpviz.structure.deprofile`); a pass
+    without known gaps by ``device_scale`` alone."""
+    host = host_gap.where(host_gap >= 0).fillna(0.0)
+    idle = idle_gap.where(idle_gap >= 0).fillna(0.0)
+    return ns * device_scale - host * (device_scale - host_scale) - idle * (device_scale - idle_scale)
+
+
+def pass_ns(stats: pd.Series | pd.DataFrame, phase: str, device_scale: float = 1.0, host_scale: float = 1.0,
+            idle_scale: float = 1.0) -> pd.Series:
+    """Per row of UNIT_STATS, its forward or backward (``phase``) on the run's clock (:func:`moved_pass_ns`)."""
+    return moved_pass_ns(stats[f"{phase}_ns"], stats[f"{phase}_host_gap_ns"], stats[f"{phase}_idle_gap_ns"],
+                         device_scale, host_scale, idle_scale)
+
+
 def summary_records(stats: pd.DataFrame, units: pd.DataFrame | None = None, device_scale: float = 1.0,
-                    host_scale: float = 1.0) -> list[UnitSummary]:
+                    host_scale: float = 1.0, idle_scale: float = 1.0) -> list[UnitSummary]:
     """The summary's ``units`` from UNIT_STATS (with each unit's dtype and size source from UNITS),
     in forward order, their times moved to the run's clock (:mod:`fsdpviz.structure.deprofile`): the
-    device's by ``device_scale``, the host wait by ``host_scale`` (the bound's factors; 1: as traced)."""
+    device's by ``device_scale``, the host wait by ``host_scale``, a GPU pass's gaps as :func:`pass_ns`
+    moves them (the bound's factors; 1: as traced)."""
     info: dict[str, tuple[str, str]] = {}
     if units is not None and len(units):
         info = dict(zip(units["unit"].astype(str), zip(units["dtype"].astype(str), units["size_source"].astype(str))))
+    if len(stats):
+        stats = stats.assign(**{f"{phase}_clock_ns": pass_ns(stats, phase, device_scale, host_scale, idle_scale)
+                                for phase in (vocabulary.FORWARD, vocabulary.BACKWARD)})
 
     def device(ns: Any) -> float | None:
         return ms(_times(ns, device_scale))
@@ -253,8 +281,8 @@ def summary_records(stats: pd.DataFrame, units: pd.DataFrame | None = None, devi
             name=r["unit"],
             param_numel=_int_or_none(r["param_numel"]),
             all_gather_ms=device(r["all_gather_ns"]),
-            forward_ms=device(r["forward_ns"]),
-            backward_ms=device(r["backward_ns"]),
+            forward_ms=ms(r["forward_clock_ns"]),
+            backward_ms=ms(r["backward_clock_ns"]),
             reduce_scatter_ms=device(r["reduce_scatter_ns"]),
             exposed_comm_ms=device(r["exposed_comm_ns"]),
             prefetch_lead_ms=device(lead if math.isfinite(lead) else r["backward_prefetch_lead_ns"]),

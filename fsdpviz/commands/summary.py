@@ -225,9 +225,9 @@ def print_summary(summary: Summary) -> None:
     if summary.units:
         # the units' figures on the run's clock, as units[] in --json, the report's table, compare and
         # whatif give them; the timers' own clock of each pass is in --json and the report, named so
-        title = ("per FSDP unit (ms per step, on the run's clock)" if summary.device == "cpu" else
-                 "per FSDP unit (ms per step; a GPU pass from its first kernel to its last, the gaps between as "
-                 "traced)")
+        title = "per FSDP unit (ms per step, on the run's clock)"
+        if summary.device != "cpu":
+            title += "; a GPU pass from its first kernel to its last, the gaps less the profiler's share"
         if any(u.host_wait_ms for u in summary.units):
             title += "; waited on host: the GPU waiting on the unit's host work, FSDP's hooks included"
         if any(u.param_scope == "local" for u in summary.units):

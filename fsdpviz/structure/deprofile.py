@@ -110,3 +110,12 @@ def host_scale(parts: Parts, moved: Parts) -> float:
     before = (parts.host_wait or 0.0) + parts.fsdp_host
     after = (moved.host_wait or 0.0) + moved.fsdp_host
     return after / before if before > 0 else 1.0
+
+
+def idle_scale(parts: Parts, moved: Parts) -> float:
+    """How the other idle inside a traced span (a GPU unit's pass, first kernel to last) moves with its
+    step: the share of the traced other idle the de-profiler kept. A clean step longer than the traced
+    one adds idle the trace did not see, which lies inside no traced span: there no gap grows (1)."""
+    if parts.other_idle <= 0:
+        return 1.0
+    return min(moved.other_idle / parts.other_idle, 1.0)

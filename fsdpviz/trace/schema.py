@@ -288,6 +288,11 @@ UNIT_STEPS: Final[Schema] = {
     # the unit's host work (hooks, copy-in / copy-out launches) keeping the GPU waiting
     # (fsdpviz.analysis.bound); -1 where it does not apply (a CPU rank) or cannot be known
     "host_wait_ns": "int64",
+    # GPU idle inside the pass's compute spans (compute_ns holds it: a span runs from its first kernel to
+    # its last), split as the bound splits idle: the GPU waiting for a launch (host_gap_ns) or for
+    # anything else (idle_gap_ns); -1 as host_wait_ns
+    "host_gap_ns": "int64",
+    "idle_gap_ns": "int64",
 }
 
 # One row per unit: medians over ranks and steps (what ``summary --json`` reports per unit).
@@ -315,6 +320,11 @@ UNIT_STATS: Final[Schema] = {
     "backward_peak_allocated_bytes": "int64",
     "unsharded_bytes": "int64",  # its unsharded parameters + gradients (param_bytes * 2), -1 unknown
     "host_wait_ns": "float64",  # per step, the GPU's wait for launches of the unit's passes; NaN: unknown
+    # per step, UNIT_STEPS' host_gap_ns / idle_gap_ns of its forward and backward; NaN: unknown (a CPU rank)
+    "forward_host_gap_ns": "float64",
+    "forward_idle_gap_ns": "float64",
+    "backward_host_gap_ns": "float64",
+    "backward_idle_gap_ns": "float64",
 }
 
 # Where each rank's step went on its training threads.

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Final
 import pandas as pd
 
 from fsdpviz.analysis.bound import clock_scale
+from fsdpviz.analysis.units import moved_pass_ns
 from fsdpviz.formatting import NS_PER_MS
 
 if TYPE_CHECKING:
@@ -127,10 +128,14 @@ def group_spread_ms(run: LabelledRun, group: UnitGroup, metric: str) -> float | 
         rows = rows[rows["phase"] == phase]
     if rows.empty:
         return None
-    total = rows[list(columns)].clip(lower=0).sum(axis=1)
+    bound = run.summary.bound
+    if columns == ("compute_ns",):  # a pass: on a GPU its gaps moved as the summary's units' are
+        total = moved_pass_ns(rows["compute_ns"].astype(float), rows["host_gap_ns"], rows["idle_gap_ns"],
+                              clock_scale(bound), *((bound.host_scale, bound.idle_scale) if bound else (1.0, 1.0)))
+    else:  # the units' clock (summary.units)
+        total = clock_scale(bound) * rows[list(columns)].clip(lower=0).sum(axis=1)
     per_rank_step = total.groupby([rows["rank"], rows["step"]]).sum()
-    # the units' clock (summary.units)
-    return _range(clock_scale(run.summary.bound) * per_rank_step.groupby(level="step").median() / NS_PER_MS)
+    return _range(per_rank_step.groupby(level="step").median() / NS_PER_MS)
 
 
 def clear_best(values: Sequence[float | int | None], spreads: Sequence[float | None],

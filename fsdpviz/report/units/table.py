@@ -45,8 +45,8 @@ METRIC_COLORS = {
     "peak allocated (forward)": "#4c78a8", "peak allocated (backward)": "#72b7b2",
 }
 # How a GPU pass's figure is taken (docs/concepts.md, units[]): said in the forward and backward hints.
-GPU_PASS = ("On a GPU: its kernels from the first to the last on each stream, the gaps between them as traced (no "
-            "factor moves them: the timers columns are the unprofiled steps').")
+GPU_PASS = ("On a GPU: its kernels from the first to the last on each stream, and the gaps between them less the "
+            "profiler's share, taken out as it is of the step's idle time.")
 # The unit table's columns: (column of UnitTables.table, header, how its cells read, definition shown
 # on hover). Every header names its unit; "bytes" columns get theirs (KiB, MiB, GiB) from their values.
 TABLE_COLUMNS = (
@@ -59,9 +59,9 @@ TABLE_COLUMNS = (
      "Memory the unit adds while gathered: its full parameters and their gradients."),
     ("all_gather_ms", "all-gather (ms)", "ms", "Time per step the unit's parameter all-gathers ran."),
     ("forward_ms", "forward (ms)", "ms",
-     f"The unit's own forward compute per step: on a CPU on the run's clock. {GPU_PASS}"),
+     f"The unit's own forward compute per step, on the run's clock. {GPU_PASS}"),
     ("backward_ms", "backward (ms)", "ms",
-     f"The unit's own backward compute per step: on a CPU on the run's clock. {GPU_PASS}"),
+     f"The unit's own backward compute per step, on the run's clock. {GPU_PASS}"),
     ("forward_timer_ms", "forward, timers (ms)", "ms",
      "The unit's forward per step as fsdpviz's timers clocked it in the steps the profiler did not slow."),
     ("backward_timer_ms", "backward, timers (ms)", "ms",
@@ -108,6 +108,11 @@ def _long(stats: pd.DataFrame, metrics: tuple[tuple[str, str], ...], value: str,
         return pd.DataFrame({"unit_name": pd.Series(dtype=str), "metric": pd.Series(dtype=str),
                              value: pd.Series(dtype="float64")})
     return pd.concat(parts, ignore_index=True).dropna(subset=[value])
+
+
+# TIME_METRICS' UNIT_STATS columns -> the table's columns that hold the summary's figures
+_TIME_COLUMNS = (("all_gather_ns", "all_gather_ms"), ("forward_ns", "forward_ms"), ("backward_ns", "backward_ms"),
+                 ("reduce_scatter_ns", "reduce_scatter_ms"))
 
 
 # Columns only runs with per-unit timers have (the section leaves them out otherwise).
@@ -166,9 +171,13 @@ def unit_tables(stats: pd.DataFrame, colors: Mapping[str, str],
         for col, key in SUMMARY_COLUMNS:
             table[col] = pd.Series([_summary_value(summary_units.get(str(u)), key) for u in stats["unit"]],
                                    dtype="float64")
+    if summary_units:  # the bars are the table's figures (a GPU pass's gaps moved as the summary's are)
+        times = _long(table.assign(**{ns: table[col] for ns, col in _TIME_COLUMNS}), TIME_METRICS, "ms", 1.0)
+    else:
+        times = _long(stats, TIME_METRICS, "ms", NS_PER_MS / scale)
     return UnitTables(
         table=table,
-        times=_long(stats, TIME_METRICS, "ms", NS_PER_MS / scale),
+        times=times,
         exposed=_long(stats, EXPOSED_METRICS, "ms", NS_PER_MS / scale),
         leads=_long(stats, LEAD_METRICS, "ms", NS_PER_MS / scale),
         memory=_long(stats, MEMORY_METRICS, "bytes", 1.0),

@@ -1,0 +1,85 @@
+"""A GPU unit's forward and backward on the run's clock, held to the recorder's own per-unit timers.
+
+On a GPU a unit's pass runs from its first kernel to its last, so it holds the idle between them, and on a
+launch-bound step the profiler lengthens that idle (the host launches more slowly). The summary moves
+each pass's idle as the one de-profiler moves the step's (analysis/units.py ``pass_ns``).
+
+Truth from outside that code: these recordings' timers clock every unit's own work (CUDA events around
+its pass, less what runs nested inside) in the profiled steps and in the clean steps after them. How much
+the timers' passes shrink from the profiled steps to the clean ones is the profiler's share of the passes,
+measured; the summary's passes should move by about as much, and do so more closely than the traced
+passes (which do not move) on the whole. The timers' windows are wider than a pass (a hook runs before a
+pass's first kernel) and a few clean steps drift, so the check is on the sum over the recordings, and a
+pair whose timers barely moved may go either way.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from fsdpviz.vocabulary import BACKWARD, FORWARD
+
+# Recordings whose timers clocked every unit in the profiled steps too (a recorder older than
+# unit-timed steps): the H200 ones (../shared/traces/gpu-h200/README.md) and the two FSDP1 ones on an H100.
+H200 = ("B", "Bl", "Broot")
+H100 = ("h100-fsdp1-fake8-block", "h100-fsdp1-ws1-block")
+
+
+def timers_ratio(folder: Path, phase: str) -> float:
+    """The timers' own units' pass, summed over units, in the clean steps over the profiled ones: per rank
+    the median over steps, then the median over ranks. Clean: the steps after the one right after the
+    trace (whose end the trace's writing slows), read from the raw timer files."""
+    run = json.loads((folder / "run.json").read_text())
+    profiled = list(run["profile"]["steps"])
+    rows = [json.loads(line) for f in sorted((folder / "timers").glob("rank*.jsonl"))
+            for line in f.read_text().splitlines() if line.strip()]
+    t = pd.DataFrame(rows)
+    mine = t[(t["kind"] == "compute") & (t["unit"] != "") & (t["phase"] == phase)]
+    per = mine.groupby(["rank", "step"])["ms"].sum().reset_index()
+    clean = [s for s in per["step"].unique() if s > max(profiled) + 1]
+    assert clean, "no clean step timed"
+
+    def median(steps: list[int]) -> float:
+        return statistics.median(statistics.median(g.loc[g["step"].isin(steps), "ms"]) for _, g in per.groupby("rank"))
+
+    return median(clean) / median(profiled)
+
+
+def passes_ratio(analysed: Any, phase: str) -> float:
+    """The summary's units' pass (the run's clock) summed over units, over the same as traced."""
+    traced = float(analysed.analysis.unit_stats[f"{phase}_ns"].sum()) / 1e6
+    return sum(getattr(u, f"{phase}_ms") for u in analysed.summary.units) / traced
+
+
+@pytest.fixture(scope="module")
+def pairs(gpu_h200_dir: Path, gpu_fsdp_dir: Path, session_memo: Callable[..., Any]) -> list[tuple[str, float, float]]:
+    from fsdpviz.analysis.pipeline import analyse
+
+    out = []
+    for root, names, key in ((gpu_h200_dir, H200, "gpu-h200"), (gpu_fsdp_dir, H100, "gpu-fsdp")):
+        for name in names:
+            folder = root / name
+            analysed = session_memo((key, name), lambda folder=folder: analyse([folder], cache=False))
+            for phase in (FORWARD, BACKWARD):
+                out.append((f"{name} {phase}", timers_ratio(folder, phase), passes_ratio(analysed, phase)))
+    return out
+
+
+def test_the_passes_move_off_the_profiler_as_the_timers_own_passes_do(pairs: list[tuple[str, float, float]]) -> None:
+    assert len(pairs) == 10
+    moved = sum(abs(ours - timers) for _, timers, ours in pairs)
+    kept = sum(abs(1.0 - timers) for _, timers, _ in pairs)
+    # measured: 0.98 against 1.40 (the H200's block forward: timers 0.65, passes 0.88)
+    assert moved < 0.8 * kept, pairs
+    closer = [name for name, timers, ours in pairs if abs(ours - timers) < abs(1.0 - timers)]
+    assert len(closer) >= 8, pairs
+    # a pass never grows, and on a launch-bound step the block wrap's forward shrinks by a tenth or more
+    assert all(ours <= 1.0 for _, _, ours in pairs), pairs
+    assert {n: o for n, _, o in pairs}[f"B {FORWARD}"] < 0.9
