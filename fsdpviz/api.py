@@ -154,7 +154,8 @@ class Run(LabelledRun):
     @property
     def units(self) -> pd.DataFrame:
         """Per-unit medians over ranks and analysed steps (schema.UNIT_STATS), in forward order, as
-        traced: the trace's own durations (``summary.units`` holds them on the run's clock)."""
+        traced: the trace's own durations (``summary.units`` holds them on the run's clock), but for
+        ``forward_clock_ns`` / ``backward_clock_ns``, the passes on the run's clock."""
         return self.result.analysis.unit_stats.reset_index(drop=True)
 
     @property

@@ -144,7 +144,7 @@ def group_findings(findings: Sequence[Finding], *, host_backend_on_gpu: bool = F
 
 
 def _per_unit_text(units: Sequence[UnitSummary]) -> str:
-    """``; per unit, compute 3.08-9.97 ms against 115.89-143.60 ms of all-gather per step`` (the units'
+    """``; per unit, compute 2.50-9.96 ms against 115.89-143.60 ms of all-gather per step`` (the units'
     medians per step, forward and backward each; the root, which holds what no block does, left out),
     "" without units that gather."""
     inner = [u for u in units if u.name != ROOT_UNIT] or list(units)

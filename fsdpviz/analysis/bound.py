@@ -324,7 +324,7 @@ class BoundSummary(StepSplit, kw_only=True):
     idle_scale: float = 1.0
     """How the other idle inside each GPU unit's forward and backward moves to the run's clock: the share
     of the traced other idle the de-profiler kept (1 where it took none;
-    :func:`fsdpviz.structure.deprofile.idle_scale`)."""
+    :func:`fsdpviz.structure.deprofile.idle_scale`); CPU: ``device_scale``, as ``host_scale``."""
     memory_bound: bool | None = None
     """The peak within :data:`MEMORY_MARGIN` of ``device_memory_bytes``; None when either is unknown
     (``note`` says why)."""
@@ -456,7 +456,7 @@ def summarize_bound(overlap: pd.DataFrame, profiler: ProfilerCost | None,
         fsdp_overhead_ms=round(fsdp, 3),
         fsdp_kernels_ms=None if device == schema.OVERLAP_CPU else round(parts.fsdp_kernels, 3),
         device_scale=round(scale, 6), host_scale=round(host_scale(median_traced, parts), 6),
-        idle_scale=round(idle_scale(median_traced, parts), 6), comm_ms=round(_median(traced_comms) * scale, 3))
+        idle_scale=round(scale if device == schema.OVERLAP_CPU else idle_scale(median_traced, parts), 6), comm_ms=round(_median(traced_comms) * scale, 3))
 
 
 def clock_scale(bound: BoundSummary | None) -> float:
@@ -543,13 +543,17 @@ def unit_pass_gaps(unit_steps: pd.DataFrame, spans: pd.DataFrame, busy: Interval
         return host, idle
     row_of = {k: i for i, k in enumerate(zip(unit_steps["step"].astype(int), unit_steps["unit"].astype(str),
                                              unit_steps["phase"].astype(str)))}
+    b_start, b_end = busy
     for step, unit, phase, lo, hi in zip(spans["step"].astype(int), spans["unit"].astype(str),
-                                         spans["phase"].astype(str), spans["start_ns"].to_numpy(np.int64),
-                                         spans["end_ns"].to_numpy(np.int64)):
+                                         spans["phase"].astype(str), spans["start_ns"].to_numpy(np.int64).tolist(),
+                                         spans["end_ns"].to_numpy(np.int64).tolist()):
         row = row_of.get((step, unit, phase))
         if row is None or hi <= lo:
             continue
-        h, o, _ = split_idle(complement(int(lo), int(hi), clip_intervals(busy, int(lo), int(hi))), starts, launches)
+        # the busy intervals that reach into [lo, hi) (normalised: sorted, apart), cut to it
+        a, z = int(np.searchsorted(b_end, lo, side="right")), int(np.searchsorted(b_start, hi, side="left"))
+        inside = (np.clip(b_start[a:z], lo, hi), np.clip(b_end[a:z], lo, hi))
+        h, o, _ = split_idle(complement(lo, hi, inside), starts, launches)
         host[row] += h
         idle[row] += o
     return host, idle

@@ -134,12 +134,15 @@ class RunResult:
             took = b.profiler_share_ms if b.basis == BASIS_UNPROFILED and b.profiler_share_ms else 0.0
             idle_ns = (kept + took) * 1e6
         scale, step_ns = self.device_scale, self._run_step_ns  # the findings' clock
+        gaps = (b.host_scale, b.idle_scale) if b is not None else (1.0, 1.0)  # a GPU pass's idle, moved there
         if self._parts is not None:
             analysis = combine_parts(self._parts, self.traces, self.selection, self.framework,
-                                     profiler=self.profiler, idle_ns=idle_ns, scale=scale, step_ns=step_ns)
+                                     profiler=self.profiler, idle_ns=idle_ns, scale=scale, step_ns=step_ns,
+                                     gap_scales=gaps)
         else:
             analysis = analyse_run(self.traces, selection=self.selection, framework=self.framework,
-                                   profiler=self.profiler, idle_ns=idle_ns, scale=scale, step_ns=step_ns)
+                                   profiler=self.profiler, idle_ns=idle_ns, scale=scale, step_ns=step_ns,
+                                   gap_scales=gaps)
         # the loaded samples get the frees the analysis found, so that whatever reads them after it
         # (compare's step levels, whatif's recording, the notebook) reads the same levels
         self.traces.memory = _settled(self.traces, analysis)

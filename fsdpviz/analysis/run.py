@@ -34,7 +34,7 @@ from fsdpviz.analysis.findings import build_findings
 from fsdpviz.analysis.memory import MemoryModel
 from fsdpviz.analysis.overlap import cpu_sets, gpu_sets, host_backend_collectives
 from fsdpviz.analysis.unit_overlap import unit_steps
-from fsdpviz.analysis.units import derive_units, unit_stats
+from fsdpviz.analysis.units import derive_units, moved_pass_ns, unit_stats
 from fsdpviz.formatting import NS_PER_MS
 from fsdpviz.structure import crossrank
 from fsdpviz.structure import label_rules as rules
@@ -250,25 +250,26 @@ def _concat(frames: list[pd.DataFrame], table: schema.Schema) -> pd.DataFrame:
     return schema.conform(pd.concat(frames, ignore_index=True), table) if frames else schema.make_empty(table)
 
 
-def _fill_host_wait(us: pd.DataFrame, rank: int, events: pd.DataFrame, windows: pd.DataFrame,
+def _fill_gpu_waits(us: pd.DataFrame, rank: int, events: pd.DataFrame, windows: pd.DataFrame,
                     steps: pd.DataFrame, unit_spans: pd.DataFrame) -> None:
-    """``us``'s ``host_wait_ns``, ``host_gap_ns`` and ``idle_gap_ns`` of ``rank`` (a GPU rank whose trace
-    holds launches; else left -1): the GPU's waits for launches made in each unit pass, and the idle
-    inside its compute spans (``unit_spans``, the rank's; analysis/bound.py)."""
+    """On a GPU ``rank`` (else left -1): ``us``'s ``host_gap_ns`` and ``idle_gap_ns``, the idle inside
+    each unit pass's compute spans (``unit_spans``, the rank's), and where its trace holds launches
+    ``host_wait_ns``, the GPU's waits for launches made in each unit pass (analysis/bound.py). Without
+    launches no gap can be told to be the host's: all are other idle, as the bound counts them."""
     mine = (us["rank"] == rank).to_numpy()
     if not mine.any() or not (events["kind"] == schema.KIND_KERNEL).any():
         return
     _, _, busy = gpu_sets(events, None)
     starts, launches = gap_starters(events, host_backend_collectives(events))
+    passes = unit_spans[(unit_spans["kind"] == vocabulary.COMPUTE).to_numpy()]
+    host, idle = unit_pass_gaps(us.loc[mine], passes, busy, starts, launches)
+    us.loc[mine, "host_gap_ns"] = host
+    us.loc[mine, "idle_gap_ns"] = idle
     if not (launches >= 0).any():
         return
     spans = [(int(a), int(b)) for a, b in zip(steps["start_ns"], steps["end_ns"]) if b > a]
     at, size = host_wait_gaps(spans, busy, starts, launches)
     us.loc[mine, "host_wait_ns"] = unit_host_wait(us.loc[mine], windows, at, size)
-    passes = unit_spans[(unit_spans["kind"] == vocabulary.COMPUTE).to_numpy()]
-    host, idle = unit_pass_gaps(us.loc[mine], passes, busy, starts, launches)
-    us.loc[mine, "host_gap_ns"] = host
-    us.loc[mine, "idle_gap_ns"] = idle
 
 
 def analyse_ranks(traces: TraceSet, ranks: Sequence[int], selection: StepSelection,
@@ -361,7 +362,7 @@ def analyse_ranks(traces: TraceSet, ranks: Sequence[int], selection: StepSelecti
         rank_coll = one_row_per_collective(by_rank["collectives"](rank))
         purpose_rows.append(purpose_times(rank, rank_coll, collective_purposes(
             rank_coll, tp_groups=parallel.tp_groups, tp=parallel.parallelism.tp), compute.get(rank, empty_intervals())))
-        _fill_host_wait(us, rank, rank_events, rank_windows, chosen, by_rank["unit_spans"](rank))
+        _fill_gpu_waits(us, rank, rank_events, rank_windows, chosen, by_rank["unit_spans"](rank))
         times.append(_step_times(rank, chosen, by_rank["pieces"](rank), by_rank["labels"](rank), rank_events,
                                  by_rank["collectives"](rank), compute.get(rank, empty_intervals()), rank_windows))
     shared = labels[rules.fsdpviz_collective(labels) & labels["unit"].str.contains(",", regex=False).to_numpy()]
@@ -393,7 +394,8 @@ def _category_rows(rank: int, samples: pd.DataFrame, cats: mcat.Categorised, at:
 def analyse_run(traces: TraceSet, *, steps: Sequence[int] | None = None,
                 selection: StepSelection | None = None, framework: str | None = None,
                 profiler: ProfilerCost | None = None, idle_ns: float | None = None,
-                scale: float = 1.0, step_ns: float | None = None) -> RunAnalysis:
+                scale: float = 1.0, step_ns: float | None = None,
+                gap_scales: tuple[float, float] = (1.0, 1.0)) -> RunAnalysis:
     """Per-unit analysis of a loaded run (see the module docstring) over the steps ``selection``
     analyses (default: ``steps.select_steps(traces, steps=steps)``); ``framework`` as
     ``framework.decide_framework`` decides it (the pipeline passes its decision); ``profiler`` (what
@@ -401,13 +403,15 @@ def analyse_run(traces: TraceSet, *, steps: Sequence[int] | None = None,
     counts it; None on a CPU) for the
     profiler's finding; ``scale``: what moves the findings' times to the run's clock (the bound's
     ``device_scale``), ``step_ns`` the run's step there (the findings' noise floor; None: the traced
-    step times ``scale``)."""
+    step times ``scale``); ``gap_scales``: what moves the idle inside a GPU unit's pass there (the bound's
+    ``host_scale`` and ``idle_scale``; UNIT_STEPS ``compute_clock_ns``)."""
     if selection is None:
         selection = select_steps(traces, steps=steps)
     framework = decide_framework(traces) if framework is None else framework
     # one part for every rank: the per-rank half runs on the whole tables, one pass per step
     return combine_parts([analyse_ranks(traces, traces.rank_ids, selection, traces.events)], traces, selection,
-                         framework, profiler=profiler, idle_ns=idle_ns, scale=scale, step_ns=step_ns)
+                         framework, profiler=profiler, idle_ns=idle_ns, scale=scale, step_ns=step_ns,
+                         gap_scales=gap_scales)
 
 
 def _frame_of(parts: Sequence[RankPart], name: str, table: schema.Schema | None, *,
@@ -442,11 +446,11 @@ def labels_of(aligned: TraceSet, selection: StepSelection) -> pd.DataFrame:
 def combine_parts(parts: Sequence[RankPart], traces: TraceSet, selection: StepSelection,
                   framework: str, *, profiler: ProfilerCost | None = None,
                   idle_ns: float | None = None, scale: float = 1.0,
-                  step_ns: float | None = None) -> RunAnalysis:
+                  step_ns: float | None = None, gap_scales: tuple[float, float] = (1.0, 1.0)) -> RunAnalysis:
     """The cross-rank half of :func:`analyse_run`: clocks compared and aligned, collective skew and
     stragglers, units, their statistics and findings, from each rank's :class:`RankPart` (in rank
     order). ``traces`` is read for run-wide facts only (units and run.json, ranks, world size);
-    ``profiler``, ``idle_ns``, ``scale`` and ``step_ns`` as :func:`analyse_run` takes them."""
+    ``profiler``, ``idle_ns``, ``scale``, ``step_ns`` and ``gap_scales`` as :func:`analyse_run` takes them."""
     ranks = [r for p in parts for r in p.ranks]
     wanted = _wanted(selection, ranks)
     analysed = set().union(*[w if w is not None else {schema.NO_STEP} for w in wanted.values()]) if ranks else set()
@@ -469,6 +473,8 @@ def combine_parts(parts: Sequence[RankPart], traces: TraceSet, selection: StepSe
                           ("start_ns", "end_ns", "region_start_ns", "region_end_ns", "excl_end_ns"))
     step_labels = _shift(labels, offsets, ("start_ns", "end_ns"))
     us = _shift(us, offsets, _UNIT_TIME_COLS)
+    us["compute_clock_ns"] = moved_pass_ns(us["compute_ns"].astype("float64"), us["host_gap_ns"], us["idle_gap_ns"],
+                                           scale, *gap_scales)
     mem_curve = _shift(_frame_of(parts, "memory", schema.MEMORY), offsets, ("t_ns",))
     cat_curve = _shift(_frame_of(parts, "memory_categories", mcat.CATEGORY_LEVELS), offsets, ("t_ns",))
     cat_peaks = _shift(_frame_of(parts, "category_peaks", mcat.CATEGORY_PEAKS), offsets, ("t_ns",))

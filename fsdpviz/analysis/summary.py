@@ -283,8 +283,7 @@ def summary_of(traces: TraceSet, selection: StepSelection, overlap: pd.DataFrame
     if analysis is not None:
         timed = unit_pass_ms(traces.timers, traces.run)
         # the units' times on the run's clock, as the bound's (its factors: the one de-profiler's)
-        scales = (clock_scale(bound), bound.host_scale if bound is not None else 1.0,
-                  bound.idle_scale if bound is not None else 1.0)
+        scales = (clock_scale(bound), bound.host_scale if bound is not None else 1.0)
         units = [msgspec.structs.replace(u, forward_timer_ms=timed.get((u.name, "forward")),
                                          backward_timer_ms=timed.get((u.name, "backward")))
                  for u in summary_records(analysis.unit_stats, analysis.units, *scales)]

@@ -208,6 +208,7 @@ def unit_steps(spans: pd.DataFrame, windows: pd.DataFrame, compute: dict[int, In
     out["peak_allocated_bytes"] = -1
     # filled per GPU rank by the run's analysis (analysis/bound.py)
     out["host_wait_ns"] = out["host_gap_ns"] = out["idle_gap_ns"] = -1
+    out["compute_clock_ns"] = np.nan  # moved by the run's analysis, once the run's clock is known
     return schema.conform(fold_passes(out), schema.UNIT_STEPS, table="unit_steps")
 
 
@@ -237,7 +238,7 @@ def fold_passes(per_pass: pd.DataFrame) -> pd.DataFrame:
     out["issue_depth"] = grouped["issue_depth"].min()
     out["n_passes"] = grouped["_window"].sum()
     out["peak_allocated_bytes"] = grouped["peak_allocated_bytes"].max()
-    for col in ("host_wait_ns", "host_gap_ns", "idle_gap_ns"):  # -1 here: filled after folding
+    for col in ("host_wait_ns", "host_gap_ns", "idle_gap_ns", "compute_clock_ns"):  # filled after folding
         out[col] = grouped[col].max()
     out = out.reset_index()
     for col in (*_FIRST_COLS, *_LAST_COLS, "ag_bytes", "issue_depth"):

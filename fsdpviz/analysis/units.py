@@ -126,16 +126,19 @@ def unit_stats(unit_steps: pd.DataFrame, units: pd.DataFrame) -> pd.DataFrame:
                               rs_exposed_ns=("rs_exposed_ns", "sum"), ar_exposed=("ar_exposed_ns", "sum"))
     per["exposed_comm_ns"] = per["ag_exposed"] + per["rs_exposed_ns"] + per["ar_exposed"]
     per = per.join(_by_phase(us, vocabulary.FORWARD, {
-        "compute_ns": "forward_ns", "ag_exposed_ns": "forward_ag_exposed_ns",
+        "compute_ns": "forward_ns", "compute_clock_ns": "forward_clock_ns", "ag_exposed_ns": "forward_ag_exposed_ns",
         "prefetch_lead_ns": "forward_prefetch_lead_ns", "issue_depth": "forward_issue_depth"}))
     per = per.join(_by_phase(us, vocabulary.BACKWARD, {
-        "compute_ns": "backward_ns", "ag_exposed_ns": "backward_ag_exposed_ns",
+        "compute_ns": "backward_ns", "compute_clock_ns": "backward_clock_ns", "ag_exposed_ns": "backward_ag_exposed_ns",
         "prefetch_lead_ns": "backward_prefetch_lead_ns", "issue_depth": "backward_issue_depth"}))
     for col in ("forward_issue_depth", "backward_issue_depth"):
         per[col] = per[col].where(per[col] >= 0)  # NO_DEPTH: no gather in that pass
     for col in ("forward_ns", "backward_ns", "forward_ag_exposed_ns", "backward_ag_exposed_ns"):
         per[col] = per[col].fillna(0)
-    med_cols = ["all_gather_ns", "forward_ns", "backward_ns", "reduce_scatter_ns", "all_reduce_ns",
+    for phase in ("forward", "backward"):  # a (rank, step) without the pass: 0, as its traced figure
+        per[f"{phase}_clock_ns"] = per[f"{phase}_clock_ns"].where(per[f"{phase}_ns"] > 0, 0.0)
+    med_cols = ["all_gather_ns", "forward_ns", "backward_ns", "forward_clock_ns", "backward_clock_ns",
+                "reduce_scatter_ns", "all_reduce_ns",
                 "exposed_comm_ns", "forward_ag_exposed_ns", "backward_ag_exposed_ns", "rs_exposed_ns",
                 "forward_prefetch_lead_ns", "backward_prefetch_lead_ns", "forward_issue_depth",
                 "backward_issue_depth"]
@@ -143,11 +146,6 @@ def unit_stats(unit_steps: pd.DataFrame, units: pd.DataFrame) -> pd.DataFrame:
     # unknown (-1) on any rank-step: unknown for the unit
     waits = us.groupby(key)["host_wait_ns"].agg(lambda v: float(v.sum()) if (v >= 0).all() else np.nan)
     stats["host_wait_ns"] = waits.groupby("unit").agg(lambda v: v.median() if v.notna().all() else np.nan)
-    for phase in (vocabulary.FORWARD, vocabulary.BACKWARD):
-        mine = us[(us["phase"] == phase).to_numpy()]
-        for col in ("host_gap_ns", "idle_gap_ns"):
-            known = mine[col].where(mine[col] >= 0)  # -1: unknown (a CPU rank)
-            stats[f"{phase}_{col}"] = known.groupby(mine["unit"]).median()
     stats["n_samples"] = per.groupby("unit").size()
     peaks = us.pivot_table(index="unit", columns="phase", values="peak_allocated_bytes", aggfunc="max")
     stats["forward_peak_allocated_bytes"] = peaks.get(vocabulary.FORWARD, pd.Series(dtype=float))
@@ -249,25 +247,16 @@ def moved_pass_ns(ns: pd.Series, host_gap: pd.Series, idle_gap: pd.Series, devic
     return ns * device_scale - host * (device_scale - host_scale) - idle * (device_scale - idle_scale)
 
 
-def pass_ns(stats: pd.Series | pd.DataFrame, phase: str, device_scale: float = 1.0, host_scale: float = 1.0,
-            idle_scale: float = 1.0) -> pd.Series:
-    """Per row of UNIT_STATS, its forward or backward (``phase``) on the run's clock (:func:`moved_pass_ns`)."""
-    return moved_pass_ns(stats[f"{phase}_ns"], stats[f"{phase}_host_gap_ns"], stats[f"{phase}_idle_gap_ns"],
-                         device_scale, host_scale, idle_scale)
-
-
 def summary_records(stats: pd.DataFrame, units: pd.DataFrame | None = None, device_scale: float = 1.0,
-                    host_scale: float = 1.0, idle_scale: float = 1.0) -> list[UnitSummary]:
+                    host_scale: float = 1.0) -> list[UnitSummary]:
     """The summary's ``units`` from UNIT_STATS (with each unit's dtype and size source from UNITS),
     in forward order, their times moved to the run's clock (:mod:`fsdpviz.structure.deprofile`): the
-    device's by ``device_scale``, the host wait by ``host_scale``, a GPU pass's gaps as :func:`pass_ns`
-    moves them (the bound's factors; 1: as traced)."""
+    device's by ``device_scale``, the host wait by ``host_scale`` (the bound's factors; 1: as traced), a
+    pass as the run's analysis moved it (``forward_clock_ns``: :func:`moved_pass_ns`, rank-step by
+    rank-step)."""
     info: dict[str, tuple[str, str]] = {}
     if units is not None and len(units):
         info = dict(zip(units["unit"].astype(str), zip(units["dtype"].astype(str), units["size_source"].astype(str))))
-    if len(stats):
-        stats = stats.assign(**{f"{phase}_clock_ns": pass_ns(stats, phase, device_scale, host_scale, idle_scale)
-                                for phase in (vocabulary.FORWARD, vocabulary.BACKWARD)})
 
     def device(ns: Any) -> float | None:
         return ms(_times(ns, device_scale))

@@ -227,7 +227,11 @@ def print_summary(summary: Summary) -> None:
         # whatif give them; the timers' own clock of each pass is in --json and the report, named so
         title = "per FSDP unit (ms per step, on the run's clock)"
         if summary.device != "cpu":
-            title += "; a GPU pass from its first kernel to its last, the gaps less the profiler's share"
+            from fsdpviz.analysis.bound import BASIS_UNPROFILED
+
+            moved = summary.bound is not None and summary.bound.basis == BASIS_UNPROFILED
+            title += ("; a GPU pass from its first kernel to its last, the gaps " +
+                      ("less the profiler's share" if moved else "as traced"))
         if any(u.host_wait_ms for u in summary.units):
             title += "; waited on host: the GPU waiting on the unit's host work, FSDP's hooks included"
         if any(u.param_scope == "local" for u in summary.units):

@@ -293,6 +293,9 @@ UNIT_STEPS: Final[Schema] = {
     # anything else (idle_gap_ns); -1 as host_wait_ns
     "host_gap_ns": "int64",
     "idle_gap_ns": "int64",
+    # compute_ns on the run's clock (fsdpviz.analysis.units.moved_pass_ns: its gaps moved as the step's idle
+    # parts, its kernels by the bound's device_scale); NaN until the run's analysis moves it
+    "compute_clock_ns": "float64",
 }
 
 # One row per unit: medians over ranks and steps (what ``summary --json`` reports per unit).
@@ -320,11 +323,9 @@ UNIT_STATS: Final[Schema] = {
     "backward_peak_allocated_bytes": "int64",
     "unsharded_bytes": "int64",  # its unsharded parameters + gradients (param_bytes * 2), -1 unknown
     "host_wait_ns": "float64",  # per step, the GPU's wait for launches of the unit's passes; NaN: unknown
-    # per step, UNIT_STEPS' host_gap_ns / idle_gap_ns of its forward and backward; NaN: unknown (a CPU rank)
-    "forward_host_gap_ns": "float64",
-    "forward_idle_gap_ns": "float64",
-    "backward_host_gap_ns": "float64",
-    "backward_idle_gap_ns": "float64",
+    # forward_ns / backward_ns on the run's clock: medians of UNIT_STEPS' compute_clock_ns
+    "forward_clock_ns": "float64",
+    "backward_clock_ns": "float64",
 }
 
 # Where each rank's step went on its training threads.

@@ -21,9 +21,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pytest
 
+from fsdpviz.analysis.bound import unit_pass_gaps
+from fsdpviz.structure.intervals import union_intervals
 from fsdpviz.vocabulary import BACKWARD, FORWARD
 
 # Recordings whose timers clocked every unit in the profiled steps too (a recorder older than
@@ -83,3 +86,23 @@ def test_the_passes_move_off_the_profiler_as_the_timers_own_passes_do(pairs: lis
     # a pass never grows, and on a launch-bound step the block wrap's forward shrinks by a tenth or more
     assert all(ours <= 1.0 for _, _, ours in pairs), pairs
     assert {n: o for n, _, o in pairs}[f"B {FORWARD}"] < 0.9
+
+
+def test_the_idle_inside_a_pass_is_split_as_the_steps_is() -> None:
+    """By construction: a forward pass of two micro-batches, [0, 100) and [200, 260) ns, whose kernels
+    leave three gaps: [10, 30) ended by work launched at 20 (after the gap began: the GPU waited for the
+    host), [50, 70) ended by work launched at 40 (before it: the GPU waited on something else), and
+    [210, 240) ended by work launched at 215 (the host). Another unit's span and another step's count
+    for nothing here."""
+    unit_steps = pd.DataFrame({"step": [1, 1], "unit": ["a", "a"], "phase": [FORWARD, BACKWARD]})
+    spans = pd.DataFrame({"step": [1, 1, 1, 2], "unit": ["a", "a", "b", "a"], "phase": [FORWARD] * 4,
+                          "start_ns": [0, 200, 0, 0], "end_ns": [100, 260, 100, 100]})
+    # two streams: [0, 10) and [5, 10) overlap, so the GPU is busy on either
+    busy = union_intervals(np.array([0, 5, 30, 70, 200, 240]), np.array([10, 10, 50, 100, 210, 260]))
+    starts = np.array([0, 5, 30, 70, 200, 240])
+    launches = np.array([-1, -1, 20, 40, -1, 215])
+    host, idle = unit_pass_gaps(unit_steps, spans, busy, starts, launches)
+    assert host.tolist() == [20 + 30, 0] and idle.tolist() == [20, 0]
+    # a trace without launches: no gap can be told to be the host's
+    host, idle = unit_pass_gaps(unit_steps, spans, busy, starts, np.full(6, -1))
+    assert host.tolist() == [0, 0] and idle.tolist() == [70, 0]

@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Final
 import pandas as pd
 
 from fsdpviz.analysis.bound import clock_scale
-from fsdpviz.analysis.units import moved_pass_ns
 from fsdpviz.formatting import NS_PER_MS
 
 if TYPE_CHECKING:
@@ -46,8 +45,8 @@ STEP_SHARES: Final = {"overlap.overlap_pct": ("comm_ns", "exposed_comm_ns")}
 MEASURED: Final = frozenset({"step_time_ms", *STEP_COLUMNS, *STEP_SHARES})
 # unit group metric -> (UNIT_STEPS columns summed, phase or "" for both)
 UNIT_COLUMNS: Final = {
-    "forward_ms": (("compute_ns",), "forward"),
-    "backward_ms": (("compute_ns",), "backward"),
+    "forward_ms": (("compute_clock_ns",), "forward"),
+    "backward_ms": (("compute_clock_ns",), "backward"),
     "all_gather_ms": (("ag_ns",), ""),
     "reduce_scatter_ms": (("rs_ns",), ""),
     "exposed_comm_ms": (("ag_exposed_ns", "rs_exposed_ns", "ar_exposed_ns"), ""),
@@ -128,12 +127,10 @@ def group_spread_ms(run: LabelledRun, group: UnitGroup, metric: str) -> float | 
         rows = rows[rows["phase"] == phase]
     if rows.empty:
         return None
-    bound = run.summary.bound
-    if columns == ("compute_ns",):  # a pass: on a GPU its gaps moved as the summary's units' are
-        total = moved_pass_ns(rows["compute_ns"].astype(float), rows["host_gap_ns"], rows["idle_gap_ns"],
-                              clock_scale(bound), *((bound.host_scale, bound.idle_scale) if bound else (1.0, 1.0)))
+    if columns == ("compute_clock_ns",):  # a pass as the run's analysis moved it (summary.units)
+        total = rows["compute_clock_ns"].astype(float)
     else:  # the units' clock (summary.units)
-        total = clock_scale(bound) * rows[list(columns)].clip(lower=0).sum(axis=1)
+        total = clock_scale(run.summary.bound) * rows[list(columns)].clip(lower=0).sum(axis=1)
     per_rank_step = total.groupby([rows["rank"], rows["step"]]).sum()
     return _range(per_rank_step.groupby(level="step").median() / NS_PER_MS)
 

@@ -45,8 +45,8 @@ METRIC_COLORS = {
     "peak allocated (forward)": "#4c78a8", "peak allocated (backward)": "#72b7b2",
 }
 # How a GPU pass's figure is taken (docs/concepts.md, units[]): said in the forward and backward hints.
-GPU_PASS = ("On a GPU: its kernels from the first to the last on each stream, and the gaps between them less the "
-            "profiler's share, taken out as it is of the step's idle time.")
+GPU_PASS = ("On a GPU: its kernels from the first to the last on each stream, and the gaps between them; where the "
+            "run is on the timers' clock, less the profiler's share, taken out as it is of the step's idle time.")
 # The unit table's columns: (column of UnitTables.table, header, how its cells read, definition shown
 # on hover). Every header names its unit; "bytes" columns get theirs (KiB, MiB, GiB) from their values.
 TABLE_COLUMNS = (
