@@ -456,7 +456,8 @@ def summarize_bound(overlap: pd.DataFrame, profiler: ProfilerCost | None,
         fsdp_overhead_ms=round(fsdp, 3),
         fsdp_kernels_ms=None if device == schema.OVERLAP_CPU else round(parts.fsdp_kernels, 3),
         device_scale=round(scale, 6), host_scale=round(host_scale(median_traced, parts), 6),
-        idle_scale=round(scale if device == schema.OVERLAP_CPU else idle_scale(median_traced, parts), 6), comm_ms=round(_median(traced_comms) * scale, 3))
+        idle_scale=round(scale if device == schema.OVERLAP_CPU else idle_scale(median_traced, parts), 6),
+        comm_ms=round(_median(traced_comms) * scale, 3))
 
 
 def clock_scale(bound: BoundSummary | None) -> float:

@@ -134,7 +134,7 @@ class RunResult:
             took = b.profiler_share_ms if b.basis == BASIS_UNPROFILED and b.profiler_share_ms else 0.0
             idle_ns = (kept + took) * 1e6
         scale, step_ns = self.device_scale, self._run_step_ns  # the findings' clock
-        gaps = (b.host_scale, b.idle_scale) if b is not None else (1.0, 1.0)  # a GPU pass's idle, moved there
+        gaps = self.gap_scales  # a GPU pass's idle, moved there
         if self._parts is not None:
             analysis = combine_parts(self._parts, self.traces, self.selection, self.framework,
                                      profiler=self.profiler, idle_ns=idle_ns, scale=scale, step_ns=step_ns,
@@ -173,6 +173,13 @@ class RunResult:
         from fsdpviz.analysis.bound import clock_scale
 
         return clock_scale(self._bound)
+
+    @property
+    def gap_scales(self) -> tuple[float, float]:
+        """What moves the idle inside a GPU unit's pass to the run's clock: the bound's ``host_scale`` and
+        ``idle_scale`` (:mod:`fsdpviz.structure.deprofile`), (1, 1) without a bound."""
+        b = self._bound
+        return (b.host_scale, b.idle_scale) if b is not None else (1.0, 1.0)
 
     @property
     def _run_step_ns(self) -> float | None:

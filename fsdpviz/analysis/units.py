@@ -5,9 +5,10 @@ reported them). For traces recorded without fsdpviz they are read off the labels
 forward order of their windows, the size the bytes their forward all-gather produced (the
 unsharded, padded parameters), the parent the innermost unit whose forward window encloses theirs.
 
-:func:`unit_stats` reduces UNIT_STEPS to one row per unit (as traced); :func:`summary_records` gives
-the summary's ``units`` (:class:`UnitSummary`), their times moved to the run's clock as every figure
-the summary shows is.
+:func:`unit_stats` reduces UNIT_STEPS to one row per unit (as traced, but for the passes' own
+``forward_clock_ns`` / ``backward_clock_ns``, which the run's analysis moved: :func:`moved_pass_ns`);
+:func:`summary_records` gives the summary's ``units`` (:class:`UnitSummary`), their times moved to the
+run's clock as every figure the summary shows is.
 """
 
 from __future__ import annotations

@@ -5,9 +5,10 @@ For users who want the numbers in their own notebooks or dashboards: the per-uni
 step, unit and pass), allocator samples (``memory``), per-rank step times (``steps``), ``findings``,
 and the cross-rank tables (``memory_peaks``, ``clock``, ``skew``). Columns are those of
 ``fsdpviz.trace.schema`` (docs/concepts.md defines them); times are nanoseconds on the reference
-rank's clock, as traced, but for ``findings``, whose times are on the run's clock as the summary's are
-(``export.json``'s ``device_scale`` moves a traced time there). ``export.json`` lists the files with the run's framework, ranks, steps,
-memory model and notes.
+rank's clock, as traced, but for ``findings`` and the ``*_clock_ns`` columns (a unit pass, on a GPU its
+gaps moved), whose times are on the run's clock as the summary's are (``export.json``'s ``device_scale``
+moves a traced time there; its ``host_scale`` and ``idle_scale`` a GPU pass's gaps). ``export.json`` lists
+the files with the run's framework, ranks, steps, memory model and notes.
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ def export(
         "steps": analysis.steps, "format": fmt, "memory_model": analysis.memory_model.to_json() if analysis.memory_model else {},
         "notes": [n.text for n in analysis.notes], "sources": list(traces.sources),
         "device_scale": run.device_scale,
+        "host_scale": run.gap_scales[0], "idle_scale": run.gap_scales[1],
     }
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -229,7 +229,8 @@ def print_summary(summary: Summary) -> None:
         if summary.device != "cpu":
             from fsdpviz.analysis.bound import BASIS_UNPROFILED
 
-            moved = summary.bound is not None and summary.bound.basis == BASIS_UNPROFILED
+            b = summary.bound
+            moved = b is not None and b.basis == BASIS_UNPROFILED and min(b.host_scale, b.idle_scale) < 1.0
             title += ("; a GPU pass from its first kernel to its last, the gaps " +
                       ("less the profiler's share" if moved else "as traced"))
         if any(u.host_wait_ms for u in summary.units):

@@ -290,7 +290,8 @@ UNIT_STEPS: Final[Schema] = {
     "host_wait_ns": "int64",
     # GPU idle inside the pass's compute spans (compute_ns holds it: a span runs from its first kernel to
     # its last), split as the bound splits idle: the GPU waiting for a launch (host_gap_ns) or for
-    # anything else (idle_gap_ns); -1 as host_wait_ns
+    # anything else (idle_gap_ns); -1 on a CPU rank. Not host_wait_ns: that counts the gaps, wherever
+    # they lie, whose awaited launch the host made inside the unit's window
     "host_gap_ns": "int64",
     "idle_gap_ns": "int64",
     # compute_ns on the run's clock (fsdpviz.analysis.units.moved_pass_ns: its gaps moved as the step's idle

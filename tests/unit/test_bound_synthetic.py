@@ -21,7 +21,14 @@ from synth.scenario import Scenario, make_units
 from fsdpviz.analysis.bound import bound_kind, summarize_bound
 from fsdpviz.analysis.overlap import compute_overlap
 from fsdpviz.analysis.pipeline import RunResult, analyse
-from fsdpviz.structure.deprofile import SHRUNK_DEVICE_NOTE, Parts, deprofiled, rank_scale
+from fsdpviz.structure.deprofile import (
+    SHRUNK_DEVICE_NOTE,
+    Parts,
+    deprofiled,
+    host_scale,
+    idle_scale,
+    rank_scale,
+)
 from fsdpviz.trace import load_traces
 
 US = 1000
@@ -132,6 +139,20 @@ def test_profiler_share_comes_out_of_a_gpu_steps_host_wait_first() -> None:
     # more excess than idle: the device parts shrink, and the rule says so
     moved, note = deprofiled(Parts(60, 20, 10, 10), 60, "gpu")
     assert moved == Parts(45, 15, 0, 0) and note == SHRUNK_DEVICE_NOTE
+
+
+def test_a_gpu_passs_gaps_move_by_the_share_of_the_steps_idle_kept() -> None:
+    # the rule's cases above, as the factors a unit pass's gaps move by (a pass's share of the step's
+    # host wait and other idle gives up as much of itself as the step's does)
+    def factors(parts: Parts, step: float) -> tuple[float, float]:
+        moved, _ = deprofiled(parts, step, "gpu")
+        return host_scale(parts, moved), idle_scale(parts, moved)
+
+    assert factors(Parts(40, 10, 30, 20), 70) == (0.0, 1.0)  # the host wait gave up all, other idle none
+    assert factors(Parts(40, 10, 30, 20), 55) == (0.0, 0.25)  # then 15 of the 20 other idle
+    assert factors(Parts(40, 10, 20, 20, 0, 10), 85) == (0.5, 1.0)  # FSDP's share with the rest, in proportion
+    assert factors(Parts(40, 10, 30, 20), 102) == (1.0, 1.0)  # the 2 the trace did not see lie in no pass
+    assert factors(Parts(40, 10, 30, 0), 75) == (pytest.approx(5 / 6), 1.0)  # 5 of 30 out; no other idle to move
 
 
 def test_a_cpu_step_is_scaled_whole() -> None:

@@ -152,7 +152,7 @@ def _units_and_findings_on_the_clock(result: Any, summary: Any, traced: float) -
     stats = result.analysis.unit_stats.set_index("unit")
     us = result.analysis.unit_steps
     units = {u.name: u for u in summary.units}
-    moved_gaps = 0
+    moved_ms = host_gaps_ms = 0.0
     for name, unit in units.items():
         for field, column in _UNIT_FIELDS.items():
             value, raw = getattr(unit, field), float(stats.loc[name, column])
@@ -161,19 +161,18 @@ def _units_and_findings_on_the_clock(result: Any, summary: Any, traced: float) -
             if field in ("forward_ms", "backward_ms") and summary.device != "cpu":
                 # a GPU pass holds the idle between its kernels, which moves as the step's idle parts do:
                 # never above the traced pass, never below it less every gap (the gaps inside it, and no
-                # more than it), and below it wherever the de-profiler took host wait out of the step
+                # more than it); summed over the units, below them where the de-profiler took host wait out
                 rows = us[(us["unit"] == name).to_numpy() & (us["phase"] == column.removesuffix("_ns")).to_numpy()]
                 gaps = rows["host_gap_ns"].clip(lower=0) + rows["idle_gap_ns"].clip(lower=0)
                 assert (gaps <= rows["compute_ns"]).all(), (name, field)
                 floor = float((rows["compute_ns"] - gaps).median()) if len(rows) else 0.0
                 assert floor / 1e6 * k - 1.5e-3 <= value <= raw / 1e6 * k + 1.5e-3, (name, field)
-                if len(rows) and rows["host_gap_ns"].median() > 1e5 and bound.host_scale < 0.9:
-                    assert value < raw / 1e6 * k - 1e-3, (name, field)
-                    moved_gaps += 1
+                moved_ms += raw / 1e6 * k - value
+                host_gaps_ms += float(rows["host_gap_ns"].clip(lower=0).sum()) / 1e6 / max(len(rows), 1)
                 continue
             assert value == pytest.approx(raw / 1e6 * k, abs=1.5e-3), (name, field)
-    if summary.device != "cpu" and bound.basis == BASIS_UNPROFILED and bound.host_scale < 0.9:
-        assert moved_gaps, "no GPU pass moved off the profiler"
+    if summary.device != "cpu" and bound.basis == BASIS_UNPROFILED and bound.host_scale < 0.9 and host_gaps_ms > 0.5:
+        assert moved_ms > 0.1, "no GPU pass moved off the profiler"
     for f in summary.findings:  # a finding's own compute is its unit's pass, as the table has it
         own = re.search(r"own compute ([\d.,]+) ms", f.evidence or "")
         if own and f.unit in units and f.phase in ("forward", "backward"):

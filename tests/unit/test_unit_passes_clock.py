@@ -1,8 +1,8 @@
 """A GPU unit's forward and backward on the run's clock, held to the recorder's own per-unit timers.
 
 On a GPU a unit's pass runs from its first kernel to its last, so it holds the idle between them, and on a
-launch-bound step the profiler lengthens that idle (the host launches more slowly). The summary moves
-each pass's idle as the one de-profiler moves the step's (analysis/units.py ``pass_ns``).
+launch-bound step the profiler lengthens that idle (the host launches more slowly). The run's analysis
+moves each pass's idle as the one de-profiler moves the step's (analysis/units.py ``moved_pass_ns``).
 
 Truth from outside that code: these recordings' timers clock every unit's own work (CUDA events around
 its pass, less what runs nested inside) in the profiled steps and in the clean steps after them. How much
@@ -79,7 +79,7 @@ def test_the_passes_move_off_the_profiler_as_the_timers_own_passes_do(pairs: lis
     assert len(pairs) == 10
     moved = sum(abs(ours - timers) for _, timers, ours in pairs)
     kept = sum(abs(1.0 - timers) for _, timers, _ in pairs)
-    # measured: 0.98 against 1.40 (the H200's block forward: timers 0.65, passes 0.88)
+    # measured: 0.97 against 1.40 (the H200's block forward: timers 0.65, passes 0.88)
     assert moved < 0.8 * kept, pairs
     closer = [name for name, timers, ours in pairs if abs(ours - timers) < abs(1.0 - timers)]
     assert len(closer) >= 8, pairs
