@@ -136,7 +136,7 @@ def unit_stats(unit_steps: pd.DataFrame, units: pd.DataFrame) -> pd.DataFrame:
         per[col] = per[col].where(per[col] >= 0)  # NO_DEPTH: no gather in that pass
     for col in ("forward_ns", "backward_ns", "forward_ag_exposed_ns", "backward_ag_exposed_ns"):
         per[col] = per[col].fillna(0)
-    for phase in ("forward", "backward"):  # a (rank, step) without the pass: 0, as its traced figure
+    for phase in (vocabulary.FORWARD, vocabulary.BACKWARD):  # a (rank, step) without the pass: 0, as traced
         per[f"{phase}_clock_ns"] = per[f"{phase}_clock_ns"].where(per[f"{phase}_ns"] > 0, 0.0)
     med_cols = ["all_gather_ns", "forward_ns", "backward_ns", "forward_clock_ns", "backward_clock_ns",
                 "reduce_scatter_ns", "all_reduce_ns",
