@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,3 +74,26 @@ def kernels_launched_in(path: Path, range_name: str, steps: list[int]) -> float:
         if any(lo <= ts < hi for s in steps for lo, hi in [spans[s]]) and any(a <= ts <= b for a, b in ranges):
             total += gpu[e["args"]["correlation"]]
     return total / 1e3 / len(steps)
+
+
+def unit_timer_ratio(folder: Path, phase: str) -> float:
+    """The timers' own units' pass, summed over units, in the clean steps over the profiled ones: per rank
+    the median over steps, then the median over ranks. Clean: the steps after the one right after the
+    trace (whose end the trace's writing slows), read from the raw timer files."""
+    run = json.loads((folder / "run.json").read_text())
+    profiled = list(run["profile"]["steps"])
+    rows = [json.loads(line) for f in sorted((folder / "timers").glob("rank*.jsonl"))
+            for line in f.read_text().splitlines() if line.strip()]
+    per: dict[int, dict[int, float]] = {}  # rank -> step -> the units' own work in that pass
+    for r in rows:
+        if r["kind"] == "compute" and r["unit"] and r["phase"] == phase and r["ms"] is not None:
+            steps = per.setdefault(int(r["rank"]), {})
+            steps[int(r["step"])] = steps.get(int(r["step"]), 0.0) + float(r["ms"])
+    clean = sorted({s for steps in per.values() for s in steps if s > max(profiled) + 1})
+    assert clean, "no clean step timed"
+
+    def median(wanted: list[int]) -> float:
+        return statistics.median(statistics.median(ms for s, ms in steps.items() if s in wanted)
+                                 for steps in per.values())
+
+    return median(clean) / median(profiled)

@@ -15,8 +15,6 @@ pair whose timers barely moved may go either way.
 
 from __future__ import annotations
 
-import json
-import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+from helpers.rawfiles import unit_timer_ratio
 
 from fsdpviz.analysis.bound import unit_pass_gaps
 from fsdpviz.structure.intervals import union_intervals
@@ -33,26 +32,6 @@ from fsdpviz.vocabulary import BACKWARD, FORWARD
 # unit-timed steps): the H200 ones (../shared/traces/gpu-h200/README.md) and the two FSDP1 ones on an H100.
 H200 = ("B", "Bl", "Broot")
 H100 = ("h100-fsdp1-fake8-block", "h100-fsdp1-ws1-block")
-
-
-def timers_ratio(folder: Path, phase: str) -> float:
-    """The timers' own units' pass, summed over units, in the clean steps over the profiled ones: per rank
-    the median over steps, then the median over ranks. Clean: the steps after the one right after the
-    trace (whose end the trace's writing slows), read from the raw timer files."""
-    run = json.loads((folder / "run.json").read_text())
-    profiled = list(run["profile"]["steps"])
-    rows = [json.loads(line) for f in sorted((folder / "timers").glob("rank*.jsonl"))
-            for line in f.read_text().splitlines() if line.strip()]
-    t = pd.DataFrame(rows)
-    mine = t[(t["kind"] == "compute") & (t["unit"] != "") & (t["phase"] == phase)]
-    per = mine.groupby(["rank", "step"])["ms"].sum().reset_index()
-    clean = [s for s in per["step"].unique() if s > max(profiled) + 1]
-    assert clean, "no clean step timed"
-
-    def median(steps: list[int]) -> float:
-        return statistics.median(statistics.median(g.loc[g["step"].isin(steps), "ms"]) for _, g in per.groupby("rank"))
-
-    return median(clean) / median(profiled)
 
 
 def passes_ratio(analysed: Any, phase: str) -> float:
@@ -71,7 +50,7 @@ def pairs(gpu_h200_dir: Path, gpu_fsdp_dir: Path, session_memo: Callable[..., An
             folder = root / name
             analysed = session_memo((key, name), lambda folder=folder: analyse([folder], cache=False))
             for phase in (FORWARD, BACKWARD):
-                out.append((f"{name} {phase}", timers_ratio(folder, phase), passes_ratio(analysed, phase)))
+                out.append((f"{name} {phase}", unit_timer_ratio(folder, phase), passes_ratio(analysed, phase)))
     return out
 
 
