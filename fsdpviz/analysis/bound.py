@@ -507,6 +507,12 @@ def host_wait_gaps(windows: list[tuple[int, int]], busy: Intervals, starts: np.n
     return np.asarray(at, dtype=np.int64), np.asarray(size, dtype=np.int64)
 
 
+def _pass_rows(unit_steps: pd.DataFrame) -> dict[tuple[int, str, str], int]:
+    """(step, unit, phase) -> its row in one rank's ``unit_steps``."""
+    return {k: i for i, k in enumerate(zip(unit_steps["step"].astype(int), unit_steps["unit"].astype(str),
+                                           unit_steps["phase"].astype(str)))}
+
+
 def unit_host_wait(unit_steps: pd.DataFrame, windows: pd.DataFrame, launch_ns: np.ndarray,
                    gap_ns: np.ndarray) -> np.ndarray:
     """Per row of one rank's ``unit_steps``: the host-wait gaps whose awaited launch the host made
@@ -518,8 +524,7 @@ def unit_host_wait(unit_steps: pd.DataFrame, windows: pd.DataFrame, launch_ns: n
     w_start = windows["start_ns"].to_numpy(np.int64)
     w_end = windows["end_ns"].to_numpy(np.int64)
     keys = list(zip(windows["step"].astype(int), windows["unit"].astype(str), windows["phase"].astype(str)))
-    row_of = {k: i for i, k in enumerate(zip(unit_steps["step"].astype(int), unit_steps["unit"].astype(str),
-                                             unit_steps["phase"].astype(str)))}
+    row_of = _pass_rows(unit_steps)
     span = w_end - w_start
     for t, g in zip(launch_ns.tolist(), gap_ns.tolist()):
         inside = np.flatnonzero((w_start <= t) & (t < w_end))
@@ -542,8 +547,7 @@ def unit_pass_gaps(unit_steps: pd.DataFrame, spans: pd.DataFrame, busy: Interval
     idle = np.zeros(len(unit_steps), dtype=np.int64)
     if spans.empty or not len(unit_steps):
         return host, idle
-    row_of = {k: i for i, k in enumerate(zip(unit_steps["step"].astype(int), unit_steps["unit"].astype(str),
-                                             unit_steps["phase"].astype(str)))}
+    row_of = _pass_rows(unit_steps)
     b_start, b_end = busy
     for step, unit, phase, lo, hi in zip(spans["step"].astype(int), spans["unit"].astype(str),
                                          spans["phase"].astype(str), spans["start_ns"].to_numpy(np.int64).tolist(),

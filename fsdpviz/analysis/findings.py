@@ -77,24 +77,15 @@ def _row(unit: str, phase: str, kind: str, lost: float, message: str, evidence: 
 _DURATIONS: Final = ("ag_ns", "ag_exposed_ns", "rs_ns", "rs_exposed_ns", "ar_ns", "ar_exposed_ns", "lead")
 
 
-def _compute_ns(unit_steps: pd.DataFrame, scale: float) -> pd.Series:
-    """Each unit pass's compute on the run's clock: as the run's analysis moved it (UNIT_STEPS
-    ``compute_clock_ns``, a GPU pass's gaps as the step's idle), else its traced time times ``scale``."""
-    traced = unit_steps["compute_ns"].astype(float) * scale
-    if "compute_clock_ns" not in unit_steps:
-        return traced
-    return unit_steps["compute_clock_ns"].where(unit_steps["compute_clock_ns"].notna(), traced)
-
-
 def _medians(unit_steps: pd.DataFrame, scale: float) -> pd.DataFrame:
-    """Each unit pass's medians over ranks and steps, its durations moved to the run's clock."""
-    us = unit_steps.assign(depth=unit_steps["issue_depth"].where(unit_steps["issue_depth"] >= 0),
-                           clock=_compute_ns(unit_steps, scale))
+    """Each unit pass's medians over ranks and steps, its durations moved to the run's clock (its compute
+    as the run's analysis moved it: UNIT_STEPS ``compute_clock_ns``)."""
+    us = unit_steps.assign(depth=unit_steps["issue_depth"].where(unit_steps["issue_depth"] >= 0))
     med = us.groupby(["unit", "phase"]).agg(
         ag_ns=("ag_ns", "median"), ag_exposed_ns=("ag_exposed_ns", "median"),
         rs_ns=("rs_ns", "median"), rs_exposed_ns=("rs_exposed_ns", "median"),
         ar_ns=("ar_ns", "median"), ar_exposed_ns=("ar_exposed_ns", "median"),
-        compute_ns=("clock", "median"), lead=("prefetch_lead_ns", "median"), depth=("depth", "median"),
+        compute_ns=("compute_clock_ns", "median"), lead=("prefetch_lead_ns", "median"), depth=("depth", "median"),
         n=("step", "size"))
     med[list(_DURATIONS)] = med[list(_DURATIONS)].astype(float) * scale
     return med
@@ -200,8 +191,8 @@ def gather_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, framework: st
     firsts, before_first = _first_gathers(spans)
     before_first = before_first * scale
     shared = _shared(spans, vocabulary.ALL_GATHER, scale)
-    totals = unit_steps.assign(c=_compute_ns(unit_steps, scale), g=unit_steps["ag_ns"] * scale).groupby(
-        ["rank", "step", "phase"])[["c", "g"]].sum()
+    totals = unit_steps.assign(g=unit_steps["ag_ns"] * scale).groupby(["rank", "step", "phase"]).agg(
+        c=("compute_clock_ns", "sum"), g=("g", "sum"))
     totals = totals.groupby("phase").median()
     for unit, phase, m in _unit_passes(med):
         if phase not in (vocabulary.FORWARD, vocabulary.BACKWARD) or m["ag_exposed_ns"] < floor_ns:

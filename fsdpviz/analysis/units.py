@@ -239,12 +239,11 @@ def _times(ns: Any, k: float) -> float | None:
 def moved_pass_ns(ns: pd.Series, host_gap: pd.Series, idle_gap: pd.Series, device_scale: float = 1.0,
                   host_scale: float = 1.0, idle_scale: float = 1.0) -> pd.Series:
     """Unit passes (``ns``) on the run's clock: on a GPU a pass runs from its first kernel to its last, so
-    it holds the idle between them (``host_gap``: waiting for a launch; ``idle_gap``: the rest; NaN or
-    negative: unknown, a CPU rank's), which the de-profiler moves as it moves the step's (by ``host_scale``,
+    it holds the idle between them (``host_gap``: waiting for a launch; ``idle_gap``: the rest; -1:
+    unknown, a CPU rank's), which the de-profiler moves as it moves the step's (by ``host_scale``,
     ``idle_scale``) while the kernels move by ``device_scale`` (:mod:`fsdpviz.structure.deprofile`); a pass
     without known gaps by ``device_scale`` alone."""
-    host = host_gap.where(host_gap >= 0).fillna(0.0)
-    idle = idle_gap.where(idle_gap >= 0).fillna(0.0)
+    host, idle = host_gap.clip(lower=0), idle_gap.clip(lower=0)
     return ns * device_scale - host * (device_scale - host_scale) - idle * (device_scale - idle_scale)
 
 

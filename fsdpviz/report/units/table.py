@@ -110,11 +110,6 @@ def _long(stats: pd.DataFrame, metrics: tuple[tuple[str, str], ...], value: str,
     return pd.concat(parts, ignore_index=True).dropna(subset=[value])
 
 
-# TIME_METRICS' UNIT_STATS columns -> the table's columns that hold the summary's figures
-_TIME_COLUMNS = (("all_gather_ns", "all_gather_ms"), ("forward_ns", "forward_ms"), ("backward_ns", "backward_ms"),
-                 ("reduce_scatter_ns", "reduce_scatter_ms"))
-
-
 # Columns only runs with per-unit timers have (the section leaves them out otherwise).
 TIMER_COLUMNS = ("forward_timer_ms", "backward_timer_ms")
 
@@ -172,7 +167,7 @@ def unit_tables(stats: pd.DataFrame, colors: Mapping[str, str],
             table[col] = pd.Series([_summary_value(summary_units.get(str(u)), key) for u in stats["unit"]],
                                    dtype="float64")
     if summary_units:  # the bars are the table's figures (a GPU pass's gaps moved as the summary's are)
-        times = _long(table.assign(**{ns: table[col] for ns, col in _TIME_COLUMNS}), TIME_METRICS, "ms", 1.0)
+        times = _long(table, tuple((f"{col.removesuffix('_ns')}_ms", label) for col, label in TIME_METRICS), "ms", 1.0)
     else:
         times = _long(stats, TIME_METRICS, "ms", NS_PER_MS / scale)
     return UnitTables(
