@@ -31,7 +31,8 @@ import pandas as pd
 
 from fsdpviz.analysis.bound import cpu_split, gap_starters, gpu_split, step_windows
 from fsdpviz.errors import NoDataError
-from fsdpviz.structure.fsdp_work import all_lanes, fsdp_ranges, launched_by_fsdp
+from fsdpviz.structure.categorical import matching
+from fsdpviz.structure.fsdp_work import all_lanes, fsdp_ranges, launched_inside
 from fsdpviz.structure.intervals import (
     Intervals,
     clip_intervals,
@@ -40,31 +41,21 @@ from fsdpviz.structure.intervals import (
     total_ns,
     union_intervals,
 )
-from fsdpviz.structure.spans import GPU_WORK_KINDS, HTA_COMM_RE, HTA_NOT_COMPUTE_RE
+from fsdpviz.structure.spans import GPU_WORK_KINDS, HTA_NOT_COMPUTE_RE
+from fsdpviz.structure.staging import collective_work, communication_kernels, host_backend_collectives
 from fsdpviz.structure.steps import AnalysedSteps, StepSelection, select_steps
 from fsdpviz.trace import schema
-from fsdpviz.trace.comms import HOST_BACKEND_PREFIXES
 from fsdpviz.trace.tables import TraceSet
 
 # --- definitions -------------------------------------------------------------------------------
 # HTA's definitions of communication and compute: structure/spans.py (HTA_COMM_RE, HTA_NOT_COMPUTE_RE).
 CPU_COMPUTE_LANES: Final = (schema.LANE_CPU_MAIN, schema.LANE_CPU_AUTOGRAD)
 CPU_WAIT_RE: Final = re.compile(r"wait", re.IGNORECASE)
-HOST_BACKEND_RE: Final = re.compile("|".join(re.escape(p) for p in HOST_BACKEND_PREFIXES))
-HOST_COMM_KINDS: Final = (schema.KIND_CPU_OP, schema.KIND_ANNOTATION)
 
 
 def _intervals_of(frame: pd.DataFrame) -> Intervals:
     starts = frame["start_ns"].to_numpy(dtype=np.int64)
     return union_intervals(starts, starts + frame["dur_ns"].to_numpy(dtype=np.int64))
-
-
-def _names_matching(names: pd.Series, pattern: re.Pattern[str]) -> np.ndarray:
-    """Regex test once per distinct (categorical) name, mapped back onto the rows."""
-    cats = names.cat.categories
-    hit = np.fromiter((pattern.match(str(c)) is not None for c in cats), dtype=bool, count=len(cats))
-    codes = names.cat.codes.to_numpy()
-    return hit[codes] & (codes >= 0) if len(cats) else np.zeros(len(names), dtype=bool)
 
 
 def _names_searching(names: pd.Series, pattern: re.Pattern[str]) -> np.ndarray:
@@ -74,41 +65,37 @@ def _names_searching(names: pd.Series, pattern: re.Pattern[str]) -> np.ndarray:
     return hit[codes] & (codes >= 0) if len(cats) else np.zeros(len(names), dtype=bool)
 
 
-def host_backend_collectives(events: pd.DataFrame) -> pd.DataFrame:
-    """The collectives a host backend (gloo, MPI) ran on its own CPU threads: on a GPU rank they
-    move CUDA tensors through host memory, and the op's duration is the collective's."""
-    host = events[events["kind"].isin(HOST_COMM_KINDS).to_numpy() & (events["comm"] != "").to_numpy()]
-    return host[_names_matching(host["name"], HOST_BACKEND_RE)]
-
-
 def gpu_sets(events: pd.DataFrame, analysed: AnalysedSteps | None) -> tuple[Intervals, Intervals, Intervals]:
     """(comm, compute, all work) unions of one rank's GPU events in the analysed steps.
 
     GPU events belong to the step their launching runtime call started in (the ``step`` column),
     so work queued in a step counts for it even when the GPU runs it later. Collectives of a host
     backend (gloo on CUDA tensors) are communication too, counted from their CPU op in the step
-    it started in; without any, the sets are HTA's.
+    it started in, and so are the copies they launch to and from the host; without any, the sets are
+    HTA's.
     """
     gpu = events[events["kind"].isin(GPU_WORK_KINDS).to_numpy()]
     host = host_backend_collectives(events)
     if analysed is not None:
         gpu = gpu[gpu["step"].isin(list(analysed.steps)).to_numpy()]
         host = host[host["step"].isin(list(analysed.steps)).to_numpy()]
-    is_comm = _names_matching(gpu["name"], HTA_COMM_RE)
-    is_compute = ~_names_matching(gpu["name"], HTA_NOT_COMPUTE_RE)
+    is_compute = ~matching(gpu["name"], HTA_NOT_COMPUTE_RE)
     if host.empty:
-        return _intervals_of(gpu[is_comm]), _intervals_of(gpu[is_compute]), _intervals_of(gpu)
+        return (_intervals_of(gpu[communication_kernels(gpu)]), _intervals_of(gpu[is_compute]),
+                _intervals_of(gpu))
+    is_comm = collective_work(events, gpu)
     comm = _intervals_of(pd.concat([gpu[is_comm], host]))
     all_work = _intervals_of(pd.concat([gpu, host]))
-    return comm, _intervals_of(gpu[is_compute]), all_work
+    return comm, _intervals_of(gpu[is_compute & ~is_comm]), all_work
 
 
 def model_work(events: pd.DataFrame, ranges: dict[str, Intervals]) -> Intervals:
-    """The union of one rank's GPU work that is neither communication nor launched from inside FSDP's
-    own ranges (``ranges``: :func:`fsdpviz.structure.fsdp_work.fsdp_ranges`): the model's."""
+    """The union of one rank's GPU work that is neither communication (a collective's own work,
+    :func:`gpu_sets`) nor launched from inside FSDP's own ranges (``ranges``:
+    :func:`fsdpviz.structure.fsdp_work.fsdp_ranges`): the model's."""
     gpu = events[events["kind"].isin(GPU_WORK_KINDS).to_numpy()]
-    gpu = gpu[~_names_matching(gpu["name"], HTA_COMM_RE)]
-    return _intervals_of(gpu[~launched_by_fsdp(events, gpu, ranges)])
+    gpu = gpu[~collective_work(events, gpu)]
+    return _intervals_of(gpu[~launched_inside(events, gpu, ranges)])
 
 
 def cpu_sets(

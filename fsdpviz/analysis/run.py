@@ -32,7 +32,7 @@ from fsdpviz.analysis import unseen_frees as unseen
 from fsdpviz.analysis.bound import gap_starters, host_wait_gaps, unit_host_wait, unit_pass_gaps
 from fsdpviz.analysis.findings import build_findings
 from fsdpviz.analysis.memory import MemoryModel
-from fsdpviz.analysis.overlap import cpu_sets, gpu_sets, host_backend_collectives
+from fsdpviz.analysis.overlap import cpu_sets, gpu_sets
 from fsdpviz.analysis.unit_overlap import unit_steps
 from fsdpviz.analysis.units import derive_units, moved_pass_ns, unit_stats
 from fsdpviz.formatting import NS_PER_MS
@@ -69,6 +69,7 @@ from fsdpviz.structure.purposes import (
 )
 from fsdpviz.structure.records import CLOCK_MOVED, NO_UNIT_LABELS, SHARED_COLLECTIVES, Note
 from fsdpviz.structure.spans import ISSUED_GATHERS, unit_tables
+from fsdpviz.structure.staging import host_backend_collectives, staged_copies
 from fsdpviz.structure.steps import StepSelection, select_steps
 from fsdpviz.structure.windows import overhead_labels, unit_ancestors
 from fsdpviz.trace import schema
@@ -359,9 +360,10 @@ def analyse_ranks(traces: TraceSet, ranks: Sequence[int], selection: StepSelecti
             # positions: device_samples numbers its rows from 0
             kept = memory.thin_curve(drawn, mcat.MAX_CATEGORY_POINTS).index.to_numpy(np.int64)
             cat_curves.append(mcat.levels_frame(rank, samples["t_ns"].to_numpy(np.int64)[kept], cats.levels[kept]))
-        rank_coll = one_row_per_collective(by_rank["collectives"](rank))
+        rank_coll = one_row_per_collective(by_rank["collectives"](rank)).reset_index(drop=True)
         purpose_rows.append(purpose_times(rank, rank_coll, collective_purposes(
-            rank_coll, tp_groups=parallel.tp_groups, tp=parallel.parallelism.tp), compute.get(rank, empty_intervals())))
+            rank_coll, tp_groups=parallel.tp_groups, tp=parallel.parallelism.tp), compute.get(rank, empty_intervals()),
+            staged_copies(rank_events, rank_coll, wanted_steps)))
         _fill_gpu_waits(us, rank, rank_events, rank_windows, chosen, by_rank["unit_spans"](rank))
         times.append(_step_times(rank, chosen, by_rank["pieces"](rank), by_rank["labels"](rank), rank_events,
                                  by_rank["collectives"](rank), compute.get(rank, empty_intervals()), rank_windows))

@@ -8,6 +8,8 @@ them by the codes costs one pointer per row.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 
@@ -29,3 +31,13 @@ def startswith(values: pd.Series, prefix: str | tuple[str, ...]) -> np.ndarray:
         codes = values.cat.codes.to_numpy()
         return np.where(codes >= 0, hit[np.clip(codes, 0, None)] if len(cats) else False, False)
     return values.astype(str).str.startswith(prefix).to_numpy(dtype=bool)
+
+
+def matching(values: pd.Series, pattern: re.Pattern[str]) -> np.ndarray:
+    """Boolean mask of rows whose value ``pattern`` matches at its start, tested once per distinct value."""
+    if isinstance(values.dtype, pd.CategoricalDtype):
+        cats = values.cat.categories
+        hit = np.fromiter((pattern.match(str(c)) is not None for c in cats), dtype=bool, count=len(cats))
+        codes = values.cat.codes.to_numpy()
+        return np.where(codes >= 0, hit[np.clip(codes, 0, None)] if len(cats) else False, False)
+    return np.fromiter((pattern.match(v) is not None for v in as_str(values)), dtype=bool, count=len(values))

@@ -55,23 +55,28 @@ def inside(points: np.ndarray, intervals: Intervals) -> np.ndarray:
     return (i >= 0) & (points < ends[safe])
 
 
-def launched_by_fsdp(events: pd.DataFrame, gpu: pd.DataFrame, ranges: dict[str, Intervals]) -> np.ndarray:
-    """Per row of ``gpu`` (GPU events of the same rank as ``events``): launched from inside one of
-    FSDP's ranges on the launching thread (False where the trace holds no launch)."""
-    out = np.zeros(len(gpu), dtype=bool)
-    if not ranges or not len(gpu):
-        return out
+def launch_points(events: pd.DataFrame, gpu: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of ``gpu`` (GPU events of the same rank as ``events``): when and on which CPU lane the
+    runtime call that launched it began (-1 and None where the trace holds no launch)."""
     runtime = events[(events["kind"] == schema.KIND_RUNTIME).to_numpy() & (events["correlation"] >= 0).to_numpy()]
     # the first runtime call of a correlation launched it (as analysis/bound.py's launch times read it)
     runtime = runtime.sort_values("start_ns", kind="stable").drop_duplicates("correlation")
     launch = pd.DataFrame({"t": runtime["start_ns"].to_numpy(np.int64),
                            "lane": runtime["lane"].astype(str).to_numpy()}, index=runtime["correlation"].to_numpy())
     found = launch.reindex(gpu["correlation"].to_numpy())
-    known = found["t"].notna().to_numpy()
-    t = found["t"].fillna(-1).to_numpy(np.int64)
-    lanes = found["lane"].to_numpy(dtype=object)
+    return found["t"].fillna(-1).to_numpy(np.int64), found["lane"].to_numpy(dtype=object)
+
+
+def launched_inside(events: pd.DataFrame, gpu: pd.DataFrame, ranges: dict[str, Intervals]) -> np.ndarray:
+    """Per row of ``gpu`` (GPU events of the same rank as ``events``): launched from inside one of
+    ``ranges`` (per CPU lane: FSDP's ranges, :func:`fsdp_ranges`, or a collective's host ops) on the
+    launching thread (False where the trace holds no launch)."""
+    out = np.zeros(len(gpu), dtype=bool)
+    if not ranges or not len(gpu):
+        return out
+    t, lanes = launch_points(events, gpu)
     for lane, intervals in ranges.items():
-        mine = known & (lanes == lane)
+        mine = (t >= 0) & (lanes == lane)
         if mine.any():
             out[mine] = inside(t[mine], intervals)
     return out

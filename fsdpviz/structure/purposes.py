@@ -18,7 +18,9 @@ first three are FSDP communication. The rules, read from what the run did rather
 - ``other``: the rest (barriers, object collectives, collectives issued outside FSDP's labels).
 
 Per purpose and rank: ``comm_ns`` the union of its collectives' run intervals in the analysed
-steps, ``exposed_ns`` that union minus the rank's compute (the whole-step overlap's compute set).
+steps (with a host backend on CUDA tensors, the copies each collective stages through the host:
+:mod:`fsdpviz.structure.staging`), ``exposed_ns`` that union minus the rank's compute (the
+whole-step overlap's compute set).
 """
 
 from __future__ import annotations
@@ -78,15 +80,25 @@ def collective_purposes(coll: pd.DataFrame, *, tp_groups: Collection[str] = (), 
     return np.where(is_tp, vocabulary.TENSOR_PARALLEL, purpose)
 
 
-def purpose_times(rank: int, coll: pd.DataFrame, purposes: np.ndarray, compute: Intervals) -> pd.DataFrame:
+def purpose_times(rank: int, coll: pd.DataFrame, purposes: np.ndarray, compute: Intervals,
+                  staged: tuple[np.ndarray, Intervals] | None = None) -> pd.DataFrame:
     """PURPOSE_TIMES of one rank: ``coll`` its collectives in the analysed steps (one row per
-    collective, not per unit), ``purposes`` theirs, ``compute`` its compute union."""
+    collective, not per unit), ``purposes`` theirs, ``compute`` its compute union. ``staged``: the
+    copies a host backend's collectives staged through host memory (their row in ``coll``, -1 for
+    none, and their intervals; :func:`fsdpviz.structure.staging.staged_copies`): each counts for its
+    collective's purpose, one of no row for ``other``."""
     rows = []
     start = coll["start_ns"].to_numpy(np.int64)
     end = coll["end_ns"].to_numpy(np.int64)
+    copy_row, (copy_start, copy_end) = staged if staged is not None else (
+        np.zeros(0, dtype=np.int64), (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)))
+    copy_purpose = np.where(copy_row >= 0, np.asarray(purposes, dtype=object)[np.clip(copy_row, 0, None)]
+                            if len(purposes) else vocabulary.OTHER_PURPOSE, vocabulary.OTHER_PURPOSE)
     for purpose in vocabulary.PURPOSES:
         mine = purposes == purpose
-        comm = union_intervals(start[mine], end[mine])
+        copies = copy_purpose == purpose
+        comm = union_intervals(np.concatenate([start[mine], copy_start[copies]]),
+                               np.concatenate([end[mine], copy_end[copies]]))
         comm_ns = total_ns(comm)
         rows.append({"rank": rank, "purpose": purpose, "comm_ns": comm_ns,
                      "exposed_ns": comm_ns - overlap_ns(comm, compute)})

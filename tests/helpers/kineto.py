@@ -127,13 +127,13 @@ class TraceBuilder:
 
     def kernel(
         self, name: str, start_us: float, dur_us: float, *, stream: int = 7, device: int = 0,
-        launch_us: float | None = None, cat: str = "kernel", **args: Any,
+        launch_us: float | None = None, cat: str = "kernel", launch_tid: int = MAIN_TID, **args: Any,
     ) -> TraceBuilder:
-        """A GPU event; with ``launch_us`` also its cudaLaunchKernel on the main thread."""
+        """A GPU event; with ``launch_us`` also its cudaLaunchKernel on thread ``launch_tid``."""
         corr = self._next_corr
         self._next_corr += 1
         if launch_us is not None:
-            self.events.append(launch(corr, PID, MAIN_TID, launch_us))
+            self.events.append(launch(corr, PID, launch_tid, launch_us))
         self.events.append(gpu_op(name, start_us, dur_us, corr=corr, stream=stream, device=device,
                                   pid=GPU_PID + device, cat=cat, **args))
         return self

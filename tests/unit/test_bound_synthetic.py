@@ -93,6 +93,39 @@ def test_comm_bound_step_splits_exposed_gather_host_wait_and_event_wait(tmp_path
     assert bound is not None and bound.kind == "communication" and bound.exposed_comm_ms == 0.6
 
 
+def _gloo_on_cuda(tmp_path: Path, backend: str) -> Path:
+    """Per 1000 µs step on a GPU: GEMMs 0-100 and 500-700, the batch's own copy 800-820, and an
+    all-gather whose ``c10d::`` op (100-150) copies its input to the host (110-140) and, with gloo,
+    runs on gloo's thread (``gloo:all_gather`` 150-400), which copies the result back (400-450)."""
+    gloo_tid = 2001
+    b = TraceBuilder(backend=backend)
+    b.thread(1000, "python3").thread(gloo_tid, "pt_gloo_runloop")
+    to_host, to_device = "Memcpy DtoH (Device -> Pinned)", "Memcpy HtoD (Pinned -> Device)"
+    for n in STEPS:
+        t = (n - 1) * 1000.0
+        b.step(n, t, 1000.0)
+        b.kernel(GEMM, t, 100, launch_us=t)
+        b.cpu_op("c10d::_allgather_base_", t + 100, 50, **{"Input Dims": [[2048], [1024]], "Input type": ["float"] * 2})
+        b.kernel(to_host, t + 110, 30, stream=30, launch_us=t + 105, cat="gpu_memcpy")
+        if backend == "gloo":
+            b.annotation("gloo:all_gather", t + 150, 250, tid=gloo_tid, **{"Input Dims": [[1024]], "Input type": ["float"]})
+            b.kernel(to_device, t + 400, 50, stream=31, launch_us=t + 390, launch_tid=gloo_tid, cat="gpu_memcpy")
+        b.kernel(GEMM, t + 500, 200, launch_us=t + 490)
+        b.kernel(to_device, t + 800, 20, stream=32, launch_us=t + 790, cat="gpu_memcpy")
+    return b.write(tmp_path / f"{backend}.trace.json")
+
+
+def test_copies_a_gloo_collective_stages_on_cuda_are_communication(tmp_path: Path) -> None:
+    row = _row(_gloo_on_cuda(tmp_path, "gloo"))
+    per_step = {k: row[k] / 2 / US for k in ("bound_comm_ns", "bound_exposed_comm_ns", "bound_compute_ns")}
+    # communication: the copy to the host 110-140, gloo's range 150-400 and the copy back 400-450;
+    # nothing computes beside it; compute: the GEMMs (300 µs) and the batch's copy (20 µs)
+    assert per_step == {"bound_comm_ns": 330, "bound_exposed_comm_ns": 330, "bound_compute_ns": 320}
+    # NCCL's collective is its kernel (none here): a copy its op launched stays the model's work
+    row = _row(_gloo_on_cuda(tmp_path, "nccl"))
+    assert (row["bound_comm_ns"], row["bound_compute_ns"]) == (0, 2 * 350 * US)
+
+
 def test_without_launches_host_wait_is_unknown(tmp_path: Path) -> None:
     overlap = compute_overlap(load_traces([_launch_bound(tmp_path, launches=False)], cache=False))
     assert overlap["host_wait_ns"].iat[0] == -1

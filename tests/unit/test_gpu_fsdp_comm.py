@@ -2,8 +2,10 @@
 through gloo (``h100-fsdp2-gloo2-block``, see ../shared/traces/gpu-fsdp/README.md).
 
 gloo moves CUDA tensors through host memory on its own CPU threads, so the collectives are
-``gloo:*`` ranges there, not kernels. The independent side reads the raw JSON with plain Python:
-the union of those ranges started inside the analysed ProfilerSteps, and the issuing ``c10d::*`` ops.
+``gloo:*`` ranges there, not kernels, and the copies to and from pinned host memory that the
+``c10d::*`` op and gloo's thread launch are the collective's work. The independent side reads the raw
+JSON with plain Python: the union of those ranges and copies launched inside the analysed
+ProfilerSteps, the issuing ``c10d::*`` ops, and the sizes of their tensors.
 """
 
 from __future__ import annotations
@@ -43,6 +45,23 @@ def _window(events: list[dict[str, Any]]) -> tuple[float, float]:
     return min(e["ts"] for e in steps), max(e["ts"] + e["dur"] for e in steps)
 
 
+def _staged(events: list[dict[str, Any]], lo: float, hi: float) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(collective op, copy) of every memcpy launched in [lo, hi) from inside a ``c10d::*`` or
+    ``gloo:*`` op on the launching thread (the innermost such op)."""
+    launch = {e["args"]["correlation"]: e for e in events if e.get("cat") == "cuda_runtime"}
+    ops = [e for e in events if e.get("cat") in ("cpu_op", "user_annotation")
+           and e["name"].startswith(("c10d::", "gloo:"))]
+    out = []
+    for copy in (e for e in events if e.get("cat") == "gpu_memcpy"):
+        call = launch.get(copy["args"].get("correlation"))
+        if call is None or not lo <= call["ts"] < hi:
+            continue
+        around = [o for o in ops if o["tid"] == call["tid"] and o["ts"] <= call["ts"] < o["ts"] + o["dur"]]
+        if around:
+            out.append((min(around, key=lambda o: o["dur"]), copy))
+    return out
+
+
 @pytest.mark.parametrize("rank", [0, 1])
 def test_gloo_on_cuda_is_communication_per_rank(rank: int, gpu_fsdp_dir: Path,
                                                 gpu_fsdp_run: Callable[[str], Any]) -> None:
@@ -50,10 +69,12 @@ def test_gloo_on_cuda_is_communication_per_rank(rank: int, gpu_fsdp_dir: Path,
     lo, hi = _window(events)
     gloo = [(e["ts"], e["ts"] + e["dur"]) for e in events
             if e.get("cat") == "user_annotation" and e["name"].startswith("gloo:") and lo <= e["ts"] < hi]
+    copies = [(c["ts"], c["ts"] + c["dur"]) for _, c in _staged(events, lo, hi)]
     summary = gpu_fsdp_run(RUN).summary
     row = summary.overlap.per_rank[str(rank)]
     assert row.device == "gpu"
-    assert row.comm_ms == pytest.approx(_union_us(gloo) / 1000 / len(STEPS), abs=2e-3)
+    assert _union_us(gloo + copies) > _union_us(gloo) + 10_000  # the copies add more than 10 ms
+    assert row.comm_ms == pytest.approx(_union_us(gloo + copies) / 1000 / len(STEPS), abs=2e-3)
     assert row.comm_ms > 1000  # most of a ~1.5 s step: before, all of it was "idle"
     assert row.idle_ms is not None and row.idle_ms < 0.1 * summary.traced_step_time_ms
     assert row.overlap_pct is not None and 0 < row.overlap_pct < 20  # gloo on CUDA hides little
@@ -79,3 +100,35 @@ def test_gloo_on_cuda_collectives_belong_to_units(rank: int, gpu_fsdp_dir: Path,
     units = {u.name: u for u in result.summary.units}
     assert set(units) == {"(root)", *(f"blocks.{i}" for i in range(8))}
     assert all(u.all_gather_ms and u.reduce_scatter_ms and u.exposed_comm_ms for u in units.values())
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_gloo_on_cuda_copies_are_the_collectives_payload(rank: int, gpu_fsdp_dir: Path,
+                                                         gpu_fsdp_run: Callable[[str], Any]) -> None:
+    """The copies counted as communication carry the collectives' own tensors, by the sizes the
+    issuing op recorded: each ``c10d::_allgather_base_`` (output, input) copies its input shard to the
+    host, and gloo's thread copies the gathered output back, in the analysed steps. Counted with the
+    model's work, they had put the bound's compute 21 ms above HTA's (every kernel but collectives and
+    copies): now the bound's compute and FSDP's copy kernels are HTA's compute."""
+    events = _events(gpu_fsdp_dir, rank)
+    lo, hi = _window(events)
+    staged = _staged(events, lo, hi)
+    gathers = [e for e in events if e.get("cat") == "cpu_op" and e["name"] == "c10d::_allgather_base_"
+               and lo <= e["ts"] < hi]
+    fp32 = 4
+    assert gathers and all(e["args"]["Input type"][:2] == ["float", "float"] for e in gathers)
+    to_host = {id(op): c["args"]["bytes"] for op, c in staged if op["name"] == "c10d::_allgather_base_"}
+    assert sorted(to_host.values()) == sorted(e["args"]["Input Dims"][1][0] * fp32 for e in gathers)
+    back = sum(c["args"]["bytes"] for op, c in staged if op["name"] == "gloo:all_gather")
+    assert back == sum(e["args"]["Input Dims"][0][0] * fp32 for e in gathers)
+    summary = gpu_fsdp_run(RUN).summary
+    bound = summary.bound
+    assert bound is not None and bound.fsdp_kernels_ms is not None
+    hta = summary.overlap.as_traced
+    assert hta is not None and hta.compute_ms is not None
+    assert bound.compute_ms + bound.fsdp_kernels_ms == pytest.approx(hta.compute_ms, rel=0.01)
+    by_purpose = summary.overlap.by_purpose
+    assert by_purpose is not None
+    assert sum(p.comm_ms or 0.0 for p in by_purpose.values()) == pytest.approx(summary.overlap.comm_ms, abs=2e-3)
+    assert sum(p.exposed_ms or 0.0 for p in by_purpose.values()) == pytest.approx(
+        summary.overlap.exposed_comm_ms, abs=2e-3)

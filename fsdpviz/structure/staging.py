@@ -1,0 +1,108 @@
+"""A host backend's collectives on a GPU rank, and the copies they stage through host memory.
+
+gloo (or MPI) runs a collective of CUDA tensors on a CPU thread of its own: the calling thread's
+``c10d::*`` op copies the input to pinned host memory (``Memcpy DtoH``), the backend's thread runs
+the collective (``gloo:all_gather``) and copies the result back (``Memcpy HtoD``), and the caller's
+wait may copy once more. These copies are the collective's own work, not the model's: they are
+communication, beside the backend's op itself. A copy is the collective's when the host launched
+it from inside one of the rank's collective ops (any ``c10d::*`` / ``gloo:*`` op with a collective
+name) on the launching thread; a copy FSDP's own ranges launched outside them stays FSDP's.
+
+On a rank without a host backend's collectives (NCCL), nothing here applies: a collective there is
+its kernel (HTA's definition).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Final
+
+import numpy as np
+import pandas as pd
+
+from fsdpviz.structure.categorical import matching, startswith
+from fsdpviz.structure.fsdp_work import inside, launch_points
+from fsdpviz.structure.intervals import Intervals, union_intervals
+from fsdpviz.structure.spans import GPU_WORK_KINDS, HTA_COMM_RE
+from fsdpviz.trace import schema
+from fsdpviz.trace.comms import HOST_BACKEND_PREFIXES
+
+HOST_COMM_KINDS: Final = (schema.KIND_CPU_OP, schema.KIND_ANNOTATION)
+NO_COLLECTIVE: Final = -1  # a staged copy launched inside a collective op that no row of the table holds
+
+
+def host_backend_collectives(events: pd.DataFrame) -> pd.DataFrame:
+    """The collectives a host backend (gloo, MPI) ran on its own CPU threads: on a GPU rank they
+    move CUDA tensors through host memory, and the op's duration is the collective's."""
+    host = _collective_ops(events)
+    return host[startswith(host["name"], HOST_BACKEND_PREFIXES)]
+
+
+def _collective_ops(events: pd.DataFrame) -> pd.DataFrame:
+    return events[events["kind"].isin(HOST_COMM_KINDS).to_numpy() & (events["comm"] != "").to_numpy()]
+
+
+def communication_kernels(gpu: pd.DataFrame) -> np.ndarray:
+    """Per row of ``gpu``: a collective's kernel (HTA's definition: NCCL's)."""
+    return matching(gpu["name"], HTA_COMM_RE)
+
+
+def staged(events: pd.DataFrame, gpu: pd.DataFrame) -> np.ndarray:
+    """Per row of ``gpu`` (GPU events of the rank of ``events``): a copy a host backend's collective
+    staged (module docstring); all False on a rank without a host backend's collectives."""
+    out = np.zeros(len(gpu), dtype=bool)
+    if not len(gpu) or host_backend_collectives(events).empty:
+        return out
+    ops = _collective_ops(events)
+    t, lanes = launch_points(events, gpu)
+    for lane, g in ops.groupby(ops["lane"].astype(str), sort=False):
+        mine = (t >= 0) & (lanes == lane)
+        if mine.any():
+            start = g["start_ns"].to_numpy(np.int64)
+            out[mine] = inside(t[mine], union_intervals(start, start + g["dur_ns"].to_numpy(np.int64)))
+    return out & ~communication_kernels(gpu)
+
+
+def collective_work(events: pd.DataFrame, gpu: pd.DataFrame) -> np.ndarray:
+    """Per row of ``gpu``: a collective's own work, its kernel or a copy it staged."""
+    return communication_kernels(gpu) | staged(events, gpu)
+
+
+def staged_copies(events: pd.DataFrame, coll: pd.DataFrame, steps: Collection[int] | None = None
+                  ) -> tuple[np.ndarray, Intervals]:
+    """(row, (start_ns, end_ns)) of each copy a collective of ``coll`` staged (``coll``: the rank's
+    collectives, one row each, :mod:`fsdpviz.structure.collectives`; ``row``: its position there, or
+    :data:`NO_COLLECTIVE` for a copy launched in a collective op no row holds). A row holds the
+    backend's op (its ``lane``, ``start_ns`` to ``end_ns``) and its issuing op (``issue_lane`` from
+    ``issue_ns``). ``steps``: only the copies launched in these steps."""
+    gpu = events[events["kind"].isin(GPU_WORK_KINDS).to_numpy()]
+    if steps is not None:
+        gpu = gpu[gpu["step"].isin(list(steps)).to_numpy()]
+    gpu = gpu[staged(events, gpu)]
+    start = gpu["start_ns"].to_numpy(np.int64)
+    end = start + gpu["dur_ns"].to_numpy(np.int64)
+    row = np.full(len(gpu), NO_COLLECTIVE, dtype=np.int64)
+    if not len(gpu) or coll.empty:
+        return row, (start, end)
+    t, lanes = launch_points(events, gpu)
+    ops = _collective_ops(events)
+    issue_end = (ops.assign(end_ns=ops["start_ns"] + ops["dur_ns"], lane=ops["lane"].astype(str))
+                 .groupby(["lane", "start_ns"])["end_ns"].max())
+    issue_key = pd.MultiIndex.from_arrays([coll["issue_lane"].astype(str).to_numpy(),
+                                           coll["issue_ns"].to_numpy(np.int64)])
+    issued_until = issue_end.reindex(issue_key).to_numpy()
+    has_issue = ~np.isnan(issued_until.astype(float))
+    op_lane = np.concatenate([coll["lane"].astype(str).to_numpy(dtype=object),
+                              coll["issue_lane"].astype(str).to_numpy(dtype=object)[has_issue]])
+    op_start = np.concatenate([coll["start_ns"].to_numpy(np.int64), coll["issue_ns"].to_numpy(np.int64)[has_issue]])
+    op_end = np.concatenate([coll["end_ns"].to_numpy(np.int64), issued_until[has_issue].astype(np.int64)])
+    op_row = np.concatenate([np.arange(len(coll)), np.flatnonzero(has_issue)])
+    for lane in np.unique(op_lane):
+        on = op_lane == lane
+        order = np.argsort(op_start[on], kind="stable")
+        s, e, r = op_start[on][order], op_end[on][order], op_row[on][order]
+        mine = np.flatnonzero((t >= 0) & (lanes == lane))
+        i = np.searchsorted(s, t[mine], side="right") - 1
+        ok = (i >= 0) & (t[mine] < e[np.clip(i, 0, None)])
+        row[mine[ok]] = r[i[ok]]
+    return row, (start, end)
