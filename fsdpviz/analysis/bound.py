@@ -18,7 +18,9 @@ parts add up to the step time the user sees):
   another computes is not idle;
 - ``other_idle``: idle gaps whose next work had been launched before the gap began (the GPU waited on
   an event: a cross-stream dependency, a host-side collective to finish), or ended by work whose
-  launch the trace does not hold.
+  launch the trace does not hold; and the time the steps ran only work queued before the first of
+  them, beyond what the last handed on to the step after (``carried_ns``, :func:`carried_work`:
+  not their compute, and the first thing the de-profiler takes out).
 
 On a CPU rank (no GPU stream) the training thread is the device: ``compute`` is its ops outside
 collectives, waits and FSDP's ranges (those inside are ``fsdp_overhead``), ``exposed_comm`` the collectives nothing hid, ``host_wait`` does not apply
@@ -49,6 +51,7 @@ from fsdpviz.structure.intervals import (
     overlap_ns,
     subtract_intervals,
     total_ns,
+    union_intervals,
 )
 from fsdpviz.structure.profiler_cost import ProfilerCost
 from fsdpviz.structure.steps import AnalysedSteps
@@ -56,7 +59,7 @@ from fsdpviz.trace import schema
 
 # OVERLAP columns this module fills (sums over the analysed steps; -1: unknown).
 BOUND_COLUMNS: Final = ("bound_window_ns", "bound_compute_ns", "bound_exposed_comm_ns", "host_wait_ns",
-                        "other_idle_ns", "fsdp_kernels_ns", "fsdp_host_ns", "bound_comm_ns")
+                        "other_idle_ns", "fsdp_kernels_ns", "fsdp_host_ns", "bound_comm_ns", "carried_ns")
 UNKNOWN_NS: Final = -1
 
 KIND_COMPUTE: Final = "compute"
@@ -95,7 +98,7 @@ def step_windows(traces_steps: pd.DataFrame, rank: int, analysed: AnalysedSteps 
     return []
 
 
-def _launch_times(events: pd.DataFrame, work: pd.DataFrame) -> np.ndarray:
+def launch_times(events: pd.DataFrame, work: pd.DataFrame) -> np.ndarray:
     """Per row of ``work`` (GPU events): when the runtime call that launched it began (-1: unknown)."""
     runtime = events[(events["kind"] == schema.KIND_RUNTIME).to_numpy() & (events["correlation"] >= 0).to_numpy()]
     first = runtime.groupby("correlation")["start_ns"].min()
@@ -108,9 +111,32 @@ def gap_starters(events: pd.DataFrame, host_comm: pd.DataFrame) -> tuple[np.ndar
     collectives (launched by no runtime call: -1)."""
     gpu = events[events["kind"].isin([schema.KIND_KERNEL, schema.KIND_MEMCPY, schema.KIND_MEMSET]).to_numpy()]
     starts = np.concatenate([gpu["start_ns"].to_numpy(dtype=np.int64), host_comm["start_ns"].to_numpy(dtype=np.int64)])
-    launches = np.concatenate([_launch_times(events, gpu), np.full(len(host_comm), -1, dtype=np.int64)])
+    launches = np.concatenate([launch_times(events, gpu), np.full(len(host_comm), -1, dtype=np.int64)])
     order = np.lexsort((-launches, starts))  # by start; of work starting together, the latest launch
     return starts[order], launches[order]
+
+
+def carried_work(windows: list[tuple[int, int]], work: pd.DataFrame, launch_ns: np.ndarray, model: np.ndarray,
+                 own_extra: Intervals | None = None) -> tuple[int, int]:
+    """(in, out) ns of :func:`gpu_split`'s ``carried``: of ``work`` (a rank's GPU events, ``launch_ns``
+    their launches, -1 unknown: launched before tracing began), the time the ``windows`` ran only
+    ``model`` work launched before the first window (no other work, nor ``own_extra``, beside it),
+    and the time work launched in the windows' span ran past the last window. (0, 0) without
+    windows or launches: work is then the step's by its time."""
+    if not windows or not len(work) or not (launch_ns >= 0).any():
+        return 0, 0
+    lo, hi = windows[0][0], windows[-1][1]
+    start = work["start_ns"].to_numpy(np.int64)
+    end = start + work["dur_ns"].to_numpy(np.int64)
+    before = launch_ns < lo  # -1 included
+    came = union_intervals(start[before & model], end[before & model])
+    own = union_intervals(np.concatenate([start[~before], own_extra[0] if own_extra else []]).astype(np.int64),
+                          np.concatenate([end[~before], own_extra[1] if own_extra else []]).astype(np.int64))
+    came_in = sum(total_ns(subtract_intervals(clip_intervals(came, a, b), clip_intervals(own, a, b)))
+                  for a, b in windows)
+    span = ~before & (launch_ns < hi)
+    went_out = total_ns(clip_intervals(union_intervals(start[span], end[span]), hi, int(end.max()) + 1))
+    return int(came_in), int(went_out)
 
 
 def split_idle(gaps: list[tuple[int, int]], starts: np.ndarray, launches: np.ndarray,
@@ -133,13 +159,21 @@ def split_idle(gaps: list[tuple[int, int]], starts: np.ndarray, launches: np.nda
 
 def gpu_split(windows: list[tuple[int, int]], comm: Intervals, compute: Intervals, busy: Intervals,
               starts: np.ndarray, launches: np.ndarray, model: Intervals | None = None,
-              fsdp_host: Intervals | None = None) -> dict[str, int]:
+              fsdp_host: Intervals | None = None, carried: tuple[int, int] = (0, 0)) -> dict[str, int]:
     """The BOUND_COLUMNS of a GPU rank over ``windows`` (every GPU event, clipped to each window).
 
     ``model``: the GPU work that is neither communication nor launched by FSDP's own ranges; the
     busy time outside exposed communication that no model work covers is FSDP's kernels
     (``fsdp_kernels_ns``; None: all of it is compute). ``fsdp_host``: FSDP's host ranges, whose
-    share of host-wait gaps is ``fsdp_host_ns`` (:func:`split_idle`)."""
+    share of host-wait gaps is ``fsdp_host_ns`` (:func:`split_idle`).
+
+    ``carried``: (in, out) ns (:func:`carried_work`): the time the windows ran only the model's work
+    launched before the first of them, and the time the windows' own work ran past the last. In a
+    steady run each step hands its tail to the next, so the two match and the carried work stands
+    for the last step's tail; what came in beyond what went out is earlier work the steps waited
+    on (the steps before the analysed ones, queued ahead: a warm-up's optimizer, the work in flight
+    when the profiler started), not compute of theirs: ``carried_ns``, shown as other idle where it
+    stays (:class:`fsdpviz.structure.deprofile.Parts`)."""
     out = dict.fromkeys(BOUND_COLUMNS, 0)
     known_launch = bool((launches >= 0).any())
     for lo, hi in windows:
@@ -160,6 +194,9 @@ def gpu_split(windows: list[tuple[int, int]], comm: Intervals, compute: Interval
         out["host_wait_ns"] += host
         out["fsdp_host_ns"] += fsdp
         out["other_idle_ns"] += other
+    earlier = min(max(carried[0] - carried[1], 0), out["bound_compute_ns"])
+    out["bound_compute_ns"] -= earlier
+    out["carried_ns"] = earlier
     if not known_launch:  # a trace without runtime calls (CUDA activity alone): no gap can be told
         out["other_idle_ns"] += out["host_wait_ns"] + out["fsdp_host_ns"]
         out["host_wait_ns"] = UNKNOWN_NS
@@ -340,7 +377,7 @@ def _traced_parts(r: Mapping[Any, Any]) -> tuple[float, Parts, float]:
     host = None if int(r["host_wait_ns"]) < 0 else per_step("host_wait_ns")
     return per_step("bound_window_ns"), Parts(per_step("bound_compute_ns"), per_step("bound_exposed_comm_ns"), host,
                                               per_step("other_idle_ns"), per_step("fsdp_kernels_ns"),
-                                              per_step("fsdp_host_ns")), per_step("bound_comm_ns")
+                                              per_step("fsdp_host_ns"), per_step("carried_ns")), per_step("bound_comm_ns")
 
 
 def _rank_bound(traced: float, parts: Parts, comm: float, device: str,
@@ -351,6 +388,7 @@ def _rank_bound(traced: float, parts: Parts, comm: float, device: str,
     moved = parts
     if step is not None:
         moved, note = deprofiled(parts, step, device)
+    moved = moved.settled()
     fsdp = moved.fsdp_kernels + moved.fsdp_host
     scale = device_scale(parts, moved)
     return RankBound(
@@ -440,11 +478,12 @@ def summarize_bound(overlap: pd.DataFrame, profiler: ProfilerCost | None,
     else:
         notes.append("the split is the traced step's: without the recorder's timers the profiler's share of "
                      "the idle time is unknown and included")
-    compute, comm, host, idle = parts.compute, parts.exposed_comm, parts.host_wait, parts.other_idle
-    fsdp = parts.fsdp_kernels + parts.fsdp_host
+    shown = parts.settled()
+    compute, comm, host, idle = shown.compute, shown.exposed_comm, shown.host_wait, shown.other_idle
+    fsdp = shown.fsdp_kernels + shown.fsdp_host
     losses = {KIND_COMMUNICATION: comm, KIND_HOST: (host or 0.0) + fsdp, KIND_IDLE: idle}
     loss_kind, loss_ms = max(losses.items(), key=lambda kv: kv[1])
-    total = parts.total
+    total = shown.total
     loss = Loss(kind=loss_kind, ms=round(loss_ms, 3), share=round(loss_ms / total, 4)) if loss_ms > 0 and total else None
     kind = step_kind(compute, comm, host, idle, fsdp)
     scale = device_scale(median_traced, parts)

@@ -29,7 +29,14 @@ from typing import Final
 import numpy as np
 import pandas as pd
 
-from fsdpviz.analysis.bound import cpu_split, gap_starters, gpu_split, step_windows
+from fsdpviz.analysis.bound import (
+    carried_work,
+    cpu_split,
+    gap_starters,
+    gpu_split,
+    launch_times,
+    step_windows,
+)
 from fsdpviz.errors import NoDataError
 from fsdpviz.structure.categorical import matching
 from fsdpviz.structure.fsdp_work import all_lanes, fsdp_ranges, launched_inside
@@ -89,13 +96,11 @@ def gpu_sets(events: pd.DataFrame, analysed: AnalysedSteps | None) -> tuple[Inte
     return comm, _intervals_of(gpu[is_compute & ~is_comm]), all_work
 
 
-def model_work(events: pd.DataFrame, ranges: dict[str, Intervals]) -> Intervals:
-    """The union of one rank's GPU work that is neither communication (a collective's own work,
+def is_model_work(events: pd.DataFrame, gpu: pd.DataFrame, ranges: dict[str, Intervals]) -> np.ndarray:
+    """Per row of ``gpu`` (one rank's GPU work): neither communication (a collective's own work,
     :func:`gpu_sets`) nor launched from inside FSDP's own ranges (``ranges``:
     :func:`fsdpviz.structure.fsdp_work.fsdp_ranges`): the model's."""
-    gpu = events[events["kind"].isin(GPU_WORK_KINDS).to_numpy()]
-    gpu = gpu[~collective_work(events, gpu)]
-    return _intervals_of(gpu[~launched_inside(events, gpu, ranges)])
+    return ~collective_work(events, gpu) & ~launched_inside(events, gpu, ranges)
 
 
 def cpu_sets(
@@ -189,10 +194,15 @@ def rank_overlap(traces: TraceSet, rank: int, events: pd.DataFrame, analysed: An
         comm, compute, busy = gpu_sets(events, analysed)
         # the bound covers each step's wall time: all GPU work, whichever step launched it
         all_comm, all_compute, all_busy = gpu_sets(events, None)
-        starts, launches = gap_starters(events, host_backend_collectives(events))
+        host_comm = host_backend_collectives(events)
+        starts, launches = gap_starters(events, host_comm)
         ranges = fsdp_ranges(events)
-        bound = gpu_split(step_windows(traces.steps, rank, analysed, busy), all_comm, all_compute, all_busy,
-                          starts, launches, model_work(events, ranges), all_lanes(ranges))
+        windows = step_windows(traces.steps, rank, analysed, busy)
+        gpu = events[events["kind"].isin(GPU_WORK_KINDS).to_numpy()]
+        model = is_model_work(events, gpu, ranges)
+        carried = carried_work(windows, gpu, launch_times(events, gpu), model, _intervals_of(host_comm))
+        bound = gpu_split(windows, all_comm, all_compute, all_busy, starts, launches,
+                          _intervals_of(gpu[model]), all_lanes(ranges), carried)
     else:
         device = schema.OVERLAP_CPU
         lanes = traces.lanes[traces.lanes["rank"] == rank]

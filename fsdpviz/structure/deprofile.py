@@ -13,8 +13,10 @@ What the profiler slows, and so what the rule takes out:
   One factor per rank, ``clean / traced`` (its median clean step over its mean traced step, both
   measured, neither fitted), scales every part of the rank's step (:func:`rank_scale`).
 - **GPU rank**: the profiler slows the host, not the kernels. The excess of the traced step over the
-  clean one comes out of the time the GPU waited for the host (host wait, FSDP's hooks' share
-  first, in proportion), then out of other idle. Only where idle cannot hold the whole excess are the
+  clean one comes out of the time the traced steps spent on work carried in from before them
+  (``Parts.carried``: the steps before the analysed ones queued ahead, as when the profiler starts),
+  then out of the time the GPU waited for the host (host wait, FSDP's hooks' share first, in
+  proportion), then out of other idle. Only where idle cannot hold the whole excess are the
   device's parts shrunk, in proportion, and :func:`deprofiled` says so: the traced device work itself
   ran longer than the clean step allows (a note, never silent). The replay spreads the same excess
   over the traced host events (:mod:`fsdpviz.replay.hostcost`): the same assumption, on its program.
@@ -47,17 +49,26 @@ class Parts(NamedTuple):
     """FSDP's copy kernels (0 on a CPU rank)."""
     fsdp_host: float = 0.0
     """GPU: the host wait spent inside FSDP's hooks; CPU: the thread's ops inside FSDP's ranges."""
+    carried: float = 0.0
+    """GPU: the time the traced steps ran only work launched before them, beyond what their own work
+    ran past the last of them (:func:`fsdpviz.analysis.bound.carried_work`): the steps before the
+    analysed ones queued ahead, as when the profiler starts. The steps waited on it (other idle,
+    :meth:`settled`); a clean step does not (the de-profiler takes it out first). 0 on a CPU rank."""
 
     @property
     def total(self) -> float:
         """The step the parts add up to."""
         return (self.compute + self.exposed_comm + (self.host_wait or 0.0) + self.other_idle + self.fsdp_kernels
-                + self.fsdp_host)
+                + self.fsdp_host + self.carried)
 
     def scaled(self, k: float) -> Parts:
         """Every part times ``k``."""
         return Parts(self.compute * k, self.exposed_comm * k, None if self.host_wait is None else self.host_wait * k,
-                     self.other_idle * k, self.fsdp_kernels * k, self.fsdp_host * k)
+                     self.other_idle * k, self.fsdp_kernels * k, self.fsdp_host * k, self.carried * k)
+
+    def settled(self) -> Parts:
+        """The parts as shown: the time carried in from earlier steps is other idle (the steps waited)."""
+        return self._replace(other_idle=self.other_idle + self.carried, carried=0.0)
 
 
 def rank_scale(clean_ms: float, traced_ms: float) -> float:
@@ -77,6 +88,9 @@ def deprofiled(parts: Parts, step: float, device: str) -> tuple[Parts, str | Non
     excess = total - step
     if excess <= 0:  # a clean step longer than the traced one: time the trace did not see
         return parts._replace(other_idle=parts.other_idle - excess), None
+    # work carried in from before the analysed steps is the traced steps' alone: out first
+    taken = min(parts.carried, excess)
+    parts, excess = parts._replace(carried=parts.carried - taken), excess - taken
     waited = (parts.host_wait or 0.0) + parts.fsdp_host
     taken = min(waited, excess)
     keep = (waited - taken) / waited if waited > 0 else 0.0

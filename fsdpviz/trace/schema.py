@@ -245,6 +245,9 @@ OVERLAP: Final[Schema] = {
     "fsdp_kernels_ns": "int64",  # GPU time of the copies FSDP's hooks launched (0 on a CPU rank)
     "fsdp_host_ns": "int64",  # host wait while FSDP's hooks ran (CPU rank: the thread's ops inside them)
     "bound_comm_ns": "int64",  # |union of comm intervals| in the same spans (beside the parts, not one of them)
+    # GPU time the spans ran only work launched before them, beyond their own work's run past the last
+    # (analysis/bound.py carried_work): a part, shown as other idle where the de-profiler keeps it
+    "carried_ns": "int64",
 }
 
 

@@ -76,6 +76,28 @@ def kernels_launched_in(path: Path, range_name: str, steps: list[int]) -> float:
     return total / 1e3 / len(steps)
 
 
+def own_gpu_ms(path: Path, steps: list[int]) -> float:
+    """Per step, the ms the GPU ran any event launched (a runtime or driver call) inside that step's
+    ProfilerStep span, wherever the event ran: each step's own GPU work, mean over ``steps``."""
+    events = trace_events(path)
+    spans = {int(e["name"].split("#")[1]): (float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events
+             if e.get("cat") == "user_annotation" and e.get("name", "").startswith("ProfilerStep#")}
+    launched = {e["args"]["correlation"]: float(e["ts"]) for e in events
+                if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    gpu = [(launched.get(e["args"].get("correlation"), -1.0), float(e["ts"]), float(e["ts"]) + float(e["dur"]))
+           for e in events if e.get("cat") in GPU_EVENTS]
+    per_step = []
+    for step in steps:
+        lo, hi = spans[step]
+        mine = sorted((a, b) for at, a, b in gpu if lo <= at < hi)
+        total, end = 0.0, float("-inf")
+        for a, b in mine:
+            total += max(b - max(a, end), 0.0)
+            end = max(end, b)
+        per_step.append(total / 1e3)
+    return statistics.fmean(per_step)
+
+
 def unit_timer_ratio(folder: Path, phase: str) -> float:
     """The timers' own units' pass, summed over units, in the clean steps over the profiled ones: per rank
     the median over steps, then the median over ranks. Clean: the steps after the one right after the

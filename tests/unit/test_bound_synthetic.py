@@ -126,6 +126,45 @@ def test_copies_a_gloo_collective_stages_on_cuda_are_communication(tmp_path: Pat
     assert (row["bound_comm_ns"], row["bound_compute_ns"]) == (0, 2 * 350 * US)
 
 
+def _carried(tmp_path: Path, *, steady: bool) -> Path:
+    """Per 1000 µs step n (steps 1-3; 1 and 2 analysed): one kernel of the step's own. ``steady``: each
+    step launches its 150 µs kernel at 900 and it runs 950-1100, into the next step, as the step before
+    the first did (0-100, launched at -100). Else a 300 µs kernel launched before the first step runs
+    0-300, the first step's own kernel queued behind it (300-400), the second's at 1020-1120."""
+    b = TraceBuilder()
+    for n in STEPS:
+        b.step(n, (n - 1) * 1000.0, 1000.0)
+    if steady:
+        b.kernel(GEMM, 0, 100, launch_us=-100)
+        for n in STEPS:
+            b.kernel(GEMM, (n - 1) * 1000.0 + 950, 150, launch_us=(n - 1) * 1000.0 + 900)
+    else:
+        b.kernel(GEMM, 0, 300, launch_us=-50)
+        b.kernel(GEMM, 300, 100, launch_us=10)
+        b.kernel(GEMM, 1020, 100, launch_us=1010)
+        b.kernel(GEMM, 2020, 100, launch_us=2010)
+    return b.write(tmp_path / "rank0.trace.json")
+
+
+def test_work_queued_before_the_steps_is_not_their_compute(tmp_path: Path) -> None:
+    overlap = compute_overlap(load_traces([_carried(tmp_path, steady=False)], cache=False))
+    row = overlap.iloc[0].to_dict()
+    # of 2000 µs: the steps' own kernels 200, the earlier kernel 300 (they waited on it)
+    assert (row["bound_compute_ns"], row["carried_ns"]) == (200 * US, 300 * US)
+    assert row["bound_window_ns"] == sum(row[k] for k in ("bound_compute_ns", "host_wait_ns", "other_idle_ns",
+                                                          "carried_ns"))
+    bound = summarize_bound(overlap, None)
+    assert bound is not None and bound.basis == "traced"
+    # shown per step: compute 0.1 ms, and the carried 0.15 ms with the other idle
+    assert bound.compute_ms == 0.1 and bound.other_idle_ms == pytest.approx(0.15 + row["other_idle_ns"] / 2 / 1e6)
+
+
+def test_a_steady_tail_into_the_next_step_stays_compute(tmp_path: Path) -> None:
+    # each step hands the next as much as it got: the windows' busy time is the steps' own work
+    row = _row(_carried(tmp_path, steady=True))
+    assert (row["bound_compute_ns"], row["carried_ns"]) == (300 * US, 0)
+
+
 def test_without_launches_host_wait_is_unknown(tmp_path: Path) -> None:
     overlap = compute_overlap(load_traces([_launch_bound(tmp_path, launches=False)], cache=False))
     assert overlap["host_wait_ns"].iat[0] == -1
@@ -172,6 +211,11 @@ def test_profiler_share_comes_out_of_a_gpu_steps_host_wait_first() -> None:
     # more excess than idle: the device parts shrink, and the rule says so
     moved, note = deprofiled(Parts(60, 20, 10, 10), 60, "gpu")
     assert moved == Parts(45, 15, 0, 0) and note == SHRUNK_DEVICE_NOTE
+    # work carried in from before the traced steps comes out first, then the host wait
+    assert deprofiled(Parts(40, 10, 30, 20, 0, 0, 5), 98, "gpu") == (Parts(40, 10, 28, 20), None)
+    # what the excess leaves of it is shown as other idle: the steps waited on it
+    moved, _ = deprofiled(Parts(40, 10, 30, 20, 0, 0, 5), 103, "gpu")
+    assert moved == Parts(40, 10, 30, 20, 0, 0, 3) and moved.settled() == Parts(40, 10, 30, 23)
 
 
 def test_a_gpu_passs_gaps_move_by_the_share_of_the_steps_idle_kept() -> None:

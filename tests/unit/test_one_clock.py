@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from helpers.cli import json_here
-from helpers.rawfiles import raw_trace, timer_step_ms
+from helpers.rawfiles import own_gpu_ms, raw_trace, timer_step_ms
 
 from fsdpviz.analysis.bound import BASIS_UNPROFILED
 from fsdpviz.api import Run
@@ -234,10 +234,27 @@ def test_samples_show_one_figure_per_quantity(name: str, sample_run: Callable[[s
     _one_figure(sample_run(name), SAMPLES_DIR / name)
 
 
+def _own_work(result: Any, folder: Path) -> None:
+    """The bound's compute and FSDP's copy kernels are the analysed steps' own GPU work: the time the GPU
+    ran what each step launched, read from the trace file without fsdpviz. Work queued before the first
+    analysed step that still runs in it is not theirs (on Broot 9.4 ms of it ran in step 2's span,
+    which put the bound's compute 3.1 ms a step above what the steps launched)."""
+    summary = completed_summary(result)
+    bound = summary.bound
+    assert bound is not None and bound.fsdp_kernels_ms is not None
+    if bound.comm_ms:  # gloo's collectives on CUDA: its copies are communication (test_gpu_fsdp_comm.py)
+        return
+    traces = sorted((folder / "traces").glob("rank0.trace.json*"))
+    assert len(traces) == 1 and len(summary.ranks) == 1, "one rank traced: its own work is the bound's median"
+    own = own_gpu_ms(traces[0], summary.steps)
+    assert bound.compute_ms + bound.fsdp_kernels_ms == pytest.approx(own, abs=0.05)
+
+
 @pytest.mark.parametrize("name", SHARED)
 def test_shared_h100_recordings_show_one_figure_per_quantity(name: str, gpu_fsdp_dir: Path,
                                                              gpu_fsdp_run: Callable[[str], Any]) -> None:
     _one_figure(gpu_fsdp_run(name), gpu_fsdp_dir / name)
+    _own_work(gpu_fsdp_run(name), gpu_fsdp_dir / name)
 
 
 @pytest.mark.parametrize("name", H200)
@@ -247,6 +264,7 @@ def test_h200_recordings_show_one_figure_per_quantity(name: str, gpu_h200_dir: P
 
     result = session_memo(("gpu-h200", name), lambda: analyse([gpu_h200_dir / name], cache=False))
     _one_figure(result, gpu_h200_dir / name)
+    _own_work(result, gpu_h200_dir / name)
 
 
 @pytest.mark.parametrize("name", ["fsdp2-cpu-2rank", "zero3-cpu-2rank"])
