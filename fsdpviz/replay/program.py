@@ -127,6 +127,9 @@ class Program:
     units: list[str]  # forward order
     unit_bytes: dict[str, int]
     notes: list[str] = field(default_factory=list)
+    serial_collectives: bool = False
+    """GPU: the rank's collectives run one at a time, in the order issued (a host backend's process
+    group, gloo on CUDA tensors: :attr:`fsdpviz.replay.recorded.Recording.serial_collectives`)."""
 
 
 # --- units -----------------------------------------------------------------------------------
@@ -400,7 +403,8 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
     notes = []
     if compute_scale != 1.0:
         notes.append(f"compute {compute_scale:.2f}x slower: more ranks than cores on a host")
-    return Program(ops=ops, gathers=gathers, reduces=reduces, units=new_units, unit_bytes=unit_bytes, notes=notes)
+    return Program(ops=ops, gathers=gathers, reduces=reduces, units=new_units, unit_bytes=unit_bytes, notes=notes,
+                   serial_collectives=rec.serial_collectives)
 
 
 def meeting_ns(rec: Recording, comm: CommModel) -> float:

@@ -77,6 +77,7 @@ from fsdpviz.structure.intervals import (
     union_intervals,
 )
 from fsdpviz.structure.spans import gpu_work
+from fsdpviz.structure.staging import host_backend_collectives
 from fsdpviz.trace import schema
 
 SYNC_CALLS: Final = ("Synchronize",)  # cudaDeviceSynchronize, cudaStreamSynchronize, cuEventSynchronize ...
@@ -187,6 +188,7 @@ def read_recording(result: RunResult, ranks: Sequence[int] | None = None, per_op
         steps=programs, ranks_per_host=facts.ranks_per_host(result), cpu_count=facts.cpu_count(result), notes=notes,
         host_ops_per_step=sum(op_counts) / len(op_counts) if op_counts else 0.0,
         reshard_sizes=facts.reshard_sizes(result),
+        serial_collectives=gpu and not host_backend_collectives(events).empty,
     )
 
 

@@ -5,7 +5,9 @@ in-order lanes, each item starting when its lane is free and what it waits for i
 
 - GPU (NCCL): the compute stream runs compute and copy-outs; an all-gather's copy-in waits for the
   copy-out issued before it (FSDP2 keeps at most one all-gather ahead of the unit in use), the
-  all-gather stream runs the collectives; a reduce-scatter starts after its unit's backward compute
+  all-gather stream runs the collectives (a host backend on CUDA tensors, gloo, runs all of the
+  rank's collectives on one queue, in the order issued: ``Program.serial_collectives``); a
+  reduce-scatter starts after its unit's backward compute
   and, before the next unit's reduction, the compute stream waits for the previous one (FSDP2's
   ``post_backward_rs_wait``); the optimizer's kernels wait for every reduction. The host never
   waits except where the recording synchronised (the end of the step).
@@ -124,6 +126,9 @@ class _Sim:
         self.host = 0.0
         self.free: dict[str, float] = {COMPUTE: 0.0, COPY_IN: 0.0, ALL_GATHER: 0.0, REDUCE_SCATTER: 0.0,
                                        ALL_REDUCE: 0.0, COMM: 0.0}
+        # GPU: each kind of collective on a stream of its own, or all on one queue (a host backend)
+        self.lanes = {kind: COMM if program.serial_collectives else kind
+                      for kind in (ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE)}
         self.gather_end: dict[int, float] = {}
         self.last_copy_out = 0.0
         self.pending_reduce: list[tuple[float, int]] = []  # (end, buffer bytes) not yet waited for
@@ -148,17 +153,22 @@ class _Sim:
 
     def _gather(self, gid: int) -> None:
         g = self.p.gathers[gid]
+        issued = self.host
         self.host += g.host_ns
         if self.gpu:
-            ci_start = max(self.host, self.free[COPY_IN], self.last_copy_out)
+            # a host backend's gather holds the host while its collective runs (gloo on CUDA: FSDP's
+            # all-gather label ends with the gloo op, which starts within a millisecond of the label):
+            # the copy-in and the collective start with the host's work on it, not after it
+            ci_start = max(issued if self.p.serial_collectives else self.host, self.free[COPY_IN], self.last_copy_out)
             ci_end = ci_start + g.copy_in_ns
             self.free[COPY_IN] = ci_end
-            start = max(ci_end, self.free[ALL_GATHER], self.free[COMPUTE] if g.after_compute else 0.0)
+            lane = self.lanes[ALL_GATHER]
+            start = max(ci_end, self.free[lane], self.free[COMPUTE] if g.after_compute else 0.0)
             end = start + g.comm_ns
-            self.free[ALL_GATHER] = end
+            self.free[lane] = end
             if g.copy_in_ns:
                 self.spans.append(SimSpan(g.unit, g.phase, "copy_in", COPY_IN, ci_start, ci_end))
-            self.spans.append(SimSpan(g.unit, g.phase, ALL_GATHER, ALL_GATHER, start, end))
+            self.spans.append(SimSpan(g.unit, g.phase, ALL_GATHER, lane, start, end))
         else:
             start = max(self.host, self.free[COMM])
             end = start + g.comm_ns
@@ -199,15 +209,17 @@ class _Sim:
         if self.gpu:
             prev = max((e for e, _ in self.pending_reduce), default=0.0)
             self.free[COMPUTE] = max(self.free[COMPUTE], prev, self.host) + r.prep_ns
-            start = max(self.host, self.free[REDUCE_SCATTER], self.free[COMPUTE])
+            lane = self.lanes[REDUCE_SCATTER]
+            start = max(self.host, self.free[lane], self.free[COMPUTE])
             end = start + r.comm_ns
-            self.free[REDUCE_SCATTER] = end
-            self.spans.append(SimSpan(r.unit, BACKWARD, REDUCE_SCATTER, REDUCE_SCATTER, start, end))
+            self.free[lane] = end
+            self.spans.append(SimSpan(r.unit, BACKWARD, REDUCE_SCATTER, lane, start, end))
             if r.ar_ns:
-                a0 = max(end, self.free[ALL_REDUCE])
+                lane = self.lanes[ALL_REDUCE]
+                a0 = max(end, self.free[lane])
                 end = a0 + r.ar_ns
-                self.free[ALL_REDUCE] = end
-                self.spans.append(SimSpan(r.unit, BACKWARD, ALL_REDUCE, ALL_REDUCE, a0, end))
+                self.free[lane] = end
+                self.spans.append(SimSpan(r.unit, BACKWARD, ALL_REDUCE, lane, a0, end))
         else:
             start = max(self.host, self.free[COMM])
             end = start + r.comm_ns + r.ar_ns
