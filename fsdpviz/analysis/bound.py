@@ -44,6 +44,7 @@ import pandas as pd
 
 from fsdpviz.formatting import NS_PER_MS
 from fsdpviz.structure.deprofile import Parts, deprofiled, device_scale, host_scale, idle_scale
+from fsdpviz.structure.fsdp_work import launch_points
 from fsdpviz.structure.intervals import (
     Intervals,
     clip_intervals,
@@ -100,9 +101,7 @@ def step_windows(traces_steps: pd.DataFrame, rank: int, analysed: AnalysedSteps 
 
 def launch_times(events: pd.DataFrame, work: pd.DataFrame) -> np.ndarray:
     """Per row of ``work`` (GPU events): when the runtime call that launched it began (-1: unknown)."""
-    runtime = events[(events["kind"] == schema.KIND_RUNTIME).to_numpy() & (events["correlation"] >= 0).to_numpy()]
-    first = runtime.groupby("correlation")["start_ns"].min()
-    return work["correlation"].map(first).fillna(-1).to_numpy(dtype=np.int64)
+    return launch_points(events, work)[0]
 
 
 def gap_starters(events: pd.DataFrame, host_comm: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -116,27 +115,50 @@ def gap_starters(events: pd.DataFrame, host_comm: pd.DataFrame) -> tuple[np.ndar
     return starts[order], launches[order]
 
 
-def carried_work(windows: list[tuple[int, int]], work: pd.DataFrame, launch_ns: np.ndarray, model: np.ndarray,
-                 own_extra: Intervals | None = None) -> tuple[int, int]:
-    """(in, out) ns of :func:`gpu_split`'s ``carried``: of ``work`` (a rank's GPU events, ``launch_ns``
-    their launches, -1 unknown: launched before tracing began), the time the ``windows`` ran only
-    ``model`` work launched before the first window (no other work, nor ``own_extra``, beside it),
-    and the time work launched in the windows' span ran past the last window. (0, 0) without
-    windows or launches: work is then the step's by its time."""
+def carried_work(windows: list[tuple[int, int]], work: pd.DataFrame, launch_ns: np.ndarray, is_model: np.ndarray,
+                 host_comm: Intervals | None = None) -> tuple[int, int]:
+    """(in, out) ns of :func:`gpu_split`'s ``carried``, summed over the step ``windows`` (the analysed
+    steps' spans, in order; they need not be adjacent). ``work``: a rank's GPU events, ``launch_ns``
+    when each was launched (-1: the trace holds none; its start stands for it, and one that starts
+    before the first work its window launched was queued before the window), ``is_model``
+    which are the model's (:func:`fsdpviz.analysis.overlap.is_model_work`), ``host_comm`` a host
+    backend's collectives (no launch: they are the windows' own by their time).
+
+    In: the time a window ran only model work launched before it (no work of its own, launched in
+    it or later, beside it). Out: the time the model work launched in a window ran after it with no
+    later-launched work beside it. Each is measured as the other, so in a steady run, where each step
+    hands the next its tail, the two match; (0, 0) without windows or launches, where work is a
+    step's by its time."""
     if not windows or not len(work) or not (launch_ns >= 0).any():
         return 0, 0
-    lo, hi = windows[0][0], windows[-1][1]
     start = work["start_ns"].to_numpy(np.int64)
     end = start + work["dur_ns"].to_numpy(np.int64)
-    before = launch_ns < lo  # -1 included
-    came = union_intervals(start[before & model], end[before & model])
-    own = union_intervals(np.concatenate([start[~before], own_extra[0] if own_extra else []]).astype(np.int64),
-                          np.concatenate([end[~before], own_extra[1] if own_extra else []]).astype(np.int64))
-    came_in = sum(total_ns(subtract_intervals(clip_intervals(came, a, b), clip_intervals(own, a, b)))
-                  for a, b in windows)
-    span = ~before & (launch_ns < hi)
-    went_out = total_ns(clip_intervals(union_intervals(start[span], end[span]), hi, int(end.max()) + 1))
-    return int(came_in), int(went_out)
+    launched = np.where(launch_ns >= 0, launch_ns, start)
+    known = launch_ns >= 0
+    for a, b in windows:
+        # work without a launch record that runs before the first work the window launched was queued
+        # before tracing began (the loader's rule: NO_STEP) or before the window; later in it, it is
+        # the window's own (a launch the profiler missed, as a driver's launch can be)
+        ours = known & (launch_ns >= a) & (launch_ns < b)
+        first = int(start[ours].min()) if ours.any() else b
+        launched[~known & (start >= a) & (start < first)] = a - 1
+    comm_s, comm_e = host_comm if host_comm is not None else (np.zeros(0, np.int64), np.zeros(0, np.int64))
+
+    def alone(mine: np.ndarray, others: np.ndarray, a: int, b: int) -> int:
+        """The time in [a, b) the ``mine`` events ran with no ``others`` event and no host collective."""
+        near = (end > a) & (start < b)
+        ran = clip_intervals(union_intervals(start[mine & near], end[mine & near]), a, b)
+        beside = union_intervals(np.concatenate([start[others & near], comm_s]),
+                                 np.concatenate([end[others & near], comm_e]))
+        return total_ns(subtract_intervals(ran, clip_intervals(beside, a, b)))
+
+    came_in = went_out = 0
+    for a, b in windows:
+        came_in += alone(is_model & (launched < a), launched >= a, a, b)
+        ran_on = (launched >= a) & (launched < b) & is_model
+        if ran_on.any():
+            went_out += alone(ran_on, launched >= b, b, int(end[ran_on].max()))
+    return came_in, went_out
 
 
 def split_idle(gaps: list[tuple[int, int]], starts: np.ndarray, launches: np.ndarray,
@@ -365,6 +387,11 @@ class BoundSummary(StepSplit, kw_only=True):
     memory_bound: bool | None = None
     """The peak within :data:`MEMORY_MARGIN` of ``device_memory_bytes``; None when either is unknown
     (``note`` says why)."""
+    carried_ms: float = 0.0
+    """GPU: the time a traced step ran only work queued before the analysed steps, beyond what their
+    own work ran past the last (:func:`carried_work`; median over ranks, per step). The steps waited
+    on it, so ``other_idle_ms`` holds it, less what the de-profiler took out of it first on
+    ``unprofiled`` (``note`` says how much it holds)."""
 
 
 def _traced_parts(r: Mapping[Any, Any]) -> tuple[float, Parts, float]:
@@ -479,6 +506,9 @@ def summarize_bound(overlap: pd.DataFrame, profiler: ProfilerCost | None,
         notes.append("the split is the traced step's: without the recorder's timers the profiler's share of "
                      "the idle time is unknown and included")
     shown = parts.settled()
+    if parts.carried >= 0.001:
+        notes.append(f"other_idle_ms holds {parts.carried:.3f} ms a step the GPU ran work queued before the "
+                     "analysed steps (the steps waited on it; carried_ms)")
     compute, comm, host, idle = shown.compute, shown.exposed_comm, shown.host_wait, shown.other_idle
     fsdp = shown.fsdp_kernels + shown.fsdp_host
     losses = {KIND_COMMUNICATION: comm, KIND_HOST: (host or 0.0) + fsdp, KIND_IDLE: idle}
@@ -496,7 +526,7 @@ def summarize_bound(overlap: pd.DataFrame, profiler: ProfilerCost | None,
         fsdp_kernels_ms=None if device == schema.OVERLAP_CPU else round(parts.fsdp_kernels, 3),
         device_scale=round(scale, 6), host_scale=round(host_scale(median_traced, parts), 6),
         idle_scale=round(scale if device == schema.OVERLAP_CPU else idle_scale(median_traced, parts), 6),
-        comm_ms=round(_median(traced_comms) * scale, 3))
+        comm_ms=round(_median(traced_comms) * scale, 3), carried_ms=round(median_traced.carried, 3))
 
 
 def clock_scale(bound: BoundSummary | None) -> float:

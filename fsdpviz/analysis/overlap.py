@@ -38,7 +38,7 @@ from fsdpviz.analysis.bound import (
     step_windows,
 )
 from fsdpviz.errors import NoDataError
-from fsdpviz.structure.categorical import matching
+from fsdpviz.structure.categorical import matching, searching
 from fsdpviz.structure.fsdp_work import all_lanes, fsdp_ranges, launched_inside
 from fsdpviz.structure.intervals import (
     Intervals,
@@ -63,13 +63,6 @@ CPU_WAIT_RE: Final = re.compile(r"wait", re.IGNORECASE)
 def _intervals_of(frame: pd.DataFrame) -> Intervals:
     starts = frame["start_ns"].to_numpy(dtype=np.int64)
     return union_intervals(starts, starts + frame["dur_ns"].to_numpy(dtype=np.int64))
-
-
-def _names_searching(names: pd.Series, pattern: re.Pattern[str]) -> np.ndarray:
-    cats = names.cat.categories
-    hit = np.fromiter((pattern.search(str(c)) is not None for c in cats), dtype=bool, count=len(cats))
-    codes = names.cat.codes.to_numpy()
-    return hit[codes] & (codes >= 0) if len(cats) else np.zeros(len(names), dtype=bool)
 
 
 def gpu_sets(events: pd.DataFrame, analysed: AnalysedSteps | None) -> tuple[Intervals, Intervals, Intervals]:
@@ -113,7 +106,7 @@ def cpu_sets(
     comm = _intervals_of(events[(lane_kind == schema.LANE_CPU_GLOO) & has_comm])
     on_compute_lanes = np.isin(lane_kind, CPU_COMPUTE_LANES)
     ops = events[on_compute_lanes & (events["kind"] == schema.KIND_CPU_OP).to_numpy()]
-    blocked = ops[(ops["comm"] != "").to_numpy() | _names_searching(ops["name"], CPU_WAIT_RE)]
+    blocked = ops[(ops["comm"] != "").to_numpy() | searching(ops["name"], CPU_WAIT_RE)]
     compute = subtract_intervals(_intervals_of(ops), _intervals_of(blocked))
     if analysed is not None:
         comm = clip_intervals(comm, analysed.start_ns, analysed.end_ns)
@@ -200,7 +193,9 @@ def rank_overlap(traces: TraceSet, rank: int, events: pd.DataFrame, analysed: An
         windows = step_windows(traces.steps, rank, analysed, busy)
         gpu = events[events["kind"].isin(GPU_WORK_KINDS).to_numpy()]
         model = is_model_work(events, gpu, ranges)
-        carried = carried_work(windows, gpu, launch_times(events, gpu), model, _intervals_of(host_comm))
+        # the analysed steps' own work (with no ProfilerStep the window is the busy span: all of it is)
+        carried = (carried_work(windows, gpu, launch_times(events, gpu), model, _intervals_of(host_comm))
+                   if analysed is not None and analysed.steps else (0, 0))
         bound = gpu_split(windows, all_comm, all_compute, all_busy, starts, launches,
                           _intervals_of(gpu[model]), all_lanes(ranges), carried)
     else:

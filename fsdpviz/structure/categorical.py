@@ -9,6 +9,7 @@ them by the codes costs one pointer per row.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
@@ -35,9 +36,18 @@ def startswith(values: pd.Series, prefix: str | tuple[str, ...]) -> np.ndarray:
 
 def matching(values: pd.Series, pattern: re.Pattern[str]) -> np.ndarray:
     """Boolean mask of rows whose value ``pattern`` matches at its start, tested once per distinct value."""
+    return _tested(values, pattern.match)
+
+
+def searching(values: pd.Series, pattern: re.Pattern[str]) -> np.ndarray:
+    """Boolean mask of rows whose value ``pattern`` matches anywhere in, tested once per distinct value."""
+    return _tested(values, pattern.search)
+
+
+def _tested(values: pd.Series, test: Callable[[str], object]) -> np.ndarray:
     if isinstance(values.dtype, pd.CategoricalDtype):
         cats = values.cat.categories
-        hit = np.fromiter((pattern.match(str(c)) is not None for c in cats), dtype=bool, count=len(cats))
+        hit = np.fromiter((test(str(c)) is not None for c in cats), dtype=bool, count=len(cats))
         codes = values.cat.codes.to_numpy()
         return np.where(codes >= 0, hit[np.clip(codes, 0, None)] if len(cats) else False, False)
-    return np.fromiter((pattern.match(v) is not None for v in as_str(values)), dtype=bool, count=len(values))
+    return np.fromiter((test(v) is not None for v in as_str(values)), dtype=bool, count=len(values))

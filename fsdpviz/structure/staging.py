@@ -1,15 +1,17 @@
 """A host backend's collectives on a GPU rank, and the copies they stage through host memory.
 
 gloo (or MPI) runs a collective of CUDA tensors on a CPU thread of its own: the calling thread's
-``c10d::*`` op copies the input to pinned host memory (``Memcpy DtoH``), the backend's thread runs
-the collective (``gloo:all_gather``) and copies the result back (``Memcpy HtoD``), and the caller's
-wait may copy once more. These copies are the collective's own work, not the model's: they are
-communication, beside the backend's op itself. A copy is the collective's when the host launched
-it from inside one of the rank's collective ops (any ``c10d::*`` / ``gloo:*`` op with a collective
-name) on the launching thread; a copy FSDP's own ranges launched outside them stays FSDP's.
+``c10d::*`` op copies the input to pinned host memory (``Memcpy DtoH``; a reduce-scatter also a
+device-to-device copy of it), and the backend's thread runs the collective (``gloo:all_gather``) and
+copies the result back (``Memcpy HtoD``). These copies are the collective's own work, not the
+model's: they are communication, beside the backend's op itself. A copy is a host backend's when the
+host launched it from inside one of the rank's ``c10d::*``, ``gloo:*`` or ``mpi:*`` collective ops on
+the launching thread, and that op launched no NCCL kernel (a ``c10d::*`` op of a NCCL group beside a
+gloo one stays HTA's: its collective is its kernel); a copy FSDP's own ranges launched outside them
+stays FSDP's.
 
-On a rank without a host backend's collectives (NCCL), nothing here applies: a collective there is
-its kernel (HTA's definition).
+On a rank without a host backend's collectives (NCCL alone), nothing here applies: a collective there
+is its kernel (HTA's definition).
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ def staged(events: pd.DataFrame, gpu: pd.DataFrame) -> np.ndarray:
     out = np.zeros(len(gpu), dtype=bool)
     if not len(gpu) or host_backend_collectives(events).empty:
         return out
-    ops = _collective_ops(events)
+    ops = _host_backend_ops(events)
     t, lanes = launch_points(events, gpu)
     for lane, g in ops.groupby(ops["lane"].astype(str), sort=False):
         mine = (t >= 0) & (lanes == lane)
@@ -61,6 +63,26 @@ def staged(events: pd.DataFrame, gpu: pd.DataFrame) -> np.ndarray:
             start = g["start_ns"].to_numpy(np.int64)
             out[mine] = inside(t[mine], union_intervals(start, start + g["dur_ns"].to_numpy(np.int64)))
     return out & ~communication_kernels(gpu)
+
+
+def _host_backend_ops(events: pd.DataFrame) -> pd.DataFrame:
+    """The collective ops (``c10d::*``, ``gloo:*``, ``mpi:*``) of one rank that launched no NCCL kernel."""
+    ops = _collective_ops(events)
+    ops = ops[startswith(ops["name"], ("c10d::", *HOST_BACKEND_PREFIXES))]
+    gpu = events[events["kind"].isin(GPU_WORK_KINDS).to_numpy()]
+    nccl = gpu[communication_kernels(gpu)]
+    if nccl.empty or ops.empty:
+        return ops
+    t, lanes = launch_points(events, nccl)
+    launched_nccl = np.zeros(len(ops), dtype=bool)
+    op_lanes = ops["lane"].astype(str).to_numpy(dtype=object)
+    op_start = ops["start_ns"].to_numpy(np.int64)
+    op_end = op_start + ops["dur_ns"].to_numpy(np.int64)
+    for lane in np.unique(op_lanes):
+        on = op_lanes == lane
+        at = np.sort(t[(t >= 0) & (lanes == lane)])
+        launched_nccl[on] = np.searchsorted(at, op_end[on]) > np.searchsorted(at, op_start[on])
+    return ops[~launched_nccl]
 
 
 def collective_work(events: pd.DataFrame, gpu: pd.DataFrame) -> np.ndarray:

@@ -155,8 +155,77 @@ def test_work_queued_before_the_steps_is_not_their_compute(tmp_path: Path) -> No
                                                           "carried_ns"))
     bound = summarize_bound(overlap, None)
     assert bound is not None and bound.basis == "traced"
-    # shown per step: compute 0.1 ms, and the carried 0.15 ms with the other idle
+    # shown per step: compute 0.1 ms, and the carried 0.15 ms with the other idle, which the note says
     assert bound.compute_ms == 0.1 and bound.other_idle_ms == pytest.approx(0.15 + row["other_idle_ns"] / 2 / 1e6)
+    assert bound.carried_ms == 0.15 and "other_idle_ms holds 0.150 ms a step" in (bound.note or "")
+
+
+def _steps_with(tmp_path: Path, extra: Callable[[TraceBuilder], None], name: str) -> dict:
+    """Steps 1-3 of 1000 µs (1 and 2 analysed), each launching a 100 µs kernel at 10 that runs 20-120, and
+    what ``extra`` adds."""
+    b = TraceBuilder()
+    for n in STEPS:
+        t = (n - 1) * 1000.0
+        b.step(n, t, 1000.0)
+        b.kernel(GEMM, t + 20, 100, launch_us=t + 10)
+    extra(b)
+    return _row(b.write(tmp_path / f"{name}.trace.json"))
+
+
+def test_a_kernel_without_a_launch_is_queued_before_only_ahead_of_the_steps_own_work(tmp_path: Path) -> None:
+    # before step 1's first kernel, with no launch record: launched before tracing began (carried)
+    row = _steps_with(tmp_path, lambda b: b.kernel(GEMM, 0, 15), "ahead")
+    assert (row["bound_compute_ns"], row["carried_ns"]) == (200 * US, 15 * US)
+    # mid-step, after the step's own kernel, with no launch record: a launch the profiler missed (the step's)
+    row = _steps_with(tmp_path, lambda b: b.kernel(GEMM, 500, 200), "mid")
+    assert (row["bound_compute_ns"], row["carried_ns"]) == (400 * US, 0)
+
+
+def test_earlier_work_beside_the_steps_own_is_not_carried(tmp_path: Path) -> None:
+    # 0-60 on another stream, launched before the steps: only 0-20 ran alone (20-120 is step 1's kernel)
+    row = _steps_with(tmp_path, lambda b: b.kernel(GEMM, 0, 60, stream=8, launch_us=-5), "beside")
+    assert (row["bound_compute_ns"], row["carried_ns"]) == (200 * US, 20 * US)
+
+
+def test_steps_apart_count_each_ones_own_tail(tmp_path: Path) -> None:
+    """Steps 1, 3 and 5 of six analysed apart: each step's 150 µs kernel runs 950-1100, into the step after,
+    as the step before the first's did (0-100), but step 2's runs 1950-2300, 300 µs into step 3. The spans
+    take in 100 + 300 + 100 µs of earlier steps' work and their steps hand on 100 + 100 + 100: 200 µs is
+    carried, and each step's compute is its own kernel."""
+    b = TraceBuilder()
+    b.kernel(GEMM, 0, 100, launch_us=-100)
+    for n in range(1, 7):
+        t = (n - 1) * 1000.0
+        b.step(n, t, 1000.0)
+        b.kernel(GEMM, t + 950, 350 if n == 2 else 150, launch_us=t + 900)
+    traces = load_traces([b.write(tmp_path / "apart.trace.json")], cache=False)
+    row = compute_overlap(traces, steps=[1, 3, 5]).iloc[0].to_dict()
+    assert row["n_steps"] == 3
+    assert (row["bound_compute_ns"], row["carried_ns"]) == (3 * 150 * US, 200 * US)
+
+
+def test_a_nccl_collectives_copy_stays_the_models_beside_a_gloo_group(tmp_path: Path) -> None:
+    """A NCCL list all-gather (its op launches the NCCL kernel, 130-330, and a copy of the result, 330-430)
+    beside a gloo group's barrier (905-915): the copy is NCCL's op's, whose collective is its kernel, so it
+    stays the model's work, as without the gloo group."""
+    def build(gloo: bool) -> dict:
+        b = TraceBuilder(backend="nccl")
+        b.thread(1000, "python3").thread(2001, "pt_gloo_runloop")
+        for n in STEPS:
+            t = (n - 1) * 1000.0
+            b.step(n, t, 1000.0)
+            b.kernel(GEMM, t + 10, 100, launch_us=t + 1)
+            b.cpu_op("c10d::allgather_", t + 120, 40)
+            b.kernel(NCCL_AG, t + 130, 200, stream=20, launch_us=t + 125)
+            b.kernel("Memcpy DtoD (Device -> Device)", t + 330, 100, stream=20, launch_us=t + 150, cat="gpu_memcpy")
+            if gloo:
+                b.cpu_op("c10d::barrier", t + 900, 20)
+                b.annotation("gloo:barrier", t + 905, 10, tid=2001)
+        return _row(b.write(tmp_path / f"mixed{int(gloo)}.trace.json"))
+
+    alone, beside = build(False), build(True)
+    assert alone["bound_compute_ns"] == beside["bound_compute_ns"] == 2 * 200 * US
+    assert beside["bound_comm_ns"] - alone["bound_comm_ns"] == 2 * 10 * US  # the barrier's own range
 
 
 def test_a_steady_tail_into_the_next_step_stays_compute(tmp_path: Path) -> None:

@@ -106,21 +106,35 @@ def test_gloo_on_cuda_collectives_belong_to_units(rank: int, gpu_fsdp_dir: Path,
 def test_gloo_on_cuda_copies_are_the_collectives_payload(rank: int, gpu_fsdp_dir: Path,
                                                          gpu_fsdp_run: Callable[[str], Any]) -> None:
     """The copies counted as communication carry the collectives' own tensors, by the sizes the
-    issuing op recorded: each ``c10d::_allgather_base_`` (output, input) copies its input shard to the
-    host, and gloo's thread copies the gathered output back, in the analysed steps. Counted with the
-    model's work, they had put the bound's compute 21 ms above HTA's (every kernel but collectives and
-    copies): now the bound's compute and FSDP's copy kernels are HTA's compute."""
+    issuing op recorded, in the analysed steps: each ``c10d::_allgather_base_`` (output, input) copies
+    its input shard to the host, and gloo's thread copies the gathered output back; each
+    ``c10d::_reduce_scatter_base_`` (output, input) copies its whole input on the device and to the
+    host, and gloo's all-reduce thread copies it back. Counted with the model's work, they had put the
+    bound's compute 21 ms above HTA's (every kernel but collectives and copies): now the bound's
+    compute and FSDP's copy kernels are HTA's compute."""
     events = _events(gpu_fsdp_dir, rank)
     lo, hi = _window(events)
     staged = _staged(events, lo, hi)
-    gathers = [e for e in events if e.get("cat") == "cpu_op" and e["name"] == "c10d::_allgather_base_"
-               and lo <= e["ts"] < hi]
     fp32 = 4
-    assert gathers and all(e["args"]["Input type"][:2] == ["float", "float"] for e in gathers)
-    to_host = {id(op): c["args"]["bytes"] for op, c in staged if op["name"] == "c10d::_allgather_base_"}
-    assert sorted(to_host.values()) == sorted(e["args"]["Input Dims"][1][0] * fp32 for e in gathers)
-    back = sum(c["args"]["bytes"] for op, c in staged if op["name"] == "gloo:all_gather")
-    assert back == sum(e["args"]["Input Dims"][0][0] * fp32 for e in gathers)
+
+    def issued(name: str) -> list[dict[str, Any]]:
+        ops = [e for e in events if e.get("cat") == "cpu_op" and e["name"] == name and lo <= e["ts"] < hi]
+        assert ops and all(e["args"]["Input type"][:2] == ["float", "float"] for e in ops)
+        return ops
+
+    def copied(op_name: str, kind: str) -> list[int]:
+        return sorted(c["args"]["bytes"] for op, c in staged if op["name"] == op_name and c["name"].startswith(kind))
+
+    gathers, reductions = issued("c10d::_allgather_base_"), issued("c10d::_reduce_scatter_base_")
+    shard = sorted(e["args"]["Input Dims"][1][0] * fp32 for e in gathers)
+    gathered = sum(e["args"]["Input Dims"][0][0] * fp32 for e in gathers)
+    grads = sorted(e["args"]["Input Dims"][1][0] * fp32 for e in reductions)
+    assert copied("c10d::_allgather_base_", "Memcpy DtoH") == shard
+    assert sum(copied("gloo:all_gather", "Memcpy HtoD")) == gathered
+    assert copied("c10d::_reduce_scatter_base_", "Memcpy DtoD") == grads
+    assert copied("c10d::_reduce_scatter_base_", "Memcpy DtoH") == grads
+    assert copied("gloo:all_reduce", "Memcpy HtoD") == grads
+    assert len(staged) == len(shard) + len(copied("gloo:all_gather", "Memcpy HtoD")) + 3 * len(grads)
     summary = gpu_fsdp_run(RUN).summary
     bound = summary.bound
     assert bound is not None and bound.fsdp_kernels_ms is not None

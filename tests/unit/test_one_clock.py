@@ -247,7 +247,7 @@ def _own_work(result: Any, folder: Path) -> None:
     traces = sorted((folder / "traces").glob("rank0.trace.json*"))
     assert len(traces) == 1 and len(summary.ranks) == 1, "one rank traced: its own work is the bound's median"
     own = own_gpu_ms(traces[0], summary.steps)
-    assert bound.compute_ms + bound.fsdp_kernels_ms == pytest.approx(own, abs=0.05)
+    assert bound.compute_ms + bound.fsdp_kernels_ms == pytest.approx(own, abs=0.1)
 
 
 @pytest.mark.parametrize("name", SHARED)
