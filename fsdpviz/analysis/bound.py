@@ -135,13 +135,13 @@ def carried_work(windows: list[tuple[int, int]], work: pd.DataFrame, launch_ns: 
     end = start + work["dur_ns"].to_numpy(np.int64)
     launched = np.where(launch_ns >= 0, launch_ns, start)
     known = launch_ns >= 0
-    for a, b in windows:
+    for i, (a, b) in enumerate(windows):
         # work without a launch record that runs before the first work the window launched was queued
-        # before tracing began (the loader's rule: NO_STEP) or before the window; later in it, it is
-        # the window's own (a launch the profiler missed, as a driver's launch can be)
+        # before it: in the window before (its tail), or before tracing began (the loader's rule,
+        # NO_STEP); later in the window, it is the window's own (a launch the profiler missed)
         ours = known & (launch_ns >= a) & (launch_ns < b)
         first = int(start[ours].min()) if ours.any() else b
-        launched[~known & (start >= a) & (start < first)] = a - 1
+        launched[~known & (start >= a) & (start < first)] = windows[i - 1][1] - 1 if i else a - 1
     comm_s, comm_e = host_comm if host_comm is not None else (np.zeros(0, np.int64), np.zeros(0, np.int64))
 
     def alone(mine: np.ndarray, others: np.ndarray, a: int, b: int) -> int:
@@ -388,10 +388,10 @@ class BoundSummary(StepSplit, kw_only=True):
     """The peak within :data:`MEMORY_MARGIN` of ``device_memory_bytes``; None when either is unknown
     (``note`` says why)."""
     carried_ms: float = 0.0
-    """GPU: the time a traced step ran only work queued before the analysed steps, beyond what their
-    own work ran past the last (:func:`carried_work`; median over ranks, per step). The steps waited
-    on it, so ``other_idle_ms`` holds it, less what the de-profiler took out of it first on
-    ``unprofiled`` (``note`` says how much it holds)."""
+    """GPU, on the trace's clock: the time a traced step ran only model work launched before it, beyond
+    what its own ran after it (:func:`carried_work`; median over ranks, per step). The steps waited on
+    it, so ``other_idle_ms`` holds it, less what the de-profiler took out of it first on ``unprofiled``
+    (``note`` says how much it holds)."""
 
 
 def _traced_parts(r: Mapping[Any, Any]) -> tuple[float, Parts, float]:

@@ -143,10 +143,10 @@ class Recording:
     """Per unit, its parameters' unsharded elements in the framework's order, where run.json lists them
     (ZeRO-3 buckets parameters: :mod:`.zero3_fetch`)."""
     serial_collectives: bool = False
-    """GPU: the collectives ran on a host backend (gloo on CUDA tensors), whose process group runs its
-    collectives one at a time on its worker threads, in the order issued: all-gathers and
-    reduce-scatters queue behind one another instead of running on streams of their own (on
-    ``h100-fsdp2-gloo2-block`` the ``gloo:*`` ranges of the analysed steps overlap for 9 ms of 4,128)."""
+    """GPU: FSDP's collectives ran on a host backend (gloo on CUDA tensors). FSDP's all-gather and
+    reduce labels hold the host while their gloo op runs, so one rank's collectives run one after
+    another, and the replay queues them so (on ``h100-fsdp2-gloo2-block`` the host-side ``gloo:*`` ops
+    of the analysed steps overlap for 0 of 4,053 ms on rank 0)."""
 
     @property
     def gathered_units(self) -> set[str]:

@@ -77,7 +77,6 @@ from fsdpviz.structure.intervals import (
     union_intervals,
 )
 from fsdpviz.structure.spans import gpu_work
-from fsdpviz.structure.staging import host_backend_collectives
 from fsdpviz.trace import schema
 
 SYNC_CALLS: Final = ("Synchronize",)  # cudaDeviceSynchronize, cudaStreamSynchronize, cuEventSynchronize ...
@@ -188,8 +187,18 @@ def read_recording(result: RunResult, ranks: Sequence[int] | None = None, per_op
         steps=programs, ranks_per_host=facts.ranks_per_host(result), cpu_count=facts.cpu_count(result), notes=notes,
         host_ops_per_step=sum(op_counts) / len(op_counts) if op_counts else 0.0,
         reshard_sizes=facts.reshard_sizes(result),
-        serial_collectives=gpu and not host_backend_collectives(events).empty,
+        serial_collectives=gpu and _fsdp_on_host_backend(analysis.spans, lanes),
     )
+
+
+def _fsdp_on_host_backend(spans: pd.DataFrame, lanes: pd.DataFrame) -> bool:
+    """FSDP's own collectives (the units' all-gathers and reduce-scatters) ran on a host backend's
+    threads (gloo on CUDA tensors), not as a GPU's kernels; a gloo group beside them (a barrier, an
+    object collective) does not count."""
+    gloo = set(zip(lanes.loc[lanes["lane_kind"] == schema.LANE_CPU_GLOO, "rank"].astype(int),
+                   lanes.loc[lanes["lane_kind"] == schema.LANE_CPU_GLOO, "lane"].astype(str)))
+    ran = spans[spans["kind"].isin([vocabulary.ALL_GATHER, vocabulary.REDUCE_SCATTER]).to_numpy()]
+    return any((int(r), str(lane)) in gloo for r, lane in zip(ran["rank"], ran["lane"]))
 
 
 def _assume_optimizer(split: Split, state: ShardedState | None) -> tuple[Split, dict[str, int]]:

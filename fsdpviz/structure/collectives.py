@@ -149,7 +149,9 @@ def gpu_collectives(events: pd.DataFrame) -> pd.DataFrame:
     })
 
 
-def _gloo_family(comm: str, gloo_has_rs: bool) -> str:
+def gloo_family(comm: str, gloo_has_rs: bool) -> str:
+    """The kind a gloo op runs for an issued collective of kind ``comm``: without a gloo reduce-scatter in
+    the trace, PyTorch runs a reduce-scatter as ``gloo:all_reduce``."""
     if comm == vocabulary.REDUCE_SCATTER and not gloo_has_rs:
         return vocabulary.ALL_REDUCE
     return comm
@@ -249,8 +251,8 @@ def cpu_collectives(events: pd.DataFrame, kinds: np.ndarray, groups: np.ndarray 
     run_group = (groups[on_gloo][order] if groups is not None else np.full(len(runs), "", dtype=object))
     issue_group = issue_groups(issues, events)
     gloo_has_rs = bool((runs["comm"] == vocabulary.REDUCE_SCATTER).any())
-    run_family = np.array([_gloo_family(c, gloo_has_rs) for c in as_str(runs["comm"])], dtype=object)
-    issue_family = np.array([_gloo_family(c, gloo_has_rs) for c in as_str(issues["comm"])], dtype=object)
+    run_family = np.array([gloo_family(c, gloo_has_rs) for c in as_str(runs["comm"])], dtype=object)
+    issue_family = np.array([gloo_family(c, gloo_has_rs) for c in as_str(issues["comm"])], dtype=object)
     parts = []
     for r_rows, i_rows in _queues(runs, issues, run_family, issue_family, run_group, issue_group):
         r, i = runs.iloc[r_rows], issues.iloc[i_rows]

@@ -22,7 +22,9 @@ from typing import Final
 import numpy as np
 import pandas as pd
 
-from fsdpviz.structure.categorical import matching, startswith
+from fsdpviz import vocabulary
+from fsdpviz.structure.categorical import as_str, matching, startswith
+from fsdpviz.structure.collectives import gloo_family
 from fsdpviz.structure.fsdp_work import inside, launch_points
 from fsdpviz.structure.intervals import Intervals, union_intervals
 from fsdpviz.structure.spans import GPU_WORK_KINDS, HTA_COMM_RE
@@ -66,23 +68,48 @@ def staged(events: pd.DataFrame, gpu: pd.DataFrame) -> np.ndarray:
 
 
 def _host_backend_ops(events: pd.DataFrame) -> pd.DataFrame:
-    """The collective ops (``c10d::*``, ``gloo:*``, ``mpi:*``) of one rank that launched no NCCL kernel."""
+    """The ops of one rank's host-backend collectives: the backend's own (``gloo:*``, ``mpi:*``) and the
+    ``c10d::*`` op that issued each, the latest of its kind to start before it (gloo runs a
+    reduce-scatter as an all-reduce). A ``c10d::*`` op that launched a NCCL kernel, or whose kind no
+    backend op ran (a NCCL or fake group's beside a gloo one), is not one of them."""
     ops = _collective_ops(events)
-    ops = ops[startswith(ops["name"], ("c10d::", *HOST_BACKEND_PREFIXES))]
+    backend = ops[startswith(ops["name"], HOST_BACKEND_PREFIXES)]
+    issuing = ops[startswith(ops["name"], "c10d::")]
+    issuing = issuing[~_launched_nccl(events, issuing)]
+    if backend.empty or issuing.empty:
+        return backend
+    has_rs = bool((backend["comm"] == vocabulary.REDUCE_SCATTER).any())
+    backend_family = np.array([gloo_family(c, has_rs) for c in as_str(backend["comm"])], dtype=object)
+    issuing_family = np.array([gloo_family(c, has_rs) for c in as_str(issuing["comm"])], dtype=object)
+    issued = np.zeros(len(issuing), dtype=bool)
+    backend_start = backend["start_ns"].to_numpy(np.int64)
+    issuing_start = issuing["start_ns"].to_numpy(np.int64)
+    for family in np.unique(backend_family):
+        rows = np.flatnonzero(issuing_family == family)
+        if not len(rows):
+            continue
+        order = rows[np.argsort(issuing_start[rows], kind="stable")]
+        at = np.searchsorted(issuing_start[order], backend_start[backend_family == family], side="right") - 1
+        issued[order[at[at >= 0]]] = True
+    return pd.concat([backend, issuing[issued]])
+
+
+def _launched_nccl(events: pd.DataFrame, ops: pd.DataFrame) -> np.ndarray:
+    """Per row of ``ops`` (host ops of the rank of ``events``): a NCCL kernel was launched inside it."""
     gpu = events[events["kind"].isin(GPU_WORK_KINDS).to_numpy()]
     nccl = gpu[communication_kernels(gpu)]
+    out = np.zeros(len(ops), dtype=bool)
     if nccl.empty or ops.empty:
-        return ops
+        return out
     t, lanes = launch_points(events, nccl)
-    launched_nccl = np.zeros(len(ops), dtype=bool)
     op_lanes = ops["lane"].astype(str).to_numpy(dtype=object)
     op_start = ops["start_ns"].to_numpy(np.int64)
     op_end = op_start + ops["dur_ns"].to_numpy(np.int64)
     for lane in np.unique(op_lanes):
         on = op_lanes == lane
         at = np.sort(t[(t >= 0) & (lanes == lane)])
-        launched_nccl[on] = np.searchsorted(at, op_end[on]) > np.searchsorted(at, op_start[on])
-    return ops[~launched_nccl]
+        out[on] = np.searchsorted(at, op_end[on]) > np.searchsorted(at, op_start[on])
+    return out
 
 
 def collective_work(events: pd.DataFrame, gpu: pd.DataFrame) -> np.ndarray:

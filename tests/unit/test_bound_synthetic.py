@@ -181,6 +181,19 @@ def test_a_kernel_without_a_launch_is_queued_before_only_ahead_of_the_steps_own_
     assert (row["bound_compute_ns"], row["carried_ns"]) == (400 * US, 0)
 
 
+def test_a_tail_without_a_launch_across_the_gap_between_steps_is_handed_on(tmp_path: Path) -> None:
+    # spans of 950 µs, 50 µs apart (as ProfilerSteps are); a kernel with no launch record runs 1000-1015,
+    # ahead of step 2's own (1020-1120): step 1's tail, handed on across the gap, not carried
+    b = TraceBuilder()
+    for n in STEPS:
+        t = (n - 1) * 1000.0
+        b.step(n, t, 950.0)
+        b.kernel(GEMM, t + 20, 100, launch_us=t + 10)
+    b.kernel(GEMM, 1000, 15)
+    row = _row(b.write(tmp_path / "gap.trace.json"))
+    assert (row["bound_compute_ns"], row["carried_ns"]) == (215 * US, 0)
+
+
 def test_earlier_work_beside_the_steps_own_is_not_carried(tmp_path: Path) -> None:
     # 0-60 on another stream, launched before the steps: only 0-20 ran alone (20-120 is step 1's kernel)
     row = _steps_with(tmp_path, lambda b: b.kernel(GEMM, 0, 60, stream=8, launch_us=-5), "beside")
@@ -226,6 +239,29 @@ def test_a_nccl_collectives_copy_stays_the_models_beside_a_gloo_group(tmp_path: 
     alone, beside = build(False), build(True)
     assert alone["bound_compute_ns"] == beside["bound_compute_ns"] == 2 * 200 * US
     assert beside["bound_comm_ns"] - alone["bound_comm_ns"] == 2 * 10 * US  # the barrier's own range
+
+
+def test_a_fake_groups_copy_stays_the_models_beside_a_gloo_group(tmp_path: Path) -> None:
+    """torch's fake process group runs no collective: its ``c10d::_allgather_base_`` (120-160) launches a
+    device copy (330-430) and no kernel of NCCL's. Beside a gloo group's barrier no gloo op ran an
+    all-gather, so the copy is not a gloo collective's: it stays the model's work."""
+    def build(gloo: bool) -> dict:
+        b = TraceBuilder(backend="fake")
+        b.thread(1000, "python3").thread(2001, "pt_gloo_runloop")
+        for n in STEPS:
+            t = (n - 1) * 1000.0
+            b.step(n, t, 1000.0)
+            b.kernel(GEMM, t + 10, 100, launch_us=t + 1)
+            b.cpu_op("c10d::_allgather_base_", t + 120, 40)
+            b.kernel("Memcpy DtoD (Device -> Device)", t + 330, 100, stream=20, launch_us=t + 150, cat="gpu_memcpy")
+            if gloo:
+                b.cpu_op("c10d::barrier", t + 900, 20)
+                b.annotation("gloo:barrier", t + 905, 10, tid=2001)
+        return _row(b.write(tmp_path / f"fake{int(gloo)}.trace.json"))
+
+    alone, beside = build(False), build(True)
+    assert alone["bound_compute_ns"] == beside["bound_compute_ns"] == 2 * 200 * US
+    assert (alone["bound_comm_ns"], beside["bound_comm_ns"]) == (0, 2 * 10 * US)
 
 
 def test_a_steady_tail_into_the_next_step_stays_compute(tmp_path: Path) -> None:

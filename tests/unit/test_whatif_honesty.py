@@ -201,6 +201,45 @@ def test_gloos_collectives_on_cuda_queue_behind_one_another_in_the_replay(gpu_fs
                for c in [*explored.ranked, *explored.within_spread])
 
 
+def test_a_gloo_group_beside_fsdps_collectives_leaves_them_as_they_ran(gpu_fsdp_dir: Any, tmp_path: Any) -> None:
+    """A gloo barrier beside FSDP's own collectives (here the fake group's, which run no kernel; a NCCL
+    run's alike) is not FSDP's collectives running on gloo: the replay keeps its lanes, and the copies the
+    fake group's ``c10d::*`` ops launched stay FSDP's and the model's work, not communication."""
+    import gzip
+    import json
+    import shutil
+
+    from fsdpviz.analysis.pipeline import analyse
+    from fsdpviz.whatif.gains import summary_model
+
+    run = tmp_path / "run"
+    shutil.copytree(gpu_fsdp_dir / "h100-fsdp2-fake8-block", run, ignore=shutil.ignore_patterns(".fsdpviz-cache"))
+    for sub in run.rglob("*"):
+        sub.chmod(0o755 if sub.is_dir() else 0o644)
+    run.chmod(0o755)
+    trace = run / "traces" / "rank0.trace.json.gz"
+    with gzip.open(trace, "rt") as f:
+        doc = json.load(f)
+    step = next(e for e in doc["traceEvents"] if e.get("name") == "ProfilerStep#2")
+    t = step["ts"] + step["dur"] - 200
+    doc["traceEvents"] += [
+        {"ph": "X", "cat": "cpu_op", "name": "c10d::barrier", "pid": step["pid"], "tid": step["tid"], "ts": t,
+         "dur": 30, "args": {}},
+        {"ph": "M", "name": "thread_name", "pid": step["pid"], "tid": 987654, "args": {"name": "pt_gloo_runloop"}},
+        {"ph": "X", "cat": "user_annotation", "name": "gloo:barrier", "pid": step["pid"], "tid": 987654,
+         "ts": t + 5, "dur": 20, "args": {}}]
+    with gzip.open(trace, "wt") as f:
+        json.dump(doc, f)
+    before = analyse([gpu_fsdp_dir / "h100-fsdp2-fake8-block"], cache=False)
+    after = analyse([run], cache=False)
+    model, _ = summary_model(after)
+    assert model is not None and not model.recording.serial_collectives
+    assert after.summary.bound is not None and before.summary.bound is not None
+    assert after.summary.bound.comm_ms is not None and 0 < after.summary.bound.comm_ms < 0.02  # the barrier's range
+    for field in ("compute_ms", "fsdp_kernels_ms"):
+        assert getattr(after.summary.bound, field) == getattr(before.summary.bound, field), field
+
+
 def test_a_prediction_whose_parts_add_up_past_its_step_is_told_apart() -> None:
     """``parts_over`` on outcomes made by hand: compute, exposed communication and FSDP's copy kernels
     never overlap one another in the bound, so parts past the step are a contradiction; 10 % of slack."""
