@@ -217,51 +217,36 @@ def test_steps_apart_count_each_ones_own_tail(tmp_path: Path) -> None:
     assert (row["bound_compute_ns"], row["carried_ns"]) == (3 * 150 * US, 200 * US)
 
 
-def test_a_nccl_collectives_copy_stays_the_models_beside_a_gloo_group(tmp_path: Path) -> None:
-    """A NCCL list all-gather (its op launches the NCCL kernel, 130-330, and a copy of the result, 330-430)
-    beside a gloo group's barrier (905-915): the copy is NCCL's op's, whose collective is its kernel, so it
-    stays the model's work, as without the gloo group."""
-    def build(gloo: bool) -> dict:
-        b = TraceBuilder(backend="nccl")
-        b.thread(1000, "python3").thread(2001, "pt_gloo_runloop")
-        for n in STEPS:
-            t = (n - 1) * 1000.0
-            b.step(n, t, 1000.0)
-            b.kernel(GEMM, t + 10, 100, launch_us=t + 1)
-            b.cpu_op("c10d::allgather_", t + 120, 40)
+def _copy_beside_gloo(tmp_path: Path, *, nccl: bool, gloo: bool) -> dict:
+    """Per 1000 µs step: a GEMM 10-110, an all-gather's ``c10d::*`` op (120-160) that launches a device
+    copy (330-430) and, with ``nccl``, its NCCL kernel (130-330; without: torch's fake group, which runs
+    no collective), and with ``gloo`` a gloo group's barrier (905-915)."""
+    b = TraceBuilder(backend="nccl" if nccl else "fake")
+    b.thread(1000, "python3").thread(2001, "pt_gloo_runloop")
+    for n in STEPS:
+        t = (n - 1) * 1000.0
+        b.step(n, t, 1000.0)
+        b.kernel(GEMM, t + 10, 100, launch_us=t + 1)
+        b.cpu_op("c10d::allgather_" if nccl else "c10d::_allgather_base_", t + 120, 40)
+        if nccl:
             b.kernel(NCCL_AG, t + 130, 200, stream=20, launch_us=t + 125)
-            b.kernel("Memcpy DtoD (Device -> Device)", t + 330, 100, stream=20, launch_us=t + 150, cat="gpu_memcpy")
-            if gloo:
-                b.cpu_op("c10d::barrier", t + 900, 20)
-                b.annotation("gloo:barrier", t + 905, 10, tid=2001)
-        return _row(b.write(tmp_path / f"mixed{int(gloo)}.trace.json"))
+        b.kernel("Memcpy DtoD (Device -> Device)", t + 330, 100, stream=20, launch_us=t + 150, cat="gpu_memcpy")
+        if gloo:
+            b.cpu_op("c10d::barrier", t + 900, 20)
+            b.annotation("gloo:barrier", t + 905, 10, tid=2001)
+    return _row(b.write(tmp_path / f"copy-nccl{int(nccl)}-gloo{int(gloo)}.trace.json"))
 
-    alone, beside = build(False), build(True)
+
+@pytest.mark.parametrize("nccl", [True, False], ids=["nccl", "fake group"])
+def test_a_collective_ops_copy_stays_the_models_beside_a_gloo_group(tmp_path: Path, nccl: bool) -> None:
+    """The copy a NCCL list all-gather's op launches (its collective is its kernel), or a fake group's op
+    (it runs no collective), is not a gloo collective's, also beside a gloo barrier: no gloo op ran an
+    all-gather. It stays the model's work, as without the gloo group."""
+    alone = _copy_beside_gloo(tmp_path, nccl=nccl, gloo=False)
+    beside = _copy_beside_gloo(tmp_path, nccl=nccl, gloo=True)
     assert alone["bound_compute_ns"] == beside["bound_compute_ns"] == 2 * 200 * US
     assert beside["bound_comm_ns"] - alone["bound_comm_ns"] == 2 * 10 * US  # the barrier's own range
-
-
-def test_a_fake_groups_copy_stays_the_models_beside_a_gloo_group(tmp_path: Path) -> None:
-    """torch's fake process group runs no collective: its ``c10d::_allgather_base_`` (120-160) launches a
-    device copy (330-430) and no kernel of NCCL's. Beside a gloo group's barrier no gloo op ran an
-    all-gather, so the copy is not a gloo collective's: it stays the model's work."""
-    def build(gloo: bool) -> dict:
-        b = TraceBuilder(backend="fake")
-        b.thread(1000, "python3").thread(2001, "pt_gloo_runloop")
-        for n in STEPS:
-            t = (n - 1) * 1000.0
-            b.step(n, t, 1000.0)
-            b.kernel(GEMM, t + 10, 100, launch_us=t + 1)
-            b.cpu_op("c10d::_allgather_base_", t + 120, 40)
-            b.kernel("Memcpy DtoD (Device -> Device)", t + 330, 100, stream=20, launch_us=t + 150, cat="gpu_memcpy")
-            if gloo:
-                b.cpu_op("c10d::barrier", t + 900, 20)
-                b.annotation("gloo:barrier", t + 905, 10, tid=2001)
-        return _row(b.write(tmp_path / f"fake{int(gloo)}.trace.json"))
-
-    alone, beside = build(False), build(True)
-    assert alone["bound_compute_ns"] == beside["bound_compute_ns"] == 2 * 200 * US
-    assert (alone["bound_comm_ns"], beside["bound_comm_ns"]) == (0, 2 * 10 * US)
+    assert alone["bound_comm_ns"] == (2 * 200 * US if nccl else 0)
 
 
 def test_a_steady_tail_into_the_next_step_stays_compute(tmp_path: Path) -> None:
