@@ -187,18 +187,25 @@ def read_recording(result: RunResult, ranks: Sequence[int] | None = None, per_op
         steps=programs, ranks_per_host=facts.ranks_per_host(result), cpu_count=facts.cpu_count(result), notes=notes,
         host_ops_per_step=sum(op_counts) / len(op_counts) if op_counts else 0.0,
         reshard_sizes=facts.reshard_sizes(result),
-        serial_collectives=gpu and _fsdp_on_host_backend(analysis.spans, lanes),
+        serial_collectives=gpu and _fsdp_on_host_backend(analysis.spans, lanes, programs),
     )
 
 
-def _fsdp_on_host_backend(spans: pd.DataFrame, lanes: pd.DataFrame) -> bool:
-    """FSDP's own collectives (the units' all-gathers and reduce-scatters) ran on a host backend's
-    threads (gloo on CUDA tensors), not as a GPU's kernels; a gloo group beside them (a barrier, an
-    object collective) does not count."""
+def _fsdp_on_host_backend(spans: pd.DataFrame, lanes: pd.DataFrame, programs: Sequence[StepProgram]) -> bool:
+    """FSDP's own collectives ran on a host backend's threads (gloo on CUDA tensors), not as a GPU's
+    kernels: all-gathers on gloo's lanes for at least half of the gathers the ``programs`` hold. A gloo
+    group beside FSDP's collectives (a barrier, a metric's all-reduce, which a trace without shapes can
+    pair with one of FSDP's issuing ops) does not count."""
+    gathers = sum(len(p.gathers) for p in programs)
+    if not gathers:
+        return False
     gloo = set(zip(lanes.loc[lanes["lane_kind"] == schema.LANE_CPU_GLOO, "rank"].astype(int),
                    lanes.loc[lanes["lane_kind"] == schema.LANE_CPU_GLOO, "lane"].astype(str)))
-    ran = spans[spans["kind"].isin([vocabulary.ALL_GATHER, vocabulary.REDUCE_SCATTER]).to_numpy()]
-    return any((int(r), str(lane)) in gloo for r, lane in zip(ran["rank"], ran["lane"]))
+    steps = {(p.rank, p.step) for p in programs}
+    ran = spans[(spans["kind"] == vocabulary.ALL_GATHER).to_numpy()]
+    on_gloo = sum((int(r), str(lane)) in gloo and (int(r), int(s)) in steps
+                  for r, s, lane in zip(ran["rank"], ran["step"], ran["lane"]))
+    return 2 * on_gloo >= gathers
 
 
 def _assume_optimizer(split: Split, state: ShardedState | None) -> tuple[Split, dict[str, int]]:

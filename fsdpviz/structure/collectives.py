@@ -169,7 +169,7 @@ def match_in_order(issue_t: np.ndarray, run_t: np.ndarray) -> np.ndarray:
     return out
 
 
-def _outermost(issues: pd.DataFrame) -> pd.DataFrame:
+def outermost(issues: pd.DataFrame) -> pd.DataFrame:
     """The issuing ops not inside another issuing op of the same lane (sorted by start)."""
     if len(issues) < 2:
         return issues
@@ -244,7 +244,7 @@ def cpu_collectives(events: pd.DataFrame, kinds: np.ndarray, groups: np.ndarray 
     if runs.empty:
         return schema.make_empty(COLLECTIVES)
     on_train = np.isin(kinds, [schema.LANE_CPU_MAIN, schema.LANE_CPU_AUTOGRAD, schema.LANE_CPU_OTHER])
-    issues = _outermost(events[has_comm & on_train & (events["kind"] == schema.KIND_CPU_OP).to_numpy()
+    issues = outermost(events[has_comm & on_train & (events["kind"] == schema.KIND_CPU_OP).to_numpy()
                                & startswith(events["name"], ISSUE_PREFIXES)])
     order = np.argsort(runs["start_ns"].to_numpy(np.int64), kind="stable")
     runs = runs.iloc[order]

@@ -5,10 +5,11 @@ gloo (or MPI) runs a collective of CUDA tensors on a CPU thread of its own: the 
 device-to-device copy of it), and the backend's thread runs the collective (``gloo:all_gather``) and
 copies the result back (``Memcpy HtoD``). These copies are the collective's own work, not the
 model's: they are communication, beside the backend's op itself. A copy is a host backend's when the
-host launched it from inside one of the rank's ``c10d::*``, ``gloo:*`` or ``mpi:*`` collective ops on
-the launching thread, and that op launched no NCCL kernel (a ``c10d::*`` op of a NCCL group beside a
-gloo one stays HTA's: its collective is its kernel); a copy FSDP's own ranges launched outside them
-stays FSDP's.
+host launched it, on the launching thread, from inside the backend's op or the ``c10d::*`` op that
+issued it: per kind, the k-th outermost ``c10d::*`` op that launched no NCCL kernel issued the k-th
+backend op (gloo runs a reduce-scatter as an all-reduce), as :mod:`fsdpviz.structure.collectives`
+pairs them. A ``c10d::*`` op of a kind no backend op ran (a NCCL or fake group's beside a gloo one)
+issued none; a copy FSDP's own ranges launched outside these ops stays FSDP's.
 
 On a rank without a host backend's collectives (NCCL alone), nothing here applies: a collective there
 is its kernel (HTA's definition).
@@ -24,7 +25,7 @@ import pandas as pd
 
 from fsdpviz import vocabulary
 from fsdpviz.structure.categorical import as_str, matching, startswith
-from fsdpviz.structure.collectives import gloo_family
+from fsdpviz.structure.collectives import gloo_family, match_in_order, outermost
 from fsdpviz.structure.fsdp_work import inside, launch_points
 from fsdpviz.structure.intervals import Intervals, union_intervals
 from fsdpviz.structure.spans import GPU_WORK_KINDS, HTA_COMM_RE
@@ -69,13 +70,11 @@ def staged(events: pd.DataFrame, gpu: pd.DataFrame) -> np.ndarray:
 
 def _host_backend_ops(events: pd.DataFrame) -> pd.DataFrame:
     """The ops of one rank's host-backend collectives: the backend's own (``gloo:*``, ``mpi:*``) and the
-    ``c10d::*`` op that issued each, the latest of its kind to start before it (gloo runs a
-    reduce-scatter as an all-reduce). A ``c10d::*`` op that launched a NCCL kernel, or whose kind no
-    backend op ran (a NCCL or fake group's beside a gloo one), is not one of them."""
+    ``c10d::*`` ops that issued them (module docstring)."""
     ops = _collective_ops(events)
     backend = ops[startswith(ops["name"], HOST_BACKEND_PREFIXES)]
     issuing = ops[startswith(ops["name"], "c10d::")]
-    issuing = issuing[~_launched_nccl(events, issuing)]
+    issuing = outermost(issuing[~_launched_nccl(events, issuing)])
     if backend.empty or issuing.empty:
         return backend
     has_rs = bool((backend["comm"] == vocabulary.REDUCE_SCATTER).any())
@@ -86,11 +85,10 @@ def _host_backend_ops(events: pd.DataFrame) -> pd.DataFrame:
     issuing_start = issuing["start_ns"].to_numpy(np.int64)
     for family in np.unique(backend_family):
         rows = np.flatnonzero(issuing_family == family)
-        if not len(rows):
-            continue
+        runs = np.sort(backend_start[backend_family == family])
         order = rows[np.argsort(issuing_start[rows], kind="stable")]
-        at = np.searchsorted(issuing_start[order], backend_start[backend_family == family], side="right") - 1
-        issued[order[at[at >= 0]]] = True
+        match = match_in_order(issuing_start[order], runs)
+        issued[order[match[match >= 0]]] = True
     return pd.concat([backend, issuing[issued]])
 
 

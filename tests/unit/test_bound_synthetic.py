@@ -255,6 +255,27 @@ def test_a_steady_tail_into_the_next_step_stays_compute(tmp_path: Path) -> None:
     assert (row["bound_compute_ns"], row["carried_ns"]) == (300 * US, 0)
 
 
+def test_each_of_several_gloo_collectives_issued_ahead_stages_its_copies(tmp_path: Path) -> None:
+    """Three asynchronous all-reduces on one gloo group, issued one after another (100, 130, 160 µs) before
+    gloo runs them (300, 400, 500; 80 µs each): each ``c10d::allreduce_`` copied its input to the host
+    (200-220, 230-250, 260-280), and each copy is its collective's communication."""
+    b = TraceBuilder(backend="gloo")
+    b.thread(1000, "python3").thread(2001, "pt_gloo_runloop")
+    for n in STEPS:
+        t = (n - 1) * 1000.0
+        b.step(n, t, 1000.0)
+        b.kernel(GEMM, t + 10, 50, launch_us=t + 1)
+        for k in range(3):
+            b.cpu_op("c10d::allreduce_", t + 100 + 30 * k, 20, **{"Input Dims": [[256]], "Input type": ["float"]})
+            b.kernel("Memcpy DtoH (Device -> Pinned)", t + 200 + 30 * k, 20, stream=30, launch_us=t + 105 + 30 * k,
+                     cat="gpu_memcpy")
+            b.annotation("gloo:all_reduce", t + 300 + 100 * k, 80, tid=2001,
+                         **{"Input Dims": [[256]], "Input type": ["float"]})
+    row = _row(b.write(tmp_path / "async.trace.json"))
+    per_step = {k: row[k] / 2 / US for k in ("bound_comm_ns", "bound_exposed_comm_ns", "bound_compute_ns")}
+    assert per_step == {"bound_comm_ns": 300, "bound_exposed_comm_ns": 300, "bound_compute_ns": 50}
+
+
 def test_without_launches_host_wait_is_unknown(tmp_path: Path) -> None:
     overlap = compute_overlap(load_traces([_launch_bound(tmp_path, launches=False)], cache=False))
     assert overlap["host_wait_ns"].iat[0] == -1
