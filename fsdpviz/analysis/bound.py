@@ -18,9 +18,9 @@ parts add up to the step time the user sees):
   another computes is not idle;
 - ``other_idle``: idle gaps whose next work had been launched before the gap began (the GPU waited on
   an event: a cross-stream dependency, a host-side collective to finish), or ended by work whose
-  launch the trace does not hold; and the time the steps ran only work queued before the first of
-  them, beyond what the last handed on to the step after (``carried_ns``, :func:`carried_work`:
-  not their compute, and the first thing the de-profiler takes out).
+  launch the trace does not hold; and the time the steps ran only work queued before them, beyond
+  what their own ran after them (``carried_ns``, :func:`carried_work`: not their compute, and the
+  first thing the de-profiler takes out).
 
 On a CPU rank (no GPU stream) the training thread is the device: ``compute`` is its ops outside
 collectives, waits and FSDP's ranges (those inside are ``fsdp_overhead``), ``exposed_comm`` the collectives nothing hid, ``host_wait`` does not apply
@@ -116,8 +116,9 @@ def gap_starters(events: pd.DataFrame, host_comm: pd.DataFrame) -> tuple[np.ndar
 
 
 def carried_work(windows: list[tuple[int, int]], work: pd.DataFrame, launch_ns: np.ndarray, is_model: np.ndarray,
-                 host_comm: Intervals | None = None) -> tuple[int, int]:
-    """(in, out) ns of :func:`gpu_split`'s ``carried``, summed over the step ``windows`` (the analysed
+                 host_comm: Intervals | None = None) -> int:
+    """:func:`gpu_split`'s ``carried_ns``: what came in beyond what went out (0 where it did not), summed
+    over the step ``windows`` (the analysed
     steps' spans, in order; they need not be adjacent). ``work``: a rank's GPU events, ``launch_ns``
     when each was launched (-1: the trace holds none; its start stands for it, and one that starts
     before the first work its window launched was queued before the window), ``is_model``
@@ -127,10 +128,10 @@ def carried_work(windows: list[tuple[int, int]], work: pd.DataFrame, launch_ns: 
     In: the time a window ran only model work launched before it (no work of its own, launched in
     it or later, beside it). Out: the time the model work launched in a window ran after it with no
     later-launched work beside it. Each is measured as the other, so in a steady run, where each step
-    hands the next its tail, the two match; (0, 0) without windows or launches, where work is a
-    step's by its time."""
+    hands the next its tail, the two match; 0 without windows or launches, where work is a step's by
+    its time."""
     if not windows or not len(work) or not (launch_ns >= 0).any():
-        return 0, 0
+        return 0
     start = work["start_ns"].to_numpy(np.int64)
     end = start + work["dur_ns"].to_numpy(np.int64)
     launched = np.where(launch_ns >= 0, launch_ns, start)
@@ -158,7 +159,7 @@ def carried_work(windows: list[tuple[int, int]], work: pd.DataFrame, launch_ns: 
         ran_on = (launched >= a) & (launched < b) & is_model
         if ran_on.any():
             went_out += alone(ran_on, launched >= b, b, int(end[ran_on].max()))
-    return came_in, went_out
+    return max(came_in - went_out, 0)
 
 
 def split_idle(gaps: list[tuple[int, int]], starts: np.ndarray, launches: np.ndarray,
@@ -181,7 +182,7 @@ def split_idle(gaps: list[tuple[int, int]], starts: np.ndarray, launches: np.nda
 
 def gpu_split(windows: list[tuple[int, int]], comm: Intervals, compute: Intervals, busy: Intervals,
               starts: np.ndarray, launches: np.ndarray, model: Intervals | None = None,
-              fsdp_host: Intervals | None = None, carried: tuple[int, int] = (0, 0)) -> dict[str, int]:
+              fsdp_host: Intervals | None = None, carried_ns: int = 0) -> dict[str, int]:
     """The BOUND_COLUMNS of a GPU rank over ``windows`` (every GPU event, clipped to each window).
 
     ``model``: the GPU work that is neither communication nor launched by FSDP's own ranges; the
@@ -189,13 +190,11 @@ def gpu_split(windows: list[tuple[int, int]], comm: Intervals, compute: Interval
     (``fsdp_kernels_ns``; None: all of it is compute). ``fsdp_host``: FSDP's host ranges, whose
     share of host-wait gaps is ``fsdp_host_ns`` (:func:`split_idle`).
 
-    ``carried``: (in, out) ns (:func:`carried_work`): the time the windows ran only the model's work
-    launched before the first of them, and the time the windows' own work ran past the last. In a
-    steady run each step hands its tail to the next, so the two match and the carried work stands
-    for the last step's tail; what came in beyond what went out is earlier work the steps waited
-    on (the steps before the analysed ones, queued ahead: a warm-up's optimizer, the work in flight
-    when the profiler started), not compute of theirs: ``carried_ns``, shown as other idle where it
-    stays (:class:`fsdpviz.structure.deprofile.Parts`)."""
+    ``carried_ns`` (:func:`carried_work`): the time the windows ran the model's work launched before
+    them beyond what their own ran after them: earlier work the steps waited on (the steps before the
+    analysed ones, queued ahead: a warm-up's optimizer, the work in flight when the profiler
+    started), not compute of theirs. It is a part of its own, shown as other idle where it stays
+    (:class:`fsdpviz.structure.deprofile.Parts`)."""
     out = dict.fromkeys(BOUND_COLUMNS, 0)
     known_launch = bool((launches >= 0).any())
     for lo, hi in windows:
@@ -216,7 +215,7 @@ def gpu_split(windows: list[tuple[int, int]], comm: Intervals, compute: Interval
         out["host_wait_ns"] += host
         out["fsdp_host_ns"] += fsdp
         out["other_idle_ns"] += other
-    earlier = min(max(carried[0] - carried[1], 0), out["bound_compute_ns"])
+    earlier = min(carried_ns, out["bound_compute_ns"])
     out["bound_compute_ns"] -= earlier
     out["carried_ns"] = earlier
     if not known_launch:  # a trace without runtime calls (CUDA activity alone): no gap can be told

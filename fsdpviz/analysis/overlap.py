@@ -195,7 +195,7 @@ def rank_overlap(traces: TraceSet, rank: int, events: pd.DataFrame, analysed: An
         model = is_model_work(events, gpu, ranges)
         # the analysed steps' own work (with no ProfilerStep the window is the busy span: all of it is)
         carried = (carried_work(windows, gpu, launch_times(events, gpu), model, _intervals_of(host_comm))
-                   if analysed is not None and analysed.steps else (0, 0))
+                   if analysed is not None and analysed.steps else 0)
         bound = gpu_split(windows, all_comm, all_compute, all_busy, starts, launches,
                           _intervals_of(gpu[model]), all_lanes(ranges), carried)
     else:

@@ -51,7 +51,7 @@ class Parts(NamedTuple):
     """GPU: the host wait spent inside FSDP's hooks; CPU: the thread's ops inside FSDP's ranges."""
     carried: float = 0.0
     """GPU: the time the traced steps ran only work launched before them, beyond what their own work
-    ran past the last of them (:func:`fsdpviz.analysis.bound.carried_work`): the steps before the
+    ran after them (:func:`fsdpviz.analysis.bound.carried_work`): the steps before the
     analysed ones queued ahead, as when the profiler starts. The steps waited on it (other idle,
     :meth:`settled`); a clean step does not (the de-profiler takes it out first). 0 on a CPU rank."""
 

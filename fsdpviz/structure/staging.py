@@ -26,7 +26,7 @@ import pandas as pd
 from fsdpviz import vocabulary
 from fsdpviz.structure.categorical import as_str, matching, startswith
 from fsdpviz.structure.collectives import gloo_family, match_in_order, outermost
-from fsdpviz.structure.fsdp_work import inside, launch_points
+from fsdpviz.structure.fsdp_work import launch_points, launched_inside
 from fsdpviz.structure.intervals import Intervals, union_intervals
 from fsdpviz.structure.spans import GPU_WORK_KINDS, HTA_COMM_RE
 from fsdpviz.trace import schema
@@ -55,17 +55,13 @@ def communication_kernels(gpu: pd.DataFrame) -> np.ndarray:
 def staged(events: pd.DataFrame, gpu: pd.DataFrame) -> np.ndarray:
     """Per row of ``gpu`` (GPU events of the rank of ``events``): a copy a host backend's collective
     staged (module docstring); all False on a rank without a host backend's collectives."""
-    out = np.zeros(len(gpu), dtype=bool)
     if not len(gpu) or host_backend_collectives(events).empty:
-        return out
+        return np.zeros(len(gpu), dtype=bool)
     ops = _host_backend_ops(events)
-    t, lanes = launch_points(events, gpu)
-    for lane, g in ops.groupby(ops["lane"].astype(str), sort=False):
-        mine = (t >= 0) & (lanes == lane)
-        if mine.any():
-            start = g["start_ns"].to_numpy(np.int64)
-            out[mine] = inside(t[mine], union_intervals(start, start + g["dur_ns"].to_numpy(np.int64)))
-    return out & ~communication_kernels(gpu)
+    ranges = {str(lane): union_intervals(g["start_ns"].to_numpy(np.int64),
+                                         (g["start_ns"] + g["dur_ns"]).to_numpy(np.int64))
+              for lane, g in ops.groupby(ops["lane"].astype(str), sort=False)}
+    return launched_inside(events, gpu, ranges) & ~communication_kernels(gpu)
 
 
 def _host_backend_ops(events: pd.DataFrame) -> pd.DataFrame:
