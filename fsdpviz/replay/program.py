@@ -83,6 +83,19 @@ class ReduceOp:
 
 
 @dataclass(slots=True)
+class FsdpKernelsOp:
+    """GPU: FSDP's own kernels of a pass beyond its gathers' and reduction's copies, launched now: on the
+    compute stream (``main_ns``) and on FSDP's other streams (``side_ns``). ``before``: the unshard's,
+    which the unit's compute waits for; else after the compute, which the optimizer waits for."""
+
+    unit: str
+    phase: str
+    main_ns: float
+    side_ns: float
+    before: bool
+
+
+@dataclass(slots=True)
 class SegmentOp:
     """Work outside units: host busy, device work, synchronisations, collectives outside units."""
 
@@ -91,7 +104,7 @@ class SegmentOp:
     finalize: bool = False  # the end of backward: the device waits for every reduction first
 
 
-Op = GatherOp | CopyOutOp | BusyOp | ComputeOp | ReduceOp | SegmentOp
+Op = GatherOp | CopyOutOp | BusyOp | ComputeOp | FsdpKernelsOp | ReduceOp | SegmentOp
 
 
 @dataclass(slots=True)
@@ -105,6 +118,7 @@ class SimGather:
     copy_out_host_ns: float
     copy_out_ns: float
     after_compute: bool = False  # prefetch "none": starts only when the compute before it is done
+    kernels_ns: float = 0.0  # GPU: FSDP's other kernels in its label (Gather.kernels_ns), before the collective
 
 
 @dataclass(slots=True)
@@ -275,7 +289,7 @@ class CostModel:
                          copy_in_ns=sum(g.copy_in_ns for g in known), comm_ns=comm_ns,
                          copy_out_host_ns=sum(g.copy_out_host_ns for g in known) if single
                          else self.comm.time_ns(COPY_OUT_HOST, nbytes),
-                         copy_out_ns=sum(g.copy_out_ns for g in known))
+                         copy_out_ns=sum(g.copy_out_ns for g in known), kernels_ns=sum(g.kernels_ns for g in known))
 
     def _member_reduces(self, unit: str, micro: int | None = None) -> list[Reduce]:
         """The recorded reductions of new unit ``unit``'s members in ``micro`` (None: any micro-batch)."""
@@ -325,6 +339,7 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
     prefetch = rec.prefetch if settings.prefetch == "recorded" else settings.prefetch
     unit_bytes = {n: sum(max(0, rec.unit_bytes.get(u, 0)) for u in ms) for n, ms in members.items()}
     reshard = unit_reshard(rec, settings, new_units, members)
+    recorded_reshard = {n: all(rec.reshard_after_forward.get(u, True) for u in ms) for n, ms in members.items()}
     world = settings.world_size or rec.world_size
     where = Target(world_size=world, ranks_per_host=settings.gpus_per_node or rec.ranks_per_host,
                     inter_host_gbps=settings.inter_node_gbps or None)
@@ -379,7 +394,14 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
                             recorded = _own_gather(step, micro, target, phase, members)
                             issued[target] = _issue(ops, gathers,
                                                     costs.gather(target, phase, recorded, first=not gathers), settings)
+                # the unshard's own kernels run where the unit is gathered, not where a setting keeps it
+                # unsharded from forward to backward that the recording resharded
+                kept = phase == BACKWARD and not reshard.get(unit, True) and recorded_reshard.get(unit, True)
+                if not kept and (p.fsdp_pre_ns or p.fsdp_pre_side_ns):
+                    ops.append(FsdpKernelsOp(unit, phase, p.fsdp_pre_ns, p.fsdp_pre_side_ns, before=True))
                 ops.append(ComputeOp(unit, phase, p.compute_ns * compute_scale))
+                if p.fsdp_post_ns or p.fsdp_post_side_ns:
+                    ops.append(FsdpKernelsOp(unit, phase, p.fsdp_post_ns, p.fsdp_post_side_ns, before=False))
                 # a merged unit's members do not run their own hooks; on CPU neither their own reductions'
                 # host work: the unit's reduction costs once, at its bytes (on GPU each member's stays)
                 own_reduce = p.reduce_host_ns if cpu else 0.0

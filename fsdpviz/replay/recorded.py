@@ -26,6 +26,8 @@ class Gather:
     copy_out_host_ns: float  # host busy time of the copy-out label
     copy_out_ns: float  # GPU: the copy-out on the compute stream (CPU: part of copy_out_host_ns)
     issued_in: tuple[str, str, str] | None = None  # (unit, phase, part) of the pass that issued it
+    kernels_ns: float = 0.0  # GPU: FSDP's other kernels launched in its label, on its stream after the copy-in
+    # (a fake process group's copies of the shard into each rank's chunk, which stand for the collective)
 
 
 @dataclass(slots=True)
@@ -59,6 +61,13 @@ class Pass:
     reshard_ns: float = 0.0  # of post_ns: the reshard label (post_forward / post_backward_reshard)
     post_framework_ns: float = 0.0  # of post_ns: FSDP's post-forward / post-backward hooks, without the reduction
     reduce_host_ns: float = 0.0  # of post_ns: the host's busy time in the unit's reduction labels (Reduce.host_ns)
+    # GPU: FSDP's own kernels of this unit beyond its gathers' copy-in and copy-out and its reduction's
+    # copy-in (Reduce.prep_ns), launched before its compute (the unshard's: casts, FSDP1's flat-parameter
+    # copies) or after it (the gradients' copies and division), on the compute stream and on others
+    fsdp_pre_ns: float = 0.0
+    fsdp_pre_side_ns: float = 0.0
+    fsdp_post_ns: float = 0.0
+    fsdp_post_side_ns: float = 0.0
 
     @property
     def key(self) -> tuple[str, str, str]:

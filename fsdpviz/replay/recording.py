@@ -69,6 +69,7 @@ from fsdpviz.replay.recorded import (
 )
 from fsdpviz.structure import label_rules as rules
 from fsdpviz.structure.categorical import as_str
+from fsdpviz.structure.fsdp_work import inside, launching_units
 from fsdpviz.structure.intervals import (
     Intervals,
     intersect_intervals,
@@ -76,7 +77,8 @@ from fsdpviz.structure.intervals import (
     total_ns,
     union_intervals,
 )
-from fsdpviz.structure.spans import gpu_work
+from fsdpviz.structure.spans import GPU_WORK_KINDS, gpu_work
+from fsdpviz.structure.staging import collective_work
 from fsdpviz.trace import schema
 
 SYNC_CALLS: Final = ("Synchronize",)  # cudaDeviceSynchronize, cudaStreamSynchronize, cuEventSynchronize ...
@@ -145,6 +147,7 @@ def read_recording(result: RunResult, ranks: Sequence[int] | None = None, per_op
         clock = _busy_clock(ev, parts["spans"], host_lanes, rank, gpu, per_op_ns)
         rank_work = work[work["rank"] == rank] if work is not None else None
         kernels = _Kernels.of(rank_work) if rank_work is not None else None
+        own = _FsdpKernels.of(ev) if gpu else None
         samples = device_samples(memory, rank, devices[rank]) if rank in devices else memory.iloc[:0]
         times = parts["times"].set_index("step") if len(parts["times"]) else None
         cats = split = None
@@ -163,7 +166,7 @@ def read_recording(result: RunResult, ranks: Sequence[int] | None = None, per_op
                 continue
             row = times.loc[step]
             program = _read_step(rank, step, int(row["start_ns"]), int(row["end_ns"]), parts, clock, rank_work, gpu,
-                                 unit_bytes, kernels)
+                                 unit_bytes, kernels, own)
             program.comm_ns, program.comm_exposed_ns = int(row["comm_ns"]), int(row["exposed_comm_ns"])
             program.start_ns = int(row["start_ns"])
             ops = clock.host_ops
@@ -418,6 +421,36 @@ class _Kernels:
 
 
 @dataclass(slots=True)
+class _FsdpKernels:
+    """A rank's GPU work launched by FSDP's own ranges, as the bound reads FSDP's kernels
+    (:func:`fsdpviz.structure.fsdp_work.launching_units`, collectives' own work aside), by launch time:
+    each with the unit its range names ("" for none) and whether it ran on the rank's compute stream
+    (the stream that ran the most GPU time of the rank's other work)."""
+
+    launch: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    lane: np.ndarray
+    unit: np.ndarray
+    main: np.ndarray
+
+    @classmethod
+    def of(cls, events: pd.DataFrame) -> _FsdpKernels:
+        gpu = events[events["kind"].isin(list(GPU_WORK_KINDS)).to_numpy()]
+        gpu = gpu[~collective_work(events, gpu)]
+        own = launching_units(events, gpu).sort_values("launch_ns", kind="stable")
+        rows = gpu.loc[own.index]
+        lane = as_str(rows["lane"])
+        rest = gpu.drop(index=own.index)
+        by_lane = rest.groupby(as_str(rest["lane"]), sort=False)["dur_ns"].sum() if len(rest) else pd.Series(dtype=float)
+        main_lane = str(by_lane.idxmax()) if len(by_lane) else ""
+        start = rows["start_ns"].to_numpy(np.int64)
+        return cls(launch=own["launch_ns"].to_numpy(np.int64), start=start,
+                   end=start + rows["dur_ns"].to_numpy(np.int64), lane=lane,
+                   unit=own["unit"].to_numpy(dtype=object), main=lane == main_lane)
+
+
+@dataclass(slots=True)
 class _PassReader:
     """Reads one pass (a unit's window in one phase and micro-batch, or a root's part) off a step's
     tables on the host's busy clock: its host time around the compute, the compute, and the
@@ -428,6 +461,7 @@ class _PassReader:
     work: pd.DataFrame | None  # GPU: kernels with their launch times
     gpu: bool
     kernels: _Kernels | None  # GPU: the rank's compute kernels by launch time
+    prep_from: list[tuple[float, float]] = field(default_factory=list)  # launch windows of the reductions' prep
 
     def labelled(self, a: float, b: float) -> float:
         """Busy time of the gather and copy-out labels that start in ``[a, b)`` (the gathers' own
@@ -474,6 +508,14 @@ class _PassReader:
                  reduce_host_ns=min(post, reduce_busy))
         return p, (self._reduce(p, a, b) if phase == vocabulary.BACKWARD else None)
 
+    def first_issue(self, p: Pass, a: int, b: int) -> float:
+        """When pass ``p`` (its frame ``[a, b)``) issued its first compute; ``b`` where it computed nothing."""
+        t = self.tables
+        mine = (t.c_unit == p.unit) & (t.c_phase == p.phase) & (t.c_micro == p.micro)
+        if p.part:
+            mine &= (t.c_issue >= a) & (t.c_issue < b)
+        return float(t.c_issue[mine].min()) if mine.any() else float(b)
+
     def _kernel_busy(self, a: int, b: int, starts: np.ndarray, ends: np.ndarray) -> float:
         """GPU: the time the pass's kernels (launched in ``[a, b)``) kept the device busy inside its
         compute spans ``starts``/``ends``. A span runs from its first kernel to its last, so where the
@@ -515,17 +557,19 @@ class _PassReader:
         if not at.any():
             return 0.0
         launch = self.work["launch_ns"].to_numpy(np.int64)
+        self.prep_from.append((float(rl.start[at].min()), issue_t))
         k = (launch >= int(rl.start[at].min())) & (launch < issue_t) & ~self.work["is_comm"].to_numpy(bool)
         return float((self.work["end_ns"].to_numpy(np.int64)[k] - self.work["start_ns"].to_numpy(np.int64)[k]).sum())
 
 
 def _read_step(rank: int, step: int, t0: int, t1: int, parts: dict[str, pd.DataFrame], clock: BusyClock,
                work: pd.DataFrame | None, gpu: bool, unit_bytes: dict[str, int],
-               kernels: _Kernels | None) -> StepProgram:
+               kernels: _Kernels | None, own: _FsdpKernels | None = None) -> StepProgram:
     """One rank's step as a :class:`StepProgram` (see the module docstring)."""
     tables = _StepTables.read(parts, step, gpu)
     reader = _PassReader(tables, clock, work, gpu, kernels)
     frames: list[tuple[int, str, str, str, int, int]] = []  # (micro, unit, phase, part, start, end), host order
+    read: list[Pass] = []  # the pass of each frame
     reduces: list[Reduce] = []
     batches: list[MicroBatch] = []
     cursor = float(t0)
@@ -541,6 +585,7 @@ def _read_step(rank: int, step: int, t0: int, t1: int, parts: dict[str, pd.DataF
                 frames.append((micro, unit, phase, part, a, b))
                 p, reduce = reader.read(unit, part, phase, micro, a, b, gap_from)
                 passes[phase].append(p)
+                read.append(p)
                 if reduce is not None:
                     reduces.append(reduce)
         pre_end = bounds[vocabulary.FORWARD][0] if vocabulary.FORWARD in bounds else cursor
@@ -550,11 +595,76 @@ def _read_step(rank: int, step: int, t0: int, t1: int, parts: dict[str, pd.DataF
                                   mid=_segment(mid_from, mid_to, clock, work, gpu), backward=passes[vocabulary.BACKWARD]))
         cursor = bounds[vocabulary.BACKWARD][1] if vocabulary.BACKWARD in bounds else mid_to
     gathers = _gathers(tables, frames, clock, gpu, unit_bytes)
+    if own is not None and frames:
+        _own_kernels(own, t0, t1, tables, frames, read, reader, gathers)
     post = _segment(cursor, t1, clock, work, gpu)
     if not gpu:
         post.lead_ns = _optimizer_lead(tables.spans, cursor, t1, clock)
     return StepProgram(rank=rank, step=step, step_ns=t1 - t0, micro=batches, post=post, gathers=gathers,
                        reduces=reduces)
+
+
+def _own_kernels(own: _FsdpKernels, t0: int, t1: int, tables: _StepTables,
+                 frames: list[tuple[int, str, str, str, int, int]], read: list[Pass], reader: _PassReader,
+                 gathers: list[Gather]) -> None:
+    """Give each gather and pass FSDP's own kernels launched in the step ``[t0, t1)`` beyond what the
+    program already holds: the gathers' copy-in and copy-out spans and the reductions' prep. One
+    launched inside a gather label is that gather's (in the phase of the pass that launched it: under a
+    fake process group, its copies of the shard into each rank's chunk). Any other belongs to the unit its range names (a prefetched gather's to the unit gathered, in the phase and
+    micro-batch of the pass that launched it; FSDP1's ranges that name none, to that pass), before
+    that unit's compute (``fsdp_pre``) or after it (``fsdp_post``). One launched outside every pass is
+    its segment's device work already (:func:`_segment`)."""
+    lo, hi = np.searchsorted(own.launch, t0, "left"), np.searchsorted(own.launch, t1, "left")
+    if hi <= lo:
+        return
+    launch, dur = own.launch[lo:hi], (own.end[lo:hi] - own.start[lo:hi]).astype(np.float64)
+    start, lane, unit, main = own.start[lo:hi], own.lane[lo:hi], own.unit[lo:hi], own.main[lo:hi]
+    held = np.zeros(len(launch), dtype=bool)
+    spans = tables.spans[tables.spans["kind"].isin([vocabulary.COPY_IN, vocabulary.COPY_OUT]).to_numpy()]
+    for name, g in spans.groupby(as_str(spans["lane"]), sort=False):
+        mine = lane == name
+        held[mine] |= inside(start[mine], union_intervals(g["start_ns"].to_numpy(np.int64),
+                                                          g["end_ns"].to_numpy(np.int64)))
+    for a, b in reader.prep_from:
+        held |= (launch >= a) & (launch < b)
+    f_start = np.array([f[4] for f in frames], dtype=np.int64)
+    order = np.argsort(f_start, kind="stable")
+    by_key: dict[tuple[int, str, str], list[int]] = {}
+    for i, (micro, u, phase, _part, _a, _b) in enumerate(frames):
+        by_key.setdefault((micro, u, phase), []).append(i)
+    firsts: dict[int, float] = {}
+    labels = tables.gather_labels
+    g_unit, g_micro = as_str(labels["unit"]), labels["micro"].to_numpy()
+    g_cols = _columns(labels, ("start_ns", "end_ns"))
+    by_gather = {(g.unit, g.phase, g.micro): g for g in gathers}
+    for k in np.flatnonzero(~held):
+        t = int(launch[k])
+        j = int(np.searchsorted(f_start[order], t, side="right")) - 1
+        f = int(order[max(j, 0)])
+        if j < 0 or t >= frames[f][5]:  # launched outside every pass: its segment's device work holds it
+            continue
+        micro, u, phase = frames[f][0], frames[f][1], frames[f][2]
+        at = np.flatnonzero((g_cols["start_ns"] <= t) & (g_cols["end_ns"] > t))
+        gather = next((by_gather.get((str(g_unit[i]), phase, int(g_micro[i]))) for i in at
+                       if by_gather.get((str(g_unit[i]), phase, int(g_micro[i]))) is not None), None)
+        if gather is not None:
+            gather.kernels_ns += dur[k]
+            continue
+        target = by_key.get((micro, str(unit[k]), phase)) if unit[k] and unit[k] != u else None
+        if target:  # another unit's (a prefetch): its pass that had not ended by the launch
+            f = next((i for i in target if frames[i][5] > t), target[-1])
+        p = read[f]
+        if f not in firsts:
+            firsts[f] = reader.first_issue(p, frames[f][4], frames[f][5])
+        before = t < firsts[f] or (target is not None and frames[f][4] > t)
+        if before and main[k]:
+            p.fsdp_pre_ns += dur[k]
+        elif before:
+            p.fsdp_pre_side_ns += dur[k]
+        elif main[k]:
+            p.fsdp_post_ns += dur[k]
+        else:
+            p.fsdp_post_side_ns += dur[k]
 
 
 def _optimizer_lead(spans: pd.DataFrame, a: float, b: float, clock: BusyClock) -> float:

@@ -9,7 +9,10 @@ in-order lanes, each item starting when its lane is free and what it waits for i
   rank's collectives on one queue, in the order issued: ``Program.serial_collectives``); a
   reduce-scatter starts after its unit's backward compute
   and, before the next unit's reduction, the compute stream waits for the previous one (FSDP2's
-  ``post_backward_rs_wait``); the optimizer's kernels wait for every reduction. The host never
+  ``post_backward_rs_wait``); the optimizer's kernels wait for every reduction. FSDP's other kernels
+  run where FSDP runs them: a gather's (a fake group's copies) on its stream before the collective, a
+  unit's unshard kernels before its compute, which waits for them, and its gradients' after it, on the
+  compute stream or on one lane for FSDP's other streams. The host never
   waits except where the recording synchronised (the end of the step).
 - CPU (gloo): compute is the host itself, and the host waits for every collective it issues (FSDP2's
   all-gathers and reduce-scatters are synchronous without CUDA streams; ZeRO-3's prefetched
@@ -33,6 +36,7 @@ from fsdpviz.replay.program import (
     BusyOp,
     ComputeOp,
     CopyOutOp,
+    FsdpKernelsOp,
     GatherOp,
     Program,
     ReduceOp,
@@ -51,6 +55,8 @@ from fsdpviz.vocabulary import (
 
 HOST: Final = "host"
 COMM: Final = "comm"  # CPU: the gloo threads
+FSDP_KERNELS: Final = "fsdp_kernels"  # GPU: FSDP's own kernels beyond the gathers' copies (a span kind)
+FSDP_SIDE: Final = "fsdp_side"  # GPU: FSDP's streams other than the compute stream (a lane)
 
 
 @dataclass(slots=True)
@@ -59,7 +65,7 @@ class SimSpan:
 
     unit: str
     phase: str
-    kind: str  # all_gather / copy_in / copy_out / compute / reduce_scatter / all_reduce / optimizer
+    kind: str  # all_gather / copy_in / copy_out / compute / reduce_scatter / all_reduce / optimizer / fsdp_kernels
     lane: str
     start: float
     end: float
@@ -76,14 +82,14 @@ class SimResult:
     compute_ns: float
     """The model's own work (its passes and the optimizer), as the bound's compute: FSDP's copies are not in it."""
     fsdp_copy_ns: float = 0.0
-    """FSDP's copy-in and copy-out outside the model's work and the collectives: GPU, the bound's FSDP kernels
-    (``fsdp_kernels_ms``); CPU, the thread's copy-outs, part of FSDP's host work."""
+    """FSDP's copy-in, copy-out and other kernels outside the model's work and the collectives: GPU, the
+    bound's FSDP kernels (``fsdp_kernels_ms``); CPU, the thread's copy-outs, part of FSDP's host work."""
     notes: list[str] = field(default_factory=list)
 
     def unit_totals(self) -> dict[str, dict[str, float]]:
         """Per unit: all-gather, forward, backward, reduce-scatter and exposed communication (ns)."""
         out: dict[str, dict[str, float]] = {}
-        compute = _union([(s.start, s.end) for s in self.spans if s.kind in ("compute", "copy_out")])
+        compute = _union([(s.start, s.end) for s in self.spans if _on_compute(s) and s.kind != "optimizer"])
         for s in self.spans:
             if not s.unit:
                 continue
@@ -125,7 +131,8 @@ class _Sim:
         self.gpu = gpu
         self.host = 0.0
         self.free: dict[str, float] = {COMPUTE: 0.0, COPY_IN: 0.0, ALL_GATHER: 0.0, REDUCE_SCATTER: 0.0,
-                                       ALL_REDUCE: 0.0, COMM: 0.0}
+                                       ALL_REDUCE: 0.0, COMM: 0.0, FSDP_SIDE: 0.0}
+        self.unsharded_at = 0.0  # GPU: when the next compute's unshard kernels on FSDP's other streams end
         # GPU: each kind of collective on a stream of its own, or all on one queue (a host backend)
         self.lanes = {kind: COMM if program.serial_collectives else kind
                       for kind in (ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE)}
@@ -146,6 +153,8 @@ class _Sim:
             self._copy_out(op.gid)
         elif isinstance(op, ComputeOp):
             self._compute(op)
+        elif isinstance(op, FsdpKernelsOp):
+            self._fsdp_kernels(op)
         elif isinstance(op, ReduceOp):
             self._reduce(op.rid)
         elif isinstance(op, SegmentOp):
@@ -164,6 +173,9 @@ class _Sim:
             self.free[COPY_IN] = ci_end
             lane = self.lanes[ALL_GATHER]
             start = max(ci_end, self.free[lane], self.free[COMPUTE] if g.after_compute else 0.0)
+            if g.kernels_ns:
+                self.spans.append(SimSpan(g.unit, g.phase, FSDP_KERNELS, lane, start, start + g.kernels_ns))
+                start += g.kernels_ns
             end = start + g.comm_ns
             self.free[lane] = end
             if g.copy_in_ns:
@@ -192,9 +204,25 @@ class _Sim:
             self.host = end
         self.spans.append(SimSpan(g.unit, g.phase, "copy_out", COMPUTE if self.gpu else HOST, start, end))
 
+    def _fsdp_kernels(self, op: FsdpKernelsOp) -> None:
+        if not self.gpu:
+            return
+        if op.main_ns > 0:
+            start = max(self.host, self.free[COMPUTE])
+            self.free[COMPUTE] = start + op.main_ns
+            self.spans.append(SimSpan(op.unit, op.phase, FSDP_KERNELS, COMPUTE, start, start + op.main_ns))
+        if op.side_ns > 0:
+            start = max(self.host, self.free[FSDP_SIDE], 0.0 if op.before else self.free[COMPUTE])
+            end = self.free[FSDP_SIDE] = start + op.side_ns
+            self.spans.append(SimSpan(op.unit, op.phase, FSDP_KERNELS, FSDP_SIDE, start, end))
+            if op.before:
+                self.unsharded_at = max(self.unsharded_at, end)
+            else:
+                self.reduce_ends.append(end)
+
     def _compute(self, op: ComputeOp) -> None:
         if self.gpu:
-            start = max(self.host, self.free[COMPUTE])
+            start = max(self.host, self.free[COMPUTE], self.unsharded_at)
             end = start + op.ns
             self.free[COMPUTE] = end
         else:
@@ -208,7 +236,10 @@ class _Sim:
         r = self.p.reduces[rid]
         if self.gpu:
             prev = max((e for e, _ in self.pending_reduce), default=0.0)
-            self.free[COMPUTE] = max(self.free[COMPUTE], prev, self.host) + r.prep_ns
+            prep = max(self.free[COMPUTE], prev, self.host)
+            self.free[COMPUTE] = prep + r.prep_ns
+            if r.prep_ns > 0:
+                self.spans.append(SimSpan(r.unit, BACKWARD, FSDP_KERNELS, COMPUTE, prep, prep + r.prep_ns))
             lane = self.lanes[REDUCE_SCATTER]
             start = max(self.host, self.free[lane], self.free[COMPUTE])
             end = start + r.comm_ns
@@ -256,9 +287,9 @@ class _Sim:
     def result(self) -> SimResult:
         comm = _union([(s.start, s.end) for s in self.spans
                        if s.kind in UNIT_COLLECTIVES])
-        busy = _union([(s.start, s.end) for s in self.spans if s.kind in ("compute", "copy_out", "optimizer")])
+        busy = _union([(s.start, s.end) for s in self.spans if _on_compute(s)])
         model = _union([(s.start, s.end) for s in self.spans if s.kind in ("compute", "optimizer")])
-        copies = _union([(s.start, s.end) for s in self.spans if s.kind in ("copy_in", "copy_out")])
+        copies = _union([(s.start, s.end) for s in self.spans if s.kind in ("copy_in", "copy_out", FSDP_KERNELS)])
         # as the bound splits a traced step (analysis/bound.py): a copy under the model's work or a
         # collective is theirs, the rest is FSDP's own
         theirs = _union([*model, *comm])
@@ -268,6 +299,11 @@ class _Sim:
                          compute_ns=sum(e - s for s, e in model),
                          fsdp_copy_ns=sum((e - s) - _covered(theirs, s, e) for s, e in copies),
                          notes=list(self.p.notes))
+
+
+def _on_compute(span: SimSpan) -> bool:
+    """Work that keeps the compute stream busy: the model's, the copy-outs, FSDP's kernels on it."""
+    return span.kind in ("compute", "copy_out", "optimizer") or (span.kind == FSDP_KERNELS and span.lane == COMPUTE)
 
 
 def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:

@@ -27,16 +27,6 @@ from fsdpviz.trace import schema
 EMPTY: Intervals = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
 
 
-def fsdp_ranges(events: pd.DataFrame) -> dict[str, Intervals]:
-    """Per CPU lane of one rank's ``events``: the union of FSDP's own ranges on it (module docstring)."""
-    ranges = overhead_labels(parse_labels(events))
-    # FSDP2's labels that name no unit run once per step, whatever the wrap (the root's pre-forward
-    # moving the batch to the device, its post-backward callback): not per-unit work
-    ranges = ranges[~((ranges["family"] == FAMILY_FSDP2) & (ranges["unit"] == "")).to_numpy()]
-    return {str(lane): union_intervals(g["start_ns"].to_numpy(np.int64), g["end_ns"].to_numpy(np.int64))
-            for lane, g in ranges.groupby(ranges["lane"].astype(str), sort=False)}
-
-
 def all_lanes(ranges: dict[str, Intervals]) -> Intervals:
     """The union of ``ranges`` over every lane."""
     if not ranges:
@@ -80,3 +70,50 @@ def launched_inside(events: pd.DataFrame, gpu: pd.DataFrame, ranges: dict[str, I
         if mine.any():
             out[mine] = inside(t[mine], intervals)
     return out
+
+
+def _own_ranges(events: pd.DataFrame) -> pd.DataFrame:
+    """FSDP's ranges of one rank's ``events`` (module docstring), one row each."""
+    ranges = overhead_labels(parse_labels(events))
+    return ranges[~((ranges["family"] == FAMILY_FSDP2) & (ranges["unit"] == "")).to_numpy()]
+
+
+def fsdp_ranges(events: pd.DataFrame) -> dict[str, Intervals]:
+    """Per CPU lane of one rank's ``events``: the union of FSDP's own ranges on it (module docstring)."""
+    ranges = _own_ranges(events)
+    return {str(lane): union_intervals(g["start_ns"].to_numpy(np.int64), g["end_ns"].to_numpy(np.int64))
+            for lane, g in ranges.groupby(ranges["lane"].astype(str), sort=False)}
+
+
+def launching_units(events: pd.DataFrame, gpu: pd.DataFrame) -> pd.DataFrame:
+    """Per row of ``gpu`` (GPU events of the same rank as ``events``) launched from inside FSDP's own
+    ranges (:func:`fsdp_ranges`): the launch's time (``launch_ns``) and the unit named by the innermost
+    of those ranges that names one (``unit``; "" where none does: FSDP1's
+    ``FullyShardedDataParallel._*`` ranges outside fsdpviz's labels). Rows launched elsewhere are left
+    out; the index is ``gpu``'s."""
+    t, lanes = launch_points(events, gpu)
+    ranges = _own_ranges(events)
+    unit = np.full(len(gpu), None, dtype=object)
+    for lane, g in ranges.groupby(ranges["lane"].astype(str), sort=False):
+        g = g.sort_values(["start_ns", "end_ns"], ascending=[True, False], kind="stable")
+        starts, ends = g["start_ns"].to_numpy(np.int64), g["end_ns"].to_numpy(np.int64)
+        names = g["unit"].astype(str).to_numpy(dtype=object)
+        parent = np.full(len(g), -1, dtype=np.int64)  # the range holding each (FSDP's ranges nest)
+        open_: list[int] = []
+        for i in range(len(g)):
+            while open_ and ends[open_[-1]] <= starts[i]:
+                open_.pop()
+            parent[i] = open_[-1] if open_ else -1
+            open_.append(i)
+        for k in np.flatnonzero((t >= 0) & (lanes == lane)):
+            i = int(np.searchsorted(starts, t[k], side="right")) - 1
+            while i >= 0 and ends[i] <= t[k]:
+                i = int(parent[i])
+            if i < 0:
+                continue
+            j = i  # the innermost range that names a unit (FSDP1's own sit inside fsdpviz's)
+            while j >= 0 and not names[j]:
+                j = int(parent[j])
+            unit[k] = names[j] if j >= 0 else ""
+    keep = np.array([u is not None for u in unit], dtype=bool)
+    return pd.DataFrame({"launch_ns": t[keep], "unit": unit[keep].astype(str)}, index=gpu.index[keep])

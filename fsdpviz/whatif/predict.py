@@ -54,7 +54,7 @@ CPU_PREFETCH_REASON = ("on a CPU rank the training thread waits out every gloo c
                        "them as waited for, which reproduces CPU recordings best), so issuing an all-gather earlier "
                        "hides nothing")
 NO_COMM_PREFETCH_REASON = ("the recording's collectives took no time (a fake process group, or nothing to gather), so "
-                           "issuing an all-gather earlier or later hides or exposes nothing")
+                           "issuing an all-gather earlier or later hides or exposes no communication")
 PREFETCH_SAME = "this prefetch predicts the recorded step and exposed communication"
 DEPTHS_ALIKE = "prefetch depths predict the same step and exposed communication here"
 CPU_PREFETCH_NOTE = f"{CPU_PREFETCH_REASON}: {PREFETCH_SAME}"
@@ -653,15 +653,16 @@ def _predicted(model: Model, simulated: list[SimResult], baseline: Outcome, sett
 
 
 def _predicted_kernels(recorded_ms: float | None, moved_ns: float, notes: list[str]) -> float | None:
-    """FSDP's copy kernels under a setting: the recorded ones moved by the simulated change of the
-    gathers' copies. A difference, not a share: the replay's copies are the gathers' alone (a reduction's
-    copy-in is in the recorded kernels and no setting drops it) and kernels run at the trace's pace."""
+    """FSDP's copy kernels under a setting: the recorded ones moved by the simulated change of FSDP's
+    kernels (the gathers' copies, the kernels in their labels, the unshard's and the gradients' own,
+    :func:`fsdpviz.replay.recording._own_kernels`). A difference, not a share: the bound's kernels are
+    measured, the replay's a model of them that parts from them on some recordings (docs/whatif.md)."""
     if recorded_ms is None:
         return None
     kernels = recorded_ms + moved_ns / NS_PER_MS
     if kernels < 0:
         notes.append(f"FSDP's copy kernels came out at {kernels:.3f} ms/step (the recording's {recorded_ms:.3f} moved "
-                     "by the simulated change of the gathers' copies) and are held to 0")
+                     "by the simulated change of FSDP's kernels) and are held to 0")
         return 0.0
     return round(kernels, 3)
 

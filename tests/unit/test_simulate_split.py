@@ -8,6 +8,7 @@ import pytest
 from fsdpviz.replay.program import (
     ComputeOp,
     CopyOutOp,
+    FsdpKernelsOp,
     GatherOp,
     Program,
     ReduceOp,
@@ -16,7 +17,8 @@ from fsdpviz.replay.program import (
     SimReduce,
 )
 from fsdpviz.replay.recorded import Segment
-from fsdpviz.replay.simulate import run
+from fsdpviz.replay.simulate import FSDP_KERNELS, run
+from fsdpviz.vocabulary import ALL_GATHER, COMPUTE
 
 
 def _program() -> Program:
@@ -79,3 +81,50 @@ def test_a_host_backends_collectives_queue_behind_one_another() -> None:
     assert _spans(True) == {"reduce_scatter": (1050.0, 1150.0), "all_gather": (1150.0, 1230.0)}
     serial = run(_backward(True), gpu=True)
     assert serial.comm_ns == pytest.approx(180.0)  # 100 + 80, one after the other
+
+
+def test_fsdps_other_kernels_run_where_fsdp_runs_them() -> None:
+    """FSDP's kernels beyond the gathers' copy-in and copy-out, by construction on a GPU (the host reaches
+    the units at 1000 ns with the device idle; gathers as in :func:`_program`, each with 7 ns of a fake
+    group's copies in its label, which run on its stream between the copy-in and the collective):
+
+    - a: copy-in 1000-1010, the group's copies 1010-1017, all-gather 1017-1037, copy-out 1037-1042,
+      then a's unshard kernels on the compute stream 1042-1046 and its compute 1046-1146;
+    - b: copy-in 1042-1052 (after a's copy-out), copies 1052-1059 and all-gather 1059-1079 under a's
+      compute; its unshard kernels on another stream from the host's 1000: 1000-1030; copy-out
+      1146-1151 and compute 1151-1201; after it its gradients' kernels on the other stream 1201-1207,
+      which the step's end waits for.
+    """
+    gathers = [SimGather(unit=u, phase="forward", bytes=1 << 20, host_ns=0.0, copy_in_ns=10.0, comm_ns=20.0,
+                         copy_out_host_ns=0.0, copy_out_ns=5.0, kernels_ns=7.0) for u in ("a", "b")]
+    ops = [SegmentOp("pre", Segment(busy_ns=1000.0)), GatherOp(0), CopyOutOp(0),
+           FsdpKernelsOp("a", "forward", 4.0, 0.0, before=True), ComputeOp("a", "forward", 100.0),
+           GatherOp(1), CopyOutOp(1), FsdpKernelsOp("b", "forward", 0.0, 30.0, before=True),
+           ComputeOp("b", "forward", 50.0), FsdpKernelsOp("b", "forward", 0.0, 6.0, before=False),
+           SegmentOp("post", Segment(sync_at=[0.0]))]
+    sim = run(Program(ops=ops, gathers=gathers, reduces=[], units=["a", "b"],
+                      unit_bytes={"a": 1 << 20, "b": 1 << 20}), gpu=True)
+    spans = {(s.unit, s.kind, s.lane): (s.start, s.end) for s in sim.spans}
+    assert spans[("a", FSDP_KERNELS, ALL_GATHER)] == pytest.approx((1010.0, 1017.0))
+    assert spans[("a", ALL_GATHER, ALL_GATHER)] == pytest.approx((1017.0, 1037.0))
+    assert spans[("a", FSDP_KERNELS, COMPUTE)] == pytest.approx((1042.0, 1046.0))
+    assert spans[("a", "compute", COMPUTE)] == pytest.approx((1046.0, 1146.0))
+    assert spans[("b", FSDP_KERNELS, ALL_GATHER)] == pytest.approx((1052.0, 1059.0))
+    assert spans[("b", "compute", COMPUTE)] == pytest.approx((1151.0, 1201.0))
+    assert sim.step_ns == pytest.approx(1207.0)
+    assert sim.compute_ns == pytest.approx(150.0)
+    # FSDP's own work outside the model's and the collectives': 1000-1017 (a's copy-in, its group's
+    # copies, b's unshard kernels; 1017-1030 of those ran under a's all-gather), 1037-1046 (a's copy-out,
+    # its unshard kernels, b's copy-in until a's compute), b's copy-out (5) and b's gradients' kernels (6)
+    assert sim.fsdp_copy_ns == pytest.approx(17.0 + 9.0 + 5.0 + 6.0)
+
+
+def test_a_side_streams_unshard_kernels_hold_the_units_compute() -> None:
+    """An unshard's kernels on another stream that outlast the unit's copy-out: its compute waits for
+    them (FSDP's streams hand the unsharded parameters to the compute stream by event)."""
+    ops = [SegmentOp("pre", Segment(busy_ns=1000.0)), FsdpKernelsOp("a", "forward", 0.0, 40.0, before=True),
+           ComputeOp("a", "forward", 100.0), SegmentOp("post", Segment(sync_at=[0.0]))]
+    sim = run(Program(ops=ops, gathers=[], reduces=[], units=["a"], unit_bytes={"a": 0}), gpu=True)
+    compute = next(s for s in sim.spans if s.kind == "compute")
+    assert (compute.start, compute.end) == pytest.approx((1040.0, 1140.0))
+    assert sim.step_ns == pytest.approx(1140.0) and sim.fsdp_copy_ns == pytest.approx(40.0)
