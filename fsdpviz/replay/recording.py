@@ -148,6 +148,7 @@ def read_recording(result: RunResult, ranks: Sequence[int] | None = None, per_op
         rank_work = work[work["rank"] == rank] if work is not None else None
         kernels = _Kernels.of(rank_work) if rank_work is not None else None
         own = _FsdpKernels.of(ev) if gpu else None
+        lane_work = _LaneWork.of(rank_work) if rank_work is not None else None
         samples = device_samples(memory, rank, devices[rank]) if rank in devices else memory.iloc[:0]
         times = parts["times"].set_index("step") if len(parts["times"]) else None
         cats = split = None
@@ -166,7 +167,7 @@ def read_recording(result: RunResult, ranks: Sequence[int] | None = None, per_op
                 continue
             row = times.loc[step]
             program = _read_step(rank, step, int(row["start_ns"]), int(row["end_ns"]), parts, clock, rank_work, gpu,
-                                 unit_bytes, kernels, own)
+                                 unit_bytes, kernels, own, lane_work)
             program.comm_ns, program.comm_exposed_ns = int(row["comm_ns"]), int(row["exposed_comm_ns"])
             program.start_ns = int(row["start_ns"])
             ops = clock.host_ops
@@ -564,7 +565,8 @@ class _PassReader:
 
 def _read_step(rank: int, step: int, t0: int, t1: int, parts: dict[str, pd.DataFrame], clock: BusyClock,
                work: pd.DataFrame | None, gpu: bool, unit_bytes: dict[str, int],
-               kernels: _Kernels | None, own: _FsdpKernels | None = None) -> StepProgram:
+               kernels: _Kernels | None, own: _FsdpKernels | None = None,
+               lane_work: _LaneWork | None = None) -> StepProgram:
     """One rank's step as a :class:`StepProgram` (see the module docstring)."""
     tables = _StepTables.read(parts, step, gpu)
     reader = _PassReader(tables, clock, work, gpu, kernels)
@@ -594,7 +596,7 @@ def _read_step(rank: int, step: int, t0: int, t1: int, parts: dict[str, pd.DataF
         batches.append(MicroBatch(pre=_segment(cursor, pre_end, clock, work, gpu), forward=passes[vocabulary.FORWARD],
                                   mid=_segment(mid_from, mid_to, clock, work, gpu), backward=passes[vocabulary.BACKWARD]))
         cursor = bounds[vocabulary.BACKWARD][1] if vocabulary.BACKWARD in bounds else mid_to
-    gathers = _gathers(tables, frames, clock, gpu, unit_bytes)
+    gathers = _gathers(tables, frames, clock, gpu, unit_bytes, lane_work)
     if own is not None and frames:
         _own_kernels(own, t0, t1, tables, frames, read, reader, gathers)
     post = _segment(cursor, t1, clock, work, gpu)
@@ -738,6 +740,37 @@ def _segment(a: float, b: float, clock: BusyClock, work: pd.DataFrame | None, gp
 
 
 @dataclass(slots=True)
+class _LaneWork:
+    """A rank's GPU work per lane (stream), sorted by start: how long it kept a stream busy between two
+    instants."""
+
+    lanes: dict[str, tuple[np.ndarray, np.ndarray]]
+
+    @classmethod
+    def of(cls, work: pd.DataFrame) -> _LaneWork:
+        out = {}
+        for lane, g in work.groupby(work["lane"].astype(str), sort=False):
+            g = g.sort_values("start_ns", kind="stable")
+            out[str(lane)] = (g["start_ns"].to_numpy(np.int64), g["end_ns"].to_numpy(np.int64))
+        return cls(out)
+
+    def busy(self, lanes: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """Per span (``lanes``, ``starts``, ``ends``): the time the GPU work that ran wholly inside it on
+        its lane took."""
+        out = np.zeros(len(starts), dtype=np.float64)
+        for i, (lane, a, b) in enumerate(zip(lanes.tolist(), starts.tolist(), ends.tolist())):
+            if str(lane) not in self.lanes:
+                out[i] = float(b - a)  # no GPU work of the lane known: the span as it is
+                continue
+            s, e = self.lanes[str(lane)]
+            lo, hi = int(np.searchsorted(s, a, "left")), int(np.searchsorted(s, b, "right"))
+            ks, ke = s[lo:hi], e[lo:hi]
+            keep = ke <= b
+            out[i] = float(total_ns(union_intervals(ks[keep], ke[keep])))
+        return out
+
+
+@dataclass(slots=True)
 class _Copies:
     """A step's gather copies, for one gather at a time: its copy-in and copy-out kernels (the
     spans of its unit's pass) and the host time of the copy-out label that followed its issue."""
@@ -753,13 +786,20 @@ class _Copies:
     col: dict[str, np.ndarray]
 
     @classmethod
-    def of(cls, tables: _StepTables, clock: BusyClock, gpu: bool) -> _Copies:
+    def of(cls, tables: _StepTables, clock: BusyClock, gpu: bool, lanes: _LaneWork | None = None) -> _Copies:
+        """``lanes``: the rank's GPU work, which a copy span's kernels are read from (a span runs from the
+        first kernel its label launched to the last, and holds the stream's idle waits between them: for
+        the gather it copies out, on a fake group for the group's copies)."""
         spans = tables.spans
         copy_in = spans[(spans["kind"] == vocabulary.COPY_IN).to_numpy()]
         copy_out = spans[(spans["kind"] == vocabulary.COPY_OUT).to_numpy()]
         labels = tables.copy_out_labels
-        return cls(clock=clock, gpu=gpu, ci_pass=_pass_columns(copy_in), ci=_columns(copy_in, ("start_ns", "end_ns")),
-                   co_pass=_pass_columns(copy_out), co=_columns(copy_out, ("start_ns", "end_ns")),
+        ci, co = _columns(copy_in, ("start_ns", "end_ns")), _columns(copy_out, ("start_ns", "end_ns"))
+        for cols, rows in ((ci, copy_in), (co, copy_out)):
+            cols["busy"] = (lanes.busy(as_str(rows["lane"]), cols["start_ns"], cols["end_ns"]) if lanes is not None
+                            else (cols["end_ns"] - cols["start_ns"]).astype(np.float64))
+        return cls(clock=clock, gpu=gpu, ci_pass=_pass_columns(copy_in), ci=ci,
+                   co_pass=_pass_columns(copy_out), co=co,
                    col_unit=as_str(labels["unit"]), col_micro=labels["micro"].to_numpy(),
                    col=_columns(labels, ("start_ns", "end_ns")))
 
@@ -774,18 +814,18 @@ class _Copies:
         co_spans = zip(self.col["start_ns"][first].tolist(), self.col["end_ns"][first].tolist())
         return Gather(
             unit=unit, phase=phase, micro=micro, bytes=nbytes, host_ns=host_ns,
-            copy_in_ns=float((ci["end_ns"][in_pass] - ci["start_ns"][in_pass]).sum()) if self.gpu else 0.0,
+            copy_in_ns=float(ci["busy"][in_pass].sum()) if self.gpu else 0.0,
             comm_ns=comm_ns, copy_out_host_ns=float(sum(self.clock.between(a, b) for a, b in co_spans)),
-            copy_out_ns=float((co["end_ns"][out_pass] - co["start_ns"][out_pass]).sum()) if self.gpu else 0.0,
+            copy_out_ns=float(co["busy"][out_pass].sum()) if self.gpu else 0.0,
             issued_in=issued_in)
 
 
 def _gathers(tables: _StepTables, frames: list[tuple[int, str, str, str, int, int]], clock: BusyClock,
-             gpu: bool, unit_bytes: dict[str, int]) -> list[Gather]:
+             gpu: bool, unit_bytes: dict[str, int], lanes: _LaneWork | None = None) -> list[Gather]:
     """Every all-gather of the step with its costs and the pass that issued it."""
     spans, compute = tables.spans, tables.compute
     gather_labels = tables.gather_labels
-    copies = _Copies.of(tables, clock, gpu)
+    copies = _Copies.of(tables, clock, gpu, lanes)
     ag = spans[(spans["kind"] == vocabulary.ALL_GATHER).to_numpy()]
     if ag.empty:
         return _label_gathers(tables, frames, clock, copies, unit_bytes)

@@ -84,6 +84,8 @@ class SimResult:
     fsdp_copy_ns: float = 0.0
     """FSDP's copy-in, copy-out and other kernels outside the model's work and the collectives: GPU, the
     bound's FSDP kernels (``fsdp_kernels_ms``); CPU, the thread's copy-outs, part of FSDP's host work."""
+    fsdp_kernel_ns: float = 0.0
+    """GPU: FSDP's copies and other kernels, all of them, whatever ran beside them."""
     notes: list[str] = field(default_factory=list)
 
     def unit_totals(self) -> dict[str, dict[str, float]]:
@@ -298,6 +300,7 @@ class _Sim:
         return SimResult(step_ns=self.host, spans=self.spans, comm_ns=comm_ns, exposed_comm_ns=exposed,
                          compute_ns=sum(e - s for s, e in model),
                          fsdp_copy_ns=sum((e - s) - _covered(theirs, s, e) for s, e in copies),
+                         fsdp_kernel_ns=sum(e - s for s, e in copies),
                          notes=list(self.p.notes))
 
 

@@ -119,3 +119,31 @@ def unit_timer_ratio(folder: Path, phase: str) -> float:
                                  for steps in per.values())
 
     return median(clean) / median(profiled)
+
+
+def fsdp2_unit_kernels_ms(path: Path, steps: list[int]) -> float:
+    """Per step, the ms of GPU work launched (its runtime call's start) inside one of FSDP2's labels that
+    names a unit (``FSDP::<what> (<unit>)``) on the launching thread, within ``steps``' ProfilerStep
+    spans: the kernels' own durations, mean over ``steps``."""
+    events = trace_events(path)
+    spans = [(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events
+             if e.get("cat") == "user_annotation" and e.get("name", "").startswith("ProfilerStep#")
+             and int(e["name"].split("#")[1]) in steps]
+    ranges: dict[Any, list[tuple[float, float]]] = {}
+    for e in events:
+        name = e.get("name", "")
+        if e.get("cat") in ("user_annotation", "cpu_op") and name.startswith("FSDP::") and name.endswith(")") \
+                and " (" in name:
+            ranges.setdefault(e.get("tid"), []).append((float(e["ts"]), float(e["ts"]) + float(e["dur"])))
+    gpu = {e["args"]["correlation"]: float(e["dur"]) for e in events
+           if e.get("cat") in GPU_EVENTS and "correlation" in e.get("args", {})}
+    total, seen = 0.0, set()
+    for e in events:
+        corr = e.get("args", {}).get("correlation")
+        if e.get("cat") not in ("cuda_runtime", "cuda_driver") or corr not in gpu or corr in seen:
+            continue
+        ts = float(e["ts"])
+        if any(lo <= ts < hi for lo, hi in spans) and any(a <= ts < b for a, b in ranges.get(e.get("tid"), [])):
+            seen.add(corr)
+            total += gpu[corr]
+    return total / 1e3 / len(steps)

@@ -1,0 +1,52 @@
+"""The replay's program holds FSDP's own GPU work as the trace ran it: per step, the kernels it gives the
+gathers (copy-in, copy-out, the kernels in their labels), the reductions (their ``chunk_cat``) and the
+passes (the unshard's and the gradients' kernels) add up to the GPU time of the events launched inside
+FSDP2's unit labels (``FSDP::<what> (<unit>)``), read from the trace file with plain Python
+(tests/helpers/rawfiles.fsdp2_unit_kernels_ms). Shared FSDP2 recordings whose collectives are no host
+backend's (on gloo2 the labels also launch gloo's staging copies, which are the collectives' work)."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+from helpers.rawfiles import fsdp2_unit_kernels_ms
+
+from fsdpviz.analysis.pipeline import analyse
+from fsdpviz.replay.recorded import StepProgram
+from fsdpviz.replay.recording import read_recording
+
+H100 = ("h100-fsdp2-fake8-block", "h100-fsdp2-fake8-block-modelB", "h100-fsdp2-fake8-reshard-false",
+        "h100-fsdp2-ws1-block", "h100-hf-trainer-ws1")
+H200 = ("B", "Bl")
+
+
+def _held_ms(step: StepProgram) -> float:
+    ns = sum(g.copy_in_ns + g.copy_out_ns + g.kernels_ns for g in step.gathers)
+    ns += sum(r.prep_ns for r in step.reduces)
+    ns += sum(p.fsdp_pre_ns + p.fsdp_pre_side_ns + p.fsdp_post_ns + p.fsdp_post_side_ns
+              for mb in step.micro for p in (*mb.forward, *mb.backward))
+    return ns / 1e6
+
+
+def _check(folder: Path) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = analyse([folder], cache=False, progress=False)
+    steps = result.summary.steps
+    recording = read_recording(result, ranks=[0])
+    held = sum(_held_ms(s) for s in recording.steps) / len(recording.steps)
+    truth = fsdp2_unit_kernels_ms(min((folder / "traces").glob("rank0.trace.json*")), steps)
+    assert truth > 1.0  # every one of these runs FSDP's copies on the device
+    assert held == pytest.approx(truth, rel=0.03), folder.name
+
+
+@pytest.mark.parametrize("name", H100)
+def test_h100_recordings_replay_fsdps_kernels_as_traced(gpu_fsdp_dir: Path, name: str) -> None:
+    _check(gpu_fsdp_dir / name)
+
+
+@pytest.mark.parametrize("name", H200)
+def test_h200_recordings_replay_fsdps_kernels_as_traced(gpu_h200_dir: Path, name: str) -> None:
+    _check(gpu_h200_dir / name)
