@@ -509,13 +509,13 @@ class _PassReader:
                  reduce_host_ns=min(post, reduce_busy))
         return p, (self._reduce(p, a, b) if phase == vocabulary.BACKWARD else None)
 
-    def first_issue(self, p: Pass, a: int, b: int) -> float:
-        """When pass ``p`` (its frame ``[a, b)``) issued its first compute; ``b`` where it computed nothing."""
+    def first_issue(self, p: Pass, a: int, b: int) -> float | None:
+        """When pass ``p`` (its frame ``[a, b)``) issued its first compute; None where it computed nothing."""
         t = self.tables
         mine = (t.c_unit == p.unit) & (t.c_phase == p.phase) & (t.c_micro == p.micro)
         if p.part:
             mine &= (t.c_issue >= a) & (t.c_issue < b)
-        return float(t.c_issue[mine].min()) if mine.any() else float(b)
+        return float(t.c_issue[mine].min()) if mine.any() else None
 
     def _kernel_busy(self, a: int, b: int, starts: np.ndarray, ends: np.ndarray) -> float:
         """GPU: the time the pass's kernels (launched in ``[a, b)``) kept the device busy inside its
@@ -612,10 +612,12 @@ def _own_kernels(own: _FsdpKernels, t0: int, t1: int, tables: _StepTables,
     """Give each gather and pass FSDP's own kernels launched in the step ``[t0, t1)`` beyond what the
     program already holds: the gathers' copy-in and copy-out spans and the reductions' prep. One
     launched inside a gather label is that gather's (in the phase of the pass that launched it: under a
-    fake process group, its copies of the shard into each rank's chunk). Any other belongs to the unit its range names (a prefetched gather's to the unit gathered, in the phase and
-    micro-batch of the pass that launched it; FSDP1's ranges that name none, to that pass), before
-    that unit's compute (``fsdp_pre``) or after it (``fsdp_post``). One launched outside every pass is
-    its segment's device work already (:func:`_segment`)."""
+    fake process group, its copies of the shard into each rank's chunk). Any other belongs to the unit
+    its range names (a prefetched gather's to the unit gathered, in the phase and micro-batch of the
+    pass that launched it; FSDP1's ranges that name none, to that pass), before that unit's compute
+    (``fsdp_pre``) or after it (``fsdp_post``). One launched between two passes of a phase is the next
+    pass's (its gap's); one launched before the first pass or between phases is its segment's device
+    work already (:func:`_segment`)."""
     lo, hi = np.searchsorted(own.launch, t0, "left"), np.searchsorted(own.launch, t1, "left")
     if hi <= lo:
         return
@@ -634,7 +636,7 @@ def _own_kernels(own: _FsdpKernels, t0: int, t1: int, tables: _StepTables,
     by_key: dict[tuple[int, str, str], list[int]] = {}
     for i, (micro, u, phase, _part, _a, _b) in enumerate(frames):
         by_key.setdefault((micro, u, phase), []).append(i)
-    firsts: dict[int, float] = {}
+    firsts: dict[int, float | None] = {}
     labels = tables.gather_labels
     g_unit, g_micro = as_str(labels["unit"]), labels["micro"].to_numpy()
     g_cols = _columns(labels, ("start_ns", "end_ns"))
@@ -643,8 +645,13 @@ def _own_kernels(own: _FsdpKernels, t0: int, t1: int, tables: _StepTables,
         t = int(launch[k])
         j = int(np.searchsorted(f_start[order], t, side="right")) - 1
         f = int(order[max(j, 0)])
-        if j < 0 or t >= frames[f][5]:  # launched outside every pass: its segment's device work holds it
+        if j < 0:  # before the first pass: the step's first segment holds it
             continue
+        if t >= frames[f][5]:
+            nxt = int(order[j + 1]) if j + 1 < len(order) else -1
+            if nxt < 0 or frames[nxt][:3:2] != frames[f][:3:2]:  # after a phase: a segment holds it
+                continue
+            f = nxt  # between two passes of a phase: the next one's, whose gap it is
         micro, u, phase = frames[f][0], frames[f][1], frames[f][2]
         at = np.flatnonzero((g_cols["start_ns"] <= t) & (g_cols["end_ns"] > t))
         gather = next((by_gather.get((str(g_unit[i]), phase, int(g_micro[i]))) for i in at
@@ -658,7 +665,9 @@ def _own_kernels(own: _FsdpKernels, t0: int, t1: int, tables: _StepTables,
         p = read[f]
         if f not in firsts:
             firsts[f] = reader.first_issue(p, frames[f][4], frames[f][5])
-        before = t < firsts[f] or (target is not None and frames[f][4] > t)
+        # a pass without compute has no before: its kernels run after it, and no setting drops them
+        first = firsts[f]
+        before = (first is not None and t < first) or (target is not None and frames[f][4] > t)
         if before and main[k]:
             p.fsdp_pre_ns += dur[k]
         elif before:

@@ -12,7 +12,7 @@ in-order lanes, each item starting when its lane is free and what it waits for i
   ``post_backward_rs_wait``); the optimizer's kernels wait for every reduction. FSDP's other kernels
   run where FSDP runs them: a gather's (a fake group's copies) on its stream before the collective, a
   unit's unshard kernels before its compute, which waits for them, and its gradients' after it, on the
-  compute stream or on one lane for FSDP's other streams. The host never
+  compute stream or on FSDP's other streams (a lane for the unshards', one for the rest). The host never
   waits except where the recording synchronised (the end of the step).
 - CPU (gloo): compute is the host itself, and the host waits for every collective it issues (FSDP2's
   all-gathers and reduce-scatters are synchronous without CUDA streams; ZeRO-3's prefetched
@@ -56,7 +56,8 @@ from fsdpviz.vocabulary import (
 HOST: Final = "host"
 COMM: Final = "comm"  # CPU: the gloo threads
 FSDP_KERNELS: Final = "fsdp_kernels"  # GPU: FSDP's own kernels beyond the gathers' copies (a span kind)
-FSDP_SIDE: Final = "fsdp_side"  # GPU: FSDP's streams other than the compute stream (a lane)
+FSDP_SIDE: Final = "fsdp_side"  # GPU: FSDP's streams other than the compute stream, after a compute (a lane)
+FSDP_UNSHARD: Final = "fsdp_unshard"  # GPU: the same, before a compute: the unshard's (a lane of its own)
 
 
 @dataclass(slots=True)
@@ -85,7 +86,7 @@ class SimResult:
     """FSDP's copy-in, copy-out and other kernels outside the model's work and the collectives: GPU, the
     bound's FSDP kernels (``fsdp_kernels_ms``); CPU, the thread's copy-outs, part of FSDP's host work."""
     fsdp_kernel_ns: float = 0.0
-    """GPU: FSDP's copies and other kernels, all of them, whatever ran beside them."""
+    """GPU: FSDP's copies and other kernels, all of them, each whole, whatever ran beside them."""
     notes: list[str] = field(default_factory=list)
 
     def unit_totals(self) -> dict[str, dict[str, float]]:
@@ -133,7 +134,7 @@ class _Sim:
         self.gpu = gpu
         self.host = 0.0
         self.free: dict[str, float] = {COMPUTE: 0.0, COPY_IN: 0.0, ALL_GATHER: 0.0, REDUCE_SCATTER: 0.0,
-                                       ALL_REDUCE: 0.0, COMM: 0.0, FSDP_SIDE: 0.0}
+                                       ALL_REDUCE: 0.0, COMM: 0.0, FSDP_SIDE: 0.0, FSDP_UNSHARD: 0.0}
         self.unsharded_at = 0.0  # GPU: when the next compute's unshard kernels on FSDP's other streams end
         # GPU: each kind of collective on a stream of its own, or all on one queue (a host backend)
         self.lanes = {kind: COMM if program.serial_collectives else kind
@@ -214,9 +215,12 @@ class _Sim:
             self.free[COMPUTE] = start + op.main_ns
             self.spans.append(SimSpan(op.unit, op.phase, FSDP_KERNELS, COMPUTE, start, start + op.main_ns))
         if op.side_ns > 0:
-            start = max(self.host, self.free[FSDP_SIDE], 0.0 if op.before else self.free[COMPUTE])
-            end = self.free[FSDP_SIDE] = start + op.side_ns
-            self.spans.append(SimSpan(op.unit, op.phase, FSDP_KERNELS, FSDP_SIDE, start, end))
+            # an unshard's kernels on a lane of their own: a gradients' copies queued on FSDP's other
+            # streams do not hold the next unit's compute
+            lane = FSDP_UNSHARD if op.before else FSDP_SIDE
+            start = max(self.host, self.free[lane], 0.0 if op.before else self.free[COMPUTE])
+            end = self.free[lane] = start + op.side_ns
+            self.spans.append(SimSpan(op.unit, op.phase, FSDP_KERNELS, lane, start, end))
             if op.before:
                 self.unsharded_at = max(self.unsharded_at, end)
             else:
@@ -300,7 +304,8 @@ class _Sim:
         return SimResult(step_ns=self.host, spans=self.spans, comm_ns=comm_ns, exposed_comm_ns=exposed,
                          compute_ns=sum(e - s for s, e in model),
                          fsdp_copy_ns=sum((e - s) - _covered(theirs, s, e) for s, e in copies),
-                         fsdp_kernel_ns=sum(e - s for s, e in copies),
+                         fsdp_kernel_ns=sum(s.end - s.start for s in self.spans
+                                            if s.kind in ("copy_in", "copy_out", FSDP_KERNELS)),
                          notes=list(self.p.notes))
 
 

@@ -92,12 +92,12 @@ def predicted_bound(bound: BoundSummary | None, prediction: Prediction, budget_b
     # step moves beyond compute and communication is the host side's first (the simulated step is the
     # host's: per-unit work fewer units save, launches they no longer wait for), host wait and FSDP's
     # per-unit host work together in proportion, then other idle. FSDP's copy kernels move as the
-    # replay's copies outside the model's work do (a gather a setting drops takes its copies with it),
-    # not in compute, which is the model's.
+    # prediction's do (a gather a setting drops takes its copies with it), not in compute, which is the
+    # model's.
     kernels = bound.fsdp_kernels_ms or 0.0
     fsdp_host = bound.fsdp_overhead_ms - kernels
     if bound.fsdp_kernels_ms is not None and base.fsdp_kernels_ms is not None and new.fsdp_kernels_ms is not None:
-        kernels += new.fsdp_kernels_ms - base.fsdp_kernels_ms  # held to 0 in the prediction, with a note
+        kernels += new.fsdp_kernels_ms - base.fsdp_kernels_ms  # a share of the recorded: never below 0
     host, idle = bound.host_wait_ms, bound.other_idle_ms
     compute = max(bound.compute_ms + new.compute_ms - base.compute_ms, 0.0)
     comm = max(bound.exposed_comm_ms + new.exposed_comm_ms - base.exposed_comm_ms, 0.0)

@@ -637,10 +637,6 @@ def _predicted(model: Model, simulated: list[SimResult], baseline: Outcome, sett
     if to_one_rank:  # no unit gathers or reduces on one rank either
         units = [replace(u, all_gather_ms=0.0, reduce_scatter_ms=0.0, exposed_comm_ms=0.0) for u in units]
     simulated_compute = shared(baseline.compute_ms, lambda r: r.compute_ns)
-    # FSDP's kernels: the recording's moved by the share the simulation moves all of them. The program
-    # holds them as the trace ran them (tests/unit/test_replay_fsdp_kernels.py), but runs a pass's compute
-    # as one block from its first launch, under which it puts copies that a launch-bound trace ran alone;
-    # a share keeps the recording's own part of them outside the model's work
     if simulated_compute < 0:
         notes.append(f"the predicted compute came out at {simulated_compute:.3f} ms/step (the recording's moved by the "
                      "simulated change) and is held to 0")
@@ -648,12 +644,25 @@ def _predicted(model: Model, simulated: list[SimResult], baseline: Outcome, sett
                    exposed_comm_ms=round(exposed, 3),
                    comm_ms=round(comm, 3),
                    compute_ms=round(max(0.0, simulated_compute), 3),
-                   fsdp_kernels_ms=(None if baseline.fsdp_kernels_ms is None
-                                    else round(shared(baseline.fsdp_kernels_ms, lambda r: r.fsdp_kernel_ns), 3)),
+                   fsdp_kernels_ms=_predicted_kernels(baseline.fsdp_kernels_ms, simulated, replay),
                    peak_allocated_bytes=memory.peak_bytes if recorded else None, units=units,
                    memory_categories=memory.categories if recorded else None,
                    memory_unknown=memory.unknown if recorded else {},
                    memory_assumed=memory.assumed_categories if recorded else {})
+
+
+def _predicted_kernels(recorded_ms: float | None, simulated: list[SimResult],
+                       replay: list[SimResult]) -> float | None:
+    """FSDP's copy kernels under a setting: the recording's (the part outside the model's work) moved by
+    the share the simulation moves all of FSDP's kernels, over the steps whose replay holds any (a step
+    without any has none for a setting to move); the recorded figure where none does. A share, not the
+    simulated difference outside the model's work: the program holds FSDP's kernels as the trace ran
+    them (tests/unit/test_replay_fsdp_kernels.py), but runs a pass's compute as one block from its first
+    launch, under which it puts copies that a launch-bound trace ran alone."""
+    ratios = [n.fsdp_kernel_ns / r.fsdp_kernel_ns for n, r in zip(simulated, replay) if r.fsdp_kernel_ns > 0]
+    if recorded_ms is None:
+        return None
+    return round(recorded_ms * statistics.fmean(ratios), 3) if ratios else recorded_ms
 
 
 def time_rows(baseline: Outcome, predicted: Outcome) -> list[tuple[str, float, float]]:

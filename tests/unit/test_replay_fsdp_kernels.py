@@ -11,7 +11,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-from helpers.rawfiles import fsdp2_unit_kernels_ms
+from helpers.rawfiles import fsdp2_unit_kernels_ms, kernels_launched_in
 
 from fsdpviz.analysis.pipeline import analyse
 from fsdpviz.replay.recorded import StepProgram
@@ -50,3 +50,28 @@ def test_h100_recordings_replay_fsdps_kernels_as_traced(gpu_fsdp_dir: Path, name
 @pytest.mark.parametrize("name", H200)
 def test_h200_recordings_replay_fsdps_kernels_as_traced(gpu_h200_dir: Path, name: str) -> None:
     _check(gpu_h200_dir / name)
+
+
+def test_a_unit_kept_unsharded_drops_its_backward_unshards_kernels(gpu_fsdp_dir: Path) -> None:
+    """FSDP2 on one rank gathers nothing, and its unshard still runs kernels: the casts and copies its
+    ``FSDP::pre_forward`` and ``FSDP::pre_backward`` launch. Kept unsharded from forward to backward
+    (reshard after forward false), a unit runs no backward unshard: the predicted FSDP kernels drop by
+    the trace's kernels launched inside ``FSDP::pre_backward`` (read from the file alone), within 5 %,
+    and the forward's stay."""
+    from fsdpviz.replay.model import read_model
+    from fsdpviz.replay.settings import Settings
+    from fsdpviz.whatif.predict import predict
+
+    folder = gpu_fsdp_dir / "h100-fsdp2-ws1-block"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = analyse([folder], cache=False, progress=False)
+    trace = min((folder / "traces").glob("rank0.trace.json*"))
+    steps = list(result.summary.steps)
+    backward = kernels_launched_in(trace, "FSDP::pre_backward", steps)
+    forward = kernels_launched_in(trace, "FSDP::pre_forward", steps)
+    assert backward > 1.0 and forward > 1.0
+    prediction = predict(read_model(result), Settings().with_(reshard_after_forward=False))
+    recorded, predicted = prediction.baseline.fsdp_kernels_ms, prediction.predicted.fsdp_kernels_ms
+    assert recorded is not None and predicted is not None
+    assert recorded - predicted == pytest.approx(backward, rel=0.05)

@@ -213,7 +213,7 @@ def test_prefetch_rows_that_read_alike_say_why(model: Model) -> None:
     """The recording ran under torch's fake process group (README: its collectives take no time), so a
     prefetch depth can hide or expose no communication, only move FSDP's own kernels: the fake group's
     copies of each shard into the ranks' chunks (launched inside FSDP's all_gather label, on its stream)
-    and the copies around the gathers. Every depth predicts the recorded step within 0.5 %, none is the
+    and the copies around the gathers. Every depth predicts the recorded step within 1 %, none is the
     best setting, and a depth that predicts the recorded step says why instead of a row unexplained."""
     from fsdpviz.whatif.predict import NO_COMM_PREFETCH_NOTE, NO_COMM_PREFETCH_REASON, predict
 
@@ -223,7 +223,7 @@ def test_prefetch_rows_that_read_alike_say_why(model: Model) -> None:
     for depth in ("none", "1", "2"):
         p = predict(model, Settings().with_(prefetch=depth))
         assert p.predicted.exposed_comm_ms == 0.0, depth
-        assert p.predicted.step_time_ms == pytest.approx(recorded.predicted.step_time_ms, rel=0.005), depth
+        assert p.predicted.step_time_ms == pytest.approx(recorded.predicted.step_time_ms, rel=0.01), depth
         if p.predicted.step_time_ms == recorded.predicted.step_time_ms:
             alike.append(depth)
             assert NO_COMM_PREFETCH_NOTE in p.notes, depth
