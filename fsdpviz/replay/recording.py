@@ -616,8 +616,9 @@ def _own_kernels(own: _FsdpKernels, t0: int, t1: int, tables: _StepTables,
     its range names (a prefetched gather's to the unit gathered, in the phase and micro-batch of the
     pass that launched it; FSDP1's ranges that name none, to that pass), before that unit's compute
     (``fsdp_pre``) or after it (``fsdp_post``). One launched between two passes of a phase is the next
-    pass's (its gap's); one launched before the first pass or between phases is its segment's device
-    work already (:func:`_segment`)."""
+    pass's (its gap's). One launched before the first pass or between phases is its segment's device
+    work already where it is a kernel (:func:`_segment`); a copy there is in no part of the program
+    (none on the shared recordings)."""
     lo, hi = np.searchsorted(own.launch, t0, "left"), np.searchsorted(own.launch, t1, "left")
     if hi <= lo:
         return

@@ -11,8 +11,9 @@ in-order lanes, each item starting when its lane is free and what it waits for i
   and, before the next unit's reduction, the compute stream waits for the previous one (FSDP2's
   ``post_backward_rs_wait``); the optimizer's kernels wait for every reduction. FSDP's other kernels
   run where FSDP runs them: a gather's (a fake group's copies) on its stream before the collective, a
-  unit's unshard kernels before its compute, which waits for them, and its gradients' after it, on the
-  compute stream or on FSDP's other streams (a lane for the unshards', one for the rest). The host never
+  unit's unshard kernels before its compute, and its gradients' after it, on the compute stream or on
+  FSDP's other streams (a lane for the unshards', one for the rest); a unit's compute waits for its
+  unshard's and for the unit before's gradients' kernels there, as FSDP1's trace on one rank shows. The host never
   waits except where the recording synchronised (the end of the step).
 - CPU (gloo): compute is the host itself, and the host waits for every collective it issues (FSDP2's
   all-gathers and reduce-scatters are synchronous without CUDA streams; ZeRO-3's prefetched
@@ -135,7 +136,7 @@ class _Sim:
         self.host = 0.0
         self.free: dict[str, float] = {COMPUTE: 0.0, COPY_IN: 0.0, ALL_GATHER: 0.0, REDUCE_SCATTER: 0.0,
                                        ALL_REDUCE: 0.0, COMM: 0.0, FSDP_SIDE: 0.0, FSDP_UNSHARD: 0.0}
-        self.unsharded_at = 0.0  # GPU: when the next compute's unshard kernels on FSDP's other streams end
+        self.unsharded_at = 0.0  # GPU: when FSDP's kernels on its other streams that the next compute waits for end
         # GPU: each kind of collective on a stream of its own, or all on one queue (a host backend)
         self.lanes = {kind: COMM if program.serial_collectives else kind
                       for kind in (ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE)}
@@ -215,15 +216,15 @@ class _Sim:
             self.free[COMPUTE] = start + op.main_ns
             self.spans.append(SimSpan(op.unit, op.phase, FSDP_KERNELS, COMPUTE, start, start + op.main_ns))
         if op.side_ns > 0:
-            # an unshard's kernels on a lane of their own: a gradients' copies queued on FSDP's other
-            # streams do not hold the next unit's compute
+            # an unshard's kernels on a lane of their own, not queued behind the unit before's gradients'
+            # copies; the next compute waits for both (FSDP1 on one rank: each backward unit's first
+            # kernel waits about 160 us for the unit before's gradient copy on the post-backward stream)
             lane = FSDP_UNSHARD if op.before else FSDP_SIDE
             start = max(self.host, self.free[lane], 0.0 if op.before else self.free[COMPUTE])
             end = self.free[lane] = start + op.side_ns
             self.spans.append(SimSpan(op.unit, op.phase, FSDP_KERNELS, lane, start, end))
-            if op.before:
-                self.unsharded_at = max(self.unsharded_at, end)
-            else:
+            self.unsharded_at = max(self.unsharded_at, end)
+            if not op.before:
                 self.reduce_ends.append(end)
 
     def _compute(self, op: ComputeOp) -> None:

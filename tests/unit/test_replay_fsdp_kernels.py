@@ -75,3 +75,21 @@ def test_a_unit_kept_unsharded_drops_its_backward_unshards_kernels(gpu_fsdp_dir:
     recorded, predicted = prediction.baseline.fsdp_kernels_ms, prediction.predicted.fsdp_kernels_ms
     assert recorded is not None and predicted is not None
     assert recorded - predicted == pytest.approx(backward, rel=0.05)
+
+
+def test_predicted_fsdp_kernels_never_go_below_zero_where_a_step_replays_none() -> None:
+    """The bound counts the part of FSDP's kernels outside the model's work, the replay all of them: a
+    prediction moves the recorded figure by the share the simulation moves them, over the steps whose
+    replay holds any. A recording whose first step's replay holds none (0 and 3 ms a step) and a
+    setting that halves the other's keeps half of the recorded 0.3 ms, where a difference of the
+    replays' figures would have put it at -0.45 ms."""
+    from fsdpviz.replay.simulate import SimResult
+    from fsdpviz.whatif.predict import _predicted_kernels
+
+    def sims(*kernels_ms: float) -> list[SimResult]:
+        return [SimResult(step_ns=1e7, spans=[], comm_ns=0.0, exposed_comm_ns=0.0, compute_ns=0.0,
+                          fsdp_kernel_ns=k * 1e6) for k in kernels_ms]
+
+    assert _predicted_kernels(0.3, sims(0.0, 1.5), sims(0.0, 3.0)) == pytest.approx(0.15)
+    assert _predicted_kernels(0.3, sims(0.0, 0.0), sims(0.0, 0.0)) == 0.3  # nothing to move
+    assert _predicted_kernels(None, sims(1.0), sims(2.0)) is None  # CPU: no kernels of FSDP's

@@ -130,17 +130,20 @@ def test_a_side_streams_unshard_kernels_hold_the_units_compute() -> None:
     assert sim.step_ns == pytest.approx(1140.0) and sim.fsdp_copy_ns == pytest.approx(40.0)
 
 
-def test_a_units_gradient_kernels_do_not_hold_the_next_units_compute() -> None:
+def test_a_units_compute_waits_for_the_unit_befores_gradient_kernels_not_behind_them() -> None:
     """Unit a's gradients' kernels on FSDP's other streams (50 ns after its compute, 1100-1150) and unit
-    b's unshard kernels there (5 ns, launched at the host's 1000): b's compute waits for its own unshard,
-    not for a's gradients, so it starts when a's compute ends (1100), and the step ends with a's
-    gradients (1150 < b's 1200)."""
+    b's unshard kernels there (5 ns, launched at the host's 1000). b's unshard runs on a lane of its own
+    (1000-1005), not queued behind a's gradients (1150-1155, as one lane had it); b's compute waits for
+    a's gradients' kernels, as FSDP1's backward waits for the unit before's gradient copy on its
+    post-backward stream (h100-fsdp1-ws1-block: about 160 us before each unit), so it runs 1150-1250."""
     ops = [SegmentOp("pre", Segment(busy_ns=1000.0)), ComputeOp("a", "backward", 100.0),
            FsdpKernelsOp("a", "backward", 0.0, 50.0, before=False),
            FsdpKernelsOp("b", "backward", 0.0, 5.0, before=True), ComputeOp("b", "backward", 100.0),
            SegmentOp("post", Segment(sync_at=[0.0]))]
     sim = run(Program(ops=ops, gathers=[], reduces=[], units=["a", "b"], unit_bytes={"a": 0, "b": 0}), gpu=True)
     compute = {s.unit: (s.start, s.end) for s in sim.spans if s.kind == "compute"}
-    assert compute == {"a": pytest.approx((1000.0, 1100.0)), "b": pytest.approx((1100.0, 1200.0))}
-    assert sim.step_ns == pytest.approx(1200.0)
+    assert compute == {"a": pytest.approx((1000.0, 1100.0)), "b": pytest.approx((1150.0, 1250.0))}
+    unshard = next(s for s in sim.spans if s.unit == "b" and s.kind == FSDP_KERNELS)
+    assert (unshard.start, unshard.end) == pytest.approx((1000.0, 1005.0))
+    assert sim.step_ns == pytest.approx(1250.0)
     assert sim.fsdp_kernel_ns == pytest.approx(55.0)
