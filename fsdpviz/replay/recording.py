@@ -475,9 +475,7 @@ class _PassReader:
 
     def read(self, unit: str, part: str, phase: str, micro: int, a: int, b: int, gap_from: int) -> tuple[Pass, Reduce | None]:
         t, clock = self.tables, self.clock
-        mine = (t.c_unit == unit) & (t.c_phase == phase) & (t.c_micro == micro)
-        if part:  # the root's compute before (a) and after (b) its children; a unit's is all its own
-            mine &= (t.c_issue >= a) & (t.c_issue < b)
+        mine = self._compute_of(unit, part, phase, micro, a, b)
         m_start, m_end = t.c_start[mine], t.c_end[mine]
         total = clock.between(a, b) - self.labelled(a, b)
         if len(m_start):
@@ -509,13 +507,18 @@ class _PassReader:
                  reduce_host_ns=min(post, reduce_busy))
         return p, (self._reduce(p, a, b) if phase == vocabulary.BACKWARD else None)
 
+    def _compute_of(self, unit: str, part: str, phase: str, micro: int, a: int, b: int) -> np.ndarray:
+        """Which of the step's compute spans are the pass's (its frame ``[a, b)``)."""
+        t = self.tables
+        mine = (t.c_unit == unit) & (t.c_phase == phase) & (t.c_micro == micro)
+        if part:  # the root's compute before (a) and after (b) its children; a unit's is all its own
+            mine &= (t.c_issue >= a) & (t.c_issue < b)
+        return mine
+
     def first_issue(self, p: Pass, a: int, b: int) -> float | None:
         """When pass ``p`` (its frame ``[a, b)``) issued its first compute; None where it computed nothing."""
-        t = self.tables
-        mine = (t.c_unit == p.unit) & (t.c_phase == p.phase) & (t.c_micro == p.micro)
-        if p.part:
-            mine &= (t.c_issue >= a) & (t.c_issue < b)
-        return float(t.c_issue[mine].min()) if mine.any() else None
+        mine = self._compute_of(p.unit, p.part, p.phase, p.micro, a, b)
+        return float(self.tables.c_issue[mine].min()) if mine.any() else None
 
     def _kernel_busy(self, a: int, b: int, starts: np.ndarray, ends: np.ndarray) -> float:
         """GPU: the time the pass's kernels (launched in ``[a, b)``) kept the device busy inside its
@@ -655,8 +658,8 @@ def _own_kernels(own: _FsdpKernels, t0: int, t1: int, tables: _StepTables,
             f = nxt  # between two passes of a phase: the next one's, whose gap it is
         micro, u, phase = frames[f][0], frames[f][1], frames[f][2]
         at = np.flatnonzero((g_cols["start_ns"] <= t) & (g_cols["end_ns"] > t))
-        gather = next((by_gather.get((str(g_unit[i]), phase, int(g_micro[i]))) for i in at
-                       if by_gather.get((str(g_unit[i]), phase, int(g_micro[i]))) is not None), None)
+        keys = ((str(g_unit[i]), phase, int(g_micro[i])) for i in at)
+        gather = next((by_gather[key] for key in keys if key in by_gather), None)
         if gather is not None:
             gather.kernels_ns += dur[k]
             continue

@@ -59,6 +59,7 @@ COMM: Final = "comm"  # CPU: the gloo threads
 FSDP_KERNELS: Final = "fsdp_kernels"  # GPU: FSDP's own kernels beyond the gathers' copies (a span kind)
 FSDP_SIDE: Final = "fsdp_side"  # GPU: FSDP's streams other than the compute stream, after a compute (a lane)
 FSDP_UNSHARD: Final = "fsdp_unshard"  # GPU: the same, before a compute: the unshard's (a lane of its own)
+FSDP_WORK: Final = ("copy_in", "copy_out", FSDP_KERNELS)  # the span kinds of FSDP's own GPU work
 
 
 @dataclass(slots=True)
@@ -296,7 +297,7 @@ class _Sim:
                        if s.kind in UNIT_COLLECTIVES])
         busy = _union([(s.start, s.end) for s in self.spans if _on_compute(s)])
         model = _union([(s.start, s.end) for s in self.spans if s.kind in ("compute", "optimizer")])
-        copies = _union([(s.start, s.end) for s in self.spans if s.kind in ("copy_in", "copy_out", FSDP_KERNELS)])
+        copies = _union([(s.start, s.end) for s in self.spans if s.kind in FSDP_WORK])
         # as the bound splits a traced step (analysis/bound.py): a copy under the model's work or a
         # collective is theirs, the rest is FSDP's own
         theirs = _union([*model, *comm])
@@ -305,8 +306,7 @@ class _Sim:
         return SimResult(step_ns=self.host, spans=self.spans, comm_ns=comm_ns, exposed_comm_ns=exposed,
                          compute_ns=sum(e - s for s, e in model),
                          fsdp_copy_ns=sum((e - s) - _covered(theirs, s, e) for s, e in copies),
-                         fsdp_kernel_ns=sum(s.end - s.start for s in self.spans
-                                            if s.kind in ("copy_in", "copy_out", FSDP_KERNELS)),
+                         fsdp_kernel_ns=sum(s.end - s.start for s in self.spans if s.kind in FSDP_WORK),
                          notes=list(self.p.notes))
 
 
