@@ -28,6 +28,10 @@ class Gather:
     issued_in: tuple[str, str, str] | None = None  # (unit, phase, part) of the pass that issued it
     kernels_ns: float = 0.0  # GPU: FSDP's other kernels launched in its label, on its stream after the copy-in
     # (a fake process group's copies of the shard into each rank's chunk, which stand for the collective)
+    # GPU: where in its label the host launched the copy-in and those kernels, as shares of host_ns (1: at
+    # the label's end): FSDP2 launches its copy-in early in the label, and the device runs it meanwhile
+    copy_in_at: float = 1.0
+    kernels_at: float = 1.0
 
 
 @dataclass(slots=True)

@@ -658,9 +658,13 @@ def _own_kernels(own: _FsdpKernels, t0: int, t1: int, tables: _StepTables,
             f = nxt  # between two passes of a phase: the next one's, whose gap it is
         micro, u, phase = frames[f][0], frames[f][1], frames[f][2]
         at = np.flatnonzero((g_cols["start_ns"] <= t) & (g_cols["end_ns"] > t))
-        keys = ((str(g_unit[i]), phase, int(g_micro[i])) for i in at)
-        gather = next((by_gather[key] for key in keys if key in by_gather), None)
-        if gather is not None:
+        found = next(((by_gather[key], int(i)) for i in at
+                      if (key := (str(g_unit[i]), phase, int(g_micro[i]))) in by_gather), None)
+        if found is not None:
+            gather, i = found
+            if gather.host_ns > 0:  # where in its label the first of them was launched
+                here = reader.clock.between(float(g_cols["start_ns"][i]), t) / gather.host_ns
+                gather.kernels_at = min(1.0, here if gather.kernels_ns == 0 else min(gather.kernels_at, here))
             gather.kernels_ns += dur[k]
             continue
         target = by_key.get((micro, str(unit[k]), phase)) if unit[k] and unit[k] != u else None
@@ -807,7 +811,7 @@ class _Copies:
         copy_in = spans[(spans["kind"] == vocabulary.COPY_IN).to_numpy()]
         copy_out = spans[(spans["kind"] == vocabulary.COPY_OUT).to_numpy()]
         labels = tables.copy_out_labels
-        ci, co = _columns(copy_in, ("start_ns", "end_ns")), _columns(copy_out, ("start_ns", "end_ns"))
+        ci, co = _columns(copy_in, ("issue_ns", "start_ns", "end_ns")), _columns(copy_out, ("start_ns", "end_ns"))
         for cols, rows in ((ci, copy_in), (co, copy_out)):
             cols["busy"] = (lanes.busy(as_str(rows["lane"]), cols["start_ns"], cols["end_ns"]) if lanes is not None
                             else (cols["end_ns"] - cols["start_ns"]).astype(np.float64))
@@ -817,10 +821,14 @@ class _Copies:
                    col=_columns(labels, ("start_ns", "end_ns")))
 
     def gather(self, unit: str, phase: str, micro: int, issue: float, nbytes: int, host_ns: float,
-               comm_ns: float, issued_in: tuple[str, str, str] | None) -> Gather:
-        """The gather of ``unit`` consumed in ``phase``, issued at ``issue``, with its copies."""
+               comm_ns: float, issued_in: tuple[str, str, str] | None, label_start: float | None = None) -> Gather:
+        """The gather of ``unit`` consumed in ``phase``, issued at ``issue`` (its label from ``label_start``),
+        with its copies."""
         ci_pass, ci, co_pass, co = self.ci_pass, self.ci, self.co_pass, self.co
         in_pass = (ci_pass[0] == unit) & (ci_pass[1] == phase) & (ci_pass[2] == micro)
+        copy_in_at = 1.0
+        if self.gpu and label_start is not None and host_ns > 0 and in_pass.any():
+            copy_in_at = min(1.0, self.clock.between(label_start, float(ci["issue_ns"][in_pass].min())) / host_ns)
         out_pass = (co_pass[0] == unit) & (co_pass[1] == phase) & (co_pass[2] == micro)
         later = np.flatnonzero((self.col_unit == unit) & (self.col_micro == micro) & (self.col["start_ns"] >= issue))
         first = later[np.argsort(self.col["start_ns"][later])[:1]]
@@ -830,7 +838,7 @@ class _Copies:
             copy_in_ns=float(ci["busy"][in_pass].sum()) if self.gpu else 0.0,
             comm_ns=comm_ns, copy_out_host_ns=float(sum(self.clock.between(a, b) for a, b in co_spans)),
             copy_out_ns=float(co["busy"][out_pass].sum()) if self.gpu else 0.0,
-            issued_in=issued_in)
+            issued_in=issued_in, copy_in_at=copy_in_at)
 
 
 def _gathers(tables: _StepTables, frames: list[tuple[int, str, str, str, int, int]], clock: BusyClock,
@@ -871,7 +879,8 @@ def _gathers(tables: _StepTables, frames: list[tuple[int, str, str, str, int, in
                                                                    lab["end_ns"][at].tolist()))),
             comm_ns=_comm_ns(ag_cols["start_ns"][rows] if gpu else ag_wait[rows], ag_cols["end_ns"][rows], gpu,
                              busy),
-            issued_in=_issuer(frames, micro, issue)))
+            issued_in=_issuer(frames, micro, issue),
+            label_start=float(lab["start_ns"][at].min()) if at.any() else None))
     return out
 
 
@@ -895,7 +904,7 @@ def _label_gathers(tables: _StepTables, frames: list[tuple[int, str, str, str, i
             else vocabulary.FORWARD
         out.append(copies.gather(unit, phase, micro, start, nbytes=max(0, unit_bytes.get(unit, 0)),
                                  host_ns=clock.between(start, end), comm_ns=0.0,
-                                 issued_in=_issuer(frames, micro, start)))
+                                 issued_in=_issuer(frames, micro, start), label_start=start))
     return out
 
 

@@ -173,14 +173,20 @@ class _Sim:
             # a host backend's gather holds the host while its collective runs (gloo on CUDA: FSDP's
             # all-gather label ends with the gloo op, which starts within a millisecond of the label):
             # the copy-in and the collective start with the host's work on it, not after it
-            ci_start = max(issued if self.p.serial_collectives else self.host, self.free[COPY_IN], self.last_copy_out)
+            # FSDP2 launches the copy-in early in its label, and the device runs it while the host goes on
+            serial = self.p.serial_collectives
+            at = g.copy_in_at * g.host_ns if g.copy_in_ns and not serial else 0.0
+            ci_start = max(issued + at, self.free[COPY_IN], self.last_copy_out)
             ci_end = ci_start + g.copy_in_ns
             self.free[COPY_IN] = ci_end
             lane = self.lanes[ALL_GATHER]
             start = max(ci_end, self.free[lane], self.free[COMPUTE] if g.after_compute else 0.0)
             if g.kernels_ns:
+                start = max(start, issued + g.kernels_at * g.host_ns)
                 self.spans.append(SimSpan(g.unit, g.phase, FSDP_KERNELS, lane, start, start + g.kernels_ns))
                 start += g.kernels_ns
+            if not serial:  # the collective is launched as the label ends
+                start = max(start, self.host)
             end = start + g.comm_ns
             self.free[lane] = end
             if g.copy_in_ns:

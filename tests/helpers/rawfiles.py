@@ -147,3 +147,51 @@ def fsdp2_unit_kernels_ms(path: Path, steps: list[int]) -> float:
             seen.add(corr)
             total += gpu[corr]
     return total / 1e3 / len(steps)
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        elif b > a:
+            out.append((a, b))
+    return out
+
+
+def fsdp2_kernels_alone_ms(path: Path, steps: list[int]) -> float:
+    """Per step, the ms during which GPU work launched inside FSDP2's unit labels (as
+    :func:`fsdp2_unit_kernels_ms` finds it) ran and no other GPU work did, inside ``steps``'
+    ProfilerStep spans: FSDP's kernels that the model's work did not hide, mean over ``steps``. For runs
+    without collectives on the device (a fake process group, one rank), where that is all of the GPU's
+    work beside the model's."""
+    events = trace_events(path)
+    spans = [(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events
+             if e.get("cat") == "user_annotation" and e.get("name", "").startswith("ProfilerStep#")
+             and int(e["name"].split("#")[1]) in steps]
+    ranges: dict[Any, list[tuple[float, float]]] = {}
+    for e in events:
+        name = e.get("name", "")
+        if e.get("cat") in ("user_annotation", "cpu_op") and name.startswith("FSDP::") and name.endswith(")") \
+                and " (" in name:
+            ranges.setdefault(e.get("tid"), []).append((float(e["ts"]), float(e["ts"]) + float(e["dur"])))
+    launched_in = set()
+    for e in events:
+        corr = e.get("args", {}).get("correlation")
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and corr is not None \
+                and any(a <= float(e["ts"]) < b for a, b in ranges.get(e.get("tid"), [])):
+            launched_in.add(corr)
+    own: list[tuple[float, float]] = []
+    other: list[tuple[float, float]] = []
+    for e in events:
+        if e.get("cat") in GPU_EVENTS:
+            iv = (float(e["ts"]), float(e["ts"]) + float(e["dur"]))
+            (own if e.get("args", {}).get("correlation") in launched_in else other).append(iv)
+    total = 0.0
+    for lo, hi in spans:
+        mine = _union([(max(a, lo), min(b, hi)) for a, b in own if b > lo and a < hi])
+        theirs = _union([(max(a, lo), min(b, hi)) for a, b in other if b > lo and a < hi])
+        total += sum(b - a for a, b in mine)
+        total -= sum(max(0.0, min(b, d) - max(a, c)) for a, b in mine for c, d in theirs
+                     if c < b and d > a)
+    return total / 1e3 / len(steps)

@@ -11,7 +11,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-from helpers.rawfiles import fsdp2_unit_kernels_ms, kernels_launched_in
+from helpers.rawfiles import fsdp2_kernels_alone_ms, fsdp2_unit_kernels_ms, kernels_launched_in
 
 from fsdpviz.analysis.pipeline import analyse
 from fsdpviz.replay.recorded import StepProgram
@@ -50,6 +50,44 @@ def test_h100_recordings_replay_fsdps_kernels_as_traced(gpu_fsdp_dir: Path, name
 @pytest.mark.parametrize("name", H200)
 def test_h200_recordings_replay_fsdps_kernels_as_traced(gpu_h200_dir: Path, name: str) -> None:
     _check(gpu_h200_dir / name)
+
+
+def _alone(folder: Path) -> tuple[float, float]:
+    """The replay of the traced steps (rank 0): FSDP's kernels the model's work did not cover, against the
+    trace's own, read from the file alone (ms a step, means over the analysed steps)."""
+    from fsdpviz.whatif.gains import summary_model
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = analyse([folder], cache=False, progress=False)
+    model, why = summary_model(result)
+    assert model is not None, why
+    replayed = [r.fsdp_copy_ns / 1e6 for r, s in zip(model.replays, model.recording.steps) if s.rank == 0]
+    truth = fsdp2_kernels_alone_ms(min((folder / "traces").glob("rank0.trace.json*")), list(result.summary.steps))
+    return sum(replayed) / len(replayed), truth
+
+
+# The two other fake-group H100 recordings are left out, and docs/whatif.md says why: their traces run
+# FSDP2's copy-in beside the model's kernels (0.39 of 0.85 ms a step on h100-fsdp2-fake8-block), where
+# the replay runs it alone (+9 and +11 %).
+@pytest.mark.parametrize("name", ("h100-fsdp2-fake8-block-modelB", "h100-fsdp2-ws1-block", "h100-hf-trainer-ws1"))
+def test_h100_replays_split_fsdps_kernels_as_the_trace_ran_them(gpu_fsdp_dir: Path, name: str) -> None:
+    """Where a gather's label launched its copies (FSDP2 launches the copy-in early in the label, a fake
+    group's copies later), the device ran them while the host was still in the label, alone on a
+    launch-bound device: the replay of the traced steps runs them there, and FSDP's kernels outside the
+    model's work are the trace's within 4 % (they were 30 % short on modelB when the replay ran them
+    from the label's end, beside the compute launched after it)."""
+    replayed, truth = _alone(gpu_fsdp_dir / name)
+    assert truth > 1.0
+    assert replayed == pytest.approx(truth, rel=0.04), name
+
+
+@pytest.mark.parametrize("name", H200)
+def test_h200_replays_split_fsdps_kernels_as_the_trace_ran_them(gpu_h200_dir: Path, name: str) -> None:
+    """As above, on the H200's B and Bl (1.68 and 1.74 ms against the trace's 2.46 and 2.61 before)."""
+    replayed, truth = _alone(gpu_h200_dir / name)
+    assert truth > 2.0
+    assert replayed == pytest.approx(truth, rel=0.04), name
 
 
 def test_a_unit_kept_unsharded_drops_its_backward_unshards_kernels(gpu_fsdp_dir: Path) -> None:

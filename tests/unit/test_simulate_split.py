@@ -147,3 +147,28 @@ def test_a_units_compute_waits_for_the_unit_befores_gradient_kernels_not_behind_
     assert (unshard.start, unshard.end) == pytest.approx((1000.0, 1005.0))
     assert sim.step_ns == pytest.approx(1250.0)
     assert sim.fsdp_kernel_ns == pytest.approx(55.0)
+
+
+def _launched_in_label(copy_in_at: float, kernels_at: float) -> dict[str, tuple[float, float]]:
+    """A fake group's gather on a GPU, its label 400 ns of host time from 1000: a copy-in of 30 ns and
+    the group's copies (60 ns) launched inside it, then the unit's compute (100 ns) launched as the
+    label ends; ``copy_in_at``/``kernels_at``: where in the label the host launched them."""
+    g = SimGather(unit="a", phase="forward", bytes=1 << 20, host_ns=400.0, copy_in_ns=30.0, comm_ns=0.0,
+                  copy_out_host_ns=0.0, copy_out_ns=0.0, kernels_ns=60.0, copy_in_at=copy_in_at,
+                  kernels_at=kernels_at)
+    ops = [SegmentOp("pre", Segment(busy_ns=1000.0)), GatherOp(0), CopyOutOp(0), ComputeOp("a", "forward", 100.0),
+           SegmentOp("post", Segment(sync_at=[0.0]))]
+    sim = run(Program(ops=ops, gathers=[g], reduces=[], units=["a"], unit_bytes={"a": 1 << 20}), gpu=True)
+    return {s.kind: (s.start, s.end) for s in sim.spans if s.kind in ("copy_in", FSDP_KERNELS, "compute", ALL_GATHER)}
+
+
+def test_a_gathers_copies_run_where_its_label_launched_them() -> None:
+    # FSDP2 launches the copy-in a quarter into its label and the group's copies halfway: the device runs
+    # them while the host is still in the label (1100-1130, 1200-1260), and the compute from the label's
+    # end (1400) runs alone; the collective is launched at the label's end
+    spans = _launched_in_label(0.25, 0.5)
+    assert spans == {"copy_in": (1100.0, 1130.0), FSDP_KERNELS: (1200.0, 1260.0), ALL_GATHER: (1400.0, 1400.0),
+                     "compute": (1400.0, 1500.0)}
+    # read as launched at the label's end, they would run beside the compute (1400-1430, 1430-1490)
+    spans = _launched_in_label(1.0, 1.0)
+    assert spans["copy_in"] == (1400.0, 1430.0) and spans[FSDP_KERNELS] == (1430.0, 1490.0)
