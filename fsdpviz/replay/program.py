@@ -119,8 +119,12 @@ class SimGather:
     copy_out_ns: float
     after_compute: bool = False  # prefetch "none": starts only when the compute before it is done
     kernels_ns: float = 0.0  # GPU: FSDP's other kernels in its label (Gather.kernels_ns), before the collective
-    copy_in_at: float = 1.0  # GPU: where in host_ns the copy-in and those kernels are launched (Gather.copy_in_at)
+    # GPU: where in host_ns the copy-in, the kernels after it and those before it are launched, and how long
+    # the latter run (Gather.copy_in_at, .kernels_at, .lead_at, .lead_ns)
+    copy_in_at: float = 1.0
     kernels_at: float = 1.0
+    lead_ns: float = 0.0
+    lead_at: float = 1.0
 
 
 @dataclass(slots=True)
@@ -292,9 +296,11 @@ class CostModel:
                          copy_out_host_ns=sum(g.copy_out_host_ns for g in known) if single
                          else self.comm.time_ns(COPY_OUT_HOST, nbytes),
                          copy_out_ns=sum(g.copy_out_ns for g in known), kernels_ns=sum(g.kernels_ns for g in known),
-                         # a merged unit's gather runs its members' steps once, in the same order
-                         copy_in_at=known[0].copy_in_at if known else 1.0,
-                         kernels_at=known[0].kernels_at if known else 1.0)
+                         # a merged unit's gather runs its members' steps once, in the same order: where
+                         # in the label is a member's that has the copy or kernel
+                         copy_in_at=next((g.copy_in_at for g in known if g.copy_in_ns), 1.0),
+                         kernels_at=next((g.kernels_at for g in known if g.kernels_ns > g.lead_ns), 1.0),
+                         lead_ns=sum(g.lead_ns for g in known), lead_at=next((g.lead_at for g in known if g.lead_ns), 1.0))
 
     def _member_reduces(self, unit: str, micro: int | None = None) -> list[Reduce]:
         """The recorded reductions of new unit ``unit``'s members in ``micro`` (None: any micro-batch)."""

@@ -29,9 +29,12 @@ class Gather:
     kernels_ns: float = 0.0  # GPU: FSDP's other kernels launched in its label, on its stream after the copy-in
     # (a fake process group's copies of the shard into each rank's chunk, which stand for the collective)
     # GPU: where in its label the host launched the copy-in and those kernels, as shares of host_ns (1: at
-    # the label's end): FSDP2 launches its copy-in early in the label, and the device runs it meanwhile
+    # the label's end; on B's gathers the copy-in at 0.3-0.65, a fake group's copies at 0.75-0.9): the
+    # device runs them while the host is still in the label
     copy_in_at: float = 1.0
-    kernels_at: float = 1.0
+    kernels_at: float = 1.0  # of the kernels launched after the copy-in
+    lead_ns: float = 0.0  # of kernels_ns, those launched before the copy-in (FSDP2's cast of the parameters),
+    lead_at: float = 1.0  # on the copy-in's stream ahead of it, and where the first of them was launched
 
 
 @dataclass(slots=True)

@@ -615,7 +615,9 @@ def _own_kernels(own: _FsdpKernels, t0: int, t1: int, tables: _StepTables,
     """Give each gather and pass FSDP's own kernels launched in the step ``[t0, t1)`` beyond what the
     program already holds: the gathers' copy-in and copy-out spans and the reductions' prep. One
     launched inside a gather label is that gather's (in the phase of the pass that launched it: under a
-    fake process group, its copies of the shard into each rank's chunk). Any other belongs to the unit
+    fake process group, its copies of the shard into each rank's chunk), before its copy-in (FSDP2's cast
+    of the parameters: ``Gather.lead_ns``) or after it, with where in the label the first of each was
+    launched (``lead_at``, ``kernels_at``). Any other belongs to the unit
     its range names (a prefetched gather's to the unit gathered, in the phase and micro-batch of the
     pass that launched it; FSDP1's ranges that name none, to that pass), before that unit's compute
     (``fsdp_pre``) or after it (``fsdp_post``). One launched between two passes of a phase is the next
@@ -662,9 +664,15 @@ def _own_kernels(own: _FsdpKernels, t0: int, t1: int, tables: _StepTables,
                       if (key := (str(g_unit[i]), phase, int(g_micro[i]))) in by_gather), None)
         if found is not None:
             gather, i = found
-            if gather.host_ns > 0:  # where in its label the first of them was launched
-                here = reader.clock.between(float(g_cols["start_ns"][i]), t) / gather.host_ns
-                gather.kernels_at = min(1.0, here if gather.kernels_ns == 0 else min(gather.kernels_at, here))
+            # where in its label it was launched: before the copy-in (FSDP2's cast of the parameters, on the
+            # copy-in's stream ahead of it) or after it (a fake group's copies), the first of each
+            here = min(1.0, reader.clock.between(float(g_cols["start_ns"][i]), t) / gather.host_ns) \
+                if gather.host_ns > 0 else 1.0
+            if gather.copy_in_ns and here < gather.copy_in_at:
+                gather.lead_at = here if gather.lead_ns == 0 else min(gather.lead_at, here)
+                gather.lead_ns += dur[k]
+            else:
+                gather.kernels_at = here if gather.kernels_ns == gather.lead_ns else min(gather.kernels_at, here)
             gather.kernels_ns += dur[k]
             continue
         target = by_key.get((micro, str(unit[k]), phase)) if unit[k] and unit[k] != u else None

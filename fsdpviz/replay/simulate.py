@@ -9,8 +9,12 @@ in-order lanes, each item starting when its lane is free and what it waits for i
   rank's collectives on one queue, in the order issued: ``Program.serial_collectives``); a
   reduce-scatter starts after its unit's backward compute
   and, before the next unit's reduction, the compute stream waits for the previous one (FSDP2's
-  ``post_backward_rs_wait``); the optimizer's kernels wait for every reduction. FSDP's other kernels
-  run where FSDP runs them: a gather's (a fake group's copies) on its stream before the collective, a
+  ``post_backward_rs_wait``); the optimizer's kernels wait for every reduction. A gather's work starts
+  where the host launched it inside the gather's label, while the host is still in it (a share of the
+  label's host time, read per gather: FSDP2's cast of the parameters and its copy-in on the copy-in's
+  stream, a fake group's copies on the gather's), and its collective as the label ends; a host
+  backend's label holds the host while its collective runs, so there all of it starts with the label.
+  FSDP's other kernels run where FSDP runs them: a gather's (a fake group's copies) on its stream before the collective, a
   unit's unshard kernels before its compute, and its gradients' after it, on the compute stream or on
   FSDP's other streams (a lane for the unshards', one for the rest); a unit's compute waits for its
   unshard's and for the unit before's gradients' kernels there, as FSDP1's trace on one rank shows. The host never
@@ -173,19 +177,29 @@ class _Sim:
             # a host backend's gather holds the host while its collective runs (gloo on CUDA: FSDP's
             # all-gather label ends with the gloo op, which starts within a millisecond of the label):
             # the copy-in and the collective start with the host's work on it, not after it
-            # FSDP2 launches the copy-in early in its label, and the device runs it while the host goes on
+            # elsewhere the device runs the label's copies where the host launched them, while it is still
+            # in the label: a cast on the copy-in's stream, the copy-in, a fake group's copies; the
+            # collective is launched as the label ends
             serial = self.p.serial_collectives
-            at = g.copy_in_at * g.host_ns if g.copy_in_ns and not serial else 0.0
-            ci_start = max(issued + at, self.free[COPY_IN], self.last_copy_out)
+
+            def launched(share: float) -> float:
+                return issued if serial else issued + share * g.host_ns
+
+            if g.lead_ns:
+                k0 = max(launched(g.lead_at), self.free[COPY_IN], self.last_copy_out)
+                self.free[COPY_IN] = k0 + g.lead_ns
+                self.spans.append(SimSpan(g.unit, g.phase, FSDP_KERNELS, COPY_IN, k0, k0 + g.lead_ns))
+            ci_start = max(launched(g.copy_in_at) if g.copy_in_ns else issued, self.free[COPY_IN], self.last_copy_out)
             ci_end = ci_start + g.copy_in_ns
             self.free[COPY_IN] = ci_end
             lane = self.lanes[ALL_GATHER]
             start = max(ci_end, self.free[lane], self.free[COMPUTE] if g.after_compute else 0.0)
-            if g.kernels_ns:
-                start = max(start, issued + g.kernels_at * g.host_ns)
-                self.spans.append(SimSpan(g.unit, g.phase, FSDP_KERNELS, lane, start, start + g.kernels_ns))
-                start += g.kernels_ns
-            if not serial:  # the collective is launched as the label ends
+            if g.kernels_ns > g.lead_ns:
+                start = max(start, launched(g.kernels_at))
+                end = start + g.kernels_ns - g.lead_ns
+                self.spans.append(SimSpan(g.unit, g.phase, FSDP_KERNELS, lane, start, end))
+                start = end
+            if not serial:
                 start = max(start, self.host)
             end = start + g.comm_ns
             self.free[lane] = end

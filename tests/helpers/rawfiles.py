@@ -195,3 +195,35 @@ def fsdp2_kernels_alone_ms(path: Path, steps: list[int]) -> float:
         total -= sum(max(0.0, min(b, d) - max(a, c)) for a, b in mine for c, d in theirs
                      if c < b and d > a)
     return total / 1e3 / len(steps)
+
+
+def gather_label_launches(path: Path, steps: list[int]) -> list[tuple[str, float, float, float]]:
+    """Per ``FSDP::all_gather (<unit>)`` label (the root's: ``FSDP::all_gather``, unit ``(root)``) inside
+    ``steps``' ProfilerStep spans, in order: the unit and
+    where in the label (a share of its wall time, from its start) the host launched the first GPU work
+    before its ``fsdp::all_gather_copy_in`` op (FSDP2's cast of the parameters), the first inside that op
+    (the copy-in), and the first after it (a fake group's copies); 1.0 where there is none."""
+    events = trace_events(path)
+    spans = [(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events
+             if e.get("cat") == "user_annotation" and e.get("name", "").startswith("ProfilerStep#")
+             and int(e["name"].split("#")[1]) in steps]
+    gpu = {e["args"]["correlation"] for e in events if e.get("cat") in GPU_EVENTS and "correlation" in e.get("args", {})}
+    launches = sorted((float(e["ts"]), e.get("tid")) for e in events
+                      if e.get("cat") in ("cuda_runtime", "cuda_driver") and e.get("args", {}).get("correlation") in gpu)
+    labels = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"]), e.get("tid"), e["name"]) for e in events
+                    if e.get("cat") == "user_annotation"
+                    and (e.get("name", "").startswith("FSDP::all_gather (") or e.get("name") == "FSDP::all_gather")
+                    and any(a <= float(e["ts"]) < b for a, b in spans))
+    copy_in = [(float(e["ts"]), float(e["ts"]) + float(e["dur"]), e.get("tid")) for e in events
+               if e.get("name") == "fsdp::all_gather_copy_in"]
+    out = []
+    for a, b, tid, name in labels:
+        op = next(((s, e) for s, e, t in copy_in if t == tid and a <= s < b), (b, b))
+        mine = [t for t, who in launches if who == tid and a <= t < b]
+
+        def share(times: list[float], a: float = a, b: float = b) -> float:
+            return (min(times) - a) / (b - a) if times else 1.0
+
+        out.append((name[len("FSDP::all_gather ("):-1] or "(root)", share([t for t in mine if t < op[0]]),
+                    share([t for t in mine if op[0] <= t < op[1]]), share([t for t in mine if t >= op[1]])))
+    return out

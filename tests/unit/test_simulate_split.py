@@ -149,17 +149,26 @@ def test_a_units_compute_waits_for_the_unit_befores_gradient_kernels_not_behind_
     assert sim.fsdp_kernel_ns == pytest.approx(55.0)
 
 
-def _launched_in_label(copy_in_at: float, kernels_at: float) -> dict[str, tuple[float, float]]:
+def _launched_in_label(copy_in_at: float, kernels_at: float, lead_at: float = 1.0, lead_ns: float = 0.0,
+                       serial: bool = False) -> dict[str, tuple[float, float]]:
     """A fake group's gather on a GPU, its label 400 ns of host time from 1000: a copy-in of 30 ns and
-    the group's copies (60 ns) launched inside it, then the unit's compute (100 ns) launched as the
-    label ends; ``copy_in_at``/``kernels_at``: where in the label the host launched them."""
-    g = SimGather(unit="a", phase="forward", bytes=1 << 20, host_ns=400.0, copy_in_ns=30.0, comm_ns=0.0,
-                  copy_out_host_ns=0.0, copy_out_ns=0.0, kernels_ns=60.0, copy_in_at=copy_in_at,
-                  kernels_at=kernels_at)
+    the group's copies (60 ns) launched inside it, and before the copy-in ``lead_ns`` of a cast on the
+    copy-in's stream, then the unit's compute (100 ns) launched as the label ends; ``copy_in_at``,
+    ``kernels_at``, ``lead_at``: where in the label the host launched them. ``serial``: a host backend's
+    group, whose label holds the host while its collective (50 ns) runs."""
+    g = SimGather(unit="a", phase="forward", bytes=1 << 20, host_ns=400.0, copy_in_ns=30.0,
+                  comm_ns=50.0 if serial else 0.0, copy_out_host_ns=0.0, copy_out_ns=0.0,
+                  kernels_ns=60.0 + lead_ns, copy_in_at=copy_in_at, kernels_at=kernels_at, lead_ns=lead_ns,
+                  lead_at=lead_at)
     ops = [SegmentOp("pre", Segment(busy_ns=1000.0)), GatherOp(0), CopyOutOp(0), ComputeOp("a", "forward", 100.0),
            SegmentOp("post", Segment(sync_at=[0.0]))]
-    sim = run(Program(ops=ops, gathers=[g], reduces=[], units=["a"], unit_bytes={"a": 1 << 20}), gpu=True)
-    return {s.kind: (s.start, s.end) for s in sim.spans if s.kind in ("copy_in", FSDP_KERNELS, "compute", ALL_GATHER)}
+    sim = run(Program(ops=ops, gathers=[g], reduces=[], units=["a"], unit_bytes={"a": 1 << 20},
+                      serial_collectives=serial), gpu=True)
+    out: dict[str, tuple[float, float]] = {}
+    for span in sim.spans:
+        if span.kind in ("copy_in", FSDP_KERNELS, "compute", ALL_GATHER):
+            out[span.kind if span.kind != FSDP_KERNELS or span.lane != "copy_in" else "cast"] = (span.start, span.end)
+    return out
 
 
 def test_a_gathers_copies_run_where_its_label_launched_them() -> None:
@@ -172,3 +181,22 @@ def test_a_gathers_copies_run_where_its_label_launched_them() -> None:
     # read as launched at the label's end, they would run beside the compute (1400-1430, 1430-1490)
     spans = _launched_in_label(1.0, 1.0)
     assert spans["copy_in"] == (1400.0, 1430.0) and spans[FSDP_KERNELS] == (1430.0, 1490.0)
+
+
+def test_a_cast_launched_before_the_copy_in_runs_ahead_of_it_on_its_stream() -> None:
+    # as on B: the cast at 0.25 of the label (1100-1140), the copy-in at 0.5 (1200-1230), the group's
+    # copies at 0.75 (1300-1360)
+    spans = _launched_in_label(0.5, 0.75, lead_at=0.25, lead_ns=40.0)
+    assert spans["cast"] == (1100.0, 1140.0) and spans["copy_in"] == (1200.0, 1230.0)
+    assert spans[FSDP_KERNELS] == (1300.0, 1360.0)
+    # a cast that runs long holds the copy-in behind it on the stream
+    spans = _launched_in_label(0.5, 0.75, lead_at=0.25, lead_ns=150.0)
+    assert spans["cast"] == (1100.0, 1250.0) and spans["copy_in"] == (1250.0, 1280.0)
+
+
+def test_a_host_backends_gather_starts_its_work_with_its_label() -> None:
+    # gloo's label holds the host while its collective runs: the copies start as the label does, not at
+    # the shares read (which would count the collective's time twice), and the collective right after
+    spans = _launched_in_label(0.5, 0.75, lead_at=0.25, lead_ns=40.0, serial=True)
+    assert spans["cast"] == (1000.0, 1040.0) and spans["copy_in"] == (1040.0, 1070.0)
+    assert spans[FSDP_KERNELS] == (1070.0, 1130.0) and spans[ALL_GATHER] == (1130.0, 1180.0)
