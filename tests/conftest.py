@@ -102,6 +102,36 @@ def pytest_configure(config: pytest.Config) -> None:
     own_this_process()
 
 
+SHARED_DIR = REPO_ROOT.parent / "shared"
+_SHARED_CACHES = pytest.StashKey[set[Path]]()
+
+
+def _caches_in_shared() -> set[Path]:
+    return set(SHARED_DIR.rglob(".fsdpviz-cache")) if SHARED_DIR.is_dir() else set()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not hasattr(session.config, "workerinput"):  # the controller, or a run without xdist
+        session.config.stash[_SHARED_CACHES] = _caches_in_shared()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The recordings beside the checkout (../shared) are read, never written: a test that analyses them
+    passes ``cache=False`` (the command line: ``--no-cache``). One that left a parse or summary cache
+    there fails the session, and the folders it wrote are named."""
+    before = session.config.stash.get(_SHARED_CACHES, None)
+    if before is None:
+        return
+    written = sorted(_caches_in_shared() - before)
+    if written:
+        writer = session.config.get_terminal_writer()
+        writer.line()
+        writer.line(
+            "tests wrote caches into ../shared (pass cache=False or --no-cache): "
+            + ", ".join(str(p) for p in written), red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 @pytest.fixture(scope="session")
 def session_memo() -> Callable[[Hashable, Callable[[], Any]], Any]:
     """``memo(key, make)``: ``make()`` computed once per test session (loaded traces, analyses of

@@ -55,7 +55,7 @@ def test_categories_at_step_peaks_are_what_the_generator_allocated(tmp_path: Pat
 
 @pytest.fixture(scope="module")
 def fake8(gpu_fsdp_dir: Path) -> RunResult:
-    return analyse([gpu_fsdp_dir / "h100-fsdp2-fake8-block"])
+    return analyse([gpu_fsdp_dir / "h100-fsdp2-fake8-block"], cache=False)
 
 
 def test_h100_sharded_state_is_the_models_shards_and_the_unmeasured_optimizer_unknown(fake8: RunResult) -> None:
@@ -86,7 +86,7 @@ def test_h100_peak_holds_one_block_computing_and_one_prefetched(fake8: RunResult
 
 
 def test_h100_reshard_false_keeps_every_block(gpu_fsdp_dir: Path) -> None:
-    summary = analyse([gpu_fsdp_dir / "h100-fsdp2-fake8-reshard-false"]).summary
+    summary = analyse([gpu_fsdp_dir / "h100-fsdp2-fake8-reshard-false"], cache=False).summary
     cats = summary.memory.categories
     assert cats is not None and cats["unsharded_params"] == 2 * PSI and cats["comm_buffers"] == 0
 
@@ -108,7 +108,7 @@ def test_h100_hf_trainer_model_zero_grad_gradients_are_not_buffers(gpu_fsdp_dir:
     gradients its reductions leave live until then, and are gradients. On one rank the only buffer
     at the embedding's backward peak is its own reduction's input: FSDP2 copies the unit's gradients
     into a reduce-scatter input in fp32 (vocabulary 32000 x 1024) even when no rank shares them."""
-    result = analyse([gpu_fsdp_dir / "h100-hf-trainer-ws1"])
+    result = analyse([gpu_fsdp_dir / "h100-hf-trainer-ws1"], cache=False)
     units = {u.name: u for u in result.summary.units}
     cats = units["model.embed_tokens"].peak_categories
     assert cats is not None and cats.phase == "backward"

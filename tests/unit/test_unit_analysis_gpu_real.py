@@ -15,7 +15,7 @@ from fsdpviz.trace import load_traces, schema
 @pytest.mark.parametrize(("name", "framework"), [("trace_filter", "ddp"), ("nccl_parser_config", "ddp"),
                                                  ("tracelens_b200_eager", "unknown")])
 def test_traces_without_unit_labels(gpu_real_dir: Path, name: str, framework: str) -> None:
-    traces = load_traces([gpu_real_dir / name])
+    traces = load_traces([gpu_real_dir / name], cache=False)
     analysis = analyse_run(traces)
     assert not analysis.has_units and analysis.framework == framework
     assert analysis.unit_steps.empty and analysis.unit_stats.empty

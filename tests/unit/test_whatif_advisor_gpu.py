@@ -48,7 +48,7 @@ for _s, _ms in STEP_TRUTH[RUN][1]:
 
 @pytest.fixture(scope="module")
 def model(gpu_fsdp_dir: Path) -> Model:
-    return read_model(analyse([gpu_fsdp_dir / RUN]))
+    return read_model(analyse([gpu_fsdp_dir / RUN], cache=False))
 
 
 def _trace(gpu_fsdp_dir: Path) -> Path:

@@ -153,9 +153,9 @@ def test_a_replay_that_misses_is_said_before_any_figure(gpu_fsdp_dir: Path, tmp_
     missed = with_impossible_timers(gpu_fsdp_dir / "h100-fsdp2-fake8-block", tmp_path / "missed")
     for run, words in ((gpu_fsdp_dir / "h100-fsdp2-fake8-block-modelB", "the profiler slowed the recorded steps 1.7"),
                        (missed, "unreliable: without the profiler, the model's replay misses the run's own step")):
-        data = json_here(capsys, "whatif", str(run), "--wrap", "root", "--json", "-q")
+        data = json_here(capsys, "whatif", str(run), "--wrap", "root", "--json", "-q", "--no-cache")
         assert any(words in w for w in data["warnings"]), data["warnings"]
-        out = run_here(capsys, "whatif", str(run), "--wrap", "root", "-q").stdout.splitlines()
+        out = run_here(capsys, "whatif", str(run), "--wrap", "root", "-q", "--no-cache").stdout.splitlines()
         first_figure = next(i for i, line in enumerate(out) if "step time" in line)
         assert any(words in line for line in out[:first_figure])
 

@@ -24,7 +24,7 @@ CASES = [(name, setting, peak) for name, cases in TRUTH.items() for setting, pea
 
 @pytest.fixture(scope="module")
 def models(gpu_fsdp_dir: Path) -> dict[str, Model]:
-    return {name: read_model(analyse([gpu_fsdp_dir / name])) for name in {*TRUTH, *STEP_TRUTH, *WORLD_SIZE_PEAKS}}
+    return {name: read_model(analyse([gpu_fsdp_dir / name], cache=False)) for name in {*TRUTH, *STEP_TRUTH, *WORLD_SIZE_PEAKS}}
 
 
 @pytest.fixture(scope="module")
