@@ -42,7 +42,7 @@ def main() -> None:
     truth = {**STEP_TRUTH, **MODEL_B_STEP_TRUTH, "h100-fsdp2-ws1-block": one_rank}
     clocks, ratios, errors = [], [], []
     for folder in sorted(p for p in RECORDINGS.iterdir() if p.is_dir()):
-        result = analyse([folder], progress=False)
+        result = analyse([folder], progress=False, cache=False)
         model = read_model(result)
         clock = completed_summary(result).clock
         clocks.append(f"| {folder.name} | {clock.basis} | {clock.replay_error_pct} | {clock.clean_steps} |")

@@ -38,7 +38,7 @@ def main() -> None:
           "| true change (MiB) | error |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     for name, cases in PEAK_TRUTH.items():
-        model = read_model(analyse([args.traces / name]))
+        model = read_model(analyse([args.traces / name], cache=False))
         for setting, true_peak in cases:
             p = predict(model, setting)
             base, peak = p.baseline.peak_allocated_bytes, p.predicted.peak_allocated_bytes

@@ -107,7 +107,7 @@ def report_data(run: Path) -> None:
     from fsdpviz.analysis.pipeline import analyse
     from fsdpviz.report.data import prepare_report
 
-    data = prepare_report(analyse([run]))
+    data = prepare_report(analyse([run], cache=False))
     print(json.dumps(_plain(data), indent=1, sort_keys=True))
 
 

@@ -207,8 +207,10 @@ class SummaryStore:
                 warnings=list(warnings), summary=msgspec.Raw(msgspec.msgpack.encode(summary, enc_hook=_encode_note))))
         except (TypeError, ValueError):  # a summary field msgpack cannot hold: no cache, never a failure
             return None
+        from fsdpviz.trace.cache import writable  # the parse cache's rule, one for both caches
+
         for folder in self.folders:
-            if not _writable(folder):
+            if not writable(folder):
                 continue
             path = folder / self.key.file_name
             tmp = folder / f".{self.key.file_name}.{os.getpid()}.tmp"
@@ -233,21 +235,6 @@ class SummaryStore:
                     old.unlink()
                 except OSError:
                     pass
-
-
-def _writable(folder: Path) -> bool:
-    """Whether ``folder`` (or, before it exists, the folder it would be made in) may be written: by
-    its permissions for this user, and by its mode bits at all -- a dataset whose owner took every
-    write bit away is read-only for root too, who could otherwise write there."""
-    here = folder
-    while not here.exists():
-        if here.parent == here:
-            return False
-        here = here.parent
-    try:
-        return bool(here.stat().st_mode & 0o222) and os.access(here, os.W_OK)
-    except OSError:
-        return False
 
 
 def store_for(paths: Sequence[str | Path], *, steps: Sequence[int] | None = None, include_last_step: bool = False,

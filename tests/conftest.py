@@ -103,11 +103,21 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 SHARED_DIR = REPO_ROOT.parent / "shared"
-_SHARED_CACHES = pytest.StashKey[set[Path]]()
+_SHARED_CACHES = pytest.StashKey[dict[Path, int]]()
 
 
-def _caches_in_shared() -> set[Path]:
-    return set(SHARED_DIR.rglob(".fsdpviz-cache")) if SHARED_DIR.is_dir() else set()
+def _caches_in_shared() -> dict[Path, int]:
+    """Every cache folder under ../shared and every file in one, with when it was last written."""
+    if not SHARED_DIR.is_dir():
+        return {}
+    out = {}
+    for folder in SHARED_DIR.rglob(".fsdpviz-cache"):
+        for path in (folder, *folder.rglob("*")):
+            try:
+                out[path] = path.stat().st_mtime_ns
+            except OSError:  # removed meanwhile
+                pass
+    return out
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -117,19 +127,20 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """The recordings beside the checkout (../shared) are read, never written: a test that analyses them
-    passes ``cache=False`` (the command line: ``--no-cache``). One that left a parse or summary cache
-    there fails the session, and the folders it wrote are named."""
+    passes ``cache=False`` (the command line: ``--no-cache``). A session in which a test made a parse or
+    summary cache there, or wrote into one that was there, fails, naming what was written."""
     before = session.config.stash.get(_SHARED_CACHES, None)
     if before is None:
         return
-    written = sorted(_caches_in_shared() - before)
+    written = sorted(path for path, mtime in _caches_in_shared().items() if before.get(path) != mtime)
     if written:
         writer = session.config.get_terminal_writer()
         writer.line()
-        writer.line(
-            "tests wrote caches into ../shared (pass cache=False or --no-cache): "
-            + ", ".join(str(p) for p in written), red=True)
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        writer.line("tests wrote caches into ../shared (pass cache=False or --no-cache): "
+                    + ", ".join(str(p) for p in written[:5]) + (f" and {len(written) - 5} more" if len(written) > 5 else ""),
+                    red=True)
+        if session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session")

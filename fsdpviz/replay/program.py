@@ -298,9 +298,10 @@ class CostModel:
                          copy_out_ns=sum(g.copy_out_ns for g in known), kernels_ns=sum(g.kernels_ns for g in known),
                          # a merged unit's gather runs its members' steps once, in the same order: where
                          # in the label is a member's that has the copy or kernel
-                         copy_in_at=next((g.copy_in_at for g in known if g.copy_in_ns), 1.0),
+                         copy_in_at=(copy_in_at := next((g.copy_in_at for g in known if g.copy_in_ns), 1.0)),
                          kernels_at=next((g.kernels_at for g in known if g.kernels_ns > g.lead_ns), 1.0),
-                         lead_ns=sum(g.lead_ns for g in known), lead_at=next((g.lead_at for g in known if g.lead_ns), 1.0))
+                         lead_ns=sum(g.lead_ns for g in known),
+                         lead_at=min(copy_in_at, next((g.lead_at for g in known if g.lead_ns), 1.0)))
 
     def _member_reduces(self, unit: str, micro: int | None = None) -> list[Reduce]:
         """The recorded reductions of new unit ``unit``'s members in ``micro`` (None: any micro-batch)."""

@@ -26,11 +26,13 @@ class Gather:
     copy_out_host_ns: float  # host busy time of the copy-out label
     copy_out_ns: float  # GPU: the copy-out on the compute stream (CPU: part of copy_out_host_ns)
     issued_in: tuple[str, str, str] | None = None  # (unit, phase, part) of the pass that issued it
-    kernels_ns: float = 0.0  # GPU: FSDP's other kernels launched in its label, on its stream after the copy-in
-    # (a fake process group's copies of the shard into each rank's chunk, which stand for the collective)
+    kernels_ns: float = 0.0  # GPU: FSDP's other kernels launched in its label: before the copy-in, on the
+    # copy-in's stream ahead of it (lead_ns: FSDP2's cast of the parameters), and after it, on the gather's
+    # stream before the collective (a fake process group's copies of the shard into each rank's chunk,
+    # which stand for the collective)
     # GPU: where in its label the host launched the copy-in and those kernels, as shares of host_ns (1: at
-    # the label's end; on B's gathers the copy-in at 0.3-0.65, a fake group's copies at 0.75-0.9): the
-    # device runs them while the host is still in the label
+    # the label's end; on B's gathers the cast at 0.14-0.47, the copy-in at 0.37-0.65, a fake group's
+    # copies at 0.64-0.83): the device runs them while the host is still in the label
     copy_in_at: float = 1.0
     kernels_at: float = 1.0  # of the kernels launched after the copy-in
     lead_ns: float = 0.0  # of kernels_ns, those launched before the copy-in (FSDP2's cast of the parameters),

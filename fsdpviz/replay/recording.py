@@ -647,6 +647,7 @@ def _own_kernels(own: _FsdpKernels, t0: int, t1: int, tables: _StepTables,
     g_unit, g_micro = as_str(labels["unit"]), labels["micro"].to_numpy()
     g_cols = _columns(labels, ("start_ns", "end_ns"))
     by_gather = {(g.unit, g.phase, g.micro): g for g in gathers}
+    seen: set[tuple[int, bool]] = set()  # (gather, before its copy-in) whose first kernel is read
     for k in np.flatnonzero(~held):
         t = int(launch[k])
         j = int(np.searchsorted(f_start[order], t, side="right")) - 1
@@ -668,11 +669,15 @@ def _own_kernels(own: _FsdpKernels, t0: int, t1: int, tables: _StepTables,
             # copy-in's stream ahead of it) or after it (a fake group's copies), the first of each
             here = min(1.0, reader.clock.between(float(g_cols["start_ns"][i]), t) / gather.host_ns) \
                 if gather.host_ns > 0 else 1.0
-            if gather.copy_in_ns and here < gather.copy_in_at:
-                gather.lead_at = here if gather.lead_ns == 0 else min(gather.lead_at, here)
+            lead = bool(gather.copy_in_ns) and here < gather.copy_in_at
+            if (id(gather), lead) not in seen:  # launches come in order: the first is the earliest
+                seen.add((id(gather), lead))
+                if lead:
+                    gather.lead_at = here
+                else:
+                    gather.kernels_at = here
+            if lead:
                 gather.lead_ns += dur[k]
-            else:
-                gather.kernels_at = here if gather.kernels_ns == gather.lead_ns else min(gather.kernels_at, here)
             gather.kernels_ns += dur[k]
             continue
         target = by_key.get((micro, str(unit[k]), phase)) if unit[k] and unit[k] != u else None

@@ -81,6 +81,21 @@ def load_cached(source: Path) -> RankColumns | None:
         return None
 
 
+def writable(folder: Path) -> bool:
+    """Whether ``folder`` (or, before it exists, the folder it would be made in) may be written: by
+    its permissions for this user, and by its mode bits at all -- a dataset whose owner took every
+    write bit away is read-only for root too, who could otherwise write there."""
+    here = folder
+    while not here.exists():
+        if here.parent == here:
+            return False
+        here = here.parent
+    try:
+        return bool(here.stat().st_mode & 0o222) and os.access(here, os.W_OK)
+    except OSError:
+        return False
+
+
 def store_cached(source: Path, tables: RankColumns) -> bool:
     """Write the cache entry of ``source``; returns False (silently) when the folder is not writable."""
     key = cache_key(source)
@@ -88,6 +103,8 @@ def store_cached(source: Path, tables: RankColumns) -> bool:
         return False
     paths = _entry_paths(source, key)
     folder = paths["events"].parent
+    if not writable(folder):  # by its mode bits too: root could otherwise write into a read-only dataset
+        return False
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq

@@ -121,20 +121,30 @@ def unit_timer_ratio(folder: Path, phase: str) -> float:
     return median(clean) / median(profiled)
 
 
-def fsdp2_unit_kernels_ms(path: Path, steps: list[int]) -> float:
-    """Per step, the ms of GPU work launched (its runtime call's start) inside one of FSDP2's labels that
-    names a unit (``FSDP::<what> (<unit>)``) on the launching thread, within ``steps``' ProfilerStep
-    spans: the kernels' own durations, mean over ``steps``."""
-    events = trace_events(path)
-    spans = [(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events
-             if e.get("cat") == "user_annotation" and e.get("name", "").startswith("ProfilerStep#")
-             and int(e["name"].split("#")[1]) in steps]
+def _step_spans(events: list[dict[str, Any]], steps: list[int]) -> list[tuple[float, float]]:
+    """The ProfilerStep spans of ``steps`` (µs)."""
+    return [(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events
+            if e.get("cat") == "user_annotation" and e.get("name", "").startswith("ProfilerStep#")
+            and int(e["name"].split("#")[1]) in steps]
+
+
+def _unit_ranges(events: list[dict[str, Any]]) -> dict[Any, list[tuple[float, float]]]:
+    """Per thread, the spans of FSDP2's labels that name a unit (``FSDP::<what> (<unit>)``)."""
     ranges: dict[Any, list[tuple[float, float]]] = {}
     for e in events:
         name = e.get("name", "")
         if e.get("cat") in ("user_annotation", "cpu_op") and name.startswith("FSDP::") and name.endswith(")") \
                 and " (" in name:
             ranges.setdefault(e.get("tid"), []).append((float(e["ts"]), float(e["ts"]) + float(e["dur"])))
+    return ranges
+
+
+def fsdp2_unit_kernels_ms(path: Path, steps: list[int]) -> float:
+    """Per step, the ms of GPU work launched (its runtime call's start) inside one of FSDP2's labels that
+    names a unit (``FSDP::<what> (<unit>)``) on the launching thread, within ``steps``' ProfilerStep
+    spans: the kernels' own durations, mean over ``steps``."""
+    events = trace_events(path)
+    spans, ranges = _step_spans(events, steps), _unit_ranges(events)
     gpu = {e["args"]["correlation"]: float(e["dur"]) for e in events
            if e.get("cat") in GPU_EVENTS and "correlation" in e.get("args", {})}
     total, seen = 0.0, set()
@@ -166,15 +176,7 @@ def fsdp2_kernels_alone_ms(path: Path, steps: list[int]) -> float:
     without collectives on the device (a fake process group, one rank), where that is all of the GPU's
     work beside the model's."""
     events = trace_events(path)
-    spans = [(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events
-             if e.get("cat") == "user_annotation" and e.get("name", "").startswith("ProfilerStep#")
-             and int(e["name"].split("#")[1]) in steps]
-    ranges: dict[Any, list[tuple[float, float]]] = {}
-    for e in events:
-        name = e.get("name", "")
-        if e.get("cat") in ("user_annotation", "cpu_op") and name.startswith("FSDP::") and name.endswith(")") \
-                and " (" in name:
-            ranges.setdefault(e.get("tid"), []).append((float(e["ts"]), float(e["ts"]) + float(e["dur"])))
+    spans, ranges = _step_spans(events, steps), _unit_ranges(events)
     launched_in = set()
     for e in events:
         corr = e.get("args", {}).get("correlation")
@@ -197,18 +199,21 @@ def fsdp2_kernels_alone_ms(path: Path, steps: list[int]) -> float:
     return total / 1e3 / len(steps)
 
 
-def gather_label_launches(path: Path, steps: list[int]) -> list[tuple[str, float, float, float]]:
+def gather_label_launches(path: Path, steps: list[int]) -> list[tuple[str, float, float, float, float, float]]:
     """Per ``FSDP::all_gather (<unit>)`` label (the root's: ``FSDP::all_gather``, unit ``(root)``) inside
-    ``steps``' ProfilerStep spans, in order: the unit and
-    where in the label (a share of its wall time, from its start) the host launched the first GPU work
-    before its ``fsdp::all_gather_copy_in`` op (FSDP2's cast of the parameters), the first inside that op
-    (the copy-in), and the first after it (a fake group's copies); 1.0 where there is none."""
+    ``steps``' ProfilerStep spans, in order: the unit; where in the label (a share of its wall time, from
+    its start) the host launched the first GPU work before its ``fsdp::all_gather_copy_in`` op (FSDP2's
+    cast of the parameters), the first inside that op (the copy-in) and the first after it (a fake group's
+    copies), 1.0 where there is none; and the GPU time (ns) of the work launched before the op and after
+    it."""
     events = trace_events(path)
-    spans = [(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events
-             if e.get("cat") == "user_annotation" and e.get("name", "").startswith("ProfilerStep#")
-             and int(e["name"].split("#")[1]) in steps]
-    gpu = {e["args"]["correlation"] for e in events if e.get("cat") in GPU_EVENTS and "correlation" in e.get("args", {})}
-    launches = sorted((float(e["ts"]), e.get("tid")) for e in events
+    spans = _step_spans(events, steps)
+    gpu: dict[Any, float] = {}
+    for e in events:
+        if e.get("cat") in GPU_EVENTS and "correlation" in e.get("args", {}):
+            corr = e["args"]["correlation"]
+            gpu[corr] = gpu.get(corr, 0.0) + float(e["dur"])
+    launches = sorted((float(e["ts"]), e.get("tid"), gpu[e["args"]["correlation"]]) for e in events
                       if e.get("cat") in ("cuda_runtime", "cuda_driver") and e.get("args", {}).get("correlation") in gpu)
     labels = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"]), e.get("tid"), e["name"]) for e in events
                     if e.get("cat") == "user_annotation"
@@ -219,11 +224,14 @@ def gather_label_launches(path: Path, steps: list[int]) -> list[tuple[str, float
     out = []
     for a, b, tid, name in labels:
         op = next(((s, e) for s, e, t in copy_in if t == tid and a <= s < b), (b, b))
-        mine = [t for t, who in launches if who == tid and a <= t < b]
+        mine = [(t, us) for t, who, us in launches if who == tid and a <= t < b]
+        before = [(t, us) for t, us in mine if t < op[0]]
+        inside = [(t, us) for t, us in mine if op[0] <= t < op[1]]
+        after = [(t, us) for t, us in mine if t >= op[1]]
 
-        def share(times: list[float], a: float = a, b: float = b) -> float:
-            return (min(times) - a) / (b - a) if times else 1.0
+        def share(launched: list[tuple[float, float]], a: float = a, b: float = b) -> float:
+            return (min(t for t, _ in launched) - a) / (b - a) if launched else 1.0
 
-        out.append((name[len("FSDP::all_gather ("):-1] or "(root)", share([t for t in mine if t < op[0]]),
-                    share([t for t in mine if op[0] <= t < op[1]]), share([t for t in mine if t >= op[1]])))
+        out.append((name[len("FSDP::all_gather ("):-1] or "(root)", share(before), share(inside), share(after),
+                    1e3 * sum(us for _, us in before), 1e3 * sum(us for _, us in after)))
     return out

@@ -200,3 +200,25 @@ def test_a_host_backends_gather_starts_its_work_with_its_label() -> None:
     spans = _launched_in_label(0.5, 0.75, lead_at=0.25, lead_ns=40.0, serial=True)
     assert spans["cast"] == (1000.0, 1040.0) and spans["copy_in"] == (1040.0, 1070.0)
     assert spans[FSDP_KERNELS] == (1070.0, 1130.0) and spans[ALL_GATHER] == (1130.0, 1180.0)
+
+
+def test_a_merged_units_gather_takes_its_shares_from_a_member_that_has_the_copy() -> None:
+    """Merged, two recorded units gather once: the launch shares come from the member that ran the cast,
+    the copy-in and the copies (here the second; the first gathered nothing on the device), not the
+    first member's "at the label's end"."""
+    from fsdpviz.replay.comm import CommModel, Target
+    from fsdpviz.replay.program import CostModel
+    from fsdpviz.replay.recorded import Gather, StepProgram
+
+    bare = Gather(unit="a", phase="forward", micro=0, bytes=1 << 20, host_ns=100.0, copy_in_ns=0.0, comm_ns=0.0,
+                  copy_out_host_ns=0.0, copy_out_ns=0.0)
+    full = Gather(unit="b", phase="forward", micro=0, bytes=1 << 20, host_ns=100.0, copy_in_ns=30.0, comm_ns=0.0,
+                  copy_out_host_ns=0.0, copy_out_ns=0.0, kernels_ns=60.0, copy_in_at=0.5, kernels_at=0.75,
+                  lead_ns=20.0, lead_at=0.25)
+    step = StepProgram(rank=0, step=0, step_ns=0, micro=[], post=Segment(), gathers=[bare, full], reduces=[])
+    costs = CostModel(step=step, comm=CommModel(world_size=8, ranks_per_host=8), members={"ab": ["a", "b"]},
+                      unit_bytes={"ab": 2 << 20}, where=Target(world_size=8, ranks_per_host=8), world_changed=False,
+                      gathers={("a", "forward"): bare, ("b", "forward"): full})
+    merged = costs.gather("ab", "forward", None)
+    assert (merged.lead_at, merged.copy_in_at, merged.kernels_at) == (0.25, 0.5, 0.75)
+    assert (merged.lead_ns, merged.copy_in_ns, merged.kernels_ns) == (20.0, 30.0, 60.0)

@@ -218,6 +218,23 @@ def test_unwritable_cache_location_means_no_cache_not_an_error(tmp_path: Path) -
     assert blocker.read_text() == "a file where the cache folder would go"
 
 
+def test_a_folder_without_write_bits_gets_no_cache_even_as_root(tmp_path: Path) -> None:
+    """A dataset whose owner took every write bit away is read-only for everyone: the loader parses it
+    and writes nothing there (root's access check would let it; the mode bits do not)."""
+    folder = tmp_path / "dataset"
+    folder.mkdir()
+    path = _simple().write(folder / "rank0.json")
+    mode = folder.stat().st_mode
+    folder.chmod(0o555)
+    try:
+        assert load_traces([path]).rank_ids == [0]
+        assert sorted(p.name for p in folder.iterdir()) == ["rank0.json"]
+    finally:
+        folder.chmod(mode)
+    assert load_traces([path]).rank_ids == [0]  # once writable, it is cached as usual
+    assert (folder / CACHE_DIR).is_dir()
+
+
 def test_parallel_and_serial_loads_agree(tmp_path: Path) -> None:
     for r in range(3):
         _simple(rank=r).write(tmp_path / f"rank{r}.json.gz")
