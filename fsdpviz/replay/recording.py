@@ -665,20 +665,8 @@ def _own_kernels(own: _FsdpKernels, t0: int, t1: int, tables: _StepTables,
                       if (key := (str(g_unit[i]), phase, int(g_micro[i]))) in by_gather), None)
         if found is not None:
             gather, i = found
-            # where in its label it was launched: before the copy-in (FSDP2's cast of the parameters, on the
-            # copy-in's stream ahead of it) or after it (a fake group's copies), the first of each
-            here = min(1.0, reader.clock.between(float(g_cols["start_ns"][i]), t) / gather.host_ns) \
-                if gather.host_ns > 0 else 1.0
-            lead = bool(gather.copy_in_ns) and here < gather.copy_in_at
-            if (id(gather), lead) not in seen:  # launches come in order: the first is the earliest
-                seen.add((id(gather), lead))
-                if lead:
-                    gather.lead_at = here
-                else:
-                    gather.kernels_at = here
-            if lead:
-                gather.lead_ns += dur[k]
-            gather.kernels_ns += dur[k]
+            here = reader.clock.between(float(g_cols["start_ns"][i]), t)
+            _label_kernel(gather, here, float(dur[k]), seen)
             continue
         target = by_key.get((micro, str(unit[k]), phase)) if unit[k] and unit[k] != u else None
         if target:  # another unit's (a prefetch): its pass that had not ended by the launch
@@ -697,6 +685,24 @@ def _own_kernels(own: _FsdpKernels, t0: int, t1: int, tables: _StepTables,
             p.fsdp_post_ns += dur[k]
         else:
             p.fsdp_post_side_ns += dur[k]
+
+
+def _label_kernel(gather: Gather, busy_ns: float, dur: float, seen: set[tuple[int, bool]]) -> None:
+    """Give ``gather`` a kernel its label launched ``busy_ns`` of host time after it began: before the
+    copy-in (FSDP2's cast of the parameters, on the copy-in's stream ahead of it) or after it (a fake
+    group's copies), with where in the label the first of each was launched (``seen``: the gathers and
+    sides already given one; launches come in order, so the first is the earliest)."""
+    here = min(1.0, busy_ns / gather.host_ns) if gather.host_ns > 0 else 1.0
+    lead = bool(gather.copy_in_ns) and here < gather.copy_in_at
+    if (id(gather), lead) not in seen:
+        seen.add((id(gather), lead))
+        if lead:
+            gather.lead_at = here
+        else:
+            gather.kernels_at = here
+    if lead:
+        gather.lead_ns += dur
+    gather.kernels_ns += dur
 
 
 def _optimizer_lead(spans: pd.DataFrame, a: float, b: float, clock: BusyClock) -> float:

@@ -660,9 +660,9 @@ def _predicted_kernels(recorded_ms: float | None, simulated: list[SimResult],
     as the trace did (tests/unit/test_replay_fsdp_kernels.py), but the replay without the profiler, whose
     host launches sooner, runs some of the copies the traced steps ran alone beside the model's work
     (B: 2.21 of 2.49 ms a step), and the bound keeps the traced split."""
-    ratios = [n.fsdp_kernel_ns / r.fsdp_kernel_ns for n, r in zip(simulated, replay) if r.fsdp_kernel_ns > 0]
     if recorded_ms is None:
         return None
+    ratios = [n.fsdp_kernel_ns / r.fsdp_kernel_ns for n, r in zip(simulated, replay) if r.fsdp_kernel_ns > 0]
     return round(recorded_ms * statistics.fmean(ratios), 3) if ratios else recorded_ms
 
 
