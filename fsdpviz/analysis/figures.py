@@ -85,7 +85,12 @@ def bound_words(bound: BoundSummary) -> BoundWords:
              ("other idle", bound.other_idle_ms)]
     share = (lambda ms: f" ({100 * ms / bound.step_ms:.0f} %)" if ms is not None and bound.step_ms else "")
     basis = "unprofiled" if bound.basis == "unprofiled" else "traced"
-    text = (", ".join(f"{name} {format_ms(ms)}{share(ms)}" for name, ms in parts)
+    said = [f"{name} {format_ms(ms)}{share(ms)}" for name, ms in parts]
+    if bound.carried_ms >= 0.001:  # other idle that is not the steps' own: they waited on work queued before
+        held = f"{format_ms(bound.carried_ms)} of it the GPU ran work queued before the analysed steps"
+        idle = share(bound.other_idle_ms)
+        said[-1] = f"other idle {format_ms(bound.other_idle_ms)}" + (f"{idle[:-1]}; {held})" if idle else f" ({held})")
+    text = (", ".join(said)
             + f" of the {format_ms(bound.step_ms)} {basis} {bound.device.upper()} step")
     if bound.memory_bound and bound.peak_allocated_bytes and bound.device_memory_bytes:
         gib = 1 << 30

@@ -309,7 +309,8 @@ def profiler_findings(cost: ProfilerCost | None, idle_ns: float | None) -> list[
     """The profiler's share of the traced step, when it slowed the profiled steps by more than
     ``NOTABLE_SLOWDOWN``: the traced timeline then shows idle time (and longer waits) the run
     does not have. ``idle_ns``: the time the GPU waited per traced step (median over ranks: the bound's
-    traced host wait, FSDP's hooks' share of it and other idle), where the profiler's share comes out of
+    traced host wait, FSDP's hooks' share of it and other idle, the time carried in from before the
+    steps included: the de-profiler takes the share out of that first), where the profiler's share comes out of
     it (a GPU rank; None on a CPU rank, whose every part the profiler slows).
     Only when the unprofiled steps can be trusted (``cost.headline``): from one or two steps, the
     share would be a guess."""
@@ -317,7 +318,8 @@ def profiler_findings(cost: ProfilerCost | None, idle_ns: float | None) -> list[
         return []
     extra_ns = cost.extra_ms * 1e6
     share = (f"{ms_text(min(extra_ns, idle_ns) / NS_PER_MS)} of the {ms_text(idle_ns / NS_PER_MS)} per step the GPU waited "
-             "as traced (for the host, FSDP's hooks included, and otherwise idle) is the profiler's"
+             "as traced (for the host, FSDP's hooks included, and otherwise idle, work queued before the analysed steps "
+             "included) is the profiler's"
              if idle_ns is not None and idle_ns > 0 else f"{ms_text(extra_ns / NS_PER_MS)} of each traced step is the profiler's")
     steps = ", ".join(map(str, cost.unprofiled_steps))
     return [_row("", "", "profiler", extra_ns,

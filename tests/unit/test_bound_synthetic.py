@@ -19,6 +19,7 @@ from synth.expected import BOUND_FIELDS, bound_ms
 from synth.scenario import Scenario, make_units
 
 from fsdpviz.analysis.bound import bound_kind, summarize_bound
+from fsdpviz.analysis.figures import bound_words
 from fsdpviz.analysis.overlap import compute_overlap
 from fsdpviz.analysis.pipeline import RunResult, analyse
 from fsdpviz.structure.deprofile import (
@@ -29,6 +30,7 @@ from fsdpviz.structure.deprofile import (
     idle_scale,
     rank_scale,
 )
+from fsdpviz.structure.profiler_cost import ProfilerCost
 from fsdpviz.trace import load_traces
 
 US = 1000
@@ -158,6 +160,18 @@ def test_work_queued_before_the_steps_is_not_their_compute(tmp_path: Path) -> No
     # shown per step: compute 0.1 ms, and the carried 0.15 ms with the other idle, which the note says
     assert bound.compute_ms == 0.1 and bound.other_idle_ms == pytest.approx(0.15 + row["other_idle_ns"] / 2 / 1e6)
     assert bound.carried_ms == 0.15 and "other_idle_ms holds 0.150 ms a step" in (bound.note or "")
+    assert "other idle 150 µs (15 %; 150 µs of it the GPU ran work queued before the analysed steps) of the" in (
+        bound_words(bound).parts)
+    # a clean step 0.1 ms shorter: the clean steps carry nothing in, so the de-profiler takes the share
+    # out of the carried time first, and the bound keeps (and says) the 0.05 ms left of it
+    traced = bound.step_ms
+    cost = ProfilerCost(profiled_step_ms=traced, unprofiled_step_ms=traced - 0.1, slowdown=traced / (traced - 0.1),
+                        profiled_steps=[1, 2], unprofiled_steps=[5, 6], fewest_unprofiled_steps=2, headline=True)
+    moved = summarize_bound(overlap, cost, {0: (traced - 0.1, 2)})
+    assert moved is not None and moved.basis == "unprofiled"
+    assert moved.carried_ms == pytest.approx(0.05) and moved.other_idle_ms == pytest.approx(bound.other_idle_ms - 0.1)
+    assert moved.compute_ms == bound.compute_ms and "other_idle_ms holds 0.050 ms" in (moved.note or "")
+    assert "other idle 50 µs (6 %; 50 µs of it the GPU ran work queued before" in bound_words(moved).parts
 
 
 def _steps_with(tmp_path: Path, extra: Callable[[TraceBuilder], None], name: str) -> dict:
