@@ -44,7 +44,7 @@ def row(name: str, folder: Path, steps: tuple[int, ...] | None = None) -> str | 
     # as traced: the median over ranks of each rank's carried time per analysed step
     traced = float((overlap["carried_ns"] / overlap["n_steps"].clip(lower=1)).median()) / 1e6
     return (f"| {name} | {chosen} | {own:.3f} | {ours:.3f} | {ours - own:+.3f} | {traced:.3f} | "
-            f"{bound.carried_ms:.3f} |")
+            f"{bound.carried_ms or 0.0:.3f} |")
 
 
 def main() -> None:

@@ -270,7 +270,9 @@ def with_prediction(action: Action, change_ms: float | None, words: str, *, spre
 
 def one_per_setting(actions: Sequence[Action], setting_of: Sequence[str | None]) -> list[Action]:
     """``actions`` with those whose knob leads to one setting (``setting_of``: each action's, None for
-    none) made one: the first keeps its place and takes the others' units and count."""
+    none) made one: the first keeps its place and its words, and takes the others' words, units, count
+    and losses. Findings' groups hold other unit-passes, so their losses add up; the bound's loss is a
+    part of the step that already holds what findings lose there, so it stays as it is."""
     out: list[Action] = []
     first: dict[str, int] = {}
     for action, key in zip(actions, setting_of, strict=True):
@@ -280,8 +282,17 @@ def one_per_setting(actions: Sequence[Action], setting_of: Sequence[str | None])
             out.append(action)
             continue
         kept = out[first[key]]
-        out[first[key]] = msgspec.structs.replace(
-            kept, count=kept.count + action.count, units=list(dict.fromkeys([*kept.units, *action.units])))
+        merged = msgspec.structs.replace(
+            kept, message=f"{kept.message.rstrip('.')}; {action.message}", count=kept.count + action.count,
+            units=list(dict.fromkeys([*kept.units, *action.units])))
+        if kept.kind != KIND_BOUND:
+            losses = [a.lost_ms_per_step for a in (kept, action) if a.lost_ms_per_step is not None]
+            lows = [a.lost_ms_min for a in (kept, action) if a.lost_ms_min is not None]
+            highs = [a.lost_ms_max for a in (kept, action) if a.lost_ms_max is not None]
+            merged = msgspec.structs.replace(
+                merged, lost_ms_per_step=round(sum(losses), 3) if losses else None,
+                lost_ms_min=min(lows) if lows else None, lost_ms_max=max(highs) if highs else None)
+        out[first[key]] = merged
     return out
 
 

@@ -386,8 +386,8 @@ class BoundSummary(StepSplit, kw_only=True):
     memory_bound: bool | None = None
     """The peak within :data:`MEMORY_MARGIN` of ``device_memory_bytes``; None when either is unknown
     (``note`` says why)."""
-    carried_ms: float = 0.0
-    """GPU: of ``other_idle_ms``, the time a step ran only model work launched before it, beyond what its
+    carried_ms: float | None = None
+    """GPU (None on a CPU rank, whose thread runs nothing queued: as ``fsdp_kernels_ms``): of ``other_idle_ms``, the time a step ran only model work launched before it, beyond what its
     own ran after it (:func:`carried_work`; median over ranks, per step). The steps waited on it, so other
     idle holds it; on ``unprofiled`` the de-profiler takes the profiler's share out of it first, since
     the clean steps do not carry it, and this is what is left (on the run's clock, as the other parts)."""
@@ -525,7 +525,8 @@ def summarize_bound(overlap: pd.DataFrame, profiler: ProfilerCost | None,
         fsdp_kernels_ms=None if device == schema.OVERLAP_CPU else round(parts.fsdp_kernels, 3),
         device_scale=round(scale, 6), host_scale=round(host_scale(median_traced, parts), 6),
         idle_scale=round(scale if device == schema.OVERLAP_CPU else idle_scale(median_traced, parts), 6),
-        comm_ms=round(_median(traced_comms) * scale, 3), carried_ms=round(parts.carried, 3))
+        comm_ms=round(_median(traced_comms) * scale, 3),
+        carried_ms=None if device == schema.OVERLAP_CPU else round(parts.carried, 3))
 
 
 def clock_scale(bound: BoundSummary | None) -> float:

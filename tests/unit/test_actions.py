@@ -19,10 +19,13 @@ from helpers.rawfiles import raw_trace, timer_step_ms
 from fsdpviz.analysis import findings as fnd
 from fsdpviz.analysis.actions import (
     HOST_BACKEND_BLOCKS,
+    KIND_BOUND,
     MAX_SHOWN,
+    Action,
     action_text,
     build_actions,
     group_findings,
+    one_per_setting,
     with_prediction,
 )
 from fsdpviz.structure.records import Finding
@@ -50,6 +53,29 @@ def test_alike_findings_are_one_line_with_range_and_total() -> None:
     assert "in 16 unit-passes: 54.00-61.00 ms each, 920.00 ms/step" in gathers.message
     assert gathers.knob == PREFETCH
     assert actions[1].count == 1 and actions[1].message == other.message  # alone: its own words
+
+
+def test_groups_that_lead_to_one_setting_are_one_action_with_all_their_losses() -> None:
+    """Gathers that started late and gathers never prefetched both lead to prefetch 1: one action, whose
+    words, count, units and losses are both groups' (the 7 + 5 unit-passes of a recorded MoE run)."""
+    late = [Finding(kind="exposed_all_gather", cause=fnd.CAUSE_STARTED_LATE, unit=f"blocks.{i}.moe.experts",
+                    phase="forward", lost_ms_per_step=10.0 + i, message="late", knob=PREFETCH) for i in range(7)]
+    never = [Finding(kind="exposed_all_gather", cause=fnd.CAUSE_NOT_PREFETCHED, unit=f"blocks.{i}", phase="forward",
+                     lost_ms_per_step=8.0 + i, message="never", knob=PREFETCH) for i in range(5)]
+    groups = group_findings([*late, *never])
+    assert [a.count for a in groups] == [7, 5]
+    (one,) = one_per_setting(groups, ["prefetch 1", "prefetch 1"])
+    # 10 + ... + 16 = 91 ms and 8 + ... + 12 = 50 ms
+    assert (one.count, len(one.units), one.lost_ms_per_step) == (12, 12, 141.0)
+    assert (one.lost_ms_min, one.lost_ms_max) == (8.0, 16.0)
+    assert "in 7 unit-passes: 10.00-16.00 ms each, 91.00 ms/step" in one.message
+    assert "(not prefetched) in 5 unit-passes: 8.00-12.00 ms each, 50.00 ms/step" in one.message
+    # the bound's loss already holds what the findings lose in its part of the step: it stays
+    bound = Action(kind=KIND_BOUND, cause="communication", message="communication-bound", count=1,
+                   lost_ms_per_step=200.0, knob=PREFETCH)
+    (led,) = one_per_setting([bound, groups[0]], ["prefetch 1", "prefetch 1"])
+    assert (led.count, led.lost_ms_per_step, led.lost_ms_min) == (8, 200.0, None)
+    assert led.message.startswith("communication-bound; all-gathers started only after")
 
 
 def test_prefetch_is_not_advised_where_gloo_runs_collectives_on_the_host() -> None:
