@@ -367,6 +367,9 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
     reduces: list[SimReduce] = []
     ops: list[Op] = []
     gathered_units, reduced_units = rec.gathered_units, rec.reduced_units
+    # under gradient accumulation without sync (FSDP2's set_requires_gradient_sync(False), FSDP1's
+    # no_sync) a micro-batch reduces nothing: only those that reduced something reduce in the replay
+    synced = {r.micro for r in step.reduces}
     for mb_index, mb in enumerate(step.micro):
         micro = mb_index
         ops.append(SegmentOp("pre", mb.pre))
@@ -426,7 +429,7 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
                 if last and (phase == BACKWARD or reshard.get(unit, True)):
                     unsharded.discard(unit)
                 if last and phase == BACKWARD:
-                    if reduced_units.intersection(members.get(unit, [unit])):
+                    if reduced_units.intersection(members.get(unit, [unit])) and (micro in synced or not synced):
                         reduces.append(costs.reduce(unit, micro))
                         ops.append(ReduceOp(len(reduces) - 1))
                     ops.append(BusyOp(after, "post"))

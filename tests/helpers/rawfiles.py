@@ -49,6 +49,17 @@ def raw_trace(path: Path) -> RawTrace:
     return RawTrace(steps, gpu)
 
 
+def starts_in_step(path: Path, step: int, names: tuple[str, ...]) -> dict[str, list[float]]:
+    """Per name of ``names``: the start (µs) of each event of that name inside ProfilerStep#``step``."""
+    events = trace_events(path)
+    ((lo, hi),) = _step_spans(events, [step])
+    out: dict[str, list[float]] = {name: [] for name in names}
+    for e in events:
+        if e.get("name") in out and lo <= float(e["ts"]) < hi:
+            out[e["name"]].append(float(e["ts"]))
+    return {name: sorted(ts) for name, ts in out.items()}
+
+
 def timer_step_ms(path: Path) -> dict[int, float]:
     """The recorder's wall clock of each whole step in one rank's timers file (timers/rank{R}.jsonl)."""
     return {r["step"]: r["ms"] for r in map(json.loads, path.read_text().splitlines())

@@ -236,6 +236,18 @@ def grad_accum_config(framework: str, *extra: str) -> Config:
                   committed=name)
 
 
+# Gradient accumulation as training stacks run it: record_scripts/nested_moe_train.py (six blocks, the
+# last two blocks' experts units inside them) with two micro-batches per optimizer step, the gradients
+# reduced in the second only (FSDP2's set_requires_gradient_sync(False), FSDP1's no_sync()); one step
+# profiled, which keeps each trace file small (test_whatif_no_sync.py).
+NO_SYNC_RUNS = {
+    framework: Config(("--framework", framework, "--micro-batches", "2", "--steps", "5"),
+                      (*NO_OUTPUT, "--warmup", "1", "--steps", "1"), script=SCRIPTS / "nested_moe_train.py",
+                      committed=f"nested-moe-no-sync-{framework}")
+    for framework in ("fsdp2", "fsdp1")
+}
+
+
 # The example trainer at dim 256 with four blocks, per block, in pairs and as one root unit: gloo stages
 # each gather's transfer in buffers of the gather's size, made and freed before the unit's copy-out, and
 # at this size they weigh beside the model's parameters, so where a merged unit copies out, and where

@@ -10,7 +10,10 @@ this architecture instead. ``--framework fsdp1``: the same units with FSDP1 (``-
 picks its ``backward_prefetch``). ``--forward-prefetch N`` / ``--backward-prefetch N``: explicit prefetch of
 the next N units (``set_modules_to_*_prefetch``) in FSDP2's forward order (pre-order: a block before
 its experts) and backward order (the reverse of the post-forward order: a block before its experts
-too, as a block's pre-backward runs when its output's gradient arrives).
+too, as a block's pre-backward runs when its output's gradient arrives). ``--micro-batches N``:
+gradient accumulation as training stacks run it, N forwards and backwards per optimizer step with
+the gradients reduced in the last one only (FSDP2's ``set_requires_gradient_sync(False)`` before the
+others, FSDP1's ``no_sync()`` around them).
 
 Run: ``python -m torch.distributed.run --standalone --nproc_per_node 2 nested_moe_train.py``.
 """
@@ -18,6 +21,7 @@ Run: ``python -m torch.distributed.run --standalone --nproc_per_node 2 nested_mo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -135,8 +139,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--framework", choices=["fsdp2", "fsdp1"], default="fsdp2")
     parser.add_argument("--fsdp1-backward-prefetch", choices=["BACKWARD_PRE", "BACKWARD_POST", "none"],
                         default="BACKWARD_PRE")
+    parser.add_argument("--micro-batches", type=int, default=1, metavar="N",
+                        help="forwards and backwards per optimizer step, the gradients reduced in the last only")
     parser.add_argument("--shard-code", metavar="FILE")
-    parser.add_argument("--log-losses", metavar="FILE", help="each step's loss, as float.hex, to FILE.rank{R}")
+    parser.add_argument("--log-losses", metavar="FILE", help="each step's loss, as float.hex, to FILE.rank{R} (or FILE with {rank} in it)")
     args = parser.parse_args(argv)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -155,16 +161,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     generator = torch.Generator().manual_seed(1000 + rank)
     losses = []
+    n_micro = args.micro_batches
     for _ in range(args.steps):
-        tokens = torch.randint(VOCAB, (BATCH, SEQ + 1), generator=generator)
-        logits = model(tokens[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
-        loss.backward()
+        for micro in range(n_micro):
+            last = micro == n_micro - 1
+            tokens = torch.randint(VOCAB, (BATCH, SEQ + 1), generator=generator)
+            sync: contextlib.AbstractContextManager = contextlib.nullcontext()
+            if n_micro > 1 and args.framework == "fsdp1":  # no_sync() around the micro-batches that do not reduce
+                sync = sync if last else model.no_sync()
+            elif n_micro > 1:  # FSDP2: the root's setting reaches every unit under it
+                model.set_requires_gradient_sync(last)
+            with sync:
+                logits = model(tokens[:, :-1])
+                loss = F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+                (loss / n_micro).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.item())
     if args.log_losses:
-        Path(f"{args.log_losses}.rank{rank}").write_text("".join(f"{x.hex()}\n" for x in losses))
+        # a ``{rank}`` template as examples/train.py takes it, else FILE.rank{R}
+        path = args.log_losses.format(rank=rank) if "{rank}" in args.log_losses else f"{args.log_losses}.rank{rank}"
+        Path(path).write_text("".join(f"{x.hex()}\n" for x in losses))
     dist.destroy_process_group()
     time.sleep(0.1)  # gloo's threads may still hold the GIL (examples/train.py)
     return 0

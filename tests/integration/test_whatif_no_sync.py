@@ -1,0 +1,65 @@
+"""Gradient accumulation without gradient sync, as training stacks run it, replayed as it ran.
+
+``record_scripts/nested_moe_train.py --micro-batches 2`` runs two forwards and backwards per optimizer
+step on 2 gloo ranks and reduces the gradients in the second only: FSDP2 after
+``set_requires_gradient_sync(False)``, FSDP1 inside ``no_sync()``; its experts are units inside their
+blocks (the mixture-of-experts nesting). The trace file itself says how many reduce-scatters each step
+ran and in which micro-batch (the ``c10d`` ops that issued them, read with plain JSON), and how long
+the step took (its ProfilerStep span). The replay of the traced step must run those reductions, in
+that micro-batch, and so take about as long: a replay that reduced in every micro-batch ran these steps
+16-25 % long, and called the recording unreliable (the limit is 10 %).
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+from helpers.rawfiles import raw_trace, starts_in_step
+from recording import NO_SYNC_RUNS, Recordings
+
+from fsdpviz.analysis.pipeline import analyse
+from fsdpviz.replay.clock import BASIS_REPLAYED, RELIABLE_REPLAY_PCT
+from fsdpviz.replay.model import read_model, recorded_settings
+from fsdpviz.replay.program import ReduceOp, SegmentOp, build
+from fsdpviz.whatif.gains import completed_summary
+
+pytestmark = pytest.mark.recorded
+
+REDUCE_OPS = ("c10d::_reduce_scatter_base_", "c10d::reduce_scatter_tensor_")
+# where a micro-batch's forward starts: FSDP2's own label of the first block, fsdpviz's on FSDP1
+MICRO_STARTS = ("FSDP::pre_forward (blocks.0)", "fsdpviz::forward (blocks.0)")
+UNITS = 9  # the root, six blocks, two blocks' experts
+
+
+@pytest.mark.parametrize("framework", list(NO_SYNC_RUNS))
+def test_micro_batches_without_sync_reduce_nothing_in_the_replay(framework: str, recordings: Recordings) -> None:
+    rec = recordings.get(NO_SYNC_RUNS[framework])
+    assert rec.proc.returncode == 0, rec.proc.stderr[-2000:]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = analyse([rec.run_dir], cache=False, progress=False)
+    model = read_model(result)
+    assert model.recording.steps
+    for step, replay in zip(model.recording.steps, model.replays, strict=True):
+        path = _trace(rec.run_dir, step.rank)
+        found = starts_in_step(path, step.step, (*REDUCE_OPS, *MICRO_STARTS))
+        starts = [t for name in MICRO_STARTS for t in found[name]]
+        reduced = sorted(t for name in REDUCE_OPS for t in found[name])
+        # the trace: two micro-batches, every unit reduced once, all in the second
+        assert len(starts) == 2 and len(reduced) == UNITS and min(reduced) > max(starts)
+        program = build(model.recording, step, recorded_settings(), model.comm, model.gathers)
+        last_micro = max(i for i, op in enumerate(program.ops) if isinstance(op, SegmentOp) and op.name == "pre")
+        at = [i for i, op in enumerate(program.ops) if isinstance(op, ReduceOp)]
+        assert len(program.reduces) == len(at) == len(reduced) and min(at) > last_micro
+        traced_ms = raw_trace(path).step_ms(step.step)
+        # within what the replay must reproduce to be read at all (measured: 1-5 % here)
+        assert replay.step_ns / 1e6 == pytest.approx(traced_ms, rel=RELIABLE_REPLAY_PCT / 100), (step.rank, step.step)
+    # so the run's clock is the replay's: it runs the timers' clean steps within its limit
+    clock = completed_summary(result).clock
+    assert clock is not None and clock.basis == BASIS_REPLAYED, clock.note if clock else None
+
+
+def _trace(run_dir: Path, rank: int) -> Path:
+    return min((run_dir / "traces").glob(f"rank{rank}.trace.json*"))
