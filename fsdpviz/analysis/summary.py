@@ -414,14 +414,23 @@ def _overlap_summary(overlap: pd.DataFrame, bound: BoundSummary | None) -> Overl
         if b is None:
             per_rank[rank] = row
             continue
+        rank_comm = b.comm_ms if b.comm_ms is not None else row.comm_ms
         per_rank[rank] = RankOverlap(
-            overlap_pct=row.overlap_pct, comm_ms=b.comm_ms if b.comm_ms is not None else row.comm_ms,
+            overlap_pct=_hidden_pct(rank_comm, b.exposed_comm_ms), comm_ms=rank_comm,
             compute_ms=b.compute_ms, exposed_comm_ms=b.exposed_comm_ms, idle_ms=_idle(b), device=row.device,
             fsdp_overhead_ms=b.fsdp_overhead_ms)
     comm = bound.comm_ms if bound.comm_ms is not None else traced.comm_ms
     return OverlapSummary(comm_ms=comm, compute_ms=bound.compute_ms, exposed_comm_ms=bound.exposed_comm_ms,
-                          overlap_pct=traced.overlap_pct, idle_ms=_idle(bound), per_rank=per_rank,
-                          fsdp_overhead_ms=bound.fsdp_overhead_ms, as_traced=traced)
+                          overlap_pct=_hidden_pct(comm, bound.exposed_comm_ms), idle_ms=_idle(bound),
+                          per_rank=per_rank, fsdp_overhead_ms=bound.fsdp_overhead_ms, as_traced=traced)
+
+
+def _hidden_pct(comm_ms: float | None, exposed_ms: float) -> float | None:
+    """The share of ``comm_ms`` that compute hid, of the figures shown beside it (one figure: the run's
+    is of its medians, not HTA's pooled share, which ``as_traced`` keeps); None without communication."""
+    if comm_ms is None or comm_ms <= 0:
+        return None
+    return _pct(100.0 * max(comm_ms - exposed_ms, 0.0) / comm_ms)
 
 
 def _by_purpose(purposes: pd.DataFrame, overlap: pd.DataFrame, scale: float) -> dict[str, PurposeOverlap]:

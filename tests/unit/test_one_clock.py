@@ -108,6 +108,10 @@ def _one_figure(result: Any, folder: Path) -> None:
         split = bound.per_rank[rank]
         assert (row.compute_ms, row.exposed_comm_ms) == (split.compute_ms, split.exposed_comm_ms)
         assert row.idle_ms == pytest.approx((split.host_wait_ms or 0.0) + split.other_idle_ms, abs=1e-3)
+    # the share hidden is of the communication and exposed communication shown beside it, run and ranks
+    for row in (ov, *ov.per_rank.values()):
+        if row.comm_ms:
+            assert row.overlap_pct == pytest.approx(100 * (1 - row.exposed_comm_ms / row.comm_ms), abs=0.01)
     _units_and_findings_on_the_clock(result, summary, traced)
     # whatif's baseline compute is the bound's (the model's compute, on the same clock)
     model, _ = summary_model(result)
