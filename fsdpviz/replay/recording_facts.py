@@ -52,13 +52,15 @@ def reshard_sizes(result: RunResult) -> dict[str, int]:
 
 def gather_label_phases(labels: pd.DataFrame, windows: pd.DataFrame, out: dict[str, set[str]]) -> None:
     """Add to ``out`` the phases in which each unit's own gather labels opened (in backward: at or
-    after the step's first backward window), so that a unit's resharding is seen also where no
-    collective ran (torch's fake process group)."""
+    after the first backward window of its rank, step and micro-batch: under gradient accumulation the
+    next micro-batch's forward gathers come after the first one's backward), so that a unit's
+    resharding is seen also where no collective ran (torch's fake process group)."""
     rows = labels[rules.gather(labels)]
     if rows.empty or windows.empty:
         return
-    backward = windows[(windows["phase"] == vocabulary.BACKWARD).to_numpy()].groupby("step")["start_ns"].min()
-    first_backward = rows["step"].map(backward).to_numpy(dtype=np.float64)
+    key = ["rank", "step", "micro"]
+    backward = windows[(windows["phase"] == vocabulary.BACKWARD).to_numpy()].groupby(key)["start_ns"].min()
+    first_backward = backward.reindex(pd.MultiIndex.from_frame(rows[key])).to_numpy(dtype=np.float64)
     late = np.nan_to_num(first_backward, nan=np.inf) <= rows["start_ns"].to_numpy(np.float64)
     for unit, is_backward in zip(as_str(rows["unit"]), late.tolist()):
         for u in unit.split(","):
