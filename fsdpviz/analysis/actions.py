@@ -80,7 +80,8 @@ class Action(msgspec.Struct, kw_only=True):
     """The bound's loss (``host`` / ``communication`` / ``idle``), or the findings' cause."""
     message: str
     count: int
-    """Findings in it (unit-passes, ranks); 1 for the bound."""
+    """Findings in it (unit-passes, ranks); 1 for the bound, and the findings of the groups merged into it
+    (they lead to its setting: :func:`one_per_setting`)."""
     lost_ms_per_step: float | None
     """The time lost per step: the findings' total, or the bound's part."""
     lost_ms_min: float | None = None
@@ -285,13 +286,15 @@ def one_per_setting(actions: Sequence[Action], setting_of: Sequence[str | None])
         merged = msgspec.structs.replace(
             kept, message=f"{kept.message.rstrip('.')}; {action.message}", count=kept.count + action.count,
             units=list(dict.fromkeys([*kept.units, *action.units])))
-        if kept.kind != KIND_BOUND:
-            losses = [a.lost_ms_per_step for a in (kept, action) if a.lost_ms_per_step is not None]
-            lows = [a.lost_ms_min for a in (kept, action) if a.lost_ms_min is not None]
-            highs = [a.lost_ms_max for a in (kept, action) if a.lost_ms_max is not None]
+        if kept.kind != KIND_BOUND:  # a group's unknown loss leaves the total unknown, not smaller
+            pair = (kept, action)
+            known = all(a.lost_ms_per_step is not None for a in pair)
             merged = msgspec.structs.replace(
-                merged, lost_ms_per_step=round(sum(losses), 3) if losses else None,
-                lost_ms_min=min(lows) if lows else None, lost_ms_max=max(highs) if highs else None)
+                merged, lost_ms_per_step=round(sum(a.lost_ms_per_step or 0.0 for a in pair), 3) if known else None,
+                lost_ms_min=min(a.lost_ms_min for a in pair if a.lost_ms_min is not None)
+                if known and all(a.lost_ms_min is not None for a in pair) else None,
+                lost_ms_max=max(a.lost_ms_max for a in pair if a.lost_ms_max is not None)
+                if known and all(a.lost_ms_max is not None for a in pair) else None)
         out[first[key]] = merged
     return out
 

@@ -363,13 +363,16 @@ def _pct(value: float) -> float | None:
 
 
 def _step_time_ms(traces: TraceSet, analysed: dict[int, AnalysedSteps | None]) -> float | None:
-    durations: list[int] = []
+    """The analysed steps as traced where no overlap row has them: each rank's mean, the median over
+    ranks (as :func:`fsdpviz.analysis.bound.traced_step_ms` takes it)."""
+    means: list[float] = []
     for rank, steps_of_rank in analysed.items():
         if steps_of_rank is None or not steps_of_rank.steps:
             continue
         rs = traces.steps[(traces.steps["rank"] == rank) & traces.steps["step"].isin(list(steps_of_rank.steps))]
-        durations.extend((rs["end_ns"] - rs["start_ns"]).tolist())
-    return ms(float(np.mean(durations))) if durations else None
+        if len(rs):
+            means.append(float(np.mean((rs["end_ns"] - rs["start_ns"]).to_numpy())))
+    return ms(float(np.median(means))) if means else None
 
 
 def _traced_overlap(overlap: pd.DataFrame) -> TracedOverlap:
@@ -406,7 +409,8 @@ def _overlap_summary(overlap: pd.DataFrame, bound: BoundSummary | None) -> Overl
     traced = _traced_overlap(overlap)
     if bound is None:
         return OverlapSummary(comm_ms=traced.comm_ms, compute_ms=traced.compute_ms,
-                              exposed_comm_ms=traced.exposed_comm_ms, overlap_pct=traced.overlap_pct,
+                              exposed_comm_ms=traced.exposed_comm_ms,
+                              overlap_pct=_hidden_pct(traced.comm_ms, traced.exposed_comm_ms),
                               idle_ms=traced.idle_ms, per_rank=dict(traced.per_rank), as_traced=traced)
     per_rank: dict[str, RankOverlap] = {}
     for rank, row in traced.per_rank.items():
@@ -425,10 +429,10 @@ def _overlap_summary(overlap: pd.DataFrame, bound: BoundSummary | None) -> Overl
                           per_rank=per_rank, fsdp_overhead_ms=bound.fsdp_overhead_ms, as_traced=traced)
 
 
-def _hidden_pct(comm_ms: float | None, exposed_ms: float) -> float | None:
+def _hidden_pct(comm_ms: float | None, exposed_ms: float | None) -> float | None:
     """The share of ``comm_ms`` that compute hid, of the figures shown beside it (one figure: the run's
     is of its medians, not HTA's pooled share, which ``as_traced`` keeps); None without communication."""
-    if comm_ms is None or comm_ms <= 0:
+    if comm_ms is None or comm_ms <= 0 or exposed_ms is None:
         return None
     return _pct(100.0 * max(comm_ms - exposed_ms, 0.0) / comm_ms)
 

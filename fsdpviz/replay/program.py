@@ -367,11 +367,13 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
     reduces: list[SimReduce] = []
     ops: list[Op] = []
     gathered_units, reduced_units = rec.gathered_units, rec.reduced_units
-    # under gradient accumulation without sync (FSDP2's set_requires_gradient_sync(False), FSDP1's
-    # no_sync) a micro-batch reduces nothing: only those that reduced something reduce in the replay
+    # Units reduce in the micro-batches where the step's trace shows reductions: under gradient
+    # accumulation without sync (FSDP2's set_requires_gradient_sync(False), FSDP1's no_sync()) a
+    # micro-batch reduces nothing, and a step may reduce nothing at all. In one that synced, every unit
+    # the recording reduces does (one whose reduction the attribution missed there too).
     synced = {r.micro for r in step.reduces}
-    for mb_index, mb in enumerate(step.micro):
-        micro = mb_index
+    for mb in step.micro:
+        micro = mb.micro
         ops.append(SegmentOp("pre", mb.pre))
         unsharded: set[str] = set()
         issued: dict[str, int] = {}  # unit -> gather id of its in-flight gather
@@ -429,7 +431,7 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
                 if last and (phase == BACKWARD or reshard.get(unit, True)):
                     unsharded.discard(unit)
                 if last and phase == BACKWARD:
-                    if reduced_units.intersection(members.get(unit, [unit])) and (micro in synced or not synced):
+                    if micro in synced and reduced_units.intersection(members.get(unit, [unit])):
                         reduces.append(costs.reduce(unit, micro))
                         ops.append(ReduceOp(len(reduces) - 1))
                     ops.append(BusyOp(after, "post"))

@@ -106,6 +106,7 @@ class MicroBatch:
     forward: list[Pass]
     mid: Segment
     backward: list[Pass]
+    micro: int = 0  # its number in the step, as the windows, gathers and reductions name it
 
 
 @dataclass(slots=True)

@@ -597,7 +597,8 @@ def _read_step(rank: int, step: int, t0: int, t1: int, parts: dict[str, pd.DataF
         mid_from = bounds[vocabulary.FORWARD][1] if vocabulary.FORWARD in bounds else pre_end
         mid_to = bounds[vocabulary.BACKWARD][0] if vocabulary.BACKWARD in bounds else mid_from
         batches.append(MicroBatch(pre=_segment(cursor, pre_end, clock, work, gpu), forward=passes[vocabulary.FORWARD],
-                                  mid=_segment(mid_from, mid_to, clock, work, gpu), backward=passes[vocabulary.BACKWARD]))
+                                  mid=_segment(mid_from, mid_to, clock, work, gpu), backward=passes[vocabulary.BACKWARD],
+                                  micro=int(micro)))
         cursor = bounds[vocabulary.BACKWARD][1] if vocabulary.BACKWARD in bounds else mid_to
     gathers = _gathers(tables, frames, clock, gpu, unit_bytes, lane_work)
     if own is not None and frames:

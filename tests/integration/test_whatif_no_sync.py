@@ -7,7 +7,8 @@ blocks (the mixture-of-experts nesting). The trace file itself says how many red
 ran and in which micro-batch (the ``c10d`` ops that issued them, read with plain JSON), and how long
 the step took (its ProfilerStep span). The replay of the traced step must run those reductions, in
 that micro-batch, and so take about as long: a replay that reduced in every micro-batch ran these steps
-16-25 % long, and called the recording unreliable (the limit is 10 %).
+16-25 % long, and called the recording unreliable (the limit is 10 %); these replay them within
+0.1-0.3 %.
 """
 
 from __future__ import annotations
@@ -54,8 +55,9 @@ def test_micro_batches_without_sync_reduce_nothing_in_the_replay(framework: str,
         at = [i for i, op in enumerate(program.ops) if isinstance(op, ReduceOp)]
         assert len(program.reduces) == len(at) == len(reduced) and min(at) > last_micro
         traced_ms = raw_trace(path).step_ms(step.step)
-        # within what the replay must reproduce to be read at all (measured: 1-5 % here)
-        assert replay.step_ns / 1e6 == pytest.approx(traced_ms, rel=RELIABLE_REPLAY_PCT / 100), (step.rank, step.step)
+        # measured within 0.1-0.3 % on the committed recordings, and 1-5 % while the model read every
+        # unit as resharding (test_whatif_memory_cpu.py holds that): half the reliable replay's limit
+        assert replay.step_ns / 1e6 == pytest.approx(traced_ms, rel=RELIABLE_REPLAY_PCT / 200), (step.rank, step.step)
     # so the run's clock is the replay's: it runs the timers' clean steps within its limit
     clock = completed_summary(result).clock
     assert clock is not None and clock.basis == BASIS_REPLAYED, clock.note if clock else None

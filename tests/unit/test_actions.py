@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from helpers.rawfiles import raw_trace, timer_step_ms
 
@@ -70,6 +71,10 @@ def test_groups_that_lead_to_one_setting_are_one_action_with_all_their_losses() 
     assert (one.lost_ms_min, one.lost_ms_max) == (8.0, 16.0)
     assert "in 7 unit-passes: 10.00-16.00 ms each, 91.00 ms/step" in one.message
     assert "(not prefetched) in 5 unit-passes: 8.00-12.00 ms each, 50.00 ms/step" in one.message
+    # a group whose loss is unknown leaves the total unknown, not smaller
+    unknown = msgspec.structs.replace(groups[1], lost_ms_per_step=None, lost_ms_min=None, lost_ms_max=None)
+    (partial,) = one_per_setting([groups[0], unknown], ["prefetch 1", "prefetch 1"])
+    assert (partial.count, partial.lost_ms_per_step, partial.lost_ms_min) == (12, None, None)
     # the bound's loss already holds what the findings lose in its part of the step: it stays
     bound = Action(kind=KIND_BOUND, cause="communication", message="communication-bound", count=1,
                    lost_ms_per_step=200.0, knob=PREFETCH)
