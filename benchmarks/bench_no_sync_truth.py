@@ -127,15 +127,14 @@ def rank_main(codes: dict[str, str], rounds: int, steps: int) -> None:
 
 
 def bare(codes: dict[str, str], rounds: int, steps: int) -> dict[str, list[float]]:
-    """Each setting's per-round ratio to the recorded one, measured on 2 gloo ranks in one process each."""
-    env = {**os.environ, "FSDPVIZ_INPROC_RANK": "1", "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", __file__,
-               "--codes", json.dumps(codes), "--rounds", str(rounds), "--steps", str(steps)]
-    proc = subprocess.run(command, capture_output=True, text=True, env=env, check=False, timeout=1800)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        raise SystemExit(f"bare runs failed:\n{proc.stderr[-3000:]}")
-    return dict(json.loads(lines[0])["per_round"])
+    """Each setting's per-round ratio to the recorded one, measured on 2 gloo ranks in one process each
+    (started as inproc_cpu_truth.py starts its own)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from inproc_cpu_truth import launch
+
+    result = launch(__file__, ["--codes", json.dumps(codes), "--rounds", str(rounds), "--steps", str(steps)],
+                    what="bare runs")
+    return dict(result["per_round"])
 
 
 def main() -> None:
