@@ -79,6 +79,7 @@ from fsdpviz.structure.intervals import (
 )
 from fsdpviz.structure.spans import GPU_WORK_KINDS, gpu_work
 from fsdpviz.structure.staging import collective_work
+from fsdpviz.structure.windows import first_backward_ns
 from fsdpviz.trace import schema
 
 SYNC_CALLS: Final = ("Synchronize",)  # cudaDeviceSynchronize, cudaStreamSynchronize, cuEventSynchronize ...
@@ -912,9 +913,10 @@ def _label_gathers(tables: _StepTables, frames: list[tuple[int, str, str, str, i
     labels = tables.gather_labels
     if labels.empty:
         return []
-    windows = tables.windows
-    first_backward = {int(m): int(w["start_ns"].min()) for m, w in
-                      windows[(windows["phase"] == vocabulary.BACKWARD).to_numpy()].groupby("micro")}
+    # one rank's step: its passes by micro-batch
+    first = first_backward_ns(tables.windows)
+    first_backward = dict(zip(first.index.get_level_values("micro").astype(int).tolist(),
+                              first.astype("int64").tolist()))
     out = []
     rows = labels.sort_values("start_ns", kind="stable")
     for unit, micro, start, end in zip(as_str(rows["unit"]), rows["micro"].tolist(), rows["start_ns"].tolist(),

@@ -16,6 +16,7 @@ from fsdpviz.naming import unit_modules as module_names
 from fsdpviz.replay.recorded import StepProgram
 from fsdpviz.structure import label_rules as rules
 from fsdpviz.structure.categorical import as_str
+from fsdpviz.structure.windows import first_backward_ns
 
 
 def unit_order(result: RunResult) -> list[str]:
@@ -58,9 +59,8 @@ def gather_label_phases(labels: pd.DataFrame, windows: pd.DataFrame, out: dict[s
     rows = labels[rules.gather(labels)]
     if rows.empty or windows.empty:
         return
-    key = ["rank", "step", "micro"]
-    backward = windows[(windows["phase"] == vocabulary.BACKWARD).to_numpy()].groupby(key)["start_ns"].min()
-    first_backward = backward.reindex(pd.MultiIndex.from_frame(rows[key])).to_numpy(dtype=np.float64)
+    passes = pd.MultiIndex.from_frame(rows[["rank", "step", "micro"]])
+    first_backward = first_backward_ns(windows).reindex(passes).to_numpy(dtype=np.float64)
     late = np.nan_to_num(first_backward, nan=np.inf) <= rows["start_ns"].to_numpy(np.float64)
     for unit, is_backward in zip(as_str(rows["unit"]), late.tolist()):
         for u in unit.split(","):

@@ -150,6 +150,14 @@ def unit_windows(labels: pd.DataFrame) -> pd.DataFrame:
     return schema.conform(out, WINDOWS, table="windows")
 
 
+def first_backward_ns(windows: pd.DataFrame) -> pd.Series:
+    """The start of each pass's first backward window, (rank, step, micro) -> ns: what comes at or after
+    it in that pass is backward. Per pass, not per step: under gradient accumulation the next
+    micro-batch's forward comes after this one's backward."""
+    rows = windows[(windows["phase"] == vocabulary.BACKWARD).to_numpy()]
+    return rows.groupby(["rank", "step", "micro"])["start_ns"].min()
+
+
 def overhead_labels(labels: pd.DataFrame) -> pd.DataFrame:
     """Framework ranges that are never a unit's own compute."""
     framework = labels["family"].isin([lab.FAMILY_FSDP2, lab.FAMILY_FSDP1, lab.FAMILY_HOOKS]).to_numpy()
