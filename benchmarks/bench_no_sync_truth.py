@@ -39,7 +39,6 @@ FSDPVIZ = [sys.executable, "-m", "fsdpviz"]
 MICRO = 2
 SETTINGS = {"wrap root": ("--wrap", "root"), "wrap merge:2": ("--wrap", "merge:2"),
             "no reshard after forward": ("--reshard-after-forward", "false")}
-WARM_STEPS = 3
 
 
 def record(out: Path) -> Path:
@@ -76,6 +75,7 @@ def rank_main(codes: dict[str, str], rounds: int, steps: int) -> None:
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
+    from inproc_cpu_truth import WARM_STEPS, time_steps
 
     warnings.simplefilter("ignore")
     spec = importlib.util.spec_from_file_location("nested_moe_train", SCRIPT)
@@ -101,23 +101,18 @@ def rank_main(codes: dict[str, str], rounds: int, steps: int) -> None:
                 namespace: dict[str, Any] = {}
                 exec(compile(Path(codes[name]).read_text(), codes[name], "exec"), namespace)  # noqa: S102
                 model = namespace["shard_model"](model)
-            optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-            for step in range(WARM_STEPS + steps):
-                if step == WARM_STEPS:
-                    dist.barrier()
-                    start = time.perf_counter()
+
+            def step(i: int, model: Any = model) -> None:
                 for micro in range(MICRO):
                     model.set_requires_gradient_sync(micro == MICRO - 1)
-                    tokens = batches[step * MICRO + micro]
+                    tokens = batches[i * MICRO + micro]
                     logits = model(tokens[:, :-1])
                     loss = F.cross_entropy(logits.reshape(-1, train.VOCAB), tokens[:, 1:].reshape(-1))
                     (loss / MICRO).backward()
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-            dist.barrier()
-            timed[name] = (time.perf_counter() - start) * 1e3 / steps
-            del model, optimizer
-            gc.collect()
+
+            timed[name] = time_steps(torch.optim.AdamW(model.parameters(), lr=3e-3), steps, step)
+            del model, step
+            gc.collect()  # the next setting starts clean
         for name in names:
             per_round[name].append(timed[name] / timed["recorded"])
     if rank == 0:

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,24 @@ def launch(script: str, options: list[str], nproc: int = 2, what: str = "in-proc
     return json.loads(lines[0])
 
 
+def time_steps(optimizer: Any, steps: int, step: Callable[[int], None]) -> float:
+    """ms per step over ``steps`` steps after ``WARM_STEPS`` untimed ones: ``step(i)`` runs step i's
+    forwards and backwards, then the optimizer steps; the clock starts and stops at a barrier of every
+    rank."""
+    import torch.distributed as dist
+
+    start = time.perf_counter()
+    for i in range(WARM_STEPS + steps):
+        if i == WARM_STEPS:
+            dist.barrier()
+            start = time.perf_counter()
+        step(i)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    dist.barrier()
+    return (time.perf_counter() - start) * 1e3 / steps
+
+
 def rank_main(dim: int, layers: int, rounds: int, steps: int) -> None:
     """One rank: every setting in every round, alternating the order; rank 0 prints the ratios."""
     import torch
@@ -78,19 +97,14 @@ def rank_main(dim: int, layers: int, rounds: int, steps: int) -> None:
         for name in order:
             args.wrap, args.reshard_after_forward = SETTINGS[name]
             model = train.shard_fsdp2(train.build_model(args), args, ddp)
-            optimizer = torch.optim.AdamW(model.parameters(), lr=train.LEARNING_RATE)
-            for i, batch in enumerate(batches):
-                if i == WARM_STEPS:
-                    dist.barrier()
-                    start = time.perf_counter()
-                logits = model(batch[:, :-1])
-                F.cross_entropy(logits.reshape(-1, train.VOCAB_SIZE), batch[:, 1:].reshape(-1)).backward()
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-            dist.barrier()
-            timed[name] = (time.perf_counter() - start) * 1e3 / steps
-            del model, optimizer
-            gc.collect()
+
+            def step(i: int, model: Any = model) -> None:
+                logits = model(batches[i][:, :-1])
+                F.cross_entropy(logits.reshape(-1, train.VOCAB_SIZE), batches[i][:, 1:].reshape(-1)).backward()
+
+            timed[name] = time_steps(torch.optim.AdamW(model.parameters(), lr=train.LEARNING_RATE), steps, step)
+            del model, step
+            gc.collect()  # the next setting starts clean
         for name in names:
             per_round[name].append(timed[name] / timed["block"])
             step_ms[name].append(timed[name])
