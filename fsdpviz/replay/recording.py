@@ -913,10 +913,9 @@ def _label_gathers(tables: _StepTables, frames: list[tuple[int, str, str, str, i
     labels = tables.gather_labels
     if labels.empty:
         return []
-    # one rank's step: its passes by micro-batch
-    first = first_backward_ns(tables.windows)
-    first_backward = dict(zip(first.index.get_level_values("micro").astype(int).tolist(),
-                              first.astype("int64").tolist()))
+    # one rank's step (the windows are read per rank and step): its passes by micro-batch
+    first = first_backward_ns(tables.windows).groupby(level="micro").min()
+    first_backward = dict(zip(first.index.astype(int).tolist(), first.astype("int64").tolist()))
     out = []
     rows = labels.sort_values("start_ns", kind="stable")
     for unit, micro, start, end in zip(as_str(rows["unit"]), rows["micro"].tolist(), rows["start_ns"].tolist(),
