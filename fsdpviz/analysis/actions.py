@@ -287,16 +287,19 @@ def one_per_setting(actions: Sequence[Action], setting_of: Sequence[str | None])
             kept, message=f"{kept.message.rstrip('.')}; {action.message}", count=kept.count + action.count,
             units=list(dict.fromkeys([*kept.units, *action.units])))
         if kept.kind != KIND_BOUND:  # a group's unknown loss leaves the total unknown, not smaller
-            pair = (kept, action)
-            known = all(a.lost_ms_per_step is not None for a in pair)
-            merged = msgspec.structs.replace(
-                merged, lost_ms_per_step=round(sum(a.lost_ms_per_step or 0.0 for a in pair), 3) if known else None,
-                lost_ms_min=min(a.lost_ms_min for a in pair if a.lost_ms_min is not None)
-                if known and all(a.lost_ms_min is not None for a in pair) else None,
-                lost_ms_max=max(a.lost_ms_max for a in pair if a.lost_ms_max is not None)
-                if known and all(a.lost_ms_max is not None for a in pair) else None)
+            total = _known(kept.lost_ms_per_step, action.lost_ms_per_step)
+            lows = _known(kept.lost_ms_min, action.lost_ms_min) if total else None
+            highs = _known(kept.lost_ms_max, action.lost_ms_max) if total else None
+            merged = msgspec.structs.replace(merged, lost_ms_per_step=round(sum(total), 3) if total else None,
+                                             lost_ms_min=min(lows) if lows else None,
+                                             lost_ms_max=max(highs) if highs else None)
         out[first[key]] = merged
     return out
+
+
+def _known(*values: float | None) -> list[float] | None:
+    """``values`` where every one is known; None where one is not."""
+    return None if any(v is None for v in values) else [v for v in values if v is not None]
 
 
 def action_text(action: Action) -> str:

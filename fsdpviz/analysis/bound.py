@@ -388,8 +388,8 @@ class BoundSummary(StepSplit, kw_only=True):
     (``note`` says why)."""
     carried_ms: float | None = None
     """GPU (None on CPU ranks, whose thread runs nothing queued, as ``fsdp_kernels_ms``, and on a run of CPU
-    and GPU ranks): of ``other_idle_ms``, the time a step ran only model work launched before it, beyond what its
-    own ran after it (:func:`carried_work`; median over ranks, per step). The steps waited on it, so other
+    and GPU ranks): of ``other_idle_ms``, the time a step ran only model work launched before it, beyond
+    what its own ran after it (:func:`carried_work`; median over ranks, per step). The steps waited on it, so other
     idle holds it; on ``unprofiled`` the de-profiler takes the profiler's share out of it first, since
     the clean steps do not carry it, and this is what is left (on the run's clock, as the other parts)."""
 
@@ -485,8 +485,8 @@ def summarize_bound(overlap: pd.DataFrame, profiler: ProfilerCost | None,
         median_traced = median_traced._replace(host_wait=None)
     if device == schema.OVERLAP_CPU:
         notes.append("host_wait_ms, fsdp_kernels_ms and carried_ms are null: on a CPU rank the training thread "
-                     "is the device, so nothing waits for it and nothing of FSDP's or of earlier steps runs beside it; other_idle_ms "
-                     "is the thread's time outside traced ops and collectives")
+                     "is the device, so nothing waits for it and nothing of FSDP's or of earlier steps runs beside "
+                     "it; other_idle_ms is the thread's time outside traced ops and collectives")
     elif median_traced.host_wait is None:
         notes.append("host_wait_ms is null: the traces hold no kernel launches (CUDA activity alone), so an "
                      "idle gap cannot be told to be the host's; other_idle_ms holds all idle time")

@@ -44,8 +44,9 @@ def not_seen_freed_text(memory: MemorySummary) -> str:
 def step_time_figures(summary: Summary) -> list[tuple[str, float]]:
     """The run's step times the summary holds, each once, with a label that says which it is: the
     unprofiled steps as the timers clock them (median), the recorder's own work in a clean step (where
-    its agent measured it) and the analysed steps as traced (each rank's mean, median over ranks), which is also the profiled step
-    every view compares with the unprofiled one (``profiler.profiled_step_ms``). The headline's step
+    its agent measured it) and the analysed steps as traced (each rank's mean, median over ranks), which
+    is also the profiled step every view compares with the unprofiled one (``profiler.profiled_step_ms``).
+    The headline's step
     time is one of them (``step_time_source``)."""
     out: list[tuple[str, float]] = []
     cost = summary.profiler
@@ -56,7 +57,8 @@ def step_time_figures(summary: Summary) -> list[tuple[str, float]]:
         if cost.recorder_ms is not None:
             out.append(("recorder's own work per clean step (its agent, median)", cost.recorder_ms))
     if summary.traced_step_time_ms is not None:
-        out.append(("step time, analysed steps as traced (each rank's mean, median over ranks)", summary.traced_step_time_ms))
+        out.append(("step time, analysed steps as traced (each rank's mean, median over ranks)",
+                    summary.traced_step_time_ms))
     return out
 
 
@@ -83,14 +85,17 @@ def bound_words(bound: BoundSummary) -> BoundWords:
     parts = [("compute", bound.compute_ms), ("FSDP per-unit work", bound.fsdp_overhead_ms),
              ("exposed communication", bound.exposed_comm_ms), ("host wait", bound.host_wait_ms),
              ("other idle", bound.other_idle_ms)]
-    share = (lambda ms: f" ({100 * ms / bound.step_ms:.0f} %)" if ms is not None and bound.step_ms else "")
+    # other idle that is not the steps' own: they waited on work queued before them
+    carried = (f"{format_ms(bound.carried_ms)} of it the GPU ran work queued before the analysed steps"
+               if bound.carried_ms is not None and bound.carried_ms >= 0.001 else "")
+
+    def said(name: str, ms: float | None) -> str:
+        share = f"{100 * ms / bound.step_ms:.0f} %" if ms is not None and bound.step_ms else ""
+        inner = "; ".join(x for x in (share, carried if name == "other idle" else "") if x)
+        return f"{name} {format_ms(ms)}" + (f" ({inner})" if inner else "")
+
     basis = "unprofiled" if bound.basis == "unprofiled" else "traced"
-    said = [f"{name} {format_ms(ms)}{share(ms)}" for name, ms in parts]
-    if bound.carried_ms is not None and bound.carried_ms >= 0.001:  # other idle that is not the steps' own: they waited on work queued before
-        held = f"{format_ms(bound.carried_ms)} of it the GPU ran work queued before the analysed steps"
-        idle = share(bound.other_idle_ms)
-        said[-1] = f"other idle {format_ms(bound.other_idle_ms)}" + (f"{idle[:-1]}; {held})" if idle else f" ({held})")
-    text = (", ".join(said)
+    text = (", ".join(said(name, ms) for name, ms in parts)
             + f" of the {format_ms(bound.step_ms)} {basis} {bound.device.upper()} step")
     if bound.memory_bound and bound.peak_allocated_bytes and bound.device_memory_bytes:
         gib = 1 << 30

@@ -24,8 +24,8 @@ if TYPE_CHECKING:
     from fsdpviz.report.data import ReportData
 
 HOWTO_HEADLINE = (
-    "Figures are per step and, for the run, the median over ranks (each says how it is taken). Overlap is the share of communication time that ran "
-    "while the same rank was computing; exposed communication is the rest, time in which the rank "
+    "Figures are per step and, for the run, the median over ranks (each says how it is taken). Overlap is "
+    "the share of communication time that ran while the same rank was computing; exposed communication is the rest, time in which the rank "
     "waited for data. Lower exposed time is better."
 )
 NOTE_NO_UNITS = (
