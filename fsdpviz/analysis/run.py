@@ -33,7 +33,7 @@ from fsdpviz.analysis.bound import gap_starters, host_wait_gaps, unit_host_wait,
 from fsdpviz.analysis.findings import build_findings
 from fsdpviz.analysis.memory import MemoryModel
 from fsdpviz.analysis.overlap import cpu_sets, gpu_sets
-from fsdpviz.analysis.unit_overlap import unit_steps
+from fsdpviz.analysis.unit_overlap import STAGED_COLUMNS, unit_steps
 from fsdpviz.analysis.units import derive_units, moved_pass_ns, unit_stats
 from fsdpviz.formatting import NS_PER_MS
 from fsdpviz.structure import crossrank
@@ -150,8 +150,10 @@ def _engine_intervals(labels: pd.DataFrame, actions: Sequence[str], windows: pd.
 
 def _step_times(rank: int, steps: pd.DataFrame, pieces: pd.DataFrame, labels: pd.DataFrame,
                 events: pd.DataFrame, collectives: pd.DataFrame, compute: Intervals,
-                windows: pd.DataFrame) -> pd.DataFrame:
-    """STEP_TIMES of one rank: where the training threads' time went, step by step."""
+                windows: pd.DataFrame, staged: tuple[np.ndarray, Intervals] | None = None) -> pd.DataFrame:
+    """STEP_TIMES of one rank: where the training threads' time went, step by step. ``staged``: the
+    copies the rank's host-backend collectives staged (:func:`staged_copies` of ``collectives`` one row
+    per collective): each is communication of its collective's step, as the whole-step overlap counts it."""
     overhead = overhead_labels(labels)
     engine = _engine_intervals(labels, (ENGINE_FORWARD, ENGINE_BACKWARD), windows)
     over = union_intervals(np.concatenate([overhead["start_ns"].to_numpy(np.int64), engine[0]]),
@@ -172,9 +174,16 @@ def _step_times(rank: int, steps: pd.DataFrame, pieces: pd.DataFrame, labels: pd
     opt_iv = subtract_intervals(union_intervals(starts, ends), over)
     piece_ns = (pieces["end_ns"] - pieces["start_ns"]).groupby(pieces["step"]).sum()
     comm_ns, exposed = [], []
+    copy_row, (copy_start, copy_end) = staged if staged is not None else (
+        np.zeros(0, dtype=np.int64), (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)))
+    known = copy_row >= 0
+    copy_step = collectives["step"].to_numpy()[copy_row[known]] if known.any() else np.zeros(0, dtype=np.int64)
+    copy_start, copy_end = copy_start[known], copy_end[known]
     for step in steps["step"]:
         c = collectives[collectives["step"] == step]
-        comm = union_intervals(c["start_ns"].to_numpy(), c["end_ns"].to_numpy())
+        mine = copy_step == step
+        comm = union_intervals(np.concatenate([c["start_ns"].to_numpy(np.int64), copy_start[mine]]),
+                               np.concatenate([c["end_ns"].to_numpy(np.int64), copy_end[mine]]))
         comm_ns.append(total_ns(comm))
         exposed.append(total_ns(comm) - overlap_ns(comm, compute))
     out = pd.DataFrame({
@@ -251,6 +260,23 @@ def _concat(frames: list[pd.DataFrame], table: schema.Schema) -> pd.DataFrame:
     return schema.conform(pd.concat(frames, ignore_index=True), table) if frames else schema.make_empty(table)
 
 
+def _staged_frame(colls: dict[int, pd.DataFrame], staged: dict[int, tuple[np.ndarray, Intervals]]) -> pd.DataFrame:
+    """The copies each rank's host-backend collectives staged (rank -> its collectives, one row each,
+    and :func:`staged_copies` of them), as :data:`fsdpviz.analysis.unit_overlap.STAGED_COLUMNS`: each
+    copy beside its collective's op, so that the unit that ran the collective counts it."""
+    frames = []
+    for rank, (row, (start, end)) in staged.items():
+        known = row >= 0
+        if not known.any():
+            continue
+        coll = colls[rank].iloc[row[known]]
+        frames.append(pd.DataFrame({"rank": rank, "lane": coll["lane"].astype(str).to_numpy(),
+                                    "coll_start_ns": coll["start_ns"].to_numpy(np.int64),
+                                    "coll_end_ns": coll["end_ns"].to_numpy(np.int64),
+                                    "start_ns": start[known], "end_ns": end[known]}))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(STAGED_COLUMNS))
+
+
 def _fill_gpu_waits(us: pd.DataFrame, rank: int, events: pd.DataFrame, windows: pd.DataFrame,
                     steps: pd.DataFrame, unit_spans: pd.DataFrame) -> None:
     """On a GPU ``rank`` (else left -1): ``us``'s ``host_gap_ns`` and ``idle_gap_ns``, the idle inside
@@ -288,8 +314,12 @@ def analyse_ranks(traces: TraceSet, ranks: Sequence[int], selection: StepSelecti
     compute = {r: _compute_set(events.iloc[event_rows[r]], lanes) for r in chosen_ranks if r in event_rows}
     sizes = traces.units[traces.units["param_bytes"] > 0] if len(traces.units) else traces.units
     ancestors = unit_ancestors(ut.windows)
+    in_steps_coll = _rank_parts(_in_steps(ut.collectives, wanted))
+    rank_colls = {r: one_row_per_collective(in_steps_coll(r)).reset_index(drop=True) for r in chosen_ranks}
+    staged = {r: staged_copies(events.iloc[event_rows.get(r, [])], rank_colls[r], wanted[r]) for r in chosen_ranks}
     us = unit_steps(ut.spans, ut.windows, compute, ancestors,
-                    dict(zip(sizes["unit"].astype(str), sizes["param_bytes"].astype(int))))
+                    dict(zip(sizes["unit"].astype(str), sizes["param_bytes"].astype(int))),
+                    staged=_staged_frame(rank_colls, staged))
     mem_samples = traces.memory[traces.memory["rank"].isin(chosen_ranks).to_numpy()] if len(traces.ranks) > 1 \
         else traces.memory
     devices = memory.main_devices(mem_samples)
@@ -302,7 +332,7 @@ def analyse_ranks(traces: TraceSet, ranks: Sequence[int], selection: StepSelecti
     # Each table split by rank once (not one full scan per rank: 64 ranks x 6 tables add up).
     by_rank = {name: _rank_parts(frame) for name, frame in (
         ("steps", traces.steps), ("windows", ut.windows), ("pieces", _in_steps(ut.pieces, wanted)),
-        ("labels", labels), ("collectives", _in_steps(ut.collectives, wanted)), ("unit_spans", ut.spans),
+        ("labels", labels), ("unit_spans", ut.spans),
         ("all_collectives", ut.collectives))}
     lost_parts: list[pd.DataFrame] = []
     for rank in chosen_ranks:
@@ -360,13 +390,14 @@ def analyse_ranks(traces: TraceSet, ranks: Sequence[int], selection: StepSelecti
             # positions: device_samples numbers its rows from 0
             kept = memory.thin_curve(drawn, mcat.MAX_CATEGORY_POINTS).index.to_numpy(np.int64)
             cat_curves.append(mcat.levels_frame(rank, samples["t_ns"].to_numpy(np.int64)[kept], cats.levels[kept]))
-        rank_coll = one_row_per_collective(by_rank["collectives"](rank)).reset_index(drop=True)
+        rank_coll = rank_colls[rank]
         purpose_rows.append(purpose_times(rank, rank_coll, collective_purposes(
             rank_coll, tp_groups=parallel.tp_groups, tp=parallel.parallelism.tp), compute.get(rank, empty_intervals()),
-            staged_copies(rank_events, rank_coll, wanted_steps)))
+            staged[rank]))
         _fill_gpu_waits(us, rank, rank_events, rank_windows, chosen, by_rank["unit_spans"](rank))
         times.append(_step_times(rank, chosen, by_rank["pieces"](rank), by_rank["labels"](rank), rank_events,
-                                 by_rank["collectives"](rank), compute.get(rank, empty_intervals()), rank_windows))
+                                 rank_colls[rank], compute.get(rank, empty_intervals()), rank_windows,
+                                 staged[rank]))
     shared = labels[rules.fsdpviz_collective(labels) & labels["unit"].str.contains(",", regex=False).to_numpy()]
     widest = max((len(u.split(",")) for u in shared["unit"]), default=0)
     return RankPart(ranks=chosen_ranks, has_unit_labels=has_unit_labels(labels),

@@ -18,6 +18,10 @@ of the pass that waited most (the smallest).
   its blocks) counts as one, and only when no other unit was computing.
 - ``rs_*`` / ``ar_*``: the unit's gradient reduce-scatter (and HSDP all-reduce), exposed the same way.
 
+A host backend's collective on CUDA tensors (gloo) is its op on the backend's thread and the copies
+it staged through host memory (:mod:`fsdpviz.structure.staging`): its time is the union of both, as
+the whole-step overlap and the purposes count it, so the units' communication adds up to theirs.
+
 A collective that carries several units (ZeRO-3 buckets) appears for each of them, but only the
 unit that waited for it (see :func:`waited_on`) counts its exposed time, and each counts only its
 share of the duration (:func:`collective_shares`): summed over units, every collective counts once.
@@ -32,7 +36,14 @@ import numpy as np
 import pandas as pd
 
 from fsdpviz import vocabulary
-from fsdpviz.structure.intervals import Intervals, empty_intervals, exposed_ns
+from fsdpviz.structure.intervals import (
+    Intervals,
+    empty_intervals,
+    exposed_ns,
+    overlap_ns,
+    total_ns,
+    union_intervals,
+)
 from fsdpviz.trace import schema
 
 _UNIT_PHASES: Final = (vocabulary.FORWARD, vocabulary.BACKWARD)
@@ -50,6 +61,36 @@ def exposed_by_rank(rows: pd.DataFrame, compute: dict[int, Intervals]) -> np.nda
         m = ranks == rank
         out[m] = exposed_ns(start[m], end[m], compute.get(int(rank), empty_intervals()))
     return out
+
+
+# STAGED: the copies a host backend's collectives staged, one row each: the collective's op
+# (``rank``, ``lane``, ``coll_start_ns``, ``coll_end_ns``, as its spans row holds it) and the copy's
+# ``start_ns`` / ``end_ns`` (:func:`fsdpviz.structure.staging.staged_copies`).
+STAGED_COLUMNS: Final = ("rank", "lane", "coll_start_ns", "coll_end_ns", "start_ns", "end_ns")
+
+
+def collective_times(rows: pd.DataFrame, compute: dict[int, Intervals],
+                     staged: pd.DataFrame | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Per collective row (``rank``, ``lane``, ``start_ns``, ``end_ns``): its time and the part of it
+    with no compute on the rank; with ``staged`` (:data:`STAGED_COLUMNS`), a host backend's collective
+    counts the copies it staged too (one union with its op: a copy that ran beside it counts once)."""
+    length = (rows["end_ns"].to_numpy(np.int64) - rows["start_ns"].to_numpy(np.int64)).copy()
+    exposed = exposed_by_rank(rows, compute)
+    if staged is None or staged.empty or rows.empty:
+        return length, exposed
+    copies = staged.groupby(["rank", "lane", "coll_start_ns", "coll_end_ns"], sort=False).indices
+    copy_start = staged["start_ns"].to_numpy(np.int64)
+    copy_end = staged["end_ns"].to_numpy(np.int64)
+    keys = zip(rows["rank"].astype(int), rows["lane"].astype(str), rows["start_ns"].astype(np.int64),
+               rows["end_ns"].astype(np.int64))
+    for i, (rank, lane, start, end) in enumerate(keys):
+        mine = copies.get((rank, lane, start, end))
+        if mine is None:
+            continue
+        iv = union_intervals(np.append(copy_start[mine], start), np.append(copy_end[mine], end))
+        length[i] = total_ns(iv)
+        exposed[i] = length[i] - overlap_ns(iv, compute.get(rank, empty_intervals()))
+    return length, exposed
 
 
 def waited_on(rows: pd.DataFrame, comp: pd.DataFrame, gather: bool) -> np.ndarray:
@@ -153,9 +194,10 @@ def issue_depths(ag: pd.DataFrame, pieces: pd.DataFrame, ancestors: dict[str, se
 
 def unit_steps(spans: pd.DataFrame, windows: pd.DataFrame, compute: dict[int, Intervals],
                ancestors: dict[str, set[str]] | None = None,
-               unit_bytes: Mapping[str, int] | None = None) -> pd.DataFrame:
+               unit_bytes: Mapping[str, int] | None = None, staged: pd.DataFrame | None = None) -> pd.DataFrame:
     """UNIT_STEPS from spans and unit windows; ``compute``: each rank's compute union;
-    ``unit_bytes``: the units' parameter bytes, for their shares of shared collectives."""
+    ``unit_bytes``: the units' parameter bytes, for their shares of shared collectives; ``staged``: the
+    copies host backends' collectives staged (:data:`STAGED_COLUMNS`, counted with their collective)."""
     s = spans[(spans["unit"] != "").to_numpy() & spans["phase"].isin(list(_UNIT_PHASES)).to_numpy()]
     key = ["rank", "step", "micro", "unit", "phase"]
     if s.empty:
@@ -163,8 +205,12 @@ def unit_steps(spans: pd.DataFrame, windows: pd.DataFrame, compute: dict[int, In
     start = s["start_ns"].to_numpy(np.int64)
     end = s["end_ns"].to_numpy(np.int64)
     kind = s["kind"].to_numpy(dtype=object)
+    is_collective = np.isin(kind, list(vocabulary.UNIT_COLLECTIVES))
+    length = end - start
+    exposed = np.zeros(len(s), dtype=np.int64)
+    length[is_collective], exposed[is_collective] = collective_times(s[is_collective], compute, staged)
     # a collective carrying several units counts its duration once over them (shares by size)
-    dur = np.rint((end - start) * collective_shares(s, unit_bytes)).astype(np.int64)
+    dur = np.rint(length * collective_shares(s, unit_bytes)).astype(np.int64)
     base = s[key].drop_duplicates().set_index(key)
 
     def part(k: str) -> pd.DataFrame:
@@ -174,7 +220,7 @@ def unit_steps(spans: pd.DataFrame, windows: pd.DataFrame, compute: dict[int, In
     out = base.join(_agg(comp, key, compute_start_ns=("start_ns", "min"), compute_end_ns=("end_ns", "max")))
     out = out.join(_sum_by(comp, key, dur[kind == vocabulary.COMPUTE], "compute_ns"))
     ag = part(vocabulary.ALL_GATHER)
-    ag_exp = exposed_by_rank(ag, compute) * waited_on(ag, comp, gather=True)
+    ag_exp = exposed[kind == vocabulary.ALL_GATHER] * waited_on(ag, comp, gather=True)
     out = out.join(_agg(ag, key, ag_issue_ns=("issue_ns", "min"), ag_start_ns=("start_ns", "min"),
                         ag_end_ns=("end_ns", "max"), ag_bytes=("bytes", "sum")))
     out = out.join(_sum_by(ag, key, dur[kind == vocabulary.ALL_GATHER], "ag_ns"))
@@ -182,8 +228,8 @@ def unit_steps(spans: pd.DataFrame, windows: pd.DataFrame, compute: dict[int, In
     for k, col in ((vocabulary.REDUCE_SCATTER, "rs"), (vocabulary.ALL_REDUCE, "ar")):
         rows = part(k)
         out = out.join(_sum_by(rows, key, dur[kind == k], f"{col}_ns"))
-        exposed = exposed_by_rank(rows, compute) * waited_on(rows, comp, gather=False)
-        out = out.join(_sum_by(rows, key, exposed, f"{col}_exposed_ns"))
+        out = out.join(_sum_by(rows, key, exposed[kind == k] * waited_on(rows, comp, gather=False),
+                               f"{col}_exposed_ns"))
     for k, col in ((vocabulary.COPY_IN, "copy_in_ns"), (vocabulary.COPY_OUT, "copy_out_ns"),
                    (vocabulary.RESHARD, "reshard_ns")):
         out = out.join(_sum_by(part(k), key, dur[kind == k], col))
