@@ -167,3 +167,26 @@ def test_micro_batches_read_each_units_resharding_as_fsdp2_holds_it(recordings: 
     same = predict(model, Settings().with_(reshard_after_forward=not extra))
     assert same.predicted.step_time_ms == pytest.approx(same.baseline.step_time_ms, rel=1e-3)
     assert same.predicted.peak_allocated_bytes == same.baseline.peak_allocated_bytes
+
+
+@pytest.mark.parametrize("framework", ["fsdp2", "fsdp1"])
+def test_one_root_unit_from_accumulated_blocks_peaks_as_a_recording_of_it(recordings: Recordings,
+                                                                          framework: str) -> None:
+    """One root unit, predicted from the per-block recording with two micro-batches per step (FSDP1 with
+    activation checkpointing), against a recording of the root unit in the same trainer: the peaks agree
+    (on the committed recordings to the byte for FSDP2, within 8 B for FSDP1). While the model read a
+    gather after the first micro-batch's backward as a backward one, every unit looked resharding, root
+    included, and the root gathered again in backward: +7.3 % (FSDP2) and +12.4 % (FSDP1)."""
+    extra = ("--checkpoint",) if framework == "fsdp1" else ()
+    models: dict[str, Model] = {}
+    for name, flags in (("block", extra), ("root", (*extra, "--wrap", "root"))):
+        rec = recordings.get(grad_accum_config(framework, *flags))
+        assert rec.proc.returncode == 0, rec.proc.stderr[-2000:]
+        models[name] = read_model(analyse([rec.run_dir], cache=False, progress=False))
+    assert list(models["root"].recording.units) == ["(root)"]
+    truth = recorded(models["root"]).peak_bytes
+    got = predict(models["block"], Settings().with_(wrap=Wrap("root"))).predicted.peak_allocated_bytes
+    assert got is not None
+    # fresh recordings move the CPU level by up to a few % (gloo's buffers, autograd's short-lived
+    # blocks: test_a_merged_unit_copies_out_after_its_one_transfer); the old model's misses lie outside
+    assert abs(got - truth) <= 0.05 * truth
