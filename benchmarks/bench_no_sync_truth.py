@@ -10,7 +10,11 @@ as recorded or by that code, in an order that alternates from round to round, an
 steps bare (no profiler, no recorder); each round's ratios are to that round's recorded setting, and the
 median over rounds is the bare ratio (separate processes on a shared 2-core machine drift by 20-30 %).
 
-    python benchmarks/bench_no_sync_truth.py [--rounds 5] [--steps 6] [--out DIR]
+    python benchmarks/bench_no_sync_truth.py [--rounds 5] [--steps 6] [--out DIR] [--keep-unsharded]
+
+``--keep-unsharded``: the units also keep their parameters from the first micro-batch's backward into the
+second's forward (``set_reshard_after_backward(False)`` beside the sync setting, the script's
+``--keep-unsharded-between-micro-batches``), recorded and run bare so.
 
 Prints per setting the predicted ratio beside the bare one, and the bare ratios' range over rounds.
 Results are recorded in docs/whatif.md ("Gradient accumulation without sync").
@@ -41,14 +45,16 @@ SETTINGS = {"wrap root": ("--wrap", "root"), "wrap merge:2": ("--wrap", "merge:2
             "no reshard after forward": ("--reshard-after-forward", "false")}
 
 
-def record(out: Path) -> Path:
-    """The recording (kept in ``out`` and read again when there)."""
+def record(out: Path, keep: bool) -> Path:
+    """The recording (kept in ``out`` and read again when there); ``keep``: parameters kept unsharded
+    between micro-batches."""
     run = out / "run"
     if (run / "run.json").exists():
         return run
     command = [*FSDPVIZ, "record", "--out", str(run), "--no-report", "--no-summary", "--warmup", "2", "--steps", "2",
                "--", sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-               str(SCRIPT), "--micro-batches", str(MICRO), "--steps", "12"]
+               str(SCRIPT), "--micro-batches", str(MICRO), "--steps", "12",
+               *(["--keep-unsharded-between-micro-batches"] if keep else [])]
     proc = subprocess.run(command, capture_output=True, text=True, check=False, timeout=1200)
     if proc.returncode != 0:
         raise SystemExit(f"recording failed:\n{proc.stderr[-3000:]}")
@@ -70,7 +76,7 @@ def predictions(run: Path, out: Path) -> dict[str, dict[str, Any]]:
     return found
 
 
-def rank_main(codes: dict[str, str], rounds: int, steps: int) -> None:
+def rank_main(codes: dict[str, str], rounds: int, steps: int, keep: bool) -> None:
     """One rank: every setting in every round, alternating the order; rank 0 prints the ratios."""
     import torch
     import torch.distributed as dist
@@ -105,6 +111,8 @@ def rank_main(codes: dict[str, str], rounds: int, steps: int) -> None:
             def step(i: int, model: Any = model) -> None:
                 for micro in range(MICRO):
                     model.set_requires_gradient_sync(micro == MICRO - 1)
+                    if keep:
+                        model.set_reshard_after_backward(micro == MICRO - 1)
                     tokens = batches[i * MICRO + micro]
                     logits = model(tokens[:, :-1])
                     loss = F.cross_entropy(logits.reshape(-1, train.VOCAB), tokens[:, 1:].reshape(-1))
@@ -121,14 +129,14 @@ def rank_main(codes: dict[str, str], rounds: int, steps: int) -> None:
     time.sleep(0.1)  # gloo's threads release the last collective
 
 
-def bare(codes: dict[str, str], rounds: int, steps: int) -> dict[str, list[float]]:
+def bare(codes: dict[str, str], rounds: int, steps: int, keep: bool) -> dict[str, list[float]]:
     """Each setting's per-round ratio to the recorded one, measured on 2 gloo ranks in one process each
     (started as inproc_cpu_truth.py starts its own)."""
     sys.path.insert(0, str(Path(__file__).parent))
     from inproc_cpu_truth import launch
 
-    result = launch(__file__, ["--codes", json.dumps(codes), "--rounds", str(rounds), "--steps", str(steps)],
-                    what="bare runs")
+    result = launch(__file__, ["--codes", json.dumps(codes), "--rounds", str(rounds), "--steps", str(steps),
+                               *(["--keep-unsharded"] if keep else [])], what="bare runs")
     return dict(result["per_round"])
 
 
@@ -137,18 +145,20 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--out", type=Path, default=None, help="keep the recording here (default: a temp folder)")
+    parser.add_argument("--keep-unsharded", action="store_true",
+                        help="parameters kept unsharded from one micro-batch's backward into the next forward")
     parser.add_argument("--codes", default=None, help=argparse.SUPPRESS)  # a rank of the bare runs
     args = parser.parse_args()
     if min(args.rounds, args.steps) < 1:
         parser.error("--rounds and --steps must be at least 1")
     if os.environ.get("FSDPVIZ_INPROC_RANK"):
-        rank_main(json.loads(args.codes), args.rounds, args.steps)
+        rank_main(json.loads(args.codes), args.rounds, args.steps, args.keep_unsharded)
         return
     out = args.out or Path(tempfile.mkdtemp(prefix="fsdpviz-no-sync-"))
     out.mkdir(parents=True, exist_ok=True)
-    run = record(out)
+    run = record(out, args.keep_unsharded)
     predicted = predictions(run, out)
-    per_round = bare({name: p["code"] for name, p in predicted.items()}, args.rounds, args.steps)
+    per_round = bare({name: p["code"] for name, p in predicted.items()}, args.rounds, args.steps, args.keep_unsharded)
     print(f"recording: {run}")
     print("| setting | predicted ratio | reliable | bare ratio (median over rounds) | bare, range over rounds | "
           "predicted - bare |")

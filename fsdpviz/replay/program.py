@@ -372,10 +372,14 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
     # micro-batch reduces nothing, and a step may reduce nothing at all. In one that synced, every unit
     # the recording reduces does (one whose reduction the attribution missed there too).
     synced = {r.micro for r in step.reduces}
+    kept_after = kept_across_micro_batches(step)
+    carried: set[str] = set()  # new units kept unsharded from the micro-batch before
     for mb in step.micro:
         micro = mb.micro
         ops.append(SegmentOp("pre", mb.pre))
-        unsharded: set[str] = set()
+        unsharded: set[str] = set(carried)
+        # units the recording kept unsharded after this micro-batch's backward (each of their members)
+        keep = {n for n, ms in members.items() if all(u in kept_after.get(micro, ()) for u in ms)}
         issued: dict[str, int] = {}  # unit -> gather id of its in-flight gather
         for phase, passes in ((FORWARD, mb.forward), (BACKWARD, mb.backward)):
             leaders = _leaders(passes, group)
@@ -428,7 +432,8 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
                     post = max(0.0, post - p.reduce_host_ns) + host
                     after = min(after, post)
                 ops.append(BusyOp(post - after, "post"))
-                if last and (phase == BACKWARD or reshard.get(unit, True)):
+                if last and (phase == BACKWARD or reshard.get(unit, True)) and not (phase == BACKWARD
+                                                                                 and unit in keep):
                     unsharded.discard(unit)
                 if last and phase == BACKWARD:
                     if micro in synced and reduced_units.intersection(members.get(unit, [unit])):
@@ -438,12 +443,31 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
             if phase == FORWARD:
                 ops.append(SegmentOp("mid", mb.mid))
         ops.append(SegmentOp("finalize", Segment(), finalize=True))
+        carried = unsharded & keep
     ops.append(SegmentOp("post", step.post))
     notes = []
     if compute_scale != 1.0:
         notes.append(f"compute {compute_scale:.2f}x slower: more ranks than cores on a host")
     return Program(ops=ops, gathers=gathers, reduces=reduces, units=new_units, unit_bytes=unit_bytes, notes=notes,
                    serial_collectives=rec.serial_collectives)
+
+
+def kept_across_micro_batches(step: StepProgram) -> dict[int, set[str]]:
+    """micro-batch -> the recorded units whose parameters stayed unsharded after its backward into the
+    next micro-batch of the step: the units the next one's forward runs without gathering them, though
+    the step gathers them in forward elsewhere (FSDP2's ``set_reshard_after_backward(False)`` under
+    gradient accumulation: the next forward needs no all-gather). Empty without gradient accumulation,
+    and after the step's last micro-batch (the next step gathers again)."""
+    gathered_forward: dict[int, set[str]] = {}
+    for g in step.gathers:
+        if g.phase == FORWARD:
+            gathered_forward.setdefault(g.micro, set()).add(g.unit)
+    ever = set().union(*gathered_forward.values()) if gathered_forward else set()
+    out: dict[int, set[str]] = {}
+    for mb, following in zip(step.micro, step.micro[1:]):
+        ran = {p.unit for p in following.forward}
+        out[mb.micro] = (ever & ran) - gathered_forward.get(following.micro, set())
+    return out
 
 
 def meeting_ns(rec: Recording, comm: CommModel) -> float:

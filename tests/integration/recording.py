@@ -246,6 +246,11 @@ NO_SYNC_RUNS = {
                       committed=f"nested-moe-no-sync-{framework}")
     for framework in ("fsdp2", "fsdp1")
 }
+# The same, FSDP2 keeping the units unsharded from the first micro-batch's backward into the second's
+# forward (set_reshard_after_backward(False) beside the sync setting): the second forward gathers nothing.
+NO_SYNC_KEPT_RUN = Config(("--framework", "fsdp2", "--micro-batches", "2", "--keep-unsharded-between-micro-batches",
+                           "--steps", "5"), (*NO_OUTPUT, "--warmup", "1", "--steps", "1"),
+                          script=SCRIPTS / "nested_moe_train.py", committed="nested-moe-no-sync-kept-fsdp2")
 
 
 # The example trainer at dim 256 with four blocks, per block, in pairs and as one root unit: gloo stages

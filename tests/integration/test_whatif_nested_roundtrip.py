@@ -140,18 +140,34 @@ def test_fsdp1_backward_post_is_written_back(tmp_path: Path) -> None:
     assert losses(again, ranks=2) == losses(base, ranks=2)
 
 
-@pytest.mark.parametrize("name", ["root", "reshard-false"])
-def test_accumulation_without_sync_peaks_where_predicted(tmp_path: Path, name: str) -> None:
+ACCUMULATE = {"no-sync": ("--micro-batches", "2"),
+              "kept": ("--micro-batches", "2", "--keep-unsharded-between-micro-batches")}
+
+
+@pytest.fixture(scope="module")
+def accumulated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The accumulating recordings, each made once for the module (variant -> run folder), on demand."""
+    return {}
+
+
+@pytest.mark.parametrize(("variant", "name"), [("no-sync", "root"), ("no-sync", "reshard-false"),
+                                               ("kept", "root"), ("kept", "merge2")])
+def test_accumulation_without_sync_peaks_where_predicted(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory,
+                                                         accumulated: dict[str, Path], variant: str,
+                                                         name: str) -> None:
     """Two micro-batches a step, the gradients reduced in the second only (``set_requires_gradient_sync``):
-    FSDP2 keeps the unsharded gradients from the first micro-batch to the reduction, and the code of a
-    setting, recorded again, peaks where the memory model says (within 3 %), with the same losses."""
-    accumulate = ("--micro-batches", "2")
-    base = _record(tmp_path / "no-sync", *accumulate)
+    FSDP2 keeps the unsharded gradients from the first micro-batch to the reduction (``kept``: and the
+    unsharded parameters into the second forward, ``set_reshard_after_backward(False)``), and the code of
+    a setting, recorded again, peaks where the memory model says (within 3 %), with the same losses."""
+    accumulate = ACCUMULATE[variant]
+    if variant not in accumulated:
+        accumulated[variant] = _record(tmp_path_factory.mktemp(variant) / variant, *accumulate)
+    base = accumulated[variant]
     options = PREDICTED[name][0]
     predicted = whatif_json(base, *options)
     assert predicted["reliable"], predicted["warnings"]
-    code = shard_code(base, tmp_path / f"no-sync-{name}.py", *options)
-    again = _record(tmp_path / f"no-sync-{name}-again", *accumulate, "--shard-code", str(code))
+    code = shard_code(base, tmp_path / f"{variant}-{name}.py", *options)
+    again = _record(tmp_path / f"{variant}-{name}-again", *accumulate, "--shard-code", str(code))
     assert list(recorded_units(again)) == PREDICTED[name][1]
     assert peak_bytes(again) == pytest.approx(predicted["predicted"]["peak_allocated_bytes"], rel=0.03)
     assert losses(again, ranks=2) == losses(base, ranks=2)

@@ -9,6 +9,11 @@ the step took (its ProfilerStep span). The replay of the traced step must run th
 that micro-batch, and so take about as long: a replay that reduced in every micro-batch ran these steps
 16-25 % long, and called the recording unreliable (the limit is 10 %); these replay them within
 0.1-0.3 %.
+
+With ``--keep-unsharded-between-micro-batches`` FSDP2 also keeps each unit's parameters from the first
+micro-batch's backward into the second's forward (``set_reshard_after_backward(False)``), and the trace
+shows that forward gathering nothing: the replay must gather nothing there either (it gathered every
+unit again, and ran the steps 23-25 % long).
 """
 
 from __future__ import annotations
@@ -18,12 +23,12 @@ from pathlib import Path
 
 import pytest
 from helpers.rawfiles import raw_trace, starts_in_step
-from recording import NO_SYNC_RUNS, Recordings
+from recording import NO_SYNC_KEPT_RUN, NO_SYNC_RUNS, Recordings
 
 from fsdpviz.analysis.pipeline import analyse
 from fsdpviz.replay.clock import BASIS_REPLAYED, RELIABLE_REPLAY_PCT
 from fsdpviz.replay.model import read_model, recorded_settings
-from fsdpviz.replay.program import ReduceOp, SegmentOp, build
+from fsdpviz.replay.program import GatherOp, ReduceOp, SegmentOp, build
 from fsdpviz.whatif.gains import completed_summary
 
 pytestmark = pytest.mark.recorded
@@ -61,6 +66,52 @@ def test_micro_batches_without_sync_reduce_nothing_in_the_replay(framework: str,
     # so the run's clock is the replay's: it runs the timers' clean steps within its limit
     clock = completed_summary(result).clock
     assert clock is not None and clock.basis == BASIS_REPLAYED, clock.note if clock else None
+
+
+GATHER_OPS = ("c10d::_allgather_base_", "c10d::all_gather_into_tensor")
+FORWARD_STARTS, BACKWARD_STARTS = "FSDP::root_pre_forward", "FSDP::pre_backward"  # FSDP2's labels, once per pass
+
+
+def test_units_kept_unsharded_between_micro_batches_are_not_gathered_again(recordings: Recordings) -> None:
+    rec = recordings.get(NO_SYNC_KEPT_RUN)
+    assert rec.proc.returncode == 0, rec.proc.stderr[-2000:]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = analyse([rec.run_dir], cache=False, progress=False)
+    model = read_model(result)
+    assert model.recording.steps
+    for step, replay in zip(model.recording.steps, model.replays, strict=True):
+        path = _trace(rec.run_dir, step.rank)
+        found = starts_in_step(path, step.step, (*GATHER_OPS, FORWARD_STARTS, BACKWARD_STARTS))
+        forwards, backwards = found[FORWARD_STARTS], found[BACKWARD_STARTS]
+        gathered = sorted(t for name in GATHER_OPS for t in found[name])
+        assert len(forwards) == len(backwards) == 2
+        # the trace: every unit gathered in the first forward, none in the second
+        in_forward = [sum(f <= t < b for t in gathered) for f, b in zip(forwards, backwards, strict=True)]
+        assert in_forward == [UNITS, 0]
+        program = build(model.recording, step, recorded_settings(), model.comm, model.gathers)
+        assert _forward_gathers(program.ops) == in_forward
+        assert len(program.gathers) == len(gathered)
+        traced_ms = raw_trace(path).step_ms(step.step)
+        # measured within 0.2 % on the committed recording: half the reliable replay's limit
+        assert replay.step_ns / 1e6 == pytest.approx(traced_ms, rel=RELIABLE_REPLAY_PCT / 200), (step.rank, step.step)
+    clock = completed_summary(result).clock
+    assert clock is not None and clock.basis == BASIS_REPLAYED, clock.note if clock else None
+
+
+def _forward_gathers(ops: list[object]) -> list[int]:
+    """Per micro-batch of a program: the all-gathers issued before its ``mid`` segment (its forward)."""
+    counts: list[int] = []
+    forward = False
+    for op in ops:
+        if isinstance(op, SegmentOp) and op.name == "pre":
+            counts.append(0)
+            forward = True
+        elif isinstance(op, SegmentOp) and op.name == "mid":
+            forward = False
+        elif isinstance(op, GatherOp) and forward:
+            counts[-1] += 1
+    return counts
 
 
 def _trace(run_dir: Path, rank: int) -> Path:

@@ -13,7 +13,10 @@ its experts) and backward order (the reverse of the post-forward order: a block 
 too, as a block's pre-backward runs when its output's gradient arrives). ``--micro-batches N``:
 gradient accumulation as training stacks run it, N forwards and backwards per optimizer step with
 the gradients reduced in the last one only (FSDP2's ``set_requires_gradient_sync(False)`` before the
-others, FSDP1's ``no_sync()`` around them).
+others, FSDP1's ``no_sync()`` around them). ``--keep-unsharded-between-micro-batches`` (FSDP2): the units
+also keep their parameters unsharded from one micro-batch's backward into the next one's forward
+(``set_reshard_after_backward(False)`` beside the sync setting, as FSDP2 documents for gradient
+accumulation), so that forward gathers nothing.
 
 Run: ``python -m torch.distributed.run --standalone --nproc_per_node 2 nested_moe_train.py``.
 """
@@ -141,6 +144,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         default="BACKWARD_PRE")
     parser.add_argument("--micro-batches", type=int, default=1, metavar="N",
                         help="forwards and backwards per optimizer step, the gradients reduced in the last only")
+    parser.add_argument("--keep-unsharded-between-micro-batches", action="store_true",
+                        help="FSDP2: no resharding after the backward of all micro-batches but the last")
     parser.add_argument("--shard-code", metavar="FILE")
     parser.add_argument("--log-losses", metavar="FILE", help="each step's loss, as float.hex, to FILE.rank{R} (or FILE with {rank} in it)")
     args = parser.parse_args(argv)
@@ -171,6 +176,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 sync = sync if last else model.no_sync()
             elif n_micro > 1:  # FSDP2: the root's setting reaches every unit under it
                 model.set_requires_gradient_sync(last)
+                if args.keep_unsharded_between_micro_batches:
+                    model.set_reshard_after_backward(last)
             with sync:
                 logits = model(tokens[:, :-1])
                 loss = F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
