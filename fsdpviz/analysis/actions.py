@@ -256,13 +256,15 @@ def with_prediction(action: Action, change_ms: float | None, words: str, *, spre
         return action
     said = words.removeprefix("predicted ")
     why = ""
-    if change_ms > -NO_GAIN_MS:
-        why = f"not advised: fsdpviz whatif predicts no gain ({said})" + (f": {because}" if because else "")
-    elif unreliable:
+    # in whatif's own order: an unreliable replay says nothing; a change within the spread is no
+    # measurable change, whichever its sign; beyond it, a slower step is no gain
+    if unreliable:
         why = f"not advised: {unreliable} ({said})"
     elif spread_ms is not None and abs(change_ms) <= spread_ms:
         why = (f"not advised: fsdpviz whatif predicts no measurable change ({said}, within the recording's "
-               f"{spread_ms:.2f} ms step-to-step spread)")
+               f"{spread_ms:.2f} ms step-to-step spread)") + (f": {because}" if because else "")
+    elif change_ms > -NO_GAIN_MS:
+        why = f"not advised: fsdpviz whatif predicts no gain ({said})" + (f": {because}" if because else "")
     if why:
         return msgspec.structs.replace(action, knob="", predicted_gain=words, predicted_change_ms=round(change_ms, 3),
                                        why_not=action.why_not or why)

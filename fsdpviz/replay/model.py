@@ -44,8 +44,9 @@ SUPPORTED = {
 
 
 # A priced setting, as the actions read it (whatif.gains): its predicted change in ms, its words, its
-# code, the recording's spread, why the replay is unreliable ("" if it is not), why nothing changes
-Gain = tuple[float | None, str, str | None, float | None, str, str]
+# code, the recording's spread, why the replay is unreliable ("" if it is not), why nothing changes,
+# its predicted peak (None: unknown)
+Gain = tuple[float | None, str, str | None, float | None, str, str, int | None]
 
 
 @dataclass(slots=True)

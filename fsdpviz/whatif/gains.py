@@ -25,7 +25,8 @@ from fsdpviz.formatting import MIB
 from fsdpviz.replay import prefetch_args
 from fsdpviz.replay.clock import clock_of
 from fsdpviz.replay.model import Gain, Model, model_clock, model_ranks, read_model
-from fsdpviz.replay.settings import Settings, Wrap
+from fsdpviz.replay.settings import GIVEN, Settings
+from fsdpviz.whatif.explore import device_budget, grid
 from fsdpviz.whatif.predict import PREFETCH_SAME_NOTES, SPREAD_UNKNOWN, Prediction, predict
 
 if TYPE_CHECKING:
@@ -83,20 +84,47 @@ def gains(model: Model, knobs: Iterable[str]) -> dict[str, str]:
     return out
 
 
-def action_setting(action: Action, model: Model) -> Settings | None:
-    """The setting an action's knob stands for: the bound's (merge units when the host bounds the
-    step, one more unit of prefetch when communication does), else its findings' knob."""
+def action_settings(action: Action, model: Model) -> list[Settings]:
+    """The settings an action's knob stands for, the one to advise chosen among them by
+    :func:`predict_actions`: the bound's (coarser units when the host bounds the step -- the wraps
+    ``--explore`` tries, pairs and one root unit; one more unit of prefetch when communication does),
+    else its findings' knob."""
     if action.kind == KIND_BOUND:
         rec = model.recording
         if action.cause == KIND_HOST:
-            return Settings().with_(wrap=Wrap("merge", k=2))
+            return [s for s in grid(model)[0] if s.sources.get("wrap") == GIVEN]
         if action.cause == KIND_COMMUNICATION and not action.why_not:
             depth = str((int(rec.prefetch) if rec.prefetch.isdigit() else 0) + 1)
             # one unit more than recorded, where the framework can express it (FSDP1: one unit at most)
-            return Settings().with_(prefetch=depth) if prefetch_args.arguments(rec.framework, depth, []) else None
-        return None
+            return [Settings().with_(prefetch=depth)] if prefetch_args.arguments(rec.framework, depth, []) else []
+        return []
     first = action.knob.split("; ")[0]
-    return setting_for(first, model) if first else None
+    found = setting_for(first, model) if first else None
+    return [found] if found is not None else []
+
+
+def action_setting(action: Action, model: Model) -> Settings | None:
+    """The setting an action advises or prices (:func:`action_settings`, the best of them), or None."""
+    candidates = action_settings(action, model)
+    return _best(model, candidates) if candidates else None
+
+
+def _best(model: Model, candidates: list[Settings]) -> Settings:
+    """Of an action's settings, the one ``--explore`` would put first: of those whose prediction is
+    known, from a reliable replay and within the device's memory (where the trace states it), the
+    fastest; else the fastest known; else the first."""
+    budget = device_budget(model)
+    priced = []
+    for settings in candidates:
+        key = settings.describe()
+        if key not in model.gains:
+            model.gains[key] = _change(model, settings)
+        change, *_, unreliable, _because, peak = model.gains[key]
+        if change is not None:
+            fits = budget is None or peak is None or peak <= budget
+            priced.append((not unreliable and fits, change, settings))
+    usable = [p for p in priced if p[0]] or priced
+    return min(usable, key=lambda p: p[1])[2] if usable else candidates[0]
 
 
 def predict_actions(model: Model, actions: Sequence[Action]) -> list[Action]:
@@ -108,15 +136,16 @@ def predict_actions(model: Model, actions: Sequence[Action]) -> list[Action]:
     out = []
     keys: list[str | None] = []
     for action in actions:
-        settings = action_setting(action, model) if action.knob else None
-        if settings is None:
+        candidates = action_settings(action, model) if action.knob else []
+        if not candidates:
             out.append(action)
             keys.append(None)
             continue
+        settings = _best(model, candidates)
         key = settings.describe()
         if key not in done:
             done[key] = _change(model, settings)
-        change, words, code, spread, unreliable, because = done[key]
+        change, words, code, spread, unreliable, because, _peak = done[key]
         if change is None and because:  # unknown: which setting, said with why
             because = f"{because} (fsdpviz whatif: {key})"
         predicted = with_prediction(action, change, f"{words} (fsdpviz whatif: {key})" if words else "",
@@ -133,11 +162,12 @@ def predict_actions(model: Model, actions: Sequence[Action]) -> list[Action]:
 
 def _change(model: Model, settings: Settings) -> Gain:
     """(predicted change in ms, its words, its code, the recording's spread, why the replay is
-    unreliable or "", why the model predicts no change where it knows, or cannot predict one) of ``settings``."""
+    unreliable or "", why the model predicts no change where it knows, or cannot predict one, the
+    predicted peak) of ``settings``."""
     try:
         p = predict(model, settings)
     except FsdpvizError as exc:  # unknown, not zero: not advised, and the action says why
-        return None, "", None, None, "", f"fsdpviz whatif cannot predict it ({exc})"
+        return None, "", None, None, "", f"fsdpviz whatif cannot predict it ({exc})", None
     code = p.apply.code if p.apply is not None else None
     whose = "this setting's prediction" if p.parts_over_pct is not None else "its replay of this recording"
     unreliable = "" if p.reliable else (
@@ -145,7 +175,7 @@ def _change(model: Model, settings: Settings) -> Gain:
         else f"fsdpviz whatif calls {whose} unreliable")
     because = next((n for n in PREFETCH_SAME_NOTES if n in p.notes), "")
     return (p.predicted.step_time_ms - p.baseline.step_time_ms, prediction_words(p), code, p.spread_ms,
-            unreliable, because)
+            unreliable, because, p.predicted.peak_allocated_bytes)
 
 
 

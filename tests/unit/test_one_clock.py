@@ -29,6 +29,7 @@ from fsdpviz.api import Run
 from fsdpviz.replay.clock import BASIS_REPLAYED, BASIS_TRACED, PHASE_LIMIT_PCT, RELIABLE_REPLAY_PCT
 from fsdpviz.replay.model import read_model, recorded_settings
 from fsdpviz.runfolder import clean_steps
+from fsdpviz.whatif.explore import explore
 from fsdpviz.whatif.gains import action_setting, completed_summary, summary_model
 from fsdpviz.whatif.predict import predict
 
@@ -127,6 +128,10 @@ def _one_figure(result: Any, folder: Path) -> None:
             continue
         p = predict(model, settings)
         assert p.reliable and p.measurable is not False, (action.message, p.spread_ms, p.predicted.step_time_ms)
+        if action.kind == "bound" and action.cause == "host":
+            # the wrap advised is the one --explore ranks first of the wraps it tries
+            wraps = [c.settings for c in explore(model).ranked if c.settings.sources.get("wrap") == "given"]
+            assert wraps and settings.describe() == wraps[0].describe()
         # where whatif cannot say whether the change is measurable (no spread), the advice says so too
         assert (p.measurable is None) == ("whether the change is measurable cannot be said" in action.predicted_gain)
 

@@ -72,8 +72,12 @@ def test_a_one_rank_recordings_settings_are_simulated_and_advised_on_that(gpu_fs
     assert summary.world_size == 1 and summary.bound is not None and summary.bound.fsdp_overhead_ms > 1.0
     (bound,) = [a for a in summary.actions if a.kind == "bound"]
     assert bound.cause == "host" and bound.knob and bound.predicted_change_ms is not None
+    # the bound advises the wrap --explore puts first: root, which the bare runs measured fastest too
+    assert bound.predicted_gain.endswith("(fsdpviz whatif: wrap root)")
     assert bound.predicted_change_ms == pytest.approx(
-        (ratios["wrap merge:2"] - 1) * summary.step_time_ms, abs=0.01)
+        (ratios["wrap root"] - 1) * summary.step_time_ms, abs=0.01)
+    assert min(bare_ms for settings, bare_ms in truth if settings.wrap.kind == "root") < min(
+        bare_ms for settings, bare_ms in truth if settings.wrap.kind == "merge")
 
 
 def test_fsdp1_recorded_prefetch_is_fsdp1s_own_default(capsys: pytest.CaptureFixture[str]) -> None:
