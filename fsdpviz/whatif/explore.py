@@ -164,7 +164,7 @@ class Candidate:
             out.update(step_time_ms=p.step_time_ms, peak_allocated_bytes=p.peak_allocated_bytes,
                        exposed_comm_ms=p.exposed_comm_ms, over_budget_bytes=self.over_bytes,
                        bound=self.bound.to_json() if self.bound is not None else None,
-                       settings=self.settings.to_json(), reliable=self.prediction.reliable,
+                       settings=self.prediction.settings_json(), reliable=self.prediction.reliable,
                        parts_over_pct=self.prediction.parts_over_pct,
                        apply=self.prediction.apply.to_json() if self.prediction.apply is not None else None)
         else:

@@ -188,10 +188,16 @@ class Prediction:
             return None
         return abs(self.predicted.step_time_ms - self.baseline.step_time_ms) > self.spread_ms
 
+    def settings_json(self) -> dict[str, dict[str, object]]:
+        """The setting predicted, every value filled in, with its prefetch as the framework's arguments
+        (``whatif --json``'s ``predicted.settings``, and each ``--explore`` entry's)."""
+        out = self.settings.to_json()
+        out["prefetch"]["arguments"] = self.prefetch_arguments
+        return out
+
     def to_json(self) -> dict[str, Any]:
         predicted = self.predicted.to_json()
-        predicted["settings"] = self.settings.to_json()
-        predicted["settings"]["prefetch"]["arguments"] = self.prefetch_arguments
+        predicted["settings"] = self.settings_json()
         predicted["spread_ms"] = self.spread_ms
         predicted["measurable"] = self.measurable
         return {"basis": self.basis, "clock": self.clock, "baseline": self.baseline.to_json(), "predicted": predicted,

@@ -100,6 +100,13 @@ def test_explore_ranks_within_the_budget(run_folder: Path, capsys: pytest.Captur
     assert {"as recorded", "prefetch 1", "prefetch 2", "prefetch none", "wrap merge:2", "wrap root"} <= set(names)
     fitting = [c["step_time_ms"] for c in ranked if c["fits_budget"]]
     assert fitting == sorted(fitting)
+    # each setting's values are filled in as a single whatif --json says them (world size 0 was said
+    # with the source "recorded" for the trace's world size)
+    wrap = next(c for c in (*ranked, *data["within_spread"]) if c["setting"] == "wrap root")
+    code, out, _ = _run(["whatif", str(run_folder), "--wrap", "root", "--json", "-q"], capsys)
+    single = json.loads(out)["predicted"]["settings"]
+    assert code == 0 and wrap["settings"] == single
+    assert single["world_size"]["value"] == SCENARIO.world_size == 4  # the scenario's ranks
     # a budget below the recorded peak: nothing fits but what uses less memory
     base_peak = data["baseline"]["peak_allocated_bytes"]
     code, out, _ = _run(["whatif", str(run_folder), "--explore", "--json", "-q", "--memory-budget",
