@@ -500,7 +500,13 @@ def combine_parts(parts: Sequence[RankPart], traces: TraceSet, selection: StepSe
     gathers = pd.DataFrame({"rank": all_coll["rank"].to_numpy(), "pg": all_coll["pg"].astype(str).to_numpy(),
                             "unit": np.where((all_coll["kind"] == vocabulary.ALL_GATHER).to_numpy(),
                                              all_coll["unit"].astype(str).to_numpy(), "")})
-    del all_coll
+    # what one all-gather of each unit moved (its units' sizes where neither run.json nor the issuing
+    # ops say them): per collective, not per pass, which gathers twice under gradient accumulation; a
+    # ZeRO-3 bucket carrying several units is no one unit's size
+    moved = all_coll[(all_coll["kind"] == vocabulary.ALL_GATHER).to_numpy() & (all_coll["bytes"] > 0).to_numpy()
+                     & (all_coll["unit"].astype(str) != "").to_numpy() & (all_coll["n_units"] == 1).to_numpy()]
+    gathered_bytes = moved.groupby(moved["unit"].astype(str))["bytes"].median()
+    del all_coll, moved
     spans = _shift(_frame_of(parts, "spans", schema.SPANS), offsets, ("start_ns", "end_ns", "issue_ns"))
     pass_windows = _shift(_in_steps(windows, wanted), offsets,
                           ("start_ns", "end_ns", "region_start_ns", "region_end_ns", "excl_end_ns"))
@@ -524,8 +530,8 @@ def combine_parts(parts: Sequence[RankPart], traces: TraceSet, selection: StepSe
     del coll
     release_freed_memory()
     has_units = any(p.has_unit_labels for p in parts)
-    units = derive_units(traces.units, windows, us, framework, _frame_of(parts, "gathers", ISSUED_GATHERS)) \
-        if has_units else traces.units
+    units = derive_units(traces.units, windows, gathered_bytes, framework,
+                         _frame_of(parts, "gathers", ISSUED_GATHERS)) if has_units else traces.units
     stats = unit_stats(us, units)
     gpu = bool(traces.ranks["n_kernels"].sum() > 0)
     shards, shards_source = memory.shard_sizes(traces.run.units if traces.run else None, gathers,

@@ -26,18 +26,19 @@ from fsdpviz.formatting import ms
 from fsdpviz.trace import comms, schema
 
 
-def derive_units(run_units: pd.DataFrame, windows: pd.DataFrame, unit_steps: pd.DataFrame,
+def derive_units(run_units: pd.DataFrame, windows: pd.DataFrame, moved: pd.Series,
                  framework: str, gathers: pd.DataFrame | None = None) -> pd.DataFrame:
     """UNITS: run.json's units, completed with what the traces show; else units from the traces.
 
     A unit's size from the trace (``size_source`` ``trace``) is what its all-gathers issued
     (``gathers``, spans.ISSUED_GATHERS: bytes and dtype of the gathered, padded parameters, median
-    over ranks and steps), else the bytes its gather collectives moved (no dtype, so no numel)."""
+    over ranks and steps), else what one of its gather collectives moved (``moved``: unit -> bytes,
+    the median over its all-gathers; no dtype, so no numel)."""
     seen = windows[windows["phase"] == vocabulary.FORWARD]
     if seen.empty:
         seen = windows
     order = seen.sort_values(["rank", "start_ns"], kind="stable").drop_duplicates("unit")["unit"].tolist()
-    sizes = _trace_sizes(gathers, unit_steps)
+    sizes = _trace_sizes(gathers, moved)
     if len(run_units):
         out = run_units.copy()
         missing = (out["param_bytes"] < 0).to_numpy()
@@ -56,7 +57,7 @@ def derive_units(run_units: pd.DataFrame, windows: pd.DataFrame, unit_steps: pd.
     return _units_frame(order, sizes, framework, windows, 0)
 
 
-def _trace_sizes(gathers: pd.DataFrame | None, unit_steps: pd.DataFrame) -> pd.DataFrame:
+def _trace_sizes(gathers: pd.DataFrame | None, moved: pd.Series) -> pd.DataFrame:
     """Per unit (index): ``param_bytes``, ``param_numel`` (-1 without a dtype), ``dtype`` as the
     trace gives them (see :func:`derive_units`)."""
     cols = {"param_bytes": pd.Series(dtype="int64"), "param_numel": pd.Series(dtype="int64"),
@@ -69,7 +70,6 @@ def _trace_sizes(gathers: pd.DataFrame | None, unit_steps: pd.DataFrame) -> pd.D
         size = dtype.map(lambda d: comms.dtype_bytes(d) or 0).astype("int64")
         numel = np.where(size > 0, nbytes // size.clip(lower=1), -1)
         return pd.DataFrame({"param_bytes": nbytes, "param_numel": numel, "dtype": dtype}, index=nbytes.index)
-    moved = unit_steps[unit_steps["ag_bytes"] > 0].groupby("unit")["ag_bytes"].median()
     if moved.empty:
         return pd.DataFrame(cols)
     return pd.DataFrame({"param_bytes": moved.round().astype("int64"), "param_numel": -1, "dtype": ""},

@@ -140,3 +140,24 @@ def test_recomputed_forward_is_read_as_backward(runs, framework: str) -> None:
     us = analysis.unit_steps
     fwd_blocks = us[(us["phase"] == "forward") & us["unit"].isin(BLOCKS)]
     assert (fwd_blocks["n_passes"] == MICRO_BATCHES).all()
+
+
+@pytest.mark.parametrize("framework", list(RUNS))
+def test_traces_alone_size_each_unit_by_one_gather(runs, framework: str) -> None:
+    """Read without run.json (the traces folder alone), a unit's size is what one of its all-gathers
+    moved, as the recorder read it off FSDP's own modules (run.json's ``param_bytes``): each micro-batch
+    gathers the unit again, and a size summed over the step's passes was twice the unit (FSDP1). A
+    ZeRO-3 bucket carrying several units is no one unit's size: unknown, not the bucket's (which every
+    unit was given, twice over)."""
+    run_dir, _ = runs[framework]
+    declared = {u["unit"]: u["param_bytes"] for u in json.loads((run_dir / "run.json").read_text())["units"]}
+    alone = analyse_run(load_traces([run_dir / "traces"], cache=False))
+    sizes = dict(zip(alone.units["unit"].astype(str), alone.units["param_bytes"].astype(int)))
+    buckets = alone.spans[(alone.spans["kind"] == "all_gather").to_numpy() & (alone.spans["n_units"] > 1).to_numpy()]
+    for unit, nbytes in declared.items():
+        if unit in set(buckets["unit"].astype(str)) or nbytes <= 0:
+            assert sizes.get(unit, -1) == -1, unit  # unknown
+        else:
+            assert sizes[unit] == nbytes, unit
+    if framework != "zero3":
+        assert all(sizes[u] == n for u, n in declared.items())
