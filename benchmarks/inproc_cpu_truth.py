@@ -6,10 +6,11 @@ model (``examples/train.py``) once per setting and round, in an order that alter
 round, and times its steady steps (no profiler, no recorder); each round's ratios are to that round's
 per-block step, and the median over rounds is printed as JSON by rank 0.
 
-    python benchmarks/inproc_cpu_truth.py --dim 32 --layers 8 [--rounds 5] [--steps 8]
+    python benchmarks/inproc_cpu_truth.py --dim 32 --layers 8 [--rounds 5] [--steps 8] [--framework fsdp1]
 
 Settings: ``block`` (every block a unit), ``pair`` (blocks in pairs, one unit each), ``root`` (one unit),
 ``noreshard`` (per block, no resharding after forward) -- the settings ``bench_replay_clock.py`` predicts.
+``--framework fsdp1``: the same model under FSDP1 (the trainer's ``shard_fsdp1``), block, pair and root.
 """
 
 from __future__ import annotations
@@ -32,14 +33,14 @@ SETTINGS = {"block": ("block", True), "pair": ("pair", True), "root": ("root", T
 WARM_STEPS = 3
 
 
-def start_rank(dim: int, layers: int, steps: int) -> tuple[Any, Any, Any, list[Any]]:
-    """A rank of a measurement on the example trainer (FSDP2, CPU): its module, its arguments for the
-    model (``WARM_STEPS + steps`` steps), the process group and the batches."""
+def start_rank(dim: int, layers: int, steps: int, framework: str = "fsdp2") -> tuple[Any, Any, Any, list[Any]]:
+    """A rank of a measurement on the example trainer (CPU): its module, its arguments for the model
+    (``WARM_STEPS + steps`` steps), the process group and the batches."""
     sys.path.insert(0, str(ROOT / "examples"))
     import train
 
     warnings.simplefilter("ignore")
-    args = train.parse_args(["--framework", "fsdp2", "--layers", str(layers), "--dim", str(dim),
+    args = train.parse_args(["--framework", framework, "--layers", str(layers), "--dim", str(dim),
                              "--steps", str(WARM_STEPS + steps), "--seed", "0"])
     ddp = train.init_distributed("cpu")
     return train, args, ddp, train.make_batches(args, ddp)
@@ -81,22 +82,24 @@ def time_steps(optimizer: Any, steps: int, step: Callable[[int], None]) -> float
     return (time.perf_counter() - start) * 1e3 / steps
 
 
-def rank_main(dim: int, layers: int, rounds: int, steps: int) -> None:
+def rank_main(dim: int, layers: int, rounds: int, steps: int, framework: str = "fsdp2") -> None:
     """One rank: every setting in every round, alternating the order; rank 0 prints the ratios."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    train, args, ddp, batches = start_rank(dim, layers, steps)
-    per_round: dict[str, list[float]] = {name: [] for name in SETTINGS}
-    step_ms: dict[str, list[float]] = {name: [] for name in SETTINGS}
-    names = list(SETTINGS)
+    train, args, ddp, batches = start_rank(dim, layers, steps, framework)
+    settings = {n: s for n, s in SETTINGS.items() if framework == "fsdp2" or n != "noreshard"}
+    shard = train.shard_fsdp2 if framework == "fsdp2" else train.shard_fsdp1
+    per_round: dict[str, list[float]] = {name: [] for name in settings}
+    step_ms: dict[str, list[float]] = {name: [] for name in settings}
+    names = list(settings)
     for r in range(rounds):
         order = names if r % 2 == 0 else names[::-1]
         timed: dict[str, float] = {}
         for name in order:
-            args.wrap, args.reshard_after_forward = SETTINGS[name]
-            model = train.shard_fsdp2(train.build_model(args), args, ddp)
+            args.wrap, args.reshard_after_forward = settings[name]
+            model = shard(train.build_model(args), args, ddp)
 
             def step(i: int, model: Any = model) -> None:
                 logits = model(batches[i][:, :-1])
@@ -115,10 +118,10 @@ def rank_main(dim: int, layers: int, rounds: int, steps: int) -> None:
     time.sleep(0.1)  # gloo's threads release the last collective (examples/train.py)
 
 
-def measure(dim: int, layers: int, rounds: int = 5, steps: int = 8) -> dict[str, Any]:
+def measure(dim: int, layers: int, rounds: int = 5, steps: int = 8, framework: str = "fsdp2") -> dict[str, Any]:
     """Run the measurement on 2 gloo ranks; its JSON (``ratios``: setting -> median ratio to block)."""
     return launch(__file__, ["--dim", str(dim), "--layers", str(layers), "--rounds", str(rounds),
-                             "--steps", str(steps)])
+                             "--steps", str(steps), "--framework", framework])
 
 
 def main() -> None:
@@ -127,13 +130,14 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--framework", choices=["fsdp2", "fsdp1"], default="fsdp2")
     args = parser.parse_args()
     if min(args.dim, args.layers, args.rounds, args.steps) < 1:
         parser.error("--dim, --layers, --rounds and --steps must be at least 1")
     if os.environ.get("FSDPVIZ_INPROC_RANK"):
-        rank_main(args.dim, args.layers, args.rounds, args.steps)
+        rank_main(args.dim, args.layers, args.rounds, args.steps, args.framework)
     else:
-        print(json.dumps(measure(args.dim, args.layers, args.rounds, args.steps), indent=1))
+        print(json.dumps(measure(args.dim, args.layers, args.rounds, args.steps, args.framework), indent=1))
 
 
 if __name__ == "__main__":

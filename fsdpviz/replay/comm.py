@@ -38,6 +38,8 @@ from typing import Final
 
 import numpy as np
 
+from fsdpviz.vocabulary import UNIT_COLLECTIVES
+
 QUANTILE: Final = 0.25
 # Defaults for a link between hosts, per rank (stated in every prediction that uses them).
 DEFAULT_INTER_HOST_GBPS: Final = {"gpu": 25.0, "cpu": 1.25}  # GB/s: 200 Gb/s per GPU; 10 GbE per CPU host
@@ -118,7 +120,9 @@ class CommModel:
     def time_ns(self, kind: str, nbytes: float, target: Target | None = None) -> float:
         """A collective of ``kind`` moving ``nbytes`` (unsharded), its typical wait included;
         at the recorded world size unless ``target`` says otherwise."""
-        line = self.lines.get(kind) or self.lines.get("all_gather")
+        # a collective the recording has none of costs as an all-gather of its bytes; host work around
+        # the collectives that the recording never timed (FSDP1 has no copy-out of its own) costs nothing
+        line = self.lines.get(kind) or (self.lines.get("all_gather") if kind in UNIT_COLLECTIVES else None)
         if line is None:
             return 0.0
         n = target.world_size if target else self.world_size
