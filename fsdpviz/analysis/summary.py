@@ -438,8 +438,9 @@ def _hidden_pct(comm_ms: float | None, exposed_ms: float | None) -> float | None
 
 
 def _by_purpose(purposes: pd.DataFrame, overlap: pd.DataFrame, scale: float) -> dict[str, PurposeOverlap]:
-    """Each purpose's comm and exposed time per step, averaged over the ranks analysed, moved to the
-    run's clock by ``scale`` (the bound's ``device_scale``)."""
+    """Each purpose's comm and exposed time per step, the median over the ranks analysed (as the run's
+    own communication and exposed communication, so that no purpose's figure exceeds the run's), moved
+    to the run's clock by ``scale`` (the bound's ``device_scale``)."""
     n_steps = dict(zip(overlap["rank"].astype(int), overlap["n_steps"].clip(lower=1).astype(int)))
     out = {}
     for purpose in vocabulary.PURPOSES:
@@ -448,8 +449,8 @@ def _by_purpose(purposes: pd.DataFrame, overlap: pd.DataFrame, scale: float) -> 
         if rows.empty:
             out[purpose] = PurposeOverlap(comm_ms=None, exposed_ms=None)
             continue
-        out[purpose] = PurposeOverlap(comm_ms=ms(scale * float(np.mean(rows["comm_ns"].to_numpy() / per))),
-                                      exposed_ms=ms(scale * float(np.mean(rows["exposed_ns"].to_numpy() / per))))
+        out[purpose] = PurposeOverlap(comm_ms=ms(scale * float(np.median(rows["comm_ns"].to_numpy() / per))),
+                                      exposed_ms=ms(scale * float(np.median(rows["exposed_ns"].to_numpy() / per))))
     return out
 
 

@@ -40,7 +40,7 @@ def headline_section(data: ReportData) -> Section:
     """Framework, world size, steps, step time, overlap, exposed communication, peak memory."""
     s = data.summary
     ov, mem = s.overlap, s.memory
-    # The summary's communication numbers are already per step (averaged over ranks), on the run's
+    # The summary's communication numbers are already per step (medians over ranks), on the run's
     # clock: shares of the run's step. The trace's own figures are said as traced, of the traced step.
     exposed_ms, step_ms = _num(s.exposed_comm_ms), _num(s.step_time_ms)
     comm_per_step = _num(ov.comm_ms)

@@ -22,8 +22,9 @@ HOWTO_HEADLINE = (
     "One column per run; the first run is the baseline, and the small line under a number is the "
     "difference to it. A star marks the best value of a row (shorter step, less exposed communication, "
     "less memory, more overlap); rows where neither direction is better have none, and a difference no larger "
-    "than the runs' step-to-step spread (highest minus lowest step, shown under each time) gets none. Numbers are means per "
-    "analysed step over ranks, exactly as each run's `fsdpviz summary` reports them."
+    "than the runs' step-to-step spread (highest minus lowest step, shown under each time) gets none. Numbers are "
+    "each run's figures exactly as its `fsdpviz summary` reports them: on the run's clock (the step the timers' "
+    "clean steps where the recorder timed them), each rank's figure per step and the median over ranks."
 )
 HOWTO_FINDINGS = (
     "What differs between the runs and what the traces say about why, with the numbers behind each "

@@ -16,7 +16,9 @@ from fsdpviz.report.style import unit_colors
 from fsdpviz.whatif.predict import Outcome, Prediction, time_rows
 
 HOWTO_NUMBERS = (
-    "Recorded: means per analysed step over ranks, as `fsdpviz summary` reports them. Predicted: the "
+    "Recorded: the run's figures as `fsdpviz summary` reports them (on its clock: the step the timers' "
+    "clean steps where the recorder timed them, each rank's figure per step and the median over ranks). "
+    "Predicted: the "
     "recording moved by what the setting changes in a simulation of how FSDP overlaps its compute and "
     "its collectives (the simulation of "
     "the recorded setting is subtracted, so what the model does not capture cancels out). The replay "
