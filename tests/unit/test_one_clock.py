@@ -109,6 +109,13 @@ def _one_figure(result: Any, folder: Path) -> None:
         split = bound.per_rank[rank]
         assert (row.compute_ms, row.exposed_comm_ms) == (split.compute_ms, split.exposed_comm_ms)
         assert row.idle_ms == pytest.approx((split.host_wait_ms or 0.0) + split.other_idle_ms, abs=1e-3)
+    # no purpose's communication is more than the run's (medians over ranks, both: a mean had put an
+    # all-gather's exposed time above the whole's)
+    for purpose, part in (ov.by_purpose or {}).items():
+        if part.comm_ms is not None and ov.comm_ms is not None:
+            assert part.comm_ms <= ov.comm_ms + 1e-3, purpose
+        if part.exposed_ms is not None and ov.exposed_comm_ms is not None:
+            assert part.exposed_ms <= ov.exposed_comm_ms + 1e-3, purpose
     # the share hidden is of the communication and exposed communication shown beside it, run and ranks
     for row in (ov, *ov.per_rank.values()):
         if row.comm_ms:
