@@ -171,12 +171,15 @@ class Agent:
                          use_cuda=self._use_cuda_events)
         self.observer.pass_ns = pass_through_ns()
         if root is not None:
-            self._hooks.append(root.register_forward_pre_hook(self._on_root_forward_pre, prepend=True))
-            self._hooks.append(root.register_forward_hook(self._on_root_forward_post))
             try:
                 self.instrumentation = instrument(framework, self, root, self.units)
             except Exception as exc:  # noqa: BLE001 - same: the run must go on
                 self._warn(f"could not instrument {framework}; traces keep only its own labels: {exc!r}")
+            # after the instrumentation's, so that, prepended, the step's forward begins before the root
+            # unit's hook opens its forward (FSDP1): a later micro-batch's forward is then not taken for
+            # a recomputation inside the backward before it
+            self._hooks.append(root.register_forward_pre_hook(self._on_root_forward_pre, prepend=True))
+            self._hooks.append(root.register_forward_hook(self._on_root_forward_post))
         if self.options.profile:
             self.groups.name_workers()  # before the profiler meets the gloo threads: they name their group
             self.profiler.start(self.rank, self.step)

@@ -234,9 +234,15 @@ def build_fsdp1_units(root: Any) -> list[Unit]:
 
     resharding = {ShardingStrategy.FULL_SHARD, ShardingStrategy.HYBRID_SHARD}
     units = []
+    instances = [name for name, module in root.named_modules() if isinstance(module, FullyShardedDataParallel)]
     for name, module in root.named_modules():
         if not isinstance(module, FullyShardedDataParallel) or module._handle is None:
             continue
+        # an outermost instance is a root (FSDP1's lazy init), and FSDP1 never frees a root's parameters
+        # after forward, whatever its sharding strategy (backward needs them at once): run.json records
+        # the behaviour that ran
+        outermost = not any(name.startswith(f"{other}.") or (other == "" and name) for other in instances
+                            if other != name)
         handle = module._handle
         flat_param = handle.flat_param
         numel = sum(flat_param._numels)
@@ -249,7 +255,7 @@ def build_fsdp1_units(root: Any) -> list[Unit]:
             if len(fqns) == len(numels) else []
         units.append(Unit(
             unit=clean_fqn(name), param_numel=numel, param_bytes=numel * dtype.itemsize, dtype=_dtype_name(dtype),
-            reshard_after_forward=module.sharding_strategy in resharding,
+            reshard_after_forward=module.sharding_strategy in resharding and not outermost,
             forward_prefetch=bool(module.forward_prefetch),
             backward_prefetch=backward.name if backward is not None else None,
             shard_size=_group_size(handle.process_group), params=params, modules=(module,), key=handle,

@@ -80,6 +80,11 @@ def test_every_unit_runs_one_forward_and_backward_per_micro_batch(runs, framewor
     for row in blocks.itertuples():
         assert timers.loc[(row.rank, row.step, row.unit, row.phase)] == MICRO_BATCHES
         assert timers.loc[(row.rank, unit_timed[0], row.unit, row.phase)] == MICRO_BATCHES
+    # the root's forward too: the second micro-batch's opens while the first one's backward was the
+    # step's last phase (FSDP1 timed it as a recomputed forward inside backward, and counted one)
+    for rank in sorted(set(blocks["rank"])):
+        for step in (*analysis.steps, *unit_timed):
+            assert timers.loc[(rank, step, "(root)", "forward")] == MICRO_BATCHES, (rank, step)
     # a step's per-unit time is the sum over its micro-batches
     spans = analysis.spans
     compute = spans[(spans["kind"] == "compute") & spans["unit"].isin(BLOCKS)]
@@ -161,3 +166,17 @@ def test_traces_alone_size_each_unit_by_one_gather(runs, framework: str) -> None
             assert sizes[unit] == nbytes, unit
     if framework != "zero3":
         assert all(sizes[u] == n for u, n in declared.items())
+
+
+@pytest.mark.parametrize("framework", ["fsdp2", "fsdp1"])
+def test_run_json_says_which_units_reshard_as_the_trace_shows_them_gathered(runs, framework: str) -> None:
+    """run.json's ``reshard_after_forward`` per unit is what ran: a unit gathered again in backward (the
+    trace's all-gathers in its backward, every micro-batch) resharded after forward, one never gathered
+    there kept its parameters. FSDP1 keeps a root's parameters whatever its sharding strategy (its
+    ``_post_forward_reshard`` never frees a root's), so FULL_SHARD's root was said to reshard."""
+    folder, analysis = runs[framework]
+    declared = {u["unit"]: u["reshard_after_forward"] for u in json.loads((folder / "run.json").read_text())["units"]}
+    spans = analysis.spans
+    again = set(spans[(spans["kind"] == "all_gather").to_numpy() & (spans["phase"] == "backward").to_numpy()]["unit"])
+    assert declared == {unit: unit in again for unit in declared}
+    assert declared["(root)"] is False and all(declared[b] for b in BLOCKS)

@@ -32,8 +32,9 @@ def _parts_ms(message: str) -> float:
 
 
 def test_cpu_parts_add_up_to_the_headline_difference() -> None:
-    # the committed CPU recordings of one model wrapped per block and as one unit, steps apart beyond noise
-    message, steps, _ = _step_finding([RECORDED / "fsdp2-d256-block" / "run", RECORDED / "fsdp2-d256-root" / "run"])
+    # two committed CPU recordings of one model, per block and with each pair of blocks one unit (a list
+    # sharded together), on the timers' clock and steps apart beyond their spread
+    message, steps, _ = _step_finding([RECORDED / "example-fsdp2" / "run", RECORDED / "fsdp2-pair-list" / "run"])
     assert "Where the" in message and "as traced" not in message
     # each part is shown to 0.01 ms, and parts under 0.05 ms are left out
     assert abs(_parts_ms(message)) == pytest.approx(abs(steps[0] - steps[1]), abs=0.1)
