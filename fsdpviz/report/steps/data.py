@@ -101,27 +101,29 @@ def choose_gantt_ranks(ranks: list[int], times: pd.DataFrame, max_ranks: int) ->
 # STEP_TIMES columns that add up to a rank's step on its training threads, and their labels.
 STEP_PARTS = (
     ("unit_compute_ns", "units' compute"),
-    ("framework_ns", "FSDP / ZeRO work"),
+    ("framework_ns", "in FSDP's / ZeRO's ranges"),
     ("optimizer_ns", "optimizer"),
     ("other_ns", "other (data, loss, Python)"),
 )
 STEP_PART_COLORS = {
-    "units' compute": "#4c78a8", "FSDP / ZeRO work": "#f58518", "optimizer": "#9d9d9d",
+    "units' compute": "#4c78a8", "in FSDP's / ZeRO's ranges": "#f58518", "optimizer": "#9d9d9d",
     "other (data, loss, Python)": "#c7c7c7",
 }
 
 
 def step_breakdown(rank_times: pd.DataFrame | None) -> pd.DataFrame:
-    """Where each rank's step went as traced (medians over the analysed steps), long: rank, part, ms.
-    The training threads' parts of the traced step: on a GPU host work the profiler slowed, which no
-    factor moves to the run's clock, so the chart says "as traced" on every device.
+    """Where each rank's step went as traced (means over the analysed steps, as the traced step is each
+    rank's mean), long: rank, part, ms. The training threads' parts of the traced step: on a GPU host
+    work the profiler slowed, which no factor moves to the run's clock, so the chart says "as traced" on
+    every device. "In FSDP's / ZeRO's ranges" is the time the framework's own ranges covered, the
+    collectives they waited for included: not the bound's FSDP per-unit work, which leaves those out.
 
     ``rank_times`` is the analysis' STEP_TIMES table."""
     if rank_times is None or rank_times.empty:
         return pd.DataFrame({"rank": pd.Series(dtype="int64"), "part": pd.Series(dtype=str),
                              "ms": pd.Series(dtype="float64")})
-    med = rank_times.groupby("rank", sort=True)[[c for c, _ in STEP_PARTS]].median() / NS_PER_MS
-    parts = [pd.DataFrame({"rank": med.index.astype("int64"), "part": label, "ms": med[col].to_numpy()})
+    mean = rank_times.groupby("rank", sort=True)[[c for c, _ in STEP_PARTS]].mean() / NS_PER_MS
+    parts = [pd.DataFrame({"rank": mean.index.astype("int64"), "part": label, "ms": mean[col].to_numpy()})
              for col, label in STEP_PARTS]
     return pd.concat(parts, ignore_index=True)
 

@@ -69,8 +69,8 @@ def steps_section(data: ReportData) -> Section:
     breakdown = steps_data.step_breakdown(rank_times)
     if not breakdown.empty:
         views.append(plots.rank_bars(breakdown, part="part", colors=steps_data.STEP_PART_COLORS, stacked=True,
-                                     title="where each rank's traced step went (training threads, median per "
-                                           "step, as traced)"))
+                                     title="where each rank's traced step went (training threads, mean per "
+                                           "analysed step, as traced)"))
     # beyond HEATMAP_RANKS the heat map above shows them (rank_times is None then): no bar per rank
     waits = steps_data.rank_waits(rank_times, rank_exposed_ms(data.summary), clock_scale(data.summary.bound)) \
         if rank_times is not None else pd.DataFrame()
