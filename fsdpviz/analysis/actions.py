@@ -234,10 +234,13 @@ def build_actions(findings: Sequence[Finding], bound: BoundSummary | None, *,
 
 def fold(actions: Sequence[Action]) -> list[Action]:
     """Advised actions first (a knob to try), then the others, each by time lost; everything after the
-    first :data:`MAX_SHOWN` folded. The bound's action keeps the first place."""
+    first :data:`MAX_SHOWN` folded. The bound's action keeps the first place, the profiler's share the
+    last: the run itself does not lose it (as the findings list it)."""
     head = [a for a in actions if a.kind == KIND_BOUND]
     rest = sorted((a for a in actions if a.kind != KIND_BOUND), key=lambda a: -(a.lost_ms_per_step or 0.0))
-    ordered = head + [a for a in rest if a.knob] + [a for a in rest if not a.knob]
+    own = [a for a in rest if a.cause != fnd.CAUSE_PROFILER]
+    ordered = head + [a for a in own if a.knob] + [a for a in own if not a.knob] + [
+        a for a in rest if a.cause == fnd.CAUSE_PROFILER]
     return [msgspec.structs.replace(a, folded=i >= MAX_SHOWN) for i, a in enumerate(ordered)]
 
 

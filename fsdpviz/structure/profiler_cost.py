@@ -44,6 +44,10 @@ UNIT_PASSES: Final = ("forward", "backward")
 UNIT_TIMER_KIND: Final = "compute"  # a unit's own work in a pass (docs/recording.md, "Timers")
 # Above this slowdown, a finding says how much of the trace's idle time is the profiler's.
 NOTABLE_SLOWDOWN: Final = 1.10
+# Above this one, the traced timeline every figure and prediction is read from is largely the profiler's
+# own cost: the profiler's finding and every prediction say so, with how to record a closer base.
+HIGH_SLOWDOWN: Final = 1.5
+HIGH_SLOWDOWN_ADVICE: Final = "record with --no-memory, or fewer ranks per core, for a base closer to the run"
 # Fewer clean unprofiled steps on a rank than this, and one noisy step would set the headline. Two are
 # what a short recording has (the shared H100 recordings: 2 per rank); the clock says how many
 # (``summary --json`` ``clock.clean_steps``).

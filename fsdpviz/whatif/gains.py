@@ -24,7 +24,7 @@ from fsdpviz.errors import FsdpvizError
 from fsdpviz.formatting import MIB
 from fsdpviz.replay import prefetch_args
 from fsdpviz.replay.clock import clock_of
-from fsdpviz.replay.model import Gain, Model, model_clock, model_ranks, read_model
+from fsdpviz.replay.model import SUPPORTED, Gain, Model, model_clock, model_ranks, read_model
 from fsdpviz.replay.settings import GIVEN, Settings
 from fsdpviz.whatif.explore import device_budget, grid
 from fsdpviz.whatif.predict import PREFETCH_SAME_NOTES, SPREAD_UNKNOWN, Prediction, predict
@@ -109,6 +109,14 @@ def action_setting(action: Action, model: Model) -> Settings | None:
     return _best(model, candidates) if candidates else None
 
 
+def _no_wrap(model: Model) -> str:
+    """Why the model tries no other wrap on this recording (``--explore``'s reasons)."""
+    rec = model.recording
+    if "wrap" not in SUPPORTED[rec.framework]:
+        return f"{rec.framework}: other wrap policies are not modelled"
+    return "the recording has no unit below the root to merge"
+
+
 def _best(model: Model, candidates: list[Settings]) -> Settings:
     """Of an action's settings, the one ``--explore`` would put first: of those whose prediction is
     known, from a reliable replay and within the device's memory (where the trace states it), the
@@ -138,6 +146,10 @@ def predict_actions(model: Model, actions: Sequence[Action]) -> list[Action]:
     for action in actions:
         candidates = action_settings(action, model) if action.knob else []
         if not candidates:
+            if action.knob and action.kind == KIND_BOUND and action.cause == KIND_HOST:
+                # fewer units is the bound's knob, but the model can form no other units here: unknown,
+                # so not advised, and said why (--explore leaves every wrap out the same way)
+                action = with_prediction(action, None, "", because=f"fsdpviz whatif cannot predict it ({_no_wrap(model)})")
             out.append(action)
             keys.append(None)
             continue
@@ -145,7 +157,12 @@ def predict_actions(model: Model, actions: Sequence[Action]) -> list[Action]:
         key = settings.describe()
         if key not in done:
             done[key] = _change(model, settings)
-        change, words, code, spread, unreliable, because, _peak = done[key]
+        change, words, code, spread, unreliable, because, peak = done[key]
+        budget = device_budget(model)
+        if not unreliable and peak is not None and budget is not None and peak > budget:
+            # as --explore: a setting over the device's memory is listed apart, never advised
+            unreliable = (f"its predicted peak, {peak / MIB:,.1f} MiB, exceeds the device's "
+                          f"{budget / MIB:,.1f} MiB")
         if change is None and because:  # unknown: which setting, said with why
             because = f"{because} (fsdpviz whatif: {key})"
         predicted = with_prediction(action, change, f"{words} (fsdpviz whatif: {key})" if words else "",

@@ -39,6 +39,7 @@ from fsdpviz.replay.recorded import Recording, StepProgram
 from fsdpviz.replay.settings import DEFAULT, GIVEN, RECORDED, Settings, Wrap
 from fsdpviz.replay.simulate import SimResult, run
 from fsdpviz.structure.parallelism import known_dims
+from fsdpviz.structure.profiler_cost import HIGH_SLOWDOWN, HIGH_SLOWDOWN_ADVICE
 from fsdpviz.vocabulary import FSDP1, FSDP2, ZERO3
 from fsdpviz.whatif import bounds, known
 from fsdpviz.whatif.apply import Apply, apply_code, fsdp1_arguments
@@ -68,7 +69,6 @@ PREFETCH_REASONS = (CPU_PREFETCH_REASON, NO_COMM_PREFETCH_REASON)
 SPREAD_UNKNOWN_WHY = "the recording's step-to-step spread is unknown (fewer than two analysed steps)"
 SPREAD_UNKNOWN = f"{SPREAD_UNKNOWN_WHY}: whether the change is measurable cannot be said"
 # Past this slowdown the profiler's own cost is a large part of the traced step the model is built on.
-HIGH_SLOWDOWN = 1.5
 
 
 @dataclass(slots=True)
@@ -393,8 +393,7 @@ def weaknesses(replay_error_pct: float, cost: ProfilerCost | None, clean_error_p
                    f"{PHASE_LIMIT_PCT:g} %), so its predicted figures are not read as more than a direction")
     if cost is not None and cost.slowdown > HIGH_SLOWDOWN:
         out.append(f"the profiler slowed the recorded steps {cost.slowdown:.2f}x (more than {HIGH_SLOWDOWN:g}x): the "
-                   "traced timeline the model is built on is largely the profiler's own cost; record with --no-memory, "
-                   "or fewer ranks per core, for a base closer to the run")
+                   f"traced timeline the model is built on is largely the profiler's own cost; {HIGH_SLOWDOWN_ADVICE}")
     return out
 
 

@@ -8,6 +8,8 @@ meets first.
 
 from __future__ import annotations
 
+import gzip
+import json
 import statistics
 from collections.abc import Callable
 from pathlib import Path
@@ -16,11 +18,14 @@ from typing import Any
 import msgspec
 import pytest
 from helpers.rawfiles import raw_trace, timer_step_ms
+from synth import Scenario, generate_run, make_root, make_units
 
 from fsdpviz.analysis import findings as fnd
 from fsdpviz.analysis.actions import (
     HOST_BACKEND_BLOCKS,
     KIND_BOUND,
+    KNOB_HOST,
+    KNOB_HOST_CPU,
     MAX_SHOWN,
     Action,
     action_text,
@@ -29,9 +34,15 @@ from fsdpviz.analysis.actions import (
     one_per_setting,
     with_prediction,
 )
-from fsdpviz.replay.model import spread_share
+from fsdpviz.analysis.bound import KIND_HOST
+from fsdpviz.analysis.pipeline import analyse
+from fsdpviz.replay.model import read_model, spread_share
 from fsdpviz.structure.records import Finding
-from fsdpviz.whatif.gains import predicted_actions
+from fsdpviz.whatif.gains import predict_actions, predicted_actions
+
+# a GPU-shaped run of four blocks and a root (tests/synth): the wraps the bound's knob prices gather more
+SCENARIO = Scenario(units=make_units(4, numel=8_000_000), root=make_root(), world_size=4, ring_comm=True,
+                    steps=(3, 4), shared_timeline=True)
 
 PREFETCH = "prefetch one more unit ahead (the pass computes longer than it gathers; costs memory)"
 
@@ -163,11 +174,15 @@ def test_samples_advise_nothing_predicted_to_gain_nothing(sample: str, sample_ru
     assert bound.step_ms == pytest.approx(want, abs=1e-3)
     actions = predicted_actions(result)
     assert sum(not a.folded for a in actions) <= MAX_SHOWN
-    # the bound first, then what to try, then the rest; each by time lost
+    # the bound first, then what to try, then the rest, each by time lost; the profiler's share last
+    # (the run itself does not lose it), as the findings list it
     rest = [a for a in actions if a.kind != "bound"]
     advised = [a for a in rest if a.knob]
-    assert rest == advised + [a for a in rest if not a.knob]
-    for part in (advised, [a for a in rest if not a.knob]):
+    others = [a for a in rest if not a.knob and a.cause != "profiler"]
+    assert rest == advised + others + [a for a in rest if a.cause == "profiler"]
+    assert [f.kind for f in result.summary.findings][-1:] == ["profiler"] or not any(
+        a.cause == "profiler" for a in rest)
+    for part in (advised, others):
         lost = [a.lost_ms_per_step or 0.0 for a in part]
         assert lost == sorted(lost, reverse=True)
     for a in actions:
@@ -180,3 +195,56 @@ def test_samples_advise_nothing_predicted_to_gain_nothing(sample: str, sample_ru
             spread = share * step if share is not None and step is not None else None
             within = spread is not None and abs(a.predicted_change_ms) <= spread
             assert a.knob == "" and ("predicts no measurable change" if within else "predicts no gain") in a.why_not
+
+
+def _host_bound(knob: str) -> Action:
+    return Action(kind=KIND_BOUND, cause=KIND_HOST, message="host-bound", count=1, lost_ms_per_step=5.0, knob=knob)
+
+
+def test_a_host_bound_zero3_run_is_not_advised_a_wrap_whatif_cannot_make(sample_run: Callable[[str], Any]) -> None:
+    """ZeRO-3's units are DeepSpeed's modules: no wrap can be predicted (``--explore`` tries none, and
+    ``whatif --wrap`` refuses), so the bound's fewer-units knob is unknown, not advised, and says why."""
+    model = read_model(sample_run("zero3-cpu-2rank"))
+    (action,) = predict_actions(model, [_host_bound(KNOB_HOST_CPU)])
+    assert action.knob == "" and action.predicted_change_ms is None
+    assert action.why_not == "not advised: fsdpviz whatif cannot predict it (zero3: other wrap policies are not modelled)"
+
+
+def test_a_wrap_over_the_devices_memory_is_not_advised(tmp_path: Path) -> None:
+    """As ``--explore`` lists a setting over the device's memory apart, the bound's knob is not advised
+    when its best wrap's predicted peak exceeds the memory the trace states (here set one byte above the
+    recorded peak, below what coarser units gather)."""
+    run = generate_run(SCENARIO, tmp_path, run_folder=True).folder
+    model = read_model(analyse([run], cache=False, progress=False))
+    peak = max(s.memory.peak_bytes for s in model.recording.steps if s.memory is not None)
+    for path in sorted((run / "traces").glob("*.json*")):
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rt") as f:
+            trace = json.load(f)
+        for props in trace.get("deviceProperties", []):
+            props["totalGlobalMem"] = peak + 1
+        with opener(path, "wt") as f:
+            json.dump(trace, f)
+    model = read_model(analyse([run], cache=False, progress=False))
+    (action,) = predict_actions(model, [_host_bound(KNOB_HOST)])
+    assert action.knob == "" and "exceeds the device's" in action.why_not, action.why_not
+    assert action.predicted_change_ms is not None  # predicted, and said, but not advised
+
+
+@pytest.mark.parametrize(("name", "warned"), [("B", False), ("Bl", True)])
+def test_a_profiler_that_more_than_half_again_slowed_the_steps_is_said_of_every_view(
+        gpu_h200_dir: Path, name: str, warned: bool) -> None:
+    """The H200 recordings' own timers: B's profiled steps ran 1.46x its clean ones, Bl's (with the
+    profiler's memory recording on) 1.67x, read here from the timers files. Past 1.5x the profiler's
+    finding says, as every whatif prediction warns, that the traced timeline is largely the profiler's,
+    and how to record a closer base."""
+    folder = gpu_h200_dir / name
+    result = analyse([folder], cache=False, progress=False)
+    cost = result.summary.profiler
+    assert cost is not None
+    ranks = sorted((folder / "timers").glob("rank*.jsonl"))
+    profiled = statistics.median(statistics.mean(timer_step_ms(p)[s] for s in cost.profiled_steps) for p in ranks)
+    clean = statistics.median(statistics.median(timer_step_ms(p)[s] for s in cost.unprofiled_steps) for p in ranks)
+    assert (profiled / clean > 1.5) == warned
+    (finding,) = [f for f in result.summary.findings if f.kind == "profiler"]
+    assert ("record with --no-memory" in finding.message) == warned
