@@ -177,8 +177,13 @@ def _step_times(rank: int, steps: pd.DataFrame, pieces: pd.DataFrame, labels: pd
     copy_row, (copy_start, copy_end) = staged if staged is not None else (
         np.zeros(0, dtype=np.int64), (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)))
     known = copy_row >= 0
-    copy_step = collectives["step"].to_numpy()[copy_row[known]] if known.any() else np.zeros(0, dtype=np.int64)
-    copy_start, copy_end = copy_start[known], copy_end[known]
+    copy_step = np.full(len(copy_row), schema.NO_STEP, dtype=np.int64)
+    if known.any():
+        copy_step[known] = collectives["step"].to_numpy()[copy_row[known]]
+    # a copy launched in a collective op no row holds counts for the step it ran in, as the whole-step
+    # overlap counts every staged copy
+    for step, lo_ns, hi_ns in zip(steps["step"], lo, hi):
+        copy_step[~known & (copy_start >= lo_ns) & (copy_start < hi_ns)] = step
     for step in steps["step"]:
         c = collectives[collectives["step"] == step]
         mine = copy_step == step
@@ -500,12 +505,15 @@ def combine_parts(parts: Sequence[RankPart], traces: TraceSet, selection: StepSe
     gathers = pd.DataFrame({"rank": all_coll["rank"].to_numpy(), "pg": all_coll["pg"].astype(str).to_numpy(),
                             "unit": np.where((all_coll["kind"] == vocabulary.ALL_GATHER).to_numpy(),
                                              all_coll["unit"].astype(str).to_numpy(), "")})
-    # what one all-gather of each unit moved (its units' sizes where neither run.json nor the issuing
-    # ops say them): per collective, not per pass, which gathers twice under gradient accumulation; a
-    # ZeRO-3 bucket carrying several units is no one unit's size
+    # what each unit's all-gathers moved in one pass of one micro-batch (its size where neither run.json
+    # nor the issuing ops say it): a unit gathered in several collectives counts them all, and a step's
+    # micro-batches, which gather it again, do not add up; a ZeRO-3 bucket carrying several units is no
+    # one unit's size
     moved = all_coll[(all_coll["kind"] == vocabulary.ALL_GATHER).to_numpy() & (all_coll["bytes"] > 0).to_numpy()
                      & (all_coll["unit"].astype(str) != "").to_numpy() & (all_coll["n_units"] == 1).to_numpy()]
-    gathered_bytes = moved.groupby(moved["unit"].astype(str))["bytes"].median()
+    per_pass = moved.groupby([moved["rank"], moved["step"], moved["micro"], moved["phase"].astype(str),
+                              moved["unit"].astype(str)], observed=True)["bytes"].sum()
+    gathered_bytes = per_pass.groupby(level=4).median()
     del all_coll, moved
     spans = _shift(_frame_of(parts, "spans", schema.SPANS), offsets, ("start_ns", "end_ns", "issue_ns"))
     pass_windows = _shift(_in_steps(windows, wanted), offsets,

@@ -118,7 +118,7 @@ class OverlapSummary(OverlapFigures, kw_only=True):
 
     by_purpose: dict[str, PurposeOverlap] | None = None
     """Per purpose (vocabulary.PURPOSES: FSDP's all-gathers and reduce-scatters, HSDP's all-reduces,
-    tensor parallelism, other), its communication and exposed time per step, averaged over ranks;
+    tensor parallelism, other), its communication and exposed time per step, the median over ranks;
     None where the traces have no FSDP labels to tell FSDP's collectives by (a note says so)."""
     fsdp_overhead_ms: float | None = None
     as_traced: TracedOverlap | None = None

@@ -38,9 +38,9 @@ import pandas as pd
 from fsdpviz import vocabulary
 from fsdpviz.structure.intervals import (
     Intervals,
+    covered_ns,
     empty_intervals,
     exposed_ns,
-    overlap_ns,
     total_ns,
     union_intervals,
 )
@@ -83,13 +83,25 @@ def collective_times(rows: pd.DataFrame, compute: dict[int, Intervals],
     copy_end = staged["end_ns"].to_numpy(np.int64)
     keys = zip(rows["rank"].astype(int), rows["lane"].astype(str), rows["start_ns"].astype(np.int64),
                rows["end_ns"].astype(np.int64))
+    # each collective with copies: the pieces of its union, then each rank's pieces against its compute
+    # in one call (not one pass over the compute set per collective)
+    pieces: dict[int, tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]] = {}
     for i, (rank, lane, start, end) in enumerate(keys):
         mine = copies.get((rank, lane, start, end))
         if mine is None:
             continue
-        iv = union_intervals(np.append(copy_start[mine], start), np.append(copy_end[mine], end))
-        length[i] = total_ns(iv)
-        exposed[i] = length[i] - overlap_ns(iv, compute.get(rank, empty_intervals()))
+        lo, hi = union_intervals(np.append(copy_start[mine], start), np.append(copy_end[mine], end))
+        length[i] = total_ns((lo, hi))
+        starts, ends, owners = pieces.setdefault(rank, ([], [], []))
+        starts.append(lo)
+        ends.append(hi)
+        owners.append(np.full(len(lo), i, dtype=np.int64))
+    for rank, (starts, ends, owners) in pieces.items():
+        owner = np.concatenate(owners)
+        covered = covered_ns(compute.get(rank, empty_intervals()), np.concatenate(starts), np.concatenate(ends))
+        under = np.bincount(owner, weights=covered.astype(np.float64), minlength=len(rows))
+        at = np.unique(owner)
+        exposed[at] = length[at] - np.rint(under[at]).astype(np.int64)
     return length, exposed
 
 
