@@ -23,11 +23,11 @@ from pathlib import Path
 
 import pytest
 from helpers.rawfiles import raw_trace, starts_in_step
-from recording import NO_SYNC_KEPT_RUN, NO_SYNC_RUNS, Recordings
+from recording import NO_SYNC_KEPT_RUN, NO_SYNC_RUNS, Config, Recordings
 
-from fsdpviz.analysis.pipeline import analyse
+from fsdpviz.analysis.pipeline import RunResult, analyse
 from fsdpviz.replay.clock import BASIS_REPLAYED, RELIABLE_REPLAY_PCT
-from fsdpviz.replay.model import read_model, recorded_settings
+from fsdpviz.replay.model import Model, read_model, recorded_settings
 from fsdpviz.replay.program import GatherOp, ReduceOp, SegmentOp, build
 from fsdpviz.whatif.gains import completed_summary
 
@@ -41,15 +41,9 @@ UNITS = 9  # the root, six blocks, two blocks' experts
 
 @pytest.mark.parametrize("framework", list(NO_SYNC_RUNS))
 def test_micro_batches_without_sync_reduce_nothing_in_the_replay(framework: str, recordings: Recordings) -> None:
-    rec = recordings.get(NO_SYNC_RUNS[framework])
-    assert rec.proc.returncode == 0, rec.proc.stderr[-2000:]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        result = analyse([rec.run_dir], cache=False, progress=False)
-    model = read_model(result)
-    assert model.recording.steps
+    run_dir, result, model = _read(recordings, NO_SYNC_RUNS[framework])
     for step, replay in zip(model.recording.steps, model.replays, strict=True):
-        path = _trace(rec.run_dir, step.rank)
+        path = _trace(run_dir, step.rank)
         found = starts_in_step(path, step.step, (*REDUCE_OPS, *MICRO_STARTS))
         starts = [t for name in MICRO_STARTS for t in found[name]]
         reduced = sorted(t for name in REDUCE_OPS for t in found[name])
@@ -73,15 +67,9 @@ FORWARD_STARTS, BACKWARD_STARTS = "FSDP::root_pre_forward", "FSDP::pre_backward"
 
 
 def test_units_kept_unsharded_between_micro_batches_are_not_gathered_again(recordings: Recordings) -> None:
-    rec = recordings.get(NO_SYNC_KEPT_RUN)
-    assert rec.proc.returncode == 0, rec.proc.stderr[-2000:]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        result = analyse([rec.run_dir], cache=False, progress=False)
-    model = read_model(result)
-    assert model.recording.steps
+    run_dir, result, model = _read(recordings, NO_SYNC_KEPT_RUN)
     for step, replay in zip(model.recording.steps, model.replays, strict=True):
-        path = _trace(rec.run_dir, step.rank)
+        path = _trace(run_dir, step.rank)
         found = starts_in_step(path, step.step, (*GATHER_OPS, FORWARD_STARTS, BACKWARD_STARTS))
         forwards, backwards = found[FORWARD_STARTS], found[BACKWARD_STARTS]
         gathered = sorted(t for name in GATHER_OPS for t in found[name])
@@ -112,6 +100,18 @@ def _forward_gathers(ops: list[object]) -> list[int]:
         elif isinstance(op, GatherOp) and forward:
             counts[-1] += 1
     return counts
+
+
+def _read(recordings: Recordings, config: Config) -> tuple[Path, RunResult, Model]:
+    """The recording of ``config``, analysed, and its model (with steps to replay)."""
+    rec = recordings.get(config)
+    assert rec.proc.returncode == 0, rec.proc.stderr[-2000:]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = analyse([rec.run_dir], cache=False, progress=False)
+    model = read_model(result)
+    assert model.recording.steps
+    return rec.run_dir, result, model
 
 
 def _trace(run_dir: Path, rank: int) -> Path:
