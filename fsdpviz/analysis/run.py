@@ -67,7 +67,13 @@ from fsdpviz.structure.purposes import (
     one_row_per_collective,
     purpose_times,
 )
-from fsdpviz.structure.records import CLOCK_MOVED, NO_UNIT_LABELS, SHARED_COLLECTIVES, Note
+from fsdpviz.structure.records import (
+    CLOCK_MOVED,
+    NO_UNIT_LABELS,
+    SHARED_COLLECTIVES,
+    UNIT_SIZES_UNKNOWN,
+    Note,
+)
 from fsdpviz.structure.spans import ISSUED_GATHERS, unit_tables
 from fsdpviz.structure.staging import host_backend_collectives, staged_copies
 from fsdpviz.structure.steps import StepSelection, select_steps
@@ -571,7 +577,7 @@ def combine_parts(parts: Sequence[RankPart], traces: TraceSet, selection: StepSe
         sharded_state={r: st for r, st in states.items() if st is not None},
         memory_unknown={r: sp.unknown for r, sp in split.items() if sp.unknown},
         memory_level={r: msplit.level_of(f, traces.run) for r, f in ((int(f["rank"]), f) for f in fact_rows)},
-        clock=clock, skew=skew, findings=findings, notes=_notes(has_units, clock, shared),
+        clock=clock, skew=skew, findings=findings, notes=_notes(has_units, clock, shared, units),
         purposes=_frame_of(parts, "purposes", PURPOSE_TIMES),
         unseen_frees=_shift(_frame_of(parts, "unseen_frees", unseen.UNSEEN_FREES), offsets, ("alloc_ns", "free_ns")),
     )
@@ -596,8 +602,14 @@ def _model(stats: pd.DataFrame, units: pd.DataFrame, peaks: pd.DataFrame, gpu: b
     return model
 
 
-def _notes(has_units: bool, clock: pd.DataFrame, shared: tuple[int, int]) -> list[Note]:
+def _notes(has_units: bool, clock: pd.DataFrame, shared: tuple[int, int], units: pd.DataFrame) -> list[Note]:
     notes = []
+    unsized = units["unit"][(units["param_bytes"] < 0).to_numpy()].astype(str).tolist() if len(units) else []
+    if has_units and unsized:
+        named = ", ".join(unsized[:5]) + (f" and {len(unsized) - 5} more" if len(unsized) > 5 else "")
+        notes.append(Note(UNIT_SIZES_UNKNOWN, f"{named}: size unknown (null): no run.json lists it, and no "
+                          "all-gather in the traces carried it alone (ZeRO-3 buckets carry several units), so no "
+                          "one unit's bytes can be read"))
     if not has_units:
         notes.append(Note(NO_UNIT_LABELS, "no FSDP unit labels in the traces (FSDP2's FSDP::... or fsdpviz's "
                           "fsdpviz::... ranges): only whole-step numbers are available"))

@@ -32,6 +32,7 @@ NO_UNITS_FOUND: Final = "no_units_found"  # labels, but no unit in the analysed 
 NO_COMMUNICATION: Final = "no_communication"  # overlap_pct is null
 NO_UNIT_LABELS: Final = "no_unit_labels"  # the per-unit analysis found no unit labels
 SHARED_COLLECTIVES: Final = "shared_collectives"  # ZeRO-3 buckets carried several units
+UNIT_SIZES_UNKNOWN: Final = "unit_sizes_unknown"  # units whose size neither run.json nor an all-gather gives
 CLOCK_MOVED: Final = "clock_moved"  # a rank's times were moved onto the reference clock
 PARALLELISM_UNKNOWN: Final = "parallelism_unknown"  # a parallelism size is null
 BY_PURPOSE_UNKNOWN: Final = "by_purpose_unknown"  # overlap.by_purpose is null (no FSDP labels)

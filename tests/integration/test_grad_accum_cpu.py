@@ -164,6 +164,9 @@ def test_traces_alone_size_each_unit_by_one_gather(runs, framework: str) -> None
             assert sizes.get(unit, -1) == -1, unit  # unknown
         else:
             assert sizes[unit] == nbytes, unit
+    unknown = [u for u in declared if sizes.get(u, -1) == -1]
+    said = [n for n in alone.notes if n.code == "unit_sizes_unknown"]
+    assert bool(said) == bool(unknown) and all(u in said[0] for u in unknown[:5])
     if framework != "zero3":
         assert all(sizes[u] == n for u, n in declared.items())
 
