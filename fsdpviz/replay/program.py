@@ -432,8 +432,9 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
                     post = max(0.0, post - p.reduce_host_ns) + host
                     after = min(after, post)
                 ops.append(BusyOp(post - after, "post"))
-                if last and (phase == BACKWARD or reshard.get(unit, True)) and not (phase == BACKWARD
-                                                                                 and unit in keep):
+                # forward frees a resharding unit; backward every unit but those kept into the next micro-batch
+                frees = reshard.get(unit, True) if phase == FORWARD else unit not in keep
+                if last and frees:
                     unsharded.discard(unit)
                 if last and phase == BACKWARD:
                     if micro in synced and reduced_units.intersection(members.get(unit, [unit])):

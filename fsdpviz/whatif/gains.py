@@ -121,18 +121,30 @@ def _best(model: Model, candidates: list[Settings]) -> Settings:
     """Of an action's settings, the one ``--explore`` would put first: of those whose prediction is
     known, from a reliable replay and within the device's memory (where the trace states it), the
     fastest; else the fastest known; else the first."""
-    budget = device_budget(model)
     priced = []
     for settings in candidates:
-        key = settings.describe()
-        if key not in model.gains:
-            model.gains[key] = _change(model, settings)
-        change, *_, unreliable, _because, peak = model.gains[key]
+        change, *_, unreliable, _because, peak = _priced(model, settings)
         if change is not None:
-            fits = budget is None or peak is None or peak <= budget
-            priced.append((not unreliable and fits, change, settings))
+            priced.append((not unreliable and not _over_memory(model, peak), change, settings))
     usable = [p for p in priced if p[0]] or priced
     return min(usable, key=lambda p: p[1])[2] if usable else candidates[0]
+
+
+def _priced(model: Model, settings: Settings) -> Gain:
+    """:func:`_change` of ``settings``, predicted once per model whichever view asks (``Model.gains``)."""
+    key = settings.describe()
+    if key not in model.gains:
+        model.gains[key] = _change(model, settings)
+    return model.gains[key]
+
+
+def _over_memory(model: Model, peak: int | None) -> str:
+    """Why a setting whose predicted peak is ``peak`` is not advised for memory ("" if it fits): it exceeds
+    the device's memory the trace states, as ``--explore`` lists such a setting apart."""
+    budget = device_budget(model)
+    if peak is None or budget is None or peak <= budget:
+        return ""
+    return f"its predicted peak, {peak / MIB:,.1f} MiB, exceeds the device's {budget / MIB:,.1f} MiB"
 
 
 def predict_actions(model: Model, actions: Sequence[Action]) -> list[Action]:
@@ -140,7 +152,6 @@ def predict_actions(model: Model, actions: Sequence[Action]) -> list[Action]:
     own rules (analysis/actions.py ``with_prediction``: a gain beyond the recording's spread, from a
     reliable replay), actions that lead to one setting made one (``one_per_setting``); folding again,
     since an action may have lost its knob."""
-    done = model.gains  # each setting predicted once per model, whichever view asks
     out = []
     keys: list[str | None] = []
     for action in actions:
@@ -155,14 +166,8 @@ def predict_actions(model: Model, actions: Sequence[Action]) -> list[Action]:
             continue
         settings = _best(model, candidates)
         key = settings.describe()
-        if key not in done:
-            done[key] = _change(model, settings)
-        change, words, code, spread, unreliable, because, peak = done[key]
-        budget = device_budget(model)
-        if not unreliable and peak is not None and budget is not None and peak > budget:
-            # as --explore: a setting over the device's memory is listed apart, never advised
-            unreliable = (f"its predicted peak, {peak / MIB:,.1f} MiB, exceeds the device's "
-                          f"{budget / MIB:,.1f} MiB")
+        change, words, code, spread, unreliable, because, peak = _priced(model, settings)
+        unreliable = unreliable or _over_memory(model, peak)
         if change is None and because:  # unknown: which setting, said with why
             because = f"{because} (fsdpviz whatif: {key})"
         predicted = with_prediction(action, change, f"{words} (fsdpviz whatif: {key})" if words else "",
