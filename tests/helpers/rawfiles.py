@@ -66,6 +66,19 @@ def timer_step_ms(path: Path) -> dict[int, float]:
             if r["unit"] == "" and r["phase"] == "step" and r["kind"] == "total"}
 
 
+def profiled_over_clean(folder: Path) -> float:
+    """The timers' whole step in the profiled steps over the clean ones (the steps after the one right
+    after the trace): per rank the median over steps, then the median over ranks, from the raw files."""
+    profiled = list(json.loads((folder / "run.json").read_text())["profile"]["steps"])
+    ratios = []
+    for path in sorted((folder / "timers").glob("rank*.jsonl")):
+        walls = timer_step_ms(path)
+        clean = [ms for s, ms in walls.items() if s > max(profiled) + 1]
+        assert clean, f"no clean step timed in {path.name}"
+        ratios.append(statistics.median(walls[s] for s in profiled if s in walls) / statistics.median(clean))
+    return statistics.median(ratios)
+
+
 def kernels_launched_in(path: Path, range_name: str, steps: list[int]) -> float:
     """Per step, the ms of GPU work whose launch lies inside a CPU range named ``range_name`` (FSDP2's
     own labels, e.g. ``FSDP::pre_backward``, which hold the backward gathers' copies), over ``steps``

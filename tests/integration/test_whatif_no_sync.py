@@ -22,7 +22,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-from helpers.rawfiles import raw_trace, starts_in_step
+from helpers.rawfiles import profiled_over_clean, raw_trace, starts_in_step
 from recording import NO_SYNC_KEPT_RUN, NO_SYNC_RUNS, Config, Recordings
 
 from fsdpviz.analysis.pipeline import RunResult, analyse
@@ -58,8 +58,7 @@ def test_micro_batches_without_sync_reduce_nothing_in_the_replay(framework: str,
         # unit as resharding (test_whatif_memory_cpu.py holds that): half the reliable replay's limit
         assert replay.step_ns / 1e6 == pytest.approx(traced_ms, rel=RELIABLE_REPLAY_PCT / 200), (step.rank, step.step)
     # so the run's clock is the replay's: it runs the timers' clean steps within its limit
-    clock = completed_summary(result).clock
-    assert clock is not None and clock.basis == BASIS_REPLAYED, clock.note if clock else None
+    _assert_replayed_clock(run_dir, result)
 
 
 GATHER_OPS = ("c10d::_allgather_base_", "c10d::all_gather_into_tensor")
@@ -83,8 +82,24 @@ def test_units_kept_unsharded_between_micro_batches_are_not_gathered_again(recor
         traced_ms = raw_trace(path).step_ms(step.step)
         # measured within 0.2 % on the committed recording: half the reliable replay's limit
         assert replay.step_ns / 1e6 == pytest.approx(traced_ms, rel=RELIABLE_REPLAY_PCT / 200), (step.rank, step.step)
+    _assert_replayed_clock(run_dir, result)
+
+
+# Below this, the raw timers themselves time the profiled steps shorter than the clean ones: the clean
+# steps waited on other work (a recording made beside a busy test suite), and the clock must stay traced.
+NOISY_CLEAN_STEPS = 0.9
+
+
+def _assert_replayed_clock(run_dir: Path, result: RunResult) -> None:
+    """The run's clock is the replay's, unless the raw timer files show its clean steps measured noise
+    (profiled steps :data:`NOISY_CLEAN_STEPS` or less of the clean ones), and then it is traced and says so."""
     clock = completed_summary(result).clock
-    assert clock is not None and clock.basis == BASIS_REPLAYED, clock.note if clock else None
+    assert clock is not None
+    slowdown = profiled_over_clean(run_dir)
+    if slowdown < NOISY_CLEAN_STEPS:
+        assert clock.basis != BASIS_REPLAYED and clock.note is not None and "noise" in clock.note, (slowdown, clock)
+    elif slowdown >= 1.0:
+        assert clock.basis == BASIS_REPLAYED, (slowdown, clock.note)
 
 
 def _forward_gathers(ops: list[object]) -> list[int]:
