@@ -110,3 +110,28 @@ def test_a_difference_within_the_one_known_spread_gets_no_star(made: dict) -> No
     # the findings follow the same rule: no winner named
     finding = next(f for f in comparison.findings if f.kind == "step_time")
     assert finding.better is None and "within noise" in finding.message
+
+
+def test_every_unknown_spread_says_why(made: dict) -> None:
+    """compare --json: a null spread has its reason beside it, a known one none. ``single`` has one
+    analysed step by construction, so no spread of its step time, exposed communication, overlap or
+    units' times; the bound's parts have none in either run; group peaks are bytes."""
+    out = comparison_json(_compare(made, ["jittery", "single"]))
+    unknown = out["spread_unknown"]
+    for key, per_run in (*out["spread_ms"].items(), *out["spread_points"].items()):
+        for label, spread in zip(out["labels"], per_run, strict=True):
+            assert (spread is None) == (label in unknown.get(key, {})), (key, label)
+    # the figures the synthetic steps give per step: jittery has two or more, single one
+    for key in ("step_time_ms", "overlap.exposed_comm_ms", "overlap.comm_ms", "overlap.overlap_pct"):
+        assert list(unknown[key]) == ["single"] and "fewer than two analysed steps" in unknown[key]["single"], key
+    for key in ("overlap.compute_ms", "overlap.fsdp_overhead_ms", "overlap.idle_ms"):
+        assert set(unknown[key]) == {"jittery", "single"} and "not kept per step" in unknown[key]["single"], key
+    for group in out["unit_groups"]:
+        for metric, per_run in group["spread_ms"].items():
+            for label, spread in per_run.items():
+                why = group["spread_unknown"].get(metric, {}).get(label)
+                assert (spread is None) == (why is not None), (group["name"], metric, label)
+                if metric.endswith("_bytes"):
+                    assert why is not None and "memory finding's rule" in why
+                elif label == "single":
+                    assert why is not None and why.startswith("fewer than two analysed"), (metric, why)

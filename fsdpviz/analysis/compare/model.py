@@ -83,6 +83,8 @@ class Comparison:
     unit_best: dict[str, dict[str, list[int]]] = field(default_factory=dict)  # group -> metric -> best runs
     unit_spread: dict[str, dict[str, list[float | None]]] = field(default_factory=dict)  # group -> metric -> per run
     unit_best_withheld: dict[str, dict[str, str]] = field(default_factory=dict)  # group -> metric -> why no star
+    spread_unknown: dict[str, dict[str, str]] = field(default_factory=dict)  # key -> run label -> why no spread
+    unit_spread_unknown: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)  # group -> metric -> same
 
 
 def unit_index(run: LabelledRun) -> dict[str, dict[str, Any]]:

@@ -25,8 +25,10 @@ from fsdpviz.analysis.compare.spread import (
     STEP_SHARES,
     clear_best,
     group_spread_ms,
+    group_spread_why,
     headline_spread_ms,
     headline_spread_points,
+    headline_spread_why,
 )
 from fsdpviz.analysis.compare.units import (
     BY_FQN,
@@ -155,9 +157,12 @@ def compare_runs(runs: Sequence[LabelledRun]) -> Comparison:
                 withheld[f.key] = why
     notes = comparability_notes(runs, match) + drift_notes(labels, drift, values["step_rise_bytes"]) \
         + unseen_notes(runs)
+    unknown = {key: {r.label: headline_spread_why(r, key) for r, s in zip(runs, spreads) if s is None}
+               for key, spreads in (*spread.items(), *points.items())}
     comparison = Comparison(labels=labels, runs=list(runs), values=values, deltas=deltas, best=best,
                             settings=settings_rows(runs), match=match, drift=drift, notes=notes,
-                            best_withheld=withheld, spread=spread, spread_points=points)
+                            best_withheld=withheld, spread=spread, spread_points=points,
+                            spread_unknown={k: v for k, v in unknown.items() if v})
     unit_marks(comparison)
     comparison.findings = build_findings(comparison)
     return comparison
@@ -203,6 +208,9 @@ def unit_marks(comparison: Comparison) -> None:
                 why[metric] = reason
         comparison.unit_best[group.name] = marks
         comparison.unit_spread[group.name] = spreads
+        unknown = {m: {r.label: group_spread_why(r, group, m) for r, v in zip(comparison.runs, row) if v is None}
+                   for m, row in spreads.items()}
+        comparison.unit_spread_unknown[group.name] = {m: v for m, v in unknown.items() if v}
         comparison.unit_best_withheld[group.name] = why
 
 
@@ -389,6 +397,7 @@ def comparison_json(comparison: Comparison) -> dict[str, Any]:
         "unit_match_basis": comparison.match.basis,
         "spread_ms": comparison.spread,
         "spread_points": comparison.spread_points,
+        "spread_unknown": comparison.spread_unknown,
         "whole_model_runs": comparison.match.whole_model,
         "step_rise_bytes": comparison.values["step_rise_bytes"],
         "memory_drift_bytes": comparison.drift,
@@ -404,5 +413,6 @@ def group_json(comparison: Comparison, group: Any) -> dict[str, Any]:
     labels = comparison.labels
     out["best"] = {m: [labels[i] for i in v] for m, v in comparison.unit_best.get(group.name, {}).items()}
     out["spread_ms"] = {m: dict(zip(labels, v)) for m, v in comparison.unit_spread.get(group.name, {}).items()}
+    out["spread_unknown"] = comparison.unit_spread_unknown.get(group.name, {})
     out["best_withheld"] = comparison.unit_best_withheld.get(group.name, {})
     return out

@@ -135,6 +135,37 @@ def group_spread_ms(run: LabelledRun, group: UnitGroup, metric: str) -> float | 
     return _range(per_rank_step.groupby(level="step").median() / NS_PER_MS)
 
 
+# Why a spread is None: the words compare --json gives beside it (``spread_unknown``).
+NOT_PER_STEP: Final = ("not kept per step: the bound splits each rank's analysed steps together into compute, FSDP's "
+                       "per-unit work and idle, so this figure has no step-to-step spread")
+FEW_STEPS: Final = "fewer than two {what} steps, so no step-to-step spread"
+NO_UNITS: Final = "the run holds none of the group's units"
+BYTES_RULE: Final = ("bytes have no step-to-step spread here: compare holds them to the memory finding's rule (2 % "
+                     "apart), not to a spread")
+
+
+def headline_spread_why(run: LabelledRun, key: str) -> str:
+    """Why ``run`` has no step-to-step spread of the headline figure ``key`` (where
+    :func:`headline_spread_ms` or :func:`headline_spread_points` gives None)."""
+    if key not in MEASURED:
+        return NOT_PER_STEP
+    timed = key == "step_time_ms" and run.summary.step_time_source == "timers"
+    return FEW_STEPS.format(what="unprofiled timed" if timed else "analysed")
+
+
+def group_spread_why(run: LabelledRun, group: UnitGroup, metric: str) -> str:
+    """Why ``run`` has no step-to-step spread of a unit group's ``metric`` (where :func:`group_spread_ms`
+    gives None)."""
+    if metric.endswith("_bytes"):
+        return BYTES_RULE
+    if not group.members.get(run.label):
+        return NO_UNITS
+    spec = UNIT_COLUMNS.get(metric)
+    if spec is None:
+        return NOT_PER_STEP
+    return FEW_STEPS.format(what=f"analysed {spec[1]}" if spec[1] else "analysed")
+
+
 def clear_best(values: Sequence[float | int | None], spreads: Sequence[float | None],
                best: Sequence[int], unit: str = "ms") -> tuple[list[int], str]:
     """The best runs of a row that beat every other run by more than the spread (in ``unit``), and
