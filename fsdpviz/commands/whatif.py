@@ -42,7 +42,7 @@ def whatif(
                        "forward order become one) or match:REGEX (units are the modules whose name matches). "
                        "Default: as recorded.", show_default=False)] = None,
     prefetch: Annotated[str | None, typer.Option(
-        "--prefetch", metavar="implicit|none|N", help="implicit (FSDP2's default), none (no all-gather overlaps compute) or N (explicit "
+        "--prefetch", metavar="implicit|none|N", help="implicit (the framework's default: one unit ahead in backward), none (no all-gather overlaps compute) or N (explicit "
                            "forward and backward prefetch of the next N units). Default: as recorded.",
         show_default=False)] = None,
     reshard_after_forward: Annotated[str | None, typer.Option(
@@ -309,16 +309,19 @@ def print_prediction(prediction: Prediction, run: str, framework: str, world_siz
            [(u.name, f"{u.all_gather_ms:.2f}", f"{u.forward_ms:.2f}", f"{u.backward_ms:.2f}",
              f"{u.reduce_scatter_ms:.2f}", f"{u.exposed_comm_ms:.2f}") for u in prediction.predicted.units])
     typer.echo("")
-    typer.echo("settings: " + "; ".join(_setting_words(settings, device, prediction.prefetch_arguments)))
+    typer.echo("settings: " + "; ".join(_setting_words(settings, device, prediction.prefetch_arguments, framework)))
     typer.echo(f"replay: {prediction.replay_words()}")
     for note in prediction.notes:
         typer.echo(f"note: {note}")
 
 
-def _setting_words(settings: Settings, device: str = "", prefetch: dict[str, object] | None = None) -> list[str]:
+def _setting_words(settings: Settings, device: str = "", prefetch: dict[str, object] | None = None,
+                   framework: str = "") -> list[str]:
     """Each setting and where it came from: ``prefetch 1 (given)``, ``wrap as recorded``; on a CPU
-    ``device`` the ranks per host are not GPUs; ``prefetch``: that setting in the framework's own
-    arguments (``prefetch implicit (recorded: forward_prefetch=False, backward_prefetch=BACKWARD_PRE)``)."""
+    ``device`` the ranks per host are not GPUs; ``prefetch``: that setting in ``framework``'s own words and
+    arguments (``prefetch implicit, FSDP1's default: ... (recorded: forward_prefetch=False,
+    backward_prefetch=BACKWARD_PRE)``)."""
+    from fsdpviz.replay.prefetch_args import depth_words
     from fsdpviz.replay.prefetch_args import words as argument_words
 
     words = []
@@ -330,6 +333,8 @@ def _setting_words(settings: Settings, device: str = "", prefetch: dict[str, obj
             words.append(f"{name} as recorded")
         else:
             text = str(value).lower() if isinstance(value, bool) else str(value)
+            if key == "prefetch":
+                text = depth_words(framework, text)
             said = f"{source}: {argument_words(prefetch)}" if key == "prefetch" and prefetch else source
             words.append(f"{name} {text} ({said})")
     return words

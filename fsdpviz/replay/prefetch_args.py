@@ -1,8 +1,8 @@
 """Prefetch in each framework's own words: what a recording's arguments were, and what a predicted
 prefetch setting would be as the arguments a user writes.
 
-The model speaks of prefetch as a depth: ``implicit`` (FSDP2's default: nothing explicitly ahead in
-forward, one unit ahead in backward), ``none`` (nothing ahead) and ``N`` (N units ahead in both
+The model speaks of prefetch as a depth: ``implicit`` (the framework's own default; FSDP2's and FSDP1's:
+nothing ahead in forward, one unit ahead in backward), ``none`` (nothing ahead) and ``N`` (N units ahead in both
 passes). Users write their framework's arguments instead:
 
 - FSDP2: ``set_modules_to_forward_prefetch`` / ``set_modules_to_backward_prefetch`` lists (``N``: the
@@ -119,6 +119,21 @@ def arguments(framework: str, depth: str, unit_numels: Sequence[int]) -> dict[st
         windows = [sum(unit_numels[i:i + n]) for i in range(max(1, len(unit_numels) - n + 1))]
         return {"stage3_prefetch_bucket_size": max(windows) if windows else 0}
     return None
+
+
+DEFAULT_WORDS: Final = {
+    FSDP2: "FSDP2's default: one unit ahead in backward, none in forward",
+    FSDP1: "FSDP1's default: one unit ahead in backward (BACKWARD_PRE), none in forward",
+    ZERO3: "DeepSpeed's own prefetch within its bucket",
+}
+
+
+def depth_words(framework: str, depth: str) -> str:
+    """The model's prefetch ``depth`` as the framework knows it: ``implicit`` is each framework's own
+    default (:data:`DEFAULT_WORDS`), not FSDP2's term alone."""
+    if depth == IMPLICIT and framework in DEFAULT_WORDS:
+        return f"{IMPLICIT}, {DEFAULT_WORDS[framework]}"
+    return depth
 
 
 def words(args: dict[str, object]) -> str:

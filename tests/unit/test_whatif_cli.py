@@ -153,6 +153,28 @@ def test_explore_on_cpu_counts_what_it_lists_without_a_budget(capsys: pytest.Cap
     assert len(data["ranked"]) == len(ranked) and len(data["within_spread"]) == len(rows) - len(ranked)
 
 
+@pytest.mark.parametrize(("sample", "framework", "expected"), [
+    ("fsdp1-cpu-2rank", "FSDP1's default", "forward_prefetch=False, backward_prefetch=BACKWARD_PRE"),
+    ("fsdp2-cpu-2rank", "FSDP2's default", "set_modules_to_forward_prefetch=not called"),
+])
+def test_the_recorded_prefetch_is_named_in_its_framework_s_words(sample: str, framework: str, expected: str,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """The settings line names a recording's default prefetch as its own framework's default, and the
+    arguments it gives are what the recorder read from the framework (run.json, read as plain JSON)."""
+    folder = Path(__file__).parents[2] / "sample_traces" / sample
+    units = json.loads((folder / "run.json").read_text())["units"]
+    if sample.startswith("fsdp1"):  # FSDP1's own arguments, as the recorder read them off its modules
+        assert {(u["forward_prefetch"], u["backward_prefetch"]) for u in units} == {(False, "BACKWARD_PRE")}
+    else:  # no explicit set_modules_to_*_prefetch lists: FSDP2's implicit prefetch
+        assert not any(isinstance(u[k], list) and u[k] for u in units for k in ("forward_prefetch", "backward_prefetch"))
+    code, out, _ = _run(["whatif", str(folder), "--wrap", "root", "--no-cache", "-q"], capsys)
+    assert code == 0
+    (line,) = [line for line in out.splitlines() if line.startswith("settings: ")]
+    prefetch = next(part for part in line.removeprefix("settings: ").split("; ") if part.startswith("prefetch "))
+    assert prefetch.startswith(f"prefetch implicit, {framework}: one unit ahead in backward"), prefetch
+    assert f"(recorded: {expected}" in prefetch
+
+
 def _no_units_trace(tmp: Path) -> Path:
     b = TraceBuilder(rank=0)
     b.step(1, 0, 1000).step(2, 1000, 1000).step(3, 2000, 1000)
