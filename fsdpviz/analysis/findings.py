@@ -305,8 +305,9 @@ def straggler_findings(step_times: pd.DataFrame, floor_ns: float, scale: float =
                  f"rank {rank} starts collectives later than the other ranks (straggler); they wait for it "
                  f"{ms_text(lost / NS_PER_MS)}/step in exposed communication",
                  f"sum over a step's collectives of (rank {rank}'s start - earliest start): median {ms_text(late / NS_PER_MS)}; "
-                 f"next rank {int(nxt.index[0])}: {ms_text(float(nxt.iloc[0]) / NS_PER_MS)}; the other ranks' exposed "
-                 f"communication exceeds rank {rank}'s by {ms_text(float(waited.median()) / NS_PER_MS)}/step (median over steps)",
+                 f"next rank {int(nxt.index[0])}: {ms_text(float(nxt.iloc[0]) / NS_PER_MS)}; per step, the other ranks' "
+                 f"exposed communication beyond rank {rank}'s, at most its summed lateness that step: median "
+                 f"{ms_text(lost / NS_PER_MS)}/step, the time lost above",
                  "", rank=rank, cause=CAUSE_STRAGGLER)]
 
 

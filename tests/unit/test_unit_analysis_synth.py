@@ -15,6 +15,7 @@ import pytest
 from synth import ROOT, Scenario, SynthRun, generate_run, make_root, make_units
 
 from fsdpviz.analysis.run import RunAnalysis, analyse_run
+from fsdpviz.formatting import ms_text
 from fsdpviz.trace import load_traces, schema
 
 SCENARIOS = {
@@ -104,6 +105,10 @@ def test_collective_start_skew(analysed: Callable[[str], tuple[RunAnalysis, Synt
     assert list(straggler["rank"]) == [1]
     # rank 0 waits the 3 ms delay once per step, in its exposed communication: that is the time lost
     assert straggler["lost_ns"].iat[0] == pytest.approx(3_000_000, abs=1_000)
+    # one figure for the time lost: the evidence gives the message's, not a second median beside it
+    lost = ms_text(float(straggler["lost_ns"].iat[0]) / 1e6)
+    assert f"wait for it {lost}/step" in straggler["message"].iat[0]
+    assert straggler["evidence"].iat[0].count("/step") == 1 and f"median {lost}/step" in straggler["evidence"].iat[0]
 
 
 def test_explicit_prefetch_gathers_one_unit_ahead(analysed: Callable[[str], tuple[RunAnalysis, SynthRun]]) -> None:
