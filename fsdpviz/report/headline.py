@@ -132,5 +132,5 @@ def _level_hint(level: str | None, baseline: int | None) -> str:
     if level == LEVEL_SINCE_TRACE_START:
         return "allocated since the trace began (the CPU profiler does not see what was made before)"
     if level == LEVEL_MEASURED_BASELINE:
-        return f"since the trace began, plus {format_bytes(baseline)} measured alive then by fsdpviz record"
+        return f"including {format_bytes(baseline)} that fsdpviz record measured alive when the trace began"
     return ""

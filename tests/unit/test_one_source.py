@@ -28,7 +28,7 @@ from helpers.cli import stdout_here
 from fsdpviz import api
 from fsdpviz.analysis.figures import peak_place, rank_exposed_ms, step_time_figures
 from fsdpviz.analysis.pipeline import RunResult
-from fsdpviz.formatting import format_bytes, format_ms, format_pct
+from fsdpviz.formatting import bytes_text, format_bytes, format_ms, format_pct
 from fsdpviz.report.data import actions_text, prepare_report
 from fsdpviz.report.headline import headline_section
 from fsdpviz.report.steps import data as steps_data
@@ -234,3 +234,25 @@ def test_a_fact_is_not_shown_as_zero_where_it_has_nothing_to_say(gpu_h200_dir: P
     assert "largest rank spread" not in _facts(steps_section(data))
     units = units_section(data)
     assert units is not None and "most exposed comm" not in _facts(units)
+
+
+def test_the_peak_names_what_the_recorder_measured_as_part_of_it(sample: dict[str, Any],
+                                                                   capsys: pytest.CaptureFixture[str],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU level starts with the trace; the recorder measured what was alive then (run.json, read as
+    plain JSON: sharded parameters, optimizer state, master copy, gradients kept). The peak counts it,
+    and the terminal says the peak includes it, not that it is to be added."""
+    path = sample["folder"] / "run.json"
+    run = json.loads(path.read_text()) if path.exists() else {"ranks": []}  # plain traces: nothing measured
+    alive = [sum(m["trace_start"].get(k) or 0 for k in ("sharded_param_bytes", "optimizer_state_bytes",
+                                                          "master_param_bytes", "gradient_bytes_kept"))
+             for r in run["ranks"] if (m := r.get("memory")) and m.get("trace_start")]
+    s = sample["summary"]
+    if not alive or max(alive) == 0:
+        assert s.memory.baseline_bytes is None
+        return
+    assert s.memory.baseline_bytes == max(alive)
+    assert s.memory.peak_allocated_bytes >= max(alive)
+    text = " ".join(_terminal(sample, capsys, monkeypatch).split())
+    assert f"(including {bytes_text(max(alive))} that fsdpviz record measured alive when the trace began)" in text
+    assert "plus" not in text.split("peak memory")[1].split("reserved")[0]
