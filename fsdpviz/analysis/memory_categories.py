@@ -305,7 +305,11 @@ def _fsdp1_gradients(t: np.ndarray, candidates: np.ndarray, freed_at: np.ndarray
     - the flat gradient: made in the unit's own backward (not in a unit's nested inside it) before
       the hook, freed after the hook ends and before the next gather, hook or backward opens;
     - its parameters' gradients: made in the unit's own backward, freed from the flat gradient's
-      making to the hook's start.
+      making to the hook's start;
+    - the flat gradient an earlier micro-batch left unsharded (``no_sync()``: its hook reduced
+      nothing, and the gradient stays in the flat parameter until a micro-batch that syncs): made in
+      an earlier backward of the unit's own, freed in this hook or as it returns (before the next
+      gather, hook or backward opens).
 
     ``candidates``: allocations not yet given a category and freed in the trace. Rows: ``index``
     (the allocation's sample), ``unit``, ``reduction``."""
@@ -343,11 +347,29 @@ def _fsdp1_gradients(t: np.ndarray, candidates: np.ndarray, freed_at: np.ndarray
             continue
         rows.append((idx[flat], str(unit), False))
         rows.append((idx[mine & ~flat & (gone >= made[flat].min()) & (gone < s)], str(unit), False))
+        earlier = (w_unit == unit) & (w_end <= start)
+        if earlier.any():
+            kept = (gone >= s) & (gone <= next_open) & (made < start) & _own_windows(made, w_start, w_end, w_unit,
+                                                                                        earlier)
+            rows.append((idx[kept], str(unit), False))
     return pd.DataFrame({"index": np.concatenate([r[0] for r in rows]) if rows else np.zeros(0, np.int64),
                          "unit": np.concatenate([np.full(len(r[0]), r[1], dtype=object) for r in rows])
                          if rows else np.zeros(0, dtype=object),
                          "reduction": np.concatenate([np.full(len(r[0]), r[2]) for r in rows])
                          if rows else np.zeros(0, dtype=bool)})
+
+
+def _own_windows(t: np.ndarray, w_start: np.ndarray, w_end: np.ndarray, w_unit: np.ndarray,
+                 own: np.ndarray) -> np.ndarray:
+    """Per time in ``t``: inside one of the ``own`` windows and in no other unit's window nested in it."""
+    inside = np.zeros(len(t), dtype=bool)
+    for a, b, unit in zip(w_start[own], w_end[own], w_unit[own]):
+        nested = (w_unit != unit) & (w_start >= a) & (w_start < b)
+        here = (t >= a) & (t < b)
+        if nested.any():
+            here &= ~covers((w_start[nested], w_end[nested]), t)
+        inside |= here
+    return inside
 
 
 def _fsdp1_blocks(found: pd.DataFrame, t: np.ndarray, delta: np.ndarray, codes: np.ndarray,

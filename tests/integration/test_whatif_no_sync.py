@@ -18,6 +18,7 @@ unit again, and ran the steps 23-25 % long).
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 
@@ -25,6 +26,7 @@ import pytest
 from helpers.rawfiles import profiled_over_clean, raw_trace, starts_in_step
 from recording import NO_SYNC_KEPT_RUN, NO_SYNC_RUNS, Config, Recordings
 
+from fsdpviz.analysis.memory_categories import UNSHARDED_GRADS
 from fsdpviz.analysis.pipeline import RunResult, analyse
 from fsdpviz.replay.clock import BASIS_REPLAYED, RELIABLE_REPLAY_PCT
 from fsdpviz.replay.model import Model, read_model, recorded_settings
@@ -100,6 +102,29 @@ def _assert_replayed_clock(run_dir: Path, result: RunResult) -> None:
         assert clock.basis != BASIS_REPLAYED and clock.note is not None and "noise" in clock.note, (slowdown, clock)
     elif slowdown >= 1.0:
         assert clock.basis == BASIS_REPLAYED, (slowdown, clock.note)
+
+
+def test_fsdp1_keeps_each_units_flat_gradient_from_the_unsynced_micro_batch(recordings: Recordings) -> None:
+    """FSDP1 inside ``no_sync()`` leaves each unit's flat gradient unsharded in its flat parameter, from
+    the first micro-batch's backward to the reduction of the one that syncs. Each unit holds one such
+    block, of the unit's unsharded parameter bytes (run.json, read as plain JSON: FSDP1 keeps the flat
+    gradient in the parameters' dtype and size), made in the first micro-batch and freed in the second,
+    after the second micro-batch's forward (read off the trace: FSDP1's first forward label of it).
+    They were "other", and a merged unit's prediction lost them where the blocks' would have been freed."""
+    run_dir, _, model = _read(recordings, NO_SYNC_RUNS["fsdp1"])
+    run = json.loads((run_dir / "run.json").read_text())
+    unit_bytes = {u["unit"]: u["param_bytes"] for u in run["units"]}
+    for step in model.recording.steps:
+        assert step.memory is not None
+        path = _trace(run_dir, step.rank)
+        # the second micro-batch's first forward, in µs from the step's start on the file's own clock
+        second = starts_in_step(path, step.step, (MICRO_STARTS[1],))[MICRO_STARTS[1]][1] - raw_trace(path).steps[step.step][0]
+        kept: dict[str, list[int]] = {}
+        for b in step.memory.blocks:
+            made, freed = (b.alloc - step.start_ns) / 1e3, (b.free - step.start_ns) / 1e3  # µs from the step's start
+            if b.category == UNSHARDED_GRADS and made < second < freed:
+                kept.setdefault(b.unit, []).append(b.bytes)
+        assert kept == {u: [n] for u, n in unit_bytes.items()}, (step.rank, step.step)
 
 
 def _forward_gathers(ops: list[object]) -> list[int]:
