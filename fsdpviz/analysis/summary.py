@@ -48,7 +48,7 @@ from fsdpviz.analysis.memory_categories import (
 )
 from fsdpviz.analysis.units import UnitSummary, summary_records
 from fsdpviz.analysis.unseen_frees import ADDRESS_REUSE, COLLECTIVE_END
-from fsdpviz.formatting import NS_PER_MS, ms
+from fsdpviz.formatting import ms
 from fsdpviz.structure.framework import framework_notes
 from fsdpviz.structure.parallelism import Parallelism, RunParallelism
 from fsdpviz.structure.profiler_cost import (
@@ -296,7 +296,7 @@ def summary_of(traces: TraceSet, selection: StepSelection, overlap: pd.DataFrame
     units = _with_scope(units, traces, parallel.parallelism)
     over = _overlap_summary(overlap, bound)
     if analysis is not None and analysis.has_units:
-        over.by_purpose = _by_purpose(analysis.purposes, overlap, clock_scale(bound), _exposed_scale(overlap, bound))
+        over.by_purpose = _by_purpose(analysis.purposes, overlap, clock_scale(bound))
     elif framework in vocabulary.FRAMEWORKS_WITH_UNITS or framework == vocabulary.UNKNOWN:
         notes.append(Note(BY_PURPOSE_UNKNOWN, "overlap.by_purpose is null: without FSDP unit labels the traces do "
                           "not say which collectives are FSDP's"))
@@ -437,28 +437,10 @@ def _hidden_pct(comm_ms: float | None, exposed_ms: float | None) -> float | None
     return _pct(100.0 * max(comm_ms - exposed_ms, 0.0) / comm_ms)
 
 
-def _exposed_scale(overlap: pd.DataFrame, bound: BoundSummary | None) -> float:
-    """How the run's exposed communication moved from the trace to the run's clock: the bound's exposed
-    part over the median over ranks of the traced one (the de-profiler moves that part on its own rule,
-    not by ``device_scale``); ``device_scale`` where either is unknown or zero."""
-    scale = clock_scale(bound)
-    if bound is None or "bound_exposed_comm_ns" not in overlap.columns:
-        return scale
-    rows = overlap[overlap["bound_window_ns"] > 0]  # the rows the bound was split from
-    if rows.empty:
-        return scale
-    traced = float(np.median(rows["bound_exposed_comm_ns"].to_numpy(dtype=float)
-                             / rows["n_steps"].clip(lower=1).to_numpy(dtype=float))) / NS_PER_MS
-    return bound.exposed_comm_ms / traced if traced > 0 else scale
-
-
-def _by_purpose(purposes: pd.DataFrame, overlap: pd.DataFrame, scale: float,
-                exposed_scale: float) -> dict[str, PurposeOverlap]:
+def _by_purpose(purposes: pd.DataFrame, overlap: pd.DataFrame, scale: float) -> dict[str, PurposeOverlap]:
     """Each purpose's comm and exposed time per step, the median over the ranks analysed (as the run's
-    own communication and exposed communication), moved to the run's clock as the run's own were: its
-    communication by ``scale`` (the bound's ``device_scale``), its exposed part by ``exposed_scale``
-    (:func:`_exposed_scale`). Each rank's purpose is part of that rank's whole, and a median keeps that
-    order, so no purpose's figure exceeds the run's."""
+    own communication and exposed communication, so that no purpose's figure exceeds the run's), moved
+    to the run's clock by ``scale`` (the bound's ``device_scale``)."""
     n_steps = dict(zip(overlap["rank"].astype(int), overlap["n_steps"].clip(lower=1).astype(int)))
     out = {}
     for purpose in vocabulary.PURPOSES:
@@ -468,7 +450,7 @@ def _by_purpose(purposes: pd.DataFrame, overlap: pd.DataFrame, scale: float,
             out[purpose] = PurposeOverlap(comm_ms=None, exposed_ms=None)
             continue
         out[purpose] = PurposeOverlap(comm_ms=ms(scale * float(np.median(rows["comm_ns"].to_numpy() / per))),
-                                      exposed_ms=ms(exposed_scale * float(np.median(rows["exposed_ns"].to_numpy() / per))))
+                                      exposed_ms=ms(scale * float(np.median(rows["exposed_ns"].to_numpy() / per))))
     return out
 
 
