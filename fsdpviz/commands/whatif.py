@@ -42,7 +42,7 @@ def whatif(
                        "forward order become one) or match:REGEX (units are the modules whose name matches). "
                        "Default: as recorded.", show_default=False)] = None,
     prefetch: Annotated[str | None, typer.Option(
-        "--prefetch", metavar="implicit|none|N", help="implicit (the framework's default: one unit ahead in backward), none (no all-gather overlaps compute) or N (explicit "
+        "--prefetch", metavar="implicit|none|N", help="implicit (the framework's own default prefetch), none (no all-gather overlaps compute) or N (explicit "
                            "forward and backward prefetch of the next N units). Default: as recorded.",
         show_default=False)] = None,
     reshard_after_forward: Annotated[str | None, typer.Option(
@@ -334,7 +334,7 @@ def _setting_words(settings: Settings, device: str = "", prefetch: dict[str, obj
         else:
             text = str(value).lower() if isinstance(value, bool) else str(value)
             if key == "prefetch":
-                text = depth_words(framework, text)
+                text = depth_words(framework, text, prefetch)
             said = f"{source}: {argument_words(prefetch)}" if key == "prefetch" and prefetch else source
             words.append(f"{name} {text} ({said})")
     return words

@@ -126,14 +126,22 @@ DEFAULT_WORDS: Final = {
     FSDP1: "FSDP1's default: one unit ahead in backward (BACKWARD_PRE), none in forward",
     ZERO3: "DeepSpeed's own prefetch within its bucket",
 }
+UNSAID: Final = "assumed the framework's default: no run.json says the recorded prefetch arguments"
 
 
-def depth_words(framework: str, depth: str) -> str:
-    """The model's prefetch ``depth`` as the framework knows it: ``implicit`` is each framework's own
-    default (:data:`DEFAULT_WORDS`), not FSDP2's term alone."""
-    if depth == IMPLICIT and framework in DEFAULT_WORDS:
-        return f"{IMPLICIT}, {DEFAULT_WORDS[framework]}"
-    return depth
+def depth_words(framework: str, depth: str, args: dict[str, object] | None) -> str:
+    """The model's prefetch ``depth`` as the framework knows it, where ``args`` (the framework's own
+    arguments of the setting, :func:`recorded` / :func:`arguments`) say which: ``implicit`` is each
+    framework's own default (:data:`DEFAULT_WORDS`), not FSDP2's term alone; FSDP1's backward-only
+    prefetch is ``implicit`` whichever ``backward_prefetch`` gives it; without arguments nothing says
+    which (:data:`UNSAID`)."""
+    if depth != IMPLICIT or framework not in DEFAULT_WORDS:
+        return depth
+    if not args:
+        return f"{IMPLICIT}, {UNSAID}"
+    if framework == FSDP1 and args.get("backward_prefetch") != FSDP1_BACKWARD_DEFAULT:
+        return f"{IMPLICIT}, one unit ahead in backward ({args.get('backward_prefetch')}), none in forward"
+    return f"{IMPLICIT}, {DEFAULT_WORDS[framework]}"
 
 
 def words(args: dict[str, object]) -> str:

@@ -2,7 +2,7 @@
 
 ``--wrap``: ``root`` (one unit), ``merge:K`` (every K consecutive non-root units in forward order
 become one; the root stays), ``match:REGEX`` (the units are the modules whose FQN matches; the rest
-stays in the root). ``--prefetch``: ``implicit`` (FSDP2's default), ``none`` (an all-gather starts
+stays in the root). ``--prefetch``: ``implicit`` (the framework's own default), ``none`` (an all-gather starts
 only when its unit's compute needs it), ``N`` (explicit forward and backward prefetch of the next N
 units). ``--reshard-after-forward``: for every non-root unit. ``--world-size``: the same model and
 per-rank batch on N ranks; ``--gpus-per-node`` (ranks per host) and ``--inter-node-gbps`` say when

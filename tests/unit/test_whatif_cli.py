@@ -175,6 +175,33 @@ def test_the_recorded_prefetch_is_named_in_its_framework_s_words(sample: str, fr
     assert f"(recorded: {expected}" in prefetch
 
 
+def test_a_recorded_backward_post_and_unsaid_arguments_are_named_as_they_are(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """FSDP1 recorded with ``BACKWARD_POST`` (the sample's run.json said so, by construction) is not
+    called FSDP1's default; traces without run.json say the prefetch was assumed, not recorded as a setting."""
+    import shutil
+
+    samples = Path(__file__).parents[2] / "sample_traces"
+    post = tmp_path / "fsdp1-post"
+    shutil.copytree(samples / "fsdp1-cpu-2rank", post)
+    run = json.loads((post / "run.json").read_text())
+    for unit in run["units"]:
+        unit["backward_prefetch"] = "BACKWARD_POST"
+    (post / "run.json").write_text(json.dumps(run))
+
+    def prefetch_words(folder: Path) -> str:
+        code, out, _ = _run(["whatif", str(folder), "--wrap", "root", "--no-cache", "-q"], capsys)
+        assert code == 0
+        (line,) = [line for line in out.splitlines() if line.startswith("settings: ")]
+        return next(part for part in line.removeprefix("settings: ").split("; ") if part.startswith("prefetch "))
+
+    said = prefetch_words(post)
+    assert said.startswith("prefetch implicit, one unit ahead in backward (BACKWARD_POST)"), said
+    assert "BACKWARD_PRE" not in said and "default" not in said
+    plain = prefetch_words(samples / "fsdp2-cpu-2rank-plain")
+    assert plain.startswith("prefetch implicit, assumed the framework's default: no run.json"), plain
+
+
 def _no_units_trace(tmp: Path) -> Path:
     b = TraceBuilder(rank=0)
     b.step(1, 0, 1000).step(2, 1000, 1000).step(3, 2000, 1000)
