@@ -12,6 +12,8 @@ simulation's own step durations (median over ranks).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from synth import Scenario, generate_run, make_root, make_units
 
@@ -135,3 +137,20 @@ def test_every_unknown_spread_says_why(made: dict) -> None:
                     assert why is not None and "memory finding's rule" in why
                 elif label == "single":
                     assert why is not None and why.startswith("fewer than two analysed"), (metric, why)
+
+
+def test_a_run_without_communication_says_so_of_its_overlap_spread(gpu_fsdp_dir: Path) -> None:
+    """Two real 1-rank H100 recordings (run.json, read as plain JSON: world size 1, so no collective to
+    hide): each has several analysed steps (a step-time spread), and its overlap spread is null because
+    no step has communication to hide, not for want of steps."""
+    import json
+
+    from fsdpviz.analysis.compare.spread import NO_SHARE
+
+    names = ["h100-fsdp1-ws1-block", "h100-fsdp2-ws1-block"]
+    for name in names:
+        assert json.loads((gpu_fsdp_dir / name / "run.json").read_text())["world_size"] == 1
+    out = comparison_json(compare_runs(load_runs([gpu_fsdp_dir / n for n in names], names, cache=False)))
+    assert all(s is not None for s in out["spread_ms"]["step_time_ms"])
+    assert out["spread_points"]["overlap.overlap_pct"] == [None, None]
+    assert out["spread_unknown"]["overlap.overlap_pct"] == dict.fromkeys(names, NO_SHARE)

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Final
 import pandas as pd
 
 from fsdpviz.analysis.bound import clock_scale
+from fsdpviz.analysis.compare.findings import MEMORY_NOISE
 from fsdpviz.formatting import NS_PER_MS
 
 if TYPE_CHECKING:
@@ -140,8 +141,10 @@ NOT_PER_STEP: Final = ("not kept per step: the bound splits each rank's analysed
                        "per-unit work and idle, so this figure has no step-to-step spread")
 FEW_STEPS: Final = "fewer than two {what} steps, so no step-to-step spread"
 NO_UNITS: Final = "the run holds none of the group's units"
-BYTES_RULE: Final = ("bytes have no step-to-step spread here: compare holds them to the memory finding's rule (2 % "
+BYTES_RULE: Final = ("bytes have no step-to-step spread here: compare holds them to the memory finding's rule ({noise:.0%} "
                      "apart), not to a spread")
+NO_SHARE: Final = ("fewer than two analysed steps with communication: a step without any has no share of it hidden, so "
+                   "no step-to-step spread")
 
 
 def headline_spread_why(run: LabelledRun, key: str) -> str:
@@ -149,6 +152,11 @@ def headline_spread_why(run: LabelledRun, key: str) -> str:
     :func:`headline_spread_ms` or :func:`headline_spread_points` gives None)."""
     if key not in MEASURED:
         return NOT_PER_STEP
+    if key in STEP_SHARES:
+        times = run.analysis.step_times
+        comm = times[STEP_SHARES[key][0]] if not times.empty else pd.Series(dtype=float)
+        if times["step"].nunique() >= 2 and (comm.groupby(times["step"]).max() > 0).sum() < 2:
+            return NO_SHARE
     timed = key == "step_time_ms" and run.summary.step_time_source == "timers"
     return FEW_STEPS.format(what="unprofiled timed" if timed else "analysed")
 
@@ -156,10 +164,10 @@ def headline_spread_why(run: LabelledRun, key: str) -> str:
 def group_spread_why(run: LabelledRun, group: UnitGroup, metric: str) -> str:
     """Why ``run`` has no step-to-step spread of a unit group's ``metric`` (where :func:`group_spread_ms`
     gives None)."""
-    if metric.endswith("_bytes"):
-        return BYTES_RULE
     if not group.members.get(run.label):
         return NO_UNITS
+    if metric.endswith("_bytes"):
+        return BYTES_RULE.format(noise=MEMORY_NOISE)
     spec = UNIT_COLUMNS.get(metric)
     if spec is None:
         return NOT_PER_STEP
