@@ -67,8 +67,9 @@ def timer_step_ms(path: Path) -> dict[int, float]:
 
 
 def profiled_over_clean(folder: Path) -> float:
-    """The timers' whole step in the profiled steps over the clean ones (the steps after the one right
-    after the trace): per rank the median over steps, then the median over ranks, from the raw files."""
+    """The timers' whole step in the profiled steps over the clean ones (here every step after the one
+    right after the trace; fsdpviz's own clean steps leave out more): per rank the median over steps,
+    then the median over ranks, from the raw files."""
     profiled = list(json.loads((folder / "run.json").read_text())["profile"]["steps"])
     ratios = []
     for path in sorted((folder / "timers").glob("rank*.jsonl")):
