@@ -30,8 +30,8 @@ def level_text(mem: MemorySummary) -> str:
     if mem.level == LEVEL_SINCE_TRACE_START:
         return " since the trace began"
     if mem.level == LEVEL_MEASURED_BASELINE and mem.baseline_bytes is not None:
-        return (f" (including {bytes_text(mem.baseline_bytes)} that fsdpviz record measured alive when the trace "
-                "began)")
+        return (f" (including up to {bytes_text(mem.baseline_bytes)} that fsdpviz record measured alive on a rank "
+                "when the trace began)")
     return ""
 
 def summary(

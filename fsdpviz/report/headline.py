@@ -132,5 +132,6 @@ def _level_hint(level: str | None, baseline: int | None) -> str:
     if level == LEVEL_SINCE_TRACE_START:
         return "allocated since the trace began (the CPU profiler does not see what was made before)"
     if level == LEVEL_MEASURED_BASELINE:
-        return f"including {format_bytes(baseline)} that fsdpviz record measured alive when the trace began"
+        return (f"including up to {format_bytes(baseline)} that fsdpviz record measured alive on a rank when the trace "
+                "began")
     return ""

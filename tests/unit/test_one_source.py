@@ -254,5 +254,6 @@ def test_the_peak_names_what_the_recorder_measured_as_part_of_it(sample: dict[st
     assert s.memory.baseline_bytes == max(alive)
     assert s.memory.peak_allocated_bytes >= max(alive)
     text = " ".join(_terminal(sample, capsys, monkeypatch).split())
-    assert f"(including {bytes_text(max(alive))} that fsdpviz record measured alive when the trace began)" in text
+    assert (f"(including up to {bytes_text(max(alive))} that fsdpviz record measured alive on a rank when the trace "
+            "began)") in text
     assert "plus" not in text.split("peak memory")[1].split("reserved")[0]
