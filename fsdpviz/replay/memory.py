@@ -71,6 +71,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Final
@@ -594,12 +595,13 @@ def _flat_gradients(s: MemorySetting, blocks: list[Block]) -> tuple[list[Block],
             elif b.unit in us:
                 out.append(b)
         for u in us:
+            params = _parameter_gradients(s, u, [b for b in grads[u] if b is not flat[u] and b.free <= flat[u].free])
             for b in grads[u]:
                 if len(us) == 1 or b is last:
                     out.append(b)
                 elif b is flat[u]:
                     out.append(_copy(b, alloc=last.alloc, free=max(last.alloc, last.free)))
-                elif b.free <= flat[u].free and _parameter_sized(s, u, b):
+                elif id(b) in params:
                     # a parameter's gradient, freed when the flat gradient was made
                     waiting.append(_copy(b, free=max(b.free, made)))
                 else:
@@ -607,14 +609,23 @@ def _flat_gradients(s: MemorySetting, blocks: list[Block]) -> tuple[list[Block],
     return out, waiting
 
 
-def _parameter_sized(s: MemorySetting, unit: str, b: Block) -> bool:
-    """A block of a parameter's gradient's size in ``unit`` (its parameters' elements times the bytes
-    per element), where run.json lists them: the unit's backward frees other blocks before its flat
-    gradient too (its modules' own gradient temporaries: an expert loop's), which do not wait for it."""
+def _parameter_gradients(s: MemorySetting, unit: str, freed_before: list[Block]) -> set[int]:
+    """Which of a unit's gradient blocks freed before its flat gradient (``freed_before``) are its
+    parameters' own gradients (ids): as many of each parameter's size (elements times bytes per
+    element) as the unit has parameters of it, where run.json lists them, the last freed first (autograd
+    frees them as it makes the flat gradient). The unit's backward frees other blocks before its flat
+    gradient too, of any size (its modules' own gradient temporaries: an expert loop's, one the size of
+    a weight), which do not wait for it. Without run.json's sizes every such block counts."""
     sizes = s.unit_params.get(unit)
     if not sizes or not s.element_bytes:
-        return True
-    return b.bytes in {n * s.element_bytes for n in sizes}
+        return {id(b) for b in freed_before}
+    left = Counter(n * s.element_bytes for n in sizes)
+    picked = set()
+    for b in sorted(freed_before, key=lambda b: -b.free):
+        if left[b.bytes] > 0:
+            left[b.bytes] -= 1
+            picked.add(id(b))
+    return picked
 
 
 def _reduced_together(s: MemorySetting, blocks: list[Block]) -> list[Block]:

@@ -164,8 +164,8 @@ def test_accumulation_without_sync_peaks_where_predicted(tmp_path: Path, tmp_pat
     unsharded parameters into the second forward, ``set_reshard_after_backward(False)``; FSDP1 inside
     ``no_sync()`` keeps each unit's flat gradient, at dim 128 large beside the activations: taken for
     "other", they went missing from the root unit's peak, 38.10 MB predicted against 44.22 MB recorded),
-    and the code of a setting, recorded again, peaks where the memory model says (within 3 %), with the
-    same losses."""
+    and the code of a setting, recorded again, peaks where the memory model says (within 3 %; FSDP1 within
+    1 %), with the same losses."""
     accumulate = ACCUMULATE[variant]
     if variant not in accumulated:
         accumulated[variant] = _record(tmp_path_factory.mktemp(variant) / variant, *accumulate)
@@ -179,5 +179,8 @@ def test_accumulation_without_sync_peaks_where_predicted(tmp_path: Path, tmp_pat
     code = shard_code(base, tmp_path / f"{variant}-{name}.py", *options)
     again = _record(tmp_path / f"{variant}-{name}-again", *accumulate, "--shard-code", str(code))
     assert list(recorded_units(again)) == PREDICTED[name][1]
-    assert peak_bytes(again) == pytest.approx(predicted["predicted"]["peak_allocated_bytes"], rel=0.03)
+    # FSDP1's root at dim 128: 0.15 % over; 2.5 % over while an expert loop's weight-sized gradient
+    # temporary was taken for a parameter's gradient and kept to the flat gradient's making
+    assert peak_bytes(again) == pytest.approx(predicted["predicted"]["peak_allocated_bytes"],
+                                              rel=0.01 if variant == "fsdp1-no-sync" else 0.03)
     assert losses(again, ranks=2) == losses(base, ranks=2)
