@@ -126,7 +126,7 @@ DEFAULT_WORDS: Final = {
     FSDP1: "FSDP1's default: one unit ahead in backward (BACKWARD_PRE), none in forward",
     ZERO3: "DeepSpeed's own prefetch within its bucket",
 }
-UNSAID: Final = "assumed the framework's default: no run.json says the recorded prefetch arguments"
+UNSAID: Final = "assumed the framework's default: the recording does not say its prefetch arguments (run.json)"
 
 
 def depth_words(framework: str, depth: str, args: dict[str, object] | None) -> str:
@@ -141,6 +141,8 @@ def depth_words(framework: str, depth: str, args: dict[str, object] | None) -> s
         return f"{IMPLICIT}, {UNSAID}"
     if framework == FSDP1 and args.get("backward_prefetch") != FSDP1_BACKWARD_DEFAULT:
         return f"{IMPLICIT}, one unit ahead in backward ({args.get('backward_prefetch')}), none in forward"
+    if framework == FSDP2 and "set_modules_to_backward_prefetch" in args:  # backward-only lists
+        return f"{IMPLICIT} in forward (none ahead), {args['set_modules_to_backward_prefetch']} in backward"
     return f"{IMPLICIT}, {DEFAULT_WORDS[framework]}"
 
 

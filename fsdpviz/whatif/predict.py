@@ -193,6 +193,8 @@ class Prediction:
         (``whatif --json``'s ``predicted.settings``, and each ``--explore`` entry's)."""
         out = self.settings.to_json()
         out["prefetch"]["arguments"] = self.prefetch_arguments
+        if self.prefetch_arguments is None:
+            out["prefetch"]["arguments_unknown"] = PREFETCH_ARGUMENTS_UNKNOWN
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -395,6 +397,11 @@ def weaknesses(replay_error_pct: float, cost: ProfilerCost | None, clean_error_p
         out.append(f"the profiler slowed the recorded steps {cost.slowdown:.2f}x (more than {HIGH_SLOWDOWN:g}x): the "
                    f"traced timeline the model is built on is largely the profiler's own cost; {HIGH_SLOWDOWN_ADVICE}")
     return out
+
+
+PREFETCH_ARGUMENTS_UNKNOWN: Final = ("the recording does not say its prefetch arguments, nor (ZeRO-3) its units' "
+                                     "parameter elements that a bucket is counted in: run.json, which fsdpviz record "
+                                     "writes, holds them")
 
 
 def prefetch_arguments(rec: Recording, settings: Settings) -> dict[str, object] | None:

@@ -199,7 +199,23 @@ def test_a_recorded_backward_post_and_unsaid_arguments_are_named_as_they_are(
     assert said.startswith("prefetch implicit, one unit ahead in backward (BACKWARD_POST)"), said
     assert "BACKWARD_PRE" not in said and "default" not in said
     plain = prefetch_words(samples / "fsdp2-cpu-2rank-plain")
-    assert plain.startswith("prefetch implicit, assumed the framework's default: no run.json"), plain
+    assert plain.startswith("prefetch implicit, assumed the framework's default: the recording does not say"), plain
+    # and --json says why its arguments are null
+    data = json.loads(_run(["whatif", str(samples / "fsdp2-cpu-2rank-plain"), "--wrap", "root", "--json", "-q"],
+                           capsys)[1])
+    prefetch = data["predicted"]["settings"]["prefetch"]
+    assert prefetch["arguments"] is None and "does not say its prefetch arguments" in prefetch["arguments_unknown"]
+    # FSDP2 with backward lists only (set_modules_to_backward_prefetch, by construction): not FSDP2's default
+    backward = tmp_path / "fsdp2-backward"
+    shutil.copytree(samples / "fsdp2-cpu-2rank", backward)
+    run = json.loads((backward / "run.json").read_text())
+    order = [u["unit"] for u in run["units"]]
+    for i, unit in enumerate(run["units"]):
+        unit["forward_prefetch"], unit["backward_prefetch"] = [], list(reversed(order[1:]))[i:i + 1] if i else []
+    (backward / "run.json").write_text(json.dumps(run))
+    lists = prefetch_words(backward)
+    assert lists.startswith("prefetch implicit in forward (none ahead), the previous 1 unit(s) in backward"), lists
+    assert "default" not in lists.split("(recorded")[0]
 
 
 def _no_units_trace(tmp: Path) -> Path:
