@@ -595,7 +595,7 @@ def _flat_gradients(s: MemorySetting, blocks: list[Block]) -> tuple[list[Block],
             elif b.unit in us:
                 out.append(b)
         for u in us:
-            params = _parameter_gradients(s, u, [b for b in grads[u] if b is not flat[u] and b.free <= flat[u].free])
+            params = _parameter_gradients(s, u, flat[u], [b for b in grads[u] if b is not flat[u] and b.free <= flat[u].free])
             for b in grads[u]:
                 if len(us) == 1 or b is last:
                     out.append(b)
@@ -609,23 +609,38 @@ def _flat_gradients(s: MemorySetting, blocks: list[Block]) -> tuple[list[Block],
     return out, waiting
 
 
-def _parameter_gradients(s: MemorySetting, unit: str, freed_before: list[Block]) -> set[int]:
-    """Which of a unit's gradient blocks freed before its flat gradient (``freed_before``) are its
-    parameters' own gradients (ids): as many of each parameter's size (elements times bytes per
-    element) as the unit has parameters of it, where run.json lists them, the last freed first (autograd
-    frees them as it makes the flat gradient). The unit's backward frees other blocks before its flat
-    gradient too, of any size (its modules' own gradient temporaries: an expert loop's, one the size of
-    a weight), which do not wait for it. Without run.json's sizes every such block counts."""
+def _parameter_gradients(s: MemorySetting, unit: str, flat: Block, freed_before: list[Block]) -> set[int]:
+    """Which of a unit's gradient blocks freed before its flat gradient (``flat``; ``freed_before``) are
+    its parameters' own gradients (ids): as many of each parameter's size as the unit has parameters of
+    it, where run.json lists them, the last freed first (autograd frees them as it makes the flat
+    gradient). The unit's backward frees other blocks before its flat gradient too, of any size (its
+    modules' own gradient temporaries: an expert loop's, one the size of a weight), which do not wait
+    for it. A size is the parameter's elements times the gradients' bytes per element, read off the flat
+    gradient (the gradients' dtype, which a mixed-precision policy makes other than the parameters'), as
+    the allocator reports it (a CUDA block rounded up to 512 bytes). Without run.json's sizes every
+    such block counts."""
     sizes = s.unit_params.get(unit)
-    if not sizes or not s.element_bytes:
+    if not sizes:
         return {id(b) for b in freed_before}
-    left = Counter(n * s.element_bytes for n in sizes)
+    elements = sum(sizes)
+    each = next((k for k in (1, 2, 4, 8) if elements * k <= flat.bytes <= _allocator_bytes(elements * k)),
+                s.element_bytes)
+    if not each:
+        return {id(b) for b in freed_before}
+    left = Counter(n * each for n in sizes)
+    rounded = {_allocator_bytes(n): n for n in left}
     picked = set()
     for b in sorted(freed_before, key=lambda b: -b.free):
-        if left[b.bytes] > 0:
-            left[b.bytes] -= 1
+        size = b.bytes if left[b.bytes] > 0 else rounded.get(b.bytes, -1)
+        if left[size] > 0:
+            left[size] -= 1
             picked.add(id(b))
     return picked
+
+
+def _allocator_bytes(n: int) -> int:
+    """``n`` bytes as a CUDA caching allocator's block reports them: rounded up to 512."""
+    return -(-n // 512) * 512
 
 
 def _reduced_together(s: MemorySetting, blocks: list[Block]) -> list[Block]:
