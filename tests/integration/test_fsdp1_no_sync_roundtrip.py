@@ -8,7 +8,7 @@ from the first micro-batch's backward into the second's forward, ``FULL_SHARD`` 
 the script recorded as one root unit (its peak, and its losses bit for bit). From the per-block
 recording whatif replays the traced steps within its limit and predicts the root unit's peak within
 1 %: before each unit's flat gradient kept through ``no_sync()`` was its own, the root's peak was
-predicted 20 % short.
+predicted 17.7 % short.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ import pytest
 from synth import Scenario, generate_run, make_root, make_units
 
 from fsdpviz.analysis.compare.runs import compare_runs, comparison_json
+from fsdpviz.analysis.compare.spread import FEW_STEPS
 from fsdpviz.commands.compare_table import headline_rows, unit_rows
 from fsdpviz.report.compare.build import load_runs
 
@@ -125,7 +126,7 @@ def test_every_unknown_spread_says_why(made: dict) -> None:
             assert (spread is None) == (label in unknown.get(key, {})), (key, label)
     # the figures the synthetic steps give per step: jittery has two or more, single one
     for key in ("step_time_ms", "overlap.exposed_comm_ms", "overlap.comm_ms", "overlap.overlap_pct"):
-        assert list(unknown[key]) == ["single"] and "fewer than two analysed steps" in unknown[key]["single"], key
+        assert unknown[key] == {"single": FEW_STEPS.format(what="analysed")}, key
     for key in ("overlap.compute_ms", "overlap.fsdp_overhead_ms", "overlap.idle_ms"):
         assert set(unknown[key]) == {"jittery", "single"} and "not kept per step" in unknown[key]["single"], key
     for group in out["unit_groups"]:
