@@ -4,11 +4,23 @@ units and the training script's losses (tests/integration/test_whatif_*_roundtri
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 from pathlib import Path
 from typing import Any
 
-from helpers.jobs import fsdpviz
+from helpers.jobs import NO_OUTPUT, fsdpviz, record_env, retried, torchrun
+
+
+def record_script(script: Path, run_dir: Path, *args: str) -> Path:
+    """``fsdpviz record`` of ``script ARGS`` on 2 gloo ranks into ``run_dir``, its losses logged beside it
+    (``--log-losses RUN.loss``), retried as helpers.jobs.retried says (a teardown crash)."""
+    proc = retried(lambda: fsdpviz("record", "--out", str(run_dir), *NO_OUTPUT, "--",
+                                   *torchrun(script, *args, "--log-losses", str(run_dir.with_suffix(".loss"))),
+                                   env=record_env(), timeout=600),
+                   tidy=lambda: shutil.rmtree(run_dir, ignore_errors=True))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run_dir
 
 
 def whatif_json(run_dir: Path, *options: str) -> dict[str, Any]:

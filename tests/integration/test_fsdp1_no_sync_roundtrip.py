@@ -14,13 +14,11 @@ predicted 17.7 % short.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
-from helpers.jobs import NO_OUTPUT, fsdpviz, record_env, retried, torchrun
 from helpers.rawfiles import trace_events
-from helpers.roundtrip import losses, peak_bytes, whatif_json
+from helpers.roundtrip import losses, peak_bytes, record_script, whatif_json
 
 from fsdpviz.replay.clock import RELIABLE_REPLAY_PCT
 
@@ -32,12 +30,7 @@ ROOT_FORWARD = "fsdpviz::forward ((root))"  # once per micro-batch: a recomputat
 
 
 def _record(run_dir: Path, *args: str) -> Path:
-    proc = retried(lambda: fsdpviz("record", "--out", str(run_dir), *NO_OUTPUT, "--",
-                                   *torchrun(SCRIPT, *args, "--log-losses", str(run_dir.with_suffix(".loss"))),
-                                   env=record_env(), timeout=600),
-                   tidy=lambda: shutil.rmtree(run_dir, ignore_errors=True))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return run_dir
+    return record_script(SCRIPT, run_dir, *args)
 
 
 def _forward_gathers(run_dir: Path) -> list[list[int]]:

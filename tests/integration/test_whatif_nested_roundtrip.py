@@ -13,12 +13,10 @@ target in docs/whatif.md) and the per-block run's losses bit for bit. FSDP1 with
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
-from helpers.jobs import NO_OUTPUT, fsdpviz, record_env, retried, torchrun
-from helpers.roundtrip import losses, peak_bytes, recorded_units, shard_code, whatif_json
+from helpers.roundtrip import losses, peak_bytes, record_script, recorded_units, shard_code, whatif_json
 
 from fsdpviz.replay.clock import RELIABLE_REPLAY_PCT
 
@@ -31,12 +29,7 @@ UNITS = ["(root)", *BLOCKS[:5], E4, BLOCKS[5], E5]
 
 
 def _record(run_dir: Path, *args: str) -> Path:
-    proc = retried(lambda: fsdpviz("record", "--out", str(run_dir), *NO_OUTPUT, "--",
-                                   *torchrun(SCRIPT, *args, "--log-losses", str(run_dir.with_suffix(".loss"))),
-                                   env=record_env(), timeout=600),
-                   tidy=lambda: shutil.rmtree(run_dir, ignore_errors=True))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return run_dir
+    return record_script(SCRIPT, run_dir, *args)
 
 
 def _modules(unit: str) -> list[str]:
