@@ -609,6 +609,12 @@ def _flat_gradients(s: MemorySetting, blocks: list[Block]) -> tuple[list[Block],
     return out, waiting
 
 
+UNSIZED_GRADIENTS_NOTE: Final = (
+    "memory: a merged FSDP1 unit's members hold every gradient block their backward freed before their flat "
+    "gradient until the merged one is made, not their parameters' gradients alone: the recording does not list "
+    "its units' parameters (run.json, which fsdpviz record writes), so that part of the predicted peak may be too high")
+
+
 def _parameter_gradients(s: MemorySetting, unit: str, flat: Block, freed_before: list[Block]) -> set[int]:
     """Which of a unit's gradient blocks freed before its flat gradient (``flat``; ``freed_before``) are
     its parameters' own gradients (ids): as many of each parameter's size as the unit has parameters of
@@ -621,6 +627,8 @@ def _parameter_gradients(s: MemorySetting, unit: str, flat: Block, freed_before:
     such block counts."""
     sizes = s.unit_params.get(unit)
     if not sizes:
+        if freed_before:
+            s.notes.append(UNSIZED_GRADIENTS_NOTE)
         return {id(b) for b in freed_before}
     elements = sum(sizes)
     each = next((k for k in (1, 2, 4, 8) if elements * k <= flat.bytes <= _allocator_bytes(elements * k)),

@@ -264,6 +264,7 @@ def predict(model: Model, settings: Settings) -> Prediction:
     recorded_mean = statistics.fmean(s.step_ns for s in rec.steps)
     replay_mean = statistics.fmean(r.step_ns for r in model.replays)
     notes = list(dict.fromkeys(n for r in simulated for n in r.notes))
+    notes += list(dict.fromkeys(setting.notes))  # what the memory model could not know, and took instead
     notes += _assumptions(full, rec)
     notes += clamps
     # why a prefetch reads as recorded, said only where it does: ZeRO-3's bucket also groups what it

@@ -218,6 +218,26 @@ def test_a_recorded_backward_post_and_unsaid_arguments_are_named_as_they_are(
     assert "default" not in lists.split("(recorded")[0]
 
 
+def test_a_merged_fsdp1_unit_without_parameter_sizes_says_what_its_memory_took(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The FSDP1 sample's traces alone (no run.json: no unit's parameters listed) cannot tell a merged
+    unit's parameter gradients from its other gradient blocks: the prediction says what it held instead;
+    with run.json beside them it does not."""
+    import shutil
+
+    sample = Path(__file__).parents[2] / "sample_traces" / "fsdp1-cpu-2rank"
+    shutil.copytree(sample / "traces", tmp_path / "traces")
+    assert not (tmp_path / "traces" / "run.json").exists()
+
+    def memory_notes(folder: Path) -> list[str]:
+        data = json.loads(_run(["whatif", str(folder), "--wrap", "root", "--json", "-q", "--no-cache"], capsys)[1])
+        return [n for n in data["notes"] if n.startswith("memory: a merged FSDP1 unit")]
+
+    (note,) = memory_notes(tmp_path / "traces")
+    assert "does not list its units' parameters" in note
+    assert memory_notes(sample) == []
+
+
 def _no_units_trace(tmp: Path) -> Path:
     b = TraceBuilder(rank=0)
     b.step(1, 0, 1000).step(2, 1000, 1000).step(3, 2000, 1000)
