@@ -152,10 +152,10 @@ def headline_spread_why(run: LabelledRun, key: str) -> str:
     :func:`headline_spread_ms` or :func:`headline_spread_points` gives None)."""
     if key not in MEASURED:
         return NOT_PER_STEP
-    if key in STEP_SHARES:
-        times = run.analysis.step_times
-        comm = times[STEP_SHARES[key][0]] if not times.empty else pd.Series(dtype=float)
-        if times["step"].nunique() >= 2 and (comm.groupby(times["step"]).max() > 0).sum() < 2:
+    times = run.analysis.step_times
+    if key in STEP_SHARES and times["step"].nunique() >= 2:
+        with_comm = (times[STEP_SHARES[key][0]].groupby(times["step"]).max() > 0).sum()
+        if with_comm < 2:
             return NO_SHARE
     timed = key == "step_time_ms" and run.summary.step_time_source == "timers"
     return FEW_STEPS.format(what="unprofiled timed" if timed else "analysed")
