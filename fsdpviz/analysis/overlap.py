@@ -106,13 +106,34 @@ def cpu_sets(
     comm = _intervals_of(events[(lane_kind == schema.LANE_CPU_GLOO) & has_comm])
     on_compute_lanes = np.isin(lane_kind, CPU_COMPUTE_LANES)
     ops = events[on_compute_lanes & (events["kind"] == schema.KIND_CPU_OP).to_numpy()]
-    blocked = ops[(ops["comm"] != "").to_numpy() | searching(ops["name"], CPU_WAIT_RE)]
-    compute = subtract_intervals(_intervals_of(ops), _intervals_of(blocked))
+    is_blocked = (ops["comm"] != "").to_numpy() | searching(ops["name"], CPU_WAIT_RE)
+    compute = subtract_intervals(_intervals_of(ops), _intervals_of(ops[is_blocked]))
+    # the thread waits for a collective inside the op that issued it: an autograd node whose hook
+    # gathers the next unit (FSDP2's backward prefetch), FSDP's post-backward reduction. While a
+    # collective runs, such an op is the thread waiting, not computing: only the ops that issued or
+    # waited for nothing (the ops inside it, any other op) are work that hid the collective
+    working = _intervals_of(ops[~is_blocked & ~_enclosing(ops, is_blocked)])
+    compute = subtract_intervals(compute, subtract_intervals(comm, working))
     if analysed is not None:
         comm = clip_intervals(comm, analysed.start_ns, analysed.end_ns)
         compute = clip_intervals(compute, analysed.start_ns, analysed.end_ns)
     busy = union_intervals(np.concatenate([comm[0], compute[0]]), np.concatenate([comm[1], compute[1]]))
     return comm, compute, busy
+
+
+def _enclosing(ops: pd.DataFrame, blocked: np.ndarray) -> np.ndarray:
+    """Per row of ``ops`` (CPU ops): a ``blocked`` op of its lane starts inside it (other than itself)."""
+    starts = ops["start_ns"].to_numpy(dtype=np.int64)
+    ends = starts + ops["dur_ns"].to_numpy(dtype=np.int64)
+    lane = ops["lane"].astype(str).to_numpy()
+    out = np.zeros(len(ops), dtype=bool)
+    for name in np.unique(lane[blocked]):
+        mine = lane == name
+        at = np.sort(starts[mine & blocked])
+        # blocked ops starting in [start, end), less the op itself where it is one
+        inside = np.searchsorted(at, ends[mine], "left") - np.searchsorted(at, starts[mine], "left")
+        out[mine] = inside - blocked[mine] > 0
+    return out
 
 
 def overlap_row(

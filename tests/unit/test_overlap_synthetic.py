@@ -130,18 +130,19 @@ def test_gloo_cpu_overlap_excludes_issuing_ops_and_waits(tmp_path: Path) -> None
     b.cpu_op("aten::linear", 100, 200)  # compute 100..300
     b.cpu_op("aten::mm", 150, 100)  # nested: adds nothing
     b.cpu_op("autograd::engine::evaluate_function: MmBackward0", 280, 80)  # 280..360 ...
-    b.cpu_op("c10d::_allgather_base_", 300, 50)  # ... minus the issuing op 300..350
+    b.cpu_op("c10d::_allgather_base_", 300, 50)  # ... minus the issuing op 300..350, and 350..360:
+    # the op that issued it, still open while the all-gather runs, is the thread waiting for it
     b.cpu_op("_c10d_functional::wait_tensor", 400, 100)  # a blocking wait: not compute
     b.cpu_op("aten::add_", 500, 100)  # compute 500..600
     b.annotation("gloo:all_gather", 200, 200, tid=gloo_tid, **{"Input Dims": [[1024]], "Input type": ["float"]})
     b.cpu_op("aten::mm", 1100, 100)  # in the last step: dropped
     row = _overlap(b.write(tmp_path / "t.json"))
     assert row["device"] == "cpu"
-    # compute = 100..300 + 300..360 minus 300..350 + 500..600 = 200 + 10 + 100
-    assert row["compute_ns"] == 310 * US
+    # compute = 100..300 + 280..300 + 500..600 = 200 + 100
+    assert row["compute_ns"] == 300 * US
     assert row["comm_ns"] == 200 * US
-    # comm 200..400 overlaps compute 200..300 and 350..360
-    assert row["overlap_ns"] == 110 * US and row["overlap_pct"] == 55.0
+    # comm 200..400 overlaps compute 200..300
+    assert row["overlap_ns"] == 100 * US and row["overlap_pct"] == 50.0
     assert row["window_ns"] == 1000 * US  # CPU window = the analysed step
     assert row["idle_ns"] == 1000 * US - row["busy_ns"]
     assert row["busy_ns"] == (300 - 100 + 400 - 300 + 600 - 500) * US  # 100..400 and 500..600

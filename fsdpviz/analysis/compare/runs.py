@@ -349,9 +349,10 @@ def comparability_notes(runs: Sequence[LabelledRun], match: UnitMatch) -> list[s
             notes.append(f"{r.label}: only {len(r.summary.steps)} step analysed; differences "
                          "smaller than the step-to-step spread cannot be seen.")
     if all(d == "cpu" for d in devices):
-        notes.append("All runs are CPU runs (gloo): the training thread waits inside FSDP's gathers for much of "
-                     "each collective, so overlap is lower and steps longer than the same settings give on GPUs, "
-                     "where collectives run on their own CUDA streams. The ranking of the runs may differ there.")
+        notes.append("All runs are CPU runs (gloo): the training thread waits out each collective FSDP issues, "
+                     "a prefetched one too, so little or nothing of it overlaps compute, and steps run longer than "
+                     "the same settings give on GPUs, where collectives run on their own CUDA streams. The ranking "
+                     "of the runs may differ there.")
     return notes
 
 
