@@ -41,7 +41,7 @@ from typing import Final
 from fsdpviz.replay.recorded import StepProgram
 from fsdpviz.replay.simulate import SimResult
 from fsdpviz.structure.profiler_cost import STEP_PHASES, STEP_TIMER_PHASE, PhaseTimes
-from fsdpviz.vocabulary import BACKWARD, FORWARD, OPTIMIZER
+from fsdpviz.vocabulary import BACKWARD, FORWARD, OPTIMIZER, UNIT_COLLECTIVES
 
 # Why the check is not made (the clock's note says it). The recorder times every CPU step's phases; a
 # GPU's clean steps time only their ends (one CUDA event pair), as did a CPU's in a recording made before.
@@ -84,7 +84,9 @@ def sim_phases(sim: SimResult, lead_ns: float = 0.0) -> dict[str, float]:
         return (min(s.start for s in spans), max(s.end for s in spans)) if spans else None
 
     forward, backward = extent(FORWARD), extent(BACKWARD)
-    spans = [s.end - s.start for s in sim.spans if s.kind == OPTIMIZER]
+    # the optimizer's segment: its work and the collectives it waited for (CPU)
+    spans = [s.end - s.start for s in sim.spans
+             if s.kind == OPTIMIZER or (s.phase == OPTIMIZER and s.kind in UNIT_COLLECTIVES)]
     optimizer = max(0.0, (sum(spans) if spans else sim.step_ns - (backward or forward or (0.0, 0.0))[1]) - lead_ns)
     return {"forward": forward[1] - forward[0] if forward else 0.0,
             "backward": backward[1] - backward[0] if backward else 0.0, "optimizer": optimizer}

@@ -307,10 +307,16 @@ class _Sim:
             done = max(done, at)
             self.host = max(self.host, *self.free.values())  # the host waits for the device
         self.host += max(0.0, seg.busy_ns - done)
+        busy_end = self.host
+        # CPU: the collectives the thread waited for outside every unit (ZeRO-3's reductions at the end
+        # of its backward, a loss all-reduce) are communication nothing hid, as the bound counts them
+        phase = "optimizer" if op.name == "post" else op.name
         for ns in seg.comm_ns:
+            if ns > 0:
+                self.spans.append(SimSpan("", phase, ALL_REDUCE, COMM, self.host, self.host + ns))
             self.host += ns
         if not self.gpu and op.name == "post" and seg.busy_ns:
-            self.spans.append(SimSpan("", "optimizer", "optimizer", HOST, start, self.host))
+            self.spans.append(SimSpan("", "optimizer", "optimizer", HOST, start, busy_end))
 
     def result(self) -> SimResult:
         comm = _union([(s.start, s.end) for s in self.spans
