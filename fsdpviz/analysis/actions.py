@@ -50,6 +50,10 @@ KNOB_HOST: Final = ("fewer or larger units (fsdpviz whatif --wrap merge:2, or ro
                     "(fewer launches per unit), a larger micro-batch (more work per launch)")
 # a CPU rank launches nothing: only the per-unit hooks and copies are left to cut
 KNOB_HOST_CPU: Final = "fewer or larger units (fsdpviz whatif --wrap merge:2, or root): fewer hooks and copies"
+# a CPU rank waits out every collective FSDP issues (analysis/overlap.py), so an earlier gather hides
+# nothing there: fewer, larger collectives are what moves its exposed communication
+KNOB_COMMUNICATION_CPU: Final = ("fewer or larger units (fsdpviz whatif --wrap merge:2, or root): fewer collectives, "
+                                 "each waited out by the training thread; prefetch cannot hide them on a CPU rank")
 KNOB_COMMUNICATION: Final = ("prefetch earlier (fsdpviz whatif --prefetch 1, or 2 on FSDP2), fewer ranks per node "
                              "sharing a link, a faster link")
 KNOB_MEMORY: Final = ("the advisor: fsdpviz whatif RUN --explore --memory-budget {budget} ranks the settings "
@@ -205,7 +209,7 @@ def bound_action(bound: BoundSummary | None, *, host_backend_on_gpu: bool = Fals
         if kind == loss.kind:
             message += f"; compute {ms_text(bound.compute_ms)}"
         message += _per_unit_text(units)
-        knob = KNOB_COMMUNICATION
+        knob = KNOB_COMMUNICATION_CPU if bound.device == schema.OVERLAP_CPU else KNOB_COMMUNICATION
         if host_backend_on_gpu:
             why_not = HOST_BACKEND_BLOCKS
             knob = "NCCL instead of gloo for GPU tensors, fewer ranks per node sharing a link, a faster link"

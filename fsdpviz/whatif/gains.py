@@ -17,7 +17,14 @@ from typing import TYPE_CHECKING, cast
 
 import msgspec
 
-from fsdpviz.analysis.actions import KIND_BOUND, Action, fold, one_per_setting, with_prediction
+from fsdpviz.analysis.actions import (
+    KIND_BOUND,
+    KNOB_COMMUNICATION_CPU,
+    Action,
+    fold,
+    one_per_setting,
+    with_prediction,
+)
 from fsdpviz.analysis.bound import KIND_COMMUNICATION, KIND_HOST
 from fsdpviz.analysis.summary import Summary
 from fsdpviz.errors import FsdpvizError
@@ -86,12 +93,13 @@ def gains(model: Model, knobs: Iterable[str]) -> dict[str, str]:
 
 def action_settings(action: Action, model: Model) -> list[Settings]:
     """The settings an action's knob stands for, the one to advise chosen among them by
-    :func:`predict_actions`: the bound's (coarser units when the host bounds the step -- the wraps
-    ``--explore`` tries, pairs and one root unit; one more unit of prefetch when communication does),
+    :func:`predict_actions`: the bound's (coarser units when the host bounds the step, or exposed
+    communication a CPU rank's -- the wraps ``--explore`` tries, pairs and one root unit; one more unit
+    of prefetch when communication bounds a GPU's),
     else its findings' knob."""
     if action.kind == KIND_BOUND:
         rec = model.recording
-        if action.cause == KIND_HOST:
+        if _wraps_knob(action):
             return [s for s in grid(model)[0] if s.sources.get("wrap") == GIVEN]
         if action.cause == KIND_COMMUNICATION and not action.why_not:
             depth = str((int(rec.prefetch) if rec.prefetch.isdigit() else 0) + 1)
@@ -101,6 +109,12 @@ def action_settings(action: Action, model: Model) -> list[Settings]:
     first = action.knob.split("; ")[0]
     found = setting_for(first, model) if first else None
     return [found] if found is not None else []
+
+
+def _wraps_knob(action: Action) -> bool:
+    """The bound's action whose knob is fewer, larger units: the host bounds the step, or exposed
+    communication does on a CPU rank, which waits out each collective."""
+    return action.kind == KIND_BOUND and (action.cause == KIND_HOST or action.knob == KNOB_COMMUNICATION_CPU)
 
 
 def action_setting(action: Action, model: Model) -> Settings | None:
@@ -157,7 +171,7 @@ def predict_actions(model: Model, actions: Sequence[Action]) -> list[Action]:
     for action in actions:
         candidates = action_settings(action, model) if action.knob else []
         if not candidates:
-            if action.knob and action.kind == KIND_BOUND and action.cause == KIND_HOST:
+            if action.knob and _wraps_knob(action):
                 # fewer units is the bound's knob, but the model can form no other units here: unknown,
                 # so not advised, and said why (--explore leaves every wrap out the same way)
                 action = with_prediction(action, None, "", because=f"fsdpviz whatif cannot predict it ({_no_wrap(model)})")

@@ -135,8 +135,9 @@ def _one_figure(result: Any, folder: Path) -> None:
             continue
         p = predict(model, settings)
         assert p.reliable and p.measurable is not False, (action.message, p.spread_ms, p.predicted.step_time_ms)
-        if action.kind == "bound" and action.cause == "host":
-            # the wrap advised is the one --explore ranks first of the wraps it tries
+        if action.kind == "bound" and (action.cause == "host" or bound.device == "cpu"):
+            # the wrap advised is the one --explore ranks first of the wraps it tries (on a CPU rank
+            # also for exposed communication, which the thread waits out: prefetch cannot hide it)
             wraps = [c.settings for c in explore(model).ranked if c.settings.sources.get("wrap") == "given"]
             assert wraps and settings.describe() == wraps[0].describe()
         # where whatif cannot say whether the change is measurable (no spread), the advice says so too
@@ -281,6 +282,25 @@ def test_h200_recordings_show_one_figure_per_quantity(name: str, gpu_h200_dir: P
     result = session_memo(("gpu-h200", name), lambda: analyse([gpu_h200_dir / name], cache=False))
     _one_figure(result, gpu_h200_dir / name)
     _own_work(result, gpu_h200_dir / name)
+
+
+def test_a_cpu_recording_bound_by_exposed_communication_is_advised_fewer_units(
+        session_memo: Callable[..., Any]) -> None:
+    """The committed per-block recording of the dim-256 example (FSDP2, 2 CPU ranks): exposed
+    communication is its largest loss, all of the communication (its trace's training thread computes
+    beside none of it), and the summary advises the wrap --explore ranks first, not prefetch."""
+    from fsdpviz.analysis.pipeline import analyse
+
+    folder = Path(__file__).parents[1] / "recorded" / "fsdp2-d256-block" / "run"
+    result = session_memo(("recorded", folder), lambda: analyse([folder], cache=False))
+    _one_figure(result, folder)
+    summary = completed_summary(result)
+    bound = summary.bound
+    assert bound is not None and bound.loss is not None and bound.loss.kind == "communication"
+    assert bound.exposed_comm_ms == bound.comm_ms
+    first = summary.actions[0]
+    assert first.kind == "bound" and "(fsdpviz whatif: wrap " in (first.predicted_gain or ""), first
+    assert "prefetch" not in (first.predicted_gain or "")
 
 
 @pytest.mark.parametrize("name", ["fsdp2-cpu-2rank", "zero3-cpu-2rank"])
