@@ -155,3 +155,26 @@ def test_a_run_without_communication_says_so_of_its_overlap_spread(gpu_fsdp_dir:
     assert all(s is not None for s in out["spread_ms"]["step_time_ms"])
     assert out["spread_points"]["overlap.overlap_pct"] == [None, None]
     assert out["spread_unknown"]["overlap.overlap_pct"] == dict.fromkeys(names, NO_SHARE)
+
+
+def test_a_third_run_within_the_spread_is_said_so_not_called_noise(tmp_path: Path) -> None:
+    """``jumpy`` loads 3, 9 and 3 ms longer in its three steps: 5 ms slower than ``base`` on average,
+    beyond the noise (twice the standard error of the difference: 2 x 3.46 / sqrt(3) = 4.0 ms) but within
+    its own 6 ms spread, so the step-time finding neither ranks it nor calls it noise."""
+    extras = {"slow": dict.fromkeys(STEPS, 20_000_000), "base": {}, "jumpy": {3: 3_000_000, 4: 9_000_000, 5: 3_000_000}}
+    made = {}
+    for name, extra in extras.items():
+        sc = Scenario(units=make_units(2, numel=1_000_000), root=make_root(), steps=STEPS, step_data_ns=extra,
+                      gradients_per_kernel=False)
+        made[name] = generate_run(sc, tmp_path / name, run_folder=True)
+    comparison = _compare(made, list(extras))
+    assert comparison.runs[2].summary.steps == list(STEPS)
+    spread = comparison.spread["step_time_ms"]
+    assert spread[2] == pytest.approx(6.0, abs=0.05) and spread[1] < 0.2
+    values = comparison.values["step_time_ms"]
+    assert values[2] - values[1] == pytest.approx(5.0, abs=0.05)
+    finding = next(f for f in comparison.findings if f.kind == "step_time")
+    assert finding.better == "base"
+    said = finding.message.split("Also, ", 1)[1]
+    assert said.startswith("jumpy takes") and "within the runs' step-to-step spread: 6" in said, said
+    assert "noise" not in said

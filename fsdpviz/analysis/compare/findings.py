@@ -106,6 +106,13 @@ def beyond_spread(c: Comparison, key: str, i: int, j: int) -> bool:
     return abs(float(a) - float(b)) > max(known)
 
 
+def _spreads(c: Comparison, key: str, i: int, j: int) -> list[float]:
+    """The known step-to-step spreads of runs ``i`` and ``j`` in headline ``key``."""
+    spreads = c.spread.get(key) or []
+    known = (spreads[k] for k in (i, j) if k < len(spreads))
+    return [float(s) for s in known if s is not None]
+
+
 def _spread_text(c: Comparison, key: str) -> str:
     spreads = c.spread.get(key) or []
     known = [(lb, s) for lb, s in zip(c.labels, spreads) if s is not None]
@@ -178,9 +185,14 @@ def step_time_finding(c: Comparison) -> list[Finding]:
         if i in (best_i, other_i):
             continue
         noise_i = noise_ms(c.runs[best_i], c.runs[i], "step_ns")
-        clear = is_clear(best, v, noise_i) and beyond_spread(c, "step_time_ms", best_i, i)
-        verdict = "a clear difference" if clear else "within noise"
-        rest.append(f"{c.labels[i]} takes {ms_text(v)} ({ms_text(v - best)} more, {verdict}: noise {ms_text(noise_i)})")
+        if not is_clear(best, v, noise_i):
+            verdict = f"within noise: noise {ms_text(noise_i)}"
+        elif not beyond_spread(c, "step_time_ms", best_i, i):  # beyond the noise, not the steps' own spread
+            spread = max(_spreads(c, "step_time_ms", best_i, i))
+            verdict = f"within the runs' step-to-step spread: {ms_text(spread)}"
+        else:
+            verdict = f"a clear difference: noise {ms_text(noise_i)}"
+        rest.append(f"{c.labels[i]} takes {ms_text(v)} ({ms_text(v - best)} more, {verdict})")
     if rest:
         message += " Also, " + "; ".join(rest) + "."  # labels keep their case
     message += few_steps(c.runs[best_i], c.runs[other_i])
