@@ -365,6 +365,11 @@ def tradeoff_finding(c: Comparison, found: Sequence[Finding]) -> list[Finding]:
     m_fast, m_lean = c.values[key][i], c.values[key][j]
     if t_fast is None or t_lean is None or m_fast is None or m_lean is None:
         return []
+    # the step finding names the fastest against the slowest: the lean run may be within noise of it,
+    # or within the steps' own spread, and then the speed costs nothing measurable
+    noise = noise_ms(c.runs[i], c.runs[j], "step_ns")
+    if not is_clear(float(t_fast), float(t_lean), noise) or not beyond_spread(c, "step_time_ms", i, j):
+        return []
     dt = float(t_lean) - float(t_fast)
     dm = int(m_fast) - int(m_lean)
     cost = f"adds {bytes_text(dm)} more memory per step" if key == "step_rise_bytes" else f"peaks {bytes_text(dm)} higher"
