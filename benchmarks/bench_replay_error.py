@@ -18,7 +18,8 @@ recorded before the clean steps timed theirs).
 On a GPU, the bound against the replay: the time the bound takes out of the traced step (the measured
 excess) beside the replay's own drop without the profiler, and exposed communication beside the
 replay's move of it (docs/whatif.md, "The bound and the replay on a GPU"); and the replay's own parts
-of the step against the bound's (docs/whatif.md, "Why the bound is not the replay's own split").
+of the step against the bound's (docs/whatif.md, "Why the bound is not the replay's own split"), and
+the same on CPU.
 """
 
 from __future__ import annotations
@@ -74,6 +75,8 @@ def row(folder: Path) -> tuple[str, dict[str, float] | None]:
     if summary.device == "gpu" and model.net is not None and summary.bound is not None:
         GPU_ROWS.append(gpu_row(folder.name, summary.bound, model))
         PARTS_ROWS.append(parts_row(folder.name, summary.bound, model))
+    if summary.device == "cpu" and model.net is not None and summary.bound is not None:
+        CPU_PARTS_ROWS.append(cpu_parts_row(folder.name, summary.bound, model))
     return (f"| {folder.name} | {summary.device} | {slowdown} | {clock.basis} | {clean} | "
             f"{base.traced_replay_error_pct:.1f} % |"), ratios
 
@@ -81,6 +84,18 @@ def row(folder: Path) -> tuple[str, dict[str, float] | None]:
 PHASE_ROWS: list[str] = []
 GPU_ROWS: list[str] = []
 PARTS_ROWS: list[str] = []
+CPU_PARTS_ROWS: list[str] = []
+
+
+def cpu_parts_row(name: str, bound: Any, model: Any) -> str:
+    """The bound's parts of a CPU step against the replay's own without the profiler (medians over ranks
+    and steps, ms): compute, communication and exposed communication."""
+    def median_ms(get: Any) -> float:
+        return statistics.median(get(r) for r in model.net.replays) / 1e6
+
+    return (f"| {name} | {bound.compute_ms:,.2f} / {median_ms(lambda r: r.compute_ns):,.2f} | "
+            f"{bound.comm_ms:,.2f} / {median_ms(lambda r: r.comm_ns):,.2f} | "
+            f"{bound.exposed_comm_ms:,.2f} / {median_ms(lambda r: r.exposed_comm_ns):,.2f} |")
 
 
 def parts_row(name: str, bound: Any, model: Any) -> str:
@@ -156,6 +171,14 @@ def main() -> None:
               "FSDP's copy kernels: replay of the traced steps | exposed communication: bound / replay |")
         print("|---|---|---|---:|---|")
         for line in PARTS_ROWS:
+            print(line)
+    if CPU_PARTS_ROWS:
+        print("\nOn CPU, the bound's parts of the step against the replay's own without the profiler (ms; "
+              "medians):\n")
+        print("| recording | compute: bound / replay | communication: bound / replay | "
+              "exposed communication: bound / replay |")
+        print("|---|---|---|---|")
+        for line in CPU_PARTS_ROWS:
             print(line)
     if "B" in predicted and "Bl" in predicted:
         print("\n| setting | bare (in-process) | predicted from B | from Bl | B − Bl |")
