@@ -10,7 +10,7 @@
 # compare page) and OUT/compare.json (`fsdpviz compare --json`).
 #
 # Environment: PYTHON (default .venv/bin/python), MODEL_ARGS (default "--layers 4 --dim 256 --steps 9"),
-# RECORD_ARGS (default "--warmup 2 --steps 6": profile optimizer steps 2-7; the last is not analysed).
+# RECORD_ARGS (default "--warmup 2 --steps 6": profile optimizer steps 2-7, all of them analysed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -58,6 +58,8 @@ KNOB_COMMUNICATION: Final = ("prefetch earlier (fsdpviz whatif --prefetch 1, or 
                              "sharing a link, a faster link")
 KNOB_MEMORY: Final = ("the advisor: fsdpviz whatif RUN --explore --memory-budget {budget} ranks the settings "
                       "whose predicted peak fits the device by predicted step time")
+CPU_BLOCKS: Final = ("prefetch cannot help on a CPU rank: FSDP's training thread waits out every gloo collective "
+                     "it issues, a prefetched one too, so nothing computes while it runs")
 HOST_BACKEND_BLOCKS: Final = ("prefetch cannot help on this run: the gloo backend runs each collective of CUDA "
                               "tensors synchronously through the host, so nothing computes while it runs; NCCL "
                               "would let prefetched gathers overlap compute")
@@ -108,11 +110,14 @@ class Action(msgspec.Struct, kw_only=True):
     a knob is advised and whatif writes one (whatif/apply.py)."""
 
 
-def knob_blocked(knob: str, host_backend_on_gpu: bool) -> str:
-    """Why ``knob`` cannot help on this run ("" where it may)."""
-    if host_backend_on_gpu and "prefetch" in knob:
-        return HOST_BACKEND_BLOCKS
-    return ""
+def knob_blocked(knob: str, host_backend_on_gpu: bool, cpu: bool = False) -> str:
+    """Why ``knob`` cannot help on this run ("" where it may): prefetch, where the thread waits out every
+    collective (a CPU rank, gloo on CUDA tensors)."""
+    if "prefetch" not in knob:
+        return ""
+    if cpu:
+        return CPU_BLOCKS
+    return HOST_BACKEND_BLOCKS if host_backend_on_gpu else ""
 
 
 def _range_text(values: Sequence[float]) -> str:
@@ -120,9 +125,10 @@ def _range_text(values: Sequence[float]) -> str:
     return ms_text(lo) if ms_text(lo) == ms_text(hi) else f"{ms_text(lo).removesuffix(' ms')}-{ms_text(hi)}"
 
 
-def group_findings(findings: Sequence[Finding], *, host_backend_on_gpu: bool = False) -> list[Action]:
+def group_findings(findings: Sequence[Finding], *, host_backend_on_gpu: bool = False,
+                   cpu: bool = False) -> list[Action]:
     """Alike findings (one kind and cause) as one action each; the profiler's finding is about the
-    trace, not the run, and stays its own line."""
+    trace, not the run, and stays its own line. ``cpu``: the run's ranks are CPU ranks."""
     groups: dict[tuple[str, str], list[Finding]] = {}
     for f in findings:
         key = (f.kind, f.cause) if f.cause and f.cause in _GROUP_WORDS else (f.kind, f"{f.cause}#{len(groups)}")
@@ -140,7 +146,7 @@ def group_findings(findings: Sequence[Finding], *, host_backend_on_gpu: bool = F
                        f"{_range_text(lost)} each, {ms_text(sum(lost))}/step" if lost else
                        f"{_GROUP_WORDS.get(cause, members[0].message)} in {len(members)} unit-passes")
         knob = knobs[0] if len(knobs) == 1 else "; ".join(knobs)
-        why_not = knob_blocked(knob, host_backend_on_gpu) if knob else ""
+        why_not = knob_blocked(knob, host_backend_on_gpu, cpu) if knob else ""
         out.append(Action(kind=kind, cause=cause.split("#")[0], message=message, count=len(members),
                           lost_ms_per_step=round(sum(lost), 3) if lost else None,
                           lost_ms_min=min(lost) if lost else None, lost_ms_max=max(lost) if lost else None,
@@ -230,7 +236,8 @@ def bound_action(bound: BoundSummary | None, *, host_backend_on_gpu: bool = Fals
 def build_actions(findings: Sequence[Finding], bound: BoundSummary | None, *,
                   host_backend_on_gpu: bool = False, units: Sequence[UnitSummary] = ()) -> list[Action]:
     """The bound's action, then the grouped findings by time lost; all beyond :data:`MAX_SHOWN` folded."""
-    grouped = group_findings(findings, host_backend_on_gpu=host_backend_on_gpu)
+    grouped = group_findings(findings, host_backend_on_gpu=host_backend_on_gpu,
+                             cpu=bound is not None and bound.device == schema.OVERLAP_CPU)
     first = [a for a in (memory_action(bound), bound_action(bound, host_backend_on_gpu=host_backend_on_gpu,
                                                                  units=units)) if a is not None]
     return fold([*first, *grouped])

@@ -14,7 +14,8 @@ last analysed GPU event minus the union of all of them.
 
 CPU ranks (gloo) have no kernels: comm = ``gloo:*`` collectives on gloo worker threads; compute =
 CPU ops on the main and autograd threads minus the time inside collective-issuing ops (``c10d::*``,
-``record_param_comms``) and blocking waits (ops named ``*wait*``); the window is the analysed
+``record_param_comms``) and blocking waits (ops named ``*wait*``), and minus, while a collective runs,
+the time of an op that encloses such an op (the thread waiting inside it); the window is the analysed
 steps' time span. docs/concepts.md states both definitions with examples.
 
 The interval unions and their algebra are :mod:`fsdpviz.structure.intervals`.

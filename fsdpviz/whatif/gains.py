@@ -19,7 +19,6 @@ import msgspec
 
 from fsdpviz.analysis.actions import (
     KIND_BOUND,
-    KNOB_COMMUNICATION_CPU,
     Action,
     fold,
     one_per_setting,
@@ -99,7 +98,7 @@ def action_settings(action: Action, model: Model) -> list[Settings]:
     else its findings' knob."""
     if action.kind == KIND_BOUND:
         rec = model.recording
-        if _wraps_knob(action):
+        if _wraps_knob(action, model):
             return [s for s in grid(model)[0] if s.sources.get("wrap") == GIVEN]
         if action.cause == KIND_COMMUNICATION and not action.why_not:
             depth = str((int(rec.prefetch) if rec.prefetch.isdigit() else 0) + 1)
@@ -111,10 +110,11 @@ def action_settings(action: Action, model: Model) -> list[Settings]:
     return [found] if found is not None else []
 
 
-def _wraps_knob(action: Action) -> bool:
+def _wraps_knob(action: Action, model: Model) -> bool:
     """The bound's action whose knob is fewer, larger units: the host bounds the step, or exposed
-    communication does on a CPU rank, which waits out each collective."""
-    return action.kind == KIND_BOUND and (action.cause == KIND_HOST or action.knob == KNOB_COMMUNICATION_CPU)
+    communication does on a CPU rank, which waits out each collective (analysis/actions.py's knobs)."""
+    return action.kind == KIND_BOUND and (
+        action.cause == KIND_HOST or (action.cause == KIND_COMMUNICATION and model.recording.device == "cpu"))
 
 
 def action_setting(action: Action, model: Model) -> Settings | None:
@@ -171,7 +171,7 @@ def predict_actions(model: Model, actions: Sequence[Action]) -> list[Action]:
     for action in actions:
         candidates = action_settings(action, model) if action.knob else []
         if not candidates:
-            if action.knob and _wraps_knob(action):
+            if action.knob and _wraps_knob(action, model):
                 # fewer units is the bound's knob, but the model can form no other units here: unknown,
                 # so not advised, and said why (--explore leaves every wrap out the same way)
                 action = with_prediction(action, None, "", because=f"fsdpviz whatif cannot predict it ({_no_wrap(model)})")

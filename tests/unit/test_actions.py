@@ -22,6 +22,7 @@ from synth import Scenario, generate_run, make_root, make_units
 
 from fsdpviz.analysis import findings as fnd
 from fsdpviz.analysis.actions import (
+    CPU_BLOCKS,
     HOST_BACKEND_BLOCKS,
     KIND_BOUND,
     KNOB_HOST,
@@ -99,6 +100,19 @@ def test_prefetch_is_not_advised_where_gloo_runs_collectives_on_the_host() -> No
     (action,) = group_findings([_outlasting("blocks.1", "forward", 5.0)], host_backend_on_gpu=True)
     assert action.knob == "" and action.why_not == HOST_BACKEND_BLOCKS
     assert "Prefetch cannot help on this run" in action_text(action)
+
+
+@pytest.mark.parametrize("name", ["fsdp2-cpu-2rank", "fsdp1-cpu-2rank"])
+def test_prefetch_is_not_advised_on_a_cpu_rank(name: str, sample_run: Callable[[str], Any]) -> None:
+    # the samples' training threads wait out every gloo collective (tests/unit/test_cpu_collective_waits.py
+    # reads it off their traces): a finding's prefetch knob is not advised, said why, and not priced
+    actions = predicted_actions(sample_run(name))
+    prefetching = [a for a in actions if a.kind != "bound" and "prefetch" in a.why_not + a.knob]
+    assert prefetching, [a.message for a in actions]
+    for action in prefetching:
+        assert action.knob == "" and action.why_not == CPU_BLOCKS and not action.predicted_gain
+    # the bound's action prices fewer units instead
+    assert actions[0].kind == "bound" and "(fsdpviz whatif: wrap " in (actions[0].predicted_gain or "") + actions[0].why_not
 
 
 def test_a_knob_predicted_to_gain_nothing_is_not_advised() -> None:

@@ -240,8 +240,8 @@ def test_a_replay_whose_phases_miss_past_the_limit_is_not_called_replayed(tmp_pa
     # the step is still the timers' (the headline does not move), but nothing is predicted on that replay
     assert after.step_time_ms == before.step_time_ms
     assert not p_after.reliable and p_after.warnings[0].startswith("unreliable: out of sample")
-    # the bound's action, which prices a setting (on this sample, exposed communication's prefetch)
-    priced = [next(a for a in s.actions if "(fsdpviz whatif: " in a.why_not + (a.predicted_gain or ""))
+    # the bound's action, which prices the wraps (exposed communication, on a CPU rank)
+    priced = [next(a for a in s.actions if "(fsdpviz whatif: wrap " in a.why_not + (a.predicted_gain or ""))
               for s in (before, after)]
     assert "unreliable" not in priced[0].why_not
     assert "calls its replay of this recording unreliable (unreliable: out of sample" in priced[1].why_not
