@@ -102,6 +102,16 @@ def test_prefetch_is_not_advised_where_gloo_runs_collectives_on_the_host() -> No
     assert "Prefetch cannot help on this run" in action_text(action)
 
 
+def test_deepspeeds_prefetch_is_left_to_whatif_on_a_cpu_rank() -> None:
+    # DeepSpeed's prefetched gathers are asynchronous: its CPU ranks compute beside some of them
+    zero3 = msgspec.structs.replace(_outlasting("blocks.1", "forward", 5.0),
+                                    knob="a larger stage3_prefetch_bucket_size in the DeepSpeed config")
+    (action,) = group_findings([zero3], cpu=True)
+    assert action.knob == zero3.knob and action.why_not == ""
+    (fsdp,) = group_findings([_outlasting("blocks.1", "forward", 5.0)], cpu=True)
+    assert fsdp.knob == "" and fsdp.why_not == CPU_BLOCKS
+
+
 @pytest.mark.parametrize("name", ["fsdp2-cpu-2rank", "fsdp1-cpu-2rank"])
 def test_prefetch_is_not_advised_on_a_cpu_rank(name: str, sample_run: Callable[[str], Any]) -> None:
     # the samples' training threads wait out every gloo collective (tests/unit/test_cpu_collective_waits.py
