@@ -22,6 +22,7 @@ from typing import Final
 
 import msgspec
 
+from fsdpviz import vocabulary
 from fsdpviz.analysis import findings as fnd
 from fsdpviz.analysis.bound import (
     KIND_COMMUNICATION,
@@ -110,6 +111,12 @@ class Action(msgspec.Struct, kw_only=True):
     a knob is advised and whatif writes one (whatif/apply.py)."""
 
 
+def waits_out_collectives(bound: BoundSummary | None, framework: str) -> bool:
+    """Whether the run's training thread waits out every collective its framework issues: FSDP2 and
+    FSDP1 on a CPU rank (analysis/overlap.py); DeepSpeed's prefetched gathers are asynchronous."""
+    return bound is not None and bound.device == schema.OVERLAP_CPU and framework != vocabulary.ZERO3
+
+
 def knob_blocked(knob: str, host_backend_on_gpu: bool, cpu: bool = False) -> str:
     """Why ``knob`` cannot help on this run ("" where it may): prefetch, where the thread waits out every
     collective (a CPU rank, gloo on CUDA tensors)."""
@@ -189,7 +196,7 @@ def memory_action(bound: BoundSummary | None) -> Action | None:
 
 
 def bound_action(bound: BoundSummary | None, *, host_backend_on_gpu: bool = False,
-                 units: Sequence[UnitSummary] = ()) -> Action | None:
+                 units: Sequence[UnitSummary] = (), framework: str = "") -> Action | None:
     """The step's largest loss as the first action, where it takes :data:`NOTABLE_LOSS` of the step."""
     if bound is None or bound.loss is None or bound.loss.share < NOTABLE_LOSS:
         return None
@@ -217,7 +224,7 @@ def bound_action(bound: BoundSummary | None, *, host_backend_on_gpu: bool = Fals
         if kind == loss.kind:
             message += f"; compute {ms_text(bound.compute_ms)}"
         message += _per_unit_text(units)
-        knob = KNOB_COMMUNICATION_CPU if bound.device == schema.OVERLAP_CPU else KNOB_COMMUNICATION
+        knob = KNOB_COMMUNICATION_CPU if waits_out_collectives(bound, framework) else KNOB_COMMUNICATION
         if host_backend_on_gpu:
             why_not = HOST_BACKEND_BLOCKS
             knob = "NCCL instead of gloo for GPU tensors, fewer ranks per node sharing a link, a faster link"
@@ -236,12 +243,13 @@ def bound_action(bound: BoundSummary | None, *, host_backend_on_gpu: bool = Fals
 
 
 def build_actions(findings: Sequence[Finding], bound: BoundSummary | None, *,
-                  host_backend_on_gpu: bool = False, units: Sequence[UnitSummary] = ()) -> list[Action]:
+                  host_backend_on_gpu: bool = False, units: Sequence[UnitSummary] = (),
+                  framework: str = "") -> list[Action]:
     """The bound's action, then the grouped findings by time lost; all beyond :data:`MAX_SHOWN` folded."""
     grouped = group_findings(findings, host_backend_on_gpu=host_backend_on_gpu,
                              cpu=bound is not None and bound.device == schema.OVERLAP_CPU)
     first = [a for a in (memory_action(bound), bound_action(bound, host_backend_on_gpu=host_backend_on_gpu,
-                                                                 units=units)) if a is not None]
+                                                                 units=units, framework=framework)) if a is not None]
     return fold([*first, *grouped])
 
 

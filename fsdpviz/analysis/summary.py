@@ -310,16 +310,17 @@ def summary_of(traces: TraceSet, selection: StepSelection, overlap: pd.DataFrame
         units_source="+".join(size_sources) if size_sources else None, device=_device(overlap),
         sources=list(traces.sources), run_dir=traces.run_dir, notes=notes, missing_ranks=traces.missing_ranks,
         skipped_events=sum(traces.skipped_events.values()), findings=findings,
-        bound=bound, actions=actions_of(findings, bound, units, traces, overlap),
+        bound=bound, actions=actions_of(findings, bound, units, traces, overlap, framework),
     )
 
 
 def actions_of(findings: Sequence[Finding], bound: BoundSummary | None, units: Sequence[UnitSummary],
-               traces: TraceSet, overlap: pd.DataFrame) -> list[Action]:
+               traces: TraceSet, overlap: pd.DataFrame, framework: str = "") -> list[Action]:
     """What to try, from ``findings`` and the bound (:func:`fsdpviz.analysis.actions.build_actions`):
     the summary's actions, and the page's of a run without units, whose summary lists no findings
     but whose per-unit analysis still finds stragglers and the profiler's cost."""
-    return build_actions(findings, bound, host_backend_on_gpu=host_backend_on_gpu(traces, overlap), units=units)
+    return build_actions(findings, bound, host_backend_on_gpu=host_backend_on_gpu(traces, overlap), units=units,
+                         framework=framework)
 
 
 def finding_entries(findings: pd.DataFrame) -> list[Finding]:

@@ -140,7 +140,8 @@ def prepare_report(run: RunResult, *, max_segments: int = MAX_PAGE_SEGMENTS,
     completed = completed_summary(run)  # the one read of the run: the actions' gains and the clock
     # a run without units: its summary lists no findings, the page its analysis' (stragglers, the profiler)
     actions = completed.actions if run.has_units else actions_of(
-        finding_entries(analysis.findings), run.summary.bound, run.summary.units, traces, overlap)
+        finding_entries(analysis.findings), run.summary.bound, run.summary.units, traces, overlap,
+        run.summary.framework)
     summary = msgspec.structs.replace(run.summary, clock=completed.clock)
     title, subtitle, meta = describe_inputs(traces)
     aligned = run.aligned  # the lanes and memory views line up with the analysis' spans

@@ -32,6 +32,7 @@ from fsdpviz.replay import prefetch_args
 from fsdpviz.replay.clock import clock_of
 from fsdpviz.replay.model import SUPPORTED, Gain, Model, model_clock, model_ranks, read_model
 from fsdpviz.replay.settings import GIVEN, Settings
+from fsdpviz.vocabulary import ZERO3
 from fsdpviz.whatif.explore import device_budget, grid
 from fsdpviz.whatif.predict import PREFETCH_SAME_NOTES, SPREAD_UNKNOWN, Prediction, predict
 
@@ -113,8 +114,10 @@ def action_settings(action: Action, model: Model) -> list[Settings]:
 def _wraps_knob(action: Action, model: Model) -> bool:
     """The bound's action whose knob is fewer, larger units: the host bounds the step, or exposed
     communication does on a CPU rank, which waits out each collective (analysis/actions.py's knobs)."""
+    rec = model.recording
     return action.kind == KIND_BOUND and (
-        action.cause == KIND_HOST or (action.cause == KIND_COMMUNICATION and model.recording.device == "cpu"))
+        action.cause == KIND_HOST
+        or (action.cause == KIND_COMMUNICATION and rec.device == "cpu" and rec.framework != ZERO3))
 
 
 def action_setting(action: Action, model: Model) -> Settings | None:

@@ -25,11 +25,14 @@ from fsdpviz.analysis.actions import (
     CPU_BLOCKS,
     HOST_BACKEND_BLOCKS,
     KIND_BOUND,
+    KNOB_COMMUNICATION,
+    KNOB_COMMUNICATION_CPU,
     KNOB_HOST,
     KNOB_HOST_CPU,
     MAX_SHOWN,
     Action,
     action_text,
+    bound_action,
     build_actions,
     group_findings,
     one_per_setting,
@@ -110,6 +113,16 @@ def test_deepspeeds_prefetch_is_left_to_whatif_on_a_cpu_rank() -> None:
     assert action.knob == zero3.knob and action.why_not == ""
     (fsdp,) = group_findings([_outlasting("blocks.1", "forward", 5.0)], cpu=True)
     assert fsdp.knob == "" and fsdp.why_not == CPU_BLOCKS
+
+
+def test_a_cpu_communication_bound_is_fewer_units_for_fsdp_and_prefetch_for_deepspeed(
+        sample_run: Callable[[str], Any]) -> None:
+    bound = sample_run("fsdp1-cpu-2rank").summary.bound  # a CPU rank, exposed communication its loss
+    assert bound is not None and bound.loss is not None and bound.loss.kind == "communication"
+    fsdp = bound_action(bound, framework="fsdp1")
+    deepspeed = bound_action(bound, framework="zero3")
+    assert fsdp is not None and deepspeed is not None
+    assert fsdp.knob == KNOB_COMMUNICATION_CPU and deepspeed.knob == KNOB_COMMUNICATION
 
 
 @pytest.mark.parametrize("name", ["fsdp2-cpu-2rank", "fsdp1-cpu-2rank"])
