@@ -22,7 +22,9 @@ if TYPE_CHECKING:
 
 HOWTO_UNITS = (
     "One row per FSDP unit in forward order; times are medians per step over ranks and analysed steps, "
-    "peaks are maxima. Click a column header to sort. Exposed communication is the part of a unit's "
+    "each column its own (so a unit's exposed communication, the median of its per-step total, can "
+    "exceed the median all-gather plus the median reduce-scatter where a wait lands in a different "
+    "collective each step), peaks are maxima. Click a column header to sort. Exposed communication is the part of a unit's "
     "collectives during which the rank computed nothing. Prefetch lead is how long before the unit's "
     "compute started its all-gather had finished: negative means compute waited for it. Unsharded "
     "bytes (parameters + gradients) are what a unit adds to memory while gathered; compare with the "
