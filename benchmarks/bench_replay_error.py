@@ -87,15 +87,18 @@ PARTS_ROWS: list[str] = []
 CPU_PARTS_ROWS: list[str] = []
 
 
+def _median_ms(replays: Any, get: Any) -> float:
+    """The median over ``replays`` (simulated steps) of ``get`` (ns), in ms."""
+    return statistics.median(get(r) for r in replays) / 1e6
+
+
 def cpu_parts_row(name: str, bound: Any, model: Any) -> str:
     """The bound's parts of a CPU step against the replay's own without the profiler (medians over ranks
     and steps, ms): compute, communication and exposed communication."""
-    def median_ms(get: Any) -> float:
-        return statistics.median(get(r) for r in model.net.replays) / 1e6
-
-    return (f"| {name} | {bound.compute_ms:,.2f} / {median_ms(lambda r: r.compute_ns):,.2f} | "
-            f"{bound.comm_ms:,.2f} / {median_ms(lambda r: r.comm_ns):,.2f} | "
-            f"{bound.exposed_comm_ms:,.2f} / {median_ms(lambda r: r.exposed_comm_ns):,.2f} |")
+    net = model.net.replays
+    return (f"| {name} | {bound.compute_ms:,.2f} / {_median_ms(net, lambda r: r.compute_ns):,.2f} | "
+            f"{bound.comm_ms:,.2f} / {_median_ms(net, lambda r: r.comm_ns):,.2f} | "
+            f"{bound.exposed_comm_ms:,.2f} / {_median_ms(net, lambda r: r.exposed_comm_ns):,.2f} |")
 
 
 def parts_row(name: str, bound: Any, model: Any) -> str:
@@ -103,26 +106,19 @@ def parts_row(name: str, bound: Any, model: Any) -> str:
     and steps, ms): compute, FSDP's copy kernels (also the replay's of the traced steps: the profiler's
     host, as the trace's own split), exposed communication."""
     net = model.net.replays
-
-    def median_ms(get: Any, replays: Any = net) -> float:
-        return statistics.median(get(r) for r in replays) / 1e6
-
-    return (f"| {name} | {bound.compute_ms:,.2f} / {median_ms(lambda r: r.compute_ns):,.2f} | "
-            f"{bound.fsdp_kernels_ms or 0.0:,.2f} / {median_ms(lambda r: r.fsdp_copy_ns):,.2f} | "
-            f"{median_ms(lambda r: r.fsdp_copy_ns, model.replays):,.2f} | "
-            f"{bound.exposed_comm_ms:,.2f} / {median_ms(lambda r: r.exposed_comm_ns):,.2f} |")
+    return (f"| {name} | {bound.compute_ms:,.2f} / {_median_ms(net, lambda r: r.compute_ns):,.2f} | "
+            f"{bound.fsdp_kernels_ms or 0.0:,.2f} / {_median_ms(net, lambda r: r.fsdp_copy_ns):,.2f} | "
+            f"{_median_ms(model.replays, lambda r: r.fsdp_copy_ns):,.2f} | "
+            f"{bound.exposed_comm_ms:,.2f} / {_median_ms(net, lambda r: r.exposed_comm_ns):,.2f} |")
 
 
 def gpu_row(name: str, bound: Any, model: Any) -> str:
     """The bound against the replay on a GPU recording: the time each takes out of the traced step (the
     bound: the measured excess, traced less clean step; the replay: its traced steps' median less its
     steps' without the profiler) and what the replay moves exposed communication by (ms)."""
-    def median_ms(values: list[float]) -> float:
-        return statistics.median(values) / 1e6
-
     traced, net = model.replays, model.net.replays
-    drop = median_ms([r.step_ns for r in traced]) - median_ms([r.step_ns for r in net])
-    moved = median_ms([r.exposed_comm_ns for r in net]) - median_ms([r.exposed_comm_ns for r in traced])
+    drop = _median_ms(traced, lambda r: r.step_ns) - _median_ms(net, lambda r: r.step_ns)
+    moved = _median_ms(net, lambda r: r.exposed_comm_ns) - _median_ms(traced, lambda r: r.exposed_comm_ns)
     return (f"| {name} | {bound.traced_step_ms - bound.step_ms:.1f} | {drop:.1f} | "
             f"{bound.exposed_comm_ms:,.1f} / {moved:+.1f} |")
 

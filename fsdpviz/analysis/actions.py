@@ -111,20 +111,19 @@ class Action(msgspec.Struct, kw_only=True):
     a knob is advised and whatif writes one (whatif/apply.py)."""
 
 
-def waits_out_collectives(bound: BoundSummary | None, framework: str) -> bool:
+def waits_out_collectives(device: str | None, framework: str) -> bool:
     """Whether the run's training thread waits out every collective its framework issues: FSDP2 and
-    FSDP1 on a CPU rank (analysis/overlap.py); DeepSpeed's prefetched gathers are asynchronous."""
-    return bound is not None and bound.device == schema.OVERLAP_CPU and framework != vocabulary.ZERO3
+    FSDP1 on a CPU rank (analysis/overlap.py). DeepSpeed issues its prefetched gathers asynchronously,
+    so its CPU ranks do compute beside some (the committed ZeRO-3 example hides 5.7 %)."""
+    return device == schema.OVERLAP_CPU and framework != vocabulary.ZERO3
 
 
-def knob_blocked(knob: str, host_backend_on_gpu: bool, cpu: bool = False) -> str:
+def knob_blocked(knob: str, host_backend_on_gpu: bool, waits_out: bool = False) -> str:
     """Why ``knob`` cannot help on this run ("" where it may): prefetch, where the thread waits out every
-    collective (a CPU rank, gloo on CUDA tensors)."""
+    collective (:func:`waits_out_collectives`, gloo on CUDA tensors)."""
     if "prefetch" not in knob:
         return ""
-    # DeepSpeed issues its prefetched gathers asynchronously, so its CPU ranks do compute beside some
-    # (the committed ZeRO-3 example hides 5.7 %): its knob is left to whatif's prediction
-    if cpu and "stage3_prefetch_bucket_size" not in knob:
+    if waits_out:
         return CPU_BLOCKS
     return HOST_BACKEND_BLOCKS if host_backend_on_gpu else ""
 
@@ -135,9 +134,9 @@ def _range_text(values: Sequence[float]) -> str:
 
 
 def group_findings(findings: Sequence[Finding], *, host_backend_on_gpu: bool = False,
-                   cpu: bool = False) -> list[Action]:
+                   waits_out: bool = False) -> list[Action]:
     """Alike findings (one kind and cause) as one action each; the profiler's finding is about the
-    trace, not the run, and stays its own line. ``cpu``: the run's ranks are CPU ranks."""
+    trace, not the run, and stays its own line. ``waits_out``: :func:`waits_out_collectives`."""
     groups: dict[tuple[str, str], list[Finding]] = {}
     for f in findings:
         key = (f.kind, f.cause) if f.cause and f.cause in _GROUP_WORDS else (f.kind, f"{f.cause}#{len(groups)}")
@@ -155,7 +154,7 @@ def group_findings(findings: Sequence[Finding], *, host_backend_on_gpu: bool = F
                        f"{_range_text(lost)} each, {ms_text(sum(lost))}/step" if lost else
                        f"{_GROUP_WORDS.get(cause, members[0].message)} in {len(members)} unit-passes")
         knob = knobs[0] if len(knobs) == 1 else "; ".join(knobs)
-        why_not = knob_blocked(knob, host_backend_on_gpu, cpu) if knob else ""
+        why_not = knob_blocked(knob, host_backend_on_gpu, waits_out) if knob else ""
         out.append(Action(kind=kind, cause=cause.split("#")[0], message=message, count=len(members),
                           lost_ms_per_step=round(sum(lost), 3) if lost else None,
                           lost_ms_min=min(lost) if lost else None, lost_ms_max=max(lost) if lost else None,
@@ -224,7 +223,7 @@ def bound_action(bound: BoundSummary | None, *, host_backend_on_gpu: bool = Fals
         if kind == loss.kind:
             message += f"; compute {ms_text(bound.compute_ms)}"
         message += _per_unit_text(units)
-        knob = KNOB_COMMUNICATION_CPU if waits_out_collectives(bound, framework) else KNOB_COMMUNICATION
+        knob = KNOB_COMMUNICATION_CPU if waits_out_collectives(bound.device, framework) else KNOB_COMMUNICATION
         if host_backend_on_gpu:
             why_not = HOST_BACKEND_BLOCKS
             knob = "NCCL instead of gloo for GPU tensors, fewer ranks per node sharing a link, a faster link"
@@ -247,7 +246,7 @@ def build_actions(findings: Sequence[Finding], bound: BoundSummary | None, *,
                   framework: str = "") -> list[Action]:
     """The bound's action, then the grouped findings by time lost; all beyond :data:`MAX_SHOWN` folded."""
     grouped = group_findings(findings, host_backend_on_gpu=host_backend_on_gpu,
-                             cpu=bound is not None and bound.device == schema.OVERLAP_CPU)
+                             waits_out=bound is not None and waits_out_collectives(bound.device, framework))
     first = [a for a in (memory_action(bound), bound_action(bound, host_backend_on_gpu=host_backend_on_gpu,
                                                                  units=units, framework=framework)) if a is not None]
     return fold([*first, *grouped])

@@ -22,6 +22,7 @@ from fsdpviz.analysis.actions import (
     Action,
     fold,
     one_per_setting,
+    waits_out_collectives,
     with_prediction,
 )
 from fsdpviz.analysis.bound import KIND_COMMUNICATION, KIND_HOST
@@ -32,7 +33,6 @@ from fsdpviz.replay import prefetch_args
 from fsdpviz.replay.clock import clock_of
 from fsdpviz.replay.model import SUPPORTED, Gain, Model, model_clock, model_ranks, read_model
 from fsdpviz.replay.settings import GIVEN, Settings
-from fsdpviz.vocabulary import ZERO3
 from fsdpviz.whatif.explore import device_budget, grid
 from fsdpviz.whatif.predict import PREFETCH_SAME_NOTES, SPREAD_UNKNOWN, Prediction, predict
 
@@ -117,7 +117,7 @@ def _wraps_knob(action: Action, model: Model) -> bool:
     rec = model.recording
     return action.kind == KIND_BOUND and (
         action.cause == KIND_HOST
-        or (action.cause == KIND_COMMUNICATION and rec.device == "cpu" and rec.framework != ZERO3))
+        or (action.cause == KIND_COMMUNICATION and waits_out_collectives(rec.device, rec.framework)))
 
 
 def action_setting(action: Action, model: Model) -> Settings | None:

@@ -36,6 +36,7 @@ from fsdpviz.analysis.actions import (
     build_actions,
     group_findings,
     one_per_setting,
+    waits_out_collectives,
     with_prediction,
 )
 from fsdpviz.analysis.bound import KIND_HOST
@@ -109,9 +110,9 @@ def test_deepspeeds_prefetch_is_left_to_whatif_on_a_cpu_rank() -> None:
     # DeepSpeed's prefetched gathers are asynchronous: its CPU ranks compute beside some of them
     zero3 = msgspec.structs.replace(_outlasting("blocks.1", "forward", 5.0),
                                     knob="a larger stage3_prefetch_bucket_size in the DeepSpeed config")
-    (action,) = group_findings([zero3], cpu=True)
+    (action,) = group_findings([zero3], waits_out=waits_out_collectives("cpu", "zero3"))
     assert action.knob == zero3.knob and action.why_not == ""
-    (fsdp,) = group_findings([_outlasting("blocks.1", "forward", 5.0)], cpu=True)
+    (fsdp,) = group_findings([_outlasting("blocks.1", "forward", 5.0)], waits_out=waits_out_collectives("cpu", "fsdp2"))
     assert fsdp.knob == "" and fsdp.why_not == CPU_BLOCKS
 
 

@@ -98,9 +98,7 @@ def beyond_spread(c: Comparison, key: str, i: int, j: int) -> bool:
     step-to-step spreads (:mod:`fsdpviz.analysis.compare.spread`, the rule of the best marks): the
     one known where the other is unknown; True where neither is known."""
     a, b = c.values[key][i], c.values[key][j]
-    spreads = c.spread.get(key) or []
-    known = [s for s in (spreads[i] if i < len(spreads) else None, spreads[j] if j < len(spreads) else None)
-             if s is not None]
+    known = _spreads(c, key, i, j)
     if a is None or b is None or not known:
         return True
     return abs(float(a) - float(b)) > max(known)

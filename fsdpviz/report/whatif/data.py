@@ -110,8 +110,7 @@ def _recorded(model: Model, rank: int, step: int, start_ns: int, step_ns: int) -
 def _predicted(sim: SimResult, change: MemoryChange | None, recorded_ns: int, rank: int, step: int,
                name: str) -> Timeline:
     spans = pd.DataFrame({"unit": [s.unit for s in sim.spans], "phase": [s.phase for s in sim.spans],
-                          "kind": ["optimizer" if s.phase == "optimizer" and s.kind not in UNIT_COLLECTIVES else s.kind
-                                   for s in sim.spans],
+                          "kind": [s.kind for s in sim.spans],
                           "x0_ms": [s.start / NS_PER_MS for s in sim.spans], "x1_ms": [s.end / NS_PER_MS for s in sim.spans]})
     memory = pd.DataFrame({"t_ms": [], "allocated_bytes": []})
     if change is not None and recorded_ns > 0:
