@@ -91,6 +91,8 @@ class Segment:
     device_ns: float = 0.0  # GPU: kernels launched here (loss, optimizer), on the compute stream
     sync_at: list[float] = field(default_factory=list)  # busy offsets at which the host waits for the device
     comm_ns: list[float] = field(default_factory=list)  # CPU: collectives outside units the host waited for
+    comm_kinds: list[str] = field(default_factory=list)
+    """CPU: each of ``comm_ns``'s collective kind (all_gather, reduce_scatter or all_reduce)."""
     lead_ns: float = 0.0
     """The step's end segment on CPU: of its host time (busy and waited), what ran before the optimizer's
     own step (torch's ``Optimizer.step#`` range), where the timers' optimizer phase starts: the rest of

@@ -311,9 +311,10 @@ class _Sim:
         # CPU: the collectives the thread waited for outside every unit (ZeRO-3's reductions at the end
         # of its backward, a loss all-reduce) are communication nothing hid, as the bound counts them
         phase = "optimizer" if op.name == "post" else op.name
-        for ns in seg.comm_ns:
+        for i, ns in enumerate(seg.comm_ns):
             if ns > 0:
-                self.spans.append(SimSpan("", phase, ALL_REDUCE, COMM, self.host, self.host + ns))
+                kind = seg.comm_kinds[i] if i < len(seg.comm_kinds) else ALL_REDUCE
+                self.spans.append(SimSpan("", phase, kind, COMM, self.host, self.host + ns))
             self.host += ns
         if not self.gpu and op.name == "post" and seg.busy_ns:
             self.spans.append(SimSpan("", "optimizer", "optimizer", HOST, start, busy_end))

@@ -133,3 +133,44 @@ def test_the_replay_waits_for_every_collective_the_thread_waited_for(sample: str
         median = sorted(replayed)[len(replayed) // 2]
         gloo = _gloo_ms_per_step(SAMPLES / sample / "traces" / f"rank{rank}.trace.json.gz")
         assert 0.95 * gloo <= median <= 1.4 * gloo, (rank, median, gloo)
+
+
+def _gloo_ms_by_issue(path: Path) -> dict[str, float]:
+    """Per issuing op's collective (raw JSON), gloo's time per step: the k-th reduction issued
+    (``c10d::_reduce_scatter_base_`` or ``c10d::allreduce_``) ran as the k-th ``gloo:all_reduce`` (gloo has
+    no reduce-scatter of its own here), the k-th gather as the k-th ``gloo:all_gather``."""
+    with gzip.open(path) as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X" and "dur" in e]
+    n_steps = sum(e["name"].startswith("ProfilerStep#") for e in events)
+    issued = sorted((e["ts"], e["name"]) for e in events if e["name"].startswith("c10d::"))
+    out: dict[str, float] = {}
+    for run, kinds in (("gloo:all_reduce", {"c10d::_reduce_scatter_base_": "reduce_scatter", "c10d::allreduce_": "all_reduce"}),
+                       ("gloo:all_gather", {"c10d::_allgather_base_": "all_gather"})):
+        runs = sorted((e["ts"], e["dur"]) for e in events if e["name"] == run)
+        calls = [name for _, name in issued if name in kinds]
+        assert len(calls) == len(runs)
+        for name, (_, dur) in zip(calls, runs):
+            out[kinds[name]] = out.get(kinds[name], 0.0) + dur / 1000 / n_steps
+    return out
+
+
+def test_the_replay_keeps_the_kind_of_zero3s_reductions_outside_every_unit() -> None:
+    # ZeRO-3 reduces its gradients' bucket (a reduce-scatter) and all-reduces once more at the end of
+    # its backward, outside every unit: the replay waits them out as the step's own collectives, each
+    # of its kind (the whatif page draws them so), not all as all-reduces
+    from fsdpviz.analysis.pipeline import analyse
+    from fsdpviz.replay.model import read_model
+
+    sample = SAMPLES / "zero3-cpu-2rank"
+    model = read_model(analyse([sample], cache=False, progress=False))
+    for rank in (0, 1):
+        sims = [sim for step, sim in zip(model.recording.steps, model.replays) if step.rank == rank]
+        by_kind: dict[str, float] = {}
+        for sim in sims:
+            for s in sim.spans:
+                if not s.unit and s.lane == "comm":
+                    by_kind[s.kind] = by_kind.get(s.kind, 0.0) + (s.end - s.start) / 1e6 / len(sims)
+        gloo = _gloo_ms_by_issue(sample / "traces" / f"rank{rank}.trace.json.gz")
+        assert set(by_kind) == {"reduce_scatter", "all_reduce"}, by_kind
+        for kind in ("reduce_scatter", "all_reduce"):
+            assert 0.95 * gloo[kind] <= by_kind[kind] <= 1.4 * gloo[kind], (rank, kind, by_kind, gloo)

@@ -37,6 +37,8 @@ LANES = {COMPUTE: (0, "compute"), COPY_OUT: (0, "compute"), OPTIMIZER: (0, "comp
          COPY_IN: (1, "all-gather copy-in"), ALL_GATHER: (2, "all-gather"),
          REDUCE_SCATTER: (3, "reduce-scatter"), ALL_REDUCE: (4, "all-reduce")}
 COMPUTE_KINDS = (COMPUTE, COPY_OUT, OPTIMIZER)
+# what a span of no unit is named by, per the replay's phase of it (replay/simulate.py's segments)
+OUTSIDE_UNITS = {OPTIMIZER: "(optimizer)", "pre": "(before the forward)", "mid": "(between forward and backward)"}
 
 
 @dataclass(slots=True)
@@ -76,7 +78,9 @@ def _timeline(title: str, spans: pd.DataFrame, memory: pd.DataFrame, step_ms: fl
     position = {r: i for i, r in enumerate(rows_used)}
     spans["row"] = spans["row"].map(position)
     rows = pd.DataFrame({"row": list(range(len(rows_used))), "label": [labels[r] for r in rows_used]})
-    spans["unit_name"] = spans["unit"].where(spans["unit"] != "", "(optimizer)")
+    # work of no unit: the optimizer's step, or (the loss, a collective outside every unit) its phase's
+    outside = spans["phase"].map(lambda phase: OUTSIDE_UNITS.get(str(phase), "(outside every unit)"))
+    spans["unit_name"] = spans["unit"].where(spans["unit"] != "", outside)
     spans["start_ms"] = spans["x0_ms"].round(3)
     spans["dur_ms"] = (spans["x1_ms"] - spans["x0_ms"]).round(3)
     spans["lane"] = [labels[LANES[k][0]] for k in spans["kind"]]
