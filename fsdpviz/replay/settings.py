@@ -87,6 +87,15 @@ class Settings:
                 words.append(f"{key.replace('_', ' ')} {str(value).lower() if isinstance(value, bool) else value}")
         return ", ".join(words)
 
+    def flags(self) -> str | None:
+        """The changed settings as ``fsdpviz whatif``'s options (``--wrap root --prefetch 2``); None where
+        one has no option of its own (``--explore``'s partial resharding)."""
+        given = {k for k, v in self.sources.items() if v == GIVEN}
+        if "keep_last_units" in given:
+            return None
+        values = {k: v["value"] for k, v in self.to_json().items()}
+        return " ".join(f"--{key.replace('_', '-')} {str(values[key]).lower()}" for key in values if key in given)
+
     def with_(self, **changes: object) -> Settings:
         """A copy with ``changes`` given (their source becomes ``given``)."""
         sources = dict(self.sources)

@@ -12,6 +12,7 @@ unit's parameters -- the knob is predicted on the recording and the finding quot
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, cast
 
@@ -194,9 +195,22 @@ def predict_actions(model: Model, actions: Sequence[Action]) -> list[Action]:
             # setting there), and the advice says that whether it is measurable cannot be said
             predicted = msgspec.structs.replace(predicted,
                                                 predicted_gain=f"{words}; {SPREAD_UNKNOWN} (fsdpviz whatif: {key})")
-        out.append(msgspec.structs.replace(predicted, apply_code=code) if predicted.knob and code else predicted)
+        if predicted.knob:
+            predicted = msgspec.structs.replace(predicted, knob=_naming(predicted.knob, settings),
+                                                apply_code=code or predicted.apply_code)
+        out.append(predicted)
         keys.append(key)
     return fold(one_per_setting(out, keys))
+
+
+def _naming(knob: str, settings: Settings) -> str:
+    """An advised knob naming the one setting it was priced and advised as: the knobs' texts name every
+    setting of a kind (``--wrap merge:2, or root``), of which whatif stands behind only the one it
+    predicted (another may be within the spread, or slower)."""
+    flags = settings.flags()
+    if not flags:
+        return knob
+    return re.sub(r"\(fsdpviz whatif --[^)]*\)", f"(fsdpviz whatif {flags})", knob, count=1)
 
 
 def _change(model: Model, settings: Settings) -> Gain:

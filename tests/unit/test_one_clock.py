@@ -142,6 +142,45 @@ def _one_figure(result: Any, folder: Path) -> None:
             assert wraps and settings.describe() == wraps[0].describe()
         # where whatif cannot say whether the change is measurable (no spread), the advice says so too
         assert (p.measurable is None) == ("whether the change is measurable cannot be said" in action.predicted_gain)
+    _advice_names_what_whatif_stands_behind(summary, model)
+
+
+def _named_settings(knob: str) -> list[Any]:
+    """Every setting an advised knob names as whatif's options (``(fsdpviz whatif --wrap merge:2, or
+    root)`` names two), parsed as the whatif command parses them."""
+    from fsdpviz.replay.settings import Settings, parse_bool, parse_prefetch, parse_wrap
+
+    out = []
+    for group in re.findall(r"\(fsdpviz whatif (--[^)]*)\)", knob):
+        first, *others = group.split(", or ")
+        words = first.split()
+        pairs = dict(zip(words[::2], words[1::2]))
+        options = [pairs] + [{next(iter(pairs)): other.split()[0]} for other in others]
+        for opts in options:
+            changes: dict[str, Any] = {}
+            for option, value in opts.items():
+                if option == "--wrap":
+                    changes["wrap"] = parse_wrap(value)
+                elif option == "--prefetch":
+                    changes["prefetch"] = parse_prefetch(value)
+                elif option == "--reshard-after-forward":
+                    changes["reshard_after_forward"] = parse_bool(value, option)
+                elif option == "--world-size":
+                    changes["world_size"] = int(value)
+            out.append(Settings().with_(**changes))
+    return out
+
+
+def _advice_names_what_whatif_stands_behind(summary: Any, model: Any) -> None:
+    """An advised action's words name only settings whatif predicts reliably and beyond the spread: not
+    ``--wrap merge:2, or root`` where merge:2 is within it (the words are what a person runs)."""
+    for action in summary.actions:
+        if not action.knob:
+            continue
+        for settings in _named_settings(action.knob):
+            p = predict(model, settings)
+            assert p.reliable and p.measurable is not False, (action.knob, settings.describe(), p.spread_ms,
+                                                              p.predicted.step_time_ms - p.baseline.step_time_ms)
 
 
 # units[] fields against the per-unit analysis' traced medians (UNIT_STATS columns)
@@ -301,6 +340,24 @@ def test_a_cpu_recording_bound_by_exposed_communication_is_advised_fewer_units(
     first = summary.actions[0]
     assert first.kind == "bound" and "(fsdpviz whatif: wrap " in (first.predicted_gain or ""), first
     assert "prefetch" not in (first.predicted_gain or "")
+
+
+def test_advice_names_only_the_setting_whatif_stands_behind(session_memo: Callable[..., Any]) -> None:
+    """The committed FSDP2 gradient-accumulation recording (2 CPU ranks): exposed communication bounds
+    it and root is advised; merge:2, which the knob's words had named beside it, is within the
+    recording's spread by whatif's own prediction, so the words name root alone."""
+    from fsdpviz.analysis.pipeline import analyse
+
+    folder = Path(__file__).parents[1] / "recorded" / "grad-accum-fsdp2" / "run"
+    result = session_memo(("recorded", folder), lambda: analyse([folder], cache=False))
+    summary = completed_summary(result)
+    model, _ = summary_model(result)
+    assert model is not None
+    advised = [a for a in summary.actions if a.knob and a.kind == "bound"]
+    assert advised and [s.describe() for s in _named_settings(advised[0].knob)] == ["wrap root"]
+    pairs = predict(model, _named_settings("(fsdpviz whatif --wrap merge:2)")[0])
+    assert pairs.measurable is False  # what made naming it advice whatif does not stand behind
+    _advice_names_what_whatif_stands_behind(summary, model)
 
 
 @pytest.mark.parametrize("name", ["fsdp2-cpu-2rank", "zero3-cpu-2rank"])
