@@ -128,6 +128,17 @@ def knob_blocked(knob: str, host_backend_on_gpu: bool, waits_out: bool = False) 
     return HOST_BACKEND_BLOCKS if host_backend_on_gpu else ""
 
 
+def without_blocked_knobs(findings: Sequence[Finding], *, host_backend_on_gpu: bool = False,
+                          waits_out: bool = False) -> list[Finding]:
+    """``findings`` with each knob that cannot help on this run (:func:`knob_blocked`) taken out and
+    said why: a finding suggests only what its action would advise."""
+    out = []
+    for f in findings:
+        why = knob_blocked(f.knob, host_backend_on_gpu, waits_out) if f.knob else ""
+        out.append(msgspec.structs.replace(f, knob="", why_not=why) if why else f)
+    return out
+
+
 def _range_text(values: Sequence[float]) -> str:
     lo, hi = min(values), max(values)
     return ms_text(lo) if ms_text(lo) == ms_text(hi) else f"{ms_text(lo).removesuffix(' ms')}-{ms_text(hi)}"
@@ -154,7 +165,8 @@ def group_findings(findings: Sequence[Finding], *, host_backend_on_gpu: bool = F
                        f"{_range_text(lost)} each, {ms_text(sum(lost))}/step" if lost else
                        f"{_GROUP_WORDS.get(cause, members[0].message)} in {len(members)} unit-passes")
         knob = knobs[0] if len(knobs) == 1 else "; ".join(knobs)
-        why_not = knob_blocked(knob, host_backend_on_gpu, waits_out) if knob else ""
+        why_not = (knob_blocked(knob, host_backend_on_gpu, waits_out) if knob
+                   else next((f.why_not for f in members if f.why_not), ""))
         out.append(Action(kind=kind, cause=cause.split("#")[0], message=message, count=len(members),
                           lost_ms_per_step=round(sum(lost), 3) if lost else None,
                           lost_ms_min=min(lost) if lost else None, lost_ms_max=max(lost) if lost else None,

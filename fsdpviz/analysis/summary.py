@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from fsdpviz import vocabulary
-from fsdpviz.analysis.actions import Action, build_actions
+from fsdpviz.analysis.actions import Action, build_actions, waits_out_collectives, without_blocked_knobs
 from fsdpviz.analysis.bound import (
     BoundSummary,
     RankBound,
@@ -287,7 +287,9 @@ def summary_of(traces: TraceSet, selection: StepSelection, overlap: pd.DataFrame
         units = [msgspec.structs.replace(u, forward_timer_ms=timed.get((u.name, "forward")),
                                          backward_timer_ms=timed.get((u.name, "backward")))
                  for u in summary_records(analysis.unit_stats, analysis.units, *scales)]
-        findings = finding_entries(analysis.findings)
+        findings = without_blocked_knobs(finding_entries(analysis.findings),
+                                         host_backend_on_gpu=host_backend_on_gpu(traces, overlap),
+                                         waits_out=waits_out_collectives(_device(overlap), framework))
         unit_peaks = unit_peak_categories(analysis.category_peaks, analysis.memory_unknown)
         units = [msgspec.structs.replace(u, peak_categories=unit_peaks.get(u.name)) for u in units]
         if not units:

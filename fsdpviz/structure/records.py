@@ -89,6 +89,9 @@ class Finding(msgspec.Struct, kw_only=True):
     cause: str = ""
     """Run findings: the cause as a word (analysis/findings.py ``CAUSE_*``); findings of one kind and
     cause are one action (analysis/actions.py)."""
+    why_not: str = ""
+    """Run findings: why the knob its cause suggests is not, on this run ("" where it is, or none is):
+    prefetch where the training thread waits out every collective (analysis/actions.py ``knob_blocked``)."""
 
     def to_json(self) -> dict[str, Any]:
         """The finding as plain JSON values."""

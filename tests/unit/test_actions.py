@@ -137,6 +137,13 @@ def test_prefetch_is_not_advised_on_a_cpu_rank(name: str, sample_run: Callable[[
         assert action.knob == "" and action.why_not == CPU_BLOCKS and not action.predicted_gain
     # the bound's action prices fewer units instead
     assert actions[0].kind == "bound" and "(fsdpviz whatif: wrap " in (actions[0].predicted_gain or "") + actions[0].why_not
+    # and the findings behind those actions, as `summary --json` lists them, suggest no prefetch either:
+    # each says why where its cause would have suggested one
+    findings = sample_run(name).summary.findings
+    blocked = [f for f in findings if f.why_not]
+    assert blocked and all(f.why_not == CPU_BLOCKS and f.knob == "" for f in blocked)
+    assert not [f.knob for f in findings if "prefetch" in f.knob]
+    assert sum(a.count for a in prefetching) == len(blocked)
 
 
 def test_a_knob_predicted_to_gain_nothing_is_not_advised() -> None:
