@@ -54,16 +54,23 @@ if TYPE_CHECKING:
 CPU_PREFETCH_REASON = ("on a CPU rank the training thread waits out every gloo collective it issues (the replay models "
                        "them as waited for, which reproduces CPU recordings best), so issuing an all-gather earlier "
                        "hides nothing")
+# DeepSpeed issues its prefetched gathers asynchronously, so a CPU rank's thread may compute beside them
+# (analysis/actions.py ``waits_out_collectives``): there the reason is the replay's, not the run's
+ZERO3_CPU_PREFETCH_REASON = ("on a CPU rank the replay holds each of DeepSpeed's collectives as the training thread's "
+                             "wait for it, less the compute the recording ran beside it, and so predicts nothing from "
+                             "issuing an all-gather earlier; DeepSpeed's prefetched gathers are asynchronous, and what "
+                             "more of them an earlier issue would hide is not modelled")
 NO_COMM_PREFETCH_REASON = ("the recording's collectives took no time (a fake process group, or nothing to gather), so "
                            "issuing an all-gather earlier or later hides or exposes no communication")
 PREFETCH_SAME = "this prefetch predicts the recorded step and exposed communication"
 DEPTHS_ALIKE = "prefetch depths predict the same step and exposed communication here"
 CPU_PREFETCH_NOTE = f"{CPU_PREFETCH_REASON}: {PREFETCH_SAME}"
+ZERO3_CPU_PREFETCH_NOTE = f"{ZERO3_CPU_PREFETCH_REASON}: {PREFETCH_SAME}"
 NO_COMM_PREFETCH_NOTE = f"{NO_COMM_PREFETCH_REASON}: {PREFETCH_SAME}"
 # Said by a prefetch setting that predicts the recorded step, each where it holds (the advisor and
 # --explore say why the prefetch rows read alike).
-PREFETCH_SAME_NOTES = (CPU_PREFETCH_NOTE, NO_COMM_PREFETCH_NOTE)
-PREFETCH_REASONS = (CPU_PREFETCH_REASON, NO_COMM_PREFETCH_REASON)
+PREFETCH_SAME_NOTES = (CPU_PREFETCH_NOTE, ZERO3_CPU_PREFETCH_NOTE, NO_COMM_PREFETCH_NOTE)
+PREFETCH_REASONS = (CPU_PREFETCH_REASON, ZERO3_CPU_PREFETCH_REASON, NO_COMM_PREFETCH_REASON)
 # Where the recording has fewer than two analysed steps: a prediction, and advice built on one, cannot be
 # held to a step-to-step spread (whatif's own output, --explore and the summary's advice say it alike).
 SPREAD_UNKNOWN_WHY = "the recording's step-to-step spread is unknown (fewer than two analysed steps)"
@@ -274,7 +281,7 @@ def predict(model: Model, settings: Settings) -> Prediction:
     if _prefetch_changed(full, rec) and same and baseline.comm_ms == 0.0:
         notes.append(NO_COMM_PREFETCH_NOTE)
     elif rec.device == "cpu" and _prefetch_changed(full, rec) and same:
-        notes.append(CPU_PREFETCH_NOTE)
+        notes.append(ZERO3_CPU_PREFETCH_NOTE if rec.framework == ZERO3 else CPU_PREFETCH_NOTE)
     if full.wrap.kind != "recorded" or full.world_size != rec.world_size:  # collectives resized: their fitted lines
         notes += [f"collective model: {n}" for n in timing.comm.notes]
     notes += [n for n in peak.notes if n not in notes]
