@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from fsdpviz.analysis.completeness import format_ranks
 from fsdpviz.commands.common import SCHEDULER_HELP, check_output_folder, progress_printer, warn_gaps
 from fsdpviz.errors import UsageError
 from fsdpviz.formatting import change_text, mib_text
@@ -293,7 +294,9 @@ def print_prediction(prediction: Prediction, run: str, framework: str, world_siz
     for figure in prediction.assumed:
         typer.echo(f"assumed: {figure}")
     if prediction.clock is not None:  # the recording's clock, as `fsdpviz summary` says it
-        typer.echo(f"clock: {prediction.clock['note']}")
+        read = prediction.clock.get("ranks")
+        typer.echo(f"clock: {prediction.clock['note']}"
+                   + (f"; the model read rank(s) {format_ranks(read)} only" if read else ""))
     _table(("", "recorded", "predicted", "change"), _rows(prediction.baseline, prediction.predicted))
     if prediction.measurable is False:
         typer.echo(f"  {within_spread_words(prediction.spread_ms or 0.0)}")

@@ -48,7 +48,7 @@ class Replayed:
     calibration: Calibration | None
     """CPU: how that replay was put on the timers' clean steps."""
     ranks: list[int] | None
-    """The ranks read, where not every rank was."""
+    """The ranks read, where not every rank of the world was (too many to read, or some untraced)."""
     phases: PhaseCheck | None = None
     """Out of sample: where that replay took the profiler's share out, phase by phase, against the
     timers (:mod:`.phases`); None where it cannot be checked (``phases_why``)."""

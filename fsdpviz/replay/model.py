@@ -179,7 +179,10 @@ def model_clock(model: Model) -> Replayed:
                                   phase_times(timers, model.result.traces.run), timed_phase_names(timers),
                                   scaled_ranks)
     model.replayed = Replayed(net_replays_ms=None if net is None else [r.step_ns / 1e6 for r in net.replays],
-                              calibration=model.calibration, ranks=None if len(ranks) == every else ranks,
+                              calibration=model.calibration,
+                              # named where the model did not read every rank of the world: too many to
+                              # read, or some traced none (their predictions are the traced ranks')
+                              ranks=None if len(ranks) == every and not model.result.summary.missing_ranks else ranks,
                               phases=phases, phases_why=why)
     return model.replayed
 

@@ -74,6 +74,14 @@ def _one_figure(result: Any, folder: Path) -> None:
     clock, bound, cost = summary.clock, summary.bound, summary.profiler
     assert clock is not None and bound is not None and summary.traced_step_time_ms is not None
     traced, clean = _raw_figures(folder, summary.steps)
+    # the ranks the one model read are named wherever they are not the whole world: here the folder
+    # traced fewer ranks than run.json's world size (H200 B: rank 0 of 8), or every rank (all <= 8)
+    files = sorted((folder / "traces" if (folder / "traces").is_dir() else folder).glob("rank*.trace.json*"))
+    world = json.loads((folder / "run.json").read_text())["world_size"] if (folder / "run.json").exists() else None
+    if world is not None and len(files) < world:
+        assert clock.ranks is not None and len(clock.ranks) == len(files), clock.ranks
+    elif len(files) <= 8:
+        assert clock.ranks is None
     # the traced step: one figure, the trace's own spans
     assert summary.traced_step_time_ms == pytest.approx(traced, abs=2e-3)
     assert bound.traced_step_ms == summary.traced_step_time_ms
