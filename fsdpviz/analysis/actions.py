@@ -277,11 +277,12 @@ def fold(actions: Sequence[Action]) -> list[Action]:
 
 
 def with_prediction(action: Action, change_ms: float | None, words: str, *, spread_ms: float | None = None,
-                    unreliable: str = "", because: str = "") -> Action:
+                    unreliable: str = "", because: str = "", spread_unknown: str = "") -> Action:
     """``action`` with the predicted effect of its knob, advised by whatif's own rules (``--explore``'s):
     not when it is predicted to gain nothing, not when the replay behind it is unreliable
     (``unreliable``: why), not when the gain is within the recording's step-to-step spread
-    (``spread_ms``); ``why_not`` says which (``because``: why the model predicts no gain, where known).
+    (``spread_ms``), nor where that spread is unknown (``spread_unknown``: why, with ``spread_ms`` None);
+    ``why_not`` says which (``because``: why the model predicts no gain, where known).
     ``change_ms`` None with ``because``: the model cannot predict the setting's effect (unknown, not
     zero), so it is not advised, and ``because`` says why; None without: not predicted, left as it is."""
     if change_ms is None:
@@ -295,6 +296,8 @@ def with_prediction(action: Action, change_ms: float | None, words: str, *, spre
     # measurable change, whichever its sign; beyond it, a slower step is no gain
     if unreliable:
         why = f"not advised: {unreliable} ({said})"
+    elif spread_ms is None and spread_unknown:
+        why = f"not advised: {spread_unknown} ({said})"
     elif spread_ms is not None and abs(change_ms) <= spread_ms:
         why = (f"not advised: fsdpviz whatif predicts no measurable change ({said}, within the recording's "
                f"{spread_ms:.2f} ms step-to-step spread)") + (f": {because}" if because else "")

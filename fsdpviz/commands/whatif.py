@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from fsdpviz.analysis.completeness import format_ranks
 from fsdpviz.commands.common import SCHEDULER_HELP, check_output_folder, progress_printer, warn_gaps
 from fsdpviz.errors import UsageError
 from fsdpviz.formatting import change_text, mib_text
@@ -285,6 +284,7 @@ def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> None:
 def print_prediction(prediction: Prediction, run: str, framework: str, world_size: int, device: str) -> None:
     """Baseline vs predicted with deltas, the units, where each setting came from, and the notes; the
     recording's clock first."""
+    from fsdpviz.analysis.completeness import format_ranks
     from fsdpviz.whatif.predict import SPREAD_UNKNOWN, within_spread_words
 
     settings = prediction.settings

@@ -16,8 +16,9 @@ with how much they exceed the budget. A setting whose predicted step moves by no
 recording's own step-to-step spread is listed as no measurable change, not ranked. A recording whose
 replay misses it by more than ``RELIABLE_REPLAY_PCT`` (or whose out-of-sample phase check misses by more
 than ``PHASE_LIMIT_PCT``) says so before the grid (``warnings``) and ranks nothing: its settings are
-listed apart (``unranked``), for reading. A single setting whose predicted parts add up past its
-predicted step (``Prediction.parts_over_pct``) is listed there too, the rest ranked as usual.
+listed apart (``unranked``), for reading; so does a recording whose spread is unknown (fewer than three
+steps of its step time: no change can be called measurable). A single setting whose predicted parts add
+up past its predicted step (``Prediction.parts_over_pct``) is listed there too, the rest ranked as usual.
 
 Each setting says which bound it leaves (:class:`StepBound`): the recording's step split
 (analysis/bound.py: compute, FSDP's per-unit work, exposed communication, host wait, other idle, on
@@ -301,6 +302,11 @@ def explore(model: Model, budget_bytes: int | None = None) -> Exploration:
         notes.append(f"not ranked: the replay does not reproduce the run within {RELIABLE_REPLAY_PCT:g} %, or its "
                      f"per-phase check within {PHASE_LIMIT_PCT:g} % (the warning above); the settings are listed for "
                      "reading only")
+    elif first.spread_ms is None:
+        # no spread to hold a change to: none can be called measurable, so none is ranked (nor advised)
+        unranked, ranked, within = ranked + within, [], []
+        notes.append(f"not ranked: {SPREAD_UNKNOWN_WHY}, so no change can be called measurable; the settings are "
+                     "listed for reading only")
     else:
         # a setting whose own prediction does not hold together (its parts past its step) is read, not ranked
         torn = [c for c in ranked + within if c.prediction is not None and c.prediction.parts_over_pct is not None]
@@ -320,8 +326,6 @@ def explore(model: Model, budget_bytes: int | None = None) -> Exploration:
             notes.append(", ".join(s.describe() for s in alike) + f" predicted as recorded: {reason}")
         elif alike:
             notes.append(f"{reason}: {DEPTHS_ALIKE}")
-    if first.spread_ms is None:
-        notes.append(f"{SPREAD_UNKNOWN_WHY}: every setting is ranked, measurable or not")
     return Exploration(baseline=baseline, budget_bytes=budget_bytes, budget_source=source, ranked=ranked,
                        within_spread=within, over_budget=over, skipped=left_out, notes=notes, spread_ms=first.spread_ms,
                        warnings=first.warnings, unranked=unranked, basis=first.basis, clock=first.clock)

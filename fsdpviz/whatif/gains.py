@@ -188,13 +188,10 @@ def predict_actions(model: Model, actions: Sequence[Action]) -> list[Action]:
         unreliable = unreliable or _over_memory(model, peak)
         if change is None and because:  # unknown: which setting, said with why
             because = f"{because} (fsdpviz whatif: {key})"
+        # no spread to hold the change to: not advised (--explore ranks nothing there either), said why
         predicted = with_prediction(action, change, f"{words} (fsdpviz whatif: {key})" if words else "",
-                                    spread_ms=spread, unreliable=unreliable, because=because)
-        if predicted.knob and change is not None and spread is None:
-            # no spread to hold the change to: advised on the prediction alone (as --explore ranks every
-            # setting there), and the advice says that whether it is measurable cannot be said
-            predicted = msgspec.structs.replace(predicted,
-                                                predicted_gain=f"{words}; {SPREAD_UNKNOWN} (fsdpviz whatif: {key})")
+                                    spread_ms=spread, unreliable=unreliable, because=because,
+                                    spread_unknown=SPREAD_UNKNOWN)
         if predicted.knob:
             predicted = msgspec.structs.replace(predicted, knob=_naming(predicted.knob, settings),
                                                 apply_code=code or predicted.apply_code)

@@ -71,9 +71,11 @@ NO_COMM_PREFETCH_NOTE = f"{NO_COMM_PREFETCH_REASON}: {PREFETCH_SAME}"
 # --explore say why the prefetch rows read alike).
 PREFETCH_SAME_NOTES = (CPU_PREFETCH_NOTE, ZERO3_CPU_PREFETCH_NOTE, NO_COMM_PREFETCH_NOTE)
 PREFETCH_REASONS = (CPU_PREFETCH_REASON, ZERO3_CPU_PREFETCH_REASON, NO_COMM_PREFETCH_REASON)
-# Where the recording has fewer than two analysed steps: a prediction, and advice built on one, cannot be
-# held to a step-to-step spread (whatif's own output, --explore and the summary's advice say it alike).
-SPREAD_UNKNOWN_WHY = "the recording's step-to-step spread is unknown (fewer than two analysed steps)"
+# Where the recording has fewer than three steps of its step time (compare/spread.py MIN_SPREAD_STEPS): a
+# prediction cannot be held to a step-to-step spread, so nothing is advised or ranked on it (whatif's own
+# output, --explore and the summary's advice say it alike).
+SPREAD_UNKNOWN_WHY = ("the recording's step-to-step spread is unknown (fewer than three steps of its step time: the "
+                      "clean steps where the timers give it, else the analysed ones)")
 SPREAD_UNKNOWN = f"{SPREAD_UNKNOWN_WHY}: whether the change is measurable cannot be said"
 # Past this slowdown the profiler's own cost is a large part of the traced step the model is built on.
 
@@ -145,7 +147,7 @@ class Prediction:
     where run.json does not say what was recorded."""
     spread_ms: float | None = None
     """The recording's own step-to-step spread on the prediction's basis (:func:`recording_spread_ms`);
-    None with fewer than two steps."""
+    None with fewer than three steps (:data:`SPREAD_UNKNOWN_WHY`)."""
     warnings: list[str] = field(default_factory=list)
     """What makes the prediction weak, said before its figures (an unreliable replay, a heavy profiler)."""
     apply: Apply | None = None
@@ -340,7 +342,7 @@ def code_header(p: Prediction, comment: str = "#") -> str:
                  f"{RELIABLE_REPLAY_PCT:g} %, on the per-phase check {PHASE_LIMIT_PCT:g} %, on the parts past the step "
                  f"{PARTS_OVER_PCT:g} %")
     if p.spread_ms is None:
-        lines.append("measurable: unknown (fewer than two analysed steps: the recording's own spread is not known)")
+        lines.append(f"measurable: unknown: {SPREAD_UNKNOWN_WHY}")
     else:
         lines.append(f"{'measurable' if p.measurable else 'not measurable'}: the recording's step-to-step spread is "
                      f"{p.spread_ms:,.2f} ms, the predicted change {abs(change):,.2f} ms")

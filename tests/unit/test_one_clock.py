@@ -148,8 +148,8 @@ def _one_figure(result: Any, folder: Path) -> None:
             # also for exposed communication, which the thread waits out: prefetch cannot hide it)
             wraps = [c.settings for c in explore(model).ranked if c.settings.sources.get("wrap") == "given"]
             assert wraps and settings.describe() == wraps[0].describe()
-        # where whatif cannot say whether the change is measurable (no spread), the advice says so too
-        assert (p.measurable is None) == ("whether the change is measurable cannot be said" in action.predicted_gain)
+        # a setting is advised only where whatif calls its change measurable: not where the spread is unknown
+        assert p.measurable is True, (action.message, p.spread_ms)
     _advice_names_what_whatif_stands_behind(summary, model)
 
 

@@ -201,12 +201,15 @@ def test_the_same_run_on_a_6gb_device_is_memory_bound_and_the_advisor_fits_it(gp
     assert exploration.budget_bytes == device
     fitting = _fitting(exploration) & set(TRUTH)
     assert fitting == {name for name, (peak, _) in TRUTH.items() if peak <= device} == {"as recorded", "wrap merge:2"}
-    # merge:2 predicted faster, as in truth (49.2 against 53.2 ms), and ranked the best that fits
+    # merge:2 predicted faster, as in truth (49.2 against 53.2 ms, 7.5 %: within the ±10 % the H100 runs
+    # vary by between recordings), but by less than the recording's own spread: its two clean steps
+    # cannot tell one (0.04 ms apart), so the spread is its three traced steps' range on the clean
+    # clock, and nothing that fits is ranked the best
     merge = _by_name(exploration)["wrap merge:2"]
-    assert merge.prediction is not None
-    assert merge.prediction.predicted.step_time_ms < merge.prediction.baseline.step_time_ms
-    best = exploration.best()
-    assert best is not None and best.name == "wrap merge:2"
+    assert merge.prediction is not None and exploration.spread_ms is not None
+    change = merge.prediction.predicted.step_time_ms - merge.prediction.baseline.step_time_ms
+    assert -exploration.spread_ms < change < 0
+    assert merge in exploration.within_spread and exploration.best() is None
 
 
 def test_prefetch_rows_that_read_alike_say_why(model: Model) -> None:

@@ -13,7 +13,7 @@ from fsdpviz.formatting import MIB, format_bytes, format_change
 from fsdpviz.replay.model import Model
 from fsdpviz.report.html import Fact, HtmlTable, LegendItem, Page, Section, TableCell, write_page
 from fsdpviz.report.style import unit_colors
-from fsdpviz.whatif.predict import Outcome, Prediction, time_rows
+from fsdpviz.whatif.predict import SPREAD_UNKNOWN_WHY, Outcome, Prediction, time_rows
 
 HOWTO_NUMBERS = (
     "Recorded: the run's figures as `fsdpviz summary` reports them (on its clock: the step the timers' "
@@ -127,7 +127,7 @@ def build_whatif(model: Model, prediction: Prediction, output: str | Path, *, so
     rec = model.recording
     name = prediction.settings.describe()
     if prediction.measurable is None:
-        spread = "The recording's step-to-step spread is unknown (fewer than two steps)."
+        spread = f"{SPREAD_UNKNOWN_WHY[0].upper()}{SPREAD_UNKNOWN_WHY[1:]}."
     elif prediction.measurable:
         spread = f"The predicted change is beyond the recording's own step-to-step spread ({prediction.spread_ms:,.2f} ms)."
     else:
