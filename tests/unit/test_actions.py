@@ -293,3 +293,23 @@ def test_a_profiler_that_more_than_half_again_slowed_the_steps_is_said_of_every_
     assert (profiled / clean > 1.5) == warned
     (finding,) = [f for f in result.summary.findings if f.kind == "profiler"]
     assert ("record with --no-memory" in finding.message) == warned
+
+
+def test_nothing_is_advised_or_ranked_where_the_spread_is_unknown() -> None:
+    # the plain sample has no timers and fewer than three analysed steps: no spread to hold a change to,
+    # so no knob, why_not says so beside the prediction, and --explore ranks nothing (it had advised
+    # root at -51.5 % with "whether the change is measurable cannot be said")
+    from fsdpviz.whatif.explore import explore
+    from fsdpviz.whatif.predict import SPREAD_UNKNOWN_WHY
+
+    folder = Path(__file__).parents[2] / "sample_traces" / "fsdp2-cpu-2rank-plain"
+    result = analyse([folder], cache=False, progress=False)
+    assert len(result.summary.steps) < 3 and spread_share(result) is None
+    actions = predicted_actions(result)
+    priced = [a for a in actions if a.predicted_change_ms is not None]
+    assert priced and not [a.knob for a in actions if a.knob]
+    for action in priced:
+        assert SPREAD_UNKNOWN_WHY in action.why_not, action.why_not
+    exploration = explore(read_model(result))
+    assert not exploration.ranked and not exploration.within_spread and exploration.unranked
+    assert exploration.best() is None and any(SPREAD_UNKNOWN_WHY in n for n in exploration.notes)
