@@ -388,8 +388,10 @@ def print_exploration(exploration: Exploration, run: str) -> None:
         _table(("#", *header), rows)
     if unranked:
         whole = any(w.startswith("unreliable") for w in exploration.warnings)
-        typer.echo("predicted, not ranked: " + ("the replay does not explain the recording (see the warning)" if whole
-                                                else "their predictions do not hold together (see the note)"))
+        typer.echo("predicted, not ranked: " + (
+            "the replay does not explain the recording (see the warning)" if whole
+            else "the recording's step-to-step spread is unknown (see the note)" if exploration.spread_ms is None
+            else "their predictions do not hold together (see the note)"))
         _table(("#", *header), unranked)
     elif not rows and not within:
         typer.echo("  no setting's predicted peak fits the budget")
@@ -414,3 +416,9 @@ def print_exploration(exploration: Exploration, run: str) -> None:
         typer.echo(f"not tried: {c.name}: {c.skipped}")
     for note in exploration.notes:
         typer.echo(f"note: {note}")
+    # a bound a setting's prediction or its split hit, with the setting it changed (whatif's notes)
+    for c in (*exploration.ranked, *exploration.within_spread, *exploration.unranked, *exploration.over_budget):
+        said = [*(c.prediction.clamps if c.prediction is not None else []),
+                *([c.bound.note] if c.bound is not None and c.bound.note else [])]
+        for clamp in dict.fromkeys(said):
+            typer.echo(f"note: {c.name}: {clamp}")

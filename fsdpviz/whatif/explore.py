@@ -166,7 +166,7 @@ class Candidate:
                        exposed_comm_ms=p.exposed_comm_ms, over_budget_bytes=self.over_bytes,
                        bound=self.bound.to_json() if self.bound is not None else None,
                        settings=self.prediction.settings_json(), reliable=self.prediction.reliable,
-                       parts_over_pct=self.prediction.parts_over_pct,
+                       parts_over_pct=self.prediction.parts_over_pct, clamps=self.prediction.clamps,
                        apply=self.prediction.apply.to_json() if self.prediction.apply is not None else None)
         else:
             out["skipped"] = self.skipped

@@ -137,6 +137,9 @@ class Prediction:
     steps: list[StepProgram]
     memory: list[MemoryChange | None] = field(default_factory=list)  # per step, the memory model's answer
     assumed: list[str] = field(default_factory=list)  # figures neither the recording nor the user gave
+    clamps: list[str] = field(default_factory=list)
+    """Of ``notes``, those naming a bound the prediction hit (a figure held to 0 or within the predicted
+    communication): ``--explore`` shows them with each setting's row."""
     basis: str = BASIS_TRACED
     clock: dict[str, Any] | None = None
     """The recording's clock, as ``summary --json`` says it (replay/clock.py)."""
@@ -310,7 +313,8 @@ def predict(model: Model, settings: Settings) -> Prediction:
                       spread_ms=recording_spread_ms(model, baseline.step_time_ms),
                       warnings=warnings, parts_over_pct=over,
                       traced_replay_error_pct=replay_error_pct,
-                      notes=notes, replay=timing.replays, simulated=simulated, steps=timing.recording.steps, memory=memory,
+                      notes=notes, clamps=list(clamps), replay=timing.replays, simulated=simulated,
+                      steps=timing.recording.steps, memory=memory,
                       assumed=assumed(full, rec) + peak.assumed + mesh_assumed(model, full),
                       prefetch_arguments=prefetch_arguments(rec, full),
                       apply=apply_code(rec, unit_params(model.result), full, settings.describe(),

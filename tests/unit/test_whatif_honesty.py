@@ -266,3 +266,21 @@ def test_a_prediction_whose_parts_add_up_past_its_step_is_told_apart() -> None:
     assert parts_over(outcome(100.0, 60.0, 45.0, 6.0)) == pytest.approx(11.0)  # 111 ms
     assert parts_over(outcome(100.0, 70.0, 45.0, None)) == pytest.approx(15.0)  # a CPU run: no copy kernels
     assert parts_over(outcome(0.0, 1.0, 1.0, None)) is None  # no step to compare with
+
+
+def test_explore_shows_each_settings_clamps(capsys: pytest.CaptureFixture[str]) -> None:
+    # one root unit of the FSDP2 sample saves more of the step than its host side held (FSDP's per-unit
+    # host work and idle): the split of its predicted step holds the host side at 0, which the row's
+    # JSON carries (bound.note, and the prediction's own clamps as a list) and the terminal says with the
+    # setting's name, as whatif --wrap root says it
+    sample = str(SAMPLES / "fsdp2-cpu-2rank")
+    data = json_here(capsys, "whatif", sample, "--explore", "--json", "-q", "--no-cache")
+    rows = {c["setting"]: c for c in (*data["ranked"], *data["within_spread"], *data["unranked"], *data["over_budget"])}
+    assert all(isinstance(c["clamps"], list) for c in rows.values())
+    held = {name: c["bound"]["note"] for name, c in rows.items() if c["bound"] and "held to 0" in (c["bound"]["note"] or "")}
+    assert "wrap root" in held
+    out = run_here(capsys, "whatif", sample, "--explore", "-q", "--no-cache").stdout
+    for name, note in held.items():
+        assert f"note: {name}: {note}" in out
+    single = json_here(capsys, "whatif", sample, "--wrap", "root", "--json", "-q", "--no-cache")
+    assert all(n in single["notes"] for n in rows["wrap root"]["clamps"])
