@@ -210,8 +210,12 @@ class Run(LabelledRun):
     @property
     def findings(self) -> pd.DataFrame:
         """Where steps lose time to communication, why, and what to try (schema.FINDINGS), on the run's
-        clock as the summary's findings are (the other tables are as traced)."""
-        return self.result.analysis.findings
+        clock as the summary's findings are (the other tables are as traced); as the summary lists them,
+        a knob that cannot help on the run taken out and ``why_not`` saying why."""
+        from fsdpviz.analysis.summary import run_findings
+
+        r = self.result
+        return run_findings(r.analysis.findings, r.traces, r.overlap, r.framework)
 
     @property
     def bound(self) -> pd.DataFrame:

@@ -28,7 +28,13 @@ import numpy as np
 import pandas as pd
 
 from fsdpviz import vocabulary
-from fsdpviz.analysis.actions import Action, build_actions, waits_out_collectives, without_blocked_knobs
+from fsdpviz.analysis.actions import (
+    Action,
+    build_actions,
+    knob_blocked,
+    waits_out_collectives,
+    without_blocked_knobs,
+)
 from fsdpviz.analysis.bound import (
     BoundSummary,
     RankBound,
@@ -338,6 +344,15 @@ def finding_entries(findings: pd.DataFrame) -> list[Finding]:
                 evidence=str(row["evidence"]), knob=str(row["knob"]), cause=str(row["cause"]))
         for row in findings.to_dict(orient="records")
     ]
+
+
+def run_findings(findings: pd.DataFrame, traces: TraceSet, overlap: pd.DataFrame, framework: str) -> pd.DataFrame:
+    """The FINDINGS table (``RunAnalysis.findings``) as the summary lists it: a knob that cannot help on the
+    run (:func:`fsdpviz.analysis.actions.knob_blocked`) taken out, and a ``why_not`` column saying why
+    ("" elsewhere), for the notebook's ``Run.findings`` and ``fsdpviz export``."""
+    backend, waits = host_backend_on_gpu(traces, overlap), waits_out_collectives(_device(overlap), framework)
+    why = [knob_blocked(str(k), backend, waits) if k else "" for k in findings["knob"]]
+    return findings.assign(knob=[("" if w else str(k)) for k, w in zip(findings["knob"], why)], why_not=why)
 
 
 def host_backend_on_gpu(traces: TraceSet, overlap: pd.DataFrame) -> bool:

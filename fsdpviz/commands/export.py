@@ -96,6 +96,8 @@ def export_tables(run: RunResult) -> dict[str, Any]:
     """The tables to write, by file stem. Memory is every allocator sample of the analysed
     window (not the thinned curve), on the reference clock: a run held rank by rank keeps thinned
     memory only, so its ranks are read again for them."""
+    from fsdpviz.analysis.summary import run_findings
+
     analysis = run.analysis
     memory = run.aligned_detail().memory
     if len(analysis.step_times):
@@ -105,7 +107,8 @@ def export_tables(run: RunResult) -> dict[str, Any]:
         if len(analysis.units) else analysis.unit_stats
     return {
         "spans": analysis.spans, "units": units, "unit_steps": analysis.unit_steps, "memory": memory,
-        "memory_peaks": analysis.memory_peaks, "steps": analysis.step_times, "findings": analysis.findings,
+        "memory_peaks": analysis.memory_peaks, "steps": analysis.step_times,
+        "findings": run_findings(analysis.findings, run.traces, run.overlap, run.framework),
         "clock": analysis.clock, "skew": analysis.skew,
     }
 

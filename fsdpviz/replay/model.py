@@ -190,8 +190,9 @@ def model_clock(model: Model) -> Replayed:
 def spread_share(result: RunResult) -> float | None:
     """The recording's own step-to-step spread as a share of its step: the range of the steps the
     summary's step time comes from (the clean unprofiled steps where the timers give it, else the
-    analysed steps as traced; each step the median over ranks, as ``compare`` measures it) over that
-    step time. None with fewer than three such steps (compare/spread.py ``MIN_SPREAD_STEPS``). Read once per model, for every prediction."""
+    analysed steps as traced; with fewer than three clean steps, the traced steps' where they range
+    wider: compare/spread.py ``step_values_ms``; each step the median over ranks, as ``compare`` measures
+    it) over that step time. None with fewer than two such steps. Read once per model, for every prediction."""
     spread = spread_ms(step_values_ms(LabelledRun(label="", source="", result=result), "step_time_ms"))
     step = result.summary.step_time_ms
     return spread / step if spread is not None and step else None

@@ -12,6 +12,7 @@ and how much slower collectives cross hosts.
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass, field, replace
 from typing import Final, Literal
 
@@ -94,7 +95,10 @@ class Settings:
         if "keep_last_units" in given:
             return None
         values = {k: v["value"] for k, v in self.to_json().items()}
-        return " ".join(f"--{key.replace('_', '-')} {str(values[key]).lower()}" for key in values if key in given)
+        # a bool as the option spells it (true / false); a wrap's pattern as given, quoted for a shell
+        return " ".join(f"--{key.replace('_', '-')} "
+                        f"{str(values[key]).lower() if isinstance(values[key], bool) else shlex.quote(str(values[key]))}"
+                        for key in values if key in given)
 
     def with_(self, **changes: object) -> Settings:
         """A copy with ``changes`` given (their source becomes ``given``)."""

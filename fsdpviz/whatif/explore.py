@@ -16,7 +16,7 @@ with how much they exceed the budget. A setting whose predicted step moves by no
 recording's own step-to-step spread is listed as no measurable change, not ranked. A recording whose
 replay misses it by more than ``RELIABLE_REPLAY_PCT`` (or whose out-of-sample phase check misses by more
 than ``PHASE_LIMIT_PCT``) says so before the grid (``warnings``) and ranks nothing: its settings are
-listed apart (``unranked``), for reading; so does a recording whose spread is unknown (fewer than three
+listed apart (``unranked``), for reading; so does a recording whose spread is unknown (fewer than two
 steps of its step time: no change can be called measurable). A single setting whose predicted parts add
 up past its predicted step (``Prediction.parts_over_pct``) is listed there too, the rest ranked as usual.
 

@@ -207,7 +207,7 @@ def _naming(knob: str, settings: Settings) -> str:
     flags = settings.flags()
     if not flags:
         return knob
-    return re.sub(r"\(fsdpviz whatif --[^)]*\)", f"(fsdpviz whatif {flags})", knob, count=1)
+    return re.sub(r"\(fsdpviz whatif --[^)]*\)", lambda _: f"(fsdpviz whatif {flags})", knob, count=1)
 
 
 def _change(model: Model, settings: Settings) -> Gain:

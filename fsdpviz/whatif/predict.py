@@ -57,9 +57,10 @@ CPU_PREFETCH_REASON = ("on a CPU rank the training thread waits out every gloo c
 # DeepSpeed issues its prefetched gathers asynchronously, so a CPU rank's thread may compute beside them
 # (analysis/actions.py ``waits_out_collectives``): there the reason is the replay's, not the run's
 ZERO3_CPU_PREFETCH_REASON = ("on a CPU rank the replay holds each of DeepSpeed's collectives as the training thread's "
-                             "wait for it, less the compute the recording ran beside it, and so predicts nothing from "
-                             "issuing an all-gather earlier; DeepSpeed's prefetched gathers are asynchronous, and what "
-                             "more of them an earlier issue would hide is not modelled")
+                             "wait for it, less the compute the recording ran beside it, so when a gather is issued "
+                             "moves its prediction only through how DeepSpeed's prefetch bucket groups what it "
+                             "fetches; DeepSpeed's prefetched gathers are asynchronous, and what more of them an "
+                             "earlier issue would hide is not modelled")
 NO_COMM_PREFETCH_REASON = ("the recording's collectives took no time (a fake process group, or nothing to gather), so "
                            "issuing an all-gather earlier or later hides or exposes no communication")
 PREFETCH_SAME = "this prefetch predicts the recorded step and exposed communication"
@@ -71,11 +72,10 @@ NO_COMM_PREFETCH_NOTE = f"{NO_COMM_PREFETCH_REASON}: {PREFETCH_SAME}"
 # --explore say why the prefetch rows read alike).
 PREFETCH_SAME_NOTES = (CPU_PREFETCH_NOTE, ZERO3_CPU_PREFETCH_NOTE, NO_COMM_PREFETCH_NOTE)
 PREFETCH_REASONS = (CPU_PREFETCH_REASON, ZERO3_CPU_PREFETCH_REASON, NO_COMM_PREFETCH_REASON)
-# Where the recording has fewer than three steps of its step time (compare/spread.py MIN_SPREAD_STEPS): a
+# Where the recording has fewer than two steps of its step time (compare/spread.py MIN_SPREAD_STEPS): a
 # prediction cannot be held to a step-to-step spread, so nothing is advised or ranked on it (whatif's own
 # output, --explore and the summary's advice say it alike).
-SPREAD_UNKNOWN_WHY = ("the recording's step-to-step spread is unknown (fewer than three steps of its step time: the "
-                      "clean steps where the timers give it, else the analysed ones)")
+SPREAD_UNKNOWN_WHY = "the recording's step-to-step spread is unknown (fewer than two steps of its step time)"
 SPREAD_UNKNOWN = f"{SPREAD_UNKNOWN_WHY}: whether the change is measurable cannot be said"
 # Past this slowdown the profiler's own cost is a large part of the traced step the model is built on.
 
@@ -150,7 +150,7 @@ class Prediction:
     where run.json does not say what was recorded."""
     spread_ms: float | None = None
     """The recording's own step-to-step spread on the prediction's basis (:func:`recording_spread_ms`);
-    None with fewer than three steps (:data:`SPREAD_UNKNOWN_WHY`)."""
+    None with fewer than two steps (:data:`SPREAD_UNKNOWN_WHY`)."""
     warnings: list[str] = field(default_factory=list)
     """What makes the prediction weak, said before its figures (an unreliable replay, a heavy profiler)."""
     apply: Apply | None = None

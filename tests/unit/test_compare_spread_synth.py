@@ -137,7 +137,7 @@ def test_every_unknown_spread_says_why(made: dict) -> None:
                 if metric.endswith("_bytes"):
                     assert why is not None and "memory finding's rule" in why
                 elif label == "single":
-                    assert why is not None and why.startswith("fewer than three analysed"), (metric, why)
+                    assert why is not None and why.startswith("fewer than two analysed"), (metric, why)
 
 
 def test_a_run_without_communication_says_so_of_its_overlap_spread(gpu_fsdp_dir: Path) -> None:

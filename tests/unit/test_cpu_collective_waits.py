@@ -174,3 +174,12 @@ def test_the_replay_keeps_the_kind_of_zero3s_reductions_outside_every_unit() -> 
         assert set(by_kind) == {"reduce_scatter", "all_reduce"}, by_kind
         for kind in ("reduce_scatter", "all_reduce"):
             assert 0.95 * gloo[kind] <= by_kind[kind] <= 1.4 * gloo[kind], (rank, kind, by_kind, gloo)
+    # whatif's page draws them on their kinds' lanes, named for where they ran, not as the optimizer
+    from fsdpviz.replay.settings import Settings
+    from fsdpviz.report.whatif.data import prepare
+    from fsdpviz.whatif.predict import predict
+
+    drawn = prepare(model, predict(model, Settings())).predicted.segments
+    outside = drawn[drawn["kind"].isin(["reduce_scatter", "all_reduce"]) & (drawn["unit_name"].str.startswith("("))]
+    assert set(outside["kind"]) == {"reduce_scatter", "all_reduce"}
+    assert set(outside["unit_name"]) == {"(after the backward)"}

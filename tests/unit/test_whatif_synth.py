@@ -24,7 +24,7 @@ from fsdpviz.whatif.predict import predict
 
 UNITS = make_units(6, numel=20_000_000, fwd_ns=900_000, bwd_ns=1_800_000)
 ROOT = make_root(numel=30_000_000, fwd_ns=300_000, bwd_ns=600_000)
-BASE = Scenario(units=UNITS, root=ROOT, world_size=8, ring_comm=True, comm_bytes_per_ns=50.0, steps=(3, 4, 5),
+BASE = Scenario(units=UNITS, root=ROOT, world_size=8, ring_comm=True, comm_bytes_per_ns=50.0, steps=(3, 4),
                 shared_timeline=True)
 S = Settings()
 # setting name -> (what whatif is asked, the scenario generated under that setting)

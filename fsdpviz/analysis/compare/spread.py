@@ -7,9 +7,9 @@ minus lowest) of its per-step values over the steps the figure is taken from, ea
 the median over ranks:
 
 - ``step_time_ms``: the timers' unprofiled steps when the summary's step time is theirs
-  (``step_time_source`` ``timers``) and they are at least :data:`MIN_SPREAD_STEPS`; else the analysed
-  steps as traced (where the timers give the step time, moved to it by its ratio to the traced step:
-  the profiler's jitter comes with them, so the spread is wider, never narrower, than two clean steps');
+  (``step_time_source`` ``timers``) and they are at least :data:`CLEAN_SPREAD_STEPS`; with fewer, the
+  analysed steps as traced, moved to the step time by its ratio to the traced step, where they range
+  wider than the clean ones (the profiler's jitter comes with them); else the analysed steps as traced;
 - ``overlap.exposed_comm_ms`` and ``overlap.comm_ms``: the analysed steps' exposed and total
   communication, moved to the run's clock as the figures are (``bound.device_scale``);
 - ``overlap.overlap_pct``: the analysed steps' share of communication hidden behind compute, in
@@ -21,9 +21,8 @@ A timed figure without per-step values (``overlap.idle_ms``) has no spread to be
 star, and ``best_withheld`` says why (:data:`MEASURED`).
 
 :func:`clear_best` keeps the star of a row only when the best value beats every other run by more
-than the larger of the two runs' spreads. A spread is None where a run has fewer than three steps of
-the figure (:data:`MIN_SPREAD_STEPS`); such a pair is not checked (the comparison's notes say the spread
-cannot be seen).
+than the larger of the two runs' spreads. A spread is None where a run has fewer than two steps of the
+figure; such a pair is not checked (the comparison's notes say the spread cannot be seen).
 """
 
 from __future__ import annotations
@@ -41,10 +40,13 @@ if TYPE_CHECKING:
     from fsdpviz.analysis.compare.units import UnitGroup
     from fsdpviz.analysis.pipeline import LabelledRun
 
-# The fewest steps whose range is a spread: two steps' range is one difference, which can be any size
-# below the steps' real spread (two clean steps of an H100 recording 0.04 ms apart, where its steps
-# stray about 10 % between recordings); three or more rarely come that close together.
-MIN_SPREAD_STEPS: Final = 3
+# The fewest steps whose range is a spread at all (one step has none).
+MIN_SPREAD_STEPS: Final = 2
+# The fewest clean steps whose range stands as the step time's spread on its own: two steps' range is
+# one difference, which can be any size below the steps' real spread (two clean steps of an H100
+# recording 0.04 ms apart, where its runs vary about 10 % between recordings); three or more rarely
+# come that close together. Fewer: the traced steps' range where it is the wider (:func:`step_values_ms`).
+CLEAN_SPREAD_STEPS: Final = 3
 # headline key -> STEP_TIMES column whose per-step values it summarises
 STEP_COLUMNS: Final = {"overlap.exposed_comm_ms": "exposed_comm_ns", "overlap.comm_ms": "comm_ns"}
 # headline key -> (STEP_TIMES communication column, its exposed part): the hidden share per step, in points
@@ -92,13 +94,18 @@ def step_values_ms(run: LabelledRun, key: str) -> pd.Series | None:
             rows = whole_step_times(timers) if timers is not None and not timers.empty else pd.DataFrame()
             clean = (rows[rows["step"].isin(profiler.unprofiled_steps)].groupby("step")["ms"].median()
                      if not rows.empty else None)
+            if clean is not None and len(clean) >= CLEAN_SPREAD_STEPS:
+                return clean
+            # too few clean steps to range over alone: the traced steps', moved to the run's clock by the
+            # headline's ratio to the traced step (the profiler's own jitter with them), where they range
+            # wider than the clean ones: a spread is never read narrower than any steps of the run show
             traced = traced_step_values_ms(run.analysis.step_times)
-            # too few clean steps to range over: the traced steps', moved to the run's clock by the
-            # headline's ratio to the traced step (the profiler's own jitter with them: a wider spread)
             step, traced_step = summary.step_time_ms, summary.traced_step_time_ms
-            if (clean is None or len(clean) < MIN_SPREAD_STEPS) and traced is not None \
-                    and len(traced) >= MIN_SPREAD_STEPS and step and traced_step:
-                return traced * (step / traced_step)
+            if traced is None or len(traced) < MIN_SPREAD_STEPS or not step or not traced_step:
+                return clean
+            moved = traced * (step / traced_step)
+            if clean is None or (_range(moved) or 0.0) >= (_range(clean) or 0.0):
+                return moved
             return clean
         return traced_step_values_ms(run.analysis.step_times)
     column = STEP_COLUMNS.get(key)
@@ -152,12 +159,12 @@ def group_spread_ms(run: LabelledRun, group: UnitGroup, metric: str) -> float | 
 # Why a spread is None: the words compare --json gives beside it (``spread_unknown``).
 NOT_PER_STEP: Final = ("not kept per step: the bound splits each rank's analysed steps together into compute, FSDP's "
                        "per-unit work and idle, so this figure has no step-to-step spread")
-FEW_STEPS: Final = "fewer than three {what} steps, so no step-to-step spread"
+FEW_STEPS: Final = "fewer than two {what} steps, so no step-to-step spread"
 NO_UNITS: Final = "the run holds none of the group's units"
 BYTES_RULE: Final = ("bytes have no step-to-step spread here: compare holds them to the memory finding's rule ({noise:.0%} "
                      "apart), not to a spread")
-NO_SHARE: Final = ("fewer than three analysed steps with communication: a step without any has no share of it hidden, "
-                   "so no step-to-step spread")
+NO_SHARE: Final = ("fewer than two analysed steps with communication: a step without any has no share of it hidden, so "
+                   "no step-to-step spread")
 
 
 def headline_spread_why(run: LabelledRun, key: str) -> str:
@@ -171,7 +178,7 @@ def headline_spread_why(run: LabelledRun, key: str) -> str:
         if with_comm < 2:
             return NO_SHARE
     timed = key == "step_time_ms" and run.summary.step_time_source == "timers"
-    return FEW_STEPS.format(what="unprofiled timed" if timed else "analysed")
+    return FEW_STEPS.format(what="unprofiled timed or analysed" if timed else "analysed")
 
 
 def group_spread_why(run: LabelledRun, group: UnitGroup, metric: str) -> str:

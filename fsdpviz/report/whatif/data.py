@@ -78,9 +78,12 @@ def _timeline(title: str, spans: pd.DataFrame, memory: pd.DataFrame, step_ms: fl
     position = {r: i for i, r in enumerate(rows_used)}
     spans["row"] = spans["row"].map(position)
     rows = pd.DataFrame({"row": list(range(len(rows_used))), "label": [labels[r] for r in rows_used]})
-    # work of no unit: the optimizer's step, or (the loss, a collective outside every unit) its phase's
-    outside = spans["phase"].map(lambda phase: OUTSIDE_UNITS.get(str(phase), "(outside every unit)"))
-    spans["unit_name"] = spans["unit"].where(spans["unit"] != "", outside)
+    # work of no unit, by where it ran: the optimizer's step; a collective at the step's end (ZeRO-3's
+    # reductions after its backward, in the replay's end segment); the loss and the like by their phase
+    outside = [("(after the backward)" if kind in UNIT_COLLECTIVES and phase == OPTIMIZER
+                else OUTSIDE_UNITS.get(str(phase), "(outside every unit)"))
+               for kind, phase in zip(spans["kind"], spans["phase"])]
+    spans["unit_name"] = spans["unit"].where(spans["unit"] != "", pd.Series(outside, index=spans.index))
     spans["start_ms"] = spans["x0_ms"].round(3)
     spans["dur_ms"] = (spans["x1_ms"] - spans["x0_ms"]).round(3)
     spans["lane"] = [labels[LANES[k][0]] for k in spans["kind"]]
