@@ -128,17 +128,6 @@ def knob_blocked(knob: str, host_backend_on_gpu: bool, waits_out: bool = False) 
     return HOST_BACKEND_BLOCKS if host_backend_on_gpu else ""
 
 
-def without_blocked_knobs(findings: Sequence[Finding], *, host_backend_on_gpu: bool = False,
-                          waits_out: bool = False) -> list[Finding]:
-    """``findings`` with each knob that cannot help on this run (:func:`knob_blocked`) taken out and
-    said why: a finding suggests only what its action would advise."""
-    out = []
-    for f in findings:
-        why = knob_blocked(f.knob, host_backend_on_gpu, waits_out) if f.knob else ""
-        out.append(msgspec.structs.replace(f, knob="", why_not=why) if why else f)
-    return out
-
-
 def _range_text(values: Sequence[float]) -> str:
     lo, hi = min(values), max(values)
     return ms_text(lo) if ms_text(lo) == ms_text(hi) else f"{ms_text(lo).removesuffix(' ms')}-{ms_text(hi)}"

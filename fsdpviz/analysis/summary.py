@@ -33,7 +33,6 @@ from fsdpviz.analysis.actions import (
     build_actions,
     knob_blocked,
     waits_out_collectives,
-    without_blocked_knobs,
 )
 from fsdpviz.analysis.bound import (
     BoundSummary,
@@ -293,9 +292,7 @@ def summary_of(traces: TraceSet, selection: StepSelection, overlap: pd.DataFrame
         units = [msgspec.structs.replace(u, forward_timer_ms=timed.get((u.name, "forward")),
                                          backward_timer_ms=timed.get((u.name, "backward")))
                  for u in summary_records(analysis.unit_stats, analysis.units, *scales)]
-        findings = without_blocked_knobs(finding_entries(analysis.findings),
-                                         host_backend_on_gpu=host_backend_on_gpu(traces, overlap),
-                                         waits_out=waits_out_collectives(_device(overlap), framework))
+        findings = finding_entries(run_findings(analysis.findings, traces, overlap, framework))
         unit_peaks = unit_peak_categories(analysis.category_peaks, analysis.memory_unknown)
         units = [msgspec.structs.replace(u, peak_categories=unit_peaks.get(u.name)) for u in units]
         if not units:
@@ -336,12 +333,13 @@ def finding_entries(findings: pd.DataFrame) -> list[Finding]:
 
     Per entry: ``rank`` (-1: medians over all ranks), ``unit``, ``phase``, ``kind``,
     ``lost_ms_per_step``, ``message``, ``evidence`` (the numbers behind it), ``knob`` (what to
-    try; empty when the trace shows no clear cause).
+    try; empty when the trace shows no clear cause), ``why_not`` where :func:`run_findings` gave one.
     """
     return [
         Finding(rank=int(row["rank"]), unit=str(row["unit"]), phase=str(row["phase"]), kind=str(row["kind"]),
                 lost_ms_per_step=ms(float(row["lost_ns"])), message=str(row["message"]),
-                evidence=str(row["evidence"]), knob=str(row["knob"]), cause=str(row["cause"]))
+                evidence=str(row["evidence"]), knob=str(row["knob"]), cause=str(row["cause"]),
+                why_not=str(row.get("why_not", "")))
         for row in findings.to_dict(orient="records")
     ]
 
@@ -349,7 +347,7 @@ def finding_entries(findings: pd.DataFrame) -> list[Finding]:
 def run_findings(findings: pd.DataFrame, traces: TraceSet, overlap: pd.DataFrame, framework: str) -> pd.DataFrame:
     """The FINDINGS table (``RunAnalysis.findings``) as the summary lists it: a knob that cannot help on the
     run (:func:`fsdpviz.analysis.actions.knob_blocked`) taken out, and a ``why_not`` column saying why
-    ("" elsewhere), for the notebook's ``Run.findings`` and ``fsdpviz export``."""
+    ("" elsewhere); the summary's findings, the notebook's ``Run.findings`` and ``fsdpviz export`` read it."""
     backend, waits = host_backend_on_gpu(traces, overlap), waits_out_collectives(_device(overlap), framework)
     why = [knob_blocked(str(k), backend, waits) if k else "" for k in findings["knob"]]
     return findings.assign(knob=[("" if w else str(k)) for k, w in zip(findings["knob"], why)], why_not=why)

@@ -99,8 +99,9 @@ class BusyClock:
         self.ops = np.sort(ops) if ops is not None and per_op_ns > 0 else np.empty(0, np.int64)
         self.per_op_ns = per_op_ns
         self.host_ops: np.ndarray = np.empty(0, np.int64)  # GPU: the traced host events' starts
-        self.kinds: list[str] = [vocabulary.ALL_REDUCE] * len(self.s)
-        """CPU: per blocked interval, the kind of the collective the host waited for (:func:`_wait_kinds`)."""
+        self.waited_for: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        """CPU: the collectives behind the blocked intervals, (starts, ends, kinds) per source in the order
+        :func:`_wait_kinds` asks them."""
 
     def __call__(self, t: float) -> float:
         i = int(np.searchsorted(self.s, t, side="right"))  # intervals starting at or before t
@@ -265,23 +266,24 @@ def _busy_clock(events: pd.DataFrame, spans: pd.DataFrame, host_lanes: set[tuple
                                   union_intervals(compute["start_ns"].to_numpy(np.int64),
                                                   compute["end_ns"].to_numpy(np.int64)))
         clock = BusyClock(s, e, ops, per_op_ns)
-        clock.kinds = _wait_kinds(clock, comm, other)
+        # a unit collective's kind is its span's: gloo runs a reduce-scatter as ``gloo:all_reduce`` where
+        # it has none of its own, so the annotation would misname it; the annotations name the others
+        clock.waited_for = [
+            (comm["issue_ns"].to_numpy(np.int64), comm["end_ns"].to_numpy(np.int64), as_str(comm["kind"])),
+            (other["start_ns"].to_numpy(np.int64), (other["start_ns"] + other["dur_ns"]).to_numpy(np.int64),
+             as_str(other["comm"]))]
     clock.host_ops = ops
     return clock
 
 
-def _wait_kinds(clock: BusyClock, comm: pd.DataFrame, other: pd.DataFrame) -> list[str]:
-    """CPU: per blocked interval of ``clock``, the kind of the collective the host waited for: of the
-    unit collectives (``comm``, spans) the one it waited on longest, else of the other collectives
-    (``other``: annotations naming one) likewise. A unit collective's kind is its span's: gloo runs a
-    reduce-scatter as ``gloo:all_reduce`` where it has none of its own, so the annotation would misname it."""
+def _wait_kinds(clock: BusyClock, which: np.ndarray) -> list[str]:
+    """CPU: per blocked interval ``which`` of ``clock``, the kind of the collective the host waited for:
+    the one it waited on longest, of the unit collectives first (``clock.waited_for``), all-reduce where
+    none names one. Asked only of the segments' intervals (:func:`_segment`), the few the replay keeps apart."""
     out = []
-    sources = [(comm["issue_ns"].to_numpy(np.int64), comm["end_ns"].to_numpy(np.int64), as_str(comm["kind"])),
-               (other["start_ns"].to_numpy(np.int64), (other["start_ns"] + other["dur_ns"]).to_numpy(np.int64),
-                as_str(other["comm"]))]
-    for a, b in zip(clock.s.tolist(), clock.e.tolist()):
+    for a, b in zip(clock.s[which].tolist(), clock.e[which].tolist()):
         kind = vocabulary.ALL_REDUCE
-        for starts, ends, kinds in sources:
+        for starts, ends, kinds in clock.waited_for:
             held = np.clip(np.minimum(ends, b) - np.maximum(starts, a), 0, None)
             if len(held) and held.max() > 0:
                 kind = str(kinds[int(held.argmax())])
@@ -797,7 +799,7 @@ def _segment(a: float, b: float, clock: BusyClock, work: pd.DataFrame | None, gp
         blocked_s, blocked_e = clock.s, clock.e
         inside = (blocked_s >= a) & (blocked_s < b)
         seg.comm_ns = [float(e - s) for s, e in zip(blocked_s[inside], blocked_e[inside])]
-        seg.comm_kinds = [clock.kinds[i] for i in np.flatnonzero(inside)]
+        seg.comm_kinds = _wait_kinds(clock, np.flatnonzero(inside))
     return seg
 
 

@@ -19,7 +19,7 @@ from fsdpviz.analysis.actions import Action, action_text
 from fsdpviz.analysis.bound import clock_scale
 from fsdpviz.analysis.memory import MemoryModel
 from fsdpviz.analysis.memory_categories import TITLES
-from fsdpviz.analysis.summary import actions_of, finding_entries
+from fsdpviz.analysis.summary import actions_of, finding_entries, run_findings
 from fsdpviz.errors import UsageError
 from fsdpviz.report.steps import data as steps_data
 from fsdpviz.report.style import OTHER_COLOR, sentence, unit_colors
@@ -140,8 +140,8 @@ def prepare_report(run: RunResult, *, max_segments: int = MAX_PAGE_SEGMENTS,
     completed = completed_summary(run)  # the one read of the run: the actions' gains and the clock
     # a run without units: its summary lists no findings, the page its analysis' (stragglers, the profiler)
     actions = completed.actions if run.has_units else actions_of(
-        finding_entries(analysis.findings), run.summary.bound, run.summary.units, traces, overlap,
-        run.summary.framework)
+        finding_entries(run_findings(analysis.findings, traces, overlap, run.summary.framework)), run.summary.bound,
+        run.summary.units, traces, overlap, run.summary.framework)
     summary = msgspec.structs.replace(run.summary, clock=completed.clock)
     title, subtitle, meta = describe_inputs(traces)
     aligned = run.aligned  # the lanes and memory views line up with the analysis' spans
