@@ -49,7 +49,8 @@ def phase_row(name: str, clock: Any) -> str:
     if clock.phase_miss_pct is None:  # the clock's note says why
         why = re.search(r"its phases are not checked out of sample \((.*)\)", clock.note)
         return f"| {name} | 0 | | | | not checked: {why[1] if why else 'no replay without the profiler'} |"
-    cells = " | ".join(f"{clock.phase_miss_pct[p]:+.1f} %" for p in ("forward", "backward", "optimizer"))
+    cells = " | ".join(f"{clock.phase_miss_pct[p]:+.1f} %" if p in clock.phase_miss_pct else "not timed"
+                       for p in ("forward", "backward", "optimizer"))
     return f"| {name} | {clock.phase_steps} | {cells} | {clock.phase_error_pct:.1f} % |"
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from fsdpviz.analysis.summary import ClockSummary
+from fsdpviz.vocabulary import BACKWARD
 
 if TYPE_CHECKING:
     from fsdpviz.analysis.pipeline import RunResult
@@ -37,6 +38,9 @@ RELIABLE_REPLAY_PCT: Final = 10.0
 # pairs and no resharding within 0.051 of bare: docs/whatif.md, "Out of sample"); past it, nothing
 # measured says that the replay's ratios still hold.
 PHASE_LIMIT_PCT: Final = 25.0
+# said where the check lacks the backward (the shared H100 FSDP2 recordings)
+NO_BACKWARD_TIMER: Final = ("the backward is not checked: its recorder timed none, so its share is the rest of the clean "
+                            "step the replay is put on")
 
 
 @dataclass(slots=True)
@@ -127,5 +131,7 @@ def phase_words(replayed: Replayed) -> str:
     if check is None:
         return f"its phases are not checked out of sample ({replayed.phases_why})"
     parts = ", ".join(f"{phase} {miss:+.1f} %" for phase, miss in check.miss_pct.items())
+    unchecked = "" if BACKWARD in check.miss_pct else f"; {NO_BACKWARD_TIMER}"
     return (f"out of sample, the profiler's share it took out of each phase misses the timers' by up to "
-            f"{check.error_pct:.1f} % of the step ({parts}; {check.steps} unprofiled step(s) timed their phases)")
+            f"{check.error_pct:.1f} % of the step ({parts}; {check.steps} unprofiled step(s) timed their phases"
+            f"{unchecked})")

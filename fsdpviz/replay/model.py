@@ -27,7 +27,7 @@ from fsdpviz.replay.recorded import Gather, Recording, StepProgram
 from fsdpviz.replay.recording import read_recording
 from fsdpviz.replay.settings import Settings
 from fsdpviz.replay.simulate import SimResult, run
-from fsdpviz.structure.profiler_cost import clean_step_ms, phase_times, timed_phase_names
+from fsdpviz.structure.profiler_cost import clean_step_ms, phase_times
 from fsdpviz.vocabulary import FSDP1, FSDP2, ZERO3
 
 SAMPLED_RANKS = 16  # ranks read of a run held rank by rank (read_model)
@@ -176,8 +176,7 @@ def model_clock(model: Model) -> Replayed:
         timers = model.result.traces.timers
         scaled_ranks = set(model.calibration.scale) if model.calibration is not None else None
         phases, why = phase_check(model.recording.steps, model.replays, net.recording.steps, net.replays,
-                                  phase_times(timers, model.result.traces.run), timed_phase_names(timers),
-                                  scaled_ranks)
+                                  phase_times(timers, model.result.traces.run), scaled_ranks)
     model.replayed = Replayed(net_replays_ms=None if net is None else [r.step_ns / 1e6 for r in net.replays],
                               calibration=model.calibration,
                               # named where the model did not read every rank of the world: too many to

@@ -160,25 +160,20 @@ def clean_step_ms(timers: pd.DataFrame, run: RunInfo | None) -> dict[int, tuple[
 
 
 STEP_PHASES: Final = ("forward", "backward", "optimizer")  # the whole-step phases the timers time
+# a recorder older than the backward's timer timed these two: its ranks are checked on them alone
+REQUIRED_PHASES: Final = ("forward", "optimizer")
 
 
 class PhaseTimes(msgspec.Struct, kw_only=True):
     """A rank's whole-step phases as its timers timed them (ms, medians over steps), profiled and not."""
 
     profiled: dict[str, float]
-    """Each of :data:`STEP_PHASES` and ``step`` over the rank's profiled steps."""
+    """Each of :data:`STEP_PHASES` the rank timed (every one but the backward in a recording older than
+    its timer) and ``step`` over the rank's profiled steps."""
     unprofiled: dict[str, float]
     """The same over its unprofiled steps that timed every phase (below)."""
     steps: int
     """How many such unprofiled steps."""
-
-
-def timed_phase_names(timers: pd.DataFrame) -> set[str]:
-    """Which of :data:`STEP_PHASES` the timers time in any step."""
-    if timers.empty:
-        return set()
-    whole = timers[(timers["unit"] == "") & (timers["kind"] == STEP_TIMER_KIND)]
-    return set(whole["phase"].unique()) & set(STEP_PHASES)
 
 
 def phase_times(timers: pd.DataFrame, run: RunInfo | None) -> dict[int, PhaseTimes]:
@@ -188,7 +183,8 @@ def phase_times(timers: pd.DataFrame, run: RunInfo | None) -> dict[int, PhaseTim
     a recording older than the unit-timed steps (whose timers timed units and phases in every step, its
     clean ones too). A GPU's clean steps, and those of a CPU folder recorded before they timed their
     phases, time only their ends: no rank then. Unit-timed steps are never read: they carry the unit
-    timers' cost, which the clean steps do not."""
+    timers' cost, which the clean steps do not. A rank needs the forward and the optimizer; a recorder
+    older than the backward's timer timed those two alone, and its ranks are read without one."""
     if run is None or not _timed_run(timers, run):
         return {}
     rows = timers[(timers["unit"] == "") & (timers["kind"] == STEP_TIMER_KIND) & timers["ms"].notna()
@@ -199,7 +195,7 @@ def phase_times(timers: pd.DataFrame, run: RunInfo | None) -> dict[int, PhaseTim
         if not profiled:
             continue
         wide = of_rank.pivot_table(index="step", columns="phase", values="ms", aggfunc="sum")
-        if any(p not in wide.columns for p in (*STEP_PHASES, STEP_TIMER_PHASE)):
+        if any(p not in wide.columns for p in (*REQUIRED_PHASES, STEP_TIMER_PHASE)):
             continue
         wide = wide.dropna()
         steps = wide.index.to_numpy()
