@@ -178,3 +178,25 @@ def test_a_third_run_within_the_spread_is_said_so_not_called_noise(tmp_path: Pat
     said = finding.message.split("Also, ", 1)[1]
     assert said.startswith("jumpy takes") and "within the runs' step-to-step spread: 6" in said, said
     assert "noise" not in said
+
+
+def test_two_runs_without_a_spread_are_not_ranked(tmp_path: Path) -> None:
+    """Two runs of one analysed step each, the second loading 5 ms longer in it by construction: a
+    clear difference on the page, but neither run has a step-to-step spread to hold it to, so, as
+    whatif advises nothing where no spread is known, compare stars neither and names no winner."""
+    runs = {}
+    for name, extra in (("one", {}), ("slower", {3: 5_000_000})):
+        sc = Scenario(units=make_units(2, numel=1_000_000), root=make_root(), steps=(3,), step_data_ns=extra,
+                      gradients_per_kernel=False)
+        runs[name] = generate_run(sc, tmp_path / name, run_folder=True)
+    comparison = _compare(runs, ["one", "slower"])
+    assert comparison.spread["step_time_ms"] == [None, None]
+    steps = [_truth_steps_ms(runs[n], [3]).iloc[0] for n in ("one", "slower")]
+    assert steps[1] - steps[0] == pytest.approx(5.0, abs=0.1)  # the simulation's own steps
+    values = comparison.values["step_time_ms"]
+    assert values[1] - values[0] == pytest.approx(5.0, abs=0.2)
+    assert comparison.best["step_time_ms"] == []
+    assert "neither run's step-to-step spread is known" in comparison.best_withheld["step_time_ms"]
+    finding = next(f for f in comparison.findings if f.kind == "step_time")
+    assert finding.better is None and "cannot be ranked" in finding.message
+    assert not any(f.kind == "tradeoff" for f in comparison.findings)

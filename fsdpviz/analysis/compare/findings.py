@@ -96,12 +96,22 @@ def is_clear(a: float, b: float, noise: float, rel: float = TIME_NOISE, floor: f
 def beyond_spread(c: Comparison, key: str, i: int, j: int) -> bool:
     """Whether runs ``i`` and ``j`` differ in headline ``key`` by more than the larger of their
     step-to-step spreads (:mod:`fsdpviz.analysis.compare.spread`, the rule of the best marks): the
-    one known where the other is unknown; True where neither is known."""
+    one known where the other is unknown; False where neither is known (:func:`unranked`)."""
     a, b = c.values[key][i], c.values[key][j]
     known = _spreads(c, key, i, j)
-    if a is None or b is None or not known:
+    if a is None or b is None:
         return True
-    return abs(float(a) - float(b)) > max(known)
+    return bool(known) and abs(float(a) - float(b)) > max(known)
+
+
+def unranked(c: Comparison, key: str, i: int, j: int, what: str) -> str:
+    """Where neither run ``i`` nor ``j`` has a step-to-step spread of headline ``key``: a finding's
+    message saying that their ``what`` cannot be ranked (whatif advises nothing there either); else ""."""
+    if _spreads(c, key, i, j):
+        return ""
+    return (f"{what} cannot be ranked: neither {c.labels[i]} nor {c.labels[j]} has two steps to measure its "
+            f"step-to-step spread by, so whether they differ cannot be said (record more steps: fsdpviz record "
+            f"--steps 6).")
 
 
 def _spreads(c: Comparison, key: str, i: int, j: int) -> list[float]:
@@ -155,6 +165,8 @@ def step_time_finding(c: Comparison) -> list[Finding]:
     values = {"step_time_ms": {c.labels[i]: v for i, v in known}}
     evidence = (f"step time: {_listing(c, 'step_time_ms', ms_text)}; noise between the fastest and slowest "
                 f"(2 standard errors): {ms_text(noise)}" + _spread_text(c, "step_time_ms"))
+    if none := unranked(c, "step_time_ms", best_i, worst_i, "The step times"):
+        return [_finding("step_time", none, evidence, None, values)]
     if not is_clear(best, worst, noise) or not beyond_spread(c, "step_time_ms", best_i, worst_i):
         return [_finding("step_time", f"Step times are within noise of each other ({ms_text(best)} to {ms_text(worst)}).",
                          evidence, None, values)]
@@ -185,6 +197,8 @@ def step_time_finding(c: Comparison) -> list[Finding]:
         noise_i = noise_ms(c.runs[best_i], c.runs[i], "step_ns")
         if not is_clear(best, v, noise_i):
             verdict = f"within noise: noise {ms_text(noise_i)}"
+        elif not _spreads(c, "step_time_ms", best_i, i):
+            verdict = "no step-to-step spread known for either, so not ranked"
         elif not beyond_spread(c, "step_time_ms", best_i, i):  # beyond the noise, not the steps' own spread
             spread = max(_spreads(c, "step_time_ms", best_i, i))
             verdict = f"within the runs' step-to-step spread: {ms_text(spread)}"
@@ -269,6 +283,8 @@ def exposed_finding(c: Comparison) -> list[Finding]:
                 for lb, p in parts.items() if "all_gather_ms" in p]
     if per_kind:
         evidence += "; exposed per unit, summed: " + "; ".join(per_kind)
+    if none := unranked(c, "overlap.exposed_comm_ms", best_i, worst_i, "Exposed communication"):
+        return [_finding("exposed_comm", none, evidence, None, values)]
     if not is_clear(best, worst, noise) or not beyond_spread(c, "overlap.exposed_comm_ms", best_i, worst_i):
         return [_finding("exposed_comm", f"Exposed communication is within noise across runs "
                          f"({ms_text(best)} to {ms_text(worst)} per step).", evidence, None, values)]

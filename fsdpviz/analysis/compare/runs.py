@@ -139,6 +139,8 @@ def compare_runs(runs: Sequence[LabelledRun]) -> Comparison:
             withheld[key] = "the allocated level at step start drifts across steps (see notes)"
     spread = {f.key: [headline_spread_ms(r, f.key) for r in runs] for f in HEADLINE_FIELDS if f.unit == "ms"}
     for key, spreads in spread.items():
+        if key not in MEASURED:  # no spread at all: withheld below, with that reason
+            continue
         best[key], why = clear_best(values[key], spreads, best[key])
         if why:
             withheld[key] = why
@@ -201,9 +203,10 @@ def unit_marks(comparison: Comparison) -> None:
             if group.bytes_differ:
                 marks[metric], why[metric] = [], "its units hold different parameter bytes in the runs"
                 continue
-            marks[metric], reason = clear_best(row, spreads[metric], best_indices(row, LOWER))
-            if metric.endswith("_bytes") and marks[metric]:  # no spread for bytes: the memory finding's rule
-                marks[metric], reason = clear_bytes(row, marks[metric])
+            if metric.endswith("_bytes"):  # no spread for bytes: the memory finding's rule
+                marks[metric], reason = clear_bytes(row, best_indices(row, LOWER))
+            else:
+                marks[metric], reason = clear_best(row, spreads[metric], best_indices(row, LOWER))
             if reason:
                 why[metric] = reason
         comparison.unit_best[group.name] = marks

@@ -22,7 +22,8 @@ star, and ``best_withheld`` says why (:data:`MEASURED`).
 
 :func:`clear_best` keeps the star of a row only when the best value beats every other run by more
 than the larger of the two runs' spreads. A spread is None where a run has fewer than two steps of the
-figure; such a pair is not checked (the comparison's notes say the spread cannot be seen).
+figure; a pair of which one run's is None is held to the other's, and a pair of which both are earns
+no star (whatif advises nothing there either), ``best_withheld`` saying why.
 """
 
 from __future__ import annotations
@@ -198,7 +199,8 @@ def clear_best(values: Sequence[float | int | None], spreads: Sequence[float | N
                best: Sequence[int], unit: str = "ms") -> tuple[list[int], str]:
     """The best runs of a row that beat every other run by more than the spread (in ``unit``), and
     why a star is withheld ("" when it is not). A pair where one run's spread is unknown is held to
-    the other's: a difference within a spread that is known is no evidence, whatever the other run's."""
+    the other's: a difference within a spread that is known is no evidence, whatever the other run's.
+    A pair where neither is known earns no star: nothing says the difference is measurable."""
     if not best:
         return [], ""
     for i in best:
@@ -207,8 +209,9 @@ def clear_best(values: Sequence[float | int | None], spreads: Sequence[float | N
             if j in best or vj is None or vi is None:
                 continue
             known = [s for s in (spreads[i], spreads[j]) if s is not None]
-            if not known:
-                continue
+            if not known:  # as whatif, which advises nothing where no spread is known
+                return [], (f"neither run's step-to-step spread is known, so whether the difference "
+                            f"({abs(float(vj) - float(vi)):.3g} {unit}) is measurable cannot be said")
             limit = max(known)
             if abs(float(vj) - float(vi)) <= limit:
                 whose = "the runs'" if len(known) == 2 else "one run's (the other's is unknown)"
