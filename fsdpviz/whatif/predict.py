@@ -63,15 +63,25 @@ ZERO3_CPU_PREFETCH_REASON = ("on a CPU rank the replay holds each of DeepSpeed's
                              "earlier issue would hide is not modelled")
 NO_COMM_PREFETCH_REASON = ("the recording's collectives took no time (a fake process group, or nothing to gather), so "
                            "issuing an all-gather earlier or later hides or exposes no communication")
+# gloo on CUDA tensors (replay/recorded.py ``serial_collectives``): the step stays, the exposed part may move
+SERIAL_PREFETCH_REASON = ("the rank's collectives ran on a host backend (gloo on CUDA tensors), one at a time in the "
+                          "order issued, each all-gather holding the training thread while it runs (the replay queues "
+                          "them so), so issuing a gather earlier leaves the chain of collectives, and the step, as long")
 PREFETCH_SAME = "this prefetch predicts the recorded step and exposed communication"
+PREFETCH_SAME_STEP = ("this prefetch predicts the recorded step; its exposed communication moves only with where the "
+                      "device's compute falls beside the same collectives")
 DEPTHS_ALIKE = "prefetch depths predict the same step and exposed communication here"
+DEPTHS_ALIKE_STEP = "prefetch depths predict the same step here"
 CPU_PREFETCH_NOTE = f"{CPU_PREFETCH_REASON}: {PREFETCH_SAME}"
 ZERO3_CPU_PREFETCH_NOTE = f"{ZERO3_CPU_PREFETCH_REASON}: {PREFETCH_SAME}"
 NO_COMM_PREFETCH_NOTE = f"{NO_COMM_PREFETCH_REASON}: {PREFETCH_SAME}"
+SERIAL_PREFETCH_NOTE = f"{SERIAL_PREFETCH_REASON}: {PREFETCH_SAME_STEP}"
 # Said by a prefetch setting that predicts the recorded step, each where it holds (the advisor and
-# --explore say why the prefetch rows read alike).
-PREFETCH_SAME_NOTES = (CPU_PREFETCH_NOTE, ZERO3_CPU_PREFETCH_NOTE, NO_COMM_PREFETCH_NOTE)
-PREFETCH_REASONS = (CPU_PREFETCH_REASON, ZERO3_CPU_PREFETCH_REASON, NO_COMM_PREFETCH_REASON)
+# --explore say why the prefetch rows read alike: the rows it holds for, or every depth).
+PREFETCH_SAME_NOTES = (CPU_PREFETCH_NOTE, ZERO3_CPU_PREFETCH_NOTE, NO_COMM_PREFETCH_NOTE, SERIAL_PREFETCH_NOTE)
+PREFETCH_REASONS = (CPU_PREFETCH_REASON, ZERO3_CPU_PREFETCH_REASON, NO_COMM_PREFETCH_REASON, SERIAL_PREFETCH_REASON)
+PREFETCH_ROWS_ALIKE = ("predicted as recorded",) * 3 + ("predicted the recorded step",)
+PREFETCH_DEPTHS_ALIKE = (DEPTHS_ALIKE,) * 3 + (DEPTHS_ALIKE_STEP,)
 # Where the recording has fewer than two steps of its step time (compare/spread.py MIN_SPREAD_STEPS): a
 # prediction cannot be held to a step-to-step spread, so nothing is advised or ranked on it (whatif's own
 # output, --explore and the summary's advice say it alike).
@@ -281,12 +291,14 @@ def predict(model: Model, settings: Settings) -> Prediction:
     notes += clamps
     # why a prefetch reads as recorded, said only where it does: ZeRO-3's bucket also groups what it
     # fetches, which moves the step on a CPU rank too
-    same = (abs(predicted.step_time_ms - baseline.step_time_ms) < 0.0005
-            and abs(predicted.exposed_comm_ms - baseline.exposed_comm_ms) < 0.0005)  # the same to the µs shown
+    same_step = abs(predicted.step_time_ms - baseline.step_time_ms) < 0.0005  # the same to the µs shown
+    same = same_step and abs(predicted.exposed_comm_ms - baseline.exposed_comm_ms) < 0.0005
     if _prefetch_changed(full, rec) and same and baseline.comm_ms == 0.0:
         notes.append(NO_COMM_PREFETCH_NOTE)
     elif rec.device == "cpu" and _prefetch_changed(full, rec) and same:
         notes.append(ZERO3_CPU_PREFETCH_NOTE if rec.framework == ZERO3 else CPU_PREFETCH_NOTE)
+    elif rec.serial_collectives and _prefetch_changed(full, rec) and same_step:
+        notes.append(SERIAL_PREFETCH_NOTE)
     if full.wrap.kind != "recorded" or full.world_size != rec.world_size:  # collectives resized: their fitted lines
         notes += [f"collective model: {n}" for n in timing.comm.notes]
     notes += [n for n in peak.notes if n not in notes]

@@ -180,7 +180,8 @@ def test_gloos_collectives_on_cuda_queue_behind_one_another_in_the_replay(gpu_fs
     without the profiler is the trace's own, which the replay is not fitted to, within 1 %; with the
     all-gathers and reduce-scatters on streams of their own it was 1,015 of 1,328 ms, and root,
     merge:2, no resharding and prefetch none predicted parts 14-22 % past their steps. Now every
-    explored setting's parts fit its step."""
+    explored setting's parts fit its step, and the prefetch depths that predict the recorded step say
+    why: their gathers queue earlier on the same one queue."""
     import statistics
 
     from helpers.rawfiles import trace_events
@@ -210,6 +211,22 @@ def test_gloos_collectives_on_cuda_queue_behind_one_another_in_the_replay(gpu_fs
     assert not explored.unranked
     assert all(c.prediction is not None and c.prediction.parts_over_pct is None
                for c in [*explored.ranked, *explored.within_spread])
+    # a prefetch whose gathers only queue earlier on that one queue predicts the recorded step, and says
+    # why where its exposed communication moves all the same; prefetch none, which issues each gather
+    # after the compute before it, leaves gaps in the chain and moves the step
+    from fsdpviz.whatif.predict import SERIAL_PREFETCH_NOTE, SERIAL_PREFETCH_REASON
+
+    rows = {c.settings.describe(): c.prediction for c in [*explored.ranked, *explored.within_spread]
+            if c.prediction is not None and c.settings.describe().startswith("prefetch")}
+    for name in ("prefetch 1", "prefetch 2"):
+        p = rows[name]
+        assert p.predicted.step_time_ms == pytest.approx(p.baseline.step_time_ms, abs=0.0005), name
+        assert abs(p.predicted.exposed_comm_ms - p.baseline.exposed_comm_ms) > 1.0, name  # moved, ms
+        assert SERIAL_PREFETCH_NOTE in p.notes, name
+    assert rows["prefetch none"].predicted.step_time_ms > rows["prefetch none"].baseline.step_time_ms + 1.0
+    assert SERIAL_PREFETCH_NOTE not in rows["prefetch none"].notes
+    said = [n for n in explored.notes if SERIAL_PREFETCH_REASON in n]
+    assert said == [f"prefetch 1, prefetch 2 predicted the recorded step: {SERIAL_PREFETCH_REASON}"]
 
 
 def test_a_gloo_group_beside_fsdps_collectives_leaves_them_as_they_ran(gpu_fsdp_dir: Any, tmp_path: Any) -> None:
