@@ -119,6 +119,9 @@ class Sites:
     # backward windows (start_ns, end_ns, unit)
     fsdp1_post: pd.DataFrame = field(default_factory=lambda: _no_rows())
     backward: pd.DataFrame = field(default_factory=lambda: _no_rows())
+    # FSDP2's FSDP::all_gather and FSDP::all_gather_copy_out labels apart (start_ns, end_ns, unit, by start)
+    fsdp2_gathers: pd.DataFrame = field(default_factory=lambda: _no_rows())
+    copy_outs: pd.DataFrame = field(default_factory=lambda: _no_rows())
 
     @property
     def optimizer_class(self) -> str:
@@ -202,6 +205,8 @@ def sites(labels: pd.DataFrame, windows: pd.DataFrame, events: pd.DataFrame) -> 
         forward=_intervals(forward["start_ns"].to_numpy(np.int64), forward["end_ns"].to_numpy(np.int64))
         if len(forward) else empty_intervals(),
         gather_labels=named(rules.gather(labels) | params).reset_index(drop=True),
+        fsdp2_gathers=named(rules.fsdp2_gather(labels)).reset_index(drop=True),
+        copy_outs=named(rules.copy_out(labels)).reset_index(drop=True),
         post_labels=named(post & (labels["unit"].astype(str) != "").to_numpy()).reset_index(drop=True),
         optimizer_classes=classes, fsdp1_post=_named_by_reduction(*fsdp1_post, reductions),
         backward=_named_rows(backward["start_ns"].to_numpy(np.int64), backward["end_ns"].to_numpy(np.int64),

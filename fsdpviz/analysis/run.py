@@ -357,7 +357,7 @@ def analyse_ranks(traces: TraceSet, ranks: Sequence[int], selection: StepSelecti
             where = mcat.sites(by_rank["labels"](rank), rank_windows, rank_events)
             if devices[rank] == memory.CPU_DEVICE:  # the CPU profiler's own level never saw these frees
                 lost = unseen.unseen_frees(rank, samples, by_rank["all_collectives"](rank), rank_events,
-                                           where.gather_buffer)
+                                           where.gather_buffer, where.fsdp2_gathers, where.copy_outs)
                 samples = unseen.settle(samples, lost)
                 lost_parts.append(lost)
             cats = mcat.categorise(samples, where)

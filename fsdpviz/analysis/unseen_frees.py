@@ -16,13 +16,22 @@ The trace still says when each block died:
   ``c10d::*`` op: gloo's copy of the input) or as its buffer (inside FSDP2's ``FSDP::all_gather``)
   and freed unseen was freed by the gloo thread that ran the collective, when it finished: at the
   end of that collective (the one whose issuing op holds the allocation, else the first issued
-  after it on the rank; :mod:`fsdpviz.structure.collectives` pairs issue and run);
+  after it on the rank; :mod:`fsdpviz.structure.collectives` pairs issue and run). An all-gather's
+  output also lives until FSDP2 has copied the parameters out of it: not before the end of the
+  unit's next ``FSDP::all_gather_copy_out`` (a recording under load shows gloo's thread drop its
+  reference first, and the copy-out then read the block the level had already let go);
 - **the reuse of its address**: the allocator hands an address out again only once it is free, so
   an allocation at an address whose last event was an allocation means the block there had died
   (certain, and the latest it can have died).
 
 A block never freed, never reused and made for no collective stays: the trace cannot tell it from
 memory that lives on (the last step's gradients, the optimizer's state).
+
+Each time is the earliest the block can have died, not when it did: a gather's output whose last
+reference gloo's thread drops dies whenever that thread gets to it, which on a loaded machine can be
+milliseconds after FSDP let it go (a recording measured torch's ``FSDPMemTracker`` peak one such block,
+1,053,696 B, above the settled level's, 4,096 B above its peak). So a settled peak can read short of
+the run's by at most the blocks freed unseen in its step (``memory.not_seen_freed`` counts them).
 
 :func:`unseen_frees` finds the blocks of one rank and :func:`settle` puts a free event at each
 death and takes the block out of the level from then on. Only CPU levels are settled: a GPU
@@ -65,10 +74,13 @@ def issue_ends(collectives: pd.DataFrame, events: pd.DataFrame) -> np.ndarray:
 
 
 def unseen_frees(rank: int, samples: pd.DataFrame, collectives: pd.DataFrame, events: pd.DataFrame,
-                 gather_buffers: Intervals) -> pd.DataFrame:
+                 gather_buffers: Intervals, gathers: pd.DataFrame | None = None,
+                 copy_outs: pd.DataFrame | None = None) -> pd.DataFrame:
     """UNSEEN_FREES of one rank (see the module docstring): ``samples`` its device samples by time
     (schema.MEMORY), ``collectives`` its COLLECTIVES (issue point and completion), ``events`` its
-    events (the issuing ops' ends), ``gather_buffers`` FSDP2's ``FSDP::all_gather`` ranges."""
+    events (the issuing ops' ends), ``gather_buffers`` FSDP2's ``FSDP::all_gather`` ranges, and
+    ``gathers`` / ``copy_outs`` the same labels and FSDP2's ``FSDP::all_gather_copy_out`` ones with
+    their units (start_ns, end_ns, unit; by start), for when FSDP let each gather's output go."""
     t = samples["t_ns"].to_numpy(np.int64)
     delta = samples["delta_bytes"].to_numpy(np.int64)
     addr = samples["addr"].to_numpy(np.int64)
@@ -84,7 +96,10 @@ def unseen_frees(rank: int, samples: pd.DataFrame, collectives: pd.DataFrame, ev
     following[idx[:-1][same]] = idx[1:][same]
     nxt = following[lost]
     reused = np.where((nxt >= 0) & (delta[np.clip(nxt, 0, None)] > 0), t[np.clip(nxt, 0, None)], _NEVER)
-    done = _collective_end(t[lost], collectives, events, covers(gather_buffers, t[lost]))
+    in_gather = covers(gather_buffers, t[lost])
+    done = _collective_end(t[lost], collectives, events, in_gather)
+    if gathers is not None and copy_outs is not None:  # not before FSDP's copy-out read the output
+        done = np.where(done < _NEVER, np.maximum(done, released(t[lost], in_gather, gathers, copy_outs)), done)
     free_ns = np.minimum(done, reused)
     keep = free_ns < _NEVER
     return schema.conform(pd.DataFrame({
@@ -116,6 +131,30 @@ def _collective_end(made: np.ndarray, collectives: pd.DataFrame, events: pd.Data
     first = np.searchsorted(issue, made, side="left")  # the first issued at or after it
     before_op = ~inside & in_gather_buffer & (first < len(issue))
     out[before_op] = end[first[before_op]]
+    return out
+
+
+def released(made: np.ndarray, in_gather: np.ndarray, gathers: pd.DataFrame, copy_outs: pd.DataFrame) -> np.ndarray:
+    """Per allocation time in ``made``: where it was made inside one of ``gathers`` (``in_gather``), the
+    end of the first copy-out of that gather's unit that starts after it (FSDP2 reads the all-gather
+    output there, then lets it go); -1 elsewhere or where the trace holds no such copy-out."""
+    out = np.full(len(made), -1, dtype=np.int64)
+    if gathers.empty or copy_outs.empty or not in_gather.any():
+        return out
+    g_start, g_end = gathers["start_ns"].to_numpy(np.int64), gathers["end_ns"].to_numpy(np.int64)
+    g_unit = gathers["unit"].astype(str).to_numpy()
+    by_unit = {str(u): rows for u, rows in copy_outs.groupby(copy_outs["unit"].astype(str), sort=False)}
+    for i in np.flatnonzero(in_gather):
+        k = int(np.searchsorted(g_start, made[i], side="right")) - 1  # the gather label that holds it
+        if k < 0 or g_end[k] < made[i]:
+            continue
+        rows = by_unit.get(g_unit[k])
+        if rows is None:
+            continue
+        starts = rows["start_ns"].to_numpy(np.int64)
+        j = int(np.searchsorted(starts, made[i], side="left"))
+        if j < len(starts):
+            out[i] = int(rows["end_ns"].to_numpy(np.int64)[j])
     return out
 
 
