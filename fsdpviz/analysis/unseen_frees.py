@@ -96,10 +96,9 @@ def unseen_frees(rank: int, samples: pd.DataFrame, collectives: pd.DataFrame, ev
     following[idx[:-1][same]] = idx[1:][same]
     nxt = following[lost]
     reused = np.where((nxt >= 0) & (delta[np.clip(nxt, 0, None)] > 0), t[np.clip(nxt, 0, None)], _NEVER)
-    in_gather = covers(gather_buffers, t[lost])
-    done = _collective_end(t[lost], collectives, events, in_gather)
-    if gathers is not None and copy_outs is not None:  # not before FSDP's copy-out read the output
-        done = np.where(done < _NEVER, np.maximum(done, released(t[lost], in_gather, gathers, copy_outs)), done)
+    done, output = _collective_end(t[lost], collectives, events, covers(gather_buffers, t[lost]))
+    if gathers is not None and copy_outs is not None:  # an output: not before FSDP's copy-out read it
+        done = np.where(done < _NEVER, np.maximum(done, released(t[lost], output, gathers, copy_outs)), done)
     free_ns = np.minimum(done, reused)
     keep = free_ns < _NEVER
     return schema.conform(pd.DataFrame({
@@ -110,13 +109,15 @@ def unseen_frees(rank: int, samples: pd.DataFrame, collectives: pd.DataFrame, ev
 
 
 def _collective_end(made: np.ndarray, collectives: pd.DataFrame, events: pd.DataFrame,
-                    in_gather_buffer: np.ndarray) -> np.ndarray:
+                    in_gather_buffer: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per allocation time in ``made``: the end of the collective it was made for -- the one whose
-    issuing op holds it, else (made inside FSDP2's gather label, before the op) the first issued
-    after it -- or _NEVER where it was made for none."""
+    issuing op holds it, else (made inside FSDP2's gather label, before the op: the all-gather's
+    output) the first issued after it -- or _NEVER where it was made for none; and which are such
+    outputs."""
     out = np.full(len(made), _NEVER, dtype=np.int64)
+    output = np.zeros(len(made), dtype=bool)
     if collectives.empty:
-        return out
+        return out, output
     order = np.argsort(collectives["issue_ns"].to_numpy(np.int64), kind="stable")
     issue = collectives["issue_ns"].to_numpy(np.int64)[order]
     issue_end = issue_ends(collectives, events)[order]
@@ -124,37 +125,39 @@ def _collective_end(made: np.ndarray, collectives: pd.DataFrame, events: pd.Data
     known = issue >= 0
     issue, issue_end, end = issue[known], issue_end[known], end[known]
     if not len(issue):
-        return out
+        return out, output
     last = np.searchsorted(issue, made, side="right") - 1  # the latest issued at or before it
     inside = (last >= 0) & (made <= issue_end[np.clip(last, 0, None)])
     out[inside] = end[last[inside]]
     first = np.searchsorted(issue, made, side="left")  # the first issued at or after it
     before_op = ~inside & in_gather_buffer & (first < len(issue))
     out[before_op] = end[first[before_op]]
-    return out
+    return out, before_op
 
 
-def released(made: np.ndarray, in_gather: np.ndarray, gathers: pd.DataFrame, copy_outs: pd.DataFrame) -> np.ndarray:
-    """Per allocation time in ``made``: where it was made inside one of ``gathers`` (``in_gather``), the
-    end of the first copy-out of that gather's unit that starts after it (FSDP2 reads the all-gather
-    output there, then lets it go); -1 elsewhere or where the trace holds no such copy-out."""
+def released(made: np.ndarray, output: np.ndarray, gathers: pd.DataFrame, copy_outs: pd.DataFrame) -> np.ndarray:
+    """Per allocation time in ``made``: where it is an all-gather's output (``output``, made inside one of
+    ``gathers``), the end of its unit's copy-out that follows it, before that unit's next gather (FSDP2
+    reads the output there, then lets it go); -1 elsewhere or where the trace holds no such copy-out."""
     out = np.full(len(made), -1, dtype=np.int64)
-    if gathers.empty or copy_outs.empty or not in_gather.any():
+    if gathers.empty or copy_outs.empty or not output.any():
         return out
     g_start, g_end = gathers["start_ns"].to_numpy(np.int64), gathers["end_ns"].to_numpy(np.int64)
     g_unit = gathers["unit"].astype(str).to_numpy()
-    by_unit = {str(u): rows for u, rows in copy_outs.groupby(copy_outs["unit"].astype(str), sort=False)}
-    for i in np.flatnonzero(in_gather):
+    copies = {str(u): (rows["start_ns"].to_numpy(np.int64), rows["end_ns"].to_numpy(np.int64))
+              for u, rows in copy_outs.groupby(copy_outs["unit"].astype(str), sort=False)}
+    regathers = {str(u): rows["start_ns"].to_numpy(np.int64)
+                 for u, rows in gathers.groupby(gathers["unit"].astype(str), sort=False)}
+    for i in np.flatnonzero(output):
         k = int(np.searchsorted(g_start, made[i], side="right")) - 1  # the gather label that holds it
-        if k < 0 or g_end[k] < made[i]:
+        if k < 0 or g_end[k] < made[i] or g_unit[k] not in copies:
             continue
-        rows = by_unit.get(g_unit[k])
-        if rows is None:
-            continue
-        starts = rows["start_ns"].to_numpy(np.int64)
+        starts, ends = copies[g_unit[k]]
         j = int(np.searchsorted(starts, made[i], side="left"))
-        if j < len(starts):
-            out[i] = int(rows["end_ns"].to_numpy(np.int64)[j])
+        again = regathers[g_unit[k]]
+        later = again[again > g_start[k]]
+        if j < len(starts) and (not len(later) or starts[j] < later.min()):
+            out[i] = int(ends[j])
     return out
 
 

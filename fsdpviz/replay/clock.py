@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from fsdpviz.analysis.summary import ClockSummary
-from fsdpviz.vocabulary import BACKWARD
 
 if TYPE_CHECKING:
     from fsdpviz.analysis.pipeline import RunResult
@@ -38,9 +37,6 @@ RELIABLE_REPLAY_PCT: Final = 10.0
 # pairs and no resharding within 0.051 of bare: docs/whatif.md, "Out of sample"); past it, nothing
 # measured says that the replay's ratios still hold.
 PHASE_LIMIT_PCT: Final = 25.0
-# said where the check lacks the backward (the shared H100 FSDP2 recordings)
-NO_BACKWARD_TIMER: Final = ("the backward is not checked: its recorder timed none, so its share is the rest of the clean "
-                            "step the replay is put on")
 
 
 @dataclass(slots=True)
@@ -131,7 +127,7 @@ def phase_words(replayed: Replayed) -> str:
     if check is None:
         return f"its phases are not checked out of sample ({replayed.phases_why})"
     parts = ", ".join(f"{phase} {miss:+.1f} %" for phase, miss in check.miss_pct.items())
-    unchecked = "" if BACKWARD in check.miss_pct else f"; {NO_BACKWARD_TIMER}"
+    unchecked = f"; {check.unchecked}" if check.unchecked else ""
     return (f"out of sample, the profiler's share it took out of each phase misses the timers' by up to "
             f"{check.error_pct:.1f} % of the step ({parts}; {check.steps} unprofiled step(s) timed their phases"
             f"{unchecked})")

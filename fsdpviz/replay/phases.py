@@ -21,8 +21,9 @@ differ: the three misses need not add up to zero. The miss is in % of the rank's
 the run's is the median over ranks, and its error the largest phase's. Nothing in the replay was
 fitted to a phase. Steps of several micro-batches are not checked (their forwards and backwards
 interleave). A recorder older than the backward's timer timed the forward and the optimizer alone (the
-shared H100 FSDP2 recordings): those two are checked, and the backward, the step's rest, is held only
-by the clean step the replay is put on.
+shared H100 FSDP2 recordings): those two are checked, and the backward with the time between phases
+misses by their misses negated, plus the replay's own miss of the clean steps (``replay_error_pct``),
+which no phase isolates.
 
 On the bundled FSDP2 sample one factor per rank takes 7.7 % of the step more out of the backward than
 the timers saw leave it; on the H200 recording of model B with memory recorded, the per-event cost
@@ -54,6 +55,12 @@ NOT_TIMED: Final = ("no clean step timed its phases: a GPU run's clean steps tim
                     "its unit-timed steps also pay for the unit timers, which the clean steps do not")
 NOT_REPLAYED: Final = ("no rank that timed its phases is replayed without the profiler: a rank without a clean "
                        "step of its own is replayed as traced")
+# Where the backward is not checked (PhaseCheck.unchecked): the clean step the replay is put on holds it
+# with the time between phases, less the other two phases' misses, give or take the replay's own miss
+_REST: Final = ("it and the time between phases miss together by the other two's misses negated, plus the replay's "
+                "own miss of the clean steps")
+NO_BACKWARD_TIMER: Final = f"the backward is not checked: its recorder timed none; {_REST}"
+NOT_EVERY_BACKWARD: Final = f"the backward is not checked: not every rank checked timed it; {_REST}"
 MICRO_BATCHES: Final = ("its steps run several micro-batches (gradient accumulation), whose forwards and backwards "
                         "interleave")
 
@@ -68,6 +75,8 @@ class PhaseCheck:
     forward and the optimizer alone (the shared H100 FSDP2 recordings)."""
     steps: int
     """The fewest unprofiled steps that timed their phases, over the ranks checked."""
+    unchecked: str = ""
+    """Which of :data:`STEP_PHASES` is not checked, and why ("" where none)."""
 
     @property
     def error_pct(self) -> float:
@@ -121,4 +130,8 @@ def phase_check(steps: Sequence[StepProgram], traced: Sequence[SimResult], net: 
             100.0 * ((before[r][phase] - after[r][phase])
                      - (timed[r].profiled[phase] - timed[r].unprofiled[phase])) / timed[r].unprofiled[STEP_TIMER_PHASE]
             for r in checked)), 2)
-    return PhaseCheck(miss_pct=miss, steps=min(timed[r].steps for r in checked)), ""
+    unchecked = ""
+    if BACKWARD not in miss:
+        some = any(BACKWARD in timed[r].unprofiled for r in checked)
+        unchecked = NOT_EVERY_BACKWARD if some else NO_BACKWARD_TIMER
+    return PhaseCheck(miss_pct=miss, steps=min(timed[r].steps for r in checked), unchecked=unchecked), ""

@@ -63,13 +63,13 @@ ZERO3_CPU_PREFETCH_REASON = ("on a CPU rank the replay holds each of DeepSpeed's
                              "earlier issue would hide is not modelled")
 NO_COMM_PREFETCH_REASON = ("the recording's collectives took no time (a fake process group, or nothing to gather), so "
                            "issuing an all-gather earlier or later hides or exposes no communication")
-# gloo on CUDA tensors (replay/recorded.py ``serial_collectives``): the step stays, the exposed part may move
+# gloo on CUDA tensors (replay/recorded.py ``serial_collectives``): the step stays (the exposed part may still
+# move in the replay, which the split's own note says where its parts then overrun the step)
 SERIAL_PREFETCH_REASON = ("the rank's collectives ran on a host backend (gloo on CUDA tensors), one at a time in the "
                           "order issued, each all-gather holding the training thread while it runs (the replay queues "
                           "them so), so issuing a gather earlier leaves the chain of collectives, and the step, as long")
 PREFETCH_SAME = "this prefetch predicts the recorded step and exposed communication"
-PREFETCH_SAME_STEP = ("this prefetch predicts the recorded step; its exposed communication moves only with where the "
-                      "device's compute falls beside the same collectives")
+PREFETCH_SAME_STEP = "this prefetch predicts the recorded step"
 DEPTHS_ALIKE = "prefetch depths predict the same step and exposed communication here"
 DEPTHS_ALIKE_STEP = "prefetch depths predict the same step here"
 CPU_PREFETCH_NOTE = f"{CPU_PREFETCH_REASON}: {PREFETCH_SAME}"

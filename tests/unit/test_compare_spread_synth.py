@@ -181,22 +181,38 @@ def test_a_third_run_within_the_spread_is_said_so_not_called_noise(tmp_path: Pat
 
 
 def test_two_runs_without_a_spread_are_not_ranked(tmp_path: Path) -> None:
-    """Two runs of one analysed step each, the second loading 5 ms longer in it by construction: a
-    clear difference on the page, but neither run has a step-to-step spread to hold it to, so, as
-    whatif advises nothing where no spread is known, compare stars neither and names no winner."""
+    """Two runs of one analysed step each, the second loading 5 ms longer in it and gathering with no
+    overlap by construction: clear differences on the page, but neither run has a step-to-step spread
+    to hold them to, so, as whatif advises nothing where no spread is known, compare stars neither and
+    names no winner of the step or of the exposed communication."""
     runs = {}
-    for name, extra in (("one", {}), ("slower", {3: 5_000_000})):
+    for name, extra, alone in (("one", {}, False), ("slower", {3: 5_000_000}, True)):
         sc = Scenario(units=make_units(2, numel=1_000_000), root=make_root(), steps=(3,), step_data_ns=extra,
-                      gradients_per_kernel=False)
+                      gradients_per_kernel=False, no_overlap=alone)
         runs[name] = generate_run(sc, tmp_path / name, run_folder=True)
     comparison = _compare(runs, ["one", "slower"])
     assert comparison.spread["step_time_ms"] == [None, None]
     steps = [_truth_steps_ms(runs[n], [3]).iloc[0] for n in ("one", "slower")]
-    assert steps[1] - steps[0] == pytest.approx(5.0, abs=0.1)  # the simulation's own steps
+    assert steps[1] - steps[0] > 5.0  # the simulation's own steps
     values = comparison.values["step_time_ms"]
-    assert values[1] - values[0] == pytest.approx(5.0, abs=0.2)
+    assert values[1] - values[0] == pytest.approx(steps[1] - steps[0], abs=0.2)
+    exposed = comparison.values["overlap.exposed_comm_ms"]
+    assert exposed[1] > exposed[0] + 0.1 and comparison.best["overlap.exposed_comm_ms"] == []
     assert comparison.best["step_time_ms"] == []
     assert "neither run's step-to-step spread is known" in comparison.best_withheld["step_time_ms"]
     finding = next(f for f in comparison.findings if f.kind == "step_time")
     assert finding.better is None and "cannot be ranked" in finding.message
+    assert FEW_STEPS.format(what="unprofiled timed or analysed") in finding.message \
+        or FEW_STEPS.format(what="analysed") in finding.message
+    exposed = next(f for f in comparison.findings if f.kind == "exposed_comm")
+    assert exposed.better is None and "cannot be ranked" in exposed.message
     assert not any(f.kind == "tradeoff" for f in comparison.findings)
+    # a third run of three steps, 8 ms slower in each: the fastest is held to its spread, and the other
+    # one-step run, beside the fastest, is said to be not ranked (neither has a spread)
+    sc = Scenario(units=make_units(2, numel=1_000_000), root=make_root(), steps=STEPS,
+                  step_data_ns=dict.fromkeys(STEPS, 8_000_000), gradients_per_kernel=False)
+    runs["slowest"] = generate_run(sc, tmp_path / "slowest", run_folder=True)
+    three = _compare(runs, ["one", "slower", "slowest"])
+    step = next(f for f in three.findings if f.kind == "step_time")
+    assert step.better == "one" and "slower takes" in step.message, step.message
+    assert "no step-to-step spread known for either, so not ranked" in step.message

@@ -300,3 +300,22 @@ def test_a_recording_whose_timers_time_no_backward_is_checked_on_the_phases_they
     assert after["phase_miss_pct"]["forward"] - before["phase_miss_pct"]["forward"] == pytest.approx(-expected, abs=0.02)
     assert after["phase_miss_pct"]["optimizer"] - before["phase_miss_pct"]["optimizer"] == pytest.approx(
         expected, abs=0.02)
+
+
+def test_a_backward_timed_on_some_ranks_only_is_not_checked_and_said_so(tmp_path: Path) -> None:
+    """The FSDP2 sample with rank 1's backward records taken out of its timers: the check is made on the
+    phases both ranks timed, each the median over both ranks as before, and the note says the backward
+    is not checked because not every rank timed it (not that the recorder timed none)."""
+    from fsdpviz.replay.phases import NOT_EVERY_BACKWARD
+
+    original, cut = tmp_path / "original", tmp_path / "cut"
+    for folder in (original, cut):
+        shutil.copytree(SAMPLES / "fsdp2-cpu-2rank", folder, ignore=shutil.ignore_patterns(".fsdpviz-cache"))
+    path = cut / "timers" / "rank1.jsonl"
+    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["phase"] != "backward"]
+    path.write_text("\n".join(kept) + "\n")
+    before, _ = _clock(original)
+    after, _ = _clock(cut)
+    assert set(after["phase_miss_pct"]) == {"forward", "optimizer"}
+    assert after["phase_miss_pct"] == {p: before["phase_miss_pct"][p] for p in ("forward", "optimizer")}
+    assert NOT_EVERY_BACKWARD in after["note"] and "its recorder timed none" not in after["note"]

@@ -212,8 +212,8 @@ def test_gloos_collectives_on_cuda_queue_behind_one_another_in_the_replay(gpu_fs
     assert all(c.prediction is not None and c.prediction.parts_over_pct is None
                for c in [*explored.ranked, *explored.within_spread])
     # a prefetch whose gathers only queue earlier on that one queue predicts the recorded step, and says
-    # why where its exposed communication moves all the same; prefetch none, which issues each gather
-    # after the compute before it, leaves gaps in the chain and moves the step
+    # why; prefetch none, which issues each gather after the compute before it, leaves gaps in the chain
+    # and moves the step
     from fsdpviz.whatif.predict import SERIAL_PREFETCH_NOTE, SERIAL_PREFETCH_REASON
 
     rows = {c.settings.describe(): c.prediction for c in [*explored.ranked, *explored.within_spread]
@@ -221,7 +221,6 @@ def test_gloos_collectives_on_cuda_queue_behind_one_another_in_the_replay(gpu_fs
     for name in ("prefetch 1", "prefetch 2"):
         p = rows[name]
         assert p.predicted.step_time_ms == pytest.approx(p.baseline.step_time_ms, abs=0.0005), name
-        assert abs(p.predicted.exposed_comm_ms - p.baseline.exposed_comm_ms) > 1.0, name  # moved, ms
         assert SERIAL_PREFETCH_NOTE in p.notes, name
     assert rows["prefetch none"].predicted.step_time_ms > rows["prefetch none"].baseline.step_time_ms + 1.0
     assert SERIAL_PREFETCH_NOTE not in rows["prefetch none"].notes

@@ -106,12 +106,15 @@ def beyond_spread(c: Comparison, key: str, i: int, j: int) -> bool:
 
 def unranked(c: Comparison, key: str, i: int, j: int, what: str) -> str:
     """Where neither run ``i`` nor ``j`` has a step-to-step spread of headline ``key``: a finding's
-    message saying that their ``what`` cannot be ranked (whatif advises nothing there either); else ""."""
-    if _spreads(c, key, i, j):
+    message saying that their ``what`` cannot be ranked, and why each has none (whatif advises nothing
+    there either); else ""."""
+    if i == j or _spreads(c, key, i, j):  # i == j: every run's value alike, nothing to rank
         return ""
-    return (f"{what} cannot be ranked: neither {c.labels[i]} nor {c.labels[j]} has two steps to measure its "
-            f"step-to-step spread by, so whether they differ cannot be said (record more steps: fsdpviz record "
-            f"--steps 6).")
+    from fsdpviz.analysis.compare.spread import headline_spread_why  # spread reads this module's MEMORY_NOISE
+
+    why = "; ".join(f"{c.labels[k]}: {headline_spread_why(c.runs[k], key)}" for k in (i, j))
+    return (f"{what} cannot be ranked: neither {c.labels[i]} nor {c.labels[j]} has a step-to-step spread to hold "
+            f"their difference to ({why}); record more steps (fsdpviz record --steps 6).")
 
 
 def _spreads(c: Comparison, key: str, i: int, j: int) -> list[float]:
