@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fsdpviz.analysis.compare.findings import MEMORY_NOISE
 from fsdpviz.analysis.compare.runs import compare_runs, comparison_json
+from fsdpviz.analysis.compare.spread import MEMORY_NOISE
 from fsdpviz.report.compare.build import load_runs
 
 SAMPLES = Path(__file__).parents[2] / "sample_traces"

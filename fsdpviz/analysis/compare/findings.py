@@ -34,6 +34,7 @@ import numpy as np
 from fsdpviz import vocabulary
 from fsdpviz.analysis.bound import clock_scale
 from fsdpviz.analysis.compare.model import unit_index
+from fsdpviz.analysis.compare.spread import MEMORY_NOISE, headline_spread_why
 from fsdpviz.analysis.compare.units import all_known, group_values
 from fsdpviz.formatting import NS_PER_MS, bytes_text, ms_text
 from fsdpviz.structure.records import Finding
@@ -44,7 +45,6 @@ if TYPE_CHECKING:
     from fsdpviz.analysis.pipeline import LabelledRun
 
 TIME_NOISE: Final = 0.05
-MEMORY_NOISE: Final = 0.02
 MIN_TIME_MS: Final = 0.02
 MIN_STEPS: Final = 3  # analysed steps per run below which a named winner gets a caveat
 MODEL_SHARE: Final = 0.5  # the memory model must explain at least this share of a peak difference
@@ -110,8 +110,6 @@ def unranked(c: Comparison, key: str, i: int, j: int, what: str) -> str:
     there either); else ""."""
     if i == j or _spreads(c, key, i, j):  # i == j: every run's value alike, nothing to rank
         return ""
-    from fsdpviz.analysis.compare.spread import headline_spread_why  # spread reads this module's MEMORY_NOISE
-
     why = "; ".join(f"{c.labels[k]}: {headline_spread_why(c.runs[k], key)}" for k in (i, j))
     return (f"{what} cannot be ranked: neither {c.labels[i]} nor {c.labels[j]} has a step-to-step spread to hold "
             f"their difference to ({why}); record more steps (fsdpviz record --steps 6).")

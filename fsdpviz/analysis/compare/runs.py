@@ -17,11 +17,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
-from fsdpviz.analysis.compare.findings import MEMORY_NOISE, build_findings
+from fsdpviz.analysis.compare.findings import build_findings
 from fsdpviz.analysis.compare.memory import drift_bytes, step_levels, step_rise_bytes
 from fsdpviz.analysis.compare.model import HEADLINE_FIELDS, LOWER, Comparison, unit_index
 from fsdpviz.analysis.compare.spread import (
     MEASURED,
+    MEMORY_NOISE,
     STEP_SHARES,
     clear_best,
     group_spread_ms,

@@ -34,13 +34,14 @@ from typing import TYPE_CHECKING, Final
 import pandas as pd
 
 from fsdpviz.analysis.bound import clock_scale
-from fsdpviz.analysis.compare.findings import MEMORY_NOISE
 from fsdpviz.formatting import NS_PER_MS
 
 if TYPE_CHECKING:
     from fsdpviz.analysis.compare.units import UnitGroup
     from fsdpviz.analysis.pipeline import LabelledRun
 
+# Bytes closer than this share of the larger are the same memory (compare's memory finding and stars).
+MEMORY_NOISE: Final = 0.02
 # The fewest steps whose range is a spread at all (one step has none).
 MIN_SPREAD_STEPS: Final = 2
 # The fewest clean steps whose range stands as the step time's spread on its own: two steps' range is
