@@ -18,8 +18,8 @@ The trace still says when each block died:
   end of that collective (the one whose issuing op holds the allocation, else the first issued
   after it on the rank; :mod:`fsdpviz.structure.collectives` pairs issue and run). An all-gather's
   output also lives until FSDP2 has copied the parameters out of it: not before the end of the
-  unit's next ``FSDP::all_gather_copy_out`` (a recording under load shows gloo's thread drop its
-  reference first, and the copy-out then read the block the level had already let go);
+  unit's next ``FSDP::all_gather_copy_out`` (on a recording, gloo's thread dropped its reference
+  first, and the copy-out then read a block the level had already let go);
 - **the reuse of its address**: the allocator hands an address out again only once it is free, so
   an allocation at an address whose last event was an allocation means the block there had died
   (certain, and the latest it can have died).
