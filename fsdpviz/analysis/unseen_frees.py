@@ -18,8 +18,8 @@ The trace still says when each block died:
   end of that collective (the one whose issuing op holds the allocation, else the first issued
   after it on the rank; :mod:`fsdpviz.structure.collectives` pairs issue and run). An all-gather's
   output also lives until FSDP2 has copied the parameters out of it: not before the end of the
-  unit's next ``FSDP::all_gather_copy_out`` (on a recording, gloo's thread dropped its reference
-  first, and the copy-out then read a block the level had already let go);
+  unit's next ``FSDP::all_gather_copy_out`` (on a recording, the level had let one go at its
+  collective's end while the copy-out still read it);
 - **the reuse of its address**: the allocator hands an address out again only once it is free, so
   an allocation at an address whose last event was an allocation means the block there had died
   (certain, and the latest it can have died).
@@ -28,9 +28,10 @@ A block never freed, never reused and made for no collective stays: the trace ca
 memory that lives on (the last step's gradients, the optimizer's state).
 
 Each time is the earliest the block can have died, not when it did: a gather's output whose last
-reference gloo's thread drops dies whenever that thread gets to it, which on a loaded machine can be
-milliseconds after FSDP let it go (a recording measured torch's ``FSDPMemTracker`` peak one such block,
-1,053,696 B, above the settled level's, 4,096 B above its peak). So a settled peak can read short of
+reference gloo's thread drops dies whenever that thread gets to it, which can be milliseconds after
+FSDP let it go (once in three recordings made beside other jobs, torch's ``FSDPMemTracker`` counted one
+such block, 1,053,696 B, at a sample where the settled level had it dead, and its peak was 4,096 B
+higher). So a settled peak can read short of
 the run's by at most the blocks freed unseen in its step (``memory.not_seen_freed`` counts them).
 
 :func:`unseen_frees` finds the blocks of one rank and :func:`settle` puts a free event at each
@@ -149,8 +150,10 @@ def released(made: np.ndarray, output: np.ndarray, gathers: pd.DataFrame, copy_o
     regathers = {str(u): rows["start_ns"].to_numpy(np.int64)
                  for u, rows in gathers.groupby(gathers["unit"].astype(str), sort=False)}
     for i in np.flatnonzero(output):
-        k = int(np.searchsorted(g_start, made[i], side="right")) - 1  # the gather label that holds it
-        if k < 0 or g_end[k] < made[i] or g_unit[k] not in copies:
+        k = int(np.searchsorted(g_start, made[i], side="right")) - 1  # the latest opened before it...
+        while k >= 0 and g_end[k] < made[i]:  # ...that still holds it
+            k -= 1
+        if k < 0 or g_unit[k] not in copies:
             continue
         starts, ends = copies[g_unit[k]]
         j = int(np.searchsorted(starts, made[i], side="left"))

@@ -22,8 +22,8 @@ the run's is the median over ranks, and its error the largest phase's. Nothing i
 fitted to a phase. Steps of several micro-batches are not checked (their forwards and backwards
 interleave). A recorder older than the backward's timer timed the forward and the optimizer alone (the
 shared H100 FSDP2 recordings): those two are checked, and the backward with the time between phases
-misses by their misses negated, plus the replay's own miss of the clean steps (``replay_error_pct``),
-which no phase isolates.
+misses by their misses negated, give or take both replays' misses of their steps (the traced replay's
+of the profiled steps, the clean one's of the clean steps), which no phase isolates.
 
 On the bundled FSDP2 sample one factor per rank takes 7.7 % of the step more out of the backward than
 the timers saw leave it; on the H200 recording of model B with memory recorded, the per-event cost
@@ -55,10 +55,10 @@ NOT_TIMED: Final = ("no clean step timed its phases: a GPU run's clean steps tim
                     "its unit-timed steps also pay for the unit timers, which the clean steps do not")
 NOT_REPLAYED: Final = ("no rank that timed its phases is replayed without the profiler: a rank without a clean "
                        "step of its own is replayed as traced")
-# Where the backward is not checked (PhaseCheck.unchecked): the clean step the replay is put on holds it
-# with the time between phases, less the other two phases' misses, give or take the replay's own miss
-_REST: Final = ("it and the time between phases miss together by the other two's misses negated, plus the replay's "
-                "own miss of the clean steps")
+# Where the backward is not checked (PhaseCheck.unchecked): with the time between phases it misses by the
+# other two phases' misses negated, give or take both replays' misses of their steps (traced and clean)
+_REST: Final = ("it and the time between phases miss together by the other two's misses negated, give or take both "
+                "replays' misses of their steps")
 NO_BACKWARD_TIMER: Final = f"the backward is not checked: its recorder timed none; {_REST}"
 NOT_EVERY_BACKWARD: Final = f"the backward is not checked: not every rank checked timed it; {_REST}"
 MICRO_BATCHES: Final = ("its steps run several micro-batches (gradient accumulation), whose forwards and backwards "

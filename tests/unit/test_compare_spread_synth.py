@@ -207,6 +207,16 @@ def test_two_runs_without_a_spread_are_not_ranked(tmp_path: Path) -> None:
     exposed = next(f for f in comparison.findings if f.kind == "exposed_comm")
     assert exposed.better is None and "cannot be ranked" in exposed.message
     assert not any(f.kind == "tradeoff" for f in comparison.findings)
+    # two one-step runs alike by construction: every value is the same, nothing to rank, and the findings
+    # say the runs are within noise of each other, not that they cannot be ranked
+    sc = Scenario(units=make_units(2, numel=1_000_000), root=make_root(), steps=(3,), step_data_ns={},
+                  gradients_per_kernel=False)
+    runs["again"] = generate_run(sc, tmp_path / "again", run_folder=True)
+    alike = _compare(runs, ["one", "again"])
+    assert alike.values["step_time_ms"][0] == alike.values["step_time_ms"][1]
+    for kind in ("step_time", "exposed_comm"):
+        said = next(f for f in alike.findings if f.kind == kind)
+        assert said.better is None and "within noise" in said.message and "cannot be ranked" not in said.message
     # a third run of three steps, 8 ms slower in each: the fastest is held to its spread, and the other
     # one-step run, beside the fastest, is said to be not ranked (neither has a spread)
     sc = Scenario(units=make_units(2, numel=1_000_000), root=make_root(), steps=STEPS,

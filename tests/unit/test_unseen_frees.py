@@ -91,3 +91,34 @@ def test_settled_samples_pair_every_block() -> None:
     again = unseen_frees(0, settled, collectives(), issuing_ops(),
                          union_intervals(np.array([180], np.int64), np.array([260], np.int64)))
     assert again.empty
+
+
+def _labels(rows: list[tuple[int, int, str]]) -> pd.DataFrame:
+    return pd.DataFrame({"start_ns": np.array([r[0] for r in rows], np.int64),
+                         "end_ns": np.array([r[1] for r in rows], np.int64),
+                         "unit": np.array([r[2] for r in rows], dtype=object)})
+
+
+def _free_times(gathers: list[tuple[int, int, str]], copy_outs: list[tuple[int, int, str]]) -> dict[int, int]:
+    """Per address, when ``unseen_frees`` frees its block, with FSDP2's gather labels ``gathers`` (the
+    interval set too) and copy-out labels ``copy_outs`` (start, end, unit)."""
+    starts = np.array([g[0] for g in gathers], np.int64)
+    ends = np.array([g[1] for g in gathers], np.int64)
+    got = unseen_frees(0, profiler_samples(), collectives(), issuing_ops(), union_intervals(starts, ends),
+                       _labels(gathers), _labels(copy_outs))
+    return dict(zip(got["addr"].tolist(), got["free_ns"].tolist()))
+
+
+def test_an_all_gather_output_lives_until_its_copy_out_ends() -> None:
+    """D, the all-gather output made in unit u's gather label (180-260) before the collective's op, is
+    read by u's copy-out (520-560) after the collective completes (500): it dies no earlier than 560.
+    A, made inside collective 1's own op (90-110) though a gather label of unit v holds it too, is gloo's
+    copy, not an output: it still dies when its collective completes (300), whatever v's copy-out."""
+    gathers = [(80, 115, "v"), (180, 260, "u")]
+    assert _free_times(gathers, [(400, 450, "v"), (520, 560, "u")]) == {1: 300, 3: 560, 5: 900}
+    # the copy-out is looked for only before the unit's next gather: after u is gathered again (510),
+    # a copy-out reads that gather's output, not D
+    assert _free_times([*gathers, (510, 515, "u")], [(520, 560, "u")]) == {1: 300, 3: 500, 5: 900}
+    # no copy-out of u, or no labels at all: the collective's end, as before
+    assert _free_times(gathers, [(520, 560, "v")]) == {1: 300, 3: 500, 5: 900}
+    assert _free_times([(180, 260, "u")], []) == {1: 300, 3: 500, 5: 900}

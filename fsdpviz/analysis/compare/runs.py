@@ -350,9 +350,9 @@ def comparability_notes(runs: Sequence[LabelledRun], match: UnitMatch) -> list[s
         if status and status != "ok":
             notes.append(f"{r.label}: the recorded run ended with status {status!r}; its numbers may be partial.")
         if len(r.summary.steps) < 2:
-            notes.append(f"{r.label}: only {len(r.summary.steps)} step analysed, so no step-to-step spread: a "
-                         "difference from it is held to the other run's spread, and beside another such run "
-                         "not ranked.")
+            notes.append(f"{r.label}: only {len(r.summary.steps)} step analysed: a figure taken from its analysed "
+                         "steps has no step-to-step spread (spread_unknown says which), so a difference in it is held "
+                         "to the other run's spread, and beside another such run not ranked.")
     if all(d == "cpu" for d in devices):
         notes.append("All runs are CPU runs (gloo): the training thread waits out each collective FSDP issues, "
                      "a prefetched one too, so little or nothing of it overlaps compute, and steps run longer than "
