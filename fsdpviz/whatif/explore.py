@@ -49,10 +49,7 @@ from fsdpviz.replay.model import SUPPORTED, Model
 from fsdpviz.replay.settings import GIVEN, Settings, Wrap
 from fsdpviz.whatif.predict import (
     PARTS_OVER_PCT,
-    PREFETCH_DEPTHS_ALIKE,
-    PREFETCH_REASONS,
-    PREFETCH_ROWS_ALIKE,
-    PREFETCH_SAME_NOTES,
+    PREFETCH_ALIKE,
     RELIABLE_REPLAY_PCT,
     SPREAD_UNKNOWN_WHY,
     Outcome,
@@ -320,14 +317,13 @@ def explore(model: Model, budget_bytes: int | None = None) -> Exploration:
                          "prediction's warning says by how much); listed for reading only")
     prefetches = [(c.settings, c.prediction.notes) for c in candidates
                   if c.prediction is not None and c.settings.sources.get("prefetch") == GIVEN]
-    for same, reason, rows, depths in zip(PREFETCH_SAME_NOTES, PREFETCH_REASONS, PREFETCH_ROWS_ALIKE,
-                                          PREFETCH_DEPTHS_ALIKE, strict=True):
+    for why in PREFETCH_ALIKE:
         # why the prefetch rows read alike: every depth, or the rows it holds for, named
-        alike = [settings for settings, said in prefetches if same in said]
+        alike = [settings for settings, said in prefetches if why.note in said]
         if alike and len(alike) < len(prefetches):
-            notes.append(", ".join(s.describe() for s in alike) + f" {rows}: {reason}")
+            notes.append(", ".join(s.describe() for s in alike) + f" {why.rows}: {why.reason}")
         elif alike:
-            notes.append(f"{reason}: {depths}")
+            notes.append(f"{why.reason}: {why.depths}")
     return Exploration(baseline=baseline, budget_bytes=budget_bytes, budget_source=source, ranked=ranked,
                        within_spread=within, over_budget=over, skipped=left_out, notes=notes, spread_ms=first.spread_ms,
                        warnings=first.warnings, unranked=unranked, basis=first.basis, clock=first.clock)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 import msgspec
 
@@ -76,12 +76,28 @@ CPU_PREFETCH_NOTE = f"{CPU_PREFETCH_REASON}: {PREFETCH_SAME}"
 ZERO3_CPU_PREFETCH_NOTE = f"{ZERO3_CPU_PREFETCH_REASON}: {PREFETCH_SAME}"
 NO_COMM_PREFETCH_NOTE = f"{NO_COMM_PREFETCH_REASON}: {PREFETCH_SAME}"
 SERIAL_PREFETCH_NOTE = f"{SERIAL_PREFETCH_REASON}: {PREFETCH_SAME_STEP}"
+
+
+class PrefetchAlike(NamedTuple):
+    """Why a prefetch setting predicts the recorded step: its note, the reason in it, and how --explore
+    says it of the rows it holds for (``rows``) or of every depth (``depths``)."""
+
+    note: str
+    reason: str
+    rows: str
+    depths: str
+
+
 # Said by a prefetch setting that predicts the recorded step, each where it holds (the advisor and
 # --explore say why the prefetch rows read alike: the rows it holds for, or every depth).
-PREFETCH_SAME_NOTES = (CPU_PREFETCH_NOTE, ZERO3_CPU_PREFETCH_NOTE, NO_COMM_PREFETCH_NOTE, SERIAL_PREFETCH_NOTE)
-PREFETCH_REASONS = (CPU_PREFETCH_REASON, ZERO3_CPU_PREFETCH_REASON, NO_COMM_PREFETCH_REASON, SERIAL_PREFETCH_REASON)
-PREFETCH_ROWS_ALIKE = ("predicted as recorded",) * 3 + ("predicted the recorded step",)
-PREFETCH_DEPTHS_ALIKE = (DEPTHS_ALIKE,) * 3 + (DEPTHS_ALIKE_STEP,)
+PREFETCH_ALIKE: Final = (
+    PrefetchAlike(CPU_PREFETCH_NOTE, CPU_PREFETCH_REASON, "predicted as recorded", DEPTHS_ALIKE),
+    PrefetchAlike(ZERO3_CPU_PREFETCH_NOTE, ZERO3_CPU_PREFETCH_REASON, "predicted as recorded", DEPTHS_ALIKE),
+    PrefetchAlike(NO_COMM_PREFETCH_NOTE, NO_COMM_PREFETCH_REASON, "predicted as recorded", DEPTHS_ALIKE),
+    PrefetchAlike(SERIAL_PREFETCH_NOTE, SERIAL_PREFETCH_REASON, "predicted the recorded step", DEPTHS_ALIKE_STEP),
+)
+PREFETCH_SAME_NOTES: Final = tuple(a.note for a in PREFETCH_ALIKE)
+PREFETCH_REASONS: Final = tuple(a.reason for a in PREFETCH_ALIKE)
 # Where the recording has fewer than two steps of its step time (compare/spread.py MIN_SPREAD_STEPS): a
 # prediction cannot be held to a step-to-step spread, so nothing is advised or ranked on it (whatif's own
 # output, --explore and the summary's advice say it alike).
