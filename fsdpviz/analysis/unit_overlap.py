@@ -161,6 +161,30 @@ def _agg(frame: pd.DataFrame, key: list[str], **named: tuple[str, str]) -> pd.Da
     return frame.groupby(key).agg(**named).astype("Int64")
 
 
+def _reduce_at(ufunc: np.ufunc, codes: np.ndarray, n: int, rows: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Per group code, ``ufunc`` (np.minimum / np.maximum) over ``values`` of the ``rows``; -1 where the
+    group has none."""
+    info = np.iinfo(np.int64)
+    out = np.full(n, info.max if ufunc is np.minimum else info.min, dtype=np.int64)
+    ufunc.at(out, codes[rows], values[rows])
+    seen = np.zeros(n, dtype=bool)
+    seen[codes[rows]] = True
+    return np.where(seen, out, -1)
+
+
+def _sum_at(codes: np.ndarray, n: int, rows: np.ndarray | None, values: np.ndarray, absent: int = 0) -> np.ndarray:
+    """Per group code, the sum of ``values`` over the ``rows`` (None: ``codes`` and ``values`` are those
+    rows already), as int64; ``absent`` where the group has none."""
+    at, vals = (codes, values) if rows is None else (codes[rows], values[rows])
+    out = np.zeros(n, dtype=np.int64)
+    np.add.at(out, at, vals.astype(np.int64))
+    if absent:
+        seen = np.zeros(n, dtype=bool)
+        seen[at] = True
+        out[~seen] = absent
+    return out
+
+
 def issue_depths(ag: pd.DataFrame, pieces: pd.DataFrame, ancestors: dict[str, set[str]] | None = None) -> np.ndarray:
     """Per gather row (``rank``, ``step``, ``micro``, ``phase``, ``unit``, ``ag_start_ns``,
     ``compute_start_ns``): the number of other units with a compute span of the same rank, step and
@@ -223,38 +247,41 @@ def unit_steps(spans: pd.DataFrame, windows: pd.DataFrame, compute: dict[int, In
     length[is_collective], exposed[is_collective] = collective_times(s[is_collective], compute, staged)
     # a collective carrying several units counts its duration once over them (shares by size)
     dur = np.rint(length * collective_shares(s, unit_bytes)).astype(np.int64)
-    base = s[key].drop_duplicates().set_index(key)
-
-    def part(k: str) -> pd.DataFrame:
-        return s[kind == k]
-
-    comp = part(vocabulary.COMPUTE)
-    out = base.join(_agg(comp, key, compute_start_ns=("start_ns", "min"), compute_end_ns=("end_ns", "max")))
-    out = out.join(_sum_by(comp, key, dur[kind == vocabulary.COMPUTE], "compute_ns"))
-    ag = part(vocabulary.ALL_GATHER)
-    ag_exp = exposed[kind == vocabulary.ALL_GATHER] * waited_on(ag, comp, gather=True)
-    out = out.join(_agg(ag, key, ag_issue_ns=("issue_ns", "min"), ag_start_ns=("start_ns", "min"),
-                        ag_end_ns=("end_ns", "max"), ag_bytes=("bytes", "sum")))
-    out = out.join(_sum_by(ag, key, dur[kind == vocabulary.ALL_GATHER], "ag_ns"))
-    out = out.join(_sum_by(ag, key, ag_exp, "ag_exposed_ns"))
+    # One row per (rank, step, micro, unit, phase) in the order the spans first name it; every column
+    # below is one numpy reduction over the rows' group codes (a groupby and a join per column cost
+    # about a tenth of a small run's analysis).
+    codes = s.groupby(key, sort=False, observed=True).ngroup().to_numpy()
+    n = int(codes.max()) + 1
+    first_row = np.full(n, len(s), dtype=np.int64)
+    np.minimum.at(first_row, codes, np.arange(len(s)))
+    out = s[key].iloc[first_row].reset_index(drop=True)
+    comp = s[kind == vocabulary.COMPUTE]
+    by_kind = {k: kind == k for k in (vocabulary.COMPUTE, vocabulary.ALL_GATHER, vocabulary.REDUCE_SCATTER,
+                                      vocabulary.ALL_REDUCE, vocabulary.COPY_IN, vocabulary.COPY_OUT,
+                                      vocabulary.RESHARD)}
+    compute_rows, ag_rows = by_kind[vocabulary.COMPUTE], by_kind[vocabulary.ALL_GATHER]
+    out["compute_start_ns"] = _reduce_at(np.minimum, codes, n, compute_rows, start)
+    out["compute_end_ns"] = _reduce_at(np.maximum, codes, n, compute_rows, end)
+    out["compute_ns"] = _sum_at(codes, n, compute_rows, dur)
+    ag_exp = exposed[ag_rows] * waited_on(s[ag_rows], comp, gather=True)
+    out["ag_issue_ns"] = _reduce_at(np.minimum, codes, n, ag_rows, s["issue_ns"].to_numpy(np.int64))
+    out["ag_start_ns"] = _reduce_at(np.minimum, codes, n, ag_rows, start)
+    out["ag_end_ns"] = _reduce_at(np.maximum, codes, n, ag_rows, end)
+    out["ag_bytes"] = _sum_at(codes, n, ag_rows, s["bytes"].to_numpy(np.int64), absent=-1)
+    out["ag_ns"] = _sum_at(codes, n, ag_rows, dur)
+    out["ag_exposed_ns"] = _sum_at(codes[ag_rows], n, None, ag_exp)
     for k, col in ((vocabulary.REDUCE_SCATTER, "rs"), (vocabulary.ALL_REDUCE, "ar")):
-        rows = part(k)
-        out = out.join(_sum_by(rows, key, dur[kind == k], f"{col}_ns"))
-        out = out.join(_sum_by(rows, key, exposed[kind == k] * waited_on(rows, comp, gather=False),
-                               f"{col}_exposed_ns"))
+        rows = by_kind[k]
+        out[f"{col}_ns"] = _sum_at(codes, n, rows, dur)
+        out[f"{col}_exposed_ns"] = _sum_at(codes[rows], n, None,
+                                           exposed[rows] * waited_on(s[rows], comp, gather=False))
     for k, col in ((vocabulary.COPY_IN, "copy_in_ns"), (vocabulary.COPY_OUT, "copy_out_ns"),
                    (vocabulary.RESHARD, "reshard_ns")):
-        out = out.join(_sum_by(part(k), key, dur[kind == k], col))
+        out[col] = _sum_at(codes, n, by_kind[k], dur)
     w = _agg(windows, key, window_start_ns=("start_ns", "min"), window_end_ns=("end_ns", "max"))
-    out = out.join(w)
-    out = out.reset_index()
-    zero_cols = ["compute_ns", "ag_ns", "ag_exposed_ns", "rs_ns", "rs_exposed_ns", "ar_ns", "ar_exposed_ns",
-                 "copy_in_ns", "copy_out_ns", "reshard_ns"]
-    out[zero_cols] = out[zero_cols].fillna(0)
-    neg_cols = ["compute_start_ns", "compute_end_ns", "ag_issue_ns", "ag_start_ns", "ag_end_ns", "ag_bytes",
-                "window_start_ns", "window_end_ns"]
-    out[neg_cols] = out[neg_cols].fillna(-1)
-    out = out.astype({c: np.int64 for c in zero_cols + neg_cols})
+    at = w.reindex(pd.MultiIndex.from_frame(out[key]))
+    for col in ("window_start_ns", "window_end_ns"):
+        out[col] = at[col].fillna(-1).to_numpy(np.int64)
     has_ag = (out["ag_end_ns"] >= 0).to_numpy()
     has_comp = (out["compute_start_ns"] >= 0).to_numpy()
     lead = (out["compute_start_ns"] - out["ag_end_ns"]).to_numpy(dtype=np.int64).astype(np.float64)

@@ -145,8 +145,10 @@ def unit_stats(unit_steps: pd.DataFrame, units: pd.DataFrame) -> pd.DataFrame:
                 "backward_issue_depth"]
     stats = per.groupby("unit")[med_cols].median()
     # unknown (-1) on any rank-step: unknown for the unit
-    waits = us.groupby(key)["host_wait_ns"].agg(lambda v: float(v.sum()) if (v >= 0).all() else np.nan)
-    stats["host_wait_ns"] = waits.groupby("unit").agg(lambda v: v.median() if v.notna().all() else np.nan)
+    wait = us["host_wait_ns"]
+    waits = wait.groupby([us[k] for k in key]).sum().astype(float).where(
+        (wait >= 0).groupby([us[k] for k in key]).all())
+    stats["host_wait_ns"] = waits.groupby(level="unit").median().where(waits.notna().groupby(level="unit").all())
     stats["n_samples"] = per.groupby("unit").size()
     peaks = us.pivot_table(index="unit", columns="phase", values="peak_allocated_bytes", aggfunc="max")
     stats["forward_peak_allocated_bytes"] = peaks.get(vocabulary.FORWARD, pd.Series(dtype=float))
