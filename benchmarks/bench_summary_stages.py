@@ -31,8 +31,16 @@ times: ``cold`` (``--no-cache``: no parse cache, no summary cache) and ``warm`` 
 that filled the caches), and, with ``--baseline CHECKOUT``, the same two of another checkout of
 fsdpviz (its package first on ``PYTHONPATH``) in the same rounds.
 
+With ``--baseline`` and ``--in-process ROUNDS``, also the analysis alone, beside the baseline: in
+each round one fresh process per checkout (alternating which goes first) summarises every input once
+to warm its imports, then ``analyse`` + ``completed_summary`` of each input ``--in-process-n`` times
+(the parse cache off) and prints the seconds per summary; then the per-round ratios. This leaves out
+the start-up and the imports, which neither checkout changes and whose noise hides a tenth of the
+analysis on a shared machine.
+
     python benchmarks/bench_summary_stages.py [PATH ...] [--repeat 3] [--no-big] [--no-shared] [--shared DIR]
                                               [--baseline OLD_CHECKOUT] [--no-commands]
+                                              [--in-process ROUNDS] [--in-process-n 4]
 
 Results: docs/performance.md ("Where a summary's time goes").
 """
@@ -193,6 +201,54 @@ def commands(paths: list[Path], repeat: int, checkouts: dict[str, str]) -> None:
         print(f"| {path.name} | " + " | ".join(cells) + " |")
 
 
+# The in-process child: warm every input once, then time `n` summaries of each (the analysis alone).
+IN_PROCESS = r"""
+import sys, time
+from pathlib import Path
+from fsdpviz.trace.schema import own_this_process
+own_this_process()  # the string storage a command's process uses
+from fsdpviz.analysis.pipeline import analyse
+from fsdpviz.whatif.gains import completed_summary
+paths, n = [Path(p) for p in sys.argv[2:]], int(sys.argv[1])
+for p in paths:
+    completed_summary(analyse([p], cache=False))
+t = time.perf_counter()
+for _ in range(n):
+    for p in paths:
+        completed_summary(analyse([p], cache=False))
+print((time.perf_counter() - t) / n / len(paths))
+"""
+
+
+def in_process(paths: list[Path], rounds: int, n: int, checkouts: dict[str, str]) -> None:
+    """Seconds per in-process summary of ``paths`` (imports warm), each checkout, interleaved rounds."""
+    per: dict[str, list[float]] = {name: [] for name in checkouts}
+    loads = load_average()
+    for i in range(rounds):
+        order = list(checkouts) if i % 2 == 0 else list(reversed(checkouts))
+        for name in order:
+            env = dict(os.environ, PYTHONPATH=checkouts[name])
+            done = subprocess.run([sys.executable, "-P", "-c", IN_PROCESS, str(n), *map(str, paths)], env=env,
+                                  capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                raise SystemExit(f"the in-process summaries of {name} failed:\n{done.stderr[-2000:]}")
+            per[name].append(float(done.stdout.split()[-1]))
+    print(f"\n### In process: `analyse` + `completed_summary`, imports warm, parse cache off (s per summary over "
+          f"{', '.join(p.name for p in paths)}; {rounds} rounds of {n}; load average {loads} .. {load_average()})\n")
+    names = list(checkouts)
+    print("| round | " + " | ".join(names) + (" | ratio |" if len(names) == 2 else " |"))
+    print("|---" + "|---:" * (len(names) + (len(names) == 2)) + "|")
+    for i in range(rounds):
+        cells = [f"{per[name][i]:.3f}" for name in names]
+        if len(names) == 2:
+            cells.append(f"{per[names[0]][i] / per[names[1]][i]:.2f}")
+        print(f"| {i + 1} | " + " | ".join(cells) + " |")
+    cells = [spread(per[name], "{:.3f}") for name in names]
+    if len(names) == 2:
+        cells.append(spread([a / b for a, b in zip(per[names[0]], per[names[1]])]))
+    print("| median (min-max) | " + " | ".join(cells) + " |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("paths", nargs="*", type=Path, help="inputs (default: the samples, the shared H100 "
@@ -203,7 +259,12 @@ def main() -> None:
     parser.add_argument("--no-commands", action="store_true", help="only the stage split")
     parser.add_argument("--baseline", type=Path, help="another checkout of fsdpviz, timed beside this one")
     parser.add_argument("--shared", type=Path, default=SHARED, help=f"the shared traces (default {SHARED})")
+    parser.add_argument("--in-process", type=int, default=0, metavar="ROUNDS",
+                        help="with --baseline: this many interleaved rounds of in-process summaries")
+    parser.add_argument("--in-process-n", type=int, default=4, help="summaries of each input per round")
     args = parser.parse_args()
+    if args.in_process and args.baseline is None:
+        parser.error("--in-process compares with --baseline")
     paths = list(args.paths) or sorted(p for p in SAMPLES.iterdir() if p.is_dir())
     if not args.paths:
         for name, skip in ((SHARED_H100, args.no_shared), (BIG_TRACE, args.no_big)):
@@ -223,6 +284,9 @@ def main() -> None:
         if args.baseline is not None:
             checkouts["baseline"] = str(args.baseline.resolve())
         commands([p for p in paths if p.is_relative_to(SAMPLES)] or paths, args.repeat, checkouts)
+    if args.in_process:
+        in_process([p for p in paths if p.is_relative_to(SAMPLES)] or paths, args.in_process, args.in_process_n,
+                   {"this": str(ROOT), "baseline": str(args.baseline.resolve())})
 
 
 if __name__ == "__main__":
