@@ -172,10 +172,9 @@ def _reduce_at(ufunc: np.ufunc, codes: np.ndarray, n: int, rows: np.ndarray, val
     return np.where(seen, out, -1)
 
 
-def _sum_at(codes: np.ndarray, n: int, rows: np.ndarray | None, values: np.ndarray, absent: int = 0) -> np.ndarray:
-    """Per group code, the sum of ``values`` over the ``rows`` (None: ``codes`` and ``values`` are those
-    rows already), as int64; ``absent`` where the group has none."""
-    at, vals = (codes, values) if rows is None else (codes[rows], values[rows])
+def _sum_at(codes: np.ndarray, n: int, rows: np.ndarray, values: np.ndarray, absent: int = 0) -> np.ndarray:
+    """Per group code, the sum of ``values`` over the ``rows``, as int64; ``absent`` where the group has none."""
+    at, vals = codes[rows], values[rows]
     out = np.zeros(n, dtype=np.int64)
     np.add.at(out, at, vals.astype(np.int64))
     if absent:
@@ -183,6 +182,15 @@ def _sum_at(codes: np.ndarray, n: int, rows: np.ndarray | None, values: np.ndarr
         seen[at] = True
         out[~seen] = absent
     return out
+
+
+def _waited_sum(codes: np.ndarray, n: int, known: np.ndarray, rows: np.ndarray, exposed: np.ndarray,
+                spans: pd.DataFrame, comp: pd.DataFrame, gather: bool) -> np.ndarray:
+    """Per group code, the exposed time of the collective ``rows`` their unit waited on
+    (:func:`waited_on`, which chooses among all of them), summed over those with a known key."""
+    waited = np.zeros(len(rows), dtype=np.int64)
+    waited[rows] = exposed[rows] * waited_on(spans[rows], comp, gather=gather)
+    return _sum_at(codes, n, rows & known, waited)
 
 
 def issue_depths(ag: pd.DataFrame, pieces: pd.DataFrame, ancestors: dict[str, set[str]] | None = None) -> np.ndarray:
@@ -249,32 +257,32 @@ def unit_steps(spans: pd.DataFrame, windows: pd.DataFrame, compute: dict[int, In
     dur = np.rint(length * collective_shares(s, unit_bytes)).astype(np.int64)
     # One row per (rank, step, micro, unit, phase) in the order the spans first name it; every column
     # below is one numpy reduction over the rows' group codes (a groupby and a join per column cost
-    # about a tenth of a small run's analysis).
-    codes = s.groupby(key, sort=False, observed=True).ngroup().to_numpy()
+    # about a tenth of a small run's analysis). A key with a gap (a hand-made table; conformed spans
+    # have none) keeps its row, with nothing counted for it.
+    codes = s.groupby(key, sort=False, observed=True, dropna=False).ngroup().to_numpy()
+    known = s[key].notna().all(axis=1).to_numpy()
     n = int(codes.max()) + 1
     first_row = np.full(n, len(s), dtype=np.int64)
     np.minimum.at(first_row, codes, np.arange(len(s)))
     out = s[key].iloc[first_row].reset_index(drop=True)
     comp = s[kind == vocabulary.COMPUTE]
-    by_kind = {k: kind == k for k in (vocabulary.COMPUTE, vocabulary.ALL_GATHER, vocabulary.REDUCE_SCATTER,
-                                      vocabulary.ALL_REDUCE, vocabulary.COPY_IN, vocabulary.COPY_OUT,
-                                      vocabulary.RESHARD)}
+    by_kind = {k: (kind == k) & known for k in (vocabulary.COMPUTE, vocabulary.ALL_GATHER,
+                                                vocabulary.REDUCE_SCATTER, vocabulary.ALL_REDUCE,
+                                                vocabulary.COPY_IN, vocabulary.COPY_OUT, vocabulary.RESHARD)}
     compute_rows, ag_rows = by_kind[vocabulary.COMPUTE], by_kind[vocabulary.ALL_GATHER]
     out["compute_start_ns"] = _reduce_at(np.minimum, codes, n, compute_rows, start)
     out["compute_end_ns"] = _reduce_at(np.maximum, codes, n, compute_rows, end)
     out["compute_ns"] = _sum_at(codes, n, compute_rows, dur)
-    ag_exp = exposed[ag_rows] * waited_on(s[ag_rows], comp, gather=True)
     out["ag_issue_ns"] = _reduce_at(np.minimum, codes, n, ag_rows, s["issue_ns"].to_numpy(np.int64))
     out["ag_start_ns"] = _reduce_at(np.minimum, codes, n, ag_rows, start)
     out["ag_end_ns"] = _reduce_at(np.maximum, codes, n, ag_rows, end)
     out["ag_bytes"] = _sum_at(codes, n, ag_rows, s["bytes"].to_numpy(np.int64), absent=-1)
     out["ag_ns"] = _sum_at(codes, n, ag_rows, dur)
-    out["ag_exposed_ns"] = _sum_at(codes[ag_rows], n, None, ag_exp)
+    out["ag_exposed_ns"] = _waited_sum(codes, n, known, kind == vocabulary.ALL_GATHER, exposed, s, comp, gather=True)
     for k, col in ((vocabulary.REDUCE_SCATTER, "rs"), (vocabulary.ALL_REDUCE, "ar")):
         rows = by_kind[k]
         out[f"{col}_ns"] = _sum_at(codes, n, rows, dur)
-        out[f"{col}_exposed_ns"] = _sum_at(codes[rows], n, None,
-                                           exposed[rows] * waited_on(s[rows], comp, gather=False))
+        out[f"{col}_exposed_ns"] = _waited_sum(codes, n, known, kind == k, exposed, s, comp, gather=False)
     for k, col in ((vocabulary.COPY_IN, "copy_in_ns"), (vocabulary.COPY_OUT, "copy_out_ns"),
                    (vocabulary.RESHARD, "reshard_ns")):
         out[col] = _sum_at(codes, n, by_kind[k], dur)

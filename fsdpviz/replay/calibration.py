@@ -78,7 +78,9 @@ class Calibration:
 
 def scaled_step(step: StepProgram, k: float) -> StepProgram:
     """``step`` (a CPU rank's) with every duration scaled by ``k`` (its recorded totals as traced)."""
-    out = copy.deepcopy(step)
+    # the step's memory (its samples and blocks: no durations) is shared, not copied: it was most of
+    # the copy's time, and nothing writes to it once the recording is read
+    out = copy.deepcopy(step, memo={id(step.memory): step.memory})
     for mb in out.micro:
         for segment in (mb.pre, mb.mid):
             _scale_segment(segment, k)

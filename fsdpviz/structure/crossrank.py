@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from fsdpviz import vocabulary
+from fsdpviz.structure.categorical import as_str
 from fsdpviz.trace import schema
 
 if TYPE_CHECKING:
@@ -139,33 +140,46 @@ def aligned_traces(traces: TraceSet, offsets: dict[int, int]) -> TraceSet:
 
 def collective_skew(coll: pd.DataFrame, ref_rank: int) -> pd.DataFrame:
     """SKEW: per collective seen on two or more ranks (times already aligned)."""
-    if coll.empty:
-        return schema.make_empty(schema.SKEW)
-    g = coll.groupby(KEY, sort=False)
-    first = g["start_ns"].transform("min")
-    last = g["start_ns"].transform("max")
-    n = g["rank"].transform("size")
-    c = coll.assign(first=first, last=last, n=n)
-    c = c[c["n"] > 1]
+    # Sorted once by the collective's key, then by start and rank: each collective is a run of rows, its
+    # first row the early rank (ties: the lowest) and its first row by latest start the late one. In
+    # numpy over the key's codes: a dozen pandas sorts, groupbys and joins cost a few per cent of a
+    # small run's summary.
+    keys = coll[KEY]
+    known = keys.notna().all(axis=1).to_numpy()  # a key with a gap names no collective (as groupby drops it)
+    c = coll[known]
     if c.empty:
         return schema.make_empty(schema.SKEW)
-    # late / early rank: ties go to the lowest rank
-    c = c.sort_values(KEY + ["start_ns", "rank"], kind="stable")
-    early = c.groupby(KEY, sort=False)["rank"].first()
-    late = c.sort_values(KEY + ["start_ns", "rank"], ascending=[True] * 4 + [False, True],
-                         kind="stable").groupby(KEY, sort=False)["rank"].first()
+    codes = [c[col].to_numpy(np.int64) if col in ("step", "seq") else pd.factorize(c[col], sort=True)[0]
+             for col in KEY]
+    start = c["start_ns"].to_numpy(np.int64)
+    rank = c["rank"].to_numpy(np.int64)
+    key_order = codes[::-1]  # np.lexsort sorts by its last key first
+    order = np.lexsort((rank, start, *key_order))
+    keyed = np.stack([k[order] for k in codes])
+    new_group = np.ones(len(order), dtype=bool)
+    new_group[1:] = (keyed[:, 1:] != keyed[:, :-1]).any(axis=0)
+    group_start = np.flatnonzero(new_group)
+    size = np.diff(np.append(group_start, len(order)))
+    gid = np.empty(len(order), dtype=np.int64)
+    gid[order] = np.cumsum(new_group) - 1
+    shared = size > 1
+    if not shared.any():
+        return schema.make_empty(schema.SKEW)
+    first_rows = order[group_start]
+    late_rows = np.lexsort((rank, -start, gid))[group_start]  # same groups, same sizes, same order
     # the unit it belongs to: as the reference rank saw it, else the lowest rank that attributed it
-    named = c[c["kind"] != ""].sort_values(KEY + ["rank"], kind="stable")
-    named = named.assign(is_ref=named["rank"] == ref_rank).sort_values(KEY + ["is_ref"], ascending=[True] * 4 + [False],
-                                                                        kind="stable")
-    ref = named.drop_duplicates(KEY).set_index(KEY)[["unit", "phase", "kind"]]
-    out = c.groupby(KEY, sort=False).agg(n_ranks=("n", "first"), first_start_ns=("first", "first"),
-                                         last=("last", "first"))
-    out["start_skew_ns"] = out["last"] - out["first_start_ns"]
-    out["late_rank"] = late
-    out["early_rank"] = early
-    out = out.join(ref).reset_index()
-    out[["unit", "phase", "kind"]] = out[["unit", "phase", "kind"]].fillna("")
+    named = np.flatnonzero((c["kind"] != "").to_numpy(dtype=bool, na_value=False))
+    unit, phase, kind = (np.full(len(group_start), "", dtype=object) for _ in range(3))
+    if len(named):
+        by = named[np.lexsort((start[named], rank[named], rank[named] != ref_rank, gid[named]))]
+        firsts = by[np.r_[True, gid[by][1:] != gid[by][:-1]]]
+        for out_col, col in ((unit, "unit"), (phase, "phase"), (kind, "kind")):
+            out_col[gid[firsts]] = as_str(c[col])[firsts]
+    first = start[first_rows]
+    out = pd.DataFrame({col: c[col].to_numpy()[first_rows] for col in KEY})
+    out = out.assign(unit=unit, phase=phase, kind=kind, n_ranks=size, first_start_ns=first,
+                     start_skew_ns=start[late_rows] - first, late_rank=rank[late_rows],
+                     early_rank=rank[first_rows])[shared]
     return schema.conform(out.sort_values("first_start_ns", kind="stable"), schema.SKEW, table="skew")
 
 

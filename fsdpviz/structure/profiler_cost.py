@@ -330,19 +330,22 @@ def unit_pass_steps(timers: pd.DataFrame, run: RunInfo | None) -> pd.DataFrame:
         return empty
     per_step = rows.groupby(["rank", "unit", "phase", "step"], as_index=False)["ms"].sum()
     all_steps = whole_step_times(timers)
-    kept = []
-    for (rank, _unit, _phase), group in per_step.groupby(["rank", "unit", "phase"], sort=True):
-        rank_steps = all_steps.loc[all_steps["rank"] == rank, "step"].to_numpy()
-        wanted = _unit_timed_wanted(run, int(group["rank"].iloc[0]), rank_steps)
+    step_ranks, steps_of = all_steps["rank"].to_numpy(), all_steps["step"].to_numpy()
+    rank_of, step_of = per_step["rank"].to_numpy(), per_step["step"].to_numpy()
+    timed = np.zeros(len(per_step), dtype=bool)
+    need = np.zeros(len(per_step), dtype=np.int64)
+    for rank in np.unique(rank_of):  # the steps wanted depend on the rank alone
+        wanted = _unit_timed_wanted(run, int(rank), steps_of[step_ranks == rank])
         if wanted is None or not len(wanted):
             continue
-        timed = group[group["step"].isin(wanted)]
-        if len(timed) < len(wanted):  # not timed in every unprofiled step
-            continue
-        kept.append(timed)
-    if not kept:
+        mine = rank_of == rank
+        timed[mine] = np.isin(step_of[mine], wanted)
+        need[mine] = len(wanted)
+    # a unit's pass counts where it was timed in every wanted step of its rank
+    count = pd.Series(timed).groupby([per_step[c].to_numpy() for c in ("rank", "unit", "phase")]).transform("sum").to_numpy()
+    out = per_step[timed & (count >= need) & (need > 0)].reset_index(drop=True)
+    if out.empty:
         return empty
-    out = pd.concat(kept, ignore_index=True)
     return out.assign(unit=out["unit"].astype(str), phase=out["phase"].astype(str))[UNIT_PASS_COLUMNS]
 
 

@@ -424,4 +424,7 @@ def conform(df: pd.DataFrame, schema: Schema, *, table: str = "table") -> pd.Dat
     for col, dtype in schema.items():
         values = df[col]
         data[col] = values if str(dtypes[col]) == dtype else values.astype(pd.api.types.pandas_dtype(dtype))
-    return pd.DataFrame(data, index=df.index)
+    out = pd.DataFrame(data, index=df.index)
+    out.attrs = df.attrs
+    out.columns.name = df.columns.name
+    return out
