@@ -236,7 +236,7 @@ def in_process(paths: list[Path], rounds: int, n: int, checkouts: dict[str, str]
     print(f"\n### In process: `analyse` + `completed_summary`, imports warm, parse cache off (s per summary over "
           f"{', '.join(p.name for p in paths)}; {rounds} rounds of {n}; load average {loads} .. {load_average()})\n")
     names = list(checkouts)
-    print("| round | " + " | ".join(names) + (" | ratio |" if len(names) == 2 else " |"))
+    print("| round | " + " | ".join(names) + (f" | {names[0]} / {names[1]} |" if len(names) == 2 else " |"))
     print("|---" + "|---:" * (len(names) + (len(names) == 2)) + "|")
     for i in range(rounds):
         cells = [f"{per[name][i]:.3f}" for name in names]
@@ -246,7 +246,7 @@ def in_process(paths: list[Path], rounds: int, n: int, checkouts: dict[str, str]
     cells = [spread(per[name], "{:.3f}") for name in names]
     if len(names) == 2:
         cells.append(spread([a / b for a, b in zip(per[names[0]], per[names[1]])]))
-    print("| median (min-max) | " + " | ".join(cells) + " |")
+    print("| median (min-max) of the rounds | " + " | ".join(cells) + " |")
 
 
 def main() -> None:
@@ -263,6 +263,8 @@ def main() -> None:
                         help="with --baseline: this many interleaved rounds of in-process summaries")
     parser.add_argument("--in-process-n", type=int, default=4, help="summaries of each input per round")
     args = parser.parse_args()
+    if args.in_process < 0 or args.in_process_n < 1:
+        parser.error("--in-process takes a number of rounds (0: none) and --in-process-n one of summaries (1 or more)")
     if args.in_process and args.baseline is None:
         parser.error("--in-process compares with --baseline")
     paths = list(args.paths) or sorted(p for p in SAMPLES.iterdir() if p.is_dir())

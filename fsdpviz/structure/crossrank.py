@@ -180,7 +180,8 @@ def collective_skew(coll: pd.DataFrame, ref_rank: int) -> pd.DataFrame:
     out = out.assign(unit=unit, phase=phase, kind=kind, n_ranks=size, first_start_ns=first,
                      start_skew_ns=start[late_rows] - first, late_rank=rank[late_rows],
                      early_rank=rank[first_rows])[shared]
-    return schema.conform(out.sort_values("first_start_ns", kind="stable"), schema.SKEW, table="skew")
+    return schema.conform(out.sort_values("first_start_ns", kind="stable").reset_index(drop=True), schema.SKEW,
+                          table="skew")
 
 
 def rank_lateness(coll: pd.DataFrame) -> pd.DataFrame:

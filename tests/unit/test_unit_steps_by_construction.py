@@ -1,9 +1,11 @@
 """The per-unit step table and the cross-rank skew on tables whose answer is known by construction.
 
 Both are reduced with numpy over group codes (fsdpviz/analysis/unit_overlap.py ``unit_steps``,
-fsdpviz/structure/crossrank.py ``collective_skew``); these hold every column they fill to values worked
-out by hand from the spans, including the rows with nothing of a kind (-1 / 0), the ties, and rows a
-hand-made table may hold with a gap in its key.
+fsdpviz/structure/crossrank.py ``collective_skew``); these hold their times, sizes, exposures, leads,
+depths, early and late ranks and units to values worked out by hand from the spans: a pass with
+several gathers (first, last, summed), a gather several units share (its time split by their sizes,
+its exposure the first computing unit's), the rows with nothing of a kind (-1 / 0), the ties, and rows
+a hand-made table may hold with a gap in its key.
 """
 
 from __future__ import annotations
@@ -64,9 +66,35 @@ def test_every_column_is_the_spans_own() -> None:
     assert (us["n_passes"] == 1).all()
 
 
+def test_a_pass_with_two_gathers_and_a_gather_two_units_share() -> None:
+    """Units a and b share one gather [0, 100] (a ZeRO-3 bucket: one row per unit, ``n_units`` 2) and
+    compute [100, 200] and [200, 300]; c gathers twice, [400, 450] and [460, 500] (issued at 390 and
+    455, 8 bytes each), and computes [520, 560] and [570, 600]. Nothing computes while any gather runs."""
+    rows = [("a", "forward", "all_gather", 0, 100, 64, 0), ("b", "forward", "all_gather", 0, 100, 64, 0),
+            ("a", "forward", "compute", 100, 200, UNKNOWN_BYTES, 100),
+            ("b", "forward", "compute", 200, 300, UNKNOWN_BYTES, 200),
+            ("c", "forward", "all_gather", 400, 450, 8, 390), ("c", "forward", "all_gather", 460, 500, 8, 455),
+            ("c", "forward", "compute", 520, 560, UNKNOWN_BYTES, 520),
+            ("c", "forward", "compute", 570, 600, UNKNOWN_BYTES, 570)]
+    spans = _spans(rows)
+    spans.loc[:1, "n_units"] = 2
+    windows = pd.DataFrame({"rank": 0, "step": 1, "micro": 0, "unit": ["a", "b", "c"], "phase": "forward",
+                            "start_ns": [0, 0, 380], "end_ns": [200, 300, 600]})
+    us = unit_steps(spans, windows, _compute(spans), unit_bytes={"a": 1, "b": 3}).set_index("unit")
+    # the shared gather's 100 ns split 1:3 by the units' sizes; its exposure is a's, which computes first
+    assert (us.loc["a", "ag_ns"], us.loc["a", "ag_exposed_ns"]) == (25, 100)
+    assert (us.loc["b", "ag_ns"], us.loc["b", "ag_exposed_ns"]) == (75, 0)
+    c = us.loc["c"]
+    assert (c["ag_ns"], c["ag_exposed_ns"], c["ag_bytes"]) == (90, 90, 16)  # 50 + 40 ns, 8 + 8 bytes
+    assert (c["ag_issue_ns"], c["ag_start_ns"], c["ag_end_ns"]) == (390, 400, 500)  # the first, the first, the last
+    assert (c["compute_start_ns"], c["compute_end_ns"], c["compute_ns"], c["prefetch_lead_ns"]) == (520, 600, 70, 20)
+    assert c["issue_depth"] == 0  # a's and b's compute ended before c's first gather started
+    assert (c["window_start_ns"], c["window_end_ns"]) == (380, 600)
+
+
 def test_a_hand_made_row_without_a_unit_changes_no_other_row() -> None:
     """A row whose unit is missing (a hand-made table; conformed spans have none) is kept apart: the
-    units' rows are what they are without it."""
+    units' rows are what they are without it (the table of the test above, worked out by hand)."""
     whole = _spans(SPANS)
     gap = pd.concat([whole, whole.iloc[[2]].assign(start_ns=160, end_ns=170)], ignore_index=True)
     gap["unit"] = gap["unit"].astype(object)
@@ -101,8 +129,19 @@ def test_skew_ties_and_gaps() -> None:
     tie = _collectives([(3, 300, "", ""), (1, 300, "", ""), (2, 100, "", "")])
     [row] = collective_skew(tie, ref_rank=0).to_dict(orient="records")
     assert (row["late_rank"], row["early_rank"], row["unit"]) == (1, 2, "")
-    # a kind with a gap names no unit; a rank that named one collective twice: its earlier row's unit
-    gaps = _collectives([(0, 200, "late", "all_gather"), (0, 100, "early", "all_gather"), (1, 150, "x", pd.NA)])
-    assert collective_skew(gaps, ref_rank=1).iloc[0]["unit"] == "early"
+    # a kind with a gap names no unit: the reference rank's row is passed over for the lowest rank's
+    gaps = _collectives([(0, 200, "blocks.0", "all_gather"), (1, 150, "x", pd.NA)])
+    assert collective_skew(gaps, ref_rank=1).iloc[0]["unit"] == "blocks.0"
     # seen on one rank only: not a cross-rank collective
     assert collective_skew(_collectives([(0, 100, "a", "all_gather")]), ref_rank=0).empty
+
+
+def test_skew_keeps_collectives_apart_by_their_whole_key() -> None:
+    """Two collectives of one step and group (the first and second all-gather of each rank) that start
+    at the same time: two rows, each of two ranks, in key order where their first starts tie."""
+    coll = pd.concat([_collectives([(0, 100, "", ""), (1, 130, "", "")]),
+                      _collectives([(0, 160, "", ""), (1, 100, "", "")]).assign(seq=1)], ignore_index=True)
+    out = collective_skew(coll, ref_rank=0)
+    assert out["seq"].tolist() == [0, 1] and out["n_ranks"].tolist() == [2, 2]
+    assert out["start_skew_ns"].tolist() == [30, 60] and out["late_rank"].tolist() == [1, 0]
+    assert out["early_rank"].tolist() == [0, 1] and out.index.tolist() == [0, 1]
