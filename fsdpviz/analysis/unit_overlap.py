@@ -149,13 +149,6 @@ def collective_shares(rows: pd.DataFrame, unit_bytes: Mapping[str, int] | None =
     return share
 
 
-def _sum_by(frame: pd.DataFrame, key: list[str], value: np.ndarray, name: str) -> pd.Series:
-    if frame.empty:
-        return pd.Series(dtype="Int64", name=name, index=pd.MultiIndex.from_frame(frame[key]))
-    summed = pd.Series(value, index=pd.MultiIndex.from_frame(frame[key])).groupby(level=key).sum()
-    return summed.astype("Int64").rename(name)
-
-
 def _agg(frame: pd.DataFrame, key: list[str], **named: tuple[str, str]) -> pd.DataFrame:
     """groupby-agg with nullable integers, so joins that leave gaps never round ns times to float."""
     return frame.groupby(key).agg(**named).astype("Int64")
@@ -265,10 +258,11 @@ def unit_steps(spans: pd.DataFrame, windows: pd.DataFrame, compute: dict[int, In
     first_row = np.full(n, len(s), dtype=np.int64)
     np.minimum.at(first_row, codes, np.arange(len(s)))
     out = s[key].iloc[first_row].reset_index(drop=True)
-    comp = s[kind == vocabulary.COMPUTE]
-    by_kind = {k: (kind == k) & known for k in (vocabulary.COMPUTE, vocabulary.ALL_GATHER,
-                                                vocabulary.REDUCE_SCATTER, vocabulary.ALL_REDUCE,
-                                                vocabulary.COPY_IN, vocabulary.COPY_OUT, vocabulary.RESHARD)}
+    is_kind = {k: kind == k for k in (vocabulary.COMPUTE, vocabulary.ALL_GATHER, vocabulary.REDUCE_SCATTER,
+                                      vocabulary.ALL_REDUCE, vocabulary.COPY_IN, vocabulary.COPY_OUT,
+                                      vocabulary.RESHARD)}
+    by_kind = {k: rows & known for k, rows in is_kind.items()}
+    comp = s[is_kind[vocabulary.COMPUTE]]
     compute_rows, ag_rows = by_kind[vocabulary.COMPUTE], by_kind[vocabulary.ALL_GATHER]
     out["compute_start_ns"] = _reduce_at(np.minimum, codes, n, compute_rows, start)
     out["compute_end_ns"] = _reduce_at(np.maximum, codes, n, compute_rows, end)
@@ -278,11 +272,12 @@ def unit_steps(spans: pd.DataFrame, windows: pd.DataFrame, compute: dict[int, In
     out["ag_end_ns"] = _reduce_at(np.maximum, codes, n, ag_rows, end)
     out["ag_bytes"] = _sum_at(codes, n, ag_rows, s["bytes"].to_numpy(np.int64), absent=-1)
     out["ag_ns"] = _sum_at(codes, n, ag_rows, dur)
-    out["ag_exposed_ns"] = _waited_sum(codes, n, known, kind == vocabulary.ALL_GATHER, exposed, s, comp, gather=True)
+    out["ag_exposed_ns"] = _waited_sum(codes, n, known, is_kind[vocabulary.ALL_GATHER], exposed, s, comp,
+                                       gather=True)
     for k, col in ((vocabulary.REDUCE_SCATTER, "rs"), (vocabulary.ALL_REDUCE, "ar")):
         rows = by_kind[k]
         out[f"{col}_ns"] = _sum_at(codes, n, rows, dur)
-        out[f"{col}_exposed_ns"] = _waited_sum(codes, n, known, kind == k, exposed, s, comp, gather=False)
+        out[f"{col}_exposed_ns"] = _waited_sum(codes, n, known, is_kind[k], exposed, s, comp, gather=False)
     for k, col in ((vocabulary.COPY_IN, "copy_in_ns"), (vocabulary.COPY_OUT, "copy_out_ns"),
                    (vocabulary.RESHARD, "reshard_ns")):
         out[col] = _sum_at(codes, n, by_kind[k], dur)

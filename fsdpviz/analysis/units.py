@@ -145,9 +145,8 @@ def unit_stats(unit_steps: pd.DataFrame, units: pd.DataFrame) -> pd.DataFrame:
                 "backward_issue_depth"]
     stats = per.groupby("unit")[med_cols].median()
     # unknown (-1) on any rank-step: unknown for the unit
-    wait = us["host_wait_ns"]
-    waits = wait.groupby([us[k] for k in key]).sum().astype(float).where(
-        (wait >= 0).groupby([us[k] for k in key]).all())
+    wait, by = us["host_wait_ns"], [us[k] for k in key]
+    waits = wait.groupby(by).sum().astype(float).where((wait >= 0).groupby(by).all())
     stats["host_wait_ns"] = waits.groupby(level="unit").median().where(waits.notna().groupby(level="unit").all())
     stats["n_samples"] = per.groupby("unit").size()
     peaks = us.pivot_table(index="unit", columns="phase", values="peak_allocated_bytes", aggfunc="max")
