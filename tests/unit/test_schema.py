@@ -30,3 +30,23 @@ def test_conform_casts_orders_and_drops_extra_columns() -> None:
 def test_conform_names_missing_columns() -> None:
     with pytest.raises(ValueError, match=r"steps: missing columns \['end_ns'\]"):
         schema.conform(pd.DataFrame({"rank": [0], "step": [1], "start_ns": [0]}), schema.STEPS, table="steps")
+
+
+@pytest.mark.parametrize("order", [["rank", "step", "start_ns", "end_ns"], ["end_ns", "rank", "start_ns", "step"]],
+                         ids=["in-order", "reordered"])
+def test_conform_leaves_its_input_as_it_was(order: list[str]) -> None:
+    """A table already in the schema's order (most of them) or in another; the result is a table of its
+    own: writing into it changes nothing of the input, which keeps its dtypes."""
+    raw = pd.DataFrame({"rank": [1, 0], "step": [3, 4], "start_ns": [10, 11], "end_ns": [20, 21]},
+                       index=pd.Index([7, 5], name="row"))[order]
+    raw.attrs["source"] = "trace"
+    raw.columns.name = "field"
+    out = schema.conform(raw, schema.STEPS, table="steps")
+    assert list(out.columns) == ["rank", "step", "start_ns", "end_ns"]
+    assert str(out["rank"].dtype) == "int32" and str(raw["rank"].dtype) == "int64"
+    assert out.index.tolist() == [7, 5] and out.index.name == "row"
+    assert out.attrs == {"source": "trace"} and out.columns.name == "field"
+    out.loc[7, "start_ns"] = 99
+    out["end_ns"] = 0
+    assert raw["start_ns"].tolist() == [10, 11] and raw["end_ns"].tolist() == [20, 21]
+    assert list(raw.columns) == order
