@@ -3,11 +3,13 @@
 # `torch` requirement never pulls a multi-GB CUDA build), then the project.
 
 PYTHON ?= python3
-# The suite starts about a hundred fresh Python processes (the commands it runs, each recording's
+# `make test` starts about a hundred fresh Python processes (the commands it runs, each recording's
 # launcher and ranks, Dask's workers) beside its own workers. Where the environment sets
 # PYTHONDONTWRITEBYTECODE (some container images do), each of them compiles fsdpviz from its source
-# again (0.4 s of CPU for the analysis's modules) and pytest rewrites every test module in every worker:
-# the targets below keep bytecode in the checkout's __pycache__ folders (ignored by git) instead.
+# again (importing the analysis, the what-if model and the report: 1.1 CPU-seconds against 0.7 with
+# bytecode; docs/testing.md). Every target here, the benchmarks and `make demo` included, keeps bytecode
+# in the checkout's __pycache__ folders (ignored by git) instead; the variable given on make's command
+# line is unset as well.
 unexport PYTHONDONTWRITEBYTECODE
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
