@@ -515,7 +515,13 @@ def summarize_bound(overlap: pd.DataFrame, profiler: ProfilerCost | None,
     losses = {KIND_COMMUNICATION: comm, KIND_HOST: (host or 0.0) + fsdp, KIND_IDLE: idle}
     loss_kind, loss_ms = max(losses.items(), key=lambda kv: kv[1])
     total = shown.total
-    loss = Loss(kind=loss_kind, ms=round(loss_ms, 3), share=round(loss_ms / total, 4)) if loss_ms > 0 and total else None
+    if basis == BASIS_TRACED and abs(total - step) >= 0.001 and step > 0:
+        # each part is its own median over ranks, the step the median of the ranks' steps: with three
+        # ranks or more they need not add up (on the timers' clock the de-profiler moves them to the step)
+        notes.append(f"each part is the median over ranks of that rank's part: together they come to {total:.3f} ms "
+                     f"of the {step:.3f} ms step (the median of the ranks' steps); shares are of the step")
+    # a share of the step the split is of, as the actions and the headline say it
+    loss = Loss(kind=loss_kind, ms=round(loss_ms, 3), share=round(loss_ms / step, 4)) if loss_ms > 0 and step > 0 else None
     kind = step_kind(compute, comm, host, idle, fsdp)
     scale = device_scale(median_traced, parts)
     return BoundSummary(

@@ -405,12 +405,14 @@ def _traced_overlap(overlap: pd.DataFrame) -> TracedOverlap:
         )
         for r in overlap.to_dict(orient="records")
     }
+    # per step, the median over ranks, as every run-level figure beside them (the bound's parts): a
+    # view that shows both shows the profiler's share between them, not a mean beside a median
     return TracedOverlap(
-        comm_ms=ms(float(np.mean(overlap["comm_ns"] / per_step))),
-        compute_ms=ms(float(np.mean(overlap["compute_ns"] / per_step))),
-        exposed_comm_ms=ms(float(np.mean(overlap["exposed_comm_ns"] / per_step))),
+        comm_ms=ms(float(np.median(overlap["comm_ns"] / per_step))),
+        compute_ms=ms(float(np.median(overlap["compute_ns"] / per_step))),
+        exposed_comm_ms=ms(float(np.median(overlap["exposed_comm_ns"] / per_step))),
         overlap_pct=_pct(100.0 * both_ns / comm_ns) if comm_ns else None,
-        idle_ms=ms(float(np.mean(overlap["idle_ns"] / per_step))),
+        idle_ms=ms(float(np.median(overlap["idle_ns"] / per_step))),
         per_rank=per_rank,
     )
 

@@ -20,8 +20,9 @@ GEMM = "volta_sgemm_128x64_nn"
 CONTRACT_KEYS = {"framework", "world_size", "ranks", "steps", "step_time_ms", "overlap", "memory", "units"}
 
 
-def _rank_trace(tmp: Path, rank: int, *, label: str | None = None, comm_start_us: float = 100) -> Path:
-    b = TraceBuilder(rank=rank, world_size=2)
+def _rank_trace(tmp: Path, rank: int, *, label: str | None = None, comm_start_us: float = 100,
+                world_size: int = 2) -> Path:
+    b = TraceBuilder(rank=rank, world_size=world_size)
     b.step(3, 0, 1000).step(4, 1000, 1200).step(5, 2200, 500)  # step 5 = last, dropped
     if label:
         b.annotation(label, 5, 50)
@@ -49,7 +50,7 @@ def test_summary_numbers_by_construction(tmp_path: Path) -> None:
     # to the µs), not HTA's pooled share, which as_traced keeps (50 of 400 µs: 12.5 %)
     assert (ov["comm_ms"], ov["exposed_comm_ms"]) == (0.1, 0.087) and ov["overlap_pct"] == 13.0
     assert ov["as_traced"]["overlap_pct"] == 12.5
-    traced = ov["as_traced"]  # HTA's definitions: per step, mean over ranks
+    traced = ov["as_traced"]  # HTA's definitions: per step, median over ranks (of two: their mean)
     assert traced["comm_ms"] == 0.1 and traced["compute_ms"] == 0.05
     assert traced["exposed_comm_ms"] == pytest.approx((0.075 + 0.1) / 2, abs=0.001)
     # without timers the clock is the trace's: the same time, the busy time split into the model's
@@ -61,6 +62,26 @@ def test_summary_numbers_by_construction(tmp_path: Path) -> None:
     assert result["memory"]["peak_reserved_bytes"] == 4 << 20
     assert isinstance(result["units"], list)  # filled by the per-unit analysis when it finds units
     assert any("step 5" in n for n in result["notes"])
+
+
+def test_the_traced_figures_are_medians_over_ranks_as_the_headline_is(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Three ranks whose exposed communication differs by construction (step 3's all-gather hidden
+    for 50, 0 and 10 µs of its 100 behind the GEMM at 150-250 µs; step 4's never): 75, 100 and 95 µs
+    a step. The trace's own figure is their median, 95 µs, as the headline's is (a mean, 90 µs, would
+    read as a profiler's share on a run that has none), and the terminal shows one figure."""
+    for rank, start in ((0, 100), (1, 300), (2, 240)):
+        _rank_trace(tmp_path, rank, label="FSDP::pre_forward (blocks.0)", comm_start_us=start, world_size=3)
+    summary = analyse_traces(load_traces([tmp_path], cache=False)).summary
+    per_rank = {r: o.exposed_comm_ms for r, o in summary.overlap.as_traced.per_rank.items()}
+    assert per_rank == pytest.approx({"0": 0.075, "1": 0.1, "2": 0.095}, abs=0.001)
+    assert summary.overlap.as_traced.exposed_comm_ms == pytest.approx(0.095, abs=0.001)
+    assert summary.exposed_comm_ms == pytest.approx(0.095, abs=0.001)
+    with pytest.raises(SystemExit) as done:
+        main(["summary", str(tmp_path), "--no-cache", "-q"])
+    assert done.value.code in (0, None)
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("exposed comm"))
+    assert "as traced" not in line, line
 
 
 @pytest.mark.parametrize(
