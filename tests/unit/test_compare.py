@@ -11,10 +11,13 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from helpers.rawfiles import timer_step_ms
 
 from fsdpviz.analysis.compare.model import HEADLINE_FIELDS
 from fsdpviz.analysis.compare.runs import best_indices, command_args, compare_runs, field_value
@@ -202,3 +205,69 @@ def test_output_folder_must_exist(capsys: pytest.CaptureFixture[str], tmp_path: 
     target = tmp_path / "nope" / "page.html"
     code, _, err = _run(capsys, "compare", str(FSDP2), str(FSDP1), "-o", str(target))
     assert code == 2 and str(target) in err
+
+
+def _timers_spread_ms(folder: Path) -> float:
+    """A sample's step-to-step spread from its raw timer files: per clean step (after the one that
+    follows the trace) the median over ranks of the recorder's wall clock, highest minus lowest."""
+    last = max(json.loads((folder / "run.json").read_text())["profile"]["steps"]) + 1
+    walls = [timer_step_ms(p) for p in sorted((folder / "timers").glob("rank*.jsonl"))]
+    steps = sorted(set.intersection(*({s for s in w if s > last} for w in walls)))
+    per_step = [statistics.median(w[s] for w in walls) for s in steps]
+    return max(per_step) - min(per_step)
+
+
+def test_the_step_finding_says_which_test_kept_the_runs_apart(compared) -> None:
+    """The bundled FSDP1 and FSDP2 samples' steps are further apart than the noise between them (2
+    standard errors, 5 % of the larger) but not than FSDP2's step-to-step spread: the finding names no
+    winner and says so, with the spread its timers give, instead of calling the difference noise."""
+    result, summaries, _ = compared
+    finding = next(f for f in result["findings"] if f["kind"] == "step_time")
+    step = dict(zip(result["labels"], (s["step_time_ms"] for s in summaries)))
+    apart = step["fsdp2-cpu-2rank"] - step["fsdp1-cpu-2rank"]
+    assert min(step.values()) == step["fsdp1-cpu-2rank"] and max(step.values()) == step["fsdp2-cpu-2rank"]
+    noise = re.search(r"noise between the fastest and slowest \(2 standard errors\): ([\d.]+) ms", finding["evidence"])
+    assert noise and apart > max(float(noise[1]), 0.05 * step["fsdp2-cpu-2rank"])  # beyond the noise
+    said = re.search(r"within the runs' step-to-step spread: ([\d.]+) ms apart, no more than ([\d.]+) ms",
+                     finding["message"])
+    assert said and finding["better"] is None, finding["message"]
+    assert float(said[1]) == pytest.approx(apart, abs=0.01)
+    spread = max(_timers_spread_ms(FSDP2), _timers_spread_ms(FSDP1))
+    assert float(said[2]) == pytest.approx(spread, abs=0.01) and apart <= spread
+    assert "within noise" not in finding["message"]
+
+
+def test_runs_on_two_clocks_and_two_levels_are_not_ranked_on_them(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """The bundled FSDP2 sample (recorded by fsdpviz: timers, and what it measured alive when the trace
+    began) beside the same program under a plain torch.profiler (no timers, no measurement). Its step
+    time is the timers' clean steps, the plain run's as traced: a difference the profiler makes as much
+    as the runs. Its level adds the measured bytes, the plain run's cannot: its peak is higher by exactly
+    those bytes (the same model, flags and seed). Neither difference gets a best mark or a winner; each
+    is said, with the traced steps both runs have; the memory a step adds is still ranked."""
+    plain = SAMPLES / "fsdp2-cpu-2rank-plain"
+    code, out, _ = _run(capsys, "compare", str(FSDP2), str(plain), "--json", "--no-cache", "-q")
+    assert code == 0
+    result = json.loads(out)
+    runs = {lb: r for lb, r in zip(result["labels"], result["runs"])}
+    fsdp2, bare = runs["fsdp2-cpu-2rank"], runs[result["labels"][1]]
+    assert (fsdp2["step_time_source"], bare["step_time_source"]) == ("timers", "trace")
+    assert not (plain / "timers").exists() and (FSDP2 / "timers").is_dir()
+    for key in ("step_time_ms", "overlap.exposed_comm_ms", "overlap.compute_ms"):
+        assert result["best"][key] == [] and "different clocks" in result["best_withheld"][key], key
+    step = next(f for f in result["findings"] if f["kind"] == "step_time")
+    assert step["better"] is None and "not ranked" in step["message"]
+    assert f"{fsdp2['traced_step_time_ms']:.2f} ms" in step["message"] and f"{bare['traced_step_time_ms']:.2f} ms" in step["message"]
+    # the peaks differ by what the recorder measured alive when the trace began, and by nothing else
+    baseline = fsdp2["memory"]["baseline_bytes"]
+    assert baseline and fsdp2["memory"]["peak_allocated_bytes"] - bare["memory"]["peak_allocated_bytes"] == baseline
+    assert result["best"]["memory.peak_allocated_bytes"] == []
+    assert "count different things" in result["best_withheld"]["memory.peak_allocated_bytes"]
+    memory = next(f for f in result["findings"] if f["kind"] == "memory")
+    assert memory["better"] is None and "not ranked" in memory["message"] and "activations" not in memory["message"]
+    assert any(n.startswith("Clocks differ") for n in result["notes"])
+    assert any(n.startswith("Memory levels differ") for n in result["notes"])
+    for group in result["unit_groups"]:
+        assert all(not marks for marks in group["best"].values()), group["best"]
+        assert all("different clocks" in why for metric, why in group["best_withheld"].items()
+                   if metric.endswith("_ms")), group["best_withheld"]

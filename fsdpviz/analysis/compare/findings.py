@@ -33,6 +33,7 @@ import numpy as np
 
 from fsdpviz import vocabulary
 from fsdpviz.analysis.bound import clock_scale
+from fsdpviz.analysis.compare.clocks import clocks_differ, levels_differ
 from fsdpviz.analysis.compare.model import unit_index
 from fsdpviz.analysis.compare.spread import MEMORY_NOISE, headline_spread_why
 from fsdpviz.analysis.compare.units import all_known, group_values
@@ -104,6 +105,23 @@ def beyond_spread(c: Comparison, key: str, i: int, j: int) -> bool:
     return bool(known) and abs(float(a) - float(b)) > max(known)
 
 
+def not_apart(c: Comparison, key: str, i: int, j: int, noise: float) -> str | None:
+    """Why runs ``i`` and ``j`` are not told apart in headline ``key`` (time, ms), in words: within the
+    noise (:func:`is_clear`), or beyond it but within their step-to-step spread (:func:`beyond_spread`);
+    None where they differ beyond both. The words name the test that held, with its figure."""
+    a, b = c.values[key][i], c.values[key][j]
+    if a is None or b is None:
+        return None
+    a, b = float(a), float(b)
+    if not is_clear(a, b, noise):
+        return (f"within noise: {ms_text(abs(a - b))} apart, no more than the larger of 2 standard errors "
+                f"({ms_text(noise)}) and {100 * TIME_NOISE:.0f} % of the larger value")
+    if not beyond_spread(c, key, i, j):
+        return (f"within the runs' step-to-step spread: {ms_text(abs(a - b))} apart, no more than "
+                f"{ms_text(max(_spreads(c, key, i, j)))}")
+    return None
+
+
 def unranked(c: Comparison, key: str, i: int, j: int, what: str) -> str:
     """Where neither run ``i`` nor ``j`` has a step-to-step spread of headline ``key``: a finding's
     message saying that their ``what`` cannot be ranked, and why each has none (whatif advises nothing
@@ -168,8 +186,10 @@ def step_time_finding(c: Comparison) -> list[Finding]:
                 f"(2 standard errors): {ms_text(noise)}" + _spread_text(c, "step_time_ms"))
     if none := unranked(c, "step_time_ms", best_i, worst_i, "The step times"):
         return [_finding("step_time", none, evidence, None, values)]
-    if not is_clear(best, worst, noise) or not beyond_spread(c, "step_time_ms", best_i, worst_i):
-        return [_finding("step_time", f"Step times are within noise of each other ({ms_text(best)} to {ms_text(worst)}).",
+    if clock_why := clocks_differ(c.runs):
+        return [_finding("step_time", f"The step times are not ranked: {clock_why}.", evidence, None, values)]
+    if why := not_apart(c, "step_time_ms", best_i, worst_i, noise):
+        return [_finding("step_time", f"Step times are not told apart ({ms_text(best)} to {ms_text(worst)}): {why}.",
                          evidence, None, values)]
     # Against the baseline when that difference is clear too, else against the slowest run.
     step_ms = dict(known)
@@ -286,9 +306,12 @@ def exposed_finding(c: Comparison) -> list[Finding]:
         evidence += "; exposed per unit, summed: " + "; ".join(per_kind)
     if none := unranked(c, "overlap.exposed_comm_ms", best_i, worst_i, "Exposed communication"):
         return [_finding("exposed_comm", none, evidence, None, values)]
-    if not is_clear(best, worst, noise) or not beyond_spread(c, "overlap.exposed_comm_ms", best_i, worst_i):
-        return [_finding("exposed_comm", f"Exposed communication is within noise across runs "
-                         f"({ms_text(best)} to {ms_text(worst)} per step).", evidence, None, values)]
+    if clock_why := clocks_differ(c.runs):
+        return [_finding("exposed_comm", f"Exposed communication is not ranked: {clock_why}.", evidence, None,
+                         values)]
+    if why := not_apart(c, "overlap.exposed_comm_ms", best_i, worst_i, noise):
+        return [_finding("exposed_comm", f"Exposed communication is not told apart across runs "
+                         f"({ms_text(best)} to {ms_text(worst)} per step): {why}.", evidence, None, values)]
     b, w = c.labels[best_i], c.labels[worst_i]
     message = f"{b} exposes the least communication: {ms_text(best)} per step, against {ms_text(worst)} in {w}"
     pb, pw = parts.get(b, {}), parts.get(w, {})
@@ -324,6 +347,8 @@ def memory_finding(c: Comparison) -> list[Finding]:
     if values["largest_unit_bytes"]:
         evidence += "; largest unit (unsharded parameters): " + ", ".join(
             f"{lb} {bytes_text(v)}" for lb, v in values["largest_unit_bytes"].items())
+    if not drifting and (level_why := levels_differ(c.runs)):
+        return [_finding("memory", f"Peak allocated memory is not ranked: {level_why}.", evidence, None, values)]
     if not is_clear(low, high, 0.0, rel=MEMORY_NOISE, floor=0.0):
         return [_finding("memory", f"{what[0].upper()}{what[1:]} is within {MEMORY_NOISE:.0%} across runs "
                          f"({bytes_text(low)} to {bytes_text(high)}).", evidence, None, values)]
@@ -412,7 +437,9 @@ def prefetch_finding(c: Comparison) -> list[Finding]:
         e_deep, e_shallow = exposed.get(deep), exposed.get(shallow)
         message = (f"{deep} issues its {phase} all-gathers earlier: on average {known[deep]:.1f} units are still "
                    f"computing when a gather starts, against {known[shallow]:.1f} in {shallow}")
-        if e_deep is not None and e_shallow is not None:
+        if clocks_differ(c.runs):
+            message += f"; their exposed {phase} all-gather time is not compared: the runs are on different clocks"
+        elif e_deep is not None and e_shallow is not None:
             verdict = "less" if e_deep < e_shallow else "not less"
             message += (f"; its exposed {phase} all-gather time is {verdict}: {ms_text(e_deep)} vs {ms_text(e_shallow)} "
                         "per step")
@@ -448,8 +475,10 @@ def group_finding(c: Comparison) -> list[Finding]:
 
     message = (f"The units that differ most are {group.name}: exposed communication {ms_text(vals[low])} per step in "
                f"{low}{members(low)} against {ms_text(vals[high])} in {high}{members(high)}.")
-    return [_finding("unit_group", message, "per-unit medians summed over the group's units", low,
-                     {"exposed_comm_ms": vals, "group": {"name": group.name}})]
+    if clock_why := clocks_differ(c.runs):  # said, not ranked
+        message += f" Not ranked: {clock_why}."
+    return [_finding("unit_group", message, "per-unit medians summed over the group's units",
+                     None if clock_why else low, {"exposed_comm_ms": vals, "group": {"name": group.name}})]
 
 
 def build_findings(c: Comparison) -> list[Finding]:

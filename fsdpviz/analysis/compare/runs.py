@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
+from fsdpviz.analysis.compare.clocks import LEVEL_FIELDS, clocks_differ, levels_differ
 from fsdpviz.analysis.compare.findings import build_findings
 from fsdpviz.analysis.compare.memory import drift_bytes, step_levels, step_rise_bytes
 from fsdpviz.analysis.compare.model import HEADLINE_FIELDS, LOWER, Comparison, unit_index
@@ -158,6 +159,17 @@ def compare_runs(runs: Sequence[LabelledRun]) -> Comparison:
             best[f.key], why = clear_bytes(values[f.key], best[f.key])
             if why:
                 withheld[f.key] = why
+    # runs on different clocks, or whose levels count different things, are not ranked on those figures
+    # (before any other reason: such figures are not compared at all)
+    known_in = {f.key: sum(v is not None for v in values[f.key]) for f in HEADLINE_FIELDS}
+    if clock_why := clocks_differ(runs):
+        for f in HEADLINE_FIELDS:
+            if f.unit in ("ms", "%") and known_in[f.key] >= 2:
+                best[f.key], withheld[f.key] = [], clock_why
+    if level_why := levels_differ(runs):
+        for key in LEVEL_FIELDS:
+            if known_in[key] >= 2:
+                best[key], withheld[key] = [], level_why
     notes = comparability_notes(runs, match) + drift_notes(labels, drift, values["step_rise_bytes"]) \
         + unseen_notes(runs)
     unknown = {key: {r.label: headline_spread_why(r, key) for r, s in zip(runs, spreads) if s is None}
@@ -188,6 +200,7 @@ def unit_marks(comparison: Comparison) -> None:
     """The best run of each unit group's numbers (lower is better), kept only beyond the runs'
     step-to-step spread (:mod:`fsdpviz.analysis.compare.spread`); the page and the terminal show these."""
     drifting = any(d is not None for d in comparison.drift)  # peaks then depend on the step: not ranked
+    clock_why, level_why = clocks_differ(comparison.runs), levels_differ(comparison.runs)
     indexes = [unit_index(r) for r in comparison.runs]
     for group in comparison.match.groups:
         values = [group_values(group, r.label, idx) for r, idx in zip(comparison.runs, indexes)]
@@ -203,6 +216,11 @@ def unit_marks(comparison: Comparison) -> None:
                 continue
             if group.bytes_differ:
                 marks[metric], why[metric] = [], "its units hold different parameter bytes in the runs"
+                continue
+            # times on different clocks, or peaks of levels that count different things: not ranked
+            unranked = level_why if metric.endswith("_bytes") else clock_why
+            if unranked:
+                marks[metric], why[metric] = [], unranked
                 continue
             if metric.endswith("_bytes"):  # no spread for bytes: the memory finding's rule
                 marks[metric], reason = clear_bytes(row, best_indices(row, LOWER))
@@ -329,6 +347,12 @@ def comparability_notes(runs: Sequence[LabelledRun], match: UnitMatch) -> list[s
         notes.append(_differ("Devices differ", devices, labels) + ". GPU overlap counts kernels on the "
                      "device's streams, CPU overlap counts the threads that ran ops and collectives: these numbers "
                      "are not comparable.")
+    if clock_why := clocks_differ(runs):
+        notes.append(f"Clocks differ: {clock_why}. No time figure gets a best mark between them; record every run "
+                     "with fsdpviz record (its timers give the unprofiled steps) to compare them on one clock.")
+    if level_why := levels_differ(runs):
+        notes.append(f"Memory levels differ: {level_why}. Their peaks get no best mark; the memory a step adds "
+                     "(peak less the level at the step's start) counts the same in each.")
     totals = [_total_params(r) for r in runs]
     if all(t is not None for t in totals) and len(set(totals)) > 1:
         notes.append(_differ("Parameter counts differ", [f"{t:,}" for t in totals], labels)
