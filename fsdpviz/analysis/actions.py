@@ -77,6 +77,27 @@ _GROUP_WORDS: Final = {
     fnd.CAUSE_OUTLASTS_AFTER: "reductions outlast the compute that runs after them",
 }
 
+# The collectives a reduction group is about: an HSDP run has both, whose groups would read alike.
+_REDUCTIONS: Final = {"exposed_reduce_scatter": "reduce-scatters", "exposed_all_reduce": "HSDP all-reduces"}
+# How many unit-passes a group's line names before it counts the rest.
+_NAMED_PASSES: Final = 3
+
+
+def _group_words(kind: str, cause: str, fallback: str) -> str:
+    """What happened in a group of alike findings, naming the collectives of a reduction group."""
+    words = _GROUP_WORDS.get(cause, fallback)
+    return _REDUCTIONS[kind] + words.removeprefix("reductions") if words.startswith("reductions") and kind in _REDUCTIONS \
+        else words
+
+
+def _passes_text(where: Sequence[str]) -> str:
+    """`` (blocks.0 backward, blocks.1 backward)``: the unit-passes a group names, the first few and a count."""
+    named = [w for w in where if w]
+    if not named:
+        return ""
+    rest = len(named) - _NAMED_PASSES
+    return f" ({', '.join(named[:_NAMED_PASSES])}{f' and {rest} more' if rest > 0 else ''})"
+
 
 class Action(msgspec.Struct, kw_only=True):
     """One line of advice: the bound, or alike findings grouped (``summary --json`` ``actions``)."""
@@ -150,9 +171,9 @@ def group_findings(findings: Sequence[Finding], *, host_backend_on_gpu: bool = F
         if len(members) == 1:
             message = members[0].message
         else:
-            message = (f"{_GROUP_WORDS.get(cause, members[0].message)} in {len(members)} unit-passes: "
-                       f"{_range_text(lost)} each, {ms_text(sum(lost))}/step" if lost else
-                       f"{_GROUP_WORDS.get(cause, members[0].message)} in {len(members)} unit-passes")
+            words = _group_words(kind, cause, members[0].message)
+            message = (f"{words} in {len(members)} unit-passes: {_range_text(lost)} each, {ms_text(sum(lost))}/step"
+                       if lost else f"{words} in {len(members)} unit-passes") + _passes_text(where)
         knob = knobs[0] if len(knobs) == 1 else "; ".join(knobs)
         why_not = (knob_blocked(knob, host_backend_on_gpu, waits_out) if knob
                    else next((f.why_not for f in members if f.why_not), ""))
@@ -288,8 +309,10 @@ def with_prediction(action: Action, change_ms: float | None, words: str, *, spre
     elif spread_ms is None and spread_unknown:
         why = f"not advised: {spread_unknown} ({said})"
     elif spread_ms is not None and abs(change_ms) <= spread_ms:
-        why = (f"not advised: fsdpviz whatif predicts no measurable change ({said}, within the recording's "
-               f"{spread_ms:.2f} ms step-to-step spread)") + (f": {because}" if because else "")
+        # the figure first, then why it is not read as a change: a large predicted move beside "no change"
+        # would read as a contradiction
+        why = (f"not advised: fsdpviz whatif predicts {said}, within the recording's {spread_ms:.2f} ms "
+               f"step-to-step spread: no measurable change") + (f" ({because})" if because else "")
     elif change_ms > -NO_GAIN_MS:
         why = f"not advised: fsdpviz whatif predicts no gain ({said})" + (f": {because}" if because else "")
     if why:

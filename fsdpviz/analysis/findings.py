@@ -156,6 +156,17 @@ def _share_text(shared: pd.DataFrame, unit: str, phase: str, what: str, share_ns
     return f"{what} {ms_text(share_ns / NS_PER_MS)}"
 
 
+def _bucket_words(shared: pd.DataFrame, unit: str, phase: str, what: str, share_ns: float) -> str:
+    """`` (one reduce-scatter 3.22 ms of up to 16 units, all its exposed time counted here; this
+    unit's share 0.57 ms)`` where ``unit``'s ``what`` collectives carried other units too (ZeRO-3's
+    buckets), "" otherwise: the unit's exposed time can then exceed its own share of the collective."""
+    if (unit, phase) not in shared.index:
+        return ""
+    full_ns, n_units = shared["full_ns"][(unit, phase)], shared["n_units"][(unit, phase)]
+    return (f" (one {what} {ms_text(float(full_ns) / NS_PER_MS)} of up to {int(n_units)} units, all its exposed time "
+            f"counted here; this unit's share {ms_text(share_ns / NS_PER_MS)})")
+
+
 def _unit_passes(med: pd.DataFrame) -> Iterator[tuple[str, str, pd.Series]]:
     """``(unit, phase, medians)`` for each row of a frame indexed by (unit, phase)."""
     for key, m in med.iterrows():
@@ -210,7 +221,8 @@ def gather_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, framework: st
         median_of = _median_of(m["n"])
         evidence = (f"{gather}, exposed {ms_text(m['ag_exposed_ns'] / NS_PER_MS)}; {_lead_words(m['lead'])}; "
                     f"{_depth_words(m['depth'])}; own compute {ms_text(m['compute_ns'] / NS_PER_MS)}; {median_of}")
-        head = f"{unit}: all-gather exposed {ms_text(m['ag_exposed_ns'] / NS_PER_MS)}/step in {phase}"
+        head = (f"{unit}: all-gather exposed {ms_text(m['ag_exposed_ns'] / NS_PER_MS)}/step in {phase}"
+                + _bucket_words(shared, unit, phase, "all-gather", m["ag_ns"]))
         knob = ""
         if phase == vocabulary.FORWARD and ((unit, phase) in firsts or pos == 0 or prev is None):
             if (unit, phase) in firsts:
@@ -269,7 +281,8 @@ def reduce_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, floor_ns: flo
             cause = ("no unit computes after it starts: nothing left to hide it behind" if last
                      else "it outlasts the compute that runs after it")
             rows.append(_row(unit, phase, kind, exposed,
-                             f"{what} of {unit} exposed {ms_text(exposed / NS_PER_MS)}/step in backward; {cause}",
+                             f"{what} of {unit} exposed {ms_text(exposed / NS_PER_MS)}/step in backward"
+                             f"{_bucket_words(shared, unit, phase, what, m[f'{col}_ns'])}; {cause}",
                              f"{_share_text(shared, unit, phase, what, m[f'{col}_ns'])}, exposed {ms_text(exposed / NS_PER_MS)}; "
                              + _median_of(m["n"]), "",
                              cause=CAUSE_NOTHING_LEFT if last else CAUSE_OUTLASTS_AFTER))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import statistics
 from collections.abc import Callable
 from pathlib import Path
@@ -73,6 +74,24 @@ def test_alike_findings_are_one_line_with_range_and_total() -> None:
     assert "in 16 unit-passes: 54.00-61.00 ms each, 920.00 ms/step" in gathers.message
     assert gathers.knob == PREFETCH
     assert actions[1].count == 1 and actions[1].message == other.message  # alone: its own words
+
+
+def test_reduction_groups_of_two_collectives_read_apart_and_name_their_passes() -> None:
+    """An HSDP run's reduce-scatters and all-reduces that outlast the compute after them are two groups
+    (two kinds): each line names its own collective and the unit-passes it holds, the first three and a
+    count of the rest, in the findings' order."""
+    def outlasting(kind: str, unit: str, lost: float) -> Finding:
+        return Finding(kind=kind, cause=fnd.CAUSE_OUTLASTS_AFTER, unit=unit, phase="backward", lost_ms_per_step=lost,
+                       message=f"{unit}: outlasts")
+    rs = [outlasting("exposed_reduce_scatter", f"blocks.{i}", 1.0 + i) for i in range(2)]
+    ar = [outlasting("exposed_all_reduce", f"blocks.{i}", 4.0 + i) for i in range(5)]
+    groups = group_findings([*rs, *ar])
+    assert [(a.kind, a.count) for a in groups] == [("exposed_reduce_scatter", 2), ("exposed_all_reduce", 5)]
+    assert groups[0].message == ("reduce-scatters outlast the compute that runs after them in 2 unit-passes: "
+                                 "1.00-2.00 ms each, 3.00 ms/step (blocks.0 backward, blocks.1 backward)")
+    assert groups[1].message == ("HSDP all-reduces outlast the compute that runs after them in 5 unit-passes: "
+                                 "4.00-8.00 ms each, 30.00 ms/step (blocks.0 backward, blocks.1 backward, "
+                                 "blocks.2 backward and 2 more)")
 
 
 def test_groups_that_lead_to_one_setting_are_one_action_with_all_their_losses() -> None:
@@ -322,3 +341,24 @@ def test_nothing_is_advised_or_ranked_where_the_spread_is_unknown() -> None:
     exploration = explore(read_model(result))
     assert not exploration.ranked and not exploration.within_spread and exploration.unranked
     assert exploration.best() is None and any(SPREAD_UNKNOWN_WHY in n for n in exploration.notes)
+
+
+def test_a_bucketed_collective_says_its_exposure_is_the_buckets(sample_run: Callable[[str], Any]) -> None:
+    """ZeRO-3 reduces its gradients in buckets: the bundled sample's reduce-scatter ranges each name 16
+    units (read from the trace file). Its exposed time counts for one unit of the bucket, so that unit's
+    exposure exceeds its own share of the collective; the line a person reads says so, with the bucket's
+    size, instead of a unit exposed longer than it communicates."""
+    from helpers.rawfiles import trace_events
+
+    path = SAMPLES / "zero3-cpu-2rank" / "traces" / "rank0.trace.json.gz"
+    named = [len(e["name"].split(" (", 1)[1].rstrip(")").split(", ")) for e in trace_events(path)
+             if e.get("name", "").startswith("fsdpviz::reduce_scatter (")]
+    assert named and max(named) == 16
+    summary = sample_run("zero3-cpu-2rank").summary
+    (finding,) = [f for f in summary.findings if f.kind == "exposed_reduce_scatter"]
+    said = re.search(r"exposed ([\d.]+) ms/step in backward \(one reduce-scatter ([\d.]+) ms of up to (\d+) units, "
+                     r"all its exposed time counted here; this unit's share ([\d.]+) ms\)", finding.message)
+    assert said and int(said[3]) == max(named), finding.message
+    exposed, share = float(said[1]), float(said[4])
+    unit = next(u for u in summary.units if u.name == finding.unit)
+    assert share == pytest.approx(unit.reduce_scatter_ms, abs=0.006) and exposed > share
