@@ -106,9 +106,24 @@ def bytes_text(value: float | None) -> str:
     return f"{int(value)} B"
 
 
+# Below this many MiB the MiB columns show hundredths: a small run's peaks and changes (a 1.35 MiB peak, a
+# +0.10 MiB change) would otherwise read as 1.4 and +0.0.
+FINE_MIB: Final = 10.0
+
+
+def _mib(value: float, sign: str = "") -> str:
+    mib = value / MIB
+    return f"{mib:{sign},.2f} MiB" if abs(mib) < FINE_MIB else f"{mib:{sign},.1f} MiB"
+
+
 def mib_text(value: float | None) -> str:
-    """``1,234.5 MiB``; ``-`` for no number."""
-    return "-" if value is None else f"{value / MIB:,.1f} MiB"
+    """``1,234.5 MiB`` (``1.35 MiB`` below :data:`FINE_MIB`); ``-`` for no number."""
+    return "-" if value is None else _mib(value)
+
+
+def mib_change_text(diff: float) -> str:
+    """A change in MiB with its sign: ``+12.3 MiB``, ``+0.10 MiB`` below :data:`FINE_MIB`."""
+    return _mib(diff, "+")
 
 
 def change_text(before: float | None, after: float | None, unit: str) -> str:
@@ -117,5 +132,5 @@ def change_text(before: float | None, after: float | None, unit: str) -> str:
     if before is None or after is None:
         return ""
     diff = after - before
-    text = f"{diff / MIB:+,.1f} MiB" if unit == "bytes" else f"{diff:+,.2f} ms"
+    text = mib_change_text(diff) if unit == "bytes" else f"{diff:+,.2f} ms"
     return text + (f" ({100 * diff / before:+.1f} %)" if before else "")

@@ -29,7 +29,7 @@ from fsdpviz.analysis.actions import (
 from fsdpviz.analysis.bound import KIND_COMMUNICATION, KIND_HOST
 from fsdpviz.analysis.summary import Summary
 from fsdpviz.errors import FsdpvizError
-from fsdpviz.formatting import MIB
+from fsdpviz.formatting import mib_change_text, mib_text
 from fsdpviz.replay import prefetch_args
 from fsdpviz.replay.clock import clock_of
 from fsdpviz.replay.model import SUPPORTED, Gain, Model, model_clock, model_ranks, read_model
@@ -72,7 +72,7 @@ def prediction_words(p: Prediction) -> str:
     if base.step_time_ms:
         text += f" ({100 * diff / base.step_time_ms:+.1f} %)"
     if base.peak_allocated_bytes is not None and new.peak_allocated_bytes is not None:
-        text += f", peak {(new.peak_allocated_bytes - base.peak_allocated_bytes) / MIB:+.1f} MiB"
+        text += f", peak {mib_change_text(new.peak_allocated_bytes - base.peak_allocated_bytes)}"
     return text
 
 
@@ -162,7 +162,7 @@ def _over_memory(model: Model, peak: int | None) -> str:
     budget = device_budget(model)
     if peak is None or budget is None or peak <= budget:
         return ""
-    return f"its predicted peak, {peak / MIB:,.1f} MiB, exceeds the device's {budget / MIB:,.1f} MiB"
+    return f"its predicted peak, {mib_text(peak)}, exceeds the device's {mib_text(budget)}"
 
 
 def predict_actions(model: Model, actions: Sequence[Action]) -> list[Action]:

@@ -255,6 +255,8 @@ def _no_units_trace(tmp: Path) -> Path:
     (["--wrap", "match:^decoder"], "matches none of the recorded units' modules"),
     (["--prefetch", "-1"], "use implicit, none or a number"),
     (["--world-size", "0"], "needs at least 1 rank"),
+    (["--gpus-per-node", "5"], "--gpus-per-node 5: more than the 4 rank(s) the prediction runs"),
+    (["--gpus-per-node", "3", "--world-size", "2"], "--gpus-per-node 3: more than the 2 rank(s)"),
     (["--reshard-after-forward", "maybe"], "use true or false"),
     (["--explore", "--memory-budget", "lots"], "use a size with its unit, e.g. 70GiB"),
     (["--explore", "--memory-budget", "5"], "5 bytes is surely not meant; give the unit, e.g. 5GiB or 5GB"),
