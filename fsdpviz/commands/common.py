@@ -50,6 +50,8 @@ SCHEDULER_HELP = ("Parse the traces on the workers of this Dask scheduler (tcp:/
                   "$FSDPVIZ_SCHEDULER, else local processes.")
 STEPS_HELP = ("ProfilerSteps to analyse, e.g. 3,4 or 3-5 (ProfilerStep#N in the trace). Default: every "
               "step the trace shows complete.")
+INCLUDE_LAST_HELP = "Also analyse the last captured step when the trace cannot show it complete."
+QUIET_HELP = "No progress lines on stderr."
 PATHS_HELP = ("A run folder (from fsdpviz record), a folder of traces, or trace files (.json / .json.gz, "
               "also recorded without fsdpviz).")
 

@@ -10,7 +10,13 @@ from typing import Annotated
 
 import typer
 
-from fsdpviz.commands.common import SCHEDULER_HELP, check_output_folder, progress_printer, warn_gaps
+from fsdpviz.commands.common import (
+    QUIET_HELP,
+    SCHEDULER_HELP,
+    check_output_folder,
+    progress_printer,
+    warn_gaps,
+)
 from fsdpviz.errors import UsageError
 
 EXAMPLE = """
@@ -31,7 +37,7 @@ def compare(
     as_json: Annotated[bool, typer.Option(
         "--json", help='Print {"runs": [summary of each run], "deltas": {...}, ...} on stdout.')] = False,
     cache: Annotated[bool, typer.Option("--cache/--no-cache", help="Reuse parsed traces and the summaries cached beside them.")] = True,
-    quiet: Annotated[bool, typer.Option("-q", "--quiet", help="No progress lines on stderr.")] = False,
+    quiet: Annotated[bool, typer.Option("-q", "--quiet", help=QUIET_HELP)] = False,
     scheduler: Annotated[str | None, typer.Option("--scheduler", metavar="ADDRESS", help=SCHEDULER_HELP,
                                                   show_default=False)] = None,
 ) -> None:

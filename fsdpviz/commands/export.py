@@ -20,7 +20,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from fsdpviz.commands.common import PATHS_HELP, SCHEDULER_HELP, STEPS_HELP, warn_gaps
+from fsdpviz.commands.common import (
+    INCLUDE_LAST_HELP,
+    PATHS_HELP,
+    QUIET_HELP,
+    SCHEDULER_HELP,
+    STEPS_HELP,
+    warn_gaps,
+)
 from fsdpviz.errors import UsageError
 
 if TYPE_CHECKING:
@@ -43,8 +50,10 @@ def export(
                                                       "phase.")] = "parquet",
     steps: Annotated[str | None, typer.Option(
         "--steps", metavar="STEPS", help=STEPS_HELP, show_default=False)] = None,
+    include_last_step: Annotated[bool, typer.Option("--include-last-step", help=INCLUDE_LAST_HELP)] = False,
     cache: Annotated[bool, typer.Option(
         "--cache/--no-cache", help="Reuse parsed traces cached beside them.")] = True,
+    quiet: Annotated[bool, typer.Option("-q", "--quiet", help=QUIET_HELP)] = False,
     ranks: Annotated[str | None, typer.Option(
         "--ranks", metavar="RANKS", help="perfetto: ranks to keep, e.g. 0,1 or 0-3 (default: all).", show_default=False)] = None,
     raw: Annotated[bool, typer.Option(
@@ -66,13 +75,14 @@ def export(
     if fmt not in FORMATS:
         raise UsageError(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}")
     if fmt == "perfetto":
-        _export_perfetto(paths, out, steps, ranks, raw, cache, scheduler)
+        _export_perfetto(paths, out, steps, ranks, raw, cache, scheduler, include_last_step, quiet)
         return
     if ranks is not None or not raw:
         raise UsageError("--ranks and --no-raw apply to --format perfetto")
     if out.exists() and not out.is_dir():
         raise UsageError(f"-o {out}: exists and is not a folder")
-    run = analyse(paths, steps=parse_steps(steps), cache=cache, scheduler=scheduler)
+    run = analyse(paths, steps=parse_steps(steps), include_last_step=include_last_step, cache=cache,
+                  progress=False if quiet else None, scheduler=scheduler)
     traces, analysis = run.traces, run.analysis
     warn_gaps(traces)  # after the analysis: bad input stays one error line
     tables = export_tables(run)
@@ -148,7 +158,7 @@ def write_tables(tables: dict[str, Any], out: Path, fmt: str,
 
 
 def _export_perfetto(paths: list[Path], out: Path, steps: str | None, ranks: str | None, raw: bool,
-                     cache: bool, scheduler: str | None) -> None:
+                     cache: bool, scheduler: str | None, include_last_step: bool, quiet: bool) -> None:
     from fsdpviz.analysis.pipeline import analyse
     from fsdpviz.commands.common import check_output_folder
     from fsdpviz.commands.summary import parse_numbers, parse_steps
@@ -160,7 +170,8 @@ def _export_perfetto(paths: list[Path], out: Path, steps: str | None, ranks: str
         raise UsageError(f"-o {out}: name the file .json or .json.gz (Perfetto and chrome://tracing read both)")
     check_output_folder(out, "the export")
     wanted = parse_numbers(ranks, "--ranks")
-    run = analyse(paths, cache=cache, scheduler=scheduler)
+    run = analyse(paths, include_last_step=include_last_step, cache=cache, progress=False if quiet else None,
+                  scheduler=scheduler)
     warn_gaps(run.traces)
     result = export_perfetto(run, out, steps=parse_steps(steps), ranks=wanted, raw=raw)
     typer.echo(f"{result.path}  {result.events:,} events, {result.ranks} rank(s), "

@@ -8,7 +8,9 @@ from pathlib import Path
 import typer
 
 from fsdpviz.commands.common import (
+    INCLUDE_LAST_HELP,
     PATHS_HELP,
+    QUIET_HELP,
     SCHEDULER_HELP,
     STEPS_HELP,
     check_output_folder,
@@ -43,8 +45,9 @@ def report(
         None, "--ranks", metavar="RANKS", help="Ranks the timeline Gantt draws, e.g. 0-7 or 0,5,9. Default: all ranks, "
                               "or 16 chosen ones (rank 0, slowest, fastest, spread) beyond 16.",
         show_default=False),
+    include_last_step: bool = typer.Option(False, "--include-last-step", help=INCLUDE_LAST_HELP),
     cache: bool = typer.Option(True, "--cache/--no-cache", help="Reuse parsed traces and the summary cached beside them."),
-    quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress lines on stderr."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help=QUIET_HELP),
     scheduler: str | None = typer.Option(None, "--scheduler", metavar="ADDRESS", help=SCHEDULER_HELP,
                                          show_default=False),
 ) -> None:
@@ -63,11 +66,11 @@ def report(
     started = time.perf_counter()
     if say:
         say(f"loading {', '.join(str(p) for p in paths)}")
-    run = analyse(paths, steps=step_list, cache=cache, progress=False if quiet else None, say=say,
-                  scheduler=scheduler, meanwhile=import_report_modules)
+    run = analyse(paths, steps=step_list, include_last_step=include_last_step, cache=cache,
+                  progress=False if quiet else None, say=say, scheduler=scheduler, meanwhile=import_report_modules)
     # the page's summary is `fsdpviz summary`'s: read from the cache when that ran before (no replay,
     # no priced actions), kept there when not (fsdpviz/cache.py)
-    store = store_for(paths, steps=step_list, cache=cache)
+    store = store_for(paths, steps=step_list, include_last_step=include_last_step, cache=cache)
     seed(run, store)
     written = build_report(run, output, ranks=rank_list, progress=say)
     keep(run, store)

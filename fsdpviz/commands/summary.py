@@ -8,7 +8,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from fsdpviz.commands.common import PATHS_HELP, SCHEDULER_HELP, STEPS_HELP, warn_gaps
+from fsdpviz.commands.common import (
+    INCLUDE_LAST_HELP,
+    PATHS_HELP,
+    QUIET_HELP,
+    SCHEDULER_HELP,
+    STEPS_HELP,
+    warn_gaps,
+)
 from fsdpviz.commands.terminal import print_table
 from fsdpviz.errors import UsageError
 from fsdpviz.formatting import bytes_text
@@ -39,11 +46,10 @@ def summary(
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON (a stable contract).")] = False,
     steps: Annotated[str | None, typer.Option(
         "--steps", metavar="STEPS", help=STEPS_HELP, show_default=False)] = None,
-    include_last_step: Annotated[bool, typer.Option(
-        "--include-last-step", help="Also analyse the last captured step when the trace cannot show it complete.")] = False,
+    include_last_step: Annotated[bool, typer.Option("--include-last-step", help=INCLUDE_LAST_HELP)] = False,
     cache: Annotated[bool, typer.Option(
         "--cache/--no-cache", help="Reuse parsed traces and the summary cached beside them.")] = True,
-    quiet: Annotated[bool, typer.Option("-q", "--quiet", help="No progress lines on stderr.")] = False,
+    quiet: Annotated[bool, typer.Option("-q", "--quiet", help=QUIET_HELP)] = False,
     scheduler: Annotated[str | None, typer.Option("--scheduler", metavar="ADDRESS", help=SCHEDULER_HELP,
                                                   show_default=False)] = None,
 ) -> None:

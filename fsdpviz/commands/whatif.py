@@ -13,7 +13,13 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from fsdpviz.commands.common import SCHEDULER_HELP, check_output_folder, progress_printer, warn_gaps
+from fsdpviz.commands.common import (
+    QUIET_HELP,
+    SCHEDULER_HELP,
+    check_output_folder,
+    progress_printer,
+    warn_gaps,
+)
 from fsdpviz.errors import UsageError
 from fsdpviz.formatting import change_text, mib_text
 
@@ -88,7 +94,7 @@ def whatif(
         "--save", help="Keep the prediction in the run folder (predictions/), where `fsdpviz report` and "
                        "`fsdpviz compare` show it beside the recording, marked as predicted.")] = False,
     cache: Annotated[bool, typer.Option("--cache/--no-cache", help="Reuse parsed traces cached beside them.")] = True,
-    quiet: Annotated[bool, typer.Option("-q", "--quiet", help="No progress lines on stderr.")] = False,
+    quiet: Annotated[bool, typer.Option("-q", "--quiet", help=QUIET_HELP)] = False,
     scheduler: Annotated[str | None, typer.Option("--scheduler", metavar="ADDRESS", help=SCHEDULER_HELP,
                                                   show_default=False)] = None,
 ) -> None:

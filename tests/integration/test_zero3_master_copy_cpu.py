@@ -55,3 +55,11 @@ def test_master_copy_is_optimizer_state(recordings: Recordings) -> None:
     assert note is not None
     assert f"arithmetic gives {format_bytes(float(model['sharded_state_bytes']))} for all three" in note
     assert "4 B of parameter + 4 B of gradient + 12 B of optimizer state (4 B of it DeepSpeed's fp32 master copy" in note
+    # what the peak held of the sharded state: the three parts, and their sum only where all are known
+    cats = memory["categories"]
+    parts = {"parameters": cats["sharded_params"], "gradients": cats["gradients"], "optimizer": cats["optimizer_state"]}
+    for name, value in parts.items():
+        assert f"{name} {format_bytes(float(value)) if value is not None else 'unknown'}" in note, (name, note)
+    known = [v for v in parts.values() if v is not None]
+    held = "their sum unknown" if len(known) < 3 else f"held {format_bytes(float(sum(known)))} (parameters"
+    assert held in note and "held unknown" not in note, note

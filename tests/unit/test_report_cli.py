@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -57,3 +58,27 @@ def test_bad_options_are_one_line_and_exit_2(args: list[str], message: str, caps
 def test_missing_input_is_one_line(tmp_path: Path, capsys) -> None:
     code, _, err = _run(["report", str(tmp_path / "nope")], capsys)
     assert code == 2 and err.strip().endswith("no such file or folder") and "Traceback" not in err
+
+
+def test_the_last_step_is_analysed_where_asked_by_report_and_export(tmp_path: Path, capsys) -> None:
+    """``--include-last-step`` as ``summary`` takes it: a trace's last step (which the trace cannot show
+    complete) left out by default, kept on asking, in the report's page and export's tables; ``-q``
+    keeps export's stderr empty."""
+    from helpers.kineto import TraceBuilder
+
+    b = TraceBuilder(rank=0, world_size=1)
+    b.step(1, 0, 1000).step(2, 1000, 1000).step(3, 2000, 1000)
+    for start in (100, 1100, 2100):
+        b.kernel("volta_sgemm_128x64_nn", start, 200, launch_us=start - 50)
+    trace = b.write(tmp_path / "rank0.trace.json")
+    left_out = "Step 3 (cut short) is not analysed"  # the summary's note, as the page says it
+    for extra, kept in (([], False), (["--include-last-step"], True)):
+        page = tmp_path / f"r{len(extra)}.html"
+        code, _, err = _run(["report", str(trace), "-o", str(page), "-q", "--no-cache", *extra], capsys)
+        assert code == 0 and err == "", err
+        assert (left_out in page.read_text(encoding="utf-8")) is not kept
+        out = tmp_path / f"tables{len(extra)}"
+        code, _, err = _run(["export", str(trace), "-o", str(out), "--format", "csv", "-q", "--no-cache", *extra],
+                            capsys)
+        assert code == 0 and err == "", err
+        assert json.loads((out / "export.json").read_text())["steps"] == ([1, 2, 3] if kept else [1, 2])

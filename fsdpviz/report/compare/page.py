@@ -23,8 +23,9 @@ HOWTO_HEADLINE = (
     "difference to it. A star marks the best value of a row (shorter step, less exposed communication, "
     "less memory, more overlap); rows where neither direction is better have none, and a difference no larger "
     "than the runs' step-to-step spread (highest minus lowest step, shown under each time) gets none. Numbers are "
-    "each run's figures exactly as its `fsdpviz summary` reports them: on the run's clock (the step the timers' "
-    "clean steps where the recorder timed them), each rank's figure per step and the median over ranks."
+    "each run's figures exactly as its `fsdpviz summary` reports them: on the run's clock (the step of the timers' "
+    "clean steps where the recorder timed them, else as traced), each rank's figure per step and the median over "
+    "ranks."
 )
 HOWTO_FINDINGS = (
     "What differs between the runs and what the traces say about why, with the numbers behind each "

@@ -119,9 +119,11 @@ def model_note(data: ReportData) -> str | None:
     sharded = [cats["sharded_params"], cats["gradients"], cats["optimizer_state"]]
     held = sum(v for v in sharded if v is not None) if all(v is not None for v in sharded) else None
     peak = mem.categories_at.allocated_bytes if mem.categories_at is not None else None
-    return (f"At the run's highest peak ({text(peak)}), the sharded state held "
-            f"{text(held)} (parameters {text(cats['sharded_params'])}, "
-            f"gradients {text(cats['gradients'])}, optimizer {text(cats['optimizer_state'])}); the ZeRO "
+    parts = (f"parameters {text(cats['sharded_params'])}, gradients {text(cats['gradients'])}, "
+             f"optimizer {text(cats['optimizer_state'])}")
+    # a sum with an unknown part is unknown: the parts are said, and that their sum is not known
+    state = f"{text(held)} ({parts})" if held is not None else f"{parts} (their sum unknown)"
+    return (f"At the run's highest peak ({text(peak)}), the sharded state held {state}; the ZeRO "
             f"arithmetic gives {format_bytes(float(model.sharded_state_bytes))} for all three "
             f"({_state_words(model)}), and {format_bytes(float(model.unsharded_params_bytes))} for the "
             f"two largest units' unsharded parameters against {text(cats['unsharded_params'])} measured.")

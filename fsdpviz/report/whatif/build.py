@@ -16,8 +16,9 @@ from fsdpviz.report.style import unit_colors
 from fsdpviz.whatif.predict import SPREAD_UNKNOWN_WHY, Outcome, Prediction, time_rows
 
 HOWTO_NUMBERS = (
-    "Recorded: the run's figures as `fsdpviz summary` reports them (on its clock: the step the timers' "
-    "clean steps where the recorder timed them, each rank's figure per step and the median over ranks). "
+    "Recorded: the run's figures as `fsdpviz summary` reports them (on its clock: the step of the timers' "
+    "clean steps where the recorder timed them, else as traced; each rank's figure per step and the median over "
+    "ranks). "
     "Predicted: the "
     "recording moved by what the setting changes in a simulation of how FSDP overlaps its compute and "
     "its collectives (the simulation of "
