@@ -8,6 +8,7 @@ a unit's own work against its whole window) their labels say which.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -27,6 +28,19 @@ def peak_place(memory: MemorySummary) -> str:
         return ""
     unit = f", during {at.unit} {at.phase}".rstrip() if at.unit else ", outside every unit's window"
     return f"rank {at.rank}, step {at.step}{unit}"
+
+
+def level_words(level: str | None, baseline_bytes: int | None, fmt: Callable[[float], str] = format_bytes) -> str:
+    """What a CPU run's allocated level counts, where it is not the allocator's own ("" there): every
+    view (the report's headline, ``compare``'s notes, the terminal's peak) says it so."""
+    from fsdpviz.analysis.memory_categories import LEVEL_MEASURED_BASELINE, LEVEL_SINCE_TRACE_START
+
+    if level == LEVEL_SINCE_TRACE_START:
+        return "allocated since the trace began (the CPU profiler does not see what was made before)"
+    if level == LEVEL_MEASURED_BASELINE and baseline_bytes is not None:
+        return (f"including up to {fmt(baseline_bytes)} that fsdpviz record measured alive on a rank when the trace "
+                "began")
+    return ""
 
 
 def not_seen_freed_text(memory: MemorySummary) -> str:

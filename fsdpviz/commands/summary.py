@@ -32,14 +32,13 @@ fsdpviz summary traces/ --steps 3-5 --json > summary.json
 
 def level_text(mem: MemorySummary) -> str:
     """What the allocated level counts, where it is not the allocator's own level (CPU)."""
-    from fsdpviz.analysis.memory_categories import LEVEL_MEASURED_BASELINE, LEVEL_SINCE_TRACE_START
+    from fsdpviz.analysis.figures import level_words
+    from fsdpviz.analysis.memory_categories import LEVEL_SINCE_TRACE_START
 
     if mem.level == LEVEL_SINCE_TRACE_START:
         return " since the trace began"
-    if mem.level == LEVEL_MEASURED_BASELINE and mem.baseline_bytes is not None:
-        return (f" (including up to {bytes_text(mem.baseline_bytes)} that fsdpviz record measured alive on a rank "
-                "when the trace began)")
-    return ""
+    words = level_words(mem.level, mem.baseline_bytes, bytes_text)
+    return f" ({words})" if words else ""
 
 def summary(
     paths: Annotated[list[Path], typer.Argument(metavar="PATH...", help=PATHS_HELP, show_default=False)],

@@ -10,8 +10,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from fsdpviz.analysis.figures import bound_words, clock_words, not_seen_freed_text
-from fsdpviz.analysis.memory_categories import LEVEL_MEASURED_BASELINE, LEVEL_SINCE_TRACE_START
+from fsdpviz.analysis.figures import bound_words, clock_words, level_words, not_seen_freed_text
 from fsdpviz.formatting import format_bytes, format_ms, format_pct
 from fsdpviz.report.html import Fact, Section
 from fsdpviz.report.style import sentence
@@ -69,7 +68,7 @@ def headline_section(data: ReportData) -> Section:
              + f"of {format_ms(comm_per_step)} communication"),
         *_purpose_facts(s),
         Fact(label="peak allocated", value=format_bytes(mem.peak_allocated_bytes) or "n/a",
-             hint=_level_hint(mem.level, mem.baseline_bytes)),
+             hint=level_words(mem.level, mem.baseline_bytes)),
         *([Fact(label="not seen freed", value=format_bytes(mem.not_seen_freed.bytes),
                 hint=not_seen_freed_text(mem))] if mem.not_seen_freed is not None else []),
         Fact(label="peak reserved", value=format_bytes(mem.peak_reserved_bytes or None) or "n/a",
@@ -127,11 +126,3 @@ def _steps_text(steps: list[int]) -> str:
     return ", ".join(str(x) for x in steps)
 
 
-def _level_hint(level: str | None, baseline: int | None) -> str:
-    """What the allocated level counts where it is not the allocator's own (CPU)."""
-    if level == LEVEL_SINCE_TRACE_START:
-        return "allocated since the trace began (the CPU profiler does not see what was made before)"
-    if level == LEVEL_MEASURED_BASELINE:
-        return (f"including up to {format_bytes(baseline)} that fsdpviz record measured alive on a rank when the trace "
-                "began")
-    return ""

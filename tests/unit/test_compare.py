@@ -12,6 +12,7 @@ import contextlib
 import io
 import json
 import re
+import shutil
 import statistics
 from collections.abc import Callable
 from pathlib import Path
@@ -21,9 +22,10 @@ from helpers.rawfiles import timer_step_ms
 
 from fsdpviz.analysis.compare.model import HEADLINE_FIELDS
 from fsdpviz.analysis.compare.runs import best_indices, command_args, compare_runs, field_value
-from fsdpviz.analysis.pipeline import LabelledRun, RunResult
+from fsdpviz.analysis.pipeline import LabelledRun, RunResult, analyse
 from fsdpviz.cli import main
 from fsdpviz.errors import UsageError
+from fsdpviz.formatting import bytes_text
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
 FSDP2, FSDP1, ZERO3 = (SAMPLES / n for n in ("fsdp2-cpu-2rank", "fsdp1-cpu-2rank", "zero3-cpu-2rank"))
@@ -242,9 +244,8 @@ def test_runs_on_two_clocks_and_two_levels_are_not_ranked_on_them(tmp_path: Path
     """The bundled FSDP2 sample (recorded by fsdpviz: timers, and what it measured alive when the trace
     began) beside the same program under a plain torch.profiler (no timers, no measurement). Its step
     time is the timers' clean steps, the plain run's as traced: a difference the profiler makes as much
-    as the runs. Its level adds the measured bytes, the plain run's cannot: its peak is higher by exactly
-    those bytes (the same model, flags and seed). Neither difference gets a best mark or a winner; each
-    is said, with the traced steps both runs have; the memory a step adds is still ranked."""
+    as the runs. Its level adds the bytes run.json says it measured, the plain run's cannot. Neither
+    difference gets a best mark or a winner; each is said, with the traced steps both runs have."""
     plain = SAMPLES / "fsdp2-cpu-2rank-plain"
     code, out, _ = _run(capsys, "compare", str(FSDP2), str(plain), "--json", "--no-cache", "-q")
     assert code == 0
@@ -253,16 +254,21 @@ def test_runs_on_two_clocks_and_two_levels_are_not_ranked_on_them(tmp_path: Path
     fsdp2, bare = runs["fsdp2-cpu-2rank"], runs[result["labels"][1]]
     assert (fsdp2["step_time_source"], bare["step_time_source"]) == ("timers", "trace")
     assert not (plain / "timers").exists() and (FSDP2 / "timers").is_dir()
-    for key in ("step_time_ms", "overlap.exposed_comm_ms", "overlap.compute_ms"):
+    for key in ("step_time_ms", "overlap.exposed_comm_ms", "overlap.comm_ms", "overlap.fsdp_overhead_ms"):
         assert result["best"][key] == [] and "different clocks" in result["best_withheld"][key], key
+    assert "overlap.compute_ms" not in result["best_withheld"]  # no better direction: never marked anyway
     step = next(f for f in result["findings"] if f["kind"] == "step_time")
     assert step["better"] is None and "not ranked" in step["message"]
     assert f"{fsdp2['traced_step_time_ms']:.2f} ms" in step["message"] and f"{bare['traced_step_time_ms']:.2f} ms" in step["message"]
-    # the peaks differ by what the recorder measured alive when the trace began, and by nothing else
-    baseline = fsdp2["memory"]["baseline_bytes"]
-    assert baseline and fsdp2["memory"]["peak_allocated_bytes"] - bare["memory"]["peak_allocated_bytes"] == baseline
+    # what the recorder measured alive when the trace began (run.json: the sharded parameters, the
+    # optimizer's state and any gradients kept, the highest over ranks) is in one level and not the other
+    measured = max(r["memory"]["trace_start"]["sharded_param_bytes"] + r["memory"]["trace_start"]["optimizer_state_bytes"]
+                   + r["memory"]["trace_start"]["gradient_bytes_kept"]
+                   for r in json.loads((FSDP2 / "run.json").read_text())["ranks"])
+    assert fsdp2["memory"]["baseline_bytes"] == measured
     assert result["best"]["memory.peak_allocated_bytes"] == []
-    assert "count different things" in result["best_withheld"]["memory.peak_allocated_bytes"]
+    withheld = result["best_withheld"]["memory.peak_allocated_bytes"]
+    assert "count different things" in withheld and bytes_text(measured) in withheld, withheld
     memory = next(f for f in result["findings"] if f["kind"] == "memory")
     assert memory["better"] is None and "not ranked" in memory["message"] and "activations" not in memory["message"]
     assert any(n.startswith("Clocks differ") for n in result["notes"])
@@ -271,3 +277,39 @@ def test_runs_on_two_clocks_and_two_levels_are_not_ranked_on_them(tmp_path: Path
         assert all(not marks for marks in group["best"].values()), group["best"]
         assert all("different clocks" in why for metric, why in group["best_withheld"].items()
                    if metric.endswith("_ms")), group["best_withheld"]
+
+
+def test_a_run_on_another_clock_is_left_out_of_the_ranking_of_the_others(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Three committed recordings of the dim-256 example (block, pair, root units), the pair one's timer
+    lines of its steady steps (7 on) cut away, as a run stopped early leaves them: its step falls back to
+    the trace's clock while the others keep their timers'. The time figures are ranked between block and
+    root alone, as if pair were not there; pair is named as not ranked, with its own reason."""
+    recorded = Path(__file__).resolve().parents[1] / "recorded"
+    folders = {}
+    for name in ("block", "pair", "root"):
+        folders[name] = tmp_path / name
+        shutil.copytree(recorded / f"fsdp2-d256-{name}" / "run", folders[name], ignore=shutil.ignore_patterns(".fsdpviz-cache"))
+    for timers in (folders["pair"] / "timers").glob("rank*.jsonl"):
+        kept = [line for line in timers.read_text().splitlines() if json.loads(line)["step"] < 7]
+        timers.write_text("\n".join(kept) + "\n")
+    code, out, _ = _run(capsys, "compare", *(str(f) for f in folders.values()), "--label", "block", "--label", "pair",
+                        "--label", "root", "--json", "--no-cache", "-q")
+    assert code == 0
+    result = json.loads(out)
+    assert [r["step_time_source"] for r in result["runs"]] == ["timers", "trace", "timers"]
+    alone = compare_runs([LabelledRun(label=n, source=str(folders[n]), result=analyse([folders[n]], cache=False))
+                          for n in ("block", "root")])
+    for field in HEADLINE_FIELDS:
+        if field.unit != "ms":
+            continue
+        # pair never holds a best mark of a time row, and block against root is marked as without pair
+        assert "pair" not in result["best"][field.key], field.key
+        assert [alone.labels[i] for i in alone.best[field.key]] == result["best"][field.key], field.key
+    assert any(result["best"][f.key] for f in HEADLINE_FIELDS if f.unit == "ms")  # something is still ranked
+    note = next(n for n in result["notes"] if n.startswith("Clocks differ"))
+    assert "pair: as traced (rank" in note and "clean unprofiled step" in note and "pair is not ranked" in note
+    for finding in result["findings"]:
+        if finding["kind"] in ("step_time", "exposed_comm"):
+            assert finding["better"] in (None, "block", "root")
+            assert finding["message"].endswith("pair is not ranked: on another clock than the others (the notes say why).")

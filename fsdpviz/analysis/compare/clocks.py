@@ -1,14 +1,16 @@
-"""Whether runs' figures can be ranked against each other at all: one clock for their times, one
-meaning of their allocated level.
+"""Which runs' figures can be ranked against each other at all: one clock for their times, one meaning
+of their allocated level.
 
 Each run's summary leads with its own clock (docs/concepts.md, "One clock per run"): the timers' clean
-unprofiled steps where the recorder timed them, else the trace, which the profiler slowed. A run on the
-trace's clock beside one on the timers' differs by the profiler's cost as much as by anything the runs
-did, so ``compare`` names no better run of a time figure between them (no star, no winner in the
-findings) and says why. The same holds for a CPU run's allocated level: one that adds what ``fsdpviz
-record`` measured alive when the trace began (``since_trace_start_plus_measured``) peaks higher than one
-that counts only what was allocated since (``since_trace_start``) by that measurement, not by anything
-the run held.
+unprofiled steps where the recorder timed enough of them, else the trace, which the profiler slowed. A
+run on the trace's clock beside one on the timers' differs by the profiler's cost as much as by anything
+the runs did. So where the runs' clocks differ, ``compare`` ranks the time figures only among the runs
+of one clock (the timers', where two or more runs have it, else the trace's) and names the others as not
+ranked, with why their figures are as traced; the table shows every run's figure still. The same holds
+for a CPU run's allocated level: one that adds what ``fsdpviz record`` measured alive when the trace
+began (``since_trace_start_plus_measured``) peaks higher than one that counts only what was allocated
+since (``since_trace_start``) by that measurement, not by anything the run held: the peaks get no best
+mark (the memory a step adds, a difference of two levels, counts the same in each).
 """
 
 from __future__ import annotations
@@ -16,12 +18,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final
 
-from fsdpviz.analysis.memory_categories import (
-    LEVEL_ALLOCATOR,
-    LEVEL_MEASURED_BASELINE,
-    LEVEL_SINCE_TRACE_START,
-)
-from fsdpviz.analysis.summary import STEP_TIME_TIMERS
+from fsdpviz.analysis.figures import level_words
+from fsdpviz.analysis.summary import STEP_TIME_TIMERS, STEP_TIME_TRACE
 from fsdpviz.formatting import bytes_text, ms_text
 
 if TYPE_CHECKING:
@@ -32,43 +30,55 @@ if TYPE_CHECKING:
 LEVEL_FIELDS: Final = ("memory.peak_allocated_bytes", "memory.peak_reserved_bytes")
 
 
-def clock_words(run: LabelledRun) -> str:
-    """``fsdp2: the timers' clean unprofiled steps`` / ``plain: as traced (31.41 ms a step)``."""
-    s = run.summary
-    if s.step_time_source == STEP_TIME_TIMERS:
-        return f"{run.label}: the timers' clean unprofiled steps"
-    traced = f" ({ms_text(s.traced_step_time_ms)} a step)" if s.traced_step_time_ms is not None else ""
-    return f"{run.label}: as traced{traced}"
+def ranked_on_clock(runs: Sequence[LabelledRun]) -> list[int]:
+    """The runs whose time figures are ranked against each other: all of them where they share a clock;
+    else those on the timers' clock where two or more are, else those on the trace's where two or more
+    are, else none."""
+    sources = [r.summary.step_time_source for r in runs]
+    if len(set(sources)) < 2:
+        return list(range(len(runs)))
+    for source in (STEP_TIME_TIMERS, STEP_TIME_TRACE):
+        group = [i for i, s in enumerate(sources) if s == source]
+        if len(group) >= 2:
+            return group
+    return []
 
 
-def clocks_differ(runs: Sequence[LabelledRun]) -> str | None:
-    """Why the runs' time figures cannot be ranked against each other (some on the timers' clock, some on
-    the trace's), or None where they share one clock."""
-    if len({r.summary.step_time_source for r in runs}) < 2:
+def _why_traced(run: LabelledRun) -> str:
+    """Why a run's figures are as traced, in its own summary's words where it has them."""
+    cost = run.summary.profiler
+    if cost is not None and cost.note:
+        return cost.note.removeprefix("the step time is the traced one: ")
+    return "no timers (traces recorded without fsdpviz record)"
+
+
+def different_clocks(runs: Sequence[LabelledRun]) -> str | None:
+    """Why some runs' time figures are not ranked against the others' (their clocks differ), naming each
+    run's clock, the runs that are not ranked and the traced steps every run has; None where every run
+    is ranked."""
+    ranked = set(ranked_on_clock(runs))
+    if len(ranked) == len(runs):
         return None
+    clocks = "; ".join(f"{r.label}: the timers' clean unprofiled steps" if r.summary.step_time_source == STEP_TIME_TIMERS
+                       else f"{r.label}: as traced ({_why_traced(r)})" for r in runs)
+    left = [r.label for i, r in enumerate(runs) if i not in ranked]
     traced = [f"{r.label} {ms_text(r.summary.traced_step_time_ms)}" for r in runs
               if r.summary.traced_step_time_ms is not None]
-    return ("the runs' figures are on different clocks (" + "; ".join(clock_words(r) for r in runs)
-            + "): a traced figure holds the profiler's cost, the timers' does not"
+    return (f"the runs' figures are on different clocks ({clocks}): a traced figure holds the profiler's cost, the "
+            f"timers' does not, so {', '.join(left)} {'is' if len(left) == 1 else 'are'} not ranked on time figures"
             + (f"; the traced steps, which every run has: {', '.join(traced)}" if len(traced) == len(runs) else ""))
 
 
 def _level_words(run: LabelledRun) -> str:
     mem = run.summary.memory
-    if mem.level == LEVEL_MEASURED_BASELINE:
-        extra = f" {bytes_text(mem.baseline_bytes)}" if mem.baseline_bytes is not None else ""
-        return f"{run.label}: since the trace began, plus{extra} fsdpviz record measured alive then"
-    if mem.level == LEVEL_SINCE_TRACE_START:
-        return f"{run.label}: only what was allocated since the trace began"
-    if mem.level == LEVEL_ALLOCATOR:
-        return f"{run.label}: the allocator's own level"
-    return f"{run.label}: unknown"
+    return f"{run.label}: " + (level_words(mem.level, mem.baseline_bytes, bytes_text) or "the allocator's own level")
 
 
 def levels_differ(runs: Sequence[LabelledRun]) -> str | None:
     """Why the runs' peaks of allocated memory cannot be ranked against each other (their levels count
-    different things), or None where every level counts the same."""
-    levels = {r.summary.memory.level for r in runs if r.summary.memory.peak_allocated_bytes is not None}
-    if len(levels) < 2:
+    different things), or None where every known level counts the same (a run whose level is not
+    known, without memory samples, is left out of the test)."""
+    known = [r for r in runs if r.summary.memory.peak_allocated_bytes is not None and r.summary.memory.level]
+    if len({r.summary.memory.level for r in known}) < 2:
         return None
-    return "the runs' allocated levels count different things (" + "; ".join(_level_words(r) for r in runs) + ")"
+    return "the runs' allocated levels count different things (" + "; ".join(_level_words(r) for r in known) + ")"

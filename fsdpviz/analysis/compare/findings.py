@@ -7,8 +7,10 @@ as far as the traces show it:
 - a difference counts when it exceeds the noise: 5 % of the larger value (2 % for memory), twice
   the standard error of the difference of the two means (from each run's per-step means over ranks,
   a two-sample test at roughly 95 %) and, for step time and exposed communication, the larger of the
-  two runs' step-to-step spreads (the rule of the best marks); below that the finding says the runs
-  are within noise instead of naming a winner;
+  two runs' step-to-step spreads (the rule of the best marks); below that the finding names no
+  winner and says which held, the noise or the spread, with its figure;
+- times are ranked only among the runs of one clock (:mod:`fsdpviz.analysis.compare.clocks`), and
+  peaks only where the runs' allocated levels count the same;
 - a step-time difference is split into the parts of the step the per-unit analysis measures on
   the training threads (unit compute, FSDP framework work, optimizer, other) plus exposed comm;
 - a communication difference is explained by the kinds of collectives exposed and how many
@@ -29,12 +31,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
+import msgspec
 import numpy as np
 
 from fsdpviz import vocabulary
 from fsdpviz.analysis.bound import clock_scale
-from fsdpviz.analysis.compare.clocks import clocks_differ, levels_differ
-from fsdpviz.analysis.compare.model import unit_index
+from fsdpviz.analysis.compare.clocks import different_clocks, levels_differ
+from fsdpviz.analysis.compare.model import HEADLINE_FIELDS, unit_index
 from fsdpviz.analysis.compare.spread import MEMORY_NOISE, headline_spread_why
 from fsdpviz.analysis.compare.units import all_known, group_values
 from fsdpviz.formatting import NS_PER_MS, bytes_text, ms_text
@@ -46,6 +49,10 @@ if TYPE_CHECKING:
     from fsdpviz.analysis.pipeline import LabelledRun
 
 TIME_NOISE: Final = 0.05
+# The headline figures that are times on a run's clock (ranked only among the runs of one clock), and the
+# findings that rank them
+TIME_KEYS: Final = frozenset(f.key for f in HEADLINE_FIELDS if f.unit == "ms")
+CLOCK_FINDINGS: Final = ("step_time", "exposed_comm", "unit_group", "tradeoff")
 MIN_TIME_MS: Final = 0.02
 MIN_STEPS: Final = 3  # analysed steps per run below which a named winner gets a caveat
 MODEL_SHARE: Final = 0.5  # the memory model must explain at least this share of a peak difference
@@ -114,8 +121,8 @@ def not_apart(c: Comparison, key: str, i: int, j: int, noise: float) -> str | No
         return None
     a, b = float(a), float(b)
     if not is_clear(a, b, noise):
-        return (f"within noise: {ms_text(abs(a - b))} apart, no more than the larger of 2 standard errors "
-                f"({ms_text(noise)}) and {100 * TIME_NOISE:.0f} % of the larger value")
+        return (f"within noise: {ms_text(abs(a - b))} apart, no more than the largest of 2 standard errors "
+                f"({ms_text(noise)}), {100 * TIME_NOISE:.0f} % of the larger value and {ms_text(MIN_TIME_MS)}")
     if not beyond_spread(c, key, i, j):
         return (f"within the runs' step-to-step spread: {ms_text(abs(a - b))} apart, no more than "
                 f"{ms_text(max(_spreads(c, key, i, j)))}")
@@ -151,6 +158,33 @@ def _known(c: Comparison, key: str) -> list[tuple[int, float]]:
     return [(i, float(v)) for i, v in enumerate(c.values[key]) if v is not None]
 
 
+def _ranked(c: Comparison, key: str) -> list[tuple[int, float]]:
+    """:func:`_known`, of a time figure only the runs ranked on one clock (``Comparison.ranked``)."""
+    if key not in TIME_KEYS:
+        return _known(c, key)
+    ranked = set(c.ranked)
+    return [(i, v) for i, v in _known(c, key) if i in ranked]
+
+
+def _not_on_the_clock(c: Comparison) -> str:
+    """`` plain is not ranked: its figures are as traced (the notes say why).`` where some runs' time
+    figures are not ranked against the others' (``compare/clocks.py``), "" where every run's are."""
+    off = [lb for i, lb in enumerate(c.labels) if i not in set(c.ranked)]
+    if not off:
+        return ""
+    return (f" {', '.join(off)} {'is' if len(off) == 1 else 'are'} not ranked: on another clock than the others "
+            "(the notes say why).")
+
+
+def _clock_unranked(c: Comparison, key: str, kind: str, what: str, evidence: str) -> list[Finding]:
+    """Where a time figure is known for two runs or more but fewer than two are on one clock: a finding
+    that says the runs are not ranked and why; else nothing."""
+    if len(_known(c, key)) < 2 or len(_ranked(c, key)) >= 2 or not (why := different_clocks(c.runs)):
+        return []
+    values = {key.split(".")[-1]: {c.labels[i]: v for i, v in _known(c, key)}}
+    return [_finding(kind, f"{what} not ranked: {why}.", evidence, None, values)]
+
+
 def _listing(c: Comparison, key: str, fmt: Any) -> str:
     return ", ".join(f"{c.labels[i]} {fmt(v)}" for i, v in _known(c, key))
 
@@ -168,7 +202,7 @@ def _extremes(c: Comparison, key: str, column: str) -> _Extremes | None:
     """The runs with the lowest and highest value of headline ``key`` (index, value each), the
     noise between them (``noise_ms`` of the STEP_TIMES ``column``) and every run's known value
     (``_known``); None with fewer than two values."""
-    known = _known(c, key)
+    known = _ranked(c, key)
     if len(known) < 2:
         return None
     best_i, best = min(known, key=lambda t: t[1])
@@ -179,15 +213,14 @@ def _extremes(c: Comparison, key: str, column: str) -> _Extremes | None:
 def step_time_finding(c: Comparison) -> list[Finding]:
     found = _extremes(c, "step_time_ms", "step_ns")
     if found is None:
-        return []
+        return _clock_unranked(c, "step_time_ms", "step_time", "The step times are",
+                               f"step time: {_listing(c, 'step_time_ms', ms_text)}")
     best_i, best, worst_i, worst, noise, known = found
     values = {"step_time_ms": {c.labels[i]: v for i, v in known}}
     evidence = (f"step time: {_listing(c, 'step_time_ms', ms_text)}; noise between the fastest and slowest "
                 f"(2 standard errors): {ms_text(noise)}" + _spread_text(c, "step_time_ms"))
     if none := unranked(c, "step_time_ms", best_i, worst_i, "The step times"):
         return [_finding("step_time", none, evidence, None, values)]
-    if clock_why := clocks_differ(c.runs):
-        return [_finding("step_time", f"The step times are not ranked: {clock_why}.", evidence, None, values)]
     if why := not_apart(c, "step_time_ms", best_i, worst_i, noise):
         return [_finding("step_time", f"Step times are not told apart ({ms_text(best)} to {ms_text(worst)}): {why}.",
                          evidence, None, values)]
@@ -288,7 +321,8 @@ def exposed_parts(run: LabelledRun) -> dict[str, float]:
 def exposed_finding(c: Comparison) -> list[Finding]:
     found = _extremes(c, "overlap.exposed_comm_ms", "exposed_comm_ns")
     if found is None:
-        return []
+        return _clock_unranked(c, "overlap.exposed_comm_ms", "exposed_comm", "Exposed communication is",
+                               f"exposed communication per step: {_listing(c, 'overlap.exposed_comm_ms', ms_text)}")
     best_i, best, worst_i, worst, noise, known = found
     parts = {r.label: exposed_parts(r) for r in c.runs}
     counts = {r.label: collective_counts(r) for r in c.runs}
@@ -306,9 +340,6 @@ def exposed_finding(c: Comparison) -> list[Finding]:
         evidence += "; exposed per unit, summed: " + "; ".join(per_kind)
     if none := unranked(c, "overlap.exposed_comm_ms", best_i, worst_i, "Exposed communication"):
         return [_finding("exposed_comm", none, evidence, None, values)]
-    if clock_why := clocks_differ(c.runs):
-        return [_finding("exposed_comm", f"Exposed communication is not ranked: {clock_why}.", evidence, None,
-                         values)]
     if why := not_apart(c, "overlap.exposed_comm_ms", best_i, worst_i, noise):
         return [_finding("exposed_comm", f"Exposed communication is not told apart across runs "
                          f"({ms_text(best)} to {ms_text(worst)} per step): {why}.", evidence, None, values)]
@@ -437,7 +468,7 @@ def prefetch_finding(c: Comparison) -> list[Finding]:
         e_deep, e_shallow = exposed.get(deep), exposed.get(shallow)
         message = (f"{deep} issues its {phase} all-gathers earlier: on average {known[deep]:.1f} units are still "
                    f"computing when a gather starts, against {known[shallow]:.1f} in {shallow}")
-        if clocks_differ(c.runs):
+        if not {c.labels.index(deep), c.labels.index(shallow)} <= set(c.ranked):
             message += f"; their exposed {phase} all-gather time is not compared: the runs are on different clocks"
         elif e_deep is not None and e_shallow is not None:
             verdict = "less" if e_deep < e_shallow else "not less"
@@ -456,8 +487,9 @@ def group_finding(c: Comparison) -> list[Finding]:
     floor = max(0.005 * min(steps), MIN_TIME_MS) if steps else MIN_TIME_MS
     index = {r.label: unit_index(r) for r in c.runs}
     best: tuple[float, Any, dict[str, float]] | None = None
+    ranked = {c.labels[i] for i in c.ranked}  # times only among the runs of one clock
     for group in c.match.groups:
-        per_run = {lb: group_values(group, lb, index[lb])["exposed_comm_ms"] for lb in c.labels}
+        per_run = {lb: group_values(group, lb, index[lb])["exposed_comm_ms"] for lb in c.labels if lb in ranked}
         vals = {lb: v for lb, v in per_run.items() if v is not None}
         if len(vals) < 2:
             continue
@@ -475,10 +507,8 @@ def group_finding(c: Comparison) -> list[Finding]:
 
     message = (f"The units that differ most are {group.name}: exposed communication {ms_text(vals[low])} per step in "
                f"{low}{members(low)} against {ms_text(vals[high])} in {high}{members(high)}.")
-    if clock_why := clocks_differ(c.runs):  # said, not ranked
-        message += f" Not ranked: {clock_why}."
-    return [_finding("unit_group", message, "per-unit medians summed over the group's units",
-                     None if clock_why else low, {"exposed_comm_ms": vals, "group": {"name": group.name}})]
+    return [_finding("unit_group", message, "per-unit medians summed over the group's units", low,
+                     {"exposed_comm_ms": vals, "group": {"name": group.name}})]
 
 
 def build_findings(c: Comparison) -> list[Finding]:
@@ -486,4 +516,7 @@ def build_findings(c: Comparison) -> list[Finding]:
     found = step_time_finding(c) + exposed_finding(c) + memory_finding(c)
     found += tradeoff_finding(c, found)
     found += prefetch_finding(c) + group_finding(c)
+    if off := _not_on_the_clock(c):  # a time finding among the runs of one clock says who is left out
+        found = [msgspec.structs.replace(f, message=f.message + off)
+                 if f.kind in CLOCK_FINDINGS and "different clocks" not in f.message else f for f in found]
     return found

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
-from fsdpviz.analysis.compare.clocks import LEVEL_FIELDS, clocks_differ, levels_differ
+from fsdpviz.analysis.compare.clocks import LEVEL_FIELDS, different_clocks, levels_differ, ranked_on_clock
 from fsdpviz.analysis.compare.findings import build_findings
 from fsdpviz.analysis.compare.memory import drift_bytes, step_levels, step_rise_bytes
 from fsdpviz.analysis.compare.model import HEADLINE_FIELDS, LOWER, Comparison, unit_index
@@ -44,7 +44,7 @@ from fsdpviz.analysis.compare.units import (
     match_units,
 )
 from fsdpviz.errors import UsageError
-from fsdpviz.formatting import MIB
+from fsdpviz.formatting import mib_change_text, mib_text
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -130,7 +130,11 @@ def compare_runs(runs: Sequence[LabelledRun]) -> Comparison:
     values = {f.key: measured[f.key] if not f.in_summary else [field_value(j, f.key) for j in as_json]
               for f in HEADLINE_FIELDS}
     deltas = {f.key: [_delta(v, values[f.key][0], f.digits) for v in values[f.key]] for f in HEADLINE_FIELDS}
-    best = {f.key: best_indices(values[f.key], f.better) for f in HEADLINE_FIELDS}
+    # a time figure is ranked only among the runs of one clock (compare/clocks.py); the table shows all
+    ranked = ranked_on_clock(runs)
+    rank_values = {f.key: [v if f.unit != "ms" or i in ranked else None for i, v in enumerate(values[f.key])]
+                   for f in HEADLINE_FIELDS}
+    best = {f.key: best_indices(rank_values[f.key], f.better) for f in HEADLINE_FIELDS}
     match = match_units({r.label: run_units(r) for r in runs})
     drift = [drift_bytes(lv) if lv is not None else None for lv in levels]
     withheld = {}
@@ -143,7 +147,7 @@ def compare_runs(runs: Sequence[LabelledRun]) -> Comparison:
     for key, spreads in spread.items():
         if key not in MEASURED:  # no spread at all: withheld below, with that reason
             continue
-        best[key], why = clear_best(values[key], spreads, best[key])
+        best[key], why = clear_best(rank_values[key], spreads, best[key])
         if why:
             withheld[key] = why
     points = {key: [headline_spread_points(r, key) for r in runs] for key in STEP_SHARES}
@@ -159,16 +163,18 @@ def compare_runs(runs: Sequence[LabelledRun]) -> Comparison:
             best[f.key], why = clear_bytes(values[f.key], best[f.key])
             if why:
                 withheld[f.key] = why
-    # runs on different clocks, or whose levels count different things, are not ranked on those figures
-    # (before any other reason: such figures are not compared at all)
-    known_in = {f.key: sum(v is not None for v in values[f.key]) for f in HEADLINE_FIELDS}
-    if clock_why := clocks_differ(runs):
+    # a time row with fewer than two runs on one clock, and peaks of levels that count different things,
+    # are not compared at all: that reason before any other
+    def known(row: Sequence[float | int | None]) -> int:
+        return sum(v is not None for v in row)
+
+    if clock_why := different_clocks(runs):
         for f in HEADLINE_FIELDS:
-            if f.unit in ("ms", "%") and known_in[f.key] >= 2:
+            if f.unit == "ms" and f.better is not None and known(values[f.key]) >= 2 and known(rank_values[f.key]) < 2:
                 best[f.key], withheld[f.key] = [], clock_why
     if level_why := levels_differ(runs):
         for key in LEVEL_FIELDS:
-            if known_in[key] >= 2:
+            if known(values[key]) >= 2:
                 best[key], withheld[key] = [], level_why
     notes = comparability_notes(runs, match) + drift_notes(labels, drift, values["step_rise_bytes"]) \
         + unseen_notes(runs)
@@ -177,7 +183,7 @@ def compare_runs(runs: Sequence[LabelledRun]) -> Comparison:
     comparison = Comparison(labels=labels, runs=list(runs), values=values, deltas=deltas, best=best,
                             settings=settings_rows(runs), match=match, drift=drift, notes=notes,
                             best_withheld=withheld, spread=spread, spread_points=points,
-                            spread_unknown={k: v for k, v in unknown.items() if v})
+                            spread_unknown={k: v for k, v in unknown.items() if v}, ranked=ranked)
     unit_marks(comparison)
     comparison.findings = build_findings(comparison)
     return comparison
@@ -200,7 +206,8 @@ def unit_marks(comparison: Comparison) -> None:
     """The best run of each unit group's numbers (lower is better), kept only beyond the runs'
     step-to-step spread (:mod:`fsdpviz.analysis.compare.spread`); the page and the terminal show these."""
     drifting = any(d is not None for d in comparison.drift)  # peaks then depend on the step: not ranked
-    clock_why, level_why = clocks_differ(comparison.runs), levels_differ(comparison.runs)
+    level_why = levels_differ(comparison.runs)
+    ranked = set(comparison.ranked)
     indexes = [unit_index(r) for r in comparison.runs]
     for group in comparison.match.groups:
         values = [group_values(group, r.label, idx) for r, idx in zip(comparison.runs, indexes)]
@@ -217,11 +224,15 @@ def unit_marks(comparison: Comparison) -> None:
             if group.bytes_differ:
                 marks[metric], why[metric] = [], "its units hold different parameter bytes in the runs"
                 continue
-            # times on different clocks, or peaks of levels that count different things: not ranked
-            unranked = level_why if metric.endswith("_bytes") else clock_why
-            if unranked:
-                marks[metric], why[metric] = [], unranked
+            # times only among the runs of one clock; peaks of levels that count different things not at all
+            if metric.endswith("_bytes") and level_why:
+                marks[metric], why[metric] = [], level_why
                 continue
+            if not metric.endswith("_bytes") and len(ranked) < len(row):
+                row = [v if i in ranked else None for i, v in enumerate(row)]
+                if len([v for v in row if v is not None]) < 2:
+                    marks[metric], why[metric] = [], "the runs are on different clocks, fewer than two on one (see the notes)"
+                    continue
             if metric.endswith("_bytes"):  # no spread for bytes: the memory finding's rule
                 marks[metric], reason = clear_bytes(row, best_indices(row, LOWER))
             else:
@@ -347,9 +358,8 @@ def comparability_notes(runs: Sequence[LabelledRun], match: UnitMatch) -> list[s
         notes.append(_differ("Devices differ", devices, labels) + ". GPU overlap counts kernels on the "
                      "device's streams, CPU overlap counts the threads that ran ops and collectives: these numbers "
                      "are not comparable.")
-    if clock_why := clocks_differ(runs):
-        notes.append(f"Clocks differ: {clock_why}. No time figure gets a best mark between them; record every run "
-                     "with fsdpviz record (its timers give the unprofiled steps) to compare them on one clock.")
+    if clock_why := different_clocks(runs):
+        notes.append(f"Clocks differ: {clock_why}.")
     if level_why := levels_differ(runs):
         notes.append(f"Memory levels differ: {level_why}. Their peaks get no best mark; the memory a step adds "
                      "(peak less the level at the step's start) counts the same in each.")
@@ -390,8 +400,8 @@ def drift_notes(labels: Sequence[str], drift: Sequence[int | None], rise: Sequen
     drifting = [(lb, d) for lb, d in zip(labels, drift) if d is not None]
     if not drifting:
         return []
-    mib = ", ".join(f"{lb} +{d / MIB:.1f} MiB" for lb, d in drifting)
-    rises = ", ".join(f"{lb} {r / MIB:.1f} MiB" for lb, r in zip(labels, rise) if r is not None)
+    mib = ", ".join(f"{lb} {mib_change_text(d)}" for lb, d in drifting)
+    rises = ", ".join(f"{lb} {mib_text(r)}" for lb, r in zip(labels, rise) if r is not None)
     note = (f"Allocated memory at step start climbs across the analysed steps ({mib}) even after the frees the "
             "profiler did not see were placed (gloo's threads free blocks without a profiler event; fsdpviz "
             "takes those out where their collective completed or their address was reused), so peaks depend on "

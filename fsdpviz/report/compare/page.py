@@ -29,7 +29,8 @@ HOWTO_HEADLINE = (
 )
 HOWTO_FINDINGS = (
     "What differs between the runs and what the traces say about why, with the numbers behind each "
-    "statement. A difference smaller than 5 % or than the step-to-step spread is called noise."
+    "statement. A difference within the noise (5 % of the larger value, or 2 standard errors) or within the runs' "
+    "step-to-step spread names no better run, and says which; runs on different clocks are not ranked on times."
 )
 HOWTO_STRUCTURE = (
     "How each run splits the model into FSDP units: each bar is one unit, as wide as its unsharded "
