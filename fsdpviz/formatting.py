@@ -113,7 +113,8 @@ FINE_MIB: Final = 10.0
 
 def _mib(value: float, sign: str = "") -> str:
     mib = value / MIB
-    return f"{mib:{sign},.2f} MiB" if abs(mib) < FINE_MIB else f"{mib:{sign},.1f} MiB"
+    # decided on the figure as shown: 9.996 MiB reads 10.0, not 10.00
+    return f"{mib:{sign},.2f} MiB" if round(abs(mib), 2) < FINE_MIB else f"{mib:{sign},.1f} MiB"
 
 
 def mib_text(value: float | None) -> str:

@@ -252,7 +252,7 @@ def _rows(baseline: Outcome, predicted: Outcome) -> list[tuple[str, str, str, st
 
 def category_changes(baseline: Outcome, predicted: Outcome, *, min_bytes: int = 1 << 20) -> list[str]:
     """What the predicted peak holds that the recorded one did not, category by category (those
-    that change by at least ``min_bytes``), e.g. ``unsharded parameters 100.1 -> 772.4 MiB``."""
+    that change by at least ``min_bytes``), e.g. ``unsharded parameters 100.1 MiB -> 772.4 MiB``."""
     from fsdpviz.analysis.memory_categories import CATEGORIES, TITLES
 
     before, after = baseline.memory_categories, predicted.memory_categories
@@ -264,7 +264,7 @@ def category_changes(baseline: Outcome, predicted: Outcome, *, min_bytes: int = 
         if b is None or a is None:  # cannot be known (memory_unknown says why): no change to show
             continue
         if abs(a - b) >= min_bytes:
-            out.append(f"{TITLES[c]} {b / (1 << 20):,.1f} -> {a / (1 << 20):,.1f} MiB")
+            out.append(f"{TITLES[c]} {mib_text(b)} -> {mib_text(a)}")
     return out
 
 

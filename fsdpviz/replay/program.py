@@ -574,9 +574,11 @@ def unit_reshard(rec: Recording, settings: Settings, units: list[str],
 
 
 def _compute_scale(rec: Recording, settings: Settings) -> float:
-    """On CPU, ranks beyond a host's cores share them: compute slows by the extra share."""
+    """On CPU, ranks beyond a host's cores share them: compute slows by the extra share. A host holds
+    at most every rank of the run: more per node than the run has ranks puts them all on one."""
     if rec.device != "cpu" or not rec.cpu_count:
         return 1.0
     before = rec.ranks_per_host
-    after = settings.gpus_per_node or min(settings.world_size or rec.world_size, rec.ranks_per_host)
+    world = settings.world_size or rec.world_size
+    after = min(settings.gpus_per_node, world) if settings.gpus_per_node else min(world, rec.ranks_per_host)
     return max(1.0, after / rec.cpu_count) / max(1.0, before / rec.cpu_count)

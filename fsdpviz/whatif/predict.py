@@ -270,11 +270,6 @@ def check(model: Model, settings: Settings) -> None:
             raise UsageError(
                 f"--world-size: the run's mesh is 2-D (dp_shard {mesh.dp_shard}, dp_replicate {mesh.dp_replicate}, "
                 f"tp {mesh.tp}); the model scales the whole world as FSDP ranks, which this run's are not")
-    world = settings.world_size or rec.world_size
-    if "gpus_per_node" in changed and settings.gpus_per_node > world:
-        # a host cannot hold more ranks than the run has (it would read as ranks sharing its cores)
-        raise UsageError(f"--gpus-per-node {settings.gpus_per_node}: more than the {world} rank(s) the prediction "
-                         f"runs; add --world-size to predict a larger run")
     unsupported = sorted(k for k in changed - supported if k not in ("gpus_per_node", "inter_node_gbps"))
     if unsupported:
         raise UsageError(f"{rec.framework}: the model covers {', '.join(sorted(supported))}, "

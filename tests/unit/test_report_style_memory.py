@@ -52,7 +52,7 @@ def test_terminal_and_json_formats() -> None:
     assert fmt.change_text(200 * fmt.MIB, 150 * fmt.MIB, "bytes") == "-50.0 MiB (-25.0 %)"
     # a small run's peak and change keep their hundredths (1.35 MiB, not 1.4; +0.10 MiB, not +0.1)
     assert fmt.mib_text(1.35 * fmt.MIB) == "1.35 MiB" and fmt.mib_text(9.994 * fmt.MIB) == "9.99 MiB"
-    assert fmt.mib_text(10 * fmt.MIB) == "10.0 MiB"
+    assert fmt.mib_text(10 * fmt.MIB) == "10.0 MiB" and fmt.mib_text(9.996 * fmt.MIB) == "10.0 MiB"
     assert fmt.change_text(1.35 * fmt.MIB, 1.45 * fmt.MIB, "bytes") == "+0.10 MiB (+7.4 %)"
     assert fmt.mib_change_text(-0.004 * fmt.MIB) == "-0.00 MiB"
     assert fmt.change_text(10.0, 12.5, "ms") == "+2.50 ms (+25.0 %)"
