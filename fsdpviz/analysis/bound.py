@@ -245,13 +245,15 @@ def cpu_split(windows: list[tuple[int, int]], comm: Intervals, compute: Interval
 
 
 def bound_kind(compute: float, exposed_comm: float, host_wait: float | None, other_idle: float,
-               fsdp_overhead: float = 0.0) -> str:
+               fsdp_overhead: float = 0.0, step: float | None = None) -> str:
     """The part that takes at least :data:`DOMINANT_SHARE` of the step, else ``mixed``. FSDP's per-unit
     work counts on the host side (``host``: host wait + ``fsdp_overhead``); compute that dominates
-    while the host side is at least :data:`LAUNCH_BOUND_RATIO` of it is ``mixed`` (launch-bound)."""
+    while the host side is at least :data:`LAUNCH_BOUND_RATIO` of it is ``mixed`` (launch-bound).
+    ``step``: the step the shares are of, where the parts need not add up to it (each a median over
+    ranks); else their sum."""
     host_side = (host_wait or 0.0) + fsdp_overhead
     parts = {KIND_COMPUTE: compute, KIND_COMMUNICATION: exposed_comm, KIND_HOST: host_side, KIND_IDLE: other_idle}
-    total = sum(parts.values())
+    total = step if step else sum(parts.values())
     if total <= 0:
         return KIND_MIXED
     kind, biggest = max(parts.items(), key=lambda kv: kv[1])
@@ -261,11 +263,11 @@ def bound_kind(compute: float, exposed_comm: float, host_wait: float | None, oth
 
 
 def step_kind(compute: float, exposed_comm: float, host_wait: float | None, other_idle: float,
-              fsdp_overhead: float = 0.0) -> str:
+              fsdp_overhead: float = 0.0, step: float | None = None) -> str:
     """What bounds one step's time: :func:`bound_kind`, with other idle (which names no knob) as
     ``mixed``. The run's bound (:func:`summarize_bound`) and the advisor's predicted steps
     (fsdpviz/whatif/explore.py) both read it."""
-    kind = bound_kind(compute, exposed_comm, host_wait, other_idle, fsdp_overhead)
+    kind = bound_kind(compute, exposed_comm, host_wait, other_idle, fsdp_overhead, step)
     return KIND_MIXED if kind == KIND_IDLE else kind
 
 
@@ -522,7 +524,7 @@ def summarize_bound(overlap: pd.DataFrame, profiler: ProfilerCost | None,
                      f"of the {step:.3f} ms step (the median of the ranks' steps); shares are of the step")
     # a share of the step the split is of, as the actions and the headline say it
     loss = Loss(kind=loss_kind, ms=round(loss_ms, 3), share=round(loss_ms / step, 4)) if loss_ms > 0 and step > 0 else None
-    kind = step_kind(compute, comm, host, idle, fsdp)
+    kind = step_kind(compute, comm, host, idle, fsdp, step)  # shares of the step, as said
     scale = device_scale(median_traced, parts)
     return BoundSummary(
         kind=kind, time_kind=kind, step_ms=round(step, 3), compute_ms=round(compute, 3),

@@ -267,7 +267,8 @@ def test_samples_advise_nothing_predicted_to_gain_nothing(sample: str, sample_ru
             share, step = spread_share(result), result.summary.step_time_ms
             spread = share * step if share is not None and step is not None else None
             within = spread is not None and abs(a.predicted_change_ms) <= spread
-            assert a.knob == "" and ("predicts no measurable change" if within else "predicts no gain") in a.why_not
+            assert a.knob == "" and ("step-to-step spread: no measurable change" if within else "predicts no gain") \
+                in a.why_not
 
 
 def _host_bound(knob: str) -> Action:
@@ -356,9 +357,29 @@ def test_a_bucketed_collective_says_its_exposure_is_the_buckets(sample_run: Call
     assert named and max(named) == 16
     summary = sample_run("zero3-cpu-2rank").summary
     (finding,) = [f for f in summary.findings if f.kind == "exposed_reduce_scatter"]
-    said = re.search(r"exposed ([\d.]+) ms/step in backward \(one reduce-scatter ([\d.]+) ms of up to (\d+) units, "
-                     r"all its exposed time counted here; this unit's share ([\d.]+) ms\)", finding.message)
-    assert said and int(said[3]) == max(named), finding.message
+    said = re.search(r"exposed ([\d.]+) ms/step in backward \(bucketed: reduce-scatters of up to (\d+) units, "
+                     r"([\d.]+) ms a step in all, all their exposed time counted here; this unit's share ([\d.]+) ms\)",
+                     finding.message)
+    assert said and int(said[2]) == max(named), finding.message
     exposed, share = float(said[1]), float(said[4])
     unit = next(u for u in summary.units if u.name == finding.unit)
     assert share == pytest.approx(unit.reduce_scatter_ms, abs=0.006) and exposed > share
+
+
+WITHIN = "within the recording's 12.13 ms step-to-step spread: no measurable change"
+
+
+@pytest.mark.parametrize("change_ms, spread_ms, said", [
+    (-10.93, 12.13, f"not advised: fsdpviz whatif predicts -10.93 ms/step (-43.7 %), {WITHIN}"),
+    (+0.50, 12.13, f"not advised: fsdpviz whatif predicts +0.50 ms/step (+2.0 %), {WITHIN}"),
+    (+3.00, 1.00, "not advised: fsdpviz whatif predicts no gain (+3.00 ms/step (+12.0 %))"),
+])
+def test_advice_whatif_does_not_stand_behind_says_the_figure_then_why(change_ms: float, spread_ms: float,
+                                                                     said: str) -> None:
+    """A knob whose predicted change is within the recording's spread (faster or slower) or slower beyond
+    it is not advised; the reason gives whatif's figure first, then why it is not a change to act on."""
+    action = Action(kind="exposed_all_gather", cause=fnd.CAUSE_OUTLASTS_COMPUTE, message="m", count=1,
+                    lost_ms_per_step=1.0, knob=PREFETCH)
+    pct = 100 * change_ms / 25.0
+    out = with_prediction(action, change_ms, f"predicted {change_ms:+.2f} ms/step ({pct:+.1f} %)", spread_ms=spread_ms)
+    assert out.knob == "" and out.why_not == said and out.predicted_change_ms == change_ms

@@ -366,6 +366,11 @@ def test_a_cpu_step_is_scaled_whole() -> None:
 
 
 def test_bound_kind_needs_half_the_step() -> None:
+    # where the parts are medians over ranks that add up short of the (median) step, half of the step,
+    # not of their sum: 35 of an 84 ms step is 42 % (of the parts' 60 ms, 58 %)
+    assert bound_kind(7, 35, None, 9, 9) == "communication"
+    assert bound_kind(7, 35, None, 9, 9, step=84) == "mixed"
+    assert bound_kind(7, 45, None, 9, 9, step=84) == "communication"
     assert bound_kind(60, 10, 20, 10) == "compute"
     assert bound_kind(30, 50, 10, 10) == "communication"
     assert bound_kind(40, 30, 20, 10) == "mixed"

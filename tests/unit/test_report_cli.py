@@ -62,8 +62,9 @@ def test_missing_input_is_one_line(tmp_path: Path, capsys) -> None:
 
 def test_the_last_step_is_analysed_where_asked_by_report_and_export(tmp_path: Path, capsys) -> None:
     """``--include-last-step`` as ``summary`` takes it: a trace's last step (which the trace cannot show
-    complete) left out by default, kept on asking, in the report's page and export's tables; ``-q``
-    keeps export's stderr empty."""
+    complete) left out by default, kept on asking, in the report's page and export's tables. export takes
+    ``-q`` as every analysis command does (its progress shows only on a terminal, so here stderr is empty
+    either way)."""
     from helpers.kineto import TraceBuilder
 
     b = TraceBuilder(rank=0, world_size=1)
