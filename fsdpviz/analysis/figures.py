@@ -37,7 +37,9 @@ def level_words(level: str | None, baseline_bytes: int | None, fmt: Callable[[fl
 
     if level == LEVEL_SINCE_TRACE_START:
         return "allocated since the trace began (the CPU profiler does not see what was made before)"
-    if level == LEVEL_MEASURED_BASELINE and baseline_bytes is not None:
+    if level == LEVEL_MEASURED_BASELINE:
+        if baseline_bytes is None:  # measured, and nothing was alive
+            return "allocated since the trace began (fsdpviz record measured nothing alive when it began)"
         return (f"including up to {fmt(baseline_bytes)} that fsdpviz record measured alive on a rank when the trace "
                 "began")
     return ""

@@ -149,10 +149,11 @@ def _shared(spans: pd.DataFrame, kind: str, scale: float) -> pd.DataFrame:
 
 
 def _share_text(shared: pd.DataFrame, unit: str, phase: str, what: str, share_ns: float) -> str:
-    """``"all-gather 2.90 ms carrying up to 19 units (its share 0.55 ms)"``, or ``"all-gather 0.55 ms"``."""
+    """``"all-gather 2.90 ms a step, carrying up to 19 units (its share 0.55 ms)"``, or ``"all-gather 0.55 ms"``."""
     if (unit, phase) in shared.index:
         full_ns, n_units = shared["full_ns"][(unit, phase)], shared["n_units"][(unit, phase)]
-        return f"{what} {ms_text(float(full_ns) / NS_PER_MS)} carrying up to {int(n_units)} units (its share {ms_text(share_ns / NS_PER_MS)})"
+        return (f"{what} {ms_text(float(full_ns) / NS_PER_MS)} a step, carrying up to {int(n_units)} units (its share "
+                f"{ms_text(share_ns / NS_PER_MS)})")
     return f"{what} {ms_text(share_ns / NS_PER_MS)}"
 
 

@@ -281,35 +281,42 @@ def test_runs_on_two_clocks_and_two_levels_are_not_ranked_on_them(tmp_path: Path
 
 def test_a_run_on_another_clock_is_left_out_of_the_ranking_of_the_others(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Three committed recordings of the dim-256 example (block, pair, root units), the pair one's timer
+    """Three committed recordings of the dim-256 example (block, pair, root units), the root one's timer
     lines of its steady steps (7 on) cut away, as a run stopped early leaves them: its step falls back to
-    the trace's clock while the others keep their timers'. The time figures are ranked between block and
-    root alone, as if pair were not there; pair is named as not ranked, with its own reason."""
+    the trace's clock while the others keep their timers'. Root exposes the least communication as traced;
+    on the timers' clock nothing says by how much, so the time figures are ranked between block and pair
+    alone, as if root were not there, and root is named as not ranked, with its own summary's reason; no
+    trade-off weighs its step against theirs."""
     recorded = Path(__file__).resolve().parents[1] / "recorded"
     folders = {}
     for name in ("block", "pair", "root"):
         folders[name] = tmp_path / name
         shutil.copytree(recorded / f"fsdp2-d256-{name}" / "run", folders[name], ignore=shutil.ignore_patterns(".fsdpviz-cache"))
-    for timers in (folders["pair"] / "timers").glob("rank*.jsonl"):
+    for timers in (folders["root"] / "timers").glob("rank*.jsonl"):
         kept = [line for line in timers.read_text().splitlines() if json.loads(line)["step"] < 7]
         timers.write_text("\n".join(kept) + "\n")
     code, out, _ = _run(capsys, "compare", *(str(f) for f in folders.values()), "--label", "block", "--label", "pair",
                         "--label", "root", "--json", "--no-cache", "-q")
     assert code == 0
     result = json.loads(out)
-    assert [r["step_time_source"] for r in result["runs"]] == ["timers", "trace", "timers"]
+    assert [r["step_time_source"] for r in result["runs"]] == ["timers", "timers", "trace"]
+    exposed = dict(zip(result["labels"], (r["overlap"]["exposed_comm_ms"] for r in result["runs"])))
+    assert exposed["root"] < min(exposed["block"], exposed["pair"])  # the lowest row value, as traced
     alone = compare_runs([LabelledRun(label=n, source=str(folders[n]), result=analyse([folders[n]], cache=False))
-                          for n in ("block", "root")])
+                          for n in ("block", "pair")])
     for field in HEADLINE_FIELDS:
         if field.unit != "ms":
             continue
-        # pair never holds a best mark of a time row, and block against root is marked as without pair
-        assert "pair" not in result["best"][field.key], field.key
+        # root never holds a best mark of a time row, and block against pair is marked as without root
+        assert "root" not in result["best"][field.key], field.key
         assert [alone.labels[i] for i in alone.best[field.key]] == result["best"][field.key], field.key
-    assert any(result["best"][f.key] for f in HEADLINE_FIELDS if f.unit == "ms")  # something is still ranked
+    assert result["ranked_on_one_clock"] == ["block", "pair"]
     note = next(n for n in result["notes"] if n.startswith("Clocks differ"))
-    assert "pair: as traced (rank" in note and "clean unprofiled step" in note and "pair is not ranked" in note
+    root_summary = next(r for r in result["runs"] if r["label"] == "root")
+    own = next(n for n in root_summary["notes"] if "timed" in n and "clean unprofiled step" in n)
+    assert own.removeprefix("the step time is the traced one: ") in note and "root is not ranked" in note
     for finding in result["findings"]:
+        assert not (finding["kind"] == "tradeoff" and "root" in finding["message"]), finding["message"]
         if finding["kind"] in ("step_time", "exposed_comm"):
-            assert finding["better"] in (None, "block", "root")
-            assert finding["message"].endswith("pair is not ranked: on another clock than the others (the notes say why).")
+            assert finding["better"] in (None, "block", "pair")
+            assert finding["message"].endswith("root is not ranked: on another clock than the others (the notes say why).")

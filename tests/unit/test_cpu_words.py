@@ -64,3 +64,19 @@ def test_cpu_whatif_never_says_gpu_or_stream(capsys: pytest.CaptureFixture[str])
     text = _run(capsys, "whatif", str(SAMPLES / "fsdp2-cpu-2rank"), "--wrap", "merge:2", "-q", "--no-cache")
     assert "ranks per node 2 (recorded)" in text
     assert not GPU_WORDS.search(text), text
+
+
+@pytest.mark.parametrize("level, baseline, said", [
+    ("since_trace_start", None, "allocated since the trace began (the CPU profiler does not see what was made before)"),
+    ("since_trace_start_plus_measured", 257_396,
+     "including up to 251.36 KiB that fsdpviz record measured alive on a rank when the trace began"),
+    # measured, and nothing alive: not the allocator's own level, which a caller's fallback would say
+    ("since_trace_start_plus_measured", None,
+     "allocated since the trace began (fsdpviz record measured nothing alive when it began)"),
+    ("allocator", None, ""),
+])
+def test_a_cpu_level_is_said_for_what_it_counts(level: str, baseline: int | None, said: str) -> None:
+    from fsdpviz.analysis.figures import level_words
+    from fsdpviz.formatting import bytes_text
+
+    assert level_words(level, baseline, bytes_text) == said

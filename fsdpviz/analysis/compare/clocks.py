@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Final
 from fsdpviz.analysis.figures import level_words
 from fsdpviz.analysis.summary import STEP_TIME_TIMERS, STEP_TIME_TRACE
 from fsdpviz.formatting import bytes_text, ms_text
+from fsdpviz.structure.records import PROFILER_COST_UNUSED
 
 if TYPE_CHECKING:
     from fsdpviz.analysis.pipeline import LabelledRun
@@ -45,10 +46,11 @@ def ranked_on_clock(runs: Sequence[LabelledRun]) -> list[int]:
 
 
 def _why_traced(run: LabelledRun) -> str:
-    """Why a run's figures are as traced, in its own summary's words where it has them."""
-    cost = run.summary.profiler
-    if cost is not None and cost.note:
-        return cost.note.removeprefix("the step time is the traced one: ")
+    """Why a run's figures are as traced, in its own summary's words (its note of why the profiler's cost
+    is not taken out: no clean step timed, or timers that do not hold it), else: no timers at all."""
+    said = next((str(n) for n in run.summary.notes if n.code == PROFILER_COST_UNUSED), None)
+    if said:
+        return said.removeprefix("the step time is the traced one: ")
     return "no timers (traces recorded without fsdpviz record)"
 
 

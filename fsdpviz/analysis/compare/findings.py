@@ -162,14 +162,13 @@ def _ranked(c: Comparison, key: str) -> list[tuple[int, float]]:
     """:func:`_known`, of a time figure only the runs ranked on one clock (``Comparison.ranked``)."""
     if key not in TIME_KEYS:
         return _known(c, key)
-    ranked = set(c.ranked)
-    return [(i, v) for i, v in _known(c, key) if i in ranked]
+    return [(i, v) for i, v in _known(c, key) if c.is_ranked(i)]
 
 
 def _not_on_the_clock(c: Comparison) -> str:
     """`` plain is not ranked: its figures are as traced (the notes say why).`` where some runs' time
     figures are not ranked against the others' (``compare/clocks.py``), "" where every run's are."""
-    off = [lb for i, lb in enumerate(c.labels) if i not in set(c.ranked)]
+    off = [lb for i, lb in enumerate(c.labels) if not c.is_ranked(i)]
     if not off:
         return ""
     return (f" {', '.join(off)} {'is' if len(off) == 1 else 'are'} not ranked: on another clock than the others "
@@ -432,6 +431,8 @@ def tradeoff_finding(c: Comparison, found: Sequence[Finding]) -> list[Finding]:
     memory = next(f for f in found if f.kind == "memory")
     key = "step_rise_bytes" if "step_rise_bytes" in memory.values else "memory.peak_allocated_bytes"
     i, j = c.labels.index(fast), c.labels.index(lean)
+    if not (c.is_ranked(i) and c.is_ranked(j)):  # step times on two clocks: no time to weigh the memory against
+        return []
     t_fast, t_lean = c.values["step_time_ms"][i], c.values["step_time_ms"][j]
     m_fast, m_lean = c.values[key][i], c.values[key][j]
     if t_fast is None or t_lean is None or m_fast is None or m_lean is None:
@@ -468,7 +469,7 @@ def prefetch_finding(c: Comparison) -> list[Finding]:
         e_deep, e_shallow = exposed.get(deep), exposed.get(shallow)
         message = (f"{deep} issues its {phase} all-gathers earlier: on average {known[deep]:.1f} units are still "
                    f"computing when a gather starts, against {known[shallow]:.1f} in {shallow}")
-        if not {c.labels.index(deep), c.labels.index(shallow)} <= set(c.ranked):
+        if not (c.is_ranked(c.labels.index(deep)) and c.is_ranked(c.labels.index(shallow))):
             message += f"; their exposed {phase} all-gather time is not compared: the runs are on different clocks"
         elif e_deep is not None and e_shallow is not None:
             verdict = "less" if e_deep < e_shallow else "not less"
@@ -487,7 +488,7 @@ def group_finding(c: Comparison) -> list[Finding]:
     floor = max(0.005 * min(steps), MIN_TIME_MS) if steps else MIN_TIME_MS
     index = {r.label: unit_index(r) for r in c.runs}
     best: tuple[float, Any, dict[str, float]] | None = None
-    ranked = {c.labels[i] for i in c.ranked}  # times only among the runs of one clock
+    ranked = {lb for i, lb in enumerate(c.labels) if c.is_ranked(i)}  # times only among the runs of one clock
     for group in c.match.groups:
         per_run = {lb: group_values(group, lb, index[lb])["exposed_comm_ms"] for lb in c.labels if lb in ranked}
         vals = {lb: v for lb, v in per_run.items() if v is not None}

@@ -85,9 +85,13 @@ class Comparison:
     unit_best_withheld: dict[str, dict[str, str]] = field(default_factory=dict)  # group -> metric -> why no star
     spread_unknown: dict[str, dict[str, str]] = field(default_factory=dict)  # key -> run label -> why no spread
     unit_spread_unknown: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)  # group -> metric -> same
-    ranked: list[int] = field(default_factory=list)
-    """The runs whose time figures are ranked against each other: all where they share one clock
-    (:func:`fsdpviz.analysis.compare.clocks.ranked_on_clock`)."""
+    ranked: list[int] | None = None
+    """The runs whose time figures are ranked against each other (None: all of them), all where they
+    share one clock (:func:`fsdpviz.analysis.compare.clocks.ranked_on_clock`)."""
+
+    def is_ranked(self, i: int) -> bool:
+        """Whether run ``i``'s time figures are ranked against the others'."""
+        return self.ranked is None or i in self.ranked
 
 
 def unit_index(run: LabelledRun) -> dict[str, dict[str, Any]]:

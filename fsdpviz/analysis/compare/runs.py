@@ -207,7 +207,6 @@ def unit_marks(comparison: Comparison) -> None:
     step-to-step spread (:mod:`fsdpviz.analysis.compare.spread`); the page and the terminal show these."""
     drifting = any(d is not None for d in comparison.drift)  # peaks then depend on the step: not ranked
     level_why = levels_differ(comparison.runs)
-    ranked = set(comparison.ranked)
     indexes = [unit_index(r) for r in comparison.runs]
     for group in comparison.match.groups:
         values = [group_values(group, r.label, idx) for r, idx in zip(comparison.runs, indexes)]
@@ -228,8 +227,8 @@ def unit_marks(comparison: Comparison) -> None:
             if metric.endswith("_bytes") and level_why:
                 marks[metric], why[metric] = [], level_why
                 continue
-            if not metric.endswith("_bytes") and len(ranked) < len(row):
-                row = [v if i in ranked else None for i, v in enumerate(row)]
+            if not metric.endswith("_bytes") and comparison.ranked is not None and len(comparison.ranked) < len(row):
+                row = [v if comparison.is_ranked(i) else None for i, v in enumerate(row)]
                 if len([v for v in row if v is not None]) < 2:
                     marks[metric], why[metric] = [], "the runs are on different clocks, fewer than two on one (see the notes)"
                     continue
@@ -433,6 +432,7 @@ def comparison_json(comparison: Comparison) -> dict[str, Any]:
         "deltas": comparison.deltas,
         "best": {k: [comparison.labels[i] for i in v] for k, v in comparison.best.items()},
         "best_withheld": comparison.best_withheld,
+        "ranked_on_one_clock": [lb for i, lb in enumerate(comparison.labels) if comparison.is_ranked(i)],
         "unit_groups": [group_json(comparison, g) for g in comparison.match.groups],
         "unit_match_basis": comparison.match.basis,
         "spread_ms": comparison.spread,

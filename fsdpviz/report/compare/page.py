@@ -29,7 +29,7 @@ HOWTO_HEADLINE = (
 )
 HOWTO_FINDINGS = (
     "What differs between the runs and what the traces say about why, with the numbers behind each "
-    "statement. A difference within the noise (5 % of the larger value, or 2 standard errors) or within the runs' "
+    "statement. A difference within the noise (5 % of the larger value, 2 standard errors, or 0.02 ms) or within the runs' "
     "step-to-step spread names no better run, and says which; runs on different clocks are not ranked on times."
 )
 HOWTO_STRUCTURE = (
