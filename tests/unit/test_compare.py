@@ -98,11 +98,14 @@ def test_best_marks_are_the_extremes(compared) -> None:
     spread = result["spread_ms"]["step_time_ms"]
     fastest = step.index(min(step))
     margins = [abs(v - step[fastest]) - max(spread[fastest], spread[i]) for i, v in enumerate(step) if i != fastest]
-    if min(margins) > 0:  # faster than every other run by more than the step-to-step spreads
+    finding = next(f for f in result["findings"] if f["kind"] == "step_time")
+    # faster than every other run by more than the step-to-step spreads, and beyond the noise the finding reads
+    if min(margins) > 0 and finding["better"] == labels[fastest]:
         assert result["best"]["step_time_ms"] == [labels[fastest]]
     else:
         assert result["best"]["step_time_ms"] == []
-        assert "step-to-step spread" in result["best_withheld"]["step_time_ms"]
+        withheld = result["best_withheld"]["step_time_ms"]
+        assert "step-to-step spread" in withheld or "within noise" in withheld, withheld
     overlap = [s["overlap"]["overlap_pct"] for s in summaries]
     points = result["spread_points"]["overlap.overlap_pct"]
     most = overlap.index(max(overlap))
@@ -320,3 +323,20 @@ def test_a_run_on_another_clock_is_left_out_of_the_ranking_of_the_others(
         if finding["kind"] in ("step_time", "exposed_comm"):
             assert finding["better"] in (None, "block", "pair")
             assert finding["message"].endswith("root is not ranked: on another clock than the others (the notes say why).")
+
+
+@pytest.mark.parametrize("names", [("pair", "root"), ("block", "root"), ("block", "pair")])
+def test_a_time_row_stars_the_run_its_finding_names(names: tuple[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    """The table's star and the finding of the same row are one verdict: a star where the finding names a
+    winner (the same run), none where it names none, and then the same reason (the dim-256 recordings: the
+    pair against root had root starred on a step its finding called within noise, 40.2 ms against 41.1)."""
+    recorded = Path(__file__).resolve().parents[1] / "recorded"
+    code, out, _ = _run(capsys, "compare", *(str(recorded / f"fsdp2-d256-{n}" / "run") for n in names),
+                        "--label", names[0], "--label", names[1], "--json", "--no-cache", "-q")
+    assert code == 0
+    result = json.loads(out)
+    for kind, key in (("step_time", "step_time_ms"), ("exposed_comm", "overlap.exposed_comm_ms")):
+        finding = next(f for f in result["findings"] if f["kind"] == kind)
+        assert result["best"][key] == ([finding["better"]] if finding["better"] else []), (key, finding["message"])
+        if finding["better"] is None and "within noise" in finding["message"]:
+            assert "within noise" in result["best_withheld"][key], result["best_withheld"][key]

@@ -71,7 +71,8 @@ def test_a_difference_within_the_spread_gets_no_star(made: dict) -> None:
                                    abs=0.01)
     assert 0 < values[0] - values[1] < spread[0]  # close is faster, by less than jittery's spread
     assert comparison.best["step_time_ms"] == []
-    assert "within the runs' step-to-step spread" in comparison.best_withheld["step_time_ms"]
+    # within the noise too (0.17 ms apart against 2 standard errors of 1.33 ms): said first, as the finding does
+    assert "within noise" in comparison.best_withheld["step_time_ms"]
     out = comparison_json(comparison)
     assert out["best"]["step_time_ms"] == []
     assert out["spread_ms"]["step_time_ms"] == spread
@@ -109,7 +110,8 @@ def test_a_difference_within_the_one_known_spread_gets_no_star(made: dict) -> No
     values = comparison.values["step_time_ms"]
     assert 0 < values[0] - values[1] < spread[0]  # single is faster, by less than jittery's spread
     assert comparison.best["step_time_ms"] == []
-    assert "within one run's (the other's is unknown) step-to-step spread" in comparison.best_withheld["step_time_ms"]
+    # within the noise too (0.67 ms apart against 1.33 ms): said first, as the finding does
+    assert "within noise" in comparison.best_withheld["step_time_ms"]
     # the findings follow the same rule: no winner named
     finding = next(f for f in comparison.findings if f.kind == "step_time")
     assert finding.better is None and "within noise" in finding.message

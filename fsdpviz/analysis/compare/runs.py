@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from fsdpviz.analysis.compare.clocks import LEVEL_FIELDS, different_clocks, levels_differ, ranked_on_clock
-from fsdpviz.analysis.compare.findings import build_findings
+from fsdpviz.analysis.compare.findings import build_findings, is_clear, noise_ms
 from fsdpviz.analysis.compare.memory import drift_bytes, step_levels, step_rise_bytes
 from fsdpviz.analysis.compare.model import HEADLINE_FIELDS, LOWER, Comparison, unit_index
 from fsdpviz.analysis.compare.spread import (
@@ -144,6 +144,22 @@ def compare_runs(runs: Sequence[LabelledRun]) -> Comparison:
             best[key] = []
             withheld[key] = "the allocated level at step start drifts across steps (see notes)"
     spread = {f.key: [headline_spread_ms(r, f.key) for r in runs] for f in HEADLINE_FIELDS if f.unit == "ms"}
+    # a star beats the noise between the two runs' per-step means, then their spreads, as the findings
+    # read them (in that order): a star the step finding calls within noise would say two things of a row
+    for key, column in NOISE_COLUMNS.items():
+        for i in best[key]:
+            for j, v in enumerate(rank_values[key]):
+                vi = rank_values[key][i]
+                if j in best[key] or v is None or vi is None or (spread[key][i] is None and spread[key][j] is None):
+                    continue  # (a pair with no spread at all is not ranked: the spread rule below says so)
+                noise = noise_ms(runs[i], runs[j], column)
+                if not is_clear(float(vi), float(v), noise):
+                    best[key], withheld[key] = [], (
+                        f"the difference ({abs(float(v) - float(vi)):.3g} ms) is within noise (the largest of 2 standard "
+                        f"errors, {noise:.3g} ms, 5 % of the larger value and 0.02 ms)")
+                    break
+            if not best[key]:
+                break
     for key, spreads in spread.items():
         if key not in MEASURED:  # no spread at all: withheld below, with that reason
             continue
@@ -199,6 +215,9 @@ def clear_bytes(values: Sequence[float | int | None], best: list[int]) -> tuple[
     return marks, ""
 
 
+# The headline times whose best mark must also beat the noise between two runs' per-step means (the
+# STEP_TIMES column each is read from), as the step and exposed-communication findings do
+NOISE_COLUMNS: Final = {"step_time_ms": "step_ns", "overlap.exposed_comm_ms": "exposed_comm_ns"}
 RANKED_UNIT_METRICS: Final = tuple(m for m in (*SUM_METRICS, *MAX_METRICS) if m != "param_bytes")
 
 
