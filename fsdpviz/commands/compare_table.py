@@ -97,7 +97,7 @@ def unit_rows(comparison: Comparison) -> list[list[str]]:
 
 
 def print_comparison(comparison: Comparison) -> None:
-    """The headline and per-unit tables of a comparison on stdout, then its notes."""
+    """The headline and per-unit tables of a comparison on stdout, its findings, then its notes."""
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
@@ -106,7 +106,7 @@ def print_comparison(comparison: Comparison) -> None:
     labels = [escape(lb) for lb in comparison.labels]
 
     def head() -> Table:
-        table = Table(title=f"runs side by side ({BEST_MARK} best beyond the step-to-step spread; deltas against "
+        table = Table(title=f"runs side by side ({BEST_MARK} best beyond the noise and the step-to-step spread; deltas against "
                             f"{labels[0]})", title_justify="left")
         table.add_column("", no_wrap=True)
         for label in labels:
@@ -129,6 +129,11 @@ def print_comparison(comparison: Comparison) -> None:
             return table
 
         print_table(console, units, rows, name_column=None)
+    # the findings say in words what the tables mark (the page and --json hold their evidence too)
+    if comparison.findings:
+        console.print("findings (what differs between the runs, and why as far as the traces show)")
+        for finding in comparison.findings:
+            console.print(escape(f"  {finding.message}"))
     for label, unit in comparison.match.whole_model.items():
         console.print(escape(f"note: {label} holds the whole model in one unit ({unit}): compare it on the "
                              "headline numbers."))

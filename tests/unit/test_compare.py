@@ -340,3 +340,19 @@ def test_a_time_row_stars_the_run_its_finding_names(names: tuple[str, str], caps
         assert result["best"][key] == ([finding["better"]] if finding["better"] else []), (key, finding["message"])
         if finding["better"] is None and "within noise" in finding["message"]:
             assert "within noise" in result["best_withheld"][key], result["best_withheld"][key]
+
+
+def test_the_terminal_says_the_findings_the_json_holds(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """``fsdpviz compare`` in the terminal prints, after its tables, every finding's sentence as
+    ``--json`` gives it (they had been on the page and in the JSON only)."""
+    monkeypatch.setenv("COLUMNS", "1000")  # one line per sentence, as written
+    code, out, _ = _run(capsys, "compare", str(FSDP2), str(FSDP1), "--json", "--no-cache", "-q")
+    assert code == 0
+    findings = json.loads(out)["findings"]
+    assert findings
+    code, out, _ = _run(capsys, "compare", str(FSDP2), str(FSDP1), "--no-cache", "-q", "-o", str(tmp_path / "c.html"))
+    assert code == 0
+    lines = [line.strip() for line in out.splitlines()]
+    start = lines.index("findings (what differs between the runs, and why as far as the traces show)")
+    assert lines[start + 1:start + 1 + len(findings)] == [f["message"] for f in findings]
