@@ -147,19 +147,8 @@ def compare_runs(runs: Sequence[LabelledRun]) -> Comparison:
     # a star beats the noise between the two runs' per-step means, then their spreads, as the findings
     # read them (in that order): a star the step finding calls within noise would say two things of a row
     for key, column in NOISE_COLUMNS.items():
-        for i in best[key]:
-            for j, v in enumerate(rank_values[key]):
-                vi = rank_values[key][i]
-                if j in best[key] or v is None or vi is None or (spread[key][i] is None and spread[key][j] is None):
-                    continue  # (a pair with no spread at all is not ranked: the spread rule below says so)
-                noise = noise_ms(runs[i], runs[j], column)
-                if not is_clear(float(vi), float(v), noise):
-                    best[key], withheld[key] = [], (
-                        f"the difference ({abs(float(v) - float(vi)):.3g} ms) is within noise (the largest of 2 standard "
-                        f"errors, {noise:.3g} ms, 5 % of the larger value and 0.02 ms)")
-                    break
-            if not best[key]:
-                break
+        if why := within_noise(runs, rank_values[key], spread[key], best[key], column):
+            best[key], withheld[key] = [], why
     for key, spreads in spread.items():
         if key not in MEASURED:  # no spread at all: withheld below, with that reason
             continue
@@ -213,6 +202,23 @@ def clear_bytes(values: Sequence[float | int | None], best: list[int]) -> tuple[
     if why:
         return [], f"the runs are within {MEMORY_NOISE:.0%} of each other (the rule compare's memory finding reads bytes by)"
     return marks, ""
+
+
+def within_noise(runs: Sequence[LabelledRun], values: Sequence[float | int | None], spreads: Sequence[float | None],
+                 best: Sequence[int], column: str) -> str:
+    """Why a time row's best runs do not beat the noise between their per-step means and another run's
+    (the STEP_TIMES ``column``; the findings' test), "" where they do. A pair with no spread at all is
+    left to the spread rule, which says it is not ranked."""
+    for i in best:
+        for j, v in enumerate(values):
+            vi = values[i]
+            if j in best or v is None or vi is None or (spreads[i] is None and spreads[j] is None):
+                continue
+            noise = noise_ms(runs[i], runs[j], column)
+            if not is_clear(float(vi), float(v), noise):
+                return (f"the difference ({abs(float(v) - float(vi)):.3g} ms) is within noise (the largest of 2 standard "
+                        f"errors, {noise:.3g} ms, 5 % of the larger value and 0.02 ms)")
+    return ""
 
 
 # The headline times whose best mark must also beat the noise between two runs' per-step means (the
