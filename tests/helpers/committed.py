@@ -8,7 +8,9 @@ tensors, whatif against a recording of the setting, compare by parameters, the 2
 committed copy of that recording instead: the run folder ``fsdpviz record`` wrote and the truth the
 training script wrote about itself in the same run (losses, tensor bytes, mesh sizes). The copy is used
 only while everything it was recorded from is unchanged (below). The recorder's process checks
-(``test_record.py``, the recorder's faults, the real clients, the torch matrix) always record for real.
+(``test_record.py``'s FSDP2 jobs and short scripts, the recorder's faults, the real clients, the torch
+matrix) always record for real; its FSDP1 and ZeRO-3 run folders, held to the model, the frameworks'
+labels and the same job's losses run bare, are read from committed copies like the rest.
 
 ``FSDPVIZ_TEST_RECORDINGS`` says where such a test's recording comes from:
 

@@ -4,7 +4,8 @@ Each test checks a real ``torchrun`` job's run folder against independent facts:
 module names and parameter counts, the frameworks' own labels, the losses of the same job run
 without fsdpviz, the exit code of the command. The three frameworks' recordings are example runs of
 ``recording.py`` (``test_unit_analysis_cpu.py`` analyses the FSDP1 one too); the expectations here
-follow from their arguments.
+follow from their arguments. The FSDP1 and ZeRO-3 run folders are read from their committed copies
+(marker ``recorded``: ``make test-recordings`` records them now); FSDP2's is recorded in every session.
 """
 
 from __future__ import annotations
@@ -344,7 +345,7 @@ def test_cpu_other_idle_is_said_of_the_compute_thread(tmp_path: Path) -> None:
     assert "the compute thread runs no traced op" in action.message and "gloo" in action.message
 
 @pytest.mark.slow
-@pytest.mark.slow
+@pytest.mark.lifecycle
 @pytest.mark.parametrize("steps", [5, 6])
 def test_record_short_script_gets_complete_steps_with_the_defaults(steps: int, tmp_path: Path) -> None:
     """A script of 5 or 6 training steps, recorded with the default schedule, yields a trace of complete
@@ -373,6 +374,7 @@ def test_record_short_script_gets_complete_steps_with_the_defaults(steps: int, t
 
 
 @pytest.mark.slow
+@pytest.mark.lifecycle
 def test_record_script_shorter_than_the_warmup_says_why_it_has_no_trace(tmp_path: Path) -> None:
     """A 2-step script ends before the first profiled step: no trace of its exit posing as a step, and
     run.json and the closing lines say at which step it ended and which --warmup would profile it."""
@@ -389,6 +391,7 @@ def test_record_script_shorter_than_the_warmup_says_why_it_has_no_trace(tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.recorded
 def test_record_fsdp1_adds_unit_labels(recordings: Recordings, tmp_path: Path) -> None:
     rec = recordings.get(EXAMPLE_RUNS["fsdp1"])
     units = ["(root)", *BLOCKS]
@@ -411,6 +414,7 @@ def test_record_fsdp1_adds_unit_labels(recordings: Recordings, tmp_path: Path) -
 
 
 @pytest.mark.slow
+@pytest.mark.recorded
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed not installed (the deepspeed extra)")
 def test_record_zero3_units_are_fetched_submodules_with_parent_blocks(recordings: Recordings, tmp_path: Path) -> None:
     rec = recordings.get(EXAMPLE_RUNS["zero3-submodule"])
@@ -584,6 +588,7 @@ def test_record_shared_folder_merges_two_nodes(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.recorded
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed not installed (the deepspeed extra)")
 def test_record_under_the_deepspeed_launcher(recordings: Recordings) -> None:
     """``deepspeed --num_gpus 2`` (CPU accelerator: two CPU processes) starts the ranks itself and
