@@ -17,7 +17,7 @@ unit's compute in 16 unit-passes: 54-68 ms each, 1,030 ms/step". So:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Final
 
 import msgspec
@@ -354,13 +354,29 @@ def _known(*values: float | None) -> list[float] | None:
     return None if any(v is None for v in values) else [v for v in values if v is not None]
 
 
-def action_text(action: Action) -> str:
-    """The one line a person reads: the loss, what to try and what it gains, or why nothing is advised."""
+def action_text(action: Action, said: Collection[str] = ()) -> str:
+    """The one line a person reads: the loss, what to try and what it gains, or why nothing is advised.
+    ``said``: the reasons (``why_not``) lines read before this one gave in full; one of them is given by
+    its opening clause only, "(as above)"."""
     text = action.message.rstrip(".") + "."
     if action.knob:
         text += f" Try: {action.knob}."
         if action.predicted_gain:
             text += f" {action.predicted_gain[0].upper()}{action.predicted_gain[1:]}."
     if action.why_not:
-        text += f" {action.why_not[0].upper()}{action.why_not[1:]}."
+        why = f"{action.why_not.split(': ', 1)[0]} (as above)" if action.why_not in said else action.why_not
+        text += f" {why[0].upper()}{why[1:]}."
     return text
+
+
+def action_texts(actions: Sequence[Action]) -> list[str]:
+    """:func:`action_text` of each action, in order, each reason why nothing is advised given in full
+    once: on a CPU rank two actions about gathers both end with why prefetch cannot help, and the
+    second says so in its opening clause."""
+    said: set[str] = set()
+    out = []
+    for action in actions:
+        out.append(action_text(action, said))
+        if action.why_not:
+            said.add(action.why_not)
+    return out

@@ -261,12 +261,12 @@ def print_summary(summary: Summary) -> None:
         print_table(console, per_unit, unit_rows)
     shown = [a for a in summary.actions if not a.folded]
     if shown:
-        from fsdpviz.analysis.actions import action_text
+        from fsdpviz.analysis.actions import action_texts
 
         # A list rather than a table: actions are sentences, and a table squeezes them into slivers.
         console.print("[italic]actions (the bound first, then most time lost per step)[/italic]")
-        for a in shown:
-            console.print(f"  {_fmt(a.lost_ms_per_step):>8} ms  {escape(action_text(a))}", highlight=False)
+        for a, text in zip(shown, action_texts(shown), strict=True):
+            console.print(f"  {_fmt(a.lost_ms_per_step):>8} ms  {escape(text)}", highlight=False)
         folded = len(summary.actions) - len(shown)
         if folded:
             console.print(f"[dim]{folded} more action(s) and all {len(summary.findings)} finding(s) in --json and "

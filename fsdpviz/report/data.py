@@ -15,7 +15,7 @@ import msgspec
 import pandas as pd
 
 from fsdpviz.analysis import memory as analysis_memory
-from fsdpviz.analysis.actions import Action, action_text
+from fsdpviz.analysis.actions import Action, action_texts
 from fsdpviz.analysis.bound import clock_scale
 from fsdpviz.analysis.memory import MemoryModel
 from fsdpviz.analysis.memory_categories import TITLES
@@ -108,7 +108,7 @@ def describe_inputs(traces: TraceSet) -> tuple[str, str, list[tuple[str, str]]]:
 def actions_text(actions: Sequence[Action]) -> list[str]:
     """The headline's list: one sentence per action shown (the bound first), then one line naming the
     folded ones."""
-    out = [action_text(a) for a in actions if not a.folded]
+    out = action_texts([a for a in actions if not a.folded])
     folded = [a for a in actions if a.folded]
     if folded:
         out.append(f"{len(folded)} more, each losing less: " + "; ".join(

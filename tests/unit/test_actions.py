@@ -33,6 +33,7 @@ from fsdpviz.analysis.actions import (
     MAX_SHOWN,
     Action,
     action_text,
+    action_texts,
     bound_action,
     build_actions,
     group_findings,
@@ -125,6 +126,37 @@ def test_prefetch_is_not_advised_where_gloo_runs_collectives_on_the_host() -> No
     (action,) = group_findings([_outlasting("blocks.1", "forward", 5.0)], host_backend_on_gpu=True)
     assert action.knob == "" and action.why_not == HOST_BACKEND_BLOCKS
     assert "Prefetch cannot help on this run" in action_text(action)
+
+
+def test_a_reason_two_actions_share_is_given_in_full_once() -> None:
+    # two gather actions both blocked by the CPU rank's waits, one by another reason between them
+    first, second = group_findings([_outlasting("blocks.1", "forward", 5.0)], waits_out=True)[0], \
+        group_findings([_outlasting("blocks.2", "backward", 3.0)], waits_out=True)[0]
+    other = group_findings([_outlasting("blocks.3", "forward", 2.0)], host_backend_on_gpu=True)[0]
+    assert first.why_not == second.why_not == CPU_BLOCKS and other.why_not == HOST_BACKEND_BLOCKS
+    texts = action_texts([first, other, second])
+    assert texts[0] == action_text(first) and texts[1] == action_text(other)
+    assert texts[0].endswith(CPU_BLOCKS[0].upper() + CPU_BLOCKS[1:] + ".")
+    assert texts[2] == f"{second.message.rstrip('.')}. Prefetch cannot help on a CPU rank (as above)."
+    assert sum(CPU_BLOCKS[1:] in t for t in texts) == 1
+    # each reason of its own stays whole
+    assert action_texts([first, other]) == [action_text(first), action_text(other)]
+
+
+def test_the_fsdp1_samples_terminal_and_page_say_why_prefetch_cannot_help_once(
+        sample_run: Callable[[str], Any], capsys: pytest.CaptureFixture[str]) -> None:
+    from helpers.cli import stdout_here
+
+    from fsdpviz.report.data import actions_text
+
+    # two of the sample's shown actions are about gathers a prefetch would move, each blocked
+    shown = [a for a in sample_run("fsdp1-cpu-2rank").summary.actions if not a.folded]
+    assert sum(a.why_not == CPU_BLOCKS for a in shown) == 2
+    out = " ".join(stdout_here(capsys, "summary", str(SAMPLES / "fsdp1-cpu-2rank"), "--no-cache").split())
+    assert out.count("Prefetch cannot help on a CPU rank: FSDP's training thread") == 1
+    assert out.count("Prefetch cannot help on a CPU rank (as above).") == 1
+    page = actions_text(sample_run("fsdp1-cpu-2rank").summary.actions)
+    assert sum(CPU_BLOCKS[1:] in t for t in page) == 1 and sum("(as above)" in t for t in page) == 1
 
 
 def test_deepspeeds_prefetch_is_left_to_whatif_on_a_cpu_rank() -> None:
