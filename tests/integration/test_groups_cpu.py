@@ -5,7 +5,8 @@ and then one of the same size on group ``second``; ``first``'s gloo workers are 
 that rank 1 joins later, so ``second``'s all-gather ends first. The truth is the script's own: the
 groups' names, and per step how much later ``first``'s all-gather ended than ``second``'s (its clock,
 read as gloo completes each work's future). Paired by size in issue order, ``first``'s call would get ``second``'s run:
-its end ~150 ms too early.
+its end ~150 ms too early. The recording is read from its committed copy (helpers/committed.py;
+``make test-recordings`` records it now).
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from helpers.committed import recorded_once
 from helpers.jobs import NO_OUTPUT, fsdpviz, record_env, retried, torchrun
-from helpers.once import session_root, shared_processes
+from helpers.once import session_root
 from recording import SCRIPTS
 
 from fsdpviz import vocabulary
@@ -26,7 +28,7 @@ from fsdpviz.analysis.pipeline import RunResult, analyse
 from fsdpviz.structure import crossrank
 from fsdpviz.structure.collectives import find_collectives
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.recorded]
 
 # The script's clock, read in each work's future callback on the gloo thread that ran it, against the
 # trace's gloo op ends: 0.01-0.07 ms apart over eight steps, three of them beside three processes spinning
@@ -48,7 +50,8 @@ def groups_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, Ru
                                                 "--steps", "2", "--", *command, env=record_env(), timeout=600),
                                 tidy=lambda: shutil.rmtree(run_dir, ignore_errors=True))}
 
-    proc = shared_processes(folder, make)["proc"]
+    identity = {"steps": 5, "record": [*NO_OUTPUT, "--warmup", "2", "--steps", "2"]}
+    proc = recorded_once(folder, "groups", identity, [SCRIPTS / "groups_train.py"], make)["proc"]
     assert proc is not None and proc.returncode == 0, proc.stderr[-3000:] if proc else ""
     return run_dir, json.loads(truth.read_text()), analyse([run_dir], cache=False)
 
