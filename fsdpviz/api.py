@@ -241,7 +241,8 @@ class Run(LabelledRun):
     def actions(self) -> list[Action]:
         """What to do, in the order to read it: the bound's action, then alike findings as one line
         each with their predicted gains (fsdpviz whatif), ``folded`` past the first five; the sentence
-        of one is :func:`fsdpviz.analysis.actions.action_text`."""
+        of one is :func:`fsdpviz.analysis.actions.action_text`, the list's as the summary prints them
+        :func:`fsdpviz.analysis.actions.action_texts`."""
         return self.summary.actions
 
     # --- plots ----------------------------------------------------------------------------------

@@ -9,8 +9,9 @@ committed copy of that recording instead: the run folder ``fsdpviz record`` wrot
 training script wrote about itself in the same run (losses, tensor bytes, mesh sizes). The copy is used
 only while everything it was recorded from is unchanged (below). The recorder's process checks
 (``test_record.py``'s FSDP2 jobs and short scripts, the recorder's faults, the real clients, the torch
-matrix) always record for real; its FSDP1 and ZeRO-3 run folders, held to the model, the frameworks'
-labels and the same job's losses run bare, are read from committed copies like the rest.
+matrix) always record for real; its FSDP1 and ZeRO-3 run folders, held to the model and the frameworks'
+labels, are read from committed copies like the rest (their losses are held to a bare run's only when
+recorded now: a copy's are another machine's).
 
 ``FSDPVIZ_TEST_RECORDINGS`` says where such a test's recording comes from:
 

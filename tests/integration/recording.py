@@ -17,7 +17,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from helpers.committed import REPO, recorded_once
+from helpers.committed import REPO, copy_is_read, recorded_once
 from helpers.jobs import (
     EXAMPLE,
     NO_OUTPUT,
@@ -84,6 +84,7 @@ class Recording:
     run_dir: Path
     proc: subprocess.CompletedProcess
     losses: Path  # a ``--log-losses`` template with ``{rank}`` (the script's ``output_flag``)
+    from_copy: bool = False  # read from its committed copy (helpers/committed.py), not recorded in this session
 
     def unrecorded_losses(self, out: Path) -> Path:
         """Run the same job without fsdpviz; its ``--log-losses`` template under ``out``."""
@@ -166,7 +167,8 @@ class Recordings:
                 procs = shared_processes(folder, make)
             proc = procs["proc"]
             assert proc is not None
-            self.done[config] = Recording(config, run_dir, proc, losses)
+            from_copy = bool(config.committed) and copy_is_read(config.committed, config.identity(), [config.script])
+            self.done[config] = Recording(config, run_dir, proc, losses, from_copy)
         return self.done[config]
 
 

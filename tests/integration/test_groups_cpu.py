@@ -37,6 +37,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.recorded]
 # between its op's end and the callback. Pairing by size would be off by twice the lag (~300 ms), the
 # other way: 20 ms tells the two apart fifteen times over.
 LAG_TOLERANCE_MS = 20.0
+# The job, and what its committed copy is recorded from (helpers/committed.py): one place for both.
+RANKS = 2
+TRAIN_ARGS = ("--steps", "5")
+RECORD_OPTIONS = (*NO_OUTPUT, "--warmup", "2", "--steps", "2")
 
 
 @pytest.fixture(scope="module")
@@ -45,12 +49,12 @@ def groups_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, Ru
     run_dir, truth = folder / "run", folder / "truth.json"
 
     def make() -> dict[str, subprocess.CompletedProcess | None]:
-        command = torchrun(SCRIPTS / "groups_train.py", "--steps", "5", "--truth", str(truth))
-        return {"proc": retried(lambda: fsdpviz("record", "--out", str(run_dir), *NO_OUTPUT, "--warmup", "2",
-                                                "--steps", "2", "--", *command, env=record_env(), timeout=600),
+        command = torchrun(SCRIPTS / "groups_train.py", *TRAIN_ARGS, "--truth", str(truth), nproc=RANKS)
+        return {"proc": retried(lambda: fsdpviz("record", "--out", str(run_dir), *RECORD_OPTIONS, "--", *command,
+                                                env=record_env(), timeout=600),
                                 tidy=lambda: shutil.rmtree(run_dir, ignore_errors=True))}
 
-    identity = {"steps": 5, "record": [*NO_OUTPUT, "--warmup", "2", "--steps", "2"]}
+    identity = {"ranks": RANKS, "train_args": [*TRAIN_ARGS, "--truth"], "record_options": list(RECORD_OPTIONS)}
     proc = recorded_once(folder, "groups", identity, [SCRIPTS / "groups_train.py"], make)["proc"]
     assert proc is not None and proc.returncode == 0, proc.stderr[-3000:] if proc else ""
     return run_dir, json.loads(truth.read_text()), analyse([run_dir], cache=False)

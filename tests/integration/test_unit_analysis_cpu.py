@@ -4,7 +4,7 @@ The recordings are example runs of ``recording.py`` (``test_record.py`` checks t
 folder too): the example trainer with three blocks, FSDP2 ``--prefetch 1``
 (``set_modules_to_forward_prefetch`` / ``set_modules_to_backward_prefetch`` one unit ahead), FSDP1
 ``--prefetch 1`` (``forward_prefetch=True``) and DeepSpeed ZeRO-3 ``--prefetch 1`` (a prefetch bucket
-of one block; blocks as ZeRO-3 leaf modules), optimizer steps 6-9 profiled and analysed (fsdpviz's
+of one block; blocks as ZeRO-3 leaf modules), optimizer steps 2-5 profiled and analysed (fsdpviz's
 own traces hold every profiled step complete). Independent facts: the prefetch setting the trainer was given (and run.json
 reports), FSDP2's own ``FSDP::forward_prefetch for X`` labels, the ProfilerStep ranges (step time),
 and ``fsdpviz export`` reproducing the same numbers from the run folder.
