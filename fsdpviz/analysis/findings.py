@@ -39,7 +39,7 @@ from fsdpviz import vocabulary
 from fsdpviz.formatting import NS_PER_MS, ms_text
 from fsdpviz.structure.profiler_cost import (
     HIGH_SLOWDOWN,
-    HIGH_SLOWDOWN_ADVICE,
+    NO_CLOSER_BASE,
     NOTABLE_SLOWDOWN,
     ProfilerCost,
 )
@@ -348,7 +348,8 @@ def profiler_findings(cost: ProfilerCost | None, idle_ns: float | None) -> list[
                  f"against {cost.unprofiled_step_ms:.2f} ms unprofiled): {share}, not the run's; the step time "
                  "fsdpviz leads with is the unprofiled one" + (
                      f"; more than {HIGH_SLOWDOWN:g}x, the traced timeline every figure and prediction is read from is "
-                     f"largely the profiler's own cost: {HIGH_SLOWDOWN_ADVICE}" if cost.slowdown > HIGH_SLOWDOWN else ""),
+                     f"largely the profiler's own cost: {cost.closer_base or NO_CLOSER_BASE}"
+                     if cost.slowdown > HIGH_SLOWDOWN else ""),
                  f"profiled steps {', '.join(map(str, cost.profiled_steps))} {cost.profiled_step_ms:.2f} ms as traced "
                  f"(each rank's mean, median over ranks); unprofiled steps {steps} {cost.unprofiled_step_ms:.2f} ms "
                  "(timers, each rank's median of its clean steps, median over ranks)",

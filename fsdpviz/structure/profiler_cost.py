@@ -35,7 +35,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from fsdpviz.runfolder import SCHEDULE_OPTIMIZER_STEPS, SETTLING_STEPS, RunInfo, clean_steps
+from fsdpviz.runfolder import SCHEDULE_OPTIMIZER_STEPS, SETTLING_STEPS, RankInfo, RunInfo, clean_steps
 
 # The timer record of a whole step (docs/recording.md, "Timers").
 STEP_TIMER_PHASE: Final = "step"
@@ -47,7 +47,9 @@ NOTABLE_SLOWDOWN: Final = 1.10
 # Above this one, the traced timeline every figure and prediction is read from is largely the profiler's
 # own cost: the profiler's finding and every prediction say so, with how to record a closer base.
 HIGH_SLOWDOWN: Final = 1.5
-HIGH_SLOWDOWN_ADVICE: Final = "record with --no-memory, or fewer ranks per core, for a base closer to the run"
+# What is said where the recording's own options leave nothing to lower (:func:`closer_base`).
+NO_CLOSER_BASE: Final = ("no recording option lowers it here (the memory profiler was off, and no host ran as many "
+                         "ranks as it has cores): it is the profiler's own cost per traced op")
 # Fewer clean unprofiled steps on a rank than this, and one noisy step would set the headline. Two are
 # what a short recording has (the shared H100 recordings: 2 per rank); the clock says how many
 # (``summary --json`` ``clock.clean_steps``).
@@ -87,6 +89,9 @@ class ProfilerCost(msgspec.Struct, kw_only=True):
     ``ranks[].observer.agent_ms_median``, median over ranks); None in folders that do not hold it."""
     recorder_share: float | None = None
     """That work as a share of the clean step (``agent_share_median``, median over ranks)."""
+    closer_base: str = ""
+    """How to record a base closer to the run, from what this recording did (:func:`closer_base`); ""
+    where nothing it did adds to the profiler's cost that an option takes away."""
 
     @property
     def extra_ms(self) -> float:
@@ -215,6 +220,24 @@ def _timed_run(timers: pd.DataFrame, run: RunInfo | None) -> bool:
     return run is not None and not timers.empty and run.profile.schedule == SCHEDULE_OPTIMIZER_STEPS
 
 
+def closer_base(run: RunInfo) -> str:
+    """How to record a base closer to the run, from run.json: ``--no-memory`` where the memory profiler
+    was on (every allocation is an event; a run.json that does not say counts as on), fewer ranks per core
+    where a host ran at least as many of the recorded ranks as it has cores (each rank's profiler then
+    competes for the cores); "" where neither applies."""
+    ways = []
+    if run.options.get("memory", True) is not False:
+        ways.append("with --no-memory")
+    per_host: dict[str | None, list[RankInfo]] = {}
+    for rank in run.ranks:
+        per_host.setdefault(rank.host, []).append(rank)
+    # a host's cores unknown: not crowded, as far as anyone can tell
+    if any(len(ranks) >= min((r.cpu_count for r in ranks if r.cpu_count), default=len(ranks) + 1)
+           for ranks in per_host.values()):
+        ways.append("with fewer ranks per core")
+    return f"record {' or '.join(ways)}, for a base closer to the run" if ways else ""
+
+
 def profiler_cost(timers: pd.DataFrame, run: RunInfo | None) -> ProfilerCost | None:
     """The profiler's cost from a run folder's timers and run.json; None where they do not tell.
 
@@ -259,7 +282,7 @@ def profiler_cost(timers: pd.DataFrame, run: RunInfo | None) -> ProfilerCost | N
     return ProfilerCost(profiled_step_ms=round(profiled_step, 3), unprofiled_step_ms=round(unprofiled_step, 3),
                         slowdown=slowdown, profiled_steps=sorted(profiled_all), unprofiled_steps=sorted(unprofiled_all),
                         left_out_steps=sorted(left_out - profiled_all), fewest_unprofiled_steps=fewest,
-                        headline=note is None, note=note,
+                        headline=note is None, note=note, closer_base=closer_base(run),
                         recorder_ms=round(statistics.median(o.agent_ms_median or 0.0 for o in observed), 4)
                         if observed else None,
                         recorder_share=round(statistics.median(shares), 6) if shares else None)

@@ -39,7 +39,7 @@ from fsdpviz.replay.recorded import Recording, StepProgram
 from fsdpviz.replay.settings import DEFAULT, GIVEN, RECORDED, Settings, Wrap
 from fsdpviz.replay.simulate import SimResult, run
 from fsdpviz.structure.parallelism import known_dims
-from fsdpviz.structure.profiler_cost import HIGH_SLOWDOWN, HIGH_SLOWDOWN_ADVICE
+from fsdpviz.structure.profiler_cost import HIGH_SLOWDOWN, NO_CLOSER_BASE
 from fsdpviz.vocabulary import FSDP1, FSDP2, ZERO3
 from fsdpviz.whatif import bounds, known
 from fsdpviz.whatif.apply import Apply, apply_code, fsdp1_arguments
@@ -437,7 +437,8 @@ def weaknesses(replay_error_pct: float, cost: ProfilerCost | None, clean_error_p
                    f"{PHASE_LIMIT_PCT:g} %), so its predicted figures are not read as more than a direction")
     if cost is not None and cost.slowdown > HIGH_SLOWDOWN:
         out.append(f"the profiler slowed the recorded steps {cost.slowdown:.2f}x (more than {HIGH_SLOWDOWN:g}x): the "
-                   f"traced timeline the model is built on is largely the profiler's own cost; {HIGH_SLOWDOWN_ADVICE}")
+                   f"traced timeline the model is built on is largely the profiler's own cost; "
+                   f"{cost.closer_base or NO_CLOSER_BASE}")
     return out
 
 

@@ -44,6 +44,7 @@ from fsdpviz.analysis.actions import (
 from fsdpviz.analysis.bound import KIND_HOST
 from fsdpviz.analysis.pipeline import analyse
 from fsdpviz.replay.model import read_model, spread_share
+from fsdpviz.structure.profiler_cost import NO_CLOSER_BASE
 from fsdpviz.structure.records import Finding
 from fsdpviz.whatif.gains import predict_actions, predicted_actions
 
@@ -340,10 +341,10 @@ def test_a_wrap_over_the_devices_memory_is_not_advised(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("name", "warned"), [("B", False), ("Bl", True)])
 def test_a_profiler_that_more_than_half_again_slowed_the_steps_is_said_of_every_view(
         gpu_h200_dir: Path, name: str, warned: bool) -> None:
-    """The H200 recordings' own timers: B's profiled steps ran 1.46x its clean ones, Bl's (with the
-    profiler's memory recording on) 1.67x, read here from the timers files. Past 1.5x the profiler's
+    """The H200 recordings' own timers: B's profiled steps ran 1.46x its clean ones, Bl's (recorded with
+    --no-memory, one rank on 16 cores) 1.67x, read here from the timers files. Past 1.5x the profiler's
     finding says, as every whatif prediction warns, that the traced timeline is largely the profiler's,
-    and how to record a closer base."""
+    and what would record a closer base: for Bl nothing its options can change (run.json)."""
     folder = gpu_h200_dir / name
     result = analyse([folder], cache=False, progress=False)
     cost = result.summary.profiler
@@ -353,7 +354,9 @@ def test_a_profiler_that_more_than_half_again_slowed_the_steps_is_said_of_every_
     clean = statistics.median(statistics.median(timer_step_ms(p)[s] for s in cost.unprofiled_steps) for p in ranks)
     assert (profiled / clean > 1.5) == warned
     (finding,) = [f for f in result.summary.findings if f.kind == "profiler"]
-    assert ("record with --no-memory" in finding.message) == warned
+    assert ("largely the profiler's own cost" in finding.message) == warned
+    if warned:
+        assert finding.message.endswith(NO_CLOSER_BASE) and "--no-memory" not in finding.message
 
 
 def test_nothing_is_advised_or_ranked_where_the_spread_is_unknown() -> None:

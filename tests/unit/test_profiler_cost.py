@@ -316,3 +316,56 @@ def test_a_gpu_runs_profiler_finding_takes_the_share_out_of_the_bounds_waits(
     assert share == pytest.approx(bound.profiler_share_ms, abs=0.01)
     kept = (bound.host_wait_ms or 0.0) + bound.other_idle_ms + bound.fsdp_overhead_ms - (bound.fsdp_kernels_ms or 0.0)
     assert waited - share == pytest.approx(kept, abs=0.02)
+
+
+def _ranks(host_cores: list[tuple[str | None, int | None]]) -> list[RankInfo]:
+    return [RankInfo(rank=i, host=host, cpu_count=cores) for i, (host, cores) in enumerate(host_cores)]
+
+
+def test_the_closer_base_says_only_what_the_recording_did() -> None:
+    """How to record a base closer to the run, from run.json alone: the memory profiler on (or not said),
+    a host with at least as many of the recorded ranks as it has cores."""
+    from fsdpviz.structure.profiler_cost import closer_base
+
+    two_on_two = _ranks([("vm", 2), ("vm", 2)])
+    assert closer_base(RunInfo(options={"memory": True}, ranks=two_on_two)) == \
+        "record with --no-memory or with fewer ranks per core, for a base closer to the run"
+    assert closer_base(RunInfo(options={}, ranks=_ranks([("a", 16)]))) == \
+        "record with --no-memory, for a base closer to the run"  # a run.json that does not say
+    assert closer_base(RunInfo(options={"memory": False}, ranks=two_on_two)) == \
+        "record with fewer ranks per core, for a base closer to the run"
+    # one rank on 16 cores, memory off (the shared H200 Bl recording): nothing to lower
+    assert closer_base(RunInfo(options={"memory": False}, ranks=_ranks([("vm", 16)]))) == ""
+    # ranks on two hosts of 2 cores, one each; and a host whose cores the run does not say
+    assert closer_base(RunInfo(options={"memory": False}, ranks=_ranks([("a", 2), ("b", 2)]))) == ""
+    assert closer_base(RunInfo(options={"memory": False}, ranks=_ranks([("a", None), ("a", None)]))) == ""
+
+
+def test_the_profilers_finding_and_whatif_advise_what_the_recording_can_change(
+        sample_run: Callable[[str], Any]) -> None:
+    """The ZeRO-3 sample (slowed 1.71x, memory profiled, 2 ranks on 2 cores) is told both ways, by the
+    profiler's finding and by every whatif prediction's warning."""
+    from fsdpviz.whatif.predict import weaknesses
+
+    both = "record with --no-memory or with fewer ranks per core, for a base closer to the run"
+    result = sample_run("zero3-cpu-2rank")
+    assert result.profiler is not None and result.profiler.slowdown > 1.5
+    (profiler,) = [f for f in result.summary.findings if f.kind == "profiler"]
+    assert profiler.message.endswith(both)
+    assert weaknesses(0.0, result.profiler)[-1].endswith(both)
+
+
+def test_a_recording_with_nothing_to_lower_is_told_so(gpu_h200_dir: Path) -> None:
+    """The shared H200 Bl recording (slowed more than 1.5x with the memory profiler off, one rank on 16
+    cores) is not told to record with --no-memory or fewer ranks per core, and is told why not."""
+    from fsdpviz.analysis.pipeline import analyse
+    from fsdpviz.structure.profiler_cost import NO_CLOSER_BASE
+    from fsdpviz.whatif.predict import weaknesses
+
+    run_json = json.loads((gpu_h200_dir / "Bl" / "run.json").read_text())
+    assert run_json["options"]["memory"] is False and [r["cpu_count"] for r in run_json["ranks"]] == [16]
+    result = analyse([gpu_h200_dir / "Bl"], cache=False)
+    assert result.profiler is not None and result.profiler.slowdown > 1.5
+    (profiler,) = [f for f in result.summary.findings if f.kind == "profiler"]
+    assert profiler.message.endswith(NO_CLOSER_BASE) and "--no-memory" not in profiler.message
+    assert weaknesses(0.0, result.profiler)[-1].endswith(NO_CLOSER_BASE)
