@@ -325,6 +325,30 @@ def test_a_run_on_another_clock_is_left_out_of_the_ranking_of_the_others(
             assert finding["message"].endswith("root is not ranked: on another clock than the others (the notes say why).")
 
 
+def test_the_memory_finding_gives_the_measured_difference_alone(capsys: pytest.CaptureFixture[str]) -> None:
+    """The committed dim-256 block and root recordings: root peaks higher, in line with its one unit. The
+    finding's sentence gives the measured figures only (the two peaks, their difference, the largest unit's
+    parameters from run.json): the ZeRO arithmetic's estimate of the two peaks, which holds the two largest
+    units unsharded at once, is a second figure for the same difference (on the shared H200 model B, 508.54
+    MiB against 312.68 measured and 313.8 from fsdpviz whatif), so it stays in the evidence, named as what it is."""
+    recorded = Path(__file__).resolve().parents[1] / "recorded"
+    code, out, _ = _run(capsys, "compare", *(str(recorded / f"fsdp2-d256-{n}" / "run") for n in ("block", "root")),
+                        "--label", "block", "--label", "root", "--json", "--no-cache", "-q")
+    assert code == 0
+    result = json.loads(out)
+    finding = next(f for f in result["findings"] if f["kind"] == "memory")
+    peaks = finding["values"]["peak_allocated_bytes"]
+    assert finding["better"] == "block" and peaks["root"] > peaks["block"]
+    units = json.loads((recorded / "fsdp2-d256-root" / "run" / "run.json").read_text())["units"]
+    root_params = sum(u["param_bytes"] for u in units)
+    measured = {bytes_text(peaks["block"]), bytes_text(peaks["root"] - peaks["block"]), bytes_text(root_params)}
+    said = set(re.findall(r"[\d.,]+ [KMG]iB", finding["message"]))
+    assert said and said <= measured, (said, measured)
+    assert "In line with the unit sizes: root is one unit" in finding["message"]
+    estimate = finding["values"]["model_peak_bytes"]
+    assert f"not fsdpviz whatif's prediction): block {bytes_text(estimate['block'])}" in finding["evidence"]
+
+
 @pytest.mark.parametrize("names", [("pair", "root"), ("block", "root"), ("block", "pair")])
 def test_a_time_row_stars_the_run_its_finding_names(names: tuple[str, str], capsys: pytest.CaptureFixture[str]) -> None:
     """The table's star and the finding of the same row are one verdict: a star where the finding names a

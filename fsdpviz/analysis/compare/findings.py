@@ -394,14 +394,18 @@ def memory_finding(c: Comparison) -> list[Finding]:
             if c.labels[high_i] in c.match.whole_model:
                 why = (f" In line with the unit sizes: {hi} is one unit, so every parameter ({bytes_text(l_hi)}) is "
                        "unsharded at once")
-            message += why + (f", and the memory model predicts {bytes_text(model_delta)} more "
-                              f"({bytes_text(m_hi)} vs {bytes_text(m_lo)}).")
+            # the ZeRO arithmetic's figure stays in the evidence: it holds the two largest units unsharded at
+            # once whatever the run prefetches, an upper estimate beside the measured difference, and not
+            # what `fsdpviz whatif` predicts for either setting (a second figure for one difference)
+            message += why + "."
         else:
-            message += (f" Unit sizes do not explain it: the memory model predicts {bytes_text(model_delta)} "
+            message += (f" Unit sizes do not explain it: the ZeRO arithmetic's peaks differ by {bytes_text(model_delta)} "
                         f"({hi} {bytes_text(m_hi)}, {lo} {bytes_text(m_lo)})")
             message += _prefetch_memory(c, high_i, low_i, high - low) or \
                 "; the rest is activations, buffers or the allocator."
-        evidence += "; memory model peak: " + ", ".join(f"{lb} {bytes_text(v)}" for lb, v in values["model_peak_bytes"].items())
+        evidence += ("; the ZeRO arithmetic's peak (sharded state, the two largest units' parameters and the largest's "
+                     "gradients unsharded; an estimate, not fsdpviz whatif's prediction): "
+                     + ", ".join(f"{lb} {bytes_text(v)}" for lb, v in values["model_peak_bytes"].items()))
     return [_finding("memory", message, evidence, lo, values)]
 
 
