@@ -47,9 +47,12 @@ NOTABLE_SLOWDOWN: Final = 1.10
 # Above this one, the traced timeline every figure and prediction is read from is largely the profiler's
 # own cost: the profiler's finding and every prediction say so, with how to record a closer base.
 HIGH_SLOWDOWN: Final = 1.5
-# What is said where the recording's own options leave nothing to lower (:func:`closer_base`).
-NO_CLOSER_BASE: Final = ("no recording option lowers it here (the memory profiler was off, and no host ran as many "
-                         "ranks as it has cores): it is the profiler's own cost per traced op")
+# What is said where the recording's own options leave nothing to lower (:func:`closer_base`): with every
+# host's cores known, and with some unknown.
+NO_CLOSER_BASE: Final = ("no recording option would lower it (the memory profiler and Python stacks were off, and no "
+                         "host ran as many ranks as it has cores); what remains is torch.profiler's cost per traced op")
+NO_CLOSER_BASE_CORES_UNKNOWN: Final = ("no recording option would lower it that run.json shows (the memory profiler "
+                                       "and Python stacks were off; how many cores its ranks shared it does not say)")
 # Fewer clean unprofiled steps on a rank than this, and one noisy step would set the headline. Two are
 # what a short recording has (the shared H100 recordings: 2 per rank); the clock says how many
 # (``summary --json`` ``clock.clean_steps``).
@@ -90,8 +93,8 @@ class ProfilerCost(msgspec.Struct, kw_only=True):
     recorder_share: float | None = None
     """That work as a share of the clean step (``agent_share_median``, median over ranks)."""
     closer_base: str = ""
-    """How to record a base closer to the run, from what this recording did (:func:`closer_base`); ""
-    where nothing it did adds to the profiler's cost that an option takes away."""
+    """How to record a base closer to the run, from what this recording did, or why no recording option
+    would (:func:`closer_base`)."""
 
     @property
     def extra_ms(self) -> float:
@@ -221,21 +224,46 @@ def _timed_run(timers: pd.DataFrame, run: RunInfo | None) -> bool:
 
 
 def closer_base(run: RunInfo) -> str:
-    """How to record a base closer to the run, from run.json: ``--no-memory`` where the memory profiler
-    was on (every allocation is an event; a run.json that does not say counts as on), fewer ranks per core
-    where a host ran at least as many of the recorded ranks as it has cores (each rank's profiler then
-    competes for the cores); "" where neither applies."""
+    """How to record a base closer to the run, from run.json: ``--no-stack`` where each op's Python stack
+    was recorded (the costliest option, docs/recording.md), ``--no-memory`` where the memory profiler was
+    on (every allocation an event; a run.json that does not say counts as on, the recorder's default),
+    fewer ranks per core where a host ran at least as many ranks as it has cores (each rank's profiler then
+    competes for the cores); else why no option would lower the profiler's cost."""
     ways = []
+    if run.options.get("stack") is True:
+        ways.append("with --no-stack")
     if run.options.get("memory", True) is not False:
         ways.append("with --no-memory")
-    per_host: dict[str | None, list[RankInfo]] = {}
-    for rank in run.ranks:
-        per_host.setdefault(rank.host, []).append(rank)
-    # a host's cores unknown: not crowded, as far as anyone can tell
-    if any(len(ranks) >= min((r.cpu_count for r in ranks if r.cpu_count), default=len(ranks) + 1)
-           for ranks in per_host.values()):
+    crowded, known = _crowded_hosts(run)
+    if crowded:
         ways.append("with fewer ranks per core")
-    return f"record {' or '.join(ways)}, for a base closer to the run" if ways else ""
+    if ways:
+        return f"record {' or '.join(ways)}, for a base closer to the run"
+    return NO_CLOSER_BASE if known else NO_CLOSER_BASE_CORES_UNKNOWN
+
+
+def _crowded_hosts(run: RunInfo) -> tuple[bool, bool]:
+    """(whether a host ran at least as many ranks as it has cores, whether every host's ranks and cores
+    are known). A host's ranks: those run.json lists on it, or, where the ranks are real processes (not a
+    fake group's one process) and run.json lists only some, the world size spread over its hosts."""
+    per_host: dict[str, list[RankInfo]] = {}
+    known = bool(run.ranks)
+    for rank in run.ranks:
+        if rank.host is None:
+            known = False
+            continue
+        per_host.setdefault(rank.host, []).append(rank)
+    spread = -(-run.world_size // len(run.hosts)) if run.world_size and run.hosts else 0
+    crowded = False
+    for ranks in per_host.values():
+        cores = max((r.cpu_count for r in ranks if r.cpu_count), default=0)
+        if not cores:
+            known = False
+            continue
+        real = all(r.backend != "fake" for r in ranks)
+        processes = max(len(ranks), spread) if real else len(ranks)
+        crowded = crowded or processes >= cores
+    return crowded, known
 
 
 def profiler_cost(timers: pd.DataFrame, run: RunInfo | None) -> ProfilerCost | None:

@@ -318,27 +318,40 @@ def test_a_gpu_runs_profiler_finding_takes_the_share_out_of_the_bounds_waits(
     assert waited - share == pytest.approx(kept, abs=0.02)
 
 
-def _ranks(host_cores: list[tuple[str | None, int | None]]) -> list[RankInfo]:
-    return [RankInfo(rank=i, host=host, cpu_count=cores) for i, (host, cores) in enumerate(host_cores)]
+def _ranks(host_cores: list[tuple[str | None, int | None]], backend: str = "gloo") -> list[RankInfo]:
+    return [RankInfo(rank=i, host=host, cpu_count=cores, backend=backend) for i, (host, cores) in enumerate(host_cores)]
 
 
 def test_the_closer_base_says_only_what_the_recording_did() -> None:
-    """How to record a base closer to the run, from run.json alone: the memory profiler on (or not said),
-    a host with at least as many of the recorded ranks as it has cores."""
-    from fsdpviz.structure.profiler_cost import closer_base
+    """How to record a base closer to the run, from run.json alone: Python stacks recorded, the memory
+    profiler on (or not said), a host with at least as many ranks as it has cores; else why nothing would."""
+    from fsdpviz.structure.profiler_cost import NO_CLOSER_BASE, NO_CLOSER_BASE_CORES_UNKNOWN, closer_base
+
+    def base(options: dict[str, Any], ranks: list[RankInfo], **run: Any) -> str:
+        return closer_base(RunInfo(options=options, ranks=ranks, **run))
 
     two_on_two = _ranks([("vm", 2), ("vm", 2)])
-    assert closer_base(RunInfo(options={"memory": True}, ranks=two_on_two)) == \
+    assert base({"memory": True}, two_on_two) == \
         "record with --no-memory or with fewer ranks per core, for a base closer to the run"
-    assert closer_base(RunInfo(options={}, ranks=_ranks([("a", 16)]))) == \
-        "record with --no-memory, for a base closer to the run"  # a run.json that does not say
-    assert closer_base(RunInfo(options={"memory": False}, ranks=two_on_two)) == \
-        "record with fewer ranks per core, for a base closer to the run"
-    # one rank on 16 cores, memory off (the shared H200 Bl recording): nothing to lower
-    assert closer_base(RunInfo(options={"memory": False}, ranks=_ranks([("vm", 16)]))) == ""
-    # ranks on two hosts of 2 cores, one each; and a host whose cores the run does not say
-    assert closer_base(RunInfo(options={"memory": False}, ranks=_ranks([("a", 2), ("b", 2)]))) == ""
-    assert closer_base(RunInfo(options={"memory": False}, ranks=_ranks([("a", None), ("a", None)]))) == ""
+    assert base({"memory": True, "stack": True}, _ranks([("a", 16)])) == \
+        "record with --no-stack or with --no-memory, for a base closer to the run"
+    assert base({}, _ranks([("a", 16)])) == "record with --no-memory, for a base closer to the run"  # not said: on
+    assert base({"memory": False}, two_on_two) == "record with fewer ranks per core, for a base closer to the run"
+    # one process on 16 cores, memory and stacks off (the shared H200 Bl recording: a fake group of 8)
+    assert base({"memory": False}, _ranks([("vm", 16)], backend="fake"), world_size=8, hosts=["vm"]) == NO_CLOSER_BASE
+    # one of four real ranks listed on a host of 2 cores: the world size spread over its one host says 4
+    assert base({"memory": False}, _ranks([("a", 2)]), world_size=4, hosts=["a"]).endswith("fewer ranks per core, "
+                                                                                          "for a base closer to the run")
+    # ranks on two hosts of 2 cores, one each
+    assert base({"memory": False}, _ranks([("a", 2), ("b", 2)]), world_size=2, hosts=["a", "b"]) == NO_CLOSER_BASE
+    # a host whose cores, or ranks whose host, run.json does not say: nothing claimed of them
+    assert base({"memory": False}, _ranks([("a", None), ("a", None)])) == NO_CLOSER_BASE_CORES_UNKNOWN
+    assert base({"memory": False}, _ranks([(None, 2), (None, 2)])) == NO_CLOSER_BASE_CORES_UNKNOWN
+
+
+def test_summary_json_says_the_closer_base(sample_run: Callable[[str], Any]) -> None:
+    profiler = sample_run("fsdp1-cpu-2rank").summary.to_json()["profiler"]
+    assert profiler["closer_base"] == "record with --no-memory or with fewer ranks per core, for a base closer to the run"
 
 
 def test_the_profilers_finding_and_whatif_advise_what_the_recording_can_change(

@@ -399,7 +399,7 @@ def memory_finding(c: Comparison) -> list[Finding]:
             # what `fsdpviz whatif` predicts for either setting (a second figure for one difference)
             message += why + "."
         else:
-            message += (f" Unit sizes do not explain it: the ZeRO arithmetic's peaks differ by {bytes_text(model_delta)} "
+            message += (f" Unit sizes do not explain it: the ZeRO arithmetic's peaks differ by {bytes_text(abs(model_delta))} "
                         f"({hi} {bytes_text(m_hi)}, {lo} {bytes_text(m_lo)})")
             message += _prefetch_memory(c, high_i, low_i, high - low) or \
                 "; the rest is activations, buffers or the allocator."
