@@ -210,9 +210,11 @@ def within_noise(runs: Sequence[LabelledRun], values: Sequence[float | int | Non
     (the STEP_TIMES ``column``; the findings' test), "" where they do. A pair with no spread at all is
     left to the spread rule, which says it is not ranked."""
     for i in best:
+        vi = values[i]
+        if vi is None:
+            continue
         for j, v in enumerate(values):
-            vi = values[i]
-            if j in best or v is None or vi is None or (spreads[i] is None and spreads[j] is None):
+            if j in best or v is None or (spreads[i] is None and spreads[j] is None):
                 continue
             noise = noise_ms(runs[i], runs[j], column)
             if not is_clear(float(vi), float(v), noise):
