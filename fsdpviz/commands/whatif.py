@@ -294,7 +294,7 @@ def print_prediction(prediction: Prediction, run: str, framework: str, world_siz
     from fsdpviz.whatif.predict import SPREAD_UNKNOWN, within_spread_words
 
     settings = prediction.settings
-    typer.echo(f"{run}: {framework}, {world_size} rank(s) on {device}; predicting {settings.describe()}")
+    typer.echo(f"{run}: {framework}, world size {world_size} on {device}; predicting {settings.describe()}")
     for warning in prediction.warnings:  # before any figure: what makes them weak
         typer.echo(f"warning: {warning}")
     for figure in prediction.assumed:

@@ -53,3 +53,21 @@ def test_one_root_unit_from_the_block_recording_moves_fsdps_copies_not_the_model
     assert recorded.fsdp_kernels_ms - bound.fsdp_kernels_ms == pytest.approx(backward_copies, rel=0.05)
     assert abs(bound.fsdp_kernels_ms - truth.fsdp_kernels_ms) < abs(recorded.fsdp_kernels_ms - truth.fsdp_kernels_ms)
     assert prediction.predicted.fsdp_kernels_ms == pytest.approx(bound.fsdp_kernels_ms, abs=0.001)
+
+
+def test_whatifs_header_says_the_world_size_and_the_clock_the_ranks_read(
+        gpu_h200_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """B traced rank 0 of a world of 8 (run.json): the header gives the world size, not eight ranks, and
+    the clock names the one rank the model read."""
+    import json
+
+    from helpers.cli import stdout_here
+
+    world = json.loads((gpu_h200_dir / "B" / "run.json").read_text())["world_size"]
+    traced = sorted(p.name for p in (gpu_h200_dir / "B" / "traces").glob("rank*.trace.json*"))
+    assert world == 8 and traced == ["rank0.trace.json.gz"]
+    out = stdout_here(capsys, "whatif", str(gpu_h200_dir / "B"), "--wrap", "root", "--no-cache")
+    header, clock = out.splitlines()[:2]
+    assert header == f"{gpu_h200_dir / 'B'}: fsdp2, world size 8 on gpu; predicting wrap root"
+    assert clock.startswith("clock: ") and clock.endswith("the model read rank(s) 0 only")
+    assert "rank(s) on" not in out
