@@ -158,15 +158,19 @@ def _share_text(shared: pd.DataFrame, unit: str, phase: str, what: str, share_ns
 
 
 def _bucket_words(shared: pd.DataFrame, unit: str, phase: str, what: str, share_ns: float) -> str:
-    """`` (bucketed: reduce-scatters of up to 16 units, 3.22 ms a step in all, all their exposed time
-    counted here; this unit's share 0.57 ms)`` where ``unit``'s ``what`` collectives carried other units
-    too (ZeRO-3's buckets; one a step, or one per micro-batch), "" otherwise: the unit's exposed time can
-    then exceed its own share of the collectives."""
+    """`` (bucketed: reduce-scatters of up to 16 units, 3.00 ms a step in all, all their exposed time
+    counted here; this unit's share 0.57 ms; each a median over ranks and steps)`` where ``unit``'s
+    ``what`` collectives carried other units too (ZeRO-3's buckets; one a step, or one per micro-batch),
+    "" otherwise: the unit's exposed time can then exceed its own share of the collectives. The words
+    name the aggregation because the run's figures by purpose are another (each rank's mean, median over
+    ranks): a bucket of every unit's reduce-scatters is the whole purpose, and one slow step moves a
+    rank's mean more than the median over steps."""
     if (unit, phase) not in shared.index:
         return ""
     full_ns, n_units = shared["full_ns"][(unit, phase)], shared["n_units"][(unit, phase)]
     return (f" (bucketed: {what}s of up to {int(n_units)} units, {ms_text(float(full_ns) / NS_PER_MS)} a step in all, "
-            f"all their exposed time counted here; this unit's share {ms_text(share_ns / NS_PER_MS)})")
+            f"all their exposed time counted here; this unit's share {ms_text(share_ns / NS_PER_MS)}; each a median over "
+            "ranks and steps)")
 
 
 def _unit_passes(med: pd.DataFrame) -> Iterator[tuple[str, str, pd.Series]]:

@@ -220,7 +220,7 @@ def print_summary(summary: Summary) -> None:
                 row_styles=[None] * len(ov.per_rank) + ["bold"] * (len(rank_rows) - len(ov.per_rank)))
     if ov.by_purpose:
         def by_purpose() -> Table:
-            purposes = Table(title="communication by purpose (ms per step, median over ranks)", title_justify="left")
+            purposes = Table(title="communication by purpose (ms per step: each rank's mean, median over ranks)", title_justify="left")
             for col in ("purpose", "comm", "exposed"):
                 purposes.add_column(col, justify="right" if col != "purpose" else "left", no_wrap=True)
             return purposes

@@ -393,7 +393,8 @@ def test_a_bucketed_collective_says_its_exposure_is_the_buckets(sample_run: Call
     summary = sample_run("zero3-cpu-2rank").summary
     (finding,) = [f for f in summary.findings if f.kind == "exposed_reduce_scatter"]
     said = re.search(r"exposed ([\d.]+) ms/step in backward \(bucketed: reduce-scatters of up to (\d+) units, "
-                     r"([\d.]+) ms a step in all, all their exposed time counted here; this unit's share ([\d.]+) ms\)",
+                     r"([\d.]+) ms a step in all, all their exposed time counted here; this unit's share ([\d.]+) ms; "
+                     r"each a median over ranks and steps\)",
                      finding.message)
     assert said and int(said[2]) == max(named), finding.message
     exposed, share = float(said[1]), float(said[4])
