@@ -8,12 +8,14 @@ reads one; both import this module and neither imports the other's answer back.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, cast
 
 import msgspec
+import pandas as pd
 
-from fsdpviz.analysis.compare.units import UnitMatch
+from fsdpviz.analysis.compare.units import BUCKET_KEY, UnitMatch
 from fsdpviz.structure.records import Finding
+from fsdpviz.vocabulary import UNIT_COLLECTIVES
 
 if TYPE_CHECKING:
     from fsdpviz.analysis.pipeline import LabelledRun
@@ -95,5 +97,49 @@ class Comparison:
 
 
 def unit_index(run: LabelledRun) -> dict[str, dict[str, Any]]:
-    """The summary's ``units`` entries by unit name, as JSON values (what groups sum)."""
-    return {u.name: msgspec.to_builtins(u) for u in run.summary.units}
+    """The summary's ``units`` entries by unit name, as JSON values (what groups sum), each with the units
+    its collectives were bucketed with (:data:`~fsdpviz.analysis.compare.units.BUCKET_KEY`)."""
+    buckets = bucketed_units(run)
+    out = {}
+    for u in run.summary.units:
+        entry = msgspec.to_builtins(u)
+        if u.name in buckets:
+            entry[BUCKET_KEY] = sorted(buckets[u.name])
+        out[u.name] = entry
+    return out
+
+
+_BUCKETS_MEMO: Final = "compare.bucketed_units"
+
+
+def bucketed_units(run: LabelledRun) -> dict[str, frozenset[str]]:
+    """Per unit whose all-gathers or reduce-scatters carried other units too (ZeRO-3's buckets: one
+    collective, a row per unit it carried): those units, with the units their own buckets carried in turn
+    (so a group either holds all of them or splits a bucket). Read once per run."""
+    memo = run.result.memo
+    if _BUCKETS_MEMO not in memo:
+        memo[_BUCKETS_MEMO] = _bucketed(run.analysis.spans)
+    return cast("dict[str, frozenset[str]]", memo[_BUCKETS_MEMO])
+
+
+def _bucketed(spans: pd.DataFrame | None) -> dict[str, frozenset[str]]:
+    if spans is None or spans.empty:
+        return {}
+    rows = spans[((spans["n_units"] > 1) & spans["kind"].isin(UNIT_COLLECTIVES)).to_numpy()]
+    if rows.empty:
+        return {}
+    parent: dict[str, str] = {}
+
+    def root(u: str) -> str:
+        while parent.setdefault(u, u) != u:
+            u = parent[u]
+        return u
+
+    for units in rows.groupby(["rank", "step", "kind", "lane", "start_ns"])["unit"]:
+        first, *rest = (root(str(u)) for u in units[1].unique())
+        for r in rest:
+            parent[r] = first
+    groups: dict[str, set[str]] = {}
+    for u in parent:
+        groups.setdefault(root(u), set()).add(u)
+    return {u: frozenset(groups[root(u)]) for u in parent if len(groups[root(u)]) > 1}

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Final
 from fsdpviz.analysis.compare.clocks import LEVEL_FIELDS, different_clocks, levels_differ, ranked_on_clock
 from fsdpviz.analysis.compare.findings import build_findings, is_clear, noise_ms
 from fsdpviz.analysis.compare.memory import drift_bytes, step_levels, step_rise_bytes
-from fsdpviz.analysis.compare.model import HEADLINE_FIELDS, LOWER, Comparison, unit_index
+from fsdpviz.analysis.compare.model import HEADLINE_FIELDS, LOWER, Comparison, bucketed_units, unit_index
 from fsdpviz.analysis.compare.spread import (
     MEASURED,
     MEMORY_NOISE,
@@ -406,6 +406,15 @@ def comparability_notes(runs: Sequence[LabelledRun], match: UnitMatch) -> list[s
     for r in runs:
         if not r.summary.units:
             notes.append(f"{r.label}: no FSDP units in the traces; only whole-step numbers are compared.")
+        buckets = bucketed_units(r)
+        split = [g.name for g in match.groups
+                 if any(not set(g.members.get(r.label, [])).issuperset(buckets.get(u, ()))
+                        for u in g.members.get(r.label, []))]
+        if split:
+            notes.append(f"{r.label}: its collectives carry several units at once (buckets), and a bucket's exposed "
+                         "time counts for the one unit that waited on it; a unit group that holds part of a bucket "
+                         "has no exposed communication of its own there (-), so it is not compared: "
+                         f"{', '.join(split[:3])}{' …' if len(split) > 3 else ''}.")
         status = r.run.status if r.run is not None else ""
         if status and status != "ok":
             notes.append(f"{r.label}: the recorded run ended with status {status!r}; its numbers may be partial.")

@@ -63,6 +63,13 @@ SUM_METRICS: Final = ("param_bytes", "all_gather_ms", "forward_ms", "backward_ms
                       "exposed_comm_ms", "forward_exposed_all_gather_ms", "backward_exposed_all_gather_ms",
                       "exposed_reduce_scatter_ms")
 MAX_METRICS: Final = ("peak_allocated_bytes",)  # a group's peak is the highest of its units' peaks
+# The exposed times of a unit whose collectives carried other units too (ZeRO-3's buckets) count for the
+# one unit that waited on each collective: a group has them only where it holds each of its buckets whole.
+EXPOSED_METRICS: Final = ("exposed_comm_ms", "forward_exposed_all_gather_ms", "backward_exposed_all_gather_ms",
+                          "exposed_reduce_scatter_ms")
+# A unit index entry's key (:func:`fsdpviz.analysis.compare.model.unit_index`): every unit its collectives
+# carried, with the units those carried in turn (absent where each of its collectives carried it alone).
+BUCKET_KEY: Final = "bucketed_with"
 
 
 @dataclass(frozen=True, slots=True)
@@ -432,13 +439,17 @@ def group_values(group: UnitGroup, label: str, units: Mapping[str, Mapping[str, 
     """Sums (and peaks) of the summary's per-unit numbers over a group's units in one run.
 
     ``units``: unit name -> the summary's ``units`` entry of that run. A number is None when the
-    run has no unit in the group or any of its units lacks it.
+    run has no unit in the group or any of its units lacks it, and the exposed times are None where
+    a collective of the group's units carried a unit outside it too (:data:`EXPOSED_METRICS`): its
+    exposed time then counts for whichever unit of the bucket waited on it, perhaps outside the group.
     """
     names = group.members.get(label, [])
     out: dict[str, float | None] = {}
+    inside = set(names)
+    split = any(not inside.issuperset(units.get(n, {}).get(BUCKET_KEY, ())) for n in names)
     for metric in (*SUM_METRICS, *MAX_METRICS):
         values = all_known([units.get(n, {}).get(metric) for n in names])
-        if not names or values is None:
+        if not names or values is None or (split and metric in EXPOSED_METRICS):
             out[metric] = None
         elif metric in MAX_METRICS:
             out[metric] = max(values)
