@@ -12,6 +12,7 @@ simulation's own step durations (median over ranks).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -180,6 +181,9 @@ def test_a_third_run_within_the_spread_is_said_so_not_called_noise(tmp_path: Pat
     said = finding.message.split("Also, ", 1)[1]
     assert said.startswith("jumpy takes") and "within the runs' step-to-step spread: 6" in said, said
     assert "noise" not in said
+    # its difference is named against the run it is measured from (the table's deltas are the first run's)
+    more = re.search(r"^jumpy takes [\d.]+ ms \(([\d.]+) ms more than base, ", said)
+    assert more and float(more[1]) == pytest.approx(5.0, abs=0.01), said
 
 
 def test_two_runs_without_a_spread_are_not_ranked(tmp_path: Path) -> None:

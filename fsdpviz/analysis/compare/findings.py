@@ -257,7 +257,8 @@ def step_time_finding(c: Comparison) -> list[Finding]:
             verdict = f"within the runs' step-to-step spread: {ms_text(spread)}"
         else:
             verdict = f"a clear difference: noise {ms_text(noise_i)}"
-        rest.append(f"{c.labels[i]} takes {ms_text(v)} ({ms_text(v - best)} more, {verdict})")
+        # named against the shortest step: the table's deltas are against the first run, another figure
+        rest.append(f"{c.labels[i]} takes {ms_text(v)} ({ms_text(v - best)} more than {c.labels[best_i]}, {verdict})")
     if rest:
         message += " Also, " + "; ".join(rest) + "."  # labels keep their case
     message += few_steps(c.runs[best_i], c.runs[other_i])
