@@ -358,12 +358,15 @@ def _bound_words(c: object) -> str:
 
 
 def exploration_count(exploration: Exploration) -> str:
-    """``7 setting(s) predicted (5 within the budget, 2 over it), 2 not tried``: every row the grid lists."""
-    ranked, over, skipped = len(exploration.ranked), len(exploration.over_budget), len(exploration.skipped)
-    within = len(exploration.within_spread) + len(exploration.unranked)
-    text = f"{ranked + within + over} setting(s) predicted"
+    """``7 setting(s) predicted (5 within the budget, 2 over it), 2 not tried``: every row the grid lists
+    (``, 3 of unknown peak`` where the recording holds no memory to predict a peak from)."""
+    listed = [*exploration.ranked, *exploration.within_spread, *exploration.unranked]
+    over, skipped = len(exploration.over_budget), len(exploration.skipped)
+    unknown = sum(c.fits is None for c in listed)
+    text = f"{len(listed) + over} setting(s) predicted"
     if exploration.budget_bytes is not None:
-        text += f" ({ranked + within} within the budget, {over} over it)"
+        text += f" ({len(listed) - unknown} within the budget, {over} over it"
+        text += f", {unknown} of unknown peak)" if unknown else ")"
     return text + (f", {skipped} not tried" if skipped else "")
 
 
@@ -413,8 +416,10 @@ def print_exploration(exploration: Exploration, run: str) -> None:
     best = exploration.best()
     if best is not None and best.prediction is not None:
         p = best.prediction.predicted
-        typer.echo(f"{'best within the budget' if budget is not None else 'fastest'}: {best.name} "
-                   f"({change_text(base.step_time_ms, p.step_time_ms, 'ms')} per step, "
+        # a peak that cannot be predicted cannot be held to the budget: the setting is the fastest, no more
+        title = ("fastest" if budget is None else "best within the budget" if best.fits
+                 else "fastest (its peak unknown, so not held to the budget)")
+        typer.echo(f"{title}: {best.name} ({change_text(base.step_time_ms, p.step_time_ms, 'ms')} per step, "
                    f"peak {change_text(base.peak_allocated_bytes, p.peak_allocated_bytes, 'bytes') or 'unknown'})")
     elif exploration.ranked or exploration.within_spread:
         typer.echo("no setting is predicted measurably faster than the recording")

@@ -148,7 +148,9 @@ class Candidate:
     settings: Settings
     prediction: Prediction | None
     skipped: str = ""  # why there is no prediction
-    fits: bool = True  # predicted peak within the budget
+    fits: bool | None = True
+    """Predicted peak within the budget (True without a budget); None where the peak is unknown (a
+    recording without memory): kept among the settings the grid ranks by time, never called within."""
     over_bytes: int | None = None  # how much the predicted peak exceeds the budget (not fitting)
     bound: StepBound | None = None  # what bounds the predicted step
 
@@ -199,7 +201,8 @@ class Exploration:
     past its step (``parts_over_pct``)."""
 
     def best(self) -> Candidate | None:
-        """The fastest setting within the budget, where it is measurably faster than the recording."""
+        """The fastest setting ranked (within the budget, or of unknown peak: ``fits`` None), where it is
+        measurably faster than the recording."""
         first = next(iter(self.ranked), None)
         if first is None or first.prediction is None:
             return None
@@ -280,12 +283,12 @@ def explore(model: Model, budget_bytes: int | None = None) -> Exploration:
     for c in candidates:
         assert c.prediction is not None
         peak = c.prediction.predicted.peak_allocated_bytes
-        c.fits = budget_bytes is None or peak is None or peak <= budget_bytes
-        c.over_bytes = None if c.fits or peak is None or budget_bytes is None else peak - budget_bytes
+        c.fits = True if budget_bytes is None else None if peak is None else peak <= budget_bytes
+        c.over_bytes = None if c.fits is not False or peak is None or budget_bytes is None else peak - budget_bytes
         c.bound = predicted_bound(bound, c.prediction, budget_bytes)
-    fitting = sorted((c for c in candidates if c.fits),
+    fitting = sorted((c for c in candidates if c.fits is not False),
                      key=lambda c: c.prediction.predicted.step_time_ms if c.prediction else float("inf"))
-    over = sorted((c for c in candidates if not c.fits), key=lambda c: c.over_bytes or 0)
+    over = sorted((c for c in candidates if c.fits is False), key=lambda c: c.over_bytes or 0)
     notes = []
     if bound is None:
         notes.append("no bound per setting: the recording has no step span to split")

@@ -71,3 +71,33 @@ def test_whatifs_header_says_the_world_size_and_the_clock_the_ranks_read(
     assert header == f"{gpu_h200_dir / 'B'}: fsdp2, world size 8 on gpu; predicting wrap root"
     assert clock.startswith("clock: ") and clock.endswith("the model read rank(s) 0 only")
     assert "rank(s) on" not in out
+
+
+def test_a_recording_without_memory_is_not_said_to_fit_the_budget(
+        gpu_h200_dir: Path, session_memo: Callable[..., Any], capsys: pytest.CaptureFixture[str]) -> None:
+    """Bl was recorded with --no-memory (its run.json): no setting's peak can be predicted, so none is
+    "within the budget" of the H200's memory (read from the trace); they are ranked by time alone and
+    the best is called the fastest, its peak unknown."""
+    import json
+
+    from fsdpviz.commands.whatif import exploration_count, print_exploration
+    from fsdpviz.whatif.explore import explore
+    from fsdpviz.whatif.gains import summary_model
+
+    assert json.loads((gpu_h200_dir / "Bl" / "run.json").read_text())["options"]["memory"] is False
+    model, _ = summary_model(_analysed(gpu_h200_dir, "Bl", session_memo))
+    assert model is not None
+    exploration = explore(model)
+    assert exploration.budget_bytes is not None and exploration.budget_bytes > 100 * 2**30  # the device's
+    listed = [*exploration.ranked, *exploration.within_spread, *exploration.unranked]
+    assert listed and not exploration.over_budget
+    for c in listed:
+        assert c.prediction is not None and c.prediction.predicted.peak_allocated_bytes is None
+        assert c.fits is None and c.to_json()["fits_budget"] is None and c.over_bytes is None
+    assert exploration_count(exploration) == f"{len(listed)} setting(s) predicted (0 within the budget, 0 over it, " \
+        f"{len(listed)} of unknown peak)"
+    capsys.readouterr()
+    print_exploration(exploration, "Bl")
+    out = capsys.readouterr().out
+    assert "best within the budget" not in out
+    assert "\nfastest (its peak unknown, so not held to the budget): wrap root (" in out
