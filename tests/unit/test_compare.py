@@ -312,6 +312,36 @@ def test_runs_on_two_clocks_and_two_levels_are_not_ranked_on_them(tmp_path: Path
                    if metric.endswith("_ms")), group["best_withheld"]
 
 
+def test_the_exposed_communication_finding_says_the_run_it_does_not_lead_with(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Three committed recordings of the dim-256 example (block, pair, root units): the exposed
+    communication finding leads with the least and the most, and says the third run against the least,
+    by the same tests the table's star reads (the noise, then the step-to-step spread), so a reader of the
+    sentence and of the table sees one verdict. Its figures are the table's."""
+    recorded = Path(__file__).resolve().parents[1] / "recorded"
+    runs = [str(recorded / f"fsdp2-d256-{name}" / "run") for name in ("block", "pair", "root")]
+    code, out, _ = _run(capsys, "compare", *runs, "--label", "block", "--label", "pair", "--label", "root",
+                        "--json", "-q")
+    assert code == 0
+    result = json.loads(out)
+    values = {lb: r["overlap"]["exposed_comm_ms"] for lb, r in zip(result["labels"], result["runs"])}
+    spreads = dict(zip(result["labels"], result["spread_ms"]["overlap.exposed_comm_ms"]))
+    finding = next(f for f in result["findings"] if f["kind"] == "exposed_comm")
+    least = min(values, key=values.__getitem__)
+    most = max(values, key=values.__getitem__)
+    (third,) = set(values) - {least, most}
+    assert finding["message"].startswith(f"{least} exposes the least communication: {values[least]:.2f} ms per step, "
+                                         f"against {values[most]:.2f} ms in {most}")
+    said = re.search(rf"Also, {third} exposes ([\d.]+) ms \(([\d.]+) ms more than {least}, ([^)]*)\)\.",
+                     finding["message"])
+    assert said, finding["message"]
+    assert float(said[1]) == pytest.approx(values[third], abs=0.006)
+    assert float(said[2]) == pytest.approx(values[third] - values[least], abs=0.011)
+    beyond = values[third] - values[least] > max(spreads[third], spreads[least])
+    assert said[3].startswith("a clear difference" if beyond else "within the runs' step-to-step spread")
+    assert (result["best"]["overlap.exposed_comm_ms"] == [least]) == beyond  # the table's star: the same verdict
+
+
 def test_a_run_on_another_clock_is_left_out_of_the_ranking_of_the_others(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Three committed recordings of the dim-256 example (block, pair, root units), the root one's timer
