@@ -6,7 +6,17 @@ parameter bytes, parents), e.g. FSDP2 ``--wrap pair`` names its units ``blocks.0
 
 from __future__ import annotations
 
-from fsdpviz.analysis.compare.units import RunUnit, color_slots, group_values, match_units, unit_keys
+import pandas as pd
+
+from fsdpviz.analysis.compare.model import _bucketed
+from fsdpviz.analysis.compare.units import (
+    BUCKET_KEY,
+    RunUnit,
+    color_slots,
+    group_values,
+    match_units,
+    unit_keys,
+)
 
 BLOCK_BYTES = 50_816
 ROOT_BYTES = 69_888
@@ -104,6 +114,49 @@ def test_group_values_sum_times_and_take_the_highest_peak() -> None:
     assert values["peak_allocated_bytes"] == 900 and values["param_bytes"] == 7
     assert values["forward_ms"] is None  # missing in the unit entries: unknown, not zero
     assert group_values(group, "root", units)["exposed_comm_ms"] is None
+
+
+def _spans(*collectives: tuple[str, int, list[str]]) -> pd.DataFrame:
+    """A spans table holding ``(kind, start_ns, units)`` collectives: one row per unit a collective carried,
+    as the analysis writes a bucket (rank 0, step 3, one lane), and one unit's own compute."""
+    rows = [{"rank": 0, "step": 3, "unit": u, "phase": "backward", "kind": kind, "lane": "gloo 0", "start_ns": start,
+             "end_ns": start + 10, "n_units": len(units)} for kind, start, units in collectives for u in units]
+    rows.append({"rank": 0, "step": 3, "unit": "a", "phase": "forward", "kind": "compute", "lane": "main",
+                 "start_ns": 0, "end_ns": 5, "n_units": 1})
+    return pd.DataFrame(rows)
+
+
+def test_buckets_join_every_unit_their_collectives_carried() -> None:
+    """Two reduce-scatters share unit b (a with b, then b with c): one bucket of a, b and c, as far as a
+    group must hold it whole; d's collective carried it alone, e's compute is no collective."""
+    spans = _spans(("reduce_scatter", 100, ["a", "b"]), ("reduce_scatter", 200, ["b", "c"]),
+                   ("all_gather", 300, ["d"]), ("all_gather", 400, ["f", "g"]))
+    buckets = _bucketed(spans)
+    assert buckets == {u: frozenset("abc") for u in "abc"} | {u: frozenset("fg") for u in "fg"}
+    assert _bucketed(_spans(("all_gather", 300, ["d"]))) == {} and _bucketed(None) == {}
+
+
+def test_a_group_has_exposed_time_only_where_it_holds_its_buckets_whole() -> None:
+    """Units a and b share a bucket. A group of both keeps its exposed time (the bucket's waits are its
+    own, wherever they were counted); a group of a alone has none (null, not its 0.0), while its own
+    share of the collectives stays."""
+    def entry(exposed: float, reduce: float, bucket: list[str] | None) -> dict:
+        out = {"exposed_comm_ms": exposed, "exposed_reduce_scatter_ms": exposed, "reduce_scatter_ms": reduce}
+        return out | ({BUCKET_KEY: bucket} if bucket else {})
+
+    units = {"blocks.0": entry(3.0, 0.5, ["blocks.0", "blocks.1"]), "blocks.1": entry(0.0, 0.75, ["blocks.0", "blocks.1"]),
+             "blocks.2": entry(1.0, 0.25, None)}
+    match = match_units({"block": _block(), "pair": _pair()})
+    whole = next(g for g in match.groups if g.name == "blocks.0+1")  # block's blocks.0 + blocks.1
+    values = group_values(whole, "block", units)
+    assert values["exposed_comm_ms"] == 3.0 and values["reduce_scatter_ms"] == 1.25
+    part = match_units({"block": _block(), "block2": _block()}).groups[1]  # blocks.0 alone
+    assert part.members["block"] == ["blocks.0"]
+    values = group_values(part, "block", units)
+    assert values["exposed_comm_ms"] is None and values["exposed_reduce_scatter_ms"] is None
+    assert values["reduce_scatter_ms"] == 0.5
+    alone = match_units({"block": _block(), "block2": _block()}).groups[3]  # blocks.2: no bucket
+    assert alone.members["block"] == ["blocks.2"] and group_values(alone, "block", units)["exposed_comm_ms"] == 1.0
 
 
 def test_color_slots_follow_modules_across_runs() -> None:

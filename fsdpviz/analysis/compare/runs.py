@@ -42,6 +42,7 @@ from fsdpviz.analysis.compare.units import (
     all_known,
     group_values,
     match_units,
+    splits_bucket,
 )
 from fsdpviz.errors import UsageError
 from fsdpviz.formatting import mib_change_text, mib_text
@@ -407,13 +408,11 @@ def comparability_notes(runs: Sequence[LabelledRun], match: UnitMatch) -> list[s
         if not r.summary.units:
             notes.append(f"{r.label}: no FSDP units in the traces; only whole-step numbers are compared.")
         buckets = bucketed_units(r)
-        split = [g.name for g in match.groups
-                 if any(not set(g.members.get(r.label, [])).issuperset(buckets.get(u, ()))
-                        for u in g.members.get(r.label, []))]
+        split = [g.name for g in match.groups if splits_bucket(g.members.get(r.label, []), buckets)]
         if split:
             notes.append(f"{r.label}: its collectives carry several units at once (buckets), and a bucket's exposed "
                          "time counts for the one unit that waited on it; a unit group that holds part of a bucket "
-                         "has no exposed communication of its own there (-), so it is not compared: "
+                         "has no exposed communication of its own there (null, nor a spread), so it is not compared: "
                          f"{', '.join(split[:3])}{' …' if len(split) > 3 else ''}.")
         status = r.run.status if r.run is not None else ""
         if status and status != "ok":

@@ -142,7 +142,7 @@ def group_spread_ms(run: LabelledRun, group: UnitGroup, metric: str) -> float | 
     spec = UNIT_COLUMNS.get(metric)
     names = group.members.get(run.label) or []
     steps = run.analysis.unit_steps
-    if spec is None or not names or steps.empty:
+    if spec is None or not names or steps.empty or _split_exposure(run, group, metric):
         return None
     columns, phase = spec
     rows = steps[steps["unit"].isin(names)]
@@ -163,6 +163,8 @@ NOT_PER_STEP: Final = ("not kept per step: the bound splits each rank's analysed
                        "per-unit work and idle, so this figure has no step-to-step spread")
 FEW_STEPS: Final = "fewer than two {what} steps, so no step-to-step spread"
 NO_UNITS: Final = "the run holds none of the group's units"
+SPLIT_BUCKET: Final = ("its units share collectives (buckets) with units outside the group: a bucket's exposed time "
+                       "counts for the one unit that waited on it, so the group has no exposed time of its own here")
 BYTES_RULE: Final = ("bytes have no step-to-step spread here: compare holds them to the memory finding's rule ({noise:.0%} "
                      "apart), not to a spread")
 NO_SHARE: Final = ("fewer than two analysed steps with communication: a step without any has no share of it hidden, so "
@@ -183,11 +185,22 @@ def headline_spread_why(run: LabelledRun, key: str) -> str:
     return FEW_STEPS.format(what="unprofiled timed or analysed" if timed else "analysed")
 
 
+def _split_exposure(run: LabelledRun, group: UnitGroup, metric: str) -> bool:
+    """Whether ``metric`` is an exposed time the group does not have in ``run``, its units sharing a bucket
+    with units outside it (``compare.units.group_values`` gives it None there)."""
+    from fsdpviz.analysis.compare.model import bucketed_units
+    from fsdpviz.analysis.compare.units import EXPOSED_METRICS, splits_bucket
+
+    return metric in EXPOSED_METRICS and splits_bucket(group.members.get(run.label) or [], bucketed_units(run))
+
+
 def group_spread_why(run: LabelledRun, group: UnitGroup, metric: str) -> str:
     """Why ``run`` has no step-to-step spread of a unit group's ``metric`` (where :func:`group_spread_ms`
     gives None)."""
     if not group.members.get(run.label):
         return NO_UNITS
+    if _split_exposure(run, group, metric):
+        return SPLIT_BUCKET
     if metric.endswith("_bytes"):
         return BYTES_RULE.format(noise=MEMORY_NOISE)
     spec = UNIT_COLUMNS.get(metric)

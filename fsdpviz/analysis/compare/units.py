@@ -435,6 +435,14 @@ def _group_name(members: Mapping[str, list[str]]) -> str:
     return " + ".join(finest) if len(finest) <= 3 else f"{finest[0]} … {finest[-1]} ({len(finest)} units)"
 
 
+def splits_bucket(names: Sequence[str], buckets: Mapping[str, Iterable[str]]) -> bool:
+    """Whether a collective of ``names``' units carried a unit outside them too (``buckets``: per unit,
+    every unit its collectives were bucketed with, :data:`BUCKET_KEY`): the group then has no exposed
+    time of its own, since a bucket's exposed time counts for whichever of its units waited on it."""
+    inside = set(names)
+    return any(not inside.issuperset(buckets.get(n, ())) for n in names)
+
+
 def group_values(group: UnitGroup, label: str, units: Mapping[str, Mapping[str, Any]]) -> dict[str, float | None]:
     """Sums (and peaks) of the summary's per-unit numbers over a group's units in one run.
 
@@ -445,8 +453,7 @@ def group_values(group: UnitGroup, label: str, units: Mapping[str, Mapping[str, 
     """
     names = group.members.get(label, [])
     out: dict[str, float | None] = {}
-    inside = set(names)
-    split = any(not inside.issuperset(units.get(n, {}).get(BUCKET_KEY, ())) for n in names)
+    split = splits_bucket(names, {n: units.get(n, {}).get(BUCKET_KEY, ()) for n in names})
     for metric in (*SUM_METRICS, *MAX_METRICS):
         values = all_known([units.get(n, {}).get(metric) for n in names])
         if not names or values is None or (split and metric in EXPOSED_METRICS):
