@@ -133,7 +133,7 @@ class Run(LabelledRun):
 
     def __repr__(self) -> str:
         s = self.summary
-        return (f"<fsdpviz.Run {self.label!r}: {s.framework}, {s.world_size} rank(s), steps {s.steps}, "
+        return (f"<fsdpviz.Run {self.label!r}: {s.framework}, world size {s.world_size}, steps {s.steps}, "
                 f"step {s.step_time_ms} ms>")
 
     # --- numbers (``summary``: the typed summary, ``.to_json()`` is ``fsdpviz summary --json``) ----

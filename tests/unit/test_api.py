@@ -38,7 +38,7 @@ def test_summary_and_tables_are_the_pipelines(run: fsdpviz.Run, capsys: pytest.C
     assert set(run.spans["step"]) == set(run.summary.steps)
     assert sorted(set(run.steps["rank"])) == [0, 1]
     assert {"all_gather", "reduce_scatter"} <= set(run.collectives["comm"].astype(str))
-    assert run.label == "fsdp2-cpu-2rank" and "fsdp2" in repr(run)
+    assert run.label == "fsdp2-cpu-2rank" and "fsdp2, world size 2," in repr(run)  # run.json's world_size
 
 
 def test_plots_have_a_row_per_rank_and_kind(run: fsdpviz.Run) -> None:

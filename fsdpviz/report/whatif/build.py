@@ -150,8 +150,10 @@ def build_whatif(model: Model, prediction: Prediction, output: str | Path, *, so
                 legend=[("units", [LegendItem(label=u, color=colors[u]) for u in data.units])],
                 views={"timeline": views}),
     ]
+    read = len({st.rank for st in rec.steps})
     page = Page(title=f"fsdpviz whatif: {name}", subtitle=f"predicted from {source}",
-                meta=[Fact(label="framework", value=rec.framework), Fact(label="ranks", value=str(rec.world_size)),
+                meta=[Fact(label="framework", value=rec.framework),
+                      Fact(label="world size", value=str(rec.world_size), hint=f"{read} rank(s) read by the model"),
                       Fact(label="device", value=rec.device), Fact(label="kind", value="PREDICTED (not recorded)")],
                 sections=sections)
     try:
