@@ -87,7 +87,7 @@ def _purpose_facts(s: Summary) -> list[Fact]:
     """One fact per purpose that communicated: its exposed time per step, of its communication."""
     by_purpose = s.overlap.by_purpose or {}
     return [Fact(label=f"{PURPOSE_TITLES.get(name, name)} / step", value=format_ms(_num(row.exposed_ms)),
-                 hint=f"exposed, of {format_ms(_num(row.comm_ms))} communication")
+                 hint=f"exposed, of {format_ms(_num(row.comm_ms))} communication; each rank's mean, median over ranks")
             for name, row in by_purpose.items() if row.comm_ms]
 
 
