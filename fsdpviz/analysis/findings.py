@@ -335,8 +335,10 @@ def profiler_findings(cost: ProfilerCost | None, idle_ns: float | None) -> list[
     ``NOTABLE_SLOWDOWN``: the traced timeline then shows idle time (and longer waits) the run
     does not have. ``idle_ns``: the time the GPU waited per traced step (median over ranks: the bound's
     traced host wait, FSDP's hooks' share of it and other idle, the time carried in from before the
-    steps included: the de-profiler takes the share out of that first; a GPU rank, None on a CPU rank,
-    whose every part the profiler slows): the finding says whether the share fits in it.
+    steps included: the de-profiler takes the share out of that first), given where the share came out of
+    it whole (a GPU rank whose device parts the de-profiler left as traced; None on a CPU rank, whose every
+    part the profiler slows, or where the share did not fit and the device's parts were shrunk too): the
+    finding then says so.
     Only when the unprofiled steps can be trusted (``cost.headline``): from one or two steps, the
     share would be a guess."""
     if cost is None or not cost.headline or cost.slowdown < NOTABLE_SLOWDOWN:
@@ -344,11 +346,10 @@ def profiler_findings(cost: ProfilerCost | None, idle_ns: float | None) -> list[
     extra_ns = cost.extra_ms * 1e6
     share = f"{ms_text(extra_ns / NS_PER_MS)} of each traced step is the profiler's"
     if idle_ns is not None and idle_ns > 0:
-        # the traced waits are said without a figure of their own: the bound's parts are the run's figures
+        # the traced waits are said without a figure of their own (the bound's parts are the run's figures);
+        # given only where the de-profiler took the whole share out of them, the device's parts unmoved
         share += (", all of it time the GPU waited as traced (for the host, FSDP's hooks included, and otherwise idle, "
-                  "work queued before the analysed steps included)" if extra_ns <= idle_ns else
-                  ", more than the GPU waited as traced (for the host, FSDP's hooks included, and otherwise idle, work "
-                  "queued before the analysed steps included): the traced device work ran longer than the run's too")
+                  "work queued before the analysed steps included)")
     steps = ", ".join(map(str, cost.unprofiled_steps))
     return [_row("", "", "profiler", extra_ns,
                  f"the profiler slowed the profiled steps {cost.slowdown:.2f}x ({cost.profiled_step_ms:.2f} ms "
