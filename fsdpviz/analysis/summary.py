@@ -67,6 +67,7 @@ from fsdpviz.structure.records import (
     CLEAN_STEPS_UNIT_TIMED,
     NO_COMMUNICATION,
     NO_FSDP_LABELS,
+    NO_MEMORY,
     NO_UNITS_FOUND,
     PROFILER_COST_UNUSED,
     SKIPPED_FILES,
@@ -81,6 +82,7 @@ from fsdpviz.trace.tables import TraceSet
 
 if TYPE_CHECKING:
     from fsdpviz.analysis.run import RunAnalysis
+    from fsdpviz.runfolder import RunInfo
 
 STEP_TIME_TIMERS: Final = "timers"
 STEP_TIME_TRACE: Final = "trace"
@@ -284,6 +286,8 @@ def summary_of(traces: TraceSet, selection: StepSelection, overlap: pd.DataFrame
         traced_ms = _step_time_ms(traces, analysed)
     lead = cost is not None and cost.headline
     memory = _with_categories(_memory_summary(traces, analysed), analysis, traces)
+    if memory.peak_allocated_bytes is None:
+        notes.append(Note(NO_MEMORY, _no_memory_words(traces.run)))
     bound = with_memory(bound, memory.peak_allocated_bytes, device_memory_bytes(traces.ranks))
     if analysis is not None:
         timed = unit_pass_ms(traces.timers, traces.run)
@@ -480,6 +484,14 @@ def _with_scope(units: list[UnitSummary], traces: TraceSet, parallelism: Paralle
         vocabulary.PARAM_SCOPE_LOCAL if parallelism.tp > 1 else vocabulary.PARAM_SCOPE_GLOBAL)
     return [msgspec.structs.replace(u, param_scope=recorded.get(u.name) or (fallback if u.param_numel is not None
                                                                               else None)) for u in units]
+
+
+def _no_memory_words(run: RunInfo | None) -> str:
+    """Why the peak memory is null: run.json's ``--no-memory``, else the traces' own lack of samples."""
+    how = ("it was recorded with --no-memory (run.json)" if run is not None and run.options.get("memory") is False
+           else "the traces hold no memory samples (torch.profiler's profile_memory was off)")
+    return (f"no memory in the analysed steps: {how}, so the peak memory is null, and whatif predicts no peak "
+            "(--explore ranks by step time alone)")
 
 
 def _memory_summary(traces: TraceSet, analysed: dict[int, AnalysedSteps | None]) -> MemorySummary:

@@ -229,7 +229,7 @@ def grid(model: Model) -> tuple[list[Settings], list[Candidate]]:
     left_out: list[Candidate] = []
 
     def left(settings: Settings, why: str) -> None:
-        left_out.append(Candidate(settings=settings, prediction=None, skipped=why, fits=False))
+        left_out.append(Candidate(settings=settings, prediction=None, skipped=why, fits=None))
 
     for depth in ("1", "2", "none"):
         setting = recorded.with_(prefetch=depth)
@@ -273,7 +273,7 @@ def explore(model: Model, budget_bytes: int | None = None) -> Exploration:
         try:
             prediction = predict(model, settings)
         except FsdpvizError as exc:  # a setting this recording cannot support: listed, not fatal
-            left_out.append(Candidate(settings=settings, prediction=None, skipped=str(exc), fits=False))
+            left_out.append(Candidate(settings=settings, prediction=None, skipped=str(exc), fits=None))
             continue
         baseline = baseline or prediction.baseline
         candidates.append(Candidate(settings=settings, prediction=prediction))

@@ -81,11 +81,21 @@ def test_a_recording_without_memory_is_not_said_to_fit_the_budget(
     import json
 
     from fsdpviz.commands.whatif import exploration_count, print_exploration
+    from fsdpviz.structure.records import NO_MEMORY
     from fsdpviz.whatif.explore import explore
-    from fsdpviz.whatif.gains import summary_model
+    from fsdpviz.whatif.gains import completed_summary, summary_model
 
     assert json.loads((gpu_h200_dir / "Bl" / "run.json").read_text())["options"]["memory"] is False
-    model, _ = summary_model(_analysed(gpu_h200_dir, "Bl", session_memo))
+    result = _analysed(gpu_h200_dir, "Bl", session_memo)
+    # the summary says why its peak is null, and its advice does not read as "no change in memory"
+    summary = completed_summary(result)
+    assert summary.memory.peak_allocated_bytes is None
+    (note,) = [n for n in summary.notes if n.code == NO_MEMORY]
+    assert "recorded with --no-memory (run.json)" in note
+    assert not completed_summary(_analysed(gpu_h200_dir, "B", session_memo)).has_note(NO_MEMORY)  # B: with memory
+    advised = [a for a in summary.actions if a.knob]
+    assert advised and all(", peak unknown (fsdpviz whatif: " in a.predicted_gain for a in advised), [a.predicted_gain for a in advised]
+    model, _ = summary_model(result)
     assert model is not None
     exploration = explore(model)
     assert exploration.budget_bytes is not None and exploration.budget_bytes > 100 * 2**30  # the device's
