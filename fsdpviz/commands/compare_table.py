@@ -23,7 +23,8 @@ BEST_MARK = "*"
 
 
 def value_text(unit: str, value: Any) -> str:
-    """A number as the compare page writes it ("-" when unknown)."""
+    """A number as the terminal's compare tables write it, in the page's units ("-" when unknown; the page
+    writes "n/a")."""
     if value is None:
         return "-"
     if unit == "ms":

@@ -183,6 +183,10 @@ def test_a_group_that_holds_part_of_a_bucket_has_no_exposed_time_of_its_own(comp
             assert g["values"][label]["exposed_comm_ms"] == pytest.approx(sum(own), abs=0.001)
     (unit_group,) = [f for f in result["findings"] if f["kind"] == "unit_group"]
     assert "zero3-cpu-2rank" not in unit_group["message"]
+    # the group it names beats the other run beyond the row's spreads: the row's star and the finding agree
+    named = groups[unit_group["values"]["group"]["name"]]
+    assert unit_group["better"] is not None and named["best"]["exposed_comm_ms"] == [unit_group["better"]]
+    assert "not ranked" not in unit_group["message"]
     assert any(n.startswith("zero3-cpu-2rank: its collectives carry several units at once (buckets)")
                and n.endswith(": (root), blocks.0, blocks.1.") for n in result["notes"])
 
@@ -345,15 +349,16 @@ def test_the_exposed_communication_finding_says_the_run_it_does_not_lead_with(
     starred = result["best"]["overlap.exposed_comm_ms"] == [least]
     assert said[3].startswith("a clear difference") == starred, (said[3], result["best_withheld"])
     assert said[3].startswith(("a clear difference", "within noise", "within the runs' step-to-step spread"))
-    # the unit group that differs most: its gap against the group row's own spreads, as the table shows them
-    # (blocks.2+3: 18.49 against 22.14 ms, spreads 4.41 and 7.16 ms), is said not to rank, and the row has no star
+    # the unit group that differs most: its gap lies within the group row's own spreads, as the table shows
+    # them (blocks.2+3: 18.49 against 22.14 ms, spreads 4.41 and 7.16 ms), so the row has no star, and the
+    # finding names no better run and gives the table's reason
     (unit_group,) = [f for f in result["findings"] if f["kind"] == "unit_group"]
     group = next(g for g in result["unit_groups"] if g["name"] == unit_group["values"]["group"]["name"])
     pair = unit_group["values"]["exposed_comm_ms"]
     gap = max(pair.values()) - min(pair.values())
-    spread = max(group["spread_ms"]["exposed_comm_ms"][lb] for lb in pair)
-    assert gap <= spread and group["best"]["exposed_comm_ms"] == []
-    assert unit_group["message"].endswith(f"within the group's step-to-step spread ({spread:.2f} ms), so not ranked.")
+    assert gap <= max(group["spread_ms"]["exposed_comm_ms"][lb] for lb in pair)
+    assert group["best"]["exposed_comm_ms"] == [] and unit_group["better"] is None
+    assert unit_group["message"].endswith(f"; not ranked: {group['best_withheld']['exposed_comm_ms']}.")
 
 
 def test_a_run_on_another_clock_is_left_out_of_the_ranking_of_the_others(

@@ -118,17 +118,19 @@ def test_group_values_sum_times_and_take_the_highest_peak() -> None:
 
 def _spans(*collectives: tuple[str, int, list[str]]) -> pd.DataFrame:
     """A spans table holding ``(kind, start_ns, units)`` collectives: one row per unit a collective carried,
-    as the analysis writes a bucket (rank 0, step 3, one lane), and one unit's own compute."""
+    as the analysis writes a bucket (rank 0, step 3, one lane), and a compute span naming two units (no
+    collective: it joins nothing)."""
     rows = [{"rank": 0, "step": 3, "unit": u, "phase": "backward", "kind": kind, "lane": "gloo 0", "start_ns": start,
              "end_ns": start + 10, "n_units": len(units)} for kind, start, units in collectives for u in units]
-    rows.append({"rank": 0, "step": 3, "unit": "a", "phase": "forward", "kind": "compute", "lane": "main",
-                 "start_ns": 0, "end_ns": 5, "n_units": 1})
+    rows += [{"rank": 0, "step": 3, "unit": u, "phase": "forward", "kind": "compute", "lane": "gloo 0",
+              "start_ns": 100, "end_ns": 105, "n_units": 2} for u in ("c", "e")]
     return pd.DataFrame(rows)
 
 
 def test_buckets_join_every_unit_their_collectives_carried() -> None:
     """Two reduce-scatters share unit b (a with b, then b with c): one bucket of a, b and c, as far as a
-    group must hold it whole; d's collective carried it alone, e's compute is no collective."""
+    group must hold it whole; d's collective carried it alone, and a compute span naming c and e (at a
+    collective's start, on its lane) joins nothing."""
     spans = _spans(("reduce_scatter", 100, ["a", "b"]), ("reduce_scatter", 200, ["b", "c"]),
                    ("all_gather", 300, ["d"]), ("all_gather", 400, ["f", "g"]))
     buckets = _bucketed(spans)

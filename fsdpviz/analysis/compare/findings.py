@@ -522,16 +522,15 @@ def group_finding(c: Comparison) -> list[Finding]:
 
     message = (f"The units that differ most are {group.name}: exposed communication {ms_text(vals[low])} per step in "
                f"{low}{members(low)} against {ms_text(vals[high])} in {high}{members(high)}")
-    # the table's star rule for the row: a gap within either run's step-to-step spread of it ranks nothing
-    spread_row = c.unit_spread.get(group.name, {}).get("exposed_comm_ms") or []
-    spreads = [s for s in (spread_row[c.labels.index(lb)] if c.labels.index(lb) < len(spread_row) else None
-                           for lb in (low, high)) if s is not None]
-    if not spreads:
-        message += "; no step-to-step spread known for either, so not ranked"
-    elif gap <= max(spreads):
-        message += f"; within the group's step-to-step spread ({ms_text(max(spreads))}), so not ranked"
+    # one verdict with the table: the row's star (the spreads' rule over every run) names the better run,
+    # and where the row has none, the finding names none and gives the table's reason
+    stars = c.unit_best.get(group.name, {}).get("exposed_comm_ms", [])
+    better: str | None = low if stars == [c.labels.index(low)] else None
+    if better is None:
+        why = c.unit_best_withheld.get(group.name, {}).get("exposed_comm_ms") or "the row's star is not given"
+        message += f"; not ranked: {why}"
     message += "."
-    return [_finding("unit_group", message, "per-unit medians summed over the group's units", low,
+    return [_finding("unit_group", message, "per-unit medians summed over the group's units", better,
                      {"exposed_comm_ms": vals, "group": {"name": group.name}})]
 
 

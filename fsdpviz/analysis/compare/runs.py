@@ -412,7 +412,7 @@ def comparability_notes(runs: Sequence[LabelledRun], match: UnitMatch) -> list[s
         if split:
             notes.append(f"{r.label}: its collectives carry several units at once (buckets), and a bucket's exposed "
                          "time counts for the one unit that waited on it; a unit group that holds part of a bucket "
-                         "has no exposed communication of its own there (null, nor a spread), so it is not compared: "
+                         "has no exposed communication of its own there, nor a spread of it, so it is not compared: "
                          f"{', '.join(split[:3])}{' …' if len(split) > 3 else ''}.")
         status = r.run.status if r.run is not None else ""
         if status and status != "ok":
