@@ -287,7 +287,7 @@ def summary_of(traces: TraceSet, selection: StepSelection, overlap: pd.DataFrame
     lead = cost is not None and cost.headline
     memory = _with_categories(_memory_summary(traces, analysed), analysis, traces)
     if memory.peak_allocated_bytes is None:
-        notes.append(Note(NO_MEMORY, _no_memory_words(traces.run)))
+        notes.append(Note(NO_MEMORY, _no_memory_words(traces.run, framework)))
     bound = with_memory(bound, memory.peak_allocated_bytes, device_memory_bytes(traces.ranks))
     if analysis is not None:
         timed = unit_pass_ms(traces.timers, traces.run)
@@ -486,12 +486,14 @@ def _with_scope(units: list[UnitSummary], traces: TraceSet, parallelism: Paralle
                                                                               else None)) for u in units]
 
 
-def _no_memory_words(run: RunInfo | None) -> str:
-    """Why the peak memory is null: run.json's ``--no-memory``, else the traces' own lack of samples."""
+def _no_memory_words(run: RunInfo | None, framework: str) -> str:
+    """Why the peak memory is null: run.json's ``--no-memory``, else the traces' own lack of samples in
+    the analysed steps; and what that leaves whatif, for the frameworks it reads."""
     how = ("it was recorded with --no-memory (run.json)" if run is not None and run.options.get("memory") is False
-           else "the traces hold no memory samples (torch.profiler's profile_memory was off)")
-    return (f"no memory in the analysed steps: {how}, so the peak memory is null, and whatif predicts no peak "
-            "(--explore ranks by step time alone)")
+           else "the traces hold no memory samples there (torch.profiler's profile_memory off, or none recorded)")
+    then = (", and whatif predicts no peak (--explore ranks by step time alone)"
+            if framework in vocabulary.FRAMEWORKS_WITH_UNITS else "")
+    return f"no memory in the analysed steps: {how}, so the peak memory is null{then}"
 
 
 def _memory_summary(traces: TraceSet, analysed: dict[int, AnalysedSteps | None]) -> MemorySummary:

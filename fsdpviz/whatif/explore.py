@@ -150,7 +150,8 @@ class Candidate:
     skipped: str = ""  # why there is no prediction
     fits: bool | None = True
     """Predicted peak within the budget (True without a budget); None where the peak is unknown (a
-    recording without memory): kept among the settings the grid ranks by time, never called within."""
+    recording without memory: kept among the settings the grid ranks by time, never called within) and
+    for a setting not tried (no prediction)."""
     over_bytes: int | None = None  # how much the predicted peak exceeds the budget (not fitting)
     bound: StepBound | None = None  # what bounds the predicted step
 

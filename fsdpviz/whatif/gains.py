@@ -73,7 +73,7 @@ def prediction_words(p: Prediction) -> str:
         text += f" ({100 * diff / base.step_time_ms:+.1f} %)"
     if base.peak_allocated_bytes is not None and new.peak_allocated_bytes is not None:
         text += f", peak {mib_change_text(new.peak_allocated_bytes - base.peak_allocated_bytes)}"
-    else:  # unknown is not "no change": said, the summary's notes say why
+    else:  # unknown is not "no change": said (a run without memory: the summary's no_memory note says why)
         text += ", peak unknown"
     return text
 
