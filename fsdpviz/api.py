@@ -442,8 +442,9 @@ class Compared:
     @property
     def units(self) -> pd.DataFrame:
         """One row per unit group, run and number: ``group``, ``run``, ``units`` (the run's units in
-        the group), ``metric``, ``value``, ``spread_ms`` (the run's step-to-step spread) and ``best``
-        (the page's and the terminal's star), as ``compare --json``'s ``unit_groups``."""
+        the group), ``metric``, ``value``, ``spread_ms`` (the run's step-to-step spread), ``spread_unknown``
+        (why that spread is null, "" where it is not) and ``best`` (the page's and the terminal's star), as
+        ``compare --json``'s ``unit_groups``."""
         import pandas as pd
 
         from fsdpviz.analysis.compare.runs import comparison_json
@@ -455,8 +456,10 @@ class Compared:
                     rows.append({"group": group["name"], "run": label, "units": group["members"].get(label, []),
                                  "metric": metric, "value": value,
                                  "spread_ms": group["spread_ms"].get(metric, {}).get(label),
+                                 "spread_unknown": group["spread_unknown"].get(metric, {}).get(label, ""),
                                  "best": label in group["best"].get(metric, [])})
-        return pd.DataFrame(rows, columns=["group", "run", "units", "metric", "value", "spread_ms", "best"])
+        return pd.DataFrame(rows, columns=["group", "run", "units", "metric", "value", "spread_ms", "spread_unknown",
+                                           "best"])
 
     def to_json(self) -> dict[str, Any]:
         """Exactly ``fsdpviz compare --json``."""

@@ -79,6 +79,11 @@ def test_whatif_and_compare_are_the_commands(run: fsdpviz.Run, tmp_path: Path,
                 got = row["value"].iloc[0]
                 assert (value is None and pd.isna(got)) or got == value, (g["name"], label, metric)
                 assert bool(row["best"].iloc[0]) == (label in g["best"].get(metric, []))
+                assert row["spread_unknown"].iloc[0] == g["spread_unknown"].get(metric, {}).get(label, "")
+    # zero3's groups share its buckets: their exposed time and its spread are null, and the row says why
+    split = units[(units["run"] == "zero3") & (units["metric"] == "exposed_comm_ms")]
+    assert len(split) and split["value"].isna().all() and split["spread_ms"].isna().all()
+    assert split["spread_unknown"].str.startswith("its units share collectives (buckets)").all()
 
 
 def test_errors_are_the_command_lines(run: fsdpviz.Run, tmp_path: Path) -> None:
