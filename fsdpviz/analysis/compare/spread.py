@@ -34,6 +34,8 @@ from typing import TYPE_CHECKING, Final
 import pandas as pd
 
 from fsdpviz.analysis.bound import clock_scale
+from fsdpviz.analysis.compare.model import bucketed_units
+from fsdpviz.analysis.compare.units import EXPOSED_METRICS, splits_bucket
 from fsdpviz.formatting import NS_PER_MS
 
 if TYPE_CHECKING:
@@ -188,9 +190,6 @@ def headline_spread_why(run: LabelledRun, key: str) -> str:
 def _split_exposure(run: LabelledRun, group: UnitGroup, metric: str) -> bool:
     """Whether ``metric`` is an exposed time the group does not have in ``run``, its units sharing a bucket
     with units outside it (``compare.units.group_values`` gives it None there)."""
-    from fsdpviz.analysis.compare.model import bucketed_units
-    from fsdpviz.analysis.compare.units import EXPOSED_METRICS, splits_bucket
-
     return metric in EXPOSED_METRICS and splits_bucket(group.members.get(run.label) or [], bucketed_units(run))
 
 
