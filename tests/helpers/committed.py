@@ -44,8 +44,13 @@ from helpers.once import process_from_json, process_json, shared_processes
 REPO = Path(__file__).resolve().parents[2]
 COMMITTED = REPO / "tests" / "recorded"
 RECORDER = REPO / "fsdpviz" / "record"
+# Beside fsdpviz/record: the modules its code imports that shape what a recording holds (the run
+# folder's layout, the units' names, the timers' and the process groups' labels), and the helper that
+# starts the jobs. tests/unit/test_committed_digest.py holds every other import of the recorder to a
+# reason it cannot change a recording.
 RECORDER_FILES = [REPO / "fsdpviz" / "commands" / "record.py", REPO / "fsdpviz" / "runfolder.py",
-                  REPO / "fsdpviz" / "naming.py", Path(__file__).with_name("jobs.py")]
+                  REPO / "fsdpviz" / "naming.py", REPO / "fsdpviz" / "vocabulary.py",
+                  Path(__file__).with_name("jobs.py")]
 SOURCE = "source.json"  # in a committed folder: what it was recorded from
 RESULT = "result.json"  # in a committed folder: the processes that recorded it (helpers.once's format)
 MODES = ("committed", "fresh", "update")
