@@ -486,11 +486,17 @@ def _with_scope(units: list[UnitSummary], traces: TraceSet, parallelism: Paralle
                                                                               else None)) for u in units]
 
 
+def no_memory_cause(run: RunInfo | None) -> str:
+    """Why a run's analysed steps hold no memory sample: run.json's ``--no-memory``, else the traces'
+    own lack of samples."""
+    return ("it was recorded with --no-memory (run.json)" if run is not None and run.options.get("memory") is False
+            else "the traces hold no memory samples there (torch.profiler's profile_memory off, or none recorded)")
+
+
 def _no_memory_words(run: RunInfo | None, framework: str) -> str:
-    """Why the peak memory is null: run.json's ``--no-memory``, else the traces' own lack of samples in
-    the analysed steps; and what that leaves whatif, for the frameworks it reads."""
-    how = ("it was recorded with --no-memory (run.json)" if run is not None and run.options.get("memory") is False
-           else "the traces hold no memory samples there (torch.profiler's profile_memory off, or none recorded)")
+    """Why the peak memory is null (:func:`no_memory_cause`), and what that leaves whatif, for the
+    frameworks it reads."""
+    how = no_memory_cause(run)
     then = (", and whatif predicts no peak (--explore ranks by step time alone)"
             if framework in vocabulary.FRAMEWORKS_WITH_UNITS else "")
     return f"no memory in the analysed steps: {how}, so the peak memory is null{then}"

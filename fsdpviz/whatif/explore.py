@@ -47,6 +47,7 @@ from fsdpviz.replay import prefetch_args
 from fsdpviz.replay.clock import PHASE_LIMIT_PCT
 from fsdpviz.replay.model import SUPPORTED, Model
 from fsdpviz.replay.settings import GIVEN, Settings, Wrap
+from fsdpviz.whatif import known
 from fsdpviz.whatif.predict import (
     PARTS_OVER_PCT,
     PREFETCH_ALIKE,
@@ -295,6 +296,9 @@ def explore(model: Model, budget_bytes: int | None = None) -> Exploration:
         notes.append("no bound per setting: the recording has no step span to split")
     first = candidates[0].prediction
     assert first is not None
+    if first.baseline.peak_allocated_bytes is None:  # why no setting is held to a budget
+        notes.append(known.peak_unknown_note(model.result.summary.notes, model.result.summary.memory.peak_allocated_bytes,
+                                             sorted({s.rank for s in model.recording.steps})))
     ranked = [c for c in fitting if c.prediction is not None and c.prediction.measurable is not False]
     within = [c for c in fitting if c not in ranked]
     unranked: list[Candidate] = []

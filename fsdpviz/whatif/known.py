@@ -24,12 +24,14 @@ state, by N / N'), so the predicted peak is only as good as they are:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from fsdpviz.analysis import memory_categories as mcat
 from fsdpviz.analysis.memory import ASSUMED_OPTIMIZER_STATES
 from fsdpviz.formatting import mib_text
 from fsdpviz.replay.memory import MemoryChange, StepMemory
+from fsdpviz.structure.records import NO_MEMORY
 
 
 @dataclass(slots=True)
@@ -88,3 +90,17 @@ def predicted_peak(change: MemoryChange | None, step: StepMemory | None, scale: 
                        f"world size {world.split(' ')[0]}, scaled with the shards in the predicted peak")
     return PeakMemory(change.peak_bytes, _known(change.categories, unknown), unknown, assumed=assumed,
                       assumed_categories=resolved)
+
+
+def peak_unknown_note(summary_notes: Sequence[str], summary_peak: int | None, ranks: list[int]) -> str:
+    """Why whatif's recorded peak is null: the summary's ``no_memory`` note where the run has no peak
+    (run.json's ``--no-memory``, or traces without memory samples), else that the ranks the model reads
+    (``ranks``) hold no samples in the steps it reads while others do."""
+    said = next((n for n in summary_notes if getattr(n, "code", None) == NO_MEMORY), None)
+    if said is not None:
+        return str(said)
+    if summary_peak is None:
+        return "the peak memory is null: the analysed steps hold no memory samples"
+    return (f"peak memory unknown: the model's rank(s) ({', '.join(map(str, ranks))}) hold no memory samples in "
+            f"the steps it reads, though the summary's peak "
+            f"({mib_text(summary_peak)}) holds other ranks' samples")

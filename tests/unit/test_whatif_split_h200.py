@@ -111,3 +111,33 @@ def test_a_recording_without_memory_is_not_said_to_fit_the_budget(
     out = capsys.readouterr().out
     assert "best within the budget" not in out
     assert "\nfastest (its peak unknown, so not held to the budget): wrap root (" in out
+
+
+def test_whatif_says_why_the_peak_of_a_recording_without_memory_is_null(
+        gpu_h200_dir: Path, session_memo: Callable[..., Any], capsys: pytest.CaptureFixture[str]) -> None:
+    """Bl's run.json says --no-memory: whatif's recorded and predicted peaks are null, and its notes (a
+    prediction's and --explore's) say why, in the summary's words; B recorded memory and has no such note."""
+    import json
+
+    from fsdpviz.commands.whatif import print_exploration
+    from fsdpviz.whatif.explore import explore
+    from fsdpviz.whatif.gains import summary_model
+
+    for name in ("B", "Bl"):
+        options = json.loads((gpu_h200_dir / name / "run.json").read_text())["options"]
+        model, _ = summary_model(_analysed(gpu_h200_dir, name, session_memo))
+        assert model is not None
+        prediction = predict(model, Settings(wrap=Wrap("root")))
+        about_memory = [n for n in prediction.notes if "no memory in the analysed steps" in n]
+        if options["memory"] is not False:
+            assert prediction.baseline.peak_allocated_bytes is not None and not about_memory
+            continue
+        assert prediction.baseline.peak_allocated_bytes is None and prediction.predicted.peak_allocated_bytes is None
+        said = [n for n in model.result.summary.notes if getattr(n, "code", None) == "no_memory"]
+        assert about_memory == [str(said[0])] and "recorded with --no-memory (run.json)" in about_memory[0]
+        assert about_memory[0] in prediction.to_json()["notes"]
+        exploration = explore(model)
+        assert about_memory[0] in exploration.notes
+        capsys.readouterr()
+        print_exploration(exploration, name)
+        assert f"note: {about_memory[0]}\n" in capsys.readouterr().out

@@ -40,6 +40,7 @@ from fsdpviz.analysis.compare.clocks import different_clocks, levels_differ
 from fsdpviz.analysis.compare.model import HEADLINE_FIELDS, unit_index
 from fsdpviz.analysis.compare.spread import MEMORY_NOISE, headline_spread_why
 from fsdpviz.analysis.compare.units import all_known, group_values
+from fsdpviz.analysis.summary import no_memory_cause
 from fsdpviz.formatting import NS_PER_MS, bytes_text, ms_text
 from fsdpviz.structure.records import Finding
 from fsdpviz.trace.schema import OVERLAP_CPU
@@ -366,6 +367,26 @@ def exposed_finding(c: Comparison) -> list[Finding]:
     return [_finding("exposed_comm", message + few_steps(c.runs[best_i], c.runs[worst_i]), evidence, b, values)]
 
 
+def _and(labels: Sequence[str]) -> str:
+    return labels[0] if len(labels) == 1 else f"{', '.join(labels[:-1])} and {labels[-1]}"
+
+
+def _why_no_memory(c: Comparison, labels: Sequence[str]) -> str:
+    """Why each run of ``labels`` has no peak, as its summary's ``no_memory`` note says it."""
+    return "; ".join(f"{r.label}: {no_memory_cause(r.run)}" for r in c.runs if r.label in labels)
+
+
+def _assumed_model(c: Comparison, label: str) -> str:
+    """`` (...)`` naming what the ZeRO arithmetic of run ``label`` assumed rather than measured."""
+    run = next(r for r in c.runs if r.label == label)
+    m = run.analysis.memory_model
+    if m is None:
+        return ""
+    assumed = [*(["the sharded bytes per element"] if not m.sharded_bytes_measured else []),
+               *(["the optimizer's bytes per element"] if not m.optimizer_bytes_measured else [])]
+    return f" ({' and '.join(assumed)} assumed, not measured)" if assumed else ""
+
+
 def memory_finding(c: Comparison) -> list[Finding]:
     drifting = any(d is not None for d in c.drift)
     key = "step_rise_bytes" if drifting else "memory.peak_allocated_bytes"
@@ -394,6 +415,11 @@ def memory_finding(c: Comparison) -> list[Finding]:
                          f"({bytes_text(low)} to {bytes_text(high)}).", evidence, None, values)]
     lo, hi = c.labels[low_i], c.labels[high_i]
     message = f"{lo} has the lowest {what}: {bytes_text(low)}, {bytes_text(high - low)} less than {hi}."
+    if unknown := [c.labels[i] for i, v in enumerate(c.values[key]) if v is None]:
+        # a run whose peak is null may hold less: the lowest is of those measured
+        message = (f"{lo} has the lowest {what} of the runs that measured it: {bytes_text(low)}, "
+                   f"{bytes_text(high - low)} less than {hi}; {_and(unknown)} measured none "
+                   f"({_why_no_memory(c, unknown)}).")
     m_lo, m_hi = models[lo], models[hi]
     l_lo, l_hi = largest[low_i], largest[high_i]
     if m_lo and m_hi and l_lo and l_hi:
@@ -415,7 +441,7 @@ def memory_finding(c: Comparison) -> list[Finding]:
                 "; the rest is activations, buffers or the allocator."
         evidence += ("; the ZeRO arithmetic's peak (sharded state, the two largest units' parameters and the largest's "
                      "gradients unsharded; an estimate, not fsdpviz whatif's prediction): "
-                     + ", ".join(f"{lb} {bytes_text(v)}" for lb, v in values["model_peak_bytes"].items()))
+                     + ", ".join(f"{lb} {bytes_text(v)}{_assumed_model(c, lb)}" for lb, v in values["model_peak_bytes"].items()))
     return [_finding("memory", message, evidence, lo, values)]
 
 
