@@ -509,6 +509,14 @@ def summarize_bound(overlap: pd.DataFrame, profiler: ProfilerCost | None,
         notes.append("the split is the traced step's: without the recorder's timers the profiler's share of "
                      "the idle time is unknown and included")
     shown = parts.settled()
+    waited = (median_traced.host_wait or 0.0) + median_traced.fsdp_host
+    if basis == BASIS_UNPROFILED and waited > 0 and (parts.host_wait or 0.0) + parts.fsdp_host == 0:
+        # a 0 the rule leaves, not a wait measured: said, as the terminal's "(... taken as the profiler's)"
+        notes.append(f"host_wait_ms is 0, and so is every unit's host wait: the profiler's share "
+                     f"({median_traced.total - step:.3f} ms a step) is more than the traced steps' host wait "
+                     f"({waited:.3f} ms, FSDP's hooks' share included), which the de-profiler takes as the "
+                     "profiler's first (it slows the host, not the kernels); how long the clean steps wait for "
+                     "the host is not measured")
     if parts.carried >= 0.001:
         notes.append(f"other_idle_ms holds {parts.carried:.3f} ms a step the GPU ran work queued before the "
                      "analysed steps (the steps waited on it; carried_ms)")

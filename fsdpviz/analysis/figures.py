@@ -105,9 +105,14 @@ def bound_words(bound: BoundSummary) -> BoundWords:
     carried = (f"{format_ms(bound.carried_ms)} of it the GPU ran work queued before the analysed steps"
                if bound.carried_ms is not None and bound.carried_ms >= 0.001 else "")
 
+    # a host wait the de-profiler emptied is its rule's 0, not a measured one (the bound's note)
+    emptied = ("the traced wait all taken as the profiler's" if bound.basis == "unprofiled" and bound.host_scale == 0.0
+               else "")
+
     def said(name: str, ms: float | None) -> str:
         share = f"{100 * ms / bound.step_ms:.0f} %" if ms is not None and bound.step_ms else ""
-        inner = "; ".join(x for x in (share, carried if name == "other idle" else "") if x)
+        inner = "; ".join(x for x in (share, carried if name == "other idle" else "",
+                                      emptied if name == "host wait" else "") if x)
         return f"{name} {format_ms(ms)}" + (f" ({inner})" if inner else "")
 
     basis = "unprofiled" if bound.basis == "unprofiled" else "traced"

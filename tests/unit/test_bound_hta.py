@@ -188,3 +188,37 @@ def test_launch_bound_step_names_fsdps_per_unit_work(gpu_fsdp_run: Callable[[str
     assert parts == pytest.approx(bound.step_ms, abs=0.01)
     # the model's compute, at most what the root wrap's whole step takes in a bare run
     assert bound.compute_ms < 45.1
+
+
+def test_a_host_wait_the_profilers_share_empties_is_said_not_measured(
+        gpu_fsdp_dir: Path, gpu_fsdp_run: Callable[[str], Any]) -> None:
+    """gloo2's profiler share (its traced step less the timers' clean one) is more than its traced steps'
+    host wait: the de-profiler takes all of that wait as the profiler's, so the 0 it leaves is the rule's,
+    and the bound's note and the terminal's words say so; the fake-8 block recording keeps some host
+    wait and says nothing of it."""
+    from fsdpviz.analysis.figures import bound_words
+
+    name = "h100-fsdp2-gloo2-block"
+    result = gpu_fsdp_run(name)
+    bound = result.summary.bound
+    raw = raw_trace(gpu_fsdp_dir / name / "traces" / "rank0.trace.json.gz")
+    traced0 = statistics.mean(raw.step_ms(s) for s in result.summary.steps)
+    wall = timer_step_ms(gpu_fsdp_dir / name / "timers" / "rank0.jsonl")
+    # the clean steps: those after the one right after the trace (profiled 2-4, 5 left out)
+    assert result.summary.profiler.unprofiled_steps == [6, 7, 8, 9]
+    clean0 = statistics.median(wall[s] for s in (6, 7, 8, 9))
+    assert bound.per_rank["0"].traced_step_ms == pytest.approx(traced0, abs=1e-3)
+    assert bound.per_rank["0"].step_ms == pytest.approx(clean0, abs=1e-3)
+    assert traced0 - clean0 > 40  # the profiler's share, from the trace file and the timers alone
+    overlap = result.overlap
+    waited = statistics.median(float(r["host_wait_ns"] + r["fsdp_host_ns"]) / int(r["n_steps"]) / 1e6
+                               for r in overlap.to_dict(orient="records"))
+    assert 0 < waited < bound.profiler_share_ms
+    assert bound.host_wait_ms == 0 and bound.host_scale == 0
+    assert (f"host_wait_ms is 0, and so is every unit's host wait: the profiler's share "
+            f"({bound.profiler_share_ms:.3f} ms a step) is more than the traced steps' host wait ({waited:.3f} ms"
+            ) in bound.note
+    assert "host wait 0 ms (0 %; the traced wait all taken as the profiler's)" in bound_words(bound).parts
+    kept = gpu_fsdp_run("h100-fsdp2-fake8-block").summary.bound
+    assert kept.host_wait_ms > 0 and "host_wait_ms is 0" not in (kept.note or "")
+    assert "taken as the profiler's" not in bound_words(kept).parts
