@@ -130,11 +130,12 @@ def action_setting(action: Action, model: Model) -> Settings | None:
 
 
 def _no_wrap(model: Model) -> str:
-    """Why the model tries no other wrap on this recording (``--explore``'s reasons)."""
+    """Why fewer units is not advised on this recording: the model forms no other wrap for its
+    framework, or the run is one unit already (``--explore`` tries no wrap either)."""
     rec = model.recording
     if "wrap" not in SUPPORTED[rec.framework]:
-        return f"{rec.framework}: other wrap policies are not modelled"
-    return "the recording has no unit below the root to merge"
+        return f"fsdpviz whatif cannot predict fewer units ({rec.framework}: other wrap policies are not modelled)"
+    return "fewer units: the run is one unit already (the root), with none below it to merge"
 
 
 def _best(model: Model, candidates: list[Settings]) -> Settings:
@@ -180,7 +181,7 @@ def predict_actions(model: Model, actions: Sequence[Action]) -> list[Action]:
             if action.knob and _wraps_knob(action, model):
                 # fewer units is the bound's knob, but the model can form no other units here: unknown,
                 # so not advised, and said why (--explore leaves every wrap out the same way)
-                action = with_prediction(action, None, "", because=f"fsdpviz whatif cannot predict it ({_no_wrap(model)})")
+                action = with_prediction(action, None, "", because=_no_wrap(model))
             out.append(action)
             keys.append(None)
             continue

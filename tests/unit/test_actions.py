@@ -314,7 +314,20 @@ def test_a_host_bound_zero3_run_is_not_advised_a_wrap_whatif_cannot_make(sample_
     model = read_model(sample_run("zero3-cpu-2rank"))
     (action,) = predict_actions(model, [_host_bound(KNOB_HOST_CPU)])
     assert action.knob == "" and action.predicted_change_ms is None
-    assert action.why_not == "not advised: fsdpviz whatif cannot predict it (zero3: other wrap policies are not modelled)"
+    assert action.why_not == ("not advised: fsdpviz whatif cannot predict fewer units (zero3: other wrap policies "
+                              "are not modelled)")
+
+
+def test_a_run_wrapped_at_its_root_is_told_it_is_one_unit_already() -> None:
+    """The committed dim-256 root recording: its run.json lists one unit, the root. Fewer units is no
+    setting there: the bound's knob is not advised, and the reason names the knob and why, not a model
+    that fails to predict."""
+    run = Path(__file__).resolve().parents[1] / "recorded" / "fsdp2-d256-root" / "run"
+    assert [u["unit"] for u in json.loads((run / "run.json").read_text())["units"]] == ["(root)"]
+    model = read_model(analyse([run], cache=False))
+    (action,) = predict_actions(model, [_host_bound(KNOB_HOST_CPU)])
+    assert action.knob == "" and action.predicted_change_ms is None
+    assert action.why_not == "not advised: fewer units: the run is one unit already (the root), with none below it to merge"
 
 
 def test_a_wrap_over_the_devices_memory_is_not_advised(tmp_path: Path) -> None:
