@@ -8,6 +8,7 @@ from pathlib import Path
 
 from fsdpviz.analysis.compare.runs import compare_runs, comparison_json
 from fsdpviz.analysis.compare.spread import MEMORY_NOISE
+from fsdpviz.formatting import bytes_text
 from fsdpviz.report.compare.build import load_runs
 
 SAMPLES = Path(__file__).parents[2] / "sample_traces"
@@ -28,3 +29,26 @@ def test_peaks_within_the_memory_findings_rule_get_no_star() -> None:
             continue
         starred = bool(group["best"].get("peak_allocated_bytes"))
         assert starred == (abs(a - b) > MEMORY_NOISE * max(a, b)), (group["name"], a, b)
+
+
+def test_a_tie_at_the_lowest_peak_is_said_as_the_table_stars_it() -> None:
+    """The three CPU samples: FSDP1's and FSDP2's peaks are within 2 % of each other (104 bytes), ZeRO-3's
+    more than 2 % above both. The table stars no run; the finding names both lowest runs, ranks neither
+    (``better`` null, as the star) and gives ZeRO-3's excess over the lowest."""
+    names = ["fsdp2-cpu-2rank", "fsdp1-cpu-2rank", "zero3-cpu-2rank"]
+    c = compare_runs(load_runs([SAMPLES / n for n in names], names, cache=False))
+    key = "memory.peak_allocated_bytes"
+    peaks = dict(zip(names, c.values[key]))
+    low = min(peaks.values())
+    tied = sorted(n for n, v in peaks.items() if v - low <= MEMORY_NOISE * v)
+    assert tied == ["fsdp1-cpu-2rank", "fsdp2-cpu-2rank"]
+    assert peaks["zero3-cpu-2rank"] - low > MEMORY_NOISE * peaks["zero3-cpu-2rank"]
+    assert c.best[key] == []
+    (memory,) = [f for f in c.findings if f.kind == "memory"]
+    assert memory.better is None
+    lowest = min(names, key=lambda n: peaks[n])
+    other = next(n for n in tied if n != lowest)
+    assert memory.message.startswith(f"{lowest} and {other} have the lowest peak allocated memory, within 2% of "
+                                     "each other (")
+    assert f"so none is ranked first; zero3-cpu-2rank holds {bytes_text(peaks['zero3-cpu-2rank'] - low)} more than " \
+        f"{lowest}." in memory.message

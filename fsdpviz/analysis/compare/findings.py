@@ -414,12 +414,20 @@ def memory_finding(c: Comparison) -> list[Finding]:
         return [_finding("memory", f"{what[0].upper()}{what[1:]} is within {MEMORY_NOISE:.0%} across runs "
                          f"({bytes_text(low)} to {bytes_text(high)}).", evidence, None, values)]
     lo, hi = c.labels[low_i], c.labels[high_i]
-    message = f"{lo} has the lowest {what}: {bytes_text(low)}, {bytes_text(high - low)} less than {hi}."
-    if unknown := [c.labels[i] for i, v in enumerate(c.values[key]) if v is None]:
-        # a run whose peak is null may hold less: the lowest is of those measured
-        message = (f"{lo} has the lowest {what} of the runs that measured it: {bytes_text(low)}, "
-                   f"{bytes_text(high - low)} less than {hi}; {_and(unknown)} measured none "
-                   f"({_why_no_memory(c, unknown)}).")
+    # a run whose peak is null may hold less: the lowest is of those that measured one
+    unknown = [c.labels[i] for i, v in enumerate(c.values[key]) if v is None]
+    of = " of the runs that measured it" if unknown else ""
+    message = f"{lo} has the lowest {what}{of}: {bytes_text(low)}, {bytes_text(high - low)} less than {hi}"
+    # runs within the rule of the lowest share it: none is ranked first, as the table stars none
+    tied = [(i, v) for i, v in sorted(known, key=lambda t: t[1]) if i != low_i and v - low <= MEMORY_NOISE * v]
+    if tied:
+        names = [lo, *(c.labels[i] for i, _ in tied)]
+        message = (f"{_and(names)} have the lowest {what}{of}, within {MEMORY_NOISE:.0%} of each other ("
+                   + ", ".join(f"{c.labels[i]} {bytes_text(v)}" for i, v in [(low_i, low), *tied])
+                   + f"), so none is ranked first; {hi} holds {bytes_text(high - low)} more than {lo}")
+    if unknown:
+        message += f"; {_and(unknown)} measured none ({_why_no_memory(c, unknown)})"
+    message += "."
     m_lo, m_hi = models[lo], models[hi]
     l_lo, l_hi = largest[low_i], largest[high_i]
     if m_lo and m_hi and l_lo and l_hi:
@@ -442,7 +450,7 @@ def memory_finding(c: Comparison) -> list[Finding]:
         evidence += ("; the ZeRO arithmetic's peak (sharded state, the two largest units' parameters and the largest's "
                      "gradients unsharded; an estimate, not fsdpviz whatif's prediction): "
                      + ", ".join(f"{lb} {bytes_text(v)}{_assumed_model(c, lb)}" for lb, v in values["model_peak_bytes"].items()))
-    return [_finding("memory", message, evidence, lo, values)]
+    return [_finding("memory", message, evidence, None if tied else lo, values)]
 
 
 def _prefetch_memory(c: Comparison, high_i: int, low_i: int, delta: float) -> str:

@@ -201,7 +201,8 @@ def clear_bytes(values: Sequence[float | int | None], best: list[int]) -> tuple[
     spreads' rule with each run's :data:`MEMORY_NOISE` of its own bytes as its spread."""
     marks, why = clear_best(values, [None if v is None else MEMORY_NOISE * float(v) for v in values], best, "bytes")
     if why:
-        return [], f"the runs are within {MEMORY_NOISE:.0%} of each other (the rule compare's memory finding reads bytes by)"
+        return [], (f"the lowest runs are within {MEMORY_NOISE:.0%} of each other (the rule compare's memory finding "
+                    "reads bytes by)")
     return marks, ""
 
 
