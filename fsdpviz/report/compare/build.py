@@ -38,13 +38,33 @@ class CompareResult:
     time_axis_ms: float  # the timelines' common axis: the longest representative step
 
 
+def _folder(path: Path, traces: TraceSet) -> Path:
+    return (Path(traces.run_dir) if traces.run_dir else path if path.is_dir() else path.parent).resolve()
+
+
 def default_label(path: Path, traces: TraceSet) -> str:
     """run.json's ``label``, else the run folder's (or the trace file's folder's) name."""
     label = traces.run.label.strip() if traces.run is not None else ""
     if label:
         return label
-    folder = Path(traces.run_dir) if traces.run_dir else path if path.is_dir() else path.parent
-    return folder.resolve().name or str(path)
+    return _folder(path, traces).name or str(path)
+
+
+def default_labels(loaded: Sequence[tuple[Path, TraceSet]]) -> list[str]:
+    """:func:`default_label` of each run; runs whose folders share a name (``a/run``, ``b/run``) are named
+    by as many of their parent folders as tell them apart, then made unique (:func:`unique_labels`)."""
+    labels = [default_label(p, t) for p, t in loaded]
+    for name in {lb for lb in labels if labels.count(lb) > 1}:
+        # a label run.json gives stays as given
+        same = [i for i, (p, t) in enumerate(loaded) if labels[i] == name and _folder(p, t).name == name]
+        folders = [_folder(*loaded[i]) for i in same]
+        for depth in range(2, 4):  # the folder and up to two parents
+            tails = ["/".join(f.parts[-depth:]) for f in folders]
+            if len(set(tails)) == len(tails):
+                for i, tail in zip(same, tails):
+                    labels[i] = tail
+                break
+    return unique_labels(labels)
 
 
 def _say(progress: Progress | None, message: str) -> None:
@@ -82,7 +102,7 @@ def load_runs(paths: Sequence[str | Path], labels: Sequence[str] | None = None, 
                 raise
             raise RunFolderError(f"{path}: {exc}") from exc
         loaded.append((path, result))
-    names = list(labels) if labels else unique_labels([default_label(p, r.traces) for p, r in loaded])
+    names = list(labels) if labels else default_labels([(p, r.traces) for p, r in loaded])
     return [LabelledRun(label=name, source=str(path), result=result) for name, (path, result) in zip(names, loaded)]
 
 

@@ -1,0 +1,31 @@
+"""compare's default labels: each run's folder name, and where folders share a name (every recording
+folder named ``run``) as many parent folders as tell them apart; the same folder twice keeps ``#2``."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from fsdpviz.report.compare.build import load_runs
+
+RECORDED = Path(__file__).resolve().parents[1] / "recorded"
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
+
+
+def test_runs_in_folders_of_one_name_are_named_by_their_parents(tmp_path: Path) -> None:
+    paths = [RECORDED / "fsdp2-d256-block" / "run", RECORDED / "fsdp2-d256-root" / "run"]
+    assert all(p.name == "run" for p in paths)
+    runs = load_runs(paths, cache=False)
+    assert [r.label for r in runs] == ["fsdp2-d256-block/run", "fsdp2-d256-root/run"]
+    # two parents deep where one does not tell them apart; a folder of another name keeps its label
+    # (run.json's, "run": the recorder's folder then)
+    for name in ("a", "b"):
+        shutil.copytree(paths[0], tmp_path / name / "x" / "run")
+    shutil.copytree(paths[1], tmp_path / "root")
+    folders = [tmp_path / "a" / "x" / "run", tmp_path / "b" / "x" / "run", tmp_path / "root"]
+    assert [r.label for r in load_runs(folders, cache=False)] == ["a/x/run", "b/x/run", "run"]
+    # one folder twice: nothing tells them apart but the order
+    assert [r.label for r in load_runs([paths[0], paths[0]], cache=False)] == ["run", "run #2"]
+    # a label run.json gives is kept as given (the samples' run.json name them)
+    sample = SAMPLES / "fsdp2-cpu-2rank"
+    assert [r.label for r in load_runs([sample, sample], cache=False)] == ["fsdp2-cpu-2rank", "fsdp2-cpu-2rank #2"]
