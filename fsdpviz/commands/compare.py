@@ -29,7 +29,7 @@ def compare(
         metavar="RUN...", help="Two or more runs: run folders (from fsdpviz record), folders of traces, or trace files. "
              "The first is the baseline of the deltas.", show_default=False)],
     output: Annotated[Path | None, typer.Option(
-        "-o", "--output", metavar="FILE", help="HTML page to write. Default: ./fsdpviz-compare.html (with --json: no page "
+        "-o", "--output", "--out", metavar="FILE", help="HTML page to write. Default: ./fsdpviz-compare.html (with --json: no page "
                                "unless -o is given).", show_default=False)] = None,
     labels: Annotated[list[str] | None, typer.Option(
         "--label", metavar="NAME", help="Name of a run, once per run in the same order. Default: run.json's label, else "

@@ -42,7 +42,7 @@ fsdpviz export runs/base --format perfetto -o base.json.gz
 
 def export(
     paths: Annotated[list[Path], typer.Argument(metavar="PATH...", help=PATHS_HELP, show_default=False)],
-    out: Annotated[Path, typer.Option("-o", "--out", metavar="DIR|FILE", help="Folder to write the tables into (created if needed); "
+    out: Annotated[Path, typer.Option("-o", "--out", "--output", metavar="DIR|FILE", help="Folder to write the tables into (created if needed); "
                                       "with --format perfetto the trace file to write (.json or .json.gz).",
                                       show_default=False)],
     fmt: Annotated[str, typer.Option("--format", metavar="parquet|csv|perfetto", help="parquet or csv (tables), or perfetto: one trace file for "

@@ -48,7 +48,7 @@ def record(
         help="The training command, unchanged: torchrun ..., python -m torch.distributed.run ..., "
              "deepspeed ..., accelerate launch ..., python train.py ..."),
     out: Path | None = typer.Option(  # noqa: B008
-        None, "-o", "--out", metavar="DIR", help="Run folder to write. Default: runs/run-<date>-<time>.",
+        None, "-o", "--out", "--output", metavar="DIR", help="Run folder to write. Default: runs/run-<date>-<time>.",
         show_default=False),
     steps: int = typer.Option(DEFAULT_STEPS, "--steps", min=1, metavar="N",
                               help="Optimizer steps to profile in full."),

@@ -37,7 +37,7 @@ def report(
     paths: list[Path] = typer.Argument(  # noqa: B008 - typer reads its options from the defaults
         ..., metavar="PATH...", help=PATHS_HELP, show_default=False),
     output: Path | None = typer.Option(  # noqa: B008
-        None, "-o", "--output", metavar="FILE", help="HTML file to write. Default: report.html in the run folder, "
+        None, "-o", "--output", "--out", metavar="FILE", help="HTML file to write. Default: report.html in the run folder, "
                                      "else ./fsdpviz-report.html.", show_default=False),
     steps: str | None = typer.Option(
         None, "--steps", metavar="STEPS", help=STEPS_HELP, show_default=False),

@@ -88,7 +88,7 @@ def whatif(
              "the stack the recorded launcher names (accelerate launch, deepspeed), else code.",
         show_default=False)] = None,
     output: Annotated[Path | None, typer.Option(
-        "-o", "--output", metavar="FILE", help="Also write an HTML page: the recorded and the predicted step on one time axis, "
+        "-o", "--output", "--out", metavar="FILE", help="Also write an HTML page: the recorded and the predicted step on one time axis, "
                                "unit by unit, with their memory curves.", show_default=False)] = None,
     save: Annotated[bool, typer.Option(
         "--save", help="Keep the prediction in the run folder (predictions/), where `fsdpviz report` and "

@@ -5,6 +5,7 @@ package does not have."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -81,3 +82,22 @@ def test_summary_quiet_prints_nothing_on_stderr(capsys: pytest.CaptureFixture[st
     assert not done.value.code
     out, err = capsys.readouterr()
     assert err == "" and '"framework": "fsdp2"' in out
+
+
+@pytest.mark.parametrize("command", ["record", "report", "export", "compare", "whatif"])
+def test_every_writing_command_takes_out_and_output(command: str, capsys: pytest.CaptureFixture[str],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """``record -o`` was ``--out`` and ``report -o`` ``--output``: a user who learned one typed it to the other
+    and got an error. Each command that writes takes both spellings of its ``-o``."""
+    text = _help([command], capsys, monkeypatch)
+    assert re.search(r"-o, --(out, --output|output, --out) ", text), text
+
+
+def test_report_writes_where_out_says(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sample = Path(__file__).parents[2] / "sample_traces" / "fsdp2-cpu-2rank"
+    page = tmp_path / "page.html"
+    with pytest.raises(SystemExit) as done:
+        main(["report", str(sample), "--out", str(page), "--no-cache", "-q"])
+    assert done.value.code in (0, None)
+    assert capsys.readouterr().out.strip() == str(page)
+    assert page.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
