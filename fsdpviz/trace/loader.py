@@ -22,7 +22,7 @@ from fsdpviz.trace.dask_engine import ENV_SCHEDULER
 from fsdpviz.trace.kineto import RankColumns
 from fsdpviz.trace.onerun import check_one_run, exports_only_error, is_export
 from fsdpviz.trace.parse_task import PerRank
-from fsdpviz.trace.sources import read_timers, resolve_sources, units_from_run
+from fsdpviz.trace.sources import below_hint, read_timers, resolve_sources, units_from_run
 from fsdpviz.trace.tables import TraceSet
 from fsdpviz.trace.workers import parse_all
 
@@ -132,7 +132,8 @@ def load_run(
         folder = sources.files[0].parent
         if exports:
             raise exports_only_error(folder, exports)
-        raise TraceError(folder, f"folder holds no Kineto traces ({len(skipped)} JSON file(s) of another kind)")
+        raise TraceError(folder, f"folder holds no Kineto traces ({len(skipped)} JSON file(s) of another kind)"
+                         + below_hint(folder))
     check_one_run([(r.columns, f) for r, f in kept], sources.run, sources.run_dir)
     per_file = _check_unique_ranks([r.columns for r, _ in kept], [f for _, f in kept])
     mapped: list[Any] | None = None

@@ -51,6 +51,20 @@ def _traces_in(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.is_file() and is_trace_name(p))
 
 
+def below_hint(folder: Path) -> str:
+    """``; its subfolder run is a run folder: give that one`` where a folder without traces holds run
+    folders (run.json) one level down, as a recording's own folder does beside its script's files."""
+    try:
+        runs = sorted(p.name for p in folder.iterdir() if p.is_dir() and (p / RUN_JSON).is_file())
+    except OSError:
+        return ""
+    if not runs:
+        return ""
+    listed = ", ".join(runs[:3]) + (f" and {len(runs) - 3} more" if len(runs) > 3 else "")
+    return (f"; its subfolder {listed} is a run folder: give that one" if len(runs) == 1
+            else f"; its subfolders {listed} are run folders: give one of them")
+
+
 def resolve_sources(paths: Sequence[str | Path]) -> Sources:
     """Expand files / folders / a run folder into the list of trace files to load."""
     if not paths:
@@ -78,7 +92,7 @@ def resolve_sources(paths: Sequence[str | Path]) -> Sources:
             continue
         found = _traces_in(path)
         if not found:
-            raise TraceError(path, "folder holds no trace files (*.json, *.json.gz)")
+            raise TraceError(path, "folder holds no trace files (*.json, *.json.gz)" + below_hint(path))
         files.extend(found)
         scanned.update(found)
     unique = list(dict.fromkeys(p.resolve() for p in files))

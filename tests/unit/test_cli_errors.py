@@ -69,6 +69,23 @@ def _missing(tmp: Path) -> list[Path]:
     return [tmp / "does-not-exist.json.gz"]
 
 
+def _above_run(tmp: Path) -> list[Path]:
+    above = tmp / "above"
+    (above / "run" / "traces").mkdir(parents=True)
+    (above / "run" / "run.json").write_text("{}")
+    (above / "result.json").write_text('{"returncode": 0}')
+    return [above]
+
+
+def _above_runs(tmp: Path) -> list[Path]:
+    above = tmp / "above"
+    for name in ("a", "b"):
+        (above / name).mkdir(parents=True)
+        (above / name / "run.json").write_text("{}")
+    (above / "notes.txt").write_text("two settings")
+    return [above]
+
+
 def _empty_folder(tmp: Path) -> list[Path]:
     (tmp / "empty").mkdir()
     return [tmp / "empty"]
@@ -87,6 +104,11 @@ CASES: dict[str, tuple[Callable[[Path], list[Path]], str]] = {
     "no events at all": (_write("none.json", '{"traceEvents": []}'), r"none\.json: the trace holds no events"),
     "duplicate ranks": (_duplicate_ranks, r"rank 1 appears in two files: .*a\.json and .*b\.json\.gz"),
     "folder without traces": (_empty_folder, r"empty: folder holds no trace files"),
+    # a recording's own folder (the script's JSON beside the run folder): the line points at the run folder
+    "the folder above a run folder": (_above_run, (r"above: folder holds no Kineto traces \(1 JSON file\(s\) of "
+                                                   r"another kind\); its subfolder run is a run folder: give that one$")),
+    "a folder above two run folders": (_above_runs, (r"above: folder holds no trace files \(\*\.json, \*\.json\.gz\); "
+                                                     r"its subfolders a, b are run folders: give one of them$")),
 }
 
 
