@@ -202,6 +202,8 @@ def print_summary(summary: Summary) -> None:
     def per_rank() -> Table:
         title = ("per rank (ms per step, on the run's clock: the bound's parts; idle = host wait + other idle)"
                  if summary.bound is not None else "per rank (ms per analysed step, as traced)")
+        if len(ov.per_rank) > 1:  # not each column's median: overlap % is of the run's figures, the peak the highest
+            title += "; all: the run's figures, as above"
         table = Table(title=title, title_justify="left")
         for col in ("rank", "comm", "compute", "FSDP work", "overlap %", "exposed", "idle", "peak alloc"):
             table.add_column(col, justify="right", no_wrap=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
 
 import msgspec
@@ -179,3 +180,25 @@ def test_terminal_summary_prints_bracketed_names_and_knobs_as_text(capsys: pytes
     out = " ".join(capsys.readouterr().out.split())
     for text in ("runs/[x]", "[norm, output]", "set_modules_to_forward_prefetch([next units])", "[rank 0] said so"):
         assert text in out, text
+
+
+def test_the_per_rank_tables_all_row_is_the_runs_figures_and_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    """The ZeRO-3 sample's ranks hide 0.52 % and 0.45 % of their communication; the table's ``all`` row
+    shows the run's 0.46 % (of the run's median communication and exposed communication), not the
+    ranks' median (0.485 %): the row is the headline's figures, and the title says so."""
+    sample = Path(__file__).resolve().parents[2] / "sample_traces" / "zero3-cpu-2rank"
+    with pytest.raises(SystemExit) as done:
+        main(["summary", str(sample), "--no-cache", "-q", "--json"])
+    assert done.value.code in (0, None)
+    result = json.loads(capsys.readouterr().out)
+    with pytest.raises(SystemExit) as done:
+        main(["summary", str(sample), "--no-cache", "-q"])
+    lines = capsys.readouterr().out.splitlines()
+    title = " ".join(ln.strip() for ln in lines[next(i for i, ln in enumerate(lines) if ln.startswith("per rank")):][:2])
+    assert title.endswith("; all: the run's figures, as above"), title
+    row = next(ln for ln in lines if ln.startswith("│  all "))
+    cells = [c.strip() for c in row.strip("│ ").split("│")]
+    ranks = [r["overlap_pct"] for r in result["overlap"]["per_rank"].values()]
+    assert float(cells[4]) == pytest.approx(result["overlap"]["overlap_pct"], abs=0.005)
+    assert abs(float(cells[4]) - statistics.median(ranks)) > 0.01  # not the ranks' median
+    assert float(cells[5]) == pytest.approx(result["overlap"]["exposed_comm_ms"], abs=0.005)
