@@ -52,3 +52,19 @@ def test_a_tie_at_the_lowest_peak_is_said_as_the_table_stars_it() -> None:
                                      "each other (")
     assert f"so none is ranked first; zero3-cpu-2rank holds {bytes_text(peaks['zero3-cpu-2rank'] - low)} more than " \
         f"{lowest}." in memory.message
+
+
+def test_runs_the_same_to_the_byte_are_all_starred_and_all_named() -> None:
+    """One sample given twice beside ZeRO-3's: the two peaks are one (the same trace files), and ZeRO-3's is
+    more than 2 % above. The table stars both; the finding names both as the lowest, ranking neither above
+    the other."""
+    names = ["fsdp2-cpu-2rank", "fsdp2-cpu-2rank", "zero3-cpu-2rank"]
+    c = compare_runs(load_runs([SAMPLES / n for n in names], ["a", "b", "zero3"], cache=False))
+    key = "memory.peak_allocated_bytes"
+    a, b, z = c.values[key]
+    assert a == b and z is not None and a is not None and z - a > MEMORY_NOISE * z
+    assert [c.labels[i] for i in c.best[key]] == ["a", "b"]
+    (memory,) = [f for f in c.findings if f.kind == "memory"]
+    assert memory.better is None
+    assert memory.message.startswith(f"a and b have the lowest peak allocated memory, the same to the byte: "
+                                     f"{bytes_text(a)}, {bytes_text(z - a)} less than zero3.")

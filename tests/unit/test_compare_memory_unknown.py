@@ -24,15 +24,20 @@ def test_a_run_without_memory_is_named_not_ranked(gpu_h200_dir: Path) -> None:
     finding = next(f for f in c.findings if f.kind == "memory")
     assert finding.better == lowest
     assert finding.message.startswith(f"{lowest} has the lowest peak allocated memory of the runs that measured it: ")
-    assert "; Bl measured none (Bl: it was recorded with --no-memory (run.json))." in finding.message
-    # the estimate names what it assumed, run by run, as each run's memory model says
-    for r in runs:
-        model = r.analysis.memory_model
-        assert model is not None
-        assumed = not model.sharded_bytes_measured or not model.optimizer_bytes_measured
-        listed = finding.evidence.split("an estimate, not fsdpviz whatif's prediction): ")[1]
-        entry = next(e for e in re.split(r", (?=(?:B|Bl|Broot) )", listed) if e.startswith(f"{r.label} "))
-        assert ("assumed, not measured" in entry) is assumed, entry
-    # Bl's were assumed (no memory recorded to measure them from), B's measured
-    assert not runs[1].analysis.memory_model.sharded_bytes_measured
-    assert runs[0].analysis.memory_model.sharded_bytes_measured
+    assert "; Bl measured none: it was recorded with --no-memory (run.json)." in finding.message
+    # the estimate says what it assumed: Bl's bytes per element, with no memory recorded to measure them
+    # from; B recorded the same model and setting with memory, and its estimate assumes nothing
+    listed = finding.evidence.split("an estimate, not fsdpviz whatif's prediction): ")[1]
+    entries = {e.split(" ")[0]: e for e in re.split(r", (?=(?:B|Bl|Broot) )", listed)}
+    assert entries["Bl"].endswith("(the sharded bytes per element and the optimizer's bytes per element assumed, "
+                                  "not measured)"), entries["Bl"]
+    assert "assumed" not in entries["B"], entries["B"]
+
+
+def test_two_runs_of_which_one_measured_no_memory_are_not_compared(gpu_h200_dir: Path) -> None:
+    """B against Bl alone: one peak, nothing to compare it with; the finding says so and why."""
+    c = compare_runs(load_runs([gpu_h200_dir / "B", gpu_h200_dir / "Bl"], ["B", "Bl"], cache=False))
+    (finding,) = [f for f in c.findings if f.kind == "memory"]
+    assert finding.better is None and c.best["memory.peak_allocated_bytes"] == []
+    assert finding.message == ("Peak allocated memory is not compared: Bl measured none: it was recorded with "
+                               "--no-memory (run.json).")

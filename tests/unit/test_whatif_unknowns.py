@@ -157,3 +157,18 @@ def test_the_terminal_says_what_is_unknown_and_what_is_assumed(gpu_fsdp_dir: Pat
     head = [line for line in out.splitlines()[1:] if not line.startswith("warning: ")]
     assert head[0].startswith("assumed: the optimizer state, which the recording did not measure: 2 states")
     assert "assumed in the predicted peak: optimizer state:" in out
+
+
+def test_a_peak_the_models_ranks_hold_no_sample_of_says_so() -> None:
+    """By construction: a run whose summary has a peak (5 MiB, from ranks the model does not read) while
+    the ranks it reads hold no memory sample; and one without a peak or a note (traces the summary did not
+    say anything of). Each null peak gets its reason, never a bare dash."""
+    from fsdpviz.structure.records import NO_MEMORY, Note
+    from fsdpviz.whatif.known import peak_unknown_note
+
+    said = peak_unknown_note([], 5 * 2**20, [0, 9, 18])
+    assert said == ("peak memory unknown: the model's rank(s) (0, 9, 18) hold no memory samples in the steps it "
+                    "reads, though the summary's peak (5.00 MiB) holds other ranks' samples")
+    assert peak_unknown_note([], None, [0]) == "the peak memory is null: the analysed steps hold no memory samples"
+    note = Note(NO_MEMORY, "no memory in the analysed steps: it was recorded with --no-memory (run.json)")
+    assert peak_unknown_note([Note("other", "x"), note], None, [0]) == str(note)

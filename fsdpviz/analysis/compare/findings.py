@@ -368,12 +368,20 @@ def exposed_finding(c: Comparison) -> list[Finding]:
 
 
 def _and(labels: Sequence[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
     return labels[0] if len(labels) == 1 else f"{', '.join(labels[:-1])} and {labels[-1]}"
 
 
-def _why_no_memory(c: Comparison, labels: Sequence[str]) -> str:
-    """Why each run of ``labels`` has no peak, as its summary's ``no_memory`` note says it."""
-    return "; ".join(f"{r.label}: {no_memory_cause(r.run)}" for r in c.runs if r.label in labels)
+def _measured_none(c: Comparison, labels: Sequence[str], what: str) -> str:
+    """``Bl measured none: it was recorded with --no-memory (run.json)``: the runs of ``labels``, whose
+    ``what`` is null, and why, as each summary's ``no_memory`` note says it (a run with a peak whose
+    figure is null otherwise: its level at step start is not known)."""
+    whys = {r.label: (no_memory_cause(r.run) if r.summary.memory.peak_allocated_bytes is None
+                      else f"its {what} is not known") for r in c.runs if r.label in labels}
+    if len(whys) == 1:
+        ((label, why),) = whys.items()
+        return f"{label} measured none: {why}"
+    return f"{_and(list(whys))} measured none (" + "; ".join(f"{lb}: {why}" for lb, why in whys.items()) + ")"
 
 
 def _assumed_model(c: Comparison, label: str) -> str:
@@ -392,8 +400,15 @@ def memory_finding(c: Comparison) -> list[Finding]:
     key = "step_rise_bytes" if drifting else "memory.peak_allocated_bytes"
     what = "memory a step adds" if drifting else "peak allocated memory"
     known = _known(c, key)
+    # a run whose figure is null may hold less: a ranking is of those that measured one, and says so
+    unknown = [c.labels[i] for i, v in enumerate(c.values[key]) if v is None]
     if len(known) < 2:
-        return []
+        if not known or not unknown:
+            return []
+        return [_finding("memory", f"{what[0].upper()}{what[1:]} is not compared: {_measured_none(c, unknown, what)}.",
+                         f"{what}: {_listing(c, key, bytes_text)}", None,
+                         {key.split(".")[-1]: {c.labels[i]: int(v) for i, v in known}})]
+    missing = f"; {_measured_none(c, unknown, what)}" if unknown else ""
     low_i, low = min(known, key=lambda t: t[1])
     high_i, high = max(known, key=lambda t: t[1])
     values: dict[str, dict[str, Any]] = {key.split(".")[-1]: {c.labels[i]: int(v) for i, v in known}}
@@ -409,25 +424,27 @@ def memory_finding(c: Comparison) -> list[Finding]:
         evidence += "; largest unit (unsharded parameters): " + ", ".join(
             f"{lb} {bytes_text(v)}" for lb, v in values["largest_unit_bytes"].items())
     if not drifting and (level_why := levels_differ(c.runs)):
-        return [_finding("memory", f"Peak allocated memory is not ranked: {level_why}.", evidence, None, values)]
+        return [_finding("memory", f"Peak allocated memory is not ranked: {level_why}{missing}.", evidence, None,
+                         values)]
     if not is_clear(low, high, 0.0, rel=MEMORY_NOISE, floor=0.0):
-        return [_finding("memory", f"{what[0].upper()}{what[1:]} is within {MEMORY_NOISE:.0%} across runs "
-                         f"({bytes_text(low)} to {bytes_text(high)}).", evidence, None, values)]
+        across = "the runs that measured it" if unknown else "runs"
+        return [_finding("memory", f"{what[0].upper()}{what[1:]} is within {MEMORY_NOISE:.0%} across {across} "
+                         f"({bytes_text(low)} to {bytes_text(high)}){missing}.", evidence, None, values)]
     lo, hi = c.labels[low_i], c.labels[high_i]
-    # a run whose peak is null may hold less: the lowest is of those that measured one
-    unknown = [c.labels[i] for i, v in enumerate(c.values[key]) if v is None]
     of = " of the runs that measured it" if unknown else ""
     message = f"{lo} has the lowest {what}{of}: {bytes_text(low)}, {bytes_text(high - low)} less than {hi}"
     # runs within the rule of the lowest share it: none is ranked first, as the table stars none
     tied = [(i, v) for i, v in sorted(known, key=lambda t: t[1]) if i != low_i and v - low <= MEMORY_NOISE * v]
-    if tied:
+    if tied and all(v == low for _, v in tied):  # the table stars each of them
+        names = [lo, *(c.labels[i] for i, _ in tied)]
+        message = (f"{_and(names)} have the lowest {what}{of}, the same to the byte: {bytes_text(low)}, "
+                   f"{bytes_text(high - low)} less than {hi}")
+    elif tied:  # the table stars none
         names = [lo, *(c.labels[i] for i, _ in tied)]
         message = (f"{_and(names)} have the lowest {what}{of}, within {MEMORY_NOISE:.0%} of each other ("
                    + ", ".join(f"{c.labels[i]} {bytes_text(v)}" for i, v in [(low_i, low), *tied])
                    + f"), so none is ranked first; {hi} holds {bytes_text(high - low)} more than {lo}")
-    if unknown:
-        message += f"; {_and(unknown)} measured none ({_why_no_memory(c, unknown)})"
-    message += "."
+    message += missing + "."
     m_lo, m_hi = models[lo], models[hi]
     l_lo, l_hi = largest[low_i], largest[high_i]
     if m_lo and m_hi and l_lo and l_hi:
