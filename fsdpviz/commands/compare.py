@@ -33,7 +33,8 @@ def compare(
                                "unless -o is given).", show_default=False)] = None,
     labels: Annotated[list[str] | None, typer.Option(
         "--label", metavar="NAME", help="Name of a run, once per run in the same order. Default: run.json's label, else "
-                        "the folder name.", show_default=False)] = None,
+                        "the folder name; runs of one name are told apart by their parent folders.",
+        show_default=False)] = None,
     as_json: Annotated[bool, typer.Option(
         "--json", help='Print {"runs": [summary of each run], "deltas": {...}, ...} on stdout.')] = False,
     cache: Annotated[bool, typer.Option("--cache/--no-cache", help="Reuse parsed traces and the summaries cached beside them.")] = True,

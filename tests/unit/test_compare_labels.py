@@ -24,8 +24,15 @@ def test_runs_in_folders_of_one_name_are_named_by_their_parents(tmp_path: Path) 
     shutil.copytree(paths[1], tmp_path / "root")
     folders = [tmp_path / "a" / "x" / "run", tmp_path / "b" / "x" / "run", tmp_path / "root"]
     assert [r.label for r in load_runs(folders, cache=False)] == ["a/x/run", "b/x/run", "run"]
-    # one folder twice: nothing tells them apart but the order
+    # one folder twice: nothing tells them apart but the order; beside another of its name, its parent
     assert [r.label for r in load_runs([paths[0], paths[0]], cache=False)] == ["run", "run #2"]
+    assert [r.label for r in load_runs([paths[0], paths[0], paths[1]], cache=False)] == [
+        "fsdp2-d256-block/run", "fsdp2-d256-block/run #2", "fsdp2-d256-root/run"]
+    # as many parents as it takes: a/x/y/run against b/x/y/run
+    for name in ("a", "b"):
+        shutil.copytree(paths[1], tmp_path / "deep" / name / "x" / "y" / "run")
+    deep = [tmp_path / "deep" / n / "x" / "y" / "run" for n in ("a", "b")]
+    assert [r.label for r in load_runs(deep, cache=False)] == ["a/x/y/run", "b/x/y/run"]
     # a label run.json gives is kept as given (the samples' run.json name them)
     sample = SAMPLES / "fsdp2-cpu-2rank"
     assert [r.label for r in load_runs([sample, sample], cache=False)] == ["fsdp2-cpu-2rank", "fsdp2-cpu-2rank #2"]

@@ -55,14 +55,17 @@ def default_labels(loaded: Sequence[tuple[Path, TraceSet]]) -> list[str]:
     by as many of their parent folders as tell them apart, then made unique (:func:`unique_labels`)."""
     labels = [default_label(p, t) for p, t in loaded]
     for name in {lb for lb in labels if labels.count(lb) > 1}:
-        # a label run.json gives stays as given
+        # a label run.json gives stays as given; one folder given twice is told apart by its #2 alone
         same = [i for i, (p, t) in enumerate(loaded) if labels[i] == name and _folder(p, t).name == name]
-        folders = [_folder(*loaded[i]) for i in same]
-        for depth in range(2, 4):  # the folder and up to two parents
-            tails = ["/".join(f.parts[-depth:]) for f in folders]
-            if len(set(tails)) == len(tails):
-                for i, tail in zip(same, tails):
-                    labels[i] = tail
+        distinct = list(dict.fromkeys(_folder(*loaded[i]) for i in same))
+        if len(distinct) < 2:
+            continue
+        parts = {f: f.relative_to(f.anchor).parts for f in distinct}
+        for depth in range(2, max(len(p) for p in parts.values()) + 1):
+            tails = {f: "/".join(p[-depth:]) for f, p in parts.items()}
+            if len(set(tails.values())) == len(tails):
+                for i in same:
+                    labels[i] = tails[_folder(*loaded[i])]
                 break
     return unique_labels(labels)
 
