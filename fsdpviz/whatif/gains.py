@@ -135,7 +135,7 @@ def _no_wrap(model: Model) -> str:
     rec = model.recording
     if "wrap" not in SUPPORTED[rec.framework]:
         return f"fsdpviz whatif cannot predict fewer units ({rec.framework}: other wrap policies are not modelled)"
-    return "fewer units: the run is one unit already (the root), with none below it to merge"
+    return "the run is one unit already (the root), so there are no units to merge into fewer"
 
 
 def _best(model: Model, candidates: list[Settings]) -> Settings:

@@ -327,7 +327,7 @@ def test_a_run_wrapped_at_its_root_is_told_it_is_one_unit_already() -> None:
     model = read_model(analyse([run], cache=False))
     (action,) = predict_actions(model, [_host_bound(KNOB_HOST_CPU)])
     assert action.knob == "" and action.predicted_change_ms is None
-    assert action.why_not == "not advised: fewer units: the run is one unit already (the root), with none below it to merge"
+    assert action.why_not == "not advised: the run is one unit already (the root), so there are no units to merge into fewer"
 
 
 def test_a_wrap_over_the_devices_memory_is_not_advised(tmp_path: Path) -> None:
