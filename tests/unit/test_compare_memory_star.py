@@ -68,3 +68,13 @@ def test_runs_the_same_to_the_byte_are_all_starred_and_all_named() -> None:
     assert memory.better is None
     assert memory.message.startswith(f"a and b have the lowest peak allocated memory, the same to the byte: "
                                      f"{bytes_text(a)}, {bytes_text(z - a)} less than zero3.")
+
+
+def test_one_run_given_twice_is_the_same_to_the_byte() -> None:
+    """The same trace files twice: one peak, which the finding says as one, not as a range within 2 %."""
+    c = compare_runs(load_runs([SAMPLES / "fsdp1-cpu-2rank"] * 2, ["a", "b"], cache=False))
+    a, b = c.values["memory.peak_allocated_bytes"]
+    assert a == b and a is not None
+    (memory,) = [f for f in c.findings if f.kind == "memory"]
+    assert memory.better is None
+    assert memory.message == f"Peak allocated memory is the same to the byte across runs ({bytes_text(a)})."

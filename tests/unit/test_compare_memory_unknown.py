@@ -39,5 +39,5 @@ def test_two_runs_of_which_one_measured_no_memory_are_not_compared(gpu_h200_dir:
     c = compare_runs(load_runs([gpu_h200_dir / "B", gpu_h200_dir / "Bl"], ["B", "Bl"], cache=False))
     (finding,) = [f for f in c.findings if f.kind == "memory"]
     assert finding.better is None and c.best["memory.peak_allocated_bytes"] == []
-    assert finding.message == ("Peak allocated memory is not compared: Bl measured none: it was recorded with "
+    assert finding.message == ("Peak allocated memory is not compared, as Bl measured none: it was recorded with "
                                "--no-memory (run.json).")

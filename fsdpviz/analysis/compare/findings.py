@@ -374,14 +374,14 @@ def _and(labels: Sequence[str]) -> str:
 
 def _measured_none(c: Comparison, labels: Sequence[str], what: str) -> str:
     """``Bl measured none: it was recorded with --no-memory (run.json)``: the runs of ``labels``, whose
-    ``what`` is null, and why, as each summary's ``no_memory`` note says it (a run with a peak whose
-    figure is null otherwise: its level at step start is not known)."""
-    whys = {r.label: (no_memory_cause(r.run) if r.summary.memory.peak_allocated_bytes is None
-                      else f"its {what} is not known") for r in c.runs if r.label in labels}
-    if len(whys) == 1:
-        ((label, why),) = whys.items()
-        return f"{label} measured none: {why}"
-    return f"{_and(list(whys))} measured none (" + "; ".join(f"{lb}: {why}" for lb, why in whys.items()) + ")"
+    ``what`` is null, and why: as each summary's ``no_memory`` note says it, or, of a run with a peak,
+    that its level at step start is not known."""
+    out = []
+    for r in c.runs:
+        if r.label in labels:
+            out.append(f"{r.label} measured none: {no_memory_cause(r.run)}" if r.summary.memory.peak_allocated_bytes
+                       is None else f"{r.label}'s {what} is not known: its level at step start is not")
+    return "; ".join(out)
 
 
 def _assumed_model(c: Comparison, label: str) -> str:
@@ -405,7 +405,7 @@ def memory_finding(c: Comparison) -> list[Finding]:
     if len(known) < 2:
         if not known or not unknown:
             return []
-        return [_finding("memory", f"{what[0].upper()}{what[1:]} is not compared: {_measured_none(c, unknown, what)}.",
+        return [_finding("memory", f"{what[0].upper()}{what[1:]} is not compared, as {_measured_none(c, unknown, what)}.",
                          f"{what}: {_listing(c, key, bytes_text)}", None,
                          {key.split(".")[-1]: {c.labels[i]: int(v) for i, v in known}})]
     missing = f"; {_measured_none(c, unknown, what)}" if unknown else ""
@@ -428,8 +428,9 @@ def memory_finding(c: Comparison) -> list[Finding]:
                          values)]
     if not is_clear(low, high, 0.0, rel=MEMORY_NOISE, floor=0.0):
         across = "the runs that measured it" if unknown else "runs"
-        return [_finding("memory", f"{what[0].upper()}{what[1:]} is within {MEMORY_NOISE:.0%} across {across} "
-                         f"({bytes_text(low)} to {bytes_text(high)}){missing}.", evidence, None, values)]
+        alike = (f"the same to the byte across {across} ({bytes_text(low)})" if low == high else
+                 f"within {MEMORY_NOISE:.0%} across {across} ({bytes_text(low)} to {bytes_text(high)})")
+        return [_finding("memory", f"{what[0].upper()}{what[1:]} is {alike}{missing}.", evidence, None, values)]
     lo, hi = c.labels[low_i], c.labels[high_i]
     of = " of the runs that measured it" if unknown else ""
     message = f"{lo} has the lowest {what}{of}: {bytes_text(low)}, {bytes_text(high - low)} less than {hi}"

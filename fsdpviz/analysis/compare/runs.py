@@ -201,7 +201,7 @@ def clear_bytes(values: Sequence[float | int | None], best: list[int]) -> tuple[
     spreads' rule with each run's :data:`MEMORY_NOISE` of its own bytes as its spread."""
     marks, why = clear_best(values, [None if v is None else MEMORY_NOISE * float(v) for v in values], best, "bytes")
     if why:
-        which = "the runs are" if sum(v is not None for v in values) == 2 else "the lowest runs are"
+        which = "the runs are" if len(values) == 2 else "the lowest runs are"
         return [], f"{which} within {MEMORY_NOISE:.0%} of each other (the rule compare's memory finding reads bytes by)"
     return marks, ""
 
