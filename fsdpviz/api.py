@@ -108,11 +108,17 @@ def compare(runs: Sequence[Run | PathLike], *, labels: Sequence[str] | None = No
         c.page("compare.html")
     """
     from fsdpviz.analysis.compare.runs import compare_runs
+    from fsdpviz.report.compare.build import default_label, default_labels
 
     opened = [r if isinstance(r, Run) else open(r) for r in runs]
     if len(opened) < 2:
         raise UsageError(f"compare needs at least two runs, got {len(opened)}")
     names = list(labels) if labels else [r.label for r in opened]
+    if not labels and len(set(names)) != len(names):
+        # runs of one name, as the command tells them apart: by their folders (a label given to open() stays)
+        loaded = [(Path(r.source), r.result.traces) for r in opened]
+        names = [told if name == default_label(*where) else name
+                 for name, told, where in zip(names, default_labels(loaded), loaded)]
     if len(names) != len(opened) or len(set(names)) != len(names):
         raise UsageError("labels must be distinct, one per run")
     inputs = [LabelledRun(label=n, source=r.source, result=r.result) for n, r in zip(names, opened)]

@@ -119,3 +119,22 @@ def test_unknown_memory_categories_are_missing_not_zero() -> None:
         assert mine["activations"].notna().all() and (mine["activations"] > 0).any()
     peaks = run.memory_peaks
     assert peaks["sharded_params"].isna().all() and not pd.isna(peaks["activations"]).any()
+
+
+def test_compare_tells_runs_of_one_name_apart_as_the_command_does(capsys: pytest.CaptureFixture[str]) -> None:
+    """Two committed recordings, each in a folder named ``run`` (run.json's label "run" too): the notebook's
+    compare names them by their parent folders, as ``fsdpviz compare`` does, rather than refusing them; a
+    label given to ``open`` stays; one run given twice with one label is still refused."""
+    block, root = (REPO / "tests" / "recorded" / f"fsdp2-d256-{n}" / "run" for n in ("block", "root"))
+    runs = [fsdpviz.open(block, cache=False), fsdpviz.open(root, cache=False)]
+    assert [r.label for r in runs] == ["run", "run"]
+    compared = fsdpviz.compare(runs)
+    assert compared.comparison.labels == ["fsdp2-d256-block/run", "fsdp2-d256-root/run"]
+    with pytest.raises(SystemExit) as done:
+        main(["compare", str(block), str(root), "--json", "--no-cache", "-q"])
+    assert done.value.code in (0, None)
+    assert json.loads(capsys.readouterr().out)["labels"] == compared.comparison.labels
+    named = fsdpviz.open(root, label="root", cache=False)
+    assert fsdpviz.compare([runs[0], named]).comparison.labels == ["run", "root"]
+    with pytest.raises(UsageError, match="labels must be distinct"):
+        fsdpviz.compare([named, named])
