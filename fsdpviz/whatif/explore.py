@@ -297,8 +297,7 @@ def explore(model: Model, budget_bytes: int | None = None) -> Exploration:
     first = candidates[0].prediction
     assert first is not None
     if first.baseline.peak_allocated_bytes is None:  # why no setting is held to a budget
-        notes.append(known.peak_unknown_note(model.result.summary.notes, model.result.summary.memory.peak_allocated_bytes,
-                                             sorted({s.rank for s in model.recording.steps})))
+        notes.append(known.model_peak_note(model))
     ranked = [c for c in fitting if c.prediction is not None and c.prediction.measurable is not False]
     within = [c for c in fitting if c not in ranked]
     unranked: list[Candidate] = []

@@ -26,12 +26,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from fsdpviz.analysis import memory_categories as mcat
 from fsdpviz.analysis.memory import ASSUMED_OPTIMIZER_STATES
 from fsdpviz.formatting import mib_text
 from fsdpviz.replay.memory import MemoryChange, StepMemory
 from fsdpviz.structure.records import NO_MEMORY
+
+if TYPE_CHECKING:
+    from fsdpviz.replay.model import Model
 
 
 @dataclass(slots=True)
@@ -104,3 +108,10 @@ def peak_unknown_note(summary_notes: Sequence[str], summary_peak: int | None, ra
     return (f"peak memory unknown: the model's rank(s) ({', '.join(map(str, ranks))}) hold no memory samples in "
             f"the steps it reads, though the summary's peak "
             f"({mib_text(summary_peak)}) holds other ranks' samples")
+
+
+def model_peak_note(model: Model) -> str:
+    """:func:`peak_unknown_note` of a model: its summary's notes and peak, and the ranks it reads."""
+    summary = model.result.summary
+    return peak_unknown_note(summary.notes, summary.memory.peak_allocated_bytes,
+                             sorted({s.rank for s in model.recording.steps}))

@@ -321,8 +321,7 @@ def predict(model: Model, settings: Settings) -> Prediction:
     if floor_note is not None:
         notes.append(floor_note)
     if baseline.peak_allocated_bytes is None:  # a null without its reason reads as a fault
-        notes.append(known.peak_unknown_note(model.result.summary.notes, model.result.summary.memory.peak_allocated_bytes,
-                                             sorted({s.rank for s in rec.steps})))
+        notes.append(known.model_peak_note(model))
     if model.sampled is not None:
         notes.append(f"read on {len(model.sampled)} of {len(model.result.analysis.ranks)} ranks spread over the run "
                      f"({', '.join(map(str, model.sampled))}): the run is too large to hold every rank's events")
