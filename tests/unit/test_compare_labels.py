@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from fsdpviz.analysis.compare.runs import unique_labels
 from fsdpviz.report.compare.build import load_runs
 
 RECORDED = Path(__file__).resolve().parents[1] / "recorded"
@@ -36,3 +37,23 @@ def test_runs_in_folders_of_one_name_are_named_by_their_parents(tmp_path: Path) 
     # a label run.json gives is kept as given (the samples' run.json name them)
     sample = SAMPLES / "fsdp2-cpu-2rank"
     assert [r.label for r in load_runs([sample, sample], cache=False)] == ["fsdp2-cpu-2rank", "fsdp2-cpu-2rank #2"]
+
+
+def test_a_folder_named_as_another_runs_label_is_named_by_its_parent(tmp_path: Path) -> None:
+    # run.json names the first run "fsdp2-cpu-2rank" though its folder is "renamed"; the second is a folder
+    # of bare traces (no run.json) whose name is that label: the label a run.json gives stays, in either order
+    shutil.copytree(SAMPLES / "fsdp2-cpu-2rank", tmp_path / "a" / "renamed",
+                    ignore=shutil.ignore_patterns(".fsdpviz-cache"))
+    shutil.copytree(SAMPLES / "fsdp1-cpu-2rank" / "traces", tmp_path / "b" / "fsdp2-cpu-2rank",
+                    ignore=shutil.ignore_patterns(".fsdpviz-cache"))
+    labelled, bare = tmp_path / "a" / "renamed", tmp_path / "b" / "fsdp2-cpu-2rank"
+    assert not (bare / "run.json").exists()
+    assert [r.label for r in load_runs([labelled, bare], cache=False)] == ["fsdp2-cpu-2rank", "b/fsdp2-cpu-2rank"]
+    assert [r.label for r in load_runs([bare, labelled], cache=False)] == ["b/fsdp2-cpu-2rank", "fsdp2-cpu-2rank"]
+
+
+def test_a_repeat_never_takes_a_label_another_run_has() -> None:
+    # two runs labelled "x" beside one labelled "x #2" (run.json's or a folder's): the repeat is "x #3"
+    assert unique_labels(["x", "x", "x #2"]) == ["x", "x #3", "x #2"]
+    assert unique_labels(["x #2", "x", "x", "x"]) == ["x #2", "x", "x #3", "x #4"]
+    assert unique_labels(["a", "b", "a"]) == ["a", "b", "a #2"]

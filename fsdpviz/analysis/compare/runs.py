@@ -88,12 +88,22 @@ def best_indices(values: Sequence[float | int | None], better: str | None) -> li
 
 
 def unique_labels(labels: Sequence[str]) -> list[str]:
-    """Labels made unique by a ``#2``, ``#3`` suffix on repeats (tables and JSON key by label)."""
+    """Labels made unique by a ``#2``, ``#3`` suffix on repeats (tables and JSON key by label); a suffix
+    that another label already is (``x``, ``x``, ``x #2``) moves on to the next free one."""
+    taken = set(labels)
     seen: dict[str, int] = {}
     out = []
     for label in labels:
-        seen[label] = seen.get(label, 0) + 1
-        out.append(label if seen[label] == 1 else f"{label} #{seen[label]}")
+        if label not in seen:
+            seen[label] = 1
+            out.append(label)
+            continue
+        n = seen[label] + 1
+        while f"{label} #{n}" in taken:
+            n += 1
+        seen[label] = n
+        taken.add(f"{label} #{n}")
+        out.append(f"{label} #{n}")
     return out
 
 

@@ -55,10 +55,12 @@ def default_labels(loaded: Sequence[tuple[Path, TraceSet]]) -> list[str]:
     by as many of their parent folders as tell them apart, then made unique (:func:`unique_labels`)."""
     labels = [default_label(p, t) for p, t in loaded]
     for name in {lb for lb in labels if labels.count(lb) > 1}:
-        # a label run.json gives stays as given; one folder given twice is told apart by its #2 alone
         same = [i for i, (p, t) in enumerate(loaded) if labels[i] == name and _folder(p, t).name == name]
         distinct = list(dict.fromkeys(_folder(*loaded[i]) for i in same))
-        if len(distinct) < 2:
+        # told apart by parents where two folders share the name, or where the name is also a label
+        # run.json gives another run (a label run.json gives stays as given); one folder twice, alone,
+        # by its #2
+        if len(distinct) < 2 and (not distinct or len(same) == labels.count(name)):
             continue
         parts = {f: f.relative_to(f.anchor).parts for f in distinct}
         for depth in range(2, max(len(p) for p in parts.values()) + 1):
