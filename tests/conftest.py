@@ -4,6 +4,7 @@ session, tmpfs mounts, and an environment free of the user's ``FSDPVIZ_*`` setti
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable, Hashable, Iterator
@@ -120,15 +121,31 @@ def _caches_in_shared() -> dict[Path, int]:
     return out
 
 
+_OWN_CACHES = pytest.StashKey[set[Path]]()
+# The checkout's own recordings, which tests analyse with the parse cache on (as a user's command
+# does): the cache folders a session makes there are its own, removed when it ends.
+CHECKOUT_RECORDINGS = (SAMPLE_TRACES_DIR, REPO_ROOT / "tests" / "recorded")
+
+
+def _caches_in_checkout() -> set[Path]:
+    return {folder for top in CHECKOUT_RECORDINGS if top.is_dir() for folder in top.rglob(".fsdpviz-cache")}
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     if not hasattr(session.config, "workerinput"):  # the controller, or a run without xdist
         session.config.stash[_SHARED_CACHES] = _caches_in_shared()
+        session.config.stash[_OWN_CACHES] = _caches_in_checkout()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """The recordings beside the checkout (../shared) are read, never written: a test that analyses them
     passes ``cache=False`` (the command line: ``--no-cache``). A session in which a test made a parse or
-    summary cache there, or wrote into one that was there, fails, naming what was written."""
+    summary cache there, or wrote into one that was there, fails, naming what was written. The cache
+    folders the session made in the checkout's own recordings are removed."""
+    own = session.config.stash.get(_OWN_CACHES, None)
+    if own is not None:  # the controller, after its workers: the checkout left with the caches it had
+        for folder in _caches_in_checkout() - own:
+            shutil.rmtree(folder, ignore_errors=True)
     before = session.config.stash.get(_SHARED_CACHES, None)
     if before is None:
         return
