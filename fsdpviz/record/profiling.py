@@ -65,6 +65,9 @@ class ProfilerDriver:
         self.steps_run: int | None = None  # set at the process's end: training steps that began
         self._discard = False  # the process ended before any recorded step began: write no trace
         self.failed = False  # the process ended by an exception or a signal (finish)
+        self.stood_aside: str | None = None  # why fsdpviz left the thread's profiler to the script's own
+        self._own_transition = False  # fsdpviz's profiler is starting its own trace (not the script's)
+        self._chained: Any = None  # torch's profiler-start callback, while fsdpviz's hook is in its place
 
     @property
     def time_window(self) -> bool:
@@ -96,19 +99,96 @@ class ProfilerDriver:
             self.prof.step_num = step
             self.recorded_steps.clear()  # the constructor asked about step 0
             self.prof.current_action = self.action(step)
-            self.prof.start()
+            self._hook_script_profilers()
+            if not self._transit(self.prof.start, step):
+                return
         self.labels_on = self.prof.current_action in _RECORDING_ACTIONS
+
+    # One thread runs one torch profiler: a script that profiles itself and fsdpviz's schedule meet.
+    # Whichever comes second, the script's own profiler keeps the thread and fsdpviz stands aside, with
+    # a note in run.json, so that the run goes on as it would bare.
+
+    def _script_profiler_on(self) -> bool:
+        """Whether a profiler that is not fsdpviz's is on in this thread (the script's own)."""
+        enabled = getattr(torch.autograd, "_profiler_enabled", None)
+        ours = self.prof is not None and self.prof.current_action in _RECORDING_ACTIONS
+        return enabled is not None and not ours and bool(enabled())
+
+    def _transit(self, move: Any, step: int) -> bool:
+        """Run ``move`` (the profiler's ``start`` or ``step`` into ``step``) unless the script's own profiler
+        holds the thread and fsdpviz's would prepare or record there; False when fsdpviz stood aside."""
+        if self._scheduled(step) != schedule.NONE and self._script_profiler_on():
+            self._stand_aside(step, started=False)
+            return False
+        self._own_transition = True
+        try:
+            move()
+        except RuntimeError:
+            if not self._script_profiler_on():  # not the two profilers meeting: a failure of fsdpviz's own
+                raise
+            self._stand_aside(step, started=False)
+            return False
+        finally:
+            self._own_transition = False
+        return True
+
+    def _hook_script_profilers(self) -> None:
+        """Put a hook where torch starts any profiler of this process (``torch.autograd.profiler``'s
+        ``_run_on_profiler_start``): a script's own that starts while fsdpviz's runs makes fsdpviz's stop
+        first. Torch releases without that function keep only the checks at fsdpviz's own steps."""
+        import torch.autograd.profiler as autograd_profiler
+
+        chained = getattr(autograd_profiler, "_run_on_profiler_start", None)
+        if chained is None or self._chained is not None:
+            return
+
+        def on_profiler_start() -> None:
+            # a script's profiler starting while fsdpviz's has prepared (warm-up) or records its trace
+            if not self._own_transition and self.prof is not None and self.prof.current_action != ProfilerAction.NONE:
+                self._stand_aside(self.prof.step_num, started=True)
+            chained()
+
+        self._chained = chained
+        autograd_profiler._run_on_profiler_start = on_profiler_start
+
+    def _unhook_script_profilers(self) -> None:
+        if self._chained is not None:
+            import torch.autograd.profiler as autograd_profiler
+
+            autograd_profiler._run_on_profiler_start = self._chained
+            self._chained = None
+
+    def _stand_aside(self, step: int, *, started: bool) -> None:
+        """Leave the thread's profiler to the script's own: fsdpviz's is stopped (its trace discarded) if it
+        had started its trace, else let go, since stopping a profiler that never started its trace would
+        stop the script's."""
+        prof, recording = self.prof, self.labels_on
+        self.prof = None
+        self._discard = True
+        if prof is not None and recording:
+            try:
+                prof.stop()
+            except RuntimeError:
+                pass
+        first, last = self.options.warmup, self.options.warmup + self.options.steps - 1
+        when = "started its own torch.profiler" if started else "ran its own torch.profiler"
+        self.stood_aside = (f"no trace: the script {when} at step {step}, where fsdpviz profiles steps {first}-{last} "
+                            "(one thread runs one profiler), so fsdpviz stood aside; the timers still ran. Record "
+                            "with --warmup and --steps outside the script's profiled steps, or with its profiler off")
+        self.stop()
 
     def action(self, step_num: int) -> ProfilerAction:
         """The schedule torch.profiler asks at every step."""
-        if self.time_window:
-            # One profiler step spans the whole window; torch saves a trace only after RECORD_AND_SAVE.
-            action = schedule.RECORD_AND_SAVE if self.window.get("end", 0.0) == 0.0 else schedule.NONE
-        else:
-            action = schedule.profiler_action(step_num, self.options.warmup, self.options.steps)
+        action = self._scheduled(step_num)
         if action in (schedule.RECORD, schedule.RECORD_AND_SAVE):
             self.recorded_steps.add(step_num)
         return _ACTIONS[action]
+
+    def _scheduled(self, step_num: int) -> str:
+        if self.time_window:
+            # One profiler step spans the whole window; torch saves a trace only after RECORD_AND_SAVE.
+            return schedule.RECORD_AND_SAVE if self.window.get("end", 0.0) == 0.0 else schedule.NONE
+        return schedule.profiler_action(step_num, self.options.warmup, self.options.steps)
 
     def _write_trace(self, prof: Any) -> None:
         if self._discard:
@@ -135,7 +215,8 @@ class ProfilerDriver:
         """One training step ended (may write the trace: call it between steps, not inside one)."""
         if self.prof is None:
             return
-        self.prof.step()
+        if not self._transit(self.prof.step, self.prof.step_num + 1):
+            return
         if self.trace_file is not None or self.trace_error is not None:  # the schedule is over: stop paying
             self.stop()
         else:
@@ -155,9 +236,14 @@ class ProfilerDriver:
     def stop(self) -> None:
         """Stop now (exports the trace if it was recording)."""
         if self.prof is not None:
-            self.prof.stop()
-            self.prof = None
+            prof, self.prof = self.prof, None
+            self._own_transition = True
+            try:
+                prof.stop()
+            finally:
+                self._own_transition = False
         self.labels_on = False
+        self._unhook_script_profilers()
         if self.log_filter is not None:
             self.log_filter.stop()
 
@@ -200,7 +286,10 @@ class ProfilerDriver:
                 **({"note": note} if (note := self.no_trace_note()) else {})}
 
     def no_trace_note(self) -> str | None:
-        """Why a process that was to profile wrote no trace: it ended before the first profiled step."""
+        """Why a process that was to profile wrote no trace: the script's own profiler held the thread, or
+        the process ended before the first profiled step."""
+        if self.stood_aside:
+            return self.stood_aside
         if (not self.options.profile or self.steps_run is None or self.time_window or self.trace_file is not None
                 or self.trace_error):
             return None

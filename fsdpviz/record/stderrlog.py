@@ -32,6 +32,11 @@ PROFILER_LINES: Final = re.compile(
     rb"^(?:USDT:|STAGE:)"  # Kineto's start / stop / stage lines
     rb"|Memory block of unknown size was allocated before the profiling started"
     rb"|Profiler is not initialized: skipping step\(\) invocation"
+    # the profiler's collection warns, once per rank, of a range still open when the trace is taken (the
+    # optimizer's own step range: the trace is written from the optimizer's step hook)
+    rb"|collection\.cpp:\d+\] Warning: "
+    # Kineto's, when fsdpviz's profiler stops as a script's own starts (record/profiling.py)
+    rb"|disableProfiler called but no active profiling session found"
 )
 # A partial line that starts like this may still become a profiler line: hold it for its end.
 _MAYBE_PROFILER: Final = re.compile(rb"^(?:U(?:S(?:D(?:T:?)?)?)?|S(?:T(?:A(?:G(?:E:?)?)?)?)?|\[)$|^(?:USDT:|STAGE:|\[)")

@@ -20,6 +20,8 @@ PROGRAM = textwrap.dedent('''
     time.sleep(0.2)
     os.write(2, b"training 20%\\r[rank0]:[W1123 CPUAllocator.cpp:245] Memory block of unknown size was "
                 b"allocated before the profiling started, profiler results will not include the deallocation event\\n")
+    os.write(2, b"[rank0]:[W1202 16:07:12.954682895 collection.cpp:664] Warning: Optimizer.step#AdamW.step "
+                b"(function operator())\\n")
     print("a Python warning line", file=sys.stderr)
     os.write(2, b"[rank0]: a user line in brackets\\n")
     f.stop()
@@ -38,5 +40,6 @@ def test_profiler_lines_go_to_the_log_and_the_rest_passes_through(tmp_path: Path
         b"USDT:2026-11-23 21:20:35 7789:7789 SyncActivityProfilerHandler.cpp:52] profiler_start",
         (b"[rank0]:[W1123 CPUAllocator.cpp:245] Memory block of unknown size was allocated before the profiling "
          b"started, profiler results will not include the deallocation event"),
+        b"[rank0]:[W1202 16:07:12.954682895 collection.cpp:664] Warning: Optimizer.step#AdamW.step (function operator())",
     ]
-    assert done.stdout.strip() == b"2"
+    assert done.stdout.strip() == b"3"

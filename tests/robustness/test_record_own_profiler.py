@@ -1,0 +1,49 @@
+"""A script that profiles itself under ``fsdpviz record``: one thread runs one torch profiler, so where
+the script's own profiler and fsdpviz's profiled steps meet, the script's keeps the thread and fsdpviz
+stands aside (no trace, a note saying why, the timers still run). The script's own profiler counts what
+it counts in a bare run, its losses are the bare run's, and the run ends as it would bare.
+
+Two meetings, each against a bare run of the same window (``record_scripts/own_profiler_train.py``,
+fsdpviz profiling steps 2-4 by its defaults): the script's profiler on from step 0, before fsdpviz's
+schedule first moves; and on from step 3, inside fsdpviz's profiled steps.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers.jobs import run_job, torchrun
+from recordrun import SCRIPTS, check_complete, run_record
+
+SCRIPT = SCRIPTS / "own_profiler_train.py"
+
+
+def _outputs(folder: Path) -> list[dict]:
+    return [json.loads((folder / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+
+
+@pytest.mark.slow
+@pytest.mark.lifecycle
+@pytest.mark.parametrize(("first", "last", "said"), [(0, 3, "ran its own torch.profiler at step 1"),
+                                                     (3, 4, "started its own torch.profiler at step 3")])
+def test_the_scripts_own_profiler_keeps_the_thread(tmp_path: Path, first: int, last: int, said: str) -> None:
+    # GIVEN the script bare, profiling steps FIRST-LAST itself
+    bare = run_job(torchrun(SCRIPT, str(first), str(last), str(tmp_path / "bare")), timeout=180)
+    assert bare.returncode == 0, bare.stderr[-3000:]
+    # WHEN it is recorded with fsdpviz's default schedule (steps 2-4 profiled)
+    run_dir = tmp_path / "run"
+    done = run_record(run_dir, torchrun(SCRIPT, str(first), str(last), str(tmp_path / "recorded")))
+    # THEN it ends as bare, its own profiler counted what it counted bare, its losses are the bare ones
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    assert _outputs(tmp_path / "recorded") == _outputs(tmp_path / "bare")
+    assert _outputs(tmp_path / "bare")[0]["counted"]["my_step"] == last - first + 1
+    # AND fsdpviz stood aside: no trace, the timers kept, run.json says why on every rank
+    run = check_complete(run_dir)
+    assert run["status"] == "ok" and run["exit_code"] == 0
+    assert not list((run_dir / "traces").glob("*"))
+    assert all(len((run_dir / "timers" / f"rank{rank}.jsonl").read_text().splitlines()) > 0 for rank in (0, 1))
+    note = next(n for n in run["notes"] if "stood aside" in n)
+    assert note.startswith("every rank: no trace: the script ") and said in note, note
