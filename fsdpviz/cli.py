@@ -133,8 +133,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the ``fsdpviz`` console script."""
     # Arrow's own allocator keeps what pandas' text columns freed; the system one hands it back with
     # the rest (structure.packed.release_freed_memory), which lowers the peak of a large run's parent.
-    # Read when pyarrow is first imported, so set before; a user's own setting wins.
-    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
+    # Read when pyarrow is first imported, so set before; a user's own setting wins, and a command
+    # `fsdpviz record` runs does not inherit fsdpviz's (record/environment.py).
+    from fsdpviz.record.environment import set_own_default
+
+    set_own_default("ARROW_DEFAULT_MEMORY_POOL", "system")
     _register_commands()
     command = typer.main.get_command(app)
     plain_arguments(command)

@@ -20,6 +20,8 @@ Layout::
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -43,6 +45,48 @@ TRACE_RUN_ID_KEY: Final = "fsdpvizRunId"  # the run id in a trace's top level (t
 PARTIAL_SUFFIX: Final = ".partial"  # files being written; renamed when complete
 CACHE_DIR: Final = ".fsdpviz-cache"  # the trace loader's parse cache, beside the traces
 OWNED_ENTRIES: Final = (RUN_JSON, TRACES_DIR, TIMERS_DIR, RANKS_DIR, LOGS_DIR, REPORT_HTML, PREDICTIONS_DIR)
+# The files a recording (and `whatif --save`) writes inside its folders, partial ones included; Kineto's own
+# temporary file ends ".tmp". `record --force` removes these and no other file.
+_OWN_FILES: Final = {
+    TRACES_DIR: re.compile(r"rank\d+\.trace\.json(?:\.gz)?(?:\.partial)?(?:\.tmp)?"),
+    TIMERS_DIR: re.compile(r"rank\d+\.jsonl(?:\.partial)?"),
+    RANKS_DIR: re.compile(r"rank\d+\.json(?:\.partial)?|run-id|\.write-test-\d+"),
+    LOGS_DIR: re.compile(r"rank\d+\.log|command\.log"),
+    PREDICTIONS_DIR: re.compile(r"[^/]+\.json(?:\.partial)?"),
+}
+# Folders whose every file a recording reads (traces, timers, the ranks' facts): a file of the user's there
+# would be read as part of the next recording.
+READ_WHOLE: Final = (TRACES_DIR, TIMERS_DIR, RANKS_DIR)
+
+
+def recording_entries(run_dir: Path) -> tuple[list[Path], list[Path]]:
+    """What ``record --force`` removes from ``run_dir``: run.json, report.html, the caches and the files a
+    recording writes in its folders (a prediction: a JSON file of ``whatif --save``'s form); and the other
+    files inside the folders of :data:`READ_WHOLE`, which it must neither remove nor read."""
+    remove: list[Path] = [run_dir / name for name in (RUN_JSON, REPORT_HTML, CACHE_DIR) if (run_dir / name).exists()]
+    foreign: list[Path] = []
+    for sub, own in _OWN_FILES.items():
+        folder = run_dir / sub
+        if not folder.is_dir():
+            continue
+        for path in sorted(folder.iterdir()):
+            if path.name == CACHE_DIR or (own.fullmatch(path.name) and path.is_file()
+                                          and (sub != PREDICTIONS_DIR or _saved_prediction(path))):
+                remove.append(path)
+            elif sub in READ_WHOLE:
+                foreign.append(path)
+    return remove, foreign
+
+
+def _saved_prediction(path: Path) -> bool:
+    """Whether ``path`` holds a prediction as ``whatif --save`` writes one (a partial one counts)."""
+    if path.name.endswith(PARTIAL_SUFFIX):
+        return True
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and isinstance(data.get("predicted"), dict)
 FORMAT_VERSION: Final = 1
 TRACE_SUFFIXES: Final = (".json", ".json.gz")
 SCHEDULE_OPTIMIZER_STEPS: Final = "optimizer_steps"  # the profiler stepped by optimizer steps

@@ -81,7 +81,8 @@ def record(
     """Record a training command on every rank.
 
     Runs COMMAND unchanged with recording on; its output passes through and its exit code is
-    returned. The run folder gets run.json, traces/, timers/, logs/ and report.html."""
+    returned (fsdpviz's own lines and the summary go to stderr: stdout is the command's). The run
+    folder gets run.json, traces/, timers/, logs/ and report.html."""
     from fsdpviz.record.launcher import record as run_record
     from fsdpviz.record.options import RecordOptions
 
@@ -195,7 +196,8 @@ def summarise_and_report(run_dir: Path, *, summary: bool, report: bool) -> Path 
                 from fsdpviz.commands.summary import print_summary
                 from fsdpviz.whatif.gains import completed_summary
 
-                print_summary(completed_summary(result))  # as `fsdpviz summary` prints it
+                # as `fsdpviz summary` prints it, on stderr with fsdpviz's other lines: stdout is the command's
+                print_summary(completed_summary(result), stderr=True)
             else:
                 from fsdpviz.report.build import build_report
                 from fsdpviz.runfolder import REPORT_HTML

@@ -144,8 +144,9 @@ def bound_text(summary: Summary) -> str:
     return f"{words.verdict}" + (f"; time {words.time}-bound" if words.time else "") + f": {words.parts}"
 
 
-def print_summary(summary: Summary) -> None:
-    """Render the summary as rich tables on stdout."""
+def print_summary(summary: Summary, *, stderr: bool = False) -> None:
+    """Render the summary as rich tables on stdout (``stderr``: on stderr, as ``record`` does, so that the
+    recorded command's stdout stays its own)."""
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
@@ -153,7 +154,7 @@ def print_summary(summary: Summary) -> None:
     from fsdpviz.structure.parallelism import parallelism_text
     from fsdpviz.structure.purposes import PURPOSE_TITLES
 
-    console = Console()
+    console = Console(stderr=stderr)
     steps = summary.steps
     step_text = f"{steps[0]}-{steps[-1]}" if len(steps) > 2 else ", ".join(map(str, steps)) or "whole trace"
     head = Table.grid(padding=(0, 2))
@@ -190,7 +191,7 @@ def print_summary(summary: Summary) -> None:
         where = peak_place(mem)
         cats = mem.categories
         parts = [f"{TITLES[c]} {bytes_text(cats[c])}" for c in CATEGORIES if cats[c] is None or (cats[c] or 0) > 0]
-        head.add_row("at the peak", f"({where}) " + ", ".join(parts))
+        head.add_row("at the peak", escape(f"({where}) " + ", ".join(parts)))  # `where` names a unit: `[a, b]`
         for category, why in at.unknown.items():
             head.add_row("", escape(f"{TITLES[category]} unknown: {why}"))
     if mem.not_seen_freed is not None:

@@ -368,6 +368,8 @@ class Agent:
         if advance_profiler:
             self.profiler.advance()  # may write the trace: between steps, not inside one
             self._measure_trace_start()
+            if self.profiler.prof is None:  # the trace is written (or fsdpviz stood aside): done with groups
+                self.groups.remove()
         self._begin_step()
         self.observer.add(started_ns)
         self.observer.end_step(ending, unit_intervals=times.unit_intervals(), cuda_events=times.cuda_events)
@@ -470,6 +472,7 @@ class Agent:
             self.clock.flush(block=True)
             self.clock.close_writer()
             self.clock.remove()
+            self.groups.remove()
             if self.instrumentation is not None:
                 self.instrumentation.remove()
             for hook in self._hooks:

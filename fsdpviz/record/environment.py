@@ -18,6 +18,21 @@ BOOTSTRAP_DIR: Final = os.path.join(os.path.dirname(os.path.abspath(__file__)), 
 # fsdpviz's variables as the process found them (the recording's options, its id), kept here once a
 # rank has taken them out of its environment
 _LAUNCH_ENV: dict[str, str] = {}
+# What fsdpviz set in its own environment where the user had not (:func:`set_own_default`)
+_OWN_DEFAULTS: dict[str, str] = {}
+
+
+def set_own_default(name: str, value: str) -> None:
+    """Set ``name`` in this process's environment unless the user did (a setting of fsdpviz's own process,
+    such as Arrow's allocator for its tables): :func:`without_own_defaults` keeps it from a recorded command."""
+    if name not in os.environ:
+        os.environ[name] = value
+        _OWN_DEFAULTS[name] = value
+
+
+def without_own_defaults(env: dict[str, str]) -> dict[str, str]:
+    """``env`` without what :func:`set_own_default` set, so that a recorded command gets the user's environment."""
+    return {k: v for k, v in env.items() if k not in _OWN_DEFAULTS or _OWN_DEFAULTS[k] != v}
 
 
 def launch_environment() -> dict[str, str]:

@@ -93,9 +93,17 @@ class GroupLabels:
             self._replace(c10d, "_new_process_group_helper", self._watched(factory))
 
     def remove(self) -> None:
+        """Put torch back: its functions unwrapped, its gloo workers under their own name again
+        (idempotent; the profiler is done with them)."""
         for owner, name, original in reversed(self._restore):
             setattr(owner, name, original)
         self._restore.clear()
+        for tid, group in self.threads.items():
+            if thread_name(tid) == worker_thread_name(group):
+                try:
+                    (_TASKS / str(tid) / "comm").write_text(GLOO_WORKER_NAME)
+                except OSError:
+                    pass
 
     def name_workers(self) -> int:
         """Rename the gloo workers noted so far after their group; returns how many were renamed."""

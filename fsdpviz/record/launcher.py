@@ -27,10 +27,10 @@ from typing import Any
 
 from fsdpviz.errors import RunFolderError, UsageError
 from fsdpviz.record import runinfo
+from fsdpviz.record.environment import without_own_defaults
 from fsdpviz.record.options import ENV_OWNER_PID, ENV_RUN_ID, RecordOptions
 from fsdpviz.record.tail import StderrTail
 from fsdpviz.runfolder import (
-    CACHE_DIR,
     COMMAND_LOG,
     OWNED_ENTRIES,
     RANKS_DIR,
@@ -39,6 +39,7 @@ from fsdpviz.runfolder import (
     TIMERS_DIR,
     TRACES_DIR,
     RunInfo,
+    recording_entries,
 )
 
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "bootstrap"
@@ -79,23 +80,33 @@ def prepare_run_dir(run_dir: Path, *, force: bool, shared: bool) -> None:
     """Create the run folder; refuse to overwrite a recording unless ``force``; check it is writable
     and has room (:func:`check_free_space`) before anything is created or replaced.
 
-    ``force`` removes only what a recording writes (run.json, traces/, timers/, ranks/,
-    report.html), never other files. ``shared`` (multi-node) accepts an existing folder as is.
+    ``force`` removes only what a recording writes (run.json, report.html, the caches, the files a
+    recording writes in traces/, timers/, ranks/, logs/ and predictions/), never another file; a file of
+    the user's in a folder the next recording reads whole (traces/, timers/, ranks/) is refused before
+    anything is removed. ``shared`` (multi-node) accepts an existing folder as is.
     """
     if run_dir.exists() and not run_dir.is_dir():
         raise RunFolderError(f"{run_dir}: exists and is not a folder")
     existing = [p.name for p in run_dir.iterdir()] if run_dir.is_dir() else []
     if existing and not shared and not force:
         raise RunFolderError(f"{run_dir}: run folder exists and is not empty (use --force to replace it)")
+    remove, foreign = recording_entries(run_dir) if existing and not shared else ([], [])
+    if foreign:
+        names = ", ".join(str(p.relative_to(run_dir)) for p in foreign[:3]) + (
+            f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        is_, it = ("is", "it") if len(foreign) == 1 else ("are", "them")
+        raise RunFolderError(f"{run_dir}: --force removes only fsdpviz's files, and {names} {is_} not: the next "
+                             f"recording would read {it} as its own; move {it} out, or record into another folder")
     _probe_writable(run_dir)
     check_free_space(run_dir)
-    if existing and not shared:
-        for name in (*OWNED_ENTRIES, CACHE_DIR):
-            path = run_dir / name
-            if path.is_dir():
-                shutil.rmtree(path)
-            elif path.exists():
-                path.unlink()
+    for path in remove:
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+    for name in OWNED_ENTRIES:  # a folder of fsdpviz's left empty goes too; one with the user's files stays
+        with contextlib.suppress(OSError):
+            (run_dir / name).rmdir()
     try:
         for sub in (TRACES_DIR, TIMERS_DIR, RANKS_DIR):
             (run_dir / sub).mkdir(parents=True, exist_ok=True)
@@ -145,7 +156,7 @@ def check_free_space(run_dir: Path, env: Mapping[str, str] | None = None) -> Non
 def child_env(options: RecordOptions, base: dict[str, str] | None = None, run_id: str = "") -> dict[str, str]:
     """The command's environment: ours plus the options (and the run id the ranks write into their
     traces), with the bootstrap first on PYTHONPATH."""
-    env = dict(os.environ if base is None else base)
+    env = without_own_defaults(dict(os.environ if base is None else base))
     env.update(options.to_env())
     if run_id:
         env[ENV_RUN_ID] = run_id
@@ -163,7 +174,8 @@ def run_command(command: list[str], env: dict[str, str], tail: StderrTail | None
     )
     stderr_fd = tail.start() if tail is not None else None
     try:
-        proc = subprocess.Popen(command, env=env, stderr=stderr_fd, **group_kwargs)
+        stdout_fd = stderr_fd if tail is not None and tail.stdout_too else None
+        proc = subprocess.Popen(command, env=env, stdout=stdout_fd, stderr=stderr_fd, **group_kwargs)
     except OSError as exc:
         if tail is not None:
             tail.finish()
@@ -269,7 +281,7 @@ def record(command: list[str], options: RecordOptions, *, force: bool = False, s
     if shared:
         wait_for_other_nodes(run_dir)
     rank_infos, unreadable = runinfo.read_rank_infos(run_dir)
-    notes = runinfo.tidy_partial_files(run_dir, rank_infos) + runinfo.failure_notes(last_lines)
+    notes = runinfo.tidy_partial_files(run_dir, rank_infos) + (runinfo.failure_notes(last_lines) if exit_code else [])
     runinfo.mark_vanished_ranks(rank_infos)
     status, reason = runinfo.decide_status(exit_code, forwarded, rank_infos)
     command_log = write_command_log(run_dir, last_lines) if exit_code != 0 else None

@@ -31,10 +31,12 @@ import torch
 
 from fsdpviz import __version__
 from fsdpviz.runfolder import PARTIAL_SUFFIX
+from fsdpviz.vocabulary import GLOO_THREAD_PREFIX
 
 Finish = Callable[[str, "str | None"], None]  # finish(status, reason)
 
 GLOO_WORKER = b"pt_gloo_runloop"  # the thread name ProcessGroupGloo gives its work loops
+GLOO_RENAMED = GLOO_THREAD_PREFIX.encode()  # the name record/groups.py gives a worker while it profiles
 GLOO_PAUSE_S = 0.1
 
 
@@ -143,7 +145,9 @@ def gloo_workers() -> int:
     for task in tasks:
         try:
             with open(f"/proc/self/task/{task}/comm", "rb") as comm:
-                count += comm.read().strip() == GLOO_WORKER
+                name = comm.read().strip()
+                # torch's name, or the one the recorder gives a worker while it profiles (record/groups.py)
+                count += name == GLOO_WORKER or name.startswith(GLOO_RENAMED)
         except OSError:  # the thread ended meanwhile
             continue
     return count

@@ -8,6 +8,10 @@ the rank's file descriptor 2 therefore points into a pipe; a thread reads it and
 byte to the real stderr unchanged, except whole lines that match :data:`PROFILER_LINES`, which go to
 ``logs/rank{R}.log`` in the run folder instead.
 
+Where the rank's stdout and stderr go to one file or pipe (``> log 2>&1``, or the launcher's one pipe
+for both: record/tail.py), descriptor 1 points into the same pipe while the filter runs, so that what
+the rank writes to the two keeps its order.
+
 Forwarding is immediate: a partial line (a progress bar redrawn with ``\\r``) is passed on as soon as
 it arrives, unless it could still become a profiler line (it starts like one); such a line is held
 until its end arrives or for at most :data:`HOLD_S`. The pipe gets a large buffer, so a burst of
@@ -27,6 +31,8 @@ import sys
 import threading
 from pathlib import Path
 from typing import BinaryIO, Final
+
+from fsdpviz.record.tail import one_destination
 
 PROFILER_LINES: Final = re.compile(
     rb"^(?:USDT:|STAGE:)"  # Kineto's start / stop / stage lines
@@ -53,6 +59,7 @@ class ProfilerLogFilter:
         self.log_path = log_path
         self.captured = 0  # profiler lines moved to the log
         self._saved: int | None = None
+        self._saved_out: int | None = None  # descriptor 1, where it went where 2 goes
         self._read: int | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -76,6 +83,13 @@ class ProfilerLogFilter:
             fcntl.fcntl(write, _F_SETPIPE_SZ, PIPE_BYTES)
         except (ImportError, OSError):  # a smaller buffer still works
             pass
+        if one_destination(1, 2):
+            try:
+                sys.stdout.flush()
+                self._saved_out = os.dup(1)
+                os.dup2(write, 1)
+            except (OSError, ValueError, AttributeError):
+                self._saved_out = None
         os.dup2(write, 2)
         os.close(write)
         self._saved, self._read = saved, read
@@ -93,6 +107,14 @@ class ProfilerLogFilter:
         except (OSError, ValueError, AttributeError):
             pass
         self._saved = None
+        if self._saved_out is not None:
+            try:
+                sys.stdout.flush()
+            except (OSError, ValueError, AttributeError):
+                pass
+            os.dup2(self._saved_out, 1)
+            os.close(self._saved_out)
+            self._saved_out = None
         os.dup2(saved, 2)  # closes this process's last write end of the pipe
         if self._thread is not None:
             self._thread.join(timeout=1.0)  # EOF unless a forked child still holds the pipe

@@ -4,8 +4,10 @@ When a command fails before any rank records (a mistyped script name, an import 
 argument), what the user needs to read is what the command said last. ``fsdpviz record`` therefore
 gives the command's descriptor 2 a pipe, or a pseudo-terminal when its own stderr is a terminal (so
 that the command still sees one: colours and progress bars stay as they were), and a thread copies
-every byte to the real stderr as it arrives and keeps the last :data:`KEEP_BYTES` of it. stdout and
-stdin are the command's own, untouched.
+every byte to the real stderr as it arrives and keeps the last :data:`KEEP_BYTES` of it. stdin and
+stdout are the command's own, untouched, unless stdout and stderr go to one file or pipe that is not a
+terminal (``> train.log 2>&1``, ``2>&1 | tee``): the command's stdout then goes into the same pipe, so
+that what it writes to the two keeps its order in that file, as bare (:func:`one_destination`).
 
 Anything unexpected (no pty on this system, no file descriptors left) leaves stderr as it is: the
 command runs as it would without fsdpviz, and no lines are kept.
@@ -40,6 +42,7 @@ class StderrTail:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._old_winch: Any = None
+        self.stdout_too = False  # the command's stdout goes into the same pipe (see the module docstring)
 
     def start(self) -> int | None:
         """Open the pipe or pty and start forwarding; the descriptor for the command, or None."""
@@ -58,7 +61,8 @@ class StderrTail:
                 self._copy_size(out_fd)
             else:
                 self._read_fd, self._write_fd = os.pipe()
-        except (OSError, ImportError):
+                self.stdout_too = one_destination(sys.stdout.fileno(), out_fd)
+        except (OSError, ImportError, AttributeError, ValueError):
             self._close_all()
             return None
         self._thread = threading.Thread(target=self._forward, args=(out_fd,), name="fsdpviz-stderr", daemon=True)
@@ -125,6 +129,15 @@ class StderrTail:
                 with contextlib.suppress(OSError):
                     os.close(fd)
         self._read_fd = self._write_fd = None
+
+
+def one_destination(first: int, second: int) -> bool:
+    """Whether descriptors ``first`` and ``second`` write to one file or pipe that is not a terminal
+    (``> log 2>&1``): what a process writes to the two must then reach it in the order written."""
+    try:
+        return os.path.samestat(os.fstat(first), os.fstat(second)) and not os.isatty(first)
+    except OSError:
+        return False
 
 
 def _chunks(fd: int) -> Iterator[bytes]:

@@ -154,3 +154,36 @@ def test_force_replaces_the_recording_and_keeps_the_users_files(tmp_path: Path) 
     assert list((run_dir / "traces").iterdir()) == [] and list((run_dir / "timers").iterdir()) == []
     run = json.loads((run_dir / "run.json").read_text())
     assert run["label"] == "run" and run["status"] == "ok" and run["command"][-1].startswith("open(")
+
+
+def test_force_keeps_the_users_files_in_fsdpvizs_folders(tmp_path: Path) -> None:
+    # GIVEN an earlier recording whose logs/ and predictions/ also hold files of the user's
+    run_dir, marker = tmp_path / "run", tmp_path / "ran"
+    _previous_run(run_dir)
+    (run_dir / "logs").mkdir()
+    (run_dir / "predictions").mkdir()
+    mine = {"logs/train.log": b"my training log", "predictions/my-notes.json": b'{"mine": true}'}
+    theirs = {"logs/rank0.log": b"USDT: profiler_start", "logs/command.log": b"last lines",
+              "predictions/wrap-root.json": json.dumps({"name": "wrap root", "predicted": {"step_time_ms": 1.0}}).encode()}
+    for name, data in {**mine, **theirs}.items():
+        (run_dir / name).write_bytes(data)
+    # WHEN it is recorded again with --force
+    done = run_record(run_dir, _marker_command(marker), "--force")
+    # THEN fsdpviz's files are gone and the user's are there, byte for byte
+    assert done.returncode == 0 and marker.exists(), done.stderr
+    assert {name: (run_dir / name).read_bytes() for name in mine} == mine
+    assert not any((run_dir / name).exists() for name in theirs)
+
+
+def test_force_refuses_a_users_file_where_the_recording_reads_every_file(tmp_path: Path) -> None:
+    # GIVEN an earlier recording with the user's own trace put into its traces/ folder
+    run_dir, marker = tmp_path / "run", tmp_path / "ran"
+    before = _previous_run(run_dir)
+    (run_dir / "traces" / "my_own_profile.json").write_bytes(b'{"traceEvents": []}')
+    before["traces/my_own_profile.json"] = b'{"traceEvents": []}'
+    # WHEN it is recorded again with --force
+    done = run_record(run_dir, _marker_command(marker), "--force")
+    # THEN one line says why, nothing ran and nothing was removed
+    _one_error(done, f"{run_dir}: --force removes only fsdpviz's files, and traces/my_own_profile.json is not")
+    assert not marker.exists()
+    assert {name: (run_dir / name).read_bytes() for name in before} == before

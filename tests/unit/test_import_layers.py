@@ -44,7 +44,9 @@ ALLOWED: dict[str, set[str]] = {
     "commands": BASE | {"runfolder", "naming", "trace", "structure", "analysis", "replay", "whatif", "report", "record",
                         "cache"},
     "api": BASE | {"runfolder", "naming", "trace", "structure", "analysis", "replay", "whatif", "report", "cache"},
-    "cli": BASE | {"commands"},
+    # record: the process's own environment settings, which a recorded command must not inherit
+    # (fsdpviz.record.environment, which imports nothing heavy)
+    "cli": BASE | {"commands", "record"},
 }
 # Third-party packages a part must never import (the parser and analysis run where no torch is
 # installed, and fast; plotting belongs to report/).

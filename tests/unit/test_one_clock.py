@@ -351,12 +351,14 @@ def test_a_cpu_recording_bound_by_exposed_communication_is_advised_fewer_units(
 
 
 def test_advice_names_only_the_setting_whatif_stands_behind(session_memo: Callable[..., Any]) -> None:
-    """The committed FSDP2 gradient-accumulation recording (2 CPU ranks): exposed communication bounds
-    it and root is advised; merge:2, which the knob's words had named beside it, is within the
-    recording's spread by whatif's own prediction, so the words name root alone."""
+    """A committed FSDP2 recording of two micro-batches a step (2 CPU ranks, Adam, memory_train.py): root
+    is advised; merge:2, which the knob's words had named beside it, is within the recording's spread by
+    whatif's own prediction, so the words name root alone. (Which recording shows both hangs on the
+    spread its steps were recorded with: the gradient-accumulation one did until it was recorded again
+    with a spread of 105 ms on a 140 ms step, where root is not advised either.)"""
     from fsdpviz.analysis.pipeline import analyse
 
-    folder = Path(__file__).parents[1] / "recorded" / "grad-accum-fsdp2" / "run"
+    folder = Path(__file__).parents[1] / "recorded" / "memory-adam-amsgrad+model-zero-grad+2-micro" / "run"
     result = session_memo(("recorded", folder), lambda: analyse([folder], cache=False))
     summary = completed_summary(result)
     model, _ = summary_model(result)

@@ -151,6 +151,31 @@ def test_decide_status_from_exit_code_signal_and_ranks() -> None:
     assert runinfo.exit_code_of(-15) == 143 and runinfo.exit_code_of(3) == 3
 
 
+def test_a_missing_script_is_named_though_the_launchers_report_comes_after_it() -> None:
+    # torchrun of a script that is not there: python's line, then torchrun's report (a real run's stderr)
+    lines = ["/usr/bin/python: can't open file '/tmp/run/nonexist_train.py': [Errno 2] No such file or directory",
+             ("W1202 16:12:56.433000 7849 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process "
+             "7855 closing signal SIGTERM"), "Traceback (most recent call last):",
+             "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:", "  exitcode  : 2 (pid: 7854)"]
+    assert runinfo.failure_notes(lines) == [
+        ("the command said: /usr/bin/python: can't open file '/tmp/run/nonexist_train.py': [Errno 2] No such file "
+        "or directory")]
+    assert runinfo.failure_notes(lines[1:]) == []
+
+
+def test_the_reason_names_the_rank_that_failed_first() -> None:
+    # rank 1 raised; rank 0 failed 1.3 s later only because its peer was gone (a real 2-rank run's rank files)
+    peer_gone = {"rank": 0, "status": "failed", "end_time": "2026-12-02T16:10:12.669+00:00",
+                 "reason": "RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:16779."}
+    raised = {"rank": 1, "status": "failed", "end_time": "2026-12-02T16:10:11.346+00:00",
+              "reason": "RuntimeError: my deliberate failure at step 7"}
+    for ranks in ([peer_gone, raised], [raised, peer_gone]):
+        assert runinfo.decide_status(1, None, ranks) == (
+            "failed", "command exited with code 1; rank 1: RuntimeError: my deliberate failure at step 7")
+    # a rank without an end time (an older rank file) comes after those with one
+    assert runinfo.decide_status(1, None, [{**peer_gone, "end_time": None}, raised])[1].endswith("at step 7")
+
+
 def _rank_info(rank: int, **extra: Any) -> dict[str, Any]:
     return {"rank": rank, "world_size": 4, "host": f"node{rank // 2}", "framework": "fsdp1", "pid": 100 + rank,
             "units": [{"unit": "(root)", "order": 0}], "versions": {"torch": "2.13.0", "cuda": None},

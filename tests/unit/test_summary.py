@@ -157,6 +157,7 @@ def test_sample_cpu_traces(repo_root: Path) -> None:
 
 def test_terminal_summary_prints_bracketed_names_and_knobs_as_text(capsys: pytest.CaptureFixture[str]) -> None:
     """Unit names like ``[norm, output]`` and knobs like ``[next units]`` are text, not rich markup."""
+    from fsdpviz.analysis.memory_categories import CATEGORIES, PeakCategories
     from fsdpviz.analysis.summary import MemorySummary, OverlapSummary, Summary
     from fsdpviz.analysis.units import UnitSummary
     from fsdpviz.commands.summary import print_summary
@@ -168,7 +169,11 @@ def test_terminal_summary_prints_bracketed_names_and_knobs_as_text(capsys: pytes
         framework="fsdp2", world_size=1, ranks=[0], steps=[3], step_time_ms=1.0, device="cpu",
         overlap=OverlapSummary(comm_ms=1.0, compute_ms=1.0, exposed_comm_ms=0.5, overlap_pct=1.0, idle_ms=0.0,
                                per_rank={}),
-        memory=MemorySummary(peak_allocated_bytes=None, peak_reserved_bytes=None, device=None, per_rank={}),
+        memory=MemorySummary(peak_allocated_bytes=3 << 20, peak_reserved_bytes=None, device=None, per_rank={},
+                             categories=dict.fromkeys(CATEGORIES, 1 << 20),
+                             categories_at=PeakCategories(rank=0, step=3, unit="[norm, output]", phase="backward",
+                                                          allocated_bytes=3 << 20,
+                                                          categories=dict.fromkeys(CATEGORIES, 1 << 20))),
         units=[unit], sources=[], run_dir="runs/[x]", missing_ranks=[], skipped_events=0,
         findings=[Finding(kind="exposed_all_gather", lost_ms_per_step=0.5, message="[norm, output]: exposed",
                           knob="module.set_modules_to_forward_prefetch([next units])")],
@@ -178,7 +183,8 @@ def test_terminal_summary_prints_bracketed_names_and_knobs_as_text(capsys: pytes
     summary = msgspec.structs.replace(summary, actions=build_actions(summary.findings, None))
     print_summary(summary)
     out = " ".join(capsys.readouterr().out.split())
-    for text in ("runs/[x]", "[norm, output]", "set_modules_to_forward_prefetch([next units])", "[rank 0] said so"):
+    for text in ("runs/[x]", "[norm, output]", "set_modules_to_forward_prefetch([next units])", "[rank 0] said so",
+                 "(rank 0, step 3, during [norm, output] backward)"):  # where the peak was
         assert text in out, text
 
 

@@ -4,8 +4,8 @@
 
 Each step it writes one JSON line: its own peak resident memory (Linux ``VmHWM``, the counter
 ``fsdpviz record`` used to reset each step), a hash of torch's RNG state, grad mode, the deterministic
-and cuDNN / TF32 flags, the thread count, the environment variables fsdpviz sets (``FSDPVIZ_*``,
-``PYTHONPATH``) and whether ``sys.path`` holds fsdpviz's bootstrap. At step ``--spike-step`` it allocates
+and cuDNN / TF32 flags, the thread count, its environment (every variable's name, and the values of those
+torchrun does not draw anew each run: fsdpviz's ``FSDPVIZ_*`` or Arrow's among them) and whether ``sys.path`` holds fsdpviz's bootstrap. At step ``--spike-step`` it allocates
 and touches a 256 MiB buffer and frees it: from then on a peak counter that nobody resets stays above
 the spike. Run bare and under ``fsdpviz record``, the two must print the same view (tests/integration/
 test_record.py), except the RSS values, which the profiler's own buffers raise. ``--idle-ms`` makes
@@ -48,10 +48,28 @@ def view() -> dict[str, object]:
         "cudnn": [torch.backends.cudnn.enabled, torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32],
         "tf32": torch.backends.cuda.matmul.allow_tf32,
         "threads": torch.get_num_threads(),
-        "env": sorted(k for k in os.environ if k.startswith("FSDPVIZ_")),
+        # every variable's name, and the values of those the launcher does not draw anew for each run
+        "env": sorted(k for k in os.environ),
+        "env_values": {k: v for k, v in sorted(os.environ.items())
+                       if not k.startswith(("TORCHELASTIC_", "MASTER_PORT", "FSDPVIZ_TEST_JOB"))},
         "pythonpath": os.environ.get("PYTHONPATH"),
         "bootstrap_on_path": any(p.rstrip("/").endswith("record/bootstrap") for p in sys.path),
     }
+
+
+def end_view() -> dict[str, object]:
+    """After the last step: the names of gloo's worker threads, and whether torch.distributed's group
+    functions are torch's own (a wrapper made with functools.wraps carries ``__wrapped__``)."""
+    try:
+        names = sorted(Path(f"/proc/self/task/{t}/comm").read_text().strip() for t in os.listdir("/proc/self/task"))
+    except OSError:
+        names = []
+    from torch.distributed import distributed_c10d as c10d
+
+    return {"gloo_threads": [n for n in names if n.startswith(("pt_gloo", "gloo"))],
+            "wrapped": sorted(name for name, fn in (*vars(c10d.ProcessGroup).items(),
+                                                    ("_new_process_group_helper", c10d._new_process_group_helper))
+                              if hasattr(fn, "__wrapped__"))}
 
 
 def main() -> None:
@@ -84,6 +102,7 @@ def main() -> None:
             spike = torch.ones(SPIKE_BYTES // 4)  # touched: resident
             del spike
         lines.append(json.dumps({"step": step, "peak_rss": peak_rss(), **view()}))
+    lines.append(json.dumps({"end": end_view()}))
     Path(args.out.format(rank=rank)).write_text("\n".join(lines) + "\n")
     dist.destroy_process_group()
 
