@@ -209,13 +209,17 @@ def regrouped(rec: Recording, settings: Settings) -> tuple[dict[str, str], list[
 def _match(rec: Recording, pattern: str) -> dict[str, str]:
     regex = re.compile(pattern)
     modules = {u: rec.modules.get(u, unit_modules(u)) for u in rec.units if u != ROOT_UNIT}
-    known = sorted({m for ms in modules.values() for m in ms} | {_parent(m) for ms in modules.values() for m in ms})
+    known = sorted({a for ms in modules.values() for m in ms for a in _ancestors(m)})
     matched = [m for m in known if m and regex.search(m)]
     # a matched module strictly inside a recorded unit's module, and no unit's own module, would take
     # part of that unit's parameters; a matched nested unit (match:experts$ inside blocks.4) is a
-    # recorded unit with its own times, and stays one while its parent goes to its own holder
+    # recorded unit with its own times, and stays one while its parent goes to its own holder. A
+    # matched container whose parameters all belong to units it holds whole (a ModuleList of experts,
+    # each sharded apart, inside its block) takes nothing of its block's: its units become one, as a
+    # merge makes them (run.json's parameter names say so; without them it is refused)
     own = {m for ms in modules.values() for m in ms}
-    finer = [m for m in matched if m not in own and any(m.startswith(x + ".") for x in own)]
+    finer = [m for m in matched if m not in own and any(m.startswith(x + ".") for x in own)
+             and _splits_a_unit(rec, modules, m) is not False]
     if finer:
         raise UsageError(f"--wrap match:{pattern} makes units inside recorded units ({', '.join(finer[:3])}): "
                          "that needs per-module times, which this recording does not have")
@@ -226,7 +230,9 @@ def _match(rec: Recording, pattern: str) -> dict[str, str]:
     out = {ROOT_UNIT: ROOT_UNIT} if ROOT_UNIT in rec.units else {}
     for unit, ms in modules.items():
         holders = [m for m in matched if any(x == m or x.startswith(m + ".") for x in ms)]
-        holder = min(holders, key=len) if holders else ROOT_UNIT
+        # the innermost matched module holds it, as FSDP2 shards a module matched inside another apart
+        # (match:^blocks\.\d+$|experts$ keeps each block's experts a unit of their own)
+        holder = max(holders, key=len) if holders else ROOT_UNIT
         left = [x for x in ms if holders and not (x == holder or x.startswith(holder + "."))]
         if left:  # FSDP shards a unit whole: one of several modules cannot become a unit of its own
             raise UsageError(
@@ -245,8 +251,24 @@ def _match(rec: Recording, pattern: str) -> dict[str, str]:
     return {unit: names.get(holder, holder) for unit, holder in out.items()}
 
 
-def _parent(fqn: str) -> str:
-    return fqn.rpartition(".")[0]
+def _ancestors(fqn: str) -> list[str]:
+    """``fqn`` and every module above it (``blocks.0.moe.experts``, ``blocks.0.moe``, ``blocks.0``, ``blocks``)."""
+    parts = fqn.split(".")
+    return [".".join(parts[:i]) for i in range(len(parts), 0, -1)]
+
+
+def _splits_a_unit(rec: Recording, modules: dict[str, list[str]], module: str) -> bool | None:
+    """Whether ``module`` holds parameters of a recorded unit (the root included) that it does not hold
+    whole, so that a unit made of it would take part of that unit's parameters; None where run.json
+    does not list every unit's parameters."""
+    names = rec.unit_param_names
+    if not names or any(u not in names for u in rec.units if u != ROOT_UNIT):
+        return None
+    for unit, params in names.items():
+        whole = unit != ROOT_UNIT and all(x == module or x.startswith(module + ".") for x in modules.get(unit, [unit]))
+        if not whole and any(p.startswith(module + ".") for p in params):
+            return True
+    return False
 
 
 def _all_names(rec: Recording) -> list[str]:

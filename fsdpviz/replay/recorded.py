@@ -163,6 +163,9 @@ class Recording:
     unit_params: dict[str, tuple[int, ...]] = field(default_factory=dict)
     """Per unit, its parameters' unsharded elements in the framework's order, where run.json lists them
     (ZeRO-3 buckets parameters: :mod:`.zero3_fetch`)."""
+    unit_param_names: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Per unit, its own parameters' names (from the model's root), where run.json lists them: whether a
+    module a ``match:`` wrap names holds a unit's parameters (:func:`.program.group_units`)."""
     serial_collectives: bool = False
     """GPU: FSDP's collectives ran on a host backend (gloo on CUDA tensors). FSDP's all-gather and
     reduce labels hold the host while their gloo op runs, so one rank's collectives run one after

@@ -192,6 +192,7 @@ def read_recording(result: RunResult, ranks: Sequence[int] | None = None, per_op
         prefetch_depths=(prefetch_args.fsdp2_depths(result.traces.run) if analysis.framework == vocabulary.FSDP2
                          else None),
         unit_numels=facts.unit_numels(result), unit_params=facts.unit_params(result),
+        unit_param_names=facts.unit_param_names(result),
         steps=programs, ranks_per_host=facts.ranks_per_host(result), cpu_count=facts.cpu_count(result), notes=notes,
         host_ops_per_step=sum(op_counts) / len(op_counts) if op_counts else 0.0,
         reshard_sizes=facts.reshard_sizes(result),

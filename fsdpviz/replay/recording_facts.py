@@ -96,6 +96,12 @@ def unit_params(result: RunResult) -> dict[str, tuple[int, ...]]:
     return {u.unit: tuple(n for _, n in u.params) for u in run.units if u.params} if run is not None else {}
 
 
+def unit_param_names(result: RunResult) -> dict[str, tuple[str, ...]]:
+    """Per unit, its own parameters' names as run.json lists them (from the model's root)."""
+    run = result.traces.run
+    return {u.unit: tuple(str(name) for name, _ in u.params) for u in run.units if u.params} if run is not None else {}
+
+
 def ranks_per_host(result: RunResult) -> int:
     run = result.traces.run
     if run is None or not run.hosts:
