@@ -535,14 +535,25 @@ def prefetch_finding(c: Comparison) -> list[Finding]:
         e_deep, e_shallow = exposed.get(deep), exposed.get(shallow)
         message = (f"{deep} issues its {phase} all-gathers earlier: on average {known[deep]:.1f} units are still "
                    f"computing when a gather starts, against {known[shallow]:.1f} in {shallow}")
-        if not (c.is_ranked(c.labels.index(deep)) and c.is_ranked(c.labels.index(shallow))):
+        i, j = c.labels.index(deep), c.labels.index(shallow)
+        better = None
+        if not (c.is_ranked(i) and c.is_ranked(j)):
             message += f"; their exposed {phase} all-gather time is not compared: the runs are on different clocks"
         elif e_deep is not None and e_shallow is not None:
-            verdict = "less" if e_deep < e_shallow else "not less"
-            message += (f"; its exposed {phase} all-gather time is {verdict}: {ms_text(e_deep)} vs {ms_text(e_shallow)} "
-                        "per step")
+            # held to the tests of the runs' exposed communication (the noise, then the steps' spread), of
+            # which this is a part: a part moving more than the whole is told apart only with it
+            key = "overlap.exposed_comm_ms"
+            why = (unranked(c, key, i, j, "Their exposed communication")
+                   or not_apart(c, key, i, j, noise_ms(c.runs[i], c.runs[j], "exposed_comm_ns")))
+            said = f"{ms_text(e_deep)} vs {ms_text(e_shallow)} per step"
+            if why:
+                message += (f"; its exposed {phase} all-gather time reads {said}, but the runs' exposed "
+                            f"communication is not told apart ({why.rstrip('.')}), so neither is named better")
+            else:
+                message += f"; its exposed {phase} all-gather time is {'less' if e_deep < e_shallow else 'not less'}: {said}"
+                better = deep if e_deep < e_shallow else None
         out.append(_finding("prefetch", message + ".", "mean over units of the median issue depth "
-                            "(units computing when the gather began)", deep,
+                            "(units computing when the gather began)", better,
                             {f"{phase}_issue_depth": known,
                              f"exposed_{phase}_all_gather_ms": {k: v for k, v in exposed.items() if v is not None}}))
     return out
