@@ -245,8 +245,10 @@ def gather_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, framework: st
                         "backward; costs its unsharded size in memory)")
         elif m["depth"] < 0.5:
             late = _previous_ended_before_issue(spans, unit, phase, prev)
-            cause = (f"issued only after {prev} had finished computing (nothing prefetched it)" if late
-                     else f"started only after {prev} had finished computing")
+            # a unit nested in prev (experts in their block) follows the part of prev's pass before it
+            before = f"the part of {prev} before it ({prev} holds it)" if unit.startswith(prev + ".") else prev
+            cause = (f"issued only after {before} had finished computing (nothing prefetched it)" if late
+                     else f"started only after {before} had finished computing")
             code = CAUSE_NOT_PREFETCHED if late else CAUSE_STARTED_LATE
             knob = _PREFETCH_KNOB.get((framework, phase), "")
         else:
