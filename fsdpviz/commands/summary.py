@@ -267,7 +267,8 @@ def print_summary(summary: Summary, *, stderr: bool = False) -> None:
         from fsdpviz.analysis.actions import action_texts
 
         # A list rather than a table: actions are sentences, and a table squeezes them into slivers.
-        console.print("[italic]actions (the bound first, then most time lost per step)[/italic]")
+        console.print("[italic]actions (the bound first; then the advised ones and the others, each by time lost per "
+                      "step; the profiler's cost, which the run does not pay, last)[/italic]")
         for a, text in zip(shown, action_texts(shown), strict=True):
             console.print(f"  {_fmt(a.lost_ms_per_step):>8} ms  {escape(text)}", highlight=False)
         folded = len(summary.actions) - len(shown)

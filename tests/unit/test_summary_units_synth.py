@@ -70,7 +70,8 @@ def test_summary_lists_findings_with_the_models_exposed_time(tmp_path, capsys) -
         main(["summary", str(run.folder)])
     assert done.value.code == 0
     text = " ".join(capsys.readouterr().out.split())  # undo the terminal's line wrapping
-    assert "actions (the bound first, then most time lost per step)" in text
+    assert ("actions (the bound first; then the advised ones and the others, each by time lost per step; the "
+            "profiler's cost, which the run does not pay, last)") in text
     # the actions --json lists, the first five shown (alike findings in one line), the rest counted
     shown = [a for a in actions if not a["folded"]]
     assert shown and all(" ".join(a["message"].split()) in text for a in shown)
