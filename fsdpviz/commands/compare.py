@@ -81,7 +81,9 @@ def compare(
             run_json["clock"] = msgspec.to_builtins(completed.clock)
         sys.stdout.write(json.dumps(out, indent=2) + "\n")
     else:
-        print_comparison(comparison)
+        from fsdpviz.whatif.saved import load_predictions
+
+        print_comparison(comparison, [(run.label, p) for run in loaded for p in load_predictions(run.traces.run_dir)])
     if target is not None:
         result = build_compare(loaded, target, comparison=comparison, progress=say)
         say(f"wrote {result.path} ({result.size_bytes / 1e6:.1f} MB) in {time.perf_counter() - started:.1f} s")

@@ -6,6 +6,7 @@ that the page and ``compare --json`` read, so the three never disagree.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from fsdpviz.analysis.compare.model import (
@@ -18,6 +19,7 @@ from fsdpviz.analysis.compare.model import (
 from fsdpviz.analysis.compare.units import BY_FQN, BY_PARAM_SIZES, group_values
 from fsdpviz.commands.terminal import print_table
 from fsdpviz.formatting import format_bytes, format_ms, format_pct
+from fsdpviz.whatif.saved import SavedPrediction, headline_value
 
 BEST_MARK = "*"
 
@@ -70,6 +72,21 @@ def headline_rows(comparison: Comparison) -> list[list[str]]:
     return rows
 
 
+def prediction_rows(predictions: Sequence[tuple[str, SavedPrediction]]) -> list[list[str]]:
+    """[label, cell per saved prediction] for each headline number a prediction holds (the page's
+    predicted columns): value and delta against the run it was predicted from; "-" where it holds none."""
+    rows = []
+    for field in HEADLINE_FIELDS:
+        cells = []
+        for _, p in predictions:
+            value, base = headline_value(p, field.key)
+            delta = _delta(field, value - base) if value is not None and base is not None else ""
+            cells.append(value_text(field.unit, value) + (f" ({delta})" if delta else ""))
+        if any(c != "-" for c in cells):
+            rows.append([field.label, *cells])
+    return rows
+
+
 def unit_rows(comparison: Comparison) -> list[list[str]]:
     """[label, cell per run] for each unit group: the units of each run, then its numbers."""
     rows: list[list[str]] = []
@@ -97,8 +114,9 @@ def unit_rows(comparison: Comparison) -> list[list[str]]:
     return rows
 
 
-def print_comparison(comparison: Comparison) -> None:
-    """The headline and per-unit tables of a comparison on stdout, its findings, then its notes."""
+def print_comparison(comparison: Comparison, predictions: Sequence[tuple[str, SavedPrediction]] = ()) -> None:
+    """The headline and per-unit tables of a comparison on stdout, the runs' saved predictions (``(run
+    label, prediction)``, as the page shows them), its findings, then its notes."""
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
@@ -115,6 +133,16 @@ def print_comparison(comparison: Comparison) -> None:
         return table
 
     print_table(console, head, headline_rows(comparison), name_column=None)
+    if predictions:
+        def predicted() -> Table:
+            table = Table(title="saved predictions (fsdpviz whatif --save): predicted, not recorded; deltas against the "
+                                "run each was predicted from; - not predicted", title_justify="left")
+            table.add_column("", no_wrap=True)
+            for label, p in predictions:
+                table.add_column(escape(f"{label}: {p.name} ({p.mark})"), justify="right", no_wrap=True)
+            return table
+
+        print_table(console, predicted, prediction_rows(predictions), name_column=None)
     rows = unit_rows(comparison)
     if rows:
         basis = comparison.match.basis

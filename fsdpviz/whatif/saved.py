@@ -12,7 +12,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from fsdpviz.analysis.pipeline import RunResult
 from fsdpviz.errors import RunFolderError
@@ -72,6 +72,28 @@ class SavedPrediction:
         if self.measurable is False and isinstance(spread, (int, float)):
             said.append(within_spread_words(float(spread)))
         return "; ".join(said)
+
+
+# compare's headline rows a saved prediction holds: the row's key -> the prediction's key
+PREDICTED_KEYS: Final = {"step_time_ms": "step_time_ms", "overlap.exposed_comm_ms": "exposed_comm_ms",
+                         "overlap.comm_ms": "comm_ms", "overlap.compute_ms": "compute_ms",
+                         "memory.peak_allocated_bytes": "peak_allocated_bytes"}
+NOT_PREDICTED: Final = ("not predicted: fsdpviz whatif predicts the step, the communication and its exposed part, "
+                        "the model's compute, the units, the world size and the peak allocated memory")
+
+
+def headline_value(saved: SavedPrediction, key: str) -> tuple[Any, Any]:
+    """The prediction's value of compare's headline row ``key`` and the recorded one it was predicted from
+    (each None where the prediction does not hold the row: :data:`NOT_PREDICTED`)."""
+    if key in PREDICTED_KEYS:
+        return saved.predicted.get(PREDICTED_KEYS[key]), saved.baseline.get(PREDICTED_KEYS[key])
+    if key == "n_units":
+        return len(saved.predicted.get("units") or []) or None, len(saved.baseline.get("units") or []) or None
+    if key == "world_size":
+        setting = (saved.predicted.get("settings") or {}).get("world_size") or {}
+        value = setting.get("value") if isinstance(setting, dict) else None
+        return (value if isinstance(value, int) else None), None
+    return None, None
 
 
 def _slug(text: str) -> str:

@@ -17,6 +17,7 @@ from fsdpviz.report.compare import plots as compare_plots
 from fsdpviz.report.compare.data import GROUP_METRICS, CompareData, describe_bytes, run_colors
 from fsdpviz.report.html import HtmlTable, LegendItem, Page, Section, TableCell
 from fsdpviz.report.style import EXPOSED_COLOR
+from fsdpviz.whatif.saved import NOT_PREDICTED, headline_value
 
 HOWTO_HEADLINE = (
     "One column per run; the first run is the baseline, and the small line under a number is the "
@@ -82,26 +83,18 @@ def _delta_text(field: HeadlineField, delta: Any, base: Any) -> str:
     return text
 
 
-# headline field -> the key of a saved prediction (fsdpviz whatif --save) that has it
-PREDICTED_KEYS = {"step_time_ms": "step_time_ms", "overlap.exposed_comm_ms": "exposed_comm_ms",
-                  "overlap.comm_ms": "comm_ms", "overlap.compute_ms": "compute_ms",
-                  "memory.peak_allocated_bytes": "peak_allocated_bytes"}
-
-
 def _predicted_cells(data: CompareData, field: HeadlineField) -> list[TableCell]:
-    """One cell per saved prediction: its value (against the run it was predicted from), or a dash."""
-    key = PREDICTED_KEYS.get(field.key)
+    """One cell per saved prediction: its value (against the run it was predicted from), or a dash that
+    says why."""
     cells = []
     for label, p in data.predictions:
-        if key is None:
-            value: Any = (len(p.predicted.get("units") or []) or None) if field.key == "n_units" else None
-        else:
-            value = p.predicted.get(key)
-        base = p.baseline.get(key) if key else None
-        cells.append(TableCell(text=_value_text(field, value) if value is not None else "—",
-                               sub=_delta_text(field, value - base, base) if value is not None and base is not None
-                               else "", hint=f"predicted from {label}, not recorded"
-                               + (f"; {p.caveats}" if p.caveats else "")))
+        value, base = headline_value(p, field.key)
+        if value is None:
+            cells.append(TableCell(text="—", hint=f"{NOT_PREDICTED} (predicted from {label})"))
+            continue
+        cells.append(TableCell(text=_value_text(field, value),
+                               sub=_delta_text(field, value - base, base) if base is not None else "",
+                               hint=f"predicted from {label}, not recorded" + (f"; {p.caveats}" if p.caveats else "")))
     return cells
 
 
