@@ -543,15 +543,19 @@ def prefetch_finding(c: Comparison) -> list[Finding]:
             # held to the tests of the runs' exposed communication (the noise, then the steps' spread), of
             # which this is a part: a part moving more than the whole is told apart only with it
             key = "overlap.exposed_comm_ms"
-            why = (unranked(c, key, i, j, "Their exposed communication")
-                   or not_apart(c, key, i, j, noise_ms(c.runs[i], c.runs[j], "exposed_comm_ns")))
+            why = ("neither run has a step-to-step spread to hold it to" if not _spreads(c, key, i, j)
+                   else not_apart(c, key, i, j, noise_ms(c.runs[i], c.runs[j], "exposed_comm_ns")))
             said = f"{ms_text(e_deep)} vs {ms_text(e_shallow)} per step"
+            total = c.values[key]
             if why:
                 message += (f"; its exposed {phase} all-gather time reads {said}, but the runs' exposed "
-                            f"communication is not told apart ({why.rstrip('.')}), so neither is named better")
+                            f"communication is not told apart ({why}), so neither is named better")
             else:
                 message += f"; its exposed {phase} all-gather time is {'less' if e_deep < e_shallow else 'not less'}: {said}"
-                better = deep if e_deep < e_shallow else None
+                # named better only where the whole exposed communication, told apart, says so too
+                ti, tj = total[i], total[j]
+                whole_less = ti is not None and tj is not None and float(ti) < float(tj)
+                better = deep if e_deep < e_shallow and whole_less else None
         out.append(_finding("prefetch", message + ".", "mean over units of the median issue depth "
                             "(units computing when the gather began)", better,
                             {f"{phase}_issue_depth": known,
