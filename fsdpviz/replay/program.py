@@ -247,7 +247,9 @@ def _match(rec: Recording, pattern: str) -> dict[str, str]:
     for unit, holder in out.items():
         if holder != ROOT_UNIT:
             held.setdefault(holder, []).extend(modules[unit])
-    names = {holder: group_name(ms) for holder, ms in held.items()}
+    # a holder that is itself a held unit's module (a block matched, its nested experts not) is sharded
+    # as that module, which takes its unmatched nested units' parameters with it
+    names = {holder: holder if holder in ms else group_name(ms) for holder, ms in held.items()}
     return {unit: names.get(holder, holder) for unit, holder in out.items()}
 
 

@@ -97,9 +97,12 @@ def unit_params(result: RunResult) -> dict[str, tuple[int, ...]]:
 
 
 def unit_param_names(result: RunResult) -> dict[str, tuple[str, ...]]:
-    """Per unit, its own parameters' names as run.json lists them (from the model's root)."""
+    """Per unit, its own parameters' names as run.json lists them (from the model's root); where run.json
+    lists any unit's, a unit with none listed holds none (its parameters all in units nested in it)."""
     run = result.traces.run
-    return {u.unit: tuple(str(name) for name, _ in u.params) for u in run.units if u.params} if run is not None else {}
+    if run is None or not any(u.params for u in run.units):
+        return {}
+    return {u.unit: tuple(str(name) for name, _ in u.params) for u in run.units}
 
 
 def ranks_per_host(result: RunResult) -> int:

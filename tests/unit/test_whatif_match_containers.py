@@ -100,6 +100,11 @@ def test_a_list_of_expert_units_becomes_one_unit_and_takes_nothing_of_its_block(
     group = prog.group_units(rec, Settings(wrap=Wrap("match", pattern=r"experts$")))
     assert {group[b] for b in BLOCKS} == {ROOT_UNIT}
     assert group["blocks.1.moe.experts.2"] == _experts("blocks.1")
+    # the blocks alone: each block one unit of its own module, its experts' parameters with it (FSDP2's
+    # fully_shard of the block, the experts no longer sharded apart)
+    group = prog.group_units(rec, Settings(wrap=Wrap("match", pattern=r"^blocks\.\d+$")))
+    assert group == {ROOT_UNIT: ROOT_UNIT, **{b: b for b in BLOCKS},
+                     **{f"{b}.moe.experts.{e}": b for b in BLOCKS for e in range(EXPERTS)}}
     # moe holds the router, a parameter of its block's own unit: a unit of it would split the block
     with pytest.raises(UsageError, match=r"makes units inside recorded units \(blocks.0.moe, blocks.1.moe\)"):
         prog.group_units(rec, Settings(wrap=Wrap("match", pattern=r"moe$")))
@@ -117,7 +122,8 @@ def fake_group() -> Iterator[None]:
     yield from fake_process_group(2)
 
 
-def test_the_written_code_makes_fsdp2_build_the_predicted_units(fake_group: None) -> None:
+@pytest.mark.parametrize("pattern", [r"^blocks\.\d+$|experts$", r"^blocks\.\d+$"])
+def test_the_written_code_makes_fsdp2_build_the_predicted_units(fake_group: None, pattern: str) -> None:
     from torch.distributed.fsdp import FSDPModule
 
     torch.manual_seed(0)
@@ -125,7 +131,7 @@ def test_the_written_code_makes_fsdp2_build_the_predicted_units(fake_group: None
     names = {module: fqn for fqn, module in model.named_modules()}
     params = _params(model)
     rec = _recording(params)
-    settings = Settings(wrap=Wrap("match", pattern=r"^blocks\.\d+$|experts$"), sources={"wrap": GIVEN})
+    settings = Settings(wrap=Wrap("match", pattern=pattern), sources={"wrap": GIVEN})
     apply = apply_code(rec, params, settings, "wrap match")
     assert apply.code is not None, apply.note
     namespace: dict = {}
@@ -142,6 +148,7 @@ def test_the_written_code_makes_fsdp2_build_the_predicted_units(fake_group: None
             ".".join(x for x in (names[p._module_info.module], p._module_info.param_name) if x and x != ROOT_UNIT)
             for p in state._fsdp_param_group.fsdp_params)
     _, new_units, members = prog.regrouped(rec, settings)
-    assert len(new_units) == 1 + 2 * len(BLOCKS)  # the root, each block, each block's experts
+    # the root and each block, and each block's experts where they are matched
+    assert len(new_units) == 1 + len(BLOCKS) * (2 if "experts" in pattern else 1)
     assert got == {unit_modules(n)[0]: sorted(p for u in members[n] for p in params.get(u, [])) for n in new_units}
     sharded(torch.randint(32, (2, 8))).sum().backward()
