@@ -50,19 +50,24 @@ OWNED_ENTRIES: Final = (RUN_JSON, TRACES_DIR, TIMERS_DIR, RANKS_DIR, LOGS_DIR, R
 _OWN_FILES: Final = {
     TRACES_DIR: re.compile(r"rank\d+\.trace\.json(?:\.gz)?(?:\.partial)?(?:\.tmp)?"),
     TIMERS_DIR: re.compile(r"rank\d+\.jsonl(?:\.partial)?"),
-    RANKS_DIR: re.compile(r"rank\d+\.json(?:\.partial)?|run-id|\.write-test-\d+"),
+    RANKS_DIR: re.compile(r"rank\d+\.json(?:\.partial)?|run-id|\.write-test-\d+|\.run-id\..+"),
     LOGS_DIR: re.compile(r"rank\d+\.log|command\.log"),
     PREDICTIONS_DIR: re.compile(r"[^/]+\.json(?:\.partial)?"),
 }
-# Folders whose every file a recording reads (traces, timers, the ranks' facts): a file of the user's there
-# would be read as part of the next recording.
-READ_WHOLE: Final = (TRACES_DIR, TIMERS_DIR, RANKS_DIR)
+# The files a recording's readers take from its folders (the trace loader's, the timers', the ranks'
+# facts'): another such file of the user's there would be read as part of the next recording.
+_READ: Final = {
+    TRACES_DIR: re.compile(r".+\.json(?:\.gz)?"),
+    TIMERS_DIR: re.compile(r".+\.jsonl"),
+    RANKS_DIR: re.compile(r"rank.*\.json"),
+}
 
 
 def recording_entries(run_dir: Path) -> tuple[list[Path], list[Path]]:
     """What ``record --force`` removes from ``run_dir``: run.json, report.html, the caches and the files a
     recording writes in its folders (a prediction: a JSON file of ``whatif --save``'s form); and the other
-    files inside the folders of :data:`READ_WHOLE`, which it must neither remove nor read."""
+    files there that the next recording's readers would take as its own (a trace of the user's in
+    traces/), which it must neither remove nor read. Any other file stays."""
     remove: list[Path] = [run_dir / name for name in (RUN_JSON, REPORT_HTML, CACHE_DIR) if (run_dir / name).exists()]
     foreign: list[Path] = []
     for sub, own in _OWN_FILES.items():
@@ -73,7 +78,7 @@ def recording_entries(run_dir: Path) -> tuple[list[Path], list[Path]]:
             if path.name == CACHE_DIR or (own.fullmatch(path.name) and path.is_file()
                                           and (sub != PREDICTIONS_DIR or _saved_prediction(path))):
                 remove.append(path)
-            elif sub in READ_WHOLE:
+            elif sub in _READ and path.is_file() and _READ[sub].fullmatch(path.name):
                 foreign.append(path)
     return remove, foreign
 

@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # run.json's types load msgspec (and attrs): `fsdpviz --help`
 CONTEXT_SETTINGS = {"allow_interspersed_args": False}  # options after COMMAND belong to COMMAND
 MAX_UNITS_LISTED = 12  # the recording's line names this many units, then counts the rest
 LAST_LINES_SHOWN = 5  # a command that failed before recording: its last stderr lines repeated
+CANNOT_OPEN = "can't open file"  # python given a script that is not there
 EXAMPLE = """
 fsdpviz record -o runs/base -- torchrun --nproc_per_node 8 train.py
 """
@@ -129,6 +130,11 @@ def print_recording(run: RunInfo, run_dir: Path, last_lines: Sequence[str] = ())
         # last words say why, so they come first, not fsdpviz's guess at what was missing
         say(f"nothing recorded: the command exited with code {run.exit_code} before any process ran the "
             f"forward of an FSDP / ZeRO-3 model" + ("; its last lines:" if last_lines else ""))
+        # python's own word for a script it cannot open, where a launcher's report of the failure came after it
+        cause = next((line for line in last_lines[:-LAST_LINES_SHOWN] if CANNOT_OPEN in line), None)
+        if cause is not None:
+            say(f"  | {cause}")
+            say("  | ...")
         for line in last_lines[-LAST_LINES_SHOWN:]:
             say(f"  | {line}")
         if run.command_log:

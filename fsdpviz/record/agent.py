@@ -232,6 +232,8 @@ class Agent:
                                             elapsed_s=time.monotonic() - self._detect_time)
             self.observer.labels = self.profiler.labels_on
             self.observer.active = self.observer.active or self.observer.labels
+            if self.profiler.time_window and self.profiler.prof is None:  # the window's trace is written
+                self.groups.remove()
         if self.profiler.time_window and self.phase != "idle":
             self._end_step(advance_profiler=False, started_ns=started)  # without optimizer steps, a step is a forward
             started = time.perf_counter_ns()

@@ -104,6 +104,7 @@ class GroupLabels:
                     (_TASKS / str(tid) / "comm").write_text(GLOO_WORKER_NAME)
                 except OSError:
                     pass
+        self.threads.clear()  # done: a later call costs a step nothing
 
     def name_workers(self) -> int:
         """Rename the gloo workers noted so far after their group; returns how many were renamed."""

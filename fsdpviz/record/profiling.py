@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import sys
+import threading
 import time
 import warnings
 from typing import Any
@@ -67,6 +68,8 @@ class ProfilerDriver:
         self.failed = False  # the process ended by an exception or a signal (finish)
         self.stood_aside: str | None = None  # why fsdpviz left the thread's profiler to the script's own
         self._own_transition = False  # fsdpviz's profiler is starting its own trace (not the script's)
+        self._tracing = False  # fsdpviz's profiler has started its trace (Kineto records for it)
+        self._thread: int | None = None  # the training thread, where fsdpviz's profiler runs
         self._chained: Any = None  # torch's profiler-start callback, while fsdpviz's hook is in its place
 
     @property
@@ -99,6 +102,7 @@ class ProfilerDriver:
             self.prof.step_num = step
             self.recorded_steps.clear()  # the constructor asked about step 0
             self.prof.current_action = self.action(step)
+            self._thread = threading.get_ident()
             self._hook_script_profilers()
             if not self._transit(self.prof.start, step):
                 return
@@ -106,18 +110,18 @@ class ProfilerDriver:
 
     # One thread runs one torch profiler: a script that profiles itself and fsdpviz's schedule meet.
     # Whichever comes second, the script's own profiler keeps the thread and fsdpviz stands aside, with
-    # a note in run.json, so that the run goes on as it would bare.
+    # a note in run.json, so that the run goes on as it would bare: fsdpviz's profiler, even between its
+    # profiled steps, holds a step range open (ProfilerStep#N) that the script's trace would record.
 
     def _script_profiler_on(self) -> bool:
         """Whether a profiler that is not fsdpviz's is on in this thread (the script's own)."""
         enabled = getattr(torch.autograd, "_profiler_enabled", None)
-        ours = self.prof is not None and self.prof.current_action in _RECORDING_ACTIONS
-        return enabled is not None and not ours and bool(enabled())
+        return enabled is not None and not self._tracing and bool(enabled())
 
     def _transit(self, move: Any, step: int) -> bool:
         """Run ``move`` (the profiler's ``start`` or ``step`` into ``step``) unless the script's own profiler
-        holds the thread and fsdpviz's would prepare or record there; False when fsdpviz stood aside."""
-        if self._scheduled(step) != schedule.NONE and self._script_profiler_on():
+        is on in this thread; False when fsdpviz stood aside instead."""
+        if self._script_profiler_on():
             self._stand_aside(step, started=False)
             return False
         self._own_transition = True
@@ -130,6 +134,7 @@ class ProfilerDriver:
             return False
         finally:
             self._own_transition = False
+        self._tracing = self.prof is not None and self.prof.current_action in _RECORDING_ACTIONS
         return True
 
     def _hook_script_profilers(self) -> None:
@@ -143,8 +148,9 @@ class ProfilerDriver:
             return
 
         def on_profiler_start() -> None:
-            # a script's profiler starting while fsdpviz's has prepared (warm-up) or records its trace
-            if not self._own_transition and self.prof is not None and self.prof.current_action != ProfilerAction.NONE:
+            # a script's profiler starting on the training thread while fsdpviz's runs; one another thread
+            # starts is that thread's own and meets nothing of fsdpviz's
+            if not self._own_transition and self.prof is not None and threading.get_ident() == self._thread:
                 self._stand_aside(self.prof.step_num, started=True)
             chained()
 
@@ -160,21 +166,32 @@ class ProfilerDriver:
 
     def _stand_aside(self, step: int, *, started: bool) -> None:
         """Leave the thread's profiler to the script's own: fsdpviz's is stopped (its trace discarded) if it
-        had started its trace, else let go, since stopping a profiler that never started its trace would
-        stop the script's."""
-        prof, recording = self.prof, self.labels_on
+        had started its trace, else let go with its open step range closed, since stopping a profiler that
+        never started its trace would stop the script's."""
+        prof, tracing = self.prof, self._tracing
         self.prof = None
+        self._tracing = False
         self._discard = True
-        if prof is not None and recording:
+        if prof is not None and tracing:
             try:
-                prof.stop()
+                prof.stop()  # closes its step range too
             except RuntimeError:
                 pass
+        elif prof is not None and getattr(prof, "step_rec_fn", None) is not None:
+            try:
+                prof.step_rec_fn.__exit__(None, None, None)
+            except RuntimeError:
+                pass
+            prof.step_rec_fn = None
         first, last = self.options.warmup, self.options.warmup + self.options.steps - 1
         when = "started its own torch.profiler" if started else "ran its own torch.profiler"
-        self.stood_aside = (f"no trace: the script {when} at step {step}, where fsdpviz profiles steps {first}-{last} "
-                            "(one thread runs one profiler), so fsdpviz stood aside; the timers still ran. Record "
-                            "with --warmup and --steps outside the script's profiled steps, or with its profiler off")
+        where = f"a {self.options.window_s:g} s window" if self.time_window else f"steps {first}-{last}"
+        then = "the timers still ran" if self.options.timers else "no timers were asked for (--mode profile)"
+        advice = (f"with the script's profiler started after step {last}, once fsdpviz's trace is written, or "
+                  if not self.time_window else "")
+        self.stood_aside = (f"no trace: the script {when} at step {step}, where fsdpviz profiles {where} (one thread "
+                            f"runs one profiler), so fsdpviz stood aside; {then}. Record again {advice}with the "
+                            "script's profiler off")
         self.stop()
 
     def action(self, step_num: int) -> ProfilerAction:

@@ -17,6 +17,7 @@ import re
 import signal
 import socket
 from collections import Counter
+from datetime import datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -70,25 +71,18 @@ def _is_running(info: dict[str, Any] | None, host: str) -> bool:
     return True
 
 
-# Failures of a training script whose fix fsdpviz can name: (what the command's stderr says, the fix; None:
-# the line itself, which a launcher's own report of the failure pushes out of the last lines).
-KNOWN_FAILURES: tuple[tuple[str, str | None], ...] = (
+# Failures of a training script whose fix fsdpviz can name: (what the command's stderr says, the fix).
+KNOWN_FAILURES: tuple[tuple[str, str], ...] = (
     ("FSDP needs a non-CPU accelerator device",
      ('FSDP1 on CPU needs device_id=torch.device("cpu") in FullyShardedDataParallel(...): without it, '
       "FSDP1 looks for a GPU and stops before the first forward (FSDP2's fully_shard runs on CPU as it is)")),
-    ("can't open file", None),  # python given a script that is not there
 )
 
 
 def failure_notes(last_lines: list[str]) -> list[str]:
     """A note with the fix of each known failure (:data:`KNOWN_FAILURES`) that the command's last
     stderr lines show, once each."""
-    notes = []
-    for said, fix in KNOWN_FAILURES:
-        line = next((line for line in last_lines if said in line), None)
-        if line is not None:
-            notes.append(fix if fix is not None else f"the command said: {line.strip()}")
-    return notes
+    return [fix for said, fix in KNOWN_FAILURES if any(said in line for line in last_lines)]
 
 
 def tidy_partial_files(run_dir: Path, rank_infos: list[dict[str, Any]]) -> list[str]:
@@ -136,7 +130,7 @@ def decide_status(exit_code: int, forwarded_signal: int | None, rank_infos: list
     names the rank that failed first (its ``end_time``, as torchrun names its root cause): the others
     often fail only because it did (gloo's "Connection closed by peer")."""
     failed = sorted((i for i in rank_infos if i.get("status") == STATUS_FAILED and i.get("reason")),
-                    key=lambda i: (i.get("end_time") is None, str(i.get("end_time") or ""), i.get("rank") or 0))
+                    key=lambda i: (_when(i.get("end_time")) is None, _when(i.get("end_time")) or 0.0, i.get("rank") or 0))
     failures = [f"rank {i.get('rank')}: {i['reason']}" for i in failed]
     if forwarded_signal is not None:
         return STATUS_INTERRUPTED, f"{signal.Signals(forwarded_signal).name} sent to fsdpviz record"
@@ -148,6 +142,15 @@ def decide_status(exit_code: int, forwarded_signal: int | None, rank_infos: list
         return STATUS_INTERRUPTED, f"command exited with code {exit_code} after its ranks were interrupted"
     reason = f"command exited with code {exit_code}"
     return STATUS_FAILED, f"{reason}; {failures[0]}" if failures else reason
+
+
+def _when(iso: Any) -> float | None:
+    """A rank file's timestamp as seconds since the epoch (its offset honoured: nodes of one run may keep
+    different time zones); None where it is missing or unreadable."""
+    try:
+        return datetime.fromisoformat(str(iso)).timestamp() if iso else None
+    except ValueError:
+        return None
 
 
 def launcher_versions() -> dict[str, str | None]:

@@ -61,8 +61,8 @@ class StderrTail:
                 self._copy_size(out_fd)
             else:
                 self._read_fd, self._write_fd = os.pipe()
-                self.stdout_too = one_destination(sys.stdout.fileno(), out_fd)
-        except (OSError, ImportError, AttributeError, ValueError):
+                self.stdout_too = _one_destination_as_stdout(out_fd)
+        except (OSError, ImportError):
             self._close_all()
             return None
         self._thread = threading.Thread(target=self._forward, args=(out_fd,), name="fsdpviz-stderr", daemon=True)
@@ -129,6 +129,15 @@ class StderrTail:
                 with contextlib.suppress(OSError):
                     os.close(fd)
         self._read_fd = self._write_fd = None
+
+
+def _one_destination_as_stdout(fd: int) -> bool:
+    """:func:`one_destination` of this process's stdout and ``fd``; False where stdout has no descriptor
+    (replaced by an object without one)."""
+    try:
+        return one_destination(sys.stdout.fileno(), fd)
+    except (AttributeError, OSError, ValueError):
+        return False
 
 
 def one_destination(first: int, second: int) -> bool:

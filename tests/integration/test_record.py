@@ -310,11 +310,15 @@ def test_record_leaves_what_the_script_reads_of_itself_as_a_bare_run_has_it(tmp_
     step, which ends fsdpviz's step 6: the spike is in fsdpviz's step 7)."""
     script = SCRIPTS / "self_watch_train.py"
     run_dir = tmp_path / "run"
+    env = record_env()
+    # fsdpviz sets Arrow's allocator for its own process: this worker may hold it from an earlier test that
+    # ran the command line in-process, and a user who never set it must not see it in the script
+    env.pop("ARROW_DEFAULT_MEMORY_POOL", None)
     proc = record(run_dir, torchrun(script, "--steps", "9", "--spike-step", "6",
-                                    "--out", str(tmp_path / "recorded-{rank}.jsonl")), env=record_env())
+                                    "--out", str(tmp_path / "recorded-{rank}.jsonl")), env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     bare = retried(lambda: run_job(torchrun(script, "--steps", "9", "--spike-step", "6",
-                                            "--out", str(tmp_path / "bare-{rank}.jsonl")), env=record_env()))
+                                            "--out", str(tmp_path / "bare-{rank}.jsonl")), env=env))
     assert bare.returncode == 0, bare.stderr[-3000:]
     spike = 256 << 20
     for rank in (0, 1):

@@ -175,6 +175,21 @@ def test_force_keeps_the_users_files_in_fsdpvizs_folders(tmp_path: Path) -> None
     assert not any((run_dir / name).exists() for name in theirs)
 
 
+def test_force_keeps_a_file_the_recording_would_not_read_and_removes_its_own_leftovers(tmp_path: Path) -> None:
+    # GIVEN an earlier recording with a file the loader never reads in traces/ (a Finder .DS_Store) and a
+    # --shared launcher's temporary run id left in ranks/
+    run_dir, marker = tmp_path / "run", tmp_path / "ran"
+    _previous_run(run_dir)
+    (run_dir / "traces" / ".DS_Store").write_bytes(b"finder")
+    (run_dir / "ranks" / ".run-id.node1.4242").write_text("abcdef")
+    # WHEN it is recorded again with --force
+    done = run_record(run_dir, _marker_command(marker), "--force")
+    # THEN it ran; the file of the user's stays, fsdpviz's leftover is gone
+    assert done.returncode == 0 and marker.exists(), done.stderr
+    assert (run_dir / "traces" / ".DS_Store").read_bytes() == b"finder"
+    assert not (run_dir / "ranks" / ".run-id.node1.4242").exists()
+
+
 def test_force_refuses_a_users_file_where_the_recording_reads_every_file(tmp_path: Path) -> None:
     # GIVEN an earlier recording with the user's own trace put into its traces/ folder
     run_dir, marker = tmp_path / "run", tmp_path / "ran"

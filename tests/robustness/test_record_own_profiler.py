@@ -3,9 +3,11 @@ the script's own profiler and fsdpviz's profiled steps meet, the script's keeps 
 stands aside (no trace, a note saying why, the timers still run). The script's own profiler counts what
 it counts in a bare run, its losses are the bare run's, and the run ends as it would bare.
 
-Two meetings, each against a bare run of the same window (``record_scripts/own_profiler_train.py``,
-fsdpviz profiling steps 2-4 by its defaults): the script's profiler on from step 0, before fsdpviz's
-schedule first moves; and on from step 3, inside fsdpviz's profiled steps.
+Three meetings, each against a bare run of the same window (``record_scripts/own_profiler_train.py``):
+the script's profiler on from step 0, before fsdpviz's profiler starts (with fsdpviz's defaults, steps
+2-4 profiled, and with --warmup 0, fsdpviz's first step profiled); and on from step 3, inside fsdpviz's
+profiled steps. What the script's profiler counts includes any step range (``ProfilerStep#N``) of
+fsdpviz's it would see: bare it sees none.
 """
 
 from __future__ import annotations
@@ -26,20 +28,24 @@ def _outputs(folder: Path) -> list[dict]:
 
 @pytest.mark.slow
 @pytest.mark.lifecycle
-@pytest.mark.parametrize(("first", "last", "said"), [(0, 3, "ran its own torch.profiler at step 1"),
-                                                     (3, 4, "started its own torch.profiler at step 3")])
-def test_the_scripts_own_profiler_keeps_the_thread(tmp_path: Path, first: int, last: int, said: str) -> None:
+@pytest.mark.parametrize(("first", "last", "options", "said"), [
+    (0, 3, (), "ran its own torch.profiler at step 0"),
+    (0, 3, ("--warmup", "0"), "ran its own torch.profiler at step 0"),
+    (3, 4, (), "started its own torch.profiler at step 3")])
+def test_the_scripts_own_profiler_keeps_the_thread(tmp_path: Path, first: int, last: int, options: tuple[str, ...],
+                                                   said: str) -> None:
     # GIVEN the script bare, profiling steps FIRST-LAST itself
     bare = run_job(torchrun(SCRIPT, str(first), str(last), str(tmp_path / "bare")), timeout=180)
     assert bare.returncode == 0, bare.stderr[-3000:]
-    # WHEN it is recorded with fsdpviz's default schedule (steps 2-4 profiled)
+    # WHEN it is recorded
     run_dir = tmp_path / "run"
-    done = run_record(run_dir, torchrun(SCRIPT, str(first), str(last), str(tmp_path / "recorded")))
+    done = run_record(run_dir, torchrun(SCRIPT, str(first), str(last), str(tmp_path / "recorded")), *options)
     # THEN it ends as bare, its own profiler counted what it counted bare, its losses are the bare ones
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
     assert _outputs(tmp_path / "recorded") == _outputs(tmp_path / "bare")
-    assert _outputs(tmp_path / "bare")[0]["counted"]["my_step"] == last - first + 1
+    counted = _outputs(tmp_path / "bare")[0]["counted"]
+    assert counted["my_step"] == last - first + 1 and not any(n.startswith("ProfilerStep") for n in counted)
     # AND fsdpviz stood aside: no trace, the timers kept, run.json says why on every rank
     run = check_complete(run_dir)
     assert run["status"] == "ok" and run["exit_code"] == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -151,16 +152,47 @@ def test_decide_status_from_exit_code_signal_and_ranks() -> None:
     assert runinfo.exit_code_of(-15) == 143 and runinfo.exit_code_of(3) == 3
 
 
-def test_a_missing_script_is_named_though_the_launchers_report_comes_after_it() -> None:
+def test_a_missing_script_is_named_though_the_launchers_report_comes_after_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from fsdpviz.commands.record import print_recording
+
     # torchrun of a script that is not there: python's line, then torchrun's report (a real run's stderr)
     lines = ["/usr/bin/python: can't open file '/tmp/run/nonexist_train.py': [Errno 2] No such file or directory",
-             ("W1202 16:12:56.433000 7849 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process "
-             "7855 closing signal SIGTERM"), "Traceback (most recent call last):",
-             "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:", "  exitcode  : 2 (pid: 7854)"]
-    assert runinfo.failure_notes(lines) == [
-        ("the command said: /usr/bin/python: can't open file '/tmp/run/nonexist_train.py': [Errno 2] No such file "
-        "or directory")]
-    assert runinfo.failure_notes(lines[1:]) == []
+             "W1202 16:12:56.433000 7849 api.py:1028] Sending process 7855 closing signal SIGTERM",
+             "E1202 16:12:56.437000 7849 api.py:1002] failed (exitcode: 2) local_rank: 0 (pid: 7854)",
+             "Traceback (most recent call last):", "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:",
+             "  exitcode  : 2 (pid: 7854)", "  error_file: <N/A>"]
+    run = runinfo.build_run_json(
+        command=["torchrun", "nonexist_train.py"], cwd=str(tmp_path), label="run", start_time="", end_time="",
+        exit_code=1, status="failed", reason="command exited with code 1",
+        options=RecordOptions(run_dir=tmp_path), rank_infos=[], notes=[])
+    print_recording(run, tmp_path, lines)
+    said = [line.removeprefix("fsdpviz:   | ") for line in capsys.readouterr().err.splitlines() if "  | " in line]
+    assert said == [lines[0], "...", *lines[-5:]]
+    # where python's line is among the last five, it is said once, in its place
+    print_recording(run, tmp_path, lines[:1] + lines[-2:])
+    said = [line.removeprefix("fsdpviz:   | ") for line in capsys.readouterr().err.splitlines() if "  | " in line]
+    assert said == [lines[0], *lines[-2:]]
+
+
+def test_the_recorded_command_gets_the_users_environment_not_fsdpvizs_own(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fsdpviz.record import environment
+    from fsdpviz.record.launcher import child_env
+
+    name = "ARROW_DEFAULT_MEMORY_POOL"
+    monkeypatch.setenv(name, "restored at teardown")
+    monkeypatch.delenv(name)
+    monkeypatch.setattr(environment, "_OWN_DEFAULTS", {})
+    options = RecordOptions(run_dir=tmp_path)
+    # fsdpviz's own process uses the system allocator; the command it records does not inherit it
+    environment.set_own_default(name, "system")
+    assert os.environ[name] == "system" and name not in child_env(options)
+    # a user's own setting is theirs: fsdpviz keeps it, and so does the command
+    monkeypatch.setattr(environment, "_OWN_DEFAULTS", {})
+    monkeypatch.setenv(name, "jemalloc")
+    environment.set_own_default(name, "system")
+    assert os.environ[name] == "jemalloc" and child_env(options)[name] == "jemalloc"
 
 
 def test_the_reason_names_the_rank_that_failed_first() -> None:
@@ -172,6 +204,9 @@ def test_the_reason_names_the_rank_that_failed_first() -> None:
     for ranks in ([peer_gone, raised], [raised, peer_gone]):
         assert runinfo.decide_status(1, None, ranks) == (
             "failed", "command exited with code 1; rank 1: RuntimeError: my deliberate failure at step 7")
+    # times of two nodes in different time zones: rank 0's 17:10:11 at +01:00 is 16:10:11 UTC, before rank 1
+    east = {**peer_gone, "end_time": "2026-12-02T17:10:11.000+01:00", "reason": "RuntimeError: first, in the east"}
+    assert runinfo.decide_status(1, None, [raised, east])[1].endswith("rank 0: RuntimeError: first, in the east")
     # a rank without an end time (an older rank file) comes after those with one
     assert runinfo.decide_status(1, None, [{**peer_gone, "end_time": None}, raised])[1].endswith("at step 7")
 

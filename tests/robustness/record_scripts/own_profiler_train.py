@@ -1,7 +1,8 @@
 """A small FSDP2 trainer (2 CPU ranks) that profiles some of its own steps with torch.profiler, as
 scripts that profile themselves do: ``own_profiler_train.py FIRST LAST OUT`` opens its profiler before
 step FIRST and closes it after step LAST, then writes, per rank, the names its own profiler counted
-(its ``my_step`` ranges and the ops) and each step's loss to ``OUT/rank{R}.json``."""
+(its ``my_step`` ranges, the ops, and any step range of another profiler's) and each step's loss to
+``OUT/rank{R}.json``."""
 
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ def main() -> None:
         losses.append(float(loss.detach()).hex())
         if step == last and prof is not None:
             prof.__exit__(None, None, None)
-            counted.update(e.name for e in prof.events() if e.name == "my_step" or e.name.startswith("aten::"))
+            counted.update(e.name for e in prof.events()
+                           if e.name == "my_step" or e.name.startswith(("aten::", "ProfilerStep")))
             prof = None
     out.mkdir(parents=True, exist_ok=True)
     (out / f"rank{rank}.json").write_text(json.dumps({"counted": counted, "losses": losses}))
