@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+
+from fsdpviz.naming import ROOT_UNIT, clean_fqn
 
 
 def fake_process_group(world_size: int) -> Iterator[None]:
@@ -18,3 +21,25 @@ def fake_process_group(world_size: int) -> Iterator[None]:
     dist.init_process_group("fake", rank=0, world_size=world_size, store=FakeStore())
     yield
     dist.destroy_process_group()
+
+
+def run_shard_code(code: str, model: Any, names: dict[Any, str]) -> tuple[Any, dict[str, list[str]]]:
+    """``shard_model`` of ``code`` (whatif's written code) run on ``model``, and FSDP2's own units it left:
+    each state's parameters (``names``: each module's path as fsdpviz names it), by the state's first
+    module."""
+    from torch.distributed.fsdp import FSDPModule
+
+    namespace: dict = {}
+    exec(compile(code, "shard_model", "exec"), namespace)  # noqa: S102 - the code under test
+    sharded = namespace["shard_model"](model)
+    got: dict[str, list[str]] = {}
+    seen = set()
+    for fqn, module in sharded.named_modules():
+        state = module._get_fsdp_state() if isinstance(module, FSDPModule) else None
+        if state is None or id(state) in seen or state._fsdp_param_group is None:
+            continue
+        seen.add(id(state))
+        got[clean_fqn(fqn)] = sorted(
+            ".".join(x for x in (names[p._module_info.module], p._module_info.param_name) if x and x != ROOT_UNIT)
+            for p in state._fsdp_param_group.fsdp_params)
+    return sharded, got

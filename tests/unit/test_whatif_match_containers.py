@@ -13,11 +13,11 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from helpers.fakegroup import fake_process_group
+from helpers.fakegroup import fake_process_group, run_shard_code
 from torch import nn
 
 from fsdpviz.errors import UsageError
-from fsdpviz.naming import ROOT_UNIT, clean_fqn, unit_modules
+from fsdpviz.naming import ROOT_UNIT, unit_modules
 from fsdpviz.replay import program as prog
 from fsdpviz.replay.recorded import Recording
 from fsdpviz.replay.settings import GIVEN, Settings, Wrap
@@ -124,8 +124,6 @@ def fake_group() -> Iterator[None]:
 
 @pytest.mark.parametrize("pattern", [r"^blocks\.\d+$|experts$", r"^blocks\.\d+$"])
 def test_the_written_code_makes_fsdp2_build_the_predicted_units(fake_group: None, pattern: str) -> None:
-    from torch.distributed.fsdp import FSDPModule
-
     torch.manual_seed(0)
     model = Model()
     names = {module: fqn for fqn, module in model.named_modules()}
@@ -134,19 +132,7 @@ def test_the_written_code_makes_fsdp2_build_the_predicted_units(fake_group: None
     settings = Settings(wrap=Wrap("match", pattern=pattern), sources={"wrap": GIVEN})
     apply = apply_code(rec, params, settings, "wrap match")
     assert apply.code is not None, apply.note
-    namespace: dict = {}
-    exec(compile(apply.code, "shard_model", "exec"), namespace)  # noqa: S102 - the code under test
-    sharded = namespace["shard_model"](model)
-    got: dict[str, list[str]] = {}
-    seen = set()
-    for fqn, module in sharded.named_modules():
-        state = module._get_fsdp_state() if isinstance(module, FSDPModule) else None
-        if state is None or id(state) in seen or state._fsdp_param_group is None:
-            continue
-        seen.add(id(state))
-        got[clean_fqn(fqn)] = sorted(
-            ".".join(x for x in (names[p._module_info.module], p._module_info.param_name) if x and x != ROOT_UNIT)
-            for p in state._fsdp_param_group.fsdp_params)
+    sharded, got = run_shard_code(apply.code, model, names)
     _, new_units, members = prog.regrouped(rec, settings)
     # the root and each block, and each block's experts where they are matched
     assert len(new_units) == 1 + len(BLOCKS) * (2 if "experts" in pattern else 1)

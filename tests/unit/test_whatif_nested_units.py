@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.fakegroup import fake_process_group
+from helpers.fakegroup import fake_process_group, run_shard_code
 
 from fsdpviz.naming import ROOT_UNIT, clean_fqn, unit_modules
 from fsdpviz.replay import program as prog
@@ -211,24 +211,7 @@ def _sharded_modules(code: str) -> list[str]:
 
 def _run_code(code: str, model: torch.nn.Module, names: dict[torch.nn.Module, str]
               ) -> tuple[torch.nn.Module, dict[str, list[str]]]:
-    """``shard_model`` of ``code`` run on ``model``, and FSDP2's own units it left: each state's
-    parameters (``names``: each module's path as fsdpviz names it), by the state's first module."""
-    from torch.distributed.fsdp import FSDPModule
-
-    namespace: dict = {}
-    exec(compile(code, "shard_model", "exec"), namespace)  # noqa: S102 - the code under test
-    sharded = namespace["shard_model"](model)
-    got: dict[str, list[str]] = {}
-    seen = set()
-    for fqn, module in sharded.named_modules():
-        state = module._get_fsdp_state() if isinstance(module, FSDPModule) else None
-        if state is None or id(state) in seen or state._fsdp_param_group is None:
-            continue
-        seen.add(id(state))
-        got[clean_fqn(fqn)] = sorted(
-            ".".join(x for x in (names[p._module_info.module], p._module_info.param_name) if x and x != ROOT_UNIT)
-            for p in state._fsdp_param_group.fsdp_params)
-    return sharded, got
+    return run_shard_code(code, model, names)
 
 
 @pytest.mark.parametrize("name", list(CODE_SETTINGS))
