@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import sys
-import threading
 import time
 import warnings
 from typing import Any
@@ -69,7 +68,6 @@ class ProfilerDriver:
         self.stood_aside: str | None = None  # why fsdpviz left the thread's profiler to the script's own
         self._own_transition = False  # fsdpviz's profiler is starting its own trace (not the script's)
         self._tracing = False  # fsdpviz's profiler has started its trace (Kineto records for it)
-        self._thread: int | None = None  # the training thread, where fsdpviz's profiler runs
         self._chained: Any = None  # torch's profiler-start callback, while fsdpviz's hook is in its place
 
     @property
@@ -102,21 +100,26 @@ class ProfilerDriver:
             self.prof.step_num = step
             self.recorded_steps.clear()  # the constructor asked about step 0
             self.prof.current_action = self.action(step)
-            self._thread = threading.get_ident()
             self._hook_script_profilers()
             if not self._transit(self.prof.start, step):
                 return
         self.labels_on = self.prof.current_action in _RECORDING_ACTIONS
 
-    # One thread runs one torch profiler: a script that profiles itself and fsdpviz's schedule meet.
-    # Whichever comes second, the script's own profiler keeps the thread and fsdpviz stands aside, with
-    # a note in run.json, so that the run goes on as it would bare: fsdpviz's profiler, even between its
-    # profiled steps, holds a step range open (ProfilerStep#N) that the script's trace would record.
+    # One process runs one torch profiler (Kineto is one per process: two at once, even on two threads,
+    # crash it): a script that profiles itself and fsdpviz's schedule meet. Whichever comes second, the
+    # script's own profiler keeps it and fsdpviz stands aside, with a note in run.json: fsdpviz's profiler,
+    # even between its profiled steps, opens a step range (ProfilerStep#N) at each step that the script's
+    # trace would record.
 
     def _script_profiler_on(self) -> bool:
-        """Whether a profiler that is not fsdpviz's is on in this thread (the script's own)."""
-        enabled = getattr(torch.autograd, "_profiler_enabled", None)
-        return enabled is not None and not self._tracing and bool(enabled())
+        """Whether a profiler that is not fsdpviz's is on, in this thread or another: Kineto is one per
+        process, and two profilers on two threads at once crash it."""
+        import torch.autograd.profiler as autograd_profiler
+
+        if self._tracing:
+            return False
+        enabled = getattr(torch.autograd, "_profiler_enabled", None)  # this thread's
+        return bool(enabled is not None and enabled()) or bool(getattr(autograd_profiler, "_is_profiler_enabled", False))
 
     def _transit(self, move: Any, step: int) -> bool:
         """Run ``move`` (the profiler's ``start`` or ``step`` into ``step``) unless the script's own profiler
@@ -148,9 +151,8 @@ class ProfilerDriver:
             return
 
         def on_profiler_start() -> None:
-            # a script's profiler starting on the training thread while fsdpviz's runs; one another thread
-            # starts is that thread's own and meets nothing of fsdpviz's
-            if not self._own_transition and self.prof is not None and threading.get_ident() == self._thread:
+            # a script's profiler starting, on any thread, while fsdpviz's runs: Kineto is one per process
+            if not self._own_transition and self.prof is not None:
                 self._stand_aside(self.prof.step_num, started=True)
             chained()
 
@@ -189,7 +191,7 @@ class ProfilerDriver:
         then = "the timers still ran" if self.options.timers else "no timers were asked for (--mode profile)"
         advice = (f"with the script's profiler started after step {last}, once fsdpviz's trace is written, or "
                   if not self.time_window else "")
-        self.stood_aside = (f"no trace: the script {when} at step {step}, where fsdpviz profiles {where} (one thread "
+        self.stood_aside = (f"no trace: the script {when} at step {step}, where fsdpviz profiles {where} (one process "
                             f"runs one profiler), so fsdpviz stood aside; {then}. Record again {advice}with the "
                             "script's profiler off")
         self.stop()

@@ -1,4 +1,4 @@
-"""A script that profiles itself under ``fsdpviz record``: one thread runs one torch profiler, so where
+"""A script that profiles itself under ``fsdpviz record``: one process runs one torch profiler, so where
 the script's own profiler and fsdpviz's profiled steps meet, the script's keeps the thread and fsdpviz
 stands aside (no trace, a note saying why, the timers still run). The script's own profiler counts what
 it counts in a bare run, its losses are the bare run's, and the run ends as it would bare.

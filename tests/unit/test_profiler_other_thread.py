@@ -1,0 +1,54 @@
+"""A torch profiler that another thread of the script starts while fsdpviz's records its trace: Kineto is
+one per process, and two profilers at once crash it (a segfault). fsdpviz's profiler stands aside, with
+its note; the process ends as it would bare. Run in a child process, which a crash would end."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+PROGRAM = textwrap.dedent('''
+    import sys, tempfile, threading, time, torch
+    from pathlib import Path
+    from fsdpviz.record.options import RecordOptions
+    from fsdpviz.record.profiling import ProfilerDriver
+    on, off = int(sys.argv[1]), int(sys.argv[2])
+    driver = ProfilerDriver(RecordOptions(run_dir=Path(tempfile.mkdtemp()), warmup=2, steps=2))
+    x = torch.randn(64, 64)
+    go, stop, stopped = threading.Event(), threading.Event(), threading.Event()
+    def other():
+        go.wait()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+            stop.wait(10)
+        stopped.set()
+    thread = threading.Thread(target=other)
+    thread.start()
+    driver.start(0, 0)
+    for step in range(7):
+        if step == on:
+            go.set()
+            time.sleep(0.3)
+        for _ in range(10):
+            torch.add(x, x)
+        if step == off:
+            stop.set()
+            stopped.wait(5)
+        driver.advance()
+    stop.set(); go.set(); thread.join()
+    driver.finish(7)
+    print(driver.trace_file, "|", driver.stood_aside)
+''')
+
+
+@pytest.mark.parametrize(("on", "off", "said"), [(2, 4, "started its own torch.profiler at step 2"),
+                                                 (0, 3, "ran its own torch.profiler at step 2")])
+def test_another_threads_profiler_does_not_crash_the_process(on: int, off: int, said: str) -> None:
+    done = subprocess.run([sys.executable, "-c", PROGRAM, str(on), str(off)], capture_output=True, text=True,
+                          timeout=120, check=False, cwd=Path(__file__).parents[2])
+    assert done.returncode == 0, done.stderr[-2000:]
+    trace, note = done.stdout.strip().splitlines()[-1].split(" | ")
+    assert trace == "None" and note.startswith("no trace: the script ") and said in note, note
