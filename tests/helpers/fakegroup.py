@@ -43,3 +43,15 @@ def run_shard_code(code: str, model: Any, names: dict[Any, str]) -> tuple[Any, d
             ".".join(x for x in (names[p._module_info.module], p._module_info.param_name) if x and x != ROOT_UNIT)
             for p in state._fsdp_param_group.fsdp_params)
     return sharded, got
+
+
+def unit_params(model: Any, units: list[str]) -> dict[str, list[str]]:
+    """Each of ``units``' own parameters as run.json lists them: those under its module and under no
+    nested unit's (the root holds the rest)."""
+    def owner(name: str) -> str:
+        held = [u for u in units if u != ROOT_UNIT and name.startswith(f"{u}.")]
+        return max(held, key=len) if held else ROOT_UNIT
+    out: dict[str, list[str]] = {}
+    for name, _ in model.named_parameters():
+        out.setdefault(owner(name), []).append(name)
+    return out

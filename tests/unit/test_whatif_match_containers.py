@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from helpers.fakegroup import fake_process_group, run_shard_code
+from helpers.fakegroup import fake_process_group, run_shard_code, unit_params
 from torch import nn
 
 from fsdpviz.errors import UsageError
@@ -69,14 +69,7 @@ UNITS = [ROOT_UNIT, *(u for b in BLOCKS for u in (b, *(f"{b}.moe.experts.{e}" fo
 
 
 def _params(model: nn.Module) -> dict[str, list[str]]:
-    """Each unit's own parameters, as run.json lists them."""
-    def owner(name: str) -> str:
-        held = [u for u in UNITS if u != ROOT_UNIT and name.startswith(f"{u}.")]
-        return max(held, key=len) if held else ROOT_UNIT
-    out: dict[str, list[str]] = {}
-    for name, _ in model.named_parameters():
-        out.setdefault(owner(name), []).append(name)
-    return out
+    return unit_params(model, UNITS)
 
 
 def _recording(params: dict[str, list[str]] | None) -> Recording:

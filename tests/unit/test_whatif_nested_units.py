@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.fakegroup import fake_process_group, run_shard_code
+from helpers.fakegroup import fake_process_group, run_shard_code, unit_params
 
 from fsdpviz.naming import ROOT_UNIT, clean_fqn, unit_modules
 from fsdpviz.replay import program as prog
@@ -172,14 +172,7 @@ def _nested_model() -> torch.nn.Module:
 
 
 def _params(model: torch.nn.Module) -> dict[str, list[str]]:
-    """Each unit's parameters as run.json lists them: those under its module and under no nested unit's."""
-    def owner(name: str) -> str:
-        held = [u for u in UNITS if u != ROOT_UNIT and name.startswith(f"{u}.")]
-        return max(held, key=len) if held else ROOT_UNIT
-    out: dict[str, list[str]] = {}
-    for name, _ in model.named_parameters():
-        out.setdefault(owner(name), []).append(name)
-    return out
+    return unit_params(model, UNITS)
 
 
 @pytest.fixture(scope="module")
