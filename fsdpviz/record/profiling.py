@@ -106,10 +106,15 @@ class ProfilerDriver:
         self.labels_on = self.prof.current_action in _RECORDING_ACTIONS
 
     # One process runs one torch profiler (Kineto is one per process: two at once, even on two threads,
-    # crash it): a script that profiles itself and fsdpviz's schedule meet. Whichever comes second, the
-    # script's own profiler keeps it and fsdpviz stands aside, with a note in run.json: fsdpviz's profiler,
-    # even between its profiled steps, opens a step range (ProfilerStep#N) at each step that the script's
-    # trace would record.
+    # crash it): a script that profiles itself and fsdpviz's schedule meet. Where they meet, from the
+    # profiler warm-up step to the trace's export, the script's own profiler keeps the process and fsdpviz
+    # stands aside, with a note in run.json. Before its warm-up step fsdpviz's profiler is idle: it starts
+    # nothing and opens no step range (ProfilerStep#N, which the script's trace would record), so a script's
+    # profiler that is off again by then is left alone.
+
+    def _idle(self, step: int) -> bool:
+        """Whether fsdpviz's profiler does nothing at ``step``: no Kineto, no step range."""
+        return not self.time_window and step < self.options.warmup and self._scheduled(step) == schedule.NONE
 
     def _script_profiler_on(self) -> bool:
         """Whether a profiler that is not fsdpviz's is on, in this thread or another: Kineto is one per
@@ -123,8 +128,12 @@ class ProfilerDriver:
 
     def _transit(self, move: Any, step: int) -> bool:
         """Run ``move`` (the profiler's ``start`` or ``step`` into ``step``) unless the script's own profiler
-        is on in this thread; False when fsdpviz stood aside instead."""
-        if self._script_profiler_on():
+        is on in this process; False when fsdpviz stood aside instead."""
+        idle = self._idle(step)
+        if self.prof is not None:
+            # torch opens a step range at every start() and step() it is let: none while idle
+            self.prof.record_steps = not idle
+        if not idle and self._script_profiler_on():
             self._stand_aside(step, started=False)
             return False
         self._own_transition = True
@@ -152,7 +161,7 @@ class ProfilerDriver:
 
         def on_profiler_start() -> None:
             # a script's profiler starting, on any thread, while fsdpviz's runs: Kineto is one per process
-            if not self._own_transition and self.prof is not None:
+            if not self._own_transition and self.prof is not None and not self._idle(self.prof.step_num):
                 self._stand_aside(self.prof.step_num, started=True)
             chained()
 
@@ -189,8 +198,11 @@ class ProfilerDriver:
         when = "started its own torch.profiler" if started else "ran its own torch.profiler"
         where = f"a {self.options.window_s:g} s window" if self.time_window else f"steps {first}-{last}"
         then = "the timers still ran" if self.options.timers else "no timers were asked for (--mode profile)"
-        advice = (f"with the script's profiler started after step {last}, once fsdpviz's trace is written, or "
-                  if not self.time_window else "")
+        warm = first - 1  # fsdpviz's profiler warm-up step: from it to the export the two would meet
+        before = (f"stopped before step {warm} begins (fsdpviz's profiler warm-up step, from the end of optimizer step "
+                  f"{warm - 1}; --warmup moves it) or " if warm > 0 else "")
+        advice = (f"with the script's profiler {before}started from step {last + 1} (after fsdpviz's trace is "
+                  "written), or " if not self.time_window else "")
         self.stood_aside = (f"no trace: the script {when} at step {step}, where fsdpviz profiles {where} (one process "
                             f"runs one profiler), so fsdpviz stood aside; {then}. Record again {advice}with the "
                             "script's profiler off")
