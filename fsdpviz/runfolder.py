@@ -20,9 +20,10 @@ Layout::
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -56,10 +57,11 @@ _OWN_FILES: Final = {
 }
 # The files a recording's readers take from its folders (the trace loader's, the timers', the ranks'
 # facts'): another such file of the user's there would be read as part of the next recording.
-_READ: Final = {
-    TRACES_DIR: re.compile(r".+\.json(?:\.gz)?"),
-    TIMERS_DIR: re.compile(r".+\.jsonl"),
-    RANKS_DIR: re.compile(r"rank.*\.json"),
+# Each is the reader's own test: the trace loader's name check, the timers' and the ranks' globs.
+_READ: Final[dict[str, Callable[[Path], bool]]] = {
+    TRACES_DIR: lambda path: is_trace_name(path),
+    TIMERS_DIR: lambda path: fnmatch.fnmatchcase(path.name, "*.jsonl"),
+    RANKS_DIR: lambda path: fnmatch.fnmatchcase(path.name, "rank*.json"),
 }
 
 
@@ -78,7 +80,7 @@ def recording_entries(run_dir: Path) -> tuple[list[Path], list[Path]]:
             if path.name == CACHE_DIR or (own.fullmatch(path.name) and path.is_file()
                                           and (sub != PREDICTIONS_DIR or _saved_prediction(path))):
                 remove.append(path)
-            elif sub in _READ and path.is_file() and _READ[sub].fullmatch(path.name):
+            elif sub in _READ and path.is_file() and _READ[sub](path):
                 foreign.append(path)
     return remove, foreign
 

@@ -82,8 +82,9 @@ def prepare_run_dir(run_dir: Path, *, force: bool, shared: bool) -> None:
 
     ``force`` removes only what a recording writes (run.json, report.html, the caches, the files a
     recording writes in traces/, timers/, ranks/, logs/ and predictions/), never another file; a file of
-    the user's in a folder the next recording reads whole (traces/, timers/, ranks/) is refused before
-    anything is removed. ``shared`` (multi-node) accepts an existing folder as is.
+    the user's that the next recording's readers would take as its own (a trace by the loader's name check
+    in traces/, a ``*.jsonl`` in timers/, a ``rank*.json`` in ranks/) is refused before anything is
+    removed. ``shared`` (multi-node) accepts an existing folder as is.
     """
     if run_dir.exists() and not run_dir.is_dir():
         raise RunFolderError(f"{run_dir}: exists and is not a folder")

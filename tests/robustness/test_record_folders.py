@@ -176,29 +176,32 @@ def test_force_keeps_the_users_files_in_fsdpvizs_folders(tmp_path: Path) -> None
 
 
 def test_force_keeps_a_file_the_recording_would_not_read_and_removes_its_own_leftovers(tmp_path: Path) -> None:
-    # GIVEN an earlier recording with a file the loader never reads in traces/ (a Finder .DS_Store) and a
-    # --shared launcher's temporary run id left in ranks/
+    # GIVEN an earlier recording with files the loader never reads in traces/ (a Finder .DS_Store, a macOS
+    # resource fork named as a trace, a run.json) and a --shared launcher's temporary run id left in ranks/
     run_dir, marker = tmp_path / "run", tmp_path / "ran"
     _previous_run(run_dir)
-    (run_dir / "traces" / ".DS_Store").write_bytes(b"finder")
+    kept = {".DS_Store": b"finder", "._rank0.trace.json.gz": b"fork", "run.json": b"{}"}
+    for name, data in kept.items():
+        (run_dir / "traces" / name).write_bytes(data)
     (run_dir / "ranks" / ".run-id.node1.4242").write_text("abcdef")
     # WHEN it is recorded again with --force
     done = run_record(run_dir, _marker_command(marker), "--force")
     # THEN it ran; the file of the user's stays, fsdpviz's leftover is gone
     assert done.returncode == 0 and marker.exists(), done.stderr
-    assert (run_dir / "traces" / ".DS_Store").read_bytes() == b"finder"
+    assert {name: (run_dir / "traces" / name).read_bytes() for name in kept} == kept
     assert not (run_dir / "ranks" / ".run-id.node1.4242").exists()
 
 
-def test_force_refuses_a_users_file_where_the_recording_reads_every_file(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["my_own_profile.json", "MyTrace.JSON"])  # the loader reads either
+def test_force_refuses_a_users_file_the_recording_would_read(tmp_path: Path, name: str) -> None:
     # GIVEN an earlier recording with the user's own trace put into its traces/ folder
     run_dir, marker = tmp_path / "run", tmp_path / "ran"
     before = _previous_run(run_dir)
-    (run_dir / "traces" / "my_own_profile.json").write_bytes(b'{"traceEvents": []}')
-    before["traces/my_own_profile.json"] = b'{"traceEvents": []}'
+    (run_dir / "traces" / name).write_bytes(b'{"traceEvents": []}')
+    before[f"traces/{name}"] = b'{"traceEvents": []}'
     # WHEN it is recorded again with --force
     done = run_record(run_dir, _marker_command(marker), "--force")
     # THEN one line says why, nothing ran and nothing was removed
-    _one_error(done, f"{run_dir}: --force removes only fsdpviz's files, and traces/my_own_profile.json is not")
+    _one_error(done, f"{run_dir}: --force removes only fsdpviz's files, and traces/{name} is not")
     assert not marker.exists()
     assert {name: (run_dir / name).read_bytes() for name in before} == before
