@@ -19,7 +19,7 @@ from fsdpviz.analysis.compare.model import (
 from fsdpviz.analysis.compare.units import BY_FQN, BY_PARAM_SIZES, group_values
 from fsdpviz.commands.terminal import print_table
 from fsdpviz.formatting import format_bytes, format_ms, format_pct
-from fsdpviz.whatif.saved import SavedPrediction, headline_value
+from fsdpviz.whatif.saved import NOT_PREDICTED, SavedPrediction, headline_value, not_predicted_why
 
 BEST_MARK = "*"
 
@@ -82,9 +82,16 @@ def prediction_rows(predictions: Sequence[tuple[str, SavedPrediction]]) -> list[
             value, base = headline_value(p, field.key)
             delta = _delta(field, value - base) if value is not None and base is not None else ""
             cells.append(value_text(field.unit, value) + (f" ({delta})" if delta else ""))
-        if any(c != "-" for c in cells):
+        if any(c != "-" for c in cells) or prediction_gaps(predictions, field.key):
             rows.append([field.label, *cells])
     return rows
+
+
+def prediction_gaps(predictions: Sequence[tuple[str, SavedPrediction]], key: str) -> list[str]:
+    """Why a saved prediction holds no value of the headline row ``key`` where it says more than that
+    whatif does not predict the row (a null peak: ``--no-memory``...): ``label: name: why`` each."""
+    return [f"{label}: {p.name}: {why}" for label, p in predictions
+            if headline_value(p, key)[0] is None and (why := not_predicted_why(p, key)) != NOT_PREDICTED]
 
 
 def unit_rows(comparison: Comparison) -> list[list[str]]:
@@ -143,6 +150,9 @@ def print_comparison(comparison: Comparison, predictions: Sequence[tuple[str, Sa
             return table
 
         print_table(console, predicted, prediction_rows(predictions), name_column=None)
+        for field in HEADLINE_FIELDS:
+            for gap in prediction_gaps(predictions, field.key):
+                console.print(escape(f"- in {field.label}, {gap}"), highlight=False)
     rows = unit_rows(comparison)
     if rows:
         basis = comparison.match.basis

@@ -141,11 +141,13 @@ class Outcome:
     """FSDP's copy kernels outside the model's work and the collectives (the bound's ``fsdp_kernels_ms``):
     compute is the model's alone, so a copy a setting drops leaves this, not compute. None on a CPU, whose
     copies are FSDP's host work."""
+    peak_unknown: str | None = None
+    """Why ``peak_allocated_bytes`` is None (the prediction's note that says it); None where it is known."""
 
     def to_json(self) -> dict[str, Any]:
         return {"step_time_ms": self.step_time_ms, "exposed_comm_ms": self.exposed_comm_ms, "comm_ms": self.comm_ms,
                 "compute_ms": self.compute_ms, "fsdp_kernels_ms": self.fsdp_kernels_ms,
-                "peak_allocated_bytes": self.peak_allocated_bytes,
+                "peak_allocated_bytes": self.peak_allocated_bytes, "peak_unknown": self.peak_unknown,
                 "memory_categories": self.memory_categories, "memory_unknown": self.memory_unknown,
                 "memory_assumed": self.memory_assumed,
                 "units": [u.to_json() for u in self.units]}
@@ -321,7 +323,10 @@ def predict(model: Model, settings: Settings) -> Prediction:
     if floor_note is not None:
         notes.append(floor_note)
     if baseline.peak_allocated_bytes is None:  # a null without its reason reads as a fault
-        notes.append(known.model_peak_note(model))
+        baseline.peak_unknown = known.model_peak_note(model)
+        notes.append(baseline.peak_unknown)
+    if predicted.peak_allocated_bytes is None:  # the setting's own reason (world size) before the recording's
+        predicted.peak_unknown = next(iter(peak.notes), None) or baseline.peak_unknown
     if model.sampled is not None:
         notes.append(f"read on {len(model.sampled)} of {len(model.result.analysis.ranks)} ranks spread over the run "
                      f"({', '.join(map(str, model.sampled))}): the run is too large to hold every rank's events")

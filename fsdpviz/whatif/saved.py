@@ -96,6 +96,16 @@ def headline_value(saved: SavedPrediction, key: str) -> tuple[Any, Any]:
     return None, None
 
 
+def not_predicted_why(saved: SavedPrediction, key: str) -> str:
+    """Why ``saved`` holds no value of compare's headline row ``key``: for the peak, the prediction's own
+    reason (``peak_unknown``: ``--no-memory``, no samples, a world-size change); else :data:`NOT_PREDICTED`."""
+    if key == "memory.peak_allocated_bytes" and "peak_allocated_bytes" in saved.predicted:
+        why = saved.predicted.get("peak_unknown")
+        return f"peak not known: {why}" if isinstance(why, str) and why else (
+            "peak not known: the saved prediction's notes say why")  # saved before peak_unknown
+    return NOT_PREDICTED
+
+
 def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:80] or "prediction"
 

@@ -17,7 +17,7 @@ from fsdpviz.report.compare import plots as compare_plots
 from fsdpviz.report.compare.data import GROUP_METRICS, CompareData, describe_bytes, run_colors
 from fsdpviz.report.html import HtmlTable, LegendItem, Page, Section, TableCell
 from fsdpviz.report.style import EXPOSED_COLOR
-from fsdpviz.whatif.saved import NOT_PREDICTED, headline_value
+from fsdpviz.whatif.saved import headline_value, not_predicted_why
 
 HOWTO_HEADLINE = (
     "One column per run; the first run is the baseline, and the small line under a number is the "
@@ -90,7 +90,7 @@ def _predicted_cells(data: CompareData, field: HeadlineField) -> list[TableCell]
     for label, p in data.predictions:
         value, base = headline_value(p, field.key)
         if value is None:
-            cells.append(TableCell(text="—", hint=f"{NOT_PREDICTED} (predicted from {label})"))
+            cells.append(TableCell(text="—", hint=f"{not_predicted_why(p, field.key)} (predicted from {label})"))
             continue
         cells.append(TableCell(text=_value_text(field, value),
                                sub=_delta_text(field, value - base, base) if base is not None else "",
