@@ -103,16 +103,17 @@ SETTLING_STEPS: Final = 2
 
 
 def clean_steps(steps: Iterable[int], *, profiled: Sequence[int], unit_timed: Sequence[int] | None,
-                partial: int | None) -> set[int]:
+                partial: int | None, script_profiled: Iterable[int] = ()) -> set[int]:
     """Which of a rank's ``steps`` are clean: the bare run's pace, what every time figure is calibrated on
     (docs/recording.md, "Kinds of step"). Not clean: the first :data:`SETTLING_STEPS` steps, the profiled
     steps, the profiler's warm-up step (the one before them: Kineto already collects), the step after
     the last profiled one (it follows the trace export), the unit-timed steps (``unit_timed``; None for a
-    recording older than them, whose timers timed units in every step) and a step the rank ended inside
-    (``partial``). With no profiled step there is nothing to be clean against: none is."""
+    recording older than them, whose timers timed units in every step), a step the rank ended inside
+    (``partial``) and the steps the script's own profiler was on in (``script_profiled``). With no
+    profiled step there is nothing to be clean against: none is."""
     if not profiled:
         return set()
-    busy = {*profiled, min(profiled) - 1, max(profiled) + 1, *(unit_timed or ())}
+    busy = {*profiled, min(profiled) - 1, max(profiled) + 1, *(unit_timed or ()), *script_profiled}
     return {s for s in steps if s >= SETTLING_STEPS and s not in busy and s != partial}
 
 # A unit's prefetch setting: FSDP2 lists the units prefetched explicitly or says "default"; FSDP1
@@ -288,6 +289,8 @@ class RankInfo(msgspec.Struct, kw_only=True):
     """What the recorder measured of the rank's memory in the training process."""
     unit_timed_steps: list[int] | None = None
     """The steps whose units this rank's timers clocked; None in recordings older than them."""
+    script_profiled_steps: list[int] | None = None
+    """The steps the script's own torch.profiler was on in (never clean steps); None where it was never on."""
     observer: ObserverInfo | None = None
     """What the recorder itself spent in this rank's clean steps; None where unmeasured."""
 

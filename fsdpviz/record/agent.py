@@ -367,6 +367,7 @@ class Agent:
         self.step += 1
         self.clock.end_step(self.step, hold=self.profiler.labels_on)  # written after the profiled steps
         self.phase = "idle"
+        self.profiler.step_ended(ending)
         if advance_profiler:
             self.profiler.advance()  # may write the trace: between steps, not inside one
             self._measure_trace_start()
@@ -532,7 +533,8 @@ class Agent:
         if not profiled or self.profiler.time_window:
             return None
         timed = sorted(self.clock.step_ms)
-        clean = clean_steps(timed, profiled=profiled, unit_timed=self._unit_timed_done, partial=partial_step)
+        clean = clean_steps(timed, profiled=profiled, unit_timed=self._unit_timed_done, partial=partial_step,
+                            script_profiled=self.profiler.script_profiled)
         return self.observer.facts(clean, self.clock.step_ms)
 
     def _parallelism(self) -> dict[str, int | None] | None:

@@ -69,6 +69,8 @@ class ProfilerDriver:
         self._own_transition = False  # fsdpviz's profiler is starting its own trace (not the script's)
         self._tracing = False  # fsdpviz's profiler has started its trace (Kineto records for it)
         self._chained: Any = None  # torch's profiler-start callback, while fsdpviz's hook is in its place
+        self.script_profiled: set[int] = set()  # steps the script's own profiler was on in: never clean steps
+        self._step = 0  # the training step running now (step_ended)
 
     @property
     def time_window(self) -> bool:
@@ -113,8 +115,16 @@ class ProfilerDriver:
     # profiler that is off again by then is left alone.
 
     def _idle(self, step: int) -> bool:
-        """Whether fsdpviz's profiler does nothing at ``step``: no Kineto, no step range."""
-        return not self.time_window and step < self.options.warmup and self._scheduled(step) == schedule.NONE
+        """Whether fsdpviz's profiler does nothing at ``step``: no Kineto, no step range (the steps before
+        its warm-up step, ``--warmup`` - 1)."""
+        return not self.time_window and step < self.options.warmup - 1
+
+    def step_ended(self, ending: int) -> None:
+        """Training step ``ending`` ends (before :meth:`advance`): a script's profiler on now ran in it and
+        runs into the next, whose pace is then the profiler's, not the bare run's (no clean steps)."""
+        if self._script_profiler_on():
+            self.script_profiled.update((ending, ending + 1))
+        self._step = ending + 1
 
     def _script_profiler_on(self) -> bool:
         """Whether a profiler that is not fsdpviz's is on, in this thread or another: Kineto is one per
@@ -161,8 +171,10 @@ class ProfilerDriver:
 
         def on_profiler_start() -> None:
             # a script's profiler starting, on any thread, while fsdpviz's runs: Kineto is one per process
-            if not self._own_transition and self.prof is not None and not self._idle(self.prof.step_num):
-                self._stand_aside(self.prof.step_num, started=True)
+            if not self._own_transition:
+                self.script_profiled.add(self._step)
+                if self.prof is not None and not self._idle(self.prof.step_num):
+                    self._stand_aside(self.prof.step_num, started=True)
             chained()
 
         self._chained = chained
@@ -198,14 +210,20 @@ class ProfilerDriver:
         when = "started its own torch.profiler" if started else "ran its own torch.profiler"
         where = f"a {self.options.window_s:g} s window" if self.time_window else f"steps {first}-{last}"
         then = "the timers still ran" if self.options.timers else "no timers were asked for (--mode profile)"
-        warm = first - 1  # fsdpviz's profiler warm-up step: from it to the export the two would meet
-        before = (f"stopped before step {warm} begins (fsdpviz's profiler warm-up step, from the end of optimizer step "
-                  f"{warm - 1}; --warmup moves it) or " if warm > 0 else "")
-        advice = (f"with the script's profiler {before}started from step {last + 1} (after fsdpviz's trace is "
-                  "written), or " if not self.time_window else "")
+        if self.time_window:
+            advice = "with the script's profiler off"
+        else:
+            # fsdpviz's profiler is busy from its warm-up step, which begins where optimizer step first - 2 ends
+            busy = max(0, first - 1)
+            by = (f" (it must be off before optimizer step {first - 2} ends: whole steps 0-{first - 3} with this "
+                  "--warmup)" if first >= 3 else f" (it must be off before optimizer step {first - 2} ends)"
+                  if first == 2 else "")
+            advice = (f"with the script's profiler off, or on only outside fsdpviz's steps {busy}-{last} (its "
+                      f"{'warm-up step' if first >= 1 else 'first profiled step'} to its trace's export): for whole "
+                      f"steps 0-N, with --warmup N+3 or more{by}, or from step {last + 1} on; the steps it runs in are "
+                      "not clean steps")
         self.stood_aside = (f"no trace: the script {when} at step {step}, where fsdpviz profiles {where} (one process "
-                            f"runs one profiler), so fsdpviz stood aside; {then}. Record again {advice}with the "
-                            "script's profiler off")
+                            f"runs one profiler), so fsdpviz stood aside; {then}. Record again {advice}")
         self.stop()
 
     def action(self, step_num: int) -> ProfilerAction:
@@ -263,9 +281,11 @@ class ProfilerDriver:
         if not self.time_window and not any(step < steps_run for step in self.recorded_steps):
             self._discard = True
         self.stop()
+        self._unhook_script_profilers()
 
     def stop(self) -> None:
-        """Stop now (exports the trace if it was recording)."""
+        """Stop now (exports the trace if it was recording). The hook on torch's profiler start stays to
+        the process's end (:meth:`finish`): a script's profiler after fsdpviz's trace makes steps unclean too."""
         if self.prof is not None:
             prof, self.prof = self.prof, None
             self._own_transition = True
@@ -274,7 +294,6 @@ class ProfilerDriver:
             finally:
                 self._own_transition = False
         self.labels_on = False
-        self._unhook_script_profilers()
         if self.log_filter is not None:
             self.log_filter.stop()
 
@@ -314,7 +333,13 @@ class ProfilerDriver:
                 **({"log": LOG_FILE.format(rank=self.rank), "log_lines": log.captured} if log and log.captured else {}),
                 **({"window_s": self.options.window_s} if self.window else {}),
                 **({"error": self.trace_error} if self.trace_error else {}),
+                **({"script_profiled": profiled} if (profiled := self.script_profiled_steps()) else {}),
                 **({"note": note} if (note := self.no_trace_note()) else {})}
+
+    def script_profiled_steps(self) -> list[int]:
+        """The steps the script's own profiler was on in (that ran: a step after the last never did)."""
+        ran = self.steps_run
+        return sorted(s for s in self.script_profiled if ran is None or s < ran)
 
     def no_trace_note(self) -> str | None:
         """Why a process that was to profile wrote no trace: the script's own profiler held the thread, or

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from fsdpviz import __version__
+from fsdpviz.formatting import number_ranges
 from fsdpviz.record.options import RecordOptions
 from fsdpviz.record.timers import salvage_partial
 from fsdpviz.runfolder import (
@@ -189,6 +190,7 @@ def _rank_summary(info: dict[str, Any]) -> dict[str, Any]:
         "cpu_count": info.get("cpu_count"),
         "memory": info.get("memory"),
         "unit_timed_steps": info.get("unit_timed_steps"),
+        "script_profiled_steps": profile.get("script_profiled"),
         "observer": info.get("observer"),
     }
 
@@ -229,6 +231,12 @@ def build_run_json(
     no_trace.pop(None, None)
     for note, count in no_trace.items():  # e.g. a script shorter than --warmup: once, not once per rank
         notes = [*notes, f"{'every rank' if count == len(rank_infos) else f'{count} rank(s)'}: {note}"]
+    profiled_by_script = Counter(tuple((info.get("profile") or {}).get("script_profiled") or ()) for info in rank_infos)
+    profiled_by_script.pop((), None)
+    for steps, count in profiled_by_script.items():
+        notes = [*notes, (f"{'every rank' if count == len(rank_infos) else f'{count} rank(s)'}: the script's own "
+                         f"torch.profiler was on in step(s) {number_ranges(steps)}: they are not clean steps (the "
+                         "profiler slows them), so no step time is read from them")]
     versions: dict[str, str | None] = {"cuda": None, "nccl": None, **launcher_versions()}
     # what the ranks imported wins over what the launcher finds installed
     versions.update({k: v for k, v in (first.get("versions") or {}).items() if v is not None or k not in versions})

@@ -134,6 +134,12 @@ def unit_timed_of(run: RunInfo, rank: int) -> list[int] | None:
     return list(run.profile.unit_timed_steps) if run.profile.unit_timed_steps is not None else None
 
 
+def script_profiled_of(run: RunInfo, rank: int) -> list[int]:
+    """The steps the script's own torch.profiler was on in on ``rank`` (never clean steps)."""
+    info = run.rank_info(rank)
+    return list(info.script_profiled_steps or []) if info is not None else []
+
+
 def _split(run: RunInfo, rank: int, step: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """Masks over ``step``: the rank's profiled steps, and its clean unprofiled steps (the module
     docstring; a step the rank ended inside counts as neither); None when its profiler recorded no step."""
@@ -141,7 +147,8 @@ def _split(run: RunInfo, rank: int, step: np.ndarray) -> tuple[np.ndarray, np.nd
     if not profiled:
         return None
     usable = step != (partial if partial is not None else -1)
-    clean = clean_steps(step.tolist(), profiled=profiled, unit_timed=unit_timed_of(run, rank), partial=partial)
+    clean = clean_steps(step.tolist(), profiled=profiled, unit_timed=unit_timed_of(run, rank), partial=partial,
+                        script_profiled=script_profiled_of(run, rank))
     return np.isin(step, profiled) & usable, np.isin(step, list(clean))
 
 
@@ -208,7 +215,7 @@ def phase_times(timers: pd.DataFrame, run: RunInfo | None) -> dict[int, PhaseTim
         wide = wide.dropna()
         steps = wide.index.to_numpy()
         clean = clean_steps(steps.tolist(), profiled=profiled, unit_timed=unit_timed_of(run, int(rank)),
-                            partial=partial)
+                            partial=partial, script_profiled=script_profiled_of(run, int(rank)))
         unprofiled = wide[np.isin(steps, sorted(clean))]
         traced = wide[np.isin(steps, profiled) & (steps != (partial if partial is not None else -1))]
         if unprofiled.empty or traced.empty:

@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from fsdpviz.errors import UsageError
+from fsdpviz.formatting import number_ranges
 from fsdpviz.runfolder import SCHEDULE_OPTIMIZER_STEPS, RunInfo
 from fsdpviz.structure.records import NO_PROFILER_STEP, STEPS_DROPPED, Note
 from fsdpviz.trace import schema
@@ -169,20 +170,6 @@ def choose_steps(traces: TraceSet, rank: int, events: pd.DataFrame | None, *,
             why = "the rank stopped inside it"
     left_out = tuple(s for s in ordered if s not in keep)
     return RankChoice(rank, analysed_steps_of(rank_steps, keep), left_out, why if left_out else "")
-
-
-def number_ranges(numbers: Sequence[int]) -> str:
-    """``[2, 3, 4, 7]`` -> ``2-4, 7``: sorted numbers with consecutive runs joined."""
-    parts: list[str] = []
-    values = sorted(set(numbers))
-    i = 0
-    while i < len(values):
-        j = i
-        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
-            j += 1
-        parts.append(str(values[i]) if i == j else f"{values[i]}-{values[j]}")
-        i = j + 1
-    return ", ".join(parts)
 
 
 def combine_choices(choices: Sequence[RankChoice], requested: Sequence[int] | None) -> StepSelection:

@@ -76,8 +76,15 @@ def test_a_scripts_profiler_done_before_fsdpviz_warms_up_meets_nothing(tmp_path:
     assert _outputs(tmp_path / "recorded") == _outputs(tmp_path / "bare")
     counted = _outputs(tmp_path / "bare")[0]["counted"]
     assert counted["my_step"] == last + 1 and not any(n.startswith("ProfilerStep") for n in counted)
-    # AND fsdpviz did not stand aside: each rank's trace holds the profiled steps, no note
+    # AND fsdpviz did not stand aside: each rank's trace holds the profiled steps, no note of it
     run = check_complete(run_dir)
     assert run["status"] == "ok" and run["profile"]["steps"] == profiled
     assert [sorted(trace_steps(run_dir, rank)) for rank in (0, 1)] == [profiled, profiled]
     assert not [n for n in run["notes"] if "stood aside" in n or "no trace" in n]
+    # AND the steps the script's profiler was on in are not clean: 0-1, and step 2, which begins where
+    # optimizer step 1 ends, before the script's loop closes its profiler; of steps 2-7 only 7 is clean
+    # (3 warms fsdpviz's profiler up, 4-5 profiled, 6 follows the export and is unit-timed)
+    assert [r["script_profiled_steps"] for r in run["ranks"]] == [[0, 1, 2], [0, 1, 2]]
+    assert ("every rank: the script's own torch.profiler was on in step(s) 0-2: they are not clean steps (the "
+            "profiler slows them), so no step time is read from them") in run["notes"]
+    assert [r["observer"]["clean_steps"] for r in run["ranks"]] == [[7], [7]]

@@ -1,6 +1,9 @@
 """A torch profiler that another thread of the script starts while fsdpviz's records its trace: Kineto is
 one per process, and two profilers at once crash it (a segfault). fsdpviz's profiler stands aside, with
-its note; the process ends as it would bare. Run in a child process, which a crash would end."""
+its note; the process ends as it would bare. Run in a child process, which a crash would end. And a
+profiler of the training thread's own, on and off again inside step 0, while fsdpviz's is idle (before its
+warm-up step): left alone, it records no step range of fsdpviz's, fsdpviz's trace is written, and step 0
+is noted as the script's profiled step."""
 
 from __future__ import annotations
 
@@ -54,3 +57,35 @@ def test_another_threads_profiler_does_not_crash_the_process(on: int, off: int, 
     assert done.returncode == 0, done.stderr[-2000:]
     trace, note = done.stdout.strip().splitlines()[-1].split(" | ")
     assert trace == "None" and note.startswith("no trace: the script ") and said in note, note
+
+
+IDLE_PROGRAM = textwrap.dedent('''
+    import tempfile, torch
+    from pathlib import Path
+    from fsdpviz.record.options import RecordOptions
+    from fsdpviz.record.profiling import ProfilerDriver
+    driver = ProfilerDriver(RecordOptions(run_dir=Path(tempfile.mkdtemp()), warmup=3, steps=2))
+    x = torch.randn(64, 64)
+    driver.start(0, 0)
+    seen = []
+    for step in range(7):
+        if step == 0:
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as mine:
+                torch.add(x, x)
+            seen = sorted({e.name for e in mine.events()})
+        torch.add(x, x)
+        driver.step_ended(step)
+        driver.advance()
+    driver.finish(7)
+    print(driver.trace_file, "|", driver.stood_aside, "|", driver.script_profiled_steps(), "|", seen)
+''')
+
+
+def test_a_profiler_off_before_fsdpviz_warms_up_is_left_alone() -> None:
+    done = subprocess.run([sys.executable, "-c", IDLE_PROGRAM], capture_output=True, text=True, timeout=120,
+                          check=False, cwd=Path(__file__).parents[2])
+    assert done.returncode == 0, done.stderr[-2000:]
+    trace, stood_aside, script_profiled, seen = done.stdout.strip().splitlines()[-1].split(" | ")
+    assert trace == "traces/rank0.trace.json.gz" and stood_aside == "None"
+    assert script_profiled == "[0]"
+    assert "aten::add" in seen and "ProfilerStep" not in seen
