@@ -90,7 +90,7 @@ def prediction_rows(predictions: Sequence[tuple[str, SavedPrediction]]) -> list[
 def prediction_gaps(predictions: Sequence[tuple[str, SavedPrediction]], key: str) -> list[str]:
     """Why a saved prediction holds no value of the headline row ``key`` where it says more than that
     whatif does not predict the row (a null peak: ``--no-memory``...): ``label: name: why`` each."""
-    return [f"{label}: {p.name}: {why}" for label, p in predictions
+    return [f"{label}'s {p.name}: {why}" for label, p in predictions
             if headline_value(p, key)[0] is None and (why := not_predicted_why(p, key)) != NOT_PREDICTED]
 
 
@@ -143,7 +143,8 @@ def print_comparison(comparison: Comparison, predictions: Sequence[tuple[str, Sa
     if predictions:
         def predicted() -> Table:
             table = Table(title="saved predictions (fsdpviz whatif --save): predicted, not recorded; deltas against the "
-                                "run each was predicted from; - not predicted", title_justify="left")
+                                "run each was predicted from; - not predicted, or not known where a line below says why",
+                                title_justify="left")
             table.add_column("", no_wrap=True)
             for label, p in predictions:
                 table.add_column(escape(f"{label}: {p.name} ({p.mark})"), justify="right", no_wrap=True)
@@ -152,7 +153,7 @@ def print_comparison(comparison: Comparison, predictions: Sequence[tuple[str, Sa
         print_table(console, predicted, prediction_rows(predictions), name_column=None)
         for field in HEADLINE_FIELDS:
             for gap in prediction_gaps(predictions, field.key):
-                console.print(escape(f"- in {field.label}, {gap}"), highlight=False)
+                console.print(escape(f"- {field.label}, {gap}"), highlight=False)
     rows = unit_rows(comparison)
     if rows:
         basis = comparison.match.basis

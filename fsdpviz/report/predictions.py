@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from fsdpviz.formatting import format_bytes, format_change, format_ms
 from fsdpviz.report.html import HtmlTable, Section, TableCell
+from fsdpviz.whatif.saved import not_predicted_why
 
 if TYPE_CHECKING:
     from fsdpviz.report.data import ReportData
@@ -35,11 +36,15 @@ def predictions_table(saved: list[SavedPrediction]) -> HtmlTable:
     columns = ["", "recorded", *(f"{p.name} ({p.mark})" for p in saved)]
     rows = []
     for label, key, unit in FIELDS:
-        row = [TableCell(text=label, header=True), TableCell(text=_text(baseline.get(key), unit))]
+        known = baseline.get(key) is not None or key != "peak_allocated_bytes"
+        row = [TableCell(text=label, header=True),
+               TableCell(text=_text(baseline.get(key), unit), hint="" if known else str(baseline.get("peak_unknown") or ""))]
         for p in saved:
             value = p.predicted.get(key)
+            # a null peak says why, in whatif's words (the note saved with it)
+            why = not_predicted_why(p, "memory.peak_allocated_bytes") if value is None and unit == "bytes" else ""
             row.append(TableCell(text=_text(value, unit), sub=format_change(p.baseline.get(key), value, unit),
-                                 hint="predicted by fsdpviz whatif" + (f"; {p.caveats}" if p.caveats else "")))
+                                 hint=why or "predicted by fsdpviz whatif" + (f"; {p.caveats}" if p.caveats else "")))
         rows.append(row)
     return HtmlTable(columns=columns, rows=rows)
 

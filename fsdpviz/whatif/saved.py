@@ -99,10 +99,10 @@ def headline_value(saved: SavedPrediction, key: str) -> tuple[Any, Any]:
 def not_predicted_why(saved: SavedPrediction, key: str) -> str:
     """Why ``saved`` holds no value of compare's headline row ``key``: for the peak, the prediction's own
     reason (``peak_unknown``: ``--no-memory``, no samples, a world-size change); else :data:`NOT_PREDICTED`."""
-    if key == "memory.peak_allocated_bytes" and "peak_allocated_bytes" in saved.predicted:
-        why = saved.predicted.get("peak_unknown")
-        return f"peak not known: {why}" if isinstance(why, str) and why else (
-            "peak not known: the saved prediction's notes say why")  # saved before peak_unknown
+    if key == "memory.peak_allocated_bytes":
+        why = saved.predicted.get("peak_unknown")  # the note, which names the peak itself
+        return why if isinstance(why, str) and why else (
+            "the peak is null: the saved prediction's notes say why")  # saved before peak_unknown
     return NOT_PREDICTED
 
 

@@ -17,8 +17,9 @@ from fsdpviz.commands.compare_table import prediction_gaps, prediction_rows
 from fsdpviz.formatting import format_ms
 from fsdpviz.replay.model import read_model
 from fsdpviz.replay.settings import Settings
+from fsdpviz.report.predictions import predictions_table
 from fsdpviz.whatif.predict import predict
-from fsdpviz.whatif.saved import NOT_PREDICTED, SavedPrediction, not_predicted_why
+from fsdpviz.whatif.saved import NOT_PREDICTED, SavedPrediction, load_predictions, not_predicted_why
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
 
@@ -58,15 +59,15 @@ def test_a_null_predicted_peak_gives_whatifs_reason_not_not_predicted(tmp_path: 
                             data={"name": "world size 4", **prediction.to_json()})
     assert saved.predicted["peak_allocated_bytes"] is None and saved.predicted["peak_unknown"] == why
     # THEN compare's peak row says whatif's reason; the rows whatif does not predict keep the general words
-    assert not_predicted_why(saved, "memory.peak_allocated_bytes") == f"peak not known: {why}"
+    assert not_predicted_why(saved, "memory.peak_allocated_bytes") == why
     assert not_predicted_why(saved, "memory.peak_reserved_bytes") == NOT_PREDICTED
     assert prediction_gaps([("plain", saved)], "memory.peak_allocated_bytes") == [
-        f"plain: world size 4: peak not known: {why}"]
+        f"plain's world size 4: {why}"]
     assert ["peak allocated", "-"] in prediction_rows([("plain", saved)])
     # AND a file saved before the reason was kept says where to read it
     del saved.data["predicted"]["peak_unknown"]
     assert not_predicted_why(saved, "memory.peak_allocated_bytes") == (
-        "peak not known: the saved prediction's notes say why")
+        "the peak is null: the saved prediction's notes say why")
 
 
 def test_a_run_recorded_without_memory_compares_its_prediction_with_the_reason(
@@ -80,7 +81,13 @@ def test_a_run_recorded_without_memory_compares_its_prediction_with_the_reason(
     out = _run(["compare", str(gpu_h200_dir / "B"), str(run), "--no-cache", "-q", "-o", str(page)], capsys)
     # THEN the peak's dash says why: the recording's --no-memory, in whatif's words
     flat = " ".join(out.split())
-    assert ("- in peak allocated, Bl: prefetch 1: peak not known: no memory in the analysed steps: it was recorded "
-            "with --no-memory (run.json)") in flat
+    assert ("- peak allocated, Bl's prefetch 1: no memory in the analysed steps: it was recorded with --no-memory "
+            "(run.json)") in flat
     html = page.read_text()
-    assert "peak not known: no memory in the analysed steps: it was recorded with --no-memory (run.json)" in html
+    assert ("no memory in the analysed steps: it was recorded with --no-memory (run.json), so the peak memory is null, "
+            "and whatif predicts no peak (--explore ranks by step time alone) (predicted from Bl)") in html
+    # AND the run's own report: its Predicted settings table's peak cells, recorded and predicted, say it too
+    peak = next(row for row in predictions_table(load_predictions(run)).rows if row[0].text == "peak allocated")
+    assert [c.text for c in peak[1:]] == ["n/a", "n/a"]
+    assert peak[1].hint == peak[2].hint and peak[1].hint.startswith(
+        "no memory in the analysed steps: it was recorded with --no-memory (run.json)")

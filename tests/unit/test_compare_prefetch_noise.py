@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from synth import Scenario, generate_run, make_root, make_units
 
+from fsdpviz.analysis.compare.findings import prefetch_finding
 from fsdpviz.analysis.compare.runs import compare_runs
 from fsdpviz.report.compare.build import load_runs
 
@@ -65,9 +66,14 @@ def test_a_part_less_exposed_with_more_exposed_in_all_names_no_better_run_and_sa
     assert backward.values["exposed_backward_all_gather_ms"] == pytest.approx(exposed, abs=0.002)
     assert backward.better is None
     assert backward.message.endswith(
-        f"but its whole exposed communication is not ({whole['deep']:.2f} ms vs {whole['shallow']:.2f} ms per step), "
+        f"but its whole exposed communication is not less ({whole['deep']:.2f} ms vs {whole['shallow']:.2f} ms per step), "
         "so it is not named better.")
     # AND the forward one, whose part is not less either, names none without that clause
     (forward,) = [f for f in c.findings if f.kind == "prefetch" and "forward all-gathers" in f.message]
     assert forward.better is None and "exposed forward all-gather time is not less" in forward.message
     assert "whole exposed" not in forward.message
+    # AND where deep's whole exposed communication were unknown, the finding says that, and names none
+    c.values["overlap.exposed_comm_ms"][c.labels.index("deep")] = None
+    (unknown,) = [f for f in prefetch_finding(c) if "backward all-gathers" in f.message]
+    assert unknown.better is None and unknown.message.endswith(
+        "but the whole exposed communication of deep is unknown, so neither is named better.")
