@@ -14,7 +14,6 @@ Imports nothing, so that every layer may use it (docs/architecture.md).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import Final
 
 NS_PER_US: Final = 1_000
@@ -136,17 +135,3 @@ def change_text(before: float | None, after: float | None, unit: str) -> str:
     diff = after - before
     text = mib_change_text(diff) if unit == "bytes" else f"{diff:+,.2f} ms"
     return text + (f" ({100 * diff / before:+.1f} %)" if before else "")
-
-
-def number_ranges(numbers: Sequence[int]) -> str:
-    """``[2, 3, 4, 7]`` -> ``2-4, 7``: sorted numbers with consecutive runs joined."""
-    parts: list[str] = []
-    values = sorted(set(numbers))
-    i = 0
-    while i < len(values):
-        j = i
-        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
-            j += 1
-        parts.append(str(values[i]) if i == j else f"{values[i]}-{values[j]}")
-        i = j + 1
-    return ", ".join(parts)

@@ -102,6 +102,20 @@ SCHEDULE_TIME_WINDOW: Final = "time_window"  # the fallback for scripts without 
 SETTLING_STEPS: Final = 2
 
 
+def number_ranges(numbers: Sequence[int]) -> str:
+    """``[2, 3, 4, 7]`` -> ``2-4, 7``: sorted numbers with consecutive runs joined."""
+    parts: list[str] = []
+    values = sorted(set(numbers))
+    i = 0
+    while i < len(values):
+        j = i
+        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
+            j += 1
+        parts.append(str(values[i]) if i == j else f"{values[i]}-{values[j]}")
+        i = j + 1
+    return ", ".join(parts)
+
+
 def clean_steps(steps: Iterable[int], *, profiled: Sequence[int], unit_timed: Sequence[int] | None,
                 partial: int | None, script_profiled: Iterable[int] = ()) -> set[int]:
     """Which of a rank's ``steps`` are clean: the bare run's pace, what every time figure is calibrated on

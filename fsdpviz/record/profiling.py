@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import sys
+import threading
 import time
 import warnings
 from typing import Any
@@ -71,6 +72,8 @@ class ProfilerDriver:
         self._chained: Any = None  # torch's profiler-start callback, while fsdpviz's hook is in its place
         self.script_profiled: set[int] = set()  # steps the script's own profiler was on in: never clean steps
         self._step = 0  # the training step running now (step_ended)
+        self._orphaned = False  # fsdpviz's profiler left on this thread: stood aside from another thread
+        self._thread = threading.get_ident()  # the training thread (start)
 
     @property
     def time_window(self) -> bool:
@@ -100,6 +103,7 @@ class ProfilerDriver:
             if run_id and hasattr(self.prof, "preset_metadata_json"):  # the trace names its recording
                 self.prof.preset_metadata_json(TRACE_RUN_ID_KEY, json.dumps(run_id))
             self.prof.step_num = step
+            self._step, self._thread = step, threading.get_ident()
             self.recorded_steps.clear()  # the constructor asked about step 0
             self.prof.current_action = self.action(step)
             self._hook_script_profilers()
@@ -133,8 +137,11 @@ class ProfilerDriver:
 
         if self._tracing:
             return False
+        on_elsewhere = bool(getattr(autograd_profiler, "_is_profiler_enabled", False))
+        if self._orphaned:  # this thread's flag is fsdpviz's own profiler, which another thread could not stop
+            return on_elsewhere
         enabled = getattr(torch.autograd, "_profiler_enabled", None)  # this thread's
-        return bool(enabled is not None and enabled()) or bool(getattr(autograd_profiler, "_is_profiler_enabled", False))
+        return bool(enabled is not None and enabled()) or on_elsewhere
 
     def _transit(self, move: Any, step: int) -> bool:
         """Run ``move`` (the profiler's ``start`` or ``step`` into ``step``) unless the script's own profiler
@@ -195,6 +202,8 @@ class ProfilerDriver:
         self.prof = None
         self._tracing = False
         self._discard = True
+        # stopped from another thread, fsdpviz's profiler stays on in the training thread's own state
+        self._orphaned = tracing and threading.get_ident() != self._thread
         if prof is not None and tracing:
             try:
                 prof.stop()  # closes its step range too
@@ -213,15 +222,16 @@ class ProfilerDriver:
         if self.time_window:
             advice = "with the script's profiler off"
         else:
-            # fsdpviz's profiler is busy from its warm-up step, which begins where optimizer step first - 2 ends
-            busy = max(0, first - 1)
-            by = (f" (it must be off before optimizer step {first - 2} ends: whole steps 0-{first - 3} with this "
-                  "--warmup)" if first >= 3 else f" (it must be off before optimizer step {first - 2} ends)"
+            # busy from fsdpviz's warm-up step, which begins where optimizer step first - 2 ends; after the trace,
+            # the unit-timed steps time the units without a profiler
+            busy, after = max(0, first - 1), last + 1 + self.options.unit_timer_steps
+            by = (f" (with this --warmup, off before optimizer step {first - 2} ends: whole steps 0-{first - 3})"
+                  if first >= 3 else f" (with this --warmup, off before optimizer step {first - 2} ends)"
                   if first == 2 else "")
             advice = (f"with the script's profiler off, or on only outside fsdpviz's steps {busy}-{last} (its "
                       f"{'warm-up step' if first >= 1 else 'first profiled step'} to its trace's export): for whole "
-                      f"steps 0-N, with --warmup N+3 or more{by}, or from step {last + 1} on; the steps it runs in are "
-                      "not clean steps")
+                      f"steps 0-N, with --warmup N+3 or more{by}, or from step {after} on (after fsdpviz's "
+                      "unit-timed steps); the steps it runs in are not clean steps")
         self.stood_aside = (f"no trace: the script {when} at step {step}, where fsdpviz profiles {where} (one process "
                             f"runs one profiler), so fsdpviz stood aside; {then}. Record again {advice}")
         self.stop()

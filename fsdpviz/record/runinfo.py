@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from fsdpviz import __version__
-from fsdpviz.formatting import number_ranges
 from fsdpviz.record.options import RecordOptions
 from fsdpviz.record.timers import salvage_partial
 from fsdpviz.runfolder import (
@@ -35,6 +34,7 @@ from fsdpviz.runfolder import (
     TRACES_DIR,
     RunInfo,
     encode_run_json,
+    number_ranges,
     run_info_from,
 )
 
@@ -231,12 +231,15 @@ def build_run_json(
     no_trace.pop(None, None)
     for note, count in no_trace.items():  # e.g. a script shorter than --warmup: once, not once per rank
         notes = [*notes, f"{'every rank' if count == len(rank_infos) else f'{count} rank(s)'}: {note}"]
-    profiled_by_script = Counter(tuple((info.get("profile") or {}).get("script_profiled") or ()) for info in rank_infos)
-    profiled_by_script.pop((), None)
-    for steps, count in profiled_by_script.items():
-        notes = [*notes, (f"{'every rank' if count == len(rank_infos) else f'{count} rank(s)'}: the script's own "
-                         f"torch.profiler was on in step(s) {number_ranges(steps)}: they are not clean steps (the "
-                         "profiler slows them), so no step time is read from them")]
+    profiled_by_script: dict[tuple[int, ...], list[int]] = {}
+    for info in rank_infos:  # a script may profile on some ranks only: named, once per set of steps
+        steps = tuple((info.get("profile") or {}).get("script_profiled") or ())
+        if steps:
+            profiled_by_script.setdefault(steps, []).append(int(info.get("rank", -1)))
+    for steps, ranks in profiled_by_script.items():
+        who = "every rank" if len(ranks) == len(rank_infos) else f"rank(s) {number_ranges(ranks)}"
+        notes = [*notes, (f"{who}: the script's own torch.profiler was on in step(s) {number_ranges(steps)}: they are "
+                          "not clean steps (the profiler slows them), so no step time is read from them")]
     versions: dict[str, str | None] = {"cuda": None, "nccl": None, **launcher_versions()}
     # what the ranks imported wins over what the launcher finds installed
     versions.update({k: v for k, v in (first.get("versions") or {}).items() if v is not None or k not in versions})

@@ -42,9 +42,9 @@ def predictions_table(saved: list[SavedPrediction]) -> HtmlTable:
         for p in saved:
             value = p.predicted.get(key)
             # a null peak says why, in whatif's words (the note saved with it)
-            why = not_predicted_why(p, "memory.peak_allocated_bytes") if value is None and unit == "bytes" else ""
+            why = not_predicted_why(p, "memory.peak_allocated_bytes") if value is None and key == "peak_allocated_bytes" else ""
             row.append(TableCell(text=_text(value, unit), sub=format_change(p.baseline.get(key), value, unit),
-                                 hint=why or "predicted by fsdpviz whatif" + (f"; {p.caveats}" if p.caveats else "")))
+                                 hint=(why or "predicted by fsdpviz whatif") + (f"; {p.caveats}" if p.caveats else "")))
         rows.append(row)
     return HtmlTable(columns=columns, rows=rows)
 

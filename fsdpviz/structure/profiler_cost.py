@@ -165,6 +165,16 @@ def _rank_steps(timers: pd.DataFrame, run: RunInfo
         yield rank, step, rows["ms"].to_numpy(dtype=np.float64), masks[0], masks[1]
 
 
+def clean_step_rows(timers: pd.DataFrame, run: RunInfo | None) -> pd.DataFrame:
+    """The timers' whole-step records (rank, step, ms) of each rank's own clean unprofiled steps (a step
+    clean on one rank may not be on another: a script that profiles itself on one rank only)."""
+    if run is None or not _timed_run(timers, run):
+        return pd.DataFrame({"rank": [], "step": [], "ms": []})
+    parts = [pd.DataFrame({"rank": rank, "step": step[clean], "ms": ms[clean]})
+             for rank, step, ms, _profiled, clean in _rank_steps(timers, run) if clean.any()]
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame({"rank": [], "step": [], "ms": []})
+
+
 def clean_step_ms(timers: pd.DataFrame, run: RunInfo | None) -> dict[int, tuple[float, int]]:
     """Per rank: (the median of its clean unprofiled steps in ms, how many there are), for the ranks
     that timed at least one (the basis :mod:`fsdpviz.replay.calibration` replays the recording on)."""
@@ -307,9 +317,8 @@ def profiler_cost(timers: pd.DataFrame, run: RunInfo | None) -> ProfilerCost | N
     if fewest < MIN_UNPROFILED_STEPS:
         note = (f"the step time is the traced one: rank {fewest_rank} timed {fewest} clean unprofiled step(s) and "
                 f"the step time needs {MIN_UNPROFILED_STEPS} on every rank (the first {SETTLING_STEPS} steps, the "
-                "profiler's warm-up step, the step after the trace export and the unit-timed steps do not count); "
-                "record at least "
-                f"{FULL_HEADLINE_STEPS} steps with the default schedule, which times the steps after the profiled ones")
+                "profiler's warm-up step, the step after the trace export and the unit-timed steps do not count"
+                f"{_script_words(run)}); " + _more_steps(run))
     elif slowdown < NOISE_SLOWDOWN:
         note = noise_note(slowdown)
     observed = [r.observer for r in run.ranks if r.observer is not None and r.observer.agent_ms_median is not None]
@@ -354,8 +363,24 @@ def no_cost_note(timers: pd.DataFrame, run: RunInfo | None) -> str | None:
     if not profiled:
         return None
     return (f"the step time is the traced one: the timers hold no clean unprofiled step (the first {SETTLING_STEPS} "
-            "steps, the profiler's warm-up step and the step after the trace export do not count); record at least "
-            f"{FULL_HEADLINE_STEPS} steps with the default schedule, which times the steps after the profiled ones")
+            f"steps, the profiler's warm-up step and the step after the trace export do not count{_script_words(run)}); "
+            + _more_steps(run))
+
+
+def _script_profiled_any(run: RunInfo) -> bool:
+    return any(r.script_profiled_steps for r in run.ranks)
+
+
+def _script_words(run: RunInfo) -> str:
+    """The steps a script's own profiler took from the clean ones, as a clause ("" where none)."""
+    return ", nor the steps the script's own torch.profiler was on in (run.json)" if _script_profiled_any(run) else ""
+
+
+def _more_steps(run: RunInfo) -> str:
+    """How to record clean steps: more steps, and where the script profiles itself, fewer steps of its own."""
+    more = (f"record at least {FULL_HEADLINE_STEPS} steps with the default schedule, which times the steps after the "
+            "profiled ones")
+    return more + (", or run the script's own profiler on fewer steps" if _script_profiled_any(run) else "")
 
 
 def units_timed_in_clean_steps(timers: pd.DataFrame, run: RunInfo | None) -> bool:
@@ -415,7 +440,8 @@ def _unit_timed_wanted(run: RunInfo, rank: int, rank_steps: np.ndarray) -> np.nd
         masks = _split(run, rank, rank_steps)
         return rank_steps[masks[1]] if masks is not None else None
     _profiled, partial = _profiled_of(run, rank)
-    return rank_steps[np.isin(rank_steps, unit_timed) & (rank_steps != (partial if partial is not None else -1))]
+    return rank_steps[np.isin(rank_steps, unit_timed) & (rank_steps != (partial if partial is not None else -1))
+                      & ~np.isin(rank_steps, script_profiled_of(run, rank))]  # the script's profiler slowed those
 
 
 def unit_pass_ms(timers: pd.DataFrame, run: RunInfo | None) -> dict[tuple[str, str], float]:

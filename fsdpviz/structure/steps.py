@@ -30,8 +30,7 @@ import numpy as np
 import pandas as pd
 
 from fsdpviz.errors import UsageError
-from fsdpviz.formatting import number_ranges
-from fsdpviz.runfolder import SCHEDULE_OPTIMIZER_STEPS, RunInfo
+from fsdpviz.runfolder import SCHEDULE_OPTIMIZER_STEPS, RunInfo, number_ranges
 from fsdpviz.structure.records import NO_PROFILER_STEP, STEPS_DROPPED, Note
 from fsdpviz.trace import schema
 from fsdpviz.trace.tables import TraceSet

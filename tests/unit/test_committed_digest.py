@@ -13,8 +13,6 @@ CANNOT_CHANGE_A_RECORDING = {
     "fsdpviz": "the version string run.json records (a new version stamps new recordings, the traces as they were)",
     "fsdpviz.errors": "the exception classes a refused or failed recording raises",
     "fsdpviz.commands.common": "the terminal's words",
-    "fsdpviz.formatting": "step numbers in run.json's note on a script's own profiler, which no committed copy's "
-                          "script runs",
     # after the ranks end: the summary and report the command writes, which tests analyse again anyway
     "fsdpviz.analysis.pipeline": "the analysis after the recording",
     "fsdpviz.commands.summary": "the summary printed after the recording",

@@ -41,22 +41,27 @@ PROGRAM = textwrap.dedent('''
         if step == off:
             stop.set()
             stopped.wait(5)
+        driver.step_ended(step)
         driver.advance()
     stop.set(); go.set(); thread.join()
     driver.finish(7)
-    print(driver.trace_file, "|", driver.stood_aside)
+    print(driver.trace_file, "|", driver.stood_aside, "|", driver.script_profiled_steps())
 ''')
 
 
-@pytest.mark.parametrize(("on", "off", "said"), [(2, 4, "started its own torch.profiler at step 2"),
-                                                 # on from step 0, while fsdpviz's is idle: met at its warm-up
-                                                 (0, 3, "ran its own torch.profiler at step 1")])
-def test_another_threads_profiler_does_not_crash_the_process(on: int, off: int, said: str) -> None:
+@pytest.mark.parametrize(("on", "off", "said", "noted"), [
+    # fsdpviz's profiler, stopped from the other thread, stays on in the training thread's own state: the
+    # steps after the other one stopped are not taken for the script's
+    (2, 4, "started its own torch.profiler at step 2", "[2, 3, 4]"),
+    # on from step 0, while fsdpviz's is idle: met at its warm-up
+    (0, 3, "ran its own torch.profiler at step 1", "[0, 1, 2, 3]")])
+def test_another_threads_profiler_does_not_crash_the_process(on: int, off: int, said: str, noted: str) -> None:
     done = subprocess.run([sys.executable, "-c", PROGRAM, str(on), str(off)], capture_output=True, text=True,
                           timeout=120, check=False, cwd=Path(__file__).parents[2])
     assert done.returncode == 0, done.stderr[-2000:]
-    trace, note = done.stdout.strip().splitlines()[-1].split(" | ")
+    trace, note, script_profiled = done.stdout.strip().splitlines()[-1].split(" | ")
     assert trace == "None" and note.startswith("no trace: the script ") and said in note, note
+    assert script_profiled == noted
 
 
 IDLE_PROGRAM = textwrap.dedent('''
@@ -89,3 +94,42 @@ def test_a_profiler_off_before_fsdpviz_warms_up_is_left_alone() -> None:
     assert trace == "traces/rank0.trace.json.gz" and stood_aside == "None"
     assert script_profiled == "[0]"
     assert "aten::add" in seen and "ProfilerStep" not in seen
+
+
+MODES_PROGRAM = textwrap.dedent('''
+    import sys, tempfile, torch
+    from pathlib import Path
+    from fsdpviz.record.options import RecordOptions
+    from fsdpviz.record.profiling import ProfilerDriver
+    mode = sys.argv[1]
+    driver = ProfilerDriver(RecordOptions(run_dir=Path(tempfile.mkdtemp()), warmup=2, steps=2))
+    x = torch.randn(64, 64)
+    if mode != "timers":  # --mode timers: fsdpviz's profiler never starts
+        driver.start(0, 0)
+    mine = None
+    for step in range(9):
+        if mode == "after" and step == 5:  # on and off inside one step, after fsdpviz's trace
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+                torch.add(x, x)
+        if mode == "timers" and step == 6:  # on across the end of step 6, off in step 7
+            mine = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            mine.__enter__()
+        if mode == "timers" and step == 7:
+            mine.__exit__(None, None, None)
+        torch.add(x, x)
+        driver.step_ended(step)
+        driver.advance()
+    driver.finish(9)
+    print(driver.trace_file, "|", driver.script_profiled_steps())
+''')
+
+
+@pytest.mark.parametrize(("mode", "trace", "noted"), [
+    ("plain", "traces/rank0.trace.json.gz", "[]"),  # fsdpviz's own profiler is never taken for the script's
+    ("after", "traces/rank0.trace.json.gz", "[5]"),  # seen as it starts, after fsdpviz's trace is written
+    ("timers", "None", "[6, 7]")])  # seen at a step's end where fsdpviz's profiler never ran
+def test_the_steps_a_scripts_profiler_was_on_in_are_noted(mode: str, trace: str, noted: str) -> None:
+    done = subprocess.run([sys.executable, "-c", MODES_PROGRAM, mode], capture_output=True, text=True, timeout=120,
+                          check=False, cwd=Path(__file__).parents[2])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1].split(" | ") == [trace, noted]

@@ -103,6 +103,9 @@ def test_clean_steps_are_the_steps_nothing_else_touched() -> None:
     # profiling late: clean steps before the window too, never the first two
     assert clean_steps(steps, profiled=[6, 7], unit_timed=[9], partial=None) == {2, 3, 4, 10, 11}
     assert clean_steps(steps, profiled=[], unit_timed=[5], partial=None) == set()
+    # the steps the script's own profiler was on in
+    assert clean_steps(steps, profiled=[2, 3, 4], unit_timed=[5], partial=None, script_profiled=[8, 9]) == {
+        6, 7, 10, 11}
 
 
 def test_a_reset_the_script_makes_is_read_before_it_goes_through_and_the_hook_leaves_with_the_run() -> None:

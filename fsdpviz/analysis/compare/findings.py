@@ -560,8 +560,9 @@ def prefetch_finding(c: Comparison) -> list[Finding]:
                     message += (f", but its whole exposed communication is not less ({ms_text(float(ti))} vs "
                                 f"{ms_text(float(tj))} per step), so it is not named better")
                 elif e_deep < e_shallow and not whole_less:
-                    message += (f", but the whole exposed communication of {deep if ti is None else shallow} is "
-                                "unknown, so neither is named better")
+                    whose = "both runs" if ti is None and tj is None else deep if ti is None else shallow
+                    message += (f", but the whole exposed communication of {whose} is unknown, so neither is "
+                                "named better")
         out.append(_finding("prefetch", message + ".", "mean over units of the median issue depth "
                             "(units computing when the gather began)", better,
                             {f"{phase}_issue_depth": known,

@@ -92,12 +92,13 @@ def step_values_ms(run: LabelledRun, key: str) -> pd.Series | None:
     if key == "step_time_ms":
         profiler = summary.profiler
         if summary.step_time_source == "timers" and profiler is not None:
-            from fsdpviz.structure.profiler_cost import whole_step_times
+            from fsdpviz.structure.profiler_cost import clean_step_rows
 
             timers = run.traces.timers
-            rows = whole_step_times(timers) if timers is not None and not timers.empty else pd.DataFrame()
-            clean = (rows[rows["step"].isin(profiler.unprofiled_steps)].groupby("step")["ms"].median()
-                     if not rows.empty else None)
+            # each rank's own clean steps: a step clean on one rank may not be on another
+            rows = (clean_step_rows(timers, run.traces.run) if timers is not None and not timers.empty
+                    else pd.DataFrame())
+            clean = rows.groupby("step")["ms"].median() if not rows.empty else None
             if clean is not None and len(clean) >= CLEAN_SPREAD_STEPS:
                 return clean
             # too few clean steps to range over alone: the traced steps', moved to the run's clock by the
