@@ -72,7 +72,7 @@ class ProfilerDriver:
         self._chained: Any = None  # torch's profiler-start callback, while fsdpviz's hook is in its place
         self.script_profiled: set[int] = set()  # steps the script's own profiler was on in: never clean steps
         self._step = 0  # the training step running now (step_ended)
-        self._orphaned = False  # fsdpviz's profiler left on this thread: stood aside from another thread
+        self.left_on_from: int | None = None  # fsdpviz's profiler left on in this thread from this step (orphaned)
         self._thread = threading.get_ident()  # the training thread (start)
 
     @property
@@ -137,11 +137,8 @@ class ProfilerDriver:
 
         if self._tracing:
             return False
-        on_elsewhere = bool(getattr(autograd_profiler, "_is_profiler_enabled", False))
-        if self._orphaned:  # this thread's flag is fsdpviz's own profiler, which another thread could not stop
-            return on_elsewhere
         enabled = getattr(torch.autograd, "_profiler_enabled", None)  # this thread's
-        return bool(enabled is not None and enabled()) or on_elsewhere
+        return bool(enabled is not None and enabled()) or bool(getattr(autograd_profiler, "_is_profiler_enabled", False))
 
     def _transit(self, move: Any, step: int) -> bool:
         """Run ``move`` (the profiler's ``start`` or ``step`` into ``step``) unless the script's own profiler
@@ -202,8 +199,11 @@ class ProfilerDriver:
         self.prof = None
         self._tracing = False
         self._discard = True
-        # stopped from another thread, fsdpviz's profiler stays on in the training thread's own state
-        self._orphaned = tracing and threading.get_ident() != self._thread
+        # stopped from another thread, fsdpviz's profiler stays on in the training thread's own state, to the
+        # process's end (ending it from this thread crashes the backend): every step from here is slowed, and
+        # the training thread's flag, read at each step's end, marks them all as not clean
+        if tracing and threading.get_ident() != self._thread:
+            self.left_on_from = step
         if prof is not None and tracing:
             try:
                 prof.stop()  # closes its step range too
@@ -228,10 +228,10 @@ class ProfilerDriver:
             by = (f" (with this --warmup, off before optimizer step {first - 2} ends: whole steps 0-{first - 3})"
                   if first >= 3 else f" (with this --warmup, off before optimizer step {first - 2} ends)"
                   if first == 2 else "")
-            advice = (f"with the script's profiler off, or on only outside fsdpviz's steps {busy}-{last} (its "
-                      f"{'warm-up step' if first >= 1 else 'first profiled step'} to its trace's export): for whole "
-                      f"steps 0-N, with --warmup N+3 or more{by}, or from step {after} on (after fsdpviz's "
-                      "unit-timed steps); the steps it runs in are not clean steps")
+            advice = (f"with the script's profiler off, or on only outside fsdpviz's steps {busy}-{after - 1} (its "
+                      f"{'warm-up step' if first >= 1 else 'first profiled step'} to its unit-timed steps after the "
+                      f"trace): for whole steps 0-N, with --warmup N+3 or more{by}, or from step {after} on; the steps "
+                      "it runs in are not clean steps")
         self.stood_aside = (f"no trace: the script {when} at step {step}, where fsdpviz profiles {where} (one process "
                             f"runs one profiler), so fsdpviz stood aside; {then}. Record again {advice}")
         self.stop()
@@ -344,6 +344,7 @@ class ProfilerDriver:
                 **({"window_s": self.options.window_s} if self.window else {}),
                 **({"error": self.trace_error} if self.trace_error else {}),
                 **({"script_profiled": profiled} if (profiled := self.script_profiled_steps()) else {}),
+                **({"profiler_left_on_from": self.left_on_from} if self.left_on_from is not None else {}),
                 **({"note": note} if (note := self.no_trace_note()) else {})}
 
     def script_profiled_steps(self) -> list[int]:

@@ -231,15 +231,21 @@ def build_run_json(
     no_trace.pop(None, None)
     for note, count in no_trace.items():  # e.g. a script shorter than --warmup: once, not once per rank
         notes = [*notes, f"{'every rank' if count == len(rank_infos) else f'{count} rank(s)'}: {note}"]
-    profiled_by_script: dict[tuple[int, ...], list[int]] = {}
+    profiled_by_script: dict[tuple[tuple[int, ...], int | None], list[int]] = {}
     for info in rank_infos:  # a script may profile on some ranks only: named, once per set of steps
-        steps = tuple((info.get("profile") or {}).get("script_profiled") or ())
+        profile = info.get("profile") or {}
+        steps = tuple(profile.get("script_profiled") or ())
         if steps:
-            profiled_by_script.setdefault(steps, []).append(int(info.get("rank", -1)))
-    for steps, ranks in profiled_by_script.items():
+            profiled_by_script.setdefault((steps, profile.get("profiler_left_on_from")), []).append(
+                int(info.get("rank", -1)))
+    for (steps, left_on), ranks in profiled_by_script.items():
         who = "every rank" if len(ranks) == len(rank_infos) else f"rank(s) {number_ranges(ranks)}"
-        notes = [*notes, (f"{who}: the script's own torch.profiler was on in step(s) {number_ranges(steps)}: they are "
-                          "not clean steps (the profiler slows them), so no step time is read from them")]
+        why = ("a profiler was on: the script's own, then, from step "
+               f"{left_on}, fsdpviz's, which the script's profiler started on another thread stopped there and "
+               "left on in the training thread to the end (it cannot be ended from there)" if left_on is not None
+               else "the script's own torch.profiler was on")
+        notes = [*notes, (f"{who}: in step(s) {number_ranges(steps)} {why}: they are not clean steps (a profiler "
+                          "slows them), so neither the step time nor the units' timed passes are read from them")]
     versions: dict[str, str | None] = {"cuda": None, "nccl": None, **launcher_versions()}
     # what the ranks imported wins over what the launcher finds installed
     versions.update({k: v for k, v in (first.get("versions") or {}).items() if v is not None or k not in versions})

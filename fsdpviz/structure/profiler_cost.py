@@ -14,7 +14,8 @@ clean step is none of (:func:`fsdpviz.runfolder.clean_steps`): the first :data:`
 the run (allocation, caches, lazy initialisation), the profiler's own warm-up step (the step before the
 first profiled one: Kineto already collects), the step after the last profiled one (the step right
 after the trace export, which pays for the profiler's teardown and the written file), a unit-timed
-step (its units were timed), a step a rank ended inside. A run without timers that cover both kinds of
+step (its units were timed), a step a rank ended inside, a step a profiler of the script's was on in
+(run.json ``ranks[].script_profiled_steps``). A run without timers that cover both kinds of
 step (a trace recorded without fsdpviz, ``--mode profile``, a run that stopped inside its profiled
 window) has no such numbers.
 
@@ -363,7 +364,8 @@ def no_cost_note(timers: pd.DataFrame, run: RunInfo | None) -> str | None:
     if not profiled:
         return None
     return (f"the step time is the traced one: the timers hold no clean unprofiled step (the first {SETTLING_STEPS} "
-            f"steps, the profiler's warm-up step and the step after the trace export do not count{_script_words(run)}); "
+            "steps, the profiler's warm-up step, the step after the trace export and the unit-timed steps do not count"
+            f"{_script_words(run)}); "
             + _more_steps(run))
 
 
@@ -373,14 +375,17 @@ def _script_profiled_any(run: RunInfo) -> bool:
 
 def _script_words(run: RunInfo) -> str:
     """The steps a script's own profiler took from the clean ones, as a clause ("" where none)."""
-    return ", nor the steps the script's own torch.profiler was on in (run.json)" if _script_profiled_any(run) else ""
+    return ", nor the steps a profiler of the script's was on in, run.json's notes" if _script_profiled_any(run) else ""
 
 
 def _more_steps(run: RunInfo) -> str:
     """How to record clean steps: more steps, and where the script profiles itself, fewer steps of its own."""
-    more = (f"record at least {FULL_HEADLINE_STEPS} steps with the default schedule, which times the steps after the "
+    if _script_profiled_any(run):
+        return ("record more steps than the script's own profiler covers (2 clean ones on every rank, after the first "
+                f"{SETTLING_STEPS} and outside fsdpviz's profiled and unit-timed steps), or run the script's profiler "
+                "on fewer steps")
+    return (f"record at least {FULL_HEADLINE_STEPS} steps with the default schedule, which times the steps after the "
             "profiled ones")
-    return more + (", or run the script's own profiler on fewer steps" if _script_profiled_any(run) else "")
 
 
 def units_timed_in_clean_steps(timers: pd.DataFrame, run: RunInfo | None) -> bool:
@@ -434,7 +439,8 @@ def unit_pass_steps(timers: pd.DataFrame, run: RunInfo | None) -> pd.DataFrame:
 
 def _unit_timed_wanted(run: RunInfo, rank: int, rank_steps: np.ndarray) -> np.ndarray | None:
     """The steps of ``rank_steps`` whose units were timed without the profiler: the unit-timed steps
-    that completed, or, in a recording older than them, the clean unprofiled steps."""
+    that completed, less those a profiler of the script's was on in, or, in a recording older than them,
+    the clean unprofiled steps."""
     unit_timed = unit_timed_of(run, rank)
     if unit_timed is None:
         masks = _split(run, rank, rank_steps)

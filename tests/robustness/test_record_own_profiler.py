@@ -85,6 +85,6 @@ def test_a_scripts_profiler_done_before_fsdpviz_warms_up_meets_nothing(tmp_path:
     # optimizer step 1 ends, before the script's loop closes its profiler; of steps 2-7 only 7 is clean
     # (3 warms fsdpviz's profiler up, 4-5 profiled, 6 follows the export and is unit-timed)
     assert [r["script_profiled_steps"] for r in run["ranks"]] == [[0, 1, 2], [0, 1, 2]]
-    assert ("every rank: the script's own torch.profiler was on in step(s) 0-2: they are not clean steps (the "
-            "profiler slows them), so no step time is read from them") in run["notes"]
+    assert ("every rank: in step(s) 0-2 the script's own torch.profiler was on: they are not clean steps (a profiler "
+            "slows them), so neither the step time nor the units' timed passes are read from them") in run["notes"]
     assert [r["observer"]["clean_steps"] for r in run["ranks"]] == [[7], [7]]

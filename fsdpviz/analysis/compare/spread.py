@@ -6,8 +6,10 @@ that is not a property of the settings. Here a run's *spread* of a figure is the
 minus lowest) of its per-step values over the steps the figure is taken from, each step's value
 the median over ranks:
 
-- ``step_time_ms``: the timers' unprofiled steps when the summary's step time is theirs
-  (``step_time_source`` ``timers``) and they are at least :data:`CLEAN_SPREAD_STEPS`; with fewer, the
+- ``step_time_ms``: the timers' clean unprofiled steps when the summary's step time is theirs
+  (``step_time_source`` ``timers``), each rank's own, and of them the steps clean on every rank where
+  those are enough (a script's own profiler may slow a step on one rank only), at least
+  :data:`CLEAN_SPREAD_STEPS`; with fewer, the
   analysed steps as traced, moved to the step time by its ratio to the traced step, where they range
   wider than the clean ones (the profiler's jitter comes with them); else the analysed steps as traced;
 - ``overlap.exposed_comm_ms`` and ``overlap.comm_ms``: the analysed steps' exposed and total
@@ -98,6 +100,14 @@ def step_values_ms(run: LabelledRun, key: str) -> pd.Series | None:
             # each rank's own clean steps: a step clean on one rank may not be on another
             rows = (clean_step_rows(timers, run.traces.run) if timers is not None and not timers.empty
                     else pd.DataFrame())
+            if not rows.empty:
+                # where the ranks' clean steps differ, a step's median over other ranks would read the
+                # ranks' offsets as spread: the steps clean on every rank, where there are enough of them
+                ranks = rows["rank"].nunique()
+                common = rows.groupby("step")["rank"].nunique()
+                common = common[common == ranks].index
+                if len(common) >= CLEAN_SPREAD_STEPS:
+                    rows = rows[rows["step"].isin(common)]
             clean = rows.groupby("step")["ms"].median() if not rows.empty else None
             if clean is not None and len(clean) >= CLEAN_SPREAD_STEPS:
                 return clean
