@@ -24,6 +24,7 @@ import warnings
 from typing import Any
 
 import torch
+import torch.autograd.profiler as autograd_profiler
 from torch.profiler import ProfilerAction, ProfilerActivity
 
 from fsdpviz.record import schedule
@@ -133,8 +134,6 @@ class ProfilerDriver:
     def _script_profiler_on(self) -> bool:
         """Whether a profiler that is not fsdpviz's is on, in this thread or another: Kineto is one per
         process, and two profilers on two threads at once crash it."""
-        import torch.autograd.profiler as autograd_profiler
-
         if self._tracing:
             return False
         enabled = getattr(torch.autograd, "_profiler_enabled", None)  # this thread's
@@ -167,8 +166,6 @@ class ProfilerDriver:
         """Put a hook where torch starts any profiler of this process (``torch.autograd.profiler``'s
         ``_run_on_profiler_start``): a script's own that starts while fsdpviz's runs makes fsdpviz's stop
         first. Torch releases without that function keep only the checks at fsdpviz's own steps."""
-        import torch.autograd.profiler as autograd_profiler
-
         chained = getattr(autograd_profiler, "_run_on_profiler_start", None)
         if chained is None or self._chained is not None:
             return
@@ -186,8 +183,6 @@ class ProfilerDriver:
 
     def _unhook_script_profilers(self) -> None:
         if self._chained is not None:
-            import torch.autograd.profiler as autograd_profiler
-
             autograd_profiler._run_on_profiler_start = self._chained
             self._chained = None
 

@@ -36,9 +36,9 @@ def predictions_table(saved: list[SavedPrediction]) -> HtmlTable:
     columns = ["", "recorded", *(f"{p.name} ({p.mark})" for p in saved)]
     rows = []
     for label, key, unit in FIELDS:
-        known = baseline.get(key) is not None or key != "peak_allocated_bytes"
-        row = [TableCell(text=label, header=True),
-               TableCell(text=_text(baseline.get(key), unit), hint="" if known else str(baseline.get("peak_unknown") or ""))]
+        row = [TableCell(text=label, header=True),  # a null peak's cell says why (null where it is known)
+               TableCell(text=_text(baseline.get(key), unit),
+                         hint=str(baseline.get("peak_unknown") or "") if key == "peak_allocated_bytes" else "")]
         for p in saved:
             value = p.predicted.get(key)
             # a null peak says why, in whatif's words (the note saved with it)

@@ -169,10 +169,10 @@ def _rank_steps(timers: pd.DataFrame, run: RunInfo
 def clean_step_rows(timers: pd.DataFrame, run: RunInfo | None) -> pd.DataFrame:
     """The timers' whole-step records (rank, step, ms) of each rank's own clean unprofiled steps (a step
     clean on one rank may not be on another: a script that profiles itself on one rank only)."""
-    if run is None or not _timed_run(timers, run):
-        return pd.DataFrame({"rank": [], "step": [], "ms": []})
-    parts = [pd.DataFrame({"rank": rank, "step": step[clean], "ms": ms[clean]})
-             for rank, step, ms, _profiled, clean in _rank_steps(timers, run) if clean.any()]
+    parts = []
+    if run is not None and _timed_run(timers, run):
+        parts = [pd.DataFrame({"rank": rank, "step": step[clean], "ms": ms[clean]})
+                 for rank, step, ms, _profiled, clean in _rank_steps(timers, run) if clean.any()]
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame({"rank": [], "step": [], "ms": []})
 
 

@@ -556,13 +556,14 @@ def prefetch_finding(c: Comparison) -> list[Finding]:
                 ti, tj = total[i], total[j]
                 whole_less = ti is not None and tj is not None and float(ti) < float(tj)
                 better = deep if e_deep < e_shallow and whole_less else None
-                if e_deep < e_shallow and ti is not None and tj is not None and not whole_less:
-                    message += (f", but its whole exposed communication is not less ({ms_text(float(ti))} vs "
-                                f"{ms_text(float(tj))} per step), so it is not named better")
-                elif e_deep < e_shallow and not whole_less:
-                    whose = "both runs" if ti is None and tj is None else deep if ti is None else shallow
-                    message += (f", but the whole exposed communication of {whose} is unknown, so neither is "
-                                "named better")
+                if e_deep < e_shallow and not whole_less:
+                    if ti is None or tj is None:
+                        whose = "both runs" if ti is None and tj is None else deep if ti is None else shallow
+                        message += (f", but the whole exposed communication of {whose} is unknown, so neither is "
+                                    "named better")
+                    else:
+                        message += (f", but its whole exposed communication is not less ({ms_text(float(ti))} vs "
+                                    f"{ms_text(float(tj))} per step), so it is not named better")
         out.append(_finding("prefetch", message + ".", "mean over units of the median issue depth "
                             "(units computing when the gather began)", better,
                             {f"{phase}_issue_depth": known,
