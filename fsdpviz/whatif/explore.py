@@ -165,7 +165,7 @@ class Candidate:
         if self.prediction is not None:
             p = self.prediction.predicted
             out.update(step_time_ms=p.step_time_ms, peak_allocated_bytes=p.peak_allocated_bytes,
-                       exposed_comm_ms=p.exposed_comm_ms, over_budget_bytes=self.over_bytes,
+                       peak_unknown=p.peak_unknown, exposed_comm_ms=p.exposed_comm_ms, over_budget_bytes=self.over_bytes,
                        bound=self.bound.to_json() if self.bound is not None else None,
                        settings=self.prediction.settings_json(), reliable=self.prediction.reliable,
                        parts_over_pct=self.prediction.parts_over_pct, clamps=self.prediction.clamps,

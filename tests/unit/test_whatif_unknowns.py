@@ -172,3 +172,34 @@ def test_a_peak_the_models_ranks_hold_no_sample_of_says_so() -> None:
     assert peak_unknown_note([], None, [0]) == "the peak memory is null: the analysed steps hold no memory samples"
     note = Note(NO_MEMORY, "no memory in the analysed steps: it was recorded with --no-memory (run.json)")
     assert peak_unknown_note([Note("other", "x"), note], None, [0]) == str(note)
+
+
+def _explored_rows(run: Path) -> list[dict]:
+    """Every setting ``whatif --explore --json`` predicted for ``run`` (the skipped ones have no prediction)."""
+    from fsdpviz.whatif.explore import explore
+
+    out = explore(read_model(analyse([run], cache=False))).to_json()
+    return [c for key in ("ranked", "within_spread", "unranked") for c in out[key]]
+
+
+def test_explores_null_peaks_say_why_row_by_row(gpu_h200_dir: Path, tmp_path: Path) -> None:
+    # GIVEN H200 model B recorded with --no-memory (Bl): no setting's peak can be predicted
+    shutil.copytree(gpu_h200_dir / "Bl", tmp_path / "Bl", ignore=shutil.ignore_patterns(".fsdpviz-cache"))
+    rows = _explored_rows(tmp_path / "Bl")
+    assert len(rows) > 3
+    # THEN every row's null peak carries the reason a single prediction gives: the recording's --no-memory
+    for row in rows:
+        assert row["peak_allocated_bytes"] is None and row["fits_budget"] is None
+        assert row["peak_unknown"].startswith(
+            "no memory in the analysed steps: it was recorded with --no-memory (run.json)"), row["setting"]
+
+
+def test_explores_predicted_peaks_carry_no_reason(tmp_path: Path) -> None:
+    # GIVEN the bundled FSDP2 sample, recorded with memory: every explored setting's peak is predicted
+    shutil.copytree(REPO / "sample_traces" / "fsdp2-cpu-2rank", tmp_path / "fsdp2",
+                    ignore=shutil.ignore_patterns(".fsdpviz-cache"))
+    rows = _explored_rows(tmp_path / "fsdp2")
+    assert len(rows) > 3
+    for row in rows:
+        assert isinstance(row["peak_allocated_bytes"], int) and row["peak_allocated_bytes"] > 0, row["setting"]
+        assert "peak_unknown" in row and row["peak_unknown"] is None
