@@ -197,7 +197,15 @@ def render_page(page: Page) -> str:
                 keys.append(section.key)
         section_roots[section.key] = keys
     if roots:
-        # One call, one bokeh document: ranges shared between sections stay linked.
+        # One call, one bokeh document: ranges shared between sections stay linked. The roots join it
+        # in one freeze, so bokeh walks the model graph once, not once per root added (a second of a
+        # small run's page).
+        from bokeh.document import Document
+
+        doc = Document()
+        with doc.models.freeze():
+            for model in roots.values():
+                doc.add_root(model)
         script, divs = components(roots)
         js, css = _inline_resources(list(roots.values()))
     else:
