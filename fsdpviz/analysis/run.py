@@ -154,6 +154,17 @@ def _engine_intervals(labels: pd.DataFrame, actions: Sequence[str], windows: pd.
     return subtract_intervals(union_intervals(rows["start_ns"].to_numpy(), rows["end_ns"].to_numpy()), inside)
 
 
+# STEP_TIMES columns that add up to a rank's step on its training threads, and the one name each has
+# wherever it is shown (the report's step chart, compare's step finding). The framework's ranges hold
+# the collectives they wait for: not the bound's FSDP per-unit work, which leaves those out.
+STEP_PARTS: Final = (
+    ("unit_compute_ns", "units' compute"),
+    ("framework_ns", "in FSDP's / ZeRO's ranges"),
+    ("optimizer_ns", "optimizer"),
+    ("other_ns", "other (data, loss, Python)"),
+)
+
+
 def _step_times(rank: int, steps: pd.DataFrame, pieces: pd.DataFrame, labels: pd.DataFrame,
                 events: pd.DataFrame, collectives: pd.DataFrame, compute: Intervals,
                 windows: pd.DataFrame, staged: tuple[np.ndarray, Intervals] | None = None) -> pd.DataFrame:

@@ -15,7 +15,9 @@ from fsdpviz.analysis.compare.runs import compare_runs
 from fsdpviz.report.compare.build import load_runs
 
 RECORDED = Path(__file__).parents[1] / "recorded"
-PART = re.compile(r"(FSDP framework work|unit compute|optimizer|other) ([+-]\d+\.\d+) ms")
+# the names the report's step chart gives the same parts (its legend), one name per quantity
+PART = re.compile(r"(units' compute|in FSDP's / ZeRO's ranges|optimizer|other \(data, loss, Python\)) "
+                  r"([+-]\d+\.\d+) ms")
 
 
 def _step_finding(folders: list[Path]) -> tuple[str, list[float], list[float]]:

@@ -12,7 +12,7 @@ as far as the traces show it:
 - times are ranked only among the runs of one clock (:mod:`fsdpviz.analysis.compare.clocks`), and
   peaks only where the runs' allocated levels count the same;
 - a step-time difference is split into the parts of the step the per-unit analysis measures on
-  the training threads (unit compute, FSDP framework work, optimizer, other) plus exposed comm;
+  the training threads (units' compute, in FSDP's / ZeRO's ranges, optimizer, other) plus exposed comm;
 - a communication difference is explained by the kinds of collectives exposed and how many
   collectives a step runs;
 - memory is compared on the peak, or on the memory a step adds (peak - level at step start) when a
@@ -40,6 +40,7 @@ from fsdpviz.analysis.compare.clocks import different_clocks, levels_differ
 from fsdpviz.analysis.compare.model import HEADLINE_FIELDS, unit_index
 from fsdpviz.analysis.compare.spread import MEMORY_NOISE, headline_spread_why
 from fsdpviz.analysis.compare.units import all_known, group_values
+from fsdpviz.analysis.run import STEP_PARTS
 from fsdpviz.analysis.summary import no_memory_cause
 from fsdpviz.formatting import NS_PER_MS, bytes_text, ms_text
 from fsdpviz.structure.records import Finding
@@ -249,12 +250,6 @@ def step_time_finding(c: Comparison) -> list[Finding]:
     return [_finding("step_time", message, evidence, c.labels[best_i], values)]
 
 
-# Parts of a step on the training threads (they add up to the step), then exposed communication,
-# which on CPU mostly lies inside the framework part (the thread waits inside FSDP's labels).
-_PARTS: Final = (("framework_ns", "FSDP framework work"), ("unit_compute_ns", "unit compute"),
-                 ("optimizer_ns", "optimizer"), ("other_ns", "other"))
-
-
 def step_parts(a: LabelledRun, b: LabelledRun, *, traced: bool = False) -> str:
     """How the step's parts changed from run ``b`` to run ``a`` (means over ranks and steps, each run's
     moved to its clock as its step is: the bound's ``device_scale``; ``traced``: both as traced), or ""."""
@@ -266,12 +261,15 @@ def step_parts(a: LabelledRun, b: LabelledRun, *, traced: bool = False) -> str:
     def delta(col: str) -> float:
         return (ka * float(ta[col].mean()) - kb * float(tb[col].mean())) / NS_PER_MS
 
-    diffs = [(name, delta(col)) for col, name in _PARTS]
+    # the parts of a step on the training threads (they add up to the step) by the names the report's
+    # step chart gives them; then exposed communication, which on CPU mostly lies inside the framework's
+    # ranges (the thread waits inside FSDP's labels)
+    diffs = [(name, delta(col)) for col, name in STEP_PARTS]
     diffs = sorted((d for d in diffs if abs(d[1]) >= MIN_TIME_MS), key=lambda d: -abs(d[1]))
     if not diffs:
         return ""
     text = ", ".join(f"{name} {value:+.2f} ms" for name, value in diffs)
-    return text + f" (exposed communication, mostly waited out inside FSDP's work: {delta('exposed_comm_ns'):+.2f} ms)"
+    return text + f" (exposed communication, mostly waited out inside those ranges: {delta('exposed_comm_ns'):+.2f} ms)"
 
 
 def collective_counts(run: LabelledRun) -> dict[str, float]:

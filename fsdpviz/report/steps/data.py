@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from fsdpviz.analysis.run import STEP_PARTS
 from fsdpviz.formatting import NS_PER_MS
 from fsdpviz.trace.tables import TraceSet
 
@@ -98,17 +99,8 @@ def choose_gantt_ranks(ranks: list[int], times: pd.DataFrame, max_ranks: int) ->
     return chosen, reason
 
 
-# STEP_TIMES columns that add up to a rank's step on its training threads, and their labels.
-STEP_PARTS = (
-    ("unit_compute_ns", "units' compute"),
-    ("framework_ns", "in FSDP's / ZeRO's ranges"),
-    ("optimizer_ns", "optimizer"),
-    ("other_ns", "other (data, loss, Python)"),
-)
-STEP_PART_COLORS = {
-    "units' compute": "#4c78a8", "in FSDP's / ZeRO's ranges": "#f58518", "optimizer": "#9d9d9d",
-    "other (data, loss, Python)": "#c7c7c7",
-}
+STEP_PART_COLORS = dict(zip((name for _, name in STEP_PARTS), ("#4c78a8", "#f58518", "#9d9d9d", "#c7c7c7"),
+                            strict=True))
 
 
 def step_breakdown(rank_times: pd.DataFrame | None) -> pd.DataFrame:
