@@ -18,8 +18,8 @@ recorded before the clean steps timed theirs).
 On a GPU, the bound against the replay: the time the bound takes out of the traced step (the measured
 excess) beside the replay's own drop without the profiler, and exposed communication beside the
 replay's move of it (docs/whatif.md, "The bound and the replay on a GPU"); and the replay's own parts
-of the step against the bound's (docs/whatif.md, "Why the bound is not the replay's own split"), and
-the same on CPU.
+of the step against the bound's (docs/whatif.md, "Why the bound is not the replay's own split"), its
+idle time split as the bound splits it (host wait, FSDP's host work, other idle), and the same on CPU.
 """
 
 from __future__ import annotations
@@ -76,6 +76,7 @@ def row(folder: Path) -> tuple[str, dict[str, float] | None]:
     if summary.device == "gpu" and model.net is not None and summary.bound is not None:
         GPU_ROWS.append(gpu_row(folder.name, summary.bound, model))
         PARTS_ROWS.append(parts_row(folder.name, summary.bound, model))
+        IDLE_ROWS.append(idle_row(folder.name, summary.bound, model))
     if summary.device == "cpu" and model.net is not None and summary.bound is not None:
         CPU_PARTS_ROWS.append(cpu_parts_row(folder.name, summary.bound, model))
     return (f"| {folder.name} | {summary.device} | {slowdown} | {clock.basis} | {clean} | "
@@ -85,7 +86,9 @@ def row(folder: Path) -> tuple[str, dict[str, float] | None]:
 PHASE_ROWS: list[str] = []
 GPU_ROWS: list[str] = []
 PARTS_ROWS: list[str] = []
+IDLE_ROWS: list[str] = []
 CPU_PARTS_ROWS: list[str] = []
+IDLE_ROWS: list[str] = []
 
 
 def _median_ms(replays: Any, get: Any) -> float:
@@ -111,6 +114,21 @@ def parts_row(name: str, bound: Any, model: Any) -> str:
             f"{bound.fsdp_kernels_ms or 0.0:,.2f} / {_median_ms(net, lambda r: r.fsdp_copy_ns):,.2f} | "
             f"{_median_ms(model.replays, lambda r: r.fsdp_copy_ns):,.2f} | "
             f"{bound.exposed_comm_ms:,.2f} / {_median_ms(net, lambda r: r.exposed_comm_ns):,.2f} |")
+
+
+def idle_row(name: str, bound: Any, model: Any) -> str:
+    """The bound's split of a GPU step's idle time against the replay's own without the profiler (medians
+    over ranks and steps, ms): host wait, FSDP's host work (the GPU waiting on FSDP's hooks), other idle,
+    and the three together (the step less the device's work)."""
+    net = model.net.replays
+    fsdp_host = bound.fsdp_overhead_ms - (bound.fsdp_kernels_ms or 0.0)
+    host = bound.host_wait_ms
+    parts = [(host, _median_ms(net, lambda r: r.host_wait_ns)), (fsdp_host, _median_ms(net, lambda r: r.fsdp_host_ns)),
+             (bound.other_idle_ms, _median_ms(net, lambda r: r.other_idle_ns)),
+             ((host or 0.0) + fsdp_host + bound.other_idle_ms,
+              _median_ms(net, lambda r: r.host_wait_ns + r.fsdp_host_ns + r.other_idle_ns))]
+    cells = " | ".join(f"{'n/a' if b is None else f'{b:,.2f}'} / {r:,.2f}" for b, r in parts)
+    return f"| {name} | {cells} |"
 
 
 def gpu_row(name: str, bound: Any, model: Any) -> str:
@@ -168,6 +186,13 @@ def main() -> None:
               "FSDP's copy kernels: replay of the traced steps | exposed communication: bound / replay |")
         print("|---|---|---|---:|---|")
         for line in PARTS_ROWS:
+            print(line)
+        print("\nThe bound's split of the step's idle time against the replay's own without the profiler (ms; "
+              "medians; the replay's by the bound's rule on its simulated streams):\n")
+        print("| recording | host wait: bound / replay | FSDP's host work: bound / replay | other idle: bound / replay | "
+              "the three: bound / replay |")
+        print("|---|---|---|---|---|")
+        for line in IDLE_ROWS:
             print(line)
     if CPU_PARTS_ROWS:
         print("\nOn CPU, the bound's parts of the step against the replay's own without the profiler (ms; "

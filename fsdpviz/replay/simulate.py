@@ -25,6 +25,10 @@ in-order lanes, each item starting when its lane is free and what it waits for i
   modelling them as waited for reproduces recordings best); collectives of one rank run one after
   another on its gloo threads.
 
+The simulated step is split as the bound splits a traced one (analysis/bound.py): the model's compute,
+FSDP's copies, exposed communication and, on a GPU, the device's idle time into host wait, the host's
+time in the units' passes, and other idle (:func:`_idle_split`).
+
 The step's time is the host's, from the start of the step to the end of its last instruction. On a GPU
 that is the steady state's: the step runs twice and the second is timed, because the device work a
 step leaves running when the host is done (a launch-bound host runs ahead of nothing, a device-bound
@@ -34,6 +38,8 @@ from the recording's memory by category: :mod:`fsdpviz.replay.memory`.)
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -76,6 +82,8 @@ class SimSpan:
     lane: str
     start: float
     end: float
+    launched: float = -1.0
+    """GPU: when the host launched it (ns from the step's start); -1 where the host issues nothing (CPU)."""
 
 
 @dataclass(slots=True)
@@ -93,6 +101,18 @@ class SimResult:
     bound's FSDP kernels (``fsdp_kernels_ms``); CPU, the thread's copy-outs, part of FSDP's host work."""
     fsdp_kernel_ns: float = 0.0
     """GPU: FSDP's copies and other kernels, all of them, each whole, whatever ran beside them."""
+    host_wait_ns: float | None = None
+    """GPU: the device's idle time that ended with work the host had not yet launched when it began, less
+    ``fsdp_host_ns`` (analysis/bound.py's ``split_idle`` on the simulated streams); None on a CPU."""
+    fsdp_host_ns: float = 0.0
+    """GPU: of those idle gaps, the time the host spent in a unit's pass before the awaited launch: a
+    gather's label, a copy-out's launch, and the pass's host time before and after its compute (FSDP's
+    hooks with the module's own code around them, which the program does not tell apart: more than the
+    bound's FSDP ranges alone hold)."""
+    other_idle_ns: float = 0.0
+    """GPU: the device's other idle time: gaps ended by work launched before they began. The simulated
+    device waits only for the host's launches and for work on its own streams, so no gap of it is other
+    idle (the bound finds 1.3-4.2 ms a step on the shared GPU recordings: docs/whatif.md)."""
     notes: list[str] = field(default_factory=list)
 
     def unit_totals(self) -> dict[str, dict[str, float]]:
@@ -123,14 +143,17 @@ def run(program: Program, gpu: bool) -> SimResult:
     # the steady state: the same step again after this one, whose device work may still be running
     # when the host reaches the next step's first synchronisation
     before = sim.host
-    sim.spans, sim.reduce_ends = [], []
+    sim.spans, sim.reduce_ends, sim.fsdp_host = [], [], []
     for op in program.ops:
         sim.step(op)
     out = sim.result()
     for span in out.spans:
         span.start -= before
         span.end -= before
+        span.launched -= before
     out.step_ns -= before
+    out.host_wait_ns, out.fsdp_host_ns, out.other_idle_ns = _idle_split(
+        out.spans, [(a - before, b - before) for a, b in sim.fsdp_host], out.step_ns)
     return out
 
 
@@ -150,11 +173,14 @@ class _Sim:
         self.pending_reduce: list[tuple[float, int]] = []  # (end, buffer bytes) not yet waited for
         self.reduce_ends: list[float] = []
         self.spans: list[SimSpan] = []
+        self.fsdp_host: list[tuple[float, float]] = []  # GPU: the host's intervals in FSDP's own work
         self.phase = ""
 
     # --- instructions ---------------------------------------------------------------------
     def step(self, op: object) -> None:
         if isinstance(op, BusyOp):
+            if op.what in ("pre", "post") and op.ns > 0:
+                self.fsdp_host.append((self.host, self.host + op.ns))
             self.host += op.ns
         elif isinstance(op, GatherOp):
             self._gather(op.gid)
@@ -173,6 +199,7 @@ class _Sim:
         g = self.p.gathers[gid]
         issued = self.host
         self.host += g.host_ns
+        self.fsdp_host.append((issued, self.host))
         if self.gpu:
             # a host backend's gather holds the host while its collective runs (gloo on CUDA: FSDP's
             # all-gather label ends with the gloo op, which starts within a millisecond of the label):
@@ -188,7 +215,8 @@ class _Sim:
             if g.lead_ns:
                 k0 = max(launched(g.lead_at), self.free[COPY_IN], self.last_copy_out)
                 self.free[COPY_IN] = k0 + g.lead_ns
-                self.spans.append(SimSpan(g.unit, g.phase, FSDP_KERNELS, COPY_IN, k0, k0 + g.lead_ns))
+                self.spans.append(SimSpan(g.unit, g.phase, FSDP_KERNELS, COPY_IN, k0, k0 + g.lead_ns,
+                                          launched(g.lead_at)))
             ci_start = max(launched(g.copy_in_at) if g.copy_in_ns else issued, self.free[COPY_IN], self.last_copy_out)
             ci_end = ci_start + g.copy_in_ns
             self.free[COPY_IN] = ci_end
@@ -197,15 +225,16 @@ class _Sim:
             if g.kernels_ns > g.lead_ns:
                 start = max(start, launched(g.kernels_at))
                 end = start + g.kernels_ns - g.lead_ns
-                self.spans.append(SimSpan(g.unit, g.phase, FSDP_KERNELS, lane, start, end))
+                self.spans.append(SimSpan(g.unit, g.phase, FSDP_KERNELS, lane, start, end, launched(g.kernels_at)))
                 start = end
-            if not serial:
-                start = max(start, self.host)
+            launch = issued if serial else self.host
+            start = max(start, launch)
             end = start + g.comm_ns
             self.free[lane] = end
             if g.copy_in_ns:
-                self.spans.append(SimSpan(g.unit, g.phase, "copy_in", COPY_IN, ci_start, ci_end))
-            self.spans.append(SimSpan(g.unit, g.phase, ALL_GATHER, lane, start, end))
+                self.spans.append(SimSpan(g.unit, g.phase, "copy_in", COPY_IN, ci_start, ci_end,
+                                          launched(g.copy_in_at)))
+            self.spans.append(SimSpan(g.unit, g.phase, ALL_GATHER, lane, start, end, launch))
         else:
             start = max(self.host, self.free[COMM])
             end = start + g.comm_ns
@@ -217,7 +246,10 @@ class _Sim:
     def _copy_out(self, gid: int) -> None:
         g = self.p.gathers[gid]
         done = self.gather_end[gid]
+        if self.gpu:
+            self.fsdp_host.append((self.host, self.host + g.copy_out_host_ns))
         self.host += g.copy_out_host_ns if self.gpu else 0.0
+        launch = self.host if self.gpu else -1.0
         if self.gpu:
             start = max(self.host, self.free[COMPUTE], done)
             end = start + g.copy_out_ns
@@ -227,7 +259,8 @@ class _Sim:
             start = max(self.host, done)
             end = start + g.copy_out_host_ns
             self.host = end
-        self.spans.append(SimSpan(g.unit, g.phase, "copy_out", COMPUTE if self.gpu else HOST, start, end))
+        self.spans.append(SimSpan(g.unit, g.phase, "copy_out", COMPUTE if self.gpu else HOST, start, end,
+                                  launch))
 
     def _fsdp_kernels(self, op: FsdpKernelsOp) -> None:
         if not self.gpu:
@@ -235,7 +268,7 @@ class _Sim:
         if op.main_ns > 0:
             start = max(self.host, self.free[COMPUTE])
             self.free[COMPUTE] = start + op.main_ns
-            self.spans.append(SimSpan(op.unit, op.phase, FSDP_KERNELS, COMPUTE, start, start + op.main_ns))
+            self.spans.append(SimSpan(op.unit, op.phase, FSDP_KERNELS, COMPUTE, start, start + op.main_ns, self.host))
         if op.side_ns > 0:
             # an unshard's kernels on a lane of their own, not queued behind the unit before's gradients'
             # copies; the next compute waits for both (FSDP1 on one rank: each backward unit's first
@@ -243,7 +276,7 @@ class _Sim:
             lane = FSDP_UNSHARD if op.before else FSDP_SIDE
             start = max(self.host, self.free[lane], 0.0 if op.before else self.free[COMPUTE])
             end = self.free[lane] = start + op.side_ns
-            self.spans.append(SimSpan(op.unit, op.phase, FSDP_KERNELS, lane, start, end))
+            self.spans.append(SimSpan(op.unit, op.phase, FSDP_KERNELS, lane, start, end, self.host))
             self.unsharded_at = max(self.unsharded_at, end)
             if not op.before:
                 self.reduce_ends.append(end)
@@ -258,7 +291,8 @@ class _Sim:
             end = start + op.ns
             self.host = end
         if op.ns > 0:
-            self.spans.append(SimSpan(op.unit, op.phase, "compute", COMPUTE if self.gpu else HOST, start, end))
+            self.spans.append(SimSpan(op.unit, op.phase, "compute", COMPUTE if self.gpu else HOST, start, end,
+                                      self.host if self.gpu else -1.0))
 
     def _reduce(self, rid: int) -> None:
         r = self.p.reduces[rid]
@@ -267,18 +301,18 @@ class _Sim:
             prep = max(self.free[COMPUTE], prev, self.host)
             self.free[COMPUTE] = prep + r.prep_ns
             if r.prep_ns > 0:
-                self.spans.append(SimSpan(r.unit, BACKWARD, FSDP_KERNELS, COMPUTE, prep, prep + r.prep_ns))
+                self.spans.append(SimSpan(r.unit, BACKWARD, FSDP_KERNELS, COMPUTE, prep, prep + r.prep_ns, self.host))
             lane = self.lanes[REDUCE_SCATTER]
             start = max(self.host, self.free[lane], self.free[COMPUTE])
             end = start + r.comm_ns
             self.free[lane] = end
-            self.spans.append(SimSpan(r.unit, BACKWARD, REDUCE_SCATTER, lane, start, end))
+            self.spans.append(SimSpan(r.unit, BACKWARD, REDUCE_SCATTER, lane, start, end, self.host))
             if r.ar_ns:
                 lane = self.lanes[ALL_REDUCE]
                 a0 = max(end, self.free[lane])
                 end = a0 + r.ar_ns
                 self.free[lane] = end
-                self.spans.append(SimSpan(r.unit, BACKWARD, ALL_REDUCE, lane, a0, end))
+                self.spans.append(SimSpan(r.unit, BACKWARD, ALL_REDUCE, lane, a0, end, self.host))
         else:
             start = max(self.host, self.free[COMM])
             end = start + r.comm_ns + r.ar_ns
@@ -300,7 +334,7 @@ class _Sim:
             d0 = max(start, self.free[COMPUTE])
             self.free[COMPUTE] = d0 + seg.device_ns
             kind = "optimizer" if op.name == "post" else "compute"
-            self.spans.append(SimSpan("", op.name, kind, COMPUTE, d0, d0 + seg.device_ns))
+            self.spans.append(SimSpan("", op.name, kind, COMPUTE, d0, d0 + seg.device_ns, start))
         done = 0.0
         for at in sorted(seg.sync_at):
             self.host += max(0.0, at - done)
@@ -335,6 +369,47 @@ class _Sim:
                          fsdp_copy_ns=sum((e - s) - _covered(theirs, s, e) for s, e in copies),
                          fsdp_kernel_ns=sum(s.end - s.start for s in self.spans if s.kind in FSDP_WORK),
                          notes=list(self.p.notes))
+
+
+def _idle_split(spans: list[SimSpan], fsdp_host: list[tuple[float, float]],
+                step_ns: float) -> tuple[float, float, float]:
+    """(host wait, FSDP's host work, other idle) of a simulated GPU step, as analysis/bound.py splits a
+    traced one (``split_idle``): a gap in the device's work is the host's when the first work starting
+    at or after its end was launched after the gap began; of it, the time to that launch the host spent
+    in FSDP's own work is FSDP's. The step is the steady state's, one period of the same steps run one
+    after another: the device work it leaves running past its end runs at the next one's start, and the
+    work ending its last gap is the next one's first."""
+    work = [(s.start, s.end, s.launched) for s in spans if s.end > s.start]
+    if not work:
+        return 0.0, 0.0, 0.0
+    # what runs past the step's end runs at the next one's start (the previous step's, in this one)
+    late = [(a - step_ns, b - step_ns, at - step_ns) for a, b, at in work if b > step_ns]
+    device = sorted([(a, at) for a, _, at in [*work, *late]] + [min((a + step_ns, at + step_ns) for a, _, at in work)])
+    busy = _union([(max(a, 0.0), min(b, step_ns)) for a, b, _ in [*work, *late]])
+    theirs = _union(fsdp_host)  # the host's intervals lie within its step
+    ends = [b for _, b in theirs]
+    before = list(itertools.accumulate((b - a for a, b in theirs), initial=0.0))
+
+    def in_theirs(t: float) -> float:  # the host's time in FSDP's work before t
+        i = bisect.bisect_left(ends, t)
+        return before[i] + (max(0.0, t - theirs[i][0]) if i < len(theirs) else 0.0)
+
+    starts = [d for d, _ in device]
+    host = fsdp = other = 0.0
+    at = 0.0
+    for lo, hi in [*busy, (step_ns, step_ns)]:
+        a, b = at, lo
+        at = max(at, hi)
+        if b <= a:
+            continue
+        i = bisect.bisect_left(starts, b)
+        if i < len(device) and device[i][1] >= a:
+            mine = in_theirs(min(device[i][1], b)) - in_theirs(a)
+            host += b - a - mine
+            fsdp += mine
+        else:
+            other += b - a
+    return host, fsdp, other
 
 
 def _on_compute(span: SimSpan) -> bool:

@@ -1,11 +1,13 @@
 """How the simulator splits a step it ran, on programs whose timeline is known by construction: the model's
-compute apart from FSDP's copies, as the summary splits a traced step (analysis/bound.py)."""
+compute apart from FSDP's copies, and the device's idle time into host wait, FSDP's host work and other
+idle, as the summary splits a traced step (analysis/bound.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from fsdpviz.replay.program import (
+    BusyOp,
     ComputeOp,
     CopyOutOp,
     FsdpKernelsOp,
@@ -17,7 +19,7 @@ from fsdpviz.replay.program import (
     SimReduce,
 )
 from fsdpviz.replay.recorded import Segment
-from fsdpviz.replay.simulate import FSDP_KERNELS, run
+from fsdpviz.replay.simulate import FSDP_KERNELS, SimResult, run
 from fsdpviz.vocabulary import ALL_GATHER, COMPUTE
 
 
@@ -222,3 +224,63 @@ def test_a_merged_units_gather_takes_its_shares_from_a_member_that_has_the_copy(
     merged = costs.gather("ab", "forward", None)
     assert (merged.lead_at, merged.copy_in_at, merged.kernels_at) == (0.25, 0.5, 0.75)
     assert (merged.lead_ns, merged.copy_in_ns, merged.kernels_ns) == (20.0, 30.0, 60.0)
+
+
+def _parts_ns(sim: SimResult) -> float:
+    return (sim.compute_ns + sim.fsdp_copy_ns + sim.exposed_comm_ns + (sim.host_wait_ns or 0.0) + sim.fsdp_host_ns
+            + sim.other_idle_ns)
+
+
+def test_the_devices_idle_time_is_the_hosts_and_of_it_fsdps_hooks() -> None:
+    """Two units' forwards on a GPU, the step ending in a synchronisation (350 ns a step):
+
+    - the host's 100 ns before the units (not FSDP's) launch a's compute at 100: the device waits 0-100;
+    - a's compute 100-150; then the host's 80 ns between the units (the model's own code, 100-180) and
+      b's 120 ns in FSDP's pre-forward hook (180-300) before it launches b's compute (300-350): of the
+      device's wait 150-300, 30 ns are the host's own and 120 FSDP's hook's.
+    """
+    ops = [SegmentOp("pre", Segment(busy_ns=100.0)), ComputeOp("a", "forward", 50.0), BusyOp(80.0, "gap"),
+           BusyOp(120.0, "pre"), ComputeOp("b", "forward", 50.0), SegmentOp("post", Segment(sync_at=[0.0]))]
+    sim = run(Program(ops=ops, gathers=[], reduces=[], units=["a", "b"], unit_bytes={"a": 0, "b": 0}), gpu=True)
+    assert sim.step_ns == pytest.approx(350.0) and sim.compute_ns == pytest.approx(100.0)
+    assert sim.host_wait_ns == pytest.approx(130.0)
+    assert sim.fsdp_host_ns == pytest.approx(120.0)
+    assert sim.other_idle_ns == pytest.approx(0.0)
+    assert _parts_ns(sim) == pytest.approx(sim.step_ns)
+
+
+def test_the_device_work_a_step_leaves_running_is_the_next_steps_start() -> None:
+    """A device-bound step synchronised at its start: the host waits for the device, spends 100 ns, launches
+    a 300 ns compute and spends 50 ns in FSDP's post-forward hook, and the step ends without waiting. In the
+    steady state each step lasts 400 ns (the synchronisation waits for the step before's compute): its
+    compute runs 350-650 from the step's start, the 250 ns past its end at the next step's start, so
+    the device is busy 0-250 and 350-400 of each step and waits for the host's launch 250-350 (the host's
+    own 100 ns, FSDP's hook not among them). Read without the steady state, 0-350 would be a wait and the
+    parts would add up to 650 ns."""
+    ops = [SegmentOp("pre", Segment(busy_ns=100.0, sync_at=[0.0])), ComputeOp("a", "forward", 300.0),
+           BusyOp(50.0, "post"), SegmentOp("post", Segment())]
+    sim = run(Program(ops=ops, gathers=[], reduces=[], units=["a"], unit_bytes={"a": 0}), gpu=True)
+    assert sim.step_ns == pytest.approx(400.0) and sim.compute_ns == pytest.approx(300.0)
+    assert sim.host_wait_ns == pytest.approx(100.0)
+    assert sim.fsdp_host_ns == pytest.approx(0.0) and sim.other_idle_ns == pytest.approx(0.0)
+    assert _parts_ns(sim) == pytest.approx(sim.step_ns)
+
+
+def test_the_device_waiting_on_a_gathers_label_waits_for_fsdp() -> None:
+    """A fake group's gather whose 400 ns label (1000-1400 on the host) launches its copy-in at a quarter
+    (1100-1130 on the device) and the group's copies halfway (1200-1260), then the unit's compute from the
+    label's end (1400-1500; the step ends by waiting for it). The device waits 0-1100 (the host's 1000 ns
+    before the unit, then 100 ns of the label), 1130-1200 and 1260-1400 inside the label: host wait 1000,
+    FSDP's host work 100 + 70 + 140."""
+    g = SimGather(unit="a", phase="forward", bytes=1 << 20, host_ns=400.0, copy_in_ns=30.0, comm_ns=0.0,
+                  copy_out_host_ns=0.0, copy_out_ns=0.0, kernels_ns=60.0, copy_in_at=0.25, kernels_at=0.5)
+    ops = [SegmentOp("pre", Segment(busy_ns=1000.0)), GatherOp(0), CopyOutOp(0), ComputeOp("a", "forward", 100.0),
+           SegmentOp("post", Segment(sync_at=[0.0]))]
+    sim = run(Program(ops=ops, gathers=[g], reduces=[], units=["a"], unit_bytes={"a": 1 << 20}), gpu=True)
+    assert sim.step_ns == pytest.approx(1500.0)
+    assert sim.host_wait_ns == pytest.approx(1000.0)
+    assert sim.fsdp_host_ns == pytest.approx(310.0)
+    assert sim.fsdp_copy_ns == pytest.approx(90.0) and sim.other_idle_ns == pytest.approx(0.0)
+    assert _parts_ns(sim) == pytest.approx(sim.step_ns)
+    # on a CPU the host is the device: there is no launch to wait for
+    assert run(_program(), gpu=False).host_wait_ns is None
