@@ -83,7 +83,7 @@ class SimSpan:
     start: float
     end: float
     launched: float = -1.0
-    """GPU: when the host launched it (ns from the step's start); -1 where the host issues nothing (CPU)."""
+    """When the host issued it (ns from the step's start), where that matters (GPU); -1 for the CPU thread's own work."""
 
 
 @dataclass(slots=True)
@@ -348,7 +348,7 @@ class _Sim:
         for i, ns in enumerate(seg.comm_ns):
             if ns > 0:
                 kind = seg.comm_kinds[i] if i < len(seg.comm_kinds) else ALL_REDUCE
-                self.spans.append(SimSpan("", phase, kind, COMM, self.host, self.host + ns))
+                self.spans.append(SimSpan("", phase, kind, COMM, self.host, self.host + ns, self.host))
             self.host += ns
         if not self.gpu and op.name == "post" and seg.busy_ns:
             self.spans.append(SimSpan("", "optimizer", "optimizer", HOST, start, busy_end))
