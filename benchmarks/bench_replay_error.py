@@ -88,7 +88,6 @@ GPU_ROWS: list[str] = []
 PARTS_ROWS: list[str] = []
 IDLE_ROWS: list[str] = []
 CPU_PARTS_ROWS: list[str] = []
-IDLE_ROWS: list[str] = []
 
 
 def _median_ms(replays: Any, get: Any) -> float:

@@ -179,7 +179,7 @@ class _Sim:
     # --- instructions ---------------------------------------------------------------------
     def step(self, op: object) -> None:
         if isinstance(op, BusyOp):
-            if op.what in ("pre", "post") and op.ns > 0:
+            if self.gpu and op.what in ("pre", "post") and op.ns > 0:
                 self.fsdp_host.append((self.host, self.host + op.ns))
             self.host += op.ns
         elif isinstance(op, GatherOp):
@@ -199,8 +199,8 @@ class _Sim:
         g = self.p.gathers[gid]
         issued = self.host
         self.host += g.host_ns
-        self.fsdp_host.append((issued, self.host))
         if self.gpu:
+            self.fsdp_host.append((issued, self.host))
             # a host backend's gather holds the host while its collective runs (gloo on CUDA: FSDP's
             # all-gather label ends with the gloo op, which starts within a millisecond of the label):
             # the copy-in and the collective start with the host's work on it, not after it
@@ -246,11 +246,11 @@ class _Sim:
     def _copy_out(self, gid: int) -> None:
         g = self.p.gathers[gid]
         done = self.gather_end[gid]
+        launch = -1.0
         if self.gpu:
             self.fsdp_host.append((self.host, self.host + g.copy_out_host_ns))
-        self.host += g.copy_out_host_ns if self.gpu else 0.0
-        launch = self.host if self.gpu else -1.0
-        if self.gpu:
+            self.host += g.copy_out_host_ns
+            launch = self.host
             start = max(self.host, self.free[COMPUTE], done)
             end = start + g.copy_out_ns
             self.free[COMPUTE] = end
