@@ -379,12 +379,15 @@ def _idle_split(spans: list[SimSpan], fsdp_host: list[tuple[float, float]],
     in FSDP's own work is FSDP's. The step is the steady state's, one period of the same steps run one
     after another: the device work it leaves running past its end runs at the next one's start, and the
     work ending its last gap is the next one's first."""
-    work = [(s.start, s.end, s.launched) for s in spans if s.end > s.start]
+    work = [(s.start, s.end, s.launched) for s in spans]
     if not work:
-        return 0.0, 0.0, 0.0
+        return 0.0, 0.0, step_ns
     # what runs past the step's end runs at the next one's start (the previous step's, in this one)
     late = [(a - step_ns, b - step_ns, at - step_ns) for a, b, at in work if b > step_ns]
-    device = sorted([(a, at) for a, _, at in [*work, *late]] + [min((a + step_ns, at + step_ns) for a, _, at in work)])
+    # by start; of work starting together, the latest launch (as the bound's ``gap_starters``); the next
+    # step's first work ends this one's last gap
+    first_next = min((a + step_ns, -(at + step_ns)) for a, _, at in work)
+    device = [(a, -neg) for a, neg in sorted([(a, -at) for a, _, at in [*work, *late]] + [first_next])]
     busy = _union([(max(a, 0.0), min(b, step_ns)) for a, b, _ in [*work, *late]])
     theirs = _union(fsdp_host)  # the host's intervals lie within its step
     ends = [b for _, b in theirs]

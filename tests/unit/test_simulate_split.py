@@ -23,7 +23,7 @@ from fsdpviz.replay.program import (
     SimReduce,
 )
 from fsdpviz.replay.recorded import Segment
-from fsdpviz.replay.simulate import FSDP_KERNELS, SimResult, run
+from fsdpviz.replay.simulate import FSDP_KERNELS, SimResult, SimSpan, _idle_split, run
 from fsdpviz.vocabulary import ALL_GATHER, COMPUTE
 
 
@@ -309,8 +309,24 @@ def test_the_replays_idle_time_is_the_traces_on_the_h200_recordings(gpu_h200_dir
     idle = []
     for r in model.net.replays:
         assert r.host_wait_ns is not None
+        # every piece of work was issued by the host before it ran, and the device waited on nothing else
+        assert all(0.0 <= s.launched <= s.start + 1e-6 for s in r.spans if s.end > 0)
+        assert r.other_idle_ns == 0.0
         assert _parts_ns(r) == pytest.approx(r.step_ns, rel=1e-6)
         idle.append((r.host_wait_ns + r.fsdp_host_ns + r.other_idle_ns) / 1e6)
     traced = (bound.host_wait_ms or 0.0) + bound.fsdp_overhead_ms - (bound.fsdp_kernels_ms or 0.0) + bound.other_idle_ms
     assert traced > 5.0
     assert statistics.median(idle) == pytest.approx(traced, rel=0.10)
+
+
+def test_of_work_starting_together_the_latest_launch_ends_the_gap() -> None:
+    """As the bound reads a trace (``gap_starters``): the device idle 10-100 of a 300 ns step, then two
+    pieces of work starting at 100, one launched at 5 (before the gap: it waited) and one at 50 (during
+    it); the host had not launched all that ran at 100 when the gap began, so the gap is the host's.
+    The step's last gap (200-300) ends with the next step's first work, launched at its start."""
+    spans = [SimSpan("a", "forward", "compute", "compute", 0.0, 10.0, 0.0),
+             SimSpan("a", "forward", "compute", "compute", 100.0, 200.0, 5.0),
+             SimSpan("a", "forward", "copy_out", "compute", 100.0, 120.0, 50.0)]
+    assert _idle_split(spans, [], 300.0) == pytest.approx((190.0, 0.0, 0.0))
+    # a step without device work is all other idle, as the bound counts a window without GPU events
+    assert _idle_split([], [], 300.0) == (0.0, 0.0, 300.0)
