@@ -86,7 +86,7 @@ def scaled_step(step: StepProgram, k: float) -> StepProgram:
             _scale_segment(segment, k)
         for p in (*mb.forward, *mb.backward):
             for name in ("gap_ns", "pre_ns", "compute_ns", "post_ns", "reduce_after_ns", "reshard_ns",
-                         "post_framework_ns", "reduce_host_ns"):
+                         "post_framework_ns", "reduce_host_ns", "pre_framework_ns", "post_ranges_ns"):
                 setattr(p, name, getattr(p, name) * k)
     _scale_segment(out.post, k)
     for g in out.gathers:

@@ -4,8 +4,8 @@ Units are formed first (:func:`group_units`): each recorded unit belongs to one 
 after the modules it covers. Recorded units are a tree (:func:`unit_parents`: a unit sharded inside
 another's module is nested in it); ``merge:K`` merges siblings only. A pass of a merged unit is its
 members' passes back to back: their compute and the model's own host work inside their windows (the
-kernel launches) are kept, while what FSDP does once per unit is kept once: the pre-forward /
-pre-backward hooks, the reshard, and on CPU the hook dispatch between two units' windows (the gap
+kernel launches, and their code before the first op) are kept, while what FSDP does once per unit
+is kept once: the pre-forward / pre-backward hooks (FSDP's own ranges), the reshard, and on CPU the hook dispatch between two units' windows (the gap
 before a member's window: the module call's hook path in forward, FSDP's autograd nodes in backward;
 the example trainer leaves about 0.6 ms of such gaps a step per block, one root unit none:
 benchmarks/bench_merged_parts.py).
@@ -66,6 +66,11 @@ class CopyOutOp:
 
 @dataclass(slots=True)
 class BusyOp:
+    """Host busy time: ``what`` says whose. ``gap``: between two passes' windows (the model's code
+    between units, FSDP's hook dispatch); ``pre`` / ``post``: FSDP's own ranges in a pass before its
+    first op and after it (its hooks, the reduction's host work); ``own``: the module's own code in
+    its window around them (on a GPU its launches); "" elsewhere."""
+
     ns: float
     what: str = ""
 
@@ -419,10 +424,11 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
                 merged = len(members.get(unit, [unit])) > 1  # a unit run twice in a row keeps its gaps
                 keep_gap = lead or p.part == "b" or not (cpu and merged)
                 ops.append(BusyOp(p.gap_ns if keep_gap else 0.0, "gap"))
-                if lead:
-                    ops.append(BusyOp(p.pre_ns, "pre"))
-                else:
-                    ops.append(BusyOp(max(0.0, p.pre_ns - _framework_pre(p)), "pre"))
+                # FSDP's hooks, then the module's own code before its first op (which runs merged too)
+                hooks = min(p.pre_ns, p.pre_framework_ns)
+                ops.append(BusyOp(max(0.0, hooks - (0.0 if lead else _framework_pre(p))), "pre"))
+                if p.pre_ns > hooks:
+                    ops.append(BusyOp(p.pre_ns - hooks, "own"))
                 if lead and not gathered_units.intersection(members.get(unit, [unit])):
                     unsharded.add(unit)  # never sharded: nothing to gather
                 if lead and unit not in unsharded:
@@ -455,7 +461,12 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
                 if cpu and last and phase == BACKWARD and (host := costs.reduce_host(unit, micro)) is not None:
                     post = max(0.0, post - p.reduce_host_ns) + host
                     after = min(after, post)
-                ops.append(BusyOp(post - after, "post"))
+                # the module's own code after its first op (GPU: its launches), then FSDP's post hooks
+                hooks = max(p.post_ranges_ns, p.post_framework_ns + p.reduce_host_ns)
+                code = min(post - after, max(0.0, p.post_ns - hooks))
+                if code > 0:
+                    ops.append(BusyOp(code, "own"))
+                ops.append(BusyOp(post - after - code, "post"))
                 # forward frees a resharding unit; backward every unit but those kept into the next micro-batch
                 frees = reshard.get(unit, True) if phase == FORWARD else unit not in keep
                 if last and frees:
@@ -538,9 +549,9 @@ def _is_last(i: int, passes: Sequence[Pass], group: dict[str, str]) -> bool:
 
 
 def _framework_pre(p: Pass) -> float:
-    """What FSDP does once per unit before its compute (hooks): all of its first pass's pre time (a
+    """What FSDP does once per unit before its compute: its hooks' time in its first pass's pre time (a
     unit without nested units, or part ``a`` of one with them); part ``b`` opens no unit."""
-    return p.pre_ns if p.part != "b" else 0.0
+    return min(p.pre_ns, p.pre_framework_ns) if p.part != "b" else 0.0
 
 
 def _own_gather(step: StepProgram, micro: int, unit: str, phase: str, members: dict[str, list[str]]) -> Gather | None:

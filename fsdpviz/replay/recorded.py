@@ -70,6 +70,14 @@ class Pass:
     reshard_ns: float = 0.0  # of post_ns: the reshard label (post_forward / post_backward_reshard)
     post_framework_ns: float = 0.0  # of post_ns: FSDP's post-forward / post-backward hooks, without the reduction
     reduce_host_ns: float = 0.0  # of post_ns: the host's busy time in the unit's reduction labels (Reduce.host_ns)
+    pre_framework_ns: float = 0.0
+    """Of ``pre_ns``: the host's busy time in FSDP's own ranges (its pre-forward / pre-backward hooks, less
+    the gather and copy-out labels, costed with the gathers). The rest is the module's own code before
+    its first op (on a GPU: its first launch), which runs whatever the wrap."""
+    post_ranges_ns: float = 0.0
+    """Of ``post_ns``: the host's busy time in FSDP's own ranges (its post-forward / post-backward hooks and
+    the reduction's labels). The rest is the module's own code after its first op (on a GPU: its
+    launches), before FSDP's post hooks."""
     # GPU: FSDP's own kernels of this unit beyond its gathers' copy-in and copy-out and its reduction's
     # copy-in (Reduce.prep_ns), launched before its compute (the unshard's: casts, FSDP1's flat-parameter
     # copies) or after it (the gradients' copies and division), on the compute stream and on others

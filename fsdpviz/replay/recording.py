@@ -69,7 +69,7 @@ from fsdpviz.replay.recorded import (
 )
 from fsdpviz.structure import label_rules as rules
 from fsdpviz.structure.categorical import as_str
-from fsdpviz.structure.fsdp_work import inside, launching_units
+from fsdpviz.structure.fsdp_work import inside, launching_units, own_label_ranges
 from fsdpviz.structure.intervals import (
     Intervals,
     intersect_intervals,
@@ -400,6 +400,7 @@ class _StepTables:
     gather_spans: _Intervals  # the gather labels'
     copy_out_spans: _Intervals
     reduce_labels: _Intervals
+    framework: _Intervals  # FSDP's own ranges (the bound's: structure/fsdp_work.py), their union over the host's lanes
     reductions: pd.DataFrame  # reduce-scatter and all-reduce spans
     r_unit: np.ndarray
     r_kind: np.ndarray
@@ -416,6 +417,8 @@ class _StepTables:
         gather_labels = labels[rules.gather(labels)]
         copy_out_labels = labels[rules.copy_out(labels)]
         reduce_labels = labels[rules.reduce(labels)]
+        own = own_label_ranges(labels)
+        framework = union_intervals(own["start_ns"].to_numpy(np.int64), own["end_ns"].to_numpy(np.int64))
         compute = spans[(spans["kind"] == vocabulary.COMPUTE).to_numpy()]
         reshards = spans[(spans["kind"] == vocabulary.RESHARD).to_numpy()]
         reductions = spans[spans["kind"].isin([vocabulary.REDUCE_SCATTER, vocabulary.ALL_REDUCE]).to_numpy()]
@@ -430,6 +433,7 @@ class _StepTables:
             reshard_starts=np.sort(reshards["start_ns"].to_numpy(np.int64)), gather_labels=gather_labels,
             copy_out_labels=copy_out_labels, gather_spans=_Intervals.of(gather_labels),
             copy_out_spans=_Intervals.of(copy_out_labels), reduce_labels=_Intervals.of(reduce_labels),
+            framework=_Intervals(*framework),
             reductions=reductions, r_unit=r_unit, r_kind=r_kind, r_micro=r_micro, r_cols=r_cols,
             r_from=r_cols["start_ns"] if gpu else _wait_from(reductions))
 
@@ -496,6 +500,15 @@ class _PassReader:
         host time, costed with the gathers, not the pass)."""
         return self._busy_in(self.tables.gather_spans, a, b) + self._busy_in(self.tables.copy_out_spans, a, b)
 
+    def framework(self, a: float, b: float) -> float:
+        """Busy time in ``[a, b)`` inside FSDP's own ranges, less the gather and copy-out labels that start
+        there (:meth:`labelled`: FSDP's ranges too, costed with the gathers)."""
+        iv = self.tables.framework
+        lo, hi = int(np.searchsorted(iv.end, a, "right")), int(np.searchsorted(iv.start, b, "left"))
+        busy = sum(self.clock.between(max(float(s), a), min(float(e), b))
+                   for s, e in zip(iv.start[lo:hi].tolist(), iv.end[lo:hi].tolist()))
+        return max(0.0, busy - self.labelled(a, b))
+
     def _busy_in(self, iv: _Intervals, a: float, b: float) -> float:
         inside = (iv.start >= a) & (iv.start < b)
         return float(sum(self.clock.between(s, e) for s, e in zip(iv.start[inside], iv.end[inside])))
@@ -520,6 +533,7 @@ class _PassReader:
         else:
             pre, compute = total, 0.0
             compute_end = float(b)
+            first = float(b)
         post = max(0.0, total - pre - (0.0 if self.gpu else compute))
         rs = t.reshards
         at = (rs.unit == unit) & (t.reshard_phase == phase) & (rs.start >= a) & (rs.start < b)
@@ -531,7 +545,8 @@ class _PassReader:
                  pre_ns=max(0.0, pre), compute_ns=compute, post_ns=post, reshard_ns=min(post, reshard_ns),
                  post_framework_ns=min(post, max(0.0, clock.between(compute_end, b) - self.labelled(compute_end, b)
                                                  - reduce_busy)),
-                 reduce_host_ns=min(post, reduce_busy))
+                 reduce_host_ns=min(post, reduce_busy), pre_framework_ns=min(max(0.0, pre), self.framework(a, first)),
+                 post_ranges_ns=min(post, self.framework(first, b)))
         return p, (self._reduce(p, a, b) if phase == vocabulary.BACKWARD else None)
 
     def _compute_of(self, unit: str, part: str, phase: str, micro: int, a: int, b: int) -> np.ndarray:

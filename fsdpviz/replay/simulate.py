@@ -27,7 +27,7 @@ in-order lanes, each item starting when its lane is free and what it waits for i
 
 The simulated step is split as the bound splits a traced one (analysis/bound.py): the model's compute,
 FSDP's copies, exposed communication and, on a GPU, the device's idle time into host wait, the host's
-time in the units' passes, and other idle (:func:`_idle_split`).
+time in FSDP's own work, and other idle (:func:`_idle_split`).
 
 The step's time is the host's, from the start of the step to the end of its last instruction. On a GPU
 that is the steady state's: the step runs twice and the second is timed, because the device work a
@@ -105,10 +105,9 @@ class SimResult:
     """GPU: the device's idle time that ended with work the host had not yet launched when it began, less
     ``fsdp_host_ns`` (analysis/bound.py's ``split_idle`` on the simulated streams); None on a CPU."""
     fsdp_host_ns: float = 0.0
-    """GPU: of those idle gaps, the time the host spent in a unit's pass before the awaited launch: a
-    gather's label, a copy-out's launch, and the pass's host time before and after its compute (FSDP's
-    hooks with the module's own code around them, which the program does not tell apart: more than the
-    bound's FSDP ranges alone hold)."""
+    """GPU: of those idle gaps, the time the host spent in FSDP's own work before the awaited launch: a
+    gather's label, a copy-out's launch, a pass's hooks before and after its compute (the recording's
+    FSDP ranges; the module's own code around them is the host's, ``BusyOp.what`` ``own``)."""
     other_idle_ns: float = 0.0
     """GPU: the device's other idle time: gaps ended by work launched before they began. The simulated
     device waits only for the host's launches and for work on its own streams, so no gap of it is other

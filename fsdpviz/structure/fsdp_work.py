@@ -74,7 +74,12 @@ def launched_inside(events: pd.DataFrame, gpu: pd.DataFrame, ranges: dict[str, I
 
 def _own_ranges(events: pd.DataFrame) -> pd.DataFrame:
     """FSDP's ranges of one rank's ``events`` (module docstring), one row each."""
-    ranges = overhead_labels(parse_labels(events))
+    return own_label_ranges(parse_labels(events))
+
+
+def own_label_ranges(labels: pd.DataFrame) -> pd.DataFrame:
+    """FSDP's ranges (module docstring) among parsed ``labels`` (:func:`fsdpviz.structure.labels.parse_labels`)."""
+    ranges = overhead_labels(labels)
     return ranges[~((ranges["family"] == FAMILY_FSDP2) & (ranges["unit"] == "")).to_numpy()]
 
 

@@ -260,3 +260,25 @@ def gather_label_launches(path: Path, steps: list[int]) -> list[tuple[str, float
         out.append((name[len("FSDP::all_gather ("):-1] or "(root)", share(before), share(inside), share(after),
                     1e3 * sum(us for _, us in before), 1e3 * sum(us for _, us in after)))
     return out
+
+
+def fsdp2_pre_hooks_us(path: Path, steps: list[int]) -> dict[tuple[str, str], float]:
+    """Per (unit, phase): the µs of FSDP2's ``FSDP::pre_forward (<unit>)`` / ``FSDP::pre_backward (<unit>)``
+    labels starting within ``steps``' ProfilerStep spans, less the all-gather and copy-out labels inside
+    them on the same thread (``FSDP::all_gather (...)``, ``FSDP::all_gather_copy_out (...)``), summed."""
+    events = trace_events(path)
+    spans = _step_spans(events, steps)
+    labels = [e for e in events if e.get("cat") in ("user_annotation", "cpu_op") and e.get("name", "").startswith("FSDP::")]
+    inner = [e for e in labels if e["name"].startswith(("FSDP::all_gather (", "FSDP::all_gather_copy_out ("))]
+    out: dict[tuple[str, str], float] = {}
+    for e in labels:
+        for prefix, phase in (("FSDP::pre_forward (", "forward"), ("FSDP::pre_backward (", "backward")):
+            a = float(e["ts"])
+            if not e["name"].startswith(prefix) or not any(lo <= a < hi for lo, hi in spans):
+                continue
+            b = a + float(e["dur"])
+            held = sum(float(x["dur"]) for x in inner if x.get("tid") == e.get("tid") and a <= float(x["ts"])
+                       and float(x["ts"]) + float(x["dur"]) <= b)
+            key = (e["name"][len(prefix):-1], phase)
+            out[key] = out.get(key, 0.0) + b - a - held
+    return out

@@ -2,13 +2,14 @@
 
 A world of six blocks on two gloo ranks, every cost known: each collective and each piece of FSDP's
 host work around it takes a per-call time plus a time per byte; each unit runs FSDP's hooks and the
-hook dispatch at its boundary (the gap before its window) once per pass; a step's first all-gather also
+hook dispatch at its boundary (the gap before its window) once per pass, and each block its own code
+before its first op in every pass, whatever the wrap; a step's first all-gather also
 waits ``MEETING`` for the ranks to meet after the optimizer step. The per-block run is written as the
 recorder would read it, and the root and pair runs of the same world are summed by hand: on CPU the
 training thread waits out every collective, so a step is the sum of its parts. Merged, a unit pays
 its hooks, its boundary gap, its reduction's host work and the meeting once, and its collectives at its
-summed bytes; a model that kept its members' reductions or gaps, or lost the meeting, misses the
-truth by that cost.
+summed bytes; a model that kept its members' reductions or gaps, dropped their own code with FSDP's
+hooks, or lost the meeting, misses the truth by that cost.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ ALL_GATHER, REDUCE_SCATTER = (150_000.0, 0.5), (200_000.0, 0.8)
 GATHER_HOST, COPY_OUT_HOST, REDUCE_HOST = (30_000.0, 0.01), (20_000.0, 0.02), (80_000.0, 0.05)
 # per unit and pass: FSDP's hook dispatch before its window, its pre- and post- hooks
 GAP, PRE_FORWARD, POST_FORWARD, PRE_BACKWARD, POST_BACKWARD = 15_000.0, 40_000.0, 25_000.0, 35_000.0, 30_000.0
+# per block and pass: its own code between FSDP's pre-hook and its first op (runs merged or not)
+OWN_FORWARD, OWN_BACKWARD = 7_000.0, 11_000.0
 DATA, LOSS, OPTIMIZER = 500_000.0, 300_000.0, 3_000_000.0
 
 
@@ -65,11 +68,11 @@ def per_block_recording(steps: int = 3, frozen: frozenset[str] = frozenset(), de
         return 0.0 if u in frozen else cost(REDUCE_HOST, BYTES[u])
 
     def step(i: int, rank: int = 0, meeting: float = MEETING) -> StepProgram:
-        forward = [Pass(unit=u, phase=FORWARD, micro=0, part="", gap_ns=GAP, pre_ns=PRE_FORWARD,
-                        compute_ns=forward_ns(BYTES[u]), post_ns=POST_FORWARD, post_framework_ns=POST_FORWARD)
+        forward = [Pass(unit=u, phase=FORWARD, micro=0, part="", gap_ns=GAP, pre_ns=PRE_FORWARD + OWN_FORWARD,
+                        pre_framework_ns=PRE_FORWARD, compute_ns=forward_ns(BYTES[u]), post_ns=POST_FORWARD, post_framework_ns=POST_FORWARD)
                    for u in UNITS]
-        backward = [Pass(unit=u, phase=BACKWARD, micro=0, part="", gap_ns=GAP, pre_ns=PRE_BACKWARD,
-                         compute_ns=backward_ns(BYTES[u]), post_ns=POST_BACKWARD + reduced(u),
+        backward = [Pass(unit=u, phase=BACKWARD, micro=0, part="", gap_ns=GAP, pre_ns=PRE_BACKWARD + OWN_BACKWARD,
+                         pre_framework_ns=PRE_BACKWARD, compute_ns=backward_ns(BYTES[u]), post_ns=POST_BACKWARD + reduced(u),
                          post_framework_ns=POST_BACKWARD, reduce_host_ns=reduced(u))
                     for u in reversed(UNITS)]
         gathers = [gather(u, FORWARD, first=j == 0) for j, u in enumerate(UNITS)]
@@ -90,8 +93,9 @@ def per_block_recording(steps: int = 3, frozen: frozenset[str] = frozenset(), de
 def step_of(groups: list[list[str]], reshard_last: bool = True, frozen: frozenset[str] = frozenset(),
             copy_out: bool = True) -> float:
     """The world's step with ``groups`` as its units (each gathered whole, in its own passes), summed:
-    every unit pays its gap and hooks once per pass, its collectives and their host work at its bytes;
-    a unit of ``frozen`` members only reduces nothing; without ``copy_out`` no gather copies out."""
+    every unit pays its gap and hooks once per pass (every block its own code), its collectives and
+    their host work at its bytes; a unit of ``frozen`` members only reduces nothing; without
+    ``copy_out`` no gather copies out."""
     def gathered(n: int) -> float:
         return cost(GATHER_HOST, n) + cost(ALL_GATHER, n) + (cost(COPY_OUT_HOST, n) if copy_out else 0.0)
     total = DATA + LOSS + OPTIMIZER + MEETING
@@ -100,6 +104,7 @@ def step_of(groups: list[list[str]], reshard_last: bool = True, frozen: frozense
         again = reshard_last or i < len(groups) - 1  # gathered again for backward
         total += GAP + PRE_FORWARD + gathered(n) + sum(forward_ns(BYTES[u]) for u in group) + POST_FORWARD
         total += GAP + PRE_BACKWARD + (gathered(n) if again else 0.0) + sum(backward_ns(BYTES[u]) for u in group)
+        total += len(group) * (OWN_FORWARD + OWN_BACKWARD)
         total += POST_BACKWARD
         if not set(group) <= frozen:
             total += cost(REDUCE_HOST, n) + cost(REDUCE_SCATTER, n)

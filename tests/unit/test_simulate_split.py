@@ -296,7 +296,12 @@ def test_the_replays_idle_time_is_the_traces_on_the_h200_recordings(gpu_h200_dir
     (Broot's device runs about 4.8 ms past the host's end of each step, which the next step starts with:
     read without the steady state they added up to 10 % more), and the device's idle time in it (host
     wait, the host's time in the units' passes, other idle) is the bound's, read from the trace's own
-    gaps, within 10 % (B 46.11 against 46.90 ms, Bl 49.57 against 52.61, Broot 6.30 against 5.99)."""
+    gaps, within 10 % (B 46.11 against 46.90 ms, Bl 49.57 against 52.61, Broot 6.30 against 5.99).
+
+    Of it, the time the device waited on FSDP's own ranges (its hooks, the gathers' labels) is the bound's
+    within 10 % on the per-block recordings (B 23.92 against 23.44 ms, Bl 30.99 against 29.02), where
+    the host's code in a pass outside those ranges is the host's own: counted as FSDP's, it was 26.86 and
+    34.42. With one unit (Broot) it is not (4.84 against 1.38 ms), and is not held here."""
     from fsdpviz.analysis.pipeline import analyse
     from fsdpviz.whatif.gains import completed_summary, summary_model
 
@@ -317,6 +322,9 @@ def test_the_replays_idle_time_is_the_traces_on_the_h200_recordings(gpu_h200_dir
     traced = (bound.host_wait_ms or 0.0) + bound.fsdp_overhead_ms - (bound.fsdp_kernels_ms or 0.0) + bound.other_idle_ms
     assert traced > 5.0
     assert statistics.median(idle) == pytest.approx(traced, rel=0.10)
+    if name != "Broot":
+        fsdp_host = statistics.median(r.fsdp_host_ns for r in model.net.replays) / 1e6
+        assert fsdp_host == pytest.approx(bound.fsdp_overhead_ms - (bound.fsdp_kernels_ms or 0.0), rel=0.10)
 
 
 def test_of_work_starting_together_the_latest_launch_ends_the_gap() -> None:

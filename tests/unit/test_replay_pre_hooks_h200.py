@@ -1,0 +1,78 @@
+"""A pass's host time before its compute, on the H200's model B recording (../shared/traces/gpu-h200):
+FSDP's hooks and the block's own code, told apart as FSDP2's labels in the trace file tell them.
+
+A merged unit's members do not run FSDP's pre-forward / pre-backward hooks, but each still runs its own
+code up to its first op; the replay drops the first and keeps the second (replay/program.py)."""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers.rawfiles import fsdp2_pre_hooks_us
+
+from fsdpviz.replay import program as prog
+from fsdpviz.replay.settings import Settings, Wrap
+from fsdpviz.vocabulary import BACKWARD, FORWARD
+
+
+def _model(gpu_h200_dir: Path, session_memo: Callable[..., Any]) -> Any:
+    from fsdpviz.analysis.pipeline import analyse
+    from fsdpviz.replay.model import read_model
+
+    def read() -> Any:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return read_model(analyse([gpu_h200_dir / "B"], cache=False, progress=False))
+
+    return session_memo(("gpu-h200", "B", "model"), read)
+
+
+def test_a_passs_hooks_are_fsdp2s_pre_labels_less_its_gathers(gpu_h200_dir: Path,
+                                                               session_memo: Callable[..., Any]) -> None:
+    """Each block's FSDP time before its compute, per phase over the traced steps, is what the trace file
+    says of FSDP2's ``FSDP::pre_forward`` / ``FSDP::pre_backward`` labels less the gather and copy-out
+    labels inside them (costed with the gathers), within a microsecond a pass; the block's own code
+    before its first launch is the rest of its pre time (70-160 µs a pass on B)."""
+    rec = _model(gpu_h200_dir, session_memo).recording
+    steps = sorted({s.step for s in rec.steps})
+    truth = fsdp2_pre_hooks_us(gpu_h200_dir / "B" / "traces" / "rank0.trace.json.gz", steps)
+    ours: dict[tuple[str, str], float] = {}
+    own: list[float] = []
+    for s in rec.steps:
+        for mb in s.micro:
+            for p in (*mb.forward, *mb.backward):
+                if p.unit.startswith("blocks."):
+                    ours[(p.unit, p.phase)] = ours.get((p.unit, p.phase), 0.0) + p.pre_framework_ns / 1e3
+                    own.append(p.pre_ns - p.pre_framework_ns)
+    blocks = {k: v for k, v in truth.items() if k[0].startswith("blocks.")}
+    assert len(blocks) == 24 and set(ours) == set(blocks)
+    for key, us in blocks.items():
+        assert ours[key] == pytest.approx(us, abs=len(steps) * 1.0), key
+    assert min(own) > 10_000.0  # every pass runs some code of its own before its first launch
+
+
+def test_merged_members_keep_their_own_code_and_drop_fsdps_hooks(gpu_h200_dir: Path,
+                                                                   session_memo: Callable[..., Any]) -> None:
+    """One root unit from B: the program's host time before each block's compute is that block's own
+    code alone, FSDP's hooks gone; the root's first pass keeps its hooks."""
+    model = _model(gpu_h200_dir, session_memo)
+    rec = model.recording
+    step = rec.steps[0]
+    program = prog.build(rec, step, Settings().with_(wrap=Wrap("root")), model.comm, model.gathers)
+    passes = [p for mb in step.micro for p in (*mb.forward, *mb.backward) if p.unit.startswith("blocks.")]
+    own = sum(p.pre_ns - p.pre_framework_ns for p in passes)
+    hooks = sum(p.pre_framework_ns for p in passes)
+    ops = [op for op in program.ops if isinstance(op, prog.BusyOp)]
+    # a pass's host time before its compute: FSDP's ("pre"), then its own code ("own") right after
+    kept = {"pre": sum(op.ns for op in ops if op.what == "pre"),
+            "own": sum(b.ns for a, b in itertools.pairwise(ops) if a.what == "pre" and b.what == "own")}
+    root = [p for mb in step.micro for p in (*mb.forward, *mb.backward) if not p.unit.startswith("blocks.")]
+    assert {p.phase for p in passes} == {FORWARD, BACKWARD} and hooks > own > 0
+    # the blocks' own code stays whole; of FSDP's hooks only the root's own passes' remain
+    assert kept["own"] == pytest.approx(own + sum(p.pre_ns - p.pre_framework_ns for p in root), rel=1e-9)
+    assert kept["pre"] == pytest.approx(sum(p.pre_framework_ns for p in root), rel=1e-9)
