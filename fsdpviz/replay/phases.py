@@ -28,7 +28,7 @@ of the profiled steps, the clean one's of the clean steps), which no phase isola
 On the bundled FSDP2 sample one factor per rank takes 7.7 % of the step more out of the backward than
 the timers saw leave it; on the H200 recording of model B with memory recorded, the per-event cost
 takes about a quarter of the step out of a backward the profiler did not slow (docs/whatif.md, "One
-clock"), and that recording's predictions of three settings are still within 0.051 of bare runs. So
+clock"), and that recording's predictions of three settings are still within 0.048 of bare runs. So
 the check is said beside the clock (its note, whatif's replay line) and decides it only past
 :data:`.clock.PHASE_LIMIT_PCT`: a phase missed says where the de-profiler erred, not that a setting's
 ratio is off. With two ranks and a few steps it also holds the timers' noise.

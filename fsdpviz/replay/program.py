@@ -427,8 +427,6 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
                 # FSDP's hooks, then the module's own code before its first op (which runs merged too)
                 hooks = min(p.pre_ns, p.pre_framework_ns)
                 ops.append(BusyOp(max(0.0, hooks - (0.0 if lead else _framework_pre(p))), "pre"))
-                if p.pre_ns > hooks:
-                    ops.append(BusyOp(p.pre_ns - hooks, "own"))
                 if lead and not gathered_units.intersection(members.get(unit, [unit])):
                     unsharded.add(unit)  # never sharded: nothing to gather
                 if lead and unit not in unsharded:
@@ -450,6 +448,8 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
                 kept = phase == BACKWARD and not reshard.get(unit, True) and recorded_reshard.get(unit, True)
                 if not kept and (p.fsdp_pre_ns or p.fsdp_pre_side_ns):
                     ops.append(FsdpKernelsOp(unit, phase, p.fsdp_pre_ns, p.fsdp_pre_side_ns, before=True))
+                if p.pre_ns > hooks:  # the module's own code, after FSDP's pre hook unsharded it
+                    ops.append(BusyOp(p.pre_ns - hooks, "own"))
                 ops.append(ComputeOp(unit, phase, p.compute_ns * compute_scale))
                 if p.fsdp_post_ns or p.fsdp_post_side_ns:
                     ops.append(FsdpKernelsOp(unit, phase, p.fsdp_post_ns, p.fsdp_post_side_ns, before=False))

@@ -61,7 +61,8 @@ def _recording(modules: dict[str, list[str]] | None = None, units: list[str] | N
 
     def passes(phase: str, order: list[tuple[str, str]]) -> list[Pass]:
         # a distinct compute per pass (microseconds), so that a lost or doubled one shows in any sum
-        return [Pass(unit=u, phase=phase, micro=0, part=part, gap_ns=1_000.0, pre_ns=2_000.0,
+        # the pre time is FSDP's hooks (a pass's own code before its first op is none here)
+        return [Pass(unit=u, phase=phase, micro=0, part=part, gap_ns=1_000.0, pre_ns=2_000.0, pre_framework_ns=2_000.0,
                      compute_ns=(10_000.0 + 1_000.0 * i) * (2 if phase == BACKWARD else 1), post_ns=3_000.0,
                      post_framework_ns=1_000.0) for i, (u, part) in enumerate(order)]
 
