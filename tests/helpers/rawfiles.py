@@ -282,3 +282,18 @@ def fsdp2_pre_hooks_us(path: Path, steps: list[int]) -> dict[tuple[str, str], fl
             key = (e["name"][len(prefix):-1], phase)
             out[key] = out.get(key, 0.0) + b - a - held
     return out
+
+
+def fsdp2_label_us(path: Path, steps: list[int], what: str) -> dict[str, float]:
+    """Per unit: the µs of FSDP2's ``FSDP::<what> (<unit>)`` labels starting within ``steps``' ProfilerStep
+    spans, summed."""
+    events = trace_events(path)
+    spans = _step_spans(events, steps)
+    prefix = f"FSDP::{what} ("
+    out: dict[str, float] = {}
+    for e in events:
+        if e.get("cat") in ("user_annotation", "cpu_op") and e.get("name", "").startswith(prefix) \
+                and any(lo <= float(e["ts"]) < hi for lo, hi in spans):
+            unit = e["name"][len(prefix):-1]
+            out[unit] = out.get(unit, 0.0) + float(e["dur"])
+    return out
