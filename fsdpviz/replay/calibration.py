@@ -88,6 +88,7 @@ def scaled_step(step: StepProgram, k: float) -> StepProgram:
             for name in ("gap_ns", "pre_ns", "compute_ns", "post_ns", "reduce_after_ns", "reshard_ns",
                          "post_framework_ns", "reduce_host_ns", "pre_framework_ns", "post_ranges_ns"):
                 setattr(p, name, getattr(p, name) * k)
+            p.launches = [(at * k, ns * k) for at, ns in p.launches]
     _scale_segment(out.post, k)
     for g in out.gathers:
         for name in ("host_ns", "copy_in_ns", "comm_ns", "copy_out_host_ns", "copy_out_ns"):

@@ -33,7 +33,7 @@ RELIABLE_REPLAY_PCT: Final = 10.0
 # Out of sample (:mod:`.phases`): a replay whose de-profiler took the profiler's share out of some phase
 # more than this far (in % of the unprofiled step) from where the timers saw it leave is not called
 # ``replayed``: said before any figure, its predictions marked unreliable and never ranked. The largest
-# miss of any recording whose predictions were held to bare runs is 24.6 % (H200 B, the backward; root,
+# miss of any recording whose predictions were held to bare runs is 24.9 % (H200 B, the backward; root,
 # pairs and no resharding within 0.048 of bare: docs/whatif.md, "Out of sample"); past it, nothing
 # measured says that the replay's ratios still hold.
 PHASE_LIMIT_PCT: Final = 25.0

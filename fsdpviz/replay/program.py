@@ -80,6 +80,7 @@ class ComputeOp:
     unit: str
     phase: str
     ns: float
+    launches: list[tuple[float, float]] = field(default_factory=list)  # GPU: Pass.launches
 
 
 @dataclass(slots=True)
@@ -155,6 +156,9 @@ class Program:
     serial_collectives: bool = False
     """GPU: the rank's collectives run one at a time, in the order issued (a host backend's process
     group, gloo on CUDA tensors: :attr:`fsdpviz.replay.recorded.Recording.serial_collectives`)."""
+    launch_latency_ns: float = 0.0
+    """GPU: from a launch to the earliest its work starts on an idle device
+    (:attr:`fsdpviz.replay.recorded.Recording.launch_latency_ns`)."""
 
 
 # --- units -----------------------------------------------------------------------------------
@@ -450,7 +454,7 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
                     ops.append(FsdpKernelsOp(unit, phase, p.fsdp_pre_ns, p.fsdp_pre_side_ns, before=True))
                 if p.pre_ns > hooks:  # the module's own code, after FSDP's pre hook unsharded it
                     ops.append(BusyOp(p.pre_ns - hooks, "own"))
-                ops.append(ComputeOp(unit, phase, p.compute_ns * compute_scale))
+                ops.append(ComputeOp(unit, phase, p.compute_ns * compute_scale, p.launches))
                 if p.fsdp_post_ns or p.fsdp_post_side_ns:
                     ops.append(FsdpKernelsOp(unit, phase, p.fsdp_post_ns, p.fsdp_post_side_ns, before=False))
                 # a merged unit's members do not run their own hooks; on CPU neither their own reductions'
@@ -485,7 +489,7 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
     if compute_scale != 1.0:
         notes.append(f"compute {compute_scale:.2f}x slower: more ranks than cores on a host")
     return Program(ops=ops, gathers=gathers, reduces=reduces, units=new_units, unit_bytes=unit_bytes, notes=notes,
-                   serial_collectives=rec.serial_collectives)
+                   serial_collectives=rec.serial_collectives, launch_latency_ns=rec.launch_latency_ns)
 
 
 def kept_across_micro_batches(step: StepProgram) -> dict[int, set[str]]:

@@ -74,6 +74,11 @@ class Pass:
     """Of ``pre_ns``: the host's busy time in FSDP's own ranges (its pre-forward / pre-backward hooks, less
     the gather and copy-out labels, costed with the gathers). The rest is the module's own code before
     its first op (on a GPU: its first launch), which runs whatever the wrap."""
+    launches: list[tuple[float, float]] = field(default_factory=list)
+    """GPU: the pass's compute kernels in launch order, in groups: each group's first launch (the host's
+    busy time from the pass's first launch) and its kernels' share of ``compute_ns``. A group runs no
+    earlier than its launch, so a device ahead of the host waits inside the pass, as a launch-bound trace
+    shows. Empty on a CPU, or where the kernels are not known: the compute then runs whole."""
     post_ranges_ns: float = 0.0
     """Of ``post_ns``: the host's busy time in FSDP's own ranges (its post-forward / post-backward hooks and
     the reduction's labels). The rest is the module's own code after its first op (on a GPU: its
@@ -179,6 +184,10 @@ class Recording:
     reduce labels hold the host while their gloo op runs, so one rank's collectives run one after
     another, and the replay queues them so (on ``h100-fsdp2-gloo2-block`` the host-side ``gloo:*`` ops
     of the analysed steps overlap for 0 of 4,053 ms on rank 0)."""
+
+    launch_latency_ns: float = 0.0
+    """GPU: the median time from a launch to its work's start, over the work that started on an idle
+    device and was launched while it idled (the device waited for nothing else); 0 on a CPU."""
 
     @property
     def gathered_units(self) -> set[str]:

@@ -84,6 +84,9 @@ from fsdpviz.trace import schema
 
 SYNC_CALLS: Final = ("Synchronize",)  # cudaDeviceSynchronize, cudaStreamSynchronize, cuEventSynchronize ...
 # Host events the profiler records, each at a cost to the training thread (hostcost).
+# A GPU pass's compute kernels, in this many groups of consecutive launches (Pass.launches): each group
+# waits for its own launch. 32 split the shared recordings' idle time as one group per kernel does.
+LAUNCH_GROUPS: Final = 32
 HOST_EVENT_KINDS: Final = (schema.KIND_CPU_OP, schema.KIND_RUNTIME, schema.KIND_ANNOTATION)
 
 
@@ -197,7 +200,24 @@ def read_recording(result: RunResult, ranks: Sequence[int] | None = None, per_op
         host_ops_per_step=sum(op_counts) / len(op_counts) if op_counts else 0.0,
         reshard_sizes=facts.reshard_sizes(result),
         serial_collectives=gpu and _fsdp_on_host_backend(analysis.spans, lanes, programs),
+        launch_latency_ns=_launch_latency(work) if work is not None else 0.0,
     )
+
+
+def _launch_latency(work: pd.DataFrame) -> float:
+    """The median time from a launch to its work's start, over the work that started on an idle device
+    (after all work before it ended, on every stream of its rank) and was launched after the device went
+    idle: the device waited for that launch alone (:attr:`Recording.launch_latency_ns`)."""
+    out = []
+    for _, w in work[work["launch_ns"].to_numpy() >= 0].groupby("rank", sort=False):
+        w = w.sort_values("start_ns", kind="stable")
+        start, end, launch = (w[c].to_numpy(np.int64) for c in ("start_ns", "end_ns", "launch_ns"))
+        if len(start) < 2:
+            continue
+        before = np.maximum.accumulate(end)[:-1]  # the device's last end before each piece of work
+        waited = (start[1:] > before) & (launch[1:] > before)
+        out.extend((start[1:] - launch[1:])[waited].tolist())
+    return float(np.median(out)) if out else 0.0
 
 
 def _fsdp_on_host_backend(spans: pd.DataFrame, lanes: pd.DataFrame, programs: Sequence[StepProgram]) -> bool:
@@ -523,6 +543,7 @@ class _PassReader:
             pre = clock.between(a, first) - self.labelled(a, first)
             if self.gpu:
                 compute = self._kernel_busy(a, b, m_start, m_end)
+                launches = self._launch_groups(a, b, first, m_start, m_end, compute)
                 # the host's part after the compute starts at the reshard (GPU: launches run ahead)
                 k = int(np.searchsorted(t.reshard_starts, first, side="left"))
                 compute_end = float(t.reshard_starts[k]) if k < len(t.reshard_starts) and t.reshard_starts[k] < b \
@@ -534,6 +555,8 @@ class _PassReader:
             pre, compute = total, 0.0
             compute_end = float(b)
             first = float(b)
+        if not (self.gpu and len(m_start)):
+            launches = []
         post = max(0.0, total - pre - (0.0 if self.gpu else compute))
         rs = t.reshards
         at = (rs.unit == unit) & (t.reshard_phase == phase) & (rs.start >= a) & (rs.start < b)
@@ -546,7 +569,7 @@ class _PassReader:
                  post_framework_ns=min(post, max(0.0, clock.between(compute_end, b) - self.labelled(compute_end, b)
                                                  - reduce_busy)),
                  reduce_host_ns=min(post, reduce_busy), pre_framework_ns=min(max(0.0, pre), self.framework(a, first)),
-                 post_ranges_ns=min(post, self.framework(first, b)))
+                 post_ranges_ns=min(post, self.framework(first, b)), launches=launches)
         return p, (self._reduce(p, a, b) if phase == vocabulary.BACKWARD else None)
 
     def _compute_of(self, unit: str, part: str, phase: str, micro: int, a: int, b: int) -> np.ndarray:
@@ -561,6 +584,31 @@ class _PassReader:
         """When pass ``p`` (its frame ``[a, b)``) issued its first compute; None where it computed nothing."""
         mine = self._compute_of(p.unit, p.part, p.phase, p.micro, a, b)
         return float(self.tables.c_issue[mine].min()) if mine.any() else None
+
+    def _launch_groups(self, a: int, b: int, first: float, starts: np.ndarray, ends: np.ndarray,
+                       busy: float) -> list[tuple[float, float]]:
+        """GPU: the pass's compute kernels (launched in ``[a, b)``, inside its compute spans) in at most
+        ``LAUNCH_GROUPS`` groups of consecutive launches: each group's first launch (the host's busy time
+        from ``first``, the pass's first launch) and its share of ``busy`` (in proportion to its kernels'
+        own time, so that the groups add up to the pass's compute)."""
+        if self.kernels is None or busy <= 0:
+            return []
+        k = self.kernels
+        lo, hi = np.searchsorted(k.launch, a, "left"), np.searchsorted(k.launch, b, "left")
+        ks, ke, kl = k.start[lo:hi], k.end[lo:hi], k.launch[lo:hi]
+        inside = np.zeros(len(ks), dtype=bool)
+        for s, e in zip(starts.tolist(), ends.tolist()):
+            inside |= (ks >= s) & (ke <= e)
+        if not inside.any():
+            return []
+        dur = (ke[inside] - ks[inside]).astype(np.float64)
+        launch = kl[inside]
+        total = float(dur.sum())
+        out = []
+        for part in np.array_split(np.arange(len(dur)), min(LAUNCH_GROUPS, len(dur))):
+            at = max(0.0, self.clock.between(first, float(launch[part[0]])))
+            out.append((at, busy * float(dur[part].sum()) / total if total > 0 else busy / len(dur)))
+        return out
 
     def _kernel_busy(self, a: int, b: int, starts: np.ndarray, ends: np.ndarray) -> float:
         """GPU: the time the pass's kernels (launched in ``[a, b)``) kept the device busy inside its

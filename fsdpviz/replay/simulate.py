@@ -14,6 +14,9 @@ in-order lanes, each item starting when its lane is free and what it waits for i
   label's host time, read per gather: FSDP2's cast of the parameters and its copy-in on the copy-in's
   stream, a fake group's copies on the gather's), and its collective as the label ends; a host
   backend's label holds the host while its collective runs, so there all of it starts with the label.
+  Work starts no earlier than the recording's launch latency after its launch
+  (``Program.launch_latency_ns``), and a unit's compute runs in groups of its kernels, each from its
+  own launch (``ComputeOp.launches``): a device ahead of the host waits inside the pass.
   FSDP's other kernels run where FSDP runs them: a gather's (a fake group's copies) on its stream before the collective, a
   unit's unshard kernels before its compute, and its gradients' after it, on the compute stream or on
   FSDP's other streams (a lane for the unshards', one for the rest); a unit's compute waits for its
@@ -110,8 +113,10 @@ class SimResult:
     FSDP ranges; the module's own code around them is the host's, ``BusyOp.what`` ``own``)."""
     other_idle_ns: float = 0.0
     """GPU: the device's other idle time: gaps ended by work launched before they began. The simulated
-    device waits only for the host's launches and for work on its own streams, so no gap of it is other
-    idle (the bound finds 1.3-4.2 ms a step on the shared GPU recordings: docs/whatif.md)."""
+    device waits only for the host's launches (each one's work starts no earlier than the launch latency
+    after it) and for work on its own streams, so little of it is other idle: work launched just before
+    a gap that waits out its latency (the bound finds 1.3-4.2 ms a step on the shared GPU recordings,
+    where the device also waits on events: docs/whatif.md)."""
     notes: list[str] = field(default_factory=list)
 
     def unit_totals(self) -> dict[str, dict[str, float]]:
@@ -163,6 +168,7 @@ class _Sim:
         self.host = 0.0
         self.free: dict[str, float] = {COMPUTE: 0.0, COPY_IN: 0.0, ALL_GATHER: 0.0, REDUCE_SCATTER: 0.0,
                                        ALL_REDUCE: 0.0, COMM: 0.0, FSDP_SIDE: 0.0, FSDP_UNSHARD: 0.0}
+        self.lat = program.launch_latency_ns if gpu else 0.0  # GPU: a launch to its work's earliest start
         self.unsharded_at = 0.0  # GPU: when FSDP's kernels on its other streams that the next compute waits for end
         # GPU: each kind of collective on a stream of its own, or all on one queue (a host backend)
         self.lanes = {kind: COMM if program.serial_collectives else kind
@@ -211,23 +217,26 @@ class _Sim:
             def launched(share: float) -> float:
                 return issued if serial else issued + share * g.host_ns
 
+            lat = self.lat
+
             if g.lead_ns:
-                k0 = max(launched(g.lead_at), self.free[COPY_IN], self.last_copy_out)
+                k0 = max(launched(g.lead_at) + lat, self.free[COPY_IN], self.last_copy_out)
                 self.free[COPY_IN] = k0 + g.lead_ns
                 self.spans.append(SimSpan(g.unit, g.phase, FSDP_KERNELS, COPY_IN, k0, k0 + g.lead_ns,
                                           launched(g.lead_at)))
-            ci_start = max(launched(g.copy_in_at) if g.copy_in_ns else issued, self.free[COPY_IN], self.last_copy_out)
+            ci_start = max((launched(g.copy_in_at) if g.copy_in_ns else issued) + lat, self.free[COPY_IN],
+                           self.last_copy_out)
             ci_end = ci_start + g.copy_in_ns
             self.free[COPY_IN] = ci_end
             lane = self.lanes[ALL_GATHER]
             start = max(ci_end, self.free[lane], self.free[COMPUTE] if g.after_compute else 0.0)
             if g.kernels_ns > g.lead_ns:
-                start = max(start, launched(g.kernels_at))
+                start = max(start, launched(g.kernels_at) + lat)
                 end = start + g.kernels_ns - g.lead_ns
                 self.spans.append(SimSpan(g.unit, g.phase, FSDP_KERNELS, lane, start, end, launched(g.kernels_at)))
                 start = end
             launch = issued if serial else self.host
-            start = max(start, launch)
+            start = max(start, launch + lat)
             end = start + g.comm_ns
             self.free[lane] = end
             if g.copy_in_ns:
@@ -250,7 +259,7 @@ class _Sim:
             self.fsdp_host.append((self.host, self.host + g.copy_out_host_ns))
             self.host += g.copy_out_host_ns
             launch = self.host
-            start = max(self.host, self.free[COMPUTE], done)
+            start = max(self.host + self.lat, self.free[COMPUTE], done)
             end = start + g.copy_out_ns
             self.free[COMPUTE] = end
             self.last_copy_out = end
@@ -265,7 +274,7 @@ class _Sim:
         if not self.gpu:
             return
         if op.main_ns > 0:
-            start = max(self.host, self.free[COMPUTE])
+            start = max(self.host + self.lat, self.free[COMPUTE])
             self.free[COMPUTE] = start + op.main_ns
             self.spans.append(SimSpan(op.unit, op.phase, FSDP_KERNELS, COMPUTE, start, start + op.main_ns, self.host))
         if op.side_ns > 0:
@@ -273,7 +282,7 @@ class _Sim:
             # copies; the next compute waits for both (FSDP1 on one rank: each backward unit's first
             # kernel waits about 160 us for the unit before's gradient copy on the post-backward stream)
             lane = FSDP_UNSHARD if op.before else FSDP_SIDE
-            start = max(self.host, self.free[lane], 0.0 if op.before else self.free[COMPUTE])
+            start = max(self.host + self.lat, self.free[lane], 0.0 if op.before else self.free[COMPUTE])
             end = self.free[lane] = start + op.side_ns
             self.spans.append(SimSpan(op.unit, op.phase, FSDP_KERNELS, lane, start, end, self.host))
             self.unsharded_at = max(self.unsharded_at, end)
@@ -281,8 +290,23 @@ class _Sim:
                 self.reduce_ends.append(end)
 
     def _compute(self, op: ComputeOp) -> None:
+        if self.gpu and op.launches:
+            # each group of the pass's kernels runs once the host has launched it: a device ahead of the
+            # launches waits inside the pass, and the pass's span splits there
+            start = end = max(self.host + self.lat, self.free[COMPUTE], self.unsharded_at)
+            launched = self.host
+            for at, ns in op.launches:
+                ready = max(end, self.host + at + self.lat)
+                if ready > end:
+                    if end > start:
+                        self.spans.append(SimSpan(op.unit, op.phase, "compute", COMPUTE, start, end, launched))
+                    start, launched = ready, self.host + at
+                end = ready + ns
+            self.free[COMPUTE] = end
+            self.spans.append(SimSpan(op.unit, op.phase, "compute", COMPUTE, start, end, launched))
+            return
         if self.gpu:
-            start = max(self.host, self.free[COMPUTE], self.unsharded_at)
+            start = max(self.host + self.lat, self.free[COMPUTE], self.unsharded_at)
             end = start + op.ns
             self.free[COMPUTE] = end
         else:
@@ -297,12 +321,12 @@ class _Sim:
         r = self.p.reduces[rid]
         if self.gpu:
             prev = max((e for e, _ in self.pending_reduce), default=0.0)
-            prep = max(self.free[COMPUTE], prev, self.host)
+            prep = max(self.free[COMPUTE], prev, self.host + self.lat)
             self.free[COMPUTE] = prep + r.prep_ns
             if r.prep_ns > 0:
                 self.spans.append(SimSpan(r.unit, BACKWARD, FSDP_KERNELS, COMPUTE, prep, prep + r.prep_ns, self.host))
             lane = self.lanes[REDUCE_SCATTER]
-            start = max(self.host, self.free[lane], self.free[COMPUTE])
+            start = max(self.host + self.lat, self.free[lane], self.free[COMPUTE])
             end = start + r.comm_ns
             self.free[lane] = end
             self.spans.append(SimSpan(r.unit, BACKWARD, REDUCE_SCATTER, lane, start, end, self.host))
@@ -330,7 +354,7 @@ class _Sim:
             return
         start = self.host
         if self.gpu and seg.device_ns:  # launched as the segment starts, run in order on the compute stream
-            d0 = max(start, self.free[COMPUTE])
+            d0 = max(start + self.lat, self.free[COMPUTE])
             self.free[COMPUTE] = d0 + seg.device_ns
             kind = "optimizer" if op.name == "post" else "compute"
             self.spans.append(SimSpan("", op.name, kind, COMPUTE, d0, d0 + seg.device_ns, start))

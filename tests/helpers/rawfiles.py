@@ -297,3 +297,23 @@ def fsdp2_label_us(path: Path, steps: list[int], what: str) -> dict[str, float]:
             unit = e["name"][len(prefix):-1]
             out[unit] = out.get(unit, 0.0) + float(e["dur"])
     return out
+
+
+def launch_latency_us(path: Path) -> float:
+    """The median µs from a launch (the first CUDA runtime or driver call of a correlation) to its GPU
+    event's start, over the GPU events that started on an idle device (after every GPU event before
+    them ended) and were launched after it went idle."""
+    events = trace_events(path)
+    launch: dict[int, float] = {}
+    for e in events:
+        corr = (e.get("args") or {}).get("correlation")
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and corr is not None:
+            launch[corr] = min(launch.get(corr, float("inf")), float(e["ts"]))
+    gpu = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"]), launch[c]) for e in events
+                 if e.get("cat") in GPU_EVENTS and (c := (e.get("args") or {}).get("correlation")) in launch)
+    out, busy_until = [], gpu[0][1]
+    for start, end, at in gpu[1:]:
+        if start > busy_until and at > busy_until:
+            out.append(start - at)
+        busy_until = max(busy_until, end)
+    return statistics.median(out)
