@@ -205,6 +205,8 @@ def render_page(page: Page) -> str:
         doc = Document()
         with doc.models.freeze():
             for model in roots.values():
+                if model.document is not None:  # a page rendered again: its roots leave the last document
+                    model.document.remove_root(model)
                 doc.add_root(model)
         script, divs = components(roots)
         js, css = _inline_resources(list(roots.values()))
