@@ -150,9 +150,9 @@ class Candidate:
     prediction: Prediction | None
     skipped: str = ""  # why there is no prediction
     fits: bool | None = True
-    """Predicted peak within the budget (True without a budget); None where the peak is unknown (a
-    recording without memory: kept among the settings the grid ranks by time, never called within) and
-    for a setting not tried (no prediction)."""
+    """Predicted peak within the budget (True without a budget where the peak is known); None where the
+    peak is unknown, with a budget or without (a recording without memory: kept among the settings the
+    grid ranks by time, never called within), and for a setting not tried (no prediction)."""
     over_bytes: int | None = None  # how much the predicted peak exceeds the budget (not fitting)
     bound: StepBound | None = None  # what bounds the predicted step
 
@@ -285,7 +285,7 @@ def explore(model: Model, budget_bytes: int | None = None) -> Exploration:
     for c in candidates:
         assert c.prediction is not None
         peak = c.prediction.predicted.peak_allocated_bytes
-        c.fits = True if budget_bytes is None else None if peak is None else peak <= budget_bytes
+        c.fits = None if peak is None else True if budget_bytes is None else peak <= budget_bytes
         c.over_bytes = None if c.fits is not False or peak is None or budget_bytes is None else peak - budget_bytes
         c.bound = predicted_bound(bound, c.prediction, budget_bytes)
     fitting = sorted((c for c in candidates if c.fits is not False),
