@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -122,7 +123,8 @@ class SimResult:
     def unit_totals(self) -> dict[str, dict[str, float]]:
         """Per unit: all-gather, forward, backward, reduce-scatter and exposed communication (ns)."""
         out: dict[str, dict[str, float]] = {}
-        compute = _union([(s.start, s.end) for s in self.spans if _on_compute(s) and s.kind != "optimizer"])
+        on_compute = _coverage(_union([(s.start, s.end) for s in self.spans
+                                       if _on_compute(s) and s.kind != "optimizer"]))
         for s in self.spans:
             if not s.unit:
                 continue
@@ -133,7 +135,7 @@ class SimResult:
             elif s.kind in UNIT_COLLECTIVES:
                 key = REDUCE_SCATTER if s.kind != ALL_GATHER else ALL_GATHER
                 row[key] += s.end - s.start
-                row["exposed_comm"] += (s.end - s.start) - _covered(compute, s.start, s.end)
+                row["exposed_comm"] += (s.end - s.start) - on_compute(s.start, s.end)
         return out
 
 
@@ -386,10 +388,11 @@ class _Sim:
         # collective is theirs, the rest is FSDP's own
         theirs = _union([*model, *comm])
         comm_ns = sum(e - s for s, e in comm)
-        exposed = comm_ns - sum(_covered(busy, s, e) for s, e in comm)
+        on_busy, on_theirs = _coverage(busy), _coverage(theirs)
+        exposed = comm_ns - sum(on_busy(s, e) for s, e in comm)
         return SimResult(step_ns=self.host, spans=self.spans, comm_ns=comm_ns, exposed_comm_ns=exposed,
                          compute_ns=sum(e - s for s, e in model),
-                         fsdp_copy_ns=sum((e - s) - _covered(theirs, s, e) for s, e in copies),
+                         fsdp_copy_ns=sum((e - s) - on_theirs(s, e) for s, e in copies),
                          fsdp_kernel_ns=sum(s.end - s.start for s in self.spans if s.kind in FSDP_WORK),
                          notes=list(self.p.notes))
 
@@ -455,5 +458,18 @@ def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return out
 
 
-def _covered(union: list[tuple[float, float]], a: float, b: float) -> float:
-    return sum(max(0.0, min(e, b) - max(s, a)) for s, e in union)
+def _coverage(union: list[tuple[float, float]]) -> Callable[[float, float], float]:
+    """A function of ``[a, b)``: the time of it that ``union`` (sorted, disjoint: :func:`_union`) covers,
+    from a bisection to the first piece that ends after ``a`` (a GPU step's compute is hundreds of
+    spans, asked of hundreds of intervals)."""
+    ends = [e for _, e in union]
+
+    def covered(a: float, b: float) -> float:
+        total = 0.0
+        for s, e in itertools.islice(union, bisect.bisect_right(ends, a), None):
+            if s >= b:
+                break
+            total += min(e, b) - max(s, a)
+        return total
+
+    return covered
