@@ -607,7 +607,7 @@ class _PassReader:
         out = []
         for part in np.array_split(np.arange(len(dur)), min(LAUNCH_GROUPS, len(dur))):
             at = max(0.0, self.clock.between(first, float(launch[part[0]])))
-            out.append((at, busy * float(dur[part].sum()) / total if total > 0 else busy / len(dur)))
+            out.append((at, busy * (float(dur[part].sum()) / total if total > 0 else len(part) / len(dur))))
         return out
 
     def _kernel_busy(self, a: int, b: int, starts: np.ndarray, ends: np.ndarray) -> float:

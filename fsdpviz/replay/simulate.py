@@ -226,7 +226,7 @@ class _Sim:
                 self.free[COPY_IN] = k0 + g.lead_ns
                 self.spans.append(SimSpan(g.unit, g.phase, FSDP_KERNELS, COPY_IN, k0, k0 + g.lead_ns,
                                           launched(g.lead_at)))
-            ci_start = max((launched(g.copy_in_at) if g.copy_in_ns else issued) + lat, self.free[COPY_IN],
+            ci_start = max(launched(g.copy_in_at) + lat if g.copy_in_ns else issued, self.free[COPY_IN],
                            self.last_copy_out)
             ci_end = ci_start + g.copy_in_ns
             self.free[COPY_IN] = ci_end
@@ -238,7 +238,7 @@ class _Sim:
                 self.spans.append(SimSpan(g.unit, g.phase, FSDP_KERNELS, lane, start, end, launched(g.kernels_at)))
                 start = end
             launch = issued if serial else self.host
-            start = max(start, launch + lat)
+            start = max(start, launch if serial else launch + lat)  # a host backend's collective runs on the host
             end = start + g.comm_ns
             self.free[lane] = end
             if g.copy_in_ns:

@@ -208,6 +208,20 @@ def test_a_host_backends_gather_starts_its_work_with_its_label() -> None:
     assert spans[FSDP_KERNELS] == (1070.0, 1130.0) and spans[ALL_GATHER] == (1130.0, 1180.0)
 
 
+def test_a_launch_latency_holds_the_devices_work_not_a_host_backends_collective() -> None:
+    """A launch latency of 10 ns: a gather on a host backend (gloo's label, 400 ns from 1000, holds the
+    host while its 50 ns collective runs on the host) starts its collective with the label; the unit's
+    compute, a kernel launched as the label ends (1400), starts 10 ns after it."""
+    g = SimGather(unit="a", phase="forward", bytes=1 << 20, host_ns=400.0, copy_in_ns=0.0, comm_ns=50.0,
+                  copy_out_host_ns=0.0, copy_out_ns=0.0)
+    ops = [SegmentOp("pre", Segment(busy_ns=1000.0)), GatherOp(0), CopyOutOp(0), ComputeOp("a", "forward", 100.0),
+           SegmentOp("post", Segment(sync_at=[0.0]))]
+    sim = run(Program(ops=ops, gathers=[g], reduces=[], units=["a"], unit_bytes={"a": 1 << 20},
+                      serial_collectives=True, launch_latency_ns=10.0), gpu=True)
+    spans = {s.kind: (s.start, s.end) for s in sim.spans if s.kind in (ALL_GATHER, "compute")}
+    assert spans == {ALL_GATHER: pytest.approx((1000.0, 1050.0)), "compute": pytest.approx((1410.0, 1510.0))}
+
+
 def test_a_merged_units_gather_takes_its_shares_from_a_member_that_has_the_copy() -> None:
     """Merged, two recorded units gather once: the launch shares come from the member that ran the cast,
     the copy-in and the copies (here the second; the first gathered nothing on the device), not the
