@@ -428,9 +428,10 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
                 merged = len(members.get(unit, [unit])) > 1  # a unit run twice in a row keeps its gaps
                 keep_gap = lead or p.part == "b" or not (cpu and merged)
                 ops.append(BusyOp(p.gap_ns if keep_gap else 0.0, "gap"))
-                # FSDP's hooks, then the module's own code before its first op (which runs merged too)
+                # FSDP's hooks (once a unit: a merged unit's later members run none; part b opens no
+                # unit), then, once the unit is gathered, the module's own code before its first op
                 hooks = min(p.pre_ns, p.pre_framework_ns)
-                ops.append(BusyOp(max(0.0, hooks - (0.0 if lead else _framework_pre(p))), "pre"))
+                ops.append(BusyOp(hooks if lead or p.part == "b" else 0.0, "pre"))
                 if lead and not gathered_units.intersection(members.get(unit, [unit])):
                     unsharded.add(unit)  # never sharded: nothing to gather
                 if lead and unit not in unsharded:
@@ -466,8 +467,8 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
                     post = max(0.0, post - p.reduce_host_ns) + host
                     after = min(after, post)
                 # the module's own code after its first op (GPU: its launches), then FSDP's post hooks
-                hooks = max(p.post_ranges_ns, p.post_framework_ns + p.reduce_host_ns)
-                code = min(post - after, max(0.0, p.post_ns - hooks))
+                post_hooks = max(p.post_ranges_ns, p.post_framework_ns + p.reduce_host_ns)
+                code = min(post - after, max(0.0, p.post_ns - post_hooks))
                 if code > 0:
                     ops.append(BusyOp(code, "own"))
                 ops.append(BusyOp(post - after - code, "post"))
@@ -550,12 +551,6 @@ def _is_last(i: int, passes: Sequence[Pass], group: dict[str, str]) -> bool:
     if p.part == "a":
         return False
     return i + 1 == len(passes) or group.get(passes[i + 1].unit, ROOT_UNIT) != group.get(p.unit, ROOT_UNIT)
-
-
-def _framework_pre(p: Pass) -> float:
-    """What FSDP does once per unit before its compute: its hooks' time in its first pass's pre time (a
-    unit without nested units, or part ``a`` of one with them); part ``b`` opens no unit."""
-    return min(p.pre_ns, p.pre_framework_ns) if p.part != "b" else 0.0
 
 
 def _own_gather(step: StepProgram, micro: int, unit: str, phase: str, members: dict[str, list[str]]) -> Gather | None:

@@ -83,10 +83,10 @@ from fsdpviz.structure.windows import first_backward_ns
 from fsdpviz.trace import schema
 
 SYNC_CALLS: Final = ("Synchronize",)  # cudaDeviceSynchronize, cudaStreamSynchronize, cuEventSynchronize ...
-# Host events the profiler records, each at a cost to the training thread (hostcost).
 # A GPU pass's compute kernels, in this many groups of consecutive launches (Pass.launches): each group
 # waits for its own launch. 32 split the shared recordings' idle time as one group per kernel does.
 LAUNCH_GROUPS: Final = 32
+# Host events the profiler records, each at a cost to the training thread (hostcost).
 HOST_EVENT_KINDS: Final = (schema.KIND_CPU_OP, schema.KIND_RUNTIME, schema.KIND_ANNOTATION)
 
 
@@ -209,7 +209,7 @@ def _launch_latency(work: pd.DataFrame) -> float:
     (after all work before it ended, on every stream of its rank) and was launched after the device went
     idle: the device waited for that launch alone (:attr:`Recording.launch_latency_ns`)."""
     out = []
-    for _, w in work[work["launch_ns"].to_numpy() >= 0].groupby("rank", sort=False):
+    for _, w in work.groupby("rank", sort=False):  # gpu_work keeps only work with a launch
         w = w.sort_values("start_ns", kind="stable")
         start, end, launch = (w[c].to_numpy(np.int64) for c in ("start_ns", "end_ns", "launch_ns"))
         if len(start) < 2:
@@ -520,14 +520,15 @@ class _PassReader:
         host time, costed with the gathers, not the pass)."""
         return self._busy_in(self.tables.gather_spans, a, b) + self._busy_in(self.tables.copy_out_spans, a, b)
 
-    def framework(self, a: float, b: float) -> float:
-        """Busy time in ``[a, b)`` inside FSDP's own ranges, less the gather and copy-out labels that start
-        there (:meth:`labelled`: FSDP's ranges too, costed with the gathers)."""
+    def framework(self, a: float, b: float, labelled: float) -> float:
+        """Busy time in ``[a, b)`` inside FSDP's own ranges, less ``labelled``: :meth:`labelled` of
+        ``[a, b)``, the gather and copy-out labels that start there (FSDP's ranges too, costed with the
+        gathers)."""
         iv = self.tables.framework
         lo, hi = int(np.searchsorted(iv.end, a, "right")), int(np.searchsorted(iv.start, b, "left"))
         busy = sum(self.clock.between(max(float(s), a), min(float(e), b))
                    for s, e in zip(iv.start[lo:hi].tolist(), iv.end[lo:hi].tolist()))
-        return max(0.0, busy - self.labelled(a, b))
+        return max(0.0, busy - labelled)
 
     def _busy_in(self, iv: _Intervals, a: float, b: float) -> float:
         inside = (iv.start >= a) & (iv.start < b)
@@ -537,13 +538,15 @@ class _PassReader:
         t, clock = self.tables, self.clock
         mine = self._compute_of(unit, part, phase, micro, a, b)
         m_start, m_end = t.c_start[mine], t.c_end[mine]
-        total = clock.between(a, b) - self.labelled(a, b)
+        in_labels = self.labelled(a, b)
+        total = clock.between(a, b) - in_labels
+        launches: list[tuple[float, float]] = []
         if len(m_start):
             first = float(t.c_issue[mine].min())
-            pre = clock.between(a, first) - self.labelled(a, first)
+            labels_before = self.labelled(a, first)
+            pre = clock.between(a, first) - labels_before
             if self.gpu:
-                compute = self._kernel_busy(a, b, m_start, m_end)
-                launches = self._launch_groups(a, b, first, m_start, m_end, compute)
+                compute, launches = self._kernels(a, b, first, m_start, m_end)
                 # the host's part after the compute starts at the reshard (GPU: launches run ahead)
                 k = int(np.searchsorted(t.reshard_starts, first, side="left"))
                 compute_end = float(t.reshard_starts[k]) if k < len(t.reshard_starts) and t.reshard_starts[k] < b \
@@ -554,9 +557,7 @@ class _PassReader:
         else:
             pre, compute = total, 0.0
             compute_end = float(b)
-            first = float(b)
-        if not (self.gpu and len(m_start)):
-            launches = []
+            first, labels_before = float(b), in_labels
         post = max(0.0, total - pre - (0.0 if self.gpu else compute))
         rs = t.reshards
         at = (rs.unit == unit) & (t.reshard_phase == phase) & (rs.start >= a) & (rs.start < b)
@@ -568,8 +569,9 @@ class _PassReader:
                  pre_ns=max(0.0, pre), compute_ns=compute, post_ns=post, reshard_ns=min(post, reshard_ns),
                  post_framework_ns=min(post, max(0.0, clock.between(compute_end, b) - self.labelled(compute_end, b)
                                                  - reduce_busy)),
-                 reduce_host_ns=min(post, reduce_busy), pre_framework_ns=min(max(0.0, pre), self.framework(a, first)),
-                 post_ranges_ns=min(post, self.framework(first, b)), launches=launches)
+                 reduce_host_ns=min(post, reduce_busy),
+                 pre_framework_ns=min(max(0.0, pre), self.framework(a, first, labels_before)),
+                 post_ranges_ns=min(post, self.framework(first, b, in_labels - labels_before)), launches=launches)
         return p, (self._reduce(p, a, b) if phase == vocabulary.BACKWARD else None)
 
     def _compute_of(self, unit: str, part: str, phase: str, micro: int, a: int, b: int) -> np.ndarray:
@@ -585,46 +587,36 @@ class _PassReader:
         mine = self._compute_of(p.unit, p.part, p.phase, p.micro, a, b)
         return float(self.tables.c_issue[mine].min()) if mine.any() else None
 
-    def _launch_groups(self, a: int, b: int, first: float, starts: np.ndarray, ends: np.ndarray,
-                       busy: float) -> list[tuple[float, float]]:
-        """GPU: the pass's compute kernels (launched in ``[a, b)``, inside its compute spans) in at most
-        ``LAUNCH_GROUPS`` groups of consecutive launches: each group's first launch (the host's busy time
-        from ``first``, the pass's first launch) and its share of ``busy`` (in proportion to its kernels'
-        own time, so that the groups add up to the pass's compute)."""
-        if self.kernels is None or busy <= 0:
-            return []
+    def _kernels(self, a: int, b: int, first: float, starts: np.ndarray,
+                 ends: np.ndarray) -> tuple[float, list[tuple[float, float]]]:
+        """GPU: the time the pass's kernels (launched in ``[a, b)``) kept the device busy inside its
+        compute spans ``starts``/``ends``, and those kernels in at most ``LAUNCH_GROUPS`` groups of
+        consecutive launches (:attr:`Pass.launches`): each group's first launch (the host's busy time
+        from ``first``, the pass's first launch) and its share of the busy time (in proportion to its
+        kernels' own time, so that the groups add up to it). A span runs from its first kernel to its
+        last, so where the host launched slower than the device ran, it also holds the device's idle
+        waits for the launches, which the program already counts as the host's time."""
+        if self.kernels is None:
+            return float((ends - starts).sum()), []
         k = self.kernels
         lo, hi = np.searchsorted(k.launch, a, "left"), np.searchsorted(k.launch, b, "left")
         ks, ke, kl = k.start[lo:hi], k.end[lo:hi], k.launch[lo:hi]
-        inside = np.zeros(len(ks), dtype=bool)
-        for s, e in zip(starts.tolist(), ends.tolist()):
-            inside |= (ks >= s) & (ke <= e)
-        if not inside.any():
-            return []
-        dur = (ke[inside] - ks[inside]).astype(np.float64)
-        launch = kl[inside]
-        total = float(dur.sum())
-        out = []
-        for part in np.array_split(np.arange(len(dur)), min(LAUNCH_GROUPS, len(dur))):
-            at = max(0.0, self.clock.between(first, float(launch[part[0]])))
-            out.append((at, busy * (float(dur[part].sum()) / total if total > 0 else len(part) / len(dur))))
-        return out
-
-    def _kernel_busy(self, a: int, b: int, starts: np.ndarray, ends: np.ndarray) -> float:
-        """GPU: the time the pass's kernels (launched in ``[a, b)``) kept the device busy inside its
-        compute spans ``starts``/``ends``. A span runs from its first kernel to its last, so where the
-        host launched slower than the device ran, it also holds the device's idle waits for the
-        launches, which the program already counts as the host's time."""
-        if self.kernels is None:
-            return float((ends - starts).sum())
-        k = self.kernels
-        lo, hi = np.searchsorted(k.launch, a, "left"), np.searchsorted(k.launch, b, "left")
-        ks, ke = k.start[lo:hi], k.end[lo:hi]
         busy = 0.0
+        held = np.zeros(len(ks), dtype=bool)
         for s, e in zip(starts.tolist(), ends.tolist()):
             inside = (ks >= s) & (ke <= e)
             busy += float(total_ns(union_intervals(ks[inside], ke[inside])))
-        return busy
+            held |= inside
+        if busy <= 0 or not held.any():
+            return busy, []
+        dur = (ke[held] - ks[held]).astype(np.float64)
+        launch = kl[held]
+        total = float(dur.sum())
+        groups = []
+        for part in np.array_split(np.arange(len(dur)), min(LAUNCH_GROUPS, len(dur))):
+            at = max(0.0, self.clock.between(first, float(launch[part[0]])))
+            groups.append((at, busy * (float(dur[part].sum()) / total if total > 0 else len(part) / len(dur))))
+        return busy, groups
 
     def _reduce(self, p: Pass, a: int, b: int) -> Reduce | None:
         """The unit's reduction issued in its backward pass ``[a, b)`` (and ``p.reduce_after_ns``)."""

@@ -292,32 +292,25 @@ class _Sim:
                 self.reduce_ends.append(end)
 
     def _compute(self, op: ComputeOp) -> None:
-        if self.gpu and op.launches:
-            # each group of the pass's kernels runs once the host has launched it: a device ahead of the
-            # launches waits inside the pass, and the pass's span splits there
-            start = end = max(self.host + self.lat, self.free[COMPUTE], self.unsharded_at)
-            launched = self.host
-            for at, ns in op.launches:
-                ready = max(end, self.host + at + self.lat)
-                if ready > end:
-                    if end > start:
-                        self.spans.append(SimSpan(op.unit, op.phase, "compute", COMPUTE, start, end, launched))
-                    start, launched = ready, self.host + at
-                end = ready + ns
-            self.free[COMPUTE] = end
-            self.spans.append(SimSpan(op.unit, op.phase, "compute", COMPUTE, start, end, launched))
+        if not self.gpu:
+            start, self.host = self.host, self.host + op.ns
+            if op.ns > 0:
+                self.spans.append(SimSpan(op.unit, op.phase, "compute", HOST, start, self.host))
             return
-        if self.gpu:
-            start = max(self.host + self.lat, self.free[COMPUTE], self.unsharded_at)
-            end = start + op.ns
-            self.free[COMPUTE] = end
-        else:
-            start = self.host
-            end = start + op.ns
-            self.host = end
-        if op.ns > 0:
-            self.spans.append(SimSpan(op.unit, op.phase, "compute", COMPUTE if self.gpu else HOST, start, end,
-                                      self.host if self.gpu else -1.0))
+        # each group of the pass's kernels (without groups: all of them at once) runs once the host has
+        # launched it: a device ahead of the launches waits inside the pass, and the pass's span splits there
+        start = end = max(self.host + self.lat, self.free[COMPUTE], self.unsharded_at)
+        launched = self.host
+        for at, ns in op.launches or [(0.0, op.ns)]:
+            ready = max(end, self.host + at + self.lat)
+            if ready > end:
+                if end > start:
+                    self.spans.append(SimSpan(op.unit, op.phase, "compute", COMPUTE, start, end, launched))
+                start, launched = ready, self.host + at
+            end = ready + ns
+        self.free[COMPUTE] = end
+        if op.launches or op.ns > 0:
+            self.spans.append(SimSpan(op.unit, op.phase, "compute", COMPUTE, start, end, launched))
 
     def _reduce(self, rid: int) -> None:
         r = self.p.reduces[rid]
