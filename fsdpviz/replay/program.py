@@ -99,6 +99,9 @@ class FsdpKernelsOp:
     main_ns: float
     side_ns: float
     before: bool
+    # GPU, before: ``main_ns`` as Pass.fsdp_pre_launches, each group launched where it was in the pass's
+    # pre hook (empty: all of it now)
+    launches: list[tuple[float, float]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -131,6 +134,7 @@ class SimGather:
     kernels_at: float = 1.0
     lead_ns: float = 0.0
     lead_at: float = 1.0
+    kernel_launches: list[tuple[float, float]] = field(default_factory=list)  # Gather.kernel_launches
 
 
 @dataclass(slots=True)
@@ -334,7 +338,10 @@ class CostModel:
                          copy_in_at=(copy_in_at := next((g.copy_in_at for g in known if g.copy_in_ns), 1.0)),
                          kernels_at=next((g.kernels_at for g in known if g.kernels_ns > g.lead_ns), 1.0),
                          lead_ns=sum(g.lead_ns for g in known),
-                         lead_at=min(copy_in_at, next((g.lead_at for g in known if g.lead_ns), 1.0)))
+                         lead_at=min(copy_in_at, next((g.lead_at for g in known if g.lead_ns), 1.0)),
+                         # a merged unit's gather is not its members' labels one after another: its
+                         # kernels run from the first launch, as one
+                         kernel_launches=known[0].kernel_launches if single else [])
 
     def _member_reduces(self, unit: str, micro: int | None = None) -> list[Reduce]:
         """The recorded reductions of new unit ``unit``'s members in ``micro`` (None: any micro-batch)."""
@@ -452,7 +459,8 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
                 # unsharded from forward to backward that the recording resharded
                 kept = phase == BACKWARD and not reshard.get(unit, True) and recorded_reshard.get(unit, True)
                 if not kept and (p.fsdp_pre_ns or p.fsdp_pre_side_ns):
-                    ops.append(FsdpKernelsOp(unit, phase, p.fsdp_pre_ns, p.fsdp_pre_side_ns, before=True))
+                    ops.append(FsdpKernelsOp(unit, phase, p.fsdp_pre_ns, p.fsdp_pre_side_ns, before=True,
+                                             launches=p.fsdp_pre_launches))
                 if p.pre_ns > hooks:  # the module's own code, after FSDP's pre hook unsharded it
                     ops.append(BusyOp(p.pre_ns - hooks, "own"))
                 ops.append(ComputeOp(unit, phase, p.compute_ns * compute_scale, p.launches))

@@ -37,6 +37,10 @@ class Gather:
     kernels_at: float = 1.0  # of the kernels launched after the copy-in
     lead_ns: float = 0.0  # of kernels_ns, those launched before the copy-in (FSDP2's cast of the parameters),
     lead_at: float = 1.0  # on the copy-in's stream ahead of it, and where the first of them was launched
+    # the kernels after the copy-in in launch order, in groups of consecutive launches (replay.recording's
+    # launch_groups): where each group's first was launched (a share of host_ns) and their time; a fake
+    # group's copies are launched one by one, and the device waits a launch latency for each
+    kernel_launches: list[tuple[float, float]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -88,6 +92,11 @@ class Pass:
     # copies) or after it (the gradients' copies and division), on the compute stream and on others
     fsdp_pre_ns: float = 0.0
     fsdp_pre_side_ns: float = 0.0
+    fsdp_pre_launches: list[tuple[float, float]] = field(default_factory=list)
+    """GPU: ``fsdp_pre_ns`` in launch order, in groups of consecutive launches as :attr:`launches`: each
+    group's first launch (the host's busy time from the pass's window, less the gather and copy-out
+    labels before it: where in FSDP's pre hook it fell) and its kernels' time. A pre hook that casts
+    the parameters one by one (FSDP2 on one rank) runs each cast while the host is still in the hook."""
     fsdp_post_ns: float = 0.0
     fsdp_post_side_ns: float = 0.0
 

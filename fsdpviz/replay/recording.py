@@ -610,13 +610,11 @@ class _PassReader:
         if busy <= 0 or not held.any():
             return busy, []
         dur = (ke[held] - ks[held]).astype(np.float64)
-        launch = kl[held]
         total = float(dur.sum())
-        groups = []
-        for part in np.array_split(np.arange(len(dur)), min(LAUNCH_GROUPS, len(dur))):
-            at = max(0.0, self.clock.between(first, float(launch[part[0]])))
-            groups.append((at, busy * (float(dur[part].sum()) / total if total > 0 else len(part) / len(dur))))
-        return busy, groups
+        at = [max(0.0, self.clock.between(first, float(t))) for t in kl[held].tolist()]
+        # each group's share of the busy time in proportion to its kernels' own time
+        share = (dur / total if total > 0 else np.full(len(dur), 1.0 / len(dur))) * busy
+        return busy, launch_groups(at, share.tolist())
 
     def _reduce(self, p: Pass, a: int, b: int) -> Reduce | None:
         """The unit's reduction issued in its backward pass ``[a, b)`` (and ``p.reduce_after_ns``)."""
@@ -646,6 +644,15 @@ class _PassReader:
         self.prep_from.append((float(rl.start[at].min()), issue_t))
         k = (launch >= int(rl.start[at].min())) & (launch < issue_t) & ~self.work["is_comm"].to_numpy(bool)
         return float((self.work["end_ns"].to_numpy(np.int64)[k] - self.work["start_ns"].to_numpy(np.int64)[k]).sum())
+
+
+def launch_groups(at: Sequence[float], ns: Sequence[float]) -> list[tuple[float, float]]:
+    """Kernels in launch order (``at``: each one's launch, ``ns``: its time) in at most
+    ``LAUNCH_GROUPS`` groups of consecutive launches: each group's first launch and its kernels' time."""
+    if not len(at):
+        return []
+    return [(float(at[part[0]]), float(sum(ns[i] for i in part)))
+            for part in np.array_split(np.arange(len(at)), min(LAUNCH_GROUPS, len(at)))]
 
 
 def _read_step(rank: int, step: int, t0: int, t1: int, parts: dict[str, pd.DataFrame], clock: BusyClock,
@@ -731,6 +738,7 @@ def _own_kernels(own: _FsdpKernels, t0: int, t1: int, tables: _StepTables,
     g_cols = _columns(labels, ("start_ns", "end_ns"))
     by_gather = {(g.unit, g.phase, g.micro): g for g in gathers}
     seen: set[tuple[int, bool]] = set()  # (gather, before its copy-in) whose first kernel is read
+    pre_launches: dict[int, list[tuple[float, float]]] = {}  # per frame: its unshard kernels (where, how long)
     for k in np.flatnonzero(~held):
         t = int(launch[k])
         j = int(np.searchsorted(f_start[order], t, side="right")) - 1
@@ -762,12 +770,21 @@ def _own_kernels(own: _FsdpKernels, t0: int, t1: int, tables: _StepTables,
         before = (first is not None and t < first) or (target is not None and frames[f][4] > t)
         if before and main[k]:
             p.fsdp_pre_ns += dur[k]
+            a = frames[f][4]
+            pre_launches.setdefault(f, []).append(
+                (max(0.0, reader.clock.between(a, t) - reader.labelled(a, t)), float(dur[k])))
         elif before:
             p.fsdp_pre_side_ns += dur[k]
         elif main[k]:
             p.fsdp_post_ns += dur[k]
         else:
             p.fsdp_post_side_ns += dur[k]
+    for f, kernels in pre_launches.items():
+        read[f].fsdp_pre_launches = launch_groups([at for at, _ in kernels], [ns for _, ns in kernels])
+    for gather in gathers:
+        if gather.kernel_launches:
+            gather.kernel_launches = launch_groups([at for at, _ in gather.kernel_launches],
+                                                   [ns for _, ns in gather.kernel_launches])
 
 
 def _label_kernel(gather: Gather, busy_ns: float, dur: float, seen: set[tuple[int, bool]]) -> None:
@@ -785,6 +802,8 @@ def _label_kernel(gather: Gather, busy_ns: float, dur: float, seen: set[tuple[in
             gather.kernels_at = here
     if lead:
         gather.lead_ns += dur
+    else:
+        gather.kernel_launches.append((here, dur))
     gather.kernels_ns += dur
 
 

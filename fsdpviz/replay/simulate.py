@@ -181,11 +181,14 @@ class _Sim:
         self.reduce_ends: list[float] = []
         self.spans: list[SimSpan] = []
         self.fsdp_host: list[tuple[float, float]] = []  # GPU: the host's intervals in FSDP's own work
+        self.pre_hook = (0.0, 0.0)  # the last pass's pre hook on the host: (start, length)
         self.phase = ""
 
     # --- instructions ---------------------------------------------------------------------
     def step(self, op: object) -> None:
         if isinstance(op, BusyOp):
+            if op.what == "pre":
+                self.pre_hook = (self.host, op.ns)
             if self.gpu and op.what in ("pre", "post") and op.ns > 0:
                 self.fsdp_host.append((self.host, self.host + op.ns))
             self.host += op.ns
@@ -233,10 +236,9 @@ class _Sim:
             lane = self.lanes[ALL_GATHER]
             start = max(ci_end, self.free[lane], self.free[COMPUTE] if g.after_compute else 0.0)
             if g.kernels_ns > g.lead_ns:
-                start = max(start, launched(g.kernels_at) + lat)
-                end = start + g.kernels_ns - g.lead_ns
-                self.spans.append(SimSpan(g.unit, g.phase, FSDP_KERNELS, lane, start, end, launched(g.kernels_at)))
-                start = end
+                # each group of them from its own launch (without groups: all from the first)
+                for at, ns in g.kernel_launches or [(g.kernels_at, g.kernels_ns - g.lead_ns)]:
+                    start = self._queue(g.unit, g.phase, lane, max(start, launched(at) + lat), ns, launched(at))
             launch = issued if serial else self.host
             start = max(start, launch if serial else launch + lat)  # a host backend's collective runs on the host
             end = start + g.comm_ns
@@ -276,9 +278,13 @@ class _Sim:
         if not self.gpu:
             return
         if op.main_ns > 0:
-            start = max(self.host + self.lat, self.free[COMPUTE])
-            self.free[COMPUTE] = start + op.main_ns
-            self.spans.append(SimSpan(op.unit, op.phase, FSDP_KERNELS, COMPUTE, start, start + op.main_ns, self.host))
+            # the unshard's kernels, each launched where the pass's pre hook launched it (FSDP2 on one rank
+            # casts the parameters one by one: the device runs each while the host is still in the hook)
+            hook, hook_ns = self.pre_hook
+            for at, ns in op.launches if op.before and op.launches else [(None, op.main_ns)]:
+                launched = self.host if at is None else hook + min(at, hook_ns)
+                self.free[COMPUTE] = self._queue(op.unit, op.phase, COMPUTE,
+                                                 max(launched + self.lat, self.free[COMPUTE]), ns, launched)
         if op.side_ns > 0:
             # an unshard's kernels on a lane of their own, not queued behind the unit before's gradients'
             # copies; the next compute waits for both (FSDP1 on one rank: each backward unit's first
@@ -290,6 +296,17 @@ class _Sim:
             self.unsharded_at = max(self.unsharded_at, end)
             if not op.before:
                 self.reduce_ends.append(end)
+
+    def _queue(self, unit: str, phase: str, lane: str, start: float, ns: float, launched: float) -> float:
+        """FSDP's kernels of ``unit`` starting at ``start`` on ``lane``: the span before them grows where they
+        follow it with no wait (fewer spans, the same timeline), else a span of their own. Returns their end."""
+        last = self.spans[-1] if self.spans else None
+        if last is not None and last.kind == FSDP_KERNELS and last.lane == lane and last.unit == unit \
+                and last.phase == phase and last.end == start:
+            last.end = start + ns
+        else:
+            self.spans.append(SimSpan(unit, phase, FSDP_KERNELS, lane, start, start + ns, launched))
+        return start + ns
 
     def _compute(self, op: ComputeOp) -> None:
         if not self.gpu:

@@ -224,13 +224,14 @@ def fsdp2_kernels_alone_ms(path: Path, steps: list[int]) -> float:
     return total / 1e3 / len(steps)
 
 
-def gather_label_launches(path: Path, steps: list[int]) -> list[tuple[str, float, float, float, float, float]]:
+def gather_label_launches(path: Path, steps: list[int]) -> list[tuple[str, float, float, float, float, float,
+                                                                       list[tuple[float, float]]]]:
     """Per ``FSDP::all_gather (<unit>)`` label (the root's: ``FSDP::all_gather``, unit ``(root)``) inside
     ``steps``' ProfilerStep spans, in order: the unit; where in the label (a share of its wall time, from
     its start) the host launched the first GPU work before its ``fsdp::all_gather_copy_in`` op (FSDP2's
     cast of the parameters), the first inside that op (the copy-in) and the first after it (a fake group's
-    copies), 1.0 where there is none; and the GPU time (ns) of the work launched before the op and after
-    it."""
+    copies), 1.0 where there is none; the GPU time (ns) of the work launched before the op and after
+    it; and each launch after it, in order: (where in the label, its work's GPU ns)."""
     events = trace_events(path)
     spans = _step_spans(events, steps)
     gpu: dict[Any, float] = {}
@@ -258,7 +259,8 @@ def gather_label_launches(path: Path, steps: list[int]) -> list[tuple[str, float
             return (min(t for t, _ in launched) - a) / (b - a) if launched else 1.0
 
         out.append((name[len("FSDP::all_gather ("):-1] or "(root)", share(before), share(inside), share(after),
-                    1e3 * sum(us for _, us in before), 1e3 * sum(us for _, us in after)))
+                    1e3 * sum(us for _, us in before), 1e3 * sum(us for _, us in after),
+                    [((t - a) / (b - a), 1e3 * us) for t, us in after]))
     return out
 
 
@@ -317,3 +319,77 @@ def launch_latency_us(path: Path) -> float:
             out.append(start - at)
         busy_until = max(busy_until, end)
     return statistics.median(out)
+
+
+def _launches(events: list[dict[str, Any]]) -> dict[Any, tuple[float, Any]]:
+    """Per correlation: when and on which thread its first CUDA runtime or driver call began (µs)."""
+    out: dict[Any, tuple[float, Any]] = {}
+    for e in events:
+        corr = (e.get("args") or {}).get("correlation")
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and corr is not None \
+                and (corr not in out or float(e["ts"]) < out[corr][0]):
+            out[corr] = (float(e["ts"]), e.get("tid"))
+    return out
+
+
+def pre_hook_launches_us(path: Path, steps: list[int]) -> dict[tuple[int, str, str], list[tuple[float, float]]]:
+    """Per (step, unit, phase): the GPU work launched inside FSDP2's ``FSDP::pre_forward (<unit>)`` /
+    ``FSDP::pre_backward (<unit>)`` label on its thread, outside the all-gather and copy-out labels in
+    it, in launch order: (µs from the label's start to the launch, the work's GPU µs)."""
+    events = trace_events(path)
+    spans = dict(zip(steps, _step_spans(events, steps)))
+    launch = _launches(events)
+    gpu: dict[Any, float] = {}
+    for e in events:
+        if e.get("cat") in GPU_EVENTS and (c := (e.get("args") or {}).get("correlation")) in launch:
+            gpu[c] = gpu.get(c, 0.0) + float(e["dur"])
+    inner = [(float(e["ts"]), float(e["ts"]) + float(e["dur"]), e.get("tid")) for e in events
+             if e.get("name", "").startswith(("FSDP::all_gather (", "FSDP::all_gather_copy_out ("))]
+    out: dict[tuple[int, str, str], list[tuple[float, float]]] = {}
+    for e in events:
+        for prefix, phase in (("FSDP::pre_forward (", "forward"), ("FSDP::pre_backward (", "backward")):
+            a = float(e["ts"])
+            step = next((s for s, (lo, hi) in spans.items() if lo <= a < hi), None)
+            if not e.get("name", "").startswith(prefix) or step is None:
+                continue
+            b, tid = a + float(e["dur"]), e.get("tid")
+            mine = sorted((t - a, gpu[c]) for c, (t, who) in launch.items()
+                          if c in gpu and who == tid and a <= t < b
+                          and not any(x <= t < y and w == tid for x, y, w in inner))
+            out.setdefault((step, e["name"][len(prefix):-1], phase), []).extend(mine)
+    return out
+
+
+# FSDP2's labels that name no unit's work (the root's module has the empty name: its labels carry none)
+_NOT_A_UNITS = ("FSDP::root_pre_forward", "FSDP::root_post_backward_callback", "FSDP::cast_forward_inputs",
+                "FSDP::inputs_to_device")
+
+
+def fsdp2_host_wait_ms(path: Path, steps: list[int]) -> float:
+    """Per step, the ms the GPU sat idle waiting on FSDP2's hooks: of each gap in the GPU's work inside
+    ``steps``' ProfilerStep spans that ended with work launched after the gap began, the time from the
+    gap's start to that launch during which the launching thread was inside one of FSDP2's labels of a
+    unit's work (``FSDP::<what> (<unit>)``, the root's ``FSDP::<what>``; not ``_NOT_A_UNITS``); of work
+    starting together, the latest launch ends the gap. Mean over ``steps``."""
+    events = trace_events(path)
+    launch = _launches(events)
+    ranges: dict[Any, list[tuple[float, float]]] = {}
+    for e in events:
+        if e.get("cat") in ("user_annotation", "cpu_op") and e.get("name", "").startswith("FSDP::") \
+                and e["name"] not in _NOT_A_UNITS:
+            ranges.setdefault(e.get("tid"), []).append((float(e["ts"]), float(e["ts"]) + float(e["dur"])))
+    ranges = {tid: _union(r) for tid, r in ranges.items()}
+    work = sorted(((float(e["ts"]), float(e["ts"]) + float(e["dur"])) + launch[c] for e in events
+                   if e.get("cat") in GPU_EVENTS and (c := (e.get("args") or {}).get("correlation")) in launch),
+                  key=lambda w: (w[0], -w[2]))
+    total = 0.0
+    for lo, hi in _step_spans(events, steps):
+        busy = _union([(max(s, lo), min(e, hi)) for s, e, _, _ in work if e > lo and s < hi])
+        at = lo
+        for s, e in [*busy, (hi, hi)]:
+            a, b, at = at, s, max(at, e)
+            ending = next((w for w in work if w[0] >= b), None)
+            if b <= a or ending is None or ending[2] < a:
+                continue
+            total += sum(max(0.0, min(y, ending[2]) - max(x, a)) for x, y in ranges.get(ending[3], []))
+    return total / 1e3 / len(steps)

@@ -20,7 +20,7 @@ from helpers.rawfiles import (
 
 from fsdpviz.analysis.pipeline import analyse
 from fsdpviz.replay.recorded import StepProgram
-from fsdpviz.replay.recording import read_recording
+from fsdpviz.replay.recording import LAUNCH_GROUPS, read_recording
 
 H100 = ("h100-fsdp2-fake8-block", "h100-fsdp2-fake8-block-modelB", "h100-fsdp2-fake8-reshard-false",
         "h100-fsdp2-ws1-block", "h100-hf-trainer-ws1")
@@ -79,20 +79,24 @@ def _read_shares(folder: Path) -> None:
     gathers = [g for s in read_recording(result, ranks=[0]).steps for g in s.gathers]
     truth = gather_label_launches(min((folder / "traces").glob("rank0.trace.json*")), list(result.summary.steps))
     assert len(gathers) == len(truth) > 20
-    for g, (unit, cast, copy_in, copies, cast_ns, copies_ns) in zip(gathers, truth):
+    for g, (unit, cast, copy_in, copies, cast_ns, copies_ns, each) in zip(gathers, truth):
         assert g.unit == unit
         assert 0.0 < cast < copy_in < copies < 1.0  # every gather of these runs all three, in this order
         assert (g.lead_at, g.copy_in_at, g.kernels_at) == pytest.approx((cast, copy_in, copies), abs=0.01), unit
         # and how long each ran: the cast ahead of the copy-in, the group's copies after it
         assert (g.lead_ns, g.kernels_ns - g.lead_ns) == pytest.approx((cast_ns, copies_ns), rel=0.01), unit
         assert cast_ns > 0 and copies_ns > 0
+        # the group's copies one by one (one group each: fewer than LAUNCH_GROUPS), each where it was launched
+        assert 1 < len(each) <= LAUNCH_GROUPS and len(g.kernel_launches) == len(each), unit
+        for (at, ns), (share, truth_ns) in zip(g.kernel_launches, each, strict=True):
+            assert at == pytest.approx(share, abs=0.01) and ns == pytest.approx(truth_ns, rel=0.01), unit
 
 
 @pytest.mark.parametrize("name", ("h100-fsdp2-fake8-block", "h100-fsdp2-fake8-block-modelB"))
 def test_h100_gathers_launch_their_copies_where_the_trace_says(gpu_fsdp_dir: Path, name: str) -> None:
     """Per gather, where in its label the host launched FSDP2's cast of the parameters, the copy-in and a
-    fake group's copies (shares of the label's time), and how long the cast and the copies ran, as the
-    trace file says by itself."""
+    fake group's copies (shares of the label's time), how long the cast and the copies ran, and where each
+    copy was launched and how long it ran, as the trace file says by itself."""
     _read_shares(gpu_fsdp_dir / name)
 
 
