@@ -96,7 +96,11 @@ class Pass:
     """GPU: ``fsdp_pre_ns`` in launch order, in groups of consecutive launches as :attr:`launches`: each
     group's first launch (the host's busy time from the pass's window, less the gather and copy-out
     labels before it: where in FSDP's pre hook it fell) and its kernels' time. A pre hook that casts
-    the parameters one by one (FSDP2 on one rank) runs each cast while the host is still in the hook."""
+    the parameters one by one (FSDP2 on one rank) runs each cast while the host is still in the hook.
+    A kernel launched before the window (a prefetch's, in the pass before) is at 0, the hook's start.
+    The program runs the gather and copy-out labels after the hook, so a launch the trace made after
+    them is placed in the hook before them (on the shared recordings none is: the casts with a gather
+    label are the gather's, ``Gather.lead_ns``)."""
     fsdp_post_ns: float = 0.0
     fsdp_post_side_ns: float = 0.0
 

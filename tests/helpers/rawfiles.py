@@ -239,8 +239,7 @@ def gather_label_launches(path: Path, steps: list[int]) -> list[tuple[str, float
         if e.get("cat") in GPU_EVENTS and "correlation" in e.get("args", {}):
             corr = e["args"]["correlation"]
             gpu[corr] = gpu.get(corr, 0.0) + float(e["dur"])
-    launches = sorted((float(e["ts"]), e.get("tid"), gpu[e["args"]["correlation"]]) for e in events
-                      if e.get("cat") in ("cuda_runtime", "cuda_driver") and e.get("args", {}).get("correlation") in gpu)
+    launches = sorted((t, tid, gpu[c]) for c, (t, tid) in _launches(events).items() if c in gpu)
     labels = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"]), e.get("tid"), e["name"]) for e in events
                     if e.get("cat") == "user_annotation"
                     and (e.get("name", "").startswith("FSDP::all_gather (") or e.get("name") == "FSDP::all_gather")

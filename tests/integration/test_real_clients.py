@@ -129,7 +129,7 @@ def test_unit_compute_agrees_with_the_timers_and_reconciles_with_the_step(client
     and phase: two clocks read a few microseconds apart on a machine whose two cores the two ranks
     share, and once in CI one step's root backward read 0.06 ms above its timer (0.40 against 0.34 ms,
     where the rank's other steps read 0.22 against 0.37). Work the trace gave a unit that is not its own
-    would be above the timer in every step."""
+    would be above the timer in most steps; every single pass stays within 0.25 ms of its timer."""
     result = result_of(_get(client_runs, name))
     us = result.analysis.unit_steps
     key = ["rank", "step", "unit", "phase"]
@@ -140,7 +140,9 @@ def test_unit_compute_agrees_with_the_timers_and_reconciles_with_the_step(client
     assert len(both) == len(trace_ms), "every unit pass of the trace has its timer"
     typical = both.groupby(level=["rank", "unit", "phase"]).median()
     assert len(typical) == len(both) // len(PROFILED)
-    assert (typical["trace_ms"] <= typical["timer_ms"] + 0.05).all(), both.to_string()
+    assert (typical["trace_ms"] <= typical["timer_ms"] + 0.05).all(), typical.to_string()
+    # and no single pass far above its timer (a block's compute given to another unit is 0.7 ms or more)
+    assert (both["trace_ms"] <= both["timer_ms"] + 0.25).all(), both.to_string()
     backward = unit_timers.xs("backward", level="phase").fillna(0)
     assert (backward["compute"] + backward["reduce_scatter"] <= backward["total"] + 0.05).all(), backward.to_string()
     stats = result.analysis.unit_stats.set_index("unit")
