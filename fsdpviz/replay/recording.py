@@ -614,7 +614,7 @@ class _PassReader:
         at = [max(0.0, self.clock.between(first, float(t))) for t in kl[held].tolist()]
         # each group's share of the busy time in proportion to its kernels' own time
         share = (dur / total if total > 0 else np.full(len(dur), 1.0 / len(dur))) * busy
-        return busy, launch_groups(at, share.tolist())
+        return busy, launch_groups(list(zip(at, share.tolist(), strict=True)))
 
     def _reduce(self, p: Pass, a: int, b: int) -> Reduce | None:
         """The unit's reduction issued in its backward pass ``[a, b)`` (and ``p.reduce_after_ns``)."""
@@ -646,13 +646,13 @@ class _PassReader:
         return float((self.work["end_ns"].to_numpy(np.int64)[k] - self.work["start_ns"].to_numpy(np.int64)[k]).sum())
 
 
-def launch_groups(at: Sequence[float], ns: Sequence[float]) -> list[tuple[float, float]]:
-    """Kernels in launch order (``at``: each one's launch, ``ns``: its time) in at most
-    ``LAUNCH_GROUPS`` groups of consecutive launches: each group's first launch and its kernels' time."""
-    if not len(at):
+def launch_groups(kernels: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Kernels in launch order, each (its launch, its time), in at most ``LAUNCH_GROUPS`` groups of
+    consecutive launches: each group's first launch and its kernels' time."""
+    if not kernels:
         return []
-    return [(float(at[part[0]]), float(sum(ns[i] for i in part)))
-            for part in np.array_split(np.arange(len(at)), min(LAUNCH_GROUPS, len(at)))]
+    return [(float(kernels[part[0]][0]), float(sum(kernels[i][1] for i in part)))
+            for part in np.array_split(np.arange(len(kernels)), min(LAUNCH_GROUPS, len(kernels)))]
 
 
 def _read_step(rank: int, step: int, t0: int, t1: int, parts: dict[str, pd.DataFrame], clock: BusyClock,
@@ -738,7 +738,6 @@ def _own_kernels(own: _FsdpKernels, t0: int, t1: int, tables: _StepTables,
     g_cols = _columns(labels, ("start_ns", "end_ns"))
     by_gather = {(g.unit, g.phase, g.micro): g for g in gathers}
     seen: set[tuple[int, bool]] = set()  # (gather, before its copy-in) whose first kernel is read
-    pre_launches: dict[int, list[tuple[float, float]]] = {}  # per frame: its unshard kernels (where, how long)
     for k in np.flatnonzero(~held):
         t = int(launch[k])
         j = int(np.searchsorted(f_start[order], t, side="right")) - 1
@@ -771,20 +770,18 @@ def _own_kernels(own: _FsdpKernels, t0: int, t1: int, tables: _StepTables,
         if before and main[k]:
             p.fsdp_pre_ns += dur[k]
             a = frames[f][4]
-            pre_launches.setdefault(f, []).append(
-                (max(0.0, reader.clock.between(a, t) - reader.labelled(a, t)), float(dur[k])))
+            p.fsdp_pre_launches.append((max(0.0, reader.clock.between(a, t) - reader.labelled(a, t)), float(dur[k])))
         elif before:
             p.fsdp_pre_side_ns += dur[k]
         elif main[k]:
             p.fsdp_post_ns += dur[k]
         else:
             p.fsdp_post_side_ns += dur[k]
-    for f, kernels in pre_launches.items():
-        read[f].fsdp_pre_launches = launch_groups([at for at, _ in kernels], [ns for _, ns in kernels])
+    # one by one above, in launch order; grouped as a pass's compute is
+    for p in read:
+        p.fsdp_pre_launches = launch_groups(p.fsdp_pre_launches)
     for gather in gathers:
-        if gather.kernel_launches:
-            gather.kernel_launches = launch_groups([at for at, _ in gather.kernel_launches],
-                                                   [ns for _, ns in gather.kernel_launches])
+        gather.kernel_launches = launch_groups(gather.kernel_launches)
 
 
 def _label_kernel(gather: Gather, busy_ns: float, dur: float, seen: set[tuple[int, bool]]) -> None:

@@ -305,11 +305,7 @@ def launch_latency_us(path: Path) -> float:
     event's start, over the GPU events that started on an idle device (after every GPU event before
     them ended) and were launched after it went idle."""
     events = trace_events(path)
-    launch: dict[int, float] = {}
-    for e in events:
-        corr = (e.get("args") or {}).get("correlation")
-        if e.get("cat") in ("cuda_runtime", "cuda_driver") and corr is not None:
-            launch[corr] = min(launch.get(corr, float("inf")), float(e["ts"]))
+    launch = {c: t for c, (t, _) in _launches(events).items()}
     gpu = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"]), launch[c]) for e in events
                  if e.get("cat") in GPU_EVENTS and (c := (e.get("args") or {}).get("correlation")) in launch)
     out, busy_until = [], gpu[0][1]
