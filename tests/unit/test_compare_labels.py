@@ -7,10 +7,17 @@ import shutil
 from pathlib import Path
 
 from fsdpviz.analysis.compare.runs import unique_labels
-from fsdpviz.report.compare.build import load_runs
+from fsdpviz.report.compare.build import default_labels, load_runs
+from fsdpviz.trace.loader import load_traces
 
 RECORDED = Path(__file__).resolve().parents[1] / "recorded"
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
+
+
+def _labels(folders: list[Path]) -> list[str]:
+    """The labels compare gives ``folders`` (:func:`load_runs`' own rule on the runs loaded, not analysed:
+    a label is read off the folder and its run.json alone)."""
+    return default_labels([(f, load_traces([f], cache=False, progress=False)) for f in folders])
 
 
 def test_runs_in_folders_of_one_name_are_named_by_their_parents(tmp_path: Path) -> None:
@@ -24,19 +31,19 @@ def test_runs_in_folders_of_one_name_are_named_by_their_parents(tmp_path: Path) 
         shutil.copytree(paths[0], tmp_path / name / "x" / "run")
     shutil.copytree(paths[1], tmp_path / "root")
     folders = [tmp_path / "a" / "x" / "run", tmp_path / "b" / "x" / "run", tmp_path / "root"]
-    assert [r.label for r in load_runs(folders, cache=False)] == ["a/x/run", "b/x/run", "run"]
+    assert _labels(folders) == ["a/x/run", "b/x/run", "run"]
     # one folder twice: nothing tells them apart but the order; beside another of its name, its parent
-    assert [r.label for r in load_runs([paths[0], paths[0]], cache=False)] == ["run", "run #2"]
-    assert [r.label for r in load_runs([paths[0], paths[0], paths[1]], cache=False)] == [
+    assert _labels([paths[0], paths[0]]) == ["run", "run #2"]
+    assert _labels([paths[0], paths[0], paths[1]]) == [
         "fsdp2-d256-block/run", "fsdp2-d256-block/run #2", "fsdp2-d256-root/run"]
     # as many parents as it takes: a/x/y/run against b/x/y/run
     for name in ("a", "b"):
         shutil.copytree(paths[1], tmp_path / "deep" / name / "x" / "y" / "run")
     deep = [tmp_path / "deep" / n / "x" / "y" / "run" for n in ("a", "b")]
-    assert [r.label for r in load_runs(deep, cache=False)] == ["a/x/y/run", "b/x/y/run"]
+    assert _labels(deep) == ["a/x/y/run", "b/x/y/run"]
     # a label run.json gives is kept as given (the samples' run.json name them)
     sample = SAMPLES / "fsdp2-cpu-2rank"
-    assert [r.label for r in load_runs([sample, sample], cache=False)] == ["fsdp2-cpu-2rank", "fsdp2-cpu-2rank #2"]
+    assert _labels([sample, sample]) == ["fsdp2-cpu-2rank", "fsdp2-cpu-2rank #2"]
 
 
 def test_a_folder_named_as_another_runs_label_is_named_by_its_parent(tmp_path: Path) -> None:
@@ -48,8 +55,8 @@ def test_a_folder_named_as_another_runs_label_is_named_by_its_parent(tmp_path: P
                     ignore=shutil.ignore_patterns(".fsdpviz-cache"))
     labelled, bare = tmp_path / "a" / "renamed", tmp_path / "b" / "fsdp2-cpu-2rank"
     assert not (bare / "run.json").exists()
-    assert [r.label for r in load_runs([labelled, bare], cache=False)] == ["fsdp2-cpu-2rank", "b/fsdp2-cpu-2rank"]
-    assert [r.label for r in load_runs([bare, labelled], cache=False)] == ["b/fsdp2-cpu-2rank", "fsdp2-cpu-2rank"]
+    assert _labels([labelled, bare]) == ["fsdp2-cpu-2rank", "b/fsdp2-cpu-2rank"]
+    assert _labels([bare, labelled]) == ["b/fsdp2-cpu-2rank", "fsdp2-cpu-2rank"]
 
 
 def test_a_repeat_never_takes_a_label_another_run_has() -> None:
