@@ -1,0 +1,100 @@
+"""Where each de-profiler takes the profiler's share out, phase by phase, against the recorder's timers:
+docs/whatif.md, "Which de-profiler the split reads".
+
+For every shared GPU recording whose timers timed phases in clean steps: the bound's rule
+(:mod:`fsdpviz.analysis.bound_phases`: the excess out of the device's waits on the host in proportion
+to their time, split by the pass whose launch ended each wait) and the replay's (a cost per traced
+host event, the step simulated again: :mod:`fsdpviz.replay.hostcost`), each against what the timers
+saw leave the forward, the backward and the rest of the step (the step less those two; the backward is
+read with the rest where the recorder timed none), in % of the unprofiled step, medians over ranks.
+The replay's phases are bounded as :func:`fsdpviz.replay.phases.sim_phases` bounds them; its rest is
+the replayed step less them, so that both rules are read on the same partition of the step.
+
+    python benchmarks/bench_deprofile_phases.py [--shared ../shared/traces]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+
+from fsdpviz.analysis.bound_phases import REST, bound_phase_check
+from fsdpviz.analysis.pipeline import analyse
+from fsdpviz.replay.phases import sim_phases
+from fsdpviz.structure.profiler_cost import STEP_TIMER_PHASE, phase_times
+from fsdpviz.vocabulary import BACKWARD, FORWARD
+from fsdpviz.whatif.gains import summary_model
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _replayed(steps: list, sims: list) -> dict[int, dict[str, float]]:
+    """Per rank: the median over its replayed steps of the forward, the backward and the step (ms)."""
+    by_rank: dict[int, list[dict[str, float]]] = {}
+    for step, sim in zip(steps, sims):
+        phases = sim_phases(sim, step.post.lead_ns)
+        by_rank.setdefault(step.rank, []).append({FORWARD: phases[FORWARD], BACKWARD: phases[BACKWARD],
+                                                  STEP_TIMER_PHASE: sim.step_ns})
+    return {r: {p: statistics.median(s[p] for s in of) / 1e6 for p in of[0]} for r, of in by_rank.items()}
+
+
+def replay_misses(folder: Path) -> dict[str, float] | None:
+    """The replay's misses on the bound check's partition (module docstring); None without a replay
+    without the profiler on a rank that timed its phases."""
+    result = analyse([folder], cache=False, progress=False)
+    model, _ = summary_model(result)
+    if model is None or model.net is None:
+        return None
+    timed = phase_times(result.traces.timers, result.traces.run)
+    before = _replayed(model.recording.steps, model.replays)
+    after = _replayed(model.net.recording.steps, model.net.replays)
+    misses: list[dict[str, float]] = []
+    for rank in sorted(set(before) & set(after) & set(timed)):
+        t = timed[rank]
+        phases = [p for p in (FORWARD, BACKWARD) if p in t.unprofiled]
+        took = {p: before[rank][p] - after[rank][p] for p in phases}
+        took[REST] = before[rank][STEP_TIMER_PHASE] - after[rank][STEP_TIMER_PHASE] - sum(took.values())
+        seen = {p: t.profiled[p] - t.unprofiled[p] for p in phases}
+        seen[REST] = t.profiled[STEP_TIMER_PHASE] - t.unprofiled[STEP_TIMER_PHASE] - sum(seen.values())
+        misses.append({p: 100.0 * (took[p] - seen[p]) / t.unprofiled[STEP_TIMER_PHASE] for p in took})
+    if not misses:
+        return None
+    return {p: statistics.median(m[p] for m in misses) for p in misses[0] if all(p in m for m in misses)}
+
+
+def _cells(miss: dict[str, float] | None) -> str:
+    if miss is None:
+        return "| | | | "
+    cells = [f"{miss[p]:+.1f} %" if p in miss else "with the rest" for p in (FORWARD, BACKWARD, REST)]
+    return "| " + " | ".join(cells) + f" | {max(abs(v) for v in miss.values()):.1f} % "
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shared", type=Path, default=ROOT.parent / "shared" / "traces")
+    args = parser.parse_args()
+    folders = [p for p in sorted((args.shared / "gpu-fsdp").glob("h100-*")) if p.is_dir()]
+    folders += [p for p in (args.shared / "gpu-h200" / n for n in ("B", "Bl", "Broot")) if p.is_dir()]
+    print("| recording | rule | forward | backward | rest | largest |")
+    print("|---|---|---:|---:|---:|---:|")
+    largest: dict[str, list[float]] = {"bound": [], "replay": []}
+    for folder in folders:
+        check = bound_phase_check(analyse([folder], cache=False, progress=False))
+        if check is None:
+            continue
+        replay = replay_misses(folder)
+        spilled = f" (and {check.spilled_ms:.1f} ms of other idle)" if check.spilled_ms >= 0.001 else ""
+        print(f"| {folder.name} | the bound's{spilled} {_cells(check.miss_pct)}|")
+        print(f"| | the replay's {_cells(replay)}|", flush=True)
+        largest["bound"].append(check.error_pct)
+        if replay is not None:
+            largest["replay"].append(max(abs(v) for v in replay.values()))
+    for rule, values in largest.items():
+        if values:
+            print(f"\n{rule}: largest phase's miss, median over recordings {statistics.median(values):.1f} %, "
+                  f"largest {max(values):.1f} %")
+
+
+if __name__ == "__main__":
+    main()
