@@ -8,7 +8,8 @@ host event, the step simulated again: :mod:`fsdpviz.replay.hostcost`), each agai
 saw leave the forward, the backward and the rest of the step (the step less those two; the backward is
 read with the rest where the recorder timed none), in % of the unprofiled step, medians over ranks.
 The replay's phases are bounded as :func:`fsdpviz.replay.phases.sim_phases` bounds them; its rest is
-the replayed step less them, so that both rules are read on the same partition of the step.
+the replayed step's drop less theirs, so that on both rules, as on the timers, the three add up to the
+step's drop. Which rule is nearer is judged by each recording's largest phase miss.
 
     python benchmarks/bench_deprofile_phases.py [--shared ../shared/traces]
 """
@@ -17,11 +18,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
 
 from fsdpviz.analysis.bound_phases import REST, bound_phase_check
-from fsdpviz.analysis.pipeline import analyse
+from fsdpviz.analysis.pipeline import RunResult, analyse
 from fsdpviz.replay.phases import sim_phases
+from fsdpviz.replay.recorded import StepProgram
+from fsdpviz.replay.simulate import SimResult
 from fsdpviz.structure.profiler_cost import STEP_TIMER_PHASE, phase_times
 from fsdpviz.vocabulary import BACKWARD, FORWARD
 from fsdpviz.whatif.gains import summary_model
@@ -29,7 +33,7 @@ from fsdpviz.whatif.gains import summary_model
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _replayed(steps: list, sims: list) -> dict[int, dict[str, float]]:
+def _replayed(steps: Sequence[StepProgram], sims: Sequence[SimResult]) -> dict[int, dict[str, float]]:
     """Per rank: the median over its replayed steps of the forward, the backward and the step (ms)."""
     by_rank: dict[int, list[dict[str, float]]] = {}
     for step, sim in zip(steps, sims):
@@ -39,12 +43,12 @@ def _replayed(steps: list, sims: list) -> dict[int, dict[str, float]]:
     return {r: {p: statistics.median(s[p] for s in of) / 1e6 for p in of[0]} for r, of in by_rank.items()}
 
 
-def replay_misses(folder: Path) -> dict[str, float] | None:
+def replay_misses(result: RunResult) -> dict[str, float] | None:
     """The replay's misses on the bound check's partition (module docstring); None without a replay
-    without the profiler on a rank that timed its phases."""
-    result = analyse([folder], cache=False, progress=False)
+    without the profiler on a rank that timed its phases, or with steps of several micro-batches (their
+    forwards and backwards interleave, as the replay's own check says)."""
     model, _ = summary_model(result)
-    if model is None or model.net is None:
+    if model is None or model.net is None or any(len(s.micro) > 1 for s in model.recording.steps):
         return None
     timed = phase_times(result.traces.timers, result.traces.run)
     before = _replayed(model.recording.steps, model.replays)
@@ -80,10 +84,11 @@ def main() -> None:
     print("|---|---|---:|---:|---:|---:|")
     largest: dict[str, list[float]] = {"bound": [], "replay": []}
     for folder in folders:
-        check = bound_phase_check(analyse([folder], cache=False, progress=False))
+        result = analyse([folder], cache=False, progress=False)
+        check = bound_phase_check(result)
         if check is None:
             continue
-        replay = replay_misses(folder)
+        replay = replay_misses(result)
         spilled = f" (and {check.spilled_ms:.1f} ms of other idle)" if check.spilled_ms >= 0.001 else ""
         print(f"| {folder.name} | the bound's{spilled} {_cells(check.miss_pct)}|")
         print(f"| | the replay's {_cells(replay)}|", flush=True)

@@ -9,18 +9,25 @@ checked on what the recorder's timers saw: each phase (the root module's forward
 in the profiled steps against the unprofiled ones (:func:`fsdpviz.structure.profiler_cost.phase_times`).
 
 A rank's waits are split by where the host made the launch the device waited for
-(``UNIT_STEPS.host_wait_ns``: a unit pass's window, innermost first): the forward's passes, the
-backward's, and the rest of the step (before the forward, between the phases, the optimizer). Each
-phase loses the share of its waits the rule took out of the rank's. The timers' phases are the
-forward and the backward, and the rest is the step less those two, so that the three add up to the
-step on both sides; a recorder older than the backward's timer timed the forward alone of the two,
-and the backward is then read with the rest. The miss is in % of the rank's unprofiled step, the
-run's the median over ranks, as the replay's own check (:mod:`fsdpviz.replay.phases`), which bounds
-its optimizer differently (docs/whatif.md, "Out of sample").
+(``UNIT_STEPS.host_wait_ns``: a unit pass's window, innermost first): the forward's passes and the
+backward's. Each loses the share of its waits the rule took out of the rank's. The rest of the step
+loses the rest of the rule's take: the waits outside every pass (before the forward, between the
+phases, the optimizer), the work carried in from before the traced steps, which the rule takes out
+first, and the other idle it takes where the waits cannot hold the excess (``spilled_ms``). On the
+timers' side the rest is their step less their forward and backward, so each side's three add up to
+its own step less its clean one (the trace's window and the timers' step differ by the hooks between
+them). A recorder older than the backward's timer timed the forward alone of the two, and the
+backward is then read with the rest. The timers' backward is autograd's whole backward, the loss's
+and FSDP's final callbacks included, where the rule's is the waits for launches made in the units'
+backward passes: what lies between them is in the rule's rest. The miss is in % of the rank's
+unprofiled step, the run's the median over ranks, as the replay's own check
+(:mod:`fsdpviz.replay.phases`), which reads the optimizer alone as its third phase (docs/whatif.md,
+"Out of sample").
 
-Where the excess is more than the waits, the rule takes the rest out of other idle, which no pass
-holds: the check then says so (``spilled_ms``) and reads the waits alone. A CPU rank's rule is one factor
-for the whole step, the replay's calibration itself: its check is the replay's.
+Only a recording whose clean steps timed their phases can be checked: on a GPU, one made when every
+unprofiled step timed its units and phases (the shared H100 and H200 recordings); a GPU's clean steps
+now time only their ends. A CPU rank's rule is one factor for the whole step, the replay's calibration
+itself: its check is the replay's.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from typing import TYPE_CHECKING, Final
 
 import numpy as np
 
+from fsdpviz.analysis.bound import _traced_parts
 from fsdpviz.structure.deprofile import deprofiled
 from fsdpviz.structure.profiler_cost import STEP_TIMER_PHASE, clean_step_ms, phase_times
 from fsdpviz.trace import schema
@@ -54,7 +62,8 @@ class BoundPhaseCheck:
     ranks: int
     """How many ranks were checked."""
     spilled_ms: float
-    """The most any rank's rule took out of other idle, beyond its waits (ms a step; 0 where none)."""
+    """The most any rank's rule took out of other idle, beyond its waits (ms a step; 0 where none): in the
+    rest's take."""
 
     @property
     def error_pct(self) -> float:
@@ -65,8 +74,6 @@ class BoundPhaseCheck:
 def bound_phase_check(run: RunResult) -> BoundPhaseCheck | None:
     """The check of ``run``'s bound (module docstring); None on a run of no GPU rank that timed its
     phases in clean steps and waited on its host."""
-    from fsdpviz.analysis.bound import _traced_parts
-
     timed = phase_times(run.traces.timers, run.traces.run)
     clean = clean_step_ms(run.traces.timers, run.traces.run)
     us = run.analysis.unit_steps
@@ -85,7 +92,7 @@ def bound_phase_check(run: RunResult) -> BoundPhaseCheck | None:
         taken = (waited - (moved.host_wait or 0.0) - moved.fsdp_host) / waited
         spilled = max(spilled, parts.other_idle - moved.other_idle)
         mine = us[(us["rank"] == rank).to_numpy()]
-        steps = max(int(mine["step"].nunique()), 1)
+        steps = max(int(row["n_steps"]), 1)  # per analysed step, as the bound's parts
         wait_ns = mine["host_wait_ns"].clip(lower=0).to_numpy(np.int64)
         phase = mine["phase"].astype(str).to_numpy()
         waits: dict[str, float] = {p: float(wait_ns[phase == p].sum()) / steps / 1e6 for p in (FORWARD, BACKWARD)}
@@ -95,7 +102,7 @@ def bound_phase_check(run: RunResult) -> BoundPhaseCheck | None:
         if BACKWARD not in seen:  # read with the rest: the recorder timed no backward
             waits.pop(BACKWARD)
         took = {p: w * taken for p, w in waits.items()}
-        took[REST] = waited * taken - sum(took.values())
+        took[REST] = parts.total - clean[rank][0] - sum(took.values())  # the rule's whole take, less those
         seen[REST] = seen[STEP_TIMER_PHASE] - sum(seen[p] for p in waits)
         step = t.unprofiled[STEP_TIMER_PHASE]
         misses.append({p: 100.0 * (took[p] - seen[p]) / step for p in took})

@@ -15,10 +15,14 @@ import json
 import shutil
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from fsdpviz.analysis.bound_phases import REST, BoundPhaseCheck, bound_phase_check
 from fsdpviz.analysis.pipeline import analyse
+from fsdpviz.runfolder import RunInfo
+from fsdpviz.structure.profiler_cost import phase_times
+from fsdpviz.trace.loader import load_traces
 
 H200 = Path(__file__).resolve().parents[3] / "shared" / "traces" / "gpu-h200"
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
@@ -29,6 +33,11 @@ needs_h200 = pytest.mark.skipif(not (H200 / "B").is_dir(), reason="needs ../shar
 
 def _check(folder: Path) -> BoundPhaseCheck | None:
     return bound_phase_check(analyse([folder], cache=False, progress=False))
+
+
+def _timers(folder: Path) -> tuple[pd.DataFrame, RunInfo | None]:
+    traces = load_traces([folder], cache=False, progress=False)
+    return traces.timers, traces.run
 
 
 @needs_h200
@@ -52,12 +61,15 @@ def test_time_moved_in_the_clean_steps_timers_moves_the_check_by_that_time(tmp_p
     path = moved / "timers" / "rank0.jsonl"
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     for r in rows:
-        if r["unit"] == "" and r["kind"] == "total" and r["step"] not in profiled and r["phase"] in ("forward", "backward"):
+        if r["unit"] == "" and r["kind"] == "total" and r["step"] not in profiled \
+                and r["phase"] in ("forward", "backward"):
             r["ms"] += MOVED_MS if r["phase"] == "forward" else -MOVED_MS
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     before, after = _check(H200 / "B"), _check(moved)
     assert before is not None and after is not None
-    step = 87.27  # the clean step (summary's step_time_ms), which the move leaves as it was
+    # the clean step the misses are shares of, which the move leaves as it was
+    step = phase_times(*_timers(moved))[0].unprofiled["step"]
+    assert step == phase_times(*_timers(H200 / "B"))[0].unprofiled["step"] == pytest.approx(87.3, abs=0.1)
     expected = 100.0 * MOVED_MS / step
     # the clean forward is longer: the timers saw less leave it, so the rule's take misses by more
     assert after.miss_pct["forward"] - before.miss_pct["forward"] == pytest.approx(expected, abs=0.02)
