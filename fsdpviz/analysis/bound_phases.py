@@ -25,12 +25,12 @@ unprofiled step, the run's the median over ranks, as the replay's own check
 "Out of sample").
 
 On a GPU the timers are the host's: a phase's host time holds the host's waits for the device (a
-synchronisation, a full launch queue), which move between phases with how far the host runs ahead, so
-a phase's truth there is uncertain by up to 15 points of the step (docs/whatif.md, "Which de-profiler
-the split reads"). Only a recording whose clean steps timed their phases can be checked: on a GPU, one made when every
-unprofiled step timed its units and phases (the shared H100 and H200 recordings); a GPU's clean steps
-now time only their ends. A CPU rank's rule is one factor for the whole step, the replay's calibration
-itself: its check is the replay's.
+synchronisation, a full launch queue), which move between phases with how far the host runs ahead, so a
+phase's truth there is uncertain by up to 15 points of the step (docs/whatif.md, "Which de-profiler the
+split reads"). Only a recording whose clean steps timed their phases can be checked: on a GPU, one made
+when every unprofiled step timed its units and phases (the shared H100 and H200 recordings); a GPU's
+clean steps now time only their ends. A CPU rank's rule is one factor for the whole step, the replay's
+calibration itself: its check is the replay's.
 """
 
 from __future__ import annotations
