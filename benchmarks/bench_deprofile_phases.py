@@ -7,7 +7,7 @@ to their time, split by the pass whose launch ended each wait) and the replay's 
 host event, the step simulated again: :mod:`fsdpviz.replay.hostcost`), each against what the timers
 saw leave the forward, the backward and the rest of the step (the step less those two; the backward is
 read with the rest where the recorder timed none), in % of the unprofiled step, medians over ranks.
-The replay's phases are bounded as :func:`fsdpviz.replay.phases.sim_phases` bounds them; its rest is
+The replay's phases are its own check's (:func:`fsdpviz.replay.phases.per_rank_phases`); its rest is
 the replayed step's drop less theirs, so that on both rules, as on the timers, the three add up to the
 step's drop. Which rule is nearer is judged by each recording's largest phase miss.
 
@@ -18,29 +18,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
-from collections.abc import Sequence
 from pathlib import Path
 
 from fsdpviz.analysis.bound_phases import REST, bound_phase_check
 from fsdpviz.analysis.pipeline import RunResult, analyse
-from fsdpviz.replay.phases import sim_phases
-from fsdpviz.replay.recorded import StepProgram
-from fsdpviz.replay.simulate import SimResult
+from fsdpviz.replay.phases import per_rank_phases
 from fsdpviz.structure.profiler_cost import STEP_TIMER_PHASE, phase_times
 from fsdpviz.vocabulary import BACKWARD, FORWARD
 from fsdpviz.whatif.gains import summary_model
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _replayed(steps: Sequence[StepProgram], sims: Sequence[SimResult]) -> dict[int, dict[str, float]]:
-    """Per rank: the median over its replayed steps of the forward, the backward and the step (ms)."""
-    by_rank: dict[int, list[dict[str, float]]] = {}
-    for step, sim in zip(steps, sims):
-        phases = sim_phases(sim, step.post.lead_ns)
-        by_rank.setdefault(step.rank, []).append({FORWARD: phases[FORWARD], BACKWARD: phases[BACKWARD],
-                                                  STEP_TIMER_PHASE: sim.step_ns})
-    return {r: {p: statistics.median(s[p] for s in of) / 1e6 for p in of[0]} for r, of in by_rank.items()}
 
 
 def replay_misses(result: RunResult) -> dict[str, float] | None:
@@ -51,8 +38,8 @@ def replay_misses(result: RunResult) -> dict[str, float] | None:
     if model is None or model.net is None or any(len(s.micro) > 1 for s in model.recording.steps):
         return None
     timed = phase_times(result.traces.timers, result.traces.run)
-    before = _replayed(model.recording.steps, model.replays)
-    after = _replayed(model.net.recording.steps, model.net.replays)
+    before = per_rank_phases(model.recording.steps, model.replays)
+    after = per_rank_phases(model.net.recording.steps, model.net.replays)
     misses: list[dict[str, float]] = []
     for rank in sorted(set(before) & set(after) & set(timed)):
         t = timed[rank]

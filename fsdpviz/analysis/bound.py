@@ -396,7 +396,7 @@ class BoundSummary(StepSplit, kw_only=True):
     the clean steps do not carry it, and this is what is left (on the run's clock, as the other parts)."""
 
 
-def _traced_parts(r: Mapping[Any, Any]) -> tuple[float, Parts, float]:
+def traced_parts(r: Mapping[Any, Any]) -> tuple[float, Parts, float]:
     """(step, parts, all communication in the same spans) of one OVERLAP row, in ms per analysed step."""
     n = max(int(r["n_steps"]), 1)
 
@@ -440,7 +440,7 @@ def traced_rank_steps(overlap: pd.DataFrame) -> dict[int, float]:
     """Per rank with a step span: its analysed steps' mean duration as traced (ms)."""
     out = {}
     for r in overlap.to_dict(orient="records"):
-        step = _traced_parts(r)[0]
+        step = traced_parts(r)[0]
         if step > 0:
             out[int(r["rank"])] = step
     return out
@@ -468,22 +468,22 @@ def summarize_bound(overlap: pd.DataFrame, profiler: ProfilerCost | None,
     lead = profiler is not None and profiler.headline
     clean = clean or {}
     per_rank: dict[str, RankBound] = {}
-    traced_parts: list[Parts] = []
+    rank_parts: list[Parts] = []
     traced_comms: list[float] = []
     notes: list[str] = []
     for r in rows:
-        traced, parts, comm = _traced_parts(r)
+        traced, parts, comm = traced_parts(r)
         rank = int(r["rank"])
         clean_ms = clean[rank][0] if lead and rank in clean else None
         bound, note = _rank_bound(traced, parts, comm, str(r["device"]), clean_ms)
         traced_comms.append(comm)
         per_rank[str(rank)] = bound
-        traced_parts.append(parts)
+        rank_parts.append(parts)
         if note is not None:
             notes.append(f"rank {rank}: {note}")
     traced = traced_step_ms(overlap) or 0.0
-    median_traced = Parts(*(_median([p[i] or 0.0 for p in traced_parts]) for i in range(len(Parts._fields))))
-    if any(p.host_wait is None for p in traced_parts):
+    median_traced = Parts(*(_median([p[i] or 0.0 for p in rank_parts]) for i in range(len(Parts._fields))))
+    if any(p.host_wait is None for p in rank_parts):
         median_traced = median_traced._replace(host_wait=None)
     if device == schema.OVERLAP_CPU:
         notes.append("host_wait_ms, fsdp_kernels_ms and carried_ms are null: on a CPU rank the training thread "

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Final
 
 import numpy as np
 
-from fsdpviz.analysis.bound import _traced_parts
+from fsdpviz.analysis.bound import traced_parts
 from fsdpviz.structure.deprofile import deprofiled
 from fsdpviz.structure.profiler_cost import STEP_TIMER_PHASE, clean_step_ms, phase_times
 from fsdpviz.trace import schema
@@ -87,7 +87,7 @@ def bound_phase_check(run: RunResult) -> BoundPhaseCheck | None:
         if str(row["device"]) != schema.OVERLAP_GPU or rank not in timed or rank not in clean \
                 or int(row["bound_window_ns"]) <= 0:
             continue
-        _, parts, _ = _traced_parts(row)
+        _, parts, _ = traced_parts(row)
         waited = (parts.host_wait or 0.0) + parts.fsdp_host
         if waited <= 0:
             continue

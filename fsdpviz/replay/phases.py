@@ -103,12 +103,14 @@ def sim_phases(sim: SimResult, lead_ns: float = 0.0) -> dict[str, float]:
             "backward": backward[1] - backward[0] if backward else 0.0, "optimizer": optimizer}
 
 
-def _per_rank(steps: Sequence[StepProgram], sims: Sequence[SimResult]) -> dict[int, dict[str, float]]:
-    """Per rank: the median over its replayed steps of each phase, ms."""
+def per_rank_phases(steps: Sequence[StepProgram], sims: Sequence[SimResult]) -> dict[int, dict[str, float]]:
+    """Per rank: the median over its replayed steps of each phase (:func:`sim_phases`) and of the step
+    (``step``), ms."""
     by_rank: dict[int, list[dict[str, float]]] = {}
     for step, sim in zip(steps, sims):
-        by_rank.setdefault(step.rank, []).append(sim_phases(sim, step.post.lead_ns))
-    return {rank: {p: statistics.median(s[p] for s in of) / 1e6 for p in STEP_PHASES} for rank, of in by_rank.items()}
+        by_rank.setdefault(step.rank, []).append({**sim_phases(sim, step.post.lead_ns), STEP_TIMER_PHASE: sim.step_ns})
+    return {rank: {p: statistics.median(s[p] for s in of) / 1e6 for p in (*STEP_PHASES, STEP_TIMER_PHASE)}
+            for rank, of in by_rank.items()}
 
 
 def phase_check(steps: Sequence[StepProgram], traced: Sequence[SimResult], net: Sequence[StepProgram],
@@ -120,7 +122,7 @@ def phase_check(steps: Sequence[StepProgram], traced: Sequence[SimResult], net: 
     or None and why it is not made."""
     if any(len(s.micro) > 1 for s in steps):
         return None, MICRO_BATCHES
-    before, after = _per_rank(steps, traced), _per_rank(net, clean)
+    before, after = per_rank_phases(steps, traced), per_rank_phases(net, clean)
     checked = sorted(set(before) & set(after) & set(timed) & (ranks if ranks is not None else set(before)))
     if not checked:
         return None, NOT_REPLAYED if timed else NOT_TIMED
