@@ -1,10 +1,11 @@
 """Where each de-profiler takes the profiler's share out, phase by phase, against the recorder's timers:
 docs/whatif.md, "Which de-profiler the split reads".
 
-For every shared GPU recording whose timers timed phases in clean steps: the bound's rule
+For every shared GPU recording whose timers timed phases in clean steps: the rule
 (:mod:`fsdpviz.analysis.bound_phases`: the excess out of the device's waits on the host in proportion
-to their time, split by the pass whose launch ended each wait) and the replay's (a cost per traced
-host event, the step simulated again: :mod:`fsdpviz.replay.hostcost`), each against what the timers
+to their time, split by the pass whose launch ended each wait; what the bound falls back on) and the
+replay's (a cost per traced host event, the step simulated again: :mod:`fsdpviz.replay.hostcost`; the
+bound's split, :mod:`fsdpviz.replay.split`), each against what the timers
 saw leave the forward, the backward and the rest of the step (the step less those two; the backward is
 read with the rest where the recorder timed none), in % of the unprofiled step, medians over ranks.
 The replay's phases are its own check's (:func:`fsdpviz.replay.phases.per_rank_phases`); its rest is
@@ -69,7 +70,7 @@ def main() -> None:
     folders += [p for p in (args.shared / "gpu-h200" / n for n in ("B", "Bl", "Broot")) if p.is_dir()]
     print("| recording | rule | forward | backward | rest | largest |")
     print("|---|---|---:|---:|---:|---:|")
-    largest: dict[str, list[float]] = {"bound": [], "replay": []}
+    largest: dict[str, list[float]] = {"rule": [], "replay": []}
     for folder in folders:
         result = analyse([folder], cache=False, progress=False)
         check = bound_phase_check(result)
@@ -77,9 +78,9 @@ def main() -> None:
             continue
         replay = replay_misses(result)
         spilled = f" (and {check.spilled_ms:.1f} ms of other idle)" if check.spilled_ms >= 0.001 else ""
-        print(f"| {folder.name} | the bound's{spilled} {_cells(check.miss_pct)}|")
+        print(f"| {folder.name} | the rule's{spilled} {_cells(check.miss_pct)}|")
         print(f"| | the replay's {_cells(replay)}|", flush=True)
-        largest["bound"].append(check.error_pct)
+        largest["rule"].append(check.error_pct)
         if replay is not None:
             largest["replay"].append(max(abs(v) for v in replay.values()))
     for rule, values in largest.items():

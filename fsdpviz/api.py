@@ -113,6 +113,8 @@ def compare(runs: Sequence[Run | PathLike], *, labels: Sequence[str] | None = No
     opened = [r if isinstance(r, Run) else open(r) for r in runs]
     if len(opened) < 2:
         raise UsageError(f"compare needs at least two runs, got {len(opened)}")
+    for r in opened:
+        r.on_clock()  # each run's figures as its summary gives them (the bound's split)
     names = list(labels) if labels else [r.label for r in opened]
     if not labels and len(set(names)) != len(names):
         # runs of one name, as the command tells them apart: by their folders (a label given to open() stays)
@@ -136,6 +138,7 @@ class Run(LabelledRun):
         self._model: Model | None = None
         self._summary: Summary | None = None
         self._store = summary_store  # where `fsdpviz summary` keeps this run's summary (fsdpviz/cache.py)
+        self._seeded: bool | None = None  # whether a cached summary was put into the result (None: not looked)
 
     def __repr__(self) -> str:
         s = self.summary
@@ -148,21 +151,37 @@ class Run(LabelledRun):
         """The run's summary as ``fsdpviz summary --json`` gives it: its actions' knobs predicted
         with fsdpviz whatif (computed once)."""
         if self._summary is None:
-            from fsdpviz.cache import keep, seed
+            from fsdpviz.cache import keep
             from fsdpviz.whatif.gains import completed_summary
 
-            seeded = seed(self.result, self._store)  # the summary `fsdpviz summary` kept, when it did
+            seeded = self._seed()  # the summary `fsdpviz summary` kept, when it did
             self._summary = completed_summary(self.result)
             if not seeded:
                 keep(self.result, self._store)
         return self._summary
+
+    def on_clock(self) -> RunResult:
+        """The run's result with its bound's split the one its summary gives (the cached summary's where
+        ``fsdpviz summary`` kept one, else read off the run's model: ``whatif.gains.on_replay_split``)."""
+        from fsdpviz.whatif.gains import on_replay_split
+
+        self._seed()
+        return on_replay_split(self.result)
+
+    def _seed(self) -> bool:
+        """Put the summary `fsdpviz summary` kept into the result, once; whether there was one."""
+        if self._seeded is None:
+            from fsdpviz.cache import seed
+
+            self._seeded = seed(self.result, self._store)
+        return self._seeded
 
     @property
     def units(self) -> pd.DataFrame:
         """Per-unit medians over ranks and analysed steps (schema.UNIT_STATS), in forward order, as
         traced: the trace's own durations (``summary.units`` holds them on the run's clock), but for
         ``forward_clock_ns`` / ``backward_clock_ns``, the passes on the run's clock."""
-        return self.result.analysis.unit_stats.reset_index(drop=True)
+        return self.on_clock().analysis.unit_stats.reset_index(drop=True)
 
     @property
     def spans(self) -> pd.DataFrame:
@@ -220,7 +239,7 @@ class Run(LabelledRun):
         a knob that cannot help on the run taken out and ``why_not`` saying why."""
         from fsdpviz.analysis.summary import run_findings
 
-        r = self.result
+        r = self.on_clock()
         return run_findings(r.analysis.findings, r.traces, r.overlap, r.framework)
 
     @property

@@ -266,6 +266,11 @@ def seed(result: RunResult, store: SummaryStore | None) -> bool:
         summary = cached.summary
     except (msgspec.DecodeError, msgspec.ValidationError):  # another layout of Summary: a miss
         return False
+    from fsdpviz.trace.schema import OVERLAP_GPU
+
+    if summary.bound is not None and summary.bound.device == OVERLAP_GPU and summary.bound.deprofiled_by:
+        # the split the model read gave (replay/split.py: the replay's, or the rule's and why), without it
+        result.adopt_bound(summary.bound)
     result.memo[_memo_name()] = summary
     result.memo[_SEEDED] = True
     return True

@@ -64,10 +64,24 @@ def gpu_h200_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def gpu_fsdp_run(gpu_fsdp_dir: Path, session_memo: Callable[..., Any]) -> Callable[[str], Any]:
-    """``gpu_fsdp_run(name)``: the pipeline's result for one of those recordings, once per session."""
+    """``gpu_fsdp_run(name)``: the pipeline's result for one of those recordings, once per session, on
+    its clock as every view reads it (``whatif.gains.on_replay_split``: its bound the replay's split), so
+    that no test's figures depend on whether another test of the session read the run's model first."""
     from fsdpviz.analysis.pipeline import analyse
+    from fsdpviz.whatif.gains import on_replay_split
 
-    return lambda name: session_memo(("gpu-fsdp", name), lambda: analyse([gpu_fsdp_dir / name], cache=False))
+    return lambda name: session_memo(("gpu-fsdp", name),
+                                     lambda: on_replay_split(analyse([gpu_fsdp_dir / name], cache=False)))
+
+
+@pytest.fixture(scope="session")
+def gpu_h200_run(gpu_h200_dir: Path, session_memo: Callable[..., Any]) -> Callable[[str], Any]:
+    """``gpu_h200_run(name)``: the pipeline's result for one of the H200 recordings, as ``gpu_fsdp_run``."""
+    from fsdpviz.analysis.pipeline import analyse
+    from fsdpviz.whatif.gains import on_replay_split
+
+    return lambda name: session_memo(("gpu-h200", name),
+                                     lambda: on_replay_split(analyse([gpu_h200_dir / name], cache=False)))
 
 
 @pytest.fixture(scope="session")

@@ -29,8 +29,10 @@ name).
 
 The profiler slows the host (:mod:`fsdpviz.structure.profiler_cost`): on a launch-bound GPU step its
 cost lands in ``host_wait``, on a CPU rank in every part. Each rank's split is moved to that rank's
-clean unprofiled step by the one de-profiler (:mod:`fsdpviz.structure.deprofile`), the rule the
-replay's calibration follows too, so the bound is the run's, not the profiler's.
+clean unprofiled step (:mod:`fsdpviz.structure.deprofile`): on a CPU rank by the factor the replay's
+calibration scales it by; on a GPU by the replay's split once the run's model is read
+(:mod:`fsdpviz.replay.split`: ``deprofiled_by`` ``replay``), by the rule until then or where the
+replay cannot say (``rule``). So the bound is the run's, not the profiler's.
 """
 
 from __future__ import annotations
@@ -43,7 +45,15 @@ import numpy as np
 import pandas as pd
 
 from fsdpviz.formatting import NS_PER_MS
-from fsdpviz.structure.deprofile import Parts, deprofiled, device_scale, host_scale, idle_scale
+from fsdpviz.structure.deprofile import (
+    Parts,
+    ReplayMove,
+    deprofiled,
+    device_scale,
+    host_scale,
+    idle_scale,
+    replay_moved,
+)
 from fsdpviz.structure.fsdp_work import launch_points
 from fsdpviz.structure.intervals import (
     Intervals,
@@ -84,6 +94,14 @@ DOMINANT_SHARE: Final = 0.5
 LAUNCH_BOUND_RATIO: Final = 0.5
 BASIS_UNPROFILED: Final = "unprofiled"
 BASIS_TRACED: Final = "traced"
+# Which de-profiler moved a split to the clean step (``BoundSummary.deprofiled_by``): the replay's (each
+# part less what the replay without the profiler took out of it, :mod:`fsdpviz.replay.split`) or the
+# rule's (:func:`fsdpviz.structure.deprofile.deprofiled`, where the run has no such replay).
+BY_REPLAY: Final = "replay"
+BY_RULE: Final = "rule"
+# A remainder the replay's split leaves to the rule (:func:`fsdpviz.structure.deprofile.replay_moved`)
+# is named in the bound's note from this size on (ms a step).
+REMAINDER_NOTE_MS: Final = 0.5
 
 
 def step_windows(traces_steps: pd.DataFrame, rank: int, analysed: AnalysedSteps | None,
@@ -385,6 +403,13 @@ class BoundSummary(StepSplit, kw_only=True):
     """How the other idle inside each GPU unit's forward and backward moves to the run's clock: the share
     of the traced other idle the de-profiler kept (1 where it took none;
     :func:`fsdpviz.structure.deprofile.idle_scale`); CPU: ``device_scale``, as ``host_scale``."""
+    deprofiled_by: str | None = None
+    """How the profiler's share came out on ``unprofiled`` (None on ``traced``): ``replay``, the waits on
+    the host less what the run's replay without the profiler took out of them, the other parts as traced
+    (:mod:`fsdpviz.replay.split`; what the replay leaves unaccounted goes by the rule, ``note`` says how
+    much); ``rule``, by :func:`fsdpviz.structure.deprofile.deprofiled` alone, where the run has no such
+    replay (a CPU run's replay scales each rank by the same factor the rule does), or until a view reads
+    the run's model (``note`` says why on a GPU once one has: :mod:`fsdpviz.replay.split`)."""
     memory_bound: bool | None = None
     """The peak within :data:`MEMORY_MARGIN` of ``device_memory_bytes``; None when either is unknown
     (``note`` says why)."""
@@ -409,17 +434,26 @@ def traced_parts(r: Mapping[Any, Any]) -> tuple[float, Parts, float]:
                                               per_step("fsdp_host_ns"), per_step("carried_ns")), per_step("bound_comm_ns")
 
 
-def _rank_bound(traced: float, parts: Parts, comm: float, device: str,
-                step: float | None) -> tuple[RankBound, str | None]:
-    """One rank's split, moved to its clean ``step`` (None: kept as traced), and its communication
-    (``comm``, traced) moved as its device parts were."""
-    note = None
-    moved = parts
-    if step is not None:
+def _moved(parts: Parts, step: float, device: str, drop: Parts | None) -> ReplayMove:
+    """``parts`` moved to the clean ``step``: by the replay's ``drop`` where given, else by the rule
+    (then ``left`` is ``parts`` itself: the device's scale is the rule's shrink of ``left`` alone)."""
+    if drop is None:
         moved, note = deprofiled(parts, step, device)
+        return ReplayMove(moved, parts, note, {})
+    return replay_moved(parts, drop, step)
+
+
+def _rank_bound(traced: float, parts: Parts, comm: float, device: str,
+                step: float | None, drop: Parts | None = None) -> tuple[RankBound, str | None]:
+    """One rank's split, moved to its clean ``step`` (None: kept as traced; by the replay's ``drop``
+    where given), and its communication (``comm``, traced) moved as its device parts were."""
+    note = None
+    moved = base = parts
+    if step is not None:
+        moved, base, note, _ = _moved(parts, step, device, drop)
     moved = moved.settled()
     fsdp = moved.fsdp_kernels + moved.fsdp_host
-    scale = device_scale(parts, moved)
+    scale = device_scale(base, moved)
     return RankBound(
         step_ms=round(traced if step is None else step, 3), compute_ms=round(moved.compute, 3),
         exposed_comm_ms=round(moved.exposed_comm, 3),
@@ -453,13 +487,35 @@ def traced_step_ms(overlap: pd.DataFrame) -> float | None:
     return round(_median(list(steps.values())), 3) if steps else None
 
 
+def rank_drops(drops: Mapping[int, Parts], ranks: list[int], excess: Mapping[int, float]) -> dict[int, Parts]:
+    """Per rank of ``ranks``, what the replay took out of its waits on the host (``drops``, ms a step;
+    the other parts' drops are not read): its own where it was replayed; elsewhere (a run larger than
+    the ranks its model reads) the replayed ranks' median share of their own excess (traced less clean
+    step, ``excess``) that each wait gave, of that rank's excess (none where it ran no slower traced)."""
+    shares = [((d.host_wait or 0.0) / excess[r], d.fsdp_host / excess[r]) for r, d in drops.items()
+              if excess.get(r, 0.0) > 0]
+    out = {}
+    for rank in ranks:
+        if rank in drops:
+            out[rank] = drops[rank]
+        elif shares and rank in excess:
+            ms = max(excess[rank], 0.0)
+            out[rank] = Parts(0.0, 0.0, _median([h for h, _ in shares]) * ms, 0.0, 0.0,
+                              _median([f for _, f in shares]) * ms, 0.0)
+    return out
+
+
 def summarize_bound(overlap: pd.DataFrame, profiler: ProfilerCost | None,
-                    clean: dict[int, tuple[float, int]] | None = None) -> BoundSummary | None:
+                    clean: dict[int, tuple[float, int]] | None = None,
+                    drops: Mapping[int, Parts] | None = None, rule_why: str | None = None) -> BoundSummary | None:
     """The run's bound from the OVERLAP rows, what the profiler cost and each rank's clean unprofiled
     step (``clean``: rank -> (ms, count), :func:`fsdpviz.structure.profiler_cost.clean_step_ms`); None
     without a step span. Where the run leads with the timers (``profiler.headline``), each rank's split
-    is moved to its own clean step and the run's to the headline step by the one de-profiler
-    (:mod:`fsdpviz.structure.deprofile`); the profiler's share is the traced step less the headline's."""
+    is moved to its own clean step and the run's to the headline step: on a GPU by the replay's split
+    where ``drops`` gives it (rank -> what the replay without the profiler took out of each part, ms a
+    step: :func:`fsdpviz.replay.split.replay_drops`), else by the rule (:mod:`fsdpviz.structure.deprofile`;
+    ``rule_why``: why a GPU run has no replay's split, said in the note); the profiler's share is the
+    traced step less the headline's."""
     rows = [r for r in overlap.to_dict(orient="records") if int(r["bound_window_ns"]) > 0]
     if not rows:
         return None
@@ -471,11 +527,17 @@ def summarize_bound(overlap: pd.DataFrame, profiler: ProfilerCost | None,
     rank_parts: list[Parts] = []
     traced_comms: list[float] = []
     notes: list[str] = []
+    by_replay = lead and bool(drops) and device == schema.OVERLAP_GPU
+    if by_replay:
+        assert drops is not None
+        excess = {int(r["rank"]): traced_parts(r)[0] - clean[int(r["rank"])][0] for r in rows if int(r["rank"]) in clean}
+        drops = rank_drops(drops, [int(r["rank"]) for r in rows], excess)
     for r in rows:
         traced, parts, comm = traced_parts(r)
         rank = int(r["rank"])
         clean_ms = clean[rank][0] if lead and rank in clean else None
-        bound, note = _rank_bound(traced, parts, comm, str(r["device"]), clean_ms)
+        drop = drops.get(rank) if by_replay and drops is not None else None
+        bound, note = _rank_bound(traced, parts, comm, str(r["device"]), clean_ms, drop)
         traced_comms.append(comm)
         per_rank[str(rank)] = bound
         rank_parts.append(parts)
@@ -495,10 +557,20 @@ def summarize_bound(overlap: pd.DataFrame, profiler: ProfilerCost | None,
     basis, step, parts = BASIS_TRACED, traced, median_traced
     share = profiler.share_ms if profiler is not None else None
     missing = [r for r in per_rank if int(r) not in clean]
+    by, base = None, median_traced
     if lead and profiler is not None:  # one clock: the split is of the run's step time
         basis, step = BASIS_UNPROFILED, profiler.unprofiled_step_ms
-        parts, note = deprofiled(median_traced, step, device)
-        if note is not None and not notes:
+        median_drop = None
+        if by_replay and drops:
+            median_drop = Parts(*(_median([d[i] or 0.0 for d in drops.values()]) for i in range(len(Parts._fields))))
+        parts, base, note, beyond = _moved(median_traced, step, device, median_drop)
+        by = BY_REPLAY if median_drop is not None else BY_RULE
+        if median_drop is not None:
+            notes.append(_replay_words(median_traced, base, beyond, base.total - step))
+        elif device == schema.OVERLAP_GPU and rule_why:
+            notes.append(f"the profiler's share came out by the rule (out of the device's waits on the host in "
+                         f"proportion, then other idle), not by the replay: {rule_why}")
+        if note is not None and not any(note in n for n in notes):
             notes.append(note)
         if missing:
             notes.append(f"rank(s) {', '.join(missing)} timed no clean step: their split is as traced")
@@ -533,7 +605,7 @@ def summarize_bound(overlap: pd.DataFrame, profiler: ProfilerCost | None,
     # a share of the step the split is of, as the actions and the headline say it
     loss = Loss(kind=loss_kind, ms=round(loss_ms, 3), share=round(loss_ms / step, 4)) if loss_ms > 0 and step > 0 else None
     kind = step_kind(compute, comm, host, idle, fsdp, step)  # shares of the step, as said
-    scale = device_scale(median_traced, parts)
+    scale = device_scale(base, parts)
     return BoundSummary(
         kind=kind, time_kind=kind, step_ms=round(step, 3), compute_ms=round(compute, 3),
         exposed_comm_ms=round(comm, 3), host_wait_ms=None if host is None else round(host, 3),
@@ -544,7 +616,31 @@ def summarize_bound(overlap: pd.DataFrame, profiler: ProfilerCost | None,
         device_scale=round(scale, 6), host_scale=round(host_scale(median_traced, parts), 6),
         idle_scale=round(scale if device == schema.OVERLAP_CPU else idle_scale(median_traced, parts), 6),
         comm_ms=round(_median(traced_comms) * scale, 3),
-        carried_ms=round(parts.carried, 3) if device == schema.OVERLAP_GPU else None)
+        carried_ms=round(parts.carried, 3) if device == schema.OVERLAP_GPU else None, deprofiled_by=by)
+
+
+_WAIT_WORDS: Final = {"host_wait": "the host wait", "fsdp_host": "FSDP's hooks' wait"}
+
+
+def _replay_words(traced: Parts, left: Parts, beyond: Mapping[str, float], remainder: float) -> str:
+    """The bound's note on the replay's split: how much it took out of the waits on the host, where it
+    asked a wait for more than the trace holds (the wait stops at 0: said, with how much), and what it
+    left to the rule."""
+    took = (traced.host_wait or 0.0) + traced.fsdp_host - (left.host_wait or 0.0) - left.fsdp_host
+    words = (f"the profiler's share came out of the device's waits on the host as the replay without it takes it "
+             f"out ({took:.3f} ms a step, median over ranks, FSDP's hooks' share included; the other parts are the "
+             "trace's)")
+    over = {name: ms for name, ms in beyond.items() if ms >= 0.001}
+    if over:
+        words += ("; it took more out of " + ", ".join(f"{_WAIT_WORDS[name]} (by {ms:.3f} ms)" for name, ms in over.items())
+                  + " than the trace holds (its replay of the traced steps waits longer there than they did): the "
+                  "wait ends at 0 and the rest goes with the remainder")
+    if remainder >= REMAINDER_NOTE_MS:
+        words += (f"; the replay's drop falls {remainder:.3f} ms a step short of the timers' (taken out by the rule: "
+                  "the waits on the host in proportion, then other idle)")
+    elif remainder <= -REMAINDER_NOTE_MS:
+        words += f"; the clean step is {-remainder:.3f} ms longer than the traced one: other idle the trace did not see"
+    return words
 
 
 def clock_scale(bound: BoundSummary | None) -> float:
@@ -569,10 +665,11 @@ def with_memory(bound: BoundSummary | None, peak_bytes: int | None,
         return None
     memory_bound = is_memory_bound(peak_bytes, device_memory_bytes)
     notes = [bound.note] if bound.note else []
-    if memory_bound is None:
-        notes.append("memory_bound is null: " + (
-            "the traces do not state the device's memory (a CPU run, or no deviceProperties), so a peak cannot "
-            "be held against it" if device_memory_bytes is None else "the traces hold no memory samples"))
+    said = "memory_bound is null: " + (
+        "the traces do not state the device's memory (a CPU run, or no deviceProperties), so a peak cannot "
+        "be held against it" if device_memory_bytes is None else "the traces hold no memory samples")
+    if memory_bound is None and said not in (bound.note or ""):  # once: a bound adopted from the cache has it
+        notes.append(said)
     return msgspec.structs.replace(
         bound, kind=KIND_MEMORY if memory_bound else bound.kind, time_kind=bound.time_kind or bound.kind,
         peak_allocated_bytes=peak_bytes, device_memory_bytes=device_memory_bytes, memory_bound=memory_bound,

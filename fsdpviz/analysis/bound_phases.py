@@ -1,10 +1,12 @@
-"""Out of sample: where the bound's de-profiler takes the profiler's share out, phase by phase, against
-the timers.
+"""Out of sample: where the rule takes the profiler's share out, phase by phase, against the timers.
 
-On a GPU the bound (:mod:`fsdpviz.analysis.bound`) moves a rank's traced split to its clean step by the
-one de-profiler (:func:`fsdpviz.structure.deprofile.deprofiled`): the excess of the traced step over the
-clean one leaves the device's waits on the host (host wait and FSDP's hooks' share), each in proportion
-to its time. Nothing in that rule knows the step's phases, so where it says the share left can be
+On a GPU the bound (:mod:`fsdpviz.analysis.bound`) is the replay's split (:mod:`fsdpviz.replay.split`),
+whose phases the replay's own check holds to the timers (:mod:`fsdpviz.replay.phases`); what the replay
+does not account for, and a run it cannot say for, goes by the rule
+(:func:`fsdpviz.structure.deprofile.deprofiled`): the excess of the traced step over the clean one
+leaves the device's waits on the host (host wait and FSDP's hooks' share), each in proportion to its
+time. This is the rule's check, on the same partition: what the comparison of the two rests on
+(``benchmarks/bench_deprofile_phases.py``). Nothing in that rule knows the step's phases, so where it says the share left can be
 checked on what the recorder's timers saw: each phase (the root module's forward, autograd's backward)
 in the profiled steps against the unprofiled ones (:func:`fsdpviz.structure.profiler_cost.phase_times`).
 

@@ -119,22 +119,9 @@ class RunResult:
     @cached_property
     def analysis(self) -> RunAnalysis:
         """The per-unit analysis (:func:`fsdpviz.analysis.run.analyse_run`), computed on first use."""
-        from fsdpviz.analysis.bound import BASIS_UNPROFILED
         from fsdpviz.analysis.run import analyse_run, combine_parts
 
-        # for the profiler's finding: on a GPU the profiler's share comes out of the time the GPU waited
-        # (the one de-profiler, structure/deprofile.py): for the host, FSDP's hooks' share included, then
-        # other idle. As traced that is what the bound kept of them plus the share it took (where it took
-        # the whole share from them: device_scale 1), so the finding and the bound are one set of figures.
-        # On a CPU rank the profiler slows every part of the step: the finding puts it in no one part.
-        b = self._bound
-        idle_ns = None
-        if b is not None and b.device != OVERLAP_CPU and b.device_scale == 1.0:
-            kept = (b.host_wait_ms or 0.0) + b.other_idle_ms + b.fsdp_overhead_ms - (b.fsdp_kernels_ms or 0.0)
-            took = b.profiler_share_ms if b.basis == BASIS_UNPROFILED and b.profiler_share_ms else 0.0
-            idle_ns = (kept + took) * 1e6
-        scale, step_ns = self.device_scale, self._run_step_ns  # the findings' clock
-        gaps = self.gap_scales  # a GPU pass's idle, moved there
+        idle_ns, scale, step_ns, gaps = self._clock_args()
         if self._parts is not None:
             analysis = combine_parts(self._parts, self.traces, self.selection, self.framework,
                                      profiler=self.profiler, idle_ns=idle_ns, scale=scale, step_ns=step_ns,
@@ -147,6 +134,39 @@ class RunResult:
         # (compare's step levels, whatif's recording, the notebook) reads the same levels
         self.traces.memory = _settled(self.traces, analysis)
         return analysis
+
+    def _clock_args(self) -> tuple[float | None, float, float | None, tuple[float, float]]:
+        """What the per-unit analysis moves to the run's clock by, from the bound: the GPU's idle time for
+        the profiler's finding, the device's scale, the run's step (ns) and the scales of a GPU pass's idle."""
+        from fsdpviz.analysis.bound import BASIS_UNPROFILED
+
+        # for the profiler's finding: on a GPU the profiler's share comes out of the time the GPU waited
+        # (the bound's split): for the host, FSDP's hooks' share included, then other idle. As traced that
+        # is what the bound kept of them plus the share it took (where it took the whole share from them:
+        # device_scale 1), so the finding and the bound are one set of figures. On a CPU rank the profiler
+        # slows every part of the step: the finding puts it in no one part.
+        b = self._bound
+        idle_ns = None
+        if b is not None and b.device != OVERLAP_CPU and b.device_scale == 1.0:
+            kept = (b.host_wait_ms or 0.0) + b.other_idle_ms + b.fsdp_overhead_ms - (b.fsdp_kernels_ms or 0.0)
+            took = b.profiler_share_ms if b.basis == BASIS_UNPROFILED and b.profiler_share_ms else 0.0
+            idle_ns = (kept + took) * 1e6
+        return idle_ns, self.device_scale, self._run_step_ns, self.gap_scales
+
+    def adopt_bound(self, bound: BoundSummary) -> None:
+        """Make ``bound`` the run's split (the replay's, :mod:`fsdpviz.replay.split`, which the layers above
+        compute once they read the run's model): every figure read after this is on it. The per-unit
+        analysis, if computed, is moved again (:func:`fsdpviz.analysis.run.rescaled`: the trace's tables are
+        not read again); the summary is made again when next read."""
+        args = self._clock_args()
+        self.__dict__["_bound"] = bound
+        if self.analysed and self._clock_args() != args:
+            from fsdpviz.analysis.run import rescaled
+
+            idle_ns, scale, step_ns, gaps = self._clock_args()
+            self.__dict__["analysis"] = rescaled(self.analysis, profiler=self.profiler, idle_ns=idle_ns, scale=scale,
+                                                 step_ns=step_ns, gap_scales=gaps)
+        self.__dict__.pop("summary", None)
 
     @cached_property
     def profiler(self) -> ProfilerCost | None:
@@ -165,6 +185,12 @@ class RunResult:
         from fsdpviz.structure.profiler_cost import clean_step_ms
 
         return summarize_bound(self.overlap, self.profiler, clean_step_ms(self.traces.timers, self.traces.run))
+
+    @property
+    def bound_split(self) -> BoundSummary | None:
+        """The run's bound as it stands (the rule's until the layers above adopt the replay's,
+        :meth:`adopt_bound`), without the memory the summary adds to it."""
+        return self._bound
 
     @property
     def device_scale(self) -> float:

@@ -18,7 +18,7 @@ together. Dividing what was on the device before the trace is :mod:`.memory_spli
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 import numpy as np
@@ -592,6 +592,23 @@ def combine_parts(parts: Sequence[RankPart], traces: TraceSet, selection: StepSe
         purposes=_frame_of(parts, "purposes", PURPOSE_TIMES),
         unseen_frees=_shift(_frame_of(parts, "unseen_frees", unseen.UNSEEN_FREES), offsets, ("alloc_ns", "free_ns")),
     )
+
+
+def rescaled(analysis: RunAnalysis, *, profiler: ProfilerCost | None = None, idle_ns: float | None = None,
+             scale: float = 1.0, step_ns: float | None = None,
+             gap_scales: tuple[float, float] = (1.0, 1.0)) -> RunAnalysis:
+    """``analysis`` with its figures on the run's clock moved again: by ``scale``, ``gap_scales``, on
+    ``step_ns``, with ``profiler`` and ``idle_ns``, as :func:`combine_parts` takes them. What they move is
+    the passes on the run's clock (UNIT_STEPS ``compute_clock_ns``), the units' statistics and the
+    findings; every other table is the trace's and is shared, not copied. What the pipeline reads once
+    the run's split is the replay's (``RunResult.adopt_bound``), without reading the ranks again."""
+    us = analysis.unit_steps.copy()
+    us["compute_clock_ns"] = moved_pass_ns(us["compute_ns"].astype("float64"), us["host_gap_ns"], us["idle_gap_ns"],
+                                           scale, *gap_scales)
+    traced_ns = float(analysis.step_times["step_ns"].median()) if len(analysis.step_times) else float("nan")
+    findings = build_findings(us, analysis.spans, analysis.step_times, traced_ns * scale if step_ns is None else step_ns,
+                              analysis.framework, profiler=profiler, idle_ns=idle_ns, scale=scale)
+    return replace(analysis, unit_steps=us, unit_stats=unit_stats(us, analysis.units), findings=findings)
 
 
 def _model(stats: pd.DataFrame, units: pd.DataFrame, peaks: pd.DataFrame, gpu: bool, shards: dict[str, int],

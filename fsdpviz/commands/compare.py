@@ -50,6 +50,7 @@ def compare(
     from fsdpviz.cache import keep, seed, store_for
     from fsdpviz.commands.compare_table import print_comparison
     from fsdpviz.report.compare.build import COMPARE_NAME, build_compare, load_runs
+    from fsdpviz.whatif.gains import on_replay_split
 
     if len(runs) < 2:
         raise UsageError(f"compare needs at least two runs, got {len(runs)}")
@@ -68,6 +69,7 @@ def compare(
         seed(run.result, store)
     for run in loaded:
         warn_gaps(run.traces)
+        on_replay_split(run.result)  # each run's figures on its clock, as its summary gives them
     comparison = compare_runs(loaded)
     if as_json:
         import msgspec

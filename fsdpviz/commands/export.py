@@ -70,7 +70,9 @@ def export(
     Perfetto: one trace file for ui.perfetto.dev or chrome://tracing, with a track per FSDP unit
     phase."""
     from fsdpviz.analysis.pipeline import analyse
+    from fsdpviz.cache import seed, store_for
     from fsdpviz.commands.summary import parse_steps
+    from fsdpviz.whatif.gains import on_replay_split
 
     if fmt not in FORMATS:
         raise UsageError(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}")
@@ -83,6 +85,9 @@ def export(
         raise UsageError(f"-o {out}: exists and is not a folder")
     run = analyse(paths, steps=parse_steps(steps), include_last_step=include_last_step, cache=cache,
                   progress=False if quiet else None, scheduler=scheduler)
+    # on the clock the summary gives (the bound's split: the cached summary's, else the model's)
+    seed(run, store_for(paths, steps=parse_steps(steps), include_last_step=include_last_step, cache=cache))
+    on_replay_split(run)
     traces, analysis = run.traces, run.analysis
     warn_gaps(traces)  # after the analysis: bad input stays one error line
     tables = export_tables(run)

@@ -84,14 +84,14 @@ def clock_of(run: RunResult, replayed: Replayed | None, why_not: str = "") -> Cl
                f"{calibrated.target_ms:.3f} ms timed")
     else:
         ms = float(statistics.median(replayed.net_replays_ms))
-        error = 100.0 * abs(ms - cost.unprofiled_step_ms) / cost.unprofiled_step_ms
+        error = net_error_pct(replayed.net_replays_ms, cost.unprofiled_step_ms)
         clean = cost.fewest_unprofiled_steps
         how = (f"the profiler's measured excess taken out of every traced host event ({ms:.3f} ms replayed, "
                f"{cost.unprofiled_step_ms:.3f} ms timed)")
     error = round(float(error), 2)
     checked = _phases(replayed.phases)
     phase_error = checked["phase_error_pct"]
-    if error <= RELIABLE_REPLAY_PCT and phase_error is not None and phase_error > PHASE_LIMIT_PCT:
+    if unreliable(error, phase_error) == PHASES_MISSED:
         return ClockSummary(
             basis=BASIS_TRACED, profiler_share_ms=share, replay_error_pct=error, clean_steps=clean,
             ranks=replayed.ranks, **checked,
@@ -100,7 +100,7 @@ def clock_of(run: RunResult, replayed: Replayed | None, why_not: str = "") -> Cl
                   f"the step away from where the timers saw it leave (more than {PHASE_LIMIT_PCT:g} %); {step_from}, "
                   f"the bound splits it, and predictions on that replay are marked unreliable and not ranked; "
                   f"{phase_words(replayed)}"))
-    if error > RELIABLE_REPLAY_PCT:
+    if unreliable(error, phase_error) == STEP_MISSED:
         return ClockSummary(
             basis=BASIS_TRACED, profiler_share_ms=share, replay_error_pct=error, clean_steps=clean,
             ranks=replayed.ranks, **checked,
@@ -111,6 +111,28 @@ def clock_of(run: RunResult, replayed: Replayed | None, why_not: str = "") -> Cl
                         clean_steps=clean, ranks=replayed.ranks, **checked,
                         note=(f"replayed without the profiler: {how}, on {clean} clean step(s) per rank; "
                               f"{phase_words(replayed)}"))
+
+
+STEP_MISSED: Final = "step"
+PHASES_MISSED: Final = "phases"
+
+
+def net_error_pct(net_replays_ms: list[float], clean_ms: float) -> float:
+    """A GPU replay without the profiler's miss of the timers' clean step: its steps' median against it,
+    in % (rounded as the clock gives it)."""
+    return round(100.0 * abs(float(statistics.median(net_replays_ms)) - clean_ms) / clean_ms, 2)
+
+
+def unreliable(error_pct: float, phase_error_pct: float | None) -> str:
+    """Why a replay without the profiler is not the run's clock: :data:`STEP_MISSED` (it misses the clean
+    step by more than :data:`RELIABLE_REPLAY_PCT`), :data:`PHASES_MISSED` (out of sample, a phase by more
+    than :data:`PHASE_LIMIT_PCT`), or "" where it is. What the clock and the bound's split
+    (:mod:`.split`) both decide by."""
+    if error_pct > RELIABLE_REPLAY_PCT:
+        return STEP_MISSED
+    if phase_error_pct is not None and round(phase_error_pct, 2) > PHASE_LIMIT_PCT:
+        return PHASES_MISSED
+    return ""
 
 
 def _phases(check: PhaseCheck | None) -> dict[str, Any]:

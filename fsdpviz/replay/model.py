@@ -97,7 +97,7 @@ def read_model(result: RunResult, ranks: Sequence[int] | None = None) -> Model:
         raise UsageError("no analysed step holds a complete forward and backward: nothing to predict")
     model = _model(result, rec, sampled)
     model.spread_share = spread_share(result)
-    cost = result.summary.profiler
+    cost = result.profiler
     gpu = rec.device == "gpu"
     if gpu:
         # the profiler's excess per traced host event: on the H100 recordings it predicts the wraps

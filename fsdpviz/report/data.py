@@ -136,8 +136,8 @@ def prepare_report(run: RunResult, *, max_segments: int = MAX_PAGE_SEGMENTS,
     ``("median",)`` builds only the median step's tab, the per-unit one when the run has units (what
     ``fsdpviz compare`` draws).
     """
-    traces, overlap, analysis = run.traces, run.overlap, run.analysis
-    completed = completed_summary(run)  # the one read of the run: the actions' gains and the clock
+    completed = completed_summary(run)  # the one read of the run: the actions' gains, the clock, the bound's split
+    traces, overlap, analysis = run.traces, run.overlap, run.analysis  # on that split (replay/split.py)
     # a run without units: its summary lists no findings, the page its analysis' (stragglers, the profiler)
     actions = completed.actions if run.has_units else actions_of(
         finding_entries(run_findings(analysis.findings, traces, overlap, run.summary.framework)), run.summary.bound,

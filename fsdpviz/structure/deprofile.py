@@ -1,25 +1,27 @@
-"""The one de-profiler: how a traced step becomes the run's own step, for every figure fsdpviz shows.
+"""Taking the profiler out: how a traced step becomes the run's own step, for every figure fsdpviz shows.
 
 A recording holds two clocks (:mod:`fsdpviz.structure.profiler_cost`): the trace, which the profiler
 slowed, and the recorder's timers on the clean unprofiled steps. Every time figure fsdpviz leads with
-is on the timers' clock; this module is the one rule that moves a traced figure there. The bound
-(:mod:`fsdpviz.analysis.bound`), the overlap table, whatif's baseline and the replay's calibration
-(:mod:`fsdpviz.replay.calibration`) all read it, so one quantity has one figure.
-
-What the profiler slows, and so what the rule takes out:
+is on the timers' clock. The one de-profiler is the replay's (:mod:`fsdpviz.replay`): the recording
+played again without the profiler's cost. This module holds what the bound
+(:mod:`fsdpviz.analysis.bound`) applies of it, below the replay's layer:
 
 - **CPU rank**: the training thread is the device. Every op, hook and copy is host work that the
   profiler slows, and gloo's collectives, which the thread waits out, then wait for a slowed peer.
   One factor per rank, ``clean / traced`` (its median clean step over its mean traced step, both
-  measured, neither fitted), scales every part of the rank's step (:func:`rank_scale`).
-- **GPU rank**: the profiler slows the host, not the kernels. The excess of the traced step over the
-  clean one comes out of the time the traced steps spent on work carried in from before them
-  (``Parts.carried``: the steps before the analysed ones queued ahead, as when the profiler starts),
-  then out of the time the GPU waited for the host (host wait, FSDP's hooks' share first, in
-  proportion), then out of other idle. Only where idle cannot hold the whole excess are the
-  device's parts shrunk, in proportion, and :func:`deprofiled` says so: the traced device work itself
-  ran longer than the clean step allows (a note, never silent). The replay spreads the same excess
-  over the traced host events (:mod:`fsdpviz.replay.hostcost`): the same assumption, on its program.
+  measured, neither fitted), scales every part of the rank's step (:func:`rank_scale`); the replay's
+  calibration (:mod:`fsdpviz.replay.calibration`) scales the rank's program by the same factor.
+- **GPU rank**: the profiler slows the host, not the kernels. The replay spreads the excess of the
+  traced step over the clean one over the traced host events (:mod:`fsdpviz.replay.hostcost`) and
+  plays the step again; the traced step's waits on the host lose what that replay took out of them
+  (:func:`replay_moved`, :mod:`fsdpviz.replay.split`). What the replay does not account for, and a
+  run the replay cannot say for (no units to replay, a replay that misses the clean step), goes by the
+  rule (:func:`deprofiled`): out of the time the traced steps spent on work carried in from before
+  them (``Parts.carried``: the steps before the analysed ones queued ahead, as when the profiler
+  starts), then out of the time the GPU waited for the host (host wait, FSDP's hooks' share first, in
+  proportion), then out of other idle. Only where idle cannot hold the whole excess are the device's
+  parts shrunk, in proportion, and :func:`deprofiled` says so: the traced device work itself ran
+  longer than the clean step allows (a note, never silent).
 
 A clean step longer than the traced one (within the noise the headline accepts) is longer by time the
 trace did not see: it is other idle, so the parts still add up to the clean step.
@@ -29,7 +31,7 @@ from __future__ import annotations
 
 from typing import Final, NamedTuple
 
-from fsdpviz.trace.schema import OVERLAP_CPU
+from fsdpviz.trace.schema import OVERLAP_CPU, OVERLAP_GPU
 
 # Said when the excess does not fit in a GPU step's idle parts (:func:`deprofiled`).
 SHRUNK_DEVICE_NOTE: Final = ("the profiler's share exceeds the traced step's idle time, so the device's own parts "
@@ -108,6 +110,55 @@ def deprofiled(parts: Parts, step: float, device: str) -> tuple[Parts, str | Non
     k = max(device_ms - excess, 0.0) / device_ms
     return out._replace(compute=parts.compute * k, exposed_comm=parts.exposed_comm * k,
                         fsdp_kernels=parts.fsdp_kernels * k), SHRUNK_DEVICE_NOTE
+
+
+class ReplayMove(NamedTuple):
+    """A step moved by the replay's split (:func:`replay_moved`)."""
+
+    moved: Parts
+    """The parts on the clean step."""
+    left: Parts
+    """What the replay's drop left of the traced parts (carried work out first): the rule moved these,
+    by their total less the clean step (the remainder)."""
+    note: str | None
+    """The rule's note (:func:`deprofiled`)."""
+    beyond: dict[str, float]
+    """Per wait (``host_wait``, ``fsdp_host``), what the replay took out of it beyond what the trace
+    holds (ms; the wait ends at 0 and that time goes with the remainder)."""
+
+
+def replay_moved(parts: Parts, drop: Parts, step: float) -> ReplayMove:
+    """A GPU step's ``parts`` (as traced) moved to the clean ``step`` by the replay's split: each of the
+    device's waits on the host (host wait, FSDP's hooks' share of it) less what the replay without the
+    profiler took out of it (``drop``: the traced program's replayed part less the same part replayed
+    net of the profiler's cost per host event, :mod:`fsdpviz.replay.split`), none below 0. The other
+    parts keep the trace's figures whatever ``drop`` says of them. The device's own (compute, exposed
+    communication, FSDP's copies, work carried in): the profiler slows the host, not the kernels, and
+    where the two replays' device parts differ it is by the replays' own misses (on the shared gloo
+    recording the traced replay's exposed communication runs 31 ms over the trace's, the net replay's
+    within 1 % of it). Other idle: the replay's device waits on nothing but launches and its own
+    streams, so its other idle is launch latency alone (:class:`fsdpviz.replay.simulate.SimResult`),
+    not the trace's waits on events, which it does not hold.
+
+    Work carried in from before the traced steps is the traced steps' alone: it comes out first, as
+    the rule takes it, and the waits' drop then takes no more than the excess left (scaled down in
+    proportion where it would; a drop below 0, a wait the replay saw grow without the profiler, is
+    none). What the replay's drop does not account for -- it took more out of a wait than the trace
+    held, or its drop of the waits differs from the timers' whole drop -- is ``step`` against what is
+    left: that remainder (> 0 where the timers saw more leave) goes by :func:`deprofiled`'s rule, so the
+    parts still add up to ``step``; the device's parts shrink only where the rule has to, as its note
+    says."""
+    excess = max(parts.total - step, 0.0)
+    carried_out = min(parts.carried, excess)
+    excess -= carried_out
+    host = max(drop.host_wait or 0.0, 0.0) if parts.host_wait is not None else 0.0
+    hooks = max(drop.fsdp_host, 0.0)
+    k = min(1.0, excess / (host + hooks)) if host + hooks > 0 else 0.0
+    asked = {"host_wait": (parts.host_wait or 0.0, host * k), "fsdp_host": (parts.fsdp_host, hooks * k)}
+    left = parts._replace(host_wait=None if parts.host_wait is None else max(parts.host_wait - host * k, 0.0),
+                          fsdp_host=max(parts.fsdp_host - hooks * k, 0.0), carried=parts.carried - carried_out)
+    moved, note = deprofiled(left, step, OVERLAP_GPU)
+    return ReplayMove(moved, left, note, {name: took - held for name, (held, took) in asked.items() if took > held})
 
 
 def device_scale(parts: Parts, moved: Parts) -> float:

@@ -26,14 +26,15 @@ from fsdpviz.analysis.actions import (
     waits_out_collectives,
     with_prediction,
 )
-from fsdpviz.analysis.bound import KIND_COMMUNICATION, KIND_HOST
+from fsdpviz.analysis.bound import BY_RULE, KIND_COMMUNICATION, KIND_HOST
 from fsdpviz.analysis.summary import Summary
 from fsdpviz.errors import FsdpvizError
 from fsdpviz.formatting import mib_change_text, mib_text
-from fsdpviz.replay import prefetch_args
+from fsdpviz.replay import prefetch_args, split
 from fsdpviz.replay.clock import clock_of
 from fsdpviz.replay.model import SUPPORTED, Gain, Model, model_clock, model_ranks, read_model
 from fsdpviz.replay.settings import GIVEN, Settings
+from fsdpviz.trace.schema import OVERLAP_GPU
 from fsdpviz.whatif.explore import device_budget, grid
 from fsdpviz.whatif.predict import PREFETCH_SAME_NOTES, SPREAD_UNKNOWN, Prediction, predict
 
@@ -263,13 +264,29 @@ def summary_model(run: RunResult) -> tuple[Model | None, str]:
     return cast("tuple[Model | None, str]", run.memo[_MODEL_MEMO])
 
 
+def on_replay_split(run: RunResult) -> RunResult:
+    """``run`` with its bound the replay's split where it is to be (a GPU run whose step is the timers'):
+    its model read (:func:`summary_model`, which adopts the split) unless it was, or the summary cache
+    gave the completed summary; what a view calls before it reads the run's figures
+    (``RunResult.summary``, ``RunResult.analysis``) without the completed summary."""
+    bound = run.bound_split
+    if (bound is not None and bound.device == OVERLAP_GPU and bound.deprofiled_by == BY_RULE
+            and _MODEL_MEMO not in run.memo and SUMMARY_MEMO not in run.memo):
+        summary_model(run)
+    return run
+
+
 def _read_summary_model(run: RunResult) -> tuple[Model | None, str]:
-    if not run.has_units:
-        return None, "no FSDP units: nothing to replay"
-    try:
-        return read_model(run, ranks=model_ranks(run.analysis.ranks)), ""
-    except FsdpvizError as exc:
-        return None, str(exc)
+    model: Model | None = None
+    why = "no FSDP units: nothing to replay"
+    if run.has_units:
+        try:
+            model, why = read_model(run, ranks=model_ranks(run.analysis.ranks)), ""
+        except FsdpvizError as exc:
+            why = str(exc)
+    # the run's bound is the replay's split from here on, for every view (replay/split.py)
+    split.adopt(run, model, why)
+    return model, why
 
 
 def completed_summary(run: RunResult) -> Summary:

@@ -41,14 +41,13 @@ def passes_ratio(analysed: Any, phase: str) -> float:
 
 
 @pytest.fixture(scope="module")
-def pairs(gpu_h200_dir: Path, gpu_fsdp_dir: Path, session_memo: Callable[..., Any]) -> list[tuple[str, float, float]]:
-    from fsdpviz.analysis.pipeline import analyse
-
+def pairs(gpu_h200_dir: Path, gpu_fsdp_dir: Path, gpu_h200_run: Callable[[str], Any],
+          gpu_fsdp_run: Callable[[str], Any]) -> list[tuple[str, float, float]]:
     out = []
-    for root, names, key in ((gpu_h200_dir, H200, "gpu-h200"), (gpu_fsdp_dir, H100, "gpu-fsdp")):
+    for root, names, read in ((gpu_h200_dir, H200, gpu_h200_run), (gpu_fsdp_dir, H100, gpu_fsdp_run)):
         for name in names:
             folder = root / name
-            analysed = session_memo((key, name), lambda folder=folder: analyse([folder], cache=False))
+            analysed = read(name)
             for phase in (FORWARD, BACKWARD):
                 out.append((f"{name} {phase}", unit_timer_ratio(folder, phase), passes_ratio(analysed, phase)))
     return out

@@ -23,8 +23,10 @@ from fsdpviz.whatif.predict import predict
 
 def _analysed(gpu_h200_dir: Path, name: str, session_memo: Callable[..., Any]) -> Any:
     from fsdpviz.analysis.pipeline import analyse
+    from fsdpviz.whatif.gains import on_replay_split
 
-    return session_memo(("gpu-h200", name), lambda: analyse([gpu_h200_dir / name], cache=False))
+    # as conftest's gpu_h200_run, whose entry this shares
+    return session_memo(("gpu-h200", name), lambda: on_replay_split(analyse([gpu_h200_dir / name], cache=False)))
 
 
 def test_one_root_unit_from_the_block_recording_moves_fsdps_copies_not_the_models_compute(
