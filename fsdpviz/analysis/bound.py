@@ -528,8 +528,10 @@ def summarize_bound(overlap: pd.DataFrame, profiler: ProfilerCost | None,
     traced_comms: list[float] = []
     notes: list[str] = []
     by_replay = lead and bool(drops) and device == schema.OVERLAP_GPU
+    replayed: set[int] = set()
     if by_replay:
         assert drops is not None
+        replayed = set(drops)
         excess = {int(r["rank"]): traced_parts(r)[0] - clean[int(r["rank"])][0] for r in rows if int(r["rank"]) in clean}
         drops = rank_drops(drops, [int(r["rank"]) for r in rows], excess)
     for r in rows:
@@ -564,9 +566,19 @@ def summarize_bound(overlap: pd.DataFrame, profiler: ProfilerCost | None,
         if by_replay and drops:
             median_drop = Parts(*(_median([d[i] or 0.0 for d in drops.values()]) for i in range(len(Parts._fields))))
         parts, base, note, beyond = _moved(median_traced, step, device, median_drop)
-        by = BY_REPLAY if median_drop is not None else BY_RULE
+        by = BY_RULE
         if median_drop is not None:
             notes.append(_replay_words(median_traced, base, beyond, base.total - step))
+            # named for what decided most of the share: the replay's drop of the waits, or the rule's remainder
+            took = (median_traced.host_wait or 0.0) + median_traced.fsdp_host - (base.host_wait or 0.0) - base.fsdp_host
+            by = BY_REPLAY if took >= base.total - step else BY_RULE
+            if by == BY_RULE:
+                notes.append(f"deprofiled_by is rule: the rule's remainder ({base.total - step:.3f} ms a step) is more "
+                             f"than the replay's drop of the waits ({took:.3f} ms)")
+            guessed = sorted(set(per_rank) - {str(r) for r in replayed} - set(missing), key=int)
+            if guessed:
+                notes.append(f"rank(s) {', '.join(guessed)} were not read by the model: their waits lost the replayed "
+                             "ranks' median share of each one's own excess")
         elif device == schema.OVERLAP_GPU and rule_why:
             notes.append(f"the profiler's share came out by the rule (out of the device's waits on the host in "
                          f"proportion, then other idle), not by the replay: {rule_why}")

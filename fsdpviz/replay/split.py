@@ -1,5 +1,5 @@
-"""The bound is the replay's split: where a GPU run's step time is the timers' clean step, the waits on
-the host in its traced step lose what the replay without the profiler took out of them.
+"""The bound's waits, divided by the replay: where a GPU run's step time is the timers' clean step, the
+waits on the host in its traced step lose what the replay without the profiler took out of them.
 
 The model replays every step it reads twice (:mod:`.model`): as traced, and net of the profiler's cost
 per traced host event (:mod:`.hostcost`). Both replays split their simulated step as the bound splits
@@ -10,8 +10,10 @@ part: the drop. The bound takes the drop of the device's waits on the host (host
 share) out of the trace's own (the traced step, which the replay reproduces only approximately, keeps
 its own figures; the other parts keep the trace's: :func:`fsdpviz.structure.deprofile.replay_moved`
 says why) and leaves what the drops do not account for to the rule. So on a launch-bound step the
-bound divides what goes between the host's own waits and FSDP's hooks' as the replay does: by where
-the traced host events were, not in proportion to the two waits.
+bound divides the replay's drop between the host's own waits and FSDP's hooks' as the replay does (by
+where the traced host events were, not in proportion to the two waits), and the rest of the timers'
+excess in proportion; the total is the timers' (docs/whatif.md, "The bound's waits, divided by the
+replay").
 
 Where the replay cannot say (no model, no replay without the profiler, or one the clock does not call
 ``replayed``: :func:`fsdpviz.replay.clock.unreliable`), the bound stays the rule's and its note says

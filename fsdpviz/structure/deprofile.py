@@ -2,9 +2,11 @@
 
 A recording holds two clocks (:mod:`fsdpviz.structure.profiler_cost`): the trace, which the profiler
 slowed, and the recorder's timers on the clean unprofiled steps. Every time figure fsdpviz leads with
-is on the timers' clock. The one de-profiler is the replay's (:mod:`fsdpviz.replay`): the recording
-played again without the profiler's cost. This module holds what the bound
-(:mod:`fsdpviz.analysis.bound`) applies of it, below the replay's layer:
+is on the timers' clock. Two rules take the profiler out: the replay's (:mod:`fsdpviz.replay`: the
+recording played again without the profiler's cost), which decides how its own drop divides between
+a GPU step's waits on the host, and this module's, which fixes the totals (the parts add up to the
+clean step) and takes whatever the replay does not account for. This module holds both as the bound
+(:mod:`fsdpviz.analysis.bound`) applies them, below the replay's layer:
 
 - **CPU rank**: the training thread is the device. Every op, hook and copy is host work that the
   profiler slows, and gloo's collectives, which the thread waits out, then wait for a slowed peer.

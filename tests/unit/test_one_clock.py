@@ -309,17 +309,20 @@ def _own_work(result: Any, folder: Path) -> None:
     traced = summarize_bound(result.overlap, None)
     assert bound is not None and bound.fsdp_kernels_ms is not None
     assert traced is not None and traced.fsdp_kernels_ms is not None
+    # the replay's split where the clock is the replay's, named the rule's where the rule's remainder is the
+    # larger part (gloo2: 32 of its 57 ms; FSDP1 on one rank: 2.2 of 3.0, its replay of the traced steps
+    # 2.8 ms short of them); the rule's, and why, where the replay misses the clean step (HF Trainer: 23 %)
+    replayed = summary.clock.basis == "replayed"
+    mostly_rule = "deprofiled_by is rule: the rule's remainder" in (bound.note or "")
+    assert bound.deprofiled_by == (BY_REPLAY if replayed and not mostly_rule else BY_RULE), bound.note
+    assert replayed or "not by the replay: the replay without the profiler misses" in (bound.note or "")
+    assert mostly_rule == (folder.name in {"h100-fsdp2-gloo2-block", "h100-fsdp1-ws1-block"})
     if bound.comm_ms:  # gloo's collectives on CUDA: its copies are communication (test_gpu_fsdp_comm.py)
         return
     traces = sorted((folder / "traces").glob("rank0.trace.json*"))
     assert len(traces) == 1 and len(summary.ranks) == 1, "one rank traced: its own work is the bound's median"
     own = own_gpu_ms(traces[0], summary.steps)
     assert traced.compute_ms + traced.fsdp_kernels_ms == pytest.approx(own, abs=0.1)
-    # the replay's split where the clock is the replay's; the rule's, and why, where the replay misses
-    # the clean step (H100 HF Trainer: by 23 %)
-    replayed = summary.clock.basis == "replayed"
-    assert bound.deprofiled_by == (BY_REPLAY if replayed else BY_RULE), bound.note
-    assert replayed or "not by the replay: the replay without the profiler misses" in (bound.note or "")
     assert bound.compute_ms + bound.fsdp_kernels_ms == pytest.approx(own, abs=0.1)
 
 

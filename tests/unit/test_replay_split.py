@@ -1,4 +1,4 @@
-"""The bound is the replay's split (fsdpviz/replay/split.py): on a GPU run led by the timers, the traced
+"""The bound's waits, divided by the replay (fsdpviz/replay/split.py): on a GPU run led by the timers, the traced
 step's waits on the host lose what the replay without the profiler took out of them, the other parts
 keep the trace's figures, and what the replay does not account for goes by the rule
 (fsdpviz/structure/deprofile.py).
