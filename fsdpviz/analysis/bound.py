@@ -568,9 +568,9 @@ def summarize_bound(overlap: pd.DataFrame, profiler: ProfilerCost | None,
         parts, base, note, beyond = _moved(median_traced, step, device, median_drop)
         by = BY_RULE
         if median_drop is not None:
-            notes.append(_replay_words(median_traced, base, beyond, base.total - step))
-            # named for what decided most of the share: the replay's drop of the waits, or the rule's remainder
             took = (median_traced.host_wait or 0.0) + median_traced.fsdp_host - (base.host_wait or 0.0) - base.fsdp_host
+            notes.append(_replay_words(took, beyond, base.total - step))
+            # named for what decided most of the share: the replay's drop of the waits, or the rule's remainder
             by = BY_REPLAY if took >= base.total - step else BY_RULE
             if by == BY_RULE:
                 notes.append(f"deprofiled_by is rule: the rule's remainder ({base.total - step:.3f} ms a step) is more "
@@ -634,11 +634,10 @@ def summarize_bound(overlap: pd.DataFrame, profiler: ProfilerCost | None,
 _WAIT_WORDS: Final = {"host_wait": "the host wait", "fsdp_host": "FSDP's hooks' wait"}
 
 
-def _replay_words(traced: Parts, left: Parts, beyond: Mapping[str, float], remainder: float) -> str:
-    """The bound's note on the replay's split: how much it took out of the waits on the host, where it
-    asked a wait for more than the trace holds (the wait stops at 0: said, with how much), and what it
-    left to the rule."""
-    took = (traced.host_wait or 0.0) + traced.fsdp_host - (left.host_wait or 0.0) - left.fsdp_host
+def _replay_words(took: float, beyond: Mapping[str, float], remainder: float) -> str:
+    """The bound's note on the replay's split: how much it took out of the waits on the host (``took``,
+    ms), where it asked a wait for more than the trace holds (the wait stops at 0: said, with how much),
+    and what it left to the rule."""
     words = (f"the profiler's share came out of the device's waits on the host as the replay without it takes it "
              f"out ({took:.3f} ms a step, median over ranks, FSDP's hooks' share included; the other parts are the "
              "trace's)")

@@ -537,8 +537,6 @@ def combine_parts(parts: Sequence[RankPart], traces: TraceSet, selection: StepSe
                           ("start_ns", "end_ns", "region_start_ns", "region_end_ns", "excl_end_ns"))
     step_labels = _shift(labels, offsets, ("start_ns", "end_ns"))
     us = _shift(us, offsets, _UNIT_TIME_COLS)
-    us["compute_clock_ns"] = moved_pass_ns(us["compute_ns"].astype("float64"), us["host_gap_ns"], us["idle_gap_ns"],
-                                           scale, *gap_scales)
     mem_curve = _shift(_frame_of(parts, "memory", schema.MEMORY), offsets, ("t_ns",))
     cat_curve = _shift(_frame_of(parts, "memory_categories", mcat.CATEGORY_LEVELS), offsets, ("t_ns",))
     cat_peaks = _shift(_frame_of(parts, "category_peaks", mcat.CATEGORY_PEAKS), offsets, ("t_ns",))
@@ -557,7 +555,8 @@ def combine_parts(parts: Sequence[RankPart], traces: TraceSet, selection: StepSe
     has_units = any(p.has_unit_labels for p in parts)
     units = derive_units(traces.units, windows, gathered_bytes, framework,
                          _frame_of(parts, "gathers", ISSUED_GATHERS)) if has_units else traces.units
-    stats = unit_stats(us, units)
+    stats, findings = _on_clock(us, units, spans, step_times, framework, profiler=profiler, idle_ns=idle_ns,
+                                scale=scale, step_ns=step_ns, gap_scales=gap_scales)
     gpu = bool(traces.ranks["n_kernels"].sum() > 0)
     shards, shards_source = memory.shard_sizes(traces.run.units if traces.run else None, gathers,
                                                len(traces.rank_ids), traces.world_size) if has_units \
@@ -576,9 +575,6 @@ def combine_parts(parts: Sequence[RankPart], traces: TraceSet, selection: StepSe
                        split, states, traces.run, {int(f["rank"]): bool(f["optimizer_made"]) for f in fact_rows}))
     if model is not None:
         model.master_bytes_per_param = msplit.master_bytes(traces.run, states)
-    traced_ns = float(step_times["step_ns"].median()) if len(step_times) else float("nan")
-    findings = build_findings(us, spans, step_times, traced_ns * scale if step_ns is None else step_ns, framework,
-                              profiler=profiler, idle_ns=idle_ns, scale=scale)
     shared = (sum(p.shared_collectives[0] for p in parts), max((p.shared_collectives[1] for p in parts), default=0))
     return RunAnalysis(
         framework=framework, world_size=traces.world_size, ranks=ranks, steps=sorted(analysed),
@@ -603,12 +599,23 @@ def rescaled(analysis: RunAnalysis, *, profiler: ProfilerCost | None = None, idl
     findings; every other table is the trace's and is shared, not copied. What the pipeline reads once
     the run's split is the replay's (``RunResult.adopt_bound``), without reading the ranks again."""
     us = analysis.unit_steps.copy()
+    stats, findings = _on_clock(us, analysis.units, analysis.spans, analysis.step_times, analysis.framework,
+                                profiler=profiler, idle_ns=idle_ns, scale=scale, step_ns=step_ns, gap_scales=gap_scales)
+    return replace(analysis, unit_steps=us, unit_stats=stats, findings=findings)
+
+
+def _on_clock(us: pd.DataFrame, units: pd.DataFrame, spans: pd.DataFrame, step_times: pd.DataFrame, framework: str,
+              *, profiler: ProfilerCost | None, idle_ns: float | None, scale: float, step_ns: float | None,
+              gap_scales: tuple[float, float]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """What the run's clock moves (``scale``, ``gap_scales``, ``step_ns``, as :func:`combine_parts` takes
+    them): the passes of UNIT_STEPS ``us`` (``compute_clock_ns``, set in place), then the units'
+    statistics and the findings read off them."""
     us["compute_clock_ns"] = moved_pass_ns(us["compute_ns"].astype("float64"), us["host_gap_ns"], us["idle_gap_ns"],
                                            scale, *gap_scales)
-    traced_ns = float(analysis.step_times["step_ns"].median()) if len(analysis.step_times) else float("nan")
-    findings = build_findings(us, analysis.spans, analysis.step_times, traced_ns * scale if step_ns is None else step_ns,
-                              analysis.framework, profiler=profiler, idle_ns=idle_ns, scale=scale)
-    return replace(analysis, unit_steps=us, unit_stats=unit_stats(us, analysis.units), findings=findings)
+    traced_ns = float(step_times["step_ns"].median()) if len(step_times) else float("nan")
+    findings = build_findings(us, spans, step_times, traced_ns * scale if step_ns is None else step_ns, framework,
+                              profiler=profiler, idle_ns=idle_ns, scale=scale)
+    return unit_stats(us, units), findings
 
 
 def _model(stats: pd.DataFrame, units: pd.DataFrame, peaks: pd.DataFrame, gpu: bool, shards: dict[str, int],

@@ -91,7 +91,8 @@ def clock_of(run: RunResult, replayed: Replayed | None, why_not: str = "") -> Cl
     error = round(float(error), 2)
     checked = _phases(replayed.phases)
     phase_error = checked["phase_error_pct"]
-    if unreliable(error, phase_error) == PHASES_MISSED:
+    why_unreliable = unreliable(error, phase_error)
+    if why_unreliable == PHASES_MISSED:
         return ClockSummary(
             basis=BASIS_TRACED, profiler_share_ms=share, replay_error_pct=error, clean_steps=clean,
             ranks=replayed.ranks, **checked,
@@ -100,7 +101,7 @@ def clock_of(run: RunResult, replayed: Replayed | None, why_not: str = "") -> Cl
                   f"the step away from where the timers saw it leave (more than {PHASE_LIMIT_PCT:g} %); {step_from}, "
                   f"the bound splits it, and predictions on that replay are marked unreliable and not ranked; "
                   f"{phase_words(replayed)}"))
-    if unreliable(error, phase_error) == STEP_MISSED:
+    if why_unreliable == STEP_MISSED:
         return ClockSummary(
             basis=BASIS_TRACED, profiler_share_ms=share, replay_error_pct=error, clean_steps=clean,
             ranks=replayed.ranks, **checked,

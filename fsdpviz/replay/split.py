@@ -17,8 +17,8 @@ replay").
 
 Where the replay cannot say (no model, no replay without the profiler, or one the clock does not call
 ``replayed``: :func:`fsdpviz.replay.clock.unreliable`), the bound stays the rule's and its note says
-why. A CPU run's replay is put on the clean steps by the rule's own factor per rank
-(:mod:`.calibration`), so its bound is already the replay's split.
+why. A CPU run's bound moves each rank by one factor, which the replay's calibration reads from it
+(:func:`.calibration.rank_factors`): one factor, one split, the rule's.
 
 ``whatif.gains.summary_model`` adopts the split into the run (``RunResult.adopt_bound``) once it reads
 the run's model, so the summary, the report, ``compare``, ``export`` and ``whatif`` all read it; the
