@@ -46,8 +46,10 @@ import pandas as pd
 
 from fsdpviz.formatting import NS_PER_MS
 from fsdpviz.structure.deprofile import (
+    REPLAY_MOVED,
     Parts,
     ReplayMove,
+    comm_scale,
     deprofiled,
     device_scale,
     host_scale,
@@ -317,11 +319,14 @@ class RankBound(msgspec.Struct, kw_only=True):
     traced_step_ms: float | None = None
     """The rank's analysed steps as traced (mean), which ``step_ms`` was moved from."""
     comm_ms: float | None = None
-    """All its communication in the same spans, moved as its device work was (not a part of the step:
-    ``exposed_comm_ms`` is the part of it no compute hid)."""
+    """All its communication in the same spans, moved as its exposed communication was (``comm_scale``;
+    not a part of the step: ``exposed_comm_ms`` is the part of it no compute hid)."""
     device_scale: float = 1.0
-    """How the rank's device figures (communication, per-unit times) move to its clock
+    """How the rank's device figures (per-unit times) move to its clock
     (:func:`fsdpviz.structure.deprofile.device_scale`)."""
+    comm_scale: float | None = None
+    """How the rank's communication figures move to its clock (:func:`fsdpviz.structure.deprofile.comm_scale`:
+    as its exposed communication moved); None: as ``device_scale``."""
     basis: str = BASIS_TRACED
     """``unprofiled`` where the rank's split was moved to its own clean step, ``traced`` where it timed none
     (or the run leads with the traced step)."""
@@ -388,11 +393,16 @@ class BoundSummary(StepSplit, kw_only=True):
     device_memory_bytes: int | None = None
     """The smallest device memory the traces state (``deviceProperties``); None on CPU or unrecorded."""
     comm_ms: float | None = None
-    """All communication per step in the split's spans (median over ranks), moved as the device parts
-    were: not a part of the step (``exposed_comm_ms`` is what no compute hid of it)."""
+    """All communication per step in the split's spans (median over ranks), moved as the exposed
+    communication was: not a part of the step (``exposed_comm_ms`` is what no compute hid of it)."""
     device_scale: float = 1.0
     """How the run's device figures move from the trace to its clock (CPU: the de-profiler's factor;
     GPU: 1 unless the de-profiler had to shrink device work, ``note`` says so)."""
+    comm_scale: float | None = None
+    """How the run's communication figures (each unit's collectives and exposed communication, each
+    purpose's, ``comm_ms``, the findings') move from the trace to its clock: as its exposed communication
+    moved (GPU: by the replay's drop of it, :mod:`fsdpviz.replay.split`); None (a summary kept before it
+    was written): as ``device_scale``."""
     host_scale: float = 1.0
     """How the run's host-wait figures (each unit's ``host_wait_ms``) move from the trace to its clock
     (GPU: the share of the traced host wait the de-profiler kept; CPU: ``device_scale``, though no unit
@@ -405,9 +415,9 @@ class BoundSummary(StepSplit, kw_only=True):
     :func:`fsdpviz.structure.deprofile.idle_scale`); CPU: ``device_scale``, as ``host_scale``."""
     deprofiled_by: str | None = None
     """How the profiler's share came out on ``unprofiled`` (None on ``traced``): ``replay``, the waits on
-    the host less what the run's replay without the profiler took out of them, the other parts as traced
-    (:mod:`fsdpviz.replay.split`; what the replay leaves unaccounted goes by the rule, ``note`` says how
-    much); ``rule``, by :func:`fsdpviz.structure.deprofile.deprofiled` alone, where the run has no such
+    the host (and a host backend's exposed communication) less what the run's replay without the
+    profiler took out of them, the kernels' own time and other idle as traced (:mod:`fsdpviz.replay.split`; what the replay
+    leaves unaccounted goes by the rule, ``note`` says how much); ``rule``, by :func:`fsdpviz.structure.deprofile.deprofiled` alone, where the run has no such
     replay (a CPU run's replay scales each rank by the same factor the rule does), or until a view reads
     the run's model (``note`` says why on a GPU once one has: :mod:`fsdpviz.replay.split`)."""
     memory_bound: bool | None = None
@@ -446,7 +456,7 @@ def _moved(parts: Parts, step: float, device: str, drop: Parts | None) -> Replay
 def _rank_bound(traced: float, parts: Parts, comm: float, device: str,
                 step: float | None, drop: Parts | None = None) -> tuple[RankBound, str | None]:
     """One rank's split, moved to its clean ``step`` (None: kept as traced; by the replay's ``drop``
-    where given), and its communication (``comm``, traced) moved as its device parts were."""
+    where given), and its communication (``comm``, traced) moved as its exposed communication was."""
     note = None
     moved = base = parts
     if step is not None:
@@ -454,6 +464,7 @@ def _rank_bound(traced: float, parts: Parts, comm: float, device: str,
     moved = moved.settled()
     fsdp = moved.fsdp_kernels + moved.fsdp_host
     scale = device_scale(base, moved)
+    cscale = comm_scale(parts, moved)
     return RankBound(
         step_ms=round(traced if step is None else step, 3), compute_ms=round(moved.compute, 3),
         exposed_comm_ms=round(moved.exposed_comm, 3),
@@ -462,8 +473,8 @@ def _rank_bound(traced: float, parts: Parts, comm: float, device: str,
         kind=bound_kind(moved.compute, moved.exposed_comm, moved.host_wait, moved.other_idle, fsdp),
         fsdp_overhead_ms=round(fsdp, 3),
         fsdp_kernels_ms=None if device == schema.OVERLAP_CPU else round(moved.fsdp_kernels, 3),
-        traced_step_ms=round(traced, 3), device_scale=round(scale, 6), comm_ms=round(comm * scale, 3),
-        basis=BASIS_TRACED if step is None else BASIS_UNPROFILED), note
+        traced_step_ms=round(traced, 3), device_scale=round(scale, 6), comm_scale=round(cscale, 6),
+        comm_ms=round(comm * cscale, 3), basis=BASIS_TRACED if step is None else BASIS_UNPROFILED), note
 
 
 def _median(values: list[float]) -> float:
@@ -488,11 +499,12 @@ def traced_step_ms(overlap: pd.DataFrame) -> float | None:
 
 
 def rank_drops(drops: Mapping[int, Parts], ranks: list[int], excess: Mapping[int, float]) -> dict[int, Parts]:
-    """Per rank of ``ranks``, what the replay took out of its waits on the host (``drops``, ms a step;
-    the other parts' drops are not read): its own where it was replayed; elsewhere (a run larger than
-    the ranks its model reads) the replayed ranks' median share of their own excess (traced less clean
-    step, ``excess``) that each wait gave, of that rank's excess (none where it ran no slower traced)."""
-    shares = [((d.host_wait or 0.0) / excess[r], d.fsdp_host / excess[r]) for r, d in drops.items()
+    """Per rank of ``ranks``, what the replay took out of the parts it moves (``drops``, ms a step;
+    :data:`fsdpviz.structure.deprofile.REPLAY_MOVED`): its own where it was replayed; elsewhere (a run
+    larger than the ranks its model reads) the replayed ranks' median share of their own excess (traced
+    less clean step, ``excess``) that each part gave, of that rank's excess (none where it ran no slower
+    traced)."""
+    shares = [{name: (getattr(d, name) or 0.0) / excess[r] for name in REPLAY_MOVED} for r, d in drops.items()
               if excess.get(r, 0.0) > 0]
     out = {}
     for rank in ranks:
@@ -500,8 +512,8 @@ def rank_drops(drops: Mapping[int, Parts], ranks: list[int], excess: Mapping[int
             out[rank] = drops[rank]
         elif shares and rank in excess:
             ms = max(excess[rank], 0.0)
-            out[rank] = Parts(0.0, 0.0, _median([h for h, _ in shares]) * ms, 0.0, 0.0,
-                              _median([f for _, f in shares]) * ms, 0.0)
+            out[rank] = Parts(0.0, 0.0, None, 0.0)._replace(
+                **{name: _median([sh[name] for sh in shares]) * ms for name in REPLAY_MOVED})
     return out
 
 
@@ -568,16 +580,16 @@ def summarize_bound(overlap: pd.DataFrame, profiler: ProfilerCost | None,
         parts, base, note, beyond = _moved(median_traced, step, device, median_drop)
         by = BY_RULE
         if median_drop is not None:
-            took = (median_traced.host_wait or 0.0) + median_traced.fsdp_host - (base.host_wait or 0.0) - base.fsdp_host
-            notes.append(_replay_words(took, beyond, base.total - step))
+            took = sum((getattr(median_traced, name) or 0.0) - (getattr(base, name) or 0.0) for name in REPLAY_MOVED)
+            notes.append(_replay_words(took, beyond, base.total - step, median_drop.exposed_comm > 0))
             # named for what decided most of the share: the replay's drop of the waits, or the rule's remainder
             by = BY_REPLAY if took >= base.total - step else BY_RULE
             if by == BY_RULE:
                 notes.append(f"deprofiled_by is rule: the rule's remainder ({base.total - step:.3f} ms a step) is more "
-                             f"than the replay's drop of the waits ({took:.3f} ms)")
+                             f"than the replay's drop ({took:.3f} ms)")
             guessed = sorted(set(per_rank) - {str(r) for r in replayed} - set(missing), key=int)
             if guessed:
-                notes.append(f"rank(s) {', '.join(guessed)} were not read by the model: their waits lost the replayed "
+                notes.append(f"rank(s) {', '.join(guessed)} were not read by the model: their parts lost the replayed "
                              "ranks' median share of each one's own excess")
         elif device == schema.OVERLAP_GPU and rule_why:
             notes.append(f"the profiler's share came out by the rule (out of the device's waits on the host in "
@@ -618,6 +630,7 @@ def summarize_bound(overlap: pd.DataFrame, profiler: ProfilerCost | None,
     loss = Loss(kind=loss_kind, ms=round(loss_ms, 3), share=round(loss_ms / step, 4)) if loss_ms > 0 and step > 0 else None
     kind = step_kind(compute, comm, host, idle, fsdp, step)  # shares of the step, as said
     scale = device_scale(base, parts)
+    cscale = comm_scale(median_traced, parts)
     return BoundSummary(
         kind=kind, time_kind=kind, step_ms=round(step, 3), compute_ms=round(compute, 3),
         exposed_comm_ms=round(comm, 3), host_wait_ms=None if host is None else round(host, 3),
@@ -627,25 +640,28 @@ def summarize_bound(overlap: pd.DataFrame, profiler: ProfilerCost | None,
         fsdp_kernels_ms=None if device == schema.OVERLAP_CPU else round(parts.fsdp_kernels, 3),
         device_scale=round(scale, 6), host_scale=round(host_scale(median_traced, parts), 6),
         idle_scale=round(scale if device == schema.OVERLAP_CPU else idle_scale(median_traced, parts), 6),
-        comm_ms=round(_median(traced_comms) * scale, 3),
+        comm_scale=round(cscale, 6), comm_ms=round(_median(traced_comms) * cscale, 3),
         carried_ms=round(parts.carried, 3) if device == schema.OVERLAP_GPU else None, deprofiled_by=by)
 
 
-_WAIT_WORDS: Final = {"host_wait": "the host wait", "fsdp_host": "FSDP's hooks' wait"}
+_PART_WORDS: Final = {"host_wait": "the host wait", "fsdp_host": "FSDP's hooks' wait",
+                      "exposed_comm": "exposed communication"}
 
 
-def _replay_words(took: float, beyond: Mapping[str, float], remainder: float) -> str:
-    """The bound's note on the replay's split: how much it took out of the waits on the host (``took``,
-    ms), where it asked a wait for more than the trace holds (the wait stops at 0: said, with how much),
-    and what it left to the rule."""
-    words = (f"the profiler's share came out of the device's waits on the host as the replay without it takes it "
-             f"out ({took:.3f} ms a step, median over ranks, FSDP's hooks' share included; the other parts are the "
-             "trace's)")
+def _replay_words(took: float, beyond: Mapping[str, float], remainder: float, comm: bool) -> str:
+    """The bound's note on the replay's split: how much it took out of the parts it moves (``took``, ms;
+    ``comm``: the exposed communication among them, a host backend's), where it asked a part for more than
+    the trace holds (the part stops at 0: said, with how much), and what it left to the rule."""
+    moved, kept = (("the host wait, FSDP's hooks' wait and exposed communication", "") if comm else
+                   ("the host wait and FSDP's hooks' wait", ", exposed communication"))
+    words = (f"the profiler's share came out of the step as the replay without it takes it out ({took:.3f} ms a "
+             f"step, median over ranks, out of {moved}; the kernels' own time, the model's compute and FSDP's "
+             f"copies{kept} and other idle are the trace's)")
     over = {name: ms for name, ms in beyond.items() if ms >= 0.001}
     if over:
-        words += ("; it took more out of " + ", ".join(f"{_WAIT_WORDS[name]} (by {ms:.3f} ms)" for name, ms in over.items())
-                  + " than the trace holds (its replay of the traced steps waits longer there than they did): the "
-                  "wait ends at 0 and the rest goes with the remainder")
+        words += ("; it took more out of " + ", ".join(f"{_PART_WORDS[name]} (by {ms:.3f} ms)" for name, ms in over.items())
+                  + " than the trace holds (its replay of the traced steps holds more there than they did): the "
+                  "part ends at 0 and the rest goes with the remainder")
     if remainder >= REMAINDER_NOTE_MS:
         words += (f"; the replay's drop falls {remainder:.3f} ms a step short of the timers' (taken out by the rule: "
                   "the waits on the host in proportion, then other idle)")
@@ -654,9 +670,19 @@ def _replay_words(took: float, beyond: Mapping[str, float], remainder: float) ->
     return words
 
 
+def comm_clock_scale(bound: BoundSummary | RankBound | None) -> float:
+    """The factor that moves the trace's communication figures (a unit's collectives and exposed
+    communication, a purpose's, the findings', compare's) to the run's clock: the bound's ``comm_scale``
+    (``device_scale`` where it has none); 1.0 without a bound (the trace's clock)."""
+    if bound is None:
+        return 1.0
+    return bound.comm_scale if bound.comm_scale is not None else bound.device_scale
+
+
 def clock_scale(bound: BoundSummary | None) -> float:
-    """The factor that moves the trace's device durations (per-unit times, the findings', compare's
-    parts) to the run's clock: the bound's ``device_scale``; 1.0 without a bound (the trace's clock)."""
+    """The factor that moves the trace's device durations (a pass's kernels, the findings' compute and
+    lateness, compare's step parts) to the run's clock: the bound's ``device_scale``; 1.0 without a bound
+    (the trace's clock). Communication moves by :func:`comm_clock_scale`."""
     return bound.device_scale if bound is not None else 1.0
 
 

@@ -22,7 +22,9 @@ The cause is read from the trace, and a knob is only suggested when the trace sh
 
 Every time a finding states is on the run's clock: the trace's durations times ``scale``, the factor
 the one de-profiler moves the run's device figures by (``bound.device_scale``,
-:mod:`fsdpviz.structure.deprofile`; 1 where the run leads with the traced step), and a unit's own
+:mod:`fsdpviz.structure.deprofile`; 1 where the run leads with the traced step), its collectives'
+(all-gathers, reduce-scatters, all-reduces, their exposed parts) times ``comm_scale``, as the run's
+exposed communication moved (``bound.comm_scale``; ``scale`` where not given), and a unit's own
 compute as the run's analysis moved it (UNIT_STEPS ``compute_clock_ns``: on a GPU the idle inside a
 pass moved as the step's). The noise floor is of the step on that clock too.
 """
@@ -79,10 +81,10 @@ def _row(unit: str, phase: str, kind: str, lost: float, message: str, evidence: 
             "message": message, "evidence": evidence, "knob": knob, "cause": cause}
 
 
-_DURATIONS: Final = ("ag_ns", "ag_exposed_ns", "rs_ns", "rs_exposed_ns", "ar_ns", "ar_exposed_ns", "lead")
+_COMM_DURATIONS: Final = ("ag_ns", "ag_exposed_ns", "rs_ns", "rs_exposed_ns", "ar_ns", "ar_exposed_ns")
 
 
-def _medians(unit_steps: pd.DataFrame, scale: float) -> pd.DataFrame:
+def _medians(unit_steps: pd.DataFrame, scale: float, comm_scale: float) -> pd.DataFrame:
     """Each unit pass's medians over ranks and steps, its durations moved to the run's clock (its compute
     as the run's analysis moved it: UNIT_STEPS ``compute_clock_ns``)."""
     us = unit_steps.assign(depth=unit_steps["issue_depth"].where(unit_steps["issue_depth"] >= 0))
@@ -92,7 +94,8 @@ def _medians(unit_steps: pd.DataFrame, scale: float) -> pd.DataFrame:
         ar_ns=("ar_ns", "median"), ar_exposed_ns=("ar_exposed_ns", "median"),
         compute_ns=("compute_clock_ns", "median"), lead=("prefetch_lead_ns", "median"), depth=("depth", "median"),
         n=("step", "size"))
-    med[list(_DURATIONS)] = med[list(_DURATIONS)].astype(float) * scale
+    med[list(_COMM_DURATIONS)] = med[list(_COMM_DURATIONS)].astype(float) * comm_scale
+    med["lead"] = med["lead"].astype(float) * scale
     return med
 
 
@@ -204,16 +207,17 @@ def _depth_words(depth: float) -> str:
 
 
 def gather_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, framework: str, floor_ns: float,
-                    scale: float = 1.0) -> list[dict]:
+                    scale: float = 1.0, comm_scale: float | None = None) -> list[dict]:
     """One finding per unit pass whose all-gather is exposed beyond the noise floor (durations times
-    ``scale``: the module docstring)."""
+    ``scale``, the collectives' times ``comm_scale``: the module docstring)."""
+    comm_scale = scale if comm_scale is None else comm_scale
     rows = []
-    med = _medians(unit_steps, scale)
+    med = _medians(unit_steps, scale, comm_scale)
     order = _pass_order(unit_steps)
     firsts, before_first = _first_gathers(spans)
     before_first = before_first * scale
-    shared = _shared(spans, vocabulary.ALL_GATHER, scale)
-    totals = unit_steps.assign(g=unit_steps["ag_ns"] * scale).groupby(["rank", "step", "phase"]).agg(
+    shared = _shared(spans, vocabulary.ALL_GATHER, comm_scale)
+    totals = unit_steps.assign(g=unit_steps["ag_ns"] * comm_scale).groupby(["rank", "step", "phase"]).agg(
         c=("compute_clock_ns", "sum"), g=("g", "sum"))
     totals = totals.groupby("phase").median()
     for unit, phase, m in _unit_passes(med):
@@ -273,14 +277,16 @@ def _nothing_left(spans: pd.DataFrame, kind: str) -> pd.Series:
 
 
 def reduce_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, floor_ns: float,
-                    scale: float = 1.0) -> list[dict]:
-    """Exposed reduce-scatters (and HSDP all-reduces) of the backward pass (durations times ``scale``)."""
+                    scale: float = 1.0, comm_scale: float | None = None) -> list[dict]:
+    """Exposed reduce-scatters (and HSDP all-reduces) of the backward pass (durations times ``scale``, the
+    collectives' times ``comm_scale``)."""
+    comm_scale = scale if comm_scale is None else comm_scale
     rows = []
-    med = _medians(unit_steps, scale)
+    med = _medians(unit_steps, scale, comm_scale)
     for col, kind, span_kind, what in (("rs", "exposed_reduce_scatter", vocabulary.REDUCE_SCATTER, "reduce-scatter"),
                                        ("ar", "exposed_all_reduce", vocabulary.ALL_REDUCE, "all-reduce")):
         alone = _nothing_left(spans, span_kind)
-        shared = _shared(spans, span_kind, scale)
+        shared = _shared(spans, span_kind, comm_scale)
         for unit, phase, m in _unit_passes(med):
             exposed = m[f"{col}_exposed_ns"]
             if exposed < floor_ns:
@@ -297,7 +303,8 @@ def reduce_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, floor_ns: flo
     return rows
 
 
-def straggler_findings(step_times: pd.DataFrame, floor_ns: float, scale: float = 1.0) -> list[dict]:
+def straggler_findings(step_times: pd.DataFrame, floor_ns: float, scale: float = 1.0,
+                       comm_scale: float | None = None) -> list[dict]:
     """The rank that starts its collectives latest, when the others demonstrably wait for it.
 
     Summed lateness over a step's collectives overstates the cost when a rank is late at every
@@ -309,7 +316,8 @@ def straggler_findings(step_times: pd.DataFrame, floor_ns: float, scale: float =
     if step_times.empty or step_times["rank"].nunique() < 2:
         return []
     step_times = step_times.assign(late_ns=step_times["late_ns"] * scale,
-                                   exposed_comm_ns=step_times["exposed_comm_ns"] * scale)
+                                   exposed_comm_ns=step_times["exposed_comm_ns"] * (scale if comm_scale is None
+                                                                                    else comm_scale))
     per_rank = step_times.groupby("rank")["late_ns"].median().sort_values(ascending=False, kind="stable")
     rank, late = int(per_rank.index[0]), float(per_rank.iloc[0])
     if late < floor_ns:
@@ -368,17 +376,19 @@ def profiler_findings(cost: ProfilerCost | None, idle_ns: float | None) -> list[
 
 def build_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, step_times: pd.DataFrame, step_ns: float,
                    framework: str, *, profiler: ProfilerCost | None = None,
-                   idle_ns: float | None = None, scale: float = 1.0) -> pd.DataFrame:
+                   idle_ns: float | None = None, scale: float = 1.0,
+                   comm_scale: float | None = None) -> pd.DataFrame:
     """FINDINGS: where the run loses time, ranked by time lost per step; then the profiler's share
     of the trace (``profiler``, ``idle_ns``: see :func:`profiler_findings`), which the run itself does
     not lose, so it never pushes the run's own findings down. ``step_ns``: the run's step, on its
-    clock; ``scale``: what moves the trace's durations there (the module docstring)."""
+    clock; ``scale``: what moves the trace's durations there, ``comm_scale`` its collectives' (the module
+    docstring)."""
     floor = max(NOISE_FRACTION * step_ns, NOISE_FLOOR_NS) if np.isfinite(step_ns) else NOISE_FLOOR_NS
     rows: list[dict] = []
     if len(unit_steps):
-        rows += gather_findings(unit_steps, spans, framework, floor, scale)
-        rows += reduce_findings(unit_steps, spans, floor, scale)
-    rows += straggler_findings(step_times, floor, scale)
+        rows += gather_findings(unit_steps, spans, framework, floor, scale, comm_scale)
+        rows += reduce_findings(unit_steps, spans, floor, scale, comm_scale)
+    rows += straggler_findings(step_times, floor, scale, comm_scale)
     about_trace = profiler_findings(profiler, idle_ns)
     if not rows and not about_trace:
         return schema.make_empty(schema.FINDINGS)

@@ -121,37 +121,38 @@ class RunResult:
         """The per-unit analysis (:func:`fsdpviz.analysis.run.analyse_run`), computed on first use."""
         from fsdpviz.analysis.run import analyse_run, combine_parts
 
-        idle_ns, scale, step_ns, gaps = self._clock_args()
+        idle_ns, scale, step_ns, gaps, comm = self._clock_args()
         if self._parts is not None:
             analysis = combine_parts(self._parts, self.traces, self.selection, self.framework,
                                      profiler=self.profiler, idle_ns=idle_ns, scale=scale, step_ns=step_ns,
-                                     gap_scales=gaps)
+                                     gap_scales=gaps, comm_scale=comm)
         else:
             analysis = analyse_run(self.traces, selection=self.selection, framework=self.framework,
                                    profiler=self.profiler, idle_ns=idle_ns, scale=scale, step_ns=step_ns,
-                                   gap_scales=gaps)
+                                   gap_scales=gaps, comm_scale=comm)
         # the loaded samples get the frees the analysis found, so that whatever reads them after it
         # (compare's step levels, whatif's recording, the notebook) reads the same levels
         self.traces.memory = _settled(self.traces, analysis)
         return analysis
 
-    def _clock_args(self) -> tuple[float | None, float, float | None, tuple[float, float]]:
+    def _clock_args(self) -> tuple[float | None, float, float | None, tuple[float, float], float]:
         """What the per-unit analysis moves to the run's clock by, from the bound: the GPU's idle time for
-        the profiler's finding, the device's scale, the run's step (ns) and the scales of a GPU pass's idle."""
-        from fsdpviz.analysis.bound import BASIS_UNPROFILED
+        the profiler's finding, the device's scale, the run's step (ns), the scales of a GPU pass's idle and
+        the communication's scale."""
+        from fsdpviz.analysis.bound import BASIS_UNPROFILED, comm_clock_scale
 
         # for the profiler's finding: on a GPU the profiler's share comes out of the time the GPU waited
         # (the bound's split): for the host, FSDP's hooks' share included, then other idle. As traced that
         # is what the bound kept of them plus the share it took (where it took the whole share from them:
-        # device_scale 1), so the finding and the bound are one set of figures. On a CPU rank the profiler
-        # slows every part of the step: the finding puts it in no one part.
+        # device_scale 1, its communication unmoved), so the finding and the bound are one set of figures. On
+        # a CPU rank the profiler slows every part of the step: the finding puts it in no one part.
         b = self._bound
         idle_ns = None
-        if b is not None and b.device != OVERLAP_CPU and b.device_scale == 1.0:
+        if b is not None and b.device != OVERLAP_CPU and b.device_scale == 1.0 and comm_clock_scale(b) == 1.0:
             kept = (b.host_wait_ms or 0.0) + b.other_idle_ms + b.fsdp_overhead_ms - (b.fsdp_kernels_ms or 0.0)
             took = b.profiler_share_ms if b.basis == BASIS_UNPROFILED and b.profiler_share_ms else 0.0
             idle_ns = (kept + took) * 1e6
-        return idle_ns, self.device_scale, self._run_step_ns, self.gap_scales
+        return idle_ns, self.device_scale, self._run_step_ns, self.gap_scales, comm_clock_scale(b)
 
     def adopt_bound(self, bound: BoundSummary) -> None:
         """Make ``bound`` the run's split (the replay's, :mod:`fsdpviz.replay.split`, which the layers above
@@ -163,9 +164,9 @@ class RunResult:
         if self.analysed and self._clock_args() != args:
             from fsdpviz.analysis.run import rescaled
 
-            idle_ns, scale, step_ns, gaps = self._clock_args()
+            idle_ns, scale, step_ns, gaps, comm = self._clock_args()
             self.__dict__["analysis"] = rescaled(self.analysis, profiler=self.profiler, idle_ns=idle_ns, scale=scale,
-                                                 step_ns=step_ns, gap_scales=gaps)
+                                                 step_ns=step_ns, gap_scales=gaps, comm_scale=comm)
         self.__dict__.pop("summary", None)
 
     @cached_property
@@ -199,6 +200,14 @@ class RunResult:
         from fsdpviz.analysis.bound import clock_scale
 
         return clock_scale(self._bound)
+
+    @property
+    def comm_scale(self) -> float:
+        """What moves the trace's communication times (a unit's collectives, the findings') to the run's
+        clock: the bound's ``comm_scale``, 1.0 without a bound."""
+        from fsdpviz.analysis.bound import comm_clock_scale
+
+        return comm_clock_scale(self._bound)
 
     @property
     def gap_scales(self) -> tuple[float, float]:

@@ -450,7 +450,7 @@ def analyse_run(traces: TraceSet, *, steps: Sequence[int] | None = None,
                 selection: StepSelection | None = None, framework: str | None = None,
                 profiler: ProfilerCost | None = None, idle_ns: float | None = None,
                 scale: float = 1.0, step_ns: float | None = None,
-                gap_scales: tuple[float, float] = (1.0, 1.0)) -> RunAnalysis:
+                gap_scales: tuple[float, float] = (1.0, 1.0), comm_scale: float | None = None) -> RunAnalysis:
     """Per-unit analysis of a loaded run (see the module docstring) over the steps ``selection``
     analyses (default: ``steps.select_steps(traces, steps=steps)``); ``framework`` as
     ``framework.decide_framework`` decides it (the pipeline passes its decision); ``profiler`` (what
@@ -459,14 +459,15 @@ def analyse_run(traces: TraceSet, *, steps: Sequence[int] | None = None,
     profiler's finding; ``scale``: what moves the findings' times to the run's clock (the bound's
     ``device_scale``), ``step_ns`` the run's step there (the findings' noise floor; None: the traced
     step times ``scale``); ``gap_scales``: what moves the idle inside a GPU unit's pass there (the bound's
-    ``host_scale`` and ``idle_scale``; UNIT_STEPS ``compute_clock_ns``)."""
+    ``host_scale`` and ``idle_scale``; UNIT_STEPS ``compute_clock_ns``); ``comm_scale``: what moves the
+    findings' communication times there (the bound's ``comm_scale``; None: ``scale``)."""
     if selection is None:
         selection = select_steps(traces, steps=steps)
     framework = decide_framework(traces) if framework is None else framework
     # one part for every rank: the per-rank half runs on the whole tables, one pass per step
     return combine_parts([analyse_ranks(traces, traces.rank_ids, selection, traces.events)], traces, selection,
                          framework, profiler=profiler, idle_ns=idle_ns, scale=scale, step_ns=step_ns,
-                         gap_scales=gap_scales)
+                         gap_scales=gap_scales, comm_scale=comm_scale)
 
 
 def _frame_of(parts: Sequence[RankPart], name: str, table: schema.Schema | None, *,
@@ -501,11 +502,13 @@ def labels_of(aligned: TraceSet, selection: StepSelection) -> pd.DataFrame:
 def combine_parts(parts: Sequence[RankPart], traces: TraceSet, selection: StepSelection,
                   framework: str, *, profiler: ProfilerCost | None = None,
                   idle_ns: float | None = None, scale: float = 1.0,
-                  step_ns: float | None = None, gap_scales: tuple[float, float] = (1.0, 1.0)) -> RunAnalysis:
+                  step_ns: float | None = None, gap_scales: tuple[float, float] = (1.0, 1.0),
+                  comm_scale: float | None = None) -> RunAnalysis:
     """The cross-rank half of :func:`analyse_run`: clocks compared and aligned, collective skew and
     stragglers, units, their statistics and findings, from each rank's :class:`RankPart` (in rank
     order). ``traces`` is read for run-wide facts only (units and run.json, ranks, world size);
-    ``profiler``, ``idle_ns``, ``scale``, ``step_ns`` and ``gap_scales`` as :func:`analyse_run` takes them."""
+    ``profiler``, ``idle_ns``, ``scale``, ``step_ns``, ``gap_scales`` and ``comm_scale`` as :func:`analyse_run`
+    takes them."""
     ranks = [r for p in parts for r in p.ranks]
     wanted = _wanted(selection, ranks)
     analysed = set().union(*[w if w is not None else {schema.NO_STEP} for w in wanted.values()]) if ranks else set()
@@ -556,7 +559,7 @@ def combine_parts(parts: Sequence[RankPart], traces: TraceSet, selection: StepSe
     units = derive_units(traces.units, windows, gathered_bytes, framework,
                          _frame_of(parts, "gathers", ISSUED_GATHERS)) if has_units else traces.units
     stats, findings = _on_clock(us, units, spans, step_times, framework, profiler=profiler, idle_ns=idle_ns,
-                                scale=scale, step_ns=step_ns, gap_scales=gap_scales)
+                                scale=scale, step_ns=step_ns, gap_scales=gap_scales, comm_scale=comm_scale)
     gpu = bool(traces.ranks["n_kernels"].sum() > 0)
     shards, shards_source = memory.shard_sizes(traces.run.units if traces.run else None, gathers,
                                                len(traces.rank_ids), traces.world_size) if has_units \
@@ -592,29 +595,31 @@ def combine_parts(parts: Sequence[RankPart], traces: TraceSet, selection: StepSe
 
 def rescaled(analysis: RunAnalysis, *, profiler: ProfilerCost | None = None, idle_ns: float | None = None,
              scale: float = 1.0, step_ns: float | None = None,
-             gap_scales: tuple[float, float] = (1.0, 1.0)) -> RunAnalysis:
-    """``analysis`` with its figures on the run's clock moved again: by ``scale``, ``gap_scales``, on
-    ``step_ns``, with ``profiler`` and ``idle_ns``, as :func:`combine_parts` takes them. What they move is
+             gap_scales: tuple[float, float] = (1.0, 1.0), comm_scale: float | None = None) -> RunAnalysis:
+    """``analysis`` with its figures on the run's clock moved again: by ``scale``, ``gap_scales``,
+    ``comm_scale``, on ``step_ns``, with ``profiler`` and ``idle_ns``, as :func:`combine_parts` takes them. What they move is
     the passes on the run's clock (UNIT_STEPS ``compute_clock_ns``), the units' statistics and the
     findings; every other table is the trace's and is shared, not copied. What the pipeline reads once
     the run's split is the replay's (``RunResult.adopt_bound``), without reading the ranks again."""
     us = analysis.unit_steps.copy()
     stats, findings = _on_clock(us, analysis.units, analysis.spans, analysis.step_times, analysis.framework,
-                                profiler=profiler, idle_ns=idle_ns, scale=scale, step_ns=step_ns, gap_scales=gap_scales)
+                                profiler=profiler, idle_ns=idle_ns, scale=scale, step_ns=step_ns, gap_scales=gap_scales,
+                                comm_scale=comm_scale)
     return replace(analysis, unit_steps=us, unit_stats=stats, findings=findings)
 
 
 def _on_clock(us: pd.DataFrame, units: pd.DataFrame, spans: pd.DataFrame, step_times: pd.DataFrame, framework: str,
               *, profiler: ProfilerCost | None, idle_ns: float | None, scale: float, step_ns: float | None,
-              gap_scales: tuple[float, float]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """What the run's clock moves (``scale``, ``gap_scales``, ``step_ns``, as :func:`combine_parts` takes
-    them): the passes of UNIT_STEPS ``us`` (``compute_clock_ns``, set in place), then the units'
-    statistics and the findings read off them."""
+              gap_scales: tuple[float, float], comm_scale: float | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """What the run's clock moves (``scale``, ``gap_scales``, ``step_ns``, ``comm_scale``, as
+    :func:`combine_parts` takes them): the passes of UNIT_STEPS ``us`` (``compute_clock_ns``, set in place),
+    then the units' statistics and the findings read off them (their communication's times by
+    ``comm_scale``)."""
     us["compute_clock_ns"] = moved_pass_ns(us["compute_ns"].astype("float64"), us["host_gap_ns"], us["idle_gap_ns"],
                                            scale, *gap_scales)
     traced_ns = float(step_times["step_ns"].median()) if len(step_times) else float("nan")
     findings = build_findings(us, spans, step_times, traced_ns * scale if step_ns is None else step_ns, framework,
-                              profiler=profiler, idle_ns=idle_ns, scale=scale)
+                              profiler=profiler, idle_ns=idle_ns, scale=scale, comm_scale=comm_scale)
     return unit_stats(us, units), findings
 
 

@@ -38,6 +38,7 @@ from fsdpviz.analysis.bound import (
     BoundSummary,
     RankBound,
     clock_scale,
+    comm_clock_scale,
     device_memory_bytes,
     traced_step_ms,
     with_memory,
@@ -91,7 +92,7 @@ STEP_TIME_TRACE: Final = "trace"
 class RankOverlap(msgspec.Struct, kw_only=True):
     """One rank's whole-step overlap, per step, on the run's clock: its bound's parts (``compute_ms``
     the model's, ``fsdp_overhead_ms`` FSDP's per-unit work, ``idle_ms`` host wait plus other idle) and
-    its communication moved as its device work was (``RankBound.device_scale``)."""
+    its communication moved as its exposed communication was (``RankBound.comm_scale``)."""
 
     overlap_pct: float | None
     comm_ms: float | None
@@ -291,8 +292,9 @@ def summary_of(traces: TraceSet, selection: StepSelection, overlap: pd.DataFrame
     bound = with_memory(bound, memory.peak_allocated_bytes, device_memory_bytes(traces.ranks))
     if analysis is not None:
         timed = unit_pass_ms(traces.timers, traces.run)
-        # the units' times on the run's clock, as the bound's (its factors: the one de-profiler's)
-        scales = (clock_scale(bound), bound.host_scale if bound is not None else 1.0)
+        # the units' times on the run's clock, as the bound's (its factors: the one de-profiler's): their
+        # collectives' as its communication, their host wait as its host wait
+        scales = (clock_scale(bound), bound.host_scale if bound is not None else 1.0, comm_clock_scale(bound))
         units = [msgspec.structs.replace(u, forward_timer_ms=timed.get((u.name, "forward")),
                                          backward_timer_ms=timed.get((u.name, "backward")))
                  for u in summary_records(analysis.unit_stats, analysis.units, *scales)]
@@ -305,7 +307,7 @@ def summary_of(traces: TraceSet, selection: StepSelection, overlap: pd.DataFrame
     units = _with_scope(units, traces, parallel.parallelism)
     over = _overlap_summary(overlap, bound)
     if analysis is not None and analysis.has_units:
-        over.by_purpose = _by_purpose(analysis.purposes, overlap, clock_scale(bound))
+        over.by_purpose = _by_purpose(analysis.purposes, overlap, comm_clock_scale(bound))
     elif framework in vocabulary.FRAMEWORKS_WITH_UNITS or framework == vocabulary.UNKNOWN:
         notes.append(Note(BY_PURPOSE_UNKNOWN, "overlap.by_purpose is null: without FSDP unit labels the traces do "
                           "not say which collectives are FSDP's"))
@@ -462,7 +464,7 @@ def _hidden_pct(comm_ms: float | None, exposed_ms: float | None) -> float | None
 def _by_purpose(purposes: pd.DataFrame, overlap: pd.DataFrame, scale: float) -> dict[str, PurposeOverlap]:
     """Each purpose's comm and exposed time per step, the median over the ranks analysed (as the run's
     own communication and exposed communication, so that no purpose's figure exceeds the run's), moved
-    to the run's clock by ``scale`` (the bound's ``device_scale``)."""
+    to the run's clock by ``scale`` (the bound's ``comm_scale``)."""
     n_steps = dict(zip(overlap["rank"].astype(int), overlap["n_steps"].clip(lower=1).astype(int)))
     out = {}
     for purpose in vocabulary.PURPOSES:

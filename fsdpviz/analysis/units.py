@@ -249,10 +249,12 @@ def moved_pass_ns(ns: pd.Series, host_gap: pd.Series, idle_gap: pd.Series, devic
 
 
 def summary_records(stats: pd.DataFrame, units: pd.DataFrame | None = None, device_scale: float = 1.0,
-                    host_scale: float = 1.0) -> list[UnitSummary]:
+                    host_scale: float = 1.0, comm_scale: float | None = None) -> list[UnitSummary]:
     """The summary's ``units`` from UNIT_STATS (with each unit's dtype and size source from UNITS),
     in forward order, their times moved to the run's clock (:mod:`fsdpviz.structure.deprofile`): the
-    device's by ``device_scale``, the host wait by ``host_scale`` (the bound's factors; 1: as traced), a
+    device's (the prefetch leads) by ``device_scale``, the collectives' (all-gathers, reduce-scatters,
+    all-reduces, their exposed parts) by ``comm_scale`` (None: ``device_scale``), the host wait by
+    ``host_scale`` (the bound's factors; 1: as traced), a
     pass as the run's analysis moved it (``forward_clock_ns``: :func:`moved_pass_ns`, rank-step by
     rank-step)."""
     info: dict[str, tuple[str, str]] = {}
@@ -262,6 +264,9 @@ def summary_records(stats: pd.DataFrame, units: pd.DataFrame | None = None, devi
     def device(ns: Any) -> float | None:
         return ms(_times(ns, device_scale))
 
+    def comm(ns: Any) -> float | None:
+        return ms(_times(ns, device_scale if comm_scale is None else comm_scale))
+
     records = []
     for r in stats.to_dict(orient="records"):
         dtype, source = info.get(r["unit"], ("", ""))
@@ -270,19 +275,19 @@ def summary_records(stats: pd.DataFrame, units: pd.DataFrame | None = None, devi
         records.append(UnitSummary(
             name=r["unit"],
             param_numel=_int_or_none(r["param_numel"]),
-            all_gather_ms=device(r["all_gather_ns"]),
+            all_gather_ms=comm(r["all_gather_ns"]),
             forward_ms=ms(r["forward_clock_ns"]),
             backward_ms=ms(r["backward_clock_ns"]),
-            reduce_scatter_ms=device(r["reduce_scatter_ns"]),
-            exposed_comm_ms=device(r["exposed_comm_ns"]),
+            reduce_scatter_ms=comm(r["reduce_scatter_ns"]),
+            exposed_comm_ms=comm(r["exposed_comm_ns"]),
             prefetch_lead_ms=device(lead if math.isfinite(lead) else r["backward_prefetch_lead_ns"]),
             peak_allocated_bytes=_int_or_none(r["peak_allocated_bytes"]),
             order=int(r["order"]),
             param_bytes=_int_or_none(r["param_bytes"]),
-            all_reduce_ms=device(r["all_reduce_ns"]),
-            forward_exposed_all_gather_ms=device(r["forward_ag_exposed_ns"]),
-            backward_exposed_all_gather_ms=device(r["backward_ag_exposed_ns"]),
-            exposed_reduce_scatter_ms=device(r["rs_exposed_ns"]),
+            all_reduce_ms=comm(r["all_reduce_ns"]),
+            forward_exposed_all_gather_ms=comm(r["forward_ag_exposed_ns"]),
+            backward_exposed_all_gather_ms=comm(r["backward_ag_exposed_ns"]),
+            exposed_reduce_scatter_ms=comm(r["rs_exposed_ns"]),
             forward_prefetch_lead_ms=device(r["forward_prefetch_lead_ns"]),
             backward_prefetch_lead_ms=device(r["backward_prefetch_lead_ns"]),
             forward_issue_depth=_num(r["forward_issue_depth"]),

@@ -7,7 +7,8 @@ and the cross-rank tables (``memory_peaks``, ``clock``, ``skew``). Columns are t
 ``fsdpviz.trace.schema`` (docs/concepts.md defines them); times are nanoseconds on the reference
 rank's clock, as traced, but for ``findings`` and the ``*_clock_ns`` columns (a unit pass, on a GPU its
 gaps moved), whose times are on the run's clock as the summary's are (``export.json``'s ``device_scale``
-moves a traced time there; its ``host_scale`` and ``idle_scale`` a GPU pass's gaps). ``export.json`` lists
+moves a traced time there, its ``comm_scale`` a collective's; its ``host_scale`` and ``idle_scale`` a GPU
+pass's gaps). ``export.json`` lists
 the files with the run's framework, ranks, steps, memory model and notes.
 """
 
@@ -66,7 +67,8 @@ def export(
 
     Parquet or CSV: spans, units, unit_steps, memory, steps, findings and the cross-rank tables, one
     file each, with export.json listing them; times are nanoseconds on one clock for all ranks, as
-    traced (the findings' on the run's clock: export.json's device_scale moves a traced time there).
+    traced (the findings' on the run's clock: export.json's device_scale moves a traced time there,
+    its comm_scale a collective's).
     Perfetto: one trace file for ui.perfetto.dev or chrome://tracing, with a track per FSDP unit
     phase."""
     from fsdpviz.analysis.pipeline import analyse
@@ -95,7 +97,7 @@ def export(
         "framework": analysis.framework, "world_size": analysis.world_size, "ranks": analysis.ranks,
         "steps": analysis.steps, "format": fmt, "memory_model": analysis.memory_model.to_json() if analysis.memory_model else {},
         "notes": [n.text for n in analysis.notes], "sources": list(traces.sources),
-        "device_scale": run.device_scale,
+        "device_scale": run.device_scale, "comm_scale": run.comm_scale,
         "host_scale": run.gap_scales[0], "idle_scale": run.gap_scales[1],
     }
     try:

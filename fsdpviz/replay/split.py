@@ -1,5 +1,5 @@
-"""The bound's waits, divided by the replay: where a GPU run's step time is the timers' clean step, the
-waits on the host in its traced step lose what the replay without the profiler took out of them.
+"""The bound, the replay's split: where a GPU run's step time is the timers' clean step, the parts of its
+traced step that the host's pace decides lose what the replay without the profiler took out of them.
 
 The model replays every step it reads twice (:mod:`.model`): as traced, and net of the profiler's cost
 per traced host event (:mod:`.hostcost`). Both replays split their simulated step as the bound splits
@@ -7,13 +7,15 @@ a traced one (:class:`fsdpviz.replay.simulate.SimResult`: the model's compute, F
 communication, the host wait, FSDP's hooks' share of it, other idle). Per rank, the traced replay's
 part less the net replay's, averaged over the rank's replayed steps, is what the profiler cost that
 part: the drop. The bound takes the drop of the device's waits on the host (host wait, FSDP's hooks'
-share) out of the trace's own (the traced step, which the replay reproduces only approximately, keeps
-its own figures; the other parts keep the trace's: :func:`fsdpviz.structure.deprofile.replay_moved`
-says why) and leaves what the drops do not account for to the rule. So on a launch-bound step the
-bound divides the replay's drop between the host's own waits and FSDP's hooks' as the replay does (by
-where the traced host events were, not in proportion to the two waits), and the rest of the timers'
-excess in proportion; the total is the timers' (docs/whatif.md, "The bound's waits, divided by the
-replay").
+share) out of the trace's own figures (the traced step, which the replay reproduces only
+approximately, keeps its own), and where the run's collectives run on a host backend (gloo on CUDA
+tensors: ``Recording.serial_collectives``; their labels hold the host, and most of their time is
+exposed) the drop of its exposed communication too: there the collectives are the host's work, and a
+slower host runs them longer. NCCL's are kernels the profiler does not slow, and their exposed time
+keeps the trace's, as do the kernels' own time and other idle
+(:func:`fsdpviz.structure.deprofile.replay_moved` says why). What the drops do not account for goes
+to the rule: on the ten shared GPU recordings the replay can say for, at most 2.6 ms a step
+(docs/whatif.md, "The bound, the replay's split").
 
 Where the replay cannot say (no model, no replay without the profiler, or one the clock does not call
 ``replayed``: :func:`fsdpviz.replay.clock.unreliable`), the bound stays the rule's and its note says
@@ -87,14 +89,23 @@ def replay_drops(model: Model) -> tuple[dict[int, Parts] | None, str]:
         return None, (f"out of sample, the replay without the profiler took the profiler's share out of the phases "
                       f"up to {phases.error_pct:.1f} % of the step away from where the timers saw it leave (more "
                       f"than {PHASE_LIMIT_PCT:g} %)")
-    before = _per_rank(model.recording.steps, model.replays)
-    after = _per_rank(net.recording.steps, net.replays)
+    before = per_rank_parts(model.recording.steps, model.replays)
+    after = per_rank_parts(net.recording.steps, net.replays)
     drops = {rank: Parts(*((a or 0.0) - (b or 0.0) for a, b in zip(before[rank], after[rank])))
              for rank in sorted(set(before) & set(after))}
+    drops = host_paced(drops, model.recording.serial_collectives)
     return (drops, "") if drops else (None, "no rank was replayed both as traced and without the profiler")
 
 
-def _per_rank(steps: Sequence[StepProgram], sims: Sequence[SimResult]) -> dict[int, Parts]:
+def host_paced(drops: dict[int, Parts], host_backend: bool) -> dict[int, Parts]:
+    """``drops`` as the bound takes them: the exposed communication's only where the collectives run on a
+    host backend (``host_backend``: gloo on CUDA tensors, whose labels hold the host while they run); NCCL's
+    are kernels the profiler does not slow, so how long the device waits on them stays the trace's, and
+    what the replay moves there goes with the remainder (module docstring)."""
+    return drops if host_backend else {rank: d._replace(exposed_comm=0.0) for rank, d in drops.items()}
+
+
+def per_rank_parts(steps: Sequence[StepProgram], sims: Sequence[SimResult]) -> dict[int, Parts]:
     """Per rank, the mean split of its replayed steps (ms)."""
     by_rank: dict[int, list[Parts]] = defaultdict(list)
     for step, sim in zip(steps, sims):

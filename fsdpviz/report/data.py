@@ -16,7 +16,7 @@ import pandas as pd
 
 from fsdpviz.analysis import memory as analysis_memory
 from fsdpviz.analysis.actions import Action, action_texts
-from fsdpviz.analysis.bound import clock_scale
+from fsdpviz.analysis.bound import clock_scale, comm_clock_scale
 from fsdpviz.analysis.memory import MemoryModel
 from fsdpviz.analysis.memory_categories import TITLES
 from fsdpviz.analysis.summary import actions_of, finding_entries, run_findings
@@ -219,7 +219,7 @@ def prepare_report(run: RunResult, *, max_segments: int = MAX_PAGE_SEGMENTS,
                                                 for u in summary.units},
                                 {u.name: u.param_scope for u in summary.units},
                                 {u.name: u for u in summary.units},
-                                clock_scale(summary.bound))
+                                clock_scale(summary.bound), comm_clock_scale(summary.bound))
         if has_units and not stats.empty else None,
         memory_model=analysis.memory_model,
         skew=analysis.skew, rank_step_times=analysis.step_times, timers=traces.timers,

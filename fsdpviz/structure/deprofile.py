@@ -3,9 +3,10 @@
 A recording holds two clocks (:mod:`fsdpviz.structure.profiler_cost`): the trace, which the profiler
 slowed, and the recorder's timers on the clean unprofiled steps. Every time figure fsdpviz leads with
 is on the timers' clock. Two rules take the profiler out: the replay's (:mod:`fsdpviz.replay`: the
-recording played again without the profiler's cost), which decides how its own drop divides between
-a GPU step's waits on the host, and this module's, which fixes the totals (the parts add up to the
-clean step) and takes whatever the replay does not account for. This module holds both as the bound
+recording played again without the profiler's cost), which takes its own drop out of a GPU step's
+waits on the host (and, where the collectives run on a host backend, its exposed communication), and
+this module's, which keeps the parts adding up to the clean step and takes whatever the replay does not
+account for (on the ten shared GPU recordings the replay can say for, at most 2.6 ms a step). This module holds both as the bound
 (:mod:`fsdpviz.analysis.bound`) applies them, below the replay's layer:
 
 - **CPU rank**: the training thread is the device. Every op, hook and copy is host work that the
@@ -15,8 +16,9 @@ clean step) and takes whatever the replay does not account for. This module hold
   calibration (:mod:`fsdpviz.replay.calibration`) scales the rank's program by the same factor.
 - **GPU rank**: the profiler slows the host, not the kernels. The replay spreads the excess of the
   traced step over the clean one over the traced host events (:mod:`fsdpviz.replay.hostcost`) and
-  plays the step again; the traced step's waits on the host lose what that replay took out of them
-  (:func:`replay_moved`, :mod:`fsdpviz.replay.split`). What the replay does not account for, and a
+  plays the step again; the traced step's waits on the host (and a host backend's exposed
+  communication) lose what that replay took out of them (:func:`replay_moved`,
+  :mod:`fsdpviz.replay.split`). What the replay does not account for, and a
   run the replay cannot say for (no units to replay, a replay that misses the clean step), goes by the
   rule (:func:`deprofiled`): out of the time the traced steps spent on work carried in from before
   them (``Parts.carried``: the steps before the analysed ones queued ahead, as when the profiler
@@ -114,6 +116,11 @@ def deprofiled(parts: Parts, step: float, device: str) -> tuple[Parts, str | Non
                         fsdp_kernels=parts.fsdp_kernels * k), SHRUNK_DEVICE_NOTE
 
 
+# The parts of a GPU step the replay's drop moves (:func:`replay_moved`): where the host's pace decides
+# how long the device waits, as the replay without the profiler plays it again.
+REPLAY_MOVED: Final = ("host_wait", "fsdp_host", "exposed_comm")
+
+
 class ReplayMove(NamedTuple):
     """A step moved by the replay's split (:func:`replay_moved`)."""
 
@@ -125,42 +132,48 @@ class ReplayMove(NamedTuple):
     note: str | None
     """The rule's note (:func:`deprofiled`)."""
     beyond: dict[str, float]
-    """Per wait (``host_wait``, ``fsdp_host``), what the replay took out of it beyond what the trace
-    holds (ms; the wait ends at 0 and that time goes with the remainder)."""
+    """Per part of :data:`REPLAY_MOVED`, what the replay took out of it beyond what the trace holds (ms;
+    the part ends at 0 and that time goes with the remainder)."""
 
 
 def replay_moved(parts: Parts, drop: Parts, step: float) -> ReplayMove:
-    """A GPU step's ``parts`` (as traced) moved to the clean ``step`` by the replay's split: each of the
-    device's waits on the host (host wait, FSDP's hooks' share of it) less what the replay without the
-    profiler took out of it (``drop``: the traced program's replayed part less the same part replayed
-    net of the profiler's cost per host event, :mod:`fsdpviz.replay.split`), none below 0. The other
-    parts keep the trace's figures whatever ``drop`` says of them. The device's own (compute, exposed
-    communication, FSDP's copies, work carried in): the profiler slows the host, not the kernels, and
-    where the two replays' device parts differ it is by the replays' own misses (on the shared gloo
-    recording the traced replay's exposed communication runs 31 ms over the trace's, the net replay's
-    within 1 % of it). Other idle: the replay's device waits on nothing but launches and its own
-    streams, so its other idle is launch latency alone (:class:`fsdpviz.replay.simulate.SimResult`),
-    not the trace's waits on events, which it does not hold.
+    """A GPU step's ``parts`` (as traced) moved to the clean ``step`` by the replay's split: each part the
+    host's pace decides on the device -- the waits on the host (host wait, FSDP's hooks' share of it) and
+    the communication the device waits out where the host runs it (gloo's collectives on CUDA tensors;
+    :mod:`fsdpviz.replay.split` gives no drop there for NCCL's, kernels the profiler does not slow) --
+    less what the replay without the profiler took out of it (``drop``: the traced program's replayed
+    part less the same part replayed net of the profiler's cost per host event,
+    :mod:`fsdpviz.replay.split`), none below 0. The kernels' own time (the model's compute, FSDP's
+    copies) keeps the trace's figure: the replay plays the traced kernels' durations, and its drop there
+    is only how its two replays overlap them (FSDP's copies: 0.1-0.8 ms a step on the shared GPU
+    recordings). So does other idle: the replayed device waits on nothing but launches and its own
+    streams, so its other idle is launch latency alone (:class:`fsdpviz.replay.simulate.SimResult`), not
+    the trace's waits on events, which it does not hold. Both go with the remainder.
 
     Work carried in from before the traced steps is the traced steps' alone: it comes out first, as
-    the rule takes it, and the waits' drop then takes no more than the excess left (scaled down in
-    proportion where it would; a drop below 0, a wait the replay saw grow without the profiler, is
-    none). What the replay's drop does not account for -- it took more out of a wait than the trace
-    held, or its drop of the waits differs from the timers' whole drop -- is ``step`` against what is
-    left: that remainder (> 0 where the timers saw more leave) goes by :func:`deprofiled`'s rule, so the
-    parts still add up to ``step``; the device's parts shrink only where the rule has to, as its note
-    says."""
+    the rule takes it, and the replay's drop then takes no more than the excess left (scaled down in
+    proportion where it would; a drop below 0, a part the replay saw grow without the profiler, is
+    none). What the replay's drop does not account for -- it took more out of a part than the trace
+    holds, its drop differs from the timers' whole drop (its replay of the traced step misses the
+    trace's), FSDP's copies -- is ``step`` against what is left: that remainder (> 0 where the timers saw
+    more leave) goes by :func:`deprofiled`'s rule, so the parts still add up to ``step``; the device's
+    parts shrink only where the rule has to, as its note says."""
     excess = max(parts.total - step, 0.0)
     carried_out = min(parts.carried, excess)
     excess -= carried_out
-    host = max(drop.host_wait or 0.0, 0.0) if parts.host_wait is not None else 0.0
-    hooks = max(drop.fsdp_host, 0.0)
-    k = min(1.0, excess / (host + hooks)) if host + hooks > 0 else 0.0
-    asked = {"host_wait": (parts.host_wait or 0.0, host * k), "fsdp_host": (parts.fsdp_host, hooks * k)}
-    left = parts._replace(host_wait=None if parts.host_wait is None else max(parts.host_wait - host * k, 0.0),
-                          fsdp_host=max(parts.fsdp_host - hooks * k, 0.0), carried=parts.carried - carried_out)
+    held = {name: getattr(parts, name) or 0.0 for name in REPLAY_MOVED}
+    asked = {name: max(getattr(drop, name) or 0.0, 0.0) for name in REPLAY_MOVED}
+    if parts.host_wait is None:
+        asked["host_wait"] = 0.0
+    total = sum(asked.values())
+    k = min(1.0, excess / total) if total > 0 else 0.0
+    left = parts._replace(carried=parts.carried - carried_out,
+                          **{name: max(held[name] - asked[name] * k, 0.0) for name in REPLAY_MOVED})
+    if parts.host_wait is None:
+        left = left._replace(host_wait=None)
     moved, note = deprofiled(left, step, OVERLAP_GPU)
-    return ReplayMove(moved, left, note, {name: took - held for name, (held, took) in asked.items() if took > held})
+    return ReplayMove(moved, left, note, {name: asked[name] * k - held[name] for name in REPLAY_MOVED
+                                          if asked[name] * k > held[name]})
 
 
 def device_scale(parts: Parts, moved: Parts) -> float:
@@ -169,6 +182,15 @@ def device_scale(parts: Parts, moved: Parts) -> float:
     before = parts.compute + parts.exposed_comm + parts.fsdp_kernels
     after = moved.compute + moved.exposed_comm + moved.fsdp_kernels
     return after / before if before > 0 else 1.0
+
+
+def comm_scale(parts: Parts, moved: Parts) -> float:
+    """How a step's communication figures (its collectives', per unit and per purpose, exposed or not)
+    move with it: the factor its exposed communication moved by from the trace (``parts``) to the clean
+    step (``moved``); a step without exposed communication by :func:`device_scale`'s factor."""
+    if parts.exposed_comm <= 0:
+        return device_scale(parts, moved)
+    return moved.exposed_comm / parts.exposed_comm
 
 
 def host_scale(parts: Parts, moved: Parts) -> float:

@@ -556,14 +556,14 @@ def _baseline(model: Model) -> Outcome:
     units = [UnitOutcome(name=u.name, all_gather_ms=u.all_gather_ms, forward_ms=u.forward_ms,
                          backward_ms=u.backward_ms, reduce_scatter_ms=u.reduce_scatter_ms,
                          exposed_comm_ms=u.exposed_comm_ms) for u in summary.units]
-    # as `summary --json` says them (one clock: the run's step, the trace's communication); the
+    # as `summary --json` says them (one clock: the run's step, its communication); the
     # model's own numbers where the summary has none
     step = summary.step_time_ms if summary.step_time_ms is not None else rounded_ms(
         statistics.fmean(s.step_ns for s in rec.steps))
     with_memory = [s.memory for s in rec.steps if s.memory is not None]
     peak = known.recorded_peak(max(with_memory, key=lambda m: m.peak_bytes) if with_memory else None)
     # the summary's figures, on its clock: the overlap's compute is the bound's model compute, its
-    # exposed communication the bound's and its communication moved as the device work was
+    # exposed communication the bound's and its communication moved as that was (``bound.comm_scale``)
     # (analysis/summary.py); the model's own numbers only where the summary has none
     exposed = overlap.exposed_comm_ms if overlap.exposed_comm_ms is not None else rounded_ms(
         float(times["exposed_comm_ns"].mean()))

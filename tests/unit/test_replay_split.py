@@ -1,7 +1,7 @@
-"""The bound's waits, divided by the replay (fsdpviz/replay/split.py): on a GPU run led by the timers, the traced
-step's waits on the host lose what the replay without the profiler took out of them, the other parts
-keep the trace's figures, and what the replay does not account for goes by the rule
-(fsdpviz/structure/deprofile.py).
+"""The bound, the replay's split (fsdpviz/replay/split.py): on a GPU run led by the timers, the traced step's
+waits on the host and its exposed communication lose what the replay without the profiler took out of
+them, the kernels' own time and other idle keep the trace's figures, and what the replay does not
+account for goes by the rule (fsdpviz/structure/deprofile.py).
 
 The arithmetic is checked on parts whose answer is worked out by hand; the split on the shared GPU
 recordings, where the timers' clean step is the truth the parts must add up to, the trace file the
@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 
 from fsdpviz.analysis.bound import BY_REPLAY, BY_RULE, rank_drops, summarize_bound
-from fsdpviz.structure.deprofile import Parts, device_scale, replay_moved
+from fsdpviz.replay.split import host_paced
+from fsdpviz.structure.deprofile import Parts, comm_scale, device_scale, replay_moved
 
 # compute, exposed comm, host wait, other idle, FSDP's copies, FSDP's hooks' wait, carried: 60 ms
 TRACED = Parts(40.0, 2.0, 10.0, 3.0, 1.0, 4.0, 0.0)
@@ -71,16 +72,34 @@ def test_a_drop_larger_than_its_wait_stops_at_zero_and_says_by_how_much() -> Non
     assert moved.total == pytest.approx(45.0)
 
 
-def test_the_devices_parts_keep_the_traces_figures() -> None:
-    # the replays' device parts differ (a collective replayed 1.5 ms more exposed as traced, copies 0.5):
-    # their misses, not the profiler's, which slows the host: the trace's figures stay
-    drop = Parts(0.2, 1.5, 3.0, 0.0, 0.5, 0.0, 0.0)
-    moved, left, note, _ = replay_moved(TRACED, drop, 57.0)
-    assert (moved.compute, moved.exposed_comm, moved.fsdp_kernels) == (40.0, 2.0, 1.0) and note is None
-    assert moved.host_wait == pytest.approx(7.0) and device_scale(left, moved) == 1.0
+def test_exposed_communication_moves_and_the_kernels_keep_the_traces_figures() -> None:
+    # a collective the slower host issued later is exposed 1.5 ms longer as traced (gloo's, on the shared
+    # recording, ~30 ms a step): it comes out with the waits, 4.5 ms in all. The kernels' own time
+    # (compute 0.2, FSDP's copies 0.5: how the two replays overlap them) and other idle (0.5) stay the
+    # trace's, and their 1.2 ms go with the remainder, by the rule (the waits left, 7 + 4, in proportion)
+    drop = Parts(0.2, 1.5, 3.0, 0.5, 0.5, 0.0, 0.0)
+    moved, left, note, _ = replay_moved(TRACED, drop, 54.3)
+    assert left == pytest.approx(Parts(40.0, 0.5, 7.0, 3.0, 1.0, 4.0, 0.0)) and note is None
+    assert (moved.compute, moved.fsdp_kernels, moved.other_idle) == (40.0, 1.0, 3.0)
+    assert moved.exposed_comm == pytest.approx(0.5) and moved.total == pytest.approx(54.3)
+    assert moved.host_wait == pytest.approx(7.0 - 1.2 * 7 / 11) and moved.fsdp_host == pytest.approx(4.0 - 1.2 * 4 / 11)
+    assert device_scale(left, moved) == 1.0 and comm_scale(TRACED, moved) == pytest.approx(0.25)
     # where even the device's parts must shrink to reach the clean step, the rule says so
     moved, left, note, _ = replay_moved(TRACED, drop, 40.0)
     assert device_scale(left, moved) < 1.0 and note is not None and "shrunk" in note
+
+
+def test_only_a_host_backends_exposed_communication_moves() -> None:
+    # gloo's collectives are the host's work (the replay's drop of them is taken); NCCL's are kernels: the
+    # trace's exposed communication stays, and its 1.5 ms go with the remainder, by the rule
+    drops = {0: Parts(0.0, 1.5, 3.0, 0.0, 0.0, 1.0, 0.0)}
+    assert host_paced(drops, True) is drops
+    nccl = host_paced(drops, False)
+    assert nccl[0] == Parts(0.0, 0.0, 3.0, 0.0, 0.0, 1.0, 0.0) and drops[0].exposed_comm == 1.5
+    moved, _, _, _ = replay_moved(TRACED, nccl[0], 54.5)
+    assert moved.exposed_comm == 2.0 and moved.total == pytest.approx(54.5)
+    # 4 ms by the replay (host wait 10 -> 7, hooks 4 -> 3), 1.5 by the rule out of those 10 in proportion
+    assert moved.host_wait == pytest.approx(7.0 - 1.5 * 0.7) and moved.fsdp_host == pytest.approx(3.0 - 1.5 * 0.3)
 
 
 def test_a_trace_without_launches_keeps_its_unknown_host_wait() -> None:
@@ -96,6 +115,10 @@ def test_a_rank_the_model_did_not_read_takes_the_replayed_ranks_shares() -> None
     assert out[0] is WAITS
     assert (out[1].host_wait, out[1].fsdp_host) == pytest.approx((12.0, 6.0))
     assert (out[2].host_wait, out[2].fsdp_host) == (0.0, 0.0)  # ran no slower traced: nothing to take
+    # and the exposed communication's share the same way (2 ms of rank 3's 10)
+    out = rank_drops({3: WAITS._replace(exposed_comm=2.0)}, [3, 4], {3: 10.0, 4: 5.0})
+    assert (out[4].host_wait, out[4].fsdp_host, out[4].exposed_comm) == pytest.approx((3.0, 1.5, 1.0))
+    assert out[4].other_idle == 0.0  # the replay's other idle is not moved, so not carried over either
 
 
 def _own_compute(result: Any) -> float:

@@ -176,9 +176,11 @@ def test_gloos_collectives_on_cuda_queue_behind_one_another_in_the_replay(gpu_fs
     """gloo's collectives on CUDA tensors (the shared 2-rank H100 recording) run on the process group's
     worker threads one at a time: in the trace file the ``gloo:*`` ranges of the analysed steps overlap
     for under 0.5 % of their time. Replayed so (one queue, each gather starting with FSDP's all-gather
-    label, which holds the host until the gloo op ends), the recorded setting's exposed communication
-    without the profiler is the trace's own, which the replay is not fitted to, within 1 %; with the
-    all-gathers and reduce-scatters on streams of their own it was 1,015 of 1,328 ms, and root,
+    label, which holds the host until the gloo op ends), the replay of the traced steps waits on
+    communication as long as each rank's trace does, which the replay is not fitted to, within 1.5 % (0.7
+    and 1.0 %; without the profiler 31 ms a step less, which the bound takes out of the trace's: it is the
+    trace's less that drop); with the all-gathers and reduce-scatters on streams of their own it was 1,015
+    of 1,328 ms, and root,
     merge:2, no resharding and prefetch none predicted parts 14-22 % past their steps. Now every
     explored setting's parts fit its step, and the prefetch depths that predict the recorded step say
     why: their gathers queue earlier on the same one queue."""
@@ -205,8 +207,11 @@ def test_gloos_collectives_on_cuda_queue_behind_one_another_in_the_replay(gpu_fs
     assert model is not None and model.recording.serial_collectives
     bound = result.summary.bound
     assert bound is not None
-    replayed = statistics.median(r.exposed_comm_ns for r in model.net.replays) / 1e6
-    assert replayed == pytest.approx(bound.exposed_comm_ms, rel=0.01)
+    for rank in (0, 1):
+        traced = [r.exposed_comm_ns for s, r in zip(model.recording.steps, model.replays) if s.rank == rank]
+        row = result.overlap[result.overlap["rank"] == rank].iloc[0]
+        in_trace = float(row["bound_exposed_comm_ns"]) / int(row["n_steps"])
+        assert statistics.fmean(traced) == pytest.approx(in_trace, rel=0.015)
     explored = explore(model)
     assert not explored.unranked
     assert all(c.prediction is not None and c.prediction.parts_over_pct is None
@@ -223,11 +228,19 @@ def test_gloos_collectives_on_cuda_queue_behind_one_another_in_the_replay(gpu_fs
         p = rows[name]
         assert p.predicted.step_time_ms == pytest.approx(p.baseline.step_time_ms, abs=0.0005), name
         assert SERIAL_PREFETCH_NOTE in p.notes, name
-        # the replay still moves their exposed communication, which an unchanged step's split cannot
-        # take from any other part: the split's note says its parts add up past the step
-        if abs(p.predicted.exposed_comm_ms - p.baseline.exposed_comm_ms) > 0.01:
-            bound = bounds[name]
-            assert bound is not None and "the parts add up to" in (bound.note or ""), name
+        # the replay still moves their exposed communication, which an unchanged step's split takes out of
+        # the host side the recorded split keeps (the replay's, gloo2's waits not emptied by the rule), so
+        # the parts still add up to the step; where none is left, the split's note says they add up past it
+        moved = p.predicted.exposed_comm_ms - p.baseline.exposed_comm_ms
+        if abs(moved) > 0.01:
+            b = bounds[name]
+            assert b is not None, name
+            if "the parts add up to" not in (b.note or ""):
+                parts = b.compute_ms + b.exposed_comm_ms + (b.host_wait_ms or 0.0) + b.other_idle_ms + b.fsdp_overhead_ms
+                assert parts == pytest.approx(b.step_ms, abs=0.01), name
+                side = (b.host_wait_ms or 0.0) + b.fsdp_overhead_ms - (b.fsdp_kernels_ms or 0.0)
+                recorded = (bound.host_wait_ms or 0.0) + bound.fsdp_overhead_ms - (bound.fsdp_kernels_ms or 0.0)
+                assert side < recorded, name
     assert rows["prefetch none"].predicted.step_time_ms > rows["prefetch none"].baseline.step_time_ms + 1.0
     assert SERIAL_PREFETCH_NOTE not in rows["prefetch none"].notes
     said = [n for n in explored.notes if SERIAL_PREFETCH_REASON in n]

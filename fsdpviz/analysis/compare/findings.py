@@ -35,7 +35,7 @@ import msgspec
 import numpy as np
 
 from fsdpviz import vocabulary
-from fsdpviz.analysis.bound import clock_scale
+from fsdpviz.analysis.bound import clock_scale, comm_clock_scale
 from fsdpviz.analysis.compare.clocks import different_clocks, levels_differ
 from fsdpviz.analysis.compare.model import HEADLINE_FIELDS, unit_index
 from fsdpviz.analysis.compare.spread import MEMORY_NOISE, headline_spread_why
@@ -252,14 +252,17 @@ def step_time_finding(c: Comparison) -> list[Finding]:
 
 def step_parts(a: LabelledRun, b: LabelledRun, *, traced: bool = False) -> str:
     """How the step's parts changed from run ``b`` to run ``a`` (means over ranks and steps, each run's
-    moved to its clock as its step is: the bound's ``device_scale``; ``traced``: both as traced), or ""."""
+    moved to its clock as its step is: the bound's ``device_scale``, its exposed communication's
+    ``comm_scale``; ``traced``: both as traced), or ""."""
     ta, tb = getattr(a.analysis, "step_times", None), getattr(b.analysis, "step_times", None)
     if ta is None or tb is None or ta.empty or tb.empty:
         return ""
     ka, kb = (1.0, 1.0) if traced else (clock_scale(a.summary.bound), clock_scale(b.summary.bound))
+    ca, cb = (1.0, 1.0) if traced else (comm_clock_scale(a.summary.bound), comm_clock_scale(b.summary.bound))
 
     def delta(col: str) -> float:
-        return (ka * float(ta[col].mean()) - kb * float(tb[col].mean())) / NS_PER_MS
+        sa, sb = (ca, cb) if col == "exposed_comm_ns" else (ka, kb)
+        return (sa * float(ta[col].mean()) - sb * float(tb[col].mean())) / NS_PER_MS
 
     # the parts of a step on the training threads (they add up to the step) by the names the report's
     # step chart gives them; then exposed communication, which on CPU mostly lies inside the framework's

@@ -13,7 +13,7 @@ the median over ranks:
   analysed steps as traced, moved to the step time by its ratio to the traced step, where they range
   wider than the clean ones (the profiler's jitter comes with them); else the analysed steps as traced;
 - ``overlap.exposed_comm_ms`` and ``overlap.comm_ms``: the analysed steps' exposed and total
-  communication, moved to the run's clock as the figures are (``bound.device_scale``);
+  communication, moved to the run's clock as the figures are (``bound.comm_scale``);
 - ``overlap.overlap_pct``: the analysed steps' share of communication hidden behind compute, in
   percentage points (``spread_points``: a ratio has no spread in ms);
 - a unit group's times: the group's units summed per step (forward and backward compute, all-gather,
@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Final
 
 import pandas as pd
 
-from fsdpviz.analysis.bound import clock_scale
+from fsdpviz.analysis.bound import comm_clock_scale
 from fsdpviz.analysis.compare.model import bucketed_units
 from fsdpviz.analysis.compare.units import EXPOSED_METRICS, splits_bucket
 from fsdpviz.formatting import NS_PER_MS
@@ -127,8 +127,8 @@ def step_values_ms(run: LabelledRun, key: str) -> pd.Series | None:
     times = run.analysis.step_times
     if column is None or times.empty:
         return None
-    # the traced steps' values moved to the run's clock as its figure was (the bound's device_scale)
-    scale = clock_scale(summary.bound)
+    # the traced steps' values moved to the run's clock as its figure was (the bound's comm_scale)
+    scale = comm_clock_scale(summary.bound)
     return scale * times.groupby("step")[column].median() / NS_PER_MS
 
 
@@ -166,7 +166,7 @@ def group_spread_ms(run: LabelledRun, group: UnitGroup, metric: str) -> float | 
     if columns == ("compute_clock_ns",):  # a pass as the run's analysis moved it (summary.units)
         total = rows["compute_clock_ns"].astype(float)
     else:  # the units' clock (summary.units)
-        total = clock_scale(run.summary.bound) * rows[list(columns)].clip(lower=0).sum(axis=1)
+        total = comm_clock_scale(run.summary.bound) * rows[list(columns)].clip(lower=0).sum(axis=1)
     per_rank_step = total.groupby([rows["rank"], rows["step"]]).sum()
     return _range(per_rank_step.groupby(level="step").median() / NS_PER_MS)
 

@@ -134,13 +134,16 @@ def _summary_value(unit: Any, key: str) -> float | None:
 def unit_tables(stats: pd.DataFrame, colors: Mapping[str, str],
                 timed: Mapping[str, tuple[float | None, float | None]] | None = None,
                 scopes: Mapping[str, str | None] | None = None,
-                summary_units: Mapping[str, Any] | None = None, scale: float = 1.0) -> UnitTables:
+                summary_units: Mapping[str, Any] | None = None, scale: float = 1.0,
+                comm_scale: float | None = None) -> UnitTables:
     """Display table and bar data from UNIT_STATS (rows in forward order); ``timed``: per unit its
     forward and backward as the timers clock them in unprofiled steps (the summary's ``*_timer_ms``);
     ``scopes``: per unit the summary's ``param_scope`` (None: unknown, an empty cell);
     ``summary_units``: the summary's ``units`` entries by name, whose numbers the table then shows
     (SUMMARY_COLUMNS), so that the page's table and the terminal's agree to the digit; ``scale``: what
-    moves the traced times to the run's clock, as the summary's are (``bound.device_scale``)."""
+    moves the traced times to the run's clock, as the summary's are (``bound.device_scale``), ``comm_scale``
+    the collectives' (``bound.comm_scale``; None: ``scale``)."""
+    comm = scale if comm_scale is None else comm_scale
     stats = stats.sort_values("order", kind="stable").reset_index(drop=True)
     stats = stats.assign(unit_name=stats["unit"].astype(str).map(unit_label))
     table = pd.DataFrame({
@@ -169,11 +172,12 @@ def unit_tables(stats: pd.DataFrame, colors: Mapping[str, str],
     if summary_units:  # the bars are the table's figures (a GPU pass's gaps moved as the summary's are)
         times = _long(table, tuple((f"{col.removesuffix('_ns')}_ms", label) for col, label in TIME_METRICS), "ms", 1.0)
     else:
-        times = _long(stats, TIME_METRICS, "ms", NS_PER_MS / scale)
+        times = pd.concat([_long(stats, TIME_METRICS[i:i + 1], "ms", NS_PER_MS / (comm if i in (0, 3) else scale))
+                           for i in range(len(TIME_METRICS))], ignore_index=True)
     return UnitTables(
         table=table,
         times=times,
-        exposed=_long(stats, EXPOSED_METRICS, "ms", NS_PER_MS / scale),
+        exposed=_long(stats, EXPOSED_METRICS, "ms", NS_PER_MS / comm),
         leads=_long(stats, LEAD_METRICS, "ms", NS_PER_MS / scale),
         memory=_long(stats, MEMORY_METRICS, "bytes", 1.0),
         units=stats["unit_name"].tolist(),
