@@ -85,8 +85,9 @@ _COMM_DURATIONS: Final = ("ag_ns", "ag_exposed_ns", "rs_ns", "rs_exposed_ns", "a
 
 
 def _medians(unit_steps: pd.DataFrame, scale: float, comm_scale: float) -> pd.DataFrame:
-    """Each unit pass's medians over ranks and steps, its durations moved to the run's clock (its compute
-    as the run's analysis moved it: UNIT_STEPS ``compute_clock_ns``)."""
+    """Each unit pass's medians over ranks and steps, its durations moved to the run's clock: its
+    collectives' by ``comm_scale``, its prefetch lead by ``scale``, its compute as the run's analysis moved
+    it (UNIT_STEPS ``compute_clock_ns``)."""
     us = unit_steps.assign(depth=unit_steps["issue_depth"].where(unit_steps["issue_depth"] >= 0))
     med = us.groupby(["unit", "phase"]).agg(
         ag_ns=("ag_ns", "median"), ag_exposed_ns=("ag_exposed_ns", "median"),
@@ -310,8 +311,8 @@ def straggler_findings(step_times: pd.DataFrame, floor_ns: float, scale: float =
     Summed lateness over a step's collectives overstates the cost when a rank is late at every
     collective by the same amount (the others do not wait the full skew at each one when a gather
     was prefetched), so the time lost is what the waiting shows: how much more exposed
-    communication the other ranks have than the straggler, capped by its summed lateness. Durations
-    times ``scale`` (the module docstring).
+    communication the other ranks have than the straggler, capped by its summed lateness. Lateness
+    times ``scale``, exposed communication times ``comm_scale`` (the module docstring).
     """
     if step_times.empty or step_times["rank"].nunique() < 2:
         return []
@@ -347,8 +348,8 @@ def profiler_findings(cost: ProfilerCost | None, idle_ns: float | None) -> list[
     traced host wait, FSDP's hooks' share of it and other idle, the time carried in from before the
     steps included: the de-profiler takes the share out of that first), given where the share came out of
     it whole (a GPU rank whose device parts the de-profiler left as traced; None on a CPU rank, whose every
-    part the profiler slows, or where the share did not fit and the device's parts were shrunk too): the
-    finding then says so.
+    part the profiler slows, where the share did not fit and the device's parts were shrunk too, or where
+    part of it came out of a host backend's exposed communication): the finding then says so.
     Only when the unprofiled steps can be trusted (``cost.headline``): from one or two steps, the
     share would be a guess."""
     if cost is None or not cost.headline or cost.slowdown < NOTABLE_SLOWDOWN:

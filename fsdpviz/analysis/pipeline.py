@@ -195,8 +195,9 @@ class RunResult:
 
     @property
     def device_scale(self) -> float:
-        """What moves the trace's device durations (per-unit times, the findings') to the run's clock:
-        the bound's ``device_scale`` (:mod:`fsdpviz.structure.deprofile`), 1.0 without a bound."""
+        """What moves the trace's device durations (a pass's kernels, the findings' compute and lateness) to
+        the run's clock: the bound's ``device_scale`` (:mod:`fsdpviz.structure.deprofile`), 1.0 without a
+        bound; the collectives' move by :attr:`comm_scale`."""
         from fsdpviz.analysis.bound import clock_scale
 
         return clock_scale(self._bound)

@@ -177,8 +177,9 @@ def replay_moved(parts: Parts, drop: Parts, step: float) -> ReplayMove:
 
 
 def device_scale(parts: Parts, moved: Parts) -> float:
-    """How a step's device figures (communication, per-unit times) move with it: the factor its device
-    parts moved by (CPU: the rank's factor; GPU: 1 unless :func:`deprofiled` shrank them)."""
+    """How a step's device figures (a pass's kernels; communication where :func:`comm_scale` has no
+    exposed communication to go by) move with it: the factor its device parts moved by (CPU: the rank's
+    factor; GPU: 1 unless :func:`deprofiled` shrank them)."""
     before = parts.compute + parts.exposed_comm + parts.fsdp_kernels
     after = moved.compute + moved.exposed_comm + moved.fsdp_kernels
     return after / before if before > 0 else 1.0

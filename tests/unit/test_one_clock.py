@@ -218,8 +218,13 @@ def _units_and_findings_on_the_clock(result: Any, summary: Any, traced: float) -
     rows_ = result.overlap[result.overlap["bound_window_ns"] > 0]
     traced_exposed = float((rows_["bound_exposed_comm_ns"] / rows_["n_steps"].clip(lower=1)).median()) / 1e6
     kc = bound.exposed_comm_ms / traced_exposed if traced_exposed > 0 else k
-    if summary.device == "cpu" or bound.deprofiled_by != "replay":
+    # it moves apart from the device only where the collectives ran on a host backend (gloo's on CUDA):
+    # NCCL's are kernels, and a CPU rank moves by one factor
+    model, _ = summary_model(result)
+    if model is None or not model.recording.serial_collectives:
         assert kc == pytest.approx(k, rel=1e-3)
+    else:
+        assert kc < 0.99
     stats = result.analysis.unit_stats.set_index("unit")
     us = result.analysis.unit_steps
     units = {u.name: u for u in summary.units}

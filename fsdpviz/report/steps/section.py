@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from fsdpviz.analysis.bound import clock_scale
+from fsdpviz.analysis.bound import clock_scale, comm_clock_scale
 from fsdpviz.analysis.figures import rank_exposed_ms, step_time_figures
 from fsdpviz.formatting import NS_PER_MS, format_ms
 from fsdpviz.report.html import Fact, Section
@@ -61,7 +61,9 @@ def steps_section(data: ReportData) -> Section:
             views.append(plots.step_time_spread(times))
     rank_times = data.rank_step_times
     if rank_times is not None and not rank_times.empty and rank_times["rank"].nunique() > HEATMAP_RANKS:
-        heat = rank_times.assign(exposed_ms=rank_times["exposed_comm_ns"] / NS_PER_MS)
+        # each analysed step's exposed communication moved to the run's clock, as the summary's per rank is
+        heat = rank_times.assign(exposed_ms=rank_times["exposed_comm_ns"] * comm_clock_scale(data.summary.bound)
+                                 / NS_PER_MS)
         views.append(plots.rank_step_heatmap(heat, value="exposed_ms", label="exposed communication",
                                              title="exposed communication per rank and analysed step",
                                              cmap="Reds"))
