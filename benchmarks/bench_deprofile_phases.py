@@ -21,6 +21,8 @@ import argparse
 import statistics
 from pathlib import Path
 
+from harness import shared_gpu_recordings
+
 from fsdpviz.analysis.bound_phases import REST, bound_phase_check
 from fsdpviz.analysis.pipeline import RunResult, analyse
 from fsdpviz.replay.phases import per_rank_phases
@@ -66,8 +68,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shared", type=Path, default=ROOT.parent / "shared" / "traces")
     args = parser.parse_args()
-    folders = [p for p in sorted((args.shared / "gpu-fsdp").glob("h100-*")) if p.is_dir()]
-    folders += [p for p in (args.shared / "gpu-h200" / n for n in ("B", "Bl", "Broot")) if p.is_dir()]
+    folders = shared_gpu_recordings(args.shared)
     print("| recording | rule | forward | backward | rest | largest |")
     print("|---|---|---:|---:|---:|---:|")
     largest: dict[str, list[float]] = {"rule": [], "replay": []}

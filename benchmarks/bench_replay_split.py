@@ -20,6 +20,8 @@ import argparse
 import statistics
 from pathlib import Path
 
+from harness import shared_gpu_recordings
+
 from fsdpviz.analysis.bound import BoundSummary, traced_parts
 from fsdpviz.analysis.pipeline import RunResult, analyse
 from fsdpviz.replay.split import per_rank_parts, replay_drops
@@ -51,8 +53,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shared", type=Path, default=ROOT.parent / "shared" / "traces")
     args = parser.parse_args()
-    folders = [p for p in sorted((args.shared / "gpu-fsdp").glob("h100-*")) if p.is_dir()]
-    folders += [p for p in (args.shared / "gpu-h200" / n for n in ("B", "Bl", "Broot")) if p.is_dir()]
+    folders = shared_gpu_recordings(args.shared)
     print("| recording | rule: host wait / FSDP's per-unit work / other idle / exposed communication | "
           "as every view gives it | left to the rule | `deprofiled_by` |")
     print("|---|---|---|---:|---|")

@@ -118,6 +118,13 @@ def spread(values: Sequence[float], fmt: str = "{:.2f}") -> str:
     return f"{fmt.format(med)} ({fmt.format(min(values))}-{fmt.format(max(values))})"
 
 
+def shared_gpu_recordings(shared: Path) -> list[Path]:
+    """The shared GPU recordings under ``shared`` (``../shared/traces``) that are there: the H100 run
+    folders (``gpu-fsdp/h100-*``), then the H200's B, Bl and Broot."""
+    folders = [p for p in sorted((shared / "gpu-fsdp").glob("h100-*")) if p.is_dir()]
+    return folders + [p for p in (shared / "gpu-h200" / n for n in ("B", "Bl", "Broot")) if p.is_dir()]
+
+
 def median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")
 

@@ -416,8 +416,9 @@ class BoundSummary(StepSplit, kw_only=True):
     deprofiled_by: str | None = None
     """How the profiler's share came out on ``unprofiled`` (None on ``traced``): ``replay``, the waits on
     the host (and a host backend's exposed communication) less what the run's replay without the
-    profiler took out of them, the kernels' own time and other idle as traced (:mod:`fsdpviz.replay.split`; what the replay
-    leaves unaccounted goes by the rule, ``note`` says how much); ``rule``, by :func:`fsdpviz.structure.deprofile.deprofiled` alone, where the run has no such
+    profiler took out of them, the kernels' own time and other idle as traced
+    (:mod:`fsdpviz.replay.split`; what the replay leaves unaccounted goes by the rule, ``note`` says how
+    much); ``rule``, by :func:`fsdpviz.structure.deprofile.deprofiled` alone, where the run has no such
     replay (a CPU run's replay scales each rank by the same factor the rule does), or until a view reads
     the run's model (``note`` says why on a GPU once one has: :mod:`fsdpviz.replay.split`)."""
     memory_bound: bool | None = None

@@ -25,6 +25,7 @@ TIME_METRICS = (
     ("backward_ns", "backward"),
     ("reduce_scatter_ns", "reduce-scatter"),
 )
+COMM_TIMES = frozenset({"all_gather_ns", "reduce_scatter_ns"})  # of TIME_METRICS: moved by comm_scale
 EXPOSED_METRICS = (
     ("forward_ag_exposed_ns", "forward all-gather"),
     ("backward_ag_exposed_ns", "backward all-gather"),
@@ -172,8 +173,8 @@ def unit_tables(stats: pd.DataFrame, colors: Mapping[str, str],
     if summary_units:  # the bars are the table's figures (a GPU pass's gaps moved as the summary's are)
         times = _long(table, tuple((f"{col.removesuffix('_ns')}_ms", label) for col, label in TIME_METRICS), "ms", 1.0)
     else:
-        times = pd.concat([_long(stats, TIME_METRICS[i:i + 1], "ms", NS_PER_MS / (comm if i in (0, 3) else scale))
-                           for i in range(len(TIME_METRICS))], ignore_index=True)
+        times = pd.concat([_long(stats, (metric,), "ms", NS_PER_MS / (comm if metric[0] in COMM_TIMES else scale))
+                           for metric in TIME_METRICS], ignore_index=True)
     return UnitTables(
         table=table,
         times=times,
