@@ -22,7 +22,7 @@ from fsdpviz.trace.dask_engine import ENV_SCHEDULER
 from fsdpviz.trace.kineto import RankColumns
 from fsdpviz.trace.onerun import check_one_run, exports_only_error, is_export
 from fsdpviz.trace.parse_task import PerRank
-from fsdpviz.trace.sources import below_hint, read_timers, resolve_sources, units_from_run
+from fsdpviz.trace.sources import below_hint, estimated_events, read_timers, resolve_sources, units_from_run
 from fsdpviz.trace.tables import TraceSet
 from fsdpviz.trace.workers import parse_all
 
@@ -31,21 +31,6 @@ if TYPE_CHECKING:
 
 KEEP_EVENTS_ENV: Final = "FSDPVIZ_KEEP_EVENTS"
 KEEP_EVENTS_MAX: Final = 4_000_000  # trace events a run loaded whole may have (docs/scale.md)
-# Bytes of file per trace event, at the low end of what traces hold (fsdpviz's synthetic FSDP2 runs:
-# ~18 of gzip; real GPU traces carry more arguments per event): the estimate errs toward more events,
-# so toward analysing a run rank by rank.
-_BYTES_PER_EVENT: Final = {True: 18, False: 200}
-
-
-def estimated_events(files: Sequence[Path]) -> int:
-    """Trace events in ``files``, estimated from their sizes (gzip or not) without reading them."""
-    total = 0.0
-    for f in files:
-        try:
-            total += f.stat().st_size / _BYTES_PER_EVENT[f.name.endswith(".gz")]
-        except OSError:
-            pass
-    return int(total)
 
 
 def keeps_events(files: Sequence[Path]) -> bool:

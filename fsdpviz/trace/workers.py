@@ -7,7 +7,8 @@ threads gets a ``forkserver`` instead, since forking a threaded process can dead
 write the cache entry themselves so that it is written in parallel too, and send back flat numpy
 columns (``RankColumns``), not DataFrames: they never import pandas, and while they parse, the
 parent can import it (``meanwhile``), so that a command's start-up overlaps the parsing. A single
-file is parsed in a worker for that reason only; otherwise it is parsed in the calling process.
+file is parsed in a worker for that reason only; otherwise it is parsed in the calling process, and so
+is a small run where the parent has nothing to overlap (:data:`SMALL_PARSE_EVENTS`).
 
 Progress appears on stderr only when loading takes longer than ``PROGRESS_DELAY_S`` and stderr is
 a terminal, and disappears when done; asked for explicitly on a non-terminal, it is one plain line
@@ -29,8 +30,14 @@ from typing import Final
 
 from fsdpviz.trace.cache import load_cached
 from fsdpviz.trace.parse_task import ParsedRank, PerRank, parse_file, unwrap
+from fsdpviz.trace.sources import estimated_events
 
 PROGRESS_DELAY_S: Final = 0.5
+# Files of this many trace events or fewer in all (estimated from their sizes) are parsed in the calling
+# process where it has nothing to overlap with the workers (:func:`_job_count`): about 0.1 s of
+# parsing, which workers would share for less than it costs to start them and send their tables back
+# (docs/performance.md, "Small runs parsed in the calling process").
+SMALL_PARSE_EVENTS: Final = 64_000
 
 
 def parse_all(
@@ -65,7 +72,8 @@ def parse_all(
         for i, tables in zip(todo, parsed):
             results[i] = tables
         return results
-    n_jobs = _job_count(jobs, len(todo), parent_idle=meanwhile is not None)
+    n_jobs = _job_count(jobs, len(todo), parent_idle=meanwhile is not None,
+                        events=estimated_events([files[i] for i in todo]))
     if n_jobs == 0:
         if meanwhile is not None:
             meanwhile()
@@ -90,15 +98,19 @@ def parse_all(
     return results
 
 
-def _job_count(jobs: int | None, n_files: int, *, parent_idle: bool = False) -> int:
+def _job_count(jobs: int | None, n_files: int, *, parent_idle: bool, events: int) -> int:
     """Worker processes to start; 0 = parse in this process.
 
     One file is parsed here unless the parent has other work to overlap with it (``parent_idle``)
     and another CPU to do it on: sending the tables back costs little next to parsing, but more
-    than nothing.
+    than nothing. So are files of :data:`SMALL_PARSE_EVENTS` or fewer estimated ``events`` in all
+    when the parent has nothing to overlap (a notebook or a command with pandas already imported):
+    starting the workers and sending their tables back would cost more than the parsing they share.
     """
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     n_jobs = max(1, min(jobs if jobs is not None else cpus, n_files))
+    if jobs is None and not parent_idle and events <= SMALL_PARSE_EVENTS:
+        return 0
     if n_jobs == 1 and not (jobs is None and parent_idle and cpus > 1):
         return 0
     return n_jobs
