@@ -21,14 +21,24 @@ import pytest
 from helpers.rawfiles import timer_step_ms
 
 from fsdpviz.analysis.compare.model import HEADLINE_FIELDS
-from fsdpviz.analysis.compare.runs import best_indices, command_args, compare_runs, field_value
-from fsdpviz.analysis.pipeline import LabelledRun, RunResult, analyse
+from fsdpviz.analysis.compare.runs import (
+    best_indices,
+    command_args,
+    compare_runs,
+    comparison_json,
+    field_value,
+)
+from fsdpviz.analysis.pipeline import LabelledRun, RunResult
 from fsdpviz.cli import main
 from fsdpviz.errors import UsageError
 from fsdpviz.formatting import bytes_text
+from fsdpviz.report.compare.build import load_runs
+from fsdpviz.whatif.gains import on_replay_split
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
 FSDP2, FSDP1, ZERO3 = (SAMPLES / n for n in ("fsdp2-cpu-2rank", "fsdp1-cpu-2rank", "zero3-cpu-2rank"))
+RECORDED = Path(__file__).resolve().parents[1] / "recorded"
+D256 = ("block", "pair", "root")  # the committed dim-256 recordings' wraps: tests/recorded/fsdp2-d256-NAME/run
 
 
 def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -56,6 +66,36 @@ def compared(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, list[dict]
                              "-o", str(page)))
     summaries = [json.loads(call("summary", str(p), "--json", "--no-cache")) for p in (FSDP2, FSDP1, ZERO3)]
     return result, summaries, page
+
+
+@pytest.fixture(scope="module")
+def d256() -> dict[str, LabelledRun]:
+    """The committed dim-256 recordings (block, pair, root units), labelled by their wrap, loaded and
+    analysed once for the module as ``fsdpviz compare`` prepares its runs: ``load_runs``, then each run on
+    its clock (``on_replay_split``). ``compare_runs`` only reads them, so every comparison of them below
+    starts from the state the command's would."""
+    runs = load_runs([RECORDED / f"fsdp2-d256-{name}" / "run" for name in D256], list(D256), cache=False)
+    for run in runs:
+        on_replay_split(run.result)
+    return {run.label: run for run in runs}
+
+
+@pytest.fixture(scope="module")
+def d256_compared(d256: dict[str, LabelledRun]) -> Callable[..., dict]:
+    """``d256_compared(*labels)``: what ``fsdpviz compare --json`` prints for those dim-256 runs, in that
+    order, each labelled by its wrap (``comparison_json`` of ``compare_runs``, through JSON as the command
+    writes it), computed once per list of runs for the module and a fresh dict for each caller. The one
+    thing the command adds after comparing, each run's actions' predicted gains and clock (its completed
+    summary), is left as the summary has it: no test of these runs reads it, and completing it would move
+    the shared runs' state (``completed_summary``) under the comparisons that follow."""
+    done: dict[tuple[str, ...], str] = {}
+
+    def json_of(*labels: str) -> dict:
+        if labels not in done:
+            done[labels] = json.dumps(comparison_json(compare_runs([d256[label] for label in labels])))
+        return dict(json.loads(done[labels]))
+
+    return json_of
 
 
 def test_runs_are_the_individual_summaries(compared) -> None:
@@ -320,18 +360,13 @@ def test_runs_on_two_clocks_and_two_levels_are_not_ranked_on_them(tmp_path: Path
 
 
 def test_the_exposed_communication_finding_says_the_run_it_does_not_lead_with(
-        capsys: pytest.CaptureFixture[str]) -> None:
+        d256_compared: Callable[..., dict]) -> None:
     """Three committed recordings of the dim-256 example (block, pair, root units): the exposed
     communication finding leads with the least and the most, and says the third run against the least,
     by the same tests the table's star reads (the noise, then the step-to-step spread), so a reader of the
     sentence and of the table sees one verdict; the unit group that differs most is said not to rank where
     its row's spreads hold the gap. Its figures are the table's."""
-    recorded = Path(__file__).resolve().parents[1] / "recorded"
-    runs = [str(recorded / f"fsdp2-d256-{name}" / "run") for name in ("block", "pair", "root")]
-    code, out, _ = _run(capsys, "compare", *runs, "--label", "block", "--label", "pair", "--label", "root",
-                        "--json", "-q")
-    assert code == 0
-    result = json.loads(out)
+    result = d256_compared("block", "pair", "root")
     values = {lb: r["overlap"]["exposed_comm_ms"] for lb, r in zip(result["labels"], result["runs"])}
     finding = next(f for f in result["findings"] if f["kind"] == "exposed_comm")
     least = min(values, key=values.__getitem__)
@@ -373,18 +408,17 @@ def _says_the_third_run(finding: dict, values: dict[str, float], least: str, mos
 
 
 def test_a_run_on_another_clock_is_left_out_of_the_ranking_of_the_others(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], d256: dict[str, LabelledRun]) -> None:
     """Three committed recordings of the dim-256 example (block, pair, root units), the root one's timer
     lines of its steady steps (7 on) cut away, as a run stopped early leaves them: its step falls back to
     the trace's clock while the others keep their timers'. Root exposes the least communication as traced;
     on the timers' clock nothing says by how much, so the time figures are ranked between block and pair
     alone, as if root were not there, and root is named as not ranked, with its own summary's reason; no
     trade-off weighs its step against theirs."""
-    recorded = Path(__file__).resolve().parents[1] / "recorded"
     folders = {}
-    for name in ("block", "pair", "root"):
+    for name in D256:
         folders[name] = tmp_path / name
-        shutil.copytree(recorded / f"fsdp2-d256-{name}" / "run", folders[name], ignore=shutil.ignore_patterns(".fsdpviz-cache"))
+        shutil.copytree(RECORDED / f"fsdp2-d256-{name}" / "run", folders[name], ignore=shutil.ignore_patterns(".fsdpviz-cache"))
     for timers in (folders["root"] / "timers").glob("rank*.jsonl"):
         kept = [line for line in timers.read_text().splitlines() if json.loads(line)["step"] < 7]
         timers.write_text("\n".join(kept) + "\n")
@@ -395,8 +429,8 @@ def test_a_run_on_another_clock_is_left_out_of_the_ranking_of_the_others(
     assert [r["step_time_source"] for r in result["runs"]] == ["timers", "timers", "trace"]
     exposed = dict(zip(result["labels"], (r["overlap"]["exposed_comm_ms"] for r in result["runs"])))
     assert exposed["root"] < min(exposed["block"], exposed["pair"])  # the lowest row value, as traced
-    alone = compare_runs([LabelledRun(label=n, source=str(folders[n]), result=analyse([folders[n]], cache=False))
-                          for n in ("block", "pair")])
+    # block and pair were copied unchanged: the module's analyses of the recordings are theirs
+    alone = compare_runs([d256["block"], d256["pair"]])
     for field in HEADLINE_FIELDS:
         if field.unit != "ms":
             continue
@@ -415,21 +449,17 @@ def test_a_run_on_another_clock_is_left_out_of_the_ranking_of_the_others(
             assert finding["message"].endswith("root is not ranked: on another clock than the others (the notes say why).")
 
 
-def test_the_memory_finding_gives_the_measured_difference_alone(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_memory_finding_gives_the_measured_difference_alone(d256_compared: Callable[..., dict]) -> None:
     """The committed dim-256 block and root recordings: root peaks higher, in line with its one unit. The
     finding's sentence gives the measured figures only (the two peaks, their difference, the largest unit's
     parameters from run.json): the ZeRO arithmetic's estimate of the two peaks, which holds the two largest
     units unsharded at once, is a second figure for the same difference (on the shared H200 model B, 508.54
     MiB against 312.68 measured and 313.8 from fsdpviz whatif), so it stays in the evidence, named as what it is."""
-    recorded = Path(__file__).resolve().parents[1] / "recorded"
-    code, out, _ = _run(capsys, "compare", *(str(recorded / f"fsdp2-d256-{n}" / "run") for n in ("block", "root")),
-                        "--label", "block", "--label", "root", "--json", "--no-cache", "-q")
-    assert code == 0
-    result = json.loads(out)
+    result = d256_compared("block", "root")
     finding = next(f for f in result["findings"] if f["kind"] == "memory")
     peaks = finding["values"]["peak_allocated_bytes"]
     assert finding["better"] == "block" and peaks["root"] > peaks["block"]
-    units = json.loads((recorded / "fsdp2-d256-root" / "run" / "run.json").read_text())["units"]
+    units = json.loads((RECORDED / "fsdp2-d256-root" / "run" / "run.json").read_text())["units"]
     root_params = sum(u["param_bytes"] for u in units)
     measured = {bytes_text(peaks["block"]), bytes_text(peaks["root"] - peaks["block"]), bytes_text(root_params)}
     said = set(re.findall(r"[\d.,]+ [KMG]iB", finding["message"]))
@@ -440,15 +470,11 @@ def test_the_memory_finding_gives_the_measured_difference_alone(capsys: pytest.C
 
 
 @pytest.mark.parametrize("names", [("pair", "root"), ("block", "root"), ("block", "pair")])
-def test_a_time_row_stars_the_run_its_finding_names(names: tuple[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_time_row_stars_the_run_its_finding_names(names: tuple[str, str], d256_compared: Callable[..., dict]) -> None:
     """The table's star and the finding of the same row are one verdict: a star where the finding names a
     winner (the same run), none where it names none, and then the same reason (the dim-256 recordings: the
     pair against root had root starred on a step its finding called within noise, 40.2 ms against 41.1)."""
-    recorded = Path(__file__).resolve().parents[1] / "recorded"
-    code, out, _ = _run(capsys, "compare", *(str(recorded / f"fsdp2-d256-{n}" / "run") for n in names),
-                        "--label", names[0], "--label", names[1], "--json", "--no-cache", "-q")
-    assert code == 0
-    result = json.loads(out)
+    result = d256_compared(*names)
     for kind, key in (("step_time", "step_time_ms"), ("exposed_comm", "overlap.exposed_comm_ms")):
         finding = next(f for f in result["findings"] if f["kind"] == kind)
         assert result["best"][key] == ([finding["better"]] if finding["better"] else []), (key, finding["message"])

@@ -13,6 +13,7 @@ simulation's own step durations (median over ranks).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from synth import Scenario, generate_run, make_root, make_units
 
 from fsdpviz.analysis.compare.runs import compare_runs, comparison_json
 from fsdpviz.analysis.compare.spread import FEW_STEPS
+from fsdpviz.analysis.pipeline import LabelledRun, RunResult, analyse
 from fsdpviz.commands.compare_table import headline_rows, unit_rows
 from fsdpviz.report.compare.build import load_runs
 
@@ -42,6 +44,21 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return out
 
 
+@pytest.fixture(scope="module")
+def result_of() -> Callable[[Path], RunResult]:
+    """``result_of(folder)``: the pipeline's result for a synthetic run folder, as ``load_runs`` analyses
+    it, once for the module: ``jittery`` is in four comparisons and ``single`` in five, and
+    ``compare_runs`` only reads the results it is given (no test here moves a run's bound)."""
+    done: dict[Path, RunResult] = {}
+
+    def get(folder: Path) -> RunResult:
+        if folder not in done:
+            done[folder] = analyse([folder], cache=False, progress=False)
+        return done[folder]
+
+    return get
+
+
 def _truth_steps_ms(run, analysed: list[int]):
     """The simulation's step durations of the analysed steps, per step the median over ranks, in ms."""
     steps = run.expected.steps
@@ -54,12 +71,15 @@ def _truth_spread_ms(run, analysed: list[int]) -> float:
     return float(per_step.max() - per_step.min())
 
 
-def _compare(made: dict, names: list[str]):
-    return compare_runs(load_runs([made[n].folder for n in names], names, cache=False))
+def _compare(made: dict, names: list[str], result_of: Callable[[Path], RunResult]):
+    """``compare_runs`` of the runs ``names`` of ``made``, labelled by their names (``load_runs``' runs,
+    each analysed once for the module)."""
+    return compare_runs([LabelledRun(label=n, source=str(made[n].folder), result=result_of(made[n].folder))
+                         for n in names])
 
 
-def test_a_difference_within_the_spread_gets_no_star(made: dict) -> None:
-    comparison = _compare(made, ["jittery", "close"])
+def test_a_difference_within_the_spread_gets_no_star(made: dict, result_of: Callable[[Path], RunResult]) -> None:
+    comparison = _compare(made, ["jittery", "close"], result_of)
     spread = comparison.spread["step_time_ms"]
     analysed = comparison.runs[0].summary.steps
     assert 4 in analysed and comparison.runs[1].summary.steps == analysed
@@ -85,8 +105,8 @@ def test_a_difference_within_the_spread_gets_no_star(made: dict) -> None:
     assert "step-to-step spread" in finding.evidence
 
 
-def test_a_difference_beyond_the_spread_gets_its_star(made: dict) -> None:
-    comparison = _compare(made, ["jittery", "slow"])
+def test_a_difference_beyond_the_spread_gets_its_star(made: dict, result_of: Callable[[Path], RunResult]) -> None:
+    comparison = _compare(made, ["jittery", "slow"], result_of)
     values = comparison.values["step_time_ms"]
     analysed = comparison.runs[0].summary.steps
     assert values == pytest.approx([_truth_steps_ms(made[n], analysed).mean() for n in ("jittery", "slow")],
@@ -104,8 +124,9 @@ def test_a_difference_beyond_the_spread_gets_its_star(made: dict) -> None:
     assert next(f for f in comparison.findings if f.kind == "step_time").better == "jittery"
 
 
-def test_a_difference_within_the_one_known_spread_gets_no_star(made: dict) -> None:
-    comparison = _compare(made, ["jittery", "single"])
+def test_a_difference_within_the_one_known_spread_gets_no_star(made: dict,
+                                                                result_of: Callable[[Path], RunResult]) -> None:
+    comparison = _compare(made, ["jittery", "single"], result_of)
     spread = comparison.spread["step_time_ms"]
     assert spread[1] is None and spread[0] == pytest.approx(2.0, abs=0.05)
     values = comparison.values["step_time_ms"]
@@ -118,11 +139,11 @@ def test_a_difference_within_the_one_known_spread_gets_no_star(made: dict) -> No
     assert finding.better is None and "within noise" in finding.message
 
 
-def test_every_unknown_spread_says_why(made: dict) -> None:
+def test_every_unknown_spread_says_why(made: dict, result_of: Callable[[Path], RunResult]) -> None:
     """compare --json: a null spread has its reason beside it, a known one none. ``single`` has one
     analysed step by construction, so no spread of its step time, exposed communication, overlap or
     units' times; the bound's parts have none in either run; group peaks are bytes."""
-    out = comparison_json(_compare(made, ["jittery", "single"]))
+    out = comparison_json(_compare(made, ["jittery", "single"], result_of))
     unknown = out["spread_unknown"]
     for key, per_run in (*out["spread_ms"].items(), *out["spread_points"].items()):
         for label, spread in zip(out["labels"], per_run, strict=True):
@@ -160,7 +181,8 @@ def test_a_run_without_communication_says_so_of_its_overlap_spread(gpu_fsdp_dir:
     assert out["spread_unknown"]["overlap.overlap_pct"] == dict.fromkeys(names, NO_SHARE)
 
 
-def test_a_third_run_within_the_spread_is_said_so_not_called_noise(tmp_path: Path) -> None:
+def test_a_third_run_within_the_spread_is_said_so_not_called_noise(tmp_path: Path,
+                                                                    result_of: Callable[[Path], RunResult]) -> None:
     """``jumpy`` loads 3, 9 and 3 ms longer in its three steps: 5 ms slower than ``base`` on average,
     beyond the noise (twice the standard error of the difference: 2 x 3.46 / sqrt(3) = 4.0 ms) but within
     its own 6 ms spread, so the step-time finding neither ranks it nor calls it noise."""
@@ -170,7 +192,7 @@ def test_a_third_run_within_the_spread_is_said_so_not_called_noise(tmp_path: Pat
         sc = Scenario(units=make_units(2, numel=1_000_000), root=make_root(), steps=STEPS, step_data_ns=extra,
                       gradients_per_kernel=False)
         made[name] = generate_run(sc, tmp_path / name, run_folder=True)
-    comparison = _compare(made, list(extras))
+    comparison = _compare(made, list(extras), result_of)
     assert comparison.runs[2].summary.steps == list(STEPS)
     spread = comparison.spread["step_time_ms"]
     assert spread[2] == pytest.approx(6.0, abs=0.05) and spread[1] < 0.2
@@ -186,17 +208,18 @@ def test_a_third_run_within_the_spread_is_said_so_not_called_noise(tmp_path: Pat
     assert more and float(more[1]) == pytest.approx(5.0, abs=0.01), said
 
 
-def test_two_runs_without_a_spread_are_not_ranked(tmp_path: Path) -> None:
+def test_two_runs_without_a_spread_are_not_ranked(made: dict, tmp_path: Path,
+                                                   result_of: Callable[[Path], RunResult]) -> None:
     """Two runs of one analysed step each, the second loading 5 ms longer in it and gathering with no
     overlap by construction: clear differences on the page, but neither run has a step-to-step spread
     to hold them to, so, as whatif advises nothing where no spread is known, compare stars neither and
     names no winner of the step or of the exposed communication."""
-    runs = {}
-    for name, extra, alone in (("one", {}, False), ("slower", {3: 5_000_000}, True)):
-        sc = Scenario(units=make_units(2, numel=1_000_000), root=make_root(), steps=(3,), step_data_ns=extra,
-                      gradients_per_kernel=False, no_overlap=alone)
-        runs[name] = generate_run(sc, tmp_path / name, run_folder=True)
-    comparison = _compare(runs, ["one", "slower"])
+    # "one" is the module's ``single``: one analysed step, no extra loading, overlapping as FSDP2 does
+    runs = {"one": made["single"]}
+    sc = Scenario(units=make_units(2, numel=1_000_000), root=make_root(), steps=(3,), step_data_ns={3: 5_000_000},
+                  gradients_per_kernel=False, no_overlap=True)
+    runs["slower"] = generate_run(sc, tmp_path / "slower", run_folder=True)
+    comparison = _compare(runs, ["one", "slower"], result_of)
     assert comparison.spread["step_time_ms"] == [None, None]
     steps = [_truth_steps_ms(runs[n], [3]).iloc[0] for n in ("one", "slower")]
     assert steps[1] - steps[0] > 5.0  # the simulation's own steps
@@ -218,7 +241,7 @@ def test_two_runs_without_a_spread_are_not_ranked(tmp_path: Path) -> None:
     sc = Scenario(units=make_units(2, numel=1_000_000), root=make_root(), steps=(3,), step_data_ns={},
                   gradients_per_kernel=False)
     runs["again"] = generate_run(sc, tmp_path / "again", run_folder=True)
-    alike = _compare(runs, ["one", "again"])
+    alike = _compare(runs, ["one", "again"], result_of)
     assert alike.values["step_time_ms"][0] == alike.values["step_time_ms"][1]
     for kind in ("step_time", "exposed_comm"):
         said = next(f for f in alike.findings if f.kind == kind)
@@ -228,7 +251,7 @@ def test_two_runs_without_a_spread_are_not_ranked(tmp_path: Path) -> None:
     sc = Scenario(units=make_units(2, numel=1_000_000), root=make_root(), steps=STEPS,
                   step_data_ns=dict.fromkeys(STEPS, 8_000_000), gradients_per_kernel=False)
     runs["slowest"] = generate_run(sc, tmp_path / "slowest", run_folder=True)
-    three = _compare(runs, ["one", "slower", "slowest"])
+    three = _compare(runs, ["one", "slower", "slowest"], result_of)
     step = next(f for f in three.findings if f.kind == "step_time")
     assert step.better == "one" and "slower takes" in step.message, step.message
     assert "no step-to-step spread known for either, so not ranked" in step.message
