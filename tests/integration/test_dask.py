@@ -7,8 +7,8 @@ killed while it parses (Dask gives its task to the other worker: the same answer
 port nothing listens on (one ``error:`` line within seconds).
 
 One cluster serves the module (its tests stay in one xdist worker: ``tests/conftest.py``); the
-commands whose answers are compared run in this process (``fsdpviz.cli.main``), the local answer once
-for the module, the one whose worker is killed in a process of its own.
+commands whose answers are compared run in this process (``fsdpviz.cli.main``), each run's local answer
+once for the module, the one whose worker is killed in a process of its own.
 """
 
 from __future__ import annotations
@@ -69,14 +69,27 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             _stop(proc)
 
 
+def _run_folder(tmp_path_factory: pytest.TempPathFactory, world_size: int) -> Path:
+    """The tests' job (6 units, steps 3-5) on ``world_size`` ranks, as a run folder."""
+    sc = Scenario(units=make_units(6, numel=2_000_000), root=make_root(), world_size=world_size, steps=(3, 4, 5),
+                  kernels_per_unit=24, shared_timeline=True)
+    return generate_run(sc, tmp_path_factory.mktemp(f"dask-run-{world_size}"), run_folder=True).folder
+
+
 @pytest.fixture(scope="module")
 def run_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # 8 ranks, analysed rank by rank (FSDPVIZ_KEEP_EVENTS=0 in the tests below: the run is small
-    # enough to be loaded whole by default), so each rank is analysed on the worker that parses it
-    # and only its digest travels; four ranks to a worker, so that one can be killed while it parses
-    sc = Scenario(units=make_units(6, numel=2_000_000), root=make_root(), world_size=8, steps=(3, 4, 5),
-                  kernels_per_unit=24, shared_timeline=True)
-    return generate_run(sc, tmp_path_factory.mktemp("dask-run"), run_folder=True).folder
+    """8 ranks, analysed rank by rank (FSDPVIZ_KEEP_EVENTS=0 in the tests below: the run is small
+    enough to be loaded whole by default), so each rank is analysed on the worker that parses it and
+    only its digest travels; four ranks to a worker, so that one can be killed while it parses."""
+    return _run_folder(tmp_path_factory, 8)
+
+
+@pytest.fixture(scope="module")
+def small_run_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same job on 4 ranks, for the answers held to the local one: two ranks to a worker, so ranks
+    still come back from both workers, in any order, to be put back in rank order, while its summaries
+    and its report cost less than half the 8-rank run's (the report draws every rank's spans)."""
+    return _run_folder(tmp_path_factory, 4)
 
 
 RANK_BY_RANK = dict(os.environ, FSDPVIZ_KEEP_EVENTS="0")
@@ -107,34 +120,46 @@ def _json_here(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPat
 
 @pytest.fixture(scope="module")
 def answers() -> dict[str, dict]:
-    """Answers computed once for the module, by name."""
+    """Answers computed once for the module, by run folder."""
     return {}
+
+
+def _local(folder: Path, answers: dict[str, dict], capsys: pytest.CaptureFixture[str],
+           monkeypatch: pytest.MonkeyPatch) -> dict:
+    """The run's ``summary --json`` parsed here, rank by rank, without a cluster (once for the module)."""
+    if str(folder) not in answers:
+        answers[str(folder)] = _json_here(capsys, monkeypatch, "summary", "--json", "--no-cache", str(folder))
+    return answers[str(folder)]
 
 
 @pytest.fixture
 def local_answer(run_folder: Path, answers: dict[str, dict], capsys: pytest.CaptureFixture[str],
                  monkeypatch: pytest.MonkeyPatch) -> dict:
-    """The run's ``summary --json`` parsed here, rank by rank, without a cluster (once for the module)."""
-    if "local" not in answers:
-        answers["local"] = _json_here(capsys, monkeypatch, "summary", "--json", "--no-cache", str(run_folder))
-    return answers["local"]
+    """The 8-rank run's local answer (see :func:`_local`)."""
+    return _local(run_folder, answers, capsys, monkeypatch)
+
+
+@pytest.fixture
+def small_local_answer(small_run_folder: Path, answers: dict[str, dict], capsys: pytest.CaptureFixture[str],
+                       monkeypatch: pytest.MonkeyPatch) -> dict:
+    """The 4-rank run's local answer (see :func:`_local`)."""
+    return _local(small_run_folder, answers, capsys, monkeypatch)
 
 
 @pytest.mark.slow
-def test_the_cluster_gives_the_local_answer(cluster: Cluster, run_folder: Path, local_answer: dict, tmp_path: Path,
-                                            capsys: pytest.CaptureFixture[str],
+def test_the_cluster_gives_the_local_answer(cluster: Cluster, small_run_folder: Path, small_local_answer: dict,
+                                            tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    folder, local = str(small_run_folder), small_local_answer
     summary = ("summary", "--json", "--no-cache")
-    assert _json_here(capsys, monkeypatch, *summary, "--scheduler", cluster.address, str(run_folder)) == local_answer
+    assert _json_here(capsys, monkeypatch, *summary, "--scheduler", cluster.address, folder) == local
     # the same as the run loaded whole, here or parsed on the cluster and sent back whole
-    assert _json_here(capsys, monkeypatch, *summary, str(run_folder), keep_events="1") == local_answer
-    assert _json_here(capsys, monkeypatch, *summary, "--scheduler", cluster.address, str(run_folder),
-                      keep_events="1") == local_answer
+    assert _json_here(capsys, monkeypatch, *summary, folder, keep_events="1") == local
+    assert _json_here(capsys, monkeypatch, *summary, "--scheduler", cluster.address, folder, keep_events="1") == local
     # the environment variable does the same, for every command
-    assert _json_here(capsys, monkeypatch, *summary, str(run_folder), scheduler_env=cluster.address) == local_answer
+    assert _json_here(capsys, monkeypatch, *summary, folder, scheduler_env=cluster.address) == local
     page = tmp_path / "report.html"
-    _here(capsys, monkeypatch, "report", "--no-cache", "--scheduler", cluster.address, "-o", str(page),
-          str(run_folder))
+    _here(capsys, monkeypatch, "report", "--no-cache", "--scheduler", cluster.address, "-o", str(page), folder)
     assert page.stat().st_size > 100_000
 
 

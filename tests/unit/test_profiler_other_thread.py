@@ -3,16 +3,98 @@ one per process, and two profilers at once crash it (a segfault). fsdpviz's prof
 its note; the process ends as it would bare. Run in a child process, which a crash would end. And a
 profiler of the training thread's own, on and off again inside step 0, while fsdpviz's is idle (before its
 warm-up step): left alone, it records no step range of fsdpviz's, fsdpviz's trace is written, and step 0
-is noted as the script's profiled step."""
+is noted as the script's profiled step.
+
+Each program is still a process of its own, but forked from one that has imported what every program
+starts with (torch, fsdpviz's profiler driver, and what torch.profiler imports the first time a profiler
+starts): they take two thirds of the 3 CPU-seconds a fresh ``python -c PROGRAM`` runs for."""
 
 from __future__ import annotations
 
+import json
+import os
+import select
+import signal
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+REPO = Path(__file__).parents[2]
+TIMEOUT_S = 120
+
+# Reads one request a line (a program, its arguments, the files for its stdout and stderr), forks, and
+# answers the child's pid, then its exit code (-N: killed by signal N, as subprocess says). The fork is
+# made from this process's only Python thread, the one that imported torch: the program's main thread is
+# that thread, as it is in ``python -c PROGRAM`` (Kineto checks that its client is initialised on the
+# thread that registered it). The child leaves the loop by SystemExit, or by the program's own
+# exception, so that the interpreter ends as ``python -c PROGRAM``'s does: its threads joined, atexit
+# handlers and C++ destructors run (a crash there is the process's crash too).
+FORK_SERVER = textwrap.dedent('''
+    import json, os, sys
+    import torch
+    import fsdpviz.record.profiling
+    hasattr(torch, "_inductor")  # what torch.profiler imports as it first starts (prepare_trace)
+    for request in sys.stdin:
+        program, args, out, err = json.loads(request)
+        pid = os.fork()
+        if pid == 0:
+            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+            os.dup2(os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 1)
+            os.dup2(os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
+            sys.argv = ["-c", *args]
+            exec(compile(program, "<string>", "exec"), {"__name__": "__main__"})
+            sys.exit()
+        print(pid, flush=True)
+        print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+''')
+
+
+@pytest.fixture(scope="module")
+def run_program(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., subprocess.CompletedProcess]]:
+    """``run_program(PROGRAM, *args)``: ``python -c PROGRAM ARGS`` (in the repository) as a process of
+    its own, forked by :data:`FORK_SERVER`; its exit code and what it printed, as ``subprocess.run``
+    gives them (``TimeoutExpired`` after :data:`TIMEOUT_S`, the program killed)."""
+    folder = tmp_path_factory.mktemp("programs")
+    log = folder / "server.log"
+    with log.open("w") as server_err:
+        server = subprocess.Popen([sys.executable, "-c", FORK_SERVER], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=server_err, cwd=REPO, bufsize=0)
+    assert server.stdin is not None and server.stdout is not None
+    stdin, stdout = server.stdin, server.stdout
+    count = 0
+
+    def line(timeout: float | None) -> int | None:
+        """The server's next number, None on timeout (its stdout is unbuffered here: nothing is read ahead
+        of the line asked for, so that select sees every line still to read)."""
+        if not select.select([stdout], [], [], timeout)[0]:
+            return None
+        text = stdout.readline()
+        assert text, f"the fork server ended: {log.read_text()[-2000:]}"
+        return int(text)
+
+    def run(program: str, *args: str) -> subprocess.CompletedProcess:
+        nonlocal count
+        count += 1
+        out, err = folder / f"{count}.out", folder / f"{count}.err"
+        stdin.write(json.dumps([program, list(args), str(out), str(err)]).encode() + b"\n")
+        pid = line(TIMEOUT_S)
+        assert pid is not None, f"the fork server did not fork: {log.read_text()[-2000:]}"
+        code = line(TIMEOUT_S)
+        if code is None:
+            os.kill(pid, signal.SIGKILL)
+            line(None)
+            raise subprocess.TimeoutExpired(["python", "-c", "PROGRAM", *args], TIMEOUT_S,
+                                            out.read_text(), err.read_text())
+        return subprocess.CompletedProcess(["python", "-c", "PROGRAM", *args], code, out.read_text(), err.read_text())
+
+    yield run
+    stdin.close()
+    server.wait(timeout=30)
+
 
 PROGRAM = textwrap.dedent('''
     import sys, tempfile, threading, torch
@@ -55,9 +137,10 @@ PROGRAM = textwrap.dedent('''
     (2, 4, "started its own torch.profiler at step 2", "[2, 3, 4, 5, 6] | 2"),
     # on from step 0, while fsdpviz's is idle: met at its warm-up, from the training thread (nothing left on)
     (0, 3, "ran its own torch.profiler at step 1", "[0, 1, 2, 3] | None")])
-def test_another_threads_profiler_does_not_crash_the_process(on: int, off: int, said: str, noted: str) -> None:
-    done = subprocess.run([sys.executable, "-c", PROGRAM, str(on), str(off)], capture_output=True, text=True,
-                          timeout=120, check=False, cwd=Path(__file__).parents[2])
+def test_another_threads_profiler_does_not_crash_the_process(on: int, off: int, said: str, noted: str,
+                                                             run_program: Callable[..., subprocess.CompletedProcess],
+                                                             ) -> None:
+    done = run_program(PROGRAM, str(on), str(off))
     assert done.returncode == 0, done.stderr[-2000:]
     trace, note, *noted_now = done.stdout.strip().splitlines()[-1].split(" | ")
     assert trace == "None" and note.startswith("no trace: the script ") and said in note, note
@@ -86,9 +169,9 @@ IDLE_PROGRAM = textwrap.dedent('''
 ''')
 
 
-def test_a_profiler_off_before_fsdpviz_warms_up_is_left_alone() -> None:
-    done = subprocess.run([sys.executable, "-c", IDLE_PROGRAM], capture_output=True, text=True, timeout=120,
-                          check=False, cwd=Path(__file__).parents[2])
+def test_a_profiler_off_before_fsdpviz_warms_up_is_left_alone(
+        run_program: Callable[..., subprocess.CompletedProcess]) -> None:
+    done = run_program(IDLE_PROGRAM)
     assert done.returncode == 0, done.stderr[-2000:]
     trace, stood_aside, script_profiled, seen = done.stdout.strip().splitlines()[-1].split(" | ")
     assert trace == "traces/rank0.trace.json.gz" and stood_aside == "None"
@@ -128,8 +211,9 @@ MODES_PROGRAM = textwrap.dedent('''
     ("plain", "traces/rank0.trace.json.gz", "[]"),  # fsdpviz's own profiler is never taken for the script's
     ("after", "traces/rank0.trace.json.gz", "[5]"),  # seen as it starts, after fsdpviz's trace is written
     ("timers", "None", "[6, 7]")])  # seen at a step's end where fsdpviz's profiler never ran
-def test_the_steps_a_scripts_profiler_was_on_in_are_noted(mode: str, trace: str, noted: str) -> None:
-    done = subprocess.run([sys.executable, "-c", MODES_PROGRAM, mode], capture_output=True, text=True, timeout=120,
-                          check=False, cwd=Path(__file__).parents[2])
+def test_the_steps_a_scripts_profiler_was_on_in_are_noted(mode: str, trace: str, noted: str,
+                                                         run_program: Callable[..., subprocess.CompletedProcess],
+                                                         ) -> None:
+    done = run_program(MODES_PROGRAM, mode)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1].split(" | ") == [trace, noted]
