@@ -13,11 +13,13 @@ from __future__ import annotations
 import json
 import shutil
 import statistics
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from fsdpviz.analysis.pipeline import analyse
+from fsdpviz.analysis.pipeline import RunResult, analyse
 from fsdpviz.whatif.gains import completed_summary
 
 SAMPLES = Path(__file__).parents[2] / "sample_traces"
@@ -49,20 +51,40 @@ def _move(folder: Path, ms: float) -> None:
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def _clock(folder: Path) -> tuple[dict, float]:
-    result = analyse([folder], cache=False, progress=False)
+@pytest.fixture(scope="module")
+def as_recorded(sample_run: Callable[[str], RunResult],
+                session_memo: Callable[..., Any]) -> Callable[[Path], RunResult]:
+    """``as_recorded(folder)``: a bundled sample or a committed recording as it is, analysed once per
+    session (``sample_run``; a recording under the key other files give one, as
+    tests/unit/test_one_clock.py does), the unchanged side of the tests that edit a copy's timers. The
+    tests only read it: a CPU run's completed summary and model adopt no split (replay/split.py), so it
+    reads the same whichever test asked first."""
+
+    def get(folder: Path) -> RunResult:
+        if folder.parent == SAMPLES:
+            return sample_run(folder.name)
+        result: RunResult = session_memo(("recorded", folder), lambda: analyse([folder], cache=False))
+        return result
+
+    return get
+
+
+def _clock_of(result: RunResult) -> tuple[dict, float]:
     summary = completed_summary(result)
     assert summary.clock is not None and summary.step_time_ms is not None
     return {f: getattr(summary.clock, f) for f in summary.clock.__struct_fields__}, summary.step_time_ms
 
 
-def test_the_check_reads_what_the_trace_does_not_hold(tmp_path: Path) -> None:
-    original = tmp_path / "original"
+def _clock(folder: Path) -> tuple[dict, float]:
+    return _clock_of(analyse([folder], cache=False, progress=False))
+
+
+def test_the_check_reads_what_the_trace_does_not_hold(tmp_path: Path,
+                                                      as_recorded: Callable[[Path], RunResult]) -> None:
     moved = tmp_path / "moved"
-    for folder in (original, moved):
-        shutil.copytree(SAMPLES / "fsdp2-cpu-2rank", folder, ignore=shutil.ignore_patterns(".fsdpviz-cache"))
+    shutil.copytree(SAMPLES / "fsdp2-cpu-2rank", moved, ignore=shutil.ignore_patterns(".fsdpviz-cache"))
     _move(moved, MOVED_MS)
-    before, step = _clock(original)
+    before, step = _clock_of(as_recorded(SAMPLES / "fsdp2-cpu-2rank"))
     after, step_after = _clock(moved)
     assert before["phase_steps"] == after["phase_steps"] == 4  # steps 6-9 of both ranks
     # the clean-step check and everything it rests on did not move: it cannot see where the time sat
@@ -81,7 +103,8 @@ def test_the_check_reads_what_the_trace_does_not_hold(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("name", ["example-fsdp2", "example-fsdp1", "example-zero3-block"])
-def test_a_recording_with_the_recorders_defaults_is_checked_on_its_clean_steps(name: str) -> None:
+def test_a_recording_with_the_recorders_defaults_is_checked_on_its_clean_steps(
+        name: str, as_recorded: Callable[[Path], RunResult]) -> None:
     """The example recordings made with the recorder's defaults: the one unit-timed step follows the
     trace export, and the clean steps time their phases (run.json's kinds of step), each framework's
     backward marked from the backward hook its clean steps pass through (FSDP2's group, FSDP1's handle,
@@ -90,7 +113,7 @@ def test_a_recording_with_the_recorders_defaults_is_checked_on_its_clean_steps(n
     run = json.loads((folder / "run.json").read_text())
     assert run["profile"]["unit_timed_steps"] == [max(run["profile"]["steps"]) + 1]
     clean = [len(r["observer"]["clean_steps"]) for r in run["ranks"]]
-    clock, _ = _clock(folder)
+    clock, _ = _clock_of(as_recorded(folder))
     # made whichever basis the replay's own check gives the clock (FSDP1's committed one reads `traced`)
     assert clock["basis"] in ("replayed", "traced")
     assert clock["phase_steps"] == min(clean) >= 2
@@ -148,7 +171,7 @@ def test_a_replayed_steps_phases_are_bounded_as_the_timers_bound_theirs() -> Non
     assert sim_phases(without)["optimizer"] == 5 * ms  # after the backward's last span, to the step's end
 
 
-def test_steps_of_several_micro_batches_are_not_checked() -> None:
+def test_steps_of_several_micro_batches_are_not_checked(as_recorded: Callable[[Path], RunResult]) -> None:
     """With gradient accumulation a step's forwards and backwards interleave: the replay's phases and the
     timers' (which add the micro-batches up) are not the same spans, so the check says why it is not made."""
     import dataclasses
@@ -157,7 +180,7 @@ def test_steps_of_several_micro_batches_are_not_checked() -> None:
     from fsdpviz.replay.phases import MICRO_BATCHES, phase_check
     from fsdpviz.structure.profiler_cost import phase_times
 
-    result = analyse([SAMPLES / "fsdp2-cpu-2rank"], cache=False, progress=False)
+    result = as_recorded(SAMPLES / "fsdp2-cpu-2rank")
     model = read_model(result)
     assert model.net is not None
     timers, run = result.traces.timers, result.traces.run
@@ -171,7 +194,8 @@ def test_steps_of_several_micro_batches_are_not_checked() -> None:
 
 @pytest.mark.parametrize("folder", [SAMPLES / "zero3-cpu-2rank", RECORDED / "example-zero3-block" / "run"],
                          ids=["zero3 sample", "zero3 example"])
-def test_the_replays_optimizer_starts_where_the_timers_do(folder: Path) -> None:
+def test_the_replays_optimizer_starts_where_the_timers_do(folder: Path,
+                                                          as_recorded: Callable[[Path], RunResult]) -> None:
     """ZeRO-3's end segment runs DeepSpeed's ``engine.step`` before the torch optimizer's own step, where
     the timers' optimizer phase starts. Read off the trace, the replay's optimizer phase of the profiled
     steps without that lead is within a millisecond of what the timers measured in the same steps, per
@@ -185,7 +209,7 @@ def test_the_replays_optimizer_starts_where_the_timers_do(folder: Path) -> None:
 
     if not folder.is_dir():
         pytest.skip(f"recording {folder} missing")
-    result = analyse([folder], cache=False, progress=False)
+    result = as_recorded(folder)
     model = read_model(result)
     timed = phase_times(result.traces.timers, result.traces.run)
     assert timed
@@ -208,7 +232,8 @@ def test_the_replays_optimizer_starts_where_the_timers_do(folder: Path) -> None:
     assert abs(check.phase_miss_pct["optimizer"]) < 5.0, check.phase_miss_pct
 
 
-def test_a_replay_whose_phases_miss_past_the_limit_is_not_called_replayed(tmp_path: Path) -> None:
+def test_a_replay_whose_phases_miss_past_the_limit_is_not_called_replayed(
+        tmp_path: Path, as_recorded: Callable[[Path], RunResult]) -> None:
     """8 ms of each unprofiled step's backward moved to its forward (about a third of the 25 ms step):
     the replay and its miss of the clean steps are unchanged, the out-of-sample check passes its limit,
     and the clock, whatif and the summary's advice all stop reading the replay as the run's."""
@@ -218,13 +243,12 @@ def test_a_replay_whose_phases_miss_past_the_limit_is_not_called_replayed(tmp_pa
     from fsdpviz.whatif.predict import predict
 
     merge = Settings().with_(wrap=Wrap("merge", k=2))
+    moved = tmp_path / "moved"
+    shutil.copytree(SAMPLES / "fsdp2-cpu-2rank", moved, ignore=shutil.ignore_patterns(".fsdpviz-cache"))
+    _move(moved, 8.0)
     answers = {}
-    for name, ms in (("original", 0.0), ("moved", 8.0)):
-        folder = tmp_path / name
-        shutil.copytree(SAMPLES / "fsdp2-cpu-2rank", folder, ignore=shutil.ignore_patterns(".fsdpviz-cache"))
-        if ms:
-            _move(folder, ms)
-        result = analyse([folder], cache=False, progress=False)
+    for name, result in (("original", as_recorded(SAMPLES / "fsdp2-cpu-2rank")),
+                         ("moved", analyse([moved], cache=False, progress=False))):
         summary = completed_summary(result)
         model, _ = summary_model(result)
         assert summary.clock is not None and model is not None
@@ -268,7 +292,7 @@ def _move_forward_to_optimizer(folder: Path, ms: float) -> int:
 
 @pytest.mark.parametrize("name", ["h100-fsdp2-fake8-block", "h100-fsdp2-gloo2-block"])
 def test_a_recording_whose_timers_time_no_backward_is_checked_on_the_phases_they_time(
-        name: str, gpu_fsdp_dir: Path, tmp_path: Path) -> None:
+        name: str, gpu_fsdp_dir: Path, gpu_fsdp_run: Callable[[str], RunResult], tmp_path: Path) -> None:
     """The shared H100 FSDP2 recordings: their recorder timed the forward and the optimizer of every
     step, not the backward. The check is made on those two phases, on the GPU's per-host-event
     de-profiler (fake8: one rank's trace of 8; gloo2: two ranks), and the note says the backward is
@@ -276,15 +300,16 @@ def test_a_recording_whose_timers_time_no_backward_is_checked_on_the_phases_they
     kept) leaves the replay and its miss of the clean step as they were, and moves the forward's miss
     down and the optimizer's up by exactly the time moved (the timers then saw more of the profiler's
     share leave the forward), in % of the rank's unprofiled step."""
-    original, moved = tmp_path / "original", tmp_path / "moved"
-    for folder in (original, moved):
-        shutil.copytree(gpu_fsdp_dir / name, folder, ignore=shutil.ignore_patterns(".fsdpviz-cache"))
+    # the recording as it is: the session's result (its bound the replay's split, as completed_summary
+    # leaves it), read, never written; the copy is the one moved
+    original, moved = gpu_fsdp_dir / name, tmp_path / "moved"
+    shutil.copytree(original, moved, ignore=shutil.ignore_patterns(".fsdpviz-cache"))
     run = json.loads((original / "run.json").read_text())
     timed = {json.loads(line)["phase"] for path in (original / "timers").glob("rank*.jsonl")
              for line in path.read_text().splitlines() if line.strip()}
     assert "backward" not in timed and {"forward", "optimizer"} <= timed
     assert _move_forward_to_optimizer(moved, MOVED_MS + 1.0) >= 2 * len(run["ranks"])
-    before, step = _clock(original)
+    before, step = _clock_of(gpu_fsdp_run(name))
     after, step_after = _clock(moved)
     assert set(before["phase_miss_pct"]) == {"forward", "optimizer"}
     assert before["phase_error_pct"] == max(abs(v) for v in before["phase_miss_pct"].values())
@@ -302,19 +327,19 @@ def test_a_recording_whose_timers_time_no_backward_is_checked_on_the_phases_they
         expected, abs=0.02)
 
 
-def test_a_backward_timed_on_some_ranks_only_is_not_checked_and_said_so(tmp_path: Path) -> None:
+def test_a_backward_timed_on_some_ranks_only_is_not_checked_and_said_so(
+        tmp_path: Path, as_recorded: Callable[[Path], RunResult]) -> None:
     """The FSDP2 sample with rank 1's backward records taken out of its timers: the check is made on the
     phases both ranks timed, each the median over both ranks as before, and the note says the backward
     is not checked because not every rank timed it (not that the recorder timed none)."""
     from fsdpviz.replay.phases import NOT_EVERY_BACKWARD
 
-    original, cut = tmp_path / "original", tmp_path / "cut"
-    for folder in (original, cut):
-        shutil.copytree(SAMPLES / "fsdp2-cpu-2rank", folder, ignore=shutil.ignore_patterns(".fsdpviz-cache"))
+    cut = tmp_path / "cut"
+    shutil.copytree(SAMPLES / "fsdp2-cpu-2rank", cut, ignore=shutil.ignore_patterns(".fsdpviz-cache"))
     path = cut / "timers" / "rank1.jsonl"
     kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["phase"] != "backward"]
     path.write_text("\n".join(kept) + "\n")
-    before, _ = _clock(original)
+    before, _ = _clock_of(as_recorded(SAMPLES / "fsdp2-cpu-2rank"))
     after, _ = _clock(cut)
     assert set(after["phase_miss_pct"]) == {"forward", "optimizer"}
     assert after["phase_miss_pct"] == {p: before["phase_miss_pct"][p] for p in ("forward", "optimizer")}

@@ -122,18 +122,24 @@ def test_a_changed_source_or_option_is_computed_again(run_dir: Path, capsys: pyt
     assert code == 2 and "error:" in err
 
 
-def test_another_version_of_the_code_computes_again(run_dir: Path, tmp_path: Path) -> None:
+def test_another_version_of_the_code_computes_again(run_dir: Path, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
     """A copy of the package with one comment added: its code digest differs, so it writes its own
     entry (replacing this code's) and prints the same."""
     package = tmp_path / "code"
-    shutil.copytree(REPO / "fsdpviz", package / "fsdpviz", ignore=shutil.ignore_patterns("__pycache__"))
-    env = dict(os.environ, PYTHONPATH=str(package))
-    argv = [sys.executable, "-m", "fsdpviz", "summary", "--json", str(run_dir)]
-    # cwd: `python -m` puts the working folder first on the path, before PYTHONPATH
-    first = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, check=True).stdout
+    # with its bytecode: each .pyc names its source's size and modification time, which the copy keeps,
+    # so the copy's process compiles only the module edited (the digest reads the .py files alone)
+    shutil.copytree(REPO / "fsdpviz", package / "fsdpviz")
+    # this code's entry, written here: the copy before its edit is this code (the digest is of the
+    # sources' paths within the package and their bytes, not of where the package lies)
+    code, first, _ = _run(["summary", "--json", str(run_dir)], capsys)
+    assert code == 0
     [entry] = _entries(run_dir / ".fsdpviz-cache")
     with (package / "fsdpviz" / "formatting.py").open("a") as fh:
         fh.write("# an edit\n")
+    env = dict(os.environ, PYTHONPATH=str(package))
+    argv = [sys.executable, "-m", "fsdpviz", "summary", "--json", str(run_dir)]
+    # cwd: `python -m` puts the working folder first on the path, before PYTHONPATH
     again = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, check=True).stdout
     [other] = _entries(run_dir / ".fsdpviz-cache")
     assert other != entry and again == first
