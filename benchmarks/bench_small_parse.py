@@ -10,8 +10,8 @@ reaped workers), median (min-max); the two loads' tables must be equal (else the
 
     python benchmarks/bench_small_parse.py [PATH ...] [--rounds 7]
 
-Without PATH: the bundled samples, three committed recordings and an 8-rank synthetic run (tests/synth)
-on either side of the threshold.
+Without PATH: the bundled samples, two committed recordings and an 8-rank synthetic run (tests/synth)
+on either side of the threshold. A one-file input is parsed in the process either way (``_job_count``).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from fsdpviz.trace.workers import SMALL_PARSE_EVENTS
 
 RECORDED = ROOT / "tests" / "recorded"
 DEFAULTS = [ROOT / "sample_traces" / "fsdp2-cpu-2rank", ROOT / "sample_traces" / "zero3-cpu-2rank",
-            RECORDED / "groups" / "run", RECORDED / "fake8-block" / "run", RECORDED / "fsdp2-d256-block" / "run"]
+            RECORDED / "groups" / "run", RECORDED / "fsdp2-d256-block" / "run"]
 
 
 def _cpu_s() -> float:
@@ -67,7 +67,7 @@ def main() -> None:
     parser.add_argument("paths", nargs="*", type=Path)
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
-    cpus = len(os.sched_getaffinity(0))
+    cpus = max(2, len(os.sched_getaffinity(0)))  # one file a worker, two at least: workers, not one process
     with tempfile.TemporaryDirectory() as tmp:
         paths = args.paths or [*DEFAULTS, _synthetic(Path(tmp))]
         print(f"threshold {SMALL_PARSE_EVENTS:,} estimated events; workers: {cpus}; load average "

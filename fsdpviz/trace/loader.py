@@ -75,7 +75,9 @@ def load_traces(
             environment variable ``FSDPVIZ_NO_CACHE=1`` turns it off whatever this says.
         progress: show a progress bar on stderr; None = only when stderr is a terminal and
             loading takes more than a moment.
-        jobs: parallel parser processes; None = one per file up to the number of CPUs.
+        jobs: parallel parser processes; None = one per file up to the number of CPUs, but none (parsed
+            here) for a small run where this process has nothing to do meanwhile
+            (``fsdpviz.trace.workers.SMALL_PARSE_EVENTS``).
         scheduler: a Dask scheduler address (``tcp://host:8786``): parse on that cluster's workers
             instead (they must see the same paths); None = ``FSDPVIZ_SCHEDULER`` if set, else local.
 

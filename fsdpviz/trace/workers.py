@@ -34,7 +34,7 @@ from fsdpviz.trace.sources import estimated_events
 
 PROGRESS_DELAY_S: Final = 0.5
 # Files of this many trace events or fewer in all (estimated from their sizes) are parsed in the calling
-# process where it has nothing to overlap with the workers (:func:`_job_count`): about 0.1 s of
+# process where it has nothing to overlap with the workers (:func:`_job_count`): up to about 0.2 s of
 # parsing, which workers would share for less than it costs to start them and send their tables back
 # (docs/performance.md, "Small runs parsed in the calling process").
 SMALL_PARSE_EVENTS: Final = 64_000

@@ -413,7 +413,7 @@ COMMAND_SAMPLES = ["fsdp2-cpu-2rank", "zero3-cpu-2rank"]
 def samples_compared() -> dict[str, Any]:
     """``compare --json`` of the samples of ``COMMAND_SAMPLES``, one against the other (each labelled with
     its name): run once, by the first test that reads it, and read by each as the compare of its sample,
-    the first sample as run a, the other as run b."""
+    the run labelled with its name."""
     return {}
 
 
