@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import resource
-import statistics
 import sys
 import tempfile
 import time
@@ -29,12 +28,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 import pandas  # noqa: F401  (imported first, as in the processes the rule is for)
+from harness import load_average, spread
 
 from fsdpviz.trace.loader import load_traces
 from fsdpviz.trace.sources import estimated_events, resolve_sources
 from fsdpviz.trace.workers import SMALL_PARSE_EVENTS
 
 RECORDED = ROOT / "tests" / "recorded"
+F = "{:.3f}"  # seconds, to the millisecond
 DEFAULTS = [ROOT / "sample_traces" / "fsdp2-cpu-2rank", ROOT / "sample_traces" / "zero3-cpu-2rank",
             RECORDED / "groups" / "run", RECORDED / "fsdp2-d256-block" / "run"]
 
@@ -58,10 +59,6 @@ def _timed(path: Path, jobs: int) -> tuple[float, float, object]:
     return time.perf_counter() - wall, _cpu_s() - cpu, traces
 
 
-def _fmt(values: list[float]) -> str:
-    return f"{statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f})"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("paths", nargs="*", type=Path)
@@ -71,7 +68,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         paths = args.paths or [*DEFAULTS, _synthetic(Path(tmp))]
         print(f"threshold {SMALL_PARSE_EVENTS:,} estimated events; workers: {cpus}; load average "
-              f"{os.getloadavg()[0]:.1f}; median (min-max) of {args.rounds} rounds, s\n")
+              f"{load_average()}; median (min-max) of {args.rounds} rounds, s\n")
         print("| input | files | estimated events | workers: wall / CPU | in the process: wall / CPU |")
         print("|---|---:|---:|---|---|")
         for path in paths:
@@ -88,8 +85,8 @@ def main() -> None:
                     sys.exit(f"{path}: the two loads differ")
             name = ("synthetic, 8 ranks" if path == Path(tmp) else
                     path.parent.name if path.name == "run" else path.name)
-            print(f"| {name} | {len(files)} | {estimated_events(files):,} | {_fmt(times[cpus][0])} / "
-                  f"{_fmt(times[cpus][1])} | {_fmt(times[1][0])} / {_fmt(times[1][1])} |")
+            print(f"| {name} | {len(files)} | {estimated_events(files):,} | {spread(times[cpus][0], F)} / "
+                  f"{spread(times[cpus][1], F)} | {spread(times[1][0], F)} / {spread(times[1][1], F)} |")
 
 
 if __name__ == "__main__":
