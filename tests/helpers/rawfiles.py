@@ -3,6 +3,7 @@ fsdpviz's numbers against (the profiler's own step spans and GPU events, the rec
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import statistics
@@ -14,10 +15,18 @@ GPU_EVENTS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
 def trace_events(path: Path) -> list[dict[str, Any]]:
-    """The complete (``ph: X``) events of one Kineto trace file (.json or .json.gz)."""
+    """The complete (``ph: X``) events of one Kineto trace file (.json or .json.gz), read once per process
+    while the file stays as it was (several tests hold fsdpviz to one shared recording): a new list each
+    call, whose events callers must not change."""
+    stat = path.stat()
+    return list(_complete_events(path.resolve(), stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=4)  # about 40 MB a shared recording's trace
+def _complete_events(path: Path, _mtime_ns: int, _size: int) -> tuple[dict[str, Any], ...]:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt") as f:
-        return [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+        return tuple(e for e in json.load(f)["traceEvents"] if e.get("ph") == "X")
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from helpers.rawfiles import own_gpu_ms, raw_trace, timer_step_ms
 from fsdpviz.analysis.bound import BASIS_UNPROFILED, BY_REPLAY, BY_RULE, summarize_bound
 from fsdpviz.api import Run
 from fsdpviz.replay.clock import BASIS_REPLAYED, BASIS_TRACED, PHASE_LIMIT_PCT, RELIABLE_REPLAY_PCT
-from fsdpviz.replay.model import read_model, recorded_settings
+from fsdpviz.replay.model import recorded_settings
 from fsdpviz.runfolder import clean_steps
 from fsdpviz.whatif.explore import explore
 from fsdpviz.whatif.gains import action_setting, completed_summary, summary_model
@@ -294,8 +294,11 @@ def _one_clock(result: Any) -> None:
         assert clock.replay_error_pct > RELIABLE_REPLAY_PCT or not phases_hold
     # whatif's baseline: the same step and exposed communication (its prediction of the recorded
     # setting equals them by construction, so it is not checked here: _one_figure holds the figures
-    # against the run folder's own files)
-    prediction = predict(read_model(result), recorded_settings())
+    # against the run folder's own files). The model is the run's one model, the one ``fsdpviz whatif``
+    # predicts on (commands/whatif.py: summary_model), read once per result, not read again here
+    model, why_not = summary_model(result)
+    assert model is not None, why_not
+    prediction = predict(model, recorded_settings())
     assert prediction.basis == clock.basis
     assert prediction.baseline.step_time_ms == summary.step_time_ms
     exposed = summary.exposed_comm_ms  # what summary, the report and record's closing lines show

@@ -214,13 +214,16 @@ def test_recordings_with_two_clean_steps_lead_with_them(
 
 @pytest.mark.parametrize("name", ["h100-fsdp2-gloo2-block", "h100-fsdp2-ws1-block"])
 def test_what_if_is_on_the_summarys_clock(name: str, gpu_fsdp_run: Callable[[str], Any]) -> None:
-    from fsdpviz.replay.model import read_model, recorded_settings
+    from fsdpviz.replay.model import recorded_settings
     from fsdpviz.replay.settings import Settings
-    from fsdpviz.whatif.gains import completed_summary
+    from fsdpviz.whatif.gains import completed_summary, summary_model
     from fsdpviz.whatif.predict import predict
 
     result = gpu_fsdp_run(name)
-    model = read_model(result)
+    # the run's one model, the one `fsdpviz whatif` predicts on (commands/whatif.py), already read for the
+    # fixture's result: not read a second time
+    model, why_not = summary_model(result)
+    assert model is not None, why_not
     cost = result.summary.profiler
     assert cost is not None and cost.headline
     clock = completed_summary(result).clock
@@ -299,7 +302,7 @@ def test_a_cpu_runs_profiler_finding_does_not_put_the_share_in_its_idle_time(
 
 @pytest.mark.parametrize("name", ["B", "Bl"])
 def test_a_gpu_runs_profiler_finding_takes_the_share_out_of_the_bounds_waits(
-        name: str, gpu_h200_dir: Path) -> None:
+        name: str, gpu_h200_run: Callable[[str], Any]) -> None:
     """On a GPU the de-profiler takes the profiler's share out of the time the GPU waited (host wait,
     FSDP's hooks' share of it, other idle: structure/deprofile.py). The finding says the share fits in
     those waits, which are the traced step less the device's own work (the kernels the profiler does
@@ -308,9 +311,10 @@ def test_a_gpu_runs_profiler_finding_takes_the_share_out_of_the_bounds_waits(
     profiled step or the unprofiled one."""
     import re
 
-    from fsdpviz.analysis.pipeline import analyse
-
-    summary = analyse([gpu_h200_dir / name], cache=False).summary
+    # the session's result, its bound the replay's split: that moves the host's waits (host wait, FSDP's
+    # hooks' share), none of which is read here; the share, the device's own work (kernels the profiler does
+    # not slow), the traced step and the finding's words are the analysis' own, as a fresh result's
+    summary = gpu_h200_run(name).summary
     bound, cost = summary.bound, summary.profiler
     assert bound is not None and cost is not None and bound.device == "gpu" and bound.device_scale == 1.0
     (finding,) = [f for f in summary.findings if f.kind == "profiler"]
@@ -372,16 +376,15 @@ def test_the_profilers_finding_and_whatif_advise_what_the_recording_can_change(
     assert weaknesses(0.0, result.profiler)[-1].endswith(both)
 
 
-def test_a_recording_with_nothing_to_lower_is_told_so(gpu_h200_dir: Path) -> None:
+def test_a_recording_with_nothing_to_lower_is_told_so(gpu_h200_dir: Path, gpu_h200_run: Callable[[str], Any]) -> None:
     """The shared H200 Bl recording (slowed more than 1.5x with the memory profiler off, one rank on 16
     cores) is not told to record with --no-memory or fewer ranks per core, and is told why not."""
-    from fsdpviz.analysis.pipeline import analyse
     from fsdpviz.structure.profiler_cost import NO_CLOSER_BASE
     from fsdpviz.whatif.predict import weaknesses
 
     run_json = json.loads((gpu_h200_dir / "Bl" / "run.json").read_text())
     assert run_json["options"]["memory"] is False and [r["cpu_count"] for r in run_json["ranks"]] == [16]
-    result = analyse([gpu_h200_dir / "Bl"], cache=False)
+    result = gpu_h200_run("Bl")  # the profiler's cost and finding are the analysis', whatever its bound
     assert result.profiler is not None and result.profiler.slowdown > 1.5
     (profiler,) = [f for f in result.summary.findings if f.kind == "profiler"]
     assert profiler.message.endswith(NO_CLOSER_BASE) and "--no-memory" not in profiler.message

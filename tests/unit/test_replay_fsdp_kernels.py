@@ -8,7 +8,9 @@ backend's (on gloo2 the labels also launch gloo's staging copies, which are the 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers.rawfiles import (
@@ -18,13 +20,16 @@ from helpers.rawfiles import (
     kernels_launched_in,
 )
 
-from fsdpviz.analysis.pipeline import analyse
-from fsdpviz.replay.recorded import StepProgram
-from fsdpviz.replay.recording import LAUNCH_GROUPS, read_recording
+from fsdpviz.analysis.pipeline import RunResult, analyse
+from fsdpviz.replay.recorded import Recording, StepProgram
+from fsdpviz.replay.recording import LAUNCH_GROUPS
 
 H100 = ("h100-fsdp2-fake8-block", "h100-fsdp2-fake8-block-modelB", "h100-fsdp2-fake8-reshard-false",
         "h100-fsdp2-ws1-block", "h100-hf-trainer-ws1")
 H200 = ("B", "Bl")
+# The recordings are parametrised per module (``scope="module"``): pytest then runs each recording's tests
+# one after another, whichever function they are, so its trace file is parsed once for the file
+# (tests/helpers/rawfiles.py keeps the last few files read) rather than again for each function.
 
 
 def _held_ms(step: StepProgram) -> float:
@@ -35,36 +40,48 @@ def _held_ms(step: StepProgram) -> float:
     return ns / 1e6
 
 
-def _check(folder: Path) -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        result = analyse([folder], cache=False, progress=False)
-    steps = result.summary.steps
-    recording = read_recording(result, ranks=[0])
+def _rank0(result: RunResult) -> Recording:
+    """Rank 0's programs of a shared recording, as ``read_recording(result, ranks=[0])`` reads them: the
+    session result's model's (conftest's ``gpu_fsdp_run`` / ``gpu_h200_run``: read once, with the result).
+    That model read every traced rank, rank 0 alone on these recordings, before the result's bound became
+    the replay's split: the programs of a fresh result's ``read_recording(result, ranks=[0])``, step for
+    step to the nanosecond (compared once on every recording this file reads)."""
+    from fsdpviz.whatif.gains import summary_model
+
+    model, why = summary_model(result)
+    assert model is not None, why
+    assert {s.rank for s in model.recording.steps} == {0}  # what ranks=[0] read
+    return model.recording
+
+
+def _check(folder: Path, result: RunResult) -> None:
+    steps = result.summary.steps  # the analysed steps: the selection's, whatever the bound
+    recording = _rank0(result)
     held = sum(_held_ms(s) for s in recording.steps) / len(recording.steps)
     truth = fsdp2_unit_kernels_ms(min((folder / "traces").glob("rank0.trace.json*")), steps)
     assert truth > 1.0  # every one of these runs FSDP's copies on the device
     assert held == pytest.approx(truth, rel=0.03), folder.name
 
 
-@pytest.mark.parametrize("name", H100)
-def test_h100_recordings_replay_fsdps_kernels_as_traced(gpu_fsdp_dir: Path, name: str) -> None:
-    _check(gpu_fsdp_dir / name)
+@pytest.mark.parametrize("name", H100, scope="module")
+def test_h100_recordings_replay_fsdps_kernels_as_traced(gpu_fsdp_dir: Path, gpu_fsdp_run: Callable[[str], Any],
+                                                        name: str) -> None:
+    _check(gpu_fsdp_dir / name, gpu_fsdp_run(name))
 
 
-@pytest.mark.parametrize("name", H200)
-def test_h200_recordings_replay_fsdps_kernels_as_traced(gpu_h200_dir: Path, name: str) -> None:
-    _check(gpu_h200_dir / name)
+@pytest.mark.parametrize("name", H200, scope="module")
+def test_h200_recordings_replay_fsdps_kernels_as_traced(gpu_h200_dir: Path, gpu_h200_run: Callable[[str], Any],
+                                                        name: str) -> None:
+    _check(gpu_h200_dir / name, gpu_h200_run(name))
 
 
-def _alone(folder: Path) -> tuple[float, float]:
+def _alone(folder: Path, result: RunResult) -> tuple[float, float]:
     """The replay of the traced steps (rank 0): FSDP's kernels the model's work did not cover, against the
-    trace's own, read from the file alone (ms a step, means over the analysed steps)."""
+    trace's own, read from the file alone (ms a step, means over the analysed steps). ``result``: the
+    session's (conftest), whose model was read before its bound became the replay's split, as a fresh
+    result's first ``summary_model`` reads it."""
     from fsdpviz.whatif.gains import summary_model
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        result = analyse([folder], cache=False, progress=False)
     model, why = summary_model(result)
     assert model is not None, why
     replayed = [r.fsdp_copy_ns / 1e6 for r, s in zip(model.replays, model.recording.steps) if s.rank == 0]
@@ -72,11 +89,8 @@ def _alone(folder: Path) -> tuple[float, float]:
     return sum(replayed) / len(replayed), truth
 
 
-def _read_shares(folder: Path) -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        result = analyse([folder], cache=False, progress=False)
-    gathers = [g for s in read_recording(result, ranks=[0]).steps for g in s.gathers]
+def _read_shares(folder: Path, result: RunResult) -> None:
+    gathers = [g for s in _rank0(result).steps for g in s.gathers]
     truth = gather_label_launches(min((folder / "traces").glob("rank0.trace.json*")), list(result.summary.steps))
     assert len(gathers) == len(truth) > 20
     for g, (unit, cast, copy_in, copies, cast_ns, copies_ns, each) in zip(gathers, truth):
@@ -92,37 +106,42 @@ def _read_shares(folder: Path) -> None:
             assert at == pytest.approx(share, abs=0.01) and ns == pytest.approx(truth_ns, rel=0.01), unit
 
 
-@pytest.mark.parametrize("name", ("h100-fsdp2-fake8-block", "h100-fsdp2-fake8-block-modelB"))
-def test_h100_gathers_launch_their_copies_where_the_trace_says(gpu_fsdp_dir: Path, name: str) -> None:
+@pytest.mark.parametrize("name", ("h100-fsdp2-fake8-block", "h100-fsdp2-fake8-block-modelB"), scope="module")
+def test_h100_gathers_launch_their_copies_where_the_trace_says(gpu_fsdp_dir: Path, gpu_fsdp_run: Callable[[str], Any],
+                                                               name: str) -> None:
     """Per gather, where in its label the host launched FSDP2's cast of the parameters, the copy-in and a
     fake group's copies (shares of the label's time), how long the cast and the copies ran, and where each
     copy was launched and how long it ran, as the trace file says by itself."""
-    _read_shares(gpu_fsdp_dir / name)
+    _read_shares(gpu_fsdp_dir / name, gpu_fsdp_run(name))
 
 
-def test_h200_gathers_launch_their_copies_where_the_trace_says(gpu_h200_dir: Path) -> None:
-    _read_shares(gpu_h200_dir / "B")
+def test_h200_gathers_launch_their_copies_where_the_trace_says(gpu_h200_dir: Path,
+                                                               gpu_h200_run: Callable[[str], Any]) -> None:
+    _read_shares(gpu_h200_dir / "B", gpu_h200_run("B"))
 
 
 # The two other fake-group H100 recordings are left out, and docs/whatif.md says why: their traces run
 # the kernels on the copy-in's stream beside the model's (0.39 of 0.85 ms a step on
 # h100-fsdp2-fake8-block), where the replay runs them alone (+11 and +13 % by this measure).
-@pytest.mark.parametrize("name", ("h100-fsdp2-fake8-block-modelB", "h100-fsdp2-ws1-block", "h100-hf-trainer-ws1"))
-def test_h100_replays_split_fsdps_kernels_as_the_trace_ran_them(gpu_fsdp_dir: Path, name: str) -> None:
+@pytest.mark.parametrize("name", ("h100-fsdp2-fake8-block-modelB", "h100-fsdp2-ws1-block", "h100-hf-trainer-ws1"),
+                         scope="module")
+def test_h100_replays_split_fsdps_kernels_as_the_trace_ran_them(gpu_fsdp_dir: Path, gpu_fsdp_run: Callable[[str], Any],
+                                                                name: str) -> None:
     """Where a gather's label launched its copies (FSDP2's cast, then its copy-in about half-way through
     the label, a fake group's copies later), the device ran them while the host was still in the label, alone on a
     launch-bound device: the replay of the traced steps runs them there, and FSDP's kernels outside the
     model's work are the trace's within 4 % (they were 30 % short on modelB when the replay ran them
     from the label's end, beside the compute launched after it)."""
-    replayed, truth = _alone(gpu_fsdp_dir / name)
+    replayed, truth = _alone(gpu_fsdp_dir / name, gpu_fsdp_run(name))
     assert truth > 1.0
     assert replayed == pytest.approx(truth, rel=0.04), name
 
 
-@pytest.mark.parametrize("name", H200)
-def test_h200_replays_split_fsdps_kernels_as_the_trace_ran_them(gpu_h200_dir: Path, name: str) -> None:
+@pytest.mark.parametrize("name", H200, scope="module")
+def test_h200_replays_split_fsdps_kernels_as_the_trace_ran_them(gpu_h200_dir: Path, gpu_h200_run: Callable[[str], Any],
+                                                                name: str) -> None:
     """As above, on the H200's B and Bl (1.68 and 1.74 ms against the trace's 2.46 and 2.61 before)."""
-    replayed, truth = _alone(gpu_h200_dir / name)
+    replayed, truth = _alone(gpu_h200_dir / name, gpu_h200_run(name))
     assert truth > 2.0
     assert replayed == pytest.approx(truth, rel=0.04), name
 
@@ -138,6 +157,8 @@ def test_a_unit_kept_unsharded_drops_its_backward_unshards_kernels(gpu_fsdp_dir:
     from fsdpviz.whatif.predict import predict
 
     folder = gpu_fsdp_dir / "h100-fsdp2-ws1-block"
+    # a fresh result, not the session's: the prediction's recorded figure is the summary's bound, here the
+    # rule's (the session's result has adopted the replay's split)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         result = analyse([folder], cache=False, progress=False)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,30 +15,31 @@ from typing import Any
 import pytest
 from helpers.rawfiles import fsdp2_host_wait_ms, pre_hook_launches_us
 
+from fsdpviz.analysis.pipeline import RunResult
+from fsdpviz.replay.model import Model
 from fsdpviz.replay.recording import LAUNCH_GROUPS
 
 
-def _model(folder: Path, session_memo: Callable[..., Any]) -> Any:
-    """The replay of a shared recording, read once per session (keyed as the other tests of it key it)."""
-    from fsdpviz.analysis.pipeline import analyse
-    from fsdpviz.replay.model import read_model
+def _model(result: RunResult) -> Model:
+    """The replay of a shared recording: the model of its session result (conftest's ``gpu_fsdp_run`` /
+    ``gpu_h200_run``), read once with it. It was read before the result's bound became the replay's split,
+    so it is what ``read_model`` reads of a fresh ``analyse`` (compared once on every recording here: the
+    same programs, fitted costs and replays)."""
+    from fsdpviz.whatif.gains import summary_model
 
-    def read() -> Any:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return read_model(analyse([folder], cache=False, progress=False))
-
-    return session_memo((folder.parent.name, folder.name, "model"), read)
+    model, why = summary_model(result)
+    assert model is not None, why
+    return model
 
 
 def test_a_blocks_casts_are_launched_where_its_pre_hook_launched_them(gpu_fsdp_dir: Path,
-                                                                      session_memo: Callable[..., Any]) -> None:
+                                                                      gpu_fsdp_run: Callable[[str], Any]) -> None:
     """Each block's unshard kernels, in both phases of every traced step, are the GPU work the trace file
     shows launched inside its ``FSDP::pre_forward`` / ``FSDP::pre_backward`` label (24 a pass: a cast and a
     device-to-device copy per parameter), at the same host time from the label's start within 2 µs each
     and with the same GPU time within 0.1 %."""
     name = "h100-fsdp2-ws1-block"
-    rec = _model(gpu_fsdp_dir / name, session_memo).recording
+    rec = _model(gpu_fsdp_run(name)).recording
     steps = sorted({s.step for s in rec.steps})
     truth = pre_hook_launches_us(gpu_fsdp_dir / name / "traces" / "rank0.trace.json.gz", steps)
     checked = 0
@@ -63,11 +63,12 @@ RECORDINGS = [("gpu_fsdp_dir", "h100-fsdp2-ws1-block"), ("gpu_fsdp_dir", "h100-h
               ("gpu_fsdp_dir", "h100-fsdp2-fake8-block"), ("gpu_fsdp_dir", "h100-fsdp2-fake8-block-modelB"),
               ("gpu_fsdp_dir", "h100-fsdp2-fake8-reshard-false"), ("gpu_h200_dir", "B"), ("gpu_h200_dir", "Bl"),
               ("gpu_h200_dir", "Broot")]
+RUNS = {"gpu_fsdp_dir": "gpu_fsdp_run", "gpu_h200_dir": "gpu_h200_run"}  # the folder's fixture -> its results'
 
 
 @pytest.mark.parametrize(("where", "name"), RECORDINGS)
-def test_the_devices_wait_on_fsdps_hooks_is_the_trace_files(request: pytest.FixtureRequest, where: str, name: str,
-                                                             session_memo: Callable[..., Any]) -> None:
+def test_the_devices_wait_on_fsdps_hooks_is_the_trace_files(request: pytest.FixtureRequest, where: str,
+                                                             name: str) -> None:
     """The replay of the traced steps: the device's idle time that waited on FSDP's own work is what the
     trace file says of FSDP2's labels (the time from each idle gap's start to the launch that ended it
     spent inside them), within 15 % on every shared FSDP2 recording without a host backend (ms a step,
@@ -77,7 +78,7 @@ def test_the_devices_wait_on_fsdps_hooks_is_the_trace_files(request: pytest.Fixt
     casts counted as FSDP's: 24.8 and 30.8 on one rank; with a gather's copies run from their first
     launch, the fake groups' and the H200's were 4.9-17.4 % above."""
     folder: Path = request.getfixturevalue(where) / name
-    model = _model(folder, session_memo)
+    model = _model(request.getfixturevalue(RUNS[where])(name))
     steps = sorted({s.step for s in model.recording.steps})
     assert steps == json.loads((folder / "run.json").read_text())["profile"]["steps"]
     assert {s.rank for s in model.recording.steps} == {0}

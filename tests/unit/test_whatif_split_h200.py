@@ -10,33 +10,29 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 from helpers.rawfiles import kernels_launched_in
 
-from fsdpviz.replay.model import read_model
+from fsdpviz.analysis.pipeline import RunResult
 from fsdpviz.replay.settings import Settings, Wrap
 from fsdpviz.whatif.explore import predicted_bound
+from fsdpviz.whatif.gains import summary_model
 from fsdpviz.whatif.predict import predict
 
 
-def _analysed(gpu_h200_dir: Path, name: str, session_memo: Callable[..., Any]) -> Any:
-    from fsdpviz.analysis.pipeline import analyse
-    from fsdpviz.whatif.gains import on_replay_split
-
-    # as conftest's gpu_h200_run, whose entry this shares
-    return session_memo(("gpu-h200", name), lambda: on_replay_split(analyse([gpu_h200_dir / name], cache=False)))
-
-
 def test_one_root_unit_from_the_block_recording_moves_fsdps_copies_not_the_models_compute(
-        gpu_h200_dir: Path, session_memo: Callable[..., Any]) -> None:
-    block = _analysed(gpu_h200_dir, "B", session_memo)
-    root = _analysed(gpu_h200_dir, "Broot", session_memo)
+        gpu_h200_dir: Path, gpu_h200_run: Callable[[str], RunResult]) -> None:
+    block = gpu_h200_run("B")
+    root = gpu_h200_run("Broot")
     recorded, truth = block.summary.bound, root.summary.bound
     assert recorded is not None and truth is not None
     assert recorded.fsdp_kernels_ms is not None and truth.fsdp_kernels_ms is not None
-    prediction = predict(read_model(block), Settings().with_(wrap=Wrap("root")))
+    # B's one model, what `fsdpviz whatif` predicts from (read with the session's result; reading it again
+    # on the result gives the same programs, costs and prediction: compared once)
+    model, why = summary_model(block)
+    assert model is not None, why
+    prediction = predict(model, Settings().with_(wrap=Wrap("root")))
     bound = predicted_bound(recorded, prediction, None)
     assert bound is not None and bound.fsdp_kernels_ms is not None
     # one figure: the split's step is the prediction's
@@ -76,7 +72,7 @@ def test_whatifs_header_says_the_world_size_and_the_clock_the_ranks_read(
 
 
 def test_a_recording_without_memory_is_not_said_to_fit_the_budget(
-        gpu_h200_dir: Path, session_memo: Callable[..., Any], capsys: pytest.CaptureFixture[str]) -> None:
+        gpu_h200_dir: Path, gpu_h200_run: Callable[[str], RunResult], capsys: pytest.CaptureFixture[str]) -> None:
     """Bl was recorded with --no-memory (its run.json): no setting's peak can be predicted, so none is
     "within the budget" of the H200's memory (read from the trace); they are ranked by time alone and
     the best is called the fastest, its peak unknown."""
@@ -85,16 +81,16 @@ def test_a_recording_without_memory_is_not_said_to_fit_the_budget(
     from fsdpviz.commands.whatif import exploration_count, print_exploration
     from fsdpviz.structure.records import NO_MEMORY
     from fsdpviz.whatif.explore import explore
-    from fsdpviz.whatif.gains import completed_summary, summary_model
+    from fsdpviz.whatif.gains import completed_summary
 
     assert json.loads((gpu_h200_dir / "Bl" / "run.json").read_text())["options"]["memory"] is False
-    result = _analysed(gpu_h200_dir, "Bl", session_memo)
+    result = gpu_h200_run("Bl")
     # the summary says why its peak is null, and its advice does not read as "no change in memory"
     summary = completed_summary(result)
     assert summary.memory.peak_allocated_bytes is None
     (note,) = [n for n in summary.notes if n.code == NO_MEMORY]
     assert "recorded with --no-memory (run.json)" in note
-    assert not completed_summary(_analysed(gpu_h200_dir, "B", session_memo)).has_note(NO_MEMORY)  # B: with memory
+    assert not completed_summary(gpu_h200_run("B")).has_note(NO_MEMORY)  # B: with memory
     advised = [a for a in summary.actions if a.knob]
     assert advised and all(", peak unknown (fsdpviz whatif: " in a.predicted_gain for a in advised), [a.predicted_gain for a in advised]
     model, _ = summary_model(result)
@@ -116,18 +112,17 @@ def test_a_recording_without_memory_is_not_said_to_fit_the_budget(
 
 
 def test_whatif_says_why_the_peak_of_a_recording_without_memory_is_null(
-        gpu_h200_dir: Path, session_memo: Callable[..., Any], capsys: pytest.CaptureFixture[str]) -> None:
+        gpu_h200_dir: Path, gpu_h200_run: Callable[[str], RunResult], capsys: pytest.CaptureFixture[str]) -> None:
     """Bl's run.json says --no-memory: whatif's recorded and predicted peaks are null, and its notes (a
     prediction's and --explore's) say why, in the summary's words; B recorded memory and has no such note."""
     import json
 
     from fsdpviz.commands.whatif import print_exploration
     from fsdpviz.whatif.explore import explore
-    from fsdpviz.whatif.gains import summary_model
 
     for name in ("B", "Bl"):
         options = json.loads((gpu_h200_dir / name / "run.json").read_text())["options"]
-        model, _ = summary_model(_analysed(gpu_h200_dir, name, session_memo))
+        model, _ = summary_model(gpu_h200_run(name))
         assert model is not None
         prediction = predict(model, Settings(wrap=Wrap("root")))
         about_memory = [n for n in prediction.notes if "no memory in the analysed steps" in n]
