@@ -22,8 +22,11 @@ GPU_REAL_DIR = REPO_ROOT.parent / "shared" / "traces" / "gpu-real"
 GPU_FSDP_DIR = REPO_ROOT.parent / "shared" / "traces" / "gpu-fsdp"
 GPU_H200_DIR = REPO_ROOT.parent / "shared" / "traces" / "gpu-h200"
 SAMPLE_TRACES_DIR = REPO_ROOT / "sample_traces"
-# fsdpviz settings a user may have in the shell (FSDPVIZ_TEST_* are the suite's own, FSDPVIZ_KEEP_EVENTS a test's)
-USER_SETTINGS = ("FSDPVIZ_NO_CACHE", "FSDPVIZ_RUN_DIR", "FSDPVIZ_OWNER_PID", "FSDPVIZ_SCHEDULER")
+# fsdpviz settings a user may have in the shell (FSDPVIZ_TEST_* are the suite's own): how a run is loaded
+# (FSDPVIZ_KEEP_EVENTS: whole or rank by rank), the recorder's disk check and time-window fallback; a test
+# that reads one sets it itself
+USER_SETTINGS = ("FSDPVIZ_NO_CACHE", "FSDPVIZ_RUN_DIR", "FSDPVIZ_OWNER_PID", "FSDPVIZ_SCHEDULER", "FSDPVIZ_KEEP_EVENTS",
+                 "FSDPVIZ_MIN_FREE_MB", "FSDPVIZ_FALLBACK_AFTER_S", "FSDPVIZ_WINDOW_S")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
