@@ -14,18 +14,27 @@ from typing import Any
 GPU_EVENTS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
+def all_events(path: Path) -> list[dict[str, Any]]:
+    """Every event of one Kineto trace file (.json or .json.gz), whatever its phase (``[memory]`` samples
+    are instant events, ``ph: i``)."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        return list(json.load(f)["traceEvents"])
+
+
 def trace_events(path: Path) -> list[dict[str, Any]]:
     """The complete (``ph: X``) events of one Kineto trace file (.json or .json.gz), read once per process
     while the file stays as it was (several tests hold fsdpviz to one shared recording): a new list each
     call, whose events callers must not change."""
     stat = path.stat()
-    return list(_complete_events(path.resolve(), stat.st_mtime_ns, stat.st_size))
+    return list(_complete_events(path.resolve(), path.suffix == ".gz", stat.st_mtime_ns, stat.st_size))
 
 
-@functools.lru_cache(maxsize=4)  # about 40 MB a shared recording's trace
-def _complete_events(path: Path, _mtime_ns: int, _size: int) -> tuple[dict[str, Any], ...]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as f:
+# a shared recording's trace holds about 50 MB of events once parsed (H200 B: 33,153); a file's tests run
+# one after another, so two are enough
+@functools.lru_cache(maxsize=2)
+def _complete_events(path: Path, gz: bool, _mtime_ns: int, _size: int) -> tuple[dict[str, Any], ...]:
+    with (gzip.open if gz else open)(path, "rt") as f:
         return tuple(e for e in json.load(f)["traceEvents"] if e.get("ph") == "X")
 
 

@@ -27,8 +27,9 @@ SCRIPT = SCRIPTS / "own_profiler_train.py"
 
 
 def _bare(tmp_path: Path, first: int, last: int) -> subprocess.CompletedProcess:
-    """The script bare, once more where PyTorch's gloo aborted a rank at exit (helpers.jobs.TEARDOWN_CRASH:
-    the bare script has no pause after destroy_process_group; its outputs are written before it)."""
+    """The script bare, tried again (up to helpers.jobs.TRIES times) where PyTorch's gloo aborted a rank at
+    exit (helpers.jobs.TEARDOWN_CRASH: the script has no pause after destroy_process_group; its outputs are
+    written before it)."""
     return retried(lambda: run_job(torchrun(SCRIPT, str(first), str(last), str(tmp_path / "bare")), timeout=180))
 
 

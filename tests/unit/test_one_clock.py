@@ -295,7 +295,9 @@ def _one_clock(result: Any) -> None:
     # whatif's baseline: the same step and exposed communication (its prediction of the recorded
     # setting equals them by construction, so it is not checked here: _one_figure holds the figures
     # against the run folder's own files). The model is the run's one model, the one ``fsdpviz whatif``
-    # predicts on (commands/whatif.py: summary_model), read once per result, not read again here
+    # predicts on (commands/whatif.py: summary_model), read once per result, not read again here; with one
+    # model the prediction's basis is the clock's by construction (both read its memoised replay), kept as a
+    # guard of that one-model path, not as evidence
     model, why_not = summary_model(result)
     assert model is not None, why_not
     prediction = predict(model, recorded_settings())

@@ -231,6 +231,7 @@ def test_what_if_is_on_the_summarys_clock(name: str, gpu_fsdp_run: Callable[[str
     replay, none = predict(model, recorded_settings()), predict(model, Settings(prefetch=0))
     for prediction in (replay, none):
         # one clock: the baseline is the summary's step (the timers' clean steps), on the summary's basis
+        # (the basis is the clock's by construction, one model; the step is held to the timers' figure)
         assert prediction.to_json()["basis"] == clock.basis
         assert prediction.baseline.step_time_ms == result.summary.step_time_ms == cost.unprofiled_step_ms
         assert prediction.to_json()["profiler"]["unprofiled_step_ms"] == cost.unprofiled_step_ms

@@ -44,8 +44,9 @@ def _rank0(result: RunResult) -> Recording:
     """Rank 0's programs of a shared recording, as ``read_recording(result, ranks=[0])`` reads them: the
     session result's model's (conftest's ``gpu_fsdp_run`` / ``gpu_h200_run``: read once, with the result).
     That model read every traced rank, rank 0 alone on these recordings, before the result's bound became
-    the replay's split: the programs of a fresh result's ``read_recording(result, ranks=[0])``, step for
-    step to the nanosecond (compared once on every recording this file reads)."""
+    the replay's split (``summary_model`` calls ``read_model`` as a fresh result's reader would, on every rank
+    up to 8): the programs of a fresh result's ``read_recording(result, ranks=[0])``, step for step to the
+    nanosecond (as compared on every recording this file reads when the file took the session's result)."""
     from fsdpviz.whatif.gains import summary_model
 
     model, why = summary_model(result)

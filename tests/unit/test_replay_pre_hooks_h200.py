@@ -23,7 +23,8 @@ from fsdpviz.vocabulary import BACKWARD, FORWARD
 def _model(gpu_h200_run: Callable[[str], RunResult]) -> Model:
     """B's replay: the model of its session result (conftest's ``gpu_h200_run``), read once with it. It was
     read before the result's bound became the replay's split, so it is what ``read_model`` reads of a fresh
-    ``analyse`` (compared once: the same programs, fitted costs and gathers)."""
+    ``analyse`` (``summary_model`` makes the same ``read_model`` call, on every rank up to 8: the same
+    programs, fitted costs and gathers, as compared when the file took the session's result)."""
     from fsdpviz.whatif.gains import summary_model
 
     model, why = summary_model(gpu_h200_run("B"))

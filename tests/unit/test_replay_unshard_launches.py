@@ -23,8 +23,9 @@ from fsdpviz.replay.recording import LAUNCH_GROUPS
 def _model(result: RunResult) -> Model:
     """The replay of a shared recording: the model of its session result (conftest's ``gpu_fsdp_run`` /
     ``gpu_h200_run``), read once with it. It was read before the result's bound became the replay's split,
-    so it is what ``read_model`` reads of a fresh ``analyse`` (compared once on every recording here: the
-    same programs, fitted costs and replays)."""
+    so it is what ``read_model`` reads of a fresh ``analyse`` (``summary_model`` makes the same call, on every
+    rank up to 8: the same programs, fitted costs and replays, as compared on every recording here when the
+    file took the session's result)."""
     from fsdpviz.whatif.gains import summary_model
 
     model, why = summary_model(result)

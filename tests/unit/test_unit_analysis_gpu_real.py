@@ -30,14 +30,14 @@ def test_traces_without_unit_labels(gpu_real_dir: Path, name: str, framework: st
 def test_a_trace_without_memory_says_why_its_peak_is_null(gpu_real_dir: Path) -> None:
     """A DDP job's trace (no run.json) whose file holds no `[memory]` event: the summary's peak is null, and
     a note says the traces hold no memory samples; whatif, which reads FSDP runs only, is not promised."""
-    from helpers.rawfiles import trace_events
+    from helpers.rawfiles import all_events
 
     from fsdpviz.analysis.pipeline import analyse
     from fsdpviz.structure.records import NO_MEMORY
 
     folder = gpu_real_dir / "nccl_parser_config"
     files = sorted(folder.glob("*.json*"))
-    assert files and not any(e.get("name") == "[memory]" for f in files for e in trace_events(f))
+    assert files and not any(e.get("name") == "[memory]" for f in files for e in all_events(f))
     summary = analyse([folder], cache=False).summary
     assert summary.framework == "ddp" and summary.memory.peak_allocated_bytes is None
     (note,) = [n for n in summary.notes if n.code == NO_MEMORY]

@@ -53,8 +53,9 @@ for _s, _ms in STEP_TRUTH[RUN][1]:
 def model(gpu_fsdp_run: Callable[[str], Any]) -> Model:
     """The recording's one model, the one ``fsdpviz whatif --explore`` ranks on (commands/whatif.py:
     ``summary_model``), as the session read it: its result's bound is the replay's split, the recorded
-    split the command moves for each setting (the rule's, a fresh analysis', gives its host wait 0.03 ms to
-    FSDP's hooks; every check here reads alike on both)."""
+    split the command moves for each setting. The rule's, a fresh analysis', gives 0.03 ms of its host wait
+    to FSDP's hooks; each check here gave the same verdict on both when the fixture took the session's
+    model (compared then, not by these tests: the rule's split is held to the trace in test_bound_hta)."""
     read, why_not = summary_model(gpu_fsdp_run(RUN))
     assert read is not None, why_not
     return read

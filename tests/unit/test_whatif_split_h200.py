@@ -29,7 +29,8 @@ def test_one_root_unit_from_the_block_recording_moves_fsdps_copies_not_the_model
     assert recorded is not None and truth is not None
     assert recorded.fsdp_kernels_ms is not None and truth.fsdp_kernels_ms is not None
     # B's one model, what `fsdpviz whatif` predicts from (read with the session's result; reading it again
-    # on the result gives the same programs, costs and prediction: compared once)
+    # gives the same programs, costs and prediction: the replay reads a result's bound only on CPU, and
+    # adopting the replay's split rebuilds no table the recording reads)
     model, why = summary_model(block)
     assert model is not None, why
     prediction = predict(model, Settings().with_(wrap=Wrap("root")))
