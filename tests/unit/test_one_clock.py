@@ -13,16 +13,14 @@ never called replayed.
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 import statistics
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import rawfiles
 from helpers.cli import json_here
 from helpers.rawfiles import own_gpu_ms, raw_trace, timer_step_ms
 
@@ -41,16 +39,6 @@ SHARED = ["h100-fsdp2-fake8-block", "h100-fsdp2-fake8-block-modelB", "h100-fsdp2
           "h100-fsdp1-fake8-block", "h100-fsdp2-ws1-block", "h100-fsdp1-ws1-block", "h100-fsdp2-gloo2-block",
           "h100-hf-trainer-ws1"]
 H200 = ["B", "Bl", "Broot"]
-
-
-@pytest.fixture
-def trace_parsed_once() -> Iterator[None]:
-    """A GPU recording's own files are read twice in a row where one rank is traced: its ProfilerStep
-    spans (``_raw_figures``), then its GPU work (``_own_work``). The second read is the first's events
-    (the file parsed last is kept, read only, until the test ends), not a second parse of its trace."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(rawfiles, "trace_events", functools.lru_cache(maxsize=1)(rawfiles.trace_events))
-        yield
 
 
 def _raw_figures(folder: Path, steps: list[int]) -> tuple[float, dict[int, float]]:
@@ -358,15 +346,14 @@ def _own_work(result: Any, folder: Path) -> None:
 
 @pytest.mark.parametrize("name", SHARED)
 def test_shared_h100_recordings_show_one_figure_per_quantity(name: str, gpu_fsdp_dir: Path,
-                                                             gpu_fsdp_run: Callable[[str], Any],
-                                                             trace_parsed_once: None) -> None:
+                                                             gpu_fsdp_run: Callable[[str], Any]) -> None:
     _one_figure(gpu_fsdp_run(name), gpu_fsdp_dir / name)
     _own_work(gpu_fsdp_run(name), gpu_fsdp_dir / name)
 
 
 @pytest.mark.parametrize("name", H200)
 def test_h200_recordings_show_one_figure_per_quantity(name: str, gpu_h200_dir: Path,
-                                                      gpu_h200_run: Callable[[str], Any], trace_parsed_once: None) -> None:
+                                                      gpu_h200_run: Callable[[str], Any]) -> None:
     result = gpu_h200_run(name)
     _one_figure(result, gpu_h200_dir / name)
     _own_work(result, gpu_h200_dir / name)
