@@ -13,6 +13,12 @@ from typing import Any, TypeVar
 
 import pytest
 
+from fsdpviz.cache import NO_CACHE_ENV
+from fsdpviz.record import options
+from fsdpviz.record.launcher import ENV_MIN_FREE_MB
+from fsdpviz.trace.dask_engine import ENV_SCHEDULER
+from fsdpviz.trace.loader import KEEP_EVENTS_ENV
+
 T = TypeVar("T")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -24,9 +30,10 @@ GPU_H200_DIR = REPO_ROOT.parent / "shared" / "traces" / "gpu-h200"
 SAMPLE_TRACES_DIR = REPO_ROOT / "sample_traces"
 # fsdpviz settings a user may have in the shell (FSDPVIZ_TEST_* are the suite's own): how a run is loaded
 # (FSDPVIZ_KEEP_EVENTS: whole or rank by rank), the recorder's disk check and time-window fallback; a test
-# that reads one sets it itself
-USER_SETTINGS = ("FSDPVIZ_NO_CACHE", "FSDPVIZ_RUN_DIR", "FSDPVIZ_OWNER_PID", "FSDPVIZ_SCHEDULER", "FSDPVIZ_KEEP_EVENTS",
-                 "FSDPVIZ_MIN_FREE_MB", "FSDPVIZ_FALLBACK_AFTER_S", "FSDPVIZ_WINDOW_S")
+# that reads one sets it itself. The names are fsdpviz's own constants (none of these modules imports torch
+# or pandas).
+USER_SETTINGS = (NO_CACHE_ENV, options.ENV_RUN_DIR, options.ENV_OWNER_PID, ENV_SCHEDULER, KEEP_EVENTS_ENV,
+                 ENV_MIN_FREE_MB, options.ENV_FALLBACK_AFTER_S, options.ENV_WINDOW_S)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
