@@ -13,16 +13,15 @@ round, and times steady steps three ways, in rotating order round by round:
   profiles.
 
 Each step ends in ``loss.item()`` (the script's own synchronised wall time, as the truth of the shared
-recordings). A profiled mode's device busy time is the union of its traced kernels, copies and sets in
-each profiled step (a pause after every step keeps the steps' device work apart), and its idle the
-step less that. The bare idle is the bare step less the ``cuda`` mode's busy time of the same round:
-every wait of a bare step, the host's launch of each step's first kernels after the synchronisation
-included. Against it: the ``full`` mode's idle, and the bound's idle for the recording of the same
-setting (Broot: 5.99 ms a step, 3.93 of it FSDP's hooks' wait and 2.06 other idle, which the replay does
-not hold). Prints one line per round and measurement to stderr and one JSON object (every
+recordings). A profiled mode's device busy time is the union of its traced kernels, copies and sets over
+its profiled steps, per step. The bare idle is the bare step less the ``cuda`` mode's busy time: an
+upper bound on the bare run's other idle, since it also holds the host's launch of each step's first
+kernels after the synchronisation. Against it: the ``full`` mode's idle, and the bound's figures for the
+recording of the same setting (Broot: other idle 2.06 ms a step of 2.86 ms idle; the replay without the
+profiler holds 0.0). Prints one line per round and measurement to stderr and one JSON object (every
 round's figures, and each setting's and mode's median over rounds) to stdout.
 
-    python benchmarks/gpu_device_idle.py --settings root block --rounds 9 > device-idle.json
+    python benchmarks/gpu_device_idle.py --settings root block --rounds 9 > device-idle.json   # ~4 min on an H200
 
 On a machine without a GPU it runs on the CPU (``--dim 64 --layers 2 --seq 64`` for a quick pass), with
 no device time to read (busy and idle null).
@@ -109,30 +108,21 @@ def build(args: argparse.Namespace, setting: str, dev: torch.device) -> tuple[nn
     return model, torch.optim.AdamW(model.parameters(), lr=3e-4)
 
 
-def device_busy_ms(trace: Path, apart_ms: float) -> list[float]:
-    """The union of the trace's device work (kernels, copies, sets) in each run of it that no gap of
-    ``apart_ms`` or more interrupts (the steps, which a pause keeps apart), ms each; empty where the trace
-    holds no device work."""
+def device_busy_ms(trace: Path) -> float | None:
+    """The union of the trace's device work (kernels, copies, sets), ms; None where it holds none."""
     opener: Callable[..., Any] = gzip.open if trace.suffix == ".gz" else open
     with opener(trace, "rt") as f:
         events = json.load(f).get("traceEvents", [])
     spans = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)))
                    for e in events if e.get("ph") == "X" and e.get("cat") in DEVICE_CATS)
     if not spans:
-        return []
-    runs: list[float] = []
-    busy = 0.0
-    start, end = spans[0]
-    for a, b in spans[1:]:  # µs
-        if a - end >= apart_ms * 1e3:
-            runs.append(busy + end - start)
-            busy, (start, end) = 0.0, (a, b)
-        elif a > end:
-            busy, (start, end) = busy + end - start, (a, b)
-        else:
-            end = max(end, b)
-    runs.append(busy + end - start)
-    return [r / 1e3 for r in runs]
+        return None
+    total, start, end = 0.0, spans[0][0], spans[0][1]
+    for a, b in spans[1:]:
+        if a > end:
+            total, start = total + end - start, a
+        end = max(end, b)
+    return (total + end - start) / 1e3  # µs to ms
 
 
 def timed_step(args: argparse.Namespace, model: nn.Module, opt: torch.optim.Optimizer, dev: torch.device,
@@ -146,10 +136,7 @@ def timed_step(args: argparse.Namespace, model: nn.Module, opt: torch.optim.Opti
     opt.step()
     opt.zero_grad()
     loss.item()
-    took = (time.perf_counter() - t0) * 1e3
-    # the device rests between steps, so that a trace's device work splits into them (device_busy_ms)
-    time.sleep(args.pause_ms / 1e3)
-    return took
+    return (time.perf_counter() - t0) * 1e3
 
 
 def run_mode(args: argparse.Namespace, setting: str, mode: str, dev: torch.device, folder: Path) -> dict[str, Any]:
@@ -159,7 +146,7 @@ def run_mode(args: argparse.Namespace, setting: str, mode: str, dev: torch.devic
     for i in range(args.warmup):
         timed_step(args, model, opt, dev, i)
     times: list[float] = []
-    busy: list[float] = []
+    busy: float | None = None
     if mode == "bare":
         times = [timed_step(args, model, opt, dev, args.warmup + i) for i in range(args.steps)]
     else:
@@ -171,24 +158,21 @@ def run_mode(args: argparse.Namespace, setting: str, mode: str, dev: torch.devic
             times = [timed_step(args, model, opt, dev, args.warmup + i) for i in range(args.steps)]
         trace = folder / f"{setting}-{mode}.json"
         prof.export_chrome_trace(str(trace))
-        busy = device_busy_ms(trace, args.pause_ms / 2)
+        total = device_busy_ms(trace)
+        busy = None if total is None else total / args.steps
         trace.unlink()
     del model, opt
     gc.collect()
     if dev.type == "cuda":
         torch.cuda.empty_cache()
-    # a profiled step's idle against its own device work, where the trace splits into the steps
-    split = len(busy) == len(times)
-    return {"step_ms": statistics.median(times), "busy_ms": statistics.median(busy) if split else None,
-            "idle_ms": statistics.median(t - b for t, b in zip(times, busy)) if split else None,
-            "steps_ms": times, "device_runs_ms": busy}
+    return {"step_ms": statistics.median(times), "busy_ms": busy}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for name, default in (("dim", 1024), ("layers", 12), ("heads", 8), ("batch", 8), ("seq", 2048),
-                          ("rounds", 9), ("steps", 6), ("warmup", 3), ("pause_ms", 20)):
-        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, default=default)
+                          ("rounds", 9), ("steps", 6), ("warmup", 3)):
+        parser.add_argument(f"--{name}", type=int, default=default)
     parser.add_argument("--settings", nargs="+", default=["root", "block"])
     args = parser.parse_args()
     dev = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
@@ -216,12 +200,12 @@ def main() -> None:
             values = [rd[s][mode][key] for rd in rounds if rd[s][mode][key] is not None]
             return statistics.median(values) if values else None
 
-        # bare: each round's median step less the cuda mode's median device work of the same round
+        # each round's idle against its own busy time (bare: the cuda mode's of the same round), then the
+        # median over rounds
         def idle(mode: str, s: str = setting) -> float | None:
-            if mode != "bare":
-                return median(mode, "idle_ms")
-            values = [rd[s]["bare"]["step_ms"] - rd[s]["cuda"]["busy_ms"] for rd in rounds
-                      if rd[s]["cuda"]["busy_ms"] is not None]
+            traced = "cuda" if mode == "bare" else mode
+            values = [rd[s][mode]["step_ms"] - rd[s][traced]["busy_ms"] for rd in rounds
+                      if rd[s][traced]["busy_ms"] is not None]
             return statistics.median(values) if values else None
 
         summary[setting] = {"bare_step_ms": median("bare", "step_ms"), "cuda_step_ms": median("cuda", "step_ms"),
