@@ -347,6 +347,10 @@ def _window_tree(wins: list[_Window]) -> list[_Node]:
         while open_ and not (w.start >= open_[-1].win.start and w.end <= open_[-1].win.end):
             open_.pop()
         if not open_:
+            if tops and w.start < tops[-1].win.end:
+                # a window opened before the one before it closed, not inside it (ZeRO-3's embeddings'
+                # backward hooks fire inside the root's): from where that one ends, as siblings above
+                w = _Window(w.unit, w.phase, w.micro, tops[-1].win.end, w.end)
             node = _Node(w)
             tops.append(node)
             open_.append(node)
@@ -534,9 +538,18 @@ class _PassReader:
         inside = (iv.start >= a) & (iv.start < b)
         return float(sum(self.clock.between(s, e) for s, e in zip(iv.start[inside], iv.end[inside])))
 
-    def read(self, unit: str, part: str, phase: str, micro: int, a: int, b: int, gap_from: int) -> tuple[Pass, Reduce | None]:
+    def read(self, unit: str, part: str, phase: str, micro: int, a: int, b: int, gap_from: int,
+             claimed: np.ndarray | None = None) -> tuple[Pass, Reduce | None]:
+        """The pass of ``unit`` (``part``) in its frame ``[a, b)``. ``claimed``: the compute spans some
+        pass of the phase counts as its compute (CPU: another's that fall in this frame are that pass's
+        time, not this one's host work around its compute)."""
         t, clock = self.tables, self.clock
         mine = self._compute_of(unit, part, phase, micro, a, b)
+        # CPU, FSDP1's backward: a unit's window opens inside the one before it (its pre-backward hook
+        # prefetches from there) and its post-backward hook fires late, inside the next unit's; the
+        # windows, cut to follow one another, then hold other units' compute, which their own passes
+        # already count: read as this pass's host time too, it would run twice in the replay
+        others = claimed & ~mine if claimed is not None and not self.gpu else None
         m_start, m_end = t.c_start[mine], t.c_end[mine]
         in_labels = self.labelled(a, b)
         total = clock.between(a, b) - in_labels
@@ -544,7 +557,7 @@ class _PassReader:
         if len(m_start):
             first = float(t.c_issue[mine].min())
             labels_before = self.labelled(a, first)
-            pre = clock.between(a, first) - labels_before
+            pre = clock.between(a, first) - labels_before - self._spans_busy(others, a, first)
             if self.gpu:
                 compute, launches = self._kernels(a, b, first, m_start, m_end)
                 # the host's part after the compute starts at the reshard (GPU: launches run ahead)
@@ -558,21 +571,41 @@ class _PassReader:
             pre, compute = total, 0.0
             compute_end = float(b)
             first, labels_before = float(b), in_labels
-        post = max(0.0, total - pre - (0.0 if self.gpu else compute))
+        # CPU: the host's time in the frame less its compute spans, the pass's own and the others' (the
+        # pass's own outside its frame are another frame's time)
+        post = max(0.0, total - pre - (0.0 if self.gpu else self._spans_busy(mine, a, b) + self._spans_busy(others, a, b)
+                                       if others is not None else compute))
         rs = t.reshards
         at = (rs.unit == unit) & (t.reshard_phase == phase) & (rs.start >= a) & (rs.start < b)
         reshard_ns = float(sum(clock.between(x, y) for x, y in zip(rs.start[at].tolist(), rs.end[at].tolist())))
         rl = t.reduce_labels
         at = (rl.unit == unit) & (rl.start >= compute_end) & (rl.start < b)
         reduce_busy = float(sum(clock.between(x, y) for x, y in zip(rl.start[at].tolist(), rl.end[at].tolist())))
+        after = max(compute_end, float(a))  # the pass's own compute may lie before its frame (above)
         p = Pass(unit=unit, phase=phase, micro=micro, part=part, gap_ns=clock.between(gap_from, a),
                  pre_ns=max(0.0, pre), compute_ns=compute, post_ns=post, reshard_ns=min(post, reshard_ns),
-                 post_framework_ns=min(post, max(0.0, clock.between(compute_end, b) - self.labelled(compute_end, b)
-                                                 - reduce_busy)),
+                 post_framework_ns=min(post, max(0.0, clock.between(after, b) - self.labelled(after, b) - reduce_busy
+                                                 - self._spans_busy(others, after, b))),
                  reduce_host_ns=min(post, reduce_busy),
                  pre_framework_ns=min(max(0.0, pre), self.framework(a, first, labels_before)),
                  post_ranges_ns=min(post, self.framework(first, b, in_labels - labels_before)), launches=launches)
         return p, (self._reduce(p, a, b) if phase == vocabulary.BACKWARD else None)
+
+    def _spans_busy(self, mask: np.ndarray | None, a: float, b: float) -> float:
+        """Busy time of the compute spans in ``mask`` inside ``[a, b)``."""
+        if mask is None or b <= a:
+            return 0.0
+        t = self.tables
+        at = mask & (t.c_end > a) & (t.c_start < b)
+        return float(sum(self.clock.between(max(float(s), a), min(float(e), b))
+                         for s, e in zip(t.c_start[at].tolist(), t.c_end[at].tolist())))
+
+    def claimed(self, frames: list[tuple[str, str, int, int, int]], phase: str, micro: int) -> np.ndarray:
+        """The compute spans that the passes of ``frames`` (one phase and micro-batch) count as theirs."""
+        out = np.zeros(len(self.tables.c_unit), dtype=bool)
+        for unit, part, a, b, _ in frames:
+            out |= self._compute_of(unit, part, phase, micro, a, b)
+        return out
 
     def _compute_of(self, unit: str, part: str, phase: str, micro: int, a: int, b: int) -> np.ndarray:
         """Which of the step's compute spans are the pass's (its frame ``[a, b)``)."""
@@ -675,9 +708,11 @@ def _read_step(rank: int, step: int, t0: int, t1: int, parts: dict[str, pd.DataF
             if not wins:
                 continue
             bounds[phase] = (min(w.start for w in wins), max(w.end for w in wins))
-            for unit, part, a, b, gap_from in _pass_frames(wins):
+            framed = list(_pass_frames(wins))
+            claimed = reader.claimed(framed, phase, micro)
+            for unit, part, a, b, gap_from in framed:
                 frames.append((micro, unit, phase, part, a, b))
-                p, reduce = reader.read(unit, part, phase, micro, a, b, gap_from)
+                p, reduce = reader.read(unit, part, phase, micro, a, b, gap_from, claimed)
                 passes[phase].append(p)
                 read.append(p)
                 if reduce is not None:
@@ -980,7 +1015,10 @@ def _gathers(tables: _StepTables, frames: list[tuple[int, str, str, str, int, in
     rows_of: dict[tuple[str, str, int], list[int]] = {}
     for i, key in enumerate(keys):  # groups in order of first appearance, rows in issue order
         rows_of.setdefault(key, []).append(i)
-    lab_unit, lab = as_str(gather_labels["unit"]), _columns(gather_labels, ("start_ns", "end_ns"))
+    lab = _columns(gather_labels, ("start_ns", "end_ns"))
+    # a label names every unit its collective carried (ZeRO-3's bucket: "blocks.0, blocks.1")
+    # (a unit of a module list is named as one: "[blocks.0, blocks.1]")
+    lab_units = [frozenset((u, *u.split(", "))) for u in as_str(gather_labels["unit"]).tolist()]
     busy = None if gpu else union_intervals(compute["start_ns"].to_numpy(np.int64),
                                             compute["end_ns"].to_numpy(np.int64))
     out = []
@@ -991,7 +1029,8 @@ def _gathers(tables: _StepTables, frames: list[tuple[int, str, str, str, int, in
                               comm_ns=0.0, copy_out_host_ns=0.0, copy_out_ns=0.0, issued_in=None))
             continue
         issue = float(ag_cols["issue_ns"][rows].min())
-        at = (lab_unit == unit) & (lab["start_ns"] <= issue) & (lab["end_ns"] >= issue)
+        at = np.fromiter((unit in us for us in lab_units), dtype=bool, count=len(lab_units)) \
+            & (lab["start_ns"] <= issue) & (lab["end_ns"] >= issue)
         out.append(copies.gather(
             unit, phase, micro, issue, nbytes=int(np.clip(ag_cols["bytes"][rows], 0, None).sum()),
             host_ns=float(sum(clock.between(s, e) for s, e in zip(lab["start_ns"][at].tolist(),
