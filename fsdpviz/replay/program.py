@@ -438,7 +438,7 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
                 # FSDP's hooks (once a unit: a merged unit's later members run none; part b opens no
                 # unit), then, once the unit is gathered, the module's own code before its first op
                 hooks = min(p.pre_ns, p.pre_framework_ns)
-                ops.append(BusyOp(hooks if lead or p.part == "b" else 0.0, "pre"))
+                ops.append(BusyOp(hooks if lead or p.part == "b" or not merged else 0.0, "pre"))
                 if lead and not gathered_units.intersection(members.get(unit, [unit])):
                     unsharded.add(unit)  # never sharded: nothing to gather
                 if lead and unit not in unsharded:
@@ -467,9 +467,12 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
                 if p.fsdp_post_ns or p.fsdp_post_side_ns:
                     ops.append(FsdpKernelsOp(unit, phase, p.fsdp_post_ns, p.fsdp_post_side_ns, before=False))
                 # a merged unit's members do not run their own hooks; on CPU neither their own reductions'
-                # host work: the unit's reduction costs once, at its bytes (on GPU each member's stays)
+                # host work: the unit's reduction costs once, at its bytes (on GPU each member's stays).
+                # A part a ends at a child's window, not with the unit's hooks: its post is the module's
+                # own code, which runs; so do a recorded unit's own windows (a module list's, one a module)
                 own_reduce = p.reduce_host_ns if cpu else 0.0
-                post = p.post_ns if last else max(0.0, p.post_ns - p.post_framework_ns - own_reduce)
+                post = p.post_ns if last or p.part == "a" or not merged else \
+                    max(0.0, p.post_ns - p.post_framework_ns - own_reduce)
                 after = p.reduce_after_ns if last else 0.0
                 if cpu and last and phase == BACKWARD and (host := costs.reduce_host(unit, micro)) is not None:
                     post = max(0.0, post - p.reduce_host_ns) + host

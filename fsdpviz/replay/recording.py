@@ -518,6 +518,10 @@ class _PassReader:
     gpu: bool
     kernels: _Kernels | None  # GPU: the rank's compute kernels by launch time
     prep_from: list[tuple[float, float]] = field(default_factory=list)  # launch windows of the reductions' prep
+    # (unit, phase, micro-batch) of the units read in parts: a window of theirs nested in their own (a
+    # unit of a module list, `fully_shard([blocks.0, blocks.1])`, opens one per module inside its own)
+    # holds only the compute issued in it; the parts hold the rest
+    split: set[tuple[str, str, int]] = field(default_factory=set)
 
     def labelled(self, a: float, b: float) -> float:
         """Busy time of the gather and copy-out labels that start in ``[a, b)`` (the gathers' own
@@ -582,10 +586,13 @@ class _PassReader:
         at = (rl.unit == unit) & (rl.start >= compute_end) & (rl.start < b)
         reduce_busy = float(sum(clock.between(x, y) for x, y in zip(rl.start[at].tolist(), rl.end[at].tolist())))
         after = max(compute_end, float(a))  # the pass's own compute may lie before its frame (above)
+        # FSDP's post hooks close a unit's window; a part a ends where a child's window opens, so only
+        # FSDP's own ranges in it are FSDP's
         p = Pass(unit=unit, phase=phase, micro=micro, part=part, gap_ns=clock.between(gap_from, a),
                  pre_ns=max(0.0, pre), compute_ns=compute, post_ns=post, reshard_ns=min(post, reshard_ns),
-                 post_framework_ns=min(post, max(0.0, clock.between(after, b) - self.labelled(after, b) - reduce_busy
-                                                 - self._spans_busy(others, after, b))),
+                 post_framework_ns=min(post, self.framework(after, b, self.labelled(after, b)) if part == "a" else
+                                       max(0.0, clock.between(after, b) - self.labelled(after, b) - reduce_busy
+                                           - self._spans_busy(others, after, b))),
                  reduce_host_ns=min(post, reduce_busy),
                  pre_framework_ns=min(max(0.0, pre), self.framework(a, first, labels_before)),
                  post_ranges_ns=min(post, self.framework(first, b, in_labels - labels_before)), launches=launches)
@@ -611,7 +618,8 @@ class _PassReader:
         """Which of the step's compute spans are the pass's (its frame ``[a, b)``)."""
         t = self.tables
         mine = (t.c_unit == unit) & (t.c_phase == phase) & (t.c_micro == micro)
-        if part:  # the root's compute before (a) and after (b) its children; a unit's is all its own
+        if part or (unit, phase, micro) in self.split:
+            # the root's compute before (a) and after (b) its children; a unit's is all its own
             mine &= (t.c_issue >= a) & (t.c_issue < b)
         return mine
 
@@ -709,6 +717,7 @@ def _read_step(rank: int, step: int, t0: int, t1: int, parts: dict[str, pd.DataF
                 continue
             bounds[phase] = (min(w.start for w in wins), max(w.end for w in wins))
             framed = list(_pass_frames(wins))
+            reader.split.update((unit, phase, micro) for unit, part, *_ in framed if part)
             claimed = reader.claimed(framed, phase, micro)
             for unit, part, a, b, gap_from in framed:
                 frames.append((micro, unit, phase, part, a, b))

@@ -30,8 +30,9 @@ pytestmark = pytest.mark.recorded
 # How far the replay of a committed recording may miss its traced step (%): half whatif's limit of a
 # reliable replay, held on recordings that do not change from run to run.
 COMMITTED_REPLAY_PCT = 5.0
-# How far the replay of each step of a committed recording may miss that step's own span (%)
-STEP_REPLAY_PCT = 0.5
+# How far the replay of each step may miss that step's own span (%): the recorded setting replays the
+# host's time as read, so only what the reading loses or counts twice shows
+STEP_REPLAY_PCT = 0.05
 
 
 def _committed(name: str) -> Config:
@@ -67,14 +68,15 @@ def test_replay_prefetch_and_world_size(framework: str, recordings: Recordings,
     read_copy = committed.copy_is_read(config.committed, config.identity(), [config.script])
     limit = COMMITTED_REPLAY_PCT if read_copy else RELIABLE_REPLAY_PCT
     assert replay["traced_replay_error_pct"] <= limit
-    if read_copy:
-        # each step on its own, against its ProfilerStep span: the host's time is read once, whichever
-        # window holds it (FSDP1's backward windows overlap, its post-backward hooks firing inside the next
-        # unit's; ZeRO-3's bucket labels name several units). Read twice or not at all, FSDP1's steps
-        # replayed up to 2.8 % long and ZeRO-3's 1.6 % short; read once, all within 0.25 %
-        model = read_model(analyse([run], progress=False))
-        misses = [abs(r.step_ns - s.step_ns) / s.step_ns * 100 for s, r in zip(model.recording.steps, model.replays)]
-        assert len(misses) == 8 and max(misses) <= STEP_REPLAY_PCT, misses
+    # each step on its own, against its ProfilerStep span: the host's time is read once, whichever window
+    # holds it (FSDP1's backward windows overlap, its post-backward hooks firing inside the next unit's;
+    # ZeRO-3's bucket labels name several units; the root's time before its first block is its own code).
+    # Read twice or not at all, the committed FSDP1 steps replayed up to 2.8 % long, ZeRO-3's 1.6 % short
+    # and FSDP2's 0.2 % short, and one step recorded beside other jobs 5.7 % short; read once, every step of
+    # the committed ones and of 40 made on 2 cores beside spinning or bursty processes to 0.005 %
+    model = read_model(analyse([run], progress=False))
+    misses = [abs(r.step_ns - s.step_ns) / s.step_ns * 100 for s, r in zip(model.recording.steps, model.replays)]
+    assert len(misses) == 8 and max(misses) <= STEP_REPLAY_PCT, misses
     clean_error = summary["clock"]["replay_error_pct"]
     phases = summary["clock"]["phase_error_pct"]
     if clean_error is not None and clean_error > RELIABLE_REPLAY_PCT:
