@@ -73,7 +73,7 @@ def test_replay_prefetch_and_world_size(framework: str, recordings: Recordings,
     # ZeRO-3's bucket labels name several units; the root's time before its first block is its own code).
     # Read twice or not at all, the committed FSDP1 steps replayed up to 2.8 % long, ZeRO-3's 1.6 % short
     # and FSDP2's 0.2 % short, and one step recorded beside other jobs 5.7 % short; read once, every step of
-    # the committed ones and of 40 made on 2 cores beside spinning or bursty processes to 0.005 %
+    # the committed ones and of 40 made on 2 cores, quiet or beside spinning or bursty processes, to 0.005 %
     model = read_model(analyse([run], progress=False))
     misses = [abs(r.step_ns - s.step_ns) / s.step_ns * 100 for s, r in zip(model.recording.steps, model.replays)]
     assert len(misses) == 8 and max(misses) <= STEP_REPLAY_PCT, misses
