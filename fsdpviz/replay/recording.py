@@ -55,6 +55,7 @@ from fsdpviz.analysis.memory import ASSUMED_OPTIMIZER_STATES, CPU_DEVICE, device
 from fsdpviz.analysis.memory_split import ShardedState, Split, split_of
 from fsdpviz.analysis.pipeline import RunResult
 from fsdpviz.analysis.run import labels_of
+from fsdpviz.naming import listed_units
 from fsdpviz.replay import prefetch_args
 from fsdpviz.replay import recording_facts as facts
 from fsdpviz.replay.memory import step_memory
@@ -545,15 +546,16 @@ class _PassReader:
     def read(self, unit: str, part: str, phase: str, micro: int, a: int, b: int, gap_from: int,
              claimed: np.ndarray | None = None) -> tuple[Pass, Reduce | None]:
         """The pass of ``unit`` (``part``) in its frame ``[a, b)``. ``claimed``: the compute spans some
-        pass of the phase counts as its compute (CPU: another's that fall in this frame are that pass's
-        time, not this one's host work around its compute)."""
+        pass of the phase counts as its compute (CPU only: those in this frame, this pass's own or another's,
+        are compute, not this pass's host work around it)."""
         t, clock = self.tables, self.clock
         mine = self._compute_of(unit, part, phase, micro, a, b)
         # CPU, FSDP1's backward: a unit's window opens inside the one before it (its pre-backward hook
         # prefetches from there) and its post-backward hook fires late, inside the next unit's; the
         # windows, cut to follow one another, then hold other units' compute, which their own passes
-        # already count: read as this pass's host time too, it would run twice in the replay
-        others = claimed & ~mine if claimed is not None and not self.gpu else None
+        # already count: read as this pass's host time too, it would run twice in the replay. (The
+        # pass's own spans start at or after ``first`` and end by ``compute_end``: before ``first`` and
+        # after ``compute_end`` the claimed spans are others'.)
         m_start, m_end = t.c_start[mine], t.c_end[mine]
         in_labels = self.labelled(a, b)
         total = clock.between(a, b) - in_labels
@@ -561,7 +563,7 @@ class _PassReader:
         if len(m_start):
             first = float(t.c_issue[mine].min())
             labels_before = self.labelled(a, first)
-            pre = clock.between(a, first) - labels_before - self._spans_busy(others, a, first)
+            pre = clock.between(a, first) - labels_before - self._spans_busy(claimed, a, first)
             if self.gpu:
                 compute, launches = self._kernels(a, b, first, m_start, m_end)
                 # the host's part after the compute starts at the reshard (GPU: launches run ahead)
@@ -575,10 +577,10 @@ class _PassReader:
             pre, compute = total, 0.0
             compute_end = float(b)
             first, labels_before = float(b), in_labels
-        # CPU: the host's time in the frame less its compute spans, the pass's own and the others' (the
-        # pass's own outside its frame are another frame's time)
-        post = max(0.0, total - pre - (0.0 if self.gpu else self._spans_busy(mine, a, b) + self._spans_busy(others, a, b)
-                                       if others is not None else compute))
+        # CPU: the host's time in the frame less the compute spans in it, the pass's own and the others'
+        # (the pass's own outside its frame are another frame's time)
+        post = max(0.0, total - pre - (0.0 if self.gpu else compute if claimed is None else
+                                       self._spans_busy(claimed, a, b)))
         rs = t.reshards
         at = (rs.unit == unit) & (t.reshard_phase == phase) & (rs.start >= a) & (rs.start < b)
         reshard_ns = float(sum(clock.between(x, y) for x, y in zip(rs.start[at].tolist(), rs.end[at].tolist())))
@@ -592,7 +594,7 @@ class _PassReader:
                  pre_ns=max(0.0, pre), compute_ns=compute, post_ns=post, reshard_ns=min(post, reshard_ns),
                  post_framework_ns=min(post, self.framework(after, b, self.labelled(after, b)) if part == "a" else
                                        max(0.0, clock.between(after, b) - self.labelled(after, b) - reduce_busy
-                                           - self._spans_busy(others, after, b))),
+                                           - self._spans_busy(claimed, after, b))),
                  reduce_host_ns=min(post, reduce_busy),
                  pre_framework_ns=min(max(0.0, pre), self.framework(a, first, labels_before)),
                  post_ranges_ns=min(post, self.framework(first, b, in_labels - labels_before)), launches=launches)
@@ -718,7 +720,7 @@ def _read_step(rank: int, step: int, t0: int, t1: int, parts: dict[str, pd.DataF
             bounds[phase] = (min(w.start for w in wins), max(w.end for w in wins))
             framed = list(_pass_frames(wins))
             reader.split.update((unit, phase, micro) for unit, part, *_ in framed if part)
-            claimed = reader.claimed(framed, phase, micro)
+            claimed = None if gpu else reader.claimed(framed, phase, micro)
             for unit, part, a, b, gap_from in framed:
                 frames.append((micro, unit, phase, part, a, b))
                 p, reduce = reader.read(unit, part, phase, micro, a, b, gap_from, claimed)
@@ -1025,9 +1027,9 @@ def _gathers(tables: _StepTables, frames: list[tuple[int, str, str, str, int, in
     for i, key in enumerate(keys):  # groups in order of first appearance, rows in issue order
         rows_of.setdefault(key, []).append(i)
     lab = _columns(gather_labels, ("start_ns", "end_ns"))
-    # a label names every unit its collective carried (ZeRO-3's bucket: "blocks.0, blocks.1")
-    # (a unit of a module list is named as one: "[blocks.0, blocks.1]")
-    lab_units = [frozenset((u, *u.split(", "))) for u in as_str(gather_labels["unit"]).tolist()]
+    # a label names every unit its collective carried (ZeRO-3's bucket: "blocks.0, blocks.1"); a unit of
+    # a module list is named as one ("[blocks.0, blocks.1]")
+    lab_units = [frozenset((u, *listed_units(u))) for u in as_str(gather_labels["unit"]).tolist()]
     busy = None if gpu else union_intervals(compute["start_ns"].to_numpy(np.int64),
                                             compute["end_ns"].to_numpy(np.int64))
     out = []
