@@ -40,12 +40,6 @@ def unit_from_label(fqn: str) -> str:
     return group_name([clean_fqn(part) for part in parts if part] or [ROOT_UNIT])
 
 
-def listed_units(label_unit: str) -> list[str]:
-    """The units an fsdpviz label lists (a ZeRO-3 bucket: ``blocks.0, blocks.1`` -> ``blocks.0``,
-    ``blocks.1``); one unit gives itself."""
-    return [part.strip() for part in label_unit.split(",")]
-
-
 def unit_modules(name: str) -> list[str]:
     """The module FQNs a unit name covers (``[norm, output]`` -> ``norm``, ``output``)."""
     if name.startswith("[") and name.endswith("]"):

@@ -55,7 +55,6 @@ from fsdpviz.analysis.memory import ASSUMED_OPTIMIZER_STATES, CPU_DEVICE, device
 from fsdpviz.analysis.memory_split import ShardedState, Split, split_of
 from fsdpviz.analysis.pipeline import RunResult
 from fsdpviz.analysis.run import labels_of
-from fsdpviz.naming import listed_units
 from fsdpviz.replay import prefetch_args
 from fsdpviz.replay import recording_facts as facts
 from fsdpviz.replay.memory import step_memory
@@ -78,6 +77,7 @@ from fsdpviz.structure.intervals import (
     total_ns,
     union_intervals,
 )
+from fsdpviz.structure.labels import listed_units
 from fsdpviz.structure.spans import GPU_WORK_KINDS, gpu_work
 from fsdpviz.structure.staging import collective_work
 from fsdpviz.structure.windows import first_backward_ns

@@ -131,6 +131,12 @@ def _phase_of(action: str) -> str:
     return ""
 
 
+def listed_units(label_unit: str) -> list[str]:
+    """The units an fsdpviz label lists (a ZeRO-3 bucket: ``blocks.0, blocks.1`` -> ``blocks.0``,
+    ``blocks.1``); one unit gives itself."""
+    return [part.strip() for part in label_unit.split(",")]
+
+
 def parse_label_name(name: str) -> LabelInfo | None:
     """Parse one annotation name; None when it is not an FSDP / fsdpviz label."""
     if name.startswith("FSDP::"):

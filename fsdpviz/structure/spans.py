@@ -35,7 +35,6 @@ import numpy as np
 import pandas as pd
 
 from fsdpviz import vocabulary
-from fsdpviz.naming import listed_units
 from fsdpviz.structure import label_rules as rules
 from fsdpviz.structure import labels as lab
 from fsdpviz.structure.categorical import as_str, startswith
@@ -130,7 +129,7 @@ def attribute_collectives(coll: pd.DataFrame, labels: pd.DataFrame,
     out = coll.assign(unit=unit, phase=np.where(kind != "", phase, ""), kind=kind, micro=micro)
     # An fsdpviz label naming several units (ZeRO-3 buckets, "a, b, c"): one row per unit. (An FSDP2
     # unit of several modules, fully_shard([a, b]), is one unit that FSDP2 itself names "a, b".)
-    listed = [listed_units(u) if many else [u] for u, many in zip(out["unit"].tolist(), listing)]
+    listed = [lab.listed_units(u) if many else [u] for u, many in zip(out["unit"].tolist(), listing)]
     out = out.assign(unit=listed, n_units=[len(u) for u in listed]).explode("unit", ignore_index=True)
     return schema.conform(out, UNIT_COLLECTIVES, table="unit collectives")
 
