@@ -574,7 +574,9 @@ class _PassReader:
                 compute = float(sum(clock.between(s, e) for s, e in zip(m_start.tolist(), m_end.tolist())))
                 compute_end = float(m_end.max())
         else:
-            pre, compute = total, 0.0
+            # a frame without compute of its own can still hold another pass's (the root's part b, where a
+            # unit's backward window opens before the root's closes and ends after it: ZeRO-3's first block)
+            pre, compute = total - self._spans_busy(claimed, a, b), 0.0
             compute_end = float(b)
             first, labels_before = float(b), in_labels
         # CPU: the host's time in the frame less the compute spans in it, the pass's own and the others'

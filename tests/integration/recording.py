@@ -182,6 +182,9 @@ class Recordings:
 # from their committed copies (helpers/committed.py: current with the recorder's sources, or recorded
 # now), and recorded afresh by `make test-recordings`.
 LAYERS = 3
+# How far whatif's replay of the recorded setting may miss each traced step's own span (%): the replay
+# runs the host's time as read, so only what the reading loses or counts twice shows
+STEP_REPLAY_PCT = 0.05
 STEPS = 11
 PROFILED = [2, 3, 4, 5]
 UNPROFILED = [7, 8, 9, 10]

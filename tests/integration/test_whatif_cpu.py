@@ -17,7 +17,7 @@ import pytest
 from helpers import committed
 from helpers.cli import json_here, run_here
 from helpers.jobs import NO_OUTPUT
-from recording import EXAMPLE_RUNS, LAYERS, PROFILE, WIDE_RUNS, Config, Recordings
+from recording import EXAMPLE_RUNS, LAYERS, PROFILE, STEP_REPLAY_PCT, WIDE_RUNS, Config, Recordings
 
 from fsdpviz.analysis.pipeline import analyse
 from fsdpviz.replay.clock import PHASE_LIMIT_PCT, RELIABLE_REPLAY_PCT
@@ -30,9 +30,6 @@ pytestmark = pytest.mark.recorded
 # How far the replay of a committed recording may miss its traced step (%): half whatif's limit of a
 # reliable replay, held on recordings that do not change from run to run.
 COMMITTED_REPLAY_PCT = 5.0
-# How far the replay of each step may miss that step's own span (%): the recorded setting replays the
-# host's time as read, so only what the reading loses or counts twice shows
-STEP_REPLAY_PCT = 0.05
 
 
 def _committed(name: str) -> Config:
