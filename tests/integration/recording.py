@@ -30,6 +30,9 @@ from helpers.jobs import (
 )
 from helpers.once import shared_processes
 
+from fsdpviz.analysis.pipeline import RunResult
+from fsdpviz.replay.model import read_model
+
 SCRIPTS = Path(__file__).resolve().parent / "record_scripts"
 
 
@@ -185,6 +188,13 @@ LAYERS = 3
 # How far whatif's replay of the recorded setting may miss each traced step's own span (%): the replay
 # runs the host's time as read, so only what the reading loses or counts twice shows
 STEP_REPLAY_PCT = 0.05
+
+
+def step_replay_misses(run: RunResult) -> list[float]:
+    """Per traced step of ``run``: how far (%) whatif's replay of the recorded setting misses the step's
+    own ProfilerStep span."""
+    model = read_model(run)
+    return [abs(r.step_ns - s.step_ns) / s.step_ns * 100 for s, r in zip(model.recording.steps, model.replays)]
 STEPS = 11
 PROFILED = [2, 3, 4, 5]
 UNPROFILED = [7, 8, 9, 10]
