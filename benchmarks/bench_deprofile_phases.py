@@ -35,14 +35,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def replay_misses(result: RunResult) -> dict[str, float] | None:
     """The replay's misses on the bound check's partition (module docstring); None without a replay
-    without the profiler on a rank that timed its phases, or with steps of several micro-batches (their
-    forwards and backwards interleave, as the replay's own check says)."""
+    without the profiler on a rank that timed its phases, or with steps of several micro-batches (the
+    recordings this compares run one a step)."""
     model, _ = summary_model(result)
     if model is None or model.net is None or any(len(s.micro) > 1 for s in model.recording.steps):
         return None
     timed = phase_times(result.traces.timers, result.traces.run)
     before = per_rank_phases(model.recording.steps, model.replays)
     after = per_rank_phases(model.net.recording.steps, model.net.replays)
+    if before is None or after is None:
+        return None
     misses: list[dict[str, float]] = []
     for rank in sorted(set(before) & set(after) & set(timed)):
         t = timed[rank]

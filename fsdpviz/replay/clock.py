@@ -6,8 +6,12 @@ on CPU, :mod:`.hostcost` on GPU), the run is ``replayed``: its step is the timer
 the replay reproduces within ``replay_error_pct`` (:data:`RELIABLE_REPLAY_PCT`), and, where the timers
 time the phases of unprofiled steps, the replay took the profiler's share out of each phase within
 :data:`PHASE_LIMIT_PCT` of where the timers saw it leave (``phase_error_pct``, out of sample); every
-prediction moves that step by the share the same replay moves it under the setting. Elsewhere it is
-``traced``, and the note says why.
+prediction moves that step by the share the same replay moves it under the setting. A CPU replay is
+scaled onto the clean steps (one factor per rank), so its miss of them is no check: without its phases
+checked it is not called ``replayed``. A GPU replay is not scaled: the profiler's share is taken out of
+the host's events, and how much of it the step loses is the simulation's (the device may not wait for
+the host), so its miss of the clean steps is a check of its own. Elsewhere it is ``traced``, and the
+note says why.
 
 :func:`fsdpviz.whatif.gains.completed_summary` is the summary every view shows, with this clock.
 """
@@ -76,7 +80,8 @@ def clock_of(run: RunResult, replayed: Replayed | None, why_not: str = "") -> Cl
         return ClockSummary(basis=BASIS_TRACED, profiler_share_ms=share, ranks=None if replayed is None else replayed.ranks,
                             note=f"traced: {why}; {step_from}, the other figures and predictions are as traced")
     calibrated = replayed.calibration
-    if calibrated is not None and calibrated.scale and calibrated.error_pct is not None:
+    scaled = calibrated is not None and bool(calibrated.scale) and calibrated.error_pct is not None
+    if calibrated is not None and scaled and calibrated.error_pct is not None:
         error, clean = calibrated.error_pct, calibrated.clean_steps
         scale = float(statistics.median(calibrated.scale.values()))
         how = (f"the traced step's work and waits scaled {scale:.2f}x (median over ranks: each rank's clean step over "
@@ -101,6 +106,15 @@ def clock_of(run: RunResult, replayed: Replayed | None, why_not: str = "") -> Cl
                   f"the step away from where the timers saw it leave (more than {PHASE_LIMIT_PCT:g} %); {step_from}, "
                   f"the bound splits it, and predictions on that replay are marked unreliable and not ranked; "
                   f"{phase_words(replayed)}"))
+    if not why_unreliable and scaled and replayed.phases is None:
+        # one factor per rank puts the replay on the clean steps by construction: its miss of them checks
+        # nothing, and with no phase timed there is nothing else it was not scaled to
+        return ClockSummary(
+            basis=BASIS_TRACED, profiler_share_ms=share, replay_error_pct=error, clean_steps=clean,
+            ranks=replayed.ranks, **checked,
+            note=(f"traced: the replay without the profiler ({how}) is scaled onto the timers' clean steps, and "
+                  f"nothing it was not scaled to checks it: {phase_words(replayed)}; {step_from}, the bound "
+                  f"splits it, and predictions move it by the replay's shares, unchecked"))
     if why_unreliable == STEP_MISSED:
         return ClockSummary(
             basis=BASIS_TRACED, profiler_share_ms=share, replay_error_pct=error, clean_steps=clean,

@@ -19,11 +19,12 @@ the ZeRO-3 sample's profiled steps, 0.06 ms of the committed ZeRO-3 example's). 
 the time between its phases (the data, the loss, the gradients zeroed), where the profiler's share may
 differ: the three misses need not add up to zero. The miss is in % of the rank's unprofiled step;
 the run's is the median over ranks, and its error the largest phase's. Nothing in the replay was
-fitted to a phase. Steps of several micro-batches are not checked (their forwards and backwards
-interleave). A recorder older than the backward's timer timed the forward and the optimizer alone (the
-shared H100 FSDP2 recordings): those two are checked, and the backward with the time between phases
-misses by their misses negated, give or take both replays' misses of their steps (the traced replay's
-of the profiled steps, the clean one's of the clean steps), which no phase isolates.
+fitted to a phase. A step of several micro-batches (gradient accumulation) runs a forward and a
+backward per micro-batch; the timers add each phase's intervals up, and so does the replay's side. A
+recorder older than the backward's timer timed the forward and the optimizer alone (the shared H100
+FSDP2 recordings): those two are checked, and the backward with the time between phases misses by their
+misses negated, give or take both replays' misses of their steps (the traced replay's of the profiled
+steps, the clean one's of the clean steps), which no phase isolates.
 
 On the bundled FSDP2 sample one factor per rank takes 7.7 % of the step more out of the backward than
 the timers saw leave it; on the H200 recording of model B with memory recorded, the per-event cost
@@ -42,7 +43,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from fsdpviz.replay.recorded import StepProgram
-from fsdpviz.replay.simulate import SimResult
+from fsdpviz.replay.simulate import SimResult, SimSpan
 from fsdpviz.structure.profiler_cost import STEP_PHASES, STEP_TIMER_PHASE, PhaseTimes
 from fsdpviz.vocabulary import BACKWARD, FORWARD, OPTIMIZER, UNIT_COLLECTIVES
 
@@ -62,7 +63,7 @@ _REST: Final = ("it and the time between phases miss together by the other two's
 NO_BACKWARD_TIMER: Final = f"the backward is not checked: its recorder timed none; {_REST}"
 NOT_EVERY_BACKWARD: Final = f"the backward is not checked: not every rank checked timed it; {_REST}"
 MICRO_BATCHES: Final = ("its steps run several micro-batches (gradient accumulation), whose forwards and backwards "
-                        "interleave")
+                        "do not fall one after the other in its replay")
 
 
 @dataclass(slots=True)
@@ -84,31 +85,59 @@ class PhaseCheck:
         return max(abs(v) for v in self.miss_pct.values())
 
 
-def sim_phases(sim: SimResult, lead_ns: float = 0.0) -> dict[str, float]:
+def sim_phases(sim: SimResult, lead_ns: float = 0.0, micro: int = 1) -> dict[str, float] | None:
     """A replayed step's phases (ns), bounded as the timers bound theirs: forward from its first forward
     span to its last, backward likewise, the optimizer its optimizer spans (the step's last segment: the
     host's work on CPU, its kernels on GPU) less ``lead_ns``, the segment's time before the optimizer's
     own step, where the timers' optimizer phase starts (CPU: :attr:`.recorded.Segment.lead_ns`), or,
-    where the replay has none, the rest of the step after the backward."""
-    def extent(phase: str) -> tuple[float, float] | None:
-        spans = [s for s in sim.spans if s.phase == phase]
-        return (min(s.start for s in spans), max(s.end for s in spans)) if spans else None
+    where the replay has none, the rest of the step after the backward.
 
-    forward, backward = extent(FORWARD), extent(BACKWARD)
+    A step of ``micro`` micro-batches (gradient accumulation) runs that many forwards and backwards, one
+    after the other, and the timers add each phase's intervals up: so does this, each micro-batch's
+    forward (backward) from its first span to its last, the spans taken in the order they start. None
+    where the replay's spans do not fall into ``micro`` forwards and backwards that way."""
+    forward = _extents(sim.spans, FORWARD, micro)
+    backward = _extents(sim.spans, BACKWARD, micro)
+    if forward is None or backward is None:
+        return None
     # the optimizer's segment: its work and the collectives it waited for (CPU)
     spans = [s.end - s.start for s in sim.spans
              if s.kind == OPTIMIZER or (s.phase == OPTIMIZER and s.kind in UNIT_COLLECTIVES)]
-    optimizer = max(0.0, (sum(spans) if spans else sim.step_ns - (backward or forward or (0.0, 0.0))[1]) - lead_ns)
-    return {"forward": forward[1] - forward[0] if forward else 0.0,
-            "backward": backward[1] - backward[0] if backward else 0.0, "optimizer": optimizer}
+    last = max((end for _, end in backward or forward), default=0.0)
+    optimizer = max(0.0, (sum(spans) if spans else sim.step_ns - last) - lead_ns)
+    return {"forward": sum(end - start for start, end in forward),
+            "backward": sum(end - start for start, end in backward), "optimizer": optimizer}
 
 
-def per_rank_phases(steps: Sequence[StepProgram], sims: Sequence[SimResult]) -> dict[int, dict[str, float]]:
+def _extents(spans: Sequence[SimSpan], phase: str, micro: int) -> list[tuple[float, float]] | None:
+    """Each micro-batch's (first start, last end) of ``phase``'s spans: with one micro-batch all of them
+    (none: an empty list); with several, the runs of ``phase`` among the forward and backward spans in the
+    order they start, which must be ``micro`` runs (else None)."""
+    if micro <= 1:
+        of = [s for s in spans if s.phase == phase]
+        return [(min(s.start for s in of), max(s.end for s in of))] if of else []
+    runs: list[list[SimSpan]] = []
+    before = ""
+    for span in sorted((s for s in spans if s.phase in (FORWARD, BACKWARD)), key=lambda s: s.start):
+        if span.phase == phase:
+            if before != phase:
+                runs.append([])
+            runs[-1].append(span)
+        before = span.phase
+    if len(runs) != micro:
+        return None
+    return [(min(s.start for s in run), max(s.end for s in run)) for run in runs]
+
+
+def per_rank_phases(steps: Sequence[StepProgram], sims: Sequence[SimResult]) -> dict[int, dict[str, float]] | None:
     """Per rank: the median over its replayed steps of each phase (:func:`sim_phases`) and of the step
-    (``step``), ms."""
+    (``step``), ms; None where a step's micro-batches do not separate in its replay."""
     by_rank: dict[int, list[dict[str, float]]] = {}
     for step, sim in zip(steps, sims):
-        by_rank.setdefault(step.rank, []).append({**sim_phases(sim, step.post.lead_ns), STEP_TIMER_PHASE: sim.step_ns})
+        phases = sim_phases(sim, step.post.lead_ns, len(step.micro))
+        if phases is None:
+            return None
+        by_rank.setdefault(step.rank, []).append({**phases, STEP_TIMER_PHASE: sim.step_ns})
     return {rank: {p: statistics.median(s[p] for s in of) / 1e6 for p in (*STEP_PHASES, STEP_TIMER_PHASE)}
             for rank, of in by_rank.items()}
 
@@ -120,9 +149,9 @@ def phase_check(steps: Sequence[StepProgram], traced: Sequence[SimResult], net: 
     the profiler (``net``'s, ``clean``), on the ranks ``timed`` holds (and of ``ranks``, where given: a
     CPU rank without a factor is replayed as traced), on the phases every one of them timed, and "" --
     or None and why it is not made."""
-    if any(len(s.micro) > 1 for s in steps):
-        return None, MICRO_BATCHES
     before, after = per_rank_phases(steps, traced), per_rank_phases(net, clean)
+    if before is None or after is None:
+        return None, MICRO_BATCHES
     checked = sorted(set(before) & set(after) & set(timed) & (ranks if ranks is not None else set(before)))
     if not checked:
         return None, NOT_REPLAYED if timed else NOT_TIMED
