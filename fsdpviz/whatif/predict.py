@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple
 import msgspec
 
 from fsdpviz.analysis.pipeline import RunResult
-from fsdpviz.errors import UsageError
+from fsdpviz.errors import FsdpvizError, UsageError
 from fsdpviz.formatting import NS_PER_MS, rounded_ms
 from fsdpviz.naming import ROOT_UNIT
 from fsdpviz.replay import comm as comm_model
@@ -302,6 +302,9 @@ def predict(model: Model, settings: Settings) -> Prediction:
     predicted = _predicted(timing, simulated, baseline, full, peak, by_share=model.net is not None or (
         model.result.summary.traced_step_time_ms not in (None, baseline.step_time_ms)), notes=clamps)
     recorded_mean = statistics.fmean(s.step_ns for s in rec.steps)
+    if recorded_mean <= 0:  # the replay's miss of them is unknown, not 0: nothing says the model explains them
+        raise FsdpvizError("the recorded steps last no time (their ProfilerStep spans are empty): the model's replay "
+                         "cannot be checked against them, so nothing is predicted from them")
     replay_mean = statistics.fmean(r.step_ns for r in model.replays)
     notes = list(dict.fromkeys(n for r in simulated for n in r.notes))
     notes += list(dict.fromkeys(setting.notes))  # what the memory model could not know, and took instead
@@ -331,7 +334,7 @@ def predict(model: Model, settings: Settings) -> Prediction:
         notes.append(f"read on {len(model.sampled)} of {len(model.result.analysis.ranks)} ranks spread over the run "
                      f"({', '.join(map(str, model.sampled))}): the run is too large to hold every rank's events")
     cost = model.result.summary.profiler
-    replay_error_pct = 100.0 * abs(replay_mean - recorded_mean) / recorded_mean if recorded_mean else 0.0
+    replay_error_pct = 100.0 * abs(replay_mean - recorded_mean) / recorded_mean
     clock = clock_of(model.result, model_clock(model))
     over = parts_over(predicted)
     warnings = weaknesses(replay_error_pct, cost, clock.replay_error_pct, clock.phase_error_pct)
@@ -761,15 +764,20 @@ def _predicted_units(model: Model, simulated: list[SimResult], baseline: Outcome
     order = {u: i for i, u in enumerate(_new_order(model, simulated))}
     out = []
     below: list[str] = []
+    unreplayed: dict[str, list[str]] = {}
     for unit in sorted(new, key=lambda u: order.get(u, 1 << 30)):
         members = [old for old, grouped in group.items() if grouped == unit]
+        # a member the replay of the recording ran nothing of: how the change moves its figures is unknown
+        missing = [m for m in members if m in recorded and m not in replay]
+        if missing:
+            unreplayed[unit] = missing
         values: dict[str, float | None] = {}
         for k in UNIT_FIELDS:
             known = [getattr(recorded[m], f"{k}_ms") for m in members if m in recorded]
-            replayed = sum(replay.get(m, {}).get(k, 0.0) for m in members)
-            if None in known:
-                values[f"{k}_ms"] = None  # a member's recorded figure is unknown: so is the unit's
+            if None in known or missing:
+                values[f"{k}_ms"] = None  # a member's recorded figure, or its replay, is unknown: so is the unit's
                 continue
+            replayed = sum(replay[m][k] for m in members if m in replay)
             if members and len(known) == len(members):
                 # moved by the share the replay moves it, as the step's exposed communication is: the
                 # replay counts exposure its own way (on CPU the host waits out every collective), which
@@ -788,6 +796,10 @@ def _predicted_units(model: Model, simulated: list[SimResult], baseline: Outcome
         # the replay counts more than the analysis did, the difference can overshoot
         notes.append("per-unit figures the change took below zero, shown as 0 (the members' recorded figures moved "
                      "by the replay's change, which counts them its own way): " + "; ".join(below))
+    if unreplayed:
+        notes.append("per-unit figures unknown (null) where the model's replay of the recording ran nothing of a "
+                     "member, so the change cannot move its recorded figures: "
+                     + "; ".join(f"{unit} ({', '.join(of)})" for unit, of in unreplayed.items()))
     return out
 
 
