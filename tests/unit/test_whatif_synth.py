@@ -210,3 +210,32 @@ def test_the_summary_and_whatif_read_one_model(twelve_ranks: Path, capsys: pytes
         assert predicted == pytest.approx(change, abs=2e-3), key
         checked += 1
     assert checked
+
+
+def test_actions_that_lead_to_one_setting_are_one_in_the_summary(tmp_path: Path) -> None:
+    """The base model run with the training loop synchronising after every unit, on a slower link: no
+    gather can run ahead, so the bound (exposed communication) and the exposed all-gathers' finding both
+    name a prefetch knob, and both lead to one setting. The summary prices that setting once: one action,
+    holding both actions' units and counts, and no two actions name the same whatif setting."""
+    from fsdpviz.whatif.gains import action_setting, completed_summary, summary_model
+
+    scenario = dataclasses.replace(BASE, sync_per_unit=True, comm_bytes_per_ns=10.0)
+    result = analyse([generate_run(scenario, tmp_path, run_folder=True).folder], cache=False)
+    model, _ = summary_model(result)
+    assert model is not None
+    raw = [a for a in result.summary.actions if a.knob]
+    leads = {}
+    for action in raw:
+        setting = action_setting(action, model)
+        if setting is not None:
+            leads.setdefault(setting.describe(), []).append(action)
+    shared = {key: of for key, of in leads.items() if len(of) > 1}
+    assert shared, [(a.kind, a.knob) for a in raw]  # the case: two actions, one setting
+    actions = completed_summary(result).actions
+    named = [a.predicted_gain.rsplit("(fsdpviz whatif: ", 1)[1].rstrip(")") for a in actions if a.predicted_gain]
+    assert len(named) == len(set(named)), named
+    for key, of in shared.items():
+        (one,) = [a for a in actions if a.predicted_gain.endswith(f"(fsdpviz whatif: {key})")]
+        assert set(one.units) == {u for a in of for u in a.units}
+        assert one.count == sum(a.count for a in of)
+        assert all(a.message.rstrip(".") in one.message for a in of)
