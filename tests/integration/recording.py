@@ -195,6 +195,8 @@ def step_replay_misses(run: RunResult) -> list[float]:
     own ProfilerStep span."""
     model = read_model(run)
     return [abs(r.step_ns - s.step_ns) / s.step_ns * 100 for s, r in zip(model.recording.steps, model.replays)]
+
+
 STEPS = 11
 PROFILED = [2, 3, 4, 5]
 UNPROFILED = [7, 8, 9, 10]
