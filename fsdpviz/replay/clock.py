@@ -80,8 +80,9 @@ def clock_of(run: RunResult, replayed: Replayed | None, why_not: str = "") -> Cl
         return ClockSummary(basis=BASIS_TRACED, profiler_share_ms=share, ranks=None if replayed is None else replayed.ranks,
                             note=f"traced: {why}; {step_from}, the other figures and predictions are as traced")
     calibrated = replayed.calibration
-    scaled = calibrated is not None and bool(calibrated.scale) and calibrated.error_pct is not None
-    if calibrated is not None and scaled and calibrated.error_pct is not None:
+    scaled = False  # a CPU replay put on the clean steps by one factor per rank
+    if calibrated is not None and calibrated.scale and calibrated.error_pct is not None:
+        scaled = True
         error, clean = calibrated.error_pct, calibrated.clean_steps
         scale = float(statistics.median(calibrated.scale.values()))
         how = (f"the traced step's work and waits scaled {scale:.2f}x (median over ranks: each rank's clean step over "

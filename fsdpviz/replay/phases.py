@@ -112,21 +112,21 @@ def sim_phases(sim: SimResult, lead_ns: float = 0.0, micro: int = 1) -> dict[str
 def _extents(spans: Sequence[SimSpan], phase: str, micro: int) -> list[tuple[float, float]] | None:
     """Each micro-batch's (first start, last end) of ``phase``'s spans: with one micro-batch all of them
     (none: an empty list); with several, the runs of ``phase`` among the forward and backward spans in the
-    order they start, which must be ``micro`` runs (else None)."""
+    order they start, which must be ``micro`` runs (else None), each ending where the next run begins at
+    the latest (a collective running on past it: the timers' phases do not overlap)."""
     if micro <= 1:
         of = [s for s in spans if s.phase == phase]
         return [(min(s.start for s in of), max(s.end for s in of))] if of else []
-    runs: list[list[SimSpan]] = []
-    before = ""
+    runs: list[tuple[str, list[SimSpan]]] = []
     for span in sorted((s for s in spans if s.phase in (FORWARD, BACKWARD)), key=lambda s: s.start):
-        if span.phase == phase:
-            if before != phase:
-                runs.append([])
-            runs[-1].append(span)
-        before = span.phase
-    if len(runs) != micro:
-        return None
-    return [(min(s.start for s in run), max(s.end for s in run)) for run in runs]
+        if not runs or runs[-1][0] != span.phase:
+            runs.append((span.phase, []))
+        runs[-1][1].append(span)
+    bounds = [(kind, min(s.start for s in run), max(s.end for s in run)) for kind, run in runs]
+    clipped = [(kind, start, min(end, bounds[i + 1][1]) if i + 1 < len(bounds) else end)
+               for i, (kind, start, end) in enumerate(bounds)]
+    of_phase = [(start, end) for kind, start, end in clipped if kind == phase]
+    return of_phase if len(of_phase) == micro else None
 
 
 def per_rank_phases(steps: Sequence[StepProgram], sims: Sequence[SimResult]) -> dict[int, dict[str, float]] | None:
@@ -149,12 +149,22 @@ def phase_check(steps: Sequence[StepProgram], traced: Sequence[SimResult], net: 
     the profiler (``net``'s, ``clean``), on the ranks ``timed`` holds (and of ``ranks``, where given: a
     CPU rank without a factor is replayed as traced), on the phases every one of them timed, and "" --
     or None and why it is not made."""
-    before, after = per_rank_phases(steps, traced), per_rank_phases(net, clean)
+    if not timed:
+        return None, NOT_TIMED
+    # the ranks that timed their phases (and have a factor, where given), read alone: another rank's steps
+    # do not decide whether these are checked
+    wanted = set(timed) & (ranks if ranks is not None else set(timed))
+
+    def read(programs: Sequence[StepProgram], sims: Sequence[SimResult]) -> dict[int, dict[str, float]] | None:
+        pairs = [(p, r) for p, r in zip(programs, sims) if p.rank in wanted]
+        return per_rank_phases([p for p, _ in pairs], [r for _, r in pairs])
+
+    before, after = read(steps, traced), read(net, clean)
     if before is None or after is None:
         return None, MICRO_BATCHES
-    checked = sorted(set(before) & set(after) & set(timed) & (ranks if ranks is not None else set(before)))
+    checked = sorted(set(before) & set(after))
     if not checked:
-        return None, NOT_REPLAYED if timed else NOT_TIMED
+        return None, NOT_REPLAYED
     miss: dict[str, float] = {}
     for phase in (p for p in STEP_PHASES if all(p in timed[r].unprofiled for r in checked)):
         miss[phase] = round(float(statistics.median(

@@ -182,8 +182,9 @@ def test_a_replayed_steps_phases_are_bounded_as_the_timers_bound_theirs() -> Non
 def test_a_step_of_micro_batches_adds_each_ones_phases_up() -> None:
     """Gradient accumulation: a step of two micro-batches runs forward, backward, forward, backward. The
     timers add each phase's intervals up, and so does the replay's side: each micro-batch's forward from
-    its first span to its last (the backward between them left out), the spans in the order they start.
-    A replay whose spans do not fall into that many forwards and backwards is not checked."""
+    its first span to its last (the backward between them left out), the spans in the order they start,
+    each ending where the next begins at the latest. A replay whose spans do not fall into that many
+    forwards and backwards is not checked."""
     from fsdpviz.replay.phases import sim_phases
     from fsdpviz.replay.simulate import SimResult, SimSpan
 
@@ -196,7 +197,8 @@ def test_a_step_of_micro_batches_adds_each_ones_phases_up() -> None:
              SimSpan("blocks.0", "backward", "compute", "host", 12 * ms, 15 * ms),
              SimSpan("", "optimizer", "optimizer", "host", 16 * ms, 18 * ms)]
     sim = SimResult(step_ns=19 * ms, spans=spans, comm_ns=0.0, exposed_comm_ns=0.0, compute_ns=0.0)
-    assert sim_phases(sim, micro=2) == {"forward": 4 * ms, "backward": 9 * ms, "optimizer": 2 * ms}
+    # the first backward ends where the second forward begins (9 ms): the timers' phases do not overlap
+    assert sim_phases(sim, micro=2) == {"forward": 4 * ms, "backward": 8 * ms, "optimizer": 2 * ms}
     # read as one micro-batch, the forward runs from the first forward span to the last
     assert sim_phases(sim)["forward"] == 10 * ms
     assert sim_phases(sim, micro=3) is None
@@ -383,3 +385,27 @@ def test_a_backward_timed_on_some_ranks_only_is_not_checked_and_said_so(
     assert set(after["phase_miss_pct"]) == {"forward", "optimizer"}
     assert after["phase_miss_pct"] == {p: before["phase_miss_pct"][p] for p in ("forward", "optimizer")}
     assert NOT_EVERY_BACKWARD in after["note"] and "its recorder timed none" not in after["note"]
+
+
+def test_an_unscaled_gpu_replay_with_no_phase_checked_stays_replayed(gpu_h200_run: Callable[[str], Any]) -> None:
+    """A GPU replay is not scaled onto the clean steps (the profiler's cost per host event is taken out,
+    and how much of it the step loses is the simulation's), so its miss of them is a check of its own:
+    the H200 recording made with ``--no-memory`` read as if no clean step had timed its phases (a GPU
+    recording made now) keeps a ``replayed`` clock, with the same miss, and says the phases are not
+    checked. A CPU replay so read is ``traced`` (above)."""
+    import dataclasses
+
+    from fsdpviz.replay.clock import clock_of
+    from fsdpviz.replay.model import model_clock
+    from fsdpviz.replay.phases import NOT_TIMED
+    from fsdpviz.whatif.gains import summary_model
+
+    result = gpu_h200_run("Bl")
+    model, _ = summary_model(result)
+    assert model is not None and (model.calibration is None or not model.calibration.scale)
+    as_recorded = model_clock(model)
+    assert as_recorded.phases is not None
+    clock = clock_of(result, dataclasses.replace(as_recorded, phases=None, phases_why=NOT_TIMED))
+    assert clock.basis == "replayed" and clock.phase_error_pct is None
+    assert clock.replay_error_pct == completed_summary(result).clock.replay_error_pct <= RELIABLE_REPLAY_PCT
+    assert "clean steps time only their ends" in clock.note
