@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple
 import msgspec
 
 from fsdpviz.analysis.pipeline import RunResult
-from fsdpviz.errors import FsdpvizError, UsageError
+from fsdpviz.errors import NoDataError, UsageError
 from fsdpviz.formatting import NS_PER_MS, rounded_ms
 from fsdpviz.naming import ROOT_UNIT
 from fsdpviz.replay import comm as comm_model
@@ -288,6 +288,10 @@ def predict(model: Model, settings: Settings) -> Prediction:
     """Predict ``settings`` (see the module docstring)."""
     check(model, settings)
     rec = model.recording
+    if not rec.steps or min(s.step_ns for s in rec.steps) <= 0:
+        # the replay's miss of them is unknown, not 0: nothing says the model explains them
+        raise NoDataError("the recorded steps last no time (a ProfilerStep span is empty): the model's replay "
+                          "cannot be checked against them, so nothing is predicted from them")
     full = _filled(settings, rec)
     # every timing is the replay's without the profiler where the model has one (module docstring)
     timing = model.net or model
@@ -302,9 +306,6 @@ def predict(model: Model, settings: Settings) -> Prediction:
     predicted = _predicted(timing, simulated, baseline, full, peak, by_share=model.net is not None or (
         model.result.summary.traced_step_time_ms not in (None, baseline.step_time_ms)), notes=clamps)
     recorded_mean = statistics.fmean(s.step_ns for s in rec.steps)
-    if recorded_mean <= 0:  # the replay's miss of them is unknown, not 0: nothing says the model explains them
-        raise FsdpvizError("the recorded steps last no time (their ProfilerStep spans are empty): the model's replay "
-                         "cannot be checked against them, so nothing is predicted from them")
     replay_mean = statistics.fmean(r.step_ns for r in model.replays)
     notes = list(dict.fromkeys(n for r in simulated for n in r.notes))
     notes += list(dict.fromkeys(setting.notes))  # what the memory model could not know, and took instead
@@ -765,10 +766,13 @@ def _predicted_units(model: Model, simulated: list[SimResult], baseline: Outcome
     out = []
     below: list[str] = []
     unreplayed: dict[str, list[str]] = {}
-    for unit in sorted(new, key=lambda u: order.get(u, 1 << 30)):
+    # every unit the recorded ones group into, those the setting's replay ran nothing of too (unknown)
+    units = list(dict.fromkeys([*new, *(group[m] for m in recorded if m in group)]))
+    for unit in sorted(units, key=lambda u: order.get(u, 1 << 30)):
         members = [old for old, grouped in group.items() if grouped == unit]
-        # a member the replay of the recording ran nothing of: how the change moves its figures is unknown
-        missing = [m for m in members if m in recorded and m not in replay]
+        # a member the replay of the recording ran nothing of, or a unit the setting's replay ran nothing
+        # of: how the change moves its figures is unknown
+        missing = [m for m in members if m in recorded and (m not in replay or unit not in new)]
         if missing:
             unreplayed[unit] = missing
         values: dict[str, float | None] = {}
@@ -797,8 +801,8 @@ def _predicted_units(model: Model, simulated: list[SimResult], baseline: Outcome
         notes.append("per-unit figures the change took below zero, shown as 0 (the members' recorded figures moved "
                      "by the replay's change, which counts them its own way): " + "; ".join(below))
     if unreplayed:
-        notes.append("per-unit figures unknown (null) where the model's replay of the recording ran nothing of a "
-                     "member, so the change cannot move its recorded figures: "
+        notes.append("per-unit figures unknown (null) where the model's replay of the recording, or of the setting, "
+                     "ran nothing of a member, so the change cannot move its recorded figures: "
                      + "; ".join(f"{unit} ({', '.join(of)})" for unit, of in unreplayed.items()))
     return out
 
