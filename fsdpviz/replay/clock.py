@@ -98,31 +98,25 @@ def clock_of(run: RunResult, replayed: Replayed | None, why_not: str = "") -> Cl
     checked = _phases(replayed.phases)
     phase_error = checked["phase_error_pct"]
     why_unreliable = unreliable(error, phase_error)
+    why = ""
     if why_unreliable == PHASES_MISSED:
-        return ClockSummary(
-            basis=BASIS_TRACED, profiler_share_ms=share, replay_error_pct=error, clean_steps=clean,
-            ranks=replayed.ranks, **checked,
-            note=(f"traced: the replay without the profiler ({how}) runs the timers' clean step within {error:.1f} %, "
-                  f"but out of sample it took the profiler's share out of the phases up to {phase_error:.1f} % of "
-                  f"the step away from where the timers saw it leave (more than {PHASE_LIMIT_PCT:g} %); {step_from}, "
-                  f"the bound splits it, and predictions on that replay are marked unreliable and not ranked; "
-                  f"{phase_words(replayed)}"))
-    if not why_unreliable and scaled and replayed.phases is None:
+        why = (f"the replay without the profiler ({how}) runs the timers' clean step within {error:.1f} %, but out of "
+               f"sample it took the profiler's share out of the phases up to {phase_error:.1f} % of the step away "
+               f"from where the timers saw it leave (more than {PHASE_LIMIT_PCT:g} %); {step_from}, the bound splits "
+               f"it, and predictions on that replay are marked unreliable and not ranked; {phase_words(replayed)}")
+    elif why_unreliable == STEP_MISSED:
+        why = (f"the replay without the profiler ({how}) misses the timers' clean step by {error:.1f} % (more than "
+               f"{RELIABLE_REPLAY_PCT:g} %); {step_from}, the bound splits it, and predictions on that replay are "
+               f"marked unreliable and not ranked; {phase_words(replayed)}")
+    elif scaled and replayed.phases is None:
         # one factor per rank puts the replay on the clean steps by construction: its miss of them checks
         # nothing, and with no phase timed there is nothing else it was not scaled to
-        return ClockSummary(
-            basis=BASIS_TRACED, profiler_share_ms=share, replay_error_pct=error, clean_steps=clean,
-            ranks=replayed.ranks, **checked,
-            note=(f"traced: the replay without the profiler ({how}) is scaled onto the timers' clean steps, and "
-                  f"nothing it was not scaled to checks it: {phase_words(replayed)}; {step_from}, the bound "
-                  f"splits it, and predictions move it by the replay's shares, unchecked"))
-    if why_unreliable == STEP_MISSED:
-        return ClockSummary(
-            basis=BASIS_TRACED, profiler_share_ms=share, replay_error_pct=error, clean_steps=clean,
-            ranks=replayed.ranks, **checked,
-            note=(f"traced: the replay without the profiler ({how}) misses the timers' clean step by {error:.1f} % "
-                  f"(more than {RELIABLE_REPLAY_PCT:g} %); {step_from}, the bound splits it, and predictions on that "
-                  f"replay are marked unreliable and not ranked; {phase_words(replayed)}"))
+        why = (f"the replay without the profiler ({how}) is scaled onto the timers' clean steps, and nothing it was "
+               f"not scaled to checks it: {phase_words(replayed)}; {step_from}, the bound splits it, and predictions "
+               f"move it by the replay's shares, unchecked")
+    if why:
+        return ClockSummary(basis=BASIS_TRACED, profiler_share_ms=share, replay_error_pct=error, clean_steps=clean,
+                            ranks=replayed.ranks, **checked, note=f"traced: {why}")
     return ClockSummary(basis=BASIS_REPLAYED, profiler_share_ms=share, replay_error_pct=error,
                         clean_steps=clean, ranks=replayed.ranks, **checked,
                         note=(f"replayed without the profiler: {how}, on {clean} clean step(s) per rank; "
