@@ -96,10 +96,10 @@ def sim_phases(sim: SimResult, lead_ns: float = 0.0, micro: int = 1) -> dict[str
     after the other, and the timers add each phase's intervals up: so does this, each micro-batch's
     forward (backward) from its first span to its last, the spans taken in the order they start. None
     where the replay's spans do not fall into ``micro`` forwards and backwards that way."""
-    forward = _extents(sim.spans, FORWARD, micro)
-    backward = _extents(sim.spans, BACKWARD, micro)
-    if forward is None or backward is None:
+    extents = _extents(sim.spans, micro)
+    if extents is None:
         return None
+    forward, backward = extents[FORWARD], extents[BACKWARD]
     # the optimizer's segment: its work and the collectives it waited for (CPU)
     spans = [s.end - s.start for s in sim.spans
              if s.kind == OPTIMIZER or (s.phase == OPTIMIZER and s.kind in UNIT_COLLECTIVES)]
@@ -109,24 +109,28 @@ def sim_phases(sim: SimResult, lead_ns: float = 0.0, micro: int = 1) -> dict[str
             "backward": sum(end - start for start, end in backward), "optimizer": optimizer}
 
 
-def _extents(spans: Sequence[SimSpan], phase: str, micro: int) -> list[tuple[float, float]] | None:
-    """Each micro-batch's (first start, last end) of ``phase``'s spans: with one micro-batch all of them
-    (none: an empty list); with several, the runs of ``phase`` among the forward and backward spans in the
-    order they start, which must be ``micro`` runs (else None), each ending where the next run begins at
-    the latest (a collective running on past it: the timers' phases do not overlap)."""
+def _extents(spans: Sequence[SimSpan], micro: int) -> dict[str, list[tuple[float, float]]] | None:
+    """Per phase (forward, backward), each micro-batch's (first start, last end) of its spans: with one
+    micro-batch all of them (none: an empty list); with several, the runs of one phase among the forward
+    and backward spans in the order they start, which must be ``micro`` runs of each (else None), each
+    ending where the next run begins at the latest (a collective running on past it: the timers' phases
+    do not overlap)."""
     if micro <= 1:
-        of = [s for s in spans if s.phase == phase]
-        return [(min(s.start for s in of), max(s.end for s in of))] if of else []
+        out: dict[str, list[tuple[float, float]]] = {}
+        for phase in (FORWARD, BACKWARD):
+            of = [s for s in spans if s.phase == phase]
+            out[phase] = [(min(s.start for s in of), max(s.end for s in of))] if of else []
+        return out
     runs: list[tuple[str, list[SimSpan]]] = []
     for span in sorted((s for s in spans if s.phase in (FORWARD, BACKWARD)), key=lambda s: s.start):
         if not runs or runs[-1][0] != span.phase:
             runs.append((span.phase, []))
         runs[-1][1].append(span)
-    bounds = [(kind, min(s.start for s in run), max(s.end for s in run)) for kind, run in runs]
-    clipped = [(kind, start, min(end, bounds[i + 1][1]) if i + 1 < len(bounds) else end)
-               for i, (kind, start, end) in enumerate(bounds)]
-    of_phase = [(start, end) for kind, start, end in clipped if kind == phase]
-    return of_phase if len(of_phase) == micro else None
+    bounds = [(phase, min(s.start for s in run), max(s.end for s in run)) for phase, run in runs]
+    out = {FORWARD: [], BACKWARD: []}
+    for i, (phase, start, end) in enumerate(bounds):
+        out[phase].append((start, min(end, bounds[i + 1][1]) if i + 1 < len(bounds) else end))
+    return out if all(len(of) == micro for of in out.values()) else None
 
 
 def per_rank_phases(steps: Sequence[StepProgram], sims: Sequence[SimResult]) -> dict[int, dict[str, float]] | None:
