@@ -111,9 +111,23 @@ test-clients: setup-dev
 	$(PY) -m pytest -q -p no:xdist -m clients
 
 # The suite's recordings on every older torch release fsdpviz supports (OLD_TORCH_VERSIONS).
+# With OLD_TORCH_KEEP=0 (CI, .ci/run) the releases are taken one at a time: each environment is made
+# without keeping its downloads in pip's cache and removed after its tests, so that the disk holds one
+# CUDA build at a time (about 5.5 GB installed, 2.5 GB of wheels while it installs) instead of every
+# release and its wheels (17 GB for two).
+OLD_TORCH_KEEP ?= 1
+ifeq ($(OLD_TORCH_KEEP),0)
+test-torch: setup-dev
+	@set -e; for v in $(OLD_TORCH_VERSIONS); do \
+		echo "test-torch: torch $$v"; \
+		PIP_NO_CACHE_DIR=1 $(MAKE) --no-print-directory test-torch OLD_TORCH_KEEP=1 OLD_TORCH_VERSIONS=$$v; \
+		rm -rf .venv-torch$$v; \
+	done
+else
 test-torch: setup-dev setup-old-torch
 	FSDPVIZ_OLD_TORCH_VENVS="$(OLD_TORCH_VENVS)" FSDPVIZ_REQUIRE_OLD_TORCH=1 \
 		$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile tests/integration/test_older_torch.py
+endif
 
 # The property-based fuzzers with their full example budget (`make test` runs a fixed smaller one).
 test-fuzz: setup-dev
