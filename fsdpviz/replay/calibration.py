@@ -35,7 +35,10 @@ unit-timed steps' timers moved some predictions toward bare and others further a
 benchmark's own spread (docs/whatif.md, "One clock"). Taking the profiler out per traced event, as
 on a GPU (:func:`fsdpviz.replay.model.net_of_events`), moved model A's root onto bare but model B's
 and C's further off, and its replay missed the clean steps of the spun recordings by 16-91 %
-(benchmarks/bench_profiler_events.py).
+(benchmarks/bench_profiler_events.py). The timers' optimizer phase, which runs no collective on FSDP2, does
+not give the compute's own slowdown either: under a shared core it slowed as much as the whole step or more
+(model B 2.43-3.69x against 2.33-2.58x) and by up to 1.4x apart on two ranks of one recording
+(docs/whatif.md, "One clock").
 """
 
 from __future__ import annotations
