@@ -55,6 +55,11 @@ def whatif(
         "--reshard-after-forward", metavar="true|false", help="true or false for every non-root unit (false: parameters stay "
                                         "gathered from forward to backward). Default: as recorded.",
         show_default=False)] = None,
+    keep_last_units: Annotated[int | None, typer.Option(
+        "--keep-last-units", metavar="N", help="FSDP2: the last N non-root units in forward order keep their "
+                                  "parameters from forward to backward (no reshard after forward for them alone; "
+                                  "--explore tries 1, 2 and every unit). Default: as recorded.",
+        show_default=False)] = None,
     world_size: Annotated[int | None, typer.Option(
         "--world-size", metavar="N", help="Ranks: the same model and per-rank batch on N ranks. Default: as recorded.",
         show_default=False)] = None,
@@ -113,6 +118,10 @@ def whatif(
         settings = settings.with_(prefetch=parse_prefetch(prefetch))
     if reshard_after_forward is not None:
         settings = settings.with_(reshard_after_forward=parse_bool(reshard_after_forward, "--reshard-after-forward"))
+    if keep_last_units is not None:
+        if keep_last_units < 1:
+            raise UsageError(f"--keep-last-units {keep_last_units}: needs at least 1 unit")
+        settings = settings.with_(keep_last_units=keep_last_units)
     if world_size is not None:
         if world_size < 1:
             raise UsageError(f"--world-size {world_size}: needs at least 1 rank")

@@ -88,12 +88,10 @@ class Settings:
                 words.append(f"{key.replace('_', ' ')} {str(value).lower() if isinstance(value, bool) else value}")
         return ", ".join(words)
 
-    def flags(self) -> str | None:
-        """The changed settings as ``fsdpviz whatif``'s options (``--wrap root --prefetch 2``); None where
-        one has no option of its own (``--explore``'s partial resharding)."""
+    def flags(self) -> str:
+        """The changed settings as ``fsdpviz whatif``'s options (``--wrap root --prefetch 2``,
+        ``--keep-last-units 1``): every setting whatif predicts, the advisor's too, has its option."""
         given = {k for k, v in self.sources.items() if v == GIVEN}
-        if "keep_last_units" in given:
-            return None
         values = {k: v["value"] for k, v in self.to_json().items()}
         # a bool as the option spells it (true / false); a wrap's pattern as given, quoted for a shell
         return " ".join(f"--{key.replace('_', '-')} "

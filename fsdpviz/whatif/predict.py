@@ -276,6 +276,11 @@ def check(model: Model, settings: Settings) -> None:
     if unsupported:
         raise UsageError(f"{rec.framework}: the model covers {', '.join(sorted(supported))}, "
                          f"not {', '.join(unsupported)}")
+    if "keep_last_units" in changed:
+        children = [u for u in rec.units if u != ROOT_UNIT]
+        if not 0 < settings.keep_last_units <= len(children):
+            raise UsageError(f"--keep-last-units {settings.keep_last_units}: the recording has {len(children)} "
+                             "non-root unit(s)")
     if "prefetch" in changed and prefetch_args.arguments(rec.framework, settings.prefetch, []) is None:
         raise UsageError(f"--prefetch {settings.prefetch}: {rec.framework} prefetches at most "
                          f"{prefetch_args.FSDP1_MAX_DEPTH} unit ahead (forward_prefetch=True, backward_prefetch="

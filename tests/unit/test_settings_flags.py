@@ -21,6 +21,8 @@ SETTINGS = [
     Settings().with_(prefetch="none"),
     Settings().with_(prefetch="2", reshard_after_forward=False),
     Settings().with_(world_size=4, gpus_per_node=4),
+    # the advisor's partial resharding (--explore's "no reshard after forward for the last 1 unit")
+    Settings().with_(keep_last_units=1),
 ]
 
 
@@ -41,5 +43,20 @@ def test_a_knob_names_its_setting_whatever_the_pattern_holds() -> None:
     named = _naming(knob, settings)
     assert named == f"fewer or larger units (fsdpviz whatif {settings.flags()}): fewer hooks and copies"
     assert shlex.split(named.split("(fsdpviz whatif ", 1)[1].split("): ")[0]) == ["--wrap", r"match:(?i)^BLOCKS\.\d+$"]
-    # partial resharding has no option of its own: the knob is left as it was
-    assert _naming(knob, Settings().with_(keep_last_units=1)) == knob
+    # partial resharding has its option too: an advised knob names it
+    assert _naming(knob, Settings().with_(keep_last_units=2)) == \
+        "fewer or larger units (fsdpviz whatif --keep-last-units 2): fewer hooks and copies"
+
+
+def test_an_advised_partial_resharding_is_what_its_option_predicts(capsys: pytest.CaptureFixture[str]) -> None:
+    """The summary of the committed plain-profiler FSDP2 run advises keeping the last unit's parameters
+    (its backward regathers them, exposed); ``--keep-last-units 1`` predicts the same change, so the
+    advice can be checked and its code asked for from the command line."""
+    run = Path(__file__).parents[1] / "recorded" / "fsdp2-cpu-profile" / "traces"
+    summary = json_here(capsys, "summary", str(run), "--json", "-q", "--no-cache")
+    kept = [a for a in summary["actions"] if "no reshard after forward for the last 1 unit" in a["predicted_gain"]]
+    assert len(kept) == 1 and kept[0]["predicted_change_ms"] is not None, summary["actions"]
+    data = json_here(capsys, "whatif", str(run), "--keep-last-units", "1", "--json", "-q", "--no-cache")
+    change = data["predicted"]["step_time_ms"] - data["baseline"]["step_time_ms"]
+    assert change == pytest.approx(kept[0]["predicted_change_ms"], abs=1e-3)
+    assert data["predicted"]["settings"]["keep_last_units"] == {"value": 1, "source": "given"}

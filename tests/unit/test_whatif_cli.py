@@ -257,6 +257,8 @@ def _no_units_trace(tmp: Path) -> Path:
     (["--wrap", "match:^decoder"], "matches none of the recorded units' modules"),
     (["--prefetch", "-1"], "use implicit, none or a number"),
     (["--world-size", "0"], "needs at least 1 rank"),
+    (["--keep-last-units", "0"], "--keep-last-units 0: needs at least 1 unit"),
+    (["--keep-last-units", "5"], "--keep-last-units 5: the recording has 4 non-root unit(s)"),
     (["--reshard-after-forward", "maybe"], "use true or false"),
     (["--explore", "--memory-budget", "lots"], "use a size with its unit, e.g. 70GiB"),
     (["--explore", "--memory-budget", "5"], "5 bytes is surely not meant; give the unit, e.g. 5GiB or 5GB"),
