@@ -48,6 +48,8 @@ def test_lanes_view_rows_and_categories_on_cpu_recording(cpu_traces) -> None:
     assert view.segments["x0_ms"].min() >= 0
     assert view.segments["x1_ms"].max() <= choice.duration_ms + 1e-9
     assert not view.merged
+    # the title names the step drawn, and no step time: the page's step times are the summary's
+    assert view.title == f"median step {choice.step}: busy time per lane"
 
 
 def test_exposed_pieces_add_up_to_the_analysis_exposed_time(cpu_traces) -> None:

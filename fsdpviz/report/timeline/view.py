@@ -51,8 +51,10 @@ class StepView:
     @property
     def title(self) -> str:
         what = "FSDP units per lane" if self.kind == "units" else "busy time per lane"
-        # this one step's span over the drawn ranks, under the profiler: not the run's step time
-        return f"{self.choice.label} ({self.choice.duration_ms:.1f} ms as traced): {what}"
+        # which step is drawn, not its length: one step's span over the drawn ranks under the profiler
+        # would be one more step time beside the run's (the headline's and the traced step), and the
+        # time axis shows it
+        return f"{self.choice.label}: {what}"
 
 
 def exposed_intervals(traces: TraceSet, overlap: pd.DataFrame, step: int,
