@@ -102,8 +102,9 @@ BASIS_TRACED: Final = "traced"
 BY_REPLAY: Final = "replay"
 BY_RULE: Final = "rule"
 # A remainder the replay's split leaves to the rule (:func:`fsdpviz.structure.deprofile.replay_moved`)
-# is named in the bound's note from this size on (ms a step).
-REMAINDER_NOTE_MS: Final = 0.5
+# is named in the bound's note from this size on (ms a step, the note's precision): with the carried work
+# and the replay's drop it adds up to profiler_share_ms.
+REMAINDER_NOTE_MS: Final = 0.001
 
 
 def step_windows(traces_steps: pd.DataFrame, rank: int, analysed: AnalysedSteps | None,
@@ -582,7 +583,8 @@ def summarize_bound(overlap: pd.DataFrame, profiler: ProfilerCost | None,
         by = BY_RULE
         if median_drop is not None:
             took = sum((getattr(median_traced, name) or 0.0) - (getattr(base, name) or 0.0) for name in REPLAY_MOVED)
-            notes.append(_replay_words(took, beyond, base.total - step, median_drop.exposed_comm > 0))
+            notes.append(_replay_words(took, beyond, base.total - step, median_drop.exposed_comm > 0,
+                                       median_traced.carried - base.carried))
             # named for what decided most of the share: the replay's drop of the waits, or the rule's remainder
             by = BY_REPLAY if took >= base.total - step else BY_RULE
             if by == BY_RULE:
@@ -649,13 +651,21 @@ _PART_WORDS: Final = {"host_wait": "the host wait", "fsdp_host": "FSDP's hooks' 
                       "exposed_comm": "exposed communication"}
 
 
-def _replay_words(took: float, beyond: Mapping[str, float], remainder: float, comm: bool) -> str:
-    """The bound's note on the replay's split: how much it took out of the parts it moves (``took``, ms;
-    ``comm``: the exposed communication among them, a host backend's), where it asked a part for more than
-    the trace holds (the part stops at 0: said, with how much), and what it left to the rule."""
+def _replay_words(took: float, beyond: Mapping[str, float], remainder: float, comm: bool,
+                  carried: float = 0.0) -> str:
+    """The bound's note on the replay's split: the work carried in from before the analysed steps it took
+    out first (``carried``, ms a step), how much it took out of the parts it moves (``took``; ``comm``: the
+    exposed communication among them, a host backend's), where it asked a part for more than the trace
+    holds (the part stops at 0: said, with how much), and what it left to the rule (``remainder``). The
+    three figures add up to the profiler's share (``profiler_share_ms``, one rank's; the run's medians
+    with more)."""
     moved, kept = (("the host wait, FSDP's hooks' wait and exposed communication", "") if comm else
                    ("the host wait and FSDP's hooks' wait", ", exposed communication"))
-    words = (f"the profiler's share came out of the step as the replay without it takes it out ({took:.3f} ms a "
+    words = ""
+    if carried >= 0.001:
+        words = (f"the work the GPU ran from before the analysed steps came out first ({carried:.3f} ms a step: "
+                 "the traced steps' alone); ")
+    words += (f"the profiler's share came out of the step as the replay without it takes it out ({took:.3f} ms a "
              f"step, median over ranks, out of {moved}; the kernels' own time, the model's compute and FSDP's "
              f"copies{kept} and other idle are the trace's)")
     over = {name: ms for name, ms in beyond.items() if ms >= 0.001}
