@@ -19,11 +19,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tarfile
 import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_replay_clock import step_ratio, summary
 
 RECORDINGS = ("light", "mem", "heavy")
 # whatif's options for each setting of gpu_model_b.py truth
@@ -32,14 +35,6 @@ SETTINGS = {"root": ["--wrap", "root"], "pair": ["--wrap", "merge:2"], "reshard_
 
 def jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")]
-
-
-def fsdpviz(*args: str) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "fsdpviz", *args, "--json", "-q"], check=False,
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"fsdpviz {' '.join(args)}: exit {proc.returncode}: {proc.stderr.strip()[-500:]}")
-    return json.loads(proc.stdout)
 
 
 def main() -> None:
@@ -84,7 +79,7 @@ def main() -> None:
         own = {s["step"]: s for s in jsonl(w / f"{name}.jsonl")}
         clean_ms = [own[c]["ms"] for c in clean]
         peaks = sorted({own[c]["peak"] for c in clean})
-        s = fsdpviz("summary", str(run))
+        s = summary(run)
         clock = s["clock"]
         print(f"| {name} | {clean[0]}-{clean[-1]} | {statistics.median(clean_ms):.1f} ({min(clean_ms):.1f}-{max(clean_ms):.1f}) | "
               f"{peaks} | {s['step_time_ms']:.1f} | {s['traced_step_time_ms']:.1f} | "
@@ -92,8 +87,7 @@ def main() -> None:
               f"{clock.get('phase_error_pct')} |")
         ratios[name] = {}
         for setting, options in SETTINGS.items():
-            wi = fsdpviz("whatif", str(run), *options)
-            ratios[name][setting] = wi["predicted"]["step_time_ms"] / wi["baseline"]["step_time_ms"]
+            ratios[name][setting] = step_ratio(run, options)
 
     print("\n| setting | in-process truth | " + " | ".join(ratios) + " | worst miss | recordings apart |")
     print("|---|---:|" + "---:|" * len(ratios) + "---:|---:|")

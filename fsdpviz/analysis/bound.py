@@ -652,7 +652,7 @@ _PART_WORDS: Final = {"host_wait": "the host wait", "fsdp_host": "FSDP's hooks' 
 
 
 def _replay_words(took: float, beyond: Mapping[str, float], remainder: float, comm: bool,
-                  carried: float = 0.0) -> str:
+                  carried: float) -> str:
     """The bound's note on the replay's split: the work carried in from before the analysed steps it took
     out first (``carried``, ms a step), how much it took out of the parts it moves (``took``; ``comm``: the
     exposed communication among them, a host backend's), where it asked a part for more than the trace
