@@ -54,6 +54,7 @@ import pandas as pd
 
 from fsdpviz import vocabulary
 from fsdpviz.structure import label_rules as rules
+from fsdpviz.structure.categorical import as_str
 from fsdpviz.structure.intervals import Intervals, covers, empty_intervals, union_intervals
 from fsdpviz.trace import schema
 
@@ -174,23 +175,25 @@ def sites(labels: pd.DataFrame, windows: pd.DataFrame, events: pd.DataFrame) -> 
     classes: tuple[str, ...] = ()
     if len(events):
         ann = events[(events["kind"] == schema.KIND_ANNOTATION).to_numpy()]
-        names = ann["name"].astype(str).to_numpy()
+        names = as_str(ann["name"])
         start = ann["start_ns"].to_numpy(np.int64)
         end = start + ann["dur_ns"].to_numpy(np.int64)
 
         def ranges(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             return start[mask], end[mask]
 
-        fsdp1_post = ranges(rules.is_fsdp1_post_backward(names))
-        zero = ranges(rules.is_zero_grad(names))
-        opt = ranges(rules.is_optimizer_step(names))
+        # each rule once per distinct name (a rank's ranges repeat a few hundred names thousands of times)
+        distinct, of_row = np.unique(names, return_inverse=True)
+        fsdp1_post = ranges(rules.is_fsdp1_post_backward(distinct)[of_row])
+        zero = ranges(rules.is_zero_grad(distinct)[of_row])
+        opt = ranges(rules.is_optimizer_step(distinct)[of_row])
         classes = tuple(rules.optimizer_classes(pd.unique(names)))
     forward = windows[(windows["phase"] == vocabulary.FORWARD).to_numpy()] if len(windows) else windows
 
     def named(mask: np.ndarray) -> pd.DataFrame:
         rows = labels[mask]
         return pd.DataFrame({"start_ns": rows["start_ns"].to_numpy(np.int64), "end_ns": rows["end_ns"].to_numpy(np.int64),
-                             "unit": rows["unit"].astype(str).to_numpy()}).sort_values("start_ns", kind="stable")
+                             "unit": as_str(rows["unit"])}).sort_values("start_ns", kind="stable")
 
     post_s, post_e = _label_rows(labels, post)
     params = rules.gather_into_params(labels)
@@ -207,7 +210,7 @@ def sites(labels: pd.DataFrame, windows: pd.DataFrame, events: pd.DataFrame) -> 
         gather_labels=named(rules.gather(labels) | params).reset_index(drop=True),
         fsdp2_gathers=named(rules.fsdp2_gather(labels)).reset_index(drop=True),
         copy_outs=named(rules.copy_out(labels)).reset_index(drop=True),
-        post_labels=named(post & (labels["unit"].astype(str) != "").to_numpy()).reset_index(drop=True),
+        post_labels=named(post & (as_str(labels["unit"]) != "")).reset_index(drop=True),
         optimizer_classes=classes, fsdp1_post=_named_by_reduction(*fsdp1_post, reductions),
         backward=_named_rows(backward["start_ns"].to_numpy(np.int64), backward["end_ns"].to_numpy(np.int64),
                              backward["unit"].astype(str).to_numpy(dtype=object)) if len(backward) else _no_rows())

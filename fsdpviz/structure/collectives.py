@@ -253,32 +253,39 @@ def cpu_collectives(events: pd.DataFrame, kinds: np.ndarray, groups: np.ndarray 
     gloo_has_rs = bool((runs["comm"] == vocabulary.REDUCE_SCATTER).any())
     run_family = np.array([gloo_family(c, gloo_has_rs) for c in as_str(runs["comm"])], dtype=object)
     issue_family = np.array([gloo_family(c, gloo_has_rs) for c in as_str(issues["comm"])], dtype=object)
-    parts = []
+    # each queue's matches as row positions, one table built from them at the end (a table per queue
+    # cost more than the matching on a CPU recording's few hundred collectives)
+    run_start = runs["start_ns"].to_numpy(np.int64)
+    issue_start = issues["start_ns"].to_numpy(np.int64)
+    run_at: list[np.ndarray] = []
+    issue_at: list[np.ndarray] = []
     for r_rows, i_rows in _queues(runs, issues, run_family, issue_family, run_group, issue_group):
-        r, i = runs.iloc[r_rows], issues.iloc[i_rows]
-        match = match_in_order(i["start_ns"].to_numpy(np.int64), r["start_ns"].to_numpy(np.int64))
+        match = match_in_order(issue_start[i_rows], run_start[r_rows])
         ok = match >= 0
-        r, m = r[ok], i.iloc[match[ok]]
-        # the group: where it ran (its worker's name), else what its call said, else the trace's own
-        group = np.where(run_group[r_rows][ok] != "", run_group[r_rows][ok],
-                         np.where(issue_group[i_rows][match[ok]] != "", issue_group[i_rows][match[ok]],
-                                  as_str(m["pg"])))
-        start = r["start_ns"].to_numpy(np.int64)
-        issue_bytes = m["comm_bytes"].to_numpy()
-        parts.append(_frame({
-            "rank": r["rank"].to_numpy(),
-            "step": m["step"].to_numpy(),
-            "lane": as_str(r["lane"]),
-            "start_ns": start,
-            "end_ns": start + r["dur_ns"].to_numpy(np.int64),
-            "comm": as_str(m["comm"]),  # the issuing op tells RS from all-reduce
-            "bytes": np.where(issue_bytes > 0, issue_bytes, r["comm_bytes"].to_numpy()),
-            "pg": group,
-            "issue_lane": as_str(m["lane"]),
-            "issue_ns": m["start_ns"].to_numpy(np.int64),
-            "issue_name": as_str(m["name"]),
-        }))
-    return pd.concat(parts, ignore_index=True) if parts else schema.make_empty(COLLECTIVES)
+        run_at.append(r_rows[ok])
+        issue_at.append(i_rows[match[ok]])
+    if not run_at:
+        return schema.make_empty(COLLECTIVES)
+    ra, ia = np.concatenate(run_at), np.concatenate(issue_at)
+    r, m = runs.iloc[ra], issues.iloc[ia]
+    # the group: where it ran (its worker's name), else what its call said, else the trace's own
+    group = np.where(run_group[ra] != "", run_group[ra],
+                     np.where(issue_group[ia] != "", issue_group[ia], as_str(m["pg"])))
+    start = run_start[ra]
+    issue_bytes = m["comm_bytes"].to_numpy()
+    return _frame({
+        "rank": r["rank"].to_numpy(),
+        "step": m["step"].to_numpy(),
+        "lane": as_str(r["lane"]),
+        "start_ns": start,
+        "end_ns": start + r["dur_ns"].to_numpy(np.int64),
+        "comm": as_str(m["comm"]),  # the issuing op tells RS from all-reduce
+        "bytes": np.where(issue_bytes > 0, issue_bytes, r["comm_bytes"].to_numpy()),
+        "pg": group,
+        "issue_lane": as_str(m["lane"]),
+        "issue_ns": issue_start[ia],
+        "issue_name": as_str(m["name"]),
+    })
 
 
 def find_collectives(events: pd.DataFrame, lanes: pd.DataFrame) -> pd.DataFrame:

@@ -24,6 +24,7 @@ from typing import Final
 import numpy as np
 import pandas as pd
 
+from fsdpviz.structure.categorical import as_str
 from fsdpviz.structure.labels import (
     COPY_OUT_ACTION,
     FAMILY_FSDP2,
@@ -44,7 +45,8 @@ _OPTIMIZER_CLASS_RE: Final = re.compile(r"^Optimizer\.step#(?P<cls>\w+)\.step")
 
 
 def _columns(labels: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    return labels["family"].astype(str).to_numpy(), labels["action"].astype(str).to_numpy()
+    # as_str: a copy of the strings out, not a cast per row (the rules read these columns many times a rank)
+    return as_str(labels["family"]), as_str(labels["action"])
 
 
 def gather(labels: pd.DataFrame) -> np.ndarray:
