@@ -149,9 +149,12 @@ def unit_stats(unit_steps: pd.DataFrame, units: pd.DataFrame) -> pd.DataFrame:
     waits = wait.groupby(by).sum().astype(float).where((wait >= 0).groupby(by).all())
     stats["host_wait_ns"] = waits.groupby(level="unit").median().where(waits.notna().groupby(level="unit").all())
     stats["n_samples"] = per.groupby("unit").size()
-    peaks = us.pivot_table(index="unit", columns="phase", values="peak_allocated_bytes", aggfunc="max")
-    stats["forward_peak_allocated_bytes"] = peaks.get(vocabulary.FORWARD, pd.Series(dtype=float))
-    stats["backward_peak_allocated_bytes"] = peaks.get(vocabulary.BACKWARD, pd.Series(dtype=float))
+    # a grouped max rather than pivot_table: the same (unit, phase) table at a fraction of its fixed cost
+    peaks = us.groupby(["unit", "phase"])["peak_allocated_bytes"].max()
+    phases = set(peaks.index.get_level_values("phase"))
+    for phase in (vocabulary.FORWARD, vocabulary.BACKWARD):
+        stats[f"{phase}_peak_allocated_bytes"] = (peaks.xs(phase, level="phase") if phase in phases
+                                                  else pd.Series(dtype=float))
     stats["peak_allocated_bytes"] = us.groupby("unit")["peak_allocated_bytes"].max()
     info = units.set_index("unit")[["order", "param_numel", "param_bytes"]] if len(units) else None
     if info is not None:
