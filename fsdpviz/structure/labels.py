@@ -224,19 +224,19 @@ def pass_starts(labels: pd.DataFrame) -> pd.DataFrame:
     ``engine_forward`` is the same pass) or, for the first candidate, since the step began. The
     step's first pass needs no start: whatever comes before the first start is pass 0.
     """
-    family, action = labels["family"], labels["action"]
-    fsdpviz_open = ((family == FAMILY_FSDPVIZ) & ((action == ENGINE_FORWARD) | (
-        (action == vocabulary.FORWARD) & (labels["unit"] == ROOT)))).to_numpy()
-    is_cand = ((family == FAMILY_FSDP2) & (action == "root_pre_forward")).to_numpy() | fsdpviz_open
+    # the string columns copied out once: compared as arrays, not as columns (a fixed cost per comparison)
+    family, action = as_str(labels["family"]), as_str(labels["action"])
+    fsdpviz_open = (family == FAMILY_FSDPVIZ) & ((action == ENGINE_FORWARD) | (
+        (action == vocabulary.FORWARD) & (as_str(labels["unit"]) == ROOT)))
+    is_cand = ((family == FAMILY_FSDP2) & (action == "root_pre_forward")) | fsdpviz_open
     if not is_cand.any():
         return schema.make_empty(PASS_STARTS)
     ranks = labels["rank"].to_numpy()
     steps = labels["step"].to_numpy()
     start = labels["start_ns"].to_numpy(np.int64)
     end = labels["end_ns"].to_numpy(np.int64)
-    backward = (labels["phase"] == vocabulary.BACKWARD).to_numpy()
-    fsdpviz_bwd = backward & (family == FAMILY_FSDPVIZ).to_numpy() & (
-        (action == vocabulary.BACKWARD) | (action == ENGINE_BACKWARD)).to_numpy()
+    backward = as_str(labels["phase"]) == vocabulary.BACKWARD
+    fsdpviz_bwd = backward & (family == FAMILY_FSDPVIZ) & ((action == vocabulary.BACKWARD) | (action == ENGINE_BACKWARD))
     rows: list[tuple[int, int, int]] = []
     groups = pd.DataFrame({"rank": ranks, "step": steps}).groupby(["rank", "step"], sort=False).indices
     for (rank, step), mine in groups.items():
@@ -283,14 +283,21 @@ def after_first_backward(labels: pd.DataFrame, ranks: np.ndarray | int, steps: n
                          micros: np.ndarray, t: np.ndarray) -> np.ndarray:
     """Whether each point lies at or after the first backward label of its pass (rank, step, micro)."""
     t = np.asarray(t, dtype=np.int64)
-    backward = labels[(labels["phase"] == vocabulary.BACKWARD).to_numpy()]
-    if backward.empty or len(t) == 0:
+    backward = as_str(labels["phase"]) == vocabulary.BACKWARD
+    if not backward.any() or len(t) == 0:
         return np.zeros(len(t), dtype=bool)
-    first = backward.groupby(["rank", "step", "micro"])["start_ns"].min()
-    keys = pd.MultiIndex.from_arrays([np.broadcast_to(np.asarray(ranks), t.shape), np.asarray(steps),
-                                      np.asarray(micros)])
-    starts = first.reindex(keys).to_numpy(dtype=np.float64)
-    return ~np.isnan(starts) & (t >= np.nan_to_num(starts, nan=np.inf))
+    # each pass's first backward start, found by one sort of the passes' keys (the labels' and the
+    # points') rather than a group-by and a reindex on a MultiIndex
+    label_keys = np.stack([labels[c].to_numpy(np.int64)[backward] for c in ("rank", "step", "micro")], axis=1)
+    point_keys = np.stack([np.broadcast_to(np.asarray(ranks), t.shape).astype(np.int64),
+                           np.asarray(steps).astype(np.int64), np.asarray(micros).astype(np.int64)], axis=1)
+    _, key_of = np.unique(np.concatenate([label_keys, point_keys]), axis=0, return_inverse=True)
+    key_of = key_of.reshape(-1)
+    none = np.iinfo(np.int64).max
+    first = np.full(int(key_of.max()) + 1, none, dtype=np.int64)
+    np.minimum.at(first, key_of[:len(label_keys)], labels["start_ns"].to_numpy(np.int64)[backward])
+    mine = first[key_of[len(label_keys):]]
+    return (mine != none) & (t >= mine)  # in int64: a float would round wall-clock nanoseconds to 256
 
 
 def mark_recompute(labels: pd.DataFrame) -> pd.DataFrame:
