@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Final
 
 import numpy as np
@@ -170,6 +171,14 @@ def parse_hook_op_name(name: str) -> LabelInfo | None:
     return None
 
 
+@lru_cache(maxsize=1 << 16)
+def _label_info(name: str) -> LabelInfo | None:
+    """:func:`parse_label_name`, else :func:`parse_hook_op_name`: kept per name, since a run's labels are
+    parsed more than once (the whole-step overlap per rank, the per-unit analysis, the replay) and every
+    step repeats its names."""
+    return parse_label_name(name) or parse_hook_op_name(name)
+
+
 def parse_labels(events: pd.DataFrame) -> pd.DataFrame:
     """The LABELS table: every FSDP2 / fsdpviz / FSDP1 annotation of ``events`` (any ranks)."""
     kinds = events["kind"]
@@ -181,7 +190,7 @@ def parse_labels(events: pd.DataFrame) -> pd.DataFrame:
         names = names.astype("category")
     cats = names.cat.categories
     # annotations are labels; of the CPU ops only the framework hook functions
-    infos = [parse_label_name(str(c)) or parse_hook_op_name(str(c)) for c in cats]
+    infos = [_label_info(str(c)) for c in cats]
     hit = np.array([i is not None for i in infos], dtype=bool)
     codes = names.cat.codes.to_numpy()
     keep = (codes >= 0) & hit[np.clip(codes, 0, None)] if len(cats) else np.zeros(len(ann), bool)
