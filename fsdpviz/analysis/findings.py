@@ -208,14 +208,12 @@ def _depth_words(depth: float) -> str:
 
 
 def gather_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, framework: str, floor_ns: float,
-                    scale: float = 1.0, comm_scale: float | None = None,
-                    medians: pd.DataFrame | None = None) -> list[dict]:
+                    med: pd.DataFrame, scale: float = 1.0, comm_scale: float | None = None) -> list[dict]:
     """One finding per unit pass whose all-gather is exposed beyond the noise floor (durations times
-    ``scale``, the collectives' times ``comm_scale``: the module docstring). ``medians``: :func:`_medians`
-    of the same arguments, where the caller has them."""
+    ``scale``, the collectives' times ``comm_scale``: the module docstring). ``med``: :func:`_medians`
+    of the same arguments."""
     comm_scale = scale if comm_scale is None else comm_scale
     rows: list[dict] = []
-    med = _medians(unit_steps, scale, comm_scale) if medians is None else medians
     exposed = ~(med["ag_exposed_ns"].to_numpy(float) < floor_ns)  # as the loop below reads it
     in_pass = med.index.get_level_values("phase").isin([vocabulary.FORWARD, vocabulary.BACKWARD])
     if not (exposed & in_pass).any():  # the causes below read the spans: only for a pass that has a finding
@@ -284,13 +282,11 @@ def _nothing_left(spans: pd.DataFrame, kind: str) -> pd.Series:
 
 
 def reduce_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, floor_ns: float,
-                    scale: float = 1.0, comm_scale: float | None = None,
-                    medians: pd.DataFrame | None = None) -> list[dict]:
+                    med: pd.DataFrame, scale: float = 1.0, comm_scale: float | None = None) -> list[dict]:
     """Exposed reduce-scatters (and HSDP all-reduces) of the backward pass (durations times ``scale``, the
-    collectives' times ``comm_scale``; ``medians`` as :func:`gather_findings` takes them)."""
+    collectives' times ``comm_scale``; ``med`` as :func:`gather_findings` takes it)."""
     comm_scale = scale if comm_scale is None else comm_scale
     rows: list[dict] = []
-    med = _medians(unit_steps, scale, comm_scale) if medians is None else medians
     for col, kind, span_kind, what in (("rs", "exposed_reduce_scatter", vocabulary.REDUCE_SCATTER, "reduce-scatter"),
                                        ("ar", "exposed_all_reduce", vocabulary.ALL_REDUCE, "all-reduce")):
         if (med[f"{col}_exposed_ns"].to_numpy(float) < floor_ns).all():
@@ -397,8 +393,8 @@ def build_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, step_times: pd
     rows: list[dict] = []
     if len(unit_steps):
         med = _medians(unit_steps, scale, scale if comm_scale is None else comm_scale)
-        rows += gather_findings(unit_steps, spans, framework, floor, scale, comm_scale, medians=med)
-        rows += reduce_findings(unit_steps, spans, floor, scale, comm_scale, medians=med)
+        rows += gather_findings(unit_steps, spans, framework, floor, med, scale, comm_scale)
+        rows += reduce_findings(unit_steps, spans, floor, med, scale, comm_scale)
     rows += straggler_findings(step_times, floor, scale, comm_scale)
     about_trace = profiler_findings(profiler, idle_ns)
     if not rows and not about_trace:
