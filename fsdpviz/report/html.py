@@ -124,11 +124,13 @@ def _to_bokeh(view: Any) -> Any:
         import holoviews as hv
 
         model = hv.render(view, backend="bokeh")
-    # holoviews defaults to WebGL, which is several times slower on a viewer without a GPU.
-    for plot in model.select({"type": Plot}):
-        plot.output_backend = "canvas"
-    for toolbar in model.select({"type": Toolbar}):
-        toolbar.logo = None
+    # holoviews defaults to WebGL, which is several times slower on a viewer without a GPU. One walk of
+    # the model graph for both (each ``select`` walks all of it: 0.14 s of a small run's page).
+    for part in model.references():
+        if isinstance(part, Plot):
+            part.output_backend = "canvas"
+        elif isinstance(part, Toolbar):
+            part.logo = None
     return model
 
 
