@@ -126,11 +126,12 @@ def pytest_configure(config: pytest.Config) -> None:
     from fsdpviz.trace.schema import own_this_process
 
     own_this_process()
-    # A worker holds a session's worth of loaded and analysed runs (the session memos, modules' fixtures)
-    # beside torch's and pandas' modules, and every analysis allocates millions of objects: at Python's
-    # default thresholds (700, 10, 10) the collector walks that heap again and again, 16 % of a worker's
-    # time in tests/unit/test_one_clock.py and test_whatif_honesty.py (13 s of 80). Collections a
-    # seventieth as often free the same cycles; the worker's peak memory stayed the same (docs/testing.md).
+    # A worker holds a session's worth of analysed runs (the session memos, modules' fixtures; the GPU
+    # recordings' what-if models are many small Python objects) beside torch's and pandas' modules, and
+    # every analysis allocates millions of objects: at Python's default thresholds (700, 10, 10) the
+    # collector walks that heap again and again, 15 % of the CPU of tests/unit/test_one_clock.py and
+    # test_whatif_honesty.py beside the shared traces. Collections a seventieth as often free the same
+    # cycles; the worker's peak memory stayed the same (docs/testing.md, 2026-12-06).
     gc.set_threshold(50_000, 20, 100)
 
 
