@@ -128,10 +128,11 @@ def pytest_configure(config: pytest.Config) -> None:
     own_this_process()
     # A worker holds a session's worth of analysed runs (the session memos, modules' fixtures; the GPU
     # recordings' what-if models are many small Python objects) beside torch's and pandas' modules, and
-    # every analysis allocates millions of objects: at Python's default thresholds (700, 10, 10) the
-    # collector walks that heap again and again, 15 % of the CPU of tests/unit/test_one_clock.py and
-    # test_whatif_honesty.py beside the shared traces. Collections a seventieth as often free the same
-    # cycles; the worker's peak memory stayed the same (docs/testing.md, 2026-12-06).
+    # every analysis allocates millions of objects: at CPython's default thresholds (700, 10, 10; 3.10 to
+    # 3.13) the collector ran 9,500 times in tests/unit/test_one_clock.py and test_whatif_honesty.py beside
+    # the shared traces, 15 % of their CPU. Young collections about a seventieth as often, full ones far
+    # rarer, free the same cycles; those two files' peak memory in one process stayed the same
+    # (docs/testing.md, 2026-12-06).
     gc.set_threshold(50_000, 20, 100)
 
 
