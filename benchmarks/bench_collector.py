@@ -19,8 +19,6 @@ import argparse
 import gc
 import json
 import os
-import resource
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,6 +28,10 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]  # this checkout's fsdpviz, and the harness
+
+from harness import describe_machine, run_measured, spread
+
 DEFAULT_FILES = ["tests/unit/test_one_clock.py", "tests/unit/test_whatif_honesty.py"]
 SETTINGS = ("default", "suite")
 _ENV_SETTING = "FSDPVIZ_BENCH_GC_SETTING"
@@ -57,30 +59,23 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     out = os.environ.get(_ENV_OUT)
     if out:
         Path(out).write_text(json.dumps({"collections": _spent["count"], "gc_s": _spent["s"],
-                                         "thresholds": list(gc.get_threshold()),
-                                         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                                         "thresholds": list(gc.get_threshold())}))
 
 
 def _run(setting: str, files: list[str]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "gc.json"
         env = {**os.environ, _ENV_SETTING: setting, _ENV_OUT: str(out),
-               "PYTHONPATH": os.pathsep.join([str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH", "")]),
+               "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH", "")]),
                "FSDPVIZ_TEST_RECORDINGS": "committed"}
         env.pop("PYTHONDONTWRITEBYTECODE", None)
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        wall = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider",
-                               "-p", "bench_collector", *files], check=False, cwd=ROOT, env=env,
-                              capture_output=True, text=True)
-        wall = time.perf_counter() - wall
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        if proc.returncode != 0:
-            sys.exit(f"pytest failed ({setting}):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+        done = run_measured([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider",
+                             "-p", "bench_collector", *(str(ROOT / f) for f in files)], env=env)
+        if done.returncode != 0:
+            sys.exit(f"pytest failed ({setting}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
         facts = json.loads(out.read_text())
-    return {"setting": setting, "wall_s": wall,
-            "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
-            "tail": proc.stdout.strip().splitlines()[-1], **facts}  # the peak RSS: pytest's own, from the plugin
+    return {"setting": setting, "wall_s": done.wall_s, "cpu_s": done.cpu_s, "peak_rss_mb": done.max_rss_mb,
+            "tail": done.stdout.strip().splitlines()[-1], **facts}
 
 
 def main() -> None:
@@ -88,6 +83,7 @@ def main() -> None:
     parser.add_argument("files", nargs="*", default=DEFAULT_FILES)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
+    print(describe_machine())
     print(f"files: {' '.join(args.files)}; shared traces beside the checkout: {(ROOT.parent / 'shared').is_dir()}")
     runs = []
     for r in range(args.rounds):
@@ -99,9 +95,8 @@ def main() -> None:
                   f"peak RSS {run['peak_rss_mb']:.0f} MB ({run['tail']})", flush=True)
     for setting in SETTINGS:
         mine = [x for x in runs if x["setting"] == setting]
-        print(f"{setting:7s}: {min(x['cpu_s'] for x in mine):.1f}-{max(x['cpu_s'] for x in mine):.1f} CPU-s, "
-              f"collector {min(x['gc_s'] for x in mine):.1f}-{max(x['gc_s'] for x in mine):.1f} s")
-    print(f"load average after: {os.getloadavg()}")
+        print(f"{setting:7s}: CPU-s {spread([x['cpu_s'] for x in mine], '{:.1f}')}, "
+              f"collector s {spread([x['gc_s'] for x in mine], '{:.1f}')}")
 
 
 if __name__ == "__main__":

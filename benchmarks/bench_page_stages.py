@@ -19,23 +19,27 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]  # this checkout's fsdpviz, and the harness
+
+from harness import describe_machine, run_measured, spread
+
 IMPORTS = ("import fsdpviz.cli, fsdpviz.analysis.pipeline, fsdpviz.report.build, fsdpviz.report.page, "
            "fsdpviz.report.html, fsdpviz.report.data, holoviews")
 
 
 def _wall(argv: list[str]) -> float:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    start = time.perf_counter()
-    subprocess.run(argv, check=True, cwd=ROOT, env=env, capture_output=True)
-    return time.perf_counter() - start
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])  # this checkout's fsdpviz
+    done = run_measured(argv, env=env)
+    if done.returncode != 0:
+        sys.exit(f"{' '.join(argv)} failed:\n{done.stderr[-2000:]}")
+    return done.wall_s
 
 
 def main() -> None:
@@ -50,9 +54,10 @@ def main() -> None:
         command = [sys.executable, "-m", "fsdpviz", "report", str(run), "-q", "--no-cache", "-o", str(page_out)]
         whole = [_wall(command) for _ in range(args.rounds)]
         imports = [_wall([sys.executable, "-c", IMPORTS]) for _ in range(args.rounds)]
+        print(describe_machine())
         print(f"input: {args.run}")
-        print(f"fsdpviz report, fresh interpreter: {', '.join(f'{x:.2f}' for x in whole)} s")
-        print(f"imports alone, fresh interpreter: {', '.join(f'{x:.2f}' for x in imports)} s")
+        print(f"fsdpviz report, fresh interpreter: {spread(whole)} s")
+        print(f"imports alone, fresh interpreter: {spread(imports)} s")
 
         import holoviews as hv
         from bokeh.model import Model
@@ -103,9 +108,7 @@ def main() -> None:
             render_page(build_page(data))
             timed("render_page whole (renders the views again)", t)
         for name, values in rows.items():
-            print(f"{name:45s} median {statistics.median(values):.3f} s, "
-                  f"{min(values):.3f}-{max(values):.3f} over {len(values)} rounds")
-    print(f"load average after: {os.getloadavg()}")
+            print(f"{name:45s} {spread(values, '{:.3f}')} s over {len(values)} rounds")
 
 
 if __name__ == "__main__":

@@ -131,8 +131,8 @@ def pytest_configure(config: pytest.Config) -> None:
     # every analysis allocates millions of objects: at CPython's default thresholds (700, 10, 10; 3.10 to
     # 3.13) the collector ran 9,500 times in tests/unit/test_one_clock.py and test_whatif_honesty.py beside
     # the shared traces, 15 % of their CPU. Young collections about a seventieth as often, full ones far
-    # rarer, free the same cycles; those two files' peak memory in one process stayed the same
-    # (docs/testing.md, 2026-12-06).
+    # rarer, free the same cycles: 3-18 % less CPU round by round, the peak memory 0-11 % higher
+    # (benchmarks/bench_collector.py; docs/testing.md, 2026-12-06).
     gc.set_threshold(50_000, 20, 100)
 
 

@@ -125,7 +125,8 @@ def _to_bokeh(view: Any) -> Any:
 
         model = hv.render(view, backend="bokeh")
     # holoviews defaults to WebGL, which is several times slower on a viewer without a GPU. One walk of
-    # the model graph for both (each ``select`` walks all of it: 0.14 s of a small run's page).
+    # the model graph for both (each ``select`` walks all of it: 0.16-0.18 s of a small run's page,
+    # benchmarks/bench_page_stages.py).
     for part in model.references():
         if isinstance(part, Plot):
             part.output_backend = "canvas"
