@@ -14,8 +14,10 @@ traces break this (``Optimizer.step`` crossing a ``ProfilerStep#N`` boundary on 
 all-gathers on one stream), so every track is checked and an event that would cross its parent moves
 to an extra track of the same name with ``(overlapping)`` appended.
 
-The file also lists which process belongs to which rank (``fsdpvizRanks``): fsdpviz's loader reads
-an export back as the ranks it came from, with the same units and step times.
+The file also lists which process belongs to which rank (``fsdpvizRanks``, with each rank's timers
+from the run folder) and carries the run folder's run.json (``fsdpvizRun``): fsdpviz's loader reads an
+export back as the run it came from, with the same units, parameters, step times and memory (the raw
+events keep their collectives' element counts and types and their allocator blocks' addresses).
 """
 
 from __future__ import annotations
@@ -35,8 +37,11 @@ import pandas as pd
 from fsdpviz.analysis.pipeline import RunResult
 from fsdpviz.errors import RunFolderError, UsageError
 from fsdpviz.formatting import MIB
+from fsdpviz.runfolder import to_builtins
 from fsdpviz.structure.intervals import subtract_intervals, union_intervals
-from fsdpviz.trace import schema
+from fsdpviz.structure.parallelism import parse_groups
+from fsdpviz.trace import comms, schema
+from fsdpviz.trace.frames import CPU_DEVICE, measured_baseline
 from fsdpviz.vocabulary import (
     ALL_GATHER,
     ALL_REDUCE,
@@ -48,6 +53,7 @@ from fsdpviz.vocabulary import (
 )
 
 EXPORT_KEY: Final = "fsdpvizRanks"
+RUN_KEY: Final = "fsdpvizRun"  # the run folder's run.json, read back as the run's (trace/onerun.py)
 EXPORT_CATEGORY: Final = "fsdpviz"  # unit tracks: the loader knows the category and does not table it
 CATEGORY_OF_KIND: Final = {
     schema.KIND_CPU_OP: "cpu_op", schema.KIND_ANNOTATION: "user_annotation",
@@ -166,16 +172,21 @@ def export_perfetto(result: RunResult, output: str | Path, *, steps: Sequence[in
             continue
         lo, hi = int(mine["start_ns"].min()), int(mine["end_ns"].max())
         pids = _rank_pids(traces.lanes, rank)
-        ranks_info.append({"rank": rank, "world_size": analysis.world_size, "backend": _backend(traces.ranks, rank),
+        ranks_info.append({"rank": rank, "world_size": analysis.world_size,
                            "pids": {str(v): k for k, v in pids.items()},
-                           "complete_steps": sorted(int(s) for s in mine["step"])})
+                           "complete_steps": sorted(int(s) for s in mine["step"]),
+                           **_trace_facts(traces.ranks, rank),
+                           "timers": _timer_rows(result.traces.timers, rank)})
         if raw:
             _raw(writer, events, traces.lanes, rank, pids, lo, hi, base_ns)
-        _memory(writer, memory if raw else None, analysis.memory, rank, pids, lo, hi, base_ns)
+        _memory(writer, memory if raw else None, analysis.memory, rank, pids, lo, hi, base_ns,
+                baseline=measured_baseline(result.traces.run).get(rank, 0))
         _units(writer, analysis.spans, rank, wanted_steps, base_ns)
     trace_events = writer.nested()
-    document = {"traceEvents": trace_events, "displayTimeUnit": "ms", "baseTimeNanoseconds": base_ns,
-                EXPORT_KEY: ranks_info}
+    document: dict[str, Any] = {"traceEvents": trace_events, "displayTimeUnit": "ms",
+                                "baseTimeNanoseconds": base_ns, EXPORT_KEY: ranks_info}
+    if result.traces.run is not None:
+        document[RUN_KEY] = to_builtins(result.traces.run)
     # UTF-8 as is: Perfetto shows \uXXXX escapes in names literally
     data = json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
     tmp = out.with_name(f".{out.name}.tmp")
@@ -189,9 +200,45 @@ def export_perfetto(result: RunResult, output: str | Path, *, steps: Sequence[in
                           events=len(trace_events))
 
 
-def _backend(ranks: pd.DataFrame, rank: int) -> str:
+def _timer_rows(timers: pd.DataFrame, rank: int) -> list[dict[str, Any]]:
+    """The rank's timer records as the run folder's ``timers/rank{R}.jsonl`` holds them (every step:
+    the clean steps the run's step time is read from lie outside the profiled ones)."""
+    mine = timers[timers["rank"] == rank]
+    return [{"rank": int(r.rank), "step": int(r.step), "unit": str(r.unit), "phase": str(r.phase),
+             "kind": str(r.kind), "ms": None if pd.isna(r.ms) else float(r.ms), "bytes": int(r.bytes)}
+            for r in mine.itertuples(index=False)]
+
+
+def _comm_args(nbytes: int, dtype: str, numel: int) -> dict[str, Any]:
+    """A collective's size as the loader reads it back (trace/kineto.py): its element count and type
+    where the type is known (the units' parameter counts are read from them), else its bytes as bytes;
+    ``Input Dims`` carry the tensor a host backend ran it on (``comm_numel``)."""
+    args: dict[str, Any] = {}
+    size = comms.dtype_bytes(dtype) if dtype else None
+    if nbytes > 0 and size and nbytes % size == 0:
+        args.update({"In msg nelems": nbytes // size, "Out msg nelems": nbytes // size, "dtype": dtype})
+    elif nbytes > 0:  # bytes as bytes: nelems of a one-byte dtype
+        args.update({"In msg nelems": nbytes, "Out msg nelems": nbytes, "dtype": "Byte"})
+    if numel >= 0:
+        args["Input Dims"] = [[numel]]
+    return args
+
+
+def _trace_facts(ranks: pd.DataFrame, rank: int) -> dict[str, Any]:
+    """What the rank's trace said of itself beside its events (RANKS): its backend, NCCL version,
+    process groups (distributedInfo's ``pg_config``, from which the parallelism is read) and device."""
     row = ranks[ranks["rank"] == rank]
-    return str(row["backend"].iloc[0]) if len(row) else ""
+    if row.empty:
+        return {}
+    r = row.iloc[0]
+    groups = [{"pg_desc": g.desc, "pg_size": g.size, "pg_name": g.name}
+              for g in parse_groups(str(r["process_groups"] or ""))]
+    facts: dict[str, Any] = {"backend": str(r["backend"] or ""), "nccl_version": str(r["nccl_version"] or ""),
+                             "pg_config": groups, "run_id": str(r["run_id"] or "")}
+    if str(r["device_name"] or ""):
+        facts["device_name"] = str(r["device_name"])
+        facts["device_memory_bytes"] = int(r["device_memory_bytes"])
+    return facts
 
 
 def _raw(writer: _Writer, events: pd.DataFrame, lanes: pd.DataFrame, rank: int, pids: dict[int, int],
@@ -217,6 +264,8 @@ def _raw(writer: _Writer, events: pd.DataFrame, lanes: pd.DataFrame, rank: int, 
     ext = ev["external_id"].to_numpy(np.int64)
     comm = ev["comm"].astype(str).to_numpy()
     nbytes = ev["comm_bytes"].to_numpy(np.int64)
+    dtypes = ev["comm_dtype"].astype(str).to_numpy()
+    numels = ev["comm_numel"].to_numpy(np.int64)
     pg = ev["pg"].astype(str).to_numpy()
     launches: dict[int, tuple[int, int, float]] = {}
     kernels: dict[int, tuple[int, int, float]] = {}
@@ -229,8 +278,7 @@ def _raw(writer: _Writer, events: pd.DataFrame, lanes: pd.DataFrame, rank: int, 
             args["External id"] = int(ext[i])
         if comm[i]:
             args["Collective name"] = comm[i]
-            if nbytes[i] > 0:  # bytes as bytes: nelems of a one-byte dtype
-                args.update({"In msg nelems": int(nbytes[i]), "Out msg nelems": int(nbytes[i]), "dtype": "Byte"})
+            args.update(_comm_args(int(nbytes[i]), str(dtypes[i]), int(numels[i])))
             if pg[i]:
                 args["Process Group Name"] = pg[i]
         writer.events.append({"ph": "X", "cat": CATEGORY_OF_KIND.get(kinds[i], "cpu_op"), "name": names[i],
@@ -247,21 +295,25 @@ def _raw(writer: _Writer, events: pd.DataFrame, lanes: pd.DataFrame, rank: int, 
 
 
 def _memory(writer: _Writer, samples: pd.DataFrame | None, curve: pd.DataFrame, rank: int, pids: dict[int, int],
-            lo: int, hi: int, base_ns: int) -> None:
+            lo: int, hi: int, base_ns: int, *, baseline: int = 0) -> None:
     """Every allocator sample as a ``[memory]`` event (what the loader reads back; only with the raw
-    events), and the analysis' memory curve (thinned, peaks kept) as a counter track."""
+    events), and the analysis' memory curve (thinned, peaks kept) as a counter track. ``baseline``:
+    what the recorder measured alive on the rank's CPU when the trace began, which the run's level
+    holds and the profiler's does not; the events keep the profiler's level, as run.json's
+    measurement travels with the export and is added again when it is read back."""
     pid = PID_BASE * (rank + 1) + UNITS_PROCESS if not pids or samples is None else next(iter(pids.values()))
     if samples is not None:
         mem = samples[(samples["rank"] == rank) & (samples["t_ns"] >= lo) & (samples["t_ns"] <= hi)]
         ts = _us(mem["t_ns"].to_numpy(np.int64) - base_ns)
-        for t, device, alloc, reserved, delta in zip(ts, mem["device"].astype(str), mem["allocated_bytes"],
-                                                     mem["reserved_bytes"], mem["delta_bytes"]):
+        for t, device, alloc, reserved, delta, addr in zip(ts, mem["device"].astype(str), mem["allocated_bytes"],
+                                                           mem["reserved_bytes"], mem["delta_bytes"], mem["addr"]):
             kind, _, index = device.partition(":")
+            args = {"Total Allocated": int(alloc) - (baseline if device == CPU_DEVICE else 0), "Total Reserved": int(reserved), "Bytes": int(delta),
+                    "Device Type": 0 if kind == "cpu" else 1, "Device Id": int(index) if index.isdigit() else -1}
+            if addr >= 0:  # pairs a free with its allocation, as in the trace
+                args["Addr"] = int(addr)
             writer.events.append({"ph": "i", "s": "t", "cat": "cpu_instant_event", "name": "[memory]", "pid": pid,
-                                  "tid": 0, "ts": float(t),
-                                  "args": {"Total Allocated": int(alloc), "Total Reserved": int(reserved),
-                                           "Bytes": int(delta), "Device Type": 0 if kind == "cpu" else 1,
-                                           "Device Id": int(index) if index.isdigit() else -1}})
+                                  "tid": 0, "ts": float(t), "args": args})
     mem = curve[(curve["rank"] == rank) & (curve["t_ns"] >= lo) & (curve["t_ns"] <= hi)]
     ts = _us(mem["t_ns"].to_numpy(np.int64) - base_ns)
     for t, device, alloc in zip(ts, mem["device"].astype(str), mem["allocated_bytes"]):

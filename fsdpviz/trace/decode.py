@@ -122,6 +122,13 @@ class ExportRank(msgspec.Struct, gc=False):
     backend: str | None = None
     pids: dict[str, int] = {}  # export pid -> the rank's original pid
     complete_steps: list[int] = []  # the steps the export holds, every one complete in its source
+    timers: msgspec.Raw = msgspec.Raw(b"")  # the rank's timer records (the run folder's timers/rank{R}.jsonl)
+    # what the rank's trace said of itself beside its events (its distributedInfo and device)
+    nccl_version: str | None = None
+    pg_config: msgspec.Raw = msgspec.Raw(b"")
+    device_name: str | None = None
+    device_memory_bytes: Int64 | None = None
+    run_id: str | None = None  # the recording's (fsdpvizRunId)
 
 
 class KinetoTrace(msgspec.Struct, gc=False):
@@ -132,6 +139,7 @@ class KinetoTrace(msgspec.Struct, gc=False):
     baseTimeNanoseconds: Int64 | None = None
     deviceProperties: list[DeviceProperties] | None = None
     fsdpvizRanks: list[ExportRank] | None = None  # several ranks in one file: an fsdpviz export
+    fsdpvizRun: msgspec.Raw = msgspec.Raw(b"")  # an export's run.json (report/perfetto.py)
     fsdpvizRunId: str | None = None  # the recording that wrote it (fsdpviz record; runfolder.TRACE_RUN_ID_KEY)
 
 

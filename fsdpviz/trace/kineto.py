@@ -27,6 +27,7 @@ from fsdpviz import vocabulary
 from fsdpviz.errors import TraceError
 from fsdpviz.trace import comms, schema
 from fsdpviz.trace.decode import (
+    DeviceProperties,
     DistributedInfo,
     ExportRank,
     KinetoTrace,
@@ -45,6 +46,10 @@ INT32_MAX: Final = 2**31 - 1  # ranks, world sizes and step numbers beyond it co
 # columns.MAX_TIME_US) every start and end then fits in int64 ns.
 MAX_BASE_TIME_NS: Final = 3 * 10**18
 RANK_IN_NAME_RE: Final = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+# Keys of an export's ranks' RANKS rows beside the schema's columns (which tables drop): what the run
+# folder held beside the traces, read back by trace/onerun.py
+EXPORT_RUN: Final = "export_run_json"
+EXPORT_TIMERS: Final = "export_timers_json"
 _RUNTIME_CODE: Final = schema.EVENT_KINDS.index(schema.KIND_RUNTIME)
 _KERNEL_CODE: Final = schema.EVENT_KINDS.index(schema.KIND_KERNEL)
 # The CPU ops autograd runs in a backward pass: a trace that holds none holds no training step.
@@ -129,16 +134,24 @@ def _split_export(path: Path) -> list[RankColumns]:
         if owner is not None:
             event.pid = owner[1]
             per_rank[owner[0].rank].append(event)
-    out = []
+    out: list[RankColumns] = []
     for info in trace.fsdpvizRanks or []:
         columns = EventColumns()
         columns.add(per_rank[info.rank])
-        top = KinetoTrace(traceEvents=[], baseTimeNanoseconds=trace.baseTimeNanoseconds,
-                          deviceProperties=trace.deviceProperties,
+        device = ([DeviceProperties(name=info.device_name, totalGlobalMem=info.device_memory_bytes)]
+                  if info.device_name else trace.deviceProperties)
+        top = KinetoTrace(traceEvents=[], baseTimeNanoseconds=trace.baseTimeNanoseconds, deviceProperties=device,
+                          fsdpvizRunId=info.run_id,
                           distributedInfo=DistributedInfo(rank=info.rank, world_size=info.world_size,
-                                                          backend=info.backend))
-        out.append(rank_columns(columns, top, path, n_skipped=n_bad, complete_steps=info.complete_steps,
-                                export=True))
+                                                          backend=info.backend, nccl_version=info.nccl_version,
+                                                          pg_config=info.pg_config))
+        tables = rank_columns(columns, top, path, n_skipped=n_bad, complete_steps=info.complete_steps,
+                              export=True)
+        # what the run folder held beside the traces, as text through the parse cache (trace/onerun.py);
+        # run.json once per file, on its first rank
+        tables.rank[EXPORT_TIMERS] = bytes(info.timers).decode() if info.timers else ""
+        tables.rank[EXPORT_RUN] = bytes(trace.fsdpvizRun).decode() if trace.fsdpvizRun and not out else ""
+        out.append(tables)
     return out
 
 

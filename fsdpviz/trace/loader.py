@@ -20,9 +20,22 @@ from fsdpviz.runfolder import RunInfo
 from fsdpviz.trace import frames, schema
 from fsdpviz.trace.dask_engine import ENV_SCHEDULER
 from fsdpviz.trace.kineto import RankColumns
-from fsdpviz.trace.onerun import check_one_run, exports_only_error, is_export
+from fsdpviz.trace.onerun import (
+    check_export_has_events,
+    check_one_run,
+    exported_run,
+    exports_only_error,
+    is_export,
+)
 from fsdpviz.trace.parse_task import PerRank
-from fsdpviz.trace.sources import below_hint, estimated_events, read_timers, resolve_sources, units_from_run
+from fsdpviz.trace.sources import (
+    below_hint,
+    estimated_events,
+    read_timers,
+    resolve_sources,
+    timers_frame,
+    units_from_run,
+)
 from fsdpviz.trace.tables import TraceSet
 from fsdpviz.trace.workers import parse_all
 
@@ -122,6 +135,8 @@ def load_run(
         raise TraceError(folder, f"folder holds no Kineto traces ({len(skipped)} JSON file(s) of another kind)"
                          + below_hint(folder))
     check_one_run([(r.columns, f) for r, f in kept], sources.run, sources.run_dir)
+    for path in dict.fromkeys(f for _, f in kept):
+        check_export_has_events([r.columns for r, f in kept if f == path])
     per_file = _check_unique_ranks([r.columns for r, _ in kept], [f for _, f in kept])
     mapped: list[Any] | None = None
     if mapping:
@@ -129,8 +144,14 @@ def load_run(
         mapped = [by_rank[t.rank_id] for t in per_file]
     del parsed, kept
     schema.use_string_storage()  # here, not earlier: pandas is imported while the traces are parsed
-    traces = _trace_set(per_file, timers=read_timers(sources.timer_files), units=units_from_run(sources.run),
-                        run=sources.run, run_dir=str(sources.run_dir) if sources.run_dir is not None else None,
+    run, timers = sources.run, read_timers(sources.timer_files)
+    # An export read back is the run it came from: its run.json and timers travel in it. Not for a run
+    # reduced rank by rank, whose ranks were analysed before the file said so (per_rank's run.json).
+    exported = exported_run(per_file) if run is None and mapped is None else None
+    if exported is not None:
+        run, timers = exported[0], timers_frame(exported[1])
+    traces = _trace_set(per_file, timers=timers, units=units_from_run(run),
+                        run=run, run_dir=str(sources.run_dir) if sources.run_dir is not None else None,
                         skipped=skipped)
     traces.skipped_exports = exports
     return LoadedRun(traces=traces, mapped=mapped)

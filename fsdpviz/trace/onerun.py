@@ -17,13 +17,14 @@ Two things in a folder look like traces of a run and are not:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from fsdpviz.errors import TraceError, UsageError
-from fsdpviz.runfolder import RunInfo
-from fsdpviz.trace.kineto import RankColumns
+from fsdpviz.runfolder import RunInfo, RunJsonError, decode_run_json
+from fsdpviz.trace.kineto import EXPORT_RUN, EXPORT_TIMERS, RankColumns
 
 MAX_NAMED: Final = 3  # files named per run in the error line
 
@@ -31,6 +32,35 @@ MAX_NAMED: Final = 3  # files named per run in the error line
 def is_export(ranks: Sequence[RankColumns]) -> bool:
     """Whether a file's parsed ranks come from an fsdpviz Perfetto export."""
     return bool(ranks) and all(bool(r.rank.get("fsdpviz_export")) for r in ranks)
+
+
+def check_export_has_events(ranks: Sequence[RankColumns]) -> None:
+    """TraceError when an export holds none of the events fsdpviz reads (``--no-raw``: unit tracks and
+    memory counters only), instead of the analysis' "no events" for a trace that has no steps."""
+    if is_export(ranks) and not any(int(r.rank["n_events"]) for r in ranks):
+        raise TraceError(Path(str(ranks[0].rank["path"])),
+                         "an export written with --no-raw holds the FSDP unit tracks and memory counters, not "
+                         "the events fsdpviz reads; export again without --no-raw to read it back")
+
+
+def exported_run(ranks: Sequence[RankColumns]) -> tuple[RunInfo, list[dict[str, Any]]] | None:
+    """run.json and the timer records (TIMERS rows) an export carried from its run folder
+    (report/perfetto.py), when every rank read is from an export that has them; else None (a trace, or
+    an export of traces without a run folder). A damaged one is a TraceError naming the file."""
+    from fsdpviz.trace.sources import timer_row
+
+    if not is_export(ranks):
+        return None
+    carrier = next((r for r in ranks if r.rank.get(EXPORT_RUN)), None)
+    if carrier is None:
+        return None
+    path = Path(str(carrier.rank["path"]))
+    try:
+        run = decode_run_json(str(carrier.rank[EXPORT_RUN]).encode())
+        rows = [timer_row(rec) for r in ranks for rec in json.loads(str(r.rank.get(EXPORT_TIMERS) or "[]"))]
+    except (RunJsonError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise TraceError(path, f"the run folder's facts in this export cannot be read ({exc})") from None
+    return run, rows
 
 
 def exports_only_error(folder: Path, exports: Sequence[str]) -> TraceError:

@@ -184,8 +184,6 @@ def units_from_run(run: RunInfo | None) -> pd.DataFrame:
 
 def read_timers(files: Sequence[Path]) -> pd.DataFrame:
     """The TIMERS table from ``timers/rank{R}.jsonl`` files; a bad line is an error naming file and line."""
-    import pandas as pd
-
     rows: list[dict[str, Any]] = []
     for path in files:
         try:
@@ -196,23 +194,33 @@ def read_timers(files: Sequence[Path]) -> pd.DataFrame:
             if not line.strip():
                 continue
             try:
-                rec = json.loads(line)
-                rows.append(
-                    {
-                        "rank": int(rec["rank"]),
-                        "step": int(rec["step"]),
-                        "unit": str(rec.get("unit", "")),
-                        "phase": str(rec.get("phase", "")),
-                        "kind": str(rec.get("kind", "")),
-                        "ms": float("nan") if rec["ms"] is None else float(rec["ms"]),
-                        "bytes": int(rec.get("bytes", schema.UNKNOWN_BYTES)),
-                    }
-                )
+                rows.append(timer_row(json.loads(line)))
             except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
                 # The recorder may be killed mid-line: a torn last line is expected, not an error.
                 if line_no == len(lines):
                     break
                 raise RunFolderError(f"{path}:{line_no}: bad timer record ({exc})") from None
+    return timers_frame(rows)
+
+
+def timer_row(rec: dict[str, Any]) -> dict[str, Any]:
+    """One timer record (a line of ``timers/rank{R}.jsonl``) as a TIMERS row; KeyError, TypeError or
+    ValueError when it is not one."""
+    return {
+        "rank": int(rec["rank"]),
+        "step": int(rec["step"]),
+        "unit": str(rec.get("unit", "")),
+        "phase": str(rec.get("phase", "")),
+        "kind": str(rec.get("kind", "")),
+        "ms": float("nan") if rec["ms"] is None else float(rec["ms"]),
+        "bytes": int(rec.get("bytes", schema.UNKNOWN_BYTES)),
+    }
+
+
+def timers_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """The TIMERS table of :func:`timer_row`'s rows."""
+    import pandas as pd
+
     if not rows:
         return schema.make_empty(schema.TIMERS)
     return schema.conform(pd.DataFrame(rows), schema.TIMERS, table="timers")
