@@ -161,3 +161,17 @@ def test_root_only_run_is_whole_model_with_parameters() -> None:
     assert match.whole_model == {"root": "(root)"}
     assert [g.members["block"] for g in match.groups] == [["(root)"], *([f"blocks.{i}"] for i in range(LAYERS))]
     assert all(g.held_by == {"root": "(root)"} for g in match.groups)
+
+
+@pytest.mark.parametrize("with_params", [True, False], ids=["fqns-recorded", "names-only"])
+def test_different_models_say_whether_their_parameters_were_listed(with_params: bool) -> None:
+    """Two models of the example, of other depths and widths (torch's own parameters: the names and the
+    sizes differ): no match by parameters, so the units are matched by name; whether that is because
+    the parameters differ or because they were not recorded is what compare's note says
+    (analysis/compare/runs.py)."""
+    small = EXAMPLE["build_model"](EXAMPLE["parse_args"](["--layers", "2", "--dim", "48"]))
+    runs = {"deep": _units(_model(), [f"blocks.{i}" for i in range(LAYERS)], with_params=with_params),
+            "small": _units(small, ["blocks.0", "blocks.1"], with_params=with_params)}
+    match = match_units(runs)
+    assert match.basis not in (BY_FQN, BY_PARAM_SIZES)
+    assert match.params_listed is with_params

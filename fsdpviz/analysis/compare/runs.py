@@ -411,10 +411,10 @@ def comparability_notes(runs: Sequence[LabelledRun], match: UnitMatch) -> list[s
                      "per-unit numbers are not like for like and get no best mark.")
     if match.groups:
         exact = match.basis in (BY_FQN, BY_PARAM_SIZES)
+        why = ("the runs' units list their parameters, which differ in names and in sizes" if match.params_listed
+               else "run.json lists no parameters of the units: recorded by an older fsdpviz, or traces only")
         notes.append(f"Units are matched by {match.basis}: each row of the per-unit comparison holds the same "
-                     "parameters in every run" + ("." if exact else f" as far as the {match.basis} tell (run.json "
-                                                  "lists no parameters of the units: recorded by an older fsdpviz, "
-                                                  "or traces only)."))
+                     "parameters in every run" + ("." if exact else f" as far as the {match.basis} tell ({why})."))
     for r in runs:
         if not r.summary.units:
             notes.append(f"{r.label}: no FSDP units in the traces; only whole-step numbers are compared.")

@@ -107,6 +107,9 @@ class UnitMatch:
     whole_model: dict[str, str]  # run label -> its only unit, for runs made of one unit
     keys: dict[str, dict[str, list[str]]]  # run label -> unit -> the modules it covers
     basis: str = "unit names"  # what matched the units: one of BASES
+    # whether every run's units listed their parameters (run.json): a match by names or sizes then means
+    # the runs' parameters differ, not that they are unknown
+    params_listed: bool = False
 
 
 def unit_keys(name: str) -> list[str]:
@@ -186,9 +189,16 @@ def match_units(runs: Mapping[str, Sequence[RunUnit]]) -> UnitMatch:
     if by_params is not None:
         return by_params
     by_names = _match_by_names(runs, whole)
-    if not any(g.bytes_differ for g in by_names.groups):
-        return by_names
-    return _match_by_unit_sizes(runs, whole) or by_names
+    chosen = by_names if not any(g.bytes_differ for g in by_names.groups) else \
+        _match_by_unit_sizes(runs, whole) or by_names
+    chosen.params_listed = _params_listed(runs, whole)
+    return chosen
+
+
+def _params_listed(runs: Mapping[str, Sequence[RunUnit]], whole: Mapping[str, str]) -> bool:
+    """Whether every unit with parameters, of every run compared unit by unit, lists their names."""
+    return not any(not u.params and (u.param_bytes is None or u.param_bytes > 0)
+                   for label, units in runs.items() if label not in whole for u in units)
 
 
 def _match_by_names(runs: Mapping[str, Sequence[RunUnit]], whole: Mapping[str, str]) -> UnitMatch:
@@ -317,7 +327,7 @@ def _match_by_parameters(runs: Mapping[str, Sequence[RunUnit]], whole: Mapping[s
     compared = {label: units for label, units in runs.items() if label not in whole}
     if len(compared) < 2 and not whole:
         return None
-    if any(not u.params and (u.param_bytes is None or u.param_bytes > 0) for units in compared.values() for u in units):
+    if not _params_listed(compared, {}):
         return None  # a unit with parameters whose names were not recorded
     fqns = {label: {u.name: [f for f, _ in u.params] for u in units} for label, units in compared.items()}
     names = [sorted(f for per_unit in fqns[label].values() for f in per_unit) for label in compared]
