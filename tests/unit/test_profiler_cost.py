@@ -390,3 +390,18 @@ def test_a_recording_with_nothing_to_lower_is_told_so(gpu_h200_dir: Path, gpu_h2
     (profiler,) = [f for f in result.summary.findings if f.kind == "profiler"]
     assert profiler.message.endswith(NO_CLOSER_BASE) and "--no-memory" not in profiler.message
     assert weaknesses(0.0, result.profiler)[-1].endswith(NO_CLOSER_BASE)
+
+
+@pytest.mark.parametrize("sample", ["fsdp2-cpu-2rank", "fsdp1-cpu-2rank"])
+def test_a_units_timed_pass_holds_its_traced_compute(sample: str, sample_run: Callable[[str], Any]) -> None:
+    """The timers open a unit before FSDP's own pre-forward hook and close it after its post-forward one
+    (record/instrument.py), so a unit's timed pass holds its compute and FSDP's work for it: on the
+    run's clock, the trace's compute of that pass (FSDP's work left out) is the smaller, as the
+    report's column definitions say (report/units/table.py, TIMED_WORK)."""
+    units = sample_run(sample).summary.units
+    timed = [(u.name, phase, traced, timer) for u in units
+             for phase, traced, timer in (("forward", u.forward_ms, u.forward_timer_ms),
+                                          ("backward", u.backward_ms, u.backward_timer_ms))
+             if traced is not None and timer is not None]
+    assert len(timed) == 2 * len(units)
+    assert all(timer > traced for _, _, traced, timer in timed), timed

@@ -48,6 +48,13 @@ METRIC_COLORS = {
 # How a GPU pass's figure is taken (docs/concepts.md, units[]): said in the forward and backward hints.
 GPU_PASS = ("On a GPU: its kernels from the first to the last on each stream, and the gaps between them; where the "
             "run is on the timers' clock, less the profiler's share, taken out as it is of the step's idle time.")
+# What the timers' figure holds beside the trace's compute (record/instrument.py opens a unit before FSDP's
+# own pre-forward hook and closes it after its post-forward one; record/timers.py takes out what nests).
+TIMED_WORK = ("It holds FSDP's own work for the unit in that pass (its hooks, the copies into and out of the "
+              "gathered parameters), which the forward and backward columns leave out, and the timers' own cost; "
+              "nested units and the time the training thread spent in gathers and reductions are left out. So it "
+              "is the larger of the two, up to about three times on a small unit on CPU.")
+TIMED = "as fsdpviz's timers clocked it in the steps the profiler did not slow"
 # The unit table's columns: (column of UnitTables.table, header, how its cells read, definition shown
 # on hover). Every header names its unit; "bytes" columns get theirs (KiB, MiB, GiB) from their values.
 TABLE_COLUMNS = (
@@ -63,10 +70,8 @@ TABLE_COLUMNS = (
      f"The unit's own forward compute per step, on the run's clock. {GPU_PASS}"),
     ("backward_ms", "backward (ms)", "ms",
      f"The unit's own backward compute per step, on the run's clock. {GPU_PASS}"),
-    ("forward_timer_ms", "forward, timers (ms)", "ms",
-     "The unit's forward per step as fsdpviz's timers clocked it in the steps the profiler did not slow."),
-    ("backward_timer_ms", "backward, timers (ms)", "ms",
-     "The unit's backward per step as fsdpviz's timers clocked it in the steps the profiler did not slow."),
+    ("forward_timer_ms", "forward, timers (ms)", "ms", f"The unit's forward per step {TIMED}. {TIMED_WORK}"),
+    ("backward_timer_ms", "backward, timers (ms)", "ms", f"The unit's backward per step {TIMED}. {TIMED_WORK}"),
     ("reduce_scatter_ms", "reduce-scatter (ms)", "ms", "Time per step the unit's gradient reduce-scatters ran."),
     ("exposed_comm_ms", "exposed comm (ms)", "ms",
      ("Exposed communication: the part of the unit's collectives during which the rank computed nothing, "
