@@ -156,6 +156,7 @@ def whatif(
     started = time.perf_counter()
 
     from fsdpviz.analysis.pipeline import analyse
+    from fsdpviz.structure.records import CLEAN_STEPS_UNIT_TIMED
     from fsdpviz.whatif.gains import summary_model
 
     say(f"loading {run}")
@@ -164,12 +165,15 @@ def whatif(
     if model is None:
         raise UsageError(why_not)
     warn_gaps(result.traces)
+    # what the summary says of the run's own clock holds for every prediction read off it
+    clock_notes = [n for n in result.summary.notes if getattr(n, "code", "") == CLEAN_STEPS_UNIT_TIMED]
     rec = model.recording
     say(f"read {len(rec.steps)} step(s) over {len({s.rank for s in rec.steps})} rank(s); simulating")
     if explore_grid:
         from fsdpviz.whatif.explore import explore
 
         exploration = explore(model, budget)
+        exploration.notes.extend(clock_notes)
         if as_json:
             sys.stdout.write(json.dumps(exploration.to_json(), indent=2) + "\n")
         else:
@@ -180,6 +184,7 @@ def whatif(
     from fsdpviz.whatif.predict import predict
 
     prediction = predict(model, settings)
+    prediction.notes.extend(clock_notes)
     if code:
         print_code(prediction, settings, stack, say)
         return

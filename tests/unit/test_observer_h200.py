@@ -45,3 +45,22 @@ def test_with_one_unit_the_old_clean_steps_match_bare(gpu_h200_dir: Path) -> Non
     bare = _bare_ms(gpu_h200_dir, "root")
     assert summary.step_time_ms is not None
     assert min(bare) * 0.95 <= summary.step_time_ms <= max(bare) * 1.10
+
+
+def test_whatif_says_the_clean_steps_timed_every_unit_as_the_summary_does(
+        gpu_h200_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A prediction's baseline is the run's step (the timers'): the summary's words about that clock go
+    with it, on the terminal and in the JSON of a setting and of --explore."""
+    from fsdpviz.cli import main
+
+    def whatif(*argv: str) -> str:
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as done:
+            main(["whatif", *argv, "-q", "--no-cache"])
+        out, err = capsys.readouterr()
+        assert done.value.code in (0, None), err
+        return str(out)
+
+    said = "its step time holds the timers' cost: on a launch-bound GPU step 25-50 % above a bare run"
+    assert said in whatif(str(gpu_h200_dir / "B"), "--wrap", "root")
+    assert any(said in n for n in json.loads(whatif(str(gpu_h200_dir / "B"), "--explore", "--json"))["notes"])
