@@ -163,7 +163,7 @@ def whatif(
     result = analyse([run], cache=cache, progress=False, scheduler=scheduler)
     model, why_not = summary_model(result)  # the run's one model: the ranks the summary's advice read
     if model is None:
-        raise UsageError(why_not)
+        raise UsageError(f"{run}: {why_not}")
     warn_gaps(result.traces)
     # what the summary says of the run's own clock holds for every prediction read off it
     clock_notes = [n for n in result.summary.notes if getattr(n, "code", "") == CLEAN_STEPS_UNIT_TIMED]

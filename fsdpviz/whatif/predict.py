@@ -20,6 +20,7 @@ unit are one procedure here, read top to bottom.
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
@@ -516,8 +517,27 @@ def _filled(settings: Settings, rec: Recording) -> Settings:
     return replace(settings, sources=sources, **values)
 
 
-def _assumptions(settings: Settings, rec: Recording) -> list[str]:
+def _beyond_the_units(settings: Settings, rec: Recording) -> list[str]:
+    """A given merge or prefetch depth larger than the recording's units allow, said as what it comes to
+    (it is predicted as that, not refused: the same script on a deeper model would take it)."""
     notes = []
+    children = [u for u in rec.units if u != ROOT_UNIT]
+    wrap = settings.wrap
+    if settings.sources.get("wrap") == GIVEN and wrap.kind == "merge" and children:
+        parents = prog.unit_parents(rec)
+        widest = max(Counter(parents[u] for u in children).values())
+        if wrap.k > widest:
+            notes.append(f"wrap {wrap}: no parent holds more than {widest} unit(s) side by side, so each parent's "
+                         f"units become one, as wrap merge:{widest} does")
+    depth = settings.prefetch_depth
+    if settings.sources.get("prefetch") == GIVEN and depth is not None and children and depth > len(children):
+        notes.append(f"prefetch {depth}: the recording has {len(children)} unit(s) after the root, so no gather can "
+                     f"be issued more than {len(children)} ahead: as prefetch {len(children)}")
+    return notes
+
+
+def _assumptions(settings: Settings, rec: Recording) -> list[str]:
+    notes = _beyond_the_units(settings, rec)
     world = settings.world_size
     if world != rec.world_size:
         notes.append(f"world size {rec.world_size} -> {world}: ring collectives move (N-1)/N of the unsharded bytes "

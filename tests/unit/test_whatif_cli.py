@@ -277,9 +277,10 @@ def test_bad_options_are_one_error_line(argv: list[str], message: str, run_folde
 
 
 def test_a_run_without_units_is_one_error_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = _run(["whatif", str(_no_units_trace(tmp_path)), "--prefetch", "1", "-q"], capsys)
+    trace = _no_units_trace(tmp_path)
+    code, _, err = _run(["whatif", str(trace), "--prefetch", "1", "-q"], capsys)
     assert code == 2
-    assert err.strip().startswith("error: ") and "no FSDP units" in err and len(err.strip().splitlines()) == 1
+    assert err.strip().startswith(f"error: {trace}: ") and "no FSDP units" in err and len(err.strip().splitlines()) == 1
 
 
 def test_more_ranks_per_node_than_the_run_has_puts_them_all_on_one_host(capsys: pytest.CaptureFixture[str]) -> None:
@@ -296,3 +297,23 @@ def test_more_ranks_per_node_than_the_run_has_puts_them_all_on_one_host(capsys: 
                              "--no-cache")["predicted"] for n in ("4", "8"))
     assert four["compute_ms"] > three["baseline"]["compute_ms"]  # four ranks on two cores
     assert (eight["step_time_ms"], eight["compute_ms"]) == (four["step_time_ms"], four["compute_ms"])
+
+
+def test_a_depth_beyond_the_units_is_predicted_as_the_deepest_they_allow(run_folder: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """merge:K wider than any parent's units and a prefetch deeper than the units after the root: the
+    prediction is the widest merge's and the deepest prefetch's (the simulator's own answer), and a
+    note says so instead of passing the number silently."""
+    def predict(*argv: str) -> dict:
+        code, out, err = _run(["whatif", str(run_folder), *argv, "--json", "-q", "--no-cache"], capsys)
+        assert code == 0, err
+        return dict(json.loads(out))
+
+    n = len([u for u in predict("--wrap", "merge:2")["baseline"]["units"] if u["name"] != "(root)"])
+    assert n >= 2
+    for option, beyond, deepest, said in (("--wrap", "merge:99", f"merge:{n}", f"as wrap merge:{n} does"),
+                                          ("--prefetch", "99", str(n), f"as prefetch {n}")):
+        far, near = predict(option, beyond), predict(option, deepest)
+        assert far["predicted"]["step_time_ms"] == near["predicted"]["step_time_ms"]
+        assert far["predicted"]["exposed_comm_ms"] == near["predicted"]["exposed_comm_ms"]
+        assert any(said in note for note in far["notes"]) and not any(said in note for note in near["notes"])
