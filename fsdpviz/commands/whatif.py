@@ -14,8 +14,10 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from fsdpviz.commands.common import (
+    INCLUDE_LAST_HELP,
     QUIET_HELP,
     SCHEDULER_HELP,
+    STEPS_HELP,
     check_output_folder,
     progress_printer,
     warn_gaps,
@@ -98,6 +100,10 @@ def whatif(
     save: Annotated[bool, typer.Option(
         "--save", help="Keep the prediction in the run folder (predictions/), where `fsdpviz report` and "
                        "`fsdpviz compare` show it beside the recording, marked as predicted.")] = False,
+    steps: Annotated[str | None, typer.Option(
+        "--steps", metavar="STEPS", help=f"{STEPS_HELP} The steps the prediction reads, as summary's.",
+        show_default=False)] = None,
+    include_last_step: Annotated[bool, typer.Option("--include-last-step", help=INCLUDE_LAST_HELP)] = False,
     cache: Annotated[bool, typer.Option("--cache/--no-cache", help="Reuse parsed traces cached beside them.")] = True,
     quiet: Annotated[bool, typer.Option("-q", "--quiet", help=QUIET_HELP)] = False,
     scheduler: Annotated[str | None, typer.Option("--scheduler", metavar="ADDRESS", help=SCHEDULER_HELP,
@@ -156,11 +162,13 @@ def whatif(
     started = time.perf_counter()
 
     from fsdpviz.analysis.pipeline import analyse
+    from fsdpviz.commands.summary import parse_steps
     from fsdpviz.structure.records import CLEAN_STEPS_UNIT_TIMED
     from fsdpviz.whatif.gains import summary_model
 
     say(f"loading {run}")
-    result = analyse([run], cache=cache, progress=False, scheduler=scheduler)
+    result = analyse([run], steps=parse_steps(steps), include_last_step=include_last_step, cache=cache,
+                     progress=False, scheduler=scheduler)
     model, why_not = summary_model(result)  # the run's one model: the ranks the summary's advice read
     if model is None:
         raise UsageError(f"{run}: {why_not}")

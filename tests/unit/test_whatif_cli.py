@@ -317,3 +317,23 @@ def test_a_depth_beyond_the_units_is_predicted_as_the_deepest_they_allow(run_fol
         assert far["predicted"]["step_time_ms"] == near["predicted"]["step_time_ms"]
         assert far["predicted"]["exposed_comm_ms"] == near["predicted"]["exposed_comm_ms"]
         assert any(said in note for note in far["notes"]) and not any(said in note for note in near["notes"])
+
+
+def test_whatif_reads_the_steps_summary_is_given(capsys: pytest.CaptureFixture[str]) -> None:
+    """--steps / --include-last-step choose the steps the prediction reads, as they choose summary's: its
+    baseline is the summary's step for the same steps. The plain sample's trace shows one step complete;
+    with its last step there are two, and --explore has a step-to-step spread to rank against."""
+    plain = str(Path(__file__).resolve().parents[2] / "sample_traces" / "fsdp2-cpu-2rank-plain")
+
+    def answer(*argv: str) -> dict:
+        code, out, err = _run([*argv, plain, "--json", "-q", "--no-cache"], capsys)
+        assert code == 0, err
+        return dict(json.loads(out))
+
+    for steps in ([], ["--include-last-step"], ["--steps", "3"]):
+        summary = answer("summary", *steps)
+        prediction = answer("whatif", "--wrap", "merge:2", *steps)
+        assert prediction["baseline"]["step_time_ms"] == pytest.approx(summary["step_time_ms"], abs=1e-3), steps
+    assert answer("summary")["steps"] == [2] and answer("summary", "--include-last-step")["steps"] == [2, 3]
+    assert answer("whatif", "--explore")["spread_ms"] is None
+    assert answer("whatif", "--explore", "--include-last-step")["spread_ms"] > 0
