@@ -176,7 +176,8 @@ def export_perfetto(result: RunResult, output: str | Path, *, steps: Sequence[in
                            "pids": {str(v): k for k, v in pids.items()},
                            "complete_steps": sorted(int(s) for s in mine["step"]),
                            **_trace_facts(traces.ranks, rank),
-                           "timers": _timer_rows(result.traces.timers, rank)})
+                           # what reading the export back needs, which an export without the events is not
+                           "timers": _timer_rows(result.traces.timers, rank) if raw else []})
         if raw:
             _raw(writer, events, traces.lanes, rank, pids, lo, hi, base_ns)
         _memory(writer, memory if raw else None, analysis.memory, rank, pids, lo, hi, base_ns,
@@ -185,7 +186,7 @@ def export_perfetto(result: RunResult, output: str | Path, *, steps: Sequence[in
     trace_events = writer.nested()
     document: dict[str, Any] = {"traceEvents": trace_events, "displayTimeUnit": "ms",
                                 "baseTimeNanoseconds": base_ns, EXPORT_KEY: ranks_info}
-    if result.traces.run is not None:
+    if result.traces.run is not None and raw:
         document[RUN_KEY] = to_builtins(result.traces.run)
     # UTF-8 as is: Perfetto shows \uXXXX escapes in names literally
     data = json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
