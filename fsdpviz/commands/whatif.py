@@ -174,7 +174,7 @@ def whatif(
         raise UsageError(f"{run}: {why_not}")
     warn_gaps(result.traces)
     # what the summary says of the run's own clock holds for every prediction read off it
-    clock_notes = [n for n in result.summary.notes if getattr(n, "code", "") == CLEAN_STEPS_UNIT_TIMED]
+    clock_notes = [n for n in result.summary.notes if n.code == CLEAN_STEPS_UNIT_TIMED]
     rec = model.recording
     say(f"read {len(rec.steps)} step(s) over {len({s.rank for s in rec.steps})} rank(s); simulating")
     if explore_grid:

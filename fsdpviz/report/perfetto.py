@@ -86,6 +86,7 @@ class _Writer:
         self.events: list[dict[str, Any]] = []
         self.meta: list[dict[str, Any]] = []
         self.track_names: dict[tuple[int, int], str] = {}
+        self.moved: dict[tuple[int, int], int] = {}  # overflow track -> the thread its events came from
 
     def process(self, pid: int, name: str, order: int) -> None:
         self.meta.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": name}})
@@ -121,6 +122,7 @@ class _Writer:
                     levels.append([end])
                 if level:
                     new_tid = tid * 1000 + level if tid > 0 else tid - 1000 * level
+                    self.moved[(pid, new_tid)] = tid
                     if (pid, new_tid) not in self.track_names:
                         self.thread(pid, new_tid, f"{self.track_names.get((pid, tid), str(tid))} (overlapping)")
                     e = {**e, "tid": new_tid}
@@ -184,6 +186,8 @@ def export_perfetto(result: RunResult, output: str | Path, *, steps: Sequence[in
                 baseline=measured_baseline(result.traces.run).get(rank, 0))
         _units(writer, analysis.spans, rank, wanted_steps, base_ns)
     trace_events = writer.nested()
+    for info in ranks_info:  # the overflow tracks of the rank's processes, so that reading back undoes them
+        info["tids"] = {f"{pid}:{tid}": back for (pid, tid), back in writer.moved.items() if str(pid) in info["pids"]}
     document: dict[str, Any] = {"traceEvents": trace_events, "displayTimeUnit": "ms",
                                 "baseTimeNanoseconds": base_ns, EXPORT_KEY: ranks_info}
     if result.traces.run is not None and raw:

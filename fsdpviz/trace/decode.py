@@ -123,12 +123,15 @@ class ExportRank(msgspec.Struct, gc=False):
     pids: dict[str, int] = {}  # export pid -> the rank's original pid
     complete_steps: list[int] = []  # the steps the export holds, every one complete in its source
     timers: msgspec.Raw = msgspec.Raw(b"")  # the rank's timer records (the run folder's timers/rank{R}.jsonl)
-    # what the rank's trace said of itself beside its events (its distributedInfo and device)
-    nccl_version: str | None = None
+    # what the rank's trace said of itself beside its events (its distributedInfo and device), raw: a
+    # value of another type is left out (trace/kineto.py), not the whole export with it
+    nccl_version: msgspec.Raw = msgspec.Raw(b"")
     pg_config: msgspec.Raw = msgspec.Raw(b"")
-    device_name: str | None = None
-    device_memory_bytes: Int64 | None = None
-    run_id: str | None = None  # the recording's (fsdpvizRunId)
+    device_name: msgspec.Raw = msgspec.Raw(b"")
+    device_memory_bytes: msgspec.Raw = msgspec.Raw(b"")
+    run_id: msgspec.Raw = msgspec.Raw(b"")  # the recording's (fsdpvizRunId)
+    # the export's overflow tracks ("pid:tid", report/perfetto.py) -> the thread they were moved from
+    tids: dict[str, int] = {}
 
 
 class KinetoTrace(msgspec.Struct, gc=False):
@@ -150,6 +153,8 @@ class _LooseTrace(msgspec.Struct):
     distributedInfo: msgspec.Raw = msgspec.Raw(b"")
     baseTimeNanoseconds: msgspec.Raw = msgspec.Raw(b"")
     deviceProperties: msgspec.Raw = msgspec.Raw(b"")
+    fsdpvizRanks: msgspec.Raw = msgspec.Raw(b"")
+    fsdpvizRun: msgspec.Raw = msgspec.Raw(b"")
 
 
 NO_ARGS = EventArgs()  # shared stand-in for events without ``args``
@@ -242,7 +247,9 @@ def _decode_with_nan(data: bytes, path: Path) -> tuple[KinetoTrace, int]:
     info = _convert_obj_or_none(top.get("distributedInfo"), DistributedInfo)
     devices = _convert_obj_or_none(top.get("deviceProperties"), list[DeviceProperties])
     base = _convert_obj_or_none(top.get("baseTimeNanoseconds"), Int64)
-    return KinetoTrace(events, info, base, devices), n_bad
+    ranks = _export_ranks(top.get("fsdpvizRanks"), path)
+    run = msgspec.Raw(msgspec.json.encode(top["fsdpvizRun"])) if top.get("fsdpvizRun") is not None else msgspec.Raw(b"")
+    return KinetoTrace(events, info, base, devices, fsdpvizRanks=ranks, fsdpvizRun=run), n_bad
 
 
 def _convert_obj_or_none(obj: object, kind: type[T]) -> T | None:
@@ -296,7 +303,19 @@ def _decode_loose(data: bytes, path: Path) -> tuple[KinetoTrace, int]:
     info = _convert_or_none(loose.distributedInfo, DistributedInfo)
     devices = _convert_or_none(loose.deviceProperties, list[DeviceProperties])
     base = _convert_or_none(loose.baseTimeNanoseconds, Int64)
-    return KinetoTrace(events, info, base, devices), n_bad
+    ranks = _export_ranks(decode_raw_json(loose.fsdpvizRanks), path)
+    return KinetoTrace(events, info, base, devices, fsdpvizRanks=ranks, fsdpvizRun=loose.fsdpvizRun), n_bad
+
+
+def _export_ranks(obj: object, path: Path) -> list[ExportRank] | None:
+    """An export's rank list found by a fallback decoder; one error line where it is not one (read as a
+    plain trace, an export's ranks would run together as one)."""
+    if obj is None:
+        return None
+    try:
+        return msgspec.convert(obj, list[ExportRank])
+    except msgspec.ValidationError as exc:
+        raise TraceError(path, f"an fsdpviz export whose list of ranks (fsdpvizRanks) cannot be read ({exc})") from None
 
 
 def _convert_or_none(raw: msgspec.Raw, kind: type[T]) -> T | None:

@@ -128,22 +128,31 @@ def _split_export(path: Path) -> list[RankColumns]:
     for info in trace.fsdpvizRanks or []:
         for export_pid, original in info.pids.items():
             owners[int(export_pid)] = (info, int(original))
+    # an event the export moved to an overflow track (it crossed its parent there) goes back to its thread;
+    # the overflow tracks' own names are the export's, not the trace's
+    moved = {key: tid for info in trace.fsdpvizRanks or [] for key, tid in info.tids.items()}
     per_rank: dict[int, list[TraceEvent]] = {info.rank: [] for info in trace.fsdpvizRanks or []}
     for event in trace.traceEvents:
         owner = owners.get(event.pid) if isinstance(event.pid, int) else None
         if owner is not None:
+            back = moved.get(f"{event.pid}:{event.tid}") if moved else None
+            if back is not None:
+                if event.ph == "M":
+                    continue
+                event.tid = back
             event.pid = owner[1]
             per_rank[owner[0].rank].append(event)
     out: list[RankColumns] = []
     for info in trace.fsdpvizRanks or []:
         columns = EventColumns()
         columns.add(per_rank[info.rank])
-        device = ([DeviceProperties(name=info.device_name, totalGlobalMem=info.device_memory_bytes)]
-                  if info.device_name else trace.deviceProperties)
+        name, memory = _raw_of(info.device_name, str), _raw_of(info.device_memory_bytes, int)
+        device = [DeviceProperties(name=name, totalGlobalMem=memory)] if name else trace.deviceProperties
         top = KinetoTrace(traceEvents=[], baseTimeNanoseconds=trace.baseTimeNanoseconds, deviceProperties=device,
-                          fsdpvizRunId=info.run_id,
+                          fsdpvizRunId=_raw_of(info.run_id, str),
                           distributedInfo=DistributedInfo(rank=info.rank, world_size=info.world_size,
-                                                          backend=info.backend, nccl_version=info.nccl_version,
+                                                          backend=info.backend,
+                                                          nccl_version=_raw_of(info.nccl_version, str),
                                                           pg_config=info.pg_config))
         tables = rank_columns(columns, top, path, n_skipped=n_bad, complete_steps=info.complete_steps,
                               export=True)
@@ -153,6 +162,12 @@ def _split_export(path: Path) -> list[RankColumns]:
         tables.rank[EXPORT_RUN] = bytes(trace.fsdpvizRun).decode() if trace.fsdpvizRun and not out else ""
         out.append(tables)
     return out
+
+
+def _raw_of(raw: Any, kind: type) -> Any:
+    """An export's raw value if it is a ``kind`` (an int not a bool), else None."""
+    value = decode_raw_json(raw)
+    return value if isinstance(value, kind) and not isinstance(value, bool) else None
 
 
 def _parse(path: Path) -> tuple[RankColumns, KinetoTrace]:

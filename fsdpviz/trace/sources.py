@@ -205,8 +205,8 @@ def read_timers(files: Sequence[Path]) -> pd.DataFrame:
 
 def timer_row(rec: dict[str, Any]) -> dict[str, Any]:
     """One timer record (a line of ``timers/rank{R}.jsonl``) as a TIMERS row; KeyError, TypeError or
-    ValueError when it is not one."""
-    return {
+    ValueError when it is not one (a number past its column's type among them)."""
+    row: dict[str, Any] = {
         "rank": int(rec["rank"]),
         "step": int(rec["step"]),
         "unit": str(rec.get("unit", "")),
@@ -215,6 +215,15 @@ def timer_row(rec: dict[str, Any]) -> dict[str, Any]:
         "ms": float("nan") if rec["ms"] is None else float(rec["ms"]),
         "bytes": int(rec.get("bytes", schema.UNKNOWN_BYTES)),
     }
+    for key, top in (("rank", _INT32_MAX), ("step", _INT32_MAX), ("bytes", _INT64_MAX)):
+        value = int(row[key])
+        if not -top - 1 <= value <= top:
+            raise ValueError(f"{key} {value} does not fit its column")
+    return row
+
+
+_INT32_MAX: Final = 2**31 - 1
+_INT64_MAX: Final = 2**63 - 1
 
 
 def timers_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import json
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -75,24 +76,26 @@ def _summary(path: Path, capsys: pytest.CaptureFixture[str]) -> dict:
 NOT_THE_RUN = ("sources", "run_dir")
 
 
-@pytest.mark.parametrize("source", ["cpu", "gpu"])
+@pytest.mark.parametrize("source", ["fsdp2-cpu-2rank", "fsdp1-cpu-2rank", "zero3-cpu-2rank", "gpu"])
 def test_export_reads_back_as_the_same_run(source: str, gpu_run: Path, tmp_path: Path,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     """The run folder's summary and its export's, read back, are one: the step on the timers' clock
     (run.json and the timers travel in the export), the units' parameter counts as run.json has them
-    (the framework's own), the memory categories, the parallelism, the actions and their predictions."""
-    folder = SAMPLE if source == "cpu" else gpu_run
+    (the framework's own), the memory categories, the parallelism, the actions and their predictions.
+    FSDP1's and ZeRO-3's backward ranges cross their parents on one thread, which the export moves to
+    overflow tracks for Perfetto: read back, they are on their thread again (their units' backward)."""
+    folder = gpu_run if source == "gpu" else SAMPLE.parent / source
     run = analyse([folder], cache=False)
     out = export_perfetto(run, tmp_path / "run.json.gz").path
     _assert_nested(_events(out))
     a, b = _summary(folder, capsys), _summary(out, capsys)
-    if source == "cpu":
+    if source == "fsdp2-cpu-2rank":  # what only run.json and the timers tell
         assert a["step_time_source"] == "timers" and a["parallelism"]["source"] == "run.json"
         assert a["memory"]["level"] == "since_trace_start_plus_measured"
+    if source != "gpu":
         assert a["memory"]["not_seen_freed"]["blocks"] > 0 and b["memory"]["not_seen_freed"] is None
         a["memory"]["not_seen_freed"] = b["memory"]["not_seen_freed"] = None
-    assert [u["param_numel"] for u in a["units"]] == [u["param_numel"] for u in b["units"]]
-    assert all(n > 0 for n in (u["param_numel"] for u in a["units"]))
+    assert all(u["backward_ms"] > 0 for u in b["units"] if u["name"] != "(root)")
     assert {k: v for k, v in a.items() if k not in NOT_THE_RUN} == {k: v for k, v in b.items() if k not in NOT_THE_RUN}
 
 
@@ -201,3 +204,40 @@ def test_unit_tracks_stay_small_per_rank_and_unit(tmp_path: Path) -> None:
     n_slices = int(spans["kind"].isin(["all_gather", "copy_in", "compute", "copy_out", "reduce_scatter",
                                         "all_reduce"]).sum())
     assert plain.events > n_slices  # the slices, plus arrows, exposed strips, the memory counter, names
+
+
+def _edited(out: Path, tmp_path: Path, edit: Callable[[dict], None]) -> Path:
+    document = json.loads(gzip.decompress(out.read_bytes()))
+    edit(document)
+    path = tmp_path / f"edited-{len(list(tmp_path.iterdir()))}.json"
+    path.write_text(json.dumps(document))
+    return path
+
+
+def test_a_damaged_export_is_read_as_far_as_it_can_be_or_is_one_error_line(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    out = export_perfetto(analyse([SAMPLE], cache=False), tmp_path / "run.json.gz").path
+
+    def summary(path: Path) -> tuple[int, str, str]:
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as done:
+            main(["summary", str(path), "--json", "-q", "--no-cache"])
+        out_, err = capsys.readouterr()
+        return int(done.value.code or 0), out_, err
+
+    def retype(document: dict) -> None:  # facts of another type are left out, not the export with them
+        document["fsdpvizRanks"][0]["nccl_version"] = 2
+        document["fsdpvizRanks"][1]["device_name"] = 7
+        document["fsdpvizRanks"][1]["device_memory_bytes"] = "lots"
+
+    code, text, err = summary(_edited(out, tmp_path, retype))
+    assert code == 0, err
+    read = json.loads(text)
+    assert read["ranks"] == [0, 1] and read["step_time_source"] == "timers"
+
+    for damage, said in ((lambda d: d["fsdpvizRanks"][0].update(rank="first"), "fsdpvizRanks"),
+                         (lambda d: d["fsdpvizRanks"][0]["timers"][0].update(step=1e30), "does not fit"),
+                         (lambda d: d.update(fsdpvizRun=[1, 2]), "run folder's facts")):
+        code, text, err = summary(_edited(out, tmp_path, damage))
+        lines = err.strip().splitlines()
+        assert code == 2 and not text and len(lines) == 1 and lines[0].startswith("error: ") and said in lines[0], err

@@ -50,10 +50,12 @@ GPU_PASS = ("On a GPU: its kernels from the first to the last on each stream, an
             "run is on the timers' clock, less the profiler's share, taken out as it is of the step's idle time.")
 # What the timers' figure holds beside the trace's compute (record/instrument.py opens a unit before FSDP's
 # own pre-forward hook and closes it after its post-forward one; record/timers.py takes out what nests).
-TIMED_WORK = ("It holds FSDP's own work for the unit in that pass (its hooks, the copies into and out of the "
-              "gathered parameters), which the forward and backward columns leave out, and the timers' own cost; "
-              "nested units and the time the training thread spent in gathers and reductions are left out. So it "
-              "is the larger of the two, up to about three times on a small unit on CPU.")
+TIMED_WORK = ("It holds the framework's own work for the unit in that pass (FSDP's hooks and its copies into and "
+              "out of the gathered parameters; DeepSpeed's alike), which the forward and backward columns leave out, "
+              "and the timers' own cost; nested units and the time the training thread spent in gathers and "
+              "reductions are left out. On CPU under FSDP it is the larger of the two, by up to a few times on a "
+              "small unit; on a GPU it is the time between CUDA events around the unit's kernels, on another clock "
+              "than the trace's, and either can be the larger.")
 TIMED = "as fsdpviz's timers clocked it in the steps the profiler did not slow"
 # The unit table's columns: (column of UnitTables.table, header, how its cells read, definition shown
 # on hover). Every header names its unit; "bytes" columns get theirs (KiB, MiB, GiB) from their values.
