@@ -2,7 +2,8 @@
 
 Perfetto (ui.perfetto.dev, the trace processor) and chrome://tracing open it. Per rank it holds:
 
-- the rank's original events (``--no-raw`` leaves them out), its processes named ``rank R`` and
+- the rank's original events of the kept steps (those within them, and those the steps launched that ran
+  after them; ``--no-raw`` leaves them out), its processes named ``rank R`` and
   ``rank R · GPU d``, its threads and streams named as in the trace, on the analysis' aligned clock;
   launch -> kernel flow arrows; the allocator samples as ``[memory]`` events and as a counter;
 - a process ``rank R · FSDP units`` with a track per kind of work (all-gather, copy-in, compute,
@@ -181,7 +182,7 @@ def export_perfetto(result: RunResult, output: str | Path, *, steps: Sequence[in
                            # what reading the export back needs, which an export without the events is not
                            "timers": _timer_rows(result.traces.timers, rank) if raw else []})
         if raw:
-            _raw(writer, events, traces.lanes, rank, pids, lo, hi, base_ns)
+            _raw(writer, events, traces.lanes, rank, pids, lo, hi, base_ns, wanted_steps)
         _memory(writer, memory if raw else None, analysis.memory, rank, pids, lo, hi, base_ns,
                 baseline=measured_baseline(result.traces.run).get(rank, 0))
         _units(writer, analysis.spans, rank, wanted_steps, base_ns)
@@ -247,8 +248,8 @@ def _trace_facts(ranks: pd.DataFrame, rank: int) -> dict[str, Any]:
 
 
 def _raw(writer: _Writer, events: pd.DataFrame, lanes: pd.DataFrame, rank: int, pids: dict[int, int],
-         lo: int, hi: int, base_ns: int) -> None:
-    """The rank's events that start inside the kept steps, with their lanes' names."""
+         lo: int, hi: int, base_ns: int, steps: Sequence[int]) -> None:
+    """The rank's events of the kept ``steps`` (from ``lo`` to ``hi``), with their lanes' names."""
     mine_lanes = lanes[lanes["rank"] == rank]
     lane_pid = dict(zip(mine_lanes["lane"].astype(str), mine_lanes["pid"].astype(int)))
     lane_tid = dict(zip(mine_lanes["lane"].astype(str), mine_lanes["tid"].astype(int)))
@@ -257,7 +258,11 @@ def _raw(writer: _Writer, events: pd.DataFrame, lanes: pd.DataFrame, rank: int, 
         writer.process(pid, f"rank {rank}" + (f" · GPU {pid_orig}" if gpu else ""), (rank + 1) * 10 + (1 if gpu else 0))
     for row in mine_lanes.sort_values("order").itertuples():
         writer.thread(pids[int(row.pid)], int(row.tid), str(row.thread_name or row.lane), int(row.order))
-    ev = events[(events["rank"] == rank) & (events["start_ns"] >= lo) & (events["start_ns"] < hi)]
+    # the events that run within the kept steps, and those of the kept steps that run after them (a GPU
+    # lags its host): what the analysis of those steps read
+    start = events["start_ns"]
+    ev = events[((events["rank"] == rank) & (((start < hi) & (start + events["dur_ns"] > lo))
+                                             | events["step"].isin(list(steps)))).to_numpy()]
     if ev.empty:
         return
     lane = ev["lane"].astype(str).to_numpy()

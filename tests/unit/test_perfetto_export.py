@@ -241,3 +241,16 @@ def test_a_damaged_export_is_read_as_far_as_it_can_be_or_is_one_error_line(tmp_p
         code, text, err = summary(_edited(out, tmp_path, damage))
         lines = err.strip().splitlines()
         assert code == 2 and not text and len(lines) == 1 and lines[0].startswith("error: ") and said in lines[0], err
+
+
+@pytest.mark.parametrize("name", ["h100-fsdp2-ws1-block", "h100-fsdp1-ws1-block"])
+def test_a_gpu_recordings_export_holds_the_kernels_that_ran_past_its_last_step(
+        name: str, gpu_fsdp_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A GPU runs behind its host: kernels of the last analysed step start after its ProfilerStep's
+    host range ends. The export keeps every event of the kept steps, so the recording's summary and its
+    export's are one (they parted by 2 ms of a traced step and an action when it kept host time alone)."""
+    folder = gpu_fsdp_dir / name
+    out = export_perfetto(analyse([folder], cache=False), tmp_path / "gpu.json.gz").path
+    a, b = _summary(folder, capsys), _summary(out, capsys)
+    assert a["device"] == "gpu" and a["actions"]
+    assert {k: v for k, v in a.items() if k not in NOT_THE_RUN} == {k: v for k, v in b.items() if k not in NOT_THE_RUN}
