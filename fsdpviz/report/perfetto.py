@@ -2,8 +2,9 @@
 
 Perfetto (ui.perfetto.dev, the trace processor) and chrome://tracing open it. Per rank it holds:
 
-- the rank's original events of the kept steps (those within them, and those the steps launched that ran
-  after them; ``--no-raw`` leaves them out), its processes named ``rank R`` and
+- the rank's original events of the kept steps (those that start within them, those the steps launched
+  that ran after them, the device work of an earlier step that runs into them; ``--no-raw`` leaves them
+  out), its processes named ``rank R`` and
   ``rank R · GPU d``, its threads and streams named as in the trace, on the analysis' aligned clock;
   launch -> kernel flow arrows; the allocator samples as ``[memory]`` events and as a counter;
 - a process ``rank R · FSDP units`` with a track per kind of work (all-gather, copy-in, compute,
@@ -61,6 +62,7 @@ CATEGORY_OF_KIND: Final = {
     schema.KIND_GPU_ANNOTATION: "gpu_user_annotation", schema.KIND_KERNEL: "kernel",
     schema.KIND_MEMCPY: "gpu_memcpy", schema.KIND_MEMSET: "gpu_memset", schema.KIND_RUNTIME: "cuda_runtime",
 }
+_DEVICE_KINDS: Final = (schema.KIND_KERNEL, schema.KIND_MEMCPY, schema.KIND_MEMSET, schema.KIND_GPU_ANNOTATION)
 UNIT_TRACKS: Final = (ALL_GATHER, COPY_IN, COMPUTE, COPY_OUT, REDUCE_SCATTER, ALL_REDUCE)
 PID_BASE: Final = 1_000_000  # export pids: PID_BASE * (rank + 1) + the rank's process index
 UNITS_PROCESS: Final = 999  # the rank's "FSDP units" process index
@@ -258,10 +260,12 @@ def _raw(writer: _Writer, events: pd.DataFrame, lanes: pd.DataFrame, rank: int, 
         writer.process(pid, f"rank {rank}" + (f" · GPU {pid_orig}" if gpu else ""), (rank + 1) * 10 + (1 if gpu else 0))
     for row in mine_lanes.sort_values("order").itertuples():
         writer.thread(pids[int(row.pid)], int(row.tid), str(row.thread_name or row.lane), int(row.order))
-    # the events that run within the kept steps, and those of the kept steps that run after them (a GPU
-    # lags its host): what the analysis of those steps read
+    # the events that start within the kept steps, those of the kept steps that run after them, and the
+    # device work of an earlier step that runs into them (a GPU lags its host): what the analysis of those
+    # steps read. A host op of an earlier step is left out with that step's allocator samples.
     start = events["start_ns"]
-    ev = events[((events["rank"] == rank) & (((start < hi) & (start + events["dur_ns"] > lo))
+    device = events["kind"].astype(str).isin(_DEVICE_KINDS) & (start + events["dur_ns"] > lo)
+    ev = events[((events["rank"] == rank) & (((start < hi) & ((start >= lo) | device))
                                              | events["step"].isin(list(steps)))).to_numpy()]
     if ev.empty:
         return
