@@ -387,7 +387,7 @@ class Run(LabelledRun):
         """
         from fsdpviz.errors import UsageError
         from fsdpviz.replay.settings import Settings, parse_prefetch, parse_wrap
-        from fsdpviz.whatif.gains import summary_model
+        from fsdpviz.whatif.gains import clock_notes, summary_model
         from fsdpviz.whatif.predict import predict
 
         settings = Settings()
@@ -405,7 +405,9 @@ class Run(LabelledRun):
             self._model, why_not = summary_model(self.result)  # the run's one model, as the summary's
             if self._model is None:
                 raise UsageError(why_not)
-        return WhatIf(run=self, model=self._model, prediction=predict(self._model, settings))
+        prediction = predict(self._model, settings)
+        prediction.notes.extend(clock_notes(self.result))  # as the command's
+        return WhatIf(run=self, model=self._model, prediction=prediction)
 
 
 @dataclass(slots=True)

@@ -163,8 +163,7 @@ def whatif(
 
     from fsdpviz.analysis.pipeline import analyse
     from fsdpviz.commands.summary import parse_steps
-    from fsdpviz.structure.records import CLEAN_STEPS_UNIT_TIMED
-    from fsdpviz.whatif.gains import summary_model
+    from fsdpviz.whatif.gains import clock_notes, summary_model
 
     say(f"loading {run}")
     result = analyse([run], steps=parse_steps(steps), include_last_step=include_last_step, cache=cache,
@@ -173,15 +172,14 @@ def whatif(
     if model is None:
         raise UsageError(f"{run}: {why_not}")
     warn_gaps(result.traces)
-    # what the summary says of the run's own clock holds for every prediction read off it
-    clock_notes = [n for n in result.summary.notes if n.code == CLEAN_STEPS_UNIT_TIMED]
+    said_of_clock = clock_notes(result)
     rec = model.recording
     say(f"read {len(rec.steps)} step(s) over {len({s.rank for s in rec.steps})} rank(s); simulating")
     if explore_grid:
         from fsdpviz.whatif.explore import explore
 
         exploration = explore(model, budget)
-        exploration.notes.extend(clock_notes)
+        exploration.notes.extend(said_of_clock)
         if as_json:
             sys.stdout.write(json.dumps(exploration.to_json(), indent=2) + "\n")
         else:
@@ -192,7 +190,7 @@ def whatif(
     from fsdpviz.whatif.predict import predict
 
     prediction = predict(model, settings)
-    prediction.notes.extend(clock_notes)
+    prediction.notes.extend(said_of_clock)
     if code:
         print_code(prediction, settings, stack, say)
         return

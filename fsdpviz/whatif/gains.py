@@ -264,6 +264,14 @@ def summary_model(run: RunResult) -> tuple[Model | None, str]:
     return cast("tuple[Model | None, str]", run.memo[_MODEL_MEMO])
 
 
+def clock_notes(run: RunResult) -> list[str]:
+    """What the run's summary says of its own clock that holds for every prediction read off it (an old
+    recording's clean steps that timed every unit): the notes ``whatif`` adds to its own, in every view."""
+    from fsdpviz.structure.records import CLEAN_STEPS_UNIT_TIMED
+
+    return [n for n in run.summary.notes if n.code == CLEAN_STEPS_UNIT_TIMED]
+
+
 def on_replay_split(run: RunResult) -> RunResult:
     """``run`` with its bound the replay's split where it is to be (a GPU run whose step is the timers'):
     its model read (:func:`summary_model`, which adopts the split) unless it was, or the summary cache
