@@ -135,8 +135,9 @@ def load_run(
         raise TraceError(folder, f"folder holds no Kineto traces ({len(skipped)} JSON file(s) of another kind)"
                          + below_hint(folder))
     check_one_run([(r.columns, f) for r, f in kept], sources.run, sources.run_dir)
-    for path in dict.fromkeys(f for _, f in kept):
-        check_export_has_events([r.columns for r, f in kept if f == path])
+    for rs, f in zip(parsed, sources.files):
+        if rs is not None and str(f) not in exports:
+            check_export_has_events([r.columns for r in rs])
     per_file = _check_unique_ranks([r.columns for r, _ in kept], [f for _, f in kept])
     mapped: list[Any] | None = None
     if mapping:

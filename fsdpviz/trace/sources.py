@@ -222,6 +222,8 @@ def timer_row(rec: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
+# the TIMERS columns' types (trace/kineto.py holds its own for the parser, which the summary cache's
+# lookup of the sources does not import)
 _INT32_MAX: Final = 2**31 - 1
 _INT64_MAX: Final = 2**63 - 1
 
