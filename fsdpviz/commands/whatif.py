@@ -352,16 +352,14 @@ def _setting_words(settings: Settings, device: str = "", prefetch: dict[str, obj
     backward_prefetch=BACKWARD_PRE)``)."""
     from fsdpviz.replay.prefetch_args import depth_words
     from fsdpviz.replay.prefetch_args import words as argument_words
-    from fsdpviz.replay.settings import RECORDED
 
     words = []
     for key, v in settings.to_json().items():
         name, value, source = key.replace("_", " "), v["value"], v["source"]
         if key == "gpus_per_node" and device == "cpu":
             name = "ranks per node"
-        # the value is the recording's, which is also where it came from; no units kept beyond the recorded
-        # resharding is no count of the recording's (its units keep what reshard after forward says)
-        if value == "recorded" or (key == "keep_last_units" and source == RECORDED):
+        # the value is the recording's, which is also where it came from
+        if value == "recorded":
             words.append(f"{name} as recorded")
         else:
             text = str(value).lower() if isinstance(value, bool) else str(value)

@@ -8,7 +8,7 @@ import shlex
 from pathlib import Path
 
 import pytest
-from helpers.cli import json_here
+from helpers.cli import json_here, run_here
 
 from fsdpviz.replay.settings import Settings, Wrap
 from fsdpviz.whatif.gains import _naming
@@ -60,3 +60,9 @@ def test_an_advised_partial_resharding_is_what_its_option_predicts(capsys: pytes
     change = data["predicted"]["step_time_ms"] - data["baseline"]["step_time_ms"]
     assert change == pytest.approx(kept[0]["predicted_change_ms"], abs=1e-3)
     assert data["predicted"]["settings"]["keep_last_units"] == {"value": 1, "source": "given"}
+    # not given, the resharding is each unit's as recorded: said so, not as a count of 0 that
+    # --keep-last-units refuses
+    other = json_here(capsys, "whatif", str(run), "--prefetch", "1", "--json", "-q", "--no-cache")
+    assert other["predicted"]["settings"]["keep_last_units"] == {"value": "recorded", "source": "recorded"}
+    refused = run_here(capsys, "whatif", str(run), "--keep-last-units", "0", "-q", "--no-cache")
+    assert refused.returncode == 2 and "needs at least 1 unit" in refused.stderr
