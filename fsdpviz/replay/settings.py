@@ -64,9 +64,9 @@ class Settings:
         values: dict[str, object] = {
             "wrap": str(self.wrap), "prefetch": self.prefetch,
             "reshard_after_forward": "recorded" if self.reshard_after_forward is None else self.reshard_after_forward,
-            # not given: each unit's resharding as recorded (as ``reshard_after_forward``), not a count of
-            # 0 that ``--keep-last-units`` refuses
-            "keep_last_units": self.keep_last_units if self.sources.get("keep_last_units") == GIVEN else "recorded",
+            # none kept: each unit's resharding as recorded (as ``reshard_after_forward``), not a count
+            # of 0 that ``--keep-last-units`` refuses; decided on the count, as the replay decides
+            "keep_last_units": self.keep_last_units if self.keep_last_units > 0 else "recorded",
             "world_size": self.world_size, "gpus_per_node": self.gpus_per_node,
             "inter_node_gbps": self.inter_node_gbps,
         }

@@ -67,7 +67,8 @@ def test_table_page_and_saved_prediction(run_folder: Path, tmp_path: Path,
     assert re.search(r"step time\s+[\d.,]+ ms\s+[\d.,]+ ms\s+[+-][\d.,]+ ms \([+-][\d.]+ %\)", out)
     assert "[blocks.0, blocks.1]" in out and "[blocks.2, blocks.3]" in out
     assert "wrap merge:2 (given)" in out
-    # a count --keep-last-units refuses (0) is not said as the recording's: it keeps what its resharding says
+    # not given, the units keep what their recorded resharding says: said so, not as a count of 0 that
+    # --keep-last-units refuses
     assert "keep last units as recorded" in out and "keep last units 0" not in out
     html = page.read_text()
     assert "One step, recorded and predicted" in html and "PREDICTED (not recorded)" in html
