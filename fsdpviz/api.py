@@ -376,9 +376,11 @@ class Run(LabelledRun):
         return build_report(self.result, path).path
 
     def whatif(self, *, wrap: str | None = None, prefetch: int | str | None = None,
-               reshard_after_forward: bool | None = None, world_size: int | None = None,
-               gpus_per_node: int | None = None, inter_node_gbps: float | None = None) -> WhatIf:
-        """Predict another setting from this recording, as ``fsdpviz whatif`` does.
+               reshard_after_forward: bool | str | None = None, keep_last_units: int | None = None,
+               world_size: int | None = None, gpus_per_node: int | None = None,
+               inter_node_gbps: float | None = None) -> WhatIf:
+        """Predict another setting from this recording, as ``fsdpviz whatif`` does (its options, each
+        checked as the command checks it).
 
         Example::
 
@@ -386,21 +388,16 @@ class Run(LabelledRun):
             p.predicted.step_time_ms - p.baseline.step_time_ms
         """
         from fsdpviz.errors import UsageError
-        from fsdpviz.replay.settings import Settings, parse_prefetch, parse_wrap
+        from fsdpviz.replay.settings import parse_bool, settings_of
         from fsdpviz.whatif.gains import clock_notes, summary_model
         from fsdpviz.whatif.predict import predict
 
-        settings = Settings()
-        if wrap is not None:
-            settings = settings.with_(wrap=parse_wrap(wrap))
-        if prefetch is not None:
-            settings = settings.with_(prefetch=parse_prefetch(str(prefetch)))
-        if reshard_after_forward is not None:
-            settings = settings.with_(reshard_after_forward=bool(reshard_after_forward))
-        for key, value in (("world_size", world_size), ("gpus_per_node", gpus_per_node),
-                           ("inter_node_gbps", inter_node_gbps)):
-            if value is not None:
-                settings = settings.with_(**{key: value})
+        settings = settings_of(
+            wrap=wrap, prefetch=None if prefetch is None else str(prefetch),
+            reshard_after_forward=(parse_bool(reshard_after_forward, "--reshard-after-forward")
+                                   if isinstance(reshard_after_forward, str) else reshard_after_forward),
+            keep_last_units=keep_last_units, world_size=world_size, gpus_per_node=gpus_per_node,
+            inter_node_gbps=inter_node_gbps)
         if self._model is None:
             self._model, why_not = summary_model(self.result)  # the run's one model, as the summary's
             if self._model is None:

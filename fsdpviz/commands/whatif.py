@@ -115,31 +115,13 @@ def whatif(
     size. Each recorded step is simulated twice, as recorded and under the setting, and the
     prediction is the recording moved by the difference, so what the simulation does not explain
     cancels out; the replay line says how closely it reproduces the recording."""
-    from fsdpviz.replay.settings import Settings, parse_bool, parse_prefetch, parse_wrap
+    from fsdpviz.replay.settings import parse_bool, settings_of
 
-    settings = Settings()
-    if wrap is not None:
-        settings = settings.with_(wrap=parse_wrap(wrap))
-    if prefetch is not None:
-        settings = settings.with_(prefetch=parse_prefetch(prefetch))
-    if reshard_after_forward is not None:
-        settings = settings.with_(reshard_after_forward=parse_bool(reshard_after_forward, "--reshard-after-forward"))
-    if keep_last_units is not None:
-        if keep_last_units < 1:
-            raise UsageError(f"--keep-last-units {keep_last_units}: needs at least 1 unit")
-        settings = settings.with_(keep_last_units=keep_last_units)
-    if world_size is not None:
-        if world_size < 1:
-            raise UsageError(f"--world-size {world_size}: needs at least 1 rank")
-        settings = settings.with_(world_size=world_size)
-    if gpus_per_node is not None:
-        if gpus_per_node < 1:
-            raise UsageError(f"--gpus-per-node {gpus_per_node}: needs at least 1")
-        settings = settings.with_(gpus_per_node=gpus_per_node)
-    if inter_node_gbps is not None:
-        if not inter_node_gbps > 0:
-            raise UsageError(f"--inter-node-gbps {inter_node_gbps}: needs a bandwidth above 0")
-        settings = settings.with_(inter_node_gbps=inter_node_gbps)
+    settings = settings_of(
+        wrap=wrap, prefetch=prefetch, keep_last_units=keep_last_units, world_size=world_size,
+        gpus_per_node=gpus_per_node, inter_node_gbps=inter_node_gbps,
+        reshard_after_forward=(None if reshard_after_forward is None
+                               else parse_bool(reshard_after_forward, "--reshard-after-forward")))
     budget = parse_bytes(memory_budget, "--memory-budget") if memory_budget is not None else None
     if budget is not None and not explore_grid:
         raise UsageError("--memory-budget ranks the settings of --explore: add --explore")

@@ -165,3 +165,35 @@ def parse_bool(text: str, option: str) -> bool:
     if lowered in ("false", "no", "0"):
         return False
     raise UsageError(f"{option} {text!r}: use true or false")
+
+
+def settings_of(*, wrap: str | None = None, prefetch: str | None = None, reshard_after_forward: bool | None = None,
+                keep_last_units: int | None = None, world_size: int | None = None, gpus_per_node: int | None = None,
+                inter_node_gbps: float | None = None) -> Settings:
+    """The setting ``fsdpviz whatif``'s options (and the notebook's ``Run.whatif``) ask for, each given one
+    checked as the command checks it (:class:`UsageError` naming the option); None: as recorded."""
+    settings = Settings()
+    if wrap is not None:
+        settings = settings.with_(wrap=parse_wrap(wrap))
+    if prefetch is not None:
+        settings = settings.with_(prefetch=parse_prefetch(prefetch))
+    if reshard_after_forward is not None:
+        settings = settings.with_(reshard_after_forward=reshard_after_forward)
+    counts = (("keep_last_units", keep_last_units, "--keep-last-units", "needs at least 1 unit"),
+              ("world_size", world_size, "--world-size", "needs at least 1 rank"),
+              ("gpus_per_node", gpus_per_node, "--gpus-per-node", "needs at least 1"))
+    for key, count, option, why in counts:
+        if count is None:
+            continue
+        if isinstance(count, bool) or not isinstance(count, int):
+            raise UsageError(f"{option} {count!r}: needs a whole number")
+        if count < 1:
+            raise UsageError(f"{option} {count}: {why}")
+        settings = settings.with_(**{key: count})
+    if inter_node_gbps is not None:
+        if isinstance(inter_node_gbps, bool) or not isinstance(inter_node_gbps, (int, float)):
+            raise UsageError(f"--inter-node-gbps {inter_node_gbps!r}: needs a number")
+        if not inter_node_gbps > 0:
+            raise UsageError(f"--inter-node-gbps {inter_node_gbps}: needs a bandwidth above 0")
+        settings = settings.with_(inter_node_gbps=float(inter_node_gbps))
+    return settings

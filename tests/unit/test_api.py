@@ -63,6 +63,11 @@ def test_whatif_and_compare_are_the_commands(run: fsdpviz.Run, tmp_path: Path,
     assert predicted.to_json() == _cli(["whatif", str(SAMPLE), "--wrap", "merge:2", "--json", "-q", "--no-cache"],
                                        capsys)
     assert list(predicted.units["name"]) == ["(root)", "[blocks.0, blocks.1]"]
+    # every option of the command, --keep-last-units too
+    kept = run.whatif(keep_last_units=1, reshard_after_forward="true")
+    assert kept.to_json() == _cli(["whatif", str(SAMPLE), "--keep-last-units", "1", "--reshard-after-forward",
+                                   "true", "--json", "-q", "--no-cache"], capsys)
+    assert kept.to_json()["predicted"]["settings"]["keep_last_units"] == {"value": 1, "source": "given"}
     assert predicted.page(tmp_path / "w.html").stat().st_size > 100_000
     compared = fsdpviz.compare([run, ZERO3], labels=["fsdp2", "zero3"])
     assert list(compared.headline.columns) == ["fsdp2", "zero3"]
@@ -95,6 +100,15 @@ def test_errors_are_the_command_lines(run: fsdpviz.Run, tmp_path: Path) -> None:
         fsdpviz.compare([run])
     with pytest.raises(UsageError, match="merge:K"):
         run.whatif(wrap="merge:0")
+    # checked as the command checks its options, with its words
+    for given, said in (({"keep_last_units": 0}, "--keep-last-units 0: needs at least 1 unit"),
+                        ({"world_size": 0}, "--world-size 0: needs at least 1 rank"),
+                        ({"world_size": 2.5}, "--world-size 2.5: needs a whole number"),
+                        ({"inter_node_gbps": 0}, "--inter-node-gbps 0: needs a bandwidth above 0"),
+                        ({"reshard_after_forward": "maybe"}, "--reshard-after-forward 'maybe': use true or false")):
+        with pytest.raises(UsageError) as refused:
+            run.whatif(**given)
+        assert str(refused.value) == said
 
 
 def test_importing_fsdpviz_stays_light() -> None:
