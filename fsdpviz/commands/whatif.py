@@ -126,8 +126,7 @@ def whatif(
     if budget is not None and not explore_grid:
         raise UsageError("--memory-budget ranks the settings of --explore: add --explore")
     if explore_grid and settings.describe() != "as recorded":
-        raise UsageError("--explore tries its own grid of settings: leave out --wrap, --prefetch, "
-                         "--reshard-after-forward and --world-size")
+        raise UsageError(f"--explore tries its own grid of settings: leave out {settings.flags()}")
     from fsdpviz.whatif.stacks import STACKS
 
     if stack is not None and stack not in STACKS:

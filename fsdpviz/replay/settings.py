@@ -11,6 +11,7 @@ and how much slower collectives cross hosts.
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 from dataclasses import dataclass, field, replace
@@ -153,8 +154,10 @@ def wrap_hint(text: str) -> str | None:
 
 
 def parse_prefetch(text: str) -> str:
-    if text in ("implicit", "none") or (text.isdigit() and int(text) >= 1):
+    if text in ("implicit", "none"):
         return text
+    if text.isdigit() and int(text) >= 1:
+        return str(int(text))  # 01 is 1, as merge:02 is merge:2
     raise UsageError(f"--prefetch {text!r}: use implicit, none or a number of units (1, 2, ...)")
 
 
@@ -174,17 +177,23 @@ def settings_of(*, wrap: str | None = None, prefetch: str | None = None, reshard
     checked as the command checks it (:class:`UsageError` naming the option); None: as recorded."""
     settings = Settings()
     if wrap is not None:
-        settings = settings.with_(wrap=parse_wrap(wrap))
+        settings = settings.with_(wrap=parse_wrap(str(wrap)))
     if prefetch is not None:
-        settings = settings.with_(prefetch=parse_prefetch(prefetch))
+        settings = settings.with_(prefetch=parse_prefetch(str(prefetch)))
     if reshard_after_forward is not None:
+        if not isinstance(reshard_after_forward, bool):  # a notebook's 0, 1 or 2: true or false, as the command
+            raise UsageError(f"--reshard-after-forward {reshard_after_forward!r}: use true or false")
         settings = settings.with_(reshard_after_forward=reshard_after_forward)
-    counts = (("keep_last_units", keep_last_units, "--keep-last-units", "needs at least 1 unit"),
-              ("world_size", world_size, "--world-size", "needs at least 1 rank"),
-              ("gpus_per_node", gpus_per_node, "--gpus-per-node", "needs at least 1"))
+    # the notebook's values are not checked for their type before here: any object may come
+    counts: tuple[tuple[str, object, str, str], ...] = (
+            ("keep_last_units", keep_last_units, "--keep-last-units", "needs at least 1 unit"),
+            ("world_size", world_size, "--world-size", "needs at least 1 rank"),
+            ("gpus_per_node", gpus_per_node, "--gpus-per-node", "needs at least 1"))
     for key, count, option, why in counts:
         if count is None:
             continue
+        if isinstance(count, float) and count.is_integer():  # 4.0, which the command line takes as 4
+            count = int(count)
         if isinstance(count, bool) or not isinstance(count, int):
             raise UsageError(f"{option} {count!r}: needs a whole number")
         if count < 1:
@@ -193,7 +202,7 @@ def settings_of(*, wrap: str | None = None, prefetch: str | None = None, reshard
     if inter_node_gbps is not None:
         if isinstance(inter_node_gbps, bool) or not isinstance(inter_node_gbps, (int, float)):
             raise UsageError(f"--inter-node-gbps {inter_node_gbps!r}: needs a number")
-        if not inter_node_gbps > 0:
-            raise UsageError(f"--inter-node-gbps {inter_node_gbps}: needs a bandwidth above 0")
+        if not 0 < inter_node_gbps < math.inf:  # nan and inf too: no link has either, and JSON holds neither
+            raise UsageError(f"--inter-node-gbps {inter_node_gbps}: needs a finite bandwidth above 0")
         settings = settings.with_(inter_node_gbps=float(inter_node_gbps))
     return settings

@@ -101,10 +101,14 @@ def test_errors_are_the_command_lines(run: fsdpviz.Run, tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="merge:K"):
         run.whatif(wrap="merge:0")
     # checked as the command checks its options, with its words
+    with pytest.raises(UsageError, match="use root"):
+        run.whatif(wrap=5)  # type: ignore[arg-type]  # a notebook's slip: the command's line, not an AttributeError
     for given, said in (({"keep_last_units": 0}, "--keep-last-units 0: needs at least 1 unit"),
                         ({"world_size": 0}, "--world-size 0: needs at least 1 rank"),
                         ({"world_size": 2.5}, "--world-size 2.5: needs a whole number"),
-                        ({"inter_node_gbps": 0}, "--inter-node-gbps 0: needs a bandwidth above 0"),
+                        ({"inter_node_gbps": 0}, "--inter-node-gbps 0: needs a finite bandwidth above 0"),
+                        ({"inter_node_gbps": float("inf")}, "--inter-node-gbps inf: needs a finite bandwidth above 0"),
+                        ({"reshard_after_forward": 2}, "--reshard-after-forward 2: use true or false"),
                         ({"reshard_after_forward": "maybe"}, "--reshard-after-forward 'maybe': use true or false")):
         with pytest.raises(UsageError) as refused:
             run.whatif(**given)

@@ -66,3 +66,16 @@ def test_an_advised_partial_resharding_is_what_its_option_predicts(capsys: pytes
     assert other["predicted"]["settings"]["keep_last_units"] == {"value": "recorded", "source": "recorded"}
     refused = run_here(capsys, "whatif", str(run), "--keep-last-units", "0", "-q", "--no-cache")
     assert refused.returncode == 2 and "needs at least 1 unit" in refused.stderr
+
+
+def test_the_options_are_read_as_the_command_line_reads_them() -> None:
+    """What the command's parser hands over (``--world-size 4.0`` as 4, ``--prefetch 01``) and the notebook's
+    values of other types come to one setting, spelled one way: the JSON and the settings line say 1, not 01."""
+    from fsdpviz.replay.settings import settings_of
+
+    a = settings_of(prefetch="01", world_size=4.0, keep_last_units=2.0)  # type: ignore[arg-type]
+    b = settings_of(prefetch=2 - 1, world_size=4, keep_last_units=2)  # type: ignore[arg-type]
+    assert a.to_json() == b.to_json() and a.flags() == b.flags() == "--prefetch 1 --keep-last-units 2 --world-size 4"
+    assert a.to_json()["world_size"] == {"value": 4, "source": "given"}
+    assert settings_of(wrap="merge:02").to_json()["wrap"]["value"] == "merge:2"
+    assert settings_of(inter_node_gbps=12.5).inter_node_gbps == 12.5
