@@ -498,7 +498,8 @@ def _filled(settings: Settings, rec: Recording) -> Settings:
         sources["wrap"] = RECORDED
     if sources.get("prefetch") != GIVEN:
         values["prefetch"] = rec.prefetch
-        sources["prefetch"] = RECORDED
+        # without run.json's arguments the framework's default is assumed, not read off the recording
+        sources["prefetch"] = RECORDED if rec.prefetch_args else DEFAULT
     if sources.get("reshard_after_forward") != GIVEN:
         sources["reshard_after_forward"] = RECORDED
     if sources.get("world_size") != GIVEN:

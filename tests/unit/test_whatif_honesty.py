@@ -89,6 +89,11 @@ def test_fsdp1_recorded_prefetch_is_fsdp1s_own_default(capsys: pytest.CaptureFix
     data = json_here(capsys, "whatif", str(SAMPLES / "fsdp1-cpu-2rank"), "--json", "-q", "--no-cache")
     prefetch = data["predicted"]["settings"]["prefetch"]
     assert prefetch["source"] == "recorded" and prefetch["arguments"] == truth
+    # a plain torch.profiler recording says no arguments: the framework's default is assumed, and its
+    # source says so (the default, not the recording)
+    plain = json_here(capsys, "whatif", str(SAMPLES / "fsdp2-cpu-2rank-plain"), "--wrap", "merge:2", "--json", "-q",
+                      "--no-cache")["predicted"]["settings"]["prefetch"]
+    assert plain["source"] == "default" and plain["arguments"] is None and plain["arguments_unknown"]
     none = json_here(capsys, "whatif", str(SAMPLES / "fsdp1-cpu-2rank"), "--prefetch", "none", "--json", "-q")
     assert none["predicted"]["settings"]["prefetch"]["arguments"] == {"forward_prefetch": False,
                                                                       "backward_prefetch": None}
