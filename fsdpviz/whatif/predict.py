@@ -534,7 +534,24 @@ def _beyond_the_units(settings: Settings, rec: Recording) -> list[str]:
     if settings.sources.get("prefetch") == GIVEN and depth is not None and children and depth > len(children):
         notes.append(f"prefetch {depth}: the recording has {len(children)} unit(s) after the root, so no gather can "
                      f"be issued more than {len(children)} ahead: as prefetch {len(children)}")
+    notes += _hosts_unused(settings)
     return notes
+
+
+def _hosts_unused(settings: Settings) -> list[str]:
+    """A given host layout that the predicted world never uses, said (it is predicted, and changes nothing)."""
+    given = [o for o in ("gpus_per_node", "inter_node_gbps") if settings.sources.get(o) == GIVEN]
+    world = settings.world_size
+    if not given or world < 1:
+        return []
+    if world == 1:
+        options = " and ".join("--" + o.replace("_", "-") for o in given)
+        it = "they change" if len(given) > 1 else "it changes"
+        return [f"{options}: one rank runs no collective, so no host is crossed: {it} nothing"]
+    if "inter_node_gbps" in given and world <= settings.gpus_per_node:
+        return [(f"--inter-node-gbps: the {world} ranks fit on one host ({settings.gpus_per_node} per host), so "
+                 "no collective crosses hosts: it changes nothing")]
+    return []
 
 
 def _assumptions(settings: Settings, rec: Recording) -> list[str]:

@@ -345,3 +345,26 @@ def test_whatif_reads_the_steps_summary_is_given(capsys: pytest.CaptureFixture[s
     assert read[""]["steps"] == [2] and read["--include-last-step"]["steps"] == [2, 3] and read["--steps 3"]["steps"] == [3]
     assert answer("whatif", "--explore")["spread_ms"] is None
     assert answer("whatif", "--explore", "--include-last-step")["spread_ms"] > 0
+
+
+def test_a_host_layout_the_predicted_world_never_uses_is_said(capsys: pytest.CaptureFixture[str]) -> None:
+    """The bundled sample ran 2 ranks on one host. A bandwidth between hosts for 2 ranks on one host, or a
+    host size for one rank, is predicted (the prediction equals the same world's without it) and said to
+    change nothing; once the ranks cross hosts (4 ranks at 2 per host) it is used and nothing says so."""
+    from helpers.cli import json_here
+
+    sample = str(Path(__file__).parents[2] / "sample_traces" / "fsdp2-cpu-2rank")
+
+    def whatif(*argv: str) -> dict:
+        return json_here(capsys, "whatif", sample, *argv, "--json", "-q", "--no-cache")
+
+    unused = whatif("--inter-node-gbps", "5")
+    assert unused["predicted"]["step_time_ms"] == unused["baseline"]["step_time_ms"]
+    assert any(n.startswith("--inter-node-gbps: the 2 ranks fit on one host (2 per host)") for n in unused["notes"])
+    one, one_alone = whatif("--world-size", "1", "--gpus-per-node", "4"), whatif("--world-size", "1")
+    assert one["predicted"]["step_time_ms"] == one_alone["predicted"]["step_time_ms"]
+    assert "--gpus-per-node: one rank runs no collective, so no host is crossed: it changes nothing" in one["notes"]
+    crossing = whatif("--world-size", "4", "--gpus-per-node", "2", "--inter-node-gbps", "0.5")
+    slower = whatif("--world-size", "4", "--gpus-per-node", "2", "--inter-node-gbps", "0.05")
+    assert slower["predicted"]["step_time_ms"] > crossing["predicted"]["step_time_ms"]  # the bandwidth is used
+    assert not [n for n in crossing["notes"] if "changes nothing" in n or "change nothing" in n]
