@@ -70,6 +70,10 @@ SERIAL_PREFETCH_REASON = ("the rank's collectives ran on a host backend (gloo on
                           "order issued, each all-gather holding the training thread while it runs (the replay queues "
                           "them so), so issuing a gather earlier leaves the chain of collectives, and the step, as long")
 PREFETCH_SAME = "this prefetch predicts the recorded step and exposed communication"
+# a world size or host layout on such a recording: its memory moves, its communication cannot be priced
+NO_COMM_WORLD_NOTE = ("the recording's collectives took no time (a fake process group, or nothing to gather), so another "
+                      "world size or host layout predicts no communication for them: its step holds none, whatever "
+                      "the link; record on a real process group to price it")
 PREFETCH_SAME_STEP = "this prefetch predicts the recorded step"
 DEPTHS_ALIKE = "prefetch depths predict the same step and exposed communication here"
 DEPTHS_ALIKE_STEP = "prefetch depths predict the same step here"
@@ -327,6 +331,9 @@ def predict(model: Model, settings: Settings) -> Prediction:
         notes.append(ZERO3_CPU_PREFETCH_NOTE if rec.framework == ZERO3 else CPU_PREFETCH_NOTE)
     elif rec.serial_collectives and _prefetch_changed(full, rec) and same_step:
         notes.append(SERIAL_PREFETCH_NOTE)
+    hosts = [o for o in ("gpus_per_node", "inter_node_gbps") if full.sources.get(o) == GIVEN]
+    if baseline.comm_ms == 0.0 and (full.world_size != rec.world_size or hosts) and full.world_size > 1:
+        notes.append(NO_COMM_WORLD_NOTE)
     if full.wrap.kind != "recorded" or full.world_size != rec.world_size:  # collectives resized: their fitted lines
         notes += [f"collective model: {n}" for n in timing.comm.notes]
     notes += [n for n in peak.notes if n not in notes]

@@ -368,3 +368,20 @@ def test_a_host_layout_the_predicted_world_never_uses_is_said(capsys: pytest.Cap
     slower = whatif("--world-size", "4", "--gpus-per-node", "2", "--inter-node-gbps", "0.05")
     assert slower["predicted"]["step_time_ms"] > crossing["predicted"]["step_time_ms"]  # the bandwidth is used
     assert not [n for n in crossing["notes"] if "changes nothing" in n or "change nothing" in n]
+
+
+def test_a_world_without_recorded_communication_says_it_prices_none(capsys: pytest.CaptureFixture[str]) -> None:
+    """Under torch's fake process group (the committed fake-8 recording) no collective took any time: another
+    world size predicts no communication, and says why, rather than reading as communication that scales for
+    free; a recording whose collectives ran (the bundled gloo sample) prices them and says nothing of it."""
+    from helpers.cli import json_here
+
+    from fsdpviz.whatif.predict import NO_COMM_WORLD_NOTE
+
+    fake = Path(__file__).parents[1] / "recorded" / "fake8-block" / "run"
+    data = json_here(capsys, "whatif", str(fake), "--world-size", "4", "--json", "-q", "--no-cache")
+    assert data["baseline"]["comm_ms"] == 0.0 and data["predicted"]["comm_ms"] == 0.0
+    assert NO_COMM_WORLD_NOTE in data["notes"]
+    sample = Path(__file__).parents[2] / "sample_traces" / "fsdp2-cpu-2rank"
+    real = json_here(capsys, "whatif", str(sample), "--world-size", "4", "--json", "-q", "--no-cache")
+    assert real["predicted"]["comm_ms"] > 0 and NO_COMM_WORLD_NOTE not in real["notes"]
