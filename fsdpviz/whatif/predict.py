@@ -261,7 +261,7 @@ def check(model: Model, settings: Settings) -> None:
     changed = {k for k, v in settings.sources.items() if v == GIVEN}
     if "world_size" in changed and settings.world_size < 1:
         raise UsageError(f"--world-size {settings.world_size}: needs at least 1 rank")
-    if "world_size" in changed and rec.world_size < 2:
+    if "world_size" in changed and rec.world_size < 2 and settings.world_size != rec.world_size:
         raise UsageError("the recording ran on one rank: no collective to scale to another world size")
     if "world_size" in changed:
         found = model.result.parallelism

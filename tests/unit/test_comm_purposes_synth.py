@@ -165,3 +165,21 @@ def test_whatif_world_size_needs_the_mesh_roles(tmp_path: Path, capsys: pytest.C
     assert len(lines) == 1 and lines[0].startswith("error: --world-size"), err
     unknown = any(g["pg_desc"] == "mesh_pp" for g in groups)
     assert ("unknown role (pp)" in lines[0]) == unknown, lines[0]
+
+
+def test_whatif_world_size_of_a_one_rank_recording(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A one-rank recording: its own world size (1) asked again is the recording, predicted as it ran;
+    another is one error line (no collective ran to scale)."""
+    doc = rank_trace(0).document()
+    doc["distributedInfo"] = {"backend": "nccl", "rank": 0, "world_size": 1,
+                              "pg_config": [group("0", "default_pg", [0])]}
+    (tmp_path / "rank0.trace.json").write_text(json.dumps(doc))
+    code, out, err = _cli(["whatif", str(tmp_path), "--world-size", "1", "--json", "-q", "--no-cache"], capsys)
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["predicted"]["step_time_ms"] == data["baseline"]["step_time_ms"]
+    assert data["predicted"]["settings"]["world_size"] == {"value": 1, "source": "given"}
+    code, out, err = _cli(["whatif", str(tmp_path), "--world-size", "2", "-q", "--no-cache"], capsys)
+    assert code == 2 and out == ""
+    said = "error: the recording ran on one rank: no collective to scale to another world size"
+    assert err.strip().splitlines() == [said]
