@@ -16,7 +16,8 @@ state, by N / N'), so the predicted peak is only as good as they are:
   what was allocated before the trace), is assumed to be Adam's two states per sharded element
   (:data:`fsdpviz.analysis.memory.ASSUMED_OPTIMIZER_STATES`) and scaled; the predicted categories
   hold the assumed bytes, ``memory_assumed`` names them, and the prediction's ``assumed`` says so
-  where the assumption moves the peak (the recorded peak's categories stay null, as summary's);
+  (the recorded peak's categories stay null, as summary's, and so do those of a setting that does not
+  ask for a world size, which applies no assumption);
 - a sharded category that is unknown and not assumed (a CPU level that never counted it, no units
   to size the shards by) leaves the predicted peak null, and a note says why: a peak predicted
   unchanged would be a guess presented as a measurement.
@@ -61,12 +62,13 @@ def recorded_peak(top: StepMemory | None) -> PeakMemory:
     return PeakMemory(top.peak_bytes, _known(top.peak_categories, top.unknown), dict(top.unknown))
 
 
-def predicted_peak(change: MemoryChange | None, step: StepMemory | None, scale: float, world: str) -> PeakMemory:
+def predicted_peak(change: MemoryChange | None, step: StepMemory | None, scale: float, world: str,
+                   sized: bool = False) -> PeakMemory:
     """The predicted peak (``change``, of the recorded ``step`` it was predicted from) when the
     sharded categories scale by ``scale`` (recorded world / new world; ``world``: the change in
-    words, ``8 -> 2``). An assumed category holds its assumed bytes, named in ``assumed_categories``
-    (and ``other`` its remainder, when only the assumed ones left it unknown); the rest of the
-    unknown ones are None."""
+    words, ``8 -> 2``). Where they scale, or the world size was asked for (``sized``), an assumed
+    category holds its assumed bytes, named in ``assumed_categories`` (and ``other`` its remainder,
+    when only the assumed ones left it unknown); the rest of the unknown ones are None."""
     if change is None or step is None:
         return PeakMemory(None, None)
     unknown = dict(step.unknown)
@@ -78,8 +80,11 @@ def predicted_peak(change: MemoryChange | None, step: StepMemory | None, scale: 
         note = (f"peak memory at world size {world}: not predicted: the {words}, which a world-size change "
                 f"scales, cannot be known ({why})")
         return PeakMemory(None, _known(change.categories, unknown), unknown, notes=[note])
-    resolved = {c: why for c, why in unknown.items() if step.assumed.get(c)}
-    state = step.assumed.get(mcat.OPTIMIZER_STATE)
+    # an assumption is applied only where the shards scale or their size is asked for; elsewhere the
+    # categories stay as the recording's (null, with why): the recorded setting predicts the summary's
+    applied = scale != 1.0 or sized
+    resolved = {c: why for c, why in unknown.items() if step.assumed.get(c)} if applied else {}
+    state = step.assumed.get(mcat.OPTIMIZER_STATE) if applied else None
     if state:
         resolved[mcat.OPTIMIZER_STATE] = (
             f"{resolved[mcat.OPTIMIZER_STATE]}: assumed {ASSUMED_OPTIMIZER_STATES} states per sharded parameter "

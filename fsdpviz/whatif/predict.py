@@ -680,7 +680,8 @@ def _predicted_peak(rec: Recording, settings: Settings, memory: list[MemoryChang
         return known.PeakMemory(None, None)
     change, step = max(pairs, key=lambda p: p[0].peak_bytes)
     world = settings.world_size or rec.world_size
-    return known.predicted_peak(change, step, rec.world_size / world, f"{rec.world_size} -> {world}")
+    return known.predicted_peak(change, step, rec.world_size / world, f"{rec.world_size} -> {world}",
+                                sized=settings.sources.get("world_size") == GIVEN)
 
 
 def within_spread_words(spread_ms: float) -> str:

@@ -130,6 +130,15 @@ def test_the_assumption_is_not_stated_where_nothing_scales(plain_gpu: dict[str, 
                          Settings().with_(reshard_after_forward=False))
     assert not any("Adam" in a for a in prediction.assumed)
     assert prediction.predicted.peak_allocated_bytes is not None
+    # nor in the categories: the optimizer state stays null, with the summary's reason, as recorded
+    predicted, recorded = prediction.predicted, prediction.baseline
+    assert predicted.memory_assumed == {}
+    assert predicted.memory_categories is not None and predicted.memory_categories[mcat.OPTIMIZER_STATE] is None
+    assert predicted.memory_unknown == recorded.memory_unknown and mcat.OPTIMIZER_STATE in recorded.memory_unknown
+    # and the setting as recorded predicts the summary's categories exactly
+    same = predict(read_model(plain_gpu["h100-fsdp2-fake8-block"]), Settings())
+    assert same.predicted.memory_categories == same.baseline.memory_categories
+    assert same.predicted.memory_categories == _summary_categories(plain_gpu["h100-fsdp2-fake8-block"])
 
 
 def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
