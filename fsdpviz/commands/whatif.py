@@ -23,7 +23,7 @@ from fsdpviz.commands.common import (
     warn_gaps,
 )
 from fsdpviz.errors import UsageError
-from fsdpviz.formatting import change_text, mib_text
+from fsdpviz.formatting import bytes_text, change_text, mib_text
 
 if TYPE_CHECKING:
     from fsdpviz.replay.settings import Settings
@@ -411,7 +411,7 @@ def print_exploration(exploration: Exploration, run: str) -> None:
         typer.echo(f"predicted, not ranked: no measurable change (within the recording's step-to-step spread of "
                    f"{spread:,.2f} ms)")
         _table(("#", *header), within)
-    over = [(*row(c), mib_text(c.over_bytes)) for c in exploration.over_budget if c.prediction is not None]
+    over = [(*row(c), bytes_text(c.over_bytes)) for c in exploration.over_budget if c.prediction is not None]
     if over:
         typer.echo("over the budget:")
         _table((*header, "over by"), over)

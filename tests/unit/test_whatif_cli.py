@@ -385,3 +385,22 @@ def test_a_world_without_recorded_communication_says_it_prices_none(capsys: pyte
     sample = Path(__file__).parents[2] / "sample_traces" / "fsdp2-cpu-2rank"
     real = json_here(capsys, "whatif", str(sample), "--world-size", "4", "--json", "-q", "--no-cache")
     assert real["predicted"]["comm_ms"] > 0 and NO_COMM_WORLD_NOTE not in real["notes"]
+
+
+def test_explore_says_by_how_much_a_setting_is_over_the_budget(capsys: pytest.CaptureFixture[str]) -> None:
+    """Over a budget by a few hundred bytes is said in bytes, not as "0.00 MiB": each row's figure is the
+    JSON's ``over_budget_bytes`` of that setting."""
+    from helpers.cli import json_here, stdout_here
+
+    from fsdpviz.formatting import bytes_text
+
+    argv = ("whatif", str(Path(__file__).parents[2] / "sample_traces" / "fsdp2-cpu-2rank"), "--explore",
+            "--memory-budget", "1.4MiB", "-q", "--no-cache")
+    over = json_here(capsys, *argv, "--json")["over_budget"]
+    assert over and min(c["over_budget_bytes"] for c in over) > 0
+    text = stdout_here(capsys, *argv)
+    table = text.split("over the budget:", 1)[1]
+    for candidate in over:
+        row = next(line for line in table.splitlines() if line.strip().startswith(candidate["setting"]))
+        assert row.rstrip().endswith(bytes_text(candidate["over_budget_bytes"])), (row, candidate)
+    assert " 0.00 MiB\n" not in table
