@@ -388,14 +388,13 @@ class Run(LabelledRun):
             p.predicted.step_time_ms - p.baseline.step_time_ms
         """
         from fsdpviz.errors import UsageError
-        from fsdpviz.replay.settings import parse_bool, settings_of
+        from fsdpviz.replay.settings import settings_of
         from fsdpviz.whatif.gains import clock_notes, summary_model
         from fsdpviz.whatif.predict import predict
 
         settings = settings_of(
             wrap=wrap, prefetch=None if prefetch is None else str(prefetch),
-            reshard_after_forward=(parse_bool(reshard_after_forward, "--reshard-after-forward")
-                                   if isinstance(reshard_after_forward, str) else reshard_after_forward),
+            reshard_after_forward=reshard_after_forward,
             keep_last_units=keep_last_units, world_size=world_size, gpus_per_node=gpus_per_node,
             inter_node_gbps=inter_node_gbps)
         if self._model is None:

@@ -115,13 +115,11 @@ def whatif(
     size. Each recorded step is simulated twice, as recorded and under the setting, and the
     prediction is the recording moved by the difference, so what the simulation does not explain
     cancels out; the replay line says how closely it reproduces the recording."""
-    from fsdpviz.replay.settings import parse_bool, settings_of
+    from fsdpviz.replay.settings import settings_of
 
-    settings = settings_of(
-        wrap=wrap, prefetch=prefetch, keep_last_units=keep_last_units, world_size=world_size,
-        gpus_per_node=gpus_per_node, inter_node_gbps=inter_node_gbps,
-        reshard_after_forward=(None if reshard_after_forward is None
-                               else parse_bool(reshard_after_forward, "--reshard-after-forward")))
+    settings = settings_of(wrap=wrap, prefetch=prefetch, reshard_after_forward=reshard_after_forward,
+                           keep_last_units=keep_last_units, world_size=world_size, gpus_per_node=gpus_per_node,
+                           inter_node_gbps=inter_node_gbps)
     budget = parse_bytes(memory_budget, "--memory-budget") if memory_budget is not None else None
     if budget is not None and not explore_grid:
         raise UsageError("--memory-budget ranks the settings of --explore: add --explore")

@@ -51,7 +51,10 @@ def recorded(run: RunInfo | None, framework: str) -> tuple[str, dict[str, object
         return IMPLICIT, {}
     units = run.units
     if framework == FSDP2:
-        depth, backward = fsdp2_depths(run) or (0, 0)
+        depths = fsdp2_depths(run)
+        if depths is None:  # a run.json of units whose prefetch lists it does not say: nothing to name
+            return IMPLICIT, {}
+        depth, backward = depths
         args: dict[str, object] = {"set_modules_to_forward_prefetch": f"the next {depth} unit(s)" if depth else
                                    "not called (FSDP2's implicit prefetch)"}
         if backward and backward != depth:

@@ -12,6 +12,8 @@ and how much slower collectives cross hosts.
 from __future__ import annotations
 
 import math
+import numbers
+import operator
 import re
 import shlex
 from dataclasses import dataclass, field, replace
@@ -170,7 +172,19 @@ def parse_bool(text: str, option: str) -> bool:
     raise UsageError(f"{option} {text!r}: use true or false")
 
 
-def settings_of(*, wrap: str | None = None, prefetch: str | None = None, reshard_after_forward: bool | None = None,
+def _whole(value: object) -> object:
+    """A notebook's whole number of any type (numpy's, 4.0) as an int, as the command line reads one; else as given."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, numbers.Integral):
+        return operator.index(value)
+    if isinstance(value, numbers.Real) and float(value).is_integer():
+        return int(float(value))
+    return value
+
+
+def settings_of(*, wrap: str | None = None, prefetch: str | None = None,
+                reshard_after_forward: bool | str | None = None,
                 keep_last_units: int | None = None, world_size: int | None = None, gpus_per_node: int | None = None,
                 inter_node_gbps: float | None = None) -> Settings:
     """The setting ``fsdpviz whatif``'s options (and the notebook's ``Run.whatif``) ask for, each given one
@@ -179,8 +193,12 @@ def settings_of(*, wrap: str | None = None, prefetch: str | None = None, reshard
     if wrap is not None:
         settings = settings.with_(wrap=parse_wrap(str(wrap)))
     if prefetch is not None:
-        settings = settings.with_(prefetch=parse_prefetch(str(prefetch)))
+        settings = settings.with_(prefetch=parse_prefetch(str(_whole(prefetch))))
     if reshard_after_forward is not None:
+        if isinstance(reshard_after_forward, str):
+            reshard_after_forward = parse_bool(reshard_after_forward, "--reshard-after-forward")
+        elif isinstance(getattr(reshard_after_forward, "item", lambda: None)(), bool):  # numpy's bool
+            reshard_after_forward = bool(reshard_after_forward)
         if not isinstance(reshard_after_forward, bool):  # a notebook's 0, 1 or 2: true or false, as the command
             raise UsageError(f"--reshard-after-forward {reshard_after_forward!r}: use true or false")
         settings = settings.with_(reshard_after_forward=reshard_after_forward)
@@ -189,20 +207,20 @@ def settings_of(*, wrap: str | None = None, prefetch: str | None = None, reshard
             ("keep_last_units", keep_last_units, "--keep-last-units", "needs at least 1 unit"),
             ("world_size", world_size, "--world-size", "needs at least 1 rank"),
             ("gpus_per_node", gpus_per_node, "--gpus-per-node", "needs at least 1"))
-    for key, count, option, why in counts:
-        if count is None:
+    for key, given, option, why in counts:
+        if given is None:
             continue
-        if isinstance(count, float) and count.is_integer():  # 4.0, which the command line takes as 4
-            count = int(count)
+        count = _whole(given)  # 4.0 and numpy's 4, which the command line takes as 4
         if isinstance(count, bool) or not isinstance(count, int):
             raise UsageError(f"{option} {count!r}: needs a whole number")
         if count < 1:
             raise UsageError(f"{option} {count}: {why}")
         settings = settings.with_(**{key: count})
     if inter_node_gbps is not None:
-        if isinstance(inter_node_gbps, bool) or not isinstance(inter_node_gbps, (int, float)):
+        if isinstance(inter_node_gbps, bool) or not isinstance(inter_node_gbps, numbers.Real):
             raise UsageError(f"--inter-node-gbps {inter_node_gbps!r}: needs a number")
-        if not 0 < inter_node_gbps < math.inf:  # nan and inf too: no link has either, and JSON holds neither
+        gbps = float(inter_node_gbps)
+        if not 0 < gbps < math.inf:  # nan and inf too: no link has either, and JSON holds neither
             raise UsageError(f"--inter-node-gbps {inter_node_gbps}: needs a finite bandwidth above 0")
-        settings = settings.with_(inter_node_gbps=float(inter_node_gbps))
+        settings = settings.with_(inter_node_gbps=gbps)
     return settings

@@ -16,8 +16,8 @@ state, by N / N'), so the predicted peak is only as good as they are:
   what was allocated before the trace), is assumed to be Adam's two states per sharded element
   (:data:`fsdpviz.analysis.memory.ASSUMED_OPTIMIZER_STATES`) and scaled; the predicted categories
   hold the assumed bytes, ``memory_assumed`` names them, and the prediction's ``assumed`` says so
-  (the recorded peak's categories stay null, as summary's, and so do those of a setting that does not
-  ask for a world size, which applies no assumption);
+  where the assumption moves the peak (the recorded peak's categories stay null, as summary's, and so
+  do those of a setting that does not ask for a world size, which applies no assumption);
 - a sharded category that is unknown and not assumed (a CPU level that never counted it, no units
   to size the shards by) leaves the predicted peak null, and a note says why: a peak predicted
   unchanged would be a guess presented as a measurement.

@@ -332,7 +332,9 @@ def predict(model: Model, settings: Settings) -> Prediction:
     elif rec.serial_collectives and _prefetch_changed(full, rec) and same_step:
         notes.append(SERIAL_PREFETCH_NOTE)
     hosts = [o for o in ("gpus_per_node", "inter_node_gbps") if full.sources.get(o) == GIVEN]
-    if baseline.comm_ms == 0.0 and (full.world_size != rec.world_size or hosts) and full.world_size > 1:
+    no_comm_world = (baseline.comm_ms == 0.0 and predicted.comm_ms == 0.0 and full.world_size > 1
+                     and (full.world_size != rec.world_size or bool(hosts)))
+    if no_comm_world:
         notes.append(NO_COMM_WORLD_NOTE)
     if full.wrap.kind != "recorded" or full.world_size != rec.world_size:  # collectives resized: their fitted lines
         notes += [f"collective model: {n}" for n in timing.comm.notes]
@@ -367,7 +369,8 @@ def predict(model: Model, settings: Settings) -> Prediction:
                       traced_replay_error_pct=replay_error_pct,
                       notes=notes, clamps=list(clamps), replay=timing.replays, simulated=simulated,
                       steps=timing.recording.steps, memory=memory,
-                      assumed=assumed(full, rec) + peak.assumed + mesh_assumed(model, full),
+                      # a bandwidth for collectives that took no time prices nothing: not an assumption then
+                      assumed=([] if no_comm_world else assumed(full, rec)) + peak.assumed + mesh_assumed(model, full),
                       prefetch_arguments=prefetch_arguments(rec, full),
                       apply=apply_code(rec, unit_params(model.result), full, settings.describe(),
                                        launched_by(info.command) if (info := model.result.traces.run) else ""))

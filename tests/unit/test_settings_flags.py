@@ -79,3 +79,10 @@ def test_the_options_are_read_as_the_command_line_reads_them() -> None:
     assert a.to_json()["world_size"] == {"value": 4, "source": "given"}
     assert settings_of(wrap="merge:02").to_json()["wrap"]["value"] == "merge:2"
     assert settings_of(inter_node_gbps=12.5).inter_node_gbps == 12.5
+    # a notebook's numbers as numpy or pandas hand them over, and a float prefetch
+    import numpy as np
+
+    c = settings_of(prefetch=1.0, world_size=np.int64(4), keep_last_units=np.int32(2),  # type: ignore[arg-type]
+                    reshard_after_forward=np.bool_(False), inter_node_gbps=np.float32(2.5))
+    assert c.flags() == "--prefetch 1 --reshard-after-forward false --keep-last-units 2 --world-size 4 --inter-node-gbps 2.5"
+    assert type(c.world_size) is int and type(c.reshard_after_forward) is bool
