@@ -331,9 +331,8 @@ def predict(model: Model, settings: Settings) -> Prediction:
         notes.append(ZERO3_CPU_PREFETCH_NOTE if rec.framework == ZERO3 else CPU_PREFETCH_NOTE)
     elif rec.serial_collectives and _prefetch_changed(full, rec) and same_step:
         notes.append(SERIAL_PREFETCH_NOTE)
-    hosts = [o for o in ("gpus_per_node", "inter_node_gbps") if full.sources.get(o) == GIVEN]
     no_comm_world = (baseline.comm_ms == 0.0 and predicted.comm_ms == 0.0 and full.world_size > 1
-                     and (full.world_size != rec.world_size or bool(hosts)))
+                     and (full.world_size != rec.world_size or bool(_given_hosts(full))))
     if no_comm_world:
         notes.append(NO_COMM_WORLD_NOTE)
     if full.wrap.kind != "recorded" or full.world_size != rec.world_size:  # collectives resized: their fitted lines
@@ -544,13 +543,17 @@ def _beyond_the_units(settings: Settings, rec: Recording) -> list[str]:
     if settings.sources.get("prefetch") == GIVEN and depth is not None and children and depth > len(children):
         notes.append(f"prefetch {depth}: the recording has {len(children)} unit(s) after the root, so no gather can "
                      f"be issued more than {len(children)} ahead: as prefetch {len(children)}")
-    notes += _hosts_unused(settings)
     return notes
+
+
+def _given_hosts(settings: Settings) -> list[str]:
+    """The host layout's options ``settings`` was given."""
+    return [o for o in ("gpus_per_node", "inter_node_gbps") if settings.sources.get(o) == GIVEN]
 
 
 def _hosts_unused(settings: Settings) -> list[str]:
     """A given host layout that the predicted world never uses, said (it is predicted, and changes nothing)."""
-    given = [o for o in ("gpus_per_node", "inter_node_gbps") if settings.sources.get(o) == GIVEN]
+    given = _given_hosts(settings)
     world = settings.world_size
     if not given or world < 1:
         return []
@@ -565,7 +568,7 @@ def _hosts_unused(settings: Settings) -> list[str]:
 
 
 def _assumptions(settings: Settings, rec: Recording) -> list[str]:
-    notes = _beyond_the_units(settings, rec)
+    notes = _beyond_the_units(settings, rec) + _hosts_unused(settings)
     world = settings.world_size
     if world != rec.world_size:
         notes.append(f"world size {rec.world_size} -> {world}: ring collectives move (N-1)/N of the unsharded bytes "
