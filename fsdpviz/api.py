@@ -393,7 +393,7 @@ class Run(LabelledRun):
         from fsdpviz.whatif.predict import predict
 
         settings = settings_of(
-            wrap=wrap, prefetch=None if prefetch is None else str(prefetch),
+            wrap=wrap, prefetch=prefetch,
             reshard_after_forward=reshard_after_forward,
             keep_last_units=keep_last_units, world_size=world_size, gpus_per_node=gpus_per_node,
             inter_node_gbps=inter_node_gbps)

@@ -183,7 +183,7 @@ def _whole(value: object) -> object:
     return value
 
 
-def settings_of(*, wrap: str | None = None, prefetch: str | None = None,
+def settings_of(*, wrap: str | None = None, prefetch: int | str | None = None,
                 reshard_after_forward: bool | str | None = None,
                 keep_last_units: int | None = None, world_size: int | None = None, gpus_per_node: int | None = None,
                 inter_node_gbps: float | None = None) -> Settings:

@@ -68,6 +68,8 @@ def test_whatif_and_compare_are_the_commands(run: fsdpviz.Run, tmp_path: Path,
     assert kept.to_json() == _cli(["whatif", str(SAMPLE), "--keep-last-units", "1", "--reshard-after-forward",
                                    "true", "--json", "-q", "--no-cache"], capsys)
     assert kept.to_json()["predicted"]["settings"]["keep_last_units"] == {"value": 1, "source": "given"}
+    # a float prefetch as the command reads its number (the notebook turned it into "1.0" first and refused it)
+    assert run.whatif(prefetch=1.0).to_json()["predicted"]["settings"]["prefetch"]["value"] == "1"
     assert predicted.page(tmp_path / "w.html").stat().st_size > 100_000
     compared = fsdpviz.compare([run, ZERO3], labels=["fsdp2", "zero3"])
     assert list(compared.headline.columns) == ["fsdp2", "zero3"]
