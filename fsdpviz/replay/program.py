@@ -19,8 +19,11 @@ Then the order (:func:`build`): each pass issues its unit's all-gather if nothin
 earlier; with prefetch it also issues the next units' (FSDP2's implicit default: none ahead in
 forward -- on GPU the host running ahead of the device overlaps them anyway -- and one ahead in
 backward; ``N``: N ahead in both; ``none``: nothing ahead, and on GPU a gather waits for the
-compute before it). A unit kept unsharded after forward is not gathered again in backward. When no
-setting changes, the recorded order is kept, gather by gather.
+compute before it); a unit with nothing of its own to gather issues none. ZeRO-3 gathers parameters,
+not units: under another prefetch bucket its forward's gathers are DeepSpeed's for that bucket
+(:func:`zero3_bucket`, :mod:`.zero3_fetch`), each priced by the fitted line at its bytes. A unit kept
+unsharded after forward is not gathered again in backward. When no setting changes, the recorded
+order is kept, gather by gather.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from typing import Final
 
 from fsdpviz.errors import UsageError
 from fsdpviz.naming import ROOT_UNIT, group_name, unit_modules
+from fsdpviz.replay import prefetch_args, zero3_fetch
 from fsdpviz.replay.comm import CommModel, Target
 from fsdpviz.replay.recorded import (
     Gather,
@@ -43,7 +47,7 @@ from fsdpviz.replay.recorded import (
     StepProgram,
 )
 from fsdpviz.replay.settings import Settings
-from fsdpviz.vocabulary import ALL_GATHER, BACKWARD, FORWARD, REDUCE_SCATTER
+from fsdpviz.vocabulary import ALL_GATHER, BACKWARD, FORWARD, REDUCE_SCATTER, ZERO3
 
 GATHER_HOST: Final = "gather_host"  # fitted like a collective: the host time of issuing a gather
 COPY_OUT_HOST: Final = "copy_out_host"
@@ -311,6 +315,17 @@ class CostModel:
         g = self.gathers
         return g.get((unit, phase)) or g.get((unit, FORWARD)) or g.get((unit, BACKWARD))
 
+    def bucket_gather(self, unit: str, nbytes: int, first: bool = False) -> SimGather:
+        """A ZeRO-3 forward gather of ``nbytes`` (unsharded) that the recording did not run as one
+        (another prefetch bucket groups the parameters otherwise): priced by the fitted lines, as a
+        merged unit's is; ``unit`` the first unit whose parameters it carries."""
+        comm_ns = self.comm.time_ns(ALL_GATHER, nbytes, self.where)
+        if first and comm_ns > 0:  # one rank meets nobody
+            comm_ns += self.comm.meeting_ns
+        return SimGather(unit=unit, phase=FORWARD, bytes=nbytes, host_ns=self.comm.time_ns(GATHER_HOST, nbytes),
+                         copy_in_ns=0.0, comm_ns=comm_ns, copy_out_host_ns=self.comm.time_ns(COPY_OUT_HOST, nbytes),
+                         copy_out_ns=0.0)
+
     def gather(self, unit: str, phase: str, recorded: Gather | None, first: bool = False) -> SimGather:
         """The all-gather of new unit ``unit`` in ``phase`` (``recorded``: its own in this step; ``first``:
         the step's first, which also waits for the ranks to meet after the step's boundary)."""
@@ -402,6 +417,8 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
                       gathers={**all_gathers, **{(g.unit, g.phase): g for g in step.gathers}})
     compute_scale = _compute_scale(rec, settings)
     cpu = rec.device == "cpu"
+    bucket = zero3_bucket(rec, settings)
+    element_bytes = element_bytes_of(rec)
 
     gathers: list[SimGather] = []
     reduces: list[SimReduce] = []
@@ -425,6 +442,8 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
             leaders = _leaders(passes, group)
             order = list(dict.fromkeys(group.get(passes[i].unit, ROOT_UNIT) for i in sorted(leaders)))
             recorded_issues = _recorded_issues(step, micro, phase) if replay else {}
+            # ZeRO-3 under another prefetch bucket: its forward's gathers as DeepSpeed groups them
+            fetch = _Fetch(order, rec, bucket, world) if bucket is not None and phase == FORWARD else None
             for i, p in enumerate(passes):
                 unit = group.get(p.unit, ROOT_UNIT)
                 lead = i in leaders
@@ -441,17 +460,24 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
                 ops.append(BusyOp(hooks if lead or p.part == "b" or not merged else 0.0, "pre"))
                 if lead and not gathered_units.intersection(members.get(unit, [unit])):
                     unsharded.add(unit)  # never sharded: nothing to gather
-                if lead and unit not in unsharded:
+                if lead and fetch is not None:
+                    fetch.at(unit, ops, gathers, costs, settings, element_bytes)
+                    unsharded.add(unit)
+                elif lead and unit not in unsharded:
                     if unit not in issued:
                         own = _own_gather(step, micro, unit, phase, members)
                         issued[unit] = _issue(ops, gathers, costs.gather(unit, phase, own, first=not gathers),
                                               settings)
                     ops.append(CopyOutOp(issued.pop(unit)))
                     unsharded.add(unit)
-                if lead:
+                if lead and fetch is None:
                     for target in _prefetch_targets(recorded_issues if replay else None, p, order, unit, phase,
                                                     prefetch):
-                        if target not in unsharded and target not in issued:
+                        # a unit with nothing of its own to gather (a block around nested units, a root
+                        # without parameters) is passed over, as FSDP2's unshard of it and DeepSpeed's
+                        # bucket (counted in elements) pass it over: it issues no gather
+                        if (target not in unsharded and target not in issued
+                                and gathered_units.intersection(members.get(target, [target]))):
                             recorded = _own_gather(step, micro, target, phase, members)
                             issued[target] = _issue(ops, gathers,
                                                     costs.gather(target, phase, recorded, first=not gathers), settings)
@@ -627,3 +653,58 @@ def _compute_scale(rec: Recording, settings: Settings) -> float:
     world = settings.world_size or rec.world_size
     after = min(settings.gpus_per_node, world) if settings.gpus_per_node else min(world, rec.ranks_per_host)
     return max(1.0, after / rec.cpu_count) / max(1.0, before / rec.cpu_count)
+
+
+def zero3_bucket(rec: Recording, settings: Settings) -> int | None:
+    """The prefetch bucket (parameter elements) a ZeRO-3 setting writes, where it is not the recorded one
+    and run.json lists the units' parameters (DeepSpeed's gathers carry parameters, its bucket counts
+    their elements); None otherwise."""
+    if (rec.framework != ZERO3 or not rec.unit_params or settings.prefetch == "recorded"
+            or not settings.prefetch_changed(rec.prefetch)):
+        return None
+    numels = [rec.unit_numels.get(u, 0) for u in rec.units]
+    bucket = (prefetch_args.arguments(ZERO3, settings.prefetch, numels) or {}).get("stage3_prefetch_bucket_size")
+    if not isinstance(bucket, int) or isinstance(bucket, bool) or bucket == rec.prefetch_args.get(
+            "stage3_prefetch_bucket_size"):
+        return None
+    return bucket
+
+
+def element_bytes_of(rec: Recording) -> int:
+    """The bytes of one parameter element, over the units run.json lists (0: unknown)."""
+    numel = sum(rec.unit_numels.get(u, 0) for u in rec.units)
+    nbytes = sum(max(rec.unit_bytes.get(u, 0), 0) for u in rec.units)
+    return nbytes // numel if numel else 0
+
+
+class _Fetch:
+    """ZeRO-3's forward fetches under a prefetch bucket (:func:`.zero3_fetch.forward_gathers`, read off
+    DeepSpeed's coordinator): at each unit's fetch, a gather of its own parameters not gathered yet, the
+    wait for every gather that carries them (the first wait on a coalesced gather copies it out), then
+    one prefetch gather of the parameters next in the queue, up to the bucket."""
+
+    def __init__(self, order: list[str], rec: Recording, bucket: int, world: int) -> None:
+        self.plan = zero3_fetch.forward_gathers(order, rec.unit_params, bucket, max(world, 1))
+        self.numels = rec.unit_params
+        self.ids: dict[int, int] = {}  # planned gather -> its simulated gather
+        self.waited: set[int] = set()
+
+    def at(self, unit: str, ops: list[Op], gathers: list[SimGather], costs: CostModel, settings: Settings,
+           element_bytes: int) -> None:
+        """The ops of ``unit``'s fetch."""
+        own = [k for k, g in enumerate(self.plan) if g.issuer == unit and all(u == unit for u, _ in g.params)]
+        ahead = [k for k, g in enumerate(self.plan) if g.issuer == unit and k not in own]
+        for k in own:
+            self._issue(k, ops, gathers, costs, settings, element_bytes)
+        for k, g in enumerate(self.plan):
+            if k not in self.waited and k in self.ids and any(u == unit for u, _ in g.params):
+                ops.append(CopyOutOp(self.ids[k]))
+                self.waited.add(k)
+        for k in ahead:
+            self._issue(k, ops, gathers, costs, settings, element_bytes)
+
+    def _issue(self, k: int, ops: list[Op], gathers: list[SimGather], costs: CostModel, settings: Settings,
+               element_bytes: int) -> None:
+        g = self.plan[k]
+        nbytes = sum(self.numels[u][i] for u, i in g.params) * element_bytes
+        self.ids[k] = _issue(ops, gathers, costs.bucket_gather(g.params[0][0], nbytes, first=not gathers), settings)

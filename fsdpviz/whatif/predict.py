@@ -657,26 +657,20 @@ def _fsdp1_params(rec: Recording) -> dict[str, Any]:
     (a merged unit's members' parameter gradients wait for its flat gradient)."""
     if rec.framework != FSDP1 or not rec.unit_params:
         return {}
-    numel = sum(rec.unit_numels.get(u, 0) for u in rec.units)
-    nbytes = sum(max(rec.unit_bytes.get(u, 0), 0) for u in rec.units)
-    return {"unit_params": dict(rec.unit_params), "element_bytes": nbytes // numel if numel else 0}
+    return {"unit_params": dict(rec.unit_params), "element_bytes": prog.element_bytes_of(rec)}
 
 
 def _zero3_bucket(rec: Recording, settings: Settings, world: int) -> dict[str, Any]:
     """ZeRO-3's fields of the memory setting: the prefetch bucket the setting writes, when it is not
     the recorded one and run.json lists the units' parameters (the gathers carry parameters)."""
-    if rec.framework != ZERO3 or not rec.unit_params or not _prefetch_changed(settings, rec):
+    bucket = prog.zero3_bucket(rec, settings)  # the replay's forward gathers regroup under the same one
+    if bucket is None:
         return {}
-    bucket = (prefetch_arguments(rec, settings) or {}).get("stage3_prefetch_bucket_size")
-    if not isinstance(bucket, int) or bucket == rec.prefetch_args.get("stage3_prefetch_bucket_size"):
-        return {}
-    numel = sum(rec.unit_numels.get(u, 0) for u in rec.units)
-    nbytes = sum(max(rec.unit_bytes.get(u, 0), 0) for u in rec.units)
     recorded = rec.prefetch_args.get("stage3_prefetch_bucket_size")
     return {"zero3_bucket": bucket,
             "zero3_recorded": (recorded, max(rec.world_size, 1)) if isinstance(recorded, int) else None,
             "unit_params": dict(rec.unit_params), "shards": max(world, 1),
-            "element_bytes": nbytes // numel if numel else 0}
+            "element_bytes": prog.element_bytes_of(rec)}
 
 
 def _predicted_peak(rec: Recording, settings: Settings, memory: list[MemoryChange | None]) -> known.PeakMemory:
