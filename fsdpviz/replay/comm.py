@@ -173,6 +173,11 @@ def fit(samples: Iterable[tuple[str, int, float]], world_size: int, ranks_per_ho
     for kind, nbytes, ns in meeting:
         if nbytes > 0 and ns > 0 and kind not in others:
             by_kind[kind][nbytes].append(ns)
+    # a kind recorded only as each step's first collective (ZeRO-3 under its default bucket gathers the
+    # whole model at once; one root unit): what its times hold beyond the typical one is the meeting, which
+    # a collective in mid-step does not wait for, so no wait per collective is kept for it (the meeting
+    # stays with the first: CommModel.meeting_ns)
+    met_only = {kind for kind in by_kind if kind not in others}
     model = CommModel(world_size=world_size, ranks_per_host=ranks_per_host)
     for kind, sizes in by_kind.items():
         xs = np.array(sorted(sizes), dtype=np.float64)
@@ -203,10 +208,10 @@ def fit(samples: Iterable[tuple[str, int, float]], world_size: int, ranks_per_ho
             # waits, not one per collective it saves, and how much it saved would follow how the
             # profiler spread the waits: a spiky light load against a broad shared-core one.
             beyond = [ns - line.above(line.at(b)) for b, values in sizes.items() for ns in values]
-            line.wait_ns = max(0.0, float(np.mean(beyond))) if beyond else 0.0
+            line.wait_ns = max(0.0, float(np.mean(beyond))) if beyond and kind not in met_only else 0.0
         else:
             above = [ns - line.at(b) for b, values in sizes.items() for ns in values]
-            line.wait_ns = max(0.0, float(np.median(above))) if above else 0.0
+            line.wait_ns = max(0.0, float(np.median(above))) if above and kind not in met_only else 0.0
         model.lines[kind] = line
     return model
 
