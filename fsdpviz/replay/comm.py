@@ -78,6 +78,8 @@ class Line:
     wait_ns: float = 0.0  # a time each collective adds above the line, beside its share
     n: int = 0  # collectives it was fitted on
     wait_share: float = 0.0  # the typical time above the line as a share of it, where it grows with the time
+    # fitted on each step's first collective alone (fit's ``meeting``): ``wait_ns`` is then the meeting's
+    met_only: bool = False
 
     def at(self, nbytes: float) -> float:
         return self.latency_ns + nbytes * self.per_byte_ns
@@ -117,9 +119,11 @@ class CommModel:
     negative: how its time was split, or host work taken as a cost per call), in words a prediction
     that resizes collectives repeats."""
 
-    def time_ns(self, kind: str, nbytes: float, target: Target | None = None) -> float:
+    def time_ns(self, kind: str, nbytes: float, target: Target | None = None, *, in_step: bool = False) -> float:
         """A collective of ``kind`` moving ``nbytes`` (unsharded), its typical wait included;
-        at the recorded world size unless ``target`` says otherwise."""
+        at the recorded world size unless ``target`` says otherwise. ``in_step``: one issued in mid-step,
+        which does not wait for the ranks to meet: from a line fitted on each step's first collective
+        alone (:attr:`Line.met_only`), without the wait per collective those held."""
         # a collective the recording has none of costs as an all-gather of its bytes; host work around
         # the collectives that the recording never timed (FSDP1 has no copy-out of its own) costs nothing
         line = self.lines.get(kind) or (self.lines.get("all_gather") if kind in UNIT_COLLECTIVES else None)
@@ -134,6 +138,8 @@ class CommModel:
         if target is not None and n > target.ranks_per_host and target.inter_host_gbps:
             across = nbytes * _ring_share(n) / target.inter_host_gbps  # GB/s = bytes per ns
             bw = max(bw, across)
+        if in_step and line.met_only:
+            return (lat + bw) * (1.0 + line.wait_share)
         return line.above(lat + bw)
 
     def scale(self, kind: str, nbytes: float, target: Target) -> float:
@@ -173,11 +179,6 @@ def fit(samples: Iterable[tuple[str, int, float]], world_size: int, ranks_per_ho
     for kind, nbytes, ns in meeting:
         if nbytes > 0 and ns > 0 and kind not in others:
             by_kind[kind][nbytes].append(ns)
-    # a kind recorded only as each step's first collective (ZeRO-3 under its default bucket gathers the
-    # whole model at once; one root unit): what its times hold beyond the typical one is the meeting, which
-    # a collective in mid-step does not wait for, so no wait per collective is kept for it (the meeting
-    # stays with the first: CommModel.meeting_ns)
-    met_only = {kind for kind in by_kind if kind not in others}
     model = CommModel(world_size=world_size, ranks_per_host=ranks_per_host)
     for kind, sizes in by_kind.items():
         xs = np.array(sorted(sizes), dtype=np.float64)
@@ -199,7 +200,11 @@ def fit(samples: Iterable[tuple[str, int, float]], world_size: int, ranks_per_ho
             # the link is a 2-rank ring's; the line is at the recorded world size
             slope, icept = _unresolved(kind, sizes, fitted, None if link is None else link.line(world_size),
                                        model.notes)
-        line = Line(latency_ns=icept, per_byte_ns=slope, n=sum(len(v) for v in sizes.values()))
+        # a kind recorded only as each step's first collective (one root unit; ZeRO-3 under its default
+        # bucket, the whole model at the root's fetch): what its times hold beyond their share is the ranks
+        # meeting, which a collective in mid-step (another bucket's) does not wait for (time_ns's in_step)
+        line = Line(latency_ns=icept, per_byte_ns=slope, n=sum(len(v) for v in sizes.values()),
+                    met_only=kind not in others)
         if wait_in_proportion:  # a fitted or split line is positive at every recorded size
             shares = [ns / line.at(b) - 1.0 for b, values in sizes.items() for ns in values]
             line.wait_share = max(0.0, float(np.median(shares))) if shares else 0.0
@@ -208,10 +213,10 @@ def fit(samples: Iterable[tuple[str, int, float]], world_size: int, ranks_per_ho
             # waits, not one per collective it saves, and how much it saved would follow how the
             # profiler spread the waits: a spiky light load against a broad shared-core one.
             beyond = [ns - line.above(line.at(b)) for b, values in sizes.items() for ns in values]
-            line.wait_ns = max(0.0, float(np.mean(beyond))) if beyond and kind not in met_only else 0.0
+            line.wait_ns = max(0.0, float(np.mean(beyond))) if beyond else 0.0
         else:
             above = [ns - line.at(b) for b, values in sizes.items() for ns in values]
-            line.wait_ns = max(0.0, float(np.median(above))) if above and kind not in met_only else 0.0
+            line.wait_ns = max(0.0, float(np.median(above))) if above else 0.0
         model.lines[kind] = line
     return model
 

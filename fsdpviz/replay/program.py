@@ -31,7 +31,7 @@ from __future__ import annotations
 import re
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Final
 
 from fsdpviz.errors import UsageError
@@ -319,7 +319,7 @@ class CostModel:
         """A ZeRO-3 forward gather of ``nbytes`` (unsharded) that the recording did not run as one
         (another prefetch bucket groups the parameters otherwise): priced by the fitted lines, as a
         merged unit's is; ``unit`` the first unit whose parameters it carries."""
-        comm_ns = self.comm.time_ns(ALL_GATHER, nbytes, self.where)
+        comm_ns = self.comm.time_ns(ALL_GATHER, nbytes, self.where, in_step=not first)
         if first and comm_ns > 0:  # one rank meets nobody
             comm_ns += self.comm.meeting_ns
         return SimGather(unit=unit, phase=FORWARD, bytes=nbytes, host_ns=self.comm.time_ns(GATHER_HOST, nbytes),
@@ -402,6 +402,8 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
     """The instructions of ``step`` under ``settings`` (see the module docstring)."""
     group, new_units, members = regrouped(rec, settings)
     unchanged_units = settings.wrap.kind == "recorded"
+    if writes_recorded_bucket(rec, settings):
+        settings = replace(settings, prefetch="recorded")
     replay = unchanged_units and settings.prefetch == "recorded" and settings.reshard_after_forward is None
     prefetch = rec.prefetch if settings.prefetch == "recorded" else settings.prefetch
     unit_bytes = {n: sum(max(0, rec.unit_bytes.get(u, 0)) for u in ms) for n, ms in members.items()}
@@ -658,16 +660,25 @@ def _compute_scale(rec: Recording, settings: Settings) -> float:
 def zero3_bucket(rec: Recording, settings: Settings) -> int | None:
     """The prefetch bucket (parameter elements) a ZeRO-3 setting writes, where it is not the recorded one
     and run.json lists the units' parameters (DeepSpeed's gathers carry parameters, its bucket counts
-    their elements); None otherwise."""
+    their elements); None otherwise (:func:`writes_recorded_bucket`: the recorded one)."""
+    bucket = _written_bucket(rec, settings)
+    return None if bucket is None or bucket == rec.prefetch_args.get("stage3_prefetch_bucket_size") else bucket
+
+
+def writes_recorded_bucket(rec: Recording, settings: Settings) -> bool:
+    """Whether a ZeRO-3 setting's prefetch depth writes the bucket the recording ran (another depth, the
+    same elements): DeepSpeed then gathers as recorded, and the replay keeps the recorded gathers."""
+    bucket = _written_bucket(rec, settings)
+    return bucket is not None and bucket == rec.prefetch_args.get("stage3_prefetch_bucket_size")
+
+
+def _written_bucket(rec: Recording, settings: Settings) -> int | None:
     if (rec.framework != ZERO3 or not rec.unit_params or settings.prefetch == "recorded"
             or not settings.prefetch_changed(rec.prefetch)):
         return None
     numels = [rec.unit_numels.get(u, 0) for u in rec.units]
     bucket = (prefetch_args.arguments(ZERO3, settings.prefetch, numels) or {}).get("stage3_prefetch_bucket_size")
-    if not isinstance(bucket, int) or isinstance(bucket, bool) or bucket == rec.prefetch_args.get(
-            "stage3_prefetch_bucket_size"):
-        return None
-    return bucket
+    return bucket if isinstance(bucket, int) and not isinstance(bucket, bool) else None
 
 
 def element_bytes_of(rec: Recording) -> int:
@@ -679,32 +690,43 @@ def element_bytes_of(rec: Recording) -> int:
 
 class _Fetch:
     """ZeRO-3's forward fetches under a prefetch bucket (:func:`.zero3_fetch.forward_gathers`, read off
-    DeepSpeed's coordinator): at each unit's fetch, a gather of its own parameters not gathered yet, the
-    wait for every gather that carries them (the first wait on a coalesced gather copies it out), then
-    one prefetch gather of the parameters next in the queue, up to the bucket."""
+    DeepSpeed's coordinator, ``fetch_sub_module``): at each unit's fetch, a gather of its own parameters
+    not gathered yet, the wait for every gather that carries them (the first wait on a coalesced gather
+    copies it out), then one prefetch gather of the parameters next in the queue, up to the bucket. A
+    unit fetched again in the same forward finds its parameters gathered and issues nothing. Parameters
+    of a unit the recording never gathered (DeepSpeed keeps those under
+    ``stage3_param_persistence_threshold`` whole on every rank) are in no gather."""
 
     def __init__(self, order: list[str], rec: Recording, bucket: int, world: int) -> None:
-        self.plan = zero3_fetch.forward_gathers(order, rec.unit_params, bucket, max(world, 1))
-        self.numels = rec.unit_params
+        gathered = rec.gathered_units
+        self.params = {u: p for u, p in rec.unit_params.items() if u in gathered}
+        self.plan = zero3_fetch.forward_gathers(order, self.params, bucket, max(world, 1))
+        self.issued_at: dict[str, list[int]] = {}  # unit -> the planned gathers its fetch issues, in order
+        self.carrying: dict[str, list[int]] = {}  # unit -> the planned gathers that carry its parameters
+        for k, g in enumerate(self.plan):
+            self.issued_at.setdefault(g.issuer, []).append(k)
+            for u in dict.fromkeys(u for u, _ in g.params):
+                self.carrying.setdefault(u, []).append(k)
         self.ids: dict[int, int] = {}  # planned gather -> its simulated gather
         self.waited: set[int] = set()
 
     def at(self, unit: str, ops: list[Op], gathers: list[SimGather], costs: CostModel, settings: Settings,
            element_bytes: int) -> None:
         """The ops of ``unit``'s fetch."""
-        own = [k for k, g in enumerate(self.plan) if g.issuer == unit and all(u == unit for u, _ in g.params)]
-        ahead = [k for k, g in enumerate(self.plan) if g.issuer == unit and k not in own]
+        mine = [k for k in self.issued_at.get(unit, []) if k not in self.ids]
+        own = [k for k in mine if all(u == unit for u, _ in self.plan[k].params)]
         for k in own:
             self._issue(k, ops, gathers, costs, settings, element_bytes)
-        for k, g in enumerate(self.plan):
-            if k not in self.waited and k in self.ids and any(u == unit for u, _ in g.params):
+        for k in self.carrying.get(unit, []):
+            if k not in self.waited and k in self.ids:
                 ops.append(CopyOutOp(self.ids[k]))
                 self.waited.add(k)
-        for k in ahead:
-            self._issue(k, ops, gathers, costs, settings, element_bytes)
+        for k in mine:
+            if k not in own:
+                self._issue(k, ops, gathers, costs, settings, element_bytes)
 
     def _issue(self, k: int, ops: list[Op], gathers: list[SimGather], costs: CostModel, settings: Settings,
                element_bytes: int) -> None:
         g = self.plan[k]
-        nbytes = sum(self.numels[u][i] for u, i in g.params) * element_bytes
+        nbytes = sum(self.params[u][i] for u, i in g.params) * element_bytes
         self.ids[k] = _issue(ops, gathers, costs.bucket_gather(g.params[0][0], nbytes, first=not gathers), settings)

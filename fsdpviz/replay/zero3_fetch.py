@@ -1,6 +1,7 @@
 """Which parameters DeepSpeed ZeRO-3 gathers together in forward, and how long each gather's buffer
 lives, for a prefetch bucket (``stage3_prefetch_bucket_size``) -- what the memory model moves when
-the bucket changes (:mod:`.memory`).
+the bucket changes (:mod:`.memory`), and the gathers the replay's program issues then
+(:mod:`.program`).
 
 Read off DeepSpeed's own source (``runtime/zero/partitioned_param_coordinator.py`` and
 ``partition_parameters.py``, 0.19), once its trace of the step is complete:
@@ -24,7 +25,9 @@ Read off DeepSpeed's own source (``runtime/zero/partitioned_param_coordinator.py
 Where this stops: ``stage3_max_live_parameters`` below the model's elements would stop a prefetch
 early (run.json does not record it); a module DeepSpeed hooks that is no unit (a parameterless
 activation module) prefetches too, and is not in the recorded units' order; a parameter shared by two
-modules is counted in both.
+modules is counted in both; parameters DeepSpeed keeps whole on every rank
+(``stage3_param_persistence_threshold``, not in run.json) are gathered by nobody, so the caller leaves out
+the units the recording never gathered.
 """
 
 from __future__ import annotations

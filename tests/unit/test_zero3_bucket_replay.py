@@ -11,7 +11,9 @@ step's time follows on CPU (a collective the thread waits for, each with its own
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import json
 from pathlib import Path
 
 from fsdpviz.analysis.pipeline import analyse
@@ -53,3 +55,68 @@ def _issuers(program: prog.Program) -> dict[int, str]:
             out.update((gid, op.unit) for gid in pending)
             pending = []
     return out
+
+
+def test_each_gather_is_waited_for_at_the_fetch_the_trace_shows_then_the_prefetch_is_issued() -> None:
+    """DeepSpeed's fetch of a module gathers what of its own is missing, waits for every gather that
+    carries its parameters (the first wait copies a coalesced one out), and only then prefetches. The
+    trace names the unit that waited for each gather first (its label's unit): the replay's copy-out of
+    each gather falls in that unit's fetch, and no fetch issues its prefetch before its waits."""
+    model = read_model(analyse([RUN], cache=False, progress=False))
+    told_default = dataclasses.replace(model.recording,
+                                       prefetch_args={"stage3_prefetch_bucket_size": ZERO3_DEFAULT_BUCKET})
+    step = told_default.steps[0]
+    truth = [g.unit for g in step.gathers if g.phase == FORWARD and g.bytes > 0]
+    program = prog.build(told_default, step, settings_of(prefetch=1), model.comm, model.gathers)
+    fetches: list[list[prog.Op]] = [[]]  # the ops between two units' compute: one fetch each
+    waited_in: dict[int, str] = {}
+    for op in program.ops:
+        if isinstance(op, prog.ComputeOp):
+            for o in fetches[-1]:
+                if isinstance(o, prog.CopyOutOp) and program.gathers[o.gid].phase == FORWARD:
+                    waited_in[o.gid] = op.unit
+            fetches.append([])
+        else:
+            fetches[-1].append(op)
+    assert [waited_in[i] for i, g in enumerate(program.gathers) if g.phase == FORWARD] == truth
+    for ops in fetches:
+        # a gather issued before one of the fetch's waits is the fetch's own, waited for there: the
+        # prefetch comes after every wait
+        seq = [o for o in ops if isinstance(o, prog.GatherOp | prog.CopyOutOp)]
+        waits = [i for i, o in enumerate(seq) if isinstance(o, prog.CopyOutOp)]
+        copied = {o.gid for o in seq if isinstance(o, prog.CopyOutOp)}
+        for i, o in enumerate(seq):
+            if isinstance(o, prog.GatherOp) and waits and i < waits[-1]:
+                assert o.gid in copied, seq
+
+
+def test_a_module_fetched_again_or_kept_whole_issues_nothing() -> None:
+    """A module called twice in one forward finds its parameters gathered at its second fetch, and a
+    module whose parameters DeepSpeed keeps whole on every rank (under
+    ``stage3_param_persistence_threshold``: the recording never gathered them) is in no gather: the
+    replay, asked for no prefetch, issues exactly one gather per module the recording gathered."""
+    model = read_model(analyse([RUN], cache=False, progress=False))
+    rec = dataclasses.replace(model.recording, prefetch_args={"stage3_prefetch_bucket_size": ZERO3_DEFAULT_BUCKET})
+    step = copy.deepcopy(rec.steps[0])
+    forward = step.micro[0].forward
+    names = [p.unit for p in forward]
+    forward.insert(names.index("blocks.1") + 1, copy.deepcopy(forward[names.index("tok_emb")]))  # called again
+    step.gathers = [g for g in step.gathers if g.unit not in ("norm", "pos_emb")]  # never gathered: kept whole
+    kept = dataclasses.replace(rec, steps=[step])
+    program = prog.build(kept, step, settings_of(prefetch="none"), model.comm, model.gathers)
+    assert [g.unit for g in program.gathers if g.phase == FORWARD] == ["tok_emb", "blocks.0", "blocks.1", "blocks.2",
+                                                                       "head"]
+
+
+def test_a_block_with_no_parameters_of_its_own_is_no_prefetch_target() -> None:
+    """Without run.json's parameters the replay prefetches by units ahead; the blocks around ZeRO-3's
+    per-submodule units hold no parameters of their own (run.json: 0 elements; the recording never
+    gathered them), so no depth issues a gather for them."""
+    submodule = Path(__file__).parents[1] / "recorded" / "example-zero3-submodule" / "run"
+    model = read_model(analyse([submodule], cache=False, progress=False))
+    rec = dataclasses.replace(model.recording, unit_params={})
+    empty = {u["unit"] for u in json.loads((submodule / "run.json").read_text())["units"] if u["param_numel"] == 0}
+    assert {f"blocks.{i}" for i in range(3)} <= empty
+    for depth in ("none", 1, 2):
+        program = prog.build(rec, rec.steps[0], settings_of(prefetch=depth), model.comm, model.gathers)
+        assert not {g.unit for g in program.gathers} & empty, depth
