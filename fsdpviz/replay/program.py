@@ -402,8 +402,11 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
     """The instructions of ``step`` under ``settings`` (see the module docstring)."""
     group, new_units, members = regrouped(rec, settings)
     unchanged_units = settings.wrap.kind == "recorded"
-    if writes_recorded_bucket(rec, settings):
-        settings = replace(settings, prefetch="recorded")
+    # ZeRO-3: a depth that writes the recorded bucket (another depth, the same elements) gathers as
+    # recorded, and the recorded gathers are replayed; another bucket regroups the forward's gathers
+    bucket = written_bucket(rec, settings)
+    if bucket is not None and bucket == rec.prefetch_args.get("stage3_prefetch_bucket_size"):
+        settings, bucket = replace(settings, prefetch="recorded"), None
     replay = unchanged_units and settings.prefetch == "recorded" and settings.reshard_after_forward is None
     prefetch = rec.prefetch if settings.prefetch == "recorded" else settings.prefetch
     unit_bytes = {n: sum(max(0, rec.unit_bytes.get(u, 0)) for u in ms) for n, ms in members.items()}
@@ -419,7 +422,6 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
                       gathers={**all_gathers, **{(g.unit, g.phase): g for g in step.gathers}})
     compute_scale = _compute_scale(rec, settings)
     cpu = rec.device == "cpu"
-    bucket = zero3_bucket(rec, settings)
     element_bytes = element_bytes_of(rec)
 
     gathers: list[SimGather] = []
@@ -660,19 +662,14 @@ def _compute_scale(rec: Recording, settings: Settings) -> float:
 def zero3_bucket(rec: Recording, settings: Settings) -> int | None:
     """The prefetch bucket (parameter elements) a ZeRO-3 setting writes, where it is not the recorded one
     and run.json lists the units' parameters (DeepSpeed's gathers carry parameters, its bucket counts
-    their elements); None otherwise (:func:`writes_recorded_bucket`: the recorded one)."""
-    bucket = _written_bucket(rec, settings)
+    their elements); None otherwise."""
+    bucket = written_bucket(rec, settings)
     return None if bucket is None or bucket == rec.prefetch_args.get("stage3_prefetch_bucket_size") else bucket
 
 
-def writes_recorded_bucket(rec: Recording, settings: Settings) -> bool:
-    """Whether a ZeRO-3 setting's prefetch depth writes the bucket the recording ran (another depth, the
-    same elements): DeepSpeed then gathers as recorded, and the replay keeps the recorded gathers."""
-    bucket = _written_bucket(rec, settings)
-    return bucket is not None and bucket == rec.prefetch_args.get("stage3_prefetch_bucket_size")
-
-
-def _written_bucket(rec: Recording, settings: Settings) -> int | None:
+def written_bucket(rec: Recording, settings: Settings) -> int | None:
+    """The prefetch bucket a ZeRO-3 setting's depth writes, the recorded one included (None: not ZeRO-3, the
+    prefetch unchanged, or run.json lists no parameters)."""
     if (rec.framework != ZERO3 or not rec.unit_params or settings.prefetch == "recorded"
             or not settings.prefetch_changed(rec.prefetch)):
         return None

@@ -16,9 +16,11 @@ import dataclasses
 import json
 from pathlib import Path
 
+import pytest
+
 from fsdpviz.analysis.pipeline import analyse
 from fsdpviz.replay import program as prog
-from fsdpviz.replay.model import read_model
+from fsdpviz.replay.model import Model, read_model
 from fsdpviz.replay.prefetch_args import ZERO3_DEFAULT_BUCKET
 from fsdpviz.replay.settings import settings_of
 from fsdpviz.vocabulary import FORWARD
@@ -26,8 +28,13 @@ from fsdpviz.vocabulary import FORWARD
 RUN = Path(__file__).parents[1] / "recorded" / "example-zero3-block" / "run"
 
 
-def test_another_bucket_gathers_as_deepspeed_gathered_under_it() -> None:
-    model = read_model(analyse([RUN], cache=False, progress=False))
+@pytest.fixture(scope="module")
+def model() -> Model:
+    """The committed recording's model, read once for the tests that build programs from it."""
+    return read_model(analyse([RUN], cache=False, progress=False))
+
+
+def test_another_bucket_gathers_as_deepspeed_gathered_under_it(model: Model) -> None:
     rec = model.recording
     recorded_bucket = rec.prefetch_args["stage3_prefetch_bucket_size"]
     assert recorded_bucket == 12_704  # one block's elements, as the trainer's --prefetch 1 wrote it
@@ -57,12 +64,11 @@ def _issuers(program: prog.Program) -> dict[int, str]:
     return out
 
 
-def test_each_gather_is_waited_for_at_the_fetch_the_trace_shows_then_the_prefetch_is_issued() -> None:
+def test_each_gather_is_waited_for_at_the_fetch_the_trace_shows_then_the_prefetch_is_issued(model: Model) -> None:
     """DeepSpeed's fetch of a module gathers what of its own is missing, waits for every gather that
     carries its parameters (the first wait copies a coalesced one out), and only then prefetches. The
     trace names the unit that waited for each gather first (its label's unit): the replay's copy-out of
     each gather falls in that unit's fetch, and no fetch issues its prefetch before its waits."""
-    model = read_model(analyse([RUN], cache=False, progress=False))
     told_default = dataclasses.replace(model.recording,
                                        prefetch_args={"stage3_prefetch_bucket_size": ZERO3_DEFAULT_BUCKET})
     step = told_default.steps[0]
@@ -90,12 +96,11 @@ def test_each_gather_is_waited_for_at_the_fetch_the_trace_shows_then_the_prefetc
                 assert o.gid in copied, seq
 
 
-def test_a_module_fetched_again_or_kept_whole_issues_nothing() -> None:
+def test_a_module_fetched_again_or_kept_whole_issues_nothing(model: Model) -> None:
     """A module called twice in one forward finds its parameters gathered at its second fetch, and a
     module whose parameters DeepSpeed keeps whole on every rank (under
     ``stage3_param_persistence_threshold``: the recording never gathered them) is in no gather: the
     replay, asked for no prefetch, issues exactly one gather per module the recording gathered."""
-    model = read_model(analyse([RUN], cache=False, progress=False))
     rec = dataclasses.replace(model.recording, prefetch_args={"stage3_prefetch_bucket_size": ZERO3_DEFAULT_BUCKET})
     step = copy.deepcopy(rec.steps[0])
     forward = step.micro[0].forward
