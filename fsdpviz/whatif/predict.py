@@ -813,7 +813,7 @@ def _predicted_units(model: Model, simulated: list[SimResult], baseline: Outcome
         return {u: {k: statistics.median(r[k] for r in rs) for k in UNIT_FIELDS} for u, rs in rows.items()}
 
     new, replay = medians(simulated), medians(model.replays)
-    order = {u: i for i, u in enumerate(_new_order(model, simulated))}
+    order = _unit_order(list(recorded), group, simulated)
     out = []
     below: list[str] = []
     unreplayed: dict[str, list[str]] = {}
@@ -858,9 +858,15 @@ def _predicted_units(model: Model, simulated: list[SimResult], baseline: Outcome
     return out
 
 
-def _new_order(model: Model, simulated: list[SimResult]) -> list[str]:
-    seen: list[str] = []
-    for s in simulated[0].spans if simulated else []:
-        if s.unit and s.phase == "forward" and s.unit not in seen:
-            seen.append(s.unit)
-    return sorted(seen, key=lambda u: (u != ROOT_UNIT, seen.index(u)))
+def _unit_order(recorded: list[str], group: dict[str, str], simulated: list[SimResult]) -> dict[str, int]:
+    """Each predicted unit's place: the recorded forward order of its first member (the root first), so
+    that a gather issued ahead for a later unit (FSDP's prefetch, ZeRO-3's bucket) moves no unit, nor a
+    parent's own work after its children's; a unit no recorded one groups into, where the setting's
+    replay first runs it in the forward."""
+    order: dict[str, int] = {}
+    for i, name in enumerate(sorted(recorded, key=lambda u: u != ROOT_UNIT)):
+        order.setdefault(group.get(name, name), i)
+    for i, s in enumerate(simulated[0].spans if simulated else []):
+        if s.unit and s.phase == "forward":
+            order.setdefault(s.unit, len(recorded) + i)
+    return order

@@ -24,6 +24,7 @@ from fsdpviz.replay.model import Model, read_model
 from fsdpviz.replay.prefetch_args import ZERO3_DEFAULT_BUCKET
 from fsdpviz.replay.settings import settings_of
 from fsdpviz.vocabulary import FORWARD
+from fsdpviz.whatif.predict import predict
 
 RUN = Path(__file__).parents[1] / "recorded" / "example-zero3-block" / "run"
 
@@ -125,3 +126,18 @@ def test_a_block_with_no_parameters_of_its_own_is_no_prefetch_target() -> None:
     for depth in ("none", 1, 2):
         program = prog.build(rec, rec.steps[0], settings_of(prefetch=depth), model.comm, model.gathers)
         assert not {g.unit for g in program.gathers} & empty, depth
+
+
+@pytest.mark.parametrize(("recording", "prefetch"), [("example-zero3-submodule", 1), ("example-zero3-submodule", 2),
+                                                     ("example-fsdp2", 2)])
+def test_predicted_units_keep_the_recorded_forward_order(recording: str, prefetch: int) -> None:
+    """A gather issued ahead for a later unit (ZeRO-3's bucket, FSDP's prefetch) moves no unit in the
+    prediction's list, nor does a parent block whose own work runs after its children's: the units stay in
+    the order the recorder's forward hooks met them (run.json), which is the order the recording of the
+    written setting lists them in."""
+    run = Path(__file__).parents[1] / "recorded" / recording / "run"
+    hooks = [u["unit"] for u in json.loads((run / "run.json").read_text())["units"]]
+    model = read_model(analyse([run], cache=False, progress=False))
+    predicted = [u.name for u in predict(model, settings_of(prefetch=prefetch)).predicted.units]
+    assert len(predicted) > 3
+    assert [u for u in predicted if u != "(root)"] == [u for u in hooks if u != "(root)"]
