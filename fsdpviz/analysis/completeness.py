@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from fsdpviz.structure.framework import unconnected_ranks_note
-from fsdpviz.structure.records import MISSING_RANKS, SKIPPED_EVENTS, SKIPPED_EXPORTS, Note
+from fsdpviz.structure.records import MISSING_RANKS, SKIPPED_EVENTS, SKIPPED_EXPORTS, TORN_TIMERS, Note
 from fsdpviz.trace.tables import TraceSet
 
 MAX_LISTED_FILES = 3  # skipped events: files named in the one warning line
@@ -68,6 +68,16 @@ def skipped_exports_note(traces: TraceSet) -> Note | None:
                                  "perfetto), not a trace of its own; name the file alone to read it back")
 
 
+def torn_timers_note(traces: TraceSet) -> Note | None:
+    """One sentence naming the timer files whose last line could not be read and was left out (a rank
+    stopped while writing it, or the file was cut short); None when none."""
+    torn = traces.torn_timers
+    if not torn:
+        return None
+    return Note(TORN_TIMERS, f"left out the last line of {_listed(torn)}: it is not a whole timer record (a rank "
+                             "stopped while writing it, or the file was cut short); the lines before it are read")
+
+
 def _listed(names: list[str], what: str = "") -> str:
     """The first :data:`MAX_LISTED_FILES` of ``names``, and how many more (``what``: their word)."""
     more = len(names) - MAX_LISTED_FILES
@@ -78,12 +88,13 @@ def gap_notes(traces: TraceSet) -> list[Note]:
     """The summary's notes about missing ranks, skipped events and exports, and ranks that never
     communicated."""
     return [n for n in (missing_ranks_note(traces), skipped_events_note(traces), skipped_exports_note(traces),
-                        unconnected_ranks_note(traces)) if n]
+                        torn_timers_note(traces), unconnected_ranks_note(traces)) if n]
 
 
 def gap_warnings(traces: TraceSet) -> list[str]:
     """What a command prints as ``warning:`` lines (see the module docstring)."""
     whole_run = traces.run_dir is not None or len(traces.rank_ids) > 1
     notes = [missing_ranks_note(traces) if whole_run else None, skipped_events_note(traces),
-             skipped_exports_note(traces), unconnected_ranks_note(traces) if whole_run else None]
+             skipped_exports_note(traces), torn_timers_note(traces),
+             unconnected_ranks_note(traces) if whole_run else None]
     return [n.text for n in notes if n is not None]

@@ -72,6 +72,7 @@ from fsdpviz.structure.records import (
     NO_UNITS_FOUND,
     PROFILER_COST_UNUSED,
     SKIPPED_FILES,
+    UNITS_WITHOUT_WORK,
     Finding,
     Note,
     texts,
@@ -303,6 +304,8 @@ def summary_of(traces: TraceSet, selection: StepSelection, overlap: pd.DataFrame
         units = [msgspec.structs.replace(u, peak_categories=unit_peaks.get(u.name)) for u in units]
         if not units:
             notes.append(Note(NO_UNITS_FOUND, "no FSDP unit was found in the analysed steps, so units is empty"))
+        elif (idle := _units_without_work(analysis.units, {u.name for u in units})) is not None:
+            notes.append(Note(UNITS_WITHOUT_WORK, idle))
     notes.extend(parallel.notes)
     units = _with_scope(units, traces, parallel.parallelism)
     over = _overlap_summary(overlap, bound)
@@ -563,6 +566,28 @@ def not_seen_freed(frees: pd.DataFrame) -> NotSeenFreed | None:
     return NotSeenFreed(blocks=len(frees), bytes=int(frees["bytes"].sum()),
                         at_collective_end=int((basis == COLLECTIVE_END).sum()),
                         at_address_reuse=int((basis == ADDRESS_REUSE).sum()))
+
+
+def _units_without_work(table: pd.DataFrame | None, listed: set[str]) -> str | None:
+    """Words for the units the run has (the analysis' unit table) that ``units`` leaves out: the analysed
+    steps hold nothing of theirs (ZeRO-3's root around its submodules: no parameters of its own, no work
+    outside them). None when every unit has its entry."""
+    if table is None or table.empty:
+        return None
+    left = table[~table["unit"].astype(str).isin(listed).to_numpy()]
+    if left.empty:
+        return None
+    empty = left["param_bytes"].to_numpy() == 0
+    said = []
+    if empty.any():
+        names = left["unit"].astype(str)[empty].tolist()
+        said.append(f"{', '.join(names)} ran nothing of {'its' if len(names) == 1 else 'their'} own in the "
+                    "analysed steps (no parameters of its own to gather, no work outside the units inside it)")
+    if (~empty).any():
+        names = left["unit"].astype(str)[~empty].tolist()
+        said.append(f"the analysed steps hold no gather, reduction or compute of {', '.join(names)}, although "
+                    f"{'it holds' if len(names) == 1 else 'they hold'} parameters")
+    return "; ".join(said) + ": no entry in units"
 
 
 def _notes(traces: TraceSet, overlap: pd.DataFrame, selection: StepSelection, framework: str) -> list[Note]:

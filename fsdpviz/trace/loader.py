@@ -145,16 +145,18 @@ def load_run(
         mapped = [by_rank[t.rank_id] for t in per_file]
     del parsed, kept
     schema.use_string_storage()  # here, not earlier: pandas is imported while the traces are parsed
-    run, timers = sources.run, read_timers(sources.timer_files)
+    torn: list[str] = []
+    run, timers = sources.run, read_timers(sources.timer_files, torn)
     # An export read back is the run it came from: its run.json and timers travel in it. Not for a run
     # reduced rank by rank, whose ranks were analysed before the file said so (per_rank's run.json).
     exported = exported_run(per_file) if run is None and mapped is None else None
     if exported is not None:
-        run, timers = exported[0], timers_frame(exported[1])
+        run, timers, torn = exported[0], timers_frame(exported[1]), []
     traces = _trace_set(per_file, timers=timers, units=units_from_run(run),
                         run=run, run_dir=str(sources.run_dir) if sources.run_dir is not None else None,
                         skipped=skipped)
     traces.skipped_exports = exports
+    traces.torn_timers = torn
     return LoadedRun(traces=traces, mapped=mapped)
 
 
@@ -170,6 +172,7 @@ def load_ranks(traces: TraceSet, ranks: Sequence[int], *, cache: bool = True,
     out = _trace_set(sorted(per_rank, key=lambda t: t.rank_id), timers=traces.timers, units=traces.units,
                      run=traces.run, run_dir=traces.run_dir, skipped=list(traces.skipped))
     out.skipped_exports = list(traces.skipped_exports)
+    out.torn_timers = list(traces.torn_timers)
     return out
 
 

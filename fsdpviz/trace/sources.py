@@ -182,8 +182,10 @@ def units_from_run(run: RunInfo | None) -> pd.DataFrame:
     return schema.conform(pd.DataFrame(rows), schema.UNITS, table="units")
 
 
-def read_timers(files: Sequence[Path]) -> pd.DataFrame:
-    """The TIMERS table from ``timers/rank{R}.jsonl`` files; a bad line is an error naming file and line."""
+def read_timers(files: Sequence[Path], torn: list[str] | None = None) -> pd.DataFrame:
+    """The TIMERS table from ``timers/rank{R}.jsonl`` files; a bad line is an error naming file and line,
+    but for a file's last line, which a rank stopped mid-write leaves torn: it is left out, and the file
+    named in ``torn`` (the summary says so)."""
     rows: list[dict[str, Any]] = []
     for path in files:
         try:
@@ -198,6 +200,8 @@ def read_timers(files: Sequence[Path]) -> pd.DataFrame:
             except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
                 # The recorder may be killed mid-line: a torn last line is expected, not an error.
                 if line_no == len(lines):
+                    if torn is not None:
+                        torn.append(str(path))
                     break
                 raise RunFolderError(f"{path}:{line_no}: bad timer record ({exc})") from None
     return timers_frame(rows)

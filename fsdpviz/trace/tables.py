@@ -37,6 +37,8 @@ class TraceSet:
         skipped: JSON files found in the given folders that are not Kineto traces.
         skipped_exports: fsdpviz's own Perfetto exports found in the given folders, not read
             (:mod:`fsdpviz.trace.onerun`).
+        torn_timers: timer files whose last line could not be read (a rank stopped mid-write, or the
+            file was cut) and was left out.
     """
 
     events: pd.DataFrame
@@ -51,6 +53,7 @@ class TraceSet:
     sources: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     skipped_exports: list[str] = field(default_factory=list)
+    torn_timers: list[str] = field(default_factory=list)
 
     @property
     def rank_ids(self) -> list[int]:

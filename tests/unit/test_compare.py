@@ -289,13 +289,18 @@ def test_output_folder_must_exist(capsys: pytest.CaptureFixture[str], tmp_path: 
     assert code == 2 and str(target) in err
 
 
-def _timers_spread_ms(folder: Path) -> float:
-    """A sample's step-to-step spread from its raw timer files: per clean step (after the one that
-    follows the trace) the median over ranks of the recorder's wall clock, highest minus lowest."""
+def _timers_clean_ms(folder: Path) -> list[float]:
+    """A sample's clean steps from its raw timer files: per step after the one that follows the trace,
+    the median over ranks of the recorder's wall clock."""
     last = max(json.loads((folder / "run.json").read_text())["profile"]["steps"]) + 1
     walls = [timer_step_ms(p) for p in sorted((folder / "timers").glob("rank*.jsonl"))]
     steps = sorted(set.intersection(*({s for s in w if s > last} for w in walls)))
-    per_step = [statistics.median(w[s] for w in walls) for s in steps]
+    return [statistics.median(w[s] for w in walls) for s in steps]
+
+
+def _timers_spread_ms(folder: Path) -> float:
+    """A sample's step-to-step spread from its raw timer files: its clean steps' highest minus lowest."""
+    per_step = _timers_clean_ms(folder)
     return max(per_step) - min(per_step)
 
 
@@ -310,6 +315,9 @@ def test_the_step_finding_says_which_test_kept_the_runs_apart(compared) -> None:
     assert min(step.values()) == step["fsdp1-cpu-2rank"] and max(step.values()) == step["fsdp2-cpu-2rank"]
     noise = re.search(r"noise between the fastest and slowest \(2 standard errors\): ([\d.]+) ms", finding["evidence"])
     assert noise and apart > max(float(noise[1]), 0.05 * step["fsdp2-cpu-2rank"])  # beyond the noise
+    # the noise of the step times compared, the timers' clean steps, not of the profiled steps beside them
+    errors = [statistics.stdev(ms) / len(ms) ** 0.5 for ms in map(_timers_clean_ms, (FSDP2, FSDP1))]
+    assert float(noise[1]) == pytest.approx(2 * (errors[0] ** 2 + errors[1] ** 2) ** 0.5, abs=0.01)
     said = re.search(r"within the runs' step-to-step spread: ([\d.]+) ms apart, no more than ([\d.]+) ms",
                      finding["message"])
     assert said and finding["better"] is None, finding["message"]
@@ -496,3 +504,27 @@ def test_the_terminal_says_the_findings_the_json_holds(tmp_path: Path, capsys: p
     lines = [line.strip() for line in out.splitlines()]
     start = lines.index("findings (what differs between the runs, and why as far as the traces show)")
     assert lines[start + 1:start + 1 + len(findings)] == [f["message"] for f in findings]
+
+
+def test_a_unit_that_ran_nothing_of_its_own_leaves_its_groups_figures(capsys: pytest.CaptureFixture[str]) -> None:
+    """ZeRO-3's root around an ``nn.Sequential`` holds no parameter of its own and ran nothing outside its
+    submodules (run.json: 0 elements; the summary lists no entry for it). A group holding it had none of
+    its figures to add up, and every sum of the group read as unknown (the first block's row was blank).
+    Each group carries its units' summary figures, and its bytes are run.json's elements at 4 bytes each."""
+    run = RECORDED / "zero3-master-copy" / "run"
+    numel = {u["unit"]: u["param_numel"] for u in json.loads((run / "run.json").read_text())["units"]}
+    assert numel["(root)"] == 0
+    code, out, err = _run(capsys, "compare", str(run), str(run), "--label", "a", "--label", "b", "--json", "-q")
+    assert code == 0, err
+    result = json.loads(out)
+    summary = {u["name"]: u for u in result["runs"][0]["units"]}
+    assert "(root)" not in summary  # and the summary says why
+    assert any(n.startswith("(root) ran nothing of its own") for n in result["runs"][0]["notes"])
+    groups = result["unit_groups"]
+    assert [g["members"]["a"] for g in groups] == [[n] for n in numel if n != "(root)"]
+    for g in groups:
+        (unit,) = g["members"]["a"]
+        values = g["values"]["a"]
+        assert values["param_bytes"] == g["param_bytes"]["a"] == 4 * numel[unit]
+        for metric in ("all_gather_ms", "forward_ms", "backward_ms", "reduce_scatter_ms", "peak_allocated_bytes"):
+            assert values[metric] is not None and values[metric] == summary[unit][metric], (unit, metric)

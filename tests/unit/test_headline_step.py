@@ -128,3 +128,24 @@ def test_one_rank_short_of_steps_is_enough_to_fall_back(tmp_path: Path) -> None:
     })
     assert summary.profiler is not None and summary.profiler.fewest_unprofiled_steps == 1
     _leads_with_the_trace(summary, traced_ms, "rank 1 timed 1")
+
+
+def test_a_run_that_failed_before_its_clean_steps_says_so(tmp_path: Path) -> None:
+    # GIVEN profiled 2-4, and a rank that raised in step 5 (run.json, as the recorder writes a failed run)
+    synth = generate_run(Scenario(units=make_units(2), steps=(2, 3, 4)), tmp_path / "run", run_folder=True)
+    (synth.folder / "timers").mkdir()
+    for rank in (0, 1):
+        lines = [json.dumps({"rank": rank, "step": step, "unit": "", "phase": "step", "kind": "total", "ms": ms,
+                             "n": 1}) for step, ms in enumerate([*SLOW_START, 30, 30, 30])]
+        (synth.folder / "timers" / f"rank{rank}.jsonl").write_text("\n".join(lines) + "\n")
+    run_json = synth.folder / "run.json"
+    facts = json.loads(run_json.read_text())
+    facts.update(status="failed", exit_code=1, reason="command exited with code 1; rank 1: RuntimeError: boom")
+    for rank in facts["ranks"]:
+        rank.update(status="failed", steps_seen=5, partial_step=5)
+    run_json.write_text(json.dumps(facts))
+    summary = analyse([synth.folder], cache=False, progress=False).summary
+    # THEN the note says the run stopped, with run.json's reason: more steps would not have helped it
+    (note,) = [n for n in summary.notes if "the step time is the traced one" in n]
+    assert "the run failed after 5 step(s)" in note and "RuntimeError: boom" in note
+    assert "record at least" not in note

@@ -158,6 +158,13 @@ def test_run_folder_reads_run_json_timers_and_units(tmp_path: Path) -> None:
     assert traces.run_dir == str(run)
     assert traces.rank_ids == [0, 1]
     assert traces.timers["ms"].tolist() == [12.5, 1.25]
+    # the torn line is left out, and said: a note of the summary and a warning of every command
+    assert traces.torn_timers == [str(run / "timers" / "rank0.jsonl")]
+    from fsdpviz.analysis.completeness import gap_notes, gap_warnings
+
+    (said,) = [n for n in gap_notes(traces) if n.code == "torn_timers"]
+    assert said.startswith(f"left out the last line of {run / 'timers' / 'rank0.jsonl'}: ")
+    assert str(said) in gap_warnings(traces)
     assert list(traces.timers.dtypes.astype(str)) == list(schema.TIMERS.values())
     assert traces.units.iloc[0].to_dict() == {"unit": "blocks.0", "order": 0, "param_numel": 1024,
                                               "param_bytes": 4096, "framework": "fsdp2", "parent": "",

@@ -38,7 +38,7 @@ from fsdpviz import vocabulary
 from fsdpviz.analysis.bound import clock_scale, comm_clock_scale
 from fsdpviz.analysis.compare.clocks import different_clocks, levels_differ
 from fsdpviz.analysis.compare.model import HEADLINE_FIELDS, unit_index
-from fsdpviz.analysis.compare.spread import MEMORY_NOISE, headline_spread_why
+from fsdpviz.analysis.compare.spread import MEMORY_NOISE, STEP_COLUMNS, headline_spread_why, step_values_ms
 from fsdpviz.analysis.compare.units import all_known, group_values
 from fsdpviz.analysis.run import STEP_PARTS
 from fsdpviz.analysis.summary import no_memory_cause
@@ -77,9 +77,19 @@ def per_step_ms(run: LabelledRun, column: str) -> np.ndarray:
     return (times.groupby("step")[column].mean() / NS_PER_MS).to_numpy(dtype=float)
 
 
+# STEP_TIMES column -> the headline figure it is a step of
+_FIGURE_OF: Final = {"step_ns": "step_time_ms", **{column: key for key, column in STEP_COLUMNS.items()}}
+
+
 def stderr_ms(run: LabelledRun, column: str) -> float:
-    """Standard error of the mean of a STEP_TIMES column over analysed steps (0 with one step)."""
-    values = per_step_ms(run, column)
+    """Standard error of the mean of the figure a STEP_TIMES column is the steps of, over the steps the
+    figure and its spread are taken from, on the run's clock (:func:`~fsdpviz.analysis.compare.spread.step_values_ms`:
+    the timers' clean steps where the step time is theirs, not the profiled ones); the analysed steps as
+    traced where the figure has none. 0 with one step."""
+    figure = _FIGURE_OF.get(column)
+    steps = step_values_ms(run, figure) if figure is not None else None
+    values = (steps.dropna().to_numpy(dtype=float) if steps is not None and len(steps.dropna()) > 1
+              else per_step_ms(run, column))
     return float(values.std(ddof=1) / np.sqrt(len(values))) if len(values) > 1 else 0.0
 
 
@@ -534,8 +544,8 @@ def prefetch_finding(c: Comparison) -> list[Finding]:
         shallow = min(known, key=lambda lb: known[lb])
         exposed = {r.label: exposed_parts(r).get(f"{phase}_all_gather_ms") for r in c.runs}
         e_deep, e_shallow = exposed.get(deep), exposed.get(shallow)
-        message = (f"{deep} issues its {phase} all-gathers earlier: on average {known[deep]:.1f} units are still "
-                   f"computing when a gather starts, against {known[shallow]:.1f} in {shallow}")
+        message = (f"{deep} issues its {phase} all-gathers earlier: on average {known[deep]:.1f} other units compute "
+                   f"between a gather's start and its own unit's compute, against {known[shallow]:.1f} in {shallow}")
         i, j = c.labels.index(deep), c.labels.index(shallow)
         better = None
         if not (c.is_ranked(i) and c.is_ranked(j)):
