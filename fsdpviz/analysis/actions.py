@@ -302,8 +302,8 @@ def with_prediction(action: Action, change_ms: float | None, words: str, *, spre
         return action
     said = words.removeprefix("predicted ")
     why = ""
-    # in whatif's own order: an unreliable replay says nothing; a change within the spread is no
-    # measurable change, whichever its sign; beyond it, a slower step is no gain
+    # in whatif's own order: an unreliable replay says nothing; a change within the spread is not
+    # measurable in this recording, whichever its sign; beyond it, a slower step is no gain
     if unreliable:
         why = f"not advised: {unreliable} ({said})"
     elif spread_ms is None and spread_unknown:
@@ -312,7 +312,7 @@ def with_prediction(action: Action, change_ms: float | None, words: str, *, spre
         # the figure first, then why it is not read as a change: a large predicted move beside "no change"
         # would read as a contradiction
         why = (f"not advised: fsdpviz whatif predicts {said}, within the recording's {spread_ms:.2f} ms "
-               f"step-to-step spread: no measurable change") + (f" ({because})" if because else "")
+               f"step-to-step spread: not measurable in this recording") + (f" ({because})" if because else "")
     elif change_ms > -NO_GAIN_MS:
         why = f"not advised: fsdpviz whatif predicts no gain ({said})" + (f": {because}" if because else "")
     if why:

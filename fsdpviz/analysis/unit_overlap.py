@@ -189,7 +189,8 @@ def _waited_sum(codes: np.ndarray, n: int, known: np.ndarray, rows: np.ndarray, 
 def issue_depths(ag: pd.DataFrame, pieces: pd.DataFrame, ancestors: dict[str, set[str]] | None = None) -> np.ndarray:
     """Per gather row (``rank``, ``step``, ``micro``, ``phase``, ``unit``, ``ag_start_ns``,
     ``compute_start_ns``): the number of other units with a compute span of the same rank, step and
-    pass that began before the unit's own compute and was still running when the gather started."""
+    pass that began before the unit's own compute and ended after the gather started: the units that
+    computed between the gather's issue and its unit's compute, the depth it was issued ahead."""
     depth = np.full(len(ag), schema.NO_DEPTH, dtype=np.int64)
     key = ["rank", "step", "micro", "phase"]
     # Units as codes once for the whole table, and "is u an ancestor of g" as one boolean matrix:

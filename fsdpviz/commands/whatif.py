@@ -249,14 +249,19 @@ def _rows(baseline: Outcome, predicted: Outcome) -> list[tuple[str, str, str, st
     return rows
 
 
-def category_changes(baseline: Outcome, predicted: Outcome, *, min_bytes: int = 1 << 20) -> list[str]:
+def category_changes(baseline: Outcome, predicted: Outcome, *, min_bytes: int = 1 << 20,
+                     min_share: float = 0.05) -> list[str]:
     """What the predicted peak holds that the recorded one did not, category by category (those
-    that change by at least ``min_bytes``), e.g. ``unsharded parameters 100.1 MiB -> 772.4 MiB``."""
+    that change by at least ``min_bytes``, or on a small model ``min_share`` of the larger peak), e.g.
+    ``unsharded parameters 100.1 MiB -> 772.4 MiB``."""
     from fsdpviz.analysis.memory_categories import CATEGORIES, TITLES
 
     before, after = baseline.memory_categories, predicted.memory_categories
     if not before or not after:
         return []
+    peaks = [p for p in (baseline.peak_allocated_bytes, predicted.peak_allocated_bytes) if p]
+    if peaks:
+        min_bytes = min(min_bytes, int(min_share * max(peaks)))
     out = []
     for c in CATEGORIES:
         b, a = before.get(c), after.get(c)
@@ -406,7 +411,7 @@ def print_exploration(exploration: Exploration, run: str) -> None:
         typer.echo("  no setting's predicted peak fits the budget")
     if within:
         spread = exploration.spread_ms
-        typer.echo(f"predicted, not ranked: no measurable change (within the recording's step-to-step spread of "
+        typer.echo(f"predicted, not ranked: not measurable in this recording (within the recording's step-to-step spread of "
                    f"{spread:,.2f} ms)")
         _table(("#", *header), within)
     over = [(*row(c), bytes_text(c.over_bytes)) for c in exploration.over_budget if c.prediction is not None]

@@ -274,7 +274,7 @@ UNIT_STEPS: Final[Schema] = {
     "ag_exposed_ns": "int64",  # part of it with no compute on the rank (once per shared ZeRO-3 bucket)
     "ag_bytes": "int64",
     "prefetch_lead_ns": "float64",  # compute_start - ag_end (NaN without gather or compute)
-    "issue_depth": "int32",  # other units still computing when the gather began (NO_DEPTH: no gather)
+    "issue_depth": "int32",  # other units computing between the gather's start and the unit's (NO_DEPTH: no gather)
     "rs_ns": "int64",
     "rs_exposed_ns": "int64",
     "ar_ns": "int64",  # HSDP all-reduce of the gradients

@@ -13,7 +13,7 @@ beside it, and none is called memory-bound, since no limit is known to be near. 
 as a budget made every setting within 10 % of it "memory"-bound, the recording included.)
 Settings whose predicted peak fits are ranked by predicted step time; the others are listed apart,
 with how much they exceed the budget. A setting whose predicted step moves by no more than the
-recording's own step-to-step spread is listed as no measurable change, not ranked. A recording whose
+recording's own step-to-step spread is listed as not measurable in this recording, not ranked. A recording whose
 replay misses it by more than ``RELIABLE_REPLAY_PCT`` (or whose out-of-sample phase check misses by more
 than ``PHASE_LIMIT_PCT``) says so before the grid (``warnings``) and ranks nothing: its settings are
 listed apart (``unranked``), for reading; so does a recording whose spread is unknown (fewer than two
@@ -189,7 +189,7 @@ class Exploration:
     notes: list[str] = field(default_factory=list)
     within_spread: list[Candidate] = field(default_factory=list)
     """Settings within the budget whose predicted step moves by no more than the recording's own
-    step-to-step spread: no measurable change, so not ranked (by predicted step time, for reading)."""
+    step-to-step spread: not measurable in this recording, so not ranked (by predicted step time, for reading)."""
     spread_ms: float | None = None
     warnings: list[str] = field(default_factory=list)
     """What makes every prediction of the grid weak (one model serves them all): said before the ranking."""

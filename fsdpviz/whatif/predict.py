@@ -687,7 +687,7 @@ def _predicted_peak(rec: Recording, settings: Settings, memory: list[MemoryChang
 def within_spread_words(spread_ms: float) -> str:
     """What whatif says of a change within the recording's step-to-step spread (the command, and a saved
     prediction's cells on the report's and compare's pages)."""
-    return ("no measurable change: the predicted step moves by less than the recording's own step-to-step "
+    return ("not measurable in this recording: the predicted step moves by less than the recording's own step-to-step "
             f"spread ({spread_ms:,.2f} ms)")
 
 

@@ -301,12 +301,12 @@ def test_samples_advise_nothing_predicted_to_gain_nothing(sample: str, sample_ru
         if a.knob and a.predicted_change_ms is not None:
             assert a.predicted_change_ms < 0
         if a.predicted_change_ms is not None and a.predicted_change_ms > -0.005:
-            # whatif's order: a change within the recording's spread is no measurable change, whichever
+            # whatif's order: a change within the recording's spread is not measurable in this recording, whichever
             # its sign; only a slower step beyond it is "no gain"
             share, step = spread_share(result), result.summary.step_time_ms
             spread = share * step if share is not None and step is not None else None
             within = spread is not None and abs(a.predicted_change_ms) <= spread
-            assert a.knob == "" and ("step-to-step spread: no measurable change" if within else "predicts no gain") \
+            assert a.knob == "" and ("step-to-step spread: not measurable in this recording" if within else "predicts no gain") \
                 in a.why_not
 
 
@@ -421,7 +421,7 @@ def test_a_bucketed_collective_says_its_exposure_is_the_buckets(sample_run: Call
     assert share == pytest.approx(unit.reduce_scatter_ms, abs=0.006) and exposed > share
 
 
-WITHIN = "within the recording's 12.13 ms step-to-step spread: no measurable change"
+WITHIN = "within the recording's 12.13 ms step-to-step spread: not measurable in this recording"
 
 
 @pytest.mark.parametrize("change_ms, spread_ms, said", [

@@ -25,7 +25,7 @@ def test_an_unreliable_saved_prediction_is_marked(capsys: pytest.CaptureFixture[
     assert data["reliable"] is True and data["predicted"]["measurable"] is False
     spread = data["predicted"]["spread_ms"]
     assert abs(data["predicted"]["step_time_ms"] - data["baseline"]["step_time_ms"]) <= spread
-    within = ("no measurable change: the predicted step moves by less than the recording's own step-to-step "
+    within = ("not measurable in this recording: the predicted step moves by less than the recording's own step-to-step "
               f"spread ({spread:,.2f} ms)")
     why = "unreliable: out of sample, the model's replay took the profiler's share out of the step's phases"
     weak = copy.deepcopy(data)

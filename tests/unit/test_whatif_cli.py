@@ -145,7 +145,7 @@ def test_explore_on_cpu_counts_what_it_lists_without_a_budget(capsys: pytest.Cap
     assert [int(row[0]) for row in ranked] == list(range(1, len(ranked) + 1))
     assert "over the budget" not in out
     # a setting within the recording's own step-to-step spread is listed, not ranked; the fastest is a ranked one
-    assert (len(ranked) < len(rows)) == ("no measurable change (within the recording's step-to-step spread" in out)
+    assert (len(ranked) < len(rows)) == ("not measurable in this recording (within the recording's step-to-step spread" in out)
     # "fastest" names a ranked setting predicted faster than the recording, or there is none to name
     faster = [row for row in ranked if row[row.index("ms") + 1].startswith("-")]  # the step's change
     assert bool(faster) == any(line.startswith("fastest: ") for line in lines), out
@@ -404,3 +404,20 @@ def test_explore_says_by_how_much_a_setting_is_over_the_budget(capsys: pytest.Ca
         row = next(line for line in table.splitlines() if line.strip().startswith(candidate["setting"]))
         assert row.rstrip().endswith(bytes_text(candidate["over_budget_bytes"])), (row, candidate)
     assert " 0.00 MiB\n" not in table
+
+
+def test_the_terminal_names_each_category_a_small_peak_moves_by(capsys: pytest.CaptureFixture[str]) -> None:
+    """On one rank instead of two, FSDP2 holds every parameter and its Adam state on the rank: each rank's
+    shard doubles (run.json's units hold 222,336 bytes of parameters, 0.11 MiB a rank of 2). On a model
+    this small the shards move by less than a MiB, yet they are a third of the peak's change: the
+    terminal's line names them, as the JSON does, not the optimizer state alone."""
+    run = Path(__file__).parents[1] / "recorded" / "example-fsdp2" / "run"
+    units = json.loads((run / "run.json").read_text())["units"]
+    shard_mib = sum(u["param_bytes"] for u in units) / 2 / 2**20
+    with pytest.raises(SystemExit):
+        main(["whatif", str(run), "--world-size", "1", "-q"])
+    (line,) = [ln for ln in capsys.readouterr().out.splitlines() if "peak by category:" in ln]
+    said = {name: (float(a), float(b))
+            for name, a, b in re.findall(r"(sharded parameters|optimizer state) ([\d.]+) MiB -> ([\d.]+) MiB", line)}
+    assert said["sharded parameters"] == pytest.approx((shard_mib, 2 * shard_mib), abs=0.006)
+    assert said["optimizer state"] == pytest.approx((2 * shard_mib, 4 * shard_mib), abs=0.006)  # Adam: 2 per element

@@ -13,7 +13,7 @@ from fsdpviz.formatting import MIB, format_bytes, format_change
 from fsdpviz.replay.model import Model
 from fsdpviz.report.html import Fact, HtmlTable, LegendItem, Page, Section, TableCell, write_page
 from fsdpviz.report.style import unit_colors
-from fsdpviz.whatif.predict import SPREAD_UNKNOWN_WHY, Outcome, Prediction, time_rows
+from fsdpviz.whatif.predict import SPREAD_UNKNOWN_WHY, Outcome, Prediction, time_rows, within_spread_words
 
 HOWTO_NUMBERS = (
     "Recorded: the run's figures as `fsdpviz summary` reports them (on its clock: the step of the timers' "
@@ -132,8 +132,8 @@ def build_whatif(model: Model, prediction: Prediction, output: str | Path, *, so
     elif prediction.measurable:
         spread = f"The predicted change is beyond the recording's own step-to-step spread ({prediction.spread_ms:,.2f} ms)."
     else:
-        spread = (f"No measurable change: the predicted step moves by less than the recording's own step-to-step "
-                  f"spread ({prediction.spread_ms:,.2f} ms).")
+        within = within_spread_words(prediction.spread_ms or 0.0)
+        spread = f"{within[0].upper()}{within[1:]}."
     notes = [*(f"Warning: {w}." for w in prediction.warnings), spread,
              *(f"Assumed: {figure}." for figure in prediction.assumed),
              f"Replay: {prediction.replay_words()}.", *prediction.notes]
