@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from fsdpviz.analysis.compare.model import Comparison
 from fsdpviz.analysis.compare.runs import compare_runs, unique_labels
 from fsdpviz.analysis.pipeline import LabelledRun
-from fsdpviz.errors import FsdpvizError, RunFolderError, UsageError
+from fsdpviz.errors import FsdpvizError, RunFolderError, TraceError, UsageError
 from fsdpviz.trace.tables import TraceSet
 
 if TYPE_CHECKING:
@@ -95,6 +95,9 @@ def load_runs(paths: Sequence[str | Path], labels: Sequence[str] | None = None, 
                          "in the order of the runs, or none")
     if labels and len(set(labels)) != len(labels):
         raise UsageError(f"--label values must differ: {', '.join(labels)}")
+    for raw in paths:  # a missing run is said before the others are loaded (seconds each)
+        if not Path(raw).exists():
+            raise TraceError(Path(raw), "no such file or folder")
     loaded: list[tuple[Path, RunResult]] = []
     for i, raw in enumerate(paths):
         path = Path(raw)
