@@ -12,9 +12,9 @@ of the pass that waited most (the smallest).
   non-copy kernels on GPU; training-thread ops outside collective calls and waits on CPU).
 - ``prefetch_lead_ns`` = start of the unit's compute - end of its gather: positive when the
   parameters were ready before they were needed, ~0 or negative when compute waited.
-- ``issue_depth``: how many other units that started computing before this one were still
-  computing when the gather began: 0 = gathered only once the previous unit had finished (nothing
-  to hide behind), 1 = one unit ahead, 2 = two units ahead... An enclosing unit (the root around
+- ``issue_depth``: how many other units that started computing before this one computed after
+  the gather began (the units it was issued ahead of): 0 = gathered only once the previous unit had
+  finished (nothing to hide behind), 1 = one unit ahead, 2 = two units ahead... An enclosing unit (the root around
   its blocks) counts as one, and only when no other unit was computing.
 - ``rs_*`` / ``ar_*``: the unit's gradient reduce-scatter (and HSDP all-reduce), exposed the same way.
 
