@@ -67,7 +67,8 @@ class Calibration:
     target_ms: float | None = None
     """The median over the calibrated ranks of their clean unprofiled step (timers)."""
     replay_ms: float | None = None
-    """The median over those ranks of their replayed step, scaled by the measured factor (not fitted to it)."""
+    """The median over those ranks of their replayed step (the mean over the rank's steps, as its traced step),
+    scaled by the measured factor (not fitted to it)."""
     clean_steps: int = 0
     """The fewest clean unprofiled steps a calibrated rank timed."""
 
@@ -145,7 +146,9 @@ def calibrate(rec: Recording, factors: dict[int, float], clean: dict[int, tuple[
     for rank, steps in sorted(by_rank.items()):
         k = factors[rank]
         scale[rank] = k
-        replayed[rank] = statistics.median(replay_ns([scaled_step(s, k) for s in steps]))
+        # the mean over the rank's steps, as its traced step (the factor's divisor) is: a median here set
+        # against a mean there read the traced steps' own spread (one fast step of three) as the replay's miss
+        replayed[rank] = statistics.fmean(replay_ns([scaled_step(s, k) for s in steps]))
     if not scale:
         return Calibration()
     return Calibration(scale=scale,
