@@ -338,8 +338,8 @@ def straggler_findings(step_times: pd.DataFrame, floor_ns: float, scale: float =
     nxt = per_rank.drop(index=rank)
     return [_row("", "", "straggler", lost,
                  f"rank {rank} starts collectives later than the other ranks (straggler); they wait for it "
-                 f"{ms_text(lost / NS_PER_MS)}/step in exposed communication (each, beyond rank {rank}'s own; "
-                 "the run's exposed communication is the median over ranks)",
+                 f"{ms_text(lost / NS_PER_MS)}/step in exposed communication (per other rank on average, beyond rank "
+                 f"{rank}'s own; the run's exposed communication is the median over ranks)",
                  f"sum over a step's collectives of (rank {rank}'s start - earliest start): median {ms_text(late / NS_PER_MS)}; "
                  f"next rank {int(nxt.index[0])}: {ms_text(float(nxt.iloc[0]) / NS_PER_MS)}; per step, the other ranks' "
                  f"exposed communication beyond rank {rank}'s, at most its summed lateness that step: median "

@@ -577,16 +577,17 @@ def _units_without_work(table: pd.DataFrame | None, listed: set[str]) -> str | N
     left = table[~table["unit"].astype(str).isin(listed).to_numpy()]
     if left.empty:
         return None
-    empty = left["param_bytes"].to_numpy() == 0
+    size = left["param_bytes"].to_numpy()
+    names = left["unit"].astype(str).to_numpy()
+    why = {"none": "no parameters of {own} own to gather, no work outside the units inside",
+           "some": "although {holds} parameters", "unknown": "{own} size is not known"}
     said = []
-    if empty.any():
-        names = left["unit"].astype(str)[empty].tolist()
-        said.append(f"{', '.join(names)} ran nothing of {'its' if len(names) == 1 else 'their'} own in the "
-                    "analysed steps (no parameters of its own to gather, no work outside the units inside it)")
-    if (~empty).any():
-        names = left["unit"].astype(str)[~empty].tolist()
-        said.append(f"the analysed steps hold no gather, reduction or compute of {', '.join(names)}, although "
-                    f"{'it holds' if len(names) == 1 else 'they hold'} parameters")
+    for kind, rows in (("none", size == 0), ("some", size > 0), ("unknown", size < 0)):
+        if rows.any():
+            one = int(rows.sum()) == 1
+            own, holds = ("its", "it holds") if one else ("their", "they hold")
+            said.append(f"{', '.join(names[rows])} ran nothing of {own} own in the analysed steps ("
+                        + why[kind].format(own=own, holds=holds) + ")")
     return "; ".join(said) + ": no entry in units"
 
 

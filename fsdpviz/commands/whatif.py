@@ -249,19 +249,17 @@ def _rows(baseline: Outcome, predicted: Outcome) -> list[tuple[str, str, str, st
     return rows
 
 
-def category_changes(baseline: Outcome, predicted: Outcome, *, min_bytes: int = 1 << 20,
-                     min_share: float = 0.05) -> list[str]:
-    """What the predicted peak holds that the recorded one did not, category by category (those
-    that change by at least ``min_bytes``, or on a small model ``min_share`` of the larger peak), e.g.
+def category_changes(baseline: Outcome, predicted: Outcome) -> list[str]:
+    """What the predicted peak holds that the recorded one did not, category by category (those that
+    change by :func:`~fsdpviz.whatif.predict.category_floor` or more, as the page lists them), e.g.
     ``unsharded parameters 100.1 MiB -> 772.4 MiB``."""
     from fsdpviz.analysis.memory_categories import CATEGORIES, TITLES
+    from fsdpviz.whatif.predict import category_floor
 
     before, after = baseline.memory_categories, predicted.memory_categories
     if not before or not after:
         return []
-    peaks = [p for p in (baseline.peak_allocated_bytes, predicted.peak_allocated_bytes) if p]
-    if peaks:
-        min_bytes = min(min_bytes, int(min_share * max(peaks)))
+    min_bytes = category_floor(baseline, predicted)
     out = []
     for c in CATEGORIES:
         b, a = before.get(c), after.get(c)

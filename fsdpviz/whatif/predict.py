@@ -684,6 +684,14 @@ def _predicted_peak(rec: Recording, settings: Settings, memory: list[MemoryChang
                                 sized=settings.sources.get("world_size") == GIVEN)
 
 
+def category_floor(baseline: Outcome, predicted: Outcome) -> int:
+    """The least change of a peak's category the terminal and the page list: 1 MiB, or on a small model
+    5 % of the larger peak (a model of a few MiB moves its shards by less than a MiB, a third of its peak's
+    change)."""
+    peaks = [p for p in (baseline.peak_allocated_bytes, predicted.peak_allocated_bytes) if p]
+    return min(1 << 20, int(0.05 * max(peaks))) if peaks else 1 << 20
+
+
 def within_spread_words(spread_ms: float) -> str:
     """What whatif says of a change within the recording's step-to-step spread (the command, and a saved
     prediction's cells on the report's and compare's pages)."""
@@ -819,7 +827,7 @@ def _predicted_units(model: Model, simulated: list[SimResult], baseline: Outcome
     unreplayed: dict[str, list[str]] = {}
     # every unit the recorded ones group into, those the setting's replay ran nothing of too (unknown)
     units = list(dict.fromkeys([*new, *(group[m] for m in recorded if m in group)]))
-    for unit in sorted(units, key=lambda u: order.get(u, 1 << 30)):
+    for unit in sorted(units, key=lambda u: (u != ROOT_UNIT, order.get(u, 1 << 30))):
         members = [old for old, grouped in group.items() if grouped == unit]
         # a member the replay of the recording ran nothing of, or a unit the setting's replay ran nothing
         # of: how the change moves its figures is unknown

@@ -271,7 +271,7 @@ def test_missing_run_is_named(capsys: pytest.CaptureFixture[str], tmp_path: Path
     code, _, err = _run(capsys, "compare", str(FSDP2), str(missing), "--json", "-q")
     assert code == 2
     assert err == f"error: {missing}: no such file or folder\n"
-    # said before the run before it is loaded: its progress line never comes
+    # said before the run ahead of it is loaded: its progress line never comes
     code, _, err = _run(capsys, "compare", str(FSDP2), str(missing), "--json")
     assert code == 2 and err == f"error: {missing}: no such file or folder\n"
 

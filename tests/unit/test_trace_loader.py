@@ -327,3 +327,28 @@ print(json.dumps({{"seen": seen, "events": [int(cold.traces.ranks["n_events"][0]
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["seen"] == [{"pandas": True, "workers": 1}]
     assert got["events"][0] == got["events"][1] > 0
+
+
+def test_a_torn_timer_line_is_said_by_the_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The bundled FSDP2 sample with rank 0's timer file cut in the middle of its last line: ``summary``
+    reads every whole line (the step time is still the timers') and says, as a warning and a note, which
+    file's last line it left out."""
+    import shutil
+
+    from fsdpviz.cli import main
+
+    run = tmp_path / "run"
+    shutil.copytree(Path(__file__).parents[2] / "sample_traces" / "fsdp2-cpu-2rank", run,
+                    ignore=shutil.ignore_patterns(".fsdpviz-cache", "report.html"))
+    timers = run / "timers" / "rank0.jsonl"
+    text = timers.read_text()
+    last = text.rstrip("\n").rsplit("\n", 1)[1]
+    timers.write_text(text.rstrip("\n")[: -len(last) // 2])
+    with pytest.raises(SystemExit) as done:
+        main(["summary", str(run), "--json", "-q", "--no-cache"])
+    out, err = capsys.readouterr()
+    assert not done.value.code, err
+    said = f"left out the last line of {timers}: it is not a whole timer record"
+    assert any(ln.startswith("warning: ") and said in ln for ln in err.splitlines()), err
+    summary = json.loads(out)
+    assert summary["step_time_source"] == "timers" and any(n.startswith(said) for n in summary["notes"])

@@ -5,7 +5,8 @@ communication, which peaks lowest, where the difference sits among the units) an
 as far as the traces show it:
 
 - a difference counts when it exceeds the noise: 5 % of the larger value (2 % for memory), twice
-  the standard error of the difference of the two means (from each run's per-step means over ranks,
+  the standard error of the difference of the two means (from the per-step values each run's figure and
+  its spread are read from, on the run's clock: the timers' clean steps where the step time is theirs;
   a two-sample test at roughly 95 %) and, for step time and exposed communication, the larger of the
   two runs' step-to-step spreads (the rule of the best marks); below that the finding names no
   winner and says which held, the noise or the spread, with its figure;
@@ -81,15 +82,21 @@ def per_step_ms(run: LabelledRun, column: str) -> np.ndarray:
 _FIGURE_OF: Final = {"step_ns": "step_time_ms", **{column: key for key, column in STEP_COLUMNS.items()}}
 
 
-def stderr_ms(run: LabelledRun, column: str) -> float:
-    """Standard error of the mean of the figure a STEP_TIMES column is the steps of, over the steps the
-    figure and its spread are taken from, on the run's clock (:func:`~fsdpviz.analysis.compare.spread.step_values_ms`:
-    the timers' clean steps where the step time is theirs, not the profiled ones); the analysed steps as
-    traced where the figure has none. 0 with one step."""
+def noise_values_ms(run: LabelledRun, column: str) -> np.ndarray:
+    """The per-step values the noise of the figure a STEP_TIMES column is the steps of is read from: those
+    its step-to-step spread is read from, on the run's clock (:func:`~fsdpviz.analysis.compare.spread.step_values_ms`:
+    the timers' clean steps where the step time is theirs, with the traced steps moved to the step time
+    where the clean ones are too few and range narrower); the analysed steps as traced where it has none."""
     figure = _FIGURE_OF.get(column)
     steps = step_values_ms(run, figure) if figure is not None else None
-    values = (steps.dropna().to_numpy(dtype=float) if steps is not None and len(steps.dropna()) > 1
-              else per_step_ms(run, column))
+    if steps is not None and len(steps.dropna()) > 1:
+        return steps.dropna().to_numpy(dtype=float)
+    return per_step_ms(run, column)
+
+
+def stderr_ms(run: LabelledRun, column: str) -> float:
+    """Standard error of the mean of :func:`noise_values_ms` (0 with one step)."""
+    values = noise_values_ms(run, column)
     return float(values.std(ddof=1) / np.sqrt(len(values))) if len(values) > 1 else 0.0
 
 
@@ -99,13 +106,15 @@ def noise_ms(a: LabelledRun, b: LabelledRun, column: str) -> float:
 
 
 def few_steps(a: LabelledRun, b: LabelledRun) -> str:
-    """A caveat when either run has fewer than MIN_STEPS analysed steps: two or so per-step values
-    give a weak noise estimate, so a named winner may not survive a longer recording."""
-    n = min(len(per_step_ms(a, "step_ns")), len(per_step_ms(b, "step_ns")))
+    """A caveat when the step time's noise of either run rests on fewer than MIN_STEPS steps
+    (:func:`noise_values_ms`): two or so per-step values give a weak estimate, so a named winner may not
+    survive a longer recording."""
+    counts = {run.label: len(noise_values_ms(run, "step_ns")) for run in (a, b)}
+    label, n = min(counts.items(), key=lambda kv: kv[1])
     if n >= MIN_STEPS:
         return ""
-    return (f" Only {n} analysed step(s) in {a.label if len(per_step_ms(a, 'step_ns')) == n else b.label}: the "
-            "noise estimate is weak, so confirm with more steps (fsdpviz record --steps 6).")
+    return (f" Only {n} step(s) in {label} behind its noise estimate: the estimate is weak, so confirm with a "
+            "longer recording (more steps).")
 
 
 def is_clear(a: float, b: float, noise: float, rel: float = TIME_NOISE, floor: float = MIN_TIME_MS) -> bool:
@@ -533,7 +542,8 @@ def _mean_depth(run: LabelledRun, phase: str) -> float | None:
 
 
 def prefetch_finding(c: Comparison) -> list[Finding]:
-    """Runs whose gathers start while earlier units still compute (issue depth) more than others'."""
+    """Runs whose gathers start further ahead of their units' compute (issue depth: the units computed in
+    between) than others'."""
     out = []
     for phase in ("forward", "backward"):
         depths = {r.label: _mean_depth(r, phase) for r in c.runs}
@@ -576,7 +586,7 @@ def prefetch_finding(c: Comparison) -> list[Finding]:
                         message += (f", but its whole exposed communication is not less ({ms_text(float(ti))} vs "
                                     f"{ms_text(float(tj))} per step), so it is not named better")
         out.append(_finding("prefetch", message + ".", "mean over units of the median issue depth "
-                            "(units computing when the gather began)", better,
+                            "(the other units computed between a gather's start and its unit's compute)", better,
                             {f"{phase}_issue_depth": known,
                              f"exposed_{phase}_all_gather_ms": {k: v for k, v in exposed.items() if v is not None}}))
     return out

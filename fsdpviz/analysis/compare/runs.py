@@ -109,18 +109,20 @@ def unique_labels(labels: Sequence[str]) -> list[str]:
 
 def run_units(run: LabelledRun) -> list[RunUnit]:
     """The run's units for matching: the analysis' unit table, else run.json's, else the summary's;
-    with the parameters run.json records for each unit (FQN and numel). A unit the summary has no entry
-    for is left out where the summary lists units: it ran nothing of its own in the analysed steps (ZeRO-3's
-    root around its submodules, no parameters of its own), so a group holding it would have none of its
-    figures to add up, and every sum of the group would read as unknown."""
+    with the parameters run.json records for each unit (FQN and numel). A unit of no parameters of its own
+    that the summary has no entry for is left out where the summary lists units: it ran nothing of its own
+    in the analysed steps (ZeRO-3's root around its submodules), so a group holding it would have none of
+    its figures to add up, and every sum of the group would read as unknown. A unit that holds parameters,
+    or whose size is unknown, stays: its group's sums are unknown without it."""
     table: pd.DataFrame | None = run.analysis.units
     listed = run.run.units if run.run is not None else []
     params = {u.unit: tuple((str(f), int(n)) for f, n in u.params) for u in listed}
     summarised = {u.name for u in run.summary.units}
-    if table is not None and summarised:
-        table = table[table["unit"].astype(str).isin(summarised).to_numpy()]
-    elif summarised:
-        listed = [u for u in listed if u.unit in summarised]
+    if summarised:
+        if table is not None and len(table):
+            idle = ~table["unit"].astype(str).isin(summarised).to_numpy() & (table["param_bytes"] == 0).to_numpy()
+            table = table[~idle]
+        listed = [u for u in listed if u.unit in summarised or u.param_bytes != 0]
     if table is not None and len(table):
         return [RunUnit(name=str(r.unit), order=int(r.order),
                         param_bytes=int(r.param_bytes) if r.param_bytes >= 0 else None, parent=str(r.parent),

@@ -9,11 +9,18 @@ from typing import Any
 
 from fsdpviz.analysis.memory_categories import CATEGORIES, TITLES
 from fsdpviz.errors import RunFolderError
-from fsdpviz.formatting import MIB, format_bytes, format_change
+from fsdpviz.formatting import format_bytes, format_change
 from fsdpviz.replay.model import Model
 from fsdpviz.report.html import Fact, HtmlTable, LegendItem, Page, Section, TableCell, write_page
 from fsdpviz.report.style import unit_colors
-from fsdpviz.whatif.predict import SPREAD_UNKNOWN_WHY, Outcome, Prediction, time_rows, within_spread_words
+from fsdpviz.whatif.predict import (
+    SPREAD_UNKNOWN_WHY,
+    Outcome,
+    Prediction,
+    category_floor,
+    time_rows,
+    within_spread_words,
+)
 
 HOWTO_NUMBERS = (
     "Recorded: the run's figures as `fsdpviz summary` reports them (on its clock: the step of the timers' "
@@ -56,9 +63,10 @@ def numbers_table(baseline: Outcome, predicted: Outcome) -> HtmlTable:
     rows.append([TableCell(text="peak allocated", header=True), TableCell(text=format_bytes(b_peak) or "n/a"),
                  TableCell(text=format_bytes(p_peak) or "n/a", sub=format_change(b_peak, p_peak, "bytes"))])
     before, after = baseline.memory_categories or {}, predicted.memory_categories or {}
+    floor = category_floor(baseline, predicted)  # the terminal's too
     for c in CATEGORIES if before and after else ():
         b, a = before.get(c), after.get(c)
-        if b is not None and a is not None and abs(a - b) >= MIB:  # the categories of the peak the setting changes
+        if b is not None and a is not None and abs(a - b) >= floor:  # the categories of the peak the setting changes
             rows.append([TableCell(text=f"… {TITLES[c]} at the peak", header=True),
                          TableCell(text=format_bytes(b) or "0"),
                          TableCell(text=format_bytes(a) or "0", sub=format_change(b, a, "bytes"))])
