@@ -577,7 +577,7 @@ def _units_without_work(table: pd.DataFrame | None, listed: set[str]) -> str | N
     left = table[~table["unit"].astype(str).isin(listed).to_numpy()]
     if left.empty:
         return None
-    size = left["param_bytes"].to_numpy()
+    size = left["param_bytes"].astype("float64").fillna(-1).to_numpy()  # NaN: unknown, as -1
     names = left["unit"].astype(str).to_numpy()
     why = {"none": "no parameters of {own} own to gather, no work outside the units inside",
            "some": "although {holds} parameters", "unknown": "{own} size is not known"}

@@ -380,12 +380,20 @@ def _script_words(run: RunInfo) -> str:
 
 def _more_steps(run: RunInfo) -> str:
     """How to record clean steps: more steps, and where the script profiles itself, fewer steps of its own;
-    where the run stopped early (run.json's status), that it did, not a longer recording."""
-    inside = [r.partial_step for r in run.ranks if r.partial_step is not None]
-    if run.status in ("failed", "interrupted") and inside:
-        # a rank ended inside a step: the loop stopped there (a failure after it, in teardown, leaves none)
-        return (f"the run {run.status} in step {min(inside)}, before the steps after the profiled ones that the "
-                f"timers time clean (run.json: {run.reason or run.status})")
+    where the run did not end well (run.json's status), that first: it may have stopped before its clean
+    steps (run.json cannot tell a stop in the loop from one after it: a failed rank's last step is its
+    ``partial_step`` either way)."""
+    stopped = ""
+    if run.status in ("failed", "interrupted"):
+        seen = [r.steps_seen for r in run.ranks if r.steps_seen]
+        at = f" after {max(seen)} step(s)" if seen else ""
+        stopped = (f"the run {run.status}{at} (run.json: {run.reason or run.status}), and the steps the timers time "
+                   "clean come after the profiled ones; otherwise, ")
+    return stopped + _record_more(run)
+
+
+def _record_more(run: RunInfo) -> str:
+    """How to record clean steps (:func:`_more_steps` without the run's status)."""
     if _script_profiled_any(run):
         return ("record more steps than the script's own profiler covers (2 clean ones on every rank, after the first "
                 f"{SETTLING_STEPS} and outside fsdpviz's profiled and unit-timed steps), or run the script's profiler "

@@ -689,7 +689,7 @@ def category_floor(baseline: Outcome, predicted: Outcome) -> int:
     5 % of the larger peak (a model of a few MiB moves its shards by less than a MiB, a third of its peak's
     change)."""
     peaks = [p for p in (baseline.peak_allocated_bytes, predicted.peak_allocated_bytes) if p]
-    return min(1 << 20, int(0.05 * max(peaks))) if peaks else 1 << 20
+    return max(1, min(1 << 20, int(0.05 * max(peaks)))) if peaks else 1 << 20
 
 
 def within_spread_words(spread_ms: float) -> str:
