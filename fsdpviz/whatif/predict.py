@@ -867,12 +867,12 @@ def _predicted_units(model: Model, simulated: list[SimResult], baseline: Outcome
 
 
 def _unit_order(recorded: list[str], group: dict[str, str], simulated: list[SimResult]) -> dict[str, int]:
-    """Each predicted unit's place: the recorded forward order of its first member (the root first), so
+    """Each predicted unit's place: the recorded forward order of its first member, so
     that a gather issued ahead for a later unit (FSDP's prefetch, ZeRO-3's bucket) moves no unit, nor a
     parent's own work after its children's; a unit no recorded one groups into, where the setting's
     replay first runs it in the forward."""
-    order: dict[str, int] = {}
-    for i, name in enumerate(sorted(recorded, key=lambda u: u != ROOT_UNIT)):
+    order: dict[str, int] = {}  # the root's place is the caller's sort key
+    for i, name in enumerate(recorded):
         order.setdefault(group.get(name, name), i)
     for i, s in enumerate(simulated[0].spans if simulated else []):
         if s.unit and s.phase == "forward":
