@@ -5,7 +5,9 @@ Per round, in one process after its imports: the analysis (``analyse`` and the p
 page's data (``prepare_report``), its views (``build_page``), holoviews' rendering of each view into
 bokeh models, then on those same models the two walks (``select`` Plot, ``select`` Toolbar, as
 ``report/html.py`` did) and the one walk it does now, then ``render_page`` whole (which renders the views
-again, walks them once, and runs bokeh's ``components`` and the inline resources). Before the rounds,
+again, walks them once, and runs bokeh's ``components`` and the inline resources), and on a document of the
+page's views made again, bokeh's validation walk (which ``render_page`` skips) and the inline resources
+bundled from a walk of each root (before) and from the document's set of models (now). Before the rounds,
 ``fsdpviz report`` itself in fresh interpreters and the imports alone (``python -c 'import ...'``).
 
     python benchmarks/bench_page_stages.py [RUN] [--rounds 3]
@@ -60,12 +62,14 @@ def main() -> None:
         print(f"imports alone, fresh interpreter: {spread(imports)} s")
 
         import holoviews as hv
+        from bokeh.embed.bundle import bundle_for_objs_and_resources
         from bokeh.model import Model
         from bokeh.models import Plot, Toolbar
+        from bokeh.resources import Resources
 
         from fsdpviz.analysis.pipeline import analyse
         from fsdpviz.report.data import prepare_report
-        from fsdpviz.report.html import render_page
+        from fsdpviz.report.html import _inline_resources, page_document, render_page
         from fsdpviz.report.page import build_page
         from fsdpviz.trace.schema import own_this_process
 
@@ -106,7 +110,17 @@ def main() -> None:
                         part.logo = None
             t = timed("one walk (now)", t)
             render_page(build_page(data))
-            timed("render_page whole (renders the views again)", t)
+            t = timed("render_page whole (renders the views again)", t)
+            # What render_page no longer does on the document it makes: bokeh's validation walk, and
+            # the bundle's walk of each root (it reads the document's set of models instead).
+            doc, _, _ = page_document(build_page(data))
+            t = time.perf_counter()
+            doc.validate()
+            t = timed("bokeh's validation of the document (skipped)", t)
+            bundle_for_objs_and_resources(list(doc.roots), Resources(mode="inline", log_level="warn"))
+            t = timed("bundle from each root's walk (before)", t)
+            _inline_resources(doc)
+            timed("bundle from the document's models (now)", t)
         for name, values in rows.items():
             print(f"{name:45s} {spread(values, '{:.3f}')} s over {len(values)} rounds")
 

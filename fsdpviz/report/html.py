@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import datetime as _dt
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -156,12 +158,25 @@ def _section_model(section: Section) -> Any | None:
                 sizing_mode="stretch_width")
 
 
-def _inline_resources(models: list[Any]) -> tuple[str, list[str]]:
-    """Inline ``<script>`` tags and CSS texts for ``models``; script URLs are dropped (see module doc)."""
+class _Models:
+    """Every model of a bokeh document, as bokeh's bundle reads a model's: its ``references()``. The
+    document holds that set already; each root's ``references()`` walks its graph again (0.3 s of a
+    small run's page)."""
+
+    def __init__(self, doc: Any) -> None:
+        self._doc = doc
+
+    def references(self) -> set[Any]:
+        return set(self._doc.models)
+
+
+def _inline_resources(doc: Any) -> tuple[str, list[str]]:
+    """Inline ``<script>`` tags and CSS texts for the models of ``doc``; script URLs are dropped (see
+    module doc)."""
     from bokeh.embed.bundle import bundle_for_objs_and_resources
     from bokeh.resources import Resources
 
-    bundle = bundle_for_objs_and_resources(models, Resources(mode="inline", log_level="warn"))
+    bundle = bundle_for_objs_and_resources([_Models(doc)], Resources(mode="inline", log_level="warn"))
     return bundle.scripts(tag=True), list(bundle.css_raw)
 
 
@@ -182,6 +197,30 @@ def render_page(page: Page) -> str:
     """Render ``page`` to the text of one standalone HTML file."""
     from bokeh.embed import components
 
+    doc, roots, section_roots = page_document(page)
+    if doc is not None:
+        # Bokeh's integrity checks walk every model of the document again and only log what they find
+        # (0.4 s of a small run's 4 s render): a page's views are held to them in the tests instead
+        # (tests/unit/test_report_document.py).
+        with _without_validation():
+            script, divs = components(roots)
+        js, css = _inline_resources(doc)
+    else:
+        script, divs, js, css = "", {}, "", []
+    template = _environment().get_template(TEMPLATE_NAME)
+    return template.render(
+        page=page,
+        plot_divs={section: [jinja2.utils.markupsafe.Markup(divs[key]) for key in keys]
+                   for section, keys in section_roots.items()},
+        bokeh_script=jinja2.utils.markupsafe.Markup(script),
+        bokeh_js=jinja2.utils.markupsafe.Markup(js),
+        bokeh_css=[jinja2.utils.markupsafe.Markup(text) for text in css],
+    )
+
+
+def page_document(page: Page) -> tuple[Any | None, dict[str, Any], dict[str, list[str]]]:
+    """The bokeh document of ``page`` (None where no section has a view), its roots by key, and each
+    section's root keys in order."""
     roots: dict[str, Any] = {}
     section_roots: dict[str, list[str]] = {}
     for section in page.sections:
@@ -199,31 +238,36 @@ def render_page(page: Page) -> str:
                 roots[section.key] = model
                 keys.append(section.key)
         section_roots[section.key] = keys
-    if roots:
-        # One call, one bokeh document: ranges shared between sections stay linked. The roots join it
-        # in one freeze, so bokeh walks the model graph once, not once per root added (a second of a
-        # small run's page).
-        from bokeh.document import Document
+    if not roots:
+        return None, roots, section_roots
+    # One document: ranges shared between sections stay linked. The roots join it in one freeze, so
+    # bokeh walks the model graph once, not once per root added (a second of a small run's page).
+    from bokeh.document import Document
 
-        doc = Document()
-        with doc.models.freeze():
-            for model in roots.values():
-                if model.document is not None:  # a page rendered again: its roots leave the last document
-                    model.document.remove_root(model)
-                doc.add_root(model)
-        script, divs = components(roots)
-        js, css = _inline_resources(list(roots.values()))
-    else:
-        script, divs, js, css = "", {}, "", []
-    template = _environment().get_template(TEMPLATE_NAME)
-    return template.render(
-        page=page,
-        plot_divs={section: [jinja2.utils.markupsafe.Markup(divs[key]) for key in keys]
-                   for section, keys in section_roots.items()},
-        bokeh_script=jinja2.utils.markupsafe.Markup(script),
-        bokeh_js=jinja2.utils.markupsafe.Markup(js),
-        bokeh_css=[jinja2.utils.markupsafe.Markup(text) for text in css],
-    )
+    doc = Document()
+    with doc.models.freeze():
+        for model in roots.values():
+            if model.document is not None:  # a page rendered again: its roots leave the last document
+                model.document.remove_root(model)
+            doc.add_root(model)
+    return doc, roots, section_roots
+
+
+@contextmanager
+def _without_validation() -> Iterator[None]:
+    """Bokeh's document validation off, as it was before afterwards (where a user turned it off, it stays
+    off)."""
+    from bokeh.settings import settings
+
+    setting = settings.perform_document_validation
+    if not setting():
+        yield
+        return
+    setting.set_value(False)
+    try:
+        yield
+    finally:
+        setting.unset_value()
 
 
 def write_page(page: Page, path: str | Path) -> int:
