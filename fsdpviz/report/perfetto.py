@@ -17,7 +17,7 @@ all-gathers on one stream), so every track is checked and an event that would cr
 to an extra track of the same name with ``(overlapping)`` appended.
 
 The file also lists which process belongs to which rank (``fsdpvizRanks``, with each rank's timers
-from the run folder) and carries the run folder's run.json (``fsdpvizRun``): fsdpviz's loader reads an
+from the run folder, and on the first rank the timer files whose torn last line was left out) and carries the run folder's run.json (``fsdpvizRun``): fsdpviz's loader reads an
 export back as the run it came from, with the same units, parameters, step times and memory (the raw
 events keep their collectives' element counts and types and their allocator blocks' addresses).
 """
@@ -189,6 +189,8 @@ def export_perfetto(result: RunResult, output: str | Path, *, steps: Sequence[in
                 baseline=measured_baseline(result.traces.run).get(rank, 0))
         _units(writer, analysis.spans, rank, wanted_steps, base_ns)
     trace_events = writer.nested()
+    if ranks_info and raw and result.traces.torn_timers:  # the timers' note travels with the timers
+        ranks_info[0]["torn_timers"] = list(result.traces.torn_timers)
     for info in ranks_info:  # the overflow tracks of the rank's processes, so that reading back undoes them
         info["tids"] = {f"{pid}:{tid}": back for (pid, tid), back in writer.moved.items() if str(pid) in info["pids"]}
     document: dict[str, Any] = {"traceEvents": trace_events, "displayTimeUnit": "ms",

@@ -123,6 +123,8 @@ class ExportRank(msgspec.Struct, gc=False):
     pids: dict[str, int] = {}  # export pid -> the rank's original pid
     complete_steps: list[int] = []  # the steps the export holds, every one complete in its source
     timers: msgspec.Raw = msgspec.Raw(b"")  # the rank's timer records (the run folder's timers/rank{R}.jsonl)
+    # the run's timer files whose torn last line was left out when the export was made (its first rank)
+    torn_timers: msgspec.Raw = msgspec.Raw(b"")
     # what the rank's trace said of itself beside its events (its distributedInfo and device), raw: a
     # value of another type is left out (trace/kineto.py), not the whole export with it
     nccl_version: msgspec.Raw = msgspec.Raw(b"")

@@ -50,6 +50,7 @@ RANK_IN_NAME_RE: Final = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 # folder held beside the traces, read back by trace/onerun.py
 EXPORT_RUN: Final = "export_run_json"
 EXPORT_TIMERS: Final = "export_timers_json"
+EXPORT_TORN: Final = "export_torn_timers_json"
 _RUNTIME_CODE: Final = schema.EVENT_KINDS.index(schema.KIND_RUNTIME)
 _KERNEL_CODE: Final = schema.EVENT_KINDS.index(schema.KIND_KERNEL)
 # The CPU ops autograd runs in a backward pass: a trace that holds none holds no training step.
@@ -159,6 +160,7 @@ def _split_export(path: Path) -> list[RankColumns]:
         # what the run folder held beside the traces, as text through the parse cache (trace/onerun.py);
         # run.json once per file, on its first rank
         tables.rank[EXPORT_TIMERS] = bytes(info.timers).decode() if info.timers else ""
+        tables.rank[EXPORT_TORN] = bytes(info.torn_timers).decode() if info.torn_timers else ""
         tables.rank[EXPORT_RUN] = bytes(trace.fsdpvizRun).decode() if trace.fsdpvizRun and not out else ""
         out.append(tables)
     return out

@@ -151,7 +151,7 @@ def load_run(
     # reduced rank by rank, whose ranks were analysed before the file said so (per_rank's run.json).
     exported = exported_run(per_file) if run is None and mapped is None else None
     if exported is not None:
-        run, timers, torn = exported[0], timers_frame(exported[1]), []
+        run, timers, torn = exported[0], timers_frame(exported[1]), exported[2]
     traces = _trace_set(per_file, timers=timers, units=units_from_run(run),
                         run=run, run_dir=str(sources.run_dir) if sources.run_dir is not None else None,
                         skipped=skipped)

@@ -24,7 +24,7 @@ from typing import Any, Final
 
 from fsdpviz.errors import TraceError, UsageError
 from fsdpviz.runfolder import RunInfo, RunJsonError, decode_run_json
-from fsdpviz.trace.kineto import EXPORT_RUN, EXPORT_TIMERS, RankColumns
+from fsdpviz.trace.kineto import EXPORT_RUN, EXPORT_TIMERS, EXPORT_TORN, RankColumns
 
 MAX_NAMED: Final = 3  # files named per run in the error line
 
@@ -43,10 +43,11 @@ def check_export_has_events(ranks: Sequence[RankColumns]) -> None:
                          "the events fsdpviz reads; export again without --no-raw to read it back")
 
 
-def exported_run(ranks: Sequence[RankColumns]) -> tuple[RunInfo, list[dict[str, Any]]] | None:
-    """run.json and the timer records (TIMERS rows) an export carried from its run folder
-    (report/perfetto.py), when every rank read is from an export that has them; else None (a trace, or
-    an export of traces without a run folder). A damaged one is a TraceError naming the file."""
+def exported_run(ranks: Sequence[RankColumns]) -> tuple[RunInfo, list[dict[str, Any]], list[str]] | None:
+    """run.json, the timer records (TIMERS rows) and the timer files whose torn last line was left out
+    (``TraceSet.torn_timers``) that an export carried from its run folder (report/perfetto.py), when every
+    rank read is from an export that has them; else None (a trace, or an export of traces without a run
+    folder). A damaged one is a TraceError naming the file."""
     from fsdpviz.trace.sources import timer_row
 
     if not is_export(ranks):
@@ -58,9 +59,12 @@ def exported_run(ranks: Sequence[RankColumns]) -> tuple[RunInfo, list[dict[str, 
     try:
         run = decode_run_json(str(carrier.rank[EXPORT_RUN]).encode())
         rows = [timer_row(rec) for r in ranks for rec in json.loads(str(r.rank.get(EXPORT_TIMERS) or "[]"))]
+        torn = [json.loads(str(r.rank.get(EXPORT_TORN) or "[]")) for r in ranks]
+        if not all(isinstance(of, list) and all(isinstance(name, str) for name in of) for of in torn):
+            raise ValueError("its list of torn timer files is not a list of names")
     except (RunJsonError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
         raise TraceError(path, f"the run folder's facts in this export cannot be read ({exc})") from None
-    return run, rows
+    return run, rows, list(dict.fromkeys(name for of in torn for name in of))
 
 
 def exports_only_error(folder: Path, exports: Sequence[str]) -> TraceError:

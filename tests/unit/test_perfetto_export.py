@@ -237,7 +237,8 @@ def test_a_damaged_export_is_read_as_far_as_it_can_be_or_is_one_error_line(tmp_p
 
     for damage, said in ((lambda d: d["fsdpvizRanks"][0].update(rank="first"), "fsdpvizRanks"),
                          (lambda d: d["fsdpvizRanks"][0]["timers"][0].update(step=1e30), "does not fit"),
-                         (lambda d: d.update(fsdpvizRun=[1, 2]), "run folder's facts")):
+                         (lambda d: d.update(fsdpvizRun=[1, 2]), "run folder's facts"),
+                         (lambda d: d["fsdpvizRanks"][0].update(torn_timers=[3]), "torn timer files")):
         code, text, err = summary(_edited(out, tmp_path, damage))
         lines = err.strip().splitlines()
         assert code == 2 and not text and len(lines) == 1 and lines[0].startswith("error: ") and said in lines[0], err

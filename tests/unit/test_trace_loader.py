@@ -352,3 +352,18 @@ def test_a_torn_timer_line_is_said_by_the_command(tmp_path: Path, capsys: pytest
     assert any(ln.startswith("warning: ") and said in ln for ln in err.splitlines()), err
     summary = json.loads(out)
     assert summary["step_time_source"] == "timers" and any(n.startswith(said) for n in summary["notes"])
+
+    # An export carries the timers, and with them what was left out of them: read back, it says so too.
+    export = tmp_path / "run.json.gz"
+    with pytest.raises(SystemExit) as done:
+        main(["export", str(run), "--format", "perfetto", "-o", str(export), "-q", "--no-cache"])
+    assert not done.value.code, capsys.readouterr().err
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as done:
+        main(["summary", str(export), "--json", "-q", "--no-cache"])
+    out, err = capsys.readouterr()
+    assert not done.value.code, err
+    back = json.loads(out)
+    assert any(ln.startswith("warning: ") and said in ln for ln in err.splitlines()), err
+    assert [n for n in back["notes"] if n.startswith(said)] == [n for n in summary["notes"] if n.startswith(said)]
+    assert back["step_time_source"] == "timers" and back["step_time_ms"] == summary["step_time_ms"]
