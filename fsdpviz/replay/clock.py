@@ -86,8 +86,13 @@ def clock_of(run: RunResult, replayed: Replayed | None, why_not: str = "") -> Cl
         error, clean = calibrated.error_pct, calibrated.clean_steps
         scale = float(statistics.median(calibrated.scale.values()))
         how = (f"the traced step's work and waits scaled {scale:.2f}x (median over ranks: each rank's clean step over "
-               f"its traced one, as the bound's figures); the replay runs {calibrated.replay_ms:.3f} ms against "
-               f"{calibrated.target_ms:.3f} ms timed")
+               f"its traced one, as the bound's figures)")
+        # The replay runs each traced CPU step as traced, so the factor puts it on the clean step: said as
+        # that, not as a match of two equal numbers; a replay that does not reproduce its steps is a miss.
+        if round(error, 1) == 0:
+            how += f", which puts the replay on the timers' clean step, {calibrated.target_ms:.3f} ms"
+        else:
+            how += f"; the replay runs {calibrated.replay_ms:.3f} ms against {calibrated.target_ms:.3f} ms timed"
     else:
         ms = float(statistics.median(replayed.net_replays_ms))
         error = net_error_pct(replayed.net_replays_ms, cost.unprofiled_step_ms)
@@ -100,7 +105,8 @@ def clock_of(run: RunResult, replayed: Replayed | None, why_not: str = "") -> Cl
     why_unreliable = unreliable(error, phase_error)
     why = ""
     if why_unreliable == PHASES_MISSED:
-        why = (f"the replay without the profiler ({how}) runs the timers' clean step within {error:.1f} %, but out of "
+        on_step = "" if scaled and round(error, 1) == 0 else f" runs the timers' clean step within {error:.1f} %, but"
+        why = (f"the replay without the profiler ({how}){on_step} out of "
                f"sample it took the profiler's share out of the phases up to {phase_error:.1f} % of the step away "
                f"from where the timers saw it leave (more than {PHASE_LIMIT_PCT:g} %); {step_from}, the bound splits "
                f"it, and predictions on that replay are marked unreliable and not ranked; {phase_words(replayed)}")
