@@ -10,7 +10,8 @@ optimizer's step) in the profiled steps and, where it ran them, in unprofiled on
 
 Per rank and phase, the profiler's cost the replay takes out (the traced replay's phase less the
 replay's without the profiler) against the cost the timers saw leave it (the profiled steps' phase
-less the unprofiled ones'). Both sides bound a phase alike (:func:`sim_phases`: from its first span to
+less the unprofiled ones'), on the same profiled steps: a replayed step whose phases the timers did
+not time (a first step timed only at its ends) is left out. Both sides bound a phase alike (:func:`sim_phases`: from its first span to
 its last, as the timers run from hook to hook), but for the optimizer's end: the replay's optimizer
 starts at the optimizer's own step, as the timers' hook does (on CPU, where the trace holds it), and
 runs to the step's end, where the timers' stops at the optimizer's step (DeepSpeed: ``engine.step``)
@@ -160,7 +161,10 @@ def phase_check(steps: Sequence[StepProgram], traced: Sequence[SimResult], net: 
     wanted = set(timed) & (ranks if ranks is not None else set(timed))
 
     def read(programs: Sequence[StepProgram], sims: Sequence[SimResult]) -> dict[int, dict[str, float]] | None:
-        pairs = [(p, r) for p, r in zip(programs, sims) if p.rank in wanted]
+        # the steps the timers' profiled side is read from, where it says which: a replayed step whose
+        # phases the timers did not time (a first step timed only at its ends) is no part of the check
+        pairs = [(p, r) for p, r in zip(programs, sims) if p.rank in wanted
+                 and (not timed[p.rank].profiled_steps or p.step in timed[p.rank].profiled_steps)]
         return per_rank_phases([p for p, _ in pairs], [r for _, r in pairs])
 
     before, after = read(steps, traced), read(net, clean)

@@ -200,6 +200,9 @@ class PhaseTimes(msgspec.Struct, kw_only=True):
     """The same over its unprofiled steps that timed every phase (below)."""
     steps: int
     """How many such unprofiled steps."""
+    profiled_steps: tuple[int, ...] = ()
+    """The profiled steps ``profiled`` is read from: those that timed every phase (a rank's first step may
+    time only its ends, its phase hooks not yet in place)."""
 
 
 def phase_times(timers: pd.DataFrame, run: RunInfo | None) -> dict[int, PhaseTimes]:
@@ -233,7 +236,7 @@ def phase_times(timers: pd.DataFrame, run: RunInfo | None) -> dict[int, PhaseTim
             continue
         out[int(rank)] = PhaseTimes(profiled={k: float(traced[k].median()) for k in wide.columns},
                                     unprofiled={k: float(unprofiled[k].median()) for k in wide.columns},
-                                    steps=len(unprofiled))
+                                    steps=len(unprofiled), profiled_steps=tuple(int(s) for s in traced.index))
     return out
 
 
