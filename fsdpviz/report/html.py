@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -201,9 +199,10 @@ def render_page(page: Page) -> str:
     if doc is not None:
         # Bokeh's integrity checks walk every model of the document again and only log what they find
         # (0.4 s of a small run's 4 s render): a page's views are held to them in the tests instead
-        # (tests/unit/test_report_document.py).
-        with _without_validation():
-            script, divs = components(roots)
+        # (tests/unit/test_report_document.py). Off for this document alone, which ``components`` uses
+        # as it is (it holds every root), not through bokeh's process-wide setting.
+        doc.validate = _not_validated
+        script, divs = components(roots)
         js, css = _inline_resources(doc)
     else:
         script, divs, js, css = "", {}, "", []
@@ -253,21 +252,8 @@ def page_document(page: Page) -> tuple[Any | None, dict[str, Any], dict[str, lis
     return doc, roots, section_roots
 
 
-@contextmanager
-def _without_validation() -> Iterator[None]:
-    """Bokeh's document validation off, as it was before afterwards (where a user turned it off, it stays
-    off)."""
-    from bokeh.settings import settings
-
-    setting = settings.perform_document_validation
-    if not setting():
-        yield
-        return
-    setting.set_value(False)
-    try:
-        yield
-    finally:
-        setting.unset_value()
+def _not_validated() -> None:
+    """A page's document's ``validate``: nothing (see :func:`render_page`)."""
 
 
 def write_page(page: Page, path: str | Path) -> int:
