@@ -189,8 +189,9 @@ def export_perfetto(result: RunResult, output: str | Path, *, steps: Sequence[in
                 baseline=measured_baseline(result.traces.run).get(rank, 0))
         _units(writer, analysis.spans, rank, wanted_steps, base_ns)
     trace_events = writer.nested()
-    if ranks_info and raw and result.traces.torn_timers:  # the timers' note travels with the timers
-        ranks_info[0]["torn_timers"] = list(result.traces.torn_timers)
+    torn = _torn_timers(result.traces.torn_timers, result.traces.run_dir, wanted_ranks)
+    if ranks_info and raw and torn:  # the timers' note travels with the timers
+        ranks_info[0]["torn_timers"] = torn
     for info in ranks_info:  # the overflow tracks of the rank's processes, so that reading back undoes them
         info["tids"] = {f"{pid}:{tid}": back for (pid, tid), back in writer.moved.items() if str(pid) in info["pids"]}
     document: dict[str, Any] = {"traceEvents": trace_events, "displayTimeUnit": "ms",
@@ -208,6 +209,24 @@ def export_perfetto(result: RunResult, output: str | Path, *, steps: Sequence[in
         raise RunFolderError(f"{out}: cannot write the export: {exc.strerror or exc}") from exc
     return PerfettoResult(path=out, size_bytes=out.stat().st_size, ranks=len(ranks_info),
                           events=len(trace_events))
+
+
+def _torn_timers(torn: Sequence[str], run_dir: str | None, ranks: Sequence[int]) -> list[str]:
+    """The timer files whose torn last line the analysis left out, of the exported ``ranks`` (a file the
+    run folder names ``timers/rank{R}.jsonl`` of another rank is not in the export; one named otherwise
+    is kept, its rank unknown), named from the run folder (``timers/rank1.jsonl``): the export is read on
+    other machines, where this one's paths mean nothing."""
+    out = []
+    for name in torn:
+        path = Path(name)
+        number = path.name.removeprefix("rank").removesuffix(".jsonl")
+        if path.name.startswith("rank") and path.name.endswith(".jsonl") and number.isdigit() \
+                and int(number) not in ranks:
+            continue
+        if run_dir is not None and path.is_relative_to(run_dir):
+            path = path.relative_to(run_dir)
+        out.append(path.as_posix())
+    return out
 
 
 def _timer_rows(timers: pd.DataFrame, rank: int) -> list[dict[str, Any]]:
