@@ -81,15 +81,17 @@ def clock_of(run: RunResult, replayed: Replayed | None, why_not: str = "") -> Cl
                             note=f"traced: {why}; {step_from}, the other figures and predictions are as traced")
     calibrated = replayed.calibration
     scaled = False  # a CPU replay put on the clean steps by one factor per rank
+    on_clean = False  # ... and whose replay runs them as timed (its miss says 0.0 %)
     if calibrated is not None and calibrated.scale and calibrated.error_pct is not None:
         scaled = True
-        error, clean = calibrated.error_pct, calibrated.clean_steps
+        error, clean = round(float(calibrated.error_pct), 2), calibrated.clean_steps
         scale = float(statistics.median(calibrated.scale.values()))
         how = (f"the traced step's work and waits scaled {scale:.2f}x (median over ranks: each rank's clean step over "
                f"its traced one, as the bound's figures)")
         # The replay runs each traced CPU step as traced, so the factor puts it on the clean step: said as
         # that, not as a match of two equal numbers; a replay that does not reproduce its steps is a miss.
-        if round(error, 1) == 0:
+        on_clean = f"{error:.1f}" == "0.0"
+        if on_clean:
             how += f", which puts the replay on the timers' clean step, {calibrated.target_ms:.3f} ms"
         else:
             how += f"; the replay runs {calibrated.replay_ms:.3f} ms against {calibrated.target_ms:.3f} ms timed"
@@ -105,9 +107,9 @@ def clock_of(run: RunResult, replayed: Replayed | None, why_not: str = "") -> Cl
     why_unreliable = unreliable(error, phase_error)
     why = ""
     if why_unreliable == PHASES_MISSED:
-        on_step = "" if scaled and round(error, 1) == 0 else f" runs the timers' clean step within {error:.1f} %, but"
-        why = (f"the replay without the profiler ({how}){on_step} out of "
-               f"sample it took the profiler's share out of the phases up to {phase_error:.1f} % of the step away "
+        on_step = "; out of sample," if on_clean else f" runs the timers' clean step within {error:.1f} %, but out of sample"
+        why = (f"the replay without the profiler ({how}){on_step} it took the profiler's share out of the phases up "
+               f"to {phase_error:.1f} % of the step away "
                f"from where the timers saw it leave (more than {PHASE_LIMIT_PCT:g} %); {step_from}, the bound splits "
                f"it, and predictions on that replay are marked unreliable and not ranked; {phase_words(replayed)}")
     elif why_unreliable == STEP_MISSED:
@@ -117,9 +119,9 @@ def clock_of(run: RunResult, replayed: Replayed | None, why_not: str = "") -> Cl
     elif scaled and replayed.phases is None:
         # one factor per rank puts the replay on the clean steps by construction: its miss of them checks
         # nothing, and with no phase timed there is nothing else it was not scaled to
-        why = (f"the replay without the profiler ({how}) is scaled onto the timers' clean steps, and nothing it was "
-               f"not scaled to checks it: {phase_words(replayed)}; {step_from}, the bound splits it, and predictions "
-               f"move it by the replay's shares, unchecked")
+        scaled_to = "; nothing it was" if on_clean else " is scaled onto the timers' clean steps, and nothing it was"
+        why = (f"the replay without the profiler ({how}){scaled_to} not scaled to checks it: {phase_words(replayed)}; "
+               f"{step_from}, the bound splits it, and predictions move it by the replay's shares, unchecked")
     if why:
         return ClockSummary(basis=BASIS_TRACED, profiler_share_ms=share, replay_error_pct=error, clean_steps=clean,
                             ranks=replayed.ranks, **checked, note=f"traced: {why}")

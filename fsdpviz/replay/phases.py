@@ -57,6 +57,7 @@ NOT_TIMED: Final = ("no clean step timed its phases: a GPU run's clean steps tim
                     "its unit-timed steps also pay for the unit timers, which the clean steps do not")
 NOT_REPLAYED: Final = ("no rank that timed its phases is replayed without the profiler: a rank without a clean "
                        "step of its own is replayed as traced")
+NOT_THE_STEPS: Final = "the profiled steps whose phases the timers timed are not among the steps replayed"
 # Where the backward is not checked (PhaseCheck.unchecked): with the time between phases it misses by the
 # other two phases' misses negated, give or take both replays' misses of their steps (traced and clean)
 _REST: Final = ("it and the time between phases miss together by the other two's misses negated, give or take both "
@@ -172,7 +173,8 @@ def phase_check(steps: Sequence[StepProgram], traced: Sequence[SimResult], net: 
         return None, MICRO_BATCHES
     checked = sorted(set(before) & set(after))
     if not checked:
-        return None, NOT_REPLAYED
+        replayed = {p.rank for p in steps if p.rank in wanted} & {p.rank for p in net if p.rank in wanted}
+        return None, NOT_THE_STEPS if replayed else NOT_REPLAYED
     miss: dict[str, float] = {}
     for phase in (p for p in STEP_PHASES if all(p in timed[r].unprofiled for r in checked)):
         miss[phase] = round(float(statistics.median(

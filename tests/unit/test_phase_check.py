@@ -303,6 +303,11 @@ def test_a_replay_whose_phases_miss_past_the_limit_is_not_called_replayed(
     assert after.clock.phase_error_pct is not None and after.clock.phase_error_pct > PHASE_LIMIT_PCT
     assert after.clock.basis == "traced"
     assert f"more than {PHASE_LIMIT_PCT:g} %" in (after.clock.note or "")
+    # one sentence: the replay put on the clean step (the summary's step, the timers' clean step), then
+    # where it took the profiler's share out
+    assert (f"which puts the replay on the timers' clean step, {after.step_time_ms:.3f} ms); out of sample, it took "
+            f"the profiler's share out of the phases up to {after.clock.phase_error_pct:.1f} % of the step away") \
+        in (after.clock.note or ""), after.clock.note
     # the step is still the timers' (the headline does not move), but nothing is predicted on that replay
     assert after.step_time_ms == before.step_time_ms
     assert not p_after.reliable and p_after.warnings[0].startswith("unreliable: out of sample")
@@ -483,3 +488,10 @@ def test_a_replayed_step_the_timers_did_not_time_is_no_part_of_the_check(
     assert check(lambda rank, step: True) == on_timed
     clock = model_clock(model).phases
     assert clock is not None and clock.miss_pct == on_timed
+    # the first steps alone: replayed, but none of them timed its phases
+    firsts = [(s, r, n, c) for s, r, n, c in zip(model.recording.steps, model.replays, net.recording.steps, net.replays)
+              if s.step not in timed_steps[s.rank]]
+    assert firsts
+    none, why = phase_check([p[0] for p in firsts], [p[1] for p in firsts], [p[2] for p in firsts],
+                            [p[3] for p in firsts], timed)
+    assert none is None and why == "the profiled steps whose phases the timers timed are not among the steps replayed"
