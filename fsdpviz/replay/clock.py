@@ -82,6 +82,7 @@ def clock_of(run: RunResult, replayed: Replayed | None, why_not: str = "") -> Cl
     calibrated = replayed.calibration
     scaled = False  # a CPU replay put on the clean steps by one factor per rank
     on_clean = False  # ... and whose replay runs them as timed (its miss says 0.0 %)
+    put = ""  # what it is put on, there
     if calibrated is not None and calibrated.scale and calibrated.error_pct is not None:
         scaled = True
         error, clean = round(float(calibrated.error_pct), 2), calibrated.clean_steps
@@ -91,9 +92,8 @@ def clock_of(run: RunResult, replayed: Replayed | None, why_not: str = "") -> Cl
         # The replay runs each traced CPU step as traced, so the factor puts it on the clean step: said as
         # that, not as a match of two equal numbers; a replay that does not reproduce its steps is a miss.
         on_clean = f"{error:.1f}" == "0.0"
-        if on_clean:
-            how += f", which puts the replay on the timers' clean step, {calibrated.target_ms:.3f} ms"
-        else:
+        put = f"the timers' clean step, {calibrated.target_ms:.3f} ms"
+        if not on_clean:
             how += f"; the replay runs {calibrated.replay_ms:.3f} ms against {calibrated.target_ms:.3f} ms timed"
     else:
         ms = float(statistics.median(replayed.net_replays_ms))
@@ -107,7 +107,8 @@ def clock_of(run: RunResult, replayed: Replayed | None, why_not: str = "") -> Cl
     why_unreliable = unreliable(error, phase_error)
     why = ""
     if why_unreliable == PHASES_MISSED:
-        on_step = "; out of sample," if on_clean else f" runs the timers' clean step within {error:.1f} %, but out of sample"
+        on_step = (f" is put on {put}, by that factor, but out of sample" if on_clean
+                   else f" runs the timers' clean step within {error:.1f} %, but out of sample")
         why = (f"the replay without the profiler ({how}){on_step} it took the profiler's share out of the phases up "
                f"to {phase_error:.1f} % of the step away "
                f"from where the timers saw it leave (more than {PHASE_LIMIT_PCT:g} %); {step_from}, the bound splits "
@@ -119,7 +120,8 @@ def clock_of(run: RunResult, replayed: Replayed | None, why_not: str = "") -> Cl
     elif scaled and replayed.phases is None:
         # one factor per rank puts the replay on the clean steps by construction: its miss of them checks
         # nothing, and with no phase timed there is nothing else it was not scaled to
-        scaled_to = "; nothing it was" if on_clean else " is scaled onto the timers' clean steps, and nothing it was"
+        scaled_to = (f" is put on {put}, by that factor, and nothing it was" if on_clean
+                     else " is scaled onto the timers' clean steps, and nothing it was")
         why = (f"the replay without the profiler ({how}){scaled_to} not scaled to checks it: {phase_words(replayed)}; "
                f"{step_from}, the bound splits it, and predictions move it by the replay's shares, unchecked")
     if why:
@@ -127,7 +129,8 @@ def clock_of(run: RunResult, replayed: Replayed | None, why_not: str = "") -> Cl
                             ranks=replayed.ranks, **checked, note=f"traced: {why}")
     return ClockSummary(basis=BASIS_REPLAYED, profiler_share_ms=share, replay_error_pct=error,
                         clean_steps=clean, ranks=replayed.ranks, **checked,
-                        note=(f"replayed without the profiler: {how}, on {clean} clean step(s) per rank; "
+                        note=(f"replayed without the profiler: {how}{f', which puts the replay on {put}' if on_clean else ''}"
+                              f", on {clean} clean step(s) per rank; "
                               f"{phase_words(replayed)}"))
 
 

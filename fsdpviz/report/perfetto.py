@@ -27,6 +27,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -219,9 +220,8 @@ def _torn_timers(torn: Sequence[str], run_dir: str | None, ranks: Sequence[int])
     out = []
     for name in torn:
         path = Path(name)
-        number = path.name.removeprefix("rank").removesuffix(".jsonl")
-        if path.name.startswith("rank") and path.name.endswith(".jsonl") and number.isdigit() \
-                and int(number) not in ranks:
+        named = re.fullmatch(r"rank([0-9]+)\.jsonl", path.name)
+        if named is not None and int(named.group(1)) not in ranks:
             continue
         if run_dir is not None and path.is_relative_to(run_dir):
             path = path.relative_to(run_dir)

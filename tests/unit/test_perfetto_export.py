@@ -255,3 +255,17 @@ def test_a_gpu_recordings_export_holds_the_kernels_that_ran_past_its_last_step(
     a, b = _summary(folder, capsys), _summary(out, capsys)
     assert a["device"] == "gpu" and a["actions"]
     assert {k: v for k, v in a.items() if k not in NOT_THE_RUN} == {k: v for k, v in b.items() if k not in NOT_THE_RUN}
+
+
+def test_an_export_carries_the_torn_timer_files_of_its_ranks_named_from_the_run_folder() -> None:
+    """The run folder names a rank's timers ``timers/rank{R}.jsonl``: another rank's file stays out of an
+    export of some ranks; a file named otherwise (its rank unknown) stays in; every name is the run
+    folder's, not this machine's path."""
+    from fsdpviz.report.perfetto import _torn_timers
+
+    torn = ["/data/run/timers/rank0.jsonl", "/data/run/timers/rank3.jsonl", "/data/run/timers/extra.jsonl",
+            "/data/run/timers/rank\u00b2.jsonl", "/elsewhere/rank0.jsonl"]
+    assert _torn_timers(torn, "/data/run", [0, 1]) == ["timers/rank0.jsonl", "timers/extra.jsonl",
+                                                       "timers/rank\u00b2.jsonl", "/elsewhere/rank0.jsonl"]
+    assert _torn_timers(torn, "/data/run/", [3]) == ["timers/rank3.jsonl", "timers/extra.jsonl", "timers/rank\u00b2.jsonl"]
+    assert _torn_timers(["timers/rank2.jsonl"], None, [2]) == ["timers/rank2.jsonl"]  # an export read back

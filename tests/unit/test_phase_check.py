@@ -305,8 +305,9 @@ def test_a_replay_whose_phases_miss_past_the_limit_is_not_called_replayed(
     assert f"more than {PHASE_LIMIT_PCT:g} %" in (after.clock.note or "")
     # one sentence: the replay put on the clean step (the summary's step, the timers' clean step), then
     # where it took the profiler's share out
-    assert (f"which puts the replay on the timers' clean step, {after.step_time_ms:.3f} ms); out of sample, it took "
-            f"the profiler's share out of the phases up to {after.clock.phase_error_pct:.1f} % of the step away") \
+    assert (f"as the bound's figures)) is put on the timers' clean step, {after.step_time_ms:.3f} ms, by that factor, but "
+            f"out of sample it took the profiler's share out of the phases up to {after.clock.phase_error_pct:.1f} % of "
+            f"the step away") \
         in (after.clock.note or ""), after.clock.note
     # the step is still the timers' (the headline does not move), but nothing is predicted on that replay
     assert after.step_time_ms == before.step_time_ms
