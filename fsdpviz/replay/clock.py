@@ -91,7 +91,7 @@ def clock_of(run: RunResult, replayed: Replayed | None, why_not: str = "") -> Cl
                f"its traced one, as the bound's figures)")
         # The replay runs each traced CPU step as traced, so the factor puts it on the clean step: said as
         # that, not as a match of two equal numbers; a replay that does not reproduce its steps is a miss.
-        on_clean = f"{error:.1f}" == "0.0"
+        on_clean = on_clean_step(error)
         put = f"the timers' clean step, {calibrated.target_ms:.3f} ms"
         if not on_clean:
             how += f"; the replay runs {calibrated.replay_ms:.3f} ms against {calibrated.target_ms:.3f} ms timed"
@@ -132,6 +132,12 @@ def clock_of(run: RunResult, replayed: Replayed | None, why_not: str = "") -> Cl
                         note=(f"replayed without the profiler: {how}{f', which puts the replay on {put}' if on_clean else ''}"
                               f", on {clean} clean step(s) per rank; "
                               f"{phase_words(replayed)}"))
+
+
+def on_clean_step(error_pct: float) -> bool:
+    """Whether a replay's miss of the timers' clean steps reads 0.0 % as printed: a CPU replay its factor
+    puts on them, which the clock and whatif's replay line say as that, not as a 0.0 % match."""
+    return f"{error_pct:.1f}" == "0.0"
 
 
 STEP_MISSED: Final = "step"

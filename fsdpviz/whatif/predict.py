@@ -33,7 +33,7 @@ from fsdpviz.naming import ROOT_UNIT
 from fsdpviz.replay import comm as comm_model
 from fsdpviz.replay import prefetch_args
 from fsdpviz.replay import program as prog
-from fsdpviz.replay.clock import BASIS_TRACED, PHASE_LIMIT_PCT, RELIABLE_REPLAY_PCT, clock_of
+from fsdpviz.replay.clock import BASIS_TRACED, PHASE_LIMIT_PCT, RELIABLE_REPLAY_PCT, clock_of, on_clean_step
 from fsdpviz.replay.memory import MemoryChange, MemorySetting, predict_step
 from fsdpviz.replay.model import SUPPORTED, Model, model_clock
 from fsdpviz.replay.recorded import Recording, StepProgram
@@ -205,8 +205,7 @@ class Prediction:
         replay line): the traced steps as recorded, and without the profiler the timers' clean steps."""
         clean = self.clean_replay_error_pct
         phases = (self.clock or {}).get("phase_error_pct")
-        # a replay put on the clean steps by its factor (CPU) runs them by construction: said as that
-        aside = [] if clean is None else ["without the profiler, on the run's clean steps" if f"{clean:.1f}" == "0.0"
+        aside = [] if clean is None else ["without the profiler, on the run's clean steps" if on_clean_step(clean)
                                           else f"without the profiler, the run's clean steps within {clean:.1f} %"]
         if phases is not None:  # out of sample: where the profiler's share came out (replay/phases.py)
             aside.append(f"out of sample, the profiler's share per phase within {phases:.1f} % of the step")
