@@ -182,6 +182,10 @@ class MemorySummary(msgspec.Struct, kw_only=True):
     none found, or no per-unit analysis)."""
 
 
+CALIBRATION_FACTOR: Final = "factor"
+CALIBRATION_HOST_COST: Final = "host_cost"
+
+
 class ClockSummary(msgspec.Struct, kw_only=True):
     """Which clock the run's figures are on (``summary --json`` ``clock``; docs/concepts.md, "One clock")."""
 
@@ -205,6 +209,11 @@ class ClockSummary(msgspec.Struct, kw_only=True):
     """The fewest unprofiled steps that timed their phases, over the ranks checked."""
     ranks: list[int] | None = None
     """The ranks replayed (None: every rank)."""
+    calibration: str | None = None
+    """How the replay took the profiler out: :data:`CALIBRATION_FACTOR` (a CPU replay, each rank's traced
+    step scaled onto its clean one by one factor: its step miss then reads 0.0 % by construction),
+    :data:`CALIBRATION_HOST_COST` (a GPU replay, the profiler's measured excess taken out of every traced
+    host event: the step it loses is the replay's own), or None (no replay without the profiler)."""
     note: str = ""
 
 

@@ -22,7 +22,7 @@ import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from fsdpviz.analysis.summary import ClockSummary
+from fsdpviz.analysis.summary import CALIBRATION_FACTOR, CALIBRATION_HOST_COST, ClockSummary
 
 if TYPE_CHECKING:
     from fsdpviz.analysis.pipeline import RunResult
@@ -85,17 +85,19 @@ def clock_of(run: RunResult, replayed: Replayed | None, why_not: str = "") -> Cl
     put = ""  # what it is put on, there
     if calibrated is not None and calibrated.scale and calibrated.error_pct is not None:
         scaled = True
+        calibration = CALIBRATION_FACTOR
         error, clean = round(float(calibrated.error_pct), 2), calibrated.clean_steps
         scale = float(statistics.median(calibrated.scale.values()))
         how = (f"the traced step's work and waits scaled {scale:.2f}x (median over ranks: each rank's clean step over "
                f"its traced one, as the bound's figures)")
         # The replay runs each traced CPU step as traced, so the factor puts it on the clean step: said as
         # that, not as a match of two equal numbers; a replay that does not reproduce its steps is a miss.
-        on_clean = on_clean_step(error)
+        on_clean = on_clean_step(error, calibration)
         put = f"the timers' clean step, {calibrated.target_ms:.3f} ms"
         if not on_clean:
             how += f"; the replay runs {calibrated.replay_ms:.3f} ms against {calibrated.target_ms:.3f} ms timed"
     else:
+        calibration = CALIBRATION_HOST_COST
         ms = float(statistics.median(replayed.net_replays_ms))
         error = net_error_pct(replayed.net_replays_ms, cost.unprofiled_step_ms)
         clean = cost.fewest_unprofiled_steps
@@ -126,18 +128,20 @@ def clock_of(run: RunResult, replayed: Replayed | None, why_not: str = "") -> Cl
                f"{step_from}, the bound splits it, and predictions move it by the replay's shares, unchecked")
     if why:
         return ClockSummary(basis=BASIS_TRACED, profiler_share_ms=share, replay_error_pct=error, clean_steps=clean,
-                            ranks=replayed.ranks, **checked, note=f"traced: {why}")
+                            ranks=replayed.ranks, **checked, calibration=calibration, note=f"traced: {why}")
     return ClockSummary(basis=BASIS_REPLAYED, profiler_share_ms=share, replay_error_pct=error,
-                        clean_steps=clean, ranks=replayed.ranks, **checked,
+                        clean_steps=clean, ranks=replayed.ranks, **checked, calibration=calibration,
                         note=(f"replayed without the profiler: {how}{f', which puts the replay on {put}' if on_clean else ''}"
                               f", on {clean} clean step(s) per rank; "
                               f"{phase_words(replayed)}"))
 
 
-def on_clean_step(error_pct: float) -> bool:
-    """Whether a replay's miss of the timers' clean steps reads 0.0 % as printed: a CPU replay its factor
-    puts on them, which the clock and whatif's replay line say as that, not as a 0.0 % match."""
-    return f"{error_pct:.1f}" == "0.0"
+def on_clean_step(error_pct: float, calibration: str | None) -> bool:
+    """Whether a replay is put on the timers' clean steps by its factor: a CPU replay
+    (:data:`CALIBRATION_FACTOR`) whose miss of them reads 0.0 % as printed, which the clock and whatif's
+    replay line say as that, not as a 0.0 % match. A GPU replay (:data:`CALIBRATION_HOST_COST`) is never
+    put on them: a miss that small is its own, a match."""
+    return calibration == CALIBRATION_FACTOR and f"{error_pct:.1f}" == "0.0"
 
 
 STEP_MISSED: Final = "step"

@@ -205,7 +205,9 @@ class Prediction:
         replay line): the traced steps as recorded, and without the profiler the timers' clean steps."""
         clean = self.clean_replay_error_pct
         phases = (self.clock or {}).get("phase_error_pct")
-        aside = [] if clean is None else ["without the profiler, on the run's clean steps" if on_clean_step(clean)
+        calibration = (self.clock or {}).get("calibration")
+        aside = [] if clean is None else ["without the profiler, on the run's clean steps"
+                                          if on_clean_step(clean, calibration)
                                           else f"without the profiler, the run's clean steps within {clean:.1f} %"]
         if phases is not None:  # out of sample: where the profiler's share came out (replay/phases.py)
             aside.append(f"out of sample, the profiler's share per phase within {phases:.1f} % of the step")
