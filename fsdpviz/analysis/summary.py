@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import msgspec
 import numpy as np
@@ -209,7 +209,7 @@ class ClockSummary(msgspec.Struct, kw_only=True):
     """The fewest unprofiled steps that timed their phases, over the ranks checked."""
     ranks: list[int] | None = None
     """The ranks replayed (None: every rank)."""
-    calibration: str | None = None
+    calibration: Literal["factor", "host_cost"] | None = None
     """How the replay took the profiler out: :data:`CALIBRATION_FACTOR` (a CPU replay, each rank's traced
     step scaled onto its clean one by one factor: its step miss then reads 0.0 % by construction),
     :data:`CALIBRATION_HOST_COST` (a GPU replay, the profiler's measured excess taken out of every traced

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from fsdpviz.analysis.summary import CALIBRATION_FACTOR, CALIBRATION_HOST_COST, ClockSummary
 
@@ -83,6 +83,7 @@ def clock_of(run: RunResult, replayed: Replayed | None, why_not: str = "") -> Cl
     scaled = False  # a CPU replay put on the clean steps by one factor per rank
     on_clean = False  # ... and whose replay runs them as timed (its miss says 0.0 %)
     put = ""  # what it is put on, there
+    calibration: Literal["factor", "host_cost"]
     if calibrated is not None and calibrated.scale and calibrated.error_pct is not None:
         scaled = True
         calibration = CALIBRATION_FACTOR
@@ -97,7 +98,7 @@ def clock_of(run: RunResult, replayed: Replayed | None, why_not: str = "") -> Cl
         if not on_clean:
             how += f"; the replay runs {calibrated.replay_ms:.3f} ms against {calibrated.target_ms:.3f} ms timed"
     else:
-        calibration = CALIBRATION_HOST_COST
+        calibration = CALIBRATION_FACTOR if calibrated is not None and calibrated.scale else CALIBRATION_HOST_COST
         ms = float(statistics.median(replayed.net_replays_ms))
         error = net_error_pct(replayed.net_replays_ms, cost.unprofiled_step_ms)
         clean = cost.fewest_unprofiled_steps

@@ -93,7 +93,7 @@ def test_replay_prefetch_and_world_size(framework: str, recordings: Recordings,
     said_clean = replay["clock"]["replay_error_pct"]  # the whatif JSON's own, which the line prints
     assert said_clean == clean_error
     # a CPU replay is scaled onto the clean steps by one factor per rank (a GPU one: test_whatif_split_h200.py)
-    assert replay["clock"]["calibration"] == (None if said_clean is None else "factor")
+    assert replay["clock"]["calibration"] == summary["clock"]["calibration"] == (None if said_clean is None else "factor")
     if said_clean is None:  # no replay without the profiler: neither figure nor words
         assert "without the profiler" not in said[0]
     elif f"{said_clean:.1f}" == "0.0":  # put on the clean steps by its factor: said as that, not as 0.0 %
