@@ -297,6 +297,10 @@ def main() -> None:
               + f" | {first} - {second} (medians) | worst median - in-process bare |")
         print("|---|---:|---:|" + "---:|" * (len(loads) + 2))
         spans: dict[str, dict[str, tuple[float, float]]] = {}
+        # this run's verdict, read as #45's "within 0.10 of each other and of interleaved bare runs" reads
+        off: list[str] = []  # the medians further than 0.10 from the in-process bare ratio
+        n_medians = n_singles = singles_within = 0
+        loads_apart = 0.0
         for name, options in PREDICT.items():
             ratios = {}
             for load, folders in recorded.items():
@@ -304,10 +308,21 @@ def main() -> None:
             cells = " | ".join(", ".join(f"{v:.3f}" for v in ratios[load]) for load in loads)
             medians = {load: statistics.median(v) for load, v in ratios.items()}
             worst = worst_miss(medians, truth[name])
+            for load in loads:
+                n_medians += 1
+                if abs(medians[load] - truth[name]) > 0.10:
+                    off.append(f"{' '.join(options)} {load} {medians[load] - truth[name]:+.3f}")
+                n_singles += len(ratios[load])
+                singles_within += sum(abs(v - truth[name]) <= 0.10 for v in ratios[load])
+            loads_apart = max(loads_apart, abs(medians[first] - medians[second]))
             spread = f"{min(per_process[name]):.3f}-{max(per_process[name]):.3f}"
             print(f"| {' '.join(options)} | {truth[name]:.3f} ({spread}) | {separate[name]:.3f} | {cells} | "
                   f"{medians[first] - medians[second]:+.3f} | {worst:+.3f} |")
             spans[name] = intervals([ratios], [by_process[name]])
+        print(f"\nThis run: {n_medians - len(off)} of {n_medians} medians within 0.10 of the in-process bare ratio"
+              + (f" (further: {'; '.join(off)})" if off else "")
+              + f"; the two loads' medians within {loads_apart:.3f} of each other on every setting; "
+              f"{singles_within} of {n_singles} single predictions within 0.10.")
         # how far the medians could move with other recordings and other bare processes
         print(f"\n| setting | {first} median - bare (5-95 %) | {second} median - bare | {first} - {second} |")
         print("|---|---:|---:|---:|")
