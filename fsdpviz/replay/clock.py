@@ -80,12 +80,10 @@ def clock_of(run: RunResult, replayed: Replayed | None, why_not: str = "") -> Cl
         return ClockSummary(basis=BASIS_TRACED, profiler_share_ms=share, ranks=None if replayed is None else replayed.ranks,
                             note=f"traced: {why}; {step_from}, the other figures and predictions are as traced")
     calibrated = replayed.calibration
-    scaled = False  # a CPU replay put on the clean steps by one factor per rank
     on_clean = False  # ... and whose replay runs them as timed (its miss says 0.0 %)
     put = ""  # what it is put on, there
-    calibration: Literal["factor", "host_cost"]
+    calibration: Literal["factor", "host_cost"]  # FACTOR: a CPU replay put on the clean steps by one factor per rank
     if calibrated is not None and calibrated.scale and calibrated.error_pct is not None:
-        scaled = True
         calibration = CALIBRATION_FACTOR
         error, clean = round(float(calibrated.error_pct), 2), calibrated.clean_steps
         scale = float(statistics.median(calibrated.scale.values()))
@@ -98,7 +96,7 @@ def clock_of(run: RunResult, replayed: Replayed | None, why_not: str = "") -> Cl
         if not on_clean:
             how += f"; the replay runs {calibrated.replay_ms:.3f} ms against {calibrated.target_ms:.3f} ms timed"
     else:
-        calibration = CALIBRATION_FACTOR if calibrated is not None and calibrated.scale else CALIBRATION_HOST_COST
+        calibration = CALIBRATION_HOST_COST
         ms = float(statistics.median(replayed.net_replays_ms))
         error = net_error_pct(replayed.net_replays_ms, cost.unprofiled_step_ms)
         clean = cost.fewest_unprofiled_steps
@@ -120,7 +118,7 @@ def clock_of(run: RunResult, replayed: Replayed | None, why_not: str = "") -> Cl
         why = (f"the replay without the profiler ({how}) misses the timers' clean step by {error:.1f} % (more than "
                f"{RELIABLE_REPLAY_PCT:g} %); {step_from}, the bound splits it, and predictions on that replay are "
                f"marked unreliable and not ranked; {phase_words(replayed)}")
-    elif scaled and replayed.phases is None:
+    elif calibration == CALIBRATION_FACTOR and replayed.phases is None:
         # one factor per rank puts the replay on the clean steps by construction: its miss of them checks
         # nothing, and with no phase timed there is nothing else it was not scaled to
         scaled_to = (f" is put on {put}, by that factor, and nothing it was" if on_clean
