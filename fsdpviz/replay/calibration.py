@@ -38,7 +38,10 @@ and C's further off, and its replay missed the clean steps of the spun recording
 (benchmarks/bench_profiler_events.py). The timers' optimizer phase, which runs no collective on FSDP2, does
 not give the compute's own slowdown either: under a shared core it slowed as much as the whole step or more
 (model B 2.43-3.69x against 2.33-2.58x) and by up to 1.4x apart on two ranks of one recording
-(docs/whatif.md, "One clock").
+(docs/whatif.md, "One clock"). Two factors per rank, the collectives' a multiple of the host work's
+fitted so that the replayed phases lose what the timers saw each phase lose, took multiples from one end
+of the range tried (0.2-2.0) to the other, on two ranks of one recording too, and moved the window
+recordings' root further from bare on two models of three (benchmarks/bench_phase_factors.py).
 """
 
 from __future__ import annotations

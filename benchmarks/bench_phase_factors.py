@@ -1,0 +1,143 @@
+"""Two factors per CPU rank, the collectives' and the host work's, fitted on the timers' phases: do they predict better than one?
+
+Reads the run folders that ``bench_replay_clock.py --out`` keeps (the example trainer, FSDP2 on 2 gloo
+ranks, per-block recordings under two profiler loads beside in-process bare truth). No recording is
+made here.
+
+The replay without the profiler on CPU (:mod:`fsdpviz.replay.calibration`) scales every traced duration
+of a rank by one factor, its clean step over its traced one. Where a core is shared through the
+profiled window, gloo's collectives slow several times more than the compute, and one factor scales the
+two alike. The alternative read here: per rank, the collectives' times (each gather's and reduction's
+``comm_ns``, the segments' waits) scaled by ``r`` times the host work's factor ``kc``, ``r`` taken from
+:data:`GRID`. For each ``r``, ``kc`` is the one that puts the replay on the rank's clean step (the
+replay scales with every duration, so ``kc`` is the clean step over the replay at ``kc = 1``); the ``r``
+kept is the one whose replayed phases (forward, backward, optimizer: :func:`fsdpviz.replay.phases.sim_phases`)
+take out of each phase what the timers saw leave it (the traced replay's phase less the profiled steps'
+plus the unprofiled steps', least squares). Then each setting's step ratio is predicted from every
+per-block recording both ways, beside the in-process bare ratio. docs/whatif.md ("One clock") quotes
+the figures.
+
+    python benchmarks/bench_replay_clock.py --loads light,window --dim 256 --layers 4 --rounds 3 --out /tmp/clock-b
+    python benchmarks/bench_phase_factors.py /tmp/clock-b
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from fsdpviz.analysis.pipeline import RunResult, analyse
+from fsdpviz.replay import model as replay_model
+from fsdpviz.replay import program as prog
+from fsdpviz.replay.calibration import scaled_step
+from fsdpviz.replay.model import Model, costs_of, read_model, recorded_settings
+from fsdpviz.replay.phases import per_rank_phases
+from fsdpviz.replay.recorded import Recording, StepProgram
+from fsdpviz.replay.settings import Settings, parse_wrap
+from fsdpviz.replay.simulate import SimResult, run
+from fsdpviz.structure.profiler_cost import STEP_PHASES, clean_step_ms, phase_times
+from fsdpviz.whatif.predict import predict
+
+SETTINGS = {"pair": Settings().with_(wrap=parse_wrap("merge:2")), "root": Settings().with_(wrap=parse_wrap("root")),
+            "noreshard": Settings().with_(reshard_after_forward=False)}
+WORDS = {"pair": "--wrap merge:2", "root": "--wrap root", "noreshard": "--reshard-after-forward false"}
+GRID = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.85, 1.0, 1.2, 1.5, 2.0)  # the collectives' factor over the host work's
+
+
+def two_factor_step(step: StepProgram, kc: float, r: float) -> StepProgram:
+    """``step`` with its host work scaled by ``kc`` and its collectives by ``r * kc``."""
+    out = scaled_step(step, kc)
+    for g in out.gathers:
+        g.comm_ns *= r
+    for red in out.reduces:
+        red.comm_ns *= r
+        red.ar_ns *= r
+    for mb in out.micro:
+        for segment in (mb.pre, mb.mid):
+            segment.comm_ns = [t * r for t in segment.comm_ns]
+    out.post.comm_ns = [t * r for t in out.post.comm_ns]
+    return out
+
+
+def fitted_factors(result: RunResult, rec: Recording) -> dict[int, tuple[float, float]]:
+    """Per rank that timed its phases and its clean steps: (``kc``, ``r``) as the module docstring fits them."""
+    timed = phase_times(result.traces.timers, result.traces.run)
+    clean = clean_step_ms(result.traces.timers, result.traces.run)
+    fitted_comm, gathers = costs_of(rec)
+
+    def replay(steps: list[StepProgram]) -> list[SimResult]:
+        return [run(prog.build(rec, s, recorded_settings(), fitted_comm, gathers), False) for s in steps]
+
+    out: dict[int, tuple[float, float]] = {}
+    for rank in sorted(set(timed) & set(clean)):
+        steps = [s for s in rec.steps if s.rank == rank]
+        traced = per_rank_phases(steps, replay(steps)) if steps else None
+        if traced is None:
+            continue
+        profiled, unprofiled = timed[rank].profiled, timed[rank].unprofiled
+        # what each phase should keep: the traced replay's phase less the profiler's share the timers saw
+        target = {p: traced[rank][p] - profiled[p] + unprofiled[p] for p in STEP_PHASES if p in unprofiled}
+        best: tuple[float, float, float] | None = None
+        for r in GRID:
+            at_one = [two_factor_step(s, 1.0, r) for s in steps]
+            sims = replay(at_one)
+            phases = per_rank_phases(at_one, sims)
+            if phases is None:
+                continue
+            kc = clean[rank][0] / statistics.fmean(sim.step_ns / 1e6 for sim in sims)
+            miss = sum((kc * phases[rank][p] - want) ** 2 for p, want in target.items())
+            if best is None or miss < best[0]:
+                best = (miss, kc, r)
+        if best is not None:
+            out[rank] = (best[1], best[2])
+    return out
+
+
+def ratio(model: Model, settings: Settings) -> float:
+    p = predict(model, settings)
+    return p.predicted.step_time_ms / p.baseline.step_time_ms
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folders", type=Path, nargs="+", help="folders kept by bench_replay_clock.py (--out)")
+    args = parser.parse_args()
+    for base in args.folders:
+        truths = sorted(base.glob("inproc-*.json"))
+        runs = sorted(p for p in base.glob("block-*-*") if (p / "run.json").is_file())
+        if not truths or not runs:
+            sys.exit(f"{base}: no per-block recordings and in-process truth (a folder kept by bench_replay_clock.py --out)")
+        print(f"\n{base}\n")
+        print("| recording | rank: one factor / kc, r |")
+        print("|---|---|")
+        models: dict[str, list[tuple[Model, Model]]] = {}
+        for path in runs:
+            result = analyse([path], cache=False, progress=False)
+            model = read_model(result)
+            factors = fitted_factors(result, model.recording)
+            one = model.calibration.scale if model.calibration is not None else {}
+            rec = copy.copy(model.recording)
+            rec.steps = [two_factor_step(s, *factors[s.rank]) if s.rank in factors else s for s in rec.steps]
+            two = dataclasses.replace(model, net=replay_model._model(result, rec, None), gains={})
+            print(f"| {path.name} | " + "; ".join(f"{rank}: {one.get(rank, float('nan')):.3f} / {kc:.3f}, {r}"
+                                                 for rank, (kc, r) in factors.items()) + " |", flush=True)
+            models.setdefault(path.name.split("-")[1], []).append((model, two))
+        per_round: dict[str, list[float]] = {}
+        for truth in truths:
+            for name, values in json.loads(truth.read_text())["per_round"].items():
+                per_round.setdefault(name, []).extend(values)
+        print("\n| setting | bare, in one process | " + " | ".join(f"{load}: one factor / two" for load in models) + " |")
+        print("|---|---:|" + "---:|" * len(models))
+        for name, settings in SETTINGS.items():
+            cells = [f"{statistics.median(ratio(m, settings) for m, _ in pairs):.3f} / "
+                     f"{statistics.median(ratio(t, settings) for _, t in pairs):.3f}" for pairs in models.values()]
+            print(f"| {WORDS[name]} | {statistics.median(per_round[name]):.3f} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
