@@ -8,12 +8,15 @@ The replay without the profiler on CPU (:mod:`fsdpviz.replay.calibration`) scale
 of a rank by one factor, its clean step over its traced one. Where a core is shared through the
 profiled window, gloo's collectives slow several times more than the compute, and one factor scales the
 two alike. The alternative read here: per rank, the collectives' times (each gather's and reduction's
-``comm_ns``, the segments' waits) scaled by ``r`` times the host work's factor ``kc``, ``r`` taken from
-:data:`GRID`. For each ``r``, ``kc`` is the one that puts the replay on the rank's clean step (the
+``comm_ns`` and ``ar_ns``, the segments' waits) scaled by ``r`` times the host work's factor ``kc``, ``r``
+taken from :data:`GRID` (each step's first gather also holds the ranks meeting after the optimizer
+step, scaled with it). For each ``r``, ``kc`` is the one that puts the replay on the rank's clean step (the
 replay scales with every duration, so ``kc`` is the clean step over the replay at ``kc = 1``); the ``r``
 kept is the one whose replayed phases (forward, backward, optimizer: :func:`fsdpviz.replay.phases.sim_phases`)
 take out of each phase what the timers saw leave it (the traced replay's phase less the profiled steps'
-plus the unprofiled steps', least squares). Then each setting's step ratio is predicted from every
+plus the unprofiled steps', least squares), on the profiled steps whose phases the timers timed, as the
+phase check (:func:`fsdpviz.replay.phases.phase_check`) reads them. A rank without such a fit is scaled
+by its one factor, as whatif scales it. Then each setting's step ratio is predicted from every
 per-block recording both ways, beside the in-process bare ratio. docs/whatif.md ("One clock") quotes
 the figures.
 
@@ -75,7 +78,9 @@ def fitted_factors(result: RunResult, rec: Recording) -> dict[int, tuple[float, 
 
     out: dict[int, tuple[float, float]] = {}
     for rank in sorted(set(timed) & set(clean)):
-        steps = [s for s in rec.steps if s.rank == rank]
+        # the steps the timers' profiled side is read from, as the phase check reads them
+        steps = [s for s in rec.steps if s.rank == rank
+                 and (not timed[rank].profiled_steps or s.step in timed[rank].profiled_steps)]
         traced = per_rank_phases(steps, replay(steps)) if steps else None
         if traced is None:
             continue
@@ -122,7 +127,8 @@ def main() -> None:
             factors = fitted_factors(result, model.recording)
             one = model.calibration.scale if model.calibration is not None else {}
             rec = copy.copy(model.recording)
-            rec.steps = [two_factor_step(s, *factors[s.rank]) if s.rank in factors else s for s in rec.steps]
+            rec.steps = [two_factor_step(s, *factors[s.rank]) if s.rank in factors
+                         else scaled_step(s, one[s.rank]) if s.rank in one else s for s in rec.steps]
             two = dataclasses.replace(model, net=replay_model._model(result, rec, None), gains={})
             print(f"| {path.name} | " + "; ".join(f"{rank}: {one.get(rank, float('nan')):.3f} / {kc:.3f}, {r}"
                                                  for rank, (kc, r) in factors.items()) + " |", flush=True)
