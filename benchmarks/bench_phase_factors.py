@@ -20,8 +20,12 @@ by its one factor, as whatif scales it. Then each setting's step ratio is predic
 per-block recording both ways, beside the in-process bare ratio. docs/whatif.md ("One clock") quotes
 the figures.
 
+``--optimizer-own``: the optimizer's segment (FSDP2 runs no collective there) scaled by its own factor,
+what the timers saw leave the optimizer's phase over the traced replay's phase, and ``kc`` and ``r``
+fitted on the forward and the backward alone (``kc`` by least squares, no longer put on the clean step).
+
     python benchmarks/bench_replay_clock.py --loads light,window --dim 256 --layers 4 --rounds 3 --out /tmp/clock-b
-    python benchmarks/bench_phase_factors.py /tmp/clock-b
+    python benchmarks/bench_phase_factors.py /tmp/clock-b [--optimizer-own]
 """
 
 from __future__ import annotations
@@ -37,13 +41,14 @@ from pathlib import Path
 from fsdpviz.analysis.pipeline import RunResult, analyse
 from fsdpviz.replay import model as replay_model
 from fsdpviz.replay import program as prog
-from fsdpviz.replay.calibration import scaled_step
+from fsdpviz.replay.calibration import _scale_segment, scaled_step
 from fsdpviz.replay.model import Model, costs_of, read_model, recorded_settings
 from fsdpviz.replay.phases import per_rank_phases
 from fsdpviz.replay.recorded import Recording, StepProgram
 from fsdpviz.replay.settings import Settings, parse_wrap
 from fsdpviz.replay.simulate import SimResult, run
 from fsdpviz.structure.profiler_cost import STEP_PHASES, clean_step_ms, phase_times
+from fsdpviz.vocabulary import OPTIMIZER
 from fsdpviz.whatif.predict import predict
 
 SETTINGS = {"pair": Settings().with_(wrap=parse_wrap("merge:2")), "root": Settings().with_(wrap=parse_wrap("root")),
@@ -52,8 +57,9 @@ WORDS = {"pair": "--wrap merge:2", "root": "--wrap root", "noreshard": "--reshar
 GRID = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.85, 1.0, 1.2, 1.5, 2.0)  # the collectives' factor over the host work's
 
 
-def two_factor_step(step: StepProgram, kc: float, r: float) -> StepProgram:
-    """``step`` with its host work scaled by ``kc`` and its collectives by ``r * kc``."""
+def two_factor_step(step: StepProgram, kc: float, r: float, k_optimizer: float | None = None) -> StepProgram:
+    """``step`` with its host work scaled by ``kc`` and its collectives by ``r * kc``; the optimizer's
+    segment (the step's last) by ``k_optimizer`` where given."""
     out = scaled_step(step, kc)
     for g in out.gathers:
         g.comm_ns *= r
@@ -64,11 +70,15 @@ def two_factor_step(step: StepProgram, kc: float, r: float) -> StepProgram:
         for segment in (mb.pre, mb.mid):
             segment.comm_ns = [t * r for t in segment.comm_ns]
     out.post.comm_ns = [t * r for t in out.post.comm_ns]
+    if k_optimizer is not None:
+        _scale_segment(out.post, k_optimizer / kc)
     return out
 
 
-def fitted_factors(result: RunResult, rec: Recording) -> dict[int, tuple[float, float]]:
-    """Per rank that timed its phases and its clean steps: (``kc``, ``r``) as the module docstring fits them."""
+def fitted_factors(result: RunResult, rec: Recording,
+                   optimizer_own: bool = False) -> dict[int, tuple[float, float, float | None]]:
+    """Per rank that timed its phases and its clean steps: (``kc``, ``r``, the optimizer's own factor or
+    None) as the module docstring fits them."""
     timed = phase_times(result.traces.timers, result.traces.run)
     clean = clean_step_ms(result.traces.timers, result.traces.run)
     fitted_comm, gathers = costs_of(rec)
@@ -76,7 +86,7 @@ def fitted_factors(result: RunResult, rec: Recording) -> dict[int, tuple[float, 
     def replay(steps: list[StepProgram]) -> list[SimResult]:
         return [run(prog.build(rec, s, recorded_settings(), fitted_comm, gathers), False) for s in steps]
 
-    out: dict[int, tuple[float, float]] = {}
+    out: dict[int, tuple[float, float, float | None]] = {}
     for rank in sorted(set(timed) & set(clean)):
         # the steps the timers' profiled side is read from, as the phase check reads them
         steps = [s for s in rec.steps if s.rank == rank
@@ -87,19 +97,25 @@ def fitted_factors(result: RunResult, rec: Recording) -> dict[int, tuple[float, 
         profiled, unprofiled = timed[rank].profiled, timed[rank].unprofiled
         # what each phase should keep: the traced replay's phase less the profiler's share the timers saw
         target = {p: traced[rank][p] - profiled[p] + unprofiled[p] for p in STEP_PHASES if p in unprofiled}
+        k_optimizer = target[OPTIMIZER] / traced[rank][OPTIMIZER] if optimizer_own and traced[rank][OPTIMIZER] else None
+        fitted = {p: want for p, want in target.items() if k_optimizer is None or p != OPTIMIZER}
         best: tuple[float, float, float] | None = None
         for r in GRID:
-            at_one = [two_factor_step(s, 1.0, r) for s in steps]
+            at_one = [two_factor_step(s, 1.0, r, k_optimizer) for s in steps]
             sims = replay(at_one)
             phases = per_rank_phases(at_one, sims)
             if phases is None:
                 continue
-            kc = clean[rank][0] / statistics.fmean(sim.step_ns / 1e6 for sim in sims)
-            miss = sum((kc * phases[rank][p] - want) ** 2 for p, want in target.items())
+            if k_optimizer is None:  # the replay scales with kc: this kc puts it on the clean step
+                kc = clean[rank][0] / statistics.fmean(sim.step_ns / 1e6 for sim in sims)
+            else:  # the forward and the backward scale with kc, the optimizer's segment does not
+                kc = (sum(want * phases[rank][p] for p, want in fitted.items())
+                      / sum(phases[rank][p] ** 2 for p in fitted))
+            miss = sum((kc * phases[rank][p] - want) ** 2 for p, want in fitted.items())
             if best is None or miss < best[0]:
                 best = (miss, kc, r)
         if best is not None:
-            out[rank] = (best[1], best[2])
+            out[rank] = (best[1], best[2], k_optimizer)
     return out
 
 
@@ -111,6 +127,8 @@ def ratio(model: Model, settings: Settings) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folders", type=Path, nargs="+", help="folders kept by bench_replay_clock.py (--out)")
+    parser.add_argument("--optimizer-own", action="store_true",
+                        help="the optimizer's segment on its own factor, the two fitted on the forward and backward")
     args = parser.parse_args()
     for base in args.folders:
         truths = sorted(base.glob("inproc-*.json"))
@@ -118,20 +136,21 @@ def main() -> None:
         if not truths or not runs:
             sys.exit(f"{base}: no per-block recordings and in-process truth (a folder kept by bench_replay_clock.py --out)")
         print(f"\n{base}\n")
-        print("| recording | rank: one factor / kc, r |")
+        print("| recording | rank: one factor / kc, r (, the optimizer's own) |")
         print("|---|---|")
         models: dict[str, list[tuple[Model, Model]]] = {}
         for path in runs:
             result = analyse([path], cache=False, progress=False)
             model = read_model(result)
-            factors = fitted_factors(result, model.recording)
+            factors = fitted_factors(result, model.recording, args.optimizer_own)
             one = model.calibration.scale if model.calibration is not None else {}
             rec = copy.copy(model.recording)
             rec.steps = [two_factor_step(s, *factors[s.rank]) if s.rank in factors
                          else scaled_step(s, one[s.rank]) if s.rank in one else s for s in rec.steps]
             two = dataclasses.replace(model, net=replay_model._model(result, rec, None), gains={})
             print(f"| {path.name} | " + "; ".join(f"{rank}: {one.get(rank, float('nan')):.3f} / {kc:.3f}, {r}"
-                                                 for rank, (kc, r) in factors.items()) + " |", flush=True)
+                                                 + (f", optimizer {ko:.3f}" if ko is not None else "")
+                                                 for rank, (kc, r, ko) in factors.items()) + " |", flush=True)
             models.setdefault(path.name.split("-")[1], []).append((model, two))
         per_round: dict[str, list[float]] = {}
         for truth in truths:
