@@ -21,8 +21,10 @@ per-block recording both ways, beside the in-process bare ratio. docs/whatif.md 
 the figures.
 
 ``--optimizer-own``: the optimizer's segment (FSDP2 runs no collective there) scaled by its own factor,
-what the timers saw leave the optimizer's phase over the traced replay's phase, and ``kc`` and ``r``
-fitted on the forward and the backward alone (``kc`` by least squares, no longer put on the clean step).
+the share of the traced replay's optimizer phase that the timers saw it keep without the profiler, and
+``kc`` and ``r`` fitted on the forward and the backward alone (``kc`` by least squares, not put on the
+clean step; two targets for two factors, so the fit is all but exact and ``r`` reaches the grid's ends
+more often).
 
     python benchmarks/bench_replay_clock.py --loads light,window --dim 256 --layers 4 --rounds 3 --out /tmp/clock-b
     python benchmarks/bench_phase_factors.py /tmp/clock-b [--optimizer-own]
@@ -59,7 +61,7 @@ GRID = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.85, 1.0, 1.2, 1.5, 2.0)  # the collectiv
 
 def two_factor_step(step: StepProgram, kc: float, r: float, k_optimizer: float | None = None) -> StepProgram:
     """``step`` with its host work scaled by ``kc`` and its collectives by ``r * kc``; the optimizer's
-    segment (the step's last) by ``k_optimizer`` where given."""
+    segment (the step's last), its waits included, by ``k_optimizer`` alone where given."""
     out = scaled_step(step, kc)
     for g in out.gathers:
         g.comm_ns *= r
@@ -69,9 +71,10 @@ def two_factor_step(step: StepProgram, kc: float, r: float, k_optimizer: float |
     for mb in out.micro:
         for segment in (mb.pre, mb.mid):
             segment.comm_ns = [t * r for t in segment.comm_ns]
-    out.post.comm_ns = [t * r for t in out.post.comm_ns]
     if k_optimizer is not None:
         _scale_segment(out.post, k_optimizer / kc)
+    else:
+        out.post.comm_ns = [t * r for t in out.post.comm_ns]
     return out
 
 
@@ -97,7 +100,8 @@ def fitted_factors(result: RunResult, rec: Recording,
         profiled, unprofiled = timed[rank].profiled, timed[rank].unprofiled
         # what each phase should keep: the traced replay's phase less the profiler's share the timers saw
         target = {p: traced[rank][p] - profiled[p] + unprofiled[p] for p in STEP_PHASES if p in unprofiled}
-        k_optimizer = target[OPTIMIZER] / traced[rank][OPTIMIZER] if optimizer_own and traced[rank][OPTIMIZER] else None
+        k_optimizer = (target[OPTIMIZER] / traced[rank][OPTIMIZER] if optimizer_own and traced[rank][OPTIMIZER] > 0
+                       and target.get(OPTIMIZER, 0.0) > 0 else None)
         fitted = {p: want for p, want in target.items() if k_optimizer is None or p != OPTIMIZER}
         best: tuple[float, float, float] | None = None
         for r in GRID:

@@ -41,9 +41,8 @@ not give the compute's own slowdown either: under a shared core it slowed as muc
 (docs/whatif.md, "One clock"). Two factors per rank, the collectives' a multiple of the host work's
 fitted so that the replayed phases lose what the timers saw each phase lose, took multiples from one end
 of the range tried (0.2-2.0) to the other, on two ranks of one recording too, and moved the window
-recordings' root further from bare on two models of three (benchmarks/bench_phase_factors.py); with the
-optimizer's segment on its own factor and the two fitted on the forward and backward alone, the window
-roots moved by 0.008 or less, and 10 of the 36 fitted host-work factors were above 1.
+recordings' root further from bare on two models of three, as it did with the optimizer's segment on a
+factor of its own (benchmarks/bench_phase_factors.py; docs/whatif.md, "One clock").
 """
 
 from __future__ import annotations
