@@ -40,13 +40,13 @@ import statistics
 import sys
 from pathlib import Path
 
-from fsdpviz.analysis.pipeline import RunResult, analyse
+from fsdpviz.analysis.pipeline import analyse
 from fsdpviz.replay import model as replay_model
 from fsdpviz.replay import program as prog
 from fsdpviz.replay.calibration import _scale_segment, scaled_step
-from fsdpviz.replay.model import Model, costs_of, read_model, recorded_settings
+from fsdpviz.replay.model import Model, read_model, recorded_settings
 from fsdpviz.replay.phases import per_rank_phases
-from fsdpviz.replay.recorded import Recording, StepProgram
+from fsdpviz.replay.recorded import StepProgram
 from fsdpviz.replay.settings import Settings, parse_wrap
 from fsdpviz.replay.simulate import SimResult, run
 from fsdpviz.structure.profiler_cost import STEP_PHASES, clean_step_ms, phase_times
@@ -78,23 +78,23 @@ def two_factor_step(step: StepProgram, kc: float, r: float, k_optimizer: float |
     return out
 
 
-def fitted_factors(result: RunResult, rec: Recording,
-                   optimizer_own: bool = False) -> dict[int, tuple[float, float, float | None]]:
-    """Per rank that timed its phases and its clean steps: (``kc``, ``r``, the optimizer's own factor or
-    None) as the module docstring fits them."""
+def fitted_factors(model: Model, optimizer_own: bool = False) -> dict[int, tuple[float, float, float | None]]:
+    """Per rank of ``model``'s recording that timed its phases and its clean steps: (``kc``, ``r``, the
+    optimizer's own factor or None) as the module docstring fits them."""
+    result, rec = model.result, model.recording
     timed = phase_times(result.traces.timers, result.traces.run)
     clean = clean_step_ms(result.traces.timers, result.traces.run)
-    fitted_comm, gathers = costs_of(rec)
+    traced_sims = dict(zip(map(id, rec.steps), model.replays))  # the traced steps' replays, read with the model
 
     def replay(steps: list[StepProgram]) -> list[SimResult]:
-        return [run(prog.build(rec, s, recorded_settings(), fitted_comm, gathers), False) for s in steps]
+        return [run(prog.build(rec, s, recorded_settings(), model.comm, model.gathers), False) for s in steps]
 
     out: dict[int, tuple[float, float, float | None]] = {}
     for rank in sorted(set(timed) & set(clean)):
         # the steps the timers' profiled side is read from, as the phase check reads them
         steps = [s for s in rec.steps if s.rank == rank
                  and (not timed[rank].profiled_steps or s.step in timed[rank].profiled_steps)]
-        traced = per_rank_phases(steps, replay(steps)) if steps else None
+        traced = per_rank_phases(steps, [traced_sims[id(s)] for s in steps]) if steps else None
         if traced is None:
             continue
         profiled, unprofiled = timed[rank].profiled, timed[rank].unprofiled
@@ -146,7 +146,7 @@ def main() -> None:
         for path in runs:
             result = analyse([path], cache=False, progress=False)
             model = read_model(result)
-            factors = fitted_factors(result, model.recording, args.optimizer_own)
+            factors = fitted_factors(model, args.optimizer_own)
             one = model.calibration.scale if model.calibration is not None else {}
             rec = copy.copy(model.recording)
             rec.steps = [two_factor_step(s, *factors[s.rank]) if s.rank in factors
