@@ -62,6 +62,9 @@ BUDGET_DEVICE = "device memory from the trace"
 BUDGET_NONE = ("none: the trace does not state the device's memory; every setting ranked by step time, "
                "--memory-budget SIZE ranks within one")
 BUDGET_GIVEN = "given"
+# How far a recorded split's parts, each rounded to the µs as the summary gives them, can add up from its
+# step, itself rounded: five parts and the step, half a µs each.
+PARTS_ROUNDING_MS = 0.003
 
 
 class StepBound(StepSplit, kw_only=True):
@@ -81,6 +84,12 @@ class StepBound(StepSplit, kw_only=True):
                 "other_idle_ms": round(self.other_idle_ms, 3), "fsdp_overhead_ms": round(self.fsdp_overhead_ms, 3),
                 "fsdp_kernels_ms": None if self.fsdp_kernels_ms is None else round(self.fsdp_kernels_ms, 3),
                 "basis": self.basis, "note": self.note}
+
+
+def _parts_ms(bound: BoundSummary) -> float:
+    """What the recorded split's parts add up to (its step, to their rounding)."""
+    return bound.compute_ms + bound.exposed_comm_ms + (bound.host_wait_ms or 0.0) + bound.other_idle_ms \
+        + bound.fsdp_overhead_ms
 
 
 def predicted_bound(bound: BoundSummary | None, prediction: Prediction, budget_bytes: int | None) -> StepBound | None:
@@ -104,7 +113,13 @@ def predicted_bound(bound: BoundSummary | None, prediction: Prediction, budget_b
     step = new.step_time_ms
     rest = step - compute - comm - kernels  # host side and other idle, predicted
     side = (host or 0.0) + fsdp_host
-    change = rest - side - idle
+    # the recorded parts are each rounded to the µs, so they add up to the recorded step give or take a µs or
+    # two: that rounding stays theirs, not moved into the host side, so that the recorded setting's row is
+    # the bound itself, part for part
+    rounding = _parts_ms(bound) - bound.step_ms
+    if abs(rounding) > PARTS_ROUNDING_MS:  # not rounding: moved as before, the host side first
+        rounding = 0.0
+    change = rest - side - idle + rounding
     held: list[str] = []  # parts the change would take below 0, held there (said in the note)
     if host is None and side <= 0:  # no host side to move: the change is other idle
         moved_side = side
@@ -128,7 +143,7 @@ def predicted_bound(bound: BoundSummary | None, prediction: Prediction, budget_b
     if held:
         # the predicted step is the simulation's, its split here a rule of thumb: a part it empties is said
         notes.append("the split of the predicted step moves the host side first, then other idle: " + "; ".join(held))
-    if parts - step >= 0.0005:
+    if parts - step - rounding >= 0.0005:
         # the step is the prediction's (one figure); the parts are not shrunk to meet it
         notes.append(f"the parts add up to {parts:.3f} ms, {parts - step:.3f} more than the predicted step: the "
                      "simulation takes out more than the recorded host wait, FSDP's host work and other idle hold, and "

@@ -29,7 +29,7 @@ from fsdpviz.api import Run
 from fsdpviz.replay.clock import BASIS_REPLAYED, BASIS_TRACED, PHASE_LIMIT_PCT, RELIABLE_REPLAY_PCT
 from fsdpviz.replay.model import recorded_settings
 from fsdpviz.runfolder import clean_steps
-from fsdpviz.whatif.explore import explore
+from fsdpviz.whatif.explore import explore, predicted_bound
 from fsdpviz.whatif.gains import action_setting, completed_summary, summary_model
 from fsdpviz.whatif.predict import predict
 
@@ -296,6 +296,16 @@ def _one_clock(result: Any) -> None:
     exposed = summary.exposed_comm_ms  # what summary, the report and record's closing lines show
     assert exposed == bound.exposed_comm_ms
     assert prediction.baseline.exposed_comm_ms == exposed
+    # --explore's "as recorded" row is the bound, part for part to the µs as both print them (its parts are
+    # each rounded, and the row once took their rounding into its host side: 1.923 ms of FSDP's work
+    # against the bound's 1.922 on the ZeRO-3 sample)
+    row = predicted_bound(bound, prediction, None)
+    assert row is not None
+    shown = row.to_json()
+    for key in ("step_ms", "compute_ms", "exposed_comm_ms", "host_wait_ms", "other_idle_ms", "fsdp_overhead_ms",
+                "fsdp_kernels_ms"):
+        assert shown[key] == getattr(bound, key), key
+    assert row.time_kind == bound.time_kind
     if clock.replay_error_pct is not None:  # a prediction is reliable only on a replay that reproduces the run
         assert prediction.reliable == (clock.replay_error_pct <= RELIABLE_REPLAY_PCT and phases_hold
                                        and prediction.traced_replay_error_pct <= RELIABLE_REPLAY_PCT
