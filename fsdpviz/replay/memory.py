@@ -204,7 +204,7 @@ def step_memory(rank: int, step: int, t0: int, t1: int, t: np.ndarray, cats: mca
     spans: dict[Pass, tuple[int, int]] = {}
     computed: dict[Pass, int] = {}
     micros = windows["micro"].to_numpy(np.int64) if "micro" in windows.columns else np.zeros(len(windows), np.int64)
-    for u, ph, m, s, e, r in zip(windows["unit"].astype(str), windows["phase"].astype(str), micros,
+    for u, ph, m, s, e, r in zip(windows["unit"].astype(str).tolist(), windows["phase"].astype(str).tolist(), micros,
                                  windows["start_ns"].to_numpy(np.int64), windows["end_ns"].to_numpy(np.int64),
                                  windows["region_end_ns"].to_numpy(np.int64)):
         key = (u, ph, int(m))

@@ -326,7 +326,7 @@ class _Window:
 def _windows(windows: pd.DataFrame, step: int, micro: int, phase: str) -> list[_Window]:
     rows = windows[((windows["step"] == step) & (windows["micro"] == micro) & (windows["phase"] == phase)).to_numpy()]
     out = [_Window(str(u), phase, micro, int(s), int(e)) for u, s, e in
-           zip(rows["unit"], rows["start_ns"], rows["end_ns"])]
+           zip(rows["unit"].tolist(), rows["start_ns"].tolist(), rows["end_ns"].tolist())]
     return sorted(out, key=lambda w: (w.start, -w.end))
 
 

@@ -3,7 +3,8 @@
 Event tables hold millions of rows whose string columns (lane, name, comm) are categoricals with a
 few hundred distinct values. Converting such a column with ``astype(str)`` builds a string per row
 (seconds per million rows with Arrow-backed strings); converting the categories once and indexing
-them by the codes costs one pointer per row.
+them by the codes costs one pointer per row. The categories are read out as a list first: iterating
+pandas' string array itself takes one indexing call per value, eight times the list's cost.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import pandas as pd
 def as_str(values: pd.Series) -> np.ndarray:
     """The column as an object array of ``str`` ("" for missing)."""
     if isinstance(values.dtype, pd.CategoricalDtype):
-        cats = np.array([str(c) for c in values.cat.categories] + [""], dtype=object)
+        cats = np.array([str(c) for c in values.cat.categories.tolist()] + [""], dtype=object)
         codes = values.cat.codes.to_numpy()
         return cats[np.where(codes >= 0, codes, len(cats) - 1)]
     if isinstance(values.dtype, pd.StringDtype):  # already strings: one copy out (a tenth of the cast's cost)
@@ -30,7 +31,7 @@ def startswith(values: pd.Series, prefix: str | tuple[str, ...]) -> np.ndarray:
     """Boolean mask of rows whose value starts with ``prefix``, tested once per distinct value."""
     if isinstance(values.dtype, pd.CategoricalDtype):
         cats = values.cat.categories
-        hit = np.fromiter((str(c).startswith(prefix) for c in cats), dtype=bool, count=len(cats))
+        hit = np.fromiter((str(c).startswith(prefix) for c in cats.tolist()), dtype=bool, count=len(cats))
         codes = values.cat.codes.to_numpy()
         return np.where(codes >= 0, hit[np.clip(codes, 0, None)] if len(cats) else False, False)
     return values.astype(str).str.startswith(prefix).to_numpy(dtype=bool)
@@ -49,7 +50,7 @@ def searching(values: pd.Series, pattern: re.Pattern[str]) -> np.ndarray:
 def _tested(values: pd.Series, test: Callable[[str], object]) -> np.ndarray:
     if isinstance(values.dtype, pd.CategoricalDtype):
         cats = values.cat.categories
-        hit = np.fromiter((test(str(c)) is not None for c in cats), dtype=bool, count=len(cats))
+        hit = np.fromiter((test(str(c)) is not None for c in cats.tolist()), dtype=bool, count=len(cats))
         codes = values.cat.codes.to_numpy()
         return np.where(codes >= 0, hit[np.clip(codes, 0, None)] if len(cats) else False, False)
     return np.fromiter((test(v) is not None for v in as_str(values)), dtype=bool, count=len(values))

@@ -41,7 +41,7 @@ def _names(events: pd.DataFrame) -> list[str]:
     if isinstance(names.dtype, pd.CategoricalDtype):
         codes = names.cat.codes.to_numpy()
         used = np.bincount(codes[codes >= 0], minlength=len(names.cat.categories)) > 0
-        return [str(n) for n, u in zip(names.cat.categories, used) if u]
+        return [str(n) for n, u in zip(names.cat.categories.tolist(), used) if u]
     return [str(n) for n in names.unique()]
 
 

@@ -190,7 +190,7 @@ def parse_labels(events: pd.DataFrame) -> pd.DataFrame:
         names = names.astype("category")
     cats = names.cat.categories
     # annotations are labels; of the CPU ops only the framework hook functions
-    infos = [_label_info(str(c)) for c in cats]
+    infos = [_label_info(str(c)) for c in cats.tolist()]
     hit = np.array([i is not None for i in infos], dtype=bool)
     codes = names.cat.codes.to_numpy()
     keep = (codes >= 0) & hit[np.clip(codes, 0, None)] if len(cats) else np.zeros(len(ann), bool)
