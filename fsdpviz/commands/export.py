@@ -9,7 +9,8 @@ rank's clock, as traced, but for ``findings`` and the ``*_clock_ns`` columns (a 
 gaps moved), whose times are on the run's clock as the summary's are (``export.json``'s ``device_scale``
 moves a traced time there, its ``comm_scale`` a collective's; its ``host_scale`` and ``idle_scale`` a GPU
 pass's gaps). ``export.json`` lists
-the files with the run's framework, ranks, steps, memory model and notes.
+the files with the run's framework, ranks, steps, memory model and notes, and says per file which clock
+its times are on (``times``).
 """
 
 from __future__ import annotations
@@ -35,6 +36,15 @@ if TYPE_CHECKING:
     from fsdpviz.analysis.pipeline import RunResult
 
 FORMATS = ("parquet", "csv", "perfetto")
+# Which clock each table's times are on, as export.json's ``times`` says (a figure the summary shows on the
+# run's clock is exported under the schema's name, as traced: the file says which it is).
+TRACED = "traced"
+TABLE_TIMES = {
+    "findings": "the run's clock, as the summary's findings",
+    "units": "traced, but forward_clock_ns and backward_clock_ns: the run's clock (device_scale moves a traced time "
+             "there, comm_scale a collective's, as the summary's units)",
+    "unit_steps": "traced, but compute_clock_ns: the run's clock",
+}
 EXAMPLE = """
 fsdpviz export runs/base -o base-tables/
 fsdpviz export runs/base --format perfetto -o base.json.gz
@@ -99,6 +109,7 @@ def export(
         "notes": [n.text for n in analysis.notes], "sources": list(traces.sources),
         "device_scale": run.device_scale, "comm_scale": run.comm_scale,
         "host_scale": run.gap_scales[0], "idle_scale": run.gap_scales[1],
+        "times": {name: TABLE_TIMES.get(name, TRACED) for name in tables},
     }
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -58,3 +58,38 @@ def test_export_refuses_a_file_as_output(run, tmp_path, capsys) -> None:
     assert _run_cli("export", str(run.folder), "-o", str(target)) == 2
     assert "exists and is not a folder" in capsys.readouterr().err
     assert _run_cli("export", str(run.folder), "--format", "xml", "-o", str(tmp_path / "x")) == 2
+
+
+def test_export_json_says_which_clock_each_tables_times_are_on(tmp_path, capsys) -> None:
+    """A CPU recording's summary shows its units and findings on the run's clock (the timers' clean
+    step, the profiler taken out); the export writes the per-unit analysis as traced under the schema's
+    names. export.json says which each file is, and its scales move the traced figures onto the summary's:
+    held here against the summary of the bundled FSDP2 sample, whose profiler slowed it by more than
+    the figures' rounding can hide."""
+    from pathlib import Path
+
+    sample = Path(__file__).resolve().parents[2] / "sample_traces" / "fsdp2-cpu-2rank"
+    out = tmp_path / "tables"
+    assert _run_cli("export", str(sample), "--format", "csv", "-o", str(out), "--no-cache", "-q") == 0
+    capsys.readouterr()
+    assert _run_cli("summary", str(sample), "--json", "--no-cache", "-q") == 0
+    summary = json.loads(capsys.readouterr().out)
+    manifest = json.loads((out / "export.json").read_text())
+    times = manifest["times"]
+    assert set(times) == set(TABLES)
+    assert times["findings"].startswith("the run's clock") and times["units"].startswith("traced")
+    assert times["spans"] == times["steps"] == "traced"
+    scale = manifest["comm_scale"]
+    assert scale < 0.95  # the traced and the run's figures differ by more than their rounding
+    units = pd.read_csv(out / "units.csv").set_index("unit")
+    for unit in summary["units"]:
+        row = units.loc[unit["name"]]
+        assert abs(row["all_gather_ns"] / 1e6 - unit["all_gather_ms"]) > 0.005  # traced: not the summary's
+        assert row["all_gather_ns"] * scale / 1e6 == pytest.approx(unit["all_gather_ms"], abs=1.5e-3)
+        assert row["exposed_comm_ns"] * scale / 1e6 == pytest.approx(unit["exposed_comm_ms"], abs=1.5e-3)
+        assert row["forward_clock_ns"] / 1e6 == pytest.approx(unit["forward_ms"], abs=1.5e-3)
+    findings = pd.read_csv(out / "findings.csv", keep_default_na=False)
+    written = sorted((r.kind, r.unit, r.phase, round(r.lost_ns / 1e6, 3)) for r in findings.itertuples())
+    said = sorted((f["kind"], f.get("unit") or "", f.get("phase") or "", f["lost_ms_per_step"])
+                  for f in summary["findings"])
+    assert written == said and len(written) >= 3
