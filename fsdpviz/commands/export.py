@@ -37,13 +37,21 @@ if TYPE_CHECKING:
 
 FORMATS = ("parquet", "csv", "perfetto")
 # Which clock each table's times are on, as export.json's ``times`` says (a figure the summary shows on the
-# run's clock is exported under the schema's name, as traced: the file says which it is).
+# run's clock is exported under the schema's name, as traced: the file says which it is). Every table
+# export_tables writes is named here (tests/unit/test_export.py holds the two lists to one another).
 TRACED = "traced"
 TABLE_TIMES = {
-    "findings": "the run's clock, as the summary's findings",
-    "units": "traced, but forward_clock_ns and backward_clock_ns: the run's clock (device_scale moves a traced time "
-             "there, comm_scale a collective's, as the summary's units)",
+    "spans": TRACED,
+    "units": "traced, but forward_clock_ns and backward_clock_ns: the run's clock (their kernels moved by "
+             "device_scale, their gaps by host_scale and idle_scale); the summary's units move the collectives' "
+             "times by comm_scale, host_wait_ns by host_scale and the prefetch leads by device_scale",
     "unit_steps": "traced, but compute_clock_ns: the run's clock",
+    "memory": TRACED,
+    "memory_peaks": TRACED,
+    "steps": TRACED,
+    "findings": "the run's clock, as the summary's findings",
+    "clock": "each rank's offset onto the reference rank's clock, as traced",
+    "skew": TRACED,
 }
 EXAMPLE = """
 fsdpviz export runs/base -o base-tables/
@@ -109,7 +117,7 @@ def export(
         "notes": [n.text for n in analysis.notes], "sources": list(traces.sources),
         "device_scale": run.device_scale, "comm_scale": run.comm_scale,
         "host_scale": run.gap_scales[0], "idle_scale": run.gap_scales[1],
-        "times": {name: TABLE_TIMES.get(name, TRACED) for name in tables},
+        "times": {name: TABLE_TIMES[name] for name in tables},
     }
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -63,7 +63,8 @@ BUDGET_NONE = ("none: the trace does not state the device's memory; every settin
                "--memory-budget SIZE ranks within one")
 BUDGET_GIVEN = "given"
 # How far a recorded split's parts, each rounded to the µs as the summary gives them, can add up from its
-# step, itself rounded: five parts and the step, half a µs each.
+# step, itself rounded: five parts and the step, half a µs each. Beyond it the difference is the parts' own
+# (medians over ranks), which a predicted split keeps and says.
 PARTS_ROUNDING_MS = 0.003
 
 
@@ -74,7 +75,8 @@ class StepBound(StepSplit, kw_only=True):
     fsdp_kernels_ms: float | None = None
     """Of ``fsdp_overhead_ms``, FSDP's copy kernels (None on a CPU), as the recorded bound's."""
     note: str | None = None
-    """Why the parts add up to more than ``step_ms`` (the prediction's step), where they do."""
+    """Why the parts add up to more than ``step_ms`` (the prediction's step), where they do, and the recorded
+    split's own difference from its step that they keep, where it is more than rounding."""
 
     def to_json(self) -> dict[str, Any]:
         """whatif ``--json``'s ``bound`` of a setting, in ms to the µs."""
@@ -87,7 +89,8 @@ class StepBound(StepSplit, kw_only=True):
 
 
 def _parts_ms(bound: BoundSummary) -> float:
-    """What the recorded split's parts add up to (its step, to their rounding)."""
+    """What the recorded split's parts add up to: its step, to their rounding, but on a traced split of
+    three ranks or more, whose parts are medians over ranks."""
     return bound.compute_ms + bound.exposed_comm_ms + (bound.host_wait_ms or 0.0) + bound.other_idle_ms \
         + bound.fsdp_overhead_ms
 
@@ -113,13 +116,11 @@ def predicted_bound(bound: BoundSummary | None, prediction: Prediction, budget_b
     step = new.step_time_ms
     rest = step - compute - comm - kernels  # host side and other idle, predicted
     side = (host or 0.0) + fsdp_host
-    # the recorded parts are each rounded to the µs, so they add up to the recorded step give or take a µs or
-    # two: that rounding stays theirs, not moved into the host side, so that the recorded setting's row is
-    # the bound itself, part for part
-    rounding = _parts_ms(bound) - bound.step_ms
-    if abs(rounding) > PARTS_ROUNDING_MS:  # not rounding: moved as before, the host side first
-        rounding = 0.0
-    change = rest - side - idle + rounding
+    # what the recorded parts add up to beyond the recorded step stays theirs, not moved into the host side,
+    # so that the recorded setting's row is the bound itself, part for part: each part's rounding to the µs,
+    # and on a traced split of three ranks or more, medians over ranks that need not add up (the bound's note)
+    gap = _parts_ms(bound) - bound.step_ms
+    change = rest - side - idle + gap
     held: list[str] = []  # parts the change would take below 0, held there (said in the note)
     if host is None and side <= 0:  # no host side to move: the change is other idle
         moved_side = side
@@ -143,11 +144,16 @@ def predicted_bound(bound: BoundSummary | None, prediction: Prediction, budget_b
     if held:
         # the predicted step is the simulation's, its split here a rule of thumb: a part it empties is said
         notes.append("the split of the predicted step moves the host side first, then other idle: " + "; ".join(held))
-    if parts - step - rounding >= 0.0005:
+    excess = parts - step - gap  # beyond the recorded parts' own difference from their step
+    if excess >= 0.0005:
         # the step is the prediction's (one figure); the parts are not shrunk to meet it
-        notes.append(f"the parts add up to {parts:.3f} ms, {parts - step:.3f} more than the predicted step: the "
-                     "simulation takes out more than the recorded host wait, FSDP's host work and other idle hold, and "
-                     "the model's compute, FSDP's copy kernels and the exposed communication are kept as moved")
+        notes.append(f"the parts add up to {excess:.3f} ms more than the predicted step"
+                     + (f" and the recorded parts' own {gap:+.3f} ms" if abs(gap) > PARTS_ROUNDING_MS else "")
+                     + ": the simulation takes out more than the recorded host wait, FSDP's host work and other idle "
+                     "hold, and the model's compute, FSDP's copy kernels and the exposed communication are kept as moved")
+    if abs(gap) > PARTS_ROUNDING_MS:
+        notes.append(f"the parts keep the recorded split's own difference from its step ({gap:+.3f} ms: each of its "
+                     "parts is the median over ranks of that rank's part, and they need not add up)")
     note = "; ".join(notes) or None
     time_kind = step_kind(compute, comm, host, idle, fsdp)
     memory = is_memory_bound(new.peak_allocated_bytes, budget_bytes)

@@ -9,6 +9,7 @@ import pytest
 from synth import Scenario, generate_run, make_root, make_units
 
 from fsdpviz.cli import main
+from fsdpviz.commands.export import TABLE_TIMES
 from fsdpviz.trace import schema
 
 TABLES = ("spans", "units", "unit_steps", "memory", "memory_peaks", "steps", "findings", "clock", "skew")
@@ -60,6 +61,39 @@ def test_export_refuses_a_file_as_output(run, tmp_path, capsys) -> None:
     assert _run_cli("export", str(run.folder), "--format", "xml", "-o", str(tmp_path / "x")) == 2
 
 
+def _units_on_the_summarys_clock(folder, out, capsys) -> tuple[dict, dict]:
+    """Export ``folder`` as CSV into ``out`` and hold the exported units and findings to its summary by
+    the scales export.json gives; (export.json, the summary)."""
+    assert _run_cli("export", str(folder), "--format", "csv", "-o", str(out), "--no-cache", "-q") == 0
+    capsys.readouterr()
+    assert _run_cli("summary", str(folder), "--json", "--no-cache", "-q") == 0
+    summary = json.loads(capsys.readouterr().out)
+    manifest = json.loads((out / "export.json").read_text())
+    times = manifest["times"]
+    assert set(times) == set(TABLES) == set(TABLE_TIMES)  # every table written says its clock
+    assert times["findings"].startswith("the run's clock") and times["units"].startswith("traced")
+    assert times["spans"] == times["steps"] == "traced"
+    comm, host, device = manifest["comm_scale"], manifest["host_scale"], manifest["device_scale"]
+    units = pd.read_csv(out / "units.csv").set_index("unit")
+    for unit in summary["units"]:
+        row = units.loc[unit["name"]]
+        assert row["all_gather_ns"] * comm / 1e6 == pytest.approx(unit["all_gather_ms"], abs=1.5e-3)
+        assert row["exposed_comm_ns"] * comm / 1e6 == pytest.approx(unit["exposed_comm_ms"], abs=1.5e-3)
+        assert row["forward_clock_ns"] / 1e6 == pytest.approx(unit["forward_ms"], abs=1.5e-3)
+        assert row["backward_clock_ns"] / 1e6 == pytest.approx(unit["backward_ms"], abs=1.5e-3)
+        if unit["forward_prefetch_lead_ms"] is not None:
+            assert row["forward_prefetch_lead_ns"] * device / 1e6 == pytest.approx(unit["forward_prefetch_lead_ms"],
+                                                                                  abs=1.5e-3)
+        if unit["host_wait_ms"] is not None:
+            assert row["host_wait_ns"] * host / 1e6 == pytest.approx(unit["host_wait_ms"], abs=1.5e-3)
+    findings = pd.read_csv(out / "findings.csv", keep_default_na=False)
+    written = sorted((r.kind, r.unit, r.phase, round(r.lost_ns / 1e6, 3)) for r in findings.itertuples())
+    said = sorted((f["kind"], f.get("unit") or "", f.get("phase") or "", f["lost_ms_per_step"])
+                  for f in summary["findings"])
+    assert written == said and len(written) >= 3
+    return manifest, summary
+
+
 def test_export_json_says_which_clock_each_tables_times_are_on(tmp_path, capsys) -> None:
     """A CPU recording's summary shows its units and findings on the run's clock (the timers' clean
     step, the profiler taken out); the export writes the per-unit analysis as traced under the schema's
@@ -69,27 +103,18 @@ def test_export_json_says_which_clock_each_tables_times_are_on(tmp_path, capsys)
     from pathlib import Path
 
     sample = Path(__file__).resolve().parents[2] / "sample_traces" / "fsdp2-cpu-2rank"
-    out = tmp_path / "tables"
-    assert _run_cli("export", str(sample), "--format", "csv", "-o", str(out), "--no-cache", "-q") == 0
-    capsys.readouterr()
-    assert _run_cli("summary", str(sample), "--json", "--no-cache", "-q") == 0
-    summary = json.loads(capsys.readouterr().out)
-    manifest = json.loads((out / "export.json").read_text())
-    times = manifest["times"]
-    assert set(times) == set(TABLES)
-    assert times["findings"].startswith("the run's clock") and times["units"].startswith("traced")
-    assert times["spans"] == times["steps"] == "traced"
-    scale = manifest["comm_scale"]
-    assert scale < 0.95  # the traced and the run's figures differ by more than their rounding
-    units = pd.read_csv(out / "units.csv").set_index("unit")
-    for unit in summary["units"]:
-        row = units.loc[unit["name"]]
-        assert abs(row["all_gather_ns"] / 1e6 - unit["all_gather_ms"]) > 0.005  # traced: not the summary's
-        assert row["all_gather_ns"] * scale / 1e6 == pytest.approx(unit["all_gather_ms"], abs=1.5e-3)
-        assert row["exposed_comm_ns"] * scale / 1e6 == pytest.approx(unit["exposed_comm_ms"], abs=1.5e-3)
-        assert row["forward_clock_ns"] / 1e6 == pytest.approx(unit["forward_ms"], abs=1.5e-3)
-    findings = pd.read_csv(out / "findings.csv", keep_default_na=False)
-    written = sorted((r.kind, r.unit, r.phase, round(r.lost_ns / 1e6, 3)) for r in findings.itertuples())
-    said = sorted((f["kind"], f.get("unit") or "", f.get("phase") or "", f["lost_ms_per_step"])
-                  for f in summary["findings"])
-    assert written == said and len(written) >= 3
+    manifest, summary = _units_on_the_summarys_clock(sample, tmp_path / "tables", capsys)
+    assert manifest["comm_scale"] < 0.95  # the traced and the run's figures differ by more than their rounding
+    units = pd.read_csv(tmp_path / "tables" / "units.csv").set_index("unit")
+    for unit in summary["units"]:  # traced: not the summary's
+        assert abs(units.loc[unit["name"], "all_gather_ns"] / 1e6 - unit["all_gather_ms"]) > 0.005
+
+
+def test_export_json_names_the_scale_of_each_gpu_unit_figure(gpu_fsdp_dir, tmp_path, capsys) -> None:
+    """On a GPU recording whose collectives ran on gloo (the shared H100 gloo2 run), the de-profiler moves
+    the host's waits, the collectives and the kernels by three different factors: export.json's texts and
+    scales hold each exported unit figure to the summary's by its own one."""
+    manifest, _ = _units_on_the_summarys_clock(gpu_fsdp_dir / "h100-fsdp2-gloo2-block", tmp_path / "tables", capsys)
+    host, comm, device = manifest["host_scale"], manifest["comm_scale"], manifest["device_scale"]
+    assert host < 0.9 and abs(comm - device) > 0.01 and abs(host - comm) > 0.1  # three scales, told apart
+    assert "host_wait_ns by host_scale" in manifest["times"]["units"]
