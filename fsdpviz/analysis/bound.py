@@ -370,6 +370,13 @@ class StepSplit(msgspec.Struct, kw_only=True):
     time_kind: str | None = None
     """What bounds the step's time (``kind`` unless the step is memory-bound)."""
 
+    @property
+    def parts_ms(self) -> float:
+        """What the five parts add up to: ``step_ms`` to their rounding, but on a traced split of three
+        ranks or more, whose parts are each a median over ranks (the note says their sum)."""
+        return self.compute_ms + self.exposed_comm_ms + (self.host_wait_ms or 0.0) + self.other_idle_ms \
+            + self.fsdp_overhead_ms
+
 
 class BoundSummary(StepSplit, kw_only=True):
     """What bounds the step (module docstring): the parts of one step, median over ranks of each

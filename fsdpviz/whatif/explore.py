@@ -88,13 +88,6 @@ class StepBound(StepSplit, kw_only=True):
                 "basis": self.basis, "note": self.note}
 
 
-def _parts_ms(bound: BoundSummary) -> float:
-    """What the recorded split's parts add up to: its step, to their rounding, but on a traced split of
-    three ranks or more, whose parts are medians over ranks."""
-    return bound.compute_ms + bound.exposed_comm_ms + (bound.host_wait_ms or 0.0) + bound.other_idle_ms \
-        + bound.fsdp_overhead_ms
-
-
 def predicted_bound(bound: BoundSummary | None, prediction: Prediction, budget_bytes: int | None) -> StepBound | None:
     """The split of ``prediction``'s step and its bound (module docstring); None without a recorded split."""
     if bound is None:
@@ -119,7 +112,7 @@ def predicted_bound(bound: BoundSummary | None, prediction: Prediction, budget_b
     # what the recorded parts add up to beyond the recorded step stays theirs, not moved into the host side,
     # so that the recorded setting's row is the bound itself, part for part: each part's rounding to the µs,
     # and on a traced split of three ranks or more, medians over ranks that need not add up (the bound's note)
-    gap = _parts_ms(bound) - bound.step_ms
+    gap = bound.parts_ms - bound.step_ms
     change = rest - side - idle + gap
     held: list[str] = []  # parts the change would take below 0, held there (said in the note)
     if host is None and side <= 0:  # no host side to move: the change is other idle
@@ -139,7 +132,13 @@ def predicted_bound(bound: BoundSummary | None, prediction: Prediction, budget_b
     elif host is not None:
         host = moved_side
     fsdp = kernels + fsdp_host
-    parts = compute + comm + (host or 0.0) + idle + fsdp
+    time_kind = step_kind(compute, comm, host, idle, fsdp)
+    memory = is_memory_bound(new.peak_allocated_bytes, budget_bytes)
+    out = StepBound(kind=KIND_MEMORY if memory else time_kind, time_kind=time_kind,
+                    step_ms=step, compute_ms=compute, exposed_comm_ms=comm,
+                    host_wait_ms=host, other_idle_ms=idle, basis=bound.basis, fsdp_overhead_ms=fsdp,
+                    fsdp_kernels_ms=None if bound.fsdp_kernels_ms is None else kernels)
+    parts = out.parts_ms
     notes = []
     if held:
         # the predicted step is the simulation's, its split here a rule of thumb: a part it empties is said
@@ -154,13 +153,8 @@ def predicted_bound(bound: BoundSummary | None, prediction: Prediction, budget_b
     if abs(gap) > PARTS_ROUNDING_MS:
         notes.append(f"the parts keep the recorded split's own difference from its step ({gap:+.3f} ms: each of its "
                      "parts is the median over ranks of that rank's part, and they need not add up)")
-    note = "; ".join(notes) or None
-    time_kind = step_kind(compute, comm, host, idle, fsdp)
-    memory = is_memory_bound(new.peak_allocated_bytes, budget_bytes)
-    return StepBound(kind=KIND_MEMORY if memory else time_kind, time_kind=time_kind,
-                     step_ms=step, compute_ms=compute, exposed_comm_ms=comm,
-                     host_wait_ms=host, other_idle_ms=idle, basis=bound.basis, fsdp_overhead_ms=fsdp,
-                     fsdp_kernels_ms=None if bound.fsdp_kernels_ms is None else kernels, note=note)
+    out.note = "; ".join(notes) or None
+    return out
 
 
 @dataclass(slots=True)
