@@ -27,7 +27,8 @@ such process; and the bare runs' step of that setting over the bare per-block st
 
 Prints per recording its slowdown and clock, then per setting the predicted ratios from each load
 beside the bare ratio, and how far each median could move with other recordings and other bare
-processes (bootstrap intervals). Run again with the same ``--out``, it reads the recordings and bare
+processes (bootstrap intervals). ``--pool`` adds, per setting, how far the bare ratio and each load's
+median moved from run to run. Run again with the same ``--out``, it reads the recordings and bare
 runs kept there instead of making them again. Results are recorded in docs/whatif.md ("One clock").
 """
 
@@ -181,10 +182,16 @@ def pool(folders: list[Path], loads: list[str]) -> None:
           f"| worst median - bare |")
     print("|---|---|---:|---:|---:|---:|---:|")
     inside = agree = cells = 0
+    moved: list[tuple[str, list[float], dict[str, list[float]]]] = []
     for name, options in PREDICT.items():
+        truths: list[float] = []
+        run_medians: dict[str, list[float]] = {load: [] for load in loads}
         for folder, ratios, processes in runs:
             truth = statistics.median(v for rounds in processes for v in rounds[name])
             medians = {load: statistics.median(ratios[name][load]) for load in loads}
+            truths.append(truth)
+            for load in loads:
+                run_medians[load].append(medians[load])
             worst = worst_miss(medians, truth)
             inside += sum(abs(m - truth) <= 0.10 for m in medians.values())
             agree += abs(medians[first] - medians[second]) <= 0.10
@@ -203,9 +210,20 @@ def pool(folders: list[Path], loads: list[str]) -> None:
               f"({spans[second][0]:+.3f} to {spans[second][1]:+.3f}) | {medians[first] - medians[second]:+.3f} "
               f"({spans['loads'][0]:+.3f} to {spans['loads'][1]:+.3f}) | "
               f"{worst_miss(medians, truth):+.3f} |")
+        moved.append((" ".join(options), truths, run_medians))
     print(f"\nEach run: {inside} of {2 * cells} medians within 0.10 of its bare ratio, the loads within 0.10 "
           f"of each other on {agree} of {cells} (pooled rows: the 5-95 % intervals of each median minus bare, "
           "and of the two loads' difference, runs resampled and within them recordings and bare processes)")
+    # How far the truth itself moves between runs bounds what "within 0.10 of bare, run by run" can ask of
+    # a prediction made from that run's recordings: one that stays put misses some run by at least half the
+    # bare ratio's range over the runs.
+    print("\n| setting | bare ratio over the runs (range) | its half-range: the least worst miss of a prediction "
+          "that stays put | " + " | ".join(f"{load} medians over the runs (range)" for load in loads) + " |")
+    print("|---|---|---:|" + "---|" * len(loads))
+    for setting, truths, run_medians in moved:
+        cells_ = " | ".join(f"{min(v):.3f}-{max(v):.3f} ({max(v) - min(v):.3f})" for v in run_medians.values())
+        print(f"| {setting} | {min(truths):.3f}-{max(truths):.3f} ({max(truths) - min(truths):.3f}) | "
+              f"{(max(truths) - min(truths)) / 2:.3f} | {cells_} |")
 
 
 def main() -> None:
