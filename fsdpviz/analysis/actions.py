@@ -165,6 +165,8 @@ def group_findings(findings: Sequence[Finding], *, host_backend_on_gpu: bool = F
     out = []
     for (kind, cause), members in groups.items():
         lost = [f.lost_ms_per_step for f in members if f.lost_ms_per_step is not None]
+        # one figure for the action's loss: its message and its lost_ms_per_step print the same number
+        total = round(sum(lost), 3) if lost else None
         knobs = list(dict.fromkeys(f.knob for f in members if f.knob))
         where = [f"{f.unit} {f.phase}".strip() if f.unit else (f"rank {f.rank}" if f.rank >= 0 else "")
                  for f in members]
@@ -172,13 +174,13 @@ def group_findings(findings: Sequence[Finding], *, host_backend_on_gpu: bool = F
             message = members[0].message
         else:
             words = _group_words(kind, cause, members[0].message)
-            message = (f"{words} in {len(members)} unit-passes: {_range_text(lost)} each, {ms_text(sum(lost))}/step"
-                       if lost else f"{words} in {len(members)} unit-passes") + _passes_text(where)
+            message = (f"{words} in {len(members)} unit-passes: {_range_text(lost)} each, {ms_text(total)}/step"
+                       if total is not None else f"{words} in {len(members)} unit-passes") + _passes_text(where)
         knob = knobs[0] if len(knobs) == 1 else "; ".join(knobs)
         why_not = (knob_blocked(knob, host_backend_on_gpu, waits_out) if knob
                    else next((f.why_not for f in members if f.why_not), ""))
         out.append(Action(kind=kind, cause=cause.split("#")[0], message=message, count=len(members),
-                          lost_ms_per_step=round(sum(lost), 3) if lost else None,
+                          lost_ms_per_step=total,
                           lost_ms_min=min(lost) if lost else None, lost_ms_max=max(lost) if lost else None,
                           knob="" if why_not else knob, why_not=why_not, units=[w for w in where if w]))
     return out

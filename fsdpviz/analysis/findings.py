@@ -76,9 +76,9 @@ CAUSE_PROFILER: Final = "profiler"
 
 
 def _row(unit: str, phase: str, kind: str, lost: float, message: str, evidence: str, knob: str,
-         rank: int = -1, cause: str = "") -> dict:
+         rank: int = -1, cause: str = "", why_not: str = "") -> dict:
     return {"rank": rank, "unit": unit, "phase": phase, "kind": kind, "lost_ns": float(lost),
-            "message": message, "evidence": evidence, "knob": knob, "cause": cause}
+            "message": message, "evidence": evidence, "knob": knob, "cause": cause, "why_not": why_not}
 
 
 _COMM_DURATIONS: Final = ("ag_ns", "ag_exposed_ns", "rs_ns", "rs_exposed_ns", "ar_ns", "ar_exposed_ns")
@@ -238,7 +238,7 @@ def gather_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, framework: st
                     f"{_depth_words(m['depth'])}; own compute {ms_text(m['compute_ns'] / NS_PER_MS)}; {median_of}")
         head = (f"{unit}: all-gather exposed {ms_text(m['ag_exposed_ns'] / NS_PER_MS)}/step in {phase}"
                 + _bucket_words(shared, unit, phase, "all-gather", m["ag_ns"]))
-        knob = ""
+        knob = why_not = ""
         if phase == vocabulary.FORWARD and ((unit, phase) in firsts or pos == 0 or prev is None):
             if (unit, phase) in firsts:
                 cause, code = "the first all-gather of the forward pass, with no compute before it to hide behind", CAUSE_FIRST_GATHER
@@ -265,8 +265,12 @@ def gather_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, framework: st
             tot = totals.loc[phase] if phase in totals.index else None
             if tot is not None and tot["c"] > tot["g"]:
                 knob = "prefetch one more unit ahead (the pass computes longer than it gathers; costs memory)"
+            elif tot is not None:  # the cause is clear; what it leaves no knob for is said, not left blank
+                why_not = (f"no deeper prefetch hides it: the {phase} pass gathers longer than it computes "
+                           f"({ms_text(tot['g'] / NS_PER_MS)} against {ms_text(tot['c'] / NS_PER_MS)} a step, "
+                           "medians over ranks and steps)")
         rows.append(_row(unit, phase, "exposed_all_gather", m["ag_exposed_ns"], f"{head}; {cause}", evidence, knob,
-                         cause=code))
+                         cause=code, why_not=why_not))
     return rows
 
 

@@ -396,6 +396,7 @@ FINDINGS: Final[Schema] = {
     "evidence": "string",  # the numbers behind it
     "knob": "string",  # what to try, "" when the trace shows no clear cause
     "cause": "string",  # the cause as a word (analysis/findings.py CAUSE_*): alike findings group by it
+    "why_not": "string",  # why the cause leaves nothing to try where the trace's figures say so, else ""
 }
 
 

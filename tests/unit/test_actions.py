@@ -78,6 +78,16 @@ def test_alike_findings_are_one_line_with_range_and_total() -> None:
     assert actions[1].count == 1 and actions[1].message == other.message  # alone: its own words
 
 
+def test_a_groups_loss_is_one_figure_in_its_line_and_its_total() -> None:
+    # 12.503 + 9.246 + 8.66 + 8.146 sums to 38.55500000000001 in floating point: printed unrounded it
+    # reads 38.56 beside a total of 38.555, which prints 38.55
+    alike = [_outlasting(f"blocks.{i}", "forward", lost) for i, lost in enumerate((12.503, 9.246, 8.66, 8.146))]
+    (action,) = group_findings(alike)
+    assert action.lost_ms_per_step == 38.555
+    assert f"{action.lost_ms_per_step:.2f} ms/step" in action.message
+    assert "38.55 ms/step" in action.message and "38.56" not in action.message
+
+
 def test_reduction_groups_of_two_collectives_read_apart_and_name_their_passes() -> None:
     """An HSDP run's reduce-scatters and all-reduces that outlast the compute after them are two groups
     (two kinds): each line names its own collective and the unit-passes it holds, the first three and a
@@ -158,6 +168,25 @@ def test_the_fsdp1_samples_terminal_and_page_say_why_prefetch_cannot_help_once(
     assert out.count("Prefetch cannot help on a CPU rank (as above).") == 1
     page = actions_text(sample_run("fsdp1-cpu-2rank").summary.actions)
     assert sum(CPU_BLOCKS[1:] in t for t in page) == 1 and sum("(as above)" in t for t in page) == 1
+
+
+def test_gathers_that_outlast_a_pass_which_gathers_longer_than_it_computes_say_why_nothing_is_advised(
+        sample_run: Callable[[str], Any]) -> None:
+    # the bundled plain FSDP2 sample: its backward gathers about 5 ms a step against 1.5 ms of compute
+    summary = sample_run("fsdp2-cpu-2rank-plain").summary
+    outlast = [f for f in summary.findings if f.cause == fnd.CAUSE_OUTLASTS_COMPUTE]
+    assert outlast and all(f.phase == "backward" and not f.knob for f in outlast)
+    (action,) = [a for a in summary.actions if a.cause == fnd.CAUSE_OUTLASTS_COMPUTE]
+    assert not action.knob and action.why_not == outlast[0].why_not
+    found = re.fullmatch(r"no deeper prefetch hides it: the backward pass gathers longer than it computes "
+                         r"\(([\d.]+) ms against ([\d.]+) ms a step, medians over ranks and steps\)", action.why_not)
+    assert found, action.why_not
+    gathers, compute = float(found[1]), float(found[2])
+    # against the units table's own medians: the units' backward compute, and at least what their
+    # backward gathers left exposed (a gather is exposed for at most its own time)
+    assert compute == pytest.approx(sum(u.backward_ms or 0.0 for u in summary.units), abs=0.02)
+    assert gathers >= sum(u.backward_exposed_all_gather_ms or 0.0 for u in summary.units) - 0.02
+    assert gathers > 3 * compute
 
 
 def test_deepspeeds_prefetch_is_left_to_whatif_on_a_cpu_rank() -> None:
