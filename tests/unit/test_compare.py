@@ -176,6 +176,21 @@ def test_best_marks_are_the_extremes(compared) -> None:
     assert result["best"]["n_units"] == []
 
 
+def test_a_drift_that_cannot_be_told_is_said_not_left_null(compared, capsys: pytest.CaptureFixture[str]) -> None:
+    # the three samples analyse several steps with allocator samples: a null drift there is "does not drift"
+    result, summaries, _ = compared
+    assert all(len(s["steps"]) >= 2 for s in summaries) and result["memory_drift_unknown"] == {}
+    # the plain sample analyses one step (its summary's steps): whether its level drifts cannot be told
+    plain = SAMPLES / "fsdp2-cpu-2rank-plain"
+    code, out, _ = _run(capsys, "compare", str(FSDP2), str(plain), "--json", "--no-cache", "-q")
+    assert code == 0
+    both = json.loads(out)
+    (one,) = [r for r in both["runs"] if len(r["steps"]) < 2]
+    assert both["memory_drift_bytes"][both["labels"].index(one["label"])] is None
+    assert list(both["memory_drift_unknown"]) == [one["label"]]
+    assert both["memory_drift_unknown"][one["label"]].startswith("fewer than two analysed steps")
+
+
 def test_units_are_matched_across_frameworks_and_the_mismatch_is_noted(compared) -> None:
     result, summaries, _ = compared
     groups = {g["name"]: g for g in result["unit_groups"]}

@@ -30,7 +30,7 @@ def test_a_prefetch_inside_the_noise_of_exposed_communication_names_no_better_ru
     assert depth["prefetched"] > depth["default"] + 0.5  # it does issue earlier
     assert forward.better is None
     assert "but the runs' exposed communication is not told apart (within noise" in forward.message
-    gathered = forward.values["exposed_forward_all_gather_ms"]
+    gathered = forward.values["units_exposed_forward_all_gather_ms"]
     assert f"reads {gathered['prefetched']:.2f} ms vs {gathered['default']:.2f} ms per step" in forward.message
 
 
@@ -63,7 +63,7 @@ def test_a_part_less_exposed_with_more_exposed_in_all_names_no_better_run_and_sa
     # THEN the backward prefetch finding quotes the part, says the whole is not less, and names no run
     (backward,) = [f for f in c.findings if f.kind == "prefetch" and "backward all-gathers" in f.message]
     assert backward.message.startswith("deep issues its backward all-gathers earlier")
-    assert backward.values["exposed_backward_all_gather_ms"] == pytest.approx(exposed, abs=0.002)
+    assert backward.values["units_exposed_backward_all_gather_ms"] == pytest.approx(exposed, abs=0.002)
     assert backward.better is None
     assert backward.message.endswith(
         f"but its whole exposed communication is not less ({whole['deep']:.2f} ms vs {whole['shallow']:.2f} ms per step), "

@@ -59,11 +59,11 @@ def test_exposed_communication_names_prefetch_with_the_constructed_numbers(synth
     finding = _finding(comparison, "exposed_comm")
     assert finding["better"] == "prefetch"
     assert finding["message"].startswith("prefetch exposes the least communication")
-    exposed = finding["values"]["exposed_all_gather_ms"]
+    exposed = finding["values"]["units_exposed_all_gather_ms"]
     for name in SCENARIOS:
         assert exposed[name] == pytest.approx(_expected_exposed_gather_ms(made[name]), abs=2e-3), name
     for phase in ("forward", "backward"):
-        got = finding["values"][f"exposed_{phase}_all_gather_ms"]
+        got = finding["values"][f"units_exposed_{phase}_all_gather_ms"]
         for name in SCENARIOS:
             assert got[name] == pytest.approx(_expected_exposed_gather_ms(made[name], phase), abs=2e-3)
     # No prefetch exposes far more by construction: every gather waits for the synchronised GPU.

@@ -356,7 +356,8 @@ def exposed_finding(c: Comparison) -> list[Finding]:
     counts = {r.label: collective_counts(r) for r in c.runs}
     values: dict[str, dict[str, Any]] = {"exposed_comm_ms": {c.labels[i]: v for i, v in known}}
     for key in ("all_gather_ms", "forward_all_gather_ms", "backward_all_gather_ms", "reduce_scatter_ms"):
-        values[f"exposed_{key}"] = {lb: p[key] for lb, p in parts.items() if key in p}
+        # "units_": the units' medians summed, not the summary's by-purpose figures (one name, one meaning)
+        values[f"units_exposed_{key}"] = {lb: p[key] for lb, p in parts.items() if key in p}
     values["all_gathers_per_step"] = {lb: n[vocabulary.ALL_GATHER] for lb, n in counts.items()
                                       if vocabulary.ALL_GATHER in n}
     evidence = (f"exposed communication per step: {_listing(c, 'overlap.exposed_comm_ms', ms_text)}"
@@ -588,7 +589,7 @@ def prefetch_finding(c: Comparison) -> list[Finding]:
         out.append(_finding("prefetch", message + ".", "mean over units of the median issue depth "
                             "(the other units computed between a gather's start and its unit's compute)", better,
                             {f"{phase}_issue_depth": known,
-                             f"exposed_{phase}_all_gather_ms": {k: v for k, v in exposed.items() if v is not None}}))
+                             f"units_exposed_{phase}_all_gather_ms": {k: v for k, v in exposed.items() if v is not None}}))
     return out
 
 

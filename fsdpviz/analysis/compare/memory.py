@@ -55,10 +55,20 @@ def step_rise_bytes(levels: pd.DataFrame) -> int | None:
     return int(np.median(levels["peak_bytes"] - levels["start_bytes"]))
 
 
+def drift_unknown(levels: pd.DataFrame) -> str | None:
+    """Why :func:`drift_bytes` cannot tell whether the level drifts (None where it can: its None then
+    means the level does not drift)."""
+    if levels.empty:
+        return "no allocator samples in its analysed steps (recorded without memory, or a trace without them)"
+    if int(levels.groupby("rank")["step"].nunique().max()) < 2:
+        return "fewer than two analysed steps with allocator samples on any rank"
+    return None
+
+
 def drift_bytes(levels: pd.DataFrame) -> int | None:
     """How much the level at step start grows over the analysed steps (max over ranks), if it drifts.
 
-    None when it does not (see the module docstring for the rule) or cannot be told (< 2 steps).
+    None when it does not (see the module docstring for the rule) or cannot be told (:func:`drift_unknown`).
     """
     if levels.empty:
         return None

@@ -77,6 +77,7 @@ class Comparison:
     settings: list[tuple[str, list[str]]]  # (row label, text per run), rows that describe the runs
     match: UnitMatch
     drift: list[int | None] = field(default_factory=list)  # per run: growth of the level at step start
+    drift_unknown: dict[str, str] = field(default_factory=dict)  # run label -> why its drift cannot be told
     best_withheld: dict[str, str] = field(default_factory=dict)  # key -> why its row has no best mark
     findings: list[Finding] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)

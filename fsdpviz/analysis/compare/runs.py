@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from fsdpviz.analysis.compare.clocks import LEVEL_FIELDS, different_clocks, levels_differ, ranked_on_clock
 from fsdpviz.analysis.compare.findings import build_findings, is_clear, noise_ms
-from fsdpviz.analysis.compare.memory import drift_bytes, step_levels, step_rise_bytes
+from fsdpviz.analysis.compare.memory import drift_bytes, drift_unknown, step_levels, step_rise_bytes
 from fsdpviz.analysis.compare.model import HEADLINE_FIELDS, LOWER, Comparison, bucketed_units, unit_index
 from fsdpviz.analysis.compare.spread import (
     MEASURED,
@@ -158,6 +158,7 @@ def compare_runs(runs: Sequence[LabelledRun]) -> Comparison:
     best = {f.key: best_indices(rank_values[f.key], f.better) for f in HEADLINE_FIELDS}
     match = match_units({r.label: run_units(r) for r in runs})
     drift = [drift_bytes(lv) if lv is not None else None for lv in levels]
+    drift_why = {lb: why for lb, lv in zip(labels, levels, strict=True) if (why := drift_unknown(lv))}
     withheld = {}
     if any(d is not None for d in drift):
         # A climbing level makes peaks depend on how many steps were profiled: no "best" peak.
@@ -207,7 +208,8 @@ def compare_runs(runs: Sequence[LabelledRun]) -> Comparison:
     unknown = {key: {r.label: headline_spread_why(r, key) for r, s in zip(runs, spreads) if s is None}
                for key, spreads in (*spread.items(), *points.items())}
     comparison = Comparison(labels=labels, runs=list(runs), values=values, deltas=deltas, best=best,
-                            settings=settings_rows(runs), match=match, drift=drift, notes=notes,
+                            settings=settings_rows(runs), match=match, drift=drift, drift_unknown=drift_why,
+                            notes=notes,
                             best_withheld=withheld, spread=spread, spread_points=points,
                             spread_unknown={k: v for k, v in unknown.items() if v}, ranked=ranked)
     unit_marks(comparison)
@@ -497,6 +499,7 @@ def comparison_json(comparison: Comparison) -> dict[str, Any]:
         "whole_model_runs": comparison.match.whole_model,
         "step_rise_bytes": comparison.values["step_rise_bytes"],
         "memory_drift_bytes": comparison.drift,
+        "memory_drift_unknown": comparison.drift_unknown,
         "findings": [f.to_json() for f in comparison.findings],
         "notes": comparison.notes,
     }
