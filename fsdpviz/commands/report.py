@@ -58,10 +58,12 @@ def report(
     from fsdpviz.analysis.pipeline import analyse
     from fsdpviz.cache import keep, seed, store_for
     from fsdpviz.report.build import build_report, import_report_modules
+    from fsdpviz.trace.sources import check_inputs
 
     step_list = parse_steps(steps)
     rank_list = parse_ranks(ranks)
     check_output_folder(output, "the report")  # fail before minutes of loading
+    check_inputs(paths)  # a missing input is its one error line, not "loading" and then the error
     say = progress_printer(quiet)
     started = time.perf_counter()
     if say:

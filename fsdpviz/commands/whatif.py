@@ -142,8 +142,10 @@ def whatif(
 
     from fsdpviz.analysis.pipeline import analyse
     from fsdpviz.commands.summary import parse_steps
+    from fsdpviz.trace.sources import check_inputs
     from fsdpviz.whatif.gains import clock_notes, summary_model
 
+    check_inputs([run])  # a missing input is its one error line, not "loading" and then the error
     say(f"loading {run}")
     result = analyse([run], steps=parse_steps(steps), include_last_step=include_last_step, cache=cache,
                      progress=False, scheduler=scheduler)

@@ -82,17 +82,24 @@ def below_hint(folder: Path) -> str:
             else f"; its subfolders {listed} are run folders: give one of them")
 
 
-def resolve_sources(paths: Sequence[str | Path]) -> Sources:
-    """Expand files / folders / a run folder into the list of trace files to load."""
+def check_inputs(paths: Sequence[str | Path]) -> None:
+    """Raise the one error line :func:`resolve_sources` would for missing input, before a command says
+    it is loading it."""
     if not paths:
         raise UsageError("no input: give trace files, a folder of traces, or a run folder")
+    for raw in paths:
+        if not Path(raw).exists():
+            raise TraceError(Path(raw), "no such file or folder")
+
+
+def resolve_sources(paths: Sequence[str | Path]) -> Sources:
+    """Expand files / folders / a run folder into the list of trace files to load."""
+    check_inputs(paths)
     files: list[Path] = []
     scanned: set[Path] = set()
     run_dir: Path | None = None
     for raw in paths:
         path = Path(raw)
-        if not path.exists():
-            raise TraceError(path, "no such file or folder")
         if path.is_file():
             files.append(path)
             continue

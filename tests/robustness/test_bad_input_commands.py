@@ -54,6 +54,17 @@ def test_bad_input_is_one_line_and_exit_2(command: str, case: str, tmp_path: Pat
     assert list(out.iterdir()) == []
 
 
+@pytest.mark.parametrize("argv", [["whatif", "--json"], ["whatif", "--prefetch", "1"], ["report", "-o", "page.html"]],
+                         ids=["whatif --json", "whatif", "report"])
+def test_a_missing_input_is_one_line_before_any_progress(argv: list[str], tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    # without -q these commands say what they load; a path that is not there is said before that
+    missing = CASES["missing path"]
+    code, stdout, stderr = run_cli([*argv[:1], str(missing.make(tmp_path)), *argv[1:]], capsys)
+    assert code == 2 and stdout == ""
+    one_error_line(stderr, missing.expected)
+
+
 @pytest.mark.parametrize("command", ["summary", "report", "export"])
 def test_steps_not_in_the_trace(command: str, tmp_path: Path, good_run: Path,
                                 capsys: pytest.CaptureFixture[str]) -> None:

@@ -80,7 +80,7 @@ def steps_section(data: ReportData) -> Section:
         views.append(plots.rank_bars(waits, part="what", stacked=False,
                                      colors={steps_data.EXPOSED_PER_RANK: "#d62728",
                                              steps_data.LATE_PER_RANK: "#9467bd"},
-                                     title="exposed communication (as in the per-rank table) and lateness per rank"))
+                                     title="exposed communication (the summary's per-rank figure) and lateness per rank"))
     points = steps_data.skew_points(data.skew, data.rank_step_times)
     if not points.empty:
         worst = points.sort_values("skew_ms", ascending=False).iloc[0]
