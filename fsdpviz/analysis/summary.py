@@ -365,7 +365,8 @@ def finding_entries(findings: pd.DataFrame) -> list[Finding]:
 def run_findings(findings: pd.DataFrame, traces: TraceSet, overlap: pd.DataFrame, framework: str) -> pd.DataFrame:
     """The FINDINGS table (``RunAnalysis.findings``) as the summary lists it: a knob that cannot help on the
     run (:func:`fsdpviz.analysis.actions.knob_blocked`) taken out, and its ``why_not`` saying why (else the
-    finding's own: why its cause leaves nothing to try, "" elsewhere); the summary's findings, the notebook's ``Run.findings`` and ``fsdpviz export`` read it."""
+    finding's own: why its cause leaves nothing to try; "" elsewhere); the summary's findings, the
+    notebook's ``Run.findings`` and ``fsdpviz export`` read it."""
     backend, waits = host_backend_on_gpu(traces, overlap), waits_out_collectives(_device(overlap), framework)
     why = [knob_blocked(str(k), backend, waits) if k else str(w)
            for k, w in zip(findings["knob"], findings["why_not"], strict=True)]
