@@ -30,6 +30,7 @@ from fsdpviz.trace import frames
 from fsdpviz.trace.kineto import RankColumns
 from fsdpviz.trace.sources import units_from_run
 from fsdpviz.trace.tables import TraceSet
+from fsdpviz.trace.unit_names import traced_names
 
 
 @dataclass(kw_only=True, slots=True)
@@ -61,6 +62,7 @@ def digest(traces: TraceSet, rank: int, events: pd.DataFrame, *, steps: Sequence
 def digest_columns(columns: RankColumns, *, run: RunInfo | None, steps: Sequence[int] | None,
                    include_last_step: bool) -> RankDigest:
     """:func:`digest` of one rank's parsed tables (consumed), as a worker runs it."""
+    run, _ = traced_names(run, columns.categories.get("name", []))  # as the whole run's load names its units
     one = [columns]
     traces = TraceSet(events=frames.events_frame(one), lanes=frames.lanes_frame(one), steps=frames.steps_frame(one),
                       memory=frames.memory_frame(one, run), ranks=frames.ranks_frame(one), units=units_from_run(run),

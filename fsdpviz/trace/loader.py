@@ -37,6 +37,7 @@ from fsdpviz.trace.sources import (
     units_from_run,
 )
 from fsdpviz.trace.tables import TraceSet
+from fsdpviz.trace.unit_names import renamed_timers, traced_names
 from fsdpviz.trace.workers import parse_all
 
 if TYPE_CHECKING:
@@ -152,6 +153,9 @@ def load_run(
     exported = exported_run(per_file) if run is None and mapped is None else None
     if exported is not None:
         run, timers, torn = exported[0], timers_frame(exported[1]), exported[2]
+    # a unit of several modules is one unit, under the trace's spelling of it (trace/unit_names.py)
+    run, renamed = traced_names(run, (n for t in per_file for n in t.categories.get("name", [])))
+    timers = renamed_timers(timers, renamed)
     traces = _trace_set(per_file, timers=timers, units=units_from_run(run),
                         run=run, run_dir=str(sources.run_dir) if sources.run_dir is not None else None,
                         skipped=skipped)

@@ -111,8 +111,11 @@ def _code(rec: Recording, params: dict[str, list[str]], settings: Settings, desc
     _, new_units, members = prog.regrouped(rec, settings)
     # a unit is its members' modules, a match: unit of several too (program._match names it by them)
     modules = {n: [m for u in members[n] for m in rec.modules.get(u, [u])] for n in new_units if n != ROOT_UNIT}
-    missing = [m for n, ms in modules.items() for m in ms
-               if not any(p.startswith(f"{m}.") for u in members[n] for p in params.get(u, []))]
+    # a module is resolved where run.json lists its unit's parameters: the unit's modules are then the
+    # framework's own (FSDP2's labels, fsdpviz's); a module none of them is under holds parameters tied to
+    # another module's (a tied output embedding: named_parameters() lists a shared parameter once) or none
+    missing = list(dict.fromkeys(m for n, ms in modules.items() for m in ms
+                                 if not any(params.get(u) for u in members[n])))
     if missing:
         return Apply(rec.framework, None, note=(
             f"not resolved: {', '.join(missing)}: the recording does not list these modules' parameters (run.json "

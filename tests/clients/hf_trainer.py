@@ -61,10 +61,12 @@ def main() -> None:
     parser.add_argument("--log-losses", default="")
     parser.add_argument("--out", default="hf-out")
     parser.add_argument("--fsdp-config", default=None, help="a JSON file for TrainingArguments(fsdp_config=...)")
+    parser.add_argument("--tie-embeddings", action="store_true", help="the output layer shares the input embedding")
     args = parser.parse_args()
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=SEQ)
+                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=SEQ,
+                         tie_word_embeddings=args.tie_embeddings)
     model = LlamaForCausalLM(config)
     training = TrainingArguments(
         output_dir=args.out, max_steps=args.steps, per_device_train_batch_size=2, learning_rate=1e-3,

@@ -1,7 +1,8 @@
 """Training programs written the way users of other stacks write them, recorded with ``fsdpviz record``.
 
 Each :class:`Client` is one program of ``tests/clients/`` with its launcher: a Hugging Face ``Trainer``
-(DDP, as accelerate runs it without GPUs, and FSDP2 with accelerate's state forced), an ``accelerate
+(DDP, as accelerate runs it without GPUs, and FSDP2 with accelerate's state forced, its embeddings apart
+and tied), an ``accelerate
 launch`` loop (DDP, and processes that never connect), Lightning Fabric with ``ModelParallelStrategy``, an
 ``mp.spawn`` program, a torchtitan-shaped model (also with every block compiled) and FSDP1 with
 ``checkpoint_wrapper`` outside and inside its units. Tiny models from configs, a few steps each.
@@ -60,6 +61,10 @@ CLIENT_LIST = (
     Client("hf-trainer-ddp", _torchrun("hf_trainer.py", "--steps", str(STEPS), "--out", "{out}"), "ddp", ()),
     Client("hf-trainer-fsdp", _torchrun("hf_trainer.py", "--steps", str(STEPS), "--out", "{out}", "--force-fsdp"),
            "fsdp2", None, report=True),
+    # tied input and output embeddings: accelerate shards (final norm, embedding, output) as one unit, in that
+    # order, where FSDP2's labels name its modules in the model's order
+    Client("hf-trainer-fsdp-tied", _torchrun("hf_trainer.py", "--steps", str(STEPS), "--out", "{out}", "--force-fsdp",
+                                             "--tie-embeddings"), "fsdp2", None),
     Client("accelerate-ddp", (*ACCELERATE, "--num_processes", "2", "--main_process_port", "{port}", "--use_fsdp",
                               "--fsdp_version", "2", "--fsdp_transformer_layer_cls_to_wrap", "Block",
                               str(CLIENTS / "accelerate_loop.py"), "--steps", str(STEPS), "--log-losses", "{losses}"),

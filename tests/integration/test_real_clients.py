@@ -22,12 +22,13 @@ from clients import CLIENT_LIST, PROFILED, ClientRun, ClientRuns
 from helpers.once import session_root
 
 from fsdpviz.analysis.pipeline import RunResult, analyse
-from fsdpviz.naming import unit_from_label
+from fsdpviz.naming import unit_from_label, unit_modules
 from fsdpviz.trace import load_traces
 
 pytestmark = [pytest.mark.slow, pytest.mark.clients]
 
-NEEDS = {"hf-trainer-ddp": "transformers", "hf-trainer-fsdp": "transformers", "accelerate-ddp": "accelerate",
+NEEDS = {"hf-trainer-ddp": "transformers", "hf-trainer-fsdp": "transformers", "hf-trainer-fsdp-tied": "transformers",
+         "accelerate-ddp": "accelerate",
          "accelerate-unconnected": "accelerate", "fabric-fsdp2": "lightning"}
 NAMES = [c.name for c in CLIENT_LIST]
 SHARDED = [c.name for c in CLIENT_LIST if c.framework in ("fsdp2", "fsdp1")]
@@ -83,12 +84,15 @@ def test_framework_and_units(client_runs: ClientRuns, result_of: Callable[[Clien
         expected = tuple(dict.fromkeys(unit_from_label(n[len("FSDP::pre_forward ("):-1]) for n in sorted(names)
                                        if n.startswith("FSDP::pre_forward (")))
         assert len(expected) >= 3 and any(u.startswith("[") for u in expected), expected  # [model.norm, lm_head]
-    assert sorted(u["unit"] for u in meta["units"]) == sorted(expected)
+    # run.json names a unit of several modules in the order the script passed them to fully_shard; the
+    # analysis by the labels' names (trace/unit_names.py): the same modules, one name
+    assert sorted(sorted(unit_modules(u["unit"])) for u in meta["units"]) == sorted(sorted(unit_modules(u)) for u in expected)
     assert sorted(u.name for u in result.summary.units) == sorted(expected)
+    assert not [n for n in result.summary.notes if "ran nothing of" in n]
     assert result.summary.steps == PROFILED  # every profiled step is complete
     units_line = next(line for line in run.proc.stderr.splitlines() if "rank(s) of world size" in line)
-    for unit in expected:  # one name per unit on the terminal, never cut
-        assert unit in units_line
+    for unit in meta["units"]:  # one name per unit on the terminal (run.json's), never cut
+        assert unit["unit"] in units_line
 
 
 @pytest.mark.parametrize("name", ["hf-trainer-ddp", "accelerate-ddp"])
@@ -171,6 +175,29 @@ def test_torchtitan_root_keeps_its_last_units_parameters_and_names_a_unit_of_two
     assert (stats.loc[["layers.0", "layers.1", "layers.2"], "backward_ns"] > stats.loc["(root)", "backward_ns"]).all()
     traces = load_traces([run.run_dir], cache=False)
     assert "FSDP::pre_forward (norm, output)" in set(traces.events["name"].astype(str))
+
+
+def test_a_tied_tail_is_one_unit_with_its_parameters_and_its_code(
+        client_runs: ClientRuns, result_of: Callable[[ClientRun], RunResult], capsys: pytest.CaptureFixture[str]) -> None:
+    """accelerate shards a tied model's tail as ``fully_shard([norm, embed_tokens, lm_head])``
+    (``fsdp2_prepare_model``), which run.json names in that order and FSDP2's labels in the model's
+    (``[model.embed_tokens, model.norm, lm_head]``); the output layer's weight is the embedding's, which
+    ``named_parameters()`` lists once. One unit, with the recorder's size, and code that names it."""
+    from helpers.cli import json_here
+
+    run = _get(client_runs, "hf-trainer-fsdp-tied")
+    recorded = next(u for u in json.loads((run.run_dir / "run.json").read_text())["units"] if "lm_head" in u["unit"])
+    (tail,) = [u for u in result_of(run).summary.units if "lm_head" in u.name]
+    assert set(unit_modules(tail.name)) == set(unit_modules(recorded["unit"])) == {
+        "model.embed_tokens", "model.norm", "lm_head"}
+    assert tail.name == "[model.embed_tokens, model.norm, lm_head]" != recorded["unit"]  # two spellings, one unit
+    assert tail.param_numel == recorded["param_numel"] > 0
+    assert not any(p.startswith("lm_head.") for p, _ in recorded["params"])  # the tied weight, listed once
+    apply = json_here(capsys, "whatif", str(run.run_dir), "--reshard-after-forward", "false", "--json", "-q",
+                      "--no-cache")["apply"]
+    assert apply["code"] is not None, apply["note"]
+    assert 'fully_shard([m("model.embed_tokens"), m("model.norm"), m("lm_head")], reshard_after_forward=False' \
+        in apply["code"]
 
 
 def test_compiled_blocks_are_units_with_their_own_compute(

@@ -1,4 +1,4 @@
-"""``apply`` (whatif --code): the code names only modules whose parameters the recording lists, and says
+"""``apply`` (whatif --code): the code names only modules of units whose parameters the recording lists, and says
 what it cannot say. The round trip through real recordings is tests/integration/test_whatif_apply_roundtrip.py."""
 
 from __future__ import annotations

@@ -1,0 +1,59 @@
+"""A unit of several modules is one unit, whichever order run.json lists its modules in.
+
+``fsdpviz record`` names such a unit (and its timers) in the order the script passed the modules to
+``fully_shard``; FSDP2's labels name them in the model's order. accelerate passes a tied model's tail as
+``(final norm, embedding, output)``, so the two differ (the real program: ``make test-clients``,
+``hf-trainer-fsdp-tied``). Here the committed recording of ``fully_shard([blocks.0, blocks.1])``, whose
+two names agree, is the truth, and the same recording with run.json and the timers naming the pair
+``[blocks.1, blocks.0]`` must read as the same run.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from helpers.cli import json_here, stdout_here
+
+from fsdpviz.trace.unit_names import traced_spellings
+
+pytestmark = pytest.mark.recorded
+
+RUN = Path(__file__).resolve().parents[1] / "recorded" / "fsdp2-pair-list" / "run"
+PAIR, REORDERED = "[blocks.0, blocks.1]", "[blocks.1, blocks.0]"
+
+
+def _copies(tmp_path: Path) -> tuple[Path, Path]:
+    as_recorded, reordered = tmp_path / "as-recorded", tmp_path / "reordered"
+    for out in (as_recorded, reordered):
+        shutil.copytree(RUN, out, ignore=shutil.ignore_patterns(".fsdpviz-cache"))
+    files = [reordered / "run.json", *sorted((reordered / "timers").glob("*.jsonl"))]
+    assert all(PAIR in f.read_text() for f in files)  # the unit's sizes and its timers name it
+    for f in files:
+        f.write_text(f.read_text().replace(PAIR, REORDERED))
+    return as_recorded, reordered
+
+
+def test_a_pair_listed_in_another_order_is_the_recorded_pair(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    as_recorded, reordered = _copies(tmp_path)
+    truth, read = (json_here(capsys, "summary", str(p), "--json", "--no-cache") for p in (as_recorded, reordered))
+    assert [u["name"] for u in truth["units"]] == ["(root)", PAIR, "blocks.2"]
+    pair = next(u for u in truth["units"] if u["name"] == PAIR)
+    assert pair["size_source"] == "run.json" and pair["forward_timer_ms"] is not None  # run.json's sizes, its timers
+    # every figure of every unit (its sizes from run.json, its timers), the notes (no unit "without work")
+    # and the bound, as the recording whose two names agree
+    assert read["units"] == truth["units"]
+    assert read["notes"] == truth["notes"] and read["bound"] == truth["bound"]
+    # and the code whatif writes for it
+    code = [stdout_here(capsys, "whatif", str(p), "--wrap", "merge:2", "--code", "-q", "--no-cache")
+            for p in (as_recorded, reordered)]
+    assert code[0] == code[1] and 'fully_shard([m("blocks.0"), m("blocks.1"), m("blocks.2")]' in code[0]
+
+
+def test_only_units_of_several_modules_named_in_another_order_are_renamed() -> None:
+    labels = ["FSDP::pre_forward (blocks.1, blocks.0)", "FSDP::all_gather (norm, output) [pg=2]",
+              "FSDP::backward_prefetch for emb, norm, out", "FSDP::pre_forward (blocks.2)", "FSDP::pre_forward"]
+    assert traced_spellings(labels) == {frozenset({"blocks.0", "blocks.1"}): "[blocks.1, blocks.0]",
+                                        frozenset({"norm", "output"}): "[norm, output]",
+                                        frozenset({"emb", "norm", "out"}): "[emb, norm, out]"}
