@@ -140,6 +140,13 @@ def print_comparison(comparison: Comparison, predictions: Sequence[tuple[str, Sa
         return table
 
     print_table(console, head, headline_rows(comparison), name_column=None)
+    # how the runs were set up where they differ (the page's table has every row): what the numbers follow
+    differing = [(name, values) for name, values in comparison.settings if name != "source" and len(set(values)) > 1]
+    if differing:
+        console.print("set up differently (the page lists every setting):")
+        for name, values in differing:
+            console.print(escape(f"  {name}: " + "; ".join(f"{lb} {v}" for lb, v in zip(comparison.labels, values))),
+                          highlight=False)
     if predictions:
         def predicted() -> Table:
             table = Table(title="saved predictions (fsdpviz whatif --save): predicted, not recorded; deltas against the "

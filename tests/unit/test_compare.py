@@ -191,6 +191,24 @@ def test_a_drift_that_cannot_be_told_is_said_not_left_null(compared, capsys: pyt
     assert both["memory_drift_unknown"][one["label"]].startswith("fewer than two analysed steps")
 
 
+def test_the_terminal_says_how_the_runs_were_set_up_where_they_differ(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    kept, dropped = (RECORDED / name / "run" for name in ("grad-accum-fsdp2", "grad-accum-fsdp2-no-reshard-after-forward"))
+    # what each run's FSDP2 did, as run.json has it (read after the first step)
+    resharded = {p: {u["unit"]: u["reshard_after_forward"] for u in json.loads((p / "run.json").read_text())["units"]}
+                 for p in (kept, dropped)}
+    assert resharded[kept] == {"(root)": False, "blocks.0": True, "blocks.1": True}
+    assert set(resharded[dropped].values()) == {False}
+    code, out, _ = _run(capsys, "compare", str(kept), str(dropped), "--label", "kept", "--label", "dropped",
+                        "-q", "--no-cache", "-o", str(tmp_path / "c.html"))
+    assert code == 0
+    said = " ".join(out.split("set up differently (the page lists every setting):", 1)[1].split())
+    assert said.startswith("reshard after forward: kept 2 of 3 units (not (root)); dropped no (every unit)")
+    # runs set up alike: nothing to say
+    code, out, _ = _run(capsys, "compare", str(kept), str(kept), "-q", "--no-cache", "-o", str(tmp_path / "d.html"))
+    assert code == 0 and "set up differently" not in out
+
+
 def test_units_are_matched_across_frameworks_and_the_mismatch_is_noted(compared) -> None:
     result, summaries, _ = compared
     groups = {g["name"]: g for g in result["unit_groups"]}
