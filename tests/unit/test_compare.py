@@ -204,6 +204,12 @@ def test_the_terminal_says_how_the_runs_were_set_up_where_they_differ(tmp_path: 
     assert code == 0
     said = " ".join(out.split("set up differently (the page lists every setting):", 1)[1].split())
     assert said.startswith("reshard after forward: kept 2 of 3 units (not (root)); dropped no (every unit)")
+    # and why the run that keeps its units gathered peaks higher: at its peak it holds every unit's
+    # parameters unsharded (run.json's sizes), where the other holds the root's and one block's
+    sizes = {u["unit"]: u["param_bytes"] for u in json.loads((dropped / "run.json").read_text())["units"]}
+    every, root_and_block = sum(sizes.values()), sizes["(root)"] + sizes["blocks.0"]
+    assert (f"at the peaks, dropped holds {bytes_text(every - root_and_block)} more unsharded parameters "
+            f"({bytes_text(every)} against {bytes_text(root_and_block)} in kept)") in said
     # runs set up alike: nothing to say
     code, out, _ = _run(capsys, "compare", str(kept), str(kept), "-q", "--no-cache", "-o", str(tmp_path / "d.html"))
     assert code == 0 and "set up differently" not in out

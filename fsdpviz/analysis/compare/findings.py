@@ -41,6 +41,7 @@ from fsdpviz.analysis.compare.clocks import different_clocks, levels_differ
 from fsdpviz.analysis.compare.model import HEADLINE_FIELDS, unit_index
 from fsdpviz.analysis.compare.spread import MEMORY_NOISE, STEP_COLUMNS, headline_spread_why, step_values_ms
 from fsdpviz.analysis.compare.units import all_known, group_values
+from fsdpviz.analysis.memory_categories import CATEGORIES, OTHER, TITLES
 from fsdpviz.analysis.run import STEP_PARTS
 from fsdpviz.analysis.summary import no_memory_cause
 from fsdpviz.formatting import NS_PER_MS, bytes_text, ms_text
@@ -484,12 +485,31 @@ def memory_finding(c: Comparison) -> list[Finding]:
         else:
             message += (f" Unit sizes do not explain it: the ZeRO arithmetic's peaks differ by {bytes_text(abs(model_delta))} "
                         f"({hi} {bytes_text(m_hi)}, {lo} {bytes_text(m_lo)})")
-            message += _prefetch_memory(c, high_i, low_i, high - low) or \
-                "; the rest is activations, buffers or the allocator."
+            message += _prefetch_memory(c, high_i, low_i, high - low) or _at_the_peaks(c, high_i, low_i, high - low) \
+                or "; the rest is activations, buffers or the allocator."
         evidence += ("; the ZeRO arithmetic's peak (sharded state, the two largest units' parameters and the largest's "
                      "gradients unsharded; an estimate, not fsdpviz whatif's prediction): "
                      + ", ".join(f"{lb} {bytes_text(v)}{_assumed_model(c, lb)}" for lb, v in values["model_peak_bytes"].items()))
     return [_finding("memory", message, evidence, None if tied else lo, values)]
+
+
+def _at_the_peaks(c: Comparison, high_i: int, low_i: int, delta: float) -> str:
+    """What the two peaks held that differs most, where it is half the difference or more: each run's
+    allocated level at its highest peak by category (``memory.categories``, the summary's "at the peak");
+    units kept gathered after forward (``reshard_after_forward=False``) show as unsharded parameters."""
+    hi, lo = c.runs[high_i].summary.memory, c.runs[low_i].summary.memory
+    if hi.categories is None or lo.categories is None:
+        return ""
+    # "other" is what no category explains: the sentence this one replaces says that already
+    both = {cat: (a, b) for cat in CATEGORIES if cat != OTHER
+            and (a := hi.categories.get(cat)) is not None and (b := lo.categories.get(cat)) is not None}
+    if not both:
+        return ""
+    cat, (a, b) = max(both.items(), key=lambda kv: kv[1][0] - kv[1][1])
+    if a - b < 0.5 * delta:
+        return ""
+    return (f"; at the peaks, {c.labels[high_i]} holds {bytes_text(a - b)} more {TITLES[cat]} ("
+            f"{bytes_text(a)} against {bytes_text(b)} in {c.labels[low_i]}).")
 
 
 def _prefetch_memory(c: Comparison, high_i: int, low_i: int, delta: float) -> str:
