@@ -177,8 +177,8 @@ def group_findings(findings: Sequence[Finding], *, host_backend_on_gpu: bool = F
             message = (f"{words} in {len(members)} unit-passes: {_range_text(lost)} each, {ms_text(total)}/step"
                        if total is not None else f"{words} in {len(members)} unit-passes") + _passes_text(where)
         knob = knobs[0] if len(knobs) == 1 else "; ".join(knobs)
-        why_not = (knob_blocked(knob, host_backend_on_gpu, waits_out) if knob
-                   else next((f.why_not for f in members if f.why_not), ""))
+        why_not = (knob_blocked(knob, host_backend_on_gpu, waits_out) if knob  # each pass's own reason, once
+                   else "; ".join(dict.fromkeys(f.why_not for f in members if f.why_not)))
         out.append(Action(kind=kind, cause=cause.split("#")[0], message=message, count=len(members),
                           lost_ms_per_step=total,
                           lost_ms_min=min(lost) if lost else None, lost_ms_max=max(lost) if lost else None,

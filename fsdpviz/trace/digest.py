@@ -17,6 +17,7 @@ from typing import Final
 import numpy as np
 
 from fsdpviz.trace.kineto import RankColumns
+from fsdpviz.trace.unit_names import names_units
 
 MEMORY_BINS: Final = 64
 
@@ -58,8 +59,11 @@ def light_columns(columns: RankColumns) -> RankColumns:
                          steps.get("end_ns", np.zeros(0, np.int64)))
     return RankColumns(
         events=events,
-        # the event names, process groups and dtypes index the events, which are left out
-        categories={k: ([] if k in ("name", "pg", "comm_dtype") else list(v)) for k, v in columns.categories.items()},
+        # the event names, process groups and dtypes index the events, which are left out; but for FSDP2's
+        # labels of units of several modules, which name those units as the whole run's load reads them
+        # (trace/unit_names.py; no event refers to them here)
+        categories={k: ([n for n in v if names_units(n)] if k == "name" else [] if k in ("pg", "comm_dtype")
+                        else list(v)) for k, v in columns.categories.items()},
         lanes={k: list(v) for k, v in columns.lanes.items()},
         steps=steps,
         memory=memory,

@@ -30,19 +30,30 @@ _FSDP2: str = "FSDP::"
 _PREFETCH_FOR: str = " for "
 
 
+def _listed(name: str) -> str:
+    """The modules an FSDP2 label names, as written ("" where it names no unit of several)."""
+    if not name.startswith(_FSDP2) or "," not in name:
+        return ""
+    if "(" in name:  # FSDP::all_gather (a, b) [pg=2]
+        listed = name[name.index("(") + 1:name.index(")", name.index("("))] if ")" in name else ""
+    elif _PREFETCH_FOR in name:  # FSDP::backward_prefetch for a, b
+        listed = name.split(_PREFETCH_FOR, 1)[1]
+    else:
+        return ""
+    return listed if "," in listed else ""
+
+
+def names_units(name: str) -> bool:
+    """Whether an event name is an FSDP2 label of a unit of several modules (kept where a rank's event
+    names are dropped: trace/digest.py)."""
+    return bool(_listed(name))
+
+
 def traced_spellings(names: Iterable[str]) -> dict[frozenset[str], str]:
     """The trace's name of each unit of several modules that an FSDP2 label names, by its set of modules."""
     out: dict[frozenset[str], str] = {}
     for name in names:
-        if not name.startswith(_FSDP2) or "," not in name:
-            continue
-        if "(" in name:  # FSDP::all_gather (a, b) [pg=2]
-            listed = name[name.index("(") + 1:name.index(")", name.index("("))] if ")" in name else ""
-        elif _PREFETCH_FOR in name:  # FSDP::backward_prefetch for a, b
-            listed = name.split(_PREFETCH_FOR, 1)[1]
-        else:
-            continue
-        if "," in listed:
+        if listed := _listed(name):
             unit = unit_from_label(listed)
             out.setdefault(frozenset(unit_modules(unit)), unit)
     return out

@@ -111,15 +111,13 @@ def _code(rec: Recording, params: dict[str, list[str]], settings: Settings, desc
     _, new_units, members = prog.regrouped(rec, settings)
     # a unit is its members' modules, a match: unit of several too (program._match names it by them)
     modules = {n: [m for u in members[n] for m in rec.modules.get(u, [u])] for n in new_units if n != ROOT_UNIT}
-    # a module is resolved where run.json lists its unit's parameters: the unit's modules are then the
-    # framework's own (FSDP2's labels, fsdpviz's); a module none of them is under holds parameters tied to
-    # another module's (a tied output embedding: named_parameters() lists a shared parameter once) or none
-    missing = list(dict.fromkeys(m for n, ms in modules.items() for m in ms
-                                 if not any(params.get(u) for u in members[n])))
+    missing = list(dict.fromkeys(m for n, ms in modules.items() for m in _unresolved(ms, [p for u in members[n]
+                                                                                         for p in params.get(u, [])])))
     if missing:
         return Apply(rec.framework, None, note=(
-            f"not resolved: {', '.join(missing)}: the recording does not list these modules' parameters (run.json "
-            "units[].params; traces recorded without fsdpviz record), so no code names them"))
+            f"not resolved: {', '.join(missing)}: the parameter names the recording lists (run.json units[].params) "
+            "do not place these modules (none listed: traces recorded without fsdpviz record; or names under none "
+            "of their unit's modules), so no code names them"))
     notes = _launch_notes(rec, settings)
     if rec.framework == FSDP1:
         return _fsdp1(rec, settings, modules, describe, notes)
@@ -127,6 +125,20 @@ def _code(rec: Recording, params: dict[str, list[str]], settings: Settings, desc
         reshard = prog.unit_reshard(rec, settings, new_units, members)
         return _fsdp2(rec, settings, new_units, modules, reshard, describe, notes)
     return Apply(rec.framework, None, note=f"{rec.framework}: no code is written for this framework")
+
+
+def _unresolved(modules: list[str], params: list[str]) -> list[str]:
+    """The modules of one unit its recorded parameter names (run.json) do not place: every module where
+    none are recorded; where a parameter lies under none of them (the names disagree), the modules none
+    lies under. A module none lies under, in a unit whose every parameter lies under another of its
+    modules, holds parameters tied to another module's (a tied output embedding: named_parameters() lists
+    a shared parameter once) or none: its path is the framework's label of it."""
+    if not params:
+        return modules
+    under = {m: any(p.startswith(f"{m}.") for p in params) for m in modules}
+    if all(any(p.startswith(f"{m}.") for m in modules) for p in params) and any(under.values()):
+        return []
+    return [m for m, placed in under.items() if not placed] or modules
 
 
 def _launch_notes(rec: Recording, settings: Settings) -> list[str]:

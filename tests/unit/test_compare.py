@@ -176,7 +176,8 @@ def test_best_marks_are_the_extremes(compared) -> None:
     assert result["best"]["n_units"] == []
 
 
-def test_a_drift_that_cannot_be_told_is_said_not_left_null(compared, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_drift_that_cannot_be_told_is_said_not_left_null(compared, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
     # the three samples analyse several steps with allocator samples: a null drift there is "does not drift"
     result, summaries, _ = compared
     assert all(len(s["steps"]) >= 2 for s in summaries) and result["memory_drift_unknown"] == {}
@@ -189,6 +190,13 @@ def test_a_drift_that_cannot_be_told_is_said_not_left_null(compared, capsys: pyt
     assert both["memory_drift_bytes"][both["labels"].index(one["label"])] is None
     assert list(both["memory_drift_unknown"]) == [one["label"]]
     assert both["memory_drift_unknown"][one["label"]].startswith("fewer than two analysed steps")
+    assert f"{one['label']}: whether its allocated level at step start climbs from step to step cannot be told" \
+        in " ".join(both["notes"])
+    # the plain sample's traces recorded no command: its set-up row says so, not "(same)"
+    code, out, _ = _run(capsys, "compare", str(FSDP2), str(plain), "--no-cache", "-q", "-o", str(tmp_path / "c.html"))
+    said = " ".join(out.split())
+    assert code == 0 and "command (what differs): fsdp2-cpu-2rank " in said
+    assert f"; {one['label']} n/a" in said.split("command (what differs):", 1)[1].split(" note:")[0]
 
 
 def test_the_terminal_says_how_the_runs_were_set_up_where_they_differ(tmp_path: Path,

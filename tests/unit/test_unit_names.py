@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from helpers.cli import json_here, stdout_here
 
-from fsdpviz.trace.unit_names import traced_spellings
+from fsdpviz.runfolder import RunInfo, UnitInfo
+from fsdpviz.trace.unit_names import traced_names, traced_spellings
 
 pytestmark = pytest.mark.recorded
 
@@ -35,7 +36,12 @@ def _copies(tmp_path: Path) -> tuple[Path, Path]:
     return as_recorded, reordered
 
 
-def test_a_pair_listed_in_another_order_is_the_recorded_pair(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("keep_events", ["1", "0"], ids=["loaded whole", "rank by rank"])
+def test_a_pair_listed_in_another_order_is_the_recorded_pair(keep_events: str, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    # rank by rank: a large run's ranks are analysed where they are parsed, and only their digests come back
+    monkeypatch.setenv("FSDPVIZ_KEEP_EVENTS", keep_events)
     as_recorded, reordered = _copies(tmp_path)
     truth, read = (json_here(capsys, "summary", str(p), "--json", "--no-cache") for p in (as_recorded, reordered))
     assert [u["name"] for u in truth["units"]] == ["(root)", PAIR, "blocks.2"]
@@ -57,3 +63,19 @@ def test_only_units_of_several_modules_named_in_another_order_are_renamed() -> N
     assert traced_spellings(labels) == {frozenset({"blocks.0", "blocks.1"}): "[blocks.1, blocks.0]",
                                         frozenset({"norm", "output"}): "[norm, output]",
                                         frozenset({"emb", "norm", "out"}): "[emb, norm, out]"}
+
+
+def test_every_field_that_names_the_unit_takes_the_traced_name() -> None:
+    run = RunInfo(framework="fsdp2", units=[
+        UnitInfo(unit="(root)", forward_prefetch=["[b, a]"], backward_prefetch="default"),
+        UnitInfo(unit="[b, a]", forward_prefetch=["c"], backward_prefetch=["c"]),
+        UnitInfo(unit="c", parent="[b, a]", backward_prefetch=["[b, a]"])])
+    renamed, names = traced_names(run, ["FSDP::pre_forward (a, b)", "FSDP::pre_forward (c)"])
+    assert names == {"[b, a]": "[a, b]"}
+    assert renamed is not None and [u.unit for u in renamed.units] == ["(root)", "[a, b]", "c"]
+    assert renamed.units[0].forward_prefetch == ["[a, b]"] and renamed.units[0].backward_prefetch == "default"
+    assert renamed.units[1].forward_prefetch == ["c"]
+    assert renamed.units[2].parent == "[a, b]" and renamed.units[2].backward_prefetch == ["[a, b]"]
+    assert [u.unit for u in run.units] == ["(root)", "[b, a]", "c"]  # the recording's own run.json as read
+    # names that agree, or no unit of several modules: the run as it is
+    assert traced_names(run, ["FSDP::pre_forward (b, a)"]) == (run, {})

@@ -88,3 +88,20 @@ def test_a_match_that_splits_a_recorded_unit_is_one_error_line(capsys: pytest.Ca
     for pattern, names in ((r"match:^blocks\.2$", ["(root)", "blocks.2"]), ("match:^blocks$", ["(root)", "[blocks.0, blocks.1, blocks.2]"])):
         whole = json_here(capsys, "whatif", str(run), "--wrap", pattern, "--json", "-q", "--no-cache")
         assert [u["name"] for u in whole["predicted"]["units"]] == names
+
+
+def test_parameter_names_under_none_of_a_units_modules_get_no_code(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    # run.json's parameter names of a unit must lie under its modules: names that do not (here every one
+    # moved under a module the model has not) leave the modules unplaced, and no code is written
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(Path(__file__).parents[1] / "recorded" / "fsdp2-pair-list" / "run", run,
+                    ignore=shutil.ignore_patterns(".fsdpviz-cache"))
+    meta = json.loads((run / "run.json").read_text())
+    for unit in meta["units"]:
+        unit["params"] = [[f"ghost.{name}", numel] for name, numel in unit["params"]]
+    (run / "run.json").write_text(json.dumps(meta))
+    apply = json_here(capsys, "whatif", str(run), "--wrap", "merge:2", "--json", "-q", "--no-cache")["apply"]
+    assert apply["code"] is None and apply["note"].startswith("not resolved: blocks.0, blocks.1, blocks.2:")

@@ -485,7 +485,9 @@ def memory_finding(c: Comparison) -> list[Finding]:
         else:
             message += (f" Unit sizes do not explain it: the ZeRO arithmetic's peaks differ by {bytes_text(abs(model_delta))} "
                         f"({hi} {bytes_text(m_hi)}, {lo} {bytes_text(m_lo)})")
-            message += _prefetch_memory(c, high_i, low_i, high - low) or _at_the_peaks(c, high_i, low_i, high - low) \
+            # the peaks' categories say what the peaks hold, not what a step adds (a drifting run's figure)
+            message += _prefetch_memory(c, high_i, low_i, high - low) \
+                or (_at_the_peaks(c, high_i, low_i, high - low) if not drifting else "") \
                 or "; the rest is activations, buffers or the allocator."
         evidence += ("; the ZeRO arithmetic's peak (sharded state, the two largest units' parameters and the largest's "
                      "gradients unsharded; an estimate, not fsdpviz whatif's prediction): "

@@ -204,7 +204,9 @@ def compare_runs(runs: Sequence[LabelledRun]) -> Comparison:
             if known(values[key]) >= 2:
                 best[key], withheld[key] = [], level_why
     notes = comparability_notes(runs, match) + drift_notes(labels, drift, values["step_rise_bytes"]) \
-        + unseen_notes(runs)
+        + [f"{lb}: whether its allocated level at step start climbs from step to step cannot be told ({why}); its "
+           "peak is compared as it is" for lb, why in drift_why.items() if values["memory.peak_allocated_bytes"][
+               labels.index(lb)] is not None] + unseen_notes(runs)
     unknown = {key: {r.label: headline_spread_why(r, key) for r, s in zip(runs, spreads) if s is None}
                for key, spreads in (*spread.items(), *points.items())}
     comparison = Comparison(labels=labels, runs=list(runs), values=values, deltas=deltas, best=best,
@@ -353,8 +355,9 @@ def _differing_args(runs: Sequence[LabelledRun]) -> list[str]:
     commands = [command_args(r.run.command if r.run is not None else []) for r in runs]
     if not any(commands):
         return ["n/a"] * len(runs)
-    common = set.intersection(*(set(c) for c in commands))
-    return [" ".join(w for w in c if w not in common) or "(same)" for c in commands]
+    common = set.intersection(*(set(c) for c in commands if c))
+    # a run without a recorded command (traces only) has none to be the same as: unknown, not "(same)"
+    return [(" ".join(w for w in c if w not in common) or "(same)") if c else "n/a" for c in commands]
 
 
 def settings_rows(runs: Sequence[LabelledRun]) -> list[tuple[str, list[str]]]:
