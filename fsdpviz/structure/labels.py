@@ -48,6 +48,7 @@ from fsdpviz import vocabulary
 from fsdpviz.naming import ROOT_UNIT, clean_fqn, unit_from_label
 from fsdpviz.structure.categorical import as_str
 from fsdpviz.trace import schema
+from fsdpviz.trace.unit_names import FSDP2_LABEL_RE, FSDP2_PREFETCH_RE
 
 ROOT: Final = ROOT_UNIT  # the root unit's name (its FSDP2 labels are bare)
 
@@ -56,8 +57,8 @@ FAMILY_FSDPVIZ: Final = "fsdpviz"
 FAMILY_FSDP1: Final = "fsdp1"
 FAMILY_HOOKS: Final = "hooks"  # framework hook autograd functions (CPU ops)
 
-_FSDP2_RE: Final = re.compile(r"^FSDP::(?P<action>\w+)(?: \((?P<fqn>[^)]*)\))?(?: \[pg=\d+\])?$")
-_FSDP2_PREFETCH_RE: Final = re.compile(r"^FSDP::(?P<action>forward_prefetch|backward_prefetch) for ?(?P<fqn>.*)$")
+_FSDP2_RE: Final = FSDP2_LABEL_RE
+_FSDP2_PREFETCH_RE: Final = FSDP2_PREFETCH_RE
 _FSDPVIZ_RE: Final = re.compile(r"^fsdpviz::(?P<action>\w+)(?: \((?P<fqn>.*)\))?$")
 _FSDP1_PREFIX: Final = "FullyShardedDataParallel."
 _HOOK_FUNCTIONS: Final = ("PreBackwardFunctionForModule", "PostBackwardFunctionModule", "BackwardHookFunction")

@@ -14,8 +14,9 @@ the trace's spelling, in the units, their prefetch lists and the timers, before 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import msgspec
 
@@ -26,20 +27,18 @@ if TYPE_CHECKING:
 
     from fsdpviz.runfolder import RunInfo, UnitInfo
 
-_FSDP2: str = "FSDP::"
-_PREFETCH_FOR: str = " for "
+# FSDP2's own record_function labels: ``FSDP::all_gather (blocks.3) [pg=2]``, ``FSDP::forward_prefetch for
+# blocks.4`` (fsdpviz.structure.labels parses every label by these two; ``fqn``: the unit's modules, as written)
+FSDP2_LABEL_RE: Final = re.compile(r"^FSDP::(?P<action>\w+)(?: \((?P<fqn>[^)]*)\))?(?: \[pg=\d+\])?$")
+FSDP2_PREFETCH_RE: Final = re.compile(r"^FSDP::(?P<action>forward_prefetch|backward_prefetch) for ?(?P<fqn>.*)$")
 
 
 def _listed(name: str) -> str:
     """The modules an FSDP2 label names, as written ("" where it names no unit of several)."""
-    if not name.startswith(_FSDP2) or "," not in name:
+    if "," not in name:
         return ""
-    if "(" in name:  # FSDP::all_gather (a, b) [pg=2]
-        listed = name[name.index("(") + 1:name.index(")", name.index("("))] if ")" in name else ""
-    elif _PREFETCH_FOR in name:  # FSDP::backward_prefetch for a, b
-        listed = name.split(_PREFETCH_FOR, 1)[1]
-    else:
-        return ""
+    match = FSDP2_PREFETCH_RE.match(name) or FSDP2_LABEL_RE.match(name)
+    listed = (match.group("fqn") or "") if match is not None else ""
     return listed if "," in listed else ""
 
 

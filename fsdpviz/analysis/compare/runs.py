@@ -204,9 +204,7 @@ def compare_runs(runs: Sequence[LabelledRun]) -> Comparison:
             if known(values[key]) >= 2:
                 best[key], withheld[key] = [], level_why
     notes = comparability_notes(runs, match) + drift_notes(labels, drift, values["step_rise_bytes"]) \
-        + [f"{lb}: whether its allocated level at step start climbs from step to step cannot be told ({why}); its "
-           "peak is compared as it is" for lb, why in drift_why.items() if values["memory.peak_allocated_bytes"][
-               labels.index(lb)] is not None] + unseen_notes(runs)
+        + untold_drift_notes(labels, drift_why, values["memory.peak_allocated_bytes"]) + unseen_notes(runs)
     unknown = {key: {r.label: headline_spread_why(r, key) for r, s in zip(runs, spreads) if s is None}
                for key, spreads in (*spread.items(), *points.items())}
     comparison = Comparison(labels=labels, runs=list(runs), values=values, deltas=deltas, best=best,
@@ -467,6 +465,13 @@ def drift_notes(labels: Sequence[str], drift: Sequence[int | None], rise: Sequen
             "takes those out where their collective completed or their address was reused), so peaks depend on "
             f"how many steps were profiled. Compare the memory a step adds instead ({rises}); the findings do.")
     return [note]
+
+
+def untold_drift_notes(labels: Sequence[str], why: dict[str, str], peaks: Sequence[float | int | None]) -> list[str]:
+    """Runs with a peak whose drift cannot be told (:func:`~fsdpviz.analysis.compare.memory.drift_unknown`)."""
+    return [f"{lb}: whether its allocated level at step start climbs from step to step cannot be told "
+            f"({why[lb]}); its peak is compared as it is" for lb, peak in zip(labels, peaks) if lb in why
+            and peak is not None]
 
 
 def unseen_notes(runs: Sequence[LabelledRun]) -> list[str]:
