@@ -70,6 +70,7 @@ from fsdpviz.structure.records import (
     NO_FSDP_LABELS,
     NO_MEMORY,
     NO_UNITS_FOUND,
+    PROFILED_WINDOW_PACE,
     PROFILER_COST_UNUSED,
     SKIPPED_FILES,
     UNITS_WITHOUT_WORK,
@@ -290,6 +291,8 @@ def summary_of(traces: TraceSet, selection: StepSelection, overlap: pd.DataFrame
     why = cost.note if cost is not None else no_cost_note(traces.timers, traces.run)
     if why is not None:
         notes.append(Note(PROFILER_COST_UNUSED, why))
+    if cost is not None and cost.pace_note is not None:
+        notes.append(Note(PROFILED_WINDOW_PACE, cost.pace_note))
     if cost is not None and units_timed_in_clean_steps(traces.timers, traces.run):
         notes.append(Note(CLEAN_STEPS_UNIT_TIMED, _unit_timed_clean_steps_words(_device(overlap))))
     traced_ms = traced_step_ms(overlap) if not overlap.empty else None

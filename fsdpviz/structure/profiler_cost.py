@@ -19,11 +19,14 @@ step (its units were timed), a step a rank ended inside, a step a profiler of th
 step (a trace recorded without fsdpviz, ``--mode profile``, a run that stopped inside its profiled
 window) has no such numbers.
 
-The run's headline step time is the unprofiled one only when it can be trusted
+The run's headline step time is the unprofiled one when it can be trusted
 (:attr:`ProfilerCost.headline`): every rank timed at least :data:`MIN_UNPROFILED_STEPS` clean
-unprofiled steps, and the profiled steps were not faster than them beyond noise
-(:data:`NOISE_SLOWDOWN`; a profiler cannot make a step faster). Otherwise the headline is the
-traced step and :attr:`ProfilerCost.note` says why.
+unprofiled steps. Otherwise the headline is the traced step and :attr:`ProfilerCost.note` says why.
+Profiled steps faster than the clean ones beyond noise (:data:`NOISE_SLOWDOWN`) say that the machine's
+pace changed between the two windows (a profiler cannot make a step faster): other work on the
+machine, a step that waited. The clean steps still lead -- they are most of the run, and the pace the
+script's own timer sees -- but the profiler's share is not known, and :attr:`ProfilerCost.pace_note`
+says that every figure is the profiled window's, carried to the clean steps' pace.
 """
 
 from __future__ import annotations
@@ -58,8 +61,8 @@ NO_CLOSER_BASE_CORES_UNKNOWN: Final = ("no recording option would lower it that 
 # what a short recording has (the shared H100 recordings: 2 per rank); the clock says how many
 # (``summary --json`` ``clock.clean_steps``).
 MIN_UNPROFILED_STEPS: Final = 2
-# Below this slowdown the profiled steps ran faster than the unprofiled ones: the unprofiled
-# steps are noise (a shared machine, a step that waited), not the run's pace.
+# Below this slowdown the profiled steps ran faster than the unprofiled ones: the two windows ran at
+# different paces (a shared machine, a step that waited), and the profiler's share is not known.
 NOISE_SLOWDOWN: Final = 0.95
 # With the recorder's default schedule (profile steps 2-4; step 5 follows the export), the fewest
 # training steps that time MIN_UNPROFILED_STEPS clean steps (6-7).
@@ -88,6 +91,10 @@ class ProfilerCost(msgspec.Struct, kw_only=True):
     """Whether the run's step time (``summary --json`` ``step_time_ms``) is ``unprofiled_step_ms``."""
     note: str | None = None
     """Why the step time is the traced one instead (None when ``headline``)."""
+    pace_note: str | None = None
+    """Where the timers timed the profiled steps faster than the clean ones beyond noise
+    (:data:`NOISE_SLOWDOWN`): the two windows ran at different paces, the profiler's share is not known,
+    and every figure is the profiled window's carried to the clean steps (:func:`pace_note`)."""
     recorder_ms: float | None = None
     """The recorder's own work in a clean step, as its agent measured it on itself (run.json
     ``ranks[].observer.agent_ms_median``, median over ranks); None in folders that do not hold it."""
@@ -105,8 +112,11 @@ class ProfilerCost(msgspec.Struct, kw_only=True):
     @property
     def share_ms(self) -> float | None:
         """The profiler's share as every view shows it (``profiler_share_ms``): what the de-profiler took
-        out where the timers lead; else the measured excess, or None where the profiled steps ran faster
-        than the unprofiled ones (those measured noise, so the share is not known)."""
+        out where the timers lead; else the measured excess. None where the profiled steps ran faster
+        than the unprofiled ones beyond noise (:attr:`pace_note`), or, where the timers do not lead, at
+        all: the two windows ran at different paces, so the share is not known."""
+        if self.pace_note is not None:
+            return None
         if self.headline:
             return self.extra_ms
         return None if self.profiled_step_ms < self.unprofiled_step_ms else self.extra_ms
@@ -317,30 +327,32 @@ def profiler_cost(timers: pd.DataFrame, run: RunInfo | None) -> ProfilerCost | N
     slowdown = round(profiled_step / unprofiled_step, 3)
     fewest_rank = min(clean_counts, key=lambda r: (clean_counts[r], r))
     fewest = clean_counts[fewest_rank]
-    note = None
+    note = pace = None
     if fewest < MIN_UNPROFILED_STEPS:
         note = (f"the step time is the traced one: rank {fewest_rank} timed {fewest} clean unprofiled step(s) and "
                 f"the step time needs {MIN_UNPROFILED_STEPS} on every rank (the first {SETTLING_STEPS} steps, the "
                 "profiler's warm-up step, the step after the trace export and the unit-timed steps do not count"
                 f"{_script_words(run)}); " + _more_steps(run))
     elif slowdown < NOISE_SLOWDOWN:
-        note = noise_note(slowdown)
+        pace = pace_note(slowdown, fewest)
     observed = [r.observer for r in run.ranks if r.observer is not None and r.observer.agent_ms_median is not None]
     shares = [o.agent_share_median for o in observed if o.agent_share_median is not None]
     return ProfilerCost(profiled_step_ms=round(profiled_step, 3), unprofiled_step_ms=round(unprofiled_step, 3),
                         slowdown=slowdown, profiled_steps=sorted(profiled_all), unprofiled_steps=sorted(unprofiled_all),
                         left_out_steps=sorted(left_out - profiled_all), fewest_unprofiled_steps=fewest,
-                        headline=note is None, note=note, closer_base=closer_base(run),
+                        headline=note is None, note=note, pace_note=pace, closer_base=closer_base(run),
                         recorder_ms=round(statistics.median(o.agent_ms_median or 0.0 for o in observed), 4)
                         if observed else None,
                         recorder_share=round(statistics.median(shares), 6) if shares else None)
 
 
-def noise_note(slowdown: float) -> str:
-    """Why a slowdown below :data:`NOISE_SLOWDOWN` leaves the step time traced."""
-    return (f"the step time is the traced one: the timers timed the profiled steps {slowdown:.2f}x as long as the "
-            "unprofiled ones, and a profiler cannot make a step faster, so the unprofiled steps measured noise (other work "
-            "on the machine, a step that waited), not the run's pace")
+def pace_note(slowdown: float, fewest: int) -> str:
+    """What a slowdown below :data:`NOISE_SLOWDOWN` means for the run's figures."""
+    return (f"the timers timed the profiled steps {slowdown:.2f}x as long as the clean unprofiled ones: a profiler "
+            "cannot make a step faster, so the machine's pace changed between the two windows (other work on the "
+            f"machine, a step that waited). The step time is the clean steps' ({fewest} or more on each rank, the pace "
+            "the script's own timer saw); every other figure is the profiled window's carried to it, and the profiler's "
+            "share is not known. Record again on a quiet machine for figures measured at the run's own pace")
 
 
 def on_traced_step(cost: ProfilerCost | None, traced_ms: float | None) -> ProfilerCost | None:

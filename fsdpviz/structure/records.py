@@ -39,6 +39,7 @@ CLOCK_MOVED: Final = "clock_moved"  # a rank's times were moved onto the referen
 PARALLELISM_UNKNOWN: Final = "parallelism_unknown"  # a parallelism size is null
 BY_PURPOSE_UNKNOWN: Final = "by_purpose_unknown"  # overlap.by_purpose is null (no FSDP labels)
 PROFILER_COST_UNUSED: Final = "profiler_cost_unused"  # the step time is the traced one: the timers do not tell
+PROFILED_WINDOW_PACE: Final = "profiled_window_pace"  # the profiled steps ran faster than the clean ones
 CLEAN_STEPS_UNIT_TIMED: Final = "clean_steps_unit_timed"  # an older recording timed units in its clean steps
 NO_MEMORY: Final = "no_memory"  # the analysed steps hold no memory samples: the peak is null
 

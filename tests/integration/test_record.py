@@ -229,12 +229,15 @@ def test_record_default_schedule_times_the_steps_after_the_window_for_the_headli
     # the slowdown is the traced step's (one figure for it); whether the timers lead is their own call
     assert cost.profiled_step_ms == summary.traced_step_time_ms
     assert cost.slowdown == pytest.approx(summary.traced_step_time_ms / unprofiled, abs=1e-3)
-    # the timers' slowdown as the run states it (three places): a ratio just under 0.95 reads 0.950, not noise
+    # the clean steps lead, whatever the profiled window's pace; where the timers timed the profiled
+    # steps faster (the ratio as the run states it: just under 0.95 reads 0.950, within noise), a note
+    # says the two windows ran at different paces and the profiler's share is not known
+    assert summary.step_time_source == "timers" and summary.step_time_ms == pytest.approx(unprofiled, abs=1e-3)
+    faster = [n for n in summary.notes if "cannot make a step faster" in n]
     if round(profiled / unprofiled, 3) >= NOISE_SLOWDOWN:
-        assert summary.step_time_source == "timers" and summary.step_time_ms == pytest.approx(unprofiled, abs=1e-3)
+        assert not faster and cost.share_ms is not None
     else:
-        assert summary.step_time_source == "trace" and summary.step_time_ms == summary.traced_step_time_ms
-        assert any("cannot make a step faster" in n for n in summary.notes)
+        assert len(faster) == 1 and cost.share_ms is None
 
 
 # A step of the example trainer with many units (24 blocks of width 32): per-unit work in every step would

@@ -87,24 +87,27 @@ def test_units_kept_unsharded_between_micro_batches_are_not_gathered_again(recor
     _assert_replayed_clock(run_dir, result)
 
 
-# Below this, the raw timers themselves time the profiled steps shorter than the clean ones: the clean
-# steps waited on other work (a recording made beside a busy test suite), and the clock must stay traced.
-# fsdpviz's rule is 0.95 (NOISE_SLOWDOWN) over its own clean steps, which leave out more (unit-timed and
-# settling steps) than the raw read here; the margin keeps the two reads on one side of it. Between this
-# and 1.0 either clock may be right, and nothing is asserted.
+# Below this, the raw timers themselves time the profiled steps shorter than the clean ones: the two
+# windows ran at different paces (a recording made beside a busy test suite), and the profiler's share
+# is not known. fsdpviz's rule is 0.95 (NOISE_SLOWDOWN) over its own clean steps, which leave out more
+# (unit-timed and settling steps) than the raw read here; the margin keeps the two reads on one side of
+# it. Between this and 1.0 either reading may be right, and nothing is asserted of the share.
 NOISY_CLEAN_STEPS = 0.9
 
 
 def _assert_replayed_clock(run_dir: Path, result: RunResult) -> None:
-    """The run's clock is the replay's, unless the raw timer files show its clean steps measured noise
-    (profiled steps :data:`NOISY_CLEAN_STEPS` or less of the clean ones), and then it is traced and says so."""
-    clock = completed_summary(result).clock
+    """The run's clock is the replay's; where the raw timer files show the profiled steps faster than
+    the clean ones (:data:`NOISY_CLEAN_STEPS` or less of them), the profiler's share is not known and a
+    note says the windows' paces differ."""
+    summary = completed_summary(result)
+    clock = summary.clock
     assert clock is not None
     slowdown = profiled_over_clean(run_dir)
+    assert clock.basis == BASIS_REPLAYED, (slowdown, clock.note)
     if slowdown < NOISY_CLEAN_STEPS:
-        assert clock.basis != BASIS_REPLAYED and clock.note is not None and "noise" in clock.note, (slowdown, clock)
+        assert clock.profiler_share_ms is None and any("pace changed" in n for n in summary.notes), slowdown
     elif slowdown >= 1.0:
-        assert clock.basis == BASIS_REPLAYED, (slowdown, clock.note)
+        assert clock.profiler_share_ms is not None and clock.profiler_share_ms >= 0, slowdown
 
 
 def test_fsdp1_keeps_each_units_flat_gradient_from_the_unsynced_micro_batch(recordings: Recordings) -> None:
