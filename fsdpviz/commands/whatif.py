@@ -195,7 +195,8 @@ def whatif(
 def print_code(prediction: Prediction, settings: Settings, stack: str | None, say: Callable[[str], None]) -> None:
     """``--code``: the code form, or ``stack``'s form (by default the one the recorded launcher names);
     a usage error where that form cannot say the setting."""
-    from fsdpviz.whatif.stacks import CODE
+    from fsdpviz.whatif.predict import code_header
+    from fsdpviz.whatif.stacks import CODE, DEEPSPEED
 
     apply = prediction.apply
     if apply is None:
@@ -209,6 +210,11 @@ def print_code(prediction: Prediction, settings: Settings, stack: str | None, sa
         if form is not None and form.text is None and stack is not None:
             raise UsageError(f"no {chosen} form for {settings.describe()}: {form.note}")
         if form is not None and form.text is not None:
+            if form.stack == DEEPSPEED:  # JSON: the prediction's comment lines go beside it
+                for line in code_header(prediction).splitlines():
+                    if line:
+                        say(line)
+                say("# set these keys in the DeepSpeed JSON config, keep the others as they are")
             sys.stdout.write(form.text)
             if form.note:
                 say(f"note: {form.note}")

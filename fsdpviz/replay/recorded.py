@@ -198,6 +198,11 @@ class Recording:
     another, and the replay queues them so (on ``h100-fsdp2-gloo2-block`` the host-side ``gloo:*`` ops
     of the analysed steps overlap for 0 of 4,053 ms on rank 0)."""
 
+    fsdp1_strategy: str | None = None
+    """FSDP1: the ``ShardingStrategy`` name run.json's units say the recording ran with
+    (:func:`fsdpviz.replay.recording_facts.fsdp1_strategy`); None where they do not tell, and for other
+    frameworks. The written code keeps it."""
+
     launch_latency_ns: float = 0.0
     """GPU: the median time from a launch to its work's start, over the work that started on an idle
     device and was launched while it idled (the device waited for nothing else); 0 on a CPU."""

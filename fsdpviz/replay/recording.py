@@ -199,7 +199,7 @@ def read_recording(result: RunResult, ranks: Sequence[int] | None = None, per_op
         unit_param_names=facts.unit_param_names(result),
         steps=programs, ranks_per_host=facts.ranks_per_host(result), cpu_count=facts.cpu_count(result), notes=notes,
         host_ops_per_step=sum(op_counts) / len(op_counts) if op_counts else 0.0,
-        reshard_sizes=facts.reshard_sizes(result),
+        reshard_sizes=facts.reshard_sizes(result), fsdp1_strategy=facts.fsdp1_strategy(result),
         serial_collectives=gpu and _fsdp_on_host_backend(analysis.spans, lanes, programs),
         launch_latency_ns=_launch_latency(work) if work is not None else 0.0,
     )

@@ -43,6 +43,24 @@ def declared_reshard(result: RunResult, units: list[str]) -> dict[str, bool]:
             for u in units}
 
 
+def fsdp1_strategy(result: RunResult) -> str | None:
+    """FSDP1's ``ShardingStrategy`` name as run.json's units say it: their ``reshard_after_forward``
+    (the recorder's: the strategy reshards and the unit is not the outermost, which FSDP1 never reshards
+    after forward) and a shard group smaller than the world (hybrid). None where they do not tell: no
+    unit but the root, units that disagree, a run that is not FSDP1's."""
+    run = result.traces.run
+    if run is None or run.framework != vocabulary.FSDP1:
+        return None
+    inner = {u.reshard_after_forward for u in run.units if u.unit != ROOT_UNIT}
+    if len(inner) != 1 or None in inner:
+        return None
+    reshard = bool(inner.pop())
+    world = run.world_size
+    if world is not None and any(u.shard_size is not None and u.shard_size < world for u in run.units):
+        return "HYBRID_SHARD" if reshard else "_HYBRID_SHARD_ZERO2"
+    return "FULL_SHARD" if reshard else "SHARD_GRAD_OP"
+
+
 def reshard_sizes(result: RunResult) -> dict[str, int]:
     """Per unit run.json records with FSDP2's ``reshard_after_forward=<int>``: that int."""
     run = result.traces.run

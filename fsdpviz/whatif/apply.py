@@ -60,7 +60,7 @@ def submodules(model):
         found.setdefault(".".join(p for p in name.split(".") if p not in WRAPPER_SEGMENTS), module)
     return found.__getitem__
 '''
-FSDP1_IMPORT: Final = '''from torch.distributed.fsdp import BackwardPrefetch
+FSDP1_IMPORT: Final = '''from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp.wrap import CustomPolicy
 '''
@@ -263,13 +263,25 @@ def _fsdp1(rec: Recording, settings: Settings, modules: dict[str, list[str]], de
     names = [ms[0] for ms in modules.values()]
     lines = [f"wrap = {{{', '.join(_ref(n) for n in names)}}}" if names else "wrap = set()",
              "policy = CustomPolicy(lambda module: module in wrap)"]
-    call = ["model", "auto_wrap_policy=policy"]
+    setting = ["auto_wrap_policy=policy"]
     if "backward_prefetch" in arguments:
         backward = arguments["backward_prefetch"]
-        call.append(f"backward_prefetch={'None' if backward is None else f'BackwardPrefetch.{backward}'}")
+        setting.append(f"backward_prefetch={'None' if backward is None else f'BackwardPrefetch.{backward}'}")
     if "forward_prefetch" in arguments:
-        call.append(f"forward_prefetch={bool(arguments['forward_prefetch'])}")
-    lines.append(f"return FSDP({', '.join(call)}, **fsdp_kwargs)")
+        setting.append(f"forward_prefetch={bool(arguments['forward_prefetch'])}")
+    strategy = rec.fsdp1_strategy
+    if strategy is not None and strategy != "FULL_SHARD":  # FSDP1's default is not written
+        setting.append(f"sharding_strategy=ShardingStrategy.{strategy}")
+    if strategy is None:
+        notes.append("run.json does not say the recorded sharding strategy (FSDP1 never reshards its outermost unit "
+                     "after forward, and no other unit was recorded): pass yours in fsdp_kwargs")
+    elif "HYBRID" in strategy:
+        notes.append(f"{strategy} shards within a group and replicates across groups: pass the process groups or the "
+                     "device mesh the run used in fsdp_kwargs")
+    # the setting's own arguments over any of the same name the caller's fsdp_kwargs carry (a script's
+    # usual FSDP arguments, passed through whole): the predicted setting is what runs, never a TypeError
+    lines.append(f"setting = dict({', '.join(setting)})")
+    lines.append("return FSDP(model, **{**fsdp_kwargs, **setting})")
     body = "\n".join(f"    {line}" for line in ["m = submodules(model)", *lines])
     code = (f"{FSDP1_IMPORT}{FINDER}\n\ndef shard_model(model, **fsdp_kwargs):\n"
             f'    """{describe}: FSDP1 units as fsdpviz whatif predicts them."""\n{body}\n')

@@ -381,9 +381,10 @@ def predict(model: Model, settings: Settings) -> Prediction:
         if prediction.apply.code is not None:
             prediction.apply.code = code_header(prediction) + prediction.apply.code
         for form in prediction.apply.stacks:
-            if form.text is not None:
-                # the DeepSpeed form is JSON: // comments, which DeepSpeed's own loader (hjson) reads
-                form.text = code_header(prediction, "//" if form.stack == DEEPSPEED else "#") + form.text
+            # the DeepSpeed form is JSON, read by json.load in the HF Trainer's and accelerate's
+            # HfDeepSpeedConfig: no comment lines (``whatif --code`` says them on stderr)
+            if form.text is not None and form.stack != DEEPSPEED:
+                form.text = code_header(prediction) + form.text
     return prediction
 
 

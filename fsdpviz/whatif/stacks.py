@@ -236,10 +236,11 @@ def _deepspeed(rec: Recording, change: _Change) -> StackForm:
               "stay as recorded, and a max_live below the bucket holds it back; an \"auto\" bucket (the HF Trainer "
               "fills it as 0.9 * hidden_size ** 2) is replaced by the number")
     if change.bucket is None:
-        return StackForm(DEEPSPEED, where, {}, "// zero_optimization: no key changes", "as recorded")
+        return StackForm(DEEPSPEED, where, {}, "{}\n", "as recorded")
     changes = {"zero_optimization.stage3_prefetch_bucket_size": change.bucket}
-    text = ("// the DeepSpeed JSON config: set this key, keep the others as they are\n"
-            + json.dumps({"zero_optimization": {"stage3_prefetch_bucket_size": change.bucket}}, indent=2) + "\n")
+    # plain JSON (the keys to set in the user's config, the others kept): the HF Trainer and accelerate
+    # read it with json.load, so the prediction's comment lines are not in it
+    text = json.dumps({"zero_optimization": {"stage3_prefetch_bucket_size": change.bucket}}, indent=2) + "\n"
     return StackForm(DEEPSPEED, where, changes, text, limits)
 
 

@@ -54,8 +54,8 @@ def test_every_row_of_the_advisor_carries_its_code(capsys: pytest.CaptureFixture
 
 def test_fsdp1_prefetch_none_is_said_as_fsdp1s_argument(capsys: pytest.CaptureFixture[str]) -> None:
     apply = _apply(capsys, "fsdp1-cpu-2rank", "--prefetch", "none")
-    assert apply["lines"][-1] == ("return FSDP(model, auto_wrap_policy=policy, backward_prefetch=None, "
-                                  "forward_prefetch=False, **fsdp_kwargs)")
+    assert apply["lines"][-2:] == ["setting = dict(auto_wrap_policy=policy, backward_prefetch=None, forward_prefetch=False)",
+                                   "return FSDP(model, **{**fsdp_kwargs, **setting})"]
 
 
 def test_fsdp2_no_prefetch_has_no_code_as_fsdp2_prefetches_on_an_empty_list(capsys: pytest.CaptureFixture[str]) -> None:
@@ -105,3 +105,54 @@ def test_parameter_names_under_none_of_a_units_modules_get_no_code(tmp_path: Pat
     (run / "run.json").write_text(json.dumps(meta))
     apply = json_here(capsys, "whatif", str(run), "--wrap", "merge:2", "--json", "-q", "--no-cache")["apply"]
     assert apply["code"] is None and apply["note"].startswith("not resolved: blocks.0, blocks.1, blocks.2:")
+
+
+def test_fsdp1_code_keeps_the_recorded_strategy_and_takes_a_scripts_own_arguments(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A recording under ``SHARD_GRAD_OP`` (run.json: no unit but the outermost resharded after forward,
+    as the recorder reads FSDP1's strategy) gets code that shards so again: FSDP1's default would be
+    ``FULL_SHARD``, not the setting predicted. And a script that passes its usual FSDP arguments through
+    ``fsdp_kwargs``, prefetch ones included, gets the predicted setting, not a TypeError for an argument
+    given twice. Truth: FSDP1's own module state after the code ran (two gloo ranks: on one, FSDP1 shards
+    nothing whatever it is told)."""
+    import shutil
+    import socket
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    shutil.copytree(SAMPLES / "fsdp1-cpu-2rank", run, ignore=shutil.ignore_patterns(".fsdpviz-cache"))
+    meta = json.loads((run / "run.json").read_text())
+    for unit in meta["units"]:
+        unit["reshard_after_forward"] = False
+    (run / "run.json").write_text(json.dumps(meta))
+    apply = json_here(capsys, "whatif", str(run), "--prefetch", "none", "--json", "-q", "--no-cache")["apply"]
+    assert apply["code"] and "sharding_strategy=ShardingStrategy.SHARD_GRAD_OP" in apply["lines"][-2]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    examples = Path(__file__).parents[2] / "examples"
+    script = f"""
+import json, sys
+import torch, torch.distributed as dist
+sys.path.insert(0, {str(examples)!r})
+from train import build_model, parse_args
+dist.init_process_group("gloo")
+{apply["code"]}
+from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
+model = build_model(parse_args(["--framework", "fsdp1", "--layers", "2", "--dim", "32"]))
+sharded = shard_model(model, device_id=torch.device("cpu"), backward_prefetch=BackwardPrefetch.BACKWARD_POST,
+                      forward_prefetch=True, sharding_strategy=ShardingStrategy.FULL_SHARD)
+if dist.get_rank() == 0:
+    print(json.dumps({{name or "(root)": [m.sharding_strategy.name, m.backward_prefetch, m.forward_prefetch]
+                      for name, m in sharded.named_modules() if isinstance(m, FSDP)}}))
+dist.destroy_process_group()
+"""
+    (tmp_path / "shard.py").write_text(script)
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
+                           "127.0.0.1", "--master_port", str(port), str(tmp_path / "shard.py")],
+                          check=False, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    states = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(states) == 3  # the root and the two blocks, as recorded
+    assert all(state == ["SHARD_GRAD_OP", None, False] for state in states.values()), states

@@ -169,6 +169,28 @@ def test_zero3_bucket_in_the_deepspeed_json() -> None:
     assert kept["changes"] == {} and kept["note"] == "as recorded"
 
 
+def test_the_deepspeed_form_is_json_the_hf_trainer_and_accelerate_read(capsys: pytest.CaptureFixture[str],
+                                                                      tmp_path: Path) -> None:
+    """``whatif --code --stack deepspeed`` prints plain JSON: transformers' ``HfDeepSpeedConfig`` (what the
+    HF Trainer's ``deepspeed=`` and accelerate's ``deepspeed_config_file`` read, with ``json.load``) takes
+    the file as printed. The prediction's comment lines go to stderr beside it."""
+    import json
+
+    pytest.importorskip("transformers")
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    from helpers.cli import run_here
+    from transformers.integrations import HfDeepSpeedConfig
+
+    sample = Path(__file__).parents[2] / "sample_traces" / "zero3-cpu-2rank"
+    done = run_here(capsys, "whatif", str(sample), "--prefetch", "1", "--code", "--stack", "deepspeed", "--no-cache")
+    assert done.returncode == 0, done.stderr
+    (tmp_path / "ds.json").write_text(done.stdout)
+    config = HfDeepSpeedConfig(str(tmp_path / "ds.json"))
+    bucket = json.loads(done.stdout)["zero_optimization"]["stage3_prefetch_bucket_size"]
+    assert config.get_value("zero_optimization.stage3_prefetch_bucket_size") == bucket > 0
+    assert "# fsdpviz whatif: prefetch 1" in done.stderr and "measurable" in done.stderr
+
+
 @pytest.mark.parametrize("command, stack", [
     (["/v/bin/python", "-m", "accelerate.commands.launch", "--use_fsdp", "train.py"], ACCELERATE),
     (["accelerate", "launch", "train.py"], ACCELERATE),
