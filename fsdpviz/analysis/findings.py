@@ -39,6 +39,7 @@ import pandas as pd
 
 from fsdpviz import vocabulary
 from fsdpviz.formatting import NS_PER_MS, ms_text
+from fsdpviz.structure.intervals import total_ns, union_intervals
 from fsdpviz.structure.profiler_cost import (
     HIGH_SLOWDOWN,
     NO_CLOSER_BASE,
@@ -207,6 +208,17 @@ def _depth_words(depth: float) -> str:
     return f"the gather started {ahead} unit{'s' if ahead > 1 else ''} ahead of its compute"
 
 
+def _gathered_ns(spans: pd.DataFrame) -> pd.Series:
+    """Per (rank, step, phase): the time some all-gather ran, as traced -- the union of the pass's gather
+    spans, so that a collective several units share (ZeRO-3's buckets) counts once, as the summary's
+    ``overlap.by_purpose`` counts it."""
+    gathers = spans[spans["kind"] == vocabulary.ALL_GATHER]
+    out = {key: float(total_ns(union_intervals(g["start_ns"].to_numpy(np.int64), g["end_ns"].to_numpy(np.int64))))
+           for key, g in gathers.groupby(["rank", "step", "phase"], sort=False)}
+    index = pd.MultiIndex.from_tuples(list(out), names=["rank", "step", "phase"]) if out else None
+    return pd.Series(list(out.values()), index=index, dtype=float)
+
+
 def gather_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, framework: str, floor_ns: float,
                     med: pd.DataFrame, scale: float = 1.0, comm_scale: float | None = None) -> list[dict]:
     """One finding per unit pass whose all-gather is exposed beyond the noise floor (durations times
@@ -222,8 +234,8 @@ def gather_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, framework: st
     firsts, before_first = _first_gathers(spans)
     before_first = before_first * scale
     shared = _shared(spans, vocabulary.ALL_GATHER, comm_scale)
-    totals = unit_steps.assign(g=unit_steps["ag_ns"] * comm_scale).groupby(["rank", "step", "phase"]).agg(
-        c=("compute_clock_ns", "sum"), g=("g", "sum"))
+    totals = unit_steps.groupby(["rank", "step", "phase"]).agg(c=("compute_clock_ns", "sum"))
+    totals["g"] = _gathered_ns(spans).reindex(totals.index).fillna(0.0) * comm_scale
     totals = totals.groupby("phase").median()
     for unit, phase, m in _unit_passes(med):
         if phase not in (vocabulary.FORWARD, vocabulary.BACKWARD) or m["ag_exposed_ns"] < floor_ns:
