@@ -33,13 +33,42 @@ from fsdpviz.formatting import mib_change_text, mib_text
 from fsdpviz.replay import prefetch_args, split
 from fsdpviz.replay.clock import clock_of
 from fsdpviz.replay.model import SUPPORTED, Gain, Model, model_clock, model_ranks, read_model
+from fsdpviz.replay.recorded import Recording
 from fsdpviz.replay.settings import GIVEN, Settings
 from fsdpviz.trace.schema import OVERLAP_GPU
+from fsdpviz.vocabulary import ZERO3
 from fsdpviz.whatif.explore import device_budget, grid
 from fsdpviz.whatif.predict import PREFETCH_SAME_NOTES, SPREAD_UNKNOWN, Prediction, predict
 
 if TYPE_CHECKING:
     from fsdpviz.analysis.pipeline import RunResult
+
+
+def recorded_depth(rec: Recording) -> int:
+    """How many units ahead the recording prefetched: its explicit depth; under ZeRO-3, the most units in a
+    row the recorded ``stage3_prefetch_bucket_size`` holds (the bucket :func:`prefetch_args.arguments`
+    gives a depth), as the code ``whatif`` writes would set it; else 0 (the framework's default, or none)."""
+    if rec.prefetch.isdigit():
+        return int(rec.prefetch)
+    bucket = rec.prefetch_args.get("stage3_prefetch_bucket_size")
+    if rec.framework != ZERO3 or not isinstance(bucket, int) or not rec.unit_numels:
+        return 0
+    numels = [rec.unit_numels.get(u, 0) for u in rec.units]
+    held = [d for d in range(1, len(numels) + 1)
+            if cast(int, (prefetch_args.arguments(ZERO3, str(d), numels) or {})["stage3_prefetch_bucket_size"]) <= bucket]
+    return max(held, default=0)
+
+
+def deeper_prefetch(model: Model) -> Settings | None:
+    """One unit more of prefetch than the recording's (:func:`recorded_depth`; a framework default that
+    prefetches, FSDP's one unit in backward, counts as one), where the framework can say it and the
+    model has units to prefetch: what both the bound's and a finding's "prefetch more" knob stand for."""
+    rec = model.recording
+    depth = recorded_depth(rec)
+    deeper = depth + 1 if rec.framework == ZERO3 else max(depth, 1) + 1
+    if rec.framework == ZERO3 and deeper > len(rec.units):
+        return None  # the bucket holds every unit already
+    return Settings().with_(prefetch=str(deeper)) if prefetch_args.arguments(rec.framework, str(deeper), [0]) else None
 
 
 def setting_for(knob: str, model: Model) -> Settings | None:
@@ -49,8 +78,7 @@ def setting_for(knob: str, model: Model) -> Settings | None:
     if knob.startswith("reshard_after_forward=False for "):
         return Settings().with_(keep_last_units=1)
     if knob.startswith("prefetch one more unit ahead") or "stage3_prefetch_bucket_size" in knob:
-        deeper = str(max(depth, 1) + 1)
-        return Settings().with_(prefetch=deeper) if prefetch_args.arguments(rec.framework, deeper, [0]) else None
+        return deeper_prefetch(model)
     if "prefetch" in knob and depth == 0:  # FSDP2's set_modules_to_*_prefetch, FSDP1's forward/backward_prefetch
         return Settings().with_(prefetch="1")
     return None
@@ -106,6 +134,8 @@ def action_settings(action: Action, model: Model) -> list[Settings]:
         if _wraps_knob(action, model):
             return [s for s in grid(model)[0] if s.sources.get("wrap") == GIVEN]
         if action.cause == KIND_COMMUNICATION and not action.why_not:
+            if rec.framework == ZERO3:  # DeepSpeed's bucket: the findings' knob, one setting for both
+                return [s] if (s := deeper_prefetch(model)) is not None else []
             depth = str((int(rec.prefetch) if rec.prefetch.isdigit() else 0) + 1)
             # one unit more than recorded, where the framework can express it (FSDP1: one unit at most)
             return [Settings().with_(prefetch=depth)] if prefetch_args.arguments(rec.framework, depth, []) else []

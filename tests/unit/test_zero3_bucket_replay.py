@@ -141,3 +141,23 @@ def test_predicted_units_keep_the_recorded_forward_order(recording: str, prefetc
     predicted = [u.name for u in predict(model, settings_of(prefetch=prefetch)).predicted.units]
     assert len(predicted) > 3
     assert [u for u in predicted if u != "(root)"] == [u for u in hooks if u != "(root)"]
+
+
+def test_more_prefetch_is_one_unit_beyond_the_recorded_bucket(model: Model) -> None:
+    """The recording ran ``--prefetch 1`` (run.json's command): a bucket of one block's elements. The
+    communication bound's knob and the findings' larger-bucket knob both stand for one setting, one
+    unit beyond it -- never the recorded bucket again (priced at +0.00 ms, as a run recorded with the
+    advised bucket was told to use it), nor two settings of one knob in two actions."""
+    from fsdpviz.analysis.actions import Action
+    from fsdpviz.analysis.bound import KIND_COMMUNICATION
+    from fsdpviz.whatif.gains import action_settings, recorded_depth, setting_for
+
+    command = json.loads((RUN / "run.json").read_text())["command"]
+    assert command[command.index("--prefetch") + 1] == "1"
+    assert recorded_depth(model.recording) == 1
+    bound = Action(kind="bound", cause=KIND_COMMUNICATION, message="", count=1, lost_ms_per_step=1.0, knob="prefetch")
+    (advised,) = action_settings(bound, model)
+    assert advised.prefetch == "2" and setting_for("a larger stage3_prefetch_bucket_size", model) == advised
+    prediction = predict(model, advised)
+    assert prediction.prefetch_arguments["stage3_prefetch_bucket_size"] > model.recording.prefetch_args[
+        "stage3_prefetch_bucket_size"]
