@@ -282,8 +282,10 @@ def check(model: Model, settings: Settings) -> None:
                 f"tp {mesh.tp}); the model scales the whole world as FSDP ranks, which this run's are not")
     unsupported = sorted(k for k in changed - supported if k not in ("gpus_per_node", "inter_node_gbps"))
     if unsupported:
-        raise UsageError(f"{rec.framework}: the model covers {', '.join(sorted(supported))}, "
-                         f"not {', '.join(unsupported)}")
+        raise UsageError(f"{rec.framework}: the model covers {', '.join(_option(k) for k in sorted(supported))}, "
+                         f"not {', '.join(_option(k) for k in unsupported)}"
+                         + (FSDP1_RESHARD_HINT if rec.framework == FSDP1 and "reshard_after_forward" in unsupported
+                            else ""))
     if "keep_last_units" in changed:
         children = [u for u in rec.units if u != ROOT_UNIT]
         if not 0 < settings.keep_last_units <= len(children):
@@ -386,6 +388,17 @@ def predict(model: Model, settings: Settings) -> Prediction:
             if form.text is not None and form.stack != DEEPSPEED:
                 form.text = code_header(prediction) + form.text
     return prediction
+
+
+# FSDP1 says resharding as a sharding strategy, which the model does not change: what a user can do instead.
+FSDP1_RESHARD_HINT: Final = ("; FSDP1 keeps parameters gathered from forward to backward under "
+                             "sharding_strategy=ShardingStrategy.SHARD_GRAD_OP: record a run with it and compare the two "
+                             "(fsdpviz compare)")
+
+
+def _option(setting: str) -> str:
+    """A setting's field as the command line names it (``keep_last_units`` -> ``--keep-last-units``)."""
+    return "--" + setting.replace("_", "-")
 
 
 def code_header(p: Prediction, comment: str = "#") -> str:

@@ -158,9 +158,12 @@ def test_settings_a_framework_does_not_cover_are_one_error_line(framework: str, 
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     proc = run_here(capsys, "whatif", str(recordings.get(RECORDINGS[framework]).run_dir),
                     "--reshard-after-forward", "false", "-q")
-    covered = {"fsdp1": "prefetch, world_size, wrap", "zero3": "prefetch, world_size"}[framework]
+    covered = {"fsdp1": "--prefetch, --world-size, --wrap", "zero3": "--prefetch, --world-size"}[framework]
     assert proc.returncode == 2
-    assert proc.stderr.strip() == f"error: {framework}: the model covers {covered}, not reshard_after_forward"
+    (line,) = proc.stderr.strip().splitlines()  # one line, naming the options as the command line does
+    assert line.startswith(f"error: {framework}: the model covers {covered}, not --reshard-after-forward")
+    # FSDP1 says resharding as a sharding strategy: the line names it
+    assert ("ShardingStrategy.SHARD_GRAD_OP" in line) == (framework == "fsdp1")
 
 
 @pytest.mark.slow
