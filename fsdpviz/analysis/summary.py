@@ -44,6 +44,7 @@ from fsdpviz.analysis.bound import (
     with_memory,
 )
 from fsdpviz.analysis.completeness import gap_notes
+from fsdpviz.analysis.findings import CAUSE_STRAGGLER
 from fsdpviz.analysis.memory_categories import (
     LEVEL_ALLOCATOR,
     LEVEL_MEASURED_BASELINE,
@@ -59,6 +60,7 @@ from fsdpviz.structure.framework import framework_notes
 from fsdpviz.structure.parallelism import Parallelism, RunParallelism
 from fsdpviz.structure.profiler_cost import (
     ProfilerCost,
+    crowded_hosts,
     no_cost_note,
     unit_pass_ms,
     units_timed_in_clean_steps,
@@ -365,6 +367,12 @@ def finding_entries(findings: pd.DataFrame) -> list[Finding]:
     ]
 
 
+# A straggler on a host whose ranks outnumber or match its cores: the lateness may be a wait for a core.
+STRAGGLER_CROWDED: Final = ("its host ran at least as many ranks as it has cores, so a rank that waited for a core "
+                            "starts its collectives late: record again, or with fewer ranks per core, to see whether "
+                            "the same rank straggles")
+
+
 def run_findings(findings: pd.DataFrame, traces: TraceSet, overlap: pd.DataFrame, framework: str) -> pd.DataFrame:
     """The FINDINGS table (``RunAnalysis.findings``) as the summary lists it: a knob that cannot help on the
     run (:func:`fsdpviz.analysis.actions.knob_blocked`) taken out, and its ``why_not`` saying why (else the
@@ -373,6 +381,9 @@ def run_findings(findings: pd.DataFrame, traces: TraceSet, overlap: pd.DataFrame
     backend, waits = host_backend_on_gpu(traces, overlap), waits_out_collectives(_device(overlap), framework)
     why = [knob_blocked(str(k), backend, waits) if k else str(w)
            for k, w in zip(findings["knob"], findings["why_not"], strict=True)]
+    if traces.run is not None and crowded_hosts(traces.run)[0]:
+        why = [STRAGGLER_CROWDED if c == CAUSE_STRAGGLER and not w else w
+               for c, w in zip(findings["cause"], why, strict=True)]
     return findings.assign(knob=[("" if w else str(k)) for k, w in zip(findings["knob"], why, strict=True)],
                            why_not=why)
 

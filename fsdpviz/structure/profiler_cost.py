@@ -265,7 +265,7 @@ def closer_base(run: RunInfo) -> str:
         ways.append("with --no-stack")
     if run.options.get("memory", True) is not False:
         ways.append("with --no-memory")
-    crowded, known = _crowded_hosts(run)
+    crowded, known = crowded_hosts(run)
     if crowded:
         ways.append("with fewer ranks per core")
     if ways:
@@ -273,7 +273,7 @@ def closer_base(run: RunInfo) -> str:
     return NO_CLOSER_BASE if known else NO_CLOSER_BASE_CORES_UNKNOWN
 
 
-def _crowded_hosts(run: RunInfo) -> tuple[bool, bool]:
+def crowded_hosts(run: RunInfo) -> tuple[bool, bool]:
     """(whether a host ran at least as many ranks as it has cores, whether every host's ranks and cores
     are known). A host's ranks: those run.json lists on it, or, where the ranks are real processes (not a
     fake group's one process) and run.json lists only some, the world size spread over its hosts."""

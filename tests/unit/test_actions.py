@@ -241,7 +241,7 @@ def test_prefetch_is_not_advised_on_a_cpu_rank(name: str, sample_run: Callable[[
     # and the findings behind those actions, as `summary --json` lists them, suggest no prefetch either:
     # each says why where its cause would have suggested one
     findings = sample_run(name).summary.findings
-    blocked = [f for f in findings if f.why_not]
+    blocked = [f for f in findings if f.why_not and f.cause != fnd.CAUSE_STRAGGLER]  # its why_not: the cores
     assert blocked and all(f.why_not == CPU_BLOCKS and f.knob == "" for f in blocked)
     assert not [f.knob for f in findings if "prefetch" in f.knob]
     assert sum(a.count for a in prefetching) == len(blocked)
@@ -485,3 +485,30 @@ def test_advice_whatif_does_not_stand_behind_says_the_figure_then_why(change_ms:
     pct = 100 * change_ms / 25.0
     out = with_prediction(action, change_ms, f"predicted {change_ms:+.2f} ms/step ({pct:+.1f} %)", spread_ms=spread_ms)
     assert out.knob == "" and out.why_not == said and out.predicted_change_ms == change_ms
+
+
+def test_a_straggler_on_a_host_with_no_core_to_spare_says_it_may_be_waiting_for_one(
+        sample_run: Callable[[str], Any], tmp_path: Path) -> None:
+    """The bundled FSDP2 sample ran 2 ranks on a host of 2 cores (run.json's hosts): a rank that waited for a
+    core starts its collectives late, and the straggler finding says so, for the user to record again
+    before reading it as the run's. The same traces from a host of 64 cores (run.json says so) keep the
+    finding without it."""
+    import json
+    import shutil
+
+    from fsdpviz.analysis.pipeline import analyse
+    from fsdpviz.analysis.summary import STRAGGLER_CROWDED
+
+    sample = Path(__file__).parents[2] / "sample_traces" / "fsdp2-cpu-2rank"
+    meta = json.loads((sample / "run.json").read_text())
+    assert {(r["host"], r["cpu_count"]) for r in meta["ranks"]} == {("vm", 2)} and meta["world_size"] == 2
+    (straggler,) = [f for f in sample_run("fsdp2-cpu-2rank").summary.findings if f.cause == fnd.CAUSE_STRAGGLER]
+    assert straggler.why_not == STRAGGLER_CROWDED
+    roomy = tmp_path / "roomy"
+    shutil.copytree(sample, roomy, ignore=shutil.ignore_patterns(".fsdpviz-cache"))
+    for rank in meta["ranks"]:
+        rank["cpu_count"] = 64
+    (roomy / "run.json").write_text(json.dumps(meta))
+    (other,) = [f for f in analyse([roomy], cache=False, progress=False).summary.findings
+                if f.cause == fnd.CAUSE_STRAGGLER]
+    assert other.why_not == "" and other.lost_ms_per_step == straggler.lost_ms_per_step
