@@ -209,9 +209,11 @@ class TraceStartMemory(msgspec.Struct, kw_only=True):
     """Every tensor in ``optimizer.state`` of every optimizer that had stepped (DTensors: local shards)."""
     gradient_bytes_kept: int | None = None
     """The parameters' gradients (local shards) alive then and still alive at the next optimizer step
-    (``zero_grad(set_to_none=False)`` keeps them; ``set_to_none=True`` frees them). None for ZeRO-3,
-    which keeps them in its own partitions. Older recordings also hold
-    ``gradient_bytes``, every gradient alive then, which nothing read."""
+    (``zero_grad(set_to_none=False)`` keeps them; ``set_to_none=True`` frees them). ZeRO-3: the flat
+    buffer of gradient partitions its optimizer made when built (DeepSpeed's
+    ``grad_partitions_flat_buffer``), kept all along; None where it could not be read (older
+    recordings of ZeRO-3 too). Older recordings also hold ``gradient_bytes``, every gradient alive
+    then, which nothing read."""
     master_param_bytes: int | None = None
     """ZeRO-3: the optimizer's fp32 partitioned copy of the parameters (DeepSpeed's master weights,
     ``fp32_partitioned_groups_flat``), which its optimizer steps on; part of the optimizer state, as

@@ -145,7 +145,8 @@ def print_recording(run: RunInfo, run_dir: Path, last_lines: Sequence[str] = ())
             "a ZeRO-3 engine)")
     else:
         units = run.units
-        unit_text = (f"{len(units)} units: {list_units((u.unit for u in units), MAX_UNITS_LISTED)}"
+        unit_text = (f"{len(units)} unit{'' if len(units) == 1 else 's'} in run.json: "
+                     f"{list_units((u.unit for u in units), MAX_UNITS_LISTED)}"
                      + (" (all in run.json)" if len(units) > MAX_UNITS_LISTED else "") if units else "no units")
         steps = run.profile.steps
         framework = run.framework

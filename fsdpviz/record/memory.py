@@ -98,9 +98,24 @@ def master_params(framework: str, root: Any) -> list[torch.Tensor] | None:
     return [t for t in flat if isinstance(t, torch.Tensor)] if isinstance(flat, list) else None
 
 
+def zero3_gradient_partitions(framework: str, root: Any) -> list[torch.Tensor] | None:
+    """ZeRO-3's gradient partitions: the flat buffer its stage-3 optimizer makes when it is built
+    (DeepSpeed's ``grad_partitions_flat_buffer``: this rank's partition of every parameter's gradient,
+    in the gradient accumulation dtype), which each backward's reductions fill in place and nothing
+    frees. None for another framework, or a DeepSpeed without it (an offloaded optimizer's)."""
+    if framework != "zero3":
+        return None
+    try:
+        flat = getattr(root.optimizer, "grad_partitions_flat_buffer", None)
+    except AttributeError:
+        return None
+    return [flat] if isinstance(flat, torch.Tensor) else None
+
+
 def gradients(framework: str, root: Any) -> list[torch.Tensor] | None:
     """The gradients the parameters hold now (FSDP2: sharded DTensors; FSDP1: the flat parameters'
-    sharded gradients); None for ZeRO-3, which keeps them in its own partitions."""
+    sharded gradients); None for ZeRO-3, which keeps them in its own partitions
+    (:func:`zero3_gradient_partitions`)."""
     try:
         if framework == "fsdp2":
             return [p.grad for p in root.parameters() if p.grad is not None]
@@ -136,10 +151,13 @@ class MemoryProbe:
         grads = gradients(framework, root) if root is not None else None
         states = [t for o in list(self.optimizers) for t in optimizer_tensors(o)]
         masters = master_params(framework, root) if root is not None else None
+        partitions = zero3_gradient_partitions(framework, root) if root is not None else None
         self.trace_start = TraceStartMemory(
             step=step, device=device, sharded_param_bytes=nbytes(params, device) if params is not None else None,
             optimizer_state_bytes=nbytes(states, device),
-            master_param_bytes=nbytes(masters, device) if masters is not None else None)
+            master_param_bytes=nbytes(masters, device) if masters is not None else None,
+            # ZeRO-3's partitions are kept by construction: made once, filled in place every step
+            gradient_bytes_kept=nbytes(partitions, device) if partitions is not None else None)
         if grads is not None:
             self._grads = [weakref.ref(g) for g in grads]
 

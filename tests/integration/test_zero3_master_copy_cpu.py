@@ -34,15 +34,19 @@ def test_master_copy_is_optimizer_state(recordings: Recordings) -> None:
     assert rec.proc.returncode == 0, rec.proc.stderr[-3000:]
     truth = {r: json.loads(Path(str(rec.losses).format(rank=r)).read_text()) for r in RANKS}
     info = decode_run_json((rec.run_dir / RUN_JSON).read_bytes())
-    for rank in RANKS:  # the recorder measured DeepSpeed's own master copy
+    for rank in RANKS:  # the recorder measured DeepSpeed's own master copy, and its gradient partitions
         start = info.rank_info(rank).memory.trace_start
         assert start.master_param_bytes == truth[rank]["steps"][start.step]["master_bytes"] > 0
+        assert start.gradient_bytes_kept == truth[rank]["steps"][start.step]["grad_partition_bytes"] > 0
     result = analyse([rec.run_dir], cache=False)
     memory = result.summary.to_json()["memory"]
     at = memory["categories_at"]
     step = truth[at["rank"]]["steps"][at["step"]]
     assert memory["categories"]["optimizer_state"] == step["master_bytes"] + step["state_bytes"]
     assert memory["categories"]["sharded_params"] == step["partition_bytes"]
+    # the gradient partitions, made before the trace and kept all along: in the peak, not unknown
+    assert memory["categories"]["gradients"] == step["grad_partition_bytes"]
+    assert "gradients" not in at["unknown"]
     # (s + s + K) Psi / N with K counting the master copy: ZeRO-3 keeps fp32 partitions of the
     # parameters and of their gradients (one partition's bytes each) beside the optimizer's state
     model = memory["model"]

@@ -7,7 +7,9 @@ DeepSpeed's own tensors, measured on them after every step.
 ``master_bytes`` (DeepSpeed's fp32 partitioned copy of the parameters,
 ``engine.optimizer.fp32_partitioned_groups_flat``, which its optimizer steps on),
 ``state_bytes`` (every tensor in the wrapped torch optimizer's ``state``) and ``partition_bytes``
-(each parameter's ``ds_tensor``, the partition ZeRO-3 gathers from); and ``param_numel`` (the model's
+(each parameter's ``ds_tensor``, the partition ZeRO-3 gathers from), ``grad_partition_bytes`` (the
+gradient partitions DeepSpeed's stage-3 optimizer keeps: each parameter's partition elements,
+``ds_tensor.numel()``, at its gradient accumulation dtype's size); and ``param_numel`` (the model's
 parameters).
 """
 
@@ -57,6 +59,8 @@ def main() -> None:
             "master_bytes": nbytes(ds_optimizer.fp32_partitioned_groups_flat),
             "state_bytes": nbytes(t for s in inner.state.values() for t in s.values() if isinstance(t, torch.Tensor)),
             "partition_bytes": nbytes(p.ds_tensor for p in engine.module.parameters()),
+            "grad_partition_bytes": sum(p.ds_tensor.numel() for p in engine.module.parameters())
+            * torch.empty(0, dtype=ds_optimizer.gradient_accumulation_dtype).element_size(),
         })
     with open(args.truth.format(rank=rank), "w", encoding="utf-8") as out:
         json.dump({"rank": rank, "param_numel": numel, "steps": steps}, out)
