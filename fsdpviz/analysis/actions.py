@@ -36,6 +36,7 @@ from fsdpviz.analysis.bound import (
 from fsdpviz.analysis.units import UnitSummary
 from fsdpviz.formatting import ms_text
 from fsdpviz.naming import ROOT_UNIT
+from fsdpviz.runfolder import RunInfo
 from fsdpviz.structure.records import Finding
 from fsdpviz.trace import schema
 
@@ -147,6 +148,21 @@ def knob_blocked(knob: str, host_backend_on_gpu: bool, waits_out: bool = False) 
     if waits_out:
         return CPU_BLOCKS
     return HOST_BACKEND_BLOCKS if host_backend_on_gpu else ""
+
+
+def full_bucket(run: RunInfo | None) -> str:
+    """Why no larger ZeRO-3 prefetch bucket fetches earlier ("" where one may): the recorded
+    ``stage3_prefetch_bucket_size`` (run.json's units) already holds every unit's parameters, as
+    DeepSpeed's default of 50,000,000 elements does on a model smaller than that."""
+    if run is None or run.framework != vocabulary.ZERO3:
+        return ""
+    buckets = [u.forward_prefetch for u in run.units
+               if isinstance(u.forward_prefetch, int) and not isinstance(u.forward_prefetch, bool)]
+    total = sum(max(u.param_numel, 0) for u in run.units)
+    if not buckets or not total or buckets[0] < total:
+        return ""
+    return (f"the recorded stage3_prefetch_bucket_size ({buckets[0]:,} elements) already holds every unit's parameters "
+            f"({total:,} elements): a larger bucket fetches nothing earlier")
 
 
 def _range_text(values: Sequence[float]) -> str:

@@ -31,6 +31,7 @@ from fsdpviz import vocabulary
 from fsdpviz.analysis.actions import (
     Action,
     build_actions,
+    full_bucket,
     knob_blocked,
     waits_out_collectives,
 )
@@ -60,7 +61,7 @@ from fsdpviz.structure.framework import framework_notes
 from fsdpviz.structure.parallelism import Parallelism, RunParallelism
 from fsdpviz.structure.profiler_cost import (
     ProfilerCost,
-    crowded_hosts,
+    crowded_host_names,
     no_cost_note,
     unit_pass_ms,
     units_timed_in_clean_steps,
@@ -381,9 +382,15 @@ def run_findings(findings: pd.DataFrame, traces: TraceSet, overlap: pd.DataFrame
     backend, waits = host_backend_on_gpu(traces, overlap), waits_out_collectives(_device(overlap), framework)
     why = [knob_blocked(str(k), backend, waits) if k else str(w)
            for k, w in zip(findings["knob"], findings["why_not"], strict=True)]
-    if traces.run is not None and crowded_hosts(traces.run)[0]:
-        why = [STRAGGLER_CROWDED if c == CAUSE_STRAGGLER and not w else w
-               for c, w in zip(findings["cause"], why, strict=True)]
+    full = full_bucket(traces.run)  # a larger ZeRO-3 bucket: nothing to fetch earlier
+    if full:
+        why = [full if "stage3_prefetch_bucket_size" in str(k) and not w else w
+               for k, w in zip(findings["knob"], why, strict=True)]
+    crowded = crowded_host_names(traces.run)[0] if traces.run is not None else set()
+    if crowded:  # a straggler whose own host had no core to spare
+        hosts = {r.rank: r.host for r in traces.run.ranks} if traces.run is not None else {}
+        why = [STRAGGLER_CROWDED if c == CAUSE_STRAGGLER and not w and hosts.get(int(r)) in crowded else w
+               for c, r, w in zip(findings["cause"], findings["rank"], why, strict=True)]
     return findings.assign(knob=[("" if w else str(k)) for k, w in zip(findings["knob"], why, strict=True)],
                            why_not=why)
 

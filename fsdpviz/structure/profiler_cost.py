@@ -277,6 +277,13 @@ def crowded_hosts(run: RunInfo) -> tuple[bool, bool]:
     """(whether a host ran at least as many ranks as it has cores, whether every host's ranks and cores
     are known). A host's ranks: those run.json lists on it, or, where the ranks are real processes (not a
     fake group's one process) and run.json lists only some, the world size spread over its hosts."""
+    crowded, known = crowded_host_names(run)
+    return bool(crowded), known
+
+
+def crowded_host_names(run: RunInfo) -> tuple[set[str], bool]:
+    """(the hosts that ran at least as many ranks as they have cores, whether every host's ranks and
+    cores are known): :func:`crowded_hosts`, host by host."""
     per_host: dict[str, list[RankInfo]] = {}
     known = bool(run.ranks)
     for rank in run.ranks:
@@ -285,15 +292,16 @@ def crowded_hosts(run: RunInfo) -> tuple[bool, bool]:
             continue
         per_host.setdefault(rank.host, []).append(rank)
     spread = -(-run.world_size // len(run.hosts)) if run.world_size and run.hosts else 0
-    crowded = False
-    for ranks in per_host.values():
+    crowded: set[str] = set()
+    for host, ranks in per_host.items():
         cores = max((r.cpu_count for r in ranks if r.cpu_count), default=0)
         if not cores:
             known = False
             continue
         real = all(r.backend != "fake" for r in ranks)
         processes = max(len(ranks), spread) if real else len(ranks)
-        crowded = crowded or processes >= cores
+        if processes >= cores:
+            crowded.add(host)
     return crowded, known
 
 

@@ -22,6 +22,7 @@ from fsdpviz.analysis.actions import (
     KIND_BOUND,
     Action,
     fold,
+    full_bucket,
     one_per_setting,
     waits_out_collectives,
     with_prediction,
@@ -209,7 +210,11 @@ def predict_actions(model: Model, actions: Sequence[Action]) -> list[Action]:
     for action in actions:
         candidates = action_settings(action, model) if action.knob else []
         if not candidates:
-            if action.knob and _wraps_knob(action, model):
+            full = full_bucket(model.result.traces.run) if model.recording.framework == ZERO3 else ""
+            if action.knob and full:
+                # more prefetch is the knob, but the recorded bucket holds every unit already: said why
+                action = with_prediction(action, None, "", because=full)
+            elif action.knob and _wraps_knob(action, model):
                 # fewer units is the bound's knob, but the model can form no other units here: unknown,
                 # so not advised, and said why (--explore leaves every wrap out the same way)
                 action = with_prediction(action, None, "", because=_no_wrap(model))

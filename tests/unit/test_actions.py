@@ -512,3 +512,30 @@ def test_a_straggler_on_a_host_with_no_core_to_spare_says_it_may_be_waiting_for_
     (other,) = [f for f in analyse([roomy], cache=False, progress=False).summary.findings
                 if f.cause == fnd.CAUSE_STRAGGLER]
     assert other.why_not == "" and other.lost_ms_per_step == straggler.lost_ms_per_step
+
+
+def test_no_larger_bucket_is_advised_where_deepspeeds_holds_every_unit(sample_run: Callable[[str], Any]) -> None:
+    """The bundled ZeRO-3 sample ran DeepSpeed's default prefetch bucket, 50,000,000 elements, on a model of
+    42,880 (run.json's units): a larger bucket fetches nothing earlier, so "more prefetch" is not advised
+    (neither the communication bound's nor a finding's), and it says why instead of advising it unpriced."""
+    import json
+
+    from fsdpviz.analysis.bound import KIND_COMMUNICATION
+    from fsdpviz.replay.model import read_model
+    from fsdpviz.whatif.gains import action_settings, predict_actions
+
+    meta = json.loads((SAMPLES / "zero3-cpu-2rank" / "run.json").read_text())
+    buckets = {u["forward_prefetch"] for u in meta["units"] if u["forward_prefetch"] is not None}
+    total = sum(max(u["param_numel"], 0) for u in meta["units"])
+    assert buckets == {50_000_000} and total == 42_880
+    result = sample_run("zero3-cpu-2rank")
+    model = read_model(result)
+    for knob, kind, cause in (("prefetch earlier", "bound", KIND_COMMUNICATION),
+                              ("a larger stage3_prefetch_bucket_size in the DeepSpeed config", "exposed_all_gather",
+                               fnd.CAUSE_NOT_PREFETCHED)):
+        action = Action(kind=kind, cause=cause, message="", count=1, lost_ms_per_step=1.0, knob=knob)
+        assert action_settings(action, model) == []
+        (said,) = predict_actions(model, [action])
+        assert said.knob == "" and said.predicted_change_ms is None
+        assert said.why_not == (f"not advised: the recorded stage3_prefetch_bucket_size (50,000,000 elements) already "
+                                f"holds every unit's parameters ({total:,} elements): a larger bucket fetches nothing earlier")
