@@ -210,11 +210,11 @@ def print_code(prediction: Prediction, settings: Settings, stack: str | None, sa
         if form is not None and form.text is None and stack is not None:
             raise UsageError(f"no {chosen} form for {settings.describe()}: {form.note}")
         if form is not None and form.text is not None:
-            if form.stack == DEEPSPEED:  # JSON: the prediction's comment lines go beside it
-                for line in code_header(prediction).splitlines():
-                    if line:
-                        say(line)
-                say("# set these keys in the DeepSpeed JSON config, keep the others as they are")
+            if form.stack == DEEPSPEED:
+                # JSON: the prediction's comment lines, which every other form carries in itself, go
+                # beside it on stderr, -q or not (the code travels with how far it can be trusted)
+                sys.stderr.write(code_header(prediction)
+                                 + "# set these keys in the DeepSpeed JSON config, keep the others as they are\n")
             sys.stdout.write(form.text)
             if form.note:
                 say(f"note: {form.note}")

@@ -47,16 +47,22 @@ def fsdp1_strategy(result: RunResult) -> str | None:
     """FSDP1's ``ShardingStrategy`` name as run.json's units say it: their ``reshard_after_forward``
     (the recorder's: the strategy reshards and the unit is not the outermost, which FSDP1 never reshards
     after forward) and a shard group smaller than the world (hybrid). None where they do not tell: no
-    unit but the root, units that disagree, a run that is not FSDP1's."""
+    unit but the root, units that disagree or do not say, a shard group of one rank (FSDP1 then shards
+    nothing, NO_SHARD, whatever it was told, and no unit reshards), a run that is not FSDP1's."""
     run = result.traces.run
     if run is None or run.framework != vocabulary.FSDP1:
         return None
     inner = {u.reshard_after_forward for u in run.units if u.unit != ROOT_UNIT}
     if len(inner) != 1 or None in inner:
         return None
+    shards = {u.shard_size for u in run.units if u.shard_size is not None}
+    if run.world_size == 1 or (shards and max(shards) <= 1):
+        return None
     reshard = bool(inner.pop())
     world = run.world_size
-    if world is not None and any(u.shard_size is not None and u.shard_size < world for u in run.units):
+    replicas = run.parallelism.dp_replicate if run.parallelism is not None else None
+    hybrid = (world is not None and any(s < world for s in shards)) or (replicas is not None and replicas > 1)
+    if hybrid:
         return "HYBRID_SHARD" if reshard else "_HYBRID_SHARD_ZERO2"
     return "FULL_SHARD" if reshard else "SHARD_GRAD_OP"
 

@@ -273,8 +273,9 @@ def _fsdp1(rec: Recording, settings: Settings, modules: dict[str, list[str]], de
     if strategy is not None and strategy != "FULL_SHARD":  # FSDP1's default is not written
         setting.append(f"sharding_strategy=ShardingStrategy.{strategy}")
     if strategy is None:
-        notes.append("run.json does not say the recorded sharding strategy (FSDP1 never reshards its outermost unit "
-                     "after forward, and no other unit was recorded): pass yours in fsdp_kwargs")
+        notes.append("run.json's units do not tell the recorded sharding strategy (the outermost unit alone, which "
+                     "FSDP1 never reshards after forward; units that disagree or do not say; a shard group of one rank, "
+                     "where FSDP1 shards nothing): pass yours in fsdp_kwargs")
     elif "HYBRID" in strategy:
         notes.append(f"{strategy} shards within a group and replicates across groups: pass the process groups or the "
                      "device mesh the run used in fsdp_kwargs")

@@ -284,8 +284,7 @@ def check(model: Model, settings: Settings) -> None:
     if unsupported:
         raise UsageError(f"{rec.framework}: the model covers {', '.join(_option(k) for k in sorted(supported))}, "
                          f"not {', '.join(_option(k) for k in unsupported)}"
-                         + (FSDP1_RESHARD_HINT if rec.framework == FSDP1 and "reshard_after_forward" in unsupported
-                            else ""))
+                         + (fsdp1_reshard_hint(rec, settings) if rec.framework == FSDP1 else ""))
     if "keep_last_units" in changed:
         children = [u for u in rec.units if u != ROOT_UNIT]
         if not 0 < settings.keep_last_units <= len(children):
@@ -390,10 +389,23 @@ def predict(model: Model, settings: Settings) -> Prediction:
     return prediction
 
 
-# FSDP1 says resharding as a sharding strategy, which the model does not change: what a user can do instead.
-FSDP1_RESHARD_HINT: Final = ("; FSDP1 keeps parameters gathered from forward to backward under "
-                             "sharding_strategy=ShardingStrategy.SHARD_GRAD_OP: record a run with it and compare the two "
-                             "(fsdpviz compare)")
+def fsdp1_reshard_hint(rec: Recording, settings: Settings) -> str:
+    """FSDP1 says resharding as one sharding strategy for every unit, which the model does not change:
+    the strategy that gives the resharding asked for (hybrid where the recording was), or that the
+    recording ran it already; "" where no resharding was asked for."""
+    if settings.keep_last_units:
+        return "; FSDP1 reshards every unit alike, by its sharding strategy: no last units can keep theirs"
+    wanted = settings.reshard_after_forward
+    if wanted is None:
+        return ""
+    hybrid = rec.fsdp1_strategy in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
+    target = (("HYBRID_SHARD" if hybrid else "FULL_SHARD") if wanted
+              else ("_HYBRID_SHARD_ZERO2" if hybrid else "SHARD_GRAD_OP"))
+    if rec.fsdp1_strategy == target:
+        return f"; the recording ran sharding_strategy=ShardingStrategy.{target} already"
+    what = "reshards parameters after forward" if wanted else "keeps parameters gathered from forward to backward"
+    return (f"; FSDP1 {what} under sharding_strategy=ShardingStrategy.{target}: record a run with it and compare the "
+            "two (fsdpviz compare)")
 
 
 def _option(setting: str) -> str:

@@ -107,6 +107,7 @@ def test_parameter_names_under_none_of_a_units_modules_get_no_code(tmp_path: Pat
     assert apply["code"] is None and apply["note"].startswith("not resolved: blocks.0, blocks.1, blocks.2:")
 
 
+@pytest.mark.slow
 def test_fsdp1_code_keeps_the_recorded_strategy_and_takes_a_scripts_own_arguments(
         capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """A recording under ``SHARD_GRAD_OP`` (run.json: no unit but the outermost resharded after forward,
@@ -156,3 +157,21 @@ dist.destroy_process_group()
     states = json.loads(done.stdout.strip().splitlines()[-1])
     assert len(states) == 3  # the root and the two blocks, as recorded
     assert all(state == ["SHARD_GRAD_OP", None, False] for state in states.values()), states
+
+
+def test_fsdp1_code_on_one_rank_does_not_take_no_sharding_for_a_strategy(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """On a shard group of one rank FSDP1 shards nothing (NO_SHARD, whatever it was told), so the recorder
+    finds no unit resharded after forward: that is not SHARD_GRAD_OP. The code writes no strategy and
+    says to pass the user's own."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(SAMPLES / "fsdp1-cpu-2rank", run, ignore=shutil.ignore_patterns(".fsdpviz-cache"))
+    meta = json.loads((run / "run.json").read_text())
+    for unit in meta["units"]:
+        unit["reshard_after_forward"], unit["shard_size"] = False, 1
+    (run / "run.json").write_text(json.dumps(meta))
+    apply = json_here(capsys, "whatif", str(run), "--prefetch", "none", "--json", "-q", "--no-cache")["apply"]
+    assert apply["code"] and "sharding_strategy" not in apply["code"]
+    assert "a shard group of one rank" in apply["note"] and "pass yours in fsdp_kwargs" in apply["note"]

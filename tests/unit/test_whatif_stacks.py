@@ -170,19 +170,20 @@ def test_zero3_bucket_in_the_deepspeed_json() -> None:
 
 
 def test_the_deepspeed_form_is_json_the_hf_trainer_and_accelerate_read(capsys: pytest.CaptureFixture[str],
-                                                                      tmp_path: Path) -> None:
+                                                                      tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """``whatif --code --stack deepspeed`` prints plain JSON: transformers' ``HfDeepSpeedConfig`` (what the
     HF Trainer's ``deepspeed=`` and accelerate's ``deepspeed_config_file`` read, with ``json.load``) takes
-    the file as printed. The prediction's comment lines go to stderr beside it."""
+    the file as printed. The prediction's comment lines go to stderr beside it, with -q too."""
     import json
 
     pytest.importorskip("transformers")
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
     from helpers.cli import run_here
     from transformers.integrations import HfDeepSpeedConfig
 
     sample = Path(__file__).parents[2] / "sample_traces" / "zero3-cpu-2rank"
-    done = run_here(capsys, "whatif", str(sample), "--prefetch", "1", "--code", "--stack", "deepspeed", "--no-cache")
+    done = run_here(capsys, "whatif", str(sample), "--prefetch", "1", "--code", "--stack", "deepspeed", "--no-cache", "-q")
     assert done.returncode == 0, done.stderr
     (tmp_path / "ds.json").write_text(done.stdout)
     config = HfDeepSpeedConfig(str(tmp_path / "ds.json"))
