@@ -374,7 +374,7 @@ def profiler_findings(cost: ProfilerCost | None, idle_ns: float | None) -> list[
     part of it came out of a host backend's exposed communication): the finding then says so.
     Only when the unprofiled steps can be trusted (``cost.headline``): from one or two steps, the
     share would be a guess."""
-    if cost is None or not cost.headline or cost.slowdown < NOTABLE_SLOWDOWN:
+    if cost is None or not cost.headline or cost.pace_note is not None or cost.slowdown < NOTABLE_SLOWDOWN:
         return []
     extra_ns = cost.extra_ms * 1e6
     share = f"{ms_text(extra_ns / NS_PER_MS)} of each traced step is the profiler's"

@@ -129,8 +129,9 @@ def split_persistent(persistent: int, state: ShardedState | None, measured: Meas
                   else (None if relative else one), SINCE_TRACE_START if relative else no_units)
     grads = 0
     if gradients_kept:
-        unmeasured = ("fsdpviz record could not read this framework's gradients (ZeRO-3 keeps them in its own "
-                      "partitions)" if measured is not None else SINCE_TRACE_START)
+        unmeasured = ("fsdpviz record could not read this framework's gradients (ZeRO-3's partitions in a "
+                      "recording made before fsdpviz read them, or an optimizer that offloads them)"
+                      if measured is not None else SINCE_TRACE_START)
         grads = take(GRADIENTS, m.gradient_bytes_kept if m.gradient_bytes_kept is not None
                      else (None if relative else one),
                      unmeasured if relative else "the gradients kept from step to step are not measured")

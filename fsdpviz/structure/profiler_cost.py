@@ -342,7 +342,7 @@ def profiler_cost(timers: pd.DataFrame, run: RunInfo | None) -> ProfilerCost | N
                 "profiler's warm-up step, the step after the trace export and the unit-timed steps do not count"
                 f"{_script_words(run)}); " + _more_steps(run))
     elif slowdown < NOISE_SLOWDOWN:
-        pace = pace_note(slowdown, fewest)
+        pace = pace_note(fewest)
     observed = [r.observer for r in run.ranks if r.observer is not None and r.observer.agent_ms_median is not None]
     shares = [o.agent_share_median for o in observed if o.agent_share_median is not None]
     return ProfilerCost(profiled_step_ms=round(profiled_step, 3), unprofiled_step_ms=round(unprofiled_step, 3),
@@ -354,9 +354,9 @@ def profiler_cost(timers: pd.DataFrame, run: RunInfo | None) -> ProfilerCost | N
                         recorder_share=round(statistics.median(shares), 6) if shares else None)
 
 
-def pace_note(slowdown: float, fewest: int) -> str:
+def pace_note(fewest: int) -> str:
     """What a slowdown below :data:`NOISE_SLOWDOWN` means for the run's figures."""
-    return (f"the timers timed the profiled steps {slowdown:.2f}x as long as the clean unprofiled ones: a profiler "
+    return ("the timers timed the profiled steps shorter than the clean unprofiled ones: a profiler "
             "cannot make a step faster, so the machine's pace changed between the two windows (other work on the "
             f"machine, a step that waited). The step time is the clean steps' ({fewest} or more on each rank, the pace "
             "the script's own timer saw); every other figure is the profiled window's carried to it, and the profiler's "

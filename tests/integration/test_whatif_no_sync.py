@@ -98,15 +98,15 @@ NOISY_CLEAN_STEPS = 0.9
 def _assert_replayed_clock(run_dir: Path, result: RunResult) -> None:
     """The run's clock is the replay's; where the raw timer files show the profiled steps faster than
     the clean ones (:data:`NOISY_CLEAN_STEPS` or less of them), the profiler's share is not known and a
-    note says the windows' paces differ."""
+    note says the windows' paces differ (the replay's check then decides the clock)."""
     summary = completed_summary(result)
     clock = summary.clock
     assert clock is not None
     slowdown = profiled_over_clean(run_dir)
-    assert clock.basis == BASIS_REPLAYED, (slowdown, clock.note)
-    if slowdown < NOISY_CLEAN_STEPS:
+    if slowdown < NOISY_CLEAN_STEPS:  # a window run at another pace: whichever clock its replay's check gives
         assert clock.profiler_share_ms is None and any("pace changed" in n for n in summary.notes), slowdown
     elif slowdown >= 1.0:
+        assert clock.basis == BASIS_REPLAYED, (slowdown, clock.note)
         assert clock.profiler_share_ms is not None and clock.profiler_share_ms >= 0, slowdown
 
 

@@ -29,7 +29,8 @@ def test_a_prefetch_inside_the_noise_of_exposed_communication_names_no_better_ru
     depth = forward.values["forward_issue_depth"]
     assert depth["prefetched"] > depth["default"] + 0.5  # it does issue earlier
     assert forward.better is None
-    assert "but the runs' exposed communication is not told apart (within noise" in forward.message
+    # within the noise or the step-to-step spread, as the recordings' steps happened to fall
+    assert "but the runs' exposed communication is not told apart (within " in forward.message
     gathered = forward.values["units_exposed_forward_all_gather_ms"]
     assert f"reads {gathered['prefetched']:.2f} ms vs {gathered['default']:.2f} ms per step" in forward.message
 

@@ -109,19 +109,23 @@ def test_two_unprofiled_steps_lead(tmp_path: Path) -> None:
 
 
 def test_profiled_steps_faster_than_the_clean_ones_leave_the_clean_steps_leading(tmp_path: Path) -> None:
-    # GIVEN profiled steps at 16 ms and clean unprofiled steps at 20 and 21 ms: a 0.78x "slowdown", the
-    # machine's pace changed between the two windows (the clean steps are most of the run)
+    # GIVEN profiled steps at 16 ms and clean unprofiled steps at 20 and 21 ms: a 0.78x "slowdown" by the
+    # timers, the machine's pace changed between the two windows (the clean steps are most of the run)
     summary, traced_ms = _run(tmp_path, (2, 3, 4), {
         0: [*SLOW_START, 16, 16, 16, 50, 20, 20, 20],
         1: [*SLOW_START, 16, 16, 16, 50, 21, 21, 21],
     })
+    from fsdpviz.commands.summary import step_time_text
+
     cost = summary.profiler
     # THEN the clean steps lead (20.5 ms, median over ranks), as the script's own timer saw the run
     assert cost is not None and cost.headline and cost.note is None
     assert summary.step_time_source == "timers" and summary.step_time_ms == pytest.approx(20.5)
     # the timers' own profiled steps decide it (one clock on both sides), and a note says their ratio
-    (note,) = [n for n in summary.notes if "as long as the clean unprofiled ones" in n]
-    assert "0.78x" in note and "pace changed" in note and "3 or more on each rank" in note
+    (note,) = [n for n in summary.notes if "shorter than the clean unprofiled ones" in n]
+    assert "shorter than the clean" in note and "pace changed" in note and "3 or more on each rank" in note
+    # one slowdown figure: the step line's (the traced step over the clean one), not a second in the note
+    assert "x as long" not in note and f"{cost.slowdown:.2f}x as long" in step_time_text(summary)
     assert note in summary.to_json()["notes"] and summary.to_json()["profiler"]["pace_note"] == note
     # the profiler's share is not known: null in every view, not the excess of a window run faster
     assert cost.share_ms is None

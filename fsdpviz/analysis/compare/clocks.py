@@ -71,6 +71,14 @@ def different_clocks(runs: Sequence[LabelledRun]) -> str | None:
             + (f"; the traced steps, which every run has: {', '.join(traced)}" if len(traced) == len(runs) else ""))
 
 
+def pace_notes(runs: Sequence[LabelledRun]) -> list[str]:
+    """The runs whose timers timed their profiled steps faster than their clean ones (``profiler.pace_note``):
+    each still on the timers' clock, its figures the profiled window's carried there, its profiler's share
+    not known, in its own summary's words."""
+    return [f"{r.label}: {r.summary.profiler.pace_note}" for r in runs
+            if r.summary.profiler is not None and r.summary.profiler.pace_note]
+
+
 def _level_words(run: LabelledRun) -> str:
     mem = run.summary.memory
     return f"{run.label}: " + (level_words(mem.level, mem.baseline_bytes, bytes_text) or "the allocator's own level")

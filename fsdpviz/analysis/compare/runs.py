@@ -17,7 +17,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
-from fsdpviz.analysis.compare.clocks import LEVEL_FIELDS, different_clocks, levels_differ, ranked_on_clock
+from fsdpviz.analysis.compare.clocks import (
+    LEVEL_FIELDS,
+    different_clocks,
+    levels_differ,
+    pace_notes,
+    ranked_on_clock,
+)
 from fsdpviz.analysis.compare.findings import build_findings, is_clear, noise_ms
 from fsdpviz.analysis.compare.memory import drift_bytes, drift_unknown, step_levels, step_rise_bytes
 from fsdpviz.analysis.compare.model import HEADLINE_FIELDS, LOWER, Comparison, bucketed_units, unit_index
@@ -204,7 +210,8 @@ def compare_runs(runs: Sequence[LabelledRun]) -> Comparison:
             if known(values[key]) >= 2:
                 best[key], withheld[key] = [], level_why
     notes = comparability_notes(runs, match) + drift_notes(labels, drift, values["step_rise_bytes"]) \
-        + untold_drift_notes(labels, drift_why, values["memory.peak_allocated_bytes"]) + unseen_notes(runs)
+        + untold_drift_notes(labels, drift_why, values["memory.peak_allocated_bytes"]) + unseen_notes(runs) \
+        + pace_notes(runs)
     unknown = {key: {r.label: headline_spread_why(r, key) for r, s in zip(runs, spreads) if s is None}
                for key, spreads in (*spread.items(), *points.items())}
     comparison = Comparison(labels=labels, runs=list(runs), values=values, deltas=deltas, best=best,
