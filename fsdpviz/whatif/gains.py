@@ -155,6 +155,14 @@ def _wraps_knob(action: Action, model: Model) -> bool:
         or (action.cause == KIND_COMMUNICATION and waits_out_collectives(rec.device, rec.framework)))
 
 
+def _more_prefetch(action: Action, model: Model) -> bool:
+    """Whether an action's knob is more prefetch: the bound's where exposed communication bounds a step
+    whose collectives are not waited out (a GPU's, DeepSpeed's on a CPU rank), or a finding's."""
+    if action.kind == KIND_BOUND:
+        return action.cause == KIND_COMMUNICATION and not _wraps_knob(action, model)
+    return "prefetch" in action.knob
+
+
 def action_setting(action: Action, model: Model) -> Settings | None:
     """The setting an action advises or prices (:func:`action_settings`, the best of them), or None."""
     candidates = action_settings(action, model)
@@ -210,7 +218,8 @@ def predict_actions(model: Model, actions: Sequence[Action]) -> list[Action]:
     for action in actions:
         candidates = action_settings(action, model) if action.knob else []
         if not candidates:
-            full = full_bucket(model.result.traces.run) if model.recording.framework == ZERO3 else ""
+            full = (full_bucket(model.result.traces.run)
+                    if model.recording.framework == ZERO3 and _more_prefetch(action, model) else "")
             if action.knob and full:
                 # more prefetch is the knob, but the recorded bucket holds every unit already: said why
                 action = with_prediction(action, None, "", because=full)
