@@ -142,12 +142,17 @@ def _first_gathers(spans: pd.DataFrame) -> tuple[set[tuple[str, str]], pd.Series
 
 def _shared(spans: pd.DataFrame, kind: str, scale: float) -> pd.DataFrame:
     """Per (unit, phase) whose ``kind`` collectives carried other units too (ZeRO-3 buckets):
-    ``full_ns``, their whole duration per step (median over rank-steps, on the run's clock), and
-    ``n_units``, the most units one carried."""
-    rows = spans[((spans["kind"] == kind) & (spans["n_units"] > 1)).to_numpy()]
+    ``full_ns``, the whole duration per step of every ``kind`` collective of the unit's pass, the
+    buckets and any of its own (median over rank-steps, on the run's clock), so that neither the unit's
+    share nor its exposed time can read longer than them; and ``n_units``, the most units one carried."""
+    of_kind = spans[(spans["kind"] == kind).to_numpy()]
+    rows = of_kind[(of_kind["n_units"] > 1).to_numpy()]
     if rows.empty:
         return pd.DataFrame(columns=["full_ns", "n_units"])
-    dur = (rows["end_ns"] - rows["start_ns"]).groupby([rows["rank"], rows["step"], rows["unit"], rows["phase"]]).sum()
+    keys = pd.MultiIndex.from_frame(of_kind[["unit", "phase"]])
+    rows_all = of_kind[keys.isin(pd.MultiIndex.from_frame(rows[["unit", "phase"]].drop_duplicates()))]
+    dur = (rows_all["end_ns"] - rows_all["start_ns"]).groupby(
+        [rows_all["rank"], rows_all["step"], rows_all["unit"], rows_all["phase"]]).sum()
     out = (dur.groupby(level=["unit", "phase"]).median() * scale).rename("full_ns").to_frame()
     out["n_units"] = rows.groupby(["unit", "phase"])["n_units"].max()
     return out
