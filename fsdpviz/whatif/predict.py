@@ -393,19 +393,22 @@ def fsdp1_reshard_hint(rec: Recording, settings: Settings) -> str:
     """FSDP1 says resharding as one sharding strategy for every unit, which the model does not change:
     the strategy that gives the resharding asked for (hybrid where the recording was), or that the
     recording ran it already; "" where no resharding was asked for."""
+    said = []
     if settings.keep_last_units:
-        return "; FSDP1 reshards every unit alike, by its sharding strategy: no last units can keep theirs"
+        said.append("; FSDP1 reshards every unit alike, by its sharding strategy: no last units can keep theirs")
     wanted = settings.reshard_after_forward
     if wanted is None:
-        return ""
+        return "".join(said)
     hybrid = rec.fsdp1_strategy in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
     target = (("HYBRID_SHARD" if hybrid else "FULL_SHARD") if wanted
               else ("_HYBRID_SHARD_ZERO2" if hybrid else "SHARD_GRAD_OP"))
     if rec.fsdp1_strategy == target:
-        return f"; the recording ran sharding_strategy=ShardingStrategy.{target} already"
-    what = "reshards parameters after forward" if wanted else "keeps parameters gathered from forward to backward"
-    return (f"; FSDP1 {what} under sharding_strategy=ShardingStrategy.{target}: record a run with it and compare the "
-            "two (fsdpviz compare)")
+        said.append(f"; the recording ran sharding_strategy=ShardingStrategy.{target} already")
+    else:
+        what = "reshards parameters after forward" if wanted else "keeps parameters gathered from forward to backward"
+        said.append(f"; FSDP1 {what} under sharding_strategy=ShardingStrategy.{target}: record a run with it and "
+                    "compare the two (fsdpviz compare)")
+    return "".join(said)
 
 
 def _option(setting: str) -> str:
