@@ -386,9 +386,10 @@ def run_findings(findings: pd.DataFrame, traces: TraceSet, overlap: pd.DataFrame
     if full:
         why = [full if "stage3_prefetch_bucket_size" in str(k) and not w else w
                for k, w in zip(findings["knob"], why, strict=True)]
-    crowded = crowded_host_names(traces.run)[0] if traces.run is not None else set()
-    if crowded:  # a straggler whose own host had no core to spare
-        hosts = {r.rank: r.host for r in traces.run.ranks} if traces.run is not None else {}
+    run = traces.run
+    crowded = crowded_host_names(run)[0] if run is not None else set()
+    if run is not None and crowded:  # a straggler whose own host had no core to spare
+        hosts = {r.rank: r.host for r in run.ranks}
         why = [STRAGGLER_CROWDED if c == CAUSE_STRAGGLER and not w and hosts.get(int(r)) in crowded else w
                for c, r, w in zip(findings["cause"], findings["rank"], why, strict=True)]
     return findings.assign(knob=[("" if w else str(k)) for k, w in zip(findings["knob"], why, strict=True)],

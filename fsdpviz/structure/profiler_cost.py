@@ -265,7 +265,7 @@ def closer_base(run: RunInfo) -> str:
         ways.append("with --no-stack")
     if run.options.get("memory", True) is not False:
         ways.append("with --no-memory")
-    crowded, known = crowded_hosts(run)
+    crowded, known = crowded_host_names(run)
     if crowded:
         ways.append("with fewer ranks per core")
     if ways:
@@ -273,17 +273,10 @@ def closer_base(run: RunInfo) -> str:
     return NO_CLOSER_BASE if known else NO_CLOSER_BASE_CORES_UNKNOWN
 
 
-def crowded_hosts(run: RunInfo) -> tuple[bool, bool]:
-    """(whether a host ran at least as many ranks as it has cores, whether every host's ranks and cores
-    are known). A host's ranks: those run.json lists on it, or, where the ranks are real processes (not a
-    fake group's one process) and run.json lists only some, the world size spread over its hosts."""
-    crowded, known = crowded_host_names(run)
-    return bool(crowded), known
-
-
 def crowded_host_names(run: RunInfo) -> tuple[set[str], bool]:
     """(the hosts that ran at least as many ranks as they have cores, whether every host's ranks and
-    cores are known): :func:`crowded_hosts`, host by host."""
+    cores are known). A host's ranks: those run.json lists on it, or, where the ranks are real processes
+    (not a fake group's one process) and run.json lists only some, the world size spread over its hosts."""
     per_host: dict[str, list[RankInfo]] = {}
     known = bool(run.ranks)
     for rank in run.ranks:
