@@ -17,12 +17,14 @@ only), round by round so that the machine's drift falls on all alike. The loads 
 
 From each per-block recording ``whatif`` predicts one root unit, pairs (``merge:2``) and no resharding
 after forward as a share of the recorded step. Two truths: each round also measures every setting bare
-inside one process per rank, interleaved (``inproc_cpu_truth.py``, 3 rounds in it: separate processes
-on a shared 2-core machine drift 20-30 %), and the ratios are the medians over every round of every
-such process; and the bare runs' step of that setting over the bare per-block step, separate runs
+inside one process per rank, interleaved (``inproc_cpu_truth.py``, ``--truth-rounds`` rounds in it, 3 by
+default: separate processes
+on a shared 2-core machine drift 20-30 %; a setting's step there is its steps' median, as fsdpviz's
+step is), and the ratios are the medians over every round of every such process (the ratios of the
+mean step, which runs before 2026-12-07 read, are printed beside them when the kept files hold them); and the bare runs' step of that setting over the bare per-block step, separate runs
 (each: the median over ranks of its clean steps' median, steps 2 on).
 
-    python benchmarks/bench_replay_clock.py [--rounds 2] [--loads light,heavy] [--dim 256 --layers 4] [--out DIR]
+    python benchmarks/bench_replay_clock.py [--rounds 2] [--truth-rounds 3] [--loads light,heavy] [--dim 256 --layers 4] [--out DIR]
     python benchmarks/bench_replay_clock.py --loads light,window --pool DIR [DIR ...]   # kept runs of one model
 
 Prints per recording its slowdown and clock, then per setting the predicted ratios from each load
@@ -232,6 +234,8 @@ def main() -> None:
     parser.add_argument("--loads", default="light,heavy", help="the two loads compared, of: " + ", ".join(LOADS))
     parser.add_argument("--dim", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--truth-rounds", type=int, default=3,
+                        help="rounds of every setting in each in-process bare measurement (one per --rounds)")
     parser.add_argument("--out", type=Path, default=None, help="keep the recordings here (default: a temp folder)")
     parser.add_argument("--pool", type=Path, nargs="+", default=None, metavar="DIR",
                         help="read kept runs (--out folders of one model) again and pool them; records nothing")
@@ -239,6 +243,8 @@ def main() -> None:
     names = args.loads.split(",")
     if len(names) != 2 or len(set(names)) != 2 or not set(names) <= set(LOADS):
         parser.error(f"--loads: two of {', '.join(LOADS)}, comma-separated")
+    if min(args.rounds, args.truth_rounds) < 1:
+        parser.error("--rounds and --truth-rounds must be at least 1")
     if args.pool:
         pool(args.pool, names)
         return
@@ -251,6 +257,9 @@ def main() -> None:
         inproc: dict[str, list[float]] = {name: [] for name in SETTINGS}
         per_process: dict[str, list[float]] = {name: [] for name in SETTINGS}  # each process's median
         by_process: dict[str, list[list[float]]] = {name: [] for name in SETTINGS}  # each process's rounds
+        # the same truth read as the mean step (all the steps' time over their count), as earlier runs read it
+        inproc_mean: dict[str, list[float]] = {name: [] for name in SETTINGS}
+        per_process_mean: dict[str, list[float]] = {name: [] for name in SETTINGS}
         for i in range(args.rounds):
             for load, load_options in loads.items():
                 folder = base / f"block-{load}-{i}"
@@ -277,12 +286,15 @@ def main() -> None:
                 print(f"ran {folder.name} bare: {bare[name][-1]:.2f} ms", file=sys.stderr, flush=True)
             measured = base / f"inproc-{i}.json"
             if not measured.is_file():
-                measured.write_text(json.dumps(measure(args.dim, args.layers, rounds=3)))
+                measured.write_text(json.dumps(measure(args.dim, args.layers, rounds=args.truth_rounds)))
             one_process = json.loads(measured.read_text())
             for name, values in one_process["per_round"].items():
                 inproc[name].extend(values)
                 by_process[name].append(values)
                 per_process[name].append(one_process["ratios"][name])
+            for name, values in (one_process.get("per_round_mean") or {}).items():
+                inproc_mean[name].extend(values)
+                per_process_mean[name].append(statistics.median(values))
             print(f"measured in one process: {one_process['ratios']}", file=sys.stderr, flush=True)
         print(describe_machine())
         separate = {name: statistics.median(v) / statistics.median(bare["block"]) for name, v in bare.items()}
@@ -341,6 +353,20 @@ def main() -> None:
               + (f" (further: {'; '.join(off)})" if off else "")
               + f"; the two loads' medians within {loads_apart:.3f} of each other on every setting; "
               f"{singles_within} of {n_singles} single predictions within 0.10.")
+        if all(inproc_mean[name] for name in PREDICT):
+            # the truth as the mean step: one slow step of a process moves it, where the median does not
+            within_mean = 0
+            cells_mean = []
+            for name, options in PREDICT.items():
+                truth_mean = statistics.median(inproc_mean[name])
+                medians = {load: statistics.median(ratio_of[(f, name)] for f in folders)
+                           for load, folders in recorded.items()}
+                within_mean += sum(abs(m - truth_mean) <= 0.10 for m in medians.values())
+                cells_mean.append(f"{' '.join(options)} {truth_mean:.3f} ({min(per_process_mean[name]):.3f}-"
+                                  f"{max(per_process_mean[name]):.3f}; "
+                                  + ", ".join(f"{load} {m - truth_mean:+.3f}" for load, m in medians.items()) + ")")
+            print(f"The mean step's truth (its processes' range; median - bare): {'; '.join(cells_mean)}; "
+                  f"{within_mean} of {n_medians} medians within 0.10 of it.")
         # how far the medians could move with other recordings and other bare processes
         print(f"\n| setting | {first} median - bare (5-95 %) | {second} median - bare | {first} - {second} |")
         print("|---|---:|---:|---:|")

@@ -3,8 +3,13 @@
 Separate runs on a shared 2-core machine drift by 20-30 % from process to process, more than some of
 the effects a prediction is checked against. Here each of 2 gloo ranks builds the example trainer's
 model (``examples/train.py``) once per setting and round, in an order that alternates from round to
-round, and times its steady steps (no profiler, no recorder); each round's ratios are to that round's
-per-block step, and the median over rounds is printed as JSON by rank 0.
+round, and times each of its steady steps (no profiler, no recorder). A setting's step in a round is
+the median of its steps' times on each rank, averaged over the ranks: the statistic fsdpviz's own step
+is (the median of the clean steps, then over ranks), so that one slow step -- a rank waiting for a core
+or for gloo's threads on a shared machine -- moves the truth no more than it moves a recording's step.
+Each round's ratios are to that round's per-block step, and the median over rounds is printed as JSON
+by rank 0 (``ratios``, ``per_round``; ``per_round_mean`` holds the same ratios of the mean step, the
+time of all the steps over their count, which earlier results in docs/whatif.md read).
 
     python benchmarks/inproc_cpu_truth.py --dim 32 --layers 8 [--rounds 5] [--steps 8] [--framework fsdp1]
 
@@ -64,20 +69,25 @@ def launch(script: str, options: list[str], nproc: int = 2, what: str = "in-proc
     return json.loads(lines[0])
 
 
-def time_steps(optimizer: Any, steps: int, step: Callable[[int], None]) -> float:
+def time_steps(optimizer: Any, steps: int, step: Callable[[int], None], each: list[float] | None = None) -> float:
     """ms per step over ``steps`` steps after ``WARM_STEPS`` untimed ones: ``step(i)`` runs step i's
     forwards and backwards, then the optimizer steps; the clock starts and stops at a barrier of every
-    rank."""
+    rank. ``each``, when given, receives every timed step's own ms on this rank (from the end of the
+    step before, so that they add up to the whole but for the closing barrier)."""
     import torch.distributed as dist
 
-    start = time.perf_counter()
+    start = last = time.perf_counter()
     for i in range(WARM_STEPS + steps):
         if i == WARM_STEPS:
             dist.barrier()
-            start = time.perf_counter()
+            start = last = time.perf_counter()
         step(i)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if each is not None and i >= WARM_STEPS:
+            now = time.perf_counter()
+            each.append((now - last) * 1e3)
+            last = now
     dist.barrier()
     return (time.perf_counter() - start) * 1e3 / steps
 
@@ -92,11 +102,14 @@ def rank_main(dim: int, layers: int, rounds: int, steps: int, framework: str = "
     settings = {n: s for n, s in SETTINGS.items() if framework == "fsdp2" or n != "noreshard"}
     shard = train.shard_fsdp2 if framework == "fsdp2" else train.shard_fsdp1
     per_round: dict[str, list[float]] = {name: [] for name in settings}
+    per_round_mean: dict[str, list[float]] = {name: [] for name in settings}
     step_ms: dict[str, list[float]] = {name: [] for name in settings}
+    mean_ms: dict[str, list[float]] = {name: [] for name in settings}
     names = list(settings)
     for r in range(rounds):
         order = names if r % 2 == 0 else names[::-1]
         timed: dict[str, float] = {}
+        typical: dict[str, float] = {}
         for name in order:
             args.wrap, args.reshard_after_forward = settings[name]
             model = shard(train.build_model(args), args, ddp)
@@ -105,15 +118,24 @@ def rank_main(dim: int, layers: int, rounds: int, steps: int, framework: str = "
                 logits = model(batches[i][:, :-1])
                 F.cross_entropy(logits.reshape(-1, train.VOCAB_SIZE), batches[i][:, 1:].reshape(-1)).backward()
 
-            timed[name] = time_steps(torch.optim.AdamW(model.parameters(), lr=train.LEARNING_RATE), steps, step)
+            each: list[float] = []
+            timed[name] = time_steps(torch.optim.AdamW(model.parameters(), lr=train.LEARNING_RATE), steps, step,
+                                     each)
+            ranks: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(ranks, statistics.median(each))
+            typical[name] = statistics.mean(ranks)
             del model, step
             gc.collect()  # the next setting starts clean
         for name in names:
-            per_round[name].append(timed[name] / timed["block"])
-            step_ms[name].append(timed[name])
+            per_round[name].append(typical[name] / typical["block"])
+            per_round_mean[name].append(timed[name] / timed["block"])
+            step_ms[name].append(typical[name])
+            mean_ms[name].append(timed[name])
     if ddp.rank == 0:
         print(json.dumps({"ratios": {n: statistics.median(v) for n, v in per_round.items()},
-                          "per_round": per_round, "step_ms": step_ms, "dim": dim, "layers": layers}))
+                          "per_round": per_round, "step_ms": step_ms,
+                          "ratios_mean": {n: statistics.median(v) for n, v in per_round_mean.items()},
+                          "per_round_mean": per_round_mean, "mean_ms": mean_ms, "dim": dim, "layers": layers}))
     dist.destroy_process_group()
     time.sleep(0.1)  # gloo's threads release the last collective (examples/train.py)
 
