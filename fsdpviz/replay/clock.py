@@ -104,26 +104,29 @@ def clock_of(run: RunResult, replayed: Replayed | None, why_not: str = "") -> Cl
                f"{cost.unprofiled_step_ms:.3f} ms timed)")
     error = round(float(error), 2)
     checked = _phases(replayed.phases)
+    paced = bool(cost.pace_note)
+    phases_said = phase_words(replayed, paced)
     phase_error = checked["phase_error_pct"]
     why_unreliable = unreliable(error, phase_error)
     why = ""
     if why_unreliable == PHASES_MISSED:
         on_step = (f" is put on {put}, by that factor, but out of sample" if on_clean
                    else f" runs the timers' clean step within {error:.1f} %, but out of sample")
-        why = (f"the replay without the profiler ({how}){on_step} it took the profiler's share out of the phases up "
+        took = ("it moved the phases up" if paced else "it took the profiler's share out of the phases up")
+        why = (f"the replay without the profiler ({how}){on_step} {took} "
                f"to {phase_error:.1f} % of the step away "
-               f"from where the timers saw it leave (more than {PHASE_LIMIT_PCT:g} %); {step_from}, the bound splits "
-               f"it, and predictions on that replay are marked unreliable and not ranked; {phase_words(replayed)}")
+               f"from where the timers saw it {'go' if paced else 'leave'} (more than {PHASE_LIMIT_PCT:g} %); {step_from}, the bound splits "
+               f"it, and predictions on that replay are marked unreliable and not ranked; {phases_said}")
     elif why_unreliable == STEP_MISSED:
         why = (f"the replay without the profiler ({how}) misses the timers' clean step by {error:.1f} % (more than "
                f"{RELIABLE_REPLAY_PCT:g} %); {step_from}, the bound splits it, and predictions on that replay are "
-               f"marked unreliable and not ranked; {phase_words(replayed)}")
+               f"marked unreliable and not ranked; {phases_said}")
     elif calibration == CALIBRATION_FACTOR and replayed.phases is None:
         # one factor per rank puts the replay on the clean steps by construction: its miss of them checks
         # nothing, and with no phase timed there is nothing else it was not scaled to
         scaled_to = (f" is put on {put}, by that factor, and nothing it was" if on_clean
                      else " is scaled onto the timers' clean steps, and nothing it was")
-        why = (f"the replay without the profiler ({how}){scaled_to} not scaled to checks it: {phase_words(replayed)}; "
+        why = (f"the replay without the profiler ({how}){scaled_to} not scaled to checks it: {phases_said}; "
                f"{step_from}, the bound splits it, and predictions move it by the replay's shares, unchecked")
     if why:
         return ClockSummary(basis=BASIS_TRACED, profiler_share_ms=share, replay_error_pct=error, clean_steps=clean,
@@ -132,7 +135,7 @@ def clock_of(run: RunResult, replayed: Replayed | None, why_not: str = "") -> Cl
                         clean_steps=clean, ranks=replayed.ranks, **checked, calibration=calibration,
                         note=(f"replayed without the profiler: {how}{f', which puts the replay on {put}' if on_clean else ''}"
                               f", on {clean} clean step(s) per rank; "
-                              f"{phase_words(replayed)}"))
+                              f"{phases_said}"))
 
 
 def on_clean_step(error_pct: float, calibration: str | None) -> bool:
@@ -173,13 +176,18 @@ def _phases(check: PhaseCheck | None) -> dict[str, Any]:
             "phase_steps": check.steps}
 
 
-def phase_words(replayed: Replayed) -> str:
-    """The out-of-sample check in words, as the clock's note says it."""
+def phase_words(replayed: Replayed, paced: bool = False) -> str:
+    """The out-of-sample check in words, as the clock's note says it. ``paced``: the profiled steps ran
+    faster than the clean ones (``profiler.pace_note``), so the replay put time into the phases rather
+    than taking a profiler's share out of them, and the words say so."""
     check = replayed.phases
     if check is None:
         return f"its phases are not checked out of sample ({replayed.phases_why})"
     parts = ", ".join(f"{phase} {miss:+.1f} %" for phase, miss in check.miss_pct.items())
     unchecked = f"; {check.unchecked}" if check.unchecked else ""
-    return (f"out of sample, the profiler's share it took out of each phase misses the timers' by up to "
+    moved = ("what it moved each phase by (the clean steps ran slower than the profiled ones, so it added time) "
+             "misses what the timers saw each phase move by" if paced
+             else "the profiler's share it took out of each phase misses the timers' by")
+    return (f"out of sample, {moved} up to "
             f"{check.error_pct:.1f} % of the step ({parts}; {check.steps} unprofiled step(s) timed their phases"
             f"{unchecked})")

@@ -543,6 +543,10 @@ def test_a_share_the_clean_steps_cannot_tell_is_null(tmp_path: Path) -> None:
     assert summary.clock is not None and summary.bound is not None
     assert summary.clock.profiler_share_ms is None and summary.bound.profiler_share_ms is None
     assert len([n for n in summary.notes if "pace changed" in n]) == 1
+    # the replay scaled the traced steps up onto the clean ones: its phase check speaks of the time it
+    # added, not of a profiler's share taken out
+    assert summary.clock.phase_miss_pct is not None
+    assert "share it took out" not in summary.clock.note and "so it added time" in summary.clock.note
     # the parts still add up to the step the run leads with
     b = summary.bound
     parts = b.compute_ms + b.fsdp_overhead_ms + b.exposed_comm_ms + (b.host_wait_ms or 0.0) + b.other_idle_ms
