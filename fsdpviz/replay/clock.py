@@ -104,7 +104,7 @@ def clock_of(run: RunResult, replayed: Replayed | None, why_not: str = "") -> Cl
                f"{cost.unprofiled_step_ms:.3f} ms timed)")
     error = round(float(error), 2)
     checked = _phases(replayed.phases)
-    paced = bool(cost.pace_note)
+    paced = cost.pace_note is not None  # the replay put time into the traced steps, not a share out of them
     phases_said = phase_words(replayed, paced)
     phase_error = checked["phase_error_pct"]
     why_unreliable = unreliable(error, phase_error)
@@ -112,10 +112,12 @@ def clock_of(run: RunResult, replayed: Replayed | None, why_not: str = "") -> Cl
     if why_unreliable == PHASES_MISSED:
         on_step = (f" is put on {put}, by that factor, but out of sample" if on_clean
                    else f" runs the timers' clean step within {error:.1f} %, but out of sample")
-        took = ("it moved the phases up" if paced else "it took the profiler's share out of the phases up")
+        took = (f"the time it added to the phases was up to {phase_error:.1f} % of the step away from what the "
+                f"timers saw them gain" if paced
+                else f"it took the profiler's share out of the phases up to {phase_error:.1f} % of the step away "
+                     f"from where the timers saw it leave")
         why = (f"the replay without the profiler ({how}){on_step} {took} "
-               f"to {phase_error:.1f} % of the step away "
-               f"from where the timers saw it {'go' if paced else 'leave'} (more than {PHASE_LIMIT_PCT:g} %); {step_from}, the bound splits "
+               f"(more than {PHASE_LIMIT_PCT:g} %); {step_from}, the bound splits "
                f"it, and predictions on that replay are marked unreliable and not ranked; {phases_said}")
     elif why_unreliable == STEP_MISSED:
         why = (f"the replay without the profiler ({how}) misses the timers' clean step by {error:.1f} % (more than "
@@ -185,8 +187,9 @@ def phase_words(replayed: Replayed, paced: bool = False) -> str:
         return f"its phases are not checked out of sample ({replayed.phases_why})"
     parts = ", ".join(f"{phase} {miss:+.1f} %" for phase, miss in check.miss_pct.items())
     unchecked = f"; {check.unchecked}" if check.unchecked else ""
-    moved = ("what it moved each phase by (the clean steps ran slower than the profiled ones, so it added time) "
-             "misses what the timers saw each phase move by" if paced
+    # the same figures (phases.py: the replay's drop less the timers'), read the way round the words go
+    moved = ("what the timers saw each phase gain less the time it added to it (the clean steps ran slower than "
+             "the profiled ones, so it added time) is" if paced
              else "the profiler's share it took out of each phase misses the timers' by")
     return (f"out of sample, {moved} up to "
             f"{check.error_pct:.1f} % of the step ({parts}; {check.steps} unprofiled step(s) timed their phases"

@@ -40,7 +40,7 @@ from fsdpviz.replay.recorded import Recording, StepProgram
 from fsdpviz.replay.settings import DEFAULT, GIVEN, RECORDED, Settings, Wrap
 from fsdpviz.replay.simulate import SimResult, run
 from fsdpviz.structure.parallelism import known_dims
-from fsdpviz.structure.profiler_cost import HIGH_SLOWDOWN, NO_CLOSER_BASE
+from fsdpviz.structure.profiler_cost import HIGH_SLOWDOWN, NO_CLOSER_BASE, NOISE_SLOWDOWN
 from fsdpviz.vocabulary import FSDP1, FSDP2, ZERO3
 from fsdpviz.whatif import bounds, known
 from fsdpviz.whatif.apply import Apply, apply_code, fsdp1_arguments
@@ -210,7 +210,10 @@ class Prediction:
                                           if on_clean_step(clean, calibration)
                                           else f"without the profiler, the run's clean steps within {clean:.1f} %"]
         if phases is not None:  # out of sample: where the profiler's share came out (replay/phases.py)
-            aside.append(f"out of sample, the profiler's share per phase within {phases:.1f} % of the step")
+            # profiled steps faster than the clean ones (as profiler_cost.pace_note): the replay added time
+            paced = (self.profiler or {}).get("slowdown", 1.0) < NOISE_SLOWDOWN
+            what = "the time it added per phase" if paced else "the profiler's share per phase"
+            aside.append(f"out of sample, {what} within {phases:.1f} % of the step")
         words = (f"the model reproduces the traced step within {self.traced_replay_error_pct:.1f} %"
                  + (f" ({'; '.join(aside)})" if aside else ""))
         if self.parts_over_pct is not None:
@@ -490,9 +493,13 @@ def weaknesses(replay_error_pct: float, cost: ProfilerCost | None, clean_error_p
                    f"steps) by {clean_error_pct:.1f} % (more than {RELIABLE_REPLAY_PCT:g} %), so it does not explain "
                    "the run well enough for its predicted figures to be read as more than a direction")
     elif phase_error_pct is not None and phase_error_pct > PHASE_LIMIT_PCT:
-        out.append(f"unreliable: out of sample, the model's replay took the profiler's share out of the step's phases "
-                   f"up to {phase_error_pct:.1f} % of the step away from where the timers saw it leave (more than "
-                   f"{PHASE_LIMIT_PCT:g} %), so its predicted figures are not read as more than a direction")
+        where = (f"the time the model's replay added to the step's phases (its profiled steps ran faster than its "
+                 f"clean ones) was up to {phase_error_pct:.1f} % of the step away from what the timers saw them gain"
+                 if cost is not None and cost.pace_note is not None
+                 else f"the model's replay took the profiler's share out of the step's phases up to "
+                      f"{phase_error_pct:.1f} % of the step away from where the timers saw it leave")
+        out.append(f"unreliable: out of sample, {where} (more than {PHASE_LIMIT_PCT:g} %), so its predicted figures "
+                   "are not read as more than a direction")
     if cost is not None and cost.slowdown > HIGH_SLOWDOWN:
         out.append(f"the profiler slowed the recorded steps {cost.slowdown:.2f}x (more than {HIGH_SLOWDOWN:g}x): the "
                    f"traced timeline the model is built on is largely the profiler's own cost; "

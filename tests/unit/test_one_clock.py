@@ -547,6 +547,17 @@ def test_a_share_the_clean_steps_cannot_tell_is_null(tmp_path: Path) -> None:
     # added, not of a profiler's share taken out
     assert summary.clock.phase_miss_pct is not None
     assert "share it took out" not in summary.clock.note and "so it added time" in summary.clock.note
+    # ... and so does whatif, in its replay line and in the warning past the phase limit
+    from fsdpviz.whatif.predict import weaknesses
+
+    result = analyse([folder], cache=False, progress=False)
+    model, why_not = summary_model(result)
+    assert model is not None, why_not
+    line = predict(model, recorded_settings()).replay_words()
+    assert "the time it added per phase within" in line and "profiler's share" not in line
+    warned = weaknesses(0.0, summary.profiler, 0.0, PHASE_LIMIT_PCT + 1.0)
+    assert len(warned) == 1 and "the time the model's replay added to the step's phases" in warned[0]
+    assert "profiler's share" not in warned[0]
     # the parts still add up to the step the run leads with
     b = summary.bound
     parts = b.compute_ms + b.fsdp_overhead_ms + b.exposed_comm_ms + (b.host_wait_ms or 0.0) + b.other_idle_ms
