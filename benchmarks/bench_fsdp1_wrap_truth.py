@@ -5,7 +5,9 @@ run's step), predicts pairs (``--wrap merge:2``) and one root unit (``--wrap roo
 share of the recorded step, and measures the three wraps bare: each rank builds the model once per
 wrap and round, in an order that alternates from round to round, and times its steady steps
 (``inproc_cpu_truth.py --framework fsdp1``); the median over rounds of each round's ratio to its
-per-block step is the truth (separate processes on a shared 2-core machine drift by 20-30 %).
+per-block step is the truth (separate processes on a shared 2-core machine drift by 20-30 %). A wrap's
+step in a round is its steps' median, as fsdpviz's step; the results in docs/whatif.md were measured
+when it was the mean step (``inproc_cpu_truth.py`` keeps both).
 
     python benchmarks/bench_fsdp1_wrap_truth.py [--dim 128] [--layers 6] [--rounds 5] [--steps 8] [--out DIR]
 

@@ -35,10 +35,11 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
-import json
 import statistics
 import sys
 from pathlib import Path
+
+from inproc_cpu_truth import pooled_rounds
 
 from fsdpviz.analysis.pipeline import analyse
 from fsdpviz.replay import model as replay_model
@@ -156,10 +157,7 @@ def main() -> None:
                                                  + (f", optimizer {ko:.3f}" if ko is not None else "")
                                                  for rank, (kc, r, ko) in factors.items()) + " |", flush=True)
             models.setdefault(path.name.split("-")[1], []).append((model, two))
-        per_round: dict[str, list[float]] = {}
-        for truth in truths:
-            for name, values in json.loads(truth.read_text())["per_round"].items():
-                per_round.setdefault(name, []).extend(values)
+        per_round = pooled_rounds(truths)
         print("\n| setting | bare, in one process | " + " | ".join(f"{load}: one factor / two" for load in models) + " |")
         print("|---|---:|" + "---:|" * len(models))
         for name, settings in SETTINGS.items():

@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import statistics
 import sys
 from pathlib import Path
+
+from inproc_cpu_truth import pooled_rounds
 
 from fsdpviz.analysis.pipeline import RunResult, analyse
 from fsdpviz.replay import hostcost
@@ -94,10 +95,7 @@ def main() -> None:
         truths = sorted(base.glob("inproc-*.json"))
         if not truths or not models:
             continue
-        per_round: dict[str, list[float]] = {}
-        for path in truths:
-            for name, values in json.loads(path.read_text())["per_round"].items():
-                per_round.setdefault(name, []).extend(values)
+        per_round = pooled_rounds(truths)
         print("\n| setting | bare, in one process | "
               + " | ".join(f"{load}: model / net of events" for load in models) + " |")
         print("|---|---:|" + "---:|" * len(models))

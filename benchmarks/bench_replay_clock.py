@@ -21,7 +21,9 @@ inside one process per rank, interleaved (``inproc_cpu_truth.py``, ``--truth-rou
 default: separate processes
 on a shared 2-core machine drift 20-30 %; a setting's step there is its steps' median, as fsdpviz's
 step is), and the ratios are the medians over every round of every such process (the ratios of the
-mean step, which runs before 2026-12-07 read, are printed beside them when the kept files hold them); and the bare runs' step of that setting over the bare per-block step, separate runs
+mean step, which the tenth to fourteenth runs in docs/whatif.md read, get a verdict line of their own when
+the kept files hold them; ``--pool`` over folders some of which hold the mean only reads every one as the
+mean); and the bare runs' step of that setting over the bare per-block step, separate runs
 (each: the median over ranks of its clean steps' median, steps 2 on).
 
     python benchmarks/bench_replay_clock.py [--rounds 2] [--truth-rounds 3] [--loads light,heavy] [--dim 256 --layers 4] [--out DIR]
@@ -52,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_whatif_cpu import record, recordings_folder
 from harness import describe_machine
-from inproc_cpu_truth import measure
+from inproc_cpu_truth import MEAN_STEP, MEDIAN_STEP, common_statistic, measure, rounds_of
 
 
 def model(dim: int, layers: int) -> list[str]:
@@ -172,13 +174,18 @@ def pool(folders: list[Path], loads: list[str]) -> None:
         if missing:
             raise SystemExit(f"error: {folder} holds no finished {' or '.join(missing)} recording "
                              "(block-LOAD-N with its run.json; run the benchmark with --out there first)")
-        processes = [json.loads(p.read_text())["per_round"] for p in sorted(folder.glob("inproc-*.json"))]
-        if not processes or any(name not in rounds for rounds in processes for name in PREDICT):
+        processes = [json.loads(p.read_text()) for p in sorted(folder.glob("inproc-*.json"))]
+        if not processes or any(name not in rounds["per_round"] for rounds in processes for name in PREDICT):
             raise SystemExit(f"error: {folder} holds no bare rounds of every setting (inproc-N.json)")
         ratios = {name: {load: [step_ratio(f, options) for f in recorded[load]] for load in loads}
                   for name, options in PREDICT.items()}
         runs.append((folder, ratios, processes))
         print(f"read {folder}", file=sys.stderr, flush=True)
+    # runs measured before the median step was kept hold the mean only: pooled with them, every run is read as
+    # the mean step, so that one truth is never two statistics
+    statistic = common_statistic([m for _, _, processes in runs for m in processes])
+    runs = [(folder, ratios, [rounds_of(m, statistic) or {} for m in processes]) for folder, ratios, processes in runs]
+    print(f"The in-process truth: each setting's {statistic} step per round.", file=sys.stderr)
     print(describe_machine())
     print(f"\n| setting | run | bare, in one process | {first} median | {second} median | {first} - {second} "
           f"| worst median - bare |")
@@ -254,12 +261,7 @@ def main() -> None:
     with recordings_folder(args.out) as base:
         recorded: dict[str, list[Path]] = {load: [] for load in loads}
         bare: dict[str, list[float]] = {name: [] for name in SETTINGS}
-        inproc: dict[str, list[float]] = {name: [] for name in SETTINGS}
-        per_process: dict[str, list[float]] = {name: [] for name in SETTINGS}  # each process's median
-        by_process: dict[str, list[list[float]]] = {name: [] for name in SETTINGS}  # each process's rounds
-        # the same truth read as the mean step (all the steps' time over their count), as earlier runs read it
-        inproc_mean: dict[str, list[float]] = {name: [] for name in SETTINGS}
-        per_process_mean: dict[str, list[float]] = {name: [] for name in SETTINGS}
+        measured_all: list[dict] = []  # each in-process measurement's JSON, one per round
         for i in range(args.rounds):
             for load, load_options in loads.items():
                 folder = base / f"block-{load}-{i}"
@@ -288,15 +290,30 @@ def main() -> None:
             if not measured.is_file():
                 measured.write_text(json.dumps(measure(args.dim, args.layers, rounds=args.truth_rounds)))
             one_process = json.loads(measured.read_text())
-            for name, values in one_process["per_round"].items():
+            measured_all.append(one_process)
+            print(f"measured in one process: {one_process['ratios']}", file=sys.stderr, flush=True)
+        # a kept --out folder may hold measurements made before the median step was kept (the mean only):
+        # the truth is the median step where every process holds it, else the mean, never the two pooled
+        statistic = common_statistic(measured_all)
+        inproc: dict[str, list[float]] = {name: [] for name in SETTINGS}
+        per_process: dict[str, list[float]] = {name: [] for name in SETTINGS}  # each process's median
+        by_process: dict[str, list[list[float]]] = {name: [] for name in SETTINGS}  # each process's rounds
+        # the same truth read as the mean step (all the steps' time over their count), as earlier runs read it
+        inproc_mean: dict[str, list[float]] = {name: [] for name in SETTINGS}
+        per_process_mean: dict[str, list[float]] = {name: [] for name in SETTINGS}
+        for one_process in measured_all:
+            for name, values in (rounds_of(one_process, statistic) or {}).items():
                 inproc[name].extend(values)
                 by_process[name].append(values)
-                per_process[name].append(one_process["ratios"][name])
-            for name, values in (one_process.get("per_round_mean") or {}).items():
-                inproc_mean[name].extend(values)
-                per_process_mean[name].append(statistics.median(values))
-            print(f"measured in one process: {one_process['ratios']}", file=sys.stderr, flush=True)
+                per_process[name].append(statistics.median(values))
+            if statistic == MEDIAN_STEP:
+                for name, values in (rounds_of(one_process, MEAN_STEP) or {}).items():
+                    inproc_mean[name].extend(values)
+                    per_process_mean[name].append(statistics.median(values))
         print(describe_machine())
+        print(f"\nThe in-process truth: each setting's {statistic} step per round"
+              + ("" if statistic == MEDIAN_STEP else " (this folder holds measurements made before the median "
+                 "step was kept)") + ".")
         separate = {name: statistics.median(v) / statistics.median(bare["block"]) for name, v in bare.items()}
         truth = {name: statistics.median(v) for name, v in inproc.items()}
         ratio_of = {(folder, name): step_ratio(folder, options)

@@ -4,12 +4,15 @@ Separate runs on a shared 2-core machine drift by 20-30 % from process to proces
 the effects a prediction is checked against. Here each of 2 gloo ranks builds the example trainer's
 model (``examples/train.py``) once per setting and round, in an order that alternates from round to
 round, and times each of its steady steps (no profiler, no recorder). A setting's step in a round is
-the median of its steps' times on each rank, averaged over the ranks: the statistic fsdpviz's own step
-is (the median of the clean steps, then over ranks), so that one slow step -- a rank waiting for a core
+the median of its steps' times on each rank, then the median over the ranks: the statistic fsdpviz's
+own step is (the median of the clean steps, then over ranks), so that one slow step -- a rank waiting for a core
 or for gloo's threads on a shared machine -- moves the truth no more than it moves a recording's step.
 Each round's ratios are to that round's per-block step, and the median over rounds is printed as JSON
 by rank 0 (``ratios``, ``per_round``; ``per_round_mean`` holds the same ratios of the mean step, the
-time of all the steps over their count, which earlier results in docs/whatif.md read).
+time of all the steps over their count, which results in docs/whatif.md before the fifteenth run of
+``bench_replay_clock.py`` read; ``statistic`` says which ``per_round`` holds: files written before it was
+kept hold the mean there and neither ``statistic`` nor ``per_round_mean``, which :func:`rounds_of` reads
+as such).
 
     python benchmarks/inproc_cpu_truth.py --dim 32 --layers 8 [--rounds 5] [--steps 8] [--framework fsdp1]
 
@@ -36,6 +39,39 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = {"block": ("block", True), "pair": ("pair", True), "root": ("root", True), "noreshard": ("block", False)}
 WARM_STEPS = 3
+MEDIAN_STEP = "median"  # a setting's step in a round: its steps' median (``per_round``)
+MEAN_STEP = "mean"  # all its steps' time over their count (``per_round_mean``; ``per_round`` in older files)
+
+
+def rounds_of(measured: dict[str, Any], statistic: str) -> dict[str, list[float]] | None:
+    """The per-round ratios of a measurement's JSON (as :func:`measure` returns it, or a kept file) read
+    as ``statistic`` (:data:`MEDIAN_STEP` or :data:`MEAN_STEP`); None where it does not hold them (a
+    file written before the median step was kept holds only the mean)."""
+    # the mean was kept beside the median from the first file that held the median
+    held = measured.get("statistic", MEDIAN_STEP if "per_round_mean" in measured else MEAN_STEP)
+    if held == statistic:
+        return dict(measured["per_round"])
+    if statistic == MEAN_STEP and "per_round_mean" in measured:
+        return dict(measured["per_round_mean"])
+    return None
+
+
+def common_statistic(measured: list[dict[str, Any]]) -> str:
+    """The statistic every measurement of ``measured`` holds: the median step where all do, else the mean
+    (which every one holds), so that truths of two statistics are never pooled."""
+    return MEDIAN_STEP if all(rounds_of(m, MEDIAN_STEP) is not None for m in measured) else MEAN_STEP
+
+
+def pooled_rounds(paths: list[Path]) -> dict[str, list[float]]:
+    """Every round of the kept measurements at ``paths`` (``inproc-N.json``), per setting, as one statistic
+    (:func:`common_statistic`)."""
+    measured = [json.loads(p.read_text()) for p in paths]
+    statistic = common_statistic(measured)
+    pooled: dict[str, list[float]] = {}
+    for m in measured:
+        for name, values in (rounds_of(m, statistic) or {}).items():
+            pooled.setdefault(name, []).extend(values)
+    return pooled
 
 
 def start_rank(dim: int, layers: int, steps: int, framework: str = "fsdp2") -> tuple[Any, Any, Any, list[Any]]:
@@ -123,7 +159,7 @@ def rank_main(dim: int, layers: int, rounds: int, steps: int, framework: str = "
                                      each)
             ranks: list[Any] = [None] * dist.get_world_size()
             dist.all_gather_object(ranks, statistics.median(each))
-            typical[name] = statistics.mean(ranks)
+            typical[name] = statistics.median(ranks)
             del model, step
             gc.collect()  # the next setting starts clean
         for name in names:
@@ -132,7 +168,7 @@ def rank_main(dim: int, layers: int, rounds: int, steps: int, framework: str = "
             step_ms[name].append(typical[name])
             mean_ms[name].append(timed[name])
     if ddp.rank == 0:
-        print(json.dumps({"ratios": {n: statistics.median(v) for n, v in per_round.items()},
+        print(json.dumps({"statistic": MEDIAN_STEP, "ratios": {n: statistics.median(v) for n, v in per_round.items()},
                           "per_round": per_round, "step_ms": step_ms,
                           "ratios_mean": {n: statistics.median(v) for n, v in per_round_mean.items()},
                           "per_round_mean": per_round_mean, "mean_ms": mean_ms, "dim": dim, "layers": layers}))
