@@ -157,8 +157,8 @@ def main() -> None:
                                                  + (f", optimizer {ko:.3f}" if ko is not None else "")
                                                  for rank, (kc, r, ko) in factors.items()) + " |", flush=True)
             models.setdefault(path.name.split("-")[1], []).append((model, two))
-        per_round = pooled_rounds(truths)
-        print("\n| setting | bare, in one process | " + " | ".join(f"{load}: one factor / two" for load in models) + " |")
+        statistic, per_round = pooled_rounds(truths)
+        print(f"\n| setting | bare, in one process ({statistic} step) | " + " | ".join(f"{load}: one factor / two" for load in models) + " |")
         print("|---|---:|" + "---:|" * len(models))
         for name, settings in SETTINGS.items():
             cells = [f"{statistics.median(ratio(m, settings) for m, _ in pairs):.3f} / "

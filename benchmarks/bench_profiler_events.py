@@ -95,8 +95,8 @@ def main() -> None:
         truths = sorted(base.glob("inproc-*.json"))
         if not truths or not models:
             continue
-        per_round = pooled_rounds(truths)
-        print("\n| setting | bare, in one process | "
+        statistic, per_round = pooled_rounds(truths)
+        print(f"\n| setting | bare, in one process ({statistic} step) | "
               + " | ".join(f"{load}: model / net of events" for load in models) + " |")
         print("|---|---:|" + "---:|" * len(models))
         for name, settings in SETTINGS.items():

@@ -185,8 +185,10 @@ def pool(folders: list[Path], loads: list[str]) -> None:
     # the mean step, so that one truth is never two statistics
     statistic = common_statistic([m for _, _, processes in runs for m in processes])
     runs = [(folder, ratios, [rounds_of(m, statistic) or {} for m in processes]) for folder, ratios, processes in runs]
-    print(f"The in-process truth: each setting's {statistic} step per round.", file=sys.stderr)
     print(describe_machine())
+    print(f"\nThe in-process truth: each setting's {statistic} step per round"
+          + ("" if statistic == MEDIAN_STEP else " (some folders hold measurements made before the median step was "
+             "kept: every one is read as the mean)") + ".")
     print(f"\n| setting | run | bare, in one process | {first} median | {second} median | {first} - {second} "
           f"| worst median - bare |")
     print("|---|---|---:|---:|---:|---:|---:|")

@@ -62,16 +62,16 @@ def common_statistic(measured: list[dict[str, Any]]) -> str:
     return MEDIAN_STEP if all(rounds_of(m, MEDIAN_STEP) is not None for m in measured) else MEAN_STEP
 
 
-def pooled_rounds(paths: list[Path]) -> dict[str, list[float]]:
+def pooled_rounds(paths: list[Path]) -> tuple[str, dict[str, list[float]]]:
     """Every round of the kept measurements at ``paths`` (``inproc-N.json``), per setting, as one statistic
-    (:func:`common_statistic`)."""
+    (:func:`common_statistic`), and that statistic."""
     measured = [json.loads(p.read_text()) for p in paths]
     statistic = common_statistic(measured)
     pooled: dict[str, list[float]] = {}
     for m in measured:
         for name, values in (rounds_of(m, statistic) or {}).items():
             pooled.setdefault(name, []).extend(values)
-    return pooled
+    return statistic, pooled
 
 
 def start_rank(dim: int, layers: int, steps: int, framework: str = "fsdp2") -> tuple[Any, Any, Any, list[Any]]:
