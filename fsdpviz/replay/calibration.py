@@ -25,9 +25,9 @@ docs/whatif.md "One clock"), 115 of 126 medians of three to six recordings were 
 bare ratio over seven runs on three models, and the two loads agreed within 0.10 on 62 of 63 settings;
 pooled over the runs every median is within 0.10 of bare (model A's pairs from the spun recordings the
 furthest, +0.09) and the loads within 0.06 of each other; the bare truth itself moves by up to 0.14
-between runs. Measured with three times the bare rounds and each setting's median step (three later
-runs), that truth moved by 0.021 between consecutive runs at the median (0.103 at most), 52 of 54 medians
-were within 0.10 of it, and the loads within 0.093 of each other on all 27 settings. Where a core was shared through the profiled window, gloo's collectives slow more than
+between runs. Measured with three times the bare rounds and each setting's median step (four later
+runs), that truth moved by 0.025 between consecutive runs at the median (0.103 at most), 70 of 72 medians
+were within 0.10 of it, and the loads within 0.093 of each other on all 36 settings. Where a core was shared through the profiled window, gloo's collectives slow more than
 the compute (2.0x against 1.35x on model B in one run), and one root unit, which drops most
 collectives, was predicted 0.06 lower from such recordings than from lightly profiled ones (pooled). Scaling the host's work alone and keeping the
 collectives' traced times misses further the same way. A cost per traced event fitted by kind on the
