@@ -40,7 +40,7 @@ from fsdpviz.replay.recorded import Recording, StepProgram
 from fsdpviz.replay.settings import DEFAULT, GIVEN, RECORDED, Settings, Wrap
 from fsdpviz.replay.simulate import SimResult, run
 from fsdpviz.structure.parallelism import known_dims
-from fsdpviz.structure.profiler_cost import HIGH_SLOWDOWN, NO_CLOSER_BASE, NOISE_SLOWDOWN
+from fsdpviz.structure.profiler_cost import HIGH_SLOWDOWN, NO_CLOSER_BASE
 from fsdpviz.vocabulary import FSDP1, FSDP2, ZERO3
 from fsdpviz.whatif import bounds, known
 from fsdpviz.whatif.apply import Apply, apply_code, fsdp1_arguments
@@ -178,6 +178,9 @@ class Prediction:
     """The recording's clock, as ``summary --json`` says it (replay/clock.py)."""
     profiler: dict[str, Any] | None = None
     """The recording's profiled and unprofiled step times (``summary --json`` ``profiler``); None without timers."""
+    paced: bool = False
+    """The profiled steps ran faster than the clean ones (``profiler.pace_note``): the replay without the
+    profiler added time to the traced steps, and its words say so."""
     prefetch_arguments: dict[str, object] | None = None
     """The prefetch setting as the framework's own arguments (:mod:`fsdpviz.replay.prefetch_args`); None
     where run.json does not say what was recorded."""
@@ -210,9 +213,7 @@ class Prediction:
                                           if on_clean_step(clean, calibration)
                                           else f"without the profiler, the run's clean steps within {clean:.1f} %"]
         if phases is not None:  # out of sample: where the profiler's share came out (replay/phases.py)
-            # profiled steps faster than the clean ones (as profiler_cost.pace_note): the replay added time
-            paced = (self.profiler or {}).get("slowdown", 1.0) < NOISE_SLOWDOWN
-            what = "the time it added per phase" if paced else "the profiler's share per phase"
+            what = "the time it added per phase" if self.paced else "the profiler's share per phase"
             aside.append(f"out of sample, {what} within {phases:.1f} % of the step")
         words = (f"the model reproduces the traced step within {self.traced_replay_error_pct:.1f} %"
                  + (f" ({'; '.join(aside)})" if aside else ""))
@@ -370,6 +371,7 @@ def predict(model: Model, settings: Settings) -> Prediction:
                       clock=msgspec.to_builtins(clock),
                       profiler={"profiled_step_ms": cost.profiled_step_ms, "unprofiled_step_ms": cost.unprofiled_step_ms,
                                 "slowdown": cost.slowdown} if cost is not None else None,
+                      paced=cost is not None and cost.pace_note is not None,
                       spread_ms=recording_spread_ms(model, baseline.step_time_ms),
                       warnings=warnings, parts_over_pct=over,
                       traced_replay_error_pct=replay_error_pct,
