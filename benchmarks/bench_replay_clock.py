@@ -147,6 +147,21 @@ def traced_parts_ms(run: Path) -> tuple[float, float]:
     return statistics.median(compute) / 1e6, statistics.median(collectives) / 1e6
 
 
+def truth_rounds(measured: list[dict], statistic: str
+                 ) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, list[list[float]]]]:
+    """Per setting, the in-process measurements' rounds read as ``statistic`` (``inproc_cpu_truth.rounds_of``):
+    every round of every process, each process's median, and each process's rounds."""
+    every: dict[str, list[float]] = {name: [] for name in SETTINGS}
+    medians: dict[str, list[float]] = {name: [] for name in SETTINGS}
+    rounds: dict[str, list[list[float]]] = {name: [] for name in SETTINGS}
+    for one_process in measured:
+        for name, values in (rounds_of(one_process, statistic) or {}).items():
+            every[name].extend(values)
+            medians[name].append(statistics.median(values))
+            rounds[name].append(values)
+    return every, medians, rounds
+
+
 def worst_miss(medians: dict[str, float], truth: float) -> float:
     """The load's median furthest from the bare ratio, as median minus bare."""
     return max((m - truth for m in medians.values()), key=abs)
@@ -297,21 +312,10 @@ def main() -> None:
         # a kept --out folder may hold measurements made before the median step was kept (the mean only):
         # the truth is the median step where every process holds it, else the mean, never the two pooled
         statistic = common_statistic(measured_all)
-        inproc: dict[str, list[float]] = {name: [] for name in SETTINGS}
-        per_process: dict[str, list[float]] = {name: [] for name in SETTINGS}  # each process's median
-        by_process: dict[str, list[list[float]]] = {name: [] for name in SETTINGS}  # each process's rounds
+        inproc, per_process, by_process = truth_rounds(measured_all, statistic)
         # the same truth read as the mean step (all the steps' time over their count), as earlier runs read it
-        inproc_mean: dict[str, list[float]] = {name: [] for name in SETTINGS}
-        per_process_mean: dict[str, list[float]] = {name: [] for name in SETTINGS}
-        for one_process in measured_all:
-            for name, values in (rounds_of(one_process, statistic) or {}).items():
-                inproc[name].extend(values)
-                by_process[name].append(values)
-                per_process[name].append(statistics.median(values))
-            if statistic == MEDIAN_STEP:
-                for name, values in (rounds_of(one_process, MEAN_STEP) or {}).items():
-                    inproc_mean[name].extend(values)
-                    per_process_mean[name].append(statistics.median(values))
+        inproc_mean, per_process_mean, _ = (truth_rounds(measured_all, MEAN_STEP) if statistic == MEDIAN_STEP
+                                            else truth_rounds([], MEAN_STEP))
         print(describe_machine())
         print(f"\nThe in-process truth: each setting's {statistic} step per round"
               + ("" if statistic == MEDIAN_STEP else " (this folder holds measurements made before the median "
