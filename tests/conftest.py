@@ -116,7 +116,9 @@ def pytest_configure(config: pytest.Config) -> None:
     # suite's go to a folder of its own, never the user's home (XDG_CACHE_HOME stays: other tools'
     # caches, pip's and Hugging Face's, live there).
     if not os.environ.get("FSDPVIZ_CACHE_HOME"):
+        # made by the controller (its workers inherit it) and removed by it when the session ends
         os.environ["FSDPVIZ_CACHE_HOME"] = tempfile.mkdtemp(prefix="fsdpviz-test-cache-")
+        config.stash[_MADE_CACHE_HOME] = Path(os.environ["FSDPVIZ_CACHE_HOME"])
     # ... and off for every test but its own (tests/unit/test_summary_cache.py): a test that holds two
     # views of a run to one answer (summary and the notebook, report and compare) computes both, rather
     # than one reading what the other kept.
@@ -138,6 +140,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 SHARED_DIR = REPO_ROOT.parent / "shared"
 _SHARED_CACHES = pytest.StashKey[dict[Path, int]]()
+_MADE_CACHE_HOME = pytest.StashKey[Path]()
 
 
 def _caches_in_shared() -> dict[Path, int]:
@@ -175,6 +178,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     passes ``cache=False`` (the command line: ``--no-cache``). A session in which a test made a parse or
     summary cache there, or wrote into one that was there, fails, naming what was written. The cache
     folders the session made in the checkout's own recordings are removed."""
+    made = session.config.stash.get(_MADE_CACHE_HOME, None)
+    if made is not None:
+        shutil.rmtree(made, ignore_errors=True)
     own = session.config.stash.get(_OWN_CACHES, None)
     if own is not None:  # the controller, after its workers: the checkout left with the caches it had
         for folder in _caches_in_checkout() - own:
