@@ -18,7 +18,9 @@ The cause is read from the trace, and a knob is only suggested when the trace sh
   ``reshard_after_forward=False`` for it (FSDP2 / FSDP1), at the price of its unsharded size;
 - gather prefetched (depth >= 1) but longer than the compute it overlapped: bandwidth-bound -> deeper
   prefetch when the pass computes longer than it gathers, else no knob;
-- a reduce-scatter after which no unit computes any more has nothing to hide behind -> no knob.
+- a reduce-scatter after which no unit computes any more has nothing to hide behind -> no knob;
+- communication no FSDP unit issued (barriers, a framework's or the script's own all-reduces) that no
+  compute hid -> no knob of FSDP's moves it (:func:`other_findings`).
 
 Every time a finding states is on the run's clock: the trace's durations times ``scale``, the factor
 the one de-profiler moves the run's device figures by (``bound.device_scale``,
@@ -46,6 +48,7 @@ from fsdpviz.structure.profiler_cost import (
     NOTABLE_SLOWDOWN,
     ProfilerCost,
 )
+from fsdpviz.structure.purposes import per_step_ns
 from fsdpviz.trace import schema
 
 NOISE_FRACTION: Final = 0.005
@@ -74,6 +77,21 @@ CAUSE_NOTHING_LEFT: Final = "nothing_left"
 CAUSE_OUTLASTS_AFTER: Final = "outlasts_compute_after"
 CAUSE_STRAGGLER: Final = "straggler"
 CAUSE_PROFILER: Final = "profiler"
+CAUSE_OUTSIDE_UNITS: Final = "outside_units"
+KIND_OTHER_COMM: Final = "exposed_other"
+
+# Why a knob of FSDP's does not move communication no FSDP unit issued.
+OUTSIDE_UNITS_WHY_NOT: Final = (
+    "not FSDP's communication: no wrap, prefetch or resharding setting moves it (fsdpviz whatif replays it as "
+    "recorded); a collective completes only when every rank has reached it, so its exposed time holds the other "
+    "ranks' lag as well as its own transfer")
+# Who issues collectives after the backward pass, as far as the framework says it.
+_AFTER_BACKWARD_WHO: Final = {
+    vocabulary.ZERO3: ("DeepSpeed's ZeRO-3 optimizer step all-reduces the gradients' norm (once per parameter group) "
+                       "and, under fp16, its overflow check"),
+    vocabulary.FSDP2: "there the training script's own, such as a gradient-norm clip or a loss averaged across ranks",
+    vocabulary.FSDP1: "there the training script's own, such as a gradient-norm clip or a loss averaged across ranks",
+}
 
 
 def _row(unit: str, phase: str, kind: str, lost: float, message: str, evidence: str, knob: str,
@@ -402,15 +420,63 @@ def profiler_findings(cost: ProfilerCost | None, idle_ns: float | None) -> list[
                  "", cause=CAUSE_PROFILER)]
 
 
+def _per_step_kinds(kinds: str, steps: int) -> str:
+    """PURPOSE_TIMES' ``kinds`` ("all_reduce 3, barrier 3", over ``steps`` steps) a step where they
+    divide evenly ("1 all_reduce and 1 barrier a step"), else over the steps."""
+    pairs = [(name, int(n)) for name, n in (part.rsplit(" ", 1) for part in kinds.split(", ") if " " in part)]
+    if not pairs:
+        return "no collective named"
+    if all(n % steps == 0 for _, n in pairs):
+        return " and ".join(f"{n // steps} {name}" for name, n in pairs) + " a step"
+    return " and ".join(f"{n} {name}" for name, n in pairs) + f" over {steps} analysed steps"
+
+
+def other_findings(purposes: pd.DataFrame, step_times: pd.DataFrame, framework: str, floor_ns: float,
+                   comm_scale: float) -> list[dict]:
+    """Communication no FSDP unit issued (PURPOSE_TIMES' ``other``: barriers, object collectives, a
+    framework's or the script's own all-reduces) that no compute hid: its exposed time per step, the
+    figure the summary's communication by purpose gives it (:func:`fsdpviz.structure.purposes.per_step_ns`,
+    moved by ``comm_scale``), with which collectives they were and when they were issued. No knob of
+    FSDP's moves it, and the finding says so."""
+    if purposes.empty or step_times.empty:
+        return []
+    counted = step_times.groupby("rank")["step"].nunique()
+    n_steps = dict(zip(counted.index.astype(int), counted.to_numpy(dtype=np.int64).tolist()))
+    exposed = per_step_ns(purposes, vocabulary.OTHER_PURPOSE, "exposed_ns", n_steps)
+    if exposed is None or not comm_scale * exposed >= floor_ns:
+        return []
+    lost = comm_scale * exposed
+    rows = purposes[(purposes["purpose"] == vocabulary.OTHER_PURPOSE).to_numpy()].sort_values("rank", kind="stable")
+    said = rows[(rows["collectives"] > 0).to_numpy()]
+    first = said.iloc[0] if len(said) else rows.iloc[0]
+    rank, count, after = int(first["rank"]), int(first["collectives"]), int(first["after_backward"])
+    steps = n_steps.get(rank, 1)
+    where = ("all issued after the backward pass, in the optimizer step" if count and after == count else
+             "none issued after the backward pass" if not after else
+             f"{after // steps} of them a step issued after the backward pass, in the optimizer step"
+             if after % steps == 0 and count % steps == 0 else
+             f"{after} of the {count} issued after the backward pass, in the optimizer step")
+    who = _AFTER_BACKWARD_WHO.get(framework) if after else None
+    comm = per_step_ns(purposes, vocabulary.OTHER_PURPOSE, "comm_ns", n_steps)
+    return [_row("", "", KIND_OTHER_COMM, lost,
+                 f"communication no FSDP unit issued exposed {ms_text(lost / NS_PER_MS)}/step "
+                 f"({_per_step_kinds(str(first['kinds']), steps)} on rank {rank}; {where}"
+                 + (f": {who}" if who else "") + ")",
+                 f"communication by purpose, other: {ms_text(comm_scale * (comm or 0.0) / NS_PER_MS)} a step, of which "
+                 f"{ms_text(lost / NS_PER_MS)} exposed (each rank's over its analysed steps, median over ranks)",
+                 "", cause=CAUSE_OUTSIDE_UNITS, why_not=OUTSIDE_UNITS_WHY_NOT)]
+
+
 def build_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, step_times: pd.DataFrame, step_ns: float,
                    framework: str, *, profiler: ProfilerCost | None = None,
                    idle_ns: float | None = None, scale: float = 1.0,
-                   comm_scale: float | None = None) -> pd.DataFrame:
+                   comm_scale: float | None = None, purposes: pd.DataFrame | None = None) -> pd.DataFrame:
     """FINDINGS: where the run loses time, ranked by time lost per step; then the profiler's share
     of the trace (``profiler``, ``idle_ns``: see :func:`profiler_findings`), which the run itself does
     not lose, so it never pushes the run's own findings down. ``step_ns``: the run's step, on its
     clock; ``scale``: what moves the trace's durations there, ``comm_scale`` its collectives' (the module
-    docstring)."""
+    docstring); ``purposes`` (PURPOSE_TIMES, where the run's unit labels tell FSDP's collectives from the
+    rest): the communication no unit issued (:func:`other_findings`)."""
     floor = max(NOISE_FRACTION * step_ns, NOISE_FLOOR_NS) if np.isfinite(step_ns) else NOISE_FLOOR_NS
     rows: list[dict] = []
     if len(unit_steps):
@@ -418,6 +484,8 @@ def build_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, step_times: pd
         rows += gather_findings(unit_steps, spans, framework, floor, med, scale, comm_scale)
         rows += reduce_findings(unit_steps, spans, floor, med, scale, comm_scale)
     rows += straggler_findings(step_times, floor, scale, comm_scale)
+    if purposes is not None:
+        rows += other_findings(purposes, step_times, framework, floor, scale if comm_scale is None else comm_scale)
     about_trace = profiler_findings(profiler, idle_ns)
     if not rows and not about_trace:
         return schema.make_empty(schema.FINDINGS)

@@ -413,9 +413,11 @@ def analyse_ranks(traces: TraceSet, ranks: Sequence[int], selection: StepSelecti
             kept = memory.thin_curve(drawn, mcat.MAX_CATEGORY_POINTS).index.to_numpy(np.int64)
             cat_curves.append(mcat.levels_frame(rank, samples["t_ns"].to_numpy(np.int64)[kept], cats.levels[kept]))
         rank_coll = rank_colls[rank]
+        rank_labels = by_rank["labels"](rank)
+        backward_end = rank_labels[(rank_labels["phase"] == vocabulary.BACKWARD).to_numpy()].groupby("step")["end_ns"].max()
         purpose_rows.append(purpose_times(rank, rank_coll, collective_purposes(
             rank_coll, tp_groups=parallel.tp_groups, tp=parallel.parallelism.tp), compute.get(rank, empty_intervals()),
-            staged[rank]))
+            staged[rank], backward_end={int(k): int(v) for k, v in backward_end.items()}))
         _fill_gpu_waits(us, rank, rank_events, rank_windows, chosen, by_rank["unit_spans"](rank))
         times.append(_step_times(rank, chosen, by_rank["pieces"](rank), by_rank["labels"](rank), rank_events,
                                  rank_colls[rank], compute.get(rank, empty_intervals()), rank_windows,
@@ -558,8 +560,10 @@ def combine_parts(parts: Sequence[RankPart], traces: TraceSet, selection: StepSe
     has_units = any(p.has_unit_labels for p in parts)
     units = derive_units(traces.units, windows, gathered_bytes, framework,
                          _frame_of(parts, "gathers", ISSUED_GATHERS)) if has_units else traces.units
+    purposes = _frame_of(parts, "purposes", PURPOSE_TIMES)
     stats, findings = _on_clock(us, units, spans, step_times, framework, profiler=profiler, idle_ns=idle_ns,
-                                scale=scale, step_ns=step_ns, gap_scales=gap_scales, comm_scale=comm_scale)
+                                scale=scale, step_ns=step_ns, gap_scales=gap_scales, comm_scale=comm_scale,
+                                purposes=purposes if has_units else None)
     gpu = bool(traces.ranks["n_kernels"].sum() > 0)
     shards, shards_source = memory.shard_sizes(traces.run.units if traces.run else None, gathers,
                                                len(traces.rank_ids), traces.world_size) if has_units \
@@ -588,7 +592,7 @@ def combine_parts(parts: Sequence[RankPart], traces: TraceSet, selection: StepSe
         memory_unknown={r: sp.unknown for r, sp in split.items() if sp.unknown},
         memory_level={r: msplit.level_of(f, traces.run) for r, f in ((int(f["rank"]), f) for f in fact_rows)},
         clock=clock, skew=skew, findings=findings, notes=_notes(has_units, clock, shared, units),
-        purposes=_frame_of(parts, "purposes", PURPOSE_TIMES),
+        purposes=purposes,
         unseen_frees=_shift(_frame_of(parts, "unseen_frees", unseen.UNSEEN_FREES), offsets, ("alloc_ns", "free_ns")),
     )
 
@@ -604,22 +608,24 @@ def rescaled(analysis: RunAnalysis, *, profiler: ProfilerCost | None = None, idl
     us = analysis.unit_steps.copy()
     stats, findings = _on_clock(us, analysis.units, analysis.spans, analysis.step_times, analysis.framework,
                                 profiler=profiler, idle_ns=idle_ns, scale=scale, step_ns=step_ns, gap_scales=gap_scales,
-                                comm_scale=comm_scale)
+                                comm_scale=comm_scale, purposes=analysis.purposes if analysis.has_units else None)
     return replace(analysis, unit_steps=us, unit_stats=stats, findings=findings)
 
 
 def _on_clock(us: pd.DataFrame, units: pd.DataFrame, spans: pd.DataFrame, step_times: pd.DataFrame, framework: str,
               *, profiler: ProfilerCost | None, idle_ns: float | None, scale: float, step_ns: float | None,
-              gap_scales: tuple[float, float], comm_scale: float | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+              gap_scales: tuple[float, float], comm_scale: float | None = None,
+              purposes: pd.DataFrame | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """What the run's clock moves (``scale``, ``gap_scales``, ``step_ns``, ``comm_scale``, as
     :func:`combine_parts` takes them): the passes of UNIT_STEPS ``us`` (``compute_clock_ns``, set in place),
     then the units' statistics and the findings read off them (their communication's times by
-    ``comm_scale``)."""
+    ``comm_scale``; ``purposes``, PURPOSE_TIMES where the run has unit labels, for the communication no
+    unit issued)."""
     us["compute_clock_ns"] = moved_pass_ns(us["compute_ns"].astype("float64"), us["host_gap_ns"], us["idle_gap_ns"],
                                            scale, *gap_scales)
     traced_ns = float(step_times["step_ns"].median()) if len(step_times) else float("nan")
     findings = build_findings(us, spans, step_times, traced_ns * scale if step_ns is None else step_ns, framework,
-                              profiler=profiler, idle_ns=idle_ns, scale=scale, comm_scale=comm_scale)
+                              profiler=profiler, idle_ns=idle_ns, scale=scale, comm_scale=comm_scale, purposes=purposes)
     return unit_stats(us, units), findings
 
 

@@ -66,6 +66,7 @@ from fsdpviz.structure.profiler_cost import (
     unit_pass_ms,
     units_timed_in_clean_steps,
 )
+from fsdpviz.structure.purposes import per_step_ns
 from fsdpviz.structure.records import (
     BY_PURPOSE_UNKNOWN,
     CLEAN_STEPS_UNIT_TIMED,
@@ -505,13 +506,10 @@ def _by_purpose(purposes: pd.DataFrame, overlap: pd.DataFrame, scale: float) -> 
     n_steps = dict(zip(overlap["rank"].astype(int), overlap["n_steps"].clip(lower=1).astype(int)))
     out = {}
     for purpose in vocabulary.PURPOSES:
-        rows = purposes[(purposes["purpose"] == purpose).to_numpy()]
-        per = [n_steps.get(int(r), 1) for r in rows["rank"]]
-        if rows.empty:
-            out[purpose] = PurposeOverlap(comm_ms=None, exposed_ms=None)
-            continue
-        out[purpose] = PurposeOverlap(comm_ms=ms(scale * float(np.median(rows["comm_ns"].to_numpy() / per))),
-                                      exposed_ms=ms(scale * float(np.median(rows["exposed_ns"].to_numpy() / per))))
+        comm = per_step_ns(purposes, purpose, "comm_ns", n_steps)
+        exposed = per_step_ns(purposes, purpose, "exposed_ns", n_steps)
+        out[purpose] = PurposeOverlap(comm_ms=None if comm is None else ms(scale * comm),
+                                      exposed_ms=None if exposed is None else ms(scale * exposed))
     return out
 
 

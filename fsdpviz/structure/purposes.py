@@ -20,12 +20,16 @@ first three are FSDP communication. The rules, read from what the run did rather
 Per purpose and rank: ``comm_ns`` the union of its collectives' run intervals in the analysed
 steps (with a host backend on CUDA tensors, the copies each collective stages through the host:
 :mod:`fsdpviz.structure.staging`), ``exposed_ns`` that union minus the rank's compute (the
-whole-step overlap's compute set).
+whole-step overlap's compute set); ``collectives`` how many there were, ``kinds`` which (the
+collective's name and count, most first), ``after_backward`` how many were issued after their step's
+last backward label ended (the optimizer step, however the framework wraps it), the findings' words
+for communication no FSDP unit issued (analysis/findings.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections import Counter
+from collections.abc import Collection, Mapping
 from typing import Final
 
 import numpy as np
@@ -42,6 +46,9 @@ PURPOSE_TIMES: Final[schema.Schema] = {
     "purpose": "string",  # one of vocabulary.PURPOSES
     "comm_ns": "int64",  # union of the purpose's collectives over the analysed steps
     "exposed_ns": "int64",  # of which no compute ran beside it
+    "collectives": "int64",  # how many collectives of the purpose ran in the analysed steps
+    "kinds": "string",  # their names and counts, most first: "all_reduce 3, barrier 3"
+    "after_backward": "int64",  # of which issued after their step's last backward label ended
 }
 PURPOSE_TITLES: Final = {
     vocabulary.FSDP_ALL_GATHER: "FSDP all-gather",
@@ -81,15 +88,25 @@ def collective_purposes(coll: pd.DataFrame, *, tp_groups: Collection[str] = (), 
 
 
 def purpose_times(rank: int, coll: pd.DataFrame, purposes: np.ndarray, compute: Intervals,
-                  staged: tuple[np.ndarray, Intervals] | None = None) -> pd.DataFrame:
+                  staged: tuple[np.ndarray, Intervals] | None = None,
+                  backward_end: Mapping[int, int] | None = None) -> pd.DataFrame:
     """PURPOSE_TIMES of one rank: ``coll`` its collectives in the analysed steps (one row per
     collective, not per unit), ``purposes`` theirs, ``compute`` its compute union. ``staged``: the
     copies a host backend's collectives staged through host memory (their row in ``coll``, -1 for
     none, and their intervals; :func:`fsdpviz.structure.staging.staged_copies`): each counts for its
-    collective's purpose, one of no row for ``other``."""
+    collective's purpose, one of no row for ``other``. ``backward_end``: per step, when its last
+    backward label ended (none known: no collective counts as issued after it)."""
     rows = []
     start = coll["start_ns"].to_numpy(np.int64)
     end = coll["end_ns"].to_numpy(np.int64)
+    names = as_str(coll["comm"]) if len(coll) else np.zeros(0, dtype=object)
+    # issued when the training thread issued it; where the trace does not say, when it started
+    issued = np.where(as_str(coll["issue_lane"]) != "", coll["issue_ns"].to_numpy(np.int64), start) if len(coll) \
+        else start
+    after = np.zeros(len(coll), dtype=bool)
+    if backward_end and len(coll):
+        ended = pd.Series(coll["step"].to_numpy()).map(backward_end).to_numpy(dtype=np.float64)
+        after = ~np.isnan(ended) & (issued >= np.nan_to_num(ended, nan=0.0))
     copy_row, (copy_start, copy_end) = staged if staged is not None else (
         np.zeros(0, dtype=np.int64), (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)))
     copy_purpose = np.where(copy_row >= 0, np.asarray(purposes, dtype=object)[np.clip(copy_row, 0, None)]
@@ -100,9 +117,24 @@ def purpose_times(rank: int, coll: pd.DataFrame, purposes: np.ndarray, compute: 
         comm = union_intervals(np.concatenate([start[mine], copy_start[copies]]),
                                np.concatenate([end[mine], copy_end[copies]]))
         comm_ns = total_ns(comm)
+        counts = Counter(names[mine].tolist())
         rows.append({"rank": rank, "purpose": purpose, "comm_ns": comm_ns,
-                     "exposed_ns": comm_ns - overlap_ns(comm, compute)})
+                     "exposed_ns": comm_ns - overlap_ns(comm, compute), "collectives": int(mine.sum()),
+                     "kinds": ", ".join(f"{name or 'unnamed'} {n}" for name, n in
+                                        sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))),
+                     "after_backward": int((mine & after).sum())})
     return schema.conform(pd.DataFrame(rows), PURPOSE_TIMES, table="purpose times")
+
+
+def per_step_ns(purposes: pd.DataFrame, purpose: str, column: str, n_steps: Mapping[int, int]) -> float | None:
+    """One purpose's ``column`` (``comm_ns`` / ``exposed_ns``) per step: each rank's over its analysed
+    steps (``n_steps``, at least 1), the median over ranks, as the run's own communication is; None where
+    no rank has a row of it. The summary's figure by purpose and the findings' read this one."""
+    rows = purposes[(purposes["purpose"] == purpose).to_numpy()]
+    if rows.empty:
+        return None
+    per = np.array([max(int(n_steps.get(int(r), 1)), 1) for r in rows["rank"]], dtype=np.float64)
+    return float(np.median(rows[column].to_numpy(dtype=np.float64) / per))
 
 
 def one_row_per_collective(coll: pd.DataFrame) -> pd.DataFrame:

@@ -73,7 +73,8 @@ class Finding(msgspec.Struct, kw_only=True):
     """Where a step loses time (a run's finding) or which run does better (a comparison's)."""
 
     kind: str
-    """Run: ``exposed_all_gather``, ``exposed_reduce_scatter``, ``exposed_all_reduce``, ``straggler``;
+    """Run: ``exposed_all_gather``, ``exposed_reduce_scatter``, ``exposed_all_reduce``, ``straggler``,
+    ``exposed_other``, ``profiler``;
     comparison: ``step_time``, ``exposed_comm``, ``memory``, ``prefetch``, ..."""
     message: str
     evidence: str = ""

@@ -390,7 +390,7 @@ FINDINGS: Final[Schema] = {
     "rank": "int32",  # -1: all ranks (medians)
     "unit": "string",
     "phase": "string",
-    "kind": "string",  # exposed_all_gather / exposed_reduce_scatter / exposed_all_reduce / straggler / profiler
+    "kind": "string",  # exposed_all_gather / exposed_reduce_scatter / exposed_all_reduce / straggler / exposed_other / profiler
     "lost_ns": "float64",  # time lost per step
     "message": "string",
     "evidence": "string",  # the numbers behind it
