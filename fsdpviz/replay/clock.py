@@ -104,7 +104,7 @@ def clock_of(run: RunResult, replayed: Replayed | None, why_not: str = "") -> Cl
                f"{cost.unprofiled_step_ms:.3f} ms timed)")
     error = round(float(error), 2)
     checked = _phases(replayed.phases)
-    paced = cost.pace_note is not None  # the replay put time into the traced steps, not a share out of them
+    paced = cost.replay_adds_time  # the replay put time into the traced steps, not a share out of them
     phases_said = phase_words(replayed, paced)
     phase_error = checked["phase_error_pct"]
     why_unreliable = unreliable(error, phase_error)
@@ -180,7 +180,7 @@ def _phases(check: PhaseCheck | None) -> dict[str, Any]:
 
 def phase_words(replayed: Replayed, paced: bool = False) -> str:
     """The out-of-sample check in words, as the clock's note says it. ``paced``: the profiled steps ran
-    faster than the clean ones (``profiler.pace_note``), so the replay put time into the phases rather
+    faster than the clean ones (``ProfilerCost.replay_adds_time``), so the replay put time into the phases rather
     than taking a profiler's share out of them, and the words say so."""
     check = replayed.phases
     if check is None:

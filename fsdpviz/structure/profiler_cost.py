@@ -110,6 +110,14 @@ class ProfilerCost(msgspec.Struct, kw_only=True):
         return max(0.0, self.profiled_step_ms - self.unprofiled_step_ms)
 
     @property
+    def replay_adds_time(self) -> bool:
+        """Whether the profiled steps ran faster than the clean ones, by any margin: a replay without the
+        profiler then puts time into the traced steps rather than taking a profiler's share out of them
+        (beyond noise, :attr:`pace_note` says why; within it, the share is about nothing), and the words
+        that describe the replay say which."""
+        return self.profiled_step_ms < self.unprofiled_step_ms
+
+    @property
     def share_ms(self) -> float | None:
         """The profiler's share as every view shows it (``profiler_share_ms``): what the de-profiler took
         out where the timers lead; else the measured excess. None where the profiled steps ran faster

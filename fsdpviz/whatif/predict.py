@@ -179,8 +179,8 @@ class Prediction:
     profiler: dict[str, Any] | None = None
     """The recording's profiled and unprofiled step times (``summary --json`` ``profiler``); None without timers."""
     paced: bool = False
-    """The profiled steps ran faster than the clean ones (``profiler.pace_note``): the replay without the
-    profiler added time to the traced steps, and its words say so."""
+    """The profiled steps ran faster than the clean ones (``ProfilerCost.replay_adds_time``): the replay
+    without the profiler added time to the traced steps, and its words say so."""
     prefetch_arguments: dict[str, object] | None = None
     """The prefetch setting as the framework's own arguments (:mod:`fsdpviz.replay.prefetch_args`); None
     where run.json does not say what was recorded."""
@@ -371,7 +371,7 @@ def predict(model: Model, settings: Settings) -> Prediction:
                       clock=msgspec.to_builtins(clock),
                       profiler={"profiled_step_ms": cost.profiled_step_ms, "unprofiled_step_ms": cost.unprofiled_step_ms,
                                 "slowdown": cost.slowdown} if cost is not None else None,
-                      paced=cost is not None and cost.pace_note is not None,
+                      paced=cost is not None and cost.replay_adds_time,
                       spread_ms=recording_spread_ms(model, baseline.step_time_ms),
                       warnings=warnings, parts_over_pct=over,
                       traced_replay_error_pct=replay_error_pct,
@@ -497,7 +497,7 @@ def weaknesses(replay_error_pct: float, cost: ProfilerCost | None, clean_error_p
     elif phase_error_pct is not None and phase_error_pct > PHASE_LIMIT_PCT:
         where = (f"the time the model's replay added to the step's phases (its profiled steps ran faster than its "
                  f"clean ones) was up to {phase_error_pct:.1f} % of the step away from what the timers saw them gain"
-                 if cost is not None and cost.pace_note is not None
+                 if cost is not None and cost.replay_adds_time
                  else f"the model's replay took the profiler's share out of the step's phases up to "
                       f"{phase_error_pct:.1f} % of the step away from where the timers saw it leave")
         out.append(f"unreliable: out of sample, {where} (more than {PHASE_LIMIT_PCT:g} %), so its predicted figures "

@@ -511,19 +511,14 @@ def test_compare_says_where_the_step_difference_went_on_the_runs_clock(
                 assert abs(sum(parts) - traced) > 0.5, (a.label, b.label)
 
 
-def test_a_share_the_clean_steps_cannot_tell_is_null(tmp_path: Path) -> None:
-    """Clean steps timed 1.5x longer than the profiled ones (a machine busy while they ran): a profiler
-    cannot make a step faster, so the two windows ran at different paces. The clean steps still lead
-    (most of the run, the pace the script's own timer saw), the profiler's share is not known -- null in
-    the clock and the bound alike, not 0 -- and a note says so."""
+def _clean_steps_timed(folder: Path, factor: float) -> list[float]:
+    """A copy of the FSDP2 sample in ``folder`` whose timers say its clean steps ran ``factor`` times as
+    long as they did; each rank's median clean step, as the timer files now say it."""
     import shutil
 
-    from fsdpviz.analysis.pipeline import analyse
-
-    folder = tmp_path / "slow-clean"
     shutil.copytree(SAMPLES_DIR / "fsdp2-cpu-2rank", folder, ignore=shutil.ignore_patterns(".fsdpviz-cache"))
     run = json.loads((folder / "run.json").read_text())
-    slowed: list[float] = []  # each rank's median clean step, as the timer files now say
+    slowed: list[float] = []
     for rank_info in run["ranks"]:
         path = folder / "timers" / f"rank{rank_info['rank']}.jsonl"
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -531,11 +526,23 @@ def test_a_share_the_clean_steps_cannot_tell_is_null(tmp_path: Path) -> None:
                            partial=rank_info.get("partial_step"))
         for r in rows:
             if r["step"] in kept and r["unit"] == "" and r["kind"] == "total":
-                r["ms"] *= 1.5
+                r["ms"] *= factor
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
         slowed.append(statistics.median(r["ms"] for r in rows
                                         if r["step"] in kept and r["unit"] == "" and r["phase"] == "step"
                                         and r["kind"] == "total"))
+    return slowed
+
+
+def test_a_share_the_clean_steps_cannot_tell_is_null(tmp_path: Path) -> None:
+    """Clean steps timed 1.5x longer than the profiled ones (a machine busy while they ran): a profiler
+    cannot make a step faster, so the two windows ran at different paces. The clean steps still lead
+    (most of the run, the pace the script's own timer saw), the profiler's share is not known -- null in
+    the clock and the bound alike, not 0 -- and a note says so."""
+    from fsdpviz.analysis.pipeline import analyse
+
+    folder = tmp_path / "slow-clean"
+    slowed = _clean_steps_timed(folder, 1.5)
     summary = completed_summary(analyse([folder], cache=False, progress=False))
     assert summary.step_time_source == "timers" and summary.profiler is not None
     assert summary.step_time_ms == pytest.approx(statistics.median(slowed), abs=2e-3)
@@ -569,6 +576,32 @@ def test_a_share_the_clean_steps_cannot_tell_is_null(tmp_path: Path) -> None:
     compared = compare_runs(load_runs([folder, SAMPLES_DIR / "fsdp2-cpu-2rank"], ["slow-clean", "sample"], cache=False))
     paced = [n for n in compared.notes if "pace changed" in n]
     assert paced == [f"slow-clean: {summary.profiler.pace_note}"]
+
+
+def test_profiled_steps_a_little_faster_than_the_clean_ones_are_said_as_time_the_replay_added(tmp_path: Path) -> None:
+    """Profiled steps 0.98x as long as the clean ones: within the noise that :data:`NOISE_SLOWDOWN` allows, so
+    no pace note and the clean steps lead, but the replay still scales the traced steps up (its factor above
+    1): its out-of-sample words speak of the time it added, in the clock, whatif's replay line and its
+    warning, as they do past the noise."""
+    from fsdpviz.analysis.pipeline import analyse
+    from fsdpviz.whatif.predict import weaknesses
+
+    before = completed_summary(analyse([SAMPLES_DIR / "fsdp2-cpu-2rank"], cache=False, progress=False)).profiler
+    assert before is not None and before.slowdown > 1.0  # the sample as recorded: the profiler slowed it
+    folder = tmp_path / "a-little-slow-clean"
+    _clean_steps_timed(folder, before.slowdown / 0.98)
+    summary = completed_summary(analyse([folder], cache=False, progress=False))
+    assert summary.profiler is not None and summary.profiler.slowdown == pytest.approx(0.98, abs=0.006)
+    assert summary.profiler.pace_note is None and summary.step_time_source == "timers"
+    assert summary.clock is not None and summary.clock.phase_miss_pct is not None
+    assert "scaled 1.02x" in summary.clock.note, summary.clock.note
+    assert "share it took out" not in summary.clock.note and "so it added time" in summary.clock.note
+    model, why_not = summary_model(analyse([folder], cache=False, progress=False))
+    assert model is not None, why_not
+    line = predict(model, recorded_settings()).replay_words()
+    assert "the time it added per phase within" in line and "profiler's share" not in line
+    warned = weaknesses(0.0, summary.profiler, 0.0, PHASE_LIMIT_PCT + 1.0)
+    assert len(warned) == 1 and "the time the model's replay added to the step's phases" in warned[0]
 
 
 def test_a_rank_that_timed_no_clean_step_keeps_its_traced_split_and_says_so(sample_run: Callable[[str], Any]) -> None:
