@@ -76,6 +76,7 @@ _GROUP_WORDS: Final = {
     fnd.CAUSE_FIRST_COMPUTE: "the first units to compute in the forward pass wait for their gathers",
     fnd.CAUSE_NOTHING_LEFT: "reductions with no compute left to hide behind",
     fnd.CAUSE_OUTLASTS_AFTER: "reductions outlast the compute that runs after them",
+    fnd.CAUSE_WAITED_OUT: "reductions the training thread waits out (a CPU rank computes nothing while they run)",
 }
 
 # The collectives a reduction group is about: an HSDP run has both, whose groups would read alike.

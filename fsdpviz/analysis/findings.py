@@ -75,6 +75,12 @@ CAUSE_STARTED_LATE: Final = "started_late"
 CAUSE_OUTLASTS_COMPUTE: Final = "outlasts_compute"
 CAUSE_NOTHING_LEFT: Final = "nothing_left"
 CAUSE_OUTLASTS_AFTER: Final = "outlasts_compute_after"
+# a reduction where the run's training thread waits out every collective (FSDP2 / FSDP1 on a CPU rank):
+# no compute runs after it starts until it ends, so "outlasts the compute after it" would not be so
+CAUSE_WAITED_OUT: Final = "waited_out"
+OUTLASTS_AFTER_WORDS: Final = "it outlasts the compute that runs after it"
+WAITED_OUT_WORDS: Final = ("the training thread waits it out: on a CPU rank FSDP runs no compute while its gloo "
+                           "collective runs")
 CAUSE_STRAGGLER: Final = "straggler"
 CAUSE_PROFILER: Final = "profiler"
 CAUSE_OUTSIDE_UNITS: Final = "outside_units"
@@ -338,7 +344,7 @@ def reduce_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, floor_ns: flo
                 continue
             last = bool(alone.get((unit, phase), False))
             cause = ("no unit computes after it starts: nothing left to hide it behind" if last
-                     else "it outlasts the compute that runs after it")
+                     else OUTLASTS_AFTER_WORDS)
             rows.append(_row(unit, phase, kind, exposed,
                              f"{what} of {unit} exposed {ms_text(exposed / NS_PER_MS)}/step in backward"
                              f"{_bucket_words(shared, unit, phase, what, m[f'{col}_ns'])}; {cause}",

@@ -45,7 +45,13 @@ from fsdpviz.analysis.bound import (
     with_memory,
 )
 from fsdpviz.analysis.completeness import gap_notes
-from fsdpviz.analysis.findings import CAUSE_STRAGGLER
+from fsdpviz.analysis.findings import (
+    CAUSE_OUTLASTS_AFTER,
+    CAUSE_STRAGGLER,
+    CAUSE_WAITED_OUT,
+    OUTLASTS_AFTER_WORDS,
+    WAITED_OUT_WORDS,
+)
 from fsdpviz.analysis.memory_categories import (
     LEVEL_ALLOCATOR,
     LEVEL_MEASURED_BASELINE,
@@ -393,8 +399,14 @@ def run_findings(findings: pd.DataFrame, traces: TraceSet, overlap: pd.DataFrame
         hosts = {r.rank: r.host for r in run.ranks}
         why = [STRAGGLER_CROWDED if c == CAUSE_STRAGGLER and not w and hosts.get(int(r)) in crowded else w
                for c, r, w in zip(findings["cause"], findings["rank"], why, strict=True)]
-    return findings.assign(knob=[("" if w else str(k)) for k, w in zip(findings["knob"], why, strict=True)],
-                           why_not=why)
+    out = findings.assign(knob=[("" if w else str(k)) for k, w in zip(findings["knob"], why, strict=True)],
+                          why_not=why)
+    if waits:  # no compute runs beside a reduction the thread waits out: it outlasts nothing, it is waited
+        after = (out["cause"] == CAUSE_OUTLASTS_AFTER).to_numpy()
+        out.loc[after, "cause"] = CAUSE_WAITED_OUT
+        out.loc[after, "message"] = [str(m).replace(OUTLASTS_AFTER_WORDS, WAITED_OUT_WORDS)
+                                     for m in out.loc[after, "message"]]
+    return out
 
 
 def host_backend_on_gpu(traces: TraceSet, overlap: pd.DataFrame) -> bool:

@@ -80,3 +80,32 @@ def test_a_cpu_level_is_said_for_what_it_counts(level: str, baseline: int | None
     from fsdpviz.formatting import bytes_text
 
     assert level_words(level, baseline, bytes_text) == said
+
+
+@pytest.mark.parametrize("sample", ["fsdp2-cpu-2rank", "fsdp1-cpu-2rank"])
+def test_a_reduction_the_cpu_thread_waits_out_does_not_outlast_compute(sample: str,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """FSDP2's and FSDP1's training thread on a CPU rank waits out each gloo collective: no compute runs beside a
+    reduce-scatter, so none runs "after it" for it to outlast. The trace's own figures say so: each unit's
+    exposed reduce-scatter is all of its reduce-scatter, and the finding says the thread waited it out."""
+    data = json.loads(_run(capsys, "summary", str(SAMPLES / sample), "--json", "-q", "--no-cache"))
+    units = {u["name"]: u for u in data["units"]}
+    reductions = [f for f in data["findings"] if f["kind"] == "exposed_reduce_scatter"]
+    assert reductions
+    for f in reductions:
+        unit = units[f["unit"]]
+        assert unit["exposed_reduce_scatter_ms"] == pytest.approx(unit["reduce_scatter_ms"], abs=0.011), unit
+        assert "outlasts the compute" not in f["message"], f["message"]
+        assert f["cause"] in ("waited_out", "nothing_left"), f
+    waited = [f for f in reductions if f["cause"] == "waited_out"]
+    assert waited and all("the training thread waits it out" in f["message"] for f in waited)
+    actions = [a for a in data["actions"] if a["cause"] == "waited_out"]
+    assert len(actions) == 1 and "reduce-scatters the training thread waits out" in actions[0]["message"]
+
+
+def test_zero3_on_a_cpu_rank_keeps_its_overlapped_reductions_words(capsys: pytest.CaptureFixture[str]) -> None:
+    # DeepSpeed issues its collectives asynchronously: its CPU ranks compute beside some, so nothing is
+    # renamed "waited out" there
+    data = json.loads(_run(capsys, "summary", str(SAMPLES / "zero3-cpu-2rank"), "--json", "-q", "--no-cache"))
+    assert data["overlap"]["overlap_pct"] > 0
+    assert not [f for f in data["findings"] if f["cause"] == "waited_out"]
