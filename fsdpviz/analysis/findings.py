@@ -86,18 +86,22 @@ CAUSE_PROFILER: Final = "profiler"
 CAUSE_OUTSIDE_UNITS: Final = "outside_units"
 KIND_OTHER_COMM: Final = "exposed_other"
 
-# Why a knob of FSDP's does not move communication no FSDP unit issued.
+# Why a knob of FSDP's does not move communication no FSDP unit issued (the summary adds what whatif's
+# replay of the run's device does with it: analysis/summary.py ``run_findings``).
 OUTSIDE_UNITS_WHY_NOT: Final = (
-    "not FSDP's communication: no wrap, prefetch or resharding setting moves it (fsdpviz whatif replays it as "
-    "recorded); a collective completes only when every rank has reached it, so its exposed time holds the other "
-    "ranks' lag as well as its own transfer")
-# Who issues collectives after the backward pass, as far as the framework says it.
-_AFTER_BACKWARD_WHO: Final = {
-    vocabulary.ZERO3: ("DeepSpeed's ZeRO-3 optimizer step all-reduces the gradients' norm (once per parameter group) "
-                       "and, under fp16, its overflow check"),
-    vocabulary.FSDP2: "there the training script's own, such as a gradient-norm clip or a loss averaged across ranks",
-    vocabulary.FSDP1: "there the training script's own, such as a gradient-norm clip or a loss averaged across ranks",
+    "not FSDP's communication: no wrap, prefetch or resharding setting moves it; a collective completes only when "
+    "every rank has reached it, so its exposed time holds the other ranks' lag as well as its own transfer")
+# Who issues collectives after the backward pass, as far as the framework's source says it, by the
+# collectives' kind (deepspeed/runtime/zero/stage3.py: ``step`` all-reduces the norm of each parameter
+# sub-group's gradients, ``get_grad_norm_direct``, and under fp16 its overflow flag, ``has_overflow``;
+# ``_post_step`` all-gathers the persistent parameters)
+_ZERO3_AFTER_BACKWARD: Final = {
+    "all_reduce": "DeepSpeed's ZeRO-3 step all-reduces the gradients' norm (once per parameter sub-group) and, under "
+                  "fp16, its overflow check",
+    "all_gather": "DeepSpeed's ZeRO-3 step all-gathers its persistent parameters (those under "
+                  "stage3_param_persistence_threshold) after the update",
 }
+_FSDP_AFTER_BACKWARD: Final = "the training script's own there, such as a gradient-norm clip or a loss averaged across ranks"
 
 
 def _row(unit: str, phase: str, kind: str, lost: float, message: str, evidence: str, knob: str,
@@ -426,10 +430,15 @@ def profiler_findings(cost: ProfilerCost | None, idle_ns: float | None) -> list[
                  "", cause=CAUSE_PROFILER)]
 
 
+def _kind_counts(kinds: str) -> list[tuple[str, int]]:
+    """PURPOSE_TIMES' ``kinds`` ("all_reduce 3, barrier 3") as (name, count) pairs."""
+    return [(name, int(n)) for name, n in (part.rsplit(" ", 1) for part in kinds.split(", ") if " " in part)]
+
+
 def _per_step_kinds(kinds: str, steps: int) -> str:
     """PURPOSE_TIMES' ``kinds`` ("all_reduce 3, barrier 3", over ``steps`` steps) a step where they
     divide evenly ("1 all_reduce and 1 barrier a step"), else over the steps."""
-    pairs = [(name, int(n)) for name, n in (part.rsplit(" ", 1) for part in kinds.split(", ") if " " in part)]
+    pairs = _kind_counts(kinds)
     if not pairs:
         return "no collective named"
     if all(n % steps == 0 for _, n in pairs):
@@ -444,9 +453,9 @@ def other_findings(purposes: pd.DataFrame, step_times: pd.DataFrame, framework: 
     figure the summary's communication by purpose gives it (:func:`fsdpviz.structure.purposes.per_step_ns`,
     moved by ``comm_scale``), with which collectives they were and when they were issued. No knob of
     FSDP's moves it, and the finding says so."""
-    if purposes.empty or step_times.empty:
+    if purposes.empty:
         return []
-    counted = step_times.groupby("rank")["step"].nunique()
+    counted = step_times.groupby("rank")["step"].nunique()  # none (no steps): each rank's whole trace, as 1
     n_steps = dict(zip(counted.index.astype(int), counted.to_numpy(dtype=np.int64).tolist()))
     exposed = per_step_ns(purposes, vocabulary.OTHER_PURPOSE, "exposed_ns", n_steps)
     if exposed is None or not comm_scale * exposed >= floor_ns:
@@ -455,14 +464,27 @@ def other_findings(purposes: pd.DataFrame, step_times: pd.DataFrame, framework: 
     rows = purposes[(purposes["purpose"] == vocabulary.OTHER_PURPOSE).to_numpy()].sort_values("rank", kind="stable")
     said = rows[(rows["collectives"] > 0).to_numpy()]
     first = said.iloc[0] if len(said) else rows.iloc[0]
-    rank, count, after = int(first["rank"]), int(first["collectives"]), int(first["after_backward"])
-    steps = n_steps.get(rank, 1)
-    where = ("all issued after the backward pass, in the optimizer step" if count and after == count else
-             "none issued after the backward pass" if not after else
-             f"{after // steps} of them a step issued after the backward pass, in the optimizer step"
-             if after % steps == 0 and count % steps == 0 else
-             f"{after} of the {count} issued after the backward pass, in the optimizer step")
-    who = _AFTER_BACKWARD_WHO.get(framework) if after else None
+    rank, count, after, timed = (int(first[c]) for c in ("rank", "collectives", "after_backward", "timed"))
+    steps = max(n_steps.get(rank, 1), 1)
+    there = "after the backward pass (the optimizer step, or what the script runs before its next step)"
+    if not timed:
+        where = "when they were issued against the backward pass is not known: their steps have no backward label"
+    elif after == count:
+        where = f"all issued {there}"
+    elif not after:
+        where = "none issued after the backward pass" + ("" if timed == count else
+                                                          f" of the {timed} in steps with a backward label")
+    elif timed == count and after % steps == 0 and count % steps == 0:
+        where = f"{after // steps} of them a step issued {there}"
+    else:
+        where = f"{after} of the {timed} in steps with a backward label issued {there}"
+    names = {name for name, _ in _kind_counts(str(first["kinds"]))}
+    who = None
+    if after and framework == vocabulary.ZERO3:
+        said = [words for name, words in _ZERO3_AFTER_BACKWARD.items() if name in names]
+        who = "; ".join(said) or None
+    elif after and framework in (vocabulary.FSDP2, vocabulary.FSDP1):
+        who = _FSDP_AFTER_BACKWARD
     comm = per_step_ns(purposes, vocabulary.OTHER_PURPOSE, "comm_ns", n_steps)
     return [_row("", "", KIND_OTHER_COMM, lost,
                  f"communication no FSDP unit issued exposed {ms_text(lost / NS_PER_MS)}/step "

@@ -47,6 +47,7 @@ from fsdpviz.analysis.bound import (
 from fsdpviz.analysis.completeness import gap_notes
 from fsdpviz.analysis.findings import (
     CAUSE_OUTLASTS_AFTER,
+    CAUSE_OUTSIDE_UNITS,
     CAUSE_STRAGGLER,
     CAUSE_WAITED_OUT,
     OUTLASTS_AFTER_WORDS,
@@ -90,7 +91,7 @@ from fsdpviz.structure.records import (
 )
 from fsdpviz.structure.steps import AnalysedSteps, StepSelection
 from fsdpviz.trace.frames import measured_baseline
-from fsdpviz.trace.schema import OVERLAP_GPU
+from fsdpviz.trace.schema import OVERLAP_CPU, OVERLAP_GPU
 from fsdpviz.trace.tables import TraceSet
 
 if TYPE_CHECKING:
@@ -401,12 +402,23 @@ def run_findings(findings: pd.DataFrame, traces: TraceSet, overlap: pd.DataFrame
                for c, r, w in zip(findings["cause"], findings["rank"], why, strict=True)]
     out = findings.assign(knob=[("" if w else str(k)) for k, w in zip(findings["knob"], why, strict=True)],
                           why_not=why)
+    # what whatif's replay does with communication no unit issued: a CPU replay keeps the collectives the
+    # thread waited for outside every unit, a GPU one replays FSDP's collectives alone (replay/recording.py)
+    outside = (out["cause"] == CAUSE_OUTSIDE_UNITS).to_numpy()
+    replayed = {OVERLAP_CPU: OUTSIDE_UNITS_CPU_REPLAY, OVERLAP_GPU: OUTSIDE_UNITS_GPU_REPLAY}.get(_device(overlap))
+    if outside.any() and replayed:
+        out.loc[outside, "why_not"] = [f"{w}; {replayed}" for w in out.loc[outside, "why_not"]]
     if waits:  # no compute runs beside a reduction the thread waits out: it outlasts nothing, it is waited
         after = (out["cause"] == CAUSE_OUTLASTS_AFTER).to_numpy()
         out.loc[after, "cause"] = CAUSE_WAITED_OUT
         out.loc[after, "message"] = [str(m).replace(OUTLASTS_AFTER_WORDS, WAITED_OUT_WORDS)
                                      for m in out.loc[after, "message"]]
     return out
+
+
+OUTSIDE_UNITS_CPU_REPLAY: Final = "fsdpviz whatif replays it as recorded"
+OUTSIDE_UNITS_GPU_REPLAY: Final = ("fsdpviz whatif's replay of a GPU run leaves it out: the step it predicts holds "
+                                   "FSDP's collectives alone")
 
 
 def host_backend_on_gpu(traces: TraceSet, overlap: pd.DataFrame) -> bool:

@@ -103,7 +103,8 @@ def _step_fact(s: Summary) -> Fact:
     return Fact(label="step time", value=format_ms(cost.unprofiled_step_ms),
                 hint=f"unprofiled steps {steps} (timers, median); the profiled steps ran {cost.slowdown:.2f}x as "
                      f"long ({format_ms(cost.profiled_step_ms)}): the timeline below is that "
-                     + ("slower run" if cost.pace_note is None else "window, which ran at another pace (see the notes)"))
+                     + ("window, which ran at another pace (see the notes)" if cost.pace_note is not None
+                        else "faster window" if cost.replay_adds_time else "slower run"))
 
 
 def _bound_fact(s: Summary) -> Fact:

@@ -22,8 +22,9 @@ steps (with a host backend on CUDA tensors, the copies each collective stages th
 :mod:`fsdpviz.structure.staging`), ``exposed_ns`` that union minus the rank's compute (the
 whole-step overlap's compute set); ``collectives`` how many there were, ``kinds`` which (the
 collective's name and count, most first), ``after_backward`` how many were issued after their step's
-last backward label ended (the optimizer step, however the framework wraps it), the findings' words
-for communication no FSDP unit issued (analysis/findings.py).
+last backward label ended (the optimizer step, however the framework wraps it) of the ``timed`` whose
+step has a backward label to tell, the findings' words for communication no FSDP unit issued
+(analysis/findings.py).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ PURPOSE_TIMES: Final[schema.Schema] = {
     "collectives": "int64",  # how many collectives of the purpose ran in the analysed steps
     "kinds": "string",  # their names and counts, most first: "all_reduce 3, barrier 3"
     "after_backward": "int64",  # of which issued after their step's last backward label ended
+    "timed": "int64",  # of which in a step with a backward label: whether issued after it is known
 }
 PURPOSE_TITLES: Final = {
     vocabulary.FSDP_ALL_GATHER: "FSDP all-gather",
@@ -104,9 +106,11 @@ def purpose_times(rank: int, coll: pd.DataFrame, purposes: np.ndarray, compute: 
     issued = np.where(as_str(coll["issue_lane"]) != "", coll["issue_ns"].to_numpy(np.int64), start) if len(coll) \
         else start
     after = np.zeros(len(coll), dtype=bool)
+    known = np.zeros(len(coll), dtype=bool)
     if backward_end and len(coll):
         ended = pd.Series(coll["step"].to_numpy()).map(backward_end).to_numpy(dtype=np.float64)
-        after = ~np.isnan(ended) & (issued >= np.nan_to_num(ended, nan=0.0))
+        known = ~np.isnan(ended)
+        after = known & (issued >= np.nan_to_num(ended, nan=0.0))
     copy_row, (copy_start, copy_end) = staged if staged is not None else (
         np.zeros(0, dtype=np.int64), (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)))
     copy_purpose = np.where(copy_row >= 0, np.asarray(purposes, dtype=object)[np.clip(copy_row, 0, None)]
@@ -122,7 +126,7 @@ def purpose_times(rank: int, coll: pd.DataFrame, purposes: np.ndarray, compute: 
                      "exposed_ns": comm_ns - overlap_ns(comm, compute), "collectives": int(mine.sum()),
                      "kinds": ", ".join(f"{name or 'unnamed'} {n}" for name, n in
                                         sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))),
-                     "after_backward": int((mine & after).sum())})
+                     "after_backward": int((mine & after).sum()), "timed": int((mine & known).sum())})
     return schema.conform(pd.DataFrame(rows), PURPOSE_TIMES, table="purpose times")
 
 

@@ -596,6 +596,11 @@ def test_profiled_steps_a_little_faster_than_the_clean_ones_are_said_as_time_the
     assert summary.clock is not None and summary.clock.phase_miss_pct is not None
     assert "scaled 1.02x" in summary.clock.note, summary.clock.note
     assert "share it took out" not in summary.clock.note and "so it added time" in summary.clock.note
+    # the report's headline calls the traced timeline the faster window, not the slower run
+    from fsdpviz.report.headline import _step_fact
+
+    hint = _step_fact(summary).hint
+    assert "ran 0.98x as long" in hint and hint.endswith("the timeline below is that faster window"), hint
     model, why_not = summary_model(analyse([folder], cache=False, progress=False))
     assert model is not None, why_not
     line = predict(model, recorded_settings()).replay_words()

@@ -27,6 +27,7 @@ from helpers.kineto import MAIN_TID, TraceBuilder
 
 from fsdpviz.analysis.findings import OUTSIDE_UNITS_WHY_NOT
 from fsdpviz.analysis.pipeline import analyse
+from fsdpviz.analysis.summary import OUTSIDE_UNITS_CPU_REPLAY, OUTSIDE_UNITS_GPU_REPLAY
 
 STEP_US = 1000
 AG_NUMEL = 2**20
@@ -34,7 +35,7 @@ RS_NUMEL = 2**20
 ALL_REDUCE = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
 
 
-def rank_trace(rank: int, *, optimizer_all_reduce_us: float = 200) -> TraceBuilder:
+def rank_trace(rank: int, *, optimizer_all_reduce_us: float = 200, backward_labels: bool = True) -> TraceBuilder:
     b = TraceBuilder(rank=rank, world_size=2, base_time_ns=1_700_000_000_000_000_000)
     b.thread(MAIN_TID, "python")
     for step in range(3):
@@ -51,9 +52,11 @@ def rank_trace(rank: int, *, optimizer_all_reduce_us: float = 200) -> TraceBuild
         b.kernel(ALL_REDUCE, o + 405, 10, stream=20, launch_us=o + 152)
         b.kernel("sm90_xmma_gemm_forward", o + 200, 200, stream=7, launch_us=o + 90)
         b.annotation("FSDP::post_forward (blocks.0)", o + 395, 3)
-        b.annotation("FSDP::pre_backward (blocks.0)", o + 420, 10)
+        if backward_labels:
+            b.annotation("FSDP::pre_backward (blocks.0)", o + 420, 10)
         b.kernel("sm90_xmma_gemm_backward", o + 430, 160, stream=7, launch_us=o + 432)
-        b.annotation("FSDP::post_backward_reduce (blocks.0)", o + 500, 20)
+        if backward_labels:
+            b.annotation("FSDP::post_backward_reduce (blocks.0)", o + 500, 20)
         b.cpu_op("c10d::_reduce_scatter_base_", o + 505, 10,
                  **{"Input Dims": [[RS_NUMEL // 2], [RS_NUMEL], [], [], [], []],
                     "Input type": ["float", "float", "", "", "", ""]})
@@ -64,7 +67,7 @@ def rank_trace(rank: int, *, optimizer_all_reduce_us: float = 200) -> TraceBuild
     return b
 
 
-def write_run(folder: Path, **kwargs: float) -> Path:
+def write_run(folder: Path, **kwargs: float | bool) -> Path:
     for rank in range(2):
         doc = rank_trace(rank, **kwargs).document()
         doc["distributedInfo"] = {"backend": "nccl", "rank": rank, "world_size": 2}
@@ -87,10 +90,10 @@ def test_communication_no_unit_issued_is_a_finding_with_the_purposes_figure(summ
     assert finding["lost_ms_per_step"] == pytest.approx(0.210) == summary["overlap"]["by_purpose"]["other"]["exposed_ms"]
     # which collectives, a step, and when: the barrier before the backward pass, the all-reduce after it
     assert "2 all_reduce a step on rank 0" in finding["message"], finding["message"]
-    assert ("1 of them a step issued after the backward pass, in the optimizer step: there the training script's "
-            "own") in finding["message"], finding["message"]
-    # nothing of FSDP's moves it: no knob, and why
-    assert finding["knob"] == "" and finding["why_not"] == OUTSIDE_UNITS_WHY_NOT
+    assert ("1 of them a step issued after the backward pass (the optimizer step, or what the script runs before its "
+            "next step): the training script's own there") in finding["message"], finding["message"]
+    # nothing of FSDP's moves it: no knob, and why; a GPU replay leaves it out of the step it predicts
+    assert finding["knob"] == "" and finding["why_not"] == f"{OUTSIDE_UNITS_WHY_NOT}; {OUTSIDE_UNITS_GPU_REPLAY}"
     action = next(a for a in summary["actions"] if a["cause"] == "outside_units")
     assert action["lost_ms_per_step"] == pytest.approx(0.210) and not action.get("apply_code")
     # FSDP's own communication is untouched by it: 100 µs of all-gather and 100 µs of reduce-scatter
@@ -105,6 +108,18 @@ def test_below_the_noise_floor_no_finding(tmp_path: Path) -> None:
     assert not [f for f in summary["findings"] if f["kind"] == "exposed_other"]
 
 
+def test_without_backward_labels_when_they_were_issued_is_not_known(tmp_path: Path) -> None:
+    # no backward label: the reduce-scatter is no unit's either (100 µs, exposed), beside the barrier and the
+    # all-reduce; whether any ran after the backward pass cannot be told, and the finding says so
+    summary = analyse([write_run(tmp_path, backward_labels=False)], cache=False).summary.to_json()
+    other = summary["overlap"]["by_purpose"]["other"]
+    assert other == {"comm_ms": pytest.approx(0.310), "exposed_ms": pytest.approx(0.310)}
+    finding = next(f for f in summary["findings"] if f["kind"] == "exposed_other")
+    assert finding["lost_ms_per_step"] == other["exposed_ms"]
+    assert "when they were issued against the backward pass is not known" in finding["message"], finding["message"]
+    assert "none issued after" not in finding["message"] and "script's own" not in finding["message"]
+
+
 def test_the_bundled_zero3_run_names_deepspeeds_step(capsys: pytest.CaptureFixture[str], repo_root: Path) -> None:
     # the example trainer gives DeepSpeed one parameter group, whose norm ZeRO-3's step all-reduces once a
     # step after the backward pass (deepspeed/runtime/zero/stage3.py, get_grad_norm_direct; fp32, so no
@@ -112,6 +127,10 @@ def test_the_bundled_zero3_run_names_deepspeeds_step(capsys: pytest.CaptureFixtu
     summary = json_here(capsys, "summary", "--json", "--no-cache", str(repo_root / "sample_traces" / "zero3-cpu-2rank"))
     finding = next(f for f in summary["findings"] if f["kind"] == "exposed_other")
     assert finding["lost_ms_per_step"] == summary["overlap"]["by_purpose"]["other"]["exposed_ms"] > 0
-    assert "(1 all_reduce a step on rank 0; all issued after the backward pass, in the optimizer step" \
+    assert "(1 all_reduce a step on rank 0; all issued after the backward pass (the optimizer step" \
         in finding["message"], finding["message"]
-    assert "DeepSpeed's ZeRO-3 optimizer step all-reduces the gradients' norm" in finding["message"]
+    assert "DeepSpeed's ZeRO-3 step all-reduces the gradients' norm" in finding["message"]
+    # no all-gather after the step: the example keeps no persistent parameters (threshold 0), and the words
+    # name none
+    assert "persistent" not in finding["message"]
+    assert finding["why_not"] == f"{OUTSIDE_UNITS_WHY_NOT}; {OUTSIDE_UNITS_CPU_REPLAY}"
