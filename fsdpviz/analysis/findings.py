@@ -481,8 +481,8 @@ def other_findings(purposes: pd.DataFrame, step_times: pd.DataFrame, framework: 
     names = {name for name, _ in _kind_counts(str(first["kinds"]))}
     who = None
     if after and framework == vocabulary.ZERO3:
-        said = [words for name, words in _ZERO3_AFTER_BACKWARD.items() if name in names]
-        who = "; ".join(said) or None
+        deepspeeds = [words for name, words in _ZERO3_AFTER_BACKWARD.items() if name in names]
+        who = "; ".join(deepspeeds) or None
     elif after and framework in (vocabulary.FSDP2, vocabulary.FSDP1):
         who = _FSDP_AFTER_BACKWARD
     comm = per_step_ns(purposes, vocabulary.OTHER_PURPOSE, "comm_ns", n_steps)
