@@ -53,7 +53,6 @@ from fsdpviz.trace import schema
 
 NOISE_FRACTION: Final = 0.005
 NOISE_FLOOR_NS: Final = 20_000
-MAX_FINDINGS: Final = 20
 
 _PREFETCH_KNOB: Final = {
     (vocabulary.FSDP2, vocabulary.FORWARD): "explicit forward prefetch: module.set_modules_to_forward_prefetch([next units])",
@@ -517,5 +516,8 @@ def build_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, step_times: pd
     about_trace = profiler_findings(profiler, idle_ns)
     if not rows and not about_trace:
         return schema.make_empty(schema.FINDINGS)
-    ranked = sorted(rows, key=lambda r: -r["lost_ns"])[:MAX_FINDINGS - len(about_trace)]
+    # every finding is kept: the actions group alike ones into a line each and fold the rest, so a run of
+    # many units reads as a few lines whose totals hold every unit pass (a cut here left units' exposed
+    # time out of the actions' totals, unsaid)
+    ranked = sorted(rows, key=lambda r: -r["lost_ns"])
     return schema.conform(pd.DataFrame(ranked + about_trace), schema.FINDINGS, table="findings")
