@@ -329,6 +329,10 @@ def profiler_cost(timers: pd.DataFrame, run: RunInfo | None) -> ProfilerCost | N
         unprofiled_all.update(int(s) for s in step[is_other])
     if not profiled_ms:
         return None
+    # a rank the profiler traced whose timers hold none of its steps (its file cut short, or lost) timed
+    # no clean step either: it counts as such, not as a rank that is not there
+    untimed = {info.rank for info in run.ranks if info.profiled_steps and info.rank not in clean_counts}
+    clean_counts.update(dict.fromkeys(untimed, 0))
     profiled_step = statistics.median(profiled_ms)
     unprofiled_step = statistics.median(unprofiled_ms)
     if unprofiled_step <= 0:
@@ -341,7 +345,9 @@ def profiler_cost(timers: pd.DataFrame, run: RunInfo | None) -> ProfilerCost | N
         note = (f"the step time is the traced one: rank {fewest_rank} timed {fewest} clean unprofiled step(s) and "
                 f"the step time needs {MIN_UNPROFILED_STEPS} on every rank (the first {SETTLING_STEPS} steps, the "
                 "profiler's warm-up step, the step after the trace export and the unit-timed steps do not count"
-                f"{_script_words(run)}); " + _more_steps(run))
+                f"{_script_words(run)}); " + (
+                    "its timers hold none of the steps the profiler traced on it (the file cut short or lost), so "
+                    "the other ranks' clean steps cannot stand for it" if fewest_rank in untimed else _more_steps(run)))
     elif slowdown < NOISE_SLOWDOWN:
         pace = pace_note(fewest)
     observed = [r.observer for r in run.ranks if r.observer is not None and r.observer.agent_ms_median is not None]

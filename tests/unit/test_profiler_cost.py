@@ -65,6 +65,19 @@ def test_a_known_slowdown_injected_into_the_profiled_steps_is_measured() -> None
     assert cost.headline and cost.note is None
 
 
+def test_a_traced_rank_whose_timers_hold_none_of_its_steps_timed_no_clean_step() -> None:
+    # GIVEN rank 0's timer file cut short after its first two steps (its profiled and clean steps lost),
+    # rank 1's whole: rank 0 timed no clean step, so the clean steps cannot lead (every rank needs them)
+    whole = [900, 70, 30, 31, 32, 400, 20, 21, 22]
+    timers = _timers({0: whole[:2], 1: whole})
+    cost = profiler_cost(timers, _run(2, [2, 3, 4]))
+    assert cost is not None and cost.fewest_unprofiled_steps == 0 and not cost.headline
+    assert cost.note is not None and cost.note.startswith("the step time is the traced one: rank 0 timed 0 clean")
+    assert "its timers hold none of the steps the profiler traced on it" in cost.note
+    # the figures rank 1 timed are still its own
+    assert cost.unprofiled_step_ms == 21 and cost.profiled_step_ms == 31
+
+
 def test_no_slowdown_injected_is_measured_as_none() -> None:
     # GIVEN profiled steps exactly as long as the clean ones (a profiler that costs nothing)
     timers = _timers({0: [900, 70, 20, 21, 22, 400, 21, 20, 22]})
