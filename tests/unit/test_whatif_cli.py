@@ -158,6 +158,22 @@ def test_explore_on_cpu_counts_what_it_lists_without_a_budget(capsys: pytest.Cap
     assert len(data["ranked"]) == len(ranked) and len(data["within_spread"]) == len(rows) - len(ranked)
 
 
+def test_a_ranked_list_with_nothing_faster_says_so_above_it(capsys: pytest.CaptureFixture[str]) -> None:
+    # the ZeRO-3 sample: prefetch none is predicted measurably slower, the other settings within the spread;
+    # ranked alone, a slower first row reads as advice, so the heading says none is faster
+    sample = Path(__file__).parents[2] / "sample_traces" / "zero3-cpu-2rank"
+    data = json.loads(_run(["whatif", str(sample), "--explore", "--json", "-q", "--no-cache"], capsys)[1])
+    base = data["baseline"]["step_time_ms"]
+    assert data["ranked"] and all(c["step_time_ms"] > base for c in data["ranked"])
+    code, out, _ = _run(["whatif", str(sample), "--explore", "-q", "--no-cache"], capsys)
+    assert code == 0
+    lines = out.splitlines()
+    heading = next(i for i, line in enumerate(lines) if line.startswith("ranked by predicted step time"))
+    assert lines[heading] == ("ranked by predicted step time, each measurably faster or slower than the recording "
+                              f"(none faster than its {base:,.2f} ms):")
+    assert lines[heading + 2].split()[:3] == ["1", "prefetch", "none"]
+
+
 @pytest.mark.parametrize(("sample", "framework", "expected"), [
     ("fsdp1-cpu-2rank", "FSDP1's default", "forward_prefetch=False, backward_prefetch=BACKWARD_PRE"),
     ("fsdp2-cpu-2rank", "FSDP2's default", "set_modules_to_forward_prefetch=not called"),
