@@ -234,7 +234,8 @@ def print_summary(summary: Summary, *, stderr: bool = False) -> None:
     if summary.units:
         # the units' figures on the run's clock, as units[] in --json, the report's table, compare and
         # whatif give them; the timers' own clock of each pass is in --json and the report, named so
-        title = "per FSDP unit (ms per step, on the run's clock; each column the median of its own per-step figure)"
+        title = ("per FSDP unit (ms per step, on the run's clock; each column the median of its own per-step figure, "
+                 "so exposed can exceed gather + reduce where a wait lands in another collective each step)")
         if summary.device != "cpu":
             from fsdpviz.analysis.bound import BASIS_UNPROFILED
 

@@ -323,7 +323,8 @@ def print_prediction(prediction: Prediction, run: str, framework: str, world_siz
         typer.echo("  peak by category: " + "; ".join(changes))
     _unknown_lines(prediction)
     typer.echo("")
-    typer.echo("predicted per unit (ms per step; medians over ranks and steps)")
+    typer.echo("predicted per unit (ms per step; medians over ranks and steps, each column its own, so exposed can "
+               "exceed all-gather + reduce-scatter)")
     _table(("unit", "all-gather", "forward", "backward", "reduce-scatter", "exposed"),
            [(u.name, f"{u.all_gather_ms:.2f}", f"{u.forward_ms:.2f}", f"{u.backward_ms:.2f}",
              f"{u.reduce_scatter_ms:.2f}", f"{u.exposed_comm_ms:.2f}") for u in prediction.predicted.units])
