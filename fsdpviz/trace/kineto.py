@@ -184,7 +184,9 @@ def _parse(path: Path) -> tuple[RankColumns, KinetoTrace]:
         # Whatever stopped the batch reader, the whole-file decoder handles it or names the problem.
         trace, n_bad = decode_trace(read_trace_bytes(path), path)
         if not trace.traceEvents:
-            raise TraceError(path, "the trace holds no events (traceEvents is empty)") from None
+            raise TraceError(path, f"the trace holds no readable event: its {n_bad} event(s) are malformed (a field "
+                                   "missing or of the wrong type)" if n_bad else
+                                   "the trace holds no events (traceEvents is empty)") from None
         columns = EventColumns()
         columns.add(trace.traceEvents)
         trace.traceEvents = []

@@ -164,6 +164,9 @@ CASES: dict[str, Case] = {
     "traceEvents not a list": Case(_file("odd.json", b'{"traceEvents": {"a": 1}}'),
                                    r"odd\.json: not a Kineto trace"),
     "no events": Case(_file("none.json", b'{"traceEvents": []}'), r"none\.json: the trace holds no events"),
+    "only malformed events": Case(_file("bad.json", b'{"traceEvents": [{"ph": "X", "name": "a", "ts": "x", "dur": null, '
+                                                    b'"pid": 1, "tid": 1}]}'),
+                                  r"bad\.json: the trace holds no readable event: its 1 event\(s\) are malformed"),
     "no events in the analysis window": Case(_nothing_in_window,
                                              r"late\.json: no CPU events in the analysis window \(steps \[1\]\)"),
     "only unusable events": Case(_only_unusable_events, r"unusable\.json: no CPU events in the analysis window"),
