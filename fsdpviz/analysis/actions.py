@@ -17,7 +17,7 @@ unit's compute in 16 unit-passes: 54-68 ms each, 1,030 ms/step". So:
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Final
 
 import msgspec
@@ -195,12 +195,22 @@ def group_findings(findings: Sequence[Finding], *, host_backend_on_gpu: bool = F
                        if total is not None else f"{words} in {len(members)} unit-passes") + _passes_text(where)
         knob = knobs[0] if len(knobs) == 1 else "; ".join(knobs)
         why_not = (knob_blocked(knob, host_backend_on_gpu, waits_out) if knob  # each pass's own reason, once
-                   else "; ".join(dict.fromkeys(f.why_not for f in members if f.why_not)))
+                   else _joined_reasons(f.why_not for f in members if f.why_not))
         out.append(Action(kind=kind, cause=cause.split("#")[0], message=message, count=len(members),
                           lost_ms_per_step=total,
                           lost_ms_min=min(lost) if lost else None, lost_ms_max=max(lost) if lost else None,
                           knob="" if why_not else knob, why_not=why_not, units=[w for w in where if w]))
     return out
+
+
+def _joined_reasons(reasons: Iterable[str]) -> str:
+    """Distinct reasons in one sentence, those that open alike ("no deeper prefetch hides it: the forward
+    pass ...", "... : the backward pass ...") said once with their particulars after it."""
+    heads: dict[str, list[str]] = {}
+    for reason in dict.fromkeys(reasons):
+        head, sep, tail = reason.partition(": ")
+        heads.setdefault(head if sep else reason, []).append(tail if sep else "")
+    return "; ".join(f"{head}: {'; '.join(tails)}" if any(tails) else head for head, tails in heads.items())
 
 
 def _per_unit_text(units: Sequence[UnitSummary]) -> str:

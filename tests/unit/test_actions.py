@@ -307,6 +307,11 @@ def test_gloo_wall_of_findings_reads_as_a_few_lines(gpu_fsdp_run: Callable[[str]
     assert outlast.count >= 12 and 50 < outlast.lost_ms_min <= outlast.lost_ms_max < 70
     assert outlast.lost_ms_per_step == pytest.approx(
         sum(f.lost_ms_per_step or 0 for f in summary.findings if f.cause == fnd.CAUSE_OUTLASTS_COMPUTE), abs=0.01)
+    # both passes gather longer than they compute: the reason is said once, with each pass's figures
+    reasons = {f.why_not for f in summary.findings if f.cause == fnd.CAUSE_OUTLASTS_COMPUTE}
+    assert len(reasons) == 2 and outlast.why_not.count("no deeper prefetch hides it") == 1, outlast.why_not
+    for reason in reasons:
+        assert reason.removeprefix("no deeper prefetch hides it: ") in outlast.why_not
     # no action advises prefetch on a run whose collectives are synchronous
     assert not [a for a in actions if "prefetch" in a.knob]
 
