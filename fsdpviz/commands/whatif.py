@@ -26,6 +26,7 @@ from fsdpviz.errors import UsageError
 from fsdpviz.formatting import bytes_text, change_text, mib_text
 
 if TYPE_CHECKING:
+    from fsdpviz.analysis.bound import BoundSummary
     from fsdpviz.replay.settings import Settings
     from fsdpviz.whatif.explore import Exploration
     from fsdpviz.whatif.predict import Outcome, Prediction
@@ -172,13 +173,19 @@ def whatif(
 
     prediction = predict(model, settings)
     prediction.notes.extend(said_of_clock)
+    from fsdpviz.whatif.explore import predicted_bound
+
+    # the predicted step's split, as --explore gives each setting's: the parts the table adds up to
+    recorded_bound = model.result.summary.bound
+    split = predicted_bound(recorded_bound, prediction, None)
+    prediction.bound = None if split is None else split.to_json()
     if code:
         print_code(prediction, settings, stack, say)
         return
     if as_json:
         sys.stdout.write(json.dumps(prediction.to_json(), indent=2) + "\n")
     else:
-        print_prediction(prediction, str(run), rec.framework, rec.world_size, rec.device)
+        print_prediction(prediction, str(run), rec.framework, rec.world_size, rec.device, recorded_bound)
     if save:
         from fsdpviz.whatif.saved import save_prediction
 
@@ -297,9 +304,12 @@ def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> None:
         typer.echo("  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
 
 
-def print_prediction(prediction: Prediction, run: str, framework: str, world_size: int, device: str) -> None:
+def print_prediction(prediction: Prediction, run: str, framework: str, world_size: int, device: str,
+                     recorded_bound: BoundSummary | None = None) -> None:
     """Baseline vs predicted with deltas, the units, where each setting came from, and the notes; the
-    recording's clock first."""
+    recording's clock first. ``recorded_bound``: the recording's split, beside the prediction's
+    (``prediction.bound``): FSDP's per-unit work and the idle time join the table, so that its parts add up
+    to its step."""
     from fsdpviz.analysis.completeness import format_ranks
     from fsdpviz.whatif.predict import SPREAD_UNKNOWN, within_spread_words
 
@@ -313,7 +323,14 @@ def print_prediction(prediction: Prediction, run: str, framework: str, world_siz
         read = prediction.clock.get("ranks")
         typer.echo(f"clock: {prediction.clock['note']}"
                    + (f"; the model read rank(s) {format_ranks(read)} only" if read else ""))
-    _table(("", "recorded", "predicted", "change"), _rows(prediction.baseline, prediction.predicted))
+    rows = _rows(prediction.baseline, prediction.predicted)
+    split = prediction.bound
+    if recorded_bound is not None and split is not None:
+        before = (recorded_bound.fsdp_overhead_ms, (recorded_bound.host_wait_ms or 0.0) + recorded_bound.other_idle_ms)
+        after = (split["fsdp_overhead_ms"], (split["host_wait_ms"] or 0.0) + split["other_idle_ms"])
+        rows[-1:-1] = [(label, f"{b:,.2f} ms", f"{a:,.2f} ms", change_text(b, a, "ms")) for label, b, a in
+                       zip(("FSDP per-unit work", "idle (host wait + other idle)"), before, after, strict=True)]
+    _table(("", "recorded", "predicted", "change"), rows)
     if prediction.measurable is False:
         typer.echo(f"  {within_spread_words(prediction.spread_ms or 0.0)}")
     elif prediction.spread_ms is None:
@@ -333,6 +350,8 @@ def print_prediction(prediction: Prediction, run: str, framework: str, world_siz
     typer.echo(f"replay: {prediction.replay_words()}")
     for note in prediction.notes:
         typer.echo(f"note: {note}")
+    if split is not None and split.get("note"):
+        typer.echo(f"note: the predicted split: {split['note']}")
 
 
 def _setting_words(settings: Settings, device: str = "", prefetch: dict[str, object] | None = None,

@@ -181,6 +181,10 @@ class Prediction:
     paced: bool = False
     """The profiled steps ran faster than the clean ones (``ProfilerCost.replay_adds_time``): the replay
     without the profiler added time to the traced steps, and its words say so."""
+    bound: dict[str, Any] | None = None
+    """The predicted step's split and bound (``explore.predicted_bound``, as ``--explore`` gives each setting's;
+    whatif ``--json``'s ``bound``), with its note where a part was held at 0; None where the recording has no
+    split, or where the caller did not ask for one."""
     prefetch_arguments: dict[str, object] | None = None
     """The prefetch setting as the framework's own arguments (:mod:`fsdpviz.replay.prefetch_args`); None
     where run.json does not say what was recorded."""
@@ -258,7 +262,7 @@ class Prediction:
                 "profiler": self.profiler, "traced_replay_error_pct": round(self.traced_replay_error_pct, 2),
                 "reliable": self.reliable, "parts_over_pct": self.parts_over_pct, "warnings": self.warnings,
                 "apply": self.apply.to_json() if self.apply is not None else None,
-                "assumed": self.assumed, "notes": self.notes}
+                "assumed": self.assumed, "bound": self.bound, "notes": self.notes}
 
 
 def check(model: Model, settings: Settings) -> None:

@@ -158,6 +158,26 @@ def test_explore_on_cpu_counts_what_it_lists_without_a_budget(capsys: pytest.Cap
     assert len(data["ranked"]) == len(ranked) and len(data["within_spread"]) == len(rows) - len(ranked)
 
 
+def test_one_setting_gives_the_split_explore_gives_it_and_its_table_adds_up(capsys: pytest.CaptureFixture[str]) -> None:
+    # one figure per quantity: whatif --wrap root's split of its predicted step is --explore's row of wrap root,
+    # part for part, note included (the host side it would take below 0, held there)
+    sample = str(Path(__file__).parents[2] / "sample_traces" / "fsdp2-cpu-2rank")
+    one = json.loads(_run(["whatif", sample, "--wrap", "root", "--json", "-q", "--no-cache"], capsys)[1])
+    grid = json.loads(_run(["whatif", sample, "--explore", "--json", "-q", "--no-cache"], capsys)[1])
+    row = next(c for c in [*grid["ranked"], *grid["within_spread"], *grid["unranked"]] if c["setting"] == "wrap root")
+    assert one["bound"] == row["bound"] and one["bound"]["step_ms"] == one["predicted"]["step_time_ms"]
+    assert "held to 0" in one["bound"]["note"]
+    # the terminal's table: compute, FSDP's per-unit work, exposed communication and idle add up to the step
+    code, out, _ = _run(["whatif", sample, "--wrap", "root", "-q", "--no-cache"], capsys)
+    assert code == 0
+    cells = {line[:32].strip(): [float(v) for v in re.findall(r"([\d.]+) ms", line[32:])[:2]]
+             for line in out.splitlines() if line.startswith("  ") and " ms " in line}
+    parts = ("compute", "FSDP per-unit work", "exposed communication", "idle (host wait + other idle)")
+    for column in (0, 1):  # recorded, predicted
+        assert sum(cells[p][column] for p in parts) == pytest.approx(cells["step time"][column], abs=0.03), cells
+    assert f"note: the predicted split: {one['bound']['note']}" in out
+
+
 def test_a_ranked_list_with_nothing_faster_says_so_above_it(capsys: pytest.CaptureFixture[str]) -> None:
     # the ZeRO-3 sample: prefetch none is predicted measurably slower, the other settings within the spread;
     # ranked alone, a slower first row reads as advice, so the heading says none is faster
