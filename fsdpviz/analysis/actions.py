@@ -306,13 +306,15 @@ def build_actions(findings: Sequence[Finding], bound: BoundSummary | None, *,
 def fold(actions: Sequence[Action]) -> list[Action]:
     """Advised actions first (a knob to try), then the others, each by time lost; everything after the
     first :data:`MAX_SHOWN` folded. The bound's action keeps the first place, the profiler's share the
-    last: the run itself does not lose it (as the findings list it)."""
+    last: the run itself does not lose it (as the findings list it); past ``HIGH_SLOWDOWN`` it is a caveat
+    on every figure above it and is never folded."""
     head = [a for a in actions if a.kind == KIND_BOUND]
     rest = sorted((a for a in actions if a.kind != KIND_BOUND), key=lambda a: -(a.lost_ms_per_step or 0.0))
     own = [a for a in rest if a.cause != fnd.CAUSE_PROFILER]
     ordered = head + [a for a in own if a.knob] + [a for a in own if not a.knob] + [
         a for a in rest if a.cause == fnd.CAUSE_PROFILER]
-    return [msgspec.structs.replace(a, folded=i >= MAX_SHOWN) for i, a in enumerate(ordered)]
+    return [msgspec.structs.replace(a, folded=i >= MAX_SHOWN and not (
+        a.cause == fnd.CAUSE_PROFILER and fnd.LARGELY_PROFILERS in a.message)) for i, a in enumerate(ordered)]
 
 
 def with_prediction(action: Action, change_ms: float | None, words: str, *, spread_ms: float | None = None,

@@ -83,6 +83,8 @@ WAITED_OUT_WORDS: Final = ("the training thread waits it out: on a CPU rank FSDP
 CAUSE_STRAGGLER: Final = "straggler"
 CAUSE_PROFILER: Final = "profiler"
 CAUSE_OUTSIDE_UNITS: Final = "outside_units"
+# the profiler's finding past HIGH_SLOWDOWN: a caveat on every figure, which the actions never fold away
+LARGELY_PROFILERS: Final = "the traced timeline every figure and prediction is read from is largely the profiler's own cost"
 KIND_OTHER_COMM: Final = "exposed_other"
 
 # Why a knob of FSDP's does not move communication no FSDP unit issued (the summary adds what whatif's
@@ -420,8 +422,7 @@ def profiler_findings(cost: ProfilerCost | None, idle_ns: float | None) -> list[
                  f"the profiler slowed the profiled steps {cost.slowdown:.2f}x ({cost.profiled_step_ms:.2f} ms "
                  f"against {cost.unprofiled_step_ms:.2f} ms unprofiled): {share}, not the run's; the step time "
                  "fsdpviz leads with is the unprofiled one" + (
-                     f"; more than {HIGH_SLOWDOWN:g}x, the traced timeline every figure and prediction is read from is "
-                     f"largely the profiler's own cost: {cost.closer_base or NO_CLOSER_BASE}"
+                     f"; more than {HIGH_SLOWDOWN:g}x, {LARGELY_PROFILERS}: {cost.closer_base or NO_CLOSER_BASE}"
                      if cost.slowdown > HIGH_SLOWDOWN else ""),
                  f"profiled steps {', '.join(map(str, cost.profiled_steps))} {cost.profiled_step_ms:.2f} ms as traced "
                  f"(each rank's mean, median over ranks); unprofiled steps {steps} {cost.unprofiled_step_ms:.2f} ms "

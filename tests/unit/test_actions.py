@@ -441,6 +441,24 @@ def test_a_profiler_that_more_than_half_again_slowed_the_steps_is_said_of_every_
         assert finding.message.endswith(NO_CLOSER_BASE) and "--no-memory" not in finding.message
 
 
+def test_a_profiler_past_half_again_is_never_folded_from_the_actions(sample_run: Callable[[str], Any]) -> None:
+    # the ZeRO-3 sample's timers: profiled steps 1.71x the clean ones (raw files), six actions in all; past
+    # 1.5x the profiler's action is a caveat on every figure above it, so it is shown however many precede it
+    folder = SAMPLES / "zero3-cpu-2rank"
+    ranks = sorted((folder / "timers").glob("rank*.jsonl"))
+    summary = sample_run("zero3-cpu-2rank").summary
+    cost = summary.profiler
+    assert cost is not None
+    profiled = statistics.median(statistics.mean(timer_step_ms(p)[s] for s in cost.profiled_steps) for p in ranks)
+    clean = statistics.median(statistics.median(timer_step_ms(p)[s] for s in cost.unprofiled_steps) for p in ranks)
+    assert profiled / clean > 1.5
+    actions = summary.actions
+    assert len(actions) > MAX_SHOWN
+    (profiler,) = [a for a in actions if a.cause == fnd.CAUSE_PROFILER]
+    assert actions[-1] is profiler and not profiler.folded and fnd.LARGELY_PROFILERS in profiler.message
+    assert [a.folded for a in actions[:-1]] == [i >= MAX_SHOWN for i in range(len(actions) - 1)]
+
+
 def test_nothing_is_advised_or_ranked_where_the_spread_is_unknown() -> None:
     # the plain sample has no timers and one analysed step: no spread to hold a change to,
     # so no knob, why_not says so beside the prediction, and --explore ranks nothing (it had advised
