@@ -40,9 +40,21 @@ def warn_gaps(traces: TraceSet) -> None:
 
 
 def check_output_folder(path: Path | None, what: str) -> None:
-    """UsageError when ``path``'s folder does not exist (``what``: "the report", "the page")."""
-    if path is not None and not path.parent.is_dir():
+    """UsageError when ``path``'s folder does not exist or takes no file (``what``: "the report", "the
+    page"): said before anything is loaded or printed, not after. The probe is an unnamed temporary file,
+    gone when closed."""
+    if path is None:
+        return
+    if not path.parent.is_dir():
         raise UsageError(f"{path}: cannot write {what}: folder {path.parent} does not exist")
+    import tempfile
+
+    try:
+        with tempfile.TemporaryFile(dir=path.parent):
+            pass
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot write {what}: folder {path.parent} takes no file "
+                         f"({exc.strerror or exc})") from None
 
 
 SCHEDULER_HELP = ("Parse the traces on the workers of this Dask scheduler (tcp://host:8786; needs "
