@@ -177,7 +177,7 @@ class RunResult:
         from fsdpviz.structure.profiler_cost import on_traced_step, profiler_cost
 
         traced = traced_step_ms(self.overlap) if not self.overlap.empty else None
-        return on_traced_step(profiler_cost(self.traces.timers, self.traces.run), traced)
+        return on_traced_step(profiler_cost(self.traces.timers, self.traces.run, self.traces.rank_ids), traced)
 
     @cached_property
     def _bound(self) -> BoundSummary | None:

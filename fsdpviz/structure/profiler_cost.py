@@ -32,7 +32,7 @@ says that every figure is the profiled window's, carried to the clean steps' pac
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Final
 
 import msgspec
@@ -306,8 +306,19 @@ def crowded_host_names(run: RunInfo) -> tuple[set[str], bool]:
     return crowded, known
 
 
-def profiler_cost(timers: pd.DataFrame, run: RunInfo | None) -> ProfilerCost | None:
+def _untimed_words(info: RankInfo) -> str:
+    """Why a rank the profiler traced has no timed step of its own to lead with."""
+    why = (f"it stopped inside step {info.partial_step}, before its timers wrote the steps it was traced in"
+           if info.partial_step is not None else "its timer file cut short or lost")
+    return (f"its timers hold none of the steps the profiler traced on it ({why}), so the other ranks' clean steps "
+            "cannot stand for it")
+
+
+def profiler_cost(timers: pd.DataFrame, run: RunInfo | None, ranks: Collection[int] | None = None
+                  ) -> ProfilerCost | None:
     """The profiler's cost from a run folder's timers and run.json; None where they do not tell.
+    ``ranks``: the ranks whose traces were read (None: run.json's); a rank among them the profiler traced
+    whose timers hold none of its steps timed no clean step.
 
     Whether the run's step time may be the unprofiled one is decided here (``headline``, ``note``)."""
     if run is None or not _timed_run(timers, run):
@@ -331,7 +342,9 @@ def profiler_cost(timers: pd.DataFrame, run: RunInfo | None) -> ProfilerCost | N
         return None
     # a rank the profiler traced whose timers hold none of its steps (its file cut short, or lost) timed
     # no clean step either: it counts as such, not as a rank that is not there
-    untimed = {info.rank for info in run.ranks if info.profiled_steps and info.rank not in clean_counts}
+    read = None if ranks is None else set(ranks)
+    untimed = {info.rank: info for info in run.ranks if info.profiled_steps and info.rank not in clean_counts
+               and (read is None or info.rank in read)}
     clean_counts.update(dict.fromkeys(untimed, 0))
     profiled_step = statistics.median(profiled_ms)
     unprofiled_step = statistics.median(unprofiled_ms)
@@ -346,8 +359,7 @@ def profiler_cost(timers: pd.DataFrame, run: RunInfo | None) -> ProfilerCost | N
                 f"the step time needs {MIN_UNPROFILED_STEPS} on every rank (the first {SETTLING_STEPS} steps, the "
                 "profiler's warm-up step, the step after the trace export and the unit-timed steps do not count"
                 f"{_script_words(run)}); " + (
-                    "its timers hold none of the steps the profiler traced on it (the file cut short or lost), so "
-                    "the other ranks' clean steps cannot stand for it" if fewest_rank in untimed else _more_steps(run)))
+                    _untimed_words(untimed[fewest_rank]) if fewest_rank in untimed else _more_steps(run)))
     elif slowdown < NOISE_SLOWDOWN:
         pace = pace_note(fewest)
     observed = [r.observer for r in run.ranks if r.observer is not None and r.observer.agent_ms_median is not None]

@@ -269,3 +269,16 @@ def test_an_export_carries_the_torn_timer_files_of_its_ranks_named_from_the_run_
                                                        "timers/rank\u00b2.jsonl", "/elsewhere/rank0.jsonl"]
     assert _torn_timers(torn, "/data/run/", [3]) == ["timers/rank3.jsonl", "timers/extra.jsonl", "timers/rank\u00b2.jsonl"]
     assert _torn_timers(["timers/rank2.jsonl"], None, [2]) == ["timers/rank2.jsonl"]  # an export read back
+
+
+def test_an_export_of_one_rank_reads_back_with_its_own_clean_steps(tmp_path: Path) -> None:
+    # the sample's rank 0 alone: the export keeps run.json whole and rank 0's timers; read back, the run is
+    # rank 0's, whose clean steps lead as they do in the whole run (the other rank's timers are not missing
+    # from it: its trace was not exported)
+    whole = analyse([SAMPLE], cache=False, progress=False)
+    export_perfetto(whole, tmp_path / "rank0.json", ranks=[0])
+    back = analyse([tmp_path / "rank0.json"], cache=False, progress=False)
+    assert back.traces.rank_ids == [0]
+    cost = back.summary.profiler
+    assert cost is not None and cost.headline and back.summary.step_time_source == "timers"
+    assert cost.fewest_unprofiled_steps == 4

@@ -76,6 +76,10 @@ def test_a_traced_rank_whose_timers_hold_none_of_its_steps_timed_no_clean_step()
     assert "its timers hold none of the steps the profiler traced on it" in cost.note
     # the figures rank 1 timed are still its own
     assert cost.unprofiled_step_ms == 21 and cost.profiled_step_ms == 31
+    # rank 1's trace read alone (a Perfetto export of rank 1, which keeps run.json whole): rank 0 is not in the
+    # run being read, so its timers are not missing from it, and rank 1's clean steps lead
+    alone = profiler_cost(timers, _run(2, [2, 3, 4]), ranks=[1])
+    assert alone is not None and alone.headline and alone.fewest_unprofiled_steps == 3 and alone.note is None
 
 
 def test_no_slowdown_injected_is_measured_as_none() -> None:
