@@ -265,7 +265,7 @@ class Run(LabelledRun):
     @property
     def actions(self) -> list[Action]:
         """What to do, in the order to read it: the bound's action, then alike findings as one line
-        each with their predicted gains (fsdpviz whatif), ``folded`` past the first five; the sentence
+        each with their predicted gains (fsdpviz whatif), ``folded`` past the first five (never the profiler's past 1.5x); the sentence
         of one is :func:`fsdpviz.analysis.actions.action_text`, the list's as the summary prints them
         :func:`fsdpviz.analysis.actions.action_texts`."""
         return self.summary.actions
@@ -389,6 +389,7 @@ class Run(LabelledRun):
         """
         from fsdpviz.errors import UsageError
         from fsdpviz.replay.settings import settings_of
+        from fsdpviz.whatif.explore import split_of
         from fsdpviz.whatif.gains import clock_notes, summary_model
         from fsdpviz.whatif.predict import predict
 
@@ -403,6 +404,7 @@ class Run(LabelledRun):
                 raise UsageError(why_not)
         prediction = predict(self._model, settings)
         prediction.notes.extend(clock_notes(self.result))  # as the command's
+        prediction.bound = split_of(self._model, prediction)  # as the command's
         return WhatIf(run=self, model=self._model, prediction=prediction)
 
 

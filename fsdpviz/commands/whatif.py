@@ -173,12 +173,11 @@ def whatif(
 
     prediction = predict(model, settings)
     prediction.notes.extend(said_of_clock)
-    from fsdpviz.whatif.explore import predicted_bound
+    from fsdpviz.whatif.explore import split_of
 
     # the predicted step's split, as --explore gives each setting's: the parts the table adds up to
     recorded_bound = model.result.summary.bound
-    split = predicted_bound(recorded_bound, prediction, None)
-    prediction.bound = None if split is None else split.to_json()
+    prediction.bound = split_of(model, prediction)
     if code:
         print_code(prediction, settings, stack, say)
         return
@@ -328,8 +327,11 @@ def print_prediction(prediction: Prediction, run: str, framework: str, world_siz
     if recorded_bound is not None and split is not None:
         before = (recorded_bound.fsdp_overhead_ms, (recorded_bound.host_wait_ms or 0.0) + recorded_bound.other_idle_ms)
         after = (split["fsdp_overhead_ms"], (split["host_wait_ms"] or 0.0) + split["other_idle_ms"])
+        # a host wait that is not known (a CPU rank: nothing waits for the host) is not added in as a 0
+        idle = ("idle (host wait + other idle)" if recorded_bound.host_wait_ms is not None
+                and split["host_wait_ms"] is not None else "other idle")
         rows[-1:-1] = [(label, f"{b:,.2f} ms", f"{a:,.2f} ms", change_text(b, a, "ms")) for label, b, a in
-                       zip(("FSDP per-unit work", "idle (host wait + other idle)"), before, after, strict=True)]
+                       zip(("FSDP per-unit work", idle), before, after, strict=True)]
     _table(("", "recorded", "predicted", "change"), rows)
     if prediction.measurable is False:
         typer.echo(f"  {within_spread_words(prediction.spread_ms or 0.0)}")
@@ -351,7 +353,7 @@ def print_prediction(prediction: Prediction, run: str, framework: str, world_siz
     for note in prediction.notes:
         typer.echo(f"note: {note}")
     if split is not None and split.get("note"):
-        typer.echo(f"note: the predicted split: {split['note']}")
+        typer.echo(f"note: {split['note']}")
 
 
 def _setting_words(settings: Settings, device: str = "", prefetch: dict[str, object] | None = None,

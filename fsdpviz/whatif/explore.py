@@ -277,6 +277,14 @@ def device_budget(model: Model) -> int | None:
     return device_memory_bytes(model.result.traces.ranks)
 
 
+def split_of(model: Model, prediction: Prediction) -> dict[str, Any] | None:
+    """One setting's predicted split and bound (``Prediction.bound``, whatif ``--json``'s ``bound``), as
+    :func:`explore` gives that setting's without ``--memory-budget``: the recording's split moved by the
+    prediction, held against the device's memory where the trace states it."""
+    split = predicted_bound(model.result.summary.bound, prediction, device_budget(model))
+    return None if split is None else split.to_json()
+
+
 def explore(model: Model, budget_bytes: int | None = None) -> Exploration:
     """Predict the grid and rank it (see the module docstring)."""
     tries, left_out = grid(model)
