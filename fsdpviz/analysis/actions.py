@@ -1,5 +1,5 @@
 """Findings a person reads in ten seconds: the bound first, alike findings as one line, at most
-:data:`MAX_SHOWN` actions, the rest folded.
+:data:`MAX_SHOWN` actions, the rest folded (but the profiler's action past ``HIGH_SLOWDOWN``).
 
 A run of 8 units whose all-gathers all outlast the compute before them has 16 findings that say the
 same thing (one per unit and pass). The user needs one line: "all-gathers outlast the previous
@@ -210,7 +210,8 @@ def _joined_reasons(reasons: Iterable[str]) -> str:
     for reason in dict.fromkeys(reasons):
         head, sep, tail = reason.partition(": ")
         heads.setdefault(head if sep else reason, []).append(tail if sep else "")
-    return "; ".join(f"{head}: {'; '.join(tails)}" if any(tails) else head for head, tails in heads.items())
+    return "; ".join(f"{head}: {'; '.join(t for t in tails if t)}" if any(tails) else head
+                     for head, tails in heads.items())
 
 
 def _per_unit_text(units: Sequence[UnitSummary]) -> str:

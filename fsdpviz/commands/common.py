@@ -47,14 +47,31 @@ def check_output_folder(path: Path | None, what: str) -> None:
         return
     if not path.parent.is_dir():
         raise UsageError(f"{path}: cannot write {what}: folder {path.parent} does not exist")
+    _probe(path, path.parent, what)
+
+
+def check_output_tree(path: Path, what: str) -> None:
+    """UsageError when the folder ``path`` is to be made in (its nearest existing ancestor; ``path``
+    itself where it exists) takes no file, or is a file: said before anything is loaded."""
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UsageError(f"{path}: cannot write {what}: {existing} is a file, not a folder")
+    _probe(path, existing, what)
+
+
+def _probe(path: Path, folder: Path, what: str) -> None:
+    """UsageError unless ``folder`` takes a file (an unnamed temporary one, gone when closed)."""
+    import errno
     import tempfile
 
     try:
-        with tempfile.TemporaryFile(dir=path.parent):
+        with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as exc:
-        raise UsageError(f"{path}: cannot write {what}: folder {path.parent} takes no file "
-                         f"({exc.strerror or exc})") from None
+        why = "" if exc.errno == errno.ENOENT or not exc.strerror else f" ({exc.strerror})"
+        raise UsageError(f"{path}: cannot write {what}: folder {folder} takes no new file{why}") from None
 
 
 SCHEDULER_HELP = ("Parse the traces on the workers of this Dask scheduler (tcp://host:8786; needs "

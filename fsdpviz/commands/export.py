@@ -28,6 +28,7 @@ from fsdpviz.commands.common import (
     QUIET_HELP,
     SCHEDULER_HELP,
     STEPS_HELP,
+    check_output_tree,
     warn_gaps,
 )
 from fsdpviz.errors import UsageError
@@ -103,6 +104,7 @@ def export(
         raise UsageError("--ranks and --no-raw apply to --format perfetto")
     if out.exists() and not out.is_dir():
         raise UsageError(f"-o {out}: exists and is not a folder")
+    check_output_tree(out, "the export")  # before minutes of loading
     run = analyse(paths, steps=parse_steps(steps), include_last_step=include_last_step, cache=cache,
                   progress=False if quiet else None, scheduler=scheduler)
     # on the clock the summary gives (the bound's split: the cached summary's, else the model's)

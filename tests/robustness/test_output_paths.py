@@ -61,16 +61,21 @@ def test_output_under_a_file(command: str, tmp_path: Path, trace: Path, good_run
     assert blocker.read_text() == "not a folder"
 
 
-@pytest.mark.parametrize("command", WRITERS)
-def test_a_folder_that_takes_no_file_is_said_before_anything_is_printed(command: str, trace: Path, good_run: Path,
-                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("command", (*WRITERS, "whatif"))
+def test_a_folder_that_takes_no_file_is_said_before_anything_is_loaded(command: str, tmp_path: Path, good_run: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
     # /proc exists and is a folder, but no file can be made in it (for root too): compare used to print its
-    # whole comparison first and fail at the end
+    # whole comparison first and fail at the end. The input is garbage, so an error about the output proves
+    # that nothing was read first
+    garbage = tmp_path / "rank0.trace.json"
+    garbage.write_text("not a trace")
     out = Path("/proc") / ("fsdpviz-tables" if command == "export" else "fsdpviz-page.html")
-    code, stdout, stderr = run_cli(_argv(command, out, trace, good_run), capsys)
+    argv = (["whatif", "-q", "--wrap", "root", "-o", str(out), str(garbage)] if command == "whatif"
+            else _argv(command, out, garbage, good_run))
+    code, stdout, stderr = run_cli(argv, capsys)
     assert code == 2 and stdout == "", stdout
     one_error_line(stderr, f"{out}: cannot write")
-    assert not out.exists()
+    assert "folder /proc takes no new file" in stderr and not out.exists()
 
 
 @pytest.mark.parametrize("command", ["report", "compare"])

@@ -348,7 +348,8 @@ def test_samples_advise_nothing_predicted_to_gain_nothing(sample: str, sample_ru
                                  for path in sorted((run_dir / "timers").glob("rank*.jsonl")))
     assert bound.step_ms == pytest.approx(want, abs=1e-3)
     actions = predicted_actions(result)
-    assert sum(not a.folded for a in actions) <= MAX_SHOWN
+    # at most five shown, and past them only the profiler's caveat on every figure (past 1.5x)
+    assert sum(not a.folded and fnd.LARGELY_PROFILERS not in a.message for a in actions) <= MAX_SHOWN
     # the bound first, then what to try, then the rest, each by time lost; the profiler's share last
     # (the run itself does not lose it), as the findings list it
     rest = [a for a in actions if a.kind != "bound"]
