@@ -322,16 +322,12 @@ def print_prediction(prediction: Prediction, run: str, framework: str, world_siz
         read = prediction.clock.get("ranks")
         typer.echo(f"clock: {prediction.clock['note']}"
                    + (f"; the model read rank(s) {format_ranks(read)} only" if read else ""))
+    from fsdpviz.whatif.predict import split_rows
+
     rows = _rows(prediction.baseline, prediction.predicted)
     split = prediction.bound
-    if recorded_bound is not None and split is not None:
-        before = (recorded_bound.fsdp_overhead_ms, (recorded_bound.host_wait_ms or 0.0) + recorded_bound.other_idle_ms)
-        after = (split["fsdp_overhead_ms"], (split["host_wait_ms"] or 0.0) + split["other_idle_ms"])
-        # a host wait that is not known (a CPU rank: nothing waits for the host) is not added in as a 0
-        idle = ("idle (host wait + other idle)" if recorded_bound.host_wait_ms is not None
-                and split["host_wait_ms"] is not None else "other idle")
-        rows[-1:-1] = [(label, f"{b:,.2f} ms", f"{a:,.2f} ms", change_text(b, a, "ms")) for label, b, a in
-                       zip(("FSDP per-unit work", idle), before, after, strict=True)]
+    rows[-1:-1] = [(label, f"{b:,.2f} ms", f"{a:,.2f} ms", change_text(b, a, "ms"))
+                   for label, b, a in split_rows(recorded_bound, split)]
     _table(("", "recorded", "predicted", "change"), rows)
     if prediction.measurable is False:
         typer.echo(f"  {within_spread_words(prediction.spread_ms or 0.0)}")

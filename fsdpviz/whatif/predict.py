@@ -47,6 +47,7 @@ from fsdpviz.whatif.apply import Apply, apply_code, fsdp1_arguments
 from fsdpviz.whatif.stacks import DEEPSPEED, launched_by
 
 if TYPE_CHECKING:
+    from fsdpviz.analysis.bound import BoundSummary
     from fsdpviz.structure.profiler_cost import ProfilerCost
 
 # Why a prefetch setting changes nothing on a CPU recording, and where the recording's collectives took no
@@ -845,6 +846,19 @@ def time_rows(baseline: Outcome, predicted: Outcome) -> list[tuple[str, float, f
     if baseline.fsdp_kernels_ms is not None and predicted.fsdp_kernels_ms is not None:
         rows.append(("FSDP's copy kernels", baseline.fsdp_kernels_ms, predicted.fsdp_kernels_ms))
     return rows
+
+
+def split_rows(recorded: BoundSummary | None, split: dict[str, Any] | None) -> list[tuple[str, float, float]]:
+    """The rest of the step's split beside :func:`time_rows` (the terminal's table and the page's): FSDP's
+    per-unit work and the idle time, the recording's bound beside the prediction's split (``Prediction.bound``),
+    so that compute, FSDP's per-unit work, exposed communication and idle add up to the step. A host wait
+    that is not known (a CPU rank: nothing waits for the host) is not added in as a 0: the row is other idle."""
+    if recorded is None or split is None:
+        return []
+    known = recorded.host_wait_ms is not None and split["host_wait_ms"] is not None
+    return [("FSDP per-unit work", recorded.fsdp_overhead_ms, split["fsdp_overhead_ms"]),
+            ("idle (host wait + other idle)" if known else "other idle",
+             (recorded.host_wait_ms or 0.0) + recorded.other_idle_ms, (split["host_wait_ms"] or 0.0) + split["other_idle_ms"])]
 
 
 UNIT_FIELDS = ("all_gather", "forward", "backward", "reduce_scatter", "exposed_comm")

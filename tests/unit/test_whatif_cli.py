@@ -8,6 +8,7 @@ more copies of one rank; two keep the collectives between ranks that the setting
 
 from __future__ import annotations
 
+import html
 import json
 import re
 from pathlib import Path
@@ -158,7 +159,8 @@ def test_explore_on_cpu_counts_what_it_lists_without_a_budget(capsys: pytest.Cap
     assert len(data["ranked"]) == len(ranked) and len(data["within_spread"]) == len(rows) - len(ranked)
 
 
-def test_one_setting_gives_the_split_explore_gives_it_and_its_table_adds_up(capsys: pytest.CaptureFixture[str]) -> None:
+def test_one_setting_gives_the_split_explore_gives_it_and_its_table_adds_up(capsys: pytest.CaptureFixture[str],
+                                                                           tmp_path: Path) -> None:
     # one figure per quantity: whatif --wrap root's split of its predicted step is --explore's row of wrap root,
     # part for part, note included (the host side it would take below 0, held there)
     sample = str(Path(__file__).parents[2] / "sample_traces" / "fsdp2-cpu-2rank")
@@ -178,6 +180,16 @@ def test_one_setting_gives_the_split_explore_gives_it_and_its_table_adds_up(caps
     for column in (0, 1):  # recorded, predicted
         assert sum(cells[p][column] for p in parts) == pytest.approx(cells["step time"][column], abs=0.03), cells
     assert f"note: {one['bound']['note']}" in out
+    # the page's table holds the same rows, the recorded column the summary's bound, to the µs
+    bound = json.loads(_run(["summary", sample, "--json", "-q", "--no-cache"], capsys)[1])["bound"]
+    page = tmp_path / "root.html"
+    assert _run(["whatif", sample, "--wrap", "root", "-q", "--no-cache", "-o", str(page)], capsys)[0] == 0
+    visible = re.sub(r"<(script|style)\b.*?</\1>", "", page.read_text(), flags=re.DOTALL)
+    text = " ".join(html.unescape(re.sub(r"<[^>]+>", " ", visible)).split())
+    split = one["bound"]
+    assert f"FSDP per-unit work {bound['fsdp_overhead_ms']:,.3f} ms {split['fsdp_overhead_ms']:,.3f} ms" in text
+    assert f"other idle {bound['other_idle_ms']:,.3f} ms {split['other_idle_ms']:,.3f} ms" in text
+    assert split["note"][1:] in text
 
 
 def test_a_ranked_list_with_nothing_faster_says_so_above_it(capsys: pytest.CaptureFixture[str]) -> None:

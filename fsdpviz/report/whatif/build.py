@@ -18,6 +18,7 @@ from fsdpviz.whatif.predict import (
     Outcome,
     Prediction,
     category_floor,
+    split_rows,
     time_rows,
     within_spread_words,
 )
@@ -54,9 +55,12 @@ class WhatifPage:
     seconds: float
 
 
-def numbers_table(baseline: Outcome, predicted: Outcome) -> HtmlTable:
+def numbers_table(baseline: Outcome, predicted: Outcome,
+                  split: list[tuple[str, float, float]] | None = None) -> HtmlTable:
+    """Recorded beside predicted: the step's time figures, then ``split`` (:func:`split_rows`: FSDP's
+    per-unit work and the idle time, as the terminal's table shows them), the peak and its categories."""
     rows: list[list[TableCell]] = []
-    for label, before_ms, after_ms in time_rows(baseline, predicted):
+    for label, before_ms, after_ms in [*time_rows(baseline, predicted), *(split or [])]:
         rows.append([TableCell(text=label, header=True), TableCell(text=f"{before_ms:,.3f} ms"),
                      TableCell(text=f"{after_ms:,.3f} ms", sub=format_change(before_ms, after_ms, "ms"))])
     b_peak, p_peak = baseline.peak_allocated_bytes, predicted.peak_allocated_bytes
@@ -144,7 +148,9 @@ def build_whatif(model: Model, prediction: Prediction, output: str | Path, *, so
         spread = f"{within[0].upper()}{within[1:]}."
     notes = [*(f"Warning: {w}." for w in prediction.warnings), spread,
              *(f"Assumed: {figure}." for figure in prediction.assumed),
-             f"Replay: {prediction.replay_words()}.", *prediction.notes]
+             f"Replay: {prediction.replay_words()}.", *prediction.notes,
+             *([f"{prediction.bound['note'][0].upper()}{prediction.bound['note'][1:]}."]
+               if prediction.bound and prediction.bound.get("note") else [])]
     apply = prediction.apply
     code = [] if apply is None or apply.code is None else [
         (f"{name}: the change as code (fsdpviz whatif ... --code)", apply.code)]
@@ -152,7 +158,9 @@ def build_whatif(model: Model, prediction: Prediction, output: str | Path, *, so
         notes.append(f"No code for this setting: {apply.note}.")
     sections = [
         Section(key="numbers", title=f"Recorded vs predicted: {name}", howto=HOWTO_NUMBERS, notes=notes,
-                tables=[numbers_table(prediction.baseline, prediction.predicted), settings_table(prediction),
+                tables=[numbers_table(prediction.baseline, prediction.predicted,
+                                      split_rows(model.result.summary.bound, prediction.bound)),
+                        settings_table(prediction),
                         units_table(prediction)], code=code),
         Section(key="timeline", title="One step, recorded and predicted", howto=HOWTO_TIMELINE,
                 legend=[("units", [LegendItem(label=u, color=colors[u]) for u in data.units])],
