@@ -165,12 +165,19 @@ STEP_PARTS: Final = (
 )
 
 
+def _backward_end(labels: pd.DataFrame) -> pd.Series:
+    """Per step of one rank's labels, when its last backward label ended (steps without one absent)."""
+    return labels[(labels["phase"] == vocabulary.BACKWARD).to_numpy()].groupby("step")["end_ns"].max()
+
+
 def _step_times(rank: int, steps: pd.DataFrame, pieces: pd.DataFrame, labels: pd.DataFrame,
                 events: pd.DataFrame, collectives: pd.DataFrame, compute: Intervals,
-                windows: pd.DataFrame, staged: tuple[np.ndarray, Intervals] | None = None) -> pd.DataFrame:
+                windows: pd.DataFrame, staged: tuple[np.ndarray, Intervals] | None = None,
+                backward_end: pd.Series | None = None) -> pd.DataFrame:
     """STEP_TIMES of one rank: where the training threads' time went, step by step. ``staged``: the
     copies the rank's host-backend collectives staged (:func:`staged_copies` of ``collectives`` one row
-    per collective): each is communication of its collective's step, as the whole-step overlap counts it."""
+    per collective): each is communication of its collective's step, as the whole-step overlap counts it.
+    ``backward_end``: :func:`_backward_end` of ``labels``, where the caller has it already."""
     overhead = overhead_labels(labels)
     engine = _engine_intervals(labels, (ENGINE_FORWARD, ENGINE_BACKWARD), windows)
     over = union_intervals(np.concatenate([overhead["start_ns"].to_numpy(np.int64), engine[0]]),
@@ -179,7 +186,7 @@ def _step_times(rank: int, steps: pd.DataFrame, pieces: pd.DataFrame, labels: pd
     hi = steps["end_ns"].to_numpy(np.int64)
     # After backward: from the end of the step's last backward label to the step's end (the
     # optimizer step, however the framework wraps it); without backward labels, Optimizer.step#.
-    bwd_end = labels[labels["phase"] == vocabulary.BACKWARD].groupby("step")["end_ns"].max()
+    bwd_end = _backward_end(labels) if backward_end is None else backward_end
     after = steps["step"].map(bwd_end).to_numpy(dtype=np.float64)
     opt = events[((events["kind"] == schema.KIND_ANNOTATION)
                   & startswith(events["name"], rules.OPTIMIZER_STEP_PREFIX))]
@@ -414,14 +421,14 @@ def analyse_ranks(traces: TraceSet, ranks: Sequence[int], selection: StepSelecti
             cat_curves.append(mcat.levels_frame(rank, samples["t_ns"].to_numpy(np.int64)[kept], cats.levels[kept]))
         rank_coll = rank_colls[rank]
         rank_labels = by_rank["labels"](rank)
-        backward_end = rank_labels[(rank_labels["phase"] == vocabulary.BACKWARD).to_numpy()].groupby("step")["end_ns"].max()
+        backward_end = _backward_end(rank_labels)  # read once: the purposes' words and the step times
         purpose_rows.append(purpose_times(rank, rank_coll, collective_purposes(
             rank_coll, tp_groups=parallel.tp_groups, tp=parallel.parallelism.tp), compute.get(rank, empty_intervals()),
-            staged[rank], backward_end={int(k): int(v) for k, v in backward_end.items()}))
+            staged[rank], backward_end=dict(zip(backward_end.index.astype(int).tolist(), backward_end.to_numpy(np.int64).tolist()))))
         _fill_gpu_waits(us, rank, rank_events, rank_windows, chosen, by_rank["unit_spans"](rank))
-        times.append(_step_times(rank, chosen, by_rank["pieces"](rank), by_rank["labels"](rank), rank_events,
+        times.append(_step_times(rank, chosen, by_rank["pieces"](rank), rank_labels, rank_events,
                                  rank_colls[rank], compute.get(rank, empty_intervals()), rank_windows,
-                                 staged[rank]))
+                                 staged[rank], backward_end))
     shared = labels[rules.fsdpviz_collective(labels) & labels["unit"].str.contains(",", regex=False).to_numpy()]
     widest = max((len(u.split(",")) for u in shared["unit"]), default=0)
     return RankPart(ranks=chosen_ranks, has_unit_labels=has_unit_labels(labels),

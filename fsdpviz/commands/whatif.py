@@ -425,10 +425,9 @@ def print_exploration(exploration: Exploration, run: str) -> None:
     if rows:
         # the ranked settings are those whose step moves past the spread, either way: a list whose first is
         # slower than the recording is not advice, and the heading says so
-        faster = any(c.prediction is not None and c.prediction.predicted.step_time_ms < base.step_time_ms
-                     for c in exploration.ranked)
         typer.echo("ranked by predicted step time, each measurably faster or slower than the recording"
-                   + ("" if faster else f" (none faster than its {base.step_time_ms:,.2f} ms)") + ":")
+                   + ("" if exploration.best() is not None else f" (none faster than its {base.step_time_ms:,.2f} ms)")
+                   + ":")
         _table(("#", *header), rows)
     if unranked:
         whole = any(w.startswith("unreliable") for w in exploration.warnings)
