@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Final
 
-from fsdpviz.record.options import LAUNCHER_VARIABLES
+from fsdpviz.record.options import ENV_BOOTSTRAP, LAUNCHER_VARIABLES
 
 BOOTSTRAP_DIR: Final = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
 # fsdpviz's variables as the process found them (the recording's options, its id), kept here once a
@@ -50,11 +50,20 @@ def leave_environment() -> None:
         value = os.environ.pop(key, None)
         if value is not None:
             _LAUNCH_ENV.setdefault(key, value)
+    # the launcher resolves its folder's links; this module's path may not be resolved, or may be another
+    # copy of fsdpviz than the launcher's: the folder is recognised by its real path and by the launcher's word
+    bootstrap = {os.path.realpath(BOOTSTRAP_DIR)}
+    if _LAUNCH_ENV.get(ENV_BOOTSTRAP):
+        bootstrap.add(os.path.realpath(_LAUNCH_ENV[ENV_BOOTSTRAP]))
+
+    def ours(path: str) -> bool:
+        return os.path.realpath(path or os.curdir) in bootstrap
+
     paths = os.environ.get("PYTHONPATH")
     if paths is not None:
-        kept = [p for p in paths.split(os.pathsep) if os.path.abspath(p or os.curdir) != BOOTSTRAP_DIR]
+        kept = [p for p in paths.split(os.pathsep) if not ours(p)]
         if kept:
             os.environ["PYTHONPATH"] = os.pathsep.join(kept)
         else:
             del os.environ["PYTHONPATH"]
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != BOOTSTRAP_DIR]
+    sys.path[:] = [p for p in sys.path if not ours(p)]

@@ -28,7 +28,7 @@ from typing import Any
 from fsdpviz.errors import RunFolderError, UsageError
 from fsdpviz.record import runinfo
 from fsdpviz.record.environment import without_own_defaults
-from fsdpviz.record.options import ENV_OWNER_PID, ENV_RUN_ID, RecordOptions
+from fsdpviz.record.options import ENV_BOOTSTRAP, ENV_OWNER_PID, ENV_RUN_ID, RecordOptions
 from fsdpviz.record.tail import StderrTail
 from fsdpviz.runfolder import (
     COMMAND_LOG,
@@ -164,6 +164,7 @@ def child_env(options: RecordOptions, base: dict[str, str] | None = None, run_id
     env.pop(ENV_OWNER_PID, None)  # a recording started from inside another one starts afresh
     old = env.get("PYTHONPATH")
     env["PYTHONPATH"] = str(BOOTSTRAP_DIR) + (os.pathsep + old if old else "")
+    env[ENV_BOOTSTRAP] = str(BOOTSTRAP_DIR)
     return env
 
 

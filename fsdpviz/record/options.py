@@ -33,11 +33,14 @@ ENV_RUN_ID: Final = "FSDPVIZ_RUN_ID"  # the recording's id, written into every t
 # Time-window fallback for scripts that never step a torch optimizer (seconds).
 ENV_FALLBACK_AFTER_S: Final = "FSDPVIZ_FALLBACK_AFTER_S"
 ENV_WINDOW_S: Final = "FSDPVIZ_WINDOW_S"
+# The bootstrap folder exactly as ``fsdpviz record`` put it on PYTHONPATH: a rank takes that entry out
+# again even where its own import of fsdpviz names the folder by another path (a symlink, another copy)
+ENV_BOOTSTRAP: Final = "FSDPVIZ_BOOTSTRAP"
 
 # What ``fsdpviz record`` adds to the command's environment; a recording rank takes them out again
 # (agent.py), so that the script sees the environment of a bare run.
 LAUNCHER_VARIABLES: Final = (ENV_RUN_DIR, ENV_STEPS, ENV_WARMUP, ENV_MODE, ENV_MEMORY, ENV_STACK, ENV_UNIT_TIMER_STEPS,
-                             ENV_OWNER_PID, ENV_RUN_ID, ENV_FALLBACK_AFTER_S, ENV_WINDOW_S)
+                             ENV_OWNER_PID, ENV_RUN_ID, ENV_FALLBACK_AFTER_S, ENV_WINDOW_S, ENV_BOOTSTRAP)
 
 DEFAULT_STEPS: Final = 3
 # Step 0 warms up (allocation, caches), step 1 warms the profiler up, steps 2-4 are profiled: a script of

@@ -310,10 +310,14 @@ def test_record_leaves_what_the_script_reads_of_itself_as_a_bare_run_has_it(tmp_
     but for the RSS itself, which the profiler's buffers raise: its peak counter is never reset, so the
     256 MiB the script allocates in step 6 stays in its peak in every later step, as bare. fsdpviz's own
     per-step peak of the step that holds the spike is exact (the script allocates it after its optimizer
-    step, which ends fsdpviz's step 6: the spike is in fsdpviz's step 7)."""
+    step, which ends fsdpviz's step 6: the spike is in fsdpviz's step 7). The user's own PYTHONPATH names
+    fsdpviz through a symlink (a home on a linked file system): the ranks import fsdpviz by that path while
+    the recorder put its bootstrap there by the real one, and the script still sees its own PYTHONPATH."""
     script = SCRIPTS / "self_watch_train.py"
     run_dir = tmp_path / "run"
-    env = record_env()
+    checkout = tmp_path / "checkout"
+    checkout.symlink_to(REPO, target_is_directory=True)
+    env = record_env(PYTHONPATH=str(checkout))
     # fsdpviz sets Arrow's allocator for its own process: this worker may hold it from an earlier test that
     # ran the command line in-process, and a user who never set it must not see it in the script
     env.pop("ARROW_DEFAULT_MEMORY_POOL", None)

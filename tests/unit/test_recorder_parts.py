@@ -242,6 +242,26 @@ def test_child_env_puts_bootstrap_first_and_drops_owner(tmp_path: Path) -> None:
     assert "FSDPVIZ_OWNER_PID" not in env and env["FSDPVIZ_RUN_DIR"] == str(tmp_path) and env["PATH"] == "/bin"
 
 
+def test_a_rank_takes_out_the_bootstrap_another_copy_of_fsdpviz_put_there(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ranks may import another copy of fsdpviz than the recorder's (the user's PYTHONPATH, an older
+    install): the bootstrap the recorder named (``child_env``) still leaves PYTHONPATH and sys.path."""
+    from fsdpviz.record import environment
+
+    other = tmp_path / "elsewhere" / "fsdpviz" / "record" / "bootstrap"
+    other.mkdir(parents=True)
+    env = launcher.child_env(RecordOptions(run_dir=tmp_path), {"PYTHONPATH": "/mine"})
+    env["PYTHONPATH"] = env["PYTHONPATH"].replace(str(launcher.BOOTSTRAP_DIR), str(other))
+    env["FSDPVIZ_BOOTSTRAP"] = str(other)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(environment, "_LAUNCH_ENV", {})
+    monkeypatch.setattr(sys, "path", [str(other), *sys.path])
+    environment.leave_environment()
+    assert os.environ["PYTHONPATH"] == "/mine" and str(other) not in sys.path
+    assert "FSDPVIZ_BOOTSTRAP" not in os.environ and "FSDPVIZ_RUN_DIR" not in os.environ
+
+
 @pytest.fixture()
 def fake_launcher(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[str], RecordOptions]]:
     calls: list[tuple[list[str], RecordOptions]] = []
