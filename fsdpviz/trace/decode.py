@@ -225,7 +225,9 @@ def decode_trace(data: bytes, path: Path) -> tuple[KinetoTrace, int]:
         except msgspec.DecodeError:  # an oddly typed field before a NaN / Infinity literal
             return _decode_with_nan(data, path)
     except msgspec.DecodeError as exc:
-        if _NON_STANDARD_NUMBER_RE.search(data) and "truncated" not in str(exc):
+        # NaN / Infinity in a JSON document; not in an HTML page or other text that happens to hold the words
+        if (data.lstrip()[:1] in (b"{", b"[") and _NON_STANDARD_NUMBER_RE.search(data)
+                and "truncated" not in str(exc)):
             return _decode_with_nan(data, path)
         raise TraceError(path, _describe_decode_error(data, exc)) from None
 

@@ -73,8 +73,12 @@ def below_hint(folder: Path) -> str:
     folders (run.json) one level down, as a recording's own folder does beside its script's files."""
     try:
         runs = sorted(p.name for p in folder.iterdir() if p.is_dir() and (p / RUN_JSON).is_file())
+        traces = (folder / TRACES_DIR).is_dir() and bool(_traces_in(folder / TRACES_DIR))
     except OSError:
         return ""
+    if traces and not runs:  # a run folder whose run.json is gone: its traces can still be read alone
+        return (f"; it looks like a run folder without its {RUN_JSON}, whose {TRACES_DIR}/ holds traces: give "
+                f"{folder / TRACES_DIR} to read them alone (no timers or recorded settings then)")
     if not runs:
         return ""
     listed = ", ".join(runs[:3]) + (f" and {len(runs) - 3} more" if len(runs) > 3 else "")

@@ -131,6 +131,12 @@ def _run_without_traces(folder: Path) -> Path:
     return run
 
 
+def _run_without_run_json(folder: Path) -> Path:
+    run = _run_copy(folder)
+    (run / "run.json").unlink()
+    return run
+
+
 def _bad_timer_line(folder: Path) -> Path:
     run = _run_copy(folder)
     timers = run / "timers" / "rank1.jsonl"
@@ -176,6 +182,13 @@ CASES: dict[str, Case] = {
     "folder of other JSON": Case(_other_json_only, r"configs: folder holds no Kineto traces \(2 JSON file"),
     "broken run.json": Case(_broken_run_json, r"run/run\.json: cannot read run\.json"),
     "run folder without traces": Case(_run_without_traces, r"run: run folder has no traces"),
+    # the folder a recording wrote, its run.json lost: the line points at the traces it still holds
+    "run folder without run.json": Case(_run_without_run_json,
+                                        r"run: folder holds no trace files .*; it looks like a run folder without its "
+                                        r"run\.json, whose traces/ holds traces: give .*run/traces to read them alone"),
+    # fsdpviz's own report page (bokeh's code holds the words NaN and Infinity): not taken for JSON with NaNs
+    "an HTML page": Case(_file("report.html", b"<!DOCTYPE html>\n<html><script>var a = [NaN, -Infinity], b = {x: NaN};</script>"),
+                         r"report\.html: not a JSON trace \(the content is neither JSON nor gzip\)"),
     "damaged timer line": Case(_bad_timer_line, r"run/timers/rank1\.jsonl:4: bad timer record"),
     "truncated trace in a run folder": Case(_truncated_trace_in_run,
                                             r"run/traces/rank1\.trace\.json\.gz: truncated gzip"),
