@@ -394,11 +394,11 @@ def test_a_cpu_recording_bound_by_exposed_communication_is_advised_fewer_units(
 
 
 def test_advice_names_only_the_setting_whatif_stands_behind(session_memo: Callable[..., Any]) -> None:
-    """A committed FSDP2 recording of two micro-batches a step (2 CPU ranks, Adam, memory_train.py): root
-    is advised; merge:2, which the knob's words had named beside it, is within the recording's spread or
-    slower by whatif's own prediction, so the words name root alone. (Which of the two holds hangs on the
-    spread its steps were recorded with: merge:2 was within it until the recording was made again, and is
-    now predicted measurable but slower than root.)"""
+    """A committed FSDP2 recording of two micro-batches a step (2 CPU ranks, Adam, memory_train.py): the
+    analysis' words name root and merge:2; whatif's predictions decide what the summary advises. Root is
+    advised alone where whatif calls it measurable and faster than merge:2; where the recording's own
+    spread swallows it, nothing is advised and the action says why. (Which holds hangs on the spread its
+    steps were recorded with: recorded again, root's -56.46 ms fell within a 60.67 ms spread.)"""
     from fsdpviz.analysis.pipeline import analyse
 
     folder = Path(__file__).parents[1] / "recorded" / "memory-adam-amsgrad+model-zero-grad+2-micro" / "run"
@@ -407,13 +407,17 @@ def test_advice_names_only_the_setting_whatif_stands_behind(session_memo: Callab
     model, _ = summary_model(result)
     assert model is not None
     advised = [a for a in summary.actions if a.knob and a.kind == "bound"]
-    assert advised and [s.describe() for s in _named_settings(advised[0].knob)] == ["wrap root"]
     unpriced = next(a for a in result.summary.actions if a.kind == "bound")  # the analysis' words, before whatif
     assert sorted(s.describe() for s in _named_settings(unpriced.knob)) == ["wrap merge:2", "wrap root"]
     pairs = predict(model, _named_settings("(fsdpviz whatif --wrap merge:2)")[0])
     root = predict(model, _named_settings("(fsdpviz whatif --wrap root)")[0])
-    # what makes naming merge:2 advice whatif does not stand behind: within the spread, or not the fastest
-    assert pairs.measurable is False or pairs.predicted.step_time_ms > root.predicted.step_time_ms
+    best = min((p for p in (pairs, root) if p.measurable is not False),
+               key=lambda p: p.predicted.step_time_ms, default=None)
+    if best is not None and best.predicted.step_time_ms < best.baseline.step_time_ms:
+        assert advised and [s.describe() for s in _named_settings(advised[0].knob)] == [best.settings.describe()]
+    else:
+        bound = next(a for a in summary.actions if a.kind == "bound")
+        assert not advised and bound.why_not.endswith("step-to-step spread: not measurable in this recording"), bound
     _advice_names_what_whatif_stands_behind(summary, model)
 
 
