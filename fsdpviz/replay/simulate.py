@@ -111,7 +111,9 @@ class SimResult:
     fsdp_host_ns: float = 0.0
     """GPU: of those idle gaps, the time the host spent in FSDP's own work before the awaited launch: a
     gather's label, a copy-out's launch, a pass's hooks before and after its compute (the recording's
-    FSDP ranges; the module's own code around them is the host's, ``BusyOp.what`` ``own``)."""
+    FSDP ranges; the module's own code around them is the host's, ``BusyOp.what`` ``own``). CPU: all of
+    the thread's time in that work (the hooks, each gather's issue, each copy-out, a reduction's host
+    work), the bound's FSDP per-unit work."""
     other_idle_ns: float = 0.0
     """GPU: the device's other idle time: gaps ended by work launched before they began. The simulated
     device waits only for the host's launches (each one's work starts no earlier than the launch latency
@@ -145,7 +147,9 @@ def run(program: Program, gpu: bool) -> SimResult:
     for op in program.ops:
         sim.step(op)
     if not gpu:
-        return sim.result()
+        out = sim.result()
+        out.fsdp_host_ns = sum(e - s for s, e in _union(sim.fsdp_host))
+        return out
     # the steady state: the same step again after this one, whose device work may still be running
     # when the host reaches the next step's first synchronisation
     before = sim.host
@@ -180,7 +184,7 @@ class _Sim:
         self.pending_reduce: list[tuple[float, int]] = []  # (end, buffer bytes) not yet waited for
         self.reduce_ends: list[float] = []
         self.spans: list[SimSpan] = []
-        self.fsdp_host: list[tuple[float, float]] = []  # GPU: the host's intervals in FSDP's own work
+        self.fsdp_host: list[tuple[float, float]] = []  # the host's intervals in FSDP's own work
         self.pre_hook = (0.0, 0.0)  # the last pass's pre hook on the host: (start, length)
         self.phase = ""
 
@@ -189,7 +193,7 @@ class _Sim:
         if isinstance(op, BusyOp):
             if op.what == "pre":
                 self.pre_hook = (self.host, op.ns)
-            if self.gpu and op.what in ("pre", "post") and op.ns > 0:
+            if op.what in ("pre", "post") and op.ns > 0:
                 self.fsdp_host.append((self.host, self.host + op.ns))
             self.host += op.ns
         elif isinstance(op, GatherOp):
@@ -209,8 +213,8 @@ class _Sim:
         g = self.p.gathers[gid]
         issued = self.host
         self.host += g.host_ns
+        self.fsdp_host.append((issued, self.host))
         if self.gpu:
-            self.fsdp_host.append((issued, self.host))
             # a host backend's gather holds the host while its collective runs (gloo on CUDA: FSDP's
             # all-gather label ends with the gloo op, which starts within a millisecond of the label):
             # the copy-in and the collective start with the host's work on it, not after it
@@ -271,6 +275,7 @@ class _Sim:
             start = max(self.host, done)
             end = start + g.copy_out_host_ns
             self.host = end
+            self.fsdp_host.append((start, end))
         self.spans.append(SimSpan(g.unit, g.phase, "copy_out", COMPUTE if self.gpu else HOST, start, end,
                                   launch))
 

@@ -115,7 +115,12 @@ def predicted_bound(bound: BoundSummary | None, prediction: Prediction, budget_b
     gap = bound.parts_ms - bound.step_ms
     change = rest - side - idle + gap
     held: list[str] = []  # parts the change would take below 0, held there (said in the note)
-    if host is None and side <= 0:  # no host side to move: the change is other idle
+    simulated = _cpu_fsdp_work_ratio(prediction) if host is None else None
+    if simulated is not None:
+        # a CPU thread's FSDP work is simulated op by op (its hooks, each gather's issue, each copy-out, a
+        # reduction's host work): it moves as the simulation moves it, and other idle takes the rest
+        moved_side = side * simulated
+    elif host is None and side <= 0:  # no host side to move: the change is other idle
         moved_side = side
     else:
         moved_side = max(side + change, 0.0)
@@ -275,6 +280,16 @@ def grid(model: Model) -> tuple[list[Settings], list[Candidate]]:
 def device_budget(model: Model) -> int | None:
     """The smallest device memory any rank's trace states, or None (CPU, or not recorded)."""
     return device_memory_bytes(model.result.traces.ranks)
+
+
+def _cpu_fsdp_work_ratio(prediction: Prediction) -> float | None:
+    """The simulated FSDP per-unit work of a CPU prediction over the replay's of the recorded setting (sums
+    over the steps, ``SimResult.fsdp_host_ns``); None on a GPU, or where the replay holds none."""
+    if any(r.host_wait_ns is not None for r in prediction.replay):  # a GPU step: split by its idle gaps
+        return None
+    replayed = sum(r.fsdp_host_ns for r in prediction.replay)
+    simulated = sum(r.fsdp_host_ns for r in prediction.simulated)
+    return simulated / replayed if replayed > 0 and prediction.simulated else None
 
 
 def split_of(model: Model, prediction: Prediction) -> dict[str, Any] | None:

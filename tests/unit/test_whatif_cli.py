@@ -162,13 +162,15 @@ def test_explore_on_cpu_counts_what_it_lists_without_a_budget(capsys: pytest.Cap
 def test_one_setting_gives_the_split_explore_gives_it_and_its_table_adds_up(capsys: pytest.CaptureFixture[str],
                                                                            tmp_path: Path) -> None:
     # one figure per quantity: whatif --wrap root's split of its predicted step is --explore's row of wrap root,
-    # part for part, note included (the host side it would take below 0, held there)
+    # part for part, note included
     sample = str(Path(__file__).parents[2] / "sample_traces" / "fsdp2-cpu-2rank")
     one = json.loads(_run(["whatif", sample, "--wrap", "root", "--json", "-q", "--no-cache"], capsys)[1])
     grid = json.loads(_run(["whatif", sample, "--explore", "--json", "-q", "--no-cache"], capsys)[1])
     row = next(c for c in [*grid["ranked"], *grid["within_spread"], *grid["unranked"]] if c["setting"] == "wrap root")
     assert one["bound"] == row["bound"] and one["bound"]["step_ms"] == one["predicted"]["step_time_ms"]
-    assert "held to 0" in one["bound"]["note"]
+    # a CPU thread's FSDP work under one root unit is simulated: one unit's hooks and one gather's host
+    # work are left of the recorded units', not none (the recording of one root unit holds its own)
+    assert 0 < one["bound"]["fsdp_overhead_ms"] < grid["baseline"]["step_time_ms"]
     # the terminal's table: compute, FSDP's per-unit work, exposed communication and idle add up to the step
     code, out, _ = _run(["whatif", sample, "--wrap", "root", "-q", "--no-cache"], capsys)
     assert code == 0
@@ -179,7 +181,7 @@ def test_one_setting_gives_the_split_explore_gives_it_and_its_table_adds_up(caps
     parts = ("compute", "FSDP per-unit work", "exposed communication", "other idle")
     for column in (0, 1):  # recorded, predicted
         assert sum(cells[p][column] for p in parts) == pytest.approx(cells["step time"][column], abs=0.03), cells
-    assert f"note: {one['bound']['note']}" in out
+    assert one["bound"]["note"] is None or f"note: {one['bound']['note']}" in out
     # the page's table holds the same rows, the recorded column the summary's bound, to the µs
     bound = json.loads(_run(["summary", sample, "--json", "-q", "--no-cache"], capsys)[1])["bound"]
     page = tmp_path / "root.html"
@@ -189,7 +191,7 @@ def test_one_setting_gives_the_split_explore_gives_it_and_its_table_adds_up(caps
     split = one["bound"]
     assert f"FSDP per-unit work {bound['fsdp_overhead_ms']:,.3f} ms {split['fsdp_overhead_ms']:,.3f} ms" in text
     assert f"other idle {bound['other_idle_ms']:,.3f} ms {split['other_idle_ms']:,.3f} ms" in text
-    assert split["note"][1:] in text
+    assert split["note"] is None or split["note"][1:] in text
 
 
 def test_a_ranked_list_with_nothing_faster_says_so_above_it(capsys: pytest.CaptureFixture[str]) -> None:
