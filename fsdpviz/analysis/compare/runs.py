@@ -14,6 +14,7 @@ them, so ``compare --json`` agrees with the individual ``summary --json`` output
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
@@ -452,12 +453,37 @@ def comparability_notes(runs: Sequence[LabelledRun], match: UnitMatch) -> list[s
             notes.append(f"{r.label}: only {len(r.summary.steps)} step analysed: a figure taken from its analysed "
                          "steps has no step-to-step spread (spread_unknown says which), so a difference in it is held "
                          "to the other run's spread, and beside another such run not ranked.")
+    if pace := _pace_note(runs):
+        notes.append(pace)
     if all(d == "cpu" for d in devices):
         notes.append("All runs are CPU runs (gloo): the training thread waits out each collective FSDP issues, "
                      "a prefetched one too, so little or nothing of it overlaps compute, and steps run longer than "
                      "the same settings give on GPUs, where collectives run on their own CUDA streams. The ranking "
                      "of the runs may differ there.")
     return notes
+
+
+PACE_RATIO: Final = 1.25  # model compute this many times apart between runs of one command: the machine's pace
+
+
+def _pace_note(runs: Sequence[LabelledRun]) -> str:
+    """Where runs of the same command and the same recorded FSDP settings differ in the model's compute by
+    :data:`PACE_RATIO` or more: what the machine's pace does to every difference between them; "" otherwise."""
+    if len(runs) < 2 or any(a != "(same)" for a in _differing_args(runs)):
+        return ""
+    for key in ("reshard_after_forward", "forward_prefetch", "backward_prefetch"):
+        if len({_unit_setting(r, key) for r in runs}) > 1:
+            return ""
+    computes = [r.summary.overlap.compute_ms for r in runs]
+    known = [c for c in computes if c is not None and math.isfinite(c) and c > 0]
+    if len(known) < len(runs) or max(known) < PACE_RATIO * min(known):
+        return ""
+    said = ", ".join(f"{r.label} {c:,.1f} ms" for r, c in zip(runs, known))
+    return (f"Model compute differs between runs of one command with the same recorded FSDP settings: {said} a step "
+            f"({max(known) / min(known):.2f}x). No wrap, prefetch or resharding setting changes the model's own work "
+            "(on CPU ranks gloo's threads compete with it for the cores), so a difference this large is most likely "
+            "the machine's pace (another machine, another load), and every difference between these runs holds it: "
+            "record the runs to compare one after another on one machine.")
 
 
 def drift_notes(labels: Sequence[str], drift: Sequence[int | None], rise: Sequence[float | int | None]) -> list[str]:
