@@ -113,7 +113,8 @@ class SimResult:
     gather's label, a copy-out's launch, a pass's hooks before and after its compute (the recording's
     FSDP ranges; the module's own code around them is the host's, ``BusyOp.what`` ``own``). CPU: all of
     the thread's time in that work (the hooks, each gather's issue, each copy-out, a reduction's host
-    work), the bound's FSDP per-unit work."""
+    work), the bound's FSDP per-unit work; ``fsdp_copy_ns`` (the copy-outs) is part of it there, not
+    beside it."""
     other_idle_ns: float = 0.0
     """GPU: the device's other idle time: gaps ended by work launched before they began. The simulated
     device waits only for the host's launches (each one's work starts no earlier than the launch latency

@@ -28,7 +28,7 @@ import re
 import types
 import zlib
 from pathlib import Path
-from typing import Annotated, Protocol, TypeVar
+from typing import Annotated, Final, Protocol, TypeVar
 
 import msgspec
 
@@ -46,6 +46,7 @@ except ImportError:  # pragma: no cover - isal is a dependency, but the stdlib s
     _fast_zlib = zlib
 
 GZIP_MAGIC = b"\x1f\x8b"
+_BOM: Final = b"\xef\xbb\xbf"  # UTF-8's byte order mark, which Python's json reads past
 _NON_STANDARD_NUMBER_RE = re.compile(rb"[:\[,]\s*-?(?:NaN|Infinity)\b")
 
 
@@ -226,7 +227,7 @@ def decode_trace(data: bytes, path: Path) -> tuple[KinetoTrace, int]:
             return _decode_with_nan(data, path)
     except msgspec.DecodeError as exc:
         # NaN / Infinity in a JSON document; not in an HTML page or other text that happens to hold the words
-        if (data.lstrip()[:1] in (b"{", b"[") and _NON_STANDARD_NUMBER_RE.search(data)
+        if (data.lstrip().removeprefix(_BOM).lstrip()[:1] in (b"{", b"[") and _NON_STANDARD_NUMBER_RE.search(data)
                 and "truncated" not in str(exc)):
             return _decode_with_nan(data, path)
         raise TraceError(path, _describe_decode_error(data, exc)) from None

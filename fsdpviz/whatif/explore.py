@@ -93,12 +93,13 @@ def predicted_bound(bound: BoundSummary | None, prediction: Prediction, budget_b
     if bound is None:
         return None
     base, new = prediction.baseline, prediction.predicted
-    # the bound's parts (the run's clock, whatif's baseline) moved by the predicted change; what the
-    # step moves beyond compute and communication is the host side's first (the simulated step is the
+    # the bound's parts (the run's clock, whatif's baseline) moved by the predicted change. On a GPU, what
+    # the step moves beyond compute and communication is the host side's first (the simulated step is the
     # host's: per-unit work fewer units save, launches they no longer wait for), host wait and FSDP's
-    # per-unit host work together in proportion, then other idle. FSDP's copy kernels move as the
-    # prediction's do (a gather a setting drops takes its copies with it), not in compute, which is the
-    # model's.
+    # per-unit host work together in proportion, then other idle. On a CPU, FSDP's per-unit work moves as
+    # the simulated thread's own does (_cpu_fsdp_work_ratio), other idle takes the rest. FSDP's copy
+    # kernels move as the prediction's do (a gather a setting drops takes its copies with it), not in
+    # compute, which is the model's.
     kernels = bound.fsdp_kernels_ms or 0.0
     fsdp_host = bound.fsdp_overhead_ms - kernels
     if bound.fsdp_kernels_ms is not None and base.fsdp_kernels_ms is not None and new.fsdp_kernels_ms is not None:
@@ -116,10 +117,12 @@ def predicted_bound(bound: BoundSummary | None, prediction: Prediction, budget_b
     change = rest - side - idle + gap
     held: list[str] = []  # parts the change would take below 0, held there (said in the note)
     simulated = _cpu_fsdp_work_ratio(prediction) if host is None else None
+    first = "moves the host side first, then other idle"
     if simulated is not None:
         # a CPU thread's FSDP work is simulated op by op (its hooks, each gather's issue, each copy-out, a
         # reduction's host work): it moves as the simulation moves it, and other idle takes the rest
         moved_side = side * simulated
+        first = "moves FSDP's per-unit work as the simulated thread's own work moves, then other idle"
     elif host is None and side <= 0:  # no host side to move: the change is other idle
         moved_side = side
     else:
@@ -147,14 +150,17 @@ def predicted_bound(bound: BoundSummary | None, prediction: Prediction, budget_b
     notes = []
     if held:
         # the predicted step is the simulation's, its split here a rule of thumb: a part it empties is said
-        notes.append("the split of the predicted step moves the host side first, then other idle: " + "; ".join(held))
+        notes.append(f"the split of the predicted step {first}: " + "; ".join(held))
     excess = parts - step - gap  # beyond the recorded parts' own difference from their step
     if excess >= 0.0005:
         # the step is the prediction's (one figure); the parts are not shrunk to meet it
         notes.append(f"the parts add up to {excess:.3f} ms more than the predicted step"
                      + (f" and the recorded parts' own {gap:+.3f} ms" if abs(gap) > PARTS_ROUNDING_MS else "")
-                     + ": the simulation takes out more than the recorded host wait, FSDP's host work and other idle "
-                     "hold, and the model's compute, FSDP's copy kernels and the exposed communication are kept as moved")
+                     + (": the model's compute, the exposed communication as moved and FSDP's per-unit work as "
+                        "simulated leave no other idle to take the rest" if simulated is not None else
+                        ": the simulation takes out more than the recorded host wait, FSDP's host work and other "
+                        "idle hold, and the model's compute, FSDP's copy kernels and the exposed communication are "
+                        "kept as moved"))
     if abs(gap) > PARTS_ROUNDING_MS:
         notes.append(f"the parts keep the recorded split's own difference from its step ({gap:+.3f} ms: each of its "
                      "parts is the median over ranks of that rank's part, and they need not add up)")
@@ -284,12 +290,15 @@ def device_budget(model: Model) -> int | None:
 
 def _cpu_fsdp_work_ratio(prediction: Prediction) -> float | None:
     """The simulated FSDP per-unit work of a CPU prediction over the replay's of the recorded setting (sums
-    over the steps, ``SimResult.fsdp_host_ns``); None on a GPU, or where the replay holds none."""
+    over the steps, ``SimResult.fsdp_host_ns``); 1.0 where the replay holds none (nothing the simulation
+    could move: the recorded work is kept); None on a GPU, or without replayed steps."""
+    if not prediction.replay or not prediction.simulated:
+        return None
     if any(r.host_wait_ns is not None for r in prediction.replay):  # a GPU step: split by its idle gaps
         return None
     replayed = sum(r.fsdp_host_ns for r in prediction.replay)
     simulated = sum(r.fsdp_host_ns for r in prediction.simulated)
-    return simulated / replayed if replayed > 0 and prediction.simulated else None
+    return simulated / replayed if replayed > 0 else 1.0
 
 
 def split_of(model: Model, prediction: Prediction) -> dict[str, Any] | None:

@@ -184,7 +184,7 @@ def test_merged_units_keep_fsdp_work_in_the_split(models: dict[str, Model], wrap
     leave fewer hooks, gathers and copy-outs, not none. Against the recording of the setting, as a share of
     the time neither the model nor the collectives take (FSDP's work and other idle: the recordings ran
     at different paces), the prediction's is within a quarter and 1.5 times the recorded one's (measured:
-    0.63x, 0.86x, 0.54x, 0.84x, 0.35x and 1.00x on the committed recordings; the roots low, since a merged
+    0.65x, 0.86x, 0.52x, 0.82x, 0.35x and 1.00x on the committed recordings; the roots low, since a merged
     unit's hooks are its first member's, where FSDP's run over all of its parameters). The split's rule
     before gave the host side every millisecond the step saved: 0 ms of FSDP work on every root."""
     from fsdpviz.whatif.explore import split_of

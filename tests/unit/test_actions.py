@@ -195,8 +195,8 @@ def test_a_pass_gathering_in_shared_buckets_counts_each_collective_once() -> Non
     gathering is the time some gather ran, not each unit's share of a bucket summed. On the committed
     per-block ZeRO-3 recording the forward pass's figure cannot exceed the whole step's all-gather
     time, by the same statistic (the median over ranks and steps of each step's time some all-gather ran,
-    every phase's, on the run's clock): each step's forward gathering is part of it (7.43 ms against 7.01
-    before, when buckets were counted per unit)."""
+    every phase's, on the run's clock): each step's forward gathering is part of it. (On an earlier
+    recording the forward figure read 7.43 ms against the step's 7.01 while buckets were counted per unit.)"""
     from fsdpviz.analysis.pipeline import analyse
     from fsdpviz.structure.intervals import total_ns, union_intervals
     from fsdpviz.whatif.gains import completed_summary

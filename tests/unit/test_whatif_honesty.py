@@ -126,11 +126,14 @@ def test_zero3_recorded_prefetch_is_deepspeeds_bucket(capsys: pytest.CaptureFixt
     assert gathered == own and sum(own.values()) > 2
     assert none["predicted"]["step_time_ms"] > one["predicted"]["step_time_ms"]
     explore = json_here(capsys, "whatif", str(SAMPLES / "zero3-cpu-2rank"), "--explore", "--json", "-q")
-    # a part of the predicted split taken to 0 (FSDP's hooks do not go with a prefetch change) is said
+    # FSDP's per-unit work does not go with a prefetch change: every row keeps some (a CPU split moves it
+    # as the simulated thread's does), and a part the split takes below 0 is said
     recorded_fsdp = next(c for c in explore["ranked"] + explore["within_spread"] + explore["unranked"]
                          if c["setting"] == "as recorded")["bound"]["fsdp_overhead_ms"]
+    assert recorded_fsdp > 0
     for c in explore["ranked"] + explore["within_spread"] + explore["unranked"]:
-        if recorded_fsdp > 0 and c["bound"]["fsdp_overhead_ms"] == 0:
+        assert c["bound"]["fsdp_overhead_ms"] > 0, c["setting"]
+        if c["bound"]["other_idle_ms"] == 0:
             assert "held to 0" in (c["bound"]["note"] or ""), c["setting"]
     from fsdpviz.whatif.predict import PREFETCH_REASONS
 
@@ -324,3 +327,27 @@ def test_explore_shows_each_settings_clamps(capsys: pytest.CaptureFixture[str]) 
     out = run_here(capsys, "whatif", run, "--explore", "-q", "--no-cache").stdout
     for name, note in held.items():
         assert f"note: {name}: {note}" in out
+
+
+def test_a_cpu_split_keeps_fsdp_work_the_simulation_cannot_move() -> None:
+    """The FSDP2 sample's root prediction: its split moves FSDP's per-unit work by the simulated thread's
+    (fewer hooks, gathers and copy-outs: less, not none). Where the replay holds none of that work (a
+    program whose hooks the recording did not time), the simulation cannot move it: the split keeps the
+    recorded figure, not the old rule that gave it every millisecond the step saved."""
+    from fsdpviz.analysis.pipeline import analyse
+    from fsdpviz.replay.model import read_model
+    from fsdpviz.replay.settings import Settings, Wrap
+    from fsdpviz.whatif.explore import split_of
+    from fsdpviz.whatif.predict import predict
+
+    model = read_model(analyse([SAMPLES / "fsdp2-cpu-2rank"], cache=False, progress=False))
+    recorded = model.result.summary.bound
+    assert recorded is not None and recorded.fsdp_overhead_ms > 0
+    prediction = predict(model, Settings().with_(wrap=Wrap("root")))
+    moved = split_of(model, prediction)
+    assert moved is not None and 0 < moved["fsdp_overhead_ms"] < recorded.fsdp_overhead_ms
+    for replayed in prediction.replay:
+        replayed.fsdp_host_ns = 0.0
+    kept = split_of(model, prediction)
+    assert kept is not None and kept["fsdp_overhead_ms"] == pytest.approx(recorded.fsdp_overhead_ms, abs=0.001)
+    assert "host side" not in (kept["note"] or "")
