@@ -309,6 +309,9 @@ def gather_findings(unit_steps: pd.DataFrame, spans: pd.DataFrame, framework: st
         else:
             cause, code = f"prefetched, but it outlasts the compute of {prev} before it", CAUSE_OUTLASTS_COMPUTE
             tot = totals.loc[phase] if phase in totals.index else None
+            if tot is not None:  # what the knob below is decided on, said whichever way it goes
+                evidence += (f"; the {phase} pass gathers {ms_text(tot['g'] / NS_PER_MS)} and computes "
+                             f"{ms_text(tot['c'] / NS_PER_MS)} a step (medians over ranks and steps)")
             if tot is not None and tot["c"] > tot["g"]:
                 knob = "prefetch one more unit ahead (the pass computes longer than it gathers; costs memory)"
             elif tot is not None:  # the cause is clear; what it leaves no knob for is said, not left blank
