@@ -215,8 +215,11 @@ def read_trace_bytes(path: Path) -> bytes:
 def decode_trace(data: bytes, path: Path) -> tuple[KinetoTrace, int]:
     """Decode Kineto JSON into typed events; return the trace and the number of events dropped.
 
-    Events are only dropped on the slow path, when some known field has an unexpected type.
+    Events are only dropped on the slow path, when some known field has an unexpected type. A UTF-8 byte
+    order mark before the document (an editor's save) is read past, as Python's json reads past it.
     """
+    if data[:3] == _BOM:
+        data = data[3:]
     try:
         return _TYPED_DECODER.decode(data), 0
     except msgspec.ValidationError as exc:
@@ -227,7 +230,7 @@ def decode_trace(data: bytes, path: Path) -> tuple[KinetoTrace, int]:
             return _decode_with_nan(data, path)
     except msgspec.DecodeError as exc:
         # NaN / Infinity in a JSON document; not in an HTML page or other text that happens to hold the words
-        if (data.lstrip().removeprefix(_BOM).lstrip()[:1] in (b"{", b"[") and _NON_STANDARD_NUMBER_RE.search(data)
+        if (data.lstrip()[:1] in (b"{", b"[") and _NON_STANDARD_NUMBER_RE.search(data)
                 and "truncated" not in str(exc)):
             return _decode_with_nan(data, path)
         raise TraceError(path, _describe_decode_error(data, exc)) from None

@@ -118,11 +118,15 @@ def predicted_bound(bound: BoundSummary | None, prediction: Prediction, budget_b
     held: list[str] = []  # parts the change would take below 0, held there (said in the note)
     simulated = _cpu_fsdp_work_ratio(prediction) if host is None else None
     first = "moves the host side first, then other idle"
+    kept = ""  # why FSDP's work is kept as recorded on a CPU, where it is
     if simulated is not None:
         # a CPU thread's FSDP work is simulated op by op (its hooks, each gather's issue, each copy-out, a
         # reduction's host work): it moves as the simulation moves it, and other idle takes the rest
         moved_side = side * simulated
         first = "moves FSDP's per-unit work as the simulated thread's own work moves, then other idle"
+        if side > 0 and not any(r.fsdp_host_ns for r in prediction.replay):
+            kept = (f"FSDP's per-unit work is kept as recorded ({side:.3f} ms): the replay holds none of it, so "
+                    "the simulation cannot move it")
     elif host is None and side <= 0:  # no host side to move: the change is other idle
         moved_side = side
     else:
@@ -147,7 +151,7 @@ def predicted_bound(bound: BoundSummary | None, prediction: Prediction, budget_b
                     host_wait_ms=host, other_idle_ms=idle, basis=bound.basis, fsdp_overhead_ms=fsdp,
                     fsdp_kernels_ms=None if bound.fsdp_kernels_ms is None else kernels)
     parts = out.parts_ms
-    notes = []
+    notes = [kept] if kept else []
     if held:
         # the predicted step is the simulation's, its split here a rule of thumb: a part it empties is said
         notes.append(f"the split of the predicted step {first}: " + "; ".join(held))

@@ -183,8 +183,8 @@ def test_merged_units_keep_fsdp_work_in_the_split(models: dict[str, Model], wrap
     """The split of a predicted CPU step keeps the FSDP per-unit work the simulation keeps: fewer units
     leave fewer hooks, gathers and copy-outs, not none. Against the recording of the setting, as a share of
     the time neither the model nor the collectives take (FSDP's work and other idle: the recordings ran
-    at different paces), the prediction's is at most 1.5 times the recorded one's and at least half of it
-    for pairs, a fifth for one root unit (measured in the order below: 0.65x, 0.86x, 0.52x, 0.82x, 0.35x
+    at different paces), the prediction's is at most 1.5 times the recorded one's and at least 0.7 of it
+    for pairs, a quarter for one root unit (measured in the order below: 0.65x, 0.86x, 0.52x, 0.82x, 0.35x
     and 1.00x on one set of the committed recordings, 0.33x, 0.94x, 0.98x, 0.95x, 0.68x and 0.83x on the
     next; a root reads low, as a merged unit's hooks are its first member's in the simulation, where
     FSDP's run over all of its parameters). The split's rule before gave the host side every millisecond
@@ -198,5 +198,5 @@ def test_merged_units_keep_fsdp_work_in_the_split(models: dict[str, Model], wrap
     assert split is not None and truth is not None
     predicted = split["fsdp_overhead_ms"] / (split["fsdp_overhead_ms"] + split["other_idle_ms"])
     true = truth.fsdp_overhead_ms / (truth.fsdp_overhead_ms + truth.other_idle_ms)
-    floor = 0.2 if wrap.kind == "root" else 0.5
+    floor = 0.25 if wrap.kind == "root" else 0.7
     assert floor * true <= predicted <= 1.5 * true, (predicted, true, split.get("note"))

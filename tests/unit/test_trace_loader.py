@@ -309,6 +309,11 @@ def test_nan_and_infinity_literals_are_read(tmp_path: Path) -> None:
         assert int(traces.ranks["n_skipped"].iloc[0]) == 1  # the NaN duration
         assert set(traces.events["name"].astype(str)) >= {"occupancy", GEMM}
         assert len(traces.steps) == 2
+    # and a trace without such literals behind the mark reads as the same trace without it
+    plain = tmp_path / "plain" / "rank0.json"
+    plain.parent.mkdir()
+    plain.write_bytes(b"\xef\xbb\xbf" + json.dumps(_simple().document()).encode())
+    assert len(load_traces([plain], cache=False).events) == len(_simple().events)
 
 
 def test_start_up_work_runs_once_while_a_worker_parses(tmp_path: Path) -> None:

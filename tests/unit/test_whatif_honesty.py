@@ -351,3 +351,4 @@ def test_a_cpu_split_keeps_fsdp_work_the_simulation_cannot_move() -> None:
     kept = split_of(model, prediction)
     assert kept is not None and kept["fsdp_overhead_ms"] == pytest.approx(recorded.fsdp_overhead_ms, abs=0.001)
     assert "host side" not in (kept["note"] or "")
+    assert f"FSDP's per-unit work is kept as recorded ({recorded.fsdp_overhead_ms:.3f} ms)" in kept["note"]
