@@ -420,7 +420,7 @@ def test_an_unscaled_gpu_replay_with_no_phase_checked_stays_replayed(gpu_h200_ru
 def test_the_traced_steps_own_spread_is_no_miss_of_the_replay() -> None:
     """A recording whose profiled steps differ much (the committed ``memory-own+sgd``: each rank's
     ProfilerStep spans, read from the trace files, average more than 15 % away from their median: 17-23 %
-    above it in one recording, 19 % below in the next). The factor that
+    above it in one recording; 19 % below on one rank and 53 % above on the other in the next). The factor that
     puts each rank's replay on its clean step divides by the rank's mean traced step; the replay of
     those steps, scaled by it, runs the timers' clean step (read from the raw timer files) within 1 %.
     Its median step against that mean read the steps' own spread as a 16 % miss of the clean step, and

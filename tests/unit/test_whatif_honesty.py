@@ -352,3 +352,15 @@ def test_a_cpu_split_keeps_fsdp_work_the_simulation_cannot_move() -> None:
     assert kept is not None and kept["fsdp_overhead_ms"] == pytest.approx(recorded.fsdp_overhead_ms, abs=0.001)
     assert "host side" not in (kept["note"] or "")
     assert f"FSDP's per-unit work is kept as recorded ({recorded.fsdp_overhead_ms:.3f} ms)" in kept["note"]
+    # a simulation whose FSDP work outgrows the room the step leaves: other idle is held at 0 and the parts
+    # pass the step, each said (the step stays the prediction's: one figure)
+    for replayed, simulated in zip(prediction.replay, prediction.simulated, strict=True):
+        replayed.fsdp_host_ns = 1e6
+        simulated.fsdp_host_ns = 1e6 * 4 * prediction.predicted.step_time_ms
+    grown = split_of(model, prediction)
+    assert grown is not None and grown["other_idle_ms"] == 0 and grown["step_ms"] == prediction.predicted.step_time_ms
+    assert grown["fsdp_overhead_ms"] == pytest.approx(4 * prediction.predicted.step_time_ms * recorded.fsdp_overhead_ms,
+                                                      rel=1e-3)
+    assert ("the split of the predicted step moves FSDP's per-unit work as the simulated thread's own work moves, "
+            "then other idle: other idle would come out at -") in grown["note"]
+    assert "FSDP's per-unit work as simulated leave no other idle to take the rest" in grown["note"]
