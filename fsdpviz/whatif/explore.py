@@ -97,7 +97,7 @@ def predicted_bound(bound: BoundSummary | None, prediction: Prediction, budget_b
     # the step moves beyond compute and communication is the host side's first (the simulated step is the
     # host's: per-unit work fewer units save, launches they no longer wait for), host wait and FSDP's
     # per-unit host work together in proportion, then other idle. On a CPU, FSDP's per-unit work moves as
-    # the simulated thread's own does (_cpu_fsdp_work_ratio), other idle takes the rest. FSDP's copy
+    # the simulated thread's own does (_cpu_fsdp_work), other idle takes the rest. FSDP's copy
     # kernels move as the prediction's do (a gather a setting drops takes its copies with it), not in
     # compute, which is the model's.
     kernels = bound.fsdp_kernels_ms or 0.0
@@ -116,15 +116,16 @@ def predicted_bound(bound: BoundSummary | None, prediction: Prediction, budget_b
     gap = bound.parts_ms - bound.step_ms
     change = rest - side - idle + gap
     held: list[str] = []  # parts the change would take below 0, held there (said in the note)
-    simulated = _cpu_fsdp_work_ratio(prediction) if host is None else None
+    simulated = _cpu_fsdp_work(prediction) if host is None else None
     first = "moves the host side first, then other idle"
     kept = ""  # why FSDP's work is kept as recorded on a CPU, where it is
     if simulated is not None:
         # a CPU thread's FSDP work is simulated op by op (its hooks, each gather's issue, each copy-out, a
         # reduction's host work): it moves as the simulation moves it, and other idle takes the rest
-        moved_side = side * simulated
+        replayed_ns, simulated_ns = simulated
+        moved_side = side * simulated_ns / replayed_ns if replayed_ns > 0 else side
         first = "moves FSDP's per-unit work as the simulated thread's own work moves, then other idle"
-        if side > 0 and not any(r.fsdp_host_ns for r in prediction.replay):
+        if side > 0 and replayed_ns <= 0:
             kept = (f"FSDP's per-unit work is kept as recorded ({side:.3f} ms): the replay holds none of it, so "
                     "the simulation cannot move it")
     elif host is None and side <= 0:  # no host side to move: the change is other idle
@@ -292,17 +293,14 @@ def device_budget(model: Model) -> int | None:
     return device_memory_bytes(model.result.traces.ranks)
 
 
-def _cpu_fsdp_work_ratio(prediction: Prediction) -> float | None:
-    """The simulated FSDP per-unit work of a CPU prediction over the replay's of the recorded setting (sums
-    over the steps, ``SimResult.fsdp_host_ns``); 1.0 where the replay holds none (nothing the simulation
-    could move: the recorded work is kept); None on a GPU, or without replayed steps."""
+def _cpu_fsdp_work(prediction: Prediction) -> tuple[float, float] | None:
+    """A CPU prediction's FSDP per-unit work, (the replay of the recorded setting's, the simulated setting's):
+    sums over the steps of ``SimResult.fsdp_host_ns``; None on a GPU, or without replayed steps."""
     if not prediction.replay or not prediction.simulated:
         return None
     if any(r.host_wait_ns is not None for r in prediction.replay):  # a GPU step: split by its idle gaps
         return None
-    replayed = sum(r.fsdp_host_ns for r in prediction.replay)
-    simulated = sum(r.fsdp_host_ns for r in prediction.simulated)
-    return simulated / replayed if replayed > 0 else 1.0
+    return sum(r.fsdp_host_ns for r in prediction.replay), sum(r.fsdp_host_ns for r in prediction.simulated)
 
 
 def split_of(model: Model, prediction: Prediction) -> dict[str, Any] | None:

@@ -453,7 +453,7 @@ def comparability_notes(runs: Sequence[LabelledRun], match: UnitMatch) -> list[s
             notes.append(f"{r.label}: only {len(r.summary.steps)} step analysed: a figure taken from its analysed "
                          "steps has no step-to-step spread (spread_unknown says which), so a difference in it is held "
                          "to the other run's spread, and beside another such run not ranked.")
-    if pace := _pace_note(runs):
+    if pace := _pace_note(runs, clock_why):
         notes.append(pace)
     if all(d == "cpu" for d in devices):
         notes.append("All runs are CPU runs (gloo): the training thread waits out each collective FSDP issues, "
@@ -468,12 +468,12 @@ def comparability_notes(runs: Sequence[LabelledRun], match: UnitMatch) -> list[s
 PACE_RATIO: Final = 1.3
 
 
-def _pace_note(runs: Sequence[LabelledRun]) -> str:
+def _pace_note(runs: Sequence[LabelledRun], clock_why: str | None) -> str:
     """Where runs of the same command and the same recorded FSDP settings (parameter dtype, resharding,
     prefetch), on one clock, differ in the model's compute by :data:`PACE_RATIO` or more: what the machine's
-    pace does to every difference between them; "" otherwise. (Runs on different clocks differ by the
-    profiler's cost: the clocks' note says so.)"""
-    if len(runs) < 2 or any(a != "(same)" for a in _differing_args(runs)) or different_clocks(runs):
+    pace does to every difference between them; "" otherwise. ``clock_why``: :func:`different_clocks` of
+    the runs (runs on different clocks differ by the profiler's cost: the clocks' note says so)."""
+    if len(runs) < 2 or clock_why or any(a != "(same)" for a in _differing_args(runs)):
         return ""
     if len({_dtype(r) for r in runs}) > 1:
         return ""
