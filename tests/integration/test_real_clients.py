@@ -124,10 +124,14 @@ def test_every_unit_gathers_computes_and_reduces(client_runs: ClientRuns, result
 def test_unit_compute_agrees_with_the_timers_and_reconciles_with_the_step(client_runs: ClientRuns, result_of: Callable[[ClientRun], RunResult],
                                                                           name: str) -> None:
     """Each unit pass's compute read off the trace is its own work: no more than the recorder's timer of
-    the same pass (which also counts the framework's work inside the unit), and a unit's backward is at
-    least half its forward (the gradients cost more than the forward, never nothing). The timers
-    themselves keep a unit's own reduce-scatter out of its compute. Summed over units the compute
-    never exceeds the step.
+    the same pass (which also counts the framework's work inside the unit), every timed pass of a
+    profiled step is in the trace, and every backward pass has compute: the trace gives each unit its
+    gradients' work in every step, never nothing. How much of its timer that is depends on the unit
+    (0.23-0.83 of it on the clients here: an embedding's backward is one small kernel among its hooks'
+    Python), and so does whether a unit's backward outweighs its forward: the root of a tiny tied Llama
+    builds its mask and rotary tables in forward, and its own timers read its backward at 0.40-0.75 of
+    its forward. The timers themselves keep a unit's own reduce-scatter out of its compute. Summed over
+    units the compute never exceeds the step.
 
     The trace and the timer are compared by their medians over the profiled steps of each rank, unit
     and phase: two clocks read a few microseconds apart on a machine whose two cores the two ranks
@@ -142,17 +146,16 @@ def test_unit_compute_agrees_with_the_timers_and_reconciles_with_the_step(client
     unit_timers = timers[timers["unit"] != ""].pivot_table(index=key, columns="kind", values="ms", aggfunc="sum")
     both = pd.concat([trace_ms, unit_timers["compute"].rename("timer_ms")], axis=1, join="inner")
     assert len(both) == len(trace_ms), "every unit pass of the trace has its timer"
+    profiled_timers = unit_timers[unit_timers.index.get_level_values("step").isin(PROFILED)]
+    assert len(both) == len(profiled_timers), "every timed unit pass of a profiled step is in the trace"
     typical = both.groupby(level=["rank", "unit", "phase"]).median()
     assert len(typical) == len(both) // len(PROFILED)
     assert (typical["trace_ms"] <= typical["timer_ms"] + 0.05).all(), typical.to_string()
+    assert (both.xs("backward", level="phase")["trace_ms"] > 0).all(), both.to_string()
     # and no single pass far above its timer (a block's compute given to another unit is 0.7 ms or more)
     assert (both["trace_ms"] <= both["timer_ms"] + 0.25).all(), both.to_string()
     backward = unit_timers.xs("backward", level="phase").fillna(0)
     assert (backward["compute"] + backward["reduce_scatter"] <= backward["total"] + 0.05).all(), backward.to_string()
-    stats = result.analysis.unit_stats.set_index("unit")
-    with_params = stats[stats["param_numel"] > 0]
-    assert (with_params["backward_ns"] >= 0.5 * with_params["forward_ns"]).all(), \
-        with_params[["forward_ns", "backward_ns"]].to_string()
     times = result.analysis.step_times.set_index(["rank", "step"])
     per_step = us.groupby(["rank", "step"])["compute_ns"].sum()
     assert (per_step <= times["unit_compute_ns"].reindex(per_step.index)).all()
