@@ -56,6 +56,7 @@ from fsdpviz import vocabulary
 from fsdpviz.structure import label_rules as rules
 from fsdpviz.structure.categorical import as_str
 from fsdpviz.structure.intervals import Intervals, covers, empty_intervals, union_intervals
+from fsdpviz.structure.labels import optimizer_own_starts
 from fsdpviz.trace import schema
 
 SHARDED_PARAMS: Final = "sharded_params"
@@ -186,7 +187,10 @@ def sites(labels: pd.DataFrame, windows: pd.DataFrame, events: pd.DataFrame) -> 
         distinct, of_row = np.unique(names, return_inverse=True)
         fsdp1_post = ranges(rules.is_fsdp1_post_backward(distinct)[of_row])
         zero = ranges(rules.is_zero_grad(distinct)[of_row])
-        opt = ranges(rules.is_optimizer_step(distinct)[of_row])
+        opt_mask = rules.is_optimizer_step(distinct)[of_row]
+        # a closure's forward and backward inside the range make activations and gradients, not state
+        opt = (optimizer_own_starts(ann["rank"].to_numpy()[opt_mask], start[opt_mask], end[opt_mask], labels),
+               end[opt_mask])
         classes = tuple(rules.optimizer_classes(pd.unique(names)))
     forward = windows[(windows["phase"] == vocabulary.FORWARD).to_numpy()] if len(windows) else windows
 

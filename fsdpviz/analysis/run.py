@@ -56,6 +56,7 @@ from fsdpviz.structure.labels import (
     ENGINE_STEP,
     FAMILY_FSDPVIZ,
     has_unit_labels,
+    optimizer_own_starts,
     parse_labels,
 )
 from fsdpviz.structure.packed import Packed, concat_packed, pack, release_freed_memory
@@ -191,9 +192,12 @@ def _step_times(rank: int, steps: pd.DataFrame, pieces: pd.DataFrame, labels: pd
     opt = events[((events["kind"] == schema.KIND_ANNOTATION)
                   & startswith(events["name"], rules.OPTIMIZER_STEP_PREFIX))]
     engine_step = _engine_intervals(labels, (ENGINE_STEP,), windows)
-    starts = np.concatenate([opt["start_ns"].to_numpy(np.int64), engine_step[0],
+    opt_end = (opt["start_ns"] + opt["dur_ns"]).to_numpy(np.int64)
+    # a step given a closure ran its forward and backward inside the range: those are not the optimizer
+    opt_start = optimizer_own_starts(np.full(len(opt), rank), opt["start_ns"].to_numpy(np.int64), opt_end, labels)
+    starts = np.concatenate([opt_start, engine_step[0],
                              np.where(np.isnan(after), hi, np.nan_to_num(after)).astype(np.int64)])
-    ends = np.concatenate([(opt["start_ns"] + opt["dur_ns"]).to_numpy(np.int64), engine_step[1], hi])
+    ends = np.concatenate([opt_end, engine_step[1], hi])
     # categories never overlap: framework labels (e.g. ZeRO-3's final reduce) win over "after backward"
     opt_iv = subtract_intervals(union_intervals(starts, ends), over)
     piece_ns = (pieces["end_ns"] - pieces["start_ns"]).groupby(pieces["step"]).sum()

@@ -31,6 +31,7 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -291,16 +292,30 @@ class Agent:
             self.clock.close(interval)
         self.observer.add(started)
 
-    def _on_optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def _on_optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
         if self.finished:
-            return
+            return None
         started = time.perf_counter_ns()
         self.memory.seen(optimizer)
         if not self.recording:
-            return
+            return None
         if self.phase in ("forward", "backward") or (self.root is None and self.phase == "idle"):
             self.phase = "optimizer"
             self._whole["optimizer"] = self._mark_phase("optimizer")
+        calls = _with_closure_watched(args, kwargs, self._on_closure_returned)
+        self.observer.add(started)
+        return calls
+
+    def _on_closure_returned(self) -> None:
+        """The closure an optimizer step was given (``optimizer.step(closure)``: Lightning's automatic
+        optimization, LBFGS) returned: its forward and backward ran inside the step, which now updates
+        the parameters. The step's optimizer phase begins here, and the step ends with the call."""
+        if self.finished or self.phase not in ("forward", "backward"):
+            return
+        started = time.perf_counter_ns()
+        if "optimizer" not in self._whole:  # LBFGS calls its closure again: one optimizer phase a step
+            self._whole["optimizer"] = self._mark_phase("optimizer")
+        self.phase = "optimizer"
         self.observer.add(started)
 
     def _on_optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -549,3 +564,24 @@ class Agent:
 
     def _warn(self, message: str) -> None:
         print(f"fsdpviz: rank {self.rank}: {message}", file=sys.stderr, flush=True)
+
+
+def _with_closure_watched(args: tuple[Any, ...], kwargs: dict[str, Any],
+                          returned: Callable[[], None]) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+    """``optimizer.step``'s arguments with its closure (``closure=`` or the first positional argument)
+    calling ``returned`` after it returns, or None where the call has no closure. The closure's result
+    and its exceptions pass through unchanged, so the optimizer sees what the script gave it."""
+    keyword = "closure" in kwargs
+    closure = kwargs["closure"] if keyword else (args[1] if len(args) > 1 else None)
+    if not callable(closure):
+        return None
+
+    def watched(*a: Any, **k: Any) -> Any:
+        result = closure(*a, **k)
+        returned()
+        return result
+
+    if keyword:
+        return args, {**kwargs, "closure": watched}
+    return (args[0], watched, *args[2:]), kwargs
+

@@ -327,6 +327,31 @@ def mark_recompute(labels: pd.DataFrame) -> pd.DataFrame:
     return labels
 
 
+def optimizer_own_starts(ranks: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+                         labels: pd.DataFrame) -> np.ndarray:
+    """Where each optimizer step range (``Optimizer.step#``: its ranks, starts and ends) begins its own
+    work. A step given a closure (``optimizer.step(closure)``: Lightning's automatic optimization, LBFGS)
+    runs the closure's forward and backward inside its range: its own work begins after the last unit
+    label of a forward or backward that began inside it, and only in a range that holds a forward's
+    label (a framework's step never runs a forward). Other ranges begin where they began."""
+    out = np.asarray(starts, dtype=np.int64).copy()
+    if not len(out) or not len(labels):
+        return out
+    passes = labels[np.isin(labels["phase"].to_numpy(), (vocabulary.FORWARD, vocabulary.BACKWARD))
+                    & (as_str(labels["unit"]) != "")]
+    if not len(passes):
+        return out
+    rank_of = passes["rank"].to_numpy()
+    begin = passes["start_ns"].to_numpy(np.int64)
+    finish = passes["end_ns"].to_numpy(np.int64)
+    forward = (passes["phase"] == vocabulary.FORWARD).to_numpy()
+    for i, (rank, lo, hi) in enumerate(zip(ranks, out, ends)):
+        inside = (rank_of == rank) & (begin >= lo) & (begin < hi)
+        if (inside & forward).any():
+            out[i] = min(int(hi), max(int(lo), int(finish[inside].max())))
+    return out
+
+
 def has_unit_labels(labels: pd.DataFrame) -> bool:
     """Whether the labels name units at all (else only the whole-step analysis applies)."""
     return bool((labels["family"].isin([FAMILY_FSDP2, FAMILY_FSDPVIZ]) & (labels["unit"] != "")).any())

@@ -291,11 +291,13 @@ def unit_tables(events: pd.DataFrame, lanes: pd.DataFrame, labels: pd.DataFrame)
     opt = events[((events["kind"] == schema.KIND_ANNOTATION)
                   & startswith(events["name"], rules.OPTIMIZER_STEP_PREFIX)).to_numpy()]
     if len(opt):
-        start = opt["start_ns"].to_numpy(np.int64)
+        end = (opt["start_ns"] + opt["dur_ns"]).to_numpy(np.int64)
+        # a closure's forward and backward ran inside the range: they are the units', not the optimizer's
+        start = lab.optimizer_own_starts(opt["rank"].to_numpy(), opt["start_ns"].to_numpy(np.int64), end, labels)
         steps_ = pd.DataFrame({"rank": opt["rank"].to_numpy(), "lane": as_str(opt["lane"]),
                                "step": opt["step"].to_numpy(), "unit": "", "phase": vocabulary.OPTIMIZER,
                                "micro": lab.pass_index(passes, opt["rank"].to_numpy(), opt["step"].to_numpy(), start),
-                               "start_ns": start, "end_ns": start + opt["dur_ns"].to_numpy(np.int64)})
+                               "start_ns": start, "end_ns": end})
         parts.append(_spans_from(steps_, vocabulary.COMPUTE, gpu, on_gpu, "is_compute"))
 
     parts = [p for p in parts if len(p)]

@@ -75,6 +75,9 @@ CLIENT_LIST = (
            "unknown", (), compare_losses=False),
     Client("fabric-fsdp2", (sys.executable, str(CLIENTS / "fabric_fsdp2.py"), "--devices", "2", "--steps", str(STEPS),
                             "--log-losses", "{losses}"), "fsdp2", ("(root)", "blocks.0", "blocks.1")),
+    # automatic optimization: the training step's forward and backward run in optimizer.step(closure)
+    Client("lightning-trainer", (sys.executable, str(CLIENTS / "lightning_trainer.py"), "--devices", "2", "--steps",
+                                 str(STEPS), "--log-losses", "{losses}"), "fsdp2", ("(root)", "blocks.0", "blocks.1")),
     Client("mp-spawn", (sys.executable, str(CLIENTS / "mp_spawn.py"), "--port", "{port}", "--steps", str(STEPS),
                         "--log-losses", "{losses}"), "fsdp2", ("(root)", "1", "2")),
     Client("torchtitan", _torchrun("torchtitan_shape.py", "--steps", str(STEPS)), "fsdp2", TORCHTITAN_UNITS,

@@ -29,7 +29,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.clients]
 
 NEEDS = {"hf-trainer-ddp": "transformers", "hf-trainer-fsdp": "transformers", "hf-trainer-fsdp-tied": "transformers",
          "accelerate-ddp": "accelerate",
-         "accelerate-unconnected": "accelerate", "fabric-fsdp2": "lightning"}
+         "accelerate-unconnected": "accelerate", "fabric-fsdp2": "lightning",
+         "lightning-trainer": "lightning"}
 NAMES = [c.name for c in CLIENT_LIST]
 SHARDED = [c.name for c in CLIENT_LIST if c.framework in ("fsdp2", "fsdp1")]
 
@@ -160,6 +161,33 @@ def test_unit_compute_agrees_with_the_timers_and_reconciles_with_the_step(client
     per_step = us.groupby(["rank", "step"])["compute_ns"].sum()
     assert (per_step <= times["unit_compute_ns"].reindex(per_step.index)).all()
     assert (times["unit_compute_ns"] + times["framework_ns"] + times["optimizer_ns"] <= times["step_ns"]).all()
+
+
+def test_a_step_given_a_closure_ends_with_the_optimizers_step_and_keeps_its_forward_and_backward(
+        client_runs: ClientRuns, result_of: Callable[[ClientRun], RunResult]) -> None:
+    """Lightning's automatic optimization runs the training step's forward and backward inside
+    ``optimizer.step(closure)``: the recorder ends each step with that call (before, no step ever ended,
+    and nothing was profiled), and the analysis leaves the closure's forward and backward out of the
+    optimizer's part of the step (before, torch's ``Optimizer.step#`` range around them made nearly the
+    whole step the optimizer's). Truth: the recorder's own phase timers of the same steps, which start the
+    optimizer phase when the closure returns."""
+    run = _get(client_runs, "lightning-trainer")
+    result = result_of(run)
+    assert sorted(result.analysis.step_times["step"].unique()) == PROFILED
+    timers = result.traces.timers
+    phases = timers[(timers["unit"] == "") & (timers["kind"] == "total")].pivot_table(
+        index=["rank", "step"], columns="phase", values="ms")
+    times = result.analysis.step_times.set_index(["rank", "step"])
+    both = (times[["step_ns", "optimizer_ns"]] / 1e6).join(phases, how="inner")
+    assert len(both) == len(times)
+    # the optimizer's part holds no forward or backward: at most the step less most of the timed passes,
+    # and no time of the units' compute or FSDP's ranges is also the optimizer's
+    room = both["step_ns"] - 0.8 * (both["forward"] + both["backward"])
+    assert (both["optimizer_ns"] <= room).all(), both.round(2).to_string()
+    parts = times["unit_compute_ns"] + times["framework_ns"] + times["optimizer_ns"] + times["other_ns"]
+    assert (parts <= times["step_ns"] + 1000).all(), times.to_string()
+    assert (both["optimizer_ns"] > 0).all()
+    assert (times["unit_compute_ns"] > 0).all()  # the forward and backward are the units'
 
 
 def test_torchtitan_root_keeps_its_last_units_parameters_and_names_a_unit_of_two_modules(
