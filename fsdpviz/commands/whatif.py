@@ -211,8 +211,11 @@ def print_code(prediction: Prediction, settings: Settings, stack: str | None, sa
     if chosen != CODE:
         form = apply.form(chosen)
         if form is None and stack is not None:
+            # an HF Trainer or accelerate run of DeepSpeed takes its settings in the DeepSpeed config file
+            via = (f"; a {chosen} run of DeepSpeed takes the {DEEPSPEED} form in the config file it passes"
+                   if apply.framework == "zero3" and any(f.stack == DEEPSPEED for f in apply.stacks) else "")
             raise UsageError(f"--stack {chosen}: no form for a {apply.framework} recording (forms: "
-                             f"{', '.join([CODE, *(f.stack for f in apply.stacks)])})")
+                             f"{', '.join([CODE, *(f.stack for f in apply.stacks)])}){via}")
         if form is not None and form.text is None and stack is not None:
             raise UsageError(f"no {chosen} form for {settings.describe()}: {form.note}")
         if form is not None and form.text is not None:

@@ -15,8 +15,9 @@ Each stack's own source is the reference for what a key does:
   settings as ``fsdp_``-prefixed keys of the config file's ``fsdp_config`` section, or launch flags.
   Under FSDP2 accelerate drops ``backward_prefetch`` and ``forward_prefetch`` ("not supported in
   FSDP2"): explicit prefetch cannot be said there.
-- Lightning: ``ModelParallelStrategy(parallelize_fn=...)`` runs the user's own ``fully_shard`` calls,
-  so the code form is what goes in ``parallelize_fn``; ``FSDPStrategy(...)`` (FSDP1, GPUs only) passes
+- Lightning: ``ModelParallelStrategy`` runs the user's own ``fully_shard`` calls (Fabric's
+  ``parallelize_fn``, a ``LightningModule``'s ``configure_model()`` under the Trainer, whose strategy
+  takes no such function), so the code form is what replaces them; ``FSDPStrategy(...)`` (FSDP1, GPUs only) passes
   ``auto_wrap_policy``, ``sharding_strategy`` and further keywords (``backward_prefetch``,
   ``forward_prefetch``) to FSDP1.
 - DeepSpeed (``DeepSpeedZeroConfig``, ``PartitionedParameterCoordinator.fetch_sub_module``):
@@ -193,10 +194,14 @@ def launch_flags(changes: dict[str, Any]) -> list[str]:
 
 
 def _lightning_fsdp2(code: str | None) -> StackForm:
-    where = "ModelParallelStrategy(parallelize_fn=...): your parallelize_fn's fully_shard calls"
+    where = ("ModelParallelStrategy: Fabric's parallelize_fn, or the fully_shard calls of your LightningModule's "
+             "configure_model()")
     if code is None:
         return StackForm(LIGHTNING, where, note=f"the code form cannot say it either: {CODE_FORM}")
-    text = (f"{code}\n\n# Lightning's ModelParallelStrategy shards with your parallelize_fn: the calls above, on its mesh\n"
+    text = (f"{code}\n\n# Lightning's ModelParallelStrategy: the calls above, on its mesh, in place of your own\n"
+            "# fully_shard calls. Fabric: ModelParallelStrategy(parallelize_fn=parallelize). Trainer: in your\n"
+            "# LightningModule's configure_model(), parallelize(self.<the model>, self.device_mesh). The module\n"
+            "# names above are the recorded ones, relative to the model FSDP sharded as its root unit.\n"
             "def parallelize(model, device_mesh):\n"
             '    return shard_model(model, mesh=device_mesh["data_parallel"])\n')
     return StackForm(LIGHTNING, where, {}, text)

@@ -192,6 +192,20 @@ def test_the_deepspeed_form_is_json_the_hf_trainer_and_accelerate_read(capsys: p
     assert "# fsdpviz whatif: prefetch 1" in done.stderr and "measurable" in done.stderr
 
 
+def test_an_hf_trainer_form_asked_of_deepspeed_points_to_its_config_file(capsys: pytest.CaptureFixture[str]) -> None:
+    """An HF Trainer user of ZeRO-3 asks for the Trainer's form first: the one error line names the form
+    that run takes (its DeepSpeed config file), exit code 2."""
+    from helpers.cli import run_here
+
+    sample = Path(__file__).parents[2] / "sample_traces" / "zero3-cpu-2rank"
+    done = run_here(capsys, "whatif", str(sample), "--prefetch", "1", "--code", "--stack", "hf_trainer", "--no-cache",
+                    "-q")
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == (
+        "error: --stack hf_trainer: no form for a zero3 recording (forms: code, deepspeed); a hf_trainer run of "
+        "DeepSpeed takes the deepspeed form in the config file it passes")
+
+
 @pytest.mark.parametrize("command, stack", [
     (["/v/bin/python", "-m", "accelerate.commands.launch", "--use_fsdp", "train.py"], ACCELERATE),
     (["accelerate", "launch", "train.py"], ACCELERATE),
