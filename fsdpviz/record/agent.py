@@ -27,6 +27,7 @@ Nothing the script can read is changed: the peak-memory counters are read, never
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import sys
@@ -298,24 +299,35 @@ class Agent:
         started = time.perf_counter_ns()
         self.memory.seen(optimizer)
         if not self.recording:
+            # the first sharded forward may run in this call's closure (automatic optimization), where
+            # recording begins: watched, step 0 ends with this call as every later step does (in a rank
+            # or in a candidate such as Lightning's launcher, which becomes rank 0 by that forward)
+            if os.getpid() == self.pid:
+                return _with_closure_watched(args, kwargs, self._on_closure_returned)
             return None
-        if self.phase in ("forward", "backward") or (self.root is None and self.phase == "idle"):
-            self.phase = "optimizer"
-            self._whole["optimizer"] = self._mark_phase("optimizer")
+        # a step given a closure runs the (last) forward and backward inside the call: its optimizer
+        # phase begins when the closure returns, not here (where an earlier micro-batch's backward ended)
         calls = _with_closure_watched(args, kwargs, self._on_closure_returned)
+        if calls is None:
+            self._begin_optimizer_phase()
         self.observer.add(started)
         return calls
 
+    def _begin_optimizer_phase(self) -> None:
+        if self.phase in ("forward", "backward") or (self.root is None and self.phase == "idle"):
+            if "optimizer" not in self._whole:  # a closure called again (LBFGS): one optimizer phase a step
+                self._whole["optimizer"] = self._mark_phase("optimizer")
+            self.phase = "optimizer"
+
     def _on_closure_returned(self) -> None:
         """The closure an optimizer step was given (``optimizer.step(closure)``: Lightning's automatic
-        optimization, LBFGS) returned: its forward and backward ran inside the step, which now updates
-        the parameters. The step's optimizer phase begins here, and the step ends with the call."""
-        if self.finished or self.phase not in ("forward", "backward"):
+        optimization) returned: its forward and backward ran inside the step, which now updates the
+        parameters. The step's optimizer phase begins here, and the step ends with the call. An optimizer
+        that calls its closure again (LBFGS) is timed from the first return, its later passes inside."""
+        if self.finished or not self.recording:
             return
         started = time.perf_counter_ns()
-        if "optimizer" not in self._whole:  # LBFGS calls its closure again: one optimizer phase a step
-            self._whole["optimizer"] = self._mark_phase("optimizer")
-        self.phase = "optimizer"
+        self._begin_optimizer_phase()
         self.observer.add(started)
 
     def _on_optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -576,6 +588,7 @@ def _with_closure_watched(args: tuple[Any, ...], kwargs: dict[str, Any],
     if not callable(closure):
         return None
 
+    @functools.wraps(closure)  # a hook that reads the closure's name or attributes reads the script's
     def watched(*a: Any, **k: Any) -> Any:
         result = closure(*a, **k)
         returned()

@@ -330,10 +330,11 @@ def mark_recompute(labels: pd.DataFrame) -> pd.DataFrame:
 def optimizer_own_starts(ranks: np.ndarray, starts: np.ndarray, ends: np.ndarray,
                          labels: pd.DataFrame) -> np.ndarray:
     """Where each optimizer step range (``Optimizer.step#``: its ranks, starts and ends) begins its own
-    work. A step given a closure (``optimizer.step(closure)``: Lightning's automatic optimization, LBFGS)
-    runs the closure's forward and backward inside its range: its own work begins after the last unit
-    label of a forward or backward that began inside it, and only in a range that holds a forward's
-    label (a framework's step never runs a forward). Other ranges begin where they began."""
+    work. A step given a closure (``optimizer.step(closure)``: Lightning's automatic optimization) runs
+    the closure's forward and backward inside its range: its own work begins after the last unit label
+    of a forward or backward that began inside it, and only in a range that holds a forward's label (a
+    framework's step never runs a forward). Other ranges begin where they began. (An optimizer that
+    calls its closure several times, LBFGS, has its work between the calls left to no part.)"""
     out = np.asarray(starts, dtype=np.int64).copy()
     if not len(out) or not len(labels):
         return out

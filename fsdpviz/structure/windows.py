@@ -100,7 +100,8 @@ def _fsdp2_windows(labels: pd.DataFrame) -> pd.DataFrame:
     # a unit of several modules (fully_shard([a, b])) runs its pre-forward hook on each: the first opens
     # the window, the others run inside it and end at the same post_forward, one window in all (as two,
     # the second module's compute counted twice)
-    fwd = fwd.sort_values("start_ns", kind="stable").drop_duplicates(key + ["post_start_ns"], keep="first")
+    fwd = fwd.sort_values("start_ns", kind="stable").drop_duplicates(key + ["step", "micro", "post_start_ns"],
+                                                                     keep="first")
     if len(fwd):
         fwd = fwd.assign(phase=vocabulary.FORWARD, region_start_ns=fwd["end_ns"],
                          region_end_ns=fwd["post_start_ns"], end_ns=fwd["post_end_ns"])

@@ -1,12 +1,13 @@
 """A Lightning ``Trainer`` with automatic optimization, sharded with FSDP2 in ``configure_model``.
 
-    python tests/clients/lightning_trainer.py --devices 2 --log-losses out-{rank}.txt
+    python tests/clients/lightning_trainer.py --devices 2 --log-losses out-{rank}.txt [--accumulate 2]
 
 Lightning's automatic optimization steps the optimizer with a closure (``optimizer.step(closure)``): the
 training step's forward and its backward run inside the optimizer's step. ``ModelParallelStrategy``
 (Lightning's FSDP2 strategy; its ``FSDPStrategy`` needs a GPU) starts its own processes on the CPU; the
 module shards every block and then the whole model in ``configure_model``, as Lightning's FSDP2 examples
-do.
+do. ``--accumulate N``: ``accumulate_grad_batches``, whose earlier micro-batches run their closure
+without an optimizer step, the last inside it.
 """
 
 from __future__ import annotations
@@ -76,14 +77,17 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--log-losses", default="")
+    parser.add_argument("--accumulate", type=int, default=1)
     args = parser.parse_args()
     L.seed_everything(0, verbose=False)
-    data = torch.randint(VOCAB, (args.steps * args.devices * 4, SEQ + 1), generator=torch.Generator().manual_seed(5))
+    data = torch.randint(VOCAB, (args.steps * args.accumulate * args.devices * 4, SEQ + 1),
+                         generator=torch.Generator().manual_seed(5))
     loader = DataLoader(TensorDataset(data[:, :-1], data[:, 1:]), batch_size=4)
     trainer = L.Trainer(accelerator="cpu", devices=args.devices, max_steps=args.steps, logger=False,
                         strategy=ModelParallelStrategy(data_parallel_size=args.devices, tensor_parallel_size=1,
                                                        process_group_backend="gloo"),
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+                        accumulate_grad_batches=args.accumulate, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
     module = Language()
     trainer.fit(module, loader)
     if args.log_losses:

@@ -44,6 +44,7 @@ class Client:
     ranks: int = 2
     compare_losses: bool = True
     report: bool = False  # also write report.html (fsdpviz record's default), checked for a few clients
+    losses_per_step: int = 1  # the losses it logs an optimizer step (one a micro-batch)
 
     def argv(self, losses: str, out: Path) -> list[str]:
         port = str(unused_port())
@@ -78,6 +79,10 @@ CLIENT_LIST = (
     # automatic optimization: the training step's forward and backward run in optimizer.step(closure)
     Client("lightning-trainer", (sys.executable, str(CLIENTS / "lightning_trainer.py"), "--devices", "2", "--steps",
                                  str(STEPS), "--log-losses", "{losses}"), "fsdp2", ("(root)", "blocks.0", "blocks.1")),
+    # two micro-batches a step: the first's closure runs outside the optimizer's step, the second's inside
+    Client("lightning-trainer-accum", (sys.executable, str(CLIENTS / "lightning_trainer.py"), "--devices", "2",
+                                       "--steps", str(STEPS), "--accumulate", "2", "--log-losses", "{losses}"),
+           "fsdp2", ("(root)", "blocks.0", "blocks.1"), losses_per_step=2),
     Client("mp-spawn", (sys.executable, str(CLIENTS / "mp_spawn.py"), "--port", "{port}", "--steps", str(STEPS),
                         "--log-losses", "{losses}"), "fsdp2", ("(root)", "1", "2")),
     Client("torchtitan", _torchrun("torchtitan_shape.py", "--steps", str(STEPS)), "fsdp2", TORCHTITAN_UNITS,
