@@ -20,19 +20,27 @@ from fsdpviz.report.compare.build import load_runs
 RECORDED = Path(__file__).parents[1] / "recorded"
 
 
-def test_a_prefetch_inside_the_noise_of_exposed_communication_names_no_better_run() -> None:
+def test_a_prefetch_not_told_apart_as_less_exposed_names_no_better_run() -> None:
+    """The committed recordings: on a CPU rank, which waits out every gather, the earlier gathers hide
+    nothing, and the two runs' exposed communication falls as the machine's pace does -- within the noise
+    in some sets of them, the prefetched run's more in another (31.23 against 23.75 ms). Either way the
+    prefetch finding names no better run, and says why with the part's own figures."""
     c = compare_runs(load_runs([RECORDED / "example-fsdp2" / "run", RECORDED / "fsdp2-prefetch" / "run"],
                                ["default", "prefetched"], cache=False))
     exposed = next(f for f in c.findings if f.kind == "exposed_comm")
-    assert exposed.better is None and "not told apart" in exposed.message
     (forward,) = [f for f in c.findings if f.kind == "prefetch" and "forward all-gathers" in f.message]
     depth = forward.values["forward_issue_depth"]
     assert depth["prefetched"] > depth["default"] + 0.5  # it does issue earlier
     assert forward.better is None
-    # within the noise or the step-to-step spread, as the recordings' steps happened to fall
-    assert "but the runs' exposed communication is not told apart (within " in forward.message
     gathered = forward.values["units_exposed_forward_all_gather_ms"]
-    assert f"reads {gathered['prefetched']:.2f} ms vs {gathered['default']:.2f} ms per step" in forward.message
+    figures = f"{gathered['prefetched']:.2f} ms vs {gathered['default']:.2f} ms per step"
+    if exposed.better is None:  # within the noise or the step-to-step spread, as the steps happened to fall
+        assert "not told apart" in exposed.message
+        assert "but the runs' exposed communication is not told apart (within " in forward.message
+        assert f"reads {figures}" in forward.message
+    else:  # told apart: the prefetched run exposes no less, in the part as in the whole
+        assert exposed.better == "default" and gathered["prefetched"] >= gathered["default"]
+        assert forward.message.endswith(f"its exposed forward all-gather time is not less: {figures}.")
 
 
 def _exposed_gather_ms(run, phase: str) -> float:

@@ -418,10 +418,11 @@ def test_an_unscaled_gpu_replay_with_no_phase_checked_stays_replayed(gpu_h200_ru
 
 
 def test_the_traced_steps_own_spread_is_no_miss_of_the_replay() -> None:
-    """A recording whose profiled steps differ much (the committed ``memory-own+sgd``: each rank's
-    ProfilerStep spans, read from the trace files, average more than 5 % away from their median, one rank
-    more than 15 %: 17-23 % above it in one recording; 19 % below on one rank and 53 % above on the other
-    in the next; 27 % above and 7 % below in the one after, each past the 1 % the replay is held to here). The factor that
+    """A recording whose profiled steps differ much (the committed ``memory-own+sgd``: one rank's
+    ProfilerStep spans, read from the trace files, average more than 15 % away from their median, far past
+    the 1 % the replay is held to here: 17-23 % above it on both ranks in one recording; 19 % below on one
+    rank and 53 % above on the other in the next; 27 % above and 7 % below in the one after; 54 % and 5 %
+    in the next). The factor that
     puts each rank's replay on its clean step divides by the rank's mean traced step; the replay of
     those steps, scaled by it, runs the timers' clean step (read from the raw timer files) within 1 %.
     Its median step against that mean read the steps' own spread as a 16 % miss of the clean step, and
@@ -435,7 +436,7 @@ def test_the_traced_steps_own_spread_is_no_miss_of_the_replay() -> None:
         steps = [float(e["dur"]) for e in trace_events(folder / "traces" / f"rank{rank}.trace.json.gz")
                  if e.get("name", "").startswith("ProfilerStep#")]
         apart.append(abs(statistics.fmean(steps) / statistics.median(steps) - 1))
-    assert min(apart) > 0.05 and max(apart) > 0.15, apart
+    assert max(apart) > 0.15, apart
     clean = []
     for rank in (0, 1):
         walls = {}
