@@ -12,7 +12,8 @@ benchmarks/bench_merged_parts.py).
 The new unit gathers all its members' parameters at once (one collective of their summed bytes,
 costed by :mod:`.comm`, the step's first also holding the ranks' meeting) and reduces their gradients
 at once; on CPU its reduction's host work is the fitted line's at its bytes rather than its members'
-sum. On GPU the members' gaps and reductions' host work stay: there the shared H200 recordings of
+sum, and its members' where no line prices it (the trace holds the reductions' labels and no
+collective: torch's fake group). On GPU the members' gaps and reductions' host work stay: there the shared H200 recordings of
 model B predicted one root unit and pairs 0.03-0.08 further from their bare runs without them.
 
 Then the order (:func:`build`): each pass issues its unit's all-gather if nothing issued it
@@ -497,10 +498,13 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
                 if p.fsdp_post_ns or p.fsdp_post_side_ns:
                     ops.append(FsdpKernelsOp(unit, phase, p.fsdp_post_ns, p.fsdp_post_side_ns, before=False))
                 # a merged unit's members do not run their own hooks; on CPU neither their own reductions'
-                # host work: the unit's reduction costs once, at its bytes (on GPU each member's stays).
+                # host work where the unit's reduction is priced once, at its bytes, by the fitted line (on
+                # GPU each member's stays; so it does where no line prices it, as when the trace holds the
+                # reduction's labels but no collective of it -- torch's fake group: each member's labelled
+                # work, its gradients' copies, grows with its bytes, and the merged unit copies them all).
                 # A part a ends at a child's window, not with the unit's hooks: its post is the module's
                 # own code, which runs; so do a recorded unit's own windows (a module list's, one a module)
-                own_reduce = p.reduce_host_ns if cpu else 0.0
+                own_reduce = p.reduce_host_ns if cpu and costs.reduce_host(unit, micro) is not None else 0.0
                 post = p.post_ns if last or p.part == "a" or not merged else \
                     max(0.0, p.post_ns - p.post_framework_ns - own_reduce)
                 after = p.reduce_after_ns if last else 0.0
