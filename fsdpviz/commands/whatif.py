@@ -344,8 +344,9 @@ def print_prediction(prediction: Prediction, run: str, framework: str, world_siz
     typer.echo("predicted per unit (ms per step; medians over ranks and steps, each column its own, so exposed can "
                "exceed all-gather + reduce-scatter)")
     _table(("unit", "all-gather", "forward", "backward", "reduce-scatter", "exposed"),
-           [(u.name, f"{u.all_gather_ms:.2f}", f"{u.forward_ms:.2f}", f"{u.backward_ms:.2f}",
-             f"{u.reduce_scatter_ms:.2f}", f"{u.exposed_comm_ms:.2f}") for u in prediction.predicted.units])
+           [(u.name, *("n/a" if v is None else f"{v:.2f}" for v in (  # n/a: unknown, the notes say why
+               u.all_gather_ms, u.forward_ms, u.backward_ms, u.reduce_scatter_ms, u.exposed_comm_ms)))
+            for u in prediction.predicted.units])
     typer.echo("")
     typer.echo("settings: " + "; ".join(_setting_words(settings, device, prediction.prefetch_arguments, framework)))
     typer.echo(f"replay: {prediction.replay_words()}")

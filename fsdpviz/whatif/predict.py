@@ -862,6 +862,7 @@ def split_rows(recorded: BoundSummary | None, split: dict[str, Any] | None) -> l
 
 
 UNIT_FIELDS = ("all_gather", "forward", "backward", "reduce_scatter", "exposed_comm")
+REBUCKETED_FIELDS = ("all_gather", "exposed_comm")  # ZeRO-3's gathers, which another bucket groups otherwise
 
 
 def _predicted_units(model: Model, simulated: list[SimResult], baseline: Outcome,
@@ -884,6 +885,11 @@ def _predicted_units(model: Model, simulated: list[SimResult], baseline: Outcome
     out = []
     below: list[str] = []
     unreplayed: dict[str, list[str]] = {}
+    # under another ZeRO-3 prefetch bucket DeepSpeed fetches the parameters in other groups: the replay
+    # counts a group's gather to the unit that issues it, the recorded figures to the units it carries, so
+    # a unit's recorded gathers do not carry over, and moved by the replay's change they read past the
+    # step (a unit whose recorded gathers the replay counted elsewhere: its share divides by almost 0)
+    rebucketed = prog.zero3_bucket(model.recording, settings) is not None
     # every unit the recorded ones group into, those the setting's replay ran nothing of too (unknown)
     units = list(dict.fromkeys([*new, *(group[m] for m in recorded if m in group)]))
     for unit in sorted(units, key=lambda u: (u != ROOT_UNIT, order.get(u, 1 << 30))):
@@ -895,6 +901,9 @@ def _predicted_units(model: Model, simulated: list[SimResult], baseline: Outcome
             unreplayed[unit] = missing
         values: dict[str, float | None] = {}
         for k in UNIT_FIELDS:
+            if rebucketed and k in REBUCKETED_FIELDS:
+                values[f"{k}_ms"] = None
+                continue
             known = [getattr(recorded[m], f"{k}_ms") for m in members if m in recorded]
             if None in known or missing:
                 values[f"{k}_ms"] = None  # a member's recorded figure, or its replay, is unknown: so is the unit's
@@ -918,6 +927,10 @@ def _predicted_units(model: Model, simulated: list[SimResult], baseline: Outcome
         # the replay counts more than the analysis did, the difference can overshoot
         notes.append("per-unit figures the change took below zero, shown as 0 (the members' recorded figures moved "
                      "by the replay's change, which counts them its own way): " + "; ".join(below))
+    if rebucketed:
+        notes.append("per-unit all-gather and exposed communication unknown (null): under another ZeRO-3 prefetch "
+                     "bucket DeepSpeed gathers the parameters in other groups, which the recorded units' figures do "
+                     "not divide into; the step's communication is predicted")
     if unreplayed:
         notes.append("per-unit figures unknown (null) where the model's replay of the recording, or of the setting, "
                      "ran nothing of a member, so the change cannot move its recorded figures: "

@@ -473,3 +473,20 @@ def test_the_terminal_names_each_category_a_small_peak_moves_by(capsys: pytest.C
             for name, a, b in re.findall(r"(sharded parameters|optimizer state) ([\d.]+) MiB -> ([\d.]+) MiB", line)}
     assert said["sharded parameters"] == pytest.approx((shard_mib, 2 * shard_mib), abs=0.006)
     assert said["optimizer state"] == pytest.approx((2 * shard_mib, 4 * shard_mib), abs=0.006)  # Adam: 2 per element
+
+
+def test_unknown_per_unit_figures_print_as_unknown(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Under another ZeRO-3 bucket each unit's gathers are unknown (test_zero3_bucket_replay.py): the table
+    and the page print them as n/a, beside a note that says why, and the figures each unit keeps."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(Path(__file__).parents[1] / "recorded" / "example-zero3-submodule" / "run", run)
+    page = tmp_path / "whatif.html"
+    code, out, err = _run(["whatif", str(run), "--prefetch", "2", "--no-cache", "-o", str(page)], capsys)
+    assert code == 0, err
+    rows = [line.split() for line in out.splitlines() if line.strip().startswith("blocks.0.qkv")]
+    assert len(rows) == 1 and rows[0][1] == "n/a" and rows[0][5] == "n/a"
+    assert all(float(v) >= 0 for v in rows[0][2:5])  # forward, backward, reduce-scatter
+    assert "note: per-unit all-gather and exposed communication unknown (null)" in out
+    assert "n/a: unknown, the notes say why" in page.read_text()

@@ -84,11 +84,15 @@ def settings_table(prediction: Prediction) -> HtmlTable:
 
 
 def units_table(prediction: Prediction) -> HtmlTable:
-    rows = [[TableCell(text=u.name, header=True), *(TableCell(text=f"{v:,.3f}") for v in (
+    rows = [[TableCell(text=u.name, header=True), *(TableCell(text="n/a" if v is None else f"{v:,.3f}") for v in (
         u.all_gather_ms, u.forward_ms, u.backward_ms, u.reduce_scatter_ms, u.exposed_comm_ms))]
         for u in prediction.predicted.units]
+    unknown = any(v is None for u in prediction.predicted.units for v in (
+        u.all_gather_ms, u.forward_ms, u.backward_ms, u.reduce_scatter_ms, u.exposed_comm_ms))
     return HtmlTable(columns=["predicted unit", "all-gather ms", "forward ms", "backward ms", "reduce-scatter ms",
-                              "exposed ms"], rows=rows, caption="per unit, medians over ranks and steps")
+                              "exposed ms"], rows=rows,
+                     caption="per unit, medians over ranks and steps" + ("; n/a: unknown, the notes say why"
+                                                                          if unknown else ""))
 
 
 def _memory_figure(curves: list[tuple[str, Any, str]]) -> Any | None:
