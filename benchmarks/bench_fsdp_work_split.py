@@ -12,7 +12,11 @@ Two measures per prediction, each the predicted figure over the recorded setting
 - *idle share*: FSDP's work as a share of FSDP's work and other idle (what
   tests/integration/test_whatif_fake_group.py held one recording to before it read the rounds' spread);
 - *per compute*: FSDP's work per millisecond of the model's compute, which the pace of the process moves
-  less (both are the same thread's work).
+  less (both are the same thread's work);
+- *reduction labels* (a truth, not a prediction): the host time in FSDP's reduction labels per
+  millisecond of compute in the recording of the setting, over the per-block recording's. Near 1: a merged
+  unit's reduction costs what its members' did together (it copies all their gradients); near a fifth
+  (one root unit) or a half (pairs): it costs one member's.
 
     python benchmarks/bench_fsdp_work_split.py [--rounds 6] [--parallel 1] [--out DIR]
 
@@ -67,8 +71,23 @@ def record_round(base: Path) -> Path:
     return base
 
 
-def measures(base: Path) -> list[tuple[str, str, float, float]]:
-    """(framework, predicted wrap, idle share ratio, per compute ratio) of one round's predictions."""
+def reduction_work(model: object) -> float:
+    """The host time in FSDP's reduction labels (each backward pass's ``reduce_host_ns``) per ms of the
+    model's compute in its passes, over the recording's steps."""
+    from fsdpviz.replay.model import Model
+
+    assert isinstance(model, Model)
+    labelled = compute = 0.0
+    for step in model.recording.steps:
+        for mb in step.micro:
+            labelled += sum(p.reduce_host_ns for p in mb.backward)
+            compute += sum(p.compute_ns for p in (*mb.forward, *mb.backward))
+    return labelled / compute if compute else float("nan")
+
+
+def measures(base: Path) -> list[tuple[str, str, float, float, float]]:
+    """(framework, predicted wrap, idle share ratio, per compute ratio, the recorded setting's reduction
+    labels per compute over the per-block recording's) of one round's predictions."""
     from fsdpviz.analysis.pipeline import analyse
     from fsdpviz.replay.model import read_model
     from fsdpviz.replay.settings import Settings, Wrap
@@ -80,14 +99,14 @@ def measures(base: Path) -> list[tuple[str, str, float, float]]:
         source = read_model(analyse([base / f"{framework}-block"], cache=False, progress=False))
         for wrap, recorded in ((Wrap("root"), "root"), (Wrap("merge", k=2), "pair")):
             split = split_of(source, predict(source, Settings().with_(wrap=wrap)))
-            truth = read_model(analyse([base / f"{framework}-{recorded}"], cache=False,
-                                       progress=False)).result.summary.bound
+            setting = read_model(analyse([base / f"{framework}-{recorded}"], cache=False, progress=False))
+            truth = setting.result.summary.bound
             if split is None or truth is None:
                 raise SystemExit(f"{base}: no split for {framework} {recorded}")
             fsdp, idle, compute = split["fsdp_overhead_ms"], split["other_idle_ms"], split["compute_ms"]
             share = (fsdp / (fsdp + idle)) / (truth.fsdp_overhead_ms / (truth.fsdp_overhead_ms + truth.other_idle_ms))
             per_compute = (fsdp / compute) / (truth.fsdp_overhead_ms / truth.compute_ms)
-            out.append((framework, recorded, share, per_compute))
+            out.append((framework, recorded, share, per_compute, reduction_work(setting) / reduction_work(source)))
     return out
 
 
@@ -105,23 +124,26 @@ def main() -> None:
         with ThreadPoolExecutor(max(1, args.parallel)) as pool:
             for done in pool.map(record_round, folders):
                 print(f"recorded {done.name}", file=sys.stderr, flush=True)
-        rows: dict[tuple[str, str], list[tuple[float, float]]] = {(f, w): [] for f in FRAMEWORKS
-                                                                  for w in ("root", "pair")}
-        print(f"\n{args.rounds} rounds, {args.parallel} at once: predicted / recorded\n")
-        print("| round | framework | predicted | idle share | per compute |")
-        print("|---|---|---|---:|---:|")
+        rows: dict[tuple[str, str], list[tuple[float, float, float]]] = {(f, w): [] for f in FRAMEWORKS
+                                                                         for w in ("root", "pair")}
+        print(f"\n{args.rounds} rounds, {args.parallel} at once: predicted / recorded; the recorded setting's "
+              "reduction labels per compute / the per-block recording's\n")
+        print("| round | framework | predicted | idle share | per compute | reduction labels |")
+        print("|---|---|---|---:|---:|---:|")
         for folder in folders:
-            for framework, wrap, share, per_compute in measures(folder):
-                rows[framework, wrap].append((share, per_compute))
-                print(f"| {folder.name} | {framework} | {wrap} | {share:.2f}x | {per_compute:.2f}x |", flush=True)
-        print("\n| framework | predicted | idle share: median (least-most) | per compute: median (least-most) |")
-        print("|---|---|---:|---:|")
+            for framework, wrap, share, per_compute, reduction in measures(folder):
+                rows[framework, wrap].append((share, per_compute, reduction))
+                print(f"| {folder.name} | {framework} | {wrap} | {share:.2f}x | {per_compute:.2f}x | {reduction:.2f}x |",
+                      flush=True)
+        print("\n| framework | predicted | idle share: median (least-most) | per compute: median (least-most) "
+              "| reduction labels: median (least-most) |")
+        print("|---|---|---:|---:|---:|")
         for (framework, wrap), values in rows.items():
             cells = []
-            for i in (0, 1):
+            for i in (0, 1, 2):
                 xs = [v[i] for v in values]
                 cells.append(f"{statistics.median(xs):.2f}x ({min(xs):.2f}-{max(xs):.2f})")
-            print(f"| {framework} | {wrap} | {cells[0]} | {cells[1]} |")
+            print(f"| {framework} | {wrap} | {' | '.join(cells)} |")
     print(f"\n({time.perf_counter() - started:.0f} s)")
 
 

@@ -499,14 +499,17 @@ def build(rec: Recording, step: StepProgram, settings: Settings, comm: CommModel
                     ops.append(FsdpKernelsOp(unit, phase, p.fsdp_post_ns, p.fsdp_post_side_ns, before=False))
                 # a merged unit's members do not run their own hooks; on CPU neither their own reductions'
                 # host work where the unit's reduction is priced once, at its bytes, by the fitted line (on
-                # GPU each member's stays; so it does where no line prices it, as when the trace holds the
-                # reduction's labels but no collective of it -- torch's fake group: each member's labelled
-                # work, its gradients' copies, grows with its bytes, and the merged unit copies them all).
+                # GPU each member's stays; so it does where no line prices it: no member reduced in this
+                # micro-batch, or the trace holds the reductions' labels but no collective of them -- torch's
+                # fake group, where each member's labelled work, mostly its gradients' copies, stays, as the
+                # merged unit copies them all; what each pays per call is then counted per member).
                 # A part a ends at a child's window, not with the unit's hooks: its post is the module's
                 # own code, which runs; so do a recorded unit's own windows (a module list's, one a module)
-                own_reduce = p.reduce_host_ns if cpu and costs.reduce_host(unit, micro) is not None else 0.0
-                post = p.post_ns if last or p.part == "a" or not merged else \
-                    max(0.0, p.post_ns - p.post_framework_ns - own_reduce)
+                if last or p.part == "a" or not merged:
+                    post = p.post_ns
+                else:
+                    own_reduce = p.reduce_host_ns if cpu and costs.reduce_host(unit, micro) is not None else 0.0
+                    post = max(0.0, p.post_ns - p.post_framework_ns - own_reduce)
                 after = p.reduce_after_ns if last else 0.0
                 if cpu and last and phase == BACKWARD and (host := costs.reduce_host(unit, micro)) is not None:
                     post = max(0.0, post - p.reduce_host_ns) + host

@@ -805,8 +805,9 @@ def _predicted(model: Model, simulated: list[SimResult], baseline: Outcome, sett
                          f"moved by the {exposed - simulated_exposed:+.3f} ms that changed")
     recorded = baseline.peak_allocated_bytes is not None
     units = _predicted_units(model, simulated, baseline, settings, notes)
-    if to_one_rank:  # no unit gathers or reduces on one rank either
+    if to_one_rank:  # no unit gathers or reduces on one rank either: known, whatever the bucket
         units = [replace(u, all_gather_ms=0.0, reduce_scatter_ms=0.0, exposed_comm_ms=0.0) for u in units]
+        notes[:] = [n for n in notes if n != REBUCKETED_NOTE]
     simulated_compute = shared(baseline.compute_ms, lambda r: r.compute_ns)
     if simulated_compute < 0:
         notes.append(f"the predicted compute came out at {simulated_compute:.3f} ms/step (the recording's moved by the "
@@ -863,6 +864,10 @@ def split_rows(recorded: BoundSummary | None, split: dict[str, Any] | None) -> l
 
 UNIT_FIELDS = ("all_gather", "forward", "backward", "reduce_scatter", "exposed_comm")
 REBUCKETED_FIELDS = ("all_gather", "exposed_comm")  # ZeRO-3's gathers, which another bucket groups otherwise
+REBUCKETED_NOTE: Final = (
+    "per-unit all-gather and exposed communication unknown (null): under another ZeRO-3 prefetch bucket "
+    "DeepSpeed's forward gathers the parameters in other groups, which the recorded units' gathers do not divide "
+    "into (a unit's exposed communication holds its gathers'); the step's communication is predicted")
 
 
 def _predicted_units(model: Model, simulated: list[SimResult], baseline: Outcome,
@@ -928,9 +933,7 @@ def _predicted_units(model: Model, simulated: list[SimResult], baseline: Outcome
         notes.append("per-unit figures the change took below zero, shown as 0 (the members' recorded figures moved "
                      "by the replay's change, which counts them its own way): " + "; ".join(below))
     if rebucketed:
-        notes.append("per-unit all-gather and exposed communication unknown (null): under another ZeRO-3 prefetch "
-                     "bucket DeepSpeed gathers the parameters in other groups, which the recorded units' figures do "
-                     "not divide into; the step's communication is predicted")
+        notes.append(REBUCKETED_NOTE)
     if unreplayed:
         notes.append("per-unit figures unknown (null) where the model's replay of the recording, or of the setting, "
                      "ran nothing of a member, so the change cannot move its recorded figures: "

@@ -176,17 +176,16 @@ def test_per_unit_work_follows_the_recorded_wrap(models: dict[str, Model], frame
 
 @pytest.mark.parametrize("source", ["block", "block-accum", "fsdp1-block"])
 def test_a_merged_unit_keeps_its_members_reduction_work(models: dict[str, Model], source: str) -> None:
-    """Under the fake group a reduction leaves FSDP's labels (FSDP2's ``post_backward_reduce``, FSDP1's
-    post-backward hook) and no collective, so no fitted line prices a merged unit's reduction at its bytes.
-    Its host work (the gradients' copies into the reduce-scatter's input, the sharded gradients after it)
-    grows with the bytes, and a merged unit reduces all its members' gradients: each member's labelled
-    work stays in the program of a merged setting, where a merged unit's later members run none of their
-    hooks. Kept as only the last member's, a root unit's predicted FSDP work per millisecond of compute
-    came to 0.31-0.38x of one root unit's recordings over six quiet rounds, 1.06-1.35x (FSDP2) and
-    0.40-0.64x (FSDP1) with it (benchmarks/bench_fsdp_work_split.py); FSDP's work after the passes' compute
-    (its post hooks and the reductions' labels) came to 0.94-1.18x of one root unit's replayed program per
-    millisecond of compute (FSDP2; 0.45-0.79x FSDP1, whose hooks around the reduction the merged unit
-    runs once), 0.13x on one round before."""
+    """Under the fake group a reduction leaves its labels (FSDP2's ``post_backward_reduce``, the recorder's
+    reduce-scatter label) and no collective, so no fitted line prices a merged unit's reduction at its
+    bytes. Its host work (mostly the gradients' copies into the reduce-scatter's input) grows with the
+    bytes, and a merged unit reduces all its members' gradients: the recordings of the settings hold
+    0.79x (FSDP2's one root unit) and 0.95x (pairs) of the per-block recording's labelled reduction work
+    per millisecond of compute, medians of six quiet rounds (benchmarks/bench_fsdp_work_split.py), where
+    one member's would be about a fifth and a half. So each member's labelled work stays in the program of
+    a merged setting, where its later members run none of their hooks. Kept as only the last member's, one
+    root unit's predicted FSDP work per millisecond of compute came to 0.22-0.43x of its recordings' over
+    those rounds (0.05-0.26x of the members' labelled work here); 0.40-1.35x with it (docs/whatif.md)."""
     from fsdpviz.replay import program as prog
     from fsdpviz.replay.program import BusyOp
 
@@ -214,8 +213,9 @@ def test_merged_units_keep_fsdp_work_in_the_split(models: dict[str, Model], sour
     How close that comes to a recording of the setting is a benchmark's, read over rounds
     (benchmarks/bench_fsdp_work_split.py, docs/whatif.md): one recording of a setting is no truth for it,
     as its FSDP work and other idle are host time that its process's pace moves. Held to one recording
-    (as a share of FSDP's work and other idle, within 0.62-1.5x for pairs), this test read 0.23-1.82x of
-    the recorded share over twelve rounds recorded three at a time on two cores, and failed on 1.56x."""
+    (as a share of FSDP's work and other idle, within 0.62-1.5x for pairs), this test's measure read
+    0.23-1.82x of the recorded share over twelve rounds recorded three at a time on two cores (under
+    the reduction rule before, docs/whatif.md), and the test failed on 1.56x."""
     from fsdpviz.whatif.explore import split_of
 
     model = models[source]
