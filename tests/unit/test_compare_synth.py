@@ -152,3 +152,25 @@ def test_runs_of_one_command_apart_in_compute_are_said_to_differ_in_pace(tmp_pat
     other = load_runs([made["fast"].folder, made["slow-none"].folder], ["fast", "slow-none"], cache=False)
     assert other[1].summary.overlap.compute_ms == pytest.approx(slow_ms, rel=0.01)  # as slow: only the setting differs
     assert not any(n.startswith("Model compute differs") for n in compare_runs(other).notes)
+
+
+def test_runs_that_compute_the_model_at_different_paces_are_said_to(tmp_path: Path) -> None:
+    """The same model and setting, one run's kernels twice as long (a machine at half the pace): the step
+    time finding names the faster run, and says the model's compute differs by the constructed +100 %,
+    which no FSDP setting does; between the prefetch settings, which compute alike, it says nothing."""
+    slow = Scenario(units=make_units(4, numel=UNIT_NUMEL, fwd_ns=800_000, bwd_ns=1_600_000), root=make_root(),
+                    forward_prefetch=1, backward_prefetch=1, steps=(3, 4, 5), gradients_per_kernel=False)
+    made = {"fast": generate_run(SCENARIOS["prefetch"], tmp_path / "fast", run_folder=True),
+            "slow": generate_run(slow, tmp_path / "slow", run_folder=True)}
+    comparison = compare_runs(load_runs([m.folder for m in made.values()], list(made), cache=False))
+    finding = _finding(comparison, "step_time")
+    assert finding["better"] == "fast"
+    compute = {r.label: r.summary.bound.compute_ms for r in comparison.runs}
+    assert compute["slow"] / compute["fast"] == pytest.approx(2.0, rel=0.1)  # the kernels, as constructed
+    assert "The model's compute differs between the runs: slow computes" in finding["message"]
+    assert f"({100 * (compute['slow'] - compute['fast']) / compute['fast']:+.0f} %)" in finding["message"]
+
+
+def test_runs_that_compute_alike_get_no_pace_caveat(synth_runs) -> None:
+    _, _, comparison = synth_runs
+    assert "compute differs" not in _finding(comparison, "step_time")["message"]

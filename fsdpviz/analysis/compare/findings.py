@@ -60,6 +60,10 @@ CLOCK_FINDINGS: Final = ("step_time", "exposed_comm", "unit_group", "tradeoff")
 MIN_TIME_MS: Final = 0.02
 MIN_STEPS: Final = 3  # analysed steps per run below which a named winner gets a caveat
 MODEL_SHARE: Final = 0.5  # the memory model must explain at least this share of a peak difference
+# one setting's model compute moves by up to this share of itself from process to process on a shared
+# machine (a CPU rank's pace drifts 20-30 %): runs further apart ran at different paces, as no wrap,
+# prefetch or resharding moves the model's compute
+PACE_SHARE: Final = 0.30
 
 
 def _count(n: float, noun: str) -> str:
@@ -231,6 +235,25 @@ def _extremes(c: Comparison, key: str, column: str) -> _Extremes | None:
     return _Extremes(best_i, best, worst_i, worst, noise_ms(c.runs[best_i], c.runs[worst_i], column), known)
 
 
+def pace_caveat(c: Comparison, indices: Sequence[int]) -> str:
+    """`` The model's compute differs between the runs: ...``: said where the runs of ``indices`` computed
+    the model more than :data:`PACE_SHARE` apart (the bound's compute, on each run's clock), as FSDP's
+    settings leave it as it is; the step's difference may then be the machine's, not the setting's."""
+    compute = [(i, b.compute_ms) for i in indices if (b := c.runs[i].summary.bound) is not None and b.compute_ms > 0]
+    if len(compute) < 2:
+        return ""
+    low_i, low = min(compute, key=lambda x: x[1])
+    high_i, high = max(compute, key=lambda x: x[1])
+    if high <= (1 + PACE_SHARE) * low:
+        return ""
+    return (f" The model's compute differs between the runs: {c.labels[high_i]} computes {ms_text(high)} a step "
+            f"against {ms_text(low)} in {c.labels[low_i]} ({100 * (high - low) / low:+.0f} %), more than one setting's "
+            f"moves from process to process ({100 * PACE_SHARE:.0f} %). A wrap, prefetch or resharding leaves the "
+            "model's compute as it is, so these runs ran at different paces (the machine's load or clocks) or differ "
+            "in the model, its batch or its precision: part of their step difference may be that, not the setting; "
+            "record them again one after the other to tell.")
+
+
 def step_time_finding(c: Comparison) -> list[Finding]:
     found = _extremes(c, "step_time_ms", "step_ns")
     if found is None:
@@ -266,7 +289,7 @@ def step_time_finding(c: Comparison) -> list[Finding]:
     elif parts:
         message += f" Where the {ms_text(other - best)} went: " + parts + "."
     message += _the_others(c, "step_time_ms", "step_ns", "takes", best_i, {best_i, other_i}, known)
-    message += few_steps(c.runs[best_i], c.runs[other_i])
+    message += few_steps(c.runs[best_i], c.runs[other_i]) + pace_caveat(c, [i for i, _ in known])
     return [_finding("step_time", message, evidence, c.labels[best_i], values)]
 
 
