@@ -23,7 +23,7 @@ from fsdpviz.commands.common import (
     warn_gaps,
 )
 from fsdpviz.errors import UsageError
-from fsdpviz.formatting import bytes_text, change_text, mib_text
+from fsdpviz.formatting import bytes_text, change_text, mib_change_text, mib_text
 
 if TYPE_CHECKING:
     from fsdpviz.analysis.bound import BoundSummary
@@ -269,7 +269,8 @@ def _rows(baseline: Outcome, predicted: Outcome) -> list[tuple[str, str, str, st
 def category_changes(baseline: Outcome, predicted: Outcome) -> list[str]:
     """What the predicted peak holds that the recorded one did not, category by category (those that
     change by :func:`~fsdpviz.whatif.predict.category_floor` or more, as the page lists them), e.g.
-    ``unsharded parameters 100.1 MiB -> 772.4 MiB``."""
+    ``unsharded parameters 100.1 MiB -> 772.4 MiB``, then the smaller changes in one clause
+    (``under 1.00 MiB each: sharded parameters -0.26 MiB``)."""
     from fsdpviz.analysis.memory_categories import CATEGORIES, TITLES
     from fsdpviz.whatif.predict import category_floor
 
@@ -277,13 +278,17 @@ def category_changes(baseline: Outcome, predicted: Outcome) -> list[str]:
     if not before or not after:
         return []
     min_bytes = category_floor(baseline, predicted)
-    out = []
+    out, smaller = [], []
     for c in CATEGORIES:
         b, a = before.get(c), after.get(c)
         if b is None or a is None:  # cannot be known (memory_unknown says why): no change to show
             continue
         if abs(a - b) >= min_bytes:
             out.append(f"{TITLES[c]} {mib_text(b)} -> {mib_text(a)}")
+        elif a != b:  # said in one clause, so that the parts listed are not read as the whole change
+            smaller.append(f"{TITLES[c]} {mib_change_text(a - b)}")
+    if out and smaller:
+        out.append(f"under {mib_text(min_bytes)} each: " + ", ".join(smaller))
     return out
 
 

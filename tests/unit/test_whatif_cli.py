@@ -490,3 +490,29 @@ def test_unknown_per_unit_figures_print_as_unknown(tmp_path: Path, capsys: pytes
     assert all(float(v) >= 0 for v in rows[0][2:5])  # forward, backward, reduce-scatter
     assert "note: per-unit all-gather and exposed communication unknown (null)" in out
     assert "n/a: unknown, the notes say why" in page.read_text()
+
+
+def test_the_peak_by_category_line_leaves_no_change_unsaid(capsys: pytest.CaptureFixture[str]) -> None:
+    """On four ranks instead of two the shards halve: the optimizer state moves past the line's floor, the
+    sharded parameters by less (run.json: 0.11 MiB a rank of 2, half the Adam state's). Every category the
+    prediction moves (``--json``) is in the line, the smaller ones in a clause of their own, each by the
+    JSON's bytes; else the parts listed read as the peak's whole change."""
+    from fsdpviz.analysis.memory_categories import TITLES
+    from fsdpviz.formatting import mib_change_text
+
+    run = Path(__file__).parents[1] / "recorded" / "example-fsdp2" / "run"
+    code, out, err = _run(["whatif", str(run), "--world-size", "4", "--json", "-q"], capsys)
+    assert code == 0, err
+    data = json.loads(out)
+    before, after = data["baseline"]["memory_categories"], data["predicted"]["memory_categories"]
+    moved = {c for c in before if before[c] is not None and after.get(c) is not None and before[c] != after[c]}
+    assert {"optimizer_state", "sharded_params"} <= moved
+    with pytest.raises(SystemExit):
+        main(["whatif", str(run), "--world-size", "4", "-q"])
+    (line,) = [ln for ln in capsys.readouterr().out.splitlines() if "peak by category:" in ln]
+    listed, _, clause = line.partition(" each: ")
+    assert clause, line
+    for c in moved:
+        assert TITLES[c] in line, (c, line)
+    assert f"{TITLES['sharded_params']} {mib_change_text(after['sharded_params'] - before['sharded_params'])}" in clause
+    assert TITLES["optimizer_state"] in listed and TITLES["optimizer_state"] not in clause
