@@ -579,10 +579,16 @@ def _beyond_the_units(settings: Settings, rec: Recording) -> list[str]:
     notes = []
     children = [u for u in rec.units if u != ROOT_UNIT]
     wrap = settings.wrap
-    if settings.sources.get("wrap") == GIVEN and wrap.kind == "merge" and children:
+    if settings.sources.get("wrap") == GIVEN and wrap.kind == "merge" and not children:
+        notes.append(f"wrap {wrap}: the recording has one unit, the root, so nothing merges: the prediction is the "
+                     "recorded setting's")
+    elif settings.sources.get("wrap") == GIVEN and wrap.kind == "merge":
         parents = prog.unit_parents(rec)
         widest = max(Counter(parents[u] for u in children).values())
-        if wrap.k > widest:
+        if widest == 1:
+            notes.append(f"wrap {wrap}: no parent holds two units side by side, so nothing merges: the prediction is "
+                         "the recorded setting's")
+        elif wrap.k > widest:
             notes.append(f"wrap {wrap}: no parent holds more than {widest} unit(s) side by side, so each parent's "
                          f"units become one, as wrap merge:{widest} does")
     depth = settings.prefetch_depth

@@ -516,3 +516,17 @@ def test_the_peak_by_category_line_leaves_no_change_unsaid(capsys: pytest.Captur
         assert TITLES[c] in line, (c, line)
     assert f"{TITLES['sharded_params']} {mib_change_text(after['sharded_params'] - before['sharded_params'])}" in clause
     assert TITLES["optimizer_state"] in listed and TITLES["optimizer_state"] not in clause
+
+
+def test_a_merge_with_nothing_to_merge_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    """A recording of one root unit (run.json lists no other) has nothing to merge: ``--wrap merge:2``
+    predicts the recorded setting's step and memory, and a note says why, rather than a silent +0.00."""
+    run = Path(__file__).parents[1] / "recorded" / "fsdp2-d256-root" / "run"
+    assert [u["unit"] for u in json.loads((run / "run.json").read_text())["units"]] == ["(root)"]
+    code, out, err = _run(["whatif", str(run), "--wrap", "merge:2", "--json", "-q"], capsys)
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["predicted"]["step_time_ms"] == data["baseline"]["step_time_ms"]
+    assert data["predicted"]["peak_allocated_bytes"] == data["baseline"]["peak_allocated_bytes"]
+    assert any(n.startswith("wrap merge:2: the recording has one unit, the root, so nothing merges")
+               for n in data["notes"]), data["notes"]
