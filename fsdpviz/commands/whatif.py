@@ -369,12 +369,11 @@ def _setting_words(settings: Settings, device: str = "", prefetch: dict[str, obj
     backward_prefetch=BACKWARD_PRE)``)."""
     from fsdpviz.replay.prefetch_args import depth_words
     from fsdpviz.replay.prefetch_args import words as argument_words
+    from fsdpviz.replay.settings import setting_name
 
     words = []
     for key, v in settings.to_json().items():
-        name, value, source = key.replace("_", " "), v["value"], v["source"]
-        if key == "gpus_per_node" and device == "cpu":
-            name = "ranks per node"
+        name, value, source = setting_name(key, device), v["value"], v["source"]
         # the value is the recording's, which is also where it came from
         if value == "recorded":
             words.append(f"{name} as recorded")

@@ -111,6 +111,12 @@ class Settings:
         return replace(self, sources=sources, **changes)  # type: ignore[arg-type]
 
 
+def setting_name(key: str, device: str) -> str:
+    """A setting's name as whatif's words and pages show it: ``gpus_per_node`` is ``ranks per node`` on a
+    CPU run, whose ranks are processes, not GPUs."""
+    return "ranks per node" if key == "gpus_per_node" and device == "cpu" else key.replace("_", " ")
+
+
 def parse_wrap(text: str) -> Wrap:
     """``root``, ``merge:K`` or ``match:REGEX``."""
     if text == "root":

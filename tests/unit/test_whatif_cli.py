@@ -490,6 +490,9 @@ def test_unknown_per_unit_figures_print_as_unknown(tmp_path: Path, capsys: pytes
     assert all(float(v) >= 0 for v in rows[0][2:5])  # forward, backward, reduce-scatter
     assert "note: per-unit all-gather and exposed communication unknown (null)" in out
     assert "n/a: unknown, the notes say why" in page.read_text()
+    # a CPU run's ranks per node are processes: the page names the setting as the terminal does
+    assert "ranks per node 2 (recorded)" in out
+    assert ">ranks per node<" in page.read_text() and "gpus per node" not in page.read_text()
 
 
 def test_the_peak_by_category_line_leaves_no_change_unsaid(capsys: pytest.CaptureFixture[str]) -> None:

@@ -77,8 +77,11 @@ def numbers_table(baseline: Outcome, predicted: Outcome,
     return HtmlTable(columns=["", "recorded", "predicted"], rows=rows)
 
 
-def settings_table(prediction: Prediction) -> HtmlTable:
-    rows = [[TableCell(text=key.replace("_", " "), header=True), TableCell(text=str(v["value"])),
+def settings_table(prediction: Prediction, device: str) -> HtmlTable:
+    """Each setting, its value and where it came from, named as the terminal names it."""
+    from fsdpviz.replay.settings import setting_name
+
+    rows = [[TableCell(text=setting_name(key, device), header=True), TableCell(text=str(v["value"])),
              TableCell(text=str(v["source"]))] for key, v in prediction.settings.to_json().items()]
     return HtmlTable(columns=["setting", "value", "source"], rows=rows)
 
@@ -164,7 +167,7 @@ def build_whatif(model: Model, prediction: Prediction, output: str | Path, *, so
         Section(key="numbers", title=f"Recorded vs predicted: {name}", howto=HOWTO_NUMBERS, notes=notes,
                 tables=[numbers_table(prediction.baseline, prediction.predicted,
                                       split_rows(model.result.summary.bound, prediction.bound)),
-                        settings_table(prediction),
+                        settings_table(prediction, rec.device),
                         units_table(prediction)], code=code),
         Section(key="timeline", title="One step, recorded and predicted", howto=HOWTO_TIMELINE,
                 legend=[("units", [LegendItem(label=u, color=colors[u]) for u in data.units])],
