@@ -81,3 +81,23 @@ def test_a_terminal_stays_a_terminal_for_the_command(tmp_path: Path) -> None:
     text = seen.decode().replace("\r\n", "\n")
     assert "stderr is a tty: True\n" in text and "fsdpviz:   | stderr is a tty: True" in text, text
     assert (run_dir / "logs" / "command.log").read_text() == "stderr is a tty: True\n"
+
+
+def test_a_timers_only_recording_is_said_to_be_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--mode timers`` records no trace by design (the timers only, every step): a later ``summary``
+    says the folder was recorded so, where its timers are, and how to record one it reads, not that
+    something went missing."""
+    from helpers.jobs import EXAMPLE
+
+    run_dir = tmp_path / "run"
+    proc = run_record(run_dir, [sys.executable, str(EXAMPLE), "--fake-world", "8", "--layers", "2", "--dim", "64",
+                                "--steps", "6"], "--mode", "timers", timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads((run_dir / "run.json").read_text())["options"]["mode"] == "timers"
+    assert sorted(p.name for p in (run_dir / "timers").glob("*.jsonl")) == ["rank0.jsonl"]
+    code, out, err = run_cli(["summary", str(run_dir)], capsys)
+    assert code == 2 and out == ""
+    one_error_line(err, rf"^error: {run_dir}: run folder has no traces \(traces/ is empty or missing\); it was "
+                        rf"recorded with --mode timers \(no profiler\): its step, phase and unit times are in "
+                        rf"{run_dir / 'timers'}, and summary, report and whatif read a trace: record it again "
+                        r"without --mode timers \(or with --mode both\)$")
