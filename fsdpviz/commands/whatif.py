@@ -422,7 +422,10 @@ def print_exploration(exploration: Exploration, run: str) -> None:
 
         assert isinstance(c, Candidate) and c.prediction is not None
         p = c.prediction.predicted
-        return (c.name, f"{p.step_time_ms:,.2f} ms", change_text(base.step_time_ms, p.step_time_ms, "ms"),
+        # a setting the script cannot be given as a change of its sharding code (the notes below say why)
+        apply = c.prediction.apply
+        name = c.name + (" (no code)" if apply is not None and apply.code is None else "")
+        return (name, f"{p.step_time_ms:,.2f} ms", change_text(base.step_time_ms, p.step_time_ms, "ms"),
                 mib_text(p.peak_allocated_bytes), change_text(base.peak_allocated_bytes, p.peak_allocated_bytes, "bytes"),
                 _bound_words(c))
 
@@ -469,6 +472,13 @@ def print_exploration(exploration: Exploration, run: str) -> None:
         typer.echo(f"not tried: {c.name}: {c.skipped}")
     for note in exploration.notes:
         typer.echo(f"note: {note}")
+    no_code: dict[str, list[str]] = {}  # why there is no code -> the settings it holds for
+    for c in (*exploration.ranked, *exploration.within_spread, *exploration.unranked, *exploration.over_budget):
+        apply = c.prediction.apply if c.prediction is not None else None
+        if apply is not None and apply.code is None:
+            no_code.setdefault(apply.note or "whatif --code writes none", []).append(c.name)
+    for why, names in no_code.items():
+        typer.echo(f"note: no code for {', '.join(names)}: {why}")
     # a bound a setting's prediction or its split hit, with the setting it changed (whatif's notes)
     for c in (*exploration.ranked, *exploration.within_spread, *exploration.unranked, *exploration.over_budget):
         said = [*(c.prediction.clamps if c.prediction is not None else []),

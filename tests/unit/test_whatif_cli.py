@@ -533,3 +533,17 @@ def test_a_merge_with_nothing_to_merge_says_so(capsys: pytest.CaptureFixture[str
     assert data["predicted"]["peak_allocated_bytes"] == data["baseline"]["peak_allocated_bytes"]
     assert any(n.startswith("wrap merge:2: the recording has one unit, the root, so nothing merges")
                for n in data["notes"]), data["notes"]
+
+
+def test_explore_marks_a_setting_the_script_cannot_be_given_as_code(capsys: pytest.CaptureFixture[str]) -> None:
+    """FSDP1 wraps one module per unit, so ``merge:2`` of a per-block recording has no code (``--code``
+    refuses it, exit 2): the ranked list marks its row and a note says why; one root unit, which FSDP1
+    takes as code, is not marked."""
+    run = Path(__file__).parents[1] / "recorded" / "example-fsdp1" / "run"
+    code, _, err = _run(["whatif", str(run), "--wrap", "merge:2", "--code", "-q"], capsys)
+    assert code == 2 and "FSDP1 wraps one module per unit" in err
+    code, out, err = _run(["whatif", str(run), "--explore", "-q"], capsys)
+    assert code == 0, err
+    rows = {re.split(r"\s{2,}", line.strip())[1] for line in out.splitlines() if re.match(r"\s+[-\d]+\s{2,}wrap ", line)}
+    assert "wrap merge:2 (no code)" in rows and "wrap root" in rows, rows
+    assert "note: no code for wrap merge:2: FSDP1 wraps one module per unit" in out
