@@ -60,10 +60,10 @@ def submodules(model):
         found.setdefault(".".join(p for p in name.split(".") if p not in WRAPPER_SEGMENTS), module)
     return found.__getitem__
 '''
+CUSTOM_POLICY_IMPORT: Final = "from torch.distributed.fsdp.wrap import CustomPolicy\n"
 FSDP1_IMPORT: Final = '''from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-from torch.distributed.fsdp.wrap import CustomPolicy
-'''
+''' + CUSTOM_POLICY_IMPORT
 
 
 @dataclass(slots=True)
@@ -261,9 +261,10 @@ def _fsdp1(rec: Recording, settings: Settings, modules: dict[str, list[str]], de
             "them (an nn.Sequential of the blocks, as examples/train.py --wrap pair builds)"))
     arguments = fsdp1_arguments(rec, settings)
     names = [ms[0] for ms in modules.values()]
-    lines = [f"wrap = {{{', '.join(_ref(n) for n in names)}}}" if names else "wrap = set()",
-             "policy = CustomPolicy(lambda module: module in wrap)"]
-    setting = ["auto_wrap_policy=policy"]
+    # one root unit: no policy, over any the caller's fsdp_kwargs carry (FSDP1 then wraps the model alone)
+    lines = [f"wrap = {{{', '.join(_ref(n) for n in names)}}}",
+             "policy = CustomPolicy(lambda module: module in wrap)"] if names else []
+    setting = ["auto_wrap_policy=policy" if names else "auto_wrap_policy=None"]
     if "backward_prefetch" in arguments:
         backward = arguments["backward_prefetch"]
         setting.append(f"backward_prefetch={'None' if backward is None else f'BackwardPrefetch.{backward}'}")
@@ -283,8 +284,9 @@ def _fsdp1(rec: Recording, settings: Settings, modules: dict[str, list[str]], de
     # usual FSDP arguments, passed through whole): the predicted setting is what runs, never a TypeError
     lines.append(f"setting = dict({', '.join(setting)})")
     lines.append("return FSDP(model, **{**fsdp_kwargs, **setting})")
-    body = "\n".join(f"    {line}" for line in ["m = submodules(model)", *lines])
-    code = (f"{FSDP1_IMPORT}{FINDER}\n\ndef shard_model(model, **fsdp_kwargs):\n"
+    body = "\n".join(f"    {line}" for line in [*(["m = submodules(model)"] if names else []), *lines])
+    code = (f"{FSDP1_IMPORT if names else FSDP1_IMPORT.replace(CUSTOM_POLICY_IMPORT, '')}{FINDER if names else ''}"
+            f"\n\ndef shard_model(model, **fsdp_kwargs):\n"
             f'    """{describe}: FSDP1 units as fsdpviz whatif predicts them."""\n{body}\n')
     return Apply(FSDP1, code, lines, "; ".join(notes))
 

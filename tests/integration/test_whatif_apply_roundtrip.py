@@ -132,6 +132,8 @@ def fsdp1_block(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_fsdp1_code_records_the_predicted_units(fsdp1_block: Path, options: tuple[str, ...]) -> None:
     predicted = whatif_json(fsdp1_block, *options)
     code = shard_code(fsdp1_block, fsdp1_block.parent / f"{options[1]}.py", *options)
+    if options == ("--wrap", "root"):  # one unit: no module to find, no policy (over the script's own)
+        assert "submodules" not in code.read_text() and "auto_wrap_policy=None" in code.read_text()
     again = fsdp1_block.parent / f"fsdp1-{options[1]}"
     proc = _record(again, (*FSDP1, "--shard-code", str(code)), ranks=2)
     assert proc.returncode == 0, proc.stderr[-3000:]
