@@ -220,8 +220,9 @@ class Prediction:
         if phases is not None:  # out of sample: where the profiler's share came out (replay/phases.py)
             what = "the time it added per phase" if self.paced else "the profiler's share per phase"
             aside.append(f"out of sample, {what} within {phases:.1f} % of the step")
-        words = (f"the model reproduces the traced step within {self.traced_replay_error_pct:.1f} %"
-                 + (f" ({'; '.join(aside)})" if aside else ""))
+        # the traced step is what the replay is built from: in sample, unlike the checks after it
+        words = (f"the model reproduces the traced step it is built from within {self.traced_replay_error_pct:.1f} % "
+                 f"({'; '.join(['in sample', *aside])})")
         if self.parts_over_pct is not None:
             words += f"; this prediction's parts add up {self.parts_over_pct:.1f} % past its step"
         return words

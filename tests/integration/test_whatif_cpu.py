@@ -84,9 +84,9 @@ def test_replay_prefetch_and_world_size(framework: str, recordings: Recordings,
     # the terminal names the two checks apart, each with the figure the JSON gives it
     table = run_here(capsys, "whatif", run, "-q")
     assert table.returncode == 0, table.stderr
-    said = re.search(r"^replay: the model reproduces the traced step within ([\d.]+) %"
-                     r"(?: \(without the profiler, (?:on the run's clean steps|the run's clean steps within ([\d.]+) %)"
-                     r"(?:; out of sample, (?P<phase>the profiler's share|the time it added) per phase within [\d.]+ % of the step)?\))?$",
+    said = re.search(r"^replay: the model reproduces the traced step it is built from within ([\d.]+) % \(in sample"
+                     r"(?:; without the profiler, (?:on the run's clean steps|the run's clean steps within ([\d.]+) %)"
+                     r"(?:; out of sample, (?P<phase>the profiler's share|the time it added) per phase within [\d.]+ % of the step)?)?\)$",
                      table.stdout, re.MULTILINE)
     assert said is not None, table.stdout
     # a run whose profiled steps ran faster than its clean ones (a pace note, as the clock's note says it): the
