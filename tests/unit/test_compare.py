@@ -578,3 +578,15 @@ def test_a_unit_that_ran_nothing_of_its_own_leaves_its_groups_figures(capsys: py
         assert values["param_bytes"] == g["param_bytes"]["a"] == 4 * numel[unit]
         for metric in ("all_gather_ms", "forward_ms", "backward_ms", "reduce_scatter_ms", "peak_allocated_bytes"):
             assert values[metric] is not None and values[metric] == summary[unit][metric], (unit, metric)
+
+
+def test_one_folder_given_twice_is_said_to_be_one(tmp_path: Path) -> None:
+    """The same folder twice (once through a link) compares a run with itself: the notes say so, with
+    the labels it got; two different folders get no such note."""
+    link = tmp_path / "again"
+    link.symlink_to(SAMPLES / "fsdp2-cpu-2rank", target_is_directory=True)
+    same = compare_runs(load_runs([SAMPLES / "fsdp2-cpu-2rank", link], ["a", "b"], cache=False))
+    assert "a and b are one run folder given 2 times: they compare the run with itself, so they agree to the figure." \
+        in same.notes
+    other = compare_runs(load_runs([SAMPLES / "fsdp2-cpu-2rank", SAMPLES / "fsdp1-cpu-2rank"], ["a", "b"], cache=False))
+    assert not any("one run folder" in n for n in other.notes)

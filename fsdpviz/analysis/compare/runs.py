@@ -15,6 +15,7 @@ them, so ``compare --json`` agrees with the individual ``summary --json`` output
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
@@ -404,6 +405,12 @@ def comparability_notes(runs: Sequence[LabelledRun], match: UnitMatch) -> list[s
     """Why some numbers should not be compared directly (every run is still shown)."""
     labels = [r.label for r in runs]
     notes = []
+    seen: dict[str, list[str]] = {}  # one folder given more than once: its figures agree by construction
+    for r in runs:
+        seen.setdefault(os.path.realpath(r.source), []).append(r.label)
+    for same in (lbs for lbs in seen.values() if len(lbs) > 1):
+        notes.append(f"{' and '.join(same)} are one run folder given {len(same)} times: they compare the run with "
+                     "itself, so they agree to the figure.")
     sizes = [r.summary.world_size for r in runs]
     if len(set(sizes)) > 1:
         notes.append(_differ("World sizes differ", sizes, labels) + ". Step time and per-rank memory depend "
