@@ -60,10 +60,12 @@ CLOCK_FINDINGS: Final = ("step_time", "exposed_comm", "unit_group", "tradeoff")
 MIN_TIME_MS: Final = 0.02
 MIN_STEPS: Final = 3  # analysed steps per run below which a named winner gets a caveat
 MODEL_SHARE: Final = 0.5  # the memory model must explain at least this share of a peak difference
-# one setting's model compute moves by up to this share of itself from process to process on a shared
-# machine (a CPU rank's pace drifts 20-30 %): runs further apart ran at different paces, as no wrap,
-# prefetch or resharding moves the model's compute
-PACE_SHARE: Final = 0.30
+# model compute this many times apart: the machine's pace (or another batch or precision). A shared
+# machine's step times move by up to about 30 % between sessions (docs/performance.md), and no wrap,
+# prefetch or resharding moves the model's compute (the compare table's "model compute / step",
+# overlap.compute_ms); runs.py's pace note and the step-time finding's caveat read it alike
+PACE_RATIO: Final = 1.3
+PACE_NOTE_START: Final = "Model compute differs between runs of one command"  # runs.py's note of such runs
 
 
 def _count(n: float, noun: str) -> str:
@@ -235,23 +237,38 @@ def _extremes(c: Comparison, key: str, column: str) -> _Extremes | None:
     return _Extremes(best_i, best, worst_i, worst, noise_ms(c.runs[best_i], c.runs[worst_i], column), known)
 
 
-def pace_caveat(c: Comparison, indices: Sequence[int]) -> str:
-    """`` The model's compute differs between the runs: ...``: said where the runs of ``indices`` computed
-    the model more than :data:`PACE_SHARE` apart (the bound's compute, on each run's clock), as FSDP's
-    settings leave it as it is; the step's difference may then be the machine's, not the setting's."""
-    compute = [(i, b.compute_ms) for i in indices if (b := c.runs[i].summary.bound) is not None and b.compute_ms > 0]
-    if len(compute) < 2:
+def _paces_apart(c: Comparison, i: int, j: int) -> float | None:
+    """Run ``j``'s model compute over run ``i``'s where they lie :data:`PACE_RATIO` or more apart and the
+    notes do not already say why (runs of one command: the pace note; other models, world sizes,
+    frameworks or devices); None otherwise."""
+    if any(n.startswith(PACE_NOTE_START) for n in c.notes):
+        return None
+    a, b = c.runs[i].summary, c.runs[j].summary
+    if (a.world_size, a.framework, a.device) != (b.world_size, b.framework, b.device):
+        return None
+    if sum(u.param_numel or 0 for u in a.units) != sum(u.param_numel or 0 for u in b.units):
+        return None
+    ca, cb = a.overlap.compute_ms, b.overlap.compute_ms
+    if ca is None or cb is None or not (ca > 0 and cb > 0) or max(ca, cb) < PACE_RATIO * min(ca, cb):
+        return None
+    return cb / ca
+
+
+def pace_caveat(c: Comparison, i: int, j: int) -> str:
+    """`` Their model compute differs: ...``: said where runs ``i`` and ``j`` (the finding's pair) computed
+    the model :data:`PACE_RATIO` or more apart, as FSDP's settings leave it as it is, so the step's
+    difference may be the machine's rather than the setting's. Not said where the notes already tell why:
+    runs of one command (the pace note), or of other models, world sizes, frameworks or devices."""
+    if _paces_apart(c, i, j) is None:
         return ""
-    low_i, low = min(compute, key=lambda x: x[1])
-    high_i, high = max(compute, key=lambda x: x[1])
-    if high <= (1 + PACE_SHARE) * low:
-        return ""
-    return (f" The model's compute differs between the runs: {c.labels[high_i]} computes {ms_text(high)} a step "
-            f"against {ms_text(low)} in {c.labels[low_i]} ({100 * (high - low) / low:+.0f} %), more than one setting's "
-            f"moves from process to process ({100 * PACE_SHARE:.0f} %). A wrap, prefetch or resharding leaves the "
-            "model's compute as it is, so these runs ran at different paces (the machine's load or clocks) or differ "
-            "in the model, its batch or its precision: part of their step difference may be that, not the setting; "
-            "record them again one after the other to tell.")
+    ca, cb = c.runs[i].summary.overlap.compute_ms, c.runs[j].summary.overlap.compute_ms
+    assert ca is not None and cb is not None
+    (hi, high), (lo, low) = sorted(((i, ca), (j, cb)), key=lambda x: -x[1])
+    return (f" Their model compute differs: {c.labels[hi]} computes {ms_text(high)} a step against {ms_text(low)} in "
+            f"{c.labels[lo]} ({high / low:.2f}x). No wrap, prefetch or resharding moves the model's compute, so "
+            "these runs ran at different paces (the machine's load or clocks) or differ in their batch, micro-batches "
+            "or precision: part of the step difference may be that, not the setting (runs of one model and batch "
+            "recorded again one after the other tell).")
 
 
 def step_time_finding(c: Comparison) -> list[Finding]:
@@ -289,7 +306,7 @@ def step_time_finding(c: Comparison) -> list[Finding]:
     elif parts:
         message += f" Where the {ms_text(other - best)} went: " + parts + "."
     message += _the_others(c, "step_time_ms", "step_ns", "takes", best_i, {best_i, other_i}, known)
-    message += few_steps(c.runs[best_i], c.runs[other_i]) + pace_caveat(c, [i for i, _ in known])
+    message += few_steps(c.runs[best_i], c.runs[other_i]) + pace_caveat(c, best_i, other_i)
     return [_finding("step_time", message, evidence, c.labels[best_i], values)]
 
 
@@ -365,6 +382,8 @@ def _the_others(c: Comparison, key: str, column: str, verb: str, best_i: int, na
             verdict = f"within the runs' step-to-step spread: {ms_text(max(_spreads(c, key, best_i, i)))}"
         else:
             verdict = f"a clear difference: noise {ms_text(noise_i)}"
+        if (ratio := _paces_apart(c, best_i, i)) is not None:  # the step-time finding's caveat, for this run
+            verdict += f"; but its model compute is {ratio:.2f}x {c.labels[best_i]}'s, which no FSDP setting moves"
         # named against the best run: the table's deltas are against the first run, another figure
         rest.append(f"{c.labels[i]} {verb} {ms_text(v)} ({ms_text(v - best)} more than {c.labels[best_i]}, {verdict})")
     return " Also, " + "; ".join(rest) + "." if rest else ""  # labels keep their case

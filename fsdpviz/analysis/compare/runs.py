@@ -26,7 +26,7 @@ from fsdpviz.analysis.compare.clocks import (
     pace_notes,
     ranked_on_clock,
 )
-from fsdpviz.analysis.compare.findings import build_findings, is_clear, noise_ms
+from fsdpviz.analysis.compare.findings import PACE_NOTE_START, PACE_RATIO, build_findings, is_clear, noise_ms
 from fsdpviz.analysis.compare.memory import drift_bytes, drift_unknown, step_levels, step_rise_bytes
 from fsdpviz.analysis.compare.model import HEADLINE_FIELDS, LOWER, Comparison, bucketed_units, unit_index
 from fsdpviz.analysis.compare.spread import (
@@ -470,11 +470,6 @@ def comparability_notes(runs: Sequence[LabelledRun], match: UnitMatch) -> list[s
     return notes
 
 
-# model compute this many times apart between runs of one command: the machine's pace. A shared machine's
-# step times move by up to about 30 % between sessions (docs/performance.md); the note is for a move beyond it
-PACE_RATIO: Final = 1.3
-
-
 def _pace_note(runs: Sequence[LabelledRun], clock_why: str | None) -> str:
     """Where runs of the same command and the same recorded FSDP settings (parameter dtype, resharding,
     prefetch), on one clock, differ in the model's compute by :data:`PACE_RATIO` or more: what the machine's
@@ -492,7 +487,7 @@ def _pace_note(runs: Sequence[LabelledRun], clock_why: str | None) -> str:
     if len(known) < len(runs) or max(known) < PACE_RATIO * min(known):
         return ""
     said = ", ".join(f"{r.label} {c:,.1f} ms" for r, c in zip(runs, known))
-    return (f"Model compute differs between runs of one command with the same recorded FSDP settings: {said} a step "
+    return (f"{PACE_NOTE_START} with the same recorded FSDP settings: {said} a step "
             f"({max(known) / min(known):.2f}x). The same command and settings run the same model code, so a "
             "difference this large is most likely the machine's pace (another machine, another load, other library "
             "versions), and every difference between these runs holds it: record the runs to compare one after "
