@@ -145,11 +145,12 @@ def no_traces_message(run_dir: Path) -> str:
         run = read_run_json(run_dir)
     except RunFolderError:
         return text
-    if run.options.get("mode") == "timers":
+    timers = sorted((run_dir / TIMERS_DIR).glob("*.jsonl")) if (run_dir / TIMERS_DIR).is_dir() else []
+    if run.options.get("mode") == "timers" and run.status == "ok" and timers:
         # the timers-only mode records no trace by design: nothing failed
-        return (text + f"; it was recorded with --mode timers (no profiler): its step, phase and unit times are in "
-                f"{run_dir / TIMERS_DIR}, and summary, report and whatif read a trace: record it again without "
-                "--mode timers (or with --mode both)")
+        return (text + f"; it was recorded with --mode timers (no profiler): its step and phase times are in "
+                f"{run_dir / TIMERS_DIR}, and fsdpviz's analyses read a trace: record it again without --mode timers "
+                "(or with --mode both)")
     if run.status and run.status != "ok":
         text += f"; the run {run.status}" + (f" ({run.reason})" if run.reason else "")
     elif run.status == "ok" and not run.ranks:

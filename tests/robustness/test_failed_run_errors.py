@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -97,7 +98,12 @@ def test_a_timers_only_recording_is_said_to_be_one(tmp_path: Path, capsys: pytes
     assert sorted(p.name for p in (run_dir / "timers").glob("*.jsonl")) == ["rank0.jsonl"]
     code, out, err = run_cli(["summary", str(run_dir)], capsys)
     assert code == 2 and out == ""
-    one_error_line(err, rf"^error: {run_dir}: run folder has no traces \(traces/ is empty or missing\); it was "
-                        rf"recorded with --mode timers \(no profiler\): its step, phase and unit times are in "
-                        rf"{run_dir / 'timers'}, and summary, report and whatif read a trace: record it again "
-                        r"without --mode timers \(or with --mode both\)$")
+    one_error_line(err, rf"^error: {re.escape(str(run_dir))}: run folder has no traces \(traces/ is empty or "
+                        r"missing\); it was recorded with --mode timers \(no profiler\): its step and phase times "
+                        rf"are in {re.escape(str(run_dir / 'timers'))}, and fsdpviz's analyses read a trace: record it "
+                        r"again without --mode timers \(or with --mode both\)$")
+    # the same folder as a failed run (its timers lost): the failure, not the mode, is what it says
+    run = json.loads((run_dir / "run.json").read_text())
+    (run_dir / "run.json").write_text(json.dumps({**run, "status": "failed", "reason": "command exited with code 1"}))
+    code, _, err = run_cli(["summary", str(run_dir)], capsys)
+    assert code == 2 and "the run failed (command exited with code 1)" in err and "--mode timers" not in err
