@@ -495,7 +495,7 @@ def test_unknown_per_unit_figures_print_as_unknown(tmp_path: Path, capsys: pytes
     assert ">ranks per node<" in page.read_text() and "gpus per node" not in page.read_text()
 
 
-def test_the_peak_by_category_line_leaves_no_change_unsaid(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_peak_by_category_line_leaves_no_change_unsaid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """On four ranks instead of two the shards halve: the optimizer state moves past the line's floor, the
     sharded parameters by less (run.json: 0.11 MiB a rank of 2, half the Adam state's). Every category the
     prediction moves (``--json``) is in the line, the smaller ones in a clause of their own, each by the
@@ -519,6 +519,11 @@ def test_the_peak_by_category_line_leaves_no_change_unsaid(capsys: pytest.Captur
         assert TITLES[c] in line, (c, line)
     assert f"{TITLES['sharded_params']} {mib_change_text(after['sharded_params'] - before['sharded_params'])}" in clause
     assert TITLES["optimizer_state"] in listed and TITLES["optimizer_state"] not in clause
+    # the page's table ends with the same clause
+    page = tmp_path / "whatif.html"
+    code, _, err = _run(["whatif", str(run), "--world-size", "4", "-q", "-o", str(page)], capsys)
+    assert code == 0, err
+    assert html.unescape(clause.strip()) in html.unescape(page.read_text()), clause
 
 
 def test_a_merge_with_nothing_to_merge_says_so(capsys: pytest.CaptureFixture[str]) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 from fsdpviz.analysis.memory_categories import CATEGORIES, TITLES
 from fsdpviz.errors import RunFolderError
-from fsdpviz.formatting import format_bytes, format_change
+from fsdpviz.formatting import format_bytes, format_change, mib_change_text, mib_text
 from fsdpviz.replay.model import Model
 from fsdpviz.report.html import Fact, HtmlTable, LegendItem, Page, Section, TableCell, write_page
 from fsdpviz.report.style import unit_colors
@@ -68,12 +68,18 @@ def numbers_table(baseline: Outcome, predicted: Outcome,
                  TableCell(text=format_bytes(p_peak) or "n/a", sub=format_change(b_peak, p_peak, "bytes"))])
     before, after = baseline.memory_categories or {}, predicted.memory_categories or {}
     floor = category_floor(baseline, predicted)  # the terminal's too
+    smaller = []
     for c in CATEGORIES if before and after else ():
         b, a = before.get(c), after.get(c)
         if b is not None and a is not None and abs(a - b) >= floor:  # the categories of the peak the setting changes
             rows.append([TableCell(text=f"… {TITLES[c]} at the peak", header=True),
                          TableCell(text=format_bytes(b) or "0"),
                          TableCell(text=format_bytes(a) or "0", sub=format_change(b, a, "bytes"))])
+        elif b is not None and a is not None and round(abs(a - b) / 2**20, 2) > 0:
+            smaller.append(f"{TITLES[c]} {mib_change_text(a - b)}")
+    if smaller:  # as the terminal's clause: the rows above are not the peak's whole change
+        rows.append([TableCell(text=f"… under {mib_text(floor)} each", header=True), TableCell(text=""),
+                     TableCell(text=", ".join(smaller))])
     return HtmlTable(columns=["", "recorded", "predicted"], rows=rows)
 
 
