@@ -28,7 +28,7 @@ from fsdpviz.formatting import bytes_text, change_text, mib_change_text, mib_tex
 if TYPE_CHECKING:
     from fsdpviz.analysis.bound import BoundSummary
     from fsdpviz.replay.settings import Settings
-    from fsdpviz.whatif.explore import Exploration
+    from fsdpviz.whatif.explore import Candidate, Exploration
     from fsdpviz.whatif.predict import Outcome, Prediction
 
 EXAMPLE = """
@@ -407,6 +407,16 @@ def exploration_count(exploration: Exploration) -> str:
     return text + (f", {skipped} not tried" if skipped else "")
 
 
+def _uncoded(c: Candidate) -> bool:
+    """A changed setting the script cannot be given as a change of its sharding code (``apply.note`` says
+    why); the recorded setting changes nothing, so it needs none."""
+    from fsdpviz.replay.settings import GIVEN
+
+    apply = c.prediction.apply if c.prediction is not None else None
+    return (apply is not None and apply.code is None
+            and any(source == GIVEN for source in c.settings.sources.values()))
+
+
 def print_exploration(exploration: Exploration, run: str) -> None:
     """The grid ranked: predicted step time and peak per setting, the budget, what was left out."""
     base = exploration.baseline
@@ -422,9 +432,7 @@ def print_exploration(exploration: Exploration, run: str) -> None:
 
         assert isinstance(c, Candidate) and c.prediction is not None
         p = c.prediction.predicted
-        # a setting the script cannot be given as a change of its sharding code (the notes below say why)
-        apply = c.prediction.apply
-        name = c.name + (" (no code)" if apply is not None and apply.code is None else "")
+        name = c.name + (" (no code)" if _uncoded(c) else "")
         return (name, f"{p.step_time_ms:,.2f} ms", change_text(base.step_time_ms, p.step_time_ms, "ms"),
                 mib_text(p.peak_allocated_bytes), change_text(base.peak_allocated_bytes, p.peak_allocated_bytes, "bytes"),
                 _bound_words(c))
@@ -464,8 +472,10 @@ def print_exploration(exploration: Exploration, run: str) -> None:
         # a peak that cannot be predicted cannot be held to the budget: the setting is the fastest, no more
         title = ("fastest" if budget is None else "best within the budget" if best.fits
                  else "fastest (its peak unknown, so not held to the budget)")
+        uncoded = _uncoded(best)
         typer.echo(f"{title}: {best.name} ({change_text(base.step_time_ms, p.step_time_ms, 'ms')} per step, "
-                   f"peak {change_text(base.peak_allocated_bytes, p.peak_allocated_bytes, 'bytes') or 'unknown'})")
+                   f"peak {change_text(base.peak_allocated_bytes, p.peak_allocated_bytes, 'bytes') or 'unknown'})"
+                   + ("; no code for it (see the note)" if uncoded else ""))
     elif exploration.ranked or exploration.within_spread:
         typer.echo("no setting is predicted measurably faster than the recording")
     for c in exploration.skipped:
@@ -474,10 +484,12 @@ def print_exploration(exploration: Exploration, run: str) -> None:
         typer.echo(f"note: {note}")
     no_code: dict[str, list[str]] = {}  # why there is no code -> the settings it holds for
     for c in (*exploration.ranked, *exploration.within_spread, *exploration.unranked, *exploration.over_budget):
-        apply = c.prediction.apply if c.prediction is not None else None
-        if apply is not None and apply.code is None:
-            no_code.setdefault(apply.note or "whatif --code writes none", []).append(c.name)
+        if _uncoded(c):
+            assert c.prediction is not None and c.prediction.apply is not None
+            no_code.setdefault(c.prediction.apply.note or "whatif --code writes none", []).append(c.name)
     for why, names in no_code.items():
+        if len(names) == 1:  # a note that names its setting itself
+            why = why.removeprefix(f"{names[0]}: ")
         typer.echo(f"note: no code for {', '.join(names)}: {why}")
     # a bound a setting's prediction or its split hit, with the setting it changed (whatif's notes)
     for c in (*exploration.ranked, *exploration.within_spread, *exploration.unranked, *exploration.over_budget):

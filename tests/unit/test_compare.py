@@ -581,12 +581,16 @@ def test_a_unit_that_ran_nothing_of_its_own_leaves_its_groups_figures(capsys: py
 
 
 def test_one_folder_given_twice_is_said_to_be_one(tmp_path: Path) -> None:
-    """The same folder twice (once through a link) compares a run with itself: the notes say so, with
-    the labels it got; two different folders get no such note."""
+    """The same folder twice (once through a link, once as its traces/ folder) compares a run with itself:
+    the notes say so, with the labels it got; two different folders get no such note."""
     link = tmp_path / "again"
     link.symlink_to(SAMPLES / "fsdp2-cpu-2rank", target_is_directory=True)
     same = compare_runs(load_runs([SAMPLES / "fsdp2-cpu-2rank", link], ["a", "b"], cache=False))
-    assert "a and b are one run folder given 2 times: they compare the run with itself, so they agree to the figure." \
+    assert "a and b are one recording, given 2 times: they compare the run with itself, so they agree to the figure." \
         in same.notes
+    # a run folder and its traces/ folder read the same trace files
+    inner = compare_runs(load_runs([SAMPLES / "fsdp2-cpu-2rank", SAMPLES / "fsdp2-cpu-2rank" / "traces"], ["a", "b"],
+                                   cache=False))
+    assert any(n.startswith("a and b are one recording, given 2 times") for n in inner.notes), inner.notes
     other = compare_runs(load_runs([SAMPLES / "fsdp2-cpu-2rank", SAMPLES / "fsdp1-cpu-2rank"], ["a", "b"], cache=False))
-    assert not any("one run folder" in n for n in other.notes)
+    assert not any("one recording" in n for n in other.notes)

@@ -175,3 +175,18 @@ def test_fsdp1_code_on_one_rank_does_not_take_no_sharding_for_a_strategy(
     apply = json_here(capsys, "whatif", str(run), "--prefetch", "none", "--json", "-q", "--no-cache")["apply"]
     assert apply["code"] and "sharding_strategy" not in apply["code"]
     assert "a shard group of one rank" in apply["note"] and "pass yours in fsdp_kwargs" in apply["note"]
+
+
+def test_fsdp1_one_root_unit_is_no_policy() -> None:
+    """FSDP1 wraps the model alone without an auto-wrap policy: one root unit's code says so (over any
+    policy the caller passes) and finds no module, and it compiles."""
+    from fsdpviz.analysis.pipeline import analyse
+    from fsdpviz.replay.model import read_model
+    from fsdpviz.replay.settings import settings_of
+    from fsdpviz.whatif.predict import predict
+
+    run = Path(__file__).parents[2] / "sample_traces" / "fsdp1-cpu-2rank"
+    apply = predict(read_model(analyse([run], cache=False, progress=False)), settings_of(wrap="root")).apply
+    assert apply is not None and apply.code is not None
+    assert "auto_wrap_policy=None" in apply.code and "submodules" not in apply.code and "CustomPolicy" not in apply.code
+    compile(apply.code, "shard_model.py", "exec")

@@ -405,12 +405,22 @@ def comparability_notes(runs: Sequence[LabelledRun], match: UnitMatch) -> list[s
     """Why some numbers should not be compared directly (every run is still shown)."""
     labels = [r.label for r in runs]
     notes = []
-    seen: dict[str, list[str]] = {}  # one folder given more than once: its figures agree by construction
-    for r in runs:
-        seen.setdefault(os.path.realpath(r.source), []).append(r.label)
+    # one recording given more than once: its figures agree by construction. Runs are one where they read
+    # the same trace files (a run folder and its traces/ folder) or carry one run.json id (a copy)
+    group = list(range(len(runs)))
+    keys: dict[str, int] = {}
+    for i, r in enumerate(runs):
+        files = "\n".join(sorted(os.path.realpath(p) for p in r.traces.sources)) or os.path.realpath(r.source)
+        for key in (files, f"run_id {r.run.run_id}" if r.run is not None and r.run.run_id else ""):
+            if key:
+                group[i] = group[keys.setdefault(key, group[i])]
+    seen: dict[int, list[str]] = {}
+    for i, r in enumerate(runs):
+        seen.setdefault(group[i], []).append(r.label)
     for same in (lbs for lbs in seen.values() if len(lbs) > 1):
-        notes.append(f"{' and '.join(same)} are one run folder given {len(same)} times: they compare the run with "
-                     "itself, so they agree to the figure.")
+        said = ", ".join(same[:-1]) + f" and {same[-1]}"
+        notes.append(f"{said} are one recording, given {len(same)} times: they compare the run with itself, so "
+                     "they agree to the figure.")
     sizes = [r.summary.world_size for r in runs]
     if len(set(sizes)) > 1:
         notes.append(_differ("World sizes differ", sizes, labels) + ". Step time and per-rank memory depend "
