@@ -267,28 +267,17 @@ def _rows(baseline: Outcome, predicted: Outcome) -> list[tuple[str, str, str, st
 
 
 def category_changes(baseline: Outcome, predicted: Outcome) -> list[str]:
-    """What the predicted peak holds that the recorded one did not, category by category (those that
-    change by :func:`~fsdpviz.whatif.predict.category_floor` or more, as the page's table lists them), e.g.
-    ``unsharded parameters 100.1 MiB -> 772.4 MiB``, then the smaller changes of 0.01 MiB or more in one
-    clause (``under 1.00 MiB each: sharded parameters -0.26 MiB``), as the page's last row."""
-    from fsdpviz.analysis.memory_categories import CATEGORIES, TITLES
-    from fsdpviz.whatif.predict import category_floor
+    """What the predicted peak holds that the recorded one did not, category by category
+    (:func:`~fsdpviz.whatif.predict.category_moves`, as the page's table lists them), e.g.
+    ``unsharded parameters 100.1 MiB -> 772.4 MiB``, then the smaller moves in one clause
+    (``under 1.00 MiB each: sharded parameters -0.26 MiB``), as the page's last row."""
+    from fsdpviz.analysis.memory_categories import TITLES
+    from fsdpviz.whatif.predict import category_moves
 
-    before, after = baseline.memory_categories, predicted.memory_categories
-    if not before or not after:
-        return []
-    min_bytes = category_floor(baseline, predicted)
-    out, smaller = [], []
-    for c in CATEGORIES:
-        b, a = before.get(c), after.get(c)
-        if b is None or a is None:  # cannot be known (memory_unknown says why): no change to show
-            continue
-        if abs(a - b) >= min_bytes:
-            out.append(f"{TITLES[c]} {mib_text(b)} -> {mib_text(a)}")
-        elif round(abs(a - b) / 2**20, 2) > 0:  # said in one clause, so that the parts listed are not read as
-            smaller.append(f"{TITLES[c]} {mib_change_text(a - b)}")  # the whole change (a few KiB: as 0, left out)
+    floor, listed, smaller = category_moves(baseline, predicted)
+    out = [f"{TITLES[c]} {mib_text(b)} -> {mib_text(a)}" for c, b, a in listed]
     if out and smaller:
-        out.append(f"under {mib_text(min_bytes)} each: " + ", ".join(smaller))
+        out.append(f"under {mib_text(floor)} each: " + ", ".join(f"{TITLES[c]} {mib_change_text(d)}" for c, d in smaller))
     return out
 
 

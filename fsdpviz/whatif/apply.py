@@ -60,10 +60,10 @@ def submodules(model):
         found.setdefault(".".join(p for p in name.split(".") if p not in WRAPPER_SEGMENTS), module)
     return found.__getitem__
 '''
-CUSTOM_POLICY_IMPORT: Final = "from torch.distributed.fsdp.wrap import CustomPolicy\n"
 FSDP1_IMPORT: Final = '''from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-''' + CUSTOM_POLICY_IMPORT
+'''
+CUSTOM_POLICY_IMPORT: Final = "from torch.distributed.fsdp.wrap import CustomPolicy\n"  # with the units it names
 
 
 @dataclass(slots=True)
@@ -285,8 +285,7 @@ def _fsdp1(rec: Recording, settings: Settings, modules: dict[str, list[str]], de
     lines.append(f"setting = dict({', '.join(setting)})")
     lines.append("return FSDP(model, **{**fsdp_kwargs, **setting})")
     body = "\n".join(f"    {line}" for line in [*(["m = submodules(model)"] if names else []), *lines])
-    code = (f"{FSDP1_IMPORT if names else FSDP1_IMPORT.replace(CUSTOM_POLICY_IMPORT, '')}{FINDER if names else ''}"
-            f"\n\ndef shard_model(model, **fsdp_kwargs):\n"
+    code = (f"{FSDP1_IMPORT}{CUSTOM_POLICY_IMPORT + FINDER if names else ''}\n\ndef shard_model(model, **fsdp_kwargs):\n"
             f'    """{describe}: FSDP1 units as fsdpviz whatif predicts them."""\n{body}\n')
     return Apply(FSDP1, code, lines, "; ".join(notes))
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 import msgspec
 
+from fsdpviz.analysis.memory_categories import CATEGORIES
 from fsdpviz.analysis.pipeline import RunResult
 from fsdpviz.errors import NoDataError, UsageError
 from fsdpviz.formatting import NS_PER_MS, rounded_ms
@@ -743,6 +744,26 @@ def category_floor(baseline: Outcome, predicted: Outcome) -> int:
     change)."""
     peaks = [p for p in (baseline.peak_allocated_bytes, predicted.peak_allocated_bytes) if p]
     return max(1, min(1 << 20, int(0.05 * max(peaks)))) if peaks else 1 << 20
+
+
+def category_moves(baseline: Outcome, predicted: Outcome
+                   ) -> tuple[int, list[tuple[str, int, int]], list[tuple[str, int]]]:
+    """The peak's categories a setting moves, as the terminal and the page list them: the floor
+    (:func:`category_floor`), those that move by it or more (category, recorded, predicted bytes), and the
+    smaller moves of 0.01 MiB or more (category, change), said together so that the ones listed are not
+    read as the peak's whole change (a few KiB reads as 0.00 MiB: left out)."""
+    before, after = baseline.memory_categories or {}, predicted.memory_categories or {}
+    floor = category_floor(baseline, predicted)
+    listed, smaller = [], []
+    for c in CATEGORIES if before and after else ():
+        b, a = before.get(c), after.get(c)
+        if b is None or a is None:  # cannot be known (memory_unknown says why): no change to show
+            continue
+        if abs(a - b) >= floor:
+            listed.append((c, b, a))
+        elif round(abs(a - b) / 2**20, 2) > 0:
+            smaller.append((c, a - b))
+    return floor, listed, smaller
 
 
 def within_spread_words(spread_ms: float) -> str:

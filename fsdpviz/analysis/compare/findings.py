@@ -38,7 +38,7 @@ import numpy as np
 from fsdpviz import vocabulary
 from fsdpviz.analysis.bound import clock_scale, comm_clock_scale
 from fsdpviz.analysis.compare.clocks import different_clocks, levels_differ
-from fsdpviz.analysis.compare.model import HEADLINE_FIELDS, unit_index
+from fsdpviz.analysis.compare.model import HEADLINE_FIELDS, total_params, unit_index
 from fsdpviz.analysis.compare.spread import MEMORY_NOISE, STEP_COLUMNS, headline_spread_why, step_values_ms
 from fsdpviz.analysis.compare.units import all_known, group_values
 from fsdpviz.analysis.memory_categories import CATEGORIES, OTHER, TITLES
@@ -246,7 +246,8 @@ def _paces_apart(c: Comparison, i: int, j: int) -> float | None:
     a, b = c.runs[i].summary, c.runs[j].summary
     if (a.world_size, a.framework, a.device) != (b.world_size, b.framework, b.device):
         return None
-    if sum(u.param_numel or 0 for u in a.units) != sum(u.param_numel or 0 for u in b.units):
+    pa, pb = total_params(c.runs[i]), total_params(c.runs[j])
+    if pa is not None and pb is not None and pa != pb:  # other models: the notes say so
         return None
     ca, cb = a.overlap.compute_ms, b.overlap.compute_ms
     if ca is None or cb is None or not (ca > 0 and cb > 0) or max(ca, cb) < PACE_RATIO * min(ca, cb):

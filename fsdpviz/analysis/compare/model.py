@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 import msgspec
 import pandas as pd
 
-from fsdpviz.analysis.compare.units import BUCKET_KEY, UnitMatch
+from fsdpviz.analysis.compare.units import BUCKET_KEY, UnitMatch, all_known
 from fsdpviz.structure.records import Finding
 from fsdpviz.vocabulary import UNIT_COLLECTIVES
 
@@ -111,6 +111,15 @@ def unit_index(run: LabelledRun) -> dict[str, dict[str, Any]]:
 
 
 _BUCKETS_MEMO: Final = "compare.bucketed_units"
+
+
+def total_params(run: LabelledRun) -> int | None:
+    """The run's parameter elements: the memory model's count, else its units' (None: unknown)."""
+    model = run.analysis.memory_model
+    if model is not None and model.param_count:
+        return model.param_count
+    numels = all_known([u.param_numel for u in run.summary.units])
+    return sum(numels) if numels and all(n > 0 for n in numels) else None
 
 
 def bucketed_units(run: LabelledRun) -> dict[str, frozenset[str]]:

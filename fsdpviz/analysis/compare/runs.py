@@ -28,7 +28,14 @@ from fsdpviz.analysis.compare.clocks import (
 )
 from fsdpviz.analysis.compare.findings import PACE_NOTE_START, PACE_RATIO, build_findings, is_clear, noise_ms
 from fsdpviz.analysis.compare.memory import drift_bytes, drift_unknown, step_levels, step_rise_bytes
-from fsdpviz.analysis.compare.model import HEADLINE_FIELDS, LOWER, Comparison, bucketed_units, unit_index
+from fsdpviz.analysis.compare.model import (
+    HEADLINE_FIELDS,
+    LOWER,
+    Comparison,
+    bucketed_units,
+    total_params,
+    unit_index,
+)
 from fsdpviz.analysis.compare.spread import (
     MEASURED,
     MEMORY_NOISE,
@@ -47,7 +54,6 @@ from fsdpviz.analysis.compare.units import (
     SUM_METRICS,
     RunUnit,
     UnitMatch,
-    all_known,
     group_values,
     match_units,
     splits_bucket,
@@ -389,14 +395,6 @@ def settings_rows(runs: Sequence[LabelledRun]) -> list[tuple[str, list[str]]]:
 
 # --- comparability -----------------------------------------------------------------------------
 
-def _total_params(run: LabelledRun) -> int | None:
-    model = run.analysis.memory_model
-    if model is not None and model.param_count:
-        return model.param_count
-    numels = all_known([u.param_numel for u in run.summary.units])
-    return sum(numels) if numels and all(n > 0 for n in numels) else None
-
-
 def _differ(label: str, values: Sequence[Any], labels: Sequence[str]) -> str:
     return f"{label}: " + ", ".join(f"{lb} {v}" for lb, v in zip(labels, values))
 
@@ -407,16 +405,12 @@ def comparability_notes(runs: Sequence[LabelledRun], match: UnitMatch) -> list[s
     notes = []
     # one recording given more than once: its figures agree by construction. Runs are one where they read
     # the same trace files (a run folder and its traces/ folder) or carry one run.json id (a copy)
-    group = list(range(len(runs)))
-    keys: dict[str, int] = {}
+    files = [sorted(os.path.realpath(p) for p in r.traces.sources) or [os.path.realpath(r.source)] for r in runs]
+    ids = [r.run.run_id if r.run is not None else "" for r in runs]
+    seen: dict[int, list[str]] = {}  # the first of each recording -> the labels it was given under
     for i, r in enumerate(runs):
-        files = "\n".join(sorted(os.path.realpath(p) for p in r.traces.sources)) or os.path.realpath(r.source)
-        for key in (files, f"run_id {r.run.run_id}" if r.run is not None and r.run.run_id else ""):
-            if key:
-                group[i] = group[keys.setdefault(key, group[i])]
-    seen: dict[int, list[str]] = {}
-    for i, r in enumerate(runs):
-        seen.setdefault(group[i], []).append(r.label)
+        first = next(j for j in range(i + 1) if files[j] == files[i] or (ids[i] and ids[j] == ids[i]))
+        seen.setdefault(first, []).append(r.label)
     for same in (lbs for lbs in seen.values() if len(lbs) > 1):
         said = ", ".join(same[:-1]) + f" and {same[-1]}"
         notes.append(f"{said} are one recording, given {len(same)} times: they compare the run with itself, so "
@@ -439,7 +433,7 @@ def comparability_notes(runs: Sequence[LabelledRun], match: UnitMatch) -> list[s
     if level_why := levels_differ(runs):
         notes.append(f"Memory levels differ: {level_why}. Their peaks get no best mark; the memory a step adds "
                      "(peak less the level at the step's start) counts the same in each.")
-    totals = [_total_params(r) for r in runs]
+    totals = [total_params(r) for r in runs]
     if all(t is not None for t in totals) and len(set(totals)) > 1:
         notes.append(_differ("Parameter counts differ", [f"{t:,}" for t in totals], labels)
                      + ". The runs train different models.")

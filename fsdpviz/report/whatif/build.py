@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fsdpviz.analysis.memory_categories import CATEGORIES, TITLES
+from fsdpviz.analysis.memory_categories import TITLES
 from fsdpviz.errors import RunFolderError
 from fsdpviz.formatting import format_bytes, format_change, mib_change_text, mib_text
 from fsdpviz.replay.model import Model
@@ -17,7 +17,7 @@ from fsdpviz.whatif.predict import (
     SPREAD_UNKNOWN_WHY,
     Outcome,
     Prediction,
-    category_floor,
+    category_moves,
     split_rows,
     time_rows,
     within_spread_words,
@@ -66,20 +66,13 @@ def numbers_table(baseline: Outcome, predicted: Outcome,
     b_peak, p_peak = baseline.peak_allocated_bytes, predicted.peak_allocated_bytes
     rows.append([TableCell(text="peak allocated", header=True), TableCell(text=format_bytes(b_peak) or "n/a"),
                  TableCell(text=format_bytes(p_peak) or "n/a", sub=format_change(b_peak, p_peak, "bytes"))])
-    before, after = baseline.memory_categories or {}, predicted.memory_categories or {}
-    floor = category_floor(baseline, predicted)  # the terminal's too
-    smaller = []
-    for c in CATEGORIES if before and after else ():
-        b, a = before.get(c), after.get(c)
-        if b is not None and a is not None and abs(a - b) >= floor:  # the categories of the peak the setting changes
-            rows.append([TableCell(text=f"… {TITLES[c]} at the peak", header=True),
-                         TableCell(text=format_bytes(b) or "0"),
-                         TableCell(text=format_bytes(a) or "0", sub=format_change(b, a, "bytes"))])
-        elif b is not None and a is not None and round(abs(a - b) / 2**20, 2) > 0:
-            smaller.append(f"{TITLES[c]} {mib_change_text(a - b)}")
+    floor, listed, smaller = category_moves(baseline, predicted)  # the terminal's too
+    for c, b, a in listed:  # the categories of the peak the setting changes
+        rows.append([TableCell(text=f"… {TITLES[c]} at the peak", header=True), TableCell(text=format_bytes(b) or "0"),
+                     TableCell(text=format_bytes(a) or "0", sub=format_change(b, a, "bytes"))])
     if smaller:  # as the terminal's clause: the rows above are not the peak's whole change
         rows.append([TableCell(text=f"… under {mib_text(floor)} each", header=True), TableCell(text=""),
-                     TableCell(text=", ".join(smaller))])
+                     TableCell(text=", ".join(f"{TITLES[c]} {mib_change_text(d)}" for c, d in smaller))])
     return HtmlTable(columns=["", "recorded", "predicted"], rows=rows)
 
 
